@@ -1,0 +1,61 @@
+// A loaded model: configuration, weights (memory-mapped, in their file dtype)
+// and the tokenizer directory it came from.
+//
+// Model::load reads a Hugging Face model directory: config.json, then
+// model.safetensors or the shards named by model.safetensors.index.json.
+// Every expected tensor must be present with the dtype family F32/BF16/F16 and
+// the shape the config implies; extra tensors (e.g. rotary_emb.inv_freq) are
+// ignored. Problems throw tandem::Error naming the file and tensor, e.g.
+// "tensor model.layers.3.mlp.up_proj.weight missing from model.safetensors".
+// Small vectors (norm weights, biases) are converted to fp32 at load; matrices
+// stay mapped. A Model is immutable after load and safe to share across threads.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "agent/engine/model_config.h"
+#include "agent/engine/safetensors.h"
+#include "kernels/kernels.h"
+
+namespace tandem::engine {
+
+struct LayerWeights {
+  kernels::WeightView q_proj, k_proj, v_proj, o_proj;
+  kernels::WeightView gate_proj, up_proj, down_proj;
+  std::vector<float> input_layernorm, post_attention_layernorm;
+  std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
+  std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm
+};
+
+struct ModelWeights {
+  kernels::WeightView embed_tokens;  // vocab_size x hidden_size
+  std::vector<LayerWeights> layers;
+  std::vector<float> norm;
+  kernels::WeightView lm_head;  // == embed_tokens when tie_word_embeddings
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir);
+
+  const std::filesystem::path& directory() const { return directory_; }
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  // The dtype of the matrices (from the files; all matrices share it).
+  DType weightDType() const { return weight_dtype_; }
+  // Total bytes of all mapped tensors that the model uses.
+  size_t weightBytes() const { return weight_bytes_; }
+
+ private:
+  Model() = default;
+  std::filesystem::path directory_;
+  ModelConfig config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  ModelWeights weights_;
+  DType weight_dtype_ = DType::kBF16;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace tandem::engine

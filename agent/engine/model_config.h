@@ -1,0 +1,58 @@
+// The architecture of a Llama-family decoder, read from a Hugging Face config.json.
+//
+// Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM. Missing optional fields take the
+// defaults of the Hugging Face transformers class of that architecture.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace tandem::engine {
+
+struct RopeScaling {
+  enum class Type { kNone, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string model_type;    // e.g. "llama"
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  // hidden_size / num_attention_heads when absent
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  int64_t vocab_size = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v projections have biases (always for Qwen2)
+  bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3)
+  DType torch_dtype = DType::kBF16;
+  std::vector<int64_t> eos_token_ids;  // from config.json "eos_token_id" (int or list)
+  int64_t bos_token_id = -1;
+
+  // Parses and validates; throws tandem::Error naming the file and field.
+  static ModelConfig fromFile(const std::filesystem::path& path);
+  static ModelConfig fromJsonText(const std::string& text, const std::string& source_name);
+  // The config.json text for this configuration (used by tandem-model).
+  std::string toJsonText() const;
+};
+
+// Inverse frequencies of rotary embedding, head_dim / 2 values, with llama3
+// scaling applied when configured (same formula as Hugging Face).
+std::vector<float> ropeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace tandem::engine

@@ -1,0 +1,70 @@
+// Reading and writing the safetensors format.
+//
+// A file is an 8-byte little-endian header length N, N bytes of JSON mapping
+// tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets
+// relative to the byte after the header) plus an optional "__metadata__", then
+// the data. SafetensorsFile memory-maps a file read-only and validates the
+// header completely before anything is used; every error names the file and,
+// where there is one, the tensor.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace tandem::engine {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // inside the mapping
+  size_t num_bytes = 0;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`; throws tandem::Error on any problem
+  // (unreadable, truncated, bad JSON, unknown dtype, offsets out of range or
+  // overlapping, byte size not matching dtype x shape).
+  explicit SafetensorsFile(const std::filesystem::path& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  // nullptr when absent.
+  const TensorInfo* find(const std::string& name) const;
+
+ private:
+  std::filesystem::path path_;
+  void* mapping_ = nullptr;
+  size_t mapping_size_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// Builds a safetensors file in memory. Output is byte-deterministic: tensors
+// are laid out in name order and the header JSON has sorted keys, padded with
+// spaces so the data starts 8-byte aligned.
+class SafetensorsWriter {
+ public:
+  void add(const std::string& name, DType dtype, std::vector<int64_t> shape,
+           std::vector<uint8_t> bytes);
+  // Writes to `path` (via a temporary file and rename); throws tandem::Error.
+  void write(const std::filesystem::path& path) const;
+
+ private:
+  struct Entry {
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace tandem::engine

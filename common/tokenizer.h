@@ -1,0 +1,80 @@
+// Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama 3, Qwen style).
+//
+// Supported pipeline pieces: normalizers NFC / Sequence; pre-tokenizers Split
+// (regex, PCRE2 with Unicode properties), ByteLevel, Sequence; model BPE with
+// merges as "a b" strings or ["a", "b"] pairs; added tokens (special or not)
+// matched before pre-tokenization; decoder ByteLevel; post-processors
+// TemplateProcessing / ByteLevel for add_special_tokens. Unsupported pieces
+// are refused at load with an error naming them.
+//
+// A Tokenizer is immutable after load and safe to use from many threads.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+using TokenId = int32_t;
+
+class Tokenizer {
+ public:
+  // Loads DIR/tokenizer.json (and DIR/tokenizer_config.json when present, for
+  // bos/eos tokens and the chat template). Throws tandem::Error naming the file.
+  static std::unique_ptr<Tokenizer> fromDirectory(const std::filesystem::path& dir);
+  static std::unique_ptr<Tokenizer> fromFile(const std::filesystem::path& tokenizer_json);
+  ~Tokenizer();
+
+  // add_special_tokens applies the post-processor (e.g. Llama 3's BOS).
+  std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = false) const;
+  // Concatenated text of the ids; special tokens are kept unless skipped.
+  // Byte sequences that are not valid UTF-8 come out as U+FFFD.
+  std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
+
+  // Number of ids (the largest id + 1, added tokens included).
+  int64_t vocabSize() const;
+  // The token's string as in the vocabulary (byte-level form), or nullopt.
+  std::optional<std::string> idToToken(TokenId id) const;
+  std::optional<TokenId> tokenToId(std::string_view token) const;
+  bool isSpecial(TokenId id) const;
+
+  // From tokenizer_config.json (bos_token / eos_token), when present.
+  std::optional<TokenId> bosTokenId() const;
+  std::optional<TokenId> eosTokenId() const;
+  // tokenizer_config.json "chat_template" (empty when absent).
+  const std::string& chatTemplate() const;
+
+  // The raw bytes a token stands for (byte-level decoded; special tokens give
+  // their content).
+  std::string tokenBytes(TokenId id) const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Streaming detokenization: feed ids one at a time, get text that is always
+// valid UTF-8. Bytes of an incomplete UTF-8 sequence are held back until the
+// sequence completes; flush() releases what is left (invalid bytes as U+FFFD).
+// Concatenating every push() and flush() equals Tokenizer::decode(all ids).
+class IncrementalDetokenizer {
+ public:
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = false);
+  std::string push(TokenId id);
+  std::string flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_tokens_;
+  std::string pending_;
+};
+
+}  // namespace tandem

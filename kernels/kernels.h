@@ -1,0 +1,116 @@
+// Compute kernels of the engine, CPU implementation behind one interface.
+//
+// All activations are fp32, row-major. Weights may be f32, bf16 or f16 and are
+// used where they lie (memory-mapped from the checkpoint), never copied.
+//
+// Batch invariance (the contract every kernel keeps): the result for one row
+// depends only on that row's inputs, never on how many rows are in the call,
+// where the row sits in the batch, or how many threads run. Reductions run in
+// a fixed order chosen from the reduced length alone. Attention for a query
+// depends only on the query, its position and the cached K/V of positions
+// 0..pos — not on how the sequence was chunked.
+//
+// The vector ISA (AVX-512, AVX2 or scalar) is picked once at start-up from
+// what the CPU supports (TANDEM_KERNEL_ISA=avx512|avx2|scalar overrides it);
+// results are reproducible for a given ISA.
+//
+// Threading: kernels run on a process-wide pool (setNumThreads). Calls from
+// several threads at once are serialized; a kernel returns when done.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+
+namespace tandem::kernels {
+
+// A row-major matrix of `rows` x `cols` elements of `dtype`, row stride `cols`.
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Threads used by the kernels (default: hardware concurrency).
+void setNumThreads(int num_threads);
+int numThreads();
+// "avx512", "avx2" or "scalar".
+std::string isaName();
+
+// y[m, n] = x[m, k] · w[n, k]^T, fp32 accumulation. `w.cols == k`, n = w.rows.
+// x has row stride k, y row stride n. y must not alias x.
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y);
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. y may alias x.
+void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);
+
+// Rotary position embedding, Hugging Face "rotate_half" convention: within
+// each head the pairs are (i, i + head_dim/2), angle = position * inv_freq[i].
+// x: rows x (num_heads * head_dim), in place; positions[r] is row r's position.
+void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
+               const int32_t* positions, const float* inv_freq);
+
+// out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
+void siluMul(const float* gate, const float* up, float* out, int64_t n);
+
+// In-place numerically stable softmax over n values.
+void softmax(float* x, int64_t n);
+
+// out[r, :] = table[ids[r], :] as fp32. Ids must be < table.rows.
+void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out);
+
+// Index of the largest value; the smallest index wins a tie.
+int64_t argmax(const float* x, int64_t n);
+
+// y[i] += x[i].
+void addInPlace(float* y, const float* x, int64_t n);
+
+// Geometry of a block-major paged KV cache. Block b starts at
+// base + b * block_bytes and holds, for every layer, K then V of block_size
+// tokens: element (layer, kv, token, kv_head, d) sits at element offset
+// (((layer * 2 + kv) * block_size + token) * num_kv_heads + kv_head) * head_dim + d
+// where kv is 0 for K and 1 for V. Elements are `dtype` (f32 or bf16).
+struct KvCacheLayout {
+  void* base = nullptr;
+  DType dtype = DType::kF32;
+  int64_t num_blocks = 0;
+  int32_t block_size = 16;
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+
+  int64_t blockBytes() const {
+    return int64_t{2} * num_layers * block_size * num_kv_heads * head_dim *
+           static_cast<int64_t>(dtypeSize(dtype));
+  }
+};
+
+// One sequence's share of a batched attention call: rows
+// [first_row, first_row + num_rows) of q/out are its new tokens, at positions
+// first_position, first_position + 1, ...; its KV for positions
+// 0 .. first_position + num_rows - 1 is in the cache (blocks per block_table).
+struct AttentionSequence {
+  const int32_t* block_table = nullptr;
+  int32_t num_blocks = 0;
+  int64_t first_row = 0;
+  int64_t num_rows = 0;
+  int64_t first_position = 0;
+};
+
+// Writes K and V rows (rows x num_kv_heads*head_dim, fp32) of `layer` into the
+// cache: row r goes to the block/slot of position first_position + (r - first_row)
+// of its sequence. Converts to the cache dtype (round to nearest even).
+void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v,
+             const AttentionSequence* sequences, int64_t num_sequences);
+
+// Causal attention of q (rows x num_heads*head_dim) against the cached K/V of
+// `layer`: a query at position p attends to positions 0..p. Grouped-query:
+// head h uses kv head h / (num_heads / num_kv_heads). Scores are scaled by
+// `scale`. out has the shape of q and must not alias it.
+void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
+                    float scale, const AttentionSequence* sequences, int64_t num_sequences,
+                    float* out);
+
+}  // namespace tandem::kernels

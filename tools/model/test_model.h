@@ -1,0 +1,34 @@
+// Writes complete Hugging Face model directories with seeded random weights.
+//
+// A directory holds config.json, model.safetensors, tokenizer.json (byte-level
+// BPE trained on an embedded corpus), tokenizer_config.json (ChatML chat
+// template) and generation_config.json, so it loads like a downloaded model.
+// Output is byte-deterministic: the same options give identical files.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "agent/engine/model_config.h"
+#include "common/dtype.h"
+
+namespace tandem::tools {
+
+struct TestModelOptions {
+  std::string preset = "tiny";                   // "tiny" or "small"
+  std::string architecture = "LlamaForCausalLM";  // or Mistral/Qwen2/Qwen3ForCausalLM
+  DType dtype = DType::kBF16;                     // weight dtype: bf16, f16 or f32
+  uint64_t seed = 0;
+};
+
+// Preset names accepted by presetConfig.
+std::vector<std::string> presetNames();
+// The configuration of a preset for an architecture; throws tandem::Error
+// naming the accepted values when either is unknown.
+engine::ModelConfig presetConfig(const std::string& preset, const std::string& architecture);
+// Writes the directory (created if absent; existing files are replaced).
+void writeTestModel(const TestModelOptions& options, const std::filesystem::path& out_dir);
+
+}  // namespace tandem::tools
