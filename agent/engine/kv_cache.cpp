@@ -1,1 +1,81 @@
-// placeholder
+#include "agent/engine/kv_cache.h"
+
+#include <sys/mman.h>
+
+#include "common/check.h"
+#include "common/status.h"
+
+namespace tandem::engine {
+
+void* HostSlabAllocator::allocate(size_t bytes) {
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) return nullptr;
+  // Large slabs benefit from huge pages (fewer TLB misses in attention);
+  // a refusal is harmless.
+  ::madvise(data, bytes, MADV_HUGEPAGE);
+  return data;
+}
+
+void HostSlabAllocator::release(void* data, size_t bytes) { ::munmap(data, bytes); }
+
+int64_t KvCacheConfig::blockBytes() const {
+  return int64_t{2} * num_layers * block_size * num_kv_heads * head_dim *
+         static_cast<int64_t>(dtypeSize(dtype));
+}
+
+int64_t KvCacheConfig::blocksForBytes(int64_t bytes) const {
+  int64_t per_block = blockBytes();
+  return per_block > 0 && bytes > 0 ? bytes / per_block : 0;
+}
+
+KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> allocator)
+    : config_(config), allocator_(std::move(allocator)) {
+  if (config_.dtype != DType::kF32 && config_.dtype != DType::kBF16) {
+    throw Error(std::string("KV cache dtype must be f32 or bf16, got ") +
+                dtypeShortName(config_.dtype));
+  }
+  if (config_.num_blocks <= 0 || config_.block_size <= 0 || config_.num_layers <= 0 ||
+      config_.num_kv_heads <= 0 || config_.head_dim <= 0) {
+    throw Error("KV cache needs at least one block and positive block size, layers, KV heads "
+                "and head size (num_blocks=" +
+                std::to_string(config_.num_blocks) +
+                ", block_size=" + std::to_string(config_.block_size) + ")");
+  }
+  TANDEM_CHECK(allocator_ != nullptr, "KvCache needs an allocator");
+  block_bytes_ = static_cast<size_t>(config_.blockBytes());
+  slab_bytes_ = block_bytes_ * static_cast<size_t>(config_.num_blocks);
+  slab_ = static_cast<uint8_t*>(allocator_->allocate(slab_bytes_));
+  if (slab_ == nullptr) {
+    throw Error("cannot allocate the KV cache: " + std::to_string(slab_bytes_) + " bytes for " +
+                std::to_string(config_.num_blocks) + " blocks from the " + allocator_->name() +
+                " allocator");
+  }
+}
+
+KvCache::~KvCache() {
+  if (slab_ != nullptr) allocator_->release(slab_, slab_bytes_);
+}
+
+uint8_t* KvCache::blockData(BlockId block) {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks, "block id out of range");
+  return slab_ + static_cast<size_t>(block) * block_bytes_;
+}
+
+const uint8_t* KvCache::blockData(BlockId block) const {
+  TANDEM_CHECK(block >= 0 && block < config_.num_blocks, "block id out of range");
+  return slab_ + static_cast<size_t>(block) * block_bytes_;
+}
+
+kernels::KvCacheLayout KvCache::layout() {
+  kernels::KvCacheLayout layout;
+  layout.base = slab_;
+  layout.dtype = config_.dtype;
+  layout.num_blocks = config_.num_blocks;
+  layout.block_size = config_.block_size;
+  layout.num_layers = config_.num_layers;
+  layout.num_kv_heads = config_.num_kv_heads;
+  layout.head_dim = config_.head_dim;
+  return layout;
+}
+
+}  // namespace tandem::engine

@@ -1,1 +1,106 @@
-// placeholder
+#include "agent/engine/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/status.h"
+
+namespace tandem::engine {
+namespace {
+
+KvCacheConfig smallConfig() {
+  KvCacheConfig config;
+  config.num_blocks = 5;
+  config.block_size = 16;
+  config.dtype = DType::kBF16;
+  config.num_layers = 2;
+  config.num_kv_heads = 2;
+  config.head_dim = 8;
+  return config;
+}
+
+// Counts calls so the test can prove the cache used the allocator it was given.
+class CountingAllocator : public KvSlabAllocator {
+ public:
+  explicit CountingAllocator(int* live) : live_(live) {}
+  void* allocate(size_t bytes) override {
+    ++*live_;
+    last_bytes = bytes;
+    return std::calloc(1, bytes);
+  }
+  void release(void* data, size_t bytes) override {
+    --*live_;
+    EXPECT_EQ(bytes, last_bytes);
+    std::free(data);
+  }
+  std::string name() const override { return "counting"; }
+  size_t last_bytes = 0;
+
+ private:
+  int* live_;
+};
+
+class FailingAllocator : public KvSlabAllocator {
+ public:
+  void* allocate(size_t) override { return nullptr; }
+  void release(void*, size_t) override {}
+  std::string name() const override { return "failing"; }
+};
+
+TEST(KvCache, BlockMajorGeometry) {
+  KvCache cache(smallConfig(), std::make_unique<HostSlabAllocator>());
+  // 2 (K,V) x 2 layers x 16 tokens x 2 heads x 8 dims x 2 bytes.
+  EXPECT_EQ(cache.blockBytes(), size_t{2 * 2 * 16 * 2 * 8 * 2});
+  EXPECT_EQ(cache.slabBytes(), cache.blockBytes() * 5);
+  EXPECT_EQ(cache.blockData(3) - cache.blockData(0), static_cast<ptrdiff_t>(3 * cache.blockBytes()));
+  kernels::KvCacheLayout layout = cache.layout();
+  EXPECT_EQ(layout.base, cache.slab());
+  EXPECT_EQ(layout.blockBytes(), static_cast<int64_t>(cache.blockBytes()));
+  EXPECT_EQ(layout.num_blocks, 5);
+  // Fresh slabs are zero-filled, so untouched slots compare equal across caches.
+  for (size_t i = 0; i < cache.slabBytes(); ++i) ASSERT_EQ(cache.slab()[i], 0) << i;
+}
+
+TEST(KvCache, UsesTheGivenAllocatorAndReleasesOnce) {
+  int live = 0;
+  {
+    auto allocator = std::make_unique<CountingAllocator>(&live);
+    KvCache cache(smallConfig(), std::move(allocator));
+    EXPECT_EQ(live, 1);
+    EXPECT_EQ(cache.allocator().name(), "counting");
+  }
+  EXPECT_EQ(live, 0);
+}
+
+TEST(KvCache, BlocksForBytes) {
+  KvCacheConfig config = smallConfig();
+  const int64_t block = config.blockBytes();
+  EXPECT_EQ(config.blocksForBytes(block * 7 + block / 2), 7);
+  EXPECT_EQ(config.blocksForBytes(block - 1), 0);
+  EXPECT_EQ(config.blocksForBytes(-5), 0);
+}
+
+TEST(KvCache, RefusesBadConfigurations) {
+  KvCacheConfig config = smallConfig();
+  config.dtype = DType::kF16;
+  try {
+    KvCache cache(config, std::make_unique<HostSlabAllocator>());
+    FAIL() << "f16 KV cache accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be f32 or bf16, got f16"), std::string::npos);
+  }
+  config = smallConfig();
+  config.num_blocks = 0;
+  EXPECT_THROW(KvCache(config, std::make_unique<HostSlabAllocator>()), Error);
+  try {
+    KvCache cache(smallConfig(), std::make_unique<FailingAllocator>());
+    FAIL() << "failed allocation not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failing allocator"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine

@@ -1,1 +1,409 @@
-// placeholder
+// Exactness of the forward pass: chunked vs one-shot prefill, alone vs
+// batched, contiguous vs scattered blocks are bit-identical in logits and KV
+// bytes; and the logits match a plain dense forward pass written here.
+#include "agent/engine/model_runner.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "agent/engine/kv_cache.h"
+#include "agent/engine/model.h"
+#include "common/dtype.h"
+#include "kernels/kernels.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Variant {
+  std::string architecture;
+  DType weight_dtype;
+  DType kv_dtype;
+};
+
+std::string variantName(const Variant& v) {
+  std::string arch = v.architecture.substr(0, v.architecture.find("For"));
+  return arch + "_w" + dtypeShortName(v.weight_dtype) + "_kv" + dtypeShortName(v.kv_dtype);
+}
+
+// Generated model directories, removed when the test process exits.
+struct TempDirs {
+  std::vector<fs::path> paths;
+  ~TempDirs() {
+    std::error_code ignored;
+    for (const auto& path : paths) fs::remove_all(path, ignored);
+  }
+};
+
+// One generated tiny model per (architecture, weight dtype), shared by tests.
+const Model& tinyModel(const std::string& architecture, DType weight_dtype) {
+  static TempDirs temp_dirs;
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  std::string key = architecture + dtypeShortName(weight_dtype);
+  auto it = models.find(key);
+  if (it != models.end()) return *it->second;
+  fs::path dir = fs::temp_directory_path() /
+                 ("tandem-runner-test-" + std::to_string(::getpid()) + "-" + key);
+  tools::TestModelOptions options;
+  options.preset = "tiny";
+  options.architecture = architecture;
+  options.dtype = weight_dtype;
+  options.seed = 11;
+  tools::writeTestModel(options, dir);
+  temp_dirs.paths.push_back(dir);
+  auto model = Model::load(dir);
+  const Model& ref = *model;
+  models.emplace(key, std::move(model));
+  return ref;
+}
+
+KvCacheConfig cacheConfigFor(const Model& model, DType kv_dtype, int64_t num_blocks) {
+  KvCacheConfig config;
+  config.num_blocks = num_blocks;
+  config.block_size = 16;
+  config.dtype = kv_dtype;
+  config.num_layers = static_cast<int32_t>(model.config().num_hidden_layers);
+  config.num_kv_heads = static_cast<int32_t>(model.config().num_key_value_heads);
+  config.head_dim = static_cast<int32_t>(model.config().head_dim);
+  return config;
+}
+
+std::vector<TokenId> randomTokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<TokenId> dist(0, static_cast<TokenId>(vocab - 1));
+  std::vector<TokenId> tokens(n);
+  for (TokenId& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+std::vector<BlockId> iotaBlocks(int64_t n, BlockId first = 0) {
+  std::vector<BlockId> blocks(n);
+  std::iota(blocks.begin(), blocks.end(), first);
+  return blocks;
+}
+
+// Runs `tokens` through the runner in chunks of `chunk` tokens (0: one shot)
+// and returns the logits after the last chunk.
+std::vector<float> prefillInChunks(ModelRunner& runner, const std::vector<TokenId>& tokens,
+                                   const std::vector<BlockId>& blocks, int64_t chunk) {
+  std::vector<float> logits;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (chunk <= 0) chunk = n;
+  for (int64_t start = 0; start < n; start += chunk) {
+    SequenceInput input;
+    input.tokens = std::span<const TokenId>(tokens).subspan(start, std::min(chunk, n - start));
+    input.start_position = start;
+    input.block_table = blocks;
+    runner.forward({&input, 1}, logits);
+  }
+  return logits;
+}
+
+// KV bytes of a sequence's logical blocks, gathered in table order.
+std::vector<uint8_t> sequenceKvBytes(const KvCache& cache, const std::vector<BlockId>& blocks,
+                                     int64_t num_blocks) {
+  std::vector<uint8_t> bytes;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* data = cache.blockData(blocks[b]);
+    bytes.insert(bytes.end(), data, data + cache.blockBytes());
+  }
+  return bytes;
+}
+
+bool bitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- Plain dense reference forward pass (double accumulation) ----------------
+
+std::vector<float> toFloat(const kernels::WeightView& view) {
+  std::vector<float> out(static_cast<size_t>(view.rows * view.cols));
+  convertToF32(view.dtype, view.data, out.data(), out.size());
+  return out;
+}
+
+// y[n] = W[n, k] x[k]
+std::vector<double> denseMatVec(const kernels::WeightView& view, const std::vector<double>& x) {
+  std::vector<float> w = toFloat(view);
+  std::vector<double> y(view.rows, 0.0);
+  for (int64_t r = 0; r < view.rows; ++r) {
+    double sum = 0.0;
+    for (int64_t c = 0; c < view.cols; ++c) sum += static_cast<double>(w[r * view.cols + c]) * x[c];
+    y[r] = sum;
+  }
+  return y;
+}
+
+void denseRmsNorm(std::vector<double>& x, size_t offset, size_t dim, const std::vector<float>& w,
+                  double eps) {
+  double sum = 0.0;
+  for (size_t i = 0; i < dim; ++i) sum += x[offset + i] * x[offset + i];
+  double scale = 1.0 / std::sqrt(sum / static_cast<double>(dim) + eps);
+  for (size_t i = 0; i < dim; ++i) x[offset + i] = x[offset + i] * scale * w[i];
+}
+
+void denseRope(std::vector<double>& x, int64_t heads, int64_t head_dim, int64_t position,
+               const std::vector<float>& inv_freq) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    double* v = x.data() + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = static_cast<float>(position) * inv_freq[i];
+      double c = std::cos(static_cast<double>(angle));
+      double s = std::sin(static_cast<double>(angle));
+      double a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+void addBias(std::vector<double>& y, const std::vector<float>& bias) {
+  for (size_t i = 0; i < bias.size(); ++i) y[i] += bias[i];
+}
+
+// Logits of the last token of `tokens`, computed densely over the whole prompt.
+std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& tokens) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& w = model.weights();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t hidden = c.hidden_size, hd = c.head_dim;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t group = nh / nkv;
+  const std::vector<float> inv_freq = ropeInverseFrequencies(c);
+  std::vector<float> embed = toFloat(w.embed_tokens);
+
+  std::vector<std::vector<double>> x(n, std::vector<double>(hidden));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < hidden; ++i) x[t][i] = embed[tokens[t] * hidden + i];
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    std::vector<std::vector<double>> q(n), k(n), v(n);
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<double> h = x[t];
+      denseRmsNorm(h, 0, hidden, lw.input_layernorm, c.rms_norm_eps);
+      q[t] = denseMatVec(lw.q_proj, h);
+      k[t] = denseMatVec(lw.k_proj, h);
+      v[t] = denseMatVec(lw.v_proj, h);
+      addBias(q[t], lw.q_bias);
+      addBias(k[t], lw.k_bias);
+      addBias(v[t], lw.v_bias);
+      if (!lw.q_norm.empty()) {
+        for (int64_t hh = 0; hh < nh; ++hh) denseRmsNorm(q[t], hh * hd, hd, lw.q_norm, c.rms_norm_eps);
+        for (int64_t hh = 0; hh < nkv; ++hh) denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
+      }
+      denseRope(q[t], nh, hd, t, inv_freq);
+      denseRope(k[t], nkv, hd, t, inv_freq);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<double> attn(nh * hd, 0.0);
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const int64_t kvh = hh / group;
+        std::vector<double> scores(t + 1);
+        double max_score = -1e300;
+        for (int64_t s = 0; s <= t; ++s) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < hd; ++d) dot += q[t][hh * hd + d] * k[s][kvh * hd + d];
+          scores[s] = dot / std::sqrt(static_cast<double>(hd));
+          max_score = std::max(max_score, scores[s]);
+        }
+        double sum = 0.0;
+        for (double& s : scores) sum += (s = std::exp(s - max_score));
+        for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t d = 0; d < hd; ++d) attn[hh * hd + d] += scores[s] / sum * v[s][kvh * hd + d];
+        }
+      }
+      std::vector<double> o = denseMatVec(lw.o_proj, attn);
+      for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
+      std::vector<double> h = x[t];
+      denseRmsNorm(h, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
+      std::vector<double> gate = denseMatVec(lw.gate_proj, h);
+      std::vector<double> up = denseMatVec(lw.up_proj, h);
+      for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+      std::vector<double> down = denseMatVec(lw.down_proj, gate);
+      for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
+    }
+  }
+  std::vector<double> last = x[n - 1];
+  denseRmsNorm(last, 0, hidden, w.norm, c.rms_norm_eps);
+  return denseMatVec(w.lm_head, last);
+}
+
+// ---- Tests --------------------------------------------------------------------
+
+class ModelRunnerTest : public ::testing::TestWithParam<Variant> {
+ protected:
+  const Model& model() { return tinyModel(GetParam().architecture, GetParam().weight_dtype); }
+  KvCacheConfig cacheConfig(int64_t num_blocks) {
+    return cacheConfigFor(model(), GetParam().kv_dtype, num_blocks);
+  }
+};
+
+TEST_P(ModelRunnerTest, ChunkedPrefillIsBitIdenticalToOneShot) {
+  const int64_t vocab = model().config().vocab_size;
+  const std::vector<TokenId> prompt = randomTokens(53, vocab, 1);
+  const int64_t num_blocks = 4;
+  const auto blocks = iotaBlocks(num_blocks);
+
+  KvCache one_shot_cache(cacheConfig(num_blocks), std::make_unique<HostSlabAllocator>());
+  ModelRunner one_shot(model(), one_shot_cache);
+  const std::vector<float> expected = prefillInChunks(one_shot, prompt, blocks, 0);
+  const std::vector<uint8_t> expected_kv = sequenceKvBytes(one_shot_cache, blocks, num_blocks);
+
+  for (int64_t chunk : {1, 7, 16}) {
+    KvCache cache(cacheConfig(num_blocks), std::make_unique<HostSlabAllocator>());
+    ModelRunner runner(model(), cache);
+    std::vector<float> logits = prefillInChunks(runner, prompt, blocks, chunk);
+    EXPECT_TRUE(bitEqual(logits, expected)) << "chunk " << chunk << ": logits differ";
+    EXPECT_EQ(sequenceKvBytes(cache, blocks, num_blocks), expected_kv)
+        << "chunk " << chunk << ": KV bytes differ";
+  }
+}
+
+TEST_P(ModelRunnerTest, SequenceIsBitIdenticalAloneAndBatched) {
+  const int64_t vocab = model().config().vocab_size;
+  const std::vector<TokenId> a = randomTokens(40, vocab, 2);
+  const std::vector<TokenId> b = randomTokens(13, vocab, 3);
+  const std::vector<TokenId> c = randomTokens(70, vocab, 4);
+  const int64_t decode_steps = 5;
+
+  // Alone: prefill then greedy decode, recording logits of every step.
+  const auto a_alone_blocks = iotaBlocks(4);
+  KvCache alone_cache(cacheConfig(4), std::make_unique<HostSlabAllocator>());
+  ModelRunner alone(model(), alone_cache);
+  std::vector<std::vector<float>> alone_logits;
+  std::vector<TokenId> a_generated;
+  {
+    std::vector<float> logits = prefillInChunks(alone, a, a_alone_blocks, 0);
+    alone_logits.push_back(logits);
+    for (int64_t step = 0; step < decode_steps; ++step) {
+      TokenId next = static_cast<TokenId>(kernels::argmax(logits.data(), vocab));
+      a_generated.push_back(next);
+      SequenceInput input{{&a_generated.back(), 1}, static_cast<int64_t>(a.size()) + step,
+                          a_alone_blocks};
+      alone.forward({&input, 1}, logits);
+      alone_logits.push_back(logits);
+    }
+  }
+
+  // Batched: B, A, C prefilled together (A in the middle, scattered blocks),
+  // then decoded together.
+  KvCache cache(cacheConfig(16), std::make_unique<HostSlabAllocator>());
+  ModelRunner runner(model(), cache);
+  const std::vector<BlockId> b_blocks = {0, 1};
+  const std::vector<BlockId> a_blocks = {9, 3, 12, 2};
+  const std::vector<BlockId> c_blocks = {4, 5, 6, 7, 8, 10};
+  std::vector<SequenceInput> batch = {
+      {b, 0, b_blocks}, {a, 0, a_blocks}, {c, 0, c_blocks}};
+  std::vector<float> logits;
+  runner.forward(batch, logits);
+  std::vector<float> a_logits(logits.begin() + vocab, logits.begin() + 2 * vocab);
+  EXPECT_TRUE(bitEqual(a_logits, alone_logits[0])) << "prefill logits differ when batched";
+
+  std::vector<TokenId> b_next(1), c_next(1);
+  for (int64_t step = 0; step < decode_steps; ++step) {
+    b_next[0] = static_cast<TokenId>(kernels::argmax(logits.data(), vocab));
+    c_next[0] = static_cast<TokenId>(kernels::argmax(logits.data() + 2 * vocab, vocab));
+    batch = {{b_next, static_cast<int64_t>(b.size()) + step, b_blocks},
+             {{&a_generated[step], 1}, static_cast<int64_t>(a.size()) + step, a_blocks},
+             {c_next, static_cast<int64_t>(c.size()) + step, c_blocks}};
+    runner.forward(batch, logits);
+    a_logits.assign(logits.begin() + vocab, logits.begin() + 2 * vocab);
+    EXPECT_TRUE(bitEqual(a_logits, alone_logits[step + 1])) << "decode step " << step;
+  }
+  EXPECT_EQ(sequenceKvBytes(cache, a_blocks, 3), sequenceKvBytes(alone_cache, a_alone_blocks, 3))
+      << "KV bytes of the batched sequence differ from the lone one";
+}
+
+TEST_P(ModelRunnerTest, PrefillChunkBatchedWithDecodesIsBitIdentical) {
+  // Continuous batching mixes one sequence's prefill chunk with others' decodes.
+  const int64_t vocab = model().config().vocab_size;
+  const std::vector<TokenId> a = randomTokens(45, vocab, 5);
+  const std::vector<TokenId> other = randomTokens(20, vocab, 6);
+
+  KvCache alone_cache(cacheConfig(3), std::make_unique<HostSlabAllocator>());
+  ModelRunner alone(model(), alone_cache);
+  const std::vector<float> expected = prefillInChunks(alone, a, iotaBlocks(3), 0);
+
+  KvCache cache(cacheConfig(8), std::make_unique<HostSlabAllocator>());
+  ModelRunner runner(model(), cache);
+  const std::vector<BlockId> a_blocks = {5, 6, 7};
+  const std::vector<BlockId> other_blocks = {0, 1};
+  std::vector<float> logits;
+  prefillInChunks(runner, other, other_blocks, 0);
+  // A in chunks of 16, each step batched with one decode token of `other`.
+  int64_t other_position = static_cast<int64_t>(other.size());
+  std::vector<TokenId> other_token = {other.back()};
+  for (int64_t start = 0; start < 45; start += 16) {
+    std::vector<SequenceInput> batch = {
+        {other_token, other_position++, other_blocks},
+        {std::span<const TokenId>(a).subspan(start, std::min<int64_t>(16, 45 - start)), start,
+         a_blocks}};
+    runner.forward(batch, logits);
+  }
+  std::vector<float> a_logits(logits.begin() + vocab, logits.end());
+  EXPECT_TRUE(bitEqual(a_logits, expected));
+  EXPECT_EQ(sequenceKvBytes(cache, a_blocks, 3), sequenceKvBytes(alone_cache, iotaBlocks(3), 3));
+}
+
+TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
+  const int64_t vocab = model().config().vocab_size;
+  const std::vector<TokenId> prompt = randomTokens(37, vocab, 8);
+  KvCache cache(cacheConfig(3), std::make_unique<HostSlabAllocator>());
+  ModelRunner runner(model(), cache);
+  // Chunked on purpose: the reference sees the whole prompt at once.
+  const std::vector<float> logits = prefillInChunks(runner, prompt, iotaBlocks(3), 10);
+  const std::vector<double> expected = denseLogits(model(), prompt);
+  ASSERT_EQ(logits.size(), expected.size());
+  double scale = 0.0;
+  for (double v : expected) scale = std::max(scale, std::abs(v));
+  // fp32 kernels vs a double reference: errors stay far below 1e-3 of the
+  // logit range. A bf16 KV cache rounds K and V to 8 mantissa bits, so the
+  // bound there is looser (2%).
+  const double tolerance = (GetParam().kv_dtype == DType::kF32 ? 1e-3 : 2e-2) * std::max(1.0, scale);
+  double worst = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(logits[i]) - expected[i]));
+  }
+  EXPECT_LE(worst, tolerance) << "max |logit - reference| over the vocabulary (scale " << scale
+                              << ")";
+  EXPECT_GT(scale, 0.0) << "reference logits are all zero: the test model is degenerate";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, ModelRunnerTest,
+    ::testing::Values(Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32},
+                      Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16},
+                      Variant{"LlamaForCausalLM", DType::kF32, DType::kF32},
+                      Variant{"LlamaForCausalLM", DType::kF16, DType::kF32},
+                      Variant{"Qwen2ForCausalLM", DType::kBF16, DType::kF32},
+                      Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16}),
+    [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
+
+TEST(ModelRunner, RefusesCacheOfAnotherGeometry) {
+  const Model& model = tinyModel("LlamaForCausalLM", DType::kBF16);
+  KvCacheConfig config = cacheConfigFor(model, DType::kBF16, 2);
+  config.head_dim *= 2;
+  KvCache cache(config, std::make_unique<HostSlabAllocator>());
+  try {
+    ModelRunner runner(model, cache);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine

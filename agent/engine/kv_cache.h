@@ -1,0 +1,87 @@
+// The paged KV cache: one slab of fixed-size blocks, block-major.
+//
+// Block b is one contiguous region holding K and V of every layer for
+// block_size tokens (layout in kernels::KvCacheLayout), so moving N blocks to
+// another agent is at most N memory operations. The whole slab comes from a
+// KvSlabAllocator in one allocation: the default maps anonymous host memory;
+// a transport can supply its own (e.g. memory that UCX allocated and
+// registered itself) without the cache knowing.
+//
+// KvCache owns the slab for its lifetime. Which blocks belong to which
+// sequence is not its business: callers pass block tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/dtype.h"
+#include "kernels/kernels.h"
+
+namespace tandem::engine {
+
+using BlockId = int32_t;
+
+// Supplies the memory of the KV slab. Memory returned by allocate() must be
+// zero-filled, aligned to at least 64 bytes, and stay valid until release().
+class KvSlabAllocator {
+ public:
+  virtual ~KvSlabAllocator() = default;
+  // Returns nullptr when the memory cannot be had.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* data, size_t bytes) = 0;
+  virtual std::string name() const = 0;
+};
+
+// Anonymous private host mapping (zero-filled by the kernel, page-aligned).
+class HostSlabAllocator : public KvSlabAllocator {
+ public:
+  void* allocate(size_t bytes) override;
+  void release(void* data, size_t bytes) override;
+  std::string name() const override { return "host"; }
+};
+
+struct KvCacheConfig {
+  int64_t num_blocks = 0;
+  int32_t block_size = 16;
+  DType dtype = DType::kBF16;  // f32 or bf16
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+
+  int64_t blockBytes() const;
+  // Largest block count whose slab fits in `bytes` (0 when not even one fits).
+  int64_t blocksForBytes(int64_t bytes) const;
+};
+
+class KvCache {
+ public:
+  // Throws tandem::Error when the configuration is invalid (dtype other than
+  // f32/bf16, non-positive sizes) or the allocator cannot supply the slab.
+  KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> allocator);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvCacheConfig& config() const { return config_; }
+  int64_t numBlocks() const { return config_.num_blocks; }
+  int32_t blockSize() const { return config_.block_size; }
+  size_t blockBytes() const { return block_bytes_; }
+  size_t slabBytes() const { return slab_bytes_; }
+  uint8_t* slab() { return slab_; }
+  uint8_t* blockData(BlockId block);
+  const uint8_t* blockData(BlockId block) const;
+  // The geometry the attention kernels read and write.
+  kernels::KvCacheLayout layout();
+  const KvSlabAllocator& allocator() const { return *allocator_; }
+
+ private:
+  KvCacheConfig config_;
+  std::unique_ptr<KvSlabAllocator> allocator_;
+  size_t block_bytes_ = 0;
+  size_t slab_bytes_ = 0;
+  uint8_t* slab_ = nullptr;
+};
+
+}  // namespace tandem::engine
