@@ -1,1 +1,381 @@
-// placeholder
+#include "common/tokenizer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <utility>
+
+#include "common/status.h"
+#include "common/tokenizer_added.h"
+#include "common/tokenizer_bpe.h"
+#include "common/tokenizer_pipeline.h"
+#include "common/tokenizer_utf8.h"
+
+namespace tandem {
+
+using tokenizer_internal::AddedToken;
+using tokenizer_internal::AddedTokenMatcher;
+using tokenizer_internal::BpeModel;
+using tokenizer_internal::Normalizer;
+using tokenizer_internal::PostProcessor;
+using tokenizer_internal::PreTokenizer;
+using tokenizer_internal::StringIdTable;
+
+namespace {
+
+std::string readFile(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw Error(path.string() + ": file not found (or not a regular file)");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path.string() + ": cannot open: " + std::strerror(errno));
+  std::string content;
+  in.seekg(0, std::ios::end);
+  content.resize(static_cast<size_t>(in.tellg()));
+  in.seekg(0, std::ios::beg);
+  in.read(content.data(), static_cast<std::streamsize>(content.size()));
+  if (!in) throw Error(path.string() + ": read failed");
+  return content;
+}
+
+nlohmann::json parseJsonFile(const std::filesystem::path& path) {
+  const std::string text = readFile(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(path.string() + ": invalid JSON: " + e.what());
+  }
+}
+
+const nlohmann::json& fieldOrNull(const nlohmann::json& object, const char* key) {
+  static const nlohmann::json kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+const nlohmann::json& checkedModel(const nlohmann::json& root, const std::string& source) {
+  if (!root.is_object()) throw Error(source + ": top level must be a JSON object");
+  auto model = root.find("model");
+  if (model == root.end() || !model->is_object()) {
+    throw Error(source + ": \"model\" object is missing");
+  }
+  auto type = model->find("type");
+  // Old files leave the type out; a vocabulary with merges is BPE.
+  const std::string model_type = type != model->end() && type->is_string()
+                                     ? type->get<std::string>()
+                                 : model->contains("merges") ? "BPE"
+                                                             : "(none)";
+  if (model_type != "BPE") {
+    throw Error(source + ": model type '" + model_type + "' is not supported (supported: BPE)");
+  }
+  return *model;
+}
+
+std::vector<AddedToken> parseAddedTokens(const nlohmann::json& root, const std::string& source) {
+  std::vector<AddedToken> tokens;
+  const nlohmann::json& list = fieldOrNull(root, "added_tokens");
+  if (list.is_null()) return tokens;
+  if (!list.is_array()) throw Error(source + ": added_tokens must be an array");
+  for (const nlohmann::json& entry : list) {
+    if (!entry.is_object() || !entry.contains("id") || !entry["id"].is_number_integer() ||
+        !entry.contains("content") || !entry["content"].is_string()) {
+      throw Error(source + ": added token " + entry.dump() +
+                  " needs an integer \"id\" and a string \"content\"");
+    }
+    AddedToken token;
+    token.id = entry["id"].get<TokenId>();
+    if (token.id < 0) throw Error(source + ": added token " + entry.dump() + " has a negative id");
+    token.content = entry["content"].get<std::string>();
+    token.special = entry.value("special", false);
+    token.single_word = entry.value("single_word", false);
+    token.lstrip = entry.value("lstrip", false);
+    token.rstrip = entry.value("rstrip", false);
+    // Hugging Face's default: special tokens are matched on the raw text.
+    token.normalized = entry.value("normalized", !token.special);
+    tokens.push_back(std::move(token));
+  }
+  return tokens;
+}
+
+// bos_token / eos_token: a string, {"content": ...}, or null.
+std::optional<std::string> configTokenString(const nlohmann::json& config, const char* key,
+                                             const std::string& source) {
+  const nlohmann::json& value = fieldOrNull(config, key);
+  if (value.is_null()) return std::nullopt;
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_object() && value.contains("content") && value["content"].is_string()) {
+    return value["content"].get<std::string>();
+  }
+  throw Error(source + ": " + key + " must be a string, an object with \"content\", or null");
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  Impl(const nlohmann::json& root, const std::string& source_path)
+      : source(source_path),
+        model(checkedModel(root, source), source),
+        normalizer(fieldOrNull(root, "normalizer"), source),
+        pre_tokenizer(fieldOrNull(root, "pre_tokenizer"), source),
+        post_processor(fieldOrNull(root, "post_processor"), source),
+        added_tokens(parseAddedTokens(root, source)) {
+    tokenizer_internal::checkDecoder(fieldOrNull(root, "decoder"), source);
+    buildAddedTokenTables();
+    buildTokenBytes();
+  }
+
+  void buildAddedTokenTables() {
+    std::vector<const AddedToken*> raw;
+    std::vector<std::string> raw_contents;
+    std::vector<const AddedToken*> normalized;
+    std::vector<std::string> normalized_contents;
+    vocab_size = model.idLimit();
+    for (const AddedToken& token : added_tokens) {
+      // The first of two entries with the same content wins, as in the matcher.
+      if (added_by_content.find(token.content) == nullptr) {
+        added_by_content.insertOrAssign(token.content, token.id);
+      }
+      added_by_id.emplace(token.id, &token);
+      vocab_size = std::max<int64_t>(vocab_size, int64_t{token.id} + 1);
+      if (token.normalized) {
+        normalized.push_back(&token);
+        normalized_contents.push_back(normalizer.apply(token.content));
+      } else {
+        raw.push_back(&token);
+        raw_contents.push_back(token.content);
+      }
+    }
+    raw_matcher = std::make_unique<AddedTokenMatcher>(raw, raw_contents);
+    normalized_matcher = std::make_unique<AddedTokenMatcher>(normalized, normalized_contents);
+  }
+
+  // Decoding is a concatenation of per-token bytes, so they are worked out
+  // once here.
+  void buildTokenBytes() {
+    token_bytes.resize(static_cast<size_t>(vocab_size));
+    special.assign(static_cast<size_t>(vocab_size), false);
+    for (TokenId id = 0; id < vocab_size; ++id) {
+      if (auto it = added_by_id.find(id); it != added_by_id.end()) {
+        // Added tokens are written as they read, not in the byte-level
+        // alphabet.
+        token_bytes[id] = it->second->content;
+        special[id] = it->second->special;
+      } else if (const auto token = model.idToToken(id)) {
+        // A token outside the byte-level alphabet is taken as is, as Hugging
+        // Face's ByteLevel decoder does.
+        if (!tokenizer_internal::appendFromByteLevel(*token, token_bytes[id])) {
+          token_bytes[id] = *token;
+        }
+      }
+    }
+  }
+
+  // Normalizes, pre-tokenizes and encodes a run of text without raw added
+  // tokens in it.
+  void encodeText(std::string_view text, std::vector<TokenId>& ids) const {
+    std::string normalized_storage;
+    std::string_view normalized = text;
+    if (!normalizer.isIdentity()) {
+      normalized_storage = normalizer.apply(text);
+      normalized = normalized_storage;
+    }
+    std::vector<AddedTokenMatcher::Segment> segments;
+    if (normalized_matcher->empty()) {
+      segments.push_back({0, normalized.size(), -1});
+    } else {
+      normalized_matcher->split(normalized, segments);
+    }
+    std::vector<std::string> words;
+    for (const AddedTokenMatcher::Segment& segment : segments) {
+      if (segment.id >= 0) {
+        ids.push_back(segment.id);
+        continue;
+      }
+      words.clear();
+      pre_tokenizer.apply(normalized.substr(segment.begin, segment.end - segment.begin), words);
+      for (const std::string& word : words) model.tokenize(word, ids);
+    }
+  }
+
+  std::string source;
+  BpeModel model;
+  Normalizer normalizer;
+  PreTokenizer pre_tokenizer;
+  PostProcessor post_processor;
+  std::vector<AddedToken> added_tokens;
+  StringIdTable added_by_content;
+  std::unordered_map<TokenId, const AddedToken*> added_by_id;
+  std::unique_ptr<AddedTokenMatcher> raw_matcher;
+  std::unique_ptr<AddedTokenMatcher> normalized_matcher;
+  int64_t vocab_size = 0;
+  std::vector<std::string> token_bytes;
+  std::vector<bool> special;
+
+  std::optional<TokenId> bos_id;
+  std::optional<TokenId> eos_id;
+  std::string chat_template;
+};
+
+namespace {
+
+// bos/eos tokens and the chat template from tokenizer_config.json.
+void loadConfig(const Tokenizer& tokenizer, Tokenizer::Impl& impl,
+                const std::filesystem::path& config_path) {
+  const std::string source = config_path.string();
+  const nlohmann::json config = parseJsonFile(config_path);
+  try {
+    if (!config.is_object()) throw Error(source + ": top level must be a JSON object");
+    auto resolve = [&](const char* key) -> std::optional<TokenId> {
+      auto content = configTokenString(config, key, source);
+      if (!content) return std::nullopt;
+      auto id = tokenizer.tokenToId(*content);
+      if (!id) {
+        throw Error(source + ": " + key + " '" + *content + "' is not a token of " + impl.source);
+      }
+      return id;
+    };
+    impl.bos_id = resolve("bos_token");
+    impl.eos_id = resolve("eos_token");
+    const nlohmann::json& chat_template = fieldOrNull(config, "chat_template");
+    if (chat_template.is_string()) {
+      impl.chat_template = chat_template.get<std::string>();
+    } else if (chat_template.is_array()) {
+      // Several named templates; the one named "default" is for plain chat.
+      for (const nlohmann::json& entry : chat_template) {
+        if (entry.is_object() && entry.value("name", std::string()) == "default" &&
+            entry.contains("template") && entry["template"].is_string()) {
+          impl.chat_template = entry["template"].get<std::string>();
+        }
+      }
+    } else if (!chat_template.is_null()) {
+      throw Error(source + ": chat_template must be a string or a list of {name, template}");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(source + ": unexpected content: " + e.what());
+  }
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::~Tokenizer() = default;
+
+std::unique_ptr<Tokenizer> Tokenizer::fromFile(const std::filesystem::path& tokenizer_json) {
+  const nlohmann::json root = parseJsonFile(tokenizer_json);
+  try {
+    return std::unique_ptr<Tokenizer>(
+        new Tokenizer(std::make_unique<Impl>(root, tokenizer_json.string())));
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong JSON type somewhere the checks above do not cover.
+    throw Error(tokenizer_json.string() + ": unexpected content: " + e.what());
+  }
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::fromDirectory(const std::filesystem::path& dir) {
+  std::unique_ptr<Tokenizer> tokenizer = fromFile(dir / "tokenizer.json");
+  Impl& impl = *tokenizer->impl_;
+  const std::filesystem::path config_path = dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (std::filesystem::exists(config_path, ec)) {
+    loadConfig(*tokenizer, impl, config_path);
+  }
+  // Newer checkpoints keep the template in its own file.
+  const std::filesystem::path jinja_path = dir / "chat_template.jinja";
+  if (impl.chat_template.empty() && std::filesystem::exists(jinja_path, ec)) {
+    impl.chat_template = readFile(jinja_path);
+  }
+  return tokenizer;
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  const Impl& impl = *impl_;
+  // The regex engine needs valid UTF-8; anything else is read the way
+  // decode() writes it.
+  std::string sanitized;
+  if (!tokenizer_internal::isValidUtf8(text)) {
+    sanitized = tokenizer_internal::lossyUtf8(text);
+    text = sanitized;
+  }
+  std::vector<TokenId> ids;
+  ids.reserve(text.size() / 3 + 4);
+  if (impl.raw_matcher->empty()) {
+    impl.encodeText(text, ids);
+  } else {
+    std::vector<AddedTokenMatcher::Segment> segments;
+    impl.raw_matcher->split(text, segments);
+    for (const AddedTokenMatcher::Segment& segment : segments) {
+      if (segment.id >= 0) {
+        ids.push_back(segment.id);
+      } else {
+        impl.encodeText(text.substr(segment.begin, segment.end - segment.begin), ids);
+      }
+    }
+  }
+  if (add_special_tokens) impl.post_processor.apply(ids);
+  return ids;
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
+  const Impl& impl = *impl_;
+  std::string bytes;
+  for (TokenId id : ids) {
+    // Unknown ids are skipped, as Hugging Face does.
+    if (id < 0 || id >= impl.vocab_size) continue;
+    if (skip_special_tokens && impl.special[id]) continue;
+    bytes += impl.token_bytes[id];
+  }
+  if (tokenizer_internal::isValidUtf8(bytes)) return bytes;
+  return tokenizer_internal::lossyUtf8(bytes);
+}
+
+int64_t Tokenizer::vocabSize() const { return impl_->vocab_size; }
+
+std::optional<std::string> Tokenizer::idToToken(TokenId id) const {
+  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
+    return it->second->content;
+  }
+  if (const auto token = impl_->model.idToToken(id)) return std::string(*token);
+  return std::nullopt;
+}
+
+std::optional<TokenId> Tokenizer::tokenToId(std::string_view token) const {
+  if (const TokenId* id = impl_->added_by_content.find(token)) return *id;
+  return impl_->model.tokenToId(token);
+}
+
+bool Tokenizer::isSpecial(TokenId id) const {
+  return id >= 0 && id < impl_->vocab_size && impl_->special[id];
+}
+
+std::optional<TokenId> Tokenizer::bosTokenId() const { return impl_->bos_id; }
+std::optional<TokenId> Tokenizer::eosTokenId() const { return impl_->eos_id; }
+const std::string& Tokenizer::chatTemplate() const { return impl_->chat_template; }
+
+std::string Tokenizer::tokenBytes(TokenId id) const {
+  if (id < 0 || id >= impl_->vocab_size) return {};
+  return impl_->token_bytes[id];
+}
+
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(tokenizer), skip_special_tokens_(skip_special_tokens) {}
+
+std::string IncrementalDetokenizer::push(TokenId id) {
+  if (skip_special_tokens_ && tokenizer_.isSpecial(id)) return {};
+  pending_ += tokenizer_.tokenBytes(id);
+  std::string out;
+  const size_t consumed = tokenizer_internal::appendLossyUtf8(pending_, out, /*final=*/false);
+  pending_.erase(0, consumed);
+  return out;
+}
+
+std::string IncrementalDetokenizer::flush() {
+  std::string out = tokenizer_internal::lossyUtf8(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace tandem

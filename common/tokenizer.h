@@ -1,11 +1,15 @@
 // Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama 3, Qwen style).
 //
-// Supported pipeline pieces: normalizers NFC / Sequence; pre-tokenizers Split
-// (regex, PCRE2 with Unicode properties), ByteLevel, Sequence; model BPE with
-// merges as "a b" strings or ["a", "b"] pairs; added tokens (special or not)
-// matched before pre-tokenization; decoder ByteLevel; post-processors
-// TemplateProcessing / ByteLevel for add_special_tokens. Unsupported pieces
-// are refused at load with an error naming them.
+// Supported pipeline pieces: normalizers NFC / NFD / NFKC / NFKD / Sequence;
+// pre-tokenizers Split (regex, PCRE2 with Unicode properties, or literal; all
+// five delimiter behaviours; invert), ByteLevel, Sequence; model BPE with
+// merges as "a b" strings or ["a", "b"] pairs, ignore_merges, unk_token,
+// byte_fallback; added tokens (special or not) matched before
+// pre-tokenization, honouring lstrip / rstrip / single_word / normalized;
+// decoder ByteLevel (or a Sequence of it); post-processors TemplateProcessing
+// (single template) / ByteLevel / Sequence for add_special_tokens.
+// Unsupported pieces are refused at load with an error naming them and the
+// file. tokenizer.json's truncation and padding settings are ignored.
 //
 // A Tokenizer is immutable after load and safe to use from many threads.
 #pragma once
@@ -32,9 +36,12 @@ class Tokenizer {
   ~Tokenizer();
 
   // add_special_tokens applies the post-processor (e.g. Llama 3's BOS).
+  // Input that is not valid UTF-8 is read with U+FFFD in place of the bad
+  // bytes.
   std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = false) const;
   // Concatenated text of the ids; special tokens are kept unless skipped.
-  // Byte sequences that are not valid UTF-8 come out as U+FFFD.
+  // Byte sequences that are not valid UTF-8 come out as U+FFFD. Ids outside
+  // the vocabulary are skipped.
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
 
   // Number of ids (the largest id + 1, added tokens included).

@@ -1,1 +1,622 @@
-// placeholder
+#include "common/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tokenizer_pipeline.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kDataDir = fs::path(TANDEM_TEST_DATA_DIR) / "tokenizers";
+
+struct Example {
+  std::string text;
+  std::vector<TokenId> ids;
+};
+
+std::vector<Example> readExamples(const fs::path& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << "cannot open " << path;
+  std::vector<Example> examples;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const nlohmann::json entry = nlohmann::json::parse(line);
+    examples.push_back(
+        {entry["text"].get<std::string>(), entry["ids"].get<std::vector<TokenId>>()});
+  }
+  return examples;
+}
+
+std::string idsToString(const std::vector<TokenId>& ids) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < ids.size(); ++i) out << (i ? "," : "") << ids[i];
+  out << ']';
+  return out.str();
+}
+
+// Independent of the tokenizer's own UTF-8 code: well-formedness per Unicode
+// table 3-7.
+bool isWellFormedUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t len;
+    unsigned lo = 0x80;
+    unsigned hi = 0xBF;
+    if (b < 0x80) {
+      len = 1;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (c < lo || c > hi) return false;
+      lo = 0x80;
+      hi = 0xBF;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// GPT-2's byte-to-character table, written out here independently of the
+// tokenizer: the byte-level token that stands for one raw byte.
+std::string byteLevelChar(unsigned char byte) {
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : 256 + extra++;
+    if (b == byte) {
+      std::string out;
+      if (cp < 0x80) {
+        out.push_back(static_cast<char>(cp));
+      } else {
+        out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+std::string nfc(const std::string& text) {
+  static const tokenizer_internal::Normalizer kNfc(nlohmann::json{{"type", "NFC"}}, "test");
+  return kNfc.apply(text);
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("tandem_tokenizer_test_" +
+             std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+  fs::path write(const std::string& name, const std::string& content) const {
+    std::ofstream out(path_ / name, std::ios::binary);
+    out << content;
+    return path_ / name;
+  }
+
+ private:
+  fs::path path_;
+};
+
+// ---------------------------------------------------------------------------
+// Conformance with Hugging Face on real tokenizers.
+
+struct CorpusCase {
+  const char* name;
+  bool normalizes_nfc;
+};
+
+class CorpusTest : public ::testing::TestWithParam<CorpusCase> {
+ protected:
+  static const Tokenizer& tokenizer(const std::string& name) {
+    static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
+    auto& slot = cache[name];
+    if (!slot) slot = Tokenizer::fromDirectory(kDataDir / name);
+    return *slot;
+  }
+  const Tokenizer& tok() { return tokenizer(GetParam().name); }
+  std::vector<Example> examples() {
+    return readExamples(kDataDir / GetParam().name / "expected.jsonl");
+  }
+};
+
+TEST_P(CorpusTest, EncodeMatchesReference) {
+  const std::vector<Example> all = examples();
+  ASSERT_GT(all.size(), 100u);
+  size_t mismatches = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const std::vector<TokenId> actual = tok().encode(all[i].text);
+    if (actual != all[i].ids) {
+      if (mismatches == 0) {
+        ADD_FAILURE() << "first mismatch at line " << i + 1
+                      << "\n  text: " << nlohmann::json(all[i].text).dump()
+                      << "\n  expected: " << idsToString(all[i].ids)
+                      << "\n  actual:   " << idsToString(actual);
+      }
+      ++mismatches;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u) << "of " << all.size() << " lines";
+}
+
+TEST_P(CorpusTest, DecodeRoundTrips) {
+  for (const Example& example : examples()) {
+    const std::string expected = GetParam().normalizes_nfc ? nfc(example.text) : example.text;
+    ASSERT_EQ(tok().decode(example.ids), expected) << nlohmann::json(example.text).dump();
+  }
+}
+
+TEST_P(CorpusTest, IncrementalDetokenizerMatchesDecode) {
+  for (const Example& example : examples()) {
+    IncrementalDetokenizer detokenizer(tok());
+    std::string streamed;
+    for (TokenId id : example.ids) {
+      const std::string piece = detokenizer.push(id);
+      ASSERT_TRUE(isWellFormedUtf8(piece)) << nlohmann::json(example.text).dump();
+      streamed += piece;
+    }
+    const std::string rest = detokenizer.flush();
+    ASSERT_TRUE(isWellFormedUtf8(rest));
+    streamed += rest;
+    ASSERT_EQ(streamed, tok().decode(example.ids)) << nlohmann::json(example.text).dump();
+  }
+}
+
+TEST_P(CorpusTest, ConcurrentEncodeMatchesSerial) {
+  const std::vector<Example> all = examples();
+  std::vector<std::vector<TokenId>> serial;
+  for (const Example& example : all) serial.push_back(tok().encode(example.text));
+  constexpr int kThreads = 4;
+  std::vector<int> differing(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Each thread walks the corpus from a different place so that
+      // different texts are in flight at once.
+      for (size_t k = 0; k < all.size(); ++k) {
+        const size_t i = (k + t * all.size() / kThreads) % all.size();
+        if (tok().encode(all[i].text) != serial[i]) ++differing[t];
+        if (tok().decode(serial[i]) != tok().decode(serial[i])) ++differing[t];
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(differing[t], 0) << "thread " << t;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, CorpusTest,
+                         ::testing::Values(CorpusCase{"llama3", false}, CorpusCase{"qwen3", true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(TokenizerConfigTest, Llama3SpecialTokensAndTemplate) {
+  auto tok = Tokenizer::fromDirectory(kDataDir / "llama3");
+  EXPECT_EQ(tok->bosTokenId(), 128000);
+  EXPECT_EQ(tok->eosTokenId(), 128001);
+  EXPECT_NE(tok->chatTemplate().find("<|start_header_id|>"), std::string::npos);
+  EXPECT_EQ(tok->vocabSize(), 128256);
+  EXPECT_TRUE(tok->isSpecial(128009));
+  EXPECT_FALSE(tok->isSpecial(15339));
+  EXPECT_EQ(tok->idToToken(128009), "<|eot_id|>");
+  EXPECT_EQ(tok->tokenToId("<|eot_id|>"), 128009);
+  EXPECT_EQ(tok->tokenToId("Ġhello"), 24748);
+  EXPECT_EQ(tok->tokenBytes(24748), " hello");
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{128000, 9906, 128009}, /*skip_special_tokens=*/true),
+            "Hello");
+  // This copy of the Llama 3 tokenizer.json has a ByteLevel post-processor,
+  // not the TemplateProcessing that adds <|begin_of_text|>, so
+  // add_special_tokens adds nothing here (as in Hugging Face).
+  EXPECT_EQ(tok->encode("Hello", /*add_special_tokens=*/true), (std::vector<TokenId>{9906}));
+}
+
+TEST(TokenizerEncodeTest, IgnoreMergesTakesWholeWordsFromVocabulary) {
+  const fs::path source = kDataDir / "llama3" / "tokenizer.json";
+  auto with_flag = Tokenizer::fromFile(source);
+  // "Ġjeho" is in Llama 3's vocabulary, but its merges alone split " jeho"
+  // into three tokens; ignore_merges takes the word whole.
+  const auto whole = with_flag->tokenToId("\xC4\xA0jeho");
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(with_flag->encode(" jeho"), (std::vector<TokenId>{*whole}));
+
+  std::ifstream in(source);
+  nlohmann::json config = nlohmann::json::parse(in);
+  ASSERT_TRUE(config["model"]["ignore_merges"].get<bool>());
+  config["model"]["ignore_merges"] = false;
+  TempDir dir;
+  auto without_flag = Tokenizer::fromFile(dir.write("tokenizer.json", config.dump()));
+  const std::vector<TokenId> merged = without_flag->encode(" jeho");
+  EXPECT_EQ(merged.size(), 3u);
+  EXPECT_EQ(without_flag->decode(merged), " jeho");
+}
+
+TEST(TokenizerConfigTest, Qwen3SpecialTokens) {
+  auto tok = Tokenizer::fromDirectory(kDataDir / "qwen3");
+  EXPECT_EQ(tok->bosTokenId(), std::nullopt);
+  EXPECT_EQ(tok->eosTokenId(), 151645);
+  EXPECT_FALSE(tok->chatTemplate().empty());
+  // <think> is an added token but not a special one: matched in text, kept
+  // when special tokens are skipped.
+  const auto think = tok->tokenToId("<think>");
+  ASSERT_TRUE(think.has_value());
+  EXPECT_FALSE(tok->isSpecial(*think));
+  const std::vector<TokenId> ids = tok->encode("<think>hi</think>");
+  EXPECT_EQ(ids.front(), *think);
+  EXPECT_EQ(tok->decode(ids, /*skip_special_tokens=*/true), "<think>hi</think>");
+}
+
+// ---------------------------------------------------------------------------
+// Lossy decoding and streaming of broken UTF-8.
+
+TEST(TokenizerDecodeTest, InvalidUtf8BecomesReplacementCharacter) {
+  auto tok = Tokenizer::fromDirectory(kDataDir / "llama3");
+  auto byteId = [&](unsigned char b) {
+    auto id = tok->tokenToId(byteLevelChar(b));
+    EXPECT_TRUE(id.has_value()) << "byte " << int(b);
+    return id.value_or(0);
+  };
+  const std::string kReplacement = "\xEF\xBF\xBD";
+  // 你 is E4 BD A0; its first two bytes followed by 'a' are one maximal
+  // invalid subpart, so one U+FFFD, as String::from_utf8_lossy gives.
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{byteId(0xE4), byteId(0xBD), byteId('a')}),
+            kReplacement + "a");
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{byteId(0xFF), byteId(0xE4)}),
+            kReplacement + kReplacement);
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{byteId(0xE4), byteId(0xBD), byteId(0xA0)}),
+            "\xE4\xBD\xA0");
+
+  IncrementalDetokenizer detokenizer(*tok);
+  EXPECT_EQ(detokenizer.push(byteId(0xE4)), "");
+  EXPECT_EQ(detokenizer.push(byteId(0xBD)), "");
+  EXPECT_EQ(detokenizer.push(byteId(0xA0)), "\xE4\xBD\xA0");
+  EXPECT_EQ(detokenizer.push(byteId(0xF0)), "");
+  EXPECT_EQ(detokenizer.push(byteId('x')), kReplacement + "x");
+  EXPECT_EQ(detokenizer.push(byteId(0xE4)), "");
+  EXPECT_EQ(detokenizer.flush(), kReplacement);
+}
+
+TEST(TokenizerEncodeTest, InvalidUtf8InputIsEncodedAsReplacementCharacter) {
+  auto tok = Tokenizer::fromDirectory(kDataDir / "llama3");
+  EXPECT_EQ(tok->encode("a\xFF"
+                        "b"),
+            tok->encode("a\xEF\xBF\xBD"
+                        "b"));
+}
+
+// ---------------------------------------------------------------------------
+// A small hand-written tokenizer.json.
+
+// Byte-level BPE over "hello world", with <s> and </s> as special tokens,
+// <sep> as a plain added token that swallows the spaces around it, "ça" as an
+// added token matched after NFC, and "ld" as one matched only as a whole word.
+nlohmann::json smallTokenizer(bool merges_as_pairs) {
+  const std::vector<std::string> tokens = {"<s>", "</s>", "h",    "e",     "l",     "o",    "Ġ",
+                                           "w",   "r",    "d",    "he",    "ll",    "hell", "hello",
+                                           "Ġw",  "or",   "Ġwor", "Ġworl", "Ġworld"};
+  nlohmann::json vocab = nlohmann::json::object();
+  for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = i;
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"h", "e"}, {"l", "l"},   {"he", "ll"},  {"hell", "o"}, {"Ġ", "w"},
+      {"o", "r"}, {"Ġw", "or"}, {"Ġwor", "l"}, {"Ġworl", "d"}};
+  nlohmann::json merges = nlohmann::json::array();
+  for (const auto& [a, b] : pairs) {
+    if (merges_as_pairs) {
+      merges.push_back({a, b});
+    } else {
+      merges.push_back(a + " " + b);
+    }
+  }
+  auto added = [](int id, const char* content, bool special, bool strip, bool normalized = false,
+                  bool single_word = false) {
+    return nlohmann::json{{"id", id},          {"content", content}, {"single_word", single_word},
+                          {"lstrip", strip},   {"rstrip", strip},    {"normalized", normalized},
+                          {"special", special}};
+  };
+  return {{"version", "1.0"},
+          {"added_tokens",
+           {added(0, "<s>", true, false), added(1, "</s>", true, false),
+            added(19, "<sep>", false, true),
+            added(20,
+                  "\xC3\xA7"
+                  "a",
+                  false, false, /*normalized=*/true),
+            added(21, "ld", false, false, false, /*single_word=*/true)}},
+          {"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}}},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single",
+             {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+              {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+            {"pair", nlohmann::json::array()},
+            {"special_tokens",
+             {{"<s>", {{"id", "<s>"}, {"ids", {0}}, {"tokens", {"<s>"}}}},
+              {"</s>", {{"id", "</s>"}, {"ids", {1}}, {"tokens", {"</s>"}}}}}}}},
+          {"decoder",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"vocab", vocab},
+            {"merges", merges}}}};
+}
+
+class SmallTokenizerTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SmallTokenizerTest, MergesApplyInRankOrder) {
+  TempDir dir;
+  const fs::path path = dir.write("tokenizer.json", smallTokenizer(GetParam()).dump());
+  auto tok = Tokenizer::fromFile(path);
+  EXPECT_EQ(tok->vocabSize(), 22);
+  EXPECT_EQ(tok->encode("hello world"), (std::vector<TokenId>{13, 18}));
+  EXPECT_EQ(tok->encode("hell"), (std::vector<TokenId>{12}));
+  // "ll" merges first (rank 1); nothing joins "e" with "ll".
+  EXPECT_EQ(tok->encode("ello"), (std::vector<TokenId>{3, 11, 5}));
+  // Without the leading space "world" cannot reach "Ġwor".
+  EXPECT_EQ(tok->encode("world"), (std::vector<TokenId>{7, 15, 4, 9}));
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{13, 18}), "hello world");
+}
+
+TEST_P(SmallTokenizerTest, AddedTokensAreMatchedBeforePreTokenization) {
+  TempDir dir;
+  auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));
+  // The regex alone would cut "he<s>ll" into "he", "<", "s", ">ll".
+  EXPECT_EQ(tok->encode("he<s>ll"), (std::vector<TokenId>{10, 0, 11}));
+  EXPECT_EQ(tok->encode("<s>hello</s> world"), (std::vector<TokenId>{0, 13, 1, 18}));
+  // <sep> strips the spaces on both sides, so "world" has no leading space.
+  EXPECT_EQ(tok->encode("hello  <sep> world"), (std::vector<TokenId>{13, 19, 7, 15, 4, 9}));
+  EXPECT_TRUE(tok->isSpecial(0));
+  EXPECT_FALSE(tok->isSpecial(19));
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{0, 13, 19, 1}), "<s>hello<sep></s>");
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{0, 13, 19, 1}, /*skip_special_tokens=*/true),
+            "hello<sep>");
+}
+
+TEST_P(SmallTokenizerTest, AddedTokenFlags) {
+  TempDir dir;
+  auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));
+  // "c" + U+0327 COMBINING CEDILLA composes to "ç" before normalized added
+  // tokens are looked for.
+  EXPECT_EQ(tok->encode("c\xCC\xA7"
+                        "a"),
+            (std::vector<TokenId>{20}));
+  EXPECT_EQ(tok->encode("he\xC3\xA7"
+                        "a"),
+            (std::vector<TokenId>{10, 20}));
+  // single_word: "ld" alone is the added token, inside "world" it is not.
+  EXPECT_EQ(tok->encode("ld"), (std::vector<TokenId>{21}));
+  EXPECT_EQ(tok->encode("hello ld"), (std::vector<TokenId>{13, 6, 21}));
+  EXPECT_EQ(tok->encode("world"), (std::vector<TokenId>{7, 15, 4, 9}));
+}
+
+TEST_P(SmallTokenizerTest, IncrementalDetokenizerSkipsSpecialTokens) {
+  TempDir dir;
+  auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));
+  const std::vector<TokenId> ids = {0, 13, 18, 19, 1};
+  for (bool skip : {false, true}) {
+    IncrementalDetokenizer detokenizer(*tok, skip);
+    std::string streamed;
+    for (TokenId id : ids) streamed += detokenizer.push(id);
+    streamed += detokenizer.flush();
+    EXPECT_EQ(streamed, tok->decode(ids, skip));
+  }
+  EXPECT_EQ(tok->decode(ids, true), "hello world<sep>");
+}
+
+TEST_P(SmallTokenizerTest, AddSpecialTokensAppliesTemplate) {
+  TempDir dir;
+  auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));
+  EXPECT_EQ(tok->encode("hello world", /*add_special_tokens=*/true),
+            (std::vector<TokenId>{0, 13, 18, 1}));
+  EXPECT_EQ(tok->encode("", /*add_special_tokens=*/true), (std::vector<TokenId>{0, 1}));
+  EXPECT_EQ(tok->encode("hello world", /*add_special_tokens=*/false),
+            (std::vector<TokenId>{13, 18}));
+}
+
+INSTANTIATE_TEST_SUITE_P(MergeForms, SmallTokenizerTest, ::testing::Values(false, true),
+                         [](const auto& info) {
+                           return std::string(info.param ? "Pairs" : "Strings");
+                         });
+
+// Characters outside the vocabulary: byte_fallback spells them as <0xNN>
+// tokens, otherwise they become unk_token (one per run with fuse_unk).
+TEST(BpeModelTest, UnknownCharacters) {
+  auto make = [](bool byte_fallback, bool fuse_unk) {
+    return nlohmann::json{
+        {"added_tokens", nlohmann::json::array()},
+        {"normalizer", nullptr},
+        {"pre_tokenizer", nullptr},
+        {"post_processor", nullptr},
+        {"decoder", {{"type", "ByteLevel"}}},
+        {"model",
+         {{"type", "BPE"},
+          {"unk_token", "<unk>"},
+          {"fuse_unk", fuse_unk},
+          {"byte_fallback", byte_fallback},
+          {"vocab", {{"<unk>", 0}, {"a", 1}, {"b", 2}, {"<0xC3>", 3}, {"<0xA9>", 4}, {"ab", 5}}},
+          {"merges", {"a b"}}}}};
+  };
+  TempDir dir;
+  auto fallback = Tokenizer::fromFile(dir.write("fallback.json", make(true, false).dump()));
+  EXPECT_EQ(fallback->encode("ab\xC3\xA9"), (std::vector<TokenId>{5, 3, 4}));
+  auto fused = Tokenizer::fromFile(dir.write("fused.json", make(false, true).dump()));
+  EXPECT_EQ(fused->encode("ab\xC3\xA9\xC3\xA9"
+                          "a"),
+            (std::vector<TokenId>{5, 0, 1}));
+  auto unfused = Tokenizer::fromFile(dir.write("unfused.json", make(false, false).dump()));
+  EXPECT_EQ(unfused->encode("ab\xC3\xA9\xC3\xA9"
+                            "a"),
+            (std::vector<TokenId>{5, 0, 0, 1}));
+}
+
+TEST(SmallTokenizerConfigTest, ConfigTokensAsObjectsAndNamedTemplates) {
+  TempDir dir;
+  dir.write("tokenizer.json", smallTokenizer(false).dump());
+  dir.write("tokenizer_config.json",
+            nlohmann::json{{"bos_token", {{"content", "<s>"}, {"lstrip", false}}},
+                           {"eos_token", "</s>"},
+                           {"chat_template",
+                            {{{"name", "tool_use"}, {"template", "tools"}},
+                             {{"name", "default"}, {"template", "plain"}}}}}
+                .dump());
+  auto tok = Tokenizer::fromDirectory(dir.path());
+  EXPECT_EQ(tok->bosTokenId(), 0);
+  EXPECT_EQ(tok->eosTokenId(), 1);
+  EXPECT_EQ(tok->chatTemplate(), "plain");
+}
+
+// ---------------------------------------------------------------------------
+// Load errors name the file and the problem.
+
+std::string loadError(const fs::path& path) {
+  try {
+    Tokenizer::fromFile(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TokenizerLoadErrorTest, MissingFile) {
+  TempDir dir;
+  const fs::path path = dir.path() / "absent.json";
+  const std::string message = loadError(path);
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("not found"), std::string::npos) << message;
+}
+
+TEST(TokenizerLoadErrorTest, MissingDirectoryFile) {
+  TempDir dir;
+  try {
+    Tokenizer::fromDirectory(dir.path());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json: file not found"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TokenizerLoadErrorTest, BadJson) {
+  TempDir dir;
+  const fs::path path = dir.write("tokenizer.json", "{\"model\": {\"type\": \"BPE\",");
+  const std::string message = loadError(path);
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("invalid JSON"), std::string::npos) << message;
+}
+
+TEST(TokenizerLoadErrorTest, UnsupportedModelType) {
+  TempDir dir;
+  nlohmann::json config = smallTokenizer(false);
+  config["model"] = {{"type", "WordPiece"}, {"vocab", {{"a", 0}}}, {"unk_token", "[UNK]"}};
+  const fs::path path = dir.write("tokenizer.json", config.dump());
+  const std::string message = loadError(path);
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("model type 'WordPiece' is not supported"), std::string::npos) << message;
+}
+
+TEST(TokenizerLoadErrorTest, UnsupportedComponents) {
+  TempDir dir;
+  struct Case {
+    const char* field;
+    nlohmann::json value;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"pre_tokenizer",
+       {{"type", "Whitespace"}},
+       "pre_tokenizer type 'Whitespace' is not supported"},
+      {"normalizer", {{"type", "Lowercase"}}, "normalizer type 'Lowercase' is not supported"},
+      {"decoder",
+       {{"type", "WordPiece"}, {"prefix", "##"}},
+       "decoder type 'WordPiece' is not supported"},
+      {"post_processor",
+       {{"type", "BertProcessing"}},
+       "post_processor type 'BertProcessing' is not supported"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json config = smallTokenizer(false);
+    config[c.field] = c.value;
+    const fs::path path = dir.write("tokenizer.json", config.dump());
+    const std::string message = loadError(path);
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    EXPECT_NE(message.find(c.expected), std::string::npos) << message;
+  }
+}
+
+TEST(TokenizerLoadErrorTest, WrongFieldType) {
+  TempDir dir;
+  nlohmann::json config = smallTokenizer(false);
+  config["added_tokens"][0]["special"] = "yes";
+  const fs::path path = dir.write("tokenizer.json", config.dump());
+  const std::string message = loadError(path);
+  EXPECT_NE(message.find(path.string() + ": unexpected content"), std::string::npos) << message;
+}
+
+TEST(TokenizerLoadErrorTest, ConfigTokenNotInVocabulary) {
+  TempDir dir;
+  dir.write("tokenizer.json", smallTokenizer(false).dump());
+  dir.write("tokenizer_config.json", R"({"bos_token": "<bos>"})");
+  try {
+    Tokenizer::fromDirectory(dir.path());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: bos_token '<bos>' is not a token"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TokenizerLoadErrorTest, MergeOutsideVocabulary) {
+  TempDir dir;
+  nlohmann::json config = smallTokenizer(false);
+  config["model"]["merges"].push_back("x y");
+  const std::string message = loadError(dir.write("tokenizer.json", config.dump()));
+  EXPECT_NE(message.find("merge 9 ('x', 'y') uses a token that is not in model.vocab"),
+            std::string::npos)
+      << message;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,376 @@
+#include "common/tokenizer_pipeline.h"
+
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "common/status.h"
+#include "common/tokenizer_utf8.h"
+
+namespace tandem::tokenizer_internal {
+namespace {
+
+// The "type" of a component object, or an error naming where it sits.
+std::string componentType(const nlohmann::json& config, std::string_view source,
+                          std::string_view what) {
+  if (!config.is_object()) {
+    throw Error(std::string(source) + ": " + std::string(what) + " must be an object or null");
+  }
+  auto it = config.find("type");
+  if (it == config.end() || !it->is_string()) {
+    throw Error(std::string(source) + ": " + std::string(what) + " has no \"type\" string");
+  }
+  return it->get<std::string>();
+}
+
+[[noreturn]] void throwUnsupported(std::string_view source, std::string_view what,
+                                   const std::string& type, std::string_view supported) {
+  throw Error(std::string(source) + ": " + std::string(what) + " type '" + type +
+              "' is not supported (supported: " + std::string(supported) + ")");
+}
+
+bool boolField(const nlohmann::json& config, const char* key, bool fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || !it->is_boolean()) return fallback;
+  return it->get<bool>();
+}
+
+// The array of sub-components of a Sequence, which tokenizer.json names
+// differently per stage.
+const nlohmann::json& sequenceItems(const nlohmann::json& config, const char* key,
+                                    std::string_view source, std::string_view what) {
+  auto it = config.find(key);
+  if (it == config.end() || !it->is_array()) {
+    throw Error(std::string(source) + ": " + std::string(what) + " Sequence needs a \"" + key +
+                "\" array");
+  }
+  return *it;
+}
+
+bool isAscii(std::string_view text) {
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  return true;
+}
+
+// GPT-2's pre-tokenization pattern, which ByteLevel applies when use_regex is
+// set.
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::shared_ptr<const Regex> gpt2Regex() {
+  static const std::shared_ptr<const Regex> kRegex =
+      std::make_shared<const Regex>(kGpt2Pattern, /*literal=*/false, "built-in GPT-2 pattern");
+  return kRegex;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Normalizer
+
+Normalizer::Normalizer(const nlohmann::json& config, std::string_view source) {
+  if (config.is_null()) return;
+  const std::string type = componentType(config, source, "normalizer");
+  if (type == "Sequence") {
+    for (const nlohmann::json& item : sequenceItems(config, "normalizers", source, "normalizer")) {
+      Normalizer inner(item, source);
+      forms_.insert(forms_.end(), inner.forms_.begin(), inner.forms_.end());
+    }
+  } else if (type == "NFC") {
+    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+  } else if (type == "NFD") {
+    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+  } else if (type == "NFKC") {
+    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+  } else if (type == "NFKD") {
+    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  } else {
+    throwUnsupported(source, "normalizer", type, "NFC, NFD, NFKC, NFKD, Sequence");
+  }
+}
+
+std::string Normalizer::apply(std::string_view text) const {
+  std::string result(text);
+  // ASCII is unchanged by every normalization form.
+  if (forms_.empty() || isAscii(text)) return result;
+  for (int options : forms_) {
+    utf8proc_uint8_t* mapped = nullptr;
+    const utf8proc_ssize_t length =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(result.data()),
+                     static_cast<utf8proc_ssize_t>(result.size()), &mapped,
+                     static_cast<utf8proc_option_t>(options));
+    // Input is valid UTF-8, so only allocation can fail; leave the text as
+    // it is rather than fail a request.
+    if (length < 0) continue;
+    result.assign(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+    std::free(mapped);
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// PreTokenizer
+
+PreTokenizer::PreTokenizer(const nlohmann::json& config, std::string_view source) {
+  if (!config.is_null()) addSteps(config, source);
+}
+
+void PreTokenizer::addSteps(const nlohmann::json& config, std::string_view source) {
+  const std::string where(source);
+  const std::string type = componentType(config, source, "pre_tokenizer");
+  if (type == "Sequence") {
+    for (const nlohmann::json& item :
+         sequenceItems(config, "pretokenizers", source, "pre_tokenizer")) {
+      addSteps(item, source);
+    }
+  } else if (type == "Split") {
+    Step step;
+    step.kind = Step::Kind::kSplit;
+    auto pattern = config.find("pattern");
+    if (pattern == config.end() || !pattern->is_object()) {
+      throw Error(where + ": Split pre_tokenizer needs a \"pattern\" object");
+    }
+    if (auto regex = pattern->find("Regex"); regex != pattern->end() && regex->is_string()) {
+      step.regex = std::make_shared<const Regex>(regex->get<std::string>(), false, source);
+    } else if (auto literal = pattern->find("String");
+               literal != pattern->end() && literal->is_string()) {
+      step.regex = std::make_shared<const Regex>(literal->get<std::string>(), true, source);
+    } else {
+      throw Error(where + ": Split pattern must be {\"Regex\": ...} or {\"String\": ...}, got " +
+                  pattern->dump());
+    }
+    const std::string behavior = config.value("behavior", std::string("Isolated"));
+    if (behavior == "Removed") {
+      step.behavior = Behavior::kRemoved;
+    } else if (behavior == "Isolated") {
+      step.behavior = Behavior::kIsolated;
+    } else if (behavior == "MergedWithPrevious") {
+      step.behavior = Behavior::kMergedWithPrevious;
+    } else if (behavior == "MergedWithNext") {
+      step.behavior = Behavior::kMergedWithNext;
+    } else if (behavior == "Contiguous") {
+      step.behavior = Behavior::kContiguous;
+    } else {
+      throw Error(where + ": Split behavior '" + behavior +
+                  "' is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, "
+                  "Contiguous");
+    }
+    step.invert = boolField(config, "invert", false);
+    steps_.push_back(std::move(step));
+  } else if (type == "ByteLevel") {
+    Step step;
+    step.kind = Step::Kind::kByteLevel;
+    step.add_prefix_space = boolField(config, "add_prefix_space", true);
+    if (boolField(config, "use_regex", true)) step.regex = gpt2Regex();
+    steps_.push_back(std::move(step));
+  } else {
+    throwUnsupported(source, "pre_tokenizer", type, "Split, ByteLevel, Sequence");
+  }
+}
+
+namespace {
+
+// Cuts `text` into pieces around the regex matches, following Hugging Face's
+// SplitDelimiterBehavior; empty pieces are dropped.
+void splitWords(std::string_view text, const Regex& regex, PreTokenizer::Behavior behavior,
+                bool invert, std::vector<std::string>& out) {
+  using Behavior = PreTokenizer::Behavior;
+  struct Span {
+    size_t begin;
+    size_t end;
+    bool is_match;
+  };
+  thread_local std::vector<std::pair<size_t, size_t>> matches;
+  thread_local std::vector<Span> spans;
+  thread_local std::vector<Span> pieces;
+  matches.clear();
+  spans.clear();
+  pieces.clear();
+  regex.findMatches(text, matches);
+  size_t previous_end = 0;
+  for (const auto& [begin, end] : matches) {
+    if (begin > previous_end) spans.push_back({previous_end, begin, invert});
+    spans.push_back({begin, end, !invert});
+    previous_end = end;
+  }
+  if (previous_end < text.size()) spans.push_back({previous_end, text.size(), invert});
+
+  switch (behavior) {
+    case Behavior::kRemoved:
+      for (const Span& span : spans) {
+        if (!span.is_match) pieces.push_back(span);
+      }
+      break;
+    case Behavior::kIsolated:
+      pieces.assign(spans.begin(), spans.end());
+      break;
+    case Behavior::kMergedWithPrevious: {
+      bool previous_match = false;
+      for (const Span& span : spans) {
+        if (span.is_match && !previous_match && !pieces.empty()) {
+          pieces.back().end = span.end;
+        } else {
+          pieces.push_back(span);
+        }
+        previous_match = span.is_match;
+      }
+      break;
+    }
+    case Behavior::kMergedWithNext: {
+      // Mirror image of kMergedWithPrevious: walk from the end.
+      bool previous_match = false;
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->is_match && !previous_match && !pieces.empty()) {
+          pieces.back().begin = it->begin;
+        } else {
+          pieces.push_back(*it);
+        }
+        previous_match = it->is_match;
+      }
+      std::reverse(pieces.begin(), pieces.end());
+      break;
+    }
+    case Behavior::kContiguous: {
+      bool previous_match = false;
+      for (const Span& span : spans) {
+        if (span.is_match == previous_match && !pieces.empty()) {
+          pieces.back().end = span.end;
+        } else {
+          pieces.push_back(span);
+        }
+        previous_match = span.is_match;
+      }
+      break;
+    }
+  }
+  for (const Span& piece : pieces) {
+    if (piece.end > piece.begin)
+      out.emplace_back(text.substr(piece.begin, piece.end - piece.begin));
+  }
+}
+
+}  // namespace
+
+void PreTokenizer::apply(std::string_view text, std::vector<std::string>& words) const {
+  if (text.empty()) return;
+  std::vector<std::string> current;
+  current.emplace_back(text);
+  std::vector<std::string> next;
+  for (const Step& step : steps_) {
+    next.clear();
+    for (const std::string& word : current) {
+      if (step.kind == Step::Kind::kSplit) {
+        splitWords(word, *step.regex, step.behavior, step.invert, next);
+        continue;
+      }
+      std::string prefixed;
+      std::string_view input = word;
+      if (step.add_prefix_space && (word.empty() || word[0] != ' ')) {
+        prefixed = " " + word;
+        input = prefixed;
+      }
+      const size_t first = next.size();
+      if (step.regex) {
+        splitWords(input, *step.regex, Behavior::kIsolated, false, next);
+      } else {
+        next.emplace_back(input);
+      }
+      for (size_t i = first; i < next.size(); ++i) {
+        std::string mapped;
+        mapped.reserve(next[i].size() * 2);
+        appendByteLevel(next[i], mapped);
+        next[i] = std::move(mapped);
+      }
+    }
+    std::swap(current, next);
+  }
+  for (std::string& word : current) words.push_back(std::move(word));
+}
+
+// ---------------------------------------------------------------------------
+// PostProcessor
+
+PostProcessor::PostProcessor(const nlohmann::json& config, std::string_view source) {
+  if (!config.is_null()) addSteps(config, source);
+}
+
+void PostProcessor::addSteps(const nlohmann::json& config, std::string_view source) {
+  const std::string where(source);
+  const std::string type = componentType(config, source, "post_processor");
+  if (type == "Sequence") {
+    for (const nlohmann::json& item :
+         sequenceItems(config, "processors", source, "post_processor")) {
+      addSteps(item, source);
+    }
+  } else if (type == "ByteLevel") {
+    // Only adjusts offsets, which Tandem does not report.
+  } else if (type == "TemplateProcessing") {
+    auto single = config.find("single");
+    if (single == config.end() || !single->is_array()) {
+      throw Error(where + ": TemplateProcessing needs a \"single\" array");
+    }
+    const nlohmann::json special_tokens = config.value("special_tokens", nlohmann::json::object());
+    Template tmpl;
+    bool seen_sequence = false;
+    for (const nlohmann::json& piece : *single) {
+      if (auto special = piece.find("SpecialToken"); special != piece.end()) {
+        const std::string name = special->value("id", std::string());
+        auto entry = special_tokens.find(name);
+        if (entry == special_tokens.end() || !entry->contains("ids") ||
+            !(*entry)["ids"].is_array()) {
+          throw Error(where + ": TemplateProcessing uses special token '" + name +
+                      "', which its special_tokens map does not define");
+        }
+        std::vector<TokenId>& target = seen_sequence ? tmpl.after : tmpl.before;
+        for (const nlohmann::json& id : (*entry)["ids"]) target.push_back(id.get<TokenId>());
+      } else if (auto sequence = piece.find("Sequence"); sequence != piece.end()) {
+        if (seen_sequence || sequence->value("id", std::string("A")) != "A") {
+          throw Error(where + ": TemplateProcessing single template must contain $A once, got " +
+                      single->dump());
+        }
+        seen_sequence = true;
+      } else {
+        throw Error(where + ": TemplateProcessing piece " + piece.dump() +
+                    " is neither SpecialToken nor Sequence");
+      }
+    }
+    if (!seen_sequence) {
+      throw Error(where + ": TemplateProcessing single template has no $A: " + single->dump());
+    }
+    templates_.push_back(std::move(tmpl));
+  } else {
+    throwUnsupported(source, "post_processor", type, "TemplateProcessing, ByteLevel, Sequence");
+  }
+}
+
+void PostProcessor::apply(std::vector<TokenId>& ids) const {
+  for (const Template& tmpl : templates_) {
+    ids.insert(ids.begin(), tmpl.before.begin(), tmpl.before.end());
+    ids.insert(ids.end(), tmpl.after.begin(), tmpl.after.end());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Decoder
+
+void checkDecoder(const nlohmann::json& config, std::string_view source) {
+  if (config.is_null()) {
+    throw Error(std::string(source) +
+                ": decoder is missing; Tandem decodes with ByteLevel and needs it declared");
+  }
+  const std::string type = componentType(config, source, "decoder");
+  if (type == "Sequence") {
+    for (const nlohmann::json& item : sequenceItems(config, "decoders", source, "decoder")) {
+      checkDecoder(item, source);
+    }
+  } else if (type != "ByteLevel") {
+    throwUnsupported(source, "decoder", type, "ByteLevel, Sequence of ByteLevel");
+  }
+}
+
+}  // namespace tandem::tokenizer_internal
