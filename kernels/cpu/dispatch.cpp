@@ -1,1 +1,363 @@
-// placeholder
+// Public kernel entry points: pick the ISA table once, split work across the
+// thread pool, call the table. Work is only ever split along independent
+// outputs (matmul columns and rows, attention queries and heads, rows of
+// elementwise kernels), never along a reduction, so the split — and with it
+// the thread count — cannot change a result.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace tandem::kernels {
+namespace cpu {
+
+bool isaSupported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      // Everything kernels_avx512.cpp is compiled for, so the compiler is free
+      // to use any of it.
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+namespace {
+
+const IsaKernels& kernelsFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return avx512Kernels();
+    case Isa::kAvx2:
+      return avx2Kernels();
+    case Isa::kScalar:
+      break;
+  }
+  return scalarKernels();
+}
+
+Isa bestSupportedIsa() {
+  if (isaSupported(Isa::kAvx512)) return Isa::kAvx512;
+  if (isaSupported(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+Isa pickIsa() {
+  const char* requested = std::getenv("TANDEM_KERNEL_ISA");
+  if (requested == nullptr || *requested == '\0') return bestSupportedIsa();
+  const std::string_view name(requested);
+  Isa isa;
+  if (name == "avx512") {
+    isa = Isa::kAvx512;
+  } else if (name == "avx2") {
+    isa = Isa::kAvx2;
+  } else if (name == "scalar") {
+    isa = Isa::kScalar;
+  } else {
+    TANDEM_LOG(kWarn) << "TANDEM_KERNEL_ISA must be avx512, avx2 or scalar, got '" << name
+                      << "'; using " << kernelsFor(bestSupportedIsa()).name;
+    return bestSupportedIsa();
+  }
+  if (!isaSupported(isa)) {
+    TANDEM_LOG(kWarn) << "TANDEM_KERNEL_ISA=" << name << " is not supported by this CPU; using "
+                      << kernelsFor(bestSupportedIsa()).name;
+    return bestSupportedIsa();
+  }
+  return isa;
+}
+
+std::atomic<const IsaKernels*>& activeSlot() {
+  static std::atomic<const IsaKernels*> slot{&kernelsFor(pickIsa())};
+  return slot;
+}
+
+}  // namespace
+
+void setIsaForTesting(Isa isa) {
+  TANDEM_CHECK(isaSupported(isa), "setIsaForTesting: ISA not supported by this CPU");
+  activeSlot().store(&kernelsFor(isa));
+}
+
+}  // namespace cpu
+
+namespace {
+
+const cpu::IsaKernels& active() { return *cpu::activeSlot().load(std::memory_order_relaxed); }
+
+cpu::ThreadPool& pool() { return cpu::globalThreadPool(); }
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t roundUp(int64_t a, int64_t b) { return ceilDiv(a, b) * b; }
+
+// Weight bytes per matmul task: the block stays in L2 (1 MiB per core here)
+// while every row tile of x passes over it.
+constexpr int64_t kWeightBlockBytes = 256 * 1024;
+constexpr int64_t kMaxRowBlock = 512;
+// Below this much work (multiply-adds, or elements) a kernel runs on the
+// calling thread: waking workers would cost more than it saves.
+constexpr int64_t kMinParallelWork = 1 << 15;
+// Tasks per thread, so dynamic hand-out evens out uneven progress.
+constexpr int64_t kTasksPerThread = 8;
+constexpr int64_t kElementwiseChunk = 1 << 14;
+
+}  // namespace
+
+void setNumThreads(int num_threads) { pool().setNumThreads(num_threads); }
+
+int numThreads() { return pool().numThreads(); }
+
+std::string isaName() { return active().name; }
+
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
+  TANDEM_CHECK(w.cols == k, "matmul: weight columns must equal k");
+  const int64_t n = w.rows;
+  if (m <= 0 || n <= 0) return;
+  const cpu::IsaKernels& isa = active();
+  const int64_t threads = pool().numThreads();
+  const int64_t tile_rows = isa.matmul_tile_rows;
+
+  const int64_t row_bytes = std::max<int64_t>(1, k * static_cast<int64_t>(dtypeSize(w.dtype)));
+  int64_t n_block = std::clamp<int64_t>(kWeightBlockBytes / row_bytes / 16 * 16, 16, 512);
+  // Long prompts: a row block of x stays in L3 while it meets every weight block.
+  int64_t m_block = std::min(m, roundUp(kMaxRowBlock, tile_rows));
+  const int64_t want_tasks =
+      threads > 1 && m * n * k >= kMinParallelWork ? threads * kTasksPerThread : 1;
+  if (ceilDiv(n, n_block) * ceilDiv(m, m_block) < want_tasks) {
+    if (m > tile_rows) {
+      // Many rows: split them too rather than shrink the weight block.
+      const int64_t m_split =
+          std::min(ceilDiv(want_tasks, ceilDiv(n, n_block)), ceilDiv(m, tile_rows));
+      m_block = roundUp(ceilDiv(m, m_split), tile_rows);
+    } else {
+      // Decode: few rows, weights stream once; smaller blocks spread them.
+      n_block = std::max<int64_t>(4, roundUp(ceilDiv(n, want_tasks), 4));
+    }
+  }
+  const int64_t n_blocks = ceilDiv(n, n_block);
+  const int64_t m_blocks = ceilDiv(m, m_block);
+  // Neighbouring tasks share a weight block, which then comes from L3 once
+  // for both threads.
+  pool().parallelFor(n_blocks * m_blocks, [&](int64_t task, int) {
+    const int64_t n_begin = task / m_blocks * n_block;
+    const int64_t m_begin = task % m_blocks * m_block;
+    const int64_t rows = std::min(m_block, m - m_begin);
+    isa.matmul(x + m_begin * k, rows, k, w, n_begin, std::min(n, n_begin + n_block),
+               y + m_begin * n, n);
+  });
+}
+
+void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {
+  if (rows <= 0 || dim <= 0) return;
+  const cpu::IsaKernels& isa = active();
+  const int64_t tasks = rows * dim >= kMinParallelWork
+                            ? std::min<int64_t>(rows, pool().numThreads() * kTasksPerThread)
+                            : 1;
+  const int64_t rows_per_task = ceilDiv(rows, tasks);
+  pool().parallelFor(ceilDiv(rows, rows_per_task), [&](int64_t task, int) {
+    const int64_t end = std::min(rows, (task + 1) * rows_per_task);
+    for (int64_t r = task * rows_per_task; r < end; ++r) {
+      isa.rmsNormRow(x + r * dim, weight, dim, eps, y + r * dim);
+    }
+  });
+}
+
+// cos/sin are evaluated in double from the fp32 angle and rounded to fp32:
+// libm's double functions are correctly rounded in practice, so the table is
+// the same on every ISA and close to what PyTorch computes in fp32.
+void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
+               const int32_t* positions, const float* inv_freq) {
+  TANDEM_CHECK(head_dim % 2 == 0, "applyRope: head_dim must be even");
+  if (rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
+  const int64_t half = head_dim / 2;
+  const int64_t width = num_heads * head_dim;
+  const int64_t tasks = rows * width >= kMinParallelWork
+                            ? std::min<int64_t>(rows, pool().numThreads() * kTasksPerThread)
+                            : 1;
+  const int64_t rows_per_task = ceilDiv(rows, tasks);
+  pool().parallelFor(ceilDiv(rows, rows_per_task), [&](int64_t task, int) {
+    thread_local std::vector<float> cos_table;
+    thread_local std::vector<float> sin_table;
+    cos_table.resize(static_cast<size_t>(half));
+    sin_table.resize(static_cast<size_t>(half));
+    const int64_t end = std::min(rows, (task + 1) * rows_per_task);
+    for (int64_t r = task * rows_per_task; r < end; ++r) {
+      const float position = static_cast<float>(positions[r]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = position * inv_freq[i];
+        cos_table[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sin_table[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+      for (int64_t h = 0; h < num_heads; ++h) {
+        float* head = x + r * width + h * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float first = head[i];
+          const float second = head[i + half];
+          head[i] = first * cos_table[i] - second * sin_table[i];
+          head[i + half] = second * cos_table[i] + first * sin_table[i];
+        }
+      }
+    }
+  });
+}
+
+void siluMul(const float* gate, const float* up, float* out, int64_t n) {
+  if (n <= 0) return;
+  const cpu::IsaKernels& isa = active();
+  pool().parallelFor(ceilDiv(n, kElementwiseChunk), [&](int64_t task, int) {
+    const int64_t begin = task * kElementwiseChunk;
+    isa.siluMul(gate + begin, up + begin, out + begin, std::min(kElementwiseChunk, n - begin));
+  });
+}
+
+void softmax(float* x, int64_t n) { active().softmax(x, n); }
+
+void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) {
+  const size_t row_bytes = static_cast<size_t>(table.cols) * dtypeSize(table.dtype);
+  for (int64_t r = 0; r < n; ++r) {
+    TANDEM_CHECK(ids[r] >= 0 && ids[r] < table.rows, "embedding: id out of range");
+    const auto* row =
+        static_cast<const char*>(table.data) + static_cast<size_t>(ids[r]) * row_bytes;
+    convertToF32(table.dtype, row, out + r * table.cols, static_cast<size_t>(table.cols));
+  }
+}
+
+// NaNs never win (they compare false); with only NaNs the answer is 0.
+int64_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  float best_value = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] > best_value) {
+      best_value = x[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
+void addInPlace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+namespace {
+
+void checkSequences(const KvCacheLayout& cache, int32_t layer, const AttentionSequence* sequences,
+                    int64_t num_sequences) {
+  TANDEM_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16,
+               "KV cache dtype must be f32 or bf16");
+  TANDEM_CHECK(layer >= 0 && layer < cache.num_layers, "KV cache layer out of range");
+  TANDEM_CHECK(cache.block_size > 0, "KV cache block_size must be positive");
+  for (int64_t s = 0; s < num_sequences; ++s) {
+    const AttentionSequence& seq = sequences[s];
+    TANDEM_CHECK(seq.num_rows >= 0 && seq.first_position >= 0, "attention sequence bounds");
+    if (seq.num_rows == 0) continue;
+    const int64_t last = seq.first_position + seq.num_rows - 1;
+    TANDEM_CHECK(last / cache.block_size < seq.num_blocks,
+                 "attention sequence has too few blocks for its positions");
+  }
+}
+
+}  // namespace
+
+void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v,
+             const AttentionSequence* sequences, int64_t num_sequences) {
+  checkSequences(cache, layer, sequences, num_sequences);
+  const int64_t width = int64_t{cache.num_kv_heads} * cache.head_dim;
+  const size_t element_bytes = dtypeSize(cache.dtype);
+  const int64_t block_bytes = cache.blockBytes();
+  for (int64_t s = 0; s < num_sequences; ++s) {
+    const AttentionSequence& seq = sequences[s];
+    for (int64_t r = 0; r < seq.num_rows; ++r) {
+      const int64_t position = seq.first_position + r;
+      const int64_t block = seq.block_table[position / cache.block_size];
+      TANDEM_CHECK(block >= 0 && block < cache.num_blocks, "block id out of range");
+      const int64_t slot = position % cache.block_size;
+      char* block_base = static_cast<char*>(cache.base) + block * block_bytes;
+      const int64_t row = seq.first_row + r;
+      for (int kv = 0; kv < 2; ++kv) {
+        const int64_t element = ((int64_t{layer} * 2 + kv) * cache.block_size + slot) * width;
+        convertFromF32(cache.dtype, (kv == 0 ? k : v) + row * width,
+                       block_base + element * static_cast<int64_t>(element_bytes),
+                       static_cast<size_t>(width));
+      }
+    }
+  }
+}
+
+void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
+                    float scale, const AttentionSequence* sequences, int64_t num_sequences,
+                    float* out) {
+  checkSequences(cache, layer, sequences, num_sequences);
+  TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= 256, "head_dim must be in 1..256");
+  TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
+               "num_heads must be a multiple of num_kv_heads");
+  const cpu::IsaKernels& isa = active();
+  const int64_t head_dim = cache.head_dim;
+  const int64_t width = num_heads * head_dim;
+  const int64_t group = num_heads / cache.num_kv_heads;
+  const int64_t slot_stride = int64_t{cache.num_kv_heads} * head_dim;
+  const int64_t layer_stride = int64_t{cache.block_size} * slot_stride;
+
+  // row_start[s]: index of sequence s's first row among all rows of the call.
+  std::vector<int64_t> row_start(static_cast<size_t>(num_sequences) + 1, 0);
+  int64_t max_position = 0;
+  for (int64_t s = 0; s < num_sequences; ++s) {
+    row_start[s + 1] = row_start[s] + sequences[s].num_rows;
+    if (sequences[s].num_rows > 0) {
+      max_position =
+          std::max(max_position, sequences[s].first_position + sequences[s].num_rows - 1);
+    }
+  }
+
+  // One task per (row, kv head, run of up to kMaxAttentionHeads query
+  // heads): the causal cost grows along a sequence, and fine tasks handed
+  // out dynamically keep both threads busy to the end.
+  const int64_t runs_per_kv_head = ceilDiv(group, cpu::kMaxAttentionHeads);
+  const int64_t tasks_per_row = int64_t{cache.num_kv_heads} * runs_per_kv_head;
+  pool().parallelFor(row_start.back() * tasks_per_row, [&](int64_t item, int) {
+    const size_t scratch = static_cast<size_t>(cpu::kMaxAttentionHeads * (max_position + 1));
+    thread_local std::vector<float> scores;
+    if (scores.size() < scratch) scores.resize(scratch);
+    const int64_t index = item / tasks_per_row;
+    const int64_t kv_head = item % tasks_per_row / runs_per_kv_head;
+    const int64_t run = item % runs_per_kv_head;
+    const int64_t head = kv_head * group + run * cpu::kMaxAttentionHeads;
+    const int64_t s =
+        std::upper_bound(row_start.begin(), row_start.end(), index) - row_start.begin() - 1;
+    const AttentionSequence& seq = sequences[s];
+    const int64_t r = index - row_start[s];
+    const int64_t row = seq.first_row + r;
+
+    cpu::AttentionQuery query;
+    query.q = q + row * width + head * head_dim;
+    query.out = out + row * width + head * head_dim;
+    query.num_heads = static_cast<int32_t>(
+        std::min<int64_t>(cpu::kMaxAttentionHeads, group - run * cpu::kMaxAttentionHeads));
+    query.cache_base = static_cast<const char*>(cache.base);
+    query.cache_dtype = cache.dtype;
+    query.block_bytes = cache.blockBytes();
+    query.block_table = seq.block_table;
+    query.block_size = cache.block_size;
+    query.head_dim = cache.head_dim;
+    query.k_offset = int64_t{layer} * 2 * layer_stride + kv_head * head_dim;
+    query.v_offset = (int64_t{layer} * 2 + 1) * layer_stride + kv_head * head_dim;
+    query.slot_stride = slot_stride;
+    query.position = seq.first_position + r;
+    query.scale = scale;
+    isa.attendQuery(query, scores.data());
+  });
+}
+
+}  // namespace tandem::kernels

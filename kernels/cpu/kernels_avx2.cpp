@@ -1,1 +1,372 @@
-// placeholder
+// AVX2 + FMA kernels (8 fp32 lanes). See isa_kernels.h.
+//
+// Same fixed per-element sequences as the AVX-512 file, with 8 lanes: dot
+// products accumulate in one 8-lane vector per output (zero-filled tail),
+// then reduce with the tree (i + i+4, + i+2, + i+1); tiles reduce several
+// outputs with that same tree, packed.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/isa_kernels.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int64_t kLanes = 8;
+// Register tile: 3 x rows by 4 weight rows = 12 ymm accumulators, leaving
+// four for the weight vectors out of sixteen.
+constexpr int kTileRows = 3;
+constexpr int kTileCols = 4;
+
+__m256i laneMask(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+__m256 loadPartial(const float* p, int64_t count) { return _mm256_maskload_ps(p, laneMask(count)); }
+
+void storePartial(float* p, __m256 v, int64_t count) { _mm256_maskstore_ps(p, laneMask(count), v); }
+
+struct F32Loader {
+  using Element = float;
+  static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  static __m256 loadPartial(const float* p, int64_t count) { return cpu::loadPartial(p, count); }
+};
+
+// AVX2 has no 16-bit masked load: a partial vector goes through a
+// zero-filled buffer.
+struct Bf16Loader {
+  using Element = uint16_t;
+  static __m256 widen(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static __m256 load(const uint16_t* p) {
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256 loadPartial(const uint16_t* p, int64_t count) {
+    uint16_t buffer[kLanes] = {};
+    std::memcpy(buffer, p, static_cast<size_t>(count) * sizeof(uint16_t));
+    return load(buffer);
+  }
+};
+
+struct F16Loader {
+  using Element = uint16_t;
+  static __m256 load(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256 loadPartial(const uint16_t* p, int64_t count) {
+    uint16_t buffer[kLanes] = {};
+    std::memcpy(buffer, p, static_cast<size_t>(count) * sizeof(uint16_t));
+    return load(buffer);
+  }
+};
+
+// Lane sum: ((v_i + v_i+4) + (.. + i+2)) + (.. + i+1).
+float reduceSum(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ps(s2, _mm_shuffle_ps(s2, s2, _MM_SHUFFLE(1, 1, 1, 1)));
+  return _mm_cvtss_f32(s1);
+}
+
+// {sum(a), sum(b), sum(c), sum(d)} by exactly the tree of reduceSum.
+__m128 reduceSum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  // i + i+4: [a' | b'] and [c' | d'].
+  const __m256 ab =
+      _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd =
+      _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  // i + i+2: [a''0 a''1 c''0 c''1 | b''0 b''1 d''0 d''1].
+  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  // i + i+1: [a c a c | b d b d].
+  const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(s, s, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(s, s, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm_unpacklo_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+// e^x as in the AVX-512 file (same reduction and polynomial); 2^n is applied
+// as two exact power-of-two factors so overflow gives inf and small results
+// underflow gradually, like scalef.
+__m256 expPs(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606820309417232e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256i rest = _mm256_sub_epi32(ni, half);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 scale_a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 scale_b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, scale_a), scale_b);
+}
+
+// ---------------------------------------------------------------- matmul --
+
+template <int Rows, typename Loader>
+inline void matmulTile(const float* x, int64_t k, const typename Loader::Element* const* w,
+                       float* y, int64_t ldy, int64_t valid_cols) {
+  __m256 acc[Rows][kTileCols];
+  for (int i = 0; i < Rows; ++i) {
+    for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  int64_t kk = 0;
+  for (; kk + kLanes <= k; kk += kLanes) {
+    if constexpr (Rows <= 2) {
+      // Decode: keep the next tile's weight rows in flight too (see the
+      // AVX-512 file).
+      for (int j = 0; j < kTileCols; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kTileCols * k + kk), _MM_HINT_T0);
+      }
+    }
+    __m256 wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::load(w[j] + kk);
+    for (int i = 0; i < Rows; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * k + kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (kk < k) {
+    const int64_t rest = k - kk;
+    __m256 wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::loadPartial(w[j] + kk, rest);
+    for (int i = 0; i < Rows; ++i) {
+      const __m256 xv = loadPartial(x + i * k + kk, rest);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < Rows; ++i) {
+    const __m128 sums = reduceSum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    if (valid_cols == kTileCols) {
+      _mm_storeu_ps(y + i * ldy, sums);
+    } else {
+      float lanes[kTileCols];
+      _mm_storeu_ps(lanes, sums);
+      std::copy_n(lanes, valid_cols, y + i * ldy);
+    }
+  }
+}
+
+template <int Rows, typename Loader>
+void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
+                   int64_t n_end, float* y, int64_t ldy) {
+  for (int64_t j = n_begin; j < n_end; j += kTileCols) {
+    const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
+    const typename Loader::Element* rows[kTileCols];
+    for (int c = 0; c < kTileCols; ++c) rows[c] = w + (j + std::min<int64_t>(c, valid - 1)) * k;
+    matmulTile<Rows, Loader>(x, k, rows, y + j, ldy, valid);
+  }
+}
+
+template <typename Loader>
+void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64_t n_begin,
+                 int64_t n_end, float* y, int64_t ldy) {
+  const auto* w = static_cast<const typename Loader::Element*>(w_data);
+  int64_t i = 0;
+  for (; i + kTileRows <= m; i += kTileRows) {
+    matmulRowTile<kTileRows, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy);
+  }
+  switch (m - i) {
+    case 1:
+      matmulRowTile<1, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy);
+      break;
+    case 2:
+      matmulRowTile<2, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy);
+      break;
+    default:
+      break;
+  }
+}
+
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
+            int64_t n_end, float* y, int64_t ldy) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return matmulTyped<F32Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kBF16:
+      return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kF16:
+      return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+  }
+}
+
+// ------------------------------------------------------------ elementwise --
+
+void rmsNormRow(const float* x, const float* weight, int64_t dim, float eps, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const __m256 v = loadPartial(x + d, std::min(kLanes, dim - d));
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  const float mean = reduceSum(acc) / static_cast<float>(dim);
+  const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(mean + eps));
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const int64_t count = std::min(kLanes, dim - d);
+    const __m256 v = loadPartial(x + d, count);
+    const __m256 g = loadPartial(weight + d, count);
+    storePartial(y + d, _mm256_mul_ps(_mm256_mul_ps(v, inv), g), count);
+  }
+}
+
+void siluMul(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t count = std::min(kLanes, n - i);
+    const __m256 g = loadPartial(gate + i, count);
+    const __m256 u = loadPartial(up + i, count);
+    const __m256 e = expPs(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    storePartial(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u), count);
+  }
+}
+
+float maxOf(const float* x, int64_t n) {
+  float best = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) best = std::max(best, x[i]);
+  return best;
+}
+
+// x[i] = e^(x[i] - max) in place; returns their sum (8-lane accumulation in
+// index order, then reduceSum).
+float expShiftAndSum(float* x, int64_t n, float max) {
+  const __m256 shift = _mm256_set1_ps(max);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t count = std::min(kLanes, n - i);
+    const __m256 e = expPs(_mm256_sub_ps(loadPartial(x + i, count), shift));
+    storePartial(x + i, e, count);
+    acc = _mm256_add_ps(acc, _mm256_and_ps(e, _mm256_castsi256_ps(laneMask(count))));
+  }
+  return reduceSum(acc);
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float sum = expShiftAndSum(x, n, maxOf(x, n));
+  const __m256 divisor = _mm256_set1_ps(sum);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t count = std::min(kLanes, n - i);
+    storePartial(x + i, _mm256_div_ps(loadPartial(x + i, count), divisor), count);
+  }
+}
+
+// -------------------------------------------------------------- attention --
+
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kValueChunksPerPass = 4;
+
+// Copies row `src` (head_dim elements) to fp32 `dst` padded with zeros to a
+// whole number of vectors, so the loops below need no partial loads.
+template <typename Loader>
+void widenRow(const void* src, int64_t head_dim, int64_t padded, float* dst) {
+  const auto* s = static_cast<const typename Loader::Element*>(src);
+  int64_t d = 0;
+  for (; d + kLanes <= head_dim; d += kLanes) _mm256_storeu_ps(dst + d, Loader::load(s + d));
+  if (d < head_dim) {
+    _mm256_storeu_ps(dst + d, Loader::loadPartial(s + d, head_dim - d));
+    d += kLanes;
+  }
+  for (; d < padded; d += kLanes) _mm256_storeu_ps(dst + d, _mm256_setzero_ps());
+}
+
+// One head of `a` (q and out already offset to it).
+template <typename Loader>
+void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, float* scores) {
+  const int64_t head_dim = a.head_dim;
+  const int64_t count = a.position + 1;
+  const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
+  const int64_t passes = (chunks + kValueChunksPerPass - 1) / kValueChunksPerPass;
+  const int64_t padded = passes * kValueChunksPerPass * kLanes;
+  alignas(32) float q[kMaxHeadDim + kValueChunksPerPass * kLanes];
+  alignas(32) float keys[4][kMaxHeadDim + kValueChunksPerPass * kLanes];
+  widenRow<F32Loader>(q_head, head_dim, padded, q);
+
+  CacheRowCursor key_rows(a, 0);
+  for (int64_t t = 0; t < count; t += 4) {
+    const int64_t valid = std::min<int64_t>(4, count - t);
+    for (int j = 0; j < valid; ++j) widenRow<Loader>(key_rows.next(), head_dim, padded, keys[j]);
+    for (int64_t j = valid; j < 4; ++j) std::copy_n(keys[j - 1], padded, keys[j]);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m256 qv = _mm256_load_ps(q + c * kLanes);
+      for (int j = 0; j < 4; ++j) {
+        acc[j] = _mm256_fmadd_ps(qv, _mm256_load_ps(keys[j] + c * kLanes), acc[j]);
+      }
+    }
+    float dots[4];
+    _mm_storeu_ps(dots,
+                  _mm_mul_ps(reduceSum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(a.scale)));
+    std::copy_n(dots, valid, scores + t);
+  }
+
+  const float sum = expShiftAndSum(scores, count, maxOf(scores, count));
+
+  alignas(32) float out[kMaxHeadDim + kValueChunksPerPass * kLanes];
+  alignas(32) float value[kMaxHeadDim + kValueChunksPerPass * kLanes];
+  const __m256 divisor = _mm256_set1_ps(sum);
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    const int64_t c0 = pass * kValueChunksPerPass;
+    __m256 acc[kValueChunksPerPass];
+    for (int64_t g = 0; g < kValueChunksPerPass; ++g) acc[g] = _mm256_setzero_ps();
+    CacheRowCursor value_rows(a, 1);
+    for (int64_t t = 0; t < count; ++t) {
+      // Only this pass's dims are widened: a whole row per pass would redo
+      // the work for every pass.
+      const int64_t begin = c0 * kLanes;
+      const int64_t len = std::clamp<int64_t>(head_dim - begin, 0, kValueChunksPerPass * kLanes);
+      const auto* src = static_cast<const typename Loader::Element*>(value_rows.next()) + begin;
+      widenRow<Loader>(src, len, kValueChunksPerPass * kLanes, value);
+      const __m256 p = _mm256_set1_ps(scores[t]);
+      for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
+        acc[g] = _mm256_fmadd_ps(p, _mm256_load_ps(value + g * kLanes), acc[g]);
+      }
+    }
+    for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
+      _mm256_store_ps(out + (c0 + g) * kLanes, _mm256_div_ps(acc[g], divisor));
+    }
+  }
+  std::copy_n(out, head_dim, out_head);
+}
+
+void attendQuery(const AttentionQuery& a, float* scores) {
+  for (int32_t h = 0; h < a.num_heads; ++h) {
+    const float* q = a.q + h * a.head_dim;
+    float* out = a.out + h * a.head_dim;
+    if (a.cache_dtype == DType::kBF16) {
+      attendHead<Bf16Loader>(a, q, out, scores);
+    } else {
+      attendHead<F32Loader>(a, q, out, scores);
+    }
+  }
+}
+
+}  // namespace
+
+const IsaKernels& avx2Kernels() {
+  static const IsaKernels kernels{
+      .name = "avx2",
+      .matmul = matmul,
+      .matmul_tile_rows = kTileRows,
+      .rmsNormRow = rmsNormRow,
+      .siluMul = siluMul,
+      .softmax = softmax,
+      .attendQuery = attendQuery,
+  };
+  return kernels;
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,1 +1,440 @@
-// placeholder
+// AVX-512 kernels (16 fp32 lanes). See isa_kernels.h.
+//
+// The fixed per-element operation sequences everything here keeps:
+//  - dot products (matmul, attention scores, sums of squares) accumulate in
+//    one 16-lane vector per output, k in steps of 16 with a zero-masked tail,
+//    then reduce the lanes with one fixed tree (i + i+8, + i+4, + i+2, + i+1);
+//  - several outputs computed together (a register tile) reduce with the same
+//    tree, only packed, so a tile of any size gives each output the bits a
+//    lone output would get.
+
+// GCC 12's AVX-512 intrinsics initialise their "undefined" pass-through
+// operands from themselves, which -Wuninitialized flags at every use (GCC bug
+// 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/isa_kernels.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int64_t kLanes = 16;
+// Matmul register tile: kTileRows rows of x by kTileCols rows of w, 24 zmm
+// accumulators plus 4 weight vectors and one x vector.
+constexpr int kTileRows = 6;
+constexpr int kTileCols = 4;
+
+__mmask16 laneMask(int64_t count) { return static_cast<__mmask16>((1u << count) - 1u); }
+
+// Weight loaders: 16 consecutive elements as fp32 (exact conversions).
+struct F32Loader {
+  using Element = float;
+  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 loadMasked(const float* p, __mmask16 mask) {
+    return _mm512_maskz_loadu_ps(mask, p);
+  }
+};
+
+struct Bf16Loader {
+  using Element = uint16_t;
+  static __m512 widen(__m256i h) {
+    // bf16 is the top half of an fp32: zero-extend and shift into place.
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 load(const uint16_t* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 loadMasked(const uint16_t* p, __mmask16 mask) {
+    return widen(_mm256_maskz_loadu_epi16(mask, p));
+  }
+};
+
+struct F16Loader {
+  using Element = uint16_t;
+  static __m512 load(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 loadMasked(const uint16_t* p, __mmask16 mask) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+  }
+};
+
+// Lane sum of one vector: ((v_i + v_i+8) + (.. + i+4)) + (.. + i+2)) + (.. + i+1).
+float reduceSum(__m512 v) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ps(s2, _mm_shuffle_ps(s2, s2, _MM_SHUFFLE(1, 1, 1, 1)));
+  return _mm_cvtss_f32(s1);
+}
+
+// Lane sums of four vectors, {sum(a), sum(b), sum(c), sum(d)}, by exactly the
+// tree of reduceSum (each addition pairs the same two lanes of one input).
+__m128 reduceSum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // i + i+8: 256-bit halves of a|b and c|d side by side.
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  // i + i+4: 128-bit lane q of the result holds input q's four partials.
+  const __m512 quads = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  // i + i+2, then i + i+1, within each 128-bit lane.
+  const __m512 pairs =
+      _mm512_add_ps(quads, _mm512_shuffle_ps(quads, quads, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 sums =
+      _mm512_add_ps(pairs, _mm512_shuffle_ps(pairs, pairs, _MM_SHUFFLE(1, 1, 1, 1)));
+  const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(pick, sums));
+}
+
+// e^x: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor
+// polynomial for e^r (truncation error below 1e-8 relative), then scalef
+// multiplies by 2^n with correct overflow to inf and gradual underflow.
+__m512 expPs(__m512 x) {
+  // Clamping keeps n in scalef's useful range; min/max take the NaN operand
+  // second so a NaN input stays NaN.
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606820309417232e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// ---------------------------------------------------------------- matmul --
+
+// One register tile: rows x[0..Rows) against four weight rows (edge tiles
+// repeat a row and drop its outputs through store_mask). Prefetch: this pass
+// is the first over these weight rows, which come from memory.
+template <int Rows, typename Loader, bool Prefetch>
+inline void matmulTile(const float* x, int64_t k, const typename Loader::Element* const* w,
+                       float* y, int64_t ldy, __mmask8 store_mask) {
+  __m512 acc[Rows][kTileCols];
+  for (int i = 0; i < Rows; ++i) {
+    for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  int64_t kk = 0;
+  for (; kk + kLanes <= k; kk += kLanes) {
+    if constexpr (Prefetch) {
+      // Fetch the next tile's weight rows while this one computes, so eight
+      // rows are in flight: the hardware prefetcher alone reaches ~60% of
+      // read bandwidth on decode. Prefetches past the end are harmless.
+      for (int j = 0; j < kTileCols; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kTileCols * k + kk), _MM_HINT_T0);
+      }
+    }
+    __m512 wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::load(w[j] + kk);
+    for (int i = 0; i < Rows; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (kk < k) {
+    const __mmask16 mask = laneMask(k - kk);
+    __m512 wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::loadMasked(w[j] + kk, mask);
+    for (int i = 0; i < Rows; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * k + kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < Rows; ++i) {
+    _mm_mask_storeu_ps(y + i * ldy, store_mask,
+                       reduceSum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+  }
+}
+
+// Rows x[0..Rows) against weight rows [n_begin, n_end): x stays in L1 while
+// the weight block streams from L2 (from memory on the first row tile).
+template <int Rows, typename Loader, bool Prefetch>
+void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
+                   int64_t n_end, float* y, int64_t ldy) {
+  for (int64_t j = n_begin; j < n_end; j += kTileCols) {
+    const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
+    const typename Loader::Element* rows[kTileCols];
+    for (int c = 0; c < kTileCols; ++c) rows[c] = w + (j + std::min<int64_t>(c, valid - 1)) * k;
+    matmulTile<Rows, Loader, Prefetch>(x, k, rows, y + j, ldy,
+                                       static_cast<__mmask8>((1u << valid) - 1u));
+  }
+}
+
+template <int Rows, typename Loader>
+void matmulRows(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
+                int64_t n_end, float* y, int64_t ldy, bool first) {
+  if (first) {
+    matmulRowTile<Rows, Loader, true>(x, k, w, n_begin, n_end, y, ldy);
+  } else {
+    matmulRowTile<Rows, Loader, false>(x, k, w, n_begin, n_end, y, ldy);
+  }
+}
+
+template <typename Loader>
+void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64_t n_begin,
+                 int64_t n_end, float* y, int64_t ldy) {
+  const auto* w = static_cast<const typename Loader::Element*>(w_data);
+  int64_t i = 0;
+  for (; i + kTileRows <= m; i += kTileRows) {
+    matmulRows<kTileRows, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
+  }
+  const float* xr = x + i * k;
+  float* yr = y + i * ldy;
+  const bool first = i == 0;
+  switch (m - i) {
+    case 0:
+      break;
+    case 1:
+      matmulRows<1, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      break;
+    case 2:
+      matmulRows<2, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      break;
+    case 3:
+      matmulRows<3, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      break;
+    case 4:
+      matmulRows<4, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      break;
+    case 5:
+      matmulRows<5, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      break;
+  }
+}
+
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
+            int64_t n_end, float* y, int64_t ldy) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return matmulTyped<F32Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kBF16:
+      return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kF16:
+      return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+  }
+}
+
+// ------------------------------------------------------------ elementwise --
+
+void rmsNormRow(const float* x, const float* weight, int64_t dim, float eps, float* y) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, dim - d));
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + d);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  const float mean = reduceSum(acc) / static_cast<float>(dim);
+  const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(mean + eps));
+  for (int64_t d = 0; d < dim; d += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, dim - d));
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + d);
+    const __m512 g = _mm512_maskz_loadu_ps(mask, weight + d);
+    _mm512_mask_storeu_ps(y + d, mask, _mm512_mul_ps(_mm512_mul_ps(v, inv), g));
+  }
+}
+
+void siluMul(const float* gate, const float* up, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, n - i));
+    const __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
+    const __m512 u = _mm512_maskz_loadu_ps(mask, up + i);
+    const __m512 e = expPs(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(silu, u));
+  }
+}
+
+float maxOf(const float* x, int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, n - i));
+    best = _mm512_mask_max_ps(best, mask, best, _mm512_maskz_loadu_ps(mask, x + i));
+  }
+  return _mm512_reduce_max_ps(best);
+}
+
+// x[i] = e^(x[i] - max) in place; returns their sum (16-lane accumulation in
+// index order, then reduceSum).
+float expShiftAndSum(float* x, int64_t n, float max) {
+  const __m512 shift = _mm512_set1_ps(max);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, n - i));
+    const __m512 e = expPs(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), shift));
+    _mm512_mask_storeu_ps(x + i, mask, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(mask, e));
+  }
+  return reduceSum(acc);
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float sum = expShiftAndSum(x, n, maxOf(x, n));
+  const __m512 divisor = _mm512_set1_ps(sum);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, n - i));
+    _mm512_mask_storeu_ps(x + i, mask, _mm512_div_ps(_mm512_maskz_loadu_ps(mask, x + i), divisor));
+  }
+}
+
+// -------------------------------------------------------------- attention --
+
+constexpr int64_t kMaxHeadChunks = 256 / kLanes;
+constexpr int64_t kPrefetchRows = 16;
+
+// Heads query heads of `a` at once; head g's scores live at
+// scores + g * (position + 1). Each head's operations are exactly those of
+// a lone head: sharing only saves loading and widening K/V rows per head.
+template <typename Loader, int Heads>
+void attendHeads(const AttentionQuery& a, float* scores) {
+  using Element = typename Loader::Element;
+  constexpr int kKeysPerStep = 4;
+  constexpr int kValueChunksPerPass = 4;
+  const int64_t head_dim = a.head_dim;
+  const int64_t count = a.position + 1;
+  const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
+  // Chunks past head_dim get an empty mask: their loads read nothing and
+  // their stores write nothing, so the value pass below can always run a
+  // fixed number of chunks.
+  __mmask16 masks[kMaxHeadChunks + kValueChunksPerPass] = {};
+  for (int64_t c = 0; c < chunks; ++c) masks[c] = laneMask(std::min(kLanes, head_dim - c * kLanes));
+
+  // Cache rows are strided (one slot holds every kv head) and defeat the
+  // hardware prefetcher; fetch them kPrefetchRows ahead.
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(Element));
+  int64_t prefetched = 0;
+  auto prefetchUpTo = [&](CacheRowCursor& cursor, int64_t end) {
+    for (end = std::min(end, count); prefetched < end; ++prefetched) {
+      const char* row = static_cast<const char*>(cursor.next());
+      for (int64_t offset = 0; offset < row_bytes; offset += 64) {
+        _mm_prefetch(row + offset, _MM_HINT_T0);
+      }
+    }
+  };
+
+  // Scores, kKeysPerStep keys at a time; the last step repeats its final key.
+  const __m128 scale = _mm_set1_ps(a.scale);
+  CacheRowCursor keys(a, 0);
+  CacheRowCursor key_prefetch(a, 0);
+  for (int64_t t = 0; t < count; t += kKeysPerStep) {
+    prefetchUpTo(key_prefetch, t + kKeysPerStep + kPrefetchRows);
+    const int64_t valid = std::min<int64_t>(kKeysPerStep, count - t);
+    const Element* key[kKeysPerStep];
+    key[0] = static_cast<const Element*>(keys.next());
+    for (int j = 1; j < kKeysPerStep; ++j) {
+      key[j] = j < valid ? static_cast<const Element*>(keys.next()) : key[j - 1];
+    }
+    __m512 acc[Heads][kKeysPerStep];
+    for (int g = 0; g < Heads; ++g) {
+      for (int j = 0; j < kKeysPerStep; ++j) acc[g][j] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      __m512 kv[kKeysPerStep];
+      for (int j = 0; j < kKeysPerStep; ++j) {
+        kv[j] = Loader::loadMasked(key[j] + c * kLanes, masks[c]);
+      }
+      for (int g = 0; g < Heads; ++g) {
+        const __m512 qv = _mm512_maskz_loadu_ps(masks[c], a.q + g * head_dim + c * kLanes);
+        for (int j = 0; j < kKeysPerStep; ++j) acc[g][j] = _mm512_fmadd_ps(qv, kv[j], acc[g][j]);
+      }
+    }
+    for (int g = 0; g < Heads; ++g) {
+      const __m128 dots = reduceSum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+      _mm_mask_storeu_ps(scores + g * count + t, static_cast<__mmask8>((1u << valid) - 1u),
+                         _mm_mul_ps(dots, scale));
+    }
+  }
+
+  __m512 divisor[Heads];
+  for (int g = 0; g < Heads; ++g) {
+    float* head_scores = scores + g * count;
+    divisor[g] = _mm512_set1_ps(expShiftAndSum(head_scores, count, maxOf(head_scores, count)));
+  }
+
+  // out = sum_t p_t v_t in t order, kValueChunksPerPass * 16 dims per pass
+  // to keep the accumulators in registers; then one division by the sum.
+  for (int64_t c0 = 0; c0 < chunks; c0 += kValueChunksPerPass) {
+    __m512 acc[Heads][kValueChunksPerPass];
+    for (int g = 0; g < Heads; ++g) {
+      for (int c = 0; c < kValueChunksPerPass; ++c) acc[g][c] = _mm512_setzero_ps();
+    }
+    CacheRowCursor values(a, 1);
+    CacheRowCursor value_prefetch(a, 1);
+    prefetched = 0;
+    for (int64_t t = 0; t < count; ++t) {
+      // Later passes find the rows in cache.
+      if (c0 == 0) prefetchUpTo(value_prefetch, t + kPrefetchRows);
+      const auto* value = static_cast<const Element*>(values.next()) + c0 * kLanes;
+      __m512 vv[kValueChunksPerPass];
+      for (int c = 0; c < kValueChunksPerPass; ++c) {
+        vv[c] = Loader::loadMasked(value + c * kLanes, masks[c0 + c]);
+      }
+      for (int g = 0; g < Heads; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[g * count + t]);
+        for (int c = 0; c < kValueChunksPerPass; ++c)
+          acc[g][c] = _mm512_fmadd_ps(p, vv[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < Heads; ++g) {
+      for (int c = 0; c < kValueChunksPerPass; ++c) {
+        _mm512_mask_storeu_ps(a.out + g * head_dim + (c0 + c) * kLanes, masks[c0 + c],
+                              _mm512_div_ps(acc[g][c], divisor[g]));
+      }
+    }
+  }
+}
+
+template <typename Loader>
+void attendTyped(const AttentionQuery& a, float* scores) {
+  switch (a.num_heads) {
+    case 1:
+      return attendHeads<Loader, 1>(a, scores);
+    case 2:
+      return attendHeads<Loader, 2>(a, scores);
+    case 3:
+      return attendHeads<Loader, 3>(a, scores);
+    default:
+      return attendHeads<Loader, 4>(a, scores);
+  }
+}
+
+void attendQuery(const AttentionQuery& query, float* scores) {
+  if (query.cache_dtype == DType::kBF16) {
+    attendTyped<Bf16Loader>(query, scores);
+  } else {
+    attendTyped<F32Loader>(query, scores);
+  }
+}
+
+}  // namespace
+
+const IsaKernels& avx512Kernels() {
+  static const IsaKernels kernels{
+      .name = "avx512",
+      .matmul = matmul,
+      .matmul_tile_rows = kTileRows,
+      .rmsNormRow = rmsNormRow,
+      .siluMul = siluMul,
+      .softmax = softmax,
+      .attendQuery = attendQuery,
+  };
+  return kernels;
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,1 +1,133 @@
-// placeholder
+// Portable scalar kernels: the fallback for CPUs without AVX2. See
+// isa_kernels.h. Every reduction runs strictly in index order, one element at
+// a time (the build forbids contracting a*b+c into fma), so a result depends
+// only on its inputs.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/isa_kernels.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+// Weight rows are converted to fp32 once and reused for every x row.
+void loadRow(const WeightView& w, int64_t row, float* out) {
+  const int64_t k = w.cols;
+  const size_t offset = static_cast<size_t>(row * k);
+  switch (w.dtype) {
+    case DType::kF32:
+      std::copy_n(static_cast<const float*>(w.data) + offset, k, out);
+      return;
+    case DType::kBF16: {
+      const auto* src = static_cast<const uint16_t*>(w.data) + offset;
+      for (int64_t i = 0; i < k; ++i) out[i] = bf16ToF32(src[i]);
+      return;
+    }
+    case DType::kF16:
+      convertToF32(DType::kF16, static_cast<const uint16_t*>(w.data) + offset, out,
+                   static_cast<size_t>(k));
+      return;
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
+            int64_t n_end, float* y, int64_t ldy) {
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(k));
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    loadRow(w, j, row.data());
+    for (int64_t i = 0; i < m; ++i) y[i * ldy + j] = dot(x + i * k, row.data(), k);
+  }
+}
+
+void rmsNormRow(const float* x, const float* weight, int64_t dim, float eps, float* y) {
+  const float mean = dot(x, x, dim) / static_cast<float>(dim);
+  const float inv = 1.0f / std::sqrt(mean + eps);
+  for (int64_t d = 0; d < dim; ++d) y[d] = x[d] * inv * weight[d];
+}
+
+void siluMul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+// x[i] = e^(x[i] - max) in place, returning their sum in index order.
+float expShiftAndSum(float* x, int64_t n) {
+  float max = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  return sum;
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float sum = expShiftAndSum(x, n);
+  for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+constexpr int64_t kMaxHeadDim = 256;
+
+void readRow(DType dtype, const void* src, float* out, int64_t n) {
+  if (dtype == DType::kBF16) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16ToF32(s[i]);
+  } else {
+    std::copy_n(static_cast<const float*>(src), n, out);
+  }
+}
+
+// One head of `a` (q and out already offset to it).
+void attendHead(const AttentionQuery& a, const float* q, float* out, float* scores) {
+  const int64_t head_dim = a.head_dim;
+  const int64_t count = a.position + 1;
+  float row[kMaxHeadDim];
+  CacheRowCursor keys(a, 0);
+  for (int64_t t = 0; t < count; ++t) {
+    readRow(a.cache_dtype, keys.next(), row, head_dim);
+    scores[t] = dot(q, row, head_dim) * a.scale;
+  }
+  const float sum = expShiftAndSum(scores, count);
+  float acc[kMaxHeadDim] = {};
+  CacheRowCursor values(a, 1);
+  for (int64_t t = 0; t < count; ++t) {
+    readRow(a.cache_dtype, values.next(), row, head_dim);
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] += scores[t] * row[d];
+  }
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d] / sum;
+}
+
+void attendQuery(const AttentionQuery& a, float* scores) {
+  for (int32_t h = 0; h < a.num_heads; ++h) {
+    attendHead(a, a.q + h * a.head_dim, a.out + h * a.head_dim, scores);
+  }
+}
+
+}  // namespace
+
+const IsaKernels& scalarKernels() {
+  static const IsaKernels kernels{
+      .name = "scalar",
+      .matmul = matmul,
+      .matmul_tile_rows = 1,
+      .rmsNormRow = rmsNormRow,
+      .siluMul = siluMul,
+      .softmax = softmax,
+      .attendQuery = attendQuery,
+  };
+  return kernels;
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,1 +1,719 @@
-// placeholder
+// CPU kernels against plain scalar references, and the batch-invariance
+// contract of kernels/kernels.h, for every ISA this machine supports.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace tandem::kernels {
+namespace {
+
+using cpu::Isa;
+
+std::vector<float> randomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> out(n);
+  for (auto& v : out) v = dist(rng);
+  return out;
+}
+
+uint32_t bitsOf(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+// Asserts that two float ranges hold the same bits, naming the first
+// difference.
+::testing::AssertionResult sameBits(const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (bitsOf(a[i]) != bitsOf(b[i])) {
+      return ::testing::AssertionFailure()
+             << "element " << i << " differs: " << a[i] << " vs " << b[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Weights of one dtype plus the exact fp32 values they hold.
+struct TestWeights {
+  DType dtype;
+  int64_t rows;
+  int64_t cols;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  std::vector<float> values;  // what the kernel must see, for references
+
+  WeightView view() const {
+    const void* data = dtype == DType::kF32 ? static_cast<const void*>(f32.data())
+                                            : static_cast<const void*>(half.data());
+    return WeightView{data, dtype, rows, cols};
+  }
+};
+
+TestWeights makeWeights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  TestWeights w{dtype, rows, cols, {}, {}, {}};
+  const std::vector<float> source = randomFloats(static_cast<size_t>(rows * cols), seed);
+  if (dtype == DType::kF32) {
+    w.f32 = source;
+    w.values = source;
+  } else {
+    w.half.resize(source.size());
+    convertFromF32(dtype, source.data(), w.half.data(), source.size());
+    w.values.resize(source.size());
+    convertToF32(dtype, w.half.data(), w.values.data(), source.size());
+  }
+  return w;
+}
+
+std::vector<float> runMatmul(const std::vector<float>& x, int64_t m, const TestWeights& w) {
+  std::vector<float> y(static_cast<size_t>(m * w.rows), std::nanf(""));
+  matmul(x.data(), m, w.cols, w.view(), y.data());
+  return y;
+}
+
+std::vector<Isa> availableIsas() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+    if (cpu::isaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+std::string isaLabel(const ::testing::TestParamInfo<Isa>& info) {
+  switch (info.param) {
+    case Isa::kAvx512:
+      return "Avx512";
+    case Isa::kAvx2:
+      return "Avx2";
+    case Isa::kScalar:
+      return "Scalar";
+  }
+  return "Unknown";
+}
+
+class CpuKernels : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    cpu::setIsaForTesting(GetParam());
+    setNumThreads(2);
+  }
+};
+
+TEST_P(CpuKernels, ReportsSelectedIsa) {
+  const char* expected = GetParam() == Isa::kAvx512 ? "avx512"
+                         : GetParam() == Isa::kAvx2 ? "avx2"
+                                                    : "scalar";
+  EXPECT_EQ(isaName(), expected);
+}
+
+// ------------------------------------------------------------------ matmul --
+
+// Tolerance: each output is a dot product of length k <= 2048 summed in fp32;
+// its rounding error is bounded by ~k * 2^-24 * sum|x_i w_i| and in practice
+// far smaller, so we allow 1e-5 * sum|x_i w_i| (relative to the magnitude of
+// the terms, since cancellation makes the plain relative error meaningless).
+TEST_P(CpuKernels, MatmulMatchesReference) {
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {{1, 1, 1},     {1, 17, 5},     {3, 64, 4},    {7, 100, 13}, {6, 16, 8},
+                          {37, 257, 33}, {13, 1040, 70}, {64, 2048, 9}, {2, 5, 600}};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(std::string(dtypeShortName(dtype)) + " m=" + std::to_string(s.m) +
+                   " k=" + std::to_string(s.k) + " n=" + std::to_string(s.n));
+      const TestWeights w = makeWeights(dtype, s.n, s.k, 7);
+      const std::vector<float> x = randomFloats(static_cast<size_t>(s.m * s.k), 11);
+      const std::vector<float> y = runMatmul(x, s.m, w);
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          double ref = 0.0;
+          double magnitude = 0.0;
+          for (int64_t kk = 0; kk < s.k; ++kk) {
+            const double term = double{x[i * s.k + kk]} * w.values[j * s.k + kk];
+            ref += term;
+            magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(y[i * s.n + j], ref, 1e-5 * magnitude + 1e-30) << "at " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, MatmulWithZeroKGivesZeros) {
+  const TestWeights w = makeWeights(DType::kBF16, 5, 0, 1);
+  const std::vector<float> x;
+  const std::vector<float> y = runMatmul(x, 3, w);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+// A row's output must not depend on how many rows share the call, where the
+// row sits, or the thread count. k is not a multiple of any vector width and
+// n not a multiple of the register tile, so edge tiles are exercised.
+TEST_P(CpuKernels, MatmulRowsAreBatchInvariant) {
+  struct Shape {
+    int64_t k, n;
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Shape& s : {Shape{300, 37}, Shape{96, 701}, Shape{1041, 130}}) {
+      SCOPED_TRACE(std::string(dtypeShortName(dtype)) + " k=" + std::to_string(s.k) +
+                   " n=" + std::to_string(s.n));
+      const int64_t k = s.k;
+      const int64_t n = s.n;
+      const TestWeights w = makeWeights(dtype, n, k, 3);
+      const std::vector<float> x512 = randomFloats(static_cast<size_t>(512 * k), 5);
+      setNumThreads(2);
+      const std::vector<float> y512 = runMatmul(x512, 512, w);
+      setNumThreads(1);
+      const std::vector<float> y512_one_thread = runMatmul(x512, 512, w);
+      setNumThreads(2);
+      EXPECT_TRUE(sameBits(y512.data(), y512_one_thread.data(), y512.size()));
+
+      for (int64_t row : {0, 1, 5, 6, 7, 255, 301, 511}) {
+        SCOPED_TRACE("row " + std::to_string(row));
+        const std::vector<float> x1(x512.begin() + row * k, x512.begin() + (row + 1) * k);
+        const std::vector<float> y1 = runMatmul(x1, 1, w);
+        EXPECT_TRUE(sameBits(y1.data(), y512.data() + row * n, static_cast<size_t>(n)));
+
+        // The same row at odd positions of a 37-row batch of other rows.
+        for (int64_t slot : {17, 35, 36}) {
+          std::vector<float> x37 = randomFloats(static_cast<size_t>(37 * k), 9);
+          std::copy(x1.begin(), x1.end(), x37.begin() + slot * k);
+          const std::vector<float> y37 = runMatmul(x37, 37, w);
+          EXPECT_TRUE(
+              sameBits(y37.data() + slot * n, y512.data() + row * n, static_cast<size_t>(n)));
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------- elementwise --
+
+// Tolerance: the sum of squares is a fixed-order fp32 reduction (see the
+// matmul bound); the rest is a few correctly rounded operations: 1e-5 relative.
+TEST_P(CpuKernels, RmsNormMatchesReference) {
+  for (int64_t dim : {1, 7, 16, 100, 2051}) {
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    const int64_t rows = 5;
+    const std::vector<float> x = randomFloats(static_cast<size_t>(rows * dim), 21, -3.0f, 3.0f);
+    const std::vector<float> weight = randomFloats(static_cast<size_t>(dim), 22);
+    std::vector<float> y(x.size());
+    rmsNorm(x.data(), weight.data(), rows, dim, 1e-6f, y.data());
+    std::vector<float> in_place = x;
+    rmsNorm(in_place.data(), weight.data(), rows, dim, 1e-6f, in_place.data());
+    EXPECT_TRUE(sameBits(y.data(), in_place.data(), y.size()));
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0.0;
+      for (int64_t d = 0; d < dim; ++d) sum += double{x[r * dim + d]} * x[r * dim + d];
+      const double inv = 1.0 / std::sqrt(sum / dim + 1e-6);
+      for (int64_t d = 0; d < dim; ++d) {
+        const double ref = x[r * dim + d] * inv * weight[d];
+        ASSERT_NEAR(y[r * dim + d], ref, 1e-5 * std::fabs(ref) + 1e-7);
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, RmsNormRowDoesNotDependOnBatch) {
+  const int64_t dim = 333;
+  const std::vector<float> x = randomFloats(static_cast<size_t>(64 * dim), 23);
+  const std::vector<float> weight = randomFloats(static_cast<size_t>(dim), 24);
+  std::vector<float> all(x.size());
+  rmsNorm(x.data(), weight.data(), 64, dim, 1e-5f, all.data());
+  std::vector<float> one(static_cast<size_t>(dim));
+  rmsNorm(x.data() + 41 * dim, weight.data(), 1, dim, 1e-5f, one.data());
+  EXPECT_TRUE(sameBits(one.data(), all.data() + 41 * dim, static_cast<size_t>(dim)));
+}
+
+// Tolerance: cos/sin come from double and are rounded once; each output is
+// two products and a sum in fp32: 1e-6 absolute for |x| <= 1.
+TEST_P(CpuKernels, RopeMatchesReference) {
+  const int64_t rows = 6;
+  const int64_t num_heads = 3;
+  const int64_t head_dim = 64;
+  const int64_t width = num_heads * head_dim;
+  const std::vector<int32_t> positions = {0, 1, 7, 100, 4095, 131071};
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / head_dim));
+  }
+  const std::vector<float> x = randomFloats(static_cast<size_t>(rows * width), 31);
+  std::vector<float> y = x;
+  applyRope(y.data(), rows, num_heads, head_dim, positions.data(), inv_freq.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* in = x.data() + r * width + h * head_dim;
+      const float* out = y.data() + r * width + h * head_dim;
+      for (int64_t i = 0; i < head_dim / 2; ++i) {
+        const float angle = static_cast<float>(positions[r]) * inv_freq[i];
+        const double c = std::cos(double{angle});
+        const double s = std::sin(double{angle});
+        const double a = in[i];
+        const double b = in[i + head_dim / 2];
+        ASSERT_NEAR(out[i], a * c - b * s, 1e-6);
+        ASSERT_NEAR(out[i + head_dim / 2], b * c + a * s, 1e-6);
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, RopeRotatesHalvesLikeHuggingFace) {
+  // One head of 4: pairs are (0, 2) and (1, 3); position 1 turns pair 0 by
+  // inv_freq[0] = 1 radian.
+  std::vector<float> x = {1.0f, 0.0f, 0.0f, 0.0f};
+  const int32_t position = 1;
+  const float inv_freq[] = {1.0f, 0.5f};
+  applyRope(x.data(), 1, 1, 4, &position, inv_freq);
+  EXPECT_FLOAT_EQ(x[0], std::cos(1.0f));
+  EXPECT_FLOAT_EQ(x[1], 0.0f);
+  EXPECT_FLOAT_EQ(x[2], std::sin(1.0f));
+  EXPECT_FLOAT_EQ(x[3], 0.0f);
+}
+
+// Tolerance: e^x is a polynomial approximation good to a few ulp; with the
+// division and product: 4e-6 relative.
+TEST_P(CpuKernels, SiluMulMatchesReference) {
+  std::vector<float> gate = randomFloats(1003, 41, -20.0f, 20.0f);
+  gate[0] = -100.0f;
+  gate[1] = 100.0f;
+  gate[2] = 0.0f;
+  gate[3] = -87.5f;
+  gate[4] = 89.5f;
+  const std::vector<float> up = randomFloats(gate.size(), 42, -2.0f, 2.0f);
+  std::vector<float> out(gate.size());
+  siluMul(gate.data(), up.data(), out.data(), static_cast<int64_t>(gate.size()));
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    const double ref = g / (1.0 + std::exp(-g)) * up[i];
+    ASSERT_NEAR(out[i], ref, 4e-6 * std::fabs(ref) + 1e-30) << "gate " << gate[i];
+  }
+  std::vector<float> aliased = gate;
+  siluMul(aliased.data(), up.data(), aliased.data(), static_cast<int64_t>(gate.size()));
+  EXPECT_TRUE(sameBits(aliased.data(), out.data(), out.size()));
+}
+
+TEST_P(CpuKernels, SiluMulIsIndependentOfChunking) {
+  const int64_t n = 100000;  // several parallel chunks
+  const std::vector<float> gate = randomFloats(n, 43, -10.0f, 10.0f);
+  const std::vector<float> up = randomFloats(n, 44);
+  std::vector<float> all(n);
+  siluMul(gate.data(), up.data(), all.data(), n);
+  std::vector<float> piece(77);
+  siluMul(gate.data() + 40001, up.data() + 40001, piece.data(), 77);
+  EXPECT_TRUE(sameBits(piece.data(), all.data() + 40001, 77));
+}
+
+// Tolerance: the exp approximation is good to a few ulp (4e-6 relative with
+// the division); the fp32 sum of n positive terms adds error growing with n —
+// about sqrt(n) * 2^-24 in practice for the sequential scalar sum, less for
+// the 8/16-way vector sums — so we allow 4e-6 + sqrt(n) * 1e-6 relative.
+TEST_P(CpuKernels, SoftmaxMatchesReference) {
+  for (int64_t n : {1, 5, 16, 17, 1000, 32000}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    std::vector<float> x = randomFloats(static_cast<size_t>(n), 51, -8.0f, 8.0f);
+    for (auto& v : x) v += 1000.0f;  // stability: naive exp would overflow
+    std::vector<float> y = x;
+    softmax(y.data(), n);
+    const double max = *std::max_element(x.begin(), x.end());
+    double sum = 0.0;
+    for (float v : x) sum += std::exp(double{v} - max);
+    const double tolerance = 4e-6 + std::sqrt(static_cast<double>(n)) * 1e-6;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double ref = std::exp(double{x[i]} - max) / sum;
+      ASSERT_NEAR(y[i], ref, tolerance * ref + 1e-30);
+      total += y[i];
+    }
+    EXPECT_NEAR(total, 1.0, tolerance);
+  }
+}
+
+TEST_P(CpuKernels, EmbeddingCopiesRowsExactly) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const TestWeights table = makeWeights(dtype, 10, 33, 61);
+    const std::vector<int32_t> ids = {3, 0, 9, 3};
+    std::vector<float> out(ids.size() * 33);
+    embedding(table.view(), ids.data(), static_cast<int64_t>(ids.size()), out.data());
+    for (size_t r = 0; r < ids.size(); ++r) {
+      EXPECT_TRUE(sameBits(out.data() + r * 33, table.values.data() + ids[r] * 33, 33));
+    }
+  }
+}
+
+TEST_P(CpuKernels, ArgmaxPrefersSmallestIndexOnTies) {
+  const std::vector<float> x = {1.0f, 5.0f, -2.0f, 5.0f, 4.0f};
+  EXPECT_EQ(argmax(x.data(), 5), 1);
+  const std::vector<float> with_nan = {std::nanf(""), -1.0f, 3.0f, std::nanf("")};
+  EXPECT_EQ(argmax(with_nan.data(), 4), 2);
+  const std::vector<float> big = randomFloats(32000, 71);
+  EXPECT_EQ(argmax(big.data(), 32000), std::max_element(big.begin(), big.end()) - big.begin());
+}
+
+TEST_P(CpuKernels, AddInPlaceAdds) {
+  std::vector<float> y = randomFloats(37, 81);
+  const std::vector<float> x = randomFloats(37, 82);
+  const std::vector<float> before = y;
+  addInPlace(y.data(), x.data(), 37);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], before[i] + x[i]);
+}
+
+// --------------------------------------------------------------- KV cache --
+
+// A cache with its memory, plus one query/key/value set per sequence.
+struct TestCache {
+  KvCacheLayout layout;
+  std::vector<char> memory;
+
+  TestCache(DType dtype, int64_t num_blocks, int32_t block_size, int32_t num_layers,
+            int32_t num_kv_heads, int32_t head_dim) {
+    layout.dtype = dtype;
+    layout.num_blocks = num_blocks;
+    layout.block_size = block_size;
+    layout.num_layers = num_layers;
+    layout.num_kv_heads = num_kv_heads;
+    layout.head_dim = head_dim;
+    // Poison so a read of an unwritten slot shows up as NaN.
+    memory.assign(static_cast<size_t>(num_blocks * layout.blockBytes()), static_cast<char>(0xff));
+    layout.base = memory.data();
+  }
+
+  // The fp32 value of element (layer, kv, position, kv_head, d) of a sequence.
+  float at(const std::vector<int32_t>& block_table, int32_t layer, int kv, int64_t position,
+           int64_t kv_head, int64_t d) const {
+    const int64_t block = block_table[position / layout.block_size];
+    const int64_t slot = position % layout.block_size;
+    const int64_t element =
+        (((int64_t{layer} * 2 + kv) * layout.block_size + slot) * layout.num_kv_heads + kv_head) *
+            layout.head_dim +
+        d;
+    const char* p = memory.data() + block * layout.blockBytes() +
+                    element * static_cast<int64_t>(dtypeSize(layout.dtype));
+    if (layout.dtype == DType::kBF16) {
+      uint16_t h;
+      std::memcpy(&h, p, sizeof h);
+      return bf16ToF32(h);
+    }
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return f;
+  }
+};
+
+TEST_P(CpuKernels, WriteKvStoresRoundedValuesAtTheirSlots) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int32_t block_size = 4;
+    TestCache cache(dtype, 8, block_size, 2, 2, 6);
+    const int64_t width = 12;
+    // Two sequences sharing the call; the second's rows come first in k/v.
+    const std::vector<int32_t> table_a = {5, 2, 7};
+    const std::vector<int32_t> table_b = {1, 4};
+    const AttentionSequence sequences[] = {
+        {table_a.data(), 3, 3, 6, 3},  // positions 3..8 at rows 3..8
+        {table_b.data(), 2, 0, 3, 0},  // positions 0..2 at rows 0..2
+    };
+    const std::vector<float> k = randomFloats(9 * width, 91);
+    const std::vector<float> v = randomFloats(9 * width, 92);
+    writeKv(cache.layout, 1, k.data(), v.data(), sequences, 2);
+    auto expect_row = [&](const std::vector<int32_t>& table, int64_t position, int64_t row) {
+      for (int64_t e = 0; e < width; ++e) {
+        const int64_t kv_head = e / 6;
+        const int64_t d = e % 6;
+        for (int kv = 0; kv < 2; ++kv) {
+          const float written = (kv == 0 ? k : v)[row * width + e];
+          const float expected = dtype == DType::kBF16 ? bf16ToF32(f32ToBf16(written)) : written;
+          ASSERT_EQ(bitsOf(cache.at(table, 1, kv, position, kv_head, d)), bitsOf(expected));
+        }
+      }
+    };
+    for (int64_t r = 0; r < 6; ++r) expect_row(table_a, 3 + r, 3 + r);
+    for (int64_t r = 0; r < 3; ++r) expect_row(table_b, r, r);
+  }
+}
+
+struct AttentionShape {
+  DType dtype;
+  int32_t block_size;
+  int32_t num_kv_heads;
+  int64_t num_heads;
+  int32_t head_dim;
+};
+
+std::string shapeName(const AttentionShape& s) {
+  return std::string(dtypeShortName(s.dtype)) + " block=" + std::to_string(s.block_size) +
+         " heads=" + std::to_string(s.num_heads) + "/" + std::to_string(s.num_kv_heads) +
+         " head_dim=" + std::to_string(s.head_dim);
+}
+
+const AttentionShape kAttentionShapes[] = {
+    {DType::kF32, 16, 2, 4, 64},  {DType::kBF16, 16, 2, 4, 64},  {DType::kF32, 5, 1, 3, 20},
+    {DType::kBF16, 7, 3, 3, 128}, {DType::kF32, 3, 1, 2, 256},   {DType::kBF16, 1, 2, 8, 80},
+    {DType::kF32, 16, 2, 2, 7},   {DType::kBF16, 16, 2, 14, 64},  // groups of 7 heads
+};
+
+// Block tables that scatter each sequence over the cache in a shuffled order.
+std::vector<std::vector<int32_t>> scatteredTables(const std::vector<int64_t>& lengths,
+                                                  int32_t block_size, int64_t* num_blocks) {
+  int64_t total = 0;
+  for (int64_t len : lengths) total += (len + block_size - 1) / block_size;
+  std::vector<int32_t> ids(static_cast<size_t>(total));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(123));
+  std::vector<std::vector<int32_t>> tables;
+  size_t next = 0;
+  for (int64_t len : lengths) {
+    const int64_t blocks = (len + block_size - 1) / block_size;
+    tables.emplace_back(ids.begin() + next, ids.begin() + next + blocks);
+    next += blocks;
+  }
+  *num_blocks = total;
+  return tables;
+}
+
+// Tolerance: scores are fp32 dot products of length head_dim <= 256 (see the
+// matmul bound), exp is good to a few ulp, and the output is a convex
+// combination of values in [-1, 1] summed in fp32 over <= 100 positions:
+// 2e-5 absolute.
+TEST_P(CpuKernels, PagedAttentionMatchesReference) {
+  for (const AttentionShape& shape : kAttentionShapes) {
+    SCOPED_TRACE(shapeName(shape));
+    const std::vector<int64_t> lengths = {1, 37, 100};
+    const std::vector<int64_t> new_rows = {1, 37, 9};  // decode, prefill, continued prefill
+    int64_t num_blocks = 0;
+    const auto tables = scatteredTables(lengths, shape.block_size, &num_blocks);
+    TestCache cache(shape.dtype, num_blocks, shape.block_size, 2, shape.num_kv_heads,
+                    shape.head_dim);
+    const int64_t kv_width = int64_t{shape.num_kv_heads} * shape.head_dim;
+    const int64_t q_width = shape.num_heads * shape.head_dim;
+    const int32_t layer = 1;
+
+    // Fill every position of every sequence, one writeKv per sequence.
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      const std::vector<float> k = randomFloats(lengths[s] * kv_width, 200 + s);
+      const std::vector<float> v = randomFloats(lengths[s] * kv_width, 300 + s);
+      const AttentionSequence seq{tables[s].data(), static_cast<int32_t>(tables[s].size()), 0,
+                                  lengths[s], 0};
+      writeKv(cache.layout, layer, k.data(), v.data(), &seq, 1);
+    }
+    std::vector<AttentionSequence> sequences;
+    int64_t rows = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      sequences.push_back({tables[s].data(), static_cast<int32_t>(tables[s].size()), rows,
+                           new_rows[s], lengths[s] - new_rows[s]});
+      rows += new_rows[s];
+    }
+    const std::vector<float> q = randomFloats(rows * q_width, 400);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+    std::vector<float> out(q.size(), std::nanf(""));
+    pagedAttention(cache.layout, layer, q.data(), shape.num_heads, scale, sequences.data(),
+                   static_cast<int64_t>(sequences.size()), out.data());
+
+    const int64_t group = shape.num_heads / shape.num_kv_heads;
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      for (int64_t r = 0; r < sequences[s].num_rows; ++r) {
+        const int64_t row = sequences[s].first_row + r;
+        const int64_t position = sequences[s].first_position + r;
+        for (int64_t h = 0; h < shape.num_heads; ++h) {
+          const float* qh = q.data() + row * q_width + h * shape.head_dim;
+          std::vector<double> p(position + 1);
+          double max = -INFINITY;
+          for (int64_t t = 0; t <= position; ++t) {
+            double dot = 0.0;
+            for (int64_t d = 0; d < shape.head_dim; ++d) {
+              dot += double{qh[d]} * cache.at(tables[s], layer, 0, t, h / group, d);
+            }
+            p[t] = dot * scale;
+            max = std::max(max, p[t]);
+          }
+          double sum = 0.0;
+          for (double& e : p) sum += (e = std::exp(e - max));
+          for (int64_t d = 0; d < shape.head_dim; ++d) {
+            double ref = 0.0;
+            for (int64_t t = 0; t <= position; ++t) {
+              ref += p[t] * cache.at(tables[s], layer, 1, t, h / group, d);
+            }
+            ref /= sum;
+            ASSERT_NEAR(out[row * q_width + h * shape.head_dim + d], ref, 2e-5)
+                << "sequence " << s << " row " << r << " head " << h << " dim " << d;
+          }
+        }
+      }
+    }
+  }
+}
+
+// One sequence's prompt, its KV and queries.
+struct Prompt {
+  int64_t length;
+  std::vector<float> q, k, v;
+};
+
+Prompt makePrompt(const AttentionShape& shape, int64_t length, uint32_t seed) {
+  const int64_t kv_width = int64_t{shape.num_kv_heads} * shape.head_dim;
+  return Prompt{length, randomFloats(length * shape.num_heads * shape.head_dim, seed),
+                randomFloats(length * kv_width, seed + 1),
+                randomFloats(length * kv_width, seed + 2)};
+}
+
+// Runs `prompt` through writeKv + pagedAttention in chunks of `chunk` rows
+// (the whole prompt at once when chunk >= length) and returns all outputs.
+std::vector<float> prefillInChunks(const AttentionShape& shape, const Prompt& prompt,
+                                   int64_t chunk) {
+  int64_t num_blocks = 0;
+  const auto tables = scatteredTables({prompt.length}, shape.block_size, &num_blocks);
+  TestCache cache(shape.dtype, num_blocks, shape.block_size, 1, shape.num_kv_heads, shape.head_dim);
+  const int64_t kv_width = int64_t{shape.num_kv_heads} * shape.head_dim;
+  const int64_t q_width = shape.num_heads * shape.head_dim;
+  std::vector<float> out(prompt.q.size(), std::nanf(""));
+  for (int64_t start = 0; start < prompt.length; start += chunk) {
+    const int64_t rows = std::min(chunk, prompt.length - start);
+    const AttentionSequence seq{tables[0].data(), static_cast<int32_t>(tables[0].size()), 0, rows,
+                                start};
+    writeKv(cache.layout, 0, prompt.k.data() + start * kv_width, prompt.v.data() + start * kv_width,
+            &seq, 1);
+    pagedAttention(cache.layout, 0, prompt.q.data() + start * q_width, shape.num_heads, 0.125f,
+                   &seq, 1, out.data() + start * q_width);
+  }
+  return out;
+}
+
+TEST_P(CpuKernels, AttentionIsIndependentOfChunking) {
+  for (const AttentionShape& shape : kAttentionShapes) {
+    SCOPED_TRACE(shapeName(shape));
+    const Prompt prompt = makePrompt(shape, 45, 500);
+    const std::vector<float> whole = prefillInChunks(shape, prompt, prompt.length);
+    for (int64_t chunk : {1, 7, 16}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      const std::vector<float> chunked = prefillInChunks(shape, prompt, chunk);
+      EXPECT_TRUE(sameBits(chunked.data(), whole.data(), whole.size()));
+    }
+  }
+}
+
+// A sequence's outputs must not change when other sequences of other lengths
+// share the call, nor with the thread count.
+TEST_P(CpuKernels, AttentionIsIndependentOfBatchAndThreads) {
+  for (const AttentionShape& shape : kAttentionShapes) {
+    SCOPED_TRACE(shapeName(shape));
+    const std::vector<int64_t> lengths = {23, 64, 5};
+    std::vector<Prompt> prompts;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      prompts.push_back(makePrompt(shape, lengths[s], 600 + 10 * s));
+    }
+    int64_t num_blocks = 0;
+    const auto tables = scatteredTables(lengths, shape.block_size, &num_blocks);
+    TestCache cache(shape.dtype, num_blocks, shape.block_size, 1, shape.num_kv_heads,
+                    shape.head_dim);
+    const int64_t q_width = shape.num_heads * shape.head_dim;
+    auto sequence = [&](size_t s, int64_t first_row) {
+      return AttentionSequence{tables[s].data(), static_cast<int32_t>(tables[s].size()), first_row,
+                               lengths[s], 0};
+    };
+    // Batched: all three prompts in one writeKv and one attention call.
+    std::vector<AttentionSequence> batch;
+    std::vector<float> q, k, v;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      batch.push_back(sequence(s, static_cast<int64_t>(q.size()) / q_width));
+      q.insert(q.end(), prompts[s].q.begin(), prompts[s].q.end());
+      k.insert(k.end(), prompts[s].k.begin(), prompts[s].k.end());
+      v.insert(v.end(), prompts[s].v.begin(), prompts[s].v.end());
+    }
+    writeKv(cache.layout, 0, k.data(), v.data(), batch.data(), 3);
+    std::vector<float> batched(q.size(), std::nanf(""));
+    pagedAttention(cache.layout, 0, q.data(), shape.num_heads, 0.125f, batch.data(), 3,
+                   batched.data());
+
+    int64_t offset = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      SCOPED_TRACE("sequence " + std::to_string(s));
+      const AttentionSequence alone = sequence(s, 0);
+      for (int threads : {1, 2}) {
+        setNumThreads(threads);
+        std::vector<float> out(prompts[s].q.size(), std::nanf(""));
+        pagedAttention(cache.layout, 0, prompts[s].q.data(), shape.num_heads, 0.125f, &alone, 1,
+                       out.data());
+        EXPECT_TRUE(sameBits(out.data(), batched.data() + offset, out.size()));
+      }
+      // Its last row alone, as a decode step.
+      const AttentionSequence last{tables[s].data(), static_cast<int32_t>(tables[s].size()), 0, 1,
+                                   lengths[s] - 1};
+      std::vector<float> decode(static_cast<size_t>(q_width));
+      pagedAttention(cache.layout, 0, prompts[s].q.data() + (lengths[s] - 1) * q_width,
+                     shape.num_heads, 0.125f, &last, 1, decode.data());
+      EXPECT_TRUE(sameBits(decode.data(), batched.data() + offset + (lengths[s] - 1) * q_width,
+                           decode.size()));
+      offset += static_cast<int64_t>(prompts[s].q.size());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, CpuKernels, ::testing::ValuesIn(availableIsas()), isaLabel);
+
+// -------------------------------------------------------------- thread pool --
+
+TEST(ThreadPool, RunsEveryTaskOnce) {
+  for (int threads : {1, 2, 5}) {
+    cpu::ThreadPool pool(threads);
+    EXPECT_EQ(pool.numThreads(), threads);
+    for (int64_t tasks : {0, 1, 3, 1000}) {
+      std::vector<std::atomic<int>> runs(static_cast<size_t>(tasks));
+      std::atomic<bool> worker_in_range{true};
+      pool.parallelFor(tasks, [&](int64_t task, int worker) {
+        runs[task].fetch_add(1);
+        if (worker < 0 || worker >= threads) worker_in_range = false;
+      });
+      for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+      EXPECT_TRUE(worker_in_range.load());
+    }
+  }
+}
+
+// Kernels may be called from several threads at once: each call must still
+// run exactly its own tasks.
+TEST(ThreadPool, ConcurrentCallersEachRunTheirOwnTasks) {
+  cpu::ThreadPool pool(3);
+  std::atomic<bool> wrong_sum{false};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&, c] {
+      const int64_t tasks = 50 + c;
+      for (int i = 0; i < 200; ++i) {
+        std::atomic<int64_t> sum{0};
+        pool.parallelFor(tasks, [&](int64_t task, int) { sum.fetch_add(task + 1); });
+        if (sum.load() != tasks * (tasks + 1) / 2) wrong_sum = true;
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_FALSE(wrong_sum.load());
+}
+
+TEST(ThreadPool, ChangesThreadCount) {
+  cpu::ThreadPool pool(1);
+  pool.setNumThreads(4);
+  EXPECT_EQ(pool.numThreads(), 4);
+  std::atomic<int> count{0};
+  pool.parallelFor(100, [&](int64_t, int) { count.fetch_add(1); });
+  EXPECT_EQ(count.load(), 100);
+  pool.setNumThreads(0);  // hardware concurrency
+  EXPECT_GE(pool.numThreads(), 1);
+}
+
+}  // namespace
+}  // namespace tandem::kernels

@@ -1,0 +1,112 @@
+// Per-ISA kernel tables behind the public functions of kernels/kernels.h.
+//
+// Each vector ISA (AVX-512, AVX2, scalar) lives in its own translation unit,
+// compiled with that ISA's flags, and exposes its single-threaded building
+// blocks through one IsaKernels table. dispatch.cpp splits work across the
+// thread pool and calls the table of the ISA picked at start-up; only that
+// table's code ever runs, so a CPU without AVX-512 never executes it.
+//
+// Every entry computes each output element by a fixed sequence of operations
+// that depends only on that element's inputs and reduced length — never on
+// the range it is asked for — which is what lets dispatch split work freely
+// and keep the batch-invariance contract of kernels.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace tandem::kernels::cpu {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+// Most query heads one attention call handles together.
+constexpr int kMaxAttentionHeads = 4;
+
+// One query row's heads h0 .. h0 + num_heads - 1, all of one kv head (a
+// grouped-query group or part of one): each attends to cached positions
+// 0..position. Doing them together loads each K/V row once for all of them
+// and gives the value accumulation enough independent chains; every head's
+// result is still computed exactly as if it were alone.
+struct AttentionQuery {
+  const float* q = nullptr;  // num_heads * head_dim values, head after head
+  float* out = nullptr;      // num_heads * head_dim values
+  int32_t num_heads = 1;     // 1 .. kMaxAttentionHeads
+  const char* cache_base = nullptr;
+  DType cache_dtype = DType::kF32;
+  int64_t block_bytes = 0;
+  const int32_t* block_table = nullptr;
+  int32_t block_size = 0;
+  int32_t head_dim = 0;
+  // Element offsets, inside a block, of this layer's/kv head's K and V rows
+  // for slot 0, and the element distance between consecutive slots.
+  int64_t k_offset = 0;
+  int64_t v_offset = 0;
+  int64_t slot_stride = 0;
+  int64_t position = 0;
+  float scale = 1.0f;
+};
+
+// Walks the K (kv = 0) or V (kv = 1) rows of positions 0, 1, 2, ... of one
+// query without a division per row.
+class CacheRowCursor {
+ public:
+  CacheRowCursor(const AttentionQuery& query, int kv)
+      : query_(query),
+        element_bytes_(static_cast<int64_t>(dtypeSize(query.cache_dtype))),
+        row_offset_((kv == 0 ? query.k_offset : query.v_offset) * element_bytes_),
+        slot_bytes_(query.slot_stride * element_bytes_) {}
+
+  // The row of the next position.
+  const void* next() {
+    if (slot_ == query_.block_size) {
+      slot_ = 0;
+      ++block_index_;
+    }
+    if (slot_ == 0) {
+      row_ =
+          query_.cache_base + query_.block_table[block_index_] * query_.block_bytes + row_offset_;
+    } else {
+      row_ += slot_bytes_;
+    }
+    ++slot_;
+    return row_;
+  }
+
+ private:
+  const AttentionQuery& query_;
+  int64_t element_bytes_;
+  int64_t row_offset_;
+  int64_t slot_bytes_;
+  int64_t block_index_ = 0;
+  int32_t slot_ = 0;
+  const char* row_ = nullptr;
+};
+
+struct IsaKernels {
+  const char* name;
+  // y[i, j] for i in [0, m), j in [n_begin, n_end); x row stride k, y row stride ldy.
+  void (*matmul)(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
+                 int64_t n_end, float* y, int64_t ldy);
+  // Rows of the matmul micro-kernel; dispatch aligns row blocks to it.
+  int matmul_tile_rows;
+  // One row of rmsNorm; y may alias x.
+  void (*rmsNormRow)(const float* x, const float* weight, int64_t dim, float eps, float* y);
+  void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);
+  void (*softmax)(float* x, int64_t n);
+  // scores: scratch of at least num_heads * (position + 1) floats.
+  void (*attendQuery)(const AttentionQuery& query, float* scores);
+};
+
+const IsaKernels& scalarKernels();
+const IsaKernels& avx2Kernels();
+const IsaKernels& avx512Kernels();
+
+// Whether this CPU (and OS) can run `isa`.
+bool isaSupported(Isa isa);
+
+// Test hook: makes the public kernels use `isa` (which must be supported)
+// from now on. Must not race with running kernels.
+void setIsaForTesting(Isa isa);
+
+}  // namespace tandem::kernels::cpu
