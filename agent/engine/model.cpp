@@ -1,1 +1,219 @@
-// placeholder
+#include "agent/engine/model.h"
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "common/status.h"
+
+namespace tandem::engine {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+// Finds tensors by Hugging Face name across the one file or the shards of an
+// index, and checks each against what the config implies.
+class TensorSource {
+ public:
+  TensorSource(const fs::path& dir, std::vector<std::unique_ptr<SafetensorsFile>>& files)
+      : files_(files) {
+    const fs::path single = dir / kSingleFile;
+    const fs::path index = dir / kIndexFile;
+    if (fs::exists(single)) {
+      files_.push_back(std::make_unique<SafetensorsFile>(single));
+      return;
+    }
+    if (!fs::exists(index)) {
+      throw Error("model directory " + dir.string() + " has neither " + kSingleFile + " nor " +
+                  kIndexFile);
+    }
+    index_path_ = index;
+    readIndex(dir);
+  }
+
+  // The dtype every matrix must share: set by the first matrix looked up.
+  std::optional<DType> matrix_dtype;
+  std::optional<std::string> first_matrix;
+  size_t used_bytes = 0;
+
+  kernels::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const TensorInfo& tensor = lookup(name, {rows, cols});
+    if (!matrix_dtype) {
+      matrix_dtype = tensor.dtype;
+      first_matrix = name;
+    } else if (tensor.dtype != *matrix_dtype) {
+      throw Error("tensor " + name + " in " + fileOf(name) + " has dtype " +
+                  dtypeSafetensorsName(tensor.dtype) + ", but " + *first_matrix + " has " +
+                  dtypeSafetensorsName(*matrix_dtype) + "; all matrices must share one dtype");
+    }
+    used_bytes += tensor.num_bytes;
+    return kernels::WeightView{tensor.data, tensor.dtype, rows, cols};
+  }
+
+  std::vector<float> vector(const std::string& name, int64_t size) {
+    const TensorInfo& tensor = lookup(name, {size});
+    used_bytes += tensor.num_bytes;
+    std::vector<float> values(static_cast<size_t>(size));
+    convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
+    return values;
+  }
+
+ private:
+  void readIndex(const fs::path& dir) {
+    const std::string index_name = index_path_.string();
+    std::ifstream in(index_path_, std::ios::binary);
+    if (!in) throw Error(index_name + ": cannot read");
+    std::ostringstream text;
+    text << in.rdbuf();
+    json index;
+    try {
+      index = json::parse(text.str());
+    } catch (const json::parse_error& e) {
+      throw Error(index_name + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
+                  ")");
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      throw Error(index_name +
+                  ": \"weight_map\" is missing or not an object of tensor name to "
+                  "shard file name");
+    }
+    std::map<std::string, size_t> shard_indices;
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      const json& shard = it.value();
+      // Shards must be plain names inside the directory, never paths out of it.
+      if (!shard.is_string() || shard.get<std::string>().empty() ||
+          fs::path(shard.get<std::string>()).filename() != fs::path(shard.get<std::string>()) ||
+          shard.get<std::string>() == "..") {
+        throw Error(index_name + ": weight_map entry for " + it.key() + " is " + shard.dump() +
+                    "; accepted: the file name of a shard in the model directory");
+      }
+      const std::string shard_name = shard.get<std::string>();
+      auto [found, inserted] = shard_indices.emplace(shard_name, files_.size());
+      if (inserted) {
+        const fs::path shard_path = dir / shard_name;
+        if (!fs::exists(shard_path)) {
+          throw Error("shard " + shard_path.string() + " named in " + index_name + " (for tensor " +
+                      it.key() + ") does not exist");
+        }
+        files_.push_back(std::make_unique<SafetensorsFile>(shard_path));
+      }
+      weight_map_.emplace(it.key(), found->second);
+    }
+  }
+
+  std::string fileOf(const std::string& name) const {
+    if (index_path_.empty()) return files_.front()->path().string();
+    return files_[weight_map_.at(name)]->path().string();
+  }
+
+  const TensorInfo& lookup(const std::string& name, const std::vector<int64_t>& shape) const {
+    const SafetensorsFile* file = files_.front().get();
+    if (!index_path_.empty()) {
+      auto it = weight_map_.find(name);
+      if (it == weight_map_.end()) {
+        throw Error("tensor " + name + " not in weight_map of " + index_path_.string());
+      }
+      file = files_[it->second].get();
+    }
+    const TensorInfo* tensor = file->find(name);
+    if (tensor == nullptr) {
+      throw Error("tensor " + name + " missing from " + file->path().string());
+    }
+    if (tensor->shape != shape) {
+      throw Error("tensor " + name + " in " + file->path().string() + " has shape " +
+                  shapeText(tensor->shape) + ", expected " + shapeText(shape) + " (from " +
+                  kConfigFile + ")");
+    }
+    return *tensor;
+  }
+
+  std::vector<std::unique_ptr<SafetensorsFile>>& files_;
+  fs::path index_path_;                       // empty for a single file
+  std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
+};
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
+  std::error_code error;
+  if (!fs::exists(dir, error)) {
+    throw Error("model directory " + dir.string() + " does not exist");
+  }
+  if (!fs::is_directory(dir, error)) {
+    throw Error("model path " + dir.string() +
+                " is not a directory (expected a directory holding config.json and "
+                "model.safetensors)");
+  }
+  const fs::path config_path = dir / kConfigFile;
+  if (!fs::exists(config_path, error)) {
+    throw Error("model directory " + dir.string() + " has no " + kConfigFile);
+  }
+
+  std::unique_ptr<Model> model(new Model());
+  model->directory_ = dir;
+  model->config_ = ModelConfig::fromFile(config_path);
+  const ModelConfig& c = model->config_;
+
+  TensorSource source(dir, model->files_);
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_size = c.num_attention_heads * c.head_dim;
+  const int64_t kv_size = c.num_key_value_heads * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+
+  ModelWeights& w = model->weights_;
+  w.embed_tokens = source.matrix("model.embed_tokens.weight", c.vocab_size, hidden);
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
+    layer.q_proj = source.matrix(prefix + "self_attn.q_proj.weight", q_size, hidden);
+    layer.k_proj = source.matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
+    layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
+    if (c.attention_bias) {
+      layer.q_bias = source.vector(prefix + "self_attn.q_proj.bias", q_size);
+      layer.k_bias = source.vector(prefix + "self_attn.k_proj.bias", kv_size);
+      layer.v_bias = source.vector(prefix + "self_attn.v_proj.bias", kv_size);
+    }
+    if (c.qk_norm) {
+      layer.q_norm = source.vector(prefix + "self_attn.q_norm.weight", c.head_dim);
+      layer.k_norm = source.vector(prefix + "self_attn.k_norm.weight", c.head_dim);
+    }
+    layer.gate_proj = source.matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
+    layer.up_proj = source.matrix(prefix + "mlp.up_proj.weight", inter, hidden);
+    layer.down_proj = source.matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+    layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
+    layer.post_attention_layernorm =
+        source.vector(prefix + "post_attention_layernorm.weight", hidden);
+  }
+  w.norm = source.vector("model.norm.weight", hidden);
+  // A tied checkpoint may still carry lm_head.weight; the embedding wins, as
+  // in transformers.
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens
+                                    : source.matrix("lm_head.weight", c.vocab_size, hidden);
+
+  model->weight_dtype_ = *source.matrix_dtype;
+  model->weight_bytes_ = source.used_bytes;
+  return model;
+}
+
+}  // namespace tandem::engine

@@ -1,1 +1,361 @@
-// placeholder
+#include "agent/engine/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/status.h"
+
+namespace tandem::engine {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kAcceptedArchitectures =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+
+struct ArchitectureInfo {
+  const char* architecture;
+  const char* model_type;
+};
+
+constexpr ArchitectureInfo kArchitectures[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+};
+
+// Reads typed fields of one JSON object; every error names the source file
+// and the field, and says what would have been accepted.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string source, std::string prefix)
+      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  // Present and not null (Hugging Face writes null for "use the default").
+  bool has(const char* key) const {
+    auto it = object_.find(key);
+    return it != object_.end() && !it->is_null();
+  }
+
+  [[noreturn]] void fail(const char* key, const std::string& what) const {
+    throw Error(source_ + ": field \"" + prefix_ + key + "\" " + what);
+  }
+
+  const json& get(const char* key) const { return object_.at(key); }
+
+  int64_t requiredPositiveInt(const char* key) const {
+    if (!has(key)) fail(key, "is missing (required: a positive integer)");
+    return positiveInt(key);
+  }
+
+  int64_t positiveInt(const char* key, int64_t default_value) const {
+    return has(key) ? positiveInt(key) : default_value;
+  }
+
+  double requiredPositiveNumber(const char* key) const {
+    if (!has(key)) fail(key, "is missing (required: a positive number)");
+    return positiveNumber(key);
+  }
+
+  double positiveNumber(const char* key, double default_value) const {
+    return has(key) ? positiveNumber(key) : default_value;
+  }
+
+  bool boolean(const char* key, bool default_value) const {
+    if (!has(key)) return default_value;
+    const json& value = object_.at(key);
+    if (!value.is_boolean()) fail(key, "must be true or false, got " + value.dump());
+    return value.get<bool>();
+  }
+
+  std::string string(const char* key, const std::string& default_value) const {
+    if (!has(key)) return default_value;
+    const json& value = object_.at(key);
+    if (!value.is_string()) fail(key, "must be a string, got " + value.dump());
+    return value.get<std::string>();
+  }
+
+  // A token id: a non-negative integer below vocab_size.
+  int64_t tokenId(const char* key, const json& value, int64_t vocab_size) const {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+        value.get<int64_t>() >= vocab_size) {
+      fail(key, "must hold token ids between 0 and vocab_size - 1 (" +
+                    std::to_string(vocab_size - 1) + "), got " + value.dump());
+    }
+    return value.get<int64_t>();
+  }
+
+ private:
+  int64_t positiveInt(const char* key) const {
+    const json& value = object_.at(key);
+    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
+      fail(key, "must be a positive integer, got " + value.dump());
+    }
+    return value.get<int64_t>();
+  }
+
+  double positiveNumber(const char* key) const {
+    const json& value = object_.at(key);
+    if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
+      fail(key, "must be a positive number, got " + value.dump());
+    }
+    return value.get<double>();
+  }
+
+  const json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+// Reads "rope_scaling" (or, in newer transformers, "rope_parameters", which
+// also carries rope_theta). Only llama3 scaling changes the frequencies;
+// "default" is the same as no scaling.
+RopeScaling parseRopeScaling(const json& object, const std::string& source,
+                             const std::string& field) {
+  FieldReader reader(object, source, field + ".");
+  std::string type;
+  if (reader.has("rope_type")) {
+    type = reader.string("rope_type", "");
+  } else {
+    type = reader.string("type", "default");
+  }
+  RopeScaling scaling;
+  if (type == "default") return scaling;
+  if (type != "llama3") {
+    throw Error(source + ": field \"" + field + "\" has rope type \"" + type +
+                "\", which is not supported (accepted: llama3, or null for no scaling)");
+  }
+  scaling.type = RopeScaling::Type::kLlama3;
+  scaling.factor = reader.requiredPositiveNumber("factor");
+  scaling.low_freq_factor = reader.requiredPositiveNumber("low_freq_factor");
+  scaling.high_freq_factor = reader.requiredPositiveNumber("high_freq_factor");
+  scaling.original_max_position_embeddings =
+      reader.requiredPositiveInt("original_max_position_embeddings");
+  // The smooth interpolation divides by their difference.
+  if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+    reader.fail("high_freq_factor", "must be greater than low_freq_factor (" +
+                                        json(scaling.low_freq_factor).dump() + "), got " +
+                                        json(scaling.high_freq_factor).dump());
+  }
+  return scaling;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::fromFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path.string() + ": cannot read the model configuration");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw Error(path.string() + ": read error");
+  return fromJsonText(text.str(), path.string());
+}
+
+ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string& source_name) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw Error(source_name + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
+                ")");
+  }
+  if (!root.is_object()) throw Error(source_name + ": not a JSON object");
+  FieldReader reader(root, source_name, "");
+
+  ModelConfig config;
+  if (!reader.has("architectures") || !root["architectures"].is_array() ||
+      root["architectures"].empty() || !root["architectures"][0].is_string()) {
+    reader.fail("architectures", std::string("must be a list naming the architecture (accepted: ") +
+                                     kAcceptedArchitectures + ")");
+  }
+  config.architecture = root["architectures"][0].get<std::string>();
+  const ArchitectureInfo* info = nullptr;
+  for (const ArchitectureInfo& candidate : kArchitectures) {
+    if (config.architecture == candidate.architecture) info = &candidate;
+  }
+  if (info == nullptr) {
+    throw Error(source_name + ": architecture \"" + config.architecture +
+                "\" is not supported (accepted: " + kAcceptedArchitectures + ")");
+  }
+  const bool is_qwen2 = config.architecture == "Qwen2ForCausalLM";
+  const bool is_qwen3 = config.architecture == "Qwen3ForCausalLM";
+  const bool is_mistral = config.architecture == "MistralForCausalLM";
+  config.model_type = reader.string("model_type", info->model_type);
+
+  config.hidden_size = reader.requiredPositiveInt("hidden_size");
+  config.intermediate_size = reader.requiredPositiveInt("intermediate_size");
+  config.num_hidden_layers = reader.requiredPositiveInt("num_hidden_layers");
+  config.num_attention_heads = reader.requiredPositiveInt("num_attention_heads");
+  config.num_key_value_heads =
+      reader.positiveInt("num_key_value_heads", config.num_attention_heads);
+  config.vocab_size = reader.requiredPositiveInt("vocab_size");
+
+  if (reader.has("head_dim")) {
+    config.head_dim = reader.positiveInt("head_dim", 0);
+  } else if (is_qwen3) {
+    // Qwen3Config's own default; Qwen3 decouples head_dim from hidden_size.
+    config.head_dim = 128;
+  } else {
+    if (config.hidden_size % config.num_attention_heads != 0) {
+      reader.fail("head_dim", "is missing and hidden_size (" + std::to_string(config.hidden_size) +
+                                  ") is not divisible by num_attention_heads (" +
+                                  std::to_string(config.num_attention_heads) + ")");
+    }
+    config.head_dim = config.hidden_size / config.num_attention_heads;
+  }
+  if (config.head_dim % 2 != 0) {
+    reader.fail("head_dim",
+                "must be even for rotary embeddings, got " + std::to_string(config.head_dim));
+  }
+  if (config.num_key_value_heads > config.num_attention_heads ||
+      config.num_attention_heads % config.num_key_value_heads != 0) {
+    reader.fail("num_key_value_heads", "must divide num_attention_heads (" +
+                                           std::to_string(config.num_attention_heads) + "), got " +
+                                           std::to_string(config.num_key_value_heads));
+  }
+
+  config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", 1e-6);
+  config.rope_theta = reader.positiveNumber("rope_theta", 10000.0);
+  if (reader.has("rope_scaling")) {
+    const json& scaling = root["rope_scaling"];
+    if (!scaling.is_object()) {
+      reader.fail("rope_scaling", "must be null or an object with \"rope_type\": \"llama3\", got " +
+                                      scaling.dump());
+    }
+    config.rope_scaling = parseRopeScaling(scaling, source_name, "rope_scaling");
+  } else if (reader.has("rope_parameters")) {
+    const json& parameters = root["rope_parameters"];
+    if (!parameters.is_object()) {
+      reader.fail("rope_parameters", "must be an object, got " + parameters.dump());
+    }
+    config.rope_scaling = parseRopeScaling(parameters, source_name, "rope_parameters");
+    config.rope_theta = FieldReader(parameters, source_name, "rope_parameters.")
+                            .positiveNumber("rope_theta", config.rope_theta);
+  }
+
+  const int64_t default_max_positions = is_qwen2 || is_qwen3 ? 32768 : is_mistral ? 131072 : 2048;
+  config.max_position_embeddings =
+      reader.positiveInt("max_position_embeddings", default_max_positions);
+  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", false);
+  // Qwen2's attention always has q/k/v biases whatever the config says;
+  // Mistral's never has them.
+  config.attention_bias = is_qwen2     ? true
+                          : is_mistral ? false
+                                       : reader.boolean("attention_bias", false);
+  config.qk_norm = is_qwen3;
+
+  if (reader.boolean("mlp_bias", false)) {
+    reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
+  }
+  if (reader.boolean("use_sliding_window", false)) {
+    reader.fail("use_sliding_window",
+                "is true; sliding-window attention is not supported (accepted: false)");
+  }
+  const std::string hidden_act = reader.string("hidden_act", "silu");
+  if (hidden_act != "silu") {
+    reader.fail("hidden_act", "is \"" + hidden_act + "\", which is not supported (accepted: silu)");
+  }
+
+  // transformers renamed torch_dtype to dtype; accept either.
+  const char* dtype_key = reader.has("torch_dtype") ? "torch_dtype" : "dtype";
+  if (reader.has(dtype_key)) {
+    const std::string name = reader.string(dtype_key, "");
+    std::optional<DType> dtype = dtypeFromTorchName(name);
+    if (!dtype) {
+      reader.fail(
+          dtype_key,
+          "is \"" + name + "\", which is not supported (accepted: bfloat16, float16, float32)");
+    }
+    config.torch_dtype = *dtype;
+  }
+
+  if (reader.has("bos_token_id")) {
+    config.bos_token_id = reader.tokenId("bos_token_id", root["bos_token_id"], config.vocab_size);
+  }
+  if (reader.has("eos_token_id")) {
+    const json& eos = root["eos_token_id"];
+    if (eos.is_array()) {
+      for (const json& id : eos) {
+        config.eos_token_ids.push_back(reader.tokenId("eos_token_id", id, config.vocab_size));
+      }
+    } else {
+      config.eos_token_ids.push_back(reader.tokenId("eos_token_id", eos, config.vocab_size));
+    }
+  }
+  return config;
+}
+
+std::string ModelConfig::toJsonText() const {
+  // nlohmann::json keeps object keys sorted, which makes the text deterministic.
+  json root;
+  root["architectures"] = json::array({architecture});
+  root["model_type"] = model_type;
+  root["hidden_size"] = hidden_size;
+  root["intermediate_size"] = intermediate_size;
+  root["num_hidden_layers"] = num_hidden_layers;
+  root["num_attention_heads"] = num_attention_heads;
+  root["num_key_value_heads"] = num_key_value_heads;
+  root["head_dim"] = head_dim;
+  root["hidden_act"] = "silu";
+  root["rms_norm_eps"] = rms_norm_eps;
+  root["rope_theta"] = rope_theta;
+  if (rope_scaling.type == RopeScaling::Type::kLlama3) {
+    root["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings},
+    };
+  } else {
+    root["rope_scaling"] = nullptr;
+  }
+  root["max_position_embeddings"] = max_position_embeddings;
+  root["vocab_size"] = vocab_size;
+  root["tie_word_embeddings"] = tie_word_embeddings;
+  root["attention_bias"] = attention_bias;
+  root["torch_dtype"] = dtypeTorchName(torch_dtype);
+  root["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
+  if (eos_token_ids.empty()) {
+    root["eos_token_id"] = nullptr;
+  } else if (eos_token_ids.size() == 1) {
+    root["eos_token_id"] = eos_token_ids[0];
+  } else {
+    root["eos_token_id"] = eos_token_ids;
+  }
+  return root.dump(2) + "\n";
+}
+
+std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {
+  const int64_t half = config.head_dim / 2;
+  std::vector<float> result(static_cast<size_t>(half));
+  const RopeScaling& scaling = config.rope_scaling;
+  const double pi = std::acos(-1.0);
+  for (int64_t i = 0; i < half; ++i) {
+    double inv_freq = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
+                                                            static_cast<double>(config.head_dim));
+    if (scaling.type == RopeScaling::Type::kLlama3) {
+      // Hugging Face's _compute_llama3_parameters: long wavelengths are slowed
+      // by `factor`, short ones kept, and the band between interpolated.
+      const double old_context = static_cast<double>(scaling.original_max_position_embeddings);
+      const double low_freq_wavelen = old_context / scaling.low_freq_factor;
+      const double high_freq_wavelen = old_context / scaling.high_freq_factor;
+      const double wavelen = 2.0 * pi / inv_freq;
+      if (wavelen > low_freq_wavelen) {
+        inv_freq = inv_freq / scaling.factor;
+      } else if (wavelen >= high_freq_wavelen) {
+        const double smooth = (old_context / wavelen - scaling.low_freq_factor) /
+                              (scaling.high_freq_factor - scaling.low_freq_factor);
+        inv_freq = (1.0 - smooth) * inv_freq / scaling.factor + smooth * inv_freq;
+      }
+    }
+    result[static_cast<size_t>(i)] = static_cast<float>(inv_freq);
+  }
+  return result;
+}
+
+}  // namespace tandem::engine

@@ -21,6 +21,8 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
@@ -49,6 +51,8 @@ struct ModelConfig {
   static ModelConfig fromJsonText(const std::string& text, const std::string& source_name);
   // The config.json text for this configuration (used by tandem-model).
   std::string toJsonText() const;
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Inverse frequencies of rotary embedding, head_dim / 2 values, with llama3

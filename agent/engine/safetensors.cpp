@@ -1,1 +1,290 @@
-// placeholder
+#include "agent/engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tandem::engine {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kHeaderLengthBytes = 8;
+constexpr const char* kMetadataKey = "__metadata__";
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+std::string offsetsText(uint64_t begin, uint64_t end) {
+  // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::to_string().
+  std::string text = "[";
+  text += std::to_string(begin);
+  text += ", ";
+  text += std::to_string(end);
+  text += "]";
+  return text;
+}
+
+// Bytes of `shape` elements of `dtype`, or nullopt when the product overflows.
+std::optional<uint64_t> byteSize(DType dtype, const std::vector<int64_t>& shape) {
+  uint64_t bytes = dtypeSize(dtype);
+  for (int64_t dim : shape) {
+    const auto extent = static_cast<uint64_t>(dim);
+    if (extent != 0 && bytes > std::numeric_limits<uint64_t>::max() / extent) return std::nullopt;
+    bytes *= extent;
+  }
+  return bytes;
+}
+
+bool isNonNegativeInt(const json& value) {
+  return value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0);
+}
+
+struct Span {
+  uint64_t begin;
+  uint64_t end;
+  const std::string* name;
+};
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
+  const std::string file = path.string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(file + ": cannot open: " + std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw Error(file + ": cannot stat: " + std::strerror(error));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw Error(file + ": not a regular file");
+  }
+  const auto file_size = static_cast<uint64_t>(info.st_size);
+  if (file_size < kHeaderLengthBytes) {
+    ::close(fd);
+    throw Error(file + ": truncated: file size " + std::to_string(file_size) +
+                " is less than the 8-byte header length");
+  }
+  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_error = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (mapping == MAP_FAILED) throw Error(file + ": cannot mmap: " + std::strerror(map_error));
+  mapping_ = mapping;
+  mapping_size_ = file_size;
+
+  // The destructor does not run when the constructor throws.
+  try {
+    const auto* bytes = static_cast<const uint8_t*>(mapping_);
+    uint64_t header_length = 0;
+    for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
+      header_length |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+    }
+    if (header_length > file_size - kHeaderLengthBytes) {
+      throw Error(file + ": truncated: header length " + std::to_string(header_length) +
+                  " exceeds file size " + std::to_string(file_size));
+    }
+    const uint8_t* header_begin = bytes + kHeaderLengthBytes;
+    const uint8_t* data = header_begin + header_length;
+    const uint64_t data_size = file_size - kHeaderLengthBytes - header_length;
+
+    json header;
+    try {
+      header = json::parse(header_begin, data);
+    } catch (const json::parse_error& e) {
+      throw Error(file + ": header is not valid JSON (syntax error at byte " +
+                  std::to_string(e.byte) + " of " + std::to_string(header_length) + ")");
+    }
+    if (!header.is_object()) throw Error(file + ": header is not a JSON object");
+
+    std::vector<Span> spans;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string& name = it.key();
+      const json& entry = it.value();
+      if (name == kMetadataKey) {
+        if (!entry.is_object()) throw Error(file + ": __metadata__ is not a JSON object");
+        continue;
+      }
+      const std::string where = file + ": tensor " + name + ": ";
+      if (!entry.is_object()) throw Error(where + "entry is not a JSON object");
+
+      auto dtype_it = entry.find("dtype");
+      if (dtype_it == entry.end() || !dtype_it->is_string()) {
+        throw Error(where + "\"dtype\" missing or not a string (accepted: F32, BF16, F16)");
+      }
+      const std::string dtype_name = dtype_it->get<std::string>();
+      std::optional<DType> dtype = dtypeFromSafetensorsName(dtype_name);
+      if (!dtype) {
+        throw Error(where + "dtype \"" + dtype_name +
+                    "\" is not supported (accepted: F32, BF16, F16)");
+      }
+
+      auto shape_it = entry.find("shape");
+      if (shape_it == entry.end() || !shape_it->is_array() ||
+          !std::all_of(shape_it->begin(), shape_it->end(), isNonNegativeInt)) {
+        throw Error(where + "\"shape\" must be an array of non-negative integers, got " +
+                    (shape_it == entry.end() ? std::string("nothing") : shape_it->dump()));
+      }
+      std::vector<int64_t> shape;
+      for (const json& dim : *shape_it) {
+        const auto extent = dim.get<uint64_t>();
+        if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          throw Error(where + "shape " + shape_it->dump() + " is too large");
+        }
+        shape.push_back(static_cast<int64_t>(extent));
+      }
+
+      auto offsets_it = entry.find("data_offsets");
+      if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
+          !isNonNegativeInt((*offsets_it)[0]) || !isNonNegativeInt((*offsets_it)[1]) ||
+          (*offsets_it)[0].get<uint64_t>() > (*offsets_it)[1].get<uint64_t>()) {
+        throw Error(where + "\"data_offsets\" must be [begin, end] with 0 <= begin <= end, got " +
+                    (offsets_it == entry.end() ? std::string("nothing") : offsets_it->dump()));
+      }
+      const auto begin = (*offsets_it)[0].get<uint64_t>();
+      const auto end = (*offsets_it)[1].get<uint64_t>();
+      if (end > data_size) {
+        throw Error(where + "data_offsets " + offsetsText(begin, end) +
+                    " extend past end of file (size " + std::to_string(file_size) + ", data area " +
+                    std::to_string(data_size) + " bytes after the header)");
+      }
+      std::optional<uint64_t> expected = byteSize(*dtype, shape);
+      if (!expected || *expected != end - begin) {
+        throw Error(where + "data_offsets " + offsetsText(begin, end) + " hold " +
+                    std::to_string(end - begin) + " bytes, but " + dtype_name + " x shape " +
+                    shapeText(shape) + " needs " +
+                    (expected ? std::to_string(*expected) : std::string("more than 2^64")));
+      }
+
+      TensorInfo tensor;
+      tensor.name = name;
+      tensor.dtype = *dtype;
+      tensor.shape = std::move(shape);
+      tensor.data = data + begin;
+      tensor.num_bytes = static_cast<size_t>(end - begin);
+      auto [inserted, unused] = tensors_.emplace(name, std::move(tensor));
+      spans.push_back({begin, end, &inserted->first});
+    }
+
+    // Empty tensors occupy no bytes and cannot overlap anything.
+    std::erase_if(spans, [](const Span& span) { return span.begin == span.end; });
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.begin != b.begin ? a.begin < b.begin : *a.name < *b.name;
+    });
+    for (size_t i = 1; i < spans.size(); ++i) {
+      if (spans[i].begin < spans[i - 1].end) {
+        throw Error(file + ": tensors " + *spans[i - 1].name + " " +
+                    offsetsText(spans[i - 1].begin, spans[i - 1].end) + " and " + *spans[i].name +
+                    " " + offsetsText(spans[i].begin, spans[i].end) + " overlap");
+      }
+    }
+  } catch (...) {
+    ::munmap(mapping_, mapping_size_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                            std::vector<uint8_t> bytes) {
+  if (name.empty() || name == kMetadataKey) {
+    throw Error("safetensors writer: invalid tensor name \"" + name + "\"");
+  }
+  if (entries_.count(name) != 0) {
+    throw Error("safetensors writer: tensor " + name + " added twice");
+  }
+  for (int64_t dim : shape) {
+    if (dim < 0)
+      throw Error("safetensors writer: tensor " + name + " has shape " + shapeText(shape));
+  }
+  std::optional<uint64_t> expected = byteSize(dtype, shape);
+  if (!expected || *expected != bytes.size()) {
+    throw Error("safetensors writer: tensor " + name + " has " + std::to_string(bytes.size()) +
+                " bytes, but " + dtypeSafetensorsName(dtype) + " x shape " + shapeText(shape) +
+                " needs " + (expected ? std::to_string(*expected) : std::string("more")));
+  }
+  entries_.emplace(name, Entry{dtype, std::move(shape), std::move(bytes)});
+}
+
+void SafetensorsWriter::write(const std::filesystem::path& path) const {
+  // std::map iterates in name order and nlohmann::json sorts keys, so equal
+  // contents give equal bytes.
+  json header = json::object();
+  header[kMetadataKey] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const auto& [name, entry] : entries_) {
+    header[name] = {
+        {"dtype", dtypeSafetensorsName(entry.dtype)},
+        {"shape", entry.shape},
+        {"data_offsets", {offset, offset + entry.bytes.size()}},
+    };
+    offset += entry.bytes.size();
+  }
+  std::string header_text = header.dump();
+  // Aligns the data area so that every tensor of a 4-byte dtype is aligned too.
+  header_text.append(
+      (kHeaderLengthBytes - header_text.size() % kHeaderLengthBytes) % kHeaderLengthBytes, ' ');
+  uint8_t length_bytes[kHeaderLengthBytes];
+  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
+    length_bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
+  }
+
+  // A temporary file then rename, so readers never see a half-written file.
+  std::filesystem::path temporary = path;
+  temporary += ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      throw Error(temporary.string() + ": cannot create: " + std::strerror(errno));
+    }
+    out.write(reinterpret_cast<const char*>(length_bytes), sizeof length_bytes);
+    out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+    for (const auto& [name, entry] : entries_) {
+      out.write(reinterpret_cast<const char*>(entry.bytes.data()),
+                static_cast<std::streamsize>(entry.bytes.size()));
+    }
+    out.close();
+    if (!out) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+      throw Error(temporary.string() + ": write failed: " + std::strerror(errno));
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw Error(path.string() + ": cannot rename " + temporary.filename().string() +
+                " into place: " + error.message());
+  }
+}
+
+}  // namespace tandem::engine

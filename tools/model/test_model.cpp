@@ -1,1 +1,454 @@
-// placeholder
+#include "tools/model/test_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "agent/engine/safetensors.h"
+#include "common/status.h"
+#include "tools/model/bpe_trainer.h"
+
+namespace tandem::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+using engine::ModelConfig;
+using engine::RopeScaling;
+
+// Original prose the tokenizer is trained on: a mix of narrative, dialogue
+// with contractions, numbers, lists and code-like text, so the merges cover
+// common English and the pre-tokenizer's digit and punctuation rules.
+constexpr std::string_view kCorpus =
+    R"corpus(The lighthouse at the end of the harbor had not been lit for eleven years. Every evening the keeper's daughter walked out along the stone pier anyway, carrying a lantern that she set on the lowest step of the tower. She said it was for the fishermen, though none of them needed it; the boats all had radios now, and the channel was marked with buoys that blinked green and red in the dark.
+
+"Why do you still do it?" her brother asked one night in October. The wind was coming off the water hard enough to lift the spray over the wall.
+
+"Because somebody should," she said. "And because I like the walk. It's the only time the town is quiet."
+
+He didn't argue. He'd learned long ago that she wasn't going to change her mind about anything she'd already decided, and besides, he liked the walk too.
+
+In the morning the market opened at six. The baker arrived first, then the woman who sold cheese from the hills, then the twins with their cart of apples, pears and plums. By seven there were forty stalls along the square, and by eight you couldn't cross it without stopping three times to talk to someone you knew.
+
+A good recipe for bread needs only four things: flour, water, salt and time. Mix 500 grams of flour with 350 grams of warm water and let it rest for 30 minutes. Add 10 grams of salt and 5 grams of yeast, then fold the dough every half hour for two hours. Shape it, let it rise overnight in a cool place, and bake it at 230 degrees for about 45 minutes. The crust should be dark brown and the loaf should sound hollow when you tap the bottom.
+
+Notes from the planning meeting (March 14, 2023):
+1. The bridge repairs will start on Monday and finish by the end of June.
+2. Traffic will be diverted through Mill Street; buses 12, 27 and 104 are affected.
+3. The library's new reading room opens on April 2nd, from 9:00 to 17:30.
+4. Questions should go to the council office, room 218, or to the website.
+
+Rivers are patient engineers. Over thousands of years a river will carve a valley, move mountains of sand to the sea, and build new land at its mouth. When people straighten a river to make it more useful, it usually finds a way to bend again. The water doesn't care about maps; it only follows the slope of the ground and the weight of what it carries.
+
+She opened the old notebook and found her grandfather's handwriting on the first page: "Things I have learned, in no particular order." The list went on for twenty pages. Some entries were practical ("Always keep a spare key outside the house, but never under the mat") and some were not ("The best conversations happen in kitchens"). Near the end, written in a shakier hand, was a single line: "Be kind to people who are learning something new. You were one of them once."
+
+def count_words(text):
+    counts = {}
+    for word in text.lower().split():
+        counts[word] = counts.get(word, 0) + 1
+    return counts
+
+The function above counts how often each word appears. It lowercases the text first, so "The" and "the" are counted together, and it splits on whitespace, which means punctuation stays attached to words. A better version would strip punctuation, or use a proper tokenizer, but for a quick look at a document it's usually enough.
+
+Weather report for the coast: clouds in the morning, clearing by noon. Winds from the west at 15 to 20 kilometers per hour, stronger near the headland. Temperatures between 12 and 19 degrees. Tomorrow will be warmer, with a chance of rain in the evening. The sea will be moderate, and small boats should take care near the rocks.
+
+"I've never seen so many stars," said the boy, lying on his back in the field.
+"That's because you've never been this far from a city," his aunt replied. "They're always there. We just can't see them through the light."
+"Could we come back next week?"
+"We'll see. If the sky is clear, and if you finish your homework, maybe."
+
+The café on the corner served the strongest coffee in the district. Its owner, a retired sailor with a naïve love of poetry, wrote a new verse on the chalkboard every morning. Nobody knew where the verses came from, and when anyone asked, he only smiled and poured another cup.
+
+A short history of the town: it was founded around 1650 as a fishing village, grew rapidly after the railway arrived in 1872, and reached a population of about 18,000 by 1950. Today it has roughly 24,500 residents, two schools, a hospital, a small university campus, and more bicycles than cars. The old railway station is now a museum, and the tracks have become a walking path that runs for 9 kilometers along the coast.
+
+When you're learning to play an instrument, the hardest part isn't the first week or the first month. It's the long middle, when you're good enough to hear your mistakes but not yet good enough to avoid them. The only way through is to keep playing, a little every day, until one evening you notice that a piece which used to be difficult has become easy, and you can't remember when it changed.
+
+Checklist before leaving the house: windows closed, stove off, lights off, back door locked, plants watered, cat fed, keys in pocket, phone charged. If all eight are done, you can go. If you're not sure about the stove, go back and check; it only takes a minute, and you'll stop worrying about it.
+
+The last boat came in just after dark. Its crew tied up at the pier, unloaded the day's catch, and walked up the hill toward the lights of the town. Behind them, on the lowest step of the lighthouse, a small lantern was still burning.
+)corpus";
+
+constexpr const char* kEndOfText = "<|endoftext|>";
+constexpr const char* kImStart = "<|im_start|>";
+constexpr const char* kImEnd = "<|im_end|>";
+constexpr int64_t kNumSpecialTokens = 3;
+
+// ChatML, as Qwen's tokenizer_config.json writes it.
+constexpr const char* kChatTemplate =
+    R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+
+struct ArchitectureInfo {
+  const char* architecture;
+  const char* model_type;
+};
+
+constexpr ArchitectureInfo kArchitectures[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+};
+
+// splitmix64: a tiny PRNG whose output is fully specified, unlike the
+// std:: distributions, so weights are identical on every platform.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+uint64_t fnv1a(std::string_view text) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (char c : text) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+// Values uniform in [center - half_width, center + half_width). Each tensor
+// has its own stream keyed by its name, so the order of generation is free.
+std::vector<uint8_t> randomTensor(uint64_t seed, const std::string& name, size_t count,
+                                  float center, float half_width, DType dtype) {
+  SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
+  std::vector<float> values(count);
+  for (float& value : values) {
+    // The top 24 bits give a float in [0, 1) without rounding.
+    const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
+    value = center + (2.0f * unit - 1.0f) * half_width;
+  }
+  std::vector<uint8_t> bytes(count * dtypeSize(dtype));
+  convertFromF32(dtype, values.data(), bytes.data(), count);
+  return bytes;
+}
+
+struct TrainedTokenizer {
+  BpeModel bpe;
+  int64_t end_of_text_id = 0;
+  int64_t im_start_id = 0;
+  int64_t im_end_id = 0;
+};
+
+TrainedTokenizer trainTokenizer(int64_t vocab_size) {
+  TrainedTokenizer result;
+  result.bpe = trainByteLevelBpe(kCorpus, static_cast<size_t>(vocab_size - kNumSpecialTokens));
+  // The special tokens follow the BPE vocabulary directly.
+  const auto first_special = static_cast<int64_t>(result.bpe.tokens.size());
+  result.end_of_text_id = first_special;
+  result.im_start_id = first_special + 1;
+  result.im_end_id = first_special + 2;
+  return result;
+}
+
+ModelConfig baseConfig(const std::string& preset, const std::string& architecture) {
+  const ArchitectureInfo* info = nullptr;
+  for (const ArchitectureInfo& candidate : kArchitectures) {
+    if (architecture == candidate.architecture) info = &candidate;
+  }
+  if (info == nullptr) {
+    throw Error("test model: architecture \"" + architecture +
+                "\" is not supported (accepted: LlamaForCausalLM, MistralForCausalLM, "
+                "Qwen2ForCausalLM, Qwen3ForCausalLM)");
+  }
+  ModelConfig config;
+  config.architecture = info->architecture;
+  config.model_type = info->model_type;
+  if (preset == "tiny") {
+    config.vocab_size = 512;
+    config.hidden_size = 64;
+    config.num_hidden_layers = 2;
+    config.num_attention_heads = 4;
+    config.num_key_value_heads = 2;
+    config.head_dim = 16;
+    config.intermediate_size = 176;
+    config.max_position_embeddings = 512;
+    // Exercises the llama3 frequency scaling in every test that runs tiny.
+    config.rope_scaling.type = RopeScaling::Type::kLlama3;
+    config.rope_scaling.factor = 8.0;
+    config.rope_scaling.low_freq_factor = 1.0;
+    config.rope_scaling.high_freq_factor = 4.0;
+    config.rope_scaling.original_max_position_embeddings = 128;
+  } else if (preset == "small") {
+    config.vocab_size = 32000;
+    config.hidden_size = 512;
+    config.num_hidden_layers = 8;
+    config.num_attention_heads = 8;
+    config.num_key_value_heads = 4;
+    config.head_dim = 64;
+    config.intermediate_size = 1408;
+    config.max_position_embeddings = 2048;
+  } else {
+    throw Error("test model: preset \"" + preset + "\" is not known (accepted: tiny, small)");
+  }
+  config.rope_theta = 10000.0;
+  config.rms_norm_eps = 1e-5;
+  config.tie_word_embeddings = false;
+  config.attention_bias = architecture == "Qwen2ForCausalLM";
+  config.qk_norm = architecture == "Qwen3ForCausalLM";
+  config.torch_dtype = DType::kBF16;
+  config.bos_token_id = -1;
+  return config;
+}
+
+// Whether `bytes` is complete UTF-8 without control characters other than
+// newline and tab: text a detokenizer can show on its own.
+bool isPlainText(std::string_view bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    const auto lead = static_cast<unsigned char>(bytes[i]);
+    size_t length = 1;
+    uint32_t code_point = lead;
+    if (lead >= 0x80) {
+      if (lead >= 0xc2 && lead <= 0xdf) {
+        length = 2;
+      } else if (lead >= 0xe0 && lead <= 0xef) {
+        length = 3;
+      } else if (lead >= 0xf0 && lead <= 0xf4) {
+        length = 4;
+      } else {
+        return false;
+      }
+      code_point = lead & (0x7fu >> length);
+      if (i + length > bytes.size()) return false;
+      for (size_t k = 1; k < length; ++k) {
+        const auto continuation = static_cast<unsigned char>(bytes[i + k]);
+        if ((continuation & 0xc0) != 0x80) return false;
+        code_point = (code_point << 6) | (continuation & 0x3f);
+      }
+      // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+      const uint32_t minimum[] = {0, 0, 0x80, 0x800, 0x10000};
+      if (code_point < minimum[length] || (code_point >= 0xd800 && code_point <= 0xdfff) ||
+          code_point > 0x10ffff) {
+        return false;
+      }
+    }
+    if ((code_point < 0x20 && code_point != '\n' && code_point != '\t') ||
+        (code_point >= 0x7f && code_point < 0xa0)) {
+      return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
+void setTokenIds(ModelConfig& config, const TrainedTokenizer& tokenizer) {
+  config.eos_token_ids = {tokenizer.end_of_text_id, tokenizer.im_end_id};
+}
+
+// Replaces `path` atomically, so a reader never sees half a file.
+void writeFile(const fs::path& path, const std::string& text) {
+  fs::path temporary = path;
+  temporary += ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) throw Error(temporary.string() + ": cannot write");
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) throw Error(path.string() + ": cannot replace: " + error.message());
+}
+
+std::string tokenizerJson(const TrainedTokenizer& tokenizer) {
+  using ordered_json = nlohmann::ordered_json;
+  // Key order follows what the Hugging Face tokenizers library writes.
+  ordered_json added_tokens = ordered_json::array();
+  const std::pair<const char*, int64_t> specials[] = {{kEndOfText, tokenizer.end_of_text_id},
+                                                      {kImStart, tokenizer.im_start_id},
+                                                      {kImEnd, tokenizer.im_end_id}};
+  for (const auto& [content, id] : specials) {
+    added_tokens.push_back({{"id", id},
+                            {"content", content},
+                            {"single_word", false},
+                            {"lstrip", false},
+                            {"rstrip", false},
+                            {"normalized", false},
+                            {"special", true}});
+  }
+
+  ordered_json vocab = ordered_json::object();
+  for (size_t id = 0; id < tokenizer.bpe.tokens.size(); ++id) {
+    vocab[byteLevelEncode(tokenizer.bpe.tokens[id])] = id;
+  }
+  ordered_json merges = ordered_json::array();
+  for (const auto& [left, right] : tokenizer.bpe.merges) {
+    merges.push_back(byteLevelEncode(tokenizer.bpe.tokens[static_cast<size_t>(left)]) + " " +
+                     byteLevelEncode(tokenizer.bpe.tokens[static_cast<size_t>(right)]));
+  }
+
+  ordered_json root;
+  root["version"] = "1.0";
+  root["truncation"] = nullptr;
+  root["padding"] = nullptr;
+  root["added_tokens"] = added_tokens;
+  root["normalizer"] = nullptr;
+  root["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       ordered_json::array({ordered_json{{"type", "Split"},
+                                         {"pattern", {{"Regex", kLlama3PreTokenizerPattern}}},
+                                         {"behavior", "Isolated"},
+                                         {"invert", false}},
+                            ordered_json{{"type", "ByteLevel"},
+                                         {"add_prefix_space", false},
+                                         {"trim_offsets", true},
+                                         {"use_regex", false}}})}};
+  root["post_processor"] = nullptr;
+  root["decoder"] = {{"type", "ByteLevel"},
+                     {"add_prefix_space", true},
+                     {"trim_offsets", true},
+                     {"use_regex", true}};
+  root["model"] = {{"type", "BPE"},
+                   {"dropout", nullptr},
+                   {"unk_token", nullptr},
+                   {"continuing_subword_prefix", nullptr},
+                   {"end_of_word_suffix", nullptr},
+                   {"fuse_unk", false},
+                   {"byte_fallback", false},
+                   {"ignore_merges", false},
+                   {"vocab", vocab},
+                   {"merges", merges}};
+  return root.dump(2) + "\n";
+}
+
+std::string tokenizerConfigJson(const TrainedTokenizer& tokenizer, const ModelConfig& config) {
+  using nlohmann::json;
+  json added = json::object();
+  const std::pair<const char*, int64_t> specials[] = {{kEndOfText, tokenizer.end_of_text_id},
+                                                      {kImStart, tokenizer.im_start_id},
+                                                      {kImEnd, tokenizer.im_end_id}};
+  for (const auto& [content, id] : specials) {
+    added[std::to_string(id)] = {{"content", content},   {"lstrip", false},
+                                 {"normalized", false},  {"rstrip", false},
+                                 {"single_word", false}, {"special", true}};
+  }
+  json root;
+  root["added_tokens_decoder"] = added;
+  root["bos_token"] = nullptr;
+  root["chat_template"] = kChatTemplate;
+  root["clean_up_tokenization_spaces"] = false;
+  root["eos_token"] = kImEnd;
+  root["errors"] = "replace";
+  root["model_max_length"] = config.max_position_embeddings;
+  root["pad_token"] = kEndOfText;
+  root["split_special_tokens"] = false;
+  root["tokenizer_class"] = "PreTrainedTokenizerFast";
+  root["unk_token"] = nullptr;
+  return root.dump(2) + "\n";
+}
+
+std::string generationConfigJson(const TrainedTokenizer& tokenizer, const ModelConfig& config) {
+  nlohmann::json root;
+  root["do_sample"] = false;
+  root["eos_token_id"] = config.eos_token_ids;
+  root["pad_token_id"] = tokenizer.end_of_text_id;
+  return root.dump(2) + "\n";
+}
+
+// Tensors in Hugging Face names and shapes. Matrices have standard deviation
+// 1/sqrt(fan_in) so activations keep their scale through the layers and the
+// logits vary with the context; norm weights sit near 1.
+void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
+                  const std::vector<std::string>& tokens, const fs::path& path) {
+  engine::SafetensorsWriter writer;
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const float half_width = std::sqrt(3.0f / static_cast<float>(cols));
+    writer.add(name, dtype, {rows, cols},
+               randomTensor(seed, name, static_cast<size_t>(rows * cols), 0.0f, half_width, dtype));
+  };
+  auto vector = [&](const std::string& name, int64_t size, float center, float half_width) {
+    writer.add(name, dtype, {size},
+               randomTensor(seed, name, static_cast<size_t>(size), center, half_width, dtype));
+  };
+  constexpr float kNormNoise = 0.1f;
+  constexpr float kBiasNoise = 0.05f;
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_size = config.num_attention_heads * config.head_dim;
+  const int64_t kv_size = config.num_key_value_heads * config.head_dim;
+  const int64_t inter = config.intermediate_size;
+
+  matrix("model.embed_tokens.weight", config.vocab_size, hidden);
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    matrix(prefix + "self_attn.q_proj.weight", q_size, hidden);
+    matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
+    matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
+    if (config.attention_bias) {
+      vector(prefix + "self_attn.q_proj.bias", q_size, 0.0f, kBiasNoise);
+      vector(prefix + "self_attn.k_proj.bias", kv_size, 0.0f, kBiasNoise);
+      vector(prefix + "self_attn.v_proj.bias", kv_size, 0.0f, kBiasNoise);
+    }
+    if (config.qk_norm) {
+      vector(prefix + "self_attn.q_norm.weight", config.head_dim, 1.0f, kNormNoise);
+      vector(prefix + "self_attn.k_norm.weight", config.head_dim, 1.0f, kNormNoise);
+    }
+    matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
+    matrix(prefix + "mlp.up_proj.weight", inter, hidden);
+    matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+    vector(prefix + "input_layernorm.weight", hidden, 1.0f, kNormNoise);
+    vector(prefix + "post_attention_layernorm.weight", hidden, 1.0f, kNormNoise);
+  }
+  vector("model.norm.weight", hidden, 1.0f, kNormNoise);
+  if (!config.tie_word_embeddings) {
+    // Zero rows give a logit of 0, below the best of hundreds of random
+    // logits. They go to the special tokens, to ids past the tokenizer's
+    // vocabulary and to tokens that are not text on their own (a lone byte of
+    // a multi-byte character, a control character), so greedy decoding emits
+    // readable text and runs to max_tokens.
+    const std::string name = "lm_head.weight";
+    const float half_width = std::sqrt(3.0f / static_cast<float>(hidden));
+    std::vector<uint8_t> bytes = randomTensor(
+        seed, name, static_cast<size_t>(config.vocab_size * hidden), 0.0f, half_width, dtype);
+    const size_t row_bytes = static_cast<size_t>(hidden) * dtypeSize(dtype);
+    for (size_t id = 0; id < static_cast<size_t>(config.vocab_size); ++id) {
+      if (id < tokens.size() && isPlainText(tokens[id])) continue;
+      std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(id * row_bytes), row_bytes,
+                  uint8_t{0});
+    }
+    writer.add(name, dtype, {config.vocab_size, hidden}, std::move(bytes));
+  }
+  writer.write(path);
+}
+
+}  // namespace
+
+std::vector<std::string> presetNames() { return {"tiny", "small"}; }
+
+engine::ModelConfig presetConfig(const std::string& preset, const std::string& architecture) {
+  ModelConfig config = baseConfig(preset, architecture);
+  setTokenIds(config, trainTokenizer(config.vocab_size));
+  return config;
+}
+
+void writeTestModel(const TestModelOptions& options, const std::filesystem::path& out_dir) {
+  ModelConfig config = baseConfig(options.preset, options.architecture);
+  config.torch_dtype = options.dtype;
+  const TrainedTokenizer tokenizer = trainTokenizer(config.vocab_size);
+  setTokenIds(config, tokenizer);
+
+  std::error_code error;
+  fs::create_directories(out_dir, error);
+  if (error || !fs::is_directory(out_dir)) {
+    throw Error(out_dir.string() + ": cannot create the model directory" +
+                (error ? ": " + error.message() : std::string()));
+  }
+  writeFile(out_dir / "config.json", config.toJsonText());
+  writeFile(out_dir / "generation_config.json", generationConfigJson(tokenizer, config));
+  writeFile(out_dir / "tokenizer.json", tokenizerJson(tokenizer));
+  writeFile(out_dir / "tokenizer_config.json", tokenizerConfigJson(tokenizer, config));
+  writeWeights(config, options.dtype, options.seed, tokenizer.bpe.tokens,
+               out_dir / "model.safetensors");
+}
+
+}  // namespace tandem::tools

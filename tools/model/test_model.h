@@ -4,6 +4,13 @@
 // BPE trained on an embedded corpus), tokenizer_config.json (ChatML chat
 // template) and generation_config.json, so it loads like a downloaded model.
 // Output is byte-deterministic: the same options give identical files.
+//
+// The tokenizer's vocabulary may be smaller than the config's vocab_size (a
+// few KB of corpus supports only so many merges). lm_head rows are zero for
+// the special tokens, for ids past the tokenizer's vocabulary and for tokens
+// that are not text on their own (lone bytes of multi-byte characters,
+// control characters), so greedy decoding emits readable text and never
+// stops early on an eos token.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +24,7 @@
 namespace tandem::tools {
 
 struct TestModelOptions {
-  std::string preset = "tiny";                   // "tiny" or "small"
+  std::string preset = "tiny";                    // "tiny" or "small"
   std::string architecture = "LlamaForCausalLM";  // or Mistral/Qwen2/Qwen3ForCausalLM
   DType dtype = DType::kBF16;                     // weight dtype: bf16, f16 or f32
   uint64_t seed = 0;

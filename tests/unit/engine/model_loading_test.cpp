@@ -1,1 +1,727 @@
-// placeholder
+// Model loading: config.json parsing, safetensors validation and Model::load,
+// on tiny generated models and on copies corrupted one way at a time.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "agent/engine/model.h"
+#include "agent/engine/model_config.h"
+#include "agent/engine/safetensors.h"
+#include "common/status.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A fresh directory under the system temp dir, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "tandem-model-loading-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void writeFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+fs::path writeTiny(const fs::path& dir, const std::string& architecture = "LlamaForCausalLM",
+                   DType dtype = DType::kBF16) {
+  tools::TestModelOptions options;
+  options.preset = "tiny";
+  options.architecture = architecture;
+  options.dtype = dtype;
+  options.seed = 7;
+  tools::writeTestModel(options, dir);
+  return dir;
+}
+
+// The message of the tandem::Error that loading `dir` throws ("" if none).
+std::string loadError(const fs::path& dir) {
+  try {
+    Model::load(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "Model::load(" << dir << ") did not throw";
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
+
+// A safetensors file split into its header JSON and data area, so tests can
+// corrupt the header and write the file back.
+struct RawSafetensors {
+  json header;
+  std::string data;
+
+  static RawSafetensors read(const fs::path& path) {
+    const std::string bytes = readFile(path);
+    uint64_t length = 0;
+    std::memcpy(&length, bytes.data(), sizeof length);
+    return {json::parse(bytes.substr(8, length)), bytes.substr(8 + length)};
+  }
+
+  void write(const fs::path& path) const {
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    const uint64_t length = text.size();
+    std::string bytes(reinterpret_cast<const char*>(&length), sizeof length);
+    writeFile(path, bytes + text + data);
+  }
+};
+
+void rewriteConfig(const fs::path& dir, const std::function<void(json&)>& edit) {
+  json config = json::parse(readFile(dir / "config.json"));
+  edit(config);
+  writeFile(dir / "config.json", config.dump(2));
+}
+
+void rewriteHeader(const fs::path& dir, const std::function<void(json&)>& edit) {
+  RawSafetensors raw = RawSafetensors::read(dir / "model.safetensors");
+  edit(raw.header);
+  raw.write(dir / "model.safetensors");
+}
+
+// Moves the tensors of model.safetensors into two shards plus an index: the
+// embedding and layer 0 in the first, everything else in the second.
+void shard(const fs::path& dir) {
+  const fs::path single = dir / "model.safetensors";
+  json weight_map = json::object();
+  {
+    SafetensorsFile file(single);
+    SafetensorsWriter first;
+    SafetensorsWriter second;
+    for (const auto& [name, tensor] : file.tensors()) {
+      const bool in_first =
+          name.starts_with("model.embed_tokens.") || name.starts_with("model.layers.0.");
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      (in_first ? first : second)
+          .add(name, tensor.dtype, tensor.shape,
+               std::vector<uint8_t>(bytes, bytes + tensor.num_bytes));
+      weight_map[name] =
+          in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    }
+    first.write(dir / "model-00001-of-00002.safetensors");
+    second.write(dir / "model-00002-of-00002.safetensors");
+  }
+  fs::remove(single);
+  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}};
+  writeFile(dir / "model.safetensors.index.json", index.dump(2));
+}
+
+size_t matrixBytes(const kernels::WeightView& view) {
+  return static_cast<size_t>(view.rows * view.cols) * dtypeSize(view.dtype);
+}
+
+void expectSameMatrix(const kernels::WeightView& a, const kernels::WeightView& b) {
+  ASSERT_EQ(a.rows, b.rows);
+  ASSERT_EQ(a.cols, b.cols);
+  ASSERT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(std::memcmp(a.data, b.data, matrixBytes(a)), 0);
+}
+
+void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
+  expectSameMatrix(a.embed_tokens, b.embed_tokens);
+  expectSameMatrix(a.lm_head, b.lm_head);
+  EXPECT_EQ(a.norm, b.norm);
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    const LayerWeights& x = a.layers[i];
+    const LayerWeights& y = b.layers[i];
+    expectSameMatrix(x.q_proj, y.q_proj);
+    expectSameMatrix(x.k_proj, y.k_proj);
+    expectSameMatrix(x.v_proj, y.v_proj);
+    expectSameMatrix(x.o_proj, y.o_proj);
+    expectSameMatrix(x.gate_proj, y.gate_proj);
+    expectSameMatrix(x.up_proj, y.up_proj);
+    expectSameMatrix(x.down_proj, y.down_proj);
+    EXPECT_EQ(x.input_layernorm, y.input_layernorm);
+    EXPECT_EQ(x.post_attention_layernorm, y.post_attention_layernorm);
+    EXPECT_EQ(x.q_bias, y.q_bias);
+    EXPECT_EQ(x.k_bias, y.k_bias);
+    EXPECT_EQ(x.v_bias, y.v_bias);
+    EXPECT_EQ(x.q_norm, y.q_norm);
+    EXPECT_EQ(x.k_norm, y.k_norm);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Good models
+
+TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
+  for (const char* architecture :
+       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
+      TempDir dir;
+      writeTiny(dir.path(), architecture, dtype);
+      std::unique_ptr<Model> model = Model::load(dir.path());
+      const ModelConfig& c = model->config();
+      EXPECT_EQ(c.architecture, architecture);
+      EXPECT_EQ(c.torch_dtype, dtype);
+      EXPECT_EQ(model->weightDType(), dtype);
+      EXPECT_EQ(model->directory(), dir.path());
+
+      const ModelWeights& w = model->weights();
+      EXPECT_EQ(w.embed_tokens.rows, c.vocab_size);
+      EXPECT_EQ(w.embed_tokens.cols, c.hidden_size);
+      EXPECT_EQ(w.lm_head.rows, c.vocab_size);
+      EXPECT_NE(w.lm_head.data, w.embed_tokens.data);
+      ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_hidden_layers));
+      EXPECT_EQ(w.norm.size(), static_cast<size_t>(c.hidden_size));
+      const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM";
+      const bool qwen3 = std::string(architecture) == "Qwen3ForCausalLM";
+      for (const LayerWeights& layer : w.layers) {
+        EXPECT_EQ(layer.q_proj.rows, c.num_attention_heads * c.head_dim);
+        EXPECT_EQ(layer.k_proj.rows, c.num_key_value_heads * c.head_dim);
+        EXPECT_EQ(layer.o_proj.cols, c.num_attention_heads * c.head_dim);
+        EXPECT_EQ(layer.down_proj.cols, c.intermediate_size);
+        EXPECT_EQ(layer.q_bias.size(), qwen2 ? static_cast<size_t>(64) : 0u);
+        EXPECT_EQ(layer.k_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
+        EXPECT_EQ(layer.v_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
+        EXPECT_EQ(layer.q_norm.size(), qwen3 ? static_cast<size_t>(16) : 0u);
+        EXPECT_EQ(layer.k_norm.size(), qwen3 ? static_cast<size_t>(16) : 0u);
+        for (float weight : layer.input_layernorm) EXPECT_NEAR(weight, 1.0f, 0.11f);
+      }
+
+      // Every tensor in the file is used, so the model's bytes are the file's
+      // data, and the matrices point into the mapping, not at copies.
+      SafetensorsFile file(dir.path() / "model.safetensors");
+      size_t file_bytes = 0;
+      for (const auto& [name, tensor] : file.tensors()) file_bytes += tensor.num_bytes;
+      EXPECT_EQ(model->weightBytes(), file_bytes);
+      const TensorInfo* embed = file.find("model.embed_tokens.weight");
+      ASSERT_NE(embed, nullptr);
+      EXPECT_EQ(std::memcmp(w.embed_tokens.data, embed->data, embed->num_bytes), 0);
+
+      // Vectors are converted to fp32 exactly.
+      const TensorInfo* norm = file.find("model.norm.weight");
+      ASSERT_NE(norm, nullptr);
+      std::vector<float> expected(norm->num_bytes / dtypeSize(dtype));
+      convertToF32(dtype, norm->data, expected.data(), expected.size());
+      EXPECT_EQ(w.norm, expected);
+    }
+  }
+}
+
+TEST(ModelLoading, ShardedCheckpointLoadsTheSameWeights) {
+  TempDir single;
+  TempDir sharded;
+  writeTiny(single.path(), "Qwen2ForCausalLM");
+  writeTiny(sharded.path(), "Qwen2ForCausalLM");
+  shard(sharded.path());
+  ASSERT_FALSE(fs::exists(sharded.path() / "model.safetensors"));
+
+  std::unique_ptr<Model> a = Model::load(single.path());
+  std::unique_ptr<Model> b = Model::load(sharded.path());
+  EXPECT_EQ(a->config(), b->config());
+  EXPECT_EQ(a->weightBytes(), b->weightBytes());
+  expectSameWeights(a->weights(), b->weights());
+}
+
+TEST(ModelLoading, TiedEmbeddingsShareTheEmbeddingMatrix) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteConfig(dir.path(), [](json& c) { c["tie_word_embeddings"] = true; });
+  rewriteHeader(dir.path(), [](json& h) { h.erase("lm_head.weight"); });
+  std::unique_ptr<Model> model = Model::load(dir.path());
+  EXPECT_EQ(model->weights().lm_head.data, model->weights().embed_tokens.data);
+  EXPECT_EQ(model->weights().lm_head.rows, 512);
+}
+
+TEST(ModelLoading, ExtraTensorsAreIgnored) {
+  TempDir dir;
+  writeTiny(dir.path());
+  RawSafetensors raw = RawSafetensors::read(dir.path() / "model.safetensors");
+  const size_t end = raw.data.size();
+  raw.data.append(64, '\0');
+  raw.header["model.layers.0.self_attn.rotary_emb.inv_freq"] = {
+      {"dtype", "F32"}, {"shape", {16}}, {"data_offsets", {end, end + 64}}};
+  raw.write(dir.path() / "model.safetensors");
+  EXPECT_NO_THROW(Model::load(dir.path()));
+}
+
+// ---------------------------------------------------------------------------
+// Bad directories: each throws tandem::Error naming the problem.
+
+TEST(ModelLoadingErrors, MissingDirectory) {
+  TempDir dir;
+  const std::string message = loadError(dir.path() / "nope");
+  EXPECT_CONTAINS(message, "does not exist");
+  EXPECT_CONTAINS(message, (dir.path() / "nope").string());
+}
+
+TEST(ModelLoadingErrors, PathIsAFile) {
+  TempDir dir;
+  writeFile(dir.path() / "file", "x");
+  EXPECT_CONTAINS(loadError(dir.path() / "file"), "is not a directory");
+}
+
+TEST(ModelLoadingErrors, MissingConfig) {
+  TempDir dir;
+  writeTiny(dir.path());
+  fs::remove(dir.path() / "config.json");
+  EXPECT_CONTAINS(loadError(dir.path()), "has no config.json");
+}
+
+TEST(ModelLoadingErrors, ConfigIsNotJson) {
+  TempDir dir;
+  writeTiny(dir.path());
+  writeFile(dir.path() / "config.json", "{\"hidden_size\": 64,");
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "config.json");
+  EXPECT_CONTAINS(message, "not valid JSON");
+}
+
+TEST(ModelLoadingErrors, UnsupportedArchitecture) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteConfig(dir.path(), [](json& c) { c["architectures"] = {"GPT2LMHeadModel"}; });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "config.json");
+  EXPECT_CONTAINS(message, "\"GPT2LMHeadModel\" is not supported");
+  EXPECT_CONTAINS(message, "LlamaForCausalLM");
+}
+
+TEST(ModelLoadingErrors, MissingRequiredField) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteConfig(dir.path(), [](json& c) { c.erase("intermediate_size"); });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "config.json");
+  EXPECT_CONTAINS(message, "\"intermediate_size\" is missing");
+}
+
+TEST(ModelLoadingErrors, SafetensorsTruncatedInDataArea) {
+  TempDir dir;
+  writeTiny(dir.path());
+  const fs::path file = dir.path() / "model.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 100);
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model.safetensors");
+  // Tensors are laid out in name order; model.norm.weight comes last.
+  EXPECT_CONTAINS(message, "tensor model.norm.weight");
+  EXPECT_CONTAINS(message, "extend past end of file");
+}
+
+TEST(ModelLoadingErrors, SafetensorsTruncatedInHeader) {
+  TempDir dir;
+  writeTiny(dir.path());
+  const fs::path file = dir.path() / "model.safetensors";
+  fs::resize_file(file, 100);
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model.safetensors: truncated: header length");
+  EXPECT_CONTAINS(message, "exceeds file size 100");
+}
+
+TEST(ModelLoadingErrors, SafetensorsShorterThanLengthField) {
+  TempDir dir;
+  writeTiny(dir.path());
+  writeFile(dir.path() / "model.safetensors", "abc");
+  EXPECT_CONTAINS(loadError(dir.path()), "truncated: file size 3");
+}
+
+TEST(ModelLoadingErrors, SafetensorsHeaderNotJson) {
+  TempDir dir;
+  writeTiny(dir.path());
+  const fs::path file = dir.path() / "model.safetensors";
+  std::string bytes = readFile(file);
+  bytes.replace(8, 10, "not json!!");
+  writeFile(file, bytes);
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model.safetensors: header is not valid JSON");
+}
+
+TEST(ModelLoadingErrors, SafetensorsHeaderNotAnObject) {
+  TempDir dir;
+  writeTiny(dir.path());
+  RawSafetensors raw{json::array({1, 2}), ""};
+  raw.write(dir.path() / "model.safetensors");
+  EXPECT_CONTAINS(loadError(dir.path()), "header is not a JSON object");
+}
+
+TEST(ModelLoadingErrors, SafetensorsOffsetsOutOfRange) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteHeader(dir.path(), [](json& h) {
+    json& offsets = h["model.layers.0.mlp.up_proj.weight"]["data_offsets"];
+    const uint64_t size = offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>();
+    offsets = {1000000, 1000000 + size};
+  });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model.safetensors: tensor model.layers.0.mlp.up_proj.weight");
+  EXPECT_CONTAINS(message, "data_offsets [1000000, 1022528] extend past end of file");
+}
+
+TEST(ModelLoadingErrors, SafetensorsOverlappingTensors) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteHeader(dir.path(), [](json& h) {
+    h["model.layers.1.self_attn.q_proj.weight"]["data_offsets"] =
+        h["model.layers.0.self_attn.q_proj.weight"]["data_offsets"];
+  });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_CONTAINS(message, "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_CONTAINS(message, "overlap");
+}
+
+TEST(ModelLoadingErrors, SafetensorsByteSizeMismatch) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteHeader(dir.path(), [](json& h) { h["model.norm.weight"]["shape"] = {63}; });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "tensor model.norm.weight");
+  EXPECT_CONTAINS(message, "hold 128 bytes, but BF16 x shape [63] needs 126");
+}
+
+TEST(ModelLoadingErrors, SafetensorsUnknownDtype) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteHeader(dir.path(), [](json& h) { h["model.norm.weight"]["dtype"] = "I64"; });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "tensor model.norm.weight");
+  EXPECT_CONTAINS(message, "dtype \"I64\" is not supported (accepted: F32, BF16, F16)");
+}
+
+TEST(ModelLoadingErrors, MissingTensor) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteHeader(dir.path(), [](json& h) { h.erase("model.layers.1.mlp.up_proj.weight"); });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "tensor model.layers.1.mlp.up_proj.weight missing from ");
+  EXPECT_CONTAINS(message, "model.safetensors");
+}
+
+TEST(ModelLoadingErrors, MissingBiasForQwen2) {
+  TempDir dir;
+  writeTiny(dir.path(), "Qwen2ForCausalLM");
+  rewriteHeader(dir.path(), [](json& h) { h.erase("model.layers.0.self_attn.k_proj.bias"); });
+  EXPECT_CONTAINS(loadError(dir.path()), "tensor model.layers.0.self_attn.k_proj.bias missing");
+}
+
+TEST(ModelLoadingErrors, WrongShape) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteHeader(dir.path(), [](json& h) {
+    h["model.layers.0.mlp.up_proj.weight"]["shape"] = {64, 176};
+  });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "tensor model.layers.0.mlp.up_proj.weight in ");
+  EXPECT_CONTAINS(message, "has shape [64, 176], expected [176, 64] (from config.json)");
+}
+
+TEST(ModelLoadingErrors, MixedMatrixDtypes) {
+  TempDir dir;
+  writeTiny(dir.path());
+  const fs::path path = dir.path() / "model.safetensors";
+  SafetensorsWriter writer;
+  {
+    SafetensorsFile file(path);
+    for (const auto& [name, tensor] : file.tensors()) {
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      if (name == "model.layers.1.mlp.down_proj.weight") {
+        std::vector<uint8_t> f32(tensor.num_bytes * 2);
+        convertToF32(tensor.dtype, tensor.data, reinterpret_cast<float*>(f32.data()),
+                     tensor.num_bytes / 2);
+        writer.add(name, DType::kF32, tensor.shape, std::move(f32));
+      } else {
+        writer.add(name, tensor.dtype, tensor.shape,
+                   std::vector<uint8_t>(bytes, bytes + tensor.num_bytes));
+      }
+    }
+  }
+  writer.write(path);
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "tensor model.layers.1.mlp.down_proj.weight");
+  EXPECT_CONTAINS(message, "has dtype F32");
+  EXPECT_CONTAINS(message, "all matrices must share one dtype");
+}
+
+TEST(ModelLoadingErrors, IndexPointsToMissingShard) {
+  TempDir dir;
+  writeTiny(dir.path());
+  shard(dir.path());
+  fs::remove(dir.path() / "model-00002-of-00002.safetensors");
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model-00002-of-00002.safetensors");
+  EXPECT_CONTAINS(message, "model.safetensors.index.json");
+  EXPECT_CONTAINS(message, "does not exist");
+}
+
+TEST(ModelLoadingErrors, TensorNotInWeightMap) {
+  TempDir dir;
+  writeTiny(dir.path());
+  shard(dir.path());
+  json index = json::parse(readFile(dir.path() / "model.safetensors.index.json"));
+  index["weight_map"].erase("model.norm.weight");
+  writeFile(dir.path() / "model.safetensors.index.json", index.dump());
+  EXPECT_CONTAINS(loadError(dir.path()), "tensor model.norm.weight not in weight_map of ");
+}
+
+TEST(ModelLoadingErrors, ShardPathOutsideTheDirectory) {
+  TempDir dir;
+  writeTiny(dir.path());
+  shard(dir.path());
+  json index = json::parse(readFile(dir.path() / "model.safetensors.index.json"));
+  index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors";
+  writeFile(dir.path() / "model.safetensors.index.json", index.dump());
+  EXPECT_CONTAINS(loadError(dir.path()), "the file name of a shard in the model directory");
+}
+
+TEST(ModelLoadingErrors, NoWeightFiles) {
+  TempDir dir;
+  writeTiny(dir.path());
+  fs::remove(dir.path() / "model.safetensors");
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "has neither model.safetensors nor model.safetensors.index.json");
+}
+
+// ---------------------------------------------------------------------------
+// config.json parsing
+
+std::string minimalLlama(const std::string& extra = "") {
+  return R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+             "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000)" +
+         extra + "}";
+}
+
+std::string parseError(const std::string& text) {
+  try {
+    ModelConfig::fromJsonText(text, "dir/config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for " << text;
+  return "";
+}
+
+TEST(ModelConfigParsing, DefaultsFollowTransformers) {
+  ModelConfig c = ModelConfig::fromJsonText(minimalLlama(), "config.json");
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_TRUE(c.eos_token_ids.empty());
+}
+
+TEST(ModelConfigParsing, ReadsFieldsAndTokenIds) {
+  ModelConfig c = ModelConfig::fromJsonText(
+      minimalLlama(R"(, "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "tie_word_embeddings": true, "attention_bias": true,
+        "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2,
+        "max_position_embeddings": 8192, "rope_scaling": null)"),
+      "config.json");
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_EQ(c.torch_dtype, DType::kF16);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>({2}));
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+
+  c = ModelConfig::fromJsonText(minimalLlama(R"(, "eos_token_id": [7, 9])"), "config.json");
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>({7, 9}));
+}
+
+TEST(ModelConfigParsing, ArchitectureSpecifics) {
+  const std::string body = R"(, "hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000})";
+  ModelConfig qwen2 = ModelConfig::fromJsonText(
+      R"({"architectures": ["Qwen2ForCausalLM"], "attention_bias": false)" + body, "config.json");
+  EXPECT_TRUE(qwen2.attention_bias);
+  EXPECT_FALSE(qwen2.qk_norm);
+  EXPECT_EQ(qwen2.model_type, "qwen2");
+
+  ModelConfig qwen3 = ModelConfig::fromJsonText(
+      R"({"architectures": ["Qwen3ForCausalLM"], "head_dim": 128)" + body, "config.json");
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.attention_bias);
+  EXPECT_EQ(qwen3.head_dim, 128);
+
+  ModelConfig mistral = ModelConfig::fromJsonText(
+      R"({"architectures": ["MistralForCausalLM"], "sliding_window": null)" + body, "config.json");
+  EXPECT_EQ(mistral.model_type, "mistral");
+  EXPECT_EQ(mistral.head_dim, 32);
+}
+
+TEST(ModelConfigParsing, RejectsBadValuesNamingTheField) {
+  std::string message = parseError(minimalLlama(R"(, "num_key_value_heads": 3)"));
+  EXPECT_CONTAINS(message, "dir/config.json: field \"num_key_value_heads\"");
+  EXPECT_CONTAINS(message, "must divide num_attention_heads (8), got 3");
+
+  message = parseError(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": -4})");
+  EXPECT_CONTAINS(message, "field \"hidden_size\" must be a positive integer, got -4");
+
+  message = parseError(R"({"hidden_size": 4})");
+  EXPECT_CONTAINS(message, "field \"architectures\"");
+  EXPECT_CONTAINS(message, "Qwen3ForCausalLM");
+
+  message = parseError(minimalLlama(R"(, "torch_dtype": "int8")"));
+  EXPECT_CONTAINS(message, "\"torch_dtype\" is \"int8\"");
+  EXPECT_CONTAINS(message, "bfloat16");
+
+  message = parseError(minimalLlama(R"(, "eos_token_id": [5, 1000])"));
+  EXPECT_CONTAINS(message, "\"eos_token_id\"");
+  EXPECT_CONTAINS(message, "999");
+
+  message = parseError(minimalLlama(R"(, "hidden_act": "gelu")"));
+  EXPECT_CONTAINS(message, "\"hidden_act\" is \"gelu\"");
+
+  message = parseError("[1, 2]");
+  EXPECT_CONTAINS(message, "not a JSON object");
+}
+
+TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
+  const std::string llama3 = R"(, "rope_scaling": {"type": "llama3", "factor": 32.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})";
+  ModelConfig c = ModelConfig::fromJsonText(minimalLlama(llama3), "config.json");
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+
+  std::string message =
+      parseError(minimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"));
+  EXPECT_CONTAINS(message, "\"yarn\"");
+  EXPECT_CONTAINS(message, "accepted: llama3");
+
+  message = parseError(minimalLlama(
+      R"(, "rope_scaling": {"rope_type": "llama3", "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"));
+  EXPECT_CONTAINS(message, "\"rope_scaling.factor\" is missing");
+}
+
+TEST(ModelConfigParsing, JsonTextRoundTrips) {
+  for (const std::string& preset : tools::presetNames()) {
+    for (const char* architecture :
+         {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+      SCOPED_TRACE(preset + " " + architecture);
+      ModelConfig config = tools::presetConfig(preset, architecture);
+      const std::string text = config.toJsonText();
+      ModelConfig parsed = ModelConfig::fromJsonText(text, "config.json");
+      EXPECT_EQ(parsed, config);
+      EXPECT_EQ(parsed.toJsonText(), text);
+    }
+  }
+  ModelConfig c = ModelConfig::fromJsonText(
+      minimalLlama(R"(, "bos_token_id": 3, "eos_token_id": 4, "rms_norm_eps": 1e-5,
+                       "rope_theta": 500000.0, "torch_dtype": "float32")"),
+      "config.json");
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+}
+
+TEST(RopeFrequencies, PlainRopeIsThetaPowers) {
+  ModelConfig c = ModelConfig::fromJsonText(minimalLlama(R"(, "rope_theta": 500000.0)"), "c");
+  std::vector<float> inv_freq = ropeInverseFrequencies(c);
+  ASSERT_EQ(inv_freq.size(), 16u);
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    EXPECT_EQ(inv_freq[i], static_cast<float>(1.0 / std::pow(500000.0, (2.0 * i) / 32.0)));
+  }
+}
+
+// The llama3 rule written out directly: wavelengths longer than
+// original/low_freq_factor are slowed by `factor`, shorter than
+// original/high_freq_factor are kept, and in between the two are blended.
+double llama3Reference(double inv_freq, const RopeScaling& s) {
+  const double wavelen = 2 * std::numbers::pi / inv_freq;
+  const double long_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+  const double short_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+  if (wavelen < short_wavelen) return inv_freq;
+  if (wavelen > long_wavelen) return inv_freq / s.factor;
+  const double t = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
+                   (s.high_freq_factor - s.low_freq_factor);
+  return (1 - t) * (inv_freq / s.factor) + t * inv_freq;
+}
+
+TEST(RopeFrequencies, Llama3ScalingMatchesTheReference) {
+  for (const char* scaling :
+       {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192})",
+        R"({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"}) {
+    ModelConfig c = ModelConfig::fromJsonText(
+        minimalLlama(R"(, "num_attention_heads": 2, "rope_theta": 500000.0, "rope_scaling": )" +
+                     std::string(scaling)),
+        "c");
+    ASSERT_EQ(c.head_dim, 128);
+    std::vector<float> inv_freq = ropeInverseFrequencies(c);
+    ASSERT_EQ(inv_freq.size(), 64u);
+    int kept = 0, slowed = 0, blended = 0;
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+      const double base = 1.0 / std::pow(500000.0, (2.0 * i) / 128.0);
+      const double expected = llama3Reference(base, c.rope_scaling);
+      EXPECT_FLOAT_EQ(inv_freq[i], static_cast<float>(expected)) << "i = " << i;
+      if (expected == base)
+        ++kept;
+      else if (std::abs(expected - base / c.rope_scaling.factor) < 1e-18)
+        ++slowed;
+      else
+        ++blended;
+    }
+    // All three regimes occur for Llama 3's settings.
+    EXPECT_GT(kept, 0);
+    EXPECT_GT(slowed, 0);
+    EXPECT_GT(blended, 0);
+  }
+}
+
+TEST(RopeFrequencies, TinyPresetHasAllThreeRegimes) {
+  ModelConfig c = tools::presetConfig("tiny", "LlamaForCausalLM");
+  std::vector<float> inv_freq = ropeInverseFrequencies(c);
+  ASSERT_EQ(inv_freq.size(), 8u);
+  // head_dim 16, theta 1e4: base inv_freq[i] = 10^(-i/2). Wavelengths 2*pi*10^(i/2):
+  // i = 0, 1 are below 128/4 = 32 (kept), i = 2 (62.8) is blended, i >= 3 exceed 128 (slowed).
+  EXPECT_EQ(inv_freq[0], 1.0f);
+  EXPECT_FLOAT_EQ(inv_freq[1], static_cast<float>(std::pow(10.0, -0.5)));
+  const double t = (128.0 / (2 * std::numbers::pi * 10.0) - 1.0) / 3.0;
+  EXPECT_FLOAT_EQ(inv_freq[2], static_cast<float>((1 - t) * 0.1 / 8 + t * 0.1));
+  for (size_t i = 3; i < 8; ++i) {
+    EXPECT_FLOAT_EQ(inv_freq[i], static_cast<float>(std::pow(10.0, -0.5 * i) / 8));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine
