@@ -71,7 +71,7 @@ TEST_F(CliTest, TandemModelIsByteDeterministic) {
   std::vector<std::string> files;
   for (const auto& entry : fs::directory_iterator(a)) files.push_back(entry.path().filename());
   ASSERT_GE(files.size(), 4u);
-  for (const std::string& file : {"config.json", "model.safetensors", "tokenizer.json",
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json",
                                   "tokenizer_config.json"}) {
     EXPECT_TRUE(fs::exists(a / file)) << file;
   }

@@ -18,6 +18,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "common/dtype.h"
+#include "common/status.h"
 #include "kernels/kernels.h"
 #include "tools/model/test_model.h"
 
