@@ -2,13 +2,12 @@
 //   tokenize  — JSON lines {"text": ...} on stdin → {"ids": [...]} on stdout
 //   generate  — greedy completion of one prompt, streamed, with throughput
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -75,12 +74,12 @@ int runGenerate(const GenerateOptions& options) {
   if (prompt.empty()) throw tandem::Error("--prompt encodes to no tokens");
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
   if (options.max_tokens < 1 || total > config.max_position_embeddings) {
-    throw tandem::Error("--max-tokens must be between 1 and " +
-                        std::to_string(config.max_position_embeddings -
-                                       static_cast<int64_t>(prompt.size())) +
-                        " for this prompt of " + std::to_string(prompt.size()) +
-                        " tokens (context " + std::to_string(config.max_position_embeddings) +
-                        "), got " + std::to_string(options.max_tokens));
+    throw tandem::Error(
+        "--max-tokens must be between 1 and " +
+        std::to_string(config.max_position_embeddings - static_cast<int64_t>(prompt.size())) +
+        " for this prompt of " + std::to_string(prompt.size()) + " tokens (context " +
+        std::to_string(config.max_position_embeddings) + "), got " +
+        std::to_string(options.max_tokens));
   }
   auto kv_dtype = tandem::dtypeFromShortName(options.kv_dtype);
   if (!kv_dtype || (*kv_dtype != tandem::DType::kF32 && *kv_dtype != tandem::DType::kBF16)) {

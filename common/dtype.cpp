@@ -8,9 +8,12 @@ size_t dtypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 const char* dtypeSafetensorsName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -24,9 +27,12 @@ std::optional<DType> dtypeFromSafetensorsName(std::string_view name) {
 
 const char* dtypeTorchName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
   }
   return "?";
 }
@@ -40,9 +46,12 @@ std::optional<DType> dtypeFromTorchName(std::string_view name) {
 
 const char* dtypeShortName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -86,7 +95,7 @@ uint16_t f32ToF16(float f) {
   std::memcpy(&bits, &f, sizeof bits);
   uint32_t sign = (bits >> 16) & 0x8000u;
   uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow → inf
   if (abs < 0x38800000u) {  // result is subnormal or zero
     float magnitude;

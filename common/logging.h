@@ -31,7 +31,7 @@ class LogLine {
 
 }  // namespace tandem
 
-#define TANDEM_LOG(level)                                   \
-  if (!::tandem::logEnabled(::tandem::LogLevel::level)) {   \
-  } else                                                    \
+#define TANDEM_LOG(level)                                 \
+  if (!::tandem::logEnabled(::tandem::LogLevel::level)) { \
+  } else                                                  \
     ::tandem::LogLine(::tandem::LogLevel::level, __FILE__, __LINE__)

@@ -75,7 +75,7 @@ inline Status internalError(std::string msg) {
 template <typename T>
 class StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  StatusOr(T value) : value_(std::move(value)) {}        // NOLINT: implicit by design
   StatusOr(Status status) : value_(std::move(status)) {  // NOLINT: implicit by design
     TANDEM_CHECK(!std::get<Status>(value_).isOk(), "StatusOr built from an OK status");
   }

@@ -36,10 +36,11 @@ KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> a
   }
   if (config_.num_blocks <= 0 || config_.block_size <= 0 || config_.num_layers <= 0 ||
       config_.num_kv_heads <= 0 || config_.head_dim <= 0) {
-    throw Error("KV cache needs at least one block and positive block size, layers, KV heads "
-                "and head size (num_blocks=" +
-                std::to_string(config_.num_blocks) +
-                ", block_size=" + std::to_string(config_.block_size) + ")");
+    throw Error(
+        "KV cache needs at least one block and positive block size, layers, KV heads "
+        "and head size (num_blocks=" +
+        std::to_string(config_.num_blocks) + ", block_size=" + std::to_string(config_.block_size) +
+        ")");
   }
   TANDEM_CHECK(allocator_ != nullptr, "KvCache needs an allocator");
   block_bytes_ = static_cast<size_t>(config_.blockBytes());

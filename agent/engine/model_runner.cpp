@@ -121,8 +121,7 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
     addBias(v_.data(), lw.v_bias, rows);
     if (!lw.q_norm.empty()) {
       kernels::rmsNorm(q_.data(), lw.q_norm.data(), rows * num_heads, head_dim, eps, q_.data());
-      kernels::rmsNorm(k_.data(), lw.k_norm.data(), rows * num_kv_heads, head_dim, eps,
-                       k_.data());
+      kernels::rmsNorm(k_.data(), lw.k_norm.data(), rows * num_kv_heads, head_dim, eps, k_.data());
     }
     kernels::applyRope(q_.data(), rows, num_heads, head_dim, positions_.data(), inv_freq_.data());
     kernels::applyRope(k_.data(), rows, num_kv_heads, head_dim, positions_.data(),

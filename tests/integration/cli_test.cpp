@@ -31,8 +31,9 @@ std::string readFile(const fs::path& path) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tandem-cli-test-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("tandem-cli-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -41,8 +42,8 @@ class CliTest : public ::testing::Test {
   CommandResult run(const std::string& command, const std::string& input = "") {
     fs::path in = dir_ / "stdin", out = dir_ / "stdout", err = dir_ / "stderr";
     std::ofstream(in, std::ios::binary) << input;
-    std::string line = command + " < '" + in.string() + "' > '" + out.string() + "' 2> '" +
-                       err.string() + "'";
+    std::string line =
+        command + " < '" + in.string() + "' > '" + out.string() + "' 2> '" + err.string() + "'";
     int status = std::system(line.c_str());
     CommandResult result;
     result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -71,8 +72,8 @@ TEST_F(CliTest, TandemModelIsByteDeterministic) {
   std::vector<std::string> files;
   for (const auto& entry : fs::directory_iterator(a)) files.push_back(entry.path().filename());
   ASSERT_GE(files.size(), 4u);
-  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json",
-                                  "tokenizer_config.json"}) {
+  for (const char* file :
+       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
     EXPECT_TRUE(fs::exists(a / file)) << file;
   }
   for (const std::string& file : files) {
@@ -121,8 +122,8 @@ TEST_F(CliTest, GenerateStreamsACompletion) {
 }
 
 TEST_F(CliTest, BadModelDirectoriesExitNonZeroNamingTheProblem) {
-  CommandResult missing = run(bin("tandem-agent") + " generate --model '" +
-                              (dir_ / "nope").string() + "' --prompt hi");
+  CommandResult missing =
+      run(bin("tandem-agent") + " generate --model '" + (dir_ / "nope").string() + "' --prompt hi");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("nope"), std::string::npos) << missing.err;
 
@@ -134,8 +135,9 @@ TEST_F(CliTest, BadModelDirectoriesExitNonZeroNamingTheProblem) {
   EXPECT_NE(truncated.exit_code, 0);
   EXPECT_NE(truncated.err.find("model.safetensors"), std::string::npos) << truncated.err;
 
-  CommandResult too_long = run(bin("tandem-agent") + " generate --model '" +
-                               makeTinyModel("ok", 2).string() + "' --prompt hi --max-tokens 100000");
+  CommandResult too_long =
+      run(bin("tandem-agent") + " generate --model '" + makeTinyModel("ok", 2).string() +
+          "' --prompt hi --max-tokens 100000");
   EXPECT_NE(too_long.exit_code, 0);
   EXPECT_NE(too_long.err.find("--max-tokens must be between 1 and"), std::string::npos)
       << too_long.err;

@@ -1,12 +1,11 @@
 #include "tools/bench/engine_bench.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -94,8 +93,8 @@ double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
   for (float& v : x) v = dist(rng);
   kernels::matmul(x.data(), m, w.cols, w, y.data());  // warm-up
   double seconds = bestSeconds(repeats, [&] { kernels::matmul(x.data(), m, w.cols, w, y.data()); });
-  return 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) *
-         static_cast<double>(w.cols) / seconds / 1e9;
+  return 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) * static_cast<double>(w.cols) /
+         seconds / 1e9;
 }
 
 }  // namespace
@@ -163,7 +162,8 @@ int runEngineBench(const EngineBenchOptions& options) {
     prefill();
     auto start = Clock::now();
     decode();
-    decode_only_s = std::min(decode_only_s, std::chrono::duration<double>(Clock::now() - start).count());
+    decode_only_s =
+        std::min(decode_only_s, std::chrono::duration<double>(Clock::now() - start).count());
   }
 
   const double prefill_tps = static_cast<double>(options.prompt_tokens) / prefill_s;

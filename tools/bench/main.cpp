@@ -1,7 +1,6 @@
 // tandem-bench: benchmark programs. They print figures and write JSON; they
 // never pass or fail on speed.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 

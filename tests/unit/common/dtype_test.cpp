@@ -46,10 +46,10 @@ TEST(DType, F16KnownValues) {
   EXPECT_EQ(f16ToF32(0x3c00), 1.0f);
   EXPECT_EQ(f16ToF32(0xc000), -2.0f);
   EXPECT_EQ(f16ToF32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
-  EXPECT_EQ(f32ToF16(65504.0f), 0x7bff);                // largest finite
-  EXPECT_EQ(f32ToF16(1e6f), 0x7c00);                    // overflow to infinity
-  EXPECT_EQ(f32ToF16(std::ldexp(1.0f, -26)), 0x0000);   // below half the quantum
-  EXPECT_EQ(bitsOf(f16ToF32(0x8000)), 0x80000000u);     // negative zero
+  EXPECT_EQ(f32ToF16(65504.0f), 0x7bff);               // largest finite
+  EXPECT_EQ(f32ToF16(1e6f), 0x7c00);                   // overflow to infinity
+  EXPECT_EQ(f32ToF16(std::ldexp(1.0f, -26)), 0x0000);  // below half the quantum
+  EXPECT_EQ(bitsOf(f16ToF32(0x8000)), 0x80000000u);    // negative zero
 }
 
 TEST(DType, Names) {

@@ -54,7 +54,8 @@ TEST(KvCache, BlockMajorGeometry) {
   // 2 (K,V) x 2 layers x 16 tokens x 2 heads x 8 dims x 2 bytes.
   EXPECT_EQ(cache.blockBytes(), size_t{2 * 2 * 16 * 2 * 8 * 2});
   EXPECT_EQ(cache.slabBytes(), cache.blockBytes() * 5);
-  EXPECT_EQ(cache.blockData(3) - cache.blockData(0), static_cast<ptrdiff_t>(3 * cache.blockBytes()));
+  EXPECT_EQ(cache.blockData(3) - cache.blockData(0),
+            static_cast<ptrdiff_t>(3 * cache.blockBytes()));
   kernels::KvCacheLayout layout = cache.layout();
   EXPECT_EQ(layout.base, cache.slab());
   EXPECT_EQ(layout.blockBytes(), static_cast<int64_t>(cache.blockBytes()));

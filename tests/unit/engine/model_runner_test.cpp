@@ -54,8 +54,8 @@ const Model& tinyModel(const std::string& architecture, DType weight_dtype) {
   std::string key = architecture + dtypeShortName(weight_dtype);
   auto it = models.find(key);
   if (it != models.end()) return *it->second;
-  fs::path dir = fs::temp_directory_path() /
-                 ("tandem-runner-test-" + std::to_string(::getpid()) + "-" + key);
+  fs::path dir =
+      fs::temp_directory_path() / ("tandem-runner-test-" + std::to_string(::getpid()) + "-" + key);
   tools::TestModelOptions options;
   options.preset = "tiny";
   options.architecture = architecture;
@@ -202,8 +202,10 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       addBias(k[t], lw.k_bias);
       addBias(v[t], lw.v_bias);
       if (!lw.q_norm.empty()) {
-        for (int64_t hh = 0; hh < nh; ++hh) denseRmsNorm(q[t], hh * hd, hd, lw.q_norm, c.rms_norm_eps);
-        for (int64_t hh = 0; hh < nkv; ++hh) denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
+        for (int64_t hh = 0; hh < nh; ++hh)
+          denseRmsNorm(q[t], hh * hd, hd, lw.q_norm, c.rms_norm_eps);
+        for (int64_t hh = 0; hh < nkv; ++hh)
+          denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
       }
       denseRope(q[t], nh, hd, t, inv_freq);
       denseRope(k[t], nkv, hd, t, inv_freq);
@@ -223,7 +225,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         double sum = 0.0;
         for (double& s : scores) sum += (s = std::exp(s - max_score));
         for (int64_t s = 0; s <= t; ++s) {
-          for (int64_t d = 0; d < hd; ++d) attn[hh * hd + d] += scores[s] / sum * v[s][kvh * hd + d];
+          for (int64_t d = 0; d < hd; ++d)
+            attn[hh * hd + d] += scores[s] / sum * v[s][kvh * hd + d];
         }
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
@@ -232,7 +235,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       denseRmsNorm(h, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
       std::vector<double> gate = denseMatVec(lw.gate_proj, h);
       std::vector<double> up = denseMatVec(lw.up_proj, h);
-      for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+      for (size_t i = 0; i < gate.size(); ++i)
+        gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
       std::vector<double> down = denseMatVec(lw.down_proj, gate);
       for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
     }
@@ -294,8 +298,8 @@ TEST_P(ModelRunnerTest, SequenceIsBitIdenticalAloneAndBatched) {
     for (int64_t step = 0; step < decode_steps; ++step) {
       TokenId next = static_cast<TokenId>(kernels::argmax(logits.data(), vocab));
       a_generated.push_back(next);
-      SequenceInput input{{&a_generated.back(), 1}, static_cast<int64_t>(a.size()) + step,
-                          a_alone_blocks};
+      SequenceInput input{
+          {&a_generated.back(), 1}, static_cast<int64_t>(a.size()) + step, a_alone_blocks};
       alone.forward({&input, 1}, logits);
       alone_logits.push_back(logits);
     }
@@ -308,8 +312,7 @@ TEST_P(ModelRunnerTest, SequenceIsBitIdenticalAloneAndBatched) {
   const std::vector<BlockId> b_blocks = {0, 1};
   const std::vector<BlockId> a_blocks = {9, 3, 12, 2};
   const std::vector<BlockId> c_blocks = {4, 5, 6, 7, 8, 10};
-  std::vector<SequenceInput> batch = {
-      {b, 0, b_blocks}, {a, 0, a_blocks}, {c, 0, c_blocks}};
+  std::vector<SequenceInput> batch = {{b, 0, b_blocks}, {a, 0, a_blocks}, {c, 0, c_blocks}};
   std::vector<float> logits;
   runner.forward(batch, logits);
   std::vector<float> a_logits(logits.begin() + vocab, logits.begin() + 2 * vocab);
@@ -388,15 +391,16 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
   EXPECT_GT(scale, 0.0) << "reference logits are all zero: the test model is degenerate";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Variants, ModelRunnerTest,
-    ::testing::Values(Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32},
-                      Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16},
-                      Variant{"LlamaForCausalLM", DType::kF32, DType::kF32},
-                      Variant{"LlamaForCausalLM", DType::kF16, DType::kF32},
-                      Variant{"Qwen2ForCausalLM", DType::kBF16, DType::kF32},
-                      Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16}),
-    [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Variants, ModelRunnerTest,
+                         ::testing::Values(Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32},
+                                           Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16},
+                                           Variant{"LlamaForCausalLM", DType::kF32, DType::kF32},
+                                           Variant{"LlamaForCausalLM", DType::kF16, DType::kF32},
+                                           Variant{"Qwen2ForCausalLM", DType::kBF16, DType::kF32},
+                                           Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16}),
+                         [](const ::testing::TestParamInfo<Variant>& info) {
+                           return variantName(info.param);
+                         });
 
 TEST(ModelRunner, RefusesCacheOfAnotherGeometry) {
   const Model& model = tinyModel("LlamaForCausalLM", DType::kBF16);
