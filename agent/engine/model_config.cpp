@@ -16,18 +16,6 @@ using nlohmann::json;
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
 
-struct ArchitectureInfo {
-  const char* architecture;
-  const char* model_type;
-};
-
-constexpr ArchitectureInfo kArchitectures[] = {
-    {"LlamaForCausalLM", "llama"},
-    {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},
-    {"Qwen3ForCausalLM", "qwen3"},
-};
-
 // Reads typed fields of one JSON object; every error names the source file
 // and the field, and says what would have been accepted.
 class FieldReader {
@@ -155,6 +143,20 @@ ModelConfig ModelConfig::fromFile(const std::filesystem::path& path) {
   return fromJsonText(text.str(), path.string());
 }
 
+const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {
+  static constexpr std::pair<const char*, const char*> kArchitectures[] = {
+      {"LlamaForCausalLM", "llama"},
+      {"MistralForCausalLM", "mistral"},
+      {"Qwen2ForCausalLM", "qwen2"},
+      {"Qwen3ForCausalLM", "qwen3"},
+  };
+  for (const auto& [name, model_type] : kArchitectures) {
+    if (architecture == name) return model_type;
+  }
+  throw Error(source_name + ": architecture \"" + architecture +
+              "\" is not supported (accepted: " + kAcceptedArchitectures + ")");
+}
+
 ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string& source_name) {
   json root;
   try {
@@ -173,18 +175,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                                      kAcceptedArchitectures + ")");
   }
   config.architecture = root["architectures"][0].get<std::string>();
-  const ArchitectureInfo* info = nullptr;
-  for (const ArchitectureInfo& candidate : kArchitectures) {
-    if (config.architecture == candidate.architecture) info = &candidate;
-  }
-  if (info == nullptr) {
-    throw Error(source_name + ": architecture \"" + config.architecture +
-                "\" is not supported (accepted: " + kAcceptedArchitectures + ")");
-  }
+  const char* default_model_type = modelTypeOf(config.architecture, source_name);
   const bool is_qwen2 = config.architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = config.architecture == "Qwen3ForCausalLM";
   const bool is_mistral = config.architecture == "MistralForCausalLM";
-  config.model_type = reader.string("model_type", info->model_type);
+  config.model_type = reader.string("model_type", default_model_type);
 
   config.hidden_size = reader.requiredPositiveInt("hidden_size");
   config.intermediate_size = reader.requiredPositiveInt("intermediate_size");

@@ -55,6 +55,11 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+// The Hugging Face model_type of a supported architecture ("llama" for
+// LlamaForCausalLM); throws tandem::Error, prefixed with source_name, naming
+// the accepted architectures otherwise.
+const char* modelTypeOf(const std::string& architecture, const std::string& source_name);
+
 // Inverse frequencies of rotary embedding, head_dim / 2 values, with llama3
 // scaling applied when configured (same formula as Hugging Face).
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config);

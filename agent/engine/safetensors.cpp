@@ -23,15 +23,6 @@ using nlohmann::json;
 constexpr size_t kHeaderLengthBytes = 8;
 constexpr const char* kMetadataKey = "__metadata__";
 
-std::string shapeText(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 std::string offsetsText(uint64_t begin, uint64_t end) {
   // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::to_string().
   std::string text = "[";
@@ -64,6 +55,15 @@ struct Span {
 };
 
 }  // namespace
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();

@@ -26,6 +26,9 @@ struct TensorInfo {
   size_t num_bytes = 0;
 };
 
+// "[4096, 11008]": a shape as error messages print it.
+std::string shapeText(const std::vector<int64_t>& shape);
+
 class SafetensorsFile {
  public:
   // Maps and validates `path`; throws tandem::Error on any problem

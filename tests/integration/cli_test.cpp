@@ -1,7 +1,6 @@
 // The command-line tools as a user runs them: exit codes, stdout, stderr.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +9,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/support/test_files.h"
 
 namespace {
 
@@ -21,23 +22,10 @@ struct CommandResult {
   std::string err;
 };
 
-std::string readFile(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  return buffer.str();
-}
+using ::tandem::testing::readFile;
 
 class CliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tandem-cli-test-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Runs a shell command line with stdin from `input`; captures both streams.
   CommandResult run(const std::string& command, const std::string& input = "") {
     fs::path in = dir_ / "stdin", out = dir_ / "stdout", err = dir_ / "stderr";
@@ -62,7 +50,8 @@ class CliTest : public ::testing::Test {
     return model;
   }
 
-  fs::path dir_;
+  ::tandem::testing::TempDir temp_{"tandem-cli-test"};
+  fs::path dir_ = temp_.path();
 };
 
 TEST_F(CliTest, TandemModelIsByteDeterministic) {

@@ -79,18 +79,6 @@ constexpr int64_t kNumSpecialTokens = 3;
 constexpr const char* kChatTemplate =
     R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
 
-struct ArchitectureInfo {
-  const char* architecture;
-  const char* model_type;
-};
-
-constexpr ArchitectureInfo kArchitectures[] = {
-    {"LlamaForCausalLM", "llama"},
-    {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},
-    {"Qwen3ForCausalLM", "qwen3"},
-};
-
 // splitmix64: a tiny PRNG whose output is fully specified, unlike the
 // std:: distributions, so weights are identical on every platform.
 class SplitMix64 {
@@ -151,18 +139,9 @@ TrainedTokenizer trainTokenizer(int64_t vocab_size) {
 }
 
 ModelConfig baseConfig(const std::string& preset, const std::string& architecture) {
-  const ArchitectureInfo* info = nullptr;
-  for (const ArchitectureInfo& candidate : kArchitectures) {
-    if (architecture == candidate.architecture) info = &candidate;
-  }
-  if (info == nullptr) {
-    throw Error("test model: architecture \"" + architecture +
-                "\" is not supported (accepted: LlamaForCausalLM, MistralForCausalLM, "
-                "Qwen2ForCausalLM, Qwen3ForCausalLM)");
-  }
   ModelConfig config;
-  config.architecture = info->architecture;
-  config.model_type = info->model_type;
+  config.model_type = engine::modelTypeOf(architecture, "test model");
+  config.architecture = architecture;
   if (preset == "tiny") {
     config.vocab_size = 512;
     config.hidden_size = 64;

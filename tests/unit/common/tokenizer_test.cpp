@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "common/tokenizer_pipeline.h"
+#include "tests/support/test_files.h"
 
 namespace tandem {
 namespace {
@@ -109,27 +110,7 @@ std::string nfc(const std::string& text) {
   return kNfc.apply(text);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tandem_tokenizer_test_" +
-             std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-  fs::path write(const std::string& name, const std::string& content) const {
-    std::ofstream out(path_ / name, std::ios::binary);
-    out << content;
-    return path_ / name;
-  }
-
- private:
-  fs::path path_;
-};
+using ::tandem::testing::TempDir;
 
 // ---------------------------------------------------------------------------
 // Conformance with Hugging Face on real tokenizers.

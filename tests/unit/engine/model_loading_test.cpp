@@ -18,6 +18,7 @@
 #include "agent/engine/model_config.h"
 #include "agent/engine/safetensors.h"
 #include "common/status.h"
+#include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::engine {
@@ -27,29 +28,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "tandem-model-loading-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using ::tandem::testing::readFile;
+using ::tandem::testing::TempDir;
 
 void writeFile(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -4,7 +4,6 @@
 #include "agent/engine/model_runner.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -20,6 +19,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::engine {
@@ -38,31 +38,22 @@ std::string variantName(const Variant& v) {
   return arch + "_w" + dtypeShortName(v.weight_dtype) + "_kv" + dtypeShortName(v.kv_dtype);
 }
 
-// Generated model directories, removed when the test process exits.
-struct TempDirs {
-  std::vector<fs::path> paths;
-  ~TempDirs() {
-    std::error_code ignored;
-    for (const auto& path : paths) fs::remove_all(path, ignored);
-  }
-};
-
 // One generated tiny model per (architecture, weight dtype), shared by tests.
 const Model& tinyModel(const std::string& architecture, DType weight_dtype) {
-  static TempDirs temp_dirs;
+  // Removed when the test process exits.
+  static std::vector<std::unique_ptr<::tandem::testing::TempDir>> temp_dirs;
   static std::map<std::string, std::unique_ptr<Model>> models;
   std::string key = architecture + dtypeShortName(weight_dtype);
   auto it = models.find(key);
   if (it != models.end()) return *it->second;
-  fs::path dir =
-      fs::temp_directory_path() / ("tandem-runner-test-" + std::to_string(::getpid()) + "-" + key);
+  temp_dirs.push_back(std::make_unique<::tandem::testing::TempDir>("tandem-runner-test"));
+  const fs::path dir = temp_dirs.back()->path();
   tools::TestModelOptions options;
   options.preset = "tiny";
   options.architecture = architecture;
   options.dtype = weight_dtype;
   options.seed = 11;
   tools::writeTestModel(options, dir);
-  temp_dirs.paths.push_back(dir);
   auto model = Model::load(dir);
   const Model& ref = *model;
   models.emplace(key, std::move(model));

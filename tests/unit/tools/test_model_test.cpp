@@ -20,6 +20,7 @@
 #include "agent/engine/safetensors.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
+#include "tests/support/test_files.h"
 #include "tools/model/bpe_trainer.h"
 
 namespace tandem::tools {
@@ -28,29 +29,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "tandem-test-model-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using ::tandem::testing::readFile;
+using ::tandem::testing::TempDir;
 
 std::set<std::string> fileNames(const fs::path& dir) {
   std::set<std::string> names;
