@@ -1,0 +1,82 @@
+// What a client asks of the engine and what the engine reports back.
+//
+// Plain value types shared by the server (which builds them from OpenAI
+// requests), the scheduler, the sampler and the output path. No behaviour.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/tokenizer.h"
+
+namespace tandem::engine {
+
+using Clock = std::chrono::steady_clock;
+
+struct SamplingParams {
+  // 0 means greedy (argmax; ties to the smallest id).
+  float temperature = 1.0f;
+  float top_p = 1.0f;  // (0, 1]
+  int32_t top_k = 0;   // 0: disabled
+  float min_p = 0.0f;  // [0, 1]
+  // A fixed seed makes sampling reproducible: the same seed, prompt and
+  // parameters give the same tokens however the request was batched.
+  std::optional<uint64_t> seed;
+  float frequency_penalty = 0.0f;   // [-2, 2], OpenAI semantics
+  float presence_penalty = 0.0f;    // [-2, 2], OpenAI semantics
+  float repetition_penalty = 1.0f;  // > 0, 1 disables (over prompt and output)
+  // Number of top alternatives to report per token; nullopt: no logprobs.
+  std::optional<int32_t> logprobs;
+
+  int64_t max_tokens = 16;
+  int64_t min_tokens = 0;
+  std::vector<std::string> stop;
+  std::vector<TokenId> stop_token_ids;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+};
+
+struct Request {
+  std::string id;
+  std::vector<TokenId> prompt;
+  SamplingParams sampling;
+  // Mixed into block hashes: requests with different salts never share
+  // cached blocks.
+  std::string cache_salt;
+  Clock::time_point arrival = Clock::now();
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* finishReasonName(FinishReason reason);  // "stop", "length", "abort", "error"
+
+struct TokenLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+};
+
+struct GeneratedToken {
+  TokenId token = 0;
+  float logprob = 0.0f;               // set when logprobs were asked for
+  std::vector<TokenLogprob> top;      // the top-N alternatives, best first
+};
+
+// One step's news for one request, delivered in order.
+struct RequestOutput {
+  std::string request_id;
+  std::vector<GeneratedToken> tokens;  // new tokens this step
+  std::string text;                    // new text (valid UTF-8, stop strings cut)
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;  // with kError
+  // Filled on the first output and kept on the last.
+  int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t num_generated_tokens = 0;
+
+  bool finished() const { return finish_reason != FinishReason::kNone; }
+};
+
+}  // namespace tandem::engine

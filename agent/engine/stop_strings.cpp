@@ -1,0 +1,70 @@
+#include "agent/engine/stop_strings.h"
+
+#include <algorithm>
+
+namespace tandem::engine {
+namespace {
+
+bool isUtf8Continuation(char c) { return (static_cast<unsigned char>(c) & 0xc0) == 0x80; }
+
+}  // namespace
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings)
+    : stop_strings_(std::move(stop_strings)) {
+  std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
+  for (const auto& stop : stop_strings_) max_stop_length_ = std::max(max_stop_length_, stop.size());
+}
+
+StopStringMatcher::Update StopStringMatcher::push(const std::string& piece) {
+  Update update;
+  if (stopped_) {
+    update.stopped = true;
+    return update;
+  }
+  pending_ += piece;
+  if (stop_strings_.empty()) {
+    update.text.swap(pending_);
+    return update;
+  }
+  // The earliest stop string occurrence wins.
+  size_t first = std::string::npos;
+  for (const auto& stop : stop_strings_) first = std::min(first, pending_.find(stop));
+  if (first != std::string::npos) {
+    update.text = pending_.substr(0, first);
+    pending_.clear();
+    stopped_ = true;
+    update.stopped = true;
+    return update;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  size_t hold = 0;
+  const size_t max_hold = std::min(pending_.size(), max_stop_length_ - 1);
+  for (size_t length = max_hold; length > 0; --length) {
+    const std::string_view tail(pending_.data() + pending_.size() - length, length);
+    const bool is_prefix = std::any_of(stop_strings_.begin(), stop_strings_.end(),
+                                       [&](const std::string& stop) {
+                                         return stop.size() > length && stop.starts_with(tail);
+                                       });
+    if (is_prefix) {
+      hold = length;
+      break;
+    }
+  }
+  size_t release = pending_.size() - hold;
+  // Never split a UTF-8 sequence between what is released and what is held.
+  while (release > 0 && release < pending_.size() && isUtf8Continuation(pending_[release])) {
+    --release;
+  }
+  update.text = pending_.substr(0, release);
+  pending_.erase(0, release);
+  return update;
+}
+
+std::string StopStringMatcher::finish() {
+  std::string rest;
+  if (!stopped_) rest.swap(pending_);
+  pending_.clear();
+  return rest;
+}
+
+}  // namespace tandem::engine

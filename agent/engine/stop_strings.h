@@ -1,0 +1,38 @@
+// Streaming text with stop strings.
+//
+// Generated text arrives piece by piece (valid UTF-8 from the incremental
+// detokenizer). A stop string may straddle pieces, so the tail that could
+// still become the start of a stop string is held back; text handed out is
+// never retracted. When a stop string appears, the text before it is released
+// and the rest is dropped (the stop string itself is not part of the output,
+// as with OpenAI and vLLM).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::engine {
+
+class StopStringMatcher {
+ public:
+  explicit StopStringMatcher(std::vector<std::string> stop_strings);
+
+  struct Update {
+    std::string text;      // safe to emit now
+    bool stopped = false;  // a stop string was found; nothing more will be emitted
+  };
+
+  // Adds a piece of text; returns what may be emitted.
+  Update push(const std::string& piece);
+  // End of generation: releases the held-back tail.
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stop_strings_;
+  size_t max_stop_length_ = 0;
+  std::string pending_;  // held back: may be the start of a stop string
+  bool stopped_ = false;
+};
+
+}  // namespace tandem::engine
