@@ -41,10 +41,9 @@ StopStringMatcher::Update StopStringMatcher::push(const std::string& piece) {
   const size_t max_hold = std::min(pending_.size(), max_stop_length_ - 1);
   for (size_t length = max_hold; length > 0; --length) {
     const std::string_view tail(pending_.data() + pending_.size() - length, length);
-    const bool is_prefix = std::any_of(stop_strings_.begin(), stop_strings_.end(),
-                                       [&](const std::string& stop) {
-                                         return stop.size() > length && stop.starts_with(tail);
-                                       });
+    const bool is_prefix = std::any_of(
+        stop_strings_.begin(), stop_strings_.end(),
+        [&](const std::string& stop) { return stop.size() > length && stop.starts_with(tail); });
     if (is_prefix) {
       hold = length;
       break;
