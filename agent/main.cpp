@@ -1,6 +1,7 @@
 // tandem-agent: the engine process. Subcommands:
 //   tokenize  — JSON lines {"text": ...} on stdin → {"ids": [...]} on stdout
 //   generate  — greedy completion of one prompt, streamed, with throughput
+//   serve     — the OpenAI-compatible HTTP server
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
+#include "agent/serve_command.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "kernels/kernels.h"
@@ -188,11 +190,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   generate->add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-sequence");
 
+  tandem::agent::ServeOptions serve_options;
+  CLI::App* serve = tandem::agent::addServeCommand(app, serve_options);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) tandem::kernels::setNumThreads(threads);
     if (tokenize->parsed()) return runTokenize(tokenizer_path, add_special_tokens);
     if (generate->parsed()) return runGenerate(gen);
+    if (serve->parsed()) return tandem::agent::runServe(*serve, serve_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-agent: %s\n", e.what());
     return 1;

@@ -60,8 +60,16 @@ struct TokenLogprob {
 
 struct GeneratedToken {
   TokenId token = 0;
-  float logprob = 0.0f;               // set when logprobs were asked for
-  std::vector<TokenLogprob> top;      // the top-N alternatives, best first
+  float logprob = 0.0f;           // set when logprobs were asked for
+  std::vector<TokenLogprob> top;  // the top-N alternatives, best first
+};
+
+// When a request went through the engine's stages (zero until reached).
+struct RequestTimings {
+  Clock::time_point arrival{};
+  Clock::time_point first_scheduled{};
+  Clock::time_point first_token{};
+  Clock::time_point finished{};
 };
 
 // One step's news for one request, delivered in order.
@@ -75,6 +83,7 @@ struct RequestOutput {
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
   int64_t num_generated_tokens = 0;
+  RequestTimings timings;  // complete on the final output
 
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };

@@ -1,0 +1,389 @@
+#include "agent/engine/engine.h"
+
+#include <algorithm>
+
+#include "agent/engine/stop_strings.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "kernels/kernels.h"
+
+namespace tandem::engine {
+
+struct Engine::Live {
+  Live(const Tokenizer& tokenizer, const Request& request)
+      : detokenizer(tokenizer, request.sampling.skip_special_tokens),
+        stop(request.sampling.stop),
+        rng(SamplerRng::forRequest(request.sampling)) {}
+
+  OutputCallback callback;
+  IncrementalDetokenizer detokenizer;
+  StopStringMatcher stop;
+  SamplerRng rng;
+  RequestTimings timings;
+  bool sent_first = false;
+};
+
+namespace {
+
+std::string modelIdentityOf(const Model& model) {
+  const ModelConfig& c = model.config();
+  return c.architecture + "/" + model.directory().filename().string() + "/h" +
+         std::to_string(c.hidden_size) + "/l" + std::to_string(c.num_hidden_layers) + "/v" +
+         std::to_string(c.vocab_size) + "/" + dtypeShortName(model.weightDType());
+}
+
+}  // namespace
+
+Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allocator)
+    : config_(config), events_(config.kv_event_capacity) {
+  model_ = Model::load(config_.model_dir);
+  tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
+  const ModelConfig& mc = model_->config();
+  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
+  if (max_model_len_ > mc.max_position_embeddings) {
+    throw Error("max_model_len " + std::to_string(max_model_len_) +
+                " exceeds the model's max_position_embeddings " +
+                std::to_string(mc.max_position_embeddings));
+  }
+
+  KvCacheConfig kv;
+  kv.block_size = config_.block_size;
+  kv.dtype = config_.kv_dtype;
+  kv.num_layers = static_cast<int32_t>(mc.num_hidden_layers);
+  kv.num_kv_heads = static_cast<int32_t>(mc.num_key_value_heads);
+  kv.head_dim = static_cast<int32_t>(mc.head_dim);
+  kv.num_blocks = config_.num_blocks > 0 ? config_.num_blocks
+                                         : kv.blocksForBytes(config_.kv_cache_memory_bytes);
+  if (kv.num_blocks <= 0) {
+    throw Error("KV cache memory of " + std::to_string(config_.kv_cache_memory_bytes) +
+                " bytes holds no block of " + std::to_string(kv.blockBytes()) + " bytes");
+  }
+  const int64_t blocks_per_sequence = (max_model_len_ + kv.block_size - 1) / kv.block_size;
+  if (kv.num_blocks < blocks_per_sequence) {
+    TANDEM_LOG(kWarn) << "KV cache of " << kv.num_blocks << " blocks holds less than one sequence of "
+                      << max_model_len_ << " tokens; long requests will be refused";
+  }
+  if (!allocator) allocator = std::make_unique<HostSlabAllocator>();
+  cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
+  model_identity_ = modelIdentityOf(*model_);
+  BlockManagerConfig block_config;
+  block_config.num_blocks = kv.num_blocks;
+  block_config.block_size = kv.block_size;
+  block_config.hash_algorithm = config_.hash_algorithm;
+  block_config.model_identity = model_identity_;
+  block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
+  scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
+
+  for (int64_t id : mc.eos_token_ids) eos_token_ids_.push_back(static_cast<TokenId>(id));
+  if (auto eos = tokenizer_->eosTokenId()) {
+    if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), *eos) == eos_token_ids_.end()) {
+      eos_token_ids_.push_back(*eos);
+    }
+  }
+  stats_.num_blocks = kv.num_blocks;
+  stats_.num_free_blocks = kv.num_blocks;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  shutdown(Clock::now());
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Engine::addRequest(Request request, OutputCallback callback) {
+  if (request.prompt.empty()) return invalidArgument("prompt must not be empty");
+  for (TokenId token : request.prompt) {
+    if (token < 0 || token >= model_->config().vocab_size) {
+      return invalidArgument("prompt token id " + std::to_string(token) +
+                             " is outside the vocabulary [0, " +
+                             std::to_string(model_->config().vocab_size) + ")");
+    }
+  }
+  Status valid = validateSamplingParams(request.sampling, model_->config().vocab_size,
+                                        max_model_len_,
+                                        static_cast<int64_t>(request.prompt.size()));
+  if (!valid.isOk()) return valid;
+  const int64_t blocks_needed =
+      (static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens +
+       config_.block_size - 1) /
+      config_.block_size;
+  if (blocks_needed > cache_->numBlocks()) {
+    return invalidArgument("prompt plus max_tokens needs " + std::to_string(blocks_needed) +
+                           " KV blocks, more than the " + std::to_string(cache_->numBlocks()) +
+                           " this agent has");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_) return unavailable("the engine is shutting down");
+  if (known_ids_.count(request.id) != 0) {
+    return invalidArgument("request id " + request.id + " is already in use");
+  }
+  if (static_cast<int64_t>(inbox_.size()) + stats_.num_waiting >= config_.max_waiting_requests) {
+    return resourceExhausted("too many waiting requests (" +
+                             std::to_string(config_.max_waiting_requests) + "); retry later");
+  }
+  known_ids_.emplace(request.id, true);
+  if (request.arrival == Clock::time_point{}) request.arrival = Clock::now();
+  Pending pending;
+  pending.sequence = std::make_unique<Sequence>(std::move(request));
+  pending.callback = std::move(callback);
+  inbox_.push_back(std::move(pending));
+  wake_.notify_one();
+  return Status::ok();
+}
+
+void Engine::abort(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  aborts_.push_back(request_id);
+  wake_.notify_one();
+}
+
+void Engine::shutdown(Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      stopping_ = true;
+      deadline_ = deadline;
+    }
+    deadline_ = std::min(deadline_, deadline);
+    wake_.notify_one();
+  }
+  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+}
+
+KvSnapshot Engine::takeSnapshot() const {
+  KvSnapshot snapshot;
+  snapshot.sequence = events_.lastSequence();
+  snapshot.block_hashes = block_manager_->cachedHashes();
+  return snapshot;
+}
+
+KvSnapshot Engine::kvSnapshot() {
+  std::future<KvSnapshot> future;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (loop_exited_) return takeSnapshot();  // nothing changes the cache any more
+    snapshot_requests_.emplace_back();
+    future = snapshot_requests_.back().get_future();
+    wake_.notify_one();
+  }
+  return future.get();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void Engine::publishStats() {
+  EngineStats stats;
+  stats.num_running = scheduler_->numRunning();
+  stats.num_waiting = scheduler_->numWaiting();
+  stats.num_free_blocks = block_manager_->numFreeBlocks();
+  stats.num_blocks = cache_->numBlocks();
+  stats.kv_cache_usage = block_manager_->usage();
+  stats.num_preemptions = scheduler_->numPreemptions();
+  stats.prefix_cache_queries = block_manager_->prefixCacheQueryTokens();
+  stats.prefix_cache_hits = block_manager_->prefixCacheHitTokens();
+  stats.num_computed_tokens = num_computed_tokens_;
+  stats.num_steps = num_steps_;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_ = stats;
+}
+
+void Engine::drainInbox() {
+  std::vector<Pending> inbox;
+  std::vector<std::string> aborts;
+  std::vector<std::promise<KvSnapshot>> snapshots;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inbox.swap(inbox_);
+    aborts.swap(aborts_);
+    snapshots.swap(snapshot_requests_);
+  }
+  for (auto& promise : snapshots) promise.set_value(takeSnapshot());
+  for (Pending& pending : inbox) {
+    Sequence* sequence = pending.sequence.get();
+    auto live = std::make_unique<Live>(*tokenizer_, sequence->request);
+    live->callback = std::move(pending.callback);
+    live->timings.arrival = sequence->request.arrival;
+    live_.emplace(sequence, std::move(live));
+    scheduler_->add(std::move(pending.sequence));
+  }
+  for (const std::string& id : aborts) {
+    if (Sequence* sequence = scheduler_->find(id)) finishRequest(sequence, FinishReason::kAbort);
+  }
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] {
+        return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() || stopping_ ||
+               scheduler_->hasWork();
+      });
+    }
+    drainInbox();
+    bool stop_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_now = stopping_ && (!scheduler_->hasWork() || Clock::now() >= deadline_);
+    }
+    if (stop_now) {
+      // Abort whatever is left, then leave.
+      while (scheduler_->hasWork()) {
+        Sequence* any = nullptr;
+        for (auto& [sequence, live] : live_) {
+          any = sequence;
+          break;
+        }
+        TANDEM_CHECK(any != nullptr, "scheduler has work but no live request");
+        finishRequest(any, FinishReason::kAbort);
+      }
+      publishStats();
+      std::lock_guard<std::mutex> lock(mutex_);
+      loop_exited_ = true;
+      for (auto& promise : snapshot_requests_) promise.set_value(takeSnapshot());
+      snapshot_requests_.clear();
+      return;
+    }
+    if (scheduler_->hasWork()) step();
+    publishStats();
+  }
+}
+
+void Engine::step() {
+  SchedulerOutput output = scheduler_->schedule();
+  if (output.empty()) {
+    // Only requests waiting on something outside the engine (remote KV) are
+    // left: wait for news instead of spinning.
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait_for(lock, std::chrono::milliseconds(1),
+                   [&] { return !inbox_.empty() || !aborts_.empty() || stopping_; });
+    return;
+  }
+  std::vector<SequenceInput> inputs;
+  inputs.reserve(output.chunks.size());
+  for (const ScheduledChunk& chunk : output.chunks) {
+    SequenceInput input;
+    input.tokens = std::span<const TokenId>(chunk.sequence->tokens)
+                       .subspan(static_cast<size_t>(chunk.start),
+                                static_cast<size_t>(chunk.num_tokens));
+    input.start_position = chunk.start;
+    input.block_table = chunk.sequence->blocks.blocks;
+    inputs.push_back(input);
+  }
+  runner_->forward(inputs, logits_);
+  num_computed_tokens_ += output.num_tokens;
+  ++num_steps_;
+  scheduler_->onStepComputed(output);
+
+  const int64_t vocab = model_->config().vocab_size;
+  for (size_t i = 0; i < output.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = output.chunks[i];
+    if (!chunk.samples) continue;
+    Sequence* sequence = chunk.sequence;
+    Live& live = *live_.at(sequence);
+    if (live.timings.first_scheduled == Clock::time_point{}) {
+      live.timings.first_scheduled = sequence->first_scheduled;
+    }
+    const SamplingParams& params = sequence->request.sampling;
+    std::vector<TokenId> mask;
+    if (sequence->numGenerated() < params.min_tokens) {
+      if (!params.ignore_eos) mask = eos_token_ids_;
+      mask.insert(mask.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+    }
+    SamplerInput input;
+    input.logits = std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
+                                                           static_cast<size_t>(vocab));
+    input.params = &params;
+    input.prompt = std::span<const TokenId>(sequence->tokens)
+                       .first(static_cast<size_t>(sequence->num_prompt_tokens));
+    input.output = std::span<const TokenId>(sequence->tokens)
+                       .subspan(static_cast<size_t>(sequence->num_prompt_tokens));
+    input.min_tokens_mask = mask;
+    input.rng = live.rng;
+    GeneratedToken token = sampler_.sample(input);
+    emitToken(sequence, live, token);
+  }
+}
+
+void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& token) {
+  const SamplingParams& params = sequence->request.sampling;
+  sequence->tokens.push_back(token.token);
+  const int64_t generated = sequence->numGenerated();
+  if (!live.sent_first) live.timings.first_token = Clock::now();
+
+  FinishReason reason = FinishReason::kNone;
+  const bool is_eos = std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token.token) !=
+                      eos_token_ids_.end();
+  const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                       token.token) != params.stop_token_ids.end();
+  RequestOutput out;
+  out.request_id = sequence->request.id;
+  out.tokens.push_back(token);
+  if ((is_eos && !params.ignore_eos) || is_stop_token) {
+    // The stop token ends the text without being part of it.
+    reason = FinishReason::kStop;
+  } else {
+    auto update = live.stop.push(live.detokenizer.push(token.token));
+    out.text = std::move(update.text);
+    if (update.stopped) reason = FinishReason::kStop;
+  }
+  if (reason == FinishReason::kNone &&
+      (generated >= params.max_tokens ||
+       static_cast<int64_t>(sequence->tokens.size()) >= max_model_len_)) {
+    reason = FinishReason::kLength;
+  }
+  if (reason != FinishReason::kNone && !live.stop.stopped()) {
+    out.text += live.stop.push(live.detokenizer.flush()).text;
+    out.text += live.stop.finish();
+  }
+  out.num_prompt_tokens = sequence->num_prompt_tokens;
+  out.num_cached_tokens = sequence->num_cached_tokens;
+  out.num_generated_tokens = generated;
+  live.sent_first = true;
+  if (reason == FinishReason::kNone) {
+    live.callback(out);
+    return;
+  }
+  out.finish_reason = reason;
+  out.timings = live.timings;
+  out.timings.finished = Clock::now();
+  OutputCallback callback = std::move(live.callback);
+  live_.erase(sequence);
+  const std::string id = sequence->request.id;
+  scheduler_->finish(sequence);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    known_ids_.erase(id);
+  }
+  callback(out);
+}
+
+void Engine::finishRequest(Sequence* sequence, FinishReason reason, const std::string& error) {
+  auto it = live_.find(sequence);
+  TANDEM_CHECK(it != live_.end(), "finishing a request without output state");
+  Live& live = *it->second;
+  RequestOutput out;
+  out.request_id = sequence->request.id;
+  out.finish_reason = reason;
+  out.error = error;
+  out.num_prompt_tokens = sequence->num_prompt_tokens;
+  out.num_cached_tokens = sequence->num_cached_tokens;
+  out.num_generated_tokens = sequence->numGenerated();
+  out.timings = live.timings;
+  out.timings.finished = Clock::now();
+  OutputCallback callback = std::move(live.callback);
+  live_.erase(it);
+  const std::string id = sequence->request.id;
+  scheduler_->finish(sequence);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    known_ids_.erase(id);
+  }
+  callback(out);
+}
+
+}  // namespace tandem::engine

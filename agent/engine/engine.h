@@ -1,0 +1,166 @@
+// The engine: model, KV cache, block manager, scheduler, sampler and the loop
+// that drives them on a thread of its own.
+//
+// Threads: addRequest() and abort() may be called from any thread; they only
+// enqueue. Everything else (scheduling, the forward pass, sampling,
+// detokenization, stop checks) runs on the engine thread, which delivers each
+// request's outputs in order through the callback given with the request.
+// Callbacks run on the engine thread and must not block; the final output of
+// every accepted request is always delivered exactly once (finish_reason set),
+// whether it finished, was aborted, failed, or the engine stopped.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "agent/engine/block_manager.h"
+#include "agent/engine/kv_cache.h"
+#include "agent/engine/kv_events.h"
+#include "agent/engine/model.h"
+#include "agent/engine/model_runner.h"
+#include "agent/engine/request.h"
+#include "agent/engine/sampler.h"
+#include "agent/engine/scheduler.h"
+#include "common/block_hash.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+
+namespace tandem::engine {
+
+struct EngineConfig {
+  std::filesystem::path model_dir;
+  int32_t block_size = 16;
+  // KV cache size: num_blocks when positive, else as many blocks as fit in
+  // kv_cache_memory_bytes.
+  int64_t num_blocks = 0;
+  int64_t kv_cache_memory_bytes = int64_t{1} << 30;
+  DType kv_dtype = DType::kBF16;
+  SchedulerConfig scheduler;
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  // Requests queued beyond this are refused (ResourceExhausted).
+  int64_t max_waiting_requests = 1024;
+  HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
+  size_t kv_event_capacity = 65536;
+};
+
+// A consistent snapshot for metrics and health.
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_free_blocks = 0;
+  int64_t num_blocks = 0;
+  double kv_cache_usage = 0.0;
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // of those, tokens found cached
+  int64_t num_computed_tokens = 0;   // tokens the model has computed, in total
+  int64_t num_steps = 0;
+};
+
+// The prefix cache's content at one KV event sequence number: what a reader
+// that fell behind the event log needs to start over.
+struct KvSnapshot {
+  uint64_t sequence = 0;
+  std::vector<BlockHash> block_hashes;
+};
+
+class Engine {
+ public:
+  using OutputCallback = std::function<void(const RequestOutput&)>;
+
+  // Loads the model and tokenizer and allocates the KV cache; throws
+  // tandem::Error naming the problem. The loop starts right away.
+  explicit Engine(const EngineConfig& config,
+                  std::unique_ptr<KvSlabAllocator> allocator = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and enqueues. Errors: InvalidArgument (names the field),
+  // ResourceExhausted (queue full), Unavailable (stopping), AlreadyExists
+  // reported as InvalidArgument for a duplicate id. On OK the callback will
+  // receive the outputs.
+  Status addRequest(Request request, OutputCallback callback);
+  // Aborts a queued or running request; its final output has reason "abort".
+  // Unknown or finished ids are ignored.
+  void abort(const std::string& request_id);
+  // Stops accepting requests, lets in-flight ones finish until `deadline`,
+  // aborts the rest, and stops the loop. Idempotent.
+  void shutdown(Clock::time_point deadline);
+
+  EngineStats stats() const;
+  // Taken on the engine thread between steps, so it is consistent with the
+  // event log; waits for the current step to end.
+  KvSnapshot kvSnapshot();
+  const Model& model() const { return *model_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const EngineConfig& config() const { return config_; }
+  int64_t maxModelLen() const { return max_model_len_; }
+  int64_t numBlocks() const { return cache_->numBlocks(); }
+  KvEventLog& kvEvents() { return events_; }
+  // The model identity mixed into block hashes (also what the router uses).
+  const std::string& modelIdentity() const { return model_identity_; }
+  // Token ids that end generation unless ignore_eos.
+  const std::vector<TokenId>& eosTokenIds() const { return eos_token_ids_; }
+
+ private:
+  struct Pending {
+    std::unique_ptr<Sequence> sequence;
+    OutputCallback callback;
+  };
+  struct Live;  // per-request output state, engine thread only
+
+  void loop();
+  void drainInbox();
+  void step();
+  void emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
+  void finishRequest(Sequence* sequence, FinishReason reason, const std::string& error = {});
+  void publishStats();
+  KvSnapshot takeSnapshot() const;
+
+  EngineConfig config_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvCache> cache_;
+  KvEventLog events_;
+  std::unique_ptr<BlockManager> block_manager_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  Sampler sampler_;
+  std::string model_identity_;
+  std::vector<TokenId> eos_token_ids_;
+  int64_t max_model_len_ = 0;
+
+  // Inbox, guarded by mutex_.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Pending> inbox_;
+  std::vector<std::string> aborts_;
+  std::vector<std::promise<KvSnapshot>> snapshot_requests_;
+  bool loop_exited_ = false;
+  std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
+  bool stopping_ = false;
+  bool stop_now_ = false;
+  Clock::time_point deadline_{};
+  EngineStats stats_;  // published by the engine thread
+
+  // Engine thread only.
+  std::unordered_map<Sequence*, std::unique_ptr<Live>> live_;
+  std::vector<float> logits_;
+  int64_t num_computed_tokens_ = 0;
+  int64_t num_steps_ = 0;
+
+  std::thread thread_;
+};
+
+}  // namespace tandem::engine

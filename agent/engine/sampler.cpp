@@ -1,0 +1,378 @@
+#include "agent/engine/sampler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "common/check.h"
+#include "kernels/kernels.h"
+
+namespace tandem::engine {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// splitmix64's output function: a bijection on 64-bit values with good
+// avalanche, which is all a counter-based generator needs.
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// NaN would poison sums and comparisons; a NaN logit is a model bug, and
+// treating it as impossible keeps the rest of the row usable.
+float sanitized(float x) { return std::isnan(x) ? kNegInf : x; }
+
+// Index of the largest value above -inf, smallest index on ties; -1 if none.
+TokenId argmaxFinite(std::span<const float> x) {
+  float best = kNegInf;
+  TokenId best_id = -1;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] > best) {
+      best = x[i];
+      best_id = static_cast<TokenId>(i);
+    }
+  }
+  return best_id;
+}
+
+std::string formatNumber(float x) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(x);
+}
+
+}  // namespace
+
+SamplerRng SamplerRng::forRequest(const SamplingParams& params) {
+  if (params.seed) return SamplerRng{*params.seed};
+  // One random base per process plus a counter: unseeded requests never share
+  // a stream, and mix64 being a bijection keeps distinct counters distinct.
+  static const uint64_t base = [] {
+    std::random_device device;
+    return (static_cast<uint64_t>(device()) << 32) ^ device();
+  }();
+  static std::atomic<uint64_t> counter{0};
+  return SamplerRng{mix64(base + counter.fetch_add(1, std::memory_order_relaxed))};
+}
+
+double SamplerRng::uniform(int64_t step) const {
+  // Hashing seed and step separately before combining keeps nearby seeds from
+  // producing shifted copies of one another's streams.
+  const uint64_t bits = mix64(mix64(seed) ^ mix64(static_cast<uint64_t>(step)));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+void Sampler::process(const SamplerInput& input) {
+  const SamplingParams& params = *input.params;
+  const int64_t vocab_size = static_cast<int64_t>(input.logits.size());
+  logits_.resize(input.logits.size());
+  std::transform(input.logits.begin(), input.logits.end(), logits_.begin(), sanitized);
+
+  const bool repetition = params.repetition_penalty != 1.0f;
+  const bool additive = params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
+  if (repetition || additive) {
+    if (static_cast<int64_t>(output_counts_.size()) < vocab_size) {
+      output_counts_.resize(vocab_size, 0);
+      in_history_.resize(vocab_size, 0);
+    }
+    touched_.clear();
+    // Ids outside the row (a tokenizer larger than the logits) cannot be
+    // penalized and are skipped.
+    auto touch = [&](TokenId id) {
+      if (id < 0 || id >= vocab_size) return false;
+      if (!in_history_[id]) {
+        in_history_[id] = 1;
+        touched_.push_back(id);
+      }
+      return true;
+    };
+    for (TokenId id : input.prompt) touch(id);
+    for (TokenId id : input.output) {
+      if (touch(id)) ++output_counts_[id];
+    }
+    for (TokenId id : touched_) {
+      float& logit = logits_[id];
+      if (repetition) {
+        logit =
+            logit > 0.0f ? logit / params.repetition_penalty : logit * params.repetition_penalty;
+      }
+      const int32_t count = output_counts_[id];
+      if (count > 0) {
+        logit -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
+      }
+      // Leave the scratch zeroed for the next call without an O(vocab) clear.
+      in_history_[id] = 0;
+      output_counts_[id] = 0;
+    }
+  }
+
+  if (static_cast<int64_t>(input.output.size()) < params.min_tokens) {
+    for (TokenId id : input.min_tokens_mask) {
+      if (id >= 0 && id < vocab_size) logits_[id] = kNegInf;
+    }
+  }
+}
+
+std::vector<float> Sampler::processedLogits(const SamplerInput& input) {
+  TANDEM_CHECK(input.params != nullptr, "SamplerInput without params");
+  process(input);
+  return logits_;
+}
+
+TokenId Sampler::drawFiltered(const SamplingParams& params, double u) {
+  const size_t vocab_size = logits_.size();
+  float max_logit = kNegInf;
+  for (float x : logits_) max_logit = std::max(max_logit, x);
+  if (max_logit == kNegInf) return -1;
+  if (std::isinf(max_logit)) return argmaxFinite(logits_);  // +inf: nothing to weigh
+
+  // Shifting before scaling keeps tiny temperatures from overflowing; a
+  // masked (-inf) logit gets weight exactly 0.
+  const float inv_temperature = 1.0f / params.temperature;
+  weights_.resize(vocab_size);
+  auto weigh = [&](TokenId id) {
+    weights_[id] = std::exp((logits_[id] - max_logit) * inv_temperature);
+  };
+
+  const size_t top_k = params.top_k > 0 ? static_cast<size_t>(params.top_k) : 0;
+  const bool use_top_p = params.top_p < 1.0f;
+  const bool use_min_p = params.min_p > 0.0f;
+  // All exponentials at once through the vectorized softmax; its
+  // normalization is harmless since every use below renormalizes. Its exp
+  // clamps very negative inputs, so masked ids are zeroed again afterwards.
+  auto weighAll = [&] {
+    for (size_t i = 0; i < vocab_size; ++i) {
+      weights_[i] = (logits_[i] - max_logit) * inv_temperature;
+    }
+    kernels::softmax(weights_.data(), static_cast<int64_t>(vocab_size));
+    for (size_t i = 0; i < vocab_size; ++i) {
+      if (logits_[i] == kNegInf) weights_[i] = 0.0f;
+    }
+  };
+
+  if (top_k == 0 && !use_top_p && !use_min_p) {
+    weighAll();
+    double total = 0.0;
+    for (size_t i = 0; i < vocab_size; ++i) total += weights_[i];
+    const double target = u * total;
+    double cumulative = 0.0;
+    TokenId last_positive = -1;
+    for (size_t i = 0; i < vocab_size; ++i) {
+      if (weights_[i] <= 0.0f) continue;
+      cumulative += weights_[i];
+      last_positive = static_cast<TokenId>(i);
+      if (target < cumulative) return last_positive;
+    }
+    return last_positive;  // rounding put u * total at or above the sum
+  }
+
+  candidates_.clear();
+  for (size_t i = 0; i < vocab_size; ++i) {
+    if (logits_[i] != kNegInf) candidates_.push_back(static_cast<TokenId>(i));
+  }
+  // Ordering by the logit (temperature is monotonic) rather than by weights
+  // that may tie after rounding; ties go to the smaller id so results never
+  // depend on the selection algorithm.
+  auto better = [this](TokenId a, TokenId b) {
+    return logits_[a] > logits_[b] || (logits_[a] == logits_[b] && a < b);
+  };
+  bool reordered = false;
+
+  if (top_k > 0 && top_k < candidates_.size()) {
+    // Heap selection touches each rejected id once: cheap for the usual
+    // small k; introselect wins for large k.
+    if (top_k <= 4096) {
+      std::partial_sort(candidates_.begin(), candidates_.begin() + top_k, candidates_.end(),
+                        better);
+    } else {
+      std::nth_element(candidates_.begin(), candidates_.begin() + top_k, candidates_.end(), better);
+    }
+    candidates_.resize(top_k);
+    reordered = true;
+  }
+
+  // min-p keeps tokens whose probability is at least min_p times the largest.
+  // The largest survives top-k and top-p and renormalization cancels in the
+  // ratio, so in logit units the rule is (logit - max) / T >= log(min_p).
+  const float log_min_p = use_min_p ? std::log(params.min_p) : kNegInf;
+  auto belowMinP = [&](TokenId id) {
+    return (logits_[id] - max_logit) * inv_temperature < log_min_p;
+  };
+  if (use_min_p && !use_top_p) {
+    // Without top-p in between, filter before paying for the exponentials.
+    std::erase_if(candidates_, belowMinP);
+  }
+  if (candidates_.size() * 4 > vocab_size) {
+    weighAll();
+  } else {
+    for (TokenId id : candidates_) weigh(id);
+  }
+
+  if (use_top_p) {
+    double total = 0.0;
+    for (TokenId id : candidates_) total += weights_[id];
+    const double target = params.top_p * total;
+    // The nucleus is usually small: sort a growing prefix rather than the
+    // whole vocabulary.
+    size_t sorted = std::min<size_t>(candidates_.size(), 64);
+    size_t keep = 0;
+    while (true) {
+      std::partial_sort(candidates_.begin(), candidates_.begin() + sorted, candidates_.end(),
+                        better);
+      double mass_before = 0.0;
+      keep = 0;
+      while (keep < sorted && (keep == 0 || mass_before < target)) {
+        mass_before += weights_[candidates_[keep]];
+        ++keep;
+      }
+      if (keep < sorted || sorted == candidates_.size()) break;
+      sorted = std::min(candidates_.size(), sorted * 4);
+    }
+    candidates_.resize(keep);
+    reordered = true;
+    if (use_min_p) std::erase_if(candidates_, belowMinP);
+  }
+
+  // Walk in id order so the draw does not depend on how filtering permuted
+  // the candidates (top_k = vocab_size and top_k = 0 then agree exactly).
+  if (reordered) std::sort(candidates_.begin(), candidates_.end());
+  double total = 0.0;
+  for (TokenId id : candidates_) total += weights_[id];
+  const double target = u * total;
+  double cumulative = 0.0;
+  TokenId last_positive = -1;
+  for (TokenId id : candidates_) {
+    if (weights_[id] <= 0.0f) continue;
+    cumulative += weights_[id];
+    last_positive = id;
+    if (target < cumulative) return id;
+  }
+  return last_positive;  // rounding put u * total at or above the sum
+}
+
+void Sampler::fillLogprobs(std::span<const float> raw, int32_t num_top, GeneratedToken* out) {
+  float max_logit = kNegInf;
+  for (float x : raw) max_logit = std::max(max_logit, sanitized(x));
+  double sum = 0.0;
+  if (std::isfinite(max_logit)) {
+    for (float x : raw) sum += std::exp(sanitized(x) - max_logit);
+  }
+  const double log_normalizer = static_cast<double>(max_logit) + std::log(sum);
+  auto logprobOf = [&](TokenId id) {
+    return static_cast<float>(static_cast<double>(sanitized(raw[id])) - log_normalizer);
+  };
+  out->logprob = logprobOf(out->token);
+
+  out->top.clear();
+  const size_t count = std::min(static_cast<size_t>(std::max(num_top, 0)), raw.size());
+  if (count == 0) return;
+  candidates_.resize(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) candidates_[i] = static_cast<TokenId>(i);
+  std::partial_sort(candidates_.begin(), candidates_.begin() + count, candidates_.end(),
+                    [&](TokenId a, TokenId b) {
+                      const float x = sanitized(raw[a]);
+                      const float y = sanitized(raw[b]);
+                      return x > y || (x == y && a < b);
+                    });
+  out->top.reserve(count);
+  for (size_t i = 0; i < count; ++i)
+    out->top.push_back({candidates_[i], logprobOf(candidates_[i])});
+}
+
+GeneratedToken Sampler::sample(const SamplerInput& input) {
+  TANDEM_CHECK(input.params != nullptr, "SamplerInput without params");
+  TANDEM_CHECK(!input.logits.empty(), "SamplerInput with an empty logits row");
+  const SamplingParams& params = *input.params;
+  process(input);
+
+  TokenId token = -1;
+  if (params.temperature < kGreedyTemperature) {
+    token = argmaxFinite(logits_);
+  } else {
+    token = drawFiltered(params, input.rng.uniform(static_cast<int64_t>(input.output.size())));
+  }
+  if (token < 0) {
+    // Masking or NaN left nothing to choose from: better the model's own
+    // favourite than an arbitrary id.
+    token = std::max<TokenId>(argmaxFinite(input.logits), 0);
+  }
+
+  GeneratedToken result;
+  result.token = token;
+  if (params.logprobs) fillLogprobs(input.logits, *params.logprobs, &result);
+  return result;
+}
+
+std::vector<GeneratedToken> Sampler::sampleBatch(std::span<const SamplerInput> inputs) {
+  std::vector<GeneratedToken> results;
+  results.reserve(inputs.size());
+  for (const SamplerInput& input : inputs) results.push_back(sample(input));
+  return results;
+}
+
+Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
+                              int64_t max_model_len, int64_t prompt_len) {
+  // Comparisons are written so that NaN fails them.
+  if (!(params.temperature >= 0.0f && params.temperature <= 2.0f)) {
+    return invalidArgument("temperature must be between 0 and 2, got " +
+                           formatNumber(params.temperature));
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return invalidArgument("top_p must be in (0, 1], got " + formatNumber(params.top_p));
+  }
+  if (params.top_k < -1) {
+    return invalidArgument("top_k must be 0 (disabled) or positive, got " +
+                           std::to_string(params.top_k));
+  }
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+    return invalidArgument("min_p must be between 0 and 1, got " + formatNumber(params.min_p));
+  }
+  if (!(params.frequency_penalty >= -2.0f && params.frequency_penalty <= 2.0f)) {
+    return invalidArgument("frequency_penalty must be between -2 and 2, got " +
+                           formatNumber(params.frequency_penalty));
+  }
+  if (!(params.presence_penalty >= -2.0f && params.presence_penalty <= 2.0f)) {
+    return invalidArgument("presence_penalty must be between -2 and 2, got " +
+                           formatNumber(params.presence_penalty));
+  }
+  if (!(params.repetition_penalty > 0.0f) || std::isinf(params.repetition_penalty)) {
+    return invalidArgument("repetition_penalty must be greater than 0 and finite, got " +
+                           formatNumber(params.repetition_penalty));
+  }
+  if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxLogprobs)) {
+    return invalidArgument("logprobs must be between 0 and " + std::to_string(kMaxLogprobs) +
+                           ", got " + std::to_string(*params.logprobs));
+  }
+  if (params.max_tokens < 1) {
+    return invalidArgument("max_tokens must be at least 1, got " +
+                           std::to_string(params.max_tokens));
+  }
+  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens) {
+    return invalidArgument("min_tokens must be between 0 and max_tokens (" +
+                           std::to_string(params.max_tokens) + "), got " +
+                           std::to_string(params.min_tokens));
+  }
+  for (TokenId id : params.stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return invalidArgument("stop_token_ids must be token ids in [0, " +
+                             std::to_string(vocab_size) + "), got " + std::to_string(id));
+    }
+  }
+  // Written as a subtraction so a huge max_tokens cannot overflow the sum.
+  if (prompt_len > max_model_len || params.max_tokens > max_model_len - prompt_len) {
+    return invalidArgument("prompt (" + std::to_string(prompt_len) + " tokens) plus max_tokens (" +
+                           std::to_string(params.max_tokens) +
+                           ") exceeds the maximum context length of " +
+                           std::to_string(max_model_len) + " tokens");
+  }
+  return Status::ok();
+}
+
+}  // namespace tandem::engine

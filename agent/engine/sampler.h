@@ -1,0 +1,111 @@
+// Picks the next token of one request from its logits row.
+//
+// Semantics follow vLLM / the OpenAI API. Per row, in this order:
+//   1. repetition_penalty over every id in prompt + output (HF/vLLM: a
+//      positive logit is divided by the penalty, any other multiplied);
+//   2. frequency and presence penalties over output ids only:
+//      logit -= frequency_penalty * count + presence_penalty * (count > 0);
+//   3. while output.size() < min_tokens, the ids in `min_tokens_mask` (the
+//      caller's choice: stop_token_ids and, unless ignore_eos, the EOS ids)
+//      are set to -inf;
+//   4. temperature < kGreedyTemperature (0 in practice): argmax, ties to the
+//      smallest id. Otherwise logits / temperature, then top-k (exactly k
+//      tokens, ties broken by smaller id), top-p (the shortest prefix of the
+//      probability-sorted tokens whose mass reaches top_p; at least one
+//      token), min-p (drop tokens whose probability is below min_p times the
+//      largest), and one draw from the renormalized remainder.
+//
+// Logprobs: as vLLM V1 by default ("raw_logprobs"), reported logprobs are the
+// log-softmax of the raw model logits, before penalties, masking and
+// temperature. They describe what the model predicted, not the distribution
+// the token was drawn from, so a greedy token can have logprob < max and a
+// masked token can still appear among the alternatives. `top` holds the
+// params.logprobs best ids, best first, ties by smaller id; the chosen
+// token's logprob is always set when logprobs were asked for (even with
+// logprobs = 0, which yields an empty `top`).
+//
+// Reproducibility: the uniform draw for a request's step i (i =
+// output.size()) is a pure function of (rng.seed, i), so a seeded request gets
+// the same tokens whatever it was batched with, however often it was
+// preempted and recomputed, and in whatever order rows are sampled. The
+// exponentials go through kernels::softmax, whose ISA path is picked at run
+// time, so bit-identical results are promised for one build on one kind of
+// CPU; across CPUs a draw landing within rounding of a boundary may differ.
+//
+// A Sampler keeps scratch buffers between calls, so it is not thread-safe:
+// use one per thread. It is cheap to build. Logits containing NaN are treated
+// as -inf; if masking leaves no finite logit, the mask is ignored and the
+// argmax of the raw logits is returned.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "agent/engine/request.h"
+#include "common/status.h"
+
+namespace tandem::engine {
+
+// Below this temperature a request is sampled greedily (vLLM uses the same
+// epsilon); dividing by a tinier temperature would overflow float logits.
+inline constexpr float kGreedyTemperature = 1e-5f;
+
+// Largest accepted SamplingParams::logprobs (OpenAI's limit).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// Per-request random state. Counter-based: no state advances between steps,
+// so a draw never depends on how many draws came before or from whom.
+struct SamplerRng {
+  uint64_t seed = 0;
+
+  // params.seed when given; otherwise a fresh value from a process-wide
+  // random source (thread-safe). Call once at request start and keep it.
+  static SamplerRng forRequest(const SamplingParams& params);
+
+  // Uniform in [0, 1), a pure function of (seed, step).
+  double uniform(int64_t step) const;
+};
+
+// Everything the sampler reads for one row. Spans are borrowed for the call.
+struct SamplerInput {
+  std::span<const float> logits;  // vocab_size raw logits
+  const SamplingParams* params = nullptr;
+  std::span<const TokenId> prompt;
+  std::span<const TokenId> output;  // generated so far; its size is the step
+  std::span<const TokenId> min_tokens_mask;
+  SamplerRng rng;
+};
+
+class Sampler {
+ public:
+  GeneratedToken sample(const SamplerInput& input);
+
+  // Rows are independent; the result equals calling sample() on each row.
+  std::vector<GeneratedToken> sampleBatch(std::span<const SamplerInput> inputs);
+
+  // Logits after steps 1-3 (penalties and min_tokens mask), before
+  // temperature. Exposed so the formulas can be checked directly.
+  std::vector<float> processedLogits(const SamplerInput& input);
+
+ private:
+  // Writes steps 1-3 into logits_ (sized to the row).
+  void process(const SamplerInput& input);
+  TokenId drawFiltered(const SamplingParams& params, double u);
+  void fillLogprobs(std::span<const float> raw, int32_t num_top, GeneratedToken* out);
+
+  std::vector<float> logits_;
+  std::vector<int32_t> output_counts_;  // per id; all zero between calls
+  std::vector<uint8_t> in_history_;     // per id; all zero between calls
+  std::vector<TokenId> touched_;
+  std::vector<TokenId> candidates_;
+  std::vector<float> weights_;  // exp((logit - max) / temperature), up to a common factor
+};
+
+// Checks a request's sampling parameters against the model. Returns
+// InvalidArgument naming the field and the accepted range, e.g.
+// "temperature must be between 0 and 2, got 3.5".
+Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
+                              int64_t max_model_len, int64_t prompt_len);
+
+}  // namespace tandem::engine

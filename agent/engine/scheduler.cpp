@@ -1,0 +1,196 @@
+#include "agent/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace tandem::engine {
+
+Sequence::Sequence(Request r) : request(std::move(r)) {
+  tokens = request.prompt;
+  num_prompt_tokens = static_cast<int64_t>(tokens.size());
+}
+
+int64_t Sequence::nextComputeLimit(int64_t from) const {
+  for (const auto& [begin, end] : present_ranges) {
+    if (begin >= from) return begin;
+  }
+  return static_cast<int64_t>(tokens.size());
+}
+
+void Sequence::skipPresentRanges() {
+  while (!present_ranges.empty() && present_ranges.front().first <= num_computed_tokens) {
+    num_computed_tokens = std::max(num_computed_tokens, present_ranges.front().second);
+    present_ranges.erase(present_ranges.begin());
+  }
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks)
+    : config_(config), blocks_(blocks) {
+  TANDEM_CHECK(config_.max_num_batched_tokens > 0 && config_.max_num_seqs > 0,
+               "scheduler limits must be positive");
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> sequence) {
+  sequence->status = SequenceStatus::kWaiting;
+  waiting_.push_back(std::move(sequence));
+}
+
+Sequence* Scheduler::find(const std::string& request_id) {
+  for (auto& sequence : running_) {
+    if (sequence->request.id == request_id) return sequence.get();
+  }
+  for (auto& sequence : waiting_) {
+    if (sequence->request.id == request_id) return sequence.get();
+  }
+  return nullptr;
+}
+
+void Scheduler::preempt(Sequence* sequence) {
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [&](const auto& s) { return s.get() == sequence; });
+  TANDEM_CHECK(it != running_.end(), "preempting a sequence that is not running");
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  running_.erase(it);
+  blocks_.free(owned->blocks);
+  owned->num_computed_tokens = 0;
+  owned->present_ranges.clear();
+  owned->status = SequenceStatus::kWaiting;
+  ++owned->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(std::move(owned));
+}
+
+bool Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
+  PrefixMatch match;
+  const bool first_admission = !sequence->admitted_once;
+  sequence->skipPresentRanges();
+  const bool looks_up = sequence->blocks.blocks.empty();
+  if (looks_up) match = blocks_.findCachedPrefix(sequence->tokens, sequence->request.cache_salt);
+  const int64_t matched_tokens = match.numCachedTokens(blocks_.blockSize());
+  const int64_t computed = sequence->num_computed_tokens + matched_tokens;
+  const int64_t remaining = sequence->nextComputeLimit(computed) - computed;
+  int64_t num_tokens = std::min(remaining, budget);
+  if (!config_.enable_chunked_prefill && num_tokens < remaining) return false;
+  if (num_tokens <= 0) return false;
+  if (!blocks_.allocate(sequence->blocks, looks_up ? &match : nullptr,
+                        computed + num_tokens)) {
+    return false;
+  }
+  if (first_admission) {
+    sequence->num_cached_tokens = matched_tokens;
+    sequence->admitted_once = true;
+    sequence->first_scheduled = Clock::now();
+  }
+  sequence->num_computed_tokens = computed;
+  sequence->status = SequenceStatus::kRunning;
+  ScheduledChunk chunk;
+  chunk.sequence = sequence;
+  chunk.start = computed;
+  chunk.num_tokens = num_tokens;
+  chunk.samples = computed + num_tokens == static_cast<int64_t>(sequence->tokens.size());
+  output.chunks.push_back(chunk);
+
+  output.num_tokens += num_tokens;
+  return true;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput output;
+  int64_t budget = config_.max_num_batched_tokens;
+
+  // Running sequences first, oldest first; the newest are preempted when
+  // blocks run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* sequence = running_[i].get();
+    const int64_t limit = sequence->nextComputeLimit(sequence->num_computed_tokens);
+    const int64_t num_tokens = std::min(limit - sequence->num_computed_tokens, budget);
+    if (num_tokens <= 0) {
+      ++i;
+      continue;
+    }
+    bool preempted_self = false;
+    while (!blocks_.allocate(sequence->blocks, nullptr,
+                             sequence->num_computed_tokens + num_tokens)) {
+      Sequence* victim = running_.back().get();
+      // A victim scheduled earlier this step gives its chunk back.
+      for (auto it = output.chunks.begin(); it != output.chunks.end(); ++it) {
+        if (it->sequence == victim) {
+          output.num_tokens -= it->num_tokens;
+          budget += it->num_tokens;
+          output.chunks.erase(it);
+          break;
+        }
+      }
+      preempt(victim);
+      output.preempted.push_back(victim);
+      if (victim == sequence) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // everything after it was preempted too
+    ScheduledChunk chunk;
+    chunk.sequence = sequence;
+    chunk.start = sequence->num_computed_tokens;
+    chunk.num_tokens = num_tokens;
+    chunk.samples = chunk.start + num_tokens == static_cast<int64_t>(sequence->tokens.size());
+    output.chunks.push_back(chunk);
+    output.num_tokens += num_tokens;
+    budget -= num_tokens;
+    ++i;
+  }
+
+  // Then waiting sequences in order, unless this step had to preempt (there
+  // is no room to grow).
+  if (output.preempted.empty()) {
+    // Sequences waiting for remote KV are passed over, so they never block
+    // the queue behind them.
+    for (size_t i = 0; i < waiting_.size() && budget > 0 &&
+                       static_cast<int64_t>(running_.size()) < config_.max_num_seqs;) {
+      Sequence* sequence = waiting_[i].get();
+      if (sequence->status == SequenceStatus::kWaitingForRemoteKv) {
+        ++i;
+        continue;
+      }
+      const int64_t before = output.num_tokens;
+      if (!admit(sequence, budget, output)) break;
+      budget -= output.num_tokens - before;
+      running_.push_back(std::move(waiting_[i]));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  return output;
+}
+
+void Scheduler::onStepComputed(const SchedulerOutput& output) {
+  for (const ScheduledChunk& chunk : output.chunks) {
+    Sequence* sequence = chunk.sequence;
+    sequence->num_computed_tokens = chunk.start + chunk.num_tokens;
+    // Reaching a present range: its KV is already there, skip over it.
+    sequence->skipPresentRanges();
+    blocks_.cacheFullBlocks(sequence->blocks, sequence->tokens, sequence->num_computed_tokens,
+                            sequence->request.cache_salt);
+  }
+}
+
+std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence) {
+  std::unique_ptr<Sequence> owned;
+  auto running = std::find_if(running_.begin(), running_.end(),
+                              [&](const auto& s) { return s.get() == sequence; });
+  if (running != running_.end()) {
+    owned = std::move(*running);
+    running_.erase(running);
+  } else {
+    auto waiting = std::find_if(waiting_.begin(), waiting_.end(),
+                                [&](const auto& s) { return s.get() == sequence; });
+    TANDEM_CHECK(waiting != waiting_.end(), "finishing an unknown sequence");
+    owned = std::move(*waiting);
+    waiting_.erase(waiting);
+  }
+  blocks_.free(owned->blocks);
+  owned->status = SequenceStatus::kFinished;
+  return owned;
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,122 @@
+// The continuous-batching scheduler.
+//
+// Each step it chooses which tokens of which sequences the model computes,
+// within a token budget (max_num_batched_tokens) and a sequence limit
+// (max_num_seqs): first every running sequence (a decode token, or the next
+// chunk of a prompt still being prefilled), then waiting sequences in arrival
+// order, each starting after the longest prefix the block manager already
+// holds (chunked prefill: a prompt larger than the budget is split over
+// steps). When blocks run out, the most recently admitted running sequence is
+// preempted by recompute: its blocks are freed and it goes back to the head of
+// the queue with everything it generated so far, to be recomputed later —
+// bit-identical, since the kernels are batch-invariant.
+//
+// Segmented prefill: a sequence may hold KV for ranges beyond its computed
+// prefix (present_ranges, e.g. loaded from another agent around a block that
+// failed to load). The scheduler computes only the gaps: a chunk never runs
+// into a present range, and when the computed prefix reaches one it jumps to
+// its end.
+//
+// Pure logic over sequence state and the block manager: no model, no
+// threads. Used by the engine loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agent/engine/block_manager.h"
+#include "agent/engine/request.h"
+
+namespace tandem::engine {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_num_seqs = 64;
+  // When false a prompt is only admitted if all of it fits in one step.
+  bool enable_chunked_prefill = true;
+};
+
+enum class SequenceStatus { kWaiting, kWaitingForRemoteKv, kRunning, kFinished };
+
+struct Sequence {
+  explicit Sequence(Request r);
+
+  Request request;
+  SequenceStatus status = SequenceStatus::kWaiting;
+  std::vector<TokenId> tokens;  // prompt, then generated tokens
+  int64_t num_prompt_tokens = 0;
+  int64_t num_computed_tokens = 0;
+  // Ranges [begin, end) past num_computed_tokens whose KV is already in this
+  // sequence's blocks; sorted, disjoint, and never covering the last token
+  // (its logits are needed to sample).
+  std::vector<std::pair<int64_t, int64_t>> present_ranges;
+  SequenceBlocks blocks;
+  // Prompt tokens served by the prefix cache at first admission.
+  int64_t num_cached_tokens = 0;
+  bool admitted_once = false;
+  int64_t num_preemptions = 0;
+  Clock::time_point first_scheduled{};
+
+  int64_t numGenerated() const {
+    return static_cast<int64_t>(tokens.size()) - num_prompt_tokens;
+  }
+  // End of the range the model can compute next from position `from`: the
+  // start of the next present range, or the end of the tokens.
+  int64_t nextComputeLimit(int64_t from) const;
+  // Moves num_computed_tokens past present ranges it has reached.
+  void skipPresentRanges();
+};
+
+struct ScheduledChunk {
+  Sequence* sequence = nullptr;
+  int64_t start = 0;       // position of the first token computed
+  int64_t num_tokens = 0;  // tokens [start, start + num_tokens)
+  // The chunk ends at the last known token: its logits give the next token.
+  bool samples = false;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;
+  int64_t num_tokens = 0;
+  std::vector<Sequence*> preempted;  // preempted during this step
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, BlockManager& blocks);
+
+  void add(std::unique_ptr<Sequence> sequence);
+  SchedulerOutput schedule();
+  // Call after the model computed a step: advances computed counts and
+  // registers blocks that became full in the prefix cache.
+  void onStepComputed(const SchedulerOutput& output);
+  // Frees the sequence's blocks and forgets it. Returns the sequence so the
+  // caller can report on it.
+  std::unique_ptr<Sequence> finish(Sequence* sequence);
+  // Finds a live sequence by request id (nullptr when unknown).
+  Sequence* find(const std::string& request_id);
+
+  int64_t numRunning() const { return static_cast<int64_t>(running_.size()); }
+  int64_t numWaiting() const { return static_cast<int64_t>(waiting_.size()); }
+  bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
+  int64_t numPreemptions() const { return num_preemptions_; }
+
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  void preempt(Sequence* sequence);
+  bool admit(Sequence* sequence, int64_t budget, SchedulerOutput& output);
+
+  SchedulerConfig config_;
+  BlockManager& blocks_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace tandem::engine

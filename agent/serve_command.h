@@ -1,0 +1,42 @@
+// `tandem-agent serve`: flags, the optional YAML config (same keys as the
+// flags; flags override it), and the serving process's life cycle: load,
+// listen, drain on SIGTERM/SIGINT, exit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace tandem::agent {
+
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int32_t block_size = 16;
+  std::string kv_cache_memory = "1GiB";
+  int64_t num_blocks = 0;
+  std::string kv_dtype = "bf16";
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_num_seqs = 64;
+  int64_t max_model_len = 0;
+  int64_t max_waiting_requests = 1024;
+  std::string served_model_name;
+  std::string role = "both";
+  std::string prefix_caching_hash = "xxhash";
+  double shutdown_timeout_s = 30.0;
+  std::string config_path;
+};
+
+// Registers the subcommand; `options` receives the flag values.
+CLI::App* addServeCommand(CLI::App& app, ServeOptions& options);
+// Applies the YAML config under flags not given, then serves until a signal.
+int runServe(CLI::App& command, ServeOptions& options);
+
+// "2GiB", "512MiB", "1e9", "1073741824" → bytes; throws tandem::Error.
+int64_t parseByteSize(const std::string& text, const std::string& what);
+
+}  // namespace tandem::agent

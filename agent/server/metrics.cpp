@@ -1,0 +1,142 @@
+#include "agent/server/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <chrono>
+#include <sstream>
+
+namespace tandem::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+// Bucket bounds as vLLM uses them for the same figures.
+const Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const Histogram::BucketBoundaries kItlBuckets = {
+    0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,  0.15, 0.2,
+    0.3,   0.4,   0.5,  0.75,  1.0,  2.5,   5.0,  7.5,  10.0, 20.0,  40.0, 80.0};
+const Histogram::BucketBoundaries kRequestBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point to) {
+  if (from == engine::Clock::time_point{} || to == engine::Clock::time_point{} || to < from) {
+    return 0.0;
+  }
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
+    : model_(model), role_(role), registry_(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels labels = {{"model", model_}, {"role", role_}};
+  auto histogram = [&](const char* name, const char* help,
+                       const Histogram::BucketBoundaries& buckets) {
+    return &BuildHistogram().Name(name).Help(help).Register(*registry_).Add(labels, buckets);
+  };
+  auto counter = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(*registry_).Add(labels);
+  };
+  auto gauge = [&](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(*registry_).Add(labels);
+  };
+  ttft_ = histogram("tandem_time_to_first_token_seconds",
+                    "Time from request arrival to its first generated token.", kTtftBuckets);
+  itl_ = histogram("tandem_inter_token_latency_seconds",
+                   "Time between consecutive generated tokens of a request.", kItlBuckets);
+  e2e_ = histogram("tandem_e2e_request_latency_seconds",
+                   "Time from request arrival to its last output.", kRequestBuckets);
+  queue_time_ = histogram("tandem_request_queue_time_seconds",
+                          "Time a request waited before it was first scheduled.", kRequestBuckets);
+  prefill_time_ = histogram("tandem_request_prefill_time_seconds",
+                            "Time from first scheduling to the first token.", kRequestBuckets);
+  decode_time_ = histogram("tandem_request_decode_time_seconds",
+                           "Time from the first token to the last.", kRequestBuckets);
+  prompt_tokens_ = counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests.");
+  generation_tokens_ =
+      counter("tandem_generation_tokens_total", "Tokens generated for finished requests.");
+  prefix_queries_ =
+      counter("tandem_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
+  prefix_hits_ =
+      counter("tandem_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.");
+  preemptions_ = counter("tandem_preemptions_total", "Sequences preempted for recompute.");
+  computed_tokens_ =
+      counter("tandem_computed_tokens_total", "Tokens the model computed (prefill and decode).");
+  requests_ = &BuildCounter()
+                   .Name("tandem_requests_total")
+                   .Help("Finished requests by finish reason.")
+                   .Register(*registry_);
+  running_ = gauge("tandem_num_requests_running", "Requests being computed.");
+  waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
+  kv_usage_ = gauge("tandem_kv_cache_usage_ratio", "Fraction of KV blocks in use.");
+  free_blocks_ = gauge("tandem_kv_cache_free_blocks", "KV blocks free or evictable.");
+}
+
+AgentMetrics::~AgentMetrics() = default;
+
+void AgentMetrics::observeTimeToFirstToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ttft_->Observe(seconds);
+}
+
+void AgentMetrics::observeInterTokenLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  itl_->Observe(seconds);
+}
+
+void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  e2e_->Observe(e2e_seconds);
+  const auto& t = out.timings;
+  if (t.first_scheduled != engine::Clock::time_point{}) {
+    queue_time_->Observe(secondsBetween(t.arrival, t.first_scheduled));
+  }
+  if (t.first_token != engine::Clock::time_point{}) {
+    prefill_time_->Observe(secondsBetween(t.first_scheduled, t.first_token));
+    decode_time_->Observe(secondsBetween(t.first_token, t.finished));
+  }
+  prompt_tokens_->Increment(static_cast<double>(out.num_prompt_tokens));
+  generation_tokens_->Increment(static_cast<double>(out.num_generated_tokens));
+  requests_
+      ->Add({{"model", model_},
+             {"role", role_},
+             {"finish_reason", engine::finishReasonName(out.finish_reason)}})
+      .Increment();
+}
+
+void AgentMetrics::observeRejected(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}}).Increment();
+}
+
+std::string AgentMetrics::render(const engine::EngineStats& stats) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& reported) {
+    if (now > reported) counter->Increment(static_cast<double>(now - reported));
+    reported = std::max(reported, now);
+  };
+  advance(prefix_queries_, stats.prefix_cache_queries, reported_.prefix_cache_queries);
+  advance(prefix_hits_, stats.prefix_cache_hits, reported_.prefix_cache_hits);
+  advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
+  advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
+  running_->Set(static_cast<double>(stats.num_running));
+  waiting_->Set(static_cast<double>(stats.num_waiting));
+  kv_usage_->Set(stats.kv_cache_usage);
+  free_blocks_->Set(static_cast<double>(stats.num_free_blocks));
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,71 @@
+// The agent's Prometheus metrics, served at /metrics in the text format.
+//
+// Latency histograms are observed by the HTTP layer as outputs reach the
+// client (TTFT, inter-token latency, end-to-end) and from the engine's
+// timings (queue, prefill, decode). Counters and gauges that the engine keeps
+// (prefix cache, preemptions, running/waiting, KV usage) are brought up to
+// date from an EngineStats snapshot at each scrape. Every series carries the
+// labels model and role. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "agent/engine/engine.h"
+#include "agent/engine/request.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace tandem::server {
+
+class AgentMetrics {
+ public:
+  AgentMetrics(const std::string& model, const std::string& role);
+  ~AgentMetrics();
+
+  void observeTimeToFirstToken(double seconds);
+  void observeInterTokenLatency(double seconds);
+  // A finished request: end-to-end latency, stage times from the engine's
+  // timings, token counters and the finish-reason counter.
+  void observeFinished(const engine::RequestOutput& final_output, double e2e_seconds);
+  // A request refused before it reached the engine (bad input, overload).
+  void observeRejected(const std::string& reason);
+
+  // Brings engine-kept figures up to date and renders the text format.
+  std::string render(const engine::EngineStats& stats);
+
+ private:
+  std::mutex mutex_;
+  std::string model_;
+  std::string role_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* e2e_;
+  prometheus::Histogram* queue_time_;
+  prometheus::Histogram* prefill_time_;
+  prometheus::Histogram* decode_time_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Counter* prefix_queries_;
+  prometheus::Counter* prefix_hits_;
+  prometheus::Counter* preemptions_;
+  prometheus::Counter* computed_tokens_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* kv_usage_;
+  prometheus::Gauge* free_blocks_;
+  // Engine totals already added to the counters above.
+  engine::EngineStats reported_;
+};
+
+}  // namespace tandem::server

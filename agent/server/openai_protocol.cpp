@@ -1,0 +1,1084 @@
+#include "agent/server/openai_protocol.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <vector>
+
+#include "agent/engine/sampler.h"
+#include "agent/server/chat_template.h"
+
+namespace tandem::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
+constexpr size_t kMaxStopStrings = 4;
+// vLLM reports -inf logprobs as this, since JSON has no infinity.
+constexpr double kMinReportedLogprob = -9999.0;
+
+std::string compactDump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string jsonQuoted(std::string_view text) { return compactDump(json(std::string(text))); }
+
+ApiError serverError(std::string message) {
+  return ApiError{500, std::move(message), "server_error", "", ""};
+}
+
+// Runs a request-path function, turning an escaped exception (a bug here, or
+// out of memory) into a 500 instead of letting it cross the boundary.
+template <typename T, typename F>
+Result<T> guarded(F&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return serverError(std::string("internal error while handling the request: ") + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Reading request fields
+
+// Reads fields of one JSON object. The first error sticks: later reads do
+// nothing, so a parser reads everything and checks ok() once. Absent fields
+// and explicit nulls both mean "not given", as OpenAI's clients send either.
+class FieldReader {
+ public:
+  explicit FieldReader(const json& object, std::string prefix = "")
+      : object_(object), prefix_(std::move(prefix)) {}
+
+  bool ok() const { return !error_.has_value(); }
+  const ApiError& error() const { return *error_; }
+  std::string param(std::string_view name) const { return prefix_ + std::string(name); }
+
+  void fail(std::string message, std::string param) {
+    if (!error_) error_ = invalidRequest(std::move(message), std::move(param));
+  }
+  void failType(std::string_view name, std::string_view expected, const json& value) {
+    fail(param(name) + " must be " + std::string(expected) + ", got " + value.type_name(),
+         param(name));
+  }
+
+  // The field's value when given (present, not null) and no error is pending.
+  const json* find(std::string_view name) const {
+    if (error_) return nullptr;
+    const auto it = object_.find(name);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  bool readBool(std::string_view name, bool* out) {
+    const json* value = find(name);
+    if (value == nullptr) return false;
+    if (!value->is_boolean()) {
+      failType(name, "a boolean", *value);
+      return false;
+    }
+    *out = value->get<bool>();
+    return true;
+  }
+
+  bool readFloat(std::string_view name, float* out) {
+    const json* value = find(name);
+    if (value == nullptr) return false;
+    if (!value->is_number()) {
+      failType(name, "a number", *value);
+      return false;
+    }
+    *out = static_cast<float>(value->get<double>());
+    return true;
+  }
+
+  // An integer in [min, max]; integral floats (3.0) are accepted.
+  bool readInt(std::string_view name, int64_t min, int64_t max, int64_t* out) {
+    const json* value = find(name);
+    if (value == nullptr) return false;
+    const auto result = integerValue(name, *value, min, max);
+    if (!result) return false;
+    *out = *result;
+    return true;
+  }
+
+  bool readString(std::string_view name, std::string* out) {
+    const json* value = find(name);
+    if (value == nullptr) return false;
+    if (!value->is_string()) {
+      failType(name, "a string", *value);
+      return false;
+    }
+    *out = value->get<std::string>();
+    return true;
+  }
+
+  const json* readObject(std::string_view name) {
+    const json* value = find(name);
+    if (value != nullptr && !value->is_object()) {
+      failType(name, "an object", *value);
+      return nullptr;
+    }
+    return value;
+  }
+
+  // Checks `value` (the field `name`, or an element of it) is an integer in
+  // [min, max]; records the error otherwise.
+  std::optional<int64_t> integerValue(std::string_view name, const json& value, int64_t min,
+                                      int64_t max) {
+    if (!value.is_number()) {
+      failType(name, "an integer", value);
+      return std::nullopt;
+    }
+    std::optional<int64_t> integer;
+    if (value.is_number_unsigned()) {
+      const auto u = value.get<uint64_t>();
+      if (u <= static_cast<uint64_t>(kInt64Max)) integer = static_cast<int64_t>(u);
+    } else if (value.is_number_integer()) {
+      integer = value.get<int64_t>();
+    } else {
+      const double d = value.get<double>();
+      if (std::trunc(d) != d) {
+        fail(param(name) + " must be an integer, got " + compactDump(value), param(name));
+        return std::nullopt;
+      }
+      // 2^63 is exactly representable; anything at or past it is out of range.
+      if (d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
+        integer = static_cast<int64_t>(d);
+      }
+    }
+    if (!integer || *integer < min || *integer > max) {
+      std::string range;
+      if (max != kInt64Max) {
+        range = "between " + std::to_string(min) + " and " + std::to_string(max);
+      } else if (integer) {
+        range = "at least " + std::to_string(min);
+      } else {
+        range = "a 64-bit integer";  // past what int64 holds
+      }
+      fail(param(name) + " must be " + range + ", got " + compactDump(value), param(name));
+      return std::nullopt;
+    }
+    return integer;
+  }
+
+ private:
+  const json& object_;
+  std::string prefix_;
+  std::optional<ApiError> error_;
+};
+
+Result<json> parseJsonObject(std::string_view body) {
+  json root;
+  try {
+    root = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string detail = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " prefix.
+    if (const size_t end = detail.find("] "); detail.starts_with("[json.") && end != detail.npos) {
+      detail.erase(0, end + 2);
+    }
+    return invalidRequest("request body is not valid JSON: " + detail);
+  }
+  if (!root.is_object()) {
+    return invalidRequest(std::string("request body must be a JSON object, got ") +
+                          root.type_name());
+  }
+  return root;
+}
+
+// The served model, or 404 naming both. `required` is false for /tokenize.
+std::optional<ApiError> checkModel(const json& root, const ServerLimits& limits, bool required,
+                                   std::string* model) {
+  const auto it = root.find("model");
+  if (it == root.end() || it->is_null()) {
+    if (required) {
+      return invalidRequest(
+          "model is required (this server serves " + jsonQuoted(limits.served_model_name) + ")",
+          "model");
+    }
+    *model = limits.served_model_name;
+    return std::nullopt;
+  }
+  if (!it->is_string()) {
+    return invalidRequest(std::string("model must be a string, got ") + it->type_name(), "model");
+  }
+  *model = it->get<std::string>();
+  if (*model != limits.served_model_name) {
+    return ApiError{404,
+                    "model " + jsonQuoted(*model) + " does not exist; this server serves " +
+                        jsonQuoted(limits.served_model_name),
+                    "not_found_error", "model", "model_not_found"};
+  }
+  return std::nullopt;
+}
+
+// A token id, element `name` of the field `param`: an integer in
+// [0, vocab_size).
+std::optional<TokenId> readTokenId(FieldReader& fields, const std::string& name,
+                                   const std::string& param, const json& value,
+                                   int64_t vocab_size) {
+  if (!value.is_number()) {
+    fields.fail(name + " must be a token id (an integer), got " + value.type_name(), param);
+    return std::nullopt;
+  }
+  std::optional<int64_t> id;
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() < static_cast<uint64_t>(vocab_size)) id = value.get<int64_t>();
+  } else if (value.is_number_integer()) {
+    if (value.get<int64_t>() >= 0 && value.get<int64_t>() < vocab_size) id = value.get<int64_t>();
+  } else {
+    const double d = value.get<double>();
+    if (std::trunc(d) == d && d >= 0 && d < static_cast<double>(vocab_size)) {
+      id = static_cast<int64_t>(d);
+    }
+  }
+  if (!id) {
+    fields.fail(name + " must be a token id between 0 and " + std::to_string(vocab_size - 1) +
+                    ", got " + compactDump(value),
+                param);
+    return std::nullopt;
+  }
+  return static_cast<TokenId>(*id);
+}
+
+// An array of token ids; `name` is how messages call it ("prompt[0]"),
+// `param` the request field ("prompt").
+std::optional<std::vector<TokenId>> readTokenIds(FieldReader& fields, const std::string& name,
+                                                 const std::string& param, const json& array,
+                                                 int64_t vocab_size) {
+  std::vector<TokenId> ids;
+  ids.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const auto id =
+        readTokenId(fields, name + "[" + std::to_string(i) + "]", param, array[i], vocab_size);
+    if (!id) return std::nullopt;
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+// Fields that would change the result but are not implemented: refused when
+// given (not null) rather than silently ignored.
+void refuseUnsupported(FieldReader& fields, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (fields.find(name) != nullptr) {
+      fields.fail(std::string(name) + " is not supported yet; leave it out or send null", name);
+    }
+  }
+}
+
+// The fields shared by /v1/completions and /v1/chat/completions.
+void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedRequest& parsed) {
+  engine::SamplingParams& sampling = parsed.request.sampling;
+  fields.readFloat("temperature", &sampling.temperature);
+  fields.readFloat("top_p", &sampling.top_p);
+  int64_t integer = 0;
+  if (fields.readInt("top_k", kInt32Min, kInt32Max, &integer)) {
+    // vLLM's older spelling of "disabled".
+    sampling.top_k = integer == -1 ? 0 : static_cast<int32_t>(integer);
+  }
+  fields.readFloat("min_p", &sampling.min_p);
+  fields.readFloat("frequency_penalty", &sampling.frequency_penalty);
+  fields.readFloat("presence_penalty", &sampling.presence_penalty);
+  fields.readFloat("repetition_penalty", &sampling.repetition_penalty);
+  if (fields.readInt("min_tokens", 0, kInt64Max, &integer)) sampling.min_tokens = integer;
+  fields.readBool("ignore_eos", &sampling.ignore_eos);
+  fields.readBool("skip_special_tokens", &sampling.skip_special_tokens);
+
+  if (const json* seed = fields.find("seed")) {
+    // Any 64-bit integer, signed or not; negative seeds wrap like a C cast.
+    if (seed->is_number_unsigned()) {
+      sampling.seed = seed->get<uint64_t>();
+    } else if (auto value = fields.integerValue("seed", *seed, kInt64Min, kInt64Max)) {
+      sampling.seed = static_cast<uint64_t>(*value);
+    }
+  }
+
+  if (fields.readInt("n", kInt64Min, kInt64Max, &integer) && integer != 1) {
+    fields.fail("n must be 1, got " + std::to_string(integer), "n");
+  }
+
+  if (const json* stop = fields.find("stop")) {
+    if (stop->is_string()) {
+      if (stop->get<std::string>().empty()) {
+        fields.fail("stop must not be empty", "stop");
+      } else {
+        sampling.stop = {stop->get<std::string>()};
+      }
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStopStrings) {
+        fields.fail("stop must have at most " + std::to_string(kMaxStopStrings) + " strings, got " +
+                        std::to_string(stop->size()),
+                    "stop");
+      }
+      for (size_t i = 0; i < stop->size() && fields.ok(); ++i) {
+        const json& item = (*stop)[i];
+        const std::string name = "stop[" + std::to_string(i) + "]";
+        if (!item.is_string()) {
+          fields.fail(name + " must be a string, got " + item.type_name(), "stop");
+        } else if (item.get<std::string>().empty()) {
+          fields.fail(name + " must not be empty", "stop");
+        } else {
+          sampling.stop.push_back(item.get<std::string>());
+        }
+      }
+    } else {
+      fields.failType("stop", "a string or an array of strings", *stop);
+    }
+  }
+
+  if (const json* ids = fields.find("stop_token_ids")) {
+    if (!ids->is_array()) {
+      fields.failType("stop_token_ids", "an array of token ids", *ids);
+    } else if (auto parsed_ids = readTokenIds(fields, "stop_token_ids", "stop_token_ids", *ids,
+                                              limits.vocab_size)) {
+      sampling.stop_token_ids = std::move(*parsed_ids);
+    }
+  }
+
+  fields.readBool("stream", &parsed.stream);
+  if (const json* options = fields.readObject("stream_options")) {
+    if (!parsed.stream) {
+      fields.fail("stream_options is only allowed when stream is true", "stream_options");
+    } else {
+      FieldReader option_fields(*options, "stream_options.");
+      option_fields.readBool("include_usage", &parsed.include_usage);
+      if (!option_fields.ok()) {
+        fields.fail(option_fields.error().message, option_fields.error().param);
+      }
+    }
+  }
+
+  if (fields.readString("cache_salt", &parsed.request.cache_salt) &&
+      parsed.request.cache_salt.empty()) {
+    fields.fail("cache_salt must not be empty when given", "cache_salt");
+  }
+  if (const json* params = fields.readObject("kv_transfer_params")) {
+    parsed.kv_transfer_params = *params;
+  }
+
+  if (const json* bias = fields.find("logit_bias")) {
+    if (!bias->is_object()) {
+      fields.failType("logit_bias", "an object mapping token ids to biases", *bias);
+    } else if (!bias->empty()) {
+      fields.fail("logit_bias is not supported yet; leave it out or send {}", "logit_bias");
+    }
+  }
+  if (const json* format = fields.readObject("response_format")) {
+    const auto type = format->find("type");
+    if (type == format->end() || !type->is_string()) {
+      fields.fail("response_format.type must be a string (only \"text\" is supported)",
+                  "response_format");
+    } else if (type->get<std::string>() != "text") {
+      fields.fail("response_format type " + jsonQuoted(type->get<std::string>()) +
+                      " is not supported yet (only \"text\")",
+                  "response_format");
+    }
+  }
+  if (bool echo = false; fields.readBool("echo", &echo) && echo) {
+    fields.fail("echo is not supported yet; send false or leave it out", "echo");
+  }
+  // vLLM's extensions that constrain or extend the output.
+  refuseUnsupported(fields, {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
+                             "guided_grammar", "structured_outputs"});
+}
+
+// Reads max_tokens (or max_completion_tokens for chat): at least 1; the upper
+// bound depends on the prompt and is checked in finishRequest.
+std::optional<int64_t> readMaxTokens(FieldReader& fields, const char* name) {
+  int64_t max_tokens = 0;
+  if (fields.readInt(name, 1, kInt64Max, &max_tokens)) return max_tokens;
+  return std::nullopt;
+}
+
+// Takes a sampler validation message ("top_p must be in (0, 1], got 0") and
+// returns the field it names.
+std::string leadingField(const std::string& message) {
+  size_t end = 0;
+  while (end < message.size() &&
+         (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '_')) {
+    ++end;
+  }
+  return message.compare(end, 6, " must ") == 0 ? message.substr(0, end) : std::string();
+}
+
+// Length checks, the default max_tokens and the sampler's own validation,
+// once the prompt is known.
+// `prompt_label` is how messages speak of the prompt; `prompt_param` the
+// field to blame for its length.
+std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits& limits,
+                                      std::optional<int64_t> max_tokens,
+                                      const char* max_tokens_name, const char* prompt_label,
+                                      const char* prompt_param) {
+  const auto prompt_len = static_cast<int64_t>(parsed.request.prompt.size());
+  if (prompt_len == 0) {
+    return invalidRequest(std::string(prompt_label) + " must not be empty", prompt_param);
+  }
+  if (prompt_len >= limits.max_model_len) {
+    return invalidRequest(std::string(prompt_label) + " is " + std::to_string(prompt_len) +
+                              " tokens, but max_model_len is " +
+                              std::to_string(limits.max_model_len) + "; at most " +
+                              std::to_string(limits.max_model_len - 1) +
+                              " prompt tokens leave room for one generated token",
+                          prompt_param);
+  }
+  const int64_t room = limits.max_model_len - prompt_len;
+  if (max_tokens && *max_tokens > room) {
+    return invalidRequest(std::string(prompt_label) + " (" + std::to_string(prompt_len) +
+                              " tokens) + " + max_tokens_name + " (" + std::to_string(*max_tokens) +
+                              ") exceeds max_model_len (" + std::to_string(limits.max_model_len) +
+                              "); " + max_tokens_name + " can be at most " + std::to_string(room) +
+                              " for this prompt",
+                          max_tokens_name);
+  }
+  parsed.request.sampling.max_tokens = max_tokens.value_or(room);
+  const Status status = engine::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
+                                                       limits.max_model_len, prompt_len);
+  if (!status.isOk()) return fromStatus(status, leadingField(status.message()));
+  return std::nullopt;
+}
+
+// The prompt field of /v1/completions: a string, token ids, or an array of
+// exactly one of these.
+std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
+                                   const ServerLimits& limits, const Tokenizer& tokenizer,
+                                   bool add_special_tokens, ParsedRequest& parsed) {
+  constexpr const char* kAccepted = "a string, an array of token ids, or an array of one of these";
+  const auto it = root.find("prompt");
+  if (it == root.end() || it->is_null()) {
+    return invalidRequest(std::string("prompt is required (") + kAccepted + ")", "prompt");
+  }
+  const json* prompt = &*it;
+  std::string name = "prompt";
+  if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
+    // A batch of prompts; only a batch of one is accepted.
+    if (prompt->size() != 1) {
+      return invalidRequest("prompt must be a single prompt, got an array of " +
+                                std::to_string(prompt->size()) +
+                                " prompts (batched prompts are not supported)",
+                            "prompt");
+    }
+    prompt = &(*prompt)[0];
+    name = "prompt[0]";
+    if (!prompt->is_string() && !prompt->is_array()) {
+      return invalidRequest(
+          name + " must be a string or an array of token ids, got " + prompt->type_name(),
+          "prompt");
+    }
+  }
+  if (prompt->is_string()) {
+    const auto& text = prompt->get_ref<const std::string&>();
+    if (text.empty()) return invalidRequest("prompt must not be empty", "prompt");
+    parsed.prompt_text = text;
+    parsed.request.prompt = tokenizer.encode(text, add_special_tokens);
+    return std::nullopt;
+  }
+  if (!prompt->is_array()) {
+    return invalidRequest(
+        std::string("prompt must be ") + kAccepted + ", got " + prompt->type_name(), "prompt");
+  }
+  if (prompt->empty()) return invalidRequest("prompt must not be empty", "prompt");
+  auto ids = readTokenIds(fields, name, "prompt", *prompt, limits.vocab_size);
+  if (!ids) return fields.error();
+  parsed.request.prompt = std::move(*ids);
+  return std::nullopt;
+}
+
+const char* const kRoles[] = {"system", "user", "assistant", "tool"};
+
+// messages: a non-empty array of {role, content}; content is a string or an
+// array of {type: "text", text} parts (joined with "\n", as vLLM does for
+// templates that expect string content).
+Result<std::vector<ChatMessage>> readMessages(const json& root) {
+  const auto it = root.find("messages");
+  if (it == root.end() || it->is_null()) {
+    return invalidRequest("messages is required (a non-empty array of {role, content} objects)",
+                          "messages");
+  }
+  if (!it->is_array()) {
+    return invalidRequest(std::string("messages must be an array, got ") + it->type_name(),
+                          "messages");
+  }
+  if (it->empty()) return invalidRequest("messages must not be empty", "messages");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& message = (*it)[i];
+    const std::string name = "messages[" + std::to_string(i) + "]";
+    if (!message.is_object()) {
+      return invalidRequest(name + " must be an object, got " + message.type_name(), name);
+    }
+    ChatMessage parsed;
+    const auto role = message.find("role");
+    if (role == message.end() || role->is_null()) {
+      return invalidRequest(name + ".role is required (system, user, assistant or tool)",
+                            name + ".role");
+    }
+    if (!role->is_string()) {
+      return invalidRequest(name + ".role must be a string, got " + role->type_name(),
+                            name + ".role");
+    }
+    parsed.role = role->get<std::string>();
+    if (std::find(std::begin(kRoles), std::end(kRoles), parsed.role) == std::end(kRoles)) {
+      return invalidRequest(name + ".role must be one of system, user, assistant, tool, got " +
+                                jsonQuoted(parsed.role),
+                            name + ".role");
+    }
+    if (const auto calls = message.find("tool_calls");
+        calls != message.end() && !calls->is_null() && !(calls->is_array() && calls->empty())) {
+      return invalidRequest(name + ".tool_calls is not supported yet", name + ".tool_calls");
+    }
+    const auto content = message.find("content");
+    const std::string content_name = name + ".content";
+    if (content == message.end() || content->is_null()) {
+      return invalidRequest(content_name + " is required (a string or an array of text parts)",
+                            content_name);
+    }
+    if (content->is_string()) {
+      parsed.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (size_t j = 0; j < content->size(); ++j) {
+        const json& part = (*content)[j];
+        const std::string part_name = content_name + "[" + std::to_string(j) + "]";
+        if (!part.is_object()) {
+          return invalidRequest(part_name + " must be an object, got " + part.type_name(),
+                                content_name);
+        }
+        const auto type = part.find("type");
+        if (type == part.end() || !type->is_string()) {
+          return invalidRequest(part_name + ".type must be \"text\"", content_name);
+        }
+        if (type->get<std::string>() != "text") {
+          return invalidRequest(part_name +
+                                    ".type must be \"text\" (only text content is "
+                                    "supported), got " +
+                                    jsonQuoted(type->get<std::string>()),
+                                content_name);
+        }
+        const auto text = part.find("text");
+        if (text == part.end() || !text->is_string()) {
+          return invalidRequest(part_name + ".text must be a string, got " +
+                                    (text == part.end() ? "nothing" : text->type_name()),
+                                content_name);
+        }
+        if (j > 0) parsed.content += '\n';
+        parsed.content += text->get<std::string>();
+      }
+    } else {
+      return invalidRequest(
+          content_name + " must be a string or an array of text parts, got " + content->type_name(),
+          content_name);
+    }
+    messages.push_back(std::move(parsed));
+  }
+  return messages;
+}
+
+// Applies the chat template; its errors come back with param "messages".
+Result<std::string> renderMessages(FieldReader& fields, const json& root,
+                                   const Tokenizer& tokenizer) {
+  auto messages = readMessages(root);
+  if (!messages.isOk()) return messages.error();
+  ChatTemplateOptions options;
+  fields.readBool("add_generation_prompt", &options.add_generation_prompt);
+  fields.readBool("continue_final_message", &options.continue_final_message);
+  if (options.add_generation_prompt && options.continue_final_message) {
+    fields.fail(
+        "add_generation_prompt and continue_final_message cannot both be true; set "
+        "add_generation_prompt to false to continue the final message",
+        "continue_final_message");
+  }
+  if (!fields.ok()) return fields.error();
+  auto rendered = renderChatTemplate(tokenizer.chatTemplate(), messages.value(), options);
+  if (!rendered.isOk()) return fromStatus(rendered.status(), "messages");
+  return std::move(rendered).value();
+}
+
+Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits& limits,
+                                      const Tokenizer& tokenizer) {
+  auto root = parseJsonObject(body);
+  if (!root.isOk()) return root.error();
+  ParsedRequest parsed;
+  if (auto error = checkModel(root.value(), limits, /*required=*/true, &parsed.model)) {
+    return *error;
+  }
+  FieldReader fields(root.value());
+  readCommonFields(fields, limits, parsed);
+  const auto max_tokens = readMaxTokens(fields, "max_tokens");
+  int64_t logprobs = 0;
+  if (fields.readInt("logprobs", 0, limits.max_logprobs, &logprobs)) {
+    parsed.request.sampling.logprobs = static_cast<int32_t>(logprobs);
+  }
+  if (int64_t best_of = 1;
+      fields.readInt("best_of", kInt64Min, kInt64Max, &best_of) && best_of != 1) {
+    fields.fail("best_of must be 1, got " + std::to_string(best_of), "best_of");
+  }
+  if (std::string suffix; fields.readString("suffix", &suffix) && !suffix.empty()) {
+    fields.fail("suffix is not supported yet; leave it out or send null", "suffix");
+  }
+  bool add_special_tokens = true;
+  fields.readBool("add_special_tokens", &add_special_tokens);
+  if (!fields.ok()) return fields.error();
+
+  if (auto error =
+          readPrompt(fields, root.value(), limits, tokenizer, add_special_tokens, parsed)) {
+    return *error;
+  }
+  if (auto error = finishRequest(parsed, limits, max_tokens, "max_tokens", "prompt", "prompt")) {
+    return *error;
+  }
+  return parsed;
+}
+
+Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLimits& limits,
+                                          const Tokenizer& tokenizer) {
+  auto root = parseJsonObject(body);
+  if (!root.isOk()) return root.error();
+  ParsedRequest parsed;
+  parsed.chat = true;
+  if (auto error = checkModel(root.value(), limits, /*required=*/true, &parsed.model)) {
+    return *error;
+  }
+  FieldReader fields(root.value());
+  readCommonFields(fields, limits, parsed);
+  // max_completion_tokens replaced max_tokens in OpenAI's chat API; it wins
+  // when both are given, as in vLLM.
+  const char* max_tokens_name =
+      fields.find("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+  const auto max_tokens = readMaxTokens(fields, max_tokens_name);
+
+  bool logprobs = false;
+  fields.readBool("logprobs", &logprobs);
+  int64_t top_logprobs = 0;
+  const bool has_top = fields.readInt("top_logprobs", 0, limits.max_logprobs, &top_logprobs);
+  if (has_top && !logprobs) {
+    fields.fail("top_logprobs requires logprobs to be true", "top_logprobs");
+  }
+  if (logprobs) parsed.request.sampling.logprobs = static_cast<int32_t>(top_logprobs);
+
+  if (const json* tools = fields.find("tools"); tools != nullptr && !tools->empty()) {
+    fields.fail("tools are not supported yet; leave them out", "tools");
+  }
+  if (fields.find("chat_template") != nullptr) {
+    fields.fail("chat_template in the request is not supported; the model's own template is used",
+                "chat_template");
+  }
+  bool add_special_tokens = false;
+  fields.readBool("add_special_tokens", &add_special_tokens);
+  if (!fields.ok()) return fields.error();
+
+  auto text = renderMessages(fields, root.value(), tokenizer);
+  if (!text.isOk()) return text.error();
+  parsed.prompt_text = std::move(text).value();
+  parsed.request.prompt = tokenizer.encode(parsed.prompt_text, add_special_tokens);
+  if (auto error =
+          finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
+    return *error;
+  }
+  return parsed;
+}
+
+Result<json> tokenize(std::string_view body, const ServerLimits& limits,
+                      const Tokenizer& tokenizer) {
+  auto root = parseJsonObject(body);
+  if (!root.isOk()) return root.error();
+  std::string model;
+  if (auto error = checkModel(root.value(), limits, /*required=*/false, &model)) return *error;
+  FieldReader fields(root.value());
+  const bool has_prompt = fields.find("prompt") != nullptr;
+  const bool has_messages = fields.find("messages") != nullptr;
+  if (has_prompt == has_messages) {
+    return invalidRequest(has_prompt ? "prompt and messages cannot both be given; send one"
+                                     : "prompt or messages is required",
+                          has_prompt ? "messages" : "prompt");
+  }
+  bool add_special_tokens = has_prompt;  // vLLM's defaults
+  fields.readBool("add_special_tokens", &add_special_tokens);
+  bool return_token_strs = false;
+  fields.readBool("return_token_strs", &return_token_strs);
+  std::string text;
+  if (has_prompt) {
+    fields.readString("prompt", &text);
+    if (!fields.ok()) return fields.error();
+  } else {
+    if (!fields.ok()) return fields.error();
+    auto rendered = renderMessages(fields, root.value(), tokenizer);
+    if (!rendered.isOk()) return rendered.error();
+    text = std::move(rendered).value();
+  }
+  const std::vector<TokenId> ids = tokenizer.encode(text, add_special_tokens);
+  json response = {{"count", ids.size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids}};
+  if (return_token_strs) {
+    json strs = json::array();
+    for (TokenId id : ids) strs.push_back(tokenizer.idToToken(id).value_or(""));
+    response["token_strs"] = std::move(strs);
+  }
+  return response;
+}
+
+Result<json> detokenize(std::string_view body, const ServerLimits& limits,
+                        const Tokenizer& tokenizer) {
+  auto root = parseJsonObject(body);
+  if (!root.isOk()) return root.error();
+  std::string model;
+  if (auto error = checkModel(root.value(), limits, /*required=*/false, &model)) return *error;
+  FieldReader fields(root.value());
+  const json* tokens = fields.find("tokens");
+  if (tokens == nullptr)
+    return invalidRequest("tokens is required (an array of token ids)", "tokens");
+  if (!tokens->is_array()) {
+    return invalidRequest(
+        std::string("tokens must be an array of token ids, got ") + tokens->type_name(), "tokens");
+  }
+  auto ids = readTokenIds(fields, "tokens", "tokens", *tokens, limits.vocab_size);
+  if (!ids) return fields.error();
+  return json{{"prompt", tokenizer.decode(*ids)}};
+}
+
+// ---------------------------------------------------------------------------
+// Building responses
+
+// Length of the valid UTF-8 character at text[pos], or 0 when the bytes there
+// do not form one (stray continuation byte, overlong form, surrogate,
+// truncated sequence).
+size_t validUtf8Length(std::string_view text, size_t pos) {
+  const auto byte = [&](size_t i) -> unsigned { return static_cast<unsigned char>(text[i]); };
+  const unsigned lead = byte(pos);
+  if (lead < 0x80) return 1;
+  size_t length = 0;
+  unsigned low = 0x80;
+  unsigned high = 0xBF;  // allowed range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;   // overlong
+    if (lead == 0xED) high = 0x9F;  // surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;   // overlong
+    if (lead == 0xF4) high = 0x8F;  // past U+10FFFF
+  } else {
+    return 0;
+  }
+  if (pos + length > text.size()) return 0;
+  if (byte(pos + 1) < low || byte(pos + 1) > high) return 0;
+  for (size_t i = 2; i < length; ++i) {
+    if ((byte(pos + i) & 0xC0) != 0x80) return 0;
+  }
+  return length;
+}
+
+bool isContinuationByte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+double reportedLogprob(float logprob) {
+  return std::isfinite(logprob) ? static_cast<double>(logprob) : kMinReportedLogprob;
+}
+
+json finishReasonJson(engine::FinishReason reason) {
+  if (reason == engine::FinishReason::kNone) return nullptr;
+  return engine::finishReasonName(reason);
+}
+
+json byteList(const std::string& bytes) {
+  json list = json::array();
+  for (char c : bytes) list.push_back(static_cast<unsigned char>(c));
+  return list;
+}
+
+// Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+json chatLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedToken>& tokens,
+                  const Tokenizer& tokenizer) {
+  json content = json::array();
+  const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
+  for (const engine::GeneratedToken& token : tokens) {
+    json top = json::array();
+    for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
+      top.push_back({{"token", logprobTokenText(tokenizer, token.top[i].token)},
+                     {"logprob", reportedLogprob(token.top[i].logprob)},
+                     {"bytes", byteList(tokenizer.tokenBytes(token.top[i].token))}});
+    }
+    content.push_back({{"token", logprobTokenText(tokenizer, token.token)},
+                       {"logprob", reportedLogprob(token.logprob)},
+                       {"bytes", byteList(tokenizer.tokenBytes(token.token))},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+// Completions form: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+// top_logprobs maps token text to logprob and, like vLLM, always holds the
+// sampled token. text_offset counts characters of the generated text, a token
+// that starts inside a character taking that character's offset; special
+// tokens count as empty when skip_special_tokens. `text_chars` carries the
+// count across stream chunks.
+json completionLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedToken>& tokens,
+                        const Tokenizer& tokenizer, int64_t& text_chars) {
+  json token_texts = json::array();
+  json token_logprobs = json::array();
+  json top_logprobs = json::array();
+  json text_offset = json::array();
+  const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
+  for (const engine::GeneratedToken& token : tokens) {
+    const std::string text = logprobTokenText(tokenizer, token.token);
+    json top = json::object();
+    for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
+      const std::string key = logprobTokenText(tokenizer, token.top[i].token);
+      if (!top.contains(key)) top[key] = reportedLogprob(token.top[i].logprob);
+    }
+    if (!top.contains(text)) top[text] = reportedLogprob(token.logprob);
+    token_texts.push_back(text);
+    token_logprobs.push_back(reportedLogprob(token.logprob));
+    top_logprobs.push_back(std::move(top));
+
+    const std::string bytes = meta.skip_special_tokens && tokenizer.isSpecial(token.token)
+                                  ? std::string()
+                                  : tokenizer.tokenBytes(token.token);
+    const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
+    text_offset.push_back(starts_mid_character && text_chars > 0 ? text_chars - 1 : text_chars);
+    for (char c : bytes) text_chars += isContinuationByte(c) ? 0 : 1;
+  }
+  return {{"tokens", std::move(token_texts)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(text_offset)}};
+}
+
+json responseHead(const ResponseMeta& meta, const char* object) {
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Errors
+
+ApiError invalidRequest(std::string message, std::string param) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
+}
+
+json errorBody(const ApiError& error) {
+  return {{"error",
+           {{"message", error.message},
+            {"type", error.type},
+            {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+            {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}};
+}
+
+ApiError fromStatus(const Status& status, std::string param) {
+  ApiError error{500, status.message(), "server_error", std::move(param), ""};
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kFailedPrecondition:
+      error.status = 400;
+      error.type = "invalid_request_error";
+      break;
+    case StatusCode::kNotFound:
+      error.status = 404;
+      error.type = "not_found_error";
+      break;
+    case StatusCode::kResourceExhausted:
+      error.status = 429;
+      error.type = "rate_limit_exceeded";
+      break;
+    case StatusCode::kUnimplemented:
+      error.status = 501;
+      error.type = "not_implemented_error";
+      break;
+    case StatusCode::kUnavailable:
+    case StatusCode::kAborted:
+      error.status = 503;
+      error.type = "service_unavailable";
+      break;
+    case StatusCode::kDeadlineExceeded:
+      error.status = 504;
+      error.type = "timeout_error";
+      break;
+    case StatusCode::kOk:
+      // Only a caller's bug turns an OK status into an error response.
+      error.message = "internal error: an OK status was reported as an error";
+      break;
+    case StatusCode::kDataLoss:
+    case StatusCode::kInternal:
+      break;
+  }
+  return error;
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+
+Result<ParsedRequest> parseCompletionRequest(std::string_view body, const ServerLimits& limits,
+                                             const Tokenizer& tokenizer) {
+  return guarded<ParsedRequest>([&] { return parseCompletion(body, limits, tokenizer); });
+}
+
+Result<ParsedRequest> parseChatCompletionRequest(std::string_view body, const ServerLimits& limits,
+                                                 const Tokenizer& tokenizer) {
+  return guarded<ParsedRequest>([&] { return parseChatCompletion(body, limits, tokenizer); });
+}
+
+Result<json> tokenizeResponse(std::string_view body, const ServerLimits& limits,
+                              const Tokenizer& tokenizer) {
+  return guarded<json>([&] { return tokenize(body, limits, tokenizer); });
+}
+
+Result<json> detokenizeResponse(std::string_view body, const ServerLimits& limits,
+                                const Tokenizer& tokenizer) {
+  return guarded<json>([&] { return detokenize(body, limits, tokenizer); });
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,
+                              int64_t created) {
+  ResponseMeta meta;
+  meta.id = (request.chat ? "chatcmpl-" : "cmpl-") + std::string(request_id);
+  meta.created = created;
+  meta.model = request.model;
+  meta.chat = request.chat;
+  meta.logprobs = request.request.sampling.logprobs;
+  meta.include_usage = request.include_usage;
+  meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
+  meta.kv_transfer_params = request.kv_transfer_params;
+  return meta;
+}
+
+void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& step) {
+  if (total.request_id.empty()) total.request_id = step.request_id;
+  total.tokens.insert(total.tokens.end(), step.tokens.begin(), step.tokens.end());
+  total.text += step.text;
+  total.finish_reason = step.finish_reason;
+  total.error = step.error;
+  total.num_prompt_tokens = std::max(total.num_prompt_tokens, step.num_prompt_tokens);
+  total.num_cached_tokens = std::max(total.num_cached_tokens, step.num_cached_tokens);
+  total.num_generated_tokens = std::max(total.num_generated_tokens, step.num_generated_tokens);
+  total.timings = step.timings;
+}
+
+json usageJson(const engine::RequestOutput& output) {
+  return {{"prompt_tokens", output.num_prompt_tokens},
+          {"completion_tokens", output.num_generated_tokens},
+          {"total_tokens", output.num_prompt_tokens + output.num_generated_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", output.num_cached_tokens}}}};
+}
+
+json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+                        const Tokenizer& tokenizer) {
+  json response = responseHead(meta, "text_completion");
+  int64_t text_chars = 0;
+  json choice = {
+      {"index", 0},
+      {"text", total.text},
+      {"logprobs", meta.logprobs ? completionLogprobs(meta, total.tokens, tokenizer, text_chars)
+                                 : json(nullptr)},
+      {"finish_reason", finishReasonJson(total.finish_reason)}};
+  response["choices"] = json::array({std::move(choice)});
+  response["usage"] = usageJson(total);
+  if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
+  return response;
+}
+
+json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+                            const Tokenizer& tokenizer) {
+  json response = responseHead(meta, "chat.completion");
+  json choice = {
+      {"index", 0},
+      {"message", {{"role", "assistant"}, {"content", total.text}}},
+      {"logprobs", meta.logprobs ? chatLogprobs(meta, total.tokens, tokenizer) : json(nullptr)},
+      {"finish_reason", finishReasonJson(total.finish_reason)}};
+  response["choices"] = json::array({std::move(choice)});
+  response["usage"] = usageJson(total);
+  if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
+  return response;
+}
+
+ApiError engineError(const engine::RequestOutput& output) {
+  return serverError(output.error.empty() ? "the engine failed while generating" : output.error);
+}
+
+std::optional<json> completionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+                                    const Tokenizer& tokenizer, StreamState& state) {
+  const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
+  if (step.text.empty() && !step.finished() && !has_logprobs) return std::nullopt;
+  json chunk = responseHead(meta, "text_completion");
+  json choice = {
+      {"index", 0},
+      {"text", step.text},
+      {"logprobs", has_logprobs ? completionLogprobs(meta, step.tokens, tokenizer, state.text_chars)
+                                : json(nullptr)},
+      {"finish_reason", finishReasonJson(step.finish_reason)}};
+  chunk["choices"] = json::array({std::move(choice)});
+  if (meta.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::optional<json> chatCompletionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+                                        const Tokenizer& tokenizer, StreamState& state) {
+  const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
+  if (state.role_sent && step.text.empty() && !step.finished() && !has_logprobs) {
+    return std::nullopt;
+  }
+  json delta = json::object();
+  if (!state.role_sent) {
+    delta["role"] = "assistant";
+    delta["content"] = step.text;
+    state.role_sent = true;
+  } else if (!step.text.empty()) {
+    delta["content"] = step.text;
+  }
+  json chunk = responseHead(meta, "chat.completion.chunk");
+  json choice = {
+      {"index", 0},
+      {"delta", std::move(delta)},
+      {"logprobs", has_logprobs ? chatLogprobs(meta, step.tokens, tokenizer) : json(nullptr)},
+      {"finish_reason", finishReasonJson(step.finish_reason)}};
+  chunk["choices"] = json::array({std::move(choice)});
+  if (meta.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::optional<json> streamChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+                                const Tokenizer& tokenizer, StreamState& state) {
+  return meta.chat ? chatCompletionChunk(meta, step, tokenizer, state)
+                   : completionChunk(meta, step, tokenizer, state);
+}
+
+json usageChunk(const ResponseMeta& meta, const engine::RequestOutput& final_output) {
+  json chunk = responseHead(meta, meta.chat ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = json::array();
+  chunk["usage"] = usageJson(final_output);
+  return chunk;
+}
+
+std::string sseEvent(const json& payload) { return "data: " + compactDump(payload) + "\n\n"; }
+
+std::string logprobTokenText(const Tokenizer& tokenizer, TokenId id) {
+  const std::string bytes = tokenizer.tokenBytes(id);
+  std::string text;
+  bool escaped = false;
+  for (size_t pos = 0; pos < bytes.size();) {
+    const size_t length = validUtf8Length(bytes, pos);
+    if (length > 0) {
+      text.append(bytes, pos, length);
+      pos += length;
+      continue;
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "\\x%02x", static_cast<unsigned char>(bytes[pos]));
+    text += hex;
+    escaped = true;
+    ++pos;
+  }
+  return escaped ? "bytes:" + text : text;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,206 @@
+// The OpenAI-compatible protocol of the agent's HTTP server, as pure
+// functions: request bodies in, engine::Request or an ApiError out; engine
+// outputs in, response bodies and stream chunks out. No sockets, no engine.
+//
+// Requests follow OpenAI's /v1/completions and /v1/chat/completions with
+// vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens,
+// stop_token_ids, ignore_eos, skip_special_tokens, cache_salt,
+// kv_transfer_params) and vLLM's /tokenize and /detokenize. Unknown fields
+// are ignored; fields that would change the result but are not implemented
+// (echo, logit_bias, non-text response_format, tools, n > 1, ...) are refused
+// with a message saying so. Every error names the field and what is accepted.
+//
+// Nothing here throws: failures come back as ApiError (a bug or out-of-memory
+// inside becomes a 500). All functions are safe to call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+#include "agent/engine/request.h"
+#include "common/check.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+
+namespace tandem::server {
+
+// ---------------------------------------------------------------------------
+// Errors
+
+// An error response. `type` and `code` follow OpenAI / vLLM:
+//   400 invalid_request_error      404 not_found_error (code model_not_found)
+//   429 rate_limit_exceeded        500 server_error
+//   501 not_implemented_error      503 service_unavailable   504 timeout_error
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending request field ("messages[2].role"), or empty
+  std::string code;   // e.g. "model_not_found", or empty
+};
+
+ApiError invalidRequest(std::string message, std::string param = "");
+// {"error": {"message", "type", "param", "code"}}; empty param / code are null.
+nlohmann::json errorBody(const ApiError& error);
+// HTTP status for a Status from the engine: InvalidArgument / OutOfRange /
+// FailedPrecondition 400, NotFound 404, ResourceExhausted 429, Unimplemented
+// 501, Unavailable / Aborted 503, DeadlineExceeded 504, others 500.
+ApiError fromStatus(const Status& status, std::string param = "");
+
+// A value or the ApiError that explains why there is none.
+template <typename T>
+class Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(ApiError error) : value_(std::move(error)) {}  // NOLINT: implicit by design
+
+  bool isOk() const { return std::holds_alternative<T>(value_); }
+  const ApiError& error() const {
+    TANDEM_CHECK(!isOk(), "Result::error() on a value");
+    return std::get<ApiError>(value_);
+  }
+  T& value() & {
+    TANDEM_CHECK(isOk(), "Result::value() on an error");
+    return std::get<T>(value_);
+  }
+  const T& value() const& {
+    TANDEM_CHECK(isOk(), "Result::value() on an error");
+    return std::get<T>(value_);
+  }
+  T&& value() && {
+    TANDEM_CHECK(isOk(), "Result::value() on an error");
+    return std::get<T>(std::move(value_));
+  }
+
+ private:
+  std::variant<T, ApiError> value_;
+};
+
+// ---------------------------------------------------------------------------
+// Requests
+
+struct ServerLimits {
+  std::string served_model_name;
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;  // the model's; token ids must be below it
+  int32_t max_logprobs = 20;
+};
+
+struct ParsedRequest {
+  // id is left empty for the caller. max_tokens is the request's, or what is
+  // left of max_model_len after the prompt. Logprobs were asked for when
+  // sampling.logprobs is set; its value is the number of alternatives
+  // (completions: `logprobs`; chat: `top_logprobs` with `logprobs: true`).
+  engine::Request request;
+  std::string model;
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // always false: echo=true is refused
+  // The prompt as text: the string prompt or the rendered chat; empty when
+  // the prompt was given as token ids.
+  std::string prompt_text;
+  nlohmann::json kv_transfer_params;  // passed through; null when absent
+};
+
+// POST /v1/completions.
+Result<ParsedRequest> parseCompletionRequest(std::string_view body, const ServerLimits& limits,
+                                             const Tokenizer& tokenizer);
+// POST /v1/chat/completions; the prompt is the model's chat template applied
+// to `messages` (see chat_template.h).
+Result<ParsedRequest> parseChatCompletionRequest(std::string_view body, const ServerLimits& limits,
+                                                 const Tokenizer& tokenizer);
+
+// ---------------------------------------------------------------------------
+// Responses
+
+// What every response body of one request repeats.
+struct ResponseMeta {
+  std::string id;       // "cmpl-<request id>" or "chatcmpl-<request id>"
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  bool chat = false;
+  std::optional<int32_t> logprobs;
+  bool include_usage = false;
+  bool skip_special_tokens = true;
+  nlohmann::json kv_transfer_params;  // added to the final response when not null
+};
+
+ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,
+                              int64_t created);
+
+// Folds one step's output into the running total of a non-streamed request:
+// tokens and text appended, finish reason and error taken from the step,
+// token counts kept at their largest.
+void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& step);
+
+// {"prompt_tokens", "completion_tokens", "total_tokens",
+//  "prompt_tokens_details": {"cached_tokens"}}.
+nlohmann::json usageJson(const engine::RequestOutput& output);
+
+// Complete (non-streamed) bodies from the merged output of a finished
+// request. A request that finished with FinishReason::kError should be
+// answered with engineError() instead.
+nlohmann::json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+                                  const Tokenizer& tokenizer);
+nlohmann::json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+                                      const Tokenizer& tokenizer);
+// 500 server_error carrying output.error.
+ApiError engineError(const engine::RequestOutput& output);
+
+// Per-stream state the chunk builders carry between calls.
+struct StreamState {
+  bool role_sent = false;  // chat: the first chunk carried role "assistant"
+  int64_t text_chars = 0;  // completions: text_offset of the next token
+};
+
+// One streamed chunk for one step's output, or nullopt when the step carries
+// nothing to send (no text, no logprobs, not finished, role already sent).
+// Completions: {"object": "text_completion", "choices": [{"index", "text",
+// "logprobs", "finish_reason"}]}. Chat: {"object": "chat.completion.chunk",
+// "choices": [{"index", "delta": {"role"?, "content"?}, "logprobs",
+// "finish_reason"}]}; the first chunk's delta has role "assistant". With
+// include_usage every chunk has "usage": null.
+std::optional<nlohmann::json> completionChunk(const ResponseMeta& meta,
+                                              const engine::RequestOutput& step,
+                                              const Tokenizer& tokenizer, StreamState& state);
+std::optional<nlohmann::json> chatCompletionChunk(const ResponseMeta& meta,
+                                                  const engine::RequestOutput& step,
+                                                  const Tokenizer& tokenizer, StreamState& state);
+// completionChunk or chatCompletionChunk, by meta.chat.
+std::optional<nlohmann::json> streamChunk(const ResponseMeta& meta,
+                                          const engine::RequestOutput& step,
+                                          const Tokenizer& tokenizer, StreamState& state);
+// The last chunk before [DONE] when include_usage: "choices": [] and usage
+// from the final output.
+nlohmann::json usageChunk(const ResponseMeta& meta, const engine::RequestOutput& final_output);
+
+// Server-sent events framing: "data: <compact json>\n\n". Invalid UTF-8 in
+// strings is replaced by U+FFFD rather than failing.
+std::string sseEvent(const nlohmann::json& payload);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// A token as logprobs show it: its bytes when they are valid UTF-8; otherwise
+// "bytes:" followed by the bytes with each byte that is not part of a valid
+// UTF-8 character written as \xNN (as OpenAI and vLLM do).
+std::string logprobTokenText(const Tokenizer& tokenizer, TokenId id);
+
+// ---------------------------------------------------------------------------
+// vLLM's /tokenize and /detokenize
+
+// {model?, prompt, add_special_tokens? (default true), return_token_strs?} or
+// {model?, messages, add_generation_prompt?, continue_final_message?,
+//  add_special_tokens? (default false), return_token_strs?}
+//   -> {"count", "max_model_len", "tokens", "token_strs"? (vocabulary form)}.
+Result<nlohmann::json> tokenizeResponse(std::string_view body, const ServerLimits& limits,
+                                        const Tokenizer& tokenizer);
+// {model?, tokens: [ids]} -> {"prompt": text} (special tokens kept).
+Result<nlohmann::json> detokenizeResponse(std::string_view body, const ServerLimits& limits,
+                                          const Tokenizer& tokenizer);
+
+}  // namespace tandem::server

@@ -1,0 +1,153 @@
+#include "common/block_hash.h"
+
+#include <openssl/evp.h>
+#include <xxhash.h>
+
+#include <array>
+#include <limits>
+
+#include "common/check.h"
+
+namespace tandem {
+namespace {
+
+constexpr uint8_t kFormatVersion = 1;
+
+void appendU32Le(std::string& out, uint32_t value) {
+  for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<char>(value >> shift));
+}
+
+void appendU64Be(std::string& out, uint64_t value) {
+  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>(value >> shift));
+}
+
+uint64_t readU64Be(const unsigned char* bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value = (value << 8) | bytes[i];
+  return value;
+}
+
+void appendString(std::string& out, std::string_view text) {
+  TANDEM_CHECK(text.size() <= std::numeric_limits<uint32_t>::max(),
+               "block hash extra longer than 4 GiB");
+  appendU32Le(out, static_cast<uint32_t>(text.size()));
+  out.append(text);
+}
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+std::string BlockHash::toHex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    out[i] = kDigits[(high >> (60 - 4 * i)) & 0xf];
+    out[16 + i] = kDigits[(low >> (60 - 4 * i)) & 0xf];
+  }
+  return out;
+}
+
+StatusOr<BlockHash> BlockHash::fromHex(std::string_view hex) {
+  if (hex.size() != 32) {
+    return invalidArgument("block hash must be 32 hex digits, got " + std::to_string(hex.size()) +
+                           " characters: '" + std::string(hex.substr(0, 64)) + "'");
+  }
+  BlockHash hash;
+  for (size_t i = 0; i < 32; ++i) {
+    const int value = hexValue(hex[i]);
+    if (value < 0) {
+      return invalidArgument("block hash must be 32 hex digits, got '" + std::string(hex) + "'");
+    }
+    uint64_t& half = i < 16 ? hash.high : hash.low;
+    half = (half << 4) | static_cast<uint64_t>(value);
+  }
+  return hash;
+}
+
+const char* hashAlgorithmName(HashAlgorithm algorithm) {
+  switch (algorithm) {
+    case HashAlgorithm::kXxh3_128:
+      return "xxhash";
+    case HashAlgorithm::kSha256:
+      return "sha256";
+  }
+  return "unknown";
+}
+
+StatusOr<HashAlgorithm> parseHashAlgorithm(std::string_view name) {
+  if (name == "xxhash") return HashAlgorithm::kXxh3_128;
+  if (name == "sha256") return HashAlgorithm::kSha256;
+  return invalidArgument("block hash algorithm must be \"xxhash\" or \"sha256\", got \"" +
+                         std::string(name) + "\"");
+}
+
+BlockHasher::BlockHasher(HashAlgorithm algorithm, std::string model_identity, int32_t block_size)
+    : algorithm_(algorithm), model_identity_(std::move(model_identity)), block_size_(block_size) {
+  if (block_size_ <= 0) {
+    throw Error("block_size must be positive, got " + std::to_string(block_size_));
+  }
+}
+
+void BlockHasher::encode(const BlockHash* parent, std::span<const TokenId> block_tokens,
+                         std::string_view cache_salt, std::string& out) const {
+  out.clear();
+  out.reserve(30 + 4 * block_tokens.size() + model_identity_.size() + cache_salt.size());
+  out.push_back(static_cast<char>(kFormatVersion));
+  out.push_back(parent != nullptr ? 1 : 0);
+  appendU64Be(out, parent != nullptr ? parent->high : 0);
+  appendU64Be(out, parent != nullptr ? parent->low : 0);
+  appendU32Le(out, static_cast<uint32_t>(block_tokens.size()));
+  for (TokenId token : block_tokens) appendU32Le(out, static_cast<uint32_t>(token));
+  appendString(out, model_identity_);
+  appendString(out, cache_salt);
+}
+
+BlockHash BlockHasher::digest(const std::string& bytes) const {
+  switch (algorithm_) {
+    case HashAlgorithm::kXxh3_128: {
+      const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+      return BlockHash{h.high64, h.low64};
+    }
+    case HashAlgorithm::kSha256: {
+      std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+      unsigned int md_size = 0;
+      const int ok =
+          EVP_Digest(bytes.data(), bytes.size(), md.data(), &md_size, EVP_sha256(), nullptr);
+      TANDEM_CHECK(ok == 1 && md_size == 32, "SHA-256 digest failed");
+      return BlockHash{readU64Be(md.data()), readU64Be(md.data() + 8)};
+    }
+  }
+  TANDEM_CHECK(false, "unknown hash algorithm");
+  return {};
+}
+
+BlockHash BlockHasher::hashBlock(const BlockHash* parent, std::span<const TokenId> block_tokens,
+                                 std::string_view cache_salt) const {
+  TANDEM_CHECK(block_tokens.size() == static_cast<size_t>(block_size_),
+               "hashBlock needs exactly block_size tokens");
+  std::string bytes;
+  encode(parent, block_tokens, cache_salt, bytes);
+  return digest(bytes);
+}
+
+std::vector<BlockHash> BlockHasher::hashFullBlocks(std::span<const TokenId> tokens,
+                                                   std::string_view cache_salt) const {
+  const size_t block = static_cast<size_t>(block_size_);
+  const size_t num_blocks = tokens.size() / block;
+  std::vector<BlockHash> hashes;
+  hashes.reserve(num_blocks);
+  std::string bytes;
+  for (size_t i = 0; i < num_blocks; ++i) {
+    encode(i == 0 ? nullptr : &hashes.back(), tokens.subspan(i * block, block), cache_salt, bytes);
+    hashes.push_back(digest(bytes));
+  }
+  return hashes;
+}
+
+}  // namespace tandem

@@ -1,0 +1,1145 @@
+// The OpenAI protocol layer: every refused input gives the status, type,
+// param and message expected; every accepted form parses to the expected
+// engine::Request; response bodies, stream chunks and SSE framing have the
+// expected shape, field by field.
+#include "agent/server/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer.h"
+#include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::server {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::tandem::testing::readFile;
+using ::tandem::testing::TempDir;
+
+constexpr int64_t kMaxModelLen = 64;
+constexpr int64_t kVocabSize = 512;  // the tiny preset's
+
+ServerLimits testLimits() {
+  ServerLimits limits;
+  limits.served_model_name = "tiny-model";
+  limits.max_model_len = kMaxModelLen;
+  limits.vocab_size = kVocabSize;
+  limits.max_logprobs = 5;
+  return limits;
+}
+
+// A generated test model's tokenizer (byte-level BPE, ChatML template), and a
+// copy of it whose tokenizer_config.json carries another chat template.
+class ProtocolTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("openai-protocol-test");
+    tools::writeTestModel(tools::TestModelOptions{}, dir_->path() / "chatml");
+    tokenizer_ = Tokenizer::fromDirectory(dir_->path() / "chatml").release();
+
+    const fs::path other = dir_->path() / "llama3-template";
+    fs::create_directories(other);
+    fs::copy_file(dir_->path() / "chatml" / "tokenizer.json", other / "tokenizer.json");
+    json config = json::parse(readFile(dir_->path() / "chatml" / "tokenizer_config.json"));
+    config["chat_template"] =
+        "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+        "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}{% endfor %}";
+    std::ofstream(other / "tokenizer_config.json") << config.dump(2);
+    other_template_tokenizer_ = Tokenizer::fromDirectory(other).release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete other_template_tokenizer_;
+    delete dir_;
+  }
+
+  static const Tokenizer& tokenizer() { return *tokenizer_; }
+
+  static TempDir* dir_;
+  static Tokenizer* tokenizer_;
+  static Tokenizer* other_template_tokenizer_;
+};
+
+TempDir* ProtocolTest::dir_ = nullptr;
+Tokenizer* ProtocolTest::tokenizer_ = nullptr;
+Tokenizer* ProtocolTest::other_template_tokenizer_ = nullptr;
+
+// One refused input and everything its error must say.
+struct BadCase {
+  std::string body;
+  int status;
+  std::string type;
+  std::string param;
+  std::string message;
+};
+
+void expectError(const ApiError& error, const BadCase& expected) {
+  EXPECT_EQ(error.status, expected.status);
+  EXPECT_EQ(error.type, expected.type);
+  EXPECT_EQ(error.param, expected.param);
+  EXPECT_EQ(error.message, expected.message);
+  // The body carries the same, with empty param / code as null.
+  const json body = errorBody(error);
+  ASSERT_TRUE(body.contains("error"));
+  EXPECT_EQ(body["error"]["message"], expected.message);
+  EXPECT_EQ(body["error"]["type"], expected.type);
+  if (expected.param.empty()) {
+    EXPECT_TRUE(body["error"]["param"].is_null());
+  } else {
+    EXPECT_EQ(body["error"]["param"], expected.param);
+  }
+}
+
+template <typename T>
+void expectRefused(const Result<T>& result, const BadCase& expected) {
+  SCOPED_TRACE(expected.body);
+  ASSERT_FALSE(result.isOk()) << "accepted: " << expected.body;
+  expectError(result.error(), expected);
+}
+
+BadCase bad(std::string body, std::string param, std::string message) {
+  return BadCase{std::move(body), 400, "invalid_request_error", std::move(param),
+                 std::move(message)};
+}
+
+// A completion body: model and prompt plus `extra` fields (a JSON fragment).
+std::string completion(const std::string& extra) {
+  return R"({"model": "tiny-model", "prompt": "Hello world")" +
+         (extra.empty() ? "" : ", " + extra) + "}";
+}
+
+std::string chat(const std::string& extra) {
+  return R"({"model": "tiny-model", "messages": [{"role": "user", "content": "Hi"}])" +
+         (extra.empty() ? "" : ", " + extra) + "}";
+}
+
+std::string chatWith(const std::string& messages) {
+  return R"({"model": "tiny-model", "messages": )" + messages + "}";
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+
+TEST(ApiErrors, BodyShape) {
+  ApiError error{404, "model \"x\" does not exist", "not_found_error", "model", "model_not_found"};
+  EXPECT_EQ(errorBody(error), json::parse(R"({"error": {"message": "model \"x\" does not exist",
+      "type": "not_found_error", "param": "model", "code": "model_not_found"}})"));
+  EXPECT_EQ(errorBody(invalidRequest("bad")),
+            json::parse(R"({"error": {"message": "bad", "type": "invalid_request_error",
+      "param": null, "code": null}})"));
+}
+
+TEST(ApiErrors, FromStatusMapsCodes) {
+  struct Mapping {
+    StatusCode code;
+    int status;
+    const char* type;
+  };
+  const Mapping mappings[] = {
+      {StatusCode::kInvalidArgument, 400, "invalid_request_error"},
+      {StatusCode::kOutOfRange, 400, "invalid_request_error"},
+      {StatusCode::kFailedPrecondition, 400, "invalid_request_error"},
+      {StatusCode::kNotFound, 404, "not_found_error"},
+      {StatusCode::kResourceExhausted, 429, "rate_limit_exceeded"},
+      {StatusCode::kUnimplemented, 501, "not_implemented_error"},
+      {StatusCode::kUnavailable, 503, "service_unavailable"},
+      {StatusCode::kAborted, 503, "service_unavailable"},
+      {StatusCode::kDeadlineExceeded, 504, "timeout_error"},
+      {StatusCode::kDataLoss, 500, "server_error"},
+      {StatusCode::kInternal, 500, "server_error"},
+  };
+  for (const Mapping& mapping : mappings) {
+    SCOPED_TRACE(statusCodeName(mapping.code));
+    const ApiError error = fromStatus(Status(mapping.code, "what went wrong"), "field");
+    EXPECT_EQ(error.status, mapping.status);
+    EXPECT_EQ(error.type, mapping.type);
+    EXPECT_EQ(error.message, "what went wrong");
+    EXPECT_EQ(error.param, "field");
+  }
+  const ApiError ok = fromStatus(Status::ok());
+  EXPECT_EQ(ok.status, 500);
+  EXPECT_EQ(ok.type, "server_error");
+  EXPECT_TRUE(ok.param.empty());
+}
+
+TEST(ApiErrors, EngineError) {
+  engine::RequestOutput output;
+  output.finish_reason = engine::FinishReason::kError;
+  output.error = "model runner failed: out of memory";
+  const ApiError error = engineError(output);
+  EXPECT_EQ(error.status, 500);
+  EXPECT_EQ(error.type, "server_error");
+  EXPECT_EQ(error.message, "model runner failed: out of memory");
+  output.error.clear();
+  EXPECT_EQ(engineError(output).message, "the engine failed while generating");
+}
+
+// ---------------------------------------------------------------------------
+// /v1/completions: refused inputs
+
+TEST_F(ProtocolTest, CompletionRefusesBadInput) {
+  const int64_t hello_len = static_cast<int64_t>(tokenizer().encode("Hello world").size());
+  std::string ids_64 = "[";
+  for (int i = 0; i < 64; ++i) ids_64 += (i ? ",7" : "7");
+  ids_64 += "]";
+
+  const std::vector<BadCase> cases = {
+      // Body and model.
+      bad("{", "",
+          "request body is not valid JSON: parse error at line 1, column 2: syntax error while "
+          "parsing object key - unexpected end of input; expected string literal"),
+      bad("", "",
+          "request body is not valid JSON: parse error at line 1, column 1: syntax error while "
+          "parsing value - unexpected end of input; expected '[', '{', or a literal"),
+      bad("[1]", "", "request body must be a JSON object, got array"),
+      bad(R"({"prompt": "x"})", "model", "model is required (this server serves \"tiny-model\")"),
+      bad(R"({"model": 5, "prompt": "x"})", "model", "model must be a string, got number"),
+      BadCase{R"({"model": "gpt-4", "prompt": "x"})", 404, "not_found_error", "model",
+              "model \"gpt-4\" does not exist; this server serves \"tiny-model\""},
+      // Prompt forms.
+      bad(R"({"model": "tiny-model"})", "prompt",
+          "prompt is required (a string, an array of token ids, or an array of one of these)"),
+      bad(R"({"model": "tiny-model", "prompt": ""})", "prompt", "prompt must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": []})", "prompt", "prompt must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": [""]})", "prompt", "prompt must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": [[]]})", "prompt", "prompt must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": ["a", "b"]})", "prompt",
+          "prompt must be a single prompt, got an array of 2 prompts (batched prompts are not "
+          "supported)"),
+      bad(R"({"model": "tiny-model", "prompt": [[1, 2], [3]]})", "prompt",
+          "prompt must be a single prompt, got an array of 2 prompts (batched prompts are not "
+          "supported)"),
+      bad(R"({"model": "tiny-model", "prompt": [1, 512]})", "prompt",
+          "prompt[1] must be a token id between 0 and 511, got 512"),
+      bad(R"({"model": "tiny-model", "prompt": [1, -1]})", "prompt",
+          "prompt[1] must be a token id between 0 and 511, got -1"),
+      bad(R"({"model": "tiny-model", "prompt": [1.5]})", "prompt",
+          "prompt[0] must be a token id between 0 and 511, got 1.5"),
+      bad(R"({"model": "tiny-model", "prompt": [1, "x"]})", "prompt",
+          "prompt[1] must be a token id (an integer), got string"),
+      bad(R"({"model": "tiny-model", "prompt": [[1, 999]]})", "prompt",
+          "prompt[0][1] must be a token id between 0 and 511, got 999"),
+      bad(R"({"model": "tiny-model", "prompt": 5})", "prompt",
+          "prompt must be a string, an array of token ids, or an array of one of these, got "
+          "number"),
+      bad(R"({"model": "tiny-model", "prompt": [{"text": "x"}]})", "prompt",
+          "prompt[0] must be a string or an array of token ids, got object"),
+      // Lengths.
+      bad(R"({"model": "tiny-model", "prompt": )" + ids_64 + "}", "prompt",
+          "prompt is 64 tokens, but max_model_len is 64; at most 63 prompt tokens leave room for "
+          "one generated token"),
+      bad(completion(R"("max_tokens": 100)"), "max_tokens",
+          "prompt (" + std::to_string(hello_len) +
+              " tokens) + max_tokens (100) exceeds max_model_len (64); max_tokens can be at most " +
+              std::to_string(kMaxModelLen - hello_len) + " for this prompt"),
+      bad(completion(R"("max_tokens": 0)"), "max_tokens", "max_tokens must be at least 1, got 0"),
+      bad(completion(R"("max_tokens": "10")"), "max_tokens",
+          "max_tokens must be an integer, got string"),
+      bad(completion(R"("max_tokens": 2.5)"), "max_tokens",
+          "max_tokens must be an integer, got 2.5"),
+      bad(completion(R"("max_tokens": 1e30)"), "max_tokens",
+          "max_tokens must be a 64-bit integer, got 1e+30"),
+      bad(completion(R"("max_tokens": 18446744073709551615)"), "max_tokens",
+          "max_tokens must be a 64-bit integer, got 18446744073709551615"),
+      bad(completion(R"("min_tokens": -1)"), "min_tokens", "min_tokens must be at least 0, got -1"),
+      bad(completion(R"("max_tokens": 5, "min_tokens": 10)"), "min_tokens",
+          "min_tokens must be between 0 and max_tokens (5), got 10"),
+      // Sampling types and ranges.
+      bad(completion(R"("temperature": "hot")"), "temperature",
+          "temperature must be a number, got string"),
+      bad(completion(R"("temperature": 3.5)"), "temperature",
+          "temperature must be between 0 and 2, got 3.5"),
+      bad(completion(R"("temperature": -0.5)"), "temperature",
+          "temperature must be between 0 and 2, got -0.5"),
+      bad(completion(R"("top_p": 0)"), "top_p", "top_p must be in (0, 1], got 0"),
+      bad(completion(R"("top_p": 1.5)"), "top_p", "top_p must be in (0, 1], got 1.5"),
+      bad(completion(R"("top_p": true)"), "top_p", "top_p must be a number, got boolean"),
+      bad(completion(R"("top_k": -2)"), "top_k", "top_k must be 0 (disabled) or positive, got -2"),
+      bad(completion(R"("top_k": 1.5)"), "top_k", "top_k must be an integer, got 1.5"),
+      bad(completion(R"("top_k": 4294967296)"), "top_k",
+          "top_k must be between -2147483648 and 2147483647, got 4294967296"),
+      bad(completion(R"("min_p": 1.5)"), "min_p", "min_p must be between 0 and 1, got 1.5"),
+      bad(completion(R"("frequency_penalty": 2.5)"), "frequency_penalty",
+          "frequency_penalty must be between -2 and 2, got 2.5"),
+      bad(completion(R"("presence_penalty": -3)"), "presence_penalty",
+          "presence_penalty must be between -2 and 2, got -3"),
+      bad(completion(R"("repetition_penalty": 0)"), "repetition_penalty",
+          "repetition_penalty must be greater than 0 and finite, got 0"),
+      bad(completion(R"("repetition_penalty": "1")"), "repetition_penalty",
+          "repetition_penalty must be a number, got string"),
+      bad(completion(R"("seed": "x")"), "seed", "seed must be an integer, got string"),
+      bad(completion(R"("seed": 1.5)"), "seed", "seed must be an integer, got 1.5"),
+      bad(completion(R"("n": 3)"), "n", "n must be 1, got 3"),
+      bad(completion(R"("n": "1")"), "n", "n must be an integer, got string"),
+      bad(completion(R"("best_of": 2)"), "best_of", "best_of must be 1, got 2"),
+      // Stops.
+      bad(completion(R"("stop": 5)"), "stop",
+          "stop must be a string or an array of strings, got number"),
+      bad(completion(R"("stop": "")"), "stop", "stop must not be empty"),
+      bad(completion(R"("stop": ["a", "b", "c", "d", "e"])"), "stop",
+          "stop must have at most 4 strings, got 5"),
+      bad(completion(R"("stop": ["a", 1])"), "stop", "stop[1] must be a string, got number"),
+      bad(completion(R"("stop": ["a", ""])"), "stop", "stop[1] must not be empty"),
+      bad(completion(R"("stop_token_ids": [3, 512])"), "stop_token_ids",
+          "stop_token_ids[1] must be a token id between 0 and 511, got 512"),
+      bad(completion(R"("stop_token_ids": "x")"), "stop_token_ids",
+          "stop_token_ids must be an array of token ids, got string"),
+      bad(completion(R"("ignore_eos": "yes")"), "ignore_eos",
+          "ignore_eos must be a boolean, got string"),
+      bad(completion(R"("skip_special_tokens": 0)"), "skip_special_tokens",
+          "skip_special_tokens must be a boolean, got number"),
+      // Streaming.
+      bad(completion(R"("stream": "true")"), "stream", "stream must be a boolean, got string"),
+      bad(completion(R"("stream_options": {"include_usage": true})"), "stream_options",
+          "stream_options is only allowed when stream is true"),
+      bad(completion(R"("stream": true, "stream_options": {"include_usage": 1})"),
+          "stream_options.include_usage",
+          "stream_options.include_usage must be a boolean, got number"),
+      bad(completion(R"("stream": true, "stream_options": "usage")"), "stream_options",
+          "stream_options must be an object, got string"),
+      // Logprobs.
+      bad(completion(R"("logprobs": 6)"), "logprobs", "logprobs must be between 0 and 5, got 6"),
+      bad(completion(R"("logprobs": -1)"), "logprobs", "logprobs must be between 0 and 5, got -1"),
+      bad(completion(R"("logprobs": true)"), "logprobs",
+          "logprobs must be an integer, got boolean"),
+      // Pass-through fields.
+      bad(completion(R"("cache_salt": "")"), "cache_salt",
+          "cache_salt must not be empty when given"),
+      bad(completion(R"("cache_salt": 5)"), "cache_salt",
+          "cache_salt must be a string, got number"),
+      bad(completion(R"("kv_transfer_params": "x")"), "kv_transfer_params",
+          "kv_transfer_params must be an object, got string"),
+      // Refused features.
+      bad(completion(R"("echo": true)"), "echo",
+          "echo is not supported yet; send false or leave it out"),
+      bad(completion(R"("echo": "no")"), "echo", "echo must be a boolean, got string"),
+      bad(completion(R"("logit_bias": {"1": 5})"), "logit_bias",
+          "logit_bias is not supported yet; leave it out or send {}"),
+      bad(completion(R"("logit_bias": [1])"), "logit_bias",
+          "logit_bias must be an object mapping token ids to biases, got array"),
+      bad(completion(R"("response_format": {"type": "json_object"})"), "response_format",
+          "response_format type \"json_object\" is not supported yet (only \"text\")"),
+      bad(completion(R"("response_format": {})"), "response_format",
+          "response_format.type must be a string (only \"text\" is supported)"),
+      bad(completion(R"("response_format": "text")"), "response_format",
+          "response_format must be an object, got string"),
+      bad(completion(R"("suffix": "end")"), "suffix",
+          "suffix is not supported yet; leave it out or send null"),
+      bad(completion(R"("prompt_logprobs": 1)"), "prompt_logprobs",
+          "prompt_logprobs is not supported yet; leave it out or send null"),
+      bad(completion(R"("guided_json": {"type": "object"})"), "guided_json",
+          "guided_json is not supported yet; leave it out or send null"),
+  };
+  for (const BadCase& c : cases) {
+    expectRefused(parseCompletionRequest(c.body, testLimits(), tokenizer()), c);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// /v1/completions: accepted forms
+
+TEST_F(ProtocolTest, CompletionPromptFormsGiveTheSameIds) {
+  const std::vector<TokenId> expected = tokenizer().encode("Hello world", true);
+  ASSERT_FALSE(expected.empty());
+  // The test tokenizer has no post-processor: special tokens add nothing.
+  ASSERT_EQ(expected, tokenizer().encode("Hello world"));
+  const std::string ids = json(expected).dump();
+  for (const std::string& prompt :
+       {std::string(R"("Hello world")"), std::string(R"(["Hello world"])"), ids, "[" + ids + "]"}) {
+    SCOPED_TRACE(prompt);
+    auto parsed = parseCompletionRequest(R"({"model": "tiny-model", "prompt": )" + prompt + "}",
+                                         testLimits(), tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    EXPECT_EQ(parsed.value().request.prompt, expected);
+    EXPECT_EQ(parsed.value().request.sampling.max_tokens,
+              kMaxModelLen - static_cast<int64_t>(expected.size()));
+    EXPECT_EQ(parsed.value().prompt_text,
+              prompt.starts_with("[[") || prompt == ids ? "" : "Hello world");
+  }
+}
+
+TEST_F(ProtocolTest, CompletionDefaults) {
+  auto parsed = parseCompletionRequest(completion(""), testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  const ParsedRequest& request = parsed.value();
+  const engine::SamplingParams defaults;
+  const engine::SamplingParams& sampling = request.request.sampling;
+  EXPECT_EQ(request.model, "tiny-model");
+  EXPECT_FALSE(request.chat);
+  EXPECT_FALSE(request.stream);
+  EXPECT_FALSE(request.include_usage);
+  EXPECT_FALSE(request.echo);
+  EXPECT_TRUE(request.kv_transfer_params.is_null());
+  EXPECT_TRUE(request.request.id.empty());
+  EXPECT_TRUE(request.request.cache_salt.empty());
+  EXPECT_EQ(sampling.temperature, defaults.temperature);
+  EXPECT_EQ(sampling.top_p, defaults.top_p);
+  EXPECT_EQ(sampling.top_k, defaults.top_k);
+  EXPECT_EQ(sampling.min_p, defaults.min_p);
+  EXPECT_FALSE(sampling.seed.has_value());
+  EXPECT_EQ(sampling.frequency_penalty, 0.0f);
+  EXPECT_EQ(sampling.presence_penalty, 0.0f);
+  EXPECT_EQ(sampling.repetition_penalty, 1.0f);
+  EXPECT_FALSE(sampling.logprobs.has_value());
+  EXPECT_EQ(sampling.max_tokens,
+            kMaxModelLen - static_cast<int64_t>(tokenizer().encode("Hello world").size()));
+  EXPECT_EQ(sampling.min_tokens, 0);
+  EXPECT_TRUE(sampling.stop.empty());
+  EXPECT_TRUE(sampling.stop_token_ids.empty());
+  EXPECT_FALSE(sampling.ignore_eos);
+  EXPECT_TRUE(sampling.skip_special_tokens);
+}
+
+TEST_F(ProtocolTest, CompletionEveryField) {
+  auto parsed = parseCompletionRequest(
+      completion(R"("max_tokens": 8, "min_tokens": 2, "temperature": 0.5, "top_p": 0.9,
+          "top_k": 40, "min_p": 0.05, "seed": 1234, "stop": ["\n\n", "END"],
+          "stop_token_ids": [509, 511], "ignore_eos": true, "frequency_penalty": 0.5,
+          "presence_penalty": -0.5, "repetition_penalty": 1.1, "n": 1, "best_of": 1,
+          "stream": true, "stream_options": {"include_usage": true}, "skip_special_tokens": false,
+          "user": "someone", "logit_bias": {}, "response_format": {"type": "text"},
+          "logprobs": 3, "echo": false, "cache_salt": "tenant-7",
+          "kv_transfer_params": {"do_remote_decode": true, "remote_port": 7000},
+          "an_unknown_field": [1, 2, 3])"),
+      testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  const ParsedRequest& request = parsed.value();
+  const engine::SamplingParams& sampling = request.request.sampling;
+  EXPECT_EQ(request.request.prompt, tokenizer().encode("Hello world"));
+  EXPECT_EQ(sampling.max_tokens, 8);
+  EXPECT_EQ(sampling.min_tokens, 2);
+  EXPECT_EQ(sampling.temperature, 0.5f);
+  EXPECT_EQ(sampling.top_p, 0.9f);
+  EXPECT_EQ(sampling.top_k, 40);
+  EXPECT_EQ(sampling.min_p, 0.05f);
+  EXPECT_EQ(sampling.seed, 1234u);
+  EXPECT_EQ(sampling.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(sampling.stop_token_ids, (std::vector<TokenId>{509, 511}));
+  EXPECT_TRUE(sampling.ignore_eos);
+  EXPECT_EQ(sampling.frequency_penalty, 0.5f);
+  EXPECT_EQ(sampling.presence_penalty, -0.5f);
+  EXPECT_EQ(sampling.repetition_penalty, 1.1f);
+  EXPECT_FALSE(sampling.skip_special_tokens);
+  EXPECT_EQ(sampling.logprobs, 3);
+  EXPECT_TRUE(request.stream);
+  EXPECT_TRUE(request.include_usage);
+  EXPECT_EQ(request.request.cache_salt, "tenant-7");
+  EXPECT_EQ(request.kv_transfer_params, json::parse(R"({"do_remote_decode": true,
+      "remote_port": 7000})"));
+}
+
+TEST_F(ProtocolTest, CompletionNullMeansAbsent) {
+  auto parsed = parseCompletionRequest(
+      completion(R"("max_tokens": null, "temperature": null, "top_p": null, "seed": null,
+          "stop": null, "stop_token_ids": null, "stream": null, "stream_options": null,
+          "logprobs": null, "echo": null, "logit_bias": null, "response_format": null,
+          "suffix": null, "kv_transfer_params": null, "cache_salt": null, "n": null)"),
+      testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  auto plain = parseCompletionRequest(completion(""), testLimits(), tokenizer());
+  ASSERT_TRUE(plain.isOk());
+  const engine::SamplingParams& a = parsed.value().request.sampling;
+  const engine::SamplingParams& b = plain.value().request.sampling;
+  EXPECT_EQ(a.max_tokens, b.max_tokens);
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.stop, b.stop);
+  EXPECT_EQ(a.logprobs, b.logprobs);
+  EXPECT_FALSE(parsed.value().stream);
+  EXPECT_TRUE(parsed.value().kv_transfer_params.is_null());
+}
+
+TEST_F(ProtocolTest, CompletionValueSpellings) {
+  struct Case {
+    std::string extra;
+    void (*check)(const ParsedRequest&);
+  };
+  const Case cases[] = {
+      // vLLM's -1 for "top_k disabled" is the engine's 0.
+      {R"("top_k": -1)", [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.top_k, 0); }},
+      // Integral floats are integers.
+      {R"("max_tokens": 5.0)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.max_tokens, 5); }},
+      // Seeds span 64 bits, signed or not.
+      {R"("seed": -1)",
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.request.sampling.seed, std::numeric_limits<uint64_t>::max());
+       }},
+      {R"("seed": 18446744073709551615)",
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.request.sampling.seed, std::numeric_limits<uint64_t>::max());
+       }},
+      // A single stop string; temperature 0 (greedy); logprobs 0.
+      {R"("stop": "\n", "temperature": 0, "logprobs": 0)",
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.request.sampling.stop, std::vector<std::string>{"\n"});
+         EXPECT_EQ(r.request.sampling.temperature, 0.0f);
+         EXPECT_EQ(r.request.sampling.logprobs, 0);
+       }},
+      // The largest max_tokens that fits.
+      {R"("max_tokens": 62)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.max_tokens, 62); }},
+      // include_usage defaults to false with stream_options present.
+      {R"("stream": true, "stream_options": {})",
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.stream);
+         EXPECT_FALSE(r.include_usage);
+       }},
+  };
+  ASSERT_EQ(tokenizer().encode("Hi").size(), 2u) << "the max_tokens case assumes a 2-token prompt";
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra);
+    auto parsed = parseCompletionRequest(
+        R"({"model": "tiny-model", "prompt": "Hi", )" + c.extra + "}", testLimits(), tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    c.check(parsed.value());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// /v1/chat/completions
+
+TEST_F(ProtocolTest, ChatRefusesBadInput) {
+  const std::string long_content(300, 'x');
+  const int64_t long_len = static_cast<int64_t>(
+      tokenizer()
+          .encode("<|im_start|>user\n" + long_content + "<|im_end|>\n<|im_start|>assistant\n")
+          .size());
+  const int64_t hi_len = static_cast<int64_t>(
+      tokenizer().encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n").size());
+  const std::vector<BadCase> cases = {
+      bad(R"({"model": "tiny-model"})", "messages",
+          "messages is required (a non-empty array of {role, content} objects)"),
+      bad(R"({"model": "tiny-model", "messages": {}})", "messages",
+          "messages must be an array, got object"),
+      bad(chatWith("[]"), "messages", "messages must not be empty"),
+      bad(chatWith(R"(["hi"])"), "messages[0]", "messages[0] must be an object, got string"),
+      bad(chatWith(R"([{"content": "hi"}])"), "messages[0].role",
+          "messages[0].role is required (system, user, assistant or tool)"),
+      bad(chatWith(R"([{"role": 1, "content": "hi"}])"), "messages[0].role",
+          "messages[0].role must be a string, got number"),
+      bad(chatWith(R"([{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}])"),
+          "messages[1].role",
+          "messages[1].role must be one of system, user, assistant, tool, got \"robot\""),
+      bad(chatWith(R"([{"role": "user"}])"), "messages[0].content",
+          "messages[0].content is required (a string or an array of text parts)"),
+      bad(chatWith(R"([{"role": "assistant", "content": null}])"), "messages[0].content",
+          "messages[0].content is required (a string or an array of text parts)"),
+      bad(chatWith(R"([{"role": "user", "content": 5}])"), "messages[0].content",
+          "messages[0].content must be a string or an array of text parts, got number"),
+      bad(chatWith(R"([{"role": "user", "content": ["x"]}])"), "messages[0].content",
+          "messages[0].content[0] must be an object, got string"),
+      bad(chatWith(R"([{"role": "user", "content": [{"text": "x"}]}])"), "messages[0].content",
+          "messages[0].content[0].type must be \"text\""),
+      bad(chatWith(R"([{"role": "user", "content": [{"type": "text", "text": "a"},
+          {"type": "image_url", "image_url": {"url": "http://x"}}]}])"),
+          "messages[0].content",
+          "messages[0].content[1].type must be \"text\" (only text content is supported), got "
+          "\"image_url\""),
+      bad(chatWith(R"([{"role": "user", "content": [{"type": "text", "text": 5}]}])"),
+          "messages[0].content", "messages[0].content[0].text must be a string, got number"),
+      bad(chatWith(R"([{"role": "assistant", "content": "",
+          "tool_calls": [{"id": "1", "type": "function"}]}])"),
+          "messages[0].tool_calls", "messages[0].tool_calls is not supported yet"),
+      BadCase{R"({"model": "other", "messages": [{"role": "user", "content": "Hi"}]})", 404,
+              "not_found_error", "model",
+              "model \"other\" does not exist; this server serves \"tiny-model\""},
+      bad(chat(R"("logprobs": 1)"), "logprobs", "logprobs must be a boolean, got number"),
+      bad(chat(R"("top_logprobs": 2)"), "top_logprobs",
+          "top_logprobs requires logprobs to be true"),
+      bad(chat(R"("logprobs": false, "top_logprobs": 0)"), "top_logprobs",
+          "top_logprobs requires logprobs to be true"),
+      bad(chat(R"("logprobs": true, "top_logprobs": 6)"), "top_logprobs",
+          "top_logprobs must be between 0 and 5, got 6"),
+      bad(chat(R"("max_completion_tokens": 0)"), "max_completion_tokens",
+          "max_completion_tokens must be at least 1, got 0"),
+      bad(chat(R"("max_completion_tokens": 100, "max_tokens": 5)"), "max_completion_tokens",
+          "chat prompt (" + std::to_string(hi_len) +
+              " tokens) + max_completion_tokens (100) exceeds max_model_len (64); "
+              "max_completion_tokens can be at most " +
+              std::to_string(kMaxModelLen - hi_len) + " for this prompt"),
+      bad(chat(R"("max_tokens": 100)"), "max_tokens",
+          "chat prompt (" + std::to_string(hi_len) +
+              " tokens) + max_tokens (100) exceeds max_model_len (64); max_tokens can be at most " +
+              std::to_string(kMaxModelLen - hi_len) + " for this prompt"),
+      bad(chatWith(R"([{"role": "user", "content": ")" + long_content + R"("}])"), "messages",
+          "chat prompt is " + std::to_string(long_len) +
+              " tokens, but max_model_len is 64; at most 63 prompt tokens leave room for one "
+              "generated token"),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}])"), "tools",
+          "tools are not supported yet; leave them out"),
+      bad(chat(R"("chat_template": "{{ messages }}")"), "chat_template",
+          "chat_template in the request is not supported; the model's own template is used"),
+      bad(chat(R"("add_generation_prompt": "yes")"), "add_generation_prompt",
+          "add_generation_prompt must be a boolean, got string"),
+      bad(chat(R"("continue_final_message": true)"), "continue_final_message",
+          "add_generation_prompt and continue_final_message cannot both be true; set "
+          "add_generation_prompt to false to continue the final message"),
+      bad(chat(R"("temperature": 3)"), "temperature", "temperature must be between 0 and 2, got 3"),
+      bad(chat(R"("n": 2)"), "n", "n must be 1, got 2"),
+      bad(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
+          "response_format",
+          "response_format type \"json_schema\" is not supported yet (only \"text\")"),
+      bad("not json", "",
+          "request body is not valid JSON: parse error at line 1, column 2: syntax error while "
+          "parsing value - invalid literal; last read: 'no'"),
+  };
+  ASSERT_GT(long_len, kMaxModelLen);
+  for (const BadCase& c : cases) {
+    expectRefused(parseChatCompletionRequest(c.body, testLimits(), tokenizer()), c);
+  }
+}
+
+TEST_F(ProtocolTest, ChatRefusesUnsupportedTemplate) {
+  expectRefused(
+      parseChatCompletionRequest(chat(""), testLimits(), *other_template_tokenizer_),
+      bad(chat(""), "messages", "chat template of this model is not supported yet (only ChatML)"));
+}
+
+TEST_F(ProtocolTest, ChatRendersTemplateAndEncodes) {
+  ServerLimits limits = testLimits();
+  limits.max_model_len = 256;
+  auto parsed = parseChatCompletionRequest(chatWith(R"([{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": [{"type": "text", "text": "Line one"},
+                                       {"type": "text", "text": "line two"}]},
+          {"role": "assistant", "content": "Ok."},
+          {"role": "user", "content": "And the café?", "name": "ignored"}])"),
+                                           limits, tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  // Text parts are joined with "\n", as vLLM does for string-content templates.
+  const std::string expected_text =
+      "<|im_start|>system\nBe brief.<|im_end|>\n"
+      "<|im_start|>user\nLine one\nline two<|im_end|>\n"
+      "<|im_start|>assistant\nOk.<|im_end|>\n"
+      "<|im_start|>user\nAnd the café?<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  const ParsedRequest& request = parsed.value();
+  EXPECT_TRUE(request.chat);
+  EXPECT_EQ(request.prompt_text, expected_text);
+  EXPECT_EQ(request.request.prompt, tokenizer().encode(expected_text));
+  // ChatML markers are single special tokens.
+  EXPECT_EQ(request.request.prompt.front(), *tokenizer().tokenToId("<|im_start|>"));
+  EXPECT_EQ(request.request.sampling.max_tokens,
+            256 - static_cast<int64_t>(request.request.prompt.size()));
+  EXPECT_FALSE(request.request.sampling.logprobs.has_value());
+}
+
+TEST_F(ProtocolTest, ChatOptions) {
+  struct Case {
+    std::string extra;
+    void (*check)(const ParsedRequest&);
+  };
+  const Case cases[] = {
+      {R"("logprobs": true)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.logprobs, 0); }},
+      {R"("logprobs": true, "top_logprobs": 5)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.logprobs, 5); }},
+      {R"("logprobs": false)",
+       [](const ParsedRequest& r) { EXPECT_FALSE(r.request.sampling.logprobs.has_value()); }},
+      // max_completion_tokens wins over max_tokens.
+      {R"("max_completion_tokens": 7, "max_tokens": 3)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.max_tokens, 7); }},
+      {R"("max_tokens": 3)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.max_tokens, 3); }},
+      {R"("add_generation_prompt": false)",
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.prompt_text, "<|im_start|>user\nHi<|im_end|>\n");
+       }},
+      {R"("add_generation_prompt": false, "continue_final_message": true)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.prompt_text, "<|im_start|>user\nHi"); }},
+      {R"("tools": [], "tool_choice": "none", "stream": true,
+          "stream_options": {"include_usage": true}, "kv_transfer_params": {"a": 1})",
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.stream);
+         EXPECT_TRUE(r.include_usage);
+         EXPECT_EQ(r.kv_transfer_params, json({{"a", 1}}));
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra);
+    auto parsed = parseChatCompletionRequest(chat(c.extra), testLimits(), tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    EXPECT_EQ(parsed.value().request.prompt, tokenizer().encode(parsed.value().prompt_text));
+    c.check(parsed.value());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+class ResponseTest : public ProtocolTest {
+ protected:
+  static TokenId id(const std::string& byte_level_token) {
+    const auto found = tokenizer().tokenToId(byte_level_token);
+    EXPECT_TRUE(found.has_value()) << byte_level_token;
+    return found.value_or(0);
+  }
+
+  static engine::GeneratedToken token(TokenId token_id, float logprob,
+                                      std::vector<engine::TokenLogprob> top = {}) {
+    engine::GeneratedToken generated;
+    generated.token = token_id;
+    generated.logprob = logprob;
+    generated.top = std::move(top);
+    return generated;
+  }
+
+  static ResponseMeta meta(bool chat, std::optional<int32_t> logprobs) {
+    ResponseMeta m;
+    m.id = chat ? "chatcmpl-req-1" : "cmpl-req-1";
+    m.created = 1700000000;
+    m.model = "tiny-model";
+    m.chat = chat;
+    m.logprobs = logprobs;
+    return m;
+  }
+};
+
+TEST_F(ResponseTest, MetaFromRequest) {
+  auto parsed =
+      parseChatCompletionRequest(chat(R"("logprobs": true, "top_logprobs": 2, "stream": true,
+          "stream_options": {"include_usage": true}, "skip_special_tokens": false,
+          "kv_transfer_params": {"x": 1})"),
+                                 testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  const ResponseMeta m = makeResponseMeta(parsed.value(), "abc", 42);
+  EXPECT_EQ(m.id, "chatcmpl-abc");
+  EXPECT_EQ(m.created, 42);
+  EXPECT_EQ(m.model, "tiny-model");
+  EXPECT_TRUE(m.chat);
+  EXPECT_EQ(m.logprobs, 2);
+  EXPECT_TRUE(m.include_usage);
+  EXPECT_FALSE(m.skip_special_tokens);
+  EXPECT_EQ(m.kv_transfer_params, json({{"x", 1}}));
+
+  auto completion_request = parseCompletionRequest(completion(""), testLimits(), tokenizer());
+  ASSERT_TRUE(completion_request.isOk());
+  EXPECT_EQ(makeResponseMeta(completion_request.value(), "abc", 42).id, "cmpl-abc");
+}
+
+TEST_F(ResponseTest, LogprobTokenText) {
+  // "Ã" and "©" are the byte-level spellings of the bytes 0xC3 and 0xA9, the
+  // two halves of "é".
+  EXPECT_EQ(tokenizer().tokenBytes(id("Ã")), "\xc3");
+  EXPECT_EQ(logprobTokenText(tokenizer(), id("Ã")), "bytes:\\xc3");
+  EXPECT_EQ(logprobTokenText(tokenizer(), id("©")), "bytes:\\xa9");
+  const TokenId hello = tokenizer().encode("Hello").front();
+  EXPECT_EQ(logprobTokenText(tokenizer(), hello), tokenizer().tokenBytes(hello));
+  EXPECT_EQ(logprobTokenText(tokenizer(), id("<|im_end|>")), "<|im_end|>");
+}
+
+TEST_F(ResponseTest, AppendOutputMergesSteps) {
+  engine::RequestOutput first;
+  first.request_id = "r";
+  first.tokens = {token(1, -0.5f)};
+  first.text = "He";
+  first.num_prompt_tokens = 5;
+  first.num_cached_tokens = 2;
+  first.num_generated_tokens = 1;
+  engine::RequestOutput last;
+  last.request_id = "r";
+  last.tokens = {token(2, -0.25f), token(3, -1.0f)};
+  last.text = "llo";
+  last.finish_reason = engine::FinishReason::kLength;
+  last.num_prompt_tokens = 5;
+  last.num_cached_tokens = 2;
+  last.num_generated_tokens = 3;
+
+  engine::RequestOutput total;
+  appendOutput(total, first);
+  appendOutput(total, last);
+  EXPECT_EQ(total.request_id, "r");
+  EXPECT_EQ(total.text, "Hello");
+  ASSERT_EQ(total.tokens.size(), 3u);
+  EXPECT_EQ(total.tokens[0].token, 1);
+  EXPECT_EQ(total.tokens[2].token, 3);
+  EXPECT_EQ(total.finish_reason, engine::FinishReason::kLength);
+  EXPECT_EQ(total.num_prompt_tokens, 5);
+  EXPECT_EQ(total.num_cached_tokens, 2);
+  EXPECT_EQ(total.num_generated_tokens, 3);
+}
+
+// The output of "café" split as "caf" + 0xC3 + 0xA9, with logprobs.
+engine::RequestOutput cafeOutput(const Tokenizer& tokenizer, TokenId c3, TokenId a9) {
+  engine::RequestOutput output;
+  for (TokenId t : tokenizer.encode("caf")) output.tokens.push_back({t, -0.5f, {}});
+  output.tokens.push_back({c3, -0.25f, {{c3, -0.25f}, {a9, -2.0f}}});
+  output.tokens.push_back({a9, -std::numeric_limits<float>::infinity(), {{c3, -0.125f}}});
+  output.text = "café";
+  output.finish_reason = engine::FinishReason::kStop;
+  output.num_prompt_tokens = 7;
+  output.num_cached_tokens = 4;
+  output.num_generated_tokens = static_cast<int64_t>(output.tokens.size());
+  return output;
+}
+
+TEST_F(ResponseTest, CompletionResponseShape) {
+  engine::RequestOutput output = cafeOutput(tokenizer(), id("Ã"), id("©"));
+  ResponseMeta m = meta(/*chat=*/false, /*logprobs=*/1);
+  m.kv_transfer_params = {{"remote_block_ids", {1, 2}}};
+  const json response = completionResponse(m, output, tokenizer());
+
+  EXPECT_EQ(response["id"], "cmpl-req-1");
+  EXPECT_EQ(response["object"], "text_completion");
+  EXPECT_EQ(response["created"], 1700000000);
+  EXPECT_EQ(response["model"], "tiny-model");
+  ASSERT_EQ(response["choices"].size(), 1u);
+  const json& choice = response["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["text"], "café");
+  EXPECT_EQ(choice["finish_reason"], "stop");
+
+  const std::vector<TokenId> caf = tokenizer().encode("caf");
+  const size_t n = caf.size() + 2;
+  const json& logprobs = choice["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), n);
+  ASSERT_EQ(logprobs["token_logprobs"].size(), n);
+  ASSERT_EQ(logprobs["top_logprobs"].size(), n);
+  ASSERT_EQ(logprobs["text_offset"].size(), n);
+  int64_t offset = 0;
+  for (size_t i = 0; i < caf.size(); ++i) {
+    const std::string text = tokenizer().tokenBytes(caf[i]);
+    EXPECT_EQ(logprobs["tokens"][i], text);
+    EXPECT_EQ(logprobs["token_logprobs"][i], -0.5);
+    // The sampled token is always among top_logprobs.
+    EXPECT_EQ(logprobs["top_logprobs"][i], json({{text, -0.5}}));
+    EXPECT_EQ(logprobs["text_offset"][i], offset);
+    offset += static_cast<int64_t>(text.size());
+  }
+  EXPECT_EQ(offset, 3);
+  // Both halves of "é" sit at the character's offset.
+  EXPECT_EQ(logprobs["tokens"][n - 2], "bytes:\\xc3");
+  EXPECT_EQ(logprobs["tokens"][n - 1], "bytes:\\xa9");
+  EXPECT_EQ(logprobs["text_offset"][n - 2], 3);
+  EXPECT_EQ(logprobs["text_offset"][n - 1], 3);
+  EXPECT_EQ(logprobs["token_logprobs"][n - 2], -0.25);
+  // -inf is reported as -9999 (JSON has no infinity).
+  EXPECT_EQ(logprobs["token_logprobs"][n - 1], -9999.0);
+  // logprobs=1: one alternative, plus the sampled token when it is not it.
+  EXPECT_EQ(logprobs["top_logprobs"][n - 2], json({{"bytes:\\xc3", -0.25}}));
+  EXPECT_EQ(logprobs["top_logprobs"][n - 1],
+            json({{"bytes:\\xc3", -0.125}, {"bytes:\\xa9", -9999.0}}));
+
+  EXPECT_EQ(response["usage"],
+            json::parse(R"({"prompt_tokens": 7, "completion_tokens": )" + std::to_string(n) +
+                        R"(, "total_tokens": )" + std::to_string(n + 7) +
+                        R"(, "prompt_tokens_details": {"cached_tokens": 4}})"));
+  EXPECT_EQ(response["kv_transfer_params"], json::parse(R"({"remote_block_ids": [1, 2]})"));
+  EXPECT_EQ(response.size(), 7u);  // id object created model choices usage kv_transfer_params
+}
+
+TEST_F(ResponseTest, CompletionResponseWithoutLogprobs) {
+  engine::RequestOutput output;
+  output.text = "Hi";
+  output.tokens = {token(1, 0.0f)};
+  output.finish_reason = engine::FinishReason::kLength;
+  output.num_prompt_tokens = 3;
+  output.num_generated_tokens = 1;
+  const json response = completionResponse(meta(false, std::nullopt), output, tokenizer());
+  EXPECT_EQ(response["choices"], json::parse(R"([{"index": 0, "text": "Hi", "logprobs": null,
+      "finish_reason": "length"}])"));
+  EXPECT_FALSE(response.contains("kv_transfer_params"));
+  EXPECT_EQ(response["usage"]["total_tokens"], 4);
+}
+
+TEST_F(ResponseTest, ChatCompletionResponseShape) {
+  engine::RequestOutput output = cafeOutput(tokenizer(), id("Ã"), id("©"));
+  const json response =
+      chatCompletionResponse(meta(/*chat=*/true, /*logprobs=*/2), output, tokenizer());
+  EXPECT_EQ(response["id"], "chatcmpl-req-1");
+  EXPECT_EQ(response["object"], "chat.completion");
+  EXPECT_EQ(response["created"], 1700000000);
+  EXPECT_EQ(response["model"], "tiny-model");
+  ASSERT_EQ(response["choices"].size(), 1u);
+  const json& choice = response["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["message"], json::parse(R"({"role": "assistant", "content": "café"})"));
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  const json& content = choice["logprobs"]["content"];
+  const size_t n = output.tokens.size();
+  ASSERT_EQ(content.size(), n);
+  const std::string first = tokenizer().tokenBytes(output.tokens[0].token);
+  json first_bytes = json::array();
+  for (char c : first) first_bytes.push_back(static_cast<unsigned char>(c));
+  EXPECT_EQ(content[0], json({{"token", first},
+                              {"logprob", -0.5},
+                              {"bytes", first_bytes},
+                              {"top_logprobs", json::array()}}));
+  EXPECT_EQ(content[n - 2], json::parse(R"({"token": "bytes:\\xc3", "logprob": -0.25,
+      "bytes": [195], "top_logprobs": [
+        {"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195]},
+        {"token": "bytes:\\xa9", "logprob": -2.0, "bytes": [169]}]})"));
+  EXPECT_EQ(content[n - 1], json::parse(R"({"token": "bytes:\\xa9", "logprob": -9999.0,
+      "bytes": [169], "top_logprobs": [
+        {"token": "bytes:\\xc3", "logprob": -0.125, "bytes": [195]}]})"));
+  EXPECT_EQ(response["usage"]["prompt_tokens"], 7);
+  EXPECT_EQ(response["usage"]["completion_tokens"], n);
+  EXPECT_EQ(response["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_FALSE(response.contains("kv_transfer_params"));
+}
+
+TEST_F(ResponseTest, ChatCompletionResponseWithoutLogprobs) {
+  engine::RequestOutput output;
+  output.text = "Sure.";
+  output.finish_reason = engine::FinishReason::kAbort;
+  const json response = chatCompletionResponse(meta(true, std::nullopt), output, tokenizer());
+  EXPECT_EQ(response["choices"], json::parse(R"([{"index": 0,
+      "message": {"role": "assistant", "content": "Sure."}, "logprobs": null,
+      "finish_reason": "abort"}])"));
+}
+
+TEST_F(ResponseTest, CompletionChunks) {
+  ResponseMeta m = meta(false, 0);
+  m.include_usage = true;
+  StreamState state;
+  const TokenId c3 = id("Ã");
+  const TokenId a9 = id("©");
+  const std::vector<TokenId> caf = tokenizer().encode("caf");
+
+  engine::RequestOutput step;
+  for (TokenId t : caf) step.tokens.push_back(token(t, -0.5f));
+  step.text = "caf";
+  auto chunk = completionChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ((*chunk)["id"], "cmpl-req-1");
+  EXPECT_EQ((*chunk)["object"], "text_completion");
+  EXPECT_EQ((*chunk)["created"], 1700000000);
+  EXPECT_EQ((*chunk)["model"], "tiny-model");
+  EXPECT_TRUE((*chunk)["usage"].is_null());
+  ASSERT_EQ((*chunk)["choices"].size(), 1u);
+  const json& choice = (*chunk)["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["text"], "caf");
+  EXPECT_TRUE(choice["finish_reason"].is_null());
+  EXPECT_EQ(choice["logprobs"]["text_offset"].front(), 0);
+  EXPECT_EQ(state.text_chars, 3);
+
+  // The first half of "é": no text yet (the detokenizer holds it back) but
+  // logprobs were asked for, so a chunk goes out; offsets continue.
+  step = {};
+  step.tokens = {token(c3, -0.25f)};
+  chunk = completionChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ((*chunk)["choices"][0]["text"], "");
+  EXPECT_EQ((*chunk)["choices"][0]["logprobs"]["text_offset"], json({3}));
+  EXPECT_EQ((*chunk)["choices"][0]["logprobs"]["tokens"], json({"bytes:\\xc3"}));
+
+  step = {};
+  step.tokens = {token(a9, -0.75f)};
+  step.text = "é";
+  step.finish_reason = engine::FinishReason::kLength;
+  chunk = completionChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ((*chunk)["choices"][0], json::parse(R"({"index": 0, "text": "é",
+      "logprobs": {"tokens": ["bytes:\\xa9"], "token_logprobs": [-0.75],
+                   "top_logprobs": [{"bytes:\\xa9": -0.75}], "text_offset": [3]},
+      "finish_reason": "length"})"));
+}
+
+TEST_F(ResponseTest, CompletionChunkSkipsEmptySteps) {
+  StreamState state;
+  engine::RequestOutput step;
+  step.tokens = {token(5, -1.0f)};  // text held back, no logprobs asked for
+  EXPECT_FALSE(completionChunk(meta(false, std::nullopt), step, tokenizer(), state).has_value());
+  // A finish with no new text still goes out, without "usage" when not asked.
+  step.finish_reason = engine::FinishReason::kStop;
+  auto chunk = completionChunk(meta(false, std::nullopt), step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_FALSE(chunk->contains("usage"));
+  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0, "text": "", "logprobs": null,
+      "finish_reason": "stop"}])"));
+}
+
+TEST_F(ResponseTest, ChatChunks) {
+  const ResponseMeta m = meta(true, std::nullopt);
+  StreamState state;
+  engine::RequestOutput step;
+
+  // First chunk: the role, even with no text yet.
+  auto chunk = chatCompletionChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ((*chunk)["id"], "chatcmpl-req-1");
+  EXPECT_EQ((*chunk)["object"], "chat.completion.chunk");
+  EXPECT_EQ((*chunk)["created"], 1700000000);
+  EXPECT_EQ((*chunk)["model"], "tiny-model");
+  EXPECT_FALSE(chunk->contains("usage"));
+  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0,
+      "delta": {"role": "assistant", "content": ""}, "logprobs": null,
+      "finish_reason": null}])"));
+  EXPECT_TRUE(state.role_sent);
+
+  // Nothing new: no chunk.
+  EXPECT_FALSE(chatCompletionChunk(m, step, tokenizer(), state).has_value());
+
+  step.text = "Hello";
+  chunk = chatCompletionChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0, "delta": {"content": "Hello"},
+      "logprobs": null, "finish_reason": null}])"));
+
+  step.text = "";
+  step.finish_reason = engine::FinishReason::kStop;
+  chunk = chatCompletionChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0, "delta": {},
+      "logprobs": null, "finish_reason": "stop"}])"));
+}
+
+TEST_F(ResponseTest, ChatChunkFirstWithTextAndLogprobs) {
+  ResponseMeta m = meta(true, 1);
+  m.include_usage = true;
+  StreamState state;
+  engine::RequestOutput step;
+  const TokenId c3 = id("Ã");
+  step.tokens = {token(c3, -0.25f, {{c3, -0.25f}})};
+  step.text = "x";
+  auto chunk = streamChunk(m, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_TRUE((*chunk)["usage"].is_null());
+  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0,
+      "delta": {"role": "assistant", "content": "x"},
+      "logprobs": {"content": [{"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195],
+          "top_logprobs": [{"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195]}]}]},
+      "finish_reason": null}])"));
+}
+
+TEST_F(ResponseTest, FinishReasonNames) {
+  const std::pair<engine::FinishReason, const char*> reasons[] = {
+      {engine::FinishReason::kStop, "stop"},
+      {engine::FinishReason::kLength, "length"},
+      {engine::FinishReason::kAbort, "abort"},
+      {engine::FinishReason::kError, "error"},
+  };
+  for (const auto& [reason, name] : reasons) {
+    StreamState state;
+    engine::RequestOutput step;
+    step.finish_reason = reason;
+    auto chunk = streamChunk(meta(false, std::nullopt), step, tokenizer(), state);
+    ASSERT_TRUE(chunk.has_value());
+    EXPECT_EQ((*chunk)["choices"][0]["finish_reason"], name);
+  }
+}
+
+TEST_F(ResponseTest, UsageChunk) {
+  engine::RequestOutput last;
+  last.num_prompt_tokens = 10;
+  last.num_cached_tokens = 8;
+  last.num_generated_tokens = 4;
+  EXPECT_EQ(usageChunk(meta(true, std::nullopt), last), json::parse(R"({"id": "chatcmpl-req-1",
+      "object": "chat.completion.chunk", "created": 1700000000, "model": "tiny-model",
+      "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
+      "prompt_tokens_details": {"cached_tokens": 8}}})"));
+  EXPECT_EQ(usageChunk(meta(false, std::nullopt), last)["object"], "text_completion");
+}
+
+TEST(Sse, FramingBytes) {
+  EXPECT_EQ(sseEvent(json::parse(R"({"b": "x y", "a": [1, 2.5, null]})")),
+            "data: {\"a\":[1,2.5,null],\"b\":\"x y\"}\n\n");
+  // Newlines inside strings are escaped, so an event is always one line.
+  EXPECT_EQ(sseEvent(json{{"text", "a\nb"}}), "data: {\"text\":\"a\\nb\"}\n\n");
+  // Invalid UTF-8 becomes U+FFFD instead of failing.
+  EXPECT_EQ(sseEvent(json{{"text", std::string("a\xff")}}),
+            "data: {\"text\":\"a\xef\xbf\xbd\"}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+}
+
+// ---------------------------------------------------------------------------
+// /tokenize and /detokenize
+
+TEST_F(ProtocolTest, TokenizePrompt) {
+  auto result = tokenizeResponse(R"({"model": "tiny-model", "prompt": "Hello world"})",
+                                 testLimits(), tokenizer());
+  ASSERT_TRUE(result.isOk()) << result.error().message;
+  const std::vector<TokenId> ids = tokenizer().encode("Hello world", true);
+  EXPECT_EQ(result.value(), json({{"count", ids.size()}, {"max_model_len", 64}, {"tokens", ids}}));
+
+  // model is optional; token_strs are vocabulary spellings.
+  result = tokenizeResponse(R"({"prompt": "Hello world", "return_token_strs": true,
+      "add_special_tokens": false})",
+                            testLimits(), tokenizer());
+  ASSERT_TRUE(result.isOk()) << result.error().message;
+  json strs = json::array();
+  for (TokenId t : ids) strs.push_back(*tokenizer().idToToken(t));
+  EXPECT_EQ(result.value()["token_strs"], strs);
+  EXPECT_EQ(result.value()["tokens"], ids);
+}
+
+TEST_F(ProtocolTest, TokenizeMessages) {
+  auto result = tokenizeResponse(R"({"messages": [{"role": "user", "content": "Hi"}]})",
+                                 testLimits(), tokenizer());
+  ASSERT_TRUE(result.isOk()) << result.error().message;
+  const auto ids = tokenizer().encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(result.value()["tokens"], ids);
+  EXPECT_EQ(result.value()["count"], ids.size());
+
+  result = tokenizeResponse(
+      R"({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false})",
+      testLimits(), tokenizer());
+  ASSERT_TRUE(result.isOk()) << result.error().message;
+  EXPECT_EQ(result.value()["tokens"], tokenizer().encode("<|im_start|>user\nHi<|im_end|>\n"));
+}
+
+TEST_F(ProtocolTest, TokenizeRefusesBadInput) {
+  const std::vector<BadCase> cases = {
+      bad("{x", "",
+          "request body is not valid JSON: parse error at line 1, column 2: syntax error while "
+          "parsing object key - invalid literal; last read: '{x'; expected string literal"),
+      bad("{}", "prompt", "prompt or messages is required"),
+      bad(R"({"prompt": "a", "messages": []})", "messages",
+          "prompt and messages cannot both be given; send one"),
+      bad(R"({"prompt": 5})", "prompt", "prompt must be a string, got number"),
+      bad(R"({"prompt": "a", "add_special_tokens": 1})", "add_special_tokens",
+          "add_special_tokens must be a boolean, got number"),
+      bad(R"({"prompt": "a", "return_token_strs": "yes"})", "return_token_strs",
+          "return_token_strs must be a boolean, got string"),
+      bad(R"({"messages": [{"role": "user"}]})", "messages[0].content",
+          "messages[0].content is required (a string or an array of text parts)"),
+      bad(R"({"messages": "hi"})", "messages", "messages must be an array, got string"),
+      BadCase{R"({"model": "x", "prompt": "a"})", 404, "not_found_error", "model",
+              "model \"x\" does not exist; this server serves \"tiny-model\""},
+  };
+  for (const BadCase& c : cases)
+    expectRefused(tokenizeResponse(c.body, testLimits(), tokenizer()), c);
+}
+
+TEST_F(ProtocolTest, Detokenize) {
+  const auto ids = tokenizer().encode("Hello <|im_end|> world");
+  auto result = detokenizeResponse(R"({"model": "tiny-model", "tokens": )" + json(ids).dump() + "}",
+                                   testLimits(), tokenizer());
+  ASSERT_TRUE(result.isOk()) << result.error().message;
+  // Special tokens are kept.
+  EXPECT_EQ(result.value(), json({{"prompt", "Hello <|im_end|> world"}}));
+
+  result = detokenizeResponse(R"({"tokens": []})", testLimits(), tokenizer());
+  ASSERT_TRUE(result.isOk());
+  EXPECT_EQ(result.value(), json({{"prompt", ""}}));
+}
+
+TEST_F(ProtocolTest, DetokenizeRefusesBadInput) {
+  const std::vector<BadCase> cases = {
+      bad("{}", "tokens", "tokens is required (an array of token ids)"),
+      bad(R"({"tokens": "abc"})", "tokens", "tokens must be an array of token ids, got string"),
+      bad(R"({"tokens": [1, 512]})", "tokens",
+          "tokens[1] must be a token id between 0 and 511, got 512"),
+      bad(R"({"tokens": [null]})", "tokens", "tokens[0] must be a token id (an integer), got null"),
+      BadCase{R"({"model": "x", "tokens": [1]})", 404, "not_found_error", "model",
+              "model \"x\" does not exist; this server serves \"tiny-model\""},
+  };
+  for (const BadCase& c : cases) {
+    expectRefused(detokenizeResponse(c.body, testLimits(), tokenizer()), c);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::server
