@@ -1,9 +1,9 @@
 #include "agent/serve_command.h"
 
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <yaml-cpp/yaml.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -94,8 +94,7 @@ CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {
       ->capture_default_str();
   serve->add_option("--max-model-len", o.max_model_len, "context length (0: the model's)")
       ->check(CLI::NonNegativeNumber);
-  serve->add_option("--max-waiting-requests", o.max_waiting_requests,
-                    "queued requests before 503")
+  serve->add_option("--max-waiting-requests", o.max_waiting_requests, "queued requests before 503")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   serve->add_option("--served-model-name", o.served_model_name,
@@ -104,8 +103,9 @@ CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {
       ->capture_default_str();
   serve->add_option("--prefix-caching-hash", o.prefix_caching_hash, "xxhash or sha256")
       ->capture_default_str();
-  serve->add_option("--shutdown-timeout", o.shutdown_timeout_s,
-                    "seconds to finish in-flight requests on SIGTERM")
+  serve
+      ->add_option("--shutdown-timeout", o.shutdown_timeout_s,
+                   "seconds to finish in-flight requests on SIGTERM")
       ->capture_default_str();
   serve->add_option("--config", o.config_path, "YAML file with the same keys");
   return serve;
@@ -190,8 +190,9 @@ int runServe(CLI::App& command, ServeOptions& o) {
     TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining for up to "
                       << o.shutdown_timeout_s << " s";
     server.setReady(false);
-    engine.shutdown(engine::Clock::now() + std::chrono::duration_cast<engine::Clock::duration>(
-                                               std::chrono::duration<double>(o.shutdown_timeout_s)));
+    engine.shutdown(engine::Clock::now() +
+                    std::chrono::duration_cast<engine::Clock::duration>(
+                        std::chrono::duration<double>(o.shutdown_timeout_s)));
     server.stop();
   });
   server.serve();

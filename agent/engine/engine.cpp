@@ -60,8 +60,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   }
   const int64_t blocks_per_sequence = (max_model_len_ + kv.block_size - 1) / kv.block_size;
   if (kv.num_blocks < blocks_per_sequence) {
-    TANDEM_LOG(kWarn) << "KV cache of " << kv.num_blocks << " blocks holds less than one sequence of "
-                      << max_model_len_ << " tokens; long requests will be refused";
+    TANDEM_LOG(kWarn) << "KV cache of " << kv.num_blocks
+                      << " blocks holds less than one sequence of " << max_model_len_
+                      << " tokens; long requests will be refused";
   }
   if (!allocator) allocator = std::make_unique<HostSlabAllocator>();
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
@@ -100,14 +101,13 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                              std::to_string(model_->config().vocab_size) + ")");
     }
   }
-  Status valid = validateSamplingParams(request.sampling, model_->config().vocab_size,
-                                        max_model_len_,
-                                        static_cast<int64_t>(request.prompt.size()));
+  Status valid =
+      validateSamplingParams(request.sampling, model_->config().vocab_size, max_model_len_,
+                             static_cast<int64_t>(request.prompt.size()));
   if (!valid.isOk()) return valid;
-  const int64_t blocks_needed =
-      (static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens +
-       config_.block_size - 1) /
-      config_.block_size;
+  const int64_t blocks_needed = (static_cast<int64_t>(request.prompt.size()) +
+                                 request.sampling.max_tokens + config_.block_size - 1) /
+                                config_.block_size;
   if (blocks_needed > cache_->numBlocks()) {
     return invalidArgument("prompt plus max_tokens needs " + std::to_string(blocks_needed) +
                            " KV blocks, more than the " + std::to_string(cache_->numBlocks()) +
@@ -267,9 +267,9 @@ void Engine::step() {
   inputs.reserve(output.chunks.size());
   for (const ScheduledChunk& chunk : output.chunks) {
     SequenceInput input;
-    input.tokens = std::span<const TokenId>(chunk.sequence->tokens)
-                       .subspan(static_cast<size_t>(chunk.start),
-                                static_cast<size_t>(chunk.num_tokens));
+    input.tokens =
+        std::span<const TokenId>(chunk.sequence->tokens)
+            .subspan(static_cast<size_t>(chunk.start), static_cast<size_t>(chunk.num_tokens));
     input.start_position = chunk.start;
     input.block_table = chunk.sequence->blocks.blocks;
     inputs.push_back(input);
@@ -316,8 +316,8 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   if (!live.sent_first) live.timings.first_token = Clock::now();
 
   FinishReason reason = FinishReason::kNone;
-  const bool is_eos = std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token.token) !=
-                      eos_token_ids_.end();
+  const bool is_eos =
+      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token.token) != eos_token_ids_.end();
   const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
                                        token.token) != params.stop_token_ids.end();
   RequestOutput out;

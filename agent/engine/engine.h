@@ -80,8 +80,7 @@ class Engine {
 
   // Loads the model and tokenizer and allocates the KV cache; throws
   // tandem::Error naming the problem. The loop starts right away.
-  explicit Engine(const EngineConfig& config,
-                  std::unique_ptr<KvSlabAllocator> allocator = nullptr);
+  explicit Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allocator = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

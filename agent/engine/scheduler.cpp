@@ -73,8 +73,7 @@ bool Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& outpu
   int64_t num_tokens = std::min(remaining, budget);
   if (!config_.enable_chunked_prefill && num_tokens < remaining) return false;
   if (num_tokens <= 0) return false;
-  if (!blocks_.allocate(sequence->blocks, looks_up ? &match : nullptr,
-                        computed + num_tokens)) {
+  if (!blocks_.allocate(sequence->blocks, looks_up ? &match : nullptr, computed + num_tokens)) {
     return false;
   }
   if (first_admission) {
@@ -110,8 +109,8 @@ SchedulerOutput Scheduler::schedule() {
       continue;
     }
     bool preempted_self = false;
-    while (!blocks_.allocate(sequence->blocks, nullptr,
-                             sequence->num_computed_tokens + num_tokens)) {
+    while (
+        !blocks_.allocate(sequence->blocks, nullptr, sequence->num_computed_tokens + num_tokens)) {
       Sequence* victim = running_.back().get();
       // A victim scheduled earlier this step gives its chunk back.
       for (auto it = output.chunks.begin(); it != output.chunks.end(); ++it) {

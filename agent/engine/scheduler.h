@@ -61,9 +61,7 @@ struct Sequence {
   int64_t num_preemptions = 0;
   Clock::time_point first_scheduled{};
 
-  int64_t numGenerated() const {
-    return static_cast<int64_t>(tokens.size()) - num_prompt_tokens;
-  }
+  int64_t numGenerated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
   // End of the range the model can compute next from position `from`: the
   // start of the next present range, or the end of the tokens.
   int64_t nextComputeLimit(int64_t from) const;

@@ -344,6 +344,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   }
 
   fields.readBool("stream", &parsed.stream);
+  fields.readBool("return_token_ids", &parsed.return_token_ids);
   if (const json* options = fields.readObject("stream_options")) {
     if (!parsed.stream) {
       fields.fail("stream_options is only allowed when stream is true", "stream_options");
@@ -947,6 +948,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.chat = request.chat;
   meta.logprobs = request.request.sampling.logprobs;
   meta.include_usage = request.include_usage;
+  meta.return_token_ids = request.return_token_ids;
   meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
   meta.kv_transfer_params = request.kv_transfer_params;
   return meta;
@@ -971,6 +973,17 @@ json usageJson(const engine::RequestOutput& output) {
           {"prompt_tokens_details", {{"cached_tokens", output.num_cached_tokens}}}};
 }
 
+namespace {
+
+// The token ids of `tokens`, for return_token_ids.
+json tokenIdsJson(const std::vector<engine::GeneratedToken>& tokens) {
+  json ids = json::array();
+  for (const auto& token : tokens) ids.push_back(token.token);
+  return ids;
+}
+
+}  // namespace
+
 json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
                         const Tokenizer& tokenizer) {
   json response = responseHead(meta, "text_completion");
@@ -981,6 +994,7 @@ json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& t
       {"logprobs", meta.logprobs ? completionLogprobs(meta, total.tokens, tokenizer, text_chars)
                                  : json(nullptr)},
       {"finish_reason", finishReasonJson(total.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
   response["choices"] = json::array({std::move(choice)});
   response["usage"] = usageJson(total);
   if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
@@ -995,6 +1009,7 @@ json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutpu
       {"message", {{"role", "assistant"}, {"content", total.text}}},
       {"logprobs", meta.logprobs ? chatLogprobs(meta, total.tokens, tokenizer) : json(nullptr)},
       {"finish_reason", finishReasonJson(total.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
   response["choices"] = json::array({std::move(choice)});
   response["usage"] = usageJson(total);
   if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
@@ -1008,7 +1023,8 @@ ApiError engineError(const engine::RequestOutput& output) {
 std::optional<json> completionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
                                     const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
-  if (step.text.empty() && !step.finished() && !has_logprobs) return std::nullopt;
+  const bool has_ids = meta.return_token_ids && !step.tokens.empty();
+  if (step.text.empty() && !step.finished() && !has_logprobs && !has_ids) return std::nullopt;
   json chunk = responseHead(meta, "text_completion");
   json choice = {
       {"index", 0},
@@ -1016,6 +1032,7 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const engine::Requ
       {"logprobs", has_logprobs ? completionLogprobs(meta, step.tokens, tokenizer, state.text_chars)
                                 : json(nullptr)},
       {"finish_reason", finishReasonJson(step.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
   if (meta.include_usage) chunk["usage"] = nullptr;
   return chunk;
@@ -1024,7 +1041,8 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const engine::Requ
 std::optional<json> chatCompletionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
                                         const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
-  if (state.role_sent && step.text.empty() && !step.finished() && !has_logprobs) {
+  const bool has_ids = meta.return_token_ids && !step.tokens.empty();
+  if (state.role_sent && step.text.empty() && !step.finished() && !has_logprobs && !has_ids) {
     return std::nullopt;
   }
   json delta = json::object();
@@ -1041,6 +1059,7 @@ std::optional<json> chatCompletionChunk(const ResponseMeta& meta, const engine::
       {"delta", std::move(delta)},
       {"logprobs", has_logprobs ? chatLogprobs(meta, step.tokens, tokenizer) : json(nullptr)},
       {"finish_reason", finishReasonJson(step.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
   if (meta.include_usage) chunk["usage"] = nullptr;
   return chunk;

@@ -102,6 +102,9 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // always false: echo=true is refused
+  // Tandem extension (as vLLM's return_token_ids): each choice and stream
+  // chunk also carries the generated token ids.
+  bool return_token_ids = false;
   // The prompt as text: the string prompt or the rendered chat; empty when
   // the prompt was given as token ids.
   std::string prompt_text;
@@ -127,6 +130,7 @@ struct ResponseMeta {
   bool chat = false;
   std::optional<int32_t> logprobs;
   bool include_usage = false;
+  bool return_token_ids = false;
   bool skip_special_tokens = true;
   nlohmann::json kv_transfer_params;  // added to the final response when not null
 };

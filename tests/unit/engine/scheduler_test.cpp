@@ -33,7 +33,8 @@ const Model& tinyModel() {
 
 std::vector<TokenId> randomTokens(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(0, static_cast<TokenId>(tinyModel().config().vocab_size - 1));
+  std::uniform_int_distribution<TokenId> dist(
+      0, static_cast<TokenId>(tinyModel().config().vocab_size - 1));
   std::vector<TokenId> tokens(n);
   for (TokenId& t : tokens) t = dist(rng);
   return tokens;
@@ -76,9 +77,9 @@ struct Harness {
     SchedulerOutput output = scheduler->schedule();
     std::vector<SequenceInput> inputs;
     for (const ScheduledChunk& chunk : output.chunks) {
-      inputs.push_back({std::span<const TokenId>(chunk.sequence->tokens)
-                            .subspan(chunk.start, chunk.num_tokens),
-                        chunk.start, chunk.sequence->blocks.blocks});
+      inputs.push_back(
+          {std::span<const TokenId>(chunk.sequence->tokens).subspan(chunk.start, chunk.num_tokens),
+           chunk.start, chunk.sequence->blocks.blocks});
     }
     std::vector<float> logits;
     if (!inputs.empty()) runner->forward(inputs, logits);
@@ -196,8 +197,8 @@ TEST(Scheduler, PreemptedSequencesRecomputeToIdenticalTokens) {
     for (Sequence* s : {s1, s2, s3}) {
       if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new &&
           !results.count(s->request.id)) {
-        results[s->request.id] = std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens,
-                                                      s->tokens.end());
+        results[s->request.id] =
+            std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
         h.scheduler->finish(s);
       }
     }
@@ -223,8 +224,8 @@ TEST(Scheduler, SegmentedPrefillComputesOnlyTheGap) {
   Sequence* s = h.add("s", prompt);
   ASSERT_TRUE(h.blocks->allocate(s->blocks, nullptr, 90));
   for (int b : {2, 3}) {
-    std::memcpy(h.cache->blockData(s->blocks.blocks[b]), reference.cache->blockData(ref->blocks.blocks[b]),
-                h.cache->blockBytes());
+    std::memcpy(h.cache->blockData(s->blocks.blocks[b]),
+                reference.cache->blockData(ref->blocks.blocks[b]), h.cache->blockBytes());
   }
   s->present_ranges = {{32, 64}};
   SchedulerOutput out;

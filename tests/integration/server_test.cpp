@@ -1,0 +1,418 @@
+// tandem-agent serve as a client sees it: exactness under concurrency,
+// prefix caching, preemption, seeds, bad input, disconnects, SSE framing,
+// metrics, shutdown. Each test starts a real server process on a free port.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/agent_process.h"
+#include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::tandem::testing::ChildProcess;
+using ::tandem::testing::TempDir;
+
+const fs::path& tinyModelDir() {
+  static TempDir dir("tandem-server-test-model");
+  static bool written = [] {
+    tandem::tools::TestModelOptions options;
+    options.seed = 21;
+    tandem::tools::writeTestModel(options, dir.path() / "tiny");
+    return true;
+  }();
+  (void)written;
+  static fs::path path = dir.path() / "tiny";
+  return path;
+}
+
+// The `small` preset: slow enough per token that a client can leave
+// mid-generation.
+const fs::path& smallModelDir() {
+  static TempDir dir("tandem-server-test-small");
+  static fs::path path = [] {
+    tandem::tools::TestModelOptions options;
+    options.preset = "small";
+    tandem::tools::writeTestModel(options, dir.path() / "small");
+    return dir.path() / "small";
+  }();
+  return path;
+}
+
+// A running `tandem-agent serve` on a free port.
+class Agent {
+ public:
+  explicit Agent(std::vector<std::string> extra = {}, const fs::path& model = tinyModelDir()) {
+    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
+                                     "serve",
+                                     "--model",
+                                     model.string(),
+                                     "--port",
+                                     "0",
+                                     "--served-model-name",
+                                     "tiny"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr");
+    std::string line = process_->waitForLine("listening on ", std::chrono::seconds(60));
+    if (line.empty()) throw std::runtime_error("agent did not start: " + process_->stderrText());
+    port_ = std::stoi(line.substr(line.rfind(':') + 1));
+  }
+  int port() const { return port_; }
+  ChildProcess& process() { return *process_; }
+  std::unique_ptr<httplib::Client> client() const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    c->set_read_timeout(60, 0);
+    return c;
+  }
+  json post(const std::string& path, const json& body, int* status = nullptr) const {
+    auto res = client()->Post(path.c_str(), body.dump(), "application/json");
+    if (!res) throw std::runtime_error("no response from " + path);
+    if (status != nullptr) *status = res->status;
+    return json::parse(res->body);
+  }
+  std::string metricsText() const {
+    auto res = client()->Get("/metrics");
+    return res ? res->body : "";
+  }
+  // Value of a sample line "name{labels} value" (first match), 0 when absent.
+  double metric(const std::string& name, const std::string& label_filter = "") const {
+    std::istringstream lines(metricsText());
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind(name, 0) != 0) continue;
+      const char next = line.size() > name.size() ? line[name.size()] : ' ';
+      if (next != '{' && next != ' ') continue;
+      if (!label_filter.empty() && line.find(label_filter) == std::string::npos) continue;
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return 0.0;
+  }
+
+ private:
+  TempDir logs_{"tandem-server-test-logs"};
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+};
+
+std::vector<int> randomPrompt(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(3, 480);
+  std::vector<int> ids(n);
+  for (int& id : ids) id = dist(rng);
+  return ids;
+}
+
+json greedy(const std::vector<int>& prompt, int max_tokens) {
+  return {{"model", "tiny"},          {"prompt", prompt},        {"max_tokens", max_tokens},
+          {"temperature", 0},         {"ignore_eos", true},      {"return_token_ids", true}};
+}
+
+std::vector<int> tokenIds(const json& response) {
+  return response.at("choices").at(0).at("token_ids").get<std::vector<int>>();
+}
+
+// Waits for a condition with a deadline, polling (no fixed sleeps).
+template <typename Fn>
+bool eventually(Fn&& condition, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
+TEST(Server, ConcurrentGreedyRequestsEqualSoloRuns) {
+  Agent agent;
+  std::vector<json> bodies;
+  for (uint32_t i = 0; i < 8; ++i) bodies.push_back(greedy(randomPrompt(5 + 9 * i, i), 12));
+  std::vector<std::vector<int>> solo;
+  for (const json& body : bodies) solo.push_back(tokenIds(agent.post("/v1/completions", body)));
+  std::vector<std::vector<int>> together(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    threads.emplace_back([&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    ASSERT_EQ(solo[i].size(), 12u);
+    EXPECT_EQ(together[i], solo[i]) << "request " << i << " changed when batched";
+  }
+}
+
+TEST(Server, PrefixCacheHitComputesOnlyTheRestAndMatchesAMiss) {
+  Agent agent;
+  std::vector<int> prefix = randomPrompt(160, 100);  // 10 blocks of 16
+  std::vector<int> first = prefix, second = prefix;
+  for (int id : randomPrompt(7, 101)) first.push_back(id);
+  for (int id : randomPrompt(9, 102)) second.push_back(id);
+  json a = agent.post("/v1/completions", greedy(first, 4));
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  const double hits_before = agent.metric("tandem_prefix_cache_hits_total");
+  const double computed_before = agent.metric("tandem_computed_tokens_total");
+  json b = agent.post("/v1/completions", greedy(second, 4));
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], 160);
+  EXPECT_EQ(agent.metric("tandem_prefix_cache_hits_total") - hits_before, 160);
+  // 9 uncached prompt tokens, then 3 decode steps (the 4th token is sampled
+  // from the last one and never computed).
+  EXPECT_EQ(agent.metric("tandem_computed_tokens_total") - computed_before, 9 + 3);
+
+  // A different cache_salt cannot share blocks: a miss, with identical tokens.
+  json miss_body = greedy(second, 4);
+  miss_body["cache_salt"] = "another-tenant";
+  json miss = agent.post("/v1/completions", miss_body);
+  EXPECT_EQ(miss["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(tokenIds(miss), tokenIds(b));
+}
+
+TEST(Server, PreemptedRequestsRecomputeToIdenticalTokens) {
+  // Each request grows to 140 tokens (9 blocks); 12 blocks hold one of them
+  // at full length, so running four at once must preempt.
+  Agent agent({"--num-blocks", "12", "--max-num-seqs", "4"});
+  std::vector<json> bodies;
+  for (uint32_t i = 0; i < 4; ++i) bodies.push_back(greedy(randomPrompt(40, 200 + i), 100));
+  std::vector<std::vector<int>> solo;
+  for (const json& body : bodies) solo.push_back(tokenIds(agent.post("/v1/completions", body)));
+  const double preemptions_before = agent.metric("tandem_preemptions_total");
+  std::vector<std::vector<int>> together(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    threads.emplace_back([&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GT(agent.metric("tandem_preemptions_total"), preemptions_before)
+      << "nothing was preempted: the test lost its point";
+  for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], solo[i]) << "request " << i;
+  EXPECT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 12; }))
+      << "blocks leaked";
+}
+
+TEST(Server, SameSeedSameTokens) {
+  Agent agent;
+  json body = {{"model", "tiny"},  {"prompt", randomPrompt(20, 300)}, {"max_tokens", 24},
+               {"temperature", 1}, {"seed", 42},  {"ignore_eos", true}, {"return_token_ids", true}};
+  auto first = tokenIds(agent.post("/v1/completions", body));
+  auto second = tokenIds(agent.post("/v1/completions", body));
+  EXPECT_EQ(first, second);
+  body["seed"] = 43;
+  EXPECT_NE(tokenIds(agent.post("/v1/completions", body)), first);
+}
+
+struct BadCase {
+  std::string path;
+  std::string body;
+  int status;
+  std::string type;
+  std::string param;
+  std::string message_part;
+};
+
+TEST(Server, BadInputGetsClearErrorsAndServingContinues) {
+  Agent agent;
+  const std::vector<BadCase> cases = {
+      {"/v1/completions", "{not json", 400, "invalid_request_error", "", "not valid JSON"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":"ten"})", 400,
+       "invalid_request_error", "max_tokens", "max_tokens"},
+      {"/v1/completions", R"({"model":"other","prompt":"hi"})", 404, "not_found_error", "model",
+       "other"},
+      {"/v1/completions", R"({"model":"tiny","prompt":""})", 400, "invalid_request_error",
+       "prompt", "prompt must not be empty"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":0})", 400,
+       "invalid_request_error", "max_tokens", "max_tokens must be at least 1, got 0"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","temperature":3.5})", 400,
+       "invalid_request_error", "temperature", "temperature must be between 0 and 2, got 3.5"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","top_p":0})", 400,
+       "invalid_request_error", "top_p", "top_p"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":100000})", 400,
+       "invalid_request_error", "max_tokens", "exceeds max_model_len (512)"},
+      {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400,
+       "invalid_request_error", "messages", "messages"},
+  };
+  for (const BadCase& c : cases) {
+    auto res = agent.client()->Post(c.path.c_str(), c.body, "application/json");
+    ASSERT_TRUE(res) << c.body;
+    EXPECT_EQ(res->status, c.status) << c.body << " → " << res->body;
+    json error = json::parse(res->body).at("error");
+    EXPECT_EQ(error["type"], c.type) << c.body;
+    if (!c.param.empty()) {
+      EXPECT_EQ(error["param"], c.param) << c.body;
+    }
+    EXPECT_NE(error["message"].get<std::string>().find(c.message_part), std::string::npos)
+        << c.body << " → " << error["message"];
+  }
+  // Long prompt: more tokens than the context.
+  int status = 0;
+  json too_long = agent.post("/v1/completions", greedy(randomPrompt(600, 5), 4), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(too_long["error"]["message"].get<std::string>().find("512"), std::string::npos)
+      << too_long.dump();
+  // Still serving.
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", greedy(randomPrompt(10, 6), 3))).size(), 3u);
+}
+
+TEST(Server, OverloadIsRefusedWithRetryAfter) {
+  Agent agent({"--max-num-seqs", "1", "--max-waiting-requests", "1"});
+  std::vector<int> statuses(6);
+  std::vector<std::string> retry_after(6);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      auto res = agent.client()->Post("/v1/completions", greedy(randomPrompt(30, i), 300).dump(),
+                                      "application/json");
+      statuses[i] = res ? res->status : -1;
+      if (res) retry_after[i] = res->get_header_value("Retry-After");
+    });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    if (statuses[i] == 200) ++ok;
+    if (statuses[i] == 503) {
+      ++refused;
+      EXPECT_EQ(retry_after[i], "1");
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1) << "six concurrent requests against one running + one waiting slot";
+  EXPECT_EQ(ok + refused, 6);
+}
+
+TEST(Server, ClientDisconnectMidStreamFreesEverything) {
+  Agent agent({"--num-blocks", "64"}, smallModelDir());
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 64; }));
+  json body = greedy(randomPrompt(50, 7), 900);
+  body["stream"] = true;
+  int chunks = 0;
+  auto client = agent.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  client->send(req);  // returns once the receiver cancels
+  client.reset();     // closes the connection, as a client that goes away does
+  EXPECT_GE(chunks, 3);
+  EXPECT_TRUE(eventually([&] {
+    return agent.metric("tandem_num_requests_running") == 0 &&
+           agent.metric("tandem_kv_cache_free_blocks") == 64;
+  })) << agent.metricsText();
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"abort\""), 1);
+  // And the server still serves.
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", greedy(randomPrompt(10, 8), 3))).size(), 3u);
+}
+
+TEST(Server, CurlStreamIsStrictServerSentEvents) {
+  Agent agent;
+  TempDir dir("tandem-curl");
+  json body = greedy(randomPrompt(12, 9), 6);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  std::string command = "curl -sS -N -H 'Content-Type: application/json' -d '" + body.dump() +
+                        "' http://127.0.0.1:" + std::to_string(agent.port()) +
+                        "/v1/completions > " + (dir.path() / "out").string();
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  const std::string out = tandem::testing::readFile(dir.path() / "out");
+  // Strict framing: only "data: <payload>\n\n" events, the last one [DONE].
+  size_t pos = 0;
+  std::vector<std::string> payloads;
+  while (pos < out.size()) {
+    ASSERT_EQ(out.compare(pos, 6, "data: "), 0) << "event does not start with 'data: ' at " << pos;
+    size_t end = out.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos) << "unterminated event";
+    payloads.push_back(out.substr(pos + 6, end - pos - 6));
+    ASSERT_EQ(payloads.back().find('\n'), std::string::npos);
+    pos = end + 2;
+  }
+  ASSERT_GE(payloads.size(), 3u);
+  EXPECT_EQ(payloads.back(), "[DONE]");
+  std::vector<int> streamed_ids;
+  std::string finish;
+  for (size_t i = 0; i + 1 < payloads.size(); ++i) {
+    json chunk = json::parse(payloads[i]);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    if (!chunk["choices"].empty()) {
+      for (int id : chunk["choices"][0].value("token_ids", std::vector<int>{})) streamed_ids.push_back(id);
+      if (chunk["choices"][0]["finish_reason"].is_string()) finish = chunk["choices"][0]["finish_reason"];
+    }
+  }
+  EXPECT_EQ(finish, "length");
+  json usage = json::parse(payloads[payloads.size() - 2])["usage"];
+  EXPECT_EQ(usage["completion_tokens"], 6);
+  EXPECT_EQ(usage["prompt_tokens"], 12);
+  json whole = agent.post("/v1/completions", greedy(randomPrompt(12, 9), 6));
+  EXPECT_EQ(streamed_ids, tokenIds(whole)) << "streamed and whole responses differ";
+}
+
+TEST(Server, MetricsPassPromtoolAndLatencyHistogramsMove) {
+  Agent agent;
+  const double ttft_before = agent.metric("tandem_time_to_first_token_seconds_count");
+  const double itl_before = agent.metric("tandem_inter_token_latency_seconds_count");
+  const double generated_before = agent.metric("tandem_generation_tokens_total");
+  for (uint32_t i = 0; i < 3; ++i) agent.post("/v1/completions", greedy(randomPrompt(10, 400 + i), 5));
+  EXPECT_EQ(agent.metric("tandem_time_to_first_token_seconds_count") - ttft_before, 3);
+  EXPECT_EQ(agent.metric("tandem_inter_token_latency_seconds_count") - itl_before, 3 * 4);
+  EXPECT_EQ(agent.metric("tandem_generation_tokens_total") - generated_before, 15);
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"length\""), 3);
+
+  TempDir dir("tandem-promtool");
+  {
+    std::ofstream file(dir.path() / "metrics.txt");
+    file << agent.metricsText();
+  }
+  std::string command = "promtool check metrics < " + (dir.path() / "metrics.txt").string() +
+                        " > " + (dir.path() / "promtool.out").string() + " 2>&1";
+  EXPECT_EQ(std::system(command.c_str()), 0)
+      << tandem::testing::readFile(dir.path() / "promtool.out");
+}
+
+TEST(Server, SigtermFinishesInFlightStreamsAndExits) {
+  Agent agent;
+  json body = greedy(randomPrompt(20, 10), 480);
+  body["stream"] = true;
+  std::mutex mutex;
+  std::string received;
+  std::thread client([&] {
+    auto c = agent.client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+      std::lock_guard<std::mutex> lock(mutex);
+      received.append(data, length);
+      return true;
+    };
+    c->send(req);
+  });
+  // Signal as soon as the stream has started.
+  const bool started = eventually([&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    return received.find("data: ") != std::string::npos;
+  });
+  agent.process().signal(SIGTERM);
+  client.join();
+  EXPECT_TRUE(started);
+  EXPECT_EQ(agent.process().wait(std::chrono::seconds(30)), 0) << agent.process().stderrText();
+  EXPECT_NE(received.find("\"finish_reason\":\"length\""), std::string::npos)
+      << "the in-flight stream must end normally within the drain deadline";
+  EXPECT_NE(received.find("data: [DONE]"), std::string::npos);
+}
+
+}  // namespace
