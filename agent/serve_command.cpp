@@ -24,14 +24,14 @@ void fromYaml(const YAML::Node& root, CLI::App& command, const std::string& flag
               const std::string& path) {
   std::string snake = flag;
   for (char& c : snake) c = c == '-' ? '_' : c;
-  YAML::Node node = root[snake];
-  if (!node) node = root[flag];
-  if (!node) return;
+  // Look up through a const node: yaml-cpp's non-const operator[] inserts.
+  const std::string& key = root[snake] ? snake : flag;
+  if (!root[key]) return;
   if (command.get_option("--" + flag)->count() > 0) return;
   try {
-    target = node.as<T>();
+    target = root[key].as<T>();
   } catch (const YAML::Exception&) {
-    throw Error(path + ": " + snake + " has the wrong type");
+    throw Error(path + ": " + key + " has the wrong type");
   }
 }
 

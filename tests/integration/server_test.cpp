@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -117,8 +119,8 @@ std::vector<int> randomPrompt(size_t n, uint32_t seed) {
 }
 
 json greedy(const std::vector<int>& prompt, int max_tokens) {
-  return {{"model", "tiny"},          {"prompt", prompt},        {"max_tokens", max_tokens},
-          {"temperature", 0},         {"ignore_eos", true},      {"return_token_ids", true}};
+  return {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", max_tokens},
+          {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
 }
 
 std::vector<int> tokenIds(const json& response) {
@@ -145,7 +147,8 @@ TEST(Server, ConcurrentGreedyRequestsEqualSoloRuns) {
   std::vector<std::vector<int>> together(bodies.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < bodies.size(); ++i) {
-    threads.emplace_back([&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
+    threads.emplace_back(
+        [&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
   }
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < bodies.size(); ++i) {
@@ -192,7 +195,8 @@ TEST(Server, PreemptedRequestsRecomputeToIdenticalTokens) {
   std::vector<std::vector<int>> together(bodies.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < bodies.size(); ++i) {
-    threads.emplace_back([&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
+    threads.emplace_back(
+        [&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
   }
   for (auto& t : threads) t.join();
   EXPECT_GT(agent.metric("tandem_preemptions_total"), preemptions_before)
@@ -204,8 +208,13 @@ TEST(Server, PreemptedRequestsRecomputeToIdenticalTokens) {
 
 TEST(Server, SameSeedSameTokens) {
   Agent agent;
-  json body = {{"model", "tiny"},  {"prompt", randomPrompt(20, 300)}, {"max_tokens", 24},
-               {"temperature", 1}, {"seed", 42},  {"ignore_eos", true}, {"return_token_ids", true}};
+  json body = {{"model", "tiny"},
+               {"prompt", randomPrompt(20, 300)},
+               {"max_tokens", 24},
+               {"temperature", 1},
+               {"seed", 42},
+               {"ignore_eos", true},
+               {"return_token_ids", true}};
   auto first = tokenIds(agent.post("/v1/completions", body));
   auto second = tokenIds(agent.post("/v1/completions", body));
   EXPECT_EQ(first, second);
@@ -230,8 +239,8 @@ TEST(Server, BadInputGetsClearErrorsAndServingContinues) {
        "invalid_request_error", "max_tokens", "max_tokens"},
       {"/v1/completions", R"({"model":"other","prompt":"hi"})", 404, "not_found_error", "model",
        "other"},
-      {"/v1/completions", R"({"model":"tiny","prompt":""})", 400, "invalid_request_error",
-       "prompt", "prompt must not be empty"},
+      {"/v1/completions", R"({"model":"tiny","prompt":""})", 400, "invalid_request_error", "prompt",
+       "prompt must not be empty"},
       {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":0})", 400,
        "invalid_request_error", "max_tokens", "max_tokens must be at least 1, got 0"},
       {"/v1/completions", R"({"model":"tiny","prompt":"hi","temperature":3.5})", 400,
@@ -240,8 +249,8 @@ TEST(Server, BadInputGetsClearErrorsAndServingContinues) {
        "invalid_request_error", "top_p", "top_p"},
       {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":100000})", 400,
        "invalid_request_error", "max_tokens", "exceeds max_model_len (512)"},
-      {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400,
-       "invalid_request_error", "messages", "messages"},
+      {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400, "invalid_request_error",
+       "messages", "messages"},
   };
   for (const BadCase& c : cases) {
     auto res = agent.client()->Post(c.path.c_str(), c.body, "application/json");
@@ -347,8 +356,10 @@ TEST(Server, CurlStreamIsStrictServerSentEvents) {
     json chunk = json::parse(payloads[i]);
     EXPECT_EQ(chunk["object"], "text_completion");
     if (!chunk["choices"].empty()) {
-      for (int id : chunk["choices"][0].value("token_ids", std::vector<int>{})) streamed_ids.push_back(id);
-      if (chunk["choices"][0]["finish_reason"].is_string()) finish = chunk["choices"][0]["finish_reason"];
+      for (int id : chunk["choices"][0].value("token_ids", std::vector<int>{}))
+        streamed_ids.push_back(id);
+      if (chunk["choices"][0]["finish_reason"].is_string())
+        finish = chunk["choices"][0]["finish_reason"];
     }
   }
   EXPECT_EQ(finish, "length");
@@ -364,7 +375,8 @@ TEST(Server, MetricsPassPromtoolAndLatencyHistogramsMove) {
   const double ttft_before = agent.metric("tandem_time_to_first_token_seconds_count");
   const double itl_before = agent.metric("tandem_inter_token_latency_seconds_count");
   const double generated_before = agent.metric("tandem_generation_tokens_total");
-  for (uint32_t i = 0; i < 3; ++i) agent.post("/v1/completions", greedy(randomPrompt(10, 400 + i), 5));
+  for (uint32_t i = 0; i < 3; ++i)
+    agent.post("/v1/completions", greedy(randomPrompt(10, 400 + i), 5));
   EXPECT_EQ(agent.metric("tandem_time_to_first_token_seconds_count") - ttft_before, 3);
   EXPECT_EQ(agent.metric("tandem_inter_token_latency_seconds_count") - itl_before, 3 * 4);
   EXPECT_EQ(agent.metric("tandem_generation_tokens_total") - generated_before, 15);
@@ -413,6 +425,155 @@ TEST(Server, SigtermFinishesInFlightStreamsAndExits) {
   EXPECT_NE(received.find("\"finish_reason\":\"length\""), std::string::npos)
       << "the in-flight stream must end normally within the drain deadline";
   EXPECT_NE(received.find("data: [DONE]"), std::string::npos);
+}
+
+TEST(Server, StopConditionsEndGenerationWhereAsked) {
+  Agent agent;
+  const std::vector<int> prompt = randomPrompt(15, 11);
+  const std::vector<int> free_run = tokenIds(agent.post("/v1/completions", greedy(prompt, 16)));
+  ASSERT_EQ(free_run.size(), 16u);
+
+  // stop_token_ids: ends at the first occurrence of the 6th token, which is
+  // reported but not part of the text.
+  json body = greedy(prompt, 16);
+  body["stop_token_ids"] = {free_run[5]};
+  json stopped = agent.post("/v1/completions", body);
+  auto first_at = std::find(free_run.begin(), free_run.end(), free_run[5]) - free_run.begin();
+  EXPECT_EQ(tokenIds(stopped).size(), static_cast<size_t>(first_at + 1));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+
+  // min_tokens keeps generating past that stop token.
+  body["min_tokens"] = 12;
+  const std::vector<int> at_least = tokenIds(agent.post("/v1/completions", body));
+  ASSERT_GE(at_least.size(), 12u);
+  EXPECT_EQ(std::vector<int>(free_run.begin(), free_run.begin() + first_at),
+            std::vector<int>(at_least.begin(), at_least.begin() + first_at));
+  EXPECT_EQ(std::find(at_least.begin(), at_least.begin() + 12, free_run[5]), at_least.begin() + 12)
+      << "the stop token is masked until min_tokens";
+
+  // A stop string cuts the text before it.
+  json text_run = agent.post("/v1/completions", greedy(prompt, 16));
+  const std::string text = text_run["choices"][0]["text"];
+  ASSERT_GE(text.size(), 6u);
+  const std::string stop = text.substr(3, 2);
+  json with_stop = greedy(prompt, 16);
+  with_stop["stop"] = stop;
+  json cut = agent.post("/v1/completions", with_stop);
+  EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Server, LogprobsMatchTheGreedyChoice) {
+  Agent agent;
+  json body = greedy(randomPrompt(12, 12), 5);
+  body["logprobs"] = 3;
+  json out = agent.post("/v1/completions", body);
+  const json& logprobs = out["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["token_logprobs"].size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const json& top = logprobs["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 3u);
+    double best = -1e30;
+    for (const auto& [token, value] : top.items()) best = std::max(best, value.get<double>());
+    // Greedy picks the most likely token: its logprob is the best of the top 3.
+    EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][i].get<double>(), best) << "token " << i;
+    EXPECT_LE(best, 0.0);
+  }
+}
+
+TEST(Server, ChatCompletionsWholeAndStreamedAgree) {
+  Agent agent;
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "Tell me about the sea."}}}},
+               {"max_tokens", 8},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"return_token_ids", true}};
+  json whole = agent.post("/v1/chat/completions", body);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 8);
+  body["stream"] = true;
+  auto res = agent.client()->Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  std::string content;
+  std::vector<int> ids;
+  std::istringstream events(res->body);
+  std::string line;
+  while (std::getline(events, line)) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    json chunk = json::parse(line.substr(6));
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    const json& choice = chunk["choices"][0];
+    if (choice["delta"].contains("content")) content += choice["delta"]["content"];
+    for (int id : choice.value("token_ids", std::vector<int>{})) ids.push_back(id);
+  }
+  EXPECT_EQ(content, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(ids, tokenIds(whole));
+}
+
+TEST(Server, KvEventsStreamReportsStoredBlocksAndResynchronises) {
+  Agent agent;
+  // Two full blocks of prompt, computed and registered.
+  agent.post("/v1/completions", greedy(randomPrompt(40, 13), 2));
+  std::mutex mutex;
+  std::string received;
+  auto read_events = [&](const std::string& path) {
+    auto c = agent.client();
+    httplib::Request req;
+    req.method = "GET";
+    req.path = path;
+    req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+      std::lock_guard<std::mutex> lock(mutex);
+      received.append(data, length);
+      return received.find("BlockStored") == std::string::npos;  // stop after the first
+    };
+    c->send(req);
+  };
+  read_events("/v1/kv_events?since=0");
+  ASSERT_NE(received.find("data: {"), std::string::npos);
+  json event = json::parse(received.substr(6, received.find("\n\n") - 6));
+  EXPECT_EQ(event["type"], "BlockStored");
+  EXPECT_EQ(event["sequence"], 1);
+  EXPECT_EQ(event["block_hashes"].size(), 2u);
+  EXPECT_EQ(event["block_size"], 16);
+
+  // A reader that claims to be ahead of the log (an agent restart) gets a snapshot.
+  received.clear();
+  {
+    auto c = agent.client();
+    httplib::Request req;
+    req.method = "GET";
+    req.path = "/v1/kv_events?since=1000";
+    req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+      received.append(data, length);
+      return received.find("\n\n") == std::string::npos;
+    };
+    c->send(req);
+  }
+  json snapshot = json::parse(received.substr(6, received.find("\n\n") - 6));
+  EXPECT_EQ(snapshot["type"], "Snapshot");
+  EXPECT_EQ(snapshot["block_hashes"].size(), 2u);
+
+  int status = 0;
+  auto res = agent.client()->Get("/v1/kv_events?since=abc");
+  ASSERT_TRUE(res);
+  status = res->status;
+  EXPECT_EQ(status, 400);
+}
+
+TEST(Server, YamlConfigAppliesAndFlagsOverrideIt) {
+  TempDir dir("tandem-config");
+  dir.write("agent.yaml", "num_blocks: 40\nmax-model-len: 256\nserved_model_name: from-yaml\n");
+  Agent agent({"--config", (dir.path() / "agent.yaml").string(), "--max-model-len", "300"});
+  auto res = agent.client()->Get("/v1/models");
+  ASSERT_TRUE(res);
+  json models = json::parse(res->body);
+  // --served-model-name tiny (given by the test harness) overrides the file.
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 300);
+  EXPECT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 40; }));
 }
 
 }  // namespace
