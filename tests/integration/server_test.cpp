@@ -42,6 +42,17 @@ const fs::path& tinyModelDir() {
   return path;
 }
 
+// Waits for a condition with a deadline, polling (no fixed sleeps).
+template <typename Fn>
+bool eventually(Fn&& condition, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
 // The `small` preset: slow enough per token that a client can leave
 // mid-generation.
 const fs::path& smallModelDir() {
@@ -73,8 +84,22 @@ class Agent {
     if (line.empty()) throw std::runtime_error("agent did not start: " + process_->stderrText());
     port_ = std::stoi(line.substr(line.rfind(':') + 1));
   }
+  // Every scenario must leave no KV block referenced once its requests are
+  // done (unless the test stopped the server itself).
+  ~Agent() {
+    if (stopped_) return;
+    EXPECT_TRUE(eventually([&] {
+      return metric("tandem_num_requests_running") == 0 &&
+             metric("tandem_num_requests_waiting") == 0 &&
+             metric("tandem_kv_cache_usage_ratio") == 0;
+    })) << "blocks still referenced after the test: "
+        << metricsText();
+  }
   int port() const { return port_; }
-  ChildProcess& process() { return *process_; }
+  ChildProcess& process() {
+    stopped_ = true;  // the caller may signal it
+    return *process_;
+  }
   std::unique_ptr<httplib::Client> client() const {
     auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
     c->set_read_timeout(60, 0);
@@ -108,6 +133,7 @@ class Agent {
   TempDir logs_{"tandem-server-test-logs"};
   std::unique_ptr<ChildProcess> process_;
   int port_ = 0;
+  bool stopped_ = false;
 };
 
 std::vector<int> randomPrompt(size_t n, uint32_t seed) {
@@ -125,17 +151,6 @@ json greedy(const std::vector<int>& prompt, int max_tokens) {
 
 std::vector<int> tokenIds(const json& response) {
   return response.at("choices").at(0).at("token_ids").get<std::vector<int>>();
-}
-
-// Waits for a condition with a deadline, polling (no fixed sleeps).
-template <typename Fn>
-bool eventually(Fn&& condition, std::chrono::seconds timeout = std::chrono::seconds(20)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return condition();
 }
 
 TEST(Server, ConcurrentGreedyRequestsEqualSoloRuns) {
