@@ -1,10 +1,12 @@
 #include "agent/server/http_server.h"
 
-// Boost-free, but httplib pulls in <utility>-dependent headers; keep first.
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -98,6 +100,16 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::bind() {
+  // cpp-httplib as packaged listens with a backlog of 5: a burst of clients
+  // overflows it and the kernel resets connections. Learn the listening
+  // socket as it is created and raise its backlog after bind (Linux applies a
+  // second listen() to a listening socket).
+  int listen_fd = -1;
+  http_->set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd = sock;
+  });
   if (config_.port == 0) {
     port_ = http_->bind_to_any_port(config_.host);
   } else {
@@ -105,6 +117,10 @@ void HttpServer::bind() {
   }
   if (port_ <= 0) {
     throw Error("cannot listen on " + config_.host + ":" + std::to_string(config_.port));
+  }
+  constexpr int kListenBacklog = 4096;  // the kernel caps it at net.core.somaxconn
+  if (listen_fd >= 0 && ::listen(listen_fd, kListenBacklog) != 0) {
+    TANDEM_LOG(kWarn) << "cannot raise the listen backlog: " << std::strerror(errno);
   }
 }
 

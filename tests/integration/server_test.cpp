@@ -591,4 +591,23 @@ TEST(Server, YamlConfigAppliesAndFlagsOverrideIt) {
   EXPECT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 40; }));
 }
 
+TEST(Server, BurstOfConnectionsIsAccepted) {
+  Agent agent({"--max-num-seqs", "16"});
+  constexpr int kClients = 96;
+  std::vector<int> statuses(kClients, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", agent.port());
+      c.set_read_timeout(60, 0);
+      auto res =
+          c.Post("/v1/completions", greedy(randomPrompt(8, 500 + i), 4).dump(), "application/json");
+      statuses[i] = res ? res->status : -1;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(std::count(statuses.begin(), statuses.end(), 200), kClients)
+      << "some connections of the burst were refused or reset";
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "tools/bench/engine_bench.h"
+#include "tools/bench/serve_bench.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem-bench: Tandem benchmarks"};
@@ -28,9 +29,57 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
 
+  auto* serve = app.add_subcommand(
+      "serve", "latency and throughput of a running OpenAI-compatible server under load");
+  tandem::bench::ServeBenchOptions serve_options;
+  serve->add_option("--url", serve_options.url, "server base URL (scheme://host:port)")
+      ->capture_default_str();
+  serve->add_option("--model", serve_options.model, "model name (default: first of /v1/models)");
+  serve->add_option("--num-prompts", serve_options.num_prompts, "requests to send")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  serve
+      ->add_option("--request-rate", serve_options.request_rate,
+                   "Poisson arrival rate in requests/s (inf: all at once)")
+      ->capture_default_str();
+  serve
+      ->add_option("--max-concurrency", serve_options.max_concurrency,
+                   "requests in flight at most (0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  serve->add_option("--input-len", serve_options.input_len, "prompt tokens per request")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  serve
+      ->add_option("--input-len-range", serve_options.input_len_range,
+                   "input lengths uniform in [len*(1-F), len*(1+F)]")
+      ->capture_default_str();
+  serve->add_option("--output-len", serve_options.output_len, "output tokens per request")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  serve
+      ->add_option("--output-len-range", serve_options.output_len_range,
+                   "output lengths uniform in [len*(1-F), len*(1+F)]")
+      ->capture_default_str();
+  serve->add_option("--seed", serve_options.seed, "seed for prompts, lengths and arrivals")
+      ->capture_default_str();
+  serve
+      ->add_option("--vocab-range", serve_options.vocab_range,
+                   "prompt token ids drawn from [LO, HI)")
+      ->capture_default_str();
+  serve->add_option("--goodput", serve_options.goodput,
+                    "SLOs for goodput, any of ttft:MS tpot:MS e2el:MS");
+  serve
+      ->add_option("--read-timeout", serve_options.read_timeout_s,
+                   "seconds a request may wait for its next bytes")
+      ->capture_default_str();
+  serve->add_option("--json", serve_options.json_path,
+                    "also write the figures and per-request records as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
+    if (serve->parsed()) return tandem::bench::runServeBench(serve_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;
