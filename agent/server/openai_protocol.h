@@ -45,6 +45,10 @@ struct ApiError {
 };
 
 ApiError invalidRequest(std::string message, std::string param = "");
+// A 500 "server_error" with the message.
+ApiError serverError(std::string message);
+// JSON text on one line; invalid UTF-8 in strings is replaced, never thrown on.
+std::string compactDump(const nlohmann::json& value);
 // {"error": {"message", "type", "param", "code"}}; empty param / code are null.
 nlohmann::json errorBody(const ApiError& error);
 // HTTP status for a Status from the engine: InvalidArgument / OutOfRange /

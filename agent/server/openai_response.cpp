@@ -1,0 +1,290 @@
+// Building OpenAI responses, stream chunks and logprobs from engine outputs.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "agent/server/openai_protocol.h"
+
+namespace tandem::server {
+namespace {
+
+using nlohmann::json;
+
+// vLLM reports -inf logprobs as this, since JSON has no infinity.
+constexpr double kMinReportedLogprob = -9999.0;
+
+// Length of the valid UTF-8 character at text[pos], or 0 when the bytes there
+// do not form one (stray continuation byte, overlong form, surrogate,
+// truncated sequence).
+size_t validUtf8Length(std::string_view text, size_t pos) {
+  const auto byte = [&](size_t i) -> unsigned { return static_cast<unsigned char>(text[i]); };
+  const unsigned lead = byte(pos);
+  if (lead < 0x80) return 1;
+  size_t length = 0;
+  unsigned low = 0x80;
+  unsigned high = 0xBF;  // allowed range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;   // overlong
+    if (lead == 0xED) high = 0x9F;  // surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;   // overlong
+    if (lead == 0xF4) high = 0x8F;  // past U+10FFFF
+  } else {
+    return 0;
+  }
+  if (pos + length > text.size()) return 0;
+  if (byte(pos + 1) < low || byte(pos + 1) > high) return 0;
+  for (size_t i = 2; i < length; ++i) {
+    if ((byte(pos + i) & 0xC0) != 0x80) return 0;
+  }
+  return length;
+}
+
+bool isContinuationByte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+double reportedLogprob(float logprob) {
+  return std::isfinite(logprob) ? static_cast<double>(logprob) : kMinReportedLogprob;
+}
+
+json finishReasonJson(engine::FinishReason reason) {
+  if (reason == engine::FinishReason::kNone) return nullptr;
+  return engine::finishReasonName(reason);
+}
+
+json byteList(const std::string& bytes) {
+  json list = json::array();
+  for (char c : bytes) list.push_back(static_cast<unsigned char>(c));
+  return list;
+}
+
+// Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+json chatLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedToken>& tokens,
+                  const Tokenizer& tokenizer) {
+  json content = json::array();
+  const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
+  for (const engine::GeneratedToken& token : tokens) {
+    json top = json::array();
+    for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
+      top.push_back({{"token", logprobTokenText(tokenizer, token.top[i].token)},
+                     {"logprob", reportedLogprob(token.top[i].logprob)},
+                     {"bytes", byteList(tokenizer.tokenBytes(token.top[i].token))}});
+    }
+    content.push_back({{"token", logprobTokenText(tokenizer, token.token)},
+                       {"logprob", reportedLogprob(token.logprob)},
+                       {"bytes", byteList(tokenizer.tokenBytes(token.token))},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+// Completions form: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+// top_logprobs maps token text to logprob and, like vLLM, always holds the
+// sampled token. text_offset counts characters of the generated text, a token
+// that starts inside a character taking that character's offset; special
+// tokens count as empty when skip_special_tokens. `text_chars` carries the
+// count across stream chunks.
+json completionLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedToken>& tokens,
+                        const Tokenizer& tokenizer, int64_t& text_chars) {
+  json token_texts = json::array();
+  json token_logprobs = json::array();
+  json top_logprobs = json::array();
+  json text_offset = json::array();
+  const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
+  for (const engine::GeneratedToken& token : tokens) {
+    const std::string text = logprobTokenText(tokenizer, token.token);
+    json top = json::object();
+    for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
+      const std::string key = logprobTokenText(tokenizer, token.top[i].token);
+      if (!top.contains(key)) top[key] = reportedLogprob(token.top[i].logprob);
+    }
+    if (!top.contains(text)) top[text] = reportedLogprob(token.logprob);
+    token_texts.push_back(text);
+    token_logprobs.push_back(reportedLogprob(token.logprob));
+    top_logprobs.push_back(std::move(top));
+
+    const std::string bytes = meta.skip_special_tokens && tokenizer.isSpecial(token.token)
+                                  ? std::string()
+                                  : tokenizer.tokenBytes(token.token);
+    const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
+    text_offset.push_back(starts_mid_character && text_chars > 0 ? text_chars - 1 : text_chars);
+    for (char c : bytes) text_chars += isContinuationByte(c) ? 0 : 1;
+  }
+  return {{"tokens", std::move(token_texts)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(text_offset)}};
+}
+
+json responseHead(const ResponseMeta& meta, const char* object) {
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+}  // namespace
+
+ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,
+                              int64_t created) {
+  ResponseMeta meta;
+  meta.id = (request.chat ? "chatcmpl-" : "cmpl-") + std::string(request_id);
+  meta.created = created;
+  meta.model = request.model;
+  meta.chat = request.chat;
+  meta.logprobs = request.request.sampling.logprobs;
+  meta.include_usage = request.include_usage;
+  meta.return_token_ids = request.return_token_ids;
+  meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
+  meta.kv_transfer_params = request.kv_transfer_params;
+  return meta;
+}
+
+void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& step) {
+  if (total.request_id.empty()) total.request_id = step.request_id;
+  total.tokens.insert(total.tokens.end(), step.tokens.begin(), step.tokens.end());
+  total.text += step.text;
+  total.finish_reason = step.finish_reason;
+  total.error = step.error;
+  total.num_prompt_tokens = std::max(total.num_prompt_tokens, step.num_prompt_tokens);
+  total.num_cached_tokens = std::max(total.num_cached_tokens, step.num_cached_tokens);
+  total.num_generated_tokens = std::max(total.num_generated_tokens, step.num_generated_tokens);
+  total.timings = step.timings;
+}
+
+json usageJson(const engine::RequestOutput& output) {
+  return {{"prompt_tokens", output.num_prompt_tokens},
+          {"completion_tokens", output.num_generated_tokens},
+          {"total_tokens", output.num_prompt_tokens + output.num_generated_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", output.num_cached_tokens}}}};
+}
+
+namespace {
+
+// The token ids of `tokens`, for return_token_ids.
+json tokenIdsJson(const std::vector<engine::GeneratedToken>& tokens) {
+  json ids = json::array();
+  for (const auto& token : tokens) ids.push_back(token.token);
+  return ids;
+}
+
+}  // namespace
+
+json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+                        const Tokenizer& tokenizer) {
+  json response = responseHead(meta, "text_completion");
+  int64_t text_chars = 0;
+  json choice = {
+      {"index", 0},
+      {"text", total.text},
+      {"logprobs", meta.logprobs ? completionLogprobs(meta, total.tokens, tokenizer, text_chars)
+                                 : json(nullptr)},
+      {"finish_reason", finishReasonJson(total.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
+  response["choices"] = json::array({std::move(choice)});
+  response["usage"] = usageJson(total);
+  if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
+  return response;
+}
+
+json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+                            const Tokenizer& tokenizer) {
+  json response = responseHead(meta, "chat.completion");
+  json choice = {
+      {"index", 0},
+      {"message", {{"role", "assistant"}, {"content", total.text}}},
+      {"logprobs", meta.logprobs ? chatLogprobs(meta, total.tokens, tokenizer) : json(nullptr)},
+      {"finish_reason", finishReasonJson(total.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
+  response["choices"] = json::array({std::move(choice)});
+  response["usage"] = usageJson(total);
+  if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
+  return response;
+}
+
+ApiError engineError(const engine::RequestOutput& output) {
+  return serverError(output.error.empty() ? "the engine failed while generating" : output.error);
+}
+
+std::optional<json> completionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+                                    const Tokenizer& tokenizer, StreamState& state) {
+  const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
+  const bool has_ids = meta.return_token_ids && !step.tokens.empty();
+  if (step.text.empty() && !step.finished() && !has_logprobs && !has_ids) return std::nullopt;
+  json chunk = responseHead(meta, "text_completion");
+  json choice = {
+      {"index", 0},
+      {"text", step.text},
+      {"logprobs", has_logprobs ? completionLogprobs(meta, step.tokens, tokenizer, state.text_chars)
+                                : json(nullptr)},
+      {"finish_reason", finishReasonJson(step.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
+  chunk["choices"] = json::array({std::move(choice)});
+  if (meta.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::optional<json> chatCompletionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+                                        const Tokenizer& tokenizer, StreamState& state) {
+  const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
+  const bool has_ids = meta.return_token_ids && !step.tokens.empty();
+  if (state.role_sent && step.text.empty() && !step.finished() && !has_logprobs && !has_ids) {
+    return std::nullopt;
+  }
+  json delta = json::object();
+  if (!state.role_sent) {
+    delta["role"] = "assistant";
+    delta["content"] = step.text;
+    state.role_sent = true;
+  } else if (!step.text.empty()) {
+    delta["content"] = step.text;
+  }
+  json chunk = responseHead(meta, "chat.completion.chunk");
+  json choice = {
+      {"index", 0},
+      {"delta", std::move(delta)},
+      {"logprobs", has_logprobs ? chatLogprobs(meta, step.tokens, tokenizer) : json(nullptr)},
+      {"finish_reason", finishReasonJson(step.finish_reason)}};
+  if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
+  chunk["choices"] = json::array({std::move(choice)});
+  if (meta.include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::optional<json> streamChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+                                const Tokenizer& tokenizer, StreamState& state) {
+  return meta.chat ? chatCompletionChunk(meta, step, tokenizer, state)
+                   : completionChunk(meta, step, tokenizer, state);
+}
+
+json usageChunk(const ResponseMeta& meta, const engine::RequestOutput& final_output) {
+  json chunk = responseHead(meta, meta.chat ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = json::array();
+  chunk["usage"] = usageJson(final_output);
+  return chunk;
+}
+
+std::string sseEvent(const json& payload) { return "data: " + compactDump(payload) + "\n\n"; }
+
+std::string logprobTokenText(const Tokenizer& tokenizer, TokenId id) {
+  const std::string bytes = tokenizer.tokenBytes(id);
+  std::string text;
+  bool escaped = false;
+  for (size_t pos = 0; pos < bytes.size();) {
+    const size_t length = validUtf8Length(bytes, pos);
+    if (length > 0) {
+      text.append(bytes, pos, length);
+      pos += length;
+      continue;
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "\\x%02x", static_cast<unsigned char>(bytes[pos]));
+    text += hex;
+    escaped = true;
+    ++pos;
+  }
+  return escaped ? "bytes:" + text : text;
+}
+
+}  // namespace tandem::server
