@@ -191,15 +191,16 @@ TEST(Scheduler, PreemptedSequencesRecomputeToIdenticalTokens) {
   Sequence* s2 = h.add("s2", p2);
   Sequence* s3 = h.add("s3", p3);
   std::map<std::string, std::vector<TokenId>> results;
+  std::vector<std::unique_ptr<Sequence>> finished;  // keeps finished sequences alive
   const int64_t free_at_start = h.blocks->numFreeBlocks();
   for (int guard = 0; guard < 1000 && results.size() < 3; ++guard) {
     h.step();
     for (Sequence* s : {s1, s2, s3}) {
-      if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new &&
-          !results.count(s->request.id)) {
+      if (results.count(s->request.id) != 0) continue;
+      if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new) {
         results[s->request.id] =
             std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
-        h.scheduler->finish(s);
+        finished.push_back(h.scheduler->finish(s));
       }
     }
   }
