@@ -235,6 +235,11 @@ void HttpServer::routes() {
                   {"object", "model"},
                   {"created", unixSeconds()},
                   {"owned_by", "tandem"},
+                  // What a router needs to compute this agent's block hashes.
+                  {"tandem",
+                   {{"model_identity", engine_.modelIdentity()},
+                    {"block_size", engine_.config().block_size},
+                    {"prefix_caching_hash", hashAlgorithmName(engine_.config().hash_algorithm)}}},
                   {"root", engine_.model().directory().string()},
                   {"max_model_len", engine_.maxModelLen()}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),

@@ -588,6 +588,9 @@ TEST(Server, YamlConfigAppliesAndFlagsOverrideIt) {
   // --served-model-name tiny (given by the test harness) overrides the file.
   EXPECT_EQ(models["data"][0]["id"], "tiny");
   EXPECT_EQ(models["data"][0]["max_model_len"], 300);
+  EXPECT_EQ(models["data"][0]["tandem"]["block_size"], 16);
+  EXPECT_EQ(models["data"][0]["tandem"]["prefix_caching_hash"], "xxhash");
+  EXPECT_FALSE(models["data"][0]["tandem"]["model_identity"].get<std::string>().empty());
   EXPECT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 40; }));
 }
 
