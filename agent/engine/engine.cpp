@@ -349,23 +349,10 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     return;
   }
   out.finish_reason = reason;
-  out.timings = live.timings;
-  out.timings.finished = Clock::now();
-  OutputCallback callback = std::move(live.callback);
-  live_.erase(sequence);
-  const std::string id = sequence->request.id;
-  scheduler_->finish(sequence);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    known_ids_.erase(id);
-  }
-  callback(out);
+  deliverFinal(sequence, std::move(out));
 }
 
 void Engine::finishRequest(Sequence* sequence, FinishReason reason, const std::string& error) {
-  auto it = live_.find(sequence);
-  TANDEM_CHECK(it != live_.end(), "finishing a request without output state");
-  Live& live = *it->second;
   RequestOutput out;
   out.request_id = sequence->request.id;
   out.finish_reason = reason;
@@ -373,12 +360,18 @@ void Engine::finishRequest(Sequence* sequence, FinishReason reason, const std::s
   out.num_prompt_tokens = sequence->num_prompt_tokens;
   out.num_cached_tokens = sequence->num_cached_tokens;
   out.num_generated_tokens = sequence->numGenerated();
-  out.timings = live.timings;
+  deliverFinal(sequence, std::move(out));
+}
+
+void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
+  auto it = live_.find(sequence);
+  TANDEM_CHECK(it != live_.end(), "finishing a request without output state");
+  out.timings = it->second->timings;
   out.timings.finished = Clock::now();
-  OutputCallback callback = std::move(live.callback);
+  OutputCallback callback = std::move(it->second->callback);
   live_.erase(it);
   const std::string id = sequence->request.id;
-  scheduler_->finish(sequence);
+  scheduler_->finish(sequence);  // frees its blocks
   {
     std::lock_guard<std::mutex> lock(mutex_);
     known_ids_.erase(id);

@@ -124,6 +124,8 @@ class Engine {
   void step();
   void emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
   void finishRequest(Sequence* sequence, FinishReason reason, const std::string& error = {});
+  // Sends a request's final output and forgets it (blocks freed, id released).
+  void deliverFinal(Sequence* sequence, RequestOutput out);
   void publishStats();
   KvSnapshot takeSnapshot() const;
 

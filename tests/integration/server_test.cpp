@@ -153,19 +153,25 @@ std::vector<int> tokenIds(const json& response) {
   return response.at("choices").at(0).at("token_ids").get<std::vector<int>>();
 }
 
+// Sends every body at once, one client thread each; the generated token ids.
+std::vector<std::vector<int>> postConcurrently(const Agent& agent,
+                                               const std::vector<json>& bodies) {
+  std::vector<std::vector<int>> ids(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    threads.emplace_back([&, i] { ids[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
+  }
+  for (auto& t : threads) t.join();
+  return ids;
+}
+
 TEST(Server, ConcurrentGreedyRequestsEqualSoloRuns) {
   Agent agent;
   std::vector<json> bodies;
   for (uint32_t i = 0; i < 8; ++i) bodies.push_back(greedy(randomPrompt(5 + 9 * i, i), 12));
   std::vector<std::vector<int>> solo;
   for (const json& body : bodies) solo.push_back(tokenIds(agent.post("/v1/completions", body)));
-  std::vector<std::vector<int>> together(bodies.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::vector<int>> together = postConcurrently(agent, bodies);
   for (size_t i = 0; i < bodies.size(); ++i) {
     ASSERT_EQ(solo[i].size(), 12u);
     EXPECT_EQ(together[i], solo[i]) << "request " << i << " changed when batched";
@@ -207,13 +213,7 @@ TEST(Server, PreemptedRequestsRecomputeToIdenticalTokens) {
   std::vector<std::vector<int>> solo;
   for (const json& body : bodies) solo.push_back(tokenIds(agent.post("/v1/completions", body)));
   const double preemptions_before = agent.metric("tandem_preemptions_total");
-  std::vector<std::vector<int>> together(bodies.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { together[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::vector<int>> together = postConcurrently(agent, bodies);
   EXPECT_GT(agent.metric("tandem_preemptions_total"), preemptions_before)
       << "nothing was preempted: the test lost its point";
   for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(together[i], solo[i]) << "request " << i;
