@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "agent/engine/engine.h"
+#include "agent/kv/connector.h"
 #include "agent/server/http_server.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -107,6 +108,9 @@ CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {
       ->add_option("--shutdown-timeout", o.shutdown_timeout_s,
                    "seconds to finish in-flight requests on SIGTERM")
       ->capture_default_str();
+  serve->add_option("--kv-transfer-config", o.kv_transfer_config,
+                    "KV connector, e.g. {\"kv_connector\":\"storage\",\"kv_role\":\"kv_both\","
+                    "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}");
   serve->add_option("--config", o.config_path, "YAML file with the same keys");
   return serve;
 }
@@ -135,6 +139,19 @@ int runServe(CLI::App& command, ServeOptions& o) {
     fromYaml(root, command, "role", o.role, o.config_path);
     fromYaml(root, command, "prefix-caching-hash", o.prefix_caching_hash, o.config_path);
     fromYaml(root, command, "shutdown-timeout", o.shutdown_timeout_s, o.config_path);
+    // In YAML the connector config may be a mapping rather than JSON text.
+    const YAML::Node& const_root = root;
+    if (const_root["kv_transfer_config"] &&
+        command.get_option("--kv-transfer-config")->count() == 0) {
+      const YAML::Node& node = const_root["kv_transfer_config"];
+      if (node.IsScalar()) {
+        o.kv_transfer_config = node.as<std::string>();
+      } else {
+        YAML::Emitter json_out;
+        json_out << YAML::DoubleQuoted << YAML::Flow << node;
+        o.kv_transfer_config = json_out.c_str();
+      }
+    }
   }
   if (o.model.empty()) throw Error("--model is required (or model: in --config)");
   if (o.role != "prefill" && o.role != "decode" && o.role != "both") {
@@ -158,6 +175,13 @@ int runServe(CLI::App& command, ServeOptions& o) {
   auto hash = parseHashAlgorithm(o.prefix_caching_hash);
   if (!hash.isOk()) throw Error("--prefix-caching-hash: " + hash.status().message());
   config.hash_algorithm = *hash;
+  if (!o.kv_transfer_config.empty()) {
+    auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
+    if (!transfer.isOk()) throw Error("--" + transfer.status().message());
+    config.connector_factory = [transfer = *transfer](engine::KvCache& cache) {
+      return kv::makeConnector(transfer, cache);
+    };
+  }
 
   // Signals are taken by a waiting thread, never by a handler: block them in
   // every thread before any is started.
@@ -193,6 +217,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
     engine.shutdown(engine::Clock::now() +
                     std::chrono::duration_cast<engine::Clock::duration>(
                         std::chrono::duration<double>(o.shutdown_timeout_s)));
+    // Let the handlers write what the engine finished, then stop listening.
+    server.waitForIdle(engine::Clock::now() + std::chrono::seconds(5));
     server.stop();
   });
   server.serve();

@@ -28,6 +28,7 @@ struct ServeOptions {
   std::string role = "both";
   std::string prefix_caching_hash = "xxhash";
   double shutdown_timeout_s = 30.0;
+  std::string kv_transfer_config;  // JSON, vLLM's shape; empty: no connector
   std::string config_path;
 };
 

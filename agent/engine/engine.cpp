@@ -23,6 +23,57 @@ struct Engine::Live {
   bool sent_first = false;
 };
 
+// The scheduler's view of the KV connector.
+class Engine::ConnectorSource : public ExternalKvSource {
+ public:
+  ConnectorSource(kv::KvConnector& connector, const BlockHasher& hasher)
+      : connector_(connector), hasher_(hasher) {}
+
+  Lookup lookup(const Sequence& sequence, int64_t num_local_tokens) override {
+    kv::LookupResult result = connector_.scheduler().lookup(request(sequence), num_local_tokens);
+    Lookup lookup;
+    lookup.pending = result.state == kv::LookupResult::State::kPending;
+    if (result.state == kv::LookupResult::State::kAvailable) lookup.num_tokens = result.num_tokens;
+    return lookup;
+  }
+
+  std::vector<int64_t> load(const Sequence& sequence, int64_t first_block,
+                            int64_t num_blocks) override {
+    std::span<const BlockId> ids =
+        std::span<const BlockId>(sequence.blocks.blocks).subspan(first_block, num_blocks);
+    return connector_.worker().load(request(sequence), first_block, ids).failed_block_indices;
+  }
+
+  bool failOnLoadError() const override {
+    return connector_.config().load_failure_policy == kv::LoadFailurePolicy::kFail;
+  }
+
+  // Hands newly computed full blocks to the connector (producers save them).
+  void save(Sequence& sequence) {
+    const int64_t full = sequence.num_computed_tokens / hasher_.blockSize();
+    if (full <= sequence.num_saved_blocks) return;
+    std::span<const BlockId> ids =
+        std::span<const BlockId>(sequence.blocks.blocks)
+            .subspan(sequence.num_saved_blocks, full - sequence.num_saved_blocks);
+    connector_.worker().save(request(sequence), sequence.num_saved_blocks, ids);
+    sequence.num_saved_blocks = full;
+  }
+
+ private:
+  kv::ConnectorRequest request(const Sequence& sequence) {
+    hashes_ = hasher_.hashFullBlocks(sequence.tokens, sequence.request.cache_salt);
+    kv::ConnectorRequest request;
+    request.request_id = sequence.request.id;
+    request.tokens = sequence.tokens;
+    request.block_hashes = hashes_;
+    return request;
+  }
+
+  kv::KvConnector& connector_;
+  const BlockHasher& hasher_;
+  std::vector<BlockHash> hashes_;  // of the request last described
+};
+
 namespace {
 
 std::string modelIdentityOf(const Model& model) {
@@ -75,6 +126,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
   runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
+  if (config_.connector_factory) {
+    connector_ = config_.connector_factory(*cache_);
+    connector_source_ = std::make_unique<ConnectorSource>(*connector_, block_manager_->hasher());
+    scheduler_->setExternalKvSource(connector_source_.get());
+  }
 
   for (int64_t id : mc.eos_token_ids) eos_token_ids_.push_back(static_cast<TokenId>(id));
   if (auto eos = tokenizer_->eosTokenId()) {
@@ -187,6 +243,9 @@ void Engine::publishStats() {
   stats.prefix_cache_hits = block_manager_->prefixCacheHitTokens();
   stats.num_computed_tokens = num_computed_tokens_;
   stats.num_steps = num_steps_;
+  stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
+  stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
+  if (connector_) stats.kv_connector = connector_->config().connector;
   std::lock_guard<std::mutex> lock(mutex_);
   stats_ = stats;
 }
@@ -255,6 +314,10 @@ void Engine::loop() {
 
 void Engine::step() {
   SchedulerOutput output = scheduler_->schedule();
+  for (Sequence* failed : output.failed_loads) {
+    finishRequest(failed, FinishReason::kError,
+                  "KV blocks of the prompt failed to load and kv_load_failure_policy is fail");
+  }
   if (output.empty()) {
     // Only requests waiting on something outside the engine (remote KV) are
     // left: wait for news instead of spinning.
@@ -278,6 +341,7 @@ void Engine::step() {
   num_computed_tokens_ += output.num_tokens;
   ++num_steps_;
   scheduler_->onStepComputed(output);
+  saveComputedBlocks(output);
 
   const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < output.chunks.size(); ++i) {
@@ -307,6 +371,11 @@ void Engine::step() {
     GeneratedToken token = sampler_.sample(input);
     emitToken(sequence, live, token);
   }
+}
+
+void Engine::saveComputedBlocks(const SchedulerOutput& output) {
+  if (!connector_source_) return;
+  for (const ScheduledChunk& chunk : output.chunks) connector_source_->save(*chunk.sequence);
 }
 
 void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& token) {
@@ -376,6 +445,8 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
     std::lock_guard<std::mutex> lock(mutex_);
     known_ids_.erase(id);
   }
+  // Figures a client reads after its response must already count this step.
+  publishStats();
   callback(out);
 }
 

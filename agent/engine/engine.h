@@ -31,6 +31,7 @@
 #include "agent/engine/request.h"
 #include "agent/engine/sampler.h"
 #include "agent/engine/scheduler.h"
+#include "agent/kv/connector.h"
 #include "common/block_hash.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -51,6 +52,8 @@ struct EngineConfig {
   int64_t max_waiting_requests = 1024;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
   size_t kv_event_capacity = 65536;
+  // Builds the KV connector over the engine's cache (none when empty).
+  std::function<std::unique_ptr<kv::KvConnector>(KvCache&)> connector_factory;
 };
 
 // A consistent snapshot for metrics and health.
@@ -65,6 +68,9 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // of those, tokens found cached
   int64_t num_computed_tokens = 0;   // tokens the model has computed, in total
   int64_t num_steps = 0;
+  int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
+  int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
+  std::string kv_connector;      // its name, empty without one
 };
 
 // The prefix cache's content at one KV event sequence number: what a reader
@@ -117,7 +123,8 @@ class Engine {
     std::unique_ptr<Sequence> sequence;
     OutputCallback callback;
   };
-  struct Live;  // per-request output state, engine thread only
+  struct Live;            // per-request output state, engine thread only
+  class ConnectorSource;  // ExternalKvSource over the KV connector
 
   void loop();
   void drainInbox();
@@ -127,6 +134,7 @@ class Engine {
   // Sends a request's final output and forgets it (blocks freed, id released).
   void deliverFinal(Sequence* sequence, RequestOutput out);
   void publishStats();
+  void saveComputedBlocks(const SchedulerOutput& output);
   KvSnapshot takeSnapshot() const;
 
   EngineConfig config_;
@@ -137,6 +145,8 @@ class Engine {
   std::unique_ptr<BlockManager> block_manager_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<kv::KvConnector> connector_;
+  std::unique_ptr<ConnectorSource> connector_source_;
   Sampler sampler_;
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;

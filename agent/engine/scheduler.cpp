@@ -61,37 +61,81 @@ void Scheduler::preempt(Sequence* sequence) {
   waiting_.push_front(std::move(owned));
 }
 
-bool Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
+int64_t Scheduler::loadExternal(Sequence* sequence, int64_t local_tokens, int64_t external_tokens) {
+  const int64_t block_size = blocks_.blockSize();
+  const int64_t first_block = local_tokens / block_size;
+  const int64_t num_blocks = external_tokens / block_size;
+  std::vector<int64_t> failed = external_->load(*sequence, first_block, num_blocks);
+  std::sort(failed.begin(), failed.end());
+  external_blocks_failed_ += static_cast<int64_t>(failed.size());
+  external_blocks_loaded_ += num_blocks - static_cast<int64_t>(failed.size());
+  if (failed.empty()) return local_tokens + external_tokens;
+  if (external_->failOnLoadError()) return -1;
+  // Segmented prefill: recompute from the first failed block; the valid
+  // blocks after it stay, as present ranges the scheduler computes around.
+  blocks_.invalidateBlocks(sequence->blocks, failed);
+  sequence->present_ranges.clear();
+  int64_t run_start = -1;
+  for (int64_t block = failed.front() + 1; block <= first_block + num_blocks; ++block) {
+    const bool valid = block < first_block + num_blocks &&
+                       !std::binary_search(failed.begin(), failed.end(), block);
+    if (valid && run_start < 0) run_start = block;
+    if (!valid && run_start >= 0) {
+      sequence->present_ranges.emplace_back(run_start * block_size, block * block_size);
+      run_start = -1;
+    }
+  }
+  return failed.front() * block_size;
+}
+
+Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
   PrefixMatch match;
   const bool first_admission = !sequence->admitted_once;
   sequence->skipPresentRanges();
   const bool looks_up = sequence->blocks.blocks.empty();
   if (looks_up) match = blocks_.findCachedPrefix(sequence->tokens, sequence->request.cache_salt);
   const int64_t matched_tokens = match.numCachedTokens(blocks_.blockSize());
-  const int64_t computed = sequence->num_computed_tokens + matched_tokens;
-  const int64_t remaining = sequence->nextComputeLimit(computed) - computed;
-  int64_t num_tokens = std::min(remaining, budget);
-  if (!config_.enable_chunked_prefill && num_tokens < remaining) return false;
-  if (num_tokens <= 0) return false;
-  if (!blocks_.allocate(sequence->blocks, looks_up ? &match : nullptr, computed + num_tokens)) {
-    return false;
+  const int64_t local = sequence->num_computed_tokens + matched_tokens;
+  int64_t external = 0;
+  if (looks_up && external_ != nullptr) {
+    ExternalKvSource::Lookup lookup = external_->lookup(*sequence, local);
+    if (lookup.pending) return Admission::kSkipped;
+    external = lookup.num_tokens;
+  }
+  const int64_t remaining = sequence->nextComputeLimit(local + external) - (local + external);
+  const int64_t num_tokens = std::min(remaining, budget);
+  if (!config_.enable_chunked_prefill && num_tokens < remaining) return Admission::kNoRoom;
+  if (num_tokens <= 0) return Admission::kNoRoom;
+  if (!blocks_.allocate(sequence->blocks, looks_up ? &match : nullptr,
+                        local + external + num_tokens)) {
+    return Admission::kNoRoom;
   }
   if (first_admission) {
     sequence->num_cached_tokens = matched_tokens;
     sequence->admitted_once = true;
     sequence->first_scheduled = Clock::now();
   }
+  int64_t computed = local;
+  if (external > 0) {
+    computed = loadExternal(sequence, local, external);
+    if (computed < 0) {
+      blocks_.free(sequence->blocks);
+      output.failed_loads.push_back(sequence);
+      return Admission::kSkipped;
+    }
+  }
   sequence->num_computed_tokens = computed;
+  const int64_t chunk_tokens =
+      std::min(sequence->nextComputeLimit(computed) - computed, num_tokens);
   sequence->status = SequenceStatus::kRunning;
   ScheduledChunk chunk;
   chunk.sequence = sequence;
   chunk.start = computed;
-  chunk.num_tokens = num_tokens;
-  chunk.samples = computed + num_tokens == static_cast<int64_t>(sequence->tokens.size());
+  chunk.num_tokens = chunk_tokens;
+  chunk.samples = computed + chunk_tokens == static_cast<int64_t>(sequence->tokens.size());
   output.chunks.push_back(chunk);
-
-  output.num_tokens += num_tokens;
-  return true;
+  output.num_tokens += chunk_tokens;
+  return Admission::kAdmitted;
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -153,7 +197,12 @@ SchedulerOutput Scheduler::schedule() {
         continue;
       }
       const int64_t before = output.num_tokens;
-      if (!admit(sequence, budget, output)) break;
+      const Admission admission = admit(sequence, budget, output);
+      if (admission == Admission::kNoRoom) break;
+      if (admission == Admission::kSkipped) {
+        ++i;
+        continue;
+      }
       budget -= output.num_tokens - before;
       running_.push_back(std::move(waiting_[i]));
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -59,6 +59,8 @@ struct Sequence {
   int64_t num_cached_tokens = 0;
   bool admitted_once = false;
   int64_t num_preemptions = 0;
+  // Full blocks already handed to the KV connector for saving.
+  int64_t num_saved_blocks = 0;
   Clock::time_point first_scheduled{};
 
   int64_t numGenerated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
@@ -81,7 +83,28 @@ struct SchedulerOutput {
   std::vector<ScheduledChunk> chunks;
   int64_t num_tokens = 0;
   std::vector<Sequence*> preempted;  // preempted during this step
+  // Sequences whose external KV failed to load under the "fail" policy; they
+  // hold no blocks and the engine ends them with an error.
+  std::vector<Sequence*> failed_loads;
   bool empty() const { return chunks.empty(); }
+};
+
+// Where a sequence's KV may come from besides this agent's prefix cache. The
+// engine implements it over a KV connector; the scheduler only decides.
+class ExternalKvSource {
+ public:
+  virtual ~ExternalKvSource() = default;
+  struct Lookup {
+    bool pending = false;    // not known yet: ask again on a later step
+    int64_t num_tokens = 0;  // whole blocks right after num_local_tokens
+  };
+  virtual Lookup lookup(const Sequence& sequence, int64_t num_local_tokens) = 0;
+  // Loads blocks [first_block, first_block + num_blocks) of the sequence into
+  // its block table; returns the indices of blocks that failed.
+  virtual std::vector<int64_t> load(const Sequence& sequence, int64_t first_block,
+                                    int64_t num_blocks) = 0;
+  // true: a failed load ends the request; false: the failed blocks are recomputed.
+  virtual bool failOnLoadError() const = 0;
 };
 
 class Scheduler {
@@ -89,6 +112,8 @@ class Scheduler {
   Scheduler(const SchedulerConfig& config, BlockManager& blocks);
 
   void add(std::unique_ptr<Sequence> sequence);
+  // Optional; consulted when a sequence is admitted without blocks.
+  void setExternalKvSource(ExternalKvSource* source) { external_ = source; }
   SchedulerOutput schedule();
   // Call after the model computed a step: advances computed counts and
   // registers blocks that became full in the prefix cache.
@@ -103,18 +128,27 @@ class Scheduler {
   int64_t numWaiting() const { return static_cast<int64_t>(waiting_.size()); }
   bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
   int64_t numPreemptions() const { return num_preemptions_; }
+  int64_t numExternalBlocksLoaded() const { return external_blocks_loaded_; }
+  int64_t numExternalBlocksFailed() const { return external_blocks_failed_; }
 
   const SchedulerConfig& config() const { return config_; }
 
  private:
   void preempt(Sequence* sequence);
-  bool admit(Sequence* sequence, int64_t budget, SchedulerOutput& output);
+  enum class Admission { kAdmitted, kNoRoom, kSkipped };
+  Admission admit(Sequence* sequence, int64_t budget, SchedulerOutput& output);
+  // Loads external KV after allocation; returns the new computed position, or
+  // -1 when the request must fail.
+  int64_t loadExternal(Sequence* sequence, int64_t local_tokens, int64_t external_tokens);
 
   SchedulerConfig config_;
   BlockManager& blocks_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::deque<std::unique_ptr<Sequence>> waiting_;
   int64_t num_preemptions_ = 0;
+  ExternalKvSource* external_ = nullptr;
+  int64_t external_blocks_loaded_ = 0;
+  int64_t external_blocks_failed_ = 0;
 };
 
 }  // namespace tandem::engine

@@ -126,6 +126,12 @@ void HttpServer::bind() {
 
 void HttpServer::serve() { http_->listen_after_bind(); }
 
+void HttpServer::waitForIdle(std::chrono::steady_clock::time_point deadline) {
+  while (active_requests_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 void HttpServer::stop() {
   if (http_) http_->stop();
 }
@@ -140,6 +146,11 @@ void HttpServer::routes() {
         metrics_.observeRejected("invalid");
         return sendError(res, parsed.error());
       }
+      // Counted until the last byte is written (streams: until the provider
+      // is released), so a drain can wait for it.
+      active_requests_.fetch_add(1);
+      auto active =
+          std::shared_ptr<void>(nullptr, [this](void*) { active_requests_.fetch_sub(1); });
       ParsedRequest request = std::move(parsed).value();
       const std::string id = randomHex(next_id_.fetch_add(1));
       request.request.id = id;
@@ -222,7 +233,7 @@ void HttpServer::routes() {
             if (output.finished()) sink.done();
             return true;
           },
-          [this, channel, id](bool /*success*/) {
+          [this, channel, id, active](bool /*success*/) {
             if (!channel->finished()) engine_.abort(id);
           });
     };

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,10 @@ class HttpServer {
   // them. Safe from any thread (not from a signal handler).
   void stop();
   void setReady(bool ready) { ready_ = ready; }
+  // Waits until no completion request is being answered (streams fully
+  // written), or the deadline passes. Call before stop() when draining:
+  // stop() cuts streams that are still being written.
+  void waitForIdle(std::chrono::steady_clock::time_point deadline);
   AgentMetrics& metrics() { return metrics_; }
 
  private:
@@ -58,6 +63,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> ready_{true};
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<int> active_requests_{0};
 };
 
 }  // namespace tandem::server

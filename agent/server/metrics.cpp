@@ -73,6 +73,13 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   preemptions_ = counter("tandem_preemptions_total", "Sequences preempted for recompute.");
   computed_tokens_ =
       counter("tandem_computed_tokens_total", "Tokens the model computed (prefill and decode).");
+  kv_blocks_loaded_ = &BuildCounter()
+                           .Name("tandem_kv_blocks_loaded_total")
+                           .Help("KV blocks loaded through the KV connector, by source.")
+                           .Register(*registry_);
+  kv_blocks_recomputed_ =
+      counter("tandem_kv_blocks_recomputed_total",
+              "KV blocks that failed to load through the connector and were recomputed or failed.");
   requests_ = &BuildCounter()
                    .Name("tandem_requests_total")
                    .Help("Finished requests by finish reason.")
@@ -130,6 +137,12 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
   advance(prefix_hits_, stats.prefix_cache_hits, reported_.prefix_cache_hits);
   advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
   advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
+  if (!stats.kv_connector.empty()) {
+    advance(&kv_blocks_loaded_->Add(
+                {{"model", model_}, {"role", role_}, {"source", stats.kv_connector}}),
+            stats.kv_blocks_loaded, reported_.kv_blocks_loaded);
+    advance(kv_blocks_recomputed_, stats.kv_blocks_failed, reported_.kv_blocks_failed);
+  }
   running_->Set(static_cast<double>(stats.num_running));
   waiting_->Set(static_cast<double>(stats.num_waiting));
   kv_usage_->Set(stats.kv_cache_usage);

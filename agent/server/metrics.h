@@ -59,6 +59,8 @@ class AgentMetrics {
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* preemptions_;
   prometheus::Counter* computed_tokens_;
+  prometheus::Family<prometheus::Counter>* kv_blocks_loaded_;
+  prometheus::Counter* kv_blocks_recomputed_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

@@ -1,0 +1,112 @@
+// The KV connector contract: how the engine learns that a request's KV can be
+// had from outside (another agent, a shared filesystem, a host-memory tier),
+// loads it into its own blocks, saves what it computed, and decides what
+// happens to a finished request's blocks.
+//
+// Two sides, as in vLLM's KV connector v1:
+// - KvConnectorScheduler: pure decisions over request state, on the engine
+//   thread. lookup() may answer "pending" so a slow lookup never blocks the
+//   batch: the request then waits (SequenceStatus::kWaitingForRemoteKv) and is
+//   asked again on a later step.
+// - KvConnectorWorker: moves bytes. load() fills blocks; synchronous
+//   connectors finish before returning, asynchronous ones report completion
+//   through poll(). Blocks that failed to load are reported by block index;
+//   the engine recomputes only their token ranges (segmented prefill) or
+//   fails the request, by policy, and never lets them into the prefix cache.
+//
+// The engine knows connectors only through this header; implementations live
+// in agent/kv/<name>/ and are built by makeConnector() from a KvTransferConfig.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "agent/engine/kv_cache.h"
+#include "common/block_hash.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+
+namespace tandem::kv {
+
+using engine::BlockId;
+
+enum class KvRole { kProducer, kConsumer, kBoth };
+enum class LoadFailurePolicy { kRecompute, kFail };
+
+// --kv-transfer-config, vLLM's shape:
+// {"kv_connector": "storage", "kv_role": "kv_both", "kv_connector_extra_config": {...}}
+struct KvTransferConfig {
+  std::string connector;  // "storage" (more to come: "ucx", "offload", "multi")
+  KvRole role = KvRole::kBoth;
+  LoadFailurePolicy load_failure_policy = LoadFailurePolicy::kRecompute;
+  nlohmann::json extra = nlohmann::json::object();
+
+  bool produces() const { return role != KvRole::kConsumer; }
+  bool consumes() const { return role != KvRole::kProducer; }
+  // Parses the JSON text; errors name the field and what is accepted.
+  static StatusOr<KvTransferConfig> parse(const std::string& json_text);
+};
+
+// What a connector sees of a request.
+struct ConnectorRequest {
+  std::string_view request_id;
+  std::span<const TokenId> tokens;
+  // Hashes of the request's full blocks, in order (block i covers tokens
+  // [i * block_size, (i + 1) * block_size)).
+  std::span<const BlockHash> block_hashes;
+  const nlohmann::json* kv_transfer_params = nullptr;  // null when absent
+};
+
+struct LookupResult {
+  enum class State { kNone, kAvailable, kPending };
+  State state = State::kNone;
+  // Tokens available right after the locally cached ones; a whole number of
+  // blocks, never reaching the request's last token.
+  int64_t num_tokens = 0;
+};
+
+class KvConnectorScheduler {
+ public:
+  virtual ~KvConnectorScheduler() = default;
+  // How many tokens after the first num_local_tokens (already in this
+  // agent's prefix cache) can be loaded.
+  virtual LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) = 0;
+};
+
+struct LoadResult {
+  bool done = true;  // false: asynchronous, completion comes through poll()
+  // Indices (into the request's block table) of blocks that did not load.
+  std::vector<int64_t> failed_block_indices;
+};
+
+class KvConnectorWorker {
+ public:
+  virtual ~KvConnectorWorker() = default;
+  // Fills blocks [first_block, first_block + block_ids.size()) of the request
+  // (block_ids are this agent's ids for them).
+  virtual LoadResult load(const ConnectorRequest& request, int64_t first_block,
+                          std::span<const BlockId> block_ids) = 0;
+  // Saves full, computed blocks [first_block, first_block + block_ids.size()).
+  virtual void save(const ConnectorRequest& request, int64_t first_block,
+                    std::span<const BlockId> block_ids) = 0;
+};
+
+// A connector: both sides over one KV cache.
+class KvConnector {
+ public:
+  virtual ~KvConnector() = default;
+  virtual KvConnectorScheduler& scheduler() = 0;
+  virtual KvConnectorWorker& worker() = 0;
+  virtual const KvTransferConfig& config() const = 0;
+};
+
+// Builds the configured connector over `cache`; throws tandem::Error naming
+// the problem (unknown connector, bad extra config).
+std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache);
+
+}  // namespace tandem::kv

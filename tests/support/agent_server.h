@@ -1,0 +1,166 @@
+// A real `tandem-agent serve` process for integration tests, with helpers to
+// talk to it: JSON posts, metric samples, greedy request bodies, polling
+// with a deadline.
+#pragma once
+
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/agent_process.h"
+#include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::testing {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+inline const fs::path& tinyModelDir() {
+  static TempDir dir("tandem-server-test-model");
+  static bool written = [] {
+    tandem::tools::TestModelOptions options;
+    options.seed = 21;
+    tandem::tools::writeTestModel(options, dir.path() / "tiny");
+    return true;
+  }();
+  (void)written;
+  static fs::path path = dir.path() / "tiny";
+  return path;
+}
+
+// Waits for a condition with a deadline, polling (no fixed sleeps).
+template <typename Fn>
+bool eventually(Fn&& condition, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
+// The `small` preset: slow enough per token that a client can leave
+// mid-generation.
+inline const fs::path& smallModelDir() {
+  static TempDir dir("tandem-server-test-small");
+  static fs::path path = [] {
+    tandem::tools::TestModelOptions options;
+    options.preset = "small";
+    tandem::tools::writeTestModel(options, dir.path() / "small");
+    return dir.path() / "small";
+  }();
+  return path;
+}
+
+// A running `tandem-agent serve` on a free port.
+class Agent {
+ public:
+  explicit Agent(std::vector<std::string> extra = {}, const fs::path& model = tinyModelDir()) {
+    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
+                                     "serve",
+                                     "--model",
+                                     model.string(),
+                                     "--port",
+                                     "0",
+                                     "--served-model-name",
+                                     "tiny"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr");
+    std::string line = process_->waitForLine("listening on ", std::chrono::seconds(60));
+    if (line.empty()) throw std::runtime_error("agent did not start: " + process_->stderrText());
+    port_ = std::stoi(line.substr(line.rfind(':') + 1));
+  }
+  // Every scenario must leave no KV block referenced once its requests are
+  // done (unless the test stopped the server itself).
+  ~Agent() {
+    if (stopped_) return;
+    EXPECT_TRUE(eventually([&] {
+      return metric("tandem_num_requests_running") == 0 &&
+             metric("tandem_num_requests_waiting") == 0 &&
+             metric("tandem_kv_cache_usage_ratio") == 0;
+    })) << "blocks still referenced after the test: "
+        << metricsText();
+  }
+  int port() const { return port_; }
+  ChildProcess& process() {
+    stopped_ = true;  // the caller may signal it
+    return *process_;
+  }
+  std::unique_ptr<httplib::Client> client() const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    c->set_read_timeout(60, 0);
+    return c;
+  }
+  json post(const std::string& path, const json& body, int* status = nullptr) const {
+    auto res = client()->Post(path.c_str(), body.dump(), "application/json");
+    if (!res) throw std::runtime_error("no response from " + path);
+    if (status != nullptr) *status = res->status;
+    return json::parse(res->body);
+  }
+  std::string metricsText() const {
+    auto res = client()->Get("/metrics");
+    return res ? res->body : "";
+  }
+  // Value of a sample line "name{labels} value" (first match), 0 when absent.
+  double metric(const std::string& name, const std::string& label_filter = "") const {
+    std::istringstream lines(metricsText());
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind(name, 0) != 0) continue;
+      const char next = line.size() > name.size() ? line[name.size()] : ' ';
+      if (next != '{' && next != ' ') continue;
+      if (!label_filter.empty() && line.find(label_filter) == std::string::npos) continue;
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return 0.0;
+  }
+
+ private:
+  TempDir logs_{"tandem-server-test-logs"};
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+inline std::vector<int> randomPrompt(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(3, 480);
+  std::vector<int> ids(n);
+  for (int& id : ids) id = dist(rng);
+  return ids;
+}
+
+inline json greedy(const std::vector<int>& prompt, int max_tokens) {
+  return {{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", max_tokens},
+          {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+}
+
+inline std::vector<int> tokenIds(const json& response) {
+  return response.at("choices").at(0).at("token_ids").get<std::vector<int>>();
+}
+
+// Sends every body at once, one client thread each; the generated token ids.
+inline std::vector<std::vector<int>> postConcurrently(const Agent& agent,
+                                               const std::vector<json>& bodies) {
+  std::vector<std::vector<int>> ids(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    threads.emplace_back([&, i] { ids[i] = tokenIds(agent.post("/v1/completions", bodies[i])); });
+  }
+  for (auto& t : threads) t.join();
+  return ids;
+}
+
+}  // namespace tandem::testing
