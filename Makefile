@@ -11,7 +11,7 @@ DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils
 
-SOURCES := $(shell git ls-files '*.h' '*.cpp' '*.cu' 2>/dev/null)
+SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
 .PHONY: deps build test run format format-check asan tsan clean
 

@@ -28,9 +28,10 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
     } else if (text == "kv_both") {
       config.role = KvRole::kBoth;
     } else {
-      return invalidArgument("kv-transfer-config: kv_role must be kv_producer, kv_consumer or "
-                             "kv_both, got " +
-                             text);
+      return invalidArgument(
+          "kv-transfer-config: kv_role must be kv_producer, kv_consumer or "
+          "kv_both, got " +
+          text);
     }
   }
   if (root.contains("kv_connector_extra_config")) {

@@ -18,10 +18,9 @@
 // in agent/kv/<name>/ and are built by makeConnector() from a KvTransferConfig.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>

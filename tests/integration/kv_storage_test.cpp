@@ -116,13 +116,11 @@ TEST_F(KvStorage, FailPolicyEndsTheRequestWithAClearErrorAndKeepsServing) {
   produce();
   const fs::path victim = fileOfBlock(0);
   fs::resize_file(victim, 10);
-  Agent consumer(
-      {"--kv-transfer-config", storageConfig(store_.path(), "kv_consumer", "fail")});
+  Agent consumer({"--kv-transfer-config", storageConfig(store_.path(), "kv_consumer", "fail")});
   int status = 0;
   json error = consumer.post("/v1/completions", greedy(prompt_, 8), &status);
   EXPECT_EQ(status, 500);
-  EXPECT_NE(error["error"]["message"].get<std::string>().find("failed to load"),
-            std::string::npos)
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("failed to load"), std::string::npos)
       << error.dump();
   // Other requests are unaffected.
   EXPECT_EQ(tokenIds(consumer.post("/v1/completions", greedy(randomPrompt(10, 3), 3))).size(), 3u);
@@ -134,13 +132,14 @@ TEST(KvTransferConfig, BadConfigsAreRefusedAtStartNamingTheField) {
     std::string config;
     std::string message;
   };
-  for (const Case& c : std::vector<Case>{
-           {"not json", "must be a JSON object"},
-           {R"({"kv_connector":"nixl"})", "kv_connector \"nixl\" is not supported"},
-           {R"({"kv_connector":"storage","kv_role":"reader"})", "kv_role must be"},
-           {R"({"kv_connector":"storage"})", "shared_storage_path"},
-           {R"({"kv_connector":"storage","kv_connector_extra_config":{"shared_storage_path":"/tmp/x","kv_load_failure_policy":"retry"}})",
-            "kv_load_failure_policy must be recompute or fail"}}) {
+  for (
+      const Case& c : std::vector<Case>{
+          {"not json", "must be a JSON object"},
+          {R"({"kv_connector":"nixl"})", "kv_connector \"nixl\" is not supported"},
+          {R"({"kv_connector":"storage","kv_role":"reader"})", "kv_role must be"},
+          {R"({"kv_connector":"storage"})", "shared_storage_path"},
+          {R"({"kv_connector":"storage","kv_connector_extra_config":{"shared_storage_path":"/tmp/x","kv_load_failure_policy":"retry"}})",
+           "kv_load_failure_policy must be recompute or fail"}}) {
     ChildProcess agent({std::string(TANDEM_BIN_DIR) + "/tandem-agent", "serve", "--model",
                         tinyModelDir().string(), "--port", "0", "--kv-transfer-config", c.config},
                        logs.path() / "stderr");

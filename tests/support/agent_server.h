@@ -3,6 +3,7 @@
 // with a deadline.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/support/agent_process.h"
 #include "tests/support/test_files.h"
@@ -153,7 +152,7 @@ inline std::vector<int> tokenIds(const json& response) {
 
 // Sends every body at once, one client thread each; the generated token ids.
 inline std::vector<std::vector<int>> postConcurrently(const Agent& agent,
-                                               const std::vector<json>& bodies) {
+                                                      const std::vector<json>& bodies) {
   std::vector<std::vector<int>> ids(bodies.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < bodies.size(); ++i) {

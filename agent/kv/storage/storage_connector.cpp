@@ -121,7 +121,8 @@ void StorageConnector::save(const ConnectorRequest& request, int64_t first_block
     {
       std::ofstream out(temp, std::ios::binary | std::ios::trunc);
       out.write(reinterpret_cast<const char*>(&header), sizeof header);
-      out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(header.block_bytes));
+      out.write(reinterpret_cast<const char*>(data),
+                static_cast<std::streamsize>(header.block_bytes));
       if (!out) {
         TANDEM_LOG(kWarn) << "storage connector: cannot write " << temp.string();
         fs::remove(temp, error);
