@@ -1,0 +1,62 @@
+// A KvSlabAllocator whose memory UCX allocates and registers itself.
+//
+// The KV slab of an agent that serves reads must come from here: memory from
+// ucp_mem_map(UCP_MEM_MAP_ALLOCATE) is shared-memory backed where UCX can
+// (posix/sysv), so peers on the same host read it one-sidedly without the
+// owner's help, whereas registered malloc memory is served by slow message
+// emulation. The allocator also supplies what peers need to read the slab
+// (remoteSlab) and what local reads write into (localSlab).
+//
+// One slab at a time: allocate() again before release() returns nullptr.
+// Keeps its UcxContext alive. allocate()/release() belong to start-up and
+// shutdown (one thread); the const accessors may be called from any thread
+// once allocate() has returned.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "agent/engine/kv_cache.h"
+#include "agent/transport/remote_slab.h"
+#include "agent/transport/ucx_transport.h"
+#include "common/status.h"
+
+namespace tandem::transport {
+
+class UcxSlabAllocator : public engine::KvSlabAllocator {
+ public:
+  explicit UcxSlabAllocator(std::shared_ptr<UcxContext> context);
+  // Unmaps a slab that was never released.
+  ~UcxSlabAllocator() override;
+  UcxSlabAllocator(const UcxSlabAllocator&) = delete;
+  UcxSlabAllocator& operator=(const UcxSlabAllocator&) = delete;
+
+  // Zero-filled, page-aligned memory from ucp_mem_map(ALLOCATE), or nullptr
+  // (with a log line saying why).
+  void* allocate(size_t bytes) override;
+  void release(void* data, size_t bytes) override;
+  std::string name() const override { return "ucx"; }
+
+  // Valid between allocate() and release(); nullptr / 0 / "" otherwise.
+  uint8_t* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  const std::string& packedRkey() const { return packed_rkey_; }
+  ucp_mem* memoryHandle() const { return memory_; }
+
+  // The slab cut into blocks of `block_bytes` (as many as fit), as a read
+  // destination and as the descriptor peers connect to. FailedPrecondition
+  // before allocate(), InvalidArgument when not even one block fits.
+  StatusOr<LocalSlab> localSlab(uint64_t block_bytes) const;
+  StatusOr<RemoteSlab> remoteSlab(uint64_t block_bytes) const;
+
+ private:
+  std::shared_ptr<UcxContext> context_;
+  ucp_mem* memory_ = nullptr;
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  std::string packed_rkey_;
+};
+
+}  // namespace tandem::transport
