@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libucx-dev ucx-utils libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils
+  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl
 
 SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
