@@ -37,11 +37,18 @@ class Engine::ConnectorSource : public ExternalKvSource {
     return lookup;
   }
 
-  std::vector<int64_t> load(const Sequence& sequence, int64_t first_block,
-                            int64_t num_blocks) override {
+  Load load(const Sequence& sequence, int64_t first_block, int64_t num_blocks) override {
     std::span<const BlockId> ids =
         std::span<const BlockId>(sequence.blocks.blocks).subspan(first_block, num_blocks);
-    return connector_.worker().load(request(sequence), first_block, ids).failed_block_indices;
+    kv::LoadResult result = connector_.worker().load(request(sequence), first_block, ids);
+    return Load{result.done, std::move(result.failed_block_indices)};
+  }
+
+  // Hands finished asynchronous loads to the scheduler.
+  void pollLoads(Scheduler& scheduler) {
+    for (auto& finished : connector_.worker().poll()) {
+      scheduler.loadFinished(finished.request_id, std::move(finished.failed_block_indices));
+    }
   }
 
   bool failOnLoadError() const override {
@@ -291,15 +298,9 @@ void Engine::loop() {
     }
     if (stop_now) {
       // Abort whatever is left, then leave.
-      while (scheduler_->hasWork()) {
-        Sequence* any = nullptr;
-        for (auto& [sequence, live] : live_) {
-          any = sequence;
-          break;
-        }
-        TANDEM_CHECK(any != nullptr, "scheduler has work but no live request");
-        finishRequest(any, FinishReason::kAbort);
-      }
+      // (Loads still in flight keep their blocks; the connector is destroyed
+      // before the cache.)
+      while (!live_.empty()) finishRequest(live_.begin()->first, FinishReason::kAbort);
       publishStats();
       std::lock_guard<std::mutex> lock(mutex_);
       loop_exited_ = true;
@@ -313,6 +314,7 @@ void Engine::loop() {
 }
 
 void Engine::step() {
+  if (connector_source_) connector_source_->pollLoads(*scheduler_);
   SchedulerOutput output = scheduler_->schedule();
   for (Sequence* failed : output.failed_loads) {
     finishRequest(failed, FinishReason::kError,

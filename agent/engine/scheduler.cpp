@@ -5,6 +5,12 @@
 #include "common/check.h"
 
 namespace tandem::engine {
+namespace {
+
+// loadExternal(): the load continues asynchronously.
+constexpr int64_t kLoadPending = -2;
+
+}  // namespace
 
 Sequence::Sequence(Request r) : request(std::move(r)) {
   tokens = request.prompt;
@@ -65,11 +71,18 @@ int64_t Scheduler::loadExternal(Sequence* sequence, int64_t local_tokens, int64_
   const int64_t block_size = blocks_.blockSize();
   const int64_t first_block = local_tokens / block_size;
   const int64_t num_blocks = external_tokens / block_size;
-  std::vector<int64_t> failed = external_->load(*sequence, first_block, num_blocks);
+  ExternalKvSource::Load load = external_->load(*sequence, first_block, num_blocks);
+  if (!load.done) return kLoadPending;
+  return applyLoadResult(sequence, first_block, num_blocks, std::move(load.failed_blocks));
+}
+
+int64_t Scheduler::applyLoadResult(Sequence* sequence, int64_t first_block, int64_t num_blocks,
+                                   std::vector<int64_t> failed) {
+  const int64_t block_size = blocks_.blockSize();
   std::sort(failed.begin(), failed.end());
   external_blocks_failed_ += static_cast<int64_t>(failed.size());
   external_blocks_loaded_ += num_blocks - static_cast<int64_t>(failed.size());
-  if (failed.empty()) return local_tokens + external_tokens;
+  if (failed.empty()) return (first_block + num_blocks) * block_size;
   if (external_->failOnLoadError()) return -1;
   // Segmented prefill: recompute from the first failed block; the valid
   // blocks after it stay, as present ranges the scheduler computes around.
@@ -86,6 +99,41 @@ int64_t Scheduler::loadExternal(Sequence* sequence, int64_t local_tokens, int64_
     }
   }
   return failed.front() * block_size;
+}
+
+bool Scheduler::loadFinished(const std::string& request_id, std::vector<int64_t> failed_blocks) {
+  for (auto it = abandoned_.begin(); it != abandoned_.end(); ++it) {
+    if ((*it)->request.id == request_id) {
+      blocks_.free((*it)->blocks);  // now nobody writes them any more
+      abandoned_.erase(it);
+      return true;
+    }
+  }
+  for (auto& owned : waiting_) {
+    Sequence* sequence = owned.get();
+    if (sequence->request.id != request_id ||
+        sequence->status != SequenceStatus::kWaitingForRemoteKv) {
+      continue;
+    }
+    const int64_t computed = applyLoadResult(sequence, sequence->load_first_block,
+                                             sequence->load_num_blocks, std::move(failed_blocks));
+    sequence->load_num_blocks = 0;
+    sequence->status = SequenceStatus::kWaiting;
+    if (computed < 0) {
+      blocks_.free(sequence->blocks);
+      pending_failed_loads_.push_back(sequence);
+    } else {
+      sequence->num_computed_tokens = computed;
+    }
+    return true;
+  }
+  return false;
+}
+
+int64_t Scheduler::numWaitingForRemoteKv() const {
+  return std::count_if(waiting_.begin(), waiting_.end(), [](const auto& s) {
+    return s->status == SequenceStatus::kWaitingForRemoteKv;
+  });
 }
 
 Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
@@ -118,6 +166,14 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
   int64_t computed = local;
   if (external > 0) {
     computed = loadExternal(sequence, local, external);
+    if (computed == kLoadPending) {
+      // Parked with its blocks until the connector reports the load.
+      sequence->num_computed_tokens = local;
+      sequence->load_first_block = local / blocks_.blockSize();
+      sequence->load_num_blocks = external / blocks_.blockSize();
+      sequence->status = SequenceStatus::kWaitingForRemoteKv;
+      return Admission::kSkipped;
+    }
     if (computed < 0) {
       blocks_.free(sequence->blocks);
       output.failed_loads.push_back(sequence);
@@ -140,6 +196,7 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
 
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput output;
+  output.failed_loads.swap(pending_failed_loads_);
   int64_t budget = config_.max_num_batched_tokens;
 
   // Running sequences first, oldest first; the newest are preempted when
@@ -189,8 +246,10 @@ SchedulerOutput Scheduler::schedule() {
   if (output.preempted.empty()) {
     // Sequences waiting for remote KV are passed over, so they never block
     // the queue behind them.
+    // Sequences parked on a load hold blocks: they count toward max_num_seqs.
+    const int64_t parked = numWaitingForRemoteKv();
     for (size_t i = 0; i < waiting_.size() && budget > 0 &&
-                       static_cast<int64_t>(running_.size()) < config_.max_num_seqs;) {
+                       static_cast<int64_t>(running_.size()) + parked < config_.max_num_seqs;) {
       Sequence* sequence = waiting_[i].get();
       if (sequence->status == SequenceStatus::kWaitingForRemoteKv) {
         ++i;
@@ -235,6 +294,17 @@ std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence) {
     TANDEM_CHECK(waiting != waiting_.end(), "finishing an unknown sequence");
     owned = std::move(*waiting);
     waiting_.erase(waiting);
+  }
+  std::erase(pending_failed_loads_, sequence);
+  if (owned->status == SequenceStatus::kWaitingForRemoteKv) {
+    // The connector may still be writing its blocks: free them when the
+    // load is reported. The caller gets a stand-in with the request's data.
+    auto report = std::make_unique<Sequence>(*owned);
+    report->blocks = {};
+    owned->abandoned = true;
+    abandoned_.push_back(std::move(owned));
+    report->status = SequenceStatus::kFinished;
+    return report;
   }
   blocks_.free(owned->blocks);
   owned->status = SequenceStatus::kFinished;

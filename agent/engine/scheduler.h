@@ -61,6 +61,13 @@ struct Sequence {
   int64_t num_preemptions = 0;
   // Full blocks already handed to the KV connector for saving.
   int64_t num_saved_blocks = 0;
+  // An asynchronous load in flight (status kWaitingForRemoteKv): blocks
+  // [load_first_block, load_first_block + load_num_blocks).
+  int64_t load_first_block = 0;
+  int64_t load_num_blocks = 0;
+  // Aborted while its load was in flight: its blocks are freed when the load
+  // finishes, never earlier (the connector may still be writing them).
+  bool abandoned = false;
   Clock::time_point first_scheduled{};
 
   int64_t numGenerated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
@@ -99,10 +106,13 @@ class ExternalKvSource {
     int64_t num_tokens = 0;  // whole blocks right after num_local_tokens
   };
   virtual Lookup lookup(const Sequence& sequence, int64_t num_local_tokens) = 0;
+  struct Load {
+    bool done = true;                    // false: completion comes later
+    std::vector<int64_t> failed_blocks;  // when done: indices that failed
+  };
   // Loads blocks [first_block, first_block + num_blocks) of the sequence into
-  // its block table; returns the indices of blocks that failed.
-  virtual std::vector<int64_t> load(const Sequence& sequence, int64_t first_block,
-                                    int64_t num_blocks) = 0;
+  // its block table.
+  virtual Load load(const Sequence& sequence, int64_t first_block, int64_t num_blocks) = 0;
   // true: a failed load ends the request; false: the failed blocks are recomputed.
   virtual bool failOnLoadError() const = 0;
 };
@@ -119,14 +129,21 @@ class Scheduler {
   // registers blocks that became full in the prefix cache.
   void onStepComputed(const SchedulerOutput& output);
   // Frees the sequence's blocks and forgets it. Returns the sequence so the
-  // caller can report on it.
+  // caller can report on it. A sequence whose load is in flight is forgotten
+  // by the queues at once but keeps its blocks until loadFinished().
   std::unique_ptr<Sequence> finish(Sequence* sequence);
+  // An asynchronous load finished: the sequence becomes schedulable again,
+  // with failed blocks recomputed (segmented prefill) or, under the fail
+  // policy, reported in the next schedule()'s failed_loads. Returns false for
+  // unknown ids.
+  bool loadFinished(const std::string& request_id, std::vector<int64_t> failed_blocks);
+  int64_t numWaitingForRemoteKv() const;
   // Finds a live sequence by request id (nullptr when unknown).
   Sequence* find(const std::string& request_id);
 
   int64_t numRunning() const { return static_cast<int64_t>(running_.size()); }
   int64_t numWaiting() const { return static_cast<int64_t>(waiting_.size()); }
-  bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
+  bool hasWork() const { return !running_.empty() || !waiting_.empty() || !abandoned_.empty(); }
   int64_t numPreemptions() const { return num_preemptions_; }
   int64_t numExternalBlocksLoaded() const { return external_blocks_loaded_; }
   int64_t numExternalBlocksFailed() const { return external_blocks_failed_; }
@@ -140,6 +157,9 @@ class Scheduler {
   // Loads external KV after allocation; returns the new computed position, or
   // -1 when the request must fail.
   int64_t loadExternal(Sequence* sequence, int64_t local_tokens, int64_t external_tokens);
+  // Applies a finished load's failures; the new computed position, or -1.
+  int64_t applyLoadResult(Sequence* sequence, int64_t first_block, int64_t num_blocks,
+                          std::vector<int64_t> failed);
 
   SchedulerConfig config_;
   BlockManager& blocks_;
@@ -149,6 +169,8 @@ class Scheduler {
   ExternalKvSource* external_ = nullptr;
   int64_t external_blocks_loaded_ = 0;
   int64_t external_blocks_failed_ = 0;
+  std::vector<std::unique_ptr<Sequence>> abandoned_;  // aborted with a load in flight
+  std::vector<Sequence*> pending_failed_loads_;       // reported by the next schedule()
 };
 
 }  // namespace tandem::engine

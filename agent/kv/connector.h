@@ -93,6 +93,15 @@ class KvConnectorWorker {
   // Saves full, computed blocks [first_block, first_block + block_ids.size()).
   virtual void save(const ConnectorRequest& request, int64_t first_block,
                     std::span<const BlockId> block_ids) = 0;
+
+  // An asynchronous load that has finished (its blocks are written or failed).
+  struct FinishedLoad {
+    std::string request_id;
+    std::vector<int64_t> failed_block_indices;
+  };
+  // Loads that finished since the last call. Until a load is reported here,
+  // the engine keeps its blocks allocated, even if the request was aborted.
+  virtual std::vector<FinishedLoad> poll() { return {}; }
 };
 
 // A connector: both sides over one KV cache.

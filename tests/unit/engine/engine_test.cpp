@@ -1,0 +1,272 @@
+// The engine with an asynchronous KV connector (a fake behind the real
+// contract): requests wait for their load without blocking others, loaded
+// KV gives the same tokens as computing it, failed blocks are recomputed,
+// and an abort during a load frees the blocks only once the load is over.
+#include "agent/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "agent/engine/model_runner.h"
+#include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::engine {
+namespace {
+
+const std::filesystem::path& modelDir() {
+  static ::tandem::testing::TempDir dir("tandem-engine-test");
+  static bool written = [] {
+    tools::TestModelOptions options;
+    options.seed = 5;
+    tools::writeTestModel(options, dir.path());
+    return true;
+  }();
+  (void)written;
+  return dir.path();
+}
+
+std::vector<TokenId> randomTokens(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<TokenId> dist(3, 480);
+  std::vector<TokenId> tokens(n);
+  for (TokenId& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+// Serves the KV of one prompt, computed in a cache of its own; loads finish
+// only when the test says so.
+class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::KvConnectorWorker {
+ public:
+  FakeAsyncConnector(KvCache& engine_cache, std::vector<TokenId> prompt)
+      : engine_cache_(engine_cache), prompt_(std::move(prompt)) {
+    model_ = Model::load(modelDir());
+    KvCacheConfig config = engine_cache.config();
+    config.num_blocks = 16;
+    source_ = std::make_unique<KvCache>(config, std::make_unique<HostSlabAllocator>());
+    ModelRunner runner(*model_, *source_);
+    std::vector<BlockId> blocks(16);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    SequenceInput input{prompt_, 0, blocks};
+    std::vector<float> logits;
+    runner.forward({&input, 1}, logits);
+    config_.connector = "fake";
+  }
+
+  KvConnectorScheduler& scheduler() override { return *this; }
+  KvConnectorWorker& worker() override { return *this; }
+  const kv::KvTransferConfig& config() const override { return config_; }
+
+  kv::LookupResult lookup(const kv::ConnectorRequest& request, int64_t num_local) override {
+    kv::LookupResult result;
+    if (!std::equal(request.tokens.begin(), request.tokens.end(), prompt_.begin(), prompt_.end())) {
+      return result;
+    }
+    const int64_t block = engine_cache_.blockSize();
+    const int64_t available = (static_cast<int64_t>(prompt_.size()) - 1) / block * block;
+    if (available > num_local) {
+      result.state = kv::LookupResult::State::kAvailable;
+      result.num_tokens = available - num_local;
+    }
+    return result;
+  }
+
+  kv::LoadResult load(const kv::ConnectorRequest& request, int64_t first_block,
+                      std::span<const BlockId> block_ids) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back({std::string(request.request_id), first_block,
+                        std::vector<BlockId>(block_ids.begin(), block_ids.end())});
+    loads_started_.notify_all();
+    return kv::LoadResult{false, {}};
+  }
+
+  void save(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
+
+  std::vector<FinishedLoad> poll() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::exchange(finished_, {});
+  }
+
+  // Blocks until a load was started; returns its request id.
+  std::string waitForLoad() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    loads_started_.wait_for(lock, std::chrono::seconds(20), [&] { return !pending_.empty(); });
+    return pending_.empty() ? "" : pending_.front().request_id;
+  }
+
+  // Writes the blocks (garbage for the failed ones) and reports the load.
+  void complete(const std::vector<int64_t>& failed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Pending load = pending_.front();
+    pending_.erase(pending_.begin());
+    for (size_t i = 0; i < load.blocks.size(); ++i) {
+      const int64_t index = load.first_block + static_cast<int64_t>(i);
+      uint8_t* to = engine_cache_.blockData(load.blocks[i]);
+      if (std::find(failed.begin(), failed.end(), index) != failed.end()) {
+        std::memset(to, 0x7f, engine_cache_.blockBytes());
+      } else {
+        std::memcpy(to, source_->blockData(static_cast<BlockId>(index)),
+                    engine_cache_.blockBytes());
+      }
+    }
+    finished_.push_back({load.request_id, failed});
+  }
+
+ private:
+  struct Pending {
+    std::string request_id;
+    int64_t first_block;
+    std::vector<BlockId> blocks;
+  };
+  KvCache& engine_cache_;
+  std::vector<TokenId> prompt_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<KvCache> source_;
+  kv::KvTransferConfig config_;
+  std::mutex mutex_;
+  std::condition_variable loads_started_;
+  std::vector<Pending> pending_;
+  std::vector<FinishedLoad> finished_;
+};
+
+// Collects a request's outputs; waits for the final one.
+struct Collector {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::vector<TokenId> tokens;
+  FinishReason reason = FinishReason::kNone;
+
+  Engine::OutputCallback callback() {
+    return [this](const RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& token : out.tokens) tokens.push_back(token.token);
+      if (out.finished()) {
+        reason = out.finish_reason;
+        done.notify_all();
+      }
+    };
+  }
+  bool waitFinished() {
+    std::unique_lock<std::mutex> lock(mutex);
+    return done.wait_for(lock, std::chrono::seconds(30),
+                         [&] { return reason != FinishReason::kNone; });
+  }
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return reason != FinishReason::kNone;
+  }
+};
+
+Request greedyRequest(const std::string& id, std::vector<TokenId> prompt, int64_t max_tokens) {
+  Request request;
+  request.id = id;
+  request.prompt = std::move(prompt);
+  request.sampling.temperature = 0;
+  request.sampling.ignore_eos = true;
+  request.sampling.max_tokens = max_tokens;
+  return request;
+}
+
+EngineConfig engineConfig() {
+  EngineConfig config;
+  config.model_dir = modelDir();
+  config.num_blocks = 64;
+  return config;
+}
+
+std::vector<TokenId> generateWithoutConnector(const std::vector<TokenId>& prompt) {
+  Engine engine(engineConfig());
+  Collector collector;
+  EXPECT_TRUE(engine.addRequest(greedyRequest("r", prompt, 8), collector.callback()).isOk());
+  EXPECT_TRUE(collector.waitFinished());
+  return collector.tokens;
+}
+
+// Polls a condition with a deadline.
+template <typename Fn>
+bool eventually(Fn&& condition) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return condition();
+}
+
+class AsyncLoad : public ::testing::Test {
+ protected:
+  Engine& start() {
+    EngineConfig config = engineConfig();
+    config.connector_factory = [this](KvCache& cache) {
+      auto connector = std::make_unique<FakeAsyncConnector>(cache, prompt_);
+      connector_ = connector.get();
+      return connector;
+    };
+    engine_ = std::make_unique<Engine>(config);
+    return *engine_;
+  }
+
+  std::vector<TokenId> prompt_ = randomTokens(75, 9);  // 4 loadable blocks
+  FakeAsyncConnector* connector_ = nullptr;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(AsyncLoad, WaitingRequestDoesNotBlockOthersAndLoadedKvGivesTheSameTokens) {
+  const std::vector<TokenId> expected = generateWithoutConnector(prompt_);
+  Engine& engine = start();
+  Collector loaded, other;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("loaded", prompt_, 8), loaded.callback()).isOk());
+  ASSERT_EQ(connector_->waitForLoad(), "loaded");
+  // While "loaded" waits for its KV, another request runs to completion.
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("other", randomTokens(20, 4), 5), other.callback()).isOk());
+  ASSERT_TRUE(other.waitFinished());
+  EXPECT_FALSE(loaded.finished());
+  const int64_t computed_before = engine.stats().num_computed_tokens;
+  connector_->complete({});
+  ASSERT_TRUE(loaded.waitFinished());
+  EXPECT_EQ(loaded.tokens, expected);
+  EXPECT_EQ(engine.stats().kv_blocks_loaded, 4);
+  // 64 tokens loaded: the 11-token tail and 7 decode steps computed.
+  EXPECT_EQ(engine.stats().num_computed_tokens - computed_before, 11 + 7);
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+TEST_F(AsyncLoad, FailedBlocksAreRecomputedAndTheOutputIsUnchanged) {
+  const std::vector<TokenId> expected = generateWithoutConnector(prompt_);
+  Engine& engine = start();
+  Collector loaded;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("loaded", prompt_, 8), loaded.callback()).isOk());
+  ASSERT_EQ(connector_->waitForLoad(), "loaded");
+  const int64_t computed_before = engine.stats().num_computed_tokens;
+  connector_->complete({1});  // block 1 gets garbage and is reported failed
+  ASSERT_TRUE(loaded.waitFinished());
+  EXPECT_EQ(loaded.tokens, expected);
+  EXPECT_EQ(engine.stats().kv_blocks_failed, 1);
+  EXPECT_EQ(engine.stats().num_computed_tokens - computed_before, 16 + 11 + 7);
+}
+
+TEST_F(AsyncLoad, AbortDuringLoadFreesBlocksOnlyAfterTheLoad) {
+  Engine& engine = start();
+  Collector loaded;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("loaded", prompt_, 8), loaded.callback()).isOk());
+  ASSERT_EQ(connector_->waitForLoad(), "loaded");
+  engine.abort("loaded");
+  ASSERT_TRUE(loaded.waitFinished());
+  EXPECT_EQ(loaded.reason, FinishReason::kAbort);
+  // The connector may still write those blocks: they stay allocated.
+  std::this_thread::yield();
+  EXPECT_LT(engine.stats().num_free_blocks, 64);
+  connector_->complete({});
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+}  // namespace
+}  // namespace tandem::engine
