@@ -12,6 +12,8 @@
 #include "agent/engine/engine.h"
 #include "agent/kv/connector.h"
 #include "agent/server/http_server.h"
+#include "agent/transport/ucx_allocator.h"
+#include "agent/transport/ucx_transport.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -175,12 +177,20 @@ int runServe(CLI::App& command, ServeOptions& o) {
   auto hash = parseHashAlgorithm(o.prefix_caching_hash);
   if (!hash.isOk()) throw Error("--prefix-caching-hash: " + hash.status().message());
   config.hash_algorithm = *hash;
+  std::unique_ptr<engine::KvSlabAllocator> slab_allocator;
   if (!o.kv_transfer_config.empty()) {
     auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
     if (!transfer.isOk()) throw Error("--" + transfer.status().message());
-    config.connector_factory = [transfer = *transfer](engine::KvCache& cache) {
-      return kv::makeConnector(transfer, cache);
+    config.connector_factory = [transfer = *transfer](engine::KvCache& cache,
+                                                      const std::string& model_identity) {
+      return kv::makeConnector(transfer, cache, model_identity);
     };
+    if (kv::needsUcxSlab(*transfer)) {
+      // One UCX context per agent; the KV slab is memory UCX allocated, so
+      // peers read it one-sidedly.
+      slab_allocator =
+          std::make_unique<transport::UcxSlabAllocator>(transport::UcxContext::create());
+    }
   }
 
   // Signals are taken by a waiting thread, never by a handler: block them in
@@ -192,7 +202,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  engine::Engine engine(config);
+  engine::Engine engine(config, std::move(slab_allocator));
   server::ServerConfig server_config;
   server_config.host = o.host;
   server_config.port = o.port;

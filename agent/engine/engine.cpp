@@ -55,6 +55,13 @@ class Engine::ConnectorSource : public ExternalKvSource {
     return connector_.config().load_failure_policy == kv::LoadFailurePolicy::kFail;
   }
 
+  kv::FinishDecision finished(const Sequence& sequence) {
+    return connector_.scheduler().requestFinished(request(sequence), sequence.blocks.blocks,
+                                                  sequence.num_computed_tokens);
+  }
+
+  std::vector<std::string> pollReleased() { return connector_.worker().pollReleased(); }
+
   // Hands newly computed full blocks to the connector (producers save them).
   void save(Sequence& sequence) {
     const int64_t full = sequence.num_computed_tokens / hasher_.blockSize();
@@ -73,6 +80,9 @@ class Engine::ConnectorSource : public ExternalKvSource {
     request.request_id = sequence.request.id;
     request.tokens = sequence.tokens;
     request.block_hashes = hashes_;
+    if (!sequence.request.kv_transfer_params.is_null()) {
+      request.kv_transfer_params = &sequence.request.kv_transfer_params;
+    }
     return request;
   }
 
@@ -134,7 +144,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
   runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
   if (config_.connector_factory) {
-    connector_ = config_.connector_factory(*cache_);
+    connector_ = config_.connector_factory(*cache_, model_identity_);
     connector_source_ = std::make_unique<ConnectorSource>(*connector_, block_manager_->hasher());
     scheduler_->setExternalKvSource(connector_source_.get());
   }
@@ -253,6 +263,9 @@ void Engine::publishStats() {
   stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
   stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
   if (connector_) stats.kv_connector = connector_->config().connector;
+  for (const auto& [id, held] : held_) {
+    stats.kv_held_blocks += static_cast<int64_t>(held.blocks.blocks.size());
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_ = stats;
 }
@@ -285,11 +298,18 @@ void Engine::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] {
+      auto has_news = [&] {
         return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() || stopping_ ||
                scheduler_->hasWork();
-      });
+      };
+      if (held_.empty()) {
+        wake_.wait(lock, has_news);
+      } else {
+        // Held blocks are released by messages from readers: look often.
+        wake_.wait_for(lock, std::chrono::milliseconds(5), has_news);
+      }
     }
+    releaseHeldBlocks();
     drainInbox();
     bool stop_now = false;
     {
@@ -375,6 +395,27 @@ void Engine::step() {
   }
 }
 
+void Engine::releaseHeldBlocks() {
+  if (!connector_source_ || held_.empty()) return;
+  for (const std::string& id : connector_source_->pollReleased()) {
+    auto it = held_.find(id);
+    if (it == held_.end()) continue;
+    block_manager_->free(it->second.blocks);
+    held_.erase(it);
+  }
+  const auto now = Clock::now();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (now < it->second.deadline) {
+      ++it;
+      continue;
+    }
+    TANDEM_LOG(kWarn) << "blocks held for request " << it->first
+                      << " were never released by a reader; freeing them";
+    block_manager_->free(it->second.blocks);
+    it = held_.erase(it);
+  }
+}
+
 void Engine::saveComputedBlocks(const SchedulerOutput& output) {
   if (!connector_source_) return;
   for (const ScheduledChunk& chunk : output.chunks) connector_source_->save(*chunk.sequence);
@@ -442,7 +483,20 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
   OutputCallback callback = std::move(it->second->callback);
   live_.erase(it);
   const std::string id = sequence->request.id;
-  scheduler_->finish(sequence);  // frees its blocks
+  kv::FinishDecision decision;
+  const bool normal =
+      out.finish_reason == FinishReason::kStop || out.finish_reason == FinishReason::kLength;
+  if (connector_source_ && normal && sequence->status == SequenceStatus::kRunning) {
+    decision = connector_source_->finished(*sequence);
+  }
+  out.kv_transfer_params = decision.kv_transfer_params;
+  std::unique_ptr<Sequence> owned = scheduler_->finish(sequence, /*free_blocks=*/!decision.hold);
+  if (decision.hold) {
+    // Kept for a remote reader until it releases them or the hold times out.
+    const auto timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(connector_->config().abort_timeout_s));
+    held_[id] = Held{std::move(owned->blocks), Clock::now() + timeout};
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     known_ids_.erase(id);

@@ -52,8 +52,9 @@ struct EngineConfig {
   int64_t max_waiting_requests = 1024;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
   size_t kv_event_capacity = 65536;
-  // Builds the KV connector over the engine's cache (none when empty).
-  std::function<std::unique_ptr<kv::KvConnector>(KvCache&)> connector_factory;
+  // Builds the KV connector over the engine's cache, given the model identity
+  // the block hashes are made from (no connector when empty).
+  std::function<std::unique_ptr<kv::KvConnector>(KvCache&, const std::string&)> connector_factory;
 };
 
 // A consistent snapshot for metrics and health.
@@ -70,6 +71,7 @@ struct EngineStats {
   int64_t num_steps = 0;
   int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
   int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
+  int64_t kv_held_blocks = 0;    // blocks held for remote readers
   std::string kv_connector;      // its name, empty without one
 };
 
@@ -135,6 +137,8 @@ class Engine {
   void deliverFinal(Sequence* sequence, RequestOutput out);
   void publishStats();
   void saveComputedBlocks(const SchedulerOutput& output);
+  // Frees held blocks whose reader is done or whose hold timed out.
+  void releaseHeldBlocks();
   KvSnapshot takeSnapshot() const;
 
   EngineConfig config_;
@@ -147,6 +151,11 @@ class Engine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<kv::KvConnector> connector_;
   std::unique_ptr<ConnectorSource> connector_source_;
+  struct Held {
+    SequenceBlocks blocks;
+    Clock::time_point deadline;
+  };
+  std::unordered_map<std::string, Held> held_;  // request id → blocks for a remote reader
   Sampler sampler_;
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;

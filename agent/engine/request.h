@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,6 +48,8 @@ struct Request {
   // Mixed into block hashes: requests with different salts never share
   // cached blocks.
   std::string cache_salt;
+  // Prefill/decode hand-off parameters (the router sets them); null if none.
+  nlohmann::json kv_transfer_params;
   Clock::time_point arrival = Clock::now();
 };
 
@@ -84,6 +87,9 @@ struct RequestOutput {
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
   int64_t num_generated_tokens = 0;
   RequestTimings timings;  // complete on the final output
+  // On the final output: what a KV connector hands the client (e.g. where a
+  // decode agent can read this request's blocks); null if nothing.
+  nlohmann::json kv_transfer_params;
 
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };

@@ -281,7 +281,7 @@ void Scheduler::onStepComputed(const SchedulerOutput& output) {
   }
 }
 
-std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence) {
+std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence, bool free_blocks) {
   std::unique_ptr<Sequence> owned;
   auto running = std::find_if(running_.begin(), running_.end(),
                               [&](const auto& s) { return s.get() == sequence; });
@@ -306,7 +306,7 @@ std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence) {
     report->status = SequenceStatus::kFinished;
     return report;
   }
-  blocks_.free(owned->blocks);
+  if (free_blocks) blocks_.free(owned->blocks);
   owned->status = SequenceStatus::kFinished;
   return owned;
 }

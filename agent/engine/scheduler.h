@@ -131,7 +131,7 @@ class Scheduler {
   // Frees the sequence's blocks and forgets it. Returns the sequence so the
   // caller can report on it. A sequence whose load is in flight is forgotten
   // by the queues at once but keeps its blocks until loadFinished().
-  std::unique_ptr<Sequence> finish(Sequence* sequence);
+  std::unique_ptr<Sequence> finish(Sequence* sequence, bool free_blocks = true);
   // An asynchronous load finished: the sequence becomes schedulable again,
   // with failed blocks recomputed (segmented prefill) or, under the fail
   // policy, reported in the next schedule()'s failed_loads. Returns false for

@@ -1,6 +1,7 @@
 #include "agent/kv/connector.h"
 
 #include "agent/kv/storage/storage_connector.h"
+#include "agent/kv/ucx/ucx_connector.h"
 
 namespace tandem::kv {
 
@@ -14,9 +15,9 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
     return invalidArgument("kv-transfer-config: kv_connector must be a string (accepted: storage)");
   }
   config.connector = root["kv_connector"].get<std::string>();
-  if (config.connector != "storage") {
+  if (config.connector != "storage" && config.connector != "ucx") {
     return invalidArgument("kv-transfer-config: kv_connector \"" + config.connector +
-                           "\" is not supported (accepted: storage)");
+                           "\" is not supported (accepted: storage, ucx)");
   }
   if (root.contains("kv_role")) {
     const auto& role = root["kv_role"];
@@ -52,12 +53,27 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
           policy.dump());
     }
   }
+  if (config.extra.contains("abort_timeout_s")) {
+    const auto& timeout = config.extra["abort_timeout_s"];
+    if (!timeout.is_number() || timeout.get<double>() <= 0) {
+      return invalidArgument(
+          "kv-transfer-config: abort_timeout_s must be a positive number of "
+          "seconds, got " +
+          timeout.dump());
+    }
+    config.abort_timeout_s = timeout.get<double>();
+  }
   return config;
 }
 
-std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache) {
+std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache,
+                                           const std::string& model_identity) {
   if (config.connector == "storage") return std::make_unique<StorageConnector>(config, cache);
-  throw Error("kv_connector \"" + config.connector + "\" is not supported (accepted: storage)");
+  if (config.connector == "ucx") {
+    return std::make_unique<UcxConnector>(config, cache, model_identity);
+  }
+  throw Error("kv_connector \"" + config.connector +
+              "\" is not supported (accepted: storage, ucx)");
 }
 
 }  // namespace tandem::kv

@@ -40,9 +40,10 @@ enum class LoadFailurePolicy { kRecompute, kFail };
 // --kv-transfer-config, vLLM's shape:
 // {"kv_connector": "storage", "kv_role": "kv_both", "kv_connector_extra_config": {...}}
 struct KvTransferConfig {
-  std::string connector;  // "storage" (more to come: "ucx", "offload", "multi")
+  std::string connector;  // "storage" or "ucx" (to come: "offload", "multi")
   KvRole role = KvRole::kBoth;
   LoadFailurePolicy load_failure_policy = LoadFailurePolicy::kRecompute;
+  double abort_timeout_s = 120;  // held blocks are freed after this
   nlohmann::json extra = nlohmann::json::object();
 
   bool produces() const { return role != KvRole::kConsumer; }
@@ -69,12 +70,27 @@ struct LookupResult {
   int64_t num_tokens = 0;
 };
 
+// What happens to a finished request's blocks.
+struct FinishDecision {
+  // true: keep the blocks for a remote reader until the worker reports the
+  // transfer released (pollReleased) or the hold times out.
+  bool hold = false;
+  nlohmann::json kv_transfer_params;  // for the client's final response; null if none
+};
+
 class KvConnectorScheduler {
  public:
   virtual ~KvConnectorScheduler() = default;
   // How many tokens after the first num_local_tokens (already in this
   // agent's prefix cache) can be loaded.
   virtual LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) = 0;
+  // The request finished normally; `blocks` is its block table, whose first
+  // num_computed_tokens / block_size blocks are full and computed.
+  virtual FinishDecision requestFinished(const ConnectorRequest& request,
+                                         std::span<const BlockId> blocks,
+                                         int64_t num_computed_tokens) {
+    return {};
+  }
 };
 
 struct LoadResult {
@@ -102,6 +118,8 @@ class KvConnectorWorker {
   // Loads that finished since the last call. Until a load is reported here,
   // the engine keeps its blocks allocated, even if the request was aborted.
   virtual std::vector<FinishedLoad> poll() { return {}; }
+  // Request ids whose held blocks the remote reader has released.
+  virtual std::vector<std::string> pollReleased() { return {}; }
 };
 
 // A connector: both sides over one KV cache.
@@ -115,6 +133,10 @@ class KvConnector {
 
 // Builds the configured connector over `cache`; throws tandem::Error naming
 // the problem (unknown connector, bad extra config).
-std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache);
+// model_identity is the engine's (what its block hashes are made from).
+std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache,
+                                           const std::string& model_identity);
+// Whether the connector needs its KV cache allocated by UCX.
+inline bool needsUcxSlab(const KvTransferConfig& config) { return config.connector == "ucx"; }
 
 }  // namespace tandem::kv

@@ -155,7 +155,10 @@ void HttpServer::routes() {
       const std::string id = randomHex(next_id_.fetch_add(1));
       request.request.id = id;
       request.request.arrival = Clock::now();
+      request.request.kv_transfer_params = request.kv_transfer_params;
       ResponseMeta meta = makeResponseMeta(request, id, unixSeconds());
+      // Responses carry the engine's transfer parameters, never an echo.
+      meta.kv_transfer_params = nullptr;
 
       auto channel = std::make_shared<OutputChannel>();
       auto latency = std::make_shared<LatencyClock>();
@@ -201,6 +204,7 @@ void HttpServer::routes() {
         if (total.finish_reason == engine::FinishReason::kError) {
           return sendError(res, engineError(total));
         }
+        meta.kv_transfer_params = total.kv_transfer_params;
         json body = chat ? chatCompletionResponse(meta, total, tokenizer)
                          : completionResponse(meta, total, tokenizer);
         res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace),
@@ -220,6 +224,10 @@ void HttpServer::routes() {
             if (output.finish_reason == engine::FinishReason::kError) {
               data += sseEvent(errorBody(engineError(output)));
             } else if (auto chunk = streamChunk(meta, output, engine_.tokenizer(), *stream_state)) {
+              // The final chunk tells where the request's KV can be read.
+              if (output.finished() && !output.kv_transfer_params.is_null()) {
+                (*chunk)["kv_transfer_params"] = output.kv_transfer_params;
+              }
               data += sseEvent(*chunk);
             }
             if (output.finished()) {

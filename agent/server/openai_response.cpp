@@ -150,6 +150,7 @@ void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& ste
   total.num_prompt_tokens = std::max(total.num_prompt_tokens, step.num_prompt_tokens);
   total.num_cached_tokens = std::max(total.num_cached_tokens, step.num_cached_tokens);
   total.num_generated_tokens = std::max(total.num_generated_tokens, step.num_generated_tokens);
+  if (!step.kv_transfer_params.is_null()) total.kv_transfer_params = step.kv_transfer_params;
   total.timings = step.timings;
 }
 

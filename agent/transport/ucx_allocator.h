@@ -28,6 +28,7 @@ namespace tandem::transport {
 class UcxSlabAllocator : public engine::KvSlabAllocator {
  public:
   explicit UcxSlabAllocator(std::shared_ptr<UcxContext> context);
+  const std::shared_ptr<UcxContext>& context() const { return context_; }
   // Unmaps a slab that was never released.
   ~UcxSlabAllocator() override;
   UcxSlabAllocator(const UcxSlabAllocator&) = delete;

@@ -204,7 +204,7 @@ class AsyncLoad : public ::testing::Test {
  protected:
   Engine& start() {
     EngineConfig config = engineConfig();
-    config.connector_factory = [this](KvCache& cache) {
+    config.connector_factory = [this](KvCache& cache, const std::string&) {
       auto connector = std::make_unique<FakeAsyncConnector>(cache, prompt_);
       connector_ = connector.get();
       return connector;
