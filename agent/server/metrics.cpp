@@ -88,6 +88,8 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
   kv_usage_ = gauge("tandem_kv_cache_usage_ratio", "Fraction of KV blocks in use.");
   free_blocks_ = gauge("tandem_kv_cache_free_blocks", "KV blocks free or evictable.");
+  held_blocks_ =
+      gauge("tandem_kv_held_blocks", "KV blocks of finished requests held for a remote reader.");
 }
 
 AgentMetrics::~AgentMetrics() = default;
@@ -147,6 +149,7 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
   waiting_->Set(static_cast<double>(stats.num_waiting));
   kv_usage_->Set(stats.kv_cache_usage);
   free_blocks_->Set(static_cast<double>(stats.num_free_blocks));
+  held_blocks_->Set(static_cast<double>(stats.kv_held_blocks));
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

@@ -66,6 +66,7 @@ class AgentMetrics {
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* free_blocks_;
+  prometheus::Gauge* held_blocks_;
   // Engine totals already added to the counters above.
   engine::EngineStats reported_;
 };

@@ -56,8 +56,8 @@ TEST_P(KvUcx, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
   ASSERT_TRUE(params.is_object()) << "the prefill response must say where its KV is";
   EXPECT_EQ(params["remote_block_ids"].size(), 4u);
   EXPECT_EQ(params["remote_num_tokens"], 64);
-  EXPECT_EQ(prefiller.metric("tandem_kv_cache_usage_ratio") > 0, true)
-      << "blocks are held for the reader";
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 5)
+      << "the request's blocks (4 full + 1 partial) are held for the reader";
 
   const double computed_before = decoder.metric("tandem_computed_tokens_total");
   EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)), expected);
@@ -65,7 +65,10 @@ TEST_P(KvUcx, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
   EXPECT_EQ(decoder.metric("tandem_computed_tokens_total") - computed_before, 11 + 7);
   // The release message frees the prefill agent's blocks (also checked by
   // ~Agent: nothing referenced at the end).
-  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_cache_usage_ratio") == 0; }));
+  EXPECT_TRUE(eventually([&] {
+    return prefiller.metric("tandem_kv_cache_usage_ratio") == 0 &&
+           prefiller.metric("tandem_kv_held_blocks") == 0;
+  }));
 }
 
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
