@@ -26,8 +26,10 @@ struct Engine::Live {
 // The scheduler's view of the KV connector.
 class Engine::ConnectorSource : public ExternalKvSource {
  public:
-  ConnectorSource(kv::KvConnector& connector, const BlockHasher& hasher)
-      : connector_(connector), hasher_(hasher) {}
+  // on_transfer(blocks loaded, seconds) is called for each finished synchronous load.
+  ConnectorSource(kv::KvConnector& connector, const BlockHasher& hasher,
+                  std::function<void(int64_t, double)> on_transfer)
+      : connector_(connector), hasher_(hasher), on_transfer_(std::move(on_transfer)) {}
 
   Lookup lookup(const Sequence& sequence, int64_t num_local_tokens) override {
     kv::LookupResult result = connector_.scheduler().lookup(request(sequence), num_local_tokens);
@@ -40,7 +42,12 @@ class Engine::ConnectorSource : public ExternalKvSource {
   Load load(const Sequence& sequence, int64_t first_block, int64_t num_blocks) override {
     std::span<const BlockId> ids =
         std::span<const BlockId>(sequence.blocks.blocks).subspan(first_block, num_blocks);
+    const auto start = Clock::now();
     kv::LoadResult result = connector_.worker().load(request(sequence), first_block, ids);
+    if (result.done) {
+      const int64_t loaded = num_blocks - static_cast<int64_t>(result.failed_block_indices.size());
+      on_transfer_(loaded, std::chrono::duration<double>(Clock::now() - start).count());
+    }
     return Load{result.done, std::move(result.failed_block_indices)};
   }
 
@@ -88,6 +95,7 @@ class Engine::ConnectorSource : public ExternalKvSource {
 
   kv::KvConnector& connector_;
   const BlockHasher& hasher_;
+  std::function<void(int64_t, double)> on_transfer_;
   std::vector<BlockHash> hashes_;  // of the request last described
 };
 
@@ -145,7 +153,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
   if (config_.connector_factory) {
     connector_ = config_.connector_factory(*cache_, model_identity_);
-    connector_source_ = std::make_unique<ConnectorSource>(*connector_, block_manager_->hasher());
+    connector_source_ = std::make_unique<ConnectorSource>(
+        *connector_, block_manager_->hasher(), [this](int64_t blocks, double seconds) {
+          kv_transfer_bytes_ += blocks * static_cast<int64_t>(cache_->blockBytes());
+          std::lock_guard<std::mutex> lock(mutex_);
+          transfer_durations_.push_back(seconds);
+        });
     scheduler_->setExternalKvSource(connector_source_.get());
   }
 
@@ -243,6 +256,11 @@ KvSnapshot Engine::kvSnapshot() {
   return future.get();
 }
 
+std::vector<double> Engine::takeTransferDurations() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(transfer_durations_, {});
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
@@ -263,6 +281,7 @@ void Engine::publishStats() {
   stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
   stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
   if (connector_) stats.kv_connector = connector_->config().connector;
+  stats.kv_transfer_bytes = kv_transfer_bytes_;
   for (const auto& [id, held] : held_) {
     stats.kv_held_blocks += static_cast<int64_t>(held.blocks.blocks.size());
   }

@@ -69,10 +69,11 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // of those, tokens found cached
   int64_t num_computed_tokens = 0;   // tokens the model has computed, in total
   int64_t num_steps = 0;
-  int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
-  int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
-  int64_t kv_held_blocks = 0;    // blocks held for remote readers
-  std::string kv_connector;      // its name, empty without one
+  int64_t kv_blocks_loaded = 0;   // blocks loaded through the KV connector
+  int64_t kv_blocks_failed = 0;   // blocks that failed to load (recomputed or failed)
+  int64_t kv_held_blocks = 0;     // blocks held for remote readers
+  int64_t kv_transfer_bytes = 0;  // bytes loaded through the KV connector
+  std::string kv_connector;       // its name, empty without one
 };
 
 // The prefix cache's content at one KV event sequence number: what a reader
@@ -106,6 +107,9 @@ class Engine {
   void shutdown(Clock::time_point deadline);
 
   EngineStats stats() const;
+  // Durations (seconds) of KV loads finished since the last call, for a
+  // histogram; each is reported once.
+  std::vector<double> takeTransferDurations();
   // Taken on the engine thread between steps, so it is consistent with the
   // event log; waits for the current step to end.
   KvSnapshot kvSnapshot();
@@ -156,6 +160,8 @@ class Engine {
     Clock::time_point deadline;
   };
   std::unordered_map<std::string, Held> held_;  // request id → blocks for a remote reader
+  int64_t kv_transfer_bytes_ = 0;
+  std::vector<double> transfer_durations_;  // guarded by mutex_
   Sampler sampler_;
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;

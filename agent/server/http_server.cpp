@@ -275,7 +275,8 @@ void HttpServer::routes() {
   });
 
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4");
+    res.set_content(metrics_.render(engine_.stats(), engine_.takeTransferDurations()),
+                    "text/plain; version=0.0.4");
   });
 
   http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {

@@ -29,6 +29,9 @@ const Histogram::BucketBoundaries kRequestBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+const Histogram::BucketBoundaries kTransferBuckets = {
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+
 double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point to) {
   if (from == engine::Clock::time_point{} || to == engine::Clock::time_point{} || to < from) {
     return 0.0;
@@ -77,6 +80,14 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                            .Name("tandem_kv_blocks_loaded_total")
                            .Help("KV blocks loaded through the KV connector, by source.")
                            .Register(*registry_);
+  kv_transfer_bytes_ = &BuildCounter()
+                            .Name("tandem_kv_transfer_bytes_total")
+                            .Help("KV bytes loaded through the KV connector, by source.")
+                            .Register(*registry_);
+  kv_transfer_duration_ = &BuildHistogram()
+                               .Name("tandem_kv_transfer_duration_seconds")
+                               .Help("Duration of one request's KV load, by source.")
+                               .Register(*registry_);
   kv_blocks_recomputed_ =
       counter("tandem_kv_blocks_recomputed_total",
               "KV blocks that failed to load through the connector and were recomputed or failed.");
@@ -129,7 +140,8 @@ void AgentMetrics::observeRejected(const std::string& reason) {
   requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}}).Increment();
 }
 
-std::string AgentMetrics::render(const engine::EngineStats& stats) {
+std::string AgentMetrics::render(const engine::EngineStats& stats,
+                                 const std::vector<double>& transfer_durations) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& reported) {
     if (now > reported) counter->Increment(static_cast<double>(now - reported));
@@ -144,6 +156,11 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
                 {{"model", model_}, {"role", role_}, {"source", stats.kv_connector}}),
             stats.kv_blocks_loaded, reported_.kv_blocks_loaded);
     advance(kv_blocks_recomputed_, stats.kv_blocks_failed, reported_.kv_blocks_failed);
+    const prometheus::Labels source = {
+        {"model", model_}, {"role", role_}, {"source", stats.kv_connector}};
+    advance(&kv_transfer_bytes_->Add(source), stats.kv_transfer_bytes, reported_.kv_transfer_bytes);
+    auto& durations = kv_transfer_duration_->Add(source, kTransferBuckets);
+    for (double seconds : transfer_durations) durations.Observe(seconds);
   }
   running_->Set(static_cast<double>(stats.num_running));
   waiting_->Set(static_cast<double>(stats.num_waiting));

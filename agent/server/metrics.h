@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "agent/engine/engine.h"
 #include "agent/engine/request.h"
@@ -40,7 +41,9 @@ class AgentMetrics {
   void observeRejected(const std::string& reason);
 
   // Brings engine-kept figures up to date and renders the text format.
-  std::string render(const engine::EngineStats& stats);
+  // transfer_durations: KV loads finished since the last render, in seconds.
+  std::string render(const engine::EngineStats& stats,
+                     const std::vector<double>& transfer_durations = {});
 
  private:
   std::mutex mutex_;
@@ -67,6 +70,8 @@ class AgentMetrics {
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* free_blocks_;
   prometheus::Gauge* held_blocks_;
+  prometheus::Family<prometheus::Counter>* kv_transfer_bytes_;
+  prometheus::Family<prometheus::Histogram>* kv_transfer_duration_;
   // Engine totals already added to the counters above.
   engine::EngineStats reported_;
 };

@@ -63,6 +63,9 @@ TEST_P(KvUcx, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
   EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)), expected);
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
   EXPECT_EQ(decoder.metric("tandem_computed_tokens_total") - computed_before, 11 + 7);
+  // 4 blocks of the tiny model: 2 layers x K,V x 16 tokens x 2 KV heads x 16 x 2 bytes.
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_bytes_total"), 4 * 4096);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_duration_seconds_count"), 1);
   // The release message frees the prefill agent's blocks (also checked by
   // ~Agent: nothing referenced at the end).
   EXPECT_TRUE(eventually([&] {
