@@ -19,6 +19,7 @@
 
 #include "tests/support/agent_process.h"
 #include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::testing {
@@ -37,17 +38,6 @@ inline const fs::path& tinyModelDir() {
   (void)written;
   static fs::path path = dir.path() / "tiny";
   return path;
-}
-
-// Waits for a condition with a deadline, polling (no fixed sleeps).
-template <typename Fn>
-bool eventually(Fn&& condition, std::chrono::seconds timeout = std::chrono::seconds(20)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return condition();
 }
 
 // The `small` preset: slow enough per token that a client can leave
@@ -133,12 +123,9 @@ class Agent {
   bool stopped_ = false;
 };
 
+// Prompt token ids within the tiny model's text vocabulary.
 inline std::vector<int> randomPrompt(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(3, 480);
-  std::vector<int> ids(n);
-  for (int& id : ids) id = dist(rng);
-  return ids;
+  return randomTokenIds(n, seed, 3, 480);
 }
 
 inline json greedy(const std::vector<int>& prompt, int max_tokens) {

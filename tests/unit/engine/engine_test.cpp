@@ -16,6 +16,7 @@
 
 #include "agent/engine/model_runner.h"
 #include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::engine {
@@ -33,12 +34,8 @@ const std::filesystem::path& modelDir() {
   return dir.path();
 }
 
-std::vector<TokenId> randomTokens(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(3, 480);
-  std::vector<TokenId> tokens(n);
-  for (TokenId& t : tokens) t = dist(rng);
-  return tokens;
+std::vector<TokenId> randomTokens(size_t n, uint32_t seed) {
+  return ::tandem::testing::randomTokenIds(n, seed, 3, 480);
 }
 
 // Serves the KV of one prompt, computed in a cache of its own; loads finish
@@ -189,16 +186,7 @@ std::vector<TokenId> generateWithoutConnector(const std::vector<TokenId>& prompt
   return collector.tokens;
 }
 
-// Polls a condition with a deadline.
-template <typename Fn>
-bool eventually(Fn&& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return condition();
-}
+using ::tandem::testing::eventually;
 
 class AsyncLoad : public ::testing::Test {
  protected:

@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "kernels/kernels.h"
 #include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::engine {
@@ -71,12 +72,8 @@ KvCacheConfig cacheConfigFor(const Model& model, DType kv_dtype, int64_t num_blo
   return config;
 }
 
-std::vector<TokenId> randomTokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(0, static_cast<TokenId>(vocab - 1));
-  std::vector<TokenId> tokens(n);
-  for (TokenId& t : tokens) t = dist(rng);
-  return tokens;
+std::vector<TokenId> randomTokens(size_t n, int64_t vocab, uint32_t seed) {
+  return ::tandem::testing::randomTokenIds(n, seed, 0, static_cast<TokenId>(vocab - 1));
 }
 
 std::vector<BlockId> iotaBlocks(int64_t n, BlockId first = 0) {

@@ -15,6 +15,7 @@
 #include "agent/engine/model_runner.h"
 #include "kernels/kernels.h"
 #include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::engine {
@@ -31,13 +32,9 @@ const Model& tinyModel() {
   return *model;
 }
 
-std::vector<TokenId> randomTokens(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(
-      0, static_cast<TokenId>(tinyModel().config().vocab_size - 1));
-  std::vector<TokenId> tokens(n);
-  for (TokenId& t : tokens) t = dist(rng);
-  return tokens;
+std::vector<TokenId> randomTokens(size_t n, uint32_t seed) {
+  return ::tandem::testing::randomTokenIds(
+      n, seed, 0, static_cast<TokenId>(tinyModel().config().vocab_size - 1));
 }
 
 // A block manager, KV cache, scheduler and runner wired as the engine wires them.
