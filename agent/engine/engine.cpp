@@ -26,9 +26,10 @@ struct Engine::Live {
 // The scheduler's view of the KV connector.
 class Engine::ConnectorSource : public ExternalKvSource {
  public:
-  // on_transfer(blocks loaded, seconds) is called for each finished synchronous load.
+  // on_transfer(source, blocks loaded, seconds) is called for each finished
+  // synchronous load.
   ConnectorSource(kv::KvConnector& connector, const BlockHasher& hasher,
-                  std::function<void(int64_t, double)> on_transfer)
+                  std::function<void(const std::string&, int64_t, double)> on_transfer)
       : connector_(connector), hasher_(hasher), on_transfer_(std::move(on_transfer)) {}
 
   Lookup lookup(const Sequence& sequence, int64_t num_local_tokens) override {
@@ -46,7 +47,8 @@ class Engine::ConnectorSource : public ExternalKvSource {
     kv::LoadResult result = connector_.worker().load(request(sequence), first_block, ids);
     if (result.done) {
       const int64_t loaded = num_blocks - static_cast<int64_t>(result.failed_block_indices.size());
-      on_transfer_(loaded, std::chrono::duration<double>(Clock::now() - start).count());
+      on_transfer_(result.source.empty() ? connector_.config().connector : result.source, loaded,
+                   std::chrono::duration<double>(Clock::now() - start).count());
     }
     return Load{result.done, std::move(result.failed_block_indices)};
   }
@@ -95,7 +97,7 @@ class Engine::ConnectorSource : public ExternalKvSource {
 
   kv::KvConnector& connector_;
   const BlockHasher& hasher_;
-  std::function<void(int64_t, double)> on_transfer_;
+  std::function<void(const std::string&, int64_t, double)> on_transfer_;
   std::vector<BlockHash> hashes_;  // of the request last described
 };
 
@@ -154,10 +156,13 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   if (config_.connector_factory) {
     connector_ = config_.connector_factory(*cache_, model_identity_);
     connector_source_ = std::make_unique<ConnectorSource>(
-        *connector_, block_manager_->hasher(), [this](int64_t blocks, double seconds) {
-          kv_transfer_bytes_ += blocks * static_cast<int64_t>(cache_->blockBytes());
+        *connector_, block_manager_->hasher(),
+        [this](const std::string& source, int64_t blocks, double seconds) {
+          KvSourceTotals& totals = kv_sources_[source];
+          totals.blocks_loaded += blocks;
+          totals.bytes += blocks * static_cast<int64_t>(cache_->blockBytes());
           std::lock_guard<std::mutex> lock(mutex_);
-          transfer_durations_.push_back(seconds);
+          transfer_durations_.push_back({source, seconds});
         });
     scheduler_->setExternalKvSource(connector_source_.get());
   }
@@ -256,7 +261,7 @@ KvSnapshot Engine::kvSnapshot() {
   return future.get();
 }
 
-std::vector<double> Engine::takeTransferDurations() {
+std::vector<TransferDuration> Engine::takeTransferDurations() {
   std::lock_guard<std::mutex> lock(mutex_);
   return std::exchange(transfer_durations_, {});
 }
@@ -280,8 +285,11 @@ void Engine::publishStats() {
   stats.num_steps = num_steps_;
   stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
   stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
-  if (connector_) stats.kv_connector = connector_->config().connector;
-  stats.kv_transfer_bytes = kv_transfer_bytes_;
+  if (connector_) {
+    stats.kv_connector = connector_->config().connector;
+    stats.kv_sources = kv_sources_;
+    stats.kv_transfer_failures = connector_->failureCounts();
+  }
   for (const auto& [id, held] : held_) {
     stats.kv_held_blocks += static_cast<int64_t>(held.blocks.blocks.size());
   }

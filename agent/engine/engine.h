@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +58,12 @@ struct EngineConfig {
   std::function<std::unique_ptr<kv::KvConnector>(KvCache&, const std::string&)> connector_factory;
 };
 
+// Blocks and bytes loaded from one source of a KV connector.
+struct KvSourceTotals {
+  int64_t blocks_loaded = 0;
+  int64_t bytes = 0;
+};
+
 // A consistent snapshot for metrics and health.
 struct EngineStats {
   int64_t num_running = 0;
@@ -69,11 +76,20 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // of those, tokens found cached
   int64_t num_computed_tokens = 0;   // tokens the model has computed, in total
   int64_t num_steps = 0;
-  int64_t kv_blocks_loaded = 0;   // blocks loaded through the KV connector
-  int64_t kv_blocks_failed = 0;   // blocks that failed to load (recomputed or failed)
-  int64_t kv_held_blocks = 0;     // blocks held for remote readers
-  int64_t kv_transfer_bytes = 0;  // bytes loaded through the KV connector
-  std::string kv_connector;       // its name, empty without one
+  int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
+  int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
+  int64_t kv_held_blocks = 0;    // blocks held for remote readers
+  std::string kv_connector;      // its name, empty without one
+  // Loads by source (the connector's name, or a multi connector's member).
+  std::map<std::string, KvSourceTotals> kv_sources;
+  // Failed loads and refused transfers by reason (cumulative).
+  std::map<std::string, int64_t> kv_transfer_failures;
+};
+
+// One finished KV load, for the transfer-duration histogram.
+struct TransferDuration {
+  std::string source;
+  double seconds = 0;
 };
 
 // The prefix cache's content at one KV event sequence number: what a reader
@@ -109,7 +125,7 @@ class Engine {
   EngineStats stats() const;
   // Durations (seconds) of KV loads finished since the last call, for a
   // histogram; each is reported once.
-  std::vector<double> takeTransferDurations();
+  std::vector<TransferDuration> takeTransferDurations();
   // Taken on the engine thread between steps, so it is consistent with the
   // event log; waits for the current step to end.
   KvSnapshot kvSnapshot();
@@ -159,9 +175,9 @@ class Engine {
     SequenceBlocks blocks;
     Clock::time_point deadline;
   };
-  std::unordered_map<std::string, Held> held_;  // request id → blocks for a remote reader
-  int64_t kv_transfer_bytes_ = 0;
-  std::vector<double> transfer_durations_;  // guarded by mutex_
+  std::unordered_map<std::string, Held> held_;        // request id → blocks for a remote reader
+  std::map<std::string, KvSourceTotals> kv_sources_;  // engine thread only
+  std::vector<TransferDuration> transfer_durations_;  // guarded by mutex_
   Sampler sampler_;
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;

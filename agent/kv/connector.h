@@ -19,7 +19,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -97,6 +99,29 @@ struct LoadResult {
   bool done = true;  // false: asynchronous, completion comes through poll()
   // Indices (into the request's block table) of blocks that did not load.
   std::vector<int64_t> failed_block_indices;
+  // Where the loaded blocks came from, for metrics ("source" label); empty:
+  // the connector's name. A multi connector names the member that served.
+  std::string source;
+};
+
+// Load failures by reason, for tandem_kv_transfer_failures_total{reason}.
+// Connectors count every failed lookup or load (a refused peer, a block that
+// did not arrive, a corrupted file); the engine publishes the totals.
+// Thread-safe.
+class FailureCounts {
+ public:
+  void add(const std::string& reason, int64_t count = 1) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counts_[reason] += count;
+  }
+  std::map<std::string, int64_t> snapshot() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counts_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, int64_t> counts_;
 };
 
 class KvConnectorWorker {
@@ -129,6 +154,11 @@ class KvConnector {
   virtual KvConnectorScheduler& scheduler() = 0;
   virtual KvConnectorWorker& worker() = 0;
   virtual const KvTransferConfig& config() const = 0;
+  // Failures so far by reason (cumulative).
+  virtual std::map<std::string, int64_t> failureCounts() const { return failures_.snapshot(); }
+
+ protected:
+  FailureCounts failures_;
 };
 
 // Builds the configured connector over `cache`; throws tandem::Error naming

@@ -88,6 +88,11 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                                .Name("tandem_kv_transfer_duration_seconds")
                                .Help("Duration of one request's KV load, by source.")
                                .Register(*registry_);
+  kv_transfer_failures_ =
+      &BuildCounter()
+           .Name("tandem_kv_transfer_failures_total")
+           .Help("KV transfers refused or loads failed through the KV connector, by reason.")
+           .Register(*registry_);
   kv_blocks_recomputed_ =
       counter("tandem_kv_blocks_recomputed_total",
               "KV blocks that failed to load through the connector and were recomputed or failed.");
@@ -141,7 +146,7 @@ void AgentMetrics::observeRejected(const std::string& reason) {
 }
 
 std::string AgentMetrics::render(const engine::EngineStats& stats,
-                                 const std::vector<double>& transfer_durations) {
+                                 const std::vector<engine::TransferDuration>& transfer_durations) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& reported) {
     if (now > reported) counter->Increment(static_cast<double>(now - reported));
@@ -152,15 +157,28 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
   advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
   advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
   if (!stats.kv_connector.empty()) {
-    advance(&kv_blocks_loaded_->Add(
-                {{"model", model_}, {"role", role_}, {"source", stats.kv_connector}}),
-            stats.kv_blocks_loaded, reported_.kv_blocks_loaded);
     advance(kv_blocks_recomputed_, stats.kv_blocks_failed, reported_.kv_blocks_failed);
-    const prometheus::Labels source = {
-        {"model", model_}, {"role", role_}, {"source", stats.kv_connector}};
-    advance(&kv_transfer_bytes_->Add(source), stats.kv_transfer_bytes, reported_.kv_transfer_bytes);
-    auto& durations = kv_transfer_duration_->Add(source, kTransferBuckets);
-    for (double seconds : transfer_durations) durations.Observe(seconds);
+    // Series exist from the start for the connector's own name.
+    auto labels = [&](const std::string& source) {
+      return prometheus::Labels{{"model", model_}, {"role", role_}, {"source", source}};
+    };
+    kv_blocks_loaded_->Add(labels(stats.kv_connector));
+    kv_transfer_bytes_->Add(labels(stats.kv_connector));
+    kv_transfer_duration_->Add(labels(stats.kv_connector), kTransferBuckets);
+    for (const auto& [source, totals] : stats.kv_sources) {
+      engine::KvSourceTotals& reported = reported_.kv_sources[source];
+      advance(&kv_blocks_loaded_->Add(labels(source)), totals.blocks_loaded,
+              reported.blocks_loaded);
+      advance(&kv_transfer_bytes_->Add(labels(source)), totals.bytes, reported.bytes);
+    }
+    for (const auto& duration : transfer_durations) {
+      kv_transfer_duration_->Add(labels(duration.source), kTransferBuckets)
+          .Observe(duration.seconds);
+    }
+    for (const auto& [reason, count] : stats.kv_transfer_failures) {
+      advance(&kv_transfer_failures_->Add({{"model", model_}, {"role", role_}, {"reason", reason}}),
+              count, reported_.kv_transfer_failures[reason]);
+    }
   }
   running_->Set(static_cast<double>(stats.num_running));
   waiting_->Set(static_cast<double>(stats.num_waiting));

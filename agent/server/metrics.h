@@ -41,9 +41,9 @@ class AgentMetrics {
   void observeRejected(const std::string& reason);
 
   // Brings engine-kept figures up to date and renders the text format.
-  // transfer_durations: KV loads finished since the last render, in seconds.
+  // transfer_durations: KV loads finished since the last render.
   std::string render(const engine::EngineStats& stats,
-                     const std::vector<double>& transfer_durations = {});
+                     const std::vector<engine::TransferDuration>& transfer_durations = {});
 
  private:
   std::mutex mutex_;
@@ -72,6 +72,7 @@ class AgentMetrics {
   prometheus::Gauge* held_blocks_;
   prometheus::Family<prometheus::Counter>* kv_transfer_bytes_;
   prometheus::Family<prometheus::Histogram>* kv_transfer_duration_;
+  prometheus::Family<prometheus::Counter>* kv_transfer_failures_;
   // Engine totals already added to the counters above.
   engine::EngineStats reported_;
 };

@@ -91,6 +91,7 @@ TEST_F(KvStorage, CorruptedBlockIsRecomputedAloneAndOutputIsIdentical) {
   EXPECT_EQ(tokenIds(consumer.post("/v1/completions", greedy(prompt_, 8))), expected);
   EXPECT_EQ(consumer.metric("tandem_kv_blocks_recomputed_total"), 1);
   EXPECT_EQ(consumer.metric("tandem_kv_blocks_loaded_total", "source=\"storage\""), 3);
+  EXPECT_EQ(consumer.metric("tandem_kv_transfer_failures_total", "reason=\"checksum\""), 1);
   // Segmented prefill: block 1 (16 tokens), the 11-token tail and 7 decode
   // steps; blocks 2 and 3 after the gap are kept.
   EXPECT_EQ(consumer.metric("tandem_computed_tokens_total") - computed_before, 16 + 11 + 7);

@@ -67,21 +67,22 @@ LookupResult StorageConnector::lookup(const ConnectorRequest& request, int64_t n
   return result;
 }
 
-bool StorageConnector::loadBlock(const fs::path& path, BlockId block) {
+std::string StorageConnector::loadBlock(const fs::path& path, BlockId block) {
   std::ifstream in(path, std::ios::binary);
+  if (!in) return "missing";
   FileHeader header{};
-  if (!in.read(reinterpret_cast<char*>(&header), sizeof header)) return false;
+  if (!in.read(reinterpret_cast<char*>(&header), sizeof header)) return "truncated";
   if (std::memcmp(header.magic, kMagic, sizeof kMagic) != 0 || header.version != kFormatVersion ||
       header.block_bytes != cache_.blockBytes()) {
-    return false;
+    return "format";
   }
   // Read into the block, then verify; a bad block is recomputed over anyway.
   uint8_t* data = cache_.blockData(block);
   if (!in.read(reinterpret_cast<char*>(data), static_cast<std::streamsize>(header.block_bytes))) {
-    return false;
+    return "truncated";
   }
-  if (in.peek() != std::char_traits<char>::eof()) return false;  // trailing bytes
-  return XXH3_64bits(data, header.block_bytes) == header.checksum;
+  if (in.peek() != std::char_traits<char>::eof()) return "format";  // trailing bytes
+  return XXH3_64bits(data, header.block_bytes) == header.checksum ? "" : "checksum";
 }
 
 LoadResult StorageConnector::load(const ConnectorRequest& request, int64_t first_block,
@@ -89,11 +90,14 @@ LoadResult StorageConnector::load(const ConnectorRequest& request, int64_t first
   LoadResult result;
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const int64_t index = first_block + static_cast<int64_t>(i);
-    const bool ok = index < static_cast<int64_t>(request.block_hashes.size()) &&
-                    loadBlock(blockPath(request.block_hashes[index]), block_ids[i]);
-    if (!ok) {
+    const std::string failure =
+        index < static_cast<int64_t>(request.block_hashes.size())
+            ? loadBlock(blockPath(request.block_hashes[index]), block_ids[i])
+            : "missing";
+    if (!failure.empty()) {
       TANDEM_LOG(kWarn) << "storage connector: block " << index << " of request "
-                        << request.request_id << " did not load; it will be recomputed";
+                        << request.request_id << " did not load (" << failure << ")";
+      failures_.add(failure);
       result.failed_block_indices.push_back(index);
     }
   }

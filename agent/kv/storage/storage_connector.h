@@ -8,7 +8,8 @@
 // one. Because the hash covers the model identity, the cache salt and every
 // token of the prefix, a file can only match the KV it holds; the size check
 // rejects another KV layout. A missing, short or corrupted file is a load
-// error for that block only.
+// error for that block only, counted by reason (missing, truncated, format,
+// checksum).
 //
 // Extra config: "shared_storage_path" (required).
 // Thread-safety: used from the engine thread only.
@@ -37,7 +38,9 @@ class StorageConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
   std::filesystem::path blockPath(const BlockHash& hash) const;
 
  private:
-  bool loadBlock(const std::filesystem::path& path, BlockId block);
+  // Reads one block file into `block`; the failure reason ("missing",
+  // "truncated", "format", "checksum"), empty when it loaded.
+  std::string loadBlock(const std::filesystem::path& path, BlockId block);
 
   KvTransferConfig config_;
   engine::KvCache& cache_;
