@@ -11,6 +11,8 @@
 
 #include "agent/engine/engine.h"
 #include "agent/kv/connector.h"
+#include "agent/kv/fault_injection.h"
+#include "agent/kv/ucx/ucx_connector.h"
 #include "agent/server/http_server.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
@@ -36,6 +38,10 @@ void fromYaml(const YAML::Node& root, CLI::App& command, const std::string& flag
   } catch (const YAML::Exception&) {
     throw Error(path + ": " + key + " has the wrong type");
   }
+}
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
 int waitForSignal() {
@@ -113,6 +119,10 @@ CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {
   serve->add_option("--kv-transfer-config", o.kv_transfer_config,
                     "KV connector, e.g. {\"kv_connector\":\"storage\",\"kv_role\":\"kv_both\","
                     "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}");
+  serve->add_flag("--insecure-kv", o.insecure_kv,
+                  "let a KV producer listen on a non-loopback address without a shared secret");
+  serve->add_flag("--enable-fault-injection", o.enable_fault_injection,
+                  "accept kv_connector_extra_config.fault_injection (tests only)");
   serve->add_option("--config", o.config_path, "YAML file with the same keys");
   return serve;
 }
@@ -128,6 +138,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
     if (!root.IsMap()) throw Error(o.config_path + ": must be a mapping of option names");
     fromYaml(root, command, "model", o.model, o.config_path);
     fromYaml(root, command, "host", o.host, o.config_path);
+    fromYaml(root, command, "insecure-kv", o.insecure_kv, o.config_path);
+    fromYaml(root, command, "enable-fault-injection", o.enable_fault_injection, o.config_path);
     fromYaml(root, command, "port", o.port, o.config_path);
     fromYaml(root, command, "block-size", o.block_size, o.config_path);
     fromYaml(root, command, "kv-cache-memory", o.kv_cache_memory, o.config_path);
@@ -181,9 +193,16 @@ int runServe(CLI::App& command, ServeOptions& o) {
   if (!o.kv_transfer_config.empty()) {
     auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
     if (!transfer.isOk()) throw Error("--" + transfer.status().message());
-    config.connector_factory = [transfer = *transfer](engine::KvCache& cache,
-                                                      const std::string& model_identity) {
-      return kv::makeConnector(transfer, cache, model_identity);
+    if (kv::needsUcxSlab(*transfer) && transfer->produces() && !isLoopback(o.host) &&
+        kv::kvSecret(*transfer).empty() && !o.insecure_kv) {
+      throw Error("a KV producer listening on " + o.host +
+                  " lets any peer read its KV blocks: set a shared secret "
+                  "(kv_connector_extra_config.secret or TANDEM_KV_SECRET), or pass --insecure-kv");
+    }
+    config.connector_factory = [transfer = *transfer, faults = o.enable_fault_injection](
+                                   engine::KvCache& cache, const std::string& model_identity) {
+      return kv::withFaultInjection(kv::makeConnector(transfer, cache, model_identity), faults,
+                                    cache.blockSize());
     };
     if (kv::needsUcxSlab(*transfer)) {
       // One UCX context per agent; the KV slab is memory UCX allocated, so

@@ -29,6 +29,11 @@ struct ServeOptions {
   std::string prefix_caching_hash = "xxhash";
   double shutdown_timeout_s = 30.0;
   std::string kv_transfer_config;  // JSON, vLLM's shape; empty: no connector
+  // A KV producer on a non-loopback address needs a shared secret unless this
+  // is set.
+  bool insecure_kv = false;
+  // kv_connector_extra_config.fault_injection is refused unless this is set.
+  bool enable_fault_injection = false;
   std::string config_path;
 };
 

@@ -10,6 +10,8 @@ const char* statusCodeName(StatusCode code) {
       return "InvalidArgument";
     case StatusCode::kNotFound:
       return "NotFound";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
     case StatusCode::kOutOfRange:
       return "OutOfRange";
     case StatusCode::kFailedPrecondition:

@@ -19,6 +19,7 @@ enum class StatusCode {
   kOk = 0,
   kInvalidArgument,
   kNotFound,
+  kPermissionDenied,
   kOutOfRange,
   kFailedPrecondition,
   kResourceExhausted,
@@ -54,6 +55,9 @@ inline Status invalidArgument(std::string msg) {
   return Status(StatusCode::kInvalidArgument, std::move(msg));
 }
 inline Status notFound(std::string msg) { return Status(StatusCode::kNotFound, std::move(msg)); }
+inline Status permissionDenied(std::string msg) {
+  return Status(StatusCode::kPermissionDenied, std::move(msg));
+}
 inline Status outOfRange(std::string msg) {
   return Status(StatusCode::kOutOfRange, std::move(msg));
 }

@@ -56,6 +56,12 @@ class Engine::ConnectorSource : public ExternalKvSource {
   // Hands finished asynchronous loads to the scheduler.
   void pollLoads(Scheduler& scheduler) {
     for (auto& finished : connector_.worker().poll()) {
+      if (finished.num_blocks > 0) {
+        on_transfer_(
+            finished.source.empty() ? connector_.config().connector : finished.source,
+            finished.num_blocks - static_cast<int64_t>(finished.failed_block_indices.size()),
+            finished.seconds);
+      }
       scheduler.loadFinished(finished.request_id, std::move(finished.failed_block_indices));
     }
   }
@@ -113,7 +119,9 @@ std::string modelIdentityOf(const Model& model) {
 }  // namespace
 
 Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allocator)
-    : config_(config), events_(config.kv_event_capacity) {
+    : config_(config),
+      now_(config.clock ? config.clock : [] { return Clock::now(); }),
+      events_(config.kv_event_capacity) {
   model_ = Model::load(config_.model_dir);
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
@@ -204,6 +212,11 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                            " KV blocks, more than the " + std::to_string(cache_->numBlocks()) +
                            " this agent has");
   }
+  if (connector_ && !request.kv_transfer_params.is_null()) {
+    Status transfer = connector_->scheduler().validate(request.kv_transfer_params,
+                                                       static_cast<int64_t>(request.prompt.size()));
+    if (!transfer.isOk()) return transfer;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (stopping_) return unavailable("the engine is shutting down");
   if (known_ids_.count(request.id) != 0) {
@@ -220,6 +233,25 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   pending.callback = std::move(callback);
   inbox_.push_back(std::move(pending));
   wake_.notify_one();
+  return Status::ok();
+}
+
+Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {
+  if (!connector_) return failedPrecondition("this agent has no KV connector");
+  StatusOr<std::string> target = connector_->scheduler().releaseTarget(kv_transfer_params);
+  if (!target.isOk()) return target.status();
+  std::future<bool> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (loop_exited_) return unavailable("the engine has stopped");
+    release_requests_.emplace_back(*target, std::promise<bool>());
+    released = release_requests_.back().second.get_future();
+    wake_.notify_one();
+  }
+  if (!released.get()) {
+    return notFound("no blocks are held for transfer " + *target +
+                    " (already released, timed out, or never held)");
+  }
   return Status::ok();
 }
 
@@ -267,8 +299,17 @@ std::vector<TransferDuration> Engine::takeTransferDurations() {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  EngineStats stats;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats = stats_;
+  }
+  // Counted as they happen, also for requests refused before they are queued.
+  if (connector_) {
+    stats.kv_connector = connector_->config().connector;
+    stats.kv_transfer_failures = connector_->failureCounts();
+  }
+  return stats;
 }
 
 void Engine::publishStats() {
@@ -285,11 +326,7 @@ void Engine::publishStats() {
   stats.num_steps = num_steps_;
   stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
   stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
-  if (connector_) {
-    stats.kv_connector = connector_->config().connector;
-    stats.kv_sources = kv_sources_;
-    stats.kv_transfer_failures = connector_->failureCounts();
-  }
+  if (connector_) stats.kv_sources = kv_sources_;
   for (const auto& [id, held] : held_) {
     stats.kv_held_blocks += static_cast<int64_t>(held.blocks.blocks.size());
   }
@@ -326,8 +363,8 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       auto has_news = [&] {
-        return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() || stopping_ ||
-               scheduler_->hasWork();
+        return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() ||
+               !release_requests_.empty() || stopping_ || scheduler_->hasWork();
       };
       if (held_.empty()) {
         wake_.wait(lock, has_news);
@@ -353,6 +390,8 @@ void Engine::loop() {
       loop_exited_ = true;
       for (auto& promise : snapshot_requests_) promise.set_value(takeSnapshot());
       snapshot_requests_.clear();
+      for (auto& [id, promise] : release_requests_) promise.set_value(false);
+      release_requests_.clear();
       return;
     }
     if (scheduler_->hasWork()) step();
@@ -423,14 +462,22 @@ void Engine::step() {
 }
 
 void Engine::releaseHeldBlocks() {
-  if (!connector_source_ || held_.empty()) return;
-  for (const std::string& id : connector_source_->pollReleased()) {
+  std::vector<std::pair<std::string, std::promise<bool>>> explicit_releases;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    explicit_releases.swap(release_requests_);
+  }
+  auto release = [&](const std::string& id) {
     auto it = held_.find(id);
-    if (it == held_.end()) continue;
+    if (it == held_.end()) return false;
     block_manager_->free(it->second.blocks);
     held_.erase(it);
-  }
-  const auto now = Clock::now();
+    return true;
+  };
+  for (auto& [id, promise] : explicit_releases) promise.set_value(release(id));
+  if (!connector_source_ || held_.empty()) return;
+  for (const std::string& id : connector_source_->pollReleased()) release(id);
+  const auto now = now_();
   for (auto it = held_.begin(); it != held_.end();) {
     if (now < it->second.deadline) {
       ++it;
@@ -522,7 +569,7 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
     // Kept for a remote reader until it releases them or the hold times out.
     const auto timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(connector_->config().abort_timeout_s));
-    held_[id] = Held{std::move(owned->blocks), Clock::now() + timeout};
+    held_[id] = Held{std::move(owned->blocks), now_() + timeout};
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

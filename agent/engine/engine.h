@@ -56,6 +56,9 @@ struct EngineConfig {
   // Builds the KV connector over the engine's cache, given the model identity
   // the block hashes are made from (no connector when empty).
   std::function<std::unique_ptr<kv::KvConnector>(KvCache&, const std::string&)> connector_factory;
+  // The time that held blocks' deadlines are measured in (tests inject a
+  // fake one); empty: Clock::now.
+  std::function<Clock::time_point()> clock;
 };
 
 // Blocks and bytes loaded from one source of a KV connector.
@@ -118,6 +121,12 @@ class Engine {
   // Aborts a queued or running request; its final output has reason "abort".
   // Unknown or finished ids are ignored.
   void abort(const std::string& request_id);
+  // Frees the blocks held for the remote reader of a transfer that will not
+  // happen, named by the kv_transfer_params this agent returned for it.
+  // NotFound when none are held (released, timed out, never held); the
+  // connector's errors (InvalidArgument, PermissionDenied) for parameters it
+  // does not accept; FailedPrecondition without a connector.
+  Status releaseTransfer(const nlohmann::json& kv_transfer_params);
   // Stops accepting requests, lets in-flight ones finish until `deadline`,
   // aborts the rest, and stops the loop. Idempotent.
   void shutdown(Clock::time_point deadline);
@@ -162,6 +171,7 @@ class Engine {
   KvSnapshot takeSnapshot() const;
 
   EngineConfig config_;
+  std::function<Clock::time_point()> now_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvCache> cache_;
@@ -189,6 +199,7 @@ class Engine {
   std::vector<Pending> inbox_;
   std::vector<std::string> aborts_;
   std::vector<std::promise<KvSnapshot>> snapshot_requests_;
+  std::vector<std::pair<std::string, std::promise<bool>>> release_requests_;
   bool loop_exited_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   bool stopping_ = false;

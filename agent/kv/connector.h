@@ -42,11 +42,14 @@ enum class LoadFailurePolicy { kRecompute, kFail };
 // --kv-transfer-config, vLLM's shape:
 // {"kv_connector": "storage", "kv_role": "kv_both", "kv_connector_extra_config": {...}}
 struct KvTransferConfig {
-  std::string connector;  // "storage" or "ucx" (to come: "offload", "multi")
+  std::string connector;  // "storage", "ucx", "offload" or "multi"
   KvRole role = KvRole::kBoth;
   LoadFailurePolicy load_failure_policy = LoadFailurePolicy::kRecompute;
   double abort_timeout_s = 120;  // held blocks are freed after this
   nlohmann::json extra = nlohmann::json::object();
+  // multi: kv_connector_extra_config.connectors, parsed, in order. Members
+  // carry the multi's kv_load_failure_policy and abort_timeout_s.
+  std::vector<KvTransferConfig> members;
 
   bool produces() const { return role != KvRole::kConsumer; }
   bool consumes() const { return role != KvRole::kProducer; }
@@ -83,6 +86,22 @@ struct FinishDecision {
 class KvConnectorScheduler {
  public:
   virtual ~KvConnectorScheduler() = default;
+  // Checks a request's kv_transfer_params when it arrives, before it is
+  // queued: InvalidArgument naming the field (e.g. a block id outside what
+  // the peer advertised), PermissionDenied when they are not signed with
+  // this agent's shared secret, FailedPrecondition when the peer's KV layout
+  // differs. Called on any thread: reads only immutable state.
+  virtual Status validate(const nlohmann::json& kv_transfer_params,
+                          int64_t num_prompt_tokens) const {
+    return Status::ok();
+  }
+  // The request whose held blocks `kv_transfer_params` (as this agent
+  // returned them) name, for an explicit release by whoever abandons the
+  // transfer. Same errors as validate(); Unimplemented for connectors that
+  // never hold blocks. Any thread.
+  virtual StatusOr<std::string> releaseTarget(const nlohmann::json& kv_transfer_params) const {
+    return Status(StatusCode::kUnimplemented, "this KV connector holds no blocks for readers");
+  }
   // How many tokens after the first num_local_tokens (already in this
   // agent's prefix cache) can be loaded.
   virtual LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) = 0;
@@ -139,6 +158,11 @@ class KvConnectorWorker {
   struct FinishedLoad {
     std::string request_id;
     std::vector<int64_t> failed_block_indices;
+    // For metrics: where from (empty: the connector's name), how many blocks
+    // were asked for (0: not reported) and how long the load took.
+    std::string source;
+    int64_t num_blocks = 0;
+    double seconds = 0;
   };
   // Loads that finished since the last call. Until a load is reported here,
   // the engine keeps its blocks allocated, even if the request was aborted.
@@ -158,7 +182,7 @@ class KvConnector {
   virtual std::map<std::string, int64_t> failureCounts() const { return failures_.snapshot(); }
 
  protected:
-  FailureCounts failures_;
+  mutable FailureCounts failures_;  // counted from const checks too
 };
 
 // Builds the configured connector over `cache`; throws tandem::Error naming

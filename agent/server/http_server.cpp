@@ -291,6 +291,22 @@ void HttpServer::routes() {
                     "application/json");
   });
 
+  // The router's explicit release of blocks held for a transfer it abandons;
+  // the body carries the kv_transfer_params this agent returned.
+  http_->Post(
+      "/v1/kv_transfer/release", [this](const httplib::Request& req, httplib::Response& res) {
+        json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+        if (body.is_discarded() || !body.is_object() || !body.contains("kv_transfer_params") ||
+            !body["kv_transfer_params"].is_object()) {
+          return sendError(res, invalidRequest("the body must be a JSON object with the object "
+                                               "kv_transfer_params returned by this agent",
+                                               "kv_transfer_params"));
+        }
+        Status released = engine_.releaseTransfer(body["kv_transfer_params"]);
+        if (!released.isOk()) return sendError(res, fromStatus(released, "kv_transfer_params"));
+        res.set_content(json{{"released", true}}.dump(), "application/json");
+      });
+
   http_->Get("/v1/kv_events", [this](const httplib::Request& req, httplib::Response& res) {
     uint64_t after = 0;
     if (req.has_param("since")) {

@@ -770,6 +770,10 @@ ApiError fromStatus(const Status& status, std::string param) {
       error.status = 404;
       error.type = "not_found_error";
       break;
+    case StatusCode::kPermissionDenied:
+      error.status = 403;
+      error.type = "permission_error";
+      break;
     case StatusCode::kResourceExhausted:
       error.status = 429;
       error.type = "rate_limit_exceeded";

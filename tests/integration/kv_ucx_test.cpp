@@ -4,43 +4,29 @@
 // agent frees its held blocks when released (or after its hold times out).
 // Each case runs over shared memory and over TCP.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <string>
 #include <vector>
 
-#include "tests/support/agent_server.h"
+#include "tests/support/ucx_agents.h"
 
 namespace {
 
 using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 
-std::string ucxConfig(const std::string& role, double abort_timeout_s = 120) {
-  return json{{"kv_connector", "ucx"},
-              {"kv_role", role},
-              {"kv_connector_extra_config", {{"abort_timeout_s", abort_timeout_s}}}}
-      .dump();
-}
-
-class KvUcx : public ::testing::TestWithParam<std::string> {
+class KvUcx : public UcxTransportTest {
  protected:
-  void SetUp() override { ::setenv("UCX_TLS", GetParam().c_str(), 1); }
-  void TearDown() override { ::unsetenv("UCX_TLS"); }
-
   // 75 tokens: 4 full blocks move, the 11-token tail is computed by decode.
   std::vector<int> prompt_ = randomPrompt(75, 31);
 
   static json prefill(const Agent& agent, const std::vector<int>& prompt) {
-    json body = greedy(prompt, 1);
-    body["kv_transfer_params"] = {{"do_remote_decode", true}};
-    json response = agent.post("/v1/completions", body);
-    return response["kv_transfer_params"];
+    return prefillOn(agent, prompt);
   }
-  static json decode(const Agent& agent, const std::vector<int>& prompt, json params) {
-    json body = greedy(prompt, 8);
-    params["do_remote_prefill"] = true;
-    body["kv_transfer_params"] = params;
-    return agent.post("/v1/completions", body);
+  static json decode(const Agent& agent, const std::vector<int>& prompt, json params,
+                     int* status = nullptr) {
+    return decodeOn(agent, prompt, std::move(params), 8, status);
   }
 };
 
@@ -88,31 +74,164 @@ TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
   EXPECT_EQ(tokenIds(out), tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8))));
 }
 
-TEST_P(KvUcx, IncompatibleOrBogusParametersAreRecomputedNotRead) {
-  // Refused transfers are never released by a reader: a short hold.
-  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", 1.0)});
+TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
   Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
-  Agent colocated;
-  const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8)));
+  const json params = prefill(prefiller, prompt_);
+  ASSERT_TRUE(params.is_object());
+  struct Case {
+    std::function<void(json&)> spoil;
+    int status;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](json& p) { p["remote_block_ids"][2] = 1 << 30; }, 400,
+       "kv_transfer_params.remote_block_ids[2] = 1073741824 is outside the other agent's"},
+      {[](json& p) { p["remote_block_ids"][3] = p["remote_block_ids"][0]; }, 400,
+       "kv_transfer_params.remote_block_ids[3]"},
+      {[](json& p) { p["remote_block_ids"][1] = "one"; }, 400,
+       "kv_transfer_params.remote_block_ids[1] must be an integer"},
+      {[](json& p) { p["remote_num_tokens"] = 48; }, 400,
+       "kv_transfer_params.remote_num_tokens (48) must be remote_block_ids' length (4)"},
+      {[](json& p) { p["remote_slab"] = "ucx1:zz"; }, 400, "kv_transfer_params.remote_slab: "},
+      {[](json& p) { p.erase("transfer_id"); }, 400,
+       "kv_transfer_params.transfer_id must be a string"},
+      {[](json& p) { p["do_remote_prefill"] = "yes"; }, 400,
+       "kv_transfer_params.do_remote_prefill must be true or false"},
+      {[](json& p) {
+         std::string c = p["compatibility"];
+         p["compatibility"] = c.replace(c.find("block_size=16"), 13, "block_size=32");
+       },
+       400, "ours block_size=16, theirs block_size=32"},
+  };
+  for (const Case& c : cases) {
+    json spoiled = params;
+    c.spoil(spoiled);
+    json body = greedy(prompt_, 8);
+    body["kv_transfer_params"] = spoiled;
+    if (!spoiled.contains("do_remote_prefill"))
+      body["kv_transfer_params"]["do_remote_prefill"] = true;
+    int status = 0;
+    json error = decoder.post("/v1/completions", body, &status);
+    EXPECT_EQ(status, c.status) << c.message << ": " << error.dump();
+    EXPECT_NE(error.dump().find(c.message), std::string::npos) << error.dump();
+  }
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 7);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 1);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  // The decode agent keeps serving; the refused transfer's blocks are given
+  // back by an explicit release (the router's job when it gives up).
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)).size(), 8u);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+TEST_P(KvUcx, ExplicitReleaseFreesHeldBlocksOnce) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
+  const double free_before = prefiller.metric("tandem_kv_cache_free_blocks");
+  const json params = prefill(prefiller, prompt_);
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 5);
+  int status = 0;
+  json answer = releaseOn(prefiller, params, &status);
+  EXPECT_EQ(status, 200) << answer.dump();
+  EXPECT_TRUE(eventually([&] {
+    return prefiller.metric("tandem_kv_held_blocks") == 0 &&
+           prefiller.metric("tandem_kv_cache_free_blocks") == free_before;
+  }));
+  answer = releaseOn(prefiller, params, &status);
+  EXPECT_EQ(status, 404) << answer.dump();
+  json other = prefill(prefiller, randomPrompt(40, 7));
+  json foreign = other;
+  foreign["remote_engine_id"] = "someone-else";
+  answer = releaseOn(prefiller, foreign, &status);
+  EXPECT_EQ(status, 404) << answer.dump();
+  EXPECT_NE(answer.dump().find("names another agent"), std::string::npos) << answer.dump();
+  answer = prefiller.post("/v1/kv_transfer/release", {{"transfer_id", "x"}}, &status);
+  EXPECT_EQ(status, 400) << answer.dump();
+  EXPECT_EQ(releaseOn(prefiller, other, &status)["released"], true);
+}
+
+TEST_P(KvUcx, SharedSecretSignsTransfersAndRefusesOthers) {
+  const std::string alpha = R"({"secret":"alpha"})";
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", json::parse(alpha))});
+  ::setenv("TANDEM_KV_SECRET", "alpha", 1);  // the same secret, from the environment
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  ::setenv("TANDEM_KV_SECRET", "beta", 1);
+  Agent stranger({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  ::unsetenv("TANDEM_KV_SECRET");
+  Agent unsigned_producer({"--kv-transfer-config", ucxConfig("kv_producer")});
 
   json params = prefill(prefiller, prompt_);
-  json mismatched = params;
-  mismatched["compatibility"] = "model=other";
-  EXPECT_EQ(tokenIds(decode(decoder, prompt_, mismatched)), expected);
-  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  ASSERT_TRUE(params.contains("signature")) << params.dump();
+  EXPECT_EQ(params["signature"].get<std::string>().size(), 64u);
 
-  std::vector<int> other = randomPrompt(75, 32);
-  json bogus = prefill(prefiller, other);
-  // Far outside the peer's advertised slab.
-  bogus["remote_block_ids"] = {1 << 30, (1 << 30) + 1, (1 << 30) + 2, (1 << 30) + 3};
-  EXPECT_EQ(tokenIds(decode(decoder, other, bogus)),
-            tokenIds(colocated.post("/v1/completions", greedy(other, 8))));
-  EXPECT_EQ(decoder.metric("tandem_kv_blocks_recomputed_total"), 4)
-      << "ids outside the peer's slab are refused, the blocks recomputed";
+  int status = 0;
+  json error = decode(stranger, prompt_, params, &status);
+  EXPECT_EQ(status, 403) << error.dump();
+  EXPECT_NE(error.dump().find("signature does not match"), std::string::npos) << error.dump();
+
+  json tampered = params;
+  std::swap(tampered["remote_block_ids"][0], tampered["remote_block_ids"][1]);
+  error = decode(decoder, prompt_, tampered, &status);
+  EXPECT_EQ(status, 403) << error.dump();
+
+  json plain = prefill(unsigned_producer, prompt_);
+  EXPECT_FALSE(plain.contains("signature"));
+  error = decode(decoder, prompt_, plain, &status);
+  EXPECT_EQ(status, 403) << error.dump();
+  EXPECT_NE(error.dump().find("signature is missing"), std::string::npos) << error.dump();
+  EXPECT_EQ(releaseOn(unsigned_producer, plain, &status)["released"], true);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"auth\""), 2);
+  EXPECT_EQ(stranger.metric("tandem_kv_transfer_failures_total", "reason=\"auth\""), 1);
+
+  // A release must be signed too.
+  json forged = params;
+  forged["signature"] = std::string(64, '0');
+  error = releaseOn(prefiller, forged, &status);
+  EXPECT_EQ(status, 403) << error.dump();
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 5);
+
+  // The right secret: the hand-off works and the signed release message
+  // frees the prefill agent's blocks.
+  Agent colocated;
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)),
+            tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8))));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+TEST(KvUcxStart, ProducerOnANonLoopbackAddressNeedsASecret) {
+  TempDir logs("tandem-kv-secret");
+  auto start = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
+                                     "serve",
+                                     "--model",
+                                     tinyModelDir().string(),
+                                     "--port",
+                                     "0",
+                                     "--host",
+                                     "0.0.0.0",
+                                     "--kv-transfer-config",
+                                     ucxConfig("kv_producer")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<ChildProcess>(argv, logs.path() / "stderr");
+  };
+  auto refused = start({});
+  EXPECT_EQ(refused->wait(std::chrono::seconds(30)), 1);
+  EXPECT_NE(refused->stderrText().find("set a shared secret"), std::string::npos)
+      << refused->stderrText();
+  EXPECT_NE(refused->stderrText().find("--insecure-kv"), std::string::npos);
+  auto insecure = start({"--insecure-kv"});
+  EXPECT_FALSE(insecure->waitForLine("listening on ", std::chrono::seconds(60)).empty())
+      << insecure->stderrText();
+  ::setenv("TANDEM_KV_SECRET", "gamma", 1);
+  auto secured = start({});
+  ::unsetenv("TANDEM_KV_SECRET");
+  EXPECT_FALSE(secured->waitForLine("listening on ", std::chrono::seconds(60)).empty())
+      << secured->stderrText();
 }
 
 TEST_P(KvUcx, HeldBlocksAreFreedWhenNoReaderComes) {
-  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", 0.2)});
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", {{"abort_timeout_s", 0.2}})});
   json params = prefill(prefiller, prompt_);
   ASSERT_TRUE(params.is_object());
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_cache_usage_ratio") == 0; }))

@@ -1,36 +1,57 @@
 // The ucx connector: the prefill → decode hand-off between agents with
-// one-sided UCX reads (DESIGN.md, "The P→D protocol").
+// one-sided UCX reads (DESIGN.md, "The P→D protocol"; docs/kv-transfer.md).
 //
 // Producer (prefill agent): a request with kv_transfer_params
 // {"do_remote_decode": true} finishes normally, its blocks are held, and the
-// response carries where to read them:
+// response carries a transfer descriptor saying where to read them:
 //   {"remote_engine_id", "remote_slab" (serialized RemoteSlab: worker address,
 //    memory key, geometry), "remote_block_ids", "remote_num_tokens",
-//    "transfer_id", "compatibility"}.
-// The blocks are freed when the reader's "release <transfer_id>" message
-// arrives, or after abort_timeout_s.
+//    "transfer_id", "compatibility", "signature" (with a shared secret)}.
+// The blocks are freed when the reader's release message arrives, when the
+// router releases them explicitly (Engine::releaseTransfer), or after
+// abort_timeout_s.
 //
-// Consumer (decode agent): a request with {"do_remote_prefill": true, ...those
-// fields} first matches its own prefix cache, then reads only the blocks it
-// lacks straight into its own blocks, and tells the producer to release them.
-// A peer whose compatibility string (model identity, KV dtype, block size,
-// layers, KV heads, head size, protocol version) differs is refused, naming
-// the field; blocks that fail to read are recomputed.
+// Consumer (decode agent): a request with {"do_remote_prefill": true, ...a
+// descriptor} first matches its own prefix cache, then reads only the blocks
+// it lacks straight into its own blocks, and tells the producer to release
+// them. Pull-back (decode → prefill): a request with
+// {"remote_prefix": <descriptor>} — a prefix a decode agent holds — reads
+// those blocks when at least remote_pull_threshold (default 4) of them are
+// missing here, and recomputes otherwise.
+//
+// Checks at admission (validate): descriptor shape, signature
+// (PermissionDenied), compatibility — model identity, KV dtype, block size,
+// layers, KV heads, head size, protocol version; FailedPrecondition naming
+// the field that differs —, every block id inside the peer's advertised slab
+// and named once, remote_num_tokens = ids × block size ≤ the prompt.
+//
+// Shared secret: kv_connector_extra_config.secret, else TANDEM_KV_SECRET.
+// With one, descriptors and release messages carry HMAC-SHA256 signatures
+// and unsigned or wrongly signed ones are refused. It authenticates the
+// control plane; UCX's data plane is not encrypted (docs/kv-transfer.md).
 //
 // The KV cache must be allocated by transport::UcxSlabAllocator.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "agent/kv/connector.h"
+#include "agent/kv/fault_injection.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 
 namespace tandem::kv {
+
+// The shared KV secret: kv_connector_extra_config.secret, else the
+// environment's TANDEM_KV_SECRET; empty when neither is set.
+std::string kvSecret(const KvTransferConfig& config);
 
 class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
  public:
@@ -43,30 +64,84 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   KvConnectorWorker& worker() override { return *this; }
   const KvTransferConfig& config() const override { return config_; }
 
+  Status validate(const nlohmann::json& params, int64_t num_prompt_tokens) const override;
+  StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override;
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override;
   void save(const ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
+  std::vector<FinishedLoad> poll() override;
   std::vector<std::string> pollReleased() override;
 
   // "key=value;..." describing the KV layout; peers must match exactly.
   const std::string& compatibility() const { return compatibility_; }
 
+  // Where a reader finds blocks: a producer's answer, or a prefix a decode
+  // agent holds for pull-back.
+  struct Descriptor {
+    std::string transfer_id;
+    std::string engine_id;
+    std::string slab_text;  // serialized RemoteSlab
+    std::string compatibility;
+    std::string signature;  // empty when unsigned
+    std::vector<BlockId> block_ids;
+    int64_t num_tokens = 0;
+  };
+
  private:
-  StatusOr<std::shared_ptr<transport::UcxPeer>> peerFor(const std::string& serialized_slab);
+  // Field types only; errors name `field`.<name>.
+  StatusOr<Descriptor> parseDescriptor(const nlohmann::json& params,
+                                       const std::string& field) const;
+  // validate() without the failure count.
+  Status checkParams(const nlohmann::json& params, int64_t num_prompt_tokens) const;
+  // Signature, compatibility, slab geometry and ids.
+  Status checkDescriptor(const Descriptor& d, const std::string& field,
+                         int64_t num_prompt_tokens) const;
+  // The descriptor a request reads from (its own params or remote_prefix);
+  // null when it reads nothing.
+  const nlohmann::json* sourceOf(const ConnectorRequest& request) const;
+  struct LoadJob {
+    std::string request_id;
+    std::string transfer_id;
+    std::string slab_text;
+    int64_t first_block = 0;
+    std::vector<transport::BlockPair> pairs;
+    transport::Clock::time_point start;
+  };
+  // Loader thread: runs queued reads one after the other.
+  void loaderLoop();
+  FinishedLoad runLoad(const LoadJob& job);
+  // Loader thread only (peers_ is its own).
+  StatusOr<std::shared_ptr<transport::UcxPeer>> peerFor(const std::string& serialized_slab,
+                                                        transport::Deadline deadline);
+  void sendRelease(transport::UcxPeer& peer, const std::string& transfer_id);
+  // Progress thread: release messages from readers.
+  void onMessage(const std::string& message);
 
   KvTransferConfig config_;
   engine::KvCache& cache_;
   std::shared_ptr<transport::UcxContext> context_;
   std::string compatibility_;
+  std::string secret_;
+  int64_t pull_threshold_blocks_ = 4;
+  FaultInjection faults_;
   std::string engine_id_;
   std::string serialized_slab_;
   transport::LocalSlab local_slab_;
   std::unordered_map<std::string, std::shared_ptr<transport::UcxPeer>> peers_;
   std::mutex released_mutex_;  // the message handler runs on UCX's progress thread
   std::vector<std::string> released_;
+  transport::Clock::duration read_timeout_ = std::chrono::seconds(10);
+
+  std::mutex jobs_mutex_;
+  std::condition_variable jobs_ready_;
+  std::deque<LoadJob> jobs_;
+  bool stopping_ = false;
+  std::mutex finished_mutex_;
+  std::vector<FinishedLoad> finished_;
+  std::thread loader_;
 };
 
 }  // namespace tandem::kv

@@ -1,11 +1,14 @@
-// The engine with an asynchronous KV connector (a fake behind the real
-// contract): requests wait for their load without blocking others, loaded
-// KV gives the same tokens as computing it, failed blocks are recomputed,
-// and an abort during a load frees the blocks only once the load is over.
+// The engine with KV connectors (fakes behind the real contract): requests
+// wait for an asynchronous load without blocking others, loaded KV gives the
+// same tokens as computing it, failed blocks are recomputed, an abort during
+// a load frees the blocks only once the load is over, and blocks held for a
+// remote reader are freed by an explicit release or when the hold times out
+// on the engine's (injected) clock.
 #include "agent/engine/engine.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -81,7 +84,9 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
     pending_.push_back({std::string(request.request_id), first_block,
                         std::vector<BlockId>(block_ids.begin(), block_ids.end())});
     loads_started_.notify_all();
-    return kv::LoadResult{false, {}};
+    kv::LoadResult result;
+    result.done = false;
+    return result;
   }
 
   void save(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
@@ -113,7 +118,10 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
                     engine_cache_.blockBytes());
       }
     }
-    finished_.push_back({load.request_id, failed});
+    FinishedLoad finished;
+    finished.request_id = load.request_id;
+    finished.failed_block_indices = failed;
+    finished_.push_back(std::move(finished));
   }
 
  private:
@@ -254,6 +262,85 @@ TEST_F(AsyncLoad, AbortDuringLoadFreesBlocksOnlyAfterTheLoad) {
   EXPECT_LT(engine.stats().num_free_blocks, 64);
   connector_->complete({});
   EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+// Holds every finished request's blocks for a reader that never comes.
+class HoldingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::KvConnectorWorker {
+ public:
+  HoldingConnector() {
+    config_.connector = "holding";
+    config_.abort_timeout_s = 30;
+  }
+  KvConnectorScheduler& scheduler() override { return *this; }
+  KvConnectorWorker& worker() override { return *this; }
+  const kv::KvTransferConfig& config() const override { return config_; }
+  kv::LookupResult lookup(const kv::ConnectorRequest&, int64_t) override { return {}; }
+  kv::FinishDecision requestFinished(const kv::ConnectorRequest& request, std::span<const BlockId>,
+                                     int64_t) override {
+    return {true, {{"transfer_id", std::string(request.request_id)}}};
+  }
+  StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override {
+    return params.value("transfer_id", std::string());
+  }
+  kv::LoadResult load(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {
+    return {};
+  }
+  void save(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
+
+ private:
+  kv::KvTransferConfig config_;
+};
+
+class HeldBlocks : public ::testing::Test {
+ protected:
+  Engine& start() {
+    EngineConfig config = engineConfig();
+    config.connector_factory = [](KvCache&, const std::string&) {
+      return std::make_unique<HoldingConnector>();
+    };
+    config.clock = [this] { return Clock::time_point(std::chrono::seconds(now_seconds_.load())); };
+    engine_ = std::make_unique<Engine>(config);
+    return *engine_;
+  }
+  // Returns once the engine loop has looked at its held blocks with the
+  // clock as it is now: each snapshot is served after a release pass.
+  void settle() {
+    engine_->kvSnapshot();
+    engine_->kvSnapshot();
+  }
+
+  std::atomic<int64_t> now_seconds_{1000};
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(HeldBlocks, AreFreedWhenTheHoldTimesOutOnTheEnginesClock) {
+  Engine& engine = start();
+  Collector finished;
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("held", randomTokens(40, 3), 1), finished.callback()).isOk());
+  ASSERT_TRUE(finished.waitFinished());
+  EXPECT_EQ(engine.stats().kv_held_blocks, 3);  // 40 prompt tokens + 1 → 3 blocks
+  now_seconds_ = 1029;                          // abort_timeout_s is 30
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 3) << "held until the timeout";
+  now_seconds_ = 1030;
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
+TEST_F(HeldBlocks, AnExplicitReleaseFreesThemAtOnceAndOnlyOnce) {
+  Engine& engine = start();
+  Collector finished;
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("held", randomTokens(40, 3), 1), finished.callback()).isOk());
+  ASSERT_TRUE(finished.waitFinished());
+  EXPECT_EQ(engine.releaseTransfer({{"transfer_id", "other"}}).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine.releaseTransfer({{"transfer_id", "held"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+  EXPECT_EQ(engine.releaseTransfer({{"transfer_id", "held"}}).code(), StatusCode::kNotFound);
 }
 
 }  // namespace

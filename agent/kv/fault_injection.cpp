@@ -1,0 +1,181 @@
+#include "agent/kv/fault_injection.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "common/logging.h"
+
+namespace tandem::kv {
+
+bool FaultInjection::drops(int64_t index, int64_t num_blocks) const {
+  if (index < 0 || index >= num_blocks) return false;
+  switch (drop) {
+    case Drop::kNone:
+      return false;
+    case Drop::kAll:
+      return true;
+    case Drop::kEveryNth:
+      return every_nth > 0 && index % every_nth == every_nth - 1;
+    case Drop::kGrowingGaps: {
+      if (index == num_blocks - 1) return false;
+      // Segments valid 1, gap 1, valid 2, gap 2, ...
+      int64_t start = 0;
+      for (int64_t length = 1;; ++length) {
+        start += length;  // the valid segment
+        if (index < start) return false;
+        start += length;  // the gap
+        if (index < start) return true;
+      }
+    }
+  }
+  return false;
+}
+
+StatusOr<FaultInjection> FaultInjection::parse(const nlohmann::json& extra) {
+  FaultInjection faults;
+  if (!extra.is_object() || !extra.contains("fault_injection")) return faults;
+  const nlohmann::json& config = extra["fault_injection"];
+  const std::string prefix = "kv_connector_extra_config.fault_injection";
+  if (!config.is_object()) return invalidArgument(prefix + " must be an object");
+  for (const auto& [key, value] : config.items()) {
+    if (key == "drop_blocks") {
+      const std::string pattern = value.is_string() ? value.get<std::string>() : value.dump();
+      if (pattern == "growing_gaps") {
+        faults.drop = Drop::kGrowingGaps;
+      } else if (pattern == "all") {
+        faults.drop = Drop::kAll;
+      } else if (pattern.starts_with("every_nth:")) {
+        faults.drop = Drop::kEveryNth;
+        try {
+          size_t used = 0;
+          faults.every_nth = std::stoll(pattern.substr(10), &used);
+          if (used != pattern.size() - 10) faults.every_nth = 0;
+        } catch (const std::exception&) {
+          faults.every_nth = 0;
+        }
+        if (faults.every_nth <= 0) {
+          return invalidArgument(prefix + ".drop_blocks every_nth:N needs a positive N, got " +
+                                 pattern);
+        }
+      } else {
+        return invalidArgument(
+            prefix + ".drop_blocks must be growing_gaps, every_nth:N or all, got " + pattern);
+      }
+    } else if (key == "fail_handshake" || key == "drop_notifications") {
+      if (!value.is_boolean())
+        return invalidArgument(prefix + "." + key + " must be true or false");
+      (key == "fail_handshake" ? faults.fail_handshake : faults.drop_notifications) =
+          value.get<bool>();
+    } else if (key == "delay_notifications_ms") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+        return invalidArgument(prefix + ".delay_notifications_ms must be a non-negative integer");
+      }
+      faults.delay_notifications_ms = value.get<int64_t>();
+    } else {
+      return invalidArgument(prefix + "." + key +
+                             " is not a known fault (accepted: drop_blocks, fail_handshake, "
+                             "drop_notifications, delay_notifications_ms)");
+    }
+  }
+  return faults;
+}
+
+namespace {
+
+class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
+ public:
+  FaultInjectingConnector(std::unique_ptr<KvConnector> inner, FaultInjection faults,
+                          int64_t block_size)
+      : inner_(std::move(inner)), faults_(faults), block_size_(block_size) {}
+
+  KvConnectorScheduler& scheduler() override { return *this; }
+  KvConnectorWorker& worker() override { return *this; }
+  const KvTransferConfig& config() const override { return inner_->config(); }
+  std::map<std::string, int64_t> failureCounts() const override {
+    auto counts = inner_->failureCounts();
+    for (const auto& [reason, count] : failures_.snapshot()) counts[reason] += count;
+    return counts;
+  }
+
+  Status validate(const nlohmann::json& params, int64_t num_prompt_tokens) const override {
+    return inner_->scheduler().validate(params, num_prompt_tokens);
+  }
+  StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override {
+    return inner_->scheduler().releaseTarget(params);
+  }
+  LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override {
+    LookupResult result = inner_->scheduler().lookup(request, num_local_tokens);
+    if (result.state == LookupResult::State::kAvailable) {
+      // Drop patterns are laid over the blocks this request may load.
+      loadable_blocks_[std::string(request.request_id)] =
+          (num_local_tokens + result.num_tokens) / block_size_;
+    }
+    return result;
+  }
+  FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
+                                 int64_t num_computed_tokens) override {
+    return inner_->scheduler().requestFinished(request, blocks, num_computed_tokens);
+  }
+
+  LoadResult load(const ConnectorRequest& request, int64_t first_block,
+                  std::span<const BlockId> block_ids) override {
+    const std::string id(request.request_id);
+    if (faults_.fail_handshake) {
+      LoadResult result;
+      for (size_t i = 0; i < block_ids.size(); ++i) {
+        result.failed_block_indices.push_back(first_block + static_cast<int64_t>(i));
+      }
+      failures_.add("injected_handshake");
+      TANDEM_LOG(kWarn) << "fault injection: handshake for request " << id << " failed";
+      loadable_blocks_.erase(id);
+      return result;
+    }
+    LoadResult result = inner_->worker().load(request, first_block, block_ids);
+    const auto found = loadable_blocks_.find(id);
+    const int64_t loadable = found != loadable_blocks_.end()
+                                 ? found->second
+                                 : first_block + static_cast<int64_t>(block_ids.size());
+    if (found != loadable_blocks_.end()) loadable_blocks_.erase(found);
+    std::vector<int64_t> failed = result.failed_block_indices;
+    for (size_t i = 0; i < block_ids.size(); ++i) {
+      const int64_t index = first_block + static_cast<int64_t>(i);
+      if (!faults_.drops(index, loadable)) continue;
+      if (std::find(failed.begin(), failed.end(), index) != failed.end()) continue;
+      failed.push_back(index);
+      failures_.add("injected");
+    }
+    std::sort(failed.begin(), failed.end());
+    result.failed_block_indices = std::move(failed);
+    return result;
+  }
+  void save(const ConnectorRequest& request, int64_t first_block,
+            std::span<const BlockId> block_ids) override {
+    inner_->worker().save(request, first_block, block_ids);
+  }
+  std::vector<FinishedLoad> poll() override { return inner_->worker().poll(); }
+  std::vector<std::string> pollReleased() override { return inner_->worker().pollReleased(); }
+
+ private:
+  std::unique_ptr<KvConnector> inner_;
+  FaultInjection faults_;
+  int64_t block_size_;
+  std::unordered_map<std::string, int64_t> loadable_blocks_;  // engine thread only
+};
+
+}  // namespace
+
+std::unique_ptr<KvConnector> withFaultInjection(std::unique_ptr<KvConnector> inner, bool enabled,
+                                                int64_t block_size) {
+  auto faults = FaultInjection::parse(inner->config().extra);
+  if (!faults.isOk()) throw Error(faults.status().message());
+  if (!faults->any()) return inner;
+  if (!enabled) {
+    throw Error(
+        "kv_connector_extra_config.fault_injection is for tests and is refused unless the "
+        "agent is started with --enable-fault-injection");
+  }
+  TANDEM_LOG(kWarn) << "KV fault injection is on: " << inner->config().extra["fault_injection"];
+  return std::make_unique<FaultInjectingConnector>(std::move(inner), *faults, block_size);
+}
+
+}  // namespace tandem::kv

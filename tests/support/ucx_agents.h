@@ -1,0 +1,54 @@
+// Prefill and decode agents joined by the ucx connector, for integration
+// tests: configs, the two halves of the hand-off, and a fixture that runs
+// each case over one UCX transport (UCX_TLS, inherited by the agents).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/support/agent_server.h"
+
+namespace tandem::testing {
+
+// A --kv-transfer-config for the ucx connector; `extra` is merged into
+// kv_connector_extra_config.
+inline std::string ucxConfig(const std::string& role, json extra = json::object()) {
+  if (!extra.contains("abort_timeout_s")) extra["abort_timeout_s"] = 120;
+  return json{{"kv_connector", "ucx"}, {"kv_role", role}, {"kv_connector_extra_config", extra}}
+      .dump();
+}
+
+// The prefill half: one token computed, the KV held; the descriptor.
+inline json prefillOn(const Agent& agent, const std::vector<int>& prompt) {
+  json body = greedy(prompt, 1);
+  body["kv_transfer_params"] = {{"do_remote_decode", true}};
+  json response = agent.post("/v1/completions", body);
+  return response["kv_transfer_params"];
+}
+
+// The decode half with `params` from the prefill half; `status` gets the
+// HTTP status when given.
+inline json decodeOn(const Agent& agent, const std::vector<int>& prompt, json params,
+                     int max_tokens = 8, int* status = nullptr) {
+  json body = greedy(prompt, max_tokens);
+  params["do_remote_prefill"] = true;
+  body["kv_transfer_params"] = params;
+  return agent.post("/v1/completions", body, status);
+}
+
+// Frees what a prefill agent holds for a transfer that will not happen.
+inline json releaseOn(const Agent& agent, const json& params, int* status = nullptr) {
+  return agent.post("/v1/kv_transfer/release", {{"kv_transfer_params", params}}, status);
+}
+
+// Runs each case over the transport named by the parameter.
+class UcxTransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ::setenv("UCX_TLS", GetParam().c_str(), 1); }
+  void TearDown() override { ::unsetenv("UCX_TLS"); }
+};
+
+}  // namespace tandem::testing
