@@ -136,30 +136,51 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
                                  ? found->second
                                  : first_block + static_cast<int64_t>(block_ids.size());
     if (found != loadable_blocks_.end()) loadable_blocks_.erase(found);
-    std::vector<int64_t> failed = result.failed_block_indices;
+    std::vector<int64_t> dropped;
     for (size_t i = 0; i < block_ids.size(); ++i) {
       const int64_t index = first_block + static_cast<int64_t>(i);
-      if (!faults_.drops(index, loadable)) continue;
-      if (std::find(failed.begin(), failed.end(), index) != failed.end()) continue;
-      failed.push_back(index);
-      failures_.add("injected");
+      if (faults_.drops(index, loadable)) dropped.push_back(index);
     }
-    std::sort(failed.begin(), failed.end());
-    result.failed_block_indices = std::move(failed);
+    if (result.done) {
+      addDropped(result.failed_block_indices, dropped);
+    } else if (!dropped.empty()) {
+      pending_drops_[id] = std::move(dropped);  // applied when the load finishes
+    }
     return result;
+  }
+  std::vector<FinishedLoad> poll() override {
+    std::vector<FinishedLoad> finished = inner_->worker().poll();
+    for (FinishedLoad& load : finished) {
+      auto it = pending_drops_.find(load.request_id);
+      if (it == pending_drops_.end()) continue;
+      addDropped(load.failed_block_indices, it->second);
+      pending_drops_.erase(it);
+    }
+    return finished;
   }
   void save(const ConnectorRequest& request, int64_t first_block,
             std::span<const BlockId> block_ids) override {
     inner_->worker().save(request, first_block, block_ids);
   }
-  std::vector<FinishedLoad> poll() override { return inner_->worker().poll(); }
   std::vector<std::string> pollReleased() override { return inner_->worker().pollReleased(); }
 
  private:
+  // Adds the dropped block indices to `failed` (kept sorted, no duplicates).
+  void addDropped(std::vector<int64_t>& failed, const std::vector<int64_t>& dropped) {
+    for (int64_t index : dropped) {
+      if (std::find(failed.begin(), failed.end(), index) != failed.end()) continue;
+      failed.push_back(index);
+      failures_.add("injected");
+    }
+    std::sort(failed.begin(), failed.end());
+  }
+
   std::unique_ptr<KvConnector> inner_;
   FaultInjection faults_;
   int64_t block_size_;
-  std::unordered_map<std::string, int64_t> loadable_blocks_;  // engine thread only
+  // Engine thread only.
+  std::unordered_map<std::string, int64_t> loadable_blocks_;
+  std::unordered_map<std::string, std::vector<int64_t>> pending_drops_;
 };
 
 }  // namespace
