@@ -255,6 +255,71 @@ Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {
   return Status::ok();
 }
 
+StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::string cache_salt) {
+  if (!connector_ || !connector_->config().produces()) {
+    return failedPrecondition(
+        "this agent lends no KV blocks: it needs a KV connector with kv_role kv_producer or "
+        "kv_both");
+  }
+  std::future<StatusOr<nlohmann::json>> held;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (loop_exited_ || stopping_) return unavailable("the engine is shutting down");
+    hold_requests_.push_back({std::move(tokens), std::move(cache_salt), {}});
+    held = hold_requests_.back().promise.get_future();
+    wake_.notify_one();
+  }
+  return held.get();
+}
+
+void Engine::holdPrefixes() {
+  std::vector<HoldRequest> requests;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    requests.swap(hold_requests_);
+  }
+  for (HoldRequest& request : requests) {
+    request.promise.set_value(holdPrefixNow(request.tokens, request.cache_salt));
+  }
+}
+
+StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& tokens,
+                                               const std::string& cache_salt) {
+  const PrefixMatch match = block_manager_->findCachedPrefix(tokens, cache_salt);
+  if (match.blocks.empty()) {
+    return notFound("no leading block of the prompt is cached on this agent");
+  }
+  const int64_t num_tokens = match.numCachedTokens(config_.block_size);
+  // Found and taken on the engine thread in one go: the match is still whole.
+  SequenceBlocks blocks;
+  if (!block_manager_->allocate(blocks, &match, num_tokens) ||
+      blocks.num_cached_tokens != num_tokens) {
+    block_manager_->free(blocks);
+    return notFound("the prompt's cached blocks were evicted");
+  }
+  const int64_t held_tokens = num_tokens;
+  const std::string id = "hold-" + std::to_string(++num_holds_);
+  const nlohmann::json params = {{"do_remote_decode", true}};
+  const std::vector<BlockHash> hashes = block_manager_->hasher().hashFullBlocks(
+      std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens)), cache_salt);
+  kv::ConnectorRequest request;
+  request.request_id = id;
+  request.tokens = std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens));
+  request.block_hashes = hashes;
+  request.kv_transfer_params = &params;
+  kv::FinishDecision decision =
+      connector_->scheduler().requestFinished(request, blocks.blocks, held_tokens);
+  if (!decision.hold) {
+    block_manager_->free(blocks);
+    return failedPrecondition("this agent's KV connector does not lend blocks to readers");
+  }
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(connector_->config().abort_timeout_s));
+  held_[id] = Held{std::move(blocks), now_() + timeout};
+  publishStats();
+  return decision.kv_transfer_params;
+}
+
 void Engine::abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   aborts_.push_back(request_id);
@@ -364,7 +429,8 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       auto has_news = [&] {
         return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() ||
-               !release_requests_.empty() || stopping_ || scheduler_->hasWork();
+               !release_requests_.empty() || !hold_requests_.empty() || stopping_ ||
+               scheduler_->hasWork();
       };
       if (held_.empty()) {
         wake_.wait(lock, has_news);
@@ -374,6 +440,7 @@ void Engine::loop() {
       }
     }
     releaseHeldBlocks();
+    holdPrefixes();
     drainInbox();
     bool stop_now = false;
     {
@@ -392,6 +459,10 @@ void Engine::loop() {
       snapshot_requests_.clear();
       for (auto& [id, promise] : release_requests_) promise.set_value(false);
       release_requests_.clear();
+      for (HoldRequest& hold : hold_requests_) {
+        hold.promise.set_value(unavailable("the engine has stopped"));
+      }
+      hold_requests_.clear();
       return;
     }
     if (scheduler_->hasWork()) step();

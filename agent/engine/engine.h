@@ -127,6 +127,13 @@ class Engine {
   // connector's errors (InvalidArgument, PermissionDenied) for parameters it
   // does not accept; FailedPrecondition without a connector.
   Status releaseTransfer(const nlohmann::json& kv_transfer_params);
+  // Pull-back (decode → prefill): pins the longest cached run of `tokens`'
+  // leading full blocks for a remote reader and returns the connector's
+  // descriptor of them (as a finished request's kv_transfer_params), held
+  // until the reader's release, an explicit release, or abort_timeout_s.
+  // NotFound when no block is cached; FailedPrecondition without a producing
+  // connector.
+  StatusOr<nlohmann::json> holdPrefix(std::vector<TokenId> tokens, std::string cache_salt);
   // Stops accepting requests, lets in-flight ones finish until `deadline`,
   // aborts the rest, and stops the loop. Idempotent.
   void shutdown(Clock::time_point deadline);
@@ -168,6 +175,10 @@ class Engine {
   void saveComputedBlocks(const SchedulerOutput& output);
   // Frees held blocks whose reader is done or whose hold timed out.
   void releaseHeldBlocks();
+  // Serves holdPrefix() calls.
+  void holdPrefixes();
+  StatusOr<nlohmann::json> holdPrefixNow(const std::vector<TokenId>& tokens,
+                                         const std::string& cache_salt);
   KvSnapshot takeSnapshot() const;
 
   EngineConfig config_;
@@ -200,6 +211,13 @@ class Engine {
   std::vector<std::string> aborts_;
   std::vector<std::promise<KvSnapshot>> snapshot_requests_;
   std::vector<std::pair<std::string, std::promise<bool>>> release_requests_;
+  struct HoldRequest {
+    std::vector<TokenId> tokens;
+    std::string cache_salt;
+    std::promise<StatusOr<nlohmann::json>> promise;
+  };
+  std::vector<HoldRequest> hold_requests_;
+  uint64_t num_holds_ = 0;  // engine thread only
   bool loop_exited_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   bool stopping_ = false;

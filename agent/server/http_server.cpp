@@ -307,6 +307,43 @@ void HttpServer::routes() {
         res.set_content(json{{"released", true}}.dump(), "application/json");
       });
 
+  // Pull-back: pins the cached leading blocks of a prompt for a prefill agent
+  // to read (the router asks the decode agent that holds a conversation).
+  http_->Post("/v1/kv_transfer/hold", [this](const httplib::Request& req, httplib::Response& res) {
+    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object()) {
+      return sendError(res, invalidRequest("the body must be a JSON object"));
+    }
+    const auto ids = body.find("token_ids");
+    const int64_t vocab = engine_.model().config().vocab_size;
+    std::vector<TokenId> tokens;
+    bool valid = ids != body.end() && ids->is_array() && !ids->empty() &&
+                 static_cast<int64_t>(ids->size()) <= engine_.maxModelLen();
+    for (size_t i = 0; valid && i < ids->size(); ++i) {
+      const json& id = (*ids)[i];
+      valid = id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab;
+      if (valid) tokens.push_back(id.get<TokenId>());
+    }
+    if (!valid) {
+      return sendError(res, invalidRequest("token_ids must be a non-empty array of at most " +
+                                               std::to_string(engine_.maxModelLen()) +
+                                               " token ids in [0, " + std::to_string(vocab) + ")",
+                                           "token_ids"));
+    }
+    std::string salt;
+    if (auto it = body.find("cache_salt"); it != body.end()) {
+      if (!it->is_string()) {
+        return sendError(res, invalidRequest("cache_salt must be a string", "cache_salt"));
+      }
+      salt = it->get<std::string>();
+    }
+    auto held = engine_.holdPrefix(std::move(tokens), std::move(salt));
+    if (!held.isOk()) return sendError(res, fromStatus(held.status(), "token_ids"));
+    res.set_content(
+        json{{"kv_transfer_params", *held}, {"num_tokens", (*held)["remote_num_tokens"]}}.dump(),
+        "application/json");
+  });
+
   http_->Get("/v1/kv_events", [this](const httplib::Request& req, httplib::Response& res) {
     uint64_t after = 0;
     if (req.has_param("since")) {

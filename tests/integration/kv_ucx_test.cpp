@@ -199,6 +199,90 @@ TEST_P(KvUcx, SharedSecretSignsTransfersAndRefusesOthers) {
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
+TEST_P(KvUcx, PullBackReadsEarlierTurnsFromTheDecodeAgent) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_both")});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_both")});
+  Agent colocated;
+  // Turn 1 through the prefill and decode agents: 70 prompt tokens, 26 generated.
+  const std::vector<int> turn1 = randomPrompt(70, 51);
+  const std::vector<int> reply1 =
+      tokenIds(decodeOn(decoder, turn1, prefillOn(prefiller, turn1), 26));
+  ASSERT_EQ(reply1, tokenIds(colocated.post("/v1/completions", greedy(turn1, 26))));
+  // Turn 2: the conversation so far and 40 new tokens (136).
+  std::vector<int> turn2 = turn1;
+  turn2.insert(turn2.end(), reply1.begin(), reply1.end());
+  const std::vector<int> question = randomPrompt(40, 52);
+  turn2.insert(turn2.end(), question.begin(), question.end());
+
+  // The decode agent lends the 5 full blocks of turn 1 it computed or read
+  // (95 computed tokens).
+  int status = 0;
+  json hold = decoder.post("/v1/kv_transfer/hold", {{"token_ids", turn2}}, &status);
+  ASSERT_EQ(status, 200) << hold.dump();
+  EXPECT_EQ(hold["num_tokens"], 80);
+  EXPECT_EQ(decoder.metric("tandem_kv_held_blocks"), 5);
+
+  // A prefill agent without turn 1 (another one was chosen, or it evicted
+  // it) reads those blocks and computes only the rest.
+  Agent fresh({"--kv-transfer-config", ucxConfig("kv_both")});
+  json body = greedy(turn2, 1);
+  body["kv_transfer_params"] = {{"do_remote_decode", true},
+                                {"remote_prefix", hold["kv_transfer_params"]}};
+  const double computed_before = fresh.metric("tandem_computed_tokens_total");
+  json prefilled = fresh.post("/v1/completions", body);
+  EXPECT_EQ(fresh.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 5);
+  EXPECT_EQ(fresh.metric("tandem_computed_tokens_total") - computed_before, 136 - 80);
+  EXPECT_TRUE(eventually([&] { return decoder.metric("tandem_kv_held_blocks") == 0; }))
+      << "the reader's release frees the lent blocks";
+
+  // The decode agent then reads only the blocks of turn 2 it lacks (8 - 5).
+  const double decoder_loaded = decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\"");
+  const std::vector<int> reply2 =
+      tokenIds(decodeOn(decoder, turn2, prefilled["kv_transfer_params"]));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\"") - decoder_loaded, 3);
+  EXPECT_EQ(reply2, tokenIds(colocated.post("/v1/completions", greedy(turn2, 8))));
+  EXPECT_TRUE(eventually([&] { return fresh.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+TEST_P(KvUcx, PullBackBelowTheThresholdRecomputesAndLetsTheLenderGo) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_both")});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_both")});
+  const std::vector<int> prompt = randomPrompt(60, 53);  // 3 full blocks cached
+  decoder.post("/v1/completions", greedy(prompt, 4));
+  int status = 0;
+  json hold = decoder.post("/v1/kv_transfer/hold", {{"token_ids", prompt}}, &status);
+  ASSERT_EQ(status, 200) << hold.dump();
+  EXPECT_EQ(hold["num_tokens"], 48);
+  json body = greedy(prompt, 1);
+  body["kv_transfer_params"] = {{"do_remote_decode", true},
+                                {"remote_prefix", hold["kv_transfer_params"]}};
+  const double computed_before = prefiller.metric("tandem_computed_tokens_total");
+  json prefilled = prefiller.post("/v1/completions", body);
+  EXPECT_EQ(prefiller.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0)
+      << "3 blocks are below remote_pull_threshold (4)";
+  EXPECT_EQ(prefiller.metric("tandem_computed_tokens_total") - computed_before, 60);
+  EXPECT_TRUE(eventually([&] { return decoder.metric("tandem_kv_held_blocks") == 0; }))
+      << "a declined prefix is released at once, not at the hold timeout";
+  EXPECT_EQ(releaseOn(prefiller, prefilled["kv_transfer_params"])["released"], true);
+}
+
+TEST_P(KvUcx, HoldRequestsAreCheckedNamingTheField) {
+  Agent lender({"--kv-transfer-config", ucxConfig("kv_both")});
+  Agent consumer({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  int status = 0;
+  json error = lender.post("/v1/kv_transfer/hold", {{"token_ids", randomPrompt(40, 54)}}, &status);
+  EXPECT_EQ(status, 404) << error.dump();
+  EXPECT_NE(error.dump().find("no leading block of the prompt is cached"), std::string::npos);
+  error = lender.post("/v1/kv_transfer/hold", {{"token_ids", {1, -2}}}, &status);
+  EXPECT_EQ(status, 400) << error.dump();
+  EXPECT_EQ(error["error"]["param"], "token_ids");
+  error = lender.post("/v1/kv_transfer/hold", {{"token_ids", {1, 2}}, {"cache_salt", 3}}, &status);
+  EXPECT_EQ(status, 400) << error.dump();
+  error = consumer.post("/v1/kv_transfer/hold", {{"token_ids", randomPrompt(40, 54)}}, &status);
+  EXPECT_EQ(status, 400) << error.dump();
+  EXPECT_NE(error.dump().find("kv_role kv_producer or kv_both"), std::string::npos);
+}
+
 TEST(KvUcxStart, ProducerOnANonLoopbackAddressNeedsASecret) {
   TempDir logs("tandem-kv-secret");
   auto start = [&](std::vector<std::string> extra) {

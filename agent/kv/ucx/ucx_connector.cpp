@@ -323,9 +323,18 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
       std::min<int64_t>({static_cast<int64_t>(descriptor->block_ids.size()),
                          descriptor->num_tokens / block_size, last / block_size});
   const int64_t wanted = blocks * block_size - num_local_tokens;
-  if (wanted <= 0) return result;
   const bool pull_back = source != request.kv_transfer_params;
-  if (pull_back && wanted < pull_threshold_blocks_ * block_size) return result;  // recompute
+  if (pull_back) {
+    const std::string id(request.request_id);
+    if (prefix_declined_.count(id) != 0) return result;
+    if (wanted < pull_threshold_blocks_ * block_size) {
+      // Cheaper to recompute (or already here): let the lender go now.
+      prefix_declined_.insert(id);
+      enqueue({id, descriptor->transfer_id, descriptor->slab_text, 0, {}, {}, true});
+      return result;
+    }
+  }
+  if (wanted <= 0) return result;
   result.state = LookupResult::State::kAvailable;
   result.num_tokens = wanted;
   return result;
@@ -373,13 +382,17 @@ LoadResult UcxConnector::load(const ConnectorRequest& request, int64_t first_blo
   }
   // The read runs on the loader thread: a slow or stalled peer never holds up
   // the engine's steps. The engine keeps the blocks until poll() reports it.
+  enqueue(std::move(job));
+  result.done = false;
+  return result;
+}
+
+void UcxConnector::enqueue(LoadJob job) {
   {
     std::lock_guard<std::mutex> lock(jobs_mutex_);
     jobs_.push_back(std::move(job));
   }
   jobs_ready_.notify_one();
-  result.done = false;
-  return result;
 }
 
 void UcxConnector::loaderLoop() {
@@ -393,6 +406,7 @@ void UcxConnector::loaderLoop() {
       jobs_.pop_front();
     }
     FinishedLoad finished = runLoad(job);
+    if (job.release_only) continue;
     std::lock_guard<std::mutex> lock(finished_mutex_);
     finished_.push_back(std::move(finished));
   }
@@ -413,9 +427,11 @@ KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
   const auto deadline = transport::Clock::now() + read_timeout_;
   auto peer = peerFor(job.slab_text, deadline);
   if (!peer.isOk()) {
+    // A release-only job's lender is gone: its hold times out there.
     fail_all("unreachable", peer.status().message());
   } else {
-    transport::ReadResult read = (*peer)->readBlocks(local_slab_, job.pairs, deadline);
+    transport::ReadResult read;
+    if (!job.pairs.empty()) read = (*peer)->readBlocks(local_slab_, job.pairs, deadline);
     if (!read.status.isOk()) {
       const std::string reason =
           read.status.code() == StatusCode::kDeadlineExceeded ? "timeout" : "read_error";
@@ -460,6 +476,7 @@ void UcxConnector::sendRelease(transport::UcxPeer& peer, const std::string& tran
 FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
                                              std::span<const BlockId> blocks,
                                              int64_t num_computed_tokens) {
+  prefix_declined_.erase(std::string(request.request_id));
   FinishDecision decision;
   const json* params = request.kv_transfer_params;
   if (!config_.produces() || params == nullptr || !params->is_object() ||

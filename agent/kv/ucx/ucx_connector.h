@@ -40,6 +40,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "agent/kv/connector.h"
@@ -109,7 +110,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     int64_t first_block = 0;
     std::vector<transport::BlockPair> pairs;
     transport::Clock::time_point start;
+    bool release_only = false;  // read nothing, only let the lender go
   };
+  void enqueue(LoadJob job);
   // Loader thread: runs queued reads one after the other.
   void loaderLoop();
   FinishedLoad runLoad(const LoadJob& job);
@@ -142,6 +145,8 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   std::mutex finished_mutex_;
   std::vector<FinishedLoad> finished_;
   std::thread loader_;
+  // Requests that declined their remote_prefix (released it); engine thread.
+  std::unordered_set<std::string> prefix_declined_;
 };
 
 }  // namespace tandem::kv
