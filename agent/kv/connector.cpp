@@ -1,23 +1,37 @@
 #include "agent/kv/connector.h"
 
+#include "agent/kv/multi/multi_connector.h"
+#include "agent/kv/offload/offload_connector.h"
 #include "agent/kv/storage/storage_connector.h"
 #include "agent/kv/ucx/ucx_connector.h"
 
 namespace tandem::kv {
+namespace {
 
-StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text) {
-  auto root = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return invalidArgument("kv-transfer-config must be a JSON object, got: " + json_text);
-  }
+constexpr char kAcceptedConnectors[] = "storage, ucx, offload, multi";
+
+bool isKnownConnector(const std::string& name) {
+  return name == "storage" || name == "ucx" || name == "offload" || name == "multi";
+}
+
+// Parses one kv-transfer-config object. `field` prefixes the names in errors:
+// empty at the top level, "kv_connector_extra_config.connectors[i]." for a
+// member of a multi connector.
+StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::string& field) {
   KvTransferConfig config;
   if (!root.contains("kv_connector") || !root["kv_connector"].is_string()) {
-    return invalidArgument("kv-transfer-config: kv_connector must be a string (accepted: storage)");
+    return invalidArgument("kv-transfer-config: " + field +
+                           "kv_connector must be a string (accepted: " + kAcceptedConnectors + ")");
   }
   config.connector = root["kv_connector"].get<std::string>();
-  if (config.connector != "storage" && config.connector != "ucx") {
-    return invalidArgument("kv-transfer-config: kv_connector \"" + config.connector +
-                           "\" is not supported (accepted: storage, ucx)");
+  if (!isKnownConnector(config.connector)) {
+    return invalidArgument("kv-transfer-config: " + field + "kv_connector \"" + config.connector +
+                           "\" is not supported (accepted: " + kAcceptedConnectors + ")");
+  }
+  if (!field.empty() && config.connector == "multi") {
+    return invalidArgument("kv-transfer-config: " + field +
+                           "kv_connector \"multi\" cannot be a member of a multi connector "
+                           "(accepted: storage, ucx, offload)");
   }
   if (root.contains("kv_role")) {
     const auto& role = root["kv_role"];
@@ -29,15 +43,14 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
     } else if (text == "kv_both") {
       config.role = KvRole::kBoth;
     } else {
-      return invalidArgument(
-          "kv-transfer-config: kv_role must be kv_producer, kv_consumer or "
-          "kv_both, got " +
-          text);
+      return invalidArgument("kv-transfer-config: " + field +
+                             "kv_role must be kv_producer, kv_consumer or kv_both, got " + text);
     }
   }
   if (root.contains("kv_connector_extra_config")) {
     if (!root["kv_connector_extra_config"].is_object()) {
-      return invalidArgument("kv-transfer-config: kv_connector_extra_config must be an object");
+      return invalidArgument("kv-transfer-config: " + field +
+                             "kv_connector_extra_config must be an object");
     }
     config.extra = root["kv_connector_extra_config"];
   }
@@ -48,22 +61,63 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
     } else if (policy == "fail") {
       config.load_failure_policy = LoadFailurePolicy::kFail;
     } else {
-      return invalidArgument(
-          "kv-transfer-config: kv_load_failure_policy must be recompute or fail, got " +
-          policy.dump());
+      return invalidArgument("kv-transfer-config: " + field +
+                             "kv_load_failure_policy must be recompute or fail, got " +
+                             policy.dump());
     }
   }
   if (config.extra.contains("abort_timeout_s")) {
     const auto& timeout = config.extra["abort_timeout_s"];
     if (!timeout.is_number() || timeout.get<double>() <= 0) {
-      return invalidArgument(
-          "kv-transfer-config: abort_timeout_s must be a positive number of "
-          "seconds, got " +
-          timeout.dump());
+      return invalidArgument("kv-transfer-config: " + field +
+                             "abort_timeout_s must be a positive number of seconds, got " +
+                             timeout.dump());
     }
     config.abort_timeout_s = timeout.get<double>();
   }
+  if (config.connector == "multi") {
+    const std::string connectors = field + "kv_connector_extra_config.connectors";
+    auto list = config.extra.find("connectors");
+    if (list == config.extra.end() || !list->is_array() || list->empty()) {
+      return invalidArgument("kv-transfer-config: " + connectors +
+                             " must be a non-empty array of kv-transfer-config objects");
+    }
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string member_field = connectors + "[" + std::to_string(i) + "].";
+      const nlohmann::json& object = (*list)[i];
+      if (!object.is_object()) {
+        return invalidArgument("kv-transfer-config: " + connectors + "[" + std::to_string(i) +
+                               "] must be a kv-transfer-config object, got " + object.dump());
+      }
+      // One policy and one hold timeout for the whole multi connector.
+      for (const char* key : {"kv_load_failure_policy", "abort_timeout_s"}) {
+        if (object.contains("kv_connector_extra_config") &&
+            object["kv_connector_extra_config"].is_object() &&
+            object["kv_connector_extra_config"].contains(key)) {
+          return invalidArgument("kv-transfer-config: " + member_field +
+                                 "kv_connector_extra_config." + key +
+                                 " is not accepted for a member; set it in the multi "
+                                 "connector's kv_connector_extra_config");
+        }
+      }
+      StatusOr<KvTransferConfig> member = parseObject(object, member_field);
+      if (!member.isOk()) return member.status();
+      member->load_failure_policy = config.load_failure_policy;
+      member->abort_timeout_s = config.abort_timeout_s;
+      config.members.push_back(std::move(*member));
+    }
+  }
   return config;
+}
+
+}  // namespace
+
+StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text) {
+  auto root = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return invalidArgument("kv-transfer-config must be a JSON object, got: " + json_text);
+  }
+  return parseObject(root, "");
 }
 
 std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache,
@@ -72,8 +126,10 @@ std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engin
   if (config.connector == "ucx") {
     return std::make_unique<UcxConnector>(config, cache, model_identity);
   }
+  if (config.connector == "offload") return std::make_unique<OffloadConnector>(config, cache);
+  if (config.connector == "multi") return MultiConnector::create(config, cache, model_identity);
   throw Error("kv_connector \"" + config.connector +
-              "\" is not supported (accepted: storage, ucx)");
+              "\" is not supported (accepted: " + kAcceptedConnectors + ")");
 }
 
 }  // namespace tandem::kv

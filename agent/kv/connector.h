@@ -190,7 +190,14 @@ class KvConnector {
 // model_identity is the engine's (what its block hashes are made from).
 std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache,
                                            const std::string& model_identity);
-// Whether the connector needs its KV cache allocated by UCX.
-inline bool needsUcxSlab(const KvTransferConfig& config) { return config.connector == "ucx"; }
+// Whether the connector (or a member of a multi connector) needs its KV
+// cache allocated by UCX.
+inline bool needsUcxSlab(const KvTransferConfig& config) {
+  if (config.connector == "ucx") return true;
+  for (const KvTransferConfig& member : config.members) {
+    if (needsUcxSlab(member)) return true;
+  }
+  return false;
+}
 
 }  // namespace tandem::kv

@@ -1,0 +1,125 @@
+// --kv-transfer-config parsing for the offload and multi connectors: members
+// are parsed and validated with the top-level config, errors name the field
+// (down to kv_connector_extra_config.connectors[i].<field>), the multi's
+// policy and hold timeout reach its members, and a ucx member asks for a UCX
+// slab.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "agent/kv/connector.h"
+#include "agent/kv/multi/multi_connector.h"
+#include "tests/unit/kv/kv_test_support.h"
+
+namespace tandem::kv {
+namespace {
+
+using nlohmann::json;
+
+json multiOf(const std::vector<json>& members, json extra = json::object()) {
+  extra["connectors"] = members;
+  return {{"kv_connector", "multi"}, {"kv_connector_extra_config", extra}};
+}
+
+std::string parseError(const json& config) {
+  StatusOr<KvTransferConfig> parsed = KvTransferConfig::parse(config.dump());
+  return parsed.isOk() ? "" : parsed.status().message();
+}
+
+TEST(KvTransferConfigParse, OffloadAndMultiAreAccepted) {
+  StatusOr<KvTransferConfig> offload = KvTransferConfig::parse(
+      R"({"kv_connector": "offload", "kv_connector_extra_config": {"capacity_blocks": 8}})");
+  ASSERT_TRUE(offload.isOk()) << offload.status().message();
+  EXPECT_EQ(offload->connector, "offload");
+  EXPECT_TRUE(offload->members.empty());
+
+  StatusOr<KvTransferConfig> multi = KvTransferConfig::parse(
+      multiOf({{{"kv_connector", "offload"},
+                {"kv_role", "kv_consumer"},
+                {"kv_connector_extra_config", {{"capacity_blocks", 8}}}},
+               {{"kv_connector", "storage"},
+                {"kv_connector_extra_config", {{"shared_storage_path", "/tmp/kv"}}}}},
+              {{"kv_load_failure_policy", "fail"}, {"abort_timeout_s", 5}})
+          .dump());
+  ASSERT_TRUE(multi.isOk()) << multi.status().message();
+  ASSERT_EQ(multi->members.size(), 2u);
+  EXPECT_EQ(multi->members[0].connector, "offload");
+  EXPECT_EQ(multi->members[0].role, KvRole::kConsumer);
+  EXPECT_EQ(multi->members[1].connector, "storage");
+  EXPECT_EQ(multi->members[1].role, KvRole::kBoth);
+  for (const KvTransferConfig& member : multi->members) {
+    EXPECT_EQ(member.load_failure_policy, LoadFailurePolicy::kFail);
+    EXPECT_EQ(member.abort_timeout_s, 5);
+  }
+  EXPECT_FALSE(needsUcxSlab(*multi));
+}
+
+TEST(KvTransferConfigParse, AUcxMemberNeedsTheUcxSlab) {
+  StatusOr<KvTransferConfig> multi =
+      KvTransferConfig::parse(multiOf({{{"kv_connector", "offload"},
+                                        {"kv_connector_extra_config", {{"capacity_blocks", 8}}}},
+                                       {{"kv_connector", "ucx"}}})
+                                  .dump());
+  ASSERT_TRUE(multi.isOk()) << multi.status().message();
+  EXPECT_TRUE(needsUcxSlab(*multi));
+}
+
+TEST(KvTransferConfigParse, ErrorsNameTheFieldAndWhatIsAccepted) {
+  struct Case {
+    json config;
+    std::string message;
+  };
+  const json offload = {{"kv_connector", "offload"},
+                        {"kv_connector_extra_config", {{"capacity_blocks", 8}}}};
+  for (const Case& c : std::vector<Case>{
+           {{{"kv_connector", "nixl"}},
+            "kv_connector \"nixl\" is not supported (accepted: storage, ucx, offload, multi)"},
+           {{{"kv_connector", "multi"}},
+            "kv_connector_extra_config.connectors must be a non-empty array"},
+           {multiOf({}), "kv_connector_extra_config.connectors must be a non-empty array"},
+           {multiOf({offload, 3}),
+            "kv_connector_extra_config.connectors[1] must be a "
+            "kv-transfer-config object, got 3"},
+           {multiOf({offload, {{"kv_connector", "nixl"}}}),
+            "kv_connector_extra_config.connectors[1].kv_connector \"nixl\" is not supported "
+            "(accepted: storage, ucx, offload, multi)"},
+           {multiOf({offload, {{"kv_role", "kv_both"}}}),
+            "kv_connector_extra_config.connectors[1].kv_connector must be a string"},
+           {multiOf({{{"kv_connector", "offload"}, {"kv_role", "reader"}}}),
+            "kv_connector_extra_config.connectors[0].kv_role must be kv_producer, kv_consumer "
+            "or kv_both, got reader"},
+           {multiOf({multiOf({offload})}),
+            "kv_connector_extra_config.connectors[0].kv_connector \"multi\" cannot be a member "
+            "of a multi connector"},
+           {multiOf({{{"kv_connector", "offload"},
+                      {"kv_connector_extra_config",
+                       {{"capacity_blocks", 8}, {"kv_load_failure_policy", "fail"}}}}}),
+            "kv_connector_extra_config.connectors[0].kv_connector_extra_config."
+            "kv_load_failure_policy is not accepted for a member"},
+       }) {
+    EXPECT_NE(parseError(c.config).find(c.message), std::string::npos)
+        << c.config.dump() << " → " << parseError(c.config);
+  }
+}
+
+TEST(KvTransferConfigParse, MemberConstructionErrorsNameTheMember) {
+  auto cache = testing::makeCache();
+  const KvTransferConfig config = testing::parseConfig(multiOf(
+      {{{"kv_connector", "offload"}, {"kv_connector_extra_config", {{"capacity_blocks", 8}}}},
+       {{"kv_connector", "offload"}}}));
+  try {
+    makeConnector(config, *cache, "test-model");
+    ADD_FAILURE() << "a member without a capacity was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("kv_connector_extra_config.connectors[1]: offload "
+                        "connector: kv_connector_extra_config needs exactly "
+                        "one of capacity_blocks"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kv
