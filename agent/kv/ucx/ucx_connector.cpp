@@ -324,17 +324,17 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
                          descriptor->num_tokens / block_size, last / block_size});
   const int64_t wanted = blocks * block_size - num_local_tokens;
   const bool pull_back = source != request.kv_transfer_params;
-  if (pull_back) {
-    const std::string id(request.request_id);
-    if (prefix_declined_.count(id) != 0) return result;
-    if (wanted < pull_threshold_blocks_ * block_size) {
-      // Cheaper to recompute (or already here): let the lender go now.
-      prefix_declined_.insert(id);
-      enqueue({id, descriptor->transfer_id, descriptor->slab_text, 0, {}, {}, true});
-      return result;
-    }
+  const std::string id(request.request_id);
+  if (declined_.count(id) != 0) return result;
+  const int64_t minimum = pull_back ? pull_threshold_blocks_ * block_size : 1;
+  if (wanted < minimum) {
+    // Nothing to read (this agent holds it all already), or cheaper to
+    // recompute: let the owner go now rather than at its hold timeout.
+    if (declined_.size() >= 4096) declined_.clear();  // aborted requests never finish here
+    declined_.insert(id);
+    enqueue({id, descriptor->transfer_id, descriptor->slab_text, 0, {}, {}, true});
+    return result;
   }
-  if (wanted <= 0) return result;
   result.state = LookupResult::State::kAvailable;
   result.num_tokens = wanted;
   return result;
@@ -476,7 +476,7 @@ void UcxConnector::sendRelease(transport::UcxPeer& peer, const std::string& tran
 FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
                                              std::span<const BlockId> blocks,
                                              int64_t num_computed_tokens) {
-  prefix_declined_.erase(std::string(request.request_id));
+  declined_.erase(std::string(request.request_id));
   FinishDecision decision;
   const json* params = request.kv_transfer_params;
   if (!config_.produces() || params == nullptr || !params->is_object() ||

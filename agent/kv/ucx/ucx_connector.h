@@ -145,8 +145,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   std::mutex finished_mutex_;
   std::vector<FinishedLoad> finished_;
   std::thread loader_;
-  // Requests that declined their remote_prefix (released it); engine thread.
-  std::unordered_set<std::string> prefix_declined_;
+  // Requests that read nothing of their transfer and released it; engine
+  // thread. Forgotten when the request finishes normally.
+  std::unordered_set<std::string> declined_;
 };
 
 }  // namespace tandem::kv
