@@ -1,0 +1,60 @@
+// Which agent holds which KV block, fed by the agents' /v1/kv_events streams.
+//
+// Each agent's stream is applied in sequence order: BlockStored adds hashes,
+// BlockRemoved drops them, AllCleared and Snapshot start the agent over. An
+// agent is trusted only while its stream is connected and gap-free: when the
+// stream drops (or a sequence number is skipped) the agent's blocks are
+// forgotten until a Snapshot or a fresh stream rebuilds them, so the router
+// never sends work to an agent for blocks it may no longer hold.
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/status.h"
+
+namespace tandem::router {
+
+class OwnershipIndex {
+ public:
+  // Applies one event of `agent`'s stream (the JSON of one SSE data line).
+  // Returns false when the event does not follow the last one applied (a
+  // gap): the agent is then untrusted and the caller resubscribes from the
+  // beginning (since=0: a replay or a Snapshot). A Snapshot is always
+  // accepted.
+  bool apply(const std::string& agent, const nlohmann::json& event);
+  // The agent's stream dropped: forget its blocks until it is rebuilt.
+  void untrust(const std::string& agent);
+  // The agent left the pool: forget everything about it.
+  void remove(const std::string& agent);
+
+  // Sequence number of the last event applied for `agent` (0: none).
+  uint64_t lastSequence(const std::string& agent) const;
+  bool trusted(const std::string& agent) const;
+  // How many of `hashes` (a prompt's chained block hashes, in order) the
+  // agent holds as a leading run; 0 for an untrusted agent.
+  int64_t leadingBlocks(const std::string& agent, const std::vector<BlockHash>& hashes) const;
+  // Blocks known for the agent, and agents known to hold a hash (for tests
+  // and metrics).
+  int64_t numBlocks(const std::string& agent) const;
+  std::vector<std::string> holders(const BlockHash& hash) const;
+
+ private:
+  struct AgentState {
+    std::unordered_set<std::string> blocks;  // hex hashes
+    uint64_t sequence = 0;
+    bool trusted = false;
+  };
+  mutable std::mutex mutex_;
+  std::map<std::string, AgentState> agents_;
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,86 @@
+// The router: one OpenAI-compatible address in front of prefill and decode
+// agents. For each request it tokenizes the prompt, computes its block hashes
+// (common/block_hash.h, the agents' own scheme), looks up which agents hold
+// those blocks in the ownership index fed by every agent's /v1/kv_events
+// stream, chooses a prefill and a decode agent (or prefill on the decode
+// agent), drives the P→D hand-off (docs/kv-transfer.md) and streams the
+// decode agent's answer back token by token. See docs/router.md.
+//
+// Threads: an Asio io_context run by a few threads serves clients, agent
+// calls and the agents' event streams. Every public method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tandem::router {
+
+// One agent the router may send work to.
+struct AgentEndpoint {
+  std::string name;  // e.g. "prefill-0"; labels metrics and logs
+  std::string host = "127.0.0.1";
+  int port = 0;
+  bool operator==(const AgentEndpoint&) const = default;
+};
+
+enum class Policy { kKv, kRoundRobin, kRandom };
+// "kv", "round_robin", "random"; InvalidArgument names what is accepted.
+StatusOr<Policy> parsePolicy(std::string_view text);
+const char* policyName(Policy policy);
+
+struct RouterConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (see Router::port())
+  Policy policy = Policy::kKv;
+  // Prefill on the decode agent itself when the prompt's uncached part is
+  // shorter than this (conditional disaggregation).
+  int64_t disagg_threshold_tokens = 256;
+  // Ask the decode agent holding a conversation to lend its prefix to the
+  // prefill agent (decode → prefill pull-back).
+  bool pull_back = true;
+  // Requests waiting for an upstream slot beyond this are refused with 503.
+  int64_t max_queued_requests = 1024;
+  int64_t max_inflight_requests = 256;
+  double upstream_timeout_s = 600;
+  int threads = 2;
+  // The model directory for the tokenizer and chat template (prompts are
+  // tokenized here to compute block hashes); empty: the "root" the first
+  // agent reports at /v1/models (same machine, as in local mode).
+  std::filesystem::path model_dir;
+  // Agents are polled (health, load) this often.
+  double poll_interval_s = 0.5;
+  std::vector<AgentEndpoint> prefill;
+  std::vector<AgentEndpoint> decode;
+};
+
+class Router {
+ public:
+  // Validates the config; throws tandem::Error naming the problem.
+  explicit Router(RouterConfig config);
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  // Binds and starts serving; throws tandem::Error when it cannot bind.
+  void start();
+  // The bound port (after start()).
+  int port() const;
+  // Replaces the agent sets (local mode after a restart or a replica change;
+  // the controller from Endpoints). Agents no longer listed get no new work.
+  void setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode);
+  // Stops accepting, lets in-flight requests finish until the deadline,
+  // then stops. Idempotent.
+  void stop(double grace_seconds = 10);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,126 @@
+#include "operator/router/router_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
+
+namespace tandem::router {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+// The agents' latency buckets (vLLM's), so dashboards compare like with like.
+const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const prometheus::Histogram::BucketBoundaries kItlBuckets = {
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const prometheus::Histogram::BucketBoundaries kRequestBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {
+    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1};
+const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5,
+                                                               0.6, 0.7, 0.8, 0.9, 1.0};
+
+}  // namespace
+
+RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  auto histogram = [&](const char* name, const char* help,
+                       const prometheus::Histogram::BucketBoundaries& buckets) {
+    return &BuildHistogram().Name(name).Help(help).Register(*registry_).Add({}, buckets);
+  };
+  requests_ = &BuildCounter()
+                   .Name("tandem_router_requests_total")
+                   .Help(
+                       "Requests by routing decision: disaggregated, local_prefill, pull_back, "
+                       "retried (also counted under its final decision), rejected.")
+                   .Register(*registry_);
+  for (const char* decision :
+       {"disaggregated", "local_prefill", "pull_back", "retried", "rejected"}) {
+    requests_->Add({{"decision", decision}});
+  }
+  upstream_errors_ = &BuildCounter()
+                          .Name("tandem_router_upstream_errors_total")
+                          .Help("Failed calls to agents (refused, 5xx, timeout, broken stream).")
+                          .Register(*registry_);
+  agent_healthy_ = &BuildGauge()
+                        .Name("tandem_router_agent_healthy")
+                        .Help("1 while the agent answers /health.")
+                        .Register(*registry_);
+  index_blocks_ = &BuildGauge()
+                       .Name("tandem_router_index_blocks")
+                       .Help("KV blocks the ownership index holds for the agent.")
+                       .Register(*registry_);
+  decision_seconds_ =
+      histogram("tandem_router_decision_seconds",
+                "Time to tokenize, hash and choose agents for a request.", kDecisionBuckets);
+  overlap_ = histogram("tandem_router_prefix_overlap_ratio",
+                       "Fraction of a prompt's full blocks the chosen agents already held.",
+                       kRatioBuckets);
+  ttft_ = histogram("tandem_router_time_to_first_token_seconds",
+                    "Client-side time to the first streamed token.", kTtftBuckets);
+  itl_ = histogram("tandem_router_inter_token_latency_seconds",
+                   "Client-side time between streamed tokens.", kItlBuckets);
+  e2e_ = histogram("tandem_router_e2e_request_latency_seconds",
+                   "Client-side time from request to last byte.", kRequestBuckets);
+}
+
+RouterMetrics::~RouterMetrics() = default;
+
+void RouterMetrics::countDecision(const std::string& decision) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requests_->Add({{"decision", decision}}).Increment();
+}
+
+void RouterMetrics::observeDecision(double seconds, double overlap_ratio) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  decision_seconds_->Observe(seconds);
+  overlap_->Observe(overlap_ratio);
+}
+
+void RouterMetrics::observeTtft(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ttft_->Observe(seconds);
+}
+
+void RouterMetrics::observeItl(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  itl_->Observe(seconds);
+}
+
+void RouterMetrics::observeE2e(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  e2e_->Observe(seconds);
+}
+
+void RouterMetrics::countUpstreamError(const std::string& agent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  upstream_errors_->Add({{"agent", agent}}).Increment();
+}
+
+void RouterMetrics::setAgentHealthy(const std::string& agent, bool healthy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  agent_healthy_->Add({{"agent", agent}}).Set(healthy ? 1 : 0);
+}
+
+void RouterMetrics::setIndexBlocks(const std::string& agent, int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  index_blocks_->Add({{"agent", agent}}).Set(static_cast<double>(blocks));
+}
+
+std::string RouterMetrics::render() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,53 @@
+// The router's Prometheus metrics (docs/metrics.md, "Router"): decisions,
+// decision time, prefix overlap, client-side TTFT / ITL / end-to-end
+// latency, upstream errors and each agent's health and index size.
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace tandem::router {
+
+class RouterMetrics {
+ public:
+  RouterMetrics();
+  ~RouterMetrics();
+
+  // decision: disaggregated, local_prefill, pull_back, retried, rejected.
+  void countDecision(const std::string& decision);
+  void observeDecision(double seconds, double overlap_ratio);
+  void observeTtft(double seconds);
+  void observeItl(double seconds);
+  void observeE2e(double seconds);
+  void countUpstreamError(const std::string& agent);
+  void setAgentHealthy(const std::string& agent, bool healthy);
+  void setIndexBlocks(const std::string& agent, int64_t blocks);
+
+  std::string render();
+
+ private:
+  std::mutex mutex_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* upstream_errors_;
+  prometheus::Family<prometheus::Gauge>* agent_healthy_;
+  prometheus::Family<prometheus::Gauge>* index_blocks_;
+  prometheus::Histogram* decision_seconds_;
+  prometheus::Histogram* overlap_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* e2e_;
+};
+
+}  // namespace tandem::router

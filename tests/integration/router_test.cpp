@@ -1,0 +1,263 @@
+// The router in front of real prefill and decode agents: completions through
+// it equal a colocated agent's (streamed and not), conversations follow their
+// KV (and round-robin does not), conditional disaggregation and pull-back
+// show in the decision metrics, bad input gets the agents' errors, client
+// kv_transfer_params are ignored, and failed agents are routed around.
+#include "operator/router/router.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/support/ucx_agents.h"
+
+namespace {
+
+using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+using tandem::prometheusSample;
+using tandem::router::AgentEndpoint;
+using tandem::router::Policy;
+using tandem::router::Router;
+using tandem::router::RouterConfig;
+
+class RouterTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (router_) router_->stop(5);
+  }
+
+  // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
+  void start(int prefills, int decodes, Policy policy = Policy::kKv,
+             int64_t disagg_threshold_tokens = 16) {
+    RouterConfig config;
+    config.port = 0;
+    config.policy = policy;
+    config.disagg_threshold_tokens = disagg_threshold_tokens;
+    config.poll_interval_s = 0.1;
+    for (int i = 0; i < prefills; ++i) {
+      prefill_.push_back(std::make_unique<Agent>(std::vector<std::string>{
+          "--role", "prefill", "--kv-transfer-config", ucxConfig("kv_both")}));
+      config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
+    }
+    for (int i = 0; i < decodes; ++i) {
+      decode_.push_back(std::make_unique<Agent>(std::vector<std::string>{
+          "--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")}));
+      config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
+    }
+    router_ = std::make_unique<Router>(config);
+    router_->start();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", router_->port());
+    client_->set_read_timeout(60, 0);
+    ASSERT_TRUE(eventually([&] {
+      auto res = client_->Get("/health");
+      return res && res->status == 200 && allHealthy();
+    })) << "the router never became ready";
+  }
+
+  bool allHealthy() {
+    auto res = client_->Get("/metrics");
+    if (!res) return false;
+    for (size_t i = 0; i < prefill_.size(); ++i) {
+      if (prometheusSample(res->body, "tandem_router_agent_healthy",
+                           "agent=\"prefill-" + std::to_string(i) + "\"")
+              .value_or(0) != 1) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  struct Answer {
+    int status = 0;
+    json body;
+    std::string decision, prefill_agent, decode_agent;
+    int blocks_moved = 0;
+  };
+  Answer post(const json& body, const std::string& path = "/v1/completions") {
+    Answer answer;
+    auto res = client_->Post(path.c_str(), body.dump(), "application/json");
+    if (!res) return answer;
+    answer.status = res->status;
+    answer.body = json::parse(res->body, nullptr, false);
+    answer.decision = res->get_header_value("x-tandem-decision");
+    answer.prefill_agent = res->get_header_value("x-tandem-prefill-agent");
+    answer.decode_agent = res->get_header_value("x-tandem-decode-agent");
+    const std::string moved = res->get_header_value("x-tandem-kv-blocks-moved");
+    answer.blocks_moved = moved.empty() ? 0 : std::stoi(moved);
+    return answer;
+  }
+  // Token ids of a streamed completion, and the raw SSE text.
+  std::vector<int> streamedTokens(json body, std::string* raw = nullptr) {
+    body["stream"] = true;
+    auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+    std::vector<int> ids;
+    if (!res) return ids;
+    if (raw != nullptr) *raw = res->body;
+    std::istringstream lines(res->body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (!line.starts_with("data: {")) continue;
+      json chunk = json::parse(line.substr(6), nullptr, false);
+      if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+      for (int id : chunk["choices"][0].value("token_ids", std::vector<int>{})) ids.push_back(id);
+    }
+    return ids;
+  }
+  double routerMetric(const std::string& name, const std::string& filter = "") {
+    auto res = client_->Get("/metrics");
+    return res ? prometheusSample(res->body, name, filter).value_or(0) : 0;
+  }
+  std::vector<std::unique_ptr<Agent>> prefill_, decode_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(RouterTest, CompletionsThroughTheRouterEqualAColocatedAgentsStreamedAndNot) {
+  start(1, 1);
+  Agent colocated;
+  for (uint32_t seed : {61u, 62u, 63u}) {
+    const std::vector<int> prompt = randomPrompt(70 + seed % 7, seed);
+    const std::vector<int> expected =
+        tokenIds(colocated.post("/v1/completions", greedy(prompt, 8)));
+    Answer answer = post(greedy(prompt, 8));
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(tokenIds(answer.body), expected);
+    EXPECT_EQ(answer.decision, "disaggregated");
+    EXPECT_EQ(answer.prefill_agent, "prefill-0");
+    EXPECT_EQ(answer.decode_agent, "decode-0");
+    EXPECT_EQ(answer.blocks_moved, 4);
+    EXPECT_EQ(streamedTokens(greedy(randomPrompt(70, seed + 100), 8)),
+              tokenIds(colocated.post("/v1/completions", greedy(randomPrompt(70, seed + 100), 8))));
+  }
+  EXPECT_GE(decode_[0]->metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 12);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"disaggregated\""), 6);
+  EXPECT_GT(routerMetric("tandem_router_time_to_first_token_seconds_count"), 0);
+  EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
+}
+
+TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
+  start(1, 1, Policy::kKv, /*disagg_threshold_tokens=*/64);
+  Agent colocated;
+  const std::vector<int> prompt = randomPrompt(40, 64);
+  Answer answer = post(greedy(prompt, 6));
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "local_prefill");
+  EXPECT_EQ(answer.prefill_agent, "decode-0");
+  EXPECT_EQ(tokenIds(answer.body), tokenIds(colocated.post("/v1/completions", greedy(prompt, 6))));
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"local_prefill\""), 1);
+  EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
+}
+
+TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
+  start(2, 2);
+  Agent colocated;
+  // Turn 1: 70 prompt tokens, 70 generated.
+  std::vector<int> conversation = randomPrompt(70, 65);
+  Answer first = post(greedy(conversation, 70));
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  ASSERT_EQ(first.decision, "disaggregated");
+  const std::vector<int> reply = tokenIds(first.body);
+  conversation.insert(conversation.end(), reply.begin(), reply.end());
+  const std::vector<int> question = randomPrompt(40, 66);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  // The index learns what each agent holds.
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_index_blocks", "agent=\"" + first.decode_agent + "\"") >= 8;
+  }));
+  // Turn 2 (180 tokens) goes to the decode agent holding turn 1 (8 blocks),
+  // and since it holds 4 more blocks than the prefill agent, it lends them.
+  Answer second = post(greedy(conversation, 8));
+  ASSERT_EQ(second.status, 200) << second.body.dump();
+  EXPECT_EQ(second.decode_agent, first.decode_agent);
+  EXPECT_EQ(second.decision, "pull_back");
+  EXPECT_EQ(tokenIds(second.body),
+            tokenIds(colocated.post("/v1/completions", greedy(conversation, 8))));
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"pull_back\""), 1);
+  double pulled = 0;
+  for (auto& agent : prefill_) {
+    pulled += agent->metric("tandem_kv_blocks_loaded_total", "source=\"ucx\"");
+  }
+  EXPECT_GE(pulled, 4) << "the prefill agent read the lent blocks";
+  for (auto& agent : decode_) {
+    EXPECT_TRUE(eventually([&] { return agent->metric("tandem_kv_held_blocks") == 0; }));
+  }
+  for (auto& agent : prefill_) {
+    EXPECT_TRUE(eventually([&] { return agent->metric("tandem_kv_held_blocks") == 0; }));
+  }
+}
+
+TEST_F(RouterTest, RoundRobinIgnoresWhereTheKvIs) {
+  start(1, 2, Policy::kRoundRobin);
+  std::vector<std::string> decoders;
+  const std::vector<int> prompt = randomPrompt(70, 67);
+  for (int i = 0; i < 4; ++i) {
+    Answer answer = post(greedy(prompt, 4));
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    decoders.push_back(answer.decode_agent);
+  }
+  EXPECT_NE(decoders[0], decoders[1]) << "the same prompt alternates between decode agents";
+  EXPECT_EQ(decoders[0], decoders[2]);
+}
+
+TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
+  start(1, 1);
+  json bad = greedy(randomPrompt(20, 68), 4);
+  bad["max_tokens"] = -1;
+  Answer from_router = post(bad);
+  int agent_status = 0;
+  json from_agent = decode_[0]->post("/v1/completions", bad, &agent_status);
+  EXPECT_EQ(from_router.status, agent_status);
+  EXPECT_EQ(from_router.body, from_agent);
+  json missing_model = greedy(randomPrompt(20, 68), 4);
+  missing_model["model"] = "other";
+  from_router = post(missing_model);
+  from_agent = decode_[0]->post("/v1/completions", missing_model, &agent_status);
+  EXPECT_EQ(from_router.status, agent_status);
+  EXPECT_EQ(from_router.body, from_agent);
+
+  json spoofed = greedy(randomPrompt(70, 69), 4);
+  spoofed["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_block_ids", {1, 2, 3}}};
+  Answer answer = post(spoofed);
+  EXPECT_EQ(answer.status, 200) << "client kv_transfer_params are stripped: " << answer.body.dump();
+}
+
+TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsItsStreamClearly) {
+  start(1, 2);
+  Agent colocated;
+  const std::vector<int> prompt = randomPrompt(70, 70);
+  const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt, 6)));
+  prefill_[0]->process().signal(SIGKILL);
+  Answer answer = post(greedy(prompt, 6));
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(tokenIds(answer.body), expected) << "prefilled on the decode agent instead";
+  EXPECT_EQ(answer.decision, "local_prefill");
+  EXPECT_GE(routerMetric("tandem_router_upstream_errors_total", "agent=\"prefill-0\""), 1);
+
+  // A decode agent killed mid-stream: the client gets an error event and
+  // the end of the stream; new requests go to the other decode agent.
+  json long_body = greedy(randomPrompt(30, 71), 400);
+  long_body["stream"] = true;
+  std::string raw;
+  std::thread killer([&] {
+    for (auto& agent : decode_) {
+      if (eventually([&] { return agent->metric("tandem_num_requests_running") > 0; },
+                     std::chrono::seconds(2))) {
+        agent->process().signal(SIGKILL);
+        return;
+      }
+    }
+  });
+  auto res = client_->Post("/v1/completions", long_body.dump(), "application/json");
+  killer.join();
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("failed mid-stream"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("data: [DONE]"), std::string::npos);
+  Answer after = post(greedy(prompt, 6));
+  EXPECT_EQ(after.status, 200) << after.body.dump();
+  EXPECT_EQ(tokenIds(after.body), expected);
+}
+
+}  // namespace
