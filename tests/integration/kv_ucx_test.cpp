@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,64 @@ TEST_P(KvUcx, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
     return prefiller.metric("tandem_kv_cache_usage_ratio") == 0 &&
            prefiller.metric("tandem_kv_held_blocks") == 0;
   }));
+}
+
+// ucx for the hand-off plus a storage member that writes every computed or
+// loaded full block to `dir` (a window on the agent's KV bytes).
+std::string ucxWithBlockFiles(const std::string& role, const fs::path& dir) {
+  return json{{"kv_connector", "multi"},
+              {"kv_role", "kv_both"},
+              {"kv_connector_extra_config",
+               {{"connectors",
+                 {{{"kv_connector", "ucx"}, {"kv_role", role}},
+                  {{"kv_connector", "storage"},
+                   {"kv_role", "kv_producer"},
+                   {"kv_connector_extra_config", {{"shared_storage_path", dir.string()}}}}}}}}}
+      .dump();
+}
+
+// Block files (relative path → bytes) under a storage directory.
+std::map<std::string, std::string> blockFiles(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".kvblock") {
+      files[fs::relative(entry.path(), dir).string()] = readFile(entry.path());
+    }
+  }
+  return files;
+}
+
+TEST_P(KvUcx, DecodeKvBytesEqualThePrefillAgentsAndAColocatedAgents) {
+  TempDir prefill_dir("tandem-kv-bytes-p"), decode_dir("tandem-kv-bytes-d"),
+      colocated_dir("tandem-kv-bytes-c");
+  Agent prefiller({"--kv-transfer-config", ucxWithBlockFiles("kv_producer", prefill_dir.path())});
+  Agent decoder({"--kv-transfer-config", ucxWithBlockFiles("kv_consumer", decode_dir.path())});
+  Agent colocated({"--kv-transfer-config", ucxWithBlockFiles("kv_producer", colocated_dir.path())});
+  for (uint32_t seed : {81u, 82u}) {
+    const std::vector<int> prompt = randomPrompt(75, seed);
+    json params = prefill(prefiller, prompt);
+    EXPECT_EQ(tokenIds(decode(decoder, prompt, params)),
+              tokenIds(colocated.post("/v1/completions", greedy(prompt, 8))));
+  }
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 8);
+  const auto prefilled = blockFiles(prefill_dir.path());
+  const auto decoded = blockFiles(decode_dir.path());
+  const auto reference = blockFiles(colocated_dir.path());
+  // 4 prompt blocks per prompt were prefilled; the decode agent holds those
+  // (read) and one more each (its tail and generated tokens).
+  EXPECT_EQ(prefilled.size(), 8u);
+  EXPECT_EQ(decoded.size(), 10u);
+  EXPECT_EQ(reference.size(), 10u);
+  for (const auto& [path, bytes] : prefilled) {
+    ASSERT_EQ(decoded.count(path), 1u) << path;
+    EXPECT_TRUE(decoded.at(path) == bytes) << "read block differs: " << path;
+  }
+  for (const auto& [path, bytes] : decoded) {
+    ASSERT_EQ(reference.count(path), 1u) << path;
+    EXPECT_TRUE(reference.at(path) == bytes)
+        << "the disaggregated run's KV differs from a colocated run's: " << path;
+  }
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
