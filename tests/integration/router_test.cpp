@@ -9,9 +9,11 @@
 #include <signal.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "common/block_hash.h"
 #include "tests/support/ucx_agents.h"
 
 namespace {
@@ -258,6 +260,49 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsIts
   Answer after = post(greedy(prompt, 6));
   EXPECT_EQ(after.status, 200) << after.body.dump();
   EXPECT_EQ(tokenIds(after.body), expected);
+}
+
+// The router's hashes (common/block_hash.h with what /v1/models reports)
+// are the agent's: every hash the agent announces for random prompts, with
+// and without cache_salt, is one the router computes for them, and no other.
+TEST(RouterHashing, TheRouterComputesTheAgentsBlockHashesWithAndWithoutCacheSalt) {
+  Agent agent;
+  json models = json::parse(agent.client()->Get("/v1/models")->body);
+  const json& tandem_info = models["data"][0]["tandem"];
+  tandem::BlockHasher hasher(
+      *tandem::parseHashAlgorithm(tandem_info["prefix_caching_hash"].get<std::string>()),
+      tandem_info["model_identity"].get<std::string>(), tandem_info["block_size"].get<int32_t>());
+  std::set<std::string> expected;
+  for (uint32_t seed = 90; seed < 96; ++seed) {
+    const std::vector<int> prompt = randomPrompt(40 + seed % 5 * 13, seed);
+    json body = greedy(prompt, 1);
+    std::string salt;
+    if (seed % 2 == 1) {
+      salt = "tenant-" + std::to_string(seed);
+      body["cache_salt"] = salt;
+    }
+    ASSERT_EQ(tokenIds(agent.post("/v1/completions", body)).size(), 1u);
+    const std::vector<tandem::TokenId> ids(prompt.begin(), prompt.end());
+    for (const auto& hash : hasher.hashFullBlocks(ids, salt)) expected.insert(hash.toHex());
+  }
+  std::set<std::string> announced;
+  std::string pending;
+  auto client = agent.client();
+  client->Get("/v1/kv_events?since=0", [&](const char* data, size_t size) {
+    pending.append(data, size);
+    size_t end;
+    while ((end = pending.find("\n\n")) != std::string::npos) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (!event.starts_with("data: ")) continue;
+      json parsed = json::parse(event.substr(6));
+      if (parsed["type"] == "BlockStored" || parsed["type"] == "Snapshot") {
+        for (const auto& hash : parsed["block_hashes"]) announced.insert(hash.get<std::string>());
+      }
+    }
+    return announced.size() < expected.size();  // stop reading once all came
+  });
+  EXPECT_EQ(announced, expected);
 }
 
 }  // namespace
