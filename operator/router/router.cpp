@@ -830,7 +830,14 @@ class Router::Impl {
             last_token = now;
           }
         }
-        co_await asio::async_write(client, http::make_chunk(asio::buffer(chunk, n)), use_awaitable);
+        boost::system::error_code client_error;
+        co_await asio::async_write(client, http::make_chunk(asio::buffer(chunk, n)),
+                                   asio::redirect_error(use_awaitable, client_error));
+        if (client_error) {
+          // The client left: closing the upstream connection makes the decode
+          // agent abort the request and free its blocks.
+          co_return DecodeOutcome::kBrokenAfterStart;
+        }
       }
       co_await asio::async_write(client, http::make_chunk_last(), use_awaitable);
     } catch (const std::exception& e) {

@@ -262,6 +262,32 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsIts
   EXPECT_EQ(tokenIds(after.body), expected);
 }
 
+TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
+  start(1, 1);
+  json body = greedy(randomPrompt(30, 72), 400);
+  body["stream"] = true;
+  int chunks = 0;
+  httplib::Client leaving("127.0.0.1", router_->port());
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body = body.dump();
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    return ++chunks < 3;  // leave after a few events
+  };
+  leaving.send(request);
+  EXPECT_GE(chunks, 3);
+  // The decode agent sees the router's connection close, aborts the
+  // request and frees its blocks (~Agent checks nothing stays referenced).
+  EXPECT_TRUE(eventually([&] {
+    return decode_[0]->metric("tandem_requests_total", "finish_reason=\"abort\"") == 1 &&
+           decode_[0]->metric("tandem_kv_cache_usage_ratio") == 0;
+  }));
+  EXPECT_EQ(routerMetric("tandem_router_upstream_errors_total"), 0)
+      << "a client leaving is not the agent's fault";
+}
+
 // The router's hashes (common/block_hash.h with what /v1/models reports)
 // are the agent's: every hash the agent announces for random prompts, with
 // and without cache_salt, is one the router computes for them, and no other.
