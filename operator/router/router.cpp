@@ -557,15 +557,36 @@ class Router::Impl {
     return out;
   }
 
+  // Admission: up to max_inflight_requests at once, then a queue of up to
+  // max_queued_requests (waiting for a slot), then refusal.
+  awaitable<bool> acquireSlot() {
+    auto take = [&] {
+      int64_t current = inflight_.load();
+      while (current < config_.max_inflight_requests) {
+        if (inflight_.compare_exchange_weak(current, current + 1)) return true;
+      }
+      return false;
+    };
+    if (take()) co_return true;
+    if (queued_.fetch_add(1) >= config_.max_queued_requests) {
+      queued_ -= 1;
+      co_return false;
+    }
+    bool taken = false;
+    while (!stopping_ && !(taken = take())) co_await sleep(0.002);
+    queued_ -= 1;
+    co_return taken;
+  }
+
+  struct SlotGuard {
+    explicit SlotGuard(std::atomic<int64_t>& count) : count(count) {}
+    ~SlotGuard() { count -= 1; }
+    std::atomic<int64_t>& count;
+  };
+
   // The completion flow: parse and check like an agent, decide, hand off.
   awaitable<bool> complete(beast::tcp_stream& stream, const std::string& body_text, bool chat) {
     const auto arrival = Clock::now();
-    if (active_.load() > config_.max_inflight_requests + config_.max_queued_requests) {
-      metrics_.countDecision("rejected");
-      co_await respondError(stream, 503, std::string("the router is overloaded; retry later"),
-                            std::string("service_unavailable"));
-      co_return true;
-    }
     if (!model_ready_) {
       co_await respondError(stream, 503, std::string("no agent is ready yet"),
                             std::string("service_unavailable"));
@@ -579,6 +600,13 @@ class Router::Impl {
       co_await respondJson(stream, error.status, server::errorBody(error).dump());
       co_return true;
     }
+    if (!co_await acquireSlot()) {
+      metrics_.countDecision("rejected");
+      co_await respondError(stream, 503, std::string("the router is overloaded; retry later"),
+                            std::string("service_unavailable"));
+      co_return true;
+    }
+    SlotGuard slot(inflight_);
     json body = json::parse(body_text);
     body.erase("kv_transfer_params");  // only the router sets these
     const engine::Request& request = parsed.value().request;
@@ -880,7 +908,9 @@ class Router::Impl {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
   bool started_ = false;
-  std::atomic<int64_t> active_{0};
+  std::atomic<int64_t> active_{0};    // completion requests being handled
+  std::atomic<int64_t> inflight_{0};  // of those, admitted past the queue
+  std::atomic<int64_t> queued_{0};
 
   std::mutex agents_mutex_;
   std::map<std::string, AgentPtr> agents_;

@@ -44,9 +44,10 @@ struct RouterConfig {
   // Ask the decode agent holding a conversation to lend its prefix to the
   // prefill agent (decode → prefill pull-back).
   bool pull_back = true;
-  // Requests waiting for an upstream slot beyond this are refused with 503.
-  int64_t max_queued_requests = 1024;
+  // At most max_inflight_requests are sent to agents at once; up to
+  // max_queued_requests more wait for a slot; beyond that: 503 + Retry-After.
   int64_t max_inflight_requests = 256;
+  int64_t max_queued_requests = 1024;
   double upstream_timeout_s = 600;
   int threads = 2;
   // The model directory for the tokenizer and chat template (prompts are

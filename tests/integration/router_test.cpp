@@ -33,8 +33,11 @@ class RouterTest : public ::testing::Test {
 
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
   void start(int prefills, int decodes, Policy policy = Policy::kKv,
-             int64_t disagg_threshold_tokens = 16) {
+             int64_t disagg_threshold_tokens = 16, int64_t max_inflight = 256,
+             int64_t max_queued = 1024) {
     RouterConfig config;
+    config.max_inflight_requests = max_inflight;
+    config.max_queued_requests = max_queued;
     config.port = 0;
     config.policy = policy;
     config.disagg_threshold_tokens = disagg_threshold_tokens;
@@ -286,6 +289,37 @@ TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
   }));
   EXPECT_EQ(routerMetric("tandem_router_upstream_errors_total"), 0)
       << "a client leaving is not the agent's fault";
+}
+
+TEST_F(RouterTest, BeyondItsQueueTheRouterAnswers503WithRetryAfter) {
+  start(1, 1, Policy::kKv, 16, /*max_inflight=*/1, /*max_queued=*/1);
+  std::vector<int> statuses(4, 0);
+  std::vector<std::string> retry_after(4);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", router_->port());
+      client.set_read_timeout(60, 0);
+      auto res = client.Post("/v1/completions", greedy(randomPrompt(30, 73 + i), 400).dump(),
+                             "application/json");
+      if (!res) return;
+      statuses[i] = res->status;
+      retry_after[i] = res->get_header_value("Retry-After");
+    });
+  }
+  for (auto& client : clients) client.join();
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (statuses[i] == 200) ++ok;
+    if (statuses[i] == 503) {
+      ++refused;
+      EXPECT_EQ(retry_after[i], "1");
+    }
+  }
+  EXPECT_EQ(ok + refused, 4);
+  EXPECT_GE(ok, 2) << "one in flight and one queued are served";
+  EXPECT_GE(refused, 1) << "four at once overflow one slot and a queue of one";
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), refused);
 }
 
 // The router's hashes (common/block_hash.h with what /v1/models reports)
