@@ -907,7 +907,7 @@ class Router::Impl {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
-  bool started_ = false;
+  std::atomic<bool> started_{false};
   std::atomic<int64_t> active_{0};    // completion requests being handled
   std::atomic<int64_t> inflight_{0};  // of those, admitted past the queue
   std::atomic<int64_t> queued_{0};
