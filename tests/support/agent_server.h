@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/prometheus_text.h"
 #include "tests/support/agent_process.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
@@ -104,16 +105,7 @@ class Agent {
   }
   // Value of a sample line "name{labels} value" (first match), 0 when absent.
   double metric(const std::string& name, const std::string& label_filter = "") const {
-    std::istringstream lines(metricsText());
-    std::string line;
-    while (std::getline(lines, line)) {
-      if (line.rfind(name, 0) != 0) continue;
-      const char next = line.size() > name.size() ? line[name.size()] : ' ';
-      if (next != '{' && next != ' ') continue;
-      if (!label_filter.empty() && line.find(label_filter) == std::string::npos) continue;
-      return std::stod(line.substr(line.rfind(' ') + 1));
-    }
-    return 0.0;
+    return prometheusSample(metricsText(), name, label_filter).value_or(0.0);
   }
 
  private:

@@ -6,6 +6,7 @@
 
 #include "tools/bench/engine_bench.h"
 #include "tools/bench/serve_bench.h"
+#include "tools/bench/transfer_bench.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem-bench: Tandem benchmarks"};
@@ -76,10 +77,43 @@ int main(int argc, char** argv) {
   serve->add_option("--json", serve_options.json_path,
                     "also write the figures and per-request records as JSON here");
 
+  auto* transfer = app.add_subcommand(
+      "transfer", "KV hand-off bandwidth between two agents over UCX, with references");
+  tandem::bench::TransferBenchOptions transfer_options;
+  transfer->add_option("--model", transfer_options.model_dir,
+                       "Hugging Face model directory (default: the small preset, generated)");
+  transfer->add_option("--blocks", transfer_options.blocks, "blocks moved per measurement")
+      ->delimiter(',')
+      ->capture_default_str();
+  transfer->add_option("--transports", transfer_options.transports, "UCX_TLS values to measure")
+      ->delimiter(',')
+      ->capture_default_str();
+  transfer
+      ->add_option("--ttft-prompts", transfer_options.ttft_prompts,
+                   "prompt lengths for the hand-off's share of TTFT")
+      ->delimiter(',')
+      ->capture_default_str();
+  transfer->add_option("--repeats", transfer_options.repeats, "runs per figure (median reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  transfer->add_option("--block-size", transfer_options.block_size, "agents' KV block size")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  transfer->add_option("--kv-dtype", transfer_options.kv_dtype, "agents' KV dtype: bf16 or f32")
+      ->capture_default_str();
+  transfer->add_option("--agent-bin", transfer_options.agent_bin,
+                       "tandem-agent executable (default: next to tandem-bench)");
+  transfer
+      ->add_option("--ucx-perftest", transfer_options.ucx_perftest,
+                   "ucx_perftest executable, a path or a name in PATH")
+      ->capture_default_str();
+  transfer->add_option("--json", transfer_options.json_path, "also write the figures as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
     if (serve->parsed()) return tandem::bench::runServeBench(serve_options);
+    if (transfer->parsed()) return tandem::bench::runTransferBench(transfer_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;

@@ -1,0 +1,153 @@
+#include "common/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/status.h"
+
+extern char** environ;
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds leftUntil(Clock::time_point deadline) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+}
+
+}  // namespace
+
+Subprocess::Subprocess(const std::vector<std::string>& argv,
+                       const std::filesystem::path& stderr_path,
+                       const std::vector<std::pair<std::string, std::string>>& env)
+    : stderr_path_(stderr_path) {
+  if (argv.empty()) throw Error("Subprocess needs a program to run");
+  // Everything the child needs is built here: between fork and exec only
+  // async-signal-safe calls are allowed (the parent may have threads).
+  std::vector<char*> args;
+  for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_entries;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    bool replaced = false;
+    for (const auto& [name, value] : env) {
+      replaced = replaced ||
+                 (text.size() > name.size() && text.starts_with(name) && text[name.size()] == '=');
+    }
+    if (!replaced) env_entries.emplace_back(text);
+  }
+  for (const auto& [name, value] : env) env_entries.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& entry : env_entries) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  const std::string stderr_file = stderr_path.string();
+
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    throw Error(std::string("cannot start ") + argv[0] + ": pipe failed: " + std::strerror(errno));
+  }
+  pid_ = ::fork();
+  if (pid_ < 0) {
+    const int error = errno;
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error(std::string("cannot start ") + argv[0] + ": fork failed: " + std::strerror(error));
+  }
+  if (pid_ == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    if (!stderr_file.empty()) {
+      const int err = ::open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (err >= 0) ::dup2(err, STDERR_FILENO);
+    }
+    ::execvpe(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  stdout_fd_ = out[0];
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && !exited_) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  if (stdout_fd_ >= 0) ::close(stdout_fd_);
+}
+
+bool Subprocess::readSome(std::chrono::milliseconds timeout) {
+  if (stdout_closed_) return false;
+  pollfd fd{stdout_fd_, POLLIN, 0};
+  const int ready = ::poll(&fd, 1, static_cast<int>(std::max<int64_t>(0, timeout.count())));
+  if (ready <= 0) return true;  // nothing yet (or interrupted): the caller's deadline decides
+  char chunk[4096];
+  const ssize_t n = ::read(stdout_fd_, chunk, sizeof chunk);
+  if (n < 0 && errno == EINTR) return true;
+  if (n <= 0) {
+    stdout_closed_ = true;
+    return false;
+  }
+  buffer_.append(chunk, static_cast<size_t>(n));
+  return true;
+}
+
+std::string Subprocess::waitForLine(const std::string& prefix, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    size_t newline;
+    while ((newline = buffer_.find('\n')) != std::string::npos) {
+      std::string line = buffer_.substr(0, newline);
+      buffer_.erase(0, newline + 1);
+      if (line.starts_with(prefix)) return line;
+    }
+    const auto left = leftUntil(deadline);
+    if (left.count() <= 0 || !readSome(left)) return "";
+  }
+}
+
+std::string Subprocess::readStdout(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (auto left = leftUntil(deadline); left.count() > 0 && readSome(left);
+       left = leftUntil(deadline)) {
+  }
+  return std::exchange(buffer_, {});
+}
+
+void Subprocess::signal(int signal_number) {
+  if (pid_ > 0 && !exited_) ::kill(pid_, signal_number);
+}
+
+int Subprocess::wait(std::chrono::milliseconds timeout) {
+  if (exited_) return exit_status_;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_status_;
+    }
+    if (Clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string Subprocess::stderrText() const {
+  if (stderr_path_.empty()) return "";
+  std::ifstream in(stderr_path_, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace tandem

@@ -1,0 +1,76 @@
+#include "common/subprocess.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::seconds;
+
+fs::path tempFile(const std::string& name) {
+  return fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+}
+
+TEST(Subprocess, StdoutLinesStdoutToTheEndAndExitStatus) {
+  Subprocess child({"/bin/sh", "-c",
+                    "echo starting; echo 'listening on 127.0.0.1:4242'; "
+                    "echo rest; printf tail; exit 3"},
+                   "");
+  EXPECT_EQ(child.waitForLine("listening on ", seconds(10)), "listening on 127.0.0.1:4242");
+  EXPECT_EQ(child.readStdout(seconds(10)), "rest\ntail");
+  EXPECT_EQ(child.wait(seconds(10)), 3);
+  EXPECT_EQ(child.wait(seconds(0)), 3) << "the status is kept";
+  EXPECT_EQ(child.waitForLine("anything", seconds(1)), "") << "stdout has ended";
+}
+
+TEST(Subprocess, EnvironmentIsSetForTheChildOnly) {
+  ::setenv("TANDEM_SUBPROCESS_TEST_A", "inherited", 1);
+  ::setenv("TANDEM_SUBPROCESS_TEST_B", "replaced", 1);
+  Subprocess child({"sh", "-c", "echo $TANDEM_SUBPROCESS_TEST_A-$TANDEM_SUBPROCESS_TEST_B"}, "",
+                   {{"TANDEM_SUBPROCESS_TEST_B", "set"}});
+  EXPECT_EQ(child.readStdout(seconds(10)), "inherited-set\n") << "found in PATH as well";
+  EXPECT_STREQ(::getenv("TANDEM_SUBPROCESS_TEST_B"), "replaced");
+  ::unsetenv("TANDEM_SUBPROCESS_TEST_A");
+  ::unsetenv("TANDEM_SUBPROCESS_TEST_B");
+}
+
+TEST(Subprocess, StderrGoesToItsFile) {
+  const fs::path path = tempFile("tandem-subprocess-stderr");
+  {
+    Subprocess child({"/bin/sh", "-c", "echo oops >&2"}, path);
+    EXPECT_EQ(child.wait(seconds(10)), 0);
+    EXPECT_EQ(child.stderrText(), "oops\n");
+  }
+  fs::remove(path);
+}
+
+TEST(Subprocess, MissingProgramExits127AndSignalsAreReported) {
+  Subprocess missing({"/nonexistent/tandem-no-such-program"}, "");
+  EXPECT_EQ(missing.wait(seconds(10)), 127);
+
+  Subprocess sleeper({"/bin/sh", "-c", "echo ready; exec sleep 30"}, "");
+  ASSERT_EQ(sleeper.waitForLine("ready", seconds(10)), "ready");
+  EXPECT_EQ(sleeper.wait(std::chrono::milliseconds(20)), -1) << "still running";
+  sleeper.signal(SIGTERM);
+  EXPECT_EQ(sleeper.wait(seconds(10)), 128 + SIGTERM);
+}
+
+TEST(Subprocess, DestructionKillsTheChild) {
+  pid_t pid = 0;
+  {
+    Subprocess sleeper({"/bin/sh", "-c", "exec sleep 30"}, "");
+    pid = sleeper.pid();
+    ASSERT_GT(pid, 0);
+  }
+  EXPECT_NE(::kill(pid, 0), 0) << "reaped, so the pid no longer exists";
+}
+
+}  // namespace
+}  // namespace tandem
