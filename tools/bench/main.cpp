@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "tools/bench/engine_bench.h"
+#include "tools/bench/multiturn_bench.h"
 #include "tools/bench/serve_bench.h"
 #include "tools/bench/transfer_bench.h"
 
@@ -29,6 +30,60 @@ int main(int argc, char** argv) {
   engine->add_option("--kv-dtype", options.kv_dtype, "KV cache dtype: bf16 or f32")
       ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
+
+  auto* multiturn = app.add_subcommand(
+      "multiturn", "multi-turn conversations against a running OpenAI-compatible server");
+  tandem::bench::MultiTurnBenchOptions multiturn_options;
+  multiturn
+      ->add_option("--base-url", multiturn_options.base_url,
+                   "server base URL (scheme://host:port): an agent or the router")
+      ->capture_default_str();
+  multiturn->add_option("--model", multiturn_options.model,
+                        "model name (default: first of /v1/models)");
+  multiturn
+      ->add_option("--num-clients", multiturn_options.num_clients,
+                   "concurrent clients, each one conversation at a time")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--num-conversations", multiturn_options.num_conversations,
+                   "conversations in all")
+      ->capture_default_str();
+  multiturn->add_option("--turns", multiturn_options.turns, "turns (requests) per conversation")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--shared-prefix-tokens", multiturn_options.shared_prefix_tokens,
+                   "tokens every conversation starts with (a system prompt)")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--input-tokens", multiturn_options.input_tokens,
+                   "new user tokens per turn: constant:N, uniform:A,B or lognormal:MEAN,SIGMA")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--output-tokens", multiturn_options.output_tokens,
+                   "answer tokens per turn: constant:N, uniform:A,B or lognormal:MEAN,SIGMA")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--request-rate", multiturn_options.request_rate,
+                   "Poisson arrivals in requests/s over all clients (inf: as fast as they go)")
+      ->capture_default_str();
+  multiturn->add_option("--seed", multiturn_options.seed, "seed for tokens, lengths and arrivals")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--vocab-range", multiturn_options.vocab_range,
+                   "prompt token ids drawn from [LO, HI)")
+      ->capture_default_str();
+  multiturn->add_flag_function(
+      "--progress,!--no-progress",
+      [&](int64_t count) { multiturn_options.progress = count > 0 ? "on" : "off"; },
+      "draw a progress bar on stderr, or not (default: when stderr is a terminal)");
+  multiturn
+      ->add_option("--read-timeout", multiturn_options.read_timeout_s,
+                   "seconds a request may wait for its next bytes")
+      ->capture_default_str();
+  multiturn->add_option("--json", multiturn_options.json_path,
+                        "also write the figures, per turn and per request, as JSON here");
+  multiturn->add_option("--plot", multiturn_options.plot_path,
+                        "also draw the TTFT CDF into this PNG (needs gnuplot on PATH)");
 
   auto* serve = app.add_subcommand(
       "serve", "latency and throughput of a running OpenAI-compatible server under load");
@@ -112,6 +167,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
+    if (multiturn->parsed()) return tandem::bench::runMultiTurnBench(multiturn_options);
     if (serve->parsed()) return tandem::bench::runServeBench(serve_options);
     if (transfer->parsed()) return tandem::bench::runTransferBench(transfer_options);
   } catch (const std::exception& e) {

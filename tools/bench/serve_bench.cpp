@@ -1,50 +1,36 @@
 #include "tools/bench/serve_bench.h"
 
 #include <httplib.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <optional>
 #include <random>
 #include <semaphore>
-#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "tools/bench/bench_options.h"
+#include "tools/bench/latency_stats.h"
+#include "tools/bench/openai_client.h"
+#include "tools/bench/progress_bar.h"
 
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-constexpr size_t kErrorsKept = 10;        // in the JSON summary
-constexpr size_t kErrorsPrinted = 3;      // under the table
-constexpr size_t kErrorBodyBytes = 4096;  // of a non-200 response body
-
-// Shortest exact form: "4" or "0.5" rather than std::to_string's "4.000000".
-std::string numberText(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
-
-double secondsBetween(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
+constexpr size_t kErrorsKept = 10;    // in the JSON summary
+constexpr size_t kErrorsPrinted = 3;  // under the table
 
 // Service-level objectives for goodput, in milliseconds; unset ones are not checked.
 struct Slos {
@@ -84,81 +70,6 @@ Slos parseSlos(const std::vector<std::string>& specs) {
   return slos;
 }
 
-std::pair<int32_t, int32_t> parseVocabRange(const std::string& text) {
-  const size_t colon = text.find(':');
-  long long low = -1, high = -1;
-  if (colon != std::string::npos) {
-    try {
-      size_t used_low = 0, used_high = 0;
-      low = std::stoll(text.substr(0, colon), &used_low);
-      high = std::stoll(text.substr(colon + 1), &used_high);
-      if (used_low != colon || used_high != text.size() - colon - 1) low = high = -1;
-    } catch (const std::exception&) {
-      low = high = -1;
-    }
-  }
-  if (low < 0 || high <= low || high > std::numeric_limits<int32_t>::max()) {
-    throw Error("--vocab-range must be LO:HI with 0 <= LO < HI (token ids drawn from [LO, HI)), " +
-                std::string("got \"") + text + "\"");
-  }
-  return {static_cast<int32_t>(low), static_cast<int32_t>(high)};
-}
-
-// httplib takes scheme://host:port; a path would be silently dropped, so it is refused.
-std::string baseUrl(const std::string& url) {
-  std::string base = url;
-  while (!base.empty() && base.back() == '/') base.pop_back();
-  const size_t scheme_end = base.find("://");
-  if (scheme_end == std::string::npos || base.find('/', scheme_end + 3) != std::string::npos) {
-    throw Error(
-        "--url must be scheme://host[:port] with no path, such as http://127.0.0.1:8000, "
-        "got \"" +
-        url + "\"");
-  }
-  return base;
-}
-
-void configureClient(httplib::Client& client, double read_timeout_s) {
-  const auto read_timeout = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::duration<double>(read_timeout_s));
-  client.set_read_timeout(read_timeout);
-  client.set_connection_timeout(std::chrono::seconds(30));
-  client.set_keep_alive(false);
-}
-
-struct ServedModel {
-  std::string id;
-  std::optional<int64_t> max_model_len;
-};
-
-// The models GET /v1/models lists; throws when the server cannot be asked.
-std::vector<ServedModel> listModels(const std::string& base_url, double read_timeout_s) {
-  httplib::Client client(base_url);
-  configureClient(client, read_timeout_s);
-  auto result = client.Get("/v1/models");
-  if (!result) {
-    throw Error("cannot list models at " + base_url +
-                "/v1/models: " + httplib::to_string(result.error()));
-  }
-  if (result->status != 200) {
-    throw Error("GET " + base_url + "/v1/models answered HTTP " + std::to_string(result->status) +
-                ": " + result->body.substr(0, 200));
-  }
-  json body = json::parse(result->body, nullptr, false);
-  std::vector<ServedModel> models;
-  if (body.is_object() && body.contains("data") && body["data"].is_array()) {
-    for (const json& entry : body["data"]) {
-      if (!entry.is_object() || !entry.contains("id") || !entry["id"].is_string()) continue;
-      ServedModel model{entry["id"].get<std::string>(), std::nullopt};
-      if (entry.contains("max_model_len") && entry["max_model_len"].is_number_integer()) {
-        model.max_model_len = entry["max_model_len"].get<int64_t>();
-      }
-      models.push_back(std::move(model));
-    }
-  }
-  return models;
-}
-
 // What one request asks for and when it is due.
 struct RequestPlan {
   std::vector<int32_t> prompt;
@@ -166,217 +77,16 @@ struct RequestPlan {
   double arrival_s = 0.0;  // since the start of the run
 };
 
-// What one request measured. Times in seconds; latencies relative to send.
-struct RequestRecord {
-  bool success = false;
-  std::string error;
-  double send_s = 0.0;  // since the start of the run
-  double end_s = 0.0;   // since the start of the run: the last bytes, or the failure
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  double ttft_s = 0.0;
-  double e2el_s = 0.0;
-  std::vector<double> itl_s;
-
-  // Zero for one-token outputs, which have no time per output token.
-  double tpotSeconds() const {
-    return completion_tokens > 1 ? (e2el_s - ttft_s) / static_cast<double>(completion_tokens - 1)
-                                 : 0.0;
-  }
-};
-
-// Splits a Server-Sent Events byte stream into the data of each event. Lines
-// may end in \n or \r\n; an event ends at a blank line; multi-line data is
-// joined with \n as the SSE spec says.
-class SseReader {
- public:
-  explicit SseReader(std::function<void(const std::string&)> on_event)
-      : on_event_(std::move(on_event)) {}
-
-  void feed(const char* bytes, size_t size) {
-    pending_.append(bytes, size);
-    size_t line_start = 0;
-    for (size_t newline; (newline = pending_.find('\n', line_start)) != std::string::npos;
-         line_start = newline + 1) {
-      std::string_view line(pending_.data() + line_start, newline - line_start);
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line.empty()) {
-        if (has_data_) on_event_(data_);
-        data_.clear();
-        has_data_ = false;
-      } else if (line.starts_with("data:")) {
-        line.remove_prefix(5);
-        if (line.starts_with(' ')) line.remove_prefix(1);
-        if (has_data_) data_ += '\n';
-        data_.append(line);
-        has_data_ = true;
-      }
-      // Other fields (event:, id:, retry:) and comments carry nothing we measure.
-    }
-    pending_.erase(0, line_start);
-  }
-
- private:
-  std::function<void(const std::string&)> on_event_;
-  std::string pending_;
-  std::string data_;
-  bool has_data_ = false;
-};
-
 // Sends one streaming completion and times it. Never throws: a failure of any
 // kind comes back as a record with success false and the reason.
-RequestRecord runRequest(const std::string& base_url, const std::string& model,
-                         const RequestPlan& plan, double read_timeout_s, Clock::time_point start) {
-  RequestRecord record;
-  try {
-    httplib::Client client(base_url);
-    configureClient(client, read_timeout_s);
-
-    json body = {{"model", model},
-                 {"prompt", plan.prompt},
-                 {"max_tokens", plan.output_len},
-                 {"temperature", 0.0},
-                 {"stream", true},
-                 {"stream_options", {{"include_usage", true}}},
-                 {"ignore_eos", true}};
-    httplib::Request request;
-    request.method = "POST";
-    request.path = "/v1/completions";
-    request.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
-    request.body = body.dump();
-
-    int status = 0;
-    std::string error_body;
-    std::string event_error;
-    bool saw_done = false;
-    bool saw_usage = false;
-    Clock::time_point now{}, done_at{};
-    std::vector<Clock::time_point> token_chunks;
-
-    SseReader reader([&](const std::string& data) {
-      if (data == "[DONE]") {
-        saw_done = true;
-        done_at = now;
-        return;
-      }
-      json event = json::parse(data, nullptr, false);
-      if (!event.is_object()) {
-        if (event_error.empty()) event_error = "malformed stream event: " + data.substr(0, 200);
-        return;
-      }
-      if (auto error = event.find("error"); error != event.end()) {
-        if (event_error.empty()) {
-          const bool has_message =
-              error->is_object() && error->contains("message") && (*error)["message"].is_string();
-          event_error = "error event: " +
-                        (has_message ? (*error)["message"].get<std::string>() : error->dump());
-        }
-        return;
-      }
-      if (auto choices = event.find("choices");
-          choices != event.end() && choices->is_array() && !choices->empty()) {
-        const json& choice = (*choices)[0];
-        const bool has_text = choice.contains("text") && choice["text"].is_string() &&
-                              !choice["text"].get_ref<const std::string&>().empty();
-        // The finishing chunk carries the last token even when its text is
-        // empty (held back, or an incomplete UTF-8 sequence).
-        const bool finishing =
-            choice.contains("finish_reason") && !choice["finish_reason"].is_null();
-        if (has_text || finishing) token_chunks.push_back(now);
-      }
-      if (auto usage = event.find("usage"); usage != event.end() && usage->is_object()) {
-        record.prompt_tokens = usage->value("prompt_tokens", int64_t{0});
-        record.completion_tokens = usage->value("completion_tokens", int64_t{0});
-        saw_usage = true;
-      }
-    });
-
-    request.response_handler = [&](const httplib::Response& response) {
-      status = response.status;
-      return true;
-    };
-    request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-      now = Clock::now();
-      if (status != 200) {
-        error_body.append(
-            data, std::min(size, kErrorBodyBytes - std::min(kErrorBodyBytes, error_body.size())));
-      } else {
-        reader.feed(data, size);
-      }
-      return true;
-    };
-
-    const Clock::time_point sent = Clock::now();
-    record.send_s = secondsBetween(start, sent);
-    httplib::Result result = client.send(request);
-    record.end_s = secondsBetween(start, Clock::now());
-
-    if (status != 0 && status != 200) {
-      json error = json::parse(error_body, nullptr, false);
-      std::string message = error_body;
-      if (error.is_object() && error.contains("error") && error["error"].is_object() &&
-          error["error"].contains("message") && error["error"]["message"].is_string()) {
-        message = error["error"]["message"].get<std::string>();
-      }
-      record.error = "HTTP " + std::to_string(status) + ": " + message;
-    } else if (result.error() != httplib::Error::Success) {
-      record.error = (status == 0 ? "request failed: " : "stream cut off: ") +
-                     httplib::to_string(result.error());
-    } else if (!event_error.empty()) {
-      record.error = event_error;
-    } else if (!saw_done) {
-      record.error = "stream ended without data: [DONE]";
-    } else if (!saw_usage) {
-      record.error = "stream ended without a usage chunk";
-    } else if (token_chunks.empty()) {
-      record.error = "stream carried no tokens";
-    } else {
-      record.success = true;
-      record.ttft_s = secondsBetween(sent, token_chunks.front());
-      record.e2el_s = secondsBetween(sent, done_at);
-      for (size_t i = 1; i < token_chunks.size(); ++i) {
-        record.itl_s.push_back(secondsBetween(token_chunks[i - 1], token_chunks[i]));
-      }
-    }
-  } catch (const std::exception& e) {
-    record.success = false;
-    record.error = std::string("request failed: ") + e.what();
-  }
-  return record;
-}
-
-struct Distribution {
-  size_t count = 0;
-  double mean = 0.0, median = 0.0, p90 = 0.0, p99 = 0.0;
-};
-
-// Percentiles interpolate linearly between the closest ranks (numpy's default).
-Distribution distributionOf(std::vector<double> values) {
-  Distribution d;
-  d.count = values.size();
-  if (values.empty()) return d;
-  std::sort(values.begin(), values.end());
-  auto percentile = [&](double p) {
-    const double rank = p / 100.0 * static_cast<double>(values.size() - 1);
-    const size_t below = static_cast<size_t>(std::floor(rank));
-    const size_t above = std::min(below + 1, values.size() - 1);
-    return values[below] + (values[above] - values[below]) * (rank - static_cast<double>(below));
-  };
-  d.mean = std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
-  d.median = percentile(50);
-  d.p90 = percentile(90);
-  d.p99 = percentile(99);
-  return d;
-}
-
-// In milliseconds; null when nothing was measured.
-json distributionMsJson(const Distribution& d) {
-  if (d.count == 0) return nullptr;
-  return {{"count", d.count},
-          {"mean", d.mean * 1e3},
-          {"median", d.median * 1e3},
-          {"p90", d.p90 * 1e3},
-          {"p99", d.p99 * 1e3}};
+StreamedCompletion runRequest(const std::string& base_url, const std::string& model,
+                              const RequestPlan& plan, double read_timeout_s,
+                              Clock::time_point start) {
+  json body = {
+      {"model", model},     {"prompt", plan.prompt}, {"max_tokens", plan.output_len},
+      {"temperature", 0.0}, {"stream", true},        {"stream_options", {{"include_usage", true}}},
+      {"ignore_eos", true}};
+  return streamCompletion(base_url, body.dump(), read_timeout_s, start);
 }
 
 std::vector<RequestPlan> planRequests(const ServeBenchOptions& options,
@@ -406,30 +116,6 @@ std::vector<RequestPlan> planRequests(const ServeBenchOptions& options,
   return plans;
 }
 
-// "done/total" with a bar, redrawn in place; only drawn on a terminal.
-class ProgressBar {
- public:
-  explicit ProgressBar(size_t total) : total_(total), enabled_(::isatty(STDERR_FILENO) == 1) {}
-
-  void advance() {
-    if (!enabled_) return;
-    std::lock_guard lock(mutex_);
-    ++done_;
-    constexpr size_t kWidth = 40;
-    const size_t filled = done_ * kWidth / total_;
-    std::fprintf(stderr, "\r[%s%s] %zu/%zu", std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, ' ').c_str(), done_, total_);
-    if (done_ == total_) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  }
-
- private:
-  std::mutex mutex_;
-  size_t total_;
-  size_t done_ = 0;
-  bool enabled_;
-};
-
 std::string lengthText(int64_t len, double range) {
   char text[64];
   if (range > 0.0) {
@@ -438,15 +124,6 @@ std::string lengthText(int64_t len, double range) {
     std::snprintf(text, sizeof(text), "%lld", static_cast<long long>(len));
   }
   return text;
-}
-
-void printDistribution(const char* name, const Distribution& d) {
-  if (d.count == 0) {
-    std::printf("%-12s %10s %10s %10s %10s\n", name, "-", "-", "-", "-");
-    return;
-  }
-  std::printf("%-12s %10.2f %10.2f %10.2f %10.2f\n", name, d.mean * 1e3, d.median * 1e3,
-              d.p90 * 1e3, d.p99 * 1e3);
 }
 
 void validate(const ServeBenchOptions& options) {
@@ -481,7 +158,7 @@ void validate(const ServeBenchOptions& options) {
 
 int runServeBench(const ServeBenchOptions& options) {
   validate(options);
-  const std::string base_url = baseUrl(options.url);
+  const std::string base_url = checkedBaseUrl(options.url, "--url");
   const Slos slos = parseSlos(options.goodput);
   const auto vocab = parseVocabRange(options.vocab_range);
   {
@@ -536,12 +213,12 @@ int runServeBench(const ServeBenchOptions& options) {
               vocab.second, static_cast<unsigned long long>(options.seed));
   std::fflush(stdout);
 
-  std::vector<RequestRecord> records(plans.size());
+  std::vector<StreamedCompletion> records(plans.size());
   std::unique_ptr<std::counting_semaphore<>> slots;
   if (options.max_concurrency > 0) {
     slots = std::make_unique<std::counting_semaphore<>>(options.max_concurrency);
   }
-  ProgressBar progress(plans.size());
+  ProgressBar progress(plans.size(), stderrIsTerminal());
   std::mutex in_flight_mutex;
   int in_flight = 0, peak_in_flight = 0;
 
@@ -584,7 +261,7 @@ int runServeBench(const ServeBenchOptions& options) {
   std::vector<double> ttfts, tpots, itls, e2els;
   std::vector<std::string> errors;
   for (size_t i = 0; i < records.size(); ++i) {
-    const RequestRecord& r = records[i];
+    const StreamedCompletion& r = records[i];
     if (!r.success) {
       if (errors.size() < kErrorsKept) {
         errors.push_back("request " + std::to_string(i) + ": " + r.error);
@@ -654,7 +331,7 @@ int runServeBench(const ServeBenchOptions& options) {
   if (!options.json_path.empty()) {
     json requests = json::array();
     for (size_t i = 0; i < records.size(); ++i) {
-      const RequestRecord& r = records[i];
+      const StreamedCompletion& r = records[i];
       json entry = {{"index", i},
                     {"input_len", plans[i].prompt.size()},
                     {"output_len", plans[i].output_len},

@@ -1,0 +1,240 @@
+// `tandem-bench multiturn` against a real `tandem-agent serve` on the tiny
+// model: every turn of every conversation accounted for, each turn's prompt
+// is exactly the previous prompt + its answer + the new user tokens, later
+// turns hit the prefix cache, and the JSON report's shape. Nothing here
+// depends on speed.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "tests/support/agent_server.h"
+#include "tests/support/test_files.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::tandem::testing::Agent;
+using ::tandem::testing::readFile;
+using ::tandem::testing::TempDir;
+
+struct BenchRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+  json report;
+};
+
+class BenchMultiTurnTest : public ::testing::Test {
+ protected:
+  // Runs tandem-bench multiturn with `args`, by default against the agent and
+  // with token ids from the tiny model's text vocabulary; reads its JSON report.
+  BenchRun bench(const std::string& args, const std::string& env = "") {
+    const fs::path out = dir_ / "bench.stdout", err = dir_ / "bench.stderr",
+                   report = dir_ / "bench.json";
+    fs::remove(report);
+    std::string defaults;
+    if (args.find("--base-url") == std::string::npos) {
+      defaults += " --base-url http://127.0.0.1:" + std::to_string(agent_.port());
+    }
+    if (args.find("--vocab-range") == std::string::npos) defaults += " --vocab-range 3:480";
+    const std::string command = env + " " + std::string(TANDEM_BIN_DIR) +
+                                "/tandem-bench multiturn" + defaults + " --json '" +
+                                report.string() + "' " + args + " > '" + out.string() + "' 2> '" +
+                                err.string() + "'";
+    const int status = std::system(command.c_str());
+    BenchRun run;
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    run.out = readFile(out);
+    run.err = readFile(err);
+    if (fs::exists(report)) run.report = json::parse(readFile(report));
+    return run;
+  }
+
+  TempDir temp_{"tandem-bench-multiturn-test"};
+  fs::path dir_ = temp_.path();
+  Agent agent_;
+};
+
+constexpr int kConversations = 3;
+constexpr int kTurns = 3;
+constexpr int kPrefix = 40;
+constexpr int kOutput = 8;
+
+TEST_F(BenchMultiTurnTest, ConversationsGrowTurnByTurnAndReuseTheirPrefix) {
+  const BenchRun run = bench(
+      "--num-clients 2 --num-conversations 3 --turns 3 "
+      "--shared-prefix-tokens 40 --input-tokens uniform:10,30 "
+      "--output-tokens constant:8 --seed 5");
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_EQ(run.err, "") << "no progress bar when stderr is not a terminal";
+  const json& r = run.report;
+  EXPECT_EQ(r["model"], "tiny") << "the model comes from /v1/models";
+  EXPECT_EQ(r["num_requests"], kConversations * kTurns);
+  EXPECT_EQ(r["completed"], kConversations * kTurns);
+  EXPECT_EQ(r["failed"], 0);
+  EXPECT_EQ(r["skipped"], 0);
+  EXPECT_EQ(r["length_mismatches"], 0);
+  EXPECT_EQ(r["total_output_tokens"], kConversations * kTurns * kOutput);
+  EXPECT_EQ(r["errors"], json::array());
+  EXPECT_TRUE(r["request_rate"].is_null()) << "null stands for no pacing";
+  for (const char* key : {"duration_s", "request_throughput", "output_throughput"}) {
+    EXPECT_GT(r[key].get<double>(), 0.0) << key;
+  }
+
+  // Every latency figure, overall and per turn, is there and positive.
+  auto expectLatencies = [](const json& figures, int count, const std::string& where) {
+    for (const char* key : {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"}) {
+      ASSERT_TRUE(figures[key].is_object()) << where << " " << key;
+      for (const char* stat : {"mean", "median", "p90", "p99"}) {
+        EXPECT_GT(figures[key][stat].get<double>(), 0.0) << where << " " << key << "." << stat;
+      }
+    }
+    EXPECT_EQ(figures["ttft_ms"]["count"], count) << where;
+    EXPECT_EQ(figures["e2el_ms"]["count"], count) << where;
+  };
+  expectLatencies(r, kConversations * kTurns, "overall");
+
+  ASSERT_EQ(r["per_turn"].size(), static_cast<size_t>(kTurns));
+  for (int t = 0; t < kTurns; ++t) {
+    const json& turn = r["per_turn"][t];
+    const std::string where = "turn " + std::to_string(t + 1);
+    EXPECT_EQ(turn["turn"], t + 1);
+    EXPECT_EQ(turn["completed"], kConversations) << where;
+    EXPECT_EQ(turn["failed"], 0) << where;
+    expectLatencies(turn, kConversations, where);
+    ASSERT_TRUE(turn["cache_hit_rate"].is_number()) << where;
+    if (t >= 1) {
+      // Turn k's prompt starts with turn k-1's prompt and answer, whose KV
+      // blocks the agent computed moments ago.
+      EXPECT_GT(turn["cache_hit_rate"].get<double>(), 0.0) << where;
+    }
+    EXPECT_NE(run.out.find(where + ":"), std::string::npos) << run.out;
+  }
+
+  // The server's counters moved over the run, and agree that prompts were reused.
+  const json& server = r["prefix_cache"]["server"];
+  ASSERT_TRUE(server.is_object()) << r["prefix_cache"];
+  EXPECT_GT(server["queries"].get<double>(), 0.0);
+  EXPECT_GT(server["hit_rate"].get<double>(), 0.0);
+  const json& usage = r["prefix_cache"]["usage"];
+  ASSERT_TRUE(usage.is_object()) << r["prefix_cache"];
+  EXPECT_GT(usage["hit_rate"].get<double>(), 0.0);
+  EXPECT_EQ(usage["prompt_tokens"], r["total_input_tokens"]);
+
+  // Each conversation: turn 1 is the prefix and new tokens; turn k adds the
+  // previous answer and its own new tokens, all exact.
+  ASSERT_EQ(r["requests"].size(), static_cast<size_t>(kConversations * kTurns));
+  std::map<std::pair<int, int>, json> by_turn;
+  for (const json& request : r["requests"]) {
+    ASSERT_TRUE(request["success"].get<bool>()) << request.dump();
+    by_turn[{request["conversation"].get<int>(), request["turn"].get<int>()}] = request;
+    const int64_t input_len = request["input_len"];
+    EXPECT_GE(input_len, 10);
+    EXPECT_LE(input_len, 30);
+    EXPECT_EQ(request["completion_tokens"], kOutput);
+    EXPECT_EQ(request["prompt_tokens"], request["prompt_len"]);
+    EXPECT_LE(request["cached_tokens"].get<int64_t>(), request["prompt_tokens"].get<int64_t>());
+    EXPECT_GE(request["itl_ms"].size(), 1u);
+    EXPECT_LE(request["itl_ms"].size(), static_cast<size_t>(kOutput - 1));
+    EXPECT_LE(request["ttft_ms"].get<double>(), request["e2el_ms"].get<double>());
+  }
+  for (int c = 0; c < kConversations; ++c) {
+    const json& first = by_turn[{c, 1}];
+    EXPECT_EQ(first["prompt_tokens"].get<int64_t>(), kPrefix + first["input_len"].get<int64_t>());
+    for (int t = 2; t <= kTurns; ++t) {
+      const json& previous = by_turn[{c, t - 1}];
+      const json& current = by_turn[{c, t}];
+      EXPECT_EQ(current["prompt_tokens"].get<int64_t>(),
+                previous["prompt_tokens"].get<int64_t>() +
+                    previous["completion_tokens"].get<int64_t>() +
+                    current["input_len"].get<int64_t>())
+          << "conversation " << c << " turn " << t;
+      EXPECT_GT(current["cached_tokens"].get<int64_t>(), 0)
+          << "conversation " << c << " turn " << t;
+    }
+  }
+}
+
+TEST_F(BenchMultiTurnTest, PoissonArrivalsLognormalLengthsAndAPlotOrItsNotice) {
+  const fs::path png = dir_ / "ttft.png";
+  const BenchRun run = bench(
+      "--num-clients 2 --num-conversations 2 --turns 2 --input-tokens lognormal:12,0.5 "
+      "--output-tokens uniform:2,6 --request-rate 40 --seed 7 --plot '" +
+      png.string() + "'");
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const json& r = run.report;
+  EXPECT_EQ(r["completed"], 4);
+  EXPECT_EQ(r["request_rate"], 40.0);
+  EXPECT_EQ(r["input_tokens"], "lognormal:12,0.5");
+  EXPECT_EQ(r["output_tokens"], "uniform:2,6");
+  for (const json& request : r["requests"]) {
+    EXPECT_GE(request["input_len"].get<int>(), 1);
+    EXPECT_GE(request["output_len"].get<int>(), 2);
+    EXPECT_LE(request["output_len"].get<int>(), 6);
+    EXPECT_EQ(request["completion_tokens"], request["output_len"]);
+    EXPECT_TRUE(request["arrival_s"].is_number());
+    EXPECT_GE(request["send_s"].get<double>() + 1e-3, request["arrival_s"].get<double>())
+        << "no request goes before its arrival time";
+  }
+  // gnuplot is optional: with it the PNG is drawn, without it a notice says so.
+  if (run.out.find("gnuplot is not on PATH") == std::string::npos) {
+    ASSERT_TRUE(fs::exists(png)) << run.out << run.err;
+    EXPECT_EQ(readFile(png).substr(1, 3), "PNG");
+  } else {
+    EXPECT_FALSE(fs::exists(png));
+  }
+  const BenchRun without = bench(
+      "--num-conversations 1 --turns 1 --input-tokens constant:4 "
+      "--output-tokens constant:2 --plot '" +
+          (dir_ / "none.png").string() + "'",
+      "PATH=/nonexistent");
+  EXPECT_EQ(without.exit_code, 0) << without.out << without.err;
+  EXPECT_NE(without.out.find("--plot skipped: gnuplot is not on PATH"), std::string::npos)
+      << without.out;
+}
+
+TEST_F(BenchMultiTurnTest, AFailedTurnEndsItsConversationAndIsCounted) {
+  // Token ids past the tiny vocabulary (512) are refused by the agent.
+  const BenchRun run = bench(
+      "--num-clients 1 --num-conversations 2 --turns 3 "
+      "--input-tokens constant:4 --output-tokens constant:2 "
+      "--vocab-range 600:700");
+  EXPECT_EQ(run.exit_code, 1) << "failed requests make the exit code non-zero";
+  const json& r = run.report;
+  EXPECT_EQ(r["completed"], 0);
+  EXPECT_EQ(r["failed"], 2) << "the first turn of each conversation";
+  EXPECT_EQ(r["skipped"], 4) << "the turns after a failure are not sent";
+  ASSERT_EQ(r["errors"].size(), 2u);
+  EXPECT_NE(r["errors"][0].get<std::string>().find("HTTP 400"), std::string::npos) << r["errors"];
+  EXPECT_TRUE(r["ttft_ms"].is_null()) << "nothing was measured";
+  EXPECT_NE(run.out.find("error: conversation 0 turn 1: HTTP 400"), std::string::npos) << run.out;
+}
+
+TEST_F(BenchMultiTurnTest, BadOptionsAreRefusedNamingWhatIsAccepted) {
+  const BenchRun bad_spec = bench("--input-tokens normal:5,1");
+  EXPECT_EQ(bad_spec.exit_code, 1);
+  EXPECT_NE(
+      bad_spec.err.find("--input-tokens takes constant:N, uniform:A,B or lognormal:MEAN,SIGMA"),
+      std::string::npos)
+      << bad_spec.err;
+
+  const BenchRun too_long = bench(
+      "--turns 4 --shared-prefix-tokens 460 --input-tokens constant:10 "
+      "--output-tokens constant:10");
+  EXPECT_EQ(too_long.exit_code, 1);
+  EXPECT_NE(too_long.err.find("max_model_len 512"), std::string::npos) << too_long.err;
+
+  const BenchRun bad_url = bench("--no-progress --base-url http://127.0.0.1:1/v1");
+  EXPECT_EQ(bad_url.exit_code, 1);
+  EXPECT_NE(bad_url.err.find("--base-url must be scheme://host[:port]"), std::string::npos)
+      << bad_url.err;
+}
+
+}  // namespace

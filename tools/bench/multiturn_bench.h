@@ -1,0 +1,49 @@
+// `tandem-bench multiturn`: multi-turn conversations against a running
+// OpenAI-compatible server (one agent, or the router of local mode).
+//
+// --num-clients clients work through --num-conversations conversations, each
+// client one conversation at a time, turn after turn. Every conversation
+// starts with the same --shared-prefix-tokens (a system prompt) and each turn
+// appends new user tokens; turn k's prompt is turn k-1's prompt, its answer's
+// token ids and the new tokens, sent as token ids to streaming
+// /v1/completions with ignore_eos and temperature 0, so lengths are exact and
+// the server's prefix cache sees the same prefixes on every run. Requests
+// start at Poisson arrival times (--request-rate) or as soon as a client is
+// free. Measures per request TTFT, TPOT, ITL and end-to-end latency; reports
+// them overall and per turn, with throughput, failures and the prefix-cache
+// hit rate (the server's tandem_prefix_cache_* counters and the
+// cached_tokens its usage reports). Asserts nothing about speed; the exit
+// code is 1 when any request failed.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace tandem::bench {
+
+struct MultiTurnBenchOptions {
+  std::string base_url = "http://127.0.0.1:8000";  // scheme://host:port of the server
+  std::string model;                               // empty: the first of GET /v1/models
+  int num_clients = 4;
+  int num_conversations = 16;
+  int turns = 4;
+  int64_t shared_prefix_tokens = 0;
+  std::string input_tokens = "uniform:128,256";  // new user tokens per turn (bench_options.h)
+  std::string output_tokens = "constant:128";    // answer tokens per turn
+  double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf: no pacing
+  uint64_t seed = 0;
+  std::string vocab_range = "100:5000";  // prompt token ids drawn from [LO, HI)
+  std::string progress = "auto";         // auto (when stderr is a terminal), on, off
+  double read_timeout_s = 600.0;         // longest wait for the next bytes of a response
+  std::string json_path;                 // empty: no JSON file
+  std::string plot_path;                 // empty: no TTFT CDF plot
+};
+
+// Runs the benchmark against options.base_url. Returns 0 when every request
+// completed, 1 when any failed (the figures are printed either way). Throws
+// tandem::Error for bad options or when the server cannot be asked for its
+// model list.
+int runMultiTurnBench(const MultiTurnBenchOptions& options);
+
+}  // namespace tandem::bench
