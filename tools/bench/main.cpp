@@ -6,6 +6,7 @@
 
 #include "tools/bench/engine_bench.h"
 #include "tools/bench/multiturn_bench.h"
+#include "tools/bench/router_bench.h"
 #include "tools/bench/serve_bench.h"
 #include "tools/bench/transfer_bench.h"
 
@@ -30,6 +31,22 @@ int main(int argc, char** argv) {
   engine->add_option("--kv-dtype", options.kv_dtype, "KV cache dtype: bf16 or f32")
       ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
+
+  auto* router = app.add_subcommand(
+      "router", "what the router adds: routed vs direct latency and its decision time");
+  tandem::bench::RouterBenchOptions router_options;
+  router->add_option("--agent-url", router_options.agent_url, "a running tandem-agent")
+      ->capture_default_str();
+  router->add_option("--requests", router_options.requests, "request pairs (direct, routed)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  router->add_option("--prompt-tokens", router_options.prompt_tokens, "prompt length")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  router->add_option("--max-tokens", router_options.max_tokens, "tokens generated per request")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  router->add_option("--json", router_options.json_path, "also write the figures as JSON here");
 
   auto* multiturn = app.add_subcommand(
       "multiturn", "multi-turn conversations against a running OpenAI-compatible server");
@@ -168,6 +185,7 @@ int main(int argc, char** argv) {
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
     if (multiturn->parsed()) return tandem::bench::runMultiTurnBench(multiturn_options);
+    if (router->parsed()) return tandem::bench::runRouterBench(router_options);
     if (serve->parsed()) return tandem::bench::runServeBench(serve_options);
     if (transfer->parsed()) return tandem::bench::runTransferBench(transfer_options);
   } catch (const std::exception& e) {
