@@ -4,12 +4,13 @@ BUILD_DIR ?= build
 ASAN_DIR ?= build-asan
 JOBS ?= 2
 MODEL_DIR ?= models/small
+RUN_PORT ?= 8000
 CMAKE_FLAGS ?=
 
 DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libucx-dev ucx-utils libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl
+  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq
 
 SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
@@ -35,10 +36,11 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE 'gpu|bench'
 
+# The local cluster of examples/cluster.yaml (its pools name models/small),
+# one streamed request through its router, then serving until Ctrl-C.
 run: build
 	@[ -f $(MODEL_DIR)/config.json ] || $(BUILD_DIR)/bin/tandem-model --preset small --out $(MODEL_DIR)
-	$(BUILD_DIR)/bin/tandem-agent generate --model $(MODEL_DIR) \
-	  --prompt "The quick brown fox jumps over the lazy dog. Once upon a time" --max-tokens 64
+	scripts/run-local.sh $(BUILD_DIR) examples/cluster.yaml $(RUN_PORT)
 
 format:
 	clang-format -i $(SOURCES)

@@ -1,0 +1,57 @@
+#include "operator/local/agent_command.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace tandem::local {
+namespace {
+
+std::string numberText(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+}  // namespace
+
+std::string kvTransferConfigJson(const PoolSpec& pool) {
+  const KvTransferSpec& transfer = pool.kv_transfer;
+  nlohmann::json config = {{"kv_connector", transfer.connector}, {"kv_role", transfer.role}};
+  if (!transfer.extra_config.empty()) config["kv_connector_extra_config"] = transfer.extra_config;
+  return config.dump();
+}
+
+std::vector<std::string> agentArguments(const PoolSpec& pool,
+                                        const std::filesystem::path& agent_binary,
+                                        const std::string& host, int port) {
+  const EngineSpec& engine = pool.engine;
+  std::vector<std::string> argv = {agent_binary.string()};
+  // --threads belongs to the program, before the subcommand.
+  if (engine.threads) argv.insert(argv.end(), {"--threads", std::to_string(*engine.threads)});
+  argv.insert(argv.end(),
+              {"serve", "--model", pool.model_path, "--served-model-name", pool.served_model_name,
+               "--host", host, "--port", std::to_string(port), "--role", poolRole(pool.kind)});
+  auto add = [&](const char* flag, const std::string& value) {
+    argv.push_back(flag);
+    argv.push_back(value);
+  };
+  if (engine.block_size) add("--block-size", std::to_string(*engine.block_size));
+  if (engine.num_blocks) add("--num-blocks", std::to_string(*engine.num_blocks));
+  if (engine.kv_cache_memory) add("--kv-cache-memory", *engine.kv_cache_memory);
+  if (engine.kv_dtype) add("--kv-dtype", *engine.kv_dtype);
+  if (engine.max_num_seqs) add("--max-num-seqs", std::to_string(*engine.max_num_seqs));
+  if (engine.max_num_batched_tokens) {
+    add("--max-num-batched-tokens", std::to_string(*engine.max_num_batched_tokens));
+  }
+  if (engine.max_model_len) add("--max-model-len", std::to_string(*engine.max_model_len));
+  if (engine.max_waiting_requests) {
+    add("--max-waiting-requests", std::to_string(*engine.max_waiting_requests));
+  }
+  if (engine.prefix_caching_hash) add("--prefix-caching-hash", *engine.prefix_caching_hash);
+  if (engine.shutdown_timeout_s) add("--shutdown-timeout", numberText(*engine.shutdown_timeout_s));
+  add("--kv-transfer-config", kvTransferConfigJson(pool));
+  argv.insert(argv.end(), pool.extra_args.begin(), pool.extra_args.end());
+  return argv;
+}
+
+}  // namespace tandem::local

@@ -1,0 +1,25 @@
+// The `tandem-agent serve` command line of one replica of a pool: how the
+// PrefillPool/DecodePool spec's camelCase fields map to the agent's flags
+// (the table is in docs/local-mode.md).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "operator/local/cluster_spec.h"
+
+namespace tandem::local {
+
+// argv for one agent of `pool` listening on host:port (0: a free port, which
+// the agent prints as "listening on HOST:PORT"). Only the engine fields the
+// spec sets are passed; the agent's defaults hold for the rest.
+std::vector<std::string> agentArguments(const PoolSpec& pool,
+                                        const std::filesystem::path& agent_binary,
+                                        const std::string& host, int port);
+
+// The pool's --kv-transfer-config: vLLM's shape, {"kv_connector", "kv_role",
+// "kv_connector_extra_config"}.
+std::string kvTransferConfigJson(const PoolSpec& pool);
+
+}  // namespace tandem::local

@@ -1,0 +1,382 @@
+#include "operator/local/agent_supervisor.h"
+
+#include <httplib.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "operator/local/agent_command.h"
+
+namespace tandem::local {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Lines longer than this are forwarded in pieces.
+constexpr size_t kMaxLine = 64 * 1024;
+constexpr milliseconds kHealthInterval{200};
+
+void writeStdout(const std::string& line) {
+  std::string text = line + "\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+bool isHealthy(const std::string& host, int port) {
+  httplib::Client client(host, port);
+  client.set_connection_timeout(0, 200000);
+  client.set_read_timeout(1, 0);
+  auto response = client.Get("/health");
+  return response && response->status == 200;
+}
+
+std::string exitText(int status) {
+  if (status > 128) {
+    return "was killed by signal " + std::to_string(status - 128) + " (" +
+           (strsignal(status - 128) != nullptr ? strsignal(status - 128) : "?") + ")";
+  }
+  return "exited with status " + std::to_string(status);
+}
+
+std::string secondsText(milliseconds duration) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", static_cast<double>(duration.count()) / 1000);
+  return text;
+}
+
+std::string commandText(const std::vector<std::string>& argv) {
+  std::string text;
+  for (const auto& arg : argv) {
+    if (!text.empty()) text += ' ';
+    const bool quote = arg.empty() || arg.find_first_of(" \"'{}$\\") != std::string::npos;
+    text += quote ? "'" + arg + "'" : arg;
+  }
+  return text;
+}
+
+}  // namespace
+
+struct AgentSupervisor::Agent {
+  std::string name;
+  std::string pool;
+  PoolKind kind = PoolKind::kDecode;
+  size_t pool_position = 0;  // order of the pool in the file
+  int64_t index = 0;
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+
+  std::unique_ptr<Subprocess> process;
+  std::string partial_line;
+  AgentState state = AgentState::kStarting;
+  int port = 0;
+  Clock::time_point started_at;
+  Clock::time_point ready_at;
+  Clock::time_point restart_at;
+  Clock::time_point kill_at;
+  Clock::time_point next_health_check;
+  bool killed = false;       // SIGKILL sent to the current process
+  bool timed_out = false;    // killed for not getting ready in time
+  bool removed = false;      // no longer wanted: stop, then forget
+  bool start_again = false;  // command changed: start as soon as it exited
+  int failures = 0;          // consecutive crashes, for the backoff
+  int restarts = 0;
+};
+
+const char* agentStateName(AgentState state) {
+  switch (state) {
+    case AgentState::kStarting:
+      return "starting";
+    case AgentState::kReady:
+      return "ready";
+    case AgentState::kBackoff:
+      return "backoff";
+    case AgentState::kStopping:
+      return "stopping";
+  }
+  return "?";
+}
+
+AgentSupervisor::AgentSupervisor(SupervisorOptions options) : options_(std::move(options)) {
+  if (!options_.output) options_.output = writeStdout;
+}
+
+AgentSupervisor::~AgentSupervisor() = default;  // each Subprocess kills and reaps its child
+
+void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
+  struct Wanted {
+    std::string name;
+    const PoolSpec* pool;
+    size_t pool_position;
+    int64_t index;
+  };
+  std::vector<Wanted> wanted;  // in file order
+  for (size_t p = 0; p < pools.size(); ++p) {
+    for (int64_t i = 0; i < pools[p].replicas; ++i) {
+      wanted.push_back({pools[p].name + "-" + std::to_string(i), &pools[p], p, i});
+    }
+  }
+  auto is_wanted = [&](const std::string& name) {
+    return std::any_of(wanted.begin(), wanted.end(),
+                       [&](const Wanted& w) { return w.name == name; });
+  };
+  for (auto& agent : agents_) {
+    if (is_wanted(agent->name) || agent->removed) continue;
+    agent->removed = true;
+    TANDEM_LOG(kInfo) << "local: stopping " << agent->name << " (no longer in the cluster file)";
+    sendStop(*agent);
+  }
+  for (const Wanted& want : wanted) {
+    const std::string& name = want.name;
+    const PoolSpec& pool = *want.pool;
+    std::vector<std::string> argv =
+        agentArguments(pool, options_.agent_binary, options_.host, /*port=*/0);
+    auto existing = std::find_if(agents_.begin(), agents_.end(),
+                                 [&](const auto& agent) { return agent->name == name; });
+    if (existing != agents_.end()) {
+      Agent& agent = **existing;
+      agent.pool = pool.name;
+      agent.kind = pool.kind;
+      agent.pool_position = want.pool_position;
+      const bool changed = agent.argv != argv || agent.env != pool.env;
+      agent.argv = std::move(argv);
+      agent.env = pool.env;
+      if (stopping_all_) continue;
+      if (agent.removed) {
+        // Scaled away and back before it exited: run it again once it has.
+        agent.removed = false;
+        if (agent.process) {
+          agent.start_again = true;
+        } else {
+          start(agent);
+        }
+      } else if (changed && agent.process) {
+        TANDEM_LOG(kInfo) << "local: restarting " << name << " (its spec changed)";
+        agent.start_again = true;
+        sendStop(agent);
+      } else if (changed && agent.state == AgentState::kBackoff) {
+        // A crashing agent whose spec was just edited: try the new one now.
+        agent.failures = 0;
+        start(agent);
+      }
+      continue;
+    }
+    auto agent = std::make_unique<Agent>();
+    agent->name = name;
+    agent->pool = pool.name;
+    agent->kind = pool.kind;
+    agent->pool_position = want.pool_position;
+    agent->index = want.index;
+    agent->argv = std::move(argv);
+    agent->env = pool.env;
+    if (!stopping_all_) start(*agent);
+    agents_.push_back(std::move(agent));
+  }
+  std::stable_sort(agents_.begin(), agents_.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->pool_position, a->index) < std::tie(b->pool_position, b->index);
+  });
+}
+
+void AgentSupervisor::start(Agent& agent) {
+  // The shell joins the agent's stderr to its stdout (one pipe, read here),
+  // then replaces itself with the agent: the pid is the agent's.
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"};
+  argv.insert(argv.end(), agent.argv.begin(), agent.argv.end());
+  TANDEM_LOG(kInfo) << "local: starting " << agent.name << ": " << commandText(agent.argv);
+  const auto now = Clock::now();
+  agent.started_at = now;
+  agent.next_health_check = now;
+  agent.port = 0;
+  agent.killed = false;
+  agent.timed_out = false;
+  agent.start_again = false;
+  agent.partial_line.clear();
+  agent.state = AgentState::kStarting;
+  try {
+    agent.process = std::make_unique<Subprocess>(argv, std::filesystem::path(), agent.env);
+  } catch (const Error& e) {
+    // Out of processes or pipes: try again after the backoff like a crash.
+    TANDEM_LOG(kError) << "local: " << agent.name << ": " << e.what();
+    onExit(agent, 127);
+  }
+}
+
+void AgentSupervisor::emitLine(Agent& agent, const std::string& line) {
+  if (agent.state == AgentState::kStarting && agent.port == 0 &&
+      line.starts_with("listening on ")) {
+    const size_t colon = line.rfind(':');
+    if (colon != std::string::npos) {
+      try {
+        agent.port = std::stoi(line.substr(colon + 1));
+      } catch (const std::exception&) {
+        agent.port = 0;
+      }
+    }
+  }
+  options_.output("[" + agent.name + "] " + line);
+}
+
+void AgentSupervisor::forwardOutput(Agent& agent, milliseconds wait) {
+  std::string chunk = agent.process->readStdout(wait);
+  if (chunk.empty()) return;
+  agent.partial_line += chunk;
+  size_t begin = 0;
+  for (size_t newline; (newline = agent.partial_line.find('\n', begin)) != std::string::npos;
+       begin = newline + 1) {
+    emitLine(agent, agent.partial_line.substr(begin, newline - begin));
+  }
+  agent.partial_line.erase(0, begin);
+  if (agent.partial_line.size() >= kMaxLine) {
+    emitLine(agent, agent.partial_line);
+    agent.partial_line.clear();
+  }
+}
+
+void AgentSupervisor::sendStop(Agent& agent) {
+  if (agent.process) {
+    if (agent.state != AgentState::kStopping) {
+      agent.process->signal(SIGTERM);
+      agent.kill_at = Clock::now() + options_.stop_timeout;
+    }
+  }
+  agent.state = AgentState::kStopping;
+}
+
+void AgentSupervisor::onExit(Agent& agent, int status) {
+  const pid_t pid = agent.process ? agent.process->pid() : 0;
+  if (agent.process) {
+    // Whatever it wrote before exiting.
+    forwardOutput(agent, milliseconds(100));
+    if (!agent.partial_line.empty()) emitLine(agent, agent.partial_line);
+    agent.partial_line.clear();
+    agent.process.reset();
+  }
+  const auto now = Clock::now();
+  if (agent.state == AgentState::kStopping) {
+    TANDEM_LOG(kInfo) << "local: " << agent.name << " (pid " << pid
+                      << ") stopped: " << exitText(status);
+    if (agent.start_again && !agent.removed && !stopping_all_) start(agent);
+    return;
+  }
+  if (agent.state == AgentState::kStarting && !start_failure_) {
+    std::string why = agent.name;
+    if (agent.timed_out) {
+      why.append(" was not ready within ").append(secondsText(options_.startup_timeout));
+    } else {
+      why.append(" ").append(exitText(status)).append(" before it was ready");
+    }
+    start_failure_ = std::move(why);
+  }
+  if (agent.state == AgentState::kReady && now - agent.ready_at >= options_.backoff_reset) {
+    agent.failures = 0;
+  }
+  ++agent.failures;
+  milliseconds delay = options_.initial_backoff;
+  for (int i = 1; i < agent.failures && delay < options_.max_backoff; ++i) delay *= 2;
+  delay = std::min(delay, options_.max_backoff);
+  agent.state = AgentState::kBackoff;
+  agent.restart_at = now + delay;
+  TANDEM_LOG(kWarn) << "local: " << agent.name << " (pid " << pid << ") "
+                    << (agent.timed_out ? "was not ready in time and was killed" : exitText(status))
+                    << "; starting it again in " << secondsText(delay);
+}
+
+void AgentSupervisor::poll() {
+  // Each agent's output is waited for briefly: together these waits pace the
+  // owner's loop.
+  const milliseconds output_wait(agents_.size() > 8 ? 1 : 2);
+  for (auto& agent_ptr : agents_) {
+    Agent& agent = *agent_ptr;
+    if (agent.process) {
+      forwardOutput(agent, output_wait);
+      const int status = agent.process->wait(milliseconds(0));
+      if (status >= 0) onExit(agent, status);
+    }
+    const auto now = Clock::now();
+    switch (agent.state) {
+      case AgentState::kStarting:
+        if (!agent.process) break;
+        if (agent.port != 0 && now >= agent.next_health_check) {
+          agent.next_health_check = now + kHealthInterval;
+          if (isHealthy(options_.host, agent.port)) {
+            agent.state = AgentState::kReady;
+            agent.ready_at = Clock::now();
+            TANDEM_LOG(kInfo) << "local: " << agent.name << " ready on " << options_.host << ":"
+                              << agent.port << " (pid " << agent.process->pid() << ")";
+            break;
+          }
+        }
+        if (now - agent.started_at > options_.startup_timeout && !agent.killed) {
+          agent.timed_out = true;
+          agent.killed = true;
+          agent.process->signal(SIGKILL);
+        }
+        break;
+      case AgentState::kBackoff:
+        if (!stopping_all_ && now >= agent.restart_at) {
+          ++agent.restarts;
+          start(agent);
+        }
+        break;
+      case AgentState::kStopping:
+        if (agent.process && !agent.killed && now >= agent.kill_at) {
+          TANDEM_LOG(kWarn) << "local: " << agent.name << " did not stop within "
+                            << secondsText(options_.stop_timeout) << ": SIGKILL";
+          agent.killed = true;
+          agent.process->signal(SIGKILL);
+        }
+        break;
+      case AgentState::kReady:
+        break;
+    }
+  }
+  std::erase_if(agents_, [](const auto& agent) { return agent->removed && !agent->process; });
+}
+
+void AgentSupervisor::beginStop() {
+  stopping_all_ = true;
+  for (auto& agent : agents_) sendStop(*agent);
+}
+
+bool AgentSupervisor::stopped() const {
+  return std::none_of(agents_.begin(), agents_.end(),
+                      [](const auto& agent) { return agent->process != nullptr; });
+}
+
+std::vector<AgentStatus> AgentSupervisor::agents() const {
+  std::vector<AgentStatus> statuses;
+  for (const auto& agent : agents_) {
+    AgentStatus status;
+    status.name = agent->name;
+    status.pool = agent->pool;
+    status.kind = agent->kind;
+    status.state = agent->state;
+    status.pid = agent->process ? agent->process->pid() : 0;
+    status.port = agent->port;
+    status.restarts = agent->restarts;
+    statuses.push_back(std::move(status));
+  }
+  return statuses;
+}
+
+std::vector<AgentAddress> AgentSupervisor::readyEndpoints(PoolKind kind) const {
+  std::vector<AgentAddress> endpoints;
+  for (const auto& agent : agents_) {
+    if (agent->kind != kind || agent->state != AgentState::kReady || agent->removed) continue;
+    endpoints.push_back({agent->name, options_.host, agent->port});
+  }
+  return endpoints;
+}
+
+bool AgentSupervisor::allReady() const {
+  return std::all_of(agents_.begin(), agents_.end(), [](const auto& agent) {
+    return agent->removed || agent->state == AgentState::kReady;
+  });
+}
+
+}  // namespace tandem::local

@@ -1,0 +1,104 @@
+// Runs the agents of local mode: one `tandem-agent serve` process per replica
+// of each pool, on a free port (read back from the agent's "listening on"
+// line), ready once its /health answers 200. A crashed agent is started again
+// after an exponential backoff; apply() starts and stops agents to match new
+// replica counts and restarts those whose command line changed. Every line an
+// agent writes (stdout and stderr) is handed to the output callback prefixed
+// with its name: "[decode-0] ...".
+//
+// One owner thread: apply(), poll(), beginStop() and the accessors are not
+// thread-safe. poll() never blocks for long (a few ms per agent, a health
+// check at most ~1 s), so the owner calls it in a loop.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "operator/local/cluster_spec.h"
+
+namespace tandem::local {
+
+struct SupervisorOptions {
+  std::filesystem::path agent_binary;
+  std::string host = "127.0.0.1";
+  // Backoff before restarting a crashed agent: initial, doubling up to max;
+  // an agent that was ready for backoff_reset starts over at initial.
+  std::chrono::milliseconds initial_backoff{1000};
+  std::chrono::milliseconds max_backoff{30000};
+  std::chrono::milliseconds backoff_reset{60000};
+  // An agent not ready this long after it started is killed (and restarted).
+  std::chrono::milliseconds startup_timeout{300000};
+  // SIGTERM, then SIGKILL after this long.
+  std::chrono::milliseconds stop_timeout{10000};
+  // Receives each line of the agents' output, prefixed; default: stdout.
+  std::function<void(const std::string& line)> output;
+};
+
+enum class AgentState {
+  kStarting,  // process running, /health not yet 200
+  kReady,     // /health answered 200
+  kBackoff,   // exited; waiting to be started again
+  kStopping,  // SIGTERM sent (or no process left after beginStop())
+};
+const char* agentStateName(AgentState state);
+
+struct AgentStatus {
+  std::string name;  // "<pool>-<index>"
+  std::string pool;
+  PoolKind kind = PoolKind::kDecode;
+  AgentState state = AgentState::kStarting;
+  pid_t pid = 0;  // 0 when no process runs
+  int port = 0;   // 0 until the agent printed it
+  int restarts = 0;
+};
+
+class AgentSupervisor {
+ public:
+  explicit AgentSupervisor(SupervisorOptions options);
+  // Kills (SIGKILL) and reaps whatever still runs; beginStop() is the clean way.
+  ~AgentSupervisor();
+  AgentSupervisor(const AgentSupervisor&) = delete;
+  AgentSupervisor& operator=(const AgentSupervisor&) = delete;
+
+  // Makes the agents those of `pools`: starts the missing ones, stops those
+  // beyond a pool's replicas (highest index first) or of a removed pool, and
+  // restarts those whose command line or environment changed.
+  void apply(const std::vector<PoolSpec>& pools);
+  // One round: forwards output, reaps exits, checks health, restarts after
+  // backoff, escalates stops to SIGKILL.
+  void poll();
+  // SIGTERM to every agent; none is started again. stopped() tells when all exited.
+  void beginStop();
+  bool stopped() const;
+
+  std::vector<AgentStatus> agents() const;
+  // The ready agents of one kind, in pool then index order.
+  std::vector<AgentAddress> readyEndpoints(PoolKind kind) const;
+  // Every agent apply() asked for is ready.
+  bool allReady() const;
+  // Why the first agent that exited (or timed out) before ever being ready
+  // did so, e.g. "prefill-0 exited with status 1 before it was ready".
+  const std::optional<std::string>& startFailure() const { return start_failure_; }
+
+ private:
+  struct Agent;
+  void start(Agent& agent);
+  void forwardOutput(Agent& agent, std::chrono::milliseconds wait);
+  void emitLine(Agent& agent, const std::string& line);
+  void onExit(Agent& agent, int status);
+  void sendStop(Agent& agent);
+
+  SupervisorOptions options_;
+  std::vector<std::unique_ptr<Agent>> agents_;
+  bool stopping_all_ = false;
+  std::optional<std::string> start_failure_;
+};
+
+}  // namespace tandem::local

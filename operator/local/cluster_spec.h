@@ -1,0 +1,127 @@
+// A local cluster file: PrefillPool and DecodePool documents in the shape of
+// the CRDs (crds/*.yaml) and an optional Router document, in one multi-document
+// YAML file (docs/local-mode.md). Parsing is strict, as `kubectl apply
+// --validate=strict` is: an unknown field, a wrong type or a value out of range
+// throws tandem::Error naming the file, the document (numbered from 1), its kind
+// and name, the field's path and its line, e.g.
+//
+//   cluster.yaml: document 2 (DecodePool "decode"): spec.engine.blockSize must be
+//   an integer between 1 and 1024, got "big" (line 14)
+//
+// The parsed types are plain values; nothing here starts a process.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tandem::local {
+
+inline constexpr const char* kApiVersion = "tandem.dev/v1alpha1";
+
+enum class PoolKind { kPrefill, kDecode };
+// "PrefillPool" or "DecodePool".
+const char* poolKindName(PoolKind kind);
+// The agent's --role: "prefill" or "decode".
+const char* poolRole(PoolKind kind);
+
+// spec.engine: each field maps to one `tandem-agent serve` flag (see
+// agent_command.h); unset fields leave the agent's default.
+struct EngineSpec {
+  std::optional<int64_t> block_size;               // blockSize → --block-size
+  std::optional<int64_t> num_blocks;               // numBlocks → --num-blocks
+  std::optional<std::string> kv_cache_memory;      // kvCacheMemory → --kv-cache-memory
+  std::optional<std::string> kv_dtype;             // kvDtype → --kv-dtype
+  std::optional<int64_t> max_num_seqs;             // maxNumSeqs → --max-num-seqs
+  std::optional<int64_t> max_num_batched_tokens;   // maxNumBatchedTokens
+  std::optional<int64_t> max_model_len;            // maxModelLen
+  std::optional<int64_t> max_waiting_requests;     // maxWaitingRequests
+  std::optional<std::string> prefix_caching_hash;  // prefixCachingHash
+  std::optional<double> shutdown_timeout_s;        // shutdownTimeoutSeconds → --shutdown-timeout
+  std::optional<int64_t> threads;                  // threads → --threads
+  bool operator==(const EngineSpec&) const = default;
+};
+
+// spec.kvTransfer: the agent's --kv-transfer-config.
+struct KvTransferSpec {
+  std::string connector = "ucx";                           // kv_connector
+  std::string role = "kv_both";                            // kv_role
+  nlohmann::json extra_config = nlohmann::json::object();  // kv_connector_extra_config
+  bool operator==(const KvTransferSpec&) const = default;
+};
+
+struct PoolSpec {
+  PoolKind kind = PoolKind::kDecode;
+  std::string name;  // metadata.name; agents are "<name>-<index>"
+  int document = 0;  // position in the file, from 1 (for messages)
+  int64_t replicas = 1;
+  std::string model_path;         // spec.model.path, as written
+  std::string served_model_name;  // spec.model.name, else the path's last component
+  std::string image;              // Kubernetes only
+  EngineSpec engine;
+  KvTransferSpec kv_transfer;
+  std::vector<std::pair<std::string, std::string>> env;  // spec.env
+  std::vector<std::string> extra_args;                   // spec.extraArgs
+  bool operator==(const PoolSpec&) const = default;
+};
+
+// An agent as the router is given it: by local mode from its supervisor, by
+// `tandem-operator router` from its flags or file.
+struct AgentAddress {
+  std::string name;
+  std::string host;
+  int port = 0;
+  bool operator==(const AgentAddress&) const = default;
+};
+
+// The Router document's spec; unset fields keep RouterConfig's defaults
+// (operator/router/router.h).
+struct RouterSpec {
+  std::optional<std::string> host;
+  std::optional<int> port;
+  std::optional<std::string> policy;  // "kv", "round_robin" or "random"
+  std::optional<int64_t> disagg_threshold_tokens;
+  std::optional<bool> pull_back;
+  std::optional<int64_t> max_queued_requests;
+  std::optional<int64_t> max_inflight_requests;
+  std::optional<double> upstream_timeout_s;
+  std::optional<int> threads;
+  std::optional<std::string> model_path;
+  std::optional<double> poll_interval_s;
+  // Static agents: `tandem-operator router` only (local mode fills them).
+  std::vector<AgentAddress> prefill;
+  std::vector<AgentAddress> decode;
+  bool operator==(const RouterSpec&) const = default;
+};
+
+struct ClusterSpec {
+  std::vector<PoolSpec> pools;  // in file order
+  RouterSpec router;
+  std::string source;  // the file name used in messages
+};
+
+// Parses a cluster file's text; `source` names it in messages. At least one
+// DecodePool is required, at most one Router; pool names are unique; every
+// pool serves the same model name with the same KV block size and dtype (KV
+// blocks move between them). The Router document must not list agents.
+ClusterSpec parseClusterSpec(const std::string& text, const std::string& source);
+ClusterSpec loadClusterSpec(const std::filesystem::path& path);
+
+// A router file: one Router document (`tandem-operator router --config`).
+RouterSpec parseRouterSpec(const std::string& text, const std::string& source);
+RouterSpec loadRouterSpec(const std::filesystem::path& path);
+
+// "NAME=HOST:PORT" or "HOST:PORT" (named `default_name`); throws tandem::Error
+// naming `what` (e.g. "--prefill").
+AgentAddress parseAgentAddress(const std::string& text, const std::string& default_name,
+                               const std::string& what);
+
+// Every field path a pool's spec accepts ("replicas", "model.path",
+// "engine.blockSize", ...), for checking the CRDs against the parser.
+std::vector<std::string> poolSpecFieldPaths();
+
+}  // namespace tandem::local

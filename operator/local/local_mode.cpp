@@ -1,0 +1,198 @@
+#include "operator/local/local_mode.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace tandem::local {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// The owner loop's pace when nothing else paces it.
+constexpr milliseconds kLoopInterval{20};
+
+std::optional<std::string> readText(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+LocalMode::LocalMode(LocalModeOptions options, RouterFactory router_factory)
+    : options_(std::move(options)), router_factory_(std::move(router_factory)) {
+  if (!options_.supervisor.output) {
+    options_.supervisor.output = [](const std::string& line) {
+      std::string text = line + "\n";
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
+}
+
+LocalMode::~LocalMode() = default;
+
+void LocalMode::requestStop() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stop_requested_ = true;
+  stop_requested_cv_.notify_all();
+}
+
+bool LocalMode::waitForStop(milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return stop_requested_cv_.wait_for(lock, timeout, [&] { return stop_requested_; });
+}
+
+std::vector<AgentStatus> LocalMode::agents() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return agents_;
+}
+
+std::string LocalMode::fileError() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return file_error_;
+}
+
+void LocalMode::publish(const AgentSupervisor& supervisor) {
+  std::vector<AgentStatus> agents = supervisor.agents();
+  std::lock_guard<std::mutex> lock(mutex_);
+  agents_ = std::move(agents);
+}
+
+RouterSpec LocalMode::routerSpecFor(const ClusterSpec& cluster) const {
+  RouterSpec spec = cluster.router;
+  if (options_.port) spec.port = options_.port;
+  if (options_.policy) spec.policy = options_.policy;
+  // The router tokenizes with the model the agents serve.
+  if (!spec.model_path) {
+    for (const PoolSpec& pool : cluster.pools) {
+      if (pool.kind == PoolKind::kDecode) {
+        spec.model_path = pool.model_path;
+        break;
+      }
+    }
+  }
+  return spec;
+}
+
+void LocalMode::run() {
+  const std::string source = options_.cluster_file.string();
+  std::optional<std::string> text = readText(options_.cluster_file);
+  if (!text) throw Error(source + ": cannot be read");
+  file_text_ = *text;
+  const ClusterSpec cluster = parseClusterSpec(file_text_, source);
+  const RouterSpec router_spec = routerSpecFor(cluster);
+
+  AgentSupervisor supervisor(options_.supervisor);
+  supervisor.apply(cluster.pools);
+  publish(supervisor);
+  TANDEM_LOG(kInfo) << "local: starting " << supervisor.agents().size() << " agents from "
+                    << source;
+
+  while (!supervisor.allReady()) {
+    if (waitForStop(milliseconds(0))) {
+      shutdown(supervisor, nullptr);
+      return;
+    }
+    supervisor.poll();
+    publish(supervisor);
+    if (const auto& failure = supervisor.startFailure()) {
+      shutdown(supervisor, nullptr);
+      throw Error(*failure + " (its output is above, prefixed with its name)");
+    }
+    if (supervisor.agents().empty()) waitForStop(kLoopInterval);
+  }
+
+  std::vector<AgentAddress> prefill = supervisor.readyEndpoints(PoolKind::kPrefill);
+  std::vector<AgentAddress> decode = supervisor.readyEndpoints(PoolKind::kDecode);
+  std::unique_ptr<RouterHandle> router;
+  try {
+    router = router_factory_(router_spec, prefill, decode);
+  } catch (...) {
+    shutdown(supervisor, nullptr);
+    throw;
+  }
+  router_port_ = router->port();
+  options_.supervisor.output("router listening on " + router_spec.host.value_or("127.0.0.1") + ":" +
+                             std::to_string(router->port()));
+  TANDEM_LOG(kInfo) << "local: router on " << router_spec.host.value_or("127.0.0.1") << ":"
+                    << router->port() << " with " << prefill.size() << " prefill and "
+                    << decode.size() << " decode agents";
+
+  auto next_reload = Clock::now() + options_.reload_interval;
+  while (!waitForStop(supervisor.agents().empty() ? kLoopInterval : milliseconds(5))) {
+    supervisor.poll();
+    publish(supervisor);
+    auto now_prefill = supervisor.readyEndpoints(PoolKind::kPrefill);
+    auto now_decode = supervisor.readyEndpoints(PoolKind::kDecode);
+    if (now_prefill != prefill || now_decode != decode) {
+      prefill = std::move(now_prefill);
+      decode = std::move(now_decode);
+      TANDEM_LOG(kInfo) << "local: router agents now " << prefill.size() << " prefill and "
+                        << decode.size() << " decode";
+      router->setAgents(prefill, decode);
+      ++router_updates_;
+    }
+    if (Clock::now() >= next_reload) {
+      reloadIfChanged(supervisor, router_spec);
+      next_reload = Clock::now() + options_.reload_interval;
+    }
+  }
+  shutdown(supervisor, router.get());
+}
+
+void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& running_router) {
+  const std::string source = options_.cluster_file.string();
+  std::optional<std::string> text = readText(options_.cluster_file);
+  if (!text || *text == file_text_) return;
+  // An editor may be half-way through writing: a bad text is reported once,
+  // and the next change is read again.
+  file_text_ = *text;
+  ClusterSpec cluster;
+  try {
+    cluster = parseClusterSpec(*text, source);
+  } catch (const Error& e) {
+    TANDEM_LOG(kError) << "local: " << e.what() << "; keeping the running cluster";
+    std::lock_guard<std::mutex> lock(mutex_);
+    file_error_ = e.what();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    file_error_.clear();
+  }
+  TANDEM_LOG(kInfo) << "local: " << source << " changed: applying it";
+  if (routerSpecFor(cluster) != running_router) {
+    TANDEM_LOG(kWarn) << "local: the Router document changed; restart tandem-operator to apply "
+                         "it (pools are applied now)";
+  }
+  supervisor.apply(cluster.pools);
+  publish(supervisor);
+}
+
+void LocalMode::shutdown(AgentSupervisor& supervisor, RouterHandle* router) {
+  const double grace_s = std::chrono::duration<double>(options_.supervisor.stop_timeout).count();
+  if (router != nullptr) {
+    TANDEM_LOG(kInfo) << "local: stopping the router";
+    router->stop(grace_s);
+    router_port_ = 0;
+  }
+  TANDEM_LOG(kInfo) << "local: stopping the agents";
+  supervisor.beginStop();
+  while (!supervisor.stopped()) {
+    supervisor.poll();
+    publish(supervisor);
+    if (supervisor.agents().empty()) break;
+  }
+  publish(supervisor);
+  TANDEM_LOG(kInfo) << "local: stopped";
+}
+
+}  // namespace tandem::local

@@ -1,0 +1,350 @@
+// tandem-operator. Subcommands:
+//   local   — the pools of a cluster file as local agent processes behind one
+//             router (docs/local-mode.md)
+//   router  — the router alone, in front of agents given by address
+// Both print "router listening on HOST:PORT" on stdout once they serve, and
+// stop cleanly on SIGINT or SIGTERM.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/status.h"
+#include "operator/local/cluster_spec.h"
+#include "operator/local/local_mode.h"
+#include "operator/router/router.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tandem::Error;
+using tandem::local::AgentAddress;
+using tandem::local::RouterSpec;
+using tandem::router::AgentEndpoint;
+using tandem::router::RouterConfig;
+
+std::vector<AgentEndpoint> toEndpoints(const std::vector<AgentAddress>& agents) {
+  std::vector<AgentEndpoint> endpoints;
+  for (const AgentAddress& agent : agents)
+    endpoints.push_back({agent.name, agent.host, agent.port});
+  return endpoints;
+}
+
+tandem::router::Policy policyFrom(const std::string& text, const std::string& what) {
+  auto policy = tandem::router::parsePolicy(text);
+  if (!policy.isOk()) throw Error(what + ": " + policy.status().message());
+  return *policy;
+}
+
+// The fields a Router document sets, over RouterConfig's defaults.
+void applyRouterSpec(const RouterSpec& spec, const std::string& source, RouterConfig& config) {
+  if (spec.host) config.host = *spec.host;
+  if (spec.port) config.port = *spec.port;
+  if (spec.policy) config.policy = policyFrom(*spec.policy, source + ": spec.policy");
+  if (spec.disagg_threshold_tokens) config.disagg_threshold_tokens = *spec.disagg_threshold_tokens;
+  if (spec.pull_back) config.pull_back = *spec.pull_back;
+  if (spec.max_queued_requests) config.max_queued_requests = *spec.max_queued_requests;
+  if (spec.max_inflight_requests) config.max_inflight_requests = *spec.max_inflight_requests;
+  if (spec.upstream_timeout_s) config.upstream_timeout_s = *spec.upstream_timeout_s;
+  if (spec.threads) config.threads = *spec.threads;
+  if (spec.model_path) config.model_dir = *spec.model_path;
+  if (spec.poll_interval_s) config.poll_interval_s = *spec.poll_interval_s;
+  if (!spec.prefill.empty()) config.prefill = toEndpoints(spec.prefill);
+  if (!spec.decode.empty()) config.decode = toEndpoints(spec.decode);
+}
+
+// Local mode's view of an in-process tandem::router::Router.
+class InProcessRouter final : public tandem::local::RouterHandle {
+ public:
+  explicit InProcessRouter(RouterConfig config) : router_(std::move(config)) { router_.start(); }
+  int port() const override { return router_.port(); }
+  void setAgents(std::vector<AgentAddress> prefill, std::vector<AgentAddress> decode) override {
+    router_.setAgents(toEndpoints(prefill), toEndpoints(decode));
+  }
+  void stop(double grace_seconds) override { router_.stop(grace_seconds); }
+
+ private:
+  tandem::router::Router router_;
+};
+
+// SIGINT and SIGTERM are taken by a watcher thread, never by a handler. The
+// constructor blocks them in the calling thread, so it must run before any
+// other thread starts (threads and child processes inherit the mask; agents
+// wait for these signals themselves).
+class SignalWatcher {
+ public:
+  explicit SignalWatcher(std::function<void(int)> on_signal) {
+    sigset_t set = signals();
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    thread_ = std::thread([this, on_signal = std::move(on_signal)] {
+      const sigset_t set = signals();
+      const timespec poll_interval{0, 100'000'000};
+      while (!done_) {
+        const int signal_number = sigtimedwait(&set, nullptr, &poll_interval);
+        if (signal_number > 0) on_signal(signal_number);
+      }
+    });
+  }
+  ~SignalWatcher() {
+    done_ = true;
+    thread_.join();
+  }
+  SignalWatcher(const SignalWatcher&) = delete;
+  SignalWatcher& operator=(const SignalWatcher&) = delete;
+
+ private:
+  static sigset_t signals() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    return set;
+  }
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+std::chrono::milliseconds millisecondsOf(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+struct LocalFlags {
+  std::string file;
+  int port = 0;
+  std::string policy;
+  std::string agent_binary;
+  double stop_timeout_s = 10;
+  double startup_timeout_s = 300;
+  double restart_backoff_s = 1;
+  double max_restart_backoff_s = 30;
+};
+
+CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
+  CLI::App* local = app.add_subcommand(
+      "local", "run the pools of a cluster file as local agents behind one router");
+  local->add_option("-f,--file", flags.file, "cluster file (PrefillPool, DecodePool, Router)")
+      ->required();
+  local->add_option("--port", flags.port, "router port (overrides the file; 0: a free one)")
+      ->check(CLI::Range(0, 65535));
+  local->add_option("--policy", flags.policy, "routing policy: kv, round_robin or random")
+      ->check(CLI::IsMember({"kv", "round_robin", "random"}));
+  local->add_option("--agent-binary", flags.agent_binary,
+                    "tandem-agent to run (default: the one next to tandem-operator)");
+  local
+      ->add_option("--stop-timeout", flags.stop_timeout_s,
+                   "seconds between SIGTERM and SIGKILL when agents stop")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  local
+      ->add_option("--startup-timeout", flags.startup_timeout_s,
+                   "seconds an agent may take to become healthy")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  local
+      ->add_option("--restart-backoff", flags.restart_backoff_s,
+                   "first delay before restarting a crashed agent (doubles each crash)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  local
+      ->add_option("--max-restart-backoff", flags.max_restart_backoff_s,
+                   "longest delay before restarting a crashed agent")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  return local;
+}
+
+int runLocal(CLI::App& command, const LocalFlags& flags) {
+  tandem::local::LocalModeOptions options;
+  options.cluster_file = flags.file;
+  if (command.get_option("--port")->count() > 0) options.port = flags.port;
+  if (!flags.policy.empty()) options.policy = flags.policy;
+  fs::path agent_binary = flags.agent_binary;
+  if (agent_binary.empty()) {
+    agent_binary = fs::read_symlink("/proc/self/exe").parent_path() / "tandem-agent";
+  }
+  if (!fs::exists(agent_binary)) {
+    throw Error("no tandem-agent at " + agent_binary.string() +
+                ": build it, or pass --agent-binary");
+  }
+  options.supervisor.agent_binary = agent_binary;
+  options.supervisor.stop_timeout = millisecondsOf(flags.stop_timeout_s);
+  options.supervisor.startup_timeout = millisecondsOf(flags.startup_timeout_s);
+  options.supervisor.initial_backoff = millisecondsOf(flags.restart_backoff_s);
+  options.supervisor.max_backoff =
+      millisecondsOf(std::max(flags.max_restart_backoff_s, flags.restart_backoff_s));
+
+  const std::string source = flags.file;
+  tandem::local::LocalMode mode(
+      std::move(options),
+      [&source](const RouterSpec& spec, std::vector<AgentAddress> prefill,
+                std::vector<AgentAddress> decode) -> std::unique_ptr<tandem::local::RouterHandle> {
+        RouterConfig config;
+        applyRouterSpec(spec, source, config);
+        config.prefill = toEndpoints(prefill);
+        config.decode = toEndpoints(decode);
+        return std::make_unique<InProcessRouter>(std::move(config));
+      });
+  SignalWatcher signals([&mode](int signal_number) {
+    TANDEM_LOG(kInfo) << "local: signal " << signal_number << ": stopping";
+    mode.requestStop();
+  });
+  mode.run();
+  return 0;
+}
+
+struct RouterFlags {
+  std::string config_path;
+  std::string host;
+  int port = 0;
+  std::string policy;
+  std::vector<std::string> prefill;
+  std::vector<std::string> decode;
+  int64_t disagg_threshold_tokens = 0;
+  bool pull_back = true;
+  int64_t max_queued_requests = 0;
+  int64_t max_inflight_requests = 0;
+  double upstream_timeout_s = 0;
+  int threads = 0;
+  std::string model_dir;
+  double poll_interval_s = 0;
+  double shutdown_timeout_s = 10;
+};
+
+CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
+  const RouterConfig defaults;
+  CLI::App* command =
+      app.add_subcommand("router", "the KV-aware router in front of agents given by address");
+  command->add_option("--config", flags.config_path,
+                      "YAML file with one Router document (flags override it)");
+  command->add_option("--host", flags.host, "address to listen on (default " + defaults.host + ")");
+  command->add_option("--port", flags.port, "port (0: any free port; default 8000)")
+      ->check(CLI::Range(0, 65535));
+  command->add_option("--policy", flags.policy, "kv, round_robin or random (default kv)")
+      ->check(CLI::IsMember({"kv", "round_robin", "random"}));
+  command->add_option("--prefill", flags.prefill,
+                      "a prefill agent, NAME=HOST:PORT or HOST:PORT (repeatable)");
+  command->add_option("--decode", flags.decode,
+                      "a decode agent, NAME=HOST:PORT or HOST:PORT (repeatable)");
+  command
+      ->add_option("--disagg-threshold-tokens", flags.disagg_threshold_tokens,
+                   "prefill on the decode agent when fewer uncached prompt tokens (default " +
+                       std::to_string(defaults.disagg_threshold_tokens) + ")")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--pull-back", flags.pull_back,
+                      "let a decode agent lend its cached prefix to the prefill agent "
+                      "(true/false, default true)");
+  command
+      ->add_option("--max-queued-requests", flags.max_queued_requests,
+                   "requests waiting for an upstream slot before 503 (default " +
+                       std::to_string(defaults.max_queued_requests) + ")")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--max-inflight-requests", flags.max_inflight_requests,
+                   "requests sent upstream at once (default " +
+                       std::to_string(defaults.max_inflight_requests) + ")")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--upstream-timeout", flags.upstream_timeout_s,
+                   "seconds an upstream call may take (default 600)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--threads", flags.threads, "I/O threads (default 2)")
+      ->check(CLI::Range(1, 256));
+  command->add_option("--model-dir", flags.model_dir,
+                      "model directory for the tokenizer (default: the one the agents report)");
+  command
+      ->add_option("--poll-interval", flags.poll_interval_s,
+                   "seconds between agent health/load polls (default 0.5)")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--shutdown-timeout", flags.shutdown_timeout_s,
+                   "seconds in-flight requests get after SIGTERM")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  return command;
+}
+
+std::vector<AgentEndpoint> endpointsFromFlags(const std::vector<std::string>& texts,
+                                              const std::string& role) {
+  std::vector<AgentEndpoint> endpoints;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    AgentAddress agent =
+        tandem::local::parseAgentAddress(texts[i], role + "-" + std::to_string(i), "--" + role);
+    endpoints.push_back({agent.name, agent.host, agent.port});
+  }
+  return endpoints;
+}
+
+int runRouter(CLI::App& command, const RouterFlags& flags) {
+  RouterConfig config;
+  if (!flags.config_path.empty()) {
+    applyRouterSpec(tandem::local::loadRouterSpec(flags.config_path), flags.config_path, config);
+  }
+  auto given = [&](const char* name) { return command.get_option(name)->count() > 0; };
+  if (given("--host")) config.host = flags.host;
+  if (given("--port")) config.port = flags.port;
+  if (given("--policy")) config.policy = policyFrom(flags.policy, "--policy");
+  if (given("--prefill")) config.prefill = endpointsFromFlags(flags.prefill, "prefill");
+  if (given("--decode")) config.decode = endpointsFromFlags(flags.decode, "decode");
+  if (given("--disagg-threshold-tokens")) {
+    config.disagg_threshold_tokens = flags.disagg_threshold_tokens;
+  }
+  if (given("--pull-back")) config.pull_back = flags.pull_back;
+  if (given("--max-queued-requests")) config.max_queued_requests = flags.max_queued_requests;
+  if (given("--max-inflight-requests")) config.max_inflight_requests = flags.max_inflight_requests;
+  if (given("--upstream-timeout")) config.upstream_timeout_s = flags.upstream_timeout_s;
+  if (given("--threads")) config.threads = flags.threads;
+  if (given("--model-dir")) config.model_dir = flags.model_dir;
+  if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;
+
+  std::mutex mutex;
+  std::condition_variable signalled;
+  bool stop = false;
+  SignalWatcher signals([&](int signal_number) {
+    TANDEM_LOG(kInfo) << "router: signal " << signal_number << ": stopping";
+    std::lock_guard<std::mutex> lock(mutex);
+    stop = true;
+    signalled.notify_all();
+  });
+  const std::string host = config.host;
+  tandem::router::Router router(std::move(config));
+  router.start();
+  std::printf("router listening on %s:%d\n", host.c_str(), router.port());
+  std::fflush(stdout);
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    signalled.wait(lock, [&] { return stop; });
+  }
+  router.stop(flags.shutdown_timeout_s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem-operator: the KV-aware router and local mode"};
+  app.require_subcommand(1);
+  LocalFlags local_flags;
+  CLI::App* local = addLocalCommand(app, local_flags);
+  RouterFlags router_flags;
+  CLI::App* router = addRouterCommand(app, router_flags);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (local->parsed()) return runLocal(*local, local_flags);
+    if (router->parsed()) return runRouter(*router, router_flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem-operator: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

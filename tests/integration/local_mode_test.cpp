@@ -1,0 +1,420 @@
+// Local mode with real agents: LocalMode in-process (a fake router records
+// what it is told) starts a cluster file's pools, restarts a killed agent,
+// follows edits of the file and leaves no process behind; tandem-operator
+// itself serves through its router and stops everything on SIGTERM.
+#include "operator/local/local_mode.h"
+
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "tests/support/agent_server.h"
+
+namespace tandem::local {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::eventually;
+using testing::TempDir;
+
+// A cluster file for the tiny test model: light agents (one kernel thread,
+// 128 KV blocks), short prompts disaggregated.
+std::string clusterYaml(int prefill_replicas, int decode_replicas,
+                        const std::string& prefill_model = testing::tinyModelDir().string()) {
+  auto pool = [](const std::string& kind, const std::string& name, int replicas,
+                 const std::string& model) {
+    return "apiVersion: tandem.dev/v1alpha1\nkind: " + kind + "\nmetadata:\n  name: " + name +
+           "\nspec:\n  replicas: " + std::to_string(replicas) + "\n  model:\n    path: " + model +
+           "\n    name: tiny\n  engine:\n    numBlocks: 128\n    threads: 1\n"
+           "    shutdownTimeoutSeconds: 5\n";
+  };
+  return pool("PrefillPool", "prefill", prefill_replicas, prefill_model) + "---\n" +
+         pool("DecodePool", "decode", decode_replicas, testing::tinyModelDir().string()) +
+         "---\napiVersion: tandem.dev/v1alpha1\nkind: Router\nspec:\n"
+         "  disaggThresholdTokens: 16\n";
+}
+
+// Replaces the file's content (a new inode, as editors save).
+void rewrite(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".new";
+  std::ofstream(temporary, std::ios::binary) << text;
+  fs::rename(temporary, path);
+}
+
+// Live or unreaped children of `parent`.
+std::vector<pid_t> childPids(pid_t parent) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(text.substr(paren + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == parent) pids.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  return pids;
+}
+
+bool processExists(pid_t pid) { return fs::exists("/proc/" + std::to_string(pid)); }
+
+bool healthy(int port) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(1, 0);
+  auto response = client.Get("/health");
+  return response && response->status == 200;
+}
+
+// What local mode told the router.
+struct RouterLog {
+  std::mutex mutex;
+  bool started = false;
+  bool stopped = false;
+  RouterSpec spec;
+  // Each agent set the router had: the first one, then every setAgents().
+  std::vector<std::pair<std::vector<AgentAddress>, std::vector<AgentAddress>>> history;
+
+  bool isStarted() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return started;
+  }
+  std::pair<std::vector<AgentAddress>, std::vector<AgentAddress>> current() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return history.empty() ? decltype(history)::value_type{} : history.back();
+  }
+};
+
+class FakeRouter final : public RouterHandle {
+ public:
+  FakeRouter(std::shared_ptr<RouterLog> log, int port) : log_(std::move(log)), port_(port) {}
+  int port() const override { return port_; }
+  void setAgents(std::vector<AgentAddress> prefill, std::vector<AgentAddress> decode) override {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->history.emplace_back(std::move(prefill), std::move(decode));
+  }
+  void stop(double) override {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    log_->stopped = true;
+  }
+
+ private:
+  std::shared_ptr<RouterLog> log_;
+  int port_;
+};
+
+class LocalModeTest : public ::testing::Test {
+ protected:
+  LocalModeOptions options(const fs::path& file) {
+    LocalModeOptions options;
+    options.cluster_file = file;
+    options.port = 18000;  // the fake router binds nothing
+    options.reload_interval = milliseconds(100);
+    options.supervisor.agent_binary = fs::path(TANDEM_BIN_DIR) / "tandem-agent";
+    options.supervisor.initial_backoff = milliseconds(100);
+    options.supervisor.startup_timeout = seconds(120);
+    options.supervisor.stop_timeout = seconds(10);
+    options.supervisor.output = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(lines_mutex_);
+      lines_.push_back(line);
+    };
+    return options;
+  }
+  RouterFactory fakeRouter() {
+    return [log = log_](const RouterSpec& spec, std::vector<AgentAddress> prefill,
+                        std::vector<AgentAddress> decode) {
+      std::lock_guard<std::mutex> lock(log->mutex);
+      log->started = true;
+      log->spec = spec;
+      log->history.emplace_back(std::move(prefill), std::move(decode));
+      return std::make_unique<FakeRouter>(log, spec.port.value_or(8000));
+    };
+  }
+  bool printed(const std::string& prefix) {
+    std::lock_guard<std::mutex> lock(lines_mutex_);
+    return std::any_of(lines_.begin(), lines_.end(),
+                       [&](const std::string& line) { return line.starts_with(prefix); });
+  }
+  std::optional<AgentStatus> agent(const LocalMode& mode, const std::string& name) {
+    for (const AgentStatus& status : mode.agents()) {
+      if (status.name == name) return status;
+    }
+    return std::nullopt;
+  }
+  bool ready(const LocalMode& mode, const std::string& name) {
+    auto status = agent(mode, name);
+    return status && status->state == AgentState::kReady;
+  }
+  // Runs `mode` on a thread; the error it threw, if any, lands in run_error_.
+  void start(LocalMode& mode) {
+    runner_ = std::thread([this, &mode] {
+      try {
+        mode.run();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(lines_mutex_);
+        run_error_ = e.what();
+      }
+    });
+  }
+  void TearDown() override {
+    if (runner_.joinable()) runner_.join();
+  }
+
+  TempDir dir_{"tandem-local-mode-test"};
+  std::shared_ptr<RouterLog> log_ = std::make_shared<RouterLog>();
+  std::mutex lines_mutex_;
+  std::vector<std::string> lines_;
+  std::string run_error_;
+  std::thread runner_;
+};
+
+TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+
+  // Both agents ready, then the router started with them.
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  const AgentStatus prefill = *agent(mode, "prefill-0");
+  const AgentStatus decode = *agent(mode, "decode-0");
+  EXPECT_EQ(mode.agents().size(), 2u);
+  EXPECT_EQ(prefill.state, AgentState::kReady);
+  EXPECT_EQ(decode.state, AgentState::kReady);
+  EXPECT_TRUE(healthy(prefill.port));
+  EXPECT_TRUE(healthy(decode.port));
+  EXPECT_EQ(log_->current().first,
+            (std::vector<AgentAddress>{{"prefill-0", "127.0.0.1", prefill.port}}));
+  EXPECT_EQ(log_->current().second,
+            (std::vector<AgentAddress>{{"decode-0", "127.0.0.1", decode.port}}));
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    EXPECT_EQ(log_->spec.port, 18000);  // --port over the file
+    EXPECT_EQ(log_->spec.disagg_threshold_tokens, 16);
+    EXPECT_EQ(log_->spec.model_path, testing::tinyModelDir().string());  // the pools' model
+  }
+  EXPECT_TRUE(printed("[prefill-0] listening on 127.0.0.1:" + std::to_string(prefill.port)));
+  EXPECT_TRUE(printed("[decode-0] listening on 127.0.0.1:" + std::to_string(decode.port)));
+  EXPECT_TRUE(printed("router listening on 127.0.0.1:18000"));
+
+  // A killed agent is started again: a new process, healthy, given to the
+  // router; meanwhile the router had no decode agent.
+  ASSERT_EQ(::kill(decode.pid, SIGKILL), 0);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto now = agent(mode, "decode-0");
+        return now && now->state == AgentState::kReady && now->pid != decode.pid;
+      },
+      seconds(60)));
+  const AgentStatus restarted = *agent(mode, "decode-0");
+  EXPECT_EQ(restarted.restarts, 1);
+  EXPECT_TRUE(healthy(restarted.port));
+  EXPECT_FALSE(processExists(decode.pid));
+  EXPECT_TRUE(eventually([&] {
+    return log_->current().second ==
+           std::vector<AgentAddress>{{"decode-0", "127.0.0.1", restarted.port}};
+  }));
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    EXPECT_TRUE(std::any_of(log_->history.begin(), log_->history.end(),
+                            [](const auto& agents) { return agents.second.empty(); }));
+  }
+  EXPECT_EQ(agent(mode, "prefill-0")->pid, prefill.pid);  // untouched
+
+  // One more decode replica in the file: one more agent, given to the router.
+  rewrite(file, clusterYaml(1, 2));
+  ASSERT_TRUE(eventually([&] { return ready(mode, "decode-1"); }, seconds(60)));
+  const AgentStatus added = *agent(mode, "decode-1");
+  EXPECT_TRUE(healthy(added.port));
+  EXPECT_TRUE(eventually([&] { return log_->current().second.size() == 2; }));
+  EXPECT_EQ(agent(mode, "decode-0")->pid, restarted.pid);
+
+  // An edit that does not parse changes nothing; the next good one applies.
+  rewrite(file, clusterYaml(1, 1) + "  bogus: 1\n");
+  ASSERT_TRUE(eventually([&] {
+    return mode.fileError().find(": document 3 (Router): spec.bogus is not a field of spec") !=
+           std::string::npos;
+  }));
+  EXPECT_EQ(mode.agents().size(), 3u);
+  EXPECT_EQ(agent(mode, "decode-1")->pid, added.pid);
+  rewrite(file, clusterYaml(1, 1));
+  ASSERT_TRUE(eventually([&] { return !agent(mode, "decode-1"); }, seconds(30)));
+  EXPECT_EQ(mode.fileError(), "");
+  EXPECT_FALSE(processExists(added.pid));
+  EXPECT_TRUE(eventually([&] { return log_->current().second.size() == 1; }));
+
+  // Stop: the router, then every agent; nothing is left running.
+  const std::vector<pid_t> agents = childPids(::getpid());
+  EXPECT_EQ(agents.size(), 2u);
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+  EXPECT_TRUE(log_->stopped);
+  EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
+  for (pid_t pid : agents) EXPECT_FALSE(processExists(pid)) << pid;
+}
+
+TEST_F(LocalModeTest, ABadFileStartsNothing) {
+  std::string text = clusterYaml(1, 1);
+  text.replace(text.rfind("numBlocks: 128"), 14, "numBlocks: lots");
+  const fs::path file = dir_.write("cluster.yaml", text);
+  LocalMode mode(options(file), fakeRouter());
+  try {
+    mode.run();
+    FAIL() << "a bad file was run";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              file.string() +
+                  ": document 2 (DecodePool \"decode\"): spec.engine.numBlocks must be a "
+                  "positive integer, got \"lots\" (line 25)");
+  }
+  EXPECT_FALSE(log_->isStarted());
+  EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
+}
+
+TEST_F(LocalModeTest, AnAgentThatCannotStartStopsTheCluster) {
+  const fs::path file =
+      dir_.write("cluster.yaml", clusterYaml(1, 1, (dir_.path() / "no-model").string()));
+  LocalMode mode(options(file), fakeRouter());
+  try {
+    mode.run();
+    FAIL() << "a cluster whose prefill agent cannot start was run";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "prefill-0 exited with status 1 before it was ready (its output is above, "
+              "prefixed with its name)");
+  }
+  EXPECT_TRUE(printed("[prefill-0] tandem-agent: "));  // the agent's own reason
+  EXPECT_FALSE(log_->isStarted());
+  EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
+}
+
+TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return childPids(::getpid()).size() == 2; }));
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+  EXPECT_FALSE(log_->isStarted());
+  EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
+}
+
+// tandem-operator itself, with its in-process router.
+class OperatorBinaryTest : public ::testing::Test {
+ protected:
+  fs::path binary_ = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
+  TempDir dir_{"tandem-operator-test"};
+};
+
+TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  const std::string line = op.waitForLine("router listening on ", seconds(120));
+  ASSERT_FALSE(line.empty()) << op.stderrText();
+  const int port = std::stoi(line.substr(line.rfind(':') + 1));
+  ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
+
+  // One request, prefilled on prefill-0 and decoded on decode-0.
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  auto response =
+      client.Post("/v1/completions", testing::greedy(testing::randomPrompt(75, 7), 8).dump(),
+                  "application/json");
+  ASSERT_TRUE(response) << op.stderrText();
+  EXPECT_EQ(response->status, 200) << response->body;
+  EXPECT_EQ(response->get_header_value("x-tandem-prefill-agent"), "prefill-0");
+  EXPECT_EQ(response->get_header_value("x-tandem-decode-agent"), "decode-0");
+  EXPECT_EQ(response->get_header_value("x-tandem-kv-blocks-moved"), "4");
+  EXPECT_EQ(testing::tokenIds(nlohmann::json::parse(response->body)).size(), 8u);
+
+  const std::vector<pid_t> agents = childPids(op.pid());
+  ASSERT_EQ(agents.size(), 2u);
+  op.readStdout(milliseconds(10));  // its pipe must not fill
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+  for (pid_t pid : agents) EXPECT_FALSE(processExists(pid)) << pid;
+  const std::string output = op.readStdout(seconds(1));
+  EXPECT_NE(output.find("[decode-0] "), std::string::npos) << output;
+  // Agents drain on SIGTERM: their signals are blocked before they start, so
+  // sigwait() takes it whatever thread the agent had started.
+  const std::string log = op.stderrText();
+  for (const char* name : {"prefill-0", "decode-0"}) {
+    EXPECT_NE(log.find(std::string("local: ") + name + " (pid "), std::string::npos) << log;
+  }
+  EXPECT_EQ(log.find("was killed by signal"), std::string::npos) << log;
+  EXPECT_NE(log.find("local: stopped"), std::string::npos) << log;
+}
+
+TEST_F(OperatorBinaryTest, ABadFileIsOneLineNamingTheField) {
+  std::string text = clusterYaml(1, 1);
+  text.replace(text.find("threads: 1"), 10, "threads: many");
+  const fs::path file = dir_.write("cluster.yaml", text);
+  Subprocess op({binary_.string(), "local", "-f", file.string()}, dir_.path() / "stderr");
+  EXPECT_EQ(op.wait(seconds(30)), 1);
+  EXPECT_EQ(op.stderrText(), "tandem-operator: " + file.string() +
+                                 ": document 1 (PrefillPool \"prefill\"): spec.engine.threads "
+                                 "must be an integer between 0 and 1024, got \"many\" (line 12)\n");
+}
+
+TEST_F(OperatorBinaryTest, RouterCommandTakesAgentsFromItsFileOrItsFlags) {
+  const fs::path file = dir_.write("router.yaml", R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+spec:
+  port: 0
+  decode:
+    - {name: from-file, host: 127.0.0.1, port: 9}
+)");
+  auto agentsNamed = [&](const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {binary_.string(), "router", "--config", file.string()};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    Subprocess router(argv, dir_.path() / "stderr");
+    const std::string line = router.waitForLine("router listening on ", seconds(30));
+    if (line.empty()) return "did not start: " + router.stderrText();
+    const int port = std::stoi(line.substr(line.rfind(':') + 1));
+    httplib::Client client("127.0.0.1", port);
+    auto health = client.Get("/health");
+    EXPECT_TRUE(health && health->status == 503);  // nothing listens on port 9
+    auto metrics = client.Get("/metrics");
+    router.signal(SIGTERM);
+    EXPECT_EQ(router.wait(seconds(30)), 0) << router.stderrText();
+    std::string names;
+    for (const char* name : {"from-file", "from-flag", "decode-0"}) {
+      if (metrics &&
+          metrics->body.find(std::string("agent=\"") + name + "\"") != std::string::npos) {
+        names += std::string(names.empty() ? "" : " ") + name;
+      }
+    }
+    return names;
+  };
+  EXPECT_EQ(agentsNamed({}), "from-file");
+  EXPECT_EQ(agentsNamed({"--decode", "from-flag=127.0.0.1:9"}), "from-flag");
+  EXPECT_EQ(agentsNamed({"--decode", "127.0.0.1:9", "--pull-back", "false"}), "decode-0");
+
+  Subprocess bad({binary_.string(), "router", "--config", file.string(), "--decode", "nowhere"},
+                 dir_.path() / "stderr");
+  EXPECT_EQ(bad.wait(seconds(30)), 1);
+  EXPECT_EQ(bad.stderrText(),
+            "tandem-operator: --decode must be NAME=HOST:PORT or HOST:PORT with a port between 1 "
+            "and 65535, got \"nowhere\"\n");
+}
+
+}  // namespace
+}  // namespace tandem::local

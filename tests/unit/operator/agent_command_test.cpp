@@ -1,0 +1,117 @@
+// A pool's spec as a `tandem-agent serve` command line: each engine field is
+// its flag, unset fields are left to the agent, the connector is vLLM's JSON.
+#include "operator/local/agent_command.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::local {
+namespace {
+
+PoolSpec minimalPool(PoolKind kind) {
+  PoolSpec pool;
+  pool.kind = kind;
+  pool.name = kind == PoolKind::kPrefill ? "prefill" : "decode";
+  pool.model_path = "models/small";
+  pool.served_model_name = "small";
+  return pool;
+}
+
+TEST(AgentCommandTest, MinimalPoolPassesOnlyWhatItMust) {
+  const std::vector<std::string> expected = {"/bin/tandem-agent",
+                                             "serve",
+                                             "--model",
+                                             "models/small",
+                                             "--served-model-name",
+                                             "small",
+                                             "--host",
+                                             "127.0.0.1",
+                                             "--port",
+                                             "0",
+                                             "--role",
+                                             "decode",
+                                             "--kv-transfer-config",
+                                             R"({"kv_connector":"ucx","kv_role":"kv_both"})"};
+  EXPECT_EQ(agentArguments(minimalPool(PoolKind::kDecode), "/bin/tandem-agent", "127.0.0.1", 0),
+            expected);
+}
+
+TEST(AgentCommandTest, EveryEngineFieldIsItsFlag) {
+  PoolSpec pool = minimalPool(PoolKind::kPrefill);
+  pool.engine.block_size = 32;
+  pool.engine.num_blocks = 4096;
+  pool.engine.kv_dtype = "f32";
+  pool.engine.max_num_seqs = 8;
+  pool.engine.max_num_batched_tokens = 512;
+  pool.engine.max_model_len = 1024;
+  pool.engine.max_waiting_requests = 100;
+  pool.engine.prefix_caching_hash = "sha256";
+  pool.engine.shutdown_timeout_s = 2.5;
+  pool.engine.threads = 4;
+  pool.kv_transfer.role = "kv_producer";
+  pool.kv_transfer.extra_config = {{"abort_timeout_s", 60}};
+  pool.extra_args = {"--insecure-kv"};
+  const std::vector<std::string> expected = {
+      "agent",
+      "--threads",
+      "4",
+      "serve",
+      "--model",
+      "models/small",
+      "--served-model-name",
+      "small",
+      "--host",
+      "0.0.0.0",
+      "--port",
+      "8000",
+      "--role",
+      "prefill",
+      "--block-size",
+      "32",
+      "--num-blocks",
+      "4096",
+      "--kv-dtype",
+      "f32",
+      "--max-num-seqs",
+      "8",
+      "--max-num-batched-tokens",
+      "512",
+      "--max-model-len",
+      "1024",
+      "--max-waiting-requests",
+      "100",
+      "--prefix-caching-hash",
+      "sha256",
+      "--shutdown-timeout",
+      "2.5",
+      "--kv-transfer-config",
+      R"({"kv_connector":"ucx","kv_connector_extra_config":{"abort_timeout_s":60},"kv_role":"kv_producer"})",
+      "--insecure-kv"};
+  EXPECT_EQ(agentArguments(pool, "agent", "0.0.0.0", 8000), expected);
+
+  pool.engine.num_blocks.reset();
+  pool.engine.kv_cache_memory = "8GiB";
+  const auto argv = agentArguments(pool, "agent", "0.0.0.0", 8000);
+  const auto flag = std::find(argv.begin(), argv.end(), "--kv-cache-memory");
+  ASSERT_NE(flag, argv.end());
+  EXPECT_EQ(*(flag + 1), "8GiB");
+  EXPECT_EQ(std::find(argv.begin(), argv.end(), "--num-blocks"), argv.end());
+}
+
+TEST(AgentCommandTest, KvTransferConfigIsVllmShaped) {
+  PoolSpec pool = minimalPool(PoolKind::kDecode);
+  pool.kv_transfer.connector = "multi";
+  pool.kv_transfer.extra_config = nlohmann::json::parse(
+      R"({"connectors": [{"kv_connector": "offload",
+                          "kv_connector_extra_config": {"capacity_blocks": 64}},
+                         {"kv_connector": "ucx"}]})");
+  EXPECT_EQ(nlohmann::json::parse(kvTransferConfigJson(pool)),
+            nlohmann::json::parse(R"({"kv_connector": "multi", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"connectors": [
+                {"kv_connector": "offload", "kv_connector_extra_config": {"capacity_blocks": 64}},
+                {"kv_connector": "ucx"}]}})"));
+}
+
+}  // namespace
+}  // namespace tandem::local

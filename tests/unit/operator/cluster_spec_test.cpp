@@ -1,0 +1,456 @@
+// The cluster file parser: every field of the PrefillPool/DecodePool/Router
+// documents, the errors a user can cause (each naming the file, document,
+// kind, name, field and line), and the CRDs in crds/ against the parser.
+#include "operator/local/cluster_spec.h"
+
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "common/status.h"
+
+namespace tandem::local {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kPrefill = R"(apiVersion: tandem.dev/v1alpha1
+kind: PrefillPool
+metadata:
+  name: prefill
+spec:
+  model:
+    path: /models/small
+)";
+
+const char* kDecode = R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata:
+  name: decode
+spec:
+  model:
+    path: /models/small
+)";
+
+std::string documents(std::initializer_list<std::string> parts) {
+  std::string text;
+  for (const std::string& part : parts) {
+    if (!text.empty()) text += "---\n";
+    text += part;
+  }
+  return text;
+}
+
+// The message parseClusterSpec throws for `text`.
+std::string errorFor(const std::string& text) {
+  try {
+    parseClusterSpec(text, "c.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << text;
+  return "";
+}
+
+TEST(ClusterSpecTest, ReadsEveryField) {
+  const std::string text = documents({R"(apiVersion: tandem.dev/v1alpha1
+kind: PrefillPool
+metadata:
+  name: prefill
+  labels: {team: serving}
+spec:
+  replicas: 3
+  model:
+    path: /models/llama/
+    name: llama
+  image: ghcr.io/tandem/agent:0.1
+  resources:
+    limits: {nvidia.com/gpu: 1, memory: 64Gi}
+    requests: {cpu: 500m}
+  engine:
+    blockSize: 32
+    kvCacheMemory: 8Gi
+    kvDtype: f32
+    maxNumSeqs: 128
+    maxNumBatchedTokens: 4096
+    maxModelLen: 8192
+    maxWaitingRequests: 100
+    prefixCachingHash: sha256
+    shutdownTimeoutSeconds: 2.5
+    threads: 4
+  kvTransfer:
+    connector: ucx
+    role: kv_producer
+    extraConfig:
+      abort_timeout_s: 60
+      read_timeout_s: 2.5
+      secret: "123"
+      kv_load_failure_policy: fail
+      nested: {list: [1, true, ~]}
+    secretRef: {name: kv, key: secret}
+  env:
+    - {name: UCX_TLS, value: tcp}
+    - {name: EMPTY}
+  extraArgs: [--insecure-kv]
+status:
+  replicas: 3
+)",
+                                      R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata:
+  name: decode
+spec:
+  replicas: 0
+  model: {path: /models/llama, name: llama}
+  engine: {blockSize: 32, kvDtype: f32, prefixCachingHash: sha256, numBlocks: 4096}
+)",
+                                      R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+spec:
+  host: 0.0.0.0
+  port: 9000
+  policy: round_robin
+  disaggThresholdTokens: 64
+  pullBack: false
+  maxQueuedRequests: 10
+  maxInflightRequests: 5
+  upstreamTimeoutSeconds: 30
+  threads: 4
+  modelPath: /models/llama
+  pollIntervalSeconds: 0.25
+)"});
+  const ClusterSpec cluster = parseClusterSpec(text, "c.yaml");
+  ASSERT_EQ(cluster.pools.size(), 2u);
+  const PoolSpec& prefill = cluster.pools[0];
+  EXPECT_EQ(prefill.kind, PoolKind::kPrefill);
+  EXPECT_EQ(prefill.name, "prefill");
+  EXPECT_EQ(prefill.document, 1);
+  EXPECT_EQ(prefill.replicas, 3);
+  EXPECT_EQ(prefill.model_path, "/models/llama/");
+  EXPECT_EQ(prefill.served_model_name, "llama");
+  EXPECT_EQ(prefill.image, "ghcr.io/tandem/agent:0.1");
+  EXPECT_EQ(prefill.engine.block_size, 32);
+  EXPECT_EQ(prefill.engine.kv_cache_memory, "8GiB");  // the agent's spelling
+  EXPECT_EQ(prefill.engine.kv_dtype, "f32");
+  EXPECT_EQ(prefill.engine.max_num_seqs, 128);
+  EXPECT_EQ(prefill.engine.max_num_batched_tokens, 4096);
+  EXPECT_EQ(prefill.engine.max_model_len, 8192);
+  EXPECT_EQ(prefill.engine.max_waiting_requests, 100);
+  EXPECT_EQ(prefill.engine.prefix_caching_hash, "sha256");
+  EXPECT_EQ(prefill.engine.shutdown_timeout_s, 2.5);
+  EXPECT_EQ(prefill.engine.threads, 4);
+  EXPECT_FALSE(prefill.engine.num_blocks.has_value());
+  EXPECT_EQ(prefill.kv_transfer.connector, "ucx");
+  EXPECT_EQ(prefill.kv_transfer.role, "kv_producer");
+  // Plain scalars keep their YAML types; quoted ones are strings.
+  EXPECT_EQ(prefill.kv_transfer.extra_config,
+            nlohmann::json::parse(R"({"abort_timeout_s": 60, "read_timeout_s": 2.5,
+              "secret": "123", "kv_load_failure_policy": "fail",
+              "nested": {"list": [1, true, null]}})"));
+  const std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", "tcp"}, {"EMPTY", ""}};
+  EXPECT_EQ(prefill.env, env);
+  EXPECT_EQ(prefill.extra_args, std::vector<std::string>{"--insecure-kv"});
+
+  const PoolSpec& decode = cluster.pools[1];
+  EXPECT_EQ(decode.kind, PoolKind::kDecode);
+  EXPECT_EQ(decode.document, 2);
+  EXPECT_EQ(decode.replicas, 0);
+  EXPECT_EQ(decode.engine.num_blocks, 4096);
+
+  const RouterSpec& router = cluster.router;
+  EXPECT_EQ(router.host, "0.0.0.0");
+  EXPECT_EQ(router.port, 9000);
+  EXPECT_EQ(router.policy, "round_robin");
+  EXPECT_EQ(router.disagg_threshold_tokens, 64);
+  EXPECT_EQ(router.pull_back, false);
+  EXPECT_EQ(router.max_queued_requests, 10);
+  EXPECT_EQ(router.max_inflight_requests, 5);
+  EXPECT_EQ(router.upstream_timeout_s, 30.0);
+  EXPECT_EQ(router.threads, 4);
+  EXPECT_EQ(router.model_path, "/models/llama");
+  EXPECT_EQ(router.poll_interval_s, 0.25);
+}
+
+TEST(ClusterSpecTest, Defaults) {
+  const ClusterSpec cluster = parseClusterSpec(documents({kPrefill, kDecode}), "c.yaml");
+  ASSERT_EQ(cluster.pools.size(), 2u);
+  for (const PoolSpec& pool : cluster.pools) {
+    EXPECT_EQ(pool.replicas, 1);
+    EXPECT_EQ(pool.served_model_name, "small");  // the directory's name, as the agent's
+    EXPECT_EQ(pool.engine, EngineSpec{});
+    EXPECT_EQ(pool.kv_transfer.connector, "ucx");
+    EXPECT_EQ(pool.kv_transfer.role, "kv_both");
+    EXPECT_TRUE(pool.kv_transfer.extra_config.empty());
+  }
+  EXPECT_EQ(cluster.router, RouterSpec{});
+}
+
+TEST(ClusterSpecTest, EmptyDocumentsAreSkippedButCounted) {
+  const ClusterSpec cluster = parseClusterSpec(
+      std::string("---\n") + kPrefill + "---\n---\n" + kDecode + "---\n", "c.yaml");
+  ASSERT_EQ(cluster.pools.size(), 2u);
+  EXPECT_EQ(cluster.pools[1].document, 3);
+}
+
+TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  const std::string decode_spec =
+      "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+      "metadata: {name: decode}\nspec:\n  model: {path: /m/small}\n";
+  const std::vector<Case> cases = {
+      {documents({kPrefill, decode_spec + "  engine:\n    blockSize: big\n"}),
+       "c.yaml: document 2 (DecodePool \"decode\"): spec.engine.blockSize must be an integer "
+       "between 1 and 1024, got \"big\" (line 15)"},  // lines count in the file
+      {documents({kPrefill, decode_spec + "  engine:\n    blockSze: 16\n"}),
+       "c.yaml: document 2 (DecodePool \"decode\"): spec.engine.blockSze is not a field of "
+       "spec.engine (accepted: blockSize, numBlocks, "},
+      {documents({decode_spec + "  replicas: -1\n"}),
+       "c.yaml: document 1 (DecodePool \"decode\"): spec.replicas must be an integer between 0 "
+       "and 1000, got \"-1\" (line 6)"},
+      {documents({decode_spec + "  engine: {maxNumSeqs: \"64\"}\n"}),
+       "spec.engine.maxNumSeqs must be a positive integer, got the string \"64\""},
+      {documents({decode_spec + "  engine: {maxNumSeqs: 0}\n"}),
+       "spec.engine.maxNumSeqs must be a positive integer, got \"0\""},
+      {documents({decode_spec + "  engine: {kvDtype: fp8}\n"}),
+       "spec.engine.kvDtype must be bf16 or f32, got \"fp8\""},
+      {documents({decode_spec + "  engine: {kvCacheMemory: lots}\n"}),
+       "spec.engine.kvCacheMemory must be a positive size such as 8GiB, 8Gi, 512MiB or "
+       "1073741824, got \"lots\""},
+      {documents({decode_spec + "  engine: {kvCacheMemory: 1GiB, numBlocks: 10}\n"}),
+       "spec.engine sets both numBlocks and kvCacheMemory: set one"},
+      {documents({decode_spec + "  engine: {shutdownTimeoutSeconds: -1}\n"}),
+       "spec.engine.shutdownTimeoutSeconds must be a number of at least 0, got \"-1\""},
+      {documents({decode_spec + "  kvTransfer: {role: kv_producer}\n"}),
+       "document 1 (DecodePool \"decode\"): spec.kvTransfer.role must be kv_consumer or kv_both, "
+       "got \"kv_producer\""},
+      {documents({std::string(kPrefill) + "  kvTransfer: {role: kv_consumer}\n", kDecode}),
+       "document 1 (PrefillPool \"prefill\"): spec.kvTransfer.role must be kv_producer or "
+       "kv_both, got \"kv_consumer\""},
+      {documents({decode_spec + "  kvTransfer: {connector: nixl}\n"}),
+       "spec.kvTransfer.connector must be ucx, storage, offload or multi, got \"nixl\""},
+      {documents({decode_spec + "  kvTransfer: {extraConfig: [1]}\n"}),
+       "spec.kvTransfer.extraConfig must be a mapping, got a list"},
+      {documents({decode_spec + "  env: [{name: 1A}]\n"}),
+       "spec.env[0].name must be letters, digits and '_', not starting with a digit, got \"1A\""},
+      {documents({decode_spec + "  env: [{value: x}]\n"}), "spec.env[0].name is required"},
+      {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
+       "spec.extraArgs[0] must be a string, got a mapping"},
+      {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
+       "spec.resources.limits.cpu must be a quantity such as 1, 500m or 8Gi, got a list"},
+      {documents({decode_spec + "  image: {}\n"}), "spec.image must be a non-empty string"},
+      {documents({kPrefill, "apiVersion: tandem.dev/v1\nkind: DecodePool\n"}),
+       "c.yaml: document 2: apiVersion must be tandem.dev/v1alpha1, got \"tandem.dev/v1\" "
+       "(line 9)"},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: Pool\n"}),
+       "c.yaml: document 1: kind must be PrefillPool, DecodePool or Router, got \"Pool\" "
+       "(line 2)"},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nspec: {}\n"}),
+       "c.yaml: document 1 (DecodePool): metadata.name is required"},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+                  "metadata: {name: Decode}\nspec: {}\n"}),
+       "metadata.name must be at most 56 lowercase letters, digits and '-'"},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+                  "metadata: {name: decode}\n"}),
+       "c.yaml: document 1 (DecodePool \"decode\"): spec is required"},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+                  "metadata: {name: decode}\nspec: {model: {}}\n"}),
+       "spec.model.path is required"},
+      {documents({decode_spec + "spek: {}\n"}),
+       "c.yaml: document 1 (DecodePool \"decode\"): spek is not a field of DecodePool "
+       "(accepted: apiVersion, kind, metadata, spec and status) (line 6)"},
+      {documents({"- 1\n"}),
+       "c.yaml: document 1: must be a mapping with apiVersion, kind, metadata and spec"},
+      {documents({kPrefill, std::string(kPrefill)}),
+       "c.yaml: document 2 (PrefillPool \"prefill\"): metadata.name \"prefill\" is used by "
+       "document 1 (PrefillPool \"prefill\") already: pool names are unique"},
+      {documents({kPrefill}), "c.yaml: no DecodePool document: a cluster needs at least one"},
+      {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\n",
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"}),
+       "c.yaml: document 3 (Router): a cluster has one Router document; document 2 (Router) is "
+       "one already"},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec:\n  decode:\n"
+                  "    - {name: d, host: h, port: 1}\n"}),
+       "c.yaml: document 2 (Router): spec.decode lists agents, which local mode starts from the "
+       "pools: remove it"},
+      {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {policy: lru}\n"}),
+       "document 2 (Router): spec.policy must be kv, round_robin or random, got \"lru\""},
+      {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {port: 70000}\n"}),
+       "spec.port must be an integer between 0 and 65535, got \"70000\""},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {pullBack: maybe}\n"}),
+       "spec.pullBack must be true or false, got \"maybe\""},
+      {documents({kPrefill, decode_spec + "  engine: {blockSize: 32}\n"}),
+       "c.yaml: document 2 (DecodePool \"decode\"): spec.engine.blockSize \"32\" differs from "
+       "\"16\" in document 1 (PrefillPool \"prefill\"): KV blocks move between pools of the same "
+       "block size only"},
+      {documents({kPrefill,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+                  "metadata: {name: decode}\nspec:\n  model: {path: /m/big}\n"}),
+       "spec.model.name \"big\" differs from \"small\" in document 1 (PrefillPool \"prefill\"): "
+       "the pools of one cluster serve one model"},
+      {documents({kPrefill, decode_spec + "  engine: {kvDtype: f32}\n"}),
+       "spec.engine.kvDtype \"f32\" differs from \"bf16\""},
+      {"apiVersion: [\n", "c.yaml: not valid YAML: "},
+  };
+  for (const Case& c : cases) {
+    const std::string message = errorFor(c.text);
+    EXPECT_NE(message.find(c.message), std::string::npos)
+        << "expected \"" << c.message << "\"\n got \"" << message << "\"\n for:\n"
+        << c.text;
+  }
+}
+
+TEST(ClusterSpecTest, RouterFile) {
+  const RouterSpec router = parseRouterSpec(R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+spec:
+  port: 0
+  prefill:
+    - {name: p0, host: 10.0.0.1, port: 8001}
+  decode:
+    - {name: d0, host: 10.0.0.2, port: 8002}
+    - {name: d1, host: 10.0.0.3, port: 8003}
+)",
+                                            "router.yaml");
+  EXPECT_EQ(router.port, 0);
+  EXPECT_EQ(router.prefill, (std::vector<AgentAddress>{{"p0", "10.0.0.1", 8001}}));
+  EXPECT_EQ(router.decode,
+            (std::vector<AgentAddress>{{"d0", "10.0.0.2", 8002}, {"d1", "10.0.0.3", 8003}}));
+
+  try {
+    parseRouterSpec(kDecode, "router.yaml");
+    FAIL() << "a pool in a router file was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "router.yaml: document 1 (DecodePool \"decode\"): a router file holds one Router "
+                 "document; pools are for `tandem-operator local -f`");
+  }
+  try {
+    parseRouterSpec(
+        "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec:\n  decode:\n"
+        "    - {name: d0, host: h, port: 0}\n",
+        "router.yaml");
+    FAIL() << "port 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "router.yaml: document 1 (Router): spec.decode[0].port must be an integer "
+                 "between 1 and 65535, got \"0\" (line 5)");
+  }
+}
+
+TEST(ClusterSpecTest, AgentAddresses) {
+  EXPECT_EQ(parseAgentAddress("p=10.0.0.1:8001", "prefill-0", "--prefill"),
+            (AgentAddress{"p", "10.0.0.1", 8001}));
+  EXPECT_EQ(parseAgentAddress("localhost:8001", "prefill-3", "--prefill"),
+            (AgentAddress{"prefill-3", "localhost", 8001}));
+  EXPECT_EQ(parseAgentAddress("d=[::1]:9", "decode-0", "--decode"), (AgentAddress{"d", "::1", 9}));
+  for (const char* bad :
+       {"host", "host:", ":80", "host:0", "host:x", "host:80x", "=host:80", "host:70000"}) {
+    try {
+      parseAgentAddress(bad, "decode-0", "--decode");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--decode must be NAME=HOST:PORT or HOST:PORT with a port between 1 "
+                            "and 65535, got \"") +
+                    bad + "\"");
+    }
+  }
+}
+
+TEST(ClusterSpecTest, ExampleFilesParse) {
+  for (const char* name : {"cluster.yaml", "cluster-2p2d.yaml"}) {
+    const ClusterSpec cluster = loadClusterSpec(fs::path(TANDEM_SOURCE_DIR) / "examples" / name);
+    EXPECT_EQ(cluster.router.port, 8000) << name;
+    int64_t prefill = 0;
+    int64_t decode = 0;
+    for (const PoolSpec& pool : cluster.pools) {
+      EXPECT_EQ(pool.model_path, "models/small") << name;
+      (pool.kind == PoolKind::kPrefill ? prefill : decode) += pool.replicas;
+    }
+    const int64_t expected = std::string(name) == "cluster.yaml" ? 1 : 2;
+    EXPECT_EQ(prefill, expected) << name;
+    EXPECT_EQ(decode, expected) << name;
+  }
+}
+
+// Field paths under `schema` (a CRD's spec schema), as poolSpecFieldPaths()
+// writes them: "engine.blockSize", list items' fields as "env[].name".
+void collectSchemaPaths(const YAML::Node& schema, const std::string& prefix,
+                        std::set<std::string>& paths) {
+  for (const auto& property : schema["properties"]) {
+    const std::string path = prefix + property.first.as<std::string>();
+    paths.insert(path);
+    const YAML::Node& child = property.second;
+    if (child["properties"]) collectSchemaPaths(child, path + ".", paths);
+    if (child["items"] && child["items"]["properties"]) {
+      collectSchemaPaths(child["items"], path + "[].", paths);
+    }
+  }
+}
+
+TEST(ClusterSpecTest, CrdsMatchTheParser) {
+  const std::vector<std::string> parser_fields = poolSpecFieldPaths();
+  const std::set<std::string> parser_paths(parser_fields.begin(), parser_fields.end());
+  struct Crd {
+    const char* file;
+    const char* kind;
+    const char* plural;
+    std::vector<std::string> roles;
+  };
+  for (const Crd& crd : {Crd{"prefillpools.tandem.dev.yaml",
+                             "PrefillPool",
+                             "prefillpools",
+                             {"kv_producer", "kv_both"}},
+                         Crd{"decodepools.tandem.dev.yaml",
+                             "DecodePool",
+                             "decodepools",
+                             {"kv_consumer", "kv_both"}}}) {
+    SCOPED_TRACE(crd.file);
+    const YAML::Node root = YAML::LoadFile(fs::path(TANDEM_SOURCE_DIR) / "crds" / crd.file);
+    EXPECT_EQ(root["apiVersion"].as<std::string>(), "apiextensions.k8s.io/v1");
+    EXPECT_EQ(root["kind"].as<std::string>(), "CustomResourceDefinition");
+    EXPECT_EQ(root["metadata"]["name"].as<std::string>(), std::string(crd.plural) + ".tandem.dev");
+    const YAML::Node spec = root["spec"];
+    EXPECT_EQ(spec["group"].as<std::string>(), "tandem.dev");
+    EXPECT_EQ(spec["names"]["kind"].as<std::string>(), crd.kind);
+    EXPECT_EQ(spec["names"]["plural"].as<std::string>(), crd.plural);
+    ASSERT_EQ(spec["versions"].size(), 1u);
+    const YAML::Node version = spec["versions"][0];
+    EXPECT_EQ(std::string(kApiVersion), "tandem.dev/" + version["name"].as<std::string>());
+    EXPECT_TRUE(version["served"].as<bool>());
+    EXPECT_TRUE(version["storage"].as<bool>());
+    EXPECT_TRUE(version["subresources"]["status"].IsMap());
+    EXPECT_EQ(version["subresources"]["scale"]["specReplicasPath"].as<std::string>(),
+              ".spec.replicas");
+    EXPECT_EQ(version["subresources"]["scale"]["statusReplicasPath"].as<std::string>(),
+              ".status.replicas");
+    EXPECT_GE(version["additionalPrinterColumns"].size(), 4u);
+
+    const YAML::Node schema = version["schema"]["openAPIV3Schema"];
+    const YAML::Node spec_schema = schema["properties"]["spec"];
+    std::set<std::string> crd_paths;
+    collectSchemaPaths(spec_schema, "", crd_paths);
+    EXPECT_EQ(crd_paths, parser_paths);
+    EXPECT_EQ(spec_schema["properties"]["kvTransfer"]["properties"]["role"]["enum"]
+                  .as<std::vector<std::string>>(),
+              crd.roles);
+    const YAML::Node status = schema["properties"]["status"]["properties"];
+    for (const char* field :
+         {"replicas", "readyReplicas", "conditions", "observedGeneration", "selector"}) {
+      EXPECT_TRUE(status[field]) << "status." << field;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::local
