@@ -332,7 +332,7 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
     // recompute: let the owner go now rather than at its hold timeout.
     if (declined_.size() >= 4096) declined_.clear();  // aborted requests never finish here
     declined_.insert(id);
-    enqueue({id, descriptor->transfer_id, descriptor->slab_text, 0, {}, {}, true});
+    enqueue({id, descriptor->transfer_id, descriptor->slab_text, 0, {}, true});
     return result;
   }
   result.state = LookupResult::State::kAvailable;
@@ -372,7 +372,6 @@ LoadResult UcxConnector::load(const ConnectorRequest& request, int64_t first_blo
   job.transfer_id = descriptor->transfer_id;
   job.slab_text = descriptor->slab_text;
   job.first_block = first_block;
-  job.start = transport::Clock::now();
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const size_t index = static_cast<size_t>(first_block) + i;
     if (index >= descriptor->block_ids.size()) {
@@ -413,6 +412,9 @@ void UcxConnector::loaderLoop() {
 }
 
 KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
+  // The transfer's duration: connecting (when not yet connected) and reading;
+  // not the wait in the queue, nor the release message after.
+  const auto start = transport::Clock::now();
   FinishedLoad finished;
   finished.request_id = job.request_id;
   finished.num_blocks = static_cast<int64_t>(job.pairs.size());
@@ -445,10 +447,13 @@ KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
         }
       }
     }
+    finished.seconds = std::chrono::duration<double>(transport::Clock::now() - start).count();
     // Whatever happened, the owner may free its blocks now.
     sendRelease(**peer, job.transfer_id);
   }
-  finished.seconds = std::chrono::duration<double>(transport::Clock::now() - job.start).count();
+  if (finished.seconds == 0) {
+    finished.seconds = std::chrono::duration<double>(transport::Clock::now() - start).count();
+  }
   return finished;
 }
 

@@ -109,7 +109,6 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     std::string slab_text;
     int64_t first_block = 0;
     std::vector<transport::BlockPair> pairs;
-    transport::Clock::time_point start;
     bool release_only = false;  // read nothing, only let the lender go
   };
   void enqueue(LoadJob job);
