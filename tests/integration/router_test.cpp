@@ -34,7 +34,7 @@ class RouterTest : public ::testing::Test {
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
   void start(int prefills, int decodes, Policy policy = Policy::kKv,
              int64_t disagg_threshold_tokens = 16, int64_t max_inflight = 256,
-             int64_t max_queued = 1024) {
+             int64_t max_queued = 1024, const fs::path& model = tinyModelDir()) {
     RouterConfig config;
     config.max_inflight_requests = max_inflight;
     config.max_queued_requests = max_queued;
@@ -43,13 +43,17 @@ class RouterTest : public ::testing::Test {
     config.disagg_threshold_tokens = disagg_threshold_tokens;
     config.poll_interval_s = 0.1;
     for (int i = 0; i < prefills; ++i) {
-      prefill_.push_back(std::make_unique<Agent>(std::vector<std::string>{
-          "--role", "prefill", "--kv-transfer-config", ucxConfig("kv_both")}));
+      prefill_.push_back(std::make_unique<Agent>(
+          std::vector<std::string>{"--role", "prefill", "--kv-transfer-config",
+                                   ucxConfig("kv_both")},
+          model));
       config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
     }
     for (int i = 0; i < decodes; ++i) {
-      decode_.push_back(std::make_unique<Agent>(std::vector<std::string>{
-          "--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")}));
+      decode_.push_back(std::make_unique<Agent>(
+          std::vector<std::string>{"--role", "decode", "--kv-transfer-config",
+                                   ucxConfig("kv_both")},
+          model));
       config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
     }
     router_ = std::make_unique<Router>(config);
@@ -230,8 +234,10 @@ TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
 }
 
 TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsItsStreamClearly) {
-  start(1, 2);
-  Agent colocated;
+  // The small model: the long stream below lasts seconds, so the kill lands
+  // mid-stream.
+  start(1, 2, Policy::kKv, 16, 256, 1024, smallModelDir());
+  Agent colocated({}, smallModelDir());
   const std::vector<int> prompt = randomPrompt(70, 70);
   const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt, 6)));
   prefill_[0]->process().signal(SIGKILL);
@@ -243,7 +249,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsIts
 
   // A decode agent killed mid-stream: the client gets an error event and
   // the end of the stream; new requests go to the other decode agent.
-  json long_body = greedy(randomPrompt(30, 71), 400);
+  json long_body = greedy(randomPrompt(30, 71), 2000);
   long_body["stream"] = true;
   std::string raw;
   std::thread killer([&] {
@@ -266,8 +272,10 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsIts
 }
 
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
-  start(1, 1);
-  json body = greedy(randomPrompt(30, 72), 400);
+  // The small model generating 2000 tokens takes seconds: the client leaves
+  // long before the end.
+  start(1, 1, Policy::kKv, 16, 256, 1024, smallModelDir());
+  json body = greedy(randomPrompt(30, 72), 2000);
   body["stream"] = true;
   int chunks = 0;
   httplib::Client leaving("127.0.0.1", router_->port());
