@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -361,6 +362,97 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   }
   EXPECT_EQ(log.find("was killed by signal"), std::string::npos) << log;
   EXPECT_NE(log.find("local: stopped"), std::string::npos) << log;
+}
+
+// The command line of a process, arguments joined by spaces.
+std::string commandLine(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::replace(text.begin(), text.end(), '\0', ' ');
+  return text;
+}
+
+TEST_F(OperatorBinaryTest, TwoByTwoAnswersLikeAColocatedAgentAndRidesOutAKilledPrefillAgent) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(2, 2));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  const std::string line = op.waitForLine("router listening on ", seconds(120));
+  ASSERT_FALSE(line.empty()) << op.stderrText();
+  const int port = std::stoi(line.substr(line.rfind(':') + 1));
+  ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+
+  // Greedy completions through the cluster equal a colocated agent's,
+  // streamed and not.
+  testing::Agent colocated;
+  for (uint32_t seed : {11u, 12u, 13u}) {
+    const std::vector<int> prompt = testing::randomPrompt(60 + seed, seed);
+    const std::vector<int> expected =
+        testing::tokenIds(colocated.post("/v1/completions", testing::greedy(prompt, 8)));
+    auto plain =
+        client.Post("/v1/completions", testing::greedy(prompt, 8).dump(), "application/json");
+    ASSERT_TRUE(plain && plain->status == 200) << (plain ? plain->body : op.stderrText());
+    EXPECT_EQ(testing::tokenIds(nlohmann::json::parse(plain->body)), expected);
+    nlohmann::json streamed = testing::greedy(prompt, 8);
+    streamed["stream"] = true;
+    auto stream = client.Post("/v1/completions", streamed.dump(), "application/json");
+    ASSERT_TRUE(stream && stream->status == 200);
+    std::vector<int> ids;
+    std::istringstream lines(stream->body);
+    std::string event;
+    while (std::getline(lines, event)) {
+      if (!event.starts_with("data: {")) continue;
+      auto chunk = nlohmann::json::parse(event.substr(6));
+      if (chunk["choices"].empty()) continue;
+      for (int id : chunk["choices"][0].value("token_ids", std::vector<int>{})) ids.push_back(id);
+    }
+    EXPECT_EQ(ids, expected);
+  }
+
+  // A prefill agent killed under load: every request still succeeds, and
+  // local mode starts a new one.
+  pid_t victim = 0;
+  for (pid_t pid : childPids(op.pid())) {
+    if (commandLine(pid).find("--role prefill") != std::string::npos) victim = pid;
+  }
+  ASSERT_NE(victim, 0);
+  std::vector<int> statuses(8, 0), lengths(8, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 8; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client each("127.0.0.1", port);
+      each.set_read_timeout(60, 0);
+      auto res = each.Post("/v1/completions",
+                           testing::greedy(testing::randomPrompt(70, 100 + i), 16).dump(),
+                           "application/json");
+      if (!res) return;
+      statuses[i] = res->status;
+      if (res->status == 200) {
+        lengths[i] = static_cast<int>(testing::tokenIds(nlohmann::json::parse(res->body)).size());
+      }
+    });
+    if (i == 2) ::kill(victim, SIGKILL);
+  }
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(statuses[i], 200) << "request " << i;
+    EXPECT_EQ(lengths[i], 16) << "request " << i;
+  }
+  EXPECT_TRUE(eventually(
+      [&] {
+        int prefill_agents = 0;
+        for (pid_t pid : childPids(op.pid())) {
+          if (pid != victim && commandLine(pid).find("--role prefill") != std::string::npos) {
+            ++prefill_agents;
+          }
+        }
+        return prefill_agents == 2 && healthy(port);
+      },
+      seconds(60)))
+      << op.stderrText();
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }
 
 TEST_F(OperatorBinaryTest, ABadFileIsOneLineNamingTheField) {
