@@ -128,6 +128,15 @@ CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {
 }
 
 int runServe(CLI::App& command, ServeOptions& o) {
+  // Signals are taken by a waiting thread, never by a handler: block them
+  // before any thread is started (UCX starts its own when the KV connector
+  // needs a UCX slab), so every thread inherits the mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
   if (!o.config_path.empty()) {
     YAML::Node root;
     try {
@@ -212,14 +221,6 @@ int runServe(CLI::App& command, ServeOptions& o) {
     }
   }
 
-  // Signals are taken by a waiting thread, never by a handler: block them in
-  // every thread before any is started.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
 
   engine::Engine engine(config, std::move(slab_allocator));
   server::ServerConfig server_config;
