@@ -158,7 +158,9 @@ TEST_P(KvUcxFaults, ClientLeavingWhileTheDecodeAgentWaitsLosesNoBlock) {
     auto client = decoder.client();
     client->set_read_timeout(0, 300000);  // leaves after 0.3 s without a token
     auto res = client->Post("/v1/completions", body.dump(), "application/json");
-    if (GetParam() == "tcp") EXPECT_FALSE(res) << "no token can come while the owner is stopped";
+    if (GetParam() == "tcp") {
+      EXPECT_FALSE(res) << "no token can come while the owner is stopped";
+    }
   }
   prefiller.process().signal(SIGCONT);
   // The read completes, the first token finds the client gone, the request

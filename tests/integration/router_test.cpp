@@ -69,12 +69,15 @@ class RouterTest : public ::testing::Test {
   bool allHealthy() {
     auto res = client_->Get("/metrics");
     if (!res) return false;
+    auto healthy = [&](const std::string& name) {
+      return prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"" + name + "\"")
+                 .value_or(0) == 1;
+    };
     for (size_t i = 0; i < prefill_.size(); ++i) {
-      if (prometheusSample(res->body, "tandem_router_agent_healthy",
-                           "agent=\"prefill-" + std::to_string(i) + "\"")
-              .value_or(0) != 1) {
-        return false;
-      }
+      if (!healthy("prefill-" + std::to_string(i))) return false;
+    }
+    for (size_t i = 0; i < decode_.size(); ++i) {
+      if (!healthy("decode-" + std::to_string(i))) return false;
     }
     return true;
   }
