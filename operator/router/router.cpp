@@ -228,6 +228,12 @@ class Router::Impl {
       }
       agents_ = std::move(next);
     }
+    // Every listed agent has its series from the start (unhealthy until its
+    // first successful poll).
+    for (const AgentPtr& agent : added) {
+      metrics_.setAgentHealthy(agent->endpoint.name, false);
+      metrics_.setIndexBlocks(agent->endpoint.name, 0);
+    }
     if (!started_) return;  // start() spawns the watchers
     for (const AgentPtr& agent : added) watch(agent);
   }
