@@ -221,7 +221,6 @@ int runServe(CLI::App& command, ServeOptions& o) {
     }
   }
 
-
   engine::Engine engine(config, std::move(slab_allocator));
   server::ServerConfig server_config;
   server_config.host = o.host;
