@@ -386,12 +386,16 @@ class Router::Impl {
             pending.erase(0, end + 2);
             if (!event.starts_with("data: ")) continue;  // comments
             json parsed = json::parse(event.substr(6), nullptr, false);
+            // Once replaced under the same name (a restart), the index entry
+            // belongs to the new agent: this stream's events stay out.
+            if (!agent->listed) break;
             if (!index_.apply(name, parsed)) gap = true;
           }
-          metrics_.setIndexBlocks(name, index_.numBlocks(name));
+          if (agent->listed) metrics_.setIndexBlocks(name, index_.numBlocks(name));
         }
       } catch (const std::exception&) {
       }
+      if (!agent->listed) break;  // replaced or removed: the index is not ours
       index_.untrust(name);
       metrics_.setIndexBlocks(name, 0);
       if (!stopping_ && agent->listed) co_await sleep(0.5);

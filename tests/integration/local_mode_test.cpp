@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/prometheus_text.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
@@ -451,6 +452,63 @@ TEST_F(OperatorBinaryTest, TwoByTwoAnswersLikeAColocatedAgentAndRidesOutAKilledP
       },
       seconds(60)))
       << op.stderrText();
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+TEST_F(OperatorBinaryTest, ARestartedDecodeAgentGetsTrafficAndItsBlocksReindexed) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  const std::string line = op.waitForLine("router listening on ", seconds(120));
+  ASSERT_FALSE(line.empty()) << op.stderrText();
+  const int port = std::stoi(line.substr(line.rfind(':') + 1));
+  ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  auto indexed = [&] {
+    auto metrics = client.Get("/metrics");
+    return metrics
+               ? prometheusSample(metrics->body, "tandem_router_index_blocks", "agent=\"decode-0\"")
+                     .value_or(0)
+               : 0.0;
+  };
+
+  pid_t old_decode = 0;
+  for (pid_t pid : childPids(op.pid())) {
+    if (commandLine(pid).find("--role decode") != std::string::npos) old_decode = pid;
+  }
+  ASSERT_NE(old_decode, 0);
+  ::kill(old_decode, SIGKILL);
+  // Local mode starts a new decode-0 (another port); the router follows.
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (pid_t pid : childPids(op.pid())) {
+          if (pid != old_decode && commandLine(pid).find("--role decode") != std::string::npos) {
+            return healthy(port);
+          }
+        }
+        return false;
+      },
+      seconds(60)))
+      << op.stderrText();
+  EXPECT_EQ(indexed(), 0) << "the new agent starts with an empty cache";
+  nlohmann::json body = testing::greedy(testing::randomPrompt(75, 21), 8);
+  std::shared_ptr<httplib::Response> answer;
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto res = client.Post("/v1/completions", body.dump(), "application/json");
+        if (!res || res->status != 200) return false;
+        answer = std::make_shared<httplib::Response>(*res);
+        return true;
+      },
+      seconds(30)))
+      << op.stderrText();
+  EXPECT_EQ(answer->get_header_value("x-tandem-decode-agent"), "decode-0");
+  EXPECT_EQ(testing::tokenIds(nlohmann::json::parse(answer->body)).size(), 8u);
+  // The router follows the new agent's KV events: the request's blocks are
+  // in its index.
+  EXPECT_TRUE(eventually([&] { return indexed() >= 4; })) << indexed();
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }
