@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   app.fallthrough();
   int threads = 0;
   app.add_option("--threads", threads, "kernel threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
 
   auto* tokenize = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin to {\"ids\"}");
   std::string tokenizer_path;

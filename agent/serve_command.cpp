@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "agent/agent_config.h"
 #include "agent/engine/engine.h"
 #include "agent/kv/connector.h"
 #include "agent/kv/fault_injection.h"
@@ -18,27 +19,10 @@
 #include "agent/transport/ucx_transport.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/kernels.h"
 
 namespace tandem::agent {
 namespace {
-
-// Sets the YAML value of `key` (snake_case or kebab-case) into `target` unless
-// the flag was given on the command line.
-template <typename T>
-void fromYaml(const YAML::Node& root, CLI::App& command, const std::string& flag, T& target,
-              const std::string& path) {
-  std::string snake = flag;
-  for (char& c : snake) c = c == '-' ? '_' : c;
-  // Look up through a const node: yaml-cpp's non-const operator[] inserts.
-  const std::string& key = root[snake] ? snake : flag;
-  if (!root[key]) return;
-  if (command.get_option("--" + flag)->count() > 0) return;
-  try {
-    target = root[key].as<T>();
-  } catch (const YAML::Exception&) {
-    throw Error(path + ": " + key + " has the wrong type");
-  }
-}
 
 bool isLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
@@ -82,47 +66,8 @@ int64_t parseByteSize(const std::string& text, const std::string& what) {
 
 CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {
   CLI::App* serve = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
-  serve->add_option("--model", o.model, "Hugging Face model directory");
-  serve->add_option("--host", o.host, "address to listen on")->capture_default_str();
-  serve->add_option("--port", o.port, "port (0: any free port)")
-      ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
-  serve->add_option("--block-size", o.block_size, "KV block size in tokens")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  serve->add_option("--kv-cache-memory", o.kv_cache_memory, "KV cache size, e.g. 2GiB")
-      ->capture_default_str();
-  serve->add_option("--num-blocks", o.num_blocks, "KV blocks (overrides --kv-cache-memory)")
-      ->check(CLI::NonNegativeNumber);
-  serve->add_option("--kv-dtype", o.kv_dtype, "KV cache dtype: bf16 or f32")->capture_default_str();
-  serve->add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "tokens per step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  serve->add_option("--max-num-seqs", o.max_num_seqs, "sequences per step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  serve->add_option("--max-model-len", o.max_model_len, "context length (0: the model's)")
-      ->check(CLI::NonNegativeNumber);
-  serve->add_option("--max-waiting-requests", o.max_waiting_requests, "queued requests before 503")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  serve->add_option("--served-model-name", o.served_model_name,
-                    "model name in the API (default: the directory name)");
-  serve->add_option("--role", o.role, "metrics role label: prefill, decode or both")
-      ->capture_default_str();
-  serve->add_option("--prefix-caching-hash", o.prefix_caching_hash, "xxhash or sha256")
-      ->capture_default_str();
-  serve
-      ->add_option("--shutdown-timeout", o.shutdown_timeout_s,
-                   "seconds to finish in-flight requests on SIGTERM")
-      ->capture_default_str();
-  serve->add_option("--kv-transfer-config", o.kv_transfer_config,
-                    "KV connector, e.g. {\"kv_connector\":\"storage\",\"kv_role\":\"kv_both\","
-                    "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}");
-  serve->add_flag("--insecure-kv", o.insecure_kv,
-                  "let a KV producer listen on a non-loopback address without a shared secret");
-  serve->add_flag("--enable-fault-injection", o.enable_fault_injection,
-                  "accept kv_connector_extra_config.fault_injection (tests only)");
+  // Every option of the table in agent_config.cpp; runServe applies them.
+  addServeFlags(*serve);
   serve->add_option("--config", o.config_path, "YAML file with the same keys");
   return serve;
 }
@@ -137,49 +82,11 @@ int runServe(CLI::App& command, ServeOptions& o) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
-  if (!o.config_path.empty()) {
-    YAML::Node root;
-    try {
-      root = YAML::LoadFile(o.config_path);
-    } catch (const YAML::Exception& e) {
-      throw Error(o.config_path + ": " + e.what());
-    }
-    if (!root.IsMap()) throw Error(o.config_path + ": must be a mapping of option names");
-    fromYaml(root, command, "model", o.model, o.config_path);
-    fromYaml(root, command, "host", o.host, o.config_path);
-    fromYaml(root, command, "insecure-kv", o.insecure_kv, o.config_path);
-    fromYaml(root, command, "enable-fault-injection", o.enable_fault_injection, o.config_path);
-    fromYaml(root, command, "port", o.port, o.config_path);
-    fromYaml(root, command, "block-size", o.block_size, o.config_path);
-    fromYaml(root, command, "kv-cache-memory", o.kv_cache_memory, o.config_path);
-    fromYaml(root, command, "num-blocks", o.num_blocks, o.config_path);
-    fromYaml(root, command, "kv-dtype", o.kv_dtype, o.config_path);
-    fromYaml(root, command, "max-num-batched-tokens", o.max_num_batched_tokens, o.config_path);
-    fromYaml(root, command, "max-num-seqs", o.max_num_seqs, o.config_path);
-    fromYaml(root, command, "max-model-len", o.max_model_len, o.config_path);
-    fromYaml(root, command, "max-waiting-requests", o.max_waiting_requests, o.config_path);
-    fromYaml(root, command, "served-model-name", o.served_model_name, o.config_path);
-    fromYaml(root, command, "role", o.role, o.config_path);
-    fromYaml(root, command, "prefix-caching-hash", o.prefix_caching_hash, o.config_path);
-    fromYaml(root, command, "shutdown-timeout", o.shutdown_timeout_s, o.config_path);
-    // In YAML the connector config may be a mapping rather than JSON text.
-    const YAML::Node& const_root = root;
-    if (const_root["kv_transfer_config"] &&
-        command.get_option("--kv-transfer-config")->count() == 0) {
-      const YAML::Node& node = const_root["kv_transfer_config"];
-      if (node.IsScalar()) {
-        o.kv_transfer_config = node.as<std::string>();
-      } else {
-        YAML::Emitter json_out;
-        json_out << YAML::DoubleQuoted << YAML::Flow << node;
-        o.kv_transfer_config = json_out.c_str();
-      }
-    }
-  }
+  YAML::Node file;
+  if (!o.config_path.empty()) file = loadServeConfigFile(o.config_path);
+  applyServeOptions(command, file, o.config_path, o);
+  if (o.threads > 0) kernels::setNumThreads(o.threads);
   if (o.model.empty()) throw Error("--model is required (or model: in --config)");
-  if (o.role != "prefill" && o.role != "decode" && o.role != "both") {
-    throw Error("--role must be prefill, decode or both, got " + o.role);
-  }
 
   engine::EngineConfig config;
   config.model_dir = o.model;
@@ -222,6 +129,9 @@ int runServe(CLI::App& command, ServeOptions& o) {
   }
 
   engine::Engine engine(config, std::move(slab_allocator));
+  if (Status advertised = engine.advertiseKvAddress(o.host, o.port); !advertised.isOk()) {
+    throw Error(advertised.message());
+  }
   server::ServerConfig server_config;
   server_config.host = o.host;
   server_config.port = o.port;
@@ -231,6 +141,10 @@ int runServe(CLI::App& command, ServeOptions& o) {
   server_config.role = o.role;
   server::HttpServer server(engine, server_config);
   server.bind();
+  // The bound port (the check above used the configured one).
+  if (Status advertised = engine.advertiseKvAddress(o.host, server.port()); !advertised.isOk()) {
+    throw Error(advertised.message());
+  }
   TANDEM_LOG(kInfo) << "serving " << server_config.served_model_name << " on http://" << o.host
                     << ":" << server.port() << " (" << engine.numBlocks() << " KV blocks of "
                     << o.block_size << " tokens, max_model_len " << engine.maxModelLen() << ")";

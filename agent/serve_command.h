@@ -1,6 +1,6 @@
 // `tandem-agent serve`: flags, the optional YAML config (same keys as the
-// flags; flags override it), and the serving process's life cycle: load,
-// listen, drain on SIGTERM/SIGINT, exit.
+// flags; flags override it; both checked by agent/agent_config.h), and the
+// serving process's life cycle: load, listen, drain on SIGTERM/SIGINT, exit.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,7 @@ struct ServeOptions {
   bool insecure_kv = false;
   // kv_connector_extra_config.fault_injection is refused unless this is set.
   bool enable_fault_injection = false;
+  int threads = 0;  // kernel threads; 0: all cores
   std::string config_path;
 };
 

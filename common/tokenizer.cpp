@@ -135,6 +135,7 @@ struct Tokenizer::Impl {
     std::vector<std::string> normalized_contents;
     vocab_size = model.idLimit();
     for (const AddedToken& token : added_tokens) {
+      checkAddedTokenId(token);
       // The first of two entries with the same content wins, as in the matcher.
       if (added_by_content.find(token.content) == nullptr) {
         added_by_content.insertOrAssign(token.content, token.id);
@@ -151,6 +152,29 @@ struct Tokenizer::Impl {
     }
     raw_matcher = std::make_unique<AddedTokenMatcher>(raw, raw_contents);
     normalized_matcher = std::make_unique<AddedTokenMatcher>(normalized, normalized_contents);
+  }
+
+  // An added token may repeat a vocabulary entry or another added token with
+  // the same content (GPT-2's <|endoftext|> is both), never give a second
+  // meaning to an id: encoding and decoding would disagree.
+  void checkAddedTokenId(const AddedToken& token) const {
+    const std::string id = std::to_string(token.id);
+    if (auto it = added_by_id.find(token.id);
+        it != added_by_id.end() && it->second->content != token.content) {
+      const auto [first, second] = std::minmax(it->second->content, token.content);
+      throw Error(source + ": added tokens '" + first + "' and '" + second + "' both have id " +
+                  id);
+    }
+    if (const auto vocab_token = model.idToToken(token.id)) {
+      std::string decoded;
+      const bool same = *vocab_token == token.content ||
+                        (tokenizer_internal::appendFromByteLevel(*vocab_token, decoded) &&
+                         decoded == token.content);
+      if (!same) {
+        throw Error(source + ": added token '" + token.content + "' has id " + id +
+                    ", which model.vocab gives to '" + std::string(*vocab_token) + "'");
+      }
+    }
   }
 
   // Decoding is a concatenation of per-token bytes, so they are worked out

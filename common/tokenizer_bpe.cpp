@@ -68,6 +68,12 @@ BpeModel::BpeModel(const nlohmann::json& model, std::string_view source) {
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string_view());
   small_char_ids_.fill(-1);
   vocab_.forEach([&](std::string_view token, TokenId id) {
+    if (id_to_token_[id].data() != nullptr) {
+      // Two tokens for one id: decoding it would be ambiguous.
+      const auto [first, second] = std::minmax(id_to_token_[id], token);
+      throw Error(where + ": model.vocab gives id " + std::to_string(id) + " to both '" +
+                  std::string(first) + "' and '" + std::string(second) + "'");
+    }
     id_to_token_[id] = token;
     if (token.empty()) return;
     size_t pos = 0;

@@ -13,6 +13,12 @@ namespace {
 
 using nlohmann::json;
 
+// Context lengths past 2^24 tokens (16M) are a corrupt or hostile config: no
+// supported model comes near, and positions must stay exact in float32.
+constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 24;
+// Token ids are int32.
+constexpr int64_t kMaxVocabSize = int64_t{1} << 31;
+
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
 
@@ -42,6 +48,24 @@ class FieldReader {
 
   int64_t positiveInt(const char* key, int64_t default_value) const {
     return has(key) ? positiveInt(key) : default_value;
+  }
+
+  // A positive integer no larger than `max`.
+  int64_t boundedInt(const char* key, int64_t default_value, int64_t max) const {
+    if (!has(key)) return default_value;
+    const json& value = object_.at(key);
+    if (!value.is_number_integer() || value.get<int64_t>() <= 0 || value.get<int64_t>() > max) {
+      fail(key,
+           "must be a positive integer at most " + std::to_string(max) + ", got " + value.dump());
+    }
+    return value.get<int64_t>();
+  }
+
+  int64_t requiredBoundedInt(const char* key, int64_t max) const {
+    if (!has(key)) {
+      fail(key, "is missing (required: a positive integer at most " + std::to_string(max) + ")");
+    }
+    return boundedInt(key, 0, max);
   }
 
   double requiredPositiveNumber(const char* key) const {
@@ -122,7 +146,7 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
   scaling.low_freq_factor = reader.requiredPositiveNumber("low_freq_factor");
   scaling.high_freq_factor = reader.requiredPositiveNumber("high_freq_factor");
   scaling.original_max_position_embeddings =
-      reader.requiredPositiveInt("original_max_position_embeddings");
+      reader.requiredBoundedInt("original_max_position_embeddings", kMaxPositionEmbeddings);
   // The smooth interpolation divides by their difference.
   if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
     reader.fail("high_freq_factor", "must be greater than low_freq_factor (" +
@@ -187,7 +211,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.num_attention_heads = reader.requiredPositiveInt("num_attention_heads");
   config.num_key_value_heads =
       reader.positiveInt("num_key_value_heads", config.num_attention_heads);
-  config.vocab_size = reader.requiredPositiveInt("vocab_size");
+  config.vocab_size = reader.requiredBoundedInt("vocab_size", kMaxVocabSize - 1);
 
   if (reader.has("head_dim")) {
     config.head_dim = reader.positiveInt("head_dim", 0);
@@ -234,7 +258,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
 
   const int64_t default_max_positions = is_qwen2 || is_qwen3 ? 32768 : is_mistral ? 131072 : 2048;
   config.max_position_embeddings =
-      reader.positiveInt("max_position_embeddings", default_max_positions);
+      reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", false);
   // Qwen2's attention always has q/k/v biases whatever the config says;
   // Mistral's never has them.

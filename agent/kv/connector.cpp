@@ -9,6 +9,7 @@ namespace tandem::kv {
 namespace {
 
 constexpr char kAcceptedConnectors[] = "storage, ucx, offload, multi";
+constexpr double kMaxTimeoutSeconds = 86400;  // one day
 
 bool isKnownConnector(const std::string& name) {
   return name == "storage" || name == "ucx" || name == "offload" || name == "multi";
@@ -66,14 +67,21 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
                              policy.dump());
     }
   }
-  if (config.extra.contains("abort_timeout_s")) {
-    const auto& timeout = config.extra["abort_timeout_s"];
-    if (!timeout.is_number() || timeout.get<double>() <= 0) {
-      return invalidArgument("kv-transfer-config: " + field +
-                             "abort_timeout_s must be a positive number of seconds, got " +
+  // Seconds are bounded: a duration past a day is a mistake, and one past
+  // the clock's range would overflow it.
+  for (const char* key : {"abort_timeout_s", "read_timeout_s"}) {
+    if (!config.extra.contains(key)) continue;
+    const auto& timeout = config.extra[key];
+    if (!timeout.is_number() || !(timeout.get<double>() > 0) ||
+        timeout.get<double>() > kMaxTimeoutSeconds) {
+      return invalidArgument("kv-transfer-config: " + field + "kv_connector_extra_config." + key +
+                             " must be a number of seconds above 0 and at most " +
+                             std::to_string(static_cast<int>(kMaxTimeoutSeconds)) + ", got " +
                              timeout.dump());
     }
-    config.abort_timeout_s = timeout.get<double>();
+  }
+  if (config.extra.contains("abort_timeout_s")) {
+    config.abort_timeout_s = config.extra["abort_timeout_s"].get<double>();
   }
   if (config.connector == "multi") {
     const std::string connectors = field + "kv_connector_extra_config.connectors";
@@ -113,8 +121,19 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
 }  // namespace
 
 StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text) {
-  auto root = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 18: ..."
+    std::string what = e.what();
+    if (const size_t start = what.find("] "); start != std::string::npos) {
+      what = what.substr(start + 2);
+    }
+    return invalidArgument("kv-transfer-config is not valid JSON (byte " + std::to_string(e.byte) +
+                           "): " + what);
+  }
+  if (!root.is_object()) {
     return invalidArgument("kv-transfer-config must be a JSON object, got: " + json_text);
   }
   return parseObject(root, "");

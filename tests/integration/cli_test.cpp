@@ -1,4 +1,6 @@
-// The command-line tools as a user runs them: exit codes, stdout, stderr.
+// The command-line tools as a user runs them: exit codes, stdout, stderr;
+// `tandem-agent serve` refuses bad options from its flags and its YAML file
+// alike, and takes kv_transfer_config as a YAML mapping.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/agent_server.h"
 #include "tests/support/test_files.h"
 
 namespace {
@@ -130,6 +133,122 @@ TEST_F(CliTest, BadModelDirectoriesExitNonZeroNamingTheProblem) {
   EXPECT_NE(too_long.exit_code, 0);
   EXPECT_NE(too_long.err.find("--max-tokens must be between 1 and"), std::string::npos)
       << too_long.err;
+}
+
+// A bad value refused at start: exit code 1 (not a signal, not serving), and
+// one line on stderr naming the key or flag and what is accepted. A value that
+// slipped through would serve until `timeout` ends it (exit code 124).
+TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
+  const fs::path model = makeTinyModel("m", 3);
+  const std::string serve =
+      "timeout 60 " + bin("tandem-agent") + " serve --model '" + model.string() + "' --port 0 ";
+  struct Case {
+    std::string key;
+    std::string value;    // YAML, and the flag's value unless `flag_value` is set
+    std::string message;  // after the key or flag
+    std::string flag_value;
+  };
+  const std::string offload_1e308 =
+      "{kv_connector: offload, kv_connector_extra_config: {capacity_blocks: 8, "
+      "abort_timeout_s: 1e308}}";
+  for (const Case& c : std::vector<Case>{
+           {"block_size", "0", "must be an integer between 1 and 1024, got 0"},
+           {"max_num_seqs", "0", "must be an integer between 1 and 4096, got 0"},
+           {"num_blocks", "-5", "must be an integer between 0 and 2147483647, got -5"},
+           {"threads", "100000", "must be an integer between 0 and 1024, got 100000"},
+           {"shutdown_timeout", "1e308",
+            "must be a number of seconds between 0 and 86400, got 1e308"},
+           {"kv_transfer_config", offload_1e308,
+            ": kv_connector_extra_config.abort_timeout_s must be a number of seconds above 0 and "
+            "at most 86400, got 1e+308",
+            R"({"kv_connector": "offload", "kv_connector_extra_config": )"
+            R"({"capacity_blocks": 8, "abort_timeout_s": 1e308}})"},
+       }) {
+    const fs::path file = dir_ / (c.key + ".yaml");
+    std::ofstream(file) << c.key << ": " << c.value << "\n";
+    CommandResult from_file = run(serve + "--config '" + file.string() + "'");
+    EXPECT_EQ(from_file.exit_code, 1) << c.key << ": " << from_file.err;
+    EXPECT_EQ(from_file.err, "tandem-agent: " + file.string() + ": " + c.key +
+                                 (c.message.starts_with(":") ? "" : " ") + c.message + "\n");
+
+    std::string flag = "--" + c.key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const std::string value = c.flag_value.empty() ? c.value : c.flag_value;
+    CommandResult from_flag = run(serve + flag + " '" + value + "'");
+    EXPECT_EQ(from_flag.exit_code, 1) << flag << ": " << from_flag.err;
+    EXPECT_EQ(from_flag.err,
+              "tandem-agent: " + flag + (c.message.starts_with(":") ? "" : " ") + c.message + "\n");
+  }
+
+  const fs::path typo = dir_ / "typo.yaml";
+  std::ofstream(typo) << "max_num_seq: 8\n";
+  CommandResult unknown = run(serve + "--config '" + typo.string() + "'");
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.err;
+  EXPECT_TRUE(unknown.err.starts_with("tandem-agent: " + typo.string() +
+                                      ": unknown key \"max_num_seq\" (did you mean "
+                                      "max_num_seqs?); accepted keys: model, host, port,"))
+      << unknown.err;
+  EXPECT_EQ(std::count(unknown.err.begin(), unknown.err.end(), '\n'), 1) << unknown.err;
+
+  const fs::path list = dir_ / "list.yaml";
+  std::ofstream(list) << "max_num_seqs: [8, 16]\n";
+  CommandResult wrong_type = run(serve + "--config '" + list.string() + "'");
+  EXPECT_EQ(wrong_type.exit_code, 1) << wrong_type.err;
+  EXPECT_EQ(wrong_type.err, "tandem-agent: " + list.string() +
+                                ": max_num_seqs must be an integer between 1 and 4096, got a "
+                                "list\n");
+}
+
+TEST_F(CliTest, ServeReportsInvalidKvTransferConfigJsonWithItsPosition) {
+  const fs::path model = makeTinyModel("m", 3);
+  CommandResult r =
+      run("timeout 60 " + bin("tandem-agent") + " serve --model '" + model.string() +
+          "' --port 0 --kv-transfer-config '{\"kv_connector\": \"offload\",, \"kv_role\": 1}'");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(
+      r.err.starts_with("tandem-agent: --kv-transfer-config is not valid JSON (byte 28): "
+                        "parse error at line 1, column 28: syntax error"))
+      << r.err;
+}
+
+// docs/configuration.md: in YAML, kv_transfer_config may be a mapping, in
+// block or inline style; its numbers stay numbers.
+TEST_F(CliTest, ServeTakesKvTransferConfigAsAYamlMapping) {
+  for (const std::string mapping :
+       {"kv_transfer_config:\n  kv_connector: offload\n  kv_role: kv_both\n"
+        "  kv_connector_extra_config:\n    capacity_blocks: 8\n",
+        "kv_transfer_config: {kv_connector: offload, kv_connector_extra_config: "
+        "{capacity_blocks: 8}}\n"}) {
+    const fs::path file = dir_ / "agent.yaml";
+    std::ofstream(file) << "num_blocks: 64\n" << mapping;
+    ::tandem::testing::Agent agent({"--config", file.string()});
+    int status = 0;
+    const nlohmann::json response =
+        agent.post("/v1/completions", ::tandem::testing::greedy({5, 6, 7, 8, 9}, 4), &status);
+    EXPECT_EQ(status, 200) << response.dump();
+    EXPECT_EQ(::tandem::testing::tokenIds(response).size(), 4u) << response.dump();
+    // The offload connector's series exist from the start.
+    EXPECT_TRUE(::tandem::prometheusSample(agent.metricsText(), "tandem_kv_blocks_loaded_total",
+                                           "source=\"offload\"")
+                    .has_value())
+        << agent.metricsText();
+    EXPECT_EQ(agent.metric("tandem_kv_cache_free_blocks"), 64);
+  }
+}
+
+// An error from the KV connector's checks names the field in the body's
+// param, not only in the message.
+TEST_F(CliTest, KvTransferParamsErrorsNameTheFieldInParam) {
+  ::tandem::testing::Agent agent(
+      {"--kv-transfer-config", R"({"kv_connector": "ucx", "kv_role": "kv_consumer"})"});
+  nlohmann::json body = ::tandem::testing::greedy({5, 6, 7, 8, 9}, 2);
+  body["kv_transfer_params"] = {{"do_remote_prefill", "yes"}};
+  int status = 0;
+  const nlohmann::json response = agent.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 400) << response.dump();
+  EXPECT_EQ(response["error"]["message"],
+            "kv_transfer_params.do_remote_prefill must be true or false");
+  EXPECT_EQ(response["error"]["param"], "kv_transfer_params.do_remote_prefill") << response.dump();
 }
 
 }  // namespace

@@ -589,6 +589,43 @@ TEST(TokenizerLoadErrorTest, ConfigTokenNotInVocabulary) {
   }
 }
 
+TEST(TokenizerLoadErrorTest, TwoVocabularyTokensWithOneId) {
+  TempDir dir;
+  nlohmann::json config = smallTokenizer(false);
+  config["model"]["vocab"]["zz"] = 5;  // "o" has id 5
+  const fs::path path = dir.write("tokenizer.json", config.dump());
+  EXPECT_EQ(loadError(path), path.string() + ": model.vocab gives id 5 to both 'o' and 'zz'");
+}
+
+TEST(TokenizerLoadErrorTest, AddedTokenIdsMustNotMeanTwoTokens) {
+  TempDir dir;
+  auto added = [](int id, const char* content) {
+    return nlohmann::json{{"id", id}, {"content", content}, {"special", true}};
+  };
+  nlohmann::json config = smallTokenizer(false);
+  config["added_tokens"].push_back(added(5, "<x>"));  // "o" has id 5 in the vocabulary
+  fs::path path = dir.write("tokenizer.json", config.dump());
+  EXPECT_EQ(loadError(path),
+            path.string() + ": added token '<x>' has id 5, which model.vocab gives to 'o'");
+
+  config = smallTokenizer(false);
+  config["added_tokens"].push_back(added(19, "<cls>"));  // "<sep>" has id 19
+  path = dir.write("tokenizer.json", config.dump());
+  EXPECT_EQ(loadError(path), path.string() + ": added tokens '<cls>' and '<sep>' both have id 19");
+
+  // The same token twice is no conflict: repeated added entries, an added
+  // token that is also in the vocabulary (<s>, id 0), or in its byte-level
+  // spelling ("Ġw" is " w").
+  config = smallTokenizer(false);
+  config["added_tokens"].push_back(added(19, "<sep>"));
+  config["added_tokens"].push_back(added(14, " w"));
+  path = dir.write("tokenizer.json", config.dump());
+  auto tokenizer = Tokenizer::fromFile(path);
+  EXPECT_EQ(tokenizer->tokenToId("<s>"), 0);
+  EXPECT_EQ(tokenizer->tokenToId("<sep>"), 19);
+  EXPECT_EQ(tokenizer->decode(std::vector<TokenId>{14}), " w");
+}
+
 TEST(TokenizerLoadErrorTest, MergeOutsideVocabulary) {
   TempDir dir;
   nlohmann::json config = smallTokenizer(false);

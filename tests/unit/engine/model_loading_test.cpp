@@ -595,6 +595,30 @@ TEST(ModelConfigParsing, RejectsBadValuesNamingTheField) {
   EXPECT_CONTAINS(message, "not a JSON object");
 }
 
+TEST(ModelConfigParsing, RefusesAbsurdContextLengthsAndVocabularies) {
+  for (const char* value : {"1000000000000000", "1e15", "16777217"}) {
+    EXPECT_EQ(parseError(minimalLlama(std::string(R"(, "max_position_embeddings": )") + value)),
+              std::string("dir/config.json: field \"max_position_embeddings\" must be a positive "
+                          "integer at most 16777216, got ") +
+                  (value == std::string("1e15") ? "1e+15" : value));
+  }
+  EXPECT_EQ(ModelConfig::fromJsonText(minimalLlama(R"(, "max_position_embeddings": 16777216)"),
+                                      "config.json")
+                .max_position_embeddings,
+            16777216);
+  EXPECT_CONTAINS(
+      parseError(minimalLlama(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 1000000000000})")),
+      "field \"rope_scaling.original_max_position_embeddings\" must be a positive integer at most "
+      "16777216, got 1000000000000");
+  EXPECT_CONTAINS(
+      parseError(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+          "vocab_size": 4294967296})"),
+      "field \"vocab_size\" must be a positive integer at most 2147483647, got 4294967296");
+}
+
 TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
   const std::string llama3 = R"(, "rope_scaling": {"type": "llama3", "factor": 32.0,
       "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})";

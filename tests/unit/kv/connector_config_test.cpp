@@ -103,6 +103,43 @@ TEST(KvTransferConfigParse, ErrorsNameTheFieldAndWhatIsAccepted) {
   }
 }
 
+TEST(KvTransferConfigParse, InvalidJsonIsReportedWithItsPosition) {
+  StatusOr<KvTransferConfig> parsed =
+      KvTransferConfig::parse(R"({"kv_connector": "offload",, "kv_role": "kv_both"})");
+  ASSERT_FALSE(parsed.isOk());
+  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+  const std::string& message = parsed.status().message();
+  EXPECT_TRUE(
+      message.starts_with("kv-transfer-config is not valid JSON (byte 28): parse error at "
+                          "line 1, column 28: syntax error"))
+      << message;
+  EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  // Valid JSON of the wrong kind keeps its own message.
+  EXPECT_EQ(parseError(json::array({1, 2})),
+            "kv-transfer-config must be a JSON object, got: [1,2]");
+}
+
+TEST(KvTransferConfigParse, TimeoutsMustBeAtMostADay) {
+  for (const char* key : {"abort_timeout_s", "read_timeout_s"}) {
+    for (const json& bad : {json(1e308), json(86400.5), json(0), json(-1), json("5")}) {
+      const json config = {{"kv_connector", "ucx"}, {"kv_connector_extra_config", {{key, bad}}}};
+      EXPECT_EQ(parseError(config), std::string("kv-transfer-config: kv_connector_extra_config.") +
+                                        key +
+                                        " must be a number of seconds above 0 and at most 86400, "
+                                        "got " +
+                                        bad.dump());
+    }
+    const json longest = {{"kv_connector", "ucx"}, {"kv_connector_extra_config", {{key, 86400}}}};
+    EXPECT_EQ(parseError(longest), "") << key;
+  }
+  // A multi member's read timeout is checked with its name.
+  EXPECT_NE(parseError(multiOf({{{"kv_connector", "ucx"},
+                                 {"kv_connector_extra_config", {{"read_timeout_s", 1e308}}}}}))
+                .find("connectors[0].kv_connector_extra_config.read_timeout_s must be a number of "
+                      "seconds above 0 and at most 86400"),
+            std::string::npos);
+}
+
 TEST(KvTransferConfigParse, MemberConstructionErrorsNameTheMember) {
   auto cache = testing::makeCache();
   const KvTransferConfig config = testing::parseConfig(multiOf(

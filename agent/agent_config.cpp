@@ -1,0 +1,551 @@
+#include "agent/agent_config.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "agent/kv/connector.h"
+#include "common/status.h"
+
+namespace tandem::agent {
+namespace {
+
+// A checked value, in the form its kind needs.
+struct Value {
+  std::string text;  // kString, kChoice, kBytes (the size as written), kJson (compact JSON)
+  int64_t integer = 0;
+  double number = 0;
+  bool flag = false;
+};
+
+using Setter = std::function<void(ServeOptions&, const Value&)>;
+
+struct Row {
+  OptionSpec spec;
+  Setter set;
+};
+
+Row text(std::string key, std::string help, std::string ServeOptions::*field) {
+  return {{std::move(key), OptionKind::kString, 0, 0, {}, std::move(help)},
+          [field](ServeOptions& o, const Value& v) { o.*field = v.text; }};
+}
+
+template <typename T>
+Row integer(std::string key, int64_t min, int64_t max, std::string help, T ServeOptions::*field) {
+  return {{std::move(key), OptionKind::kInteger, min, max, {}, std::move(help)},
+          [field](ServeOptions& o, const Value& v) { o.*field = static_cast<T>(v.integer); }};
+}
+
+Row seconds(std::string key, std::string help, double ServeOptions::*field) {
+  return {{std::move(key),
+           OptionKind::kSeconds,
+           0,
+           static_cast<int64_t>(kMaxTimeoutSeconds),
+           {},
+           std::move(help)},
+          [field](ServeOptions& o, const Value& v) { o.*field = v.number; }};
+}
+
+Row choice(std::string key, std::vector<std::string> choices, std::string help,
+           std::string ServeOptions::*field) {
+  return {{std::move(key), OptionKind::kChoice, 0, 0, std::move(choices), std::move(help)},
+          [field](ServeOptions& o, const Value& v) { o.*field = v.text; }};
+}
+
+Row flag(std::string key, std::string help, bool ServeOptions::*field) {
+  return {{std::move(key), OptionKind::kFlag, 0, 0, {}, std::move(help)},
+          [field](ServeOptions& o, const Value& v) { o.*field = v.flag; }};
+}
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> kRows = {
+      text("model", "Hugging Face model directory", &ServeOptions::model),
+      text("host", "address to listen on", &ServeOptions::host),
+      integer("port", 0, 65535, "port (0: any free port)", &ServeOptions::port),
+      text("served_model_name", "model name in the API (default: the directory name)",
+           &ServeOptions::served_model_name),
+      integer("block_size", 1, kMaxBlockSize, "KV block size in tokens", &ServeOptions::block_size),
+      {{"kv_cache_memory",
+        OptionKind::kBytes,
+        1,
+        kMaxKvCacheMemory,
+        {},
+        "KV cache size, e.g. 2GiB"},
+       [](ServeOptions& o, const Value& v) { o.kv_cache_memory = v.text; }},
+      integer("num_blocks", 0, kMaxNumBlocks, "KV blocks (0: as many as --kv-cache-memory holds)",
+              &ServeOptions::num_blocks),
+      choice("kv_dtype", {"bf16", "f32"}, "KV cache dtype", &ServeOptions::kv_dtype),
+      integer("max_num_batched_tokens", 1, kMaxNumBatchedTokens, "tokens per step",
+              &ServeOptions::max_num_batched_tokens),
+      integer("max_num_seqs", 1, kMaxNumSeqs, "sequences per step", &ServeOptions::max_num_seqs),
+      integer("max_model_len", 0, kMaxModelLen, "context length (0: the model's)",
+              &ServeOptions::max_model_len),
+      integer("max_waiting_requests", 1, kMaxWaitingRequests, "queued requests before 503",
+              &ServeOptions::max_waiting_requests),
+      choice("role", {"prefill", "decode", "both"}, "metrics role label", &ServeOptions::role),
+      choice("prefix_caching_hash", {"xxhash", "sha256"}, "block hash",
+             &ServeOptions::prefix_caching_hash),
+      seconds("shutdown_timeout", "seconds to finish in-flight requests on SIGTERM",
+              &ServeOptions::shutdown_timeout_s),
+      {{"kv_transfer_config",
+        OptionKind::kJson,
+        0,
+        0,
+        {},
+        "KV connector, e.g. {\"kv_connector\":\"storage\",\"kv_role\":\"kv_both\","
+        "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}"},
+       [](ServeOptions& o, const Value& v) { o.kv_transfer_config = v.text; }},
+      flag("insecure_kv",
+           "let a KV producer listen on a non-loopback address without a shared secret",
+           &ServeOptions::insecure_kv),
+      flag("enable_fault_injection",
+           "accept kv_connector_extra_config.fault_injection (tests only)",
+           &ServeOptions::enable_fault_injection),
+      integer("threads", 0, kMaxThreads, "kernel threads (0: all cores)", &ServeOptions::threads),
+  };
+  return kRows;
+}
+
+std::string kebab(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+
+std::string snake(std::string key) {
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+// A value as the user wrote it, cut short and quoted when it is text.
+std::string shown(const std::string& text, bool quote) {
+  std::string out = text.size() > 80 ? text.substr(0, 80) + "..." : text;
+  return quote ? "\"" + out + "\"" : out;
+}
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& word : words) out += (out.empty() ? "" : ", ") + word;
+  return out;
+}
+
+bool isInteger(const std::string& text) {
+  size_t start = text.starts_with('-') || text.starts_with('+') ? 1 : 0;
+  return start < text.size() &&
+         std::all_of(text.begin() + static_cast<ptrdiff_t>(start), text.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// `name` is "--flag" or "file: key"; `got` the value as it is shown.
+[[noreturn]] void refuse(const OptionSpec& spec, const std::string& name, const std::string& got) {
+  throw Error(name + " must be " + spec.accepted() + ", got " + got);
+}
+
+// The KV connector's own checks, named as the user wrote the option.
+void checkKvTransferConfig(const std::string& name, const std::string& json_text) {
+  auto parsed = kv::KvTransferConfig::parse(json_text);
+  if (parsed.isOk()) return;
+  constexpr std::string_view kPrefix = "kv-transfer-config";
+  std::string message = parsed.status().message();
+  if (message.starts_with(kPrefix)) message = message.substr(kPrefix.size());
+  throw Error(name + message);
+}
+
+Value checkText(const OptionSpec& spec, const std::string& name, const std::string& text) {
+  Value value;
+  value.text = text;
+  switch (spec.kind) {
+    case OptionKind::kString:
+      if (text.empty()) refuse(spec, name, "an empty string");
+      return value;
+    case OptionKind::kInteger: {
+      std::string digits = text.starts_with('+') ? text.substr(1) : text;
+      int64_t parsed = 0;
+      const auto [end, error] =
+          std::from_chars(digits.data(), digits.data() + digits.size(), parsed);
+      if (!isInteger(text) || error != std::errc() || end != digits.data() + digits.size() ||
+          parsed < spec.min || parsed > spec.max) {
+        refuse(spec, name, shown(text, !isInteger(text)));
+      }
+      value.integer = parsed;
+      return value;
+    }
+    case OptionKind::kSeconds: {
+      char* end = nullptr;
+      const double parsed = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(parsed) ||
+          parsed < static_cast<double>(spec.min) || parsed > static_cast<double>(spec.max)) {
+        refuse(spec, name, shown(text, end != text.c_str() + text.size()));
+      }
+      value.number = parsed;
+      return value;
+    }
+    case OptionKind::kBytes: {
+      int64_t bytes = 0;
+      try {
+        bytes = parseByteSize(text, name);
+      } catch (const Error&) {
+        refuse(spec, name, shown(text, true));
+      }
+      if (bytes < spec.min || bytes > spec.max) refuse(spec, name, shown(text, true));
+      return value;
+    }
+    case OptionKind::kChoice:
+      if (std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end()) {
+        refuse(spec, name, shown(text, true));
+      }
+      return value;
+    case OptionKind::kFlag:
+      if (text != "true" && text != "false") refuse(spec, name, shown(text, true));
+      value.flag = text == "true";
+      return value;
+    case OptionKind::kJson: {
+      const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      // The connector's parser reports where the JSON breaks.
+      if (json.is_discarded()) checkKvTransferConfig(name, text);
+      value.text = json.dump();
+      return value;
+    }
+  }
+  return value;
+}
+
+std::string nodeKind(const YAML::Node& node) {
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing (null)";
+}
+
+// A YAML value for one option of the table.
+Value checkYaml(const OptionSpec& spec, const std::string& name, const YAML::Node& node) {
+  if (spec.kind == OptionKind::kJson && node.IsMap()) {
+    return checkText(spec, name, yamlToJson(node).dump());
+  }
+  if (!node.IsScalar()) refuse(spec, name, nodeKind(node));
+  std::string text = node.Scalar();
+  // YAML 1.2 spells booleans true/True/TRUE.
+  if (spec.kind == OptionKind::kFlag && node.Tag() != "!") {
+    std::string lower = text;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower == "true" || lower == "false") text = lower;
+  }
+  return checkText(spec, name, text);
+}
+
+bool isNullScalar(const std::string& text) {
+  return text.empty() || text == "~" || text == "null" || text == "Null" || text == "NULL";
+}
+
+// YAML 1.2 core schema: [-+]?[0-9]+, 0o[0-7]+, 0x[0-9a-fA-F]+.
+std::optional<nlohmann::json> yamlInteger(const std::string& text) {
+  int base = 10;
+  std::string digits = text;
+  bool negative = false;
+  if (digits.starts_with('-') || digits.starts_with('+')) {
+    negative = digits[0] == '-';
+    digits = digits.substr(1);
+  } else if (digits.starts_with("0x")) {
+    base = 16;
+    digits = digits.substr(2);
+  } else if (digits.starts_with("0o")) {
+    base = 8;
+    digits = digits.substr(2);
+  }
+  if (digits.empty()) return std::nullopt;
+  uint64_t magnitude = 0;
+  const auto [end, error] =
+      std::from_chars(digits.data(), digits.data() + digits.size(), magnitude, base);
+  if (end != digits.data() + digits.size()) return std::nullopt;
+  if (error == std::errc::result_out_of_range) {
+    // Too long for 64 bits: a number, as JSON would read it.
+    if (base != 10) return std::nullopt;
+    return nlohmann::json(std::strtod(text.c_str(), nullptr));
+  }
+  if (error != std::errc()) return std::nullopt;
+  if (!negative) return nlohmann::json(magnitude);
+  if (magnitude > uint64_t{1} << 63) return nlohmann::json(-static_cast<double>(magnitude));
+  return nlohmann::json(static_cast<int64_t>(0 - magnitude));
+}
+
+// YAML 1.2 core schema floats: [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
+// and .inf/.nan spelled three ways.
+std::optional<nlohmann::json> yamlFloat(const std::string& text) {
+  std::string rest = text.starts_with('-') || text.starts_with('+') ? text.substr(1) : text;
+  const bool negative = text.starts_with('-');
+  if (rest == ".inf" || rest == ".Inf" || rest == ".INF") {
+    return nlohmann::json(negative ? -INFINITY : INFINITY);
+  }
+  if (text == ".nan" || text == ".NaN" || text == ".NAN") return nlohmann::json(NAN);
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t start = i;
+    while (i < rest.size() && rest[i] >= '0' && rest[i] <= '9') ++i;
+    return i - start;
+  };
+  size_t mantissa = digits();
+  if (i < rest.size() && rest[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return std::nullopt;
+  if (i < rest.size() && (rest[i] == 'e' || rest[i] == 'E')) {
+    ++i;
+    if (i < rest.size() && (rest[i] == '-' || rest[i] == '+')) ++i;
+    if (digits() == 0) return std::nullopt;
+  }
+  if (i != rest.size()) return std::nullopt;
+  return nlohmann::json(std::strtod(text.c_str(), nullptr));
+}
+
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string OptionSpec::flag() const { return "--" + kebab(key); }
+
+std::string OptionSpec::accepted() const {
+  switch (kind) {
+    case OptionKind::kString:
+      return "a non-empty string";
+    case OptionKind::kInteger:
+      return "an integer between " + std::to_string(min) + " and " + std::to_string(max);
+    case OptionKind::kSeconds:
+      return "a number of seconds between " + std::to_string(min) + " and " + std::to_string(max);
+    case OptionKind::kBytes:
+      return "a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824";
+    case OptionKind::kChoice:
+      return "one of " + joined(choices);
+    case OptionKind::kFlag:
+      return "true or false";
+    case OptionKind::kJson:
+      return "a JSON object, or in YAML a mapping";
+  }
+  return "";
+}
+
+const std::vector<OptionSpec>& serveOptionSpecs() {
+  static const std::vector<OptionSpec> kSpecs = [] {
+    std::vector<OptionSpec> specs;
+    for (const Row& row : rows()) specs.push_back(row.spec);
+    return specs;
+  }();
+  return kSpecs;
+}
+
+void addServeFlags(CLI::App& command) {
+  const ServeOptions defaults;
+  for (const Row& row : rows()) {
+    const OptionSpec& spec = row.spec;
+    std::string help = spec.help;
+    if (spec.kind == OptionKind::kFlag) {
+      // A const description: CLI11 takes a non-const string as the
+      // variable the flag's value is written to.
+      command.add_flag(spec.flag(), std::as_const(help));
+      continue;
+    }
+    if (spec.kind != OptionKind::kString && spec.kind != OptionKind::kJson) {
+      help += " (" + spec.accepted() + ")";
+    }
+    CLI::Option* option = command.add_option(spec.flag(), CLI::callback_t(), help);
+    option->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    switch (spec.kind) {
+      case OptionKind::kInteger:
+        option->type_name("INT");
+        break;
+      case OptionKind::kSeconds:
+        option->type_name("SECONDS");
+        break;
+      case OptionKind::kBytes:
+        option->type_name("SIZE");
+        break;
+      case OptionKind::kJson:
+        option->type_name("JSON");
+        break;
+      default:
+        option->type_name("TEXT");
+        break;
+    }
+  }
+  // The defaults, shown by --help, are the ServeOptions' own.
+  command.get_option("--host")->default_str(defaults.host);
+  command.get_option("--port")->default_str(std::to_string(defaults.port));
+  command.get_option("--block-size")->default_str(std::to_string(defaults.block_size));
+  command.get_option("--kv-cache-memory")->default_str(defaults.kv_cache_memory);
+  command.get_option("--kv-dtype")->default_str(defaults.kv_dtype);
+  command.get_option("--max-num-batched-tokens")
+      ->default_str(std::to_string(defaults.max_num_batched_tokens));
+  command.get_option("--max-num-seqs")->default_str(std::to_string(defaults.max_num_seqs));
+  command.get_option("--max-waiting-requests")
+      ->default_str(std::to_string(defaults.max_waiting_requests));
+  command.get_option("--role")->default_str(defaults.role);
+  command.get_option("--prefix-caching-hash")->default_str(defaults.prefix_caching_hash);
+  std::ostringstream shutdown_timeout;
+  shutdown_timeout << defaults.shutdown_timeout_s;
+  command.get_option("--shutdown-timeout")->default_str(shutdown_timeout.str());
+}
+
+YAML::Node loadServeConfigFile(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ": " + e.what());
+  }
+  // A file of comments only sets nothing.
+  if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) throw Error(path + ": must be a mapping of option names to values");
+  return root;
+}
+
+void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::string& config_path,
+                       ServeOptions& options) {
+  // The YAML entries by option key; snake_case and kebab-case name the same
+  // option.
+  std::map<std::string, std::pair<std::string, YAML::Node>> entries;
+  std::vector<std::string> accepted;
+  for (const Row& row : rows()) accepted.push_back(row.spec.key);
+  // Options registered on the command outside the table.
+  std::set<std::string> table_keys(accepted.begin(), accepted.end());
+  std::map<std::string, CLI::Option*> other_options;
+  for (CLI::Option* option : command.get_options()) {
+    for (const std::string& name : option->get_lnames()) {
+      const std::string key = snake(name);
+      if (table_keys.count(key) > 0 || key == "config" || key == "help") continue;
+      other_options[key] = option;
+      accepted.push_back(key);
+    }
+  }
+  if (config && config.IsMap()) {
+    for (const auto& entry : config) {
+      if (!entry.first.IsScalar()) {
+        throw Error(config_path + ": keys must be option names (accepted: " + joined(accepted) +
+                    ")");
+      }
+      const std::string written = entry.first.Scalar();
+      const std::string key = snake(written);
+      if (std::find(accepted.begin(), accepted.end(), key) == accepted.end()) {
+        std::string message = config_path + ": unknown key \"" + written + "\"";
+        if (std::string near = closestMatch(key, accepted); !near.empty()) {
+          message += " (did you mean " + near + "?)";
+        }
+        throw Error(message + "; accepted keys: " + joined(accepted));
+      }
+      if (auto [it, inserted] = entries.emplace(key, std::pair{written, entry.second}); !inserted) {
+        throw Error(config_path + ": " + key + " is given twice (as " + it->second.first + " and " +
+                    written + ")");
+      }
+    }
+  }
+
+  for (const Row& row : rows()) {
+    const OptionSpec& spec = row.spec;
+    const CLI::Option* option = command.get_option(spec.flag());
+    // --threads also belongs to the program, before the subcommand.
+    if (option->count() == 0 && spec.key == "threads" && command.get_parent() != nullptr) {
+      if (const CLI::Option* outer = command.get_parent()->get_option_no_throw("--threads");
+          outer != nullptr && outer->count() > 0) {
+        option = outer;
+      }
+    }
+    std::string name;
+    Value value;
+    if (option->count() > 0) {
+      name = spec.flag();
+      value = spec.kind == OptionKind::kFlag ? checkText(spec, name, "true")
+                                             : checkText(spec, name, option->results().back());
+    } else if (auto it = entries.find(spec.key); it != entries.end()) {
+      name = config_path + ": " + it->second.first;
+      value = checkYaml(spec, name, it->second.second);
+    } else {
+      continue;
+    }
+    if (spec.kind == OptionKind::kJson) checkKvTransferConfig(name, value.text);
+    row.set(options, value);
+  }
+
+  for (const auto& [key, option] : other_options) {
+    auto it = entries.find(key);
+    if (it == entries.end() || option->count() > 0) continue;
+    const std::string name = config_path + ": " + it->second.first;
+    const YAML::Node& node = it->second.second;
+    if (!node.IsScalar()) throw Error(name + " must be a single value, got " + nodeKind(node));
+    try {
+      option->add_result(node.Scalar());
+      option->run_callback();
+    } catch (const CLI::Error& e) {
+      throw Error(name + ": " + e.what());
+    }
+  }
+}
+
+nlohmann::json yamlToJson(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& entry : node) {
+        if (!entry.first.IsScalar()) throw Error("a YAML mapping key must be a scalar");
+        object[entry.first.Scalar()] = yamlToJson(entry.second);
+      }
+      return object;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json array = nlohmann::json::array();
+      for (const auto& element : node) array.push_back(yamlToJson(element));
+      return array;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& text = node.Scalar();
+      // Quoted scalars ("8", '8') have the tag "!" and stay strings; plain
+      // ones ("?") are typed as YAML 1.2's core schema says.
+      if (node.Tag() != "?") return text;
+      if (isNullScalar(text)) return nullptr;
+      if (text == "true" || text == "True" || text == "TRUE") return true;
+      if (text == "false" || text == "False" || text == "FALSE") return false;
+      if (auto number = yamlInteger(text)) return *number;
+      if (auto number = yamlFloat(text)) return *number;
+      return text;
+    }
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+std::string closestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = 0;
+  for (const std::string& candidate : candidates) {
+    const size_t distance = editDistance(word, candidate);
+    if (best.empty() || distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  // A typo: a few edits, fewer than half the word.
+  if (best.empty() || best_distance > 3 || best_distance * 2 >= word.size()) return "";
+  return best;
+}
+
+}  // namespace tandem::agent

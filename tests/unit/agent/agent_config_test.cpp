@@ -1,0 +1,226 @@
+// The options of `tandem-agent serve`: flags and YAML keys go through one
+// table and one check, so a value is refused the same way from both, naming
+// the flag or the file and key with the accepted range; unknown and
+// duplicated YAML keys, and YAML values of the wrong shape, are refused;
+// kv_transfer_config may be a YAML mapping whose scalars keep their types.
+#include "agent/agent_config.h"
+
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "agent/serve_command.h"
+#include "common/status.h"
+
+namespace tandem::agent {
+namespace {
+
+using nlohmann::json;
+
+// Parses `args` after `serve` and applies them over `yaml` (empty: no file);
+// returns the error message, "" when the options were accepted.
+std::string apply(std::vector<std::string> args, const std::string& yaml,
+                  ServeOptions* out = nullptr) {
+  CLI::App app;
+  app.fallthrough();
+  int threads = 0;
+  app.add_option("--threads", threads);
+  ServeOptions options;
+  CLI::App* serve = addServeCommand(app, options);
+  args.insert(args.begin(), "serve");
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  app.parse(args);
+  try {
+    applyServeOptions(*serve, yaml.empty() ? YAML::Node() : YAML::Load(yaml), "agent.yaml",
+                      options);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  if (out != nullptr) *out = options;
+  return "";
+}
+
+TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
+  struct Case {
+    std::string key;
+    std::string value;
+    std::string message;  // after the name of the flag or key
+  };
+  for (const Case& c : std::vector<Case>{
+           {"block_size", "0", "must be an integer between 1 and 1024, got 0"},
+           {"block_size", "2000", "must be an integer between 1 and 1024, got 2000"},
+           {"max_num_seqs", "0", "must be an integer between 1 and 4096, got 0"},
+           {"num_blocks", "-5", "must be an integer between 0 and 2147483647, got -5"},
+           {"max_num_batched_tokens", "0", "must be an integer between 1 and 1048576, got 0"},
+           {"max_model_len", "1000000000000000",
+            "must be an integer between 0 and 16777216, got 1000000000000000"},
+           {"max_waiting_requests", "0", "must be an integer between 1 and 1000000, got 0"},
+           {"threads", "100000", "must be an integer between 0 and 1024, got 100000"},
+           {"port", "70000", "must be an integer between 0 and 65535, got 70000"},
+           {"port", "80.5", "must be an integer between 0 and 65535, got \"80.5\""},
+           {"shutdown_timeout", "1e308",
+            "must be a number of seconds between 0 and 86400, got 1e308"},
+           {"shutdown_timeout", "-1", "must be a number of seconds between 0 and 86400, got -1"},
+           {"kv_dtype", "f16", "must be one of bf16, f32, got \"f16\""},
+           {"role", "reader", "must be one of prefill, decode, both, got \"reader\""},
+           {"prefix_caching_hash", "md5", "must be one of xxhash, sha256, got \"md5\""},
+           {"kv_cache_memory", "0",
+            "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got \"0\""},
+           {"kv_cache_memory", "1e300",
+            "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got "
+            "\"1e300\""},
+       }) {
+    std::string flag = "--" + c.key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    EXPECT_EQ(apply({flag, c.value}, ""), flag + " " + c.message);
+    EXPECT_EQ(apply({}, c.key + ": " + c.value), "agent.yaml: " + c.key + " " + c.message);
+  }
+}
+
+TEST(ServeOptions, AcceptedValuesReachTheOptionsAndFlagsWinOverTheFile) {
+  ServeOptions options;
+  ASSERT_EQ(apply({"--max-num-seqs", "8"},
+                  "model: /models/m\nblock-size: 32\nmax_num_seqs: 128\nshutdown_timeout: 2.5\n"
+                  "kv_cache_memory: 512MiB\ninsecure_kv: true\nthreads: 3\nport: 0\n",
+                  &options),
+            "");
+  EXPECT_EQ(options.model, "/models/m");
+  EXPECT_EQ(options.block_size, 32);
+  EXPECT_EQ(options.max_num_seqs, 8);
+  EXPECT_EQ(options.shutdown_timeout_s, 2.5);
+  EXPECT_EQ(options.kv_cache_memory, "512MiB");
+  EXPECT_TRUE(options.insecure_kv);
+  EXPECT_EQ(options.threads, 3);
+  EXPECT_EQ(options.port, 0);
+  // --threads before the subcommand counts as given.
+  CLI::App app;
+  app.fallthrough();
+  int threads = 0;
+  app.add_option("--threads", threads);
+  ServeOptions outer;
+  CLI::App* serve = addServeCommand(app, outer);
+  app.parse(std::vector<std::string>{"serve", "7", "--threads"});
+  applyServeOptions(*serve, YAML::Load("threads: 3"), "agent.yaml", outer);
+  EXPECT_EQ(outer.threads, 7);
+}
+
+TEST(ServeOptions, UnknownYamlKeysAreRefusedWithTheAcceptedOnes) {
+  const std::string typo = apply({}, "model: m\nmax_num_seq: 5\n");
+  EXPECT_TRUE(
+      typo.starts_with("agent.yaml: unknown key \"max_num_seq\" (did you mean "
+                       "max_num_seqs?); accepted keys: model, host, port,"))
+      << typo;
+  EXPECT_NE(typo.find("kv_transfer_config"), std::string::npos) << typo;
+  const std::string unrelated = apply({}, "colour: blue\n");
+  EXPECT_TRUE(unrelated.starts_with("agent.yaml: unknown key \"colour\"; accepted keys: model"))
+      << unrelated;
+  EXPECT_EQ(apply({}, "block_size: 16\nblock-size: 32\n"),
+            "agent.yaml: block_size is given twice (as block_size and block-size)");
+  EXPECT_NE(apply({}, "config: other.yaml\n").find("unknown key \"config\""), std::string::npos);
+}
+
+TEST(ServeOptions, YamlValuesOfTheWrongShapeNameTheKey) {
+  EXPECT_EQ(apply({}, "block_size: [1, 2]\n"),
+            "agent.yaml: block_size must be an integer between 1 and 1024, got a list");
+  EXPECT_EQ(apply({}, "model: {path: /m}\n"),
+            "agent.yaml: model must be a non-empty string, got a mapping");
+  EXPECT_EQ(apply({}, "max_num_seqs:\n"),
+            "agent.yaml: max_num_seqs must be an integer between 1 and 4096, got nothing (null)");
+  EXPECT_EQ(apply({}, "insecure_kv: yes\n"),
+            "agent.yaml: insecure_kv must be true or false, got \"yes\"");
+  EXPECT_EQ(apply({}, "kv_transfer_config: [1]\n"),
+            "agent.yaml: kv_transfer_config must be a JSON object, or in YAML a mapping, got a "
+            "list");
+}
+
+TEST(ServeOptions, KvTransferConfigMayBeAYamlMappingInBlockOrInlineStyle) {
+  const json expected = {{"kv_connector", "offload"},
+                         {"kv_role", "kv_both"},
+                         {"kv_connector_extra_config", {{"capacity_blocks", 8}}}};
+  for (const std::string yaml : {
+           "kv_transfer_config:\n  kv_connector: offload\n  kv_role: kv_both\n"
+           "  kv_connector_extra_config:\n    capacity_blocks: 8\n",
+           "kv_transfer_config: {kv_connector: offload, kv_role: kv_both, "
+           "kv_connector_extra_config: {capacity_blocks: 8}}\n",
+           "kv_transfer_config: '{\"kv_connector\": \"offload\", \"kv_role\": \"kv_both\", "
+           "\"kv_connector_extra_config\": {\"capacity_blocks\": 8}}'\n",
+       }) {
+    ServeOptions options;
+    ASSERT_EQ(apply({}, yaml, &options), "") << yaml;
+    EXPECT_EQ(json::parse(options.kv_transfer_config), expected) << yaml;
+  }
+  // The connector's own checks name the key as written.
+  EXPECT_EQ(apply({}, "kv_transfer_config: {kv_connector: nixl}\n"),
+            "agent.yaml: kv_transfer_config: kv_connector \"nixl\" is not supported (accepted: "
+            "storage, ucx, offload, multi)");
+  EXPECT_EQ(apply({},
+                  "kv_transfer_config: {kv_connector: ucx, kv_connector_extra_config: "
+                  "{abort_timeout_s: 1e308}}\n"),
+            "agent.yaml: kv_transfer_config: kv_connector_extra_config.abort_timeout_s must be a "
+            "number of seconds above 0 and at most 86400, got 1e+308");
+}
+
+TEST(ServeOptions, InvalidJsonInTheFlagIsReportedWithItsPosition) {
+  const std::string message =
+      apply({"--kv-transfer-config", R"({"kv_connector": "offload",, "kv_role": "kv_both"})"}, "");
+  EXPECT_TRUE(
+      message.starts_with("--kv-transfer-config is not valid JSON (byte 28): parse error "
+                          "at line 1, column 28: syntax error"))
+      << message;
+  EXPECT_EQ(apply({"--kv-transfer-config", "[1, 2]"}, ""),
+            "--kv-transfer-config must be a JSON object, got: [1,2]");
+}
+
+TEST(ServeOptions, OptionsAddedOutsideTheTableTakeTheirYamlValueThroughCli11) {
+  for (const auto& [yaml, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"connection_limit: 5", ""},
+           {"connection-limit: 50",
+            "agent.yaml: connection-limit: --connection-limit: Value 50 "
+            "not in range 1 to 10"},
+           {"connection_limit: [5]",
+            "agent.yaml: connection_limit must be a single value, got a "
+            "list"}}) {
+    CLI::App app;
+    ServeOptions options;
+    CLI::App* serve = addServeCommand(app, options);
+    int limit = 0;
+    serve->add_option("--connection-limit", limit)->check(CLI::Range(1, 10));
+    app.parse(std::vector<std::string>{"serve"});
+    std::string message;
+    try {
+      applyServeOptions(*serve, YAML::Load(yaml), "agent.yaml", options);
+    } catch (const Error& error) {
+      message = error.what();
+    }
+    EXPECT_EQ(message, expected) << yaml;
+    if (expected.empty()) EXPECT_EQ(limit, 5);
+  }
+}
+
+TEST(YamlToJson, PlainScalarsKeepTheirTypesAndQuotedOnesStayStrings) {
+  const json converted = yamlToJson(YAML::Load(
+      "{int: 8, negative: -7, hex: 0x10, float: 1.5, exp: 1e3, yes: true, no: False, none: ~, "
+      "empty: , quoted: \"8\", single: '1.5', word: offload, version: 1.2.3, "
+      "list: [1, two, {three: 3}]}"));
+  EXPECT_EQ(converted, json::parse(R"({"int": 8, "negative": -7, "hex": 16, "float": 1.5,
+      "exp": 1000.0, "yes": true, "no": false, "none": null, "empty": null, "quoted": "8",
+      "single": "1.5", "word": "offload", "version": "1.2.3",
+      "list": [1, "two", {"three": 3}]})"));
+  EXPECT_TRUE(converted["int"].is_number_integer());
+  EXPECT_TRUE(converted["exp"].is_number_float());
+}
+
+TEST(ClosestMatch, SuggestsOnlyNearWords) {
+  const std::vector<std::string> keys = {"max_num_seqs", "max_model_len", "block_size", "port"};
+  EXPECT_EQ(closestMatch("max_num_seq", keys), "max_num_seqs");
+  EXPECT_EQ(closestMatch("blocksize", keys), "block_size");
+  EXPECT_EQ(closestMatch("colour", keys), "");
+  EXPECT_EQ(closestMatch("pt", keys), "");
+}
+
+}  // namespace
+}  // namespace tandem::agent
