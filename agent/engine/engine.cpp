@@ -255,6 +255,16 @@ Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {
   return Status::ok();
 }
 
+Status Engine::advertiseKvAddress(const std::string& listen_host, int port) {
+  if (!connector_) return Status::ok();
+  return connector_->advertiseAddress(listen_host, port);
+}
+
+StatusOr<nlohmann::json> Engine::kvHandshake(const nlohmann::json& request) const {
+  if (!connector_) return notFound("this agent has no KV connector");
+  return connector_->handshake(request);
+}
+
 StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::string cache_salt) {
   if (!connector_ || !connector_->config().produces()) {
     return failedPrecondition(

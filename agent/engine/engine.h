@@ -127,6 +127,15 @@ class Engine {
   // connector's errors (InvalidArgument, PermissionDenied) for parameters it
   // does not accept; FailedPrecondition without a connector.
   Status releaseTransfer(const nlohmann::json& kv_transfer_params);
+  // Tells the KV connector where this agent's HTTP server answers (after
+  // bind; listen_host may be a wildcard): its descriptors name that address.
+  // The connector's FailedPrecondition when it cannot advertise a reachable
+  // one. OK without a connector. Start-up only.
+  Status advertiseKvAddress(const std::string& listen_host, int port);
+  // A peer's KV handshake (POST /v1/kv_transfer/handshake), answered by the
+  // connector from any thread: NotFound without a connector or when it serves
+  // none; its InvalidArgument / PermissionDenied for a refused request.
+  StatusOr<nlohmann::json> kvHandshake(const nlohmann::json& request) const;
   // Pull-back (decode → prefill): pins the longest cached run of `tokens`'
   // leading full blocks for a remote reader and returns the connector's
   // descriptor of them (as a finished request's kv_transfer_params), held

@@ -180,6 +180,19 @@ class KvConnector {
   virtual const KvTransferConfig& config() const = 0;
   // Failures so far by reason (cumulative).
   virtual std::map<std::string, int64_t> failureCounts() const { return failures_.snapshot(); }
+  // Where this agent's HTTP server answers, once bound (listen_host may be a
+  // wildcard such as 0.0.0.0): a connector whose descriptors name this agent
+  // decides here what host and port peers reach it at. FailedPrecondition
+  // naming the options when it cannot tell a reachable address. Start-up,
+  // before the first request.
+  virtual Status advertiseAddress(const std::string& listen_host, int port) { return Status::ok(); }
+  // Answers a peer's KV handshake (POST /v1/kv_transfer/handshake): what a
+  // reader needs to read this agent's blocks. NotFound for connectors that
+  // serve none; InvalidArgument / PermissionDenied for a request they refuse.
+  // Any thread: reads only state fixed at start-up.
+  virtual StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const {
+    return notFound("this agent's KV connector serves no KV handshake");
+  }
 
  protected:
   mutable FailureCounts failures_;  // counted from const checks too

@@ -103,6 +103,12 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override {
     return inner_->scheduler().releaseTarget(params);
   }
+  Status advertiseAddress(const std::string& listen_host, int port) override {
+    return inner_->advertiseAddress(listen_host, port);
+  }
+  StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override {
+    return inner_->handshake(request);
+  }
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override {
     LookupResult result = inner_->scheduler().lookup(request, num_local_tokens);
     if (result.state == LookupResult::State::kAvailable) {

@@ -42,7 +42,19 @@ bool mayUseSharedMemory(const char* tls) {
   return false;
 }
 
+// Plausible sizes of what a peer's handshake carries (UCX's own are tens to
+// hundreds of bytes).
+constexpr size_t kMinWorkerAddressBytes = 9;  // header byte and 64-bit uuid
+constexpr size_t kMaxWorkerAddressBytes = 64 << 10;
+constexpr size_t kMinRkeyBytes = 2;
+constexpr size_t kMaxRkeyBytes = 64 << 10;
+
 std::string ucxError(ucs_status_t status) { return ucs_status_string(status); }
+
+std::string hexByte(uint8_t byte) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  return std::string("0x") + kDigits[byte >> 4] + kDigits[byte & 0xf];
+}
 
 std::string blockRange(engine::BlockId first, int64_t count) {
   if (count == 1) return std::to_string(first);
@@ -322,6 +334,32 @@ void UcxContext::waitForEvents() {
   std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
+Status UcxContext::checkPeerAddress(std::string_view address) const {
+  if (address.size() < kMinWorkerAddressBytes || address.size() > kMaxWorkerAddressBytes) {
+    return invalidArgument("the peer's UCX worker address has " + std::to_string(address.size()) +
+                           " bytes; accepted: " + std::to_string(kMinWorkerAddressBytes) + " to " +
+                           std::to_string(kMaxWorkerAddressBytes));
+  }
+  const auto header = static_cast<uint8_t>(address[0]);
+  const auto ours = static_cast<uint8_t>(worker_address_[0]);
+  if (header != ours) {
+    return invalidArgument("the peer's UCX worker address header is " + hexByte(header) +
+                           " (format version " + std::to_string(header & 0xf) + "), ours is " +
+                           hexByte(ours) + " (format version " + std::to_string(ours & 0xf) +
+                           "): not an address this UCX can read");
+  }
+  return Status::ok();
+}
+
+Status UcxContext::checkPackedRkey(std::string_view packed_rkey) {
+  if (packed_rkey.size() < kMinRkeyBytes || packed_rkey.size() > kMaxRkeyBytes) {
+    return invalidArgument("the peer's packed UCX memory key has " +
+                           std::to_string(packed_rkey.size()) + " bytes; accepted: " +
+                           std::to_string(kMinRkeyBytes) + " to " + std::to_string(kMaxRkeyBytes));
+  }
+  return Status::ok();
+}
+
 StatusOr<std::shared_ptr<UcxPeer>> UcxContext::connect(const RemoteSlab& remote,
                                                        Deadline deadline) {
   if (remote.worker_address.empty() || remote.packed_rkey.empty() || remote.base_address == 0 ||
@@ -330,6 +368,9 @@ StatusOr<std::shared_ptr<UcxPeer>> UcxContext::connect(const RemoteSlab& remote,
         "remote slab needs a worker address, an rkey, a base address, a block size and at least "
         "one block");
   }
+  // Nothing UCX would refuse by aborting the process may reach it.
+  if (Status status = checkPeerAddress(remote.worker_address); !status.isOk()) return status;
+  if (Status status = checkPackedRkey(remote.packed_rkey); !status.isOk()) return status;
   std::shared_ptr<UcxPeer> peer(new UcxPeer(shared_from_this(), remote));
 
   ucp_ep_params_t params{};
@@ -405,6 +446,8 @@ UcxPeer::UcxPeer(std::shared_ptr<UcxContext> context, RemoteSlab remote)
       state_(std::make_shared<EndpointState>()) {}
 
 UcxPeer::~UcxPeer() { closeEndpoint(/*force=*/state_->failed.load()); }
+
+void UcxPeer::markFailed(const std::string& reason) { state_->fail(unavailable(reason)); }
 
 Status UcxPeer::health() const {
   if (state_->failed.load()) return state_->status();

@@ -140,8 +140,20 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   // unpacks its remote key once and warms it with one small read. Unavailable
   // when the peer cannot be reached or the key is refused, DeadlineExceeded
   // when the warm-up read does not finish in time. The RemoteSlab must come
-  // from a trusted (authenticated) handshake: UCX parses its bytes.
+  // from a trusted (authenticated) handshake: UCX parses its bytes, and
+  // checkPeerAddress() below is only a sanity check (InvalidArgument when it
+  // fails; nothing reaches UCX then).
   StatusOr<std::shared_ptr<UcxPeer>> connect(const RemoteSlab& remote, Deadline deadline);
+
+  // Whether `address` has the shape of a worker address this UCX can parse:
+  // a plausible length and the same address header (format version and
+  // flags) as this context's own worker address. UCX aborts the process on
+  // some malformed addresses (e.g. an unknown version); this refuses those
+  // before UCX sees them. It cannot prove the rest of the bytes well formed:
+  // only an authenticated source can. InvalidArgument naming what differs.
+  Status checkPeerAddress(std::string_view address) const;
+  // The same for a packed remote key: a plausible length.
+  static Status checkPackedRkey(std::string_view packed_rkey);
 
   // Notifications received so far (for metrics and tests).
   uint64_t messagesReceived() const { return messages_received_.load(); }
@@ -198,7 +210,9 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
 class UcxPeer {
  public:
   // Closes the endpoint, letting notifications already sent go out (bounded
-  // wait); no call on this peer may still be running.
+  // wait; forced when the peer failed), then destroys the unpacked remote
+  // key, which is what unmaps the peer's slab from this process (shared
+  // memory). No call on this peer may still be running.
   ~UcxPeer();
   UcxPeer(const UcxPeer&) = delete;
   UcxPeer& operator=(const UcxPeer&) = delete;
@@ -206,6 +220,10 @@ class UcxPeer {
   const RemoteSlab& remote() const { return remote_; }
   // OK while usable, else the reason it is not.
   Status health() const;
+  // Marks the peer failed for `reason` (a peer known dead or replaced): every
+  // later call returns Unavailable, and the destructor closes the endpoint
+  // with force instead of waiting for the peer to confirm.
+  void markFailed(const std::string& reason);
 
   // Reads every pair's remote block into its local block and returns when
   // all are done or the deadline passes. Ids are validated first: a remote

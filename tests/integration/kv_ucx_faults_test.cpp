@@ -7,6 +7,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -174,6 +176,79 @@ TEST_P(KvUcxFaults, ClientLeavingWhileTheDecodeAgentWaitsLosesNoBlock) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, KvUcxFaults, ::testing::Values("sm", "tcp"),
                          [](const auto& info) { return info.param; });
+
+// Bytes of UCX shared-memory segments (SYSV and posix) mapped into a process:
+// its own KV slab and those of the peers it reads from.
+int64_t sharedSegmentBytes(int pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int64_t bytes = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/SYSV") == std::string::npos &&
+        line.find("/dev/shm/ucx_shm_posix") == std::string::npos) {
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string range;
+    fields >> range;
+    const size_t dash = range.find('-');
+    bytes += static_cast<int64_t>(std::stoull(range.substr(dash + 1), nullptr, 16) -
+                                  std::stoull(range.substr(0, dash), nullptr, 16));
+  }
+  return bytes;
+}
+
+int64_t residentBytes(int pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// A reader keeps one endpoint and one mapping per live producer: when a
+// producer is killed and restarted (a new engine, a new slab), the reader
+// drops the dead one's endpoint and memory key, which unmaps its slab.
+TEST(KvUcxPeers, RestartedProducersLeaveNoSlabMappedInTheReader) {
+  ::setenv("UCX_TLS", "sm", 1);  // peers' slabs are mapped into the reader
+  Agent colocated;
+  // A 64 MiB producer slab (16384 blocks of 4 KiB), a 1 MiB reader slab.
+  const std::vector<std::string> producer_args = {"--num-blocks", "16384", "--kv-transfer-config",
+                                                  ucxConfig("kv_producer")};
+  constexpr int64_t kProducerSlabBytes = int64_t{16384} * 4096;
+  Agent decoder({"--num-blocks", "256", "--kv-transfer-config", ucxConfig("kv_consumer")});
+  const int pid = decoder.process().pid();
+  int64_t mapped_with_one_producer = 0;
+  int64_t resident_with_one_producer = 0;
+  for (int round = 0; round < 5; ++round) {
+    // A new prompt each round: the reader must read it all.
+    const std::vector<int> prompt = randomPrompt(75, 48 + round);
+    Agent prefiller(producer_args);
+    EXPECT_EQ(tokenIds(decodeOn(decoder, prompt, prefillOn(prefiller, prompt))),
+              tokenIds(colocated.post("/v1/completions", greedy(prompt, 8))));
+    EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4 * (round + 1));
+    EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+    if (round == 0) {
+      mapped_with_one_producer = sharedSegmentBytes(pid);
+      resident_with_one_producer = residentBytes(pid);
+      EXPECT_GE(mapped_with_one_producer, kProducerSlabBytes) << "the producer's slab is mapped";
+    } else {
+      // The dead producers' slabs are unmapped once the reader notices
+      // (keepalive), the live one's stays.
+      EXPECT_TRUE(eventually([&] { return sharedSegmentBytes(pid) <= mapped_with_one_producer; }))
+          << "round " << round << ": " << sharedSegmentBytes(pid) << " bytes of shared memory "
+          << "mapped, " << mapped_with_one_producer << " with one producer";
+    }
+    prefiller.process().signal(SIGKILL);
+    prefiller.process().wait(std::chrono::seconds(30));
+  }
+  EXPECT_LT(residentBytes(pid) - resident_with_one_producer, kProducerSlabBytes)
+      << "resident memory grew by a producer's slab";
+  // With no producer left, the last one is dropped too.
+  EXPECT_TRUE(eventually([&] {
+    return sharedSegmentBytes(pid) <= mapped_with_one_producer - kProducerSlabBytes;
+  })) << sharedSegmentBytes(pid);
+  ::unsetenv("UCX_TLS");
+}
 
 TEST(KvUcxFaultConfig, FaultInjectionIsRefusedWithoutItsFlagAndNamesBadFields) {
   TempDir logs("tandem-kv-faults");

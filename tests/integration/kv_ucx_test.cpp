@@ -4,13 +4,17 @@
 // agent frees its held blocks when released (or after its hold times out).
 // Each case runs over shared memory and over TCP.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/hmac.h"
 #include "tests/support/ucx_agents.h"
 
 namespace {
@@ -152,7 +156,18 @@ TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
        "kv_transfer_params.remote_block_ids[1] must be an integer"},
       {[](json& p) { p["remote_num_tokens"] = 48; }, 400,
        "kv_transfer_params.remote_num_tokens (48) must be remote_block_ids' length (4)"},
-      {[](json& p) { p["remote_slab"] = "ucx1:zz"; }, 400, "kv_transfer_params.remote_slab: "},
+      {[](json& p) { p["remote_slab"] = "ucx1:1000:4096:8:" + std::string(64, 'f') + ":ff"; }, 400,
+       "kv_transfer_params.remote_slab is not accepted"},
+      {[](json& p) { p["remote_host"] = "evil host\n" + std::string(300, 'f'); }, 400,
+       "kv_transfer_params.remote_host must be a host name or IP address"},
+      {[](json& p) { p["remote_port"] = 70000; }, 400,
+       "kv_transfer_params.remote_port must be an integer between 1 and 65535, got 70000"},
+      {[](json& p) { p["remote_engine_id"] = 7; }, 400,
+       "kv_transfer_params.remote_engine_id must be a string"},
+      {[](json& p) { p["remote_num_blocks"] = 0; }, 400,
+       "kv_transfer_params.remote_num_blocks must be an integer between 1 and 2147483647"},
+      {[](json& p) { p["remote_block_ids"][0] = uint64_t{1} << 63; }, 400,
+       "kv_transfer_params.remote_block_ids[0] = 9223372036854775808 is outside"},
       {[](json& p) { p.erase("transfer_id"); }, 400,
        "kv_transfer_params.transfer_id must be a string"},
       {[](json& p) { p["do_remote_prefill"] = "yes"; }, 400,
@@ -175,13 +190,191 @@ TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
     EXPECT_EQ(status, c.status) << c.message << ": " << error.dump();
     EXPECT_NE(error.dump().find(c.message), std::string::npos) << error.dump();
   }
-  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 7);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 12);
   EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 1);
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
   // The decode agent keeps serving; the refused transfer's blocks are given
   // back by an explicit release (the router's job when it gives up).
   EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)).size(), 8u);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+// An HTTP server in the test process that answers KV handshakes the way
+// `answer` says: a producer that lies.
+class FakeProducer {
+ public:
+  explicit FakeProducer(std::function<json()> answer) : answer_(std::move(answer)) {
+    server_.Post("/v1/kv_transfer/handshake",
+                 [this](const httplib::Request&, httplib::Response& res) {
+                   ++handshakes_;
+                   res.set_content(answer_().dump(), "application/json");
+                 });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    eventually([this] { return server_.is_running(); });
+  }
+  ~FakeProducer() {
+    server_.stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  int handshakes() const { return handshakes_.load(); }
+
+ private:
+  std::function<json()> answer_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<int> handshakes_{0};
+};
+
+// "ucx1:<base hex>:<block bytes>:<blocks>:<worker address hex>:<rkey hex>"
+std::string slabText(const std::string& worker_address_hex, int64_t num_blocks) {
+  return "ucx1:7f0000000000:4096:" + std::to_string(num_blocks) + ":" + worker_address_hex + ":" +
+         std::string(40, 'f');
+}
+
+TEST_P(KvUcx, GarbageFromAFakeProducerIsRecomputedAndTheDecodeAgentStaysAlive) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});  // no secret
+  Agent colocated;
+  const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8)));
+  const json real = prefill(prefiller, prompt_);
+  ASSERT_TRUE(real.is_object());
+  const std::string engine = real["remote_engine_id"];
+  const int64_t blocks = real["remote_num_blocks"];
+  // Worker addresses UCX would assert on, or that name nothing; a handshake
+  // naming another engine (a restart); answers that are not handshakes.
+  struct Case {
+    json answer;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {{{"engine_id", engine},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", slabText(std::string(64, 'f'), blocks)}},
+       "bad_handshake"},
+      {{{"engine_id", engine},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", slabText("ff", blocks)}},
+       "bad_handshake"},
+      {{{"engine_id", engine},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", slabText(std::string(64, 'f'), blocks + 1)}},
+       "bad_handshake"},
+      {{{"engine_id", engine}, {"compatibility", real["compatibility"]}, {"remote_slab", "zz"}},
+       "bad_handshake"},
+      {{{"engine_id", "another"},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", slabText(std::string(64, 'f'), blocks)}},
+       "peer_restarted"},
+      {{{"engine_id", engine}, {"compatibility", "model=other"}, {"remote_slab", "zz"}},
+       "incompatible"},
+      {json::array({1, 2}), "bad_handshake"},
+  };
+  std::map<std::string, double> counted;
+  for (const Case& c : cases) {
+    FakeProducer fake([&] { return c.answer; });
+    json forged = real;
+    forged["remote_port"] = fake.port();
+    int status = 0;
+    json out = decode(decoder, prompt_, forged, &status);
+    ASSERT_EQ(status, 200) << c.answer.dump() << " → " << out.dump();
+    EXPECT_EQ(tokenIds(out), expected) << c.answer.dump();
+    EXPECT_EQ(fake.handshakes(), 1) << c.answer.dump();
+    EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"" + c.reason + "\""),
+              ++counted[c.reason])
+        << c.answer.dump();
+  }
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_recomputed_total"), 4.0 * cases.size());
+  // A producer nobody answers for.
+  json nowhere = real;
+  nowhere["remote_port"] = FakeProducer([] { return json::object(); }).port();
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, nowhere)), expected);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"unreachable\""), 1);
+  // Still alive, and the real producer's descriptor still works.
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, real)), expected);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+// What a producer signs (docs/kv-transfer.md, "Authentication").
+std::string signingText(const json& p) {
+  std::string ids;
+  for (const json& id : p["remote_block_ids"]) {
+    if (!ids.empty()) ids += ',';
+    ids += id.dump();
+  }
+  return "tandem-kv-transfer/2\n" + p["transfer_id"].get<std::string>() + "\n" +
+         p["remote_engine_id"].get<std::string>() + "\n" + p["remote_host"].get<std::string>() +
+         "\n" + p["remote_port"].dump() + "\n" + p["remote_num_blocks"].dump() + "\n" +
+         p["remote_num_tokens"].dump() + "\n" + ids + "\n" + p["compatibility"].get<std::string>();
+}
+
+TEST_P(KvUcx, SignedBlockIdsBeyondTheSlabOrInt32AreRefusedAsOutOfRange) {
+  const json secret = {{"secret", "delta"}};
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", secret)});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer", secret)});
+  const json params = prefill(prefiller, prompt_);
+  ASSERT_EQ(params["signature"], ::tandem::hmacSha256Hex("delta", signingText(params)))
+      << "the signed text is as documented";
+  const int64_t blocks = params["remote_num_blocks"];
+  for (int64_t bad : {int64_t{1} << 31, blocks, int64_t{-1}}) {
+    json forged = params;
+    forged["remote_block_ids"][1] = bad;
+    forged["signature"] = ::tandem::hmacSha256Hex("delta", signingText(forged));
+    int status = 0;
+    json error = decode(decoder, prompt_, forged, &status);
+    EXPECT_EQ(status, 400) << error.dump();
+    EXPECT_NE(error.dump().find("kv_transfer_params.remote_block_ids[1] = " + std::to_string(bad) +
+                                " is outside the other agent's " + std::to_string(blocks) +
+                                " blocks (accepted: 0 to " + std::to_string(blocks - 1) + ")"),
+              std::string::npos)
+        << error.dump();
+  }
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 3);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"auth\""), 0);
+  EXPECT_EQ(releaseOn(prefiller, params)["released"], true);
+}
+
+TEST_P(KvUcx, HandshakeAnswersOnlyPeersWithTheSecret) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", {{"secret", "alpha"}})});
+  Agent open_prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
+  Agent consumer({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  const std::string nonce(32, 'a');
+  int status = 0;
+  json answer = prefiller.post("/v1/kv_transfer/handshake", {{"nonce", nonce}}, &status);
+  EXPECT_EQ(status, 403) << answer.dump();
+  EXPECT_EQ(answer.dump().find("ucx1:"), std::string::npos) << "nothing is learnt without it";
+  answer = prefiller.post("/v1/kv_transfer/handshake",
+                          {{"nonce", nonce}, {"signature", std::string(64, '0')}}, &status);
+  EXPECT_EQ(status, 403) << answer.dump();
+  EXPECT_EQ(prefiller.metric("tandem_kv_transfer_failures_total", "reason=\"auth\""), 2);
+  answer = prefiller.post(
+      "/v1/kv_transfer/handshake",
+      {{"nonce", nonce},
+       {"signature", ::tandem::hmacSha256Hex("alpha", "tandem-kv-handshake-request/1\n" + nonce)}},
+      &status);
+  ASSERT_EQ(status, 200) << answer.dump();
+  EXPECT_EQ(answer["signature"],
+            ::tandem::hmacSha256Hex("alpha", "tandem-kv-handshake/1\n" + nonce + "\n" +
+                                                 answer["engine_id"].get<std::string>() + "\n" +
+                                                 answer["compatibility"].get<std::string>() + "\n" +
+                                                 answer["remote_slab"].get<std::string>()));
+  // Without a secret anyone may ask; malformed asks are refused naming the field.
+  answer = open_prefiller.post("/v1/kv_transfer/handshake", {{"nonce", nonce}}, &status);
+  EXPECT_EQ(status, 200) << answer.dump();
+  EXPECT_FALSE(answer.contains("signature"));
+  answer = open_prefiller.post("/v1/kv_transfer/handshake", {{"nonce", "xyz"}}, &status);
+  EXPECT_EQ(status, 400) << answer.dump();
+  EXPECT_NE(answer.dump().find("nonce must be a string of 16 to 128 hex characters"),
+            std::string::npos);
+  answer = consumer.post("/v1/kv_transfer/handshake", {{"nonce", nonce}}, &status);
+  EXPECT_EQ(status, 404) << answer.dump();
+  Agent plain;
+  answer = plain.post("/v1/kv_transfer/handshake", {{"nonce", nonce}}, &status);
+  EXPECT_EQ(status, 404) << answer.dump();
 }
 
 TEST_P(KvUcx, ExplicitReleaseFreesHeldBlocksOnce) {
@@ -344,7 +537,8 @@ TEST_P(KvUcx, HoldRequestsAreCheckedNamingTheField) {
 
 TEST(KvUcxStart, ProducerOnANonLoopbackAddressNeedsASecret) {
   TempDir logs("tandem-kv-secret");
-  auto start = [&](std::vector<std::string> extra) {
+  auto start = [&](std::vector<std::string> extra,
+                   const std::string& config = ucxConfig("kv_producer")) {
     std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
                                      "serve",
                                      "--model",
@@ -354,7 +548,7 @@ TEST(KvUcxStart, ProducerOnANonLoopbackAddressNeedsASecret) {
                                      "--host",
                                      "0.0.0.0",
                                      "--kv-transfer-config",
-                                     ucxConfig("kv_producer")};
+                                     config};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return std::make_unique<ChildProcess>(argv, logs.path() / "stderr");
   };
@@ -363,11 +557,21 @@ TEST(KvUcxStart, ProducerOnANonLoopbackAddressNeedsASecret) {
   EXPECT_NE(refused->stderrText().find("set a shared secret"), std::string::npos)
       << refused->stderrText();
   EXPECT_NE(refused->stderrText().find("--insecure-kv"), std::string::npos);
+  // On a wildcard address the producer must be told what address to give
+  // readers: advertise_host, else POD_IP.
+  auto nowhere = start({"--insecure-kv"});
+  EXPECT_EQ(nowhere->wait(std::chrono::seconds(30)), 1);
+  EXPECT_NE(nowhere->stderrText().find("set kv_connector_extra_config.advertise_host or the "
+                                       "POD_IP environment variable"),
+            std::string::npos)
+      << nowhere->stderrText();
+  ::setenv("POD_IP", "127.0.0.1", 1);
   auto insecure = start({"--insecure-kv"});
+  ::unsetenv("POD_IP");
   EXPECT_FALSE(insecure->waitForLine("listening on ", std::chrono::seconds(60)).empty())
       << insecure->stderrText();
   ::setenv("TANDEM_KV_SECRET", "gamma", 1);
-  auto secured = start({});
+  auto secured = start({}, ucxConfig("kv_producer", {{"advertise_host", "127.0.0.1"}}));
   ::unsetenv("TANDEM_KV_SECRET");
   EXPECT_FALSE(secured->waitForLine("listening on ", std::chrono::seconds(60)).empty())
       << secured->stderrText();

@@ -73,6 +73,22 @@ StatusOr<std::string> MultiConnector::releaseTarget(
   return Status(StatusCode::kUnimplemented, "no member of this multi connector holds blocks");
 }
 
+Status MultiConnector::advertiseAddress(const std::string& listen_host, int port) {
+  for (const auto& member : members_) {
+    Status status = member->advertiseAddress(listen_host, port);
+    if (!status.isOk()) return status;
+  }
+  return Status::ok();
+}
+
+StatusOr<nlohmann::json> MultiConnector::handshake(const nlohmann::json& request) const {
+  for (const auto& member : members_) {
+    StatusOr<nlohmann::json> answer = member->handshake(request);
+    if (answer.isOk() || answer.status().code() != StatusCode::kNotFound) return answer;
+  }
+  return notFound("no member of this multi connector serves a KV handshake");
+}
+
 LookupResult MultiConnector::lookup(const ConnectorRequest& request, int64_t num_local_tokens) {
   const std::string id(request.request_id);
   winners_.erase(id);

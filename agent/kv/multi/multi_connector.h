@@ -55,6 +55,10 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   KvConnectorWorker& worker() override { return *this; }
   const KvTransferConfig& config() const override { return config_; }
   std::map<std::string, int64_t> failureCounts() const override;
+  // Every member advertises; the first member that serves a handshake
+  // answers it.
+  Status advertiseAddress(const std::string& listen_host, int port) override;
+  StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override;
 
   Status validate(const nlohmann::json& kv_transfer_params,
                   int64_t num_prompt_tokens) const override;

@@ -1,6 +1,9 @@
 #include "agent/kv/ucx/ucx_connector.h"
 
+#include <httplib.h>
+
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <thread>
 #include <unordered_set>
@@ -13,8 +16,15 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kProtocolVersion = 1;
+constexpr int kProtocolVersion = 2;
 constexpr std::string_view kReleaseMessage = "release";
+constexpr char kHandshakePath[] = "/v1/kv_transfer/handshake";
+// Nonces: 32 hex characters from here; 16 to 128 accepted from readers.
+constexpr size_t kMinNonceChars = 16;
+constexpr size_t kMaxNonceChars = 128;
+// Larger handshake answers are not ours (ours are a few hundred bytes).
+constexpr size_t kMaxHandshakeBytes = 1 << 20;
+constexpr size_t kMaxHostChars = 253;
 
 // The first "key=value" field that differs between two compatibility strings.
 std::string firstDifference(const std::string& ours, const std::string& theirs) {
@@ -52,8 +62,9 @@ Status checkFlag(const json& params, const char* name) {
 
 // What is signed: every field a reader acts on.
 std::string canonical(const UcxConnector::Descriptor& d) {
-  std::string text = "tandem-kv-transfer/1\n" + d.transfer_id + "\n" + d.engine_id + "\n" +
-                     d.slab_text + "\n" + std::to_string(d.num_tokens) + "\n";
+  std::string text = "tandem-kv-transfer/2\n" + d.transfer_id + "\n" + d.engine_id + "\n" + d.host +
+                     "\n" + std::to_string(d.port) + "\n" + std::to_string(d.num_blocks) + "\n" +
+                     std::to_string(d.num_tokens) + "\n";
   for (size_t i = 0; i < d.block_ids.size(); ++i) {
     if (i > 0) text += ',';
     text += std::to_string(d.block_ids[i]);
@@ -63,6 +74,58 @@ std::string canonical(const UcxConnector::Descriptor& d) {
 
 std::string releaseCanonical(std::string_view transfer_id) {
   return "tandem-kv-release/1\n" + std::string(transfer_id);
+}
+
+std::string handshakeRequestCanonical(std::string_view nonce) {
+  return "tandem-kv-handshake-request/1\n" + std::string(nonce);
+}
+
+std::string handshakeCanonical(std::string_view nonce, std::string_view engine_id,
+                               std::string_view compatibility, std::string_view slab_text) {
+  return "tandem-kv-handshake/1\n" + std::string(nonce) + "\n" + std::string(engine_id) + "\n" +
+         std::string(compatibility) + "\n" + std::string(slab_text);
+}
+
+bool isHex(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  });
+}
+
+// A host name, an IPv4 address or an IPv6 literal (with an optional zone).
+bool isHostName(std::string_view host) {
+  if (host.empty() || host.size() > kMaxHostChars) return false;
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' ||
+           c == '-' || c == ':' || c == '_' || c == '%';
+  });
+}
+
+bool isWildcardHost(std::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+std::string randomNonce() {
+  std::random_device random;
+  std::string bytes;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = random();
+    bytes.append(reinterpret_cast<const char*>(&word), sizeof word);
+  }
+  return transport::hexEncode(bytes);
+}
+
+// An integer JSON value as int64, or nullopt (not an integer, or beyond int64).
+std::optional<int64_t> integerValue(const json& value) {
+  if (value.is_number_unsigned()) {
+    const auto unsigned_value = value.get<uint64_t>();
+    if (unsigned_value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(unsigned_value);
+  }
+  if (value.is_number_integer()) return value.get<int64_t>();
+  return std::nullopt;
 }
 
 }  // namespace
@@ -104,6 +167,25 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
     read_timeout_ = std::chrono::duration_cast<transport::Clock::duration>(
         std::chrono::duration<double>(it->get<double>()));
   }
+  if (auto it = config.extra.find("peer_idle_timeout_s"); it != config.extra.end()) {
+    if (!it->is_number() || !(it->get<double>() > 0) || it->get<double>() > 1e9) {
+      throw Error(
+          "kv_connector_extra_config.peer_idle_timeout_s must be a positive number of seconds "
+          "(at most 1e9), got " +
+          it->dump());
+    }
+    peer_idle_timeout_ = std::chrono::duration_cast<transport::Clock::duration>(
+        std::chrono::duration<double>(it->get<double>()));
+  }
+  if (auto it = config.extra.find("advertise_host"); it != config.extra.end()) {
+    if (!it->is_string() || !isHostName(it->get<std::string>()) ||
+        isWildcardHost(it->get<std::string>())) {
+      throw Error(
+          "kv_connector_extra_config.advertise_host must be a host name or IP address peers can "
+          "reach (not a wildcard such as 0.0.0.0), got " +
+          it->dump());
+    }
+  }
   auto faults = FaultInjection::parse(config.extra);
   if (!faults.isOk()) throw Error(faults.status().message());
   faults_ = *faults;
@@ -123,6 +205,7 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
   }
   local_slab_ = *local;
   serialized_slab_ = remote->serialize();
+  num_slab_blocks_ = remote->num_blocks;
   std::random_device random;
   engine_id_ = std::to_string(random()) + std::to_string(random());
   context_->setMessageHandler([this](const std::string& message) { onMessage(message); });
@@ -137,6 +220,65 @@ UcxConnector::~UcxConnector() {
   jobs_ready_.notify_all();
   loader_.join();  // finishes the reads already queued (each bounded by read_timeout_s)
   context_->setMessageHandler(nullptr);
+}
+
+Status UcxConnector::advertiseAddress(const std::string& listen_host, int port) {
+  std::string host;
+  if (auto it = config_.extra.find("advertise_host"); it != config_.extra.end()) {
+    host = it->get<std::string>();  // checked at construction
+  } else if (!isWildcardHost(listen_host)) {
+    host = listen_host;
+  } else if (const char* pod_ip = std::getenv("POD_IP"); pod_ip != nullptr && *pod_ip != 0) {
+    host = pod_ip;
+    if (!isHostName(host) || isWildcardHost(host)) {
+      return failedPrecondition("the POD_IP environment variable must be an IP address, got \"" +
+                                host + "\"");
+    }
+  } else if (config_.produces()) {
+    return failedPrecondition(
+        "the ucx connector must tell readers an address they can reach, and this agent listens "
+        "on " +
+        (listen_host.empty() ? std::string("all addresses") : listen_host) +
+        ": set kv_connector_extra_config.advertise_host or the POD_IP environment variable");
+  }
+  std::lock_guard<std::mutex> lock(advertised_mutex_);
+  advertised_host_ = host;
+  advertised_port_ = port;
+  return Status::ok();
+}
+
+StatusOr<json> UcxConnector::handshake(const json& request) const {
+  if (!config_.produces()) {
+    return notFound("this agent's kv_role is kv_consumer: it lends no KV blocks");
+  }
+  auto nonce = request.find("nonce");
+  if (nonce == request.end() || !nonce->is_string() ||
+      nonce->get_ref<const std::string&>().size() < kMinNonceChars ||
+      nonce->get_ref<const std::string&>().size() > kMaxNonceChars ||
+      !isHex(nonce->get_ref<const std::string&>())) {
+    return invalidArgument("nonce must be a string of " + std::to_string(kMinNonceChars) + " to " +
+                           std::to_string(kMaxNonceChars) + " hex characters");
+  }
+  const std::string& nonce_text = nonce->get_ref<const std::string&>();
+  if (!secret_.empty()) {
+    auto signature = request.find("signature");
+    if (signature == request.end() || !signature->is_string() ||
+        !constantTimeEquals(signature->get_ref<const std::string&>(),
+                            hmacSha256Hex(secret_, handshakeRequestCanonical(nonce_text)))) {
+      failures_.add("auth");
+      return permissionDenied(
+          "signature is missing or does not match: this agent answers KV handshakes only from "
+          "peers with its shared KV secret");
+    }
+  }
+  json answer = {{"engine_id", engine_id_},
+                 {"compatibility", compatibility_},
+                 {"remote_slab", serialized_slab_}};
+  if (!secret_.empty()) {
+    answer["signature"] = hmacSha256Hex(
+        secret_, handshakeCanonical(nonce_text, engine_id_, compatibility_, serialized_slab_));
+  }
+  return answer;
 }
 
 void UcxConnector::onMessage(const std::string& message) {
@@ -163,6 +305,11 @@ void UcxConnector::onMessage(const std::string& message) {
 StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& params,
                                                                  const std::string& field) const {
   if (!params.is_object()) return invalidArgument(field + " must be an object");
+  if (params.contains("remote_slab")) {
+    return invalidArgument(field +
+                           ".remote_slab is not accepted: a reader fetches the producer's UCX "
+                           "address from the producer itself (remote_host, remote_port)");
+  }
   Descriptor d;
   auto text = [&](const char* name, std::string& out) -> Status {
     auto it = params.find(name);
@@ -174,25 +321,58 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
   };
   for (auto [name, out] :
        {std::pair{"transfer_id", &d.transfer_id}, std::pair{"remote_engine_id", &d.engine_id},
-        std::pair{"remote_slab", &d.slab_text}, std::pair{"compatibility", &d.compatibility}}) {
+        std::pair{"remote_host", &d.host}, std::pair{"compatibility", &d.compatibility}}) {
     if (Status status = text(name, *out); !status.isOk()) return status;
   }
-  auto tokens = params.find("remote_num_tokens");
-  if (tokens == params.end() || !tokens->is_number_integer() || tokens->get<int64_t>() < 0) {
-    return invalidArgument(field + ".remote_num_tokens must be a non-negative integer");
+  if (!isHostName(d.host) || isWildcardHost(d.host)) {
+    return invalidArgument(field + ".remote_host must be a host name or IP address (at most " +
+                           std::to_string(kMaxHostChars) + " characters), got " +
+                           json(d.host).dump(-1, ' ', false, json::error_handler_t::replace));
   }
-  d.num_tokens = tokens->get<int64_t>();
+  auto integer = [&](const char* name, int64_t low, int64_t high, int64_t* out) -> Status {
+    auto it = params.find(name);
+    std::optional<int64_t> value;
+    if (it != params.end()) value = integerValue(*it);
+    if (!value || *value < low || *value > high) {
+      return invalidArgument(
+          field + "." + name + " must be an integer between " + std::to_string(low) + " and " +
+          std::to_string(high) +
+          (it == params.end() ? std::string(", got nothing") : ", got " + it->dump()));
+    }
+    *out = *value;
+    return Status::ok();
+  };
+  int64_t port = 0;
+  if (Status status = integer("remote_port", 1, 65535, &port); !status.isOk()) return status;
+  d.port = static_cast<int>(port);
+  if (Status status =
+          integer("remote_num_blocks", 1, std::numeric_limits<BlockId>::max(), &d.num_blocks);
+      !status.isOk()) {
+    return status;
+  }
+  if (Status status =
+          integer("remote_num_tokens", 0, std::numeric_limits<int64_t>::max(), &d.num_tokens);
+      !status.isOk()) {
+    return status;
+  }
   auto ids = params.find("remote_block_ids");
   if (ids == params.end() || !ids->is_array()) {
     return invalidArgument(field + ".remote_block_ids must be an array of block ids");
   }
+  // Ids are range-checked here, before a signature or anything else uses them.
   for (size_t i = 0; i < ids->size(); ++i) {
     const json& id = (*ids)[i];
+    const std::string name = field + ".remote_block_ids[" + std::to_string(i) + "]";
     if (!id.is_number_integer()) {
-      return invalidArgument(field + ".remote_block_ids[" + std::to_string(i) +
-                             "] must be an integer, got " + id.dump());
+      return invalidArgument(name + " must be an integer, got " + id.dump());
     }
-    d.block_ids.push_back(id.get<BlockId>());
+    std::optional<int64_t> value = integerValue(id);
+    if (!value || *value < 0 || *value >= d.num_blocks) {
+      return invalidArgument(name + " = " + id.dump() + " is outside the other agent's " +
+                             std::to_string(d.num_blocks) + " blocks (accepted: 0 to " +
+                             std::to_string(d.num_blocks - 1) + ")");
+    }
+    d.block_ids.push_back(*value);
   }
   if (auto it = params.find("signature"); it != params.end()) {
     if (!it->is_string()) return invalidArgument(field + ".signature must be a string");
@@ -220,12 +400,6 @@ Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& fie
     return failedPrecondition(field + ".compatibility: the other agent's KV layout differs (" +
                               firstDifference(compatibility_, d.compatibility) + ")");
   }
-  auto slab = transport::RemoteSlab::parse(d.slab_text);
-  if (!slab.isOk()) return invalidArgument(field + ".remote_slab: " + slab.status().message());
-  if (slab->block_bytes != cache_.blockBytes()) {
-    return invalidArgument(field + ".remote_slab: block size " + std::to_string(slab->block_bytes) +
-                           " bytes differs from ours " + std::to_string(cache_.blockBytes()));
-  }
   const int64_t block_size = cache_.blockSize();
   const auto num_ids = static_cast<int64_t>(d.block_ids.size());
   if (d.num_tokens != num_ids * block_size) {
@@ -238,14 +412,9 @@ Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& fie
                            ") exceeds the prompt's " + std::to_string(num_prompt_tokens) +
                            " tokens");
   }
-  std::unordered_set<BlockId> seen;
+  std::unordered_set<int64_t> seen;
   for (size_t i = 0; i < d.block_ids.size(); ++i) {
-    const BlockId id = d.block_ids[i];
-    if (id < 0 || id >= slab->num_blocks) {
-      return invalidArgument(field + ".remote_block_ids[" + std::to_string(i) +
-                             "] = " + std::to_string(id) + " is outside the other agent's " +
-                             std::to_string(slab->num_blocks) + " blocks");
-    }
+    const int64_t id = d.block_ids[i];
     if (!seen.insert(id).second) {
       return invalidArgument(field + ".remote_block_ids[" + std::to_string(i) +
                              "] = " + std::to_string(id) + " is named twice");
@@ -332,7 +501,12 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
     // recompute: let the owner go now rather than at its hold timeout.
     if (declined_.size() >= 4096) declined_.clear();  // aborted requests never finish here
     declined_.insert(id);
-    enqueue({id, descriptor->transfer_id, descriptor->slab_text, 0, {}, true});
+    LoadJob job;
+    job.request_id = id;
+    job.source = std::move(descriptor).value();
+    job.source.block_ids.clear();
+    job.release_only = true;
+    enqueue(std::move(job));
     return result;
   }
   result.state = LookupResult::State::kAvailable;
@@ -340,15 +514,159 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   return result;
 }
 
-StatusOr<std::shared_ptr<transport::UcxPeer>> UcxConnector::peerFor(
-    const std::string& serialized_slab, transport::Deadline deadline) {
-  auto it = peers_.find(serialized_slab);
-  if (it != peers_.end() && it->second->health().isOk()) return it->second;
-  auto remote = transport::RemoteSlab::parse(serialized_slab);
-  if (!remote.isOk()) return remote.status();
-  auto peer = context_->connect(*remote, deadline);
-  if (!peer.isOk()) return peer.status();
-  peers_[serialized_slab] = *peer;
+StatusOr<UcxConnector::Handshake> UcxConnector::fetchHandshake(const std::string& host, int port,
+                                                               transport::Deadline deadline,
+                                                               std::string* reason) const {
+  const std::string where = host + ":" + std::to_string(port);
+  const auto remaining = deadline - transport::Clock::now();
+  if (remaining <= transport::Clock::duration::zero()) {
+    *reason = "timeout";
+    return Status(StatusCode::kDeadlineExceeded, "no time left for the handshake with " + where);
+  }
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(remaining).count();
+  httplib::Client client(host, port);
+  client.set_keep_alive(false);
+  client.set_connection_timeout(micros / 1000000, micros % 1000000);
+  client.set_read_timeout(micros / 1000000, micros % 1000000);
+  client.set_write_timeout(micros / 1000000, micros % 1000000);
+  const std::string nonce = randomNonce();
+  json body = {{"nonce", nonce}};
+  if (!secret_.empty())
+    body["signature"] = hmacSha256Hex(secret_, handshakeRequestCanonical(nonce));
+  auto response = client.Post(kHandshakePath, body.dump(), "application/json");
+  if (!response) {
+    *reason = "unreachable";
+    return unavailable("KV handshake with " + where +
+                       " failed: " + httplib::to_string(response.error()));
+  }
+  if (response->status != 200) {
+    *reason = response->status == 403 ? "auth" : "bad_handshake";
+    return unavailable("KV handshake with " + where + " answered HTTP " +
+                       std::to_string(response->status) + ": " + response->body.substr(0, 300));
+  }
+  *reason = "bad_handshake";
+  if (response->body.size() > kMaxHandshakeBytes) {
+    return invalidArgument("KV handshake answer from " + where + " is larger than " +
+                           std::to_string(kMaxHandshakeBytes) + " bytes");
+  }
+  json answer = json::parse(response->body, nullptr, /*allow_exceptions=*/false);
+  Handshake handshake;
+  auto text = [&](const char* name, std::string& out) {
+    auto it = answer.find(name);
+    if (it == answer.end() || !it->is_string()) return false;
+    out = it->get<std::string>();
+    return true;
+  };
+  if (answer.is_discarded() || !answer.is_object() || !text("engine_id", handshake.engine_id) ||
+      !text("compatibility", handshake.compatibility) ||
+      !text("remote_slab", handshake.slab_text)) {
+    return invalidArgument("KV handshake answer from " + where +
+                           " must be a JSON object with the strings engine_id, compatibility "
+                           "and remote_slab");
+  }
+  if (!secret_.empty()) {
+    std::string signature;
+    if (!text("signature", signature) ||
+        !constantTimeEquals(signature,
+                            hmacSha256Hex(secret_, handshakeCanonical(nonce, handshake.engine_id,
+                                                                      handshake.compatibility,
+                                                                      handshake.slab_text)))) {
+      *reason = "auth";
+      return permissionDenied("KV handshake answer from " + where +
+                              " is not signed with this agent's KV secret over our nonce");
+    }
+  }
+  reason->clear();
+  return handshake;
+}
+
+void UcxConnector::dropStalePeers() {
+  const auto now = transport::Clock::now();
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    Status health = it->second.peer->health();
+    const bool idle = now - it->second.last_used > peer_idle_timeout_;
+    if (health.isOk() && !idle) {
+      ++it;
+      continue;
+    }
+    TANDEM_LOG(kInfo) << "ucx connector: dropping the peer " << it->first << " at "
+                      << it->second.host << ":" << it->second.port << " ("
+                      << (health.isOk() ? std::string("unused") : health.message()) << ")";
+    it = peers_.erase(it);  // closes the endpoint and unmaps the peer's slab
+  }
+}
+
+void UcxConnector::dropReplacedPeers(const std::string& host, int port,
+                                     const std::string& engine_id) {
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    if (it->first == engine_id || it->second.host != host || it->second.port != port) {
+      ++it;
+      continue;
+    }
+    TANDEM_LOG(kInfo) << "ucx connector: dropping the peer " << it->first << ": " << host << ":"
+                      << port << " now answers as " << engine_id;
+    it->second.peer->markFailed("replaced by " + engine_id + " at " + host + ":" +
+                                std::to_string(port));
+    it = peers_.erase(it);
+  }
+}
+
+std::shared_ptr<transport::UcxPeer> UcxConnector::peerFor(const Descriptor& source,
+                                                          transport::Deadline deadline,
+                                                          PeerFailure* failure) {
+  auto fail = [&](std::string reason, Status status) -> std::shared_ptr<transport::UcxPeer> {
+    failure->reason = std::move(reason);
+    failure->status = std::move(status);
+    return nullptr;
+  };
+  if (auto it = peers_.find(source.engine_id); it != peers_.end()) {
+    if (it->second.peer->health().isOk()) {
+      if (it->second.peer->remote().num_blocks != source.num_blocks) {
+        return fail("bad_params",
+                    invalidArgument("remote_num_blocks " + std::to_string(source.num_blocks) +
+                                    " differs from the " +
+                                    std::to_string(it->second.peer->remote().num_blocks) +
+                                    " blocks engine " + source.engine_id + " has"));
+      }
+      it->second.last_used = transport::Clock::now();
+      return it->second.peer;
+    }
+    peers_.erase(it);
+  }
+  std::string reason;
+  auto handshake = fetchHandshake(source.host, source.port, deadline, &reason);
+  if (!handshake.isOk()) return fail(reason, handshake.status());
+  dropReplacedPeers(source.host, source.port, handshake->engine_id);
+  const std::string where = source.host + ":" + std::to_string(source.port);
+  if (handshake->engine_id != source.engine_id) {
+    return fail("peer_restarted",
+                unavailable(where + " answers as engine " + handshake->engine_id + ", not " +
+                            source.engine_id + " (the producer restarted; its blocks are gone)"));
+  }
+  if (handshake->compatibility != compatibility_) {
+    return fail(
+        "incompatible",
+        failedPrecondition(where + ": the other agent's KV layout differs (" +
+                           firstDifference(compatibility_, handshake->compatibility) + ")"));
+  }
+  auto slab = transport::RemoteSlab::parse(handshake->slab_text);
+  if (!slab.isOk()) return fail("bad_handshake", slab.status());
+  if (slab->block_bytes != cache_.blockBytes() || slab->num_blocks != source.num_blocks) {
+    return fail(
+        "bad_handshake",
+        invalidArgument(where + " advertises " + std::to_string(slab->num_blocks) + " blocks of " +
+                        std::to_string(slab->block_bytes) + " bytes; expected " +
+                        std::to_string(source.num_blocks) + " blocks (remote_num_blocks) of " +
+                        std::to_string(cache_.blockBytes()) + " bytes"));
+  }
+  auto peer = context_->connect(*slab, deadline);
+  if (!peer.isOk()) {
+    return fail(peer.status().code() == StatusCode::kInvalidArgument    ? "bad_handshake"
+                : peer.status().code() == StatusCode::kDeadlineExceeded ? "timeout"
+                                                                        : "unreachable",
+                peer.status());
+  }
+  peers_[source.engine_id] = {source.host, source.port, *peer, transport::Clock::now()};
   return *peer;
 }
 
@@ -369,16 +687,17 @@ LoadResult UcxConnector::load(const ConnectorRequest& request, int64_t first_blo
   if (!descriptor.isOk()) return fail_all(descriptor.status().message());
   LoadJob job;
   job.request_id = std::string(request.request_id);
-  job.transfer_id = descriptor->transfer_id;
-  job.slab_text = descriptor->slab_text;
   job.first_block = first_block;
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const size_t index = static_cast<size_t>(first_block) + i;
     if (index >= descriptor->block_ids.size()) {
       return fail_all("remote_block_ids is shorter than the blocks to load");
     }
-    job.pairs.push_back({descriptor->block_ids[index], block_ids[i]});
+    // In [0, remote_num_blocks), which fits a BlockId (parseDescriptor).
+    job.pairs.push_back({static_cast<BlockId>(descriptor->block_ids[index]), block_ids[i]});
   }
+  job.source = std::move(descriptor).value();
+  job.source.block_ids.clear();
   // The read runs on the loader thread: a slow or stalled peer never holds up
   // the engine's steps. The engine keeps the blocks until poll() reports it.
   enqueue(std::move(job));
@@ -399,11 +718,20 @@ void UcxConnector::loaderLoop() {
     LoadJob job;
     {
       std::unique_lock<std::mutex> lock(jobs_mutex_);
-      jobs_ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping with nothing left
+      // Wakes now and then without work to drop idle or failed peers.
+      const auto sweep =
+          std::min<transport::Clock::duration>(std::chrono::seconds(1), peer_idle_timeout_ / 2);
+      jobs_ready_.wait_for(lock, sweep, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) {
+        if (stopping_) return;
+        lock.unlock();
+        dropStalePeers();
+        continue;
+      }
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
+    dropStalePeers();
     FinishedLoad finished = runLoad(job);
     if (job.release_only) continue;
     std::lock_guard<std::mutex> lock(finished_mutex_);
@@ -427,13 +755,14 @@ KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
     }
   };
   const auto deadline = transport::Clock::now() + read_timeout_;
-  auto peer = peerFor(job.slab_text, deadline);
-  if (!peer.isOk()) {
+  PeerFailure failure;
+  std::shared_ptr<transport::UcxPeer> peer = peerFor(job.source, deadline, &failure);
+  if (peer == nullptr) {
     // A release-only job's lender is gone: its hold times out there.
-    fail_all("unreachable", peer.status().message());
+    fail_all(failure.reason, "peer " + job.source.engine_id + ": " + failure.status.message());
   } else {
     transport::ReadResult read;
-    if (!job.pairs.empty()) read = (*peer)->readBlocks(local_slab_, job.pairs, deadline);
+    if (!job.pairs.empty()) read = peer->readBlocks(local_slab_, job.pairs, deadline);
     if (!read.status.isOk()) {
       const std::string reason =
           read.status.code() == StatusCode::kDeadlineExceeded ? "timeout" : "read_error";
@@ -449,7 +778,12 @@ KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
     }
     finished.seconds = std::chrono::duration<double>(transport::Clock::now() - start).count();
     // Whatever happened, the owner may free its blocks now.
-    sendRelease(**peer, job.transfer_id);
+    sendRelease(*peer, job.source.transfer_id);
+    // A failed peer is dropped at once: its slab is unmapped here.
+    if (!peer->health().isOk()) {
+      peer.reset();
+      dropStalePeers();
+    }
   }
   if (finished.seconds == 0) {
     finished.seconds = std::chrono::duration<double>(transport::Clock::now() - start).count();
@@ -491,7 +825,12 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   Descriptor d;
   d.transfer_id = std::string(request.request_id);
   d.engine_id = engine_id_;
-  d.slab_text = serialized_slab_;
+  {
+    std::lock_guard<std::mutex> lock(advertised_mutex_);
+    d.host = advertised_host_;
+    d.port = advertised_port_;
+  }
+  d.num_blocks = num_slab_blocks_;
   d.compatibility = compatibility_;
   const int64_t full_blocks = std::min<int64_t>(num_computed_tokens / cache_.blockSize(),
                                                 static_cast<int64_t>(blocks.size()));
@@ -499,7 +838,8 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   d.num_tokens = full_blocks * cache_.blockSize();
   decision.hold = true;
   decision.kv_transfer_params = {
-      {"remote_engine_id", d.engine_id}, {"remote_slab", d.slab_text},
+      {"remote_engine_id", d.engine_id}, {"remote_host", d.host},
+      {"remote_port", d.port},           {"remote_num_blocks", d.num_blocks},
       {"remote_block_ids", d.block_ids}, {"remote_num_tokens", d.num_tokens},
       {"transfer_id", d.transfer_id},    {"compatibility", d.compatibility}};
   if (!secret_.empty()) {

@@ -3,10 +3,14 @@
 //
 // Producer (prefill agent): a request with kv_transfer_params
 // {"do_remote_decode": true} finishes normally, its blocks are held, and the
-// response carries a transfer descriptor saying where to read them:
-//   {"remote_engine_id", "remote_slab" (serialized RemoteSlab: worker address,
-//    memory key, geometry), "remote_block_ids", "remote_num_tokens",
-//    "transfer_id", "compatibility", "signature" (with a shared secret)}.
+// response carries a transfer descriptor naming only the producer:
+//   {"remote_engine_id", "remote_host", "remote_port" (this agent's HTTP
+//    address), "remote_num_blocks" (its slab's block count),
+//    "remote_block_ids", "remote_num_tokens", "transfer_id", "compatibility",
+//    "signature" (with a shared secret)}.
+// No UCX address or memory key is in anything a client sends or sees: a
+// reader fetches them from the producer itself with an authenticated
+// handshake (POST /v1/kv_transfer/handshake, answered by handshake()).
 // The blocks are freed when the reader's release message arrives, when the
 // router releases them explicitly (Engine::releaseTransfer), or after
 // abort_timeout_s.
@@ -19,16 +23,32 @@
 // those blocks when at least remote_pull_threshold (default 4) of them are
 // missing here, and recomputes otherwise.
 //
-// Checks at admission (validate): descriptor shape, signature
-// (PermissionDenied), compatibility — model identity, KV dtype, block size,
-// layers, KV heads, head size, protocol version; FailedPrecondition naming
-// the field that differs —, every block id inside the peer's advertised slab
-// and named once, remote_num_tokens = ids × block size ≤ the prompt.
+// Checks at admission (validate): descriptor shape, every block id inside
+// [0, remote_num_blocks) and named once, signature (PermissionDenied),
+// compatibility — model identity, KV dtype, block size, layers, KV heads,
+// head size, protocol version; FailedPrecondition naming the field that
+// differs —, remote_num_tokens = ids × block size ≤ the prompt.
+//
+// Peers (loader thread): the handshake's answer must name the descriptor's
+// engine id, our compatibility, our block bytes and remote_num_blocks, and
+// be signed over our nonce when there is a secret; the UCX address is then
+// sanity-checked (UcxContext::checkPeerAddress) before UCX sees it. One
+// endpoint and unpacked memory key per engine id, dropped (unmapping the
+// peer's slab) when the peer fails, when its host:port answers as another
+// engine (a restart), or after peer_idle_timeout_s (default 60) unused.
+// Anything wrong with the fetched data fails the load, which is recomputed
+// (or fails the request, by kv_load_failure_policy), counted by reason.
 //
 // Shared secret: kv_connector_extra_config.secret, else TANDEM_KV_SECRET.
-// With one, descriptors and release messages carry HMAC-SHA256 signatures
-// and unsigned or wrongly signed ones are refused. It authenticates the
-// control plane; UCX's data plane is not encrypted (docs/kv-transfer.md).
+// With one, descriptors, handshakes and release messages carry HMAC-SHA256
+// signatures and unsigned or wrongly signed ones are refused. It
+// authenticates the control plane; neither the handshake nor UCX's data
+// plane is encrypted (docs/kv-transfer.md).
+//
+// Advertised address (advertiseAddress): kv_connector_extra_config.
+// advertise_host when set; else the HTTP listen host, unless that is a
+// wildcard (0.0.0.0, ::), then the POD_IP environment variable; else a
+// producer refuses to start.
 //
 // The KV cache must be allocated by transport::UcxSlabAllocator.
 #pragma once
@@ -65,6 +85,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   KvConnectorWorker& worker() override { return *this; }
   const KvTransferConfig& config() const override { return config_; }
 
+  Status advertiseAddress(const std::string& listen_host, int port) override;
+  StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override;
+
   Status validate(const nlohmann::json& params, int64_t num_prompt_tokens) const override;
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override;
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
@@ -84,20 +107,22 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   struct Descriptor {
     std::string transfer_id;
     std::string engine_id;
-    std::string slab_text;  // serialized RemoteSlab
+    std::string host;  // the producer's HTTP host and port (its handshake)
+    int port = 0;
+    int64_t num_blocks = 0;  // the producer's slab, in blocks
     std::string compatibility;
-    std::string signature;  // empty when unsigned
-    std::vector<BlockId> block_ids;
+    std::string signature;           // empty when unsigned
+    std::vector<int64_t> block_ids;  // each in [0, num_blocks)
     int64_t num_tokens = 0;
   };
 
  private:
-  // Field types only; errors name `field`.<name>.
+  // Field types and ranges; errors name `field`.<name>.
   StatusOr<Descriptor> parseDescriptor(const nlohmann::json& params,
                                        const std::string& field) const;
   // validate() without the failure count.
   Status checkParams(const nlohmann::json& params, int64_t num_prompt_tokens) const;
-  // Signature, compatibility, slab geometry and ids.
+  // Signature, compatibility, token count and duplicate ids.
   Status checkDescriptor(const Descriptor& d, const std::string& field,
                          int64_t num_prompt_tokens) const;
   // The descriptor a request reads from (its own params or remote_prefix);
@@ -105,19 +130,36 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   const nlohmann::json* sourceOf(const ConnectorRequest& request) const;
   struct LoadJob {
     std::string request_id;
-    std::string transfer_id;
-    std::string slab_text;
+    Descriptor source;  // block_ids unused: pairs say what to read
     int64_t first_block = 0;
     std::vector<transport::BlockPair> pairs;
     bool release_only = false;  // read nothing, only let the lender go
   };
   void enqueue(LoadJob job);
-  // Loader thread: runs queued reads one after the other.
+  // Loader thread: runs queued reads one after the other, and drops idle or
+  // failed peers between them.
   void loaderLoop();
   FinishedLoad runLoad(const LoadJob& job);
+  // A failure of peerFor(): the reason label and what happened.
+  struct PeerFailure {
+    std::string reason;
+    Status status;
+  };
+  struct Handshake {
+    std::string engine_id;
+    std::string compatibility;
+    std::string slab_text;
+  };
   // Loader thread only (peers_ is its own).
-  StatusOr<std::shared_ptr<transport::UcxPeer>> peerFor(const std::string& serialized_slab,
-                                                        transport::Deadline deadline);
+  std::shared_ptr<transport::UcxPeer> peerFor(const Descriptor& source,
+                                              transport::Deadline deadline, PeerFailure* failure);
+  StatusOr<Handshake> fetchHandshake(const std::string& host, int port,
+                                     transport::Deadline deadline, std::string* reason) const;
+  // Drops peers that failed or sat unused past peer_idle_timeout_s.
+  void dropStalePeers();
+  // Drops peers last reached at host:port other than `engine_id` (that
+  // address now answers as engine_id: they restarted or moved).
+  void dropReplacedPeers(const std::string& host, int port, const std::string& engine_id);
   void sendRelease(transport::UcxPeer& peer, const std::string& transfer_id);
   // Progress thread: release messages from readers.
   void onMessage(const std::string& message);
@@ -131,8 +173,21 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   FaultInjection faults_;
   std::string engine_id_;
   std::string serialized_slab_;
+  int64_t num_slab_blocks_ = 0;
   transport::LocalSlab local_slab_;
-  std::unordered_map<std::string, std::shared_ptr<transport::UcxPeer>> peers_;
+  // Set once at start-up (advertiseAddress), read by requestFinished.
+  mutable std::mutex advertised_mutex_;
+  std::string advertised_host_;
+  int advertised_port_ = 0;
+
+  struct PeerEntry {
+    std::string host;
+    int port = 0;
+    std::shared_ptr<transport::UcxPeer> peer;
+    transport::Clock::time_point last_used;
+  };
+  std::unordered_map<std::string, PeerEntry> peers_;  // by engine id; loader thread
+  transport::Clock::duration peer_idle_timeout_ = std::chrono::seconds(60);
   std::mutex released_mutex_;  // the message handler runs on UCX's progress thread
   std::vector<std::string> released_;
   transport::Clock::duration read_timeout_ = std::chrono::seconds(10);
