@@ -1,11 +1,13 @@
-// The agent's HTTP API (cpp-httplib): OpenAI-compatible completions and chat
-// completions (streamed as Server-Sent Events or whole), models, health,
-// metrics, tokenize/detokenize and the KV event stream for the router.
+// The agent's HTTP API: OpenAI-compatible completions and chat completions
+// (streamed as Server-Sent Events or whole), models, health, metrics,
+// tokenize/detokenize, the KV transfer calls and the KV event stream for the
+// router, served by the Asio/Beast transport of http_connection.h.
 //
-// HTTP threads only parse, enqueue into the engine and stream what the engine
-// thread hands them; they never compute. Each connection is served on a pool
-// thread, so the pool is sized for max_num_seqs streams plus headroom. A client
-// that goes away mid-stream has its request aborted, which frees its blocks.
+// A few io threads own every connection; a request waiting for the engine
+// costs a coroutine, not a thread (the engine's output callback wakes it).
+// Parsing and tokenizing run on a small worker pool, never on the engine
+// thread. A client that goes away (mid-stream, or before a whole answer is
+// ready) has its request aborted, which frees its blocks.
 #pragma once
 
 #include <atomic>
@@ -17,19 +19,28 @@
 #include "agent/server/metrics.h"
 #include "agent/server/openai_protocol.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace tandem::server {
+
+class HttpService;
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (read it back from port())
   std::string served_model_name;
   std::string role = "both";  // metrics label: prefill, decode or both
-  int http_threads = 0;       // 0: max_num_seqs + 16
   int retry_after_seconds = 1;
+  int io_threads = 2;      // threads that own the sockets
+  int worker_threads = 4;  // parsing, tokenizing, calls that wait on the engine
+  // Per-connection limits (HTTP/1.1): a request's line and headers, its body;
+  // seconds to receive one request (from its first byte), to wait for the
+  // next request on an idle keep-alive connection, and for one write to a
+  // client (one that stops reading a stream that long is dropped and its
+  // request aborted).
+  int64_t max_header_bytes = 16 * 1024;
+  int64_t max_body_bytes = 64ll * 1024 * 1024;
+  int request_timeout_s = 30;
+  int idle_timeout_s = 60;
+  int write_timeout_s = 30;
 };
 
 class HttpServer {
@@ -59,7 +70,7 @@ class HttpServer {
   ServerConfig config_;
   ServerLimits limits_;
   AgentMetrics metrics_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpService> http_;
   int port_ = 0;
   std::atomic<bool> ready_{true};
   std::atomic<uint64_t> next_id_{1};

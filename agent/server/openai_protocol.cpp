@@ -164,7 +164,50 @@ class FieldReader {
   std::optional<ApiError> error_;
 };
 
+// Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629:
+// no overlong forms, no surrogates, nothing past U+10FFFF), or npos.
+size_t firstInvalidUtf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;  // range of the second byte
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return i;
+    }
+    for (size_t k = 1; k < length; ++k) {
+      if (i + k >= text.size()) return i;  // cut short at the end
+      const auto byte = static_cast<unsigned char>(text[i + k]);
+      if (k == 1 ? (byte < low || byte > high) : (byte < 0x80 || byte > 0xBF)) return i + k;
+    }
+    i += length;
+  }
+  return std::string_view::npos;
+}
+
 Result<json> parseJsonObject(std::string_view body) {
+  // JSON text is UTF-8 (RFC 8259). Checked first so that the error names the
+  // byte rather than quoting it back.
+  if (const size_t bad = firstInvalidUtf8(body); bad != std::string_view::npos) {
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(body[bad]));
+    return invalidRequest("the request body is not valid UTF-8: invalid byte " + std::string(byte) +
+                          " at offset " + std::to_string(bad));
+  }
   json root;
   try {
     root = json::parse(body);
@@ -389,15 +432,42 @@ std::optional<int64_t> readMaxTokens(FieldReader& fields, const char* name) {
   return std::nullopt;
 }
 
-// Takes a sampler validation message ("top_p must be in (0, 1], got 0") and
-// returns the field it names.
+// The request field a validation message begins with: "top_p must be in
+// (0, 1], got 0" names top_p; "kv_transfer_params.remote_block_ids[3] = 9 is
+// outside ..." names kv_transfer_params.remote_block_ids[3]. A path is taken
+// when " must " follows it, or ':' follows it, or it has a '.' or '[' and a
+// space or the end follows it; otherwise "".
 std::string leadingField(const std::string& message) {
+  auto isNameChar = [&](size_t i) {
+    const auto c = static_cast<unsigned char>(message[i]);
+    return std::islower(c) || std::isdigit(c) || c == '_';
+  };
   size_t end = 0;
-  while (end < message.size() &&
-         (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '_')) {
-    ++end;
+  bool nested = false;
+  while (end < message.size() && isNameChar(end)) {
+    while (end < message.size() && isNameChar(end)) ++end;
+    if (end + 1 < message.size() && message[end] == '.' && isNameChar(end + 1)) {
+      ++end;
+      nested = true;
+    }
+    while (end < message.size() && message[end] == '[') {
+      const size_t close = message.find(']', end);
+      if (close == std::string::npos || close == end + 1 ||
+          !std::all_of(message.begin() + static_cast<ptrdiff_t>(end) + 1,
+                       message.begin() + static_cast<ptrdiff_t>(close),
+                       [](unsigned char c) { return std::isdigit(c); })) {
+        return "";
+      }
+      end = close + 1;
+      nested = true;
+      if (end + 1 < message.size() && message[end] == '.' && isNameChar(end + 1)) ++end;
+    }
   }
-  return message.compare(end, 6, " must ") == 0 ? message.substr(0, end) : std::string();
+  if (end == 0 || !std::islower(static_cast<unsigned char>(message[0]))) return "";
+  const bool named = message.compare(end, 6, " must ") == 0 ||
+                     (end < message.size() && message[end] == ':') ||
+                     (nested && (end == message.size() || message[end] == ' '));
+  return named ? message.substr(0, end) : std::string();
 }
 
 // Length checks, the default max_tokens and the sampler's own validation,
@@ -759,6 +829,19 @@ json errorBody(const ApiError& error) {
 
 ApiError fromStatus(const Status& status, std::string param) {
   ApiError error{500, status.message(), "server_error", std::move(param), ""};
+  // A client's error names the field first (connectors' descriptor checks,
+  // the engine's own): that is its param unless the caller knows better.
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kNotFound:
+    case StatusCode::kPermissionDenied:
+      if (error.param.empty()) error.param = leadingField(status.message());
+      break;
+    default:
+      break;
+  }
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:

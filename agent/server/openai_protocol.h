@@ -53,7 +53,8 @@ std::string compactDump(const nlohmann::json& value);
 nlohmann::json errorBody(const ApiError& error);
 // HTTP status for a Status from the engine: InvalidArgument / OutOfRange /
 // FailedPrecondition 400, NotFound 404, ResourceExhausted 429, Unimplemented
-// 501, Unavailable / Aborted 503, DeadlineExceeded 504, others 500.
+// 501, Unavailable / Aborted 503, DeadlineExceeded 504, others 500. An empty
+// `param` is taken from the field path the message begins with, if any.
 ApiError fromStatus(const Status& status, std::string param = "");
 
 // A value or the ApiError that explains why there is none.

@@ -173,6 +173,51 @@ TEST(ApiErrors, FromStatusMapsCodes) {
   EXPECT_TRUE(ok.param.empty());
 }
 
+TEST(ApiErrors, ClientErrorsTakeTheirParamFromTheFieldTheMessageNames) {
+  struct Case {
+    Status status;
+    std::string param;
+  };
+  for (const Case& c : std::vector<Case>{
+           {invalidArgument("kv_transfer_params.remote_block_ids[3] = 9 is outside the other "
+                            "agent's 8 blocks"),
+            "kv_transfer_params.remote_block_ids[3]"},
+           {invalidArgument("kv_transfer_params.remote_block_ids[1] must be an integer, got "
+                            "\"x\""),
+            "kv_transfer_params.remote_block_ids[1]"},
+           {invalidArgument("kv_transfer_params must be an object"), "kv_transfer_params"},
+           {invalidArgument("kv_transfer_params.remote_slab: not a slab descriptor"),
+            "kv_transfer_params.remote_slab"},
+           {invalidArgument("kv_transfer_params: this agent's kv_role is kv_producer; it reads "
+                            "no KV"),
+            "kv_transfer_params"},
+           {permissionDenied("kv_transfer_params.signature does not match: the other agent uses "
+                             "a different KV secret"),
+            "kv_transfer_params.signature"},
+           {failedPrecondition("kv_transfer_params.compatibility: the other agent's KV layout "
+                               "differs"),
+            "kv_transfer_params.compatibility"},
+           {notFound("kv_transfer_params.remote_engine_id names another agent, not this one"),
+            "kv_transfer_params.remote_engine_id"},
+           {outOfRange("max_tokens must be between 1 and 100, got 0"), "max_tokens"},
+           // Prose, not a field: no param.
+           {invalidArgument("the prompt is too long"), ""},
+           {invalidArgument("request abc is already running"), ""},
+           {invalidArgument("Bad thing: x"), ""},
+           // Server-side errors never blame a request field.
+           {internalError("kv_transfer_params.remote_slab: read failed"), ""},
+           {unavailable("kv_transfer_params.remote_slab: peer gone"), ""},
+       }) {
+    const ApiError error = fromStatus(c.status);
+    EXPECT_EQ(error.param, c.param) << c.status.message();
+    EXPECT_EQ(error.message, c.status.message());
+    EXPECT_EQ(errorBody(error)["error"]["param"], c.param.empty() ? json(nullptr) : json(c.param));
+  }
+  // A param the caller gives wins.
+  EXPECT_EQ(fromStatus(invalidArgument("kv_transfer_params.x must be y"), "messages").param,
+            "messages");
+}
+
 TEST(ApiErrors, EngineError) {
   engine::RequestOutput output;
   output.finish_reason = engine::FinishReason::kError;

@@ -1,0 +1,594 @@
+#include "agent/server/http_connection.h"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cctype>
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/check.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace tandem::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool equalsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string percentDecode(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out += ' ';
+    } else if (text[i] == '%' && i + 2 < text.size() &&
+               std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(text.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+// {"error": {...}} in OpenAI's shape; built outside coroutines (GCC 12).
+std::string errorJson(int status, const std::string& message, const char* type) {
+  (void)status;
+  nlohmann::json body = {
+      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+HttpResponse errorResponse(int status, const std::string& message, const char* type) {
+  HttpResponse response;
+  response.status = status;
+  response.set_content(errorJson(status, message, type), "application/json");
+  return response;
+}
+
+// What to answer a request the parser refused.
+HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpLimits& limits) {
+  if (ec == http::error::body_limit) {
+    return errorResponse(413,
+                         "the request body is larger than the limit of " +
+                             std::to_string(limits.max_body_bytes) + " bytes",
+                         "invalid_request_error");
+  }
+  if (ec == http::error::header_limit) {
+    return errorResponse(431,
+                         "the request line and headers are larger than the limit of " +
+                             std::to_string(limits.max_header_bytes) + " bytes",
+                         "invalid_request_error");
+  }
+  std::string what;
+  if (ec == http::error::bad_content_length) {
+    what = "invalid or conflicting Content-Length headers";
+  } else if (ec == http::error::bad_field || ec == http::error::bad_value) {
+    what = "a header line is not \"name: value\"";
+  } else if (ec == http::error::bad_transfer_encoding) {
+    what = "invalid Transfer-Encoding";
+  } else {
+    what = ec.message();
+  }
+  return errorResponse(400, "malformed HTTP request: " + what, "invalid_request_error");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// HttpRequest
+
+std::string HttpRequest::header(std::string_view name) const {
+  for (const auto& [key, value] : headers) {
+    if (equalsIgnoreCase(key, name)) return value;
+  }
+  return "";
+}
+
+std::optional<std::string> HttpRequest::param(std::string_view name) const {
+  std::string_view rest = query;
+  while (!rest.empty()) {
+    const size_t amp = rest.find('&');
+    std::string_view pair = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    const size_t eq = pair.find('=');
+    if (percentDecode(pair.substr(0, eq)) != name) continue;
+    return eq == std::string_view::npos ? std::string() : percentDecode(pair.substr(eq + 1));
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// HttpConnection
+
+class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
+ public:
+  HttpConnection(HttpService& service, tcp::socket socket)
+      : service_(service),
+        strand_(socket.get_executor()),
+        socket_(std::move(socket)),
+        deadline_(strand_),
+        signal_(strand_) {}
+
+  ~HttpConnection() {
+    if (waker_) waker_->disable();
+  }
+
+  using Strand = asio::strand<asio::any_io_executor>;
+  const Strand& strand() const { return strand_; }
+
+  // Closes the socket from any thread; the session then ends.
+  void close() {
+    asio::post(strand_, [self = shared_from_this()] {
+      boost::system::error_code ec;
+      self->socket_.close(ec);
+      self->signal_.cancel();
+    });
+  }
+
+  awaitable<void> session() {
+    const HttpLimits& limits = service_.limits();
+    for (;;) {
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
+      parser.body_limit(limits.max_body_bytes);
+      boost::system::error_code ec;
+      if (buffer_.size() == 0) {
+        arm(limits.idle_timeout);
+        co_await socket_.async_wait(tcp::socket::wait_read,
+                                    asio::redirect_error(use_awaitable, ec));
+        if (ec) break;
+      }
+      arm(limits.request_timeout);
+      co_await http::async_read_header(socket_, buffer_, parser,
+                                       asio::redirect_error(use_awaitable, ec));
+      if (!ec && !parser.is_done() &&
+          equalsIgnoreCase(std::string(parser.get()[http::field::expect]), "100-continue")) {
+        static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+        co_await asio::async_write(socket_, asio::buffer(kContinue.data(), kContinue.size()),
+                                   asio::redirect_error(use_awaitable, ec));
+      }
+      if (!ec && !parser.is_done()) {
+        co_await http::async_read(socket_, buffer_, parser,
+                                  asio::redirect_error(use_awaitable, ec));
+      }
+      disarm();
+      if (ec) {
+        // A refused request is answered; a closed, reset or timed-out
+        // connection is just closed.
+        if (ec.category() == http::make_error_code(http::error::end_of_stream).category() &&
+            ec != http::error::end_of_stream && ec != http::error::partial_message) {
+          HttpResponse response = parseErrorResponse(ec, limits);
+          response.headers.emplace_back("X-Request-Id", service_.nextRequestId());
+          co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
+        }
+        break;
+      }
+      http::request<http::string_body> message = parser.release();
+      HttpRequest request;
+      request.method = std::string(message.method_string());
+      const std::string target(message.target());
+      const size_t question = target.find('?');
+      request.path = std::string(target.substr(0, question));
+      if (question != std::string_view::npos)
+        request.query = std::string(target.substr(question + 1));
+      request.body = std::move(message.body());
+      for (const auto& field : message) {
+        request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+      }
+      request.id = service_.nextRequestId();
+      keep_alive_ = message.keep_alive();
+      head_ = message.method() == http::verb::head;
+
+      HttpExchange exchange(*this, service_, std::move(request));
+      std::string failure;
+      try {
+        co_await service_.dispatch(exchange);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      } catch (...) {
+        failure = "unknown exception";
+      }
+      if (!failure.empty()) {
+        // The one place an escaped exception becomes an answer.
+        TANDEM_LOG(kError) << "request " << exchange.request().id << " "
+                           << exchange.request().method << " " << exchange.request().path
+                           << ": internal error: " << failure;
+        if (exchange.started_ || exchange.broken_) break;
+        HttpResponse response = errorResponse(
+            500,
+            "internal error while handling the request (request id " + exchange.request().id + ")",
+            "server_error");
+        if (!co_await exchange.respond(std::move(response))) break;
+      }
+      co_await stopWatch();
+      if (exchange.broken_ || client_gone_ || !keep_alive_ || (exchange.started_ && !chunk_done_)) {
+        break;
+      }
+      chunk_done_ = false;
+    }
+    disarm();
+    co_await stopWatch();
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  // ---- used by HttpExchange -------------------------------------------------
+
+  awaitable<bool> write(HttpResponse response, bool keep_alive, bool head) {
+    http::response<http::string_body> message{static_cast<http::status>(response.status), 11};
+    message.set(http::field::content_type, response.content_type);
+    for (const auto& [name, value] : response.headers) message.set(name, value);
+    message.keep_alive(keep_alive);
+    message.body() = std::move(response.body);
+    message.prepare_payload();
+    if (head) message.body().clear();  // Content-Length stays that of the GET
+    arm(service_.limits().write_timeout);
+    boost::system::error_code ec;
+    co_await http::async_write(socket_, message, asio::redirect_error(use_awaitable, ec));
+    disarm();
+    co_return !ec;
+  }
+
+  awaitable<bool> writeHead(int status, std::string content_type, HttpHeaders headers) {
+    http::response<http::empty_body> head{static_cast<http::status>(status), 11};
+    head.set(http::field::content_type, content_type);
+    for (const auto& [name, value] : headers) head.set(name, value);
+    head.chunked(true);
+    head.keep_alive(keep_alive_);
+    http::response_serializer<http::empty_body> serializer(head);
+    arm(service_.limits().write_timeout);
+    boost::system::error_code ec;
+    co_await http::async_write_header(socket_, serializer, asio::redirect_error(use_awaitable, ec));
+    disarm();
+    co_return !ec;
+  }
+
+  template <typename Buffers>
+  awaitable<bool> writeRaw(const Buffers& buffers) {
+    arm(service_.limits().write_timeout);
+    boost::system::error_code ec;
+    co_await asio::async_write(socket_, buffers, asio::redirect_error(use_awaitable, ec));
+    disarm();
+    co_return !ec;
+  }
+
+  awaitable<bool> wait(std::optional<Clock::duration> timeout) {
+    startWatch();
+    if (client_gone_) co_return false;
+    // A wake that came while the route was busy elsewhere (writing) counts.
+    if (woken_) {
+      woken_ = false;
+      co_return true;
+    }
+    if (timeout) {
+      signal_.expires_after(*timeout);
+    } else {
+      signal_.expires_at(Clock::time_point::max());
+    }
+    boost::system::error_code ec;
+    co_await signal_.async_wait(asio::redirect_error(use_awaitable, ec));
+    woken_ = false;
+    co_return !client_gone_;
+  }
+
+  std::shared_ptr<HttpWaker> waker() {
+    if (!waker_) waker_ = std::make_shared<Waker>(weak_from_this(), strand_);
+    return waker_;
+  }
+
+  bool keepAlive() const { return keep_alive_; }
+  bool head() const { return head_; }
+  void markChunkDone() { chunk_done_ = true; }
+  bool clientGone() const { return client_gone_; }
+
+ private:
+  class Waker : public HttpWaker {
+   public:
+    Waker(std::weak_ptr<HttpConnection> connection, Strand strand)
+        : connection_(std::move(connection)), strand_(std::move(strand)) {}
+    void wake() override {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (disabled_) return;
+      asio::post(strand_, [connection = connection_] {
+        if (auto self = connection.lock()) {
+          self->woken_ = true;
+          self->signal_.cancel();
+        }
+      });
+    }
+    void disable() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      disabled_ = true;
+    }
+
+   private:
+    std::mutex mutex_;
+    bool disabled_ = false;
+    std::weak_ptr<HttpConnection> connection_;
+    Strand strand_;
+  };
+
+  // Closes the socket when the deadline passes (the pending operation then
+  // fails); re-arming or disarming cancels the previous deadline.
+  void arm(std::chrono::seconds timeout) {
+    deadline_.expires_after(timeout);
+    deadline_.async_wait(asio::bind_executor(
+        strand_, [self = shared_from_this()](const boost::system::error_code& ec) {
+          if (ec || self->deadline_.expiry() > Clock::now()) return;
+          boost::system::error_code ignored;
+          self->socket_.close(ignored);
+        }));
+  }
+  void disarm() { deadline_.expires_at(Clock::time_point::max()); }
+
+  // While a request is answered, a read on the socket tells whether the
+  // client went away (EOF or error); bytes that arrive meanwhile (the next
+  // pipelined request) are kept for the next read.
+  void startWatch() {
+    if (watching_ || client_gone_ || stop_watch_ ||
+        buffer_.size() >= service_.limits().max_pipelined_bytes) {
+      return;
+    }
+    watching_ = true;
+    socket_.async_read_some(
+        buffer_.prepare(4096),
+        asio::bind_executor(
+            strand_, [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+              self->watching_ = false;
+              if (!ec) {
+                self->buffer_.commit(n);
+                self->startWatch();
+              } else if (ec != asio::error::operation_aborted) {
+                self->client_gone_ = true;
+              }
+              self->signal_.cancel();
+            }));
+  }
+
+  awaitable<void> stopWatch() {
+    stop_watch_ = true;
+    if (watching_) {
+      boost::system::error_code ec;
+      socket_.cancel(ec);
+      while (watching_) {
+        signal_.expires_at(Clock::time_point::max());
+        co_await signal_.async_wait(asio::redirect_error(use_awaitable, ec));
+      }
+    }
+    stop_watch_ = false;
+  }
+
+  HttpService& service_;
+  Strand strand_;
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+  asio::steady_timer deadline_;
+  asio::steady_timer signal_;  // wait(): cancelled to wake the coroutine
+  std::shared_ptr<Waker> waker_;
+  bool woken_ = false;  // wake() came; consumed by the next wait()
+  bool watching_ = false;
+  bool stop_watch_ = false;
+  bool client_gone_ = false;
+  bool keep_alive_ = true;
+  bool head_ = false;
+  bool chunk_done_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// HttpExchange
+
+awaitable<bool> HttpExchange::respond(HttpResponse response) {
+  TANDEM_CHECK(!started_, "a response was already started");
+  started_ = true;
+  connection_.markChunkDone();
+  response.headers.emplace_back("X-Request-Id", request_.id);
+  const bool ok =
+      co_await connection_.write(std::move(response), connection_.keepAlive(), connection_.head());
+  if (!ok) broken_ = true;
+  co_return ok;
+}
+
+awaitable<bool> HttpExchange::startChunked(int status, std::string content_type,
+                                           HttpHeaders headers) {
+  TANDEM_CHECK(!started_, "a response was already started");
+  started_ = true;
+  headers.emplace_back("X-Request-Id", request_.id);
+  const bool ok =
+      co_await connection_.writeHead(status, std::move(content_type), std::move(headers));
+  if (!ok) broken_ = true;
+  co_return ok;
+}
+
+awaitable<bool> HttpExchange::writeChunk(std::string data) {
+  if (broken_) co_return false;
+  if (data.empty()) co_return true;  // an empty chunk would end the body
+  const bool ok = co_await connection_.writeRaw(http::make_chunk(asio::buffer(data)));
+  if (!ok) broken_ = true;
+  co_return ok;
+}
+
+awaitable<bool> HttpExchange::finishChunked() {
+  if (broken_) co_return false;
+  const bool ok = co_await connection_.writeRaw(http::make_chunk_last());
+  if (!ok) broken_ = true;
+  if (ok) connection_.markChunkDone();
+  co_return ok;
+}
+
+awaitable<bool> HttpExchange::wait(std::optional<Clock::duration> timeout) {
+  if (broken_) co_return false;
+  co_return co_await connection_.wait(timeout);
+}
+
+std::shared_ptr<HttpWaker> HttpExchange::waker() { return connection_.waker(); }
+
+bool HttpExchange::clientGone() const { return broken_ || connection_.clientGone(); }
+
+// ---------------------------------------------------------------------------
+// HttpService
+
+HttpService::HttpService(HttpLimits limits, int io_threads, int worker_threads)
+    : limits_(limits),
+      io_threads_(std::max(1, io_threads)),
+      workers_(static_cast<size_t>(std::max(1, worker_threads))),
+      acceptor_(ioc_) {}
+
+HttpService::~HttpService() {
+  stop();
+  workers_.join();
+}
+
+void HttpService::route(std::string method, std::string path, HttpRoute handler) {
+  routes_[method + " " + path] = std::move(handler);
+}
+
+void HttpService::route(std::string method, std::string path, HttpPlainRoute handler,
+                        bool blocking) {
+  route(std::move(method), std::move(path),
+        [handler = std::move(handler), blocking](HttpExchange& exchange) -> awaitable<void> {
+          HttpResponse response;
+          if (blocking) {
+            const HttpRequest* request = &exchange.request();
+            response = co_await exchange.offload<HttpResponse>([&handler, request] {
+              HttpResponse out;
+              handler(*request, out);
+              return out;
+            });
+          } else {
+            handler(exchange.request(), response);
+          }
+          co_await exchange.respond(std::move(response));
+        });
+}
+
+int HttpService::bind(const std::string& host, int port, int backlog) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (ec)
+    throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
+  tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(backlog, ec);
+  if (ec)
+    throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
+  return acceptor_.local_endpoint().port();
+}
+
+void HttpService::serve() {
+  if (stopping_) return;
+  serving_ = true;
+  auto work = asio::make_work_guard(ioc_);
+  asio::co_spawn(ioc_, acceptLoop(), asio::detached);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < io_threads_; ++i) threads.emplace_back([this] { ioc_.run(); });
+  ioc_.run();
+  for (auto& thread : threads) thread.join();
+}
+
+void HttpService::stop() {
+  if (stopping_.exchange(true)) return;
+  asio::post(ioc_, [this] {
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+  });
+  {
+    std::lock_guard<std::mutex> lock(connections_mutex_);
+    for (auto& [raw, weak] : connections_) {
+      if (auto connection = weak.lock()) connection->close();
+    }
+  }
+  // Let the closes run, then end the io threads.
+  asio::post(ioc_, [this] { ioc_.stop(); });
+  if (!serving_) ioc_.stop();
+}
+
+awaitable<void> HttpService::acceptLoop() {
+  while (!stopping_) {
+    boost::system::error_code ec;
+    tcp::socket socket(asio::make_strand(ioc_));
+    co_await acceptor_.async_accept(socket, asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      if (stopping_ || ec == asio::error::operation_aborted) co_return;
+      continue;  // e.g. out of descriptors: keep serving the others
+    }
+    auto connection = std::make_shared<HttpConnection>(*this, std::move(socket));
+    {
+      std::lock_guard<std::mutex> lock(connections_mutex_);
+      connections_[connection.get()] = connection;
+    }
+    open_connections_ += 1;
+    asio::co_spawn(connection->strand(), runConnection(connection), asio::detached);
+  }
+}
+
+awaitable<void> HttpService::runConnection(std::shared_ptr<HttpConnection> connection) {
+  try {
+    co_await connection->session();
+  } catch (const std::exception& e) {
+    TANDEM_LOG(kError) << "http connection: " << e.what();
+  }
+  forget(connection.get());
+}
+
+void HttpService::forget(HttpConnection* connection) {
+  std::lock_guard<std::mutex> lock(connections_mutex_);
+  connections_.erase(connection);
+  open_connections_ -= 1;
+}
+
+awaitable<void> HttpService::dispatch(HttpExchange& exchange) {
+  const HttpRequest& request = exchange.request();
+  const std::string method = request.method == "HEAD" ? "GET" : request.method;
+  auto it = routes_.find(method + " " + request.path);
+  if (it == routes_.end()) {
+    co_await exchange.respond(errorResponse(
+        404, "no route for " + request.method + " " + request.path, "not_found_error"));
+    co_return;
+  }
+  co_await it->second(exchange);
+  if (!exchange.started() && !exchange.clientGone()) {
+    throw std::logic_error("the route for " + request.path + " did not answer");
+  }
+}
+
+std::string HttpService::nextRequestId() {
+  static const uint64_t process_salt = std::random_device{}();
+  char text[33];
+  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(process_salt),
+                static_cast<unsigned long long>(next_request_.fetch_add(1)));
+  return text;
+}
+
+}  // namespace tandem::server
