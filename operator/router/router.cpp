@@ -17,6 +17,8 @@
 #include "common/logging.h"
 #include "common/prometheus_text.h"
 #include "common/tokenizer.h"
+#include "operator/router/admission_gate.h"
+#include "operator/router/client_connection.h"
 #include "operator/router/ownership_index.h"
 #include "operator/router/policy.h"
 #include "operator/router/router_metrics.h"
@@ -162,6 +164,18 @@ std::string errorJson(int status, const std::string& message, const std::string&
   return server::errorBody(error).dump();
 }
 
+// An admission slot, given back when the request ends.
+class SlotLease {
+ public:
+  explicit SlotLease(AdmissionGate& gate) : gate_(gate) {}
+  ~SlotLease() { gate_.leave(); }
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+
+ private:
+  AdmissionGate& gate_;
+};
+
 }  // namespace
 
 class Router::Impl {
@@ -170,7 +184,8 @@ class Router::Impl {
       : config_(std::move(config)),
         chooser_({config_.policy, config_.disagg_threshold_tokens, config_.pull_back, 4}),
         work_(asio::make_work_guard(ioc_)),
-        acceptor_(ioc_) {
+        acceptor_(ioc_),
+        gate_(config_.max_inflight_requests, config_.max_queued_requests) {
     if (config_.threads < 1) throw Error("router threads must be at least 1");
     if (config_.disagg_threshold_tokens < 0) {
       throw Error("disagg_threshold_tokens must not be negative");
@@ -241,6 +256,7 @@ class Router::Impl {
   void stop(double grace_seconds) {
     if (stopped_.exchange(true)) return;
     stopping_ = true;
+    gate_.close();  // queued requests are answered 503
     asio::post(ioc_, [this] {
       boost::system::error_code ec;
       acceptor_.close(ec);
@@ -404,9 +420,18 @@ class Router::Impl {
 
   // ---- upstream calls --------------------------------------------------
 
+  // An HTTP call to an agent; not sent when `client` has already left.
+  // One under way is read to its end even when the client leaves: a
+  // prefill's answer names the blocks it holds, which the caller releases
+  // (an agent that loses its connection may drop the answer and keep them).
   awaitable<UpstreamResult> call(AgentEndpoint endpoint, http::verb verb, std::string target,
-                                 std::string body, double timeout_s) {
+                                 std::string body, double timeout_s,
+                                 ClientConnection* client = nullptr) {
     UpstreamResult result;
+    if (client != nullptr && client->gone) {
+      result.error = "the client left";
+      co_return result;
+    }
     try {
       beast::tcp_stream stream(co_await asio::this_coro::executor);
       tcp::resolver resolver(co_await asio::this_coro::executor);
@@ -443,39 +468,53 @@ class Router::Impl {
   awaitable<void> acceptLoop() {
     while (!stopping_) {
       boost::system::error_code ec;
-      tcp::socket socket = co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
+      // Each connection on its own strand: its session, upstream calls and
+      // watcher never run at once.
+      auto strand = asio::make_strand(ioc_);
+      tcp::socket socket =
+          co_await acceptor_.async_accept(strand, asio::redirect_error(use_awaitable, ec));
       if (ec) {
         if (stopping_ || ec == asio::error::operation_aborted) co_return;
         continue;
       }
-      asio::co_spawn(ioc_, session(std::move(socket)), asio::detached);
+      asio::co_spawn(strand, session(std::move(socket)), asio::detached);
     }
   }
 
+  // Serves one connection until the client leaves, asks to close, or a
+  // response cannot be reused. Failures are error codes, never exceptions
+  // through the request path; whatever happens the socket is closed here.
   awaitable<void> session(tcp::socket socket) {
-    beast::tcp_stream stream(std::move(socket));
-    beast::flat_buffer buffer;
-    try {
-      for (;;) {
-        http::request_parser<http::string_body> parser;
-        parser.body_limit(64 * 1024 * 1024);
-        stream.expires_after(std::chrono::seconds(300));
-        co_await http::async_read(stream, buffer, parser, use_awaitable);
-        http::request<http::string_body> request = parser.release();
-        stream.expires_never();
-        const bool keep_alive = request.keep_alive();
-        const bool reusable = co_await handle(stream, request);
-        if (!keep_alive || !reusable) break;
+    auto client = std::make_shared<ClientConnection>(std::move(socket));
+    for (;;) {
+      http::request_parser<http::string_body> parser;
+      parser.body_limit(64 * 1024 * 1024);
+      client->stream.expires_after(std::chrono::seconds(300));
+      boost::system::error_code ec;
+      co_await http::async_read(client->stream, client->buffer, parser,
+                                asio::redirect_error(use_awaitable, ec));
+      if (ec) break;
+      http::request<http::string_body> request = parser.release();
+      client->stream.expires_never();
+      const bool keep_alive = request.keep_alive();
+      bool reusable = false;
+      try {
+        reusable = co_await handle(*client, request);
+      } catch (const std::exception& e) {
+        TANDEM_LOG(kWarn) << "router: request failed: " << e.what();
       }
-    } catch (const std::exception&) {
+      co_await client->stopWatch();
+      if (!keep_alive || !reusable || client->gone) break;
     }
     boost::system::error_code ec;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    client->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    client->stream.socket().close(ec);
   }
 
   using Headers = std::vector<std::pair<std::string, std::string>>;
 
-  awaitable<void> respond(beast::tcp_stream& stream, int status, std::string body,
+  // Whether the response was written (false: the client is gone).
+  awaitable<bool> respond(beast::tcp_stream& stream, int status, std::string body,
                           std::string content_type, Headers extra) {
     http::response<http::string_body> response{static_cast<http::status>(status), 11};
     response.set(http::field::content_type, content_type);
@@ -483,24 +522,28 @@ class Router::Impl {
     response.keep_alive(true);
     response.body() = std::move(body);
     response.prepare_payload();
-    co_await http::async_write(stream, response, use_awaitable);
+    boost::system::error_code ec;
+    co_await http::async_write(stream, response, asio::redirect_error(use_awaitable, ec));
+    co_return !ec;
   }
 
-  awaitable<void> respondJson(beast::tcp_stream& stream, int status, std::string body) {
-    co_await respond(stream, status, std::move(body), std::string("application/json"), Headers{});
+  awaitable<bool> respondJson(beast::tcp_stream& stream, int status, std::string body) {
+    co_return co_await respond(stream, status, std::move(body), std::string("application/json"),
+                               Headers{});
   }
 
   // An error in OpenAI's shape; 503s say when to retry.
-  awaitable<void> respondError(beast::tcp_stream& stream, int status, std::string message,
+  awaitable<bool> respondError(beast::tcp_stream& stream, int status, std::string message,
                                std::string type) {
     Headers headers;
     if (status == 503) headers.emplace_back("Retry-After", "1");
-    co_await respond(stream, status, errorJson(status, message, type),
-                     std::string("application/json"), std::move(headers));
+    co_return co_await respond(stream, status, errorJson(status, message, type),
+                               std::string("application/json"), std::move(headers));
   }
 
   // Returns whether the connection can serve another request.
-  awaitable<bool> handle(beast::tcp_stream& stream, const http::request<http::string_body>& req) {
+  awaitable<bool> handle(ClientConnection& client, const http::request<http::string_body>& req) {
+    beast::tcp_stream& stream = client.stream;
     const std::string target(req.target());
     if (req.method() == http::verb::get && target == "/health") {
       const bool ready = model_ready_ && !stopping_ && anyHealthy(false);
@@ -510,9 +553,9 @@ class Router::Impl {
       co_return true;
     }
     if (req.method() == http::verb::get && target == "/metrics") {
-      co_await respond(stream, 200, metrics_.render(), std::string("text/plain; version=0.0.4"),
-                       Headers{});
-      co_return true;
+      metrics_.setAdmission(gate_.inflight(), gate_.queued());
+      co_return co_await respond(stream, 200, metrics_.render(),
+                                 std::string("text/plain; version=0.0.4"), Headers{});
     }
     if (req.method() == http::verb::get && target == "/v1/models") {
       co_await forwardModels(stream);
@@ -521,12 +564,11 @@ class Router::Impl {
     if (req.method() == http::verb::post &&
         (target == "/v1/completions" || target == "/v1/chat/completions")) {
       active_ += 1;
-      bool reusable = true;
+      bool reusable = false;
       try {
-        reusable = co_await complete(stream, req.body(), target == "/v1/chat/completions");
-      } catch (...) {
-        active_ -= 1;
-        throw;
+        reusable = co_await complete(client, req.body(), target == "/v1/chat/completions");
+      } catch (const std::exception& e) {
+        TANDEM_LOG(kWarn) << "router: completion failed: " << e.what();
       }
       active_ -= 1;
       co_return reusable;
@@ -567,35 +609,41 @@ class Router::Impl {
     return out;
   }
 
+  enum class Admission { kAdmitted, kRefused, kClientGone };
+
   // Admission: up to max_inflight_requests at once, then a queue of up to
-  // max_queued_requests (waiting for a slot), then refusal.
-  awaitable<bool> acquireSlot() {
-    auto take = [&] {
-      int64_t current = inflight_.load();
-      while (current < config_.max_inflight_requests) {
-        if (inflight_.compare_exchange_weak(current, current + 1)) return true;
-      }
-      return false;
+  // max_queued_requests (woken when a slot passes to it, or dropped when its
+  // client leaves), then refusal.
+  awaitable<Admission> admit(ClientConnection& client) {
+    auto waiter = std::make_shared<AdmissionGate::Waiter>();
+    auto executor = co_await asio::this_coro::executor;
+    auto wakeup = std::make_shared<asio::steady_timer>(executor, Clock::time_point::max());
+    // An expiry in the past also ends a wait that has not begun yet.
+    waiter->wake = [executor, wakeup] {
+      asio::post(executor, [wakeup] { wakeup->expires_at(Clock::time_point::min()); });
     };
-    if (take()) co_return true;
-    if (queued_.fetch_add(1) >= config_.max_queued_requests) {
-      queued_ -= 1;
-      co_return false;
+    switch (gate_.enter(waiter)) {
+      case AdmissionGate::Entry::kAdmitted:
+        co_return Admission::kAdmitted;
+      case AdmissionGate::Entry::kRefused:
+        co_return Admission::kRefused;
+      case AdmissionGate::Entry::kQueued:
+        break;
     }
-    bool taken = false;
-    while (!stopping_ && !(taken = take())) co_await sleep(0.002);
-    queued_ -= 1;
-    co_return taken;
+    {
+      OnClientGone cancel(&client, [wakeup] { wakeup->expires_at(Clock::time_point::min()); });
+      boost::system::error_code ec;
+      while (!client.gone && !stopping_ && !gate_.granted(waiter)) {
+        co_await wakeup->async_wait(asio::redirect_error(use_awaitable, ec));
+      }
+    }
+    if (!gate_.cancel(waiter)) co_return Admission::kAdmitted;  // granted meanwhile
+    co_return client.gone ? Admission::kClientGone : Admission::kRefused;
   }
 
-  struct SlotGuard {
-    explicit SlotGuard(std::atomic<int64_t>& count) : count(count) {}
-    ~SlotGuard() { count -= 1; }
-    std::atomic<int64_t>& count;
-  };
-
   // The completion flow: parse and check like an agent, decide, hand off.
-  awaitable<bool> complete(beast::tcp_stream& stream, const std::string& body_text, bool chat) {
+  awaitable<bool> complete(ClientConnection& client, const std::string& body_text, bool chat) {
+    beast::tcp_stream& stream = client.stream;
     const auto arrival = Clock::now();
     if (!model_ready_) {
       co_await respondError(stream, 503, std::string("no agent is ready yet"),
@@ -610,13 +658,24 @@ class Router::Impl {
       co_await respondJson(stream, error.status, server::errorBody(error).dump());
       co_return true;
     }
-    if (!co_await acquireSlot()) {
-      metrics_.countDecision("rejected");
-      co_await respondError(stream, 503, std::string("the router is overloaded; retry later"),
-                            std::string("service_unavailable"));
-      co_return true;
+    // From here on, a client leaving cancels what its request is waiting for.
+    client.startWatch();
+    const Admission admission = co_await admit(client);
+    if (admission == Admission::kClientGone) {
+      metrics_.countClientAbort("queued");
+      co_return false;
     }
-    SlotGuard slot(inflight_);
+    if (admission == Admission::kRefused) {
+      metrics_.countDecision("rejected");
+      co_return co_await respondError(stream, 503,
+                                      std::string("the router is overloaded; retry later"),
+                                      std::string("service_unavailable"));
+    }
+    SlotLease slot(gate_);
+    if (client.gone) {
+      metrics_.countClientAbort("queued");
+      co_return false;
+    }
     json body = json::parse(body_text);
     body.erase("kv_transfer_params");  // only the router sets these
     const engine::Request& request = parsed.value().request;
@@ -667,11 +726,17 @@ class Router::Impl {
       const AgentPtr& decode = decode_agents[decode_order[attempt]];
       Handoff handoff;
       if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
-        handoff =
-            co_await prefillOn(body, request, hashes, prefill_agents, input, decision, decode);
+        handoff = co_await prefillOn(client, body, request, hashes, prefill_agents, input, decision,
+                                     decode);
+        if (client.gone) {
+          // Nobody waits for the answer: what the prefill agent holds for
+          // it goes back now, and no decode agent sees the request.
+          co_await release(handoff);
+          metrics_.countClientAbort("prefill");
+          co_return false;
+        }
         if (handoff.client_error) {
-          co_await respondJson(stream, handoff.status, handoff.body);
-          co_return true;
+          co_return co_await respondJson(stream, handoff.status, handoff.body);
         }
         if (handoff.retried) retried = true;
       }
@@ -679,12 +744,20 @@ class Router::Impl {
                                     ? (handoff.pulled_back ? "pull_back" : "disaggregated")
                                     : "local_prefill";
       DecodeOutcome outcome =
-          co_await decodeOn(stream, body, streaming, decode, handoff, label, arrival,
+          co_await decodeOn(client, body, streaming, decode, handoff, label, arrival,
                             static_cast<int64_t>(request.prompt.size()));
       if (outcome == DecodeOutcome::kDone) {
         metrics_.countDecision(label);
         if (retried) metrics_.countDecision("retried");
         co_return true;
+      }
+      if (outcome == DecodeOutcome::kClientGone || outcome == DecodeOutcome::kClientGoneMidway) {
+        // A cancel, not a failure: the upstream connection is closed (the
+        // decode agent aborts the request); a transfer it has not read yet
+        // is released now rather than at the prefill agent's timeout.
+        co_await release(handoff);
+        metrics_.countClientAbort(outcome == DecodeOutcome::kClientGone ? "decode" : "response");
+        co_return false;
       }
       if (outcome == DecodeOutcome::kBrokenAfterStart) co_return false;
       // Failed before anything reached the client: give the transfer back
@@ -693,9 +766,9 @@ class Router::Impl {
       retried = true;
     }
     metrics_.countDecision("rejected");
-    co_await respondError(stream, 503, std::string("every decode agent failed this request"),
-                          std::string("service_unavailable"));
-    co_return true;
+    co_return co_await respondError(stream, 503,
+                                    std::string("every decode agent failed this request"),
+                                    std::string("service_unavailable"));
   }
 
   struct Handoff {
@@ -710,8 +783,8 @@ class Router::Impl {
 
   // Prefills on the chosen prefill agent (others on failure); with pull-back
   // the decode agent first lends the prefix it holds.
-  awaitable<Handoff> prefillOn(const json& body, const engine::Request& request,
-                               const std::vector<BlockHash>& hashes,
+  awaitable<Handoff> prefillOn(ClientConnection& client, const json& body,
+                               const engine::Request& request, const std::vector<BlockHash>& hashes,
                                const std::vector<AgentPtr>& prefill_agents,
                                const DecisionInput& input, const Decision& decision,
                                const AgentPtr& decode) {
@@ -734,7 +807,7 @@ class Router::Impl {
     }
     const std::string prefill_body = prefillBody(body, lent);
     const std::string target = targetOf(body);
-    for (size_t attempt = 0; attempt < order.size(); ++attempt) {
+    for (size_t attempt = 0; attempt < order.size() && !client.gone; ++attempt) {
       const AgentPtr& prefill = prefill_agents[order[attempt]];
       const int64_t uncached =
           input.num_prompt_tokens - input.prefill[order[attempt]].leading_blocks * input.block_size;
@@ -742,7 +815,7 @@ class Router::Impl {
       {
         InflightGuard guard(prefill, uncached);
         result = co_await call(prefill->endpoint, http::verb::post, target, prefill_body,
-                               config_.upstream_timeout_s);
+                               config_.upstream_timeout_s, &client);
       }
       if (result.status >= 400 && result.status < 500 && result.status != 429) {
         handoff.client_error = true;
@@ -760,6 +833,7 @@ class Router::Impl {
           break;
         }
       }
+      if (client.gone) break;  // the call was cut short: not the agent's fault
       metrics_.countUpstreamError(prefill->endpoint.name);
       TANDEM_LOG(kWarn) << "router: prefill on " << prefill->endpoint.name << " failed ("
                         << (result.status == 0 ? result.error : std::to_string(result.status))
@@ -780,10 +854,16 @@ class Router::Impl {
                   std::string("/v1/kv_transfer/release"), releaseBody(handoff.params), 5.0);
   }
 
-  enum class DecodeOutcome { kDone, kFailedBeforeStart, kBrokenAfterStart };
+  enum class DecodeOutcome {
+    kDone,
+    kFailedBeforeStart,  // the decode agent failed; the client heard nothing
+    kBrokenAfterStart,   // the decode agent failed mid-answer
+    kClientGone,         // the client left before the response headers
+    kClientGoneMidway,   // the client left after them
+  };
 
   // Sends the request to the decode agent and passes its answer through.
-  awaitable<DecodeOutcome> decodeOn(beast::tcp_stream& client, json body, bool streaming,
+  awaitable<DecodeOutcome> decodeOn(ClientConnection& connection, json body, bool streaming,
                                     const AgentPtr& decode, const Handoff& handoff,
                                     const std::string& label, Clock::time_point arrival,
                                     int64_t prompt_tokens) {
@@ -795,8 +875,13 @@ class Router::Impl {
         {"x-tandem-prefill-agent",
          handoff.prefill ? handoff.prefill->endpoint.name : decode->endpoint.name},
         {"x-tandem-kv-blocks-moved", std::to_string(blocksOffered(handoff.params))}};
+    if (connection.gone) co_return DecodeOutcome::kClientGone;
+    beast::tcp_stream& client = connection.stream;
     InflightGuard guard(decode, handoff.params.is_null() ? prompt_tokens : 0);
     beast::tcp_stream upstream(co_await asio::this_coro::executor);
+    // A client leaving closes the upstream connection: the decode agent
+    // aborts the request and frees its blocks.
+    OnClientGone cancel(&connection, [&upstream] { upstream.close(); });
     beast::flat_buffer buffer;
     http::response_parser<http::buffer_body> parser;
     parser.body_limit(kNoBodyLimit);
@@ -815,10 +900,12 @@ class Router::Impl {
       co_await http::async_write(upstream, request, use_awaitable);
       co_await http::async_read_header(upstream, buffer, parser, use_awaitable);
     } catch (const std::exception& e) {
+      if (connection.gone) co_return DecodeOutcome::kClientGone;
       metrics_.countUpstreamError(decode->endpoint.name);
       TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
       co_return DecodeOutcome::kFailedBeforeStart;
     }
+    if (connection.gone) co_return DecodeOutcome::kClientGone;
     const int status = static_cast<int>(parser.get().result_int());
     if (status >= 500 || status == 429) {
       metrics_.countUpstreamError(decode->endpoint.name);
@@ -835,11 +922,15 @@ class Router::Impl {
     head.chunked(true);
     head.keep_alive(true);
     http::response_serializer<http::empty_body> serializer(head);
-    bool started = false;
+    {
+      boost::system::error_code ec;
+      co_await http::async_write_header(client, serializer,
+                                        asio::redirect_error(use_awaitable, ec));
+      // A failed write to the client is the client gone, never the agent.
+      if (ec) co_return DecodeOutcome::kClientGone;
+    }
     std::string broken;  // why the pass-through stopped early
     try {
-      co_await http::async_write_header(client, serializer, use_awaitable);
-      started = true;
       char chunk[16384];
       std::string events;  // for timing: complete SSE events seen so far
       Clock::time_point last_token{};
@@ -874,15 +965,18 @@ class Router::Impl {
         if (client_error) {
           // The client left: closing the upstream connection makes the decode
           // agent abort the request and free its blocks.
-          co_return DecodeOutcome::kBrokenAfterStart;
+          co_return DecodeOutcome::kClientGoneMidway;
         }
       }
-      co_await asio::async_write(client, http::make_chunk_last(), use_awaitable);
+      boost::system::error_code ec;
+      co_await asio::async_write(client, http::make_chunk_last(),
+                                 asio::redirect_error(use_awaitable, ec));
+      if (ec) co_return DecodeOutcome::kClientGoneMidway;
     } catch (const std::exception& e) {
       broken = e.what();
     }
     if (!broken.empty()) {
-      if (!started) co_return DecodeOutcome::kFailedBeforeStart;
+      if (connection.gone) co_return DecodeOutcome::kClientGoneMidway;
       metrics_.countUpstreamError(decode->endpoint.name);
       TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name << " broke: " << broken;
       // Tell a streaming client why its stream ends, if it is still there.
@@ -918,9 +1012,8 @@ class Router::Impl {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> started_{false};
-  std::atomic<int64_t> active_{0};    // completion requests being handled
-  std::atomic<int64_t> inflight_{0};  // of those, admitted past the queue
-  std::atomic<int64_t> queued_{0};
+  std::atomic<int64_t> active_{0};  // completion requests being handled
+  AdmissionGate gate_;
 
   std::mutex agents_mutex_;
   std::map<std::string, AgentPtr> agents_;

@@ -51,6 +51,25 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                           .Name("tandem_router_upstream_errors_total")
                           .Help("Failed calls to agents (refused, 5xx, timeout, broken stream).")
                           .Register(*registry_);
+  client_aborts_ = &BuildCounter()
+                        .Name("tandem_router_client_aborts_total")
+                        .Help(
+                            "Requests whose client left before the end, by stage: queued, "
+                            "prefill, decode (before the response headers), response.")
+                        .Register(*registry_);
+  for (const char* stage : {"queued", "prefill", "decode", "response"}) {
+    client_aborts_->Add({{"stage", stage}});
+  }
+  inflight_ = &BuildGauge()
+                   .Name("tandem_router_inflight_requests")
+                   .Help("Completion requests holding an admission slot.")
+                   .Register(*registry_)
+                   .Add({});
+  queued_ = &BuildGauge()
+                 .Name("tandem_router_queued_requests")
+                 .Help("Completion requests waiting for an admission slot.")
+                 .Register(*registry_)
+                 .Add({});
   agent_healthy_ = &BuildGauge()
                         .Name("tandem_router_agent_healthy")
                         .Help("1 while the agent answers /health.")
@@ -104,6 +123,17 @@ void RouterMetrics::observeE2e(double seconds) {
 void RouterMetrics::countUpstreamError(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   upstream_errors_->Add({{"agent", agent}}).Increment();
+}
+
+void RouterMetrics::countClientAbort(const std::string& stage) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  client_aborts_->Add({{"stage", stage}}).Increment();
+}
+
+void RouterMetrics::setAdmission(int64_t inflight, int64_t queued) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  inflight_->Set(static_cast<double>(inflight));
+  queued_->Set(static_cast<double>(queued));
 }
 
 void RouterMetrics::setAgentHealthy(const std::string& agent, bool healthy) {

@@ -1,6 +1,7 @@
 // The router's Prometheus metrics (docs/metrics.md, "Router"): decisions,
 // decision time, prefix overlap, client-side TTFT / ITL / end-to-end
-// latency, upstream errors and each agent's health and index size.
+// latency, upstream errors, client aborts by stage, admission (in flight,
+// queued) and each agent's health and index size.
 // Thread-safe.
 #pragma once
 
@@ -31,6 +32,9 @@ class RouterMetrics {
   void observeItl(double seconds);
   void observeE2e(double seconds);
   void countUpstreamError(const std::string& agent);
+  // stage: queued, prefill, decode (before the response headers), response.
+  void countClientAbort(const std::string& stage);
+  void setAdmission(int64_t inflight, int64_t queued);
   void setAgentHealthy(const std::string& agent, bool healthy);
   void setIndexBlocks(const std::string& agent, int64_t blocks);
 
@@ -41,6 +45,9 @@ class RouterMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* upstream_errors_;
+  prometheus::Family<prometheus::Counter>* client_aborts_;
+  prometheus::Gauge* inflight_;
+  prometheus::Gauge* queued_;
   prometheus::Family<prometheus::Gauge>* agent_healthy_;
   prometheus::Family<prometheus::Gauge>* index_blocks_;
   prometheus::Histogram* decision_seconds_;
