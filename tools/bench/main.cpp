@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <exception>
 
+#include "tools/bench/chaos_bench.h"
 #include "tools/bench/engine_bench.h"
 #include "tools/bench/multiturn_bench.h"
 #include "tools/bench/router_bench.h"
 #include "tools/bench/serve_bench.h"
+#include "tools/bench/soak_bench.h"
 #include "tools/bench/transfer_bench.h"
 
 int main(int argc, char** argv) {
@@ -181,6 +183,129 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   transfer->add_option("--json", transfer_options.json_path, "also write the figures as JSON here");
 
+  // chaos and soak: a local cluster through tandem-operator, and multi-turn load.
+  auto addClusterOptions = [](CLI::App* command, tandem::bench::LocalClusterOptions& cluster,
+                              tandem::bench::LoadOptions& load) {
+    command->add_option("--cluster", cluster.cluster_file,
+                        "cluster file for tandem-operator local (default: one is written)");
+    command->add_option("--operator-bin", cluster.operator_bin,
+                        "tandem-operator executable (default: next to tandem-bench)");
+    command->add_option("--agent-bin", cluster.agent_bin,
+                        "tandem-agent for the reference (default: next to tandem-bench)");
+    command->add_option("--model", cluster.model_dir,
+                        "model directory of the written cluster (default: tiny, generated)");
+    command->add_option("--prefill", cluster.prefill_replicas, "prefill agents (written cluster)")
+        ->check(CLI::Range(0, 64))
+        ->capture_default_str();
+    command->add_option("--decode", cluster.decode_replicas, "decode agents (written cluster)")
+        ->check(CLI::Range(1, 64))
+        ->capture_default_str();
+    command->add_option("--num-blocks", cluster.num_blocks, "KV blocks per agent (written cluster)")
+        ->check(CLI::Range(1, 1 << 24))
+        ->capture_default_str();
+    command
+        ->add_option("--agent-threads", cluster.agent_threads,
+                     "kernel threads per agent (written cluster)")
+        ->check(CLI::Range(0, 1024))
+        ->capture_default_str();
+    command
+        ->add_option("--max-inflight", cluster.max_inflight_requests,
+                     "router maxInflightRequests (written cluster)")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    command
+        ->add_option("--max-queued", cluster.max_queued_requests,
+                     "router maxQueuedRequests (written cluster)")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+    command
+        ->add_option("--abort-timeout", cluster.abort_timeout_s,
+                     "seconds agents hold unread KV blocks (written cluster)")
+        ->check(CLI::Range(1.0, 3600.0))
+        ->capture_default_str();
+    command->add_option("--load-clients", load.clients, "multi-turn clients")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    command->add_option("--turns", load.turns, "turns per conversation")
+        ->check(CLI::Range(1, 1000))
+        ->capture_default_str();
+    command
+        ->add_option("--shared-prefix-tokens", load.shared_prefix_tokens,
+                     "tokens every conversation starts with")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
+    command->add_option("--input-tokens", load.input_tokens, "new user tokens per turn")
+        ->capture_default_str();
+    command->add_option("--output-tokens", load.output_tokens, "answer tokens per turn")
+        ->capture_default_str();
+    command->add_option("--vocab-range", load.vocab_range, "prompt token ids drawn from [LO, HI)")
+        ->capture_default_str();
+    command->add_option("--seed", load.seed, "seed of the load and of the faults")
+        ->capture_default_str();
+    command
+        ->add_option("--hang-timeout", load.hang_timeout_s,
+                     "seconds without a byte after which a request counts as hung")
+        ->capture_default_str();
+  };
+
+  auto* chaos = app.add_subcommand(
+      "chaos", "kills, stops, client aborts and overload under multi-turn load, local cluster");
+  tandem::bench::ChaosBenchOptions chaos_options;
+  addClusterOptions(chaos, chaos_options.cluster, chaos_options.load);
+  chaos->add_option("--scenarios", chaos_options.scenarios, "any of kill,abort,overload")
+      ->capture_default_str();
+  chaos->add_option("--kills", chaos_options.kills, "agents killed (SIGKILL)")
+      ->capture_default_str();
+  chaos->add_option("--stops", chaos_options.stops, "agents stopped (SIGSTOP, then SIGCONT)")
+      ->capture_default_str();
+  chaos
+      ->add_option("--event-gap", chaos_options.event_gap_s,
+                   "longest random pause in seconds before each kill or stop")
+      ->capture_default_str();
+  chaos
+      ->add_option("--stop-max", chaos_options.stop_max_s,
+                   "longest random time in seconds an agent stays stopped")
+      ->capture_default_str();
+  chaos->add_option("--aborts", chaos_options.aborts, "clients that leave at a random moment")
+      ->capture_default_str();
+  chaos->add_option("--abort-clients", chaos_options.abort_clients, "aborting clients at once")
+      ->capture_default_str();
+  chaos
+      ->add_option("--overload-factor", chaos_options.overload_factor,
+                   "overload clients as a multiple of max_inflight + max_queued")
+      ->capture_default_str();
+  chaos
+      ->add_option("--overload-clients", chaos_options.overload_clients,
+                   "overload clients (0: from --overload-factor)")
+      ->capture_default_str();
+  chaos
+      ->add_option("--settle-timeout", chaos_options.settle_timeout_s,
+                   "seconds to wait for blocks, gauges and descriptors to come back")
+      ->capture_default_str();
+  chaos
+      ->add_option("--exactness-checks", chaos_options.exactness_checks,
+                   "ok answers compared with the reference agent (0: all)")
+      ->capture_default_str();
+  chaos->add_option("--work-dir", chaos_options.work_dir, "logs and generated files");
+  chaos->add_option("--json", chaos_options.json_path, "also write the figures as JSON here");
+
+  auto* soak = app.add_subcommand(
+      "soak", "steady multi-turn load on a local cluster: RSS slopes, failures, leaked blocks");
+  tandem::bench::SoakBenchOptions soak_options;
+  addClusterOptions(soak, soak_options.cluster, soak_options.load);
+  soak->add_option("--duration", soak_options.duration_s, "seconds of load")->capture_default_str();
+  soak->add_option("--sample-interval", soak_options.sample_interval_s,
+                   "seconds between RSS samples")
+      ->capture_default_str();
+  soak->add_option("--settle-timeout", soak_options.settle_timeout_s,
+                   "seconds to wait for blocks to come back")
+      ->capture_default_str();
+  soak->add_option("--exactness-checks", soak_options.exactness_checks,
+                   "ok answers compared with the reference agent (0: all)")
+      ->capture_default_str();
+  soak->add_option("--work-dir", soak_options.work_dir, "logs and generated files");
+  soak->add_option("--json", soak_options.json_path, "also write the figures as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
@@ -188,6 +313,8 @@ int main(int argc, char** argv) {
     if (router->parsed()) return tandem::bench::runRouterBench(router_options);
     if (serve->parsed()) return tandem::bench::runServeBench(serve_options);
     if (transfer->parsed()) return tandem::bench::runTransferBench(transfer_options);
+    if (chaos->parsed()) return tandem::bench::runChaosBench(chaos_options);
+    if (soak->parsed()) return tandem::bench::runSoakBench(soak_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;

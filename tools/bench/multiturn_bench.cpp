@@ -44,25 +44,6 @@ constexpr int kMaxClients = 4096;     // one thread each
 constexpr const char* kHitsMetric = "tandem_prefix_cache_hits_total";
 constexpr const char* kQueriesMetric = "tandem_prefix_cache_queries_total";
 
-// One turn of a conversation, drawn before the run.
-struct TurnPlan {
-  std::vector<int32_t> user_tokens;  // appended after the history
-  int64_t output_len = 0;            // max_tokens
-};
-
-// One conversation: its turns in order, after the shared prefix.
-struct ConversationPlan {
-  std::vector<TurnPlan> turns;
-};
-
-struct Plan {
-  std::vector<int32_t> shared_prefix;
-  std::vector<ConversationPlan> conversations;
-  // Arrival times of the run's requests in order, since the start; empty for
-  // an infinite rate. The n-th request any client sends takes the n-th.
-  std::vector<double> arrivals_s;
-};
-
 // What happened to one turn.
 struct TurnRecord {
   int conversation = 0;
@@ -169,32 +150,6 @@ void validate(const MultiTurnBenchOptions& options) {
   if (options.progress != "auto" && options.progress != "on" && options.progress != "off") {
     throw Error("--progress takes auto, on or off, got \"" + options.progress + "\"");
   }
-}
-
-Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution& input,
-              const TokenCountDistribution& output, std::pair<int32_t, int32_t> vocab) {
-  std::mt19937_64 rng(options.seed);
-  std::uniform_int_distribution<int32_t> token_dist(vocab.first, vocab.second - 1);
-  Plan plan;
-  plan.shared_prefix.resize(static_cast<size_t>(options.shared_prefix_tokens));
-  for (int32_t& token : plan.shared_prefix) token = token_dist(rng);
-  plan.conversations.resize(static_cast<size_t>(options.num_conversations));
-  for (ConversationPlan& conversation : plan.conversations) {
-    conversation.turns.resize(static_cast<size_t>(options.turns));
-    for (TurnPlan& turn : conversation.turns) {
-      turn.user_tokens.resize(static_cast<size_t>(input.sample(rng)));
-      for (int32_t& token : turn.user_tokens) token = token_dist(rng);
-      turn.output_len = output.sample(rng);
-    }
-  }
-  // Poisson arrivals: exponential gaps with mean 1/rate; the first is due at once.
-  if (std::isfinite(options.request_rate)) {
-    const size_t requests = plan.conversations.size() * static_cast<size_t>(options.turns);
-    std::exponential_distribution<double> gap(options.request_rate);
-    plan.arrivals_s.resize(requests);
-    for (size_t i = 1; i < requests; ++i) plan.arrivals_s[i] = plan.arrivals_s[i - 1] + gap(rng);
-  }
-  return plan;
 }
 
 // Refuses a plan whose longest conversation cannot fit the model's context.
@@ -362,6 +317,32 @@ bool plotTtftCdf(const fs::path& png, const Summary& overall, const std::vector<
 }
 
 }  // namespace
+
+Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution& input,
+              const TokenCountDistribution& output, std::pair<int32_t, int32_t> vocab) {
+  std::mt19937_64 rng(options.seed);
+  std::uniform_int_distribution<int32_t> token_dist(vocab.first, vocab.second - 1);
+  Plan plan;
+  plan.shared_prefix.resize(static_cast<size_t>(options.shared_prefix_tokens));
+  for (int32_t& token : plan.shared_prefix) token = token_dist(rng);
+  plan.conversations.resize(static_cast<size_t>(options.num_conversations));
+  for (ConversationPlan& conversation : plan.conversations) {
+    conversation.turns.resize(static_cast<size_t>(options.turns));
+    for (TurnPlan& turn : conversation.turns) {
+      turn.user_tokens.resize(static_cast<size_t>(input.sample(rng)));
+      for (int32_t& token : turn.user_tokens) token = token_dist(rng);
+      turn.output_len = output.sample(rng);
+    }
+  }
+  // Poisson arrivals: exponential gaps with mean 1/rate; the first is due at once.
+  if (std::isfinite(options.request_rate)) {
+    const size_t requests = plan.conversations.size() * static_cast<size_t>(options.turns);
+    std::exponential_distribution<double> gap(options.request_rate);
+    plan.arrivals_s.resize(requests);
+    for (size_t i = 1; i < requests; ++i) plan.arrivals_s[i] = plan.arrivals_s[i - 1] + gap(rng);
+  }
+  return plan;
+}
 
 int runMultiTurnBench(const MultiTurnBenchOptions& options) {
   validate(options);

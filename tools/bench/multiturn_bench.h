@@ -19,6 +19,10 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "tools/bench/bench_options.h"
 
 namespace tandem::bench {
 
@@ -39,6 +43,32 @@ struct MultiTurnBenchOptions {
   std::string json_path;                 // empty: no JSON file
   std::string plot_path;                 // empty: no TTFT CDF plot
 };
+
+// One turn of a conversation, drawn before the run.
+struct TurnPlan {
+  std::vector<int32_t> user_tokens;  // appended after the history
+  int64_t output_len = 0;            // max_tokens
+};
+
+// One conversation: its turns in order, after the shared prefix.
+struct ConversationPlan {
+  std::vector<TurnPlan> turns;
+};
+
+struct Plan {
+  std::vector<int32_t> shared_prefix;
+  std::vector<ConversationPlan> conversations;
+  // Arrival times of the run's requests in order, since the start; empty for
+  // an infinite rate. The n-th request any client sends takes the n-th.
+  std::vector<double> arrivals_s;
+};
+
+// Draws the shared prefix, every conversation's turns (user tokens from
+// `vocab`, lengths from `input` and `output`) and the arrival times from
+// options.seed: the same options give the same plan. Also used by the chaos
+// and soak programs' load.
+Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution& input,
+              const TokenCountDistribution& output, std::pair<int32_t, int32_t> vocab);
 
 // Runs the benchmark against options.base_url. Returns 0 when every request
 // completed, 1 when any failed (the figures are printed either way). Throws

@@ -127,7 +127,7 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
     std::string event_error;
     bool saw_done = false;
     bool saw_usage = false;
-    Clock::time_point now{}, done_at{};
+    Clock::time_point now{}, done_at{}, last_bytes{};
     std::vector<Clock::time_point> token_chunks;
 
     SseReader reader([&](const std::string& data) {
@@ -188,6 +188,7 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
     };
     request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
       now = Clock::now();
+      last_bytes = now;
       if (status != 200) {
         error_body.append(
             data, std::min(size, kErrorBodyBytes - std::min(kErrorBodyBytes, error_body.size())));
@@ -198,9 +199,16 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
     };
 
     const Clock::time_point sent = Clock::now();
+    last_bytes = sent;
     record.send_s = secondsBetween(start, sent);
     httplib::Result result = client.send(request);
-    record.end_s = secondsBetween(start, Clock::now());
+    const Clock::time_point ended = Clock::now();
+    record.end_s = secondsBetween(start, ended);
+    record.idle_s = secondsBetween(last_bytes, ended);
+    record.http_status = status;
+    record.saw_done = saw_done;
+    record.error_event = !event_error.empty();
+    record.transport_error = result.error() != httplib::Error::Success;
 
     if (status != 0 && status != 200) {
       json error = json::parse(error_body, nullptr, false);
@@ -208,6 +216,7 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
       if (error.is_object() && error.contains("error") && error["error"].is_object() &&
           error["error"].contains("message") && error["error"]["message"].is_string()) {
         message = error["error"]["message"].get<std::string>();
+        record.error_body_json = true;
       }
       record.error = "HTTP " + std::to_string(status) + ": " + message;
     } else if (result.error() != httplib::Error::Success) {
@@ -231,6 +240,7 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
     }
   } catch (const std::exception& e) {
     record.success = false;
+    record.transport_error = true;
     record.error = std::string("request failed: ") + e.what();
   }
   return record;

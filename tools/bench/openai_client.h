@@ -67,6 +67,13 @@ struct StreamedCompletion {
   double ttft_s = 0.0;
   double e2el_s = 0.0;
   std::vector<double> itl_s;  // gaps between consecutive token chunks
+  // How it ended, for telling failures apart (the chaos and soak programs):
+  int http_status = 0;           // 0: no response line came
+  bool error_body_json = false;  // a non-200 answer with an OpenAI JSON error body
+  bool error_event = false;      // the stream carried an error event
+  bool saw_done = false;         // the stream carried data: [DONE]
+  bool transport_error = false;  // the connection failed, timed out or was cut
+  double idle_s = 0.0;           // from the last bytes received (or the send) to the end
 
   // Zero for one-token outputs, which have no time per output token.
   double tpotSeconds() const {

@@ -1,0 +1,113 @@
+// `tandem-bench chaos`, small: a 1 prefill + 2 decode local cluster on the
+// tiny model (started through tandem-operator) whose router admits 4
+// requests and queues 4, multi-turn load through it, one agent killed and
+// one stopped then continued, 60 clients that leave at random moments, and
+// an overload of 3× what the router admits.
+// Asserts the properties the program reports, never its speed: nothing hung,
+// no stream cut without an error event, every error clean, every answer
+// equal to a colocated agent's, every KV block back, the router idle with
+// its descriptors back, and a request served again after each kill.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/support/test_files.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::tandem::testing::readFile;
+using ::tandem::testing::TempDir;
+
+// No request may hang, be cut off without an error event, or fail without a
+// JSON error.
+void expectNoBrokenOutcome(const json& outcomes, const std::string& where) {
+  EXPECT_EQ(outcomes["hang"], 0) << where;
+  EXPECT_EQ(outcomes["truncated"], 0) << where;
+  EXPECT_EQ(outcomes["unclean_error"], 0) << where;
+}
+
+TEST(ChaosTest, KillsStopsAbortsAndOverloadLeaveNothingBroken) {
+  TempDir temp("tandem-chaos-test");
+  const fs::path out = temp.path() / "chaos.stdout", report_path = temp.path() / "chaos.json";
+  const std::string command =
+      std::string(TANDEM_BIN_DIR) +
+      "/tandem-bench chaos --prefill 1 --decode 2 --max-inflight 4 --max-queued 4 --kills 1 "
+      "--stops 1 --event-gap 2 "
+      "--stop-max 3 --aborts 60 --abort-clients 8 --overload-factor 3 --load-clients 2 "
+      "--hang-timeout 20 --settle-timeout 45 --exactness-checks 300 --seed 7 --work-dir '" +
+      (temp.path() / "work").string() + "' --json '" + report_path.string() + "' > '" +
+      out.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  const std::string output = readFile(out);
+  ASSERT_TRUE(fs::exists(report_path)) << output;
+  const json report = json::parse(readFile(report_path));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_EQ(report["failed"], json::array()) << output;
+
+  // Load: requests in every scenario, none broken.
+  const json& load = report["load"];
+  EXPECT_GT(load["all"]["ok"].get<int64_t>(), 0) << output;
+  expectNoBrokenOutcome(load["all"], "load");
+  for (const char* phase : {"kill", "abort", "overload"}) {
+    EXPECT_GT(load["phases"][phase]["requests"].get<int64_t>(), 0) << phase;
+  }
+
+  // One kill and one stop; a request succeeded after each, a killed agent
+  // came back.
+  ASSERT_EQ(report["events"].size(), 2u) << output;
+  for (const json& event : report["events"]) {
+    EXPECT_TRUE(event["recovery_s"].is_number()) << event.dump();
+    if (event["action"] == "kill") EXPECT_TRUE(event["restart_s"].is_number()) << event.dump();
+    expectNoBrokenOutcome(event["probes"], "probes after " + event["action"].get<std::string>());
+  }
+
+  // Every abort was made; every client that waited for bytes got some; the
+  // requests after them succeeded.
+  EXPECT_EQ(report["aborts"]["total"], 60);
+  EXPECT_EQ(report["aborts"]["no_answer"], 0);
+  EXPECT_EQ(report["aborts"]["after"]["ok"], report["aborts"]["after"]["requests"]);
+  EXPECT_GT(report["aborts"]["after"]["requests"].get<int64_t>(), 0);
+
+  // Overload: an answer or a clean 503 with Retry-After, nothing else.
+  const json& overload = report["overload"];
+  EXPECT_EQ(overload["clients"], 3 * (4 + 4));
+  expectNoBrokenOutcome(overload["outcomes"], "overload");
+  EXPECT_EQ(overload["outcomes"]["refused_or_reset"], 0);
+  EXPECT_EQ(overload["rejected_503"], overload["rejected_with_retry_after"]);
+  EXPECT_EQ(overload["outcomes"]["ok"].get<int64_t>() + overload["rejected_503"].get<int64_t>(),
+            overload["clients"].get<int64_t>());
+
+  // Every ok answer equals the colocated reference agent's.
+  EXPECT_GT(report["exactness"]["checked"].get<int64_t>(), 0);
+  EXPECT_EQ(report["exactness"]["mismatched"], 0) << report["exactness"].dump();
+  EXPECT_EQ(report["exactness"]["reference_failures"], 0);
+
+  // Every block back on every agent; the router idle, its descriptors back.
+  const json& end = report["end_state"];
+  EXPECT_TRUE(end["settled"].get<bool>()) << end.dump(2);
+  EXPECT_EQ(end["leaked_blocks"], 0);
+  ASSERT_EQ(end["agents"].size(), 3u);
+  for (const json& agent : end["agents"]) {
+    EXPECT_TRUE(agent["answered"].get<bool>()) << agent.dump();
+    EXPECT_EQ(agent["free_blocks"], agent["total_blocks"]) << agent.dump();
+    EXPECT_EQ(agent["held_blocks"], 0) << agent.dump();
+  }
+  for (const char* gauge : {"inflight_requests", "queued_requests"}) {
+    const json& value = end["router"][gauge];
+    EXPECT_TRUE(value.is_null() || value == 0) << gauge << " " << value;
+  }
+  EXPECT_LE(end["router"]["open_fds"].get<int>(), end["router"]["baseline_fds"].get<int>());
+
+  // The human table names every outcome kind.
+  for (const char* kind : {"clean_error", "hang", "truncated", "refused_or_reset", "recovery"}) {
+    EXPECT_NE(output.find(kind), std::string::npos) << kind;
+  }
+}
+
+}  // namespace
