@@ -192,6 +192,15 @@ void HttpServer::stop() {
   if (http_) http_->stop();
 }
 
+bool HttpServer::releaseUndelivered(const engine::RequestOutput& total) {
+  if (!total.kv_transfer_params.is_object()) return false;
+  Status released = engine_.releaseTransfer(total.kv_transfer_params);
+  if (!released.isOk()) {
+    TANDEM_LOG(kWarn) << "releasing the KV of an undelivered answer: " << released.message();
+  }
+  return released.isOk();
+}
+
 void HttpServer::routes() {
   auto completions = [this](bool chat) {
     return [this, chat](HttpExchange& exchange) -> boost::asio::awaitable<void> {
@@ -267,7 +276,9 @@ void HttpServer::routes() {
             co_return;
           }
         }
-        co_await exchange.respond(wholeResponse(meta, total, chat, tokenizer));
+        if (!co_await exchange.respond(wholeResponse(meta, total, chat, tokenizer))) {
+          co_await exchange.offload<bool>([this, &total] { return releaseUndelivered(total); });
+        }
         co_return;
       }
 
@@ -277,20 +288,24 @@ void HttpServer::routes() {
       }
       StreamState stream_state;
       engine::RequestOutput total;
-      for (bool finished = false;;) {
-        std::string data;
+      for (;;) {
+        // One chunk per engine step, as it comes: a client times tokens by
+        // their arrival, so outputs are not merged into one write.
         while (auto output = channel->tryPop()) {
-          data += streamEvents(meta, *output, tokenizer, stream_state, total);
-          if ((finished = output->finished())) break;
-        }
-        // A client that left, or stopped reading for the write timeout.
-        if (!co_await exchange.writeChunk(std::move(data))) {
-          engine_.abort(id);
-          co_return;
-        }
-        if (finished) {
-          co_await exchange.finishChunked();
-          co_return;
+          std::string data = streamEvents(meta, *output, tokenizer, stream_state, total);
+          const bool finished = output->finished();
+          // A client that left, or stopped reading for the write timeout.
+          if (!data.empty() && !co_await exchange.writeChunk(std::move(data))) {
+            engine_.abort(id);
+            if (finished) {
+              co_await exchange.offload<bool>([this, &total] { return releaseUndelivered(total); });
+            }
+            co_return;
+          }
+          if (finished) {
+            co_await exchange.finishChunked();
+            co_return;
+          }
         }
         if (!co_await exchange.wait()) {
           engine_.abort(id);

@@ -65,6 +65,10 @@ class HttpServer {
 
  private:
   void routes();
+  // A finished request whose answer never reached its client: blocks held
+  // for a remote reader that will never learn where they are are freed now
+  // rather than at the hold timeout. Blocks on the engine: worker pool only.
+  bool releaseUndelivered(const engine::RequestOutput& total);
 
   engine::Engine& engine_;
   ServerConfig config_;

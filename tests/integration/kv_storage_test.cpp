@@ -135,7 +135,7 @@ TEST(KvTransferConfig, BadConfigsAreRefusedAtStartNamingTheField) {
   };
   for (
       const Case& c : std::vector<Case>{
-          {"not json", "must be a JSON object"},
+          {"not json", "--kv-transfer-config is not valid JSON (byte 2)"},
           {R"({"kv_connector":"nixl"})", "kv_connector \"nixl\" is not supported"},
           {R"({"kv_connector":"storage","kv_role":"reader"})", "kv_role must be"},
           {R"({"kv_connector":"storage"})", "shared_storage_path"},

@@ -145,7 +145,9 @@ TEST_F(RouterTest, CompletionsThroughTheRouterEqualAColocatedAgentsStreamedAndNo
               tokenIds(colocated.post("/v1/completions", greedy(randomPrompt(70, seed + 100), 8))));
   }
   EXPECT_GE(decode_[0]->metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 12);
-  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"disaggregated\""), 6);
+  EXPECT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_requests_total", "decision=\"disaggregated\"") == 6;
+  }));
   EXPECT_GT(routerMetric("tandem_router_time_to_first_token_seconds_count"), 0);
   EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
 }
@@ -159,7 +161,9 @@ TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(answer.decision, "local_prefill");
   EXPECT_EQ(answer.prefill_agent, "decode-0");
   EXPECT_EQ(tokenIds(answer.body), tokenIds(colocated.post("/v1/completions", greedy(prompt, 6))));
-  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"local_prefill\""), 1);
+  EXPECT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_requests_total", "decision=\"local_prefill\"") == 1;
+  }));
   EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
 }
 
@@ -187,7 +191,8 @@ TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
   EXPECT_EQ(second.decision, "pull_back");
   EXPECT_EQ(tokenIds(second.body),
             tokenIds(colocated.post("/v1/completions", greedy(conversation, 8))));
-  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"pull_back\""), 1);
+  EXPECT_TRUE(eventually(
+      [&] { return routerMetric("tandem_router_requests_total", "decision=\"pull_back\"") == 1; }));
   double pulled = 0;
   for (auto& agent : prefill_) {
     pulled += agent->metric("tandem_kv_blocks_loaded_total", "source=\"ucx\"");
