@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "operator/router/router.h"
-#include "tests/support/ucx_agents.h"
+#include "tests/support/router_cluster.h"
 
 namespace {
 
@@ -121,72 +121,23 @@ class RawClient {
   std::string received_;
 };
 
-class RouterAbortTest : public ::testing::Test {
+class RouterAbortTest : public RouterCluster {
  protected:
-  void TearDown() override {
-    if (router_) router_->stop(5);
-  }
-
   void start(int prefills, int decodes, int64_t max_inflight, int64_t max_queued,
              const fs::path& model = tinyModelDir()) {
-    RouterConfig config;
-    config.max_inflight_requests = max_inflight;
-    config.max_queued_requests = max_queued;
-    config.port = 0;
-    config.policy = Policy::kKv;
-    config.disagg_threshold_tokens = 16;
-    config.poll_interval_s = 0.1;
+    RouterClusterOptions options;
+    options.prefills = prefills;
+    options.decodes = decodes;
+    options.max_inflight = max_inflight;
+    options.max_queued = max_queued;
+    options.model = model;
     // Holds outlive every deadline below: only an explicit release or the
     // reader frees them in time.
-    const std::string kv = ucxConfig("kv_both", {{"abort_timeout_s", 120}});
-    for (int i = 0; i < prefills; ++i) {
-      prefill_.push_back(std::make_unique<Agent>(
-          std::vector<std::string>{"--role", "prefill", "--kv-transfer-config", kv}, model));
-      config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
-    }
-    for (int i = 0; i < decodes; ++i) {
-      decode_.push_back(std::make_unique<Agent>(
-          std::vector<std::string>{"--role", "decode", "--kv-transfer-config", kv}, model));
-      config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
-    }
-    router_ = std::make_unique<Router>(config);
-    router_->start();
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", router_->port());
-    client_->set_read_timeout(30, 0);
-    ASSERT_TRUE(eventually([&] {
-      auto res = client_->Get("/health");
-      return res && res->status == 200 && allHealthy();
-    })) << "the router never became ready";
+    options.kv_config = ucxConfig("kv_both", {{"abort_timeout_s", 120}});
+    options.client_read_timeout_s = 30;
+    startCluster(options);
   }
 
-  bool allHealthy() {
-    auto res = client_->Get("/metrics");
-    if (!res) return false;
-    for (const auto& name : agentNames()) {
-      if (prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"" + name + "\"")
-              .value_or(0) != 1) {
-        return false;
-      }
-    }
-    return true;
-  }
-  std::vector<std::string> agentNames() const {
-    std::vector<std::string> names;
-    for (size_t i = 0; i < prefill_.size(); ++i) names.push_back("prefill-" + std::to_string(i));
-    for (size_t i = 0; i < decode_.size(); ++i) names.push_back("decode-" + std::to_string(i));
-    return names;
-  }
-  std::vector<Agent*> agents() const {
-    std::vector<Agent*> all;
-    for (const auto& agent : prefill_) all.push_back(agent.get());
-    for (const auto& agent : decode_) all.push_back(agent.get());
-    return all;
-  }
-
-  std::string routerMetrics() {
-    auto res = client_->Get("/metrics");
-    return res ? res->body : "";
-  }
   double routerMetric(const std::string& name, const std::string& filter = "") {
     return prometheusSample(routerMetrics(), name, filter).value_or(-1);
   }
@@ -224,10 +175,6 @@ class RouterAbortTest : public ::testing::Test {
     auto res = client.Post("/v1/completions", body.dump(), "application/json");
     return res ? res->status : 0;
   }
-
-  std::vector<std::unique_ptr<Agent>> prefill_, decode_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<httplib::Client> client_;
 };
 
 // Three streamed requests reset at once (they land in the prefill) fill

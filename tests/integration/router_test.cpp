@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/block_hash.h"
-#include "tests/support/ucx_agents.h"
+#include "tests/support/router_cluster.h"
 
 namespace {
 
@@ -25,61 +25,21 @@ using tandem::router::Policy;
 using tandem::router::Router;
 using tandem::router::RouterConfig;
 
-class RouterTest : public ::testing::Test {
+class RouterTest : public RouterCluster {
  protected:
-  void TearDown() override {
-    if (router_) router_->stop(5);
-  }
-
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
   void start(int prefills, int decodes, Policy policy = Policy::kKv,
              int64_t disagg_threshold_tokens = 16, int64_t max_inflight = 256,
              int64_t max_queued = 1024, const fs::path& model = tinyModelDir()) {
-    RouterConfig config;
-    config.max_inflight_requests = max_inflight;
-    config.max_queued_requests = max_queued;
-    config.port = 0;
-    config.policy = policy;
-    config.disagg_threshold_tokens = disagg_threshold_tokens;
-    config.poll_interval_s = 0.1;
-    for (int i = 0; i < prefills; ++i) {
-      prefill_.push_back(std::make_unique<Agent>(
-          std::vector<std::string>{"--role", "prefill", "--kv-transfer-config",
-                                   ucxConfig("kv_both")},
-          model));
-      config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
-    }
-    for (int i = 0; i < decodes; ++i) {
-      decode_.push_back(std::make_unique<Agent>(
-          std::vector<std::string>{"--role", "decode", "--kv-transfer-config",
-                                   ucxConfig("kv_both")},
-          model));
-      config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
-    }
-    router_ = std::make_unique<Router>(config);
-    router_->start();
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", router_->port());
-    client_->set_read_timeout(60, 0);
-    ASSERT_TRUE(eventually([&] {
-      auto res = client_->Get("/health");
-      return res && res->status == 200 && allHealthy();
-    })) << "the router never became ready";
-  }
-
-  bool allHealthy() {
-    auto res = client_->Get("/metrics");
-    if (!res) return false;
-    auto healthy = [&](const std::string& name) {
-      return prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"" + name + "\"")
-                 .value_or(0) == 1;
-    };
-    for (size_t i = 0; i < prefill_.size(); ++i) {
-      if (!healthy("prefill-" + std::to_string(i))) return false;
-    }
-    for (size_t i = 0; i < decode_.size(); ++i) {
-      if (!healthy("decode-" + std::to_string(i))) return false;
-    }
-    return true;
+    RouterClusterOptions options;
+    options.prefills = prefills;
+    options.decodes = decodes;
+    options.policy = policy;
+    options.disagg_threshold_tokens = disagg_threshold_tokens;
+    options.max_inflight = max_inflight;
+    options.max_queued = max_queued;
+    options.model = model;
+    startCluster(options);
   }
 
   struct Answer {
@@ -119,12 +79,8 @@ class RouterTest : public ::testing::Test {
     return ids;
   }
   double routerMetric(const std::string& name, const std::string& filter = "") {
-    auto res = client_->Get("/metrics");
-    return res ? prometheusSample(res->body, name, filter).value_or(0) : 0;
+    return prometheusSample(routerMetrics(), name, filter).value_or(0);
   }
-  std::vector<std::unique_ptr<Agent>> prefill_, decode_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<httplib::Client> client_;
 };
 
 TEST_F(RouterTest, CompletionsThroughTheRouterEqualAColocatedAgentsStreamedAndNot) {

@@ -1,0 +1,103 @@
+// A test fixture base: real ucx agents (prefill and decode pools) behind an
+// in-process router on loopback, with a client for the router and readers of
+// its metrics. Tests derive from RouterCluster and call startCluster().
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "operator/router/router.h"
+#include "tests/support/ucx_agents.h"
+
+namespace tandem::testing {
+
+struct RouterClusterOptions {
+  int prefills = 1;
+  int decodes = 1;
+  router::Policy policy = router::Policy::kKv;
+  int64_t disagg_threshold_tokens = 16;
+  int64_t max_inflight = 256;
+  int64_t max_queued = 1024;
+  fs::path model = tinyModelDir();
+  // Every agent's --kv-transfer-config.
+  std::string kv_config = ucxConfig("kv_both");
+  int client_read_timeout_s = 60;
+};
+
+class RouterCluster : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (router_) router_->stop(5);
+  }
+
+  // Starts the agents and the router; returns once the router is healthy and
+  // sees every agent healthy (a fatal failure otherwise).
+  void startCluster(const RouterClusterOptions& options) {
+    router::RouterConfig config;
+    config.max_inflight_requests = options.max_inflight;
+    config.max_queued_requests = options.max_queued;
+    config.port = 0;
+    config.policy = options.policy;
+    config.disagg_threshold_tokens = options.disagg_threshold_tokens;
+    config.poll_interval_s = 0.1;
+    for (int i = 0; i < options.prefills; ++i) {
+      prefill_.push_back(std::make_unique<Agent>(
+          std::vector<std::string>{"--role", "prefill", "--kv-transfer-config", options.kv_config},
+          options.model));
+      config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
+    }
+    for (int i = 0; i < options.decodes; ++i) {
+      decode_.push_back(std::make_unique<Agent>(
+          std::vector<std::string>{"--role", "decode", "--kv-transfer-config", options.kv_config},
+          options.model));
+      config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
+    }
+    router_ = std::make_unique<router::Router>(config);
+    router_->start();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", router_->port());
+    client_->set_read_timeout(options.client_read_timeout_s, 0);
+    ASSERT_TRUE(eventually([&] {
+      auto res = client_->Get("/health");
+      return res && res->status == 200 && allHealthy();
+    })) << "the router never became ready";
+  }
+
+  // The router reports every agent healthy.
+  bool allHealthy() {
+    const std::string text = routerMetrics();
+    if (text.empty()) return false;
+    for (const auto& name : agentNames()) {
+      if (prometheusSample(text, "tandem_router_agent_healthy", "agent=\"" + name + "\"")
+              .value_or(0) != 1) {
+        return false;
+      }
+    }
+    return true;
+  }
+  std::vector<std::string> agentNames() const {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < prefill_.size(); ++i) names.push_back("prefill-" + std::to_string(i));
+    for (size_t i = 0; i < decode_.size(); ++i) names.push_back("decode-" + std::to_string(i));
+    return names;
+  }
+  std::vector<Agent*> agents() const {
+    std::vector<Agent*> all;
+    for (const auto& agent : prefill_) all.push_back(agent.get());
+    for (const auto& agent : decode_) all.push_back(agent.get());
+    return all;
+  }
+  // The router's /metrics text ("" when it does not answer).
+  std::string routerMetrics() {
+    auto res = client_->Get("/metrics");
+    return res ? res->body : "";
+  }
+
+  std::vector<std::unique_ptr<Agent>> prefill_, decode_;
+  std::unique_ptr<router::Router> router_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+}  // namespace tandem::testing
