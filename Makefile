@@ -2,19 +2,26 @@
 SHELL := /bin/bash
 BUILD_DIR ?= build
 ASAN_DIR ?= build-asan
+FUZZ_DIR ?= build-fuzz
 JOBS ?= 2
 MODEL_DIR ?= models/small
 RUN_PORT ?= 8000
 CMAKE_FLAGS ?=
+# make fuzz: seconds per harness, and which harnesses (default: all).
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 5
+FUZZERS ?=
+FUZZ_CMAKE_FLAGS ?=
 
 DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libucx-dev ucx-utils libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq
+  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq \
+  clang libclang-rt-14-dev llvm
 
 SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
-.PHONY: deps build test run format format-check asan tsan clean
+.PHONY: deps build test run format format-check asan tsan clean fuzz fuzz-build fuzz-smoke fuzz-merge
 
 # Installs every Debian package the build, tests and benchmarks need.
 # Idempotent: does nothing when all packages are already installed.
@@ -35,6 +42,7 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) -LE 'gpu|bench'
+	$(MAKE) fuzz-smoke
 
 # The local cluster of examples/cluster.yaml (its pools name models/small),
 # one streamed request through its router, then serving until Ctrl-C.
@@ -59,5 +67,26 @@ tsan: deps
 	cmake --build build-tsan -j$(JOBS)
 	cd build-tsan && ctest --output-on-failure -j$(JOBS) -LE 'gpu|bench'
 
+# libFuzzer harnesses (tests/fuzz, docs/testing.md), built with clang, ASan
+# and UBSan in $(FUZZ_DIR). New inputs and crash reproducers stay under
+# $(FUZZ_DIR)/fuzz-work; `make fuzz-merge` adds what is new to the seed corpora.
+$(FUZZ_DIR)/CMakeCache.txt:
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=Release -DTANDEM_FUZZ=ON \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ $(FUZZ_CMAKE_FLAGS)
+
+fuzz-build: deps $(FUZZ_DIR)/CMakeCache.txt
+	cmake --build $(FUZZ_DIR) -j$(JOBS) --target tandem_fuzzers
+
+# Each harness for FUZZ_SECONDS (default 60), one after the other.
+fuzz: fuzz-build
+	tests/fuzz/run_fuzzers.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZERS)
+
+# Each harness for a few seconds on its corpus; part of `make test`.
+fuzz-smoke: fuzz-build
+	tests/fuzz/run_fuzzers.sh $(FUZZ_DIR) $(FUZZ_SMOKE_SECONDS) $(FUZZERS)
+
+fuzz-merge:
+	tests/fuzz/run_fuzzers.sh --merge $(FUZZ_DIR) $(FUZZERS)
+
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) build-tsan
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) build-tsan $(FUZZ_DIR)

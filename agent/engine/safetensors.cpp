@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -107,13 +108,18 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     const uint8_t* data = header_begin + header_length;
     const uint64_t data_size = file_size - kHeaderLengthBytes - header_length;
 
-    json header;
-    try {
-      header = json::parse(header_begin, data);
-    } catch (const json::parse_error& e) {
-      throw Error(file + ": header is not valid JSON (syntax error at byte " +
-                  std::to_string(e.byte) + " of " + std::to_string(header_length) + ")");
+    JsonParseError parse_error;
+    std::optional<json> parsed = parseJson(
+        std::string_view(reinterpret_cast<const char*>(header_begin), header_length), parse_error);
+    if (!parsed) {
+      throw Error(file + ": header is not valid JSON (" +
+                  (parse_error.byte > 0
+                       ? "syntax error at byte " + std::to_string(parse_error.byte) + " of " +
+                             std::to_string(header_length)
+                       : parse_error.detail) +
+                  ")");
     }
+    json header = std::move(*parsed);
     if (!header.is_object()) throw Error(file + ": header is not a JSON object");
 
     std::vector<Span> spans;

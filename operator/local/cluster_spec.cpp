@@ -1,9 +1,11 @@
 #include "operator/local/cluster_spec.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -107,6 +109,11 @@ class MapReader {
   }
   void rejectUnknown() const {
     for (const auto& entry : node_) {
+      if (!entry.first.IsScalar()) {
+        fail(context_, path_.empty() ? context_.kind : path_,
+             "has a key that is not a plain name (got " + described(entry.first) + ")",
+             entry.first);
+      }
       const std::string key = entry.first.as<std::string>();
       if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
       fail(context_, pathOf(key),
@@ -212,7 +219,11 @@ std::string readByteSize(const YAML::Node& node, const std::string& path,
       R"(([0-9]+(\.[0-9]+)?([eE][0-9]+)?)(B|K|M|G|KB|MB|GB|KiB|MiB|GiB|Ki|Mi|Gi)?)");
   const std::string text = node.IsScalar() ? node.Scalar() : "";
   std::smatch match;
-  if (!std::regex_match(text, match, kSize) || !(std::stod(match[1].str()) > 0)) {
+  const bool matched = std::regex_match(text, match, kSize);
+  // strtod, not stod: a number past the double range (1e400) is refused here
+  // instead of escaping as std::out_of_range.
+  const double value = matched ? std::strtod(match[1].str().c_str(), nullptr) : 0;
+  if (!matched || !(value > 0) || !std::isfinite(value)) {
     fail(context, path,
          "must be a positive size such as 8GiB, 8Gi, 512MiB or 1073741824, got " + described(node),
          node);
@@ -223,16 +234,23 @@ std::string readByteSize(const YAML::Node& node, const std::string& path,
 }
 
 // A YAML value as JSON, reading plain scalars as YAML's core schema does.
-json toJson(const YAML::Node& node) {
+json toJson(const YAML::Node& node, const DocumentContext& context, const std::string& path) {
   switch (node.Type()) {
     case YAML::NodeType::Sequence: {
       json array = json::array();
-      for (const auto& item : node) array.push_back(toJson(item));
+      for (const auto& item : node) array.push_back(toJson(item, context, path));
       return array;
     }
     case YAML::NodeType::Map: {
       json object = json::object();
-      for (const auto& entry : node) object[entry.first.as<std::string>()] = toJson(entry.second);
+      for (const auto& entry : node) {
+        if (!entry.first.IsScalar()) {
+          fail(context, path,
+               "has a key that is not a plain name (got " + described(entry.first) + ")",
+               entry.first);
+        }
+        object[entry.first.as<std::string>()] = toJson(entry.second, context, path);
+      }
       return object;
     }
     case YAML::NodeType::Scalar: {
@@ -247,10 +265,14 @@ json toJson(const YAML::Node& node) {
         try {
           return std::stoll(text);
         } catch (const std::out_of_range&) {
-          return std::stod(text);
         }
       }
-      if (std::regex_match(text, kFloat)) return std::stod(text);
+      if (std::regex_match(text, kInteger) || std::regex_match(text, kFloat)) {
+        // A number past the double range (1e400) stays text, so that the
+        // field's own check names it instead of std::stod throwing.
+        const double value = std::strtod(text.c_str(), nullptr);
+        if (std::isfinite(value)) return value;
+      }
       return text;
     }
     default:
@@ -346,7 +368,7 @@ KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,
   }
   if (auto value = reader.get("extraConfig")) {
     requireMapping(*value, reader.pathOf("extraConfig"), context);
-    transfer.extra_config = toJson(*value);
+    transfer.extra_config = toJson(*value, context, reader.pathOf("extraConfig"));
   }
   if (auto value = reader.get("secretRef")) {
     const std::string secret_path = reader.pathOf("secretRef");
@@ -503,9 +525,52 @@ struct Document {
   YAML::Node node;
 };
 
+// An event handler that only remembers where the document began.
+class DocumentStart : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { mark_ = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  const YAML::Mark& mark() const { return mark_; }
+
+ private:
+  YAML::Mark mark_ = YAML::Mark::null_mark();
+};
+
+// yaml-cpp's LoadAll never returns on some malformed streams (a ',' where
+// a document should start): the parser yields an empty document
+// without consuming anything, forever, and memory grows until the process
+// dies. Walk the documents first and refuse a stream that stops advancing.
+void checkDocumentsAdvance(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  int previous_pos = -1;
+  while (true) {
+    DocumentStart start;
+    if (!parser.HandleNextDocument(start)) return;
+    const YAML::Mark& mark = start.mark();
+    if (mark.pos == previous_pos) {
+      const size_t at = static_cast<size_t>(mark.pos);
+      const std::string found = at < text.size() ? "'" + text.substr(at, 1) + "'" : "the end";
+      throw YAML::ParserException(mark, "unexpected " + found + " where a document should start");
+    }
+    previous_pos = mark.pos;
+  }
+}
+
 std::vector<Document> parseDocuments(const std::string& text, const std::string& source) {
   std::vector<YAML::Node> nodes;
   try {
+    checkDocumentsAdvance(text);
     nodes = YAML::LoadAll(text);
   } catch (const YAML::ParserException& e) {
     throw Error(source + ": not valid YAML: " + e.msg + " (line " +

@@ -4,9 +4,11 @@
 #include "operator/local/cluster_spec.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -189,6 +191,21 @@ TEST(ClusterSpecTest, Defaults) {
   EXPECT_EQ(cluster.router, RouterSpec{});
 }
 
+// Numbers in extraConfig past the double range stay text, so that the
+// connector's own check names the field; they are never an exception.
+TEST(ClusterSpecTest, ExtraConfigNumbersPastTheDoubleRangeStayText) {
+  const std::string huge_integer(400, '9');
+  const ClusterSpec spec = parseClusterSpec(
+      std::string(kDecode) + "  kvTransfer:\n    extraConfig: {abort_timeout_s: 1e400, big: " +
+          huge_integer + ", rate: 2.5e3, count: 7}\n",
+      "c.yaml");
+  const nlohmann::json& extra = spec.pools.at(0).kv_transfer.extra_config;
+  EXPECT_EQ(extra.at("abort_timeout_s"), "1e400");
+  EXPECT_EQ(extra.at("big"), huge_integer);
+  EXPECT_EQ(extra.at("rate"), 2500.0);
+  EXPECT_EQ(extra.at("count"), 7);
+}
+
 TEST(ClusterSpecTest, EmptyDocumentsAreSkippedButCounted) {
   const ClusterSpec cluster = parseClusterSpec(
       std::string("---\n") + kPrefill + "---\n---\n" + kDecode + "---\n", "c.yaml");
@@ -223,6 +240,13 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({decode_spec + "  engine: {kvCacheMemory: lots}\n"}),
        "spec.engine.kvCacheMemory must be a positive size such as 8GiB, 8Gi, 512MiB or "
        "1073741824, got \"lots\""},
+      {documents({decode_spec + "  engine: {[1]: x}\n"}),
+       "spec.engine has a key that is not a plain name (got a list)"},
+      {documents({decode_spec + "  kvTransfer: {role: kv_consumer, extraConfig: {[1]: x}}\n"}),
+       "spec.kvTransfer.extraConfig has a key that is not a plain name (got a list)"},
+      {documents({decode_spec + "  engine: {kvCacheMemory: 1e400MiB}\n"}),
+       "spec.engine.kvCacheMemory must be a positive size such as 8GiB, 8Gi, 512MiB or "
+       "1073741824, got \"1e400MiB\""},
       {documents({decode_spec + "  engine: {kvCacheMemory: 1GiB, numBlocks: 10}\n"}),
        "spec.engine sets both numBlocks and kvCacheMemory: set one"},
       {documents({decode_spec + "  engine: {shutdownTimeoutSeconds: -1}\n"}),
@@ -306,6 +330,32 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
     EXPECT_NE(message.find(c.message), std::string::npos)
         << "expected \"" << c.message << "\"\n got \"" << message << "\"\n for:\n"
         << c.text;
+  }
+}
+
+// yaml-cpp's LoadAll alone never returns on a ',' where a document should
+// start: it yields empty documents forever and grows until memory runs out.
+// Each parse runs in a child process with bounded memory (outside sanitizer
+// builds, which reserve more address space than the bound), so that a
+// regression fails instead of exhausting the machine. Exit code 0: refused
+// with the expected message.
+int refuseInBoundedMemory(const std::string& text) {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  const rlimit limit{1UL << 30, 1UL << 30};
+  ::setrlimit(RLIMIT_AS, &limit);
+#endif
+  const std::string message = errorFor(text);
+  return message.find(
+             "c.yaml: not valid YAML: unexpected ',' where a document should start "
+             "(line ") == 0
+             ? 0
+             : 1;
+}
+
+TEST(ClusterSpecTest, StreamThatStopsAdvancingIsRefused) {
+  const std::string cases[] = {",", std::string(kPrefill) + "---\n,\n"};
+  for (const std::string& text : cases) {
+    EXPECT_EXIT(std::exit(refuseInBoundedMemory(text)), ::testing::ExitedWithCode(0), "") << text;
   }
 }
 
