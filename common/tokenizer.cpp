@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/json_parse.h"
 #include "common/status.h"
 #include "common/tokenizer_added.h"
 #include "common/tokenizer_bpe.h"
@@ -44,11 +45,10 @@ std::string readFile(const std::filesystem::path& path) {
 
 nlohmann::json parseJsonFile(const std::filesystem::path& path) {
   const std::string text = readFile(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(path.string() + ": invalid JSON: " + e.what());
-  }
+  JsonParseError error;
+  std::optional<nlohmann::json> root = parseJson(text, error);
+  if (!root) throw Error(path.string() + ": invalid JSON: " + error.detail);
+  return std::move(*root);
 }
 
 const nlohmann::json& fieldOrNull(const nlohmann::json& object, const char* key) {
@@ -87,8 +87,12 @@ std::vector<AddedToken> parseAddedTokens(const nlohmann::json& root, const std::
                   " needs an integer \"id\" and a string \"content\"");
     }
     AddedToken token;
-    token.id = entry["id"].get<TokenId>();
-    if (token.id < 0) throw Error(source + ": added token " + entry.dump() + " has a negative id");
+    const int64_t id = entry["id"].get<int64_t>();
+    if (id < 0 || id >= kMaxTokenIds) {
+      throw Error(source + ": added token " + entry.dump() + " must have an id in [0, " +
+                  std::to_string(kMaxTokenIds) + ")");
+    }
+    token.id = static_cast<TokenId>(id);
     token.content = entry["content"].get<std::string>();
     token.special = entry.value("special", false);
     token.single_word = entry.value("single_word", false);

@@ -26,6 +26,10 @@
 namespace tandem {
 
 using TokenId = int32_t;
+// Token ids a tokenizer file may use: [0, kMaxTokenIds). Far above any real
+// vocabulary (262,144 is the largest in use), low enough that per-id tables
+// stay small whatever a file claims.
+inline constexpr int64_t kMaxTokenIds = int64_t{1} << 22;
 
 class Tokenizer {
  public:

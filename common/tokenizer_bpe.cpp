@@ -57,9 +57,9 @@ BpeModel::BpeModel(const nlohmann::json& model, std::string_view source) {
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     const nlohmann::json& value = it.value();
     if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-        value.get<int64_t>() > INT32_MAX - 1) {
-      throw Error(where + ": model.vocab entry '" + it.key() +
-                  "' must have a non-negative integer id");
+        value.get<int64_t>() >= kMaxTokenIds) {
+      throw Error(where + ": model.vocab entry '" + it.key() + "' must have an integer id in [0, " +
+                  std::to_string(kMaxTokenIds) + "), got " + value.dump());
     }
     const auto id = static_cast<TokenId>(value.get<int64_t>());
     vocab_.insertOrAssign(it.key(), id);

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/json_parse.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -75,13 +76,10 @@ class TensorSource {
     if (!in) throw Error(index_name + ": cannot read");
     std::ostringstream text;
     text << in.rdbuf();
-    json index;
-    try {
-      index = json::parse(text.str());
-    } catch (const json::parse_error& e) {
-      throw Error(index_name + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
-                  ")");
-    }
+    JsonParseError parse_error;
+    std::optional<json> parsed = parseJson(text.str(), parse_error);
+    if (!parsed) throw Error(index_name + ": not valid JSON: " + parse_error.detail);
+    json index = std::move(*parsed);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       throw Error(index_name +
                   ": \"weight_map\" is missing or not an object of tensor name to "

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/json_parse.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -182,13 +183,10 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
 }
 
 ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string& source_name) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw Error(source_name + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
-                ")");
-  }
+  JsonParseError parse_error;
+  std::optional<json> parsed = parseJson(text, parse_error);
+  if (!parsed) throw Error(source_name + ": not valid JSON: " + parse_error.detail);
+  json root = std::move(*parsed);
   if (!root.is_object()) throw Error(source_name + ": not a JSON object");
   FieldReader reader(root, source_name, "");
 

@@ -4,6 +4,7 @@
 #include "agent/kv/offload/offload_connector.h"
 #include "agent/kv/storage/storage_connector.h"
 #include "agent/kv/ucx/ucx_connector.h"
+#include "common/json_parse.h"
 
 namespace tandem::kv {
 namespace {
@@ -121,18 +122,15 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
 }  // namespace
 
 StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text) {
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 18: ..."
-    std::string what = e.what();
-    if (const size_t start = what.find("] "); start != std::string::npos) {
-      what = what.substr(start + 2);
-    }
-    return invalidArgument("kv-transfer-config is not valid JSON (byte " + std::to_string(e.byte) +
-                           "): " + what);
+  JsonParseError parse_error;
+  std::optional<nlohmann::json> parsed = parseJson(json_text, parse_error);
+  if (!parsed) {
+    const std::string where =
+        parse_error.byte > 0 ? " (byte " + std::to_string(parse_error.byte) + ")" : "";
+    return invalidArgument("kv-transfer-config is not valid JSON" + where + ": " +
+                           parse_error.detail);
   }
+  nlohmann::json root = std::move(*parsed);
   if (!root.is_object()) {
     return invalidArgument("kv-transfer-config must be a JSON object, got: " + json_text);
   }

@@ -10,6 +10,7 @@
 
 #include "agent/engine/sampler.h"
 #include "agent/server/chat_template.h"
+#include "common/json_parse.h"
 
 namespace tandem::server {
 namespace {
@@ -208,17 +209,10 @@ Result<json> parseJsonObject(std::string_view body) {
     return invalidRequest("the request body is not valid UTF-8: invalid byte " + std::string(byte) +
                           " at offset " + std::to_string(bad));
   }
-  json root;
-  try {
-    root = json::parse(body);
-  } catch (const json::parse_error& e) {
-    std::string detail = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix.
-    if (const size_t end = detail.find("] "); detail.starts_with("[json.") && end != detail.npos) {
-      detail.erase(0, end + 2);
-    }
-    return invalidRequest("request body is not valid JSON: " + detail);
-  }
+  JsonParseError parse_error;
+  std::optional<json> parsed = parseJson(body, parse_error);
+  if (!parsed) return invalidRequest("request body is not valid JSON: " + parse_error.detail);
+  json root = std::move(*parsed);
   if (!root.is_object()) {
     return invalidRequest(std::string("request body must be a JSON object, got ") +
                           root.type_name());

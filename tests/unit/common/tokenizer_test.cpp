@@ -527,6 +527,29 @@ TEST(TokenizerLoadErrorTest, BadJson) {
   EXPECT_NE(message.find("invalid JSON"), std::string::npos) << message;
 }
 
+TEST(TokenizerLoadErrorTest, NumberBeyondADoubleIsInvalidJson) {
+  TempDir dir;
+  const fs::path path = dir.write("tokenizer.json", "{\"version\": 1e400}");
+  EXPECT_EQ(loadError(path), path.string() + ": invalid JSON: number overflow parsing '1e400'");
+}
+
+TEST(TokenizerLoadErrorTest, IdsBeyondTheLimitAreRefusedBeforeAnyTableIsSized) {
+  TempDir dir;
+  nlohmann::json config = smallTokenizer(false);
+  config["added_tokens"].push_back({{"id", 2147483647}, {"content", "<x>"}, {"special", true}});
+  fs::path path = dir.write("tokenizer.json", config.dump());
+  EXPECT_NE(loadError(path).find("must have an id in [0, 4194304)"), std::string::npos)
+      << loadError(path);
+
+  config = smallTokenizer(false);
+  config["model"]["vocab"]["far"] = 4194304;
+  path = dir.write("tokenizer.json", config.dump());
+  EXPECT_NE(loadError(path).find("model.vocab entry 'far' must have an integer id in [0, 4194304), "
+                                 "got 4194304"),
+            std::string::npos)
+      << loadError(path);
+}
+
 TEST(TokenizerLoadErrorTest, UnsupportedModelType) {
   TempDir dir;
   nlohmann::json config = smallTokenizer(false);

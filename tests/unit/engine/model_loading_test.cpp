@@ -595,6 +595,11 @@ TEST(ModelConfigParsing, RejectsBadValuesNamingTheField) {
   EXPECT_CONTAINS(message, "not a JSON object");
 }
 
+TEST(ModelConfigParsing, NumberBeyondADoubleIsInvalidJsonNotAnException) {
+  EXPECT_EQ(parseError(minimalLlama(R"(, "rope_theta": 1e400)")),
+            "dir/config.json: not valid JSON: number overflow parsing '1e400'");
+}
+
 TEST(ModelConfigParsing, RefusesAbsurdContextLengthsAndVocabularies) {
   for (const char* value : {"1000000000000000", "1e15", "16777217"}) {
     EXPECT_EQ(parseError(minimalLlama(std::string(R"(, "max_position_embeddings": )") + value)),

@@ -103,6 +103,14 @@ TEST(KvTransferConfigParse, ErrorsNameTheFieldAndWhatIsAccepted) {
   }
 }
 
+TEST(KvTransferConfigParse, NumberBeyondADoubleIsInvalidJsonNotAnException) {
+  StatusOr<KvTransferConfig> parsed =
+      KvTransferConfig::parse(R"({"kv_connector": "offload", "x": 1e400})");
+  ASSERT_FALSE(parsed.isOk());
+  EXPECT_EQ(parsed.status().message(),
+            "kv-transfer-config is not valid JSON: number overflow parsing '1e400'");
+}
+
 TEST(KvTransferConfigParse, InvalidJsonIsReportedWithItsPosition) {
   StatusOr<KvTransferConfig> parsed =
       KvTransferConfig::parse(R"({"kv_connector": "offload",, "kv_role": "kv_both"})");

@@ -248,6 +248,8 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "request body is not valid JSON: parse error at line 1, column 1: syntax error while "
           "parsing value - unexpected end of input; expected '[', '{', or a literal"),
       bad("[1]", "", "request body must be a JSON object, got array"),
+      bad(R"({"model": "tiny-model", "prompt": [1e400]})", "",
+          "request body is not valid JSON: number overflow parsing '1e400'"),
       bad(R"({"prompt": "x"})", "model", "model is required (this server serves \"tiny-model\")"),
       bad(R"({"model": 5, "prompt": "x"})", "model", "model must be a string, got number"),
       BadCase{R"({"model": "gpt-4", "prompt": "x"})", 404, "not_found_error", "model",
