@@ -278,22 +278,14 @@ int runChaosBench(const ChaosBenchOptions& options) {
   validate(options);
   const std::set<std::string> scenarios = parseScenarios(options.scenarios);
   const auto vocab = parseVocabRange(options.load.vocab_range);
-  LocalClusterOptions cluster_options = options.cluster;
-  cluster_options.work_dir =
-      options.work_dir.empty()
-          ? fs::temp_directory_path() / ("tandem-bench-chaos-" + std::to_string(::getpid()))
-          : fs::path(options.work_dir);
   const double hang_s = options.load.hang_timeout_s;
   std::mt19937_64 rng(options.load.seed);
 
-  std::printf("tandem-bench chaos: starting the cluster (logs in %s)\n",
-              cluster_options.work_dir.c_str());
-  std::fflush(stdout);
-  auto cluster = std::make_unique<LocalCluster>(cluster_options, std::chrono::seconds(300));
-  const std::string url = cluster->routerUrl();
-  const std::vector<ServedModel> models = listModels(url, 30);
-  if (models.empty()) throw Error(url + "/v1/models lists no model");
-  const std::string model = models.front().id;
+  StartedCluster started = startBenchCluster(options.cluster, options.work_dir, "chaos");
+  const LocalClusterOptions& cluster_options = started.options;
+  std::unique_ptr<LocalCluster>& cluster = started.cluster;
+  const std::string url = started.url;
+  const std::string model = started.model;
   std::printf("cluster %s: %zu agents, router %s (max_inflight %lld, max_queued %lld), model %s\n",
               cluster->clusterFile().c_str(), cluster->expectedAgents(), url.c_str(),
               static_cast<long long>(cluster->maxInflightRequests()),

@@ -14,6 +14,7 @@
 #include "common/prometheus_text.h"
 #include "common/status.h"
 #include "operator/local/cluster_spec.h"
+#include "tools/bench/openai_client.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::bench {
@@ -562,6 +563,25 @@ void RssSampler::run() {
     }
     std::this_thread::sleep_until(next + interval_);
   }
+}
+
+StartedCluster startBenchCluster(LocalClusterOptions options, const std::string& work_dir,
+                                 const std::string& program) {
+  options.work_dir = work_dir.empty()
+                         ? std::filesystem::temp_directory_path() /
+                               ("tandem-bench-" + program + "-" + std::to_string(::getpid()))
+                         : std::filesystem::path(work_dir);
+  std::printf("tandem-bench %s: starting the cluster (logs in %s)\n", program.c_str(),
+              options.work_dir.c_str());
+  std::fflush(stdout);
+  StartedCluster started;
+  started.options = options;
+  started.cluster = std::make_unique<LocalCluster>(options, std::chrono::seconds(300));
+  started.url = started.cluster->routerUrl();
+  const std::vector<ServedModel> models = listModels(started.url, 30);
+  if (models.empty()) throw Error(started.url + "/v1/models lists no model");
+  started.model = models.front().id;
+  return started;
 }
 
 }  // namespace tandem::bench

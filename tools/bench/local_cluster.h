@@ -92,6 +92,22 @@ struct SettleReport {
   void print() const;
 };
 
+class LocalCluster;
+
+// A started cluster and the model its router serves.
+struct StartedCluster {
+  LocalClusterOptions options;  // as started: work_dir filled in
+  std::unique_ptr<LocalCluster> cluster;
+  std::string url;    // the router's base URL
+  std::string model;  // the first model of its /v1/models
+};
+// Starts a cluster for the program `program` (logs under work_dir, or a
+// fresh temporary directory named after the program when work_dir is
+// empty), prints where its logs go and waits for its router to list a
+// model. Throws tandem::Error naming what failed.
+StartedCluster startBenchCluster(LocalClusterOptions options, const std::string& work_dir,
+                                 const std::string& program);
+
 class LocalCluster {
  public:
   // Writes the cluster file when none is given, starts tandem-operator and

@@ -45,19 +45,11 @@ void validate(const SoakBenchOptions& o) {
 
 int runSoakBench(const SoakBenchOptions& options) {
   validate(options);
-  LocalClusterOptions cluster_options = options.cluster;
-  cluster_options.work_dir =
-      options.work_dir.empty()
-          ? fs::temp_directory_path() / ("tandem-bench-soak-" + std::to_string(::getpid()))
-          : fs::path(options.work_dir);
-  std::printf("tandem-bench soak: starting the cluster (logs in %s)\n",
-              cluster_options.work_dir.c_str());
-  std::fflush(stdout);
-  auto cluster = std::make_unique<LocalCluster>(cluster_options, std::chrono::seconds(300));
-  const std::string url = cluster->routerUrl();
-  const std::vector<ServedModel> models = listModels(url, 30);
-  if (models.empty()) throw Error(url + "/v1/models lists no model");
-  const std::string model = models.front().id;
+  StartedCluster started = startBenchCluster(options.cluster, options.work_dir, "soak");
+  const LocalClusterOptions& cluster_options = started.options;
+  std::unique_ptr<LocalCluster>& cluster = started.cluster;
+  const std::string url = started.url;
+  const std::string model = started.model;
   const int baseline_fds = openFdCount(cluster->operatorPid()).value_or(0);
   std::printf("cluster %s: %zu agents, router %s, model %s; %s s of load from %d clients\n",
               cluster->clusterFile().c_str(), cluster->expectedAgents(), url.c_str(), model.c_str(),
