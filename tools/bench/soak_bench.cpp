@@ -121,17 +121,21 @@ int runSoakBench(const SoakBenchOptions& options) {
   printDistribution("TTFT", ttft);
   printDistribution("TPOT", tpot);
   printDistribution("E2EL", e2el);
-  std::printf("\n%-14s %8s %12s %12s %16s %8s\n", "RSS", "samples", "first (KiB)", "last (KiB)",
-              "slope (KiB/min)", "r2");
+  // The whole run's slope includes warm-up (caches and the KV event ring
+  // filling); the second half's tells whether memory still grows once warm.
+  std::printf("\n%-14s %8s %12s %12s %16s %8s %18s\n", "RSS", "samples", "first (KiB)",
+              "last (KiB)", "slope (KiB/min)", "r2", "2nd half (KiB/min)");
   json series_json = json::array();
   for (const RssSampler::Series& s : series) {
     std::vector<std::pair<double, double>> per_minute;
     for (const auto& [t, kib] : s.samples) per_minute.emplace_back(t / 60.0, kib);
     const LineFit fit = fitLine(per_minute);
+    const LineFit second_half = fitLine(std::vector<std::pair<double, double>>(
+        per_minute.begin() + static_cast<std::ptrdiff_t>(per_minute.size() / 2), per_minute.end()));
     const double first = s.samples.empty() ? 0 : s.samples.front().second;
     const double last = s.samples.empty() ? 0 : s.samples.back().second;
-    std::printf("%-14s %8zu %12.0f %12.0f %16.1f %8.3f\n", s.process.c_str(), s.samples.size(),
-                first, last, fit.slope, fit.r2);
+    std::printf("%-14s %8zu %12.0f %12.0f %16.1f %8.3f %18.1f\n", s.process.c_str(),
+                s.samples.size(), first, last, fit.slope, fit.r2, second_half.slope);
     json samples = json::array();
     for (const auto& [t, kib] : s.samples) samples.push_back({t, kib});
     series_json.push_back({{"process", s.process},
@@ -141,6 +145,7 @@ int runSoakBench(const SoakBenchOptions& options) {
                            {"last_kib", last},
                            {"slope_kib_per_min", fit.slope},
                            {"r2", fit.r2},
+                           {"second_half_slope_kib_per_min", second_half.slope},
                            {"rss_kib", std::move(samples)}});
   }
   std::printf(
