@@ -127,7 +127,7 @@ size_t appendLossyUtf8(std::string_view bytes, std::string& out, bool final) {
   return n;
 }
 
-bool isValidUtf8(std::string_view bytes) {
+size_t firstInvalidUtf8(std::string_view bytes) {
   const size_t n = bytes.size();
   size_t i = 0;
   while (i < n) {
@@ -139,16 +139,21 @@ bool isValidUtf8(std::string_view bytes) {
     unsigned char lo;
     unsigned char hi;
     const size_t len = leadInfo(lead, lo, hi);
-    if (len == 0 || i + len > n) return false;
+    if (len == 0) return i;
     for (size_t k = 1; k < len; ++k) {
+      if (i + k >= n) return i;  // cut short at the end
       const auto b = static_cast<unsigned char>(bytes[i + k]);
-      if (b < lo || b > hi) return false;
+      if (b < lo || b > hi) return i + k;
       lo = 0x80;
       hi = 0xBF;
     }
     i += len;
   }
-  return true;
+  return std::string_view::npos;
+}
+
+bool isValidUtf8(std::string_view bytes) {
+  return firstInvalidUtf8(bytes) == std::string_view::npos;
 }
 
 std::string lossyUtf8(std::string_view bytes) {

@@ -25,6 +25,10 @@ char32_t nextCodepoint(std::string_view text, size_t& pos);
 size_t utf8SequenceLength(unsigned char lead);
 void appendUtf8(char32_t codepoint, std::string& out);
 
+// Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629:
+// no overlong forms, no surrogates, nothing past U+10FFFF; a sequence cut
+// short at the end is reported at its lead byte), or npos.
+size_t firstInvalidUtf8(std::string_view bytes);
 bool isValidUtf8(std::string_view bytes);
 // Appends the lossy decoding of `bytes` to `out` and returns how many bytes were
 // consumed. When `final` is false, a trailing sequence that is incomplete but

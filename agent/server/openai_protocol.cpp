@@ -11,6 +11,7 @@
 #include "agent/engine/sampler.h"
 #include "agent/server/chat_template.h"
 #include "common/json_parse.h"
+#include "common/tokenizer_utf8.h"
 
 namespace tandem::server {
 namespace {
@@ -165,45 +166,11 @@ class FieldReader {
   std::optional<ApiError> error_;
 };
 
-// Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629:
-// no overlong forms, no surrogates, nothing past U+10FFFF), or npos.
-size_t firstInvalidUtf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto lead = static_cast<unsigned char>(text[i]);
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t length = 0;
-    unsigned char low = 0x80, high = 0xBF;  // range of the second byte
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      length = 2;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      length = 3;
-      if (lead == 0xE0) low = 0xA0;
-      if (lead == 0xED) high = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      length = 4;
-      if (lead == 0xF0) low = 0x90;
-      if (lead == 0xF4) high = 0x8F;
-    } else {
-      return i;
-    }
-    for (size_t k = 1; k < length; ++k) {
-      if (i + k >= text.size()) return i;  // cut short at the end
-      const auto byte = static_cast<unsigned char>(text[i + k]);
-      if (k == 1 ? (byte < low || byte > high) : (byte < 0x80 || byte > 0xBF)) return i + k;
-    }
-    i += length;
-  }
-  return std::string_view::npos;
-}
-
 Result<json> parseJsonObject(std::string_view body) {
   // JSON text is UTF-8 (RFC 8259). Checked first so that the error names the
   // byte rather than quoting it back.
-  if (const size_t bad = firstInvalidUtf8(body); bad != std::string_view::npos) {
+  if (const size_t bad = tokenizer_internal::firstInvalidUtf8(body);
+      bad != std::string_view::npos) {
     char byte[8];
     std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(body[bad]));
     return invalidRequest("the request body is not valid UTF-8: invalid byte " + std::string(byte) +
