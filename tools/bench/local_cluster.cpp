@@ -581,6 +581,11 @@ StartedCluster startBenchCluster(LocalClusterOptions options, const std::string&
   const std::vector<ServedModel> models = listModels(started.url, 30);
   if (models.empty()) throw Error(started.url + "/v1/models lists no model");
   started.model = models.front().id;
+  started.agent_bin =
+      options.agent_bin.empty()
+          ? (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tandem-agent")
+                .string()
+          : options.agent_bin;
   return started;
 }
 

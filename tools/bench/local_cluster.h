@@ -100,6 +100,9 @@ struct StartedCluster {
   std::unique_ptr<LocalCluster> cluster;
   std::string url;    // the router's base URL
   std::string model;  // the first model of its /v1/models
+  // tandem-agent for a colocated reference: options.agent_bin, else the one
+  // next to this program.
+  std::string agent_bin;
 };
 // Starts a cluster for the program `program` (logs under work_dir, or a
 // fresh temporary directory named after the program when work_dir is

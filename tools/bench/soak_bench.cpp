@@ -76,10 +76,7 @@ int runSoakBench(const SoakBenchOptions& options) {
   const std::vector<RssSampler::Series> series = sampler.stop();
   const SettleReport settle = cluster->waitUntilSettled(
       baseline_fds, milliseconds(static_cast<int64_t>(options.settle_timeout_s * 1000)));
-  const std::string agent_bin =
-      cluster_options.agent_bin.empty()
-          ? (fs::read_symlink("/proc/self/exe").parent_path() / "tandem-agent").string()
-          : cluster_options.agent_bin;
+  const std::string& agent_bin = started.agent_bin;
   const std::vector<std::string> reference_flags = cluster->referenceAgentFlags();
   cluster.reset();
 
