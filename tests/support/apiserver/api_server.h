@@ -1,0 +1,128 @@
+// An in-process stand-in for the Kubernetes API server, for tests only (never
+// linked into the product): the subset of the real API that tandem-operator
+// and kubectl rely on, served over real HTTP/1.1 (and HTTPS with a generated
+// test certificate) on 127.0.0.1, port 0. Its behaviour follows the
+// Kubernetes API documentation; docs/testing.md lists where it differs from a
+// real API server.
+//
+// What it serves: discovery (/version, /api, /api/v1, /apis,
+// /apis/<group>/<version> with status and scale subresources listed),
+// /openapi/v2 and /openapi/v3 enough for kubectl, CRDs registered from YAML
+// files (or by POSTing CustomResourceDefinitions), CRUD + list (limit,
+// continue, labelSelector, fieldSelector metadata.name/namespace) + watch
+// (chunked JSON lines, bookmarks, timeoutSeconds) for the custom kinds,
+// Namespaces, Deployments, Services, EndpointSlices, Pods, Leases, Events,
+// Secrets and ConfigMaps; resourceVersion with 409 on a stale update;
+// metadata.generation bumped on spec changes only; the status and scale
+// subresources (autoscaling/v1 Scale); JSON merge patch, strategic merge
+// patch for the built-in kinds as far as kubectl uses it, and server-side
+// apply (application/apply-patch+yaml); ownerReference garbage collection.
+//
+// Thread-safe: hooks may be called from the test thread while clients call.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::testing {
+
+struct ApiServerOptions {
+  bool tls = false;  // HTTPS with a generated CA and server certificate (127.0.0.1, localhost)
+  // Bearer tokens accepted; empty accepts any request (no authentication).
+  // With TLS, a client certificate signed by the test CA is accepted too (its CN is the user).
+  std::vector<std::string> tokens;
+  int bookmark_interval_ms = 1000;  // how often open watches get a BOOKMARK
+};
+
+// PEM text of the test PKI (generated at start-up with OpenSSL).
+struct TestPki {
+  std::string ca_certificate;
+  std::string server_certificate;
+  std::string server_key;
+  std::string client_certificate;  // CN "test-client", signed by the CA
+  std::string client_key;
+};
+
+class ApiServer {
+ public:
+  explicit ApiServer(ApiServerOptions options = {});
+  ~ApiServer();  // stops
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  int port() const;
+  // "http://127.0.0.1:PORT" or "https://127.0.0.1:PORT".
+  std::string url() const;
+  const TestPki& pki() const;
+  // Writes a kubeconfig for this server (token, CA data when TLS, the given
+  // namespace) and returns its path.
+  std::filesystem::path writeKubeconfig(const std::filesystem::path& path,
+                                        const std::string& token = "test-token",
+                                        const std::string& ns = "default") const;
+
+  // CRDs from YAML files (each may hold several documents), as `kubectl apply` would.
+  void registerCrds(const std::filesystem::path& file_or_directory);
+
+  // --- Direct access to the store (as an admin; not counted as writes) ---
+  std::optional<nlohmann::json> get(const std::string& api_version, const std::string& kind,
+                                    const std::string& ns, const std::string& name) const;
+  std::vector<nlohmann::json> list(const std::string& api_version, const std::string& kind,
+                                   const std::string& ns) const;
+  // Creates or replaces (bumping resourceVersion, generation as the API would); returns the stored
+  // object.
+  nlohmann::json put(const nlohmann::json& object);
+  void remove(const std::string& api_version, const std::string& kind, const std::string& ns,
+              const std::string& name);
+
+  // --- Hooks ---
+  // Replaces the accepted bearer tokens (empty: accept any request), e.g. to
+  // test token rotation. Open watches are not affected.
+  void setTokens(std::vector<std::string> tokens);
+  // Writes (POST, PUT, PATCH, DELETE) answered with 2xx, per user (the bearer
+  // token, or the client certificate's CN; "anonymous" without either).
+  std::map<std::string, uint64_t> writesByUser() const;
+  uint64_t writesBy(const std::string& user) const;
+  // Every request seen: "METHOD PATH?QUERY user", in order.
+  std::vector<std::string> requestLog() const;
+  // The next `count` PUT/PATCH on objects of `kind` (any kind when empty) get 409 Conflict.
+  void injectConflicts(int count, const std::string& kind = "");
+  // Forgets watch history: open watches get an ERROR event with a 410 Status
+  // (reason Expired) and end; a watch from an older resourceVersion, or a
+  // list continued with an older continue token, gets 410 (a plain list with
+  // resourceVersion N means "not older than N" and is served).
+  void compactHistory();
+  // Ends every open watch stream (as a server restart or timeout would).
+  void closeWatches();
+  // Stops answering: accepted connections are held without an answer until
+  // resumed (to test client timeouts).
+  void setStalled(bool stalled);
+  // Plays the Deployment controller and kubelet: whenever a Deployment's spec
+  // changes, and on each call of this, its status is set as if every replica
+  // of the current template were running and ready (`ready` false: none ready),
+  // and pods labelled like the template exist for it (named
+  // <deployment>-<template hash>-<i>, owned by the Deployment; no ReplicaSets).
+  // Once called, automatic mode stays on; each call also clears the manual
+  // statuses set with setDeploymentStatus.
+  void setDeploymentControllerAuto(bool ready);
+  // Sets one Deployment's status fields directly (replicas, updatedReplicas,
+  // readyReplicas, availableReplicas = ready, observedGeneration = generation,
+  // condition Available = ready >= spec.replicas). That Deployment is then
+  // left alone by automatic mode until setDeploymentControllerAuto is called.
+  void setDeploymentStatus(const std::string& ns, const std::string& name, int64_t replicas,
+                           int64_t updated, int64_t ready);
+  // Current resourceVersion of the store.
+  uint64_t resourceVersion() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::testing

@@ -1,0 +1,161 @@
+#include "tests/support/apiserver/deployment_simulator.h"
+
+#include <functional>
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string templateHash(const Json& pod_template) {
+  static const char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
+  size_t value = std::hash<std::string>{}(pod_template.dump());
+  std::string hash;
+  for (int i = 0; i < 10; ++i) {
+    hash.push_back(kAlphabet[value % 27]);
+    value /= 27;
+  }
+  return hash;
+}
+
+Json condition(const std::string& type, bool status, const std::string& reason,
+               const std::string& message) {
+  std::string now = nowTimestamp();
+  return {{"type", type},          {"status", status ? "True" : "False"},
+          {"reason", reason},      {"message", message},
+          {"lastUpdateTime", now}, {"lastTransitionTime", now}};
+}
+
+}  // namespace
+
+DeploymentSimulator::DeploymentSimulator(ObjectService& service, Store& store,
+                                         KindRegistry& registry)
+    : service_(service), store_(store), registry_(registry) {}
+
+void DeploymentSimulator::setAuto(bool ready) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto_ = true;
+    ready_ = ready;
+    manual_.clear();
+  }
+  std::optional<KindInfo> kind = registry_.byKind("apps/v1", "Deployment");
+  for (const Json& deployment : store_.list(resourceKey(*kind), "").items) {
+    reconcile(deployment, ready);
+  }
+}
+
+void DeploymentSimulator::onSpecChange(const Json& deployment) {
+  bool ready = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Json& metadata = deployment["metadata"];
+    std::string key = metadata.value("namespace", "") + "/" + metadata.value("name", "");
+    if (!auto_ || manual_.count(key) > 0) return;
+    ready = ready_;
+  }
+  reconcile(deployment, ready);
+}
+
+void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
+  const Json& metadata = deployment["metadata"];
+  const std::string ns = metadata.value("namespace", "");
+  const std::string name = metadata.value("name", "");
+  const std::string uid = metadata.value("uid", "");
+  const Json spec = deployment.value("spec", Json::object());
+  const int64_t replicas = spec.value("replicas", int64_t{1});
+  const Json pod_template = spec.value("template", Json::object());
+  const std::string hash = templateHash(pod_template);
+
+  std::optional<KindInfo> pod_kind = registry_.byKind("v1", "Pod");
+  for (const Json& pod : store_.list(resourceKey(*pod_kind), ns).items) {
+    const Json& pod_metadata = pod["metadata"];
+    bool owned = false;
+    for (const Json& ref : pod_metadata.value("ownerReferences", Json::array())) {
+      owned = owned || ref.value("uid", "") == uid;
+    }
+    if (!owned) continue;
+    std::string pod_name = pod_metadata.value("name", "");
+    bool current = false;
+    for (int64_t i = 0; i < replicas; ++i) {
+      current = current || pod_name == name + "-" + hash + "-" + std::to_string(i);
+    }
+    if (!current) service_.remove(*pod_kind, ns, pod_name, nullptr, false);
+  }
+  Json labels = pod_template.value("metadata", Json::object()).value("labels", Json::object());
+  labels["pod-template-hash"] = hash;
+  for (int64_t i = 0; i < replicas; ++i) {
+    Json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata",
+                 {{"name", name + "-" + hash + "-" + std::to_string(i)},
+                  {"namespace", ns},
+                  {"labels", labels},
+                  {"ownerReferences", Json::array({{{"apiVersion", "apps/v1"},
+                                                    {"kind", "Deployment"},
+                                                    {"name", name},
+                                                    {"uid", uid},
+                                                    {"controller", true},
+                                                    {"blockOwnerDeletion", true}}})}}},
+                {"spec", pod_template.value("spec", Json::object())},
+                {"status",
+                 {{"phase", "Running"},
+                  {"podIP", "10.244.0." + std::to_string(i % 250 + 2)},
+                  {"conditions",
+                   Json::array({{{"type", "Ready"}, {"status", ready ? "True" : "False"}}})}}}};
+    std::optional<Json> existing = store_.get(resourceKey(*pod_kind), ns, pod["metadata"]["name"]);
+    if (existing && existing->value("status", Json::object()) == pod["status"]) continue;
+    service_.put(pod);
+  }
+  Json status = {{"observedGeneration", metadata.value("generation", int64_t{1})}};
+  if (replicas > 0) {
+    status["replicas"] = replicas;
+    status["updatedReplicas"] = replicas;
+    if (ready) {
+      status["readyReplicas"] = replicas;
+      status["availableReplicas"] = replicas;
+    } else {
+      status["unavailableReplicas"] = replicas;
+    }
+  }
+  bool available = ready || replicas == 0;
+  status["conditions"] = Json::array(
+      {condition("Available", available,
+                 available ? "MinimumReplicasAvailable" : "MinimumReplicasUnavailable",
+                 available ? "Deployment has minimum availability."
+                           : "Deployment does not have minimum availability."),
+       condition("Progressing", true, "NewReplicaSetAvailable",
+                 "ReplicaSet \"" + name + "-" + hash + "\" has successfully progressed.")});
+  std::optional<Json> latest =
+      store_.get(resourceKey(*registry_.byKind("apps/v1", "Deployment")), ns, name);
+  if (!latest) return;
+  Json updated = *latest;
+  updated["status"] = status;
+  service_.put(updated);
+}
+
+bool DeploymentSimulator::setStatus(const std::string& ns, const std::string& name,
+                                    int64_t replicas, int64_t updated, int64_t ready) {
+  std::optional<KindInfo> kind = registry_.byKind("apps/v1", "Deployment");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    manual_.insert(ns + "/" + name);
+  }
+  std::optional<Json> deployment = store_.get(resourceKey(*kind), ns, name);
+  if (!deployment) return false;
+  bool available = ready >= deployment->value("spec", Json::object()).value("replicas", int64_t{1});
+  Json status = {{"observedGeneration", (*deployment)["metadata"].value("generation", int64_t{1})},
+                 {"replicas", replicas},
+                 {"updatedReplicas", updated},
+                 {"readyReplicas", ready},
+                 {"availableReplicas", ready}};
+  status["conditions"] = Json::array({condition(
+      "Available", available, available ? "MinimumReplicasAvailable" : "MinimumReplicasUnavailable",
+      available ? "Deployment has minimum availability."
+                : "Deployment does not have minimum availability.")});
+  (*deployment)["status"] = status;
+  service_.put(*deployment);
+  return true;
+}
+
+}  // namespace tandem::testing

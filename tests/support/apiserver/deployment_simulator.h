@@ -1,0 +1,49 @@
+// Plays the Deployment controller and the kubelet for tests: when automatic
+// mode is on, every Deployment whose spec changes gets the status a finished
+// rollout has (all replicas updated; ready and available when `ready`) and
+// Pods named <deployment>-<template hash>-<i> with the template's labels, a
+// pod-template-hash label, an ownerReference to the Deployment, phase
+// Running and a Ready condition. Pods of older templates or beyond
+// spec.replicas are deleted. ReplicaSets are not simulated: Pods are owned
+// by the Deployment directly.
+//
+// Deployments given a status with setStatus() are left alone by automatic
+// mode until setAuto() is called again. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "tests/support/apiserver/object_service.h"
+
+namespace tandem::testing {
+
+class DeploymentSimulator {
+ public:
+  DeploymentSimulator(ObjectService& service, Store& store, KindRegistry& registry);
+
+  // Turns automatic mode on (ready or not), forgets manual statuses and
+  // brings every Deployment to that state now.
+  void setAuto(bool ready);
+  // Called by the object service after a Deployment's creation or spec change.
+  void onSpecChange(const nlohmann::json& deployment);
+  // Sets one Deployment's status fields; false when it does not exist.
+  bool setStatus(const std::string& ns, const std::string& name, int64_t replicas, int64_t updated,
+                 int64_t ready);
+
+ private:
+  void reconcile(const nlohmann::json& deployment, bool ready);
+
+  ObjectService& service_;
+  Store& store_;
+  KindRegistry& registry_;
+  std::mutex mutex_;
+  bool auto_ = false;
+  bool ready_ = false;
+  std::set<std::string> manual_;  // "ns/name"
+};
+
+}  // namespace tandem::testing

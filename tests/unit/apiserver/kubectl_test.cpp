@@ -1,0 +1,217 @@
+// The test API server driven by the real kubectl (the pinned one `make deps`
+// fetches; tests/support/kubectl.h):
+// discovery, CRDs, apply (client- and server-side), get as JSON and as a
+// table, scale, patch, wait and delete, over HTTP and HTTPS.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/subprocess.h"
+#include "tests/support/apiserver/api_server.h"
+#include "tests/support/apiserver/yaml_json.h"
+#include "tests/support/kubectl.h"
+#include "tests/support/test_files.h"
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kPool[] = R"(apiVersion: tandem.dev/v1alpha1
+kind: PrefillPool
+metadata:
+  name: prefill
+spec:
+  model:
+    path: /models/llama
+)";
+
+struct KubectlRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+class KubectlTest : public ::testing::Test {
+ protected:
+  // kubectl sends credentials over HTTPS only: plain HTTP servers accept anyone.
+  void start(ApiServerOptions options = {}) {
+    if (options.tls) options.tokens = {"test-token"};
+    server_ = std::make_unique<ApiServer>(options);
+    kubeconfig_ = server_->writeKubeconfig(dir_.path() / "kubeconfig", "test-token", "default");
+  }
+
+  KubectlRun kubectl(std::vector<std::string> args) {
+    std::vector<std::string> argv = {kubectlPath(), "--kubeconfig", kubeconfig_.string(), "--cache-dir",
+                                     (dir_.path() / "cache").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Subprocess process(argv, dir_.path() / "stderr.txt", {{"HOME", dir_.path().string()}});
+    KubectlRun run;
+    run.out = process.readStdout(std::chrono::seconds(60));
+    run.exit_code = process.wait(std::chrono::seconds(10));
+    run.err = process.stderrText();
+    return run;
+  }
+
+  std::string crds() const { return std::string(TANDEM_SOURCE_DIR) + "/crds"; }
+
+  TempDir dir_{"tandem-kubectl"};
+  std::unique_ptr<ApiServer> server_;
+  std::filesystem::path kubeconfig_;
+};
+
+TEST_F(KubectlTest, Version) {
+  start();
+  KubectlRun run = kubectl({"version", "-o", "json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  Json version = Json::parse(run.out);
+  EXPECT_EQ(version["serverVersion"]["gitVersion"], "v1.32.0");
+}
+
+TEST_F(KubectlTest, ApplyGetScalePatchDeleteACustomResource) {
+  start();
+  KubectlRun applied_crds = kubectl({"apply", "-f", crds()});
+  ASSERT_EQ(applied_crds.exit_code, 0) << applied_crds.err;
+  EXPECT_NE(applied_crds.out.find("customresourcedefinition.apiextensions.k8s.io/"
+                                  "prefillpools.tandem.dev created"),
+            std::string::npos)
+      << applied_crds.out;
+  KubectlRun established = kubectl(
+      {"wait", "--for", "condition=established", "--timeout=30s", "crd/prefillpools.tandem.dev"});
+  ASSERT_EQ(established.exit_code, 0) << established.err;
+
+  std::filesystem::path pool = dir_.write("pool.yaml", kPool);
+  KubectlRun applied = kubectl({"apply", "-f", pool.string()});
+  ASSERT_EQ(applied.exit_code, 0) << applied.err;
+  EXPECT_NE(applied.out.find("prefillpool.tandem.dev/prefill created"), std::string::npos)
+      << applied.out;
+
+  KubectlRun listed = kubectl({"get", "prefillpools", "-o", "json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  Json list = Json::parse(listed.out);
+  ASSERT_EQ(list["items"].size(), 1u);
+  EXPECT_EQ(list["items"][0]["spec"]["replicas"], 1);
+
+  KubectlRun scaled = kubectl({"scale", "prefillpool/prefill", "--replicas=3"});
+  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  EXPECT_EQ(server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill")
+                .value()["spec"]["replicas"],
+            3);
+
+  KubectlRun table = kubectl({"get", "prefillpools"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  // The header is NAME and the CRD's printer columns, upper-cased.
+  Json crd = yamlDocumentsToJson(readFile(crds() + "/prefillpools.tandem.dev.yaml")).at(0);
+  std::string header = "NAME";
+  for (const Json& column : crd["spec"]["versions"][0]["additionalPrinterColumns"]) {
+    std::string name = column["name"];
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    header += " " + name;
+  }
+  std::string first_line = table.out.substr(0, table.out.find('\n'));
+  std::string squeezed;
+  for (char c : first_line) {
+    if (c != ' ' || (!squeezed.empty() && squeezed.back() != ' ')) squeezed.push_back(c);
+  }
+  EXPECT_EQ(squeezed, header) << table.out;
+  EXPECT_NE(table.out.find("prefill"), std::string::npos);
+  EXPECT_NE(table.out.find("/models/llama"), std::string::npos);
+
+  KubectlRun patched = kubectl({"patch", "prefillpool", "prefill", "--type=merge", "-p",
+                                R"({"metadata":{"labels":{"stage":"test"}}})"});
+  ASSERT_EQ(patched.exit_code, 0) << patched.err;
+  Json stored = server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill").value();
+  EXPECT_EQ(stored["metadata"]["labels"]["stage"], "test");
+
+  // Applying the file again leaves kubectl's changes to other fields alone.
+  KubectlRun reapplied = kubectl({"apply", "-f", pool.string()});
+  ASSERT_EQ(reapplied.exit_code, 0) << reapplied.err;
+
+  KubectlRun deleted = kubectl({"delete", "prefillpool", "prefill"});
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_NE(deleted.out.find("prefillpool.tandem.dev \"prefill\" deleted"), std::string::npos)
+      << deleted.out;
+  EXPECT_FALSE(server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill"));
+  EXPECT_GE(server_->writesBy("anonymous"), 5u);
+}
+
+TEST_F(KubectlTest, ServerSideApply) {
+  start();
+  server_->registerCrds(crds());
+  std::filesystem::path pool = dir_.write("pool.yaml", kPool);
+  KubectlRun first = kubectl({"apply", "--server-side", "-f", pool.string()});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.out.find("serverside-applied"), std::string::npos) << first.out;
+  std::string changed = std::string(kPool) + "  replicas: 2\n";
+  dir_.write("pool.yaml", changed);
+  KubectlRun second = kubectl({"apply", "--server-side", "-f", pool.string()});
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  Json stored = server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill").value();
+  EXPECT_EQ(stored["spec"]["replicas"], 2);
+  EXPECT_EQ(stored["metadata"]["generation"], 2);
+}
+
+TEST_F(KubectlTest, GetWatchPrintsRowsForLaterChanges) {
+  start();
+  server_->registerCrds(crds());
+  Subprocess watch({kubectlPath(), "--kubeconfig", kubeconfig_.string(), "--cache-dir",
+                    (dir_.path() / "cache").string(), "get", "prefillpools", "--watch"},
+                   dir_.path() / "watch-stderr.txt", {{"HOME", dir_.path().string()}});
+  // kubectl prints the (empty) list first: wait for the server to see the watch.
+  auto watching = [&] {
+    for (const std::string& line : server_->requestLog()) {
+      if (line.find("prefillpools?") != std::string::npos &&
+          line.find("watch=true") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!watching() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the log
+  }
+  ASSERT_TRUE(watching()) << watch.stderrText();
+  server_->put(yamlToJson(kPool));
+  std::string row = watch.waitForLine("prefill ", std::chrono::seconds(30));
+  EXPECT_NE(row.find("/models/llama"), std::string::npos) << row << watch.stderrText();
+}
+
+TEST_F(KubectlTest, StrictValidationNamesTheUnknownField) {
+  start();
+  server_->registerCrds(crds());
+  std::filesystem::path pool = dir_.write("pool.yaml", std::string(kPool) + "  unknownField: 1\n");
+  KubectlRun run = kubectl({"apply", "-f", pool.string()});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("unknownField"), std::string::npos) << run.err;
+}
+
+TEST_F(KubectlTest, BuiltInKindsOverTls) {
+  ApiServerOptions options;
+  options.tls = true;
+  start(options);
+  // `kubectl create configmap` would send protobuf; a manifest goes as JSON.
+  std::filesystem::path manifest = dir_.write(
+      "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: b\n");
+  KubectlRun created = kubectl({"create", "-f", manifest.string()});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  EXPECT_EQ(server_->writesBy("test-token"), 1u);
+  KubectlRun got = kubectl({"get", "configmap", "settings", "-o", "jsonpath={.data.a}"});
+  ASSERT_EQ(got.exit_code, 0) << got.err;
+  EXPECT_EQ(got.out, "b");
+  KubectlRun labelled = kubectl({"label", "configmap", "settings", "tier=web"});
+  ASSERT_EQ(labelled.exit_code, 0) << labelled.err;
+  KubectlRun selected = kubectl({"get", "configmaps", "-l", "tier=web", "-o", "name"});
+  ASSERT_EQ(selected.exit_code, 0) << selected.err;
+  EXPECT_EQ(selected.out, "configmap/settings\n");
+  KubectlRun table = kubectl({"get", "namespaces"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("default"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::testing
