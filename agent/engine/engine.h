@@ -29,11 +29,11 @@
 #include "agent/engine/kv_events.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
-#include "agent/engine/request.h"
 #include "agent/engine/sampler.h"
 #include "agent/engine/scheduler.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
+#include "common/protocol/request.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 

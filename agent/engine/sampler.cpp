@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -41,13 +40,6 @@ TokenId argmaxFinite(std::span<const float> x) {
   }
   return best_id;
 }
-
-std::string formatNumber(float x) {
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
-  return ec == std::errc() ? std::string(buf, end) : std::to_string(x);
-}
-
 }  // namespace
 
 SamplerRng SamplerRng::forRequest(const SamplingParams& params) {
@@ -315,64 +307,6 @@ std::vector<GeneratedToken> Sampler::sampleBatch(std::span<const SamplerInput> i
   results.reserve(inputs.size());
   for (const SamplerInput& input : inputs) results.push_back(sample(input));
   return results;
-}
-
-Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
-                              int64_t max_model_len, int64_t prompt_len) {
-  // Comparisons are written so that NaN fails them.
-  if (!(params.temperature >= 0.0f && params.temperature <= 2.0f)) {
-    return invalidArgument("temperature must be between 0 and 2, got " +
-                           formatNumber(params.temperature));
-  }
-  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
-    return invalidArgument("top_p must be in (0, 1], got " + formatNumber(params.top_p));
-  }
-  if (params.top_k < -1) {
-    return invalidArgument("top_k must be 0 (disabled) or positive, got " +
-                           std::to_string(params.top_k));
-  }
-  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
-    return invalidArgument("min_p must be between 0 and 1, got " + formatNumber(params.min_p));
-  }
-  if (!(params.frequency_penalty >= -2.0f && params.frequency_penalty <= 2.0f)) {
-    return invalidArgument("frequency_penalty must be between -2 and 2, got " +
-                           formatNumber(params.frequency_penalty));
-  }
-  if (!(params.presence_penalty >= -2.0f && params.presence_penalty <= 2.0f)) {
-    return invalidArgument("presence_penalty must be between -2 and 2, got " +
-                           formatNumber(params.presence_penalty));
-  }
-  if (!(params.repetition_penalty > 0.0f) || std::isinf(params.repetition_penalty)) {
-    return invalidArgument("repetition_penalty must be greater than 0 and finite, got " +
-                           formatNumber(params.repetition_penalty));
-  }
-  if (params.logprobs && (*params.logprobs < 0 || *params.logprobs > kMaxLogprobs)) {
-    return invalidArgument("logprobs must be between 0 and " + std::to_string(kMaxLogprobs) +
-                           ", got " + std::to_string(*params.logprobs));
-  }
-  if (params.max_tokens < 1) {
-    return invalidArgument("max_tokens must be at least 1, got " +
-                           std::to_string(params.max_tokens));
-  }
-  if (params.min_tokens < 0 || params.min_tokens > params.max_tokens) {
-    return invalidArgument("min_tokens must be between 0 and max_tokens (" +
-                           std::to_string(params.max_tokens) + "), got " +
-                           std::to_string(params.min_tokens));
-  }
-  for (TokenId id : params.stop_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return invalidArgument("stop_token_ids must be token ids in [0, " +
-                             std::to_string(vocab_size) + "), got " + std::to_string(id));
-    }
-  }
-  // Written as a subtraction so a huge max_tokens cannot overflow the sum.
-  if (prompt_len > max_model_len || params.max_tokens > max_model_len - prompt_len) {
-    return invalidArgument("prompt (" + std::to_string(prompt_len) + " tokens) plus max_tokens (" +
-                           std::to_string(params.max_tokens) +
-                           ") exceeds the maximum context length of " +
-                           std::to_string(max_model_len) + " tokens");
-  }
-  return Status::ok();
 }
 
 }  // namespace tandem::engine

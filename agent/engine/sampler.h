@@ -42,7 +42,7 @@
 #include <span>
 #include <vector>
 
-#include "agent/engine/request.h"
+#include "common/protocol/request.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -50,9 +50,6 @@ namespace tandem::engine {
 // Below this temperature a request is sampled greedily (vLLM uses the same
 // epsilon); dividing by a tinier temperature would overflow float logits.
 inline constexpr float kGreedyTemperature = 1e-5f;
-
-// Largest accepted SamplingParams::logprobs (OpenAI's limit).
-inline constexpr int32_t kMaxLogprobs = 20;
 
 // Per-request random state. Counter-based: no state advances between steps,
 // so a draw never depends on how many draws came before or from whom.
@@ -101,11 +98,5 @@ class Sampler {
   std::vector<TokenId> candidates_;
   std::vector<float> weights_;  // exp((logit - max) / temperature), up to a common factor
 };
-
-// Checks a request's sampling parameters against the model. Returns
-// InvalidArgument naming the field and the accepted range, e.g.
-// "temperature must be between 0 and 2, got 3.5".
-Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
-                              int64_t max_model_len, int64_t prompt_len);
 
 }  // namespace tandem::engine

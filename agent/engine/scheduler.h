@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "agent/engine/block_manager.h"
-#include "agent/engine/request.h"
+#include "common/protocol/request.h"
 
 namespace tandem::engine {
 

@@ -17,7 +17,7 @@
 
 #include "agent/engine/engine.h"
 #include "agent/server/metrics.h"
-#include "agent/server/openai_protocol.h"
+#include "common/protocol/openai_protocol.h"
 
 namespace tandem::server {
 

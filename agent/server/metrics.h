@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "agent/engine/engine.h"
-#include "agent/engine/request.h"
+#include "common/protocol/request.h"
 
 namespace prometheus {
 class Registry;

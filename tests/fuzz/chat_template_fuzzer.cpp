@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "agent/server/chat_template.h"
+#include "common/protocol/chat_template.h"
 
 namespace {
 

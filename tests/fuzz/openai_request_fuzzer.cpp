@@ -16,7 +16,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "agent/server/openai_protocol.h"
+#include "common/protocol/openai_protocol.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "tools/model/test_model.h"

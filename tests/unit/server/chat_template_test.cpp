@@ -2,7 +2,7 @@
 // (jinja2 with trim_blocks and lstrip_blocks; the expected strings below were
 // produced that way), the spellings of ChatML that are accepted, and the
 // templates that are refused.
-#include "agent/server/chat_template.h"
+#include "common/protocol/chat_template.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // param and message expected; every accepted form parses to the expected
 // engine::Request; response bodies, stream chunks and SSE framing have the
 // expected shape, field by field.
-#include "agent/server/openai_protocol.h"
+#include "common/protocol/openai_protocol.h"
 
 #include <gtest/gtest.h>
 

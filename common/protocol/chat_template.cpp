@@ -1,4 +1,4 @@
-#include "agent/server/chat_template.h"
+#include "common/protocol/chat_template.h"
 
 #include <optional>
 #include <string>

@@ -1,6 +1,9 @@
-// The OpenAI-compatible protocol of the agent's HTTP server, as pure
-// functions: request bodies in, engine::Request or an ApiError out; engine
-// outputs in, response bodies and stream chunks out. No sockets, no engine.
+// The OpenAI-compatible protocol spoken by the agent's HTTP server and by the
+// router, as pure functions: request bodies in, protocol::Request or an
+// ApiError out; engine outputs in, response bodies and stream chunks out. No
+// sockets, no engine: library tandem_protocol, below both the agent and the
+// operator. (Its names keep the namespace tandem::server that the agent's
+// server code has always used for them.)
 //
 // Requests follow OpenAI's /v1/completions and /v1/chat/completions with
 // vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens,
@@ -22,8 +25,8 @@
 #include <utility>
 #include <variant>
 
-#include "agent/engine/request.h"
 #include "common/check.h"
+#include "common/protocol/request.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 
@@ -101,7 +104,7 @@ struct ParsedRequest {
   // left of max_model_len after the prompt. Logprobs were asked for when
   // sampling.logprobs is set; its value is the number of alternatives
   // (completions: `logprobs`; chat: `top_logprobs` with `logprobs: true`).
-  engine::Request request;
+  protocol::Request request;
   std::string model;
   bool chat = false;
   bool stream = false;
@@ -146,21 +149,22 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
 // Folds one step's output into the running total of a non-streamed request:
 // tokens and text appended, finish reason and error taken from the step,
 // token counts kept at their largest.
-void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& step);
+void appendOutput(protocol::RequestOutput& total, const protocol::RequestOutput& step);
 
 // {"prompt_tokens", "completion_tokens", "total_tokens",
 //  "prompt_tokens_details": {"cached_tokens"}}.
-nlohmann::json usageJson(const engine::RequestOutput& output);
+nlohmann::json usageJson(const protocol::RequestOutput& output);
 
 // Complete (non-streamed) bodies from the merged output of a finished
 // request. A request that finished with FinishReason::kError should be
 // answered with engineError() instead.
-nlohmann::json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+nlohmann::json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
                                   const Tokenizer& tokenizer);
-nlohmann::json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+nlohmann::json chatCompletionResponse(const ResponseMeta& meta,
+                                      const protocol::RequestOutput& total,
                                       const Tokenizer& tokenizer);
 // 500 server_error carrying output.error.
-ApiError engineError(const engine::RequestOutput& output);
+ApiError engineError(const protocol::RequestOutput& output);
 
 // Per-stream state the chunk builders carry between calls.
 struct StreamState {
@@ -176,18 +180,18 @@ struct StreamState {
 // "finish_reason"}]}; the first chunk's delta has role "assistant". With
 // include_usage every chunk has "usage": null.
 std::optional<nlohmann::json> completionChunk(const ResponseMeta& meta,
-                                              const engine::RequestOutput& step,
+                                              const protocol::RequestOutput& step,
                                               const Tokenizer& tokenizer, StreamState& state);
 std::optional<nlohmann::json> chatCompletionChunk(const ResponseMeta& meta,
-                                                  const engine::RequestOutput& step,
+                                                  const protocol::RequestOutput& step,
                                                   const Tokenizer& tokenizer, StreamState& state);
 // completionChunk or chatCompletionChunk, by meta.chat.
 std::optional<nlohmann::json> streamChunk(const ResponseMeta& meta,
-                                          const engine::RequestOutput& step,
+                                          const protocol::RequestOutput& step,
                                           const Tokenizer& tokenizer, StreamState& state);
 // The last chunk before [DONE] when include_usage: "choices": [] and usage
 // from the final output.
-nlohmann::json usageChunk(const ResponseMeta& meta, const engine::RequestOutput& final_output);
+nlohmann::json usageChunk(const ResponseMeta& meta, const protocol::RequestOutput& final_output);
 
 // Server-sent events framing: "data: <compact json>\n\n". Invalid UTF-8 in
 // strings is replaced by U+FFFD rather than failing.

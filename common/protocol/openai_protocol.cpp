@@ -1,4 +1,4 @@
-#include "agent/server/openai_protocol.h"
+#include "common/protocol/openai_protocol.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,9 +8,8 @@
 #include <limits>
 #include <vector>
 
-#include "agent/engine/sampler.h"
-#include "agent/server/chat_template.h"
 #include "common/json_parse.h"
+#include "common/protocol/chat_template.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::server {
@@ -270,7 +269,7 @@ void refuseUnsupported(FieldReader& fields, std::initializer_list<const char*> n
 
 // The fields shared by /v1/completions and /v1/chat/completions.
 void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedRequest& parsed) {
-  engine::SamplingParams& sampling = parsed.request.sampling;
+  protocol::SamplingParams& sampling = parsed.request.sampling;
   fields.readFloat("temperature", &sampling.temperature);
   fields.readFloat("top_p", &sampling.top_p);
   int64_t integer = 0;
@@ -461,8 +460,8 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
                           max_tokens_name);
   }
   parsed.request.sampling.max_tokens = max_tokens.value_or(room);
-  const Status status = engine::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
-                                                       limits.max_model_len, prompt_len);
+  const Status status = protocol::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
+                                                         limits.max_model_len, prompt_len);
   if (!status.isOk()) return fromStatus(status, leadingField(status.message()));
   return std::nullopt;
 }

@@ -1,7 +1,12 @@
 // What a client asks of the engine and what the engine reports back.
 //
-// Plain value types shared by the server (which builds them from OpenAI
-// requests), the scheduler, the sampler and the output path. No behaviour.
+// Plain value types shared by the OpenAI protocol code (which builds them
+// from request bodies, in the agent and in the router), the engine's
+// scheduler, sampler and output path; plus the check of sampling parameters
+// against a model's limits. No other behaviour; nothing here knows the engine.
+//
+// The engine names these types as its own (tandem::engine::Request, ...):
+// the using-declarations at the end of this file.
 #pragma once
 
 #include <chrono>
@@ -12,9 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/status.h"
 #include "common/tokenizer.h"
 
-namespace tandem::engine {
+namespace tandem::protocol {
 
 using Clock = std::chrono::steady_clock;
 
@@ -93,5 +99,30 @@ struct RequestOutput {
 
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };
+
+// Largest accepted SamplingParams::logprobs (OpenAI's limit).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// Checks a request's sampling parameters against the model. Returns
+// InvalidArgument naming the field and the accepted range, e.g.
+// "temperature must be between 0 and 2, got 3.5".
+Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
+                              int64_t max_model_len, int64_t prompt_len);
+
+}  // namespace tandem::protocol
+
+namespace tandem::engine {
+
+using protocol::Clock;
+using protocol::FinishReason;
+using protocol::finishReasonName;
+using protocol::GeneratedToken;
+using protocol::kMaxLogprobs;
+using protocol::Request;
+using protocol::RequestOutput;
+using protocol::RequestTimings;
+using protocol::SamplingParams;
+using protocol::TokenLogprob;
+using protocol::validateSamplingParams;
 
 }  // namespace tandem::engine

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "agent/server/openai_protocol.h"
+#include "common/protocol/openai_protocol.h"
 
 namespace tandem::server {
 namespace {
@@ -51,9 +51,9 @@ double reportedLogprob(float logprob) {
   return std::isfinite(logprob) ? static_cast<double>(logprob) : kMinReportedLogprob;
 }
 
-json finishReasonJson(engine::FinishReason reason) {
-  if (reason == engine::FinishReason::kNone) return nullptr;
-  return engine::finishReasonName(reason);
+json finishReasonJson(protocol::FinishReason reason) {
+  if (reason == protocol::FinishReason::kNone) return nullptr;
+  return protocol::finishReasonName(reason);
 }
 
 json byteList(const std::string& bytes) {
@@ -63,11 +63,11 @@ json byteList(const std::string& bytes) {
 }
 
 // Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
-json chatLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedToken>& tokens,
+json chatLogprobs(const ResponseMeta& meta, const std::vector<protocol::GeneratedToken>& tokens,
                   const Tokenizer& tokenizer) {
   json content = json::array();
   const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
-  for (const engine::GeneratedToken& token : tokens) {
+  for (const protocol::GeneratedToken& token : tokens) {
     json top = json::array();
     for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
       top.push_back({{"token", logprobTokenText(tokenizer, token.top[i].token)},
@@ -88,14 +88,15 @@ json chatLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedT
 // that starts inside a character taking that character's offset; special
 // tokens count as empty when skip_special_tokens. `text_chars` carries the
 // count across stream chunks.
-json completionLogprobs(const ResponseMeta& meta, const std::vector<engine::GeneratedToken>& tokens,
+json completionLogprobs(const ResponseMeta& meta,
+                        const std::vector<protocol::GeneratedToken>& tokens,
                         const Tokenizer& tokenizer, int64_t& text_chars) {
   json token_texts = json::array();
   json token_logprobs = json::array();
   json top_logprobs = json::array();
   json text_offset = json::array();
   const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
-  for (const engine::GeneratedToken& token : tokens) {
+  for (const protocol::GeneratedToken& token : tokens) {
     const std::string text = logprobTokenText(tokenizer, token.token);
     json top = json::object();
     for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
@@ -141,7 +142,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   return meta;
 }
 
-void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& step) {
+void appendOutput(protocol::RequestOutput& total, const protocol::RequestOutput& step) {
   if (total.request_id.empty()) total.request_id = step.request_id;
   total.tokens.insert(total.tokens.end(), step.tokens.begin(), step.tokens.end());
   total.text += step.text;
@@ -154,7 +155,7 @@ void appendOutput(engine::RequestOutput& total, const engine::RequestOutput& ste
   total.timings = step.timings;
 }
 
-json usageJson(const engine::RequestOutput& output) {
+json usageJson(const protocol::RequestOutput& output) {
   return {{"prompt_tokens", output.num_prompt_tokens},
           {"completion_tokens", output.num_generated_tokens},
           {"total_tokens", output.num_prompt_tokens + output.num_generated_tokens},
@@ -164,7 +165,7 @@ json usageJson(const engine::RequestOutput& output) {
 namespace {
 
 // The token ids of `tokens`, for return_token_ids.
-json tokenIdsJson(const std::vector<engine::GeneratedToken>& tokens) {
+json tokenIdsJson(const std::vector<protocol::GeneratedToken>& tokens) {
   json ids = json::array();
   for (const auto& token : tokens) ids.push_back(token.token);
   return ids;
@@ -172,7 +173,7 @@ json tokenIdsJson(const std::vector<engine::GeneratedToken>& tokens) {
 
 }  // namespace
 
-json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
                         const Tokenizer& tokenizer) {
   json response = responseHead(meta, "text_completion");
   int64_t text_chars = 0;
@@ -189,7 +190,7 @@ json completionResponse(const ResponseMeta& meta, const engine::RequestOutput& t
   return response;
 }
 
-json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutput& total,
+json chatCompletionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
                             const Tokenizer& tokenizer) {
   json response = responseHead(meta, "chat.completion");
   json choice = {
@@ -204,11 +205,11 @@ json chatCompletionResponse(const ResponseMeta& meta, const engine::RequestOutpu
   return response;
 }
 
-ApiError engineError(const engine::RequestOutput& output) {
+ApiError engineError(const protocol::RequestOutput& output) {
   return serverError(output.error.empty() ? "the engine failed while generating" : output.error);
 }
 
-std::optional<json> completionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::RequestOutput& step,
                                     const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
   const bool has_ids = meta.return_token_ids && !step.tokens.empty();
@@ -226,7 +227,8 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const engine::Requ
   return chunk;
 }
 
-std::optional<json> chatCompletionChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+std::optional<json> chatCompletionChunk(const ResponseMeta& meta,
+                                        const protocol::RequestOutput& step,
                                         const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
   const bool has_ids = meta.return_token_ids && !step.tokens.empty();
@@ -253,13 +255,13 @@ std::optional<json> chatCompletionChunk(const ResponseMeta& meta, const engine::
   return chunk;
 }
 
-std::optional<json> streamChunk(const ResponseMeta& meta, const engine::RequestOutput& step,
+std::optional<json> streamChunk(const ResponseMeta& meta, const protocol::RequestOutput& step,
                                 const Tokenizer& tokenizer, StreamState& state) {
   return meta.chat ? chatCompletionChunk(meta, step, tokenizer, state)
                    : completionChunk(meta, step, tokenizer, state);
 }
 
-json usageChunk(const ResponseMeta& meta, const engine::RequestOutput& final_output) {
+json usageChunk(const ResponseMeta& meta, const protocol::RequestOutput& final_output) {
   json chunk = responseHead(meta, meta.chat ? "chat.completion.chunk" : "text_completion");
   chunk["choices"] = json::array();
   chunk["usage"] = usageJson(final_output);
