@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "agent/server/openai_protocol.h"
 #include "common/block_hash.h"
 #include "common/logging.h"
 #include "common/prometheus_text.h"
+#include "common/protocol/openai_protocol.h"
 #include "common/tokenizer.h"
 #include "operator/router/admission_gate.h"
 #include "operator/router/client_connection.h"
@@ -74,6 +74,12 @@ struct ModelInfo {
   int64_t max_model_len = 0;
 };
 
+// The Host header for an agent: an IPv6 literal goes in brackets.
+std::string hostHeader(const AgentEndpoint& endpoint) {
+  const bool ipv6 = endpoint.host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" + std::to_string(endpoint.port);
+}
+
 // One agent and what the router knows of it.
 struct AgentState {
   AgentEndpoint endpoint;
@@ -117,7 +123,7 @@ class InflightGuard {
 
 // Request bodies the router builds (kept out of coroutines: GCC 12 cannot
 // put brace-initialized JSON with string literals in a coroutine frame).
-std::string holdBody(const engine::Request& request) {
+std::string holdBody(const protocol::Request& request) {
   json hold = {{"token_ids", request.prompt}};
   if (!request.cache_salt.empty()) hold["cache_salt"] = request.cache_salt;
   return hold.dump();
@@ -216,6 +222,7 @@ class Router::Impl {
 
   void setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode) {
     std::vector<AgentPtr> added;
+    int64_t num_prefill = 0, num_decode = 0;
     {
       std::lock_guard<std::mutex> lock(agents_mutex_);
       std::map<std::string, AgentPtr> next;
@@ -237,17 +244,23 @@ class Router::Impl {
       for (auto& [name, agent] : agents_) {
         auto it = next.find(name);
         if (it == next.end() || it->second != agent) {
+          // A changed address or role is a new agent (a restarted pod): the
+          // blocks the old one held are not the new one's.
           agent->listed = false;
           index_.remove(name);
+          if (it == next.end()) metrics_.removeAgent(name);
         }
       }
       agents_ = std::move(next);
-    }
-    // Every listed agent has its series from the start (unhealthy until its
-    // first successful poll).
-    for (const AgentPtr& agent : added) {
-      metrics_.setAgentHealthy(agent->endpoint.name, false);
-      metrics_.setIndexBlocks(agent->endpoint.name, 0);
+      for (const auto& [name, agent] : agents_) ++(agent->prefill ? num_prefill : num_decode);
+      metrics_.setAgentCount("prefill", num_prefill);
+      metrics_.setAgentCount("decode", num_decode);
+      // Every listed agent has its series from the start (unhealthy until its
+      // first successful poll).
+      for (const AgentPtr& agent : added) {
+        metrics_.setAgentHealthy(agent->endpoint.name, false);
+        metrics_.setIndexBlocks(agent->endpoint.name, 0);
+      }
     }
     if (!started_) return;  // start() spawns the watchers
     for (const AgentPtr& agent : added) watch(agent);
@@ -294,6 +307,20 @@ class Router::Impl {
     co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
   }
 
+  // An agent's series change only while it is listed: setAgents unlists
+  // agents and removes their series under the same lock, so a loop of an
+  // agent just removed or replaced never brings them back.
+  void setHealthyIfListed(const AgentState& agent, bool healthy) {
+    std::lock_guard<std::mutex> lock(agents_mutex_);
+    if (agent.listed) metrics_.setAgentHealthy(agent.endpoint.name, healthy);
+  }
+  void setIndexBlocksIfListed(const AgentState& agent) {
+    std::lock_guard<std::mutex> lock(agents_mutex_);
+    if (agent.listed) {
+      metrics_.setIndexBlocks(agent.endpoint.name, index_.numBlocks(agent.endpoint.name));
+    }
+  }
+
   awaitable<void> pollLoop(AgentPtr agent) {
     while (!stopping_ && agent->listed) {
       UpstreamResult health = co_await call(agent->endpoint, http::verb::get,
@@ -316,10 +343,10 @@ class Router::Impl {
         TANDEM_LOG(kInfo) << "router: agent " << agent->endpoint.name << " is "
                           << (healthy ? "healthy" : "unhealthy");
       }
-      metrics_.setAgentHealthy(agent->endpoint.name, healthy);
+      setHealthyIfListed(*agent, healthy);
       co_await sleep(config_.poll_interval_s);
     }
-    metrics_.setAgentHealthy(agent->endpoint.name, false);
+    setHealthyIfListed(*agent, false);
   }
 
   awaitable<void> learnModel(const AgentPtr& agent) {
@@ -376,7 +403,7 @@ class Router::Impl {
             agent->endpoint.host, std::to_string(agent->endpoint.port), use_awaitable);
         co_await stream.async_connect(results, use_awaitable);
         http::request<http::empty_body> request{http::verb::get, "/v1/kv_events?since=0", 11};
-        request.set(http::field::host, agent->endpoint.host);
+        request.set(http::field::host, hostHeader(agent->endpoint));
         co_await http::async_write(stream, request, use_awaitable);
         beast::flat_buffer buffer;
         http::response_parser<http::buffer_body> parser;
@@ -404,16 +431,20 @@ class Router::Impl {
             json parsed = json::parse(event.substr(6), nullptr, false);
             // Once replaced under the same name (a restart), the index entry
             // belongs to the new agent: this stream's events stay out.
+            std::lock_guard<std::mutex> lock(agents_mutex_);
             if (!agent->listed) break;
             if (!index_.apply(name, parsed)) gap = true;
           }
-          if (agent->listed) metrics_.setIndexBlocks(name, index_.numBlocks(name));
+          setIndexBlocksIfListed(*agent);
         }
       } catch (const std::exception&) {
       }
-      if (!agent->listed) break;  // replaced or removed: the index is not ours
-      index_.untrust(name);
-      metrics_.setIndexBlocks(name, 0);
+      {
+        std::lock_guard<std::mutex> lock(agents_mutex_);
+        if (!agent->listed) break;  // replaced or removed: the index is not ours
+        index_.untrust(name);
+        metrics_.setIndexBlocks(name, 0);
+      }
       if (!stopping_ && agent->listed) co_await sleep(0.5);
     }
   }
@@ -441,7 +472,7 @@ class Router::Impl {
                                                      use_awaitable);
       co_await stream.async_connect(results, use_awaitable);
       http::request<http::string_body> request{verb, target, 11};
-      request.set(http::field::host, endpoint.host);
+      request.set(http::field::host, hostHeader(endpoint));
       if (!body.empty()) {
         request.set(http::field::content_type, "application/json");
         request.body() = body;
@@ -678,7 +709,7 @@ class Router::Impl {
     }
     json body = json::parse(body_text);
     body.erase("kv_transfer_params");  // only the router sets these
-    const engine::Request& request = parsed.value().request;
+    const protocol::Request& request = parsed.value().request;
     const bool streaming = parsed.value().stream;
 
     const auto decide_start = Clock::now();
@@ -784,7 +815,8 @@ class Router::Impl {
   // Prefills on the chosen prefill agent (others on failure); with pull-back
   // the decode agent first lends the prefix it holds.
   awaitable<Handoff> prefillOn(ClientConnection& client, const json& body,
-                               const engine::Request& request, const std::vector<BlockHash>& hashes,
+                               const protocol::Request& request,
+                               const std::vector<BlockHash>& hashes,
                                const std::vector<AgentPtr>& prefill_agents,
                                const DecisionInput& input, const Decision& decision,
                                const AgentPtr& decode) {
@@ -893,7 +925,7 @@ class Router::Impl {
           decode->endpoint.host, std::to_string(decode->endpoint.port), use_awaitable);
       co_await upstream.async_connect(results, use_awaitable);
       http::request<http::string_body> request{http::verb::post, target, 11};
-      request.set(http::field::host, decode->endpoint.host);
+      request.set(http::field::host, hostHeader(decode->endpoint));
       request.set(http::field::content_type, "application/json");
       request.body() = request_body;
       request.prepare_payload();

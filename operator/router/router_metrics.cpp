@@ -70,6 +70,11 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                  .Help("Completion requests waiting for an admission slot.")
                  .Register(*registry_)
                  .Add({});
+  agents_ = &BuildGauge()
+                 .Name("tandem_router_agents")
+                 .Help("Agents the router may send work to, by role.")
+                 .Register(*registry_);
+  for (const char* role : {"prefill", "decode"}) agents_->Add({{"role", role}});
   agent_healthy_ = &BuildGauge()
                         .Name("tandem_router_agent_healthy")
                         .Help("1 while the agent answers /health.")
@@ -134,6 +139,18 @@ void RouterMetrics::setAdmission(int64_t inflight, int64_t queued) {
   std::lock_guard<std::mutex> lock(mutex_);
   inflight_->Set(static_cast<double>(inflight));
   queued_->Set(static_cast<double>(queued));
+}
+
+void RouterMetrics::setAgentCount(const std::string& role, int64_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  agents_->Add({{"role", role}}).Set(static_cast<double>(count));
+}
+
+void RouterMetrics::removeAgent(const std::string& agent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const prometheus::Labels labels = {{"agent", agent}};
+  if (agent_healthy_->Has(labels)) agent_healthy_->Remove(&agent_healthy_->Add(labels));
+  if (index_blocks_->Has(labels)) index_blocks_->Remove(&index_blocks_->Add(labels));
 }
 
 void RouterMetrics::setAgentHealthy(const std::string& agent, bool healthy) {

@@ -1,7 +1,8 @@
 // The router's Prometheus metrics (docs/metrics.md, "Router"): decisions,
 // decision time, prefix overlap, client-side TTFT / ITL / end-to-end
 // latency, upstream errors, client aborts by stage, admission (in flight,
-// queued) and each agent's health and index size.
+// queued), the agents listed per role and each listed agent's health and
+// index size.
 // Thread-safe.
 #pragma once
 
@@ -35,6 +36,10 @@ class RouterMetrics {
   // stage: queued, prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
   void setAdmission(int64_t inflight, int64_t queued);
+  // How many agents of a role ("prefill", "decode") the router has.
+  void setAgentCount(const std::string& role, int64_t count);
+  // The agent left the router's list: its health and index series go away.
+  void removeAgent(const std::string& agent);
   void setAgentHealthy(const std::string& agent, bool healthy);
   void setIndexBlocks(const std::string& agent, int64_t blocks);
 
@@ -48,6 +53,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* client_aborts_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* queued_;
+  prometheus::Family<prometheus::Gauge>* agents_;
   prometheus::Family<prometheus::Gauge>* agent_healthy_;
   prometheus::Family<prometheus::Gauge>* index_blocks_;
   prometheus::Histogram* decision_seconds_;

@@ -1,0 +1,87 @@
+#include "operator/router/router_metrics.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <optional>
+#include <string>
+
+#include "common/prometheus_text.h"
+#include "operator/router/router.h"
+
+namespace tandem::router {
+namespace {
+
+std::optional<double> sample(const std::string& text, const std::string& name,
+                             const std::string& labels) {
+  return prometheusSample(text, name, labels);
+}
+
+TEST(RouterMetricsTest, AgentCountsAndRemovedAgentsSeries) {
+  RouterMetrics metrics;
+  std::string text = metrics.render();
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"prefill\""), 0);
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"decode\""), 0);
+
+  metrics.setAgentCount("decode", 2);
+  metrics.setAgentHealthy("decode-a", true);
+  metrics.setIndexBlocks("decode-a", 7);
+  metrics.setAgentHealthy("decode-b", false);
+  text = metrics.render();
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"decode\""), 2);
+  EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-a\""), 1);
+  EXPECT_EQ(sample(text, "tandem_router_index_blocks", "agent=\"decode-a\""), 7);
+
+  metrics.removeAgent("decode-a");
+  metrics.removeAgent("never-listed");  // nothing to remove: no effect
+  text = metrics.render();
+  EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-a\""), std::nullopt);
+  EXPECT_EQ(sample(text, "tandem_router_index_blocks", "agent=\"decode-a\""), std::nullopt);
+  EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-b\""), 0);
+}
+
+// The router's /metrics follows setAgents: counts per role, and a series for
+// each listed agent only. Agents are on a port nothing listens on, so none
+// becomes healthy.
+TEST(RouterMetricsTest, RouterMetricsFollowTheAgentSet) {
+  RouterConfig config;
+  config.port = 0;
+  config.poll_interval_s = 0.05;
+  config.prefill = {{"prefill-a", "127.0.0.1", 9}};
+  config.decode = {{"decode-a", "127.0.0.1", 9}, {"decode-b", "127.0.0.1", 9}};
+  Router router(config);
+  router.start();
+  httplib::Client client("127.0.0.1", router.port());
+  auto metricsText = [&] {
+    auto res = client.Get("/metrics");
+    return res && res->status == 200 ? res->body : std::string();
+  };
+
+  std::string text = metricsText();
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"prefill\""), 1);
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"decode\""), 2);
+  for (const char* agent : {"prefill-a", "decode-a", "decode-b"}) {
+    EXPECT_EQ(sample(text, "tandem_router_agent_healthy", std::string("agent=\"") + agent + "\""),
+              0)
+        << agent;
+  }
+
+  // decode-b restarted elsewhere (same name, new address); decode-a left.
+  router.setAgents({{"prefill-a", "127.0.0.1", 9}}, {{"decode-b", "127.0.0.2", 9}});
+  text = metricsText();
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"prefill\""), 1);
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"decode\""), 1);
+  EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-a\""), std::nullopt);
+  EXPECT_EQ(sample(text, "tandem_router_index_blocks", "agent=\"decode-a\""), std::nullopt);
+  EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-b\""), 0);
+
+  router.setAgents({}, {});
+  text = metricsText();
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"prefill\""), 0);
+  EXPECT_EQ(sample(text, "tandem_router_agents", "role=\"decode\""), 0);
+  EXPECT_EQ(text.find("agent=\""), std::string::npos) << text;
+  router.stop(0);
+}
+
+}  // namespace
+}  // namespace tandem::router
