@@ -1,9 +1,13 @@
 // tandem-operator. Subcommands:
 //   local   — the pools of a cluster file as local agent processes behind one
 //             router (docs/local-mode.md)
-//   router  — the router alone, in front of agents given by address
-// Both print "router listening on HOST:PORT" on stdout once they serve, and
-// stop cleanly on SIGINT or SIGTERM.
+//   router  — the router alone, in front of agents given by address, or
+//             (--discover) the ready agents of pools found in a Kubernetes
+//             cluster through their Services' EndpointSlices
+//   controller — the Kubernetes controller (docs/kubernetes.md)
+// local and router print "router listening on HOST:PORT" on stdout once they
+// serve; controller prints "controller started". All stop cleanly on SIGINT
+// or SIGTERM.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -20,8 +25,12 @@
 
 #include "common/logging.h"
 #include "common/status.h"
+#include "operator/k8s/api_client.h"
+#include "operator/k8s/kube_config.h"
+#include "operator/controller/controller_command.h"
 #include "operator/local/cluster_spec.h"
 #include "operator/local/local_mode.h"
+#include "operator/router/endpoint_discovery.h"
 #include "operator/router/router.h"
 
 namespace {
@@ -219,6 +228,12 @@ struct RouterFlags {
   std::string model_dir;
   double poll_interval_s = 0;
   double shutdown_timeout_s = 10;
+  // In-cluster discovery.
+  bool discover = false;
+  std::string ns;
+  std::string kubeconfig;
+  std::vector<std::string> prefill_pools;
+  std::vector<std::string> decode_pools;
 };
 
 CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
@@ -271,6 +286,17 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                    "seconds in-flight requests get after SIGTERM")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  command->add_flag("--discover", flags.discover,
+                    "find agents in a Kubernetes cluster: the ready endpoints of the "
+                    "--prefill-pool and --decode-pool Services (their EndpointSlices)");
+  command->add_option("--namespace", flags.ns,
+                      "namespace of the pools (default: the kubeconfig context's, or the pod's)");
+  command->add_option("--kubeconfig", flags.kubeconfig,
+                      "kubeconfig file (default: $KUBECONFIG, in-cluster, then ~/.kube/config)");
+  command->add_option("--prefill-pool", flags.prefill_pools,
+                      "with --discover: a prefill pool (Service) name (repeatable)");
+  command->add_option("--decode-pool", flags.decode_pools,
+                      "with --discover: a decode pool (Service) name (repeatable)");
   return command;
 }
 
@@ -283,6 +309,25 @@ std::vector<AgentEndpoint> endpointsFromFlags(const std::vector<std::string>& te
     endpoints.push_back({agent.name, agent.host, agent.port});
   }
   return endpoints;
+}
+
+// Discovery and agents given by address exclude each other; pools are
+// named with discovery only, and it needs a decode pool (without prefill
+// pools every prompt is prefilled on a decode agent).
+void checkDiscoveryFlags(const RouterFlags& flags, const RouterConfig& config) {
+  if (!flags.discover) {
+    if (!flags.prefill_pools.empty() || !flags.decode_pools.empty() || !flags.ns.empty() ||
+        !flags.kubeconfig.empty()) {
+      throw Error("--prefill-pool, --decode-pool, --namespace and --kubeconfig need --discover");
+    }
+    return;
+  }
+  if (flags.decode_pools.empty()) throw Error("--discover needs at least one --decode-pool");
+  if (!config.prefill.empty() || !config.decode.empty()) {
+    throw Error(
+        "--discover finds the agents itself: drop --prefill/--decode (and the Router "
+        "document's agent lists)");
+  }
 }
 
 int runRouter(CLI::App& command, const RouterFlags& flags) {
@@ -306,6 +351,7 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--threads")) config.threads = flags.threads;
   if (given("--model-dir")) config.model_dir = flags.model_dir;
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;
+  checkDiscoveryFlags(flags, config);
 
   std::mutex mutex;
   std::condition_variable signalled;
@@ -318,30 +364,60 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   });
   const std::string host = config.host;
   tandem::router::Router router(std::move(config));
+  // Discovery is set up (and its configuration checked) before the router
+  // listens, and reports agents once it runs.
+  std::unique_ptr<tandem::k8s::ApiClient> client;
+  std::unique_ptr<tandem::router::EndpointDiscovery> discovery;
+  if (flags.discover) {
+    std::optional<fs::path> kubeconfig;
+    if (!flags.kubeconfig.empty()) kubeconfig = flags.kubeconfig;
+    client =
+        std::make_unique<tandem::k8s::ApiClient>(tandem::k8s::resolveClusterConfig(kubeconfig));
+    const std::string ns = flags.ns.empty() ? client->config().default_namespace : flags.ns;
+    discovery = std::make_unique<tandem::router::EndpointDiscovery>(
+        *client, ns, tandem::router::DiscoveryPools{flags.prefill_pools, flags.decode_pools},
+        [&router](const tandem::router::DiscoveredAgents& agents) {
+          router.setAgents(agents.prefill, agents.decode);
+        });
+  }
   router.start();
+  if (discovery) discovery->start();
   std::printf("router listening on %s:%d\n", host.c_str(), router.port());
   std::fflush(stdout);
   {
     std::unique_lock<std::mutex> lock(mutex);
     signalled.wait(lock, [&] { return stop; });
   }
+  if (discovery) discovery->stop();
   router.stop(flags.shutdown_timeout_s);
   return 0;
+}
+
+int runController(const tandem::controller::ControllerFlags& flags) {
+  std::atomic<bool> stop{false};
+  SignalWatcher signals([&stop](int signal_number) {
+    TANDEM_LOG(kInfo) << "controller: signal " << signal_number << ": stopping";
+    stop = true;
+  });
+  return tandem::controller::runController(flags, [&stop] { return stop.load(); });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tandem-operator: the KV-aware router and local mode"};
+  CLI::App app{"tandem-operator: the KV-aware router, local mode and the Kubernetes controller"};
   app.require_subcommand(1);
   LocalFlags local_flags;
   CLI::App* local = addLocalCommand(app, local_flags);
   RouterFlags router_flags;
   CLI::App* router = addRouterCommand(app, router_flags);
+  tandem::controller::ControllerFlags controller_flags;
+  CLI::App* controller = tandem::controller::addControllerCommand(app, controller_flags);
   CLI11_PARSE(app, argc, argv);
   try {
     if (local->parsed()) return runLocal(*local, local_flags);
     if (router->parsed()) return runRouter(*router, router_flags);
+    if (controller->parsed()) return runController(controller_flags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-operator: %s\n", e.what());
     return 1;

@@ -1,5 +1,6 @@
 #include "operator/local/agent_command.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -23,7 +24,7 @@ std::string kvTransferConfigJson(const PoolSpec& pool) {
 
 std::vector<std::string> agentArguments(const PoolSpec& pool,
                                         const std::filesystem::path& agent_binary,
-                                        const std::string& host, int port) {
+                                        const std::string& host, int port, bool insecure_kv) {
   const EngineSpec& engine = pool.engine;
   std::vector<std::string> argv = {agent_binary.string()};
   // --threads belongs to the program, before the subcommand.
@@ -50,6 +51,10 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
   if (engine.prefix_caching_hash) add("--prefix-caching-hash", *engine.prefix_caching_hash);
   if (engine.shutdown_timeout_s) add("--shutdown-timeout", numberText(*engine.shutdown_timeout_s));
   add("--kv-transfer-config", kvTransferConfigJson(pool));
+  const auto& extra = pool.extra_args;
+  if (insecure_kv && std::find(extra.begin(), extra.end(), "--insecure-kv") == extra.end()) {
+    argv.push_back("--insecure-kv");
+  }
   argv.insert(argv.end(), pool.extra_args.begin(), pool.extra_args.end());
   return argv;
 }

@@ -13,10 +13,14 @@ namespace tandem::local {
 
 // argv for one agent of `pool` listening on host:port (0: a free port, which
 // the agent prints as "listening on HOST:PORT"). Only the engine fields the
-// spec sets are passed; the agent's defaults hold for the rest.
+// spec sets are passed; the agent's defaults hold for the rest. `insecure_kv`
+// adds --insecure-kv before spec.extraArgs (unless they hold it already): a
+// KV producer on a non-loopback host without a shared secret (Kubernetes
+// without kvTransfer.secretRef) is refused by the agent otherwise.
 std::vector<std::string> agentArguments(const PoolSpec& pool,
                                         const std::filesystem::path& agent_binary,
-                                        const std::string& host, int port);
+                                        const std::string& host, int port,
+                                        bool insecure_kv = false);
 
 // The pool's --kv-transfer-config: vLLM's shape, {"kv_connector", "kv_role",
 // "kv_connector_extra_config"}.

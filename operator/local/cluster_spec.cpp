@@ -28,6 +28,8 @@ struct DocumentContext {
   int index = 0;
   std::string kind;
   std::string name;
+  // False for objects from the API: their line numbers mean nothing to a user.
+  bool show_lines = true;
 
   // "document 2 (DecodePool \"decode\")"
   std::string label() const {
@@ -39,7 +41,8 @@ struct DocumentContext {
     }
     return text;
   }
-  std::string where() const { return source + ": " + label(); }
+  // An object from the API (index 0) is named by `source` alone.
+  std::string where() const { return index == 0 ? source : source + ": " + label(); }
 };
 
 // Set while poolSpecFieldPaths() parses its sample: every field path read.
@@ -53,7 +56,8 @@ std::string lineOf(const YAML::Node& node) {
 
 [[noreturn]] void fail(const DocumentContext& context, const std::string& path,
                        const std::string& problem, const YAML::Node& node) {
-  throw Error(context.where() + ": " + path + " " + problem + lineOf(node));
+  throw Error(context.where() + ": " + path + " " + problem +
+              (context.show_lines ? lineOf(node) : ""));
 }
 
 // How a value was written, for "got ..." in messages.
@@ -311,6 +315,42 @@ void checkResources(const YAML::Node& node, const std::string& path,
   resources.rejectUnknown();
 }
 
+// spec.model.volume / spec.modelVolume: one of persistentVolumeClaim and hostPath.
+ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
+                                const DocumentContext& context) {
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  ModelVolumeSpec volume;
+  if (auto claim = reader.get("persistentVolumeClaim")) {
+    const std::string claim_path = reader.pathOf("persistentVolumeClaim");
+    requireMapping(*claim, claim_path, context);
+    MapReader claim_reader(*claim, claim_path, context);
+    volume.claim_name =
+        readString(claim_reader.require("claimName"), claim_reader.pathOf("claimName"), context);
+    if (auto read_only = claim_reader.get("readOnly")) {
+      volume.claim_read_only = readBool(*read_only, claim_reader.pathOf("readOnly"), context);
+    }
+    claim_reader.rejectUnknown();
+  }
+  if (auto host = reader.get("hostPath")) {
+    const std::string host_path = reader.pathOf("hostPath");
+    requireMapping(*host, host_path, context);
+    MapReader host_reader(*host, host_path, context);
+    volume.host_path = readString(host_reader.require("path"), host_reader.pathOf("path"), context);
+    host_reader.rejectUnknown();
+  }
+  if (auto sub_path = reader.get("subPath")) {
+    volume.sub_path = readString(*sub_path, reader.pathOf("subPath"), context);
+  }
+  reader.rejectUnknown();
+  // The field-listing sample sets both sources to reach every field.
+  const bool listing_fields = field_collector != nullptr;
+  if (!listing_fields && volume.claim_name.empty() == volume.host_path.empty()) {
+    fail(context, path, "must set one of persistentVolumeClaim and hostPath", node);
+  }
+  return volume;
+}
+
 EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
   const std::string path = "spec.engine";
   requireMapping(node, path, context);
@@ -374,9 +414,11 @@ KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,
     const std::string secret_path = reader.pathOf("secretRef");
     requireMapping(*value, secret_path, context);
     MapReader secret(*value, secret_path, context);
-    readString(secret.require("name"), secret.pathOf("name"), context);
-    readString(secret.require("key"), secret.pathOf("key"), context);
+    SecretKeyRef ref;
+    ref.name = readString(secret.require("name"), secret.pathOf("name"), context);
+    ref.key = readString(secret.require("key"), secret.pathOf("key"), context);
     secret.rejectUnknown();
+    transfer.secret_ref = std::move(ref);
   }
   reader.rejectUnknown();
   return transfer;
@@ -434,9 +476,15 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
     while (path.size() > 1 && path.back() == '/') path.pop_back();
     pool.served_model_name = std::filesystem::path(path).filename().string();
   }
+  if (auto value = model_reader.get("volume")) {
+    pool.model_volume = readModelVolume(*value, "spec.model.volume", context);
+  }
   model_reader.rejectUnknown();
   if (auto value = spec.get("image")) pool.image = readString(*value, "spec.image", context);
-  if (auto value = spec.get("resources")) checkResources(*value, "spec.resources", context);
+  if (auto value = spec.get("resources")) {
+    checkResources(*value, "spec.resources", context);
+    pool.resources = toJson(*value, context, "spec.resources");
+  }
   if (auto value = spec.get("engine")) pool.engine = readEngine(*value, context);
   if (auto value = spec.get("kvTransfer")) pool.kv_transfer = readKvTransfer(*value, kind, context);
   if (auto value = spec.get("env")) pool.env = readEnv(*value, context);
@@ -474,8 +522,21 @@ std::vector<AgentAddress> readAgentList(const YAML::Node& node, const std::strin
   return agents;
 }
 
+// A list of pool names (a Router's prefillPools / decodePools).
+std::vector<std::string> readNameList(const YAML::Node& node, const std::string& path,
+                                      const DocumentContext& context) {
+  requireList(node, path, context);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item_path = path + "[" + std::to_string(i) + "]";
+    names.push_back(readString(node[i], item_path, context));
+  }
+  return names;
+}
+
 RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentContext& context) {
   RouterSpec router;
+  router.name = context.name;
   if (!node) return router;
   requireMapping(*node, "spec", context);
   MapReader spec(*node, "spec", context);
@@ -513,6 +574,40 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
     router.prefill = readAgentList(*value, "spec.prefill", context);
   if (auto value = spec.get("decode"))
     router.decode = readAgentList(*value, "spec.decode", context);
+  if (auto value = spec.get("prefillPools")) {
+    router.prefill_pools = readNameList(*value, "spec.prefillPools", context);
+  }
+  if (auto value = spec.get("decodePools")) {
+    router.decode_pools = readNameList(*value, "spec.decodePools", context);
+  }
+  // Kubernetes only.
+  if (auto value = spec.get("replicas")) {
+    router.replicas = readInteger(*value, "spec.replicas", context, 0, 100);
+  }
+  if (auto value = spec.get("image")) router.image = readString(*value, "spec.image", context);
+  if (auto value = spec.get("resources")) {
+    checkResources(*value, "spec.resources", context);
+    router.resources = toJson(*value, context, "spec.resources");
+  }
+  if (auto value = spec.get("modelVolume")) {
+    router.model_volume = readModelVolume(*value, "spec.modelVolume", context);
+    if (!router.model_path) {
+      fail(context, "spec.modelVolume", "is mounted at spec.modelPath, which is not set", *value);
+    }
+  }
+  if (auto value = spec.get("service")) {
+    requireMapping(*value, "spec.service", context);
+    MapReader service(*value, "spec.service", context);
+    if (auto type = service.get("type")) {
+      router.service_type =
+          readEnum(*type, "spec.service.type", context, {"ClusterIP", "NodePort", "LoadBalancer"});
+    }
+    if (auto port = service.get("port")) {
+      router.service_port =
+          static_cast<int>(readInteger(*port, "spec.service.port", context, 1, 65535));
+    }
+    service.rejectUnknown();
+  }
   spec.rejectUnknown();
   return router;
 }
@@ -567,6 +662,8 @@ void checkDocumentsAdvance(const std::string& text) {
   }
 }
 
+Document parseDocument(const YAML::Node& node, DocumentContext document_context);
+
 std::vector<Document> parseDocuments(const std::string& text, const std::string& source) {
   std::vector<YAML::Node> nodes;
   try {
@@ -580,47 +677,54 @@ std::vector<Document> parseDocuments(const std::string& text, const std::string&
   for (size_t i = 0; i < nodes.size(); ++i) {
     const YAML::Node& node = nodes[i];
     if (node.IsNull()) continue;  // an empty document ("---" at the end)
-    Document document;
-    document.node = node;
-    DocumentContext& context = document.context;
+    DocumentContext context;
     context.source = source;
     context.index = static_cast<int>(i) + 1;
-    if (!node.IsMap()) {
-      throw Error(context.where() + ": must be a mapping with apiVersion, kind, metadata and spec" +
-                  lineOf(node));
-    }
-    MapReader top(node, "", context);
-    const YAML::Node api_version = top.require("apiVersion");
-    if (!api_version.IsScalar() || api_version.Scalar() != kApiVersion) {
-      fail(context, "apiVersion",
-           std::string("must be ") + kApiVersion + ", got " + described(api_version), api_version);
-    }
-    context.kind =
-        readEnum(top.require("kind"), "kind", context, {"PrefillPool", "DecodePool", "Router"});
-    const bool is_router = context.kind == "Router";
-    if (auto metadata = top.get("metadata")) {
-      requireMapping(*metadata, "metadata", context);
-      // Other ObjectMeta fields (labels, namespace, ...) are accepted and unused.
-      const YAML::Node& const_metadata = *metadata;
-      if (const YAML::Node name = const_metadata["name"]; name && !name.IsNull()) {
-        context.name = readString(name, "metadata.name", context);
-        checkName(context.name, name, context);
-      }
-    }
-    if (!is_router && context.name.empty()) fail(context, "metadata.name", "is required", node);
-    std::optional<YAML::Node> spec = top.get("spec");
-    top.get("status");  // as `kubectl get -o yaml` writes it; not read
-    top.rejectUnknown();
-    if (is_router) {
-      document.router = readRouter(spec, context);
-    } else {
-      if (!spec) fail(context, "spec", "is required", node);
-      document.pool = readPool(
-          *spec, context.kind == "PrefillPool" ? PoolKind::kPrefill : PoolKind::kDecode, context);
-    }
-    documents.push_back(std::move(document));
+    documents.push_back(parseDocument(node, std::move(context)));
   }
   return documents;
+}
+
+// One document (or API object): apiVersion, kind, metadata, spec, status.
+Document parseDocument(const YAML::Node& node, DocumentContext document_context) {
+  Document document;
+  document.node = node;
+  document.context = std::move(document_context);
+  DocumentContext& context = document.context;
+  if (!node.IsMap()) {
+    throw Error(context.where() + ": must be a mapping with apiVersion, kind, metadata and spec" +
+                lineOf(node));
+  }
+  MapReader top(node, "", context);
+  const YAML::Node api_version = top.require("apiVersion");
+  if (!api_version.IsScalar() || api_version.Scalar() != kApiVersion) {
+    fail(context, "apiVersion",
+         std::string("must be ") + kApiVersion + ", got " + described(api_version), api_version);
+  }
+  context.kind =
+      readEnum(top.require("kind"), "kind", context, {"PrefillPool", "DecodePool", "Router"});
+  const bool is_router = context.kind == "Router";
+  if (auto metadata = top.get("metadata")) {
+    requireMapping(*metadata, "metadata", context);
+    // Other ObjectMeta fields (labels, namespace, ...) are accepted and unused.
+    const YAML::Node& const_metadata = *metadata;
+    if (const YAML::Node name = const_metadata["name"]; name && !name.IsNull()) {
+      context.name = readString(name, "metadata.name", context);
+      checkName(context.name, name, context);
+    }
+  }
+  if (!is_router && context.name.empty()) fail(context, "metadata.name", "is required", node);
+  std::optional<YAML::Node> spec = top.get("spec");
+  top.get("status");  // as `kubectl get -o yaml` writes it; not read
+  top.rejectUnknown();
+  if (is_router) {
+    document.router = readRouter(spec, context);
+  } else {
+    if (!spec) fail(context, "spec", "is required", node);
+    document.pool = readPool(
+        *spec, context.kind == "PrefillPool" ? PoolKind::kPrefill : PoolKind::kDecode, context);
+  }
+  return document;
 }
 
 std::string readWholeFile(const std::filesystem::path& path) {
@@ -664,7 +768,95 @@ void checkPoolsAgree(const std::vector<Document>& documents) {
   }
 }
 
+// A Router's prefillPools / decodePools must name pools of the file, of that
+// kind (local mode still routes to every pool it runs).
+void checkRoutedPoolsExist(const Document& router,
+                           const std::map<std::string, const Document*>& pools) {
+  auto check = [&](const std::optional<std::vector<std::string>>& names, PoolKind kind,
+                   const std::string& path) {
+    if (!names) return;
+    for (size_t i = 0; i < names->size(); ++i) {
+      const std::string& name = (*names)[i];
+      auto it = pools.find(name);
+      if (it == pools.end() || it->second->pool->kind != kind) {
+        fail(router.context, path + "[" + std::to_string(i) + "]",
+             "names \"" + name + "\", which is not a " + poolKindName(kind) + " of this file",
+             router.node["spec"]);
+      }
+    }
+  };
+  check(router.router->prefill_pools, PoolKind::kPrefill, "spec.prefillPools");
+  check(router.router->decode_pools, PoolKind::kDecode, "spec.decodePools");
+}
+
+// An API object as a YAML node: JSON is YAML, and JSON strings come back
+// quoted, so "1" stays a string where the schema wants a number.
+YAML::Node objectNode(const nlohmann::json& object, const std::string& source) {
+  try {
+    return YAML::Load(object.dump());
+  } catch (const YAML::Exception& e) {
+    throw Error(source + ": cannot be read: " + e.msg);
+  }
+}
+
+Document parseObject(const nlohmann::json& object, const std::string& source) {
+  if (!object.is_object()) throw Error(source + ": must be a JSON object");
+  DocumentContext context;
+  context.source = source;
+  context.index = 0;
+  context.show_lines = false;
+  Document document = parseDocument(objectNode(object, source), std::move(context));
+  if (document.context.name.empty()) {
+    fail(document.context, "metadata.name", "is required", document.node);
+  }
+  return document;
+}
+
+// The spec field paths read while parsing `sample`, without "spec.", list
+// items as "[]".
+std::vector<std::string> specFieldPaths(const char* sample) {
+  std::vector<std::string> paths;
+  field_collector = &paths;
+  try {
+    parseDocuments(sample, "sample");
+  } catch (...) {
+    field_collector = nullptr;
+    throw;
+  }
+  field_collector = nullptr;
+  std::vector<std::string> fields;
+  std::set<std::string> seen;
+  for (std::string path : paths) {
+    if (!path.starts_with("spec.")) continue;
+    path = std::regex_replace(path.substr(5), std::regex(R"(\[[0-9]+\])"), "[]");
+    if (seen.insert(path).second) fields.push_back(path);
+  }
+  return fields;
+}
+
 }  // namespace
+
+PoolSpec parsePoolObject(const nlohmann::json& object, PoolKind kind, const std::string& source) {
+  Document document = parseObject(object, source);
+  if (!document.pool || document.pool->kind != kind) {
+    throw Error(source + ": kind must be " + poolKindName(kind) + ", got " + document.context.kind);
+  }
+  return *document.pool;
+}
+
+RouterSpec parseRouterObject(const nlohmann::json& object, const std::string& source) {
+  Document document = parseObject(object, source);
+  if (!document.router) {
+    throw Error(source + ": kind must be Router, got " + document.context.kind);
+  }
+  if (!document.router->prefill.empty() || !document.router->decode.empty()) {
+    fail(document.context, document.router->prefill.empty() ? "spec.decode" : "spec.prefill",
+         "lists agents, which the controller finds from the pools: use prefillPools and "
+         "decodePools",
+         document.node);
+  }
+  return *document.router;
+}
 
 const char* poolKindName(PoolKind kind) {
   return kind == PoolKind::kPrefill ? "PrefillPool" : "DecodePool";
@@ -711,6 +903,7 @@ ClusterSpec parseClusterSpec(const std::string& text, const std::string& source)
                 "number of PrefillPools), see docs/local-mode.md");
   }
   checkPoolsAgree(documents);
+  if (router != nullptr) checkRoutedPoolsExist(*router, by_name);
   return cluster;
 }
 
@@ -772,35 +965,33 @@ AgentAddress parseAgentAddress(const std::string& text, const std::string& defau
 }
 
 std::vector<std::string> poolSpecFieldPaths() {
-  // Parses a sample that has every optional mapping, collecting the paths read.
-  static const char* kSample = R"(apiVersion: tandem.dev/v1alpha1
+  // A sample that has every optional mapping, so that every field is read.
+  return specFieldPaths(R"(apiVersion: tandem.dev/v1alpha1
 kind: DecodePool
 metadata: {name: sample}
 spec:
-  model: {path: /models/m}
+  model: {path: /models/m, volume: {persistentVolumeClaim: {claimName: c}, hostPath: {path: /m}}}
   resources: {limits: {}, requests: {}, claims: [{name: c}]}
   engine: {}
   kvTransfer: {extraConfig: {}, secretRef: {name: s, key: k}}
   env: [{name: A}]
   extraArgs: []
-)";
-  std::vector<std::string> paths;
-  field_collector = &paths;
-  try {
-    parseDocuments(kSample, "sample");
-  } catch (...) {
-    field_collector = nullptr;
-    throw;
-  }
-  field_collector = nullptr;
-  std::vector<std::string> fields;
-  std::set<std::string> seen;
-  for (std::string path : paths) {
-    // Only the spec's own fields, without the "spec." prefix, list items as "[]".
-    if (!path.starts_with("spec.")) continue;
-    path = std::regex_replace(path.substr(5), std::regex(R"(\[[0-9]+\])"), "[]");
-    if (seen.insert(path).second) fields.push_back(path);
-  }
+)");
+}
+
+std::vector<std::string> routerSpecFieldPaths() {
+  std::vector<std::string> fields = specFieldPaths(R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+spec:
+  modelPath: /m
+  resources: {limits: {}, requests: {}, claims: [{name: c}]}
+  modelVolume: {persistentVolumeClaim: {claimName: c}, hostPath: {path: /m}}
+  service: {}
+  prefillPools: []
+  decodePools: []
+)");
+  std::erase_if(fields,
+                [](const std::string& path) { return path == "prefill" || path == "decode"; });
   return fields;
 }
 

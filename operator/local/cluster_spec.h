@@ -46,12 +46,32 @@ struct EngineSpec {
   bool operator==(const EngineSpec&) const = default;
 };
 
+// spec.kvTransfer.secretRef: the Secret key that holds the shared KV secret
+// (Kubernetes only: the agent's environment TANDEM_KV_SECRET).
+struct SecretKeyRef {
+  std::string name;
+  std::string key;
+  bool operator==(const SecretKeyRef&) const = default;
+};
+
 // spec.kvTransfer: the agent's --kv-transfer-config.
 struct KvTransferSpec {
   std::string connector = "ucx";                           // kv_connector
   std::string role = "kv_both";                            // kv_role
   nlohmann::json extra_config = nlohmann::json::object();  // kv_connector_extra_config
+  std::optional<SecretKeyRef> secret_ref;                  // secretRef (Kubernetes only)
   bool operator==(const KvTransferSpec&) const = default;
+};
+
+// Where a model directory comes from in Kubernetes (a pool's spec.model.volume,
+// a Router's spec.modelVolume): exactly one of a PersistentVolumeClaim and a
+// host path, mounted read-only at the model path. Local mode ignores it.
+struct ModelVolumeSpec {
+  std::string claim_name;       // persistentVolumeClaim.claimName, or empty
+  bool claim_read_only = true;  // persistentVolumeClaim.readOnly
+  std::string host_path;        // hostPath.path, or empty
+  std::string sub_path;         // subPath: a directory inside the volume; empty: its root
+  bool operator==(const ModelVolumeSpec&) const = default;
 };
 
 struct PoolSpec {
@@ -62,6 +82,10 @@ struct PoolSpec {
   std::string model_path;         // spec.model.path, as written
   std::string served_model_name;  // spec.model.name, else the path's last component
   std::string image;              // Kubernetes only
+  // Kubernetes only: spec.model.volume, and spec.resources as written
+  // ({limits, requests, claims}; an empty object when unset).
+  std::optional<ModelVolumeSpec> model_volume;
+  nlohmann::json resources = nlohmann::json::object();
   EngineSpec engine;
   KvTransferSpec kv_transfer;
   std::vector<std::pair<std::string, std::string>> env;  // spec.env
@@ -95,6 +119,20 @@ struct RouterSpec {
   // Static agents: `tandem-operator router` only (local mode fills them).
   std::vector<AgentAddress> prefill;
   std::vector<AgentAddress> decode;
+  // The pools routed to, by name (unset: every pool). Local mode checks that
+  // they name pools of the file and routes to every pool of the file; the
+  // controller routes to exactly these pools of the Router's namespace.
+  std::optional<std::vector<std::string>> prefill_pools;
+  std::optional<std::vector<std::string>> decode_pools;
+  // Kubernetes only (accepted and unused elsewhere): the router's Deployment
+  // and Service.
+  std::string name;                                     // metadata.name; may be empty in a file
+  int64_t replicas = 1;                                 // spec.replicas
+  std::string image;                                    // spec.image
+  nlohmann::json resources = nlohmann::json::object();  // spec.resources as written
+  std::optional<ModelVolumeSpec> model_volume;          // spec.modelVolume, at modelPath
+  std::string service_type = "ClusterIP";               // spec.service.type
+  int service_port = 8000;                              // spec.service.port
   bool operator==(const RouterSpec&) const = default;
 };
 
@@ -120,8 +158,20 @@ RouterSpec loadRouterSpec(const std::filesystem::path& path);
 AgentAddress parseAgentAddress(const std::string& text, const std::string& default_name,
                                const std::string& what);
 
-// Every field path a pool's spec accepts ("replicas", "model.path",
-// "engine.blockSize", ...), for checking the CRDs against the parser.
+// One PrefillPool, DecodePool or Router object as the Kubernetes API returns
+// it (JSON; metadata and status as the server writes them are accepted), with
+// the same strict checks as a cluster file's documents. `source` names the
+// object in messages, e.g. "PrefillPool default/prefill"; throws tandem::Error
+// ("PrefillPool default/prefill: spec.engine.blockSize must be ..."). A pool
+// must have the kind `kind`; a Router must not list static agents.
+PoolSpec parsePoolObject(const nlohmann::json& object, PoolKind kind, const std::string& source);
+RouterSpec parseRouterObject(const nlohmann::json& object, const std::string& source);
+
+// Every field path a pool's (a Router's) spec accepts ("replicas",
+// "model.path", "engine.blockSize", ...), for checking the CRDs against the
+// parser. The Router's static agent lists (prefill, decode) are for files only
+// and not listed.
 std::vector<std::string> poolSpecFieldPaths();
+std::vector<std::string> routerSpecFieldPaths();
 
 }  // namespace tandem::local

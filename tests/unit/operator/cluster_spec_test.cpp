@@ -502,5 +502,156 @@ TEST(ClusterSpecTest, CrdsMatchTheParser) {
   }
 }
 
+TEST(ClusterSpecTest, RouterCrdMatchesTheParser) {
+  const std::vector<std::string> parser_fields = routerSpecFieldPaths();
+  const std::set<std::string> parser_paths(parser_fields.begin(), parser_fields.end());
+  const YAML::Node root =
+      YAML::LoadFile(fs::path(TANDEM_SOURCE_DIR) / "crds" / "routers.tandem.dev.yaml");
+  EXPECT_EQ(root["metadata"]["name"].as<std::string>(), "routers.tandem.dev");
+  const YAML::Node spec = root["spec"];
+  EXPECT_EQ(spec["names"]["kind"].as<std::string>(), "Router");
+  EXPECT_EQ(spec["names"]["categories"][0].as<std::string>(), "tandem");
+  const YAML::Node version = spec["versions"][0];
+  EXPECT_EQ(std::string(kApiVersion), "tandem.dev/" + version["name"].as<std::string>());
+  EXPECT_TRUE(version["subresources"]["status"].IsMap());
+  const YAML::Node schema = version["schema"]["openAPIV3Schema"];
+  std::set<std::string> crd_paths;
+  collectSchemaPaths(schema["properties"]["spec"], "", crd_paths);
+  EXPECT_EQ(crd_paths, parser_paths);
+  const YAML::Node status = schema["properties"]["status"]["properties"];
+  for (const char* field : {"replicas", "readyReplicas", "updatedReplicas", "conditions",
+                            "observedGeneration", "selector"}) {
+    EXPECT_TRUE(status[field]) << "status." << field;
+  }
+}
+
+TEST(ClusterSpecTest, PoolCrdsDeclareTheKubernetesStatus) {
+  for (const char* file : {"prefillpools.tandem.dev.yaml", "decodepools.tandem.dev.yaml"}) {
+    const YAML::Node version =
+        YAML::LoadFile(fs::path(TANDEM_SOURCE_DIR) / "crds" / file)["spec"]["versions"][0];
+    EXPECT_TRUE(version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+                       ["updatedReplicas"])
+        << file;
+    bool ready_column = false;
+    for (const auto& column : version["additionalPrinterColumns"]) {
+      if (column["jsonPath"].as<std::string>().find("@.type==\"Ready\"") != std::string::npos) {
+        ready_column = true;
+      }
+      EXPECT_EQ(column["jsonPath"].as<std::string>().find("Available"), std::string::npos);
+    }
+    EXPECT_TRUE(ready_column) << file;
+  }
+}
+
+TEST(ClusterSpecTest, KubernetesOnlyPoolFieldsAreRead) {
+  const ClusterSpec cluster = parseClusterSpec(documents({R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata:
+  name: decode
+spec:
+  model:
+    path: /models/small
+    volume:
+      persistentVolumeClaim: {claimName: models, readOnly: false}
+      subPath: small
+  resources:
+    limits: {nvidia.com/gpu: 1}
+  kvTransfer:
+    secretRef: {name: kv, key: secret}
+)"}),
+                                               "c.yaml");
+  const PoolSpec& pool = cluster.pools.at(0);
+  ASSERT_TRUE(pool.model_volume.has_value());
+  EXPECT_EQ(pool.model_volume->claim_name, "models");
+  EXPECT_FALSE(pool.model_volume->claim_read_only);
+  EXPECT_EQ(pool.model_volume->sub_path, "small");
+  EXPECT_EQ(pool.resources, nlohmann::json::parse(R"({"limits":{"nvidia.com/gpu":1}})"));
+  ASSERT_TRUE(pool.kv_transfer.secret_ref.has_value());
+  EXPECT_EQ(pool.kv_transfer.secret_ref->name, "kv");
+  EXPECT_EQ(pool.kv_transfer.secret_ref->key, "secret");
+
+  const std::string both = errorFor(documents({R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata: {name: decode}
+spec:
+  model:
+    path: /m
+    volume: {hostPath: {path: /a}, persistentVolumeClaim: {claimName: b}}
+)"}));
+  EXPECT_NE(both.find("spec.model.volume must set one of persistentVolumeClaim and hostPath"),
+            std::string::npos)
+      << both;
+}
+
+TEST(ClusterSpecTest, RouterPoolListsMustNamePoolsOfTheFile) {
+  const std::string router = R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+spec:
+  decodePools: [decode]
+  prefillPools: [decode]
+)";
+  const std::string message = errorFor(documents({kPrefill, kDecode, router}));
+  EXPECT_NE(message.find("spec.prefillPools[0] names \"decode\", which is not a PrefillPool of "
+                         "this file"),
+            std::string::npos)
+      << message;
+  const ClusterSpec ok =
+      parseClusterSpec(documents({kPrefill, kDecode, R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+metadata: {name: front}
+spec:
+  replicas: 2
+  prefillPools: [prefill]
+  service: {type: NodePort, port: 30080}
+)"}),
+                       "c.yaml");
+  EXPECT_EQ(ok.router.prefill_pools, std::vector<std::string>{"prefill"});
+  EXPECT_FALSE(ok.router.decode_pools.has_value());
+  EXPECT_EQ(ok.router.name, "front");
+  EXPECT_EQ(ok.router.replicas, 2);
+  EXPECT_EQ(ok.router.service_type, "NodePort");
+  EXPECT_EQ(ok.router.service_port, 30080);
+}
+
+TEST(ClusterSpecTest, ApiObjectsParseWithTheSameChecks) {
+  // As the API returns it: server metadata, defaults, a status; JSON strings stay strings.
+  const nlohmann::json object = nlohmann::json::parse(R"({
+    "apiVersion": "tandem.dev/v1alpha1", "kind": "PrefillPool",
+    "metadata": {"name": "prefill", "namespace": "serving", "uid": "u-1", "generation": 3,
+                 "resourceVersion": "42", "managedFields": [{"manager": "kubectl"}]},
+    "spec": {"replicas": 2, "model": {"path": "/models/small"},
+             "engine": {"kvCacheMemory": "8Gi", "maxNumSeqs": 16},
+             "kvTransfer": {"connector": "ucx", "role": "kv_both"}},
+    "status": {"replicas": 2}})");
+  const PoolSpec pool = parsePoolObject(object, PoolKind::kPrefill, "PrefillPool serving/prefill");
+  EXPECT_EQ(pool.name, "prefill");
+  EXPECT_EQ(pool.replicas, 2);
+  EXPECT_EQ(pool.engine.kv_cache_memory, "8GiB");
+  EXPECT_EQ(pool.engine.max_num_seqs, 16);
+
+  nlohmann::json quoted = object;
+  quoted["spec"]["engine"]["maxNumSeqs"] = "16";
+  try {
+    parsePoolObject(quoted, PoolKind::kPrefill, "PrefillPool serving/prefill");
+    FAIL() << "a quoted number was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "PrefillPool serving/prefill: spec.engine.maxNumSeqs must be a positive integer, "
+              "got the string \"16\"");
+  }
+  EXPECT_THROW(parsePoolObject(object, PoolKind::kDecode, "x"), Error);
+
+  const nlohmann::json router = nlohmann::json::parse(R"({
+    "apiVersion": "tandem.dev/v1alpha1", "kind": "Router",
+    "metadata": {"name": "front", "namespace": "serving"},
+    "spec": {"replicas": 1, "policy": "kv", "decodePools": ["decode"]}})");
+  const RouterSpec parsed = parseRouterObject(router, "Router serving/front");
+  EXPECT_EQ(parsed.name, "front");
+  EXPECT_EQ(parsed.decode_pools, std::vector<std::string>{"decode"});
+  nlohmann::json with_agents = router;
+  with_agents["spec"]["decode"] = nlohmann::json::parse(R"([{"name":"d","host":"h","port":1}])");
+  EXPECT_THROW(parseRouterObject(with_agents, "Router serving/front"), Error);
+}
+
 }  // namespace
 }  // namespace tandem::local

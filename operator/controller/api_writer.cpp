@@ -1,0 +1,54 @@
+#include "operator/controller/api_writer.h"
+
+namespace tandem::controller {
+
+using nlohmann::json;
+
+ApiWriter::ApiWriter(k8s::ApiClient& client, std::function<bool()> may_write,
+                     std::function<void()> on_write)
+    : client_(client), may_write_(std::move(may_write)), on_write_(std::move(on_write)) {}
+
+k8s::ApiError ApiWriter::notLeader() const {
+  return k8s::ApiError{0, "NotLeader", "this replica does not hold the leader Lease"};
+}
+
+k8s::Result<json> ApiWriter::create(const k8s::ResourceType& type, const std::string& ns,
+                                    const json& object) {
+  if (!may_write_()) return notLeader();
+  auto result = client_.create(type, ns, object);
+  if (result.isOk()) on_write_();
+  return result;
+}
+
+k8s::Result<json> ApiWriter::apply(const k8s::ResourceType& type, const std::string& ns,
+                                   const json& object) {
+  if (!may_write_()) return notLeader();
+  auto result = client_.apply(type, ns, object);
+  if (result.isOk()) on_write_();
+  return result;
+}
+
+k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, const std::string& ns,
+                                             const std::string& name,
+                                             const std::function<bool(json&)>& mutate,
+                                             const std::string& subresource) {
+  if (!may_write_()) return notLeader();
+  bool lost_leadership = false;
+  bool changed = false;
+  auto result = client_.readModifyWrite(
+      type, ns, name,
+      [&](json& object) {
+        if (!may_write_()) {
+          lost_leadership = true;
+          return false;
+        }
+        changed = mutate(object);
+        return changed;
+      },
+      subresource);
+  if (lost_leadership) return notLeader();
+  if (result.isOk() && changed) on_write_();
+  return result;
+}
+
+}  // namespace tandem::controller

@@ -1,0 +1,116 @@
+// The Kubernetes controller: informers on PrefillPools, DecodePools and
+// Routers and on the Deployments, Services and Pods labelled
+// app.kubernetes.io/managed-by=tandem-operator; a rate-limited work queue of
+// owner keys; worker threads that run the Reconciler; optional Lease leader
+// election.
+//
+// An owner's event enqueues its key; a child's event enqueues its owner's
+// (from its controller ownerReference, or the tandem.dev/pool /
+// tandem.dev/router labels for pods); a pool added or deleted enqueues the
+// Routers of its namespace. A failed reconcile is retried with per-key
+// exponential backoff; a successful one resets it.
+//
+// Only the leader reconciles: workers wait while this replica does not lead,
+// every write is refused the moment leadership is lost (ApiWriter), and on
+// becoming leader every known owner is enqueued. stop() releases the Lease.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "operator/controller/api_writer.h"
+#include "operator/controller/controller_metrics.h"
+#include "operator/controller/event_recorder.h"
+#include "operator/controller/reconciler.h"
+#include "operator/k8s/api_client.h"
+#include "operator/k8s/informer.h"
+#include "operator/k8s/leader_election.h"
+#include "operator/k8s/work_queue.h"
+
+namespace tandem::controller {
+
+struct ControllerOptions {
+  std::string ns;  // the namespace watched; "" for all namespaces
+  int workers = 2;
+  WorkloadDefaults defaults;
+  bool leader_elect = false;
+  std::string leader_election_namespace = "default";
+  std::string leader_election_id = "tandem-operator";
+  std::string identity;  // "<hostname>_<random>"; generated when empty
+  std::chrono::milliseconds lease_duration{15000};
+  std::chrono::milliseconds renew_deadline{10000};
+  std::chrono::milliseconds retry_period{2000};
+  std::chrono::milliseconds initial_backoff{50};
+  std::chrono::milliseconds max_backoff{60000};
+  int watch_timeout_seconds = 300;
+};
+
+// "<hostname>_<16 random hex digits>".
+std::string defaultIdentity();
+
+class Controller {
+ public:
+  Controller(k8s::ApiClient& client, ControllerOptions options);
+  ~Controller();  // stop()
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // Starts informers, the election (or leads at once without it) and workers.
+  void start();
+  // Stops workers, releases the Lease when leading, stops informers.
+  void stop();
+
+  bool waitForSync(std::chrono::milliseconds timeout) const;
+  bool synced() const;
+  bool isLeader() const { return leading_.load(); }
+  size_t queueDepth() const { return queue_.depth(); }
+  ControllerMetrics& metrics() { return metrics_; }
+  // Refreshes the gauges and counters read from the queue and informers, and
+  // renders the metrics text.
+  std::string renderMetrics();
+
+  // One reconcile of `ns/name`, on the caller's thread (tests, tools). Reads
+  // pods and pools from the caches once started, from the API before.
+  k8s::Result<k8s::Done> reconcileNow(OwnerKind kind, const std::string& ns,
+                                      const std::string& name);
+
+ private:
+  void enqueue(OwnerKind kind, const std::string& ns, const std::string& name);
+  void enqueueAll();
+  void enqueueRouters(const std::string& ns);
+  void onOwnerEvent(OwnerKind kind, k8s::EventType type, const nlohmann::json& object);
+  void onChildEvent(const nlohmann::json& object);
+  void setLeading(bool leading);
+  void workerLoop();
+  std::vector<nlohmann::json> cachedPods(const std::string& ns, const nlohmann::json& labels) const;
+  std::vector<std::string> cachedPoolNames(const std::string& ns, OwnerKind kind) const;
+
+  k8s::ApiClient& client_;
+  ControllerOptions options_;
+  ControllerMetrics metrics_;
+  std::atomic<bool> leading_{false};
+  std::atomic<bool> started_{false};
+  std::atomic<bool> stopping_{false};
+  ApiWriter writer_;
+  EventRecorder events_;
+  Reconciler reconciler_;
+  Reconciler cache_reconciler_;
+  k8s::WorkQueue queue_;
+  std::vector<std::unique_ptr<k8s::Informer>> owner_informers_;  // by OwnerKind
+  std::vector<std::unique_ptr<k8s::Informer>> child_informers_;  // deployments, services, pods
+  // The election has a client of its own whose calls time out well within
+  // the renew deadline: a leader whose renewal hangs must notice in time.
+  std::unique_ptr<k8s::ApiClient> election_client_;
+  std::unique_ptr<k8s::LeaderElector> elector_;
+  std::vector<std::thread> workers_;
+  std::mutex leading_mutex_;
+  std::condition_variable leading_changed_;
+};
+
+}  // namespace tandem::controller

@@ -1,0 +1,128 @@
+#include "operator/controller/controller_metrics.h"
+
+#include <httplib.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
+
+#include "common/status.h"
+
+namespace tandem::controller {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+
+ControllerMetrics::ControllerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  reconciles_ = &BuildCounter()
+                     .Name("tandem_operator_reconciles_total")
+                     .Help("Reconciles by kind (PrefillPool, DecodePool, Router) and result.")
+                     .Register(*registry_);
+  reconcile_errors_ = &BuildCounter()
+                           .Name("tandem_operator_reconcile_errors_total")
+                           .Help("Reconciles that failed and were retried with backoff, by kind.")
+                           .Register(*registry_);
+  for (const char* kind : {"PrefillPool", "DecodePool", "Router"}) {
+    reconciles_->Add({{"kind", kind}, {"result", "success"}});
+    reconciles_->Add({{"kind", kind}, {"result", "error"}});
+    reconcile_errors_->Add({{"kind", kind}});
+  }
+  watch_restarts_ = &BuildCounter()
+                         .Name("tandem_operator_watch_restarts_total")
+                         .Help("Watches started again after they ended, by resource.")
+                         .Register(*registry_);
+  relists_ = &BuildCounter()
+                  .Name("tandem_operator_relists_total")
+                  .Help("Full lists after a watch's resourceVersion expired (410), by resource.")
+                  .Register(*registry_);
+  queue_depth_ = &BuildGauge()
+                      .Name("tandem_operator_workqueue_depth")
+                      .Help("Keys waiting in the work queue (ready or delayed).")
+                      .Register(*registry_)
+                      .Add({});
+  is_leader_ =
+      &BuildGauge()
+           .Name("tandem_operator_is_leader")
+           .Help("1 while this replica holds the leader Lease (always 1 without election).")
+           .Register(*registry_)
+           .Add({});
+  api_writes_ = &BuildCounter()
+                     .Name("tandem_operator_api_writes_total")
+                     .Help("Successful writes to the Kubernetes API (create, apply, update).")
+                     .Register(*registry_)
+                     .Add({});
+}
+
+ControllerMetrics::~ControllerMetrics() = default;
+
+void ControllerMetrics::reconciled(const std::string& kind, bool success) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reconciles_->Add({{"kind", kind}, {"result", success ? "success" : "error"}}).Increment();
+  if (!success) reconcile_errors_->Add({{"kind", kind}}).Increment();
+}
+
+void ControllerMetrics::apiWrite() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  api_writes_->Increment();
+}
+
+void ControllerMetrics::setLeader(bool leader) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  is_leader_->Set(leader ? 1 : 0);
+}
+
+void ControllerMetrics::setQueueDepth(size_t depth) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_depth_->Set(static_cast<double>(depth));
+}
+
+void ControllerMetrics::setWatchTotals(const std::string& resource, uint64_t watch_restarts,
+                                       uint64_t relists) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& [seen_restarts, seen_relists] = watch_seen_[resource];
+  prometheus::Counter& restarts = watch_restarts_->Add({{"resource", resource}});
+  prometheus::Counter& lists = relists_->Add({{"resource", resource}});
+  if (watch_restarts > seen_restarts)
+    restarts.Increment(static_cast<double>(watch_restarts - seen_restarts));
+  if (relists > seen_relists) lists.Increment(static_cast<double>(relists - seen_relists));
+  seen_restarts = std::max(seen_restarts, watch_restarts);
+  seen_relists = std::max(seen_relists, relists);
+}
+
+std::string ControllerMetrics::render() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+MetricsServer::MetricsServer(const std::string& host, int port, std::function<std::string()> render,
+                             std::function<bool()> ready)
+    : server_(std::make_unique<httplib::Server>()) {
+  server_->Get("/metrics", [render](const httplib::Request&, httplib::Response& res) {
+    res.set_content(render(), "text/plain; version=0.0.4");
+  });
+  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server_->Get("/readyz", [ready](const httplib::Request&, httplib::Response& res) {
+    const bool is_ready = ready();
+    res.status = is_ready ? 200 : 503;
+    res.set_content(is_ready ? "ok\n" : "caches not synced\n", "text/plain");
+  });
+  port_ =
+      port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (port_ <= 0) {
+    throw Error("--metrics-port: cannot listen on " + host + ":" + std::to_string(port));
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+}
+
+MetricsServer::~MetricsServer() {
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace tandem::controller

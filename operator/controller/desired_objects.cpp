@@ -1,0 +1,249 @@
+#include "operator/controller/desired_objects.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "common/status.h"
+#include "operator/local/agent_command.h"
+
+namespace tandem::controller {
+namespace {
+
+using local::ModelVolumeSpec;
+using local::PoolKind;
+using local::PoolSpec;
+using local::RouterSpec;
+using nlohmann::json;
+
+constexpr const char* kModelVolumeName = "model";
+
+std::string numberText(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+json objectMeta(const Owner& owner, const std::string& name, const json& labels) {
+  return {{"name", name},
+          {"namespace", owner.ns},
+          {"labels", labels},
+          {"ownerReferences", ownerReferences(owner)}};
+}
+
+json httpProbe(const char* path, int period_seconds, int failure_threshold) {
+  return {{"httpGet", {{"path", path}, {"port", "http"}}},
+          {"periodSeconds", period_seconds},
+          {"failureThreshold", failure_threshold}};
+}
+
+// The model volume, and its mount at `mount_path` (read-only), when one is set.
+void addModelVolume(const std::optional<ModelVolumeSpec>& volume, const std::string& mount_path,
+                    json& pod_spec, json& container) {
+  if (!volume) return;
+  json source;
+  if (!volume->claim_name.empty()) {
+    source = {{"name", kModelVolumeName},
+              {"persistentVolumeClaim",
+               {{"claimName", volume->claim_name}, {"readOnly", volume->claim_read_only}}}};
+  } else {
+    source = {{"name", kModelVolumeName}, {"hostPath", {{"path", volume->host_path}}}};
+  }
+  pod_spec["volumes"].push_back(source);
+  json mount = {{"name", kModelVolumeName}, {"mountPath", mount_path}, {"readOnly", true}};
+  if (!volume->sub_path.empty()) mount["subPath"] = volume->sub_path;
+  container["volumeMounts"].push_back(mount);
+}
+
+json deployment(const Owner& owner, const std::string& name, const json& labels,
+                const json& selector, int64_t replicas, json pod_spec) {
+  json object = {
+      {"apiVersion", "apps/v1"},
+      {"kind", "Deployment"},
+      {"metadata", objectMeta(owner, name, labels)},
+      {"spec",
+       {{"replicas", replicas},
+        {"selector", {{"matchLabels", selector}}},
+        // A new replica is ready before an old one goes: capacity never drops.
+        {"strategy",
+         {{"type", "RollingUpdate"}, {"rollingUpdate", {{"maxUnavailable", 0}, {"maxSurge", 1}}}}},
+        {"template", {{"metadata", {{"labels", labels}}}, {"spec", std::move(pod_spec)}}}}}};
+  stampDesiredHash(object);
+  return object;
+}
+
+std::string imageOf(const std::string& spec_image, const std::string& default_image,
+                    const Owner& owner, const char* flag) {
+  if (!spec_image.empty()) return spec_image;
+  if (!default_image.empty()) return default_image;
+  throw Error(owner.kind + " " + owner.ns + "/" + owner.name +
+              ": spec.image is not set and the controller has no " + flag + ": set one of them");
+}
+
+}  // namespace
+
+json poolLabels(const std::string& pool, PoolKind kind) {
+  const char* role = local::poolRole(kind);
+  return {{"app.kubernetes.io/name", "tandem-agent"},
+          {"app.kubernetes.io/instance", pool},
+          {"app.kubernetes.io/component", role},
+          {kManagedByLabel, kManagedBy},
+          {kPoolLabel, pool},
+          {kRoleLabel, role}};
+}
+
+json poolSelector(const std::string& pool, PoolKind kind) {
+  return {{kPoolLabel, pool}, {kRoleLabel, local::poolRole(kind)}};
+}
+
+json routerLabels(const std::string& router) {
+  return {{"app.kubernetes.io/name", "tandem-router"},
+          {"app.kubernetes.io/instance", router},
+          {"app.kubernetes.io/component", "router"},
+          {kManagedByLabel, kManagedBy},
+          {kRouterLabel, router}};
+}
+
+json routerSelector(const std::string& router) { return {{kRouterLabel, router}}; }
+
+bool poolKvTransferIsInsecure(const PoolSpec& pool) {
+  const local::KvTransferSpec& transfer = pool.kv_transfer;
+  return !transfer.secret_ref && !transfer.extra_config.contains("secret");
+}
+
+std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
+  // With a shared secret the agent may listen everywhere; without one it
+  // listens on the pod's own address only (and must be told that this is
+  // deliberate), so no other interface of the pod exposes its KV blocks.
+  const bool insecure = poolKvTransferIsInsecure(pool);
+  const std::string host = pool.kv_transfer.secret_ref ? "0.0.0.0" : "$(POD_IP)";
+  std::vector<std::string> argv =
+      local::agentArguments(pool, "tandem-agent", host, kContainerPort, insecure);
+  argv.erase(argv.begin());
+  return argv;
+}
+
+std::vector<std::string> routerContainerArguments(const RouterSpec& router, const std::string& ns,
+                                                  const std::vector<std::string>& prefill_pools,
+                                                  const std::vector<std::string>& decode_pools) {
+  std::vector<std::string> args = {"router", "--discover", "--namespace", ns};
+  for (const std::string& pool : prefill_pools) args.insert(args.end(), {"--prefill-pool", pool});
+  for (const std::string& pool : decode_pools) args.insert(args.end(), {"--decode-pool", pool});
+  args.insert(args.end(), {"--host", "0.0.0.0", "--port", std::to_string(kContainerPort)});
+  auto add = [&](const char* flag, const std::string& value) {
+    args.push_back(flag);
+    args.push_back(value);
+  };
+  if (router.policy) add("--policy", *router.policy);
+  if (router.disagg_threshold_tokens) {
+    add("--disagg-threshold-tokens", std::to_string(*router.disagg_threshold_tokens));
+  }
+  if (router.pull_back) add("--pull-back", *router.pull_back ? "true" : "false");
+  if (router.max_queued_requests) {
+    add("--max-queued-requests", std::to_string(*router.max_queued_requests));
+  }
+  if (router.max_inflight_requests) {
+    add("--max-inflight-requests", std::to_string(*router.max_inflight_requests));
+  }
+  if (router.upstream_timeout_s) add("--upstream-timeout", numberText(*router.upstream_timeout_s));
+  if (router.threads) add("--threads", std::to_string(*router.threads));
+  if (router.model_path) add("--model-dir", *router.model_path);
+  if (router.poll_interval_s) add("--poll-interval", numberText(*router.poll_interval_s));
+  return args;
+}
+
+json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
+                           const WorkloadDefaults& defaults) {
+  json env = json::array();
+  // The agent advertises its pod IP to peers for KV transfer.
+  env.push_back(
+      {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}});
+  if (pool.kv_transfer.secret_ref) {
+    const json key_ref = {{"name", pool.kv_transfer.secret_ref->name},
+                          {"key", pool.kv_transfer.secret_ref->key}};
+    env.push_back({{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}});
+  }
+  for (const auto& [name, value] : pool.env) env.push_back({{"name", name}, {"value", value}});
+
+  json container = {
+      {"name", "agent"},
+      {"image", imageOf(pool.image, defaults.agent_image, owner, "--default-agent-image")},
+      {"command", json::array({"tandem-agent"})},
+      {"args", agentContainerArguments(pool)},
+      {"env", env},
+      {"ports",
+       json::array({{{"name", "http"}, {"containerPort", kContainerPort}, {"protocol", "TCP"}}})},
+      {"readinessProbe", httpProbe("/health", 5, 3)},
+      {"livenessProbe", httpProbe("/health", 10, 3)},
+      // Loading a model takes a while: up to ten minutes before liveness counts.
+      {"startupProbe", httpProbe("/health", 10, 60)},
+      {"volumeMounts", json::array({{{"name", "dshm"}, {"mountPath", "/dev/shm"}}})}};
+  if (!pool.resources.empty()) container["resources"] = pool.resources;
+
+  const double shutdown_s = pool.engine.shutdown_timeout_s.value_or(30.0);
+  json pod_spec = {
+      // In-flight requests get the agent's shutdown timeout, plus time to exit.
+      {"terminationGracePeriodSeconds", static_cast<int64_t>(std::ceil(shutdown_s)) + 15},
+      // UCX's shared-memory transport needs more than the default 64 MiB.
+      {"volumes", json::array({{{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
+  addModelVolume(pool.model_volume, pool.model_path, pod_spec, container);
+  pod_spec["containers"] = json::array({container});
+  return deployment(owner, pool.name, poolLabels(pool.name, pool.kind),
+                    poolSelector(pool.name, pool.kind), pool.replicas, std::move(pod_spec));
+}
+
+json desiredPoolService(const Owner& owner, const PoolSpec& pool) {
+  // Headless: the router reaches each agent by its own address (EndpointSlices).
+  json object = {{"apiVersion", "v1"},
+                 {"kind", "Service"},
+                 {"metadata", objectMeta(owner, pool.name, poolLabels(pool.name, pool.kind))},
+                 {"spec",
+                  {{"clusterIP", "None"},
+                   {"selector", poolSelector(pool.name, pool.kind)},
+                   {"ports", json::array({{{"name", "http"},
+                                           {"port", kContainerPort},
+                                           {"targetPort", "http"},
+                                           {"protocol", "TCP"}}})}}}};
+  stampDesiredHash(object);
+  return object;
+}
+
+json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
+                             const std::vector<std::string>& prefill_pools,
+                             const std::vector<std::string>& decode_pools,
+                             const WorkloadDefaults& defaults) {
+  json container = {
+      {"name", "router"},
+      {"image", imageOf(router.image, defaults.operator_image, owner, "--default-operator-image")},
+      {"command", json::array({"tandem-operator"})},
+      {"args", routerContainerArguments(router, owner.ns, prefill_pools, decode_pools)},
+      {"ports",
+       json::array({{{"name", "http"}, {"containerPort", kContainerPort}, {"protocol", "TCP"}}})},
+      // /health is 200 only with a model and a healthy decode agent: a
+      // readiness matter. /metrics answers whenever the server runs.
+      {"readinessProbe", httpProbe("/health", 5, 3)},
+      {"livenessProbe", httpProbe("/metrics", 10, 3)}};
+  if (!router.resources.empty()) container["resources"] = router.resources;
+  json pod_spec = {{"serviceAccountName", defaults.router_service_account}};
+  if (router.model_path)
+    addModelVolume(router.model_volume, *router.model_path, pod_spec, container);
+  pod_spec["containers"] = json::array({container});
+  return deployment(owner, router.name, routerLabels(router.name), routerSelector(router.name),
+                    router.replicas, std::move(pod_spec));
+}
+
+json desiredRouterService(const Owner& owner, const RouterSpec& router) {
+  json object = {{"apiVersion", "v1"},
+                 {"kind", "Service"},
+                 {"metadata", objectMeta(owner, router.name, routerLabels(router.name))},
+                 {"spec",
+                  {{"type", router.service_type},
+                   {"selector", routerSelector(router.name)},
+                   {"ports", json::array({{{"name", "http"},
+                                           {"port", router.service_port},
+                                           {"targetPort", "http"},
+                                           {"protocol", "TCP"}}})}}}};
+  stampDesiredHash(object);
+  return object;
+}
+
+}  // namespace tandem::controller

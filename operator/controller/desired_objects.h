@@ -1,0 +1,63 @@
+// The objects the controller wants to exist, as pure functions of a pool's
+// or router's object and its parsed spec: a Deployment and a headless
+// Service per PrefillPool/DecodePool, a Deployment and a Service per Router.
+// The agent's command line is local mode's (operator/local/agent_command.h),
+// so a pool runs the same agents on one machine and in a cluster.
+//
+// Every object carries the labels of object_meta.h, an ownerReference to its
+// owner and the desired-hash annotation; nothing here talks to the API.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "operator/controller/object_meta.h"
+#include "operator/local/cluster_spec.h"
+
+namespace tandem::controller {
+
+// The port agents and the router listen on inside their pods.
+inline constexpr int kContainerPort = 8000;
+
+struct WorkloadDefaults {
+  std::string agent_image;                               // --default-agent-image
+  std::string operator_image;                            // --default-operator-image
+  std::string router_service_account = "tandem-router";  // --router-service-account
+};
+
+// The labels of a pool's pods and objects, and the subset its selector uses
+// (tandem.dev/pool and tandem.dev/role).
+nlohmann::json poolLabels(const std::string& pool, local::PoolKind kind);
+nlohmann::json poolSelector(const std::string& pool, local::PoolKind kind);
+nlohmann::json routerLabels(const std::string& router);
+nlohmann::json routerSelector(const std::string& router);
+
+// True when the pool's agents hand KV blocks out without a shared secret: no
+// kvTransfer.secretRef and no extraConfig.secret. They then listen on the pod
+// IP only, with --insecure-kv, and the controller warns (InsecureKvTransfer).
+bool poolKvTransferIsInsecure(const local::PoolSpec& pool);
+
+// The agent container's arguments (after the command "tandem-agent"): local
+// mode's mapping with --host 0.0.0.0 (secretRef) or $(POD_IP) plus
+// --insecure-kv, and --port 8000.
+std::vector<std::string> agentContainerArguments(const local::PoolSpec& pool);
+
+// The router container's arguments (after the command "tandem-operator").
+std::vector<std::string> routerContainerArguments(const local::RouterSpec& router,
+                                                  const std::string& ns,
+                                                  const std::vector<std::string>& prefill_pools,
+                                                  const std::vector<std::string>& decode_pools);
+
+// Throws tandem::Error when no image is known (neither spec.image nor the
+// controller's default).
+nlohmann::json desiredPoolDeployment(const Owner& owner, const local::PoolSpec& pool,
+                                     const WorkloadDefaults& defaults);
+nlohmann::json desiredPoolService(const Owner& owner, const local::PoolSpec& pool);
+nlohmann::json desiredRouterDeployment(const Owner& owner, const local::RouterSpec& router,
+                                       const std::vector<std::string>& prefill_pools,
+                                       const std::vector<std::string>& decode_pools,
+                                       const WorkloadDefaults& defaults);
+nlohmann::json desiredRouterService(const Owner& owner, const local::RouterSpec& router);
+
+}  // namespace tandem::controller

@@ -1,0 +1,62 @@
+#include "operator/controller/event_recorder.h"
+
+#include <cstdio>
+#include <random>
+
+#include "common/logging.h"
+#include "operator/k8s/resource.h"
+
+namespace tandem::controller {
+namespace {
+
+std::string randomHex() {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(generator()));
+  return text;
+}
+
+}  // namespace
+
+EventRecorder::EventRecorder(ApiWriter& writer, std::string instance)
+    : writer_(writer), instance_(std::move(instance)) {}
+
+void EventRecorder::record(const Owner& owner, const std::string& type, const std::string& reason,
+                           const std::string& message) {
+  const std::string now = nowRfc3339();
+  const nlohmann::json event = {
+      {"apiVersion", "v1"},
+      {"kind", "Event"},
+      {"metadata", {{"name", owner.name + "." + randomHex()}, {"namespace", owner.ns}}},
+      {"involvedObject",
+       {{"apiVersion", owner.api_version},
+        {"kind", owner.kind},
+        {"name", owner.name},
+        {"namespace", owner.ns},
+        {"uid", owner.uid}}},
+      {"reason", reason},
+      {"message", message},
+      {"type", type},
+      {"source", {{"component", "tandem-operator"}}},
+      {"reportingComponent", "tandem-operator"},
+      {"reportingInstance", instance_},
+      {"firstTimestamp", now},
+      {"lastTimestamp", now},
+      {"count", 1}};
+  auto result = writer_.create(k8s::resources::kEvents, owner.ns, event);
+  if (!result.isOk()) {
+    TANDEM_LOG(kWarn) << "controller: event " << reason << " on " << owner.kind << " " << owner.ns
+                      << "/" << owner.name << " not recorded: " << result.error().toString();
+  }
+}
+
+void EventRecorder::recordOnce(const Owner& owner, const std::string& type,
+                               const std::string& reason, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!recorded_.emplace(owner.uid, owner.generation, reason).second) return;
+  }
+  record(owner, type, reason, message);
+}
+
+}  // namespace tandem::controller

@@ -1,0 +1,268 @@
+#include "operator/controller/reconciler.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "common/status.h"
+#include "operator/controller/object_diff.h"
+#include "operator/controller/workload_status.h"
+
+namespace tandem::controller {
+
+using nlohmann::json;
+
+struct Reconciler::ChildOutcome {
+  enum class State { kInSync, kConflict, kFailed } state = State::kInSync;
+  std::optional<json> live;  // the child as it is now (kInSync)
+  std::optional<k8s::ApiError> error;
+  std::string problem;  // (kConflict, kFailed) for the Degraded message
+};
+
+namespace {
+
+std::string describe(const Owner& owner) { return owner.kind + " " + owner.ns + "/" + owner.name; }
+
+int64_t specReplicas(const json& object, int64_t fallback) {
+  if (object.contains("spec") && object["spec"].is_object() &&
+      object["spec"].contains("replicas") && object["spec"]["replicas"].is_number_integer()) {
+    return object["spec"]["replicas"].get<int64_t>();
+  }
+  return fallback;
+}
+
+}  // namespace
+
+const k8s::ResourceType& resourceOf(OwnerKind kind) {
+  switch (kind) {
+    case OwnerKind::kPrefillPool:
+      return k8s::resources::kPrefillPools;
+    case OwnerKind::kDecodePool:
+      return k8s::resources::kDecodePools;
+    case OwnerKind::kRouter:
+      break;
+  }
+  return k8s::resources::kRouters;
+}
+
+const char* ownerKindName(OwnerKind kind) { return resourceOf(kind).kind.c_str(); }
+
+std::optional<OwnerKind> ownerKindFromName(const std::string& kind) {
+  for (OwnerKind candidate :
+       {OwnerKind::kPrefillPool, OwnerKind::kDecodePool, OwnerKind::kRouter}) {
+    if (resourceOf(candidate).kind == kind) return candidate;
+  }
+  return std::nullopt;
+}
+
+Reconciler::Reconciler(ApiWriter& writer, EventRecorder& events, ReconcilerOptions options,
+                       ClusterReader reader)
+    : writer_(writer), events_(events), options_(std::move(options)), reader_(std::move(reader)) {}
+
+Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, const Owner& owner,
+                                               const json& desired) {
+  ChildOutcome outcome;
+  const std::string name = desired["metadata"]["name"];
+  const std::string what = type.kind + " " + name;
+  auto live = writer_.client().get(type, owner.ns, name);
+  if (!live.isOk() && !live.error().isNotFound()) {
+    outcome.state = ChildOutcome::State::kFailed;
+    outcome.error = live.error();
+    outcome.problem = "reading " + what + ": " + live.error().toString();
+    return outcome;
+  }
+  const bool exists = live.isOk();
+  if (exists) {
+    if (!isControlledBy(*live, owner.uid)) {
+      outcome.state = ChildOutcome::State::kConflict;
+      outcome.problem = what + " exists and is not controlled by " + describe(owner) +
+                        ": rename the pool or delete that " + type.kind;
+      return outcome;
+    }
+    if (isSubset(desired, *live)) {
+      outcome.live = std::move(*live);
+      return outcome;
+    }
+    TANDEM_LOG(kInfo) << "controller: " << describe(owner) << ": " << what << " differs at "
+                      << firstDifference(desired, *live) << ": applying";
+  }
+  // Server-side apply for creation too: the fields are then owned by the
+  // apply manager from the start, so a field later dropped from the desired
+  // object is removed from the live one.
+  auto applied = writer_.apply(type, owner.ns, desired);
+  if (!applied.isOk() && !exists && applied.error().isNotFound()) {
+    applied = writer_.create(type, owner.ns, desired);
+  }
+  if (!applied.isOk()) {
+    if (applied.error().reason == "NotLeader") {
+      outcome.state = ChildOutcome::State::kFailed;
+      outcome.error = applied.error();
+      return outcome;
+    }
+    const char* reason = exists ? "FailedUpdate" : "FailedCreate";
+    outcome.state = ChildOutcome::State::kFailed;
+    outcome.error = applied.error();
+    outcome.problem =
+        (exists ? "updating " : "creating ") + what + ": " + applied.error().toString();
+    events_.record(owner, kWarning, reason, outcome.problem);
+    return outcome;
+  }
+  events_.record(owner, kNormal, exists ? "Updated" : "Created",
+                 (exists ? "Updated " : "Created ") + what);
+  outcome.live = std::move(*applied);
+  return outcome;
+}
+
+std::vector<json> Reconciler::pods(const std::string& ns, const json& match_labels) {
+  if (reader_.pods) return reader_.pods(ns, match_labels);
+  k8s::ListOptions options;
+  options.label_selector = selectorString(match_labels);
+  auto list = writer_.client().list(k8s::resources::kPods, ns, options);
+  if (!list.isOk() || !list->contains("items")) return {};
+  return (*list)["items"].get<std::vector<json>>();
+}
+
+std::vector<std::string> Reconciler::poolNames(const std::string& ns, OwnerKind kind) {
+  if (reader_.pool_names) return reader_.pool_names(ns, kind);
+  std::vector<std::string> names;
+  auto list = writer_.client().list(resourceOf(kind), ns);
+  if (!list.isOk() || !list->contains("items")) return names;
+  for (const json& item : (*list)["items"]) names.push_back(item["metadata"].value("name", ""));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+k8s::Result<k8s::Done> Reconciler::writeStatus(OwnerKind kind, const json& object,
+                                               const json& status) {
+  if (object.contains("status") && object["status"] == status) return k8s::Done{};
+  const Owner owner = ownerOf(object);
+  auto written = writer_.readModifyWrite(
+      resourceOf(kind), owner.ns, owner.name,
+      [&](json& current) {
+        if (current.contains("status") && current["status"] == status) return false;
+        current["status"] = status;
+        return true;
+      },
+      "status");
+  if (!written.isOk()) {
+    if (written.error().isNotFound()) return k8s::Done{};
+    return written.error();
+  }
+  return k8s::Done{};
+}
+
+k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& ns,
+                                             const std::string& name) {
+  auto read = writer_.client().get(resourceOf(kind), ns, name);
+  if (!read.isOk()) {
+    if (read.error().isNotFound()) return k8s::Done{};
+    return read.error();
+  }
+  const json& object = *read;
+  const Owner owner = ownerOf(object);
+  const std::string source = describe(owner);
+
+  WorkloadObservation observation;
+  observation.generation = owner.generation;
+  std::optional<k8s::ApiError> error;
+  auto fail = [&](const std::string& reason, const std::string& message) {
+    if (!observation.failure) observation.failure = std::make_pair(reason, message);
+  };
+
+  // The desired children, or the reason there are none.
+  json desired_deployment;
+  json desired_service;
+  json match_labels;
+  std::vector<std::string> prefill_pools;
+  std::vector<std::string> decode_pools;
+  try {
+    if (kind == OwnerKind::kRouter) {
+      const local::RouterSpec router = local::parseRouterObject(object, source);
+      match_labels = routerSelector(name);
+      observation.desired_replicas = router.replicas;
+      prefill_pools = router.prefill_pools.value_or(poolNames(ns, OwnerKind::kPrefillPool));
+      decode_pools = router.decode_pools.value_or(poolNames(ns, OwnerKind::kDecodePool));
+      for (auto [names, pool_kind, field] :
+           {std::tuple{&prefill_pools, OwnerKind::kPrefillPool, "spec.prefillPools"},
+            std::tuple{&decode_pools, OwnerKind::kDecodePool, "spec.decodePools"}}) {
+        const std::vector<std::string> existing = poolNames(ns, pool_kind);
+        for (const std::string& pool : *names) {
+          if (std::find(existing.begin(), existing.end(), pool) == existing.end()) {
+            fail("PoolNotFound", std::string(field) + " names \"" + pool + "\", which is not a " +
+                                     ownerKindName(pool_kind) + " of namespace " + ns);
+          }
+        }
+      }
+      if (decode_pools.empty()) {
+        fail("NoDecodePool", "namespace " + ns +
+                                 " has no DecodePool to route to (spec.decodePools or every "
+                                 "DecodePool of the namespace)");
+      }
+      desired_deployment =
+          desiredRouterDeployment(owner, router, prefill_pools, decode_pools, options_.defaults);
+      desired_service = desiredRouterService(owner, router);
+    } else {
+      const local::PoolKind pool_kind =
+          kind == OwnerKind::kPrefillPool ? local::PoolKind::kPrefill : local::PoolKind::kDecode;
+      const local::PoolSpec pool = local::parsePoolObject(object, pool_kind, source);
+      match_labels = poolSelector(name, pool_kind);
+      observation.desired_replicas = pool.replicas;
+      desired_deployment = desiredPoolDeployment(owner, pool, options_.defaults);
+      desired_service = desiredPoolService(owner, pool);
+      if (poolKvTransferIsInsecure(pool)) {
+        events_.recordOnce(owner, kWarning, "InsecureKvTransfer",
+                           "no kvTransfer.secretRef: agents serve KV blocks to any peer that "
+                           "reaches the pod IP (--insecure-kv); set a Secret to require a "
+                           "shared secret");
+      }
+    }
+  } catch (const Error& e) {
+    observation.desired_replicas = specReplicas(object, 1);
+    fail("InvalidSpec", e.what());
+    events_.recordOnce(owner, kWarning, "InvalidSpec", e.what());
+    desired_deployment = nullptr;
+  }
+  if (match_labels.is_null()) {
+    match_labels = kind == OwnerKind::kRouter ? routerSelector(name)
+                                              : poolSelector(name, kind == OwnerKind::kPrefillPool
+                                                                       ? local::PoolKind::kPrefill
+                                                                       : local::PoolKind::kDecode);
+  }
+  observation.selector = selectorString(match_labels);
+
+  if (!desired_deployment.is_null()) {
+    const ChildOutcome deployment =
+        syncChild(k8s::resources::kDeployments, owner, desired_deployment);
+    const ChildOutcome service = syncChild(k8s::resources::kServices, owner, desired_service);
+    for (const ChildOutcome* child : {&deployment, &service}) {
+      if (child->state == ChildOutcome::State::kConflict) {
+        fail("NameConflict", child->problem);
+        events_.recordOnce(owner, kWarning, "NameConflict", child->problem);
+      } else if (child->state == ChildOutcome::State::kFailed) {
+        if (!child->problem.empty()) fail("ApplyFailed", child->problem);
+        if (!error) error = child->error;
+      }
+    }
+    if (deployment.state == ChildOutcome::State::kInSync) observation.deployment = deployment.live;
+    observation.spec_applied = deployment.state == ChildOutcome::State::kInSync &&
+                               service.state == ChildOutcome::State::kInSync;
+  } else {
+    // The spec cannot be applied; the status still tells how the Deployment
+    // of the last good spec is doing.
+    auto live = writer_.client().get(k8s::resources::kDeployments, ns, name);
+    if (live.isOk() && isControlledBy(*live, owner.uid)) observation.deployment = std::move(*live);
+  }
+  observation.pods = pods(ns, match_labels);
+
+  json previous = object.contains("status") ? object["status"] : json(nullptr);
+  json status = computeWorkloadStatus(previous, observation, options_.now());
+  if (kind == OwnerKind::kRouter && observation.spec_applied) {
+    status["prefillPools"] = prefill_pools;
+    status["decodePools"] = decode_pools;
+  }
+  auto written = writeStatus(kind, object, status);
+  if (!written.isOk() && !error) error = written.error();
+  if (error) return *error;
+  return k8s::Done{};
+}
+
+}  // namespace tandem::controller

@@ -1,0 +1,464 @@
+// tandem-operator controller against the test API server, driven by the real
+// kubectl: the pools and the router of examples/kubernetes/ become Deployments
+// and Services with honest status; scaling, spec changes, crash loops, edits
+// by others, conflicts, lost watches and leader election.
+//
+// The API server is in-process (tests/support/apiserver); the controller is
+// the real binary, started as a process with a kubeconfig whose bearer token
+// names it, so the server can count each controller's writes.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "operator/local/agent_command.h"
+#include "operator/local/cluster_spec.h"
+#include "tests/support/apiserver/api_server.h"
+#include "tests/support/kubectl.h"
+#include "tests/support/test_helpers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tandem::Subprocess;
+using tandem::testing::ApiServer;
+using tandem::testing::eventually;
+using tandem::testing::Kubectl;
+using tandem::testing::KubectlResult;
+using namespace std::chrono_literals;
+
+const fs::path kSourceDir = TANDEM_SOURCE_DIR;
+const fs::path kOperator = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
+constexpr const char* kNs = "default";
+
+int freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// The value of one sample of a metric in Prometheus text, or -1 when absent.
+double metricValue(const std::string& text, const std::string& series) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+std::optional<json> condition(const json& object, const std::string& type) {
+  if (!object.contains("status") || !object["status"].contains("conditions")) return std::nullopt;
+  for (const json& c : object["status"]["conditions"]) {
+    if (c.value("type", "") == type) return c;
+  }
+  return std::nullopt;
+}
+
+bool conditionIs(const std::optional<json>& object, const std::string& type,
+                 const std::string& status) {
+  if (!object) return false;
+  const auto c = condition(*object, type);
+  return c && c->value("status", "") == status;
+}
+
+// One controller process.
+class Controller {
+ public:
+  Controller(const ApiServer& server, const fs::path& dir, const std::string& identity,
+             const std::vector<std::string>& extra = {})
+      : identity_(identity), metrics_port_(freePort()) {
+    kubeconfig_ = server.writeKubeconfig(dir / (identity + ".kubeconfig"), identity, kNs);
+    std::vector<std::string> argv = {kOperator.string(), "controller",    "--kubeconfig",
+                                     kubeconfig_.string(), "--namespace", kNs,
+                                     "--metrics-port",     std::to_string(metrics_port_)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<Subprocess>(argv, dir / (identity + ".err"));
+    started_ = !process_->waitForLine("controller started", 60s).empty();
+  }
+  bool started() const { return started_; }
+  Subprocess& process() { return *process_; }
+  const std::string& identity() const { return identity_; }
+  std::string metrics() const {
+    httplib::Client client("127.0.0.1", metrics_port_);
+    client.set_read_timeout(5, 0);
+    auto response = client.Get("/metrics");
+    return response && response->status == 200 ? response->body : "";
+  }
+  double reconciles(const std::string& kind) const {
+    return metricValue(metrics(),
+                       "tandem_operator_reconciles_total{kind=\"" + kind + "\",result=\"success\"}");
+  }
+  bool isLeader() const { return metricValue(metrics(), "tandem_operator_is_leader") == 1; }
+  std::string stderrText() const { return process_->stderrText(); }
+
+ private:
+  std::string identity_;
+  int metrics_port_;
+  fs::path kubeconfig_;
+  std::unique_ptr<Subprocess> process_;
+  bool started_ = false;
+};
+
+class K8sControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tandem-k8s-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    server_ = std::make_unique<ApiServer>();
+    server_->setDeploymentControllerAuto(true);
+    kubectl_ = std::make_unique<Kubectl>(server_->writeKubeconfig(dir_ / "user.kubeconfig", "user"),
+                                         dir_ / "user");
+    const KubectlResult crds = kubectl({"apply", "-f", (kSourceDir / "crds").string()});
+    ASSERT_EQ(crds.exit_status, 0) << crds.err;
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  KubectlResult kubectl(const std::vector<std::string>& args) { return kubectl_->run(args); }
+
+  void applyExamples() {
+    for (const char* file : {"secret.yaml", "prefillpool.yaml", "decodepool.yaml", "router.yaml"}) {
+      const KubectlResult applied =
+          kubectl({"apply", "-f", (kSourceDir / "examples/kubernetes" / file).string()});
+      ASSERT_EQ(applied.exit_status, 0) << file << ": " << applied.err;
+    }
+  }
+
+  std::optional<json> get(const std::string& api_version, const std::string& kind,
+                          const std::string& name) {
+    return server_->get(api_version, kind, kNs, name);
+  }
+  std::optional<json> deployment(const std::string& name) {
+    return get("apps/v1", "Deployment", name);
+  }
+  std::optional<json> prefillPool() { return get("tandem.dev/v1alpha1", "PrefillPool", "prefill"); }
+
+  // The pool's Deployment exists and the pool says Ready=True for its generation.
+  bool poolReady(const std::string& kind, const std::string& name) {
+    const auto pool = get("tandem.dev/v1alpha1", kind, name);
+    if (!pool || !conditionIs(pool, "Ready", "True")) return false;
+    return pool->at("status").value("observedGeneration", int64_t{-1}) ==
+           pool->at("metadata").value("generation", int64_t{0});
+  }
+
+  // Writes by `user` other than to Leases and Events.
+  size_t objectWritesBy(const std::string& user) const {
+    size_t writes = 0;
+    for (const std::string& line : server_->requestLog()) {
+      if (line.size() < user.size() + 1 || line.compare(line.size() - user.size(), user.size(), user) != 0 ||
+          line[line.size() - user.size() - 1] != ' ')
+        continue;
+      if (line.rfind("GET ", 0) == 0) continue;
+      if (line.find("/leases") != std::string::npos || line.find("/events") != std::string::npos)
+        continue;
+      ++writes;
+    }
+    return writes;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<ApiServer> server_;
+  std::unique_ptr<Kubectl> kubectl_;
+};
+
+// The container args of a pool's Deployment are what local mode runs for the
+// same document, with the in-cluster host and port.
+TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModesArguments) {
+  applyExamples();
+  Controller controller(*server_, dir_, "controller-a");
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+
+  ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s))
+      << controller.stderrText();
+  ASSERT_TRUE(eventually([&] { return poolReady("DecodePool", "decode"); }, 30s));
+
+  for (const auto& [kind, name, role] :
+       {std::tuple{"PrefillPool", "prefill", "prefill"}, std::tuple{"DecodePool", "decode", "decode"}}) {
+    SCOPED_TRACE(name);
+    const json pool = *get("tandem.dev/v1alpha1", kind, name);
+    const json deploy = *deployment(name);
+    const json service = *get("v1", "Service", name);
+
+    // Owner: the pool, as controller.
+    for (const json& child : {deploy, service}) {
+      ASSERT_EQ(child["metadata"]["ownerReferences"].size(), 1u);
+      const json& owner = child["metadata"]["ownerReferences"][0];
+      EXPECT_EQ(owner["kind"], kind);
+      EXPECT_EQ(owner["name"], name);
+      EXPECT_EQ(owner["uid"], pool["metadata"]["uid"]);
+      EXPECT_EQ(owner["controller"], true);
+      const json& labels = child["metadata"]["labels"];
+      EXPECT_EQ(labels["app.kubernetes.io/managed-by"], "tandem-operator");
+      EXPECT_EQ(labels["app.kubernetes.io/instance"], name);
+      EXPECT_EQ(labels["app.kubernetes.io/component"], role);
+      EXPECT_EQ(labels["tandem.dev/pool"], name);
+      EXPECT_EQ(labels["tandem.dev/role"], role);
+    }
+    EXPECT_EQ(service["spec"]["clusterIP"], "None");
+
+    // The arguments: local mode's mapping of the same document.
+    const tandem::local::PoolSpec spec = tandem::local::parsePoolObject(
+        pool,
+        std::string(kind) == "PrefillPool" ? tandem::local::PoolKind::kPrefill
+                                           : tandem::local::PoolKind::kDecode,
+        name);
+    std::vector<std::string> expected =
+        tandem::local::agentArguments(spec, "tandem-agent", "0.0.0.0", 8000);
+    expected.erase(expected.begin());
+    const json& container = deploy["spec"]["template"]["spec"]["containers"][0];
+    EXPECT_EQ(container["args"].get<std::vector<std::string>>(), expected);
+    EXPECT_EQ(deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+    EXPECT_EQ(deploy["spec"]["replicas"], pool["spec"]["replicas"]);
+    // The shared KV secret comes from the Secret the pool names.
+    bool secret_env = false;
+    for (const json& env : container["env"]) {
+      if (env["name"] == "TANDEM_KV_SECRET") {
+        secret_env = true;
+        EXPECT_EQ(env["valueFrom"]["secretKeyRef"]["name"],
+                  pool["spec"]["kvTransfer"]["secretRef"]["name"]);
+      }
+    }
+    EXPECT_TRUE(secret_env);
+    EXPECT_EQ(pool["status"]["selector"], "tandem.dev/pool=" + std::string(name) +
+                                              ",tandem.dev/role=" + role);
+  }
+  ASSERT_TRUE(eventually([&] {
+    return deployment("router").has_value() && get("v1", "Service", "router").has_value() &&
+           conditionIs(get("tandem.dev/v1alpha1", "Router", "router"), "Ready", "True");
+  }, 30s)) << ::testing::PrintToString(get("tandem.dev/v1alpha1", "Router", "router"));
+  const json router_args =
+      deployment("router")->at("spec")["template"]["spec"]["containers"][0]["args"];
+  const std::vector<std::string> expected_router_args = {
+      "router",        "--discover",      "--namespace", kNs,
+      "--prefill-pool", "prefill",        "--decode-pool", "decode"};
+  for (const std::string& arg : expected_router_args) {
+    EXPECT_NE(std::find(router_args.begin(), router_args.end(), arg), router_args.end())
+        << arg << " missing from " << router_args.dump();
+  }
+
+  // A second reconcile of an unchanged world writes nothing: an annotation
+  // (not spec) makes the controller look again.
+  const size_t writes = objectWritesBy("controller-a");
+  const double reconciles = controller.reconciles("PrefillPool");
+  ASSERT_EQ(kubectl({"annotate", "prefillpool", "prefill", "example.com/touched=1"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] { return controller.reconciles("PrefillPool") > reconciles; }, 20s));
+  EXPECT_EQ(objectWritesBy("controller-a"), writes) << ::testing::PrintToString(server_->requestLog());
+}
+
+TEST_F(K8sControllerTest, ScaleFollowsAndStatusTellsTheTruth) {
+  applyExamples();
+  // /scale works right after creation (spec.replicas is defaulted).
+  const KubectlResult scale = kubectl(
+      {"get", "--raw", "/apis/tandem.dev/v1alpha1/namespaces/default/prefillpools/prefill/scale"});
+  ASSERT_EQ(scale.exit_status, 0) << scale.err;
+  EXPECT_EQ(json::parse(scale.out)["kind"], "Scale");
+  EXPECT_EQ(json::parse(scale.out)["spec"]["replicas"], 1);
+
+  Controller controller(*server_, dir_, "controller-a");
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+  ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
+
+  ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] {
+    const auto d = deployment("prefill");
+    return d && d->at("spec").value("replicas", 0) == 3;
+  }, 30s));
+  ASSERT_TRUE(eventually([&] {
+    const auto pool = prefillPool();
+    return pool && pool->at("status").value("replicas", 0) == 3 &&
+           pool->at("status").value("readyReplicas", 0) == 3 && poolReady("PrefillPool", "prefill");
+  }, 30s));
+
+  const KubectlResult table = kubectl({"get", "prefillpools"});
+  ASSERT_EQ(table.exit_status, 0) << table.err;
+  EXPECT_TRUE(std::regex_search(table.out, std::regex(R"(prefill\s+.*\b3\s+3\b)"))) << table.out;
+  EXPECT_NE(table.out.find("DESIRED"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("READY"), std::string::npos) << table.out;
+}
+
+// Progressing while a replica runs the old template, Ready only after; a
+// crash-looping pod makes the pool Degraded with its reason.
+TEST_F(K8sControllerTest, RolloutIsProgressingUntilEveryReplicaIsUpdatedAndCrashLoopsDegrade) {
+  applyExamples();
+  Controller controller(*server_, dir_, "controller-a");
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+  ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
+  ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] { return prefillPool()->at("status").value("readyReplicas", 0) == 3; }, 30s));
+
+  // The rollout: the Deployment controller is now played by hand.
+  server_->setDeploymentControllerAuto(false);
+  const std::string old_args = deployment("prefill")->at("spec")["template"].dump();
+  ASSERT_EQ(kubectl({"patch", "prefillpool", "prefill", "--type=merge", "-p",
+                     R"({"spec":{"engine":{"maxNumSeqs":17}}})"})
+                .exit_status,
+            0);
+  const int64_t generation = prefillPool()->at("metadata").value("generation", int64_t{0});
+  ASSERT_TRUE(eventually([&] { return deployment("prefill")->at("spec")["template"].dump() != old_args; }, 30s));
+  const json args = deployment("prefill")->at("spec")["template"]["spec"]["containers"][0]["args"];
+  EXPECT_NE(args.dump().find("\"--max-num-seqs\",\"17\""), std::string::npos) << args.dump();
+
+  server_->setDeploymentStatus(kNs, "prefill", 4, 1, 3);
+  ASSERT_TRUE(eventually([&] {
+    const auto pool = prefillPool();
+    return conditionIs(pool, "Progressing", "True") && conditionIs(pool, "Ready", "False") &&
+           pool->at("status").value("observedGeneration", int64_t{0}) == generation &&
+           pool->at("status").value("updatedReplicas", 0) == 1;
+  }, 30s)) << prefillPool()->dump();
+
+  server_->setDeploymentStatus(kNs, "prefill", 3, 3, 3);
+  ASSERT_TRUE(eventually([&] {
+    const auto pool = prefillPool();
+    return conditionIs(pool, "Progressing", "False") && conditionIs(pool, "Ready", "True");
+  }, 30s)) << prefillPool()->dump();
+
+  // A crash-looping agent.
+  const json template_labels = deployment("prefill")->at("spec")["template"]["metadata"]["labels"];
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata", {{"name", "prefill-crash-0"}, {"namespace", kNs}, {"labels", template_labels}}},
+              {"spec", {{"containers", json::array({{{"name", "agent"}, {"image", "x"}}})}}},
+              {"status",
+               {{"phase", "Running"},
+                {"containerStatuses",
+                 json::array({{{"name", "agent"},
+                               {"ready", false},
+                               {"restartCount", 5},
+                               {"state",
+                                {{"waiting",
+                                  {{"reason", "CrashLoopBackOff"},
+                                   {"message", "back-off 5m0s restarting failed container"}}}}}}})}}}};
+  server_->put(pod);
+  ASSERT_TRUE(eventually([&] {
+    const auto pool = prefillPool();
+    const auto degraded = pool ? condition(*pool, "Degraded") : std::nullopt;
+    return degraded && degraded->value("status", "") == "True" &&
+           degraded->value("reason", "") == "CrashLoopBackOff" &&
+           degraded->value("message", "").find("prefill-crash-0") != std::string::npos;
+  }, 30s)) << prefillPool()->dump();
+}
+
+// Children deleted or edited by someone else are put back; injected 409s
+// are retried; changes made while the controller's watches are down (and
+// after the history was compacted) are not missed.
+TEST_F(K8sControllerTest, ChildrenArePutBackAndNoChangeIsLost) {
+  applyExamples();
+  Controller controller(*server_, dir_, "controller-a");
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+  ASSERT_TRUE(eventually([&] { return poolReady("DecodePool", "decode"); }, 30s));
+
+  const std::string old_uid = deployment("decode")->at("metadata")["uid"];
+  ASSERT_EQ(kubectl({"delete", "deployment", "decode"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] {
+    const auto d = deployment("decode");
+    return d && d->at("metadata")["uid"] != old_uid;
+  }, 30s));
+  ASSERT_EQ(kubectl({"delete", "service", "decode"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] { return get("v1", "Service", "decode").has_value(); }, 30s));
+
+  ASSERT_EQ(kubectl({"patch", "deployment", "decode", "--type=merge", "-p",
+                     R"({"spec":{"replicas":7,"template":{"spec":{"containers":[{"name":"agent","args":["oops"]}]}}}})"})
+                .exit_status,
+            0);
+  const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  ASSERT_TRUE(eventually([&] {
+    const auto d = deployment("decode");
+    return d && d->at("spec")["replicas"] == pool["spec"]["replicas"] &&
+           d->at("spec")["template"]["spec"]["containers"][0]["args"].size() > 1;
+  }, 30s)) << deployment("decode")->dump();
+
+  // Conflicts on the next writes: retried, nothing lost.
+  server_->injectConflicts(3, "Deployment");
+  ASSERT_EQ(kubectl({"scale", "decodepool/decode", "--replicas=2"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] { return deployment("decode")->at("spec").value("replicas", 0) == 2; }, 30s));
+
+  // Changes while the controller cannot see them, then history compacted:
+  // its watches get 410 and it relists.
+  controller.process().signal(SIGSTOP);
+  ASSERT_EQ(kubectl({"scale", "decodepool/decode", "--replicas=4"}).exit_status, 0);
+  ASSERT_EQ(kubectl({"delete", "service", "prefill"}).exit_status, 0);
+  server_->compactHistory();
+  controller.process().signal(SIGCONT);
+  ASSERT_TRUE(eventually([&] { return deployment("decode")->at("spec").value("replicas", 0) == 4; }, 30s));
+  ASSERT_TRUE(eventually([&] { return get("v1", "Service", "prefill").has_value(); }, 30s));
+  EXPECT_GT(metricValue(controller.metrics(), "tandem_operator_relists_total{resource=\"decodepools\"}"), 0);
+}
+
+// Two controllers: exactly one writes. The leader stopped (SIGTERM releases
+// the Lease; SIGKILL lets it expire) → the other takes over; a leader whose
+// Lease is taken away stops writing.
+TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
+  applyExamples();
+  const std::vector<std::string> election = {
+      "--leader-elect", "--leader-elect-lease-duration", "3", "--leader-elect-renew-deadline", "2",
+      "--leader-elect-retry-period", "0.5"};
+  // Leaders print "leading" before "controller started" (caches sync once
+  // leading); a follower prints only the latter.
+  auto a = std::make_unique<Controller>(*server_, dir_, "controller-a", election);
+  auto b = std::make_unique<Controller>(*server_, dir_, "controller-b", election);
+  ASSERT_TRUE(a->started() && b->started()) << a->stderrText() << b->stderrText();
+  ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
+  ASSERT_TRUE(eventually([&] { return a->isLeader() != b->isLeader(); }, 30s));
+  Controller* leader = a->isLeader() ? a.get() : b.get();
+  Controller* follower = a->isLeader() ? b.get() : a.get();
+  EXPECT_GT(objectWritesBy(leader->identity()), 0u);
+  EXPECT_EQ(objectWritesBy(follower->identity()), 0u);
+
+  // SIGTERM: the Lease is released and the other leads, well within a lease.
+  leader->process().signal(SIGTERM);
+  ASSERT_EQ(leader->process().wait(20s), 0) << leader->stderrText();
+  ASSERT_TRUE(eventually([&] { return follower->isLeader(); }, 10s));
+  ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=2"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 2; }, 30s));
+  EXPECT_GT(objectWritesBy(follower->identity()), 0u);
+
+  // SIGKILL: nothing is released; a new candidate takes over once the lease
+  // has expired on its own clock.
+  auto c = std::make_unique<Controller>(*server_, dir_, "controller-c", election);
+  ASSERT_TRUE(c->started());
+  follower->process().signal(SIGKILL);
+  ASSERT_TRUE(eventually([&] { return c->isLeader(); }, 20s)) << c->stderrText();
+  ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
+  ASSERT_TRUE(eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 3; }, 30s));
+
+  // The Lease taken away: c stops leading and stops writing.
+  json lease = *get("coordination.k8s.io/v1", "Lease", "tandem-operator");
+  lease["spec"]["holderIdentity"] = "someone-else";
+  lease["spec"]["leaseDurationSeconds"] = 3600;
+  server_->put(lease);
+  ASSERT_TRUE(eventually([&] { return !c->isLeader(); }, 20s));
+  const size_t writes = objectWritesBy("controller-c");
+  ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=1"}).exit_status, 0);
+  // Absence can only be observed over a window: several retry periods.
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(objectWritesBy("controller-c"), writes);
+  EXPECT_EQ(deployment("prefill")->at("spec").value("replicas", 0), 3);
+}
+
+}  // namespace

@@ -1,0 +1,255 @@
+// The controller against the in-process API server with the real CRDs:
+// children appear with owner references, an unchanged world costs no
+// writes, spec changes roll through to the Deployment and status, foreign
+// objects are never touched, deleted children come back, routers find pools.
+#include "operator/controller/controller.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "operator/controller/workload_status.h"
+#include "tests/support/apiserver/api_server.h"
+
+namespace tandem::controller {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr char kNamespace[] = "serving";
+constexpr char kToken[] = "controller-token";
+
+bool waitUntil(const std::function<bool()>& condition, seconds timeout = seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
+json decodePool(int64_t replicas, const std::string& name = "decode") {
+  return {{"apiVersion", "tandem.dev/v1alpha1"},
+          {"kind", "DecodePool"},
+          {"metadata", {{"name", name}, {"namespace", kNamespace}}},
+          {"spec",
+           {{"replicas", replicas},
+            {"model", {{"path", "/models/small"}}},
+            {"kvTransfer", {{"secretRef", {{"name", "kv"}, {"key", "secret"}}}}}}}};
+}
+
+json prefillPool(const std::string& name = "prefill") {
+  return {{"apiVersion", "tandem.dev/v1alpha1"},
+          {"kind", "PrefillPool"},
+          {"metadata", {{"name", name}, {"namespace", kNamespace}}},
+          {"spec", {{"model", {{"path", "/models/small"}}}}}};
+}
+
+// Write requests (POST, PUT, PATCH, DELETE) in `log` from entry `from` on.
+uint64_t writeRequests(const std::vector<std::string>& log, size_t from) {
+  uint64_t count = 0;
+  for (size_t i = from; i < log.size(); ++i) {
+    for (const char* method : {"POST ", "PUT ", "PATCH ", "DELETE "}) {
+      if (log[i].starts_with(method)) ++count;
+    }
+  }
+  return count;
+}
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  ControllerTest() {
+    server_.registerCrds(std::filesystem::path(TANDEM_SOURCE_DIR) / "crds");
+    k8s::ClusterConfig config;
+    config.server = server_.url();
+    config.token = kToken;
+    config.default_namespace = kNamespace;
+    client_ = std::make_unique<k8s::ApiClient>(config);
+  }
+
+  ControllerOptions options() const {
+    ControllerOptions value;
+    value.ns = kNamespace;
+    value.defaults.agent_image = "agent:test";
+    value.defaults.operator_image = "operator:test";
+    value.initial_backoff = milliseconds(10);
+    value.max_backoff = milliseconds(200);
+    return value;
+  }
+
+  std::optional<json> get(const std::string& api_version, const std::string& kind,
+                          const std::string& name) {
+    return server_.get(api_version, kind, kNamespace, name);
+  }
+  std::optional<json> deployment(const std::string& name) {
+    return get("apps/v1", "Deployment", name);
+  }
+  std::vector<json> eventsWithReason(const std::string& reason) {
+    std::vector<json> found;
+    for (const json& event : server_.list("v1", "Event", kNamespace)) {
+      if (event.value("reason", "") == reason) found.push_back(event);
+    }
+    return found;
+  }
+
+  testing::ApiServer server_;
+  std::unique_ptr<k8s::ApiClient> client_;
+};
+
+TEST_F(ControllerTest, PoolGetsOwnedChildrenAndASecondPassWritesNothing) {
+  const json pool = server_.put(decodePool(2));
+  const std::string uid = pool["metadata"]["uid"];
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+
+  auto created = deployment("decode");
+  ASSERT_TRUE(created.has_value());
+  EXPECT_EQ((*created)["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_EQ((*created)["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ((*created)["spec"]["replicas"], 2);
+  auto service = get("v1", "Service", "decode");
+  ASSERT_TRUE(service.has_value());
+  EXPECT_EQ((*service)["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_EQ((*service)["spec"]["clusterIP"], "None");
+  EXPECT_EQ(eventsWithReason("Created").size(), 2u);
+
+  auto stored = get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ((*stored)["status"]["observedGeneration"], (*stored)["metadata"]["generation"]);
+  EXPECT_EQ((*stored)["status"]["selector"], "tandem.dev/pool=decode,tandem.dev/role=decode");
+  EXPECT_EQ(findCondition((*stored)["status"], "Ready")["status"], "False");
+
+  // The server counts a write just after answering it: let the first pass's
+  // count settle at the number of writes its log shows.
+  const size_t requests = server_.requestLog().size();
+  const uint64_t writes = writeRequests(server_.requestLog(), 0);
+  ASSERT_GT(writes, 0u);
+  ASSERT_TRUE(waitUntil([&] { return server_.writesBy(kToken) == writes; }));
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  EXPECT_EQ(writeRequests(server_.requestLog(), requests), 0u)
+      << "an unchanged world was written to";
+  EXPECT_EQ(server_.writesBy(kToken), writes);
+}
+
+TEST_F(ControllerTest, SpecChangeUpdatesTheDeploymentAndObservedGenerationFollows) {
+  server_.put(decodePool(1));
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+
+  json changed = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  changed["spec"]["replicas"] = 3;
+  changed["spec"]["engine"] = {{"maxNumSeqs", 8}};
+  const json stored = server_.put(changed);
+  const int64_t generation = stored["metadata"]["generation"];
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+
+  const json updated = *deployment("decode");
+  EXPECT_EQ(updated["spec"]["replicas"], 3);
+  const json args = updated["spec"]["template"]["spec"]["containers"][0]["args"];
+  EXPECT_NE(std::find(args.begin(), args.end(), "--max-num-seqs"), args.end()) << args;
+  const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  EXPECT_EQ(pool["status"]["observedGeneration"], generation);
+  EXPECT_EQ(eventsWithReason("Updated").size(), 1u);
+
+  // The Deployment controller finishes the rollout: Ready.
+  server_.setDeploymentStatus(kNamespace, "decode", 3, 3, 3);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  const json ready = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  EXPECT_EQ(findCondition(ready["status"], "Ready")["status"], "True") << ready["status"];
+  EXPECT_EQ(ready["status"]["readyReplicas"], 3);
+}
+
+TEST_F(ControllerTest, ForeignDeploymentOfTheSameNameIsLeftAlone) {
+  const json foreign = server_.put(
+      {{"apiVersion", "apps/v1"},
+       {"kind", "Deployment"},
+       {"metadata", {{"name", "decode"}, {"namespace", kNamespace}}},
+       {"spec",
+        {{"replicas", 1},
+         {"selector", {{"matchLabels", {{"app", "other"}}}}},
+         {"template",
+          {{"metadata", {{"labels", {{"app", "other"}}}}},
+           {"spec", {{"containers", json::array({{{"name", "x"}, {"image", "x"}}})}}}}}}}});
+  server_.put(decodePool(1));
+  Controller controller(*client_, options());
+  controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode");
+  EXPECT_EQ((*deployment("decode"))["metadata"]["resourceVersion"],
+            foreign["metadata"]["resourceVersion"]);
+  const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  const json degraded = findCondition(pool["status"], "Degraded");
+  EXPECT_EQ(degraded["status"], "True");
+  EXPECT_EQ(degraded["reason"], "NameConflict");
+  EXPECT_NE(degraded["message"].get<std::string>().find("Deployment decode"), std::string::npos);
+  ASSERT_EQ(eventsWithReason("NameConflict").size(), 1u);
+  EXPECT_EQ(eventsWithReason("NameConflict")[0]["type"], "Warning");
+}
+
+TEST_F(ControllerTest, InsecureKvTransferIsWarnedOncePerGeneration) {
+  server_.put(prefillPool());
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  EXPECT_EQ(eventsWithReason("InsecureKvTransfer").size(), 1u);
+  const json args = (*deployment("prefill"))["spec"]["template"]["spec"]["containers"][0]["args"];
+  EXPECT_NE(std::find(args.begin(), args.end(), "--insecure-kv"), args.end());
+  EXPECT_NE(std::find(args.begin(), args.end(), "$(POD_IP)"), args.end());
+}
+
+TEST_F(ControllerTest, RunningControllerReconcilesPutsBackAndRoutes) {
+  Controller controller(*client_, options());
+  controller.start();
+  ASSERT_TRUE(controller.waitForSync(seconds(30)));
+  server_.setDeploymentControllerAuto(true);
+  server_.put(prefillPool());
+  server_.put(decodePool(2));
+  server_.put({{"apiVersion", "tandem.dev/v1alpha1"},
+               {"kind", "Router"},
+               {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+               {"spec", {{"service", {{"port", 80}}}}}});
+
+  ASSERT_TRUE(waitUntil([&] {
+    auto pool = get("tandem.dev/v1alpha1", "DecodePool", "decode");
+    if (!pool) return false;
+    const json ready = findCondition((*pool)["status"], "Ready");
+    return ready.is_object() && ready["status"] == "True";
+  })) << get("tandem.dev/v1alpha1", "DecodePool", "decode")->dump();
+
+  // The router routes to every pool of the namespace.
+  ASSERT_TRUE(waitUntil([&] {
+    auto router = deployment("front");
+    if (!router) return false;
+    const json args = (*router)["spec"]["template"]["spec"]["containers"][0]["args"];
+    return std::find(args.begin(), args.end(), "prefill") != args.end() &&
+           std::find(args.begin(), args.end(), "decode") != args.end();
+  }));
+  ASSERT_TRUE(waitUntil([&] {
+    auto router = get("tandem.dev/v1alpha1", "Router", "front");
+    return router && (*router)["status"].is_object() &&
+           (*router)["status"].value("decodePools", json()) == json::array({"decode"});
+  }));
+
+  // Someone deletes the pool's Deployment: it comes back.
+  server_.remove("apps/v1", "Deployment", kNamespace, "decode");
+  ASSERT_TRUE(waitUntil([&] { return deployment("decode").has_value(); }));
+
+  // Quiet again: no more writes.
+  ASSERT_TRUE(waitUntil([&] {
+    const uint64_t before = server_.writesBy(kToken);
+    std::this_thread::sleep_for(milliseconds(300));
+    return controller.queueDepth() == 0 && server_.writesBy(kToken) == before;
+  }));
+  const std::string metrics = controller.renderMetrics();
+  EXPECT_NE(metrics.find("tandem_operator_is_leader 1"), std::string::npos);
+  EXPECT_NE(
+      metrics.find("tandem_operator_reconciles_total{kind=\"DecodePool\",result=\"success\"}"),
+      std::string::npos);
+  controller.stop();
+}
+
+}  // namespace
+}  // namespace tandem::controller

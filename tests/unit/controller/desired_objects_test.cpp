@@ -1,0 +1,240 @@
+// The objects a pool or router should own: the agent's command line is local
+// mode's, labels, selector, owner reference, probes, volumes and the KV
+// secret decision.
+#include "operator/controller/desired_objects.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "common/status.h"
+#include "operator/controller/object_diff.h"
+#include "operator/local/agent_command.h"
+#include "operator/local/cluster_spec.h"
+
+namespace tandem::controller {
+namespace {
+
+using local::PoolKind;
+using local::PoolSpec;
+using nlohmann::json;
+
+Owner ownerFor(const PoolSpec& pool) {
+  return Owner{"tandem.dev/v1alpha1",
+               local::poolKindName(pool.kind),
+               "serving",
+               pool.name,
+               "uid-" + pool.name,
+               3};
+}
+
+WorkloadDefaults defaults() {
+  WorkloadDefaults value;
+  value.agent_image = "ghcr.io/tandem/agent:test";
+  value.operator_image = "ghcr.io/tandem/operator:test";
+  return value;
+}
+
+local::ClusterSpec exampleCluster() {
+  return local::loadClusterSpec(std::filesystem::path(TANDEM_SOURCE_DIR) / "examples" /
+                                "cluster.yaml");
+}
+
+const json& agentContainer(const json& deployment) {
+  return deployment["spec"]["template"]["spec"]["containers"][0];
+}
+
+json envNamed(const json& container, const std::string& name) {
+  for (const json& item : container["env"]) {
+    if (item["name"] == name) return item;
+  }
+  return nullptr;
+}
+
+TEST(DesiredObjectsTest, ExamplePoolsRunLocalModesCommandLine) {
+  const local::ClusterSpec cluster = exampleCluster();
+  ASSERT_EQ(cluster.pools.size(), 2u);
+  for (const PoolSpec& pool : cluster.pools) {
+    SCOPED_TRACE(pool.name);
+    const json deployment = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+    const json& container = agentContainer(deployment);
+    EXPECT_EQ(container["name"], "agent");
+    EXPECT_EQ(container["image"], "ghcr.io/tandem/agent:test");
+    EXPECT_EQ(container["command"], json::array({"tandem-agent"}));
+    // No secret in the example: the pod IP and --insecure-kv.
+    std::vector<std::string> expected =
+        local::agentArguments(pool, "tandem-agent", "$(POD_IP)", 8000, true);
+    expected.erase(expected.begin());
+    EXPECT_EQ(container["args"].get<std::vector<std::string>>(), expected);
+    EXPECT_EQ(container["args"].back(), "--insecure-kv");
+    EXPECT_EQ(envNamed(container, "POD_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    EXPECT_TRUE(envNamed(container, "TANDEM_KV_SECRET").is_null());
+
+    const char* role = local::poolRole(pool.kind);
+    const json labels = {{"app.kubernetes.io/name", "tandem-agent"},
+                         {"app.kubernetes.io/instance", pool.name},
+                         {"app.kubernetes.io/component", role},
+                         {"app.kubernetes.io/managed-by", "tandem-operator"},
+                         {"tandem.dev/pool", pool.name},
+                         {"tandem.dev/role", role}};
+    EXPECT_EQ(deployment["metadata"]["name"], pool.name);
+    EXPECT_EQ(deployment["metadata"]["namespace"], "serving");
+    EXPECT_EQ(deployment["metadata"]["labels"], labels);
+    EXPECT_EQ(deployment["spec"]["template"]["metadata"]["labels"], labels);
+    const json selector = {{"tandem.dev/pool", pool.name}, {"tandem.dev/role", role}};
+    EXPECT_EQ(deployment["spec"]["selector"]["matchLabels"], selector);
+    EXPECT_EQ(selectorString(selector),
+              "tandem.dev/pool=" + pool.name + ",tandem.dev/role=" + role);
+    EXPECT_EQ(deployment["metadata"]["ownerReferences"],
+              json::parse(R"([{"apiVersion":"tandem.dev/v1alpha1","kind":")" +
+                          std::string(local::poolKindName(pool.kind)) + R"(","name":")" +
+                          pool.name + R"(","uid":"uid-)" + pool.name +
+                          R"(","controller":true,"blockOwnerDeletion":true}])"));
+    EXPECT_EQ(deployment["spec"]["replicas"], 1);
+    EXPECT_EQ(deployment["spec"]["strategy"]["rollingUpdate"],
+              json::parse(R"({"maxUnavailable":0,"maxSurge":1})"));
+    EXPECT_EQ(container["readinessProbe"],
+              json::parse(R"({"httpGet":{"path":"/health","port":"http"},"periodSeconds":5,
+                              "failureThreshold":3})"));
+    EXPECT_EQ(container["livenessProbe"]["periodSeconds"], 10);
+    EXPECT_EQ(container["livenessProbe"]["failureThreshold"], 3);
+    EXPECT_EQ(container["startupProbe"]["periodSeconds"], 10);
+    EXPECT_EQ(container["startupProbe"]["failureThreshold"], 60);
+    EXPECT_EQ(container["ports"][0]["containerPort"], 8000);
+    EXPECT_EQ(container["ports"][0]["name"], "http");
+    const json& pod = deployment["spec"]["template"]["spec"];
+    EXPECT_EQ(pod["terminationGracePeriodSeconds"], 45);  // default 30 s + 15
+    EXPECT_EQ(pod["volumes"][0], json::parse(R"({"name":"dshm","emptyDir":{"medium":"Memory"}})"));
+    EXPECT_EQ(container["volumeMounts"][0],
+              json::parse(R"({"name":"dshm","mountPath":"/dev/shm"})"));
+    EXPECT_TRUE(deployment["metadata"]["annotations"].contains(kSpecHashAnnotation));
+
+    const json service = desiredPoolService(ownerFor(pool), pool);
+    EXPECT_EQ(service["spec"]["clusterIP"], "None");
+    EXPECT_EQ(service["spec"]["selector"], selector);
+    EXPECT_EQ(service["metadata"]["ownerReferences"], deployment["metadata"]["ownerReferences"]);
+  }
+}
+
+const char* kSecretPool = R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata: {name: decode}
+spec:
+  replicas: 3
+  model:
+    path: /models/llama
+    volume:
+      persistentVolumeClaim: {claimName: models}
+      subPath: llama
+  resources:
+    limits: {nvidia.com/gpu: 1}
+  engine: {shutdownTimeoutSeconds: 12.5}
+  kvTransfer:
+    secretRef: {name: tandem-kv, key: secret}
+  env: [{name: UCX_TLS, value: "rc,cuda_copy"}]
+)";
+
+TEST(DesiredObjectsTest, SecretRefListensEverywhereWithTheSecretFromTheSecret) {
+  const PoolSpec pool = local::parseClusterSpec(kSecretPool, "c.yaml").pools.at(0);
+  EXPECT_FALSE(poolKvTransferIsInsecure(pool));
+  const json deployment = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+  const json& container = agentContainer(deployment);
+  std::vector<std::string> expected = local::agentArguments(pool, "tandem-agent", "0.0.0.0", 8000);
+  expected.erase(expected.begin());
+  EXPECT_EQ(container["args"].get<std::vector<std::string>>(), expected);
+  for (const json& arg : container["args"]) EXPECT_NE(arg, "--insecure-kv");
+  EXPECT_EQ(envNamed(container, "TANDEM_KV_SECRET")["valueFrom"],
+            json::parse(R"({"secretKeyRef":{"name":"tandem-kv","key":"secret"}})"));
+  EXPECT_EQ(envNamed(container, "UCX_TLS")["value"], "rc,cuda_copy");
+  EXPECT_EQ(container["resources"], json::parse(R"({"limits":{"nvidia.com/gpu":1}})"));
+  EXPECT_EQ(deployment["spec"]["replicas"], 3);
+  const json& pod = deployment["spec"]["template"]["spec"];
+  EXPECT_EQ(pod["terminationGracePeriodSeconds"], 28);  // ceil(12.5) + 15
+  EXPECT_EQ(pod["volumes"][1],
+            json::parse(R"({"name":"model","persistentVolumeClaim":{"claimName":"models",
+                            "readOnly":true}})"));
+  EXPECT_EQ(container["volumeMounts"][1],
+            json::parse(R"({"name":"model","mountPath":"/models/llama","readOnly":true,
+                            "subPath":"llama"})"));
+}
+
+TEST(DesiredObjectsTest, NoImageAnywhereIsAnErrorNamingBoth) {
+  const PoolSpec pool = exampleCluster().pools.at(0);
+  try {
+    desiredPoolDeployment(ownerFor(pool), pool, WorkloadDefaults{});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.image"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--default-agent-image"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DesiredObjectsTest, RouterRunsDiscoveryWithItsSpecsFlags) {
+  const local::RouterSpec router = local::parseRouterSpec(R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+metadata: {name: front}
+spec:
+  replicas: 2
+  policy: round_robin
+  pullBack: false
+  upstreamTimeoutSeconds: 30
+  modelPath: /models/llama
+  modelVolume: {hostPath: {path: /srv/models/llama}}
+  service: {type: LoadBalancer, port: 80}
+)",
+                                                          "r.yaml");
+  const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "front", "uid-r", 1};
+  const json deployment =
+      desiredRouterDeployment(owner, router, {"prefill"}, {"decode-a", "decode-b"}, defaults());
+  const json& container = agentContainer(deployment);
+  EXPECT_EQ(container["image"], "ghcr.io/tandem/operator:test");
+  EXPECT_EQ(container["command"], json::array({"tandem-operator"}));
+  EXPECT_EQ(container["args"].get<std::vector<std::string>>(),
+            (std::vector<std::string>{"router",
+                                      "--discover",
+                                      "--namespace",
+                                      "serving",
+                                      "--prefill-pool",
+                                      "prefill",
+                                      "--decode-pool",
+                                      "decode-a",
+                                      "--decode-pool",
+                                      "decode-b",
+                                      "--host",
+                                      "0.0.0.0",
+                                      "--port",
+                                      "8000",
+                                      "--policy",
+                                      "round_robin",
+                                      "--pull-back",
+                                      "false",
+                                      "--upstream-timeout",
+                                      "30",
+                                      "--model-dir",
+                                      "/models/llama"}));
+  EXPECT_EQ(container["readinessProbe"]["httpGet"]["path"], "/health");
+  EXPECT_EQ(deployment["spec"]["replicas"], 2);
+  EXPECT_EQ(deployment["spec"]["template"]["spec"]["serviceAccountName"], "tandem-router");
+  EXPECT_EQ(deployment["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"],
+            "/srv/models/llama");
+  EXPECT_EQ(container["volumeMounts"][0]["mountPath"], "/models/llama");
+  const json service = desiredRouterService(owner, router);
+  EXPECT_EQ(service["spec"]["type"], "LoadBalancer");
+  EXPECT_EQ(service["spec"]["ports"][0]["port"], 80);
+  EXPECT_EQ(service["spec"]["ports"][0]["targetPort"], "http");
+  EXPECT_EQ(service["spec"]["selector"], json::parse(R"({"tandem.dev/router":"front"})"));
+}
+
+TEST(DesiredObjectsTest, DesiredHashFollowsTheSpec) {
+  PoolSpec pool = exampleCluster().pools.at(0);
+  const json before = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+  EXPECT_EQ(desiredPoolDeployment(ownerFor(pool), pool, defaults()), before);
+  pool.env.clear();
+  pool.env.emplace_back("A", "1");
+  const json after = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+  EXPECT_NE(after["metadata"]["annotations"][kSpecHashAnnotation],
+            before["metadata"]["annotations"][kSpecHashAnnotation]);
+}
+
+}  // namespace
+}  // namespace tandem::controller

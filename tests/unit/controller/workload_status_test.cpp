@@ -1,0 +1,162 @@
+// Status that does not lie: Ready only when every replica runs the current
+// spec and is ready, Progressing while any may not, Degraded naming the pod.
+#include "operator/controller/workload_status.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::controller {
+namespace {
+
+using nlohmann::json;
+
+json deploymentWith(int64_t generation, int64_t observed, int64_t replicas, int64_t updated,
+                    int64_t ready) {
+  return {{"metadata", {{"name", "decode"}, {"generation", generation}}},
+          {"status",
+           {{"observedGeneration", observed},
+            {"replicas", replicas},
+            {"updatedReplicas", updated},
+            {"readyReplicas", ready}}}};
+}
+
+WorkloadObservation observation(json deployment, int64_t desired = 3) {
+  WorkloadObservation value;
+  value.generation = 4;
+  value.desired_replicas = desired;
+  value.spec_applied = true;
+  value.deployment = std::move(deployment);
+  value.selector = "tandem.dev/pool=decode,tandem.dev/role=decode";
+  return value;
+}
+
+std::string conditionStatus(const json& status, const std::string& type) {
+  return findCondition(status, type).value("status", "absent");
+}
+
+TEST(WorkloadStatusTest, MidRolloutIsProgressingAndNotReady) {
+  // 4 pods: 2 of the new template, 2 old; 3 ready.
+  const json status =
+      computeWorkloadStatus(nullptr, observation(deploymentWith(2, 2, 4, 2, 3)), "T1");
+  EXPECT_EQ(status["replicas"], 4);
+  EXPECT_EQ(status["updatedReplicas"], 2);
+  EXPECT_EQ(status["readyReplicas"], 3);
+  EXPECT_EQ(status["observedGeneration"], 4);
+  EXPECT_EQ(status["selector"], "tandem.dev/pool=decode,tandem.dev/role=decode");
+  EXPECT_EQ(conditionStatus(status, "Progressing"), "True");
+  EXPECT_EQ(findCondition(status, "Progressing")["reason"], "RollingOut");
+  EXPECT_EQ(findCondition(status, "Progressing")["message"],
+            "2 of 3 replicas run the current spec");
+  EXPECT_EQ(conditionStatus(status, "Ready"), "False");
+  EXPECT_EQ(conditionStatus(status, "Degraded"), "False");
+  EXPECT_EQ(findCondition(status, "Degraded")["reason"], "AsExpected");
+}
+
+TEST(WorkloadStatusTest, OldReplicasLeftOverAreStillProgressing) {
+  const json status =
+      computeWorkloadStatus(nullptr, observation(deploymentWith(2, 2, 4, 3, 4)), "T1");
+  EXPECT_EQ(conditionStatus(status, "Progressing"), "True");
+  EXPECT_EQ(conditionStatus(status, "Ready"), "False");
+}
+
+TEST(WorkloadStatusTest, UnobservedDeploymentGenerationIsProgressing) {
+  // Counts look complete, but the Deployment controller has not seen generation 3.
+  const json status =
+      computeWorkloadStatus(nullptr, observation(deploymentWith(3, 2, 3, 3, 3)), "T1");
+  EXPECT_EQ(conditionStatus(status, "Progressing"), "True");
+  EXPECT_EQ(findCondition(status, "Progressing")["reason"], "RolloutPending");
+  EXPECT_EQ(conditionStatus(status, "Ready"), "False");
+}
+
+TEST(WorkloadStatusTest, SpecNotAppliedKeepsTheOldObservedGeneration) {
+  WorkloadObservation seen = observation(deploymentWith(2, 2, 3, 3, 3));
+  seen.spec_applied = false;
+  const json previous = {{"observedGeneration", 3}};
+  const json status = computeWorkloadStatus(previous, seen, "T1");
+  EXPECT_EQ(status["observedGeneration"], 3);
+  EXPECT_EQ(findCondition(status, "Progressing")["reason"], "SpecNotApplied");
+  EXPECT_EQ(conditionStatus(status, "Ready"), "False");
+}
+
+TEST(WorkloadStatusTest, AllUpdatedAndReadyIsReady) {
+  const json status =
+      computeWorkloadStatus(nullptr, observation(deploymentWith(2, 2, 3, 3, 3)), "T1");
+  EXPECT_EQ(conditionStatus(status, "Ready"), "True");
+  EXPECT_EQ(findCondition(status, "Ready")["reason"], "AllReplicasReady");
+  EXPECT_EQ(findCondition(status, "Ready")["observedGeneration"], 4);
+  EXPECT_EQ(conditionStatus(status, "Progressing"), "False");
+  EXPECT_EQ(findCondition(status, "Ready")["lastTransitionTime"], "T1");
+}
+
+TEST(WorkloadStatusTest, UpdatedButNotReadyIsNeitherReadyNorProgressing) {
+  const json status =
+      computeWorkloadStatus(nullptr, observation(deploymentWith(2, 2, 3, 3, 1)), "T1");
+  EXPECT_EQ(conditionStatus(status, "Ready"), "False");
+  EXPECT_EQ(findCondition(status, "Ready")["reason"], "ReplicasNotReady");
+  EXPECT_EQ(conditionStatus(status, "Progressing"), "False");
+}
+
+TEST(WorkloadStatusTest, CrashLoopingPodIsDegradedNamingThePod) {
+  WorkloadObservation seen = observation(deploymentWith(2, 2, 3, 3, 2));
+  seen.pods.push_back(json::parse(R"({"metadata":{"name":"decode-7d9f-abcde"},
+    "status":{"containerStatuses":[{"name":"agent","state":{"waiting":{
+      "reason":"CrashLoopBackOff","message":"back-off 5m0s restarting failed container"}}}]}})"));
+  seen.pods.push_back(json::parse(R"({"metadata":{"name":"decode-7d9f-zzzzz"},
+    "status":{"containerStatuses":[{"name":"agent","state":{"running":{}}}]}})"));
+  const json status = computeWorkloadStatus(nullptr, seen, "T1");
+  const json degraded = findCondition(status, "Degraded");
+  EXPECT_EQ(degraded["status"], "True");
+  EXPECT_EQ(degraded["reason"], "CrashLoopBackOff");
+  EXPECT_EQ(degraded["message"],
+            "pod decode-7d9f-abcde: container agent: CrashLoopBackOff: back-off 5m0s restarting "
+            "failed container");
+}
+
+TEST(WorkloadStatusTest, UnschedulablePodAndDeploymentFailuresAreDegraded) {
+  WorkloadObservation seen = observation(deploymentWith(2, 2, 3, 3, 2));
+  seen.pods.push_back(json::parse(R"({"metadata":{"name":"decode-x"},"status":{"conditions":[
+    {"type":"PodScheduled","status":"False","reason":"Unschedulable",
+     "message":"0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}})"));
+  json degraded = findCondition(computeWorkloadStatus(nullptr, seen, "T1"), "Degraded");
+  EXPECT_EQ(degraded["reason"], "Unschedulable");
+  EXPECT_EQ(degraded["message"],
+            "pod decode-x is unschedulable: 0/4 nodes are available: 4 Insufficient "
+            "nvidia.com/gpu.");
+
+  WorkloadObservation stuck = observation(deploymentWith(2, 2, 3, 3, 2));
+  (*stuck.deployment)["status"]["conditions"] = json::parse(
+      R"([{"type":"Progressing","status":"False","reason":"ProgressDeadlineExceeded",
+           "message":"ReplicaSet \"decode-7d9f\" has timed out progressing."}])");
+  degraded = findCondition(computeWorkloadStatus(nullptr, stuck, "T1"), "Degraded");
+  EXPECT_EQ(degraded["reason"], "ProgressDeadlineExceeded");
+  EXPECT_NE(degraded["message"].get<std::string>().find("timed out"), std::string::npos);
+
+  WorkloadObservation conflict = observation(nullptr);
+  conflict.deployment.reset();
+  conflict.spec_applied = false;
+  conflict.failure = std::make_pair("NameConflict", "Deployment decode exists");
+  degraded = findCondition(computeWorkloadStatus(nullptr, conflict, "T1"), "Degraded");
+  EXPECT_EQ(degraded["reason"], "NameConflict");
+  EXPECT_EQ(degraded["message"], "Deployment decode exists");
+}
+
+TEST(WorkloadStatusTest, LastTransitionTimeIsKeptUntilTheStatusChanges) {
+  const json first =
+      computeWorkloadStatus(nullptr, observation(deploymentWith(2, 2, 4, 2, 3)), "T1");
+  // Still progressing, with other counts: the times stay.
+  const json second =
+      computeWorkloadStatus(first, observation(deploymentWith(2, 2, 4, 3, 3)), "T2");
+  for (const char* type : {"Ready", "Progressing", "Degraded"}) {
+    EXPECT_EQ(findCondition(second, type)["lastTransitionTime"], "T1") << type;
+  }
+  // Done: Ready and Progressing flip and take the new time; Degraded stays.
+  const json third =
+      computeWorkloadStatus(second, observation(deploymentWith(2, 2, 3, 3, 3)), "T3");
+  EXPECT_EQ(findCondition(third, "Ready")["lastTransitionTime"], "T3");
+  EXPECT_EQ(findCondition(third, "Progressing")["lastTransitionTime"], "T3");
+  EXPECT_EQ(findCondition(third, "Degraded")["lastTransitionTime"], "T1");
+  // The same observation again gives the very same status (no write needed).
+  EXPECT_EQ(computeWorkloadStatus(third, observation(deploymentWith(2, 2, 3, 3, 3)), "T4"), third);
+}
+
+}  // namespace
+}  // namespace tandem::controller
