@@ -25,9 +25,9 @@
 
 #include "common/logging.h"
 #include "common/status.h"
+#include "operator/controller/controller_command.h"
 #include "operator/k8s/api_client.h"
 #include "operator/k8s/kube_config.h"
-#include "operator/controller/controller_command.h"
 #include "operator/local/cluster_spec.h"
 #include "operator/local/local_mode.h"
 #include "operator/router/endpoint_discovery.h"

@@ -114,8 +114,10 @@ void Controller::start() {
     k8s::ClusterConfig election_config = client_.config();
     const double call_deadline_s =
         std::chrono::duration<double>(options_.renew_deadline).count() / 2;
-    election_config.connect_timeout_s = std::min(election_config.connect_timeout_s, call_deadline_s);
-    election_config.request_timeout_s = std::min(election_config.request_timeout_s, call_deadline_s);
+    election_config.connect_timeout_s =
+        std::min(election_config.connect_timeout_s, call_deadline_s);
+    election_config.request_timeout_s =
+        std::min(election_config.request_timeout_s, call_deadline_s);
     // The election loop retries on its own schedule (retry_period).
     k8s::RetryPolicy no_retries;
     no_retries.attempts = 1;

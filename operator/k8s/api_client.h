@@ -31,7 +31,7 @@ namespace tandem::k8s {
 struct ListOptions {
   std::string label_selector;  // "app.kubernetes.io/managed-by=tandem-operator"
   std::string field_selector;
-  int64_t limit = 0;           // page size; 0: no limit (list() still follows `continue`)
+  int64_t limit = 0;             // page size; 0: no limit (list() still follows `continue`)
   std::string resource_version;  // "" (most recent) or "0" (any)
 };
 

@@ -42,8 +42,8 @@ ClusterConfig loadKubeconfig(const std::filesystem::path& path,
 
 // Inside a pod: KUBERNETES_SERVICE_HOST / KUBERNETES_SERVICE_PORT, and
 // token, ca.crt and namespace under `service_account_dir`.
-ClusterConfig inClusterConfig(
-    const std::filesystem::path& service_account_dir = "/var/run/secrets/kubernetes.io/serviceaccount");
+ClusterConfig inClusterConfig(const std::filesystem::path& service_account_dir =
+                                  "/var/run/secrets/kubernetes.io/serviceaccount");
 
 // The configuration a command uses: --kubeconfig when given, else $KUBECONFIG
 // (its first entry), else in-cluster when KUBERNETES_SERVICE_HOST is set,

@@ -90,9 +90,9 @@ class Controller {
              const std::vector<std::string>& extra = {})
       : identity_(identity), metrics_port_(freePort()) {
     kubeconfig_ = server.writeKubeconfig(dir / (identity + ".kubeconfig"), identity, kNs);
-    std::vector<std::string> argv = {kOperator.string(), "controller",    "--kubeconfig",
-                                     kubeconfig_.string(), "--namespace", kNs,
-                                     "--metrics-port",     std::to_string(metrics_port_)};
+    std::vector<std::string> argv = {
+        kOperator.string(), "controller", "--kubeconfig",   kubeconfig_.string(),
+        "--namespace",      kNs,          "--metrics-port", std::to_string(metrics_port_)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     process_ = std::make_unique<Subprocess>(argv, dir / (identity + ".err"));
     started_ = !process_->waitForLine("controller started", 60s).empty();
@@ -107,8 +107,8 @@ class Controller {
     return response && response->status == 200 ? response->body : "";
   }
   double reconciles(const std::string& kind) const {
-    return metricValue(metrics(),
-                       "tandem_operator_reconciles_total{kind=\"" + kind + "\",result=\"success\"}");
+    return metricValue(
+        metrics(), "tandem_operator_reconciles_total{kind=\"" + kind + "\",result=\"success\"}");
   }
   bool isLeader() const { return metricValue(metrics(), "tandem_operator_is_leader") == 1; }
   std::string stderrText() const { return process_->stderrText(); }
@@ -171,7 +171,8 @@ class K8sControllerTest : public ::testing::Test {
   size_t objectWritesBy(const std::string& user) const {
     size_t writes = 0;
     for (const std::string& line : server_->requestLog()) {
-      if (line.size() < user.size() + 1 || line.compare(line.size() - user.size(), user.size(), user) != 0 ||
+      if (line.size() < user.size() + 1 ||
+          line.compare(line.size() - user.size(), user.size(), user) != 0 ||
           line[line.size() - user.size() - 1] != ' ')
         continue;
       if (line.rfind("GET ", 0) == 0) continue;
@@ -198,8 +199,8 @@ TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModes
       << controller.stderrText();
   ASSERT_TRUE(eventually([&] { return poolReady("DecodePool", "decode"); }, 30s));
 
-  for (const auto& [kind, name, role] :
-       {std::tuple{"PrefillPool", "prefill", "prefill"}, std::tuple{"DecodePool", "decode", "decode"}}) {
+  for (const auto& [kind, name, role] : {std::tuple{"PrefillPool", "prefill", "prefill"},
+                                         std::tuple{"DecodePool", "decode", "decode"}}) {
     SCOPED_TRACE(name);
     const json pool = *get("tandem.dev/v1alpha1", kind, name);
     const json deploy = *deployment(name);
@@ -245,18 +246,21 @@ TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModes
       }
     }
     EXPECT_TRUE(secret_env);
-    EXPECT_EQ(pool["status"]["selector"], "tandem.dev/pool=" + std::string(name) +
-                                              ",tandem.dev/role=" + role);
+    EXPECT_EQ(pool["status"]["selector"],
+              "tandem.dev/pool=" + std::string(name) + ",tandem.dev/role=" + role);
   }
-  ASSERT_TRUE(eventually([&] {
-    return deployment("router").has_value() && get("v1", "Service", "router").has_value() &&
-           conditionIs(get("tandem.dev/v1alpha1", "Router", "router"), "Ready", "True");
-  }, 30s)) << ::testing::PrintToString(get("tandem.dev/v1alpha1", "Router", "router"));
+  ASSERT_TRUE(eventually(
+      [&] {
+        return deployment("router").has_value() && get("v1", "Service", "router").has_value() &&
+               conditionIs(get("tandem.dev/v1alpha1", "Router", "router"), "Ready", "True");
+      },
+      30s))
+      << ::testing::PrintToString(get("tandem.dev/v1alpha1", "Router", "router"));
   const json router_args =
       deployment("router")->at("spec")["template"]["spec"]["containers"][0]["args"];
   const std::vector<std::string> expected_router_args = {
-      "router",        "--discover",      "--namespace", kNs,
-      "--prefill-pool", "prefill",        "--decode-pool", "decode"};
+      "router",         "--discover", "--namespace",   kNs,
+      "--prefill-pool", "prefill",    "--decode-pool", "decode"};
   for (const std::string& arg : expected_router_args) {
     EXPECT_NE(std::find(router_args.begin(), router_args.end(), arg), router_args.end())
         << arg << " missing from " << router_args.dump();
@@ -266,9 +270,11 @@ TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModes
   // (not spec) makes the controller look again.
   const size_t writes = objectWritesBy("controller-a");
   const double reconciles = controller.reconciles("PrefillPool");
-  ASSERT_EQ(kubectl({"annotate", "prefillpool", "prefill", "example.com/touched=1"}).exit_status, 0);
+  ASSERT_EQ(kubectl({"annotate", "prefillpool", "prefill", "example.com/touched=1"}).exit_status,
+            0);
   ASSERT_TRUE(eventually([&] { return controller.reconciles("PrefillPool") > reconciles; }, 20s));
-  EXPECT_EQ(objectWritesBy("controller-a"), writes) << ::testing::PrintToString(server_->requestLog());
+  EXPECT_EQ(objectWritesBy("controller-a"), writes)
+      << ::testing::PrintToString(server_->requestLog());
 }
 
 TEST_F(K8sControllerTest, ScaleFollowsAndStatusTellsTheTruth) {
@@ -285,15 +291,20 @@ TEST_F(K8sControllerTest, ScaleFollowsAndStatusTellsTheTruth) {
   ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
 
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
-  ASSERT_TRUE(eventually([&] {
-    const auto d = deployment("prefill");
-    return d && d->at("spec").value("replicas", 0) == 3;
-  }, 30s));
-  ASSERT_TRUE(eventually([&] {
-    const auto pool = prefillPool();
-    return pool && pool->at("status").value("replicas", 0) == 3 &&
-           pool->at("status").value("readyReplicas", 0) == 3 && poolReady("PrefillPool", "prefill");
-  }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto d = deployment("prefill");
+        return d && d->at("spec").value("replicas", 0) == 3;
+      },
+      30s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto pool = prefillPool();
+        return pool && pool->at("status").value("replicas", 0) == 3 &&
+               pool->at("status").value("readyReplicas", 0) == 3 &&
+               poolReady("PrefillPool", "prefill");
+      },
+      30s));
 
   const KubectlResult table = kubectl({"get", "prefillpools"});
   ASSERT_EQ(table.exit_status, 0) << table.err;
@@ -310,7 +321,8 @@ TEST_F(K8sControllerTest, RolloutIsProgressingUntilEveryReplicaIsUpdatedAndCrash
   ASSERT_TRUE(controller.started()) << controller.stderrText();
   ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
-  ASSERT_TRUE(eventually([&] { return prefillPool()->at("status").value("readyReplicas", 0) == 3; }, 30s));
+  ASSERT_TRUE(
+      eventually([&] { return prefillPool()->at("status").value("readyReplicas", 0) == 3; }, 30s));
 
   // The rollout: the Deployment controller is now played by hand.
   server_->setDeploymentControllerAuto(false);
@@ -320,48 +332,59 @@ TEST_F(K8sControllerTest, RolloutIsProgressingUntilEveryReplicaIsUpdatedAndCrash
                 .exit_status,
             0);
   const int64_t generation = prefillPool()->at("metadata").value("generation", int64_t{0});
-  ASSERT_TRUE(eventually([&] { return deployment("prefill")->at("spec")["template"].dump() != old_args; }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] { return deployment("prefill")->at("spec")["template"].dump() != old_args; }, 30s));
   const json args = deployment("prefill")->at("spec")["template"]["spec"]["containers"][0]["args"];
   EXPECT_NE(args.dump().find("\"--max-num-seqs\",\"17\""), std::string::npos) << args.dump();
 
   server_->setDeploymentStatus(kNs, "prefill", 4, 1, 3);
-  ASSERT_TRUE(eventually([&] {
-    const auto pool = prefillPool();
-    return conditionIs(pool, "Progressing", "True") && conditionIs(pool, "Ready", "False") &&
-           pool->at("status").value("observedGeneration", int64_t{0}) == generation &&
-           pool->at("status").value("updatedReplicas", 0) == 1;
-  }, 30s)) << prefillPool()->dump();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto pool = prefillPool();
+        return conditionIs(pool, "Progressing", "True") && conditionIs(pool, "Ready", "False") &&
+               pool->at("status").value("observedGeneration", int64_t{0}) == generation &&
+               pool->at("status").value("updatedReplicas", 0) == 1;
+      },
+      30s))
+      << prefillPool()->dump();
 
   server_->setDeploymentStatus(kNs, "prefill", 3, 3, 3);
-  ASSERT_TRUE(eventually([&] {
-    const auto pool = prefillPool();
-    return conditionIs(pool, "Progressing", "False") && conditionIs(pool, "Ready", "True");
-  }, 30s)) << prefillPool()->dump();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto pool = prefillPool();
+        return conditionIs(pool, "Progressing", "False") && conditionIs(pool, "Ready", "True");
+      },
+      30s))
+      << prefillPool()->dump();
 
   // A crash-looping agent.
   const json template_labels = deployment("prefill")->at("spec")["template"]["metadata"]["labels"];
-  json pod = {{"apiVersion", "v1"},
-              {"kind", "Pod"},
-              {"metadata", {{"name", "prefill-crash-0"}, {"namespace", kNs}, {"labels", template_labels}}},
-              {"spec", {{"containers", json::array({{{"name", "agent"}, {"image", "x"}}})}}},
-              {"status",
-               {{"phase", "Running"},
-                {"containerStatuses",
-                 json::array({{{"name", "agent"},
-                               {"ready", false},
-                               {"restartCount", 5},
-                               {"state",
-                                {{"waiting",
-                                  {{"reason", "CrashLoopBackOff"},
-                                   {"message", "back-off 5m0s restarting failed container"}}}}}}})}}}};
+  json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", "prefill-crash-0"}, {"namespace", kNs}, {"labels", template_labels}}},
+      {"spec", {{"containers", json::array({{{"name", "agent"}, {"image", "x"}}})}}},
+      {"status",
+       {{"phase", "Running"},
+        {"containerStatuses",
+         json::array({{{"name", "agent"},
+                       {"ready", false},
+                       {"restartCount", 5},
+                       {"state",
+                        {{"waiting",
+                          {{"reason", "CrashLoopBackOff"},
+                           {"message", "back-off 5m0s restarting failed container"}}}}}}})}}}};
   server_->put(pod);
-  ASSERT_TRUE(eventually([&] {
-    const auto pool = prefillPool();
-    const auto degraded = pool ? condition(*pool, "Degraded") : std::nullopt;
-    return degraded && degraded->value("status", "") == "True" &&
-           degraded->value("reason", "") == "CrashLoopBackOff" &&
-           degraded->value("message", "").find("prefill-crash-0") != std::string::npos;
-  }, 30s)) << prefillPool()->dump();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto pool = prefillPool();
+        const auto degraded = pool ? condition(*pool, "Degraded") : std::nullopt;
+        return degraded && degraded->value("status", "") == "True" &&
+               degraded->value("reason", "") == "CrashLoopBackOff" &&
+               degraded->value("message", "").find("prefill-crash-0") != std::string::npos;
+      },
+      30s))
+      << prefillPool()->dump();
 }
 
 // Children deleted or edited by someone else are put back; injected 409s
@@ -375,28 +398,36 @@ TEST_F(K8sControllerTest, ChildrenArePutBackAndNoChangeIsLost) {
 
   const std::string old_uid = deployment("decode")->at("metadata")["uid"];
   ASSERT_EQ(kubectl({"delete", "deployment", "decode"}).exit_status, 0);
-  ASSERT_TRUE(eventually([&] {
-    const auto d = deployment("decode");
-    return d && d->at("metadata")["uid"] != old_uid;
-  }, 30s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto d = deployment("decode");
+        return d && d->at("metadata")["uid"] != old_uid;
+      },
+      30s));
   ASSERT_EQ(kubectl({"delete", "service", "decode"}).exit_status, 0);
   ASSERT_TRUE(eventually([&] { return get("v1", "Service", "decode").has_value(); }, 30s));
 
-  ASSERT_EQ(kubectl({"patch", "deployment", "decode", "--type=merge", "-p",
-                     R"({"spec":{"replicas":7,"template":{"spec":{"containers":[{"name":"agent","args":["oops"]}]}}}})"})
-                .exit_status,
-            0);
+  ASSERT_EQ(
+      kubectl(
+          {"patch", "deployment", "decode", "--type=merge", "-p",
+           R"({"spec":{"replicas":7,"template":{"spec":{"containers":[{"name":"agent","args":["oops"]}]}}}})"})
+          .exit_status,
+      0);
   const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
-  ASSERT_TRUE(eventually([&] {
-    const auto d = deployment("decode");
-    return d && d->at("spec")["replicas"] == pool["spec"]["replicas"] &&
-           d->at("spec")["template"]["spec"]["containers"][0]["args"].size() > 1;
-  }, 30s)) << deployment("decode")->dump();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto d = deployment("decode");
+        return d && d->at("spec")["replicas"] == pool["spec"]["replicas"] &&
+               d->at("spec")["template"]["spec"]["containers"][0]["args"].size() > 1;
+      },
+      30s))
+      << deployment("decode")->dump();
 
   // Conflicts on the next writes: retried, nothing lost.
   server_->injectConflicts(3, "Deployment");
   ASSERT_EQ(kubectl({"scale", "decodepool/decode", "--replicas=2"}).exit_status, 0);
-  ASSERT_TRUE(eventually([&] { return deployment("decode")->at("spec").value("replicas", 0) == 2; }, 30s));
+  ASSERT_TRUE(
+      eventually([&] { return deployment("decode")->at("spec").value("replicas", 0) == 2; }, 30s));
 
   // Changes while the controller cannot see them, then history compacted:
   // its watches get 410 and it relists.
@@ -405,9 +436,12 @@ TEST_F(K8sControllerTest, ChildrenArePutBackAndNoChangeIsLost) {
   ASSERT_EQ(kubectl({"delete", "service", "prefill"}).exit_status, 0);
   server_->compactHistory();
   controller.process().signal(SIGCONT);
-  ASSERT_TRUE(eventually([&] { return deployment("decode")->at("spec").value("replicas", 0) == 4; }, 30s));
+  ASSERT_TRUE(
+      eventually([&] { return deployment("decode")->at("spec").value("replicas", 0) == 4; }, 30s));
   ASSERT_TRUE(eventually([&] { return get("v1", "Service", "prefill").has_value(); }, 30s));
-  EXPECT_GT(metricValue(controller.metrics(), "tandem_operator_relists_total{resource=\"decodepools\"}"), 0);
+  EXPECT_GT(
+      metricValue(controller.metrics(), "tandem_operator_relists_total{resource=\"decodepools\"}"),
+      0);
 }
 
 // Two controllers: exactly one writes. The leader stopped (SIGTERM releases
@@ -415,9 +449,13 @@ TEST_F(K8sControllerTest, ChildrenArePutBackAndNoChangeIsLost) {
 // Lease is taken away stops writing.
 TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   applyExamples();
-  const std::vector<std::string> election = {
-      "--leader-elect", "--leader-elect-lease-duration", "3", "--leader-elect-renew-deadline", "2",
-      "--leader-elect-retry-period", "0.5"};
+  const std::vector<std::string> election = {"--leader-elect",
+                                             "--leader-elect-lease-duration",
+                                             "3",
+                                             "--leader-elect-renew-deadline",
+                                             "2",
+                                             "--leader-elect-retry-period",
+                                             "0.5"};
   // Leaders print "leading" before "controller started" (caches sync once
   // leading); a follower prints only the latter.
   auto a = std::make_unique<Controller>(*server_, dir_, "controller-a", election);
@@ -435,7 +473,8 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   ASSERT_EQ(leader->process().wait(20s), 0) << leader->stderrText();
   ASSERT_TRUE(eventually([&] { return follower->isLeader(); }, 10s));
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=2"}).exit_status, 0);
-  ASSERT_TRUE(eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 2; }, 30s));
+  ASSERT_TRUE(
+      eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 2; }, 30s));
   EXPECT_GT(objectWritesBy(follower->identity()), 0u);
 
   // SIGKILL: nothing is released; a new candidate takes over once the lease
@@ -445,7 +484,8 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   follower->process().signal(SIGKILL);
   ASSERT_TRUE(eventually([&] { return c->isLeader(); }, 20s)) << c->stderrText();
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
-  ASSERT_TRUE(eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 3; }, 30s));
+  ASSERT_TRUE(
+      eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 3; }, 30s));
 
   // The Lease taken away: c stops leading and stops writing.
   json lease = *get("coordination.k8s.io/v1", "Lease", "tandem-operator");

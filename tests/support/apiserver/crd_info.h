@@ -22,7 +22,7 @@ struct KindInfo {
   bool has_status = false;  // status subresource
   // scale subresource: {specReplicasPath, statusReplicasPath, labelSelectorPath}, or null.
   nlohmann::json scale = nullptr;
-  nlohmann::json schema = nullptr;             // openAPIV3Schema (CRDs)
+  nlohmann::json schema = nullptr;                           // openAPIV3Schema (CRDs)
   nlohmann::json printer_columns = nlohmann::json::array();  // additionalPrinterColumns (CRDs)
 
   std::string apiVersion() const { return group.empty() ? version : group + "/" + version; }

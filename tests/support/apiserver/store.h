@@ -74,8 +74,7 @@ class Store {
   // k8s.io/initial-events-end: "true" (a streaming list, sendInitialEvents).
   std::shared_ptr<Watcher> watch(const std::string& resource,
                                  std::function<bool(const nlohmann::json&)> matches,
-                                 std::optional<uint64_t> from,
-                                 bool initial_events_end = false);
+                                 std::optional<uint64_t> from, bool initial_events_end = false);
   // Waits until the watcher has an event (moved into `event`), is closed, or
   // the deadline passes (kIdle; `version` is then the store's version, every
   // change up to which the watcher has been given).

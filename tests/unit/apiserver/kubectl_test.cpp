@@ -2,6 +2,8 @@
 // fetches; tests/support/kubectl.h):
 // discovery, CRDs, apply (client- and server-side), get as JSON and as a
 // table, scale, patch, wait and delete, over HTTP and HTTPS.
+#include "tests/support/kubectl.h"
+
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -13,7 +15,6 @@
 #include "common/subprocess.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/yaml_json.h"
-#include "tests/support/kubectl.h"
 #include "tests/support/test_files.h"
 
 namespace tandem::testing {
@@ -46,8 +47,8 @@ class KubectlTest : public ::testing::Test {
   }
 
   KubectlRun kubectl(std::vector<std::string> args) {
-    std::vector<std::string> argv = {kubectlPath(), "--kubeconfig", kubeconfig_.string(), "--cache-dir",
-                                     (dir_.path() / "cache").string()};
+    std::vector<std::string> argv = {kubectlPath(), "--kubeconfig", kubeconfig_.string(),
+                                     "--cache-dir", (dir_.path() / "cache").string()};
     argv.insert(argv.end(), args.begin(), args.end());
     Subprocess process(argv, dir_.path() / "stderr.txt", {{"HOME", dir_.path().string()}});
     KubectlRun run;
