@@ -1,0 +1,120 @@
+#include "operator/local/router_spec.h"
+
+#include <string>
+#include <vector>
+
+namespace tandem::local {
+namespace {
+
+std::vector<AgentAddress> readAgentList(const YAML::Node& node, const std::string& path,
+                                        const DocumentContext& context) {
+  requireList(node, path, context);
+  std::vector<AgentAddress> agents;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item_path = path + "[" + std::to_string(i) + "]";
+    requireMapping(node[i], item_path, context);
+    MapReader item(node[i], item_path, context);
+    AgentAddress agent;
+    agent.name = readString(item.require("name"), item.pathOf("name"), context);
+    agent.host = readString(item.require("host"), item.pathOf("host"), context);
+    agent.port =
+        static_cast<int>(readInteger(item.require("port"), item.pathOf("port"), context, 1, 65535));
+    item.rejectUnknown();
+    agents.push_back(std::move(agent));
+  }
+  return agents;
+}
+
+// A list of pool names (a Router's prefillPools / decodePools).
+std::vector<std::string> readNameList(const YAML::Node& node, const std::string& path,
+                                      const DocumentContext& context) {
+  requireList(node, path, context);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item_path = path + "[" + std::to_string(i) + "]";
+    names.push_back(readString(node[i], item_path, context));
+  }
+  return names;
+}
+
+}  // namespace
+
+RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentContext& context) {
+  RouterSpec router;
+  router.name = context.name;
+  if (!node) return router;
+  requireMapping(*node, "spec", context);
+  MapReader spec(*node, "spec", context);
+  if (auto value = spec.get("host")) router.host = readString(*value, "spec.host", context);
+  if (auto value = spec.get("port")) {
+    router.port = static_cast<int>(readInteger(*value, "spec.port", context, 0, 65535));
+  }
+  if (auto value = spec.get("policy")) {
+    router.policy = readEnum(*value, "spec.policy", context, {"kv", "round_robin", "random"});
+  }
+  if (auto value = spec.get("disaggThresholdTokens")) {
+    router.disagg_threshold_tokens = readInteger(*value, "spec.disaggThresholdTokens", context, 0);
+  }
+  if (auto value = spec.get("pullBack"))
+    router.pull_back = readBool(*value, "spec.pullBack", context);
+  if (auto value = spec.get("maxQueuedRequests")) {
+    router.max_queued_requests = readInteger(*value, "spec.maxQueuedRequests", context, 0);
+  }
+  if (auto value = spec.get("maxInflightRequests")) {
+    router.max_inflight_requests = readInteger(*value, "spec.maxInflightRequests", context, 1);
+  }
+  if (auto value = spec.get("upstreamTimeoutSeconds")) {
+    router.upstream_timeout_s = readNumber(*value, "spec.upstreamTimeoutSeconds", context, 0, true);
+  }
+  if (auto value = spec.get("threads")) {
+    router.threads = static_cast<int>(readInteger(*value, "spec.threads", context, 1, 256));
+  }
+  if (auto value = spec.get("modelPath")) {
+    router.model_path = readString(*value, "spec.modelPath", context);
+  }
+  if (auto value = spec.get("pollIntervalSeconds")) {
+    router.poll_interval_s = readNumber(*value, "spec.pollIntervalSeconds", context, 0, true);
+  }
+  if (auto value = spec.get("prefill"))
+    router.prefill = readAgentList(*value, "spec.prefill", context);
+  if (auto value = spec.get("decode"))
+    router.decode = readAgentList(*value, "spec.decode", context);
+  if (auto value = spec.get("prefillPools")) {
+    router.prefill_pools = readNameList(*value, "spec.prefillPools", context);
+  }
+  if (auto value = spec.get("decodePools")) {
+    router.decode_pools = readNameList(*value, "spec.decodePools", context);
+  }
+  // Kubernetes only.
+  if (auto value = spec.get("replicas")) {
+    router.replicas = readInteger(*value, "spec.replicas", context, 0, 100);
+  }
+  if (auto value = spec.get("image")) router.image = readString(*value, "spec.image", context);
+  if (auto value = spec.get("resources")) {
+    checkResources(*value, "spec.resources", context);
+    router.resources = toJson(*value, context, "spec.resources");
+  }
+  if (auto value = spec.get("modelVolume")) {
+    router.model_volume = readModelVolume(*value, "spec.modelVolume", context);
+    if (!router.model_path) {
+      fail(context, "spec.modelVolume", "is mounted at spec.modelPath, which is not set", *value);
+    }
+  }
+  if (auto value = spec.get("service")) {
+    requireMapping(*value, "spec.service", context);
+    MapReader service(*value, "spec.service", context);
+    if (auto type = service.get("type")) {
+      router.service_type =
+          readEnum(*type, "spec.service.type", context, {"ClusterIP", "NodePort", "LoadBalancer"});
+    }
+    if (auto port = service.get("port")) {
+      router.service_port =
+          static_cast<int>(readInteger(*port, "spec.service.port", context, 1, 65535));
+    }
+    service.rejectUnknown();
+  }
+  spec.rejectUnknown();
+  return router;
+}
+
+}  // namespace tandem::local

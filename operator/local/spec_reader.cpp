@@ -1,0 +1,272 @@
+#include "operator/local/spec_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <sstream>
+
+#include "common/status.h"
+
+namespace tandem::local {
+namespace {
+
+// Set while a FieldPathRecorder is alive on this thread: every field path read.
+thread_local std::vector<std::string>* field_collector = nullptr;
+
+// A plain (unquoted) scalar, as YAML's core schema reads it.
+bool isPlain(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
+
+std::string joined(const std::vector<std::string>& items, const std::string& last_separator) {
+  std::string text;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) text += i + 1 == items.size() ? last_separator : ", ";
+    text += items[i];
+  }
+  return text;
+}
+
+std::string rangeText(int64_t min, int64_t max) {
+  if (max == kNoMax) {
+    if (min == 0) return "a non-negative integer";
+    if (min == 1) return "a positive integer";
+    return "an integer of at least " + std::to_string(min);
+  }
+  return "an integer between " + std::to_string(min) + " and " + std::to_string(max);
+}
+
+}  // namespace
+
+FieldPathRecorder::FieldPathRecorder(std::vector<std::string>& paths) { field_collector = &paths; }
+
+FieldPathRecorder::~FieldPathRecorder() { field_collector = nullptr; }
+
+bool FieldPathRecorder::active() { return field_collector != nullptr; }
+
+std::string lineOf(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.is_null()) return "";
+  return " (line " + std::to_string(mark.line + 1) + ")";
+}
+
+[[noreturn]] void fail(const DocumentContext& context, const std::string& path,
+                       const std::string& problem, const YAML::Node& node) {
+  throw Error(context.where() + ": " + path + " " + problem +
+              (context.show_lines ? lineOf(node) : ""));
+}
+
+std::string described(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Scalar:
+      return node.Tag() == "!" ? "the string \"" + node.Scalar() + "\""
+                               : "\"" + node.Scalar() + "\"";
+    default:
+      return "nothing";
+  }
+}
+
+std::optional<YAML::Node> MapReader::get(const std::string& key) {
+  known_.push_back(key);
+  if (field_collector != nullptr) field_collector->push_back(pathOf(key));
+  const YAML::Node& node = node_;
+  const YAML::Node value = node[key];
+  if (!value || value.IsNull()) return std::nullopt;
+  return value;
+}
+
+YAML::Node MapReader::require(const std::string& key) {
+  auto value = get(key);
+  if (!value) fail(context_, pathOf(key), "is required", node_);
+  return *value;
+}
+
+void MapReader::rejectUnknown() const {
+  for (const auto& entry : node_) {
+    if (!entry.first.IsScalar()) {
+      fail(context_, path_.empty() ? context_.kind : path_,
+           "has a key that is not a plain name (got " + described(entry.first) + ")", entry.first);
+    }
+    const std::string key = entry.first.as<std::string>();
+    if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
+    fail(context_, pathOf(key),
+         "is not a field of " + (path_.empty() ? context_.kind : path_) +
+             " (accepted: " + joined(known_, " and ") + ")",
+         entry.first);
+  }
+}
+
+void requireMapping(const YAML::Node& node, const std::string& path,
+                    const DocumentContext& context) {
+  if (!node.IsMap()) fail(context, path, "must be a mapping, got " + described(node), node);
+}
+
+void requireList(const YAML::Node& node, const std::string& path, const DocumentContext& context) {
+  if (!node.IsSequence()) fail(context, path, "must be a list, got " + described(node), node);
+}
+
+int64_t readInteger(const YAML::Node& node, const std::string& path, const DocumentContext& context,
+                    int64_t min, int64_t max) {
+  int64_t value = 0;
+  bool ok = isPlain(node) && YAML::convert<int64_t>::decode(node, value);
+  if (!ok || value < min || value > max) {
+    fail(context, path, "must be " + rangeText(min, max) + ", got " + described(node), node);
+  }
+  return value;
+}
+
+double readNumber(const YAML::Node& node, const std::string& path, const DocumentContext& context,
+                  double min, bool min_exclusive) {
+  double value = 0;
+  bool ok = isPlain(node) && YAML::convert<double>::decode(node, value) && std::isfinite(value);
+  if (!ok || value < min || (min_exclusive && value == min)) {
+    std::ostringstream bound;
+    bound << min;
+    fail(context, path,
+         std::string("must be a number ") + (min_exclusive ? "greater than " : "of at least ") +
+             bound.str() + ", got " + described(node),
+         node);
+  }
+  return value;
+}
+
+bool readBool(const YAML::Node& node, const std::string& path, const DocumentContext& context) {
+  bool value = false;
+  if (!isPlain(node) || !YAML::convert<bool>::decode(node, value)) {
+    fail(context, path, "must be true or false, got " + described(node), node);
+  }
+  return value;
+}
+
+std::string readString(const YAML::Node& node, const std::string& path,
+                       const DocumentContext& context) {
+  if (!node.IsScalar() || node.Scalar().empty()) {
+    fail(context, path, "must be a non-empty string, got " + described(node), node);
+  }
+  return node.Scalar();
+}
+
+std::string readEnum(const YAML::Node& node, const std::string& path,
+                     const DocumentContext& context, const std::vector<std::string>& accepted) {
+  const std::string value = node.IsScalar() ? node.Scalar() : "";
+  if (std::find(accepted.begin(), accepted.end(), value) == accepted.end()) {
+    fail(context, path, "must be " + joined(accepted, " or ") + ", got " + described(node), node);
+  }
+  return value;
+}
+
+nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
+                      const std::string& path) {
+  switch (node.Type()) {
+    case YAML::NodeType::Sequence: {
+      nlohmann::json array = nlohmann::json::array();
+      for (const auto& item : node) array.push_back(toJson(item, context, path));
+      return array;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json object = nlohmann::json::object();
+      for (const auto& entry : node) {
+        if (!entry.first.IsScalar()) {
+          fail(context, path,
+               "has a key that is not a plain name (got " + described(entry.first) + ")",
+               entry.first);
+        }
+        object[entry.first.as<std::string>()] = toJson(entry.second, context, path);
+      }
+      return object;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& text = node.Scalar();
+      if (node.Tag() == "!") return text;
+      static const std::regex kInteger("[-+]?[0-9]+");
+      static const std::regex kFloat(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+      if (text == "true" || text == "True" || text == "TRUE") return true;
+      if (text == "false" || text == "False" || text == "FALSE") return false;
+      if (text == "null" || text == "Null" || text == "NULL" || text == "~") return nullptr;
+      if (std::regex_match(text, kInteger)) {
+        try {
+          return std::stoll(text);
+        } catch (const std::out_of_range&) {
+        }
+      }
+      if (std::regex_match(text, kInteger) || std::regex_match(text, kFloat)) {
+        // A number past the double range (1e400) stays text, so that the
+        // field's own check names it instead of std::stod throwing.
+        const double value = std::strtod(text.c_str(), nullptr);
+        if (std::isfinite(value)) return value;
+      }
+      return text;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+void checkResources(const YAML::Node& node, const std::string& path,
+                    const DocumentContext& context) {
+  requireMapping(node, path, context);
+  MapReader resources(node, path, context);
+  for (const char* key : {"limits", "requests"}) {
+    if (auto quantities = resources.get(key)) {
+      requireMapping(*quantities, resources.pathOf(key), context);
+      for (const auto& entry : *quantities) {
+        if (!entry.second.IsScalar()) {
+          fail(context, resources.pathOf(key) + "." + entry.first.as<std::string>(),
+               "must be a quantity such as 1, 500m or 8Gi, got " + described(entry.second),
+               entry.second);
+        }
+      }
+    }
+  }
+  if (auto claims = resources.get("claims")) {
+    const std::string claims_path = resources.pathOf("claims");
+    requireList(*claims, claims_path, context);
+    for (size_t i = 0; i < claims->size(); ++i) {
+      const std::string item_path = claims_path + "[" + std::to_string(i) + "]";
+      requireMapping((*claims)[i], item_path, context);
+      MapReader claim((*claims)[i], item_path, context);
+      readString(claim.require("name"), claim.pathOf("name"), context);
+      claim.rejectUnknown();
+    }
+  }
+  resources.rejectUnknown();
+}
+
+ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
+                                const DocumentContext& context) {
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  ModelVolumeSpec volume;
+  if (auto claim = reader.get("persistentVolumeClaim")) {
+    const std::string claim_path = reader.pathOf("persistentVolumeClaim");
+    requireMapping(*claim, claim_path, context);
+    MapReader claim_reader(*claim, claim_path, context);
+    volume.claim_name =
+        readString(claim_reader.require("claimName"), claim_reader.pathOf("claimName"), context);
+    if (auto read_only = claim_reader.get("readOnly")) {
+      volume.claim_read_only = readBool(*read_only, claim_reader.pathOf("readOnly"), context);
+    }
+    claim_reader.rejectUnknown();
+  }
+  if (auto host = reader.get("hostPath")) {
+    const std::string host_path = reader.pathOf("hostPath");
+    requireMapping(*host, host_path, context);
+    MapReader host_reader(*host, host_path, context);
+    volume.host_path = readString(host_reader.require("path"), host_reader.pathOf("path"), context);
+    host_reader.rejectUnknown();
+  }
+  if (auto sub_path = reader.get("subPath")) {
+    volume.sub_path = readString(*sub_path, reader.pathOf("subPath"), context);
+  }
+  reader.rejectUnknown();
+  // The field-listing sample sets both sources to reach every field.
+  const bool listing_fields = FieldPathRecorder::active();
+  if (!listing_fields && volume.claim_name.empty() == volume.host_path.empty()) {
+    fail(context, path, "must set one of persistentVolumeClaim and hostPath", node);
+  }
+  return volume;
+}
+
+}  // namespace tandem::local

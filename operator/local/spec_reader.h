@@ -1,0 +1,132 @@
+// Strict, typed reading of CRD-shaped YAML documents, internal to tandem_local
+// (cluster_spec.cpp and router_spec.cpp). Every reader either returns the value
+// or throws tandem::Error naming where it is and what is accepted:
+//
+//   cluster.yaml: document 2 (DecodePool "decode"): spec.engine.blockSize must be
+//   an integer between 1 and 1024, got "big" (line 14)
+//
+// A MapReader refuses fields it was not asked for, so a typo is never silently
+// ignored. Nothing here keeps state between calls except FieldPathRecorder's
+// per-thread list; all functions are safe to call from several threads.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "operator/local/cluster_spec.h"
+
+namespace tandem::local {
+
+// No upper bound, for readInteger.
+inline constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
+
+// Where a document sits in the file, for messages.
+struct DocumentContext {
+  std::string source;
+  int index = 0;
+  std::string kind;
+  std::string name;
+  // False for objects from the API: their line numbers mean nothing to a user.
+  bool show_lines = true;
+
+  // "document 2 (DecodePool \"decode\")"
+  std::string label() const {
+    std::string text = "document " + std::to_string(index);
+    if (!kind.empty()) {
+      text += " (" + kind;
+      if (!name.empty()) text += " \"" + name + "\"";
+      text += ")";
+    }
+    return text;
+  }
+  // An object from the API (index 0) is named by `source` alone.
+  std::string where() const { return index == 0 ? source : source + ": " + label(); }
+};
+
+// While one is alive, every field path a MapReader on this thread looks up is
+// appended to `paths` (how the spec field lists are derived from a sample).
+// Not nestable.
+class FieldPathRecorder {
+ public:
+  explicit FieldPathRecorder(std::vector<std::string>& paths);
+  ~FieldPathRecorder();
+  FieldPathRecorder(const FieldPathRecorder&) = delete;
+  FieldPathRecorder& operator=(const FieldPathRecorder&) = delete;
+
+  // Whether one is alive on this thread.
+  static bool active();
+};
+
+// " (line N)" for the node, or "" when it has no position.
+std::string lineOf(const YAML::Node& node);
+
+// Throws "<where>: <path> <problem> (line N)".
+[[noreturn]] void fail(const DocumentContext& context, const std::string& path,
+                       const std::string& problem, const YAML::Node& node);
+
+// How a value was written, for "got ..." in messages.
+std::string described(const YAML::Node& node);
+
+// Reads one mapping: fields are taken by name, and whatever was not taken is
+// refused as unknown by rejectUnknown(). `context` must outlive the reader.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path, const DocumentContext& context)
+      : node_(node), path_(std::move(path)), context_(context) {}
+
+  std::string pathOf(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
+  // The value of `key`, unless absent or null.
+  std::optional<YAML::Node> get(const std::string& key);
+  // The value of `key`; throws when absent or null.
+  YAML::Node require(const std::string& key);
+  // Throws for the first key that get() or require() was not asked for.
+  void rejectUnknown() const;
+
+ private:
+  YAML::Node node_;
+  std::string path_;
+  const DocumentContext& context_;
+  std::vector<std::string> known_;
+};
+
+void requireMapping(const YAML::Node& node, const std::string& path,
+                    const DocumentContext& context);
+void requireList(const YAML::Node& node, const std::string& path, const DocumentContext& context);
+
+// A plain integer in [min, max].
+int64_t readInteger(const YAML::Node& node, const std::string& path, const DocumentContext& context,
+                    int64_t min, int64_t max = kNoMax);
+// A finite number; `min_exclusive` makes the lower bound strict.
+double readNumber(const YAML::Node& node, const std::string& path, const DocumentContext& context,
+                  double min, bool min_exclusive);
+bool readBool(const YAML::Node& node, const std::string& path, const DocumentContext& context);
+// A non-empty scalar, quoted or not.
+std::string readString(const YAML::Node& node, const std::string& path,
+                       const DocumentContext& context);
+// One of `accepted`.
+std::string readEnum(const YAML::Node& node, const std::string& path,
+                     const DocumentContext& context, const std::vector<std::string>& accepted);
+
+// A YAML value as JSON, reading plain scalars as YAML's core schema does.
+nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
+                      const std::string& path);
+
+// Kubernetes resource requirements (limits, requests, claims): not used in
+// local mode, but their shape is still checked.
+void checkResources(const YAML::Node& node, const std::string& path,
+                    const DocumentContext& context);
+
+// spec.model.volume / spec.modelVolume: one of persistentVolumeClaim and hostPath.
+ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
+                                const DocumentContext& context);
+
+}  // namespace tandem::local
