@@ -266,6 +266,14 @@ TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModes
         << arg << " missing from " << router_args.dump();
   }
 
+  // What it did is in the pool's events, as kubectl describe shows them.
+  const KubectlResult described = kubectl({"describe", "prefillpool", "prefill"});
+  ASSERT_EQ(described.exit_status, 0) << described.err;
+  EXPECT_TRUE(std::regex_search(
+      described.out,
+      std::regex(R"(Normal\s+Created\s+.*tandem-operator\s+Created Deployment prefill)")))
+      << described.out;
+
   // A second reconcile of an unchanged world writes nothing: an annotation
   // (not spec) makes the controller look again.
   const size_t writes = objectWritesBy("controller-a");

@@ -2,9 +2,30 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 
 namespace tandem::testing {
 namespace {
+
+// The field labels the real API server supports for the kinds the tests use
+// (every object: metadata.name and metadata.namespace; Events:
+// involvedObject.*, reason, type, source, reportingComponent; Pods:
+// spec.nodeName, status.phase). The stand-in accepts them for any kind.
+const char* const kFieldLabels[] = {"metadata.name",
+                                    "metadata.namespace",
+                                    "involvedObject.kind",
+                                    "involvedObject.namespace",
+                                    "involvedObject.name",
+                                    "involvedObject.uid",
+                                    "involvedObject.apiVersion",
+                                    "involvedObject.resourceVersion",
+                                    "involvedObject.fieldPath",
+                                    "reason",
+                                    "type",
+                                    "source",
+                                    "reportingComponent",
+                                    "spec.nodeName",
+                                    "status.phase"};
 
 std::string trim(const std::string& text) {
   size_t start = text.find_first_not_of(" \t");
@@ -119,9 +140,12 @@ std::optional<Selector> Selector::parseFields(const std::string& text, std::stri
     }
     requirement.key = trim(term.substr(0, at));
     requirement.values.push_back(trim(term.substr(at + width)));
-    if (requirement.key != "metadata.name" && requirement.key != "metadata.namespace") {
-      error = "field label not supported: " + requirement.key +
-              " (supported: metadata.name, metadata.namespace)";
+    if (std::find(std::begin(kFieldLabels), std::end(kFieldLabels), requirement.key) ==
+        std::end(kFieldLabels)) {
+      std::string supported;
+      for (const char* label : kFieldLabels)
+        supported += (supported.empty() ? "" : ", ") + std::string(label);
+      error = "field label not supported: " + requirement.key + " (supported: " + supported + ")";
       return std::nullopt;
     }
     selector.requirements_.push_back(std::move(requirement));
@@ -163,8 +187,20 @@ std::optional<std::string> Selector::valueOf(const nlohmann::json& object,
                                              const std::string& key) const {
   const nlohmann::json metadata = object.value("metadata", nlohmann::json::object());
   if (fields_) {
-    std::string field = key == "metadata.name" ? "name" : "namespace";
-    return metadata.value(field, "");
+    // A field label is a dotted path into the object; "source" is an Event's
+    // source.component. Absent fields compare as "".
+    const std::string path = key == "source" ? "source.component" : key;
+    const nlohmann::json* node = &object;
+    size_t start = 0;
+    while (node != nullptr && start <= path.size()) {
+      const size_t dot = path.find('.', start);
+      const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
+      node = node->is_object() && node->contains(part) ? &(*node)[part] : nullptr;
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    if (node == nullptr || node->is_null()) return std::string();
+    return node->is_string() ? node->get<std::string>() : node->dump();
   }
   const nlohmann::json labels = metadata.value("labels", nlohmann::json::object());
   if (!labels.is_object() || !labels.contains(key) || !labels[key].is_string()) {

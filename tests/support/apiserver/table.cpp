@@ -6,6 +6,7 @@
 // <none>.
 #include "tests/support/apiserver/table.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -457,6 +458,25 @@ BuiltinPrinter builtinPrinter(const std::string& kind) {
                               std::to_string(restarts), age(o), stringAt(o, ".status.podIP"),
                               stringAt(o, ".spec.nodeName")});
         }};
+  }
+  if (kind == "Event") {
+    // kubectl get events: LAST SEEN, TYPE, REASON, OBJECT, MESSAGE.
+    return {json::array({column("Last Seen", "string", "Time of the last occurrence."),
+                         column("Type", "string", "Normal or Warning."),
+                         column("Reason", "string", "Why the event was recorded."),
+                         column("Object", "string", "The object the event is about."),
+                         column("Message", "string", "What happened.")}),
+            [=](const json& o) {
+              json last = o.value("lastTimestamp", json());
+              if (last.is_null()) last = o.value("eventTime", json());
+              if (last.is_null()) last = o["metadata"].value("creationTimestamp", json());
+              std::string object = stringAt(o, ".involvedObject.kind", "");
+              for (char& c : object)
+                c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+              object += "/" + stringAt(o, ".involvedObject.name", "");
+              return json::array({ageCell(last), stringAt(o, ".type", ""),
+                                  stringAt(o, ".reason", ""), object, stringAt(o, ".message", "")});
+            }};
   }
   if (kind == "Lease") {
     return {json::array({nameColumn(), column("Holder", "string", "The holder of the lease."),
