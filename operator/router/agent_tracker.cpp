@@ -1,0 +1,209 @@
+#include "operator/router/agent_tracker.h"
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "common/prometheus_text.h"
+#include "operator/router/upstream_call.h"
+
+namespace tandem::router {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+awaitable<void> sleepFor(double seconds) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  timer.expires_after(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+}
+
+}  // namespace
+
+void AgentTracker::setAgents(std::vector<AgentEndpoint> prefill,
+                             std::vector<AgentEndpoint> decode) {
+  std::vector<AgentPtr> added;
+  int64_t num_prefill = 0, num_decode = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::map<std::string, AgentPtr> next;
+    auto keep = [&](const AgentEndpoint& endpoint, bool is_prefill) {
+      auto it = agents_.find(endpoint.name);
+      if (it != agents_.end() && it->second->endpoint == endpoint &&
+          it->second->prefill == is_prefill) {
+        next[endpoint.name] = it->second;
+        return;
+      }
+      auto agent = std::make_shared<AgentState>();
+      agent->endpoint = endpoint;
+      agent->prefill = is_prefill;
+      next[endpoint.name] = agent;
+      added.push_back(agent);
+    };
+    for (const auto& endpoint : prefill) keep(endpoint, true);
+    for (const auto& endpoint : decode) keep(endpoint, false);
+    for (auto& [name, agent] : agents_) {
+      auto it = next.find(name);
+      if (it == next.end() || it->second != agent) {
+        // A changed address or role is a new agent (a restarted pod): the
+        // blocks the old one held are not the new one's.
+        agent->listed = false;
+        index_.remove(name);
+        if (it == next.end()) metrics_.removeAgent(name);
+      }
+    }
+    agents_ = std::move(next);
+    for (const auto& [name, agent] : agents_) ++(agent->prefill ? num_prefill : num_decode);
+    metrics_.setAgentCount("prefill", num_prefill);
+    metrics_.setAgentCount("decode", num_decode);
+    // Every listed agent has its series from the start (unhealthy until its
+    // first successful poll).
+    for (const AgentPtr& agent : added) {
+      metrics_.setAgentHealthy(agent->endpoint.name, false);
+      metrics_.setIndexBlocks(agent->endpoint.name, 0);
+    }
+  }
+  if (!started_) return;  // startWatching() spawns the watchers
+  for (const AgentPtr& agent : added) watch(agent);
+}
+
+void AgentTracker::startWatching() {
+  started_ = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [name, agent] : agents_) watch(agent);
+}
+
+std::vector<AgentPtr> AgentTracker::agentsOf(bool prefill) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<AgentPtr> out;
+  for (const auto& [name, agent] : agents_) {
+    if (agent->prefill == prefill) out.push_back(agent);
+  }
+  return out;
+}
+
+bool AgentTracker::anyHealthy(bool prefill) {
+  for (const AgentPtr& agent : agentsOf(prefill)) {
+    if (agent->healthy) return true;
+  }
+  return false;
+}
+
+void AgentTracker::watch(const AgentPtr& agent) {
+  asio::co_spawn(ioc_, pollLoop(agent), asio::detached);
+  asio::co_spawn(ioc_, eventLoop(agent), asio::detached);
+}
+
+// An agent's series change only while it is listed: setAgents unlists
+// agents and removes their series under the same lock, so a loop of an
+// agent just removed or replaced never brings them back.
+void AgentTracker::setHealthyIfListed(const AgentState& agent, bool healthy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (agent.listed) metrics_.setAgentHealthy(agent.endpoint.name, healthy);
+}
+void AgentTracker::setIndexBlocksIfListed(const AgentState& agent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (agent.listed) {
+    metrics_.setIndexBlocks(agent.endpoint.name, index_.numBlocks(agent.endpoint.name));
+  }
+}
+
+awaitable<void> AgentTracker::pollLoop(AgentPtr agent) {
+  while (!stopping_ && agent->listed) {
+    UpstreamResult health = co_await callAgent(agent->endpoint, http::verb::get,
+                                               std::string("/health"), std::string(), 5.0);
+    bool healthy = health.status == 200;
+    if (healthy) {
+      UpstreamResult metrics = co_await callAgent(agent->endpoint, http::verb::get,
+                                                  std::string("/metrics"), std::string(), 5.0);
+      if (metrics.status == 200) {
+        agent->running = static_cast<int64_t>(
+            prometheusSample(metrics.body, "tandem_num_requests_running").value_or(0));
+        agent->waiting = static_cast<int64_t>(
+            prometheusSample(metrics.body, "tandem_num_requests_waiting").value_or(0));
+        agent->kv_usage = prometheusSample(metrics.body, "tandem_kv_cache_usage_ratio").value_or(0);
+      }
+      if (!model_.ready()) co_await model_.learnFrom(agent->endpoint);
+    }
+    if (agent->healthy.exchange(healthy) != healthy) {
+      TANDEM_LOG(kInfo) << "router: agent " << agent->endpoint.name << " is "
+                        << (healthy ? "healthy" : "unhealthy");
+    }
+    setHealthyIfListed(*agent, healthy);
+    co_await sleepFor(poll_interval_s_);
+  }
+  setHealthyIfListed(*agent, false);
+}
+
+// Follows the agent's /v1/kv_events stream into the ownership index;
+// reconnects from scratch after a drop or a gap.
+awaitable<void> AgentTracker::eventLoop(AgentPtr agent) {
+  const std::string& name = agent->endpoint.name;
+  while (!stopping_ && agent->listed) {
+    try {
+      beast::tcp_stream stream(co_await asio::this_coro::executor);
+      tcp::resolver resolver(co_await asio::this_coro::executor);
+      stream.expires_after(std::chrono::seconds(5));
+      auto results = co_await resolver.async_resolve(
+          agent->endpoint.host, std::to_string(agent->endpoint.port), use_awaitable);
+      co_await stream.async_connect(results, use_awaitable);
+      http::request<http::empty_body> request{http::verb::get, "/v1/kv_events?since=0", 11};
+      request.set(http::field::host, hostHeader(agent->endpoint));
+      co_await http::async_write(stream, request, use_awaitable);
+      beast::flat_buffer buffer;
+      http::response_parser<http::buffer_body> parser;
+      parser.body_limit(kNoBodyLimit);
+      co_await http::async_read_header(stream, buffer, parser, use_awaitable);
+      if (parser.get().result() != http::status::ok) throw std::runtime_error("status");
+      std::string pending;
+      char chunk[16384];
+      bool gap = false;
+      while (!stopping_ && agent->listed && !gap && !parser.is_done()) {
+        // Keep-alive comments arrive every 10 s; silence beyond 30 s is a drop.
+        stream.expires_after(std::chrono::seconds(30));
+        parser.get().body().data = chunk;
+        parser.get().body().size = sizeof chunk;
+        boost::system::error_code ec;
+        co_await http::async_read_some(stream, buffer, parser,
+                                       asio::redirect_error(use_awaitable, ec));
+        if (ec && ec != http::error::need_buffer) break;
+        pending.append(chunk, sizeof chunk - parser.get().body().size);
+        size_t end;
+        while (!gap && (end = pending.find("\n\n")) != std::string::npos) {
+          std::string event = pending.substr(0, end);
+          pending.erase(0, end + 2);
+          if (!event.starts_with("data: ")) continue;  // comments
+          json parsed = json::parse(event.substr(6), nullptr, false);
+          // Once replaced under the same name (a restart), the index entry
+          // belongs to the new agent: this stream's events stay out.
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (!agent->listed) break;
+          if (!index_.apply(name, parsed)) gap = true;
+        }
+        setIndexBlocksIfListed(*agent);
+      }
+    } catch (const std::exception&) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!agent->listed) break;  // replaced or removed: the index is not ours
+      index_.untrust(name);
+      metrics_.setIndexBlocks(name, 0);
+    }
+    if (!stopping_ && agent->listed) co_await sleepFor(0.5);
+  }
+}
+
+}  // namespace tandem::router

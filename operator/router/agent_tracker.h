@@ -1,0 +1,116 @@
+// The router's view of its agents: the listed prefill and decode agents,
+// each polled for health and load (/health, /metrics) and followed through
+// its /v1/kv_events stream into the ownership index. Used by the router's
+// own files only.
+//
+// Contract: setAgents replaces the agent set; an agent whose address or
+// role changed is a new agent (its old blocks leave the index). Watch loops
+// run on the io_context until the agent is unlisted or `stopping` is set.
+// Every metric series of an agent changes only while it is listed.
+//
+// Threads: every public method is thread-safe. The tracker must outlive the
+// io_context's threads (its loops refer to it).
+#pragma once
+
+// clang-format off
+#include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+// clang-format on
+#include <atomic>
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "operator/router/ownership_index.h"
+#include "operator/router/router.h"
+#include "operator/router/router_metrics.h"
+#include "operator/router/served_model.h"
+
+namespace tandem::router {
+
+// One agent and what the router knows of it.
+struct AgentState {
+  AgentEndpoint endpoint;
+  bool prefill = false;
+  std::atomic<bool> listed{true};
+  std::atomic<bool> healthy{false};
+  std::atomic<int64_t> running{0};
+  std::atomic<int64_t> waiting{0};
+  std::atomic<double> kv_usage{0};
+  std::atomic<int64_t> inflight{0};
+  std::atomic<int64_t> queued_prefill_tokens{0};
+};
+using AgentPtr = std::shared_ptr<AgentState>;
+
+// Holds an agent's in-flight counters for the duration of a call.
+class InflightGuard {
+ public:
+  InflightGuard(const AgentPtr& agent, int64_t prefill_tokens)
+      : agent_(agent), tokens_(prefill_tokens) {
+    agent_->inflight += 1;
+    agent_->queued_prefill_tokens += tokens_;
+  }
+  ~InflightGuard() {
+    agent_->inflight -= 1;
+    agent_->queued_prefill_tokens -= tokens_;
+  }
+  InflightGuard(const InflightGuard&) = delete;
+  InflightGuard& operator=(const InflightGuard&) = delete;
+
+ private:
+  AgentPtr agent_;
+  int64_t tokens_;
+};
+
+class AgentTracker {
+ public:
+  // Polls every `poll_interval_s`; the first healthy agent teaches `model`
+  // the model (while it is not ready). `ioc`, `stopping`, `metrics` and
+  // `model` must outlive the tracker.
+  AgentTracker(boost::asio::io_context& ioc, double poll_interval_s,
+               const std::atomic<bool>& stopping, RouterMetrics& metrics, ServedModel& model)
+      : ioc_(ioc),
+        poll_interval_s_(poll_interval_s),
+        stopping_(stopping),
+        metrics_(metrics),
+        model_(model) {}
+  AgentTracker(const AgentTracker&) = delete;
+  AgentTracker& operator=(const AgentTracker&) = delete;
+
+  // Replaces the agent set. Agents added after startWatching() are watched
+  // at once; before it, startWatching() starts them all.
+  void setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode);
+  void startWatching();
+
+  // The listed prefill (true) or decode (false) agents.
+  std::vector<AgentPtr> agentsOf(bool prefill);
+  bool anyHealthy(bool prefill);
+  // How many of `hashes` the agent holds as a leading run (ownership index).
+  int64_t leadingBlocks(const std::string& agent, const std::vector<BlockHash>& hashes) const {
+    return index_.leadingBlocks(agent, hashes);
+  }
+
+ private:
+  void watch(const AgentPtr& agent);
+  void setHealthyIfListed(const AgentState& agent, bool healthy);
+  void setIndexBlocksIfListed(const AgentState& agent);
+  boost::asio::awaitable<void> pollLoop(AgentPtr agent);
+  boost::asio::awaitable<void> eventLoop(AgentPtr agent);
+
+  boost::asio::io_context& ioc_;
+  const double poll_interval_s_;
+  const std::atomic<bool>& stopping_;
+  RouterMetrics& metrics_;
+  ServedModel& model_;
+  std::atomic<bool> started_{false};
+
+  std::mutex mutex_;  // guards agents_ and each agent's listed/series changes
+  std::map<std::string, AgentPtr> agents_;
+  OwnershipIndex index_;
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,468 @@
+#include "operator/router/completion_flow.h"
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+
+#include "common/logging.h"
+#include "operator/router/client_response.h"
+#include "operator/router/upstream_call.h"
+
+namespace tandem::router {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Request bodies the router builds (kept out of coroutines: GCC 12 cannot
+// put brace-initialized JSON with string literals in a coroutine frame).
+std::string holdBody(const protocol::Request& request) {
+  json hold = {{"token_ids", request.prompt}};
+  if (!request.cache_salt.empty()) hold["cache_salt"] = request.cache_salt;
+  return hold.dump();
+}
+
+std::string releaseBody(const json& params) { return json{{"kv_transfer_params", params}}.dump(); }
+
+// The prefill half: one token, no stream, the KV kept for the decode agent
+// (and read from `lent`, a decode agent's prefix, when given).
+std::string prefillBody(json body, const json& lent) {
+  body["max_tokens"] = 1;
+  body.erase("max_completion_tokens");
+  body.erase("min_tokens");
+  body["stream"] = false;
+  body.erase("stream_options");
+  body["kv_transfer_params"] = {{"do_remote_decode", true}};
+  if (!lent.is_null()) body["kv_transfer_params"]["remote_prefix"] = lent;
+  return body.dump();
+}
+
+// The decode half: the client's request reading the prefill agent's KV.
+std::string decodeBody(json body, const json& params) {
+  if (!params.is_null()) {
+    json read = params;
+    read["do_remote_prefill"] = true;
+    body["kv_transfer_params"] = std::move(read);
+  }
+  return body.dump();
+}
+
+size_t blocksOffered(const json& params) {
+  if (!params.is_object()) return 0;
+  auto it = params.find("remote_block_ids");
+  return it != params.end() && it->is_array() ? it->size() : 0;
+}
+
+const char* targetOf(const json& body) {
+  return body.contains("messages") ? "/v1/chat/completions" : "/v1/completions";
+}
+
+// An admission slot, given back when the request ends.
+class SlotLease {
+ public:
+  explicit SlotLease(AdmissionGate& gate) : gate_(gate) {}
+  ~SlotLease() { gate_.leave(); }
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+
+ private:
+  AdmissionGate& gate_;
+};
+
+}  // namespace
+
+CompletionFlow::CompletionFlow(const RouterConfig& config, AgentTracker& agents, ServedModel& model,
+                               AdmissionGate& gate, RouterMetrics& metrics,
+                               const std::atomic<bool>& stopping)
+    : upstream_timeout_s_(config.upstream_timeout_s),
+      agents_(agents),
+      model_(model),
+      gate_(gate),
+      metrics_(metrics),
+      stopping_(stopping),
+      chooser_({config.policy, config.disagg_threshold_tokens, config.pull_back, 4}) {}
+
+enum class Admission { kAdmitted, kRefused, kClientGone };
+
+// Admission: up to max_inflight_requests at once, then a queue of up to
+// max_queued_requests (woken when a slot passes to it, or dropped when its
+// client leaves), then refusal.
+awaitable<CompletionFlow::Admission> CompletionFlow::admit(ClientConnection& client) {
+  auto waiter = std::make_shared<AdmissionGate::Waiter>();
+  auto executor = co_await asio::this_coro::executor;
+  auto wakeup = std::make_shared<asio::steady_timer>(executor, Clock::time_point::max());
+  // An expiry in the past also ends a wait that has not begun yet.
+  waiter->wake = [executor, wakeup] {
+    asio::post(executor, [wakeup] { wakeup->expires_at(Clock::time_point::min()); });
+  };
+  switch (gate_.enter(waiter)) {
+    case AdmissionGate::Entry::kAdmitted:
+      co_return Admission::kAdmitted;
+    case AdmissionGate::Entry::kRefused:
+      co_return Admission::kRefused;
+    case AdmissionGate::Entry::kQueued:
+      break;
+  }
+  {
+    OnClientGone cancel(&client, [wakeup] { wakeup->expires_at(Clock::time_point::min()); });
+    boost::system::error_code ec;
+    while (!client.gone && !stopping_ && !gate_.granted(waiter)) {
+      co_await wakeup->async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+  }
+  if (!gate_.cancel(waiter)) co_return Admission::kAdmitted;  // granted meanwhile
+  co_return client.gone ? Admission::kClientGone : Admission::kRefused;
+}
+
+// The completion flow: parse and check like an agent, decide, hand off.
+awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::string& body_text,
+                                         bool chat) {
+  beast::tcp_stream& stream = client.stream;
+  const auto arrival = Clock::now();
+  if (!model_.ready()) {
+    co_await respondError(stream, 503, std::string("no agent is ready yet"),
+                          std::string("service_unavailable"));
+    co_return true;
+  }
+  // The same checks, with the same messages, as an agent's.
+  auto parsed =
+      chat ? server::parseChatCompletionRequest(body_text, model_.limits(), model_.tokenizer())
+           : server::parseCompletionRequest(body_text, model_.limits(), model_.tokenizer());
+  if (!parsed.isOk()) {
+    const server::ApiError& error = parsed.error();
+    co_await respondJson(stream, error.status, server::errorBody(error).dump());
+    co_return true;
+  }
+  // From here on, a client leaving cancels what its request is waiting for.
+  client.startWatch();
+  const Admission admission = co_await admit(client);
+  if (admission == Admission::kClientGone) {
+    metrics_.countClientAbort("queued");
+    co_return false;
+  }
+  if (admission == Admission::kRefused) {
+    metrics_.countDecision("rejected");
+    co_return co_await respondError(stream, 503,
+                                    std::string("the router is overloaded; retry later"),
+                                    std::string("service_unavailable"));
+  }
+  SlotLease slot(gate_);
+  if (client.gone) {
+    metrics_.countClientAbort("queued");
+    co_return false;
+  }
+  json body = json::parse(body_text);
+  body.erase("kv_transfer_params");  // only the router sets these
+  const protocol::Request& request = parsed.value().request;
+  const bool streaming = parsed.value().stream;
+
+  const auto decide_start = Clock::now();
+  const std::vector<BlockHash> hashes =
+      model_.hasher().hashFullBlocks(request.prompt, request.cache_salt);
+  std::vector<AgentPtr> prefill_agents = agents_.agentsOf(true);
+  std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
+  DecisionInput input;
+  input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  input.block_size = model_.info().block_size;
+  auto view = [&](const AgentPtr& agent) {
+    AgentView v;
+    v.name = agent->endpoint.name;
+    v.healthy = agent->healthy;
+    v.leading_blocks = agents_.leadingBlocks(v.name, hashes);
+    v.running = agent->running;
+    v.waiting = agent->waiting;
+    v.kv_usage = agent->kv_usage;
+    v.inflight = agent->inflight;
+    v.queued_prefill_tokens = agent->queued_prefill_tokens;
+    return v;
+  };
+  for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
+  for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
+  Decision decision;
+  {
+    std::lock_guard<std::mutex> lock(chooser_mutex_);
+    decision = chooser_.choose(input);
+  }
+  metrics_.observeDecision(secondsSince(decide_start), decision.overlap_ratio);
+  if (!decision.decode) {
+    metrics_.countDecision("rejected");
+    co_await respondError(stream, 503, std::string("no healthy decode agent"),
+                          std::string("service_unavailable"));
+    co_return true;
+  }
+
+  // Try decode agents in the chosen order, then the others.
+  std::vector<size_t> decode_order = {*decision.decode};
+  for (size_t i = 0; i < decode_agents.size(); ++i) {
+    if (i != *decision.decode && input.decode[i].healthy) decode_order.push_back(i);
+  }
+  bool retried = false;
+  for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
+    const AgentPtr& decode = decode_agents[decode_order[attempt]];
+    Handoff handoff;
+    if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
+      handoff = co_await prefillOn(client, body, request, hashes, prefill_agents, input, decision,
+                                   decode);
+      if (client.gone) {
+        // Nobody waits for the answer: what the prefill agent holds for
+        // it goes back now, and no decode agent sees the request.
+        co_await release(handoff);
+        metrics_.countClientAbort("prefill");
+        co_return false;
+      }
+      if (handoff.client_error) {
+        co_return co_await respondJson(stream, handoff.status, handoff.body);
+      }
+      if (handoff.retried) retried = true;
+    }
+    const std::string label = !handoff.params.is_null()
+                                  ? (handoff.pulled_back ? "pull_back" : "disaggregated")
+                                  : "local_prefill";
+    DecodeOutcome outcome = co_await decodeOn(client, body, streaming, decode, handoff, label,
+                                              arrival, static_cast<int64_t>(request.prompt.size()));
+    if (outcome == DecodeOutcome::kDone) {
+      metrics_.countDecision(label);
+      if (retried) metrics_.countDecision("retried");
+      co_return true;
+    }
+    if (outcome == DecodeOutcome::kClientGone || outcome == DecodeOutcome::kClientGoneMidway) {
+      // A cancel, not a failure: the upstream connection is closed (the
+      // decode agent aborts the request); a transfer it has not read yet
+      // is released now rather than at the prefill agent's timeout.
+      co_await release(handoff);
+      metrics_.countClientAbort(outcome == DecodeOutcome::kClientGone ? "decode" : "response");
+      co_return false;
+    }
+    if (outcome == DecodeOutcome::kBrokenAfterStart) co_return false;
+    // Failed before anything reached the client: give the transfer back
+    // and try the next decode agent, which prefills itself.
+    if (!handoff.params.is_null()) co_await release(handoff);
+    retried = true;
+  }
+  metrics_.countDecision("rejected");
+  co_return co_await respondError(stream, 503,
+                                  std::string("every decode agent failed this request"),
+                                  std::string("service_unavailable"));
+}
+
+// Prefills on the chosen prefill agent (others on failure); with pull-back
+// the decode agent first lends the prefix it holds.
+awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
+    ClientConnection& client, const json& body, const protocol::Request& request,
+    const std::vector<BlockHash>& hashes, const std::vector<AgentPtr>& prefill_agents,
+    const DecisionInput& input, const Decision& decision, const AgentPtr& decode) {
+  Handoff handoff;
+  json lent;
+  if (decision.pull_back) {
+    UpstreamResult held =
+        co_await callAgent(decode->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
+                           holdBody(request), 10.0);
+    if (held.status == 200) {
+      json answer = json::parse(held.body, nullptr, false);
+      if (answer.is_object() && answer.contains("kv_transfer_params")) {
+        lent = answer["kv_transfer_params"];
+      }
+    }
+  }
+  std::vector<size_t> order = {*decision.prefill};
+  for (size_t i = 0; i < prefill_agents.size(); ++i) {
+    if (i != *decision.prefill && input.prefill[i].healthy) order.push_back(i);
+  }
+  const std::string prefill_body = prefillBody(body, lent);
+  const std::string target = targetOf(body);
+  for (size_t attempt = 0; attempt < order.size() && !client.gone; ++attempt) {
+    const AgentPtr& prefill = prefill_agents[order[attempt]];
+    const int64_t uncached =
+        input.num_prompt_tokens - input.prefill[order[attempt]].leading_blocks * input.block_size;
+    UpstreamResult result;
+    {
+      InflightGuard guard(prefill, uncached);
+      result = co_await callAgent(prefill->endpoint, http::verb::post, target, prefill_body,
+                                  upstream_timeout_s_, &client);
+    }
+    if (result.status >= 400 && result.status < 500 && result.status != 429) {
+      handoff.client_error = true;
+      handoff.status = result.status;
+      handoff.body = result.body;
+      break;
+    }
+    if (result.status == 200) {
+      json answer = json::parse(result.body, nullptr, false);
+      if (answer.is_object() && answer.contains("kv_transfer_params") &&
+          answer["kv_transfer_params"].is_object()) {
+        handoff.params = answer["kv_transfer_params"];
+        handoff.prefill = prefill;
+        handoff.pulled_back = !lent.is_null();
+        break;
+      }
+    }
+    if (client.gone) break;  // the call was cut short: not the agent's fault
+    metrics_.countUpstreamError(prefill->endpoint.name);
+    TANDEM_LOG(kWarn) << "router: prefill on " << prefill->endpoint.name << " failed ("
+                      << (result.status == 0 ? result.error : std::to_string(result.status)) << ")";
+    handoff.retried = true;
+  }
+  if (handoff.params.is_null() && !lent.is_null()) {
+    // Nobody read the lent prefix: let the decode agent go now.
+    co_await callAgent(decode->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
+                       releaseBody(lent), 5.0);
+  }
+  co_return handoff;
+}
+
+awaitable<void> CompletionFlow::release(const Handoff& handoff) {
+  if (!handoff.prefill) co_return;
+  co_await callAgent(handoff.prefill->endpoint, http::verb::post,
+                     std::string("/v1/kv_transfer/release"), releaseBody(handoff.params), 5.0);
+}
+
+// Sends the request to the decode agent and passes its answer through.
+awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
+    ClientConnection& connection, json body, bool streaming, const AgentPtr& decode,
+    const Handoff& handoff, const std::string& label, Clock::time_point arrival,
+    int64_t prompt_tokens) {
+  const std::string request_body = decodeBody(body, handoff.params);
+  const std::string target = targetOf(body);
+  std::vector<std::pair<std::string, std::string>> headers = {
+      {"x-tandem-decision", label},
+      {"x-tandem-decode-agent", decode->endpoint.name},
+      {"x-tandem-prefill-agent",
+       handoff.prefill ? handoff.prefill->endpoint.name : decode->endpoint.name},
+      {"x-tandem-kv-blocks-moved", std::to_string(blocksOffered(handoff.params))}};
+  if (connection.gone) co_return DecodeOutcome::kClientGone;
+  beast::tcp_stream& client = connection.stream;
+  InflightGuard guard(decode, handoff.params.is_null() ? prompt_tokens : 0);
+  beast::tcp_stream upstream(co_await asio::this_coro::executor);
+  // A client leaving closes the upstream connection: the decode agent
+  // aborts the request and frees its blocks.
+  OnClientGone cancel(&connection, [&upstream] { upstream.close(); });
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(kNoBodyLimit);
+  try {
+    tcp::resolver resolver(co_await asio::this_coro::executor);
+    upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(upstream_timeout_s_)));
+    auto results = co_await resolver.async_resolve(
+        decode->endpoint.host, std::to_string(decode->endpoint.port), use_awaitable);
+    co_await upstream.async_connect(results, use_awaitable);
+    http::request<http::string_body> request{http::verb::post, target, 11};
+    request.set(http::field::host, hostHeader(decode->endpoint));
+    request.set(http::field::content_type, "application/json");
+    request.body() = request_body;
+    request.prepare_payload();
+    co_await http::async_write(upstream, request, use_awaitable);
+    co_await http::async_read_header(upstream, buffer, parser, use_awaitable);
+  } catch (const std::exception& e) {
+    if (connection.gone) co_return DecodeOutcome::kClientGone;
+    metrics_.countUpstreamError(decode->endpoint.name);
+    TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
+    co_return DecodeOutcome::kFailedBeforeStart;
+  }
+  if (connection.gone) co_return DecodeOutcome::kClientGone;
+  const int status = static_cast<int>(parser.get().result_int());
+  if (status >= 500 || status == 429) {
+    metrics_.countUpstreamError(decode->endpoint.name);
+    co_return DecodeOutcome::kFailedBeforeStart;
+  }
+  const std::string content_type(parser.get()[http::field::content_type]);
+  // Pass the answer through as it comes: SSE events one by one.
+  http::response<http::empty_body> head{static_cast<http::status>(status), 11};
+  head.set(http::field::content_type, content_type.empty() ? "application/json" : content_type);
+  if (content_type.starts_with("text/event-stream")) {
+    head.set(http::field::cache_control, "no-cache");
+  }
+  for (const auto& [name, value] : headers) head.set(name, value);
+  head.chunked(true);
+  head.keep_alive(true);
+  http::response_serializer<http::empty_body> serializer(head);
+  {
+    boost::system::error_code ec;
+    co_await http::async_write_header(client, serializer, asio::redirect_error(use_awaitable, ec));
+    // A failed write to the client is the client gone, never the agent.
+    if (ec) co_return DecodeOutcome::kClientGone;
+  }
+  std::string broken;  // why the pass-through stopped early
+  try {
+    char chunk[16384];
+    std::string events;  // for timing: complete SSE events seen so far
+    Clock::time_point last_token{};
+    while (!parser.is_done()) {
+      parser.get().body().data = chunk;
+      parser.get().body().size = sizeof chunk;
+      boost::system::error_code ec;
+      co_await http::async_read_some(upstream, buffer, parser,
+                                     asio::redirect_error(use_awaitable, ec));
+      if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
+      const size_t n = sizeof chunk - parser.get().body().size;
+      if (n == 0) continue;
+      if (streaming && status == 200) {
+        events.append(chunk, n);
+        size_t end;
+        while ((end = events.find("\n\n")) != std::string::npos) {
+          const bool token = events.starts_with("data: {");
+          events.erase(0, end + 2);
+          if (!token) continue;
+          const auto now = Clock::now();
+          if (last_token == Clock::time_point{}) {
+            metrics_.observeTtft(std::chrono::duration<double>(now - arrival).count());
+          } else {
+            metrics_.observeItl(std::chrono::duration<double>(now - last_token).count());
+          }
+          last_token = now;
+        }
+      }
+      boost::system::error_code client_error;
+      co_await asio::async_write(client, http::make_chunk(asio::buffer(chunk, n)),
+                                 asio::redirect_error(use_awaitable, client_error));
+      if (client_error) {
+        // The client left: closing the upstream connection makes the decode
+        // agent abort the request and free its blocks.
+        co_return DecodeOutcome::kClientGoneMidway;
+      }
+    }
+    boost::system::error_code ec;
+    co_await asio::async_write(client, http::make_chunk_last(),
+                               asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return DecodeOutcome::kClientGoneMidway;
+  } catch (const std::exception& e) {
+    broken = e.what();
+  }
+  if (!broken.empty()) {
+    if (connection.gone) co_return DecodeOutcome::kClientGoneMidway;
+    metrics_.countUpstreamError(decode->endpoint.name);
+    TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name << " broke: " << broken;
+    // Tell a streaming client why its stream ends, if it is still there.
+    if (streaming) {
+      const std::string event =
+          "data: " +
+          errorJson(502,
+                    "the decode agent " + decode->endpoint.name + " failed mid-stream: " + broken,
+                    "server_error") +
+          "\n\n" + std::string(server::kSseDone);
+      boost::system::error_code ec;
+      co_await asio::async_write(client, http::make_chunk(asio::buffer(event)),
+                                 asio::redirect_error(use_awaitable, ec));
+      if (!ec) {
+        co_await asio::async_write(client, http::make_chunk_last(),
+                                   asio::redirect_error(use_awaitable, ec));
+      }
+    }
+    co_return DecodeOutcome::kBrokenAfterStart;
+  }
+  metrics_.observeE2e(secondsSince(arrival));
+  co_return DecodeOutcome::kDone;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,96 @@
+// One completion request through the router: checked like an agent checks
+// it, admitted (AdmissionGate), placed by the Chooser over what the agents
+// hold, prefilled on a prefill agent (with decode → prefill pull-back when
+// chosen), then decoded on a decode agent whose answer streams back to the
+// client as it comes. Failed agents are retried on others while the client
+// has heard nothing. See docs/router.md and docs/kv-transfer.md.
+//
+// Contract: complete() never throws through the request path for agent
+// failures; it answers the client and returns whether the connection can
+// serve another request. A client leaving cancels the stage under way and
+// gives back any KV transfer held for it.
+//
+// Threads: complete() runs on the client's strand; several run at once.
+// The referenced components must outlive the flow.
+#pragma once
+
+// clang-format off
+#include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+// clang-format on
+#include <atomic>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/protocol/openai_protocol.h"
+#include "operator/router/admission_gate.h"
+#include "operator/router/agent_tracker.h"
+#include "operator/router/client_connection.h"
+#include "operator/router/policy.h"
+#include "operator/router/router.h"
+#include "operator/router/router_metrics.h"
+#include "operator/router/served_model.h"
+
+namespace tandem::router {
+
+class CompletionFlow {
+ public:
+  CompletionFlow(const RouterConfig& config, AgentTracker& agents, ServedModel& model,
+                 AdmissionGate& gate, RouterMetrics& metrics, const std::atomic<bool>& stopping);
+  CompletionFlow(const CompletionFlow&) = delete;
+  CompletionFlow& operator=(const CompletionFlow&) = delete;
+
+  // Serves POST /v1/completions (chat false) or /v1/chat/completions.
+  boost::asio::awaitable<bool> complete(ClientConnection& client, const std::string& body_text,
+                                        bool chat);
+
+ private:
+  enum class Admission { kAdmitted, kRefused, kClientGone };
+
+  struct Handoff {
+    nlohmann::json params;  // the prefill agent's kv_transfer_params; null: none
+    AgentPtr prefill;
+    bool pulled_back = false;
+    bool retried = false;
+    bool client_error = false;  // the request itself is bad: answer status/body
+    int status = 0;
+    std::string body;
+  };
+
+  enum class DecodeOutcome {
+    kDone,
+    kFailedBeforeStart,  // the decode agent failed; the client heard nothing
+    kBrokenAfterStart,   // the decode agent failed mid-answer
+    kClientGone,         // the client left before the response headers
+    kClientGoneMidway,   // the client left after them
+  };
+
+  boost::asio::awaitable<Admission> admit(ClientConnection& client);
+  boost::asio::awaitable<Handoff> prefillOn(ClientConnection& client, const nlohmann::json& body,
+                                            const protocol::Request& request,
+                                            const std::vector<BlockHash>& hashes,
+                                            const std::vector<AgentPtr>& prefill_agents,
+                                            const DecisionInput& input, const Decision& decision,
+                                            const AgentPtr& decode);
+  boost::asio::awaitable<void> release(const Handoff& handoff);
+  boost::asio::awaitable<DecodeOutcome> decodeOn(ClientConnection& connection, nlohmann::json body,
+                                                 bool streaming, const AgentPtr& decode,
+                                                 const Handoff& handoff, const std::string& label,
+                                                 std::chrono::steady_clock::time_point arrival,
+                                                 int64_t prompt_tokens);
+
+  const double upstream_timeout_s_;
+  AgentTracker& agents_;
+  ServedModel& model_;
+  AdmissionGate& gate_;
+  RouterMetrics& metrics_;
+  const std::atomic<bool>& stopping_;
+  Chooser chooser_;
+  std::mutex chooser_mutex_;
+};
+
+}  // namespace tandem::router

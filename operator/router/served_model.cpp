@@ -1,0 +1,55 @@
+#include "operator/router/served_model.h"
+
+#include <boost/beast/http.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "operator/router/upstream_call.h"
+
+namespace tandem::router {
+
+using nlohmann::json;
+
+boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
+  UpstreamResult models = co_await callAgent(agent, boost::beast::http::verb::get,
+                                             std::string("/v1/models"), std::string(), 5.0);
+  if (models.status != 200) co_return;
+  json body = json::parse(models.body, nullptr, false);
+  if (!body.is_object() || !body.contains("data") || body["data"].empty()) co_return;
+  const json& model = body["data"][0];
+  ModelInfo info;
+  info.served_name = model.value("id", std::string());
+  info.max_model_len = model.value("max_model_len", int64_t{0});
+  info.root = model.value("root", std::string());
+  const json tandem = model.value("tandem", json::object());
+  info.identity = tandem.value("model_identity", std::string());
+  info.block_size = tandem.value("block_size", 16);
+  auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
+  if (hash.isOk()) info.hash = *hash;
+  const std::filesystem::path dir = model_dir_.empty() ? info.root : model_dir_;
+  try {
+    auto tokenizer = Tokenizer::fromDirectory(dir);
+    int64_t vocab = tokenizer->vocabSize();
+    std::ifstream config_file(dir / "config.json");
+    json model_config = json::parse(config_file, nullptr, false);
+    if (model_config.is_object()) vocab = model_config.value("vocab_size", vocab);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ready_) co_return;
+    tokenizer_ = std::move(tokenizer);
+    hasher_ = std::make_unique<BlockHasher>(info.hash, info.identity, info.block_size);
+    limits_.served_model_name = info.served_name;
+    limits_.max_model_len = info.max_model_len;
+    limits_.vocab_size = vocab;
+    info_ = info;
+    ready_ = true;
+    TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity
+                      << ", block size " << info.block_size << ", tokenizer from " << dir.string()
+                      << ")";
+  } catch (const std::exception& e) {
+    TANDEM_LOG(kWarn) << "router: cannot load the tokenizer from " << dir.string() << ": "
+                      << e.what();
+  }
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,67 @@
+// The model the router serves, learned from the first healthy agent's
+// /v1/models: its served name, block size and hash scheme, and the tokenizer
+// the router uses to compute a prompt's block hashes (common/block_hash.h)
+// and to check requests the way an agent does. Used by the router's own
+// files only.
+//
+// Threads: learnFrom may run on several coroutines at once; the first to
+// load a tokenizer wins and later calls change nothing. The accessors are
+// valid only once ready() is true; what they return never changes after.
+#pragma once
+
+// clang-format off
+#include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+// clang-format on
+#include <atomic>
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/block_hash.h"
+#include "common/protocol/openai_protocol.h"
+#include "common/tokenizer.h"
+#include "operator/router/router.h"
+
+namespace tandem::router {
+
+// What the router learns of the model from an agent's /v1/models.
+struct ModelInfo {
+  std::string served_name;
+  std::string identity;
+  int32_t block_size = 16;
+  HashAlgorithm hash = HashAlgorithm::kXxh3_128;
+  std::filesystem::path root;
+  int64_t max_model_len = 0;
+};
+
+class ServedModel {
+ public:
+  // `model_dir`: where the tokenizer is read; empty: the "root" the agent
+  // reports.
+  explicit ServedModel(std::filesystem::path model_dir) : model_dir_(std::move(model_dir)) {}
+
+  bool ready() const { return ready_; }
+
+  // Asks `agent` for the model and loads its tokenizer; a failure is logged
+  // and leaves the model not ready (the next poll tries again).
+  boost::asio::awaitable<void> learnFrom(AgentEndpoint agent);
+
+  const ModelInfo& info() const { return info_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const BlockHasher& hasher() const { return *hasher_; }
+  const server::ServerLimits& limits() const { return limits_; }
+
+ private:
+  const std::filesystem::path model_dir_;
+  std::mutex mutex_;
+  std::atomic<bool> ready_{false};
+  ModelInfo info_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<BlockHasher> hasher_;
+  server::ServerLimits limits_;
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,59 @@
+#include "operator/router/upstream_call.h"
+
+#include <boost/beast/core.hpp>
+#include <chrono>
+
+namespace tandem::router {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using Clock = std::chrono::steady_clock;
+
+std::string hostHeader(const AgentEndpoint& endpoint) {
+  const bool ipv6 = endpoint.host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" + std::to_string(endpoint.port);
+}
+
+awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std::string target,
+                                    std::string body, double timeout_s, ClientConnection* client) {
+  UpstreamResult result;
+  if (client != nullptr && client->gone) {
+    result.error = "the client left";
+    co_return result;
+  }
+  try {
+    beast::tcp_stream stream(co_await asio::this_coro::executor);
+    tcp::resolver resolver(co_await asio::this_coro::executor);
+    stream.expires_after(
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));
+    auto results = co_await resolver.async_resolve(endpoint.host, std::to_string(endpoint.port),
+                                                   use_awaitable);
+    co_await stream.async_connect(results, use_awaitable);
+    http::request<http::string_body> request{verb, target, 11};
+    request.set(http::field::host, hostHeader(endpoint));
+    if (!body.empty()) {
+      request.set(http::field::content_type, "application/json");
+      request.body() = body;
+      request.prepare_payload();
+    }
+    co_await http::async_write(stream, request, use_awaitable);
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kNoBodyLimit);
+    co_await http::async_read(stream, buffer, parser, use_awaitable);
+    result.status = static_cast<int>(parser.get().result_int());
+    result.body = std::move(parser.get().body());
+    boost::system::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+  } catch (const std::exception& e) {
+    result.status = 0;
+    result.error = e.what();
+  }
+  co_return result;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,48 @@
+// The router's plain HTTP calls to agents: one request, the whole answer
+// read back (health, metrics, models, prefill, hold and release). Used by the
+// router's own files only; the decode pass-through streams on its own
+// connection (completion_flow.cpp).
+//
+// Contract: callAgent never throws; a transport failure is status 0 with
+// `error` set. It runs on the caller's executor (a client's strand or the
+// io_context) and owns copies of its arguments.
+#pragma once
+
+// clang-format off
+#include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+// clang-format on
+#include <boost/asio.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "operator/router/client_connection.h"
+#include "operator/router/router.h"
+
+namespace tandem::router {
+
+// Boost 1.74's parsers treat body_limit(boost::none) as "0 bytes" for bodies
+// of known length; a huge limit means none.
+constexpr uint64_t kNoBodyLimit = std::numeric_limits<uint64_t>::max();
+
+// An upstream call's outcome: status 0 when no HTTP answer came.
+struct UpstreamResult {
+  int status = 0;
+  std::string body;
+  std::string error;  // transport failure, when status is 0
+};
+
+// The Host header for an agent: an IPv6 literal goes in brackets.
+std::string hostHeader(const AgentEndpoint& endpoint);
+
+// An HTTP call to an agent; not sent when `client` has already left.
+// One under way is read to its end even when the client leaves: a
+// prefill's answer names the blocks it holds, which the caller releases
+// (an agent that loses its connection may drop the answer and keep them).
+boost::asio::awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint,
+                                                 boost::beast::http::verb verb, std::string target,
+                                                 std::string body, double timeout_s,
+                                                 ClientConnection* client = nullptr);
+
+}  // namespace tandem::router
