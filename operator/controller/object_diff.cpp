@@ -1,13 +1,53 @@
 #include "operator/controller/object_diff.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+
 namespace tandem::controller {
 namespace {
 
 using nlohmann::json;
 
-bool scalarEqual(const json& desired, const json& live) {
+// The value of a Kubernetes resource quantity ("500m", "0.5", "64Gi", "1e3",
+// 2), or nullopt when the text is not one.
+std::optional<long double> quantityValue(const json& value) {
+  if (value.is_number()) return value.get<long double>();
+  if (!value.is_string()) return std::nullopt;
+  const std::string text = value.get<std::string>();
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const long double number = std::strtold(text.c_str(), &end);
+  if (end == text.c_str()) return std::nullopt;
+  const std::string suffix(end);
+  static const std::pair<const char*, long double> kSuffixes[] = {
+      {"", 1},         {"n", 1e-9},     {"u", 1e-6},     {"m", 1e-3},
+      {"k", 1e3},      {"M", 1e6},      {"G", 1e9},      {"T", 1e12},
+      {"P", 1e15},     {"E", 1e18},     {"Ki", 0x1p10L}, {"Mi", 0x1p20L},
+      {"Gi", 0x1p30L}, {"Ti", 0x1p40L}, {"Pi", 0x1p50L}, {"Ei", 0x1p60L}};
+  for (const auto& [name, scale] : kSuffixes) {
+    if (suffix == name) return number * scale;
+  }
+  return std::nullopt;
+}
+
+// Under a container's resources the API server stores quantities in
+// canonical form ("0.5" comes back as "500m", 1 as "1", "1024Mi" as "1Gi"),
+// so they compare by value there.
+bool isQuantityPath(const std::string& path) {
+  return path.find("resources.limits.") != std::string::npos ||
+         path.find("resources.requests.") != std::string::npos;
+}
+
+bool scalarEqual(const json& desired, const json& live, const std::string& path) {
   if (desired == live) return true;
   if (desired.is_number() && live.is_string()) return desired.dump() == live.get<std::string>();
+  if (isQuantityPath(path)) {
+    const auto a = quantityValue(desired);
+    const auto b = quantityValue(live);
+    if (a && b) return std::fabs(*a - *b) <= 1e-9L * std::max(std::fabs(*a), std::fabs(*b));
+  }
   return false;
 }
 
@@ -31,7 +71,7 @@ std::string difference(const json& desired, const json& live, const std::string&
     }
     return "";
   }
-  return scalarEqual(desired, live) ? "" : path;
+  return scalarEqual(desired, live, path) ? "" : path;
 }
 
 }  // namespace

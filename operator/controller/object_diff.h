@@ -6,7 +6,9 @@
 // one with the same value. Objects compare key by key (extra live keys are
 // fine), lists element by element with equal lengths, and a desired number
 // equals a live string that spells it (the API writes quantities as
-// strings: `nvidia.com/gpu: 1` comes back as "1").
+// strings: `nvidia.com/gpu: 1` comes back as "1"). Under `resources.limits`
+// and `resources.requests` quantities compare by value, since the API server
+// stores them in canonical form ("0.5" → "500m", "1024Mi" → "1Gi").
 #pragma once
 
 #include <nlohmann/json.hpp>

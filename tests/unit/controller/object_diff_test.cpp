@@ -66,3 +66,31 @@ TEST(ObjectDiffTest, MissingFieldsExtraListItemsAndTypesAreDifferences) {
 
 }  // namespace
 }  // namespace tandem::controller
+
+namespace tandem::controller {
+namespace {
+
+// Resource quantities come back from the API server in canonical form; equal
+// values must not cause a write, different ones must, and only under
+// resources are strings compared as quantities.
+TEST(ObjectDiff, ResourceQuantitiesCompareByValue) {
+  const json desired = json::parse(R"({"resources": {"limits": {"cpu": "0.5",
+      "memory": "1024Mi", "nvidia.com/gpu": 1}, "requests": {"memory": "1e3"}}})");
+  const json canonical = json::parse(R"({"resources": {"limits": {"cpu": "500m",
+      "memory": "1Gi", "nvidia.com/gpu": "1"}, "requests": {"memory": "1k"}}})");
+  EXPECT_TRUE(isSubset(desired, canonical)) << firstDifference(desired, canonical);
+
+  json more = canonical;
+  more["resources"]["limits"]["cpu"] = "600m";
+  EXPECT_EQ(firstDifference(desired, more), "resources.limits.cpu");
+  more = canonical;
+  more["resources"]["limits"]["memory"] = "1G";  // 10^9, not 2^30
+  EXPECT_EQ(firstDifference(desired, more), "resources.limits.memory");
+
+  const json args = json::parse(R"({"args": ["--threads", "0.5"]})");
+  const json other = json::parse(R"({"args": ["--threads", "500m"]})");
+  EXPECT_EQ(firstDifference(args, other), "args[1]");
+}
+
+}  // namespace
+}  // namespace tandem::controller
