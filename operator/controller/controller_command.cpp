@@ -61,7 +61,7 @@ CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags) {
                       "tandem-operator image for Routers without spec.image");
   command
       ->add_option("--router-service-account", flags.router_service_account,
-                   "ServiceAccount of router pods (it must read EndpointSlices and pools)")
+                   "ServiceAccount of router pods (it must read EndpointSlices)")
       ->capture_default_str();
   command
       ->add_option("--sync-timeout", flags.sync_timeout_s,

@@ -1,0 +1,67 @@
+{{/*
+Shared names and labels of the tandem chart.
+*/}}
+
+{{/* The chart's name, overridable with nameOverride. */}}
+{{- define "tandem.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's full name: fullnameOverride, else "<release>" when the release
+name already contains the chart name, else "<release>-<chart>".
+*/}}
+{{- define "tandem.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label. */}}
+{{- define "tandem.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object of the release carries. */}}
+{{- define "tandem.labels" -}}
+helm.sh/chart: {{ include "tandem.chart" . }}
+{{ include "tandem.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The operator pods' selector (never changes across upgrades). */}}
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tandem.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The operator's ServiceAccount. */}}
+{{- define "tandem.operatorServiceAccountName" -}}
+{{- default (printf "%s-operator" (include "tandem.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- end }}
+
+{{/* The router pods' ServiceAccount (passed to the operator as --router-service-account). */}}
+{{- define "tandem.routerServiceAccountName" -}}
+{{- .Values.router.serviceAccount.name }}
+{{- end }}
+
+{{/* "repository:tag", the tag defaulting to the chart's appVersion. */}}
+{{- define "tandem.image" -}}
+{{- printf "%s:%s" .repository (default .appVersion .tag) }}
+{{- end }}
+
+{{/* Whether to render the ServiceMonitor: true, false, or "auto" (when the CRD is served). */}}
+{{- define "tandem.serviceMonitorEnabled" -}}
+{{- $setting := .Values.monitoring.serviceMonitor.enabled }}
+{{- if eq (toString $setting) "auto" }}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- else if $setting }}true{{ end }}
+{{- end }}

@@ -1,0 +1,400 @@
+// The Helm chart charts/tandem, rendered by the real helm: lint, the objects
+// each values mode renders (kinds, operator flags, security context, RBAC
+// rules), schema errors for bad values, and the chart's CRDs against the
+// repository's crds/.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "tests/support/apiserver/yaml_json.h"
+#include "tests/support/helm.h"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const fs::path kSourceDir = TANDEM_SOURCE_DIR;
+const fs::path kChartDir = kSourceDir / "charts/tandem";
+constexpr char kNamespace[] = "llm";
+
+struct HelmResult {
+  int exit_status = -1;
+  std::string out;
+  std::string err;
+};
+
+class HelmChartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    work_dir_ = fs::temp_directory_path() /
+                ("tandem-helm-" + std::to_string(::getpid()) + "-" +
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(work_dir_);
+    fs::create_directories(work_dir_);
+  }
+  void TearDown() override { fs::remove_all(work_dir_); }
+
+  // helm ARGS..., with its own HOME and cache/config directories.
+  HelmResult helm(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {testing::helmPath()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string home = work_dir_.string();
+    Subprocess process(argv, work_dir_ / ("helm-" + std::to_string(++calls_) + ".err"),
+                       {{"HOME", home},
+                        {"HELM_CACHE_HOME", home + "/cache"},
+                        {"HELM_CONFIG_HOME", home + "/config"},
+                        {"HELM_DATA_HOME", home + "/data"}});
+    HelmResult result;
+    result.out = process.readStdout(std::chrono::seconds(60));
+    result.exit_status = process.wait(std::chrono::seconds(5));
+    result.err = process.stderrText();
+    return result;
+  }
+
+  // `helm template` of the chart with `extra` arguments; fails the test when
+  // helm does.
+  std::vector<json> render(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"template", "tandem", kChartDir.string(), "--namespace",
+                                     kNamespace};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const HelmResult result = helm(args);
+    EXPECT_EQ(result.exit_status, 0) << result.err;
+    return testing::yamlDocumentsToJson(result.out);
+  }
+
+  fs::path writeFile(const std::string& name, const std::string& text) {
+    const fs::path path = work_dir_ / name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  fs::path work_dir_;
+  int calls_ = 0;
+};
+
+std::multiset<std::string> kindsOf(const std::vector<json>& objects) {
+  std::multiset<std::string> kinds;
+  for (const json& object : objects) kinds.insert(object.value("kind", ""));
+  return kinds;
+}
+
+// The objects of `kind`, in rendering order.
+std::vector<json> objectsOf(const std::vector<json>& objects, const std::string& kind) {
+  std::vector<json> found;
+  for (const json& object : objects) {
+    if (object.value("kind", "") == kind) found.push_back(object);
+  }
+  return found;
+}
+
+json operatorContainer(const std::vector<json>& objects) {
+  const std::vector<json> deployments = objectsOf(objects, "Deployment");
+  EXPECT_EQ(deployments.size(), 1u);
+  if (deployments.empty()) return json::object();
+  return deployments[0]["spec"]["template"]["spec"]["containers"][0];
+}
+
+std::vector<std::string> argsOf(const json& container) {
+  return container.value("args", std::vector<std::string>{});
+}
+
+bool hasArg(const std::vector<std::string>& args, const std::string& arg) {
+  return std::find(args.begin(), args.end(), arg) != args.end();
+}
+
+// The value after `flag`, or "" when the flag is absent or last.
+std::string flagValue(const std::vector<std::string>& args, const std::string& flag) {
+  auto it = std::find(args.begin(), args.end(), flag);
+  if (it == args.end() || std::next(it) == args.end()) return "";
+  return *std::next(it);
+}
+
+// A rule set as {apiGroup|resource -> verbs}, so order does not matter but
+// every resource and verb does.
+std::map<std::string, std::set<std::string>> rulesOf(const json& role) {
+  std::map<std::string, std::set<std::string>> rules;
+  for (const json& rule : role.at("rules")) {
+    for (const json& group : rule.at("apiGroups")) {
+      for (const json& resource : rule.at("resources")) {
+        auto& verbs = rules[group.get<std::string>() + "|" + resource.get<std::string>()];
+        for (const json& verb : rule.at("verbs")) verbs.insert(verb.get<std::string>());
+      }
+    }
+  }
+  return rules;
+}
+
+// docs/kubernetes.md, "RBAC".
+std::map<std::string, std::set<std::string>> expectedOperatorRules() {
+  const std::set<std::string> read = {"get", "list", "watch"};
+  // Children are created, then changed by server-side apply; never deleted.
+  const std::set<std::string> write = {"get", "list", "watch", "create", "patch"};
+  const std::set<std::string> status = {"get", "update"};
+  return {{"tandem.dev|prefillpools", read},
+          {"tandem.dev|decodepools", read},
+          {"tandem.dev|routers", read},
+          {"tandem.dev|prefillpools/status", status},
+          {"tandem.dev|decodepools/status", status},
+          {"tandem.dev|routers/status", status},
+          {"apps|deployments", write},
+          {"|services", write},
+          {"|pods", {"list", "watch"}},
+          {"|events", {"create"}},
+          {"coordination.k8s.io|leases", {"get", "create", "update"}}};
+}
+
+json namedObject(const std::vector<json>& objects, const std::string& kind,
+                 const std::string& name) {
+  for (const json& object : objects) {
+    if (object.value("kind", "") == kind && object["metadata"].value("name", "") == name) {
+      return object;
+    }
+  }
+  ADD_FAILURE() << "no " << kind << " " << name;
+  return json::object();
+}
+
+TEST_F(HelmChartTest, LintStrictPasses) {
+  const HelmResult result = helm({"lint", "--strict", kChartDir.string()});
+  EXPECT_EQ(result.exit_status, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("0 chart(s) failed"), std::string::npos) << result.out;
+}
+
+TEST_F(HelmChartTest, DefaultValuesRenderNamespacedOperator) {
+  const std::vector<json> objects = render();
+  const std::multiset<std::string> kinds = kindsOf(objects);
+  EXPECT_EQ(kinds.count("Deployment"), 1u);
+  EXPECT_EQ(kinds.count("ServiceAccount"), 2u);
+  EXPECT_EQ(kinds.count("Role"), 2u);
+  EXPECT_EQ(kinds.count("RoleBinding"), 2u);
+  EXPECT_EQ(kinds.count("ClusterRole"), 0u);
+  EXPECT_EQ(kinds.count("ClusterRoleBinding"), 0u);
+  EXPECT_EQ(kinds.count("Service"), 1u);
+  EXPECT_EQ(kinds.count("NetworkPolicy"), 1u);
+  EXPECT_EQ(kinds.count("ServiceMonitor"), 0u);  // auto, and the API is not served
+  EXPECT_EQ(kinds.count("PrefillPool"), 0u);
+  EXPECT_EQ(kinds.count("Router"), 0u);
+  for (const json& object : objects) {
+    EXPECT_EQ(object["metadata"].value("namespace", kNamespace), kNamespace);
+    const json& labels = object["metadata"]["labels"];
+    EXPECT_EQ(labels.value("app.kubernetes.io/name", ""), "tandem") << object.dump();
+    EXPECT_EQ(labels.value("app.kubernetes.io/instance", ""), "tandem");
+    EXPECT_EQ(labels.value("app.kubernetes.io/version", ""), "0.1.0");
+    EXPECT_EQ(labels.value("app.kubernetes.io/managed-by", ""), "Helm");
+    EXPECT_EQ(labels.value("helm.sh/chart", ""), "tandem-0.1.0");
+  }
+
+  const json deployment = objectsOf(objects, "Deployment").at(0);
+  EXPECT_EQ(deployment["spec"]["replicas"], 2);
+  const json& pod = deployment["spec"]["template"]["spec"];
+  EXPECT_EQ(pod["serviceAccountName"], "tandem-operator");
+  const json container = operatorContainer(objects);
+  EXPECT_EQ(container["image"], "ghcr.io/tandem/operator:0.1.0");
+  const std::vector<std::string> args = argsOf(container);
+  ASSERT_FALSE(args.empty());
+  EXPECT_EQ(args[0], "controller");
+  EXPECT_TRUE(hasArg(args, "--leader-elect"));
+  EXPECT_EQ(flagValue(args, "--metrics-port"), "8080");
+  EXPECT_EQ(flagValue(args, "--namespace"), kNamespace);
+  EXPECT_FALSE(hasArg(args, "--all-namespaces"));
+  EXPECT_EQ(flagValue(args, "--default-agent-image"), "ghcr.io/tandem/agent:0.1.0");
+  EXPECT_EQ(flagValue(args, "--default-operator-image"), "ghcr.io/tandem/operator:0.1.0");
+  EXPECT_EQ(flagValue(args, "--router-service-account"), "tandem-router");
+
+  const json& security = container["securityContext"];
+  EXPECT_EQ(security["runAsNonRoot"], true);
+  EXPECT_EQ(security["runAsUser"], 65532);
+  EXPECT_EQ(security["readOnlyRootFilesystem"], true);
+  EXPECT_EQ(security["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(security["capabilities"]["drop"], json::array({"ALL"}));
+  EXPECT_EQ(security["seccompProfile"]["type"], "RuntimeDefault");
+  EXPECT_EQ(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+  EXPECT_EQ(container["livenessProbe"]["httpGet"]["port"], "metrics");
+  EXPECT_EQ(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+  EXPECT_EQ(container["ports"][0]["name"], "metrics");
+  EXPECT_EQ(container["ports"][0]["containerPort"], 8080);
+  EXPECT_TRUE(container["resources"].contains("requests"));
+
+  // The router ServiceAccount the operator is told about exists.
+  EXPECT_EQ(namedObject(objects, "ServiceAccount", "tandem-router")["metadata"]["namespace"],
+            kNamespace);
+
+  // RBAC: exactly the documented table, bound to the right accounts.
+  EXPECT_EQ(rulesOf(namedObject(objects, "Role", "tandem-operator")), expectedOperatorRules());
+  const std::map<std::string, std::set<std::string>> router_rules = {
+      {"discovery.k8s.io|endpointslices", {"get", "list", "watch"}}};
+  EXPECT_EQ(rulesOf(namedObject(objects, "Role", "tandem-router")), router_rules);
+  const json operator_binding = namedObject(objects, "RoleBinding", "tandem-operator");
+  EXPECT_EQ(operator_binding["roleRef"]["kind"], "Role");
+  EXPECT_EQ(operator_binding["roleRef"]["name"], "tandem-operator");
+  EXPECT_EQ(
+      operator_binding["subjects"],
+      json::parse(R"([{"kind":"ServiceAccount","name":"tandem-operator","namespace":"llm"}])"));
+  const json router_binding = namedObject(objects, "RoleBinding", "tandem-router");
+  EXPECT_EQ(router_binding["subjects"][0]["name"], "tandem-router");
+
+  // The metrics Service selects the operator pods.
+  const json service = objectsOf(objects, "Service").at(0);
+  for (const auto& [key, value] : service["spec"]["selector"].items()) {
+    EXPECT_EQ(deployment["spec"]["template"]["metadata"]["labels"].value(key, ""), value) << key;
+  }
+  EXPECT_EQ(service["spec"]["ports"][0]["targetPort"], "metrics");
+}
+
+TEST_F(HelmChartTest, ClusterScopeUsesClusterRolesAndAllNamespaces) {
+  const std::vector<json> objects = render({"--set", "rbac.scope=cluster"});
+  const std::multiset<std::string> kinds = kindsOf(objects);
+  EXPECT_EQ(kinds.count("ClusterRole"), 2u);
+  EXPECT_EQ(kinds.count("ClusterRoleBinding"), 2u);
+  EXPECT_EQ(kinds.count("Role"), 0u);
+  EXPECT_EQ(kinds.count("RoleBinding"), 0u);
+  const json role = namedObject(objects, "ClusterRole", "tandem-operator");
+  EXPECT_FALSE(role["metadata"].contains("namespace"));
+  EXPECT_EQ(rulesOf(role), expectedOperatorRules());
+  const json binding = namedObject(objects, "ClusterRoleBinding", "tandem-operator");
+  EXPECT_EQ(binding["roleRef"]["kind"], "ClusterRole");
+  EXPECT_EQ(binding["subjects"][0]["namespace"], kNamespace);
+
+  const std::vector<std::string> args = argsOf(operatorContainer(objects));
+  EXPECT_TRUE(hasArg(args, "--leader-elect"));
+  EXPECT_TRUE(hasArg(args, "--all-namespaces"));
+  EXPECT_FALSE(hasArg(args, "--namespace"));
+}
+
+TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
+  const std::vector<json> objects =
+      render({"--set", "examples.enabled=true", "--set", "examples.gpus=2", "--set",
+              "examples.pvcClaimName=weights", "--set", "examples.kvSecretName=tandem-kv"});
+  const json prefill = namedObject(objects, "PrefillPool", "prefill");
+  const json decode = namedObject(objects, "DecodePool", "decode");
+  const json router = namedObject(objects, "Router", "router");
+  EXPECT_EQ(prefill["apiVersion"], "tandem.dev/v1alpha1");
+  EXPECT_EQ(prefill["spec"]["replicas"], 1);
+  EXPECT_EQ(decode["spec"]["replicas"], 2);
+  for (const json& pool : {prefill, decode}) {
+    EXPECT_EQ(pool["spec"]["image"], "ghcr.io/tandem/agent:0.1.0");
+    EXPECT_EQ(pool["spec"]["model"]["path"], "/models/llama-3.1-8b-instruct");
+    EXPECT_EQ(pool["spec"]["model"]["volume"]["persistentVolumeClaim"]["claimName"], "weights");
+    EXPECT_EQ(pool["spec"]["resources"]["limits"]["nvidia.com/gpu"], 2);
+    EXPECT_EQ(pool["spec"]["kvTransfer"]["secretRef"]["name"], "tandem-kv");
+  }
+  EXPECT_EQ(router["spec"]["modelPath"], "/models/llama-3.1-8b-instruct");
+  EXPECT_EQ(router["spec"]["modelVolume"]["persistentVolumeClaim"]["claimName"], "weights");
+  EXPECT_EQ(router["spec"]["prefillPools"], json::array({"prefill"}));
+  EXPECT_EQ(router["spec"]["decodePools"], json::array({"decode"}));
+}
+
+TEST_F(HelmChartTest, NetworkPolicyAdmitsPoolsRoutersAndMonitoring) {
+  const std::vector<json> objects = render();
+  const std::vector<json> policies = objectsOf(objects, "NetworkPolicy");
+  ASSERT_EQ(policies.size(), 1u);
+  const json& spec = policies[0]["spec"];
+  const json agent_labels = {{"app.kubernetes.io/managed-by", "tandem-operator"},
+                             {"app.kubernetes.io/name", "tandem-agent"}};
+  // The router pods' labels, as operator/controller/desired_objects.cpp sets them.
+  const json router_labels = {{"app.kubernetes.io/managed-by", "tandem-operator"},
+                              {"app.kubernetes.io/name", "tandem-router"}};
+  EXPECT_EQ(spec["podSelector"]["matchLabels"], agent_labels);
+  EXPECT_EQ(spec["policyTypes"], json::array({"Ingress"}));
+  ASSERT_EQ(spec["ingress"].size(), 3u);
+  const json& from_agents = spec["ingress"][0];
+  EXPECT_EQ(from_agents["from"][0]["podSelector"]["matchLabels"], agent_labels);
+  EXPECT_EQ(from_agents["ports"][0], json::parse(R"({"protocol":"TCP","port":1,"endPort":65535})"));
+  const json& from_routers = spec["ingress"][1];
+  EXPECT_EQ(from_routers["from"][0]["podSelector"]["matchLabels"], router_labels);
+  EXPECT_EQ(from_routers["ports"], json::parse(R"([{"protocol":"TCP","port":8000}])"));
+  const json& from_monitoring = spec["ingress"][2];
+  EXPECT_EQ(from_monitoring["from"][0]["namespaceSelector"]["matchLabels"],
+            json::parse(R"({"kubernetes.io/metadata.name":"monitoring"})"));
+  EXPECT_EQ(from_monitoring["ports"], json::parse(R"([{"protocol":"TCP","port":8000}])"));
+
+  EXPECT_EQ(kindsOf(render({"--set", "networkPolicy.enabled=false"})).count("NetworkPolicy"), 0u);
+}
+
+TEST_F(HelmChartTest, ServiceMonitorWhenEnabledOrServed) {
+  const std::vector<json> forced = render({"--set", "monitoring.serviceMonitor.enabled=true"});
+  const std::vector<json> monitors = objectsOf(forced, "ServiceMonitor");
+  ASSERT_EQ(monitors.size(), 1u);
+  EXPECT_EQ(monitors[0]["apiVersion"], "monitoring.coreos.com/v1");
+  EXPECT_EQ(monitors[0]["spec"]["endpoints"][0]["port"], "metrics");
+  const json service = objectsOf(forced, "Service").at(0);
+  for (const auto& [key, value] : monitors[0]["spec"]["selector"]["matchLabels"].items()) {
+    EXPECT_EQ(service["metadata"]["labels"].value(key, ""), value) << key;
+  }
+
+  EXPECT_EQ(kindsOf(render({"--api-versions", "monitoring.coreos.com/v1"})).count("ServiceMonitor"),
+            1u);
+  EXPECT_EQ(kindsOf(render({"--api-versions", "monitoring.coreos.com/v1", "--set",
+                            "monitoring.serviceMonitor.enabled=false"}))
+                .count("ServiceMonitor"),
+            0u);
+}
+
+TEST_F(HelmChartTest, SchemaRejectsBadValuesNamingTheField) {
+  const fs::path bad_type = writeFile("bad-type.yaml", "operator:\n  replicas: \"two\"\n");
+  HelmResult result = helm({"template", "tandem", kChartDir.string(), "-f", bad_type.string()});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("values don't meet the specifications of the schema"),
+            std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("/operator/replicas"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("want integer"), std::string::npos) << result.err;
+
+  result = helm({"template", "tandem", kChartDir.string(), "--set", "rbac.scope=everywhere"});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("/rbac/scope"), std::string::npos) << result.err;
+
+  const fs::path unknown = writeFile("unknown.yaml", "replicaCount: 3\n");
+  result = helm({"template", "tandem", kChartDir.string(), "-f", unknown.string()});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("replicaCount"), std::string::npos) << result.err;
+}
+
+std::string readBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// The CRD files (*.yaml) of a directory, by file name.
+std::set<std::string> crdFiles(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".yaml") names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+TEST_F(HelmChartTest, ChartCrdsAreTheRepositoryCrds) {
+  const fs::path repository_crds = kSourceDir / "crds";
+  const fs::path chart_crds = kChartDir / "crds";
+  const std::set<std::string> names = crdFiles(repository_crds);
+  ASSERT_FALSE(names.empty());
+  // Only CRD files: anything else in the chart's crds/ would be applied too.
+  std::set<std::string> chart_files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(chart_crds)) {
+    chart_files.insert(entry.path().filename().string());
+  }
+  EXPECT_EQ(chart_files, names) << "copy crds/*.yaml to charts/tandem/crds/";
+  for (const std::string& name : names) {
+    EXPECT_EQ(readBytes(chart_crds / name), readBytes(repository_crds / name))
+        << name << " differs from crds/" << name << "; copy it to charts/tandem/crds/";
+  }
+}
+
+}  // namespace
+}  // namespace tandem
