@@ -172,7 +172,14 @@ bool LeaderElector::tryAcquireOrRenew() {
                         << " is now held by " << holder << "; stopping leading";
       stopLeadingLocked();
     }
-    if (now < observed_time_ + config_.lease_duration) return false;
+    // The holder's own leaseDurationSeconds, as client-go reads it; ours
+    // when the record has none.
+    std::chrono::milliseconds duration = config_.lease_duration;
+    if (auto seconds = spec.find("leaseDurationSeconds");
+        seconds != spec.end() && seconds->is_number_integer() && seconds->get<int64_t>() > 0) {
+      duration = std::chrono::seconds(seconds->get<int64_t>());
+    }
+    if (now < observed_time_ + duration) return false;
   }
   return writeLeaseLocked(std::move(lease), /*create=*/false, now);
 }

@@ -1,7 +1,8 @@
 // Leader election on a coordination.k8s.io/v1 Lease, with client-go's
 // semantics: a candidate takes the Lease when it is unheld or expired, the
 // holder renews it every `retry_period`; expiry is judged on the candidate's
-// own clock, `lease_duration` after it last saw the record change (never
+// own clock, the record's leaseDurationSeconds (written by the holder; ours,
+// `lease_duration`, when absent) after it last saw the record change (never
 // from the timestamps in the record, which come from another machine's
 // clock); a leader that has not renewed within `renew_deadline` stops
 // leading (on_stopped_leading) and must stop writing; release() on shutdown

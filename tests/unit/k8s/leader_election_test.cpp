@@ -169,6 +169,26 @@ TEST_F(LeaderElectionTest, ExpiredLeaseIsTakenOverAndTheOldLeaderStepsDown) {
   EXPECT_EQ(leaseSpec()["holderIdentity"], "b");
 }
 
+// Expiry follows the holder's leaseDurationSeconds (as client-go reads it),
+// not the candidate's own setting.
+TEST_F(LeaderElectionTest, ExpiryFollowsTheHoldersLeaseDuration) {
+  Candidate a;
+  makeElector(a, config("a"));
+  nlohmann::json lease = {
+      {"apiVersion", "coordination.k8s.io/v1"},
+      {"kind", "Lease"},
+      {"metadata", {{"name", kLeaseName}, {"namespace", kNamespace}}},
+      {"spec", {{"holderIdentity", "someone-else"}, {"leaseDurationSeconds", 3600}}}};
+  server_.put(lease);
+  EXPECT_FALSE(a.elector->tryAcquireOrRenew());
+  clock_.advance(seconds(60));  // four of a's own lease durations
+  EXPECT_FALSE(a.elector->tryAcquireOrRenew());
+  EXPECT_EQ(leaseSpec()["holderIdentity"], "someone-else");
+  clock_.advance(seconds(3541));
+  EXPECT_TRUE(a.elector->tryAcquireOrRenew());
+  EXPECT_EQ(leaseSpec()["holderIdentity"], "a");
+}
+
 TEST_F(LeaderElectionTest, ReleaseOnStopLetsTheOtherAcquireAtOnce) {
   Candidate a;
   Candidate b;
