@@ -1,32 +1,22 @@
-// Runs the real kubectl against a test API server: the pinned binary `make
-// deps` unpacks under the build tree (scripts/fetch-k8s-tools.sh), else
-// $TANDEM_KUBECTL, else the one on PATH. Each Kubectl has its own kubeconfig
-// and a fresh --cache-dir, so discovery is never shared between tests.
+// Runs the real kubectl against a test API server ($TANDEM_KUBECTL, else the
+// pinned binary `make deps` unpacks, else the one on PATH: k8s_tools.h).
+// Each Kubectl has its own kubeconfig and a fresh --cache-dir, so discovery is
+// never shared between tests.
 #pragma once
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/subprocess.h"
+#include "tests/support/k8s_tools.h"
 
 namespace tandem::testing {
 
 // The kubectl binary the tests use.
-inline std::string kubectlPath() {
-  if (const char* env = std::getenv("TANDEM_KUBECTL"); env != nullptr && *env != '\0') return env;
-  for (const std::filesystem::path& dir :
-       {std::filesystem::path(TANDEM_K8S_TOOLS_DIR),
-        std::filesystem::path(TANDEM_SOURCE_DIR) / "build/third_party/k8s-tools"}) {
-    if (::access((dir / "kubectl").c_str(), X_OK) == 0) return (dir / "kubectl").string();
-  }
-  return "kubectl";
-}
+inline std::string kubectlPath() { return k8sToolPath("kubectl", "TANDEM_KUBECTL"); }
 
 struct KubectlResult {
   int exit_status = -1;  // -1: still running at the deadline (then killed)

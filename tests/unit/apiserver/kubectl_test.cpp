@@ -9,6 +9,7 @@
 #include <cctype>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -31,12 +32,6 @@ spec:
     path: /models/llama
 )";
 
-struct KubectlRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
 class KubectlTest : public ::testing::Test {
  protected:
   // kubectl sends credentials over HTTPS only: plain HTTP servers accept anyone.
@@ -44,67 +39,59 @@ class KubectlTest : public ::testing::Test {
     if (options.tls) options.tokens = {"test-token"};
     server_ = std::make_unique<ApiServer>(options);
     kubeconfig_ = server_->writeKubeconfig(dir_.path() / "kubeconfig", "test-token", "default");
+    kubectl_ = std::make_unique<Kubectl>(kubeconfig_, dir_.path());
   }
 
-  KubectlRun kubectl(std::vector<std::string> args) {
-    std::vector<std::string> argv = {kubectlPath(), "--kubeconfig", kubeconfig_.string(),
-                                     "--cache-dir", (dir_.path() / "cache").string()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Subprocess process(argv, dir_.path() / "stderr.txt", {{"HOME", dir_.path().string()}});
-    KubectlRun run;
-    run.out = process.readStdout(std::chrono::seconds(60));
-    run.exit_code = process.wait(std::chrono::seconds(10));
-    run.err = process.stderrText();
-    return run;
-  }
+  KubectlResult kubectl(const std::vector<std::string>& args) { return kubectl_->run(args); }
 
   std::string crds() const { return std::string(TANDEM_SOURCE_DIR) + "/crds"; }
 
   TempDir dir_{"tandem-kubectl"};
   std::unique_ptr<ApiServer> server_;
   std::filesystem::path kubeconfig_;
+  std::unique_ptr<Kubectl> kubectl_;
 };
 
 TEST_F(KubectlTest, Version) {
   start();
-  KubectlRun run = kubectl({"version", "-o", "json"});
-  ASSERT_EQ(run.exit_code, 0) << run.err;
+  KubectlResult run = kubectl({"version", "-o", "json"});
+  ASSERT_EQ(run.exit_status, 0) << run.err;
   Json version = Json::parse(run.out);
   EXPECT_EQ(version["serverVersion"]["gitVersion"], "v1.32.0");
 }
 
 TEST_F(KubectlTest, ApplyGetScalePatchDeleteACustomResource) {
   start();
-  KubectlRun applied_crds = kubectl({"apply", "-f", crds()});
-  ASSERT_EQ(applied_crds.exit_code, 0) << applied_crds.err;
+  KubectlResult applied_crds = kubectl({"apply", "-f", crds()});
+  ASSERT_EQ(applied_crds.exit_status, 0) << applied_crds.err;
   EXPECT_NE(applied_crds.out.find("customresourcedefinition.apiextensions.k8s.io/"
                                   "prefillpools.tandem.dev created"),
             std::string::npos)
       << applied_crds.out;
-  KubectlRun established = kubectl(
+  KubectlResult established = kubectl(
       {"wait", "--for", "condition=established", "--timeout=30s", "crd/prefillpools.tandem.dev"});
-  ASSERT_EQ(established.exit_code, 0) << established.err;
+  ASSERT_EQ(established.exit_status, 0) << established.err;
 
   std::filesystem::path pool = dir_.write("pool.yaml", kPool);
-  KubectlRun applied = kubectl({"apply", "-f", pool.string()});
-  ASSERT_EQ(applied.exit_code, 0) << applied.err;
+  KubectlResult applied = kubectl({"apply", "-f", pool.string()});
+  ASSERT_EQ(applied.exit_status, 0) << applied.err;
   EXPECT_NE(applied.out.find("prefillpool.tandem.dev/prefill created"), std::string::npos)
       << applied.out;
 
-  KubectlRun listed = kubectl({"get", "prefillpools", "-o", "json"});
-  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  KubectlResult listed = kubectl({"get", "prefillpools", "-o", "json"});
+  ASSERT_EQ(listed.exit_status, 0) << listed.err;
   Json list = Json::parse(listed.out);
   ASSERT_EQ(list["items"].size(), 1u);
   EXPECT_EQ(list["items"][0]["spec"]["replicas"], 1);
 
-  KubectlRun scaled = kubectl({"scale", "prefillpool/prefill", "--replicas=3"});
-  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  KubectlResult scaled = kubectl({"scale", "prefillpool/prefill", "--replicas=3"});
+  ASSERT_EQ(scaled.exit_status, 0) << scaled.err;
   EXPECT_EQ(server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill")
                 .value()["spec"]["replicas"],
             3);
 
-  KubectlRun table = kubectl({"get", "prefillpools"});
-  ASSERT_EQ(table.exit_code, 0) << table.err;
+  KubectlResult table = kubectl({"get", "prefillpools"});
+  ASSERT_EQ(table.exit_status, 0) << table.err;
   // The header is NAME and the CRD's printer columns, upper-cased.
   Json crd = yamlDocumentsToJson(readFile(crds() + "/prefillpools.tandem.dev.yaml")).at(0);
   std::string header = "NAME";
@@ -122,18 +109,18 @@ TEST_F(KubectlTest, ApplyGetScalePatchDeleteACustomResource) {
   EXPECT_NE(table.out.find("prefill"), std::string::npos);
   EXPECT_NE(table.out.find("/models/llama"), std::string::npos);
 
-  KubectlRun patched = kubectl({"patch", "prefillpool", "prefill", "--type=merge", "-p",
-                                R"({"metadata":{"labels":{"stage":"test"}}})"});
-  ASSERT_EQ(patched.exit_code, 0) << patched.err;
+  KubectlResult patched = kubectl({"patch", "prefillpool", "prefill", "--type=merge", "-p",
+                                   R"({"metadata":{"labels":{"stage":"test"}}})"});
+  ASSERT_EQ(patched.exit_status, 0) << patched.err;
   Json stored = server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill").value();
   EXPECT_EQ(stored["metadata"]["labels"]["stage"], "test");
 
   // Applying the file again leaves kubectl's changes to other fields alone.
-  KubectlRun reapplied = kubectl({"apply", "-f", pool.string()});
-  ASSERT_EQ(reapplied.exit_code, 0) << reapplied.err;
+  KubectlResult reapplied = kubectl({"apply", "-f", pool.string()});
+  ASSERT_EQ(reapplied.exit_status, 0) << reapplied.err;
 
-  KubectlRun deleted = kubectl({"delete", "prefillpool", "prefill"});
-  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  KubectlResult deleted = kubectl({"delete", "prefillpool", "prefill"});
+  ASSERT_EQ(deleted.exit_status, 0) << deleted.err;
   EXPECT_NE(deleted.out.find("prefillpool.tandem.dev \"prefill\" deleted"), std::string::npos)
       << deleted.out;
   EXPECT_FALSE(server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill"));
@@ -144,13 +131,13 @@ TEST_F(KubectlTest, ServerSideApply) {
   start();
   server_->registerCrds(crds());
   std::filesystem::path pool = dir_.write("pool.yaml", kPool);
-  KubectlRun first = kubectl({"apply", "--server-side", "-f", pool.string()});
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  KubectlResult first = kubectl({"apply", "--server-side", "-f", pool.string()});
+  ASSERT_EQ(first.exit_status, 0) << first.err;
   EXPECT_NE(first.out.find("serverside-applied"), std::string::npos) << first.out;
   std::string changed = std::string(kPool) + "  replicas: 2\n";
   dir_.write("pool.yaml", changed);
-  KubectlRun second = kubectl({"apply", "--server-side", "-f", pool.string()});
-  ASSERT_EQ(second.exit_code, 0) << second.err;
+  KubectlResult second = kubectl({"apply", "--server-side", "-f", pool.string()});
+  ASSERT_EQ(second.exit_status, 0) << second.err;
   Json stored = server_->get("tandem.dev/v1alpha1", "PrefillPool", "default", "prefill").value();
   EXPECT_EQ(stored["spec"]["replicas"], 2);
   EXPECT_EQ(stored["metadata"]["generation"], 2);
@@ -186,8 +173,8 @@ TEST_F(KubectlTest, StrictValidationNamesTheUnknownField) {
   start();
   server_->registerCrds(crds());
   std::filesystem::path pool = dir_.write("pool.yaml", std::string(kPool) + "  unknownField: 1\n");
-  KubectlRun run = kubectl({"apply", "-f", pool.string()});
-  EXPECT_NE(run.exit_code, 0);
+  KubectlResult run = kubectl({"apply", "-f", pool.string()});
+  EXPECT_NE(run.exit_status, 0);
   EXPECT_NE(run.err.find("unknownField"), std::string::npos) << run.err;
 }
 
@@ -198,19 +185,19 @@ TEST_F(KubectlTest, BuiltInKindsOverTls) {
   // `kubectl create configmap` would send protobuf; a manifest goes as JSON.
   std::filesystem::path manifest = dir_.write(
       "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: b\n");
-  KubectlRun created = kubectl({"create", "-f", manifest.string()});
-  ASSERT_EQ(created.exit_code, 0) << created.err;
+  KubectlResult created = kubectl({"create", "-f", manifest.string()});
+  ASSERT_EQ(created.exit_status, 0) << created.err;
   EXPECT_EQ(server_->writesBy("test-token"), 1u);
-  KubectlRun got = kubectl({"get", "configmap", "settings", "-o", "jsonpath={.data.a}"});
-  ASSERT_EQ(got.exit_code, 0) << got.err;
+  KubectlResult got = kubectl({"get", "configmap", "settings", "-o", "jsonpath={.data.a}"});
+  ASSERT_EQ(got.exit_status, 0) << got.err;
   EXPECT_EQ(got.out, "b");
-  KubectlRun labelled = kubectl({"label", "configmap", "settings", "tier=web"});
-  ASSERT_EQ(labelled.exit_code, 0) << labelled.err;
-  KubectlRun selected = kubectl({"get", "configmaps", "-l", "tier=web", "-o", "name"});
-  ASSERT_EQ(selected.exit_code, 0) << selected.err;
+  KubectlResult labelled = kubectl({"label", "configmap", "settings", "tier=web"});
+  ASSERT_EQ(labelled.exit_status, 0) << labelled.err;
+  KubectlResult selected = kubectl({"get", "configmaps", "-l", "tier=web", "-o", "name"});
+  ASSERT_EQ(selected.exit_status, 0) << selected.err;
   EXPECT_EQ(selected.out, "configmap/settings\n");
-  KubectlRun table = kubectl({"get", "namespaces"});
-  ASSERT_EQ(table.exit_code, 0) << table.err;
+  KubectlResult table = kubectl({"get", "namespaces"});
+  ASSERT_EQ(table.exit_status, 0) << table.err;
   EXPECT_NE(table.out.find("default"), std::string::npos);
 }
 

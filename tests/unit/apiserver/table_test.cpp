@@ -4,42 +4,26 @@
 #include "tests/support/apiserver/table.h"
 
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+
+#include "tests/support/apiserver/yaml_json.h"
 
 namespace tandem::testing {
 namespace {
 
 using nlohmann::json;
 
-json yamlToJson(const YAML::Node& node) {
-  if (node.IsMap()) {
-    json out = json::object();
-    for (const auto& entry : node) out[entry.first.as<std::string>()] = yamlToJson(entry.second);
-    return out;
-  }
-  if (node.IsSequence()) {
-    json out = json::array();
-    for (const auto& item : node) out.push_back(yamlToJson(item));
-    return out;
-  }
-  if (node.IsNull()) return nullptr;
-  const std::string& text = node.Scalar();
-  if (node.Tag() == "!") return text;  // quoted
-  if (text == "true" || text == "false") return text == "true";
-  if (!text.empty() && text.find_first_not_of("-0123456789") == std::string::npos) {
-    return std::stoll(text);
-  }
-  return text;
-}
-
 KindInfo prefillPoolKind() {
   auto file = std::filesystem::path(TANDEM_SOURCE_DIR) / "crds" / "prefillpools.tandem.dev.yaml";
-  json crd = yamlToJson(YAML::LoadFile(file.string()));
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  json crd = yamlToJson(text);
   const json& spec = crd["spec"];
   const json& version = spec["versions"][0];
   KindInfo kind;
