@@ -3,9 +3,13 @@
 // and Services with honest status; scaling, spec changes, crash loops, edits
 // by others, conflicts, lost watches and leader election.
 //
-// The API server is in-process (tests/support/apiserver); the controller is
-// the real binary, started as a process with a kubeconfig whose bearer token
-// names it, so the server can count each controller's writes.
+// The API server is in-process (tests/support/apiserver) with RBAC on; the
+// chart's ServiceAccounts, Role and RoleBinding (rendered by the real helm,
+// rbac.scope=namespace) are applied to it, and each controller is the real
+// binary run with its own token from `kubectl create token` for the
+// operator's ServiceAccount: every test passes only if the chart grants the
+// controller enough, and the server counts each controller's writes by its
+// token.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -28,6 +32,7 @@
 #include "operator/local/agent_command.h"
 #include "operator/local/cluster_spec.h"
 #include "tests/support/apiserver/api_server.h"
+#include "tests/support/apiserver/chart_install.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_helpers.h"
 
@@ -37,9 +42,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using tandem::Subprocess;
 using tandem::testing::ApiServer;
+using tandem::testing::ApiServerOptions;
 using tandem::testing::eventually;
 using tandem::testing::Kubectl;
 using tandem::testing::KubectlResult;
+using tandem::testing::RequestRecord;
 using namespace std::chrono_literals;
 
 const fs::path kSourceDir = TANDEM_SOURCE_DIR;
@@ -86,10 +93,11 @@ bool conditionIs(const std::optional<json>& object, const std::string& type,
 // One controller process.
 class Controller {
  public:
+  // `token`: the bearer token it authenticates with.
   Controller(const ApiServer& server, const fs::path& dir, const std::string& identity,
-             const std::vector<std::string>& extra = {})
-      : identity_(identity), metrics_port_(freePort()) {
-    kubeconfig_ = server.writeKubeconfig(dir / (identity + ".kubeconfig"), identity, kNs);
+             const std::string& token, const std::vector<std::string>& extra = {})
+      : identity_(identity), token_(token), metrics_port_(freePort()) {
+    kubeconfig_ = server.writeKubeconfig(dir / (identity + ".kubeconfig"), token, kNs);
     std::vector<std::string> argv = {
         kOperator.string(), "controller", "--kubeconfig",   kubeconfig_.string(),
         "--namespace",      kNs,          "--metrics-port", std::to_string(metrics_port_)};
@@ -100,6 +108,7 @@ class Controller {
   bool started() const { return started_; }
   Subprocess& process() { return *process_; }
   const std::string& identity() const { return identity_; }
+  const std::string& token() const { return token_; }
   std::string metrics() const {
     httplib::Client client("127.0.0.1", metrics_port_);
     client.set_read_timeout(5, 0);
@@ -115,6 +124,7 @@ class Controller {
 
  private:
   std::string identity_;
+  std::string token_;
   int metrics_port_;
   fs::path kubeconfig_;
   std::unique_ptr<Subprocess> process_;
@@ -129,12 +139,59 @@ class K8sControllerTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    server_ = std::make_unique<ApiServer>();
+    // kubectl sends bearer tokens over TLS only.
+    ApiServerOptions options;
+    options.tls = true;
+    options.rbac = true;
+    server_ = std::make_unique<ApiServer>(options);
     server_->setDeploymentControllerAuto(true);
+    // "user" is a plain token: a superuser, like a cluster administrator.
     kubectl_ = std::make_unique<Kubectl>(server_->writeKubeconfig(dir_ / "user.kubeconfig", "user"),
                                          dir_ / "user");
     const KubectlResult crds = kubectl({"apply", "-f", (kSourceDir / "crds").string()});
     ASSERT_EQ(crds.exit_status, 0) << crds.err;
+    installChartRbac();
+  }
+
+  // The chart's ServiceAccounts, Role and RoleBinding for release "tandem"
+  // in the test namespace, applied with kubectl.
+  void installChartRbac() {
+    const tandem::testing::RenderedChart chart =
+        tandem::testing::helmTemplate(dir_ / "helm", "tandem", kSourceDir / "charts/tandem", kNs,
+                                      {"--set", "rbac.scope=namespace"});
+    ASSERT_EQ(chart.exit_status, 0) << chart.err;
+    const std::vector<json> rbac =
+        tandem::testing::objectsOfKinds(chart.objects, {"ServiceAccount", "Role", "RoleBinding"});
+    for (const json& object : rbac) {
+      if (object["kind"] == "ServiceAccount" &&
+          object["metadata"]["labels"].value("app.kubernetes.io/component", "") == "operator") {
+        operator_service_account_ = object["metadata"]["name"];
+      }
+    }
+    ASSERT_FALSE(operator_service_account_.empty()) << "no operator ServiceAccount rendered";
+    const KubectlResult applied =
+        kubectl({"apply", "-f", tandem::testing::writeObjects(dir_ / "rbac.json", rbac).string()});
+    ASSERT_EQ(applied.exit_status, 0) << applied.err;
+  }
+
+  // A new token of the operator's ServiceAccount (kubectl create token).
+  std::string operatorToken() {
+    std::string error;
+    const std::string token = tandem::testing::createServiceAccountToken(
+        *kubectl_, kNs, operator_service_account_, error);
+    EXPECT_FALSE(token.empty()) << error;
+    return token;
+  }
+
+  // Requests answered 403 Forbidden.
+  std::vector<std::string> forbiddenRequests() const {
+    std::vector<std::string> forbidden;
+    for (const RequestRecord& record : server_->answeredRequests()) {
+      if (record.status == 403) {
+        forbidden.push_back(record.method + " " + record.target + " " + record.user);
+      }
+    }
+    return forbidden;
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
@@ -167,16 +224,13 @@ class K8sControllerTest : public ::testing::Test {
            pool->at("metadata").value("generation", int64_t{0});
   }
 
-  // Writes by `user` other than to Leases and Events.
-  size_t objectWritesBy(const std::string& user) const {
+  // Write requests made with `token` other than to Leases and Events.
+  size_t objectWritesBy(const std::string& token) const {
     size_t writes = 0;
-    for (const std::string& line : server_->requestLog()) {
-      if (line.size() < user.size() + 1 ||
-          line.compare(line.size() - user.size(), user.size(), user) != 0 ||
-          line[line.size() - user.size() - 1] != ' ')
-        continue;
-      if (line.rfind("GET ", 0) == 0) continue;
-      if (line.find("/leases") != std::string::npos || line.find("/events") != std::string::npos)
+    for (const RequestRecord& record : server_->answeredRequests()) {
+      if (record.token != token || record.method == "GET") continue;
+      if (record.target.find("/leases") != std::string::npos ||
+          record.target.find("/events") != std::string::npos)
         continue;
       ++writes;
     }
@@ -186,13 +240,14 @@ class K8sControllerTest : public ::testing::Test {
   fs::path dir_;
   std::unique_ptr<ApiServer> server_;
   std::unique_ptr<Kubectl> kubectl_;
+  std::string operator_service_account_;
 };
 
 // The container args of a pool's Deployment are what local mode runs for the
 // same document, with the in-cluster host and port.
 TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModesArguments) {
   applyExamples();
-  Controller controller(*server_, dir_, "controller-a");
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
   ASSERT_TRUE(controller.started()) << controller.stderrText();
 
   ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s))
@@ -276,13 +331,17 @@ TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModes
 
   // A second reconcile of an unchanged world writes nothing: an annotation
   // (not spec) makes the controller look again.
-  const size_t writes = objectWritesBy("controller-a");
+  const size_t writes = objectWritesBy(controller.token());
   const double reconciles = controller.reconciles("PrefillPool");
   ASSERT_EQ(kubectl({"annotate", "prefillpool", "prefill", "example.com/touched=1"}).exit_status,
             0);
   ASSERT_TRUE(eventually([&] { return controller.reconciles("PrefillPool") > reconciles; }, 20s));
-  EXPECT_EQ(objectWritesBy("controller-a"), writes)
+  EXPECT_EQ(objectWritesBy(controller.token()), writes)
       << ::testing::PrintToString(server_->requestLog());
+
+  // All of it within what the chart's Role grants.
+  EXPECT_EQ(forbiddenRequests(), std::vector<std::string>{});
+  EXPECT_GT(server_->writesBy("system:serviceaccount:default:" + operator_service_account_), 0u);
 }
 
 TEST_F(K8sControllerTest, ScaleFollowsAndStatusTellsTheTruth) {
@@ -294,7 +353,7 @@ TEST_F(K8sControllerTest, ScaleFollowsAndStatusTellsTheTruth) {
   EXPECT_EQ(json::parse(scale.out)["kind"], "Scale");
   EXPECT_EQ(json::parse(scale.out)["spec"]["replicas"], 1);
 
-  Controller controller(*server_, dir_, "controller-a");
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
   ASSERT_TRUE(controller.started()) << controller.stderrText();
   ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
 
@@ -325,7 +384,7 @@ TEST_F(K8sControllerTest, ScaleFollowsAndStatusTellsTheTruth) {
 // crash-looping pod makes the pool Degraded with its reason.
 TEST_F(K8sControllerTest, RolloutIsProgressingUntilEveryReplicaIsUpdatedAndCrashLoopsDegrade) {
   applyExamples();
-  Controller controller(*server_, dir_, "controller-a");
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
   ASSERT_TRUE(controller.started()) << controller.stderrText();
   ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=3"}).exit_status, 0);
@@ -400,7 +459,7 @@ TEST_F(K8sControllerTest, RolloutIsProgressingUntilEveryReplicaIsUpdatedAndCrash
 // after the history was compacted) are not missed.
 TEST_F(K8sControllerTest, ChildrenArePutBackAndNoChangeIsLost) {
   applyExamples();
-  Controller controller(*server_, dir_, "controller-a");
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
   ASSERT_TRUE(controller.started()) << controller.stderrText();
   ASSERT_TRUE(eventually([&] { return poolReady("DecodePool", "decode"); }, 30s));
 
@@ -466,15 +525,15 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
                                              "0.5"};
   // Leaders print "leading" before "controller started" (caches sync once
   // leading); a follower prints only the latter.
-  auto a = std::make_unique<Controller>(*server_, dir_, "controller-a", election);
-  auto b = std::make_unique<Controller>(*server_, dir_, "controller-b", election);
+  auto a = std::make_unique<Controller>(*server_, dir_, "controller-a", operatorToken(), election);
+  auto b = std::make_unique<Controller>(*server_, dir_, "controller-b", operatorToken(), election);
   ASSERT_TRUE(a->started() && b->started()) << a->stderrText() << b->stderrText();
   ASSERT_TRUE(eventually([&] { return poolReady("PrefillPool", "prefill"); }, 30s));
   ASSERT_TRUE(eventually([&] { return a->isLeader() != b->isLeader(); }, 30s));
   Controller* leader = a->isLeader() ? a.get() : b.get();
   Controller* follower = a->isLeader() ? b.get() : a.get();
-  EXPECT_GT(objectWritesBy(leader->identity()), 0u);
-  EXPECT_EQ(objectWritesBy(follower->identity()), 0u);
+  EXPECT_GT(objectWritesBy(leader->token()), 0u);
+  EXPECT_EQ(objectWritesBy(follower->token()), 0u);
 
   // SIGTERM: the Lease is released and the other leads, well within a lease.
   leader->process().signal(SIGTERM);
@@ -483,11 +542,11 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=2"}).exit_status, 0);
   ASSERT_TRUE(
       eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 2; }, 30s));
-  EXPECT_GT(objectWritesBy(follower->identity()), 0u);
+  EXPECT_GT(objectWritesBy(follower->token()), 0u);
 
   // SIGKILL: nothing is released; a new candidate takes over once the lease
   // has expired on its own clock.
-  auto c = std::make_unique<Controller>(*server_, dir_, "controller-c", election);
+  auto c = std::make_unique<Controller>(*server_, dir_, "controller-c", operatorToken(), election);
   ASSERT_TRUE(c->started());
   follower->process().signal(SIGKILL);
   ASSERT_TRUE(eventually([&] { return c->isLeader(); }, 20s)) << c->stderrText();
@@ -501,11 +560,11 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   lease["spec"]["leaseDurationSeconds"] = 3600;
   server_->put(lease);
   ASSERT_TRUE(eventually([&] { return !c->isLeader(); }, 20s));
-  const size_t writes = objectWritesBy("controller-c");
+  const size_t writes = objectWritesBy(c->token());
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=1"}).exit_status, 0);
   // Absence can only be observed over a window: several retry periods.
   std::this_thread::sleep_for(3s);
-  EXPECT_EQ(objectWritesBy("controller-c"), writes);
+  EXPECT_EQ(objectWritesBy(c->token()), writes);
   EXPECT_EQ(deployment("prefill")->at("spec").value("replicas", 0), 3);
 }
 

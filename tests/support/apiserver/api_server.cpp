@@ -159,6 +159,11 @@ std::vector<std::string> ApiServer::requestLog() const {
   return impl_->state.request_log;
 }
 
+std::vector<RequestRecord> ApiServer::answeredRequests() const {
+  std::lock_guard<std::mutex> lock(impl_->state.mutex);
+  return impl_->state.answered;
+}
+
 void ApiServer::injectConflicts(int count, const std::string& kind) {
   impl_->state.service.injectConflicts(count, kind);
 }

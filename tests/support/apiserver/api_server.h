@@ -12,7 +12,9 @@
 // continue, labelSelector, fieldSelector metadata.name/namespace) + watch
 // (chunked JSON lines, bookmarks, timeoutSeconds) for the custom kinds,
 // Namespaces, Deployments, Services, EndpointSlices, Pods, Leases, Events,
-// Secrets and ConfigMaps; resourceVersion with 409 on a stale update;
+// Secrets, ConfigMaps, ServiceAccounts, Roles, RoleBindings, ClusterRoles,
+// ClusterRoleBindings and NetworkPolicies; service-account tokens
+// (TokenRequest) and RBAC when enabled; resourceVersion with 409 on a stale update;
 // metadata.generation bumped on spec changes only; the status and scale
 // subresources (autoscaling/v1 Scale); JSON merge patch, strategic merge
 // patch for the built-in kinds as far as kubectl uses it, and server-side
@@ -39,6 +41,21 @@ struct ApiServerOptions {
   // With TLS, a client certificate signed by the test CA is accepted too (its CN is the user).
   std::vector<std::string> tokens;
   int bookmark_interval_ms = 1000;  // how often open watches get a BOOKMARK
+  // Role-based access control: requests by service-account users (tokens
+  // from TokenRequest, `kubectl create token`) are allowed only as their
+  // Roles and ClusterRoles grant (403 Forbidden otherwise). Every other
+  // user is a superuser, as is everyone when this is off. Discovery,
+  // /version, /openapi and health stay open to every authenticated user.
+  bool rbac = false;
+};
+
+// One answered request: who made it and the status it got.
+struct RequestRecord {
+  std::string method;
+  std::string target;  // path and query, as sent
+  std::string user;    // as in requestLog
+  std::string token;   // the bearer token presented, "" without one
+  int status = 0;      // the HTTP status answered (a watch: when its stream started)
 };
 
 // PEM text of the test PKI (generated at start-up with OpenSSL).
@@ -89,8 +106,11 @@ class ApiServer {
   // token, or the client certificate's CN; "anonymous" without either).
   std::map<std::string, uint64_t> writesByUser() const;
   uint64_t writesBy(const std::string& user) const;
-  // Every request seen: "METHOD PATH?QUERY user", in order.
+  // Every request seen: "METHOD PATH?QUERY user", in order. The user of a
+  // service-account token is "system:serviceaccount:NS:NAME".
   std::vector<std::string> requestLog() const;
+  // Every request answered, in the order the answers started.
+  std::vector<RequestRecord> answeredRequests() const;
   // The next `count` PUT/PATCH on objects of `kind` (any kind when empty) get 409 Conflict.
   void injectConflicts(int count, const std::string& kind = "");
   // Forgets watch history: open watches get an ERROR event with a 410 Status

@@ -88,6 +88,15 @@ std::optional<Json> apiResourceList(const std::vector<KindInfo>& kinds, const st
                            {"kind", kind.kind},
                            {"verbs", Json::array({"get", "patch", "update"})}});
     }
+    if (kind.builtin && kind.kind == "ServiceAccount") {
+      resources.push_back({{"name", kind.plural + "/token"},
+                           {"singularName", ""},
+                           {"namespaced", true},
+                           {"group", "authentication.k8s.io"},
+                           {"version", "v1"},
+                           {"kind", "TokenRequest"},
+                           {"verbs", Json::array({"create"})}});
+    }
     if (!kind.scale.is_null()) {
       resources.push_back({{"name", kind.plural + "/scale"},
                            {"singularName", ""},

@@ -41,6 +41,15 @@ std::vector<KindInfo> builtinKinds() {
   kinds.push_back(
       builtin("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", {}, true, false));
   kinds.push_back(builtin("coordination.k8s.io", "v1", "Lease", "leases", {}, true, false));
+  kinds.push_back(builtin("", "v1", "ServiceAccount", "serviceaccounts", {"sa"}, true, false));
+  const std::string rbac = "rbac.authorization.k8s.io";
+  kinds.push_back(builtin(rbac, "v1", "Role", "roles", {}, true, false));
+  kinds.push_back(builtin(rbac, "v1", "RoleBinding", "rolebindings", {}, true, false));
+  kinds.push_back(builtin(rbac, "v1", "ClusterRole", "clusterroles", {}, false, false));
+  kinds.push_back(
+      builtin(rbac, "v1", "ClusterRoleBinding", "clusterrolebindings", {}, false, false));
+  kinds.push_back(builtin("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", {"netpol"},
+                          true, false));
   kinds.push_back(builtin("apiextensions.k8s.io", "v1", "CustomResourceDefinition",
                           "customresourcedefinitions", {"crd", "crds"}, false, true));
   return kinds;

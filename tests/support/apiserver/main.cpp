@@ -13,10 +13,12 @@ int main(int argc, char** argv) {
   std::string kubeconfig_out;
   std::string crds;
   bool tls = false;
+  bool rbac = false;
   std::string token = "test-token";
   app.add_option("--kubeconfig-out", kubeconfig_out, "write a kubeconfig for this server here");
   app.add_option("--crds", crds, "register the CRDs of this file or directory");
   app.add_flag("--tls", tls, "serve HTTPS with a generated test CA");
+  app.add_flag("--rbac", rbac, "check service-account users' requests against RBAC");
   app.add_option("--token", token, "bearer token written into the kubeconfig");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -27,6 +29,7 @@ int main(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     tandem::testing::ApiServerOptions options;
     options.tls = tls;
+    options.rbac = rbac;
     tandem::testing::ApiServer server(options);
     if (!crds.empty()) server.registerCrds(crds);
     if (!kubeconfig_out.empty()) server.writeKubeconfig(kubeconfig_out, token);

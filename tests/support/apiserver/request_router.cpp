@@ -22,6 +22,30 @@ struct ResourcePath {
   std::string ns;
   std::string name;
   std::string subresource;
+  bool watch = false;  // under /watch/ (the old form of ?watch=true)
+};
+
+// Forwards to another writer, telling `on_status` the status first.
+class RecordingWriter : public ResponseWriter {
+ public:
+  RecordingWriter(ResponseWriter& inner, std::function<void(int)> on_status)
+      : inner_(inner), on_status_(std::move(on_status)) {}
+  bool send(int status, const std::string& content_type, const std::string& body,
+            const std::vector<std::pair<std::string, std::string>>& headers) override {
+    on_status_(status);
+    return inner_.send(status, content_type, body, headers);
+  }
+  bool startChunked(int status, const std::string& content_type) override {
+    on_status_(status);
+    return inner_.startChunked(status, content_type);
+  }
+  bool writeChunk(const std::string& data) override { return inner_.writeChunk(data); }
+  bool finishChunked() override { return inner_.finishChunked(); }
+  bool peerClosed() override { return inner_.peerClosed(); }
+
+ private:
+  ResponseWriter& inner_;
+  std::function<void(int)> on_status_;
 };
 
 std::vector<std::string> splitPath(const std::string& path) {
@@ -54,23 +78,63 @@ bool wantsTable(const HttpRequest& request) {
   return request.header("accept").find("as=Table") != std::string::npos;
 }
 
-std::string userOf(const HttpRequest& request) {
-  if (!request.client_certificate_cn.empty()) return request.client_certificate_cn;
-  std::string authorization = request.header("authorization");
+std::string bearerToken(const HttpRequest& request) {
+  const std::string authorization = request.header("authorization");
   const std::string prefix = "Bearer ";
-  if (authorization.rfind(prefix, 0) == 0) return authorization.substr(prefix.size());
-  return "anonymous";
+  return authorization.rfind(prefix, 0) == 0 ? authorization.substr(prefix.size()) : "";
 }
 
-bool authorized(ServerState& state, const HttpRequest& request) {
-  if (!request.client_certificate_cn.empty()) return true;
+// Who sent the request, or nullopt when its credentials are not accepted:
+// a client certificate's CN, a token this server issued to a ServiceAccount
+// (while valid), a plain token (its own user name) when accepted, or
+// anonymous when no tokens are required.
+std::optional<UserInfo> authenticate(ServerState& state, const HttpRequest& request) {
+  if (!request.client_certificate_cn.empty()) {
+    return UserInfo{request.client_certificate_cn, {"system:authenticated"}, true, ""};
+  }
+  const std::string token = bearerToken(request);
+  if (!token.empty() && state.service_account_tokens.issued(token)) {
+    return state.service_account_tokens.authenticate(token);
+  }
   std::lock_guard<std::mutex> lock(state.mutex);
-  if (state.tokens.empty()) return true;
-  std::string authorization = request.header("authorization");
-  const std::string prefix = "Bearer ";
-  if (authorization.rfind(prefix, 0) != 0) return false;
-  return std::find(state.tokens.begin(), state.tokens.end(), authorization.substr(prefix.size())) !=
-         state.tokens.end();
+  if (!token.empty()) {
+    if (state.tokens.empty() ||
+        std::find(state.tokens.begin(), state.tokens.end(), token) != state.tokens.end()) {
+      return UserInfo{token, {"system:masters", "system:authenticated"}, true, token};
+    }
+    return std::nullopt;
+  }
+  if (state.tokens.empty()) return UserInfo{"anonymous", {"system:unauthenticated"}, true, ""};
+  return std::nullopt;
+}
+
+// The user name requests are logged and counted under.
+std::string userOf(ServerState& state, const HttpRequest& request) {
+  if (!request.client_certificate_cn.empty()) return request.client_certificate_cn;
+  const std::string token = bearerToken(request);
+  if (token.empty()) return "anonymous";
+  if (state.service_account_tokens.issued(token)) {
+    std::optional<UserInfo> user = state.service_account_tokens.authenticate(token);
+    return user ? user->name : "invalid-service-account-token";
+  }
+  return token;
+}
+
+// The object name a list or watch is narrowed to by fieldSelector
+// metadata.name=NAME, which the real API authorizes like a request for it.
+std::string fieldSelectedName(const HttpRequest& request) {
+  const std::string selector = request.param("fieldSelector");
+  size_t start = 0;
+  while (start <= selector.size()) {
+    size_t end = selector.find(',', start);
+    if (end == std::string::npos) end = selector.size();
+    const std::string term = selector.substr(start, end - start);
+    for (const std::string prefix : {"metadata.name==", "metadata.name="}) {
+      if (term.rfind(prefix, 0) == 0) return term.substr(prefix.size());
+    }
+    start = end + 1;
+  }
+  return "";
 }
 
 // Discovery, health and OpenAPI; false when `request` is not for one of them.
@@ -139,6 +203,11 @@ std::optional<ResourcePath> parseResourcePath(ServerState& state, const std::str
   const std::string version = segments[at];
   std::vector<std::string> rest(segments.begin() + static_cast<long>(at) + 1, segments.end());
   ResourcePath resource;
+  if (!rest.empty() && rest[0] == "watch") {
+    resource.watch = true;
+    rest.erase(rest.begin());
+    if (rest.empty()) return std::nullopt;
+  }
   std::optional<KindInfo> kind;
   if (rest.size() >= 3 && rest[0] == "namespaces") {
     kind = state.registry.byResource(group, version, rest[2]);
@@ -161,8 +230,10 @@ std::optional<ResourcePath> parseResourcePath(ServerState& state, const std::str
   if (rest.size() > 1) resource.name = rest[1];
   if (rest.size() > 2) {
     resource.subresource = rest[2];
-    bool known = (resource.subresource == "status" && kind->has_status) ||
-                 (resource.subresource == "scale" && !kind->scale.is_null());
+    bool known =
+        (resource.subresource == "status" && kind->has_status) ||
+        (resource.subresource == "scale" && !kind->scale.is_null()) ||
+        (resource.subresource == "token" && kind->builtin && kind->kind == "ServiceAccount");
     if (!known) return std::nullopt;
   }
   return resource;
@@ -339,7 +410,7 @@ void sendResult(ResponseWriter& writer, const ApiResult& result) {
 
 // Answers a resource request; returns the HTTP code sent.
 void serveResource(ServerState& state, const HttpRequest& request, const ResourcePath& resource,
-                   const std::string& user, ResponseWriter& writer) {
+                   const UserInfo& user, ResponseWriter& writer) {
   const KindInfo& kind = resource.kind;
   const std::string& method = request.method;
   const bool collection = resource.name.empty();
@@ -349,7 +420,7 @@ void serveResource(ServerState& state, const HttpRequest& request, const Resourc
     bool write = method == "POST" || method == "PUT" || method == "PATCH" || method == "DELETE";
     if (write && result.ok()) {
       std::lock_guard<std::mutex> lock(state.mutex);
-      ++state.writes_by_user[user];
+      ++state.writes_by_user[user.name];
     }
     sendResult(writer, result);
   };
@@ -357,9 +428,31 @@ void serveResource(ServerState& state, const HttpRequest& request, const Resourc
   if (kind.namespaced && resource.ns.empty() && !collection) {
     return fail(notFoundPath(request.path));
   }
+  const bool watch =
+      resource.watch || request.param("watch") == "1" || request.param("watch") == "true";
+  if (state.options.rbac) {
+    RequestAttributes attributes;
+    attributes.verb = requestVerb(method, !collection, watch);
+    attributes.api_group = kind.group;
+    attributes.resource = kind.plural;
+    attributes.subresource = resource.subresource;
+    attributes.ns = kind.namespaced ? resource.ns : "";
+    attributes.name = resource.name;
+    if (attributes.verb == "list" || attributes.verb == "watch") {
+      attributes.name = fieldSelectedName(request);
+    }
+    if (auto denied = state.authorizer.check(user, attributes)) return fail(*denied);
+  }
+  if (resource.subresource == "token") {
+    if (method != "POST") {
+      return fail(methodNotAllowed(method + " is not supported on the token subresource; POST a "
+                                            "TokenRequest to create a token"));
+    }
+    return finish(state.service_account_tokens.createToken(
+        resource.ns, resource.name, request.header("content-type"), request.body));
+  }
   if (method == "GET") {
-    const std::string watch = request.param("watch");
-    if (watch == "1" || watch == "true") {
+    if (watch) {
       return serveWatch(state, request, resource, writer);
     }
     ApiResult result;
@@ -461,24 +554,32 @@ void serveResource(ServerState& state, const HttpRequest& request, const Resourc
 }  // namespace
 
 void logRequest(ServerState& state, const HttpRequest& request) {
+  const std::string user = userOf(state, request);
   std::lock_guard<std::mutex> lock(state.mutex);
-  state.request_log.push_back(request.method + " " + request.target + " " + userOf(request));
+  state.request_log.push_back(request.method + " " + request.target + " " + user);
 }
 
-void handleRequest(ServerState& state, const HttpRequest& request, ResponseWriter& writer) {
-  const std::string user = userOf(request);
+void handleRequest(ServerState& state, const HttpRequest& request, ResponseWriter& raw_writer) {
+  RecordingWriter writer(raw_writer, [&state, &request](int status) {
+    RequestRecord record{request.method, request.target, userOf(state, request),
+                         bearerToken(request), status};
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.answered.push_back(std::move(record));
+  });
+  std::optional<UserInfo> user = authenticate(state, request);
   // As with the real server's public-info-viewer role, requests without
   // credentials may read the version and health; wrong credentials may not.
   const bool public_path = request.path == "/version" || request.path == "/healthz" ||
                            request.path == "/livez" || request.path == "/readyz";
-  if (!authorized(state, request) && !(public_path && request.header("authorization").empty())) {
+  if (!user && !(public_path && request.header("authorization").empty())) {
     return sendError(writer, unauthorized());
   }
+  if (!user) user = UserInfo{"anonymous", {"system:unauthenticated"}, false, ""};
   try {
     if (answerNonResource(state, request, writer)) return;
     std::optional<ResourcePath> resource = parseResourcePath(state, request.path);
     if (!resource) return sendError(writer, notFoundPath(request.path));
-    serveResource(state, request, *resource, user, writer);
+    serveResource(state, request, *resource, *user, writer);
   } catch (const std::exception& error) {
     // A bug in the stand-in, not the client's fault: answer 500 with the reason.
     sendError(writer, ApiError{500, "InternalError",

@@ -1,9 +1,9 @@
 // The HTTP face of the test API server: authenticates each request, logs
-// it, and answers discovery, OpenAPI and resource paths
+// it, authorizes it (RBAC, when enabled), and answers discovery, OpenAPI and resource paths
 // (/api/v1/..., /apis/<group>/<version>/...) with the object service's
 // results; list, get (as JSON or as a server-side Table), watch streams
 // (chunked JSON lines with bookmarks and timeouts), create, update, patch
-// and delete, counting successful writes per user.
+// and delete, counting successful writes per user; TokenRequests.
 #pragma once
 
 #include <atomic>
@@ -18,6 +18,8 @@
 #include "tests/support/apiserver/http_server.h"
 #include "tests/support/apiserver/kind_registry.h"
 #include "tests/support/apiserver/object_service.h"
+#include "tests/support/apiserver/rbac_authorizer.h"
+#include "tests/support/apiserver/service_account_tokens.h"
 #include "tests/support/apiserver/store.h"
 
 namespace tandem::testing {
@@ -33,12 +35,15 @@ struct ServerState {
   KindRegistry registry;
   ObjectService service{store, registry};
   DeploymentSimulator deployments{service, store, registry};
+  ServiceAccountTokens service_account_tokens{store};
+  RbacAuthorizer authorizer{store};
   std::atomic<bool> stopping{false};
 
   mutable std::mutex mutex;  // guards the members below
   std::vector<std::string> tokens;
   std::map<std::string, uint64_t> writes_by_user;
   std::vector<std::string> request_log;
+  std::vector<RequestRecord> answered;
 };
 
 // Adds the request to the log ("METHOD TARGET user"); called as soon as it is read.
