@@ -1,0 +1,62 @@
+# tandem-agent for CPU-only clusters and local tests: Debian 12 with Debian's
+# UCX (TCP, shared memory and, where the nodes have them, InfiniBand/RoCE).
+#
+#   docker build -f docker/agent-cpu.Dockerfile -t ghcr.io/tandem/agent:0.1.0-cpu .
+#
+# The final stage holds tandem-agent, tandem-model and the runtime libraries
+# they load; tests/integration/docker_images_test.cpp checks that list against
+# `ldd` of the binaries built on Debian 12. docs/images.md describes the image.
+
+ARG DEBIAN_IMAGE=debian:12.11-slim
+
+FROM ${DEBIAN_IMAGE} AS build
+ARG BUILD_JOBS=
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+         build-essential cmake pkg-config \
+         libucx-dev libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev libboost-dev \
+         nlohmann-json3-dev libgtest-dev libpcre2-dev libxxhash-dev libcli11-dev \
+         libssl-dev libutf8proc-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Only what CMake reads: the root CMakeLists.txt configures every folder
+# below (tests included, though no test target is built).
+COPY CMakeLists.txt ./
+COPY common common
+COPY kernels kernels
+COPY agent agent
+COPY operator operator
+COPY tools tools
+COPY tests tests
+RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release \
+    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" --target tandem-agent tandem-model \
+    && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model
+
+FROM ${DEBIAN_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/tandem/tandem
+ARG LICENSES=NOASSERTION
+LABEL org.opencontainers.image.title="tandem-agent (CPU)" \
+      org.opencontainers.image.description="Tandem serving agent (prefill/decode) for CPU nodes, with Debian's UCX" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="${LICENSES}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+# One package per library the binaries and UCX's transport modules load
+# (libuct opens /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so at run time).
+# libc6, libstdc++6, libgcc-s1 and zlib1g are part of every Debian image.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+         libucx0 libnuma1 libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 \
+         libnl-route-3-200 libcpp-httplib0.11 libbrotli1 libssl3 libprometheus-cpp-core1.0 \
+         libyaml-cpp0.7 libpcre2-8-0 libutf8proc2 libxxhash0 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 65532 tandem \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+         --shell /usr/sbin/nologin tandem
+COPY --from=build /src/build/bin/tandem-agent /src/build/bin/tandem-model /usr/local/bin/
+USER 65532:65532
+# The controller starts agent pods with command ["tandem-agent"] and the
+# serve arguments (operator/controller/desired_objects.cpp).
+ENTRYPOINT ["tandem-agent"]

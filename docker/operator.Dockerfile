@@ -1,0 +1,63 @@
+# tandem-operator: the Kubernetes controller (the Helm chart runs it with
+# `args: [controller, ...]`) and the router (Router pods run it with
+# command ["tandem-operator"] and `router ...` arguments).
+#
+#   docker build -f docker/operator.Dockerfile -t ghcr.io/tandem/operator:0.1.0 .
+#
+# Runs as uid 65532 on a read-only root filesystem: the operator writes no
+# file (its state lives in the API server), and nothing in the image needs a
+# writable path outside /tmp. docs/images.md describes the image.
+
+ARG DEBIAN_IMAGE=debian:12.11-slim
+
+FROM ${DEBIAN_IMAGE} AS build
+ARG BUILD_JOBS=
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+         build-essential cmake pkg-config \
+         libucx-dev libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev libboost-dev \
+         nlohmann-json3-dev libgtest-dev libpcre2-dev libxxhash-dev libcli11-dev \
+         libssl-dev libutf8proc-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Only what CMake reads: the root CMakeLists.txt configures every folder
+# below (the agent's and the tests' too: configuring needs them, building
+# tandem-operator does not compile them).
+COPY CMakeLists.txt ./
+COPY common common
+COPY kernels kernels
+COPY agent agent
+COPY operator operator
+COPY tools tools
+COPY tests tests
+RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release \
+    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" --target tandem-operator \
+    && strip --strip-unneeded /src/build/bin/tandem-operator
+
+FROM ${DEBIAN_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/tandem/tandem
+ARG LICENSES=NOASSERTION
+LABEL org.opencontainers.image.title="tandem-operator" \
+      org.opencontainers.image.description="Tandem's Kubernetes controller and request router" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="${LICENSES}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+# One package per library tandem-operator loads. libc6, libstdc++6,
+# libgcc-s1 and zlib1g are part of every Debian image. No ca-certificates: in
+# a pod the API server's CA is the service account's ca.crt.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+         libcpp-httplib0.11 libbrotli1 libssl3 libprometheus-cpp-core1.0 libyaml-cpp0.7 \
+         libpcre2-8-0 libutf8proc2 libxxhash0 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 65532 tandem \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+         --shell /usr/sbin/nologin tandem
+COPY --from=build /src/build/bin/tandem-operator /usr/local/bin/
+USER 65532:65532
+# The chart gives only `args:` (controller ...), Router pods give
+# command ["tandem-operator"] and `router ...`: both run this binary.
+ENTRYPOINT ["tandem-operator"]
