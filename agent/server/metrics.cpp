@@ -32,6 +32,13 @@ const Histogram::BucketBoundaries kRequestBuckets = {
 const Histogram::BucketBoundaries kTransferBuckets = {
     0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
 
+// tandem_kv_transfer_failures_total's reasons (docs/kv-transfer.md, "Failure
+// reasons"; `evicted` from the offload tier).
+constexpr const char* kKvTransferFailureReasons[] = {
+    "bad_params",     "incompatible", "auth",    "unreachable", "bad_handshake",
+    "peer_restarted", "read_error",   "timeout", "injected",    "injected_handshake",
+    "missing",        "truncated",    "format",  "checksum",    "evicted"};
+
 double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point to) {
   if (from == engine::Clock::time_point{} || to == engine::Clock::time_point{} || to < from) {
     return 0.0;
@@ -100,6 +107,12 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                    .Name("tandem_requests_total")
                    .Help("Finished requests by finish reason.")
                    .Register(*registry_);
+  // Every finish reason has a series from the start (at 0): the first
+  // request of a reason then shows as an increase, and rates over the
+  // reasons exist before any request.
+  for (const char* reason : {"stop", "length", "abort", "error", "invalid", "rejected"}) {
+    requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}});
+  }
   running_ = gauge("tandem_num_requests_running", "Requests being computed.");
   waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
   kv_usage_ = gauge("tandem_kv_cache_usage_ratio", "Fraction of KV blocks in use.");
@@ -165,6 +178,11 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
     kv_blocks_loaded_->Add(labels(stats.kv_connector));
     kv_transfer_bytes_->Add(labels(stats.kv_connector));
     kv_transfer_duration_->Add(labels(stats.kv_connector), kTransferBuckets);
+    // Every documented failure reason has a series from the start (at 0), so
+    // a rate over them shows 0 rather than no data.
+    for (const char* reason : kKvTransferFailureReasons) {
+      kv_transfer_failures_->Add({{"model", model_}, {"role", role_}, {"reason", reason}});
+    }
     for (const auto& [source, totals] : stats.kv_sources) {
       engine::KvSourceTotals& reported = reported_.kv_sources[source];
       advance(&kv_blocks_loaded_->Add(labels(source)), totals.blocks_loaded,

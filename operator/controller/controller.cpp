@@ -63,12 +63,14 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
         if (options.identity.empty()) options.identity = defaultIdentity();
         return std::move(options);
       }()),
+      metrics_(pool_replicas_),
       writer_(
           client, [this] { return leading_.load(); }, [this] { metrics_.apiWrite(); }),
       events_(writer_, options_.identity),
-      reconciler_(writer_, events_, ReconcilerOptions{options_.defaults}),
+      reconciler_(writer_, events_,
+                  ReconcilerOptions{options_.defaults, nowRfc3339, &pool_replicas_}),
       cache_reconciler_(
-          writer_, events_, ReconcilerOptions{options_.defaults},
+          writer_, events_, ReconcilerOptions{options_.defaults, nowRfc3339, &pool_replicas_},
           ClusterReader{
               [this](const std::string& ns, const json& labels) { return cachedPods(ns, labels); },
               [this](const std::string& ns, OwnerKind kind) { return cachedPoolNames(ns, kind); }}),

@@ -93,6 +93,7 @@ class Controller {
 
   k8s::ApiClient& client_;
   ControllerOptions options_;
+  PoolReplicaTable pool_replicas_;  // before metrics_, which reads it
   ControllerMetrics metrics_;
   std::atomic<bool> leading_{false};
   std::atomic<bool> started_{false};

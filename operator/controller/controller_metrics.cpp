@@ -15,7 +15,43 @@ namespace tandem::controller {
 using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 
-ControllerMetrics::ControllerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+namespace {
+
+constexpr const char* kReplicaStates[] = {"desired", "updated", "ready", "available"};
+
+prometheus::Labels poolLabels(const PoolKey& pool, const char* state) {
+  return {{"namespace", std::get<0>(pool)},
+          {"kind", std::get<1>(pool)},
+          {"pool", std::get<2>(pool)},
+          {"state", state}};
+}
+
+int64_t countOf(const PoolReplicas& replicas, const std::string& state) {
+  if (state == "desired") return replicas.desired;
+  if (state == "updated") return replicas.updated;
+  if (state == "ready") return replicas.ready;
+  return replicas.available;
+}
+
+}  // namespace
+
+void PoolReplicaTable::set(const PoolKey& pool, const PoolReplicas& replicas) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pools_[pool] = replicas;
+}
+
+void PoolReplicaTable::remove(const PoolKey& pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pools_.erase(pool);
+}
+
+std::map<PoolKey, PoolReplicas> PoolReplicaTable::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pools_;
+}
+
+ControllerMetrics::ControllerMetrics(PoolReplicaTable& pools)
+    : pools_(pools), registry_(std::make_shared<prometheus::Registry>()) {
   reconciles_ = &BuildCounter()
                      .Name("tandem_operator_reconciles_total")
                      .Help("Reconciles by kind (PrefillPool, DecodePool, Router) and result.")
@@ -53,9 +89,34 @@ ControllerMetrics::ControllerMetrics() : registry_(std::make_shared<prometheus::
                      .Help("Successful writes to the Kubernetes API (create, apply, update).")
                      .Register(*registry_)
                      .Add({});
+  pool_replicas_ = &BuildGauge()
+                        .Name("tandem_operator_pool_replicas")
+                        .Help(
+                            "Replicas of each PrefillPool and DecodePool: desired "
+                            "(spec.replicas), updated, ready and available (its Deployment).")
+                        .Register(*registry_);
 }
 
 ControllerMetrics::~ControllerMetrics() = default;
+
+void ControllerMetrics::syncPoolReplicas() {
+  const std::map<PoolKey, PoolReplicas> pools = pools_.snapshot();
+  for (const PoolKey& gone : rendered_pools_) {
+    if (pools.count(gone)) continue;
+    for (const char* state : kReplicaStates) {
+      const prometheus::Labels labels = poolLabels(gone, state);
+      if (pool_replicas_->Has(labels)) pool_replicas_->Remove(&pool_replicas_->Add(labels));
+    }
+  }
+  rendered_pools_.clear();
+  for (const auto& [pool, replicas] : pools) {
+    for (const char* state : kReplicaStates) {
+      pool_replicas_->Add(poolLabels(pool, state))
+          .Set(static_cast<double>(countOf(replicas, state)));
+    }
+    rendered_pools_.insert(pool);
+  }
+}
 
 void ControllerMetrics::reconciled(const std::string& kind, bool success) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -93,6 +154,7 @@ void ControllerMetrics::setWatchTotals(const std::string& resource, uint64_t wat
 
 std::string ControllerMetrics::render() {
   std::lock_guard<std::mutex> lock(mutex_);
+  syncPoolReplicas();
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

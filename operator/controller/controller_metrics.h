@@ -8,6 +8,13 @@
 //   tandem_operator_relists_total{resource}
 //   tandem_operator_is_leader
 //   tandem_operator_api_writes_total
+//   tandem_operator_pool_replicas{namespace,pool,kind,state}
+//                                   state: desired | updated | ready | available
+//
+// Pool replica counts come from a PoolReplicaTable that reconciles fill in
+// (reconciler.h): each PrefillPool/DecodePool reconcile records its
+// spec.replicas and its Deployment's status counts, and a pool found deleted
+// is forgotten, so its series go away at the next render.
 //
 // GET /metrics (text format 0.0.4), /healthz (200 while the process runs),
 // /readyz (200 once the caches are synced, else 503). Thread-safe.
@@ -18,8 +25,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 namespace prometheus {
 class Registry;
@@ -35,9 +44,35 @@ class Server;
 
 namespace tandem::controller {
 
+// Replica counts of one pool as its last reconcile saw them.
+struct PoolReplicas {
+  int64_t desired = 0;    // spec.replicas
+  int64_t updated = 0;    // Deployment status.updatedReplicas
+  int64_t ready = 0;      // Deployment status.readyReplicas
+  int64_t available = 0;  // Deployment status.availableReplicas
+  bool operator==(const PoolReplicas&) const = default;
+};
+
+// (namespace, kind, pool name); kind is "PrefillPool" or "DecodePool".
+using PoolKey = std::tuple<std::string, std::string, std::string>;
+
+// The replica counts of every pool, written by reconciles and read when
+// /metrics is rendered. Thread-safe. A controller owns one and shares it
+// between its reconcilers and its metrics.
+class PoolReplicaTable {
+ public:
+  void set(const PoolKey& pool, const PoolReplicas& replicas);
+  void remove(const PoolKey& pool);
+  std::map<PoolKey, PoolReplicas> snapshot() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<PoolKey, PoolReplicas> pools_;
+};
+
 class ControllerMetrics {
  public:
-  ControllerMetrics();
+  explicit ControllerMetrics(PoolReplicaTable& pools);
   ~ControllerMetrics();
 
   void reconciled(const std::string& kind, bool success);
@@ -46,10 +81,17 @@ class ControllerMetrics {
   void setQueueDepth(size_t depth);
   // Informer totals (monotonic); the counters follow them.
   void setWatchTotals(const std::string& resource, uint64_t watch_restarts, uint64_t relists);
+  // The text format; pool replica series follow the table (series of pools
+  // no longer in it are removed).
   std::string render();
 
  private:
+  void syncPoolReplicas();
+
   std::mutex mutex_;
+  PoolReplicaTable& pools_;
+  prometheus::Family<prometheus::Gauge>* pool_replicas_;
+  std::set<PoolKey> rendered_pools_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* reconciles_;
   prometheus::Family<prometheus::Counter>* reconcile_errors_;

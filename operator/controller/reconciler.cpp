@@ -30,6 +30,24 @@ int64_t specReplicas(const json& object, int64_t fallback) {
   return fallback;
 }
 
+int64_t integerField(const json& object, const char* key) {
+  if (!object.is_object() || !object.contains(key) || !object[key].is_number_integer()) return 0;
+  return object[key].get<int64_t>();
+}
+
+// What tandem_operator_pool_replicas shows of a pool: its spec.replicas and
+// the counts of the status just computed from its Deployment.
+PoolReplicas poolReplicas(const WorkloadObservation& observation, const json& status) {
+  PoolReplicas replicas;
+  replicas.desired = observation.desired_replicas;
+  replicas.updated = integerField(status, "updatedReplicas");
+  replicas.ready = integerField(status, "readyReplicas");
+  if (observation.deployment && observation.deployment->contains("status")) {
+    replicas.available = integerField((*observation.deployment)["status"], "availableReplicas");
+  }
+  return replicas;
+}
+
 }  // namespace
 
 const k8s::ResourceType& resourceOf(OwnerKind kind) {
@@ -152,9 +170,15 @@ k8s::Result<k8s::Done> Reconciler::writeStatus(OwnerKind kind, const json& objec
 
 k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& ns,
                                              const std::string& name) {
+  const PoolKey pool_key{ns, ownerKindName(kind), name};
   auto read = writer_.client().get(resourceOf(kind), ns, name);
   if (!read.isOk()) {
-    if (read.error().isNotFound()) return k8s::Done{};
+    if (read.error().isNotFound()) {
+      if (kind != OwnerKind::kRouter && options_.pool_replicas) {
+        options_.pool_replicas->remove(pool_key);
+      }
+      return k8s::Done{};
+    }
     return read.error();
   }
   const json& object = *read;
@@ -258,6 +282,9 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   if (kind == OwnerKind::kRouter && observation.spec_applied) {
     status["prefillPools"] = prefill_pools;
     status["decodePools"] = decode_pools;
+  }
+  if (kind != OwnerKind::kRouter && options_.pool_replicas) {
+    options_.pool_replicas->set(pool_key, poolReplicas(observation, status));
   }
   auto written = writeStatus(kind, object, status);
   if (!written.isOk() && !error) error = written.error();

@@ -10,6 +10,10 @@
 // touched: the owner is Degraded with reason NameConflict (and a Warning
 // Event). A reconcile of an unchanged world writes nothing.
 //
+// Every PrefillPool/DecodePool reconcile records the pool's replica counts
+// (desired, and its Deployment's updated, ready and available) in
+// options.pool_replicas; a pool found deleted is removed from it.
+//
 // Thread-safe for different keys; the work queue never hands one key to two
 // workers at once.
 #pragma once
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "operator/controller/api_writer.h"
+#include "operator/controller/controller_metrics.h"
 #include "operator/controller/desired_objects.h"
 #include "operator/controller/event_recorder.h"
 #include "operator/k8s/api_client.h"
@@ -47,6 +52,8 @@ struct ClusterReader {
 struct ReconcilerOptions {
   WorkloadDefaults defaults;
   std::function<std::string()> now = nowRfc3339;
+  // Where pool replica counts go (tandem_operator_pool_replicas); none when null.
+  PoolReplicaTable* pool_replicas = nullptr;
 };
 
 class Reconciler {

@@ -1,7 +1,8 @@
 // The Helm chart charts/tandem, rendered by the real helm: lint, the objects
 // each values mode renders (kinds, operator flags, security context, RBAC
-// rules), schema errors for bad values, and the chart's CRDs against the
-// repository's crds/.
+// rules), schema errors for bad values, the monitoring objects (Grafana
+// dashboard ConfigMap, PodMonitor, PrometheusRule), and the chart's CRDs
+// against the repository's crds/.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -330,6 +331,8 @@ TEST_F(HelmChartTest, ServiceMonitorWhenEnabledOrServed) {
   ASSERT_EQ(monitors.size(), 1u);
   EXPECT_EQ(monitors[0]["apiVersion"], "monitoring.coreos.com/v1");
   EXPECT_EQ(monitors[0]["spec"]["endpoints"][0]["port"], "metrics");
+  // tandem_operator_pool_replicas carries the pool's namespace: kept as is.
+  EXPECT_EQ(monitors[0]["spec"]["endpoints"][0]["honorLabels"], true);
   const json service = objectsOf(forced, "Service").at(0);
   for (const auto& [key, value] : monitors[0]["spec"]["selector"]["matchLabels"].items()) {
     EXPECT_EQ(service["metadata"]["labels"].value(key, ""), value) << key;
@@ -361,6 +364,224 @@ TEST_F(HelmChartTest, SchemaRejectsBadValuesNamingTheField) {
   result = helm({"template", "tandem", kChartDir.string(), "-f", unknown.string()});
   EXPECT_NE(result.exit_status, 0);
   EXPECT_NE(result.err.find("replicaCount"), std::string::npos) << result.err;
+}
+
+// --- Monitoring: the Grafana dashboard, the PodMonitor and the PrometheusRule ---
+
+TEST_F(HelmChartTest, DashboardConfigMapCarriesTheSidecarLabelAndThePanels) {
+  const json config_map = namedObject(render(), "ConfigMap", "tandem-dashboard");
+  EXPECT_EQ(config_map["metadata"]["labels"].value("grafana_dashboard", ""), "1");
+  EXPECT_EQ(config_map["metadata"]["annotations"].value("grafana_folder", ""), "Tandem");
+  const json dashboard =
+      json::parse(config_map["data"].value("tandem.json", ""), nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(dashboard.is_object()) << "the dashboard is not valid JSON";
+  EXPECT_EQ(dashboard["uid"], "tandem-overview");
+
+  std::set<std::string> variables;
+  for (const json& variable : dashboard["templating"]["list"]) variables.insert(variable["name"]);
+  EXPECT_EQ(variables, (std::set<std::string>{"datasource", "namespace", "pool"}));
+
+  std::set<std::string> titles;
+  for (const json& panel : dashboard["panels"]) {
+    titles.insert(panel["title"]);
+    EXPECT_EQ(panel["datasource"]["uid"], "${datasource}") << panel["title"];
+    ASSERT_FALSE(panel["targets"].empty()) << panel["title"];
+    for (const json& target : panel["targets"]) {
+      const std::string expr = target["expr"];
+      // Every rate follows the scrape interval Grafana knows of.
+      for (size_t at = expr.find("rate("); at != std::string::npos;
+           at = expr.find("rate(", at + 1)) {
+        const size_t window = expr.find('[', at);
+        ASSERT_NE(window, std::string::npos) << expr;
+        EXPECT_EQ(expr.substr(window, 18), "[$__rate_interval]") << expr;
+      }
+      EXPECT_NE(expr.find("namespace=~\"$namespace\""), std::string::npos) << expr;
+    }
+  }
+  const std::set<std::string> expected = {"Time to first token by pool (agents)",
+                                          "Inter-token latency by pool (agents)",
+                                          "Requests by finish reason",
+                                          "Token throughput",
+                                          "Queue depth",
+                                          "KV cache usage",
+                                          "Prefix cache hit rate",
+                                          "KV transfer bytes/s",
+                                          "KV transfer failures by reason",
+                                          "Router decisions",
+                                          "Router prefix overlap",
+                                          "Router time to first token (client side)",
+                                          "Router inter-token latency (client side)",
+                                          "Replicas desired vs ready"};
+  EXPECT_EQ(titles, expected);
+
+  // The label, its value and the folder annotation are the user's.
+  const json custom =
+      namedObject(render({"--set", "monitoring.dashboard.labelKey=dashboards", "--set",
+                          "monitoring.dashboard.labelValue=tandem", "--set",
+                          "monitoring.dashboard.folderAnnotation=k8s-sidecar-target-directory",
+                          "--set", "monitoring.dashboard.folder=/tmp/dashboards/llm"}),
+                  "ConfigMap", "tandem-dashboard");
+  EXPECT_EQ(custom["metadata"]["labels"].value("dashboards", ""), "tandem");
+  EXPECT_FALSE(custom["metadata"]["labels"].contains("grafana_dashboard"));
+  EXPECT_EQ(custom["metadata"]["annotations"],
+            json::parse(R"({"k8s-sidecar-target-directory":"/tmp/dashboards/llm"})"));
+  EXPECT_EQ(kindsOf(render({"--set", "monitoring.dashboard.enabled=false"})).count("ConfigMap"),
+            0u);
+}
+
+TEST_F(HelmChartTest, PodMonitorScrapesManagedPodsWithPoolAndComponentLabels) {
+  EXPECT_EQ(kindsOf(render()).count("PodMonitor"), 0u);  // auto, and the API is not served
+  EXPECT_EQ(kindsOf(render({"--api-versions", "monitoring.coreos.com/v1", "--set",
+                            "monitoring.podMonitor.enabled=false"}))
+                .count("PodMonitor"),
+            0u);
+  const json monitor = namedObject(render({"--api-versions", "monitoring.coreos.com/v1", "--set",
+                                           "monitoring.podMonitor.labels.release=prometheus"}),
+                                   "PodMonitor", "tandem-workloads");
+  EXPECT_EQ(monitor["apiVersion"], "monitoring.coreos.com/v1");
+  EXPECT_EQ(monitor["metadata"]["labels"].value("release", ""), "prometheus");
+  const json& spec = monitor["spec"];
+  // Agents and routers alike: operator/controller/desired_objects.cpp labels
+  // both managed-by tandem-operator and names their port "http".
+  EXPECT_EQ(spec["selector"]["matchLabels"],
+            json::parse(R"({"app.kubernetes.io/managed-by":"tandem-operator"})"));
+  EXPECT_EQ(spec["namespaceSelector"], json::parse(R"({"matchNames":["llm"]})"));
+  ASSERT_EQ(spec["podMetricsEndpoints"].size(), 1u);
+  const json& endpoint = spec["podMetricsEndpoints"][0];
+  EXPECT_EQ(endpoint["port"], "http");
+  EXPECT_EQ(endpoint["path"], "/metrics");
+  EXPECT_EQ(endpoint["interval"], "15s");
+  std::map<std::string, std::string> relabelled;
+  for (const json& relabel : endpoint["relabelings"]) {
+    ASSERT_EQ(relabel["sourceLabels"].size(), 1u) << relabel.dump();
+    relabelled[relabel["targetLabel"]] = relabel["sourceLabels"][0];
+  }
+  EXPECT_EQ(relabelled,
+            (std::map<std::string, std::string>{
+                {"pool", "__meta_kubernetes_pod_label_tandem_dev_pool"},
+                {"component", "__meta_kubernetes_pod_label_app_kubernetes_io_component"},
+                {"namespace", "__meta_kubernetes_namespace"},
+                {"pod", "__meta_kubernetes_pod_name"}}));
+
+  const json everywhere = namedObject(
+      render({"--set", "monitoring.podMonitor.enabled=true", "--set", "rbac.scope=cluster"}),
+      "PodMonitor", "tandem-workloads");
+  EXPECT_EQ(everywhere["spec"]["namespaceSelector"], json::parse(R"({"any":true})"));
+}
+
+// The rules of the rendered PrometheusRule, by alert name (each once).
+std::map<std::string, json> alertRules(const std::vector<json>& objects) {
+  std::map<std::string, json> rules;
+  for (const json& object : objectsOf(objects, "PrometheusRule")) {
+    for (const json& group : object["spec"]["groups"]) {
+      for (const json& rule : group["rules"]) {
+        EXPECT_FALSE(rules.count(rule["alert"])) << rule["alert"] << " twice";
+        rules[rule["alert"]] = rule;
+      }
+    }
+  }
+  return rules;
+}
+
+TEST_F(HelmChartTest, PrometheusRuleOnlyWhenSwitchedOnWithTargetsFromValues) {
+  EXPECT_EQ(kindsOf(render()).count("PrometheusRule"), 0u);
+  EXPECT_EQ(kindsOf(render({"--api-versions", "monitoring.coreos.com/v1", "--set",
+                            "monitoring.prometheusRule.enabled=false"}))
+                .count("PrometheusRule"),
+            0u);
+  EXPECT_EQ(
+      kindsOf(render({"--set", "monitoring.prometheusRule.enabled=true"})).count("PrometheusRule"),
+      1u);
+
+  std::map<std::string, json> rules =
+      alertRules(render({"--api-versions", "monitoring.coreos.com/v1"}));
+  std::set<std::string> names;
+  for (const auto& [name, rule] : rules) names.insert(name);
+  EXPECT_EQ(names,
+            (std::set<std::string>{"TandemTTFTHigh", "TandemITLHigh", "TandemKVTransferFailures",
+                                   "TandemPoolNoReadyAgent", "TandemOperatorNotLeading"}));
+  EXPECT_EQ(rules["TandemTTFTHigh"]["expr"],
+            "histogram_quantile(0.95, sum by (namespace, pool, le) "
+            "(rate(tandem_time_to_first_token_seconds_bucket{namespace=\"llm\", pool!=\"\"}[5m]))) "
+            "> 2");
+  EXPECT_EQ(rules["TandemTTFTHigh"]["for"], "10m");
+  EXPECT_EQ(rules["TandemTTFTHigh"]["labels"], json::parse(R"({"severity":"warning"})"));
+  EXPECT_NE(rules["TandemITLHigh"]["expr"].get<std::string>().find("> 0.2"), std::string::npos);
+  EXPECT_NE(rules["TandemPoolNoReadyAgent"]["expr"].get<std::string>().find(
+                "tandem_operator_pool_replicas{namespace=\"llm\", state=\"ready\"}"),
+            std::string::npos);
+  EXPECT_EQ(rules["TandemPoolNoReadyAgent"]["labels"]["severity"], "critical");
+  EXPECT_NE(rules["TandemOperatorNotLeading"]["expr"].get<std::string>().find(
+                "absent(tandem_operator_is_leader{namespace=\"llm\"})"),
+            std::string::npos);
+
+  // Per-pool targets, durations, severities and extra labels from values.
+  const fs::path values = writeFile("alerts.yaml", R"(monitoring:
+  prometheusRule:
+    enabled: true
+    rateWindow: 2m
+    ruleLabels: {team: serving}
+    ttftP95Seconds: 3
+    poolTargets:
+      - {pool: fast, ttftP95Seconds: 0.5}
+      - {pool: chat, ttftP95Seconds: 1, itlP95Seconds: 0.05}
+    alerts:
+      ttftHigh: {for: 1m, severity: page}
+      kvTransferFailures: {for: 0s, severity: info, threshold: 10}
+)");
+  rules = alertRules(render({"-f", values.string(), "--set", "rbac.scope=cluster"}));
+  const std::string quantile =
+      "histogram_quantile(0.95, sum by (namespace, pool, le) "
+      "(rate(tandem_time_to_first_token_seconds_bucket{";
+  EXPECT_EQ(rules["TandemTTFTHigh"]["expr"],
+            quantile + "pool!=\"\", pool!~\"fast|chat\"}[2m]))) > 3\nor " + quantile +
+                "pool=\"fast\"}[2m]))) > 0.5\nor " + quantile + "pool=\"chat\"}[2m]))) > 1");
+  EXPECT_EQ(rules["TandemTTFTHigh"]["for"], "1m");
+  EXPECT_EQ(rules["TandemTTFTHigh"]["labels"],
+            json::parse(R"({"severity":"page","team":"serving"})"));
+  const std::string itl = rules["TandemITLHigh"]["expr"];
+  EXPECT_NE(itl.find("pool!~\"chat\"}[2m]))) > 0.2"), std::string::npos) << itl;
+  EXPECT_NE(itl.find("pool=\"chat\"}[2m]))) > 0.05"), std::string::npos) << itl;
+  EXPECT_EQ(itl.find("fast"), std::string::npos) << itl;
+  EXPECT_EQ(rules["TandemKVTransferFailures"]["expr"],
+            "sum by (namespace, pool, reason) "
+            "(increase(tandem_kv_transfer_failures_total{}[2m])) > 10");
+  EXPECT_EQ(rules["TandemKVTransferFailures"]["for"], "0s");
+  EXPECT_EQ(rules["TandemKVTransferFailures"]["labels"]["severity"], "info");
+  EXPECT_EQ(rules["TandemPoolNoReadyAgent"]["labels"]["team"], "serving");
+}
+
+TEST_F(HelmChartTest, SchemaRejectsBadAlertValuesNamingTheField) {
+  const fs::path zero =
+      writeFile("zero.yaml", "monitoring:\n  prometheusRule:\n    ttftP95Seconds: 0\n");
+  HelmResult result = helm({"template", "tandem", kChartDir.string(), "-f", zero.string()});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("at '/monitoring/prometheusRule/ttftP95Seconds': exclusiveMinimum"),
+            std::string::npos)
+      << result.err;
+
+  const fs::path duration = writeFile(
+      "duration.yaml",
+      "monitoring:\n  prometheusRule:\n    alerts:\n      itlHigh: {for: soon, severity: page}\n");
+  result = helm({"template", "tandem", kChartDir.string(), "-f", duration.string()});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("at '/monitoring/prometheusRule/alerts/itlHigh/for': 'soon' does not "
+                            "match pattern"),
+            std::string::npos)
+      << result.err;
+
+  const fs::path pool = writeFile("pool.yaml",
+                                  "monitoring:\n  prometheusRule:\n    poolTargets:\n      - "
+                                  "{pool: Fast_Pool, ttftP95Seconds: 1}\n");
+  result = helm({"template", "tandem", kChartDir.string(), "-f", pool.string()});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("/monitoring/prometheusRule/poolTargets/0/pool"), std::string::npos)
+      << result.err;
+
+  result = helm({"template", "tandem", kChartDir.string(), "--set",
+                 "monitoring.podMonitor.enabled=sometimes"});
+  EXPECT_NE(result.exit_status, 0);
+  EXPECT_NE(result.err.find("/monitoring/podMonitor/enabled"), std::string::npos) << result.err;
 }
 
 std::string readBytes(const fs::path& path) {

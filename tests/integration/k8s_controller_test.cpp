@@ -532,7 +532,8 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   ASSERT_TRUE(eventually([&] { return a->isLeader() != b->isLeader(); }, 30s));
   Controller* leader = a->isLeader() ? a.get() : b.get();
   Controller* follower = a->isLeader() ? b.get() : a.get();
-  EXPECT_GT(objectWritesBy(leader->token()), 0u);
+  // A request is recorded once answered, just after the store changed: wait for it.
+  EXPECT_TRUE(eventually([&] { return objectWritesBy(leader->token()) > 0; }, 10s));
   EXPECT_EQ(objectWritesBy(follower->token()), 0u);
 
   // SIGTERM: the Lease is released and the other leads, well within a lease.
@@ -542,7 +543,7 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   ASSERT_EQ(kubectl({"scale", "prefillpool/prefill", "--replicas=2"}).exit_status, 0);
   ASSERT_TRUE(
       eventually([&] { return deployment("prefill")->at("spec").value("replicas", 0) == 2; }, 30s));
-  EXPECT_GT(objectWritesBy(follower->token()), 0u);
+  EXPECT_TRUE(eventually([&] { return objectWritesBy(follower->token()) > 0; }, 10s));
 
   // SIGKILL: nothing is released; a new candidate takes over once the lease
   // has expired on its own clock.

@@ -65,3 +65,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- else if $setting }}true{{ end }}
 {{- end }}
+
+{{/*
+Whether to render a monitoring.coreos.com/v1 object whose switch is
+(dict "setting" true|false|"auto" "root" $): "auto" means when the API is served.
+*/}}
+{{- define "tandem.monitoringEnabled" -}}
+{{- $setting := .setting }}
+{{- if eq (toString $setting) "auto" }}
+{{- if .root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- else if $setting }}true{{ end }}
+{{- end }}
+
+{{/* The labels of one alert rule (dict "alert" <its values> "root" $): severity and ruleLabels. */}}
+{{- define "tandem.alertLabels" -}}
+severity: {{ .alert.severity | quote }}
+{{- with .root.Values.monitoring.prometheusRule.ruleLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
