@@ -27,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "common/prometheus_text.h"
 #include "common/subprocess.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/chart_install.h"
+#include "tests/support/free_port.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_helpers.h"
 
@@ -63,26 +65,7 @@ bool portFree(int port) {
   return bound;
 }
 
-int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-double metricValue(const std::string& text, const std::string& series) {
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
-  }
-  return -1;
-}
+using tandem::testing::freePort;
 
 bool conditionTrue(const std::optional<json>& object, const std::string& type) {
   if (!object || !object->contains("status") || !(*object)["status"].contains("conditions"))
@@ -375,9 +358,9 @@ TEST_F(HelmInstallTest, RoleWithoutAVerbTheOperatorNeedsIsReportedAsForbidden) {
   ASSERT_TRUE(eventually(warned, 30s)) << operator_->stderrText();
   ASSERT_TRUE(eventually(
       [&] {
-        return metricValue(metrics(),
-                           "tandem_operator_reconciles_total{kind=\"PrefillPool\","
-                           "result=\"error\"}") > 0;
+        return tandem::prometheusSample(metrics(), "tandem_operator_reconciles_total",
+                                        "kind=\"PrefillPool\",result=\"error\"")
+                   .value_or(0) > 0;
       },
       30s))
       << metrics();

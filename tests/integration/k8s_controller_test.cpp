@@ -33,6 +33,7 @@
 #include "operator/local/cluster_spec.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/chart_install.h"
+#include "tests/support/free_port.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_helpers.h"
 
@@ -53,17 +54,7 @@ const fs::path kSourceDir = TANDEM_SOURCE_DIR;
 const fs::path kOperator = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
 constexpr const char* kNs = "default";
 
-int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+using tandem::testing::freePort;
 
 // The value of one sample of a metric in Prometheus text, or -1 when absent.
 double metricValue(const std::string& text, const std::string& series) {

@@ -4,6 +4,7 @@
 // itself serves through its router and stops everything on SIGTERM.
 #include "operator/local/local_mode.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -56,14 +57,27 @@ void rewrite(const fs::path& path, const std::string& text) {
   fs::rename(temporary, path);
 }
 
+// The whole of a /proc file; "" when it cannot be read. A process that exits
+// between open and read makes the read fail (ESRCH), which iostreams report
+// by throwing from the stream buffer: plain reads keep that a quiet "".
+std::string readProcFile(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buffer[4096];
+  ssize_t n = 0;
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) text.append(buffer, static_cast<size_t>(n));
+  ::close(fd);
+  return n < 0 ? "" : text;
+}
+
 // Live or unreaped children of `parent`.
 std::vector<pid_t> childPids(pid_t parent) {
   std::vector<pid_t> pids;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::string text = readProcFile(entry.path() / "stat");
     const size_t paren = text.rfind(')');
     if (paren == std::string::npos) continue;
     std::istringstream fields(text.substr(paren + 1));
@@ -367,8 +381,7 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
 
 // The command line of a process, arguments joined by spaces.
 std::string commandLine(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text = readProcFile("/proc/" + std::to_string(pid) + "/cmdline");
   std::replace(text.begin(), text.end(), '\0', ' ');
   return text;
 }

@@ -29,6 +29,7 @@
 #include "tests/support/agent_server.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/yaml_json.h"
+#include "tests/support/free_port.h"
 #include "tests/support/helm.h"
 
 namespace tandem {
@@ -47,17 +48,7 @@ constexpr char kNamespace[] = "llm";
 // What the dashboard's $__rate_interval stands for here (scrapes every 1 s).
 constexpr char kRateInterval[] = "30s";
 
-int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+using tandem::testing::freePort;
 
 // An executable in /usr/bin or /usr/local/bin, or "" when there is none.
 std::string findTool(const std::string& name) {

@@ -15,6 +15,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/controller_metrics.h"
 #include "tests/support/apiserver/api_server.h"
+#include "tests/support/test_helpers.h"
 
 namespace tandem::controller {
 namespace {
@@ -25,14 +26,7 @@ using std::chrono::seconds;
 
 constexpr char kNamespace[] = "serving";
 
-bool waitUntil(const std::function<bool()>& condition, seconds timeout = seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
+using tandem::testing::eventually;
 
 std::string selector(const std::string& kind, const std::string& pool, const std::string& state) {
   return "kind=\"" + kind + "\",namespace=\"" + kNamespace + "\",pool=\"" + pool + "\",state=\"" +
@@ -105,19 +99,19 @@ TEST(PoolReplicaMetricsTest, ControllerReportsDeploymentCountsAndForgetsDeletedP
            replicas(text, "DecodePool", "decode", "ready") == ready &&
            replicas(text, "DecodePool", "decode", "available") == available;
   };
-  ASSERT_TRUE(waitUntil([&] { return counts(2, 2, 2, 2); })) << controller.renderMetrics();
+  ASSERT_TRUE(eventually([&] { return counts(2, 2, 2, 2); })) << controller.renderMetrics();
 
   // Two replicas running but none ready: desired stays, ready and available follow.
   server.setDeploymentStatus(kNamespace, "decode", 2, 2, 0);
-  ASSERT_TRUE(waitUntil([&] { return counts(2, 2, 0, 0); })) << controller.renderMetrics();
+  ASSERT_TRUE(eventually([&] { return counts(2, 2, 0, 0); })) << controller.renderMetrics();
 
   // Scaled up: desired follows the spec at once, the rest the Deployment.
   server.setDeploymentControllerAuto(true);
   server.put(decodePool(3));
-  ASSERT_TRUE(waitUntil([&] { return counts(3, 3, 3, 3); })) << controller.renderMetrics();
+  ASSERT_TRUE(eventually([&] { return counts(3, 3, 3, 3); })) << controller.renderMetrics();
 
   server.remove("tandem.dev/v1alpha1", "DecodePool", kNamespace, "decode");
-  ASSERT_TRUE(waitUntil([&] {
+  ASSERT_TRUE(eventually([&] {
     return controller.renderMetrics().find("pool=\"decode\"") == std::string::npos;
   })) << controller.renderMetrics();
   controller.stop();
