@@ -110,6 +110,9 @@ const std::vector<Row>& rows() {
            "accept kv_connector_extra_config.fault_injection (tests only)",
            &ServeOptions::enable_fault_injection),
       integer("threads", 0, kMaxThreads, "kernel threads (0: all cores)", &ServeOptions::threads),
+      choice("device", {"cpu", "cuda", "auto"},
+             "compute backend (auto: cuda when this build has it and a GPU is visible, else cpu)",
+             &ServeOptions::device),
   };
   return kRows;
 }
@@ -393,6 +396,7 @@ void addServeFlags(CLI::App& command) {
   command.get_option("--block-size")->default_str(std::to_string(defaults.block_size));
   command.get_option("--kv-cache-memory")->default_str(defaults.kv_cache_memory);
   command.get_option("--kv-dtype")->default_str(defaults.kv_dtype);
+  command.get_option("--device")->default_str(defaults.device);
   command.get_option("--max-num-batched-tokens")
       ->default_str(std::to_string(defaults.max_num_batched_tokens));
   command.get_option("--max-num-seqs")->default_str(std::to_string(defaults.max_num_seqs));

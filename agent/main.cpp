@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
@@ -19,6 +20,7 @@
 #include "agent/serve_command.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 
 namespace {
@@ -62,6 +64,7 @@ struct GenerateOptions {
   int64_t max_tokens = 64;
   std::string kv_dtype = "bf16";
   int32_t block_size = 16;
+  std::string device = "auto";
   bool ignore_eos = false;
 };
 
@@ -95,8 +98,16 @@ int runGenerate(const GenerateOptions& options) {
   kv_config.num_layers = static_cast<int32_t>(config.num_hidden_layers);
   kv_config.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
   kv_config.head_dim = static_cast<int32_t>(config.head_dim);
-  tandem::engine::KvCache cache(kv_config, std::make_unique<tandem::engine::HostSlabAllocator>());
-  tandem::engine::ModelRunner runner(*model, cache);
+  std::unique_ptr<tandem::kernels::Backend> backend =
+      tandem::kernels::makeBackend(tandem::kernels::resolveDevice(options.device));
+  std::unique_ptr<tandem::engine::KvSlabAllocator> allocator;
+  if (backend->hostAccessible()) {
+    allocator = std::make_unique<tandem::engine::HostSlabAllocator>();
+  } else {
+    allocator = std::make_unique<tandem::engine::BackendSlabAllocator>(*backend);
+  }
+  tandem::engine::KvCache cache(kv_config, std::move(allocator));
+  tandem::engine::ModelRunner runner(*model, cache, *backend);
   std::vector<tandem::engine::BlockId> block_table(kv_config.num_blocks);
   std::iota(block_table.begin(), block_table.end(), 0);
 
@@ -187,6 +198,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   generate->add_option("--block-size", gen.block_size, "KV block size in tokens")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  generate->add_option("--device", gen.device, "compute backend: cpu, cuda or auto")
       ->capture_default_str();
   generate->add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-sequence");
 

@@ -19,6 +19,7 @@
 #include "agent/transport/ucx_transport.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 
 namespace tandem::agent {
@@ -90,6 +91,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
 
   engine::EngineConfig config;
   config.model_dir = o.model;
+  config.device = kernels::resolveDevice(o.device);
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");
@@ -147,7 +149,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
   }
   TANDEM_LOG(kInfo) << "serving " << server_config.served_model_name << " on http://" << o.host
                     << ":" << server.port() << " (" << engine.numBlocks() << " KV blocks of "
-                    << o.block_size << " tokens, max_model_len " << engine.maxModelLen() << ")";
+                    << o.block_size << " tokens, max_model_len " << engine.maxModelLen() << ", on "
+                    << engine.backend().description() << ")";
   // The bound port on stdout, for supervisors that asked for port 0.
   std::printf("listening on %s:%d\n", o.host.c_str(), server.port());
   std::fflush(stdout);

@@ -34,7 +34,8 @@ struct ServeOptions {
   bool insecure_kv = false;
   // kv_connector_extra_config.fault_injection is refused unless this is set.
   bool enable_fault_injection = false;
-  int threads = 0;  // kernel threads; 0: all cores
+  int threads = 0;              // kernel threads; 0: all cores
+  std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
   std::string config_path;
 };
 

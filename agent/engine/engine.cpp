@@ -122,6 +122,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     : config_(config),
       now_(config.clock ? config.clock : [] { return Clock::now(); }),
       events_(config.kv_event_capacity) {
+  backend_ = kernels::makeBackend(config_.device);
   model_ = Model::load(config_.model_dir);
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
@@ -150,7 +151,13 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                       << " blocks holds less than one sequence of " << max_model_len_
                       << " tokens; long requests will be refused";
   }
-  if (!allocator) allocator = std::make_unique<HostSlabAllocator>();
+  if (!allocator) {
+    if (backend_->hostAccessible()) {
+      allocator = std::make_unique<HostSlabAllocator>();
+    } else {
+      allocator = std::make_unique<BackendSlabAllocator>(*backend_);
+    }
+  }
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
   model_identity_ = modelIdentityOf(*model_);
   BlockManagerConfig block_config;
@@ -160,7 +167,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_config.model_identity = model_identity_;
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_);
   if (config_.connector_factory) {
     connector_ = config_.connector_factory(*cache_, model_identity_);
     connector_source_ = std::make_unique<ConnectorSource>(

@@ -36,11 +36,14 @@
 #include "common/protocol/request.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
+#include "kernels/backend.h"
 
 namespace tandem::engine {
 
 struct EngineConfig {
   std::filesystem::path model_dir;
+  // Where the forward pass runs; the engine creates and owns the backend.
+  kernels::DeviceKind device = kernels::DeviceKind::kCpu;
   int32_t block_size = 16;
   // KV cache size: num_blocks when positive, else as many blocks as fit in
   // kv_cache_memory_bytes.
@@ -106,8 +109,10 @@ class Engine {
  public:
   using OutputCallback = std::function<void(const RequestOutput&)>;
 
-  // Loads the model and tokenizer and allocates the KV cache; throws
-  // tandem::Error naming the problem. The loop starts right away.
+  // Creates the compute backend, loads the model and tokenizer and allocates
+  // the KV cache (in the backend's memory unless `allocator` is given, or
+  // host memory on a host-accessible backend); throws tandem::Error naming
+  // the problem. The loop starts right away.
   explicit Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allocator = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -155,6 +160,8 @@ class Engine {
   // event log; waits for the current step to end.
   KvSnapshot kvSnapshot();
   const Model& model() const { return *model_; }
+  // The compute backend; kind() and description() may be read from any thread.
+  const kernels::Backend& backend() const { return *backend_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const EngineConfig& config() const { return config_; }
   int64_t maxModelLen() const { return max_model_len_; }
@@ -192,6 +199,8 @@ class Engine {
 
   EngineConfig config_;
   std::function<Clock::time_point()> now_;
+  // Declared before everything that holds its memory, so it is destroyed last.
+  std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvCache> cache_;

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/dtype.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 
 namespace tandem::engine {
@@ -40,6 +41,21 @@ class HostSlabAllocator : public KvSlabAllocator {
   void* allocate(size_t bytes) override;
   void release(void* data, size_t bytes) override;
   std::string name() const override { return "host"; }
+};
+
+// The slab in a compute backend's memory (Backend::allocate), for backends
+// whose memory the host cannot address. The backend must outlive the cache.
+class BackendSlabAllocator : public KvSlabAllocator {
+ public:
+  explicit BackendSlabAllocator(kernels::Backend& backend) : backend_(backend) {}
+  void* allocate(size_t bytes) override { return backend_.allocate(bytes); }
+  void release(void* data, size_t bytes) override { backend_.release(data, bytes); }
+  std::string name() const override {
+    return std::string(kernels::deviceKindName(backend_.kind()));
+  }
+
+ private:
+  kernels::Backend& backend_;
 };
 
 struct KvCacheConfig {

@@ -7,21 +7,39 @@
 #include "common/status.h"
 
 namespace tandem::engine {
-namespace {
-
-void grow(std::vector<float>& buffer, size_t size) {
-  if (buffer.size() < size) buffer.resize(size);
+BackendBuffer::~BackendBuffer() {
+  if (data_ != nullptr) backend_->release(data_, count_ * sizeof(float));
 }
 
-void addBias(float* y, const std::vector<float>& bias, int64_t rows) {
-  if (bias.empty()) return;
-  const auto width = static_cast<int64_t>(bias.size());
-  for (int64_t r = 0; r < rows; ++r) kernels::addInPlace(y + r * width, bias.data(), width);
+void BackendBuffer::grow(size_t count) {
+  if (count <= count_) return;
+  void* fresh = backend_->allocate(count * sizeof(float));
+  if (fresh == nullptr) {
+    throw Error("the " + std::string(kernels::deviceKindName(backend_->kind())) +
+                " backend has no memory for a scratch buffer of " +
+                std::to_string(count * sizeof(float)) + " bytes");
+  }
+  if (data_ != nullptr) backend_->release(data_, count_ * sizeof(float));
+  data_ = static_cast<float*>(fresh);
+  count_ = count;
 }
 
-}  // namespace
-
-ModelRunner::ModelRunner(const Model& model, KvCache& cache) : model_(model), cache_(cache) {
+ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend)
+    : model_(model),
+      cache_(cache),
+      backend_(backend),
+      inv_freq_(backend),
+      hidden_(backend),
+      normed_(backend),
+      q_(backend),
+      k_(backend),
+      v_(backend),
+      attn_(backend),
+      proj_(backend),
+      gate_(backend),
+      up_(backend),
+      last_(backend),
+      logits_(backend) {
   const ModelConfig& config = model_.config();
   const KvCacheConfig& kv = cache_.config();
   auto mismatch = [](const char* what, int64_t model_value, int64_t cache_value) {
@@ -36,8 +54,39 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache) : model_(model), ca
     throw mismatch("num_kv_heads", config.num_key_value_heads, kv.num_kv_heads);
   }
   if (kv.head_dim != config.head_dim) throw mismatch("head_dim", config.head_dim, kv.head_dim);
-  inv_freq_ = ropeInverseFrequencies(config);
+  const std::vector<float> inv_freq = ropeInverseFrequencies(config);
+  inv_freq_.grow(inv_freq.size());
+  backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
   attention_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)));
+
+  const ModelWeights& host = model_.weights();
+  weights_.embed_tokens = backend_.residentWeight(host.embed_tokens);
+  weights_.lm_head = backend_.residentWeight(host.lm_head);
+  weights_.norm = resident(host.norm);
+  weights_.layers.reserve(host.layers.size());
+  for (const LayerWeights& lw : host.layers) {
+    ResidentLayer layer;
+    layer.q_proj = backend_.residentWeight(lw.q_proj);
+    layer.k_proj = backend_.residentWeight(lw.k_proj);
+    layer.v_proj = backend_.residentWeight(lw.v_proj);
+    layer.o_proj = backend_.residentWeight(lw.o_proj);
+    layer.gate_proj = backend_.residentWeight(lw.gate_proj);
+    layer.up_proj = backend_.residentWeight(lw.up_proj);
+    layer.down_proj = backend_.residentWeight(lw.down_proj);
+    layer.input_layernorm = resident(lw.input_layernorm);
+    layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
+    layer.q_bias = resident(lw.q_bias);
+    layer.k_bias = resident(lw.k_bias);
+    layer.v_bias = resident(lw.v_bias);
+    layer.q_norm = resident(lw.q_norm);
+    layer.k_norm = resident(lw.k_norm);
+    weights_.layers.push_back(layer);
+  }
+}
+
+const float* ModelRunner::resident(const std::vector<float>& host) {
+  if (host.empty()) return nullptr;
+  return backend_.residentFloats(host.data(), host.size());
 }
 
 void ModelRunner::checkInput(const SequenceInput& sequence) const {
@@ -60,7 +109,6 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
 
 void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) {
   const ModelConfig& config = model_.config();
-  const ModelWeights& weights = model_.weights();
   const int64_t hidden = config.hidden_size;
   const int64_t head_dim = config.head_dim;
   const int64_t num_heads = config.num_attention_heads;
@@ -95,65 +143,73 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
     return;
   }
 
-  grow(hidden_, rows * hidden);
-  grow(normed_, rows * hidden);
-  grow(q_, rows * q_width);
-  grow(k_, rows * kv_width);
-  grow(v_, rows * kv_width);
-  grow(attn_, rows * q_width);
-  grow(proj_, rows * hidden);
-  grow(gate_, rows * inter);
-  grow(up_, rows * inter);
+  kernels::BatchLayout layout_of_batch;
+  layout_of_batch.token_ids = token_ids_.data();
+  layout_of_batch.positions = positions_.data();
+  layout_of_batch.rows = rows;
+  layout_of_batch.sequences = attention_sequences_.data();
+  layout_of_batch.num_sequences = num_sequences;
+  backend_.beginBatch(layout_of_batch);
 
-  kernels::KvCacheLayout layout = cache_.layout();
-  kernels::embedding(weights.embed_tokens, token_ids_.data(), rows, hidden_.data());
+  hidden_.grow(rows * hidden);
+  normed_.grow(rows * hidden);
+  q_.grow(rows * q_width);
+  k_.grow(rows * kv_width);
+  v_.grow(rows * kv_width);
+  attn_.grow(rows * q_width);
+  proj_.grow(rows * hidden);
+  gate_.grow(rows * inter);
+  up_.grow(rows * inter);
+
+  kernels::Backend& b = backend_;
+  const kernels::KvCacheLayout layout = cache_.layout();
+  b.embedding(weights_.embed_tokens, hidden_.data());
 
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    const LayerWeights& lw = weights.layers[layer];
+    const ResidentLayer& lw = weights_.layers[layer];
 
     // Attention block.
-    kernels::rmsNorm(hidden_.data(), lw.input_layernorm.data(), rows, hidden, eps, normed_.data());
-    kernels::matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
-    kernels::matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
-    kernels::matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
-    addBias(q_.data(), lw.q_bias, rows);
-    addBias(k_.data(), lw.k_bias, rows);
-    addBias(v_.data(), lw.v_bias, rows);
-    if (!lw.q_norm.empty()) {
-      kernels::rmsNorm(q_.data(), lw.q_norm.data(), rows * num_heads, head_dim, eps, q_.data());
-      kernels::rmsNorm(k_.data(), lw.k_norm.data(), rows * num_kv_heads, head_dim, eps, k_.data());
+    b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
+    b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
+    b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
+    b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
+    if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
+    if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
+    if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
+    if (lw.q_norm != nullptr) {
+      b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
+      b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
     }
-    kernels::applyRope(q_.data(), rows, num_heads, head_dim, positions_.data(), inv_freq_.data());
-    kernels::applyRope(k_.data(), rows, num_kv_heads, head_dim, positions_.data(),
-                       inv_freq_.data());
-    kernels::writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data(),
-                     attention_sequences_.data(), num_sequences);
-    kernels::pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads,
-                            attention_scale_, attention_sequences_.data(), num_sequences,
-                            attn_.data());
-    kernels::matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
-    kernels::addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+    b.applyRope(q_.data(), num_heads, head_dim, inv_freq_.data());
+    b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq_.data());
+    b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
+    b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
+                     attn_.data());
+    b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+    b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
 
     // MLP block.
-    kernels::rmsNorm(hidden_.data(), lw.post_attention_layernorm.data(), rows, hidden, eps,
-                     normed_.data());
-    kernels::matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
-    kernels::matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
-    kernels::siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
-    kernels::matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
-    kernels::addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+    b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
+    b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
+    b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
+    b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
+    b.matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
+    b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
   }
 
   // Only each sequence's last new token needs logits.
-  grow(last_, num_sequences * hidden);
-  for (int64_t s = 0; s < num_sequences; ++s) {
-    const kernels::AttentionSequence& entry = attention_sequences_[s];
-    const float* row = hidden_.data() + (entry.first_row + entry.num_rows - 1) * hidden;
-    std::copy(row, row + hidden, last_.begin() + s * hidden);
+  last_.grow(num_sequences * hidden);
+  b.gatherLastRows(hidden_.data(), hidden, last_.data());
+  b.rmsNorm(last_.data(), weights_.norm, num_sequences, hidden, eps, last_.data());
+  const int64_t logit_count = num_sequences * config.vocab_size;
+  logits.resize(static_cast<size_t>(logit_count));
+  if (b.hostAccessible()) {
+    b.matmul(last_.data(), num_sequences, hidden, weights_.lm_head, logits.data());
+  } else {
+    logits_.grow(logit_count);
+    b.matmul(last_.data(), num_sequences, hidden, weights_.lm_head, logits_.data());
+    b.copyToHost(logits.data(), logits_.data(), static_cast<size_t>(logit_count) * sizeof(float));
   }
-  kernels::rmsNorm(last_.data(), weights.norm.data(), num_sequences, hidden, eps, last_.data());
-  logits.resize(static_cast<size_t>(num_sequences * config.vocab_size));
-  kernels::matmul(last_.data(), num_sequences, hidden, weights.lm_head, logits.data());
 }
 
 }  // namespace tandem::engine

@@ -10,6 +10,11 @@
 // bytes are bit-identical whether it runs alone or batched with others, in
 // one chunk or many. A ModelRunner is used by one thread at a time (it owns
 // scratch buffers); the Model it reads may be shared.
+//
+// Compute runs on a kernels::Backend: the constructor makes the weights
+// resident there once, scratch lives in the backend's memory, and the KV
+// cache's slab must be that backend's memory too. Logits come back to the
+// host; on a host-accessible backend the last matmul writes them in place.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +24,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "common/tokenizer.h"
+#include "kernels/backend.h"
 
 namespace tandem::engine {
 
@@ -28,11 +34,34 @@ struct SequenceInput {
   std::span<const BlockId> block_table;  // blocks of positions 0, block_size, ...
 };
 
+// Floats in a backend's memory, owned; grown on demand (contents are not
+// kept when it grows).
+class BackendBuffer {
+ public:
+  explicit BackendBuffer(kernels::Backend& backend) : backend_(&backend) {}
+  ~BackendBuffer();
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  // Makes room for at least `count` floats; throws tandem::Error when the
+  // backend has no memory for them.
+  void grow(size_t count);
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return count_; }
+
+ private:
+  kernels::Backend* backend_;
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
 class ModelRunner {
  public:
   // The cache geometry must match the model (layers, KV heads, head size);
-  // throws tandem::Error naming the mismatch.
-  ModelRunner(const Model& model, KvCache& cache);
+  // throws tandem::Error naming the mismatch, or when the backend cannot hold
+  // the weights. The backend must outlive the runner.
+  ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend);
 
   // logits receives num_sequences x vocab_size values. Inputs are checked
   // (token ids below vocab_size, block tables long enough, positions within
@@ -41,16 +70,39 @@ class ModelRunner {
 
   const Model& model() const { return model_; }
   KvCache& cache() { return cache_; }
+  kernels::Backend& backend() { return backend_; }
 
  private:
+  // One layer's weights in the backend's memory; vectors that the model
+  // leaves empty (no bias, no qk-norm) are nullptr.
+  struct ResidentLayer {
+    kernels::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    const float* input_layernorm = nullptr;
+    const float* post_attention_layernorm = nullptr;
+    const float* q_bias = nullptr;
+    const float* k_bias = nullptr;
+    const float* v_bias = nullptr;
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
+  };
+  struct ResidentWeights {
+    kernels::WeightView embed_tokens, lm_head;
+    const float* norm = nullptr;
+    std::vector<ResidentLayer> layers;
+  };
+
   void checkInput(const SequenceInput& sequence) const;
+  const float* resident(const std::vector<float>& host);
 
   const Model& model_;
   KvCache& cache_;
-  std::vector<float> inv_freq_;
+  kernels::Backend& backend_;
+  ResidentWeights weights_;
+  BackendBuffer inv_freq_;
   float attention_scale_ = 1.0f;
-  // Scratch, grown on demand and reused across calls.
-  std::vector<float> hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_;
+  // Scratch in the backend's memory, grown on demand and reused across calls.
+  BackendBuffer hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_, logits_;
+  // The batch, flattened on the host.
   std::vector<int32_t> token_ids_, positions_;
   std::vector<kernels::AttentionSequence> attention_sequences_;
 };

@@ -11,6 +11,7 @@
 #include "agent/server/http_connection.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 namespace tandem::server {
 namespace {
@@ -167,6 +168,8 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits_.served_model_name = config_.served_model_name;
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;
+  metrics_.setDevice(kernels::deviceKindName(engine_.backend().kind()),
+                     engine_.backend().description());
   routes();
 }
 
@@ -328,7 +331,8 @@ void HttpServer::routes() {
                     {"block_size", engine_.config().block_size},
                     {"prefix_caching_hash", hashAlgorithmName(engine_.config().hash_algorithm)}}},
                   {"root", engine_.model().directory().string()},
-                  {"max_model_len", engine_.maxModelLen()}};
+                  {"max_model_len", engine_.maxModelLen()},
+                  {"device", kernels::deviceKindName(engine_.backend().kind())}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
                     "application/json");
   });
@@ -339,7 +343,11 @@ void HttpServer::routes() {
       res.set_content(R"({"status":"shutting_down"})", "application/json");
       return;
     }
-    res.set_content(R"({"status":"ok"})", "application/json");
+    res.set_content(json{{"status", "ok"},
+                         {"device", kernels::deviceKindName(engine_.backend().kind())},
+                         {"device_description", engine_.backend().description()}}
+                        .dump(),
+                    "application/json");
   });
 
   http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {

@@ -48,6 +48,16 @@ double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point 
 
 }  // namespace
 
+void AgentMetrics::setDevice(const std::string& device, const std::string& description) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  BuildGauge()
+      .Name("tandem_device_info")
+      .Help("The compute backend the engine runs on (always 1).")
+      .Register(*registry_)
+      .Add({{"model", model_}, {"role", role_}, {"device", device}, {"description", description}})
+      .Set(1);
+}
+
 AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
     : model_(model), role_(role), registry_(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels = {{"model", model_}, {"role", role_}};

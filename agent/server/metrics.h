@@ -39,6 +39,9 @@ class AgentMetrics {
   void observeFinished(const engine::RequestOutput& final_output, double e2e_seconds);
   // A request refused before it reached the engine (bad input, overload).
   void observeRejected(const std::string& reason);
+  // tandem_device_info{device, description} 1: the compute backend (device
+  // "cpu" or "cuda"; description as Backend::description()).
+  void setDevice(const std::string& device, const std::string& description);
 
   // Brings engine-kept figures up to date and renders the text format.
   // transfer_durations: KV loads finished since the last render.

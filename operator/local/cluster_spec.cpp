@@ -86,6 +86,9 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
         readNumber(*value, reader.pathOf("shutdownTimeoutSeconds"), context, 0, false);
   }
   integer("threads", engine.threads, 0, 1024);
+  if (auto value = reader.get("device")) {
+    engine.device = readEnum(*value, reader.pathOf("device"), context, {"cpu", "cuda", "auto"});
+  }
   reader.rejectUnknown();
   return engine;
 }

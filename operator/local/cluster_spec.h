@@ -43,6 +43,7 @@ struct EngineSpec {
   std::optional<std::string> prefix_caching_hash;  // prefixCachingHash
   std::optional<double> shutdown_timeout_s;        // shutdownTimeoutSeconds → --shutdown-timeout
   std::optional<int64_t> threads;                  // threads → --threads
+  std::optional<std::string> device;               // device → --device (cpu, cuda, auto)
   bool operator==(const EngineSpec&) const = default;
 };
 

@@ -199,6 +199,40 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
                                 "list\n");
 }
 
+// --device takes cpu, cuda or auto; cuda needs a CUDA build and a visible GPU,
+// and says which is missing.
+TEST_F(CliTest, DeviceFlagNamesWhatIsAcceptedAndWhyCudaIsUnavailable) {
+  const fs::path model = makeTinyModel("m", 4);
+  const std::string serve =
+      "timeout 60 " + bin("tandem-agent") + " serve --model '" + model.string() + "' --port 0 ";
+  CommandResult from_flag = run(serve + "--device gpu");
+  EXPECT_EQ(from_flag.exit_code, 1) << from_flag.err;
+  EXPECT_EQ(from_flag.err, "tandem-agent: --device must be one of cpu, cuda, auto, got \"gpu\"\n");
+  const fs::path file = dir_ / "device.yaml";
+  std::ofstream(file) << "device: gpu\n";
+  CommandResult from_file = run(serve + "--config '" + file.string() + "'");
+  EXPECT_EQ(from_file.exit_code, 1) << from_file.err;
+  EXPECT_EQ(from_file.err, "tandem-agent: " + file.string() +
+                               ": device must be one of cpu, cuda, auto, got \"gpu\"\n");
+
+  const std::string generate = bin("tandem-agent") + " generate --model '" + model.string() +
+                               "' --prompt 'Once upon a time' --max-tokens 4 --ignore-eos ";
+  CommandResult on_cpu = run(generate + "--device cpu");
+  ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.err;
+  // The same tokens as the default device when that is the CPU.
+  CommandResult by_default = run(generate);
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.err;
+  CommandResult on_cuda = run(generate + "--device cuda");
+  if (on_cuda.exit_code != 0) {
+    EXPECT_TRUE(on_cuda.err ==
+                    "tandem-agent: --device cuda: this build has no CUDA backend (configure "
+                    "with -DTANDEM_CUDA=ON)\n" ||
+                on_cuda.err == "tandem-agent: --device cuda: no CUDA device is visible\n")
+        << on_cuda.err;
+    EXPECT_EQ(by_default.out, on_cpu.out);
+  }
+}
+
 TEST_F(CliTest, ServeReportsInvalidKvTransferConfigJsonWithItsPosition) {
   const fs::path model = makeTinyModel("m", 3);
   CommandResult r =

@@ -459,6 +459,30 @@ TEST(Server, YamlConfigAppliesAndFlagsOverrideIt) {
   EXPECT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 40; }));
 }
 
+TEST(Server, ReportsItsComputeDeviceInHealthModelsAndMetrics) {
+  TempDir dir("tandem-device");
+  dir.write("agent.yaml", "device: cpu\n");
+  Agent agent({"--config", (dir.path() / "agent.yaml").string()});
+
+  auto health = agent.client()->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  const json body = json::parse(health->body);
+  EXPECT_EQ(body["status"], "ok");
+  EXPECT_EQ(body["device"], "cpu");
+  const std::string description = body["device_description"].get<std::string>();
+  EXPECT_TRUE(
+      std::regex_match(description, std::regex("cpu (avx512|avx2|scalar), [0-9]+ threads?")))
+      << description;
+
+  auto models = agent.client()->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["device"], "cpu");
+
+  EXPECT_EQ(agent.metric("tandem_device_info", "device=\"cpu\""), 1);
+  EXPECT_EQ(agent.metric("tandem_device_info", "description=\"" + description + "\""), 1);
+}
+
 TEST(Server, BurstOfConnectionsIsAccepted) {
   Agent agent({"--max-num-seqs", "16"});
   constexpr int kClients = 96;

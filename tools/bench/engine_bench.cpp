@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -15,6 +16,7 @@
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 
 namespace tandem::bench {
@@ -101,6 +103,8 @@ double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
 
 int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
+  std::unique_ptr<kernels::Backend> backend =
+      kernels::makeBackend(kernels::resolveDevice(options.device));
   auto model = engine::Model::load(options.model_dir);
   const auto& config = model->config();
   if (options.prompt_tokens + options.decode_tokens > config.max_position_embeddings) {
@@ -119,8 +123,14 @@ int runEngineBench(const EngineBenchOptions& options) {
   kv.num_layers = static_cast<int32_t>(config.num_hidden_layers);
   kv.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
   kv.head_dim = static_cast<int32_t>(config.head_dim);
-  engine::KvCache cache(kv, std::make_unique<engine::HostSlabAllocator>());
-  engine::ModelRunner runner(*model, cache);
+  std::unique_ptr<engine::KvSlabAllocator> allocator;
+  if (backend->hostAccessible()) {
+    allocator = std::make_unique<engine::HostSlabAllocator>();
+  } else {
+    allocator = std::make_unique<engine::BackendSlabAllocator>(*backend);
+  }
+  engine::KvCache cache(kv, std::move(allocator));
+  engine::ModelRunner runner(*model, cache, *backend);
   std::vector<engine::BlockId> block_table(kv.num_blocks);
   std::iota(block_table.begin(), block_table.end(), 0);
 
@@ -172,9 +182,10 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double stream_gbps = bytes_per_token * decode_tps / 1e9;
   const double bandwidth_limit_tps = read_gbps * 1e9 / bytes_per_token;
 
-  std::printf("tandem-bench engine: %s (%s weights, KV %s), %s kernels, %d threads\n",
+  std::printf("tandem-bench engine: %s (%s weights, KV %s), %s kernels, %d threads, on %s\n",
               options.model_dir.c_str(), dtypeShortName(model->weightDType()),
-              options.kv_dtype.c_str(), kernels::isaName().c_str(), kernels::numThreads());
+              options.kv_dtype.c_str(), kernels::isaName().c_str(), kernels::numThreads(),
+              backend->description().c_str());
   std::printf("%-40s %12s\n", "figure", "value");
   std::printf("%-40s %12.2f\n", "memcpy GB/s (1 thread, bytes copied)", memcpy_gbps);
   std::printf("%-40s %12.2f\n", "memory read GB/s (kernel threads)", read_gbps);
@@ -199,6 +210,8 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"kv_dtype", options.kv_dtype},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},
+        {"device", kernels::deviceKindName(backend->kind())},
+        {"device_description", backend->description()},
         {"prompt_tokens", options.prompt_tokens},
         {"decode_tokens", options.decode_tokens},
         {"memcpy_gbps", memcpy_gbps},

@@ -18,7 +18,8 @@ struct EngineBenchOptions {
   int64_t decode_tokens = 128;
   int repeats = 3;
   std::string kv_dtype = "bf16";
-  std::string json_path;  // empty: no JSON file
+  std::string device = "auto";  // cpu, cuda or auto
+  std::string json_path;        // empty: no JSON file
 };
 
 int runEngineBench(const EngineBenchOptions& options);

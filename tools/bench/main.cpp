@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   engine->add_option("--kv-dtype", options.kv_dtype, "KV cache dtype: bf16 or f32")
       ->capture_default_str();
+  engine->add_option("--device", options.device, "compute backend: cpu, cuda or auto")
+      ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
 
   auto* router = app.add_subcommand(

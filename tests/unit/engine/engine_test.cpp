@@ -18,12 +18,19 @@
 #include <thread>
 
 #include "agent/engine/model_runner.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::engine {
 namespace {
+
+// The compute backend the runners here use.
+kernels::Backend& cpuBackend() {
+  static kernels::cpu::CpuBackend backend;
+  return backend;
+}
 
 const std::filesystem::path& modelDir() {
   static ::tandem::testing::TempDir dir("tandem-engine-test");
@@ -51,7 +58,7 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
     KvCacheConfig config = engine_cache.config();
     config.num_blocks = 16;
     source_ = std::make_unique<KvCache>(config, std::make_unique<HostSlabAllocator>());
-    ModelRunner runner(*model_, *source_);
+    ModelRunner runner(*model_, *source_, cpuBackend());
     std::vector<BlockId> blocks(16);
     std::iota(blocks.begin(), blocks.end(), 0);
     SequenceInput input{prompt_, 0, blocks};

@@ -18,6 +18,7 @@
 #include "agent/engine/model.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
@@ -25,6 +26,12 @@
 
 namespace tandem::engine {
 namespace {
+
+// The compute backend the runners here use.
+kernels::Backend& cpuBackend() {
+  static kernels::cpu::CpuBackend backend;
+  return backend;
+}
 
 namespace fs = std::filesystem;
 
@@ -253,13 +260,13 @@ TEST_P(ModelRunnerTest, ChunkedPrefillIsBitIdenticalToOneShot) {
   const auto blocks = iotaBlocks(num_blocks);
 
   KvCache one_shot_cache(cacheConfig(num_blocks), std::make_unique<HostSlabAllocator>());
-  ModelRunner one_shot(model(), one_shot_cache);
+  ModelRunner one_shot(model(), one_shot_cache, cpuBackend());
   const std::vector<float> expected = prefillInChunks(one_shot, prompt, blocks, 0);
   const std::vector<uint8_t> expected_kv = sequenceKvBytes(one_shot_cache, blocks, num_blocks);
 
   for (int64_t chunk : {1, 7, 16}) {
     KvCache cache(cacheConfig(num_blocks), std::make_unique<HostSlabAllocator>());
-    ModelRunner runner(model(), cache);
+    ModelRunner runner(model(), cache, cpuBackend());
     std::vector<float> logits = prefillInChunks(runner, prompt, blocks, chunk);
     EXPECT_TRUE(bitEqual(logits, expected)) << "chunk " << chunk << ": logits differ";
     EXPECT_EQ(sequenceKvBytes(cache, blocks, num_blocks), expected_kv)
@@ -277,7 +284,7 @@ TEST_P(ModelRunnerTest, SequenceIsBitIdenticalAloneAndBatched) {
   // Alone: prefill then greedy decode, recording logits of every step.
   const auto a_alone_blocks = iotaBlocks(4);
   KvCache alone_cache(cacheConfig(4), std::make_unique<HostSlabAllocator>());
-  ModelRunner alone(model(), alone_cache);
+  ModelRunner alone(model(), alone_cache, cpuBackend());
   std::vector<std::vector<float>> alone_logits;
   std::vector<TokenId> a_generated;
   {
@@ -296,7 +303,7 @@ TEST_P(ModelRunnerTest, SequenceIsBitIdenticalAloneAndBatched) {
   // Batched: B, A, C prefilled together (A in the middle, scattered blocks),
   // then decoded together.
   KvCache cache(cacheConfig(16), std::make_unique<HostSlabAllocator>());
-  ModelRunner runner(model(), cache);
+  ModelRunner runner(model(), cache, cpuBackend());
   const std::vector<BlockId> b_blocks = {0, 1};
   const std::vector<BlockId> a_blocks = {9, 3, 12, 2};
   const std::vector<BlockId> c_blocks = {4, 5, 6, 7, 8, 10};
@@ -328,11 +335,11 @@ TEST_P(ModelRunnerTest, PrefillChunkBatchedWithDecodesIsBitIdentical) {
   const std::vector<TokenId> other = randomTokens(20, vocab, 6);
 
   KvCache alone_cache(cacheConfig(3), std::make_unique<HostSlabAllocator>());
-  ModelRunner alone(model(), alone_cache);
+  ModelRunner alone(model(), alone_cache, cpuBackend());
   const std::vector<float> expected = prefillInChunks(alone, a, iotaBlocks(3), 0);
 
   KvCache cache(cacheConfig(8), std::make_unique<HostSlabAllocator>());
-  ModelRunner runner(model(), cache);
+  ModelRunner runner(model(), cache, cpuBackend());
   const std::vector<BlockId> a_blocks = {5, 6, 7};
   const std::vector<BlockId> other_blocks = {0, 1};
   std::vector<float> logits;
@@ -356,7 +363,7 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
   const int64_t vocab = model().config().vocab_size;
   const std::vector<TokenId> prompt = randomTokens(37, vocab, 8);
   KvCache cache(cacheConfig(3), std::make_unique<HostSlabAllocator>());
-  ModelRunner runner(model(), cache);
+  ModelRunner runner(model(), cache, cpuBackend());
   // Chunked on purpose: the reference sees the whole prompt at once.
   const std::vector<float> logits = prefillInChunks(runner, prompt, iotaBlocks(3), 10);
   const std::vector<double> expected = denseLogits(model(), prompt);
@@ -396,7 +403,7 @@ TEST(ModelRunner, RefusesCacheOfAnotherGeometry) {
   config.head_dim *= 2;
   KvCache cache(config, std::make_unique<HostSlabAllocator>());
   try {
-    ModelRunner runner(model, cache);
+    ModelRunner runner(model, cache, cpuBackend());
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();

@@ -13,6 +13,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
@@ -20,6 +21,12 @@
 
 namespace tandem::engine {
 namespace {
+
+// The compute backend the runners here use.
+kernels::Backend& cpuBackend() {
+  static kernels::cpu::CpuBackend backend;
+  return backend;
+}
 
 const Model& tinyModel() {
   static ::tandem::testing::TempDir dir("tandem-scheduler-test");
@@ -55,7 +62,7 @@ struct Harness {
     block_config.model_identity = "scheduler-test";
     blocks = std::make_unique<BlockManager>(block_config);
     scheduler = std::make_unique<Scheduler>(scheduler_config, *blocks);
-    runner = std::make_unique<ModelRunner>(tinyModel(), *cache);
+    runner = std::make_unique<ModelRunner>(tinyModel(), *cache, cpuBackend());
   }
 
   Sequence* add(const std::string& id, std::vector<TokenId> prompt) {

@@ -77,6 +77,7 @@ spec:
     blockSize: 32
     kvCacheMemory: 8Gi
     kvDtype: f32
+    device: cuda
     maxNumSeqs: 128
     maxNumBatchedTokens: 4096
     maxModelLen: 8192
@@ -138,6 +139,7 @@ spec:
   EXPECT_EQ(prefill.engine.block_size, 32);
   EXPECT_EQ(prefill.engine.kv_cache_memory, "8GiB");  // the agent's spelling
   EXPECT_EQ(prefill.engine.kv_dtype, "f32");
+  EXPECT_EQ(prefill.engine.device, "cuda");
   EXPECT_EQ(prefill.engine.max_num_seqs, 128);
   EXPECT_EQ(prefill.engine.max_num_batched_tokens, 4096);
   EXPECT_EQ(prefill.engine.max_model_len, 8192);
@@ -237,6 +239,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "spec.engine.maxNumSeqs must be a positive integer, got \"0\""},
       {documents({decode_spec + "  engine: {kvDtype: fp8}\n"}),
        "spec.engine.kvDtype must be bf16 or f32, got \"fp8\""},
+      {documents({decode_spec + "  engine: {device: gpu}\n"}),
+       "spec.engine.device must be cpu, cuda or auto, got \"gpu\""},
       {documents({decode_spec + "  engine: {kvCacheMemory: lots}\n"}),
        "spec.engine.kvCacheMemory must be a positive size such as 8GiB, 8Gi, 512MiB or "
        "1073741824, got \"lots\""},

@@ -1,0 +1,119 @@
+// A compute backend: the memory the engine's activations, weights and KV slab
+// live in, and the kernels that run on it. The CPU backend (kernels/cpu/)
+// runs the kernels of kernels.h on host memory; the CUDA backend
+// (kernels/cuda/) runs its own on device memory. The engine, scheduler and
+// connectors see only this interface.
+//
+// Exactness, on every backend: each kernel keeps the batch-invariance
+// contract of kernels.h (a row's result depends only on that row's inputs,
+// never on the number of rows, its place in the batch or the launch shape;
+// reductions have one order chosen from the reduced length alone), so a
+// sequence's logits and KV bytes are bit-identical however it was batched or
+// chunked on that backend. Two backends agree to rounding, not to the bit.
+//
+// Pointers passed to kernels are this backend's memory (allocate(), or
+// resident*()); host pointers are named host_*. Kernels are issued in order
+// on one stream; copyToHost() and synchronize() wait for what was issued.
+// A Backend is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace tandem::kernels {
+
+enum class DeviceKind { kCpu, kCuda };
+
+// "cpu" or "cuda".
+const char* deviceKindName(DeviceKind kind);
+
+// One forward batch: rows are the new tokens of every sequence, in order.
+// All pointers are host memory, valid for the duration of beginBatch().
+struct BatchLayout {
+  const int32_t* token_ids = nullptr;  // rows
+  const int32_t* positions = nullptr;  // rows
+  int64_t rows = 0;
+  const AttentionSequence* sequences = nullptr;  // block_table pointers are host memory too
+  int64_t num_sequences = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  // What it computes on, for /health and logs, e.g. "cpu avx512 x2 threads"
+  // or "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)".
+  virtual std::string description() const = 0;
+  // True when this backend's memory is ordinary host memory (pointers from
+  // allocate() may be read and written by the host directly).
+  virtual bool hostAccessible() const = 0;
+
+  // --- Memory ---
+  // Zero-filled, aligned to at least 256 bytes; nullptr when it cannot be had.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* data, size_t bytes) = 0;
+  virtual void copyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for the kernels issued before it.
+  virtual void copyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // Weights in this backend's memory. CPU: the host view itself (no copy).
+  // CUDA: a device copy owned by the backend until it is destroyed; the same
+  // host data asked for twice gives the same copy. Throws tandem::Error when
+  // the memory cannot be had.
+  virtual WeightView residentWeight(const WeightView& host) = 0;
+  virtual const float* residentFloats(const float* host, size_t count) = 0;
+
+  // --- The batch the next kernels refer to (ids, positions, sequences) ---
+  virtual void beginBatch(const BatchLayout& batch) = 0;
+
+  // --- Kernels: contracts as in kernels.h; rows = the batch's rows ---
+  // out[r, :] = table[token_ids[r], :] as fp32.
+  virtual void embedding(const WeightView& table, float* out) = 0;
+  // y[m, n] = x[m, k] · w[n, k]^T; y must not alias x.
+  virtual void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) = 0;
+  virtual void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                       float* y) = 0;
+  // y[r, :] += bias for r in [0, rows); y has row stride `width`.
+  virtual void addBias(float* y, const float* bias, int64_t rows, int64_t width) = 0;
+  // x: batch rows x (num_heads * head_dim), in place, at the batch's positions.
+  virtual void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
+  virtual void siluMul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  virtual void addInPlace(float* y, const float* x, int64_t n) = 0;
+  // The batch's K/V rows of `layer` into the cache (cache.base is this
+  // backend's memory), then attention of q against it.
+  virtual void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k,
+                       const float* v) = 0;
+  virtual void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
+                              int64_t num_heads, float scale, float* out) = 0;
+  // out[s, :] = x[last row of sequence s, :], width floats per row.
+  virtual void gatherLastRows(const float* x, int64_t width, float* out) = 0;
+
+  // --- KV blocks to and from host memory (staging for transfers) ---
+  // host_dst receives blocks[0], blocks[1], ... back to back (block_bytes each).
+  virtual void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
+                          void* host_dst) = 0;
+  virtual void writeBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
+                           const void* host_src) = 0;
+};
+
+// --- Registry (kernels/registry.cpp: the one place that knows CUDA exists) ---
+
+// True when this build has the CUDA backend.
+bool cudaBuilt();
+// CUDA devices visible now; 0 without the CUDA backend or a driver.
+int cudaDeviceCount();
+// Parses --device: "cpu", "cuda" or "auto" (CUDA when a device is present).
+// Throws tandem::Error naming the accepted values, or why "cuda" cannot be had
+// (not built with CUDA; no device).
+DeviceKind resolveDevice(const std::string& flag);
+// Throws tandem::Error when the backend cannot be created.
+std::unique_ptr<Backend> makeBackend(DeviceKind kind);
+
+}  // namespace tandem::kernels

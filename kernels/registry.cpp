@@ -1,0 +1,72 @@
+// The one place that knows which backends this build has. The engine asks
+// for a DeviceKind; only this file names the CUDA backend, and only when the
+// build defines TANDEM_HAVE_CUDA.
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace tandem::kernels {
+
+const char* deviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+bool cudaBuilt() {
+#ifdef TANDEM_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cudaDeviceCount() {
+#ifdef TANDEM_HAVE_CUDA
+  return cuda::deviceCount();
+#else
+  return 0;
+#endif
+}
+
+DeviceKind resolveDevice(const std::string& flag) {
+  if (flag == "cpu") return DeviceKind::kCpu;
+  if (flag == "auto") return cudaDeviceCount() > 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
+  if (flag == "cuda") {
+    if (!cudaBuilt()) {
+      throw Error(
+          "--device cuda: this build has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
+    }
+    if (cudaDeviceCount() <= 0) throw Error("--device cuda: no CUDA device is visible");
+    return DeviceKind::kCuda;
+  }
+  throw Error("--device: expected cpu, cuda or auto, got '" + flag + "'");
+}
+
+std::unique_ptr<Backend> makeBackend(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return std::make_unique<cpu::CpuBackend>();
+    case DeviceKind::kCuda:
+#ifdef TANDEM_HAVE_CUDA
+      return cuda::makeCudaBackend(0);
+#else
+      throw Error(
+          "--device cuda: this build has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
+#endif
+  }
+  throw Error("unknown device kind");
+}
+
+}  // namespace tandem::kernels
