@@ -1,0 +1,407 @@
+// CudaBackend: the Backend of kernels/backend.h on one CUDA device.
+//
+// Everything is issued on one stream in call order. Memory comes from
+// cudaMalloc (256-byte aligned) and is zeroed on the stream before use.
+// Weights are uploaded once per host pointer and kept until destruction.
+// beginBatch() packs the batch (ids, positions, per-row KV slots, last rows,
+// block tables) into one pinned staging buffer and uploads it with a single
+// copy into a device buffer that grows on demand; the staging buffer is only
+// rewritten after the previous upload has completed. The kernels are in
+// elementwise.cu, norm_rope.cu, matmul.cu and attention.cu.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "common/status.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+void throwIfFailed(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return;
+  throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorName(error) + " (" +
+              cudaGetErrorString(error) + ")");
+}
+
+size_t alignUp(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
+    throwIfFailed(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    throwIfFailed(cudaEventCreateWithFlags(&batch_uploaded_, cudaEventDisableTiming),
+                  "cudaEventCreate");
+    cudaDeviceProp props{};
+    throwIfFailed(cudaGetDeviceProperties(&props, device_), "cudaGetDeviceProperties");
+    char text[320];
+    std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB)", props.name, props.major, props.minor,
+                  static_cast<double>(props.totalGlobalMem) / (1024.0 * 1024 * 1024));
+    description_ = text;
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    for (auto& [key, data] : resident_) cudaFree(data);
+    cudaFree(batch_device_);
+    cudaFree(scratch_);
+    cudaFreeHost(staging_);
+    cudaEventDestroy(batch_uploaded_);
+    cudaStreamDestroy(stream_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string description() const override { return description_; }
+  bool hostAccessible() const override { return false; }
+
+  void* allocate(size_t bytes) override {
+    activate();
+    void* data = nullptr;
+    if (cudaMalloc(&data, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+      cudaGetLastError();  // clear the allocation failure; it is reported as nullptr
+      return nullptr;
+    }
+    throwIfFailed(cudaMemsetAsync(data, 0, bytes, stream_), "cudaMemsetAsync");
+    return data;
+  }
+
+  void release(void* data, size_t bytes) override {
+    if (data == nullptr) return;
+    activate();
+    throwIfFailed(cudaFree(data), "cudaFree");
+  }
+
+  void copyFromHost(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    activate();
+    // Synchronous: the host buffer may be reused as soon as this returns.
+    throwIfFailed(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+                  "cudaMemcpyAsync to device");
+    throwIfFailed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  void copyToHost(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    activate();
+    throwIfFailed(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                  "cudaMemcpyAsync to host");
+    throwIfFailed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    activate();
+    throwIfFailed(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+                  "cudaMemcpyAsync on device");
+  }
+
+  void synchronize() override {
+    activate();
+    throwIfFailed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  WeightView residentWeight(const WeightView& host) override {
+    WeightView view = host;
+    view.data =
+        upload(host.data, static_cast<size_t>(host.rows * host.cols) * dtypeSize(host.dtype));
+    return view;
+  }
+
+  const float* residentFloats(const float* host, size_t count) override {
+    return static_cast<const float*>(upload(host, count * sizeof(float)));
+  }
+
+  void beginBatch(const BatchLayout& batch) override;
+
+  void embedding(const WeightView& table, float* out) override {
+    for (int64_t r = 0; r < batch_.rows; ++r) {
+      TANDEM_CHECK(host_token_ids_[r] >= 0 && host_token_ids_[r] < table.rows,
+                   "embedding: id out of range");
+    }
+    activate();
+    launchEmbedding(stream_, table, batch_, out);
+    checkLaunch("embedding");
+  }
+
+  void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) override {
+    activate();
+    launchMatmul(stream_, x, m, k, w, y);
+    checkLaunch("matmul");
+  }
+
+  void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+               float* y) override {
+    activate();
+    launchRmsNorm(stream_, x, weight, rows, dim, eps, y);
+    checkLaunch("rmsNorm");
+  }
+
+  void addBias(float* y, const float* bias, int64_t rows, int64_t width) override {
+    activate();
+    launchAddBias(stream_, y, bias, rows, width);
+    checkLaunch("addBias");
+  }
+
+  void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) override {
+    TANDEM_CHECK(head_dim % 2 == 0, "applyRope: head_dim must be even");
+    activate();
+    launchApplyRope(stream_, batch_, x, num_heads, head_dim, inv_freq);
+    checkLaunch("applyRope");
+  }
+
+  void siluMul(const float* gate, const float* up, float* out, int64_t n) override {
+    activate();
+    launchSiluMul(stream_, gate, up, out, n);
+    checkLaunch("siluMul");
+  }
+
+  void addInPlace(float* y, const float* x, int64_t n) override {
+    activate();
+    launchAddInPlace(stream_, y, x, n);
+    checkLaunch("addInPlace");
+  }
+
+  void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v) override {
+    checkCache(cache, layer);
+    activate();
+    launchWriteKv(stream_, batch_, cache, layer, k, v);
+    checkLaunch("writeKv");
+  }
+
+  void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
+                      float scale, float* out) override {
+    checkCache(cache, layer);
+    activate();
+    const auto floats =
+        static_cast<size_t>(attentionScratchFloats(batch_, num_heads, cache.head_dim));
+    if (floats > scratch_floats_) {
+      // cudaFree waits for the kernels that may still use the old scratch.
+      throwIfFailed(cudaFree(scratch_), "cudaFree");
+      scratch_ = nullptr;
+      scratch_floats_ = 0;
+      throwIfFailed(cudaMalloc(&scratch_, floats * sizeof(float)), "cudaMalloc attention scratch");
+      scratch_floats_ = floats;
+    }
+    launchPagedAttention(stream_, batch_, cache, layer, q, num_heads, scale,
+                         static_cast<float*>(scratch_), out);
+    checkLaunch("pagedAttention");
+  }
+
+  void gatherLastRows(const float* x, int64_t width, float* out) override {
+    activate();
+    launchGatherLastRows(stream_, batch_, x, width, out);
+    checkLaunch("gatherLastRows");
+  }
+
+  void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
+                  void* host_dst) override {
+    activate();
+    const int64_t block_bytes = cache.blockBytes();
+    for (int64_t i = 0; i < count; ++i) {
+      TANDEM_CHECK(host_blocks[i] >= 0 && host_blocks[i] < cache.num_blocks,
+                   "readBlocks: block id out of range");
+      throwIfFailed(
+          cudaMemcpyAsync(
+              static_cast<char*>(host_dst) + i * block_bytes,
+              static_cast<const char*>(cache.base) + int64_t{host_blocks[i]} * block_bytes,
+              static_cast<size_t>(block_bytes), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync KV block to host");
+    }
+    throwIfFailed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  void writeBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
+                   const void* host_src) override {
+    activate();
+    const int64_t block_bytes = cache.blockBytes();
+    for (int64_t i = 0; i < count; ++i) {
+      TANDEM_CHECK(host_blocks[i] >= 0 && host_blocks[i] < cache.num_blocks,
+                   "writeBlocks: block id out of range");
+      throwIfFailed(
+          cudaMemcpyAsync(static_cast<char*>(cache.base) + int64_t{host_blocks[i]} * block_bytes,
+                          static_cast<const char*>(host_src) + i * block_bytes,
+                          static_cast<size_t>(block_bytes), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync KV block to device");
+    }
+    throwIfFailed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  // The CUDA runtime's current device is per host thread, and the backend may
+  // be driven from different threads (one at a time).
+  void activate() { throwIfFailed(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  void checkLaunch(const char* kernel) { throwIfFailed(cudaGetLastError(), kernel); }
+
+  const void* upload(const void* host, size_t bytes) {
+    const auto key = std::make_pair(host, bytes);
+    if (auto it = resident_.find(key); it != resident_.end()) return it->second;
+    activate();
+    void* data = nullptr;
+    throwIfFailed(cudaMalloc(&data, std::max<size_t>(bytes, 1)), "cudaMalloc for weights");
+    resident_.emplace(key, data);
+    copyFromHost(data, host, bytes);
+    return data;
+  }
+
+  // What the CPU backend checks before writeKv/pagedAttention, plus the
+  // block ids of every row, which the device kernels cannot report.
+  void checkCache(const KvCacheLayout& cache, int32_t layer) const {
+    TANDEM_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16,
+                 "KV cache dtype must be f32 or bf16");
+    TANDEM_CHECK(layer >= 0 && layer < cache.num_layers, "KV cache layer out of range");
+    TANDEM_CHECK(cache.block_size > 0, "KV cache block_size must be positive");
+    for (const RowKv& row : host_row_kv_) {
+      if (row.active == 0) continue;
+      const int64_t index = row.position / cache.block_size;
+      TANDEM_CHECK(index < row.num_blocks,
+                   "attention sequence has too few blocks for its positions");
+      const int32_t block = host_block_tables_[static_cast<size_t>(row.table_offset + index)];
+      TANDEM_CHECK(block >= 0 && block < cache.num_blocks, "block id out of range");
+    }
+  }
+
+  int device_;
+  std::string description_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t batch_uploaded_ = nullptr;
+  std::map<std::pair<const void*, size_t>, void*> resident_;
+
+  // The current batch: host copies for checks, device view for kernels.
+  DeviceBatch batch_;
+  std::vector<int32_t> host_token_ids_;
+  std::vector<RowKv> host_row_kv_;
+  std::vector<int32_t> host_block_tables_;
+  char* staging_ = nullptr;  // pinned
+  size_t staging_bytes_ = 0;
+  void* batch_device_ = nullptr;
+  size_t batch_device_bytes_ = 0;
+  void* scratch_ = nullptr;
+  size_t scratch_floats_ = 0;
+};
+
+void CudaBackend::beginBatch(const BatchLayout& batch) {
+  activate();
+  const int64_t rows = batch.rows;
+  const int64_t num_sequences = batch.num_sequences;
+  TANDEM_CHECK(rows >= 0 && num_sequences >= 0, "beginBatch: negative counts");
+  TANDEM_CHECK(rows == 0 || (batch.token_ids != nullptr && batch.positions != nullptr),
+               "beginBatch: token_ids and positions are required for rows");
+  host_token_ids_.assign(batch.token_ids, batch.token_ids + rows);
+  host_row_kv_.assign(static_cast<size_t>(rows), RowKv{});
+  host_block_tables_.clear();
+  std::vector<int64_t> last_rows(static_cast<size_t>(num_sequences), -1);
+  int64_t max_position = 0;
+  for (int64_t s = 0; s < num_sequences; ++s) {
+    const AttentionSequence& seq = batch.sequences[s];
+    TANDEM_CHECK(seq.num_rows >= 0 && seq.first_position >= 0, "attention sequence bounds");
+    TANDEM_CHECK(seq.first_row >= 0 && seq.first_row + seq.num_rows <= rows,
+                 "attention sequence rows outside the batch");
+    const auto table_offset = static_cast<int32_t>(host_block_tables_.size());
+    host_block_tables_.insert(host_block_tables_.end(), seq.block_table,
+                              seq.block_table + seq.num_blocks);
+    if (seq.num_rows == 0) continue;
+    last_rows[s] = seq.first_row + seq.num_rows - 1;
+    for (int64_t r = 0; r < seq.num_rows; ++r) {
+      RowKv& row = host_row_kv_[static_cast<size_t>(seq.first_row + r)];
+      row.position = seq.first_position + r;
+      row.table_offset = table_offset;
+      row.num_blocks = seq.num_blocks;
+      row.active = 1;
+      max_position = std::max(max_position, row.position);
+    }
+  }
+
+  // Packed layout, every section 16-byte aligned.
+  const size_t ids_at = 0;
+  const size_t positions_at = alignUp(ids_at + rows * sizeof(int32_t), 16);
+  const size_t row_kv_at = alignUp(positions_at + rows * sizeof(int32_t), 16);
+  const size_t last_rows_at = alignUp(row_kv_at + rows * sizeof(RowKv), 16);
+  const size_t tables_at = alignUp(last_rows_at + num_sequences * sizeof(int64_t), 16);
+  const size_t total =
+      std::max<size_t>(alignUp(tables_at + host_block_tables_.size() * sizeof(int32_t), 16), 16);
+
+  // The staging buffer may still feed the previous batch's upload.
+  throwIfFailed(cudaEventSynchronize(batch_uploaded_), "cudaEventSynchronize");
+  if (total > staging_bytes_) {
+    throwIfFailed(cudaFreeHost(staging_), "cudaFreeHost");
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    throwIfFailed(cudaMallocHost(&staging_, total * 2), "cudaMallocHost batch staging");
+    staging_bytes_ = total * 2;
+  }
+  if (total > batch_device_bytes_) {
+    // cudaFree waits for kernels that may still read the previous batch.
+    throwIfFailed(cudaFree(batch_device_), "cudaFree");
+    batch_device_ = nullptr;
+    batch_device_bytes_ = 0;
+    throwIfFailed(cudaMalloc(&batch_device_, total * 2), "cudaMalloc batch");
+    batch_device_bytes_ = total * 2;
+  }
+  if (rows > 0) {
+    std::memcpy(staging_ + ids_at, batch.token_ids, rows * sizeof(int32_t));
+    std::memcpy(staging_ + positions_at, batch.positions, rows * sizeof(int32_t));
+    std::memcpy(staging_ + row_kv_at, host_row_kv_.data(), rows * sizeof(RowKv));
+  }
+  if (num_sequences > 0) {
+    std::memcpy(staging_ + last_rows_at, last_rows.data(), num_sequences * sizeof(int64_t));
+  }
+  if (!host_block_tables_.empty()) {
+    std::memcpy(staging_ + tables_at, host_block_tables_.data(),
+                host_block_tables_.size() * sizeof(int32_t));
+  }
+  throwIfFailed(cudaMemcpyAsync(batch_device_, staging_, total, cudaMemcpyHostToDevice, stream_),
+                "cudaMemcpyAsync batch");
+  throwIfFailed(cudaEventRecord(batch_uploaded_, stream_), "cudaEventRecord");
+
+  auto* device = static_cast<char*>(batch_device_);
+  batch_.token_ids = reinterpret_cast<const int32_t*>(device + ids_at);
+  batch_.positions = reinterpret_cast<const int32_t*>(device + positions_at);
+  batch_.row_kv = reinterpret_cast<const RowKv*>(device + row_kv_at);
+  batch_.last_rows = reinterpret_cast<const int64_t*>(device + last_rows_at);
+  batch_.block_tables = reinterpret_cast<const int32_t*>(device + tables_at);
+  batch_.rows = rows;
+  batch_.num_sequences = num_sequences;
+  batch_.max_position = max_position;
+}
+
+}  // namespace
+
+int deviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> makeCudaBackend(int device) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(std::string("no usable CUDA device: cudaGetDeviceCount: ") +
+                cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
+  }
+  if (device < 0 || device >= count) {
+    throw Error("CUDA device " + std::to_string(device) +
+                " does not exist: " + std::to_string(count) +
+                " CUDA device(s) visible, accepted 0.." + std::to_string(count - 1));
+  }
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,105 @@
+// Elementwise kernels of the CUDA backend: embedding, addBias, addInPlace,
+// siluMul, gatherLastRows.
+//
+// Invariance: every output element is a function of the inputs at its own
+// index (and, for embedding/gather, the row it copies), computed by one
+// thread with no reduction, so neither the number of rows nor the launch
+// shape can change a bit of it. Products use __fmul_rn/__fdiv_rn/__fadd_rn,
+// which the compiler never contracts into an fma, so the arithmetic is the
+// CPU's (kernels/cpu/, built with -ffp-contract=off) up to expf's rounding.
+#include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/launch.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned int gridFor(int64_t n) { return static_cast<unsigned int>(ceilDiv(n, kThreads)); }
+
+// One block per row; threads stride over the columns.
+template <typename Elements>
+__global__ void embeddingKernel(const typename Elements::Storage* table, int64_t cols,
+                                const int32_t* ids, float* out) {
+  const int64_t row = blockIdx.x;
+  const typename Elements::Storage* src = table + static_cast<int64_t>(ids[row]) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    out[row * cols + c] = Elements::load(src, c);
+  }
+}
+
+__global__ void addBiasKernel(float* y, const float* bias, int64_t rows, int64_t width) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  y[i] = __fadd_rn(y[i], bias[i % width]);
+}
+
+__global__ void addInPlaceKernel(float* y, const float* x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  y[i] = __fadd_rn(y[i], x[i]);
+}
+
+// out = g / (1 + e^-g) * up, in the CPU's order of operations.
+__global__ void siluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i];
+  out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+}
+
+// One block per sequence; a sequence without rows gets zeros.
+__global__ void gatherLastRowsKernel(const int64_t* last_rows, const float* x, int64_t width,
+                                     float* out) {
+  const int64_t s = blockIdx.x;
+  const int64_t row = last_rows[s];
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    out[s * width + c] = row < 0 ? 0.0f : x[row * width + c];
+  }
+}
+
+}  // namespace
+
+void launchEmbedding(cudaStream_t stream, const WeightView& table, const DeviceBatch& batch,
+                     float* out) {
+  if (batch.rows <= 0 || table.cols <= 0) return;
+  const auto grid = static_cast<unsigned int>(batch.rows);
+  switch (table.dtype) {
+    case DType::kF32:
+      embeddingKernel<F32Elements><<<grid, kThreads, 0, stream>>>(
+          static_cast<const float*>(table.data), table.cols, batch.token_ids, out);
+      return;
+    case DType::kBF16:
+      embeddingKernel<Bf16Elements><<<grid, kThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(table.data), table.cols, batch.token_ids, out);
+      return;
+    case DType::kF16:
+      embeddingKernel<F16Elements><<<grid, kThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(table.data), table.cols, batch.token_ids, out);
+      return;
+  }
+}
+
+void launchAddBias(cudaStream_t stream, float* y, const float* bias, int64_t rows, int64_t width) {
+  if (rows <= 0 || width <= 0) return;
+  addBiasKernel<<<gridFor(rows * width), kThreads, 0, stream>>>(y, bias, rows, width);
+}
+
+void launchAddInPlace(cudaStream_t stream, float* y, const float* x, int64_t n) {
+  if (n <= 0) return;
+  addInPlaceKernel<<<gridFor(n), kThreads, 0, stream>>>(y, x, n);
+}
+
+void launchSiluMul(cudaStream_t stream, const float* gate, const float* up, float* out, int64_t n) {
+  if (n <= 0) return;
+  siluMulKernel<<<gridFor(n), kThreads, 0, stream>>>(gate, up, out, n);
+}
+
+void launchGatherLastRows(cudaStream_t stream, const DeviceBatch& batch, const float* x,
+                          int64_t width, float* out) {
+  if (batch.num_sequences <= 0 || width <= 0) return;
+  gatherLastRowsKernel<<<static_cast<unsigned int>(batch.num_sequences), kThreads, 0, stream>>>(
+      batch.last_rows, x, width, out);
+}
+
+}  // namespace tandem::kernels::cuda

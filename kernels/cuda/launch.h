@@ -1,0 +1,71 @@
+// Launchers of the CUDA backend's kernels (one .cu file per concept) and the
+// device-side view of a batch they share. Internal to kernels/cuda/: every
+// launcher issues its kernels on `stream` and returns without waiting; all
+// pointers are device memory unless named host_*.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+
+namespace tandem::kernels::cuda {
+
+// Where one row's token goes in the KV cache: its position and its
+// sequence's block table. active == 0 marks a row outside every sequence.
+struct RowKv {
+  int64_t position = 0;
+  int32_t table_offset = 0;  // index of the sequence's block table in block_tables
+  int32_t num_blocks = 0;
+  int32_t active = 0;
+  int32_t padding = 0;
+};
+
+// The batch of beginBatch() in device memory.
+struct DeviceBatch {
+  const int32_t* token_ids = nullptr;  // rows
+  const int32_t* positions = nullptr;  // rows (for RoPE)
+  const RowKv* row_kv = nullptr;       // rows
+  const int64_t* last_rows = nullptr;  // num_sequences; -1 for a sequence without rows
+  const int32_t* block_tables = nullptr;
+  int64_t rows = 0;
+  int64_t num_sequences = 0;
+  int64_t max_position = 0;  // largest RowKv::position of any row
+};
+
+// Positions one attention work item covers. A fixed size, never derived from
+// the batch, so a query's partial sums have the same bounds however it is
+// batched or chunked.
+constexpr int64_t kAttentionSplit = 256;
+constexpr int kMaxHeadDim = 256;
+
+// elementwise.cu
+void launchEmbedding(cudaStream_t stream, const WeightView& table, const DeviceBatch& batch,
+                     float* out);
+void launchAddBias(cudaStream_t stream, float* y, const float* bias, int64_t rows, int64_t width);
+void launchAddInPlace(cudaStream_t stream, float* y, const float* x, int64_t n);
+void launchSiluMul(cudaStream_t stream, const float* gate, const float* up, float* out, int64_t n);
+void launchGatherLastRows(cudaStream_t stream, const DeviceBatch& batch, const float* x,
+                          int64_t width, float* out);
+
+// norm_rope.cu
+void launchRmsNorm(cudaStream_t stream, const float* x, const float* weight, int64_t rows,
+                   int64_t dim, float eps, float* y);
+void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
+                     int64_t head_dim, const float* inv_freq);
+
+// matmul.cu
+void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, const WeightView& w,
+                  float* y);
+
+// attention.cu
+void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
+                   int32_t layer, const float* k, const float* v);
+// Floats of scratch pagedAttention needs for this batch.
+int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int64_t head_dim);
+void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
+                          int32_t layer, const float* q, int64_t num_heads, float scale,
+                          float* scratch, float* out);
+
+}  // namespace tandem::kernels::cuda

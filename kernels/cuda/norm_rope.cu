@@ -1,0 +1,97 @@
+// rmsNorm and applyRope of the CUDA backend.
+//
+// rmsNorm invariance: one thread block owns one whole row (a row is never
+// split across blocks). Thread t sums the squares of elements t, t + 256,
+// t + 512, ... in that order, then the 256 partial sums meet in a fixed
+// binary tree (stride 128, 64, ..., 1). Block size and tree are constants, so
+// the reduction order depends on dim alone — not on the number of rows or
+// where the row sits in the batch.
+//
+// applyRope invariance: each element pair of a row is rotated by one thread
+// from that row's position and inv_freq only. The angle is position *
+// inv_freq[i] in fp32 and its cos/sin are evaluated in double and rounded to
+// fp32, as kernels/cpu/dispatch.cpp does; the rotation uses unfused multiplies
+// and adds, like the CPU's -ffp-contract=off build.
+#include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/launch.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+
+__global__ void __launch_bounds__(kNormThreads)
+    rmsNormKernel(const float* x, const float* weight, int64_t dim, float eps, float* y) {
+  __shared__ float partial[kNormThreads];
+  const int64_t row = blockIdx.x;
+  const float* in = x + row * dim;
+  float sum = 0.0f;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) {
+    sum = __fadd_rn(sum, __fmul_rn(in[d], in[d]));
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      partial[threadIdx.x] = __fadd_rn(partial[threadIdx.x], partial[threadIdx.x + stride]);
+    }
+    __syncthreads();
+  }
+  const float mean = __fdiv_rn(partial[0], static_cast<float>(dim));
+  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+  // y may alias x: each element is read before it is written by its own thread.
+  float* out = y + row * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) {
+    out[d] = __fmul_rn(__fmul_rn(in[d], inv), weight[d]);
+  }
+}
+
+constexpr int kRopeThreads = 256;
+
+// One block per row: the row's cos/sin table (half entries) first, then
+// every head's pairs.
+__global__ void __launch_bounds__(kRopeThreads)
+    ropeKernel(float* x, const int32_t* positions, int64_t num_heads, int64_t head_dim,
+               const float* inv_freq) {
+  extern __shared__ float table[];  // cos[half], then sin[half]
+  const int64_t half = head_dim / 2;
+  const int64_t row = blockIdx.x;
+  const float position = static_cast<float>(positions[row]);
+  for (int64_t i = threadIdx.x; i < half; i += kRopeThreads) {
+    const float angle = __fmul_rn(position, inv_freq[i]);
+    table[i] = static_cast<float>(cos(static_cast<double>(angle)));
+    table[half + i] = static_cast<float>(sin(static_cast<double>(angle)));
+  }
+  __syncthreads();
+  float* base = x + row * num_heads * head_dim;
+  for (int64_t p = threadIdx.x; p < num_heads * half; p += kRopeThreads) {
+    const int64_t h = p / half;
+    const int64_t i = p % half;
+    float* head = base + h * head_dim;
+    const float first = head[i];
+    const float second = head[i + half];
+    const float c = table[i];
+    const float s = table[half + i];
+    head[i] = __fsub_rn(__fmul_rn(first, c), __fmul_rn(second, s));
+    head[i + half] = __fadd_rn(__fmul_rn(second, c), __fmul_rn(first, s));
+  }
+}
+
+}  // namespace
+
+void launchRmsNorm(cudaStream_t stream, const float* x, const float* weight, int64_t rows,
+                   int64_t dim, float eps, float* y) {
+  if (rows <= 0 || dim <= 0) return;
+  rmsNormKernel<<<static_cast<unsigned int>(rows), kNormThreads, 0, stream>>>(x, weight, dim, eps,
+                                                                              y);
+}
+
+void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
+                     int64_t head_dim, const float* inv_freq) {
+  if (batch.rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
+  const size_t shared = static_cast<size_t>(head_dim) * sizeof(float);
+  ropeKernel<<<static_cast<unsigned int>(batch.rows), kRopeThreads, shared, stream>>>(
+      x, batch.positions, num_heads, head_dim, inv_freq);
+}
+
+}  // namespace tandem::kernels::cuda
