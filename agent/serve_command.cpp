@@ -13,6 +13,7 @@
 #include "agent/engine/engine.h"
 #include "agent/kv/connector.h"
 #include "agent/kv/fault_injection.h"
+#include "agent/kv/ucx/kv_buffer.h"
 #include "agent/kv/ucx/ucx_connector.h"
 #include "agent/server/http_server.h"
 #include "agent/transport/ucx_allocator.h"
@@ -37,6 +38,36 @@ int waitForSignal() {
   int signal_number = 0;
   sigwait(&set, &signal_number);
   return signal_number;
+}
+
+// Resolves every ucx connector's kv_buffer ("auto" included) to "slab" or
+// "staging" in place, so the connectors obey the choice made here; throws
+// naming the field when one cannot work. True when some connector uses the
+// slab path (the slab must then be UCX memory).
+bool resolveKvBuffers(kv::KvTransferConfig& config, bool slab_host_accessible,
+                      bool ucx_supports_cuda) {
+  bool slab = false;
+  for (kv::KvTransferConfig& member : config.members) {
+    slab = resolveKvBuffers(member, slab_host_accessible, ucx_supports_cuda) || slab;
+  }
+  if (config.connector != "ucx") return slab;
+  auto options = kv::parseKvBufferOptions(config.extra);
+  if (!options.isOk()) throw Error(options.status().message());
+  auto path = kv::chooseKvBuffer(*options, slab_host_accessible, ucx_supports_cuda);
+  if (!path.isOk()) throw Error(path.status().message());
+  if (*path == kv::KvBufferPath::kSlab && !slab_host_accessible) {
+    // Registering device memory in place is not implemented: a UCX with
+    // CUDA support still moves a device slab through staging.
+    if (options->requested == "slab") {
+      throw Error(
+          "kv_connector_extra_config.kv_buffer \"slab\" with a device KV slab is not supported "
+          "by this agent yet; use \"staging\" or \"auto\"");
+    }
+    path = kv::KvBufferPath::kStaging;
+  }
+  if (!config.extra.is_object()) config.extra = nlohmann::json::object();
+  config.extra["kv_buffer"] = kv::kvBufferPathName(*path);
+  return *path == kv::KvBufferPath::kSlab || slab;
 }
 
 }  // namespace
@@ -117,16 +148,26 @@ int runServe(CLI::App& command, ServeOptions& o) {
                   " lets any peer read its KV blocks: set a shared secret "
                   "(kv_connector_extra_config.secret or TANDEM_KV_SECRET), or pass --insecure-kv");
     }
+    // The KV buffer (kv_buffer.h): ask UCX which memory it can move, then
+    // register the slab itself or only a host staging area.
+    std::shared_ptr<transport::UcxContext> ucx_context;
+    bool slab_in_ucx = false;
+    if (kv::needsUcxSlab(*transfer)) {
+      ucx_context = transport::UcxContext::create();
+      const bool slab_host_accessible = config.device == kernels::DeviceKind::kCpu;
+      slab_in_ucx =
+          resolveKvBuffers(*transfer, slab_host_accessible, ucx_context->supportsCudaMemory());
+    }
     config.connector_factory = [transfer = *transfer, faults = o.enable_fault_injection](
                                    engine::KvCache& cache, const std::string& model_identity) {
       return kv::withFaultInjection(kv::makeConnector(transfer, cache, model_identity), faults,
                                     cache.blockSize());
     };
-    if (kv::needsUcxSlab(*transfer)) {
+    if (slab_in_ucx) {
       // One UCX context per agent; the KV slab is memory UCX allocated, so
-      // peers read it one-sidedly.
-      slab_allocator =
-          std::make_unique<transport::UcxSlabAllocator>(transport::UcxContext::create());
+      // peers read it one-sidedly. On the staging path the slab is the
+      // backend's and the connector registers only its staging area.
+      slab_allocator = std::make_unique<transport::UcxSlabAllocator>(ucx_context);
     }
   }
 

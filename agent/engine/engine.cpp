@@ -159,6 +159,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     }
   }
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
+  cache_->attachBackend(backend_.get());
   model_identity_ = modelIdentityOf(*model_);
   BlockManagerConfig block_config;
   block_config.num_blocks = kv.num_blocks;
@@ -270,6 +271,10 @@ Status Engine::advertiseKvAddress(const std::string& listen_host, int port) {
 StatusOr<nlohmann::json> Engine::kvHandshake(const nlohmann::json& request) const {
   if (!connector_) return notFound("this agent has no KV connector");
   return connector_->handshake(request);
+}
+
+nlohmann::json Engine::kvConnectorInfo() const {
+  return connector_ ? connector_->info() : nlohmann::json();
 }
 
 StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::string cache_salt) {

@@ -141,6 +141,9 @@ class Engine {
   // connector from any thread: NotFound without a connector or when it serves
   // none; its InvalidArgument / PermissionDenied for a refused request.
   StatusOr<nlohmann::json> kvHandshake(const nlohmann::json& request) const;
+  // The KV connector's info() for /health (null without a connector). Any
+  // thread.
+  nlohmann::json kvConnectorInfo() const;
   // Pull-back (decode → prefill): pins the longest cached run of `tokens`'
   // leading full blocks for a remote reader and returns the connector's
   // descriptor of them (as a finished request's kv_transfer_params), held

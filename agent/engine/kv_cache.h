@@ -91,6 +91,14 @@ class KvCache {
   // The geometry the attention kernels read and write.
   kernels::KvCacheLayout layout();
   const KvSlabAllocator& allocator() const { return *allocator_; }
+  // The compute backend whose memory the slab is (attached by the engine;
+  // null for a cache used without one, whose slab is then host memory).
+  // Connectors that move blocks through host memory use its
+  // readBlocks/writeBlocks, on the engine thread only.
+  void attachBackend(kernels::Backend* backend) { backend_ = backend; }
+  kernels::Backend* backend() const { return backend_; }
+  // Whether the host may read and write the slab's bytes directly.
+  bool hostAccessible() const { return backend_ == nullptr || backend_->hostAccessible(); }
 
  private:
   KvCacheConfig config_;
@@ -98,6 +106,7 @@ class KvCache {
   size_t block_bytes_ = 0;
   size_t slab_bytes_ = 0;
   uint8_t* slab_ = nullptr;
+  kernels::Backend* backend_ = nullptr;
 };
 
 }  // namespace tandem::engine

@@ -193,6 +193,10 @@ class KvConnector {
   virtual StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const {
     return notFound("this agent's KV connector serves no KV handshake");
   }
+  // What /health reports about this connector's buffers (e.g. the ucx
+  // connector's KV buffer path and staging slots in use); null when nothing.
+  // Any thread.
+  virtual nlohmann::json info() const { return nullptr; }
 
  protected:
   mutable FailureCounts failures_;  // counted from const checks too

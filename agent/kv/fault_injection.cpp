@@ -91,6 +91,7 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
   KvConnectorScheduler& scheduler() override { return *this; }
   KvConnectorWorker& worker() override { return *this; }
   const KvTransferConfig& config() const override { return inner_->config(); }
+  nlohmann::json info() const override { return inner_->info(); }
   std::map<std::string, int64_t> failureCounts() const override {
     auto counts = inner_->failureCounts();
     for (const auto& [reason, count] : failures_.snapshot()) counts[reason] += count;

@@ -170,6 +170,7 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits_.vocab_size = engine_.model().config().vocab_size;
   metrics_.setDevice(kernels::deviceKindName(engine_.backend().kind()),
                      engine_.backend().description());
+  metrics_.setKvBuffer(engine_.kvConnectorInfo());
   routes();
 }
 
@@ -343,14 +344,18 @@ void HttpServer::routes() {
       res.set_content(R"({"status":"shutting_down"})", "application/json");
       return;
     }
-    res.set_content(json{{"status", "ok"},
-                         {"device", kernels::deviceKindName(engine_.backend().kind())},
-                         {"device_description", engine_.backend().description()}}
-                        .dump(),
-                    "application/json");
+    json health = {{"status", "ok"},
+                   {"device", kernels::deviceKindName(engine_.backend().kind())},
+                   {"device_description", engine_.backend().description()}};
+    // The ucx connector's KV buffer ("kv_buffer": "slab"|"staging", UCX's
+    // memory types, staging slots) at the top level.
+    json kv = engine_.kvConnectorInfo();
+    if (kv.is_object()) health.update(kv);
+    res.set_content(health.dump(), "application/json");
   });
 
   http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
+    metrics_.setKvBuffer(engine_.kvConnectorInfo());
     res.set_content(metrics_.render(engine_.stats(), engine_.takeTransferDurations()),
                     "text/plain; version=0.0.4");
   });

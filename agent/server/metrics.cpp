@@ -35,9 +35,10 @@ const Histogram::BucketBoundaries kTransferBuckets = {
 // tandem_kv_transfer_failures_total's reasons (docs/kv-transfer.md, "Failure
 // reasons"; `evicted` from the offload tier).
 constexpr const char* kKvTransferFailureReasons[] = {
-    "bad_params",     "incompatible", "auth",    "unreachable", "bad_handshake",
-    "peer_restarted", "read_error",   "timeout", "injected",    "injected_handshake",
-    "missing",        "truncated",    "format",  "checksum",    "evicted"};
+    "bad_params",    "incompatible",       "auth",       "unreachable",
+    "bad_handshake", "peer_restarted",     "read_error", "timeout",
+    "injected",      "injected_handshake", "missing",    "truncated",
+    "format",        "checksum",           "evicted",    "staging_full"};
 
 double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point to) {
   if (from == engine::Clock::time_point{} || to == engine::Clock::time_point{} || to < from) {
@@ -56,6 +57,40 @@ void AgentMetrics::setDevice(const std::string& device, const std::string& descr
       .Register(*registry_)
       .Add({{"model", model_}, {"role", role_}, {"device", device}, {"description", description}})
       .Set(1);
+}
+
+void AgentMetrics::setKvBuffer(const nlohmann::json& info) {
+  if (!info.is_object() || !info.contains("kv_buffer") || !info["kv_buffer"].is_string()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (kv_buffer_info_ == nullptr) {
+    kv_buffer_info_ = &BuildGauge()
+                           .Name("tandem_kv_buffer_info")
+                           .Help(
+                               "Where the ucx connector's KV bytes move from: the KV slab "
+                               "itself or a host staging area (always 1).")
+                           .Register(*registry_)
+                           .Add({{"model", model_},
+                                 {"role", role_},
+                                 {"path", info["kv_buffer"].get<std::string>()}});
+    kv_buffer_info_->Set(1);
+  }
+  if (info.contains("staging_blocks")) {
+    const prometheus::Labels labels = {{"model", model_}, {"role", role_}};
+    if (kv_staging_blocks_ == nullptr) {
+      kv_staging_blocks_ = &BuildGauge()
+                                .Name("tandem_kv_staging_blocks")
+                                .Help("Block slots of the ucx connector's host staging area.")
+                                .Register(*registry_)
+                                .Add(labels);
+      kv_staging_used_ = &BuildGauge()
+                              .Name("tandem_kv_staging_blocks_used")
+                              .Help("Staging slots holding blocks for a transfer now.")
+                              .Register(*registry_)
+                              .Add(labels);
+    }
+    kv_staging_blocks_->Set(info.value("staging_blocks", 0.0));
+    kv_staging_used_->Set(info.value("staging_blocks_used", 0.0));
+  }
 }
 
 AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)

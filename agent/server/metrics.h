@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,10 @@ class AgentMetrics {
   // tandem_device_info{device, description} 1: the compute backend (device
   // "cpu" or "cuda"; description as Backend::description()).
   void setDevice(const std::string& device, const std::string& description);
+  // tandem_kv_buffer_info{path} 1 (path "slab" or "staging", the ucx
+  // connector's KV buffer) and tandem_kv_staging_blocks / _used on the
+  // staging path; `info` as UcxConnector::info() (null: nothing is set).
+  void setKvBuffer(const nlohmann::json& info);
 
   // Brings engine-kept figures up to date and renders the text format.
   // transfer_durations: KV loads finished since the last render.
@@ -53,6 +58,9 @@ class AgentMetrics {
   std::string model_;
   std::string role_;
   std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge* kv_buffer_info_ = nullptr;
+  prometheus::Gauge* kv_staging_blocks_ = nullptr;
+  prometheus::Gauge* kv_staging_used_ = nullptr;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;
   prometheus::Histogram* e2e_;

@@ -198,6 +198,17 @@ UcxContext::UcxContext(const UcxContextOptions& options) : options_(options) {
                   ucxError(status));
     }
 
+    ucp_context_attr_t context_attr{};
+    context_attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    status = ucp_context_query(context_, &context_attr);
+    if (status != UCS_OK) throw Error("cannot query the UCX context: " + ucxError(status));
+    for (int type = UCS_MEMORY_TYPE_HOST; type < UCS_MEMORY_TYPE_LAST; ++type) {
+      if ((context_attr.memory_types & UCS_BIT(type)) != 0) {
+        memory_types_.emplace_back(ucs_memory_type_names[type]);
+      }
+    }
+    supports_cuda_ = (context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+
     ucp_worker_params_t worker_params{};
     worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     worker_params.thread_mode = UCS_THREAD_MODE_MULTI;

@@ -158,6 +158,13 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   // Notifications received so far (for metrics and tests).
   uint64_t messagesReceived() const { return messages_received_.load(); }
 
+  // The memory types this UCX can register and move (ucp_context_query's
+  // UCP_ATTR_FIELD_MEMORY_TYPES), by UCX's names: "host", "cuda", ... A UCX
+  // built without CUDA support answers without "cuda"; such a context cannot
+  // read into or serve device memory. Fixed at create(); any thread.
+  const std::vector<std::string>& memoryTypes() const { return memory_types_; }
+  bool supportsCudaMemory() const { return supports_cuda_; }
+
  private:
   friend class UcxPeer;
   friend class UcxSlabAllocator;
@@ -186,6 +193,8 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   ucp_worker* worker_ = nullptr;
   int event_fd_ = -1;
   std::string worker_address_;
+  std::vector<std::string> memory_types_;
+  bool supports_cuda_ = false;
 
   std::thread progress_thread_;
   std::atomic<std::thread::id> progress_thread_id_;

@@ -65,31 +65,6 @@ TEST_P(KvUcx, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
   }));
 }
 
-// ucx for the hand-off plus a storage member that writes every computed or
-// loaded full block to `dir` (a window on the agent's KV bytes).
-std::string ucxWithBlockFiles(const std::string& role, const fs::path& dir) {
-  return json{{"kv_connector", "multi"},
-              {"kv_role", "kv_both"},
-              {"kv_connector_extra_config",
-               {{"connectors",
-                 {{{"kv_connector", "ucx"}, {"kv_role", role}},
-                  {{"kv_connector", "storage"},
-                   {"kv_role", "kv_producer"},
-                   {"kv_connector_extra_config", {{"shared_storage_path", dir.string()}}}}}}}}}
-      .dump();
-}
-
-// Block files (relative path → bytes) under a storage directory.
-std::map<std::string, std::string> blockFiles(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".kvblock") {
-      files[fs::relative(entry.path(), dir).string()] = readFile(entry.path());
-    }
-  }
-  return files;
-}
-
 TEST_P(KvUcx, DecodeKvBytesEqualThePrefillAgentsAndAColocatedAgents) {
   TempDir prefill_dir("tandem-kv-bytes-p"), decode_dir("tandem-kv-bytes-d"),
       colocated_dir("tandem-kv-bytes-c");

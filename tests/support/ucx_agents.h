@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "tests/support/agent_server.h"
+#include "tests/support/test_files.h"
 
 namespace tandem::testing {
 
@@ -19,6 +22,34 @@ inline std::string ucxConfig(const std::string& role, json extra = json::object(
   if (!extra.contains("abort_timeout_s")) extra["abort_timeout_s"] = 120;
   return json{{"kv_connector", "ucx"}, {"kv_role", role}, {"kv_connector_extra_config", extra}}
       .dump();
+}
+
+// ucx for the hand-off (with `ucx_extra` as its kv_connector_extra_config)
+// plus a storage member that writes every computed or loaded full block to
+// `dir`: a window on the agent's KV bytes.
+inline std::string ucxWithBlockFiles(const std::string& role, const std::filesystem::path& dir,
+                                     json ucx_extra = json::object()) {
+  return json{
+      {"kv_connector", "multi"},
+      {"kv_role", "kv_both"},
+      {"kv_connector_extra_config",
+       {{"connectors",
+         {{{"kv_connector", "ucx"}, {"kv_role", role}, {"kv_connector_extra_config", ucx_extra}},
+          {{"kv_connector", "storage"},
+           {"kv_role", "kv_producer"},
+           {"kv_connector_extra_config", {{"shared_storage_path", dir.string()}}}}}}}}}
+      .dump();
+}
+
+// Block files (relative path → bytes) under a storage directory.
+inline std::map<std::string, std::string> blockFiles(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".kvblock") {
+      files[std::filesystem::relative(entry.path(), dir).string()] = readFile(entry.path());
+    }
+  }
+  return files;
 }
 
 // The prefill half: one token computed, the KV held; the descriptor.

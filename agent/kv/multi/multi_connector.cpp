@@ -89,6 +89,14 @@ StatusOr<nlohmann::json> MultiConnector::handshake(const nlohmann::json& request
   return notFound("no member of this multi connector serves a KV handshake");
 }
 
+nlohmann::json MultiConnector::info() const {
+  for (const auto& member : members_) {
+    nlohmann::json answer = member->info();
+    if (!answer.is_null()) return answer;
+  }
+  return nullptr;
+}
+
 LookupResult MultiConnector::lookup(const ConnectorRequest& request, int64_t num_local_tokens) {
   const std::string id(request.request_id);
   winners_.erase(id);

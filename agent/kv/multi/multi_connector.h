@@ -59,6 +59,8 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   // answers it.
   Status advertiseAddress(const std::string& listen_host, int port) override;
   StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override;
+  // The first member's that reports anything.
+  nlohmann::json info() const override;
 
   Status validate(const nlohmann::json& kv_transfer_params,
                   int64_t num_prompt_tokens) const override;

@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <thread>
@@ -141,10 +142,8 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
                            const std::string& model_identity)
     : config_(config), cache_(cache) {
   const auto* allocator = dynamic_cast<const transport::UcxSlabAllocator*>(&cache.allocator());
-  if (allocator == nullptr) {
-    throw Error("ucx connector: the KV cache must be allocated by UCX (got the " +
-                cache.allocator().name() + " allocator)");
-  }
+  auto buffer_options = parseKvBufferOptions(config.extra);
+  if (!buffer_options.isOk()) throw Error(buffer_options.status().message());
   if (auto it = config.extra.find("secret");
       it != config.extra.end() && (!it->is_string() || it->get<std::string>().empty())) {
     throw Error("kv_connector_extra_config.secret must be a non-empty string");
@@ -190,15 +189,53 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
   if (!faults.isOk()) throw Error(faults.status().message());
   faults_ = *faults;
 
-  context_ = allocator->context();
+  context_ = allocator != nullptr ? allocator->context() : transport::UcxContext::create();
+  ucx_memory_types_ = context_->memoryTypes();
+  auto path =
+      chooseKvBuffer(*buffer_options, cache.hostAccessible(), context_->supportsCudaMemory());
+  if (!path.isOk()) throw Error(path.status().message());
+  buffer_path_ = *path;
+  if (buffer_path_ == KvBufferPath::kSlab && allocator == nullptr) {
+    if (buffer_options->requested != "auto") {
+      throw Error(
+          "kv_connector_extra_config.kv_buffer \"slab\" needs the KV cache allocated by UCX "
+          "(got the " +
+          cache.allocator().name() + " allocator); use \"staging\" or \"auto\"");
+    }
+    buffer_path_ = KvBufferPath::kStaging;
+  }
   const auto& kv = cache.config();
   compatibility_ =
       "model=" + model_identity + ";kv_dtype=" + dtypeShortName(kv.dtype) +
       ";block_size=" + std::to_string(kv.block_size) + ";layers=" + std::to_string(kv.num_layers) +
       ";kv_heads=" + std::to_string(kv.num_kv_heads) + ";head_dim=" + std::to_string(kv.head_dim) +
       ";protocol=" + std::to_string(kProtocolVersion);
-  auto local = allocator->localSlab(cache.blockBytes());
-  auto remote = allocator->remoteSlab(cache.blockBytes());
+  const transport::UcxSlabAllocator* registered = allocator;
+  if (buffer_path_ == KvBufferPath::kStaging) {
+    staging_capacity_ = buffer_options->staging_blocks;
+    staging_allocator_ = std::make_unique<transport::UcxSlabAllocator>(context_);
+    staging_base_ = static_cast<uint8_t*>(
+        staging_allocator_->allocate(static_cast<size_t>(staging_capacity_) * cache.blockBytes()));
+    if (staging_base_ == nullptr) {
+      throw Error("ucx connector: UCX cannot allocate a staging area of " +
+                  std::to_string(staging_capacity_) + " blocks of " +
+                  std::to_string(cache.blockBytes()) +
+                  " bytes (kv_connector_extra_config.staging_blocks)");
+    }
+    free_slots_.reserve(static_cast<size_t>(staging_capacity_));
+    // Taken from the back: lowest ids first.
+    for (int64_t slot = staging_capacity_ - 1; slot >= 0; --slot) {
+      free_slots_.push_back(static_cast<BlockId>(slot));
+    }
+    registered = staging_allocator_.get();
+  }
+  TANDEM_LOG(kInfo) << "ucx connector: KV buffer " << kvBufferPathName(buffer_path_)
+                    << (buffer_path_ == KvBufferPath::kStaging
+                            ? " (" + std::to_string(staging_capacity_) + " host block slots)"
+                            : std::string())
+                    << "; UCX memory types: " << json(ucx_memory_types_).dump();
+  auto local = registered->localSlab(cache.blockBytes());
+  auto remote = registered->remoteSlab(cache.blockBytes());
   if (!local.isOk() || !remote.isOk()) {
     throw Error("ucx connector: " +
                 (local.isOk() ? remote.status().message() : local.status().message()));
@@ -220,6 +257,73 @@ UcxConnector::~UcxConnector() {
   jobs_ready_.notify_all();
   loader_.join();  // finishes the reads already queued (each bounded by read_timeout_s)
   context_->setMessageHandler(nullptr);
+  if (staging_allocator_ != nullptr) {
+    staging_allocator_->release(staging_base_, staging_allocator_->bytes());
+  }
+}
+
+json UcxConnector::info() const {
+  json out = {{"kv_buffer", kvBufferPathName(buffer_path_)},
+              {"ucx_memory_types", ucx_memory_types_}};
+  if (buffer_path_ == KvBufferPath::kStaging) {
+    std::lock_guard<std::mutex> lock(staging_mutex_);
+    out["staging_blocks"] = staging_capacity_;
+    out["staging_blocks_used"] = staging_capacity_ - static_cast<int64_t>(free_slots_.size());
+  }
+  return out;
+}
+
+std::vector<BlockId> UcxConnector::takeSlots(int64_t n) {
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  if (n <= 0 || static_cast<int64_t>(free_slots_.size()) < n) return {};
+  std::vector<BlockId> slots(free_slots_.end() - n, free_slots_.end());
+  free_slots_.resize(free_slots_.size() - static_cast<size_t>(n));
+  return slots;
+}
+
+void UcxConnector::freeSlots(const std::vector<BlockId>& slots) {
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  free_slots_.insert(free_slots_.end(), slots.rbegin(), slots.rend());
+}
+
+void UcxConnector::freeStagedHold(const std::string& transfer_id) const {
+  if (buffer_path_ != KvBufferPath::kStaging) return;
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  auto it = staged_holds_.find(transfer_id);
+  if (it == staged_holds_.end()) return;
+  free_slots_.insert(free_slots_.end(), it->second.slots.rbegin(), it->second.slots.rend());
+  staged_holds_.erase(it);
+}
+
+void UcxConnector::freeExpiredHolds() {
+  if (buffer_path_ != KvBufferPath::kStaging) return;
+  const auto now = transport::Clock::now();
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  for (auto it = staged_holds_.begin(); it != staged_holds_.end();) {
+    if (now < it->second.deadline) {
+      ++it;
+      continue;
+    }
+    free_slots_.insert(free_slots_.end(), it->second.slots.rbegin(), it->second.slots.rend());
+    it = staged_holds_.erase(it);
+  }
+}
+
+std::vector<BlockId> UcxConnector::stageBlocks(std::span<const BlockId> blocks) {
+  std::vector<BlockId> slots = takeSlots(static_cast<int64_t>(blocks.size()));
+  if (slots.empty()) return slots;
+  const size_t block_bytes = cache_.blockBytes();
+  kernels::Backend* backend = cache_.backend();
+  const kernels::KvCacheLayout layout = cache_.layout();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    uint8_t* slot = staging_base_ + static_cast<size_t>(slots[i]) * block_bytes;
+    if (backend != nullptr) {
+      backend->readBlocks(layout, &blocks[i], 1, slot);
+    } else {
+      std::memcpy(slot, cache_.blockData(blocks[i]), block_bytes);
+    }
+  }
+  return slots;
 }
 
 Status UcxConnector::advertiseAddress(const std::string& listen_host, int port) {
@@ -298,6 +402,7 @@ void UcxConnector::onMessage(const std::string& message) {
     failures_.add("auth");
     return;
   }
+  freeStagedHold(id);
   std::lock_guard<std::mutex> lock(released_mutex_);
   released_.push_back(std::move(id));
 }
@@ -466,6 +571,8 @@ StatusOr<std::string> UcxConnector::releaseTarget(const json& params) const {
   if (descriptor->engine_id != engine_id_) {
     return notFound("kv_transfer_params.remote_engine_id names another agent, not this one");
   }
+  // The engine frees the hold next (if it still exists); its slots go now.
+  freeStagedHold(descriptor->transfer_id);
   return descriptor->transfer_id;
 }
 
@@ -726,24 +833,27 @@ void UcxConnector::loaderLoop() {
         if (stopping_) return;
         lock.unlock();
         dropStalePeers();
+        freeExpiredHolds();
         continue;
       }
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
     dropStalePeers();
-    FinishedLoad finished = runLoad(job);
+    freeExpiredHolds();
+    LoadOutcome finished = runLoad(job);
     if (job.release_only) continue;
     std::lock_guard<std::mutex> lock(finished_mutex_);
     finished_.push_back(std::move(finished));
   }
 }
 
-KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
+UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
   // The transfer's duration: connecting (when not yet connected) and reading;
   // not the wait in the queue, nor the release message after.
   const auto start = transport::Clock::now();
-  FinishedLoad finished;
+  LoadOutcome outcome;
+  FinishedLoad& finished = outcome.finished;
   finished.request_id = job.request_id;
   finished.num_blocks = static_cast<int64_t>(job.pairs.size());
   auto fail_all = [&](const std::string& reason, const std::string& why) {
@@ -761,18 +871,43 @@ KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
     // A release-only job's lender is gone: its hold times out there.
     fail_all(failure.reason, "peer " + job.source.engine_id + ": " + failure.status.message());
   } else {
+    // Staging: read into free slots of our staging area; poll() copies them
+    // into the slab blocks on the engine thread.
+    std::vector<transport::BlockPair> pairs = job.pairs;
+    bool staged_ok = true;
+    if (buffer_path_ == KvBufferPath::kStaging && !pairs.empty()) {
+      outcome.slots = takeSlots(static_cast<int64_t>(pairs.size()));
+      if (outcome.slots.empty()) {
+        staged_ok = false;
+        fail_all("staging_full", "no " + std::to_string(pairs.size()) +
+                                     " free staging slots (kv_connector_extra_config."
+                                     "staging_blocks is " +
+                                     std::to_string(staging_capacity_) + "); recomputing");
+      } else {
+        for (size_t i = 0; i < pairs.size(); ++i) pairs[i].local_block = outcome.slots[i];
+      }
+    }
     transport::ReadResult read;
-    if (!job.pairs.empty()) read = peer->readBlocks(local_slab_, job.pairs, deadline);
+    if (staged_ok && !pairs.empty()) read = peer->readBlocks(local_slab_, pairs, deadline);
     if (!read.status.isOk()) {
       const std::string reason =
           read.status.code() == StatusCode::kDeadlineExceeded ? "timeout" : "read_error";
       fail_all(reason, read.status.message());
       finished.failed_block_indices.clear();
       for (BlockId failed : read.failed_local_blocks) {
-        for (size_t i = 0; i < job.pairs.size(); ++i) {
-          if (job.pairs[i].local_block == failed) {
+        for (size_t i = 0; i < pairs.size(); ++i) {
+          if (pairs[i].local_block == failed) {
             finished.failed_block_indices.push_back(job.first_block + static_cast<int64_t>(i));
           }
+        }
+      }
+    }
+    if (staged_ok && !outcome.slots.empty()) {
+      std::unordered_set<BlockId> failed(read.failed_local_blocks.begin(),
+                                         read.failed_local_blocks.end());
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        if (failed.count(pairs[i].local_block) == 0) {
+          outcome.staged.emplace_back(pairs[i].local_block, job.pairs[i].local_block);
         }
       }
     }
@@ -788,12 +923,38 @@ KvConnectorWorker::FinishedLoad UcxConnector::runLoad(const LoadJob& job) {
   if (finished.seconds == 0) {
     finished.seconds = std::chrono::duration<double>(transport::Clock::now() - start).count();
   }
-  return finished;
+  if (job.release_only && !outcome.slots.empty()) freeSlots(outcome.slots);
+  return outcome;
 }
 
 std::vector<KvConnectorWorker::FinishedLoad> UcxConnector::poll() {
-  std::lock_guard<std::mutex> lock(finished_mutex_);
-  return std::exchange(finished_, {});
+  std::vector<LoadOutcome> outcomes;
+  {
+    std::lock_guard<std::mutex> lock(finished_mutex_);
+    outcomes = std::exchange(finished_, {});
+  }
+  if (!outcomes.empty() && buffer_path_ == KvBufferPath::kStaging) {
+    // Engine thread: the backend is ours while we copy. The engine keeps the
+    // destination blocks until this load is reported.
+    const size_t block_bytes = cache_.blockBytes();
+    kernels::Backend* backend = cache_.backend();
+    const kernels::KvCacheLayout layout = cache_.layout();
+    for (LoadOutcome& outcome : outcomes) {
+      for (const auto& [slot, block] : outcome.staged) {
+        const uint8_t* source = staging_base_ + static_cast<size_t>(slot) * block_bytes;
+        if (backend != nullptr) {
+          backend->writeBlocks(layout, &block, 1, source);
+        } else {
+          std::memcpy(cache_.blockData(block), source, block_bytes);
+        }
+      }
+      if (!outcome.slots.empty()) freeSlots(outcome.slots);
+    }
+  }
+  std::vector<FinishedLoad> out;
+  out.reserve(outcomes.size());
+  for (LoadOutcome& outcome : outcomes) out.push_back(std::move(outcome.finished));
+  return out;
 }
 
 void UcxConnector::sendRelease(transport::UcxPeer& peer, const std::string& transfer_id) {
@@ -832,9 +993,30 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   }
   d.num_blocks = num_slab_blocks_;
   d.compatibility = compatibility_;
-  const int64_t full_blocks = std::min<int64_t>(num_computed_tokens / cache_.blockSize(),
-                                                static_cast<int64_t>(blocks.size()));
-  d.block_ids.assign(blocks.begin(), blocks.begin() + full_blocks);
+  int64_t full_blocks = std::min<int64_t>(num_computed_tokens / cache_.blockSize(),
+                                          static_cast<int64_t>(blocks.size()));
+  if (buffer_path_ == KvBufferPath::kStaging) {
+    // Readers see the staging slots, never the slab. A stale earlier hold
+    // under the same id gives its slots back first.
+    freeStagedHold(d.transfer_id);
+    std::vector<BlockId> slots;
+    if (full_blocks > 0) slots = stageBlocks(blocks.first(static_cast<size_t>(full_blocks)));
+    if (full_blocks > 0 && slots.empty()) {
+      TANDEM_LOG(kWarn) << "ucx connector: request " << d.transfer_id << ": no " << full_blocks
+                        << " free staging slots (staging_blocks is " << staging_capacity_
+                        << "); the reader recomputes";
+      failures_.add("staging_full");
+      full_blocks = 0;
+    } else if (!slots.empty()) {
+      const auto timeout = std::chrono::duration_cast<transport::Clock::duration>(
+          std::chrono::duration<double>(config_.abort_timeout_s));
+      std::lock_guard<std::mutex> lock(staging_mutex_);
+      staged_holds_[d.transfer_id] = {slots, transport::Clock::now() + timeout};
+    }
+    d.block_ids.assign(slots.begin(), slots.end());
+  } else {
+    d.block_ids.assign(blocks.begin(), blocks.begin() + full_blocks);
+  }
   d.num_tokens = full_blocks * cache_.blockSize();
   decision.hold = true;
   decision.kv_transfer_params = {

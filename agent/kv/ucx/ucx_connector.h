@@ -50,7 +50,22 @@
 // wildcard (0.0.0.0, ::), then the POD_IP environment variable; else a
 // producer refuses to start.
 //
-// The KV cache must be allocated by transport::UcxSlabAllocator.
+// KV buffer (kv_buffer.h; docs/kv-transfer.md, "KV buffer: slab or
+// staging"): on the slab path the KV cache must be allocated by
+// transport::UcxSlabAllocator and UCX moves slab bytes directly. On the
+// staging path the slab may be any memory (a device slab included) and only
+// a host staging area of staging_blocks slots is registered with UCX:
+// - producer: requestFinished() copies the held blocks into free slots
+//   (Backend::readBlocks, engine thread) and the descriptor names the slots
+//   (remote_num_blocks = the staging capacity), so readers cannot tell the
+//   paths apart. The slots are freed with the hold: the reader's release
+//   message, an explicit release (releaseTarget), or abort_timeout_s. With
+//   too few free slots the descriptor offers no blocks (the reader
+//   recomputes) and staging_full is counted.
+// - consumer: the loader thread GETs into free slots of its own area; poll()
+//   (engine thread) copies them into the slab (Backend::writeBlocks) before
+//   reporting the load, then frees them. Too few free slots fail the load
+//   with staging_full (recomputed by policy).
 #pragma once
 
 #include <condition_variable>
@@ -65,6 +80,7 @@
 
 #include "agent/kv/connector.h"
 #include "agent/kv/fault_injection.h"
+#include "agent/kv/ucx/kv_buffer.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 
@@ -98,6 +114,11 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   void save(const ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
   std::vector<FinishedLoad> poll() override;
   std::vector<std::string> pollReleased() override;
+
+  // {"kv_buffer": "slab"|"staging", "ucx_memory_types": [...], and on the
+  // staging path "staging_blocks", "staging_blocks_used"}. Any thread.
+  nlohmann::json info() const override;
+  KvBufferPath bufferPath() const { return buffer_path_; }
 
   // "key=value;..." describing the KV layout; peers must match exactly.
   const std::string& compatibility() const { return compatibility_; }
@@ -135,11 +156,29 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     std::vector<transport::BlockPair> pairs;
     bool release_only = false;  // read nothing, only let the lender go
   };
+  // A finished load and, on the staging path, what poll() still copies from
+  // staging slots into slab blocks (then frees the slots).
+  struct LoadOutcome {
+    FinishedLoad finished;
+    std::vector<std::pair<BlockId, BlockId>> staged;  // (slot, slab block) that arrived
+    std::vector<BlockId> slots;                       // every slot the load took
+  };
   void enqueue(LoadJob job);
   // Loader thread: runs queued reads one after the other, and drops idle or
   // failed peers between them.
   void loaderLoop();
-  FinishedLoad runLoad(const LoadJob& job);
+  LoadOutcome runLoad(const LoadJob& job);
+  // Staging slots: n free ones taken (empty when fewer are free), or given
+  // back. Any thread.
+  std::vector<BlockId> takeSlots(int64_t n);
+  void freeSlots(const std::vector<BlockId>& slots);
+  // Frees the slots a held transfer was copied into (none: nothing happens).
+  void freeStagedHold(const std::string& transfer_id) const;
+  // Frees the slots of holds past abort_timeout_s.
+  void freeExpiredHolds();
+  // Producer, staging path: copies `blocks` into free slots and returns them
+  // (empty when too few are free). Engine thread.
+  std::vector<BlockId> stageBlocks(std::span<const BlockId> blocks);
   // A failure of peerFor(): the reason label and what happened.
   struct PeerFailure {
     std::string reason;
@@ -197,7 +236,22 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   std::deque<LoadJob> jobs_;
   bool stopping_ = false;
   std::mutex finished_mutex_;
-  std::vector<FinishedLoad> finished_;
+  std::vector<LoadOutcome> finished_;
+
+  // KV buffer.
+  KvBufferPath buffer_path_ = KvBufferPath::kSlab;
+  std::vector<std::string> ucx_memory_types_;
+  std::unique_ptr<transport::UcxSlabAllocator> staging_allocator_;  // staging path only
+  uint8_t* staging_base_ = nullptr;
+  int64_t staging_capacity_ = 0;  // slots
+  struct StagedHold {
+    std::vector<BlockId> slots;
+    transport::Clock::time_point deadline;
+  };
+  // Guards free_slots_ and staged_holds_ (engine, loader and progress threads).
+  mutable std::mutex staging_mutex_;
+  mutable std::vector<BlockId> free_slots_;
+  mutable std::unordered_map<std::string, StagedHold> staged_holds_;  // by transfer id
   std::thread loader_;
   // Requests that read nothing of their transfer and released it; engine
   // thread. Forgotten when the request finishes normally.
