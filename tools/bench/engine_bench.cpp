@@ -99,6 +99,38 @@ double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
          seconds / 1e9;
 }
 
+// Backend::copy of one buffer of `bytes` to another in the backend's own
+// memory (device to device on CUDA, memcpy on the CPU): bytes copied per
+// second. A copy reads and writes each byte, so memory traffic is twice this.
+double backendCopyGBps(kernels::Backend& backend, size_t bytes, int repeats) {
+  void* src = backend.allocate(bytes);
+  void* dst = backend.allocate(bytes);
+  if (src == nullptr || dst == nullptr) {
+    if (src != nullptr) backend.release(src, bytes);
+    if (dst != nullptr) backend.release(dst, bytes);
+    throw Error("--copy-mib: the backend cannot allocate two buffers of " +
+                std::to_string(bytes >> 20) + " MiB; pass a smaller --copy-mib");
+  }
+  // Non-zero contents, so no page is left untouched (allocate() zero-fills).
+  std::vector<uint8_t> pattern(std::min<size_t>(bytes, size_t{64} << 20), 0x5a);
+  for (size_t offset = 0; offset < bytes; offset += pattern.size()) {
+    backend.copyFromHost(static_cast<uint8_t*>(src) + offset, pattern.data(),
+                         std::min(pattern.size(), bytes - offset));
+  }
+  backend.copy(dst, src, bytes);  // warm-up
+  backend.synchronize();
+  const double seconds = bestSeconds(repeats, [&] {
+    backend.copy(dst, src, bytes);
+    backend.synchronize();
+  });
+  uint8_t probe = 0;
+  backend.copyToHost(&probe, static_cast<uint8_t*>(dst) + bytes / 2, 1);
+  if (probe != 0x5a) std::fprintf(stderr, "backend copy check failed\n");
+  backend.release(src, bytes);
+  backend.release(dst, bytes);
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
+
 }  // namespace
 
 int runEngineBench(const EngineBenchOptions& options) {
@@ -116,9 +148,15 @@ int runEngineBench(const EngineBenchOptions& options) {
     throw Error("--kv-dtype must be f32 or bf16, got " + options.kv_dtype);
   }
 
+  if (options.batch < 1)
+    throw Error("--batch must be at least 1, got " + std::to_string(options.batch));
+  if (options.copy_mib < 1) {
+    throw Error("--copy-mib must be at least 1, got " + std::to_string(options.copy_mib));
+  }
+  const int64_t blocks_per_sequence = (options.prompt_tokens + options.decode_tokens + 15) / 16;
   engine::KvCacheConfig kv;
   kv.block_size = 16;
-  kv.num_blocks = (options.prompt_tokens + options.decode_tokens + 15) / 16;
+  kv.num_blocks = blocks_per_sequence * options.batch;
   kv.dtype = *kv_dtype;
   kv.num_layers = static_cast<int32_t>(config.num_hidden_layers);
   kv.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
@@ -131,13 +169,23 @@ int runEngineBench(const EngineBenchOptions& options) {
   }
   engine::KvCache cache(kv, std::move(allocator));
   engine::ModelRunner runner(*model, cache, *backend);
-  std::vector<engine::BlockId> block_table(kv.num_blocks);
-  std::iota(block_table.begin(), block_table.end(), 0);
-
+  // Sequence s owns blocks [s * blocks_per_sequence, (s + 1) * blocks_per_sequence).
+  std::vector<std::vector<engine::BlockId>> block_tables(options.batch);
+  std::vector<std::vector<TokenId>> prompts(options.batch);
   std::mt19937 rng(42);
   std::uniform_int_distribution<TokenId> token_dist(0, static_cast<TokenId>(config.vocab_size - 1));
-  std::vector<TokenId> prompt(options.prompt_tokens);
-  for (TokenId& t : prompt) t = token_dist(rng);
+  for (int64_t s = 0; s < options.batch; ++s) {
+    block_tables[s].resize(blocks_per_sequence);
+    std::iota(block_tables[s].begin(), block_tables[s].end(),
+              static_cast<engine::BlockId>(s * blocks_per_sequence));
+    prompts[s].resize(options.prompt_tokens);
+    for (TokenId& t : prompts[s]) t = token_dist(rng);
+  }
+  const std::vector<engine::BlockId>& block_table = block_tables[0];
+  const std::vector<TokenId>& prompt = prompts[0];
+
+  const double copy_gbps =
+      backendCopyGBps(*backend, static_cast<size_t>(options.copy_mib) << 20, options.repeats);
 
   const double memcpy_gbps = memcpyGBps(options.repeats);
   const double read_gbps = readGBps(kernels::numThreads(), options.repeats);
@@ -157,51 +205,81 @@ int runEngineBench(const EngineBenchOptions& options) {
   prefill();  // warm-up: page in weights, grow scratch buffers
   const double prefill_s = bestSeconds(options.repeats, prefill);
 
+  // Every sequence prefilled (untimed, one at a time), then `batch`
+  // sequences decode together; each repeat decodes the same positions again
+  // (the KV written there is overwritten in order), so only decode is timed.
+  for (int64_t s = 1; s < options.batch; ++s) {
+    engine::SequenceInput other{prompts[s], 0, block_tables[s]};
+    std::vector<float> ignored;
+    runner.forward({&other, 1}, ignored);
+  }
+  prefill();
+  std::vector<float> first_logits = logits;
+  std::vector<TokenId> first_tokens(options.batch);
+  for (int64_t s = 0; s < options.batch; ++s) {
+    // Sequence 0's first token comes from its logits; the others' from their
+    // prompts' last token (their values do not change the work done).
+    first_tokens[s] =
+        s == 0 ? static_cast<TokenId>(kernels::argmax(first_logits.data(), config.vocab_size))
+               : prompts[s].back();
+  }
+  std::vector<TokenId> next(options.batch);
+  std::vector<engine::SequenceInput> batch(options.batch);
   auto decode = [&] {
-    TokenId next = static_cast<TokenId>(kernels::argmax(logits.data(), config.vocab_size));
+    next = first_tokens;
     for (int64_t i = 0; i < options.decode_tokens; ++i) {
-      input.tokens = {&next, 1};
-      input.start_position = options.prompt_tokens + i;
-      runner.forward({&input, 1}, logits);
-      next = static_cast<TokenId>(kernels::argmax(logits.data(), config.vocab_size));
+      for (int64_t s = 0; s < options.batch; ++s) {
+        batch[s] = {{&next[s], 1}, options.prompt_tokens + i, block_tables[s]};
+      }
+      runner.forward(batch, logits);
+      for (int64_t s = 0; s < options.batch; ++s) {
+        next[s] = static_cast<TokenId>(
+            kernels::argmax(logits.data() + s * config.vocab_size, config.vocab_size));
+      }
     }
   };
-  // Each decode run starts from a freshly prefilled prompt; only decode is timed.
-  double decode_only_s = 1e30;
-  for (int r = 0; r < options.repeats; ++r) {
-    prefill();
-    auto start = Clock::now();
-    decode();
-    decode_only_s =
-        std::min(decode_only_s, std::chrono::duration<double>(Clock::now() - start).count());
-  }
+  decode();  // warm-up: scratch buffers at the batch's size
+  const double decode_only_s = bestSeconds(options.repeats, decode);
 
   const double prefill_tps = static_cast<double>(options.prompt_tokens) / prefill_s;
-  const double decode_tps = static_cast<double>(options.decode_tokens) / decode_only_s;
-  const double bytes_per_token = static_cast<double>(decodeWeightBytes(*model));
-  const double stream_gbps = bytes_per_token * decode_tps / 1e9;
-  const double bandwidth_limit_tps = read_gbps * 1e9 / bytes_per_token;
+  const double step_s = decode_only_s / static_cast<double>(options.decode_tokens);
+  const double decode_tps = static_cast<double>(options.batch) / step_s;
+  // Weight bytes one decode step reads, whatever the batch: each matrix once.
+  const double bytes_per_step = static_cast<double>(decodeWeightBytes(*model));
+  const double stream_gbps = bytes_per_step / step_s / 1e9;
+  // A copy moves each byte twice (read + write): the traffic a pure read
+  // stream can at most reach.
+  const double copy_traffic_gbps = 2.0 * copy_gbps;
+  const double bandwidth_limit_tps =
+      static_cast<double>(options.batch) * copy_traffic_gbps * 1e9 / bytes_per_step;
 
   std::printf("tandem-bench engine: %s (%s weights, KV %s), %s kernels, %d threads, on %s\n",
               options.model_dir.c_str(), dtypeShortName(model->weightDType()),
               options.kv_dtype.c_str(), kernels::isaName().c_str(), kernels::numThreads(),
               backend->description().c_str());
-  std::printf("%-40s %12s\n", "figure", "value");
-  std::printf("%-40s %12.2f\n", "memcpy GB/s (1 thread, bytes copied)", memcpy_gbps);
-  std::printf("%-40s %12.2f\n", "memory read GB/s (kernel threads)", read_gbps);
-  std::printf("%-40s %12.1f\n", "GEMM up_proj GFLOP/s", gemm_up_gflops);
-  std::printf("%-40s %12.1f\n", "GEMM down_proj GFLOP/s", gemm_down_gflops);
-  std::printf("%-40s %12.1f\n", "prefill tokens/s", prefill_tps);
-  std::printf("%-40s %12.1f\n", "decode tokens/s", decode_tps);
-  std::printf("%-40s %12.2f\n", "decode weight stream GB/s", stream_gbps);
-  std::printf("%-40s %12.2f\n", "decode stream / memcpy", stream_gbps / memcpy_gbps);
-  std::printf("%-40s %12.2f\n", "decode stream / memory read", stream_gbps / read_gbps);
-  std::printf("%-40s %12.1f\n", "bandwidth-limit decode tokens/s", bandwidth_limit_tps);
-  std::printf("%-40s %12.2f\n", "limit / achieved decode (goal <= 1.5)",
-              bandwidth_limit_tps / decode_tps);
-  std::printf("(GEMM m=%lld; prompt %lld tokens; decode %lld tokens; best of %d)\n",
-              static_cast<long long>(gemm_m), static_cast<long long>(options.prompt_tokens),
-              static_cast<long long>(options.decode_tokens), options.repeats);
+  std::printf("%-46s %12s\n", "figure", "value");
+  std::printf("%-46s %12.2f\n", "backend copy GB/s (bytes copied)", copy_gbps);
+  std::printf("%-46s %12.2f\n", "backend copy traffic GB/s (read + write)", copy_traffic_gbps);
+  std::printf("%-46s %12.2f\n", "host memcpy GB/s (1 thread, bytes copied)", memcpy_gbps);
+  std::printf("%-46s %12.2f\n", "host memory read GB/s (kernel threads)", read_gbps);
+  std::printf("%-46s %12.1f\n", "host GEMM up_proj GFLOP/s", gemm_up_gflops);
+  std::printf("%-46s %12.1f\n", "host GEMM down_proj GFLOP/s", gemm_down_gflops);
+  std::printf("%-46s %12.1f\n", "prefill tokens/s", prefill_tps);
+  std::printf("%-46s %12.1f\n", "decode tokens/s (all sequences)", decode_tps);
+  std::printf("%-46s %12.3f\n", "decode step ms", step_s * 1e3);
+  std::printf("%-46s %12.2f\n", "decode weight stream GB/s", stream_gbps);
+  std::printf("%-46s %12.2f\n", "decode stream / backend copy", stream_gbps / copy_gbps);
+  std::printf("%-46s %12.2f\n", "decode stream / backend copy traffic",
+              stream_gbps / copy_traffic_gbps);
+  std::printf("%-46s %12.2f\n", "decode stream / host memory read", stream_gbps / read_gbps);
+  std::printf("%-46s %12.1f\n", "bandwidth-limit decode tokens/s", bandwidth_limit_tps);
+  std::printf("%-46s %12.2f\n", "limit / achieved decode", bandwidth_limit_tps / decode_tps);
+  std::printf(
+      "(batch %lld; prompt %lld tokens per sequence; %lld decode steps; %.1f MB of weights read "
+      "per step; copy buffer %lld MiB; GEMM m=%lld; best of %d)\n",
+      static_cast<long long>(options.batch), static_cast<long long>(options.prompt_tokens),
+      static_cast<long long>(options.decode_tokens), bytes_per_step / 1e6,
+      static_cast<long long>(options.copy_mib), static_cast<long long>(gemm_m), options.repeats);
 
   if (!options.json_path.empty()) {
     nlohmann::json out = {
@@ -214,14 +292,21 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"device_description", backend->description()},
         {"prompt_tokens", options.prompt_tokens},
         {"decode_tokens", options.decode_tokens},
+        {"batch", options.batch},
+        {"copy_mib", options.copy_mib},
+        {"backend_copy_gbps", copy_gbps},
+        {"backend_copy_traffic_gbps", copy_traffic_gbps},
         {"memcpy_gbps", memcpy_gbps},
         {"read_gbps", read_gbps},
         {"gemm_up_gflops", gemm_up_gflops},
         {"gemm_down_gflops", gemm_down_gflops},
         {"prefill_tokens_per_s", prefill_tps},
         {"decode_tokens_per_s", decode_tps},
-        {"decode_weight_bytes_per_token", bytes_per_token},
+        {"decode_step_s", step_s},
+        {"decode_weight_bytes_per_step", bytes_per_step},
         {"decode_stream_gbps", stream_gbps},
+        {"decode_stream_over_backend_copy", stream_gbps / copy_gbps},
+        {"decode_stream_over_backend_copy_traffic", stream_gbps / copy_traffic_gbps},
         {"decode_stream_over_memcpy", stream_gbps / memcpy_gbps},
         {"decode_stream_over_read", stream_gbps / read_gbps},
         {"bandwidth_limit_decode_tokens_per_s", bandwidth_limit_tps},

@@ -1,9 +1,13 @@
 // `tandem-bench engine`: single-process engine throughput on one model.
 //
-// Measures, in one run so the figures are comparable: memcpy bandwidth (the
-// machine's reference), GEMM GFLOP/s at the model's shapes, prefill tokens/s
-// of one prompt, decode tokens/s, and the weight bytes streamed per second
-// while decoding. Prints a table and optionally writes JSON. Asserts nothing.
+// Measures, in one run and on one backend so the figures are comparable: the
+// backend's own copy bandwidth (Backend::copy of a device buffer to another:
+// memcpy on the CPU, device to device on CUDA), host memcpy and read
+// bandwidth, host GEMM GFLOP/s at the model's shapes, prefill tokens/s of one
+// prompt, decode tokens/s of `batch` sequences decoding together, and the
+// weight bytes streamed per second while decoding (weight bytes read per
+// decode step / step time) with its ratio to the copy bandwidth. Prints a
+// table and optionally writes JSON. Asserts nothing.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +19,9 @@ struct EngineBenchOptions {
   std::string model_dir;
   int threads = 0;  // 0: all cores
   int64_t prompt_tokens = 512;
-  int64_t decode_tokens = 128;
+  int64_t decode_tokens = 128;  // decode steps (each step: one token per sequence)
+  int64_t batch = 1;            // sequences decoding together, each with its own prompt
+  int64_t copy_mib = 1024;      // buffer size of the backend copy bandwidth figure
   int repeats = 3;
   std::string kv_dtype = "bf16";
   std::string device = "auto";  // cpu, cuda or auto

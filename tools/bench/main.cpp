@@ -34,6 +34,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   engine->add_option("--device", options.device, "compute backend: cpu, cuda or auto")
       ->capture_default_str();
+  engine->add_option("--batch", options.batch, "sequences decoding together")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  engine
+      ->add_option("--copy-mib", options.copy_mib,
+                   "buffer of the backend copy bandwidth reference, MiB")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
 
   auto* router = app.add_subcommand(

@@ -1,7 +1,7 @@
 // tandem-model: writes a complete Hugging Face model directory with seeded
 // random weights and a trained byte-level BPE tokenizer, for tests and demos.
 //
-//   tandem-model --preset tiny|small --out DIR [--dtype bf16|f32|f16] [--seed N]
+//   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|qwen2|qwen3]
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   std::string arch = "llama";
   app.add_option("--preset", preset, "model size")
       ->required()
-      ->check(CLI::IsMember({"tiny", "small"}));
+      ->check(CLI::IsMember(tandem::tools::presetNames()));
   app.add_option("--out", out_dir, "output directory (created; files replaced)")->required();
   app.add_option("--dtype", dtype_name, "weight dtype")
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));

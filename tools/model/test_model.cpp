@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "agent/engine/safetensors.h"
 #include "common/status.h"
 #include "tools/model/bpe_trainer.h"
 
@@ -104,20 +105,92 @@ uint64_t fnv1a(std::string_view text) {
   return hash;
 }
 
-// Values uniform in [center - half_width, center + half_width). Each tensor
-// has its own stream keyed by its name, so the order of generation is free.
-std::vector<uint8_t> randomTensor(uint64_t seed, const std::string& name, size_t count,
-                                  float center, float half_width, DType dtype) {
-  SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
-  std::vector<float> values(count);
-  for (float& value : values) {
-    // The top 24 bits give a float in [0, 1) without rounding.
-    const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
-    value = center + (2.0f * unit - 1.0f) * half_width;
+// One tensor of the weights file: its values are uniform in
+// [center - half_width, center + half_width), drawn row by row from a stream
+// keyed by its name (so the order of generation is free); rows for which
+// zero_row says so are written as zeros instead (the stream still advances).
+struct TensorSpec {
+  std::vector<int64_t> shape;  // {rows} or {rows, cols}
+  float center = 0.0f;
+  float half_width = 0.0f;
+  std::function<bool(int64_t row)> zero_row;  // empty: no zero rows
+};
+
+int64_t rowsOf(const TensorSpec& spec) { return spec.shape[0]; }
+int64_t colsOf(const TensorSpec& spec) { return spec.shape.size() > 1 ? spec.shape[1] : 1; }
+
+// Writes model.safetensors one bounded chunk at a time, so a 16 GB model
+// needs a few MB of memory. The layout is SafetensorsWriter's: tensors in
+// name order, sorted JSON header padded to 8 bytes.
+void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors, DType dtype,
+                               uint64_t seed, const fs::path& path) {
+  constexpr size_t kHeaderLengthBytes = 8;
+  const size_t element_bytes = dtypeSize(dtype);
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const auto& [name, spec] : tensors) {
+    const uint64_t bytes =
+        static_cast<uint64_t>(rowsOf(spec)) * static_cast<uint64_t>(colsOf(spec)) * element_bytes;
+    header[name] = {{"dtype", dtypeSafetensorsName(dtype)},
+                    {"shape", spec.shape},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
-  std::vector<uint8_t> bytes(count * dtypeSize(dtype));
-  convertFromF32(dtype, values.data(), bytes.data(), count);
-  return bytes;
+  std::string header_text = header.dump();
+  header_text.append(
+      (kHeaderLengthBytes - header_text.size() % kHeaderLengthBytes) % kHeaderLengthBytes, ' ');
+  char length_bytes[kHeaderLengthBytes];
+  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
+    length_bytes[i] = static_cast<char>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
+  }
+
+  fs::path temporary = path;
+  temporary += ".tmp";
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error(temporary.string() + ": cannot create");
+  out.write(length_bytes, sizeof length_bytes);
+  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+
+  constexpr int64_t kChunkElements = int64_t{1} << 22;
+  std::vector<float> values;
+  std::vector<uint8_t> bytes;
+  for (const auto& [name, spec] : tensors) {
+    SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
+    const int64_t rows = rowsOf(spec), cols = colsOf(spec);
+    const int64_t chunk_rows = std::max<int64_t>(1, kChunkElements / cols);
+    for (int64_t first = 0; first < rows; first += chunk_rows) {
+      const int64_t count_rows = std::min(chunk_rows, rows - first);
+      const auto count = static_cast<size_t>(count_rows * cols);
+      values.resize(count);
+      for (float& value : values) {
+        // The top 24 bits give a float in [0, 1) without rounding.
+        const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
+        value = spec.center + (2.0f * unit - 1.0f) * spec.half_width;
+      }
+      bytes.resize(count * element_bytes);
+      convertFromF32(dtype, values.data(), bytes.data(), count);
+      if (spec.zero_row) {
+        const size_t row_bytes = static_cast<size_t>(cols) * element_bytes;
+        for (int64_t r = 0; r < count_rows; ++r) {
+          if (!spec.zero_row(first + r)) continue;
+          std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes), row_bytes,
+                      uint8_t{0});
+        }
+      }
+      out.write(reinterpret_cast<const char*>(bytes.data()),
+                static_cast<std::streamsize>(bytes.size()));
+    }
+  }
+  out.close();
+  if (!out) {
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+    throw Error(temporary.string() + ": cannot write (disk full?)");
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) throw Error(path.string() + ": cannot replace: " + error.message());
 }
 
 struct TrainedTokenizer {
@@ -166,10 +239,26 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.head_dim = 64;
     config.intermediate_size = 1408;
     config.max_position_embeddings = 2048;
+  } else if (preset == "llama3-8b") {
+    // Llama-3.1-8B's shape (random weights): 16 GB in bf16.
+    config.vocab_size = 128256;
+    config.hidden_size = 4096;
+    config.num_hidden_layers = 32;
+    config.num_attention_heads = 32;
+    config.num_key_value_heads = 8;
+    config.head_dim = 128;
+    config.intermediate_size = 14336;
+    config.max_position_embeddings = 131072;
+    config.rope_scaling.type = RopeScaling::Type::kLlama3;
+    config.rope_scaling.factor = 8.0;
+    config.rope_scaling.low_freq_factor = 1.0;
+    config.rope_scaling.high_freq_factor = 4.0;
+    config.rope_scaling.original_max_position_embeddings = 8192;
   } else {
-    throw Error("test model: preset \"" + preset + "\" is not known (accepted: tiny, small)");
+    throw Error("test model: preset \"" + preset +
+                "\" is not known (accepted: tiny, small, llama3-8b)");
   }
-  config.rope_theta = 10000.0;
+  config.rope_theta = preset == "llama3-8b" ? 500000.0 : 10000.0;
   config.rms_norm_eps = 1e-5;
   config.tie_word_embeddings = false;
   config.attention_bias = architecture == "Qwen2ForCausalLM";
@@ -339,15 +428,12 @@ std::string generationConfigJson(const TrainedTokenizer& tokenizer, const ModelC
 // logits vary with the context; norm weights sit near 1.
 void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
                   const std::vector<std::string>& tokens, const fs::path& path) {
-  engine::SafetensorsWriter writer;
+  std::map<std::string, TensorSpec> tensors;
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-    const float half_width = std::sqrt(3.0f / static_cast<float>(cols));
-    writer.add(name, dtype, {rows, cols},
-               randomTensor(seed, name, static_cast<size_t>(rows * cols), 0.0f, half_width, dtype));
+    tensors[name] = {{rows, cols}, 0.0f, std::sqrt(3.0f / static_cast<float>(cols)), {}};
   };
   auto vector = [&](const std::string& name, int64_t size, float center, float half_width) {
-    writer.add(name, dtype, {size},
-               randomTensor(seed, name, static_cast<size_t>(size), center, half_width, dtype));
+    tensors[name] = {{size}, center, half_width, {}};
   };
   constexpr float kNormNoise = 0.1f;
   constexpr float kBiasNoise = 0.05f;
@@ -385,24 +471,18 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
     // vocabulary and to tokens that are not text on their own (a lone byte of
     // a multi-byte character, a control character), so greedy decoding emits
     // readable text and runs to max_tokens.
-    const std::string name = "lm_head.weight";
-    const float half_width = std::sqrt(3.0f / static_cast<float>(hidden));
-    std::vector<uint8_t> bytes = randomTensor(
-        seed, name, static_cast<size_t>(config.vocab_size * hidden), 0.0f, half_width, dtype);
-    const size_t row_bytes = static_cast<size_t>(hidden) * dtypeSize(dtype);
-    for (size_t id = 0; id < static_cast<size_t>(config.vocab_size); ++id) {
-      if (id < tokens.size() && isPlainText(tokens[id])) continue;
-      std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(id * row_bytes), row_bytes,
-                  uint8_t{0});
-    }
-    writer.add(name, dtype, {config.vocab_size, hidden}, std::move(bytes));
+    matrix("lm_head.weight", config.vocab_size, hidden);
+    tensors["lm_head.weight"].zero_row = [&tokens](int64_t id) {
+      return static_cast<size_t>(id) >= tokens.size() ||
+             !isPlainText(tokens[static_cast<size_t>(id)]);
+    };
   }
-  writer.write(path);
+  writeSafetensorsStreaming(tensors, dtype, seed, path);
 }
 
 }  // namespace
 
-std::vector<std::string> presetNames() { return {"tiny", "small"}; }
+std::vector<std::string> presetNames() { return {"tiny", "small", "llama3-8b"}; }
 
 engine::ModelConfig presetConfig(const std::string& preset, const std::string& architecture) {
   ModelConfig config = baseConfig(preset, architecture);

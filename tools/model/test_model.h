@@ -24,7 +24,7 @@
 namespace tandem::tools {
 
 struct TestModelOptions {
-  std::string preset = "tiny";                    // "tiny" or "small"
+  std::string preset = "tiny";                    // "tiny", "small" or "llama3-8b"
   std::string architecture = "LlamaForCausalLM";  // or Mistral/Qwen2/Qwen3ForCausalLM
   DType dtype = DType::kBF16;                     // weight dtype: bf16, f16 or f32
   uint64_t seed = 0;
@@ -36,6 +36,8 @@ std::vector<std::string> presetNames();
 // naming the accepted values when either is unknown.
 engine::ModelConfig presetConfig(const std::string& preset, const std::string& architecture);
 // Writes the directory (created if absent; existing files are replaced).
+// Weights are generated and written in bounded chunks, so memory stays small
+// whatever the preset (llama3-8b writes 16 GB of bf16 weights).
 void writeTestModel(const TestModelOptions& options, const std::filesystem::path& out_dir);
 
 }  // namespace tandem::tools

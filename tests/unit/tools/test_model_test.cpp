@@ -192,7 +192,7 @@ TEST(TestModel, TinyModelLoadsWithTheIntendedStatistics) {
 }
 
 TEST(TestModel, PresetsAndErrors) {
-  EXPECT_EQ(presetNames(), (std::vector<std::string>{"tiny", "small"}));
+  EXPECT_EQ(presetNames(), (std::vector<std::string>{"tiny", "small", "llama3-8b"}));
   engine::ModelConfig small = presetConfig("small", "LlamaForCausalLM");
   EXPECT_EQ(small.num_hidden_layers, 8);
   EXPECT_EQ(small.hidden_size, 512);
@@ -209,8 +209,9 @@ TEST(TestModel, PresetsAndErrors) {
     presetConfig("huge", "LlamaForCausalLM");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"huge\" is not known (accepted: tiny, small)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("\"huge\" is not known (accepted: tiny, small, llama3-8b)"),
+        std::string::npos)
         << e.what();
   }
   try {
@@ -223,6 +224,34 @@ TEST(TestModel, PresetsAndErrors) {
 
 // ---------------------------------------------------------------------------
 // Tokenizer files
+
+// Llama-3.1-8B's shape; only the configuration is checked (writing the
+// weights takes 16 GB of disk).
+TEST(TestModel, Llama3_8bPresetHasTheLlama31Shape) {
+  const engine::ModelConfig c = presetConfig("llama3-8b", "LlamaForCausalLM");
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.num_hidden_layers, 32);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, engine::RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  // 8.03e9 parameters: embed + lm_head + 32 x (attention + MLP) + norms.
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  const int64_t per_layer = c.hidden_size * (2 * q + 2 * kv) +
+                            3 * c.intermediate_size * c.hidden_size + 2 * c.hidden_size;
+  const int64_t params =
+      2 * c.vocab_size * c.hidden_size + c.num_hidden_layers * per_layer + c.hidden_size;
+  EXPECT_EQ(params, 8030261248);
+}
 
 TEST(TestModelTokenizer, FilesAreConsistent) {
   TempDir dir;

@@ -1,0 +1,170 @@
+// The engine's exactness on the CUDA backend: chunked vs one-shot prefill,
+// alone vs batched, prefix hit vs miss give bit-identical logits, greedy
+// tokens and KV bytes (read with Backend::readBlocks); CUDA's greedy tokens
+// on the tiny model compared with the CPU's; and a prefill→decode hand-off
+// between two agent processes on one GPU. Every test skips without a device.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "tests/support/exactness_checks.h"
+#include "tests/support/ucx_agents.h"
+
+namespace tandem::engine {
+namespace {
+
+using ::tandem::testing::ExactnessChecks;
+
+struct ModelVariant {
+  std::string architecture;
+  DType weight_dtype;
+  DType kv_dtype;
+};
+
+void PrintTo(const ModelVariant& v, std::ostream* os) {
+  *os << v.architecture << " w" << dtypeShortName(v.weight_dtype) << " kv"
+      << dtypeShortName(v.kv_dtype);
+}
+
+#define TANDEM_REQUIRE_CUDA_DEVICE()                                                  \
+  do {                                                                                \
+    if (kernels::cudaDeviceCount() <= 0) GTEST_SKIP() << "no CUDA device is visible"; \
+  } while (0)
+
+class CudaExactnessTest : public ::testing::TestWithParam<ModelVariant> {
+ protected:
+  void SetUp() override { TANDEM_REQUIRE_CUDA_DEVICE(); }
+  ExactnessChecks checks() {
+    return ExactnessChecks(
+        ::tandem::testing::exactnessModel(GetParam().architecture, GetParam().weight_dtype),
+        ::tandem::testing::sharedBackend(kernels::DeviceKind::kCuda), GetParam().kv_dtype);
+  }
+};
+
+TEST_P(CudaExactnessTest, ChunkedPrefillIsBitIdenticalToOneShot) {
+  EXPECT_TRUE(checks().chunkedMatchesOneShot());
+}
+
+TEST_P(CudaExactnessTest, SequenceIsBitIdenticalAloneAndBatched) {
+  EXPECT_TRUE(checks().aloneMatchesBatched());
+}
+
+TEST_P(CudaExactnessTest, PrefixHitIsBitIdenticalToMiss) {
+  EXPECT_TRUE(checks().prefixHitMatchesMiss());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, CudaExactnessTest,
+    ::testing::Values(ModelVariant{"LlamaForCausalLM", DType::kBF16, DType::kF32},
+                      ModelVariant{"LlamaForCausalLM", DType::kBF16, DType::kBF16},
+                      ModelVariant{"Qwen2ForCausalLM", DType::kF16, DType::kF32},
+                      ModelVariant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16}),
+    [](const auto& info) {
+      const ModelVariant& v = info.param;
+      return v.architecture.substr(0, v.architecture.find("For")) + "_w" +
+             dtypeShortName(v.weight_dtype) + "_kv" + dtypeShortName(v.kv_dtype);
+    });
+
+// Two backends agree to rounding, not to the bit (kernels/backend.h). Greedy
+// tokens must agree while every step so far had a clear winner on the CPU
+// (best logit ahead of the second by kClearMargin, far above fp32 rounding
+// of these logits); after the first close call they are recorded only.
+TEST(CudaVsCpu, GreedyTokensAgreeWhileTheWinnerIsClear) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  constexpr float kClearMargin = 1e-3f;
+  constexpr int64_t kSteps = 24;
+  const Model& model = ::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16);
+  int64_t asserted_steps = 0, agreeing_steps = 0, total_steps = 0;
+  for (uint32_t seed : {41u, 42u, 43u}) {
+    const std::vector<TokenId> prompt = ::tandem::testing::randomTokenIds(37, seed, 3, 480);
+    const auto cpu =
+        ::tandem::testing::greedyOn(::tandem::testing::sharedBackend(kernels::DeviceKind::kCpu),
+                                    model, DType::kF32, prompt, kSteps);
+    const auto cuda =
+        ::tandem::testing::greedyOn(::tandem::testing::sharedBackend(kernels::DeviceKind::kCuda),
+                                    model, DType::kF32, prompt, kSteps);
+    bool clear_so_far = true;
+    std::ostringstream record;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      clear_so_far = clear_so_far && cpu.margins[step] >= kClearMargin;
+      const bool agree = cpu.tokens[step] == cuda.tokens[step];
+      ++total_steps;
+      if (agree) ++agreeing_steps;
+      if (clear_so_far) {
+        ++asserted_steps;
+        EXPECT_TRUE(agree) << "seed " << seed << " step " << step << ": cpu " << cpu.tokens[step]
+                           << " (margin " << cpu.margins[step] << ") vs cuda " << cuda.tokens[step];
+      }
+      record << (step ? "," : "") << cpu.tokens[step] << (agree ? "" : "!=")
+             << (agree ? "" : std::to_string(cuda.tokens[step]));
+    }
+    RecordProperty("tokens_seed_" + std::to_string(seed), record.str());
+  }
+  RecordProperty("asserted_steps", std::to_string(asserted_steps));
+  RecordProperty("agreeing_steps", std::to_string(agreeing_steps));
+  RecordProperty("total_steps", std::to_string(total_steps));
+  EXPECT_GT(asserted_steps, 0) << "no step had a clear winner: the comparison asserted nothing";
+}
+
+// Prefill on one agent process, decode on another, both --device cuda on
+// the same GPU, KV moved by the ucx connector through the KV buffer named by
+// the parameter ("auto": the slab itself when this UCX handles device
+// memory, else host staging; "staging": always host staging with
+// Backend::readBlocks/writeBlocks). The tokens must equal a colocated
+// --device cuda agent's.
+class CudaAgentsHandOff : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    TANDEM_REQUIRE_CUDA_DEVICE();
+    ::setenv("UCX_TLS", "sm", 1);
+  }
+  void TearDown() override { ::unsetenv("UCX_TLS"); }
+};
+
+TEST_P(CudaAgentsHandOff, PrefillToDecodeMatchesAColocatedAgent) {
+  using ::tandem::testing::Agent;
+  const std::vector<int> prompt = ::tandem::testing::randomPrompt(75, 31);
+  std::vector<int> expected;
+  {
+    Agent colocated({"--device", "cuda"});
+    expected = ::tandem::testing::tokenIds(
+        colocated.post("/v1/completions", ::tandem::testing::greedy(prompt, 8)));
+  }
+  const ::tandem::testing::json buffer = {{"kv_buffer", GetParam()}};
+  std::unique_ptr<Agent> prefiller, decoder;
+  try {
+    prefiller = std::make_unique<Agent>(
+        std::vector<std::string>{"--device", "cuda", "--kv-transfer-config",
+                                 ::tandem::testing::ucxConfig("kv_producer", buffer)});
+    decoder = std::make_unique<Agent>(
+        std::vector<std::string>{"--device", "cuda", "--kv-transfer-config",
+                                 ::tandem::testing::ucxConfig("kv_consumer", buffer)});
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("kv_buffer") != std::string::npos) {
+      GTEST_SKIP() << "the ucx connector in this build has no kv_buffer option, so no staging "
+                      "path for a device KV slab: "
+                   << e.what();
+    }
+    FAIL() << e.what();
+  }
+  const auto params = ::tandem::testing::prefillOn(*prefiller, prompt);
+  ASSERT_TRUE(params.is_object());
+  ASSERT_EQ(params.value("remote_block_ids", ::tandem::testing::json::array()).size(), 4u)
+      << "the prefill agent did not offer the 4 full blocks: " << params.dump();
+  EXPECT_EQ(::tandem::testing::tokenIds(::tandem::testing::decodeOn(*decoder, prompt, params)),
+            expected);
+  // 75 tokens: 4 full blocks of 16 come from the prefill agent.
+  EXPECT_EQ(decoder->metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4)
+      << decoder->metricsText();
+}
+
+INSTANTIATE_TEST_SUITE_P(KvBuffers, CudaAgentsHandOff, ::testing::Values("auto", "staging"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tandem::engine

@@ -1,0 +1,352 @@
+// The engine's exactness properties, written once for every compute backend:
+// on one backend a sequence's logits, greedy tokens and KV bytes are
+// bit-identical whether it is prefilled in one shot or in chunks, alone or
+// batched with other sequences (scattered blocks, prefill chunks mixed with
+// decodes), and whether its prefix KV was computed by itself (prefix miss)
+// or by an earlier request sharing the prefix (prefix hit).
+//
+// KV bytes are read back through Backend::readBlocks, so the checks hold for
+// device memory the host cannot address. Each check returns an
+// AssertionResult that names the run, the step and what differed. The unit
+// test (tests/unit/engine/backend_exactness_test.cpp) runs them over every
+// backend the build and machine have; the gpu test
+// (tests/gpu/engine_exactness_test.cpp) runs them on CUDA and compares CUDA's
+// greedy tokens with the CPU's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "agent/engine/kv_cache.h"
+#include "agent/engine/model.h"
+#include "agent/engine/model_runner.h"
+#include "common/dtype.h"
+#include "kernels/backend.h"
+#include "kernels/kernels.h"
+#include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::testing {
+
+using engine::BlockId;
+
+// One backend of each kind for the whole test process (weights made resident
+// once per backend). Throws tandem::Error when the kind cannot be had.
+inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
+  static std::map<kernels::DeviceKind, std::unique_ptr<kernels::Backend>> backends;
+  auto it = backends.find(kind);
+  if (it == backends.end()) it = backends.emplace(kind, kernels::makeBackend(kind)).first;
+  return *it->second;
+}
+
+// The backends this build has and this machine can run: always the CPU.
+inline std::vector<kernels::DeviceKind> availableDeviceKinds() {
+  std::vector<kernels::DeviceKind> kinds = {kernels::DeviceKind::kCpu};
+  if (kernels::cudaDeviceCount() > 0) kinds.push_back(kernels::DeviceKind::kCuda);
+  return kinds;
+}
+
+// A generated tiny model per (architecture, weight dtype), kept for the
+// process; its directory is removed when the process exits.
+inline const engine::Model& exactnessModel(const std::string& architecture, DType weight_dtype) {
+  static std::vector<std::unique_ptr<TempDir>> dirs;
+  static std::map<std::string, std::unique_ptr<engine::Model>> models;
+  const std::string key = architecture + dtypeShortName(weight_dtype);
+  auto it = models.find(key);
+  if (it != models.end()) return *it->second;
+  dirs.push_back(std::make_unique<TempDir>("tandem-exactness-model"));
+  tools::TestModelOptions options;
+  options.preset = "tiny";
+  options.architecture = architecture;
+  options.dtype = weight_dtype;
+  options.seed = 17;
+  tools::writeTestModel(options, dirs.back()->path());
+  return *models.emplace(key, engine::Model::load(dirs.back()->path())).first->second;
+}
+
+// A zero-filled cache in `backend`'s memory with the model's geometry.
+inline std::unique_ptr<engine::KvCache> makeCacheOn(kernels::Backend& backend,
+                                                    const engine::Model& model, DType kv_dtype,
+                                                    int64_t num_blocks) {
+  engine::KvCacheConfig config;
+  config.num_blocks = num_blocks;
+  config.block_size = 16;
+  config.dtype = kv_dtype;
+  config.num_layers = static_cast<int32_t>(model.config().num_hidden_layers);
+  config.num_kv_heads = static_cast<int32_t>(model.config().num_key_value_heads);
+  config.head_dim = static_cast<int32_t>(model.config().head_dim);
+  std::unique_ptr<engine::KvSlabAllocator> allocator;
+  if (backend.hostAccessible()) {
+    allocator = std::make_unique<engine::HostSlabAllocator>();
+  } else {
+    allocator = std::make_unique<engine::BackendSlabAllocator>(backend);
+  }
+  return std::make_unique<engine::KvCache>(config, std::move(allocator));
+}
+
+// The bytes of `blocks`, in table order, read through the backend.
+inline std::vector<uint8_t> readKvBytes(kernels::Backend& backend, engine::KvCache& cache,
+                                        std::span<const BlockId> blocks) {
+  std::vector<uint8_t> bytes(blocks.size() * cache.blockBytes());
+  backend.readBlocks(cache.layout(), blocks.data(), static_cast<int64_t>(blocks.size()),
+                     bytes.data());
+  return bytes;
+}
+
+// What one sequence produced: the logits of its prefill's last token and of
+// each decode step, the greedy tokens, and the KV bytes of its blocks.
+struct SequenceRun {
+  std::vector<std::vector<float>> logits;
+  std::vector<TokenId> tokens;
+  std::vector<uint8_t> kv;
+};
+
+// Bit-for-bit comparison; the message names `what`, the first step that
+// differs and, for logits, the first differing index.
+inline ::testing::AssertionResult sameRun(const std::string& what, const SequenceRun& expected,
+                                          const SequenceRun& actual) {
+  if (expected.logits.size() != actual.logits.size()) {
+    return ::testing::AssertionFailure() << what << ": " << actual.logits.size()
+                                         << " logit rows, expected " << expected.logits.size();
+  }
+  for (size_t step = 0; step < expected.logits.size(); ++step) {
+    const auto& e = expected.logits[step];
+    const auto& a = actual.logits[step];
+    if (e.size() != a.size() || std::memcmp(e.data(), a.data(), e.size() * sizeof(float)) != 0) {
+      size_t index = 0;
+      while (index < std::min(e.size(), a.size()) &&
+             std::memcmp(&e[index], &a[index], sizeof(float)) == 0) {
+        ++index;
+      }
+      auto failure = ::testing::AssertionFailure()
+                     << what << ": logits of step " << step << " differ at index " << index;
+      if (index < std::min(e.size(), a.size()))
+        failure << " (" << a[index] << " vs " << e[index] << ")";
+      return failure;
+    }
+  }
+  if (expected.tokens != actual.tokens) {
+    return ::testing::AssertionFailure() << what << ": greedy tokens differ";
+  }
+  if (expected.kv.size() != actual.kv.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": " << actual.kv.size() << " KV bytes, expected " << expected.kv.size();
+  }
+  if (expected.kv != actual.kv) {
+    size_t index = 0;
+    while (expected.kv[index] == actual.kv[index]) ++index;
+    return ::testing::AssertionFailure()
+           << what << ": KV bytes differ from byte " << index << " of " << expected.kv.size();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The property checks on one backend, one model and one KV dtype.
+class ExactnessChecks {
+ public:
+  static constexpr int64_t kDecodeSteps = 5;
+
+  ExactnessChecks(const engine::Model& model, kernels::Backend& backend, DType kv_dtype)
+      : model_(model), backend_(backend), kv_dtype_(kv_dtype) {}
+
+  int64_t vocab() const { return model_.config().vocab_size; }
+  // Token ids within the tiny model's text vocabulary.
+  std::vector<TokenId> prompt(size_t n, uint32_t seed) const {
+    return randomTokenIds(n, seed, 3, static_cast<int32_t>(vocab() - 1));
+  }
+
+  // `tokens` alone in a fresh cache on blocks 0.., prefilled in chunks of
+  // `chunk` tokens (0: one shot), then decoded greedily.
+  SequenceRun alone(const std::vector<TokenId>& tokens, int64_t chunk) {
+    const std::vector<BlockId> blocks = iota(blocksFor(tokens.size()), 0);
+    auto cache = makeCacheOn(backend_, model_, kv_dtype_, static_cast<int64_t>(blocks.size()));
+    engine::ModelRunner runner(model_, *cache, backend_);
+    SequenceRun run;
+    std::vector<float> logits;
+    const auto n = static_cast<int64_t>(tokens.size());
+    if (chunk <= 0) chunk = n;
+    for (int64_t start = 0; start < n; start += chunk) {
+      engine::SequenceInput input{
+          std::span<const TokenId>(tokens).subspan(start, std::min(chunk, n - start)), start,
+          blocks};
+      runner.forward({&input, 1}, logits);
+    }
+    run.logits.push_back(logits);
+    decodeAlone(runner, n, blocks, run);
+    run.kv = readKvBytes(backend_, *cache, blocks);
+    return run;
+  }
+
+  ::testing::AssertionResult chunkedMatchesOneShot() {
+    const std::vector<TokenId> tokens = prompt(53, 1);
+    const SequenceRun expected = alone(tokens, 0);
+    for (int64_t chunk : {1, 7, 16}) {
+      auto result =
+          sameRun("prefill in chunks of " + std::to_string(chunk), expected, alone(tokens, chunk));
+      if (!result) return result;
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // A prefilled and decoded between two other sequences in one batch, on
+  // scattered blocks; and A's prefill chunks batched with another's decodes.
+  ::testing::AssertionResult aloneMatchesBatched() {
+    const std::vector<TokenId> a = prompt(40, 2), b = prompt(13, 3), c = prompt(70, 4);
+    const SequenceRun expected = alone(a, 0);
+
+    auto cache = makeCacheOn(backend_, model_, kv_dtype_, 16);
+    engine::ModelRunner runner(model_, *cache, backend_);
+    const std::vector<BlockId> b_blocks = {0, 1}, a_blocks = {9, 3, 12},
+                               c_blocks = {4, 5, 6, 7, 8, 10};
+    std::vector<engine::SequenceInput> batch = {
+        {b, 0, b_blocks}, {a, 0, a_blocks}, {c, 0, c_blocks}};
+    std::vector<float> logits;
+    runner.forward(batch, logits);
+    SequenceRun batched;
+    batched.logits.push_back(row(logits, 1));
+    std::vector<TokenId> next(3);
+    for (int64_t step = 0; step < kDecodeSteps; ++step) {
+      for (int s = 0; s < 3; ++s) {
+        next[s] = static_cast<TokenId>(kernels::argmax(logits.data() + s * vocab(), vocab()));
+      }
+      batched.tokens.push_back(next[1]);
+      batch = {{{&next[0], 1}, static_cast<int64_t>(b.size()) + step, b_blocks},
+               {{&next[1], 1}, static_cast<int64_t>(a.size()) + step, a_blocks},
+               {{&next[2], 1}, static_cast<int64_t>(c.size()) + step, c_blocks}};
+      runner.forward(batch, logits);
+      batched.logits.push_back(row(logits, 1));
+    }
+    batched.kv = readKvBytes(backend_, *cache, a_blocks);
+    if (auto result = sameRun("batched between two sequences", expected, batched); !result) {
+      return result;
+    }
+
+    // Continuous batching: A's prefill in chunks of 16, each step batched
+    // with one decode token of another sequence.
+    auto mixed_cache = makeCacheOn(backend_, model_, kv_dtype_, 8);
+    engine::ModelRunner mixed(model_, *mixed_cache, backend_);
+    const std::vector<BlockId> other_blocks = {0, 1, 7}, a_mixed_blocks = {5, 2, 6};
+    const std::vector<TokenId> other = prompt(20, 6);
+    engine::SequenceInput other_input{other, 0, other_blocks};
+    mixed.forward({&other_input, 1}, logits);
+    int64_t other_position = static_cast<int64_t>(other.size());
+    const auto a_size = static_cast<int64_t>(a.size());
+    for (int64_t start = 0; start < a_size; start += 16) {
+      const TokenId other_token = other[static_cast<size_t>(start) % other.size()];
+      std::vector<engine::SequenceInput> step = {
+          {{&other_token, 1}, other_position++, other_blocks},
+          {std::span<const TokenId>(a).subspan(start, std::min<int64_t>(16, a_size - start)), start,
+           a_mixed_blocks}};
+      mixed.forward(step, logits);
+    }
+    SequenceRun mixed_run;
+    mixed_run.logits.push_back(row(logits, 1));
+    decodeAlone(mixed, a_size, a_mixed_blocks, mixed_run);
+    mixed_run.kv = readKvBytes(backend_, *mixed_cache, a_mixed_blocks);
+    return sameRun("prefill chunks batched with decodes", expected, mixed_run);
+  }
+
+  // Prefix hit: another request computed the 3 shared prefix blocks; A reuses
+  // them and computes only its own suffix. Miss: A computes everything.
+  ::testing::AssertionResult prefixHitMatchesMiss() {
+    const std::vector<TokenId> prefix = prompt(48, 7);
+    std::vector<TokenId> a = prefix, other = prefix;
+    const std::vector<TokenId> a_suffix = prompt(21, 8), other_suffix = prompt(9, 9);
+    a.insert(a.end(), a_suffix.begin(), a_suffix.end());
+    other.insert(other.end(), other_suffix.begin(), other_suffix.end());
+    const SequenceRun miss = alone(a, 0);
+
+    auto cache = makeCacheOn(backend_, model_, kv_dtype_, 12);
+    engine::ModelRunner runner(model_, *cache, backend_);
+    const std::vector<BlockId> other_blocks = {5, 6, 7, 8};
+    const std::vector<BlockId> a_blocks = {5, 6, 7, 1, 2};  // the prefix blocks are shared
+    std::vector<float> logits;
+    engine::SequenceInput other_input{other, 0, other_blocks};
+    runner.forward({&other_input, 1}, logits);
+    const auto cached = static_cast<int64_t>(prefix.size());
+    engine::SequenceInput a_input{std::span<const TokenId>(a).subspan(cached), cached, a_blocks};
+    runner.forward({&a_input, 1}, logits);
+    SequenceRun hit;
+    hit.logits.push_back(logits);
+    decodeAlone(runner, static_cast<int64_t>(a.size()), a_blocks, hit);
+    hit.kv = readKvBytes(backend_, *cache, a_blocks);
+    return sameRun("prefix hit", miss, hit);
+  }
+
+ private:
+  static std::vector<BlockId> iota(int64_t count, BlockId first) {
+    std::vector<BlockId> blocks(static_cast<size_t>(count));
+    std::iota(blocks.begin(), blocks.end(), first);
+    return blocks;
+  }
+  // Blocks for a prompt of `tokens` plus the decode steps.
+  static int64_t blocksFor(size_t tokens) {
+    return (static_cast<int64_t>(tokens) + kDecodeSteps + 15) / 16;
+  }
+  std::vector<float> row(const std::vector<float>& logits, int64_t sequence) const {
+    return {logits.begin() + sequence * vocab(), logits.begin() + (sequence + 1) * vocab()};
+  }
+  // Greedy decode from run.logits.back(), appending each step's logits and
+  // token; the sequence's cached length is `length`.
+  void decodeAlone(engine::ModelRunner& runner, int64_t length, std::span<const BlockId> blocks,
+                   SequenceRun& run) {
+    std::vector<float> logits = run.logits.back();
+    for (int64_t step = 0; step < kDecodeSteps; ++step) {
+      const auto next = static_cast<TokenId>(kernels::argmax(logits.data(), vocab()));
+      run.tokens.push_back(next);
+      engine::SequenceInput input{{&next, 1}, length + step, blocks};
+      runner.forward({&input, 1}, logits);
+      run.logits.push_back(logits);
+    }
+  }
+
+  const engine::Model& model_;
+  kernels::Backend& backend_;
+  DType kv_dtype_;
+};
+
+// Greedy tokens of `prompt` on `backend` (one-shot prefill, then `steps`
+// decodes), with each step's margin between the best and second-best logit.
+struct GreedyRun {
+  std::vector<TokenId> tokens;
+  std::vector<float> margins;
+};
+
+inline GreedyRun greedyOn(kernels::Backend& backend, const engine::Model& model, DType kv_dtype,
+                          const std::vector<TokenId>& prompt, int64_t steps) {
+  const int64_t vocab = model.config().vocab_size;
+  const int64_t blocks = (static_cast<int64_t>(prompt.size()) + steps + 15) / 16;
+  auto cache = makeCacheOn(backend, model, kv_dtype, blocks);
+  engine::ModelRunner runner(model, *cache, backend);
+  std::vector<BlockId> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  GreedyRun run;
+  std::vector<float> logits;
+  engine::SequenceInput input{prompt, 0, table};
+  runner.forward({&input, 1}, logits);
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto next = static_cast<TokenId>(kernels::argmax(logits.data(), vocab));
+    float second = -1e30f;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (i != next) second = std::max(second, logits[static_cast<size_t>(i)]);
+    }
+    run.tokens.push_back(next);
+    run.margins.push_back(logits[static_cast<size_t>(next)] - second);
+    engine::SequenceInput decode{
+        {&run.tokens.back(), 1}, static_cast<int64_t>(prompt.size()) + step, table};
+    runner.forward({&decode, 1}, logits);
+  }
+  return run;
+}
+
+}  // namespace tandem::testing

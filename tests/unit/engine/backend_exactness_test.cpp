@@ -1,0 +1,88 @@
+// The engine's exactness properties on every compute backend this build and
+// machine have (always the CPU; CUDA too when a device is visible): chunked
+// vs one-shot prefill, alone vs batched, prefix hit vs miss give bit-identical
+// logits, greedy tokens and KV bytes (read back with Backend::readBlocks).
+// The checks live in tests/support/exactness_checks.h, shared with the gpu
+// test.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+
+#include "tests/support/exactness_checks.h"
+
+namespace tandem::engine {
+namespace {
+
+using ::tandem::testing::ExactnessChecks;
+using ::tandem::testing::SequenceRun;
+
+struct ModelVariant {
+  std::string architecture;
+  DType weight_dtype;
+  DType kv_dtype;
+};
+
+using Param = std::tuple<kernels::DeviceKind, ModelVariant>;
+
+class BackendExactnessTest : public ::testing::TestWithParam<Param> {
+ protected:
+  ExactnessChecks checks() {
+    const auto& [kind, variant] = GetParam();
+    return ExactnessChecks(
+        ::tandem::testing::exactnessModel(variant.architecture, variant.weight_dtype),
+        ::tandem::testing::sharedBackend(kind), variant.kv_dtype);
+  }
+};
+
+TEST_P(BackendExactnessTest, ChunkedPrefillIsBitIdenticalToOneShot) {
+  EXPECT_TRUE(checks().chunkedMatchesOneShot());
+}
+
+TEST_P(BackendExactnessTest, SequenceIsBitIdenticalAloneAndBatched) {
+  EXPECT_TRUE(checks().aloneMatchesBatched());
+}
+
+TEST_P(BackendExactnessTest, PrefixHitIsBitIdenticalToMiss) {
+  EXPECT_TRUE(checks().prefixHitMatchesMiss());
+}
+
+// The comparison can fail: one changed prompt token changes the logits of
+// the following positions, the tokens and the KV bytes, and sameRun says so.
+TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
+  ExactnessChecks c = checks();
+  std::vector<TokenId> prompt = c.prompt(30, 12);
+  const SequenceRun expected = c.alone(prompt, 0);
+  prompt[20] = prompt[20] == 5 ? 6 : 5;
+  const ::testing::AssertionResult result =
+      ::tandem::testing::sameRun("changed prompt", expected, c.alone(prompt, 0));
+  ASSERT_FALSE(result);
+  EXPECT_NE(std::string(result.message()).find("logits of step 0"), std::string::npos)
+      << result.message();
+}
+
+std::vector<Param> params() {
+  const ModelVariant variants[] = {
+      {"LlamaForCausalLM", DType::kBF16, DType::kF32},
+      {"LlamaForCausalLM", DType::kBF16, DType::kBF16},
+      {"Qwen2ForCausalLM", DType::kF16, DType::kF32},
+      {"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
+  };
+  std::vector<Param> out;
+  for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
+    for (const ModelVariant& variant : variants) out.emplace_back(kind, variant);
+  }
+  return out;
+}
+
+std::string paramName(const ::testing::TestParamInfo<Param>& info) {
+  const auto& [kind, variant] = info.param;
+  return std::string(kernels::deviceKindName(kind)) + "_" +
+         variant.architecture.substr(0, variant.architecture.find("For")) + "_w" +
+         dtypeShortName(variant.weight_dtype) + "_kv" + dtypeShortName(variant.kv_dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendExactnessTest, ::testing::ValuesIn(params()), paramName);
+
+}  // namespace
+}  // namespace tandem::engine
