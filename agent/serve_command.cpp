@@ -55,16 +55,8 @@ bool resolveKvBuffers(kv::KvTransferConfig& config, bool slab_host_accessible,
   if (!options.isOk()) throw Error(options.status().message());
   auto path = kv::chooseKvBuffer(*options, slab_host_accessible, ucx_supports_cuda);
   if (!path.isOk()) throw Error(path.status().message());
-  if (*path == kv::KvBufferPath::kSlab && !slab_host_accessible) {
-    // Registering device memory in place is not implemented: a UCX with
-    // CUDA support still moves a device slab through staging.
-    if (options->requested == "slab") {
-      throw Error(
-          "kv_connector_extra_config.kv_buffer \"slab\" with a device KV slab is not supported "
-          "by this agent yet; use \"staging\" or \"auto\"");
-    }
-    path = kv::KvBufferPath::kStaging;
-  }
+  // A device slab on the slab path is registered in place by
+  // UcxSlabAllocator (chooseKvBuffer allows it only when UCX moves CUDA memory).
   if (!config.extra.is_object()) config.extra = nlohmann::json::object();
   config.extra["kv_buffer"] = kv::kvBufferPathName(*path);
   return *path == kv::KvBufferPath::kSlab || slab;

@@ -151,7 +151,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                       << " blocks holds less than one sequence of " << max_model_len_
                       << " tokens; long requests will be refused";
   }
-  if (!allocator) {
+  if (allocator) {
+    allocator->bindBackend(*backend_);
+  } else {
     if (backend_->hostAccessible()) {
       allocator = std::make_unique<HostSlabAllocator>();
     } else {

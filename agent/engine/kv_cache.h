@@ -33,6 +33,10 @@ class KvSlabAllocator {
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* data, size_t bytes) = 0;
   virtual std::string name() const = 0;
+  // Called by the engine before allocate() with the backend that computes on
+  // the slab, so an allocator can place the slab in that backend's memory
+  // (e.g. device memory it then registers with a transport). Default: none.
+  virtual void bindBackend(kernels::Backend& backend) {}
 };
 
 // Anonymous private host mapping (zero-filled by the kernel, page-aligned).

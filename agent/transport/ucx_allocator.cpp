@@ -23,23 +23,50 @@ UcxSlabAllocator::~UcxSlabAllocator() {
   if (memory_ != nullptr) release(base_, bytes_);
 }
 
+void UcxSlabAllocator::bindBackend(kernels::Backend& backend) {
+  device_ = backend.hostAccessible() ? nullptr : &backend;
+}
+
 void* UcxSlabAllocator::allocate(size_t bytes) {
   if (memory_ != nullptr) {
     TANDEM_LOG(kError) << "the UCX slab allocator holds one slab at a time";
     return nullptr;
   }
   if (bytes == 0) return nullptr;
+  if (device_ != nullptr && !context_->supportsCudaMemory()) {
+    TANDEM_LOG(kError) << "this UCX cannot register device memory (its memory types lack cuda); "
+                          "the KV slab of a device backend needs kv_buffer \"staging\"";
+    return nullptr;
+  }
   ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-  params.address = nullptr;
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   params.length = bytes;
-  params.flags = UCP_MEM_MAP_ALLOCATE;
+  void* device_memory = nullptr;
+  if (device_ != nullptr) {
+    // The backend's (zero-filled) memory, registered in place.
+    device_memory = device_->allocate(bytes);
+    if (device_memory == nullptr) {
+      TANDEM_LOG(kError) << "the " << kernels::deviceKindName(device_->kind())
+                         << " backend cannot allocate a " << bytes << "-byte KV slab";
+      return nullptr;
+    }
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.address = device_memory;
+    params.memory_type = UCS_MEMORY_TYPE_CUDA;
+  } else {
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.address = nullptr;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+  }
+  auto give_back_device_memory = [&] {
+    if (device_memory != nullptr) device_->release(device_memory, bytes);
+  };
   ucp_mem_h memory = nullptr;
   ucs_status_t status = ucp_mem_map(context_->context_, &params, &memory);
   if (status != UCS_OK) {
-    TANDEM_LOG(kError) << "UCX cannot allocate a " << bytes
-                       << "-byte slab: " << ucs_status_string(status);
+    TANDEM_LOG(kError) << "UCX cannot " << (device_memory != nullptr ? "register" : "allocate")
+                       << " a " << bytes << "-byte slab: " << ucs_status_string(status);
+    give_back_device_memory();
     return nullptr;
   }
   ucp_mem_attr_t attr{};
@@ -49,6 +76,7 @@ void* UcxSlabAllocator::allocate(size_t bytes) {
       reinterpret_cast<uintptr_t>(attr.address) % 64 != 0) {
     TANDEM_LOG(kError) << "UCX returned an unusable slab for " << bytes << " bytes";
     ucp_mem_unmap(context_->context_, memory);
+    give_back_device_memory();
     return nullptr;
   }
   void* packed = nullptr;
@@ -58,6 +86,7 @@ void* UcxSlabAllocator::allocate(size_t bytes) {
     TANDEM_LOG(kError) << "UCX cannot pack a remote key for the slab: "
                        << ucs_status_string(status);
     ucp_mem_unmap(context_->context_, memory);
+    give_back_device_memory();
     return nullptr;
   }
   packed_rkey_.assign(static_cast<const char*>(packed), packed_size);
@@ -66,8 +95,9 @@ void* UcxSlabAllocator::allocate(size_t bytes) {
   memory_ = memory;
   base_ = static_cast<uint8_t*>(attr.address);
   bytes_ = bytes;
-  // Not every UCX allocation method hands out zeroed memory.
-  std::memset(base_, 0, bytes_);
+  // Not every UCX allocation method hands out zeroed memory (device memory
+  // came zero-filled from the backend).
+  if (device_memory == nullptr) std::memset(base_, 0, bytes_);
 #if defined(__SANITIZE_THREAD__)
   // Over TCP the progress thread copies slab bytes out for a reader in
   // another process, ordered after the writer by messages through that
@@ -84,6 +114,7 @@ void UcxSlabAllocator::release(void* data, size_t bytes) {
   if (status != UCS_OK) {
     TANDEM_LOG(kWarn) << "UCX failed to unmap the KV slab: " << ucs_status_string(status);
   }
+  if (device_ != nullptr) device_->release(base_, bytes_);  // registered in place: ours to free
   memory_ = nullptr;
   base_ = nullptr;
   bytes_ = 0;

@@ -7,6 +7,12 @@
 // emulation. The allocator also supplies what peers need to read the slab
 // (remoteSlab) and what local reads write into (localSlab).
 //
+// On a backend whose memory the host cannot touch (bindBackend with a CUDA
+// backend), the slab is that backend's memory, registered with UCX in place
+// (ucp_mem_map of the address, memory type CUDA): only for a UCX whose
+// memory types include cuda (UcxContext::supportsCudaMemory), so that peers
+// read device memory directly (cuda_ipc on one host, GPUDirect RDMA across).
+//
 // One slab at a time: allocate() again before release() returns nullptr.
 // Keeps its UcxContext alive. allocate()/release() belong to start-up and
 // shutdown (one thread); the const accessors may be called from any thread
@@ -38,7 +44,8 @@ class UcxSlabAllocator : public engine::KvSlabAllocator {
   // (with a log line saying why).
   void* allocate(size_t bytes) override;
   void release(void* data, size_t bytes) override;
-  std::string name() const override { return "ucx"; }
+  std::string name() const override { return device_ != nullptr ? "ucx-device" : "ucx"; }
+  void bindBackend(kernels::Backend& backend) override;
 
   // Valid between allocate() and release(); nullptr / 0 / "" otherwise.
   uint8_t* base() const { return base_; }
@@ -58,6 +65,7 @@ class UcxSlabAllocator : public engine::KvSlabAllocator {
   uint8_t* base_ = nullptr;
   size_t bytes_ = 0;
   std::string packed_rkey_;
+  kernels::Backend* device_ = nullptr;  // set when the slab is device memory
 };
 
 }  // namespace tandem::transport
