@@ -54,7 +54,7 @@ if [[ "${SKIP_8B:-0}" != "1" ]]; then
 fi
 
 bench="${build}/bin/tandem-bench"
-if ! "${bench}" engine --help 2>&1 | grep -q -- "--batch"; then
+if ! "${bench}" engine --help 2>&1 | grep -- "--batch" >/dev/null; then
   echo "== tandem-bench engine has no --batch flag in this build: batch-32 runs left out"
   batches=(1)
 else

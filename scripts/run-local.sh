@@ -68,7 +68,7 @@ curl -sN -D "$headers" -H 'content-type: application/json' -d "$body" "$url/v1/c
       <<<"$data"
   done
 echo
-header() { grep -i "^$1:" "$headers" | head -1 | cut -d: -f2- | tr -d '\r' | sed 's/^ *//'; }
+header() { grep -i -m1 "^$1:" "$headers" | cut -d: -f2- | tr -d '\r' | sed 's/^ *//'; }
 echo "=== ran on:     prefill agent $(header x-tandem-prefill-agent)," \
   "decode agent $(header x-tandem-decode-agent) ($(header x-tandem-decision))," \
   "$(header x-tandem-kv-blocks-moved) KV blocks moved"
