@@ -91,22 +91,12 @@ int runGenerate(const GenerateOptions& options) {
     throw tandem::Error("--kv-dtype must be f32 or bf16, got " + options.kv_dtype);
   }
 
-  tandem::engine::KvCacheConfig kv_config;
-  kv_config.block_size = options.block_size;
+  tandem::engine::KvCacheConfig kv_config =
+      tandem::engine::KvCacheConfig::forModel(config, *kv_dtype, options.block_size);
   kv_config.num_blocks = (total + options.block_size - 1) / options.block_size;
-  kv_config.dtype = *kv_dtype;
-  kv_config.num_layers = static_cast<int32_t>(config.num_hidden_layers);
-  kv_config.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
-  kv_config.head_dim = static_cast<int32_t>(config.head_dim);
   std::unique_ptr<tandem::kernels::Backend> backend =
       tandem::kernels::makeBackend(tandem::kernels::resolveDevice(options.device));
-  std::unique_ptr<tandem::engine::KvSlabAllocator> allocator;
-  if (backend->hostAccessible()) {
-    allocator = std::make_unique<tandem::engine::HostSlabAllocator>();
-  } else {
-    allocator = std::make_unique<tandem::engine::BackendSlabAllocator>(*backend);
-  }
-  tandem::engine::KvCache cache(kv_config, std::move(allocator));
+  tandem::engine::KvCache cache(kv_config, tandem::engine::slabAllocatorFor(*backend));
   tandem::engine::ModelRunner runner(*model, cache, *backend);
   std::vector<tandem::engine::BlockId> block_table(kv_config.num_blocks);
   std::iota(block_table.begin(), block_table.end(), 0);

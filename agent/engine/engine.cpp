@@ -133,12 +133,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                 std::to_string(mc.max_position_embeddings));
   }
 
-  KvCacheConfig kv;
-  kv.block_size = config_.block_size;
-  kv.dtype = config_.kv_dtype;
-  kv.num_layers = static_cast<int32_t>(mc.num_hidden_layers);
-  kv.num_kv_heads = static_cast<int32_t>(mc.num_key_value_heads);
-  kv.head_dim = static_cast<int32_t>(mc.head_dim);
+  KvCacheConfig kv = KvCacheConfig::forModel(mc, config_.kv_dtype, config_.block_size);
   kv.num_blocks = config_.num_blocks > 0 ? config_.num_blocks
                                          : kv.blocksForBytes(config_.kv_cache_memory_bytes);
   if (kv.num_blocks <= 0) {
@@ -154,11 +149,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   if (allocator) {
     allocator->bindBackend(*backend_);
   } else {
-    if (backend_->hostAccessible()) {
-      allocator = std::make_unique<HostSlabAllocator>();
-    } else {
-      allocator = std::make_unique<BackendSlabAllocator>(*backend_);
-    }
+    allocator = slabAllocatorFor(*backend_);
   }
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
   cache_->attachBackend(backend_.get());

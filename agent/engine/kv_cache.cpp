@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <cstring>
+
 #include "common/check.h"
 #include "common/status.h"
 
@@ -65,6 +67,37 @@ uint8_t* KvCache::blockData(BlockId block) {
 const uint8_t* KvCache::blockData(BlockId block) const {
   TANDEM_CHECK(block >= 0 && block < config_.num_blocks, "block id out of range");
   return slab_ + static_cast<size_t>(block) * block_bytes_;
+}
+
+void KvCache::copyBlockToHost(BlockId block, void* host_dst) {
+  if (backend_ != nullptr) {
+    backend_->readBlocks(layout(), &block, 1, host_dst);
+  } else {
+    std::memcpy(host_dst, blockData(block), block_bytes_);
+  }
+}
+
+void KvCache::copyBlockFromHost(BlockId block, const void* host_src) {
+  if (backend_ != nullptr) {
+    backend_->writeBlocks(layout(), &block, 1, host_src);
+  } else {
+    std::memcpy(blockData(block), host_src, block_bytes_);
+  }
+}
+
+std::unique_ptr<KvSlabAllocator> slabAllocatorFor(kernels::Backend& backend) {
+  if (backend.hostAccessible()) return std::make_unique<HostSlabAllocator>();
+  return std::make_unique<BackendSlabAllocator>(backend);
+}
+
+KvCacheConfig KvCacheConfig::forModel(const ModelConfig& model, DType dtype, int32_t block_size) {
+  KvCacheConfig config;
+  config.block_size = block_size;
+  config.dtype = dtype;
+  config.num_layers = static_cast<int32_t>(model.num_hidden_layers);
+  config.num_kv_heads = static_cast<int32_t>(model.num_key_value_heads);
+  config.head_dim = static_cast<int32_t>(model.head_dim);
+  return config;
 }
 
 kernels::KvCacheLayout KvCache::layout() {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/engine/model_config.h"
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
@@ -62,6 +63,11 @@ class BackendSlabAllocator : public KvSlabAllocator {
   kernels::Backend& backend_;
 };
 
+// The slab allocator a cache computed on by `backend` gets when nothing else
+// supplies one: host memory for a host-accessible backend, else the
+// backend's own memory.
+std::unique_ptr<KvSlabAllocator> slabAllocatorFor(kernels::Backend& backend);
+
 struct KvCacheConfig {
   int64_t num_blocks = 0;
   int32_t block_size = 16;
@@ -69,6 +75,9 @@ struct KvCacheConfig {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+
+  // Layers, KV heads and head size from `model` (num_blocks left at 0).
+  static KvCacheConfig forModel(const ModelConfig& model, DType dtype, int32_t block_size);
 
   int64_t blockBytes() const;
   // Largest block count whose slab fits in `bytes` (0 when not even one fits).
@@ -103,6 +112,10 @@ class KvCache {
   kernels::Backend* backend() const { return backend_; }
   // Whether the host may read and write the slab's bytes directly.
   bool hostAccessible() const { return backend_ == nullptr || backend_->hostAccessible(); }
+  // One block to or from host memory (block_bytes), through the backend's
+  // readBlocks/writeBlocks when there is one; engine thread only.
+  void copyBlockToHost(BlockId block, void* host_dst);
+  void copyBlockFromHost(BlockId block, const void* host_src);
 
  private:
   KvCacheConfig config_;

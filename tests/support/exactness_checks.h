@@ -78,20 +78,9 @@ inline const engine::Model& exactnessModel(const std::string& architecture, DTyp
 inline std::unique_ptr<engine::KvCache> makeCacheOn(kernels::Backend& backend,
                                                     const engine::Model& model, DType kv_dtype,
                                                     int64_t num_blocks) {
-  engine::KvCacheConfig config;
+  engine::KvCacheConfig config = engine::KvCacheConfig::forModel(model.config(), kv_dtype, 16);
   config.num_blocks = num_blocks;
-  config.block_size = 16;
-  config.dtype = kv_dtype;
-  config.num_layers = static_cast<int32_t>(model.config().num_hidden_layers);
-  config.num_kv_heads = static_cast<int32_t>(model.config().num_key_value_heads);
-  config.head_dim = static_cast<int32_t>(model.config().head_dim);
-  std::unique_ptr<engine::KvSlabAllocator> allocator;
-  if (backend.hostAccessible()) {
-    allocator = std::make_unique<engine::HostSlabAllocator>();
-  } else {
-    allocator = std::make_unique<engine::BackendSlabAllocator>(backend);
-  }
-  return std::make_unique<engine::KvCache>(config, std::move(allocator));
+  return std::make_unique<engine::KvCache>(config, engine::slabAllocatorFor(backend));
 }
 
 // The bytes of `blocks`, in table order, read through the backend.

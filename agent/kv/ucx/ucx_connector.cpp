@@ -3,7 +3,6 @@
 #include <httplib.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <thread>
@@ -283,6 +282,11 @@ std::vector<BlockId> UcxConnector::takeSlots(int64_t n) {
 
 void UcxConnector::freeSlots(const std::vector<BlockId>& slots) {
   std::lock_guard<std::mutex> lock(staging_mutex_);
+  returnSlotsLocked(slots);
+}
+
+void UcxConnector::returnSlotsLocked(const std::vector<BlockId>& slots) const {
+  // Reversed, so that takeSlots (from the back) hands out the lowest first.
   free_slots_.insert(free_slots_.end(), slots.rbegin(), slots.rend());
 }
 
@@ -291,7 +295,7 @@ void UcxConnector::freeStagedHold(const std::string& transfer_id) const {
   std::lock_guard<std::mutex> lock(staging_mutex_);
   auto it = staged_holds_.find(transfer_id);
   if (it == staged_holds_.end()) return;
-  free_slots_.insert(free_slots_.end(), it->second.slots.rbegin(), it->second.slots.rend());
+  returnSlotsLocked(it->second.slots);
   staged_holds_.erase(it);
 }
 
@@ -304,7 +308,7 @@ void UcxConnector::freeExpiredHolds() {
       ++it;
       continue;
     }
-    free_slots_.insert(free_slots_.end(), it->second.slots.rbegin(), it->second.slots.rend());
+    returnSlotsLocked(it->second.slots);
     it = staged_holds_.erase(it);
   }
 }
@@ -313,15 +317,8 @@ std::vector<BlockId> UcxConnector::stageBlocks(std::span<const BlockId> blocks) 
   std::vector<BlockId> slots = takeSlots(static_cast<int64_t>(blocks.size()));
   if (slots.empty()) return slots;
   const size_t block_bytes = cache_.blockBytes();
-  kernels::Backend* backend = cache_.backend();
-  const kernels::KvCacheLayout layout = cache_.layout();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    uint8_t* slot = staging_base_ + static_cast<size_t>(slots[i]) * block_bytes;
-    if (backend != nullptr) {
-      backend->readBlocks(layout, &blocks[i], 1, slot);
-    } else {
-      std::memcpy(slot, cache_.blockData(blocks[i]), block_bytes);
-    }
+    cache_.copyBlockToHost(blocks[i], staging_base_ + static_cast<size_t>(slots[i]) * block_bytes);
   }
   return slots;
 }
@@ -937,16 +934,9 @@ std::vector<KvConnectorWorker::FinishedLoad> UcxConnector::poll() {
     // Engine thread: the backend is ours while we copy. The engine keeps the
     // destination blocks until this load is reported.
     const size_t block_bytes = cache_.blockBytes();
-    kernels::Backend* backend = cache_.backend();
-    const kernels::KvCacheLayout layout = cache_.layout();
     for (LoadOutcome& outcome : outcomes) {
       for (const auto& [slot, block] : outcome.staged) {
-        const uint8_t* source = staging_base_ + static_cast<size_t>(slot) * block_bytes;
-        if (backend != nullptr) {
-          backend->writeBlocks(layout, &block, 1, source);
-        } else {
-          std::memcpy(cache_.blockData(block), source, block_bytes);
-        }
+        cache_.copyBlockFromHost(block, staging_base_ + static_cast<size_t>(slot) * block_bytes);
       }
       if (!outcome.slots.empty()) freeSlots(outcome.slots);
     }

@@ -172,6 +172,8 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // back. Any thread.
   std::vector<BlockId> takeSlots(int64_t n);
   void freeSlots(const std::vector<BlockId>& slots);
+  // Puts slots back on the free list; staging_mutex_ held.
+  void returnSlotsLocked(const std::vector<BlockId>& slots) const;
   // Frees the slots a held transfer was copied into (none: nothing happens).
   void freeStagedHold(const std::string& transfer_id) const;
   // Frees the slots of holds past abort_timeout_s.

@@ -69,13 +69,8 @@ const Model& tinyModel(const std::string& architecture, DType weight_dtype) {
 }
 
 KvCacheConfig cacheConfigFor(const Model& model, DType kv_dtype, int64_t num_blocks) {
-  KvCacheConfig config;
+  KvCacheConfig config = KvCacheConfig::forModel(model.config(), kv_dtype, 16);
   config.num_blocks = num_blocks;
-  config.block_size = 16;
-  config.dtype = kv_dtype;
-  config.num_layers = static_cast<int32_t>(model.config().num_hidden_layers);
-  config.num_kv_heads = static_cast<int32_t>(model.config().num_key_value_heads);
-  config.head_dim = static_cast<int32_t>(model.config().head_dim);
   return config;
 }
 
