@@ -16,14 +16,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string randomText(const std::string& alphabet, size_t length) {
-  thread_local std::mt19937_64 generator{std::random_device{}()};
-  std::uniform_int_distribution<size_t> pick(0, alphabet.size() - 1);
-  std::string text;
-  for (size_t i = 0; i < length; ++i) text.push_back(alphabet[pick(generator)]);
-  return text;
-}
-
 const Json& metadataOf(const Json& object) {
   static const Json kEmpty = Json::object();
   auto it = object.find("metadata");
@@ -165,14 +157,24 @@ std::string newUid() {
          hex.substr(16, 4) + "-" + hex.substr(20, 12);
 }
 
-std::string nowTimestamp() {
-  std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+std::string randomText(const std::string& alphabet, size_t length) {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  std::uniform_int_distribution<size_t> pick(0, alphabet.size() - 1);
+  std::string text;
+  for (size_t i = 0; i < length; ++i) text.push_back(alphabet[pick(generator)]);
+  return text;
+}
+
+std::string timestampOf(std::chrono::system_clock::time_point when) {
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(when);
   std::tm utc{};
-  gmtime_r(&now, &utc);
+  gmtime_r(&seconds, &utc);
   char text[32];
   std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
   return text;
 }
+
+std::string nowTimestamp() { return timestampOf(std::chrono::system_clock::now()); }
 
 Json scaleOf(const KindInfo& kind, const Json& object) {
   Json replicas = object.value(

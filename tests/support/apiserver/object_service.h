@@ -11,6 +11,7 @@
 // conflicts and status stripping, but fire watch events like any write.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -116,6 +117,10 @@ class ObjectService {
 // Fresh metadata values.
 std::string newUid();
 std::string nowTimestamp();
+// RFC 3339 in UTC to the second, as the API writes timestamps.
+std::string timestampOf(std::chrono::system_clock::time_point when);
+// `length` characters drawn uniformly from `alphabet`.
+std::string randomText(const std::string& alphabet, size_t length);
 // Scale (autoscaling/v1) of an object of a kind with a scale subresource.
 nlohmann::json scaleOf(const KindInfo& kind, const nlohmann::json& object);
 

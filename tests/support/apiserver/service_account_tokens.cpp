@@ -1,8 +1,5 @@
 #include "tests/support/apiserver/service_account_tokens.h"
 
-#include <ctime>
-#include <random>
-
 namespace tandem::testing {
 namespace {
 
@@ -14,22 +11,8 @@ constexpr int64_t kMaxExpirationSeconds = int64_t{1} << 32;
 constexpr const char* kDefaultAudience = "https://kubernetes.default.svc.cluster.local";
 
 std::string randomToken() {
-  static const std::string kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  thread_local std::mt19937_64 generator{std::random_device{}()};
-  std::uniform_int_distribution<size_t> pick(0, kAlphabet.size() - 1);
-  std::string token = "tandem-sa.";
-  for (int i = 0; i < 48; ++i) token.push_back(kAlphabet[pick(generator)]);
-  return token;
-}
-
-std::string timestamp(std::chrono::system_clock::time_point when) {
-  std::time_t seconds = std::chrono::system_clock::to_time_t(when);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
+  return "tandem-sa." +
+         randomText("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", 48);
 }
 
 KindInfo tokenRequestKind() {
@@ -106,10 +89,10 @@ ApiResult ServiceAccountTokens::createToken(const std::string& ns, const std::st
   Json answer = {
       {"kind", "TokenRequest"},
       {"apiVersion", "authentication.k8s.io/v1"},
-      {"metadata", {{"name", name}, {"namespace", ns}, {"creationTimestamp", timestamp(now)}}},
+      {"metadata", {{"name", name}, {"namespace", ns}, {"creationTimestamp", timestampOf(now)}}},
       {"spec",
        {{"audiences", audiences}, {"expirationSeconds", expiration}, {"boundObjectRef", nullptr}}},
-      {"status", {{"token", token}, {"expirationTimestamp", timestamp(grant.expires)}}}};
+      {"status", {{"token", token}, {"expirationTimestamp", timestampOf(grant.expires)}}}};
   return ApiResult{201, answer, std::nullopt, {}};
 }
 

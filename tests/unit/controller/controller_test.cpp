@@ -13,6 +13,7 @@
 
 #include "operator/controller/workload_status.h"
 #include "tests/support/apiserver/api_server.h"
+#include "tests/support/test_helpers.h"
 
 namespace tandem::controller {
 namespace {
@@ -24,13 +25,9 @@ using std::chrono::seconds;
 constexpr char kNamespace[] = "serving";
 constexpr char kToken[] = "controller-token";
 
-bool waitUntil(const std::function<bool()>& condition, seconds timeout = seconds(30)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
+// Polls until the condition holds, 30 s at most.
+bool waitUntil(const std::function<bool()>& condition) {
+  return ::tandem::testing::eventually(condition, seconds(30), milliseconds(10));
 }
 
 json decodePool(int64_t replicas, const std::string& name = "decode") {
