@@ -218,8 +218,8 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                            std::vector<uint8_t> bytes) {
+std::optional<uint64_t> SafetensorsWriter::checkedSize(const std::string& name, DType dtype,
+                                                       const std::vector<int64_t>& shape) const {
   if (name.empty() || name == kMetadataKey) {
     throw Error("safetensors writer: invalid tensor name \"" + name + "\"");
   }
@@ -230,13 +230,29 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<in
     if (dim < 0)
       throw Error("safetensors writer: tensor " + name + " has shape " + shapeText(shape));
   }
-  std::optional<uint64_t> expected = byteSize(dtype, shape);
+  return byteSize(dtype, shape);
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                            std::vector<uint8_t> bytes) {
+  const std::optional<uint64_t> expected = checkedSize(name, dtype, shape);
   if (!expected || *expected != bytes.size()) {
     throw Error("safetensors writer: tensor " + name + " has " + std::to_string(bytes.size()) +
                 " bytes, but " + dtypeSafetensorsName(dtype) + " x shape " + shapeText(shape) +
                 " needs " + (expected ? std::to_string(*expected) : std::string("more")));
   }
-  entries_.emplace(name, Entry{dtype, std::move(shape), std::move(bytes)});
+  const uint64_t size = bytes.size();
+  entries_.emplace(name, Entry{dtype, std::move(shape), size, std::move(bytes), {}});
+}
+
+void SafetensorsWriter::addStreamed(const std::string& name, DType dtype,
+                                    std::vector<int64_t> shape, ByteSource source) {
+  const std::optional<uint64_t> size = checkedSize(name, dtype, shape);
+  if (!size) {
+    throw Error("safetensors writer: tensor " + name + ": " + dtypeSafetensorsName(dtype) +
+                " x shape " + shapeText(shape) + " is too large");
+  }
+  entries_.emplace(name, Entry{dtype, std::move(shape), *size, {}, std::move(source)});
 }
 
 void SafetensorsWriter::write(const std::filesystem::path& path) const {
@@ -249,9 +265,9 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     header[name] = {
         {"dtype", dtypeSafetensorsName(entry.dtype)},
         {"shape", entry.shape},
-        {"data_offsets", {offset, offset + entry.bytes.size()}},
+        {"data_offsets", {offset, offset + entry.size}},
     };
-    offset += entry.bytes.size();
+    offset += entry.size;
   }
   std::string header_text = header.dump();
   // Aligns the data area so that every tensor of a 4-byte dtype is aligned too.
@@ -272,9 +288,26 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     }
     out.write(reinterpret_cast<const char*>(length_bytes), sizeof length_bytes);
     out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-    for (const auto& [name, entry] : entries_) {
-      out.write(reinterpret_cast<const char*>(entry.bytes.data()),
-                static_cast<std::streamsize>(entry.bytes.size()));
+    try {
+      for (const auto& [name, entry] : entries_) {
+        if (!entry.source) {
+          out.write(reinterpret_cast<const char*>(entry.bytes.data()),
+                    static_cast<std::streamsize>(entry.bytes.size()));
+          continue;
+        }
+        const std::streamoff before = out.tellp();
+        entry.source(out);
+        const std::streamoff written = out.tellp() - before;
+        if (out && static_cast<uint64_t>(written) != entry.size) {
+          throw Error("safetensors writer: tensor " + name + ": its source wrote " +
+                      std::to_string(written) + " bytes, not " + std::to_string(entry.size));
+        }
+      }
+    } catch (...) {
+      out.close();
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+      throw;
     }
     out.close();
     if (!out) {

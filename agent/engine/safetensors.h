@@ -10,7 +10,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -51,13 +54,22 @@ class SafetensorsFile {
   std::map<std::string, TensorInfo> tensors_;
 };
 
-// Builds a safetensors file in memory. Output is byte-deterministic: tensors
-// are laid out in name order and the header JSON has sorted keys, padded with
-// spaces so the data starts 8-byte aligned.
+// Builds a safetensors file. Output is byte-deterministic: tensors are laid
+// out in name order and the header JSON has sorted keys, padded with spaces
+// so the data starts 8-byte aligned.
 class SafetensorsWriter {
  public:
+  // Writes a tensor's bytes to `out` when the file is written; must write
+  // exactly dtype size x the shape's element count bytes.
+  using ByteSource = std::function<void(std::ostream& out)>;
+
   void add(const std::string& name, DType dtype, std::vector<int64_t> shape,
            std::vector<uint8_t> bytes);
+  // A tensor whose bytes are produced while the file is written, so a file
+  // larger than memory can be built; a source writing the wrong number of
+  // bytes fails write() naming the tensor.
+  void addStreamed(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                   ByteSource source);
   // Writes to `path` (via a temporary file and rename); throws tandem::Error.
   void write(const std::filesystem::path& path) const;
 
@@ -65,8 +77,14 @@ class SafetensorsWriter {
   struct Entry {
     DType dtype;
     std::vector<int64_t> shape;
-    std::vector<uint8_t> bytes;
+    uint64_t size = 0;           // bytes
+    std::vector<uint8_t> bytes;  // or, when empty and size > 0, from source
+    ByteSource source;
   };
+  // The name and shape checks of add() and addStreamed(); the byte size
+  // (nullopt when the size overflows).
+  std::optional<uint64_t> checkedSize(const std::string& name, DType dtype,
+                                      const std::vector<int64_t>& shape) const;
   std::map<std::string, Entry> entries_;
 };
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "agent/engine/safetensors.h"
 #include "common/status.h"
 #include "tools/model/bpe_trainer.h"
 
@@ -119,78 +120,48 @@ struct TensorSpec {
 int64_t rowsOf(const TensorSpec& spec) { return spec.shape[0]; }
 int64_t colsOf(const TensorSpec& spec) { return spec.shape.size() > 1 ? spec.shape[1] : 1; }
 
-// Writes model.safetensors one bounded chunk at a time, so a 16 GB model
-// needs a few MB of memory. The layout is SafetensorsWriter's: tensors in
-// name order, sorted JSON header padded to 8 bytes.
+// Writes model.safetensors with SafetensorsWriter, each tensor generated one
+// bounded chunk at a time while the file is written, so a 16 GB model needs
+// a few MB of memory.
 void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors, DType dtype,
                                uint64_t seed, const fs::path& path) {
-  constexpr size_t kHeaderLengthBytes = 8;
-  const size_t element_bytes = dtypeSize(dtype);
-  nlohmann::json header = nlohmann::json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
-  for (const auto& [name, spec] : tensors) {
-    const uint64_t bytes =
-        static_cast<uint64_t>(rowsOf(spec)) * static_cast<uint64_t>(colsOf(spec)) * element_bytes;
-    header[name] = {{"dtype", dtypeSafetensorsName(dtype)},
-                    {"shape", spec.shape},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string header_text = header.dump();
-  header_text.append(
-      (kHeaderLengthBytes - header_text.size() % kHeaderLengthBytes) % kHeaderLengthBytes, ' ');
-  char length_bytes[kHeaderLengthBytes];
-  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
-    length_bytes[i] = static_cast<char>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
-  }
-
-  fs::path temporary = path;
-  temporary += ".tmp";
-  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(temporary.string() + ": cannot create");
-  out.write(length_bytes, sizeof length_bytes);
-  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-
   constexpr int64_t kChunkElements = int64_t{1} << 22;
-  std::vector<float> values;
-  std::vector<uint8_t> bytes;
-  for (const auto& [name, spec] : tensors) {
-    SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
-    const int64_t rows = rowsOf(spec), cols = colsOf(spec);
-    const int64_t chunk_rows = std::max<int64_t>(1, kChunkElements / cols);
-    for (int64_t first = 0; first < rows; first += chunk_rows) {
-      const int64_t count_rows = std::min(chunk_rows, rows - first);
-      const auto count = static_cast<size_t>(count_rows * cols);
-      values.resize(count);
-      for (float& value : values) {
-        // The top 24 bits give a float in [0, 1) without rounding.
-        const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
-        value = spec.center + (2.0f * unit - 1.0f) * spec.half_width;
-      }
-      bytes.resize(count * element_bytes);
-      convertFromF32(dtype, values.data(), bytes.data(), count);
-      if (spec.zero_row) {
-        const size_t row_bytes = static_cast<size_t>(cols) * element_bytes;
-        for (int64_t r = 0; r < count_rows; ++r) {
-          if (!spec.zero_row(first + r)) continue;
-          std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes), row_bytes,
-                      uint8_t{0});
-        }
-      }
-      out.write(reinterpret_cast<const char*>(bytes.data()),
-                static_cast<std::streamsize>(bytes.size()));
-    }
+  const size_t element_bytes = dtypeSize(dtype);
+  engine::SafetensorsWriter writer;
+  for (const auto& [tensor_name, tensor_spec] : tensors) {
+    writer.addStreamed(tensor_name, dtype, tensor_spec.shape,
+                       [&, name = tensor_name, spec = tensor_spec](std::ostream& out) {
+                         SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
+                         const int64_t rows = rowsOf(spec), cols = colsOf(spec);
+                         const int64_t chunk_rows = std::max<int64_t>(1, kChunkElements / cols);
+                         std::vector<float> values;
+                         std::vector<uint8_t> bytes;
+                         for (int64_t first = 0; first < rows; first += chunk_rows) {
+                           const int64_t count_rows = std::min(chunk_rows, rows - first);
+                           const auto count = static_cast<size_t>(count_rows * cols);
+                           values.resize(count);
+                           for (float& value : values) {
+                             // The top 24 bits give a float in [0, 1) without rounding.
+                             const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
+                             value = spec.center + (2.0f * unit - 1.0f) * spec.half_width;
+                           }
+                           bytes.resize(count * element_bytes);
+                           convertFromF32(dtype, values.data(), bytes.data(), count);
+                           if (spec.zero_row) {
+                             const size_t row_bytes = static_cast<size_t>(cols) * element_bytes;
+                             for (int64_t r = 0; r < count_rows; ++r) {
+                               if (!spec.zero_row(first + r)) continue;
+                               std::fill_n(
+                                   bytes.begin() + static_cast<std::ptrdiff_t>(r * row_bytes),
+                                   row_bytes, uint8_t{0});
+                             }
+                           }
+                           out.write(reinterpret_cast<const char*>(bytes.data()),
+                                     static_cast<std::streamsize>(bytes.size()));
+                         }
+                       });
   }
-  out.close();
-  if (!out) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    throw Error(temporary.string() + ": cannot write (disk full?)");
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) throw Error(path.string() + ": cannot replace: " + error.message());
+  writer.write(path);
 }
 
 struct TrainedTokenizer {

@@ -424,6 +424,36 @@ TEST(ModelLoadingErrors, WrongShape) {
   EXPECT_CONTAINS(message, "has shape [64, 176], expected [176, 64] (from config.json)");
 }
 
+// A streamed tensor gives the bytes an in-memory one does; a source writing
+// the wrong number of bytes fails naming the tensor and leaves no file.
+TEST(SafetensorsWriterTest, StreamedTensorsEqualInMemoryOnesAndWrongSizesFail) {
+  TempDir dir;
+  const std::vector<uint8_t> bytes = {1, 2, 3, 4, 5, 6, 7, 8};
+  SafetensorsWriter in_memory;
+  in_memory.add("t", DType::kBF16, {2, 2}, bytes);
+  in_memory.write(dir.path() / "a.safetensors");
+  SafetensorsWriter streamed;
+  streamed.addStreamed("t", DType::kBF16, {2, 2}, [&](std::ostream& out) {
+    out.write(reinterpret_cast<const char*>(bytes.data()), 3);
+    out.write(reinterpret_cast<const char*>(bytes.data()) + 3, 5);
+  });
+  streamed.write(dir.path() / "b.safetensors");
+  EXPECT_EQ(readFile(dir.path() / "a.safetensors"), readFile(dir.path() / "b.safetensors"));
+
+  SafetensorsWriter short_source;
+  short_source.addStreamed("t", DType::kBF16, {2, 2}, [&](std::ostream& out) {
+    out.write(reinterpret_cast<const char*>(bytes.data()), 7);
+  });
+  try {
+    short_source.write(dir.path() / "c.safetensors");
+    FAIL() << "a source writing 7 of 8 bytes was accepted";
+  } catch (const Error& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "tensor t: its source wrote 7 bytes, not 8");
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "c.safetensors"));
+  EXPECT_FALSE(fs::exists(dir.path() / "c.safetensors.tmp"));
+}
+
 TEST(ModelLoadingErrors, MixedMatrixDtypes) {
   TempDir dir;
   writeTiny(dir.path());
