@@ -95,6 +95,28 @@ class Backend {
   // out[s, :] = x[last row of sequence s, :], width floats per row.
   virtual void gatherLastRows(const float* x, int64_t width, float* out) = 0;
 
+  // --- Recorded decode steps (CUDA graphs) ---
+  // Launching a decode step's hundreds of small kernels one by one costs more
+  // than computing them on a small model; a backend that can record a step
+  // once and replay it says so here. The caller pads a decode batch (one new
+  // token per sequence) of `sequences` sequences to the returned bucket with
+  // inactive rows (rows outside every sequence) and empty sequences, so that
+  // one recording serves every batch of that bucket. 0 (the default): no
+  // recording; run every step as issued.
+  virtual int64_t decodeBucket(int64_t sequences) const { return 0; }
+  // Called after beginBatch() of a padded decode batch. True: a recording of
+  // this batch's shape was launched, and the caller must not issue the step's
+  // kernels. False: the caller issues them; the backend may record them (the
+  // first sight of a shape runs plainly, so every buffer has its final size
+  // before a recording captures its address). Either way endStep() follows.
+  virtual bool replayStep() { return false; }
+  // Ends the step replayStep() began. A recording in progress is kept and
+  // launched when `completed`, or discarded (a kernel call threw).
+  virtual void endStep(bool completed) {}
+  // Memory a recording refers to was released (a scratch buffer grew):
+  // recordings made so far are dropped.
+  virtual void forgetRecordings() {}
+
   // --- KV blocks to and from host memory (staging for transfers) ---
   // host_dst receives blocks[0], blocks[1], ... back to back (block_bytes each).
   virtual void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,

@@ -162,6 +162,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
   runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_);
+  runner_->setRecordDecode(!config_.enforce_eager);
   if (config_.connector_factory) {
     connector_ = config_.connector_factory(*cache_, model_identity_);
     connector_source_ = std::make_unique<ConnectorSource>(

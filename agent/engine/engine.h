@@ -44,6 +44,9 @@ struct EngineConfig {
   std::filesystem::path model_dir;
   // Where the forward pass runs; the engine creates and owns the backend.
   kernels::DeviceKind device = kernels::DeviceKind::kCpu;
+  // Run every decode step as issued, never recorded and replayed (CUDA
+  // graphs); vLLM's --enforce-eager. No effect on the CPU backend.
+  bool enforce_eager = false;
   int32_t block_size = 16;
   // KV cache size: num_blocks when positive, else as many blocks as fit in
   // kv_cache_memory_bytes.

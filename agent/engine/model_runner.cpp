@@ -19,7 +19,11 @@ void BackendBuffer::grow(size_t count) {
                 " backend has no memory for a scratch buffer of " +
                 std::to_string(count * sizeof(float)) + " bytes");
   }
-  if (data_ != nullptr) backend_->release(data_, count_ * sizeof(float));
+  if (data_ != nullptr) {
+    backend_->release(data_, count_ * sizeof(float));
+    // Recorded steps hold the old address.
+    backend_->forgetRecordings();
+  }
   data_ = static_cast<float*>(fresh);
   count_ = count;
 }
@@ -108,15 +112,6 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
 }
 
 void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) {
-  const ModelConfig& config = model_.config();
-  const int64_t hidden = config.hidden_size;
-  const int64_t head_dim = config.head_dim;
-  const int64_t num_heads = config.num_attention_heads;
-  const int64_t num_kv_heads = config.num_key_value_heads;
-  const int64_t q_width = num_heads * head_dim;
-  const int64_t kv_width = num_kv_heads * head_dim;
-  const int64_t inter = config.intermediate_size;
-  const auto eps = static_cast<float>(config.rms_norm_eps);
   const auto num_sequences = static_cast<int64_t>(batch.size());
 
   // Flatten the batch: rows are the new tokens of every sequence, in order.
@@ -137,20 +132,73 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
       positions_.push_back(static_cast<int32_t>(sequence.start_position + static_cast<int64_t>(i)));
     }
   }
-  const auto rows = static_cast<int64_t>(token_ids_.size());
-  if (rows == 0) {
+  const auto real_rows = static_cast<int64_t>(token_ids_.size());
+  if (real_rows == 0) {
     logits.clear();
     return;
   }
+
+  // A decode batch (one new token per sequence) is padded to the backend's
+  // bucket so that one recorded step serves every batch of that size: padded
+  // rows belong to no sequence (nothing is written to the cache for them and
+  // attention skips them) and padded sequences have no rows. Kernels are
+  // row-independent, so the real rows' results are unchanged by padding.
+  const bool decode = real_rows == num_sequences;
+  const int64_t bucket = decode && record_decode_ ? backend_.decodeBucket(num_sequences) : 0;
+  for (int64_t pad = num_sequences; pad < bucket; ++pad) {
+    kernels::AttentionSequence empty;
+    empty.first_row = pad + 1;  // its "last row" (first_row - 1) is a padded row
+    attention_sequences_.push_back(empty);
+    token_ids_.push_back(0);
+    positions_.push_back(0);
+  }
+  const auto rows = static_cast<int64_t>(token_ids_.size());
+  const auto padded_sequences = static_cast<int64_t>(attention_sequences_.size());
 
   kernels::BatchLayout layout_of_batch;
   layout_of_batch.token_ids = token_ids_.data();
   layout_of_batch.positions = positions_.data();
   layout_of_batch.rows = rows;
   layout_of_batch.sequences = attention_sequences_.data();
-  layout_of_batch.num_sequences = num_sequences;
+  layout_of_batch.num_sequences = padded_sequences;
   backend_.beginBatch(layout_of_batch);
+  growScratch(rows, padded_sequences);
 
+  // On a host-accessible backend the last matmul writes the logits in place.
+  kernels::Backend& b = backend_;
+  const int64_t vocab = model_.config().vocab_size;
+  float* logits_out = logits_.data();
+  if (b.hostAccessible()) {
+    logits.resize(static_cast<size_t>(padded_sequences * vocab));
+    logits_out = logits.data();
+  }
+  if (bucket > 0) {
+    bool completed = false;
+    try {
+      if (!b.replayStep()) issueStep(rows, padded_sequences, logits_out);
+      completed = true;
+      b.endStep(true);
+    } catch (...) {
+      if (!completed) b.endStep(false);
+      throw;
+    }
+  } else {
+    issueStep(rows, padded_sequences, logits_out);
+  }
+
+  const int64_t logit_count = num_sequences * vocab;
+  logits.resize(static_cast<size_t>(logit_count));
+  if (!b.hostAccessible()) {
+    b.copyToHost(logits.data(), logits_.data(), static_cast<size_t>(logit_count) * sizeof(float));
+  }
+}
+
+void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
+  const ModelConfig& config = model_.config();
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_width = config.num_attention_heads * config.head_dim;
+  const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+  const int64_t inter = config.intermediate_size;
   hidden_.grow(rows * hidden);
   normed_.grow(rows * hidden);
   q_.grow(rows * q_width);
@@ -160,6 +208,20 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
   proj_.grow(rows * hidden);
   gate_.grow(rows * inter);
   up_.grow(rows * inter);
+  last_.grow(sequences * hidden);
+  if (!backend_.hostAccessible()) logits_.grow(sequences * config.vocab_size);
+}
+
+void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
+  const ModelConfig& config = model_.config();
+  const int64_t hidden = config.hidden_size;
+  const int64_t head_dim = config.head_dim;
+  const int64_t num_heads = config.num_attention_heads;
+  const int64_t num_kv_heads = config.num_key_value_heads;
+  const int64_t q_width = num_heads * head_dim;
+  const int64_t kv_width = num_kv_heads * head_dim;
+  const int64_t inter = config.intermediate_size;
+  const auto eps = static_cast<float>(config.rms_norm_eps);
 
   kernels::Backend& b = backend_;
   const kernels::KvCacheLayout layout = cache_.layout();
@@ -198,18 +260,9 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
   }
 
   // Only each sequence's last new token needs logits.
-  last_.grow(num_sequences * hidden);
   b.gatherLastRows(hidden_.data(), hidden, last_.data());
-  b.rmsNorm(last_.data(), weights_.norm, num_sequences, hidden, eps, last_.data());
-  const int64_t logit_count = num_sequences * config.vocab_size;
-  logits.resize(static_cast<size_t>(logit_count));
-  if (b.hostAccessible()) {
-    b.matmul(last_.data(), num_sequences, hidden, weights_.lm_head, logits.data());
-  } else {
-    logits_.grow(logit_count);
-    b.matmul(last_.data(), num_sequences, hidden, weights_.lm_head, logits_.data());
-    b.copyToHost(logits.data(), logits_.data(), static_cast<size_t>(logit_count) * sizeof(float));
-  }
+  b.rmsNorm(last_.data(), weights_.norm, sequences, hidden, eps, last_.data());
+  b.matmul(last_.data(), sequences, hidden, weights_.lm_head, logits);
 }
 
 }  // namespace tandem::engine

@@ -68,6 +68,10 @@ class ModelRunner {
   // max_position_embeddings); a violation is a caller bug and aborts.
   void forward(std::span<const SequenceInput> batch, std::vector<float>& logits);
 
+  // Decode steps are recorded and replayed when the backend can (CUDA
+  // graphs); false runs every step as issued (vLLM's --enforce-eager).
+  void setRecordDecode(bool record) { record_decode_ = record; }
+
   const Model& model() const { return model_; }
   KvCache& cache() { return cache_; }
   kernels::Backend& backend() { return backend_; }
@@ -92,6 +96,11 @@ class ModelRunner {
   };
 
   void checkInput(const SequenceInput& sequence) const;
+  // Scratch for `rows` rows and `sequences` sequences (grown, never shrunk).
+  void growScratch(int64_t rows, int64_t sequences);
+  // Every kernel of one forward over the batch beginBatch() set up; the
+  // sequences' logits go to `logits` (backend memory).
+  void issueStep(int64_t rows, int64_t sequences, float* logits);
   const float* resident(const std::vector<float>& host);
 
   const Model& model_;
@@ -100,6 +109,7 @@ class ModelRunner {
   ResidentWeights weights_;
   BackendBuffer inv_freq_;
   float attention_scale_ = 1.0f;
+  bool record_decode_ = true;
   // Scratch in the backend's memory, grown on demand and reused across calls.
   BackendBuffer hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_, logits_;
   // The batch, flattened on the host.

@@ -182,8 +182,6 @@ __global__ void attentionCombineKernel(const RowKv* row_kv, int64_t num_heads, i
   }
 }
 
-int64_t maxSplits(const DeviceBatch& batch) { return batch.max_position / kAttentionSplit + 1; }
-
 }  // namespace
 
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
@@ -201,7 +199,7 @@ void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheL
 }
 
 int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int64_t head_dim) {
-  return batch.rows * num_heads * maxSplits(batch) * (head_dim + 2);
+  return batch.rows * num_heads * batch.attention_splits * (head_dim + 2);
 }
 
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
@@ -211,7 +209,9 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
   TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= kMaxHeadDim, "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
                "num_heads must be a multiple of num_kv_heads");
-  const int64_t splits = maxSplits(batch);
+  const int64_t splits = batch.attention_splits;
+  TANDEM_CHECK(splits > batch.max_position / kAttentionSplit,
+               "attention launched over too few splits");
   TANDEM_CHECK(num_heads <= 65535 && splits <= 65535, "attention launch too large");
   const CacheGeometry g = geometryOf(cache, layer);
   const int64_t group = num_heads / cache.num_kv_heads;

@@ -8,12 +8,28 @@
 // copy into a device buffer that grows on demand; the staging buffer is only
 // rewritten after the previous upload has completed. The kernels are in
 // elementwise.cu, norm_rope.cu, matmul.cu and attention.cu.
+//
+// Decode steps are recorded as CUDA graphs, one per (bucket of sequences,
+// bucket of attention splits). A graph keeps the addresses and launch shapes
+// of its kernels, so everything it refers to must be where it was:
+//  - the packed batch has the same offsets for the same rows and sequences,
+//    and its device buffer only moves when it grows, which drops the graphs;
+//  - attention is launched over a power-of-two number of 256-position splits
+//    (splits past a row's position exit at once and are never merged), so
+//    one graph serves every context length up to its bucket;
+//  - scratch buffers (the attention's here, the caller's through
+//    forgetRecordings()) drop the graphs when they grow;
+//  - a shape is recorded the second time it is seen: the first run grows
+//    every buffer to its size, so nothing is allocated while capturing.
+// A replayed step runs the same kernels with the same arguments on the same
+// memory as an unrecorded one, so its results are the same bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +70,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
+    dropGraphs();
     for (auto& [key, data] : resident_) cudaFree(data);
     cudaFree(batch_device_);
     cudaFree(scratch_);
@@ -187,6 +204,8 @@ class CudaBackend final : public Backend {
     const auto floats =
         static_cast<size_t>(attentionScratchFloats(batch_, num_heads, cache.head_dim));
     if (floats > scratch_floats_) {
+      if (capturing_) throw Error("attention scratch grew while recording a decode step");
+      forgetRecordings();
       // cudaFree waits for the kernels that may still use the old scratch.
       throwIfFailed(cudaFree(scratch_), "cudaFree");
       scratch_ = nullptr;
@@ -203,6 +222,50 @@ class CudaBackend final : public Backend {
     activate();
     launchGatherLastRows(stream_, batch_, x, width, out);
     checkLaunch("gatherLastRows");
+  }
+
+  int64_t decodeBucket(int64_t sequences) const override { return bucketOf(sequences); }
+
+  bool replayStep() override {
+    activate();
+    if (!step_recordable_) return false;
+    const GraphKey key{batch_.rows, batch_.attention_splits};
+    if (auto it = graphs_.find(key); it != graphs_.end()) {
+      throwIfFailed(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+      return true;
+    }
+    if (seen_.insert(key).second) return false;  // first sight: run plainly
+    throwIfFailed(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                  "cudaStreamBeginCapture");
+    capturing_ = true;
+    capture_key_ = key;
+    return false;
+  }
+
+  void endStep(bool completed) override {
+    if (!capturing_) return;
+    activate();
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!completed) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();  // the step's own error is the one to report
+      return;
+    }
+    throwIfFailed(ended, "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    throwIfFailed(made, "cudaGraphInstantiate");
+    graphs_.emplace(capture_key_, exec);
+    // Capturing only recorded the kernels; this runs them.
+    throwIfFailed(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+  }
+
+  void forgetRecordings() override {
+    TANDEM_CHECK(!capturing_, "a buffer was released while a decode step was being recorded");
+    dropGraphs();
   }
 
   void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
@@ -273,8 +336,34 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Sequences per recorded decode step: 1, 2, 4, 8, then multiples of 8 up
+  // to 256 (the sizes vLLM captures); larger batches run unrecorded.
+  static int64_t bucketOf(int64_t sequences) {
+    if (sequences <= 0 || sequences > kMaxRecordedSequences) return 0;
+    if (sequences <= 8) {
+      int64_t bucket = 1;
+      while (bucket < sequences) bucket *= 2;
+      return bucket;
+    }
+    return (sequences + 7) / 8 * 8;
+  }
+
+  void dropGraphs() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+    seen_.clear();
+  }
+
+  static constexpr int64_t kMaxRecordedSequences = 256;
+  using GraphKey = std::pair<int64_t, int64_t>;  // (rows, attention splits)
+
   int device_;
   std::string description_;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  std::set<GraphKey> seen_;
+  bool capturing_ = false;
+  GraphKey capture_key_{0, 0};
+  bool step_recordable_ = false;  // the current batch is a padded decode batch
   cudaStream_t stream_ = nullptr;
   cudaEvent_t batch_uploaded_ = nullptr;
   std::map<std::pair<const void*, size_t>, void*> resident_;
@@ -303,7 +392,9 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
   host_row_kv_.assign(static_cast<size_t>(rows), RowKv{});
   host_block_tables_.clear();
   std::vector<int64_t> last_rows(static_cast<size_t>(num_sequences), -1);
+  TANDEM_CHECK(!capturing_, "beginBatch while a decode step is being recorded");
   int64_t max_position = 0;
+  bool one_row_each = rows == num_sequences;
   for (int64_t s = 0; s < num_sequences; ++s) {
     const AttentionSequence& seq = batch.sequences[s];
     TANDEM_CHECK(seq.num_rows >= 0 && seq.first_position >= 0, "attention sequence bounds");
@@ -312,6 +403,7 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
     const auto table_offset = static_cast<int32_t>(host_block_tables_.size());
     host_block_tables_.insert(host_block_tables_.end(), seq.block_table,
                               seq.block_table + seq.num_blocks);
+    if (seq.num_rows > 1) one_row_each = false;
     if (seq.num_rows == 0) continue;
     last_rows[s] = seq.first_row + seq.num_rows - 1;
     for (int64_t r = 0; r < seq.num_rows; ++r) {
@@ -343,6 +435,7 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
     staging_bytes_ = total * 2;
   }
   if (total > batch_device_bytes_) {
+    dropGraphs();  // they read the batch where it was
     // cudaFree waits for kernels that may still read the previous batch.
     throwIfFailed(cudaFree(batch_device_), "cudaFree");
     batch_device_ = nullptr;
@@ -375,6 +468,16 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
   batch_.rows = rows;
   batch_.num_sequences = num_sequences;
   batch_.max_position = max_position;
+  // A padded decode batch (decodeBucket) may be recorded; its attention runs
+  // over a power-of-two number of splits so one recording serves many
+  // context lengths.
+  step_recordable_ = one_row_each && bucketOf(num_sequences) == num_sequences;
+  const int64_t splits = max_position / kAttentionSplit + 1;
+  batch_.attention_splits = splits;
+  if (step_recordable_) {
+    batch_.attention_splits = 1;
+    while (batch_.attention_splits < splits) batch_.attention_splits *= 2;
+  }
 }
 
 }  // namespace

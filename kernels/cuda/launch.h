@@ -32,6 +32,10 @@ struct DeviceBatch {
   int64_t rows = 0;
   int64_t num_sequences = 0;
   int64_t max_position = 0;  // largest RowKv::position of any row
+  // Splits of kAttentionSplit positions pagedAttention is launched over: at
+  // least max_position / kAttentionSplit + 1 (more for a recorded step; the
+  // extra ones exit at once).
+  int64_t attention_splits = 1;
 };
 
 // Positions one attention work item covers. A fixed size, never derived from

@@ -58,6 +58,12 @@ TEST_P(CudaExactnessTest, PrefixHitIsBitIdenticalToMiss) {
   EXPECT_TRUE(checks().prefixHitMatchesMiss());
 }
 
+// Decode steps replayed from CUDA graphs (batches padded to buckets, attention
+// over a power-of-two number of splits) vs launched kernel by kernel.
+TEST_P(CudaExactnessTest, RecordedDecodeStepsAreBitIdenticalToEager) {
+  EXPECT_TRUE(checks().recordedMatchesEager());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Variants, CudaExactnessTest,
     ::testing::Values(ModelVariant{"LlamaForCausalLM", DType::kBF16, DType::kF32},

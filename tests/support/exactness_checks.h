@@ -245,6 +245,17 @@ class ExactnessChecks {
     return sameRun("prefill chunks batched with decodes", expected, mixed_run);
   }
 
+  // Decode steps recorded and replayed (CUDA graphs; batches padded to the
+  // backend's bucket) vs issued one kernel at a time: three sequences decode
+  // together for kDecodeSteps steps (first sight, recording, replays), then
+  // two of them (a smaller bucket); every logit and every byte of the whole
+  // cache must be equal, so padded rows wrote nothing anywhere.
+  ::testing::AssertionResult recordedMatchesEager() {
+    SequenceRun eager = batchedDecode(false);
+    SequenceRun recorded = batchedDecode(true);
+    return sameRun("decode steps recorded and replayed", eager, recorded);
+  }
+
   // Prefix hit: another request computed the 3 shared prefix blocks; A reuses
   // them and computes only its own suffix. Miss: A computes everything.
   ::testing::AssertionResult prefixHitMatchesMiss() {
@@ -273,6 +284,43 @@ class ExactnessChecks {
   }
 
  private:
+  // Three prompts prefilled one by one, decoded together, then the first two
+  // alone; every sequence's logits of every step and the whole cache.
+  SequenceRun batchedDecode(bool record) {
+    const std::vector<std::vector<TokenId>> prompts = {prompt(17, 21), prompt(33, 22),
+                                                       prompt(5, 23)};
+    const std::vector<std::vector<BlockId>> blocks = {{2, 0}, {6, 1, 4}, {3}};
+    auto cache = makeCacheOn(backend_, model_, kv_dtype_, 8);
+    engine::ModelRunner runner(model_, *cache, backend_);
+    runner.setRecordDecode(record);
+    SequenceRun run;
+    std::vector<float> logits;
+    std::vector<TokenId> next(prompts.size());
+    std::vector<int64_t> length(prompts.size());
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      engine::SequenceInput input{prompts[s], 0, blocks[s]};
+      runner.forward({&input, 1}, logits);
+      next[s] = static_cast<TokenId>(kernels::argmax(logits.data(), vocab()));
+      length[s] = static_cast<int64_t>(prompts[s].size());
+    }
+    for (size_t sequences : {size_t{3}, size_t{2}}) {
+      for (int64_t step = 0; step < kDecodeSteps; ++step) {
+        std::vector<engine::SequenceInput> batch;
+        for (size_t s = 0; s < sequences; ++s) {
+          batch.push_back({{&next[s], 1}, length[s]++, blocks[s]});
+        }
+        runner.forward(batch, logits);
+        run.logits.push_back(logits);
+        for (size_t s = 0; s < sequences; ++s) {
+          next[s] = static_cast<TokenId>(kernels::argmax(logits.data() + s * vocab(), vocab()));
+          run.tokens.push_back(next[s]);
+        }
+      }
+    }
+    run.kv = readKvBytes(backend_, *cache, iota(8, 0));
+    return run;
+  }
+
   static std::vector<BlockId> iota(int64_t count, BlockId first) {
     std::vector<BlockId> blocks(static_cast<size_t>(count));
     std::iota(blocks.begin(), blocks.end(), first);

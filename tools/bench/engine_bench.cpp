@@ -154,20 +154,9 @@ int runEngineBench(const EngineBenchOptions& options) {
     throw Error("--copy-mib must be at least 1, got " + std::to_string(options.copy_mib));
   }
   const int64_t blocks_per_sequence = (options.prompt_tokens + options.decode_tokens + 15) / 16;
-  engine::KvCacheConfig kv;
-  kv.block_size = 16;
+  engine::KvCacheConfig kv = engine::KvCacheConfig::forModel(config, *kv_dtype, 16);
   kv.num_blocks = blocks_per_sequence * options.batch;
-  kv.dtype = *kv_dtype;
-  kv.num_layers = static_cast<int32_t>(config.num_hidden_layers);
-  kv.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
-  kv.head_dim = static_cast<int32_t>(config.head_dim);
-  std::unique_ptr<engine::KvSlabAllocator> allocator;
-  if (backend->hostAccessible()) {
-    allocator = std::make_unique<engine::HostSlabAllocator>();
-  } else {
-    allocator = std::make_unique<engine::BackendSlabAllocator>(*backend);
-  }
-  engine::KvCache cache(kv, std::move(allocator));
+  engine::KvCache cache(kv, engine::slabAllocatorFor(*backend));
   engine::ModelRunner runner(*model, cache, *backend);
   // Sequence s owns blocks [s * blocks_per_sequence, (s + 1) * blocks_per_sequence).
   std::vector<std::vector<engine::BlockId>> block_tables(options.batch);
@@ -238,8 +227,22 @@ int runEngineBench(const EngineBenchOptions& options) {
       }
     }
   };
-  decode();  // warm-up: scratch buffers at the batch's size
+  decode();  // warm-up: scratch buffers at the batch's size, steps recorded
   const double decode_only_s = bestSeconds(options.repeats, decode);
+  // Where the backend records decode steps (CUDA graphs), the same decode
+  // run eagerly, in the same run: the figure for what recording saves, and a
+  // check that replayed steps give the same logits bit for bit.
+  const bool records = backend->decodeBucket(options.batch) > 0;
+  double eager_s = 0.0;
+  bool replay_exact = true;
+  if (records) {
+    const std::vector<float> recorded_logits = logits;
+    runner.setRecordDecode(false);
+    decode();
+    replay_exact = logits == recorded_logits;
+    eager_s = bestSeconds(options.repeats, decode);
+    runner.setRecordDecode(true);
+  }
 
   const double prefill_tps = static_cast<double>(options.prompt_tokens) / prefill_s;
   const double step_s = decode_only_s / static_cast<double>(options.decode_tokens);
@@ -267,6 +270,12 @@ int runEngineBench(const EngineBenchOptions& options) {
   std::printf("%-46s %12.1f\n", "prefill tokens/s", prefill_tps);
   std::printf("%-46s %12.1f\n", "decode tokens/s (all sequences)", decode_tps);
   std::printf("%-46s %12.3f\n", "decode step ms", step_s * 1e3);
+  if (records) {
+    std::printf("%-46s %12.1f\n", "decode tokens/s, eager (steps not recorded)",
+                static_cast<double>(options.batch * options.decode_tokens) / eager_s);
+    std::printf("%-46s %12.2f\n", "recorded / eager decode speed", eager_s / decode_only_s);
+    std::printf("%-46s %12s\n", "recorded vs eager logits", replay_exact ? "identical" : "DIFFER");
+  }
   std::printf("%-46s %12.2f\n", "decode weight stream GB/s", stream_gbps);
   std::printf("%-46s %12.2f\n", "decode stream / backend copy", stream_gbps / copy_gbps);
   std::printf("%-46s %12.2f\n", "decode stream / backend copy traffic",
@@ -310,12 +319,19 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"decode_stream_over_memcpy", stream_gbps / memcpy_gbps},
         {"decode_stream_over_read", stream_gbps / read_gbps},
         {"bandwidth_limit_decode_tokens_per_s", bandwidth_limit_tps},
+        {"decode_steps_recorded", records},
     };
+    if (records) {
+      out["decode_eager_tokens_per_s"] =
+          static_cast<double>(options.batch * options.decode_tokens) / eager_s;
+      out["decode_recorded_over_eager"] = eager_s / decode_only_s;
+      out["decode_recorded_logits_identical"] = replay_exact;
+    }
     std::ofstream file(options.json_path);
     if (!file) throw Error("cannot write --json file " + options.json_path);
     file << out.dump(2) << '\n';
   }
-  return 0;
+  return replay_exact ? 0 : 1;
 }
 
 }  // namespace tandem::bench

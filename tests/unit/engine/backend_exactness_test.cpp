@@ -6,9 +6,11 @@
 // test.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <string>
 #include <tuple>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/support/exactness_checks.h"
 
 namespace tandem::engine {
@@ -45,6 +47,42 @@ TEST_P(BackendExactnessTest, SequenceIsBitIdenticalAloneAndBatched) {
 
 TEST_P(BackendExactnessTest, PrefixHitIsBitIdenticalToMiss) {
   EXPECT_TRUE(checks().prefixHitMatchesMiss());
+}
+
+TEST_P(BackendExactnessTest, RecordedDecodeStepsAreBitIdenticalToEager) {
+  EXPECT_TRUE(checks().recordedMatchesEager());
+}
+
+// A CPU backend that asks for decode batches padded to buckets as the CUDA
+// backend does (1, 2, 4, 8, then multiples of 8), without recording, so the
+// runner's padding (inactive rows, empty sequences) is exercised where no GPU
+// is: the real rows' logits and the cache bytes must not change.
+class PaddingCpuBackend final : public kernels::cpu::CpuBackend {
+ public:
+  int64_t decodeBucket(int64_t sequences) const override {
+    if (sequences <= 8) return std::bit_ceil(static_cast<uint64_t>(sequences));
+    return (sequences + 7) / 8 * 8;
+  }
+  bool replayStep() override {
+    ++steps_;
+    return false;
+  }
+  int64_t steps() const { return steps_; }
+
+ private:
+  int64_t steps_ = 0;
+};
+
+TEST(PaddedDecodeTest, PaddingToBucketsKeepsEveryBitOnTheCpu) {
+  PaddingCpuBackend backend;
+  for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    ExactnessChecks checks(::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16),
+                           backend, kv_dtype);
+    EXPECT_TRUE(checks.recordedMatchesEager()) << dtypeShortName(kv_dtype);
+  }
+  // Every padded decode step went through replayStep (3 + 2 sequences, 5
+  // steps each, twice).
+  EXPECT_EQ(backend.steps(), 2 * 2 * ExactnessChecks::kDecodeSteps);
 }
 
 // The comparison can fail: one changed prompt token changes the logits of
