@@ -1,15 +1,28 @@
 // matmul of the CUDA backend: y[m, n] = x[m, k] · w[n, k]^T with f32, bf16 or
 // f16 weights converted to fp32 on load and fp32 accumulation.
 //
-// Invariance: one tile shape (64 x 64 outputs, 16-deep K steps, 256 threads
-// of 4 x 4 outputs each) for every m; no split-K or stream-K. Each output
-// y[i, j] is owned by exactly one thread, which accumulates
-// acc = fma(x[i, kk], w[j, kk], acc) for kk = 0, 1, ..., k - 1 in that order,
-// starting from 0. That chain depends on k alone, so row i's result is the
-// same bits whatever m is, where the row sits in its tile, or which tile the
-// row lands in. Rows and columns past the edge of a tile load zeros and are
-// never stored; the last K step simply runs fewer iterations (no padded
-// terms enter the chain).
+// Invariance: every output y[i, j] is summed in one order fixed by k alone,
+// whatever m is and whichever kernel computes it. k is cut into chunks of
+// kChunk = 128 ([0, 128), [128, 256), ...). Each chunk's partial is one fma
+// chain part = fma(x[i, kk], w[j, kk], part) over its kk in ascending order,
+// from 0; the partials are added in chunk order, total = part_0, then
+// total = total + part_c (rounded adds, never contracted). No split-K or
+// stream-K that depends on the shape of the batch: the chunking is part of
+// the weight shape's one order.
+//
+// Two kernels compute that order:
+//  - matmulKernel, for any m: 64 x 64 output tiles, 16-deep K steps (16
+//    divides kChunk), 256 threads of 4 x 4 outputs each; every thread keeps a
+//    running partial and total per output and folds the partial in at each
+//    chunk boundary. Rows and columns past the edge of a tile load zeros and
+//    are never stored.
+//  - gemvKernel, for decode-sized m (<= kGemvMaxRows): one warp per output
+//    column; lane l computes the partials of chunks l, l + 32, ... for every
+//    row, and lane i then adds row i's partials in chunk order. Weights are
+//    read once, 16 bytes per load, by enough warps to keep the memory busy,
+//    which a one-chain-per-output kernel cannot do at m = 1.
+// Both give every output the same bits, so a row's result does not depend on
+// m, its place in the batch or the kernel that ran.
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
@@ -25,6 +38,11 @@ constexpr int kThreadsY = 16;  // along m
 constexpr int kThreads = kThreadsX * kThreadsY;
 constexpr int kPerThreadM = kTileM / kThreadsY;
 constexpr int kPerThreadN = kTileN / kThreadsX;
+constexpr int64_t kChunk = 128;
+static_assert(kChunk % kTileK == 0, "a K step never straddles a chunk");
+constexpr int kGemvMaxRows = 8;
+constexpr int kGemvWarps = 8;  // output columns per block
+constexpr int kWarp = 32;
 
 template <typename Elements>
 __global__ void __launch_bounds__(kThreads)
@@ -38,9 +56,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
 
-  float acc[kPerThreadM][kPerThreadN];
+  float acc[kPerThreadM][kPerThreadN];   // sum of the finished chunks
+  float part[kPerThreadM][kPerThreadN];  // the current chunk's chain
   for (int i = 0; i < kPerThreadM; ++i) {
-    for (int j = 0; j < kPerThreadN; ++j) acc[i][j] = 0.0f;
+    for (int j = 0; j < kPerThreadN; ++j) {
+      acc[i][j] = 0.0f;
+      part[i][j] = 0.0f;
+    }
   }
 
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
@@ -65,10 +87,19 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < kPerThreadM; ++i) a[i] = x_tile[kk][ty + i * kThreadsY];
       for (int j = 0; j < kPerThreadN; ++j) b[j] = w_tile[kk][tx + j * kThreadsX];
       for (int i = 0; i < kPerThreadM; ++i) {
-        for (int j = 0; j < kPerThreadN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        for (int j = 0; j < kPerThreadN; ++j) part[i][j] = fmaf(a[i], b[j], part[i][j]);
       }
     }
     __syncthreads();
+    if ((k0 + kTileK) % kChunk == 0 || k0 + kTileK >= k) {
+      const bool first_chunk = k0 < kChunk;
+      for (int i = 0; i < kPerThreadM; ++i) {
+        for (int j = 0; j < kPerThreadN; ++j) {
+          acc[i][j] = first_chunk ? part[i][j] : __fadd_rn(acc[i][j], part[i][j]);
+          part[i][j] = 0.0f;
+        }
+      }
+    }
   }
 
   for (int i = 0; i < kPerThreadM; ++i) {
@@ -81,28 +112,120 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Eight consecutive weights from 16-byte aligned storage, as fp32.
+template <typename Elements>
+__device__ __forceinline__ void load8(const typename Elements::Storage* p, float out[8]) {
+  if constexpr (sizeof(typename Elements::Storage) == 4) {
+    const float4 lo = reinterpret_cast<const float4*>(p)[0];
+    const float4 hi = reinterpret_cast<const float4*>(p)[1];
+    out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+    out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+  } else {
+    const uint4 bits = *reinterpret_cast<const uint4*>(p);
+    const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+    for (int e = 0; e < 4; ++e) {
+      const auto low = static_cast<typename Elements::Storage>(words[e] & 0xffffu);
+      const auto high = static_cast<typename Elements::Storage>(words[e] >> 16);
+      out[2 * e] = Elements::load(&low, 0);
+      out[2 * e + 1] = Elements::load(&high, 0);
+    }
+  }
+}
+
+// One warp per output column j; partials of row i, chunk c at
+// partials[(warp * m + i) * chunks + c] (dynamic shared memory). `vector`:
+// k is a multiple of 8 and x, w are 16-byte aligned, so weights are read 8 at
+// a time; the chain order is the same either way.
+template <typename Elements>
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
+    gemvKernel(const float* x, int m, int64_t k, const typename Elements::Storage* w, int64_t n,
+               float* y, bool vector) {
+  extern __shared__ float partials[];
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
+  if (j >= n) return;  // the whole warp leaves together
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  float* mine = partials + static_cast<int64_t>(warp) * m * chunks;
+  const typename Elements::Storage* w_row = w + j * k;
+
+  for (int64_t c = lane; c < chunks; c += kWarp) {
+    const int64_t begin = c * kChunk;
+    const int64_t end = min(k, begin + kChunk);
+    float part[kGemvMaxRows];
+    for (int i = 0; i < kGemvMaxRows; ++i) part[i] = 0.0f;
+    if (vector) {
+      for (int64_t kk = begin; kk < end; kk += 8) {
+        float wv[8];
+        load8<Elements>(w_row + kk, wv);
+        for (int i = 0; i < kGemvMaxRows; ++i) {
+          if (i >= m) break;
+          const float* xr = x + i * k + kk;
+          const float4 lo = reinterpret_cast<const float4*>(xr)[0];
+          const float4 hi = reinterpret_cast<const float4*>(xr)[1];
+          const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          for (int e = 0; e < 8; ++e) part[i] = fmaf(xv[e], wv[e], part[i]);
+        }
+      }
+    } else {
+      for (int64_t kk = begin; kk < end; ++kk) {
+        const float wv = Elements::load(w_row, kk);
+        for (int i = 0; i < kGemvMaxRows; ++i) {
+          if (i >= m) break;
+          part[i] = fmaf(x[i * k + kk], wv, part[i]);
+        }
+      }
+    }
+    for (int i = 0; i < m; ++i) mine[i * chunks + c] = part[i];
+  }
+  __syncwarp();
+  if (lane < m) {
+    const float* row = mine + static_cast<int64_t>(lane) * chunks;
+    float total = row[0];
+    for (int64_t c = 1; c < chunks; ++c) total = __fadd_rn(total, row[c]);
+    y[lane * n + j] = total;
+  }
+}
+
+// Shared memory of one gemvKernel block.
+size_t gemvSharedBytes(int64_t m, int64_t k) {
+  return static_cast<size_t>(kGemvWarps * m * ceilDiv(k, kChunk)) * sizeof(float);
+}
+
+template <typename Elements>
+void launchFor(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+               const typename Elements::Storage* w, int64_t n, float* y) {
+  constexpr size_t kDefaultSharedLimit = 48 * 1024;
+  if (m <= kGemvMaxRows && gemvSharedBytes(m, k) <= kDefaultSharedLimit) {
+    const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(w) % 16 == 0;
+    gemvKernel<Elements>
+        <<<static_cast<unsigned int>(ceilDiv(n, kGemvWarps)), kGemvWarps * kWarp,
+           gemvSharedBytes(m, k), stream>>>(x, static_cast<int>(m), k, w, n, y, vector);
+    return;
+  }
+  TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "matmul: too many rows for one launch");
+  const dim3 grid(static_cast<unsigned int>(ceilDiv(n, kTileN)),
+                  static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  matmulKernel<Elements><<<grid, kThreads, 0, stream>>>(x, m, k, w, n, y);
+}
+
 }  // namespace
 
 void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, const WeightView& w,
                   float* y) {
   TANDEM_CHECK(w.cols == k, "matmul: weight columns must equal k");
   const int64_t n = w.rows;
-  if (m <= 0 || n <= 0) return;
-  TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "matmul: too many rows for one launch");
-  const dim3 grid(static_cast<unsigned int>(ceilDiv(n, kTileN)),
-                  static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  if (m <= 0 || n <= 0 || k <= 0) return;
   switch (w.dtype) {
     case DType::kF32:
-      matmulKernel<F32Elements>
-          <<<grid, kThreads, 0, stream>>>(x, m, k, static_cast<const float*>(w.data), n, y);
+      launchFor<F32Elements>(stream, x, m, k, static_cast<const float*>(w.data), n, y);
       return;
     case DType::kBF16:
-      matmulKernel<Bf16Elements>
-          <<<grid, kThreads, 0, stream>>>(x, m, k, static_cast<const uint16_t*>(w.data), n, y);
+      launchFor<Bf16Elements>(stream, x, m, k, static_cast<const uint16_t*>(w.data), n, y);
       return;
     case DType::kF16:
-      matmulKernel<F16Elements>
-          <<<grid, kThreads, 0, stream>>>(x, m, k, static_cast<const uint16_t*>(w.data), n, y);
+      launchFor<F16Elements>(stream, x, m, k, static_cast<const uint16_t*>(w.data), n, y);
       return;
   }
 }

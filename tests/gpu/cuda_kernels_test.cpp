@@ -99,37 +99,55 @@ class CudaKernelsTest : public ::testing::Test {
   std::vector<int32_t> ids_;
 };
 
+// m <= 8 runs the warp-per-column kernel, larger m the tiled one; k = 100
+// and 333 take the scalar loads, 1024 the 16-byte ones.
 TEST_F(CudaKernelsTest, MatmulMatchesCpuForEveryWeightType) {
-  const int64_t m = 7, k = 100, n = 70;
-  const auto x = randomFloats(m * k, 1);
-  const auto w32 = randomFloats(n * k, 2);
-  // All alive at once: resident weights are cached by host address.
-  const auto bf16 = toHalfBits(w32, DType::kBF16);
-  const auto f16 = toHalfBits(w32, DType::kF16);
-  const WeightView weights[] = {{w32.data(), DType::kF32, n, k},
-                                {bf16.data(), DType::kBF16, n, k},
-                                {f16.data(), DType::kF16, n, k}};
-  for (const WeightView& w : weights) {
-    std::vector<float> expected(m * n);
-    matmul(x.data(), m, k, w, expected.data());
-    expectNear(expected, deviceMatmul(x, m, k, w), 1e-4f);
+  const int64_t n = 70;
+  for (const auto& [m, k] : {std::pair<int64_t, int64_t>{7, 100}, {64, 333}, {1, 1024}}) {
+    const auto x = randomFloats(m * k, 1);
+    const auto w32 = randomFloats(n * k, 2);
+    // All alive at once: resident weights are cached by host address.
+    const auto bf16 = toHalfBits(w32, DType::kBF16);
+    const auto f16 = toHalfBits(w32, DType::kF16);
+    const WeightView weights[] = {{w32.data(), DType::kF32, n, k},
+                                  {bf16.data(), DType::kBF16, n, k},
+                                  {f16.data(), DType::kF16, n, k}};
+    for (const WeightView& w : weights) {
+      SCOPED_TRACE("m " + std::to_string(m) + " k " + std::to_string(k) + " " +
+                   dtypeShortName(w.dtype));
+      std::vector<float> expected(m * n);
+      matmul(x.data(), m, k, w, expected.data());
+      expectNear(expected, deviceMatmul(x, m, k, w), 1e-4f * static_cast<float>(k) / 100.0f);
+    }
   }
 }
 
+// One order per k: the tiled kernel (m = 64) and the warp-per-column one
+// (m = 7, 1) give every row the same bits, with scalar (k = 333) and 16-byte
+// (k = 1024, several 128-wide chunks) weight loads, for every weight type.
 TEST_F(CudaKernelsTest, MatmulRowIsBitwiseEqualForAnyRowCount) {
-  const int64_t k = 333, n = 130;
-  const auto x = randomFloats(64 * k, 3);
-  const auto w32 = toHalfBits(randomFloats(n * k, 4), DType::kBF16);
-  const WeightView w{w32.data(), DType::kBF16, n, k};
-  const auto all = deviceMatmul(x, 64, k, w);
-  const auto seven = deviceMatmul(x, 7, k, w);
-  const auto one = deviceMatmul(x, 1, k, w);
-  EXPECT_EQ(0, std::memcmp(all.data(), seven.data(), seven.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(all.data(), one.data(), one.size() * sizeof(float)));
-  // Row 40 alone, at the top of its tile, equals row 40 in the middle of one.
-  const std::vector<float> row40(x.begin() + 40 * k, x.begin() + 41 * k);
-  const auto alone = deviceMatmul(row40, 1, k, w);
-  EXPECT_EQ(0, std::memcmp(all.data() + 40 * n, alone.data(), n * sizeof(float)));
+  const int64_t n = 130;
+  for (int64_t k : {int64_t{333}, int64_t{1024}}) {
+    const auto x = randomFloats(64 * k, 3);
+    const auto w32 = randomFloats(n * k, 4);
+    const auto bf16 = toHalfBits(w32, DType::kBF16);
+    const auto f16 = toHalfBits(w32, DType::kF16);
+    const WeightView weights[] = {{w32.data(), DType::kF32, n, k},
+                                  {bf16.data(), DType::kBF16, n, k},
+                                  {f16.data(), DType::kF16, n, k}};
+    for (const WeightView& w : weights) {
+      SCOPED_TRACE("k " + std::to_string(k) + " " + dtypeShortName(w.dtype));
+      const auto all = deviceMatmul(x, 64, k, w);
+      const auto seven = deviceMatmul(x, 7, k, w);
+      const auto one = deviceMatmul(x, 1, k, w);
+      EXPECT_EQ(0, std::memcmp(all.data(), seven.data(), seven.size() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(all.data(), one.data(), one.size() * sizeof(float)));
+      // Row 40 alone, at the top of its tile, equals row 40 in the middle of one.
+      const std::vector<float> row40(x.begin() + 40 * k, x.begin() + 41 * k);
+      const auto alone = deviceMatmul(row40, 1, k, w);
+      EXPECT_EQ(0, std::memcmp(all.data() + 40 * n, alone.data(), n * sizeof(float)));
+    }
+  }
 }
 
 TEST_F(CudaKernelsTest, RmsNormMatchesCpuAndIsRowInvariant) {
