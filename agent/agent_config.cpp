@@ -113,6 +113,8 @@ const std::vector<Row>& rows() {
       choice("device", {"cpu", "cuda", "auto"},
              "compute backend (auto: cuda when this build has it and a GPU is visible, else cpu)",
              &ServeOptions::device),
+      flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
+           &ServeOptions::enforce_eager),
   };
   return kRows;
 }

@@ -115,6 +115,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   engine::EngineConfig config;
   config.model_dir = o.model;
   config.device = kernels::resolveDevice(o.device);
+  config.enforce_eager = o.enforce_eager;
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");

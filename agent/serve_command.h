@@ -36,6 +36,7 @@ struct ServeOptions {
   bool enable_fault_injection = false;
   int threads = 0;              // kernel threads; 0: all cores
   std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
+  bool enforce_eager = false;   // never record decode steps (CUDA graphs)
   std::string config_path;
 };
 
