@@ -117,6 +117,14 @@ class Backend {
   // recordings made so far are dropped.
   virtual void forgetRecordings() {}
 
+  // --- Host memory the backend copies to and from often ---
+  // Page-locks `bytes` of host memory at `host` so copies with this backend
+  // run at full speed and truly asynchronously (CUDA: cudaHostRegister).
+  // False when there is nothing to pin (host-memory backends) or pinning
+  // failed; copies work either way. unpinHost() before the memory is freed.
+  virtual bool pinHost(void* host, size_t bytes) { return false; }
+  virtual void unpinHost(void* host) {}
+
   // --- KV blocks to and from host memory (staging for transfers) ---
   // host_dst receives blocks[0], blocks[1], ... back to back (block_bytes each).
   virtual void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,

@@ -268,6 +268,20 @@ class CudaBackend final : public Backend {
     dropGraphs();
   }
 
+  bool pinHost(void* host, size_t bytes) override {
+    activate();
+    if (cudaHostRegister(host, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+      cudaGetLastError();  // unpinned memory still copies, more slowly
+      return false;
+    }
+    return true;
+  }
+
+  void unpinHost(void* host) override {
+    activate();
+    if (cudaHostUnregister(host) != cudaSuccess) cudaGetLastError();
+  }
+
   void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
                   void* host_dst) override {
     activate();

@@ -158,6 +158,16 @@ TEST_P(CudaAgentsHandOff, PrefillToDecodeMatchesAColocatedAgent) {
     }
     FAIL() << e.what();
   }
+  // A device slab over Debian's UCX (no CUDA memory type) always stages;
+  // the staging area is page-locked by the CUDA backend.
+  for (Agent* agent : {prefiller.get(), decoder.get()}) {
+    const auto answer = agent->client()->Get("/health");
+    ASSERT_TRUE(answer) << "no answer from /health";
+    const auto health = ::tandem::testing::json::parse(answer->body);
+    if (health.value("kv_buffer", "") == "staging") {
+      EXPECT_EQ(health.value("staging_pinned", false), true) << health.dump();
+    }
+  }
   const auto params = ::tandem::testing::prefillOn(*prefiller, prompt);
   ASSERT_TRUE(params.is_object());
   ASSERT_EQ(params.value("remote_block_ids", ::tandem::testing::json::array()).size(), 4u)

@@ -107,6 +107,7 @@ TEST_P(KvStaging, HealthAndMetricsReportThePathAndStagingSlotsAreFreedWithTheHol
   EXPECT_EQ(staged["kv_buffer"], "staging") << staged.dump();
   EXPECT_EQ(staged["staging_blocks"], 16);
   EXPECT_EQ(staged["staging_blocks_used"], 0);
+  EXPECT_EQ(staged["staging_pinned"], false);  // a host slab: nothing to pin
   ASSERT_TRUE(staged["ucx_memory_types"].is_array());
   EXPECT_NE(
       std::find(staged["ucx_memory_types"].begin(), staged["ucx_memory_types"].end(), json("host")),

@@ -221,6 +221,11 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
                   std::to_string(cache.blockBytes()) +
                   " bytes (kv_connector_extra_config.staging_blocks)");
     }
+    // Block copies between a device slab and the slots run from page-locked
+    // memory (the CUDA backend pins it; host backends have nothing to pin).
+    if (!cache.hostAccessible()) {
+      staging_pinned_ = cache.backend()->pinHost(staging_base_, staging_allocator_->bytes());
+    }
     free_slots_.reserve(static_cast<size_t>(staging_capacity_));
     // Taken from the back: lowest ids first.
     for (int64_t slot = staging_capacity_ - 1; slot >= 0; --slot) {
@@ -257,6 +262,7 @@ UcxConnector::~UcxConnector() {
   loader_.join();  // finishes the reads already queued (each bounded by read_timeout_s)
   context_->setMessageHandler(nullptr);
   if (staging_allocator_ != nullptr) {
+    if (staging_pinned_) cache_.backend()->unpinHost(staging_base_);
     staging_allocator_->release(staging_base_, staging_allocator_->bytes());
   }
 }
@@ -267,6 +273,7 @@ json UcxConnector::info() const {
   if (buffer_path_ == KvBufferPath::kStaging) {
     std::lock_guard<std::mutex> lock(staging_mutex_);
     out["staging_blocks"] = staging_capacity_;
+    out["staging_pinned"] = staging_pinned_;
     out["staging_blocks_used"] = staging_capacity_ - static_cast<int64_t>(free_slots_.size());
   }
   return out;

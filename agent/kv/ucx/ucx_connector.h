@@ -246,6 +246,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   std::unique_ptr<transport::UcxSlabAllocator> staging_allocator_;  // staging path only
   uint8_t* staging_base_ = nullptr;
   int64_t staging_capacity_ = 0;  // slots
+  bool staging_pinned_ = false;   // the staging area is page-locked by the backend
   struct StagedHold {
     std::vector<BlockId> slots;
     transport::Clock::time_point deadline;
