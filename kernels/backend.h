@@ -94,6 +94,10 @@ class Backend {
                               int64_t num_heads, float scale, float* out) = 0;
   // out[s, :] = x[last row of sequence s, :], width floats per row.
   virtual void gatherLastRows(const float* x, int64_t width, float* out) = 0;
+  // host_out[r] = argmax of x[r, 0..width) as kernels.h's argmax (the
+  // smallest index wins a tie; NaN never wins; 0 when nothing beats -inf).
+  // Waits for the result, which is exact on every backend.
+  virtual void argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) = 0;
 
   // --- Recorded decode steps (CUDA graphs) ---
   // Launching a decode step's hundreds of small kernels one by one costs more

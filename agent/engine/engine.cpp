@@ -512,7 +512,33 @@ void Engine::step() {
     input.block_table = chunk.sequence->blocks.blocks;
     inputs.push_back(input);
   }
-  runner_->forward(inputs, logits_);
+  // The min_tokens mask of each sampled row: stop ids and, unless
+  // ignore_eos, the EOS ids, while the output is shorter than min_tokens.
+  auto mask_of = [&](const Sequence& sequence) {
+    const SamplingParams& params = sequence.request.sampling;
+    std::vector<TokenId> mask;
+    if (sequence.numGenerated() < params.min_tokens) {
+      if (!params.ignore_eos) mask = eos_token_ids_;
+      mask.insert(mask.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+    }
+    return mask;
+  };
+  // Where the logits live in device memory and every sampled row is a plain
+  // argmax, the argmax runs there and only the ids come back; the tokens are
+  // the ones sample() would pick from the copied logits.
+  bool device_argmax = !backend_->hostAccessible();
+  for (const ScheduledChunk& chunk : output.chunks) {
+    if (!device_argmax) break;
+    if (chunk.samples) {
+      device_argmax =
+          samplesRawArgmax(chunk.sequence->request.sampling, !mask_of(*chunk.sequence).empty());
+    }
+  }
+  if (device_argmax) {
+    runner_->forwardArgmax(inputs, argmax_ids_);
+  } else {
+    runner_->forward(inputs, logits_);
+  }
   num_computed_tokens_ += output.num_tokens;
   ++num_steps_;
   scheduler_->onStepComputed(output);
@@ -527,12 +553,14 @@ void Engine::step() {
     if (live.timings.first_scheduled == Clock::time_point{}) {
       live.timings.first_scheduled = sequence->first_scheduled;
     }
-    const SamplingParams& params = sequence->request.sampling;
-    std::vector<TokenId> mask;
-    if (sequence->numGenerated() < params.min_tokens) {
-      if (!params.ignore_eos) mask = eos_token_ids_;
-      mask.insert(mask.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+    if (device_argmax) {
+      GeneratedToken token;
+      token.token = argmax_ids_[i];
+      emitToken(sequence, live, token);
+      continue;
     }
+    const SamplingParams& params = sequence->request.sampling;
+    const std::vector<TokenId> mask = mask_of(*sequence);
     SamplerInput input;
     input.logits = std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
                                                            static_cast<size_t>(vocab));

@@ -112,6 +112,25 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
 }
 
 void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+  const float* computed = compute(batch, logits);
+  const int64_t logit_count = static_cast<int64_t>(batch.size()) * model_.config().vocab_size;
+  logits.resize(static_cast<size_t>(logit_count));
+  if (computed != nullptr && !backend_.hostAccessible()) {
+    backend_.copyToHost(logits.data(), computed, static_cast<size_t>(logit_count) * sizeof(float));
+  }
+}
+
+void ModelRunner::forwardArgmax(std::span<const SequenceInput> batch,
+                                std::vector<TokenId>& tokens) {
+  const float* computed = compute(batch, host_logits_);
+  tokens.resize(batch.size());
+  if (computed == nullptr) return;
+  backend_.argmaxRows(computed, static_cast<int64_t>(batch.size()), model_.config().vocab_size,
+                      tokens.data());
+}
+
+const float* ModelRunner::compute(std::span<const SequenceInput> batch,
+                                  std::vector<float>& host_logits) {
   const auto num_sequences = static_cast<int64_t>(batch.size());
 
   // Flatten the batch: rows are the new tokens of every sequence, in order.
@@ -133,10 +152,7 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
     }
   }
   const auto real_rows = static_cast<int64_t>(token_ids_.size());
-  if (real_rows == 0) {
-    logits.clear();
-    return;
-  }
+  if (real_rows == 0) return nullptr;
 
   // A decode batch (one new token per sequence) is padded to the backend's
   // bucket so that one recorded step serves every batch of that size: padded
@@ -166,11 +182,10 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
 
   // On a host-accessible backend the last matmul writes the logits in place.
   kernels::Backend& b = backend_;
-  const int64_t vocab = model_.config().vocab_size;
   float* logits_out = logits_.data();
   if (b.hostAccessible()) {
-    logits.resize(static_cast<size_t>(padded_sequences * vocab));
-    logits_out = logits.data();
+    host_logits.resize(static_cast<size_t>(padded_sequences * model_.config().vocab_size));
+    logits_out = host_logits.data();
   }
   if (bucket > 0) {
     bool completed = false;
@@ -185,12 +200,7 @@ void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<floa
   } else {
     issueStep(rows, padded_sequences, logits_out);
   }
-
-  const int64_t logit_count = num_sequences * vocab;
-  logits.resize(static_cast<size_t>(logit_count));
-  if (!b.hostAccessible()) {
-    b.copyToHost(logits.data(), logits_.data(), static_cast<size_t>(logit_count) * sizeof(float));
-  }
+  return logits_out;
 }
 
 void ModelRunner::growScratch(int64_t rows, int64_t sequences) {

@@ -67,6 +67,10 @@ class ModelRunner {
   // (token ids below vocab_size, block tables long enough, positions within
   // max_position_embeddings); a violation is a caller bug and aborts.
   void forward(std::span<const SequenceInput> batch, std::vector<float>& logits);
+  // The same forward pass, returning only each sequence's greedy token
+  // (argmax of its logits, the smallest id winning a tie), computed where
+  // the logits are: on a GPU only the ids come back to the host.
+  void forwardArgmax(std::span<const SequenceInput> batch, std::vector<TokenId>& tokens);
 
   // Decode steps are recorded and replayed when the backend can (CUDA
   // graphs); false runs every step as issued (vLLM's --enforce-eager).
@@ -96,6 +100,10 @@ class ModelRunner {
   };
 
   void checkInput(const SequenceInput& sequence) const;
+  // The forward pass; returns where the sequences' logits are (rows of
+  // vocab_size, padded sequences after the real ones): `host_logits` on a
+  // host-accessible backend, else backend memory. nullptr for no rows.
+  const float* compute(std::span<const SequenceInput> batch, std::vector<float>& host_logits);
   // Scratch for `rows` rows and `sequences` sequences (grown, never shrunk).
   void growScratch(int64_t rows, int64_t sequences);
   // Every kernel of one forward over the batch beginBatch() set up; the
@@ -114,6 +122,7 @@ class ModelRunner {
   BackendBuffer hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_, logits_;
   // The batch, flattened on the host.
   std::vector<int32_t> token_ids_, positions_;
+  std::vector<float> host_logits_;  // forwardArgmax's logits on a host backend
   std::vector<kernels::AttentionSequence> attention_sequences_;
 };
 

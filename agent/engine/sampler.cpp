@@ -278,6 +278,12 @@ void Sampler::fillLogprobs(std::span<const float> raw, int32_t num_top, Generate
     out->top.push_back({candidates_[i], logprobOf(candidates_[i])});
 }
 
+bool samplesRawArgmax(const SamplingParams& params, bool masked) {
+  return params.temperature < kGreedyTemperature && !masked && !params.logprobs &&
+         params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
+         params.presence_penalty == 0.0f;
+}
+
 GeneratedToken Sampler::sample(const SamplerInput& input) {
   TANDEM_CHECK(input.params != nullptr, "SamplerInput without params");
   TANDEM_CHECK(!input.logits.empty(), "SamplerInput with an empty logits row");

@@ -107,6 +107,12 @@ void CpuBackend::gatherLastRows(const float* x, int64_t width, float* out) {
   }
 }
 
+void CpuBackend::argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    host_out[r] = static_cast<int32_t>(kernels::argmax(x + r * width, width));
+  }
+}
+
 void CpuBackend::readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
                             void* host_dst) {
   const int64_t block_bytes = cache.blockBytes();

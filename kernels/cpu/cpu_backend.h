@@ -46,6 +46,7 @@ class CpuBackend : public Backend {
   void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                       float scale, float* out) override;
   void gatherLastRows(const float* x, int64_t width, float* out) override;
+  void argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) override;
 
   void readBlocks(const KvCacheLayout& cache, const int32_t* host_blocks, int64_t count,
                   void* host_dst) override;

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
     for (auto& [key, data] : resident_) cudaFree(data);
     cudaFree(batch_device_);
     cudaFree(scratch_);
+    cudaFree(argmax_out_);
     cudaFreeHost(staging_);
     cudaEventDestroy(batch_uploaded_);
     cudaStreamDestroy(stream_);
@@ -222,6 +223,23 @@ class CudaBackend final : public Backend {
     activate();
     launchGatherLastRows(stream_, batch_, x, width, out);
     checkLaunch("gatherLastRows");
+  }
+
+  void argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) override {
+    if (rows <= 0) return;
+    TANDEM_CHECK(width > 0 && width <= INT32_MAX, "argmaxRows: width out of range");
+    activate();
+    if (static_cast<size_t>(rows) > argmax_capacity_) {
+      throwIfFailed(cudaFree(argmax_out_), "cudaFree");
+      argmax_out_ = nullptr;
+      argmax_capacity_ = 0;
+      throwIfFailed(cudaMalloc(&argmax_out_, static_cast<size_t>(rows) * sizeof(int32_t)),
+                    "cudaMalloc argmax");
+      argmax_capacity_ = static_cast<size_t>(rows);
+    }
+    launchArgmax(stream_, x, rows, width, argmax_out_);
+    checkLaunch("argmax");
+    copyToHost(host_out, argmax_out_, static_cast<size_t>(rows) * sizeof(int32_t));
   }
 
   int64_t decodeBucket(int64_t sequences) const override { return bucketOf(sequences); }
@@ -393,6 +411,8 @@ class CudaBackend final : public Backend {
   size_t batch_device_bytes_ = 0;
   void* scratch_ = nullptr;
   size_t scratch_floats_ = 0;
+  int32_t* argmax_out_ = nullptr;  // argmaxRows' device results
+  size_t argmax_capacity_ = 0;
 };
 
 void CudaBackend::beginBatch(const BatchLayout& batch) {

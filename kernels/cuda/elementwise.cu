@@ -1,5 +1,5 @@
 // Elementwise kernels of the CUDA backend: embedding, addBias, addInPlace,
-// siluMul, gatherLastRows.
+// siluMul, gatherLastRows, and argmax.
 //
 // Invariance: every output element is a function of the inputs at its own
 // index (and, for embedding/gather, the row it copies), computed by one
@@ -58,7 +58,51 @@ __global__ void gatherLastRowsKernel(const int64_t* last_rows, const float* x, i
   }
 }
 
+// One block per row. Thread t scans elements t, t + 256, ... keeping the
+// first strictly larger value (as the CPU's scan); the 256 candidates meet in
+// a fixed tree where the larger value wins and equal values go to the
+// smaller index. The result is the smallest index of the row's maximum, so
+// it equals the CPU's exactly (a max and an index carry no rounding).
+constexpr int kArgmaxThreads = 256;
+constexpr int32_t kNoIndex = INT32_MAX;
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmaxKernel(const float* x, int64_t width, int32_t* out) {
+  __shared__ float values[kArgmaxThreads];
+  __shared__ int32_t indices[kArgmaxThreads];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * width;
+  const int tid = threadIdx.x;
+  float best = -INFINITY;
+  int32_t index = kNoIndex;
+  for (int64_t i = tid; i < width; i += kArgmaxThreads) {
+    if (row[i] > best) {
+      best = row[i];
+      index = static_cast<int32_t>(i);
+    }
+  }
+  values[tid] = best;
+  indices[tid] = index;
+  __syncthreads();
+  for (int stride = kArgmaxThreads / 2; stride > 0; stride /= 2) {
+    if (tid < stride) {
+      const float other = values[tid + stride];
+      const int32_t other_index = indices[tid + stride];
+      if (other > values[tid] || (other == values[tid] && other_index < indices[tid])) {
+        values[tid] = other;
+        indices[tid] = other_index;
+      }
+    }
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = indices[0] == kNoIndex ? 0 : indices[0];
+}
+
 }  // namespace
+
+void launchArgmax(cudaStream_t stream, const float* x, int64_t rows, int64_t width, int32_t* out) {
+  if (rows <= 0 || width <= 0) return;
+  argmaxKernel<<<static_cast<unsigned int>(rows), kArgmaxThreads, 0, stream>>>(x, width, out);
+}
 
 void launchEmbedding(cudaStream_t stream, const WeightView& table, const DeviceBatch& batch,
                      float* out) {

@@ -52,6 +52,8 @@ void launchAddInPlace(cudaStream_t stream, float* y, const float* x, int64_t n);
 void launchSiluMul(cudaStream_t stream, const float* gate, const float* up, float* out, int64_t n);
 void launchGatherLastRows(cudaStream_t stream, const DeviceBatch& batch, const float* x,
                           int64_t width, float* out);
+// out[r] (device) = smallest index of row r's maximum; 0 when none beats -inf.
+void launchArgmax(cudaStream_t stream, const float* x, int64_t rows, int64_t width, int32_t* out);
 
 // norm_rope.cu
 void launchRmsNorm(cudaStream_t stream, const float* x, const float* weight, int64_t rows,

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -147,6 +148,28 @@ TEST_F(CudaKernelsTest, MatmulRowIsBitwiseEqualForAnyRowCount) {
       const auto alone = deviceMatmul(row40, 1, k, w);
       EXPECT_EQ(0, std::memcmp(all.data() + 40 * n, alone.data(), n * sizeof(float)));
     }
+  }
+}
+
+// The device argmax equals the CPU's on random rows (vocabulary-sized and
+// small) and on ties, NaN, all -inf and +inf.
+TEST_F(CudaKernelsTest, ArgmaxRowsEqualsTheCpuArgmax) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t width : {int64_t{5}, int64_t{1000}, int64_t{128256}}) {
+    const int64_t rows = 6;
+    std::vector<float> x = randomFloats(rows * width, 11);
+    x[1 * width + width - 1] = x[1 * width + 0] = 50.0f;  // tie: first wins
+    for (int64_t i = 0; i < width; ++i) x[2 * width + i] = -inf;
+    x[3 * width + width / 2] = nan;
+    x[4 * width + width - 1] = inf;
+    for (int64_t i = 0; i < width; i += 2) x[5 * width + i] = nan;
+    std::vector<int32_t> expected(rows), actual(rows, -1);
+    for (int64_t r = 0; r < rows; ++r) {
+      expected[r] = static_cast<int32_t>(argmax(x.data() + r * width, width));
+    }
+    backend_->argmaxRows(upload(x), rows, width, actual.data());
+    EXPECT_EQ(actual, expected) << "width " << width;
   }
 }
 

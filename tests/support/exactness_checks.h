@@ -256,6 +256,45 @@ class ExactnessChecks {
     return sameRun("decode steps recorded and replayed", eager, recorded);
   }
 
+  // forwardArgmax (the argmax taken where the logits are) gives every
+  // sequence the argmax of the logits forward() returns, for a batched
+  // prefill and the decode steps after it.
+  ::testing::AssertionResult argmaxMatchesLogits() {
+    const std::vector<std::vector<TokenId>> prompts = {prompt(9, 31), prompt(40, 32),
+                                                       prompt(3, 33)};
+    const std::vector<std::vector<BlockId>> blocks = {{0}, {1, 2, 3}, {4}};
+    auto logits_cache = makeCacheOn(backend_, model_, kv_dtype_, 5);
+    auto argmax_cache = makeCacheOn(backend_, model_, kv_dtype_, 5);
+    engine::ModelRunner with_logits(model_, *logits_cache, backend_);
+    engine::ModelRunner with_argmax(model_, *argmax_cache, backend_);
+    std::vector<engine::SequenceInput> batch;
+    for (size_t s = 0; s < prompts.size(); ++s) batch.push_back({prompts[s], 0, blocks[s]});
+    std::vector<float> logits;
+    std::vector<TokenId> ids;
+    std::vector<TokenId> next(prompts.size());
+    for (int64_t step = 0; step <= kDecodeSteps; ++step) {
+      with_logits.forward(batch, logits);
+      with_argmax.forwardArgmax(batch, ids);
+      if (ids.size() != prompts.size()) {
+        return ::testing::AssertionFailure() << "forwardArgmax gave " << ids.size() << " ids";
+      }
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        const auto expected = static_cast<TokenId>(
+            kernels::argmax(logits.data() + static_cast<int64_t>(s) * vocab(), vocab()));
+        if (ids[s] != expected) {
+          return ::testing::AssertionFailure()
+                 << "step " << step << " sequence " << s << ": forwardArgmax gave " << ids[s]
+                 << ", the argmax of forward's logits is " << expected;
+        }
+        next[s] = expected;
+      }
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        batch[s] = {{&next[s], 1}, static_cast<int64_t>(prompts[s].size()) + step, blocks[s]};
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
   // Prefix hit: another request computed the 3 shared prefix blocks; A reuses
   // them and computes only its own suffix. Miss: A computes everything.
   ::testing::AssertionResult prefixHitMatchesMiss() {

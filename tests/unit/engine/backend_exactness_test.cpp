@@ -53,6 +53,10 @@ TEST_P(BackendExactnessTest, RecordedDecodeStepsAreBitIdenticalToEager) {
   EXPECT_TRUE(checks().recordedMatchesEager());
 }
 
+TEST_P(BackendExactnessTest, ArgmaxWhereTheLogitsAreEqualsArgmaxOfTheLogits) {
+  EXPECT_TRUE(checks().argmaxMatchesLogits());
+}
+
 // A CPU backend that asks for decode batches padded to buckets as the CUDA
 // backend does (1, 2, 4, 8, then multiples of 8), without recording, so the
 // runner's padding (inactive rows, empty sequences) is exercised where no GPU
@@ -83,6 +87,27 @@ TEST(PaddedDecodeTest, PaddingToBucketsKeepsEveryBitOnTheCpu) {
   // Every padded decode step went through replayStep (3 + 2 sequences, 5
   // steps each, twice).
   EXPECT_EQ(backend.steps(), 2 * 2 * ExactnessChecks::kDecodeSteps);
+}
+
+// A CPU backend that says the host cannot address its memory, so the runner
+// takes a device's paths (scratch and logits in backend memory, logits copied
+// back, argmax through argmaxRows) on the CPU: results must be the same bits
+// as the plain CPU backend's.
+class OpaqueCpuBackend final : public kernels::cpu::CpuBackend {
+ public:
+  bool hostAccessible() const override { return false; }
+};
+
+TEST(OpaqueCpuBackendTest, DevicePathsOfTheRunnerGiveTheHostPathsBits) {
+  OpaqueCpuBackend opaque;
+  const Model& model = ::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16);
+  ExactnessChecks checks(model, opaque, DType::kBF16);
+  EXPECT_TRUE(checks.argmaxMatchesLogits());
+  const std::vector<TokenId> prompt = checks.prompt(37, 41);
+  ExactnessChecks host(model, ::tandem::testing::sharedBackend(kernels::DeviceKind::kCpu),
+                       DType::kBF16);
+  EXPECT_TRUE(::tandem::testing::sameRun("device paths on the cpu", host.alone(prompt, 0),
+                                         checks.alone(prompt, 16)));
 }
 
 // The comparison can fail: one changed prompt token changes the logits of

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -172,6 +173,24 @@ class CpuBackendKernels : public ::testing::TestWithParam<DType> {
   cpu::CpuBackend backend_;
   TestBatch batch_;
 };
+
+// argmaxRows: the smallest index of each row's maximum; NaN never wins; a
+// row with nothing above -inf gives 0.
+TEST(CpuBackend, ArgmaxRowsKeepsTheScalarArgmaxRules) {
+  kernels::cpu::CpuBackend backend;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> rows = {
+      1.0f, 3.0f,  3.0f, -2.0f,  // tie: index 1
+      nan,  -5.0f, nan,  -4.0f,  // NaN never wins: index 3
+      -inf, -inf,  -inf, -inf,   // nothing beats -inf: 0
+      -inf, nan,   -inf, inf,    // +inf wins: index 3
+  };
+  std::vector<int32_t> ids(4, -7);
+  backend.argmaxRows(rows.data(), 4, 4, ids.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 3, 0, 3}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(ids[r], kernels::argmax(rows.data() + r * 4, 4)) << r;
+}
 
 TEST_P(CpuBackendKernels, EmbeddingAndMatmulMatchFreeKernels) {
   backend_.beginBatch(batch_.layout());
