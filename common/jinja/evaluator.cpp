@@ -1,0 +1,469 @@
+// The Jinja evaluator (see evaluator.h).
+#include "common/jinja/evaluator.h"
+
+#include <ctime>
+
+#include "common/jinja/access.h"
+#include "common/jinja/filters.h"
+#include "common/jinja/globals.h"
+#include "common/jinja/operators.h"
+#include "common/jinja/python_format.h"
+#include "common/jinja/tests.h"
+#include "common/jinja/unicode.h"
+
+namespace tandem::jinja {
+
+const Value* Scope::find(const std::string& name) const {
+  for (const Scope* s = this; s != nullptr; s = s->parent.get()) {
+    for (const auto& [k, v] : s->vars) {
+      if (k == name) return &v;
+    }
+  }
+  return nullptr;
+}
+
+void Scope::set(const std::string& name, Value value) {
+  for (auto& [k, v] : vars) {
+    if (k == name) {
+      v = std::move(value);
+      return;
+    }
+  }
+  vars.emplace_back(name, std::move(value));
+}
+
+struct Evaluator::DepthGuard {
+  explicit DepthGuard(Evaluator& e) : ev(e) {
+    if (++ev.depth_ > ev.options_.limits.max_call_depth) {
+      throw RenderFailure("call depth exceeds " +
+                          std::to_string(ev.options_.limits.max_call_depth) +
+                          " (limit max_call_depth)");
+    }
+  }
+  ~DepthGuard() { --ev.depth_; }
+  Evaluator& ev;
+};
+
+Evaluator::Evaluator(const RenderOptions& options, const nlohmann::ordered_json& variables)
+    : options_(options) {
+  auto globals = std::make_shared<Scope>(nullptr);
+  installGlobals(*globals);
+  root_ = std::make_shared<Scope>(globals);
+  if (variables.is_object()) {
+    for (const auto& [k, v] : variables.items()) root_->set(k, Value::fromJson(v));
+  }
+}
+
+Evaluator::~Evaluator() {
+  // Namespaces can be made to hold themselves; emptying them breaks such
+  // cycles so nothing outlives the render.
+  for (const auto& weak : objects_) {
+    if (auto obj = weak.lock()) obj->attrs.items.clear();
+  }
+}
+
+void Evaluator::track(const std::shared_ptr<AttrObject>& obj) { objects_.push_back(obj); }
+
+std::string Evaluator::render(const Body& body) {
+  std::string out;
+  exec(body, root_, out);
+  return out;
+}
+
+void Evaluator::countIteration() {
+  if (++iterations_ > options_.limits.max_loop_iterations) {
+    throw RenderFailure("loop iterations exceed " +
+                        std::to_string(options_.limits.max_loop_iterations) +
+                        " (limit max_loop_iterations)");
+  }
+}
+
+void Evaluator::checkSize(size_t size) const {
+  if (size > options_.limits.max_output_bytes) {
+    throw RenderFailure("output exceeds " + std::to_string(options_.limits.max_output_bytes) +
+                        " bytes (limit max_output_bytes)");
+  }
+}
+
+void Evaluator::append(std::string& out, const std::string& text) const {
+  checkSize(out.size() + text.size());
+  out += text;
+}
+
+std::tm Evaluator::now() const {
+  std::tm tm{};
+  if (options_.now) {
+    // The fixed time is taken as naive local time: broken down without a zone.
+    auto secs =
+        std::chrono::duration_cast<std::chrono::seconds>(options_.now->time_since_epoch()).count();
+    std::time_t t = static_cast<std::time_t>(secs);
+    gmtime_r(&t, &tm);
+  } else {
+    std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    localtime_r(&t, &tm);
+  }
+  return tm;
+}
+
+Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& scope,
+                                std::string& out) {
+  for (const auto& stmt : body) {
+    const Stmt& s = *stmt;
+    line_ = s.line;
+    switch (s.kind) {
+      case StmtKind::kText:
+        append(out, s.text);
+        break;
+      case StmtKind::kPrint: {
+        Value v = eval(*s.expr, scope);
+        append(out, pyStr(v, options_.limits.max_output_bytes));
+        break;
+      }
+      case StmtKind::kIf: {
+        bool done = false;
+        for (size_t i = 0; i < s.conditions.size(); ++i) {
+          if (eval(*s.conditions[i], scope).truthy()) {
+            Flow f = exec(s.bodies[i], scope, out);
+            if (f != Flow::kNormal) return f;
+            done = true;
+            break;
+          }
+        }
+        if (!done) {
+          Flow f = exec(s.else_body, scope, out);
+          if (f != Flow::kNormal) return f;
+        }
+        break;
+      }
+      case StmtKind::kFor: {
+        Flow f = execFor(s, scope, out);
+        if (f != Flow::kNormal) return f;
+        break;
+      }
+      case StmtKind::kSet:
+        execSet(s, scope, eval(*s.expr, scope));
+        break;
+      case StmtKind::kSetBlock: {
+        std::string text;
+        exec(s.body, scope, text);
+        Value v(std::move(text));
+        for (const auto& f : s.filters) v = applyFilterExpr(*f, v, scope);
+        execSet(s, scope, v);
+        break;
+      }
+      case StmtKind::kMacro:
+        scope->set(s.name, makeMacro(s, scope));
+        break;
+      case StmtKind::kCallBlock: {
+        const Stmt* body_stmt = &s;
+        std::weak_ptr<Scope> caller_scope = scope;
+        Value caller = Value::callable(
+            "caller", [this, body_stmt, caller_scope](Evaluator&, const CallArgs& args) {
+              auto scope_ptr = caller_scope.lock();
+              if (!scope_ptr) throw RenderFailure("caller() called out of scope");
+              return callMacro(*body_stmt, scope_ptr, args);
+            });
+        const Expr& call_expr = *s.expr;
+        Value callee = eval(*call_expr.object, scope);
+        CallArgs args = evalArgs(call_expr, scope);
+        args.keyword.emplace_back("caller", caller);
+        append(out, pyStr(call(callee, args)));
+        break;
+      }
+      case StmtKind::kFilterBlock: {
+        std::string text;
+        exec(s.body, scope, text);
+        Value v(std::move(text));
+        for (const auto& f : s.filters) v = applyFilterExpr(*f, v, scope);
+        append(out, pyStr(v, options_.limits.max_output_bytes));
+        break;
+      }
+      case StmtKind::kBreak:
+        return Flow::kBreak;
+      case StmtKind::kContinue:
+        return Flow::kContinue;
+      case StmtKind::kGeneration: {
+        Flow f = exec(s.body, scope, out);
+        if (f != Flow::kNormal) return f;
+        break;
+      }
+    }
+  }
+  return Flow::kNormal;
+}
+
+namespace {
+
+void bindTargets(Scope& scope, const std::vector<std::string>& targets, bool is_tuple,
+                 const Value& value) {
+  if (!is_tuple) {
+    scope.set(targets[0], value);
+    return;
+  }
+  ValueList items = iterableItems(value);
+  if (items.size() != targets.size()) {
+    throw RenderFailure(
+        items.size() < targets.size()
+            ? "not enough values to unpack (expected " + std::to_string(targets.size()) + ", got " +
+                  std::to_string(items.size()) + ")"
+            : "too many values to unpack (expected " + std::to_string(targets.size()) + ")");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) scope.set(targets[i], items[i]);
+}
+
+}  // namespace
+
+Evaluator::Flow Evaluator::execFor(const Stmt& s, const std::shared_ptr<Scope>& scope,
+                                   std::string& out) {
+  Value iterable = eval(*s.expr, scope);
+  ValueList items = iterableItems(iterable);
+  if (s.filter) {
+    ValueList kept;
+    for (const auto& item : items) {
+      countIteration();
+      auto filter_scope = std::make_shared<Scope>(scope);
+      bindTargets(*filter_scope, s.targets, s.target_is_tuple, item);
+      if (eval(*s.filter, filter_scope).truthy()) kept.push_back(item);
+    }
+    items = std::move(kept);
+  }
+  const int64_t length = static_cast<int64_t>(items.size());
+  for (int64_t i = 0; i < length; ++i) {
+    countIteration();
+    auto iter_scope = std::make_shared<Scope>(scope);
+    bindTargets(*iter_scope, s.targets, s.target_is_tuple, items[static_cast<size_t>(i)]);
+    auto loop = std::make_shared<AttrObject>();
+    loop->type_name = "LoopContext";
+    auto& a = loop->attrs;
+    a.set(Value("index0"), Value(i));
+    a.set(Value("index"), Value(i + 1));
+    a.set(Value("revindex"), Value(length - i));
+    a.set(Value("revindex0"), Value(length - i - 1));
+    a.set(Value("first"), Value(i == 0));
+    a.set(Value("last"), Value(i == length - 1));
+    a.set(Value("length"), Value(length));
+    a.set(Value("depth"), Value(int64_t{1}));
+    a.set(Value("depth0"), Value(int64_t{0}));
+    a.set(Value("previtem"), i > 0 ? items[static_cast<size_t>(i - 1)]
+                                   : Value::undefined("there is no previous item"));
+    a.set(Value("nextitem"), i + 1 < length ? items[static_cast<size_t>(i + 1)]
+                                            : Value::undefined("there is no next item"));
+    int64_t index0 = i;
+    a.set(Value("cycle"), Value::callable("cycle", [index0](Evaluator&, const CallArgs& args) {
+            if (args.positional.empty()) throw RenderFailure("no items for cycling given");
+            return args.positional[static_cast<size_t>(index0) % args.positional.size()];
+          }));
+    track(loop);
+    iter_scope->set("loop", Value::object(loop));
+    Flow f = exec(s.body, iter_scope, out);
+    if (f == Flow::kBreak) break;
+  }
+  if (length == 0) exec(s.else_body, scope, out);
+  return Flow::kNormal;
+}
+
+void Evaluator::execSet(const Stmt& s, const std::shared_ptr<Scope>& scope, Value value) {
+  if (!s.attr.empty()) {
+    const Value* ns = scope->find(s.name);
+    if (ns == nullptr || !ns->isObject() || ns->asObject()->type_name != "Namespace") {
+      throw RenderFailure("cannot assign attribute on non-namespace object");
+    }
+    ns->asObject()->attrs.set(Value(s.attr), std::move(value));
+    return;
+  }
+  bindTargets(*scope, s.targets, s.target_is_tuple, value);
+}
+
+Value Evaluator::makeMacro(const Stmt& s, const std::shared_ptr<Scope>& scope) {
+  const Stmt* macro = &s;
+  // The macro sees its defining scope by reference; holding it by weak
+  // pointer keeps a macro stored in that same scope from forming a cycle.
+  std::weak_ptr<Scope> defining = scope;
+  return Value::callable(s.name, [this, macro, defining](Evaluator&, const CallArgs& args) {
+    auto scope_ptr = defining.lock();
+    if (!scope_ptr) throw RenderFailure("macro '" + macro->name + "' called out of scope");
+    return callMacro(*macro, scope_ptr, args);
+  });
+}
+
+Value Evaluator::callMacro(const Stmt& s, const std::shared_ptr<Scope>& defining,
+                           const CallArgs& args) {
+  DepthGuard guard(*this);
+  int saved_line = line_;
+  auto scope = std::make_shared<Scope>(defining);
+  if (args.positional.size() > s.params.size()) {
+    throw RenderFailure("macro '" + s.name + "' takes not more than " +
+                        std::to_string(s.params.size()) + " argument(s)");
+  }
+  ValueList varargs;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const Value* given = i < args.positional.size() ? &args.positional[i] : nullptr;
+    if (given == nullptr) {
+      for (const auto& [k, v] : args.keyword) {
+        if (k == s.params[i]) given = &v;
+      }
+    }
+    if (given != nullptr) {
+      scope->set(s.params[i], *given);
+    } else if (s.defaults[i]) {
+      scope->set(s.params[i], eval(*s.defaults[i], scope));
+    } else {
+      scope->set(s.params[i], Value::undefined("'" + s.params[i] + "' is undefined"));
+    }
+  }
+  // A macro's `caller` is its own: the call block that invoked it, or none.
+  scope->set("caller", Value::undefined("No caller defined"));
+  ValueDict extra;
+  for (const auto& [k, v] : args.keyword) {
+    if (k == "caller") {
+      scope->set("caller", v);
+      continue;
+    }
+    bool known = false;
+    for (const auto& p : s.params) known = known || p == k;
+    if (!known) extra.set(Value(k), v);
+  }
+  scope->set("kwargs", Value::dict(std::move(extra)));
+  scope->set("varargs", Value::list({}, true));
+  std::string out;
+  exec(s.body, scope, out);
+  line_ = saved_line;
+  return Value(std::move(out));
+}
+
+Value Evaluator::call(const Value& callee, const CallArgs& args) {
+  if (callee.isUndefined()) failUndefined(callee);
+  if (!callee.isCallable())
+    throw RenderFailure("'" + callee.typeName() + "' object is not callable");
+  return callee.asCallable().call(*this, args);
+}
+
+CallArgs Evaluator::evalArgs(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  CallArgs args;
+  for (const auto& item : e.items) args.positional.push_back(eval(*item, scope));
+  for (const auto& [k, v] : e.kwargs) args.keyword.emplace_back(k, eval(*v, scope));
+  return args;
+}
+
+Value Evaluator::evalCall(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  const Expr& callee = *e.object;
+  if (callee.kind == ExprKind::kGetAttr) {
+    Value obj = eval(*callee.object, scope);
+    if (hasMethod(obj, callee.name)) {
+      CallArgs args = evalArgs(e, scope);
+      return callMethod(obj, callee.name, args);
+    }
+    Value fn = getAttr(obj, callee.name);
+    CallArgs args = evalArgs(e, scope);
+    return call(fn, args);
+  }
+  Value fn = eval(callee, scope);
+  CallArgs args = evalArgs(e, scope);
+  return call(fn, args);
+}
+
+Value Evaluator::applyFilterExpr(const Expr& filter, Value input,
+                                 const std::shared_ptr<Scope>& scope) {
+  CallArgs args = evalArgs(filter, scope);
+  return applyFilter(*this, filter.name, input, args);
+}
+
+Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  switch (e.kind) {
+    case ExprKind::kLiteral:
+      return e.value;
+    case ExprKind::kName: {
+      const Value* v = scope->find(e.name);
+      if (v == nullptr) return Value::undefined("'" + e.name + "' is undefined");
+      return *v;
+    }
+    case ExprKind::kList:
+    case ExprKind::kTuple: {
+      ValueList items;
+      for (const auto& item : e.items) items.push_back(eval(*item, scope));
+      return Value::list(std::move(items), e.kind == ExprKind::kTuple);
+    }
+    case ExprKind::kDict: {
+      ValueDict d;
+      for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
+        Value key = eval(*e.items[i], scope);
+        d.set(key, eval(*e.items[i + 1], scope));
+      }
+      return Value::dict(std::move(d));
+    }
+    case ExprKind::kGetAttr:
+      return getAttr(eval(*e.object, scope), e.name);
+    case ExprKind::kGetItem:
+      return getItem(eval(*e.object, scope), eval(*e.second, scope));
+    case ExprKind::kSlice: {
+      Value obj = eval(*e.object, scope);
+      Value start = e.second ? eval(*e.second, scope) : Value::none();
+      Value stop = e.third ? eval(*e.third, scope) : Value::none();
+      Value step = e.fourth ? eval(*e.fourth, scope) : Value::none();
+      return sliceValue(obj, start, stop, step);
+    }
+    case ExprKind::kCall:
+      return evalCall(e, scope);
+    case ExprKind::kFilter:
+      return applyFilterExpr(e, eval(*e.object, scope), scope);
+    case ExprKind::kTest: {
+      Value v = eval(*e.object, scope);
+      CallArgs args = evalArgs(e, scope);
+      bool result = applyTest(*this, e.name, v, args);
+      return Value(e.negated ? !result : result);
+    }
+    case ExprKind::kUnary: {
+      Value v = eval(*e.object, scope);
+      if (e.name == "not") return Value(!v.truthy());
+      if (v.isUndefined()) failUndefined(v);
+      if (!v.isNumber()) {
+        throw RenderFailure("bad operand type for unary " + e.name + ": '" + v.typeName() + "'");
+      }
+      if (e.name == "+") return v.isBool() ? Value(v.asInt()) : v;
+      if (v.isFloat()) return Value(-v.asDouble());
+      return Value(-v.asInt());
+    }
+    case ExprKind::kBinary:
+      return evalBinary(e, scope);
+    case ExprKind::kCompare:
+      return evalCompare(e, scope);
+    case ExprKind::kCondition:
+      if (eval(*e.object, scope).truthy()) return eval(*e.second, scope);
+      if (e.third) return eval(*e.third, scope);
+      return Value::undefined(
+          "the inline if-expression evaluated to false and no else section was defined.");
+  }
+  return Value();
+}
+
+Value Evaluator::evalBinary(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  if (e.name == "and") {
+    Value left = eval(*e.object, scope);
+    return left.truthy() ? eval(*e.second, scope) : left;
+  }
+  if (e.name == "or") {
+    Value left = eval(*e.object, scope);
+    return left.truthy() ? left : eval(*e.second, scope);
+  }
+  Value left = eval(*e.object, scope);
+  Value right = eval(*e.second, scope);
+  if (e.name == "~") {
+    std::string a = pyStr(left, options_.limits.max_output_bytes);
+    std::string b = pyStr(right, options_.limits.max_output_bytes);
+    checkSize(a.size() + b.size());
+    return Value(a + b);
+  }
+  return binaryOp(e.name, left, right, options_.limits.max_output_bytes);
+}
+
+Value Evaluator::evalCompare(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  Value left = eval(*e.object, scope);
+  for (size_t i = 0; i < e.ops.size(); ++i) {
+    Value right = eval(*e.items[i], scope);
+    if (!compareOp(e.ops[i], left, right)) return Value(false);
+    left = std::move(right);
+  }
+  return Value(true);
+}
+
+}  // namespace tandem::jinja

@@ -1,0 +1,80 @@
+// A Jinja template engine for chat templates: the subset of Jinja2 that real
+// models' chat templates use, rendered with the settings Hugging Face
+// transformers uses (ImmutableSandboxedEnvironment, trim_blocks and
+// lstrip_blocks on, keep_trailing_newline off, loop controls and the
+// `generation` tag enabled, `tojson` as Python's json.dumps without ASCII
+// escaping, the globals raise_exception and strftime_now).
+//
+// A template is untrusted input (it comes with a model directory): parsing
+// and rendering never throw, never touch files or the environment, and are
+// bounded in loop iterations, recursion depth and output size. Every failure
+// names the template line and what failed.
+//
+// A parsed Template is immutable; render() may be called from any number of
+// threads at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+namespace tandem::jinja {
+
+struct Limits {
+  size_t max_template_bytes = 1 << 20;     // source text
+  size_t max_output_bytes = 4 << 20;       // rendered text
+  size_t max_loop_iterations = 1'000'000;  // summed over every loop of one render
+  size_t max_call_depth = 64;              // nested macro calls and expression depth
+};
+
+struct RenderOptions {
+  // What strftime_now sees, as naive local time; empty: the system clock.
+  // A given time point's calendar fields are read without a zone conversion
+  // (as UTC), so build it from the wall-clock time it should show.
+  std::optional<std::chrono::system_clock::time_point> now;
+  Limits limits;
+};
+
+// Why parsing or rendering failed.
+struct TemplateError {
+  std::string message;  // what failed, e.g. "'NoneType' object is not iterable"
+  int line = 0;         // 1-based template line; 0 when unknown
+  // True when the template called raise_exception(message): `message` is then
+  // exactly the template's text.
+  bool raised_by_template = false;
+
+  // "line 12: 'NoneType' object is not iterable" (or the message alone).
+  std::string describe() const;
+};
+
+template <typename T>
+using TemplateResult = std::variant<T, TemplateError>;
+
+class Template {
+ public:
+  // Parses `source`; limits.max_template_bytes bounds its size.
+  static TemplateResult<Template> parse(std::string_view source, const Limits& limits = {});
+
+  // Renders with `variables` (a JSON object; key order is kept, as Python
+  // dicts keep it, for tojson, items() and iteration) as the template's
+  // variables. Values: null is None, booleans, integers and floats, strings,
+  // arrays are lists, objects are dicts.
+  TemplateResult<std::string> render(const nlohmann::ordered_json& variables,
+                                     const RenderOptions& options = {}) const;
+
+  Template(Template&&) noexcept;
+  Template& operator=(Template&&) noexcept;
+  ~Template();
+
+ private:
+  struct Impl;
+  explicit Template(std::shared_ptr<const Impl> impl);
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace tandem::jinja
