@@ -1,0 +1,123 @@
+#include "common/protocol/reasoning_parser.h"
+
+#include "common/protocol/stream_text.h"
+
+namespace tandem::protocol {
+namespace {
+
+constexpr std::string_view kThinkStart = "<think>";
+constexpr std::string_view kThinkEnd = "</think>";
+
+std::optional<std::string> nonEmpty(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  return std::string(text);
+}
+
+std::string_view dropLeadingThinkStart(std::string_view text) {
+  return startsWith(text, kThinkStart) ? text.substr(kThinkStart.size()) : text;
+}
+
+}  // namespace
+
+const std::vector<std::string>& reasoningParserNames() {
+  static const std::vector<std::string> kNames = {"deepseek_r1", "qwen3"};
+  return kNames;
+}
+
+const char* reasoningParserName(ReasoningParserKind kind) {
+  return kind == ReasoningParserKind::kQwen3 ? "qwen3" : "deepseek_r1";
+}
+
+StatusOr<ReasoningParserKind> reasoningParserFromName(std::string_view name) {
+  if (name == "deepseek_r1") return ReasoningParserKind::kDeepSeekR1;
+  if (name == "qwen3") return ReasoningParserKind::kQwen3;
+  std::string accepted;
+  for (const std::string& known : reasoningParserNames()) {
+    accepted += (accepted.empty() ? "" : ", ") + known;
+  }
+  return invalidArgument("unknown reasoning parser \"" + std::string(name) +
+                         "\" (--reasoning-parser); accepted: " + accepted);
+}
+
+ReasoningSplit parseReasoning(const ReasoningOptions& options, std::string_view text) {
+  ReasoningSplit split;
+  if (options.reasoning_ended_in_prompt) {
+    split.content = nonEmpty(text);
+    return split;
+  }
+  const std::string_view body = dropLeadingThinkStart(text);
+  const size_t end = body.find(kThinkEnd);
+  if (end == std::string_view::npos) {
+    if (options.kind == ReasoningParserKind::kDeepSeekR1) {
+      split.reasoning = nonEmpty(body);
+    } else {
+      split.content = nonEmpty(body);
+    }
+    return split;
+  }
+  split.reasoning = nonEmpty(body.substr(0, end));
+  split.content = nonEmpty(body.substr(end + kThinkEnd.size()));
+  return split;
+}
+
+ReasoningStream::ReasoningStream(const ReasoningOptions& options)
+    : options_(options),
+      state_(options.reasoning_ended_in_prompt ? State::kContent : State::kStart) {}
+
+ReasoningPieces ReasoningStream::feed(std::string_view text) {
+  ReasoningPieces out;
+  held_.append(text);
+  drain(out, /*at_end=*/false);
+  return out;
+}
+
+ReasoningPieces ReasoningStream::finish() {
+  ReasoningPieces out;
+  drain(out, /*at_end=*/true);
+  return out;
+}
+
+void ReasoningStream::drain(ReasoningPieces& out, bool at_end) {
+  if (state_ == State::kStart) {
+    // Whether the output opens with <think> is known once kThinkStart.size()
+    // bytes arrived, or a byte differs, or the output ended.
+    if (startsWith(held_, kThinkStart)) {
+      held_.erase(0, kThinkStart.size());
+    } else if (!at_end && startsWith(kThinkStart, held_)) {
+      return;
+    }
+    state_ = options_.kind == ReasoningParserKind::kQwen3 ? State::kUndecided : State::kReasoning;
+  }
+  if (state_ == State::kUndecided) {
+    const size_t end = held_.find(kThinkEnd);
+    if (end != std::string::npos) {
+      out.reasoning.append(held_, 0, end);
+      held_.erase(0, end + kThinkEnd.size());
+      state_ = State::kContent;
+    } else if (at_end) {
+      out.content.append(held_);
+      held_.clear();
+      return;
+    } else {
+      return;
+    }
+  }
+  if (state_ == State::kReasoning) {
+    const size_t end = held_.find(kThinkEnd);
+    if (end != std::string::npos) {
+      out.reasoning.append(held_, 0, end);
+      held_.erase(0, end + kThinkEnd.size());
+      state_ = State::kContent;
+    } else {
+      const size_t keep = at_end ? 0 : partialTagSuffix(held_, kThinkEnd);
+      out.reasoning.append(held_, 0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return;
+    }
+  }
+  // kContent: everything after </think> is content as it comes.
+  out.content.append(held_);
+  held_.clear();
+}
+
+}  // namespace tandem::protocol
