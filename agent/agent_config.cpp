@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "agent/kv/connector.h"
+#include "common/protocol/reasoning_parser.h"
+#include "common/protocol/tool_call_parser.h"
 #include "common/status.h"
 
 namespace tandem::agent {
@@ -72,6 +74,15 @@ const std::vector<Row>& rows() {
       integer("port", 0, 65535, "port (0: any free port)", &ServeOptions::port),
       text("served_model_name", "model name in the API (default: the directory name)",
            &ServeOptions::served_model_name),
+      text("chat_template",
+           "Jinja chat template file used instead of the model's (parsed at start-up)",
+           &ServeOptions::chat_template),
+      choice("tool_call_parser", protocol::toolCallParserNames(),
+             "turn tool calls in chat output into tool_calls (needs tools in the request)",
+             &ServeOptions::tool_call_parser),
+      choice("reasoning_parser", protocol::reasoningParserNames(),
+             "split <think>...</think> in chat output into reasoning_content",
+             &ServeOptions::reasoning_parser),
       integer("block_size", 1, kMaxBlockSize, "KV block size in tokens", &ServeOptions::block_size),
       {{"kv_cache_memory",
         OptionKind::kBytes,

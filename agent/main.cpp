@@ -2,6 +2,7 @@
 //   tokenize  — JSON lines {"text": ...} on stdin → {"ids": [...]} on stdout
 //   generate  — greedy completion of one prompt, streamed, with throughput
 //   serve     — the OpenAI-compatible HTTP server
+//   render-chat — JSON lines of conversations → the chat template's text
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
+#include "agent/render_chat_command.h"
 #include "agent/serve_command.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -196,12 +198,18 @@ int main(int argc, char** argv) {
   tandem::agent::ServeOptions serve_options;
   CLI::App* serve = tandem::agent::addServeCommand(app, serve_options);
 
+  tandem::agent::RenderChatOptions render_chat_options;
+  CLI::App* render_chat = tandem::agent::addRenderChatCommand(app, render_chat_options);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) tandem::kernels::setNumThreads(threads);
     if (tokenize->parsed()) return runTokenize(tokenizer_path, add_special_tokens);
     if (generate->parsed()) return runGenerate(gen);
     if (serve->parsed()) return tandem::agent::runServe(*serve, serve_options);
+    if (render_chat->parsed()) {
+      return tandem::agent::runRenderChat(render_chat_options, std::cin, std::cout);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-agent: %s\n", e.what());
     return 1;

@@ -19,6 +19,8 @@
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 #include "common/logging.h"
+#include "common/protocol/reasoning_parser.h"
+#include "common/protocol/tool_call_parser.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
@@ -175,6 +177,25 @@ int runServe(CLI::App& command, ServeOptions& o) {
                                         ? std::filesystem::path(o.model).filename().string()
                                         : o.served_model_name;
   server_config.role = o.role;
+  // Parsed once here: a template that does not parse stops the agent before
+  // it serves, naming the file and line.
+  auto chat_template = server::ChatTemplate::load(engine.tokenizer(), o.chat_template);
+  if (!chat_template.isOk()) throw Error(chat_template.status().message());
+  server_config.chat_template = std::move(*chat_template);
+  if (!o.tool_call_parser.empty()) {
+    auto kind = protocol::toolCallParserFromName(o.tool_call_parser);
+    if (!kind.isOk()) throw Error(kind.status().message());
+    server_config.chat_output.tool_call_parser = *kind;
+  }
+  if (!o.reasoning_parser.empty()) {
+    auto kind = protocol::reasoningParserFromName(o.reasoning_parser);
+    if (!kind.isOk()) throw Error(kind.status().message());
+    server_config.chat_output.reasoning_parser = *kind;
+  }
+  if (!server_config.chat_template->hasTemplate()) {
+    TANDEM_LOG(kWarn) << "the model has no chat template: /v1/chat/completions answers 400 "
+                         "(give one with --chat-template FILE)";
+  }
   server::HttpServer server(engine, server_config);
   server.bind();
   // The bound port (the check above used the configured one).

@@ -25,6 +25,9 @@ struct ServeOptions {
   int64_t max_model_len = 0;
   int64_t max_waiting_requests = 1024;
   std::string served_model_name;
+  std::string chat_template;     // a Jinja file replacing the model's chat template
+  std::string tool_call_parser;  // empty: none; else a toolCallParserNames() entry
+  std::string reasoning_parser;  // empty: none; else a reasoningParserNames() entry
   std::string role = "both";
   std::string prefix_caching_hash = "xxhash";
   double shutdown_timeout_s = 30.0;

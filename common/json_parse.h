@@ -25,5 +25,9 @@ struct JsonParseError {
 
 // The parsed value, or nullopt with `error` filled in.
 std::optional<nlohmann::json> parseJson(std::string_view text, JsonParseError& error);
+// The same, keeping object keys in the order the text gives them (for values
+// handed on to code that shows them, such as chat templates).
+std::optional<nlohmann::ordered_json> parseOrderedJson(std::string_view text,
+                                                       JsonParseError& error);
 
 }  // namespace tandem

@@ -246,6 +246,8 @@ struct Tokenizer::Impl {
   std::optional<TokenId> bos_id;
   std::optional<TokenId> eos_id;
   std::string chat_template;
+  std::vector<Tokenizer::NamedChatTemplate> chat_templates;
+  nlohmann::ordered_json special_tokens_map = nlohmann::ordered_json::object();
 };
 
 namespace {
@@ -268,16 +270,44 @@ void loadConfig(const Tokenizer& tokenizer, Tokenizer::Impl& impl,
     };
     impl.bos_id = resolve("bos_token");
     impl.eos_id = resolve("eos_token");
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                            "cls_token", "mask_token"}) {
+      if (auto content = configTokenString(config, key, source)) {
+        impl.special_tokens_map[key] = *content;
+      }
+    }
+    if (const nlohmann::json& extra = fieldOrNull(config, "additional_special_tokens");
+        extra.is_array()) {
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (const nlohmann::json& token : extra) {
+        if (token.is_string()) {
+          list.push_back(token.get<std::string>());
+        } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
+          list.push_back(token["content"].get<std::string>());
+        } else {
+          throw Error(source +
+                      ": additional_special_tokens entries must be strings or objects with "
+                      "\"content\"");
+        }
+      }
+      impl.special_tokens_map["additional_special_tokens"] = std::move(list);
+    }
     const nlohmann::json& chat_template = fieldOrNull(config, "chat_template");
     if (chat_template.is_string()) {
       impl.chat_template = chat_template.get<std::string>();
+      impl.chat_templates.push_back({"default", impl.chat_template, source});
     } else if (chat_template.is_array()) {
       // Several named templates; the one named "default" is for plain chat.
       for (const nlohmann::json& entry : chat_template) {
-        if (entry.is_object() && entry.value("name", std::string()) == "default" &&
-            entry.contains("template") && entry["template"].is_string()) {
-          impl.chat_template = entry["template"].get<std::string>();
+        if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+            !entry.contains("template") || !entry["template"].is_string()) {
+          throw Error(source + ": chat_template entries must be {\"name\": string, " +
+                      "\"template\": string}");
         }
+        const std::string name = entry["name"].get<std::string>();
+        const std::string text = entry["template"].get<std::string>();
+        if (name == "default") impl.chat_template = text;
+        impl.chat_templates.push_back({name, text, source + " (chat_template " + name + ")"});
       }
     } else if (!chat_template.is_null()) {
       throw Error(source + ": chat_template must be a string or a list of {name, template}");
@@ -313,8 +343,9 @@ std::unique_ptr<Tokenizer> Tokenizer::fromDirectory(const std::filesystem::path&
   }
   // Newer checkpoints keep the template in its own file.
   const std::filesystem::path jinja_path = dir / "chat_template.jinja";
-  if (impl.chat_template.empty() && std::filesystem::exists(jinja_path, ec)) {
+  if (impl.chat_templates.empty() && std::filesystem::exists(jinja_path, ec)) {
     impl.chat_template = readFile(jinja_path);
+    impl.chat_templates.push_back({"default", impl.chat_template, jinja_path.string()});
   }
   return tokenizer;
 }
@@ -382,6 +413,12 @@ bool Tokenizer::isSpecial(TokenId id) const {
 std::optional<TokenId> Tokenizer::bosTokenId() const { return impl_->bos_id; }
 std::optional<TokenId> Tokenizer::eosTokenId() const { return impl_->eos_id; }
 const std::string& Tokenizer::chatTemplate() const { return impl_->chat_template; }
+const std::vector<Tokenizer::NamedChatTemplate>& Tokenizer::chatTemplates() const {
+  return impl_->chat_templates;
+}
+const nlohmann::ordered_json& Tokenizer::specialTokensMap() const {
+  return impl_->special_tokens_map;
+}
 
 std::string Tokenizer::tokenBytes(TokenId id) const {
   if (id < 0 || id >= impl_->vocab_size) return {};

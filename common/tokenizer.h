@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,8 +59,27 @@ class Tokenizer {
   // From tokenizer_config.json (bos_token / eos_token), when present.
   std::optional<TokenId> bosTokenId() const;
   std::optional<TokenId> eosTokenId() const;
-  // tokenizer_config.json "chat_template" (empty when absent).
+  // tokenizer_config.json "chat_template" (empty when absent); the one named
+  // "default" when it is a list of named templates.
   const std::string& chatTemplate() const;
+
+  // Every chat template the model directory gives, as transformers reads
+  // them: a string "chat_template" is one template named "default"; a list
+  // of {name, template} gives each; without either, chat_template.jinja is
+  // the "default". `origin` names the file it came from, for error messages.
+  struct NamedChatTemplate {
+    std::string name;
+    std::string text;
+    std::string origin;
+  };
+  const std::vector<NamedChatTemplate>& chatTemplates() const;
+
+  // transformers' special_tokens_map from tokenizer_config.json: bos_token,
+  // eos_token, unk_token, sep_token, pad_token, cls_token, mask_token as
+  // strings (AddedToken objects give their "content"), and
+  // additional_special_tokens as a list of strings. Tokens the file does not
+  // set (or sets to null) are absent. An empty object without the file.
+  const nlohmann::ordered_json& specialTokensMap() const;
 
   // The raw bytes a token stands for (byte-level decoded; special tokens give
   // their content).

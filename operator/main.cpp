@@ -226,6 +226,7 @@ struct RouterFlags {
   double upstream_timeout_s = 0;
   int threads = 0;
   std::string model_dir;
+  std::string chat_template;
   double poll_interval_s = 0;
   double shutdown_timeout_s = 10;
   // In-cluster discovery.
@@ -277,6 +278,8 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->check(CLI::Range(1, 256));
   command->add_option("--model-dir", flags.model_dir,
                       "model directory for the tokenizer (default: the one the agents report)");
+  command->add_option("--chat-template", flags.chat_template,
+                      "Jinja chat template file used instead of the model's (as the agents')");
   command
       ->add_option("--poll-interval", flags.poll_interval_s,
                    "seconds between agent health/load polls (default 0.5)")
@@ -350,6 +353,7 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--upstream-timeout")) config.upstream_timeout_s = flags.upstream_timeout_s;
   if (given("--threads")) config.threads = flags.threads;
   if (given("--model-dir")) config.model_dir = flags.model_dir;
+  if (given("--chat-template")) config.chat_template = flags.chat_template;
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;
   checkDiscoveryFlags(flags, config);
 

@@ -168,6 +168,8 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits_.served_model_name = config_.served_model_name;
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;
+  limits_.chat_template = config_.chat_template;
+  limits_.chat_output = config_.chat_output;
   metrics_.setDevice(kernels::deviceKindName(engine_.backend().kind()),
                      engine_.backend().description());
   metrics_.setKvBuffer(engine_.kvConnectorInfo());

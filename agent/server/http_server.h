@@ -41,6 +41,11 @@ struct ServerConfig {
   int request_timeout_s = 30;
   int idle_timeout_s = 60;
   int write_timeout_s = 30;
+  // The chat template for /v1/chat/completions and /tokenize (load it with
+  // ChatTemplate::load at start-up); null: the model has none.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  // --tool-call-parser / --reasoning-parser for chat output.
+  protocol::ChatOutputOptions chat_output;
 };
 
 class HttpServer {

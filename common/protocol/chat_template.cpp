@@ -1,192 +1,183 @@
 #include "common/protocol/chat_template.h"
 
-#include <optional>
-#include <string>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <utility>
 
 namespace tandem::server {
 namespace {
 
-// The ChatML template as Qwen and many fine-tunes write it; the generated
-// test models carry exactly this text.
-constexpr std::string_view kChatMlTemplate =
-    R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+using nlohmann::ordered_json;
 
-bool isSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+// What transformers appends to the final message to find where it ends in
+// the rendered text.
+constexpr std::string_view kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+bool isPythonSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' || c == '\x1c' ||
+         c == '\x1d' || c == '\x1e' || c == '\x1f';
 }
 
-void replaceAll(std::string& text, std::string_view from, std::string_view to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
-  }
+std::string_view strip(std::string_view text) {
+  while (!text.empty() && isPythonSpace(text.front())) text.remove_prefix(1);
+  while (!text.empty() && isPythonSpace(text.back())) text.remove_suffix(1);
+  return text;
 }
 
-// Reads the tag body starting at source[pos] up to its closing delimiter
-// ("%}" or "}}", optionally preceded by '-' or '+'). Whitespace outside string
-// literals is dropped, literals are re-quoted with single quotes, and adjacent
-// literals joined by '+' are folded into one. On success sets `pos` past the
-// delimiter and `strip_after` when the delimiter asked to strip whitespace.
-std::optional<std::string> readTagBody(std::string_view source, char close, size_t& pos,
-                                       bool& strip_after) {
-  std::string body;
-  size_t last_literal_end = std::string::npos;  // body size right after the last literal
-  while (pos < source.size()) {
-    const char c = source[pos];
-    const bool closes_here = pos + 1 < source.size() && c == close && source[pos + 1] == '}';
-    const bool strip_closes_here = (c == '-' || c == '+') && pos + 2 < source.size() &&
-                                   source[pos + 1] == close && source[pos + 2] == '}';
-    if (closes_here || strip_closes_here) {
-      strip_after = strip_closes_here && c == '-';
-      pos += strip_closes_here ? 3 : 2;
-      replaceAll(body, "message.role", "message['role']");
-      replaceAll(body, "message.content", "message['content']");
-      return body;
-    }
-    if (c == '\'' || c == '"') {
-      size_t end = pos + 1;
-      while (end < source.size() && source[end] != c) end += source[end] == '\\' ? 2 : 1;
-      if (end >= source.size()) return std::nullopt;  // unterminated literal
-      const std::string_view raw = source.substr(pos + 1, end - pos - 1);
-      if (last_literal_end != std::string::npos && body.size() == last_literal_end + 1 &&
-          body.back() == '+') {
-        body.resize(body.size() - 2);  // drop the previous closing quote and the '+'
-      } else {
-        body += '\'';
-      }
-      body += raw;
-      body += '\'';
-      last_literal_end = body.size();
-      pos = end + 1;
-      continue;
-    }
-    if (!isSpace(c)) body += c;
-    ++pos;
-  }
-  return std::nullopt;  // unterminated tag
+jinja::TemplateError failure(std::string message) {
+  return jinja::TemplateError{std::move(message), 0, false};
 }
 
-// The template reduced to what decides its output under Hugging Face's Jinja
-// settings (trim_blocks, lstrip_blocks, keep_trailing_newline=False): literal
-// text after whitespace control, and tag bodies without insignificant
-// spelling differences. nullopt when the template cannot be read.
-std::optional<std::string> canonicalForm(std::string_view source) {
-  if (source.ends_with('\n')) source.remove_suffix(1);
-  std::string out;
-  std::string text;  // literal text since the last tag
-  auto flushText = [&] {
-    if (text.empty()) return;
-    out += '\x01';  // marks literal text; never part of a tag body
-    out += text;
-    out += '\x01';
-    text.clear();
-  };
-  bool strip_leading = false;  // the previous tag ended with '-'
-  bool trim_newline = false;   // the previous tag was a block or comment (trim_blocks)
-  size_t pos = 0;
-  while (pos < source.size()) {
-    const char c = source[pos];
-    const bool opens_tag =
-        c == '{' && pos + 1 < source.size() &&
-        (source[pos + 1] == '%' || source[pos + 1] == '{' || source[pos + 1] == '#');
-    if (!opens_tag) {
-      if (strip_leading && isSpace(c)) {
-        ++pos;
-        continue;
-      }
-      strip_leading = false;
-      if (trim_newline) {
-        trim_newline = false;
-        if (c == '\n') {
-          ++pos;
-          continue;
-        }
-        if (c == '\r' && pos + 1 < source.size() && source[pos + 1] == '\n') {
-          pos += 2;
-          continue;
-        }
-      }
-      text += c;
-      ++pos;
-      continue;
-    }
-    const char kind = source[pos + 1];
-    const size_t tag_start = pos;
-    pos += 2;
-    const bool strip_before = pos < source.size() && source[pos] == '-';
-    const bool keep_before = pos < source.size() && source[pos] == '+';
-    if (strip_before || keep_before) ++pos;
-    if (strip_before) {
-      while (!text.empty() && isSpace(text.back())) text.pop_back();
-    } else if (kind != '{' && !keep_before) {
-      // lstrip_blocks: spaces and tabs between the start of the line and a
-      // block or comment tag are dropped.
-      size_t begin = tag_start;
-      while (begin > 0 && (source[begin - 1] == ' ' || source[begin - 1] == '\t')) --begin;
-      if (begin == 0 || source[begin - 1] == '\n') {
-        size_t count = tag_start - begin;
-        while (count > 0 && !text.empty() && (text.back() == ' ' || text.back() == '\t')) {
-          text.pop_back();
-          --count;
-        }
-      }
-    }
-    bool strip_after = false;
-    if (kind == '#') {
-      const size_t end = source.find("#}", pos);
-      if (end == std::string_view::npos) return std::nullopt;
-      strip_after = end > pos && source[end - 1] == '-';
-      pos = end + 2;
-    } else {
-      const auto body = readTagBody(source, kind == '%' ? '%' : '}', pos, strip_after);
-      if (!body) return std::nullopt;
-      flushText();
-      out += kind == '%' ? "{%" : "{{";
-      out += *body;
-      out += kind == '%' ? "%}" : "}}";
-    }
-    strip_leading = strip_after;
-    trim_newline = !strip_after && kind != '{';
-  }
-  flushText();
-  return out;
+// vLLM's content-format detection reads the template's syntax tree for a
+// loop over a message's content; the same shapes are found in the text:
+// `for part in message['content']`, `for part in msg.content`.
+bool loopsOverContent(const std::string& text) {
+  static const std::regex kLoop(
+      R"(for\s+\w+\s+in\s+\w+\s*(\[\s*['"]content['"]\s*\]|\.content\b))");
+  return std::regex_search(text, kLoop);
+}
+
+StatusOr<std::string> readTemplateFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return invalidArgument("cannot read the chat template file " + path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace
 
-bool isChatMlTemplate(std::string_view chat_template) {
-  static const std::optional<std::string> kCanonicalChatMl = canonicalForm(kChatMlTemplate);
-  const auto form = canonicalForm(chat_template);
-  return form.has_value() && form == kCanonicalChatMl;
+StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::create(
+    std::vector<Source> sources, nlohmann::ordered_json special_tokens) {
+  std::shared_ptr<ChatTemplate> chat(new ChatTemplate());
+  if (special_tokens.is_object()) chat->special_tokens_ = std::move(special_tokens);
+  for (Source& source : sources) {
+    auto parsed = jinja::Template::parse(source.text);
+    if (const auto* error = std::get_if<jinja::TemplateError>(&parsed)) {
+      return invalidArgument(source.origin +
+                             ": chat template does not parse: " + error->describe());
+    }
+    if (loopsOverContent(source.text)) chat->content_format_ = ChatContentFormat::kOpenAi;
+    chat->templates_.push_back(
+        Parsed{std::move(source.name), std::get<jinja::Template>(std::move(parsed))});
+  }
+  return std::shared_ptr<const ChatTemplate>(std::move(chat));
 }
 
-StatusOr<std::string> renderChatTemplate(std::string_view chat_template,
-                                         std::span<const ChatMessage> messages,
-                                         const ChatTemplateOptions& options) {
-  if (chat_template.empty()) {
-    return failedPrecondition(
-        "this model has no chat template (tokenizer_config.json has no chat_template); use "
-        "/v1/completions with a prompt instead");
+StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::load(
+    const Tokenizer& tokenizer, const std::filesystem::path& override_file) {
+  std::vector<Source> sources;
+  if (!override_file.empty()) {
+    auto text = readTemplateFile(override_file);
+    if (!text.isOk()) return text.status();
+    sources.push_back({"default", std::move(*text), override_file.string()});
+  } else {
+    for (const auto& named : tokenizer.chatTemplates()) {
+      sources.push_back({named.name, named.text, named.origin});
+    }
   }
-  if (!isChatMlTemplate(chat_template)) {
-    return failedPrecondition("chat template of this model is not supported yet (only ChatML)");
+  return create(std::move(sources), tokenizer.specialTokensMap());
+}
+
+std::string ChatTemplate::noTemplateMessage() {
+  return "this model has no chat template (tokenizer_config.json has no chat_template and the "
+         "model directory has no chat_template.jinja); start the server with --chat-template "
+         "FILE, or use /v1/completions with a prompt";
+}
+
+const jinja::Template* ChatTemplate::choose(bool has_tools, std::string* error) const {
+  if (templates_.size() == 1) return &templates_[0].parsed;
+  const Parsed* fallback = nullptr;
+  for (const Parsed& named : templates_) {
+    if (has_tools && named.name == "tool_use") return &named.parsed;
+    if (named.name == "default") fallback = &named;
   }
-  if (messages.empty()) return invalidArgument("messages must not be empty");
-  if (options.add_generation_prompt && options.continue_final_message) {
-    return invalidArgument(
-        "add_generation_prompt and continue_final_message cannot both be true; set "
-        "add_generation_prompt to false to continue the final message");
+  if (fallback != nullptr) return &fallback->parsed;
+  std::string names;
+  for (const Parsed& named : templates_) names += (names.empty() ? "" : ", ") + named.name;
+  *error = "this model has several chat templates (" + names +
+           ") and none is named \"default\"; give one with --chat-template FILE";
+  return nullptr;
+}
+
+jinja::TemplateResult<std::string> ChatTemplate::render(const ChatTemplateInput& input,
+                                                        const jinja::RenderOptions& options) const {
+  if (templates_.empty()) return failure(noTemplateMessage());
+  if (input.add_generation_prompt && input.continue_final_message) {
+    return failure(
+        "continue_final_message and add_generation_prompt are not compatible: use "
+        "continue_final_message to continue the final message, add_generation_prompt to start a "
+        "new assistant message");
   }
-  std::string prompt;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    prompt += "<|im_start|>";
-    prompt += messages[i].role;
-    prompt += '\n';
-    prompt += messages[i].content;
-    if (options.continue_final_message && i + 1 == messages.size()) break;
-    prompt += "<|im_end|>\n";
+  std::string choose_error;
+  const jinja::Template* chosen = choose(!input.tools.is_null(), &choose_error);
+  if (chosen == nullptr) return failure(choose_error);
+
+  ordered_json variables = ordered_json::object();
+  variables["messages"] = input.messages;
+  variables["tools"] = input.tools;
+  variables["documents"] = input.documents;
+  variables["add_generation_prompt"] = input.add_generation_prompt;
+  for (const auto& [key, value] : special_tokens_.items()) variables[key] = value;
+  if (input.kwargs.is_object()) {
+    for (const auto& [key, value] : input.kwargs.items()) variables[key] = value;
   }
-  if (options.add_generation_prompt) prompt += "<|im_start|>assistant\n";
-  return prompt;
+
+  // continue_final_message: mark the end of the final message's text, render,
+  // and cut the output there (transformers' way).
+  std::string final_text;
+  if (input.continue_final_message) {
+    ordered_json& messages = variables["messages"];
+    if (!messages.is_array() || messages.empty() || !messages.back().is_object()) {
+      return failure("continue_final_message is set but there is no final message to continue");
+    }
+    ordered_json& content = messages.back()["content"];
+    if (content.is_string()) {
+      final_text = content.get<std::string>();
+      content = final_text + std::string(kContinueTag);
+    } else if (content.is_array()) {
+      bool found = false;
+      for (auto part = content.rbegin(); part != content.rend(); ++part) {
+        if (part->is_object() && part->contains("text") && (*part)["text"].is_string()) {
+          final_text = (*part)["text"].get<std::string>();
+          (*part)["text"] = final_text + std::string(kContinueTag);
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        return failure(
+            "continue_final_message is set but we could not find any text to continue in the "
+            "final message!");
+      }
+    } else {
+      return failure(
+          "continue_final_message is set but the final message's content is not text (got " +
+          std::string(content.type_name()) + ")");
+    }
+  }
+
+  auto rendered = chosen->render(variables, options);
+  if (!input.continue_final_message || std::holds_alternative<jinja::TemplateError>(rendered)) {
+    return rendered;
+  }
+  std::string& text = std::get<std::string>(rendered);
+  const std::string_view tag = strip(kContinueTag);
+  if (text.find(strip(final_text)) == std::string::npos || text.find(tag) == std::string::npos) {
+    return failure(
+        "continue_final_message is set but the final message does not appear in the chat after "
+        "applying the chat template! This can happen if the chat template deletes portions of the "
+        "final message. Please verify the chat template and final message in your chat to ensure "
+        "they are compatible.");
+  }
+  const size_t tag_at = text.rfind(tag);
+  const bool spacing_kept = text.compare(tag_at, kContinueTag.size(), kContinueTag) == 0;
+  text.resize(tag_at);
+  if (!spacing_kept) {
+    while (!text.empty() && isPythonSpace(text.back())) text.pop_back();
+  }
+  return rendered;
 }
 
 }  // namespace tandem::server

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/json_parse.h"
-#include "common/protocol/chat_template.h"
+#include "common/protocol/chat_request.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::server {
@@ -512,113 +512,14 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
   return std::nullopt;
 }
 
-const char* const kRoles[] = {"system", "user", "assistant", "tool"};
-
-// messages: a non-empty array of {role, content}; content is a string or an
-// array of {type: "text", text} parts (joined with "\n", as vLLM does for
-// templates that expect string content).
-Result<std::vector<ChatMessage>> readMessages(const json& root) {
-  const auto it = root.find("messages");
-  if (it == root.end() || it->is_null()) {
-    return invalidRequest("messages is required (a non-empty array of {role, content} objects)",
-                          "messages");
-  }
-  if (!it->is_array()) {
-    return invalidRequest(std::string("messages must be an array, got ") + it->type_name(),
-                          "messages");
-  }
-  if (it->empty()) return invalidRequest("messages must not be empty", "messages");
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& message = (*it)[i];
-    const std::string name = "messages[" + std::to_string(i) + "]";
-    if (!message.is_object()) {
-      return invalidRequest(name + " must be an object, got " + message.type_name(), name);
-    }
-    ChatMessage parsed;
-    const auto role = message.find("role");
-    if (role == message.end() || role->is_null()) {
-      return invalidRequest(name + ".role is required (system, user, assistant or tool)",
-                            name + ".role");
-    }
-    if (!role->is_string()) {
-      return invalidRequest(name + ".role must be a string, got " + role->type_name(),
-                            name + ".role");
-    }
-    parsed.role = role->get<std::string>();
-    if (std::find(std::begin(kRoles), std::end(kRoles), parsed.role) == std::end(kRoles)) {
-      return invalidRequest(name + ".role must be one of system, user, assistant, tool, got " +
-                                jsonQuoted(parsed.role),
-                            name + ".role");
-    }
-    if (const auto calls = message.find("tool_calls");
-        calls != message.end() && !calls->is_null() && !(calls->is_array() && calls->empty())) {
-      return invalidRequest(name + ".tool_calls is not supported yet", name + ".tool_calls");
-    }
-    const auto content = message.find("content");
-    const std::string content_name = name + ".content";
-    if (content == message.end() || content->is_null()) {
-      return invalidRequest(content_name + " is required (a string or an array of text parts)",
-                            content_name);
-    }
-    if (content->is_string()) {
-      parsed.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (size_t j = 0; j < content->size(); ++j) {
-        const json& part = (*content)[j];
-        const std::string part_name = content_name + "[" + std::to_string(j) + "]";
-        if (!part.is_object()) {
-          return invalidRequest(part_name + " must be an object, got " + part.type_name(),
-                                content_name);
-        }
-        const auto type = part.find("type");
-        if (type == part.end() || !type->is_string()) {
-          return invalidRequest(part_name + ".type must be \"text\"", content_name);
-        }
-        if (type->get<std::string>() != "text") {
-          return invalidRequest(part_name +
-                                    ".type must be \"text\" (only text content is "
-                                    "supported), got " +
-                                    jsonQuoted(type->get<std::string>()),
-                                content_name);
-        }
-        const auto text = part.find("text");
-        if (text == part.end() || !text->is_string()) {
-          return invalidRequest(part_name + ".text must be a string, got " +
-                                    (text == part.end() ? "nothing" : text->type_name()),
-                                content_name);
-        }
-        if (j > 0) parsed.content += '\n';
-        parsed.content += text->get<std::string>();
-      }
-    } else {
-      return invalidRequest(
-          content_name + " must be a string or an array of text parts, got " + content->type_name(),
-          content_name);
-    }
-    messages.push_back(std::move(parsed));
-  }
-  return messages;
-}
-
-// Applies the chat template; its errors come back with param "messages".
-Result<std::string> renderMessages(FieldReader& fields, const json& root,
-                                   const Tokenizer& tokenizer) {
-  auto messages = readMessages(root);
-  if (!messages.isOk()) return messages.error();
-  ChatTemplateOptions options;
-  fields.readBool("add_generation_prompt", &options.add_generation_prompt);
-  fields.readBool("continue_final_message", &options.continue_final_message);
-  if (options.add_generation_prompt && options.continue_final_message) {
-    fields.fail(
-        "add_generation_prompt and continue_final_message cannot both be true; set "
-        "add_generation_prompt to false to continue the final message",
-        "continue_final_message");
-  }
-  if (!fields.ok()) return fields.error();
-  auto rendered = renderChatTemplate(tokenizer.chatTemplate(), messages.value(), options);
-  if (!rendered.isOk()) return fromStatus(rendered.status(), "messages");
-  return std::move(rendered).value();
+// The chat prompt: the model's template applied to the request's chat fields
+// (chat_request.h), read from the body again with object keys in the order
+// sent, as templates see them.
+Result<std::string> renderMessages(std::string_view body, const ServerLimits& limits) {
+  JsonParseError parse_error;
+  std::optional<nlohmann::ordered_json> root = parseOrderedJson(body, parse_error);
+  if (!root) return invalidRequest("request body is not valid JSON: " + parse_error.detail);
+  return renderChatRequest(*root, limits.chat_template.get());
 }
 
 Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits& limits,
@@ -657,6 +558,32 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   return parsed;
 }
 
+// The server's output parsers as they apply to one chat request (checked
+// fields: renderMessages has validated tools, tool_choice and
+// chat_template_kwargs). As vLLM: tool calls are parsed only when the request
+// offers tools and tool_choice is not "none"; enable_thinking (or thinking)
+// false in chat_template_kwargs means the prompt closed the reasoning.
+std::optional<protocol::ChatOutputOptions> chatOutputFor(
+    const json& root, const protocol::ChatOutputOptions& server) {
+  protocol::ChatOutputOptions options = server;
+  const auto tools = root.find("tools");
+  const bool offers_tools = tools != root.end() && tools->is_array() && !tools->empty();
+  const auto choice = root.find("tool_choice");
+  const bool none = choice != root.end() && choice->is_string() && *choice == "none";
+  if (!offers_tools || none) options.tool_call_parser.reset();
+  if (const auto kwargs = root.find("chat_template_kwargs");
+      kwargs != root.end() && kwargs->is_object()) {
+    for (const char* key : {"enable_thinking", "thinking"}) {
+      const auto flag = kwargs->find(key);
+      if (flag != kwargs->end() && flag->is_boolean() && !flag->get<bool>()) {
+        options.reasoning_ended_in_prompt = true;
+      }
+    }
+  }
+  if (!options.reasoning_parser && !options.tool_call_parser) return std::nullopt;
+  return options;
+}
+
 Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLimits& limits,
                                           const Tokenizer& tokenizer) {
   auto root = parseJsonObject(body);
@@ -683,20 +610,14 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   }
   if (logprobs) parsed.request.sampling.logprobs = static_cast<int32_t>(top_logprobs);
 
-  if (const json* tools = fields.find("tools"); tools != nullptr && !tools->empty()) {
-    fields.fail("tools are not supported yet; leave them out", "tools");
-  }
-  if (fields.find("chat_template") != nullptr) {
-    fields.fail("chat_template in the request is not supported; the model's own template is used",
-                "chat_template");
-  }
   bool add_special_tokens = false;
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
 
-  auto text = renderMessages(fields, root.value(), tokenizer);
+  auto text = renderMessages(body, limits);
   if (!text.isOk()) return text.error();
   parsed.prompt_text = std::move(text).value();
+  parsed.chat_output = chatOutputFor(root.value(), limits.chat_output);
   parsed.request.prompt = tokenizer.encode(parsed.prompt_text, add_special_tokens);
   if (auto error =
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
@@ -729,7 +650,7 @@ Result<json> tokenize(std::string_view body, const ServerLimits& limits,
     if (!fields.ok()) return fields.error();
   } else {
     if (!fields.ok()) return fields.error();
-    auto rendered = renderMessages(fields, root.value(), tokenizer);
+    auto rendered = renderMessages(body, limits);
     if (!rendered.isOk()) return rendered.error();
     text = std::move(rendered).value();
   }

@@ -10,7 +10,7 @@
 // stop_token_ids, ignore_eos, skip_special_tokens, cache_salt,
 // kv_transfer_params) and vLLM's /tokenize and /detokenize. Unknown fields
 // are ignored; fields that would change the result but are not implemented
-// (echo, logit_bias, non-text response_format, tools, n > 1, ...) are refused
+// (echo, logit_bias, non-text response_format, tool_choice "required", n > 1, ...) are refused
 // with a message saying so. Every error names the field and what is accepted.
 //
 // Nothing here throws: failures come back as ApiError (a bug or out-of-memory
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,6 +27,8 @@
 #include <variant>
 
 #include "common/check.h"
+#include "common/protocol/chat_output.h"
+#include "common/protocol/chat_template.h"
 #include "common/protocol/request.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -97,6 +100,14 @@ struct ServerLimits {
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // the model's; token ids must be below it
   int32_t max_logprobs = 20;
+  // The model's chat template, parsed once at start-up and shared; null or
+  // without a template: chat requests are refused with a 400 saying how to
+  // give one.
+  std::shared_ptr<const ChatTemplate> chat_template;
+  // --reasoning-parser / --tool-call-parser: how chat output is split into
+  // content, reasoning_content and tool_calls (chat_output.h); both off by
+  // default.
+  protocol::ChatOutputOptions chat_output;
 };
 
 struct ParsedRequest {
@@ -117,13 +128,20 @@ struct ParsedRequest {
   // the prompt was given as token ids.
   std::string prompt_text;
   nlohmann::json kv_transfer_params;  // passed through; null when absent
+  // Chat: the server's parsers as they apply to this request (the tool-call
+  // parser only when the request offers tools and tool_choice is not
+  // "none"; reasoning_ended_in_prompt when chat_template_kwargs turned
+  // thinking off). Unset when no parser applies.
+  std::optional<protocol::ChatOutputOptions> chat_output;
 };
 
 // POST /v1/completions.
 Result<ParsedRequest> parseCompletionRequest(std::string_view body, const ServerLimits& limits,
                                              const Tokenizer& tokenizer);
-// POST /v1/chat/completions; the prompt is the model's chat template applied
-// to `messages` (see chat_template.h).
+// POST /v1/chat/completions; the prompt is limits.chat_template applied to
+// the request's messages, tools, documents and chat_template_kwargs (see
+// chat_request.h), encoded without adding special tokens (the template
+// writes them).
 Result<ParsedRequest> parseChatCompletionRequest(std::string_view body, const ServerLimits& limits,
                                                  const Tokenizer& tokenizer);
 
@@ -141,6 +159,7 @@ struct ResponseMeta {
   bool return_token_ids = false;
   bool skip_special_tokens = true;
   nlohmann::json kv_transfer_params;  // added to the final response when not null
+  std::optional<protocol::ChatOutputOptions> chat_output;  // ParsedRequest::chat_output
 };
 
 ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,
@@ -170,6 +189,9 @@ ApiError engineError(const protocol::RequestOutput& output);
 struct StreamState {
   bool role_sent = false;  // chat: the first chunk carried role "assistant"
   int64_t text_chars = 0;  // completions: text_offset of the next token
+  // chat with meta.chat_output: the request's output parser, made on the
+  // first chunk.
+  std::shared_ptr<protocol::ChatOutputStream> chat_output;
 };
 
 // One streamed chunk for one step's output, or nullopt when the step carries
@@ -208,7 +230,8 @@ std::string logprobTokenText(const Tokenizer& tokenizer, TokenId id);
 
 // {model?, prompt, add_special_tokens? (default true), return_token_strs?} or
 // {model?, messages, add_generation_prompt?, continue_final_message?,
-//  add_special_tokens? (default false), return_token_strs?}
+//  tools?, documents?, chat_template_kwargs?, add_special_tokens? (default
+//  false), return_token_strs?}
 //   -> {"count", "max_model_len", "tokens", "token_strs"? (vocabulary form)}.
 Result<nlohmann::json> tokenizeResponse(std::string_view body, const ServerLimits& limits,
                                         const Tokenizer& tokenizer);

@@ -139,6 +139,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.return_token_ids = request.return_token_ids;
   meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
   meta.kv_transfer_params = request.kv_transfer_params;
+  meta.chat_output = request.chat_output;
   return meta;
 }
 
@@ -193,11 +194,21 @@ json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput&
 json chatCompletionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
                             const Tokenizer& tokenizer) {
   json response = responseHead(meta, "chat.completion");
+  json message = {{"role", "assistant"}, {"content", total.text}};
+  json finish_reason = finishReasonJson(total.finish_reason);
+  if (meta.chat_output) {
+    const protocol::ChatOutput output = protocol::parseChatOutput(*meta.chat_output, total.text);
+    message = protocol::chatOutputMessageJson(output);
+    if (finish_reason.is_string()) {
+      finish_reason =
+          protocol::chatFinishReason(!output.tool_calls.empty(), finish_reason.get<std::string>());
+    }
+  }
   json choice = {
       {"index", 0},
-      {"message", {{"role", "assistant"}, {"content", total.text}}},
+      {"message", std::move(message)},
       {"logprobs", meta.logprobs ? chatLogprobs(meta, total.tokens, tokenizer) : json(nullptr)},
-      {"finish_reason", finishReasonJson(total.finish_reason)}};
+      {"finish_reason", std::move(finish_reason)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
   response["choices"] = json::array({std::move(choice)});
   response["usage"] = usageJson(total);
@@ -232,23 +243,56 @@ std::optional<json> chatCompletionChunk(const ResponseMeta& meta,
                                         const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
   const bool has_ids = meta.return_token_ids && !step.tokens.empty();
-  if (state.role_sent && step.text.empty() && !step.finished() && !has_logprobs && !has_ids) {
-    return std::nullopt;
-  }
+  json finish_reason = finishReasonJson(step.finish_reason);
   json delta = json::object();
-  if (!state.role_sent) {
-    delta["role"] = "assistant";
-    delta["content"] = step.text;
-    state.role_sent = true;
-  } else if (!step.text.empty()) {
-    delta["content"] = step.text;
+  if (meta.chat_output) {
+    // The parser holds back text that may still turn out to be a tag or a
+    // tool call; what it releases becomes this chunk's delta.
+    if (state.chat_output == nullptr) {
+      state.chat_output = std::make_shared<protocol::ChatOutputStream>(*meta.chat_output);
+    }
+    protocol::ChatStreamDelta parsed = state.chat_output->feed(step.text);
+    if (step.finished()) {
+      protocol::ChatStreamDelta rest = state.chat_output->finish();
+      parsed.reasoning_content += rest.reasoning_content;
+      parsed.content += rest.content;
+      for (protocol::ToolCallDelta& call : rest.tool_calls) {
+        parsed.tool_calls.push_back(std::move(call));
+      }
+      if (finish_reason.is_string()) {
+        finish_reason = protocol::chatFinishReason(state.chat_output->toolsCalled(),
+                                                   finish_reason.get<std::string>());
+      }
+    }
+    delta = protocol::chatStreamDeltaJson(parsed);
+    if (state.role_sent && parsed.empty() && !step.finished() && !has_logprobs && !has_ids) {
+      return std::nullopt;
+    }
+    if (!state.role_sent) {
+      json first = {{"role", "assistant"}};
+      if (!delta.contains("content")) first["content"] = "";
+      first.update(delta);
+      delta = std::move(first);
+      state.role_sent = true;
+    }
+  } else {
+    if (state.role_sent && step.text.empty() && !step.finished() && !has_logprobs && !has_ids) {
+      return std::nullopt;
+    }
+    if (!state.role_sent) {
+      delta["role"] = "assistant";
+      delta["content"] = step.text;
+      state.role_sent = true;
+    } else if (!step.text.empty()) {
+      delta["content"] = step.text;
+    }
   }
   json chunk = responseHead(meta, "chat.completion.chunk");
   json choice = {
       {"index", 0},
       {"delta", std::move(delta)},
       {"logprobs", has_logprobs ? chatLogprobs(meta, step.tokens, tokenizer) : json(nullptr)},
-      {"finish_reason", finishReasonJson(step.finish_reason)}};
+      {"finish_reason", std::move(finish_reason)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
   if (meta.include_usage) chunk["usage"] = nullptr;

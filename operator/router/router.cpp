@@ -56,7 +56,7 @@ class Router::Impl {
         work_(asio::make_work_guard(ioc_)),
         acceptor_(ioc_),
         gate_(config_.max_inflight_requests, config_.max_queued_requests),
-        model_(config_.model_dir),
+        model_(config_.model_dir, config_.chat_template),
         agents_(ioc_, config_.poll_interval_s, stopping_, metrics_, model_),
         flow_(config_, agents_, model_, gate_, metrics_, stopping_) {
     if (config_.threads < 1) throw Error("router threads must be at least 1");

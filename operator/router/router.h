@@ -54,6 +54,9 @@ struct RouterConfig {
   // tokenized here to compute block hashes); empty: the "root" the first
   // agent reports at /v1/models (same machine, as in local mode).
   std::filesystem::path model_dir;
+  // A Jinja chat template file replacing the model's (the agents' own
+  // --chat-template), so chat prompts are rendered as the agents render them.
+  std::filesystem::path chat_template;
   // Agents are polled (health, load) this often.
   double poll_interval_s = 0.5;
   std::vector<AgentEndpoint> prefill;

@@ -34,6 +34,8 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     std::ifstream config_file(dir / "config.json");
     json model_config = json::parse(config_file, nullptr, false);
     if (model_config.is_object()) vocab = model_config.value("vocab_size", vocab);
+    auto chat_template = server::ChatTemplate::load(*tokenizer, chat_template_file_);
+    if (!chat_template.isOk()) throw Error(chat_template.status().message());
     std::lock_guard<std::mutex> lock(mutex_);
     if (ready_) co_return;
     tokenizer_ = std::move(tokenizer);
@@ -41,6 +43,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     limits_.served_model_name = info.served_name;
     limits_.max_model_len = info.max_model_len;
     limits_.vocab_size = vocab;
+    limits_.chat_template = std::move(*chat_template);
     info_ = info;
     ready_ = true;
     TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity

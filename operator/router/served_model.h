@@ -1,7 +1,8 @@
 // The model the router serves, learned from the first healthy agent's
 // /v1/models: its served name, block size and hash scheme, and the tokenizer
 // the router uses to compute a prompt's block hashes (common/block_hash.h)
-// and to check requests the way an agent does. Used by the router's own
+// and to check requests the way an agent does (chat prompts rendered with
+// the same ChatTemplate code and template choice as the agent's). Used by the router's own
 // files only.
 //
 // Threads: learnFrom may run on several coroutines at once; the first to
@@ -40,8 +41,12 @@ struct ModelInfo {
 class ServedModel {
  public:
   // `model_dir`: where the tokenizer is read; empty: the "root" the agent
-  // reports.
-  explicit ServedModel(std::filesystem::path model_dir) : model_dir_(std::move(model_dir)) {}
+  // reports. `chat_template_file`: the Jinja file the agents were given with
+  // --chat-template (empty: the model's own), so that the router renders
+  // chat prompts exactly as they do.
+  explicit ServedModel(std::filesystem::path model_dir,
+                       std::filesystem::path chat_template_file = {})
+      : model_dir_(std::move(model_dir)), chat_template_file_(std::move(chat_template_file)) {}
 
   bool ready() const { return ready_; }
 
@@ -56,6 +61,7 @@ class ServedModel {
 
  private:
   const std::filesystem::path model_dir_;
+  const std::filesystem::path chat_template_file_;
   std::mutex mutex_;
   std::atomic<bool> ready_{false};
   ModelInfo info_;

@@ -1,30 +1,62 @@
-// Fuzzes the chat template renderer. Input: one flags byte (bit 0
-// add_generation_prompt, bit 1 continue_final_message), the template, then
-// NUL-separated role and content pairs. A template the renderer accepts must
-// render exactly the ChatML text (the only format it claims to support), and
-// isChatMlTemplate must agree with renderChatTemplate.
+// Fuzzes chat template parsing and rendering, and the chat request handling
+// in front of it. Input: one flags byte (bit 0 add_generation_prompt, bit 1
+// continue_final_message), a template, a NUL, then a chat request body.
+//
+// Properties: an arbitrary template parses or fails without crashing, and
+// renders a fixed conversation or fails with a message; an arbitrary request
+// body is prepared and rendered with the ChatML template or refused with a
+// 400 naming a field; when it renders and every message's content is a
+// string, the text is exactly the ChatML text for those messages.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
+#include "common/json_parse.h"
+#include "common/protocol/chat_request.h"
 #include "common/protocol/chat_template.h"
 
 namespace {
 
-using tandem::server::ChatMessage;
-using tandem::server::ChatTemplateOptions;
+using nlohmann::ordered_json;
+using tandem::server::ChatTemplate;
+using tandem::server::ChatTemplateInput;
 
-std::string expectedChatMl(const std::vector<ChatMessage>& messages,
-                           const ChatTemplateOptions& options) {
+constexpr std::string_view kChatMl =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const ChatTemplate& chatMl() {
+  static const auto kTemplate = [] {
+    auto created = ChatTemplate::create({{"default", std::string(kChatMl), "chatml"}}, {});
+    if (!created.isOk()) std::abort();
+    return *created;
+  }();
+  return *kTemplate;
+}
+
+// The ChatML text for messages whose roles and contents are all strings;
+// nullopt for any other shape.
+std::optional<std::string> expectedChatMl(const ChatTemplateInput& input) {
   std::string prompt;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    prompt += "<|im_start|>" + messages[i].role + "\n" + messages[i].content;
-    if (!(options.continue_final_message && i + 1 == messages.size())) prompt += "<|im_end|>\n";
+  for (size_t i = 0; i < input.messages.size(); ++i) {
+    const ordered_json& message = input.messages[i];
+    if (!message["role"].is_string() || !message["content"].is_string()) return std::nullopt;
+    const std::string content = message["content"].get<std::string>();
+    prompt += "<|im_start|>" + message["role"].get<std::string>() + "\n" + content;
+    if (input.continue_final_message && i + 1 == input.messages.size()) {
+      // transformers' cut: the ChatML template keeps the text as it is.
+      return content.find("CONTINUE_FINAL_MESSAGE_TAG") == std::string::npos
+                 ? std::optional<std::string>(prompt)
+                 : std::nullopt;
+    }
+    prompt += "<|im_end|>\n";
   }
-  if (options.add_generation_prompt) prompt += "<|im_start|>assistant\n";
+  if (input.add_generation_prompt) prompt += "<|im_start|>assistant\n";
   return prompt;
 }
 
@@ -32,26 +64,45 @@ std::string expectedChatMl(const std::vector<ChatMessage>& messages,
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  ChatTemplateOptions options;
-  options.add_generation_prompt = (data[0] & 1) != 0;
-  options.continue_final_message = (data[0] & 2) != 0;
+  const bool add_generation_prompt = (data[0] & 1) != 0;
+  const bool continue_final_message = (data[0] & 2) != 0;
   std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
+  const size_t split = rest.find('\0');
+  const std::string_view template_text = rest.substr(0, split);
+  const std::string_view body =
+      split == std::string_view::npos ? std::string_view() : rest.substr(split + 1);
 
-  std::vector<std::string> parts;
-  for (size_t at = rest.find('\0'); at != std::string_view::npos; at = rest.find('\0')) {
-    parts.emplace_back(rest.substr(0, at));
-    rest.remove_prefix(at + 1);
+  // Any template: parse, then render a fixed conversation.
+  auto created = ChatTemplate::create({{"default", std::string(template_text), "fuzz"}},
+                                      ordered_json{{"bos_token", "<s>"}});
+  if (created.isOk()) {
+    ChatTemplateInput input;
+    input.messages = ordered_json::parse(
+        R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])");
+    input.add_generation_prompt = add_generation_prompt;
+    input.continue_final_message = continue_final_message && !add_generation_prompt;
+    auto rendered = (*created)->render(input);
+    if (const auto* error = std::get_if<tandem::jinja::TemplateError>(&rendered)) {
+      if (error->describe().empty()) std::abort();
+    }
+  } else if (created.status().message().empty()) {
+    std::abort();
   }
-  parts.emplace_back(rest);
-  const std::string& chat_template = parts[0];
-  std::vector<ChatMessage> messages;
-  for (size_t i = 1; i + 1 < parts.size(); i += 2) messages.push_back({parts[i], parts[i + 1]});
 
-  const bool supported = tandem::server::isChatMlTemplate(chat_template);
-  const auto rendered = tandem::server::renderChatTemplate(chat_template, messages, options);
-  const bool valid_request =
-      !messages.empty() && !(options.add_generation_prompt && options.continue_final_message);
-  if (rendered.isOk() != (supported && valid_request)) std::abort();
-  if (rendered.isOk() && *rendered != expectedChatMl(messages, options)) std::abort();
+  // Any request body, rendered with ChatML.
+  tandem::JsonParseError parse_error;
+  auto root = tandem::parseOrderedJson(body, parse_error);
+  if (!root || !root->is_object()) return 0;
+  auto input = tandem::server::readChatInput(*root, chatMl());
+  if (!input.isOk()) {
+    if (input.error().status != 400 || input.error().message.empty()) std::abort();
+    return 0;
+  }
+  auto rendered = chatMl().render(input.value());
+  if (const auto* text = std::get_if<std::string>(&rendered)) {
+    if (auto expected = expectedChatMl(input.value()); expected && *expected != *text) {
+      std::abort();
+    }
+  }
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "common/protocol/chat_template.h"
 #include "common/protocol/openai_protocol.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -77,6 +78,12 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   g_limits.max_model_len = 128;
   g_limits.vocab_size = g_tokenizer->vocabSize();
   g_limits.max_logprobs = 5;
+  // The test model's template, so chat bodies reach rendering.
+  auto chat_template = tandem::server::ChatTemplate::load(*g_tokenizer);
+  if (!chat_template.isOk()) std::abort();
+  g_limits.chat_template = *chat_template;
+  g_limits.chat_output.reasoning_parser = tandem::protocol::ReasoningParserKind::kDeepSeekR1;
+  g_limits.chat_output.tool_call_parser = tandem::protocol::ToolCallParserKind::kHermes;
   return 0;
 }
 

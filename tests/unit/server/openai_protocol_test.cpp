@@ -30,8 +30,12 @@ using ::tandem::testing::TempDir;
 constexpr int64_t kMaxModelLen = 64;
 constexpr int64_t kVocabSize = 512;  // the tiny preset's
 
+// The test model's ChatML template, parsed once (set up by ProtocolTest).
+std::shared_ptr<const ChatTemplate> g_chat_template;
+
 ServerLimits testLimits() {
   ServerLimits limits;
+  limits.chat_template = g_chat_template;
   limits.served_model_name = "tiny-model";
   limits.max_model_len = kMaxModelLen;
   limits.vocab_size = kVocabSize;
@@ -47,6 +51,9 @@ class ProtocolTest : public ::testing::Test {
     dir_ = new TempDir("openai-protocol-test");
     tools::writeTestModel(tools::TestModelOptions{}, dir_->path() / "chatml");
     tokenizer_ = Tokenizer::fromDirectory(dir_->path() / "chatml").release();
+    auto chat_template = ChatTemplate::load(*tokenizer_);
+    ASSERT_TRUE(chat_template.isOk()) << chat_template.status().toString();
+    g_chat_template = *chat_template;
 
     const fs::path other = dir_->path() / "llama3-template";
     fs::create_directories(other);
@@ -59,6 +66,7 @@ class ProtocolTest : public ::testing::Test {
     other_template_tokenizer_ = Tokenizer::fromDirectory(other).release();
   }
   static void TearDownTestSuite() {
+    g_chat_template.reset();
     delete tokenizer_;
     delete other_template_tokenizer_;
     delete dir_;
@@ -573,32 +581,39 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chatWith("[]"), "messages", "messages must not be empty"),
       bad(chatWith(R"(["hi"])"), "messages[0]", "messages[0] must be an object, got string"),
       bad(chatWith(R"([{"content": "hi"}])"), "messages[0].role",
-          "messages[0].role is required (system, user, assistant or tool)"),
+          "messages[0].role is required (a string such as system, user, assistant or tool)"),
       bad(chatWith(R"([{"role": 1, "content": "hi"}])"), "messages[0].role",
           "messages[0].role must be a string, got number"),
-      bad(chatWith(R"([{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}])"),
-          "messages[1].role",
-          "messages[1].role must be one of system, user, assistant, tool, got \"robot\""),
       bad(chatWith(R"([{"role": "user"}])"), "messages[0].content",
-          "messages[0].content is required (a string or an array of text parts)"),
+          "messages[0].content is required (a string or an array of text parts; null only in an "
+          "assistant message with tool_calls)"),
       bad(chatWith(R"([{"role": "assistant", "content": null}])"), "messages[0].content",
-          "messages[0].content is required (a string or an array of text parts)"),
+          "messages[0].content is required (a string or an array of text parts; null only in an "
+          "assistant message with tool_calls)"),
       bad(chatWith(R"([{"role": "user", "content": 5}])"), "messages[0].content",
           "messages[0].content must be a string or an array of text parts, got number"),
-      bad(chatWith(R"([{"role": "user", "content": ["x"]}])"), "messages[0].content",
+      bad(chatWith(R"([{"role": "user", "content": ["x"]}])"), "messages[0].content[0]",
           "messages[0].content[0] must be an object, got string"),
-      bad(chatWith(R"([{"role": "user", "content": [{"text": "x"}]}])"), "messages[0].content",
-          "messages[0].content[0].type must be \"text\""),
+      bad(chatWith(R"([{"role": "user", "content": [{"text": "x"}]}])"),
+          "messages[0].content[0].type", "messages[0].content[0].type must be \"text\""),
       bad(chatWith(R"([{"role": "user", "content": [{"type": "text", "text": "a"},
           {"type": "image_url", "image_url": {"url": "http://x"}}]}])"),
-          "messages[0].content",
-          "messages[0].content[1].type must be \"text\" (only text content is supported), got "
-          "\"image_url\""),
+          "messages[0].content[1].type",
+          "messages[0].content[1] is of type \"image_url\"; only text parts ({\"type\": "
+          "\"text\", \"text\": ...}) are accepted"),
       bad(chatWith(R"([{"role": "user", "content": [{"type": "text", "text": 5}]}])"),
-          "messages[0].content", "messages[0].content[0].text must be a string, got number"),
+          "messages[0].content[0].text",
+          "messages[0].content[0].text must be a string, got number"),
+      bad(chatWith(R"([{"role": "assistant", "content": "", "tool_calls": {}}])"),
+          "messages[0].tool_calls", "messages[0].tool_calls must be an array, got object"),
       bad(chatWith(R"([{"role": "assistant", "content": "",
           "tool_calls": [{"id": "1", "type": "function"}]}])"),
-          "messages[0].tool_calls", "messages[0].tool_calls is not supported yet"),
+          "messages[0].tool_calls[0].function",
+          "messages[0].tool_calls[0].function is required ({name, arguments})"),
+      bad(chatWith(R"([{"role": "assistant", "content": null,
+          "tool_calls": [{"id": "1", "type": "function", "function": {"arguments": "{}"}}]}])"),
+          "messages[0].tool_calls[0].function.name",
+          "messages[0].tool_calls[0].function.name must be a string"),
       BadCase{R"({"model": "other", "messages": [{"role": "user", "content": "Hi"}]})", 404,
               "not_found_error", "model",
               "model \"other\" does not exist; this server serves \"tiny-model\""},
@@ -624,8 +639,41 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
           "chat prompt is " + std::to_string(long_len) +
               " tokens, but max_model_len is 64; at most 63 prompt tokens leave room for one "
               "generated token"),
-      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}])"), "tools",
-          "tools are not supported yet; leave them out"),
+      bad(chat(R"("tools": {"type": "function"})"), "tools",
+          "tools must be an array of function tools, got object"),
+      bad(chat(R"("tools": [{"function": {"name": "f"}}])"), "tools[0].type",
+          "tools[0].type must be \"function\""),
+      bad(chat(R"("tools": [{"type": "function"}])"), "tools[0].function",
+          "tools[0].function is required ({name, description?, parameters?})"),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}},
+          {"type": "function", "function": {"name": ""}}])"),
+          "tools[1].function.name", "tools[1].function.name must be a non-empty string"),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f", "description": 1}}])"),
+          "tools[0].function.description",
+          "tools[0].function.description must be a string, got number"),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])"),
+          "tools[0].function.parameters",
+          "tools[0].function.parameters must be a JSON schema object, got array"),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": "required")"),
+          "tool_choice",
+          "tool_choice \"required\" needs guided decoding, which this server does not have; "
+          "use \"auto\" or \"none\""),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "f"}})"),
+          "tool_choice",
+          "tool_choice naming a function needs guided decoding, which this server does not "
+          "have; use \"auto\" or \"none\""),
+      bad(chat(R"("tool_choice": "any")"), "tool_choice",
+          "tool_choice must be \"auto\" or \"none\", got \"any\""),
+      bad(chat(R"("tool_choice": 1)"), "tool_choice",
+          "tool_choice must be \"auto\" or \"none\", got number"),
+      bad(chat(R"("documents": {"a": 1})"), "documents",
+          "documents must be an array of objects, got object"),
+      bad(chat(R"("documents": ["x"])"), "documents[0]",
+          "documents[0] must be an object, got string"),
+      bad(chat(R"("chat_template_kwargs": [1])"), "chat_template_kwargs",
+          "chat_template_kwargs must be an object, got array"),
       bad(chat(R"("chat_template": "{{ messages }}")"), "chat_template",
           "chat_template in the request is not supported; the model's own template is used"),
       bad(chat(R"("add_generation_prompt": "yes")"), "add_generation_prompt",
@@ -648,10 +696,109 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
   }
 }
 
-TEST_F(ProtocolTest, ChatRefusesUnsupportedTemplate) {
-  expectRefused(
-      parseChatCompletionRequest(chat(""), testLimits(), *other_template_tokenizer_),
-      bad(chat(""), "messages", "chat template of this model is not supported yet (only ChatML)"));
+TEST_F(ProtocolTest, ChatWithoutTemplateIs400) {
+  ServerLimits limits = testLimits();
+  limits.chat_template = nullptr;
+  expectRefused(parseChatCompletionRequest(chat(""), limits, tokenizer()),
+                bad(chat(""), "messages", ChatTemplate::noTemplateMessage()));
+  auto empty = ChatTemplate::create({}, {});
+  ASSERT_TRUE(empty.isOk());
+  limits.chat_template = *empty;
+  expectRefused(parseChatCompletionRequest(chat(""), limits, tokenizer()),
+                bad(chat(""), "messages", ChatTemplate::noTemplateMessage()));
+}
+
+// A limits copy whose chat template is `text`.
+ServerLimits limitsWithTemplate(const std::string& text, int64_t max_model_len = 4096) {
+  ServerLimits limits = testLimits();
+  limits.max_model_len = max_model_len;
+  auto created = ChatTemplate::create({{"default", text, "test.jinja"}},
+                                      nlohmann::ordered_json{{"eos_token", "<|im_end|>"}});
+  EXPECT_TRUE(created.isOk()) << created.status().toString();
+  if (created.isOk()) limits.chat_template = *created;
+  return limits;
+}
+
+TEST_F(ProtocolTest, ChatTemplateErrorIs400NamingTheLine) {
+  const ServerLimits limits = limitsWithTemplate(
+      "{% for m in messages %}\n"
+      "{% if m.role not in ['user', 'assistant'] %}\n"
+      "{{ raise_exception('Only user and assistant roles are supported!') }}\n"
+      "{% endif %}{{ m.content }}{% endfor %}");
+  auto result = parseChatCompletionRequest(chatWith(R"([{"role": "robot", "content": "x"}])"),
+                                           limits, tokenizer());
+  ASSERT_FALSE(result.isOk());
+  EXPECT_EQ(result.error().status, 400);
+  EXPECT_EQ(result.error().type, "invalid_request_error");
+  EXPECT_EQ(result.error().param, "messages");
+  EXPECT_EQ(result.error().message,
+            "the chat template failed: line 3: Only user and assistant roles are supported!");
+  // The same template renders roles it accepts.
+  EXPECT_TRUE(parseChatCompletionRequest(chatWith(R"([{"role": "user", "content": "x"}])"), limits,
+                                         tokenizer())
+                  .isOk());
+}
+
+// The template sees what vLLM gives it: key order kept, tool-call arguments
+// decoded, tools (unless tool_choice is "none"), documents, kwargs winning.
+TEST_F(ProtocolTest, ChatTemplateVariables) {
+  const ServerLimits limits = limitsWithTemplate(
+      "{{ messages | tojson }}|{{ tools | tojson }}|{{ documents | tojson }}|"
+      "{{ add_generation_prompt }}|{{ eos_token }}|{{ flavor | default('plain') }}");
+  struct Case {
+    std::string body;
+    std::string text;
+  };
+  const std::string tool = R"({"type": "function", "function": {"name": "f"}})";
+  const Case cases[] = {
+      {chatWith(R"([{"role": "user", "z": 1, "content": "hi", "a": 2}])"),
+       R"([{"role": "user", "z": 1, "content": "hi", "a": 2}]|null|null|True|<|im_end|>|plain)"},
+      {chatWith(R"([{"role": "assistant", "content": null, "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2]}"}},
+          {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+          {"id": "c3", "type": "function", "function": {"name": "h", "arguments": ""}},
+          {"id": "c4", "type": "function", "function": {"name": "k", "arguments": {"x": 1}}}]}])"),
+       R"([{"role": "assistant", "content": null, "tool_calls": [)"
+       R"({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": [2]}}}, )"
+       R"({"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}}, )"
+       R"({"id": "c3", "type": "function", "function": {"name": "h", "arguments": {}}}, )"
+       R"({"id": "c4", "type": "function", "function": {"name": "k", "arguments": {"x": 1}}}]}])"
+       R"(|null|null|True|<|im_end|>|plain)"},
+      {chat(R"("tools": [)" + tool + "]"),
+       R"([{"role": "user", "content": "Hi"}]|[{"type": "function", "function": {"name": "f"}}]|)"
+       R"(null|True|<|im_end|>|plain)"},
+      {chat(R"("tools": [)" + tool + R"(], "tool_choice": "auto")"),
+       R"([{"role": "user", "content": "Hi"}]|[{"type": "function", "function": {"name": "f"}}]|)"
+       R"(null|True|<|im_end|>|plain)"},
+      {chat(R"("tools": [)" + tool + R"(], "tool_choice": "none")"),
+       R"([{"role": "user", "content": "Hi"}]|null|null|True|<|im_end|>|plain)"},
+      {chat(R"("documents": [{"title": "t", "text": "x"}], "add_generation_prompt": false,
+          "chat_template_kwargs": {"flavor": "spicy", "eos_token": "E"})"),
+       R"([{"role": "user", "content": "Hi"}]|null|[{"title": "t", "text": "x"}]|False|E|spicy)"},
+      {chatWith(R"([{"role": "user", "content": [{"type": "text", "text": "a"},
+          {"type": "text", "text": "b"}]}])"),
+       R"([{"role": "user", "content": "a\nb"}]|null|null|True|<|im_end|>|plain)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    auto parsed = parseChatCompletionRequest(c.body, limits, tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    EXPECT_EQ(parsed.value().prompt_text, c.text);
+  }
+}
+
+// A template that loops over content gets the parts as a list (vLLM's
+// "openai" content format).
+TEST_F(ProtocolTest, ChatContentPartsForTemplatesThatIterate) {
+  const ServerLimits limits = limitsWithTemplate(
+      "{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+      "{% for part in m['content'] %}<{{ part.text }}>{% endfor %}{% endif %}{% endfor %}");
+  auto parsed = parseChatCompletionRequest(
+      chatWith(R"([{"role": "user", "content": [{"type": "text", "text": "a"},
+          {"type": "text", "text": "b"}]}, {"role": "user", "content": "c"}])"),
+      limits, tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  EXPECT_EQ(parsed.value().prompt_text, "<a><b>c");
 }
 
 TEST_F(ProtocolTest, ChatRendersTemplateAndEncodes) {
@@ -1151,7 +1298,8 @@ TEST_F(ProtocolTest, TokenizeRefusesBadInput) {
       bad(R"({"prompt": "a", "return_token_strs": "yes"})", "return_token_strs",
           "return_token_strs must be a boolean, got string"),
       bad(R"({"messages": [{"role": "user"}]})", "messages[0].content",
-          "messages[0].content is required (a string or an array of text parts)"),
+          "messages[0].content is required (a string or an array of text parts; null only in an "
+          "assistant message with tool_calls)"),
       bad(R"({"messages": "hi"})", "messages", "messages must be an array, got string"),
       BadCase{R"({"model": "x", "prompt": "a"})", 404, "not_found_error", "model",
               "model \"x\" does not exist; this server serves \"tiny-model\""},

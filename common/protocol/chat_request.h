@@ -1,0 +1,36 @@
+// The chat fields of an OpenAI /v1/chat/completions (or vLLM /tokenize)
+// request, prepared the way vLLM prepares them before it applies a model's
+// chat template, and rendered with the model's ChatTemplate.
+//
+// Fields: messages (role a string the template accepts; content a string,
+// an array of {"type": "text", "text"} parts, or null in an assistant message
+// with tool_calls; assistant tool_calls' function.arguments given as a JSON
+// string become the object it encodes), tools, tool_choice ("auto" or
+// "none"; "required" and a named function need guided decoding and are
+// refused), documents, chat_template_kwargs, add_generation_prompt (default
+// true), continue_final_message. A chat_template in the request is refused.
+// Every refusal is an ApiError naming the field.
+//
+// Pure function of its arguments; safe from any thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/protocol/chat_template.h"
+#include "common/protocol/openai_protocol.h"
+
+namespace tandem::server {
+
+// The template input for the request object `root` (parsed keeping key
+// order); `chat_template` decides how content parts are passed.
+Result<ChatTemplateInput> readChatInput(const nlohmann::ordered_json& root,
+                                        const ChatTemplate& chat_template);
+
+// The rendered prompt text for `root`. A null or empty `chat_template` (the
+// model has none) and a template failure are 400s; a template failure's
+// message names the template line, with param "messages".
+Result<std::string> renderChatRequest(const nlohmann::ordered_json& root,
+                                      const ChatTemplate* chat_template);
+
+}  // namespace tandem::server
