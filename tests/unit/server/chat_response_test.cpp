@@ -4,6 +4,7 @@
 // reason. The parsers themselves are tested in chat_output_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -189,6 +190,45 @@ TEST_F(ChatResponseTest, StreamedDeltasJoinToTheNonStreamedMessage) {
       meta, output(kToolCallOutput, protocol::FinishReason::kStop), *tokenizer_);
   EXPECT_EQ(content, whole["choices"][0]["message"].value("content", ""));
 }
+
+// Real models' tokenizers and templates (tests/data/tokenizers): the chat
+// prompt is the rendered text encoded without added special tokens, so the
+// template's own BOS appears once and its special tokens are single ids.
+class RealTokenizerChat : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RealTokenizerChat, PromptIsTheTemplatesTextWithSpecialTokensAndOneBos) {
+  const std::string dir = std::string(TANDEM_TEST_DATA_DIR) + "/tokenizers/" + GetParam();
+  const auto tokenizer = Tokenizer::fromDirectory(dir);
+  auto chat_template = ChatTemplate::load(*tokenizer);
+  ASSERT_TRUE(chat_template.isOk()) << chat_template.status().toString();
+  ServerLimits server_limits;
+  server_limits.chat_template = *chat_template;
+  server_limits.served_model_name = "real";
+  server_limits.max_model_len = 4096;
+  server_limits.vocab_size = tokenizer->vocabSize();
+  const json request = {
+      {"model", "real"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi!"}}}},
+      {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  auto parsed = parseChatCompletionRequest(request.dump(), server_limits, *tokenizer);
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  const std::vector<TokenId>& ids = parsed.value().request.prompt;
+  EXPECT_EQ(ids, tokenizer->encode(parsed.value().prompt_text, /*add_special_tokens=*/false));
+  // Every special token in the text is one id, and BOS (when the model has
+  // one) appears exactly once, first.
+  int special = 0;
+  for (TokenId id : ids) special += tokenizer->isSpecial(id) ? 1 : 0;
+  EXPECT_GE(special, 4) << parsed.value().prompt_text;
+  if (const auto bos = tokenizer->bosTokenId();
+      bos && parsed.value().prompt_text.rfind("<|begin_of_text|>", 0) == 0) {
+    EXPECT_EQ(ids.front(), *bos);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), *bos), 1);
+  }
+  EXPECT_NE(parsed.value().prompt_text.find("Hi!"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, RealTokenizerChat, ::testing::Values("llama3", "qwen3"));
 
 }  // namespace
 }  // namespace tandem::server
