@@ -1,0 +1,258 @@
+#include "operator/planner/metric_window.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <set>
+
+namespace tandem::planner {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct SampleLine {
+  std::string_view name;
+  std::optional<std::string> le;  // the `le` label's value, when present
+  double value = 0;
+};
+
+std::optional<double> parseNumber(std::string_view field) {
+  const std::string text(field);
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) return std::nullopt;
+  return value;
+}
+
+// One sample line "name{k="v",...} value [timestamp]"; nullopt when malformed.
+std::optional<SampleLine> parseSampleLine(std::string_view line) {
+  SampleLine sample;
+  size_t pos = line.find_first_of("{ ");
+  if (pos == std::string_view::npos || pos == 0) return std::nullopt;
+  sample.name = line.substr(0, pos);
+  if (line[pos] == '{') {
+    ++pos;
+    while (true) {
+      while (pos < line.size() && (line[pos] == ' ' || line[pos] == ',')) ++pos;
+      if (pos >= line.size()) return std::nullopt;
+      if (line[pos] == '}') {
+        ++pos;
+        break;
+      }
+      const size_t equals = line.find('=', pos);
+      if (equals == std::string_view::npos || equals + 1 >= line.size() || line[equals + 1] != '"')
+        return std::nullopt;
+      const std::string_view key = line.substr(pos, equals - pos);
+      std::string value;
+      pos = equals + 2;
+      bool closed = false;
+      while (pos < line.size()) {
+        const char c = line[pos++];
+        if (c == '\\' && pos < line.size()) {
+          const char escaped = line[pos++];
+          value += escaped == 'n' ? '\n' : escaped;
+        } else if (c == '"') {
+          closed = true;
+          break;
+        } else {
+          value += c;
+        }
+      }
+      if (!closed) return std::nullopt;
+      if (key == "le") sample.le = value;
+    }
+  }
+  std::string_view rest = line.substr(pos);
+  while (rest.starts_with(' ')) rest.remove_prefix(1);
+  const std::optional<double> value = parseNumber(rest.substr(0, rest.find(' ')));
+  if (!value) return std::nullopt;
+  sample.value = *value;
+  return sample;
+}
+
+// The increase from `older` to `newer` of every bucket; a bucket that went
+// down, or a changed set of buckets, means the pod's counters restarted
+// between the two, so everything in `newer` is new.
+std::map<double, double> bucketIncrease(const std::map<double, double>& older,
+                                        const std::map<double, double>& newer) {
+  bool reset = older.size() != newer.size();
+  for (auto it = newer.begin(); !reset && it != newer.end(); ++it) {
+    const auto before = older.find(it->first);
+    reset = before == older.end() || it->second < before->second;
+  }
+  if (reset) return newer;
+  std::map<double, double> increase;
+  for (const auto& [bound, count] : newer) increase[bound] = count - older.at(bound);
+  return increase;
+}
+
+}  // namespace
+
+MetricNames agentMetricNames(PoolKind kind) {
+  MetricNames names;
+  names.latency_histogram = kind == PoolKind::kPrefill ? "tandem_time_to_first_token_seconds"
+                                                       : "tandem_inter_token_latency_seconds";
+  names.queued_prefill_tokens = "tandem_num_prefill_tokens_waiting";
+  names.running_sequences = "tandem_num_requests_running";
+  names.waiting_sequences = "tandem_num_requests_waiting";
+  names.kv_cache_usage = "tandem_kv_cache_usage_ratio";
+  return names;
+}
+
+std::optional<double> histogramQuantile(double quantile, std::vector<HistogramBucket> buckets) {
+  if (!(quantile >= 0 && quantile <= 1) || buckets.empty()) return std::nullopt;
+  std::sort(buckets.begin(), buckets.end(), [](const HistogramBucket& a, const HistogramBucket& b) {
+    return a.upper_bound < b.upper_bound;
+  });
+  if (buckets.back().upper_bound != kInf) return std::nullopt;
+  // Buckets scraped at slightly different moments can be non-monotonic;
+  // Prometheus evens them out the same way.
+  for (size_t i = 1; i < buckets.size(); ++i) {
+    buckets[i].cumulative_count =
+        std::max(buckets[i].cumulative_count, buckets[i - 1].cumulative_count);
+  }
+  const double total = buckets.back().cumulative_count;
+  if (!(total > 0)) return std::nullopt;
+  const double rank = quantile * total;
+  size_t index = 0;
+  while (index < buckets.size() && buckets[index].cumulative_count < rank) ++index;
+  if (index >= buckets.size()) index = buckets.size() - 1;
+  if (index == buckets.size() - 1) {
+    // In the +Inf bucket: nothing to interpolate towards.
+    return buckets.size() >= 2 ? buckets[buckets.size() - 2].upper_bound : std::optional<double>();
+  }
+  const double upper = buckets[index].upper_bound;
+  if (index == 0 && upper <= 0) return upper;
+  const double lower = index == 0 ? 0 : buckets[index - 1].upper_bound;
+  const double count_below = index == 0 ? 0 : buckets[index - 1].cumulative_count;
+  const double in_bucket = buckets[index].cumulative_count - count_below;
+  if (in_bucket <= 0) return upper;
+  return lower + (upper - lower) * ((rank - count_below) / in_bucket);
+}
+
+MetricWindow::MetricWindow(MetricNames names, double window_seconds)
+    : names_(std::move(names)), window_seconds_(window_seconds) {}
+
+Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std::string_view text) {
+  std::vector<Snapshot>& scrapes = pods_[pod];
+  if (!scrapes.empty() && time_seconds < scrapes.back().time) {
+    return invalidArgument("scrape of pod " + pod + " at " + std::to_string(time_seconds) +
+                           " s is older than its previous one at " +
+                           std::to_string(scrapes.back().time) + " s; scrapes must come in order");
+  }
+  const std::string bucket_name = names_.latency_histogram + "_bucket";
+  const std::vector<const std::string*> gauges = {
+      &names_.queued_prefill_tokens, &names_.running_sequences, &names_.waiting_sequences,
+      &names_.kv_cache_usage};
+  Snapshot snapshot;
+  snapshot.time = time_seconds;
+  int line_number = 0;
+  while (!text.empty()) {
+    const size_t newline = text.find('\n');
+    std::string_view line = text.substr(0, newline);
+    text = newline == std::string_view::npos ? std::string_view() : text.substr(newline + 1);
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || line.starts_with('#')) continue;
+    const size_t name_end = line.find_first_of("{ ");
+    const std::string_view name = line.substr(0, name_end);
+    const bool is_bucket = !names_.latency_histogram.empty() && name == bucket_name;
+    const std::string* gauge = nullptr;
+    for (const std::string* candidate : gauges) {
+      if (!candidate->empty() && name == *candidate) gauge = candidate;
+    }
+    if (!is_bucket && gauge == nullptr) continue;
+    const std::optional<SampleLine> sample = parseSampleLine(line);
+    std::optional<double> bound;
+    if (sample && is_bucket && sample->le) bound = parseNumber(*sample->le);
+    if (!sample || (is_bucket && !bound)) {
+      return invalidArgument("metrics of pod " + pod + ", line " + std::to_string(line_number) +
+                             ": cannot read a sample from \"" + std::string(line.substr(0, 120)) +
+                             "\" (expected name{labels} value" +
+                             (is_bucket ? std::string(" with a numeric le label)") : ")"));
+    }
+    if (is_bucket) {
+      snapshot.buckets[*bound] += sample->value;
+    } else if (*gauge == names_.kv_cache_usage) {
+      // One ratio per agent; several label sets would be several models.
+      auto [it, inserted] = snapshot.gauges.emplace(*gauge, sample->value);
+      if (!inserted) it->second = std::max(it->second, sample->value);
+    } else {
+      snapshot.gauges[*gauge] += sample->value;
+    }
+  }
+  scrapes.push_back(std::move(snapshot));
+  newest_time_ = std::max(newest_time_, time_seconds);
+  const double oldest_kept = newest_time_ - window_seconds_;
+  for (auto it = pods_.begin(); it != pods_.end();) {
+    std::vector<Snapshot>& kept = it->second;
+    kept.erase(std::remove_if(kept.begin(), kept.end(),
+                              [&](const Snapshot& s) { return s.time < oldest_kept; }),
+               kept.end());
+    it = kept.empty() ? pods_.erase(it) : std::next(it);
+  }
+  return Status::ok();
+}
+
+void MetricWindow::forgetPod(const std::string& pod) { pods_.erase(pod); }
+
+WindowedValues MetricWindow::values(double now_seconds, double quantile) const {
+  WindowedValues values;
+  const double start = now_seconds - window_seconds_;
+  std::map<double, double> summed;
+  bool any_increase = false;
+  std::map<std::string, double> gauge_sums;
+  std::map<std::string, int> gauge_pods;
+  for (const auto& [pod, scrapes] : pods_) {
+    std::vector<const Snapshot*> inside;
+    for (const Snapshot& scrape : scrapes) {
+      if (scrape.time >= start && scrape.time <= now_seconds) inside.push_back(&scrape);
+    }
+    if (inside.empty()) continue;
+    ++values.pods;
+    // Walk consecutive pairs so that a restart in the middle of the window
+    // loses nothing counted after it.
+    std::map<double, double> pod_increase;
+    for (size_t i = 1; i < inside.size(); ++i) {
+      if (inside[i]->buckets.empty()) continue;
+      const std::map<double, double> step =
+          bucketIncrease(inside[i - 1]->buckets, inside[i]->buckets);
+      for (const auto& [bound, count] : step) pod_increase[bound] += count;
+      any_increase = true;
+    }
+    for (const auto& [bound, count] : pod_increase) summed[bound] += count;
+    std::map<std::string, std::pair<double, int>> pod_gauges;
+    for (const Snapshot* scrape : inside) {
+      for (const auto& [name, value] : scrape->gauges) {
+        pod_gauges[name].first += value;
+        ++pod_gauges[name].second;
+      }
+    }
+    for (const auto& [name, total_and_count] : pod_gauges) {
+      gauge_sums[name] += total_and_count.first / total_and_count.second;
+      ++gauge_pods[name];
+    }
+  }
+  if (any_increase) {
+    for (const auto& [bound, count] : summed) values.latency_buckets.push_back({bound, count});
+    if (!summed.empty() && summed.rbegin()->first == kInf) {
+      values.latency_count = summed.rbegin()->second;
+    }
+    values.latency_quantile = histogramQuantile(quantile, values.latency_buckets);
+  }
+  const auto gauge = [&](const std::string& name, bool mean) -> std::optional<double> {
+    const auto it = gauge_sums.find(name);
+    if (name.empty() || it == gauge_sums.end()) return std::nullopt;
+    return mean ? it->second / gauge_pods.at(name) : it->second;
+  };
+  values.queued_prefill_tokens = gauge(names_.queued_prefill_tokens, false);
+  values.running_sequences = gauge(names_.running_sequences, false);
+  values.waiting_sequences = gauge(names_.waiting_sequences, false);
+  values.kv_cache_usage = gauge(names_.kv_cache_usage, true);
+  return values;
+}
+
+}  // namespace tandem::planner

@@ -1,0 +1,273 @@
+#include "operator/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace tandem::planner {
+namespace {
+
+// As the HPA's default: a ratio within 10% of the target changes nothing,
+// so that noise around the target does not move replicas back and forth.
+constexpr double kTolerance = 0.1;
+// The longest a capacity limit holds before the planner asks again.
+constexpr double kMaxLimitSeconds = 3600;
+
+std::string fixed(double value, int digits = 3) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*g", digits, value);
+  return text;
+}
+
+std::string percentile(double quantile) {
+  std::string text = "p";
+  text += fixed(quantile * 100, 4);
+  return text;
+}
+
+// ceil(current * ratio), or current when the ratio is within the tolerance.
+int proportional(int current, double ratio) {
+  if (std::abs(ratio - 1) <= kTolerance) return current;
+  // A tiny epsilon keeps 3 * (4/3) from rounding up to 5.
+  return static_cast<int>(std::ceil(std::max(current, 1) * ratio - 1e-9));
+}
+
+int perReplica(double total, double target_per_replica) {
+  return static_cast<int>(std::ceil(total / target_per_replica - 1e-9));
+}
+
+}  // namespace
+
+PoolPlanner::PoolPlanner(std::string pool_name, PoolKind kind, AutoscalingSpec spec)
+    : pool_name_(std::move(pool_name)), kind_(kind), spec_(std::move(spec)) {}
+
+double PoolPlanner::manualWindowSeconds() const {
+  return std::max(spec_.scale_up_stabilization_seconds, spec_.scale_down_stabilization_seconds);
+}
+
+int PoolPlanner::recommend(int current, const WindowedValues& metrics, std::string& why) const {
+  const bool prefill = kind_ == PoolKind::kPrefill;
+  const char* signal = prefill ? "TTFT" : "ITL";
+  const double target = spec_.targetSeconds(kind_);
+  int best = 0;
+  const auto consider = [&](int replicas, const std::string& text) {
+    if (replicas > best || why.empty()) {
+      best = std::max(best, replicas);
+      why = text;
+    }
+  };
+  if (metrics.latency_quantile && metrics.latency_count > 0) {
+    const double observed = *metrics.latency_quantile;
+    const int replicas = proportional(current, observed / target);
+    consider(replicas, std::string(signal) + " " + percentile(spec_.quantile) + " " +
+                           fixed(observed) + " s against target " + fixed(target) + " s over " +
+                           fixed(spec_.window_seconds) + " s (" + fixed(metrics.latency_count, 6) +
+                           " observations)");
+  } else {
+    consider(spec_.min_replicas, "no requests in the last " + fixed(spec_.window_seconds) + " s");
+  }
+  if (prefill && spec_.target_queued_prefill_tokens_per_replica && metrics.queued_prefill_tokens) {
+    const double target_tokens = *spec_.target_queued_prefill_tokens_per_replica;
+    consider(perReplica(*metrics.queued_prefill_tokens, target_tokens),
+             "queued prefill tokens " + fixed(*metrics.queued_prefill_tokens, 6) +
+                 " against target " + fixed(target_tokens, 6) + " per replica");
+  }
+  if (!prefill && spec_.target_running_sequences_per_replica && metrics.running_sequences) {
+    const double target_running = *spec_.target_running_sequences_per_replica;
+    consider(perReplica(*metrics.running_sequences, target_running),
+             "running sequences " + fixed(*metrics.running_sequences, 6) + " against target " +
+                 fixed(target_running) + " per replica");
+  }
+  if (!prefill && spec_.target_kv_cache_usage && metrics.kv_cache_usage) {
+    const double usage = *metrics.kv_cache_usage;
+    consider(proportional(current, usage / *spec_.target_kv_cache_usage),
+             "KV cache usage " + fixed(usage) + " against target " +
+                 fixed(*spec_.target_kv_cache_usage));
+  }
+  return std::clamp(best, spec_.min_replicas, spec_.max_replicas);
+}
+
+int PoolPlanner::stabilize(int current, double now) const {
+  // As the HPA: scaling up goes no higher than the lowest recommendation of
+  // the scale-up window, scaling down no lower than the highest of the
+  // scale-down window.
+  int up = spec_.max_replicas;
+  int down = 0;
+  bool any_up = false;
+  for (const Recommendation& r : history_) {
+    if (r.time >= now - spec_.scale_up_stabilization_seconds) {
+      up = any_up ? std::min(up, r.replicas) : r.replicas;
+      any_up = true;
+    }
+    if (r.time >= now - spec_.scale_down_stabilization_seconds) down = std::max(down, r.replicas);
+  }
+  if (floor_ && floor_->time >= now - spec_.scale_down_stabilization_seconds) {
+    down = std::max(down, floor_->replicas);
+  }
+  int desired = current;
+  if (any_up && desired < up) desired = up;
+  if (desired > down) desired = down;
+  return desired;
+}
+
+Decision PoolPlanner::hold(const PoolObservation& pool, const WindowedValues& metrics,
+                           std::string reason, std::string message) const {
+  Decision decision;
+  decision.desired_replicas = pool.spec_replicas;
+  decision.recommended_replicas = pool.spec_replicas;
+  decision.reason = std::move(reason);
+  decision.message = std::move(message);
+  decision.scaling_conflict = {kScalingConflict, false, "NoConflict",
+                               "no HorizontalPodAutoscaler targets the pool"};
+  decision.scaling_limited = {kScalingLimited, false, "Schedulable",
+                              "no replica has stayed Pending past pendingTimeoutSeconds"};
+  if (limit_ && pool.now_seconds < limit_->until) {
+    decision.scaling_limited = {kScalingLimited, true, "Unschedulable", limit_->message};
+  }
+  decision.metrics.desired_replicas = decision.desired_replicas;
+  decision.metrics.observed_seconds =
+      metrics.latency_count > 0 ? metrics.latency_quantile : std::nullopt;
+  decision.metrics.target_seconds = spec_.targetSeconds(kind_);
+  decision.metrics.quantile = spec_.quantile;
+  return decision;
+}
+
+Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& metrics) {
+  const double now = pool.now_seconds;
+  const int current = pool.spec_replicas;
+  const std::string name = std::string(poolKindName(kind_)) + " pool " + pool_name_;
+  const bool first = !started_;
+  if (first) {
+    started_ = true;
+    floor_ = Recommendation{now, current};
+  }
+  const bool changed_by_others =
+      pool.replicas_changed_externally || (!first && current != previous_spec_replicas_ &&
+                                           (!last_written_ || current != *last_written_));
+  previous_spec_replicas_ = current;
+  const auto wrote = [&](Decision& decision) {
+    decision.write = decision.desired_replicas != current;
+    if (decision.write) last_written_ = decision.desired_replicas;
+    decision.metrics.desired_replicas = decision.desired_replicas;
+    return decision;
+  };
+
+  // An HPA owns the pool: step aside entirely and start afresh once it goes.
+  if (pool.hpa_present) {
+    Decision decision = hold(pool, metrics, kScalingConflict,
+                             "a HorizontalPodAutoscaler targets " + name +
+                                 "; the planner does not change its replicas while it does");
+    decision.scaling_conflict = {kScalingConflict, true, "HorizontalPodAutoscalerPresent",
+                                 decision.message};
+    if (!in_conflict_) decision.event = PlannerEvent{"Warning", kScalingConflict, decision.message};
+    in_conflict_ = true;
+    history_.clear();
+    manual_.reset();
+    last_written_.reset();
+    floor_ = Recommendation{now, current};
+    return decision;
+  }
+  in_conflict_ = false;
+
+  // Capacity: replicas Pending past the timeout are given back at once (they
+  // serve nothing, so this costs no capacity), and the pool is not asked to
+  // grow past what was schedulable until the limit expires.
+  const auto timed_out = static_cast<int>(
+      std::count_if(pool.pending_seconds.begin(), pool.pending_seconds.end(),
+                    [&](double seconds) { return seconds >= spec_.pending_timeout_seconds; }));
+  if (limit_ && now >= limit_->until) limit_.reset();
+  if (consecutive_limits_ > 0 && pool.pending_seconds.empty() && pool.ready_replicas >= current &&
+      current > last_ceiling_) {
+    consecutive_limits_ = 0;
+  }
+  // Ready replicas are never given back, so a Pending pod still listed after
+  // an earlier give-back (a cache that lags) takes nothing more away.
+  const int ceiling = std::max({spec_.min_replicas, current - timed_out, pool.ready_replicas});
+  if (timed_out > 0 && ceiling < current) {
+    ++consecutive_limits_;
+    last_ceiling_ = ceiling;
+    const double hold_seconds =
+        std::min(kMaxLimitSeconds, spec_.pending_timeout_seconds *
+                                       std::pow(2.0, std::min(consecutive_limits_ - 1, 20)));
+    limit_ = CapacityLimit{ceiling, now + hold_seconds, ""};
+    limit_->message = std::to_string(timed_out) + " replica(s) of " + name +
+                      " stayed Pending (unschedulable) past " +
+                      fixed(spec_.pending_timeout_seconds) + " s; given back: replicas " +
+                      std::to_string(current) + " -> " + std::to_string(ceiling) +
+                      "; the planner asks for no more than " + std::to_string(ceiling) +
+                      " for the next " + fixed(hold_seconds) + " s";
+    Decision decision = hold(pool, metrics, kScalingLimited, limit_->message);
+    decision.desired_replicas = ceiling;
+    decision.scaling_limited = {kScalingLimited, true, "Unschedulable", limit_->message};
+    decision.event = PlannerEvent{"Warning", kScalingLimited, limit_->message};
+    manual_.reset();
+    return wrote(decision);
+  }
+
+  // A manual change is respected for the stabilisation window.
+  if (changed_by_others) {
+    manual_ = ManualChange{now, current};
+    last_written_.reset();
+  }
+  std::string why;
+  const bool have_metrics = metrics.pods > 0;
+  const int recommended = have_metrics ? recommend(current, metrics, why) : current;
+  if (have_metrics) {
+    history_.push_back({now, recommended});
+    const double keep = manualWindowSeconds();
+    std::erase_if(history_, [&](const Recommendation& r) { return r.time < now - keep; });
+  }
+  if (manual_ && now - manual_->since < manualWindowSeconds()) {
+    const std::string message = "replicas of " + name + " set to " +
+                                std::to_string(manual_->replicas) +
+                                " outside the planner; respected until the " +
+                                fixed(manualWindowSeconds()) + " s stabilisation window has passed";
+    Decision decision = hold(pool, metrics, "ManualScaleRespected", message);
+    decision.recommended_replicas = recommended;
+    if (changed_by_others) decision.event = PlannerEvent{"Normal", "ManualScaleRespected", message};
+    return decision;
+  }
+  if (!have_metrics) {
+    return hold(pool, metrics, "MetricsUnavailable",
+                "no metrics from any pod of " + name + " in the last " +
+                    fixed(spec_.window_seconds) + " s; replicas left as they are");
+  }
+
+  int desired = stabilize(current, now);
+  desired = std::clamp(desired, current - spec_.max_step, current + spec_.max_step);
+  desired = std::clamp(desired, spec_.min_replicas, spec_.max_replicas);
+  if (limit_ && desired > current) desired = std::min(desired, std::max(current, limit_->ceiling));
+
+  Decision decision = hold(pool, metrics, "Steady",
+                           name + ": " + why + "; replicas stay " + std::to_string(current));
+  decision.desired_replicas = desired;
+  decision.recommended_replicas = recommended;
+  if (desired == current && recommended != current) {
+    decision.reason = "Stabilizing";
+    decision.message =
+        name + ": " + why + "; recommends " + std::to_string(recommended) + ", replicas stay " +
+        std::to_string(current) +
+        (limit_ && recommended > current ? " (capacity limit)" : " (stabilisation window)");
+  }
+  if (desired != current) {
+    std::string message = name + ": " + why + "; recommends " + std::to_string(recommended) +
+                          "; replicas " + std::to_string(current) + " -> " +
+                          std::to_string(desired);
+    if (std::abs(desired - recommended) > 0 && std::abs(desired - current) == spec_.max_step) {
+      message += " (maxStep " + std::to_string(spec_.max_step) + ")";
+    }
+    decision.reason = desired > current ? "ScaledUp" : "ScaledDown";
+    if (manual_) {
+      decision.reason = "ManualScaleOverwritten";
+      message += "; the manual change to " + std::to_string(manual_->replicas) +
+                 " was respected for the " + fixed(manualWindowSeconds()) +
+                 " s stabilisation window and is now overwritten";
+    }
+    decision.message = message;
+    decision.event = PlannerEvent{"Normal", decision.reason, message};
+  }
+  manual_.reset();
+  return wrote(decision);
+}
+
+}  // namespace tandem::planner
