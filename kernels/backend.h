@@ -109,11 +109,14 @@ class Backend {
   // recording; run every step as issued.
   virtual int64_t decodeBucket(int64_t sequences) const { return 0; }
   // Called after beginBatch() of a padded decode batch. True: a recording of
-  // this batch's shape was launched, and the caller must not issue the step's
-  // kernels. False: the caller issues them; the backend may record them (the
-  // first sight of a shape runs plainly, so every buffer has its final size
-  // before a recording captures its address). Either way endStep() follows.
-  virtual bool replayStep() { return false; }
+  // this batch's shape made for `owner` was launched, and the caller must not
+  // issue the step's kernels. False: the caller issues them; the backend may
+  // record them (the first sight of a shape runs plainly, so every buffer has
+  // its final size before a recording captures its address). Either way
+  // endStep() follows. `owner` names the caller's buffers and KV cache (a
+  // recording holds their addresses): callers sharing a backend never replay
+  // each other's recordings.
+  virtual bool replayStep(uint64_t owner) { return false; }
   // Ends the step replayStep() began. A recording in progress is kept and
   // launched when `completed`, or discarded (a kernel call threw).
   virtual void endStep(bool completed) {}

@@ -1,5 +1,6 @@
 #include "agent/engine/model_runner.h"
 
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -28,11 +29,24 @@ void BackendBuffer::grow(size_t count) {
   count_ = count;
 }
 
+namespace {
+
+// A process-wide counter: every runner's recordings have their own owner.
+uint64_t nextRecordingOwner() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+}  // namespace
+
+ModelRunner::~ModelRunner() { backend_.forgetRecordings(); }
+
 ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend)
     : model_(model),
       cache_(cache),
       backend_(backend),
       inv_freq_(backend),
+      recording_owner_(nextRecordingOwner()),
       hidden_(backend),
       normed_(backend),
       q_(backend),
@@ -190,7 +204,7 @@ const float* ModelRunner::compute(std::span<const SequenceInput> batch,
   if (bucket > 0) {
     bool completed = false;
     try {
-      if (!b.replayStep()) issueStep(rows, padded_sequences, logits_out);
+      if (!b.replayStep(recording_owner_)) issueStep(rows, padded_sequences, logits_out);
       completed = true;
       b.endStep(true);
     } catch (...) {

@@ -62,6 +62,10 @@ class ModelRunner {
   // throws tandem::Error naming the mismatch, or when the backend cannot hold
   // the weights. The backend must outlive the runner.
   ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend);
+  // Drops the backend's recordings: they refer to this runner's buffers.
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
 
   // logits receives num_sequences x vocab_size values. Inputs are checked
   // (token ids below vocab_size, block tables long enough, positions within
@@ -118,6 +122,8 @@ class ModelRunner {
   BackendBuffer inv_freq_;
   float attention_scale_ = 1.0f;
   bool record_decode_ = true;
+  // Names this runner's buffers and cache to the backend's recordings.
+  const uint64_t recording_owner_;
   // Scratch in the backend's memory, grown on demand and reused across calls.
   BackendBuffer hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_, logits_;
   // The batch, flattened on the host.

@@ -9,8 +9,9 @@
 // rewritten after the previous upload has completed. The kernels are in
 // elementwise.cu, norm_rope.cu, matmul.cu and attention.cu.
 //
-// Decode steps are recorded as CUDA graphs, one per (bucket of sequences,
-// bucket of attention splits). A graph keeps the addresses and launch shapes
+// Decode steps are recorded as CUDA graphs, one per (owner: the runner whose
+// buffers and KV cache they use, bucket of sequences, bucket of attention
+// splits). A graph keeps the addresses and launch shapes
 // of its kernels, so everything it refers to must be where it was:
 //  - the packed batch has the same offsets for the same rows and sequences,
 //    and its device buffer only moves when it grows, which drops the graphs;
@@ -31,6 +32,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -244,10 +246,10 @@ class CudaBackend final : public Backend {
 
   int64_t decodeBucket(int64_t sequences) const override { return bucketOf(sequences); }
 
-  bool replayStep() override {
+  bool replayStep(uint64_t owner) override {
     activate();
     if (!step_recordable_) return false;
-    const GraphKey key{batch_.rows, batch_.attention_splits};
+    const GraphKey key{owner, batch_.rows, batch_.attention_splits};
     if (auto it = graphs_.find(key); it != graphs_.end()) {
       throwIfFailed(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
       return true;
@@ -387,14 +389,14 @@ class CudaBackend final : public Backend {
   }
 
   static constexpr int64_t kMaxRecordedSequences = 256;
-  using GraphKey = std::pair<int64_t, int64_t>;  // (rows, attention splits)
+  using GraphKey = std::tuple<uint64_t, int64_t, int64_t>;  // (owner, rows, attention splits)
 
   int device_;
   std::string description_;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   std::set<GraphKey> seen_;
   bool capturing_ = false;
-  GraphKey capture_key_{0, 0};
+  GraphKey capture_key_{0, 0, 0};
   bool step_recordable_ = false;  // the current batch is a padded decode batch
   cudaStream_t stream_ = nullptr;
   cudaEvent_t batch_uploaded_ = nullptr;

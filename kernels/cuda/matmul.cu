@@ -16,11 +16,11 @@
 //    running partial and total per output and folds the partial in at each
 //    chunk boundary. Rows and columns past the edge of a tile load zeros and
 //    are never stored.
-//  - gemvKernel, for decode-sized m (<= kGemvMaxRows): one warp per output
-//    column; lane l computes the partials of chunks l, l + 32, ... for every
-//    row, and lane i then adds row i's partials in chunk order. Weights are
-//    read once, 16 bytes per load, by enough warps to keep the memory busy,
-//    which a one-chain-per-output kernel cannot do at m = 1.
+//  - gemvKernel, for decode-sized m (<= 64): one warp per output column;
+//    for 8 rows at a time, lane l computes the partials of chunks l, l + 32,
+//    ... and lane i then adds row i's partials in chunk order. Weights are
+//    read with 16-byte loads by n warps, enough to keep the memory busy,
+//    which a tile per 64 columns cannot do at small m (n / 64 blocks).
 // Both give every output the same bits, so a row's result does not depend on
 // m, its place in the batch or the kernel that ran.
 #include "common/check.h"
@@ -40,8 +40,9 @@ constexpr int kPerThreadM = kTileM / kThreadsY;
 constexpr int kPerThreadN = kTileN / kThreadsX;
 constexpr int64_t kChunk = 128;
 static_assert(kChunk % kTileK == 0, "a K step never straddles a chunk");
-constexpr int kGemvMaxRows = 8;
-constexpr int kGemvWarps = 8;  // output columns per block
+constexpr int kGemvMaxRows = 64;  // m up to this runs gemvKernel
+constexpr int kGemvGroup = 8;     // rows a lane accumulates at once
+constexpr int kGemvWarps = 8;     // output columns per block
 constexpr int kWarp = 32;
 
 template <typename Elements>
@@ -132,10 +133,13 @@ __device__ __forceinline__ void load8(const typename Elements::Storage* p, float
   }
 }
 
-// One warp per output column j; partials of row i, chunk c at
-// partials[(warp * m + i) * chunks + c] (dynamic shared memory). `vector`:
-// k is a multiple of 8 and x, w are 16-byte aligned, so weights are read 8 at
-// a time; the chain order is the same either way.
+// One warp per output column j. Rows are taken kGemvGroup at a time: lane l
+// computes the group's partials of chunks l, l + 32, ... into
+// partials[(warp * kGemvGroup + i) * chunks + c] (dynamic shared memory),
+// then lane i adds row i's partials in chunk order. A group's weights are
+// the same column, so groups after the first read them from cache.
+// `vector`: k is a multiple of 8 and x, w are 16-byte aligned, so weights
+// are read 8 at a time; the chain order is the same either way.
 template <typename Elements>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
     gemvKernel(const float* x, int m, int64_t k, const typename Elements::Storage* w, int64_t n,
@@ -146,62 +150,67 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
   if (j >= n) return;  // the whole warp leaves together
   const int64_t chunks = (k + kChunk - 1) / kChunk;
-  float* mine = partials + static_cast<int64_t>(warp) * m * chunks;
+  float* mine = partials + static_cast<int64_t>(warp) * kGemvGroup * chunks;
   const typename Elements::Storage* w_row = w + j * k;
 
-  for (int64_t c = lane; c < chunks; c += kWarp) {
-    const int64_t begin = c * kChunk;
-    const int64_t end = min(k, begin + kChunk);
-    float part[kGemvMaxRows];
-    for (int i = 0; i < kGemvMaxRows; ++i) part[i] = 0.0f;
-    if (vector) {
-      for (int64_t kk = begin; kk < end; kk += 8) {
-        float wv[8];
-        load8<Elements>(w_row + kk, wv);
-        for (int i = 0; i < kGemvMaxRows; ++i) {
-          if (i >= m) break;
-          const float* xr = x + i * k + kk;
-          const float4 lo = reinterpret_cast<const float4*>(xr)[0];
-          const float4 hi = reinterpret_cast<const float4*>(xr)[1];
-          const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          for (int e = 0; e < 8; ++e) part[i] = fmaf(xv[e], wv[e], part[i]);
+  for (int r0 = 0; r0 < m; r0 += kGemvGroup) {
+    const int rows = min(kGemvGroup, m - r0);
+    const float* x_group = x + static_cast<int64_t>(r0) * k;
+    for (int64_t c = lane; c < chunks; c += kWarp) {
+      const int64_t begin = c * kChunk;
+      const int64_t end = min(k, begin + kChunk);
+      float part[kGemvGroup];
+      for (int i = 0; i < kGemvGroup; ++i) part[i] = 0.0f;
+      if (vector) {
+        for (int64_t kk = begin; kk < end; kk += 8) {
+          float wv[8];
+          load8<Elements>(w_row + kk, wv);
+          for (int i = 0; i < kGemvGroup; ++i) {
+            if (i >= rows) break;
+            const float* xr = x_group + i * k + kk;
+            const float4 lo = reinterpret_cast<const float4*>(xr)[0];
+            const float4 hi = reinterpret_cast<const float4*>(xr)[1];
+            const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            for (int e = 0; e < 8; ++e) part[i] = fmaf(xv[e], wv[e], part[i]);
+          }
+        }
+      } else {
+        for (int64_t kk = begin; kk < end; ++kk) {
+          const float wv = Elements::load(w_row, kk);
+          for (int i = 0; i < kGemvGroup; ++i) {
+            if (i >= rows) break;
+            part[i] = fmaf(x_group[i * k + kk], wv, part[i]);
+          }
         }
       }
-    } else {
-      for (int64_t kk = begin; kk < end; ++kk) {
-        const float wv = Elements::load(w_row, kk);
-        for (int i = 0; i < kGemvMaxRows; ++i) {
-          if (i >= m) break;
-          part[i] = fmaf(x[i * k + kk], wv, part[i]);
-        }
-      }
+      for (int i = 0; i < rows; ++i) mine[i * chunks + c] = part[i];
     }
-    for (int i = 0; i < m; ++i) mine[i * chunks + c] = part[i];
-  }
-  __syncwarp();
-  if (lane < m) {
-    const float* row = mine + static_cast<int64_t>(lane) * chunks;
-    float total = row[0];
-    for (int64_t c = 1; c < chunks; ++c) total = __fadd_rn(total, row[c]);
-    y[lane * n + j] = total;
+    __syncwarp();
+    if (lane < rows) {
+      const float* row = mine + static_cast<int64_t>(lane) * chunks;
+      float total = row[0];
+      for (int64_t c = 1; c < chunks; ++c) total = __fadd_rn(total, row[c]);
+      y[static_cast<int64_t>(r0 + lane) * n + j] = total;
+    }
+    __syncwarp();  // the next group reuses the partials
   }
 }
 
 // Shared memory of one gemvKernel block.
-size_t gemvSharedBytes(int64_t m, int64_t k) {
-  return static_cast<size_t>(kGemvWarps * m * ceilDiv(k, kChunk)) * sizeof(float);
+size_t gemvSharedBytes(int64_t k) {
+  return static_cast<size_t>(kGemvWarps * kGemvGroup * ceilDiv(k, kChunk)) * sizeof(float);
 }
 
 template <typename Elements>
 void launchFor(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                const typename Elements::Storage* w, int64_t n, float* y) {
   constexpr size_t kDefaultSharedLimit = 48 * 1024;
-  if (m <= kGemvMaxRows && gemvSharedBytes(m, k) <= kDefaultSharedLimit) {
+  if (m <= kGemvMaxRows && gemvSharedBytes(k) <= kDefaultSharedLimit) {
     const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(w) % 16 == 0;
     gemvKernel<Elements>
         <<<static_cast<unsigned int>(ceilDiv(n, kGemvWarps)), kGemvWarps * kWarp,
-           gemvSharedBytes(m, k), stream>>>(x, static_cast<int>(m), k, w, n, y, vector);
+           gemvSharedBytes(k), stream>>>(x, static_cast<int>(m), k, w, n, y, vector);
     return;
   }
   TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "matmul: too many rows for one launch");

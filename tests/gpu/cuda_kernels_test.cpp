@@ -100,11 +100,13 @@ class CudaKernelsTest : public ::testing::Test {
   std::vector<int32_t> ids_;
 };
 
-// m <= 8 runs the warp-per-column kernel, larger m the tiled one; k = 100
-// and 333 take the scalar loads, 1024 the 16-byte ones.
+// m <= 64 runs the warp-per-column kernel (in groups of 8 rows), larger m
+// the tiled one; k = 100 and 333 take the scalar loads, 1024 the 16-byte
+// ones.
 TEST_F(CudaKernelsTest, MatmulMatchesCpuForEveryWeightType) {
   const int64_t n = 70;
-  for (const auto& [m, k] : {std::pair<int64_t, int64_t>{7, 100}, {64, 333}, {1, 1024}}) {
+  for (const auto& [m, k] :
+       {std::pair<int64_t, int64_t>{7, 100}, {100, 333}, {1, 1024}, {20, 1024}}) {
     const auto x = randomFloats(m * k, 1);
     const auto w32 = randomFloats(n * k, 2);
     // All alive at once: resident weights are cached by host address.
@@ -123,13 +125,13 @@ TEST_F(CudaKernelsTest, MatmulMatchesCpuForEveryWeightType) {
   }
 }
 
-// One order per k: the tiled kernel (m = 64) and the warp-per-column one
-// (m = 7, 1) give every row the same bits, with scalar (k = 333) and 16-byte
+// One order per k: the tiled kernel (m = 100) and the warp-per-column one
+// (m = 64, 7, 1) give every row the same bits, with scalar (k = 333) and 16-byte
 // (k = 1024, several 128-wide chunks) weight loads, for every weight type.
 TEST_F(CudaKernelsTest, MatmulRowIsBitwiseEqualForAnyRowCount) {
   const int64_t n = 130;
   for (int64_t k : {int64_t{333}, int64_t{1024}}) {
-    const auto x = randomFloats(64 * k, 3);
+    const auto x = randomFloats(100 * k, 3);
     const auto w32 = randomFloats(n * k, 4);
     const auto bf16 = toHalfBits(w32, DType::kBF16);
     const auto f16 = toHalfBits(w32, DType::kF16);
@@ -138,7 +140,9 @@ TEST_F(CudaKernelsTest, MatmulRowIsBitwiseEqualForAnyRowCount) {
                                   {f16.data(), DType::kF16, n, k}};
     for (const WeightView& w : weights) {
       SCOPED_TRACE("k " + std::to_string(k) + " " + dtypeShortName(w.dtype));
-      const auto all = deviceMatmul(x, 64, k, w);
+      const auto all = deviceMatmul(x, 100, k, w);
+      const auto sixty_four = deviceMatmul(x, 64, k, w);
+      EXPECT_EQ(0, std::memcmp(all.data(), sixty_four.data(), sixty_four.size() * sizeof(float)));
       const auto seven = deviceMatmul(x, 7, k, w);
       const auto one = deviceMatmul(x, 1, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), seven.data(), seven.size() * sizeof(float)));

@@ -67,7 +67,7 @@ class PaddingCpuBackend final : public kernels::cpu::CpuBackend {
     if (sequences <= 8) return std::bit_ceil(static_cast<uint64_t>(sequences));
     return (sequences + 7) / 8 * 8;
   }
-  bool replayStep() override {
+  bool replayStep(uint64_t /*owner*/) override {
     ++steps_;
     return false;
   }
