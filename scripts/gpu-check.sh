@@ -65,8 +65,12 @@ fi
 # after 512-token prompts each (32 prefills of 2048 tokens would dominate the
 # run without changing what decode reads).
 for model in "${models[@]}"; do
+  # 2048-token prompts, or as long as the model's context leaves room for the
+  # 64 decode steps (the small model's context is 2048).
+  context=$(grep -o '"max_position_embeddings": *[0-9]*' "${scratch}/${model}/config.json" |
+    grep -o '[0-9]*$')
   for batch in "${batches[@]}"; do
-    prompt=2048
+    prompt=$((context - 64 < 2048 ? context - 64 : 2048))
     [[ "${batch}" != "1" ]] && prompt=512
     args=(engine --device cuda --model "${scratch}/${model}" --prompt-tokens "${prompt}"
       --decode-tokens 64)

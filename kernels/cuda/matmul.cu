@@ -16,11 +16,12 @@
 //    running partial and total per output and folds the partial in at each
 //    chunk boundary. Rows and columns past the edge of a tile load zeros and
 //    are never stored.
-//  - gemvKernel, for decode-sized m (<= 64): one warp per output column;
+//  - gemvKernel, for decode-sized m (<= 64): one warp per 4 output columns;
 //    for 8 rows at a time, lane l computes the partials of chunks l, l + 32,
-//    ... and lane i then adds row i's partials in chunk order. Weights are
-//    read with 16-byte loads by n warps, enough to keep the memory busy,
-//    which a tile per 64 columns cannot do at small m (n / 64 blocks).
+//    ... and one lane per (column, row) then adds its partials in chunk
+//    order. Weights are read with 16-byte loads by n / 4 warps, enough to
+//    keep the memory busy, which a tile per 64 columns cannot do at small m
+//    (n / 64 blocks).
 // Both give every output the same bits, so a row's result does not depend on
 // m, its place in the batch or the kernel that ran.
 #include "common/check.h"
@@ -42,7 +43,9 @@ constexpr int64_t kChunk = 128;
 static_assert(kChunk % kTileK == 0, "a K step never straddles a chunk");
 constexpr int kGemvMaxRows = 64;  // m up to this runs gemvKernel
 constexpr int kGemvGroup = 8;     // rows a lane accumulates at once
-constexpr int kGemvWarps = 8;     // output columns per block
+constexpr int kGemvCols = 4;      // columns a warp computes together
+constexpr int kGemvWarps = 2;     // warps per block
+static_assert(kGemvGroup * kGemvCols == 32, "one lane per (column, row) adds the partials");
 constexpr int kWarp = 32;
 
 template <typename Elements>
@@ -133,13 +136,14 @@ __device__ __forceinline__ void load8(const typename Elements::Storage* p, float
   }
 }
 
-// One warp per output column j. Rows are taken kGemvGroup at a time: lane l
-// computes the group's partials of chunks l, l + 32, ... into
-// partials[(warp * kGemvGroup + i) * chunks + c] (dynamic shared memory),
-// then lane i adds row i's partials in chunk order. A group's weights are
-// the same column, so groups after the first read them from cache.
-// `vector`: k is a multiple of 8 and x, w are 16-byte aligned, so weights
-// are read 8 at a time; the chain order is the same either way.
+// One warp per kGemvCols output columns j0.. (so each x element it loads
+// serves every one of them). Rows are taken kGemvGroup at a time: lane l
+// computes the partials of chunks l, l + 32, ... of every (column, row) into
+// partials[((warp * kGemvCols + col) * kGemvGroup + i) * chunks + c]
+// (dynamic shared memory), then lane col * kGemvGroup + i adds that pair's
+// partials in chunk order. `vector`: k is a multiple of 8 and x, w are
+// 16-byte aligned, so weights are read 8 at a time; the chain order is the
+// same either way.
 template <typename Elements>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
     gemvKernel(const float* x, int m, int64_t k, const typename Elements::Storage* w, int64_t n,
@@ -147,11 +151,12 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   extern __shared__ float partials[];
   const int warp = static_cast<int>(threadIdx.x) / kWarp;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
-  if (j >= n) return;  // the whole warp leaves together
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp) * kGemvCols;
+  if (j0 >= n) return;  // the whole warp leaves together
+  const int cols = static_cast<int>(min(static_cast<int64_t>(kGemvCols), n - j0));
   const int64_t chunks = (k + kChunk - 1) / kChunk;
-  float* mine = partials + static_cast<int64_t>(warp) * kGemvGroup * chunks;
-  const typename Elements::Storage* w_row = w + j * k;
+  float* mine = partials + static_cast<int64_t>(warp) * kGemvCols * kGemvGroup * chunks;
+  const typename Elements::Storage* w0 = w + j0 * k;
 
   for (int r0 = 0; r0 < m; r0 += kGemvGroup) {
     const int rows = min(kGemvGroup, m - r0);
@@ -159,38 +164,52 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
     for (int64_t c = lane; c < chunks; c += kWarp) {
       const int64_t begin = c * kChunk;
       const int64_t end = min(k, begin + kChunk);
-      float part[kGemvGroup];
-      for (int i = 0; i < kGemvGroup; ++i) part[i] = 0.0f;
+      float part[kGemvCols][kGemvGroup];
+      for (int col = 0; col < kGemvCols; ++col) {
+        for (int i = 0; i < kGemvGroup; ++i) part[col][i] = 0.0f;
+      }
       if (vector) {
         for (int64_t kk = begin; kk < end; kk += 8) {
-          float wv[8];
-          load8<Elements>(w_row + kk, wv);
+          float wv[kGemvCols][8];
+          for (int col = 0; col < kGemvCols; ++col) {
+            if (col < cols) load8<Elements>(w0 + col * k + kk, wv[col]);
+          }
           for (int i = 0; i < kGemvGroup; ++i) {
             if (i >= rows) break;
             const float* xr = x_group + i * k + kk;
             const float4 lo = reinterpret_cast<const float4*>(xr)[0];
             const float4 hi = reinterpret_cast<const float4*>(xr)[1];
             const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            for (int e = 0; e < 8; ++e) part[i] = fmaf(xv[e], wv[e], part[i]);
+            for (int col = 0; col < kGemvCols; ++col) {
+              if (col >= cols) break;
+              for (int e = 0; e < 8; ++e) part[col][i] = fmaf(xv[e], wv[col][e], part[col][i]);
+            }
           }
         }
       } else {
         for (int64_t kk = begin; kk < end; ++kk) {
-          const float wv = Elements::load(w_row, kk);
-          for (int i = 0; i < kGemvGroup; ++i) {
-            if (i >= rows) break;
-            part[i] = fmaf(x_group[i * k + kk], wv, part[i]);
+          for (int col = 0; col < kGemvCols; ++col) {
+            if (col >= cols) break;
+            const float wv = Elements::load(w0 + col * k, kk);
+            for (int i = 0; i < kGemvGroup; ++i) {
+              if (i >= rows) break;
+              part[col][i] = fmaf(x_group[i * k + kk], wv, part[col][i]);
+            }
           }
         }
       }
-      for (int i = 0; i < rows; ++i) mine[i * chunks + c] = part[i];
+      for (int col = 0; col < cols; ++col) {
+        for (int i = 0; i < rows; ++i) mine[(col * kGemvGroup + i) * chunks + c] = part[col][i];
+      }
     }
     __syncwarp();
-    if (lane < rows) {
-      const float* row = mine + static_cast<int64_t>(lane) * chunks;
-      float total = row[0];
-      for (int64_t c = 1; c < chunks; ++c) total = __fadd_rn(total, row[c]);
-      y[static_cast<int64_t>(r0 + lane) * n + j] = total;
+    const int col = lane / kGemvGroup;
+    const int i = lane % kGemvGroup;
+    if (col < cols && i < rows) {
+      const float* pair = mine + static_cast<int64_t>(col * kGemvGroup + i) * chunks;
+      float total = pair[0];
+      for (int64_t c = 1; c < chunks; ++c) total = __fadd_rn(total, pair[c]);
+      y[static_cast<int64_t>(r0 + i) * n + j0 + col] = total;
     }
     __syncwarp();  // the next group reuses the partials
   }
@@ -198,7 +217,8 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
 
 // Shared memory of one gemvKernel block.
 size_t gemvSharedBytes(int64_t k) {
-  return static_cast<size_t>(kGemvWarps * kGemvGroup * ceilDiv(k, kChunk)) * sizeof(float);
+  return static_cast<size_t>(kGemvWarps * kGemvCols * kGemvGroup * ceilDiv(k, kChunk)) *
+         sizeof(float);
 }
 
 template <typename Elements>
@@ -209,7 +229,7 @@ void launchFor(cudaStream_t stream, const float* x, int64_t m, int64_t k,
     const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(w) % 16 == 0;
     gemvKernel<Elements>
-        <<<static_cast<unsigned int>(ceilDiv(n, kGemvWarps)), kGemvWarps * kWarp,
+        <<<static_cast<unsigned int>(ceilDiv(n, kGemvWarps * kGemvCols)), kGemvWarps * kWarp,
            gemvSharedBytes(k), stream>>>(x, static_cast<int>(m), k, w, n, y, vector);
     return;
   }

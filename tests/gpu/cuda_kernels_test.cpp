@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <list>
 #include <memory>
 #include <random>
 #include <vector>
@@ -105,13 +106,16 @@ class CudaKernelsTest : public ::testing::Test {
 // ones.
 TEST_F(CudaKernelsTest, MatmulMatchesCpuForEveryWeightType) {
   const int64_t n = 70;
+  // Every weight stays alive to the end: resident copies are cached by host
+  // address, and a freed buffer's address may come back.
+  std::list<std::vector<float>> keep_f32;
+  std::list<std::vector<uint16_t>> keep_half;
   for (const auto& [m, k] :
        {std::pair<int64_t, int64_t>{7, 100}, {100, 333}, {1, 1024}, {20, 1024}}) {
     const auto x = randomFloats(m * k, 1);
-    const auto w32 = randomFloats(n * k, 2);
-    // All alive at once: resident weights are cached by host address.
-    const auto bf16 = toHalfBits(w32, DType::kBF16);
-    const auto f16 = toHalfBits(w32, DType::kF16);
+    const auto& w32 = keep_f32.emplace_back(randomFloats(n * k, 2));
+    const auto& bf16 = keep_half.emplace_back(toHalfBits(w32, DType::kBF16));
+    const auto& f16 = keep_half.emplace_back(toHalfBits(w32, DType::kF16));
     const WeightView weights[] = {{w32.data(), DType::kF32, n, k},
                                   {bf16.data(), DType::kBF16, n, k},
                                   {f16.data(), DType::kF16, n, k}};
