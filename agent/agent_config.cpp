@@ -126,6 +126,10 @@ const std::vector<Row>& rows() {
              &ServeOptions::device),
       flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
            &ServeOptions::enforce_eager),
+      text("simulate",
+           "step profile YAML: simulate the forward pass, each step lasting what the profile "
+           "predicts (docs/simulation.md)",
+           &ServeOptions::simulate),
   };
   return kRows;
 }

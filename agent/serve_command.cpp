@@ -46,15 +46,18 @@ int waitForSignal() {
 // "staging" in place, so the connectors obey the choice made here; throws
 // naming the field when one cannot work. True when some connector uses the
 // slab path (the slab must then be UCX memory).
+// A simulated agent's "auto" is staging: UCX would commit the whole slab it
+// allocates, while the slab of a simulated agent is mostly never touched.
 bool resolveKvBuffers(kv::KvTransferConfig& config, bool slab_host_accessible,
-                      bool ucx_supports_cuda) {
+                      bool ucx_supports_cuda, bool simulated) {
   bool slab = false;
   for (kv::KvTransferConfig& member : config.members) {
-    slab = resolveKvBuffers(member, slab_host_accessible, ucx_supports_cuda) || slab;
+    slab = resolveKvBuffers(member, slab_host_accessible, ucx_supports_cuda, simulated) || slab;
   }
   if (config.connector != "ucx") return slab;
   auto options = kv::parseKvBufferOptions(config.extra);
   if (!options.isOk()) throw Error(options.status().message());
+  if (simulated && options->requested == "auto") options->requested = "staging";
   auto path = kv::chooseKvBuffer(*options, slab_host_accessible, ucx_supports_cuda);
   if (!path.isOk()) throw Error(path.status().message());
   // A device slab on the slab path is registered in place by
@@ -116,7 +119,9 @@ int runServe(CLI::App& command, ServeOptions& o) {
 
   engine::EngineConfig config;
   config.model_dir = o.model;
-  config.device = kernels::resolveDevice(o.device);
+  // A simulated agent computes nothing: its KV slab is host memory whatever
+  // --device says.
+  config.device = o.simulate.empty() ? kernels::resolveDevice(o.device) : kernels::DeviceKind::kCpu;
   config.enforce_eager = o.enforce_eager;
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
@@ -133,6 +138,11 @@ int runServe(CLI::App& command, ServeOptions& o) {
   auto hash = parseHashAlgorithm(o.prefix_caching_hash);
   if (!hash.isOk()) throw Error("--prefix-caching-hash: " + hash.status().message());
   config.hash_algorithm = *hash;
+  if (!o.simulate.empty()) {
+    auto profile = engine::StepProfile::fromFile(o.simulate);
+    if (!profile.isOk()) throw Error("--simulate: " + profile.status().message());
+    config.simulate = std::move(*profile);
+  }
   std::unique_ptr<engine::KvSlabAllocator> slab_allocator;
   if (!o.kv_transfer_config.empty()) {
     auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
@@ -150,8 +160,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
     if (kv::needsUcxSlab(*transfer)) {
       ucx_context = transport::UcxContext::create();
       const bool slab_host_accessible = config.device == kernels::DeviceKind::kCpu;
-      slab_in_ucx =
-          resolveKvBuffers(*transfer, slab_host_accessible, ucx_context->supportsCudaMemory());
+      slab_in_ucx = resolveKvBuffers(*transfer, slab_host_accessible,
+                                     ucx_context->supportsCudaMemory(), !o.simulate.empty());
     }
     config.connector_factory = [transfer = *transfer, faults = o.enable_fault_injection](
                                    engine::KvCache& cache, const std::string& model_identity) {

@@ -40,6 +40,8 @@ struct ServeOptions {
   int threads = 0;              // kernel threads; 0: all cores
   std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
   bool enforce_eager = false;   // never record decode steps (CUDA graphs)
+  // A step profile YAML: serve as a simulated agent (docs/simulation.md).
+  std::string simulate;
   std::string config_path;
 };
 

@@ -137,6 +137,7 @@ struct LocalFlags {
   double startup_timeout_s = 300;
   double restart_backoff_s = 1;
   double max_restart_backoff_s = 30;
+  double planner_interval_s = 2;
 };
 
 CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
@@ -170,6 +171,11 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
                    "longest delay before restarting a crashed agent")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  local
+      ->add_option("--planner-interval", flags.planner_interval_s,
+                   "seconds between the SLA planner's rounds for pools with spec.autoscaling")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
   return local;
 }
 
@@ -189,6 +195,7 @@ int runLocal(CLI::App& command, const LocalFlags& flags) {
   options.supervisor.agent_binary = agent_binary;
   options.supervisor.stop_timeout = millisecondsOf(flags.stop_timeout_s);
   options.supervisor.startup_timeout = millisecondsOf(flags.startup_timeout_s);
+  options.planner_interval = millisecondsOf(flags.planner_interval_s);
   options.supervisor.initial_backoff = millisecondsOf(flags.restart_backoff_s);
   options.supervisor.max_backoff =
       millisecondsOf(std::max(flags.max_restart_backoff_s, flags.restart_backoff_s));

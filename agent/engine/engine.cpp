@@ -1,7 +1,10 @@
 #include "agent/engine/engine.h"
 
 #include <algorithm>
+#include <thread>
 
+#include "agent/engine/simulation/simulated_backend.h"
+#include "agent/engine/simulation/simulated_step.h"
 #include "agent/engine/stop_strings.h"
 #include "common/check.h"
 #include "common/logging.h"
@@ -21,6 +24,7 @@ struct Engine::Live {
   SamplerRng rng;
   RequestTimings timings;
   bool sent_first = false;
+  SimulatedTokenState simulated;  // simulated engines only
 };
 
 // The scheduler's view of the KV connector.
@@ -122,20 +126,45 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     : config_(config),
       now_(config.clock ? config.clock : [] { return Clock::now(); }),
       events_(config.kv_event_capacity) {
-  backend_ = kernels::makeBackend(config_.device);
+  const StepProfile* simulated = simulatedProfile();
+  if (simulated) {
+    // Host memory whatever --device says: no kernel runs.
+    backend_ = std::make_unique<SimulatedBackend>(simulated->name);
+  } else {
+    backend_ = kernels::makeBackend(config_.device);
+  }
   model_ = Model::load(config_.model_dir);
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
-  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : mc.max_position_embeddings;
-  if (max_model_len_ > mc.max_position_embeddings) {
-    throw Error("max_model_len " + std::to_string(max_model_len_) +
-                " exceeds the model's max_position_embeddings " +
-                std::to_string(mc.max_position_embeddings));
+  const int64_t context_limit =
+      simulated ? simulated->model.max_position_embeddings : mc.max_position_embeddings;
+  const std::string context_origin =
+      simulated ? "profile " + simulated->name + "'s model.max_position_embeddings"
+                : "the model's max_position_embeddings";
+  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : context_limit;
+  if (max_model_len_ > context_limit) {
+    throw Error("max_model_len " + std::to_string(max_model_len_) + " exceeds " + context_origin +
+                " " + std::to_string(context_limit));
   }
 
   KvCacheConfig kv = KvCacheConfig::forModel(mc, config_.kv_dtype, config_.block_size);
-  kv.num_blocks = config_.num_blocks > 0 ? config_.num_blocks
-                                         : kv.blocksForBytes(config_.kv_cache_memory_bytes);
+  if (config_.num_blocks > 0) {
+    kv.num_blocks = config_.num_blocks;
+  } else if (simulated) {
+    // Blocks as the simulated accelerator holds them; each is backed by a
+    // block of the model directory's (small) geometry.
+    const int64_t block_bytes = simulated->model.kv_bytes_per_token * kv.block_size;
+    kv.num_blocks = block_bytes > 0 ? config_.kv_cache_memory_bytes / block_bytes : 0;
+    if (kv.num_blocks <= 0) {
+      throw Error("KV cache memory of " + std::to_string(config_.kv_cache_memory_bytes) +
+                  " bytes holds no block of " + std::to_string(block_bytes) + " bytes (profile " +
+                  simulated->name + "'s model.kv_bytes_per_token " +
+                  std::to_string(simulated->model.kv_bytes_per_token) + " x block_size " +
+                  std::to_string(kv.block_size) + ")");
+    }
+  } else {
+    kv.num_blocks = kv.blocksForBytes(config_.kv_cache_memory_bytes);
+  }
   if (kv.num_blocks <= 0) {
     throw Error("KV cache memory of " + std::to_string(config_.kv_cache_memory_bytes) +
                 " bytes holds no block of " + std::to_string(kv.blockBytes()) + " bytes");
@@ -154,6 +183,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
   cache_->attachBackend(backend_.get());
   model_identity_ = modelIdentityOf(*model_);
+  // A simulated agent's blocks hold no model's KV: never mistaken for a real
+  // agent's (block hashes and connector handshakes compare identities).
+  if (simulated) model_identity_ += "/simulated:" + simulated->name;
   BlockManagerConfig block_config;
   block_config.num_blocks = kv.num_blocks;
   block_config.block_size = kv.block_size;
@@ -161,8 +193,10 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_config.model_identity = model_identity_;
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_);
-  runner_->setRecordDecode(!config_.enforce_eager);
+  if (!simulated) {
+    runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_);
+    runner_->setRecordDecode(!config_.enforce_eager);
+  }
   if (config_.connector_factory) {
     connector_ = config_.connector_factory(*cache_, model_identity_);
     connector_source_ = std::make_unique<ConnectorSource>(
@@ -182,6 +216,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), *eos) == eos_token_ids_.end()) {
       eos_token_ids_.push_back(*eos);
     }
+  }
+  if (simulated) {
+    simulated_tokens_ = std::make_unique<TokenChooser>(*tokenizer_, mc.vocab_size, eos_token_ids_);
   }
   stats_.num_blocks = kv.num_blocks;
   stats_.num_free_blocks = kv.num_blocks;
@@ -397,6 +434,7 @@ void Engine::publishStats() {
   EngineStats stats;
   stats.num_running = scheduler_->numRunning();
   stats.num_waiting = scheduler_->numWaiting();
+  stats.num_prefill_tokens_waiting = scheduler_->numPrefillTokensWaiting();
   stats.num_free_blocks = block_manager_->numFreeBlocks();
   stats.num_blocks = cache_->numBlocks();
   stats.kv_cache_usage = block_manager_->usage();
@@ -501,6 +539,10 @@ void Engine::step() {
                    [&] { return !inbox_.empty() || !aborts_.empty() || stopping_; });
     return;
   }
+  if (simulated_tokens_) {
+    simulateStep(output, Clock::now());
+    return;
+  }
   std::vector<SequenceInput> inputs;
   inputs.reserve(output.chunks.size());
   for (const ScheduledChunk& chunk : output.chunks) {
@@ -512,17 +554,7 @@ void Engine::step() {
     input.block_table = chunk.sequence->blocks.blocks;
     inputs.push_back(input);
   }
-  // The min_tokens mask of each sampled row: stop ids and, unless
-  // ignore_eos, the EOS ids, while the output is shorter than min_tokens.
-  auto mask_of = [&](const Sequence& sequence) {
-    const SamplingParams& params = sequence.request.sampling;
-    std::vector<TokenId> mask;
-    if (sequence.numGenerated() < params.min_tokens) {
-      if (!params.ignore_eos) mask = eos_token_ids_;
-      mask.insert(mask.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
-    }
-    return mask;
-  };
+  auto mask_of = [&](const Sequence& sequence) { return minTokensMask(sequence); };
   // Where the logits live in device memory and every sampled row is a plain
   // argmax, the argmax runs there and only the ids come back; the tokens are
   // the ones sample() would pick from the copied logits.
@@ -572,6 +604,54 @@ void Engine::step() {
     input.min_tokens_mask = mask;
     input.rng = live.rng;
     GeneratedToken token = sampler_.sample(input);
+    emitToken(sequence, live, token);
+  }
+}
+
+std::vector<TokenId> Engine::minTokensMask(const Sequence& sequence) const {
+  const SamplingParams& params = sequence.request.sampling;
+  std::vector<TokenId> mask;
+  if (sequence.numGenerated() < params.min_tokens) {
+    if (!params.ignore_eos) mask = eos_token_ids_;
+    mask.insert(mask.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+  }
+  return mask;
+}
+
+void Engine::simulateStep(const SchedulerOutput& output, Clock::time_point step_start) {
+  const double predicted = config_.simulate->predict(stepShapeOf(output, config_.block_size));
+  // Clock is steady; a step whose bookkeeping already took longer does not wait.
+  std::this_thread::sleep_until(step_start + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(predicted)));
+  num_computed_tokens_ += output.num_tokens;
+  ++num_steps_;
+  scheduler_->onStepComputed(output);
+  saveComputedBlocks(output);
+  for (const ScheduledChunk& chunk : output.chunks) {
+    if (!chunk.samples) continue;
+    Sequence* sequence = chunk.sequence;
+    Live& live = *live_.at(sequence);
+    if (live.timings.first_scheduled == Clock::time_point{}) {
+      live.timings.first_scheduled = sequence->first_scheduled;
+    }
+    const SamplingParams& params = sequence->request.sampling;
+    const std::vector<TokenId> mask = minTokensMask(*sequence);
+    GeneratedToken token;
+    token.token = simulated_tokens_->next(live.simulated, sequence->tokens, params.seed, mask);
+    if (params.logprobs) {
+      // The simulated distribution: the emitted token is certain; the
+      // alternatives reported after it are the next candidates, each far
+      // less likely than the one before.
+      token.logprob = 0.0f;
+      for (int32_t k = 0; k < std::max<int32_t>(*params.logprobs, 0); ++k) {
+        TokenLogprob alternative;
+        alternative.token =
+            k == 0 ? token.token
+                   : simulated_tokens_->alternative(token.token, static_cast<size_t>(k));
+        alternative.logprob = k == 0 ? 0.0f : -10.0f * static_cast<float>(k);
+        token.top.push_back(alternative);
+      }
+    }
     emitToken(sequence, live, token);
   }
 }

@@ -8,6 +8,10 @@
 // Callbacks run on the engine thread and must not block; the final output of
 // every accepted request is always delivered exactly once (finish_reason set),
 // whether it finished, was aborted, failed, or the engine stopped.
+//
+// A simulated engine (EngineConfig::simulate, docs/simulation.md) runs the
+// same loop without a forward pass: each step lasts what the step profile
+// predicts and emits tokens from a deterministic function of the sequence.
 #pragma once
 
 #include <atomic>
@@ -19,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -31,6 +36,8 @@
 #include "agent/engine/model_runner.h"
 #include "agent/engine/sampler.h"
 #include "agent/engine/scheduler.h"
+#include "agent/engine/simulation/simulated_tokens.h"
+#include "agent/engine/simulation/step_profile.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
 #include "common/protocol/request.h"
@@ -65,6 +72,13 @@ struct EngineConfig {
   // The time that held blocks' deadlines are measured in (tests inject a
   // fake one); empty: Clock::now.
   std::function<Clock::time_point()> clock;
+  // A simulated engine (docs/simulation.md): no forward pass; each step lasts
+  // what the profile predicts for it and emits tokens from TokenChooser. The
+  // model directory still gives the tokenizer, vocabulary and KV block
+  // geometry; the profile gives the context length (max_position_embeddings)
+  // and, when num_blocks is 0, the block count: kv_cache_memory_bytes over
+  // the profile's kv_bytes_per_token * block_size.
+  std::optional<StepProfile> simulate;
 };
 
 // Blocks and bytes loaded from one source of a KV connector.
@@ -77,6 +91,8 @@ struct KvSourceTotals {
 struct EngineStats {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
+  // Uncomputed tokens of the waiting sequences (Scheduler::numPrefillTokensWaiting).
+  int64_t num_prefill_tokens_waiting = 0;
   int64_t num_free_blocks = 0;
   int64_t num_blocks = 0;
   double kv_cache_usage = 0.0;
@@ -177,6 +193,10 @@ class Engine {
   const std::string& modelIdentity() const { return model_identity_; }
   // Token ids that end generation unless ignore_eos.
   const std::vector<TokenId>& eosTokenIds() const { return eos_token_ids_; }
+  // The step profile of a simulated engine; null for a real one.
+  const StepProfile* simulatedProfile() const {
+    return config_.simulate ? &*config_.simulate : nullptr;
+  }
 
  private:
   struct Pending {
@@ -189,6 +209,12 @@ class Engine {
   void loop();
   void drainInbox();
   void step();
+  // The simulated counterpart of the forward pass and sampling for one
+  // scheduled step that began (after scheduling) at `step_start`.
+  void simulateStep(const SchedulerOutput& output, Clock::time_point step_start);
+  // The min_tokens mask of a sampled row: stop ids and, unless ignore_eos,
+  // the EOS ids, while the output is shorter than min_tokens.
+  std::vector<TokenId> minTokensMask(const Sequence& sequence) const;
   void emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
   void finishRequest(Sequence* sequence, FinishReason reason, const std::string& error = {});
   // Sends a request's final output and forgets it (blocks freed, id released).
@@ -213,7 +239,8 @@ class Engine {
   KvEventLog events_;
   std::unique_ptr<BlockManager> block_manager_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ModelRunner> runner_;             // null when simulated
+  std::unique_ptr<TokenChooser> simulated_tokens_;  // set when simulated
   std::unique_ptr<kv::KvConnector> connector_;
   std::unique_ptr<ConnectorSource> connector_source_;
   struct Held {

@@ -136,6 +136,15 @@ int64_t Scheduler::numWaitingForRemoteKv() const {
   });
 }
 
+int64_t Scheduler::numPrefillTokensWaiting() const {
+  int64_t total = 0;
+  for (const auto& sequence : waiting_) {
+    total += std::max<int64_t>(
+        0, static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed_tokens);
+  }
+  return total;
+}
+
 Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
   PrefixMatch match;
   const bool first_admission = !sequence->admitted_once;

@@ -143,6 +143,10 @@ class Scheduler {
 
   int64_t numRunning() const { return static_cast<int64_t>(running_.size()); }
   int64_t numWaiting() const { return static_cast<int64_t>(waiting_.size()); }
+  // Tokens the waiting sequences still need computed before they can sample:
+  // the uncomputed part of each queued prompt (and of what a preempted
+  // sequence generated, which it recomputes). Loads in flight count too.
+  int64_t numPrefillTokensWaiting() const;
   bool hasWork() const { return !running_.empty() || !waiting_.empty() || !abandoned_.empty(); }
   int64_t numPreemptions() const { return num_preemptions_; }
   int64_t numExternalBlocksLoaded() const { return external_blocks_loaded_; }

@@ -172,6 +172,9 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits_.chat_output = config_.chat_output;
   metrics_.setDevice(kernels::deviceKindName(engine_.backend().kind()),
                      engine_.backend().description());
+  if (const engine::StepProfile* profile = engine_.simulatedProfile()) {
+    metrics_.setSimulated(profile->name);
+  }
   metrics_.setKvBuffer(engine_.kvConnectorInfo());
   routes();
 }
@@ -351,6 +354,9 @@ void HttpServer::routes() {
                    {"device_description", engine_.backend().description()}};
     // The ucx connector's KV buffer ("kv_buffer": "slab"|"staging", UCX's
     // memory types, staging slots) at the top level.
+    if (const engine::StepProfile* profile = engine_.simulatedProfile()) {
+      health["simulated"] = profile->name;
+    }
     json kv = engine_.kvConnectorInfo();
     if (kv.is_object()) health.update(kv);
     res.set_content(health.dump(), "application/json");

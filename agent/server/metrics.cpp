@@ -59,6 +59,16 @@ void AgentMetrics::setDevice(const std::string& device, const std::string& descr
       .Set(1);
 }
 
+void AgentMetrics::setSimulated(const std::string& profile) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  BuildGauge()
+      .Name("tandem_simulated_info")
+      .Help("The agent simulates its forward passes with this step-time profile (always 1).")
+      .Register(*registry_)
+      .Add({{"model", model_}, {"role", role_}, {"profile", profile}})
+      .Set(1);
+}
+
 void AgentMetrics::setKvBuffer(const nlohmann::json& info) {
   if (!info.is_object() || !info.contains("kv_buffer") || !info["kv_buffer"].is_string()) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -160,6 +170,9 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   }
   running_ = gauge("tandem_num_requests_running", "Requests being computed.");
   waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
+  prefill_tokens_waiting_ =
+      gauge("tandem_num_prefill_tokens_waiting",
+            "Prompt tokens of queued requests not yet computed (the prefill backlog).");
   kv_usage_ = gauge("tandem_kv_cache_usage_ratio", "Fraction of KV blocks in use.");
   free_blocks_ = gauge("tandem_kv_cache_free_blocks", "KV blocks free or evictable.");
   held_blocks_ =
@@ -245,6 +258,7 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
   }
   running_->Set(static_cast<double>(stats.num_running));
   waiting_->Set(static_cast<double>(stats.num_waiting));
+  prefill_tokens_waiting_->Set(static_cast<double>(stats.num_prefill_tokens_waiting));
   kv_usage_->Set(stats.kv_cache_usage);
   free_blocks_->Set(static_cast<double>(stats.num_free_blocks));
   held_blocks_->Set(static_cast<double>(stats.kv_held_blocks));

@@ -3,7 +3,7 @@
 // Latency histograms are observed by the HTTP layer as outputs reach the
 // client (TTFT, inter-token latency, end-to-end) and from the engine's
 // timings (queue, prefill, decode). Counters and gauges that the engine keeps
-// (prefix cache, preemptions, running/waiting, KV usage) are brought up to
+// (prefix cache, preemptions, running/waiting, queued prefill tokens, KV usage) are brought up to
 // date from an EngineStats snapshot at each scrape. Every series carries the
 // labels model and role. Thread-safe.
 #pragma once
@@ -43,6 +43,9 @@ class AgentMetrics {
   // tandem_device_info{device, description} 1: the compute backend (device
   // "cpu" or "cuda"; description as Backend::description()).
   void setDevice(const std::string& device, const std::string& description);
+  // tandem_simulated_info{profile} 1: the agent is simulated (--simulate)
+  // with this step-time profile; never set on a real agent.
+  void setSimulated(const std::string& profile);
   // tandem_kv_buffer_info{path} 1 (path "slab" or "staging", the ucx
   // connector's KV buffer) and tandem_kv_staging_blocks / _used on the
   // staging path; `info` as UcxConnector::info() (null: nothing is set).
@@ -78,6 +81,7 @@ class AgentMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
+  prometheus::Gauge* prefill_tokens_waiting_;
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* free_blocks_;
   prometheus::Gauge* held_blocks_;

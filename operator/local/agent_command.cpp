@@ -41,6 +41,7 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
   if (engine.kv_cache_memory) add("--kv-cache-memory", *engine.kv_cache_memory);
   if (engine.kv_dtype) add("--kv-dtype", *engine.kv_dtype);
   if (engine.device) add("--device", *engine.device);
+  if (engine.simulate) add("--simulate", *engine.simulate);
   if (engine.max_num_seqs) add("--max-num-seqs", std::to_string(*engine.max_num_seqs));
   if (engine.max_num_batched_tokens) {
     add("--max-num-batched-tokens", std::to_string(*engine.max_num_batched_tokens));

@@ -128,7 +128,8 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
   for (auto& agent : agents_) {
     if (is_wanted(agent->name) || agent->removed) continue;
     agent->removed = true;
-    TANDEM_LOG(kInfo) << "local: stopping " << agent->name << " (no longer in the cluster file)";
+    TANDEM_LOG(kInfo) << "local: stopping " << agent->name
+                      << " (beyond its pool's replicas, or its pool is gone)";
     sendStop(*agent);
   }
   for (const Wanted& want : wanted) {

@@ -89,6 +89,9 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
   if (auto value = reader.get("device")) {
     engine.device = readEnum(*value, reader.pathOf("device"), context, {"cpu", "cuda", "auto"});
   }
+  if (auto value = reader.get("simulate")) {
+    engine.simulate = readString(*value, reader.pathOf("simulate"), context);
+  }
   reader.rejectUnknown();
   return engine;
 }
@@ -158,6 +161,38 @@ std::vector<std::pair<std::string, std::string>> readEnv(const YAML::Node& node,
   return env;
 }
 
+// spec.autoscaling, checked by the planner's own parser; its message (which
+// names the field) gets the document's place and the field's line.
+PoolAutoscaling readAutoscaling(const YAML::Node& node, PoolKind kind,
+                                const DocumentContext& context) {
+  const std::string path = "spec.autoscaling";
+  requireMapping(node, path, context);
+  PoolAutoscaling autoscaling;
+  autoscaling.written = toJson(node, context, path);  // refuses keys that are not names
+  {
+    // Only marks the fields as read (for poolSpecFieldPaths); the planner's
+    // parser refuses unknown ones with the list it accepts.
+    MapReader reader(node, path, context);
+    for (const auto& field : autoscaling.written.items()) reader.get(field.key());
+  }
+  StatusOr<planner::AutoscalingSpec> parsed = planner::parseAutoscalingSpec(
+      autoscaling.written,
+      kind == PoolKind::kPrefill ? planner::PoolKind::kPrefill : planner::PoolKind::kDecode);
+  if (!parsed.isOk()) {
+    const std::string& message = parsed.status().message();
+    YAML::Node at = node;
+    const std::string prefix = path + ".";
+    if (message.starts_with(prefix)) {
+      const std::string field = message.substr(prefix.size(), message.find(' ') - prefix.size());
+      const YAML::Node& const_node = node;
+      if (const YAML::Node value = const_node[field]) at = value;
+    }
+    throw Error(context.where() + ": " + message + (context.show_lines ? lineOf(at) : ""));
+  }
+  autoscaling.spec = std::move(parsed.value());
+  return autoscaling;
+}
+
 PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& context) {
   PoolSpec pool;
   pool.kind = kind;
@@ -203,6 +238,8 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
       pool.extra_args.push_back(arg.Scalar());
     }
   }
+  if (auto value = spec.get("autoscaling"))
+    pool.autoscaling = readAutoscaling(*value, kind, context);
   spec.rejectUnknown();
   return pool;
 }
@@ -555,10 +592,15 @@ AgentAddress parseAgentAddress(const std::string& text, const std::string& defau
   return agent;
 }
 
-std::vector<std::string> poolSpecFieldPaths() {
-  // A sample that has every optional mapping, so that every field is read.
-  return specFieldPaths(R"(apiVersion: tandem.dev/v1alpha1
-kind: DecodePool
+std::vector<std::string> poolSpecFieldPaths(PoolKind kind) {
+  // A sample that has every optional mapping and every autoscaling field of
+  // the kind, so that every field is read.
+  const std::string autoscaling =
+      kind == PoolKind::kPrefill
+          ? "targetTTFTSeconds: 1, targetQueuedPrefillTokensPerReplica: 1"
+          : "targetITLSeconds: 1, targetRunningSequencesPerReplica: 1, targetKVCacheUsage: 1";
+  const std::string sample = std::string("apiVersion: tandem.dev/v1alpha1\nkind: ") +
+                             poolKindName(kind) + R"(
 metadata: {name: sample}
 spec:
   model: {path: /models/m, volume: {persistentVolumeClaim: {claimName: c}, hostPath: {path: /m}}}
@@ -567,7 +609,11 @@ spec:
   kvTransfer: {extraConfig: {}, secretRef: {name: s, key: k}}
   env: [{name: A}]
   extraArgs: []
-)");
+  autoscaling: {minReplicas: 1, maxReplicas: 1, quantile: 0.5, windowSeconds: 1,
+    scaleUpStabilizationSeconds: 0, scaleDownStabilizationSeconds: 0, maxStep: 1,
+    pendingTimeoutSeconds: 1, )" +
+                             autoscaling + "}\n";
+  return specFieldPaths(sample.c_str());
 }
 
 std::vector<std::string> routerSpecFieldPaths() {

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "operator/planner/autoscaling_spec.h"
+
 namespace tandem::local {
 
 inline constexpr const char* kApiVersion = "tandem.dev/v1alpha1";
@@ -44,6 +46,7 @@ struct EngineSpec {
   std::optional<double> shutdown_timeout_s;        // shutdownTimeoutSeconds → --shutdown-timeout
   std::optional<int64_t> threads;                  // threads → --threads
   std::optional<std::string> device;               // device → --device (cpu, cuda, auto)
+  std::optional<std::string> simulate;             // simulate → --simulate (a step profile path)
   bool operator==(const EngineSpec&) const = default;
 };
 
@@ -75,6 +78,15 @@ struct ModelVolumeSpec {
   bool operator==(const ModelVolumeSpec&) const = default;
 };
 
+// spec.autoscaling: the SLA planner's settings for the pool (docs/planner.md),
+// parsed by planner::parseAutoscalingSpec. Two are equal when written alike
+// (`written` is the field as JSON), which is what a file reload compares.
+struct PoolAutoscaling {
+  planner::AutoscalingSpec spec;
+  nlohmann::json written;
+  bool operator==(const PoolAutoscaling& other) const { return written == other.written; }
+};
+
 struct PoolSpec {
   PoolKind kind = PoolKind::kDecode;
   std::string name;  // metadata.name; agents are "<name>-<index>"
@@ -91,6 +103,7 @@ struct PoolSpec {
   KvTransferSpec kv_transfer;
   std::vector<std::pair<std::string, std::string>> env;  // spec.env
   std::vector<std::string> extra_args;                   // spec.extraArgs
+  std::optional<PoolAutoscaling> autoscaling;            // spec.autoscaling
   bool operator==(const PoolSpec&) const = default;
 };
 
@@ -169,10 +182,11 @@ PoolSpec parsePoolObject(const nlohmann::json& object, PoolKind kind, const std:
 RouterSpec parseRouterObject(const nlohmann::json& object, const std::string& source);
 
 // Every field path a pool's (a Router's) spec accepts ("replicas",
-// "model.path", "engine.blockSize", ...), for checking the CRDs against the
-// parser. The Router's static agent lists (prefill, decode) are for files only
-// and not listed.
-std::vector<std::string> poolSpecFieldPaths();
+// "model.path", "engine.blockSize", "autoscaling.maxReplicas", ...), for
+// checking the CRDs against the parser; a pool's autoscaling targets depend on
+// its kind. The Router's static agent lists (prefill, decode) are for files
+// only and not listed.
+std::vector<std::string> poolSpecFieldPaths(PoolKind kind);
 std::vector<std::string> routerSpecFieldPaths();
 
 }  // namespace tandem::local

@@ -1,5 +1,6 @@
 #include "operator/local/local_mode.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -15,6 +16,10 @@ using std::chrono::milliseconds;
 
 // The owner loop's pace when nothing else paces it.
 constexpr milliseconds kLoopInterval{20};
+
+double steadySeconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
 
 std::optional<std::string> readText(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -60,6 +65,98 @@ std::string LocalMode::fileError() const {
   return file_error_;
 }
 
+std::vector<PoolPlannerStatus> LocalMode::plannerStatus() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return planner_status_;
+}
+
+std::vector<PlannerEventRecord> LocalMode::plannerEvents() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {planner_events_.begin(), planner_events_.end()};
+}
+
+std::string LocalMode::plannerMetrics() const { return plannerMetricsText(plannerStatus()); }
+
+void LocalMode::adoptPools(const std::vector<PoolSpec>& file_pools) {
+  std::vector<PoolSpec> pools = file_pools;
+  for (PoolSpec& pool : pools) {
+    auto running = std::find_if(pools_.begin(), pools_.end(), [&](const PoolSpec& other) {
+      return other.name == pool.name && other.kind == pool.kind;
+    });
+    auto file_before = file_replicas_.find(pool.name);
+    if (!pool.autoscaling || running == pools_.end() || !running->autoscaling ||
+        file_before == file_replicas_.end()) {
+      continue;  // the file's replicas, as without a planner
+    }
+    if (pool.replicas == file_before->second) {
+      pool.replicas = running->replicas;  // the planner's replicas stand
+    } else if (pool.replicas != running->replicas) {
+      TANDEM_LOG(kInfo) << "local: " << poolKindName(pool.kind) << " " << pool.name
+                        << ": replicas set to " << pool.replicas
+                        << " in the file while the planner is on: a manual change";
+      replicas_changed_in_file_.insert(pool.name);
+    }
+  }
+  file_replicas_.clear();
+  for (const PoolSpec& pool : file_pools) file_replicas_[pool.name] = pool.replicas;
+  pools_ = std::move(pools);
+  planner_.configure(pools_);
+}
+
+void LocalMode::runPlanner(AgentSupervisor& supervisor) {
+  const std::vector<AgentStatus> agents = supervisor.agents();
+  std::vector<PlannedPool> view;
+  for (const PoolSpec& pool : pools_) {
+    if (!pool.autoscaling) continue;
+    PlannedPool planned;
+    planned.name = pool.name;
+    planned.kind = pool.kind;
+    planned.replicas = static_cast<int>(pool.replicas);
+    planned.replicas_changed_externally = replicas_changed_in_file_.contains(pool.name);
+    for (const AgentStatus& agent : agents) {
+      if (agent.pool == pool.name && agent.state == AgentState::kReady) {
+        planned.ready_agents.push_back({agent.name, options_.supervisor.host, agent.port});
+      }
+    }
+    view.push_back(std::move(planned));
+  }
+  replicas_changed_in_file_.clear();
+  const double now = steadySeconds();
+  std::vector<PoolPlannerStatus> statuses = planner_.plan(now, view);
+
+  bool scaled = false;
+  std::vector<PlannerEventRecord> events;
+  for (const PoolPlannerStatus& status : statuses) {
+    const planner::Decision& decision = status.decision;
+    if (decision.event) {
+      const planner::PlannerEvent& event = *decision.event;
+      if (event.type == "Warning") {
+        TANDEM_LOG(kWarn) << "local: planner: " << event.reason << ": " << event.message;
+      } else {
+        TANDEM_LOG(kInfo) << "local: planner: " << event.reason << ": " << event.message;
+      }
+      events.push_back({status.pool, now, event});
+    } else {
+      TANDEM_LOG(kDebug) << "local: planner: " << decision.reason << ": " << decision.message;
+    }
+    if (!decision.write) continue;
+    for (PoolSpec& pool : pools_) {
+      if (pool.name == status.pool && pool.kind == status.kind) {
+        pool.replicas = decision.desired_replicas;
+        scaled = true;
+      }
+    }
+  }
+  if (scaled) {
+    supervisor.apply(pools_);
+    publish(supervisor);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  planner_status_ = std::move(statuses);
+  for (PlannerEventRecord& event : events) planner_events_.push_back(std::move(event));
+  while (planner_events_.size() > kPlannerEventsKept) planner_events_.pop_front();
+}
+
 void LocalMode::publish(const AgentSupervisor& supervisor) {
   std::vector<AgentStatus> agents = supervisor.agents();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -91,7 +188,8 @@ void LocalMode::run() {
   const RouterSpec router_spec = routerSpecFor(cluster);
 
   AgentSupervisor supervisor(options_.supervisor);
-  supervisor.apply(cluster.pools);
+  adoptPools(cluster.pools);
+  supervisor.apply(pools_);
   publish(supervisor);
   TANDEM_LOG(kInfo) << "local: starting " << supervisor.agents().size() << " agents from "
                     << source;
@@ -127,6 +225,7 @@ void LocalMode::run() {
                     << decode.size() << " decode agents";
 
   auto next_reload = Clock::now() + options_.reload_interval;
+  auto next_plan = Clock::now() + options_.planner_interval;
   while (!waitForStop(supervisor.agents().empty() ? kLoopInterval : milliseconds(5))) {
     supervisor.poll();
     publish(supervisor);
@@ -143,6 +242,10 @@ void LocalMode::run() {
     if (Clock::now() >= next_reload) {
       reloadIfChanged(supervisor, router_spec);
       next_reload = Clock::now() + options_.reload_interval;
+    }
+    if (planner_.active() && Clock::now() >= next_plan) {
+      runPlanner(supervisor);
+      next_plan = Clock::now() + options_.planner_interval;
     }
   }
   shutdown(supervisor, router.get());
@@ -173,7 +276,8 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
     TANDEM_LOG(kWarn) << "local: the Router document changed; restart tandem-operator to apply "
                          "it (pools are applied now)";
   }
-  supervisor.apply(cluster.pools);
+  adoptPools(cluster.pools);
+  supervisor.apply(pools_);
   publish(supervisor);
 }
 

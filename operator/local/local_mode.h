@@ -4,8 +4,15 @@
 // agent and wait until all are ready (one that exits first stops everything
 // with its reason), start the router with them, then keep the router's agent
 // lists current as agents crash, restart and scale, re-read the file when it
-// changes, and on requestStop() stop the router, then the agents (SIGTERM,
-// SIGKILL after the stop timeout). See docs/local-mode.md.
+// changes, run the SLA planner for pools with spec.autoscaling (every
+// planner_interval: scrape, decide, change replicas), and on requestStop()
+// stop the router, then the agents (SIGTERM, SIGKILL after the stop timeout).
+// See docs/local-mode.md.
+//
+// Replicas change in one way only: the pools local mode runs (the file's,
+// with the planner's replicas for autoscaled pools) are given to the
+// supervisor again, whether the file or the planner changed them. A change of
+// an autoscaled pool's replicas in the file is a manual change to the planner.
 //
 // The router is reached through RouterHandle, so that this library does not
 // depend on the router's; tandem-operator binds it to tandem::router::Router.
@@ -14,16 +21,20 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "operator/local/agent_supervisor.h"
 #include "operator/local/cluster_spec.h"
+#include "operator/local/local_planner.h"
 
 namespace tandem::local {
 
@@ -52,6 +63,15 @@ struct LocalModeOptions {
   SupervisorOptions supervisor;
   // How often the cluster file is checked for changes.
   std::chrono::milliseconds reload_interval{1000};
+  // How often the planner scrapes and decides for pools with spec.autoscaling.
+  std::chrono::milliseconds planner_interval{2000};
+};
+
+// A planner Event (docs/planner.md#events) as local mode recorded it.
+struct PlannerEventRecord {
+  std::string pool;
+  double time_seconds = 0;  // the round's time (steady clock seconds)
+  planner::PlannerEvent event;
 };
 
 class LocalMode {
@@ -76,6 +96,13 @@ class LocalMode {
   // Why the last change of the cluster file was not applied; empty once a
   // change was.
   std::string fileError() const;
+  // The planner's last decision for each autoscaled pool (empty before the
+  // first round), its Events (the newest kPlannerEventsKept) and its metrics
+  // in the Prometheus text format (plannerMetricsText).
+  std::vector<PoolPlannerStatus> plannerStatus() const;
+  std::vector<PlannerEventRecord> plannerEvents() const;
+  std::string plannerMetrics() const;
+  static constexpr size_t kPlannerEventsKept = 100;
 
  private:
   void publish(const AgentSupervisor& supervisor);
@@ -83,16 +110,29 @@ class LocalMode {
   void reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& running_router);
   RouterSpec routerSpecFor(const ClusterSpec& cluster) const;
   void shutdown(AgentSupervisor& supervisor, RouterHandle* router);
+  // The file's pools as local mode runs them: autoscaled pools keep the
+  // planner's replicas unless the file changed theirs.
+  void adoptPools(const std::vector<PoolSpec>& file_pools);
+  void runPlanner(AgentSupervisor& supervisor);
 
   LocalModeOptions options_;
   RouterFactory router_factory_;
   std::string file_text_;  // the last text read, applied or not
+  // Owner thread only: the pools given to the supervisor, each pool's
+  // replicas as the file last said, and pools whose file replicas changed
+  // since the planner's last round.
+  std::vector<PoolSpec> pools_;
+  std::map<std::string, int64_t> file_replicas_;
+  std::set<std::string> replicas_changed_in_file_;
+  LocalPlanner planner_;
 
   mutable std::mutex mutex_;
   std::condition_variable stop_requested_cv_;
   bool stop_requested_ = false;
   std::vector<AgentStatus> agents_;
   std::string file_error_;
+  std::vector<PoolPlannerStatus> planner_status_;
+  std::deque<PlannerEventRecord> planner_events_;
   std::atomic<int> router_port_{0};
   std::atomic<int> router_updates_{0};
 };

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "tools/bench/calibrate_bench.h"
 #include "tools/bench/chaos_bench.h"
 #include "tools/bench/engine_bench.h"
 #include "tools/bench/multiturn_bench.h"
@@ -316,6 +317,36 @@ int main(int argc, char** argv) {
   soak->add_option("--work-dir", soak_options.work_dir, "logs and generated files");
   soak->add_option("--json", soak_options.json_path, "also write the figures as JSON here");
 
+  auto* calibrate = app.add_subcommand(
+      "calibrate", "fit a step-time profile (simulated agents) to timed forward passes");
+  tandem::bench::CalibrateBenchOptions calibrate_options;
+  calibrate->add_option("--model", calibrate_options.model_dir, "Hugging Face model directory")
+      ->required();
+  calibrate->add_option("--device", calibrate_options.device, "compute backend: cpu, cuda or auto")
+      ->capture_default_str();
+  calibrate->add_option("--out", calibrate_options.out_path,
+                        "write the profile YAML here (default: printed only)");
+  calibrate->add_option("--name", calibrate_options.name,
+                        "profile name (default: <device>-<model directory name>)");
+  calibrate->add_option("--samples", calibrate_options.samples, "timed runs per shape (median)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  calibrate->add_option("--threads", calibrate_options.threads, "kernel threads (0: all cores)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  calibrate->add_option("--kv-dtype", calibrate_options.kv_dtype, "KV cache dtype: bf16 or f32")
+      ->capture_default_str();
+  calibrate->add_option("--block-size", calibrate_options.block_size, "KV block size")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  calibrate
+      ->add_option("--context", calibrate_options.context,
+                   "positions the shapes span (0: the model's context, at most 4096)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24))
+      ->capture_default_str();
+  calibrate->add_option("--json", calibrate_options.json_path,
+                        "also write the per-shape figures and the fit as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
@@ -325,6 +356,7 @@ int main(int argc, char** argv) {
     if (transfer->parsed()) return tandem::bench::runTransferBench(transfer_options);
     if (chaos->parsed()) return tandem::bench::runChaosBench(chaos_options);
     if (soak->parsed()) return tandem::bench::runSoakBench(soak_options);
+    if (calibrate->parsed()) return tandem::bench::runCalibrateBench(calibrate_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;

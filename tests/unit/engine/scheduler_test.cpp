@@ -247,5 +247,21 @@ TEST(Scheduler, SegmentedPrefillComputesOnlyTheGap) {
   EXPECT_EQ(h.kvBytes(*s, 6), reference.kvBytes(*ref, 6));
 }
 
+// The queued prefill backlog: every waiting prompt's tokens until it is
+// admitted, then nothing for it (a running prompt is no longer queued).
+TEST(Scheduler, PrefillTokensWaitingCountsQueuedPromptsUntilAdmitted) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 20;
+  config.max_num_seqs = 1;
+  Harness h(32, config);
+  EXPECT_EQ(h.scheduler->numPrefillTokensWaiting(), 0);
+  h.add("a", randomTokens(30, 4));
+  h.add("b", randomTokens(12, 5));
+  EXPECT_EQ(h.scheduler->numPrefillTokensWaiting(), 42);
+  h.step();  // a admitted (its first chunk); b still queued behind the sequence limit
+  EXPECT_EQ(h.scheduler->numWaiting(), 1);
+  EXPECT_EQ(h.scheduler->numPrefillTokensWaiting(), 12);
+}
+
 }  // namespace
 }  // namespace tandem::engine

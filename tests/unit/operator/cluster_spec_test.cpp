@@ -453,23 +453,26 @@ void collectSchemaPaths(const YAML::Node& schema, const std::string& prefix,
 }
 
 TEST(ClusterSpecTest, CrdsMatchTheParser) {
-  const std::vector<std::string> parser_fields = poolSpecFieldPaths();
-  const std::set<std::string> parser_paths(parser_fields.begin(), parser_fields.end());
   struct Crd {
     const char* file;
     const char* kind;
     const char* plural;
     std::vector<std::string> roles;
+    PoolKind pool_kind;
   };
   for (const Crd& crd : {Crd{"prefillpools.tandem.dev.yaml",
                              "PrefillPool",
                              "prefillpools",
-                             {"kv_producer", "kv_both"}},
+                             {"kv_producer", "kv_both"},
+                             PoolKind::kPrefill},
                          Crd{"decodepools.tandem.dev.yaml",
                              "DecodePool",
                              "decodepools",
-                             {"kv_consumer", "kv_both"}}}) {
+                             {"kv_consumer", "kv_both"},
+                             PoolKind::kDecode}}) {
     SCOPED_TRACE(crd.file);
+    const std::vector<std::string> parser_fields = poolSpecFieldPaths(crd.pool_kind);
+    const std::set<std::string> parser_paths(parser_fields.begin(), parser_fields.end());
     const YAML::Node root = YAML::LoadFile(fs::path(TANDEM_SOURCE_DIR) / "crds" / crd.file);
     EXPECT_EQ(root["apiVersion"].as<std::string>(), "apiextensions.k8s.io/v1");
     EXPECT_EQ(root["kind"].as<std::string>(), "CustomResourceDefinition");
@@ -526,6 +529,142 @@ TEST(ClusterSpecTest, RouterCrdMatchesTheParser) {
   for (const char* field : {"replicas", "readyReplicas", "updatedReplicas", "conditions",
                             "observedGeneration", "selector"}) {
     EXPECT_TRUE(status[field]) << "status." << field;
+  }
+}
+
+TEST(ClusterSpecTest, AutoscalingIsReadForEachKind) {
+  const ClusterSpec cluster = parseClusterSpec(
+      documents({std::string(kPrefill) +
+                     "  autoscaling:\n    minReplicas: 2\n    maxReplicas: 6\n"
+                     "    targetTTFTSeconds: 0.5\n    targetQueuedPrefillTokensPerReplica: 4096\n"
+                     "    quantile: 0.95\n    windowSeconds: 30\n"
+                     "    scaleUpStabilizationSeconds: 5\n    scaleDownStabilizationSeconds: 60\n"
+                     "    maxStep: 2\n    pendingTimeoutSeconds: 120\n",
+                 std::string(kDecode) +
+                     "  autoscaling: {maxReplicas: 4, targetITLSeconds: 0.04, "
+                     "targetKVCacheUsage: 0.8, targetRunningSequencesPerReplica: 32}\n"}),
+      "c.yaml");
+  ASSERT_EQ(cluster.pools.size(), 2u);
+  ASSERT_TRUE(cluster.pools[0].autoscaling);
+  const planner::AutoscalingSpec& prefill = cluster.pools[0].autoscaling->spec;
+  EXPECT_EQ(prefill.min_replicas, 2);
+  EXPECT_EQ(prefill.max_replicas, 6);
+  EXPECT_EQ(prefill.target_ttft_seconds, 0.5);
+  EXPECT_FALSE(prefill.target_itl_seconds);
+  EXPECT_EQ(prefill.target_queued_prefill_tokens_per_replica, 4096);
+  EXPECT_EQ(prefill.quantile, 0.95);
+  EXPECT_EQ(prefill.window_seconds, 30);
+  EXPECT_EQ(prefill.scale_up_stabilization_seconds, 5);
+  EXPECT_EQ(prefill.scale_down_stabilization_seconds, 60);
+  EXPECT_EQ(prefill.max_step, 2);
+  EXPECT_EQ(prefill.pending_timeout_seconds, 120);
+  ASSERT_TRUE(cluster.pools[1].autoscaling);
+  const planner::AutoscalingSpec& decode = cluster.pools[1].autoscaling->spec;
+  EXPECT_EQ(decode.target_itl_seconds, 0.04);
+  EXPECT_EQ(decode.target_kv_cache_usage, 0.8);
+  EXPECT_EQ(decode.target_running_sequences_per_replica, 32);
+  // The defaults (docs/planner.md).
+  EXPECT_EQ(decode.min_replicas, 1);
+  EXPECT_EQ(decode.max_replicas, 4);
+  EXPECT_EQ(decode.quantile, 0.9);
+  EXPECT_EQ(decode.window_seconds, 60);
+  EXPECT_EQ(decode.scale_up_stabilization_seconds, 0);
+  EXPECT_EQ(decode.scale_down_stabilization_seconds, 300);
+  EXPECT_EQ(decode.max_step, 4);
+  EXPECT_EQ(decode.pending_timeout_seconds, 300);
+
+  // Without the field there is no planner; a reload compares what was written.
+  EXPECT_FALSE(parseClusterSpec(kDecode, "c.yaml").pools[0].autoscaling);
+  const auto decodeWith = [](const std::string& autoscaling) {
+    return parseClusterSpec(std::string(kDecode) + "  autoscaling: " + autoscaling + "\n", "c.yaml")
+        .pools[0];
+  };
+  EXPECT_EQ(decodeWith("{maxReplicas: 4, targetITLSeconds: 0.04}"),
+            decodeWith("{targetITLSeconds: 0.04, maxReplicas: 4}"));
+  EXPECT_NE(decodeWith("{maxReplicas: 4, targetITLSeconds: 0.04}"),
+            decodeWith("{maxReplicas: 5, targetITLSeconds: 0.04}"));
+}
+
+TEST(ClusterSpecTest, AutoscalingErrorsNameTheField) {
+  const std::string where = "c.yaml: document 1 (DecodePool \"decode\"): ";
+  const std::string prefill_where = "c.yaml: document 1 (PrefillPool \"prefill\"): ";
+  // The field's line: kDecode has 7 lines, "  autoscaling:" is line 8.
+  auto decode = [](const std::string& fields) {
+    return std::string(kDecode) + "  autoscaling:\n    targetITLSeconds: 0.04\n" + fields;
+  };
+  auto prefill = [](const std::string& fields) {
+    return std::string(kPrefill) + "  autoscaling:\n    targetTTFTSeconds: 0.5\n" + fields;
+  };
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {decode("    maxReplicas: 4\n    quantile: 1.5\n"),
+       where + "spec.autoscaling.quantile must be a number above 0 and below 1, got 1.5 (line 11)"},
+      {decode("    maxReplicas: 4\n    quantile: high\n"),
+       where + "spec.autoscaling.quantile must be a number above 0 and below 1, got \"high\" "
+               "(line 11)"},
+      {decode("    maxReplicas: 0\n"),
+       where + "spec.autoscaling.maxReplicas must be an integer between 1 and 1000, got 0 "
+               "(line 10)"},
+      {decode("    maxReplicas: 2.5\n"),
+       where + "spec.autoscaling.maxReplicas must be an integer between 1 and 1000, got 2.5 "
+               "(line 10)"},
+      {decode("    minReplicas: 0\n    maxReplicas: 4\n"),
+       where + "spec.autoscaling.minReplicas must be an integer between 1 and 1000, got 0 "
+               "(line 10)"},
+      {decode("    minReplicas: 5\n    maxReplicas: 4\n"),
+       where + "spec.autoscaling.maxReplicas must be at least minReplicas (5), got 4 (line 11)"},
+      {decode(""),
+       where + "spec.autoscaling.maxReplicas is required (an integer between minReplicas and "
+               "1000) (line 9)"},
+      {std::string(kDecode) + "  autoscaling:\n    maxReplicas: 4\n",
+       where + "spec.autoscaling.targetITLSeconds is required on a DecodePool (a number of "
+               "seconds above 0 and up to 3600) (line 9)"},
+      {decode("    maxReplicas: 4\n    targetITLSeconds: 0\n"),
+       where + "spec.autoscaling.targetITLSeconds must be a number above 0 and up to 3600, got 0"},
+      {decode("    maxReplicas: 4\n    targetKVCacheUsage: 1.2\n"),
+       where + "spec.autoscaling.targetKVCacheUsage must be a number above 0 and up to 1, got "
+               "1.2 (line 11)"},
+      {decode("    maxReplicas: 4\n    targetRunningSequencesPerReplica: -1\n"),
+       where + "spec.autoscaling.targetRunningSequencesPerReplica must be a number above 0 and "
+               "up to 1e+06, got -1 (line 11)"},
+      {decode("    maxReplicas: 4\n    windowSeconds: 0.5\n"),
+       where + "spec.autoscaling.windowSeconds must be a number from 1 to 3600, got 0.5 (line 11)"},
+      {decode("    maxReplicas: 4\n    scaleUpStabilizationSeconds: -1\n"),
+       where + "spec.autoscaling.scaleUpStabilizationSeconds must be a number from 0 to 3600, "
+               "got -1 (line 11)"},
+      {decode("    maxReplicas: 4\n    scaleDownStabilizationSeconds: 4000\n"),
+       where + "spec.autoscaling.scaleDownStabilizationSeconds must be a number from 0 to 3600, "
+               "got 4000 (line 11)"},
+      {decode("    maxReplicas: 4\n    maxStep: 0\n"),
+       where + "spec.autoscaling.maxStep must be an integer between 1 and 1000, got 0 (line 11)"},
+      {decode("    maxReplicas: 4\n    pendingTimeoutSeconds: 0\n"),
+       where + "spec.autoscaling.pendingTimeoutSeconds must be a number from 1 to 86400, got 0 "
+               "(line 11)"},
+      {decode("    maxReplicas: 4\n    targetTTFTSeconds: 1\n"),
+       where + "spec.autoscaling.targetTTFTSeconds applies to PrefillPools only; a decode pool "
+               "accepts: minReplicas, maxReplicas, targetITLSeconds, "},
+      {prefill("    maxReplicas: 4\n    targetITLSeconds: 1\n"),
+       prefill_where + "spec.autoscaling.targetITLSeconds applies to DecodePools only; a "
+                       "prefill pool accepts: minReplicas, maxReplicas, targetTTFTSeconds, "},
+      {prefill("    maxReplicas: 4\n    targetKVCacheUsage: 0.5\n"),
+       prefill_where + "spec.autoscaling.targetKVCacheUsage applies to DecodePools only"},
+      {prefill("    maxReplicas: 4\n    targetQueuedPrefillTokensPerReplica: 0\n"),
+       prefill_where + "spec.autoscaling.targetQueuedPrefillTokensPerReplica must be a number "
+                       "above 0 and up to 1e+09, got 0 (line 11)"},
+      {decode("    maxReplicas: 4\n    maxReplica: 4\n"),
+       where + "spec.autoscaling.maxReplica is not a field of spec.autoscaling; accepted: "
+               "minReplicas, maxReplicas, targetITLSeconds, "},
+      {std::string(kDecode) + "  autoscaling: 3\n", where + "spec.autoscaling must be a mapping"},
+      {std::string(kDecode) + "  autoscaling: {[1]: x}\n",
+       where + "spec.autoscaling has a key that is not a plain name (got a list)"},
+  };
+  for (const Case& c : cases) {
+    const std::string message = errorFor(c.text);
+    EXPECT_TRUE(message.starts_with(c.message))
+        << "got:    " << message << "\nwanted: " << c.message;
   }
 }
 

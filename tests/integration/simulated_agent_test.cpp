@@ -1,0 +1,364 @@
+// `tandem-agent serve --simulate PROFILE` as a client sees it: the same API
+// checks pass against a simulated agent as against a real one (each API case
+// runs on both), its steps last what the profile predicts, it says it is
+// simulated, and a prefill → decode hand-off between simulated agents over
+// the ucx connector gives the tokens a colocated simulated agent gives.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/agent_server.h"
+#include "tests/support/test_files.h"
+#include "tests/support/ucx_agents.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+
+// Fast steps, the tiny model's context, 512 blocks from the default 1 GiB
+// (2 MiB per 16-token block).
+constexpr const char* kFastProfile = R"(name: test-fast
+description: short steps for API tests
+base_s: 0.0005
+prefill_token_s: 0.00001
+decode_sequence_s: 0.0001
+model:
+  vocab_size: 512
+  max_position_embeddings: 512
+  kv_bytes_per_token: 131072
+)";
+
+// Steps long enough to dominate scheduling noise; every term matters.
+constexpr double kBase = 0.02, kPrefillToken = 0.0005, kDecodeSequence = 0.005,
+                 kContextToken = 0.0002, kPrefillContext = 1e-6, kKvBlock = 0.001;
+
+std::string timedProfile() {
+  std::ostringstream out;
+  out << "name: test-timed\nbase_s: " << kBase << "\nprefill_token_s: " << kPrefillToken
+      << "\ndecode_sequence_s: " << kDecodeSequence << "\ncontext_token_s: " << kContextToken
+      << "\nprefill_context_s: " << kPrefillContext << "\nkv_block_s: " << kKvBlock
+      << "\nmodel:\n  max_position_embeddings: 512\n  kv_bytes_per_token: 131072\n";
+  return out.str();
+}
+
+const fs::path& profileFile(const std::string& name, const std::string& text) {
+  static TempDir dir("tandem-sim-profiles");
+  static std::map<std::string, fs::path> written;
+  auto it = written.find(name);
+  if (it == written.end()) {
+    dir.write(name, text);
+    it = written.emplace(name, dir.path() / name).first;
+  }
+  return it->second;
+}
+
+std::vector<std::string> simulated(std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), {"--simulate", profileFile("fast.yaml", kFastProfile).string()});
+  return extra;
+}
+
+// Each case on a real agent (false) and a simulated one (true).
+class AgentApi : public ::testing::TestWithParam<bool> {
+ protected:
+  std::vector<std::string> flags(std::vector<std::string> extra = {}) const {
+    return GetParam() ? simulated(std::move(extra)) : extra;
+  }
+};
+
+TEST_P(AgentApi, ConcurrentRequestsEqualSoloRunsWithUsage) {
+  Agent agent(flags());
+  std::vector<json> bodies;
+  for (uint32_t i = 0; i < 6; ++i) bodies.push_back(greedy(randomPrompt(5 + 9 * i, i), 12));
+  std::vector<std::vector<int>> solo;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    json out = agent.post("/v1/completions", bodies[i]);
+    EXPECT_EQ(out["object"], "text_completion");
+    EXPECT_EQ(out["usage"]["prompt_tokens"], 5 + 9 * i);
+    EXPECT_EQ(out["usage"]["completion_tokens"], 12);
+    EXPECT_EQ(out["usage"]["total_tokens"], 5 + 9 * i + 12);
+    EXPECT_EQ(out["choices"][0]["finish_reason"], "length");
+    solo.push_back(tokenIds(out));
+  }
+  const std::vector<std::vector<int>> together = postConcurrently(agent, bodies);
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    ASSERT_EQ(solo[i].size(), 12u);
+    EXPECT_EQ(together[i], solo[i]) << "request " << i << " changed when batched";
+  }
+}
+
+TEST_P(AgentApi, PrefixCacheHitComputesOnlyTheRestAndMatchesAMiss) {
+  Agent agent(flags());
+  std::vector<int> prefix = randomPrompt(160, 100);
+  std::vector<int> first = prefix, second = prefix;
+  for (int id : randomPrompt(7, 101)) first.push_back(id);
+  for (int id : randomPrompt(9, 102)) second.push_back(id);
+  agent.post("/v1/completions", greedy(first, 4));
+  const double computed_before = agent.metric("tandem_computed_tokens_total");
+  json hit = agent.post("/v1/completions", greedy(second, 4));
+  EXPECT_EQ(hit["usage"]["prompt_tokens_details"]["cached_tokens"], 160);
+  EXPECT_EQ(agent.metric("tandem_computed_tokens_total") - computed_before, 9 + 3);
+  json miss_body = greedy(second, 4);
+  miss_body["cache_salt"] = "another-tenant";
+  json miss = agent.post("/v1/completions", miss_body);
+  EXPECT_EQ(miss["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(tokenIds(miss), tokenIds(hit));
+}
+
+TEST_P(AgentApi, SameSeedSameTokens) {
+  Agent agent(flags());
+  json body = {{"model", "tiny"},
+               {"prompt", randomPrompt(20, 300)},
+               {"max_tokens", 24},
+               {"temperature", 1},
+               {"seed", 42},
+               {"ignore_eos", true},
+               {"return_token_ids", true}};
+  auto first = tokenIds(agent.post("/v1/completions", body));
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", body)), first);
+  body["seed"] = 43;
+  EXPECT_NE(tokenIds(agent.post("/v1/completions", body)), first);
+}
+
+TEST_P(AgentApi, BadInputGetsClearErrorsAndServingContinues) {
+  Agent agent(flags());
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param, message_part;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", 400, "", "not valid JSON"},
+      {"/v1/completions", R"({"model":"other","prompt":"hi"})", 404, "model", "other"},
+      {"/v1/completions", R"({"model":"tiny","prompt":""})", 400, "prompt",
+       "prompt must not be empty"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":0})", 400, "max_tokens",
+       "max_tokens must be at least 1, got 0"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","temperature":3.5})", 400, "temperature",
+       "temperature must be between 0 and 2, got 3.5"},
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","max_tokens":100000})", 400,
+       "max_tokens", "exceeds max_model_len (512)"},
+      {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400, "messages", "messages"},
+  };
+  for (const Case& c : cases) {
+    auto res = agent.client()->Post(c.path.c_str(), c.body, "application/json");
+    ASSERT_TRUE(res) << c.body;
+    EXPECT_EQ(res->status, c.status) << c.body << " → " << res->body;
+    json error = json::parse(res->body).at("error");
+    if (!c.param.empty()) {
+      EXPECT_EQ(error["param"], c.param) << c.body;
+    }
+    EXPECT_NE(error["message"].get<std::string>().find(c.message_part), std::string::npos)
+        << c.body << " → " << error["message"];
+  }
+  int status = 0;
+  json too_long = agent.post("/v1/completions", greedy(randomPrompt(600, 5), 4), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(too_long["error"]["message"].get<std::string>().find("512"), std::string::npos);
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", greedy(randomPrompt(10, 6), 3))).size(), 3u);
+}
+
+TEST_P(AgentApi, StopConditionsEndGenerationWhereAsked) {
+  Agent agent(flags());
+  const std::vector<int> prompt = randomPrompt(15, 11);
+  const std::vector<int> free_run = tokenIds(agent.post("/v1/completions", greedy(prompt, 16)));
+  ASSERT_EQ(free_run.size(), 16u);
+  json body = greedy(prompt, 16);
+  body["stop_token_ids"] = {free_run[5]};
+  json stopped = agent.post("/v1/completions", body);
+  auto first_at = std::find(free_run.begin(), free_run.end(), free_run[5]) - free_run.begin();
+  EXPECT_EQ(tokenIds(stopped).size(), static_cast<size_t>(first_at + 1));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  body["min_tokens"] = 12;
+  const std::vector<int> at_least = tokenIds(agent.post("/v1/completions", body));
+  ASSERT_GE(at_least.size(), 12u);
+  EXPECT_EQ(std::find(at_least.begin(), at_least.begin() + 12, free_run[5]), at_least.begin() + 12)
+      << "the stop token is masked until min_tokens";
+
+  const std::string text = agent.post("/v1/completions", greedy(prompt, 16))["choices"][0]["text"];
+  ASSERT_GE(text.size(), 6u);
+  const std::string stop = text.substr(3, 2);
+  json with_stop = greedy(prompt, 16);
+  with_stop["stop"] = stop;
+  json cut = agent.post("/v1/completions", with_stop);
+  EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_P(AgentApi, LogprobsReportTheChosenTokenFirst) {
+  Agent agent(flags());
+  json body = greedy(randomPrompt(12, 12), 5);
+  body["logprobs"] = 3;
+  const json out = agent.post("/v1/completions", body);
+  const json& logprobs = out["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["token_logprobs"].size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    double best = -1e30;
+    for (const auto& [token, value] : logprobs["top_logprobs"][i].items()) {
+      best = std::max(best, value.get<double>());
+    }
+    EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][i].get<double>(), best) << "token " << i;
+    EXPECT_LE(best, 0.0);
+  }
+}
+
+TEST_P(AgentApi, ChatCompletionsWholeAndStreamedAgree) {
+  Agent agent(flags());
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "Tell me about the sea."}}}},
+               {"max_tokens", 8},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"return_token_ids", true}};
+  json whole = agent.post("/v1/chat/completions", body);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 8);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto res = agent.client()->Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  std::string content;
+  std::vector<int> ids;
+  json usage;
+  std::istringstream events(res->body);
+  std::string line;
+  while (std::getline(events, line)) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    json chunk = json::parse(line.substr(6));
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    if (chunk.contains("usage") && chunk["usage"].is_object()) usage = chunk["usage"];
+    if (chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    if (choice["delta"].contains("content")) content += choice["delta"]["content"];
+    for (int id : choice.value("token_ids", std::vector<int>{})) ids.push_back(id);
+  }
+  EXPECT_EQ(content, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(ids, tokenIds(whole));
+  EXPECT_EQ(usage["completion_tokens"], 8) << usage.dump();
+  EXPECT_NE(res->body.find("data: [DONE]"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(RealAndSimulated, AgentApi, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "simulated" : "real"; });
+
+TEST(SimulatedAgent, SaysItIsSimulatedAndWithWhichProfile) {
+  Agent agent(simulated());
+  auto health = agent.client()->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  const json body = json::parse(health->body);
+  EXPECT_EQ(body["device"], "cpu");
+  const std::string description = body["device_description"];
+  EXPECT_EQ(description, "simulated (profile test-fast; KV blocks in cpu memory)");
+  EXPECT_EQ(agent.metric("tandem_device_info", "description=\"" + description + "\""), 1);
+  EXPECT_EQ(body["simulated"], "test-fast");
+  EXPECT_EQ(agent.metric("tandem_simulated_info", "profile=\"test-fast\""), 1);
+  // 1 GiB of the profile's 2 MiB blocks.
+  EXPECT_EQ(agent.metric("tandem_kv_cache_free_blocks"), 512);
+}
+
+TEST(SimulatedAgent, AProfileThatDoesNotParseStopsTheAgentNamingIt) {
+  TempDir dir("tandem-sim-bad");
+  dir.write("bad.yaml", "name: x\nbase_s: -1\n");
+  std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
+                                   "serve",
+                                   "--model",
+                                   tinyModelDir().string(),
+                                   "--port",
+                                   "0",
+                                   "--simulate",
+                                   (dir.path() / "bad.yaml").string()};
+  ChildProcess process(argv, dir.path() / "stderr");
+  EXPECT_NE(process.wait(std::chrono::seconds(30)), 0);
+  const std::string err = process.stderrText();
+  EXPECT_NE(err.find("--simulate"), std::string::npos) << err;
+  EXPECT_NE(err.find("base_s"), std::string::npos) << err;
+}
+
+// The profile's prediction for a step, computed here from the formula
+// (step_profile.h) rather than by the agent's code.
+double predicted(int64_t prefill_tokens, int64_t prefill_products, int64_t decode_sequences,
+                 int64_t context, int64_t blocks) {
+  return kBase + kPrefillToken * prefill_tokens + kPrefillContext * prefill_products +
+         kDecodeSequence * decode_sequences + kContextToken * context + kKvBlock * blocks;
+}
+
+TEST(SimulatedAgent, StepTimesFollowTheProfile) {
+  Agent agent({"--simulate", profileFile("timed.yaml", timedProfile()).string()});
+  const int64_t prompt = 40, generated = 12, block = 16;
+  json out = agent.post("/v1/completions", greedy(randomPrompt(prompt, 7), generated));
+  ASSERT_EQ(tokenIds(out).size(), static_cast<size_t>(generated));
+  // Step 1: the whole prompt, sampling the first token.
+  const double prefill_predicted =
+      predicted(prompt, prompt * prompt, 0, 0, (prompt + block - 1) / block);
+  // Steps 2..12: one decode token each at position prompt + k - 2.
+  double decode_predicted = 0;
+  for (int64_t k = 2; k <= generated; ++k) {
+    const int64_t attended = prompt + k - 1;
+    decode_predicted += predicted(0, 0, 1, attended, (attended + block - 1) / block);
+  }
+  // Engine-side stage times: first scheduled → first token, first → last.
+  EXPECT_TRUE(
+      eventually([&] { return agent.metric("tandem_request_decode_time_seconds_count") == 1; }));
+  const double prefill_observed = agent.metric("tandem_request_prefill_time_seconds_sum");
+  const double decode_observed = agent.metric("tandem_request_decode_time_seconds_sum");
+  EXPECT_GE(prefill_observed, prefill_predicted);
+  EXPECT_LT(prefill_observed, prefill_predicted * 1.5 + 0.05);
+  EXPECT_GE(decode_observed, decode_predicted);
+  EXPECT_LT(decode_observed, decode_predicted * 1.5 + 0.05);
+}
+
+// The hand-off between simulated agents over each UCX transport.
+class SimulatedHandOff : public UcxTransportTest {};
+
+TEST_P(SimulatedHandOff, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
+  // 75 tokens: 4 full blocks move, the 11-token tail is computed by decode.
+  const std::vector<int> prompt = randomPrompt(75, 31);
+  std::vector<int> expected;
+  {
+    Agent colocated(simulated());
+    expected = tokenIds(colocated.post("/v1/completions", greedy(prompt, 8)));
+  }
+  Agent prefiller(simulated({"--kv-transfer-config", ucxConfig("kv_producer")}));
+  Agent decoder(simulated({"--kv-transfer-config", ucxConfig("kv_consumer")}));
+  json params = prefillOn(prefiller, prompt);
+  ASSERT_TRUE(params.is_object()) << "the prefill response must say where its KV is";
+  EXPECT_EQ(params["remote_block_ids"].size(), 4u);
+  const double computed_before = decoder.metric("tandem_computed_tokens_total");
+  EXPECT_EQ(tokenIds(decodeOn(decoder, prompt, params)), expected);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  EXPECT_EQ(decoder.metric("tandem_computed_tokens_total") - computed_before, 11 + 7);
+  // Real bytes moved: 4 blocks of the tiny model's geometry.
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_bytes_total"), 4 * 4096);
+  EXPECT_TRUE(eventually([&] {
+    return prefiller.metric("tandem_kv_cache_usage_ratio") == 0 &&
+           prefiller.metric("tandem_kv_held_blocks") == 0;
+  }));
+}
+
+TEST_P(SimulatedHandOff, ARealAgentRefusesASimulatedAgentsBlocks) {
+  const std::vector<int> prompt = randomPrompt(75, 32);
+  Agent prefiller(simulated({"--kv-transfer-config", ucxConfig("kv_producer")}));
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  json params = prefillOn(prefiller, prompt);
+  ASSERT_TRUE(params.is_object());
+  int status = 0;
+  json out = decodeOn(decoder, prompt, params, 8, &status);
+  // Refused, or recomputed: never a real model's tokens from simulated KV.
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0) << out.dump();
+  releaseOn(prefiller, params);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SimulatedHandOff, ::testing::Values("tcp"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
