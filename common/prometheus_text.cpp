@@ -6,19 +6,6 @@
 #include <string>
 
 namespace tandem {
-namespace {
-
-// "NaN", "+Inf" and "-Inf" are valid sample values; strtod reads them all.
-std::optional<double> parseValue(std::string_view field) {
-  const std::string text(field);
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) return std::nullopt;
-  return value;
-}
-
-}  // namespace
 
 std::optional<double> prometheusSample(std::string_view text, std::string_view name,
                                        std::string_view label_filter) {
@@ -41,9 +28,19 @@ std::optional<double> prometheusSample(std::string_view text, std::string_view n
     }
     std::string_view fields = line.substr(rest);
     while (fields.starts_with(' ')) fields.remove_prefix(1);
-    return parseValue(fields.substr(0, fields.find(' ')));
+    return prometheusValue(fields.substr(0, fields.find(' ')));
   }
   return std::nullopt;
+}
+
+// "NaN", "+Inf" and "-Inf" are valid sample values; strtod reads them all.
+std::optional<double> prometheusValue(std::string_view field) {
+  const std::string text(field);
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) return std::nullopt;
+  return value;
 }
 
 }  // namespace tandem

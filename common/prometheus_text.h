@@ -16,4 +16,8 @@ namespace tandem {
 std::optional<double> prometheusSample(std::string_view text, std::string_view name,
                                        std::string_view label_filter = {});
 
+// A sample line's value field as a number ("NaN", "+Inf" and "-Inf"
+// included); nullopt when it is not one (or out of a double's range).
+std::optional<double> prometheusValue(std::string_view field);
+
 }  // namespace tandem

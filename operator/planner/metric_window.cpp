@@ -7,6 +7,8 @@
 #include <limits>
 #include <set>
 
+#include "common/prometheus_text.h"
+
 namespace tandem::planner {
 namespace {
 
@@ -17,15 +19,6 @@ struct SampleLine {
   std::optional<std::string> le;  // the `le` label's value, when present
   double value = 0;
 };
-
-std::optional<double> parseNumber(std::string_view field) {
-  const std::string text(field);
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) return std::nullopt;
-  return value;
-}
 
 // One sample line "name{k="v",...} value [timestamp]"; nullopt when malformed.
 std::optional<SampleLine> parseSampleLine(std::string_view line) {
@@ -67,7 +60,7 @@ std::optional<SampleLine> parseSampleLine(std::string_view line) {
   }
   std::string_view rest = line.substr(pos);
   while (rest.starts_with(' ')) rest.remove_prefix(1);
-  const std::optional<double> value = parseNumber(rest.substr(0, rest.find(' ')));
+  const std::optional<double> value = prometheusValue(rest.substr(0, rest.find(' ')));
   if (!value) return std::nullopt;
   sample.value = *value;
   return sample;
@@ -167,7 +160,7 @@ Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std:
     if (!is_bucket && gauge == nullptr) continue;
     const std::optional<SampleLine> sample = parseSampleLine(line);
     std::optional<double> bound;
-    if (sample && is_bucket && sample->le) bound = parseNumber(*sample->le);
+    if (sample && is_bucket && sample->le) bound = prometheusValue(*sample->le);
     if (!sample || (is_bucket && !bound)) {
       return invalidArgument("metrics of pod " + pod + ", line " + std::to_string(line_number) +
                              ": cannot read a sample from \"" + std::string(line.substr(0, 120)) +
