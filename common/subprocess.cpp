@@ -21,8 +21,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Rounded up: truncating would turn a short timeout (1 ms, less the time
+// already spent) into 0 and skip a read of output that is already there.
 std::chrono::milliseconds leftUntil(Clock::time_point deadline) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
 }
 
 }  // namespace

@@ -30,6 +30,19 @@ TEST(Subprocess, StdoutLinesStdoutToTheEndAndExitStatus) {
   EXPECT_EQ(child.waitForLine("anything", seconds(1)), "") << "stdout has ended";
 }
 
+// Output already in the pipe comes back even with the shortest timeout
+// (local mode polls many agents with 1 ms each; a timeout rounded down to 0
+// read nothing and no agent ever became ready).
+TEST(Subprocess, ShortTimeoutStillReadsWhatIsThere) {
+  Subprocess child({"/bin/sh", "-c", "echo listening on 127.0.0.1:1234"}, "");
+  ASSERT_EQ(child.wait(std::chrono::seconds(10)), 0);
+  std::string out;
+  for (int i = 0; i < 5 && out.find('\n') == std::string::npos; ++i) {
+    out += child.readStdout(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(out, "listening on 127.0.0.1:1234\n");
+}
+
 TEST(Subprocess, EnvironmentIsSetForTheChildOnly) {
   ::setenv("TANDEM_SUBPROCESS_TEST_A", "inherited", 1);
   ::setenv("TANDEM_SUBPROCESS_TEST_B", "replaced", 1);
