@@ -554,7 +554,6 @@ void Engine::step() {
     input.block_table = chunk.sequence->blocks.blocks;
     inputs.push_back(input);
   }
-  auto mask_of = [&](const Sequence& sequence) { return minTokensMask(sequence); };
   // Where the logits live in device memory and every sampled row is a plain
   // argmax, the argmax runs there and only the ids come back; the tokens are
   // the ones sample() would pick from the copied logits.
@@ -562,8 +561,8 @@ void Engine::step() {
   for (const ScheduledChunk& chunk : output.chunks) {
     if (!device_argmax) break;
     if (chunk.samples) {
-      device_argmax =
-          samplesRawArgmax(chunk.sequence->request.sampling, !mask_of(*chunk.sequence).empty());
+      device_argmax = samplesRawArgmax(chunk.sequence->request.sampling,
+                                       !minTokensMask(*chunk.sequence).empty());
     }
   }
   if (device_argmax) {
@@ -571,12 +570,35 @@ void Engine::step() {
   } else {
     runner_->forward(inputs, logits_);
   }
+
+  const int64_t vocab = model_->config().vocab_size;
+  finishStep(output, [&](size_t i, Sequence& sequence, Live& live) {
+    if (device_argmax) {
+      GeneratedToken token;
+      token.token = argmax_ids_[i];
+      return token;
+    }
+    const std::vector<TokenId> mask = minTokensMask(sequence);
+    SamplerInput input;
+    input.logits = std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
+                                                           static_cast<size_t>(vocab));
+    input.params = &sequence.request.sampling;
+    input.prompt = std::span<const TokenId>(sequence.tokens)
+                       .first(static_cast<size_t>(sequence.num_prompt_tokens));
+    input.output = std::span<const TokenId>(sequence.tokens)
+                       .subspan(static_cast<size_t>(sequence.num_prompt_tokens));
+    input.min_tokens_mask = mask;
+    input.rng = live.rng;
+    return sampler_.sample(input);
+  });
+}
+
+void Engine::finishStep(const SchedulerOutput& output,
+                        const std::function<GeneratedToken(size_t, Sequence&, Live&)>& pick) {
   num_computed_tokens_ += output.num_tokens;
   ++num_steps_;
   scheduler_->onStepComputed(output);
   saveComputedBlocks(output);
-
-  const int64_t vocab = model_->config().vocab_size;
   for (size_t i = 0; i < output.chunks.size(); ++i) {
     const ScheduledChunk& chunk = output.chunks[i];
     if (!chunk.samples) continue;
@@ -585,26 +607,7 @@ void Engine::step() {
     if (live.timings.first_scheduled == Clock::time_point{}) {
       live.timings.first_scheduled = sequence->first_scheduled;
     }
-    if (device_argmax) {
-      GeneratedToken token;
-      token.token = argmax_ids_[i];
-      emitToken(sequence, live, token);
-      continue;
-    }
-    const SamplingParams& params = sequence->request.sampling;
-    const std::vector<TokenId> mask = mask_of(*sequence);
-    SamplerInput input;
-    input.logits = std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
-                                                           static_cast<size_t>(vocab));
-    input.params = &params;
-    input.prompt = std::span<const TokenId>(sequence->tokens)
-                       .first(static_cast<size_t>(sequence->num_prompt_tokens));
-    input.output = std::span<const TokenId>(sequence->tokens)
-                       .subspan(static_cast<size_t>(sequence->num_prompt_tokens));
-    input.min_tokens_mask = mask;
-    input.rng = live.rng;
-    GeneratedToken token = sampler_.sample(input);
-    emitToken(sequence, live, token);
+    emitToken(sequence, live, pick(i, *sequence, live));
   }
 }
 
@@ -623,21 +626,11 @@ void Engine::simulateStep(const SchedulerOutput& output, Clock::time_point step_
   // Clock is steady; a step whose bookkeeping already took longer does not wait.
   std::this_thread::sleep_until(step_start + std::chrono::duration_cast<Clock::duration>(
                                                  std::chrono::duration<double>(predicted)));
-  num_computed_tokens_ += output.num_tokens;
-  ++num_steps_;
-  scheduler_->onStepComputed(output);
-  saveComputedBlocks(output);
-  for (const ScheduledChunk& chunk : output.chunks) {
-    if (!chunk.samples) continue;
-    Sequence* sequence = chunk.sequence;
-    Live& live = *live_.at(sequence);
-    if (live.timings.first_scheduled == Clock::time_point{}) {
-      live.timings.first_scheduled = sequence->first_scheduled;
-    }
-    const SamplingParams& params = sequence->request.sampling;
-    const std::vector<TokenId> mask = minTokensMask(*sequence);
+  finishStep(output, [&](size_t, Sequence& sequence, Live& live) {
+    const SamplingParams& params = sequence.request.sampling;
     GeneratedToken token;
-    token.token = simulated_tokens_->next(live.simulated, sequence->tokens, params.seed, mask);
+    token.token = simulated_tokens_->next(live.simulated, sequence.tokens, params.seed,
+                                          minTokensMask(sequence));
     if (params.logprobs) {
       // The simulated distribution: the emitted token is certain; the
       // alternatives reported after it are the next candidates, each far
@@ -652,8 +645,8 @@ void Engine::simulateStep(const SchedulerOutput& output, Clock::time_point step_
         token.top.push_back(alternative);
       }
     }
-    emitToken(sequence, live, token);
-  }
+    return token;
+  });
 }
 
 void Engine::releaseHeldBlocks() {

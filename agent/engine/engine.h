@@ -215,6 +215,11 @@ class Engine {
   // The min_tokens mask of a sampled row: stop ids and, unless ignore_eos,
   // the EOS ids, while the output is shorter than min_tokens.
   std::vector<TokenId> minTokensMask(const Sequence& sequence) const;
+  // What every computed step (real or simulated) does after its forward
+  // pass: counters, the scheduler's and prefix cache's bookkeeping, then one
+  // token per sampling chunk, picked by `pick(chunk index, sequence, live)`.
+  void finishStep(const SchedulerOutput& output,
+                  const std::function<GeneratedToken(size_t, Sequence&, Live&)>& pick);
   void emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
   void finishRequest(Sequence* sequence, FinishReason reason, const std::string& error = {});
   // Sends a request's final output and forgets it (blocks freed, id released).
