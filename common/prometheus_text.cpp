@@ -33,6 +33,58 @@ std::optional<double> prometheusSample(std::string_view text, std::string_view n
   return std::nullopt;
 }
 
+std::optional<std::string> PrometheusSampleLine::label(std::string_view key) const {
+  for (const auto& [name, value] : labels) {
+    if (name == key) return value;
+  }
+  return std::nullopt;
+}
+
+std::optional<PrometheusSampleLine> parsePrometheusSampleLine(std::string_view line) {
+  PrometheusSampleLine sample;
+  size_t pos = line.find_first_of("{ ");
+  if (pos == std::string_view::npos || pos == 0) return std::nullopt;
+  sample.name = line.substr(0, pos);
+  if (line[pos] == '{') {
+    ++pos;
+    while (true) {
+      while (pos < line.size() && (line[pos] == ' ' || line[pos] == ',')) ++pos;
+      if (pos >= line.size()) return std::nullopt;
+      if (line[pos] == '}') {
+        ++pos;
+        break;
+      }
+      const size_t equals = line.find('=', pos);
+      if (equals == std::string_view::npos || equals + 1 >= line.size() || line[equals + 1] != '"')
+        return std::nullopt;
+      std::string key(line.substr(pos, equals - pos));
+      std::string value;
+      pos = equals + 2;
+      bool closed = false;
+      while (pos < line.size()) {
+        const char c = line[pos++];
+        if (c == '\\' && pos < line.size()) {
+          const char escaped = line[pos++];
+          value += escaped == 'n' ? '\n' : escaped;
+        } else if (c == '"') {
+          closed = true;
+          break;
+        } else {
+          value += c;
+        }
+      }
+      if (!closed) return std::nullopt;
+      sample.labels.emplace_back(std::move(key), std::move(value));
+    }
+  }
+  std::string_view rest = line.substr(pos);
+  while (rest.starts_with(' ')) rest.remove_prefix(1);
+  const std::optional<double> value = prometheusValue(rest.substr(0, rest.find(' ')));
+  if (!value) return std::nullopt;
+  sample.value = *value;
+  return sample;
+}
+
 // "NaN", "+Inf" and "-Inf" are valid sample values; strtod reads them all.
 std::optional<double> prometheusValue(std::string_view field) {
   const std::string text(field);

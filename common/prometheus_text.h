@@ -4,7 +4,10 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace tandem {
 
@@ -15,6 +18,21 @@ namespace tandem {
 // are skipped; a trailing timestamp is ignored.
 std::optional<double> prometheusSample(std::string_view text, std::string_view name,
                                        std::string_view label_filter = {});
+
+// One sample line of the text format: `name{k="v",...} value [timestamp]`,
+// label values unescaped (\\, \", \n).
+struct PrometheusSampleLine {
+  std::string_view name;
+  std::vector<std::pair<std::string, std::string>> labels;  // in line order
+  double value = 0;
+
+  // The value of label `key`; nullopt when the line has no such label.
+  std::optional<std::string> label(std::string_view key) const;
+};
+
+// Parses one line that is not a comment; nullopt when it is malformed. The
+// name is a view into `line`.
+std::optional<PrometheusSampleLine> parsePrometheusSampleLine(std::string_view line);
 
 // A sample line's value field as a number ("NaN", "+Inf" and "-Inf"
 // included); nullopt when it is not one (or out of a double's range).

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "common/logging.h"
+#include "operator/controller/desired_objects.h"
 #include "operator/controller/object_meta.h"
 
 namespace tandem::controller {
@@ -67,20 +69,34 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
       writer_(
           client, [this] { return leading_.load(); }, [this] { metrics_.apiWrite(); }),
       events_(writer_, options_.identity),
-      reconciler_(writer_, events_,
-                  ReconcilerOptions{options_.defaults, nowRfc3339, &pool_replicas_}),
+      reconciler_(writer_, events_, reconcilerOptions()),
       cache_reconciler_(
-          writer_, events_, ReconcilerOptions{options_.defaults, nowRfc3339, &pool_replicas_},
+          writer_, events_, reconcilerOptions(),
           ClusterReader{
               [this](const std::string& ns, const json& labels) { return cachedPods(ns, labels); },
               [this](const std::string& ns, OwnerKind kind) { return cachedPoolNames(ns, kind); }}),
       queue_(options_.initial_backoff, options_.max_backoff) {
+  autoscaler_ = std::make_unique<PoolAutoscaler>(
+      writer_, events_,
+      options_.planner_metrics ? std::move(options_.planner_metrics) : podScrapeSource(),
+      [this](OwnerKind kind, const std::string& ns, const std::string& name) {
+        enqueue(kind, ns, name);
+      });
   // Without election this replica is the only writer.
   leading_ = !options_.leader_elect;
   metrics_.setLeader(leading_.load());
 }
 
 Controller::~Controller() { stop(); }
+
+ReconcilerOptions Controller::reconcilerOptions() {
+  ReconcilerOptions options{options_.defaults, nowRfc3339, &pool_replicas_};
+  options.planner_conditions = [this](OwnerKind kind, const std::string& ns,
+                                      const std::string& name) {
+    return autoscaler_ ? autoscaler_->conditionsFor(kind, ns, name) : std::vector<json>{};
+  };
+  return options;
+}
 
 void Controller::start() {
   if (started_.exchange(true)) return;
@@ -131,6 +147,8 @@ void Controller::start() {
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     workers_.emplace_back([this] { workerLoop(); });
   }
+  if (options_.planner_interval.count() > 0)
+    planner_thread_ = std::thread([this] { plannerLoop(); });
   if (leading_) enqueueAll();
 }
 
@@ -143,6 +161,7 @@ void Controller::stop() {
   queue_.shutDown();
   for (std::thread& worker : workers_) worker.join();
   workers_.clear();
+  if (planner_thread_.joinable()) planner_thread_.join();
   // After the workers: nothing writes once the Lease is released.
   if (elector_) elector_->stop();
   for (auto& informer : child_informers_) informer->stop();
@@ -181,7 +200,7 @@ std::string Controller::renderMetrics() {
                               informer->relists());
     }
   }
-  return metrics_.render();
+  return metrics_.render() + autoscaler_->metricsText();
 }
 
 k8s::Result<k8s::Done> Controller::reconcileNow(OwnerKind kind, const std::string& ns,
@@ -313,6 +332,56 @@ std::vector<std::string> Controller::cachedPoolNames(const std::string& ns, Owne
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+void Controller::plannerLoop() {
+  const auto start = std::chrono::steady_clock::now();
+  while (!stopping_.load()) {
+    {
+      std::unique_lock<std::mutex> lock(leading_mutex_);
+      leading_changed_.wait_for(lock, options_.planner_interval,
+                                [this] { return stopping_.load(); });
+    }
+    // A replica that does not lead decides nothing (its view of who wrote
+    // what would be stale) and writes nothing.
+    if (stopping_.load() || !leading_.load() || !synced()) continue;
+    plannerRound(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+}
+
+void Controller::plannerRound(double now_seconds) {
+  std::vector<AutoscaledPool> pools;
+  std::map<std::string, std::vector<std::string>> hpa_targets;  // by namespace
+  for (OwnerKind kind : {OwnerKind::kPrefillPool, OwnerKind::kDecodePool}) {
+    const size_t index = kind == OwnerKind::kPrefillPool ? 0 : 1;
+    for (json& object : owner_informers_[index]->list()) {
+      if (!object.contains("spec") || !object["spec"].contains("autoscaling")) continue;
+      const std::string ns = metadataString(object, "namespace");
+      const std::string name = metadataString(object, "name");
+      if (hpa_targets.count(ns) == 0) {
+        std::vector<std::string>& targets = hpa_targets[ns];
+        auto listed = client_.list(k8s::resources::kHorizontalPodAutoscalers, ns);
+        if (listed.isOk()) {
+          targets = hpaTargets(listed->value("items", std::vector<json>{}));
+        } else {
+          TANDEM_LOG(kWarn) << "controller: planner: cannot list HorizontalPodAutoscalers in " << ns
+                            << ": " << listed.error().toString()
+                            << " (an HPA there would not be noticed)";
+        }
+      }
+      const std::vector<std::string>& targets = hpa_targets[ns];
+      AutoscaledPool pool;
+      pool.kind = kind;
+      pool.hpa_present = std::find(targets.begin(), targets.end(),
+                                   std::string(ownerKindName(kind)) + "/" + name) != targets.end();
+      pool.pods = cachedPods(
+          ns, poolSelector(name, kind == OwnerKind::kPrefillPool ? local::PoolKind::kPrefill
+                                                                 : local::PoolKind::kDecode));
+      pool.object = std::move(object);
+      pools.push_back(std::move(pool));
+    }
+  }
+  autoscaler_->round(now_seconds, pools);
 }
 
 }  // namespace tandem::controller

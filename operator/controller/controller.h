@@ -10,6 +10,10 @@
 // Routers of its namespace. A failed reconcile is retried with per-key
 // exponential backoff; a successful one resets it.
 //
+// Pools with spec.autoscaling are scaled by the SLA planner, on a thread of
+// its own that runs a round every planner_interval while this replica leads
+// (HPAs are listed from the API each round).
+//
 // Only the leader reconciles: workers wait while this replica does not lead,
 // every write is refused the moment leadership is lost (ApiWriter), and on
 // becoming leader every known owner is enqueued. stop() releases the Lease.
@@ -27,6 +31,7 @@
 #include "operator/controller/api_writer.h"
 #include "operator/controller/controller_metrics.h"
 #include "operator/controller/event_recorder.h"
+#include "operator/controller/pool_autoscaler.h"
 #include "operator/controller/reconciler.h"
 #include "operator/k8s/api_client.h"
 #include "operator/k8s/informer.h"
@@ -49,6 +54,11 @@ struct ControllerOptions {
   std::chrono::milliseconds initial_backoff{50};
   std::chrono::milliseconds max_backoff{60000};
   int watch_timeout_seconds = 300;
+  // The SLA planner (pool_autoscaler.h) for pools with spec.autoscaling:
+  // how often it decides (0: never), and where it reads metrics (null:
+  // straight from the pods).
+  std::chrono::milliseconds planner_interval{15000};
+  std::unique_ptr<PodMetricsSource> planner_metrics;
 };
 
 // "<hostname>_<16 random hex digits>".
@@ -88,6 +98,9 @@ class Controller {
   void onChildEvent(const nlohmann::json& object);
   void setLeading(bool leading);
   void workerLoop();
+  void plannerLoop();
+  void plannerRound(double now_seconds);
+  ReconcilerOptions reconcilerOptions();
   std::vector<nlohmann::json> cachedPods(const std::string& ns, const nlohmann::json& labels) const;
   std::vector<std::string> cachedPoolNames(const std::string& ns, OwnerKind kind) const;
 
@@ -110,6 +123,8 @@ class Controller {
   std::unique_ptr<k8s::ApiClient> election_client_;
   std::unique_ptr<k8s::LeaderElector> elector_;
   std::vector<std::thread> workers_;
+  std::unique_ptr<PoolAutoscaler> autoscaler_;
+  std::thread planner_thread_;
   std::mutex leading_mutex_;
   std::condition_variable leading_changed_;
 };

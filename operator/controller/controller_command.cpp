@@ -68,6 +68,19 @@ CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags) {
                    "seconds the first list of every watched resource may take")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command
+      ->add_option("--planner-interval", flags.planner_interval_s,
+                   "seconds between the SLA planner's rounds for pools with spec.autoscaling "
+                   "(0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command->add_option("--prometheus-url", flags.prometheus_url,
+                      "the planner reads agents' metrics from this Prometheus (its /federate) "
+                      "instead of the pods' /metrics");
+  command
+      ->add_option("--prometheus-pod-label", flags.prometheus_pod_label,
+                   "label naming the pod on series from --prometheus-url")
+      ->capture_default_str();
   return command;
 }
 
@@ -107,8 +120,18 @@ int runController(const ControllerFlags& flags, const std::function<bool()>& sto
   options.lease_duration = milliseconds(flags.lease_duration_s);
   options.renew_deadline = milliseconds(flags.renew_deadline_s);
   options.retry_period = milliseconds(flags.retry_period_s);
-
-  Controller controller(client, options);
+  options.planner_interval = milliseconds(flags.planner_interval_s);
+  if (!flags.prometheus_url.empty()) {
+    if (!flags.prometheus_url.starts_with("http://") &&
+        !flags.prometheus_url.starts_with("https://")) {
+      throw Error("--prometheus-url must start with http:// or https://, got " +
+                  flags.prometheus_url);
+    }
+    options.planner_metrics =
+        prometheusFederationSource(flags.prometheus_url, flags.prometheus_pod_label);
+  }
+  const std::string watched = options.ns.empty() ? "<all>" : options.ns;
+  Controller controller(client, std::move(options));
   std::unique_ptr<MetricsServer> metrics;
   if (flags.metrics_port != 0) {
     metrics = std::make_unique<MetricsServer>(
@@ -133,8 +156,7 @@ int runController(const ControllerFlags& flags, const std::function<bool()>& sto
                   " s): are the CRDs installed (kubectl apply -f crds/) and may it list them?");
     }
   }
-  std::printf("controller started (namespace %s)\n",
-              options.ns.empty() ? "<all>" : options.ns.c_str());
+  std::printf("controller started (namespace %s)\n", watched.c_str());
   std::fflush(stdout);
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   TANDEM_LOG(kInfo) << "controller: stopping";

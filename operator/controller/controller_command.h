@@ -33,6 +33,9 @@ struct ControllerFlags {
   std::string default_operator_image;
   std::string router_service_account = "tandem-router";
   double sync_timeout_s = 120;
+  double planner_interval_s = 15;  // 0: the SLA planner is off
+  std::string prometheus_url;      // empty: the planner scrapes the pods
+  std::string prometheus_pod_label = "pod";
 };
 
 CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags);

@@ -276,6 +276,9 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     if (live.isOk() && isControlledBy(*live, owner.uid)) observation.deployment = std::move(*live);
   }
   observation.pods = pods(ns, match_labels);
+  if (kind != OwnerKind::kRouter && options_.planner_conditions) {
+    observation.planner_conditions = options_.planner_conditions(kind, ns, name);
+  }
 
   json previous = object.contains("status") ? object["status"] : json(nullptr);
   json status = computeWorkloadStatus(previous, observation, options_.now());

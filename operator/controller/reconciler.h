@@ -54,6 +54,11 @@ struct ReconcilerOptions {
   std::function<std::string()> now = nowRfc3339;
   // Where pool replica counts go (tandem_operator_pool_replicas); none when null.
   PoolReplicaTable* pool_replicas = nullptr;
+  // The SLA planner's ScalingConflict / ScalingLimited conditions of a pool
+  // (pool_autoscaler.h), put in its status; none when null.
+  std::function<std::vector<nlohmann::json>(OwnerKind, const std::string& ns,
+                                            const std::string& name)>
+      planner_conditions;
 };
 
 class Reconciler {

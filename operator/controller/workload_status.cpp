@@ -187,6 +187,7 @@ json computeWorkloadStatus(const json& previous, const WorkloadObservation& obse
   conditions.push_back(
       condition("Degraded", problem.has_value(), problem ? problem->first : "AsExpected",
                 problem ? problem->second : "no failure seen", observation.generation));
+  for (const json& item : observation.planner_conditions) conditions.push_back(item);
 
   for (json& item : conditions) item = withTransitionTime(std::move(item), previous, now);
   status["conditions"] = std::move(conditions);

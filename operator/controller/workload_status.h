@@ -16,6 +16,9 @@
 //                Deployment's ReplicaFailure / ProgressDeadlineExceeded; the
 //                message names the pod and what it said. Else False, AsExpected.
 //
+// and, for a pool the SLA planner scales, its ScalingConflict and
+// ScalingLimited conditions as the planner gave them (pool_autoscaler.h).
+//
 // lastTransitionTime is kept while a condition's status does not change.
 // Pure functions; `now` is passed in.
 #pragma once
@@ -39,6 +42,9 @@ struct WorkloadObservation {
   std::string selector;                      // status.selector
   // A failure of the reconcile itself (reason, message), reported as Degraded.
   std::optional<std::pair<std::string, std::string>> failure;
+  // Conditions of the SLA planner, appended as they are (their
+  // lastTransitionTime kept as the others' is).
+  std::vector<nlohmann::json> planner_conditions;
 };
 
 // The new status; `previous` is the owner's current status (or null), whose

@@ -34,6 +34,8 @@ inline const ResourceType kPods{"", "v1", "pods", "Pod"};
 inline const ResourceType kEvents{"", "v1", "events", "Event"};
 inline const ResourceType kEndpointSlices{"discovery.k8s.io", "v1", "endpointslices",
                                           "EndpointSlice"};
+inline const ResourceType kHorizontalPodAutoscalers{"autoscaling", "v2", "horizontalpodautoscalers",
+                                                    "HorizontalPodAutoscaler"};
 inline const ResourceType kLeases{"coordination.k8s.io", "v1", "leases", "Lease"};
 inline const ResourceType kCustomResourceDefinitions{
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false};

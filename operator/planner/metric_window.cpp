@@ -14,58 +14,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-struct SampleLine {
-  std::string_view name;
-  std::optional<std::string> le;  // the `le` label's value, when present
-  double value = 0;
-};
-
-// One sample line "name{k="v",...} value [timestamp]"; nullopt when malformed.
-std::optional<SampleLine> parseSampleLine(std::string_view line) {
-  SampleLine sample;
-  size_t pos = line.find_first_of("{ ");
-  if (pos == std::string_view::npos || pos == 0) return std::nullopt;
-  sample.name = line.substr(0, pos);
-  if (line[pos] == '{') {
-    ++pos;
-    while (true) {
-      while (pos < line.size() && (line[pos] == ' ' || line[pos] == ',')) ++pos;
-      if (pos >= line.size()) return std::nullopt;
-      if (line[pos] == '}') {
-        ++pos;
-        break;
-      }
-      const size_t equals = line.find('=', pos);
-      if (equals == std::string_view::npos || equals + 1 >= line.size() || line[equals + 1] != '"')
-        return std::nullopt;
-      const std::string_view key = line.substr(pos, equals - pos);
-      std::string value;
-      pos = equals + 2;
-      bool closed = false;
-      while (pos < line.size()) {
-        const char c = line[pos++];
-        if (c == '\\' && pos < line.size()) {
-          const char escaped = line[pos++];
-          value += escaped == 'n' ? '\n' : escaped;
-        } else if (c == '"') {
-          closed = true;
-          break;
-        } else {
-          value += c;
-        }
-      }
-      if (!closed) return std::nullopt;
-      if (key == "le") sample.le = value;
-    }
-  }
-  std::string_view rest = line.substr(pos);
-  while (rest.starts_with(' ')) rest.remove_prefix(1);
-  const std::optional<double> value = prometheusValue(rest.substr(0, rest.find(' ')));
-  if (!value) return std::nullopt;
-  sample.value = *value;
-  return sample;
-}
-
 // The increase from `older` to `newer` of every bucket; a bucket that went
 // down, or a changed set of buckets, means the pod's counters restarted
 // between the two, so everything in `newer` is new.
@@ -158,9 +106,11 @@ Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std:
       if (!candidate->empty() && name == *candidate) gauge = candidate;
     }
     if (!is_bucket && gauge == nullptr) continue;
-    const std::optional<SampleLine> sample = parseSampleLine(line);
+    const std::optional<PrometheusSampleLine> sample = parsePrometheusSampleLine(line);
     std::optional<double> bound;
-    if (sample && is_bucket && sample->le) bound = prometheusValue(*sample->le);
+    if (sample && is_bucket) {
+      if (std::optional<std::string> le = sample->label("le")) bound = prometheusValue(*le);
+    }
     if (!sample || (is_bucket && !bound)) {
       return invalidArgument("metrics of pod " + pod + ", line " + std::to_string(line_number) +
                              ": cannot read a sample from \"" + std::string(line.substr(0, 120)) +

@@ -150,6 +150,11 @@ std::map<std::string, std::set<std::string>> expectedOperatorRules() {
           {"tandem.dev|prefillpools/status", status},
           {"tandem.dev|decodepools/status", status},
           {"tandem.dev|routers/status", status},
+          // The SLA planner: replicas through the scale subresource, and
+          // whether an HPA already targets a pool.
+          {"tandem.dev|prefillpools/scale", status},
+          {"tandem.dev|decodepools/scale", status},
+          {"autoscaling|horizontalpodautoscalers", {"list"}},
           {"apps|deployments", write},
           {"|services", write},
           {"|pods", {"list", "watch"}},
@@ -310,14 +315,24 @@ TEST_F(HelmChartTest, NetworkPolicyAdmitsPoolsRoutersAndMonitoring) {
                               {"app.kubernetes.io/name", "tandem-router"}};
   EXPECT_EQ(spec["podSelector"]["matchLabels"], agent_labels);
   EXPECT_EQ(spec["policyTypes"], json::array({"Ingress"}));
-  ASSERT_EQ(spec["ingress"].size(), 3u);
+  ASSERT_EQ(spec["ingress"].size(), 4u);
   const json& from_agents = spec["ingress"][0];
   EXPECT_EQ(from_agents["from"][0]["podSelector"]["matchLabels"], agent_labels);
   EXPECT_EQ(from_agents["ports"][0], json::parse(R"({"protocol":"TCP","port":1,"endPort":65535})"));
   const json& from_routers = spec["ingress"][1];
   EXPECT_EQ(from_routers["from"][0]["podSelector"]["matchLabels"], router_labels);
   EXPECT_EQ(from_routers["ports"], json::parse(R"([{"protocol":"TCP","port":8000}])"));
-  const json& from_monitoring = spec["ingress"][2];
+  // The operator's pods, as the chart's Deployment labels them.
+  const json& from_operator = spec["ingress"][2];
+  EXPECT_EQ(from_operator["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+            "operator");
+  const json operator_pod_labels = namedObject(
+      objects, "Deployment", "tandem-operator")["spec"]["template"]["metadata"]["labels"];
+  for (const auto& [key, value] : from_operator["from"][0]["podSelector"]["matchLabels"].items()) {
+    EXPECT_EQ(operator_pod_labels.value(key, ""), value) << key;
+  }
+  EXPECT_EQ(from_operator["ports"], json::parse(R"([{"protocol":"TCP","port":8000}])"));
+  const json& from_monitoring = spec["ingress"][3];
   EXPECT_EQ(from_monitoring["from"][0]["namespaceSelector"]["matchLabels"],
             json::parse(R"({"kubernetes.io/metadata.name":"monitoring"})"));
   EXPECT_EQ(from_monitoring["ports"], json::parse(R"([{"protocol":"TCP","port":8000}])"));

@@ -176,6 +176,16 @@ void ApiServer::setStalled(bool stalled) { impl_->http->setStalled(stalled); }
 
 void ApiServer::setDeploymentControllerAuto(bool ready) { impl_->state.deployments.setAuto(ready); }
 
+void ApiServer::setSchedulableReplicas(const std::string& ns, const std::string& deployment,
+                                       std::optional<int64_t> pods) {
+  impl_->state.deployments.setSchedulableReplicas(ns, deployment, pods);
+}
+
+void ApiServer::setPodIps(
+    std::function<std::string(const std::string& ns, const std::string& pod)> ips) {
+  impl_->state.deployments.setPodIps(std::move(ips));
+}
+
 void ApiServer::setDeploymentStatus(const std::string& ns, const std::string& name,
                                     int64_t replicas, int64_t updated, int64_t ready) {
   impl_->state.deployments.setStatus(ns, name, replicas, updated, ready);

@@ -137,6 +137,13 @@ class ApiServer {
   // left alone by automatic mode until setDeploymentControllerAuto is called.
   void setDeploymentStatus(const std::string& ns, const std::string& name, int64_t replicas,
                            int64_t updated, int64_t ready);
+  // Gives a Deployment room for only `pods` scheduled pods (nullopt: all):
+  // the rest stay Pending, PodScheduled False with reason Unschedulable, as
+  // on a cluster whose nodes are full (see DeploymentSimulator).
+  void setSchedulableReplicas(const std::string& ns, const std::string& deployment,
+                              std::optional<int64_t> pods);
+  // The podIP given to each new scheduled pod (default 10.244.0.<i + 2>).
+  void setPodIps(std::function<std::string(const std::string& ns, const std::string& pod)> ips);
   // Current resourceVersion of the store.
   uint64_t resourceVersion() const;
 

@@ -1,5 +1,6 @@
 #include "tests/support/apiserver/deployment_simulator.h"
 
+#include <algorithm>
 #include <functional>
 
 namespace tandem::testing {
@@ -84,11 +85,51 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
   }
   Json labels = pod_template.value("metadata", Json::object()).value("labels", Json::object());
   labels["pod-template-hash"] = hash;
+  int64_t schedulable = replicas;
+  std::function<std::string(const std::string&, const std::string&)> pod_ips;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto room = schedulable_.find(ns + "/" + name);
+    if (room != schedulable_.end()) schedulable = std::min(replicas, room->second);
+    pod_ips = pod_ips_;
+  }
   for (int64_t i = 0; i < replicas; ++i) {
+    const std::string pod_name = name + "-" + hash + "-" + std::to_string(i);
+    std::optional<Json> existing = store_.get(resourceKey(*pod_kind), ns, pod_name);
+    const bool scheduled = i < schedulable;
+    Json status;
+    if (scheduled) {
+      std::string ip = "10.244.0." + std::to_string(i % 250 + 2);
+      if (existing && existing->value("status", Json::object()).contains("podIP")) {
+        ip = (*existing)["status"]["podIP"];
+      } else if (pod_ips) {
+        ip = pod_ips(ns, pod_name);
+      }
+      status = {
+          {"phase", "Running"},
+          {"podIP", ip},
+          {"conditions", Json::array({{{"type", "PodScheduled"}, {"status", "True"}},
+                                      {{"type", "Ready"}, {"status", ready ? "True" : "False"}}})}};
+    } else {
+      // Pending since it was first found unschedulable: its time is kept.
+      if (existing && existing->value("status", Json::object()).value("phase", "") == "Pending") {
+        continue;
+      }
+      status = {{"phase", "Pending"},
+                {"conditions", Json::array({{{"type", "PodScheduled"},
+                                             {"status", "False"},
+                                             {"reason", "Unschedulable"},
+                                             {"lastTransitionTime", nowTimestamp()},
+                                             {"message",
+                                              "0/1 nodes are available: 1 Insufficient "
+                                              "nvidia.com/gpu. preemption: 0/1 nodes are "
+                                              "available: 1 No preemption victims found for "
+                                              "incoming pod."}}})}};
+    }
     Json pod = {{"apiVersion", "v1"},
                 {"kind", "Pod"},
                 {"metadata",
-                 {{"name", name + "-" + hash + "-" + std::to_string(i)},
+                 {{"name", pod_name},
                   {"namespace", ns},
                   {"labels", labels},
                   {"ownerReferences", Json::array({{{"apiVersion", "apps/v1"},
@@ -98,12 +139,7 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
                                                     {"controller", true},
                                                     {"blockOwnerDeletion", true}}})}}},
                 {"spec", pod_template.value("spec", Json::object())},
-                {"status",
-                 {{"phase", "Running"},
-                  {"podIP", "10.244.0." + std::to_string(i % 250 + 2)},
-                  {"conditions",
-                   Json::array({{{"type", "Ready"}, {"status", ready ? "True" : "False"}}})}}}};
-    std::optional<Json> existing = store_.get(resourceKey(*pod_kind), ns, pod["metadata"]["name"]);
+                {"status", status}};
     if (existing && existing->value("status", Json::object()) == pod["status"]) continue;
     service_.put(pod);
   }
@@ -111,14 +147,14 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
   if (replicas > 0) {
     status["replicas"] = replicas;
     status["updatedReplicas"] = replicas;
-    if (ready) {
-      status["readyReplicas"] = replicas;
-      status["availableReplicas"] = replicas;
-    } else {
-      status["unavailableReplicas"] = replicas;
+    const int64_t running = ready ? schedulable : 0;
+    if (running > 0) {
+      status["readyReplicas"] = running;
+      status["availableReplicas"] = running;
     }
+    if (running < replicas) status["unavailableReplicas"] = replicas - running;
   }
-  bool available = ready || replicas == 0;
+  bool available = (ready && schedulable == replicas) || replicas == 0;
   status["conditions"] = Json::array(
       {condition("Available", available,
                  available ? "MinimumReplicasAvailable" : "MinimumReplicasUnavailable",
@@ -156,6 +192,38 @@ bool DeploymentSimulator::setStatus(const std::string& ns, const std::string& na
   (*deployment)["status"] = status;
   service_.put(*deployment);
   return true;
+}
+
+void DeploymentSimulator::setSchedulableReplicas(const std::string& ns, const std::string& name,
+                                                 std::optional<int64_t> pods) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pods) {
+      schedulable_[ns + "/" + name] = *pods;
+    } else {
+      schedulable_.erase(ns + "/" + name);
+    }
+  }
+  reconcileNamed(ns, name);
+}
+
+void DeploymentSimulator::setPodIps(
+    std::function<std::string(const std::string& ns, const std::string& name)> ips) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pod_ips_ = std::move(ips);
+}
+
+void DeploymentSimulator::reconcileNamed(const std::string& ns, const std::string& name) {
+  bool ready = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!auto_ || manual_.count(ns + "/" + name) > 0) return;
+    ready = ready_;
+  }
+  std::optional<KindInfo> kind = registry_.byKind("apps/v1", "Deployment");
+  if (std::optional<Json> deployment = store_.get(resourceKey(*kind), ns, name)) {
+    reconcile(*deployment, ready);
+  }
 }
 
 }  // namespace tandem::testing

@@ -8,12 +8,23 @@
 // by the Deployment directly.
 //
 // Deployments given a status with setStatus() are left alone by automatic
-// mode until setAuto() is called again. Thread-safe.
+// mode until setAuto() is called again.
+//
+// Scheduling: setSchedulableReplicas() gives a Deployment room for only so
+// many pods (as a node pool without capacity left): its pods from that index
+// on are Pending with condition PodScheduled False, reason Unschedulable
+// (the scheduler's wording), no IP and not ready, and the Deployment counts
+// only the others as ready. Pod IPs are 10.244.0.<i + 2> unless an IP
+// function is set (e.g. loopback addresses where a test runs the pods'
+// processes). Thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -33,9 +44,16 @@ class DeploymentSimulator {
   // Sets one Deployment's status fields; false when it does not exist.
   bool setStatus(const std::string& ns, const std::string& name, int64_t replicas, int64_t updated,
                  int64_t ready);
+  // At most `pods` of the Deployment's pods are scheduled (nullopt: all);
+  // applied at once.
+  void setSchedulableReplicas(const std::string& ns, const std::string& name,
+                              std::optional<int64_t> pods);
+  // The IP of pod `name` in `ns` (called when the pod is created).
+  void setPodIps(std::function<std::string(const std::string& ns, const std::string& name)> ips);
 
  private:
   void reconcile(const nlohmann::json& deployment, bool ready);
+  void reconcileNamed(const std::string& ns, const std::string& name);
 
   ObjectService& service_;
   Store& store_;
@@ -43,7 +61,9 @@ class DeploymentSimulator {
   std::mutex mutex_;
   bool auto_ = false;
   bool ready_ = false;
-  std::set<std::string> manual_;  // "ns/name"
+  std::set<std::string> manual_;                // "ns/name"
+  std::map<std::string, int64_t> schedulable_;  // "ns/name" → pods with room
+  std::function<std::string(const std::string&, const std::string&)> pod_ips_;
 };
 
 }  // namespace tandem::testing

@@ -86,7 +86,7 @@ TEST(PoolReplicaMetricsTest, ControllerReportsDeploymentCountsAndForgetsDeletedP
   options.defaults.operator_image = "operator:test";
   options.initial_backoff = milliseconds(10);
   options.max_backoff = milliseconds(200);
-  Controller controller(client, options);
+  Controller controller(client, std::move(options));
   controller.start();
   ASSERT_TRUE(controller.waitForSync(seconds(30)));
   server.setDeploymentControllerAuto(true);

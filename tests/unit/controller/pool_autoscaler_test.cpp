@@ -1,0 +1,285 @@
+// The SLA planner in the Kubernetes controller, against the in-process API
+// server with the real CRDs: pool metrics come from a fake source behind
+// PodMetricsSource (synthetic histograms; the real sources are tested in
+// tests/integration/k8s_planner_test.cpp). A TTFT miss grows the pool
+// through its scale subresource with an Event and a metric; an HPA on the
+// pool gives ScalingConflict and no write; pods kept Pending past the
+// timeout are given back with ScalingLimited. The pure helpers (HPA targets,
+// Pending durations, pod addresses, federation) are checked on their own.
+#include "operator/controller/pool_autoscaler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+
+#include "operator/controller/controller.h"
+#include "operator/controller/workload_status.h"
+#include "tests/support/apiserver/api_server.h"
+#include "tests/support/test_helpers.h"
+
+namespace tandem::controller {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr char kNamespace[] = "serving";
+
+bool waitUntil(const std::function<bool()>& condition) {
+  return ::tandem::testing::eventually(condition, seconds(30), milliseconds(10));
+}
+
+// Every pod it is asked for answers with a TTFT histogram that gains
+// `per_round` observations of `seconds` each round.
+class SyntheticTtftSource : public PodMetricsSource {
+ public:
+  explicit SyntheticTtftSource(double seconds) : seconds_(seconds) {}
+
+  std::map<std::string, std::string> scrape(const std::vector<json>& pods,
+                                            const planner::MetricNames& names) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::map<std::string, std::string> texts;
+    for (const json& pod : pods) {
+      const std::string name = pod["metadata"]["name"];
+      double& count = counts_[name];
+      count += 10;
+      const std::string h = names.latency_histogram;
+      const bool below = seconds_ <= 0.05;
+      texts[name] = "# TYPE " + h + " histogram\n" + h + "_bucket{le=\"0.05\"} " +
+                    std::to_string(below ? count : 0) + "\n" + h + "_bucket{le=\"5\"} " +
+                    std::to_string(count) + "\n" + h + "_bucket{le=\"+Inf\"} " +
+                    std::to_string(count) + "\n" + h + "_count " + std::to_string(count) + "\n";
+    }
+    scraped_pods_ += static_cast<int>(texts.size());
+    return texts;
+  }
+  std::string describe() const override { return "synthetic"; }
+  int scrapedPods() const { return scraped_pods_.load(); }
+
+ private:
+  double seconds_;
+  std::mutex mutex_;
+  std::map<std::string, double> counts_;
+  std::atomic<int> scraped_pods_{0};
+};
+
+json autoscaledPrefillPool(int replicas, const json& autoscaling) {
+  return {{"apiVersion", "tandem.dev/v1alpha1"},
+          {"kind", "PrefillPool"},
+          {"metadata", {{"name", "prefill"}, {"namespace", kNamespace}}},
+          {"spec",
+           {{"replicas", replicas},
+            {"model", {{"path", "/models/small"}}},
+            {"kvTransfer", {{"secretRef", {{"name", "kv"}, {"key", "secret"}}}}},
+            {"autoscaling", autoscaling}}}};
+}
+
+json hpaFor(const std::string& kind, const std::string& name) {
+  return {
+      {"apiVersion", "autoscaling/v2"},
+      {"kind", "HorizontalPodAutoscaler"},
+      {"metadata", {{"name", name + "-hpa"}, {"namespace", kNamespace}}},
+      {"spec",
+       {{"scaleTargetRef", {{"apiVersion", "tandem.dev/v1alpha1"}, {"kind", kind}, {"name", name}}},
+        {"minReplicas", 1},
+        {"maxReplicas", 5}}}};
+}
+
+size_t scaleWrites(const std::vector<std::string>& log) {
+  size_t count = 0;
+  for (const std::string& line : log) {
+    if ((line.starts_with("PUT ") || line.starts_with("PATCH ")) &&
+        line.find("/prefillpools/prefill/scale") != std::string::npos) {
+      ++count;
+    }
+  }
+  return count;
+}
+
+class PoolAutoscalerTest : public ::testing::Test {
+ protected:
+  PoolAutoscalerTest() {
+    server_.registerCrds(std::filesystem::path(TANDEM_SOURCE_DIR) / "crds");
+    server_.setDeploymentControllerAuto(true);
+    k8s::ClusterConfig config;
+    config.server = server_.url();
+    config.token = "controller-token";
+    config.default_namespace = kNamespace;
+    client_ = std::make_unique<k8s::ApiClient>(config);
+  }
+
+  std::unique_ptr<Controller> startController(double ttft_seconds) {
+    ControllerOptions options;
+    options.ns = kNamespace;
+    options.defaults.agent_image = "agent:test";
+    options.initial_backoff = milliseconds(10);
+    options.max_backoff = milliseconds(200);
+    options.planner_interval = milliseconds(100);
+    auto source = std::make_unique<SyntheticTtftSource>(ttft_seconds);
+    source_ = source.get();
+    options.planner_metrics = std::move(source);
+    auto controller = std::make_unique<Controller>(*client_, std::move(options));
+    controller->start();
+    EXPECT_TRUE(controller->waitForSync(seconds(10)));
+    return controller;
+  }
+
+  json pool() { return *server_.get("tandem.dev/v1alpha1", "PrefillPool", kNamespace, "prefill"); }
+  int64_t replicas() { return pool()["spec"].value("replicas", int64_t{-1}); }
+  json condition(const std::string& type) {
+    return findCondition(pool().value("status", json::object()), type);
+  }
+  std::vector<json> eventsWithReason(const std::string& reason) {
+    std::vector<json> found;
+    for (const json& event : server_.list("v1", "Event", kNamespace)) {
+      if (event.value("reason", "") == reason) found.push_back(event);
+    }
+    return found;
+  }
+
+  testing::ApiServer server_;
+  std::unique_ptr<k8s::ApiClient> client_;
+  SyntheticTtftSource* source_ = nullptr;
+};
+
+TEST_F(PoolAutoscalerTest, ATtftMissGrowsThePoolThroughItsScaleSubresource) {
+  server_.put(autoscaledPrefillPool(1, {{"minReplicas", 1},
+                                        {"maxReplicas", 3},
+                                        {"targetTTFTSeconds", 0.1},
+                                        {"windowSeconds", 30},
+                                        {"maxStep", 1}}));
+  auto controller = startController(/*ttft_seconds=*/2.0);
+  ASSERT_TRUE(waitUntil([&] { return replicas() == 3; })) << pool().dump();
+  EXPECT_GE(scaleWrites(server_.requestLog()), 2u) << "one replica per step, through /scale";
+  const std::vector<json> events = eventsWithReason("ScaledUp");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0]["involvedObject"]["kind"], "PrefillPool");
+  EXPECT_EQ(events[0]["involvedObject"]["name"], "prefill");
+  EXPECT_NE(events[0].value("message", "").find("TTFT"), std::string::npos) << events[0].dump();
+  ASSERT_TRUE(waitUntil([&] { return condition(planner::kScalingConflict).is_object(); }));
+  EXPECT_EQ(condition(planner::kScalingConflict)["status"], "False");
+  EXPECT_EQ(condition(planner::kScalingLimited)["status"], "False");
+  const std::string metrics = controller->renderMetrics();
+  EXPECT_NE(metrics.find("tandem_planner_desired_replicas{namespace=\"serving\",pool=\"prefill\","
+                         "kind=\"prefill\"} 3"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("tandem_planner_target_seconds{namespace=\"serving\",pool=\"prefill\","
+                         "kind=\"prefill\"} 0.1"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("tandem_planner_observed_seconds{namespace=\"serving\",pool=\"prefill\","
+                         "kind=\"prefill\",quantile=\"0.9\"}"),
+            std::string::npos);
+}
+
+TEST_F(PoolAutoscalerTest, AnHpaOnThePoolGivesScalingConflictAndNoWrite) {
+  server_.put(hpaFor("PrefillPool", "prefill"));
+  server_.put(autoscaledPrefillPool(
+      1, {{"minReplicas", 1}, {"maxReplicas", 3}, {"targetTTFTSeconds", 0.1}}));
+  auto controller = startController(/*ttft_seconds=*/2.0);
+  ASSERT_TRUE(waitUntil([&] {
+    const json conflict = condition(planner::kScalingConflict);
+    return conflict.is_object() && conflict["status"] == "True";
+  })) << pool().dump();
+  EXPECT_EQ(condition(planner::kScalingConflict)["reason"], "HorizontalPodAutoscalerPresent");
+  ASSERT_EQ(eventsWithReason(planner::kScalingConflict).size(), 1u);
+  // Several more rounds, with metrics that would grow the pool: no write.
+  const int scraped = source_->scrapedPods();
+  ASSERT_TRUE(waitUntil([&] { return source_->scrapedPods() >= scraped + 5; }));
+  EXPECT_EQ(replicas(), 1);
+  EXPECT_EQ(scaleWrites(server_.requestLog()), 0u);
+  EXPECT_EQ(eventsWithReason(planner::kScalingConflict).size(), 1u) << "one Event, not one a round";
+
+  // The HPA gone: the planner acts again.
+  server_.remove("autoscaling/v2", "HorizontalPodAutoscaler", kNamespace, "prefill-hpa");
+  ASSERT_TRUE(waitUntil([&] { return replicas() > 1; }));
+  EXPECT_TRUE(waitUntil([&] { return condition(planner::kScalingConflict)["status"] == "False"; }))
+      << pool().dump();
+}
+
+TEST_F(PoolAutoscalerTest, PodsPendingPastTheTimeoutAreGivenBackWithScalingLimited) {
+  server_.put(autoscaledPrefillPool(1, {{"minReplicas", 1},
+                                        {"maxReplicas", 4},
+                                        {"targetTTFTSeconds", 0.1},
+                                        {"pendingTimeoutSeconds", 1}}));
+  server_.setSchedulableReplicas(kNamespace, "prefill", 1);
+  auto controller = startController(/*ttft_seconds=*/2.0);
+  ASSERT_TRUE(waitUntil([&] {
+    const json limited = condition(planner::kScalingLimited);
+    return limited.is_object() && limited["status"] == "True";
+  })) << pool().dump();
+  EXPECT_EQ(condition(planner::kScalingLimited)["reason"], "Unschedulable");
+  ASSERT_FALSE(eventsWithReason(planner::kScalingLimited).empty());
+  EXPECT_EQ(eventsWithReason(planner::kScalingLimited)[0]["type"], "Warning");
+  // Given back: the pool asks for the one replica that could be scheduled.
+  ASSERT_TRUE(waitUntil([&] { return replicas() == 1; })) << pool().dump();
+  for (const json& pod : server_.list("v1", "Pod", kNamespace)) {
+    EXPECT_EQ(pod["status"]["phase"], "Running") << pod.dump();
+  }
+}
+
+TEST(PoolAutoscalerHelpers, HpaTargetsAreTandemPoolsOnly) {
+  json deployment_hpa = hpaFor("PrefillPool", "c");
+  deployment_hpa["spec"]["scaleTargetRef"] = {
+      {"apiVersion", "apps/v1"}, {"kind", "Deployment"}, {"name", "c"}};
+  const std::vector<json> hpas = {hpaFor("PrefillPool", "a"), hpaFor("DecodePool", "b"),
+                                  deployment_hpa};
+  EXPECT_EQ(hpaTargets(hpas), (std::vector<std::string>{"PrefillPool/a", "DecodePool/b"}));
+}
+
+TEST(PoolAutoscalerHelpers, UnschedulableSecondsCountOnlyUnscheduledPendingPods) {
+  const auto now = std::chrono::system_clock::from_time_t(1700000100);
+  auto pod = [](const std::string& phase, const std::string& scheduled) {
+    return json{{"status",
+                 {{"phase", phase},
+                  {"conditions",
+                   {{{"type", "PodScheduled"},
+                     {"status", scheduled},
+                     {"lastTransitionTime", "2023-11-14T22:13:20Z"}}}}}}};  // 1700000000
+  };
+  const std::vector<double> seconds = unschedulableSeconds(
+      {pod("Pending", "False"), pod("Pending", "True"), pod("Running", "True")}, now);
+  ASSERT_EQ(seconds.size(), 1u);
+  EXPECT_DOUBLE_EQ(seconds[0], 100.0);
+}
+
+TEST(PoolAutoscalerHelpers, PodMetricsAddressIsThePodIpAndItsHttpPort) {
+  json pod = {{"status", {{"podIP", "10.1.2.3"}}},
+              {"spec",
+               {{"containers",
+                 {{{"name", "agent"},
+                   {"ports",
+                    {{{"name", "kv"}, {"containerPort", 9000}},
+                     {{"name", "http"}, {"containerPort", 8000}}}}}}}}}};
+  EXPECT_EQ(podMetricsAddress(pod), std::make_pair(std::string("10.1.2.3"), 8000));
+  pod["status"].erase("podIP");
+  EXPECT_EQ(podMetricsAddress(pod), std::nullopt) << "a Pending pod has no address";
+}
+
+TEST(PoolAutoscalerHelpers, FederationIsAskedForTheSeriesReadAndSplitByPod) {
+  const planner::MetricNames names = planner::agentMetricNames(planner::PoolKind::kPrefill);
+  EXPECT_EQ(federationSelector(names),
+            "{__name__=~\"tandem_time_to_first_token_seconds_bucket|"
+            "tandem_num_prefill_tokens_waiting|tandem_num_requests_running|"
+            "tandem_num_requests_waiting|tandem_kv_cache_usage_ratio\"}");
+  const std::string text =
+      "# TYPE tandem_num_requests_running untyped\n"
+      "tandem_num_requests_running{instance=\"a:8000\",pod=\"p-0\"} 3 1700000000000\n"
+      "tandem_num_requests_running{instance=\"b:8000\",pod=\"p-1\"} 4 1700000000000\n"
+      "tandem_num_requests_running{instance=\"c:8000\",pod=\"other\"} 5 1700000000000\n"
+      "tandem_num_requests_running{instance=\"d:8000\"} 6 1700000000000\n";
+  const auto split = splitByPod(text, "pod", {"p-0", "p-1"});
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_EQ(split.at("p-0"),
+            "tandem_num_requests_running{instance=\"a:8000\",pod=\"p-0\"} 3 1700000000000\n");
+  planner::MetricWindow window(names, 60);
+  ASSERT_TRUE(window.addScrape("p-1", 1, split.at("p-1")).isOk());
+  EXPECT_EQ(window.values(1, 0.9).running_sequences, 4.0);
+}
+
+}  // namespace
+}  // namespace tandem::controller
