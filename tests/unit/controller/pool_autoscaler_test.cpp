@@ -4,7 +4,8 @@
 // tests/integration/k8s_planner_test.cpp). A TTFT miss grows the pool
 // through its scale subresource with an Event and a metric; an HPA on the
 // pool gives ScalingConflict and no write; pods kept Pending past the
-// timeout are given back with ScalingLimited. The pure helpers (HPA targets,
+// timeout are given back with ScalingLimited; a manual scale is respected
+// for the stabilisation window, then overwritten. The pure helpers (HPA targets,
 // Pending durations, pod addresses, federation) are checked on their own.
 #include "operator/controller/pool_autoscaler.h"
 
@@ -220,6 +221,35 @@ TEST_F(PoolAutoscalerTest, PodsPendingPastTheTimeoutAreGivenBackWithScalingLimit
   for (const json& pod : server_.list("v1", "Pod", kNamespace)) {
     EXPECT_EQ(pod["status"]["phase"], "Running") << pod.dump();
   }
+}
+
+TEST_F(PoolAutoscalerTest, AManualScaleIsRespectedForTheWindowThenOverwrittenWithAnEvent) {
+  server_.put(autoscaledPrefillPool(1, {{"minReplicas", 1},
+                                        {"maxReplicas", 4},
+                                        {"targetTTFTSeconds", 0.1},
+                                        {"scaleDownStabilizationSeconds", 5}}));
+  auto controller = startController(/*ttft_seconds=*/0.01);
+  ASSERT_TRUE(waitUntil([&] { return source_->scrapedPods() >= 3; }));
+  // `kubectl scale prefillpool prefill --replicas 3` from another client.
+  k8s::ClusterConfig config;
+  config.server = server_.url();
+  config.token = "someone-else";
+  k8s::ApiClient someone(config);
+  ASSERT_TRUE(someone
+                  .readModifyWrite(
+                      k8s::resources::kPrefillPools, kNamespace, "prefill",
+                      [](json& scale) {
+                        scale["spec"]["replicas"] = 3;
+                        return true;
+                      },
+                      "scale")
+                  .isOk());
+  ASSERT_TRUE(waitUntil([&] { return !eventsWithReason("ManualScaleRespected").empty(); }));
+  EXPECT_EQ(replicas(), 3) << "respected while its window lasts";
+  ASSERT_TRUE(waitUntil([&] { return replicas() == 1; })) << pool().dump();
+  const std::vector<json> overwritten = eventsWithReason("ManualScaleOverwritten");
+  ASSERT_EQ(overwritten.size(), 1u);
+  EXPECT_NE(overwritten[0].value("message", "").find("3"), std::string::npos) << overwritten[0];
 }
 
 TEST(PoolAutoscalerHelpers, HpaTargetsAreTandemPoolsOnly) {
