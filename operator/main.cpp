@@ -138,6 +138,7 @@ struct LocalFlags {
   double restart_backoff_s = 1;
   double max_restart_backoff_s = 30;
   double planner_interval_s = 2;
+  int metrics_port = 0;
 };
 
 CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
@@ -176,6 +177,11 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
                    "seconds between the SLA planner's rounds for pools with spec.autoscaling")
       ->check(CLI::Range(0.05, 3600.0))
       ->capture_default_str();
+  local
+      ->add_option("--metrics-port", flags.metrics_port,
+                   "serve GET /metrics (the planner's metrics, replicas and agents per pool) on "
+                   "127.0.0.1:PORT; 0: a free one (default: not served)")
+      ->check(CLI::Range(0, 65535));
   return local;
 }
 
@@ -196,6 +202,7 @@ int runLocal(CLI::App& command, const LocalFlags& flags) {
   options.supervisor.stop_timeout = millisecondsOf(flags.stop_timeout_s);
   options.supervisor.startup_timeout = millisecondsOf(flags.startup_timeout_s);
   options.planner_interval = millisecondsOf(flags.planner_interval_s);
+  if (command.get_option("--metrics-port")->count() > 0) options.metrics_port = flags.metrics_port;
   options.supervisor.initial_backoff = millisecondsOf(flags.restart_backoff_s);
   options.supervisor.max_backoff =
       millisecondsOf(std::max(flags.max_restart_backoff_s, flags.restart_backoff_s));

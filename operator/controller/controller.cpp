@@ -90,7 +90,9 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
 Controller::~Controller() { stop(); }
 
 ReconcilerOptions Controller::reconcilerOptions() {
-  ReconcilerOptions options{options_.defaults, nowRfc3339, &pool_replicas_};
+  ReconcilerOptions options;
+  options.defaults = options_.defaults;
+  options.pool_replicas = &pool_replicas_;
   options.planner_conditions = [this](OwnerKind kind, const std::string& ns,
                                       const std::string& name) {
     return autoscaler_ ? autoscaler_->conditionsFor(kind, ns, name) : std::vector<json>{};

@@ -1,5 +1,7 @@
 #include "operator/local/local_mode.h"
 
+#include <httplib.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -42,7 +44,7 @@ LocalMode::LocalMode(LocalModeOptions options, RouterFactory router_factory)
   }
 }
 
-LocalMode::~LocalMode() = default;
+LocalMode::~LocalMode() { stopMetricsServer(); }
 
 void LocalMode::requestStop() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -76,6 +78,82 @@ std::vector<PlannerEventRecord> LocalMode::plannerEvents() const {
 }
 
 std::string LocalMode::plannerMetrics() const { return plannerMetricsText(plannerStatus()); }
+
+std::string LocalMode::localModeMetrics() const {
+  std::vector<PoolSpec> pools;
+  std::vector<AgentStatus> agents;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pools = published_pools_;
+    agents = agents_;
+  }
+  std::ostringstream out;
+  out << plannerMetrics();
+  auto labels = [](const std::string& pool, PoolKind kind) {
+    return std::string("pool=\"") + pool + "\",kind=\"" + poolKindName(kind) + "\"";
+  };
+  out << "# HELP tandem_local_pool_replicas Replicas local mode runs the pool with (the "
+         "planner's for pools with spec.autoscaling).\n# TYPE tandem_local_pool_replicas gauge\n";
+  for (const PoolSpec& pool : pools) {
+    out << "tandem_local_pool_replicas{" << labels(pool.name, pool.kind) << "} " << pool.replicas
+        << "\n";
+  }
+  out << "# HELP tandem_local_agents Agent processes of the pool by state.\n"
+         "# TYPE tandem_local_agents gauge\n";
+  for (const PoolSpec& pool : pools) {
+    for (AgentState state :
+         {AgentState::kStarting, AgentState::kReady, AgentState::kBackoff, AgentState::kStopping}) {
+      const auto count = std::count_if(agents.begin(), agents.end(), [&](const AgentStatus& a) {
+        return a.pool == pool.name && a.kind == pool.kind && a.state == state;
+      });
+      out << "tandem_local_agents{" << labels(pool.name, pool.kind) << ",state=\""
+          << agentStateName(state) << "\"} " << count << "\n";
+    }
+  }
+  return out.str();
+}
+
+void LocalMode::startMetricsServer() {
+  if (!options_.metrics_port) return;
+  const std::string& host = options_.metrics_host;
+  const int wanted = *options_.metrics_port;
+  auto server = std::make_unique<httplib::Server>();
+  // Without httplib's default SO_REUSEPORT, a port another process serves is
+  // refused instead of shared.
+  server->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  server->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+    response.set_content(localModeMetrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  const int port = wanted == 0 ? server->bind_to_any_port(host)
+                               : (server->bind_to_port(host, wanted) ? wanted : -1);
+  if (port <= 0) {
+    throw Error("metrics port: cannot listen on " + host + ":" + std::to_string(wanted) +
+                " (in use, or not an address of this machine); pass another --metrics-port, or "
+                "0 for a free one");
+  }
+  metrics_server_ = std::move(server);
+  metrics_thread_ = std::thread([server = metrics_server_.get()] { server->listen_after_bind(); });
+  // httplib's stop() does nothing before the listening loop has begun, which
+  // would leave stopMetricsServer() waiting forever on a quick failure.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (!metrics_server_->is_running() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  metrics_port_ = port;
+  options_.supervisor.output("metrics listening on " + host + ":" + std::to_string(port));
+  TANDEM_LOG(kInfo) << "local: metrics on http://" << host << ":" << port << "/metrics";
+}
+
+void LocalMode::stopMetricsServer() {
+  if (!metrics_server_) return;
+  metrics_server_->stop();
+  if (metrics_thread_.joinable()) metrics_thread_.join();
+  metrics_server_.reset();
+  metrics_port_ = 0;
+}
 
 void LocalMode::adoptPools(const std::vector<PoolSpec>& file_pools) {
   std::vector<PoolSpec> pools = file_pools;
@@ -161,6 +239,7 @@ void LocalMode::publish(const AgentSupervisor& supervisor) {
   std::vector<AgentStatus> agents = supervisor.agents();
   std::lock_guard<std::mutex> lock(mutex_);
   agents_ = std::move(agents);
+  published_pools_ = pools_;
 }
 
 RouterSpec LocalMode::routerSpecFor(const ClusterSpec& cluster) const {
@@ -186,6 +265,14 @@ void LocalMode::run() {
   file_text_ = *text;
   const ClusterSpec cluster = parseClusterSpec(file_text_, source);
   const RouterSpec router_spec = routerSpecFor(cluster);
+
+  // Bound before any agent starts, so that a taken port costs nothing; served
+  // until run() returns, whichever way.
+  startMetricsServer();
+  struct MetricsServerStop {
+    LocalMode* mode;
+    ~MetricsServerStop() { mode->stopMetricsServer(); }
+  } metrics_server_stop{this};
 
   AgentSupervisor supervisor(options_.supervisor);
   adoptPools(cluster.pools);

@@ -7,7 +7,9 @@
 // changes, run the SLA planner for pools with spec.autoscaling (every
 // planner_interval: scrape, decide, change replicas), and on requestStop()
 // stop the router, then the agents (SIGTERM, SIGKILL after the stop timeout).
-// See docs/local-mode.md.
+// With a metrics port, GET /metrics on it serves the planner's metrics and
+// the pools' replicas and agent states as Prometheus text from before the
+// agents start until run() returns. See docs/local-mode.md.
 //
 // Replicas change in one way only: the pools local mode runs (the file's,
 // with the planner's replicas for autoscaled pools) are given to the
@@ -30,11 +32,16 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "operator/local/agent_supervisor.h"
 #include "operator/local/cluster_spec.h"
 #include "operator/local/local_planner.h"
+
+namespace httplib {
+class Server;
+}
 
 namespace tandem::local {
 
@@ -65,6 +72,10 @@ struct LocalModeOptions {
   std::chrono::milliseconds reload_interval{1000};
   // How often the planner scrapes and decides for pools with spec.autoscaling.
   std::chrono::milliseconds planner_interval{2000};
+  // Serve GET /metrics (localModeMetrics()) on metrics_host:metrics_port;
+  // 0 picks a free port (metricsPort() tells which). Not served when unset.
+  std::optional<int> metrics_port;
+  std::string metrics_host = "127.0.0.1";
 };
 
 // A planner Event (docs/planner.md#events) as local mode recorded it.
@@ -103,6 +114,13 @@ class LocalMode {
   std::vector<PlannerEventRecord> plannerEvents() const;
   std::string plannerMetrics() const;
   static constexpr size_t kPlannerEventsKept = 100;
+  // What GET /metrics on the metrics port serves: plannerMetrics() followed
+  // by tandem_local_pool_replicas{pool,kind} (the replicas local mode runs
+  // each pool with, the planner's for autoscaled pools) and
+  // tandem_local_agents{pool,kind,state} (agents per state).
+  std::string localModeMetrics() const;
+  // The bound metrics port once run() serves it, else 0.
+  int metricsPort() const { return metrics_port_.load(); }
 
  private:
   void publish(const AgentSupervisor& supervisor);
@@ -114,6 +132,10 @@ class LocalMode {
   // planner's replicas unless the file changed theirs.
   void adoptPools(const std::vector<PoolSpec>& file_pools);
   void runPlanner(AgentSupervisor& supervisor);
+  // Binds the metrics port (throws tandem::Error when it cannot) and serves
+  // it on a thread until stopMetricsServer().
+  void startMetricsServer();
+  void stopMetricsServer();
 
   LocalModeOptions options_;
   RouterFactory router_factory_;
@@ -133,6 +155,10 @@ class LocalMode {
   std::string file_error_;
   std::vector<PoolPlannerStatus> planner_status_;
   std::deque<PlannerEventRecord> planner_events_;
+  std::vector<PoolSpec> published_pools_;  // a copy of pools_ for observers
+  std::unique_ptr<httplib::Server> metrics_server_;
+  std::thread metrics_thread_;
+  std::atomic<int> metrics_port_{0};
   std::atomic<int> router_port_{0};
   std::atomic<int> router_updates_{0};
 };

@@ -2,23 +2,14 @@
 
 #include <httplib.h>
 
-#include <sstream>
-
 #include "common/logging.h"
+#include "operator/planner/planner_metrics.h"
 
 namespace tandem::local {
 namespace {
 
 planner::PoolKind plannerKind(PoolKind kind) {
   return kind == PoolKind::kPrefill ? planner::PoolKind::kPrefill : planner::PoolKind::kDecode;
-}
-
-// A number in a sample or a label value: "0.9", not "0.90000000000000002".
-std::string sampleValue(double value) {
-  std::ostringstream out;
-  out.precision(10);
-  out << value;
-  return out.str();
 }
 
 }  // namespace
@@ -110,32 +101,11 @@ std::vector<PoolPlannerStatus> LocalPlanner::plan(double now_seconds,
 }
 
 std::string plannerMetricsText(const std::vector<PoolPlannerStatus>& statuses) {
-  std::ostringstream out;
-  auto labels = [](const PoolPlannerStatus& status) {
-    return std::string("pool=\"") + status.pool + "\",kind=\"" + poolKindName(status.kind) + "\"";
-  };
-  out << "# HELP tandem_planner_desired_replicas Replicas the SLA planner's last decision asked "
-         "for.\n# TYPE tandem_planner_desired_replicas gauge\n";
-  for (const auto& status : statuses) {
-    out << "tandem_planner_desired_replicas{" << labels(status) << "} "
-        << status.decision.metrics.desired_replicas << "\n";
+  std::vector<planner::PlannerMetricsSample> samples;
+  for (const PoolPlannerStatus& status : statuses) {
+    samples.push_back({"", status.pool, plannerKind(status.kind), status.decision.metrics});
   }
-  out << "# HELP tandem_planner_observed_seconds The observed TTFT (prefill) or ITL (decode) "
-         "quantile over the planner's window.\n# TYPE tandem_planner_observed_seconds gauge\n";
-  for (const auto& status : statuses) {
-    const planner::DecisionMetrics& metrics = status.decision.metrics;
-    if (!metrics.observed_seconds) continue;
-    out << "tandem_planner_observed_seconds{" << labels(status) << ",quantile=\""
-        << sampleValue(metrics.quantile) << "\"} " << sampleValue(*metrics.observed_seconds)
-        << "\n";
-  }
-  out << "# HELP tandem_planner_target_seconds The pool's targetTTFTSeconds or "
-         "targetITLSeconds.\n# TYPE tandem_planner_target_seconds gauge\n";
-  for (const auto& status : statuses) {
-    out << "tandem_planner_target_seconds{" << labels(status) << "} "
-        << sampleValue(status.decision.metrics.target_seconds) << "\n";
-  }
-  return out.str();
+  return planner::plannerMetricsText(samples);
 }
 
 }  // namespace tandem::local

@@ -16,7 +16,8 @@ std::string sampleValue(double value) {
 std::string labels(const PlannerMetricsSample& sample) {
   std::string text;
   if (!sample.ns.empty()) text = "namespace=\"" + sample.ns + "\",";
-  return text + "pool=\"" + sample.pool + "\",kind=\"" + poolKindName(sample.kind) + "\"";
+  const char* kind = sample.kind == PoolKind::kPrefill ? "PrefillPool" : "DecodePool";
+  return text + "pool=\"" + sample.pool + "\",kind=\"" + kind + "\"";
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // format, for whichever process runs the planner: the Kubernetes controller
 // appends them to its /metrics, local mode serves them on its own. One
 // series per pool, labelled namespace (when the process knows one), pool and
-// kind:
+// kind (PrefillPool or DecodePool, as tandem_operator_pool_replicas has it):
 //
 //   tandem_planner_desired_replicas    the last decision's replicas
 //   tandem_planner_observed_seconds    the observed TTFT/ITL quantile over the

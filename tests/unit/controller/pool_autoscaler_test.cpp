@@ -166,14 +166,14 @@ TEST_F(PoolAutoscalerTest, ATtftMissGrowsThePoolThroughItsScaleSubresource) {
   EXPECT_EQ(condition(planner::kScalingLimited)["status"], "False");
   const std::string metrics = controller->renderMetrics();
   EXPECT_NE(metrics.find("tandem_planner_desired_replicas{namespace=\"serving\",pool=\"prefill\","
-                         "kind=\"prefill\"} 3"),
+                         "kind=\"PrefillPool\"} 3"),
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("tandem_planner_target_seconds{namespace=\"serving\",pool=\"prefill\","
-                         "kind=\"prefill\"} 0.1"),
+                         "kind=\"PrefillPool\"} 0.1"),
             std::string::npos);
   EXPECT_NE(metrics.find("tandem_planner_observed_seconds{namespace=\"serving\",pool=\"prefill\","
-                         "kind=\"prefill\",quantile=\"0.9\"}"),
+                         "kind=\"PrefillPool\",quantile=\"0.9\"}"),
             std::string::npos);
 }
 
