@@ -144,6 +144,7 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
   const bool changed_by_others =
       pool.replicas_changed_externally || (!first && current != previous_spec_replicas_ &&
                                            (!last_written_ || current != *last_written_));
+  if (!first && current != previous_spec_replicas_) resized_at_ = now;
   previous_spec_replicas_ = current;
   const auto wrote = [&](Decision& decision) {
     decision.write = decision.desired_replicas != current;
@@ -237,6 +238,13 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
   desired = std::clamp(desired, current - spec_.max_step, current + spec_.max_step);
   desired = std::clamp(desired, spec_.min_replicas, spec_.max_replicas);
   if (limit_ && desired > current) desired = std::min(desired, std::max(current, limit_->ceiling));
+  // Shrinking is judged on a window observed at the current size only: the
+  // latency seen with more replicas says little about fewer (a pool far
+  // under its target would otherwise fall to minReplicas in a few rounds
+  // and bounce back).
+  const bool resize_settling =
+      resized_at_ && now - *resized_at_ < spec_.window_seconds && desired < current;
+  if (resize_settling) desired = current;
 
   Decision decision = hold(pool, metrics, "Steady",
                            name + ": " + why + "; replicas stay " + std::to_string(current));
@@ -247,7 +255,10 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
     decision.message =
         name + ": " + why + "; recommends " + std::to_string(recommended) + ", replicas stay " +
         std::to_string(current) +
-        (limit_ && recommended > current ? " (capacity limit)" : " (stabilisation window)");
+        (limit_ && recommended > current ? " (capacity limit)"
+         : resize_settling ? " (a scale-down waits for a full " + fixed(spec_.window_seconds) +
+                                 " s window observed at " + std::to_string(current) + " replicas)"
+                           : " (stabilisation window)");
   }
   if (desired != current) {
     std::string message = name + ": " + why + "; recommends " + std::to_string(recommended) +

@@ -146,6 +146,9 @@ class PoolPlanner {
   int consecutive_limits_ = 0;
   int last_ceiling_ = 0;
   std::optional<ManualChange> manual_;
+  // When spec.replicas last changed (by the planner or anyone): scaling down
+  // waits until a whole window has been observed at the new size.
+  std::optional<double> resized_at_;
 };
 
 }  // namespace tandem::planner

@@ -170,6 +170,41 @@ TEST(PoolPlannerTest, ScaleDownOnlyAfterTheStabilisationWindow) {
             "prefill pool p: no requests in the last 60 s; recommends 1; replicas 4 -> 1");
 }
 
+TEST(PoolPlannerTest, EachScaleDownWaitsForAWindowObservedAtTheNewSize) {
+  AutoscalingSpec spec = prefillSpec();
+  spec.max_step = 2;
+  spec.window_seconds = 10;
+  spec.scale_down_stabilization_seconds = 20;
+  PoolPlanner prefill("p", PoolKind::kPrefill, spec);
+  // Grown to 6 by a TTFT miss.
+  ASSERT_EQ(prefill.decide(pool(0, 4), latency(2.0)).desired_replicas, 6);
+  // Far under the target at 6: the proportional rule asks for 1.
+  double t = 1;
+  Decision decision;
+  for (; t <= 40; t += 1) {
+    decision = prefill.decide(pool(t, 6), latency(0.05));
+    if (decision.write) break;
+  }
+  ASSERT_TRUE(decision.write);
+  EXPECT_EQ(decision.recommended_replicas, 1);
+  EXPECT_EQ(decision.desired_replicas, 4) << "maxStep";
+  const double first_down = t;
+  // At 4 replicas the recommendation is still 1, but the window still holds
+  // what was seen at 6: no further step until a whole window at 4.
+  Decision held = prefill.decide(pool(first_down + 1, 4), latency(0.05));
+  EXPECT_EQ(held.desired_replicas, 4);
+  EXPECT_EQ(held.reason, "Stabilizing");
+  EXPECT_NE(held.message.find("waits for a full 10 s window observed at 4 replicas"),
+            std::string::npos)
+      << held.message;
+  EXPECT_EQ(prefill.decide(pool(first_down + 10.5, 4), latency(0.05)).desired_replicas, 4);
+  EXPECT_EQ(prefill.decide(pool(first_down + 11.5, 4), latency(0.05)).desired_replicas, 2);
+  // Scaling up never waits.
+  const Decision up = prefill.decide(pool(first_down + 12.5, 2), latency(3.0));
+  EXPECT_EQ(up.desired_replicas, 4);
+  EXPECT_EQ(up.reason, "ScaledUp");
+}
+
 TEST(PoolPlannerTest, NoScaleDownInTheFirstWindowAfterStart) {
   PoolPlanner decode("d", PoolKind::kDecode, decodeSpec());
   EXPECT_EQ(decode.decide(pool(0, 6), latency(0.01)).desired_replicas, 6);
