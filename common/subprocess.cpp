@@ -126,18 +126,25 @@ std::string Subprocess::readStdout(std::chrono::milliseconds timeout) {
 }
 
 void Subprocess::signal(int signal_number) {
+  // Under the lock: once reaped, the pid may belong to another process.
+  std::lock_guard<std::mutex> lock(exit_mutex_);
   if (pid_ > 0 && !exited_) ::kill(pid_, signal_number);
 }
 
 int Subprocess::wait(std::chrono::milliseconds timeout) {
-  if (exited_) return exit_status_;
   const auto deadline = Clock::now() + timeout;
   for (;;) {
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      exited_ = true;
-      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      return exit_status_;
+    {
+      // Checked on every round: another thread's wait() may have reaped the
+      // child since the last one (our waitpid then fails with ECHILD).
+      std::lock_guard<std::mutex> lock(exit_mutex_);
+      if (exited_) return exit_status_;
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        exited_ = true;
+        return exit_status_;
+      }
     }
     if (Clock::now() >= deadline) return -1;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -5,7 +5,11 @@
 // by the integration tests to run Tandem binaries.
 //
 // The process is killed (SIGKILL) and reaped when the Subprocess is destroyed,
-// unless wait() already saw it exit. One owner: methods are not thread-safe.
+// unless wait() already saw it exit. One owner: the stdout methods
+// (waitForLine, readStdout) are for one thread at a time; wait() and signal()
+// may be called from any thread at the same time (one thread reading output
+// and polling wait(0) while another waits for the exit is fine: whichever
+// reaps the child, every wait() sees its status).
 // Start-up failures (pipe, fork) throw tandem::Error; an executable that
 // cannot be run makes the child exit with status 127.
 #pragma once
@@ -14,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +58,9 @@ class Subprocess {
 
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
+  // Guards reaping: waitpid and the status it yields are one step, so a
+  // wait() never finds the child gone without its status stored.
+  std::mutex exit_mutex_;
   bool exited_ = false;
   int exit_status_ = -1;
   bool stdout_closed_ = false;

@@ -555,6 +555,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   if (auto error = finishRequest(parsed, limits, max_tokens, "max_tokens", "prompt", "prompt")) {
     return *error;
   }
+  parsed.body = std::move(root).value();
   return parsed;
 }
 
@@ -623,6 +624,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
     return *error;
   }
+  parsed.body = std::move(root).value();
   return parsed;
 }
 

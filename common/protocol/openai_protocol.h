@@ -133,6 +133,9 @@ struct ParsedRequest {
   // "none"; reasoning_ended_in_prompt when chat_template_kwargs turned
   // thinking off). Unset when no parser applies.
   std::optional<protocol::ChatOutputOptions> chat_output;
+  // The request body as parsed, for a caller that forwards it (the router)
+  // without parsing it again.
+  nlohmann::json body;
 };
 
 // POST /v1/completions.

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/block_hash.h"
@@ -89,9 +90,11 @@ class AgentTracker {
   // The listed prefill (true) or decode (false) agents.
   std::vector<AgentPtr> agentsOf(bool prefill);
   bool anyHealthy(bool prefill);
-  // How many of `hashes` the agent holds as a leading run (ownership index).
-  int64_t leadingBlocks(const std::string& agent, const std::vector<BlockHash>& hashes) const {
-    return index_.leadingBlocks(agent, hashes);
+  // How many of `hashes` each agent holds as a leading run (ownership index),
+  // from one walk over them; agents absent hold none.
+  std::unordered_map<std::string, int64_t> leadingBlocksForAll(
+      const std::vector<BlockHash>& hashes) const {
+    return index_.leadingBlocksForAll(hashes);
   }
 
  private:

@@ -49,13 +49,20 @@ std::string prefillBody(json body, const json& lent) {
 }
 
 // The decode half: the client's request reading the prefill agent's KV.
-std::string decodeBody(json body, const json& params) {
-  if (!params.is_null()) {
-    json read = params;
-    read["do_remote_prefill"] = true;
-    body["kv_transfer_params"] = std::move(read);
-  }
-  return body.dump();
+// `body` (an object without kv_transfer_params: the router removed the
+// client's) is serialized as it is and the parameters are appended to the
+// text, which spares copying a prompt of many token ids.
+std::string decodeBody(const json& body, const json& params) {
+  std::string text = body.dump();
+  if (params.is_null()) return text;
+  json read = params;
+  read["do_remote_prefill"] = true;
+  const std::string field = "\"kv_transfer_params\":" + read.dump();
+  text.pop_back();  // the object's closing brace
+  if (!body.empty()) text += ',';
+  text += field;
+  text += '}';
+  return text;
 }
 
 size_t blocksOffered(const json& params) {
@@ -162,7 +169,7 @@ awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::st
     metrics_.countClientAbort("queued");
     co_return false;
   }
-  json body = json::parse(body_text);
+  json body = std::move(parsed.value().body);
   body.erase("kv_transfer_params");  // only the router sets these
   const protocol::Request& request = parsed.value().request;
   const bool streaming = parsed.value().stream;
@@ -175,11 +182,13 @@ awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::st
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
   input.block_size = model_.info().block_size;
+  const std::unordered_map<std::string, int64_t> held = agents_.leadingBlocksForAll(hashes);
   auto view = [&](const AgentPtr& agent) {
     AgentView v;
     v.name = agent->endpoint.name;
     v.healthy = agent->healthy;
-    v.leading_blocks = agents_.leadingBlocks(v.name, hashes);
+    const auto leading = held.find(v.name);
+    v.leading_blocks = leading == held.end() ? 0 : leading->second;
     v.running = agent->running;
     v.waiting = agent->waiting;
     v.kv_usage = agent->kv_usage;

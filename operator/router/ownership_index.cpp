@@ -1,23 +1,99 @@
 #include "operator/router/ownership_index.h"
 
+#include <bit>
+
 namespace tandem::router {
+namespace {
+
+constexpr size_t kSlotsPerWord = 64;  // as OwnershipIndex::SlotBits
+
+uint64_t bitOf(size_t slot) { return uint64_t{1} << (slot % kSlotsPerWord); }
+
+}  // namespace
+
+void OwnershipIndex::SlotBits::set(size_t slot) {
+  static_assert(kSlotsPerWord == SlotBits::kSlotsPerWord);
+  const size_t index = slot / kSlotsPerWord;
+  if (index == 0) {
+    first_ |= bitOf(slot);
+    return;
+  }
+  if (rest_.size() < index) rest_.resize(index, 0);
+  rest_[index - 1] |= bitOf(slot);
+}
+
+void OwnershipIndex::SlotBits::reset(size_t slot) {
+  const size_t index = slot / kSlotsPerWord;
+  if (index == 0) {
+    first_ &= ~bitOf(slot);
+  } else if (index - 1 < rest_.size()) {
+    rest_[index - 1] &= ~bitOf(slot);
+  }
+}
+
+bool OwnershipIndex::SlotBits::none() const {
+  if (first_ != 0) return false;
+  for (uint64_t word : rest_) {
+    if (word != 0) return false;
+  }
+  return true;
+}
+
+template <typename Apply>
+void OwnershipIndex::forEachHash(const nlohmann::json& event, Apply apply) {
+  auto it = event.find("block_hashes");
+  if (it == event.end() || !it->is_array()) return;
+  for (const auto& hex : *it) {
+    if (!hex.is_string()) continue;
+    // An agent only sends hashes it computed; one that does not parse names
+    // no block a prompt can have, so it is skipped.
+    StatusOr<BlockHash> hash = BlockHash::fromHex(hex.get_ref<const std::string&>());
+    if (hash.isOk()) apply(hash.value());
+  }
+}
+
+OwnershipIndex::AgentState& OwnershipIndex::stateOf(const std::string& agent) {
+  auto it = agents_.find(agent);
+  if (it != agents_.end()) return it->second;
+  AgentState& state = agents_[agent];
+  if (!free_slots_.empty()) {
+    state.slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    state.slot = next_slot_++;
+  }
+  return state;
+}
+
+void OwnershipIndex::insertBlock(AgentState& state, const BlockHash& hash) {
+  if (!state.blocks.insert(hash).second) return;
+  holders_[hash].set(state.slot);
+}
+
+void OwnershipIndex::eraseBlock(AgentState& state, const BlockHash& hash) {
+  if (state.blocks.erase(hash) == 0) return;
+  auto it = holders_.find(hash);
+  if (it == holders_.end()) return;
+  it->second.reset(state.slot);
+  if (it->second.none()) holders_.erase(it);
+}
+
+void OwnershipIndex::clearBlocks(AgentState& state) {
+  // Copy: eraseBlock removes from the set being walked.
+  const std::vector<BlockHash> held(state.blocks.begin(), state.blocks.end());
+  for (const BlockHash& hash : held) eraseBlock(state, hash);
+}
 
 bool OwnershipIndex::apply(const std::string& agent, const nlohmann::json& event) {
   if (!event.is_object()) return true;
   const std::string type = event.value("type", std::string());
   const uint64_t sequence = event.value("sequence", uint64_t{0});
   std::lock_guard<std::mutex> lock(mutex_);
-  AgentState& state = agents_[agent];
-  auto hashes = [&]() -> const nlohmann::json& {
-    static const nlohmann::json kEmpty = nlohmann::json::array();
-    auto it = event.find("block_hashes");
-    return it != event.end() && it->is_array() ? *it : kEmpty;
-  };
+  AgentState& state = stateOf(agent);
+  auto insert = [&](const BlockHash& hash) { insertBlock(state, hash); };
   if (type == "Snapshot") {
-    state.blocks.clear();
-    for (const auto& hash : hashes()) {
-      if (hash.is_string()) state.blocks.insert(hash.get<std::string>());
-    }
+    clearBlocks(state);
+    forEachHash(event, insert);
     state.sequence = sequence;
     state.trusted = true;
     return true;
@@ -25,7 +101,7 @@ bool OwnershipIndex::apply(const std::string& agent, const nlohmann::json& event
   if (sequence != state.sequence + 1 && state.sequence != 0) {
     // A gap (or a repeat): what this agent holds is unknown from here; the
     // caller resubscribes from the beginning.
-    state.blocks.clear();
+    clearBlocks(state);
     state.sequence = 0;
     state.trusted = false;
     return false;
@@ -33,15 +109,11 @@ bool OwnershipIndex::apply(const std::string& agent, const nlohmann::json& event
   state.sequence = sequence;
   state.trusted = true;
   if (type == "BlockStored") {
-    for (const auto& hash : hashes()) {
-      if (hash.is_string()) state.blocks.insert(hash.get<std::string>());
-    }
+    forEachHash(event, insert);
   } else if (type == "BlockRemoved") {
-    for (const auto& hash : hashes()) {
-      if (hash.is_string()) state.blocks.erase(hash.get<std::string>());
-    }
+    forEachHash(event, [&](const BlockHash& hash) { eraseBlock(state, hash); });
   } else if (type == "AllCleared") {
-    state.blocks.clear();
+    clearBlocks(state);
   }
   return true;
 }
@@ -50,14 +122,18 @@ void OwnershipIndex::untrust(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = agents_.find(agent);
   if (it == agents_.end()) return;
-  it->second.blocks.clear();
+  clearBlocks(it->second);
   it->second.sequence = 0;
   it->second.trusted = false;
 }
 
 void OwnershipIndex::remove(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
-  agents_.erase(agent);
+  auto it = agents_.find(agent);
+  if (it == agents_.end()) return;
+  clearBlocks(it->second);
+  free_slots_.push_back(it->second.slot);
+  agents_.erase(it);
 }
 
 uint64_t OwnershipIndex::lastSequence(const std::string& agent) const {
@@ -79,10 +155,54 @@ int64_t OwnershipIndex::leadingBlocks(const std::string& agent,
   if (it == agents_.end() || !it->second.trusted) return 0;
   int64_t count = 0;
   for (const BlockHash& hash : hashes) {
-    if (it->second.blocks.count(hash.toHex()) == 0) break;
+    if (it->second.blocks.count(hash) == 0) break;
     ++count;
   }
   return count;
+}
+
+std::unordered_map<std::string, int64_t> OwnershipIndex::leadingBlocksForAll(
+    const std::vector<BlockHash>& hashes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unordered_map<std::string, int64_t> result;
+  // The agents still inside their leading run, as slot bits, and who each
+  // slot is.
+  std::vector<uint64_t> running((next_slot_ + kSlotsPerWord - 1) / kSlotsPerWord, 0);
+  std::vector<int64_t> counts(next_slot_, 0);
+  std::vector<const std::string*> names(next_slot_, nullptr);
+  size_t num_running = 0;
+  for (const auto& [name, state] : agents_) {
+    result[name] = 0;
+    if (!state.trusted || state.blocks.empty()) continue;
+    names[state.slot] = &name;
+    running[state.slot / kSlotsPerWord] |= bitOf(state.slot);
+    ++num_running;
+  }
+  int64_t position = 0;
+  for (const BlockHash& hash : hashes) {
+    if (num_running == 0) break;
+    auto it = holders_.find(hash);
+    for (size_t word = 0; word < running.size(); ++word) {
+      const uint64_t held = it == holders_.end() ? 0 : it->second.word(word);
+      uint64_t stopped = running[word] & ~held;
+      running[word] &= held;
+      while (stopped != 0) {
+        const size_t bit = static_cast<size_t>(std::countr_zero(stopped));
+        stopped &= stopped - 1;
+        counts[word * kSlotsPerWord + bit] = position;
+        --num_running;
+      }
+    }
+    ++position;
+  }
+  for (size_t slot = 0; slot < next_slot_; ++slot) {
+    if (names[slot] == nullptr) continue;
+    if ((running[slot / kSlotsPerWord] & bitOf(slot)) != 0) {
+      counts[slot] = position;  // held every hash walked
+    }
+    result[*names[slot]] = counts[slot];
+  }
+  return result;
 }
 
 int64_t OwnershipIndex::numBlocks(const std::string& agent) const {
@@ -94,9 +214,10 @@ int64_t OwnershipIndex::numBlocks(const std::string& agent) const {
 std::vector<std::string> OwnershipIndex::holders(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> out;
-  const std::string hex = hash.toHex();
+  auto it = holders_.find(hash);
+  if (it == holders_.end()) return out;
   for (const auto& [name, state] : agents_) {
-    if (state.trusted && state.blocks.count(hex) != 0) out.push_back(name);
+    if (state.trusted && it->second.has(state.slot)) out.push_back(name);
   }
   return out;
 }

@@ -6,6 +6,11 @@
 // stream drops (or a sequence number is skipped) the agent's blocks are
 // forgotten until a Snapshot or a fresh stream rebuilds them, so the router
 // never sends work to an agent for blocks it may no longer hold.
+//
+// Hashes are kept as 128-bit BlockHash values (an event's hex strings are
+// converted once, when applied; strings that are not 32 hex digits are
+// ignored), both per agent and as one hash -> agents map, so that a routing
+// decision walks a prompt's hashes once for every agent (leadingBlocksForAll).
 // Thread-safe.
 #pragma once
 
@@ -42,19 +47,59 @@ class OwnershipIndex {
   // How many of `hashes` (a prompt's chained block hashes, in order) the
   // agent holds as a leading run; 0 for an untrusted agent.
   int64_t leadingBlocks(const std::string& agent, const std::vector<BlockHash>& hashes) const;
+  // leadingBlocks for every agent the index knows, from one walk over
+  // `hashes`: each known agent maps to what leadingBlocks would return for it
+  // (0 when untrusted). Agents it does not know are absent (they hold nothing).
+  std::unordered_map<std::string, int64_t> leadingBlocksForAll(
+      const std::vector<BlockHash>& hashes) const;
   // Blocks known for the agent, and agents known to hold a hash (for tests
   // and metrics).
   int64_t numBlocks(const std::string& agent) const;
   std::vector<std::string> holders(const BlockHash& hash) const;
 
  private:
+  // One bit per agent slot (AgentState::slot), 64 to a word; the first word
+  // is kept inline, so up to 64 agents cost no allocation per hash.
+  class SlotBits {
+   public:
+    static constexpr size_t kSlotsPerWord = 64;
+    uint64_t word(size_t index) const {
+      if (index == 0) return first_;
+      return index - 1 < rest_.size() ? rest_[index - 1] : 0;
+    }
+    bool has(size_t slot) const {
+      return ((word(slot / kSlotsPerWord) >> (slot % kSlotsPerWord)) & 1U) != 0;
+    }
+    void set(size_t slot);
+    void reset(size_t slot);
+    bool none() const;
+
+   private:
+    uint64_t first_ = 0;
+    std::vector<uint64_t> rest_;
+  };
   struct AgentState {
-    std::unordered_set<std::string> blocks;  // hex hashes
+    std::unordered_set<BlockHash> blocks;
     uint64_t sequence = 0;
     bool trusted = false;
+    size_t slot = 0;
   };
+
+  AgentState& stateOf(const std::string& agent);
+  void insertBlock(AgentState& state, const BlockHash& hash);
+  void eraseBlock(AgentState& state, const BlockHash& hash);
+  void clearBlocks(AgentState& state);
+  // Calls `apply` with each of the event's block_hashes that is a valid hex hash.
+  template <typename Apply>
+  static void forEachHash(const nlohmann::json& event, Apply apply);
+
   mutable std::mutex mutex_;
   std::map<std::string, AgentState> agents_;
+  // hash -> the slots of the agents holding it; entries with no bit set are
+  // erased.
+  std::unordered_map<BlockHash, SlotBits> holders_;
+  std::vector<size_t> free_slots_;
+  size_t next_slot_ = 0;
 };
 
 }  // namespace tandem::router

@@ -25,8 +25,11 @@ const prometheus::Histogram::BucketBoundaries kItlBuckets = {
 const prometheus::Histogram::BucketBoundaries kRequestBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// Fine below 1 ms (the usual decision) and between 10 and 50 ms too, where
+// decisions over 100k-token prompts and many agents have landed.
 const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {
-    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1};
+    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002,
+    0.0025,  0.005,   0.01,   0.02,    0.03,   0.05,  0.1};
 const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5,
                                                                0.6, 0.7, 0.8, 0.9, 1.0};
 
@@ -83,9 +86,11 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                        .Name("tandem_router_index_blocks")
                        .Help("KV blocks the ownership index holds for the agent.")
                        .Register(*registry_);
-  decision_seconds_ =
-      histogram("tandem_router_decision_seconds",
-                "Time to tokenize, hash and choose agents for a request.", kDecisionBuckets);
+  decision_seconds_ = histogram(
+      "tandem_router_decision_seconds",
+      "Time to hash a request's prompt blocks, look up the agents holding them and choose "
+      "agents (parsing and tokenizing the request come before and are not included).",
+      kDecisionBuckets);
   overlap_ = histogram("tandem_router_prefix_overlap_ratio",
                        "Fraction of a prompt's full blocks the chosen agents already held.",
                        kRatioBuckets);

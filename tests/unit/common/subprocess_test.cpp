@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 namespace tandem {
 namespace {
@@ -73,6 +74,27 @@ TEST(Subprocess, MissingProgramExits127AndSignalsAreReported) {
   EXPECT_EQ(sleeper.wait(std::chrono::milliseconds(20)), -1) << "still running";
   sleeper.signal(SIGTERM);
   EXPECT_EQ(sleeper.wait(seconds(10)), 128 + SIGTERM);
+}
+
+// One thread polls wait(0) (as a thread reading the child's output does)
+// while another waits long for the exit: whichever reaps the child, the long
+// wait returns its status instead of running to its deadline.
+TEST(Subprocess, AWaitSeesAChildReapedByAnotherThread) {
+  for (int round = 0; round < 3; ++round) {
+    Subprocess sleeper({"/bin/sh", "-c", "echo ready; exec sleep 30"}, "");
+    ASSERT_EQ(sleeper.waitForLine("ready", seconds(10)), "ready");
+    auto long_wait = std::async(std::launch::async, [&] { return sleeper.wait(seconds(50)); });
+    EXPECT_EQ(sleeper.wait(std::chrono::milliseconds(20)), -1) << "still running";
+    sleeper.signal(SIGTERM);
+    int polled = -1;
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    while (polled < 0 && std::chrono::steady_clock::now() < deadline)
+      polled = sleeper.wait(seconds(0));
+    EXPECT_EQ(polled, 128 + SIGTERM);
+    ASSERT_EQ(long_wait.wait_for(seconds(20)), std::future_status::ready)
+        << "the long wait missed the exit seen by the other thread";
+    EXPECT_EQ(long_wait.get(), 128 + SIGTERM);
+  }
 }
 
 TEST(Subprocess, DestructionKillsTheChild) {

@@ -40,6 +40,22 @@ TEST(RouterMetricsTest, AgentCountsAndRemovedAgentsSeries) {
   EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-b\""), 0);
 }
 
+// Decisions over large prompts are told apart: 15, 25 and 40 ms land in
+// different buckets, and a 1.5 ms one is below the 2 ms bound.
+TEST(RouterMetricsTest, DecisionBucketsSplitTensOfMilliseconds) {
+  RouterMetrics metrics;
+  for (double seconds : {0.0015, 0.015, 0.025, 0.04}) metrics.observeDecision(seconds, 0.5);
+  const std::string text = metrics.render();
+  const std::string name = "tandem_router_decision_seconds_bucket";
+  EXPECT_EQ(sample(text, name, "le=\"0.001\""), 0);
+  EXPECT_EQ(sample(text, name, "le=\"0.002\""), 1);
+  EXPECT_EQ(sample(text, name, "le=\"0.01\""), 1);
+  EXPECT_EQ(sample(text, name, "le=\"0.02\""), 2);
+  EXPECT_EQ(sample(text, name, "le=\"0.03\""), 3);
+  EXPECT_EQ(sample(text, name, "le=\"0.05\""), 4);
+  EXPECT_EQ(sample(text, "tandem_router_decision_seconds_count", ""), 4);
+}
+
 // The router's /metrics follows setAgents: counts per role, and a series for
 // each listed agent only. Agents are on a port nothing listens on, so none
 // becomes healthy.

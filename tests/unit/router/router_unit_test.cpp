@@ -5,6 +5,12 @@
 // the KV under round-robin.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <random>
+#include <set>
+
 #include "common/block_hash.h"
 #include "operator/router/ownership_index.h"
 #include "operator/router/policy.h"
@@ -57,6 +63,103 @@ TEST(OwnershipIndex, AGapUntrustsTheAgentUntilASnapshot) {
   EXPECT_TRUE(index.apply("a", {{"sequence", 10}, {"type", "AllCleared"}}));
   index.untrust("a");
   EXPECT_EQ(index.lastSequence("a"), 0u) << "a dropped stream starts over from the beginning";
+}
+
+TEST(OwnershipIndex, IgnoresHashesThatAreNotHexAndAcceptsEitherCase) {
+  OwnershipIndex index;
+  const auto hashes = hashesOf(3, 3);
+  std::string upper = hashes[1].toHex();
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  ASSERT_TRUE(index.apply("a", {{"sequence", 1},
+                                {"type", "BlockStored"},
+                                {"block_hashes", {hashes[0].toHex(), upper, "not-a-hash", 7}}}));
+  EXPECT_EQ(index.numBlocks("a"), 2);
+  EXPECT_EQ(index.leadingBlocks("a", hashes), 2);
+}
+
+// Every agent's answer from the one walk equals its own leadingBlocks, and
+// both equal a plain reference (hex strings per agent), over random streams
+// of stores, removals, clears, snapshots, gaps, untrusts and removals of
+// agents, with more agents than one 64-bit word of slots.
+TEST(OwnershipIndex, LeadingBlocksForAllEqualsEachAgentsLeadingBlocks) {
+  std::mt19937 random(7);
+  constexpr int kPrompts = 12;
+  constexpr int kBlocksPerPrompt = 40;
+  std::vector<std::vector<BlockHash>> prompts;
+  for (int p = 0; p < kPrompts; ++p) {
+    // Prompts share a leading part of varying length with prompt 0.
+    std::vector<BlockHash> hashes = hashesOf(kBlocksPerPrompt, 100 + p);
+    const auto base = hashesOf(kBlocksPerPrompt, 100);
+    const int shared = p == 0 ? 0 : static_cast<int>(random() % kBlocksPerPrompt);
+    std::copy(base.begin(), base.begin() + shared, hashes.begin());
+    prompts.push_back(hashes);
+  }
+  OwnershipIndex index;
+  std::map<std::string, std::set<std::string>> reference;  // trusted agents only
+  std::map<std::string, uint64_t> sequence;
+  auto hexOf = [](const std::vector<BlockHash>& hashes) {
+    json list = json::array();
+    for (const auto& h : hashes) list.push_back(h.toHex());
+    return list;
+  };
+  for (int step = 0; step < 3000; ++step) {
+    const std::string agent = "agent-" + std::to_string(random() % 70);
+    const auto& prompt = prompts[random() % kPrompts];
+    const size_t from = random() % prompt.size();
+    const size_t to = from + random() % (prompt.size() - from) + 1;
+    const std::vector<BlockHash> some(prompt.begin() + from, prompt.begin() + to);
+    const int what = static_cast<int>(random() % 100);
+    if (what < 55) {
+      // Mostly leading runs, as an agent stores a prompt's blocks.
+      const std::vector<BlockHash> leading(prompt.begin(), prompt.begin() + to);
+      ASSERT_TRUE(index.apply(agent, stored(++sequence[agent], leading)));
+      for (const auto& h : leading) reference[agent].insert(h.toHex());
+    } else if (what < 80) {
+      ASSERT_TRUE(index.apply(agent, {{"sequence", ++sequence[agent]},
+                                      {"type", "BlockRemoved"},
+                                      {"block_hashes", hexOf(some)}}));
+      for (const auto& h : some) reference[agent].erase(h.toHex());
+    } else if (what < 84) {
+      ASSERT_TRUE(index.apply(agent, {{"sequence", ++sequence[agent]}, {"type", "AllCleared"}}));
+      reference[agent].clear();
+    } else if (what < 88) {
+      sequence[agent] = 50 + random() % 10;
+      ASSERT_TRUE(index.apply(
+          agent,
+          {{"sequence", sequence[agent]}, {"type", "Snapshot"}, {"block_hashes", hexOf(some)}}));
+      reference[agent].clear();
+      for (const auto& h : some) reference[agent].insert(h.toHex());
+    } else if (what < 92) {
+      if (sequence[agent] == 0) continue;
+      EXPECT_FALSE(index.apply(agent, stored(sequence[agent] + 2, some)));
+      sequence[agent] = 0;
+      reference.erase(agent);
+    } else if (what < 96) {
+      index.untrust(agent);
+      sequence[agent] = 0;
+      reference.erase(agent);
+    } else {
+      index.remove(agent);
+      sequence[agent] = 0;
+      reference.erase(agent);
+    }
+    if (step % 50 != 0) continue;
+    for (const auto& query : prompts) {
+      const auto all = index.leadingBlocksForAll(query);
+      for (int a = 0; a < 70; ++a) {
+        const std::string name = "agent-" + std::to_string(a);
+        int64_t expected = 0;
+        auto held = reference.find(name);
+        while (held != reference.end() && expected < static_cast<int64_t>(query.size()) &&
+               held->second.count(query[expected].toHex()) != 0) {
+          ++expected;
+        }
+        ASSERT_EQ(index.leadingBlocks(name, query), expected) << name << " at step " << step;
+        auto it = all.find(name);
+        ASSERT_EQ(it == all.end() ? 0 : it->second, expected) << name << " at step " << step;
+      }
+    }
+  }
 }
 
 AgentView agent(const std::string& name, int64_t leading_blocks, int64_t running = 0) {
