@@ -219,12 +219,15 @@ class LocalPlannerTest : public ::testing::Test {
     start(*mode_);
     ASSERT_TRUE(eventually([&] { return mode_->routerPort() != 0; }, seconds(60))) << runError();
     // Prefilled on prefill-0 and decoded on decode-0 after a KV hand-off.
+    // A fresh prompt each try: one the decode agent already holds would be
+    // served without a prefill agent.
+    uint32_t seed = 1000;
     ASSERT_TRUE(eventually(
         [&] {
-          std::optional<std::string> prefill = sendOne(1000);
+          std::optional<std::string> prefill = sendOne(seed++);
           return prefill && *prefill == "prefill-0";
         },
-        seconds(30)))
+        seconds(90)))
         << "the router served no disaggregated request: " << lastFailure();
   }
 

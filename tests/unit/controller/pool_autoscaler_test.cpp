@@ -164,11 +164,14 @@ TEST_F(PoolAutoscalerTest, ATtftMissGrowsThePoolThroughItsScaleSubresource) {
   ASSERT_TRUE(waitUntil([&] { return condition(planner::kScalingConflict).is_object(); }));
   EXPECT_EQ(condition(planner::kScalingConflict)["status"], "False");
   EXPECT_EQ(condition(planner::kScalingLimited)["status"], "False");
-  const std::string metrics = controller->renderMetrics();
-  EXPECT_NE(metrics.find("tandem_planner_desired_replicas{namespace=\"serving\",pool=\"prefill\","
-                         "kind=\"PrefillPool\"} 3"),
-            std::string::npos)
-      << metrics;
+  // The metrics follow the write within the same round.
+  std::string metrics;
+  EXPECT_TRUE(waitUntil([&] {
+    metrics = controller->renderMetrics();
+    return metrics.find(
+               "tandem_planner_desired_replicas{namespace=\"serving\",pool=\"prefill\","
+               "kind=\"PrefillPool\"} 3") != std::string::npos;
+  })) << metrics;
   EXPECT_NE(metrics.find("tandem_planner_target_seconds{namespace=\"serving\",pool=\"prefill\","
                          "kind=\"PrefillPool\"} 0.1"),
             std::string::npos);
@@ -227,6 +230,7 @@ TEST_F(PoolAutoscalerTest, AManualScaleIsRespectedForTheWindowThenOverwrittenWit
   server_.put(autoscaledPrefillPool(1, {{"minReplicas", 1},
                                         {"maxReplicas", 4},
                                         {"targetTTFTSeconds", 0.1},
+                                        {"windowSeconds", 2},
                                         {"scaleDownStabilizationSeconds", 5}}));
   auto controller = startController(/*ttft_seconds=*/0.01);
   ASSERT_TRUE(waitUntil([&] { return source_->scrapedPods() >= 3; }));
