@@ -1,13 +1,17 @@
 // `tandem-bench multiturn` against a real `tandem-agent serve` on the tiny
 // model: every turn of every conversation accounted for, each turn's prompt
 // is exactly the previous prompt + its answer + the new user tokens, later
-// turns hit the prefix cache, and the JSON report's shape. Nothing here
-// depends on speed.
+// turns hit the prefix cache, and the JSON report's shape. Then, with
+// --cluster-file, both routing policies in one run against fresh local-mode
+// clusters of simulated agents: goodput under an SLO, and the prompt tokens
+// the agents computed against the plan's minimum. Nothing here depends on
+// speed.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -235,6 +239,108 @@ TEST_F(BenchMultiTurnTest, BadOptionsAreRefusedNamingWhatIsAccepted) {
   EXPECT_EQ(bad_url.exit_code, 1);
   EXPECT_NE(bad_url.err.find("--base-url must be scheme://host[:port]"), std::string::npos)
       << bad_url.err;
+}
+
+// A local-mode cluster of one simulated prefill and one simulated decode
+// agent on the tiny model, with the H100 profile.
+std::string simulatedClusterYaml() {
+  std::string yaml;
+  for (const char* kind : {"PrefillPool", "DecodePool"}) {
+    const std::string name = std::string(kind) == "PrefillPool" ? "prefill" : "decode";
+    yaml += std::string("apiVersion: tandem.dev/v1alpha1\nkind: ") + kind +
+            "\nmetadata:\n  name: " + name + "\nspec:\n  replicas: 1\n  model:\n    path: " +
+            ::tandem::testing::tinyModelDir().string() +
+            "\n    name: tiny\n  engine:\n    simulate: " + TANDEM_SOURCE_DIR +
+            "/profiles/llama3.1-8b-h100.yaml\n    numBlocks: 128\n"
+            "  kvTransfer:\n    connector: ucx\n    role: kv_both\n---\n";
+  }
+  return yaml;
+}
+
+TEST_F(BenchMultiTurnTest, BothPoliciesInOneRunCountComputedPromptTokensAndGoodput) {
+  const fs::path cluster = dir_ / "sim-1p1d.yaml";
+  { std::ofstream(cluster) << simulatedClusterYaml(); }
+  // Turn 1 (prefix + up to 30 new tokens) is long enough to be disaggregated;
+  // turn 2's uncached part is short, so the kv policy prefills it on the
+  // decode agent: both agents compute prompt tokens.
+  const std::string workload =
+      " --cluster-file '" + cluster.string() + "' --work-dir '" + (dir_ / "clusters").string() +
+      "' --policies kv,round_robin --num-clients 2 --num-conversations 3 --turns 2"
+      " --shared-prefix-tokens 270 --input-tokens uniform:10,30 --output-tokens constant:6"
+      " --seed 3";
+  const BenchRun run = bench(workload + " --slo-ttft-ms 1e9 --slo-itl-ms 1e9");
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const json& r = run.report;
+  ASSERT_EQ(r["policies"].size(), 2u) << r.dump(1).substr(0, 2000);
+  EXPECT_EQ(r["policies"][0]["policy"], "kv");
+  EXPECT_EQ(r["policies"][1]["policy"], "round_robin");
+  EXPECT_EQ(r["ratios"]["numerator"], "kv");
+  EXPECT_EQ(r["ratios"]["denominator"], "round_robin");
+  EXPECT_TRUE(r["ratios"]["figures"]["ttft_ms.mean"].is_number()) << r["ratios"];
+  for (const json& p : r["policies"]) {
+    const std::string where = p["policy"];
+    EXPECT_EQ(p["completed"], 6) << where;
+    EXPECT_EQ(p["failed"], 0) << where;
+    EXPECT_EQ(p["skipped"], 0) << where;
+
+    // Every request met an SLO of 1e9 ms: goodput is the throughput.
+    ASSERT_TRUE(p["goodput"].is_object()) << where;
+    EXPECT_EQ(p["goodput"]["good"], 6) << where;
+    EXPECT_EQ(p["goodput"]["share"], 1.0) << where;
+    EXPECT_DOUBLE_EQ(p["goodput"]["goodput"].get<double>(), p["request_throughput"].get<double>())
+        << where;
+
+    // Prompt tokens computed: every agent read, the sum at least the
+    // minimum, and equal to what the agents' counters moved by.
+    const json& c = p["prompt_tokens_computed"];
+    ASSERT_TRUE(c.is_object()) << where;
+    ASSERT_EQ(c["agents"].size(), 2u) << c;
+    ASSERT_TRUE(c["computed"].is_number()) << c;
+    const double computed = c["computed"];
+    EXPECT_GE(computed, c["minimum"].get<double>()) << c;
+    EXPECT_LE(c["minimum"].get<double>(), c["distinct"].get<double>()) << c;
+    EXPECT_DOUBLE_EQ(c["ratio"].get<double>(), computed / c["minimum"].get<double>());
+    double moved_computed = 0, moved_by_counters = 0;
+    for (const json& agent : c["agents"]) {
+      const json &before = agent["before"], &after = agent["after"];
+      const double d_computed =
+          after["computed_tokens"].get<double>() - before["computed_tokens"].get<double>();
+      const double d_generated =
+          after["generation_tokens"].get<double>() - before["generation_tokens"].get<double>();
+      const double d_finished =
+          after["finished_requests"].get<double>() - before["finished_requests"].get<double>();
+      EXPECT_GT(d_computed, 0.0) << where << ": every agent computed something " << agent;
+      moved_computed += d_computed;
+      moved_by_counters += d_computed - (d_generated - d_finished);
+    }
+    EXPECT_DOUBLE_EQ(computed, moved_by_counters) << c;
+    // Independently of the agents' generation counters: all they computed
+    // is the prompt tokens plus one decode step per answer token but the first.
+    int64_t decode_steps = 0;
+    for (const json& request : p["requests"]) {
+      decode_steps += request["completion_tokens"].get<int64_t>() - 1;
+    }
+    EXPECT_DOUBLE_EQ(moved_computed, computed + static_cast<double>(decode_steps)) << c;
+  }
+  EXPECT_NE(run.out.find("kv/round_robin"), std::string::npos) << run.out;
+
+  // An SLO of 0 ms: no request is good.
+  const BenchRun strict = bench(workload + " --slo-ttft-ms 0 --slo-itl-ms 0");
+  ASSERT_EQ(strict.exit_code, 0) << strict.out << strict.err;
+  ASSERT_EQ(strict.report["policies"].size(), 2u);
+  for (const json& p : strict.report["policies"]) {
+    EXPECT_EQ(p["goodput"]["good"], 0) << p["policy"];
+    EXPECT_EQ(p["goodput"]["goodput"], 0.0) << p["policy"];
+    EXPECT_EQ(p["goodput"]["share"], 0.0) << p["policy"];
+    EXPECT_GT(p["request_throughput"].get<double>(), 0.0) << p["policy"];
+  }
+
+  std::string bad_workload = workload;
+  bad_workload.replace(bad_workload.find("kv,round_robin"), 14, "kv,fastest");
+  const BenchRun bad = bench(bad_workload);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--policies takes kv, round_robin or random"), std::string::npos)
+      << bad.err;
 }
 
 }  // namespace

@@ -201,10 +201,10 @@ LocalCluster::LocalCluster(const LocalClusterOptions& options, std::chrono::seco
   if (::access(binary.c_str(), X_OK) != 0) {
     throw Error(binary.string() + " is not an executable tandem-operator; pass --operator-bin");
   }
-  operator_ =
-      std::make_unique<Subprocess>(std::vector<std::string>{binary.string(), "local", "-f",
-                                                            cluster_file_.string(), "--port", "0"},
-                                   work_dir_ / "operator.stderr");
+  std::vector<std::string> argv = {binary.string(),        "local",  "-f",
+                                   cluster_file_.string(), "--port", "0"};
+  argv.insert(argv.end(), options.operator_args.begin(), options.operator_args.end());
+  operator_ = std::make_unique<Subprocess>(argv, work_dir_ / "operator.stderr");
   drain_thread_ = std::thread([this] { drainOutput(); });
   try {
     waitUntilServing(startup_timeout);
@@ -251,7 +251,11 @@ LocalCluster::~LocalCluster() {
   for (const ClusterAgent& agent : agents()) agent_pids.push_back(agent.pid);
   for (pid_t pid : agent_pids) ::kill(pid, SIGCONT);  // a stopped agent cannot drain
   operator_->signal(SIGTERM);
-  operator_->wait(std::chrono::seconds(60));
+  // The drain thread polls the operator too and may be the one that reaps
+  // it; a long wait() would not see that, so wait in short slices.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (operator_->wait(milliseconds(100)) < 0 && std::chrono::steady_clock::now() < deadline) {
+  }
   stopDraining();
   scanLog();
   // Agents outlive a killed operator (docs/local-mode.md): stop any left.

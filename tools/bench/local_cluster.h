@@ -38,6 +38,8 @@ struct LocalClusterOptions {
   std::string cluster_file;
   std::string operator_bin;  // empty: tandem-operator next to tandem-bench
   std::string agent_bin;     // reference agent; empty: tandem-agent next to tandem-bench
+  std::vector<std::string>
+      operator_args;  // appended to `local -f FILE --port 0` (e.g. --policy kv)
   // For a written cluster file:
   std::string model_dir;  // empty: the tiny test model, written into work_dir
   int prefill_replicas = 2;

@@ -8,6 +8,7 @@
 #include "tools/bench/chaos_bench.h"
 #include "tools/bench/engine_bench.h"
 #include "tools/bench/multiturn_bench.h"
+#include "tools/bench/planner_bench.h"
 #include "tools/bench/router_bench.h"
 #include "tools/bench/serve_bench.h"
 #include "tools/bench/soak_bench.h"
@@ -60,6 +61,39 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   router->add_option("--json", router_options.json_path, "also write the figures as JSON here");
+  router
+      ->add_option("--agents", router_options.scale.agents,
+                   "cluster mode: start this many simulated agents (half prefill, half decode) "
+                   "behind tandem-operator local instead of using --agent-url; 0: off")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  router
+      ->add_option("--simulate", router_options.scale.simulate,
+                   "cluster mode: the agents' step-time profile")
+      ->capture_default_str();
+  router->add_option("--policy", router_options.scale.policy, "cluster mode: the router's policy")
+      ->check(CLI::IsMember({"kv", "round_robin", "random"}))
+      ->capture_default_str();
+  router
+      ->add_option("--prompt", router_options.scale.prompt_kinds,
+                   "cluster mode: prompts sent as token ids, text or both")
+      ->check(CLI::IsMember({"ids", "text", "both"}))
+      ->capture_default_str();
+  router
+      ->add_option("--shared-prefix", router_options.scale.shared_prefix,
+                   "cluster mode: fraction of every prompt that all prompts share")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  router->add_option("--model-dir", router_options.scale.model_dir,
+                     "cluster mode: model directory (default: the tiny test model)");
+  router
+      ->add_option("--kv-cache-memory", router_options.scale.kv_cache_memory,
+                   "cluster mode: each agent's simulated KV memory")
+      ->capture_default_str();
+  router->add_option("--work-dir", router_options.scale.work_dir,
+                     "cluster mode: logs and cluster file (default: a temporary directory)");
+  router->add_option("--operator-bin", router_options.scale.operator_bin,
+                     "cluster mode: tandem-operator (default: next to tandem-bench)");
 
   auto* multiturn = app.add_subcommand(
       "multiturn", "multi-turn conversations against a running OpenAI-compatible server");
@@ -114,6 +148,25 @@ int main(int argc, char** argv) {
                         "also write the figures, per turn and per request, as JSON here");
   multiturn->add_option("--plot", multiturn_options.plot_path,
                         "also draw the TTFT CDF into this PNG (needs gnuplot on PATH)");
+  multiturn->add_option("--slo-ttft-ms", multiturn_options.slo_ttft_ms,
+                        "goodput: a good request's TTFT is at most this many ms");
+  multiturn->add_option("--slo-itl-ms", multiturn_options.slo_itl_ms,
+                        "goodput: a good request's mean ITL is at most this many ms");
+  multiturn
+      ->add_option("--agent-metrics", multiturn_options.agent_metrics,
+                   "agents' base URLs (comma-separated) whose counters give prompt tokens computed")
+      ->delimiter(',');
+  multiturn->add_option("--cluster-file", multiturn_options.cluster_file,
+                        "start tandem-operator local -f FILE per policy instead of --base-url");
+  multiturn
+      ->add_option("--policies", multiturn_options.policies,
+                   "with --cluster-file: routing policies to compare, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  multiturn->add_option("--work-dir", multiturn_options.work_dir,
+                        "with --cluster-file: where the clusters' logs go (default: a temp dir)");
+  multiturn->add_option("--operator-bin", multiturn_options.operator_bin,
+                        "with --cluster-file: tandem-operator (default: next to tandem-bench)");
 
   auto* serve = app.add_subcommand(
       "serve", "latency and throughput of a running OpenAI-compatible server under load");
@@ -347,6 +400,70 @@ int main(int argc, char** argv) {
   calibrate->add_option("--json", calibrate_options.json_path,
                         "also write the per-shape figures and the fit as JSON here");
 
+  auto* planner = app.add_subcommand(
+      "planner", "the SLA planner on a load ramp: replicas, TTFT/ITL p90 and goodput per phase");
+  tandem::bench::PlannerBenchOptions planner_options;
+  planner->add_option("--cluster-file", planner_options.cluster_file,
+                      "cluster file to run (default: a generated one of simulated agents)");
+  planner->add_option("--operator-bin", planner_options.operator_bin,
+                      "tandem-operator (default: next to tandem-bench)");
+  planner
+      ->add_option("--phases", planner_options.phases,
+                   "DURATION:RATE:SHAPE,... (seconds, requests/s, prefill or decode)")
+      ->capture_default_str();
+  planner
+      ->add_option("--planner-interval", planner_options.planner_interval_s,
+                   "seconds between planner rounds")
+      ->capture_default_str();
+  planner->add_option("--model-dir", planner_options.model_dir, "generated cluster: model")
+      ->capture_default_str();
+  planner->add_option("--profile", planner_options.profile, "generated cluster: step profile")
+      ->capture_default_str();
+  planner->add_option("--min-replicas", planner_options.min_replicas, "generated cluster")
+      ->capture_default_str();
+  planner->add_option("--max-replicas", planner_options.max_replicas, "generated cluster")
+      ->capture_default_str();
+  planner
+      ->add_option("--target-ttft", planner_options.target_ttft_s,
+                   "generated cluster: prefill targetTTFTSeconds")
+      ->capture_default_str();
+  planner
+      ->add_option("--target-itl", planner_options.target_itl_s,
+                   "generated cluster: decode targetITLSeconds")
+      ->capture_default_str();
+  planner->add_option("--window", planner_options.window_s, "generated cluster: windowSeconds")
+      ->capture_default_str();
+  planner
+      ->add_option("--scale-down-stabilization", planner_options.scale_down_stabilization_s,
+                   "generated cluster: scaleDownStabilizationSeconds")
+      ->capture_default_str();
+  planner->add_option("--max-step", planner_options.max_step, "generated cluster: maxStep")
+      ->capture_default_str();
+  planner->add_option("--prefill-prompt-tokens", planner_options.prefill_prompt_tokens)
+      ->capture_default_str();
+  planner->add_option("--prefill-output-tokens", planner_options.prefill_output_tokens)
+      ->capture_default_str();
+  planner->add_option("--decode-prompt-tokens", planner_options.decode_prompt_tokens)
+      ->capture_default_str();
+  planner->add_option("--decode-output-tokens", planner_options.decode_output_tokens)
+      ->capture_default_str();
+  planner->add_option("--vocab-range", planner_options.vocab_range, "prompt token ids LO:HI")
+      ->capture_default_str();
+  planner->add_option("--seed", planner_options.seed, "arrivals and prompts")
+      ->capture_default_str();
+  planner
+      ->add_option("--max-concurrency", planner_options.max_concurrency,
+                   "requests in flight at most")
+      ->capture_default_str();
+  planner
+      ->add_option("--read-timeout", planner_options.read_timeout_s,
+                   "longest wait for the next bytes of a response")
+      ->capture_default_str();
+  planner->add_option("--work-dir", planner_options.work_dir, "logs and generated files");
+  planner->add_option("--json", planner_options.json_path, "also write the figures as JSON here");
+  planner->add_option("--plot", planner_options.plot_path,
+                      "draw replicas and TTFT/ITL p90 over time into this PNG (needs gnuplot)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
@@ -357,6 +474,7 @@ int main(int argc, char** argv) {
     if (chaos->parsed()) return tandem::bench::runChaosBench(chaos_options);
     if (soak->parsed()) return tandem::bench::runSoakBench(soak_options);
     if (calibrate->parsed()) return tandem::bench::runCalibrateBench(calibrate_options);
+    if (planner->parsed()) return tandem::bench::runPlannerBench(planner_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;

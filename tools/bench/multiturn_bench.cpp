@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +28,8 @@
 #include "common/status.h"
 #include "tools/bench/bench_options.h"
 #include "tools/bench/latency_stats.h"
+#include "tools/bench/multiturn_computed_tokens.h"
+#include "tools/bench/multiturn_policies.h"
 #include "tools/bench/openai_client.h"
 #include "tools/bench/progress_bar.h"
 
@@ -150,6 +153,72 @@ void validate(const MultiTurnBenchOptions& options) {
   if (options.progress != "auto" && options.progress != "on" && options.progress != "off") {
     throw Error("--progress takes auto, on or off, got \"" + options.progress + "\"");
   }
+  for (auto [flag, slo] : {std::pair{"--slo-ttft-ms", options.slo_ttft_ms},
+                           std::pair{"--slo-itl-ms", options.slo_itl_ms}}) {
+    if (slo && !(*slo >= 0.0)) {
+      throw Error(std::string(flag) + " must be a number of milliseconds >= 0, got " +
+                  numberText(*slo));
+    }
+  }
+  if (!options.cluster_file.empty()) validatePolicies(options.policies);
+}
+
+// Goodput as DistServe and vLLM's benchmarks define it: completed requests
+// per second that meet every SLO given. A request's ITL figure is its mean
+// gap between tokens, (E2EL - TTFT) / (tokens - 1); one with a single token
+// has no gap and meets any ITL SLO.
+struct Goodput {
+  int64_t good = 0;
+  double per_s = 0.0;
+  double share = 0.0;  // good / requests of the plan (failed and skipped are not good)
+};
+
+bool meetsSlo(const StreamedCompletion& r, const MultiTurnBenchOptions& options) {
+  if (!r.success) return false;
+  if (options.slo_ttft_ms && r.ttft_s * 1e3 > *options.slo_ttft_ms) return false;
+  if (options.slo_itl_ms && r.completion_tokens > 1 &&
+      r.tpotSeconds() * 1e3 > *options.slo_itl_ms) {
+    return false;
+  }
+  return true;
+}
+
+// The fewest prompt tokens the cluster could have computed for the turns
+// that completed: the shared prefix once, then for each conversation its
+// final prompt (its last completed turn's) less the prefix, less the tokens
+// of earlier answers whose KV the decode steps already computed (all but
+// each answer's last token). `distinct` leaves the answers in: the distinct
+// prompt tokens of the plan.
+struct PromptMinimum {
+  int64_t minimum = 0;
+  int64_t distinct = 0;
+};
+
+PromptMinimum promptMinimum(const std::vector<TurnRecord>& records, int turns, int64_t prefix) {
+  PromptMinimum result;
+  bool any = false;
+  for (size_t first = 0; first + static_cast<size_t>(turns) <= records.size();
+       first += static_cast<size_t>(turns)) {
+    int64_t decoded_kv = 0;  // answer tokens of earlier turns with KV from decode
+    int64_t pending = 0;     // the same, up to the turn before the current one
+    const TurnRecord* last = nullptr;
+    for (int t = 0; t < turns; ++t) {
+      const TurnRecord& record = records[first + static_cast<size_t>(t)];
+      if (record.skipped || !record.result.success) break;
+      decoded_kv = pending;
+      pending += std::max<int64_t>(0, record.result.completion_tokens - 1);
+      last = &record;
+    }
+    if (last == nullptr) continue;
+    any = true;
+    result.distinct += last->prompt_len - prefix;
+    result.minimum += last->prompt_len - prefix - decoded_kv;
+  }
+  if (any) {
+    result.distinct += prefix;
+    result.minimum += prefix;
+  }
+  return result;
 }
 
 // Refuses a plan whose longest conversation cannot fit the model's context.
@@ -344,9 +413,10 @@ Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution
   return plan;
 }
 
-int runMultiTurnBench(const MultiTurnBenchOptions& options) {
-  validate(options);
-  const std::string base_url = checkedBaseUrl(options.base_url, "--base-url");
+MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
+                                  const std::string& server_url,
+                                  const std::vector<std::string>& agent_urls) {
+  const std::string base_url = checkedBaseUrl(server_url, "--base-url");
   const auto input = TokenCountDistribution::parse(options.input_tokens, "--input-tokens");
   const auto output = TokenCountDistribution::parse(options.output_tokens, "--output-tokens");
   const auto vocab = parseVocabRange(options.vocab_range);
@@ -407,6 +477,8 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
 
   const std::optional<CacheCounters> counters_before =
       readCacheCounters(base_url, options.read_timeout_s);
+  const std::vector<AgentSnapshot> agents_before =
+      snapshotAgents(agent_urls, options.read_timeout_s);
 
   std::atomic<int> next_conversation{0};
   std::mutex arrival_mutex;
@@ -490,6 +562,14 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
 
   const std::optional<CacheCounters> counters_after =
       readCacheCounters(base_url, options.read_timeout_s);
+  const ComputedPromptTokens computed = computedPromptTokens(
+      agents_before, settledSnapshot(agent_urls, options.read_timeout_s, 10.0));
+  const PromptMinimum minimum = promptMinimum(records, turns, options.shared_prefix_tokens);
+  const bool has_slo = options.slo_ttft_ms || options.slo_itl_ms;
+  Goodput goodput;
+  for (const TurnRecord& record : records) {
+    if (!record.skipped && meetsSlo(record.result, options)) ++goodput.good;
+  }
 
   std::vector<const TurnRecord*> all;
   std::vector<std::vector<const TurnRecord*>> by_turn(static_cast<size_t>(turns));
@@ -517,6 +597,12 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
   const double output_throughput = static_cast<double>(overall.output_tokens) / duration_s;
   const double total_throughput =
       static_cast<double>(overall.input_tokens + overall.output_tokens) / duration_s;
+  goodput.per_s = static_cast<double>(goodput.good) / duration_s;
+  goodput.share = static_cast<double>(goodput.good) / static_cast<double>(num_requests);
+  // computed / minimum; NaN when either is unknown.
+  const bool has_ratio = computed.complete && minimum.minimum > 0;
+  const double computed_ratio = has_ratio ? computed.total / static_cast<double>(minimum.minimum)
+                                          : std::numeric_limits<double>::quiet_NaN();
 
   std::printf("%-46s %12s\n", "figure", "value");
   std::printf("%-46s %12.2f\n", "duration (s)", duration_s);
@@ -530,6 +616,30 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
   std::printf("%-46s %12.2f\n", "request throughput (req/s)", request_throughput);
   std::printf("%-46s %12.1f\n", "output token throughput (tok/s)", output_throughput);
   std::printf("%-46s %12.1f\n", "total token throughput (tok/s)", total_throughput);
+  if (has_slo) {
+    char slo[96];
+    std::snprintf(slo, sizeof(slo), "(TTFT <= %s ms, mean ITL <= %s ms: %lld good, %.1f %%)",
+                  options.slo_ttft_ms ? numberText(*options.slo_ttft_ms).c_str() : "any",
+                  options.slo_itl_ms ? numberText(*options.slo_itl_ms).c_str() : "any",
+                  static_cast<long long>(goodput.good), goodput.share * 100.0);
+    std::printf("%-46s %12.2f  %s\n", "goodput (req/s)", goodput.per_s, slo);
+  }
+  if (!agent_urls.empty()) {
+    char minimum_text[96];
+    std::snprintf(minimum_text, sizeof(minimum_text), "(minimum %lld, distinct %lld, %zu agents)",
+                  static_cast<long long>(minimum.minimum), static_cast<long long>(minimum.distinct),
+                  agent_urls.size());
+    if (computed.complete) {
+      std::printf("%-46s %12.0f  %s\n", "prompt tokens computed, all agents", computed.total,
+                  minimum_text);
+      char ratio[32] = "n/a";
+      if (has_ratio) std::snprintf(ratio, sizeof(ratio), "%.3f", computed_ratio);
+      std::printf("%-46s %12s\n", "prompt tokens computed / minimum", ratio);
+    } else {
+      std::printf("%-46s %12s  (an agent's /metrics lacked %s)\n",
+                  "prompt tokens computed, all agents", "n/a", "tandem_computed_tokens_total");
+    }
+  }
   if (server_cache) {
     char counts[96];
     std::snprintf(counts, sizeof(counts), "(%.0f of %.0f tokens)", server_cache->hits,
@@ -582,7 +692,7 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
     std::fflush(stdout);
   }
 
-  if (!options.json_path.empty()) {
+  {
     json requests = json::array();
     for (const TurnRecord& record : records) {
       const StreamedCompletion& r = record.result;
@@ -636,6 +746,23 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
           {"prompt_tokens", overall.cache_reported_prompt_tokens},
           {"hit_rate", overall.cacheHitRate() ? json(*overall.cacheHitRate()) : json(nullptr)}};
     }
+    json goodput_json = nullptr;
+    if (has_slo) {
+      goodput_json = {
+          {"slo_ttft_ms", options.slo_ttft_ms ? json(*options.slo_ttft_ms) : json(nullptr)},
+          {"slo_itl_ms", options.slo_itl_ms ? json(*options.slo_itl_ms) : json(nullptr)},
+          {"good", goodput.good},
+          {"share", goodput.share},
+          {"goodput", goodput.per_s}};
+    }
+    json computed_json = nullptr;
+    if (!agent_urls.empty()) {
+      computed_json = {{"computed", computed.complete ? json(computed.total) : json(nullptr)},
+                       {"minimum", minimum.minimum},
+                       {"distinct", minimum.distinct},
+                       {"ratio", has_ratio ? json(computed_ratio) : json(nullptr)},
+                       {"agents", computed.toJson()}};
+    }
     json out = {
         {"base_url", base_url},
         {"model", model},
@@ -660,6 +787,8 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
         {"output_throughput", output_throughput},
         {"total_token_throughput", total_throughput},
         {"length_mismatches", overall.length_mismatches},
+        {"goodput", std::move(goodput_json)},
+        {"prompt_tokens_computed", std::move(computed_json)},
         {"prefix_cache", {{"server", std::move(server_json)}, {"usage", std::move(usage_json)}}},
         {"ttft_ms", distributionMsJson(overall.ttft)},
         {"tpot_ms", distributionMsJson(overall.tpot)},
@@ -669,11 +798,24 @@ int runMultiTurnBench(const MultiTurnBenchOptions& options) {
         {"errors", errors},
         {"requests", std::move(requests)},
     };
+    return {overall.failed == 0 ? 0 : 1, std::move(out)};
+  }
+}
+
+int runMultiTurnBench(const MultiTurnBenchOptions& options) {
+  validate(options);
+  if (!options.cluster_file.empty()) return runPolicyComparison(options);
+  std::vector<std::string> agent_urls;
+  for (const std::string& url : options.agent_metrics) {
+    agent_urls.push_back(checkedBaseUrl(url, "--agent-metrics"));
+  }
+  MultiTurnOutcome outcome = runMultiTurnOnce(options, options.base_url, agent_urls);
+  if (!options.json_path.empty()) {
     std::ofstream file(options.json_path);
     if (!file) throw Error("cannot write --json file " + options.json_path);
-    file << out.dump(2) << '\n';
+    file << outcome.report.dump(2) << '\n';
   }
-  return overall.failed == 0 ? 0 : 1;
+  return outcome.exit_code;
 }
 
 }  // namespace tandem::bench

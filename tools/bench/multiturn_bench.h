@@ -12,12 +12,18 @@
 // free. Measures per request TTFT, TPOT, ITL and end-to-end latency; reports
 // them overall and per turn, with throughput, failures and the prefix-cache
 // hit rate (the server's tandem_prefix_cache_* counters and the
-// cached_tokens its usage reports). Asserts nothing about speed; the exit
-// code is 1 when any request failed.
+// cached_tokens its usage reports), goodput under an optional SLO and, given
+// the agents' URLs, the prompt tokens they computed against the minimum the
+// plan allows (multiturn_computed_tokens.h). With --cluster-file it starts a
+// fresh local-mode cluster per routing policy and compares them
+// (multiturn_policies.h). Asserts nothing about speed; the exit code is 1
+// when any request failed.
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +48,17 @@ struct MultiTurnBenchOptions {
   double read_timeout_s = 600.0;         // longest wait for the next bytes of a response
   std::string json_path;                 // empty: no JSON file
   std::string plot_path;                 // empty: no TTFT CDF plot
+  // Goodput: a completed request is good when its TTFT and its mean ITL are
+  // within these (each only when set); no SLO at all: no goodput figure.
+  std::optional<double> slo_ttft_ms, slo_itl_ms;
+  // Agents' base URLs whose counters give the prompt tokens computed.
+  std::vector<std::string> agent_metrics;
+  // Non-empty: for each of `policies`, start `tandem-operator local -f
+  // cluster_file --policy P`, run the same plan against its router, stop it.
+  std::string cluster_file;
+  std::vector<std::string> policies = {"kv", "round_robin"};
+  std::string work_dir;      // cluster logs; empty: a fresh temporary directory
+  std::string operator_bin;  // empty: tandem-operator next to tandem-bench
 };
 
 // One turn of a conversation, drawn before the run.
@@ -70,7 +87,18 @@ struct Plan {
 Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution& input,
               const TokenCountDistribution& output, std::pair<int32_t, int32_t> vocab);
 
-// Runs the benchmark against options.base_url. Returns 0 when every request
+// One run of the plan against `base_url`, its figures printed; `agent_urls`
+// (may be empty) are read for the prompt tokens computed. `report` is what
+// --json holds for a run against one server; exit_code as below.
+struct MultiTurnOutcome {
+  int exit_code = 0;
+  nlohmann::json report;
+};
+MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options, const std::string& base_url,
+                                  const std::vector<std::string>& agent_urls);
+
+// Runs the benchmark against options.base_url (or, with cluster_file, each
+// policy's fresh cluster). Returns 0 when every request
 // completed, 1 when any failed (the figures are printed either way). Throws
 // tandem::Error for bad options or when the server cannot be asked for its
 // model list.

@@ -37,6 +37,14 @@ double timedCompletion(httplib::Client& client, const std::string& body, const c
 }  // namespace
 
 int runRouterBench(const RouterBenchOptions& options) {
+  if (options.scale.agents > 0) {
+    RouterScaleOptions scale = options.scale;
+    scale.requests = options.requests;
+    scale.prompt_tokens = options.prompt_tokens;
+    scale.max_tokens = options.max_tokens;
+    scale.json_path = options.json_path;
+    return runRouterScaleBench(scale);
+  }
   const std::string base = checkedBaseUrl(options.agent_url, "--agent-url");
   const auto models = listModels(base, 30);
   if (models.empty()) throw Error(base + " lists no model");
