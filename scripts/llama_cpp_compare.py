@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""The figures and checks of scripts/bench-vs-llama-cpp.sh.
+
+  llama_cpp_compare.py round --dtype D --round I --llama L.json --tandem T.json \
+      --tandem-short S.json --out R.json
+      one round's figures from llama-bench's and tandem-bench engine's JSON
+  llama_cpp_compare.py summary --rounds R1.json ... --out summary.json
+      per-round table, medians of each figure and of the per-round ratios
+  llama_cpp_compare.py correctness --model DIR --tandem-url U --llama-url U \
+      --dtype D --out C.json
+      greedy tokens of both servers on the same token-id prompts, and both
+      engines' last-position log-probabilities against a float64 reference
+      forward pass of the model
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import struct
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+# (key, label) of the figures compared; higher is better for all of them.
+FIGURES = [
+    ("prefill_tps", "prefill tok/s (512-token prompt)"),
+    ("decode_tps", "decode tok/s (128 tokens, empty context)"),
+    ("decode_ctx_tps", "decode tok/s (128 tokens after 512)"),
+]
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def cmd_round(args):
+    llama = load(args.llama)
+    fig = {}
+    for row in llama:
+        depth = row.get("n_depth", 0)
+        if row["n_prompt"] == 512 and row["n_gen"] == 0 and depth == 0:
+            fig["prefill_tps"] = row["avg_ts"]
+        elif row["n_prompt"] == 0 and row["n_gen"] == 128 and depth == 0:
+            fig["decode_tps"] = row["avg_ts"]
+        elif row["n_prompt"] == 0 and row["n_gen"] == 128 and depth == 512:
+            fig["decode_ctx_tps"] = row["avg_ts"]
+    tandem = load(args.tandem)
+    short = load(args.tandem_short)
+    out = {
+        "dtype": args.dtype,
+        "round": args.round,
+        "llama": fig,
+        "llama_build": {"commit": llama[0].get("build_commit"), "cpu": llama[0].get("cpu_info"),
+                        "type_k": llama[0].get("type_k"), "type_v": llama[0].get("type_v")},
+        "tandem": {
+            "prefill_tps": tandem["prefill_tokens_per_s"],
+            "decode_tps": short["decode_tokens_per_s"],
+            "decode_ctx_tps": tandem["decode_tokens_per_s"],
+        },
+        "tandem_read_gbps": tandem["read_gbps"],
+        "tandem_decode_stream_gbps": short["decode_stream_gbps"],
+        "tandem_decode_ctx_stream_gbps": tandem["decode_stream_gbps"],
+        "tandem_decode_over_read": short["decode_stream_over_read"],
+        "tandem_decode_ctx_over_read": tandem["decode_stream_over_read"],
+        "tandem_weight_dtype": tandem["weight_dtype"],
+        "tandem_kv_dtype": tandem["kv_dtype"],
+        "tandem_isa": tandem["isa"],
+    }
+    missing = [k for k, _ in FIGURES if k not in fig]
+    if missing:
+        sys.exit(f"llama_cpp_compare: llama-bench output lacks {missing}: {args.llama}")
+    out["ratio"] = {k: out["tandem"][k] / fig[k] for k, _ in FIGURES}
+    print(f"  round {args.round} {args.dtype}: " + "; ".join(
+        f"{k} tandem {out['tandem'][k]:.1f} llama.cpp {fig[k]:.1f} ({out['ratio'][k]:.2f}x)"
+        for k, _ in FIGURES))
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2)
+
+
+def cmd_summary(args):
+    rounds = [load(p) for p in args.rounds]
+    by_dtype = {}
+    for r in rounds:
+        by_dtype.setdefault(r["dtype"], []).append(r)
+    summary = {"dtypes": {}}
+    lines = []
+    lines.append("| dtype | figure | Tandem (median) | llama.cpp (median) | Tandem / llama.cpp "
+                 "(median of per-round ratios) | per-round ratios |")
+    lines.append("| --- | --- | ---: | ---: | ---: | --- |")
+    for dtype, rs in by_dtype.items():
+        entry = {"rounds": len(rs), "figures": {}}
+        for key, label in FIGURES:
+            t = statistics.median(r["tandem"][key] for r in rs)
+            l = statistics.median(r["llama"][key] for r in rs)
+            ratios = [r["ratio"][key] for r in rs]
+            ratio = statistics.median(ratios)
+            entry["figures"][key] = {"tandem": t, "llama_cpp": l, "ratio": ratio,
+                                     "round_ratios": ratios}
+            lines.append(f"| {dtype} | {label} | {t:,.1f} | {l:,.1f} | {ratio:.2f}x | "
+                         + " ".join(f"{x:.2f}" for x in ratios) + " |")
+        entry["tandem_decode_over_read"] = statistics.median(
+            r["tandem_decode_over_read"] for r in rs)
+        entry["tandem_decode_ctx_over_read"] = statistics.median(
+            r["tandem_decode_ctx_over_read"] for r in rs)
+        entry["tandem_read_gbps"] = statistics.median(r["tandem_read_gbps"] for r in rs)
+        entry["llama_cpp_kv"] = f"{rs[0]['llama_build']['type_k']}/{rs[0]['llama_build']['type_v']}"
+        entry["tandem_kv"] = rs[0]["tandem_kv_dtype"]
+        summary["dtypes"][dtype] = entry
+    summary["llama_cpp_commit"] = rounds[0]["llama_build"]["commit"] if rounds else None
+    summary["cpu"] = rounds[0]["llama_build"]["cpu"] if rounds else None
+    print("\n".join(lines))
+    print()
+    for dtype, entry in summary["dtypes"].items():
+        print(f"{dtype}: Tandem decode weight stream / host memory read (the memory-read "
+              f"ceiling): {entry['tandem_decode_over_read']:.2f} (empty context), "
+              f"{entry['tandem_decode_ctx_over_read']:.2f} (after 512); read "
+              f"{entry['tandem_read_gbps']:.1f} GB/s; KV: Tandem {entry['tandem_kv']}, "
+              f"llama.cpp {entry['llama_cpp_kv']}")
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+
+
+# ---- float64 reference forward pass -------------------------------------------------
+
+
+def read_weights(model_dir):
+    """All tensors of model.safetensors as float64 arrays."""
+    path = os.path.join(model_dir, "model.safetensors")
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    weights = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = data[begin:end]
+        if info["dtype"] == "BF16":
+            values = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif info["dtype"] == "F16":
+            values = raw.view(np.float16)
+        elif info["dtype"] == "F32":
+            values = raw.view(np.float32)
+        else:
+            sys.exit(f"llama_cpp_compare: tensor {name} has dtype {info['dtype']}")
+        weights[name] = values.astype(np.float64).reshape(info["shape"])
+    return weights
+
+
+class Reference:
+    """Hugging Face Llama forward pass in float64 (no KV cache: whole sequence)."""
+
+    def __init__(self, model_dir):
+        self.config = load(os.path.join(model_dir, "config.json"))
+        self.w = read_weights(model_dir)
+        c = self.config
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c.get("num_key_value_heads", self.heads)
+        self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
+        d = self.head_dim
+        inv_freq = 1.0 / (float(c.get("rope_theta", 10000.0)) ** (np.arange(0, d, 2) / d))
+        scaling = c.get("rope_scaling")
+        if scaling:
+            factor = scaling["factor"]
+            low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+            original = scaling["original_max_position_embeddings"]
+            wavelen = 2 * math.pi / inv_freq
+            smooth = (original / wavelen - low) / (high - low)
+            scaled = np.where(wavelen > original / low, inv_freq / factor, inv_freq)
+            mid = (wavelen >= original / high) & (wavelen <= original / low)
+            inv_freq = np.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+        self.inv_freq = inv_freq
+
+    def rms(self, x, weight):
+        eps = self.config["rms_norm_eps"]
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+    def rope(self, x, positions):
+        # x: [n, heads, d]; rotate halves (i, i + d/2) together.
+        angles = positions[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+        half = self.head_dim // 2
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+    def last_logits(self, tokens):
+        w, c = self.w, self.config
+        n = len(tokens)
+        x = w["model.embed_tokens.weight"][np.array(tokens)]
+        positions = np.arange(n, dtype=np.float64)
+        mask = np.triu(np.full((n, n), -np.inf), k=1)
+        group = self.heads // self.kv_heads
+        for i in range(c["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            h = self.rms(x, w[p + "input_layernorm.weight"])
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, self.heads, self.head_dim)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
+            q, k = self.rope(q, positions), self.rope(k, positions)
+            k = np.repeat(k, group, axis=1)
+            v = np.repeat(v, group, axis=1)
+            scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim) + mask
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, -1)
+            x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+            h = self.rms(x, w[p + "post_attention_layernorm.weight"])
+            gate = h @ w[p + "mlp.gate_proj.weight"].T
+            up = h @ w[p + "mlp.up_proj.weight"].T
+            x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+        last = self.rms(x[-1], w["model.norm.weight"])
+        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        return head @ last
+
+
+def log_softmax(logits):
+    m = logits.max()
+    return logits - (m + math.log(np.exp(logits - m).sum()))
+
+
+# ---- the two servers ------------------------------------------------------------------
+
+
+def post(url, body, timeout=300):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        sys.exit(f"llama_cpp_compare: {url} answered {error.code}: {error.read().decode()[:500]}")
+
+
+def served_model(base):
+    with urllib.request.urlopen(base + "/v1/models", timeout=60) as response:
+        return json.loads(response.read())["data"][0]["id"]
+
+
+def tandem_generate(base, prompt, max_tokens, top):
+    body = {"model": served_model(base), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True, "logprobs": top}
+    choice = post(base + "/v1/completions", body)["choices"][0]
+    first_top = sorted(choice["logprobs"]["top_logprobs"][0].values(), reverse=True)
+    return choice["token_ids"], first_top
+
+
+def llama_generate(base, prompt, max_tokens, top):
+    # llama-server's own endpoint: it returns the generated token ids and the
+    # top log-probabilities with their ids. temperature 0 is greedy.
+    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "ignore_eos": True,
+            "return_tokens": True, "n_probs": top, "cache_prompt": False, "seed": 0}
+    reply = post(base + "/completion", body)
+    first_top = sorted((p["logprob"] for p in reply["completion_probabilities"][0]["top_logprobs"]),
+                       reverse=True)
+    return reply["tokens"], first_top
+
+
+def cmd_correctness(args):
+    config = load(os.path.join(args.model, "config.json"))
+    tokenizer = load(os.path.join(args.model, "tokenizer.json"))
+    text_vocab = len(tokenizer["model"]["vocab"])  # ids of real text tokens: [0, text_vocab)
+    rng = np.random.default_rng(args.seed)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    prompts = [[int(t) for t in rng.integers(0, text_vocab, size=n)] for n in lengths]
+    top = 20
+    reference = Reference(args.model)
+    results = []
+    agree_tokens = total_tokens = 0
+    errors = {"tandem": [], "llama_cpp": []}
+    for index, prompt in enumerate(prompts):
+        t_tokens, t_top = tandem_generate(args.tandem_url, prompt, args.max_tokens, top)
+        l_tokens, l_top = llama_generate(args.llama_url, prompt, args.max_tokens, top)
+        ref_logits = reference.last_logits(prompt)
+        ref_lp = log_softmax(ref_logits)
+        ref_top = np.sort(ref_lp)[::-1][:top]
+        scale = float(np.abs(ref_logits).max())
+        # The ten largest log-probabilities, each side sorted: Tandem's
+        # /v1/completions keys them by token text, so ids are not compared.
+        k = min(10, len(t_top), len(l_top))
+        t_err = float(np.max(np.abs(np.array(t_top[:k]) - ref_top[:k])))
+        l_err = float(np.max(np.abs(np.array(l_top[:k]) - ref_top[:k])))
+        errors["tandem"].append(t_err / scale)
+        errors["llama_cpp"].append(l_err / scale)
+        same = 0
+        for a, b in zip(t_tokens, l_tokens):
+            if a != b:
+                break
+            same += 1
+        agree = sum(1 for a, b in zip(t_tokens, l_tokens) if a == b)
+        agree_tokens += agree
+        total_tokens += max(len(t_tokens), len(l_tokens))
+        entry = {"prompt_tokens": len(prompt), "generated": len(t_tokens),
+                 "agreeing_positions": agree, "first_divergence": None,
+                 "tandem_top10_logprob_abs_err": t_err, "llama_cpp_top10_logprob_abs_err": l_err,
+                 "reference_max_abs_logit": scale,
+                 "tandem_rel_err": t_err / scale, "llama_cpp_rel_err": l_err / scale}
+        if same < min(len(t_tokens), len(l_tokens)):
+            context = prompt + t_tokens[:same]
+            logits = reference.last_logits(context)
+            order = np.argsort(logits)[::-1]
+            gap = float(logits[order[0]] - logits[order[1]])
+            entry["first_divergence"] = {
+                "position": same, "tandem_token": t_tokens[same], "llama_cpp_token": l_tokens[same],
+                "reference_top2": [int(order[0]), int(order[1])], "reference_top2_gap": gap,
+                "reference_picks": ("tandem" if int(order[0]) == t_tokens[same] else
+                                    "llama_cpp" if int(order[0]) == l_tokens[same] else "neither"),
+            }
+        results.append(entry)
+    worst = {k: max(v) for k, v in errors.items()}
+    # A divergence is a near-tie when the two engines picked the reference's
+    # top two tokens and the reference's gap between them is below what the
+    # less exact engine's error could flip (twice its largest absolute
+    # log-probability error seen on these prompts).
+    largest_abs = max(max(r["tandem_top10_logprob_abs_err"], r["llama_cpp_top10_logprob_abs_err"])
+                      for r in results)
+    for r in results:
+        d = r["first_divergence"]
+        if d:
+            picked = {d["tandem_token"], d["llama_cpp_token"]}
+            d["near_tie"] = (picked == set(d["reference_top2"])
+                             and d["reference_top2_gap"] < 2 * largest_abs)
+    out = {"dtype": args.dtype, "prompts": len(prompts), "max_tokens": args.max_tokens,
+           "agreeing_tokens": agree_tokens, "total_tokens": total_tokens,
+           "tandem_max_rel_err": worst["tandem"], "llama_cpp_max_rel_err": worst["llama_cpp"],
+           "per_prompt": results}
+    print(f"correctness {args.dtype}: {agree_tokens}/{total_tokens} greedy tokens agree "
+          f"({len(prompts)} prompts of {args.lengths} tokens, {args.max_tokens} generated each)")
+    for i, r in enumerate(results):
+        d = r["first_divergence"]
+        where = "identical" if d is None else (
+            f"first divergence at token {d['position']}: Tandem {d['tandem_token']}, llama.cpp "
+            f"{d['llama_cpp_token']}; reference top-2 {d['reference_top2']} gap "
+            f"{d['reference_top2_gap']:.2e} ({'near-tie' if d['near_tie'] else 'NOT a near-tie'}; "
+            f"reference picks {d['reference_picks']})")
+        print(f"  prompt {i} ({r['prompt_tokens']} tokens): {r['agreeing_positions']}/"
+              f"{r['generated']} agree, {where}; last-position top-10 log-prob error vs float64: "
+              f"Tandem {r['tandem_top10_logprob_abs_err']:.2e}, llama.cpp "
+              f"{r['llama_cpp_top10_logprob_abs_err']:.2e}")
+    print(f"  max relative error vs float64 (top-10 log-prob error / max |reference logit|): "
+          f"Tandem {worst['tandem']:.2e}, llama.cpp {worst['llama_cpp']:.2e}")
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("round")
+    for name in ("--dtype", "--llama", "--tandem", "--tandem-short", "--out"):
+        r.add_argument(name, required=True)
+    r.add_argument("--round", type=int, required=True)
+    s = sub.add_parser("summary")
+    s.add_argument("--rounds", nargs="+", required=True)
+    s.add_argument("--out", required=True)
+    c = sub.add_parser("correctness")
+    for name in ("--model", "--tandem-url", "--llama-url", "--dtype", "--out"):
+        c.add_argument(name, required=True)
+    c.add_argument("--lengths", default="1,5,17,40,77,128,200,300")
+    c.add_argument("--max-tokens", type=int, default=32)
+    c.add_argument("--seed", type=int, default=16)
+    args = parser.parse_args()
+    {"round": cmd_round, "summary": cmd_summary, "correctness": cmd_correctness}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

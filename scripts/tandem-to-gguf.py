@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Converts a Tandem (Hugging Face layout) Llama model directory to GGUF.
+
+Reads config.json, tokenizer.json and model.safetensors (header + data, no
+torch or safetensors package needed) and writes one GGUF file of architecture
+`llama` with llama.cpp's gguf-py (found through PYTHONPATH, or --gguf-py) as the
+writer library:
+
+  scripts/tandem-to-gguf.py --model models/small --out small-bf16.gguf --dtype bf16
+  scripts/tandem-to-gguf.py --model models/small --f32-model-dir models/small-f32
+
+--dtype bf16 keeps 2-D weights in bf16 (f32 sources are rounded to nearest
+even); --dtype f32 widens them (exact for bf16 sources). Norm weights are
+always f32, as llama.cpp expects. --f32-model-dir instead writes a Tandem
+model directory whose weights are the same values widened to f32 (the f32
+side of a comparison on identical weights).
+
+q_proj and k_proj rows are permuted per head: Hugging Face rotates the two
+halves of a head (i, i + d/2) together, llama.cpp's `llama` rope rotates
+adjacent pairs (2i, 2i + 1), so row i + h·d/2 of a head goes to row 2i + h.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+
+SAFETENSORS_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4)}
+
+
+def read_safetensors(path):
+    """Returns {name: (dtype string, shape, numpy array of the raw elements)}."""
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info["dtype"]
+        if dtype not in SAFETENSORS_DTYPES:
+            sys.exit(f"tandem-to-gguf: tensor {name} has dtype {dtype}; accepted: BF16, F16, F32")
+        np_dtype, size = SAFETENSORS_DTYPES[dtype]
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        count = int(np.prod(shape)) if shape else 1
+        if end - begin != count * size:
+            sys.exit(f"tandem-to-gguf: tensor {name}: {end - begin} bytes for shape {shape}")
+        tensors[name] = (dtype, shape, data[begin:end].view(np_dtype).reshape(shape))
+    return tensors
+
+
+def to_f32(dtype, array):
+    if dtype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)
+
+
+def to_bf16_bits(dtype, array):
+    """bf16 bit patterns (uint16), rounding f32 to nearest even."""
+    if dtype == "BF16":
+        return np.ascontiguousarray(array)
+    bits = to_f32(dtype, array).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def permute_rope_rows(matrix, num_heads):
+    """HF half-split rotary row order to llama.cpp's interleaved order."""
+    rows = matrix.shape[0]
+    head_dim = rows // num_heads
+    return np.ascontiguousarray(
+        matrix.reshape(num_heads, 2, head_dim // 2, *matrix.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(matrix.shape))
+
+
+def llama3_rope_factors(config, head_dim):
+    """Per-frequency divisors of llama3 rope scaling (llama.cpp's rope_freqs)."""
+    scaling = config["rope_scaling"]
+    base = float(config.get("rope_theta", 10000.0))
+    factor = float(scaling["factor"])
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling["original_max_position_embeddings"])
+    low_wavelen = original / low
+    high_wavelen = original / high
+    factors = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / base ** (i / head_dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def add_tokenizer(writer, gguf, model_dir, config):
+    with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
+        tokenizer = json.load(f)
+    model = tokenizer["model"]
+    if model.get("type") != "BPE":
+        sys.exit(f"tandem-to-gguf: tokenizer.json model type {model.get('type')}; accepted: BPE")
+    vocab_size = int(config["vocab_size"])
+    tokens = [None] * vocab_size
+    types = [gguf.TokenType.UNUSED] * vocab_size
+    for text, token_id in model["vocab"].items():
+        if token_id < vocab_size:
+            tokens[token_id] = text
+            types[token_id] = gguf.TokenType.NORMAL
+    for added in tokenizer.get("added_tokens", []):
+        token_id = added["id"]
+        if token_id < vocab_size:
+            tokens[token_id] = added["content"]
+            types[token_id] = (gguf.TokenType.CONTROL
+                               if added.get("special") else gguf.TokenType.USER_DEFINED)
+    # Ids past the tokenizer's vocabulary exist in the weights only.
+    for token_id in range(vocab_size):
+        if tokens[token_id] is None:
+            tokens[token_id] = f"[PAD{token_id}]"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    writer.add_tokenizer_model("gpt2")
+    # tokenizer.json's split regex is Llama 3's; llama.cpp names it llama-bpe.
+    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    eos = config.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    if eos_ids:
+        writer.add_eos_token_id(int(eos_ids[-1]))
+        writer.add_bos_token_id(int(eos_ids[0]))
+    if config.get("bos_token_id") is not None:
+        writer.add_bos_token_id(int(config["bos_token_id"]))
+    writer.add_add_bos_token(False)
+
+
+def convert(model_dir, out_path, dtype):
+    import gguf  # llama.cpp's gguf-py
+
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    archs = config.get("architectures", [])
+    if archs != ["LlamaForCausalLM"]:
+        sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: [\"LlamaForCausalLM\"]")
+    if config.get("attention_bias"):
+        sys.exit("tandem-to-gguf: attention_bias is true; accepted: false")
+    tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads", heads))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    layers = int(config["num_hidden_layers"])
+
+    tmp = out_path + ".tmp"
+    writer = gguf.GGUFWriter(tmp, "llama")
+    writer.add_name(os.path.basename(os.path.normpath(model_dir)))
+    writer.add_context_length(int(config["max_position_embeddings"]))
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    writer.add_vocab_size(int(config["vocab_size"]))
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16"
+                         else gguf.LlamaFileType.ALL_F32)
+    add_tokenizer(writer, gguf, model_dir, config)
+
+    def take(name):
+        if name not in tensors:
+            sys.exit(f"tandem-to-gguf: tensor {name} missing from model.safetensors")
+        return tensors[name]
+
+    def add_matrix(gguf_name, hf_name, rope_heads=None):
+        src_dtype, _, array = take(hf_name)
+        if dtype == "bf16":
+            data = to_bf16_bits(src_dtype, array)
+            if rope_heads:
+                data = permute_rope_rows(data, rope_heads)
+            writer.add_tensor(gguf_name, np.ascontiguousarray(data),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            data = to_f32(src_dtype, array)
+            if rope_heads:
+                data = permute_rope_rows(data, rope_heads)
+            writer.add_tensor(gguf_name, np.ascontiguousarray(data))
+
+    def add_norm(gguf_name, hf_name):
+        src_dtype, _, array = take(hf_name)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(to_f32(src_dtype, array)))
+
+    add_matrix("token_embd.weight", "model.embed_tokens.weight")
+    scaling = config.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "llama3":
+            sys.exit(f"tandem-to-gguf: rope_scaling type {kind}; accepted: llama3 or none")
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config, head_dim))
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        add_norm(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
+        add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight", heads)
+        add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight", kv_heads)
+        add_matrix(f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight")
+        add_matrix(f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight")
+        add_norm(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight")
+        add_matrix(f"blk.{i}.ffn_gate.weight", p + "mlp.gate_proj.weight")
+        add_matrix(f"blk.{i}.ffn_up.weight", p + "mlp.up_proj.weight")
+        add_matrix(f"blk.{i}.ffn_down.weight", p + "mlp.down_proj.weight")
+    add_norm("output_norm.weight", "model.norm.weight")
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
+        add_matrix("output.weight", "model.embed_tokens.weight")
+    else:
+        add_matrix("output.weight", "lm_head.weight")
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, out_path)
+
+
+def write_f32_model(model_dir, out_dir):
+    """A Tandem model directory with the same weights widened to f32."""
+    tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(model_dir):
+        if name != "model.safetensors" and os.path.isfile(os.path.join(model_dir, name)):
+            shutil.copyfile(os.path.join(model_dir, name), os.path.join(out_dir, name))
+    config_path = os.path.join(out_dir, "config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["torch_dtype"] = "float32"
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    header, offset = {}, 0
+    for name in sorted(tensors):
+        _, shape, _ = tensors[name]
+        size = 4 * (int(np.prod(shape)) if shape else 1)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    tmp = os.path.join(out_dir, "model.safetensors.tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name in sorted(tensors):
+            src_dtype, _, array = tensors[name]
+            f.write(np.ascontiguousarray(to_f32(src_dtype, array)).tobytes())
+    os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="Tandem model directory")
+    parser.add_argument("--out", help="GGUF file to write")
+    parser.add_argument("--dtype", choices=["bf16", "f32"], default="bf16",
+                        help="dtype of the 2-D weights in the GGUF file")
+    parser.add_argument("--f32-model-dir", help="write a Tandem model dir with f32 weights instead")
+    parser.add_argument("--gguf-py", help="llama.cpp's gguf-py directory (else from PYTHONPATH)")
+    args = parser.parse_args()
+    if args.gguf_py:
+        sys.path.insert(0, args.gguf_py)
+    if args.f32_model_dir:
+        write_f32_model(args.model, args.f32_model_dir)
+    elif args.out:
+        convert(args.model, args.out, args.dtype)
+    else:
+        parser.error("one of --out or --f32-model-dir is required")
+
+
+if __name__ == "__main__":
+    main()
