@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <vector>
 
 namespace tandem::planner {
 namespace {
@@ -32,6 +34,32 @@ int proportional(int current, double ratio) {
   return static_cast<int>(std::ceil(std::max(current, 1) * ratio - 1e-9));
 }
 
+// The quantile of a window's latencies taken as the service time, the latency
+// a request has without queueing (a prefill step's floor, one decode step).
+constexpr double kServiceQuantile = 0.1;
+
+// The fewest replicas, from `proportional_replicas` up to `current`, that a
+// queueing estimate says keep the latency within `target`. With one queue
+// per replica, latency = service / (1 - utilisation); the observed latency
+// and service time give the utilisation at `current`, and m replicas would
+// run at utilisation * current / m. nullopt when the estimate allows the
+// proportional count (no queueing seen, or no service time).
+std::optional<int> queueingFloor(int current, int proportional_replicas, double observed,
+                                 double target, const std::vector<HistogramBucket>& buckets,
+                                 double* utilisation) {
+  const std::optional<double> service = histogramQuantile(kServiceQuantile, buckets);
+  if (!service || !(*service > 0) || !(observed > *service)) return std::nullopt;
+  const double load = 1.0 - *service / observed;  // utilisation at `current`
+  *utilisation = load;
+  int replicas = std::max(proportional_replicas, 1);
+  for (; replicas < current; ++replicas) {
+    const double next = load * current / replicas;
+    if (next < 1.0 && *service / (1.0 - next) <= target) break;
+  }
+  if (replicas <= proportional_replicas) return std::nullopt;
+  return replicas;
+}
+
 int perReplica(double total, double target_per_replica) {
   return static_cast<int>(std::ceil(total / target_per_replica - 1e-9));
 }
@@ -58,11 +86,23 @@ int PoolPlanner::recommend(int current, const WindowedValues& metrics, std::stri
   };
   if (metrics.latency_quantile && metrics.latency_count > 0) {
     const double observed = *metrics.latency_quantile;
-    const int replicas = proportional(current, observed / target);
-    consider(replicas, std::string(signal) + " " + percentile(spec_.quantile) + " " +
-                           fixed(observed) + " s against target " + fixed(target) + " s over " +
-                           fixed(spec_.window_seconds) + " s (" + fixed(metrics.latency_count, 6) +
-                           " observations)");
+    int replicas = proportional(current, observed / target);
+    std::string text = std::string(signal) + " " + percentile(spec_.quantile) + " " +
+                       fixed(observed) + " s against target " + fixed(target) + " s over " +
+                       fixed(spec_.window_seconds) + " s (" + fixed(metrics.latency_count, 6) +
+                       " observations)";
+    // Fewer replicas queue more: a latency far under its target does not
+    // mean that proportionally fewer replicas would meet it.
+    double utilisation = 0;
+    if (replicas < current) {
+      if (std::optional<int> floor = queueingFloor(current, replicas, observed, target,
+                                                   metrics.latency_buckets, &utilisation)) {
+        replicas = *floor;
+        text += "; at utilisation " + fixed(utilisation, 2) + " fewer than " +
+                std::to_string(replicas) + " replicas would queue past the target";
+      }
+    }
+    consider(replicas, text);
   } else {
     consider(spec_.min_replicas, "no requests in the last " + fixed(spec_.window_seconds) + " s");
   }

@@ -9,6 +9,8 @@
 namespace tandem::planner {
 namespace {
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 AutoscalingSpec prefillSpec() {
   AutoscalingSpec spec;
   spec.min_replicas = 1;
@@ -203,6 +205,28 @@ TEST(PoolPlannerTest, EachScaleDownWaitsForAWindowObservedAtTheNewSize) {
   const Decision up = prefill.decide(pool(first_down + 12.5, 2), latency(3.0));
   EXPECT_EQ(up.desired_replicas, 4);
   EXPECT_EQ(up.reason, "ScaledUp");
+}
+
+TEST(PoolPlannerTest, ScaleDownKeepsTheReplicasAQueueingEstimateNeeds) {
+  // 6 replicas, TTFT p90 0.06 s against 0.5 s: proportionally 1 replica.
+  // But the window's p10 (the service time, no queueing) is 0.042 s, so the
+  // replicas run at utilisation 1 - 0.042 / 0.06 = 0.3: one replica would
+  // get 1.8 replicas' load and never keep up; two run at 0.9 and queue to
+  // 0.042 / 0.1 = 0.42 s, within the target.
+  WindowedValues queued = latency(0.06);
+  queued.latency_buckets = {{0.04, 0}, {0.06, 100}, {kInf, 100}};
+  PoolPlanner prefill("p", PoolKind::kPrefill, prefillSpec());
+  const Decision decision = prefill.decide(pool(0, 6), queued);
+  EXPECT_EQ(decision.recommended_replicas, 2);
+  EXPECT_NE(decision.message.find("at utilisation 0.3 fewer than 2 replicas would queue"),
+            std::string::npos)
+      << decision.message;
+  // No queueing seen (the quantile at the service time): the proportional
+  // count stands.
+  WindowedValues idle = latency(0.041);
+  idle.latency_buckets = queued.latency_buckets;
+  PoolPlanner other("q", PoolKind::kPrefill, prefillSpec());
+  EXPECT_EQ(other.decide(pool(0, 6), idle).recommended_replicas, 1);
 }
 
 TEST(PoolPlannerTest, NoScaleDownInTheFirstWindowAfterStart) {
