@@ -34,6 +34,7 @@
 #include "tests/support/agent_server.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/free_port.h"
+#include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
 
 namespace {
@@ -62,14 +63,6 @@ model:
   max_position_embeddings: 512
   kv_bytes_per_token: 131072
 )";
-
-std::string findTool(const std::string& name) {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin"}) {
-    const fs::path path = fs::path(dir) / name;
-    if (::access(path.c_str(), X_OK) == 0) return path.string();
-  }
-  return "";
-}
 
 // A simulated agent listening on HOST:8000, standing for one pod.
 struct PodAgent {
@@ -270,7 +263,7 @@ TEST_F(K8sPlannerTest, ATtftMissGrowsPrefillFromThePodsMetricsAndDecodeStays) {
 }
 
 TEST_F(K8sPlannerTest, MetricsReadThroughPrometheusGrowThePoolToo) {
-  const std::string prometheus = findTool("prometheus");
+  const std::string prometheus = tandem::testing::findSystemTool("prometheus");
   if (prometheus.empty()) GTEST_SKIP() << "prometheus is not installed (make deps installs it)";
   ASSERT_NO_FATAL_FAILURE(startAgents(3));
   // Prometheus discovers the pods from a file the test rewrites as pods

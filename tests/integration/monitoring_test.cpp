@@ -31,6 +31,7 @@
 #include "tests/support/apiserver/yaml_json.h"
 #include "tests/support/free_port.h"
 #include "tests/support/helm.h"
+#include "tests/support/test_files.h"
 
 namespace tandem {
 namespace {
@@ -51,14 +52,6 @@ constexpr char kRateInterval[] = "30s";
 using tandem::testing::freePort;
 
 // An executable in /usr/bin or /usr/local/bin, or "" when there is none.
-std::string findTool(const std::string& name) {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin"}) {
-    const fs::path path = fs::path(dir) / name;
-    if (::access(path.c_str(), X_OK) == 0) return path.string();
-  }
-  return "";
-}
-
 void replaceAll(std::string& text, const std::string& from, const std::string& to) {
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
     text.replace(at, from.size(), to);
@@ -92,8 +85,8 @@ json poolObject(const std::string& kind, const std::string& name) {
 class MonitoringTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    prometheus_ = findTool("prometheus");
-    promtool_ = findTool("promtool");
+    prometheus_ = tandem::testing::findSystemTool("prometheus");
+    promtool_ = tandem::testing::findSystemTool("promtool");
     if (prometheus_.empty() || promtool_.empty()) {
       GTEST_SKIP() << "prometheus and promtool are not installed";
     }

@@ -1,8 +1,9 @@
-// File helpers shared by the tests: a self-removing temporary directory and
-// whole-file reads and writes.
+// File helpers shared by the tests: a self-removing temporary directory,
+// whole-file reads and writes, and Debian-installed tools.
 #pragma once
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,16 @@ inline std::string readFile(const std::filesystem::path& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// The path of an executable `name` installed by the system (make deps'
+// Debian packages: prometheus, promtool, ...), or "" when there is none.
+inline std::string findSystemTool(const std::string& name) {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"}) {
+    const std::filesystem::path path = std::filesystem::path(dir) / name;
+    if (::access(path.c_str(), X_OK) == 0) return path.string();
+  }
+  return "";
 }
 
 }  // namespace tandem::testing

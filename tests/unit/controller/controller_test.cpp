@@ -14,6 +14,7 @@
 #include "operator/controller/workload_status.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/test_helpers.h"
+#include "tests/unit/controller/controller_test_support.h"
 
 namespace tandem::controller {
 namespace {
@@ -24,11 +25,6 @@ using std::chrono::seconds;
 
 constexpr char kNamespace[] = "serving";
 constexpr char kToken[] = "controller-token";
-
-// Polls until the condition holds, 30 s at most.
-bool waitUntil(const std::function<bool()>& condition) {
-  return ::tandem::testing::eventually(condition, seconds(30), milliseconds(10));
-}
 
 json decodePool(int64_t replicas, const std::string& name = "decode") {
   return {{"apiVersion", "tandem.dev/v1alpha1"},
@@ -87,11 +83,7 @@ class ControllerTest : public ::testing::Test {
     return get("apps/v1", "Deployment", name);
   }
   std::vector<json> eventsWithReason(const std::string& reason) {
-    std::vector<json> found;
-    for (const json& event : server_.list("v1", "Event", kNamespace)) {
-      if (event.value("reason", "") == reason) found.push_back(event);
-    }
-    return found;
+    return controller::eventsWithReason(server_, kNamespace, reason);
   }
 
   testing::ApiServer server_;

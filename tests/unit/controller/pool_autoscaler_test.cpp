@@ -20,6 +20,7 @@
 #include "operator/controller/workload_status.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/test_helpers.h"
+#include "tests/unit/controller/controller_test_support.h"
 
 namespace tandem::controller {
 namespace {
@@ -29,10 +30,6 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 constexpr char kNamespace[] = "serving";
-
-bool waitUntil(const std::function<bool()>& condition) {
-  return ::tandem::testing::eventually(condition, seconds(30), milliseconds(10));
-}
 
 // Every pod it is asked for answers with a TTFT histogram that gains
 // `per_round` observations of `seconds` each round.
@@ -135,11 +132,7 @@ class PoolAutoscalerTest : public ::testing::Test {
     return findCondition(pool().value("status", json::object()), type);
   }
   std::vector<json> eventsWithReason(const std::string& reason) {
-    std::vector<json> found;
-    for (const json& event : server_.list("v1", "Event", kNamespace)) {
-      if (event.value("reason", "") == reason) found.push_back(event);
-    }
-    return found;
+    return controller::eventsWithReason(server_, kNamespace, reason);
   }
 
   testing::ApiServer server_;

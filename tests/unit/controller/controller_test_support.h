@@ -1,0 +1,34 @@
+// What the controller's tests against the in-process API server share:
+// waiting for the controller's asynchronous writes, and reading the Events
+// it recorded.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/support/apiserver/api_server.h"
+#include "tests/support/test_helpers.h"
+
+namespace tandem::controller {
+
+// Polls until the condition holds, 30 s at most.
+inline bool waitUntil(const std::function<bool()>& condition) {
+  return ::tandem::testing::eventually(condition, std::chrono::seconds(30),
+                                       std::chrono::milliseconds(10));
+}
+
+// The Events of namespace `ns` with `reason`, as stored.
+inline std::vector<nlohmann::json> eventsWithReason(const testing::ApiServer& server,
+                                                    const std::string& ns,
+                                                    const std::string& reason) {
+  std::vector<nlohmann::json> found;
+  for (const nlohmann::json& event : server.list("v1", "Event", ns)) {
+    if (event.value("reason", "") == reason) found.push_back(event);
+  }
+  return found;
+}
+
+}  // namespace tandem::controller
