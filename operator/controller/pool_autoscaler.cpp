@@ -1,10 +1,11 @@
 #include "operator/controller/pool_autoscaler.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <ctime>
 #include <set>
 
 #include "common/logging.h"
-#include "operator/controller/desired_objects.h"
 #include "operator/planner/autoscaling_spec.h"
 
 namespace tandem::controller {
