@@ -127,10 +127,10 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
   int64_t kk = 0;
   for (; kk + kLanes <= k; kk += kLanes) {
     if constexpr (Rows <= 2) {
-      // Decode: keep the next tile's weight rows in flight too (see the
-      // AVX-512 file).
+      // Decode: keep the weight rows two tiles ahead in flight, into L2
+      // (see the AVX-512 file for why not L1).
       for (int j = 0; j < kTileCols; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kTileCols * k + kk), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w[j] + 2 * kTileCols * k + kk), _MM_HINT_T1);
       }
     }
     __m256 wv[kTileCols];
