@@ -209,16 +209,16 @@ TEST(PoolPlannerTest, EachScaleDownWaitsForAWindowObservedAtTheNewSize) {
 
 TEST(PoolPlannerTest, ScaleDownKeepsTheReplicasAQueueingEstimateNeeds) {
   // 6 replicas, TTFT p90 0.06 s against 0.5 s: proportionally 1 replica.
-  // But the window's p10 (the service time, no queueing) is 0.042 s, so the
-  // replicas run at utilisation 1 - 0.042 / 0.06 = 0.3: one replica would
-  // get 1.8 replicas' load and never keep up; two run at 0.9 and queue to
-  // 0.042 / 0.1 = 0.42 s, within the target.
+  // But the window's p10 (the service time, no queueing) is 0.0425 s, so
+  // the replicas run at utilisation 1 - 0.0425 / 0.06 = 0.29: one replica
+  // would get 1.75 replicas' load and never keep up; two run at 0.875 and
+  // queue to 0.0425 / 0.125 = 0.34 s, within the target.
   WindowedValues queued = latency(0.06);
-  queued.latency_buckets = {{0.04, 0}, {0.06, 100}, {kInf, 100}};
+  queued.latency_buckets = {{0.04, 0}, {0.045, 20}, {0.1, 100}, {kInf, 100}};
   PoolPlanner prefill("p", PoolKind::kPrefill, prefillSpec());
   const Decision decision = prefill.decide(pool(0, 6), queued);
   EXPECT_EQ(decision.recommended_replicas, 2);
-  EXPECT_NE(decision.message.find("at utilisation 0.3 fewer than 2 replicas would queue"),
+  EXPECT_NE(decision.message.find("at utilisation 0.29 fewer than 2 replicas would queue"),
             std::string::npos)
       << decision.message;
   // No queueing seen (the quantile at the service time): the proportional
@@ -227,6 +227,12 @@ TEST(PoolPlannerTest, ScaleDownKeepsTheReplicasAQueueingEstimateNeeds) {
   idle.latency_buckets = queued.latency_buckets;
   PoolPlanner other("q", PoolKind::kPrefill, prefillSpec());
   EXPECT_EQ(other.decide(pool(0, 6), idle).recommended_replicas, 1);
+  // p10 and p90 both in the first bucket, from 0: their spread is
+  // interpolation, not queueing.
+  WindowedValues one_bucket = latency(0.054);
+  one_bucket.latency_buckets = {{0.06, 100}, {kInf, 100}};
+  PoolPlanner third("r", PoolKind::kPrefill, prefillSpec());
+  EXPECT_EQ(third.decide(pool(0, 6), one_bucket).recommended_replicas, 1);
 }
 
 TEST(PoolPlannerTest, NoScaleDownInTheFirstWindowAfterStart) {
