@@ -120,31 +120,23 @@ void PoolAutoscaler::round(double now_seconds, const std::vector<AutoscaledPool>
     planned.insert(key);
     plan(now_seconds, input, key);
   }
-  std::vector<std::string> forgotten;
+  std::vector<Pool> forgotten;
   for (auto it = pools_.begin(); it != pools_.end();) {
     if (planned.count(it->first) > 0) {
       ++it;
       continue;
     }
     TANDEM_LOG(kInfo) << "controller: planner off for " << it->first;
-    forgotten.push_back(it->first);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      conditions_.erase(it->first);
+      samples_.erase(it->first);
+    }
+    forgotten.push_back(std::move(it->second));
     it = pools_.erase(it);
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const std::string& key : forgotten) {
-      conditions_.erase(key);
-      samples_.erase(key);
-    }
-  }
-  for (const std::string& key : forgotten) {
-    const size_t first = key.find('/');
-    const size_t second = key.find('/', first + 1);
-    auto kind = ownerKindFromName(key.substr(0, first));
-    if (kind && on_conditions_changed_) {
-      on_conditions_changed_(*kind, key.substr(first + 1, second - first - 1),
-                             key.substr(second + 1));
-    }
+  for (const Pool& pool : forgotten) {
+    if (on_conditions_changed_) on_conditions_changed_(pool.kind, pool.ns, pool.name);
   }
 }
 
@@ -169,7 +161,10 @@ void PoolAutoscaler::plan(double now_seconds, const AutoscaledPool& input, const
                         << spec->min_replicas << ".." << spec->max_replicas << ", metrics from "
                         << source_->describe();
       it = pools_
-               .emplace(key, Pool{planner::PoolPlanner(name, kind, *spec),
+               .emplace(key, Pool{input.kind,
+                                  ns,
+                                  name,
+                                  planner::PoolPlanner(name, kind, *spec),
                                   planner::MetricWindow(planner::agentMetricNames(kind),
                                                         spec->window_seconds),
                                   {}})
@@ -214,7 +209,7 @@ void PoolAutoscaler::plan(double now_seconds, const AutoscaledPool& input, const
   observation.hpa_present = input.hpa_present;
   const planner::Decision decision =
       pool.planner.decide(observation, pool.window.values(now_seconds, spec->quantile));
-  applyDecision(input, decision);
+  applyDecision(owner, input.kind, decision);
 
   const std::vector<json> conditions = {
       plannerCondition(decision.scaling_conflict, owner.generation),
@@ -230,14 +225,12 @@ void PoolAutoscaler::plan(double now_seconds, const AutoscaledPool& input, const
   if (changed && on_conditions_changed_) on_conditions_changed_(input.kind, ns, name);
 }
 
-void PoolAutoscaler::applyDecision(const AutoscaledPool& input, const planner::Decision& decision) {
-  Owner owner = ownerOf(input.object);
-  owner.api_version = resourceOf(input.kind).apiVersion();
-  owner.kind = ownerKindName(input.kind);
+void PoolAutoscaler::applyDecision(const Owner& owner, OwnerKind kind,
+                                   const planner::Decision& decision) {
   if (decision.write) {
     const int replicas = decision.desired_replicas;
     auto written = writer_.readModifyWrite(
-        resourceOf(input.kind), owner.ns, owner.name,
+        resourceOf(kind), owner.ns, owner.name,
         [replicas](json& scale) {
           if (!scale.contains("spec") || !scale["spec"].is_object()) scale["spec"] = json::object();
           if (scale["spec"].value("replicas", -1) == replicas) return false;

@@ -86,13 +86,16 @@ class PoolAutoscaler {
 
  private:
   struct Pool {
+    OwnerKind kind;
+    std::string ns;
+    std::string name;
     planner::PoolPlanner planner;
     planner::MetricWindow window;
     std::vector<std::string> pods;  // scraped in the previous round
   };
 
   void plan(double now_seconds, const AutoscaledPool& input, const std::string& key);
-  void applyDecision(const AutoscaledPool& input, const planner::Decision& decision);
+  void applyDecision(const Owner& owner, OwnerKind kind, const planner::Decision& decision);
 
   ApiWriter& writer_;
   EventRecorder& events_;
