@@ -94,6 +94,10 @@ const std::vector<Row>& rows() {
       integer("num_blocks", 0, kMaxNumBlocks, "KV blocks (0: as many as --kv-cache-memory holds)",
               &ServeOptions::num_blocks),
       choice("kv_dtype", {"bf16", "f32"}, "KV cache dtype", &ServeOptions::kv_dtype),
+      choice("compute_dtype", {"f32", "bf16"},
+             "what the GEMMs multiply: f32 (exact products) or bf16 (activations rounded to "
+             "bf16; CPU, bf16 weights)",
+             &ServeOptions::compute_dtype),
       integer("max_num_batched_tokens", 1, kMaxNumBatchedTokens, "tokens per step",
               &ServeOptions::max_num_batched_tokens),
       integer("max_num_seqs", 1, kMaxNumSeqs, "sequences per step", &ServeOptions::max_num_seqs),
@@ -413,6 +417,7 @@ void addServeFlags(CLI::App& command) {
   command.get_option("--block-size")->default_str(std::to_string(defaults.block_size));
   command.get_option("--kv-cache-memory")->default_str(defaults.kv_cache_memory);
   command.get_option("--kv-dtype")->default_str(defaults.kv_dtype);
+  command.get_option("--compute-dtype")->default_str(defaults.compute_dtype);
   command.get_option("--device")->default_str(defaults.device);
   command.get_option("--max-num-batched-tokens")
       ->default_str(std::to_string(defaults.max_num_batched_tokens));

@@ -131,6 +131,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
     throw Error("--kv-dtype must be f32 or bf16, got " + o.kv_dtype);
   }
   config.kv_dtype = *kv_dtype;
+  config.compute_dtype = kernels::parseComputeDType(o.compute_dtype, "--compute-dtype");
   config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   config.scheduler.max_num_seqs = o.max_num_seqs;
   config.max_model_len = o.max_model_len;

@@ -20,6 +20,7 @@ struct ServeOptions {
   std::string kv_cache_memory = "1GiB";
   int64_t num_blocks = 0;
   std::string kv_dtype = "bf16";
+  std::string compute_dtype = "f32";
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
   int64_t max_model_len = 0;

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "common/status.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels {
@@ -69,6 +70,16 @@ class Backend {
   // the memory cannot be had.
   virtual WeightView residentWeight(const WeightView& host) = 0;
   virtual const float* residentFloats(const float* host, size_t count) = 0;
+
+  // What matmul multiplies from now on (kernels.h's `compute`): kF32, the
+  // default, or kBF16. Throws tandem::Error naming what this backend accepts.
+  virtual void setComputeDType(DType dtype) {
+    if (dtype != DType::kF32) {
+      throw Error(std::string("compute dtype ") + dtypeShortName(dtype) +
+                  " is not supported by the " + (kind() == DeviceKind::kCpu ? "cpu" : "cuda") +
+                  " backend (accepted: f32)");
+    }
+  }
 
   // --- The batch the next kernels refer to (ids, positions, sequences) ---
   virtual void beginBatch(const BatchLayout& batch) = 0;
@@ -152,5 +163,8 @@ int cudaDeviceCount();
 DeviceKind resolveDevice(const std::string& flag);
 // Throws tandem::Error when the backend cannot be created.
 std::unique_ptr<Backend> makeBackend(DeviceKind kind);
+// Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);
+// throws tandem::Error naming `flag` and the accepted values.
+DType parseComputeDType(const std::string& text, const std::string& flag);
 
 }  // namespace tandem::kernels

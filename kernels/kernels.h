@@ -41,7 +41,17 @@ std::string isaName();
 
 // y[m, n] = x[m, k] · w[n, k]^T, fp32 accumulation. `w.cols == k`, n = w.rows.
 // x has row stride k, y row stride n. y must not alias x.
-void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y);
+//
+// compute says what is multiplied. kF32 (the default): fp32 activations by
+// the weights widened to fp32, so every product is exact. kBF16 applies to
+// bf16 weights only (others compute as kF32): each activation is first
+// rounded to bf16 (nearest even), as llama.cpp and GPU engines do, and on
+// CPUs with AVX512-BF16 pairs of bf16 products go into the fp32 sums with one
+// dot-product instruction, twice the multiply-adds of an fp32 FMA. The
+// products are still exact; what is lost is the activations' low 16 bits
+// (docs/engine.md#compute-dtype). Both keep batch invariance.
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
+            DType compute = DType::kF32);
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. y may alias x.
 void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);

@@ -69,4 +69,10 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind) {
   throw Error("unknown device kind");
 }
 
+DType parseComputeDType(const std::string& text, const std::string& flag) {
+  if (text == "f32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  throw Error(flag + ": expected f32 or bf16, got '" + text + "'");
+}
+
 }  // namespace tandem::kernels

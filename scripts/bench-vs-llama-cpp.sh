@@ -2,7 +2,7 @@
 # Tandem's CPU engine against llama.cpp, side by side on the same weights.
 #
 #   scripts/bench-vs-llama-cpp.sh [--model DIR] [--threads N] [--rounds R]
-#       [--dtype bf16|f32|both] [--json out.json] [--build-dir DIR]
+#       [--dtype bf16|bf16c|f32|both|all] [--json out.json] [--build-dir DIR]
 #
 # 1. Builds llama.cpp (CPU only, llama-bench and llama-server) from the source
 #    that the npm package node-llama-cpp ships as a git bundle, pinned by
@@ -10,7 +10,9 @@
 #    second run reuses it. Converts the model to GGUF (scripts/tandem-to-gguf.py,
 #    cached by a hash of the model files and the converter) for each dtype;
 #    the f32 side uses a Tandem copy of the model with the same weights widened
-#    to f32.
+#    to f32. bf16c is the bf16 model with Tandem's opt-in `--compute-dtype
+#    bf16` (activations rounded to bf16, as llama.cpp does); all (the default)
+#    runs bf16, bf16c and f32, both runs bf16 and f32.
 # 2. R rounds per dtype, alternating which goes first: `llama-bench -p 512
 #    -n 128 -d 0,512 -r 1` and `tandem-bench engine` (512-token prompt then 128
 #    decode steps; and a 1-token prompt then 128 decode steps), printing each
@@ -34,7 +36,7 @@ BUILD_DIR=${BUILD_DIR:-$ROOT/build}
 MODEL=""
 THREADS=2
 ROUNDS=9
-DTYPES=both
+DTYPES=all
 JSON_OUT=""
 
 usage() {
@@ -46,7 +48,7 @@ while [ $# -gt 0 ]; do
     --model) MODEL=${2:?--model needs a directory}; shift 2 ;;
     --threads) THREADS=${2:?--threads needs a number}; shift 2 ;;
     --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
-    --dtype) DTYPES=${2:?--dtype needs bf16, f32 or both}; shift 2 ;;
+    --dtype) DTYPES=${2:?--dtype needs bf16, bf16c, f32, both or all}; shift 2 ;;
     --json) JSON_OUT=${2:?--json needs a file}; shift 2 ;;
     --build-dir) BUILD_DIR=${2:?--build-dir needs a directory}; shift 2 ;;
     -h|--help) usage ;;
@@ -56,10 +58,15 @@ done
 [[ "$THREADS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-vs-llama-cpp: --threads must be a positive integer, got $THREADS" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-vs-llama-cpp: --rounds must be a positive integer, got $ROUNDS" >&2; exit 2; }
 case "$DTYPES" in
+  all) DTYPES="bf16 bf16c f32" ;;
   both) DTYPES="bf16 f32" ;;
-  bf16|f32) ;;
-  *) echo "bench-vs-llama-cpp: --dtype must be bf16, f32 or both, got $DTYPES" >&2; exit 2 ;;
+  bf16|bf16c|f32) ;;
+  *) echo "bench-vs-llama-cpp: --dtype must be bf16, bf16c, f32, both or all, got $DTYPES" >&2; exit 2 ;;
 esac
+# What each row runs: weight dtype, Tandem's --compute-dtype, and its label.
+declare -A WEIGHTS=([bf16]=bf16 [bf16c]=bf16 [f32]=f32)
+declare -A COMPUTE=([bf16]=f32 [bf16c]=bf16 [f32]=f32)
+declare -A LABEL=([bf16]=bf16 [bf16c]="bf16, Tandem --compute-dtype bf16" [f32]=f32)
 [ -d "$BUILD_DIR" ] || { echo "bench-vs-llama-cpp: build directory $BUILD_DIR does not exist (--build-dir or BUILD_DIR)" >&2; exit 2; }
 BUILD_DIR=$(cd "$BUILD_DIR" && pwd)
 BIN=$BUILD_DIR/bin
@@ -142,7 +149,7 @@ model_hash=$(cat "$MODEL/config.json" "$MODEL/tokenizer.json" "$MODEL/model.safe
 model_name=$(basename "$MODEL")
 
 declare -A TANDEM_MODEL GGUF
-for dtype in $DTYPES; do
+for dtype in $(for row in $DTYPES; do echo "${WEIGHTS[$row]}"; done | sort -u); do
   GGUF[$dtype]=$WORK/$model_name-$model_hash-$dtype.gguf
   if [ -f "${GGUF[$dtype]}" ]; then
     echo "gguf: cached ${GGUF[$dtype]}"
@@ -170,18 +177,18 @@ cleanup() {
 trap cleanup EXIT
 
 # ---- 2. rounds --------------------------------------------------------------------------
-run_llama() {  # dtype round
-  "$LLAMA_BENCH" -m "${GGUF[$1]}" -t "$THREADS" -p 512 -n 128 -d 0,512 -r 1 -o json \
+run_llama() {  # row round
+  "$LLAMA_BENCH" -m "${GGUF[${WEIGHTS[$1]}]}" -t "$THREADS" -p 512 -n 128 -d 0,512 -r 1 -o json \
     >"$RUN/llama-$1-$2.json" 2>"$RUN/llama-$1-$2.log"
 }
-run_tandem() {  # dtype round
-  local kv=bf16
-  "$BIN/tandem-bench" engine --model "${TANDEM_MODEL[$1]}" --device cpu --threads "$THREADS" \
-    --prompt-tokens 512 --decode-tokens 128 --repeats 1 --kv-dtype "$kv" \
+run_tandem() {  # row round
+  local kv=bf16 model=${TANDEM_MODEL[${WEIGHTS[$1]}]} compute=${COMPUTE[$1]}
+  "$BIN/tandem-bench" engine --model "$model" --device cpu --threads "$THREADS" \
+    --prompt-tokens 512 --decode-tokens 128 --repeats 1 --kv-dtype "$kv" --compute-dtype "$compute" \
     --json "$RUN/tandem-$1-$2.json" >"$RUN/tandem-$1-$2.txt"
-  "$BIN/tandem-bench" engine --model "${TANDEM_MODEL[$1]}" --device cpu --threads "$THREADS" \
+  "$BIN/tandem-bench" engine --model "$model" --device cpu --threads "$THREADS" \
     --prompt-tokens 1 --decode-tokens 128 --repeats 1 --copy-mib 64 --kv-dtype "$kv" \
-    --json "$RUN/tandem-short-$1-$2.json" >"$RUN/tandem-short-$1-$2.txt"
+    --compute-dtype "$compute" --json "$RUN/tandem-short-$1-$2.json" >"$RUN/tandem-short-$1-$2.txt"
 }
 echo "rounds: $ROUNDS per dtype, $THREADS threads; machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 round_files=()
@@ -193,7 +200,7 @@ for dtype in $DTYPES; do
     else
       run_tandem "$dtype" "$round"; run_llama "$dtype" "$round"
     fi
-    "$PYTHON" "$ROOT/scripts/llama_cpp_compare.py" round --dtype "$dtype" --round "$round" \
+    "$PYTHON" "$ROOT/scripts/llama_cpp_compare.py" round --dtype "${LABEL[$dtype]}" --round "$round" \
       --llama "$RUN/llama-$dtype-$round.json" --tandem "$RUN/tandem-$dtype-$round.json" \
       --tandem-short "$RUN/tandem-short-$dtype-$round.json" --out "$RUN/round-$dtype-$round.json"
     round_files+=("$RUN/round-$dtype-$round.json")
@@ -220,22 +227,24 @@ echo
 for dtype in $DTYPES; do
   # bf16: each engine's default 16-bit KV cache; f32: f32 KV on both.
   if [ "$dtype" = f32 ]; then tandem_kv=f32; llama_kv=f32; else tandem_kv=bf16; llama_kv=f16; fi
+  weights=${WEIGHTS[$dtype]}
   tandem_port=$(free_port)
-  "$BIN/tandem-agent" serve --model "${TANDEM_MODEL[$dtype]}" --host 127.0.0.1 --port "$tandem_port" \
-    --threads "$THREADS" --kv-dtype "$tandem_kv" --device cpu >"$RUN/tandem-serve-$dtype.log" 2>&1 &
+  "$BIN/tandem-agent" serve --model "${TANDEM_MODEL[$weights]}" --host 127.0.0.1 --port "$tandem_port" \
+    --threads "$THREADS" --kv-dtype "$tandem_kv" --compute-dtype "${COMPUTE[$dtype]}" --device cpu \
+    >"$RUN/tandem-serve-$dtype.log" 2>&1 &
   tandem_pid=$!
   SERVER_PIDS+=("$tandem_pid")
   llama_port=$(free_port)
-  "$LLAMA_SERVER" -m "${GGUF[$dtype]}" --host 127.0.0.1 --port "$llama_port" -t "$THREADS" \
+  "$LLAMA_SERVER" -m "${GGUF[$weights]}" --host 127.0.0.1 --port "$llama_port" -t "$THREADS" \
     -c 2048 -np 1 -ctk "$llama_kv" -ctv "$llama_kv" --no-webui >"$RUN/llama-server-$dtype.log" 2>&1 &
   llama_pid=$!
   SERVER_PIDS+=("$llama_pid")
   wait_ready "http://127.0.0.1:$tandem_port/health" "$tandem_pid" "tandem-serve-$dtype"
   wait_ready "http://127.0.0.1:$llama_port/health" "$llama_pid" "llama-server-$dtype"
-  echo "(KV cache: Tandem $tandem_kv, llama.cpp $llama_kv)"
-  "$PYTHON" "$ROOT/scripts/llama_cpp_compare.py" correctness --model "${TANDEM_MODEL[$dtype]}" \
+  echo "(KV cache: Tandem $tandem_kv, llama.cpp $llama_kv; Tandem --compute-dtype ${COMPUTE[$dtype]})"
+  "$PYTHON" "$ROOT/scripts/llama_cpp_compare.py" correctness --model "${TANDEM_MODEL[$weights]}" \
     --tandem-url "http://127.0.0.1:$tandem_port" --llama-url "http://127.0.0.1:$llama_port" \
-    --dtype "$dtype" --out "$RUN/correctness-$dtype.json"
+    --dtype "${LABEL[$dtype]}" --out "$RUN/correctness-$dtype.json"
   correctness_files+=("$RUN/correctness-$dtype.json")
   kill "$tandem_pid" "$llama_pid" 2>/dev/null || true
   wait "$tandem_pid" "$llama_pid" 2>/dev/null || true

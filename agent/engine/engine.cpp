@@ -132,6 +132,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     backend_ = std::make_unique<SimulatedBackend>(simulated->name);
   } else {
     backend_ = kernels::makeBackend(config_.device);
+    backend_->setComputeDType(config_.compute_dtype);
   }
   model_ = Model::load(config_.model_dir);
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
@@ -186,6 +187,10 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   // A simulated agent's blocks hold no model's KV: never mistaken for a real
   // agent's (block hashes and connector handshakes compare identities).
   if (simulated) model_identity_ += "/simulated:" + simulated->name;
+  // Nor KV computed from bf16-rounded activations for exact fp32 KV.
+  if (!simulated && config_.compute_dtype != DType::kF32) {
+    model_identity_ += std::string("/compute-") + dtypeShortName(config_.compute_dtype);
+  }
   BlockManagerConfig block_config;
   block_config.num_blocks = kv.num_blocks;
   block_config.block_size = kv.block_size;

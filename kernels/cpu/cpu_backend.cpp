@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/status.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -15,7 +16,16 @@ constexpr size_t kAlignment = 256;
 std::string CpuBackend::description() const {
   const int threads = numThreads();
   return "cpu " + isaName() + ", " + std::to_string(threads) +
-         (threads == 1 ? " thread" : " threads");
+         (threads == 1 ? " thread" : " threads") +
+         (compute_ == DType::kBF16 ? ", bf16 compute" : "");
+}
+
+void CpuBackend::setComputeDType(DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    throw Error(std::string("compute dtype ") + dtypeShortName(dtype) +
+                " is not supported by cpu (accepted: f32, bf16)");
+  }
+  compute_ = dtype;
 }
 
 void* CpuBackend::allocate(size_t bytes) {
@@ -64,7 +74,7 @@ void CpuBackend::embedding(const WeightView& table, float* out) {
 }
 
 void CpuBackend::matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
-  kernels::matmul(x, m, k, w, y);
+  kernels::matmul(x, m, k, w, y, compute_);
 }
 
 void CpuBackend::rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,

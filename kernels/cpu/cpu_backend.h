@@ -32,6 +32,7 @@ class CpuBackend : public Backend {
   WeightView residentWeight(const WeightView& host) override { return host; }
   const float* residentFloats(const float* host, size_t /*count*/) override { return host; }
 
+  void setComputeDType(DType dtype) override;
   void beginBatch(const BatchLayout& batch) override;
 
   void embedding(const WeightView& table, float* out) override;
@@ -60,6 +61,7 @@ class CpuBackend : public Backend {
   std::vector<int32_t> positions_;
   std::vector<int32_t> block_tables_;
   std::vector<AttentionSequence> sequences_;
+  DType compute_ = DType::kF32;
 };
 
 }  // namespace tandem::kernels::cpu

@@ -121,14 +121,15 @@ int numThreads() { return pool().numThreads(); }
 
 std::string isaName() { return active().name; }
 
-void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
-  TANDEM_CHECK(w.cols == k, "matmul: weight columns must equal k");
-  const int64_t n = w.rows;
-  if (m <= 0 || n <= 0) return;
-  const cpu::IsaKernels& isa = active();
-  const int64_t threads = pool().numThreads();
-  const int64_t tile_rows = isa.matmul_tile_rows;
+namespace {
 
+// Splits y[m, n] into tasks of whole row tiles and weight blocks and runs
+// them on the pool: run(m_begin, rows, n_begin, n_end).
+template <typename RunTask>
+void forEachMatmulTask(int64_t m, int64_t k, const WeightView& w, int64_t tile_rows,
+                       const RunTask& run) {
+  const int64_t n = w.rows;
+  const int64_t threads = pool().numThreads();
   const int64_t row_bytes = std::max<int64_t>(1, k * static_cast<int64_t>(dtypeSize(w.dtype)));
   int64_t n_block = std::clamp<int64_t>(kWeightBlockBytes / row_bytes / 16 * 16, 16, 512);
   // Long prompts: a row block of x stays in L3 while it meets every weight block.
@@ -153,10 +154,55 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y)
   pool().parallelFor(n_blocks * m_blocks, [&](int64_t task, int) {
     const int64_t n_begin = task / m_blocks * n_block;
     const int64_t m_begin = task % m_blocks * m_block;
-    const int64_t rows = std::min(m_block, m - m_begin);
-    isa.matmul(x + m_begin * k, rows, k, w, n_begin, std::min(n, n_begin + n_block),
-               y + m_begin * n, n);
+    run(m_begin, std::min(m_block, m - m_begin), n_begin, std::min(n, n_begin + n_block));
   });
+}
+
+// Per calling thread: activations rounded to bf16 for one matmul.
+std::vector<uint16_t>& bf16Scratch() {
+  thread_local std::vector<uint16_t> scratch;
+  return scratch;
+}
+std::vector<float>& roundedScratch() {
+  thread_local std::vector<float> scratch;
+  return scratch;
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y, DType compute) {
+  TANDEM_CHECK(w.cols == k, "matmul: weight columns must equal k");
+  TANDEM_CHECK(compute == DType::kF32 || compute == DType::kBF16,
+               "matmul: compute dtype must be f32 or bf16");
+  const int64_t n = w.rows;
+  if (m <= 0 || n <= 0) return;
+  const cpu::IsaKernels& isa = active();
+  const int64_t tile_rows = isa.matmul_tile_rows;
+  if (compute == DType::kBF16 && w.dtype == DType::kBF16) {
+    const size_t count = static_cast<size_t>(m * k);
+    if (isa.matmul_bf16 != nullptr) {
+      std::vector<uint16_t>& xb = bf16Scratch();
+      xb.resize(count);
+      isa.to_bf16(x, m * k, xb.data());
+      const auto* wb = static_cast<const uint16_t*>(w.data);
+      forEachMatmulTask(m, k, w, tile_rows,
+                        [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+                          isa.matmul_bf16(xb.data() + m_begin * k, rows, k, wb, n_begin, n_end,
+                                          y + m_begin * n, n);
+                        });
+      return;
+    }
+    // No bf16 dot products: the same bf16 inputs, multiplied in fp32 (each
+    // product is exact either way; the sums may round differently).
+    std::vector<float>& rounded = roundedScratch();
+    rounded.resize(count);
+    for (size_t i = 0; i < count; ++i) rounded[i] = bf16ToF32(f32ToBf16(x[i]));
+    x = rounded.data();
+  }
+  forEachMatmulTask(m, k, w, tile_rows,
+                    [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+                      isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
+                    });
 }
 
 void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {

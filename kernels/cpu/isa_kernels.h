@@ -88,7 +88,14 @@ struct IsaKernels {
   // y[i, j] for i in [0, m), j in [n_begin, n_end); x row stride k, y row stride ldy.
   void (*matmul)(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
                  int64_t n_end, float* y, int64_t ldy);
-  // Rows of the matmul micro-kernel; dispatch aligns row blocks to it.
+  // The same for bf16 activations and bf16 weights, with products of bf16
+  // pairs (AVX512-BF16 dot products); nullptr where the ISA has none, and
+  // dispatch then multiplies bf16-rounded fp32 activations with `matmul`.
+  void (*matmul_bf16)(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n_begin,
+                      int64_t n_end, float* y, int64_t ldy);
+  // n values rounded to bf16 for matmul_bf16; nullptr with it.
+  void (*to_bf16)(const float* x, int64_t n, uint16_t* out);
+  // Rows of the matmul micro-kernels; dispatch aligns row blocks to it.
   int matmul_tile_rows;
   // One row of rmsNorm; y may alias x.
   void (*rmsNormRow)(const float* x, const float* weight, int64_t dim, float eps, float* y);

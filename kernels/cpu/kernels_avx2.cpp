@@ -360,6 +360,8 @@ const IsaKernels& avx2Kernels() {
   static const IsaKernels kernels{
       .name = "avx2",
       .matmul = matmul,
+      .matmul_bf16 = nullptr,
+      .to_bf16 = nullptr,
       .matmul_tile_rows = kTileRows,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,

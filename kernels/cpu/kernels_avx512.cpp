@@ -122,18 +122,63 @@ __m512 expPs(__m512 x) {
 
 // ---------------------------------------------------------------- matmul --
 
+// How a register tile multiplies, kStep elements of k at a time:
+//  - FmaProduct<Loader>: fp32 activations times weights widened to fp32, one
+//    fp32 FMA per 16 products (exact products, one rounding per add);
+//  - DpBf16Product: bf16 activations times bf16 weights, one vdpbf16ps per
+//    32 products, which adds each lane's pair of (exact) products into its
+//    fp32 accumulator: twice the multiply-adds of an FMA.
+// Either way an output's sequence of operations depends on k alone.
+template <typename Loader>
+struct FmaProduct {
+  using XElement = float;
+  using WElement = typename Loader::Element;
+  using Vector = __m512;
+  static constexpr int64_t kStep = kLanes;
+  static __m512 loadX(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 loadXTail(const float* p, int64_t count) {
+    return _mm512_maskz_loadu_ps(laneMask(count), p);
+  }
+  static __m512 loadW(const WElement* p) { return Loader::load(p); }
+  static __m512 loadWTail(const WElement* p, int64_t count) {
+    return Loader::loadMasked(p, laneMask(count));
+  }
+  static __m512 multiplyAdd(__m512 acc, __m512 x, __m512 w) { return _mm512_fmadd_ps(x, w, acc); }
+};
+
+struct DpBf16Product {
+  using XElement = uint16_t;
+  using WElement = uint16_t;
+  using Vector = __m512bh;
+  static constexpr int64_t kStep = 2 * kLanes;
+  static __m512bh load(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static __m512bh loadTail(const uint16_t* p, int64_t count) {
+    return (__m512bh)_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << count) - 1u), p);
+  }
+  static __m512bh loadX(const uint16_t* p) { return load(p); }
+  static __m512bh loadXTail(const uint16_t* p, int64_t count) { return loadTail(p, count); }
+  static __m512bh loadW(const uint16_t* p) { return load(p); }
+  static __m512bh loadWTail(const uint16_t* p, int64_t count) { return loadTail(p, count); }
+  static __m512 multiplyAdd(__m512 acc, __m512bh x, __m512bh w) {
+    return _mm512_dpbf16_ps(acc, x, w);
+  }
+};
+
 // One register tile: rows x[0..Rows) against four weight rows (edge tiles
 // repeat a row and drop its outputs through store_mask). Prefetch: this pass
 // is the first over these weight rows, which come from memory.
-template <int Rows, typename Loader, bool Prefetch>
-inline void matmulTile(const float* x, int64_t k, const typename Loader::Element* const* w,
-                       float* y, int64_t ldy, __mmask8 store_mask) {
+template <int Rows, typename Product, bool Prefetch>
+inline void matmulTile(const typename Product::XElement* x, int64_t k,
+                       const typename Product::WElement* const* w, float* y, int64_t ldy,
+                       __mmask8 store_mask) {
+  using Vector = typename Product::Vector;
+  constexpr int64_t kStep = Product::kStep;
   __m512 acc[Rows][kTileCols];
   for (int i = 0; i < Rows; ++i) {
     for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   int64_t kk = 0;
-  for (; kk + kLanes <= k; kk += kLanes) {
+  for (; kk + kStep <= k; kk += kStep) {
     if constexpr (Prefetch) {
       // Fetch the weight rows kPrefetchTiles tiles ahead into L2 while this
       // one computes. Into L2, not L1: L1 prefetches compete for the few L1
@@ -145,20 +190,19 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
                      _MM_HINT_T1);
       }
     }
-    __m512 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::load(w[j] + kk);
+    Vector wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Product::loadW(w[j] + kk);
     for (int i = 0; i < Rows; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      const Vector xv = Product::loadX(x + i * k + kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = Product::multiplyAdd(acc[i][j], xv, wv[j]);
     }
   }
   if (kk < k) {
-    const __mmask16 mask = laneMask(k - kk);
-    __m512 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::loadMasked(w[j] + kk, mask);
+    Vector wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Product::loadWTail(w[j] + kk, k - kk);
     for (int i = 0; i < Rows; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * k + kk);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      const Vector xv = Product::loadXTail(x + i * k + kk, k - kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = Product::multiplyAdd(acc[i][j], xv, wv[j]);
     }
   }
   for (int i = 0; i < Rows; ++i) {
@@ -169,9 +213,10 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
 
 // Rows x[0..Rows) against weight rows [n_begin, n_end): x stays in L1 while
 // the weight block streams from L2 (from memory on the first row tile).
-template <int Rows, typename Loader, bool Prefetch>
-void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
-                   int64_t n_end, float* y, int64_t ldy) {
+template <int Rows, typename Product, bool Prefetch>
+void matmulRowTile(const typename Product::XElement* x, int64_t k,
+                   const typename Product::WElement* w, int64_t n_begin, int64_t n_end, float* y,
+                   int64_t ldy) {
   if constexpr (Prefetch) {
     // The tiles the loop below will not have prefetched: all their lines at
     // once, so they arrive in parallel rather than one demand miss at a time.
@@ -184,51 +229,51 @@ void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w,
   }
   for (int64_t j = n_begin; j < n_end; j += kTileCols) {
     const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
-    const typename Loader::Element* rows[kTileCols];
+    const typename Product::WElement* rows[kTileCols];
     for (int c = 0; c < kTileCols; ++c) rows[c] = w + (j + std::min<int64_t>(c, valid - 1)) * k;
-    matmulTile<Rows, Loader, Prefetch>(x, k, rows, y + j, ldy,
-                                       static_cast<__mmask8>((1u << valid) - 1u));
+    matmulTile<Rows, Product, Prefetch>(x, k, rows, y + j, ldy,
+                                        static_cast<__mmask8>((1u << valid) - 1u));
   }
 }
 
-template <int Rows, typename Loader>
-void matmulRows(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
-                int64_t n_end, float* y, int64_t ldy, bool first) {
+template <int Rows, typename Product>
+void matmulRows(const typename Product::XElement* x, int64_t k, const typename Product::WElement* w,
+                int64_t n_begin, int64_t n_end, float* y, int64_t ldy, bool first) {
   if (first) {
-    matmulRowTile<Rows, Loader, true>(x, k, w, n_begin, n_end, y, ldy);
+    matmulRowTile<Rows, Product, true>(x, k, w, n_begin, n_end, y, ldy);
   } else {
-    matmulRowTile<Rows, Loader, false>(x, k, w, n_begin, n_end, y, ldy);
+    matmulRowTile<Rows, Product, false>(x, k, w, n_begin, n_end, y, ldy);
   }
 }
 
-template <typename Loader>
-void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64_t n_begin,
-                 int64_t n_end, float* y, int64_t ldy) {
-  const auto* w = static_cast<const typename Loader::Element*>(w_data);
+template <typename Product>
+void matmulTyped(const typename Product::XElement* x, int64_t m, int64_t k, const void* w_data,
+                 int64_t n_begin, int64_t n_end, float* y, int64_t ldy) {
+  const auto* w = static_cast<const typename Product::WElement*>(w_data);
   int64_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows) {
-    matmulRows<kTileRows, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
+    matmulRows<kTileRows, Product>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
   }
-  const float* xr = x + i * k;
+  const auto* xr = x + i * k;
   float* yr = y + i * ldy;
   const bool first = i == 0;
   switch (m - i) {
     case 0:
       break;
     case 1:
-      matmulRows<1, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<1, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 2:
-      matmulRows<2, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<2, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 3:
-      matmulRows<3, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<3, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 4:
-      matmulRows<4, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<4, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 5:
-      matmulRows<5, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<5, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
   }
 }
@@ -237,11 +282,30 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n
             int64_t n_end, float* y, int64_t ldy) {
   switch (w.dtype) {
     case DType::kF32:
-      return matmulTyped<F32Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<FmaProduct<F32Loader>>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kBF16:
-      return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<FmaProduct<Bf16Loader>>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kF16:
-      return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<FmaProduct<F16Loader>>(x, m, k, w.data, n_begin, n_end, y, ldy);
+  }
+}
+
+void matmulBf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n_begin,
+                int64_t n_end, float* y, int64_t ldy) {
+  matmulTyped<DpBf16Product>(x, m, k, w, n_begin, n_end, y, ldy);
+}
+
+// Rounds to bf16, nearest even (input and output denormals become zero).
+void toBf16(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    const __mmask16 mask = laneMask(n - i);
+    _mm256_mask_storeu_epi16(out + i, mask,
+                             (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + i)));
   }
 }
 
@@ -445,6 +509,8 @@ const IsaKernels& avx512Kernels() {
   static const IsaKernels kernels{
       .name = "avx512",
       .matmul = matmul,
+      .matmul_bf16 = matmulBf16,
+      .to_bf16 = toBf16,
       .matmul_tile_rows = kTileRows,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,

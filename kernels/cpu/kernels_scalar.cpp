@@ -121,6 +121,8 @@ const IsaKernels& scalarKernels() {
   static const IsaKernels kernels{
       .name = "scalar",
       .matmul = matmul,
+      .matmul_bf16 = nullptr,
+      .to_bf16 = nullptr,
       .matmul_tile_rows = 1,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,

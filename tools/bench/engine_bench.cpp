@@ -88,13 +88,14 @@ double readGBps(int threads, int repeats) {
   return static_cast<double>(count * sizeof(uint64_t)) / seconds / 1e9;
 }
 
-double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
+double gemmGflops(int64_t m, const kernels::WeightView& w, DType compute, int repeats) {
   std::vector<float> x(static_cast<size_t>(m * w.cols)), y(static_cast<size_t>(m * w.rows));
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (float& v : x) v = dist(rng);
-  kernels::matmul(x.data(), m, w.cols, w, y.data());  // warm-up
-  double seconds = bestSeconds(repeats, [&] { kernels::matmul(x.data(), m, w.cols, w, y.data()); });
+  kernels::matmul(x.data(), m, w.cols, w, y.data(), compute);  // warm-up
+  double seconds =
+      bestSeconds(repeats, [&] { kernels::matmul(x.data(), m, w.cols, w, y.data(), compute); });
   return 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) * static_cast<double>(w.cols) /
          seconds / 1e9;
 }
@@ -137,6 +138,8 @@ int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
   std::unique_ptr<kernels::Backend> backend =
       kernels::makeBackend(kernels::resolveDevice(options.device));
+  const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
+  backend->setComputeDType(compute);
   auto model = engine::Model::load(options.model_dir);
   const auto& config = model->config();
   if (options.prompt_tokens + options.decode_tokens > config.max_position_embeddings) {
@@ -180,8 +183,8 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double read_gbps = readGBps(kernels::numThreads(), options.repeats);
   const auto& layer0 = model->weights().layers.at(0);
   const int64_t gemm_m = options.prompt_tokens;
-  const double gemm_up_gflops = gemmGflops(gemm_m, layer0.up_proj, options.repeats);
-  const double gemm_down_gflops = gemmGflops(gemm_m, layer0.down_proj, options.repeats);
+  const double gemm_up_gflops = gemmGflops(gemm_m, layer0.up_proj, compute, options.repeats);
+  const double gemm_down_gflops = gemmGflops(gemm_m, layer0.down_proj, compute, options.repeats);
 
   std::vector<float> logits;
   engine::SequenceInput input;
@@ -295,6 +298,7 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"model", options.model_dir},
         {"weight_dtype", dtypeShortName(model->weightDType())},
         {"kv_dtype", options.kv_dtype},
+        {"compute_dtype", options.compute_dtype},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},
         {"device", kernels::deviceKindName(backend->kind())},

@@ -34,6 +34,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   engine->add_option("--kv-dtype", options.kv_dtype, "KV cache dtype: bf16 or f32")
       ->capture_default_str();
+  engine
+      ->add_option("--compute-dtype", options.compute_dtype,
+                   "what the GEMMs multiply: f32 (exact products) or bf16 (bf16-rounded "
+                   "activations)")
+      ->capture_default_str();
   engine->add_option("--device", options.device, "compute backend: cpu, cuda or auto")
       ->capture_default_str();
   engine->add_option("--batch", options.batch, "sequences decoding together")

@@ -66,6 +66,7 @@ TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
             "must be a number of seconds between 0 and 86400, got 1e308"},
            {"shutdown_timeout", "-1", "must be a number of seconds between 0 and 86400, got -1"},
            {"kv_dtype", "f16", "must be one of bf16, f32, got \"f16\""},
+           {"compute_dtype", "f16", "must be one of f32, bf16, got \"f16\""},
            {"role", "reader", "must be one of prefill, decode, both, got \"reader\""},
            {"prefix_caching_hash", "md5", "must be one of xxhash, sha256, got \"md5\""},
            {"kv_cache_memory", "0",
@@ -197,7 +198,9 @@ TEST(ServeOptions, OptionsAddedOutsideTheTableTakeTheirYamlValueThroughCli11) {
       message = error.what();
     }
     EXPECT_EQ(message, expected) << yaml;
-    if (expected.empty()) EXPECT_EQ(limit, 5);
+    if (expected.empty()) {
+      EXPECT_EQ(limit, 5);
+    }
   }
 }
 

@@ -350,5 +350,34 @@ TEST_F(HeldBlocks, AnExplicitReleaseFreesThemAtOnceAndOnlyOnce) {
   EXPECT_EQ(engine.releaseTransfer({{"transfer_id", "held"}}).code(), StatusCode::kNotFound);
 }
 
+// bf16 compute is an engine setting: the backend multiplies bf16-rounded
+// activations, and the model identity (what block hashes and connector
+// handshakes are made from) says so, so that KV is never reused or loaded
+// as the exact path's. A compute dtype the backend lacks is refused by name.
+TEST(EngineComputeDType, Bf16ComputeIsPartOfTheModelIdentity) {
+  Engine exact(engineConfig());
+  EngineConfig config = engineConfig();
+  config.compute_dtype = DType::kBF16;
+  Engine bf16(config);
+  EXPECT_EQ(exact.modelIdentity().find("/compute-"), std::string::npos) << exact.modelIdentity();
+  EXPECT_EQ(bf16.modelIdentity(), exact.modelIdentity() + "/compute-bf16");
+  EXPECT_NE(bf16.backend().description().find("bf16 compute"), std::string::npos)
+      << bf16.backend().description();
+  Collector collector;
+  ASSERT_TRUE(
+      bf16.addRequest(greedyRequest("r", randomTokens(40, 4), 8), collector.callback()).isOk());
+  ASSERT_TRUE(collector.waitFinished());
+  EXPECT_EQ(collector.tokens.size(), 8u);
+
+  config.compute_dtype = DType::kF16;
+  try {
+    Engine refused(config);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "compute dtype f16 is not supported by cpu (accepted: f32, bf16)");
+  }
+}
+
 }  // namespace
 }  // namespace tandem::engine

@@ -80,9 +80,10 @@ TestWeights makeWeights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) 
   return w;
 }
 
-std::vector<float> runMatmul(const std::vector<float>& x, int64_t m, const TestWeights& w) {
+std::vector<float> runMatmul(const std::vector<float>& x, int64_t m, const TestWeights& w,
+                             DType compute = DType::kF32) {
   std::vector<float> y(static_cast<size_t>(m * w.rows), std::nanf(""));
-  matmul(x.data(), m, w.cols, w.view(), y.data());
+  matmul(x.data(), m, w.cols, w.view(), y.data(), compute);
   return y;
 }
 
@@ -156,6 +157,54 @@ TEST_P(CpuKernels, MatmulMatchesReference) {
   }
 }
 
+// compute = bf16: the activations are rounded to bf16 first, then every
+// product is exact and summed in fp32, so the result is the reference of the
+// rounded activations to the fp32 summation bound above, and visibly not the
+// reference of the unrounded ones. Other weight dtypes ignore it.
+TEST_P(CpuKernels, MatmulBf16ComputeMatchesRoundedReference) {
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {{1, 1, 1},     {1, 31, 5},     {3, 64, 4},    {7, 100, 13}, {6, 32, 8},
+                          {37, 257, 33}, {13, 1040, 70}, {64, 2048, 9}, {2, 33, 600}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("m=" + std::to_string(s.m) + " k=" + std::to_string(s.k) +
+                 " n=" + std::to_string(s.n));
+    const TestWeights w = makeWeights(DType::kBF16, s.n, s.k, 7);
+    const std::vector<float> x = randomFloats(static_cast<size_t>(s.m * s.k), 11);
+    const std::vector<float> y = runMatmul(x, s.m, w, DType::kBF16);
+    int64_t beyond_exact_tolerance = 0;
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t j = 0; j < s.n; ++j) {
+        double rounded_ref = 0.0;
+        double exact_ref = 0.0;
+        double magnitude = 0.0;
+        for (int64_t kk = 0; kk < s.k; ++kk) {
+          const float xv = x[i * s.k + kk];
+          const double term = double{bf16ToF32(f32ToBf16(xv))} * w.values[j * s.k + kk];
+          rounded_ref += term;
+          exact_ref += double{xv} * w.values[j * s.k + kk];
+          magnitude += std::fabs(term);
+        }
+        const double tolerance = 1e-5 * magnitude + 1e-30;
+        ASSERT_NEAR(y[i * s.n + j], rounded_ref, tolerance) << "at " << i << "," << j;
+        if (std::fabs(y[i * s.n + j] - exact_ref) > tolerance) ++beyond_exact_tolerance;
+      }
+    }
+    if (s.k >= 64) {
+      EXPECT_GT(beyond_exact_tolerance, 0) << "the activations were not rounded";
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    SCOPED_TRACE(dtypeShortName(dtype));
+    const TestWeights w = makeWeights(dtype, 33, 257, 7);
+    const std::vector<float> x = randomFloats(static_cast<size_t>(37 * 257), 11);
+    const std::vector<float> exact = runMatmul(x, 37, w, DType::kF32);
+    const std::vector<float> asked_bf16 = runMatmul(x, 37, w, DType::kBF16);
+    EXPECT_TRUE(sameBits(asked_bf16.data(), exact.data(), exact.size()));
+  }
+}
+
 TEST_P(CpuKernels, MatmulWithZeroKGivesZeros) {
   const TestWeights w = makeWeights(DType::kBF16, 5, 0, 1);
   const std::vector<float> x;
@@ -170,10 +219,18 @@ TEST_P(CpuKernels, MatmulRowsAreBatchInvariant) {
   struct Shape {
     int64_t k, n;
   };
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+  struct Case {
+    DType weights, compute;
+  };
+  for (const Case c : {Case{DType::kF32, DType::kF32}, Case{DType::kBF16, DType::kF32},
+                       Case{DType::kF16, DType::kF32}, Case{DType::kBF16, DType::kBF16}}) {
+    const DType dtype = c.weights;
+    const auto runMatmul = [&](const std::vector<float>& x, int64_t m, const TestWeights& w) {
+      return tandem::kernels::runMatmul(x, m, w, c.compute);
+    };
     for (const Shape& s : {Shape{300, 37}, Shape{96, 701}, Shape{1041, 130}}) {
-      SCOPED_TRACE(std::string(dtypeShortName(dtype)) + " k=" + std::to_string(s.k) +
-                   " n=" + std::to_string(s.n));
+      SCOPED_TRACE(std::string(dtypeShortName(dtype)) + " weights, " + dtypeShortName(c.compute) +
+                   " compute, k=" + std::to_string(s.k) + " n=" + std::to_string(s.n));
       const int64_t k = s.k;
       const int64_t n = s.n;
       const TestWeights w = makeWeights(dtype, n, k, 3);
