@@ -53,6 +53,13 @@ std::string isaName();
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
             DType compute = DType::kF32);
 
+// The multiply-add rate this CPU reaches on numThreads() threads from
+// registers, in GFLOP/s (2 flops per multiply-add), best of `repeats`:
+// compute kF32 with fp32 FMAs, kBF16 with bf16 dot products (0 where the ISA
+// has none). The ceiling a compute-bound prefill is held against, as the
+// memory read rate is for decode.
+double peakGflops(DType compute, int repeats = 3);
+
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. y may alias x.
 void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);
 

@@ -67,6 +67,18 @@ def cmd_round(args):
         "tandem_decode_ctx_stream_gbps": tandem["decode_stream_gbps"],
         "tandem_decode_over_read": short["decode_stream_over_read"],
         "tandem_decode_ctx_over_read": tandem["decode_stream_over_read"],
+        # Compute ceilings measured in the same run, and each engine's
+        # prefill in matmul flops per second of prefill (the same model, so
+        # the same flops per token), and decode in weight bytes per second.
+        "fma_peak_gflops": tandem["fma_peak_gflops"],
+        "bf16_dot_peak_gflops": tandem["bf16_dot_peak_gflops"],
+        "tandem_prefill_gflops": tandem["prefill_matmul_gflops"],
+        "llama_prefill_gflops": fig.get("prefill_tps", 0.0)
+        * tandem["prefill_matmul_flops_per_token"] / 1e9,
+        "llama_decode_over_read": fig.get("decode_tps", 0.0)
+        * short["decode_weight_bytes_per_step"] / 1e9 / tandem["read_gbps"],
+        "llama_decode_ctx_over_read": fig.get("decode_ctx_tps", 0.0)
+        * tandem["decode_weight_bytes_per_step"] / 1e9 / tandem["read_gbps"],
         "tandem_weight_dtype": tandem["weight_dtype"],
         "tandem_kv_dtype": tandem["kv_dtype"],
         "tandem_isa": tandem["isa"],
@@ -108,6 +120,9 @@ def cmd_summary(args):
         entry["tandem_decode_ctx_over_read"] = statistics.median(
             r["tandem_decode_ctx_over_read"] for r in rs)
         entry["tandem_read_gbps"] = statistics.median(r["tandem_read_gbps"] for r in rs)
+        for key in ("llama_decode_over_read", "llama_decode_ctx_over_read", "fma_peak_gflops",
+                    "bf16_dot_peak_gflops", "tandem_prefill_gflops", "llama_prefill_gflops"):
+            entry[key] = statistics.median(r[key] for r in rs)
         entry["llama_cpp_kv"] = f"{rs[0]['llama_build']['type_k']}/{rs[0]['llama_build']['type_v']}"
         entry["tandem_kv"] = rs[0]["tandem_kv_dtype"]
         summary["dtypes"][dtype] = entry
@@ -116,11 +131,20 @@ def cmd_summary(args):
     print("\n".join(lines))
     print()
     for dtype, entry in summary["dtypes"].items():
-        print(f"{dtype}: Tandem decode weight stream / host memory read (the memory-read "
-              f"ceiling): {entry['tandem_decode_over_read']:.2f} (empty context), "
-              f"{entry['tandem_decode_ctx_over_read']:.2f} (after 512); read "
-              f"{entry['tandem_read_gbps']:.1f} GB/s; KV: Tandem {entry['tandem_kv']}, "
-              f"llama.cpp {entry['llama_cpp_kv']}")
+        print(f"{dtype}: decode weight stream / host memory read (the memory-read ceiling, "
+              f"read {entry['tandem_read_gbps']:.1f} GB/s): Tandem "
+              f"{entry['tandem_decode_over_read']:.2f} (empty context), "
+              f"{entry['tandem_decode_ctx_over_read']:.2f} (after 512); llama.cpp "
+              f"{entry['llama_decode_over_read']:.2f}, {entry['llama_decode_ctx_over_read']:.2f}; "
+              f"KV: Tandem {entry['tandem_kv']}, llama.cpp {entry['llama_cpp_kv']}")
+        fma, dot = entry["fma_peak_gflops"], entry["bf16_dot_peak_gflops"]
+        ceilings = lambda g: f"{g / fma:.2f} of fp32 FMA peak" + (
+            f", {g / dot:.2f} of bf16 dot peak" if dot > 0 else "")
+        print(f"{dtype}: prefill matmul flops / prefill time (compute peaks {fma:,.0f} GFLOP/s "
+              f"fp32 FMA, {dot:,.0f} bf16 dot): Tandem {entry['tandem_prefill_gflops']:,.1f} "
+              f"GFLOP/s = {ceilings(entry['tandem_prefill_gflops'])}; llama.cpp "
+              f"{entry['llama_prefill_gflops']:,.1f} GFLOP/s = "
+              f"{ceilings(entry['llama_prefill_gflops'])}")
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
 

@@ -5,6 +5,7 @@
 // the thread count — cannot change a result.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -203,6 +204,30 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
                     });
+}
+
+double peakGflops(DType compute, int repeats) {
+  const cpu::IsaKernels& isa = active();
+  const auto probe = compute == DType::kBF16 ? isa.bf16_dot_probe : isa.fma_probe;
+  if (probe == nullptr) return 0.0;
+  // About 20 ms per thread at a few GFLOP/s per chain.
+  constexpr int64_t kSteps = int64_t{1} << 22;
+  const int threads = pool().numThreads();
+  std::vector<float> sinks(static_cast<size_t>(threads), 0.0f);
+  std::vector<int64_t> flops(static_cast<size_t>(threads), 0);
+  double best = 0.0;
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    pool().parallelFor(threads, [&](int64_t task, int) {
+      flops[static_cast<size_t>(task)] = probe(kSteps, &sinks[static_cast<size_t>(task)]);
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double total = 0.0;
+    for (int64_t f : flops) total += static_cast<double>(f);
+    best = std::max(best, total / seconds / 1e9);
+  }
+  return best;
 }
 
 void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {

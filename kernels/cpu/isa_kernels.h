@@ -97,6 +97,12 @@ struct IsaKernels {
   void (*to_bf16)(const float* x, int64_t n, uint16_t* out);
   // Rows of the matmul micro-kernels; dispatch aligns row blocks to it.
   int matmul_tile_rows;
+  // Peak probes: `steps` rounds of independent multiply-adds on registers
+  // only (fp32 FMAs; bf16 dot products, nullptr where the ISA has none).
+  // Return the flops done (2 per multiply-add) and add a result to *sink so
+  // the work cannot be dropped.
+  int64_t (*fma_probe)(int64_t steps, float* sink);
+  int64_t (*bf16_dot_probe)(int64_t steps, float* sink);
   // One row of rmsNorm; y may alias x.
   void (*rmsNormRow)(const float* x, const float* weight, int64_t dim, float eps, float* y);
   void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);

@@ -354,6 +354,25 @@ void attendQuery(const AttentionQuery& a, float* scores) {
   }
 }
 
+// ------------------------------------------------------------ peak probe --
+
+// Twelve independent accumulators cover the FMA latency times the issue rate.
+constexpr int kProbeChains = 12;
+
+int64_t fmaProbe(int64_t steps, float* sink) {
+  __m256 acc[kProbeChains];
+  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+  const __m256 a = _mm256_set1_ps(0.999f);
+  const __m256 b = _mm256_set1_ps(1e-3f);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 total = acc[0];
+  for (int c = 1; c < kProbeChains; ++c) total = _mm256_add_ps(total, acc[c]);
+  *sink += reduceSum(total);
+  return steps * kProbeChains * kLanes * 2;
+}
+
 }  // namespace
 
 const IsaKernels& avx2Kernels() {
@@ -363,6 +382,8 @@ const IsaKernels& avx2Kernels() {
       .matmul_bf16 = nullptr,
       .to_bf16 = nullptr,
       .matmul_tile_rows = kTileRows,
+      .fma_probe = fmaProbe,
+      .bf16_dot_probe = nullptr,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,
       .softmax = softmax,

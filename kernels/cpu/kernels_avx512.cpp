@@ -309,6 +309,39 @@ void toBf16(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
+// ------------------------------------------------------------ peak probes --
+
+// Twelve independent accumulators cover the FMA latency times the issue rate.
+constexpr int kProbeChains = 12;
+
+int64_t fmaProbe(int64_t steps, float* sink) {
+  __m512 acc[kProbeChains];
+  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512 a = _mm512_set1_ps(0.999f);
+  const __m512 b = _mm512_set1_ps(1e-3f);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 total = acc[0];
+  for (int c = 1; c < kProbeChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  *sink += reduceSum(total);
+  return steps * kProbeChains * kLanes * 2;
+}
+
+int64_t bf16DotProbe(int64_t steps, float* sink) {
+  __m512 acc[kProbeChains];
+  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(-1e-3f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f));
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 total = acc[0];
+  for (int c = 1; c < kProbeChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  *sink += reduceSum(total);
+  return steps * kProbeChains * 2 * kLanes * 2;
+}
+
 // ------------------------------------------------------------ elementwise --
 
 void rmsNormRow(const float* x, const float* weight, int64_t dim, float eps, float* y) {
@@ -512,6 +545,8 @@ const IsaKernels& avx512Kernels() {
       .matmul_bf16 = matmulBf16,
       .to_bf16 = toBf16,
       .matmul_tile_rows = kTileRows,
+      .fma_probe = fmaProbe,
+      .bf16_dot_probe = bf16DotProbe,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,
       .softmax = softmax,

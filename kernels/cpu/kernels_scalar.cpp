@@ -115,6 +115,18 @@ void attendQuery(const AttentionQuery& a, float* scores) {
   }
 }
 
+// Eight independent multiply-then-add chains (no FMA in the baseline ISA).
+int64_t fmaProbe(int64_t steps, float* sink) {
+  constexpr int kChains = 8;
+  float acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = static_cast<float>(c);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (float& v : acc) v = v * 0.999f + 1e-3f;
+  }
+  for (float v : acc) *sink += v;
+  return steps * kChains * 2;
+}
+
 }  // namespace
 
 const IsaKernels& scalarKernels() {
@@ -124,6 +136,8 @@ const IsaKernels& scalarKernels() {
       .matmul_bf16 = nullptr,
       .to_bf16 = nullptr,
       .matmul_tile_rows = 1,
+      .fma_probe = fmaProbe,
+      .bf16_dot_probe = nullptr,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,
       .softmax = softmax,

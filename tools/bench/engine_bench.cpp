@@ -40,6 +40,22 @@ size_t viewBytes(const kernels::WeightView& view) {
 }
 
 // Bytes of weights one decode step reads: every matrix once, plus lm_head.
+// Flops of the matmuls of a prompt of `prompt_tokens` tokens, per token:
+// every layer's projections for each token, the LM head for the last one.
+double prefillMatmulFlopsPerToken(const engine::Model& model, int64_t prompt_tokens) {
+  const auto flops = [](const kernels::WeightView& w) {
+    return 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+  };
+  double per_token = flops(model.weights().lm_head) / static_cast<double>(prompt_tokens);
+  for (const auto& layer : model.weights().layers) {
+    for (const auto* view : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                             &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      per_token += flops(*view);
+    }
+  }
+  return per_token;
+}
+
 size_t decodeWeightBytes(const engine::Model& model) {
   size_t bytes = viewBytes(model.weights().lm_head);
   for (const auto& layer : model.weights().layers) {
@@ -185,6 +201,13 @@ int runEngineBench(const EngineBenchOptions& options) {
   const int64_t gemm_m = options.prompt_tokens;
   const double gemm_up_gflops = gemmGflops(gemm_m, layer0.up_proj, compute, options.repeats);
   const double gemm_down_gflops = gemmGflops(gemm_m, layer0.down_proj, compute, options.repeats);
+  // The compute ceiling of the CPU kernels: fp32 FMAs, or bf16 dot products
+  // where bf16 compute applies.
+  const bool on_cpu = backend->kind() == kernels::DeviceKind::kCpu;
+  const double fma_peak = on_cpu ? kernels::peakGflops(DType::kF32, options.repeats) : 0.0;
+  const double bf16_peak = on_cpu ? kernels::peakGflops(DType::kBF16, options.repeats) : 0.0;
+  const bool dot_products = compute == DType::kBF16 && model->weightDType() == DType::kBF16;
+  const double compute_peak = dot_products && bf16_peak > 0.0 ? bf16_peak : fma_peak;
 
   std::vector<float> logits;
   engine::SequenceInput input;
@@ -248,6 +271,8 @@ int runEngineBench(const EngineBenchOptions& options) {
   }
 
   const double prefill_tps = static_cast<double>(options.prompt_tokens) / prefill_s;
+  const double prefill_flops_per_token = prefillMatmulFlopsPerToken(*model, options.prompt_tokens);
+  const double prefill_matmul_gflops = prefill_tps * prefill_flops_per_token / 1e9;
   const double step_s = decode_only_s / static_cast<double>(options.decode_tokens);
   const double decode_tps = static_cast<double>(options.batch) / step_s;
   // Weight bytes one decode step reads, whatever the batch: each matrix once.
@@ -270,7 +295,17 @@ int runEngineBench(const EngineBenchOptions& options) {
   std::printf("%-46s %12.2f\n", "host memory read GB/s (kernel threads)", read_gbps);
   std::printf("%-46s %12.1f\n", "host GEMM up_proj GFLOP/s", gemm_up_gflops);
   std::printf("%-46s %12.1f\n", "host GEMM down_proj GFLOP/s", gemm_down_gflops);
+  if (on_cpu) {
+    std::printf("%-46s %12.1f\n", "host fp32 FMA peak GFLOP/s (kernel threads)", fma_peak);
+    std::printf("%-46s %12.1f\n", "host bf16 dot peak GFLOP/s (kernel threads)", bf16_peak);
+  }
   std::printf("%-46s %12.1f\n", "prefill tokens/s", prefill_tps);
+  std::printf("%-46s %12.1f\n", "prefill GFLOP/s (matmul flops / prefill time)",
+              prefill_matmul_gflops);
+  if (on_cpu) {
+    std::printf("%-46s %12.2f\n", "prefill matmul / compute peak",
+                prefill_matmul_gflops / compute_peak);
+  }
   std::printf("%-46s %12.1f\n", "decode tokens/s (all sequences)", decode_tps);
   std::printf("%-46s %12.3f\n", "decode step ms", step_s * 1e3);
   if (records) {
@@ -314,6 +349,11 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"gemm_up_gflops", gemm_up_gflops},
         {"gemm_down_gflops", gemm_down_gflops},
         {"prefill_tokens_per_s", prefill_tps},
+        {"prefill_matmul_flops_per_token", prefill_flops_per_token},
+        {"prefill_matmul_gflops", prefill_matmul_gflops},
+        {"fma_peak_gflops", fma_peak},
+        {"bf16_dot_peak_gflops", bf16_peak},
+        {"compute_peak_gflops", compute_peak},
         {"decode_tokens_per_s", decode_tps},
         {"decode_step_s", step_s},
         {"decode_weight_bytes_per_step", bytes_per_step},

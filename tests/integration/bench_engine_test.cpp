@@ -1,0 +1,96 @@
+// `tandem-bench engine` on the tiny model, as the llama.cpp comparison runs
+// it: the JSON report carries every figure the comparison reads, the compute
+// dtype reaches the backend (its description and the GEMM path), the compute
+// ceilings are measured, and a bad --compute-dtype is refused by name.
+// Nothing here depends on speed.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/support/bench_run.h"
+#include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
+
+namespace {
+
+using ::tandem::testing::BenchRun;
+using ::tandem::testing::TempDir;
+
+class BenchEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    temp_ = new TempDir("tandem-bench-engine-test");
+    tandem::tools::TestModelOptions options;
+    options.seed = 13;
+    tandem::tools::writeTestModel(options, temp_->path() / "tiny");
+  }
+  static void TearDownTestSuite() {
+    delete temp_;
+    temp_ = nullptr;
+  }
+
+  static BenchRun bench(const std::string& args) {
+    return ::tandem::testing::runBench(
+        temp_->path(), "engine",
+        "--model '" + (temp_->path() / "tiny").string() +
+            "' --device cpu --threads 2 --prompt-tokens 40 --decode-tokens 8 --repeats 1 "
+            "--copy-mib 8 " +
+            args);
+  }
+
+  static TempDir* temp_;
+};
+
+TempDir* BenchEngineTest::temp_ = nullptr;
+
+TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
+  for (const std::string compute : {"f32", "bf16"}) {
+    SCOPED_TRACE("--compute-dtype " + compute);
+    const BenchRun run = bench("--compute-dtype " + compute);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto& r = run.report;
+    ASSERT_TRUE(r.is_object()) << run.out;
+    EXPECT_EQ(r.at("compute_dtype"), compute);
+    EXPECT_EQ(r.at("weight_dtype"), "bf16");
+    const std::string description = r.at("device_description");
+    EXPECT_EQ(description.find("bf16 compute") != std::string::npos, compute == "bf16")
+        << description;
+    for (const char* key :
+         {"prefill_tokens_per_s", "decode_tokens_per_s", "read_gbps", "decode_stream_over_read",
+          "decode_weight_bytes_per_step", "prefill_matmul_flops_per_token", "prefill_matmul_gflops",
+          "fma_peak_gflops", "compute_peak_gflops"}) {
+      EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+    }
+    // Matmul flops per prompt token from the model's config: every
+    // projection for each token, the LM head for the last of the 40.
+    const nlohmann::json config =
+        nlohmann::json::parse(::tandem::testing::readFile(temp_->path() / "tiny/config.json"));
+    const double hidden = config.at("hidden_size"), inter = config.at("intermediate_size");
+    const double heads = config.at("num_attention_heads"),
+                 kv_heads = config.at("num_key_value_heads");
+    const double head_dim = config.value("head_dim", hidden / heads);
+    const double per_layer =
+        hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + hidden * inter * 3;
+    const double expected_flops = 2.0 * per_layer * config.at("num_hidden_layers").get<double>() +
+                                  2.0 * hidden * config.at("vocab_size").get<double>() / 40.0;
+    EXPECT_DOUBLE_EQ(r.at("prefill_matmul_flops_per_token").get<double>(), expected_flops);
+    // The ceiling is the bf16 dot-product one exactly when bf16 compute can
+    // use dot products (AVX-512 BF16 hosts); else the fp32 FMA one.
+    const double bf16_peak = r.at("bf16_dot_peak_gflops");
+    const double expected_peak =
+        compute == "bf16" && bf16_peak > 0.0 ? bf16_peak : r.at("fma_peak_gflops").get<double>();
+    EXPECT_EQ(r.at("compute_peak_gflops").get<double>(), expected_peak);
+    EXPECT_NE(run.out.find("prefill GFLOP/s (matmul flops / prefill time)"), std::string::npos)
+        << run.out;
+  }
+}
+
+TEST_F(BenchEngineTest, RefusesAnUnknownComputeDtypeByName) {
+  const BenchRun run = bench("--compute-dtype f16");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--compute-dtype: expected f32 or bf16, got 'f16'"), std::string::npos)
+      << run.err;
+  EXPECT_TRUE(run.report.is_null());
+}
+
+}  // namespace
