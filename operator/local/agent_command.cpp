@@ -40,6 +40,7 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
   if (engine.num_blocks) add("--num-blocks", std::to_string(*engine.num_blocks));
   if (engine.kv_cache_memory) add("--kv-cache-memory", *engine.kv_cache_memory);
   if (engine.kv_dtype) add("--kv-dtype", *engine.kv_dtype);
+  if (engine.compute_dtype) add("--compute-dtype", *engine.compute_dtype);
   if (engine.device) add("--device", *engine.device);
   if (engine.simulate) add("--simulate", *engine.simulate);
   if (engine.max_num_seqs) add("--max-num-seqs", std::to_string(*engine.max_num_seqs));

@@ -73,6 +73,10 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
   if (auto value = reader.get("kvDtype")) {
     engine.kv_dtype = readEnum(*value, reader.pathOf("kvDtype"), context, {"bf16", "f32"});
   }
+  if (auto value = reader.get("computeDtype")) {
+    engine.compute_dtype =
+        readEnum(*value, reader.pathOf("computeDtype"), context, {"f32", "bf16"});
+  }
   integer("maxNumSeqs", engine.max_num_seqs, 1);
   integer("maxNumBatchedTokens", engine.max_num_batched_tokens, 1);
   integer("maxModelLen", engine.max_model_len, 0);
@@ -394,6 +398,10 @@ void checkPoolsAgree(const std::vector<Document>& documents) {
     mismatch("spec.engine.kvDtype", pool.engine.kv_dtype.value_or("bf16"),
              reference.engine.kv_dtype.value_or("bf16"),
              "KV blocks move between pools of the same KV dtype only");
+    mismatch("spec.engine.computeDtype", pool.engine.compute_dtype.value_or("f32"),
+             reference.engine.compute_dtype.value_or("f32"),
+             "KV blocks move between pools of the same compute dtype only (it is part of the "
+             "model identity)");
     mismatch("spec.engine.prefixCachingHash", pool.engine.prefix_caching_hash.value_or("xxhash"),
              reference.engine.prefix_caching_hash.value_or("xxhash"),
              "the router finds blocks by the agents' block hashes");

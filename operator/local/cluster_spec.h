@@ -38,6 +38,7 @@ struct EngineSpec {
   std::optional<int64_t> num_blocks;               // numBlocks → --num-blocks
   std::optional<std::string> kv_cache_memory;      // kvCacheMemory → --kv-cache-memory
   std::optional<std::string> kv_dtype;             // kvDtype → --kv-dtype
+  std::optional<std::string> compute_dtype;        // computeDtype → --compute-dtype
   std::optional<int64_t> max_num_seqs;             // maxNumSeqs → --max-num-seqs
   std::optional<int64_t> max_num_batched_tokens;   // maxNumBatchedTokens
   std::optional<int64_t> max_model_len;            // maxModelLen

@@ -42,6 +42,7 @@ TEST(AgentCommandTest, EveryEngineFieldIsItsFlag) {
   pool.engine.block_size = 32;
   pool.engine.num_blocks = 4096;
   pool.engine.kv_dtype = "f32";
+  pool.engine.compute_dtype = "bf16";
   pool.engine.device = "cuda";
   pool.engine.max_num_seqs = 8;
   pool.engine.max_num_batched_tokens = 512;
@@ -74,6 +75,8 @@ TEST(AgentCommandTest, EveryEngineFieldIsItsFlag) {
       "4096",
       "--kv-dtype",
       "f32",
+      "--compute-dtype",
+      "bf16",
       "--device",
       "cuda",
       "--max-num-seqs",

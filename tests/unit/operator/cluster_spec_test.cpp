@@ -77,6 +77,7 @@ spec:
     blockSize: 32
     kvCacheMemory: 8Gi
     kvDtype: f32
+    computeDtype: bf16
     device: cuda
     maxNumSeqs: 128
     maxNumBatchedTokens: 4096
@@ -109,7 +110,7 @@ metadata:
 spec:
   replicas: 0
   model: {path: /models/llama, name: llama}
-  engine: {blockSize: 32, kvDtype: f32, prefixCachingHash: sha256, numBlocks: 4096}
+  engine: {blockSize: 32, kvDtype: f32, computeDtype: bf16, prefixCachingHash: sha256, numBlocks: 4096}
 )",
                                       R"(apiVersion: tandem.dev/v1alpha1
 kind: Router
@@ -139,6 +140,7 @@ spec:
   EXPECT_EQ(prefill.engine.block_size, 32);
   EXPECT_EQ(prefill.engine.kv_cache_memory, "8GiB");  // the agent's spelling
   EXPECT_EQ(prefill.engine.kv_dtype, "f32");
+  EXPECT_EQ(prefill.engine.compute_dtype, "bf16");
   EXPECT_EQ(prefill.engine.device, "cuda");
   EXPECT_EQ(prefill.engine.max_num_seqs, 128);
   EXPECT_EQ(prefill.engine.max_num_batched_tokens, 4096);
@@ -239,6 +241,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "spec.engine.maxNumSeqs must be a positive integer, got \"0\""},
       {documents({decode_spec + "  engine: {kvDtype: fp8}\n"}),
        "spec.engine.kvDtype must be bf16 or f32, got \"fp8\""},
+      {documents({decode_spec + "  engine: {computeDtype: f16}\n"}),
+       "spec.engine.computeDtype must be f32 or bf16, got \"f16\""},
       {documents({decode_spec + "  engine: {device: gpu}\n"}),
        "spec.engine.device must be cpu, cuda or auto, got \"gpu\""},
       {documents({decode_spec + "  engine: {kvCacheMemory: lots}\n"}),
@@ -327,6 +331,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "the pools of one cluster serve one model"},
       {documents({kPrefill, decode_spec + "  engine: {kvDtype: f32}\n"}),
        "spec.engine.kvDtype \"f32\" differs from \"bf16\""},
+      {documents({kPrefill, decode_spec + "  engine: {computeDtype: bf16}\n"}),
+       "spec.engine.computeDtype \"bf16\" differs from \"f32\""},
       {"apiVersion: [\n", "c.yaml: not valid YAML: "},
   };
   for (const Case& c : cases) {
