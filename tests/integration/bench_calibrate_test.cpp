@@ -3,15 +3,14 @@
 // a number, and every shape's reported prediction is what the written
 // profile predicts for it. Nothing here depends on speed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "agent/engine/simulation/step_profile.h"
+#include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
 
@@ -21,14 +20,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::tandem::engine::StepProfile;
 using ::tandem::engine::StepShape;
-using ::tandem::testing::readFile;
+using ::tandem::testing::BenchRun;
 using ::tandem::testing::TempDir;
-
-struct BenchRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
 
 class BenchCalibrateTest : public ::testing::Test {
  protected:
@@ -44,17 +37,8 @@ class BenchCalibrateTest : public ::testing::Test {
   }
 
   static BenchRun bench(const std::string& args) {
-    const fs::path dir = temp_->path();
-    const fs::path out = dir / "bench.stdout", err = dir / "bench.stderr";
-    const std::string command = std::string(TANDEM_BIN_DIR) + "/tandem-bench calibrate --model '" +
-                                (dir / "tiny").string() + "' " + args + " > '" + out.string() +
-                                "' 2> '" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    BenchRun run;
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    run.out = readFile(out);
-    run.err = readFile(err);
-    return run;
+    return ::tandem::testing::runBench(
+        temp_->path(), "calibrate", "--model '" + (temp_->path() / "tiny").string() + "' " + args);
   }
 
   static TempDir* temp_;
@@ -64,9 +48,8 @@ TempDir* BenchCalibrateTest::temp_ = nullptr;
 
 TEST_F(BenchCalibrateTest, WritesAProfileThatParsesWithItsFitError) {
   const fs::path profile_path = temp_->path() / "cpu-tiny.yaml";
-  const fs::path json_path = temp_->path() / "calibrate.json";
-  BenchRun run = bench("--samples 1 --threads 1 --name cpu-tiny-test --out '" +
-                       profile_path.string() + "' --json '" + json_path.string() + "'");
+  BenchRun run =
+      bench("--samples 1 --threads 1 --name cpu-tiny-test --out '" + profile_path.string() + "'");
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
 
   auto profile = StepProfile::fromFile(profile_path);
@@ -82,7 +65,7 @@ TEST_F(BenchCalibrateTest, WritesAProfileThatParsesWithItsFitError) {
       << profile->description;
   EXPECT_GT(profile->predict(StepShape{}), 0.0) << "every step costs something";
 
-  const json report = json::parse(readFile(json_path));
+  const json& report = run.report;
   const json& fit = report.at("fit");
   for (const char* key : {"mean_relative_error", "max_relative_error", "r_squared"}) {
     ASSERT_TRUE(fit.at(key).is_number()) << key << ": " << fit.dump();

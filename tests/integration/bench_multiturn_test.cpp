@@ -7,9 +7,7 @@
 // the agents computed against the plan's minimum. Nothing here depends on
 // speed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +16,7 @@
 #include <utility>
 
 #include "tests/support/agent_server.h"
+#include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
 
 namespace {
@@ -25,40 +24,21 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using ::tandem::testing::Agent;
+using ::tandem::testing::BenchRun;
 using ::tandem::testing::readFile;
 using ::tandem::testing::TempDir;
-
-struct BenchRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-  json report;
-};
 
 class BenchMultiTurnTest : public ::testing::Test {
  protected:
   // Runs tandem-bench multiturn with `args`, by default against the agent and
   // with token ids from the tiny model's text vocabulary; reads its JSON report.
   BenchRun bench(const std::string& args, const std::string& env = "") {
-    const fs::path out = dir_ / "bench.stdout", err = dir_ / "bench.stderr",
-                   report = dir_ / "bench.json";
-    fs::remove(report);
     std::string defaults;
     if (args.find("--base-url") == std::string::npos) {
       defaults += " --base-url http://127.0.0.1:" + std::to_string(agent_.port());
     }
     if (args.find("--vocab-range") == std::string::npos) defaults += " --vocab-range 3:480";
-    const std::string command = env + " " + std::string(TANDEM_BIN_DIR) +
-                                "/tandem-bench multiturn" + defaults + " --json '" +
-                                report.string() + "' " + args + " > '" + out.string() + "' 2> '" +
-                                err.string() + "'";
-    const int status = std::system(command.c_str());
-    BenchRun run;
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    run.out = readFile(out);
-    run.err = readFile(err);
-    if (fs::exists(report)) run.report = json::parse(readFile(report));
-    return run;
+    return ::tandem::testing::runBench(dir_, "multiturn", defaults + " " + args, env);
   }
 
   TempDir temp_{"tandem-bench-multiturn-test"};

@@ -2,10 +2,8 @@
 // every request accounted for, exact token counts, the JSON report's shape,
 // and failures counted with their reasons. Nothing here depends on speed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "tests/support/agent_process.h"
+#include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
 
@@ -20,16 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using ::tandem::testing::BenchRun;
 using ::tandem::testing::ChildProcess;
-using ::tandem::testing::readFile;
 using ::tandem::testing::TempDir;
-
-struct BenchRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-  json report;
-};
 
 class BenchServeTest : public ::testing::Test {
  protected:
@@ -53,19 +45,8 @@ class BenchServeTest : public ::testing::Test {
 
   // Runs tandem-bench serve against the agent with `args`; reads its JSON report.
   BenchRun bench(const std::string& args) {
-    const fs::path out = dir_ / "bench.stdout", err = dir_ / "bench.stderr",
-                   report = dir_ / "bench.json";
-    fs::remove(report);
-    const std::string command = std::string(TANDEM_BIN_DIR) + "/tandem-bench serve --url " + url_ +
-                                " --vocab-range 100:500 --json '" + report.string() + "' " + args +
-                                " > '" + out.string() + "' 2> '" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    BenchRun run;
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    run.out = readFile(out);
-    run.err = readFile(err);
-    if (fs::exists(report)) run.report = json::parse(readFile(report));
-    return run;
+    return ::tandem::testing::runBench(dir_, "serve",
+                                       "--url " + url_ + " --vocab-range 100:500 " + args);
   }
 
   TempDir temp_{"tandem-bench-serve-test"};

@@ -3,32 +3,23 @@
 // (split into hand-offs that fit the context), and reports every figure in
 // its JSON. Nothing here depends on speed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
-using ::tandem::testing::readFile;
+using ::tandem::testing::BenchRun;
 using ::tandem::testing::TempDir;
 
 // The tiny model's KV block: 2 layers x K,V x 16 tokens x 2 KV heads x 16 x 2 bytes (bf16).
 constexpr int64_t kBlockBytes = 4096;
-
-struct BenchRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-  json report;
-};
 
 class BenchTransferTest : public ::testing::Test {
  protected:
@@ -44,20 +35,8 @@ class BenchTransferTest : public ::testing::Test {
   }
 
   static BenchRun bench(const std::string& args) {
-    const fs::path dir = temp_->path();
-    const fs::path out = dir / "bench.stdout", err = dir / "bench.stderr",
-                   report = dir / "bench.json";
-    fs::remove(report);
-    const std::string command = std::string(TANDEM_BIN_DIR) + "/tandem-bench transfer --model '" +
-                                (dir / "tiny").string() + "' --json '" + report.string() + "' " +
-                                args + " > '" + out.string() + "' 2> '" + err.string() + "'";
-    const int status = std::system(command.c_str());
-    BenchRun run;
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    run.out = readFile(out);
-    run.err = readFile(err);
-    if (fs::exists(report)) run.report = json::parse(readFile(report));
-    return run;
+    return ::tandem::testing::runBench(
+        temp_->path(), "transfer", "--model '" + (temp_->path() / "tiny").string() + "' " + args);
   }
 
   static bool perftestInstalled() {
