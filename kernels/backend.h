@@ -70,9 +70,16 @@ class Backend {
   // the memory cannot be had.
   virtual WeightView residentWeight(const WeightView& host) = 0;
   virtual const float* residentFloats(const float* host, size_t count) = 0;
+  // A weight the caller will pass to matmul: residentWeight's view, or where
+  // the compute dtype asks for another layout (CPU, bf16 compute, bf16
+  // weights: kernels.h's packBf16Pairs) a copy in it, owned by the backend
+  // until it is destroyed; the same host data gives the same copy.
+  virtual WeightView matmulWeight(const WeightView& host) { return residentWeight(host); }
 
-  // What matmul multiplies from now on (kernels.h's `compute`): kF32, the
-  // default, or kBF16. Throws tandem::Error naming what this backend accepts.
+  // What matmul multiplies (docs/engine.md#compute-dtype): kF32, the
+  // default, or kBF16, for the weights matmulWeight() gives from now on
+  // (call it before making weights resident). Throws tandem::Error naming
+  // what this backend accepts.
   virtual void setComputeDType(DType dtype) {
     if (dtype != DType::kF32) {
       throw Error(std::string("compute dtype ") + dtypeShortName(dtype) +

@@ -20,17 +20,25 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 
 namespace tandem::kernels {
 
-// A row-major matrix of `rows` x `cols` elements of `dtype`, row stride `cols`.
+// How a weight matrix lies in memory.
+enum class WeightLayout {
+  kRows,       // row-major, row stride `cols`: the checkpoint's own layout
+  kBf16Pairs,  // bf16 packed by packBf16Pairs for bf16 compute
+};
+
+// A matrix of `rows` x `cols` elements of `dtype`, laid out as `layout` says.
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
+  WeightLayout layout = WeightLayout::kRows;
 };
 
 // Threads used by the kernels (default: hardware concurrency).
@@ -42,16 +50,22 @@ std::string isaName();
 // y[m, n] = x[m, k] · w[n, k]^T, fp32 accumulation. `w.cols == k`, n = w.rows.
 // x has row stride k, y row stride n. y must not alias x.
 //
-// compute says what is multiplied. kF32 (the default): fp32 activations by
-// the weights widened to fp32, so every product is exact. kBF16 applies to
-// bf16 weights only (others compute as kF32): each activation is first
-// rounded to bf16 (nearest even), as llama.cpp and GPU engines do, and on
-// CPUs with AVX512-BF16 pairs of bf16 products go into the fp32 sums with one
-// dot-product instruction, twice the multiply-adds of an fp32 FMA. The
-// products are still exact; what is lost is the activations' low 16 bits
+// What is multiplied follows w.layout. kRows: fp32 activations by the
+// weights widened to fp32, so every product is exact. kBf16Pairs (bf16
+// compute): each activation is first rounded to bf16 (nearest even), as
+// llama.cpp and GPU engines do, and each output adds pairs of exact bf16
+// products into one fp32 sum, on AVX512-BF16 CPUs one dot-product
+// instruction per pair for 16 outputs, twice the multiply-adds of an fp32
+// FMA. What is lost is the activations' low 16 bits
 // (docs/engine.md#compute-dtype). Both keep batch invariance.
-void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
-            DType compute = DType::kF32);
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y);
+
+// Packs bf16 row-major weights for bf16 compute into `storage`, which must
+// outlive the returned view: panels of 16 output rows (the last zero-padded),
+// each holding, for t = 0 .. ceil(k / 2) - 1, the pairs (w[r][2t],
+// w[r][2t + 1]) of its 16 rows (zero past k). Throws tandem::Error for other
+// dtypes or layouts.
+WeightView packBf16Pairs(const WeightView& w, std::vector<uint16_t>& storage);
 
 // The multiply-add rate this CPU reaches on numThreads() threads from
 // registers, in GFLOP/s (2 flops per multiply-add), best of `repeats`:

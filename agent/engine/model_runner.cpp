@@ -79,18 +79,18 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
 
   const ModelWeights& host = model_.weights();
   weights_.embed_tokens = backend_.residentWeight(host.embed_tokens);
-  weights_.lm_head = backend_.residentWeight(host.lm_head);
+  weights_.lm_head = backend_.matmulWeight(host.lm_head);
   weights_.norm = resident(host.norm);
   weights_.layers.reserve(host.layers.size());
   for (const LayerWeights& lw : host.layers) {
     ResidentLayer layer;
-    layer.q_proj = backend_.residentWeight(lw.q_proj);
-    layer.k_proj = backend_.residentWeight(lw.k_proj);
-    layer.v_proj = backend_.residentWeight(lw.v_proj);
-    layer.o_proj = backend_.residentWeight(lw.o_proj);
-    layer.gate_proj = backend_.residentWeight(lw.gate_proj);
-    layer.up_proj = backend_.residentWeight(lw.up_proj);
-    layer.down_proj = backend_.residentWeight(lw.down_proj);
+    layer.q_proj = backend_.matmulWeight(lw.q_proj);
+    layer.k_proj = backend_.matmulWeight(lw.k_proj);
+    layer.v_proj = backend_.matmulWeight(lw.v_proj);
+    layer.o_proj = backend_.matmulWeight(lw.o_proj);
+    layer.gate_proj = backend_.matmulWeight(lw.gate_proj);
+    layer.up_proj = backend_.matmulWeight(lw.up_proj);
+    layer.down_proj = backend_.matmulWeight(lw.down_proj);
     layer.input_layernorm = resident(lw.input_layernorm);
     layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
     layer.q_bias = resident(lw.q_bias);

@@ -38,6 +38,19 @@ void* CpuBackend::allocate(size_t bytes) {
   return data;
 }
 
+WeightView CpuBackend::matmulWeight(const WeightView& host) {
+  if (compute_ != DType::kBF16 || host.dtype != DType::kBF16 ||
+      host.layout != WeightLayout::kRows) {
+    return host;
+  }
+  std::vector<uint16_t>& storage = packed_[host.data];
+  if (storage.empty()) return packBf16Pairs(host, storage);
+  WeightView packed = host;
+  packed.data = storage.data();
+  packed.layout = WeightLayout::kBf16Pairs;
+  return packed;
+}
+
 void CpuBackend::release(void* data, size_t /*bytes*/) { std::free(data); }
 
 void CpuBackend::copyFromHost(void* dst, const void* host_src, size_t bytes) {
@@ -74,7 +87,7 @@ void CpuBackend::embedding(const WeightView& table, float* out) {
 }
 
 void CpuBackend::matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
-  kernels::matmul(x, m, k, w, y, compute_);
+  kernels::matmul(x, m, k, w, y);
 }
 
 void CpuBackend::rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,

@@ -8,6 +8,8 @@
 // One thread at a time (the kernels' own pool does the parallel work).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,8 @@ class CpuBackend : public Backend {
 
   WeightView residentWeight(const WeightView& host) override { return host; }
   const float* residentFloats(const float* host, size_t /*count*/) override { return host; }
+  // bf16 compute: bf16 weights packed by kernels::packBf16Pairs.
+  WeightView matmulWeight(const WeightView& host) override;
 
   void setComputeDType(DType dtype) override;
   void beginBatch(const BatchLayout& batch) override;
@@ -62,6 +66,8 @@ class CpuBackend : public Backend {
   std::vector<int32_t> block_tables_;
   std::vector<AttentionSequence> sequences_;
   DType compute_ = DType::kF32;
+  // Packed copies by the host data they were made from.
+  std::map<const void*, std::vector<uint16_t>> packed_;
 };
 
 }  // namespace tandem::kernels::cpu

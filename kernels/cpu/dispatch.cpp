@@ -13,6 +13,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kernels.h"
@@ -124,15 +125,15 @@ std::string isaName() { return active().name; }
 
 namespace {
 
-// Splits y[m, n] into tasks of whole row tiles and weight blocks and runs
-// them on the pool: run(m_begin, rows, n_begin, n_end).
+// Splits y[m, n] into tasks of whole row tiles and weight blocks whose first
+// column is a multiple of col_align, and runs them on the pool:
+// run(m_begin, rows, n_begin, n_end). row_bytes: bytes of one weight row.
 template <typename RunTask>
-void forEachMatmulTask(int64_t m, int64_t k, const WeightView& w, int64_t tile_rows,
-                       const RunTask& run) {
-  const int64_t n = w.rows;
+void forEachMatmulTask(int64_t m, int64_t n, int64_t k, int64_t row_bytes, int64_t tile_rows,
+                       int64_t col_align, const RunTask& run) {
   const int64_t threads = pool().numThreads();
-  const int64_t row_bytes = std::max<int64_t>(1, k * static_cast<int64_t>(dtypeSize(w.dtype)));
-  int64_t n_block = std::clamp<int64_t>(kWeightBlockBytes / row_bytes / 16 * 16, 16, 512);
+  int64_t n_block =
+      std::clamp<int64_t>(kWeightBlockBytes / std::max<int64_t>(1, row_bytes) / 16 * 16, 16, 512);
   // Long prompts: a row block of x stays in L3 while it meets every weight block.
   int64_t m_block = std::min(m, roundUp(kMaxRowBlock, tile_rows));
   const int64_t want_tasks =
@@ -145,7 +146,7 @@ void forEachMatmulTask(int64_t m, int64_t k, const WeightView& w, int64_t tile_r
       m_block = roundUp(ceilDiv(m, m_split), tile_rows);
     } else {
       // Decode: few rows, weights stream once; smaller blocks spread them.
-      n_block = std::max<int64_t>(4, roundUp(ceilDiv(n, want_tasks), 4));
+      n_block = std::max(col_align, roundUp(ceilDiv(n, want_tasks), col_align));
     }
   }
   const int64_t n_blocks = ceilDiv(n, n_block);
@@ -159,51 +160,71 @@ void forEachMatmulTask(int64_t m, int64_t k, const WeightView& w, int64_t tile_r
   });
 }
 
-// Per calling thread: activations rounded to bf16 for one matmul.
+constexpr int64_t kPanelRows = 16;
+
+// Per calling thread: one matmul's activations rounded to bf16.
 std::vector<uint16_t>& bf16Scratch() {
   thread_local std::vector<uint16_t> scratch;
   return scratch;
 }
-std::vector<float>& roundedScratch() {
-  thread_local std::vector<float> scratch;
-  return scratch;
+
+// bf16 compute: x rounded to bf16 rows of 2 * kp (zero-padded), then the
+// ISA's pair kernel over panel-aligned weight blocks.
+void matmulBf16Pairs(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
+                     const WeightView& w, float* y) {
+  const int64_t n = w.rows;
+  const int64_t kp = (k + 1) / 2;
+  std::vector<uint16_t>& xb = bf16Scratch();
+  xb.resize(static_cast<size_t>(m * 2 * kp));
+  for (int64_t i = 0; i < m; ++i) {
+    isa.to_bf16(x + i * k, k, xb.data() + i * 2 * kp);
+    if (k % 2 != 0) xb[static_cast<size_t>(i * 2 * kp + k)] = 0;
+  }
+  const auto* panels = static_cast<const uint16_t*>(w.data);
+  forEachMatmulTask(m, n, k, 2 * kp * static_cast<int64_t>(sizeof(uint16_t)),
+                    isa.bf16_pairs_tile_rows, kPanelRows,
+                    [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+                      isa.matmul_bf16_pairs(xb.data() + m_begin * 2 * kp, rows, kp, panels, n_begin,
+                                            n_end, y + m_begin * n, n);
+                    });
 }
 
 }  // namespace
 
-void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y, DType compute) {
+void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
   TANDEM_CHECK(w.cols == k, "matmul: weight columns must equal k");
-  TANDEM_CHECK(compute == DType::kF32 || compute == DType::kBF16,
-               "matmul: compute dtype must be f32 or bf16");
   const int64_t n = w.rows;
   if (m <= 0 || n <= 0) return;
   const cpu::IsaKernels& isa = active();
-  const int64_t tile_rows = isa.matmul_tile_rows;
-  if (compute == DType::kBF16 && w.dtype == DType::kBF16) {
-    const size_t count = static_cast<size_t>(m * k);
-    if (isa.matmul_bf16 != nullptr) {
-      std::vector<uint16_t>& xb = bf16Scratch();
-      xb.resize(count);
-      isa.to_bf16(x, m * k, xb.data());
-      const auto* wb = static_cast<const uint16_t*>(w.data);
-      forEachMatmulTask(m, k, w, tile_rows,
-                        [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
-                          isa.matmul_bf16(xb.data() + m_begin * k, rows, k, wb, n_begin, n_end,
-                                          y + m_begin * n, n);
-                        });
-      return;
-    }
-    // No bf16 dot products: the same bf16 inputs, multiplied in fp32 (each
-    // product is exact either way; the sums may round differently).
-    std::vector<float>& rounded = roundedScratch();
-    rounded.resize(count);
-    for (size_t i = 0; i < count; ++i) rounded[i] = bf16ToF32(f32ToBf16(x[i]));
-    x = rounded.data();
-  }
-  forEachMatmulTask(m, k, w, tile_rows,
+  if (w.layout == WeightLayout::kBf16Pairs) return matmulBf16Pairs(isa, x, m, k, w, y);
+  forEachMatmulTask(m, n, k, k * static_cast<int64_t>(dtypeSize(w.dtype)), isa.matmul_tile_rows, 4,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
                     });
+}
+
+WeightView packBf16Pairs(const WeightView& w, std::vector<uint16_t>& storage) {
+  if (w.dtype != DType::kBF16 || w.layout != WeightLayout::kRows) {
+    throw Error(std::string("packBf16Pairs: needs row-major bf16 weights, got ") +
+                dtypeShortName(w.dtype) + (w.layout == WeightLayout::kRows ? "" : " (packed)"));
+  }
+  const int64_t n = w.rows, k = w.cols, kp = (k + 1) / 2;
+  const int64_t panel_elements = kp * 2 * kPanelRows;
+  const int64_t num_panels = ceilDiv(n, kPanelRows);
+  storage.assign(static_cast<size_t>(num_panels * panel_elements), 0);
+  const auto* src = static_cast<const uint16_t*>(w.data);
+  pool().parallelFor(num_panels, [&](int64_t panel, int) {
+    uint16_t* out = storage.data() + panel * panel_elements;
+    for (int64_t r = panel * kPanelRows; r < std::min(n, (panel + 1) * kPanelRows); ++r) {
+      const uint16_t* row = src + r * k;
+      uint16_t* lane = out + (r % kPanelRows) * 2;
+      for (int64_t c = 0; c < k; ++c) lane[c / 2 * 2 * kPanelRows + c % 2] = row[c];
+    }
+  });
+  WeightView packed = w;
+  packed.data = storage.data();
+  packed.layout = WeightLayout::kBf16Pairs;
+  return packed;
 }
 
 double peakGflops(DType compute, int repeats) {

@@ -88,15 +88,17 @@ struct IsaKernels {
   // y[i, j] for i in [0, m), j in [n_begin, n_end); x row stride k, y row stride ldy.
   void (*matmul)(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
                  int64_t n_end, float* y, int64_t ldy);
-  // The same for bf16 activations and bf16 weights, with products of bf16
-  // pairs (AVX512-BF16 dot products); nullptr where the ISA has none, and
-  // dispatch then multiplies bf16-rounded fp32 activations with `matmul`.
-  void (*matmul_bf16)(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n_begin,
-                      int64_t n_end, float* y, int64_t ldy);
-  // n values rounded to bf16 for matmul_bf16; nullptr with it.
-  void (*to_bf16)(const float* x, int64_t n, uint16_t* out);
-  // Rows of the matmul micro-kernels; dispatch aligns row blocks to it.
+  // Rows of the matmul micro-kernel; dispatch aligns row blocks to it.
   int matmul_tile_rows;
+  // y[i, j] against weights packed by packBf16Pairs (kernels.h): x is m rows
+  // of 2 * kp bf16 activations (kp = ceil(k / 2), zero-padded), n_begin a
+  // multiple of 16. Each output adds its activation/weight pairs t = 0 ..
+  // kp - 1 in order, both (exact) products of a pair into one fp32 sum.
+  void (*matmul_bf16_pairs)(const uint16_t* x, int64_t m, int64_t kp, const uint16_t* w,
+                            int64_t n_begin, int64_t n_end, float* y, int64_t ldy);
+  int bf16_pairs_tile_rows;
+  // n values rounded to bf16, nearest even.
+  void (*to_bf16)(const float* x, int64_t n, uint16_t* out);
   // Peak probes: `steps` rounds of independent multiply-adds on registers
   // only (fp32 FMAs; bf16 dot products, nullptr where the ISA has none).
   // Return the flops done (2 per multiply-add) and add a result to *sink so
@@ -110,6 +112,12 @@ struct IsaKernels {
   // scores: scratch of at least num_heads * (position + 1) floats.
   void (*attendQuery)(const AttentionQuery& query, float* scores);
 };
+
+// The plain C++ versions of the bf16-pair matmul and the bf16 rounding
+// (kernels_scalar.cpp), for ISAs without bf16 dot products.
+void matmulBf16PairsGeneric(const uint16_t* x, int64_t m, int64_t kp, const uint16_t* w,
+                            int64_t n_begin, int64_t n_end, float* y, int64_t ldy);
+void toBf16Generic(const float* x, int64_t n, uint16_t* out);
 
 const IsaKernels& scalarKernels();
 const IsaKernels& avx2Kernels();

@@ -379,9 +379,10 @@ const IsaKernels& avx2Kernels() {
   static const IsaKernels kernels{
       .name = "avx2",
       .matmul = matmul,
-      .matmul_bf16 = nullptr,
-      .to_bf16 = nullptr,
       .matmul_tile_rows = kTileRows,
+      .matmul_bf16_pairs = matmulBf16PairsGeneric,
+      .bf16_pairs_tile_rows = 1,
+      .to_bf16 = toBf16Generic,
       .fma_probe = fmaProbe,
       .bf16_dot_probe = nullptr,
       .rmsNormRow = rmsNormRow,

@@ -18,7 +18,10 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "kernels/cpu/isa_kernels.h"
 
@@ -122,63 +125,18 @@ __m512 expPs(__m512 x) {
 
 // ---------------------------------------------------------------- matmul --
 
-// How a register tile multiplies, kStep elements of k at a time:
-//  - FmaProduct<Loader>: fp32 activations times weights widened to fp32, one
-//    fp32 FMA per 16 products (exact products, one rounding per add);
-//  - DpBf16Product: bf16 activations times bf16 weights, one vdpbf16ps per
-//    32 products, which adds each lane's pair of (exact) products into its
-//    fp32 accumulator: twice the multiply-adds of an FMA.
-// Either way an output's sequence of operations depends on k alone.
-template <typename Loader>
-struct FmaProduct {
-  using XElement = float;
-  using WElement = typename Loader::Element;
-  using Vector = __m512;
-  static constexpr int64_t kStep = kLanes;
-  static __m512 loadX(const float* p) { return _mm512_loadu_ps(p); }
-  static __m512 loadXTail(const float* p, int64_t count) {
-    return _mm512_maskz_loadu_ps(laneMask(count), p);
-  }
-  static __m512 loadW(const WElement* p) { return Loader::load(p); }
-  static __m512 loadWTail(const WElement* p, int64_t count) {
-    return Loader::loadMasked(p, laneMask(count));
-  }
-  static __m512 multiplyAdd(__m512 acc, __m512 x, __m512 w) { return _mm512_fmadd_ps(x, w, acc); }
-};
-
-struct DpBf16Product {
-  using XElement = uint16_t;
-  using WElement = uint16_t;
-  using Vector = __m512bh;
-  static constexpr int64_t kStep = 2 * kLanes;
-  static __m512bh load(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
-  static __m512bh loadTail(const uint16_t* p, int64_t count) {
-    return (__m512bh)_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << count) - 1u), p);
-  }
-  static __m512bh loadX(const uint16_t* p) { return load(p); }
-  static __m512bh loadXTail(const uint16_t* p, int64_t count) { return loadTail(p, count); }
-  static __m512bh loadW(const uint16_t* p) { return load(p); }
-  static __m512bh loadWTail(const uint16_t* p, int64_t count) { return loadTail(p, count); }
-  static __m512 multiplyAdd(__m512 acc, __m512bh x, __m512bh w) {
-    return _mm512_dpbf16_ps(acc, x, w);
-  }
-};
-
 // One register tile: rows x[0..Rows) against four weight rows (edge tiles
 // repeat a row and drop its outputs through store_mask). Prefetch: this pass
 // is the first over these weight rows, which come from memory.
-template <int Rows, typename Product, bool Prefetch>
-inline void matmulTile(const typename Product::XElement* x, int64_t k,
-                       const typename Product::WElement* const* w, float* y, int64_t ldy,
-                       __mmask8 store_mask) {
-  using Vector = typename Product::Vector;
-  constexpr int64_t kStep = Product::kStep;
+template <int Rows, typename Loader, bool Prefetch>
+inline void matmulTile(const float* x, int64_t k, const typename Loader::Element* const* w,
+                       float* y, int64_t ldy, __mmask8 store_mask) {
   __m512 acc[Rows][kTileCols];
   for (int i = 0; i < Rows; ++i) {
     for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   int64_t kk = 0;
-  for (; kk + kStep <= k; kk += kStep) {
+  for (; kk + kLanes <= k; kk += kLanes) {
     if constexpr (Prefetch) {
       // Fetch the weight rows kPrefetchTiles tiles ahead into L2 while this
       // one computes. Into L2, not L1: L1 prefetches compete for the few L1
@@ -190,19 +148,20 @@ inline void matmulTile(const typename Product::XElement* x, int64_t k,
                      _MM_HINT_T1);
       }
     }
-    Vector wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Product::loadW(w[j] + kk);
+    __m512 wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::load(w[j] + kk);
     for (int i = 0; i < Rows; ++i) {
-      const Vector xv = Product::loadX(x + i * k + kk);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = Product::multiplyAdd(acc[i][j], xv, wv[j]);
+      const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (kk < k) {
-    Vector wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Product::loadWTail(w[j] + kk, k - kk);
+    const __mmask16 mask = laneMask(k - kk);
+    __m512 wv[kTileCols];
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::loadMasked(w[j] + kk, mask);
     for (int i = 0; i < Rows; ++i) {
-      const Vector xv = Product::loadXTail(x + i * k + kk, k - kk);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = Product::multiplyAdd(acc[i][j], xv, wv[j]);
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * k + kk);
+      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < Rows; ++i) {
@@ -213,10 +172,9 @@ inline void matmulTile(const typename Product::XElement* x, int64_t k,
 
 // Rows x[0..Rows) against weight rows [n_begin, n_end): x stays in L1 while
 // the weight block streams from L2 (from memory on the first row tile).
-template <int Rows, typename Product, bool Prefetch>
-void matmulRowTile(const typename Product::XElement* x, int64_t k,
-                   const typename Product::WElement* w, int64_t n_begin, int64_t n_end, float* y,
-                   int64_t ldy) {
+template <int Rows, typename Loader, bool Prefetch>
+void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
+                   int64_t n_end, float* y, int64_t ldy) {
   if constexpr (Prefetch) {
     // The tiles the loop below will not have prefetched: all their lines at
     // once, so they arrive in parallel rather than one demand miss at a time.
@@ -229,51 +187,51 @@ void matmulRowTile(const typename Product::XElement* x, int64_t k,
   }
   for (int64_t j = n_begin; j < n_end; j += kTileCols) {
     const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
-    const typename Product::WElement* rows[kTileCols];
+    const typename Loader::Element* rows[kTileCols];
     for (int c = 0; c < kTileCols; ++c) rows[c] = w + (j + std::min<int64_t>(c, valid - 1)) * k;
-    matmulTile<Rows, Product, Prefetch>(x, k, rows, y + j, ldy,
-                                        static_cast<__mmask8>((1u << valid) - 1u));
+    matmulTile<Rows, Loader, Prefetch>(x, k, rows, y + j, ldy,
+                                       static_cast<__mmask8>((1u << valid) - 1u));
   }
 }
 
-template <int Rows, typename Product>
-void matmulRows(const typename Product::XElement* x, int64_t k, const typename Product::WElement* w,
-                int64_t n_begin, int64_t n_end, float* y, int64_t ldy, bool first) {
+template <int Rows, typename Loader>
+void matmulRows(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
+                int64_t n_end, float* y, int64_t ldy, bool first) {
   if (first) {
-    matmulRowTile<Rows, Product, true>(x, k, w, n_begin, n_end, y, ldy);
+    matmulRowTile<Rows, Loader, true>(x, k, w, n_begin, n_end, y, ldy);
   } else {
-    matmulRowTile<Rows, Product, false>(x, k, w, n_begin, n_end, y, ldy);
+    matmulRowTile<Rows, Loader, false>(x, k, w, n_begin, n_end, y, ldy);
   }
 }
 
-template <typename Product>
-void matmulTyped(const typename Product::XElement* x, int64_t m, int64_t k, const void* w_data,
-                 int64_t n_begin, int64_t n_end, float* y, int64_t ldy) {
-  const auto* w = static_cast<const typename Product::WElement*>(w_data);
+template <typename Loader>
+void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64_t n_begin,
+                 int64_t n_end, float* y, int64_t ldy) {
+  const auto* w = static_cast<const typename Loader::Element*>(w_data);
   int64_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows) {
-    matmulRows<kTileRows, Product>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
+    matmulRows<kTileRows, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
   }
-  const auto* xr = x + i * k;
+  const float* xr = x + i * k;
   float* yr = y + i * ldy;
   const bool first = i == 0;
   switch (m - i) {
     case 0:
       break;
     case 1:
-      matmulRows<1, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<1, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 2:
-      matmulRows<2, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<2, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 3:
-      matmulRows<3, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<3, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 4:
-      matmulRows<4, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<4, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
     case 5:
-      matmulRows<5, Product>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<5, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
       break;
   }
 }
@@ -282,17 +240,99 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n
             int64_t n_end, float* y, int64_t ldy) {
   switch (w.dtype) {
     case DType::kF32:
-      return matmulTyped<FmaProduct<F32Loader>>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<F32Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kBF16:
-      return matmulTyped<FmaProduct<Bf16Loader>>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kF16:
-      return matmulTyped<FmaProduct<F16Loader>>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
   }
 }
 
-void matmulBf16(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, int64_t n_begin,
-                int64_t n_end, float* y, int64_t ldy) {
-  matmulTyped<DpBf16Product>(x, m, k, w, n_begin, n_end, y, ldy);
+// ------------------------------------------- matmul, bf16 pair panels --
+
+// Weights packed by packBf16Pairs (kernels.h): panel p holds output rows
+// 16p .. 16p + 15, and its pair step t is 32 bf16, (w[r][2t], w[r][2t + 1])
+// for each of its 16 rows. Activations are bf16 rows of 2 * kp elements.
+// A register tile is Rows rows by Panels panels: per pair step, one load per
+// panel, one broadcast of each row's activation pair and one vdpbf16ps per
+// accumulator, which adds both (exact) products into that output's lane. So
+// an output is one lane's chain over t = 0 .. kp - 1, fixed by k alone, and
+// no horizontal sums are needed.
+constexpr int kPairTileRows = 8;
+constexpr int kPairTilePanels = 2;
+constexpr int64_t kPanelRows = 16;
+constexpr int64_t kPanelPairElements = 2 * kPanelRows;
+
+template <int Rows, int Panels, bool Prefetch>
+inline void pairTile(const uint16_t* x, int64_t kp, const uint16_t* panel, float* y, int64_t ldy,
+                     __mmask16 last_mask) {
+  const int64_t panel_elements = kp * kPanelPairElements;
+  __m512 acc[Rows][Panels];
+  for (int i = 0; i < Rows; ++i) {
+    for (int c = 0; c < Panels; ++c) acc[i][c] = _mm512_setzero_ps();
+  }
+  for (int64_t t = 0; t < kp; ++t) {
+    const uint16_t* step = panel + t * kPanelPairElements;
+    if constexpr (Prefetch) {
+      // The next tile's panels, into L2 (see matmulTile).
+      for (int c = 0; c < Panels; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(step + (Panels + c) * panel_elements),
+                     _MM_HINT_T1);
+      }
+    }
+    __m512bh wv[Panels];
+    for (int c = 0; c < Panels; ++c) {
+      wv[c] = (__m512bh)_mm512_loadu_si512(step + c * panel_elements);
+    }
+    for (int i = 0; i < Rows; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, x + i * 2 * kp + 2 * t, sizeof pair);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      for (int c = 0; c < Panels; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], xv, wv[c]);
+    }
+  }
+  for (int i = 0; i < Rows; ++i) {
+    for (int c = 0; c + 1 < Panels; ++c) _mm512_storeu_ps(y + i * ldy + c * kPanelRows, acc[i][c]);
+    _mm512_mask_storeu_ps(y + i * ldy + (Panels - 1) * kPanelRows, last_mask, acc[i][Panels - 1]);
+  }
+}
+
+// Rows x[0..Rows) against output rows [n_begin, n_end), n_begin a multiple
+// of 16; the first row tile brings the panels in from memory.
+template <int Rows>
+void pairRows(const uint16_t* x, int64_t kp, const uint16_t* w, int64_t n_begin, int64_t n_end,
+              float* y, int64_t ldy, bool first) {
+  const int64_t panel_elements = kp * kPanelPairElements;
+  for (int64_t j = n_begin; j < n_end; j += kPairTilePanels * kPanelRows) {
+    const int64_t cols = std::min<int64_t>(kPairTilePanels * kPanelRows, n_end - j);
+    const uint16_t* panel = w + j / kPanelRows * panel_elements;
+    const __mmask16 last_mask = laneMask(cols - (cols > kPanelRows ? kPanelRows : 0));
+    if (cols > kPanelRows) {
+      if (first) {
+        pairTile<Rows, 2, true>(x, kp, panel, y + j, ldy, last_mask);
+      } else {
+        pairTile<Rows, 2, false>(x, kp, panel, y + j, ldy, last_mask);
+      }
+    } else if (first) {
+      pairTile<Rows, 1, true>(x, kp, panel, y + j, ldy, last_mask);
+    } else {
+      pairTile<Rows, 1, false>(x, kp, panel, y + j, ldy, last_mask);
+    }
+  }
+}
+
+template <size_t... Rows>
+constexpr auto pairRowsTable(std::index_sequence<Rows...>) {
+  return std::array{&pairRows<static_cast<int>(Rows) + 1>...};
+}
+
+void matmulBf16Pairs(const uint16_t* x, int64_t m, int64_t kp, const uint16_t* w, int64_t n_begin,
+                     int64_t n_end, float* y, int64_t ldy) {
+  static constexpr auto kRowsFor = pairRowsTable(std::make_index_sequence<kPairTileRows>{});
+  for (int64_t i = 0; i < m; i += kPairTileRows) {
+    const int64_t rows = std::min<int64_t>(kPairTileRows, m - i);
+    kRowsFor[rows - 1](x + i * 2 * kp, kp, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
+  }
 }
 
 // Rounds to bf16, nearest even (input and output denormals become zero).
@@ -542,9 +582,10 @@ const IsaKernels& avx512Kernels() {
   static const IsaKernels kernels{
       .name = "avx512",
       .matmul = matmul,
-      .matmul_bf16 = matmulBf16,
-      .to_bf16 = toBf16,
       .matmul_tile_rows = kTileRows,
+      .matmul_bf16_pairs = matmulBf16Pairs,
+      .bf16_pairs_tile_rows = kPairTileRows,
+      .to_bf16 = toBf16,
       .fma_probe = fmaProbe,
       .bf16_dot_probe = bf16DotProbe,
       .rmsNormRow = rmsNormRow,

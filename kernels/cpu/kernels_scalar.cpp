@@ -129,13 +129,36 @@ int64_t fmaProbe(int64_t steps, float* sink) {
 
 }  // namespace
 
+void matmulBf16PairsGeneric(const uint16_t* x, int64_t m, int64_t kp, const uint16_t* w,
+                            int64_t n_begin, int64_t n_end, float* y, int64_t ldy) {
+  constexpr int64_t kPanelRows = 16;
+  for (int64_t i = 0; i < m; ++i) {
+    const uint16_t* row = x + i * 2 * kp;
+    for (int64_t j = n_begin; j < n_end; ++j) {
+      const uint16_t* lane = w + j / kPanelRows * kp * 2 * kPanelRows + j % kPanelRows * 2;
+      float acc = 0.0f;
+      for (int64_t t = 0; t < kp; ++t) {
+        const uint16_t* pair = lane + t * 2 * kPanelRows;
+        acc += bf16ToF32(row[2 * t]) * bf16ToF32(pair[0]);
+        acc += bf16ToF32(row[2 * t + 1]) * bf16ToF32(pair[1]);
+      }
+      y[i * ldy + j] = acc;
+    }
+  }
+}
+
+void toBf16Generic(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32ToBf16(x[i]);
+}
+
 const IsaKernels& scalarKernels() {
   static const IsaKernels kernels{
       .name = "scalar",
       .matmul = matmul,
-      .matmul_bf16 = nullptr,
-      .to_bf16 = nullptr,
       .matmul_tile_rows = 1,
+      .matmul_bf16_pairs = matmulBf16PairsGeneric,
+      .bf16_pairs_tile_rows = 1,
+      .to_bf16 = toBf16Generic,
       .fma_probe = fmaProbe,
       .bf16_dot_probe = nullptr,
       .rmsNormRow = rmsNormRow,

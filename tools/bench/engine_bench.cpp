@@ -104,14 +104,16 @@ double readGBps(int threads, int repeats) {
   return static_cast<double>(count * sizeof(uint64_t)) / seconds / 1e9;
 }
 
-double gemmGflops(int64_t m, const kernels::WeightView& w, DType compute, int repeats) {
+double gemmGflops(int64_t m, kernels::WeightView w, DType compute, int repeats) {
+  // bf16 compute multiplies weights packed for it, as the CPU backend does.
+  std::vector<uint16_t> packed;
+  if (compute == DType::kBF16 && w.dtype == DType::kBF16) w = kernels::packBf16Pairs(w, packed);
   std::vector<float> x(static_cast<size_t>(m * w.cols)), y(static_cast<size_t>(m * w.rows));
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (float& v : x) v = dist(rng);
-  kernels::matmul(x.data(), m, w.cols, w, y.data(), compute);  // warm-up
-  double seconds =
-      bestSeconds(repeats, [&] { kernels::matmul(x.data(), m, w.cols, w, y.data(), compute); });
+  kernels::matmul(x.data(), m, w.cols, w, y.data());  // warm-up
+  double seconds = bestSeconds(repeats, [&] { kernels::matmul(x.data(), m, w.cols, w, y.data()); });
   return 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) * static_cast<double>(w.cols) /
          seconds / 1e9;
 }

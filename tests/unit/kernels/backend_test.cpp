@@ -86,6 +86,54 @@ TEST(Registry, MakesTheCpuBackend) {
             "cpu " + isaName() + ", " + std::to_string(numThreads()) + threads);
 }
 
+// bf16 compute is the weights' layout: once asked for, the CPU backend hands
+// matmul a packed copy of each bf16 weight (one per host matrix, kept), and
+// the view itself for other dtypes or with the default f32 compute. Other
+// compute dtypes are refused by name.
+TEST(CpuBackend, Bf16ComputePacksBf16WeightsOnce) {
+  std::vector<uint16_t> bf16(32 * 8);
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = f32ToBf16(static_cast<float>(i % 7) - 3.0f);
+  std::vector<float> f32(32 * 8, 0.5f);
+  const WeightView bf16_view{bf16.data(), DType::kBF16, 32, 8};
+  const WeightView f32_view{f32.data(), DType::kF32, 32, 8};
+
+  cpu::CpuBackend exact;
+  EXPECT_EQ(exact.matmulWeight(bf16_view).data, bf16.data());
+  EXPECT_EQ(exact.matmulWeight(bf16_view).layout, WeightLayout::kRows);
+
+  cpu::CpuBackend backend;
+  backend.setComputeDType(DType::kBF16);
+  EXPECT_NE(backend.description().find(", bf16 compute"), std::string::npos);
+  const WeightView packed = backend.matmulWeight(bf16_view);
+  EXPECT_EQ(packed.layout, WeightLayout::kBf16Pairs);
+  EXPECT_NE(packed.data, bf16.data());
+  EXPECT_EQ(backend.matmulWeight(bf16_view).data, packed.data) << "one copy per host matrix";
+  EXPECT_EQ(backend.matmulWeight(f32_view).data, f32.data());
+  EXPECT_EQ(backend.matmulWeight(f32_view).layout, WeightLayout::kRows);
+  // The packed weights give the reference of bf16-rounded activations.
+  std::vector<float> x(3 * 8);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.3f * static_cast<float>(i) - 2.0f;
+  std::vector<float> y(3 * 32);
+  backend.matmul(x.data(), 3, 8, packed, y.data());
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t j = 0; j < 32; ++j) {
+      double expected = 0.0;
+      for (int64_t c = 0; c < 8; ++c) {
+        expected += double{bf16ToF32(f32ToBf16(x[i * 8 + c]))} * bf16ToF32(bf16[j * 8 + c]);
+      }
+      EXPECT_NEAR(y[i * 32 + j], expected, 1e-5) << i << "," << j;
+    }
+  }
+
+  try {
+    backend.setComputeDType(DType::kF16);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "compute dtype f16 is not supported by cpu (accepted: f32, bf16)");
+  }
+}
+
 TEST(CpuBackend, AllocatesZeroFilledAlignedMemory) {
   cpu::CpuBackend backend;
   for (size_t bytes : {size_t{1}, size_t{1000}, size_t{1} << 20}) {

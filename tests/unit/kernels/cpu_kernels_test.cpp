@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/status.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kernels.h"
@@ -80,10 +81,14 @@ TestWeights makeWeights(DType dtype, int64_t rows, int64_t cols, uint32_t seed) 
   return w;
 }
 
+// compute bf16: the weights packed for it first (packBf16Pairs), as the CPU
+// backend does.
 std::vector<float> runMatmul(const std::vector<float>& x, int64_t m, const TestWeights& w,
                              DType compute = DType::kF32) {
   std::vector<float> y(static_cast<size_t>(m * w.rows), std::nanf(""));
-  matmul(x.data(), m, w.cols, w.view(), y.data(), compute);
+  std::vector<uint16_t> packed;
+  const WeightView view = compute == DType::kBF16 ? packBf16Pairs(w.view(), packed) : w.view();
+  matmul(x.data(), m, w.cols, view, y.data());
   return y;
 }
 
@@ -157,10 +162,11 @@ TEST_P(CpuKernels, MatmulMatchesReference) {
   }
 }
 
-// compute = bf16: the activations are rounded to bf16 first, then every
-// product is exact and summed in fp32, so the result is the reference of the
-// rounded activations to the fp32 summation bound above, and visibly not the
-// reference of the unrounded ones. Other weight dtypes ignore it.
+// bf16 compute (weights packed by packBf16Pairs): the activations are
+// rounded to bf16 first, then every product is exact and summed in fp32, so
+// the result is the reference of the rounded activations to the fp32
+// summation bound above, and visibly not the reference of the unrounded
+// ones. Shapes cover odd k, partial panels and every row count of a tile.
 TEST_P(CpuKernels, MatmulBf16ComputeMatchesRoundedReference) {
   struct Shape {
     int64_t m, k, n;
@@ -195,14 +201,30 @@ TEST_P(CpuKernels, MatmulBf16ComputeMatchesRoundedReference) {
       EXPECT_GT(beyond_exact_tolerance, 0) << "the activations were not rounded";
     }
   }
-  for (DType dtype : {DType::kF32, DType::kF16}) {
-    SCOPED_TRACE(dtypeShortName(dtype));
-    const TestWeights w = makeWeights(dtype, 33, 257, 7);
-    const std::vector<float> x = randomFloats(static_cast<size_t>(37 * 257), 11);
-    const std::vector<float> exact = runMatmul(x, 37, w, DType::kF32);
-    const std::vector<float> asked_bf16 = runMatmul(x, 37, w, DType::kBF16);
-    EXPECT_TRUE(sameBits(asked_bf16.data(), exact.data(), exact.size()));
+}
+
+TEST(PackBf16Pairs, LaysOutPanelsOfPairsAndRefusesOtherWeights) {
+  const TestWeights w = makeWeights(DType::kBF16, 17, 5, 3);
+  std::vector<uint16_t> packed;
+  const WeightView view = packBf16Pairs(w.view(), packed);
+  EXPECT_EQ(view.layout, WeightLayout::kBf16Pairs);
+  EXPECT_EQ(view.rows, 17);
+  EXPECT_EQ(view.cols, 5);
+  EXPECT_EQ(view.data, packed.data());
+  // Two panels of 16 rows, 3 pairs each (k = 5 padded to 6), 2 per row.
+  ASSERT_EQ(packed.size(), 2u * 3 * 16 * 2);
+  for (int64_t r = 0; r < 32; ++r) {
+    for (int64_t c = 0; c < 6; ++c) {
+      const uint16_t expected = r < 17 && c < 5 ? w.half[r * 5 + c] : 0;
+      EXPECT_EQ(packed[(r / 16) * 96 + (c / 2) * 32 + (r % 16) * 2 + c % 2], expected)
+          << "row " << r << " column " << c;
+    }
   }
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    const TestWeights other = makeWeights(dtype, 4, 4, 3);
+    EXPECT_THROW(packBf16Pairs(other.view(), packed), Error) << dtypeShortName(dtype);
+  }
+  EXPECT_THROW(packBf16Pairs(view, packed), Error) << "packing twice";
 }
 
 // The compute ceilings tandem-bench reports: fp32 multiply-adds on every
