@@ -98,6 +98,46 @@ TEST_P(KvUcx, DecodeKvBytesEqualThePrefillAgentsAndAColocatedAgents) {
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// With --compute-dtype bf16 on every agent the hand-off is as exact as with
+// the default: the decode agent's tokens and KV bytes are a colocated bf16
+// agent's. An agent computing in f32 refuses the bf16 agents' blocks (the
+// compute dtype is part of the model identity in the compatibility string).
+TEST_P(KvUcx, Bf16ComputeHandOffMatchesAColocatedBf16AgentAndNotAnF32One) {
+  TempDir prefill_dir("tandem-kv-bf16-p"), decode_dir("tandem-kv-bf16-d"),
+      colocated_dir("tandem-kv-bf16-c");
+  auto bf16 = [](std::string config) {
+    return std::vector<std::string>{"--compute-dtype", "bf16", "--kv-transfer-config", config};
+  };
+  Agent prefiller(bf16(ucxWithBlockFiles("kv_producer", prefill_dir.path())));
+  Agent decoder(bf16(ucxWithBlockFiles("kv_consumer", decode_dir.path())));
+  Agent colocated(bf16(ucxWithBlockFiles("kv_producer", colocated_dir.path())));
+  const json params = prefill(prefiller, prompt_);
+  ASSERT_TRUE(params.is_object());
+  EXPECT_NE(params["compatibility"].get<std::string>().find("/compute-bf16"), std::string::npos)
+      << params.dump();
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)),
+            tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8))));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  const auto decoded = blockFiles(decode_dir.path());
+  const auto reference = blockFiles(colocated_dir.path());
+  EXPECT_EQ(decoded.size(), 5u);
+  for (const auto& [path, bytes] : decoded) {
+    ASSERT_EQ(reference.count(path), 1u) << path;
+    EXPECT_TRUE(reference.at(path) == bytes) << "KV differs from a colocated bf16 run: " << path;
+  }
+
+  Agent exact({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  const json again = prefill(prefiller, prompt_);
+  int status = 0;
+  const json error = decode(exact, prompt_, again, &status);
+  EXPECT_EQ(status, 400) << error.dump();
+  EXPECT_NE(error.dump().find("compute-bf16"), std::string::npos) << error.dump();
+  EXPECT_EQ(exact.metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 1);
+  // The refused transfer's blocks are released by a reader that can take them.
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, again)).size(), 8u);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
   Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
   Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
