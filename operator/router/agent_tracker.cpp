@@ -113,6 +113,10 @@ void AgentTracker::setHealthyIfListed(const AgentState& agent, bool healthy) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (agent.listed) metrics_.setAgentHealthy(agent.endpoint.name, healthy);
 }
+void AgentTracker::setRequestsIfListed(const AgentState& agent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (agent.listed) metrics_.setAgentRequests(agent.endpoint.name, agent.running + agent.waiting);
+}
 void AgentTracker::setIndexBlocksIfListed(const AgentState& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (agent.listed) {
@@ -134,6 +138,7 @@ awaitable<void> AgentTracker::pollLoop(AgentPtr agent) {
         agent->waiting = static_cast<int64_t>(
             prometheusSample(metrics.body, "tandem_num_requests_waiting").value_or(0));
         agent->kv_usage = prometheusSample(metrics.body, "tandem_kv_cache_usage_ratio").value_or(0);
+        setRequestsIfListed(*agent);
       }
       if (!model_.ready()) co_await model_.learnFrom(agent->endpoint);
     }

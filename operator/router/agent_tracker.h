@@ -100,6 +100,7 @@ class AgentTracker {
  private:
   void watch(const AgentPtr& agent);
   void setHealthyIfListed(const AgentState& agent, bool healthy);
+  void setRequestsIfListed(const AgentState& agent);
   void setIndexBlocksIfListed(const AgentState& agent);
   boost::asio::awaitable<void> pollLoop(AgentPtr agent);
   boost::asio::awaitable<void> eventLoop(AgentPtr agent);

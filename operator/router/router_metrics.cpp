@@ -82,6 +82,12 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                         .Name("tandem_router_agent_healthy")
                         .Help("1 while the agent answers /health.")
                         .Register(*registry_);
+  agent_requests_ = &BuildGauge()
+                         .Name("tandem_router_agent_requests")
+                         .Help(
+                             "Requests running or waiting on the agent as last polled from its "
+                             "/metrics (the load the kv policy weighs).")
+                         .Register(*registry_);
   index_blocks_ = &BuildGauge()
                        .Name("tandem_router_index_blocks")
                        .Help("KV blocks the ownership index holds for the agent.")
@@ -155,12 +161,18 @@ void RouterMetrics::removeAgent(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   const prometheus::Labels labels = {{"agent", agent}};
   if (agent_healthy_->Has(labels)) agent_healthy_->Remove(&agent_healthy_->Add(labels));
+  if (agent_requests_->Has(labels)) agent_requests_->Remove(&agent_requests_->Add(labels));
   if (index_blocks_->Has(labels)) index_blocks_->Remove(&index_blocks_->Add(labels));
 }
 
 void RouterMetrics::setAgentHealthy(const std::string& agent, bool healthy) {
   std::lock_guard<std::mutex> lock(mutex_);
   agent_healthy_->Add({{"agent", agent}}).Set(healthy ? 1 : 0);
+}
+
+void RouterMetrics::setAgentRequests(const std::string& agent, int64_t requests) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  agent_requests_->Add({{"agent", agent}}).Set(static_cast<double>(requests));
 }
 
 void RouterMetrics::setIndexBlocks(const std::string& agent, int64_t blocks) {

@@ -41,6 +41,7 @@ class RouterMetrics {
   // The agent left the router's list: its health and index series go away.
   void removeAgent(const std::string& agent);
   void setAgentHealthy(const std::string& agent, bool healthy);
+  void setAgentRequests(const std::string& agent, int64_t requests);
   void setIndexBlocks(const std::string& agent, int64_t blocks);
 
   std::string render();
@@ -55,6 +56,7 @@ class RouterMetrics {
   prometheus::Gauge* queued_;
   prometheus::Family<prometheus::Gauge>* agents_;
   prometheus::Family<prometheus::Gauge>* agent_healthy_;
+  prometheus::Family<prometheus::Gauge>* agent_requests_;
   prometheus::Family<prometheus::Gauge>* index_blocks_;
   prometheus::Histogram* decision_seconds_;
   prometheus::Histogram* overlap_;

@@ -135,9 +135,14 @@ TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
   conversation.insert(conversation.end(), reply.begin(), reply.end());
   const std::vector<int> question = randomPrompt(40, 66);
   conversation.insert(conversation.end(), question.begin(), question.end());
-  // The index learns what each agent holds.
+  // The index learns what each agent holds, and the router sees turn 1 gone
+  // from its decode agent (a stale running request would weigh against it).
   ASSERT_TRUE(eventually([&] {
     return routerMetric("tandem_router_index_blocks", "agent=\"" + first.decode_agent + "\"") >= 8;
+  }));
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_agent_requests", "agent=\"" + first.decode_agent + "\"") ==
+           0;
   }));
   // Turn 2 (180 tokens) goes to the decode agent holding turn 1 (8 blocks),
   // and since it holds 4 more blocks than the prefill agent, it lends them.
