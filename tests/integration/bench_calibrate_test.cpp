@@ -12,7 +12,6 @@
 #include "agent/engine/simulation/step_profile.h"
 #include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
-#include "tools/model/test_model.h"
 
 namespace {
 
@@ -21,33 +20,17 @@ using nlohmann::json;
 using ::tandem::engine::StepProfile;
 using ::tandem::engine::StepShape;
 using ::tandem::testing::BenchRun;
-using ::tandem::testing::TempDir;
 
-class BenchCalibrateTest : public ::testing::Test {
+class BenchCalibrateTest : public ::tandem::testing::TinyModelBenchTest<BenchCalibrateTest> {
+ public:
+  static constexpr const char* kSubcommand = "calibrate";
+  static constexpr uint64_t kSeed = 9;
+
  protected:
-  static void SetUpTestSuite() {
-    temp_ = new TempDir("tandem-bench-calibrate-test");
-    tandem::tools::TestModelOptions options;
-    options.seed = 9;
-    tandem::tools::writeTestModel(options, temp_->path() / "tiny");
-  }
-  static void TearDownTestSuite() {
-    delete temp_;
-    temp_ = nullptr;
-  }
-
-  static BenchRun bench(const std::string& args) {
-    return ::tandem::testing::runBench(
-        temp_->path(), "calibrate", "--model '" + (temp_->path() / "tiny").string() + "' " + args);
-  }
-
-  static TempDir* temp_;
 };
 
-TempDir* BenchCalibrateTest::temp_ = nullptr;
-
 TEST_F(BenchCalibrateTest, WritesAProfileThatParsesWithItsFitError) {
-  const fs::path profile_path = temp_->path() / "cpu-tiny.yaml";
+  const fs::path profile_path = dir() / "cpu-tiny.yaml";
   BenchRun run =
       bench("--samples 1 --threads 1 --name cpu-tiny-test --out '" + profile_path.string() + "'");
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;

@@ -9,39 +9,23 @@
 
 #include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
-#include "tools/model/test_model.h"
 
 namespace {
 
 using ::tandem::testing::BenchRun;
-using ::tandem::testing::TempDir;
 
-class BenchEngineTest : public ::testing::Test {
+class BenchEngineTest : public ::tandem::testing::TinyModelBenchTest<BenchEngineTest> {
+ public:
+  static constexpr const char* kSubcommand = "engine";
+  static constexpr uint64_t kSeed = 13;
+
  protected:
-  static void SetUpTestSuite() {
-    temp_ = new TempDir("tandem-bench-engine-test");
-    tandem::tools::TestModelOptions options;
-    options.seed = 13;
-    tandem::tools::writeTestModel(options, temp_->path() / "tiny");
-  }
-  static void TearDownTestSuite() {
-    delete temp_;
-    temp_ = nullptr;
-  }
-
   static BenchRun bench(const std::string& args) {
-    return ::tandem::testing::runBench(
-        temp_->path(), "engine",
-        "--model '" + (temp_->path() / "tiny").string() +
-            "' --device cpu --threads 2 --prompt-tokens 40 --decode-tokens 8 --repeats 1 "
-            "--copy-mib 8 " +
-            args);
+    return TinyModelBenchTest::bench(
+        "--device cpu --threads 2 --prompt-tokens 40 --decode-tokens 8 --repeats 1 --copy-mib 8 " +
+        args);
   }
-
-  static TempDir* temp_;
 };
-
-TempDir* BenchEngineTest::temp_ = nullptr;
 
 TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
   for (const std::string compute : {"f32", "bf16"}) {
@@ -64,7 +48,7 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
     // Matmul flops per prompt token from the model's config: every
     // projection for each token, the LM head for the last of the 40.
     const nlohmann::json config =
-        nlohmann::json::parse(::tandem::testing::readFile(temp_->path() / "tiny/config.json"));
+        nlohmann::json::parse(::tandem::testing::readFile(modelDir() / "config.json"));
     const double hidden = config.at("hidden_size"), inter = config.at("intermediate_size");
     const double heads = config.at("num_attention_heads"),
                  kv_heads = config.at("num_key_value_heads");

@@ -10,43 +10,25 @@
 
 #include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
-#include "tools/model/test_model.h"
 
 namespace {
 
 using nlohmann::json;
 using ::tandem::testing::BenchRun;
-using ::tandem::testing::TempDir;
 
 // The tiny model's KV block: 2 layers x K,V x 16 tokens x 2 KV heads x 16 x 2 bytes (bf16).
 constexpr int64_t kBlockBytes = 4096;
 
-class BenchTransferTest : public ::testing::Test {
+class BenchTransferTest : public ::tandem::testing::TinyModelBenchTest<BenchTransferTest> {
+ public:
+  static constexpr const char* kSubcommand = "transfer";
+  static constexpr uint64_t kSeed = 5;
+
  protected:
-  static void SetUpTestSuite() {
-    temp_ = new TempDir("tandem-bench-transfer-test");
-    tandem::tools::TestModelOptions options;
-    options.seed = 5;
-    tandem::tools::writeTestModel(options, temp_->path() / "tiny");
-  }
-  static void TearDownTestSuite() {
-    delete temp_;
-    temp_ = nullptr;
-  }
-
-  static BenchRun bench(const std::string& args) {
-    return ::tandem::testing::runBench(
-        temp_->path(), "transfer", "--model '" + (temp_->path() / "tiny").string() + "' " + args);
-  }
-
   static bool perftestInstalled() {
     return std::system("command -v ucx_perftest > /dev/null 2>&1") == 0;
   }
-
-  static TempDir* temp_;
 };
-
-TempDir* BenchTransferTest::temp_ = nullptr;
 
 TEST_F(BenchTransferTest, MovesExactlyTheBlocksAskedAndReportsEveryFigure) {
   // 40 blocks do not fit the tiny model's 512-token context in one prompt:

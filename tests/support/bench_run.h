@@ -1,8 +1,10 @@
 // Runs `tandem-bench` as a user would, from the integration tests: one
 // subcommand with its arguments, stdout, stderr and the --json report kept
-// in a directory of the test, and all three handed back with the exit code.
+// in a directory of the test, and all three handed back with the exit code;
+// and the fixture of suites that run it on a tiny model of their own.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <string>
 
 #include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
 
 namespace tandem::testing {
 
@@ -41,5 +44,32 @@ inline BenchRun runBench(const std::filesystem::path& dir, const std::string& su
   if (fs::exists(report)) run.report = nlohmann::json::parse(readFile(report));
   return run;
 }
+
+// A test suite running `tandem-bench Suite::kSubcommand --model <tiny>` on
+// a tiny model written once per suite with seed Suite::kSeed into a
+// directory of its own, removed after the suite.
+template <typename Suite>
+class TinyModelBenchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    temp_ = new TempDir(std::string("tandem-bench-") + Suite::kSubcommand + "-test");
+    tools::TestModelOptions options;
+    options.seed = Suite::kSeed;
+    tools::writeTestModel(options, modelDir());
+  }
+  static void TearDownTestSuite() {
+    delete temp_;
+    temp_ = nullptr;
+  }
+
+  static const std::filesystem::path& dir() { return temp_->path(); }
+  static std::filesystem::path modelDir() { return temp_->path() / "tiny"; }
+  static BenchRun bench(const std::string& args) {
+    return runBench(dir(), Suite::kSubcommand, "--model '" + modelDir().string() + "' " + args);
+  }
+
+ private:
+  inline static TempDir* temp_ = nullptr;
+};
 
 }  // namespace tandem::testing
