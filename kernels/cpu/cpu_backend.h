@@ -1,7 +1,8 @@
 // The CPU backend: the kernels of kernels/kernels.h on host memory.
 //
 // Memory is ordinary aligned host memory, weights are used where they lie
-// (residentWeight/residentFloats return the host data itself), and every
+// (residentWeight/residentFloats return the host data itself; with bf16
+// compute, matmulWeight packs bf16 weights once), and every
 // kernel forwards to the free function of kernels.h with the batch recorded
 // by beginBatch(), so results are bit-identical to calling those functions
 // directly. Kernels run synchronously: synchronize() has nothing to wait for.

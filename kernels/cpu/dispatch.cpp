@@ -160,8 +160,6 @@ void forEachMatmulTask(int64_t m, int64_t n, int64_t k, int64_t row_bytes, int64
   });
 }
 
-constexpr int64_t kPanelRows = 16;
-
 // Per calling thread: one matmul's activations rounded to bf16.
 std::vector<uint16_t>& bf16Scratch() {
   thread_local std::vector<uint16_t> scratch;
@@ -170,8 +168,8 @@ std::vector<uint16_t>& bf16Scratch() {
 
 // bf16 compute: x rounded to bf16 rows of 2 * kp (zero-padded), then the
 // ISA's pair kernel over panel-aligned weight blocks.
-void matmulBf16Pairs(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
-                     const WeightView& w, float* y) {
+void matmulPacked(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
+                  const WeightView& w, float* y) {
   const int64_t n = w.rows;
   const int64_t kp = (k + 1) / 2;
   std::vector<uint16_t>& xb = bf16Scratch();
@@ -182,7 +180,7 @@ void matmulBf16Pairs(const cpu::IsaKernels& isa, const float* x, int64_t m, int6
   }
   const auto* panels = static_cast<const uint16_t*>(w.data);
   forEachMatmulTask(m, n, k, 2 * kp * static_cast<int64_t>(sizeof(uint16_t)),
-                    isa.bf16_pairs_tile_rows, kPanelRows,
+                    isa.bf16_pairs_tile_rows, cpu::kBf16PanelRows,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul_bf16_pairs(xb.data() + m_begin * 2 * kp, rows, kp, panels, n_begin,
                                             n_end, y + m_begin * n, n);
@@ -196,7 +194,7 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y)
   const int64_t n = w.rows;
   if (m <= 0 || n <= 0) return;
   const cpu::IsaKernels& isa = active();
-  if (w.layout == WeightLayout::kBf16Pairs) return matmulBf16Pairs(isa, x, m, k, w, y);
+  if (w.layout == WeightLayout::kBf16Pairs) return matmulPacked(isa, x, m, k, w, y);
   forEachMatmulTask(m, n, k, k * static_cast<int64_t>(dtypeSize(w.dtype)), isa.matmul_tile_rows, 4,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
@@ -209,16 +207,17 @@ WeightView packBf16Pairs(const WeightView& w, std::vector<uint16_t>& storage) {
                 dtypeShortName(w.dtype) + (w.layout == WeightLayout::kRows ? "" : " (packed)"));
   }
   const int64_t n = w.rows, k = w.cols, kp = (k + 1) / 2;
-  const int64_t panel_elements = kp * 2 * kPanelRows;
-  const int64_t num_panels = ceilDiv(n, kPanelRows);
+  const int64_t panel_elements = kp * 2 * cpu::kBf16PanelRows;
+  const int64_t num_panels = ceilDiv(n, cpu::kBf16PanelRows);
   storage.assign(static_cast<size_t>(num_panels * panel_elements), 0);
   const auto* src = static_cast<const uint16_t*>(w.data);
   pool().parallelFor(num_panels, [&](int64_t panel, int) {
     uint16_t* out = storage.data() + panel * panel_elements;
-    for (int64_t r = panel * kPanelRows; r < std::min(n, (panel + 1) * kPanelRows); ++r) {
+    for (int64_t r = panel * cpu::kBf16PanelRows;
+         r < std::min(n, (panel + 1) * cpu::kBf16PanelRows); ++r) {
       const uint16_t* row = src + r * k;
-      uint16_t* lane = out + (r % kPanelRows) * 2;
-      for (int64_t c = 0; c < k; ++c) lane[c / 2 * 2 * kPanelRows + c % 2] = row[c];
+      uint16_t* lane = out + (r % cpu::kBf16PanelRows) * 2;
+      for (int64_t c = 0; c < k; ++c) lane[c / 2 * 2 * cpu::kBf16PanelRows + c % 2] = row[c];
     }
   });
   WeightView packed = w;

@@ -20,6 +20,9 @@ namespace tandem::kernels::cpu {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
+// Output rows per panel of weights packed by packBf16Pairs (kernels.h).
+constexpr int64_t kBf16PanelRows = 16;
+
 // Most query heads one attention call handles together.
 constexpr int kMaxAttentionHeads = 4;
 

@@ -260,7 +260,7 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n
 // no horizontal sums are needed.
 constexpr int kPairTileRows = 8;
 constexpr int kPairTilePanels = 2;
-constexpr int64_t kPanelRows = 16;
+constexpr int64_t kPanelRows = kBf16PanelRows;
 constexpr int64_t kPanelPairElements = 2 * kPanelRows;
 
 template <int Rows, int Panels, bool Prefetch>

@@ -131,14 +131,14 @@ int64_t fmaProbe(int64_t steps, float* sink) {
 
 void matmulBf16PairsGeneric(const uint16_t* x, int64_t m, int64_t kp, const uint16_t* w,
                             int64_t n_begin, int64_t n_end, float* y, int64_t ldy) {
-  constexpr int64_t kPanelRows = 16;
   for (int64_t i = 0; i < m; ++i) {
     const uint16_t* row = x + i * 2 * kp;
     for (int64_t j = n_begin; j < n_end; ++j) {
-      const uint16_t* lane = w + j / kPanelRows * kp * 2 * kPanelRows + j % kPanelRows * 2;
+      const uint16_t* lane =
+          w + j / kBf16PanelRows * kp * 2 * kBf16PanelRows + j % kBf16PanelRows * 2;
       float acc = 0.0f;
       for (int64_t t = 0; t < kp; ++t) {
-        const uint16_t* pair = lane + t * 2 * kPanelRows;
+        const uint16_t* pair = lane + t * 2 * kBf16PanelRows;
         acc += bf16ToF32(row[2 * t]) * bf16ToF32(pair[0]);
         acc += bf16ToF32(row[2 * t + 1]) * bf16ToF32(pair[1]);
       }
