@@ -135,6 +135,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     backend_->setComputeDType(config_.compute_dtype);
   }
   model_ = Model::load(config_.model_dir);
+  if (!simulated && config_.compute_dtype == DType::kBF16 &&
+      model_->weightDType() != DType::kBF16) {
+    TANDEM_LOG(kWarn) << "compute dtype bf16 applies to bf16 weights only; this model's are "
+                      << dtypeShortName(model_->weightDType()) << " and compute in f32";
+  }
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
   const int64_t context_limit =
