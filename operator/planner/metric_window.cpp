@@ -43,7 +43,18 @@ MetricNames agentMetricNames(PoolKind kind) {
   return names;
 }
 
-std::optional<double> histogramQuantile(double quantile, std::vector<HistogramBucket> buckets) {
+namespace {
+
+// Buckets sorted by upper bound with monotonic counts, and the index of the
+// one holding `quantile`'s rank: what histogramQuantile interpolates in.
+struct QuantileBucket {
+  std::vector<HistogramBucket> buckets;
+  size_t index = 0;
+  double rank = 0;
+};
+
+std::optional<QuantileBucket> locateQuantile(double quantile,
+                                             std::vector<HistogramBucket> buckets) {
   if (!(quantile >= 0 && quantile <= 1) || buckets.empty()) return std::nullopt;
   std::sort(buckets.begin(), buckets.end(), [](const HistogramBucket& a, const HistogramBucket& b) {
     return a.upper_bound < b.upper_bound;
@@ -61,15 +72,33 @@ std::optional<double> histogramQuantile(double quantile, std::vector<HistogramBu
   size_t index = 0;
   while (index < buckets.size() && buckets[index].cumulative_count < rank) ++index;
   if (index >= buckets.size()) index = buckets.size() - 1;
-  if (index == buckets.size() - 1) {
+  return QuantileBucket{std::move(buckets), index, rank};
+}
+
+}  // namespace
+
+std::optional<size_t> histogramQuantileBucket(double quantile,
+                                              std::vector<HistogramBucket> buckets) {
+  std::optional<QuantileBucket> located = locateQuantile(quantile, std::move(buckets));
+  if (!located) return std::nullopt;
+  return located->index;
+}
+
+std::optional<double> histogramQuantile(double quantile, std::vector<HistogramBucket> buckets) {
+  std::optional<QuantileBucket> located = locateQuantile(quantile, std::move(buckets));
+  if (!located) return std::nullopt;
+  const std::vector<HistogramBucket>& sorted = located->buckets;
+  const size_t index = located->index;
+  const double rank = located->rank;
+  if (index == sorted.size() - 1) {
     // In the +Inf bucket: nothing to interpolate towards.
-    return buckets.size() >= 2 ? buckets[buckets.size() - 2].upper_bound : std::optional<double>();
+    return sorted.size() >= 2 ? sorted[sorted.size() - 2].upper_bound : std::optional<double>();
   }
-  const double upper = buckets[index].upper_bound;
+  const double upper = sorted[index].upper_bound;
   if (index == 0 && upper <= 0) return upper;
-  const double lower = index == 0 ? 0 : buckets[index - 1].upper_bound;
-  const double count_below = index == 0 ? 0 : buckets[index - 1].cumulative_count;
-  const double in_bucket = buckets[index].cumulative_count - count_below;
+  const double lower = index == 0 ? 0 : sorted[index - 1].upper_bound;
+  const double count_below = index == 0 ? 0 : sorted[index - 1].cumulative_count;
+  const double in_bucket = sorted[index].cumulative_count - count_below;
   if (in_bucket <= 0) return upper;
   return lower + (upper - lower) * ((rank - count_below) / in_bucket);
 }

@@ -55,6 +55,10 @@ struct HistogramBucket {
 // A rank in the +Inf bucket gives the largest finite upper bound. nullopt
 // when there is no +Inf bucket, no observation, or q is outside [0, 1].
 std::optional<double> histogramQuantile(double quantile, std::vector<HistogramBucket> buckets);
+// The index, in upper-bound order, of the bucket histogramQuantile
+// interpolates `quantile` in; nullopt where it has no answer.
+std::optional<size_t> histogramQuantileBucket(double quantile,
+                                              std::vector<HistogramBucket> buckets);
 
 struct WindowedValues {
   // Pods with at least one scrape inside the window.

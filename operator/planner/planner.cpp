@@ -44,16 +44,6 @@ constexpr double kServiceQuantile = 0.1;
 // and service time give the utilisation at `current`, and m replicas would
 // run at utilisation * current / m. nullopt when the estimate allows the
 // proportional count (no queueing seen, or no service time).
-// The index of the bucket (sorted by upper bound) that holds quantile q's
-// rank; nullopt without observations.
-std::optional<size_t> bucketOfQuantile(double q, const std::vector<HistogramBucket>& buckets) {
-  if (buckets.empty() || !(buckets.back().cumulative_count > 0)) return std::nullopt;
-  const double rank = q * buckets.back().cumulative_count;
-  size_t index = 0;
-  while (index + 1 < buckets.size() && buckets[index].cumulative_count < rank) ++index;
-  return index;
-}
-
 std::optional<int> queueingFloor(int current, int proportional_replicas, double observed,
                                  double quantile, double target,
                                  const std::vector<HistogramBucket>& buckets, double* utilisation) {
@@ -63,8 +53,8 @@ std::optional<int> queueingFloor(int current, int proportional_replicas, double 
   // measurement: the spread between them is interpolation, not queueing.
   // (In any later bucket the service time is at least its lower bound, so
   // the utilisation is bounded by the bucket's width: a conservative guess.)
-  if (bucketOfQuantile(kServiceQuantile, buckets) == size_t{0} &&
-      bucketOfQuantile(quantile, buckets) == size_t{0}) {
+  if (histogramQuantileBucket(kServiceQuantile, buckets) == size_t{0} &&
+      histogramQuantileBucket(quantile, buckets) == size_t{0}) {
     return std::nullopt;
   }
   const double load = 1.0 - *service / observed;  // utilisation at `current`
