@@ -30,7 +30,16 @@ namespace tandem::kernels {
 enum class DeviceKind { kCpu, kCuda };
 
 // "cpu" or "cuda".
-const char* deviceKindName(DeviceKind kind);
+// Inline: Backend's own methods use it, in every library that defines one.
+inline const char* deviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
 
 // One forward batch: rows are the new tokens of every sequence, in order.
 // All pointers are host memory, valid for the duration of beginBatch().
@@ -83,7 +92,7 @@ class Backend {
   virtual void setComputeDType(DType dtype) {
     if (dtype != DType::kF32) {
       throw Error(std::string("compute dtype ") + dtypeShortName(dtype) +
-                  " is not supported by the " + (kind() == DeviceKind::kCpu ? "cpu" : "cuda") +
+                  " is not supported by the " + deviceKindName(kind()) +
                   " backend (accepted: f32)");
     }
   }

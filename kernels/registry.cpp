@@ -14,16 +14,6 @@
 
 namespace tandem::kernels {
 
-const char* deviceKindName(DeviceKind kind) {
-  switch (kind) {
-    case DeviceKind::kCpu:
-      return "cpu";
-    case DeviceKind::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
-
 bool cudaBuilt() {
 #ifdef TANDEM_HAVE_CUDA
   return true;

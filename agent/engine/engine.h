@@ -60,7 +60,7 @@ struct EngineConfig {
   int64_t num_blocks = 0;
   int64_t kv_cache_memory_bytes = int64_t{1} << 30;
   DType kv_dtype = DType::kBF16;
-  // What the GEMMs multiply (kernels::matmul's `compute`): kF32, exact
+  // What the GEMMs multiply (Backend::setComputeDType): kF32, exact
   // products, or kBF16, bf16-rounded activations (CPU backend only; bf16
   // weights only). Part of the model identity, so KV made one way is never
   // reused or transferred as the other's.

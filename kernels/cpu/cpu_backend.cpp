@@ -43,12 +43,9 @@ WeightView CpuBackend::matmulWeight(const WeightView& host) {
       host.layout != WeightLayout::kRows) {
     return host;
   }
-  std::vector<uint16_t>& storage = packed_[host.data];
-  if (storage.empty()) return packBf16Pairs(host, storage);
-  WeightView packed = host;
-  packed.data = storage.data();
-  packed.layout = WeightLayout::kBf16Pairs;
-  return packed;
+  auto [it, inserted] = packed_.try_emplace(host.data);
+  if (inserted) it->second.view = packBf16Pairs(host, it->second.storage);
+  return it->second.view;
 }
 
 void CpuBackend::release(void* data, size_t /*bytes*/) { std::free(data); }

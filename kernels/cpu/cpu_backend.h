@@ -67,8 +67,12 @@ class CpuBackend : public Backend {
   std::vector<int32_t> block_tables_;
   std::vector<AttentionSequence> sequences_;
   DType compute_ = DType::kF32;
-  // Packed copies by the host data they were made from.
-  std::map<const void*, std::vector<uint16_t>> packed_;
+  // Packed copies, and their views, by the host data they were made from.
+  struct Packed {
+    std::vector<uint16_t> storage;
+    WeightView view;
+  };
+  std::map<const void*, Packed> packed_;
 };
 
 }  // namespace tandem::kernels::cpu

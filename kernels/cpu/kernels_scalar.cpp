@@ -148,7 +148,7 @@ void matmulBf16PairsGeneric(const uint16_t* x, int64_t m, int64_t kp, const uint
 }
 
 void toBf16Generic(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = f32ToBf16(x[i]);
+  convertFromF32(DType::kBF16, x, out, static_cast<size_t>(n));
 }
 
 const IsaKernels& scalarKernels() {
