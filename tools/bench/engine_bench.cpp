@@ -17,6 +17,7 @@
 #include "agent/engine/model_runner.h"
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels.h"
 
 namespace tandem::bench {
@@ -39,32 +40,33 @@ size_t viewBytes(const kernels::WeightView& view) {
   return static_cast<size_t>(view.rows * view.cols) * dtypeSize(view.dtype);
 }
 
-// Bytes of weights one decode step reads: every matrix once, plus lm_head.
+// `measure` summed over the matrices of a forward pass: every layer's
+// projections, and the LM head counted `lm_head_share` times.
+template <typename Measure>
+double sumOverMatmuls(const engine::Model& model, double lm_head_share, const Measure& measure) {
+  double sum = lm_head_share * measure(model.weights().lm_head);
+  for (const auto& layer : model.weights().layers) {
+    for (const auto* view : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                             &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      sum += measure(*view);
+    }
+  }
+  return sum;
+}
+
 // Flops of the matmuls of a prompt of `prompt_tokens` tokens, per token:
 // every layer's projections for each token, the LM head for the last one.
 double prefillMatmulFlopsPerToken(const engine::Model& model, int64_t prompt_tokens) {
-  const auto flops = [](const kernels::WeightView& w) {
-    return 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols);
-  };
-  double per_token = flops(model.weights().lm_head) / static_cast<double>(prompt_tokens);
-  for (const auto& layer : model.weights().layers) {
-    for (const auto* view : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
-                             &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      per_token += flops(*view);
-    }
-  }
-  return per_token;
+  return sumOverMatmuls(model, 1.0 / static_cast<double>(prompt_tokens),
+                        [](const kernels::WeightView& w) {
+                          return 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+                        });
 }
 
-size_t decodeWeightBytes(const engine::Model& model) {
-  size_t bytes = viewBytes(model.weights().lm_head);
-  for (const auto& layer : model.weights().layers) {
-    for (const auto* view : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
-                             &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      bytes += viewBytes(*view);
-    }
-  }
-  return bytes;
+// Bytes of weights one decode step reads: every matrix once, plus lm_head.
+double decodeWeightBytes(const engine::Model& model) {
+  return sumOverMatmuls(
+      model, 1.0, [](const kernels::WeightView& w) { return static_cast<double>(viewBytes(w)); });
 }
 
 double memcpyGBps(int repeats) {
@@ -104,10 +106,8 @@ double readGBps(int threads, int repeats) {
   return static_cast<double>(count * sizeof(uint64_t)) / seconds / 1e9;
 }
 
-double gemmGflops(int64_t m, kernels::WeightView w, DType compute, int repeats) {
-  // bf16 compute multiplies weights packed for it, as the CPU backend does.
-  std::vector<uint16_t> packed;
-  if (compute == DType::kBF16 && w.dtype == DType::kBF16) w = kernels::packBf16Pairs(w, packed);
+// `w` as the CPU backend gives it to matmul (packed for bf16 compute).
+double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
   std::vector<float> x(static_cast<size_t>(m * w.cols)), y(static_cast<size_t>(m * w.rows));
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -201,15 +201,21 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double read_gbps = readGBps(kernels::numThreads(), options.repeats);
   const auto& layer0 = model->weights().layers.at(0);
   const int64_t gemm_m = options.prompt_tokens;
-  const double gemm_up_gflops = gemmGflops(gemm_m, layer0.up_proj, compute, options.repeats);
-  const double gemm_down_gflops = gemmGflops(gemm_m, layer0.down_proj, compute, options.repeats);
+  // The host GEMM figures run the CPU kernels on the weights the way the CPU
+  // backend hands them to matmul (bf16 compute can only be on the CPU).
+  kernels::cpu::CpuBackend host_kernels;
+  host_kernels.setComputeDType(compute);
+  const kernels::WeightView up_proj = host_kernels.matmulWeight(layer0.up_proj);
+  const double gemm_up_gflops = gemmGflops(gemm_m, up_proj, options.repeats);
+  const double gemm_down_gflops =
+      gemmGflops(gemm_m, host_kernels.matmulWeight(layer0.down_proj), options.repeats);
   // The compute ceiling of the CPU kernels: fp32 FMAs, or bf16 dot products
   // where bf16 compute applies.
   const bool on_cpu = backend->kind() == kernels::DeviceKind::kCpu;
   const double fma_peak = on_cpu ? kernels::peakGflops(DType::kF32, options.repeats) : 0.0;
   const double bf16_peak = on_cpu ? kernels::peakGflops(DType::kBF16, options.repeats) : 0.0;
-  const bool dot_products = compute == DType::kBF16 && model->weightDType() == DType::kBF16;
-  const double compute_peak = dot_products && bf16_peak > 0.0 ? bf16_peak : fma_peak;
+  const bool packed = up_proj.layout == kernels::WeightLayout::kBf16Pairs;
+  const double compute_peak = packed && bf16_peak > 0.0 ? bf16_peak : fma_peak;
 
   std::vector<float> logits;
   engine::SequenceInput input;
@@ -278,7 +284,7 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double step_s = decode_only_s / static_cast<double>(options.decode_tokens);
   const double decode_tps = static_cast<double>(options.batch) / step_s;
   // Weight bytes one decode step reads, whatever the batch: each matrix once.
-  const double bytes_per_step = static_cast<double>(decodeWeightBytes(*model));
+  const double bytes_per_step = decodeWeightBytes(*model);
   const double stream_gbps = bytes_per_step / step_s / 1e9;
   // A copy moves each byte twice (read + write): the traffic a pure read
   // stream can at most reach.
