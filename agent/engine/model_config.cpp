@@ -19,6 +19,11 @@ using nlohmann::json;
 constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 24;
 // Token ids are int32.
 constexpr int64_t kMaxVocabSize = int64_t{1} << 31;
+// Widths, head counts and layer counts past 2^20 are a corrupt or hostile
+// config (the largest models stay under 2^17), and the bound keeps every
+// product of two of them, such as a projection's element count, far inside
+// int64.
+constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
@@ -41,15 +46,6 @@ class FieldReader {
   }
 
   const json& get(const char* key) const { return object_.at(key); }
-
-  int64_t requiredPositiveInt(const char* key) const {
-    if (!has(key)) fail(key, "is missing (required: a positive integer)");
-    return positiveInt(key);
-  }
-
-  int64_t positiveInt(const char* key, int64_t default_value) const {
-    return has(key) ? positiveInt(key) : default_value;
-  }
 
   // A positive integer no larger than `max`.
   int64_t boundedInt(const char* key, int64_t default_value, int64_t max) const {
@@ -103,14 +99,6 @@ class FieldReader {
   }
 
  private:
-  int64_t positiveInt(const char* key) const {
-    const json& value = object_.at(key);
-    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
-      fail(key, "must be a positive integer, got " + value.dump());
-    }
-    return value.get<int64_t>();
-  }
-
   double positiveNumber(const char* key) const {
     const json& value = object_.at(key);
     if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
@@ -203,16 +191,16 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_mistral = config.architecture == "MistralForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
-  config.hidden_size = reader.requiredPositiveInt("hidden_size");
-  config.intermediate_size = reader.requiredPositiveInt("intermediate_size");
-  config.num_hidden_layers = reader.requiredPositiveInt("num_hidden_layers");
-  config.num_attention_heads = reader.requiredPositiveInt("num_attention_heads");
+  config.hidden_size = reader.requiredBoundedInt("hidden_size", kMaxDimension);
+  config.intermediate_size = reader.requiredBoundedInt("intermediate_size", kMaxDimension);
+  config.num_hidden_layers = reader.requiredBoundedInt("num_hidden_layers", kMaxDimension);
+  config.num_attention_heads = reader.requiredBoundedInt("num_attention_heads", kMaxDimension);
   config.num_key_value_heads =
-      reader.positiveInt("num_key_value_heads", config.num_attention_heads);
+      reader.boundedInt("num_key_value_heads", config.num_attention_heads, kMaxDimension);
   config.vocab_size = reader.requiredBoundedInt("vocab_size", kMaxVocabSize - 1);
 
   if (reader.has("head_dim")) {
-    config.head_dim = reader.positiveInt("head_dim", 0);
+    config.head_dim = reader.requiredBoundedInt("head_dim", kMaxDimension);
   } else if (is_qwen3) {
     // Qwen3Config's own default; Qwen3 decouples head_dim from hidden_size.
     config.head_dim = 128;

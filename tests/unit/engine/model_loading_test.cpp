@@ -604,7 +604,8 @@ TEST(ModelConfigParsing, RejectsBadValuesNamingTheField) {
   EXPECT_CONTAINS(message, "must divide num_attention_heads (8), got 3");
 
   message = parseError(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": -4})");
-  EXPECT_CONTAINS(message, "field \"hidden_size\" must be a positive integer, got -4");
+  EXPECT_CONTAINS(message,
+                  "field \"hidden_size\" must be a positive integer at most 1048576, got -4");
 
   message = parseError(R"({"hidden_size": 4})");
   EXPECT_CONTAINS(message, "field \"architectures\"");
@@ -652,6 +653,27 @@ TEST(ModelConfigParsing, RefusesAbsurdContextLengthsAndVocabularies) {
           "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
           "vocab_size": 4294967296})"),
       "field \"vocab_size\" must be a positive integer at most 2147483647, got 4294967296");
+  // A huge width would make the rotary table, or a projection's element
+  // count, unallocatable before any weight is read.
+  for (const char* field : {"head_dim", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads"}) {
+    SCOPED_TRACE(field);
+    std::string config = minimalLlama("");
+    const std::string key = std::string("\"") + field + "\": ";
+    const size_t at = config.find(key);
+    if (at == std::string::npos) {
+      config = minimalLlama(", " + key + "4611686018427387904");
+    } else {
+      const size_t end = config.find_first_of(",}", at);
+      config.replace(at, end - at, key + "4611686018427387904");
+    }
+    EXPECT_CONTAINS(parseError(config), std::string("field \"") + field +
+                                            "\" must be a positive integer at most 1048576, got "
+                                            "4611686018427387904");
+  }
+  EXPECT_EQ(ModelConfig::fromJsonText(minimalLlama(R"(, "head_dim": 1048576)"), "config.json")
+                .head_dim,
+            1048576);
 }
 
 TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
