@@ -671,9 +671,9 @@ TEST(ModelConfigParsing, RefusesAbsurdContextLengthsAndVocabularies) {
                                             "\" must be a positive integer at most 1048576, got "
                                             "4611686018427387904");
   }
-  EXPECT_EQ(ModelConfig::fromJsonText(minimalLlama(R"(, "head_dim": 1048576)"), "config.json")
-                .head_dim,
-            1048576);
+  EXPECT_EQ(
+      ModelConfig::fromJsonText(minimalLlama(R"(, "head_dim": 1048576)"), "config.json").head_dim,
+      1048576);
 }
 
 TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
