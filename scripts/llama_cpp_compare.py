@@ -33,6 +33,10 @@ FIGURES = [
 ]
 
 
+# Bytes per cached K or V element, by the dtype names both engines report.
+KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
 def load(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -51,6 +55,18 @@ def cmd_round(args):
             fig["decode_ctx_tps"] = row["avg_ts"]
     tandem = load(args.tandem)
     short = load(args.tandem_short)
+    # Decode reads the weights and, per step, the KV cache up to the position:
+    # both engines run the same positions, so llama.cpp's KV bytes are
+    # Tandem's scaled by the two caches' element sizes.
+    llama_kv = (KV_ELEMENT_BYTES[llama[0]["type_k"]] + KV_ELEMENT_BYTES[llama[0]["type_v"]]) / (
+        2 * KV_ELEMENT_BYTES[tandem["kv_dtype"]])
+
+    def step_bytes(run, kv_scale):
+        return run["decode_weight_bytes_per_step"] + kv_scale * run["decode_kv_bytes_per_step"]
+
+    def llama_over_read(tps, run, kv_scale):
+        return tps * step_bytes(run, kv_scale) / 1e9 / tandem["read_gbps"]
+
     out = {
         "dtype": args.dtype,
         "round": args.round,
@@ -67,6 +83,8 @@ def cmd_round(args):
         "tandem_decode_ctx_stream_gbps": tandem["decode_stream_gbps"],
         "tandem_decode_over_read": short["decode_stream_over_read"],
         "tandem_decode_ctx_over_read": tandem["decode_stream_over_read"],
+        "tandem_decode_total_over_read": short["decode_total_stream_over_read"],
+        "tandem_decode_ctx_total_over_read": tandem["decode_total_stream_over_read"],
         # Compute ceilings measured in the same run, and each engine's
         # prefill in matmul flops per second of prefill (the same model, so
         # the same flops per token), and decode in weight bytes per second.
@@ -75,10 +93,12 @@ def cmd_round(args):
         "tandem_prefill_gflops": tandem["prefill_matmul_gflops"],
         "llama_prefill_gflops": fig.get("prefill_tps", 0.0)
         * tandem["prefill_matmul_flops_per_token"] / 1e9,
-        "llama_decode_over_read": fig.get("decode_tps", 0.0)
-        * short["decode_weight_bytes_per_step"] / 1e9 / tandem["read_gbps"],
-        "llama_decode_ctx_over_read": fig.get("decode_ctx_tps", 0.0)
-        * tandem["decode_weight_bytes_per_step"] / 1e9 / tandem["read_gbps"],
+        "llama_decode_over_read": llama_over_read(fig.get("decode_tps", 0.0), short, 0.0),
+        "llama_decode_ctx_over_read": llama_over_read(fig.get("decode_ctx_tps", 0.0), tandem, 0.0),
+        "llama_decode_total_over_read": llama_over_read(fig.get("decode_tps", 0.0), short,
+                                                        llama_kv),
+        "llama_decode_ctx_total_over_read": llama_over_read(fig.get("decode_ctx_tps", 0.0),
+                                                            tandem, llama_kv),
         "tandem_weight_dtype": tandem["weight_dtype"],
         "tandem_kv_dtype": tandem["kv_dtype"],
         "tandem_isa": tandem["isa"],
@@ -115,13 +135,12 @@ def cmd_summary(args):
                                      "round_ratios": ratios}
             lines.append(f"| {dtype} | {label} | {t:,.1f} | {l:,.1f} | {ratio:.2f}x | "
                          + " ".join(f"{x:.2f}" for x in ratios) + " |")
-        entry["tandem_decode_over_read"] = statistics.median(
-            r["tandem_decode_over_read"] for r in rs)
-        entry["tandem_decode_ctx_over_read"] = statistics.median(
-            r["tandem_decode_ctx_over_read"] for r in rs)
-        entry["tandem_read_gbps"] = statistics.median(r["tandem_read_gbps"] for r in rs)
-        for key in ("llama_decode_over_read", "llama_decode_ctx_over_read", "fma_peak_gflops",
-                    "bf16_dot_peak_gflops", "tandem_prefill_gflops", "llama_prefill_gflops"):
+        for key in ("tandem_decode_over_read", "tandem_decode_ctx_over_read",
+                    "tandem_decode_total_over_read", "tandem_decode_ctx_total_over_read",
+                    "tandem_read_gbps", "llama_decode_over_read", "llama_decode_ctx_over_read",
+                    "llama_decode_total_over_read", "llama_decode_ctx_total_over_read",
+                    "fma_peak_gflops", "bf16_dot_peak_gflops", "tandem_prefill_gflops",
+                    "llama_prefill_gflops"):
             entry[key] = statistics.median(r[key] for r in rs)
         entry["llama_cpp_kv"] = f"{rs[0]['llama_build']['type_k']}/{rs[0]['llama_build']['type_v']}"
         entry["tandem_kv"] = rs[0]["tandem_kv_dtype"]
@@ -137,6 +156,11 @@ def cmd_summary(args):
               f"{entry['tandem_decode_ctx_over_read']:.2f} (after 512); llama.cpp "
               f"{entry['llama_decode_over_read']:.2f}, {entry['llama_decode_ctx_over_read']:.2f}; "
               f"KV: Tandem {entry['tandem_kv']}, llama.cpp {entry['llama_cpp_kv']}")
+        print(f"{dtype}: decode weights + KV stream / host memory read (each engine's own KV "
+              f"bytes): Tandem {entry['tandem_decode_total_over_read']:.2f} (empty context), "
+              f"{entry['tandem_decode_ctx_total_over_read']:.2f} (after 512); llama.cpp "
+              f"{entry['llama_decode_total_over_read']:.2f}, "
+              f"{entry['llama_decode_ctx_total_over_read']:.2f}")
         fma, dot = entry["fma_peak_gflops"], entry["bf16_dot_peak_gflops"]
         ceilings = lambda g: f"{g / fma:.2f} of fp32 FMA peak" + (
             f", {g / dot:.2f} of bf16 dot peak" if dot > 0 else "")

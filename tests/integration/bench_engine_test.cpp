@@ -58,6 +58,15 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
     const double expected_flops = 2.0 * per_layer * config.at("num_hidden_layers").get<double>() +
                                   2.0 * hidden * config.at("vocab_size").get<double>() / 40.0;
     EXPECT_DOUBLE_EQ(r.at("prefill_matmul_flops_per_token").get<double>(), expected_flops);
+    // KV bytes a decode step reads on average: K and V rows of every layer
+    // (bf16 by default) up to positions 40 .. 47, so 44.5 rows on average.
+    const double kv_row_bytes =
+        2.0 * config.at("num_hidden_layers").get<double>() * kv_heads * head_dim * 2.0;
+    EXPECT_DOUBLE_EQ(r.at("decode_kv_bytes_per_step").get<double>(), 44.5 * kv_row_bytes);
+    EXPECT_DOUBLE_EQ(r.at("decode_total_stream_over_read").get<double>(),
+                     r.at("decode_stream_over_read").get<double>() *
+                         (1.0 + r.at("decode_kv_bytes_per_step").get<double>() /
+                                    r.at("decode_weight_bytes_per_step").get<double>()));
     // The ceiling is the bf16 dot-product one exactly when bf16 compute can
     // use dot products (AVX-512 BF16 hosts); else the fp32 FMA one.
     const double bf16_peak = r.at("bf16_dot_peak_gflops");

@@ -286,6 +286,14 @@ int runEngineBench(const EngineBenchOptions& options) {
   // Weight bytes one decode step reads, whatever the batch: each matrix once.
   const double bytes_per_step = decodeWeightBytes(*model);
   const double stream_gbps = bytes_per_step / step_s / 1e9;
+  // KV bytes one decode step reads on average: every sequence's K and V rows
+  // of every layer up to its position, positions prompt .. prompt+steps-1.
+  const double kv_bytes_per_token = static_cast<double>(kv.blockBytes()) / kv.block_size;
+  const double mean_context = static_cast<double>(options.prompt_tokens) +
+                              static_cast<double>(options.decode_tokens + 1) / 2.0;
+  const double kv_bytes_per_step =
+      static_cast<double>(options.batch) * mean_context * kv_bytes_per_token;
+  const double total_stream_gbps = (bytes_per_step + kv_bytes_per_step) / step_s / 1e9;
   // A copy moves each byte twice (read + write): the traffic a pure read
   // stream can at most reach.
   const double copy_traffic_gbps = 2.0 * copy_gbps;
@@ -327,13 +335,15 @@ int runEngineBench(const EngineBenchOptions& options) {
   std::printf("%-46s %12.2f\n", "decode stream / backend copy traffic",
               stream_gbps / copy_traffic_gbps);
   std::printf("%-46s %12.2f\n", "decode stream / host memory read", stream_gbps / read_gbps);
+  std::printf("%-46s %12.2f\n", "decode weights + KV stream / host memory read",
+              total_stream_gbps / read_gbps);
   std::printf("%-46s %12.1f\n", "bandwidth-limit decode tokens/s", bandwidth_limit_tps);
   std::printf("%-46s %12.2f\n", "limit / achieved decode", bandwidth_limit_tps / decode_tps);
   std::printf(
-      "(batch %lld; prompt %lld tokens per sequence; %lld decode steps; %.1f MB of weights read "
-      "per step; copy buffer %lld MiB; GEMM m=%lld; best of %d)\n",
+      "(batch %lld; prompt %lld tokens per sequence; %lld decode steps; %.1f MB of weights and "
+      "%.1f MB of KV read per step; copy buffer %lld MiB; GEMM m=%lld; best of %d)\n",
       static_cast<long long>(options.batch), static_cast<long long>(options.prompt_tokens),
-      static_cast<long long>(options.decode_tokens), bytes_per_step / 1e6,
+      static_cast<long long>(options.decode_tokens), bytes_per_step / 1e6, kv_bytes_per_step / 1e6,
       static_cast<long long>(options.copy_mib), static_cast<long long>(gemm_m), options.repeats);
 
   if (!options.json_path.empty()) {
@@ -370,6 +380,8 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"decode_stream_over_backend_copy_traffic", stream_gbps / copy_traffic_gbps},
         {"decode_stream_over_memcpy", stream_gbps / memcpy_gbps},
         {"decode_stream_over_read", stream_gbps / read_gbps},
+        {"decode_kv_bytes_per_step", kv_bytes_per_step},
+        {"decode_total_stream_over_read", total_stream_gbps / read_gbps},
         {"bandwidth_limit_decode_tokens_per_s", bandwidth_limit_tps},
         {"decode_steps_recorded", records},
     };
