@@ -129,6 +129,7 @@ struct Tokenizer::Impl {
         added_tokens(parseAddedTokens(root, source)) {
     tokenizer_internal::checkDecoder(fieldOrNull(root, "decoder"), source);
     buildAddedTokenTables();
+    post_processor.checkIds(vocab_size, source);
     buildTokenBytes();
   }
 

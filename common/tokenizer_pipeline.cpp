@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -327,7 +328,15 @@ void PostProcessor::addSteps(const nlohmann::json& config, std::string_view sour
                       "', which its special_tokens map does not define");
         }
         std::vector<TokenId>& target = seen_sequence ? tmpl.after : tmpl.before;
-        for (const nlohmann::json& id : (*entry)["ids"]) target.push_back(id.get<TokenId>());
+        for (const nlohmann::json& id : (*entry)["ids"]) {
+          if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+              id.get<int64_t>() > std::numeric_limits<TokenId>::max()) {
+            throw Error(where + ": TemplateProcessing special token '" + name + "' has id " +
+                        id.dump() + " (accepted: a non-negative integer id)");
+          }
+          target.push_back(id.get<TokenId>());
+          special_ids_.emplace_back(name, target.back());
+        }
       } else if (auto sequence = piece.find("Sequence"); sequence != piece.end()) {
         if (seen_sequence || sequence->value("id", std::string("A")) != "A") {
           throw Error(where + ": TemplateProcessing single template must contain $A once, got " +
@@ -345,6 +354,16 @@ void PostProcessor::addSteps(const nlohmann::json& config, std::string_view sour
     templates_.push_back(std::move(tmpl));
   } else {
     throwUnsupported(source, "post_processor", type, "TemplateProcessing, ByteLevel, Sequence");
+  }
+}
+
+void PostProcessor::checkIds(int64_t vocab_size, std::string_view source) const {
+  for (const auto& [name, id] : special_ids_) {
+    if (id >= vocab_size) {
+      throw Error(std::string(source) + ": TemplateProcessing special token '" + name +
+                  "' has id " + std::to_string(id) + ", outside the vocabulary (ids 0.." +
+                  std::to_string(vocab_size - 1) + ")");
+    }
   }
 }
 

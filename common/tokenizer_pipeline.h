@@ -58,6 +58,9 @@ class PostProcessor {
  public:
   PostProcessor(const nlohmann::json& config, std::string_view source);
   void apply(std::vector<TokenId>& ids) const;
+  // Throws tandem::Error naming the special token when one of the ids the
+  // templates add is not below vocab_size.
+  void checkIds(int64_t vocab_size, std::string_view source) const;
 
  private:
   void addSteps(const nlohmann::json& config, std::string_view source);
@@ -66,6 +69,8 @@ class PostProcessor {
     std::vector<TokenId> after;
   };
   std::vector<Template> templates_;
+  // Every special token a template adds: its name and id.
+  std::vector<std::pair<std::string, TokenId>> special_ids_;
 };
 
 // Refuses any decoder other than ByteLevel (alone or in a Sequence), the one

@@ -550,6 +550,33 @@ TEST(TokenizerLoadErrorTest, IdsBeyondTheLimitAreRefusedBeforeAnyTableIsSized) {
       << loadError(path);
 }
 
+// The ids add_special_tokens puts around a prompt reach the model: one past
+// the vocabulary (22 ids here) or not an integer is refused at load.
+TEST(TokenizerLoadErrorTest, TemplateIdsOutsideTheVocabularyAreRefused) {
+  TempDir dir;
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {22, "TemplateProcessing special token '</s>' has id 22, outside the vocabulary (ids 0..21)"},
+      {-1,
+       "TemplateProcessing special token '</s>' has id -1 (accepted: a non-negative integer id)"},
+      {"1",
+       "TemplateProcessing special token '</s>' has id \"1\" (accepted: a non-negative "
+       "integer id)"},
+  };
+  for (const auto& [id, expected] : cases) {
+    SCOPED_TRACE(id.dump());
+    nlohmann::json config = smallTokenizer(false);
+    config["post_processor"]["special_tokens"]["</s>"]["ids"] = {id};
+    const fs::path path = dir.write("tokenizer.json", config.dump());
+    const std::string message = loadError(path);
+    EXPECT_NE(message.find(path.string() + ": " + expected), std::string::npos) << message;
+  }
+  nlohmann::json config = smallTokenizer(false);
+  config["post_processor"]["special_tokens"]["</s>"]["ids"] = {21};
+  const std::unique_ptr<Tokenizer> tok =
+      Tokenizer::fromFile(dir.write("tokenizer.json", config.dump()));
+  EXPECT_EQ(tok->encode("", /*add_special_tokens=*/true), (std::vector<TokenId>{0, 21}));
+}
+
 TEST(TokenizerLoadErrorTest, UnsupportedModelType) {
   TempDir dir;
   nlohmann::json config = smallTokenizer(false);
