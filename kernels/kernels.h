@@ -19,6 +19,7 @@
 // several threads at once are serialized; a kernel returns when done.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ struct WeightView {
   int64_t cols = 0;
   WeightLayout layout = WeightLayout::kRows;
 };
+
+// Bytes of a WeightLayout::kRows view's data.
+inline size_t viewBytes(const WeightView& w) {
+  return static_cast<size_t>(w.rows * w.cols) * dtypeSize(w.dtype);
+}
 
 // Threads used by the kernels (default: hardware concurrency).
 void setNumThreads(int num_threads);

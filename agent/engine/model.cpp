@@ -205,4 +205,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   return model;
 }
 
+size_t Model::dropMappedPages(const kernels::WeightView& w) const {
+  size_t dropped = 0;
+  for (const auto& file : files_) dropped += file->dropPages(w.data, kernels::viewBytes(w));
+  return dropped;
+}
+
 }  // namespace tandem::engine

@@ -47,6 +47,10 @@ class Model {
   DType weightDType() const { return weight_dtype_; }
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
+  // Drops the mapped pages of `w` from memory (SafetensorsFile::dropPages)
+  // once a backend holds its own copy; reads stay correct. Returns the bytes
+  // dropped (0 for weights that are not mapped from a file).
+  size_t dropMappedPages(const kernels::WeightView& w) const;
 
  private:
   Model() = default;

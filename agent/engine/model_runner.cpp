@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -79,18 +80,18 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
 
   const ModelWeights& host = model_.weights();
   weights_.embed_tokens = backend_.residentWeight(host.embed_tokens);
-  weights_.lm_head = backend_.matmulWeight(host.lm_head);
+  weights_.lm_head = matmulWeight(host.lm_head);
   weights_.norm = resident(host.norm);
   weights_.layers.reserve(host.layers.size());
   for (const LayerWeights& lw : host.layers) {
     ResidentLayer layer;
-    layer.q_proj = backend_.matmulWeight(lw.q_proj);
-    layer.k_proj = backend_.matmulWeight(lw.k_proj);
-    layer.v_proj = backend_.matmulWeight(lw.v_proj);
-    layer.o_proj = backend_.matmulWeight(lw.o_proj);
-    layer.gate_proj = backend_.matmulWeight(lw.gate_proj);
-    layer.up_proj = backend_.matmulWeight(lw.up_proj);
-    layer.down_proj = backend_.matmulWeight(lw.down_proj);
+    layer.q_proj = matmulWeight(lw.q_proj);
+    layer.k_proj = matmulWeight(lw.k_proj);
+    layer.v_proj = matmulWeight(lw.v_proj);
+    layer.o_proj = matmulWeight(lw.o_proj);
+    layer.gate_proj = matmulWeight(lw.gate_proj);
+    layer.up_proj = matmulWeight(lw.up_proj);
+    layer.down_proj = matmulWeight(lw.down_proj);
     layer.input_layernorm = resident(lw.input_layernorm);
     layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
     layer.q_bias = resident(lw.q_bias);
@@ -100,6 +101,22 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     layer.k_norm = resident(lw.k_norm);
     weights_.layers.push_back(layer);
   }
+  if (dropped_mapped_bytes_ > 0) {
+    TANDEM_LOG(kInfo) << "model runner: " << dropped_mapped_bytes_ / 1000000.0
+                      << " MB of mapped weight pages dropped: the backend holds its own copy";
+  }
+}
+
+kernels::WeightView ModelRunner::matmulWeight(const kernels::WeightView& host) {
+  const kernels::WeightView used = backend_.matmulWeight(host);
+  // A matrix the backend copied (packed for bf16 compute, or uploaded) is
+  // never read from the file mapping again, unless it is also the embedding
+  // table (tied LM head), which lookups read. Dropping it now, before the
+  // next one is copied, keeps load from holding both in full.
+  if (used.data != host.data && host.data != model_.weights().embed_tokens.data) {
+    dropped_mapped_bytes_ += model_.dropMappedPages(host);
+  }
+  return used;
 }
 
 const float* ModelRunner::resident(const std::vector<float>& host) {

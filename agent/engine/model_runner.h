@@ -81,6 +81,9 @@ class ModelRunner {
   void setRecordDecode(bool record) { record_decode_ = record; }
 
   const Model& model() const { return model_; }
+  // Bytes of the model's file mapping dropped from memory at construction:
+  // the matrices the backend copied (bf16 compute's packing, a GPU upload).
+  size_t droppedMappedBytes() const { return dropped_mapped_bytes_; }
   KvCache& cache() { return cache_; }
   kernels::Backend& backend() { return backend_; }
 
@@ -114,6 +117,9 @@ class ModelRunner {
   // sequences' logits go to `logits` (backend memory).
   void issueStep(int64_t rows, int64_t sequences, float* logits);
   const float* resident(const std::vector<float>& host);
+  // backend_.matmulWeight(host); when that is a copy, the host matrix's
+  // pages of the file mapping are dropped (Model::dropMappedPages).
+  kernels::WeightView matmulWeight(const kernels::WeightView& host);
 
   const Model& model_;
   KvCache& cache_;
@@ -122,6 +128,7 @@ class ModelRunner {
   BackendBuffer inv_freq_;
   float attention_scale_ = 1.0f;
   bool record_decode_ = true;
+  size_t dropped_mapped_bytes_ = 0;
   // Names this runner's buffers and cache to the backend's recordings.
   const uint64_t recording_owner_;
   // Scratch in the backend's memory, grown on demand and reused across calls.

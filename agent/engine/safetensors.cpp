@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -211,6 +212,23 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
 
 SafetensorsFile::~SafetensorsFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
+}
+
+size_t SafetensorsFile::dropPages(const void* data, size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const auto mapping = reinterpret_cast<uintptr_t>(mapping_);
+  if (begin < mapping || bytes > mapping_size_ || begin - mapping > mapping_size_ - bytes) {
+    return 0;
+  }
+  // Whole pages inside the range only: its neighbours' pages stay mapped.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t end = (begin + bytes) / page * page;
+  if (end <= first) return 0;
+  // The mapping is private, read-only and never written, so dropping its
+  // pages loses nothing: the next read faults them in from the file.
+  if (::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED) != 0) return 0;
+  return end - first;
 }
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {

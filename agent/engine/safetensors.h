@@ -46,6 +46,11 @@ class SafetensorsFile {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   // nullptr when absent.
   const TensorInfo* find(const std::string& name) const;
+  // Drops the whole pages of [data, data + bytes) from this process's
+  // memory when the range lies in this file's mapping; a later read maps
+  // them in again from the file, so nothing is lost. Returns the bytes
+  // dropped (0 for a range outside the mapping).
+  size_t dropPages(const void* data, size_t bytes) const;
 
  private:
   std::filesystem::path path_;

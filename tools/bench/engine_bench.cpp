@@ -36,10 +36,6 @@ double bestSeconds(int repeats, Fn&& fn) {
   return best;
 }
 
-size_t viewBytes(const kernels::WeightView& view) {
-  return static_cast<size_t>(view.rows * view.cols) * dtypeSize(view.dtype);
-}
-
 // `measure` summed over the matrices of a forward pass: every layer's
 // projections, and the LM head counted `lm_head_share` times.
 template <typename Measure>
@@ -65,8 +61,9 @@ double prefillMatmulFlopsPerToken(const engine::Model& model, int64_t prompt_tok
 
 // Bytes of weights one decode step reads: every matrix once, plus lm_head.
 double decodeWeightBytes(const engine::Model& model) {
-  return sumOverMatmuls(
-      model, 1.0, [](const kernels::WeightView& w) { return static_cast<double>(viewBytes(w)); });
+  return sumOverMatmuls(model, 1.0, [](const kernels::WeightView& w) {
+    return static_cast<double>(kernels::viewBytes(w));
+  });
 }
 
 double memcpyGBps(int repeats) {

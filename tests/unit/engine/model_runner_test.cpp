@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -410,6 +411,68 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
                       Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16}),
     [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
+
+// Resident bytes of this process's mappings of `file` (/proc/self/smaps).
+size_t mappedRssBytes(const fs::path& file) {
+  std::ifstream smaps("/proc/self/smaps");
+  const std::string name = fs::canonical(file).string();
+  size_t kib = 0;
+  bool in_file = false;
+  for (std::string line; std::getline(smaps, line);) {
+    // Mapping headers start "address-address perms ..."; field lines "Name:".
+    const size_t colon = line.find(':');
+    const size_t space = line.find(' ');
+    if (colon == std::string::npos || space < colon) {
+      in_file = line.size() >= name.size() &&
+                line.compare(line.size() - name.size(), name.size(), name) == 0;
+    } else if (in_file && line.rfind("Rss:", 0) == 0) {
+      kib += std::stoull(line.substr(4));
+    }
+  }
+  return kib * 1024;
+}
+
+// With bf16 compute the runner multiplies packed copies: the matrices' pages
+// of the file mapping leave memory, and reading them again (another runner,
+// computing in f32) gives the same bytes: logits bit-identical to before.
+TEST(ModelRunner, PackedWeightsLeaveTheFileMappingAndLoseNothing) {
+  ::tandem::testing::TempDir dir("tandem-runner-drop");
+  tools::TestModelOptions options;
+  options.preset = "tiny";
+  options.dtype = DType::kBF16;
+  options.seed = 12;
+  tools::writeTestModel(options, dir.path());
+  const std::unique_ptr<Model> model = Model::load(dir.path());
+  const fs::path file = dir.path() / "model.safetensors";
+
+  KvCache cache(cacheConfigFor(*model, DType::kBF16, 4), std::make_unique<HostSlabAllocator>());
+  const std::vector<TokenId> prompt = randomTokens(40, model->config().vocab_size, 5);
+  ModelRunner exact(*model, cache, cpuBackend(DType::kF32));
+  EXPECT_EQ(exact.droppedMappedBytes(), 0u);
+  // Every matrix is read: all its pages are resident.
+  const std::vector<float> before = prefillInChunks(exact, prompt, iotaBlocks(4), 0);
+  const size_t resident_before = mappedRssBytes(file);
+
+  ModelRunner packed(*model, cache, cpuBackend(DType::kBF16));
+  size_t matrix_bytes = 0;
+  for (const LayerWeights& layer : model->weights().layers) {
+    for (const kernels::WeightView* w : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
+                                         &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+      matrix_bytes += kernels::viewBytes(*w);
+    }
+  }
+  // Whole pages only: a small matrix's partial first and last pages stay.
+  EXPECT_GT(packed.droppedMappedBytes(), matrix_bytes / 2);
+  EXPECT_LE(packed.droppedMappedBytes(),
+            matrix_bytes + kernels::viewBytes(model->weights().lm_head));
+  ASSERT_GE(resident_before, packed.droppedMappedBytes());
+  const size_t resident_after = mappedRssBytes(file);
+  EXPECT_LE(resident_after, resident_before - packed.droppedMappedBytes())
+      << "resident before " << resident_before << ", after " << resident_after;
+
+  EXPECT_TRUE(bitEqual(prefillInChunks(exact, prompt, iotaBlocks(4), 0), before));
+  EXPECT_GT(mappedRssBytes(file), resident_before - packed.droppedMappedBytes());
+}
 
 TEST(ModelRunner, RefusesCacheOfAnotherGeometry) {
   const Model& model = tinyModel("LlamaForCausalLM", DType::kBF16);
