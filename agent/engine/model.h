@@ -11,6 +11,7 @@
 // stay mapped. A Model is immutable after load and safe to share across threads.
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -24,6 +25,10 @@ namespace tandem::engine {
 struct LayerWeights {
   kernels::WeightView q_proj, k_proj, v_proj, o_proj;
   kernels::WeightView gate_proj, up_proj, down_proj;
+  // The seven projection matrices, in the order above.
+  std::array<const kernels::WeightView*, 7> matrices() const {
+    return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
+  }
   std::vector<float> input_layernorm, post_attention_layernorm;
   std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
   std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm

@@ -42,10 +42,7 @@ template <typename Measure>
 double sumOverMatmuls(const engine::Model& model, double lm_head_share, const Measure& measure) {
   double sum = lm_head_share * measure(model.weights().lm_head);
   for (const auto& layer : model.weights().layers) {
-    for (const auto* view : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
-                             &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      sum += measure(*view);
-    }
+    for (const kernels::WeightView* view : layer.matrices()) sum += measure(*view);
   }
   return sum;
 }

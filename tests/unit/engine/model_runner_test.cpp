@@ -456,10 +456,7 @@ TEST(ModelRunner, PackedWeightsLeaveTheFileMappingAndLoseNothing) {
   ModelRunner packed(*model, cache, cpuBackend(DType::kBF16));
   size_t matrix_bytes = 0;
   for (const LayerWeights& layer : model->weights().layers) {
-    for (const kernels::WeightView* w : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj,
-                                         &layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
-      matrix_bytes += kernels::viewBytes(*w);
-    }
+    for (const kernels::WeightView* w : layer.matrices()) matrix_bytes += kernels::viewBytes(*w);
   }
   // Whole pages only: a small matrix's partial first and last pages stay.
   EXPECT_GT(packed.droppedMappedBytes(), matrix_bytes / 2);
