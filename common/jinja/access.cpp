@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "common/jinja/budget.h"
 #include "common/jinja/python_format.h"
 #include "common/jinja/unicode.h"
 
@@ -65,6 +66,7 @@ bool matchesAffix(const std::string& s, const Value& affix, bool prefix, const c
     }
     const std::string& a = v.asString();
     if (a.size() > s.size()) return false;
+    chargeTextWork(a.size());
     return prefix ? s.compare(0, a.size(), a) == 0
                   : s.compare(s.size() - a.size(), a.size(), a) == 0;
   };
@@ -123,6 +125,12 @@ Value stringMethod(const std::string& s, const std::string& name, const CallArgs
     return Value(matchesAffix(s, *affix, name == "startswith", name.c_str()));
   }
   if (name == "replace") {
+    reserveBytes(saturatingAdd(args.get(0, "old") != nullptr && args.get(0, "old")->isString()
+                                   ? args.get(0, "old")->asString().size()
+                                   : 0,
+                               args.get(1, "new") != nullptr && args.get(1, "new")->isString()
+                                   ? args.get(1, "new")->asString().size()
+                                   : 0));
     std::string old_text = argString(args, 0, "old", name);
     std::string new_text = argString(args, 1, "new", name);
     const Value* count_arg = args.get(2, "count");
@@ -131,6 +139,10 @@ Value stringMethod(const std::string& s, const std::string& name, const CallArgs
     if (old_text.empty()) {
       // Python inserts the replacement between every code point.
       std::u32string cps = decodeUtf8(s);
+      const size_t inserts = count < 0
+                                 ? cps.size() + 1
+                                 : std::min<size_t>(cps.size() + 1, static_cast<uint64_t>(count));
+      reserveString(saturatingAdd(s.size(), saturatingMul(inserts, new_text.size())));
       int64_t done = 0;
       for (char32_t c : cps) {
         if (count < 0 || done < count) {
@@ -142,10 +154,20 @@ Value stringMethod(const std::string& s, const std::string& name, const CallArgs
       if (count < 0 || done < count) out += new_text;
       return Value(std::move(out));
     }
+    // Sized first: the matches are counted, then the result is checked.
+    int64_t matches = 0;
+    for (size_t at = findText(s, old_text);
+         at != std::string::npos && (count < 0 || matches < count);
+         at = findText(s, old_text, at + old_text.size())) {
+      ++matches;
+    }
+    const auto replaced = static_cast<size_t>(matches);
+    reserveString(saturatingAdd(s.size() - replaced * old_text.size(),
+                                saturatingMul(replaced, new_text.size())));
     size_t pos = 0;
     int64_t done = 0;
     while (count < 0 || done < count) {
-      size_t found = s.find(old_text, pos);
+      size_t found = findText(s, old_text, pos);
       if (found == std::string::npos) break;
       out.append(s, pos, found - pos);
       out += new_text;
@@ -154,6 +176,11 @@ Value stringMethod(const std::string& s, const std::string& name, const CallArgs
     }
     out.append(s, pos, std::string::npos);
     return Value(std::move(out));
+  }
+  // The rest read `s` once; these four build a copy of it.
+  chargeTextWork(s.size());
+  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
+    reserveBytes(s.size());
   }
   if (name == "upper") return Value(asciiUpper(s));
   if (name == "lower") return Value(asciiLower(s));
@@ -165,28 +192,40 @@ Value stringMethod(const std::string& s, const std::string& name, const CallArgs
   }
   if (name == "count" || name == "find" || name == "rfind") {
     std::string sub = argString(args, 0, "sub", name);
+    // `sub` is copied: checked like any string built.
+    reserveBytes(sub.size());
     if (name == "find") {
-      size_t p = s.find(sub);
+      size_t p = findText(s, sub);
       return Value(p == std::string::npos ? int64_t{-1} : codePointIndex(s, p));
     }
     if (name == "rfind") {
-      size_t p = s.rfind(sub);
+      size_t p = rfindText(s, sub);
       return Value(p == std::string::npos ? int64_t{-1} : codePointIndex(s, p));
     }
     if (sub.empty()) return Value(static_cast<int64_t>(codePointCount(s) + 1));
     int64_t n = 0;
-    for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+    for (size_t p = findText(s, sub); p != std::string::npos;
+         p = findText(s, sub, p + sub.size())) {
+      ++n;
+    }
     return Value(n);
   }
   if (name == "join") {
     const Value* items = args.get(0, "iterable");
     if (items == nullptr || !items->isList()) throw RenderFailure("join() argument must be a list");
-    std::string out;
-    bool first = true;
+    // Sized first, as Python's str.join does.
+    size_t size = 0;
     for (const auto& item : items->asList()) {
       if (!item.isString()) {
         throw RenderFailure("sequence item: expected str instance, " + item.typeName() + " found");
       }
+      size = saturatingAdd(size, saturatingAdd(item.asString().size(), s.size()));
+    }
+    reserveString(size);
+    std::string out;
+    out.reserve(size);
+    bool first = true;
+    for (const auto& item : items->asList()) {
       if (!first) out += s;
       first = false;
       out += item.asString();
@@ -249,7 +288,11 @@ Value callMethod(const Value& obj, const std::string& name, const CallArgs& args
       const Value* fallback = args.get(1, "default");
       return fallback != nullptr ? *fallback : Value::none();
     }
+    // items(): each tuple is a Value and a payload holding two.
+    reserveBytes(
+        saturatingMul(d.items.size(), name == "items" ? 3 * sizeof(Value) + 64 : sizeof(Value)));
     ValueList out;
+    out.reserve(d.items.size());
     for (const auto& [k, v] : d.items) {
       if (name == "items") out.push_back(Value::list({k, v}, true));
       if (name == "keys") out.push_back(k);
@@ -269,9 +312,10 @@ Value getAttr(const Value& obj, const std::string& name) {
   }
   if (hasMethod(obj, name)) {
     Value bound = obj;
-    return Value::callable(name, [bound, name](Evaluator&, const CallArgs& args) {
-      return callMethod(bound, name, args);
-    });
+    return Value::callable(
+        name,
+        [bound, name](Evaluator&, const CallArgs& args) { return callMethod(bound, name, args); },
+        &obj);
   }
   if (obj.isDict()) {
     const Value* v = obj.asDict().findString(name);
@@ -340,15 +384,25 @@ Value sliceValue(const Value& obj, const Value& start_v, const Value& stop_v, co
   };
   int64_t b = clamp(start, step > 0 ? 0 : n - 1);
   int64_t e = clamp(stop, step > 0 ? n : -1);
-  std::vector<size_t> picks;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) picks.push_back(static_cast<size_t>(i));
+  // 128-bit, as a step near 2^63 would overflow the index.
+  const __int128 span = step > 0 ? static_cast<__int128>(e) - b : static_cast<__int128>(b) - e;
+  const __int128 abs_step = step > 0 ? static_cast<__int128>(step) : -static_cast<__int128>(step);
+  const size_t count = span <= 0 ? 0 : static_cast<size_t>((span + abs_step - 1) / abs_step);
+  chargeSteps(count);
   if (obj.isList()) {
+    reserveBytes(saturatingMul(count, sizeof(Value)));
     ValueList out;
-    for (size_t i : picks) out.push_back(obj.asList()[i]);
+    out.reserve(count);
+    for (size_t k = 0; k < count; ++k) {
+      out.push_back(obj.asList()[static_cast<size_t>(b + static_cast<__int128>(k) * step)]);
+    }
     return Value::list(std::move(out), obj.isTuple());
   }
+  reserveBytes(saturatingMul(count, 4));
   std::string out;
-  for (size_t i : picks) appendUtf8(out, cps[i]);
+  for (size_t k = 0; k < count; ++k) {
+    appendUtf8(out, cps[static_cast<size_t>(b + static_cast<__int128>(k) * step)]);
+  }
   return Value(std::move(out));
 }
 

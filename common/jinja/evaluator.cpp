@@ -1,7 +1,9 @@
 // The Jinja evaluator (see evaluator.h).
 #include "common/jinja/evaluator.h"
 
+#include <algorithm>
 #include <ctime>
+#include <limits>
 
 #include "common/jinja/access.h"
 #include "common/jinja/filters.h"
@@ -35,59 +37,122 @@ void Scope::set(const std::string& name, Value value) {
 struct Evaluator::DepthGuard {
   explicit DepthGuard(Evaluator& e) : ev(e) {
     if (++ev.depth_ > ev.options_.limits.max_call_depth) {
-      throw RenderFailure("call depth exceeds " +
-                          std::to_string(ev.options_.limits.max_call_depth) +
-                          " (limit max_call_depth)");
+      --ev.depth_;
+      failLimit("call depth exceeds " + std::to_string(ev.options_.limits.max_call_depth) +
+                " (limit max_call_depth)");
     }
   }
   ~DepthGuard() { --ev.depth_; }
   Evaluator& ev;
 };
 
+namespace {
+
+const char* const kLoopKeys[] = {"index0", "index", "revindex", "revindex0", "first",    "last",
+                                 "length", "depth", "depth0",   "previtem",  "nextitem", "cycle"};
+constexpr size_t kLoopAttrs = sizeof(kLoopKeys) / sizeof(kLoopKeys[0]);
+
+}  // namespace
+
+void Evaluator::Output::append(const std::string& text) {
+  const size_t needed = text_.size() + text.size();
+  if (needed > text_.capacity()) {
+    // Charged before the string grows; it grows as std::string would.
+    const size_t capacity = std::max(needed, 2 * text_.capacity());
+    budget_.charge(capacity - charged_);
+    charged_ = capacity;
+    text_.reserve(capacity);
+  }
+  text_ += text;
+  budget_.steps(text.size() / 64);
+}
+
+std::string Evaluator::Output::take() {
+  budget_.release(charged_);
+  charged_ = 0;
+  return std::move(text_);
+}
+
 Evaluator::Evaluator(const RenderOptions& options, const nlohmann::ordered_json& variables)
-    : options_(options) {
+    : budget_(options), options_(options) {
+  // A render already cancelled does not start.
+  budget_.checkCancelled();
+  budget_.setReclaim([this] { sweepObjects(); });
   auto globals = std::make_shared<Scope>(nullptr);
   installGlobals(*globals);
   root_ = std::make_shared<Scope>(globals);
+  for (const char* key : kLoopKeys) loop_keys_.emplace_back(key);
+  no_previous_item_ = Value::undefined("there is no previous item");
+  no_next_item_ = Value::undefined("there is no next item");
   if (variables.is_object()) {
     for (const auto& [k, v] : variables.items()) root_->set(k, Value::fromJson(v));
   }
 }
 
 Evaluator::~Evaluator() {
-  // Namespaces can be made to hold themselves; emptying them breaks such
-  // cycles so nothing outlives the render.
-  for (const auto& weak : objects_) {
-    if (auto obj = weak.lock()) obj->attrs.items.clear();
-  }
+  // Namespaces can be made to hold themselves, and objects can hold chains
+  // of other objects: emptying each while all are still held breaks cycles
+  // and frees what they hold without recursing from one object to the next.
+  for (const auto& obj : objects_) obj->attrs.items.clear();
+  objects_.clear();
 }
 
-void Evaluator::track(const std::shared_ptr<AttrObject>& obj) { objects_.push_back(obj); }
+void Evaluator::track(const std::shared_ptr<AttrObject>& obj) {
+  objects_.push_back(obj);
+  if (objects_.size() >= sweep_at_) sweepObjects();
+}
+
+void Evaluator::sweepObjects() {
+  budget_.steps(objects_.size());
+  // Freeing an object only lowers the counts of the objects it holds (all
+  // held here too), so no freeing recurses into another object. Newest
+  // first: an object mostly holds older ones, which this pass then frees
+  // as well.
+  for (size_t i = objects_.size(); i-- > 0;) {
+    if (objects_[i].use_count() == 1) objects_[i].reset();
+  }
+  std::erase_if(objects_, [](const std::shared_ptr<AttrObject>& obj) { return obj == nullptr; });
+  sweep_at_ = std::max<size_t>(1024, 2 * objects_.size());
+}
 
 std::string Evaluator::render(const Body& body) {
-  std::string out;
+  Output out(budget_);
   exec(body, root_, out);
-  return out;
+  return out.take();
 }
 
 void Evaluator::countIteration() {
+  budget_.step();
   if (++iterations_ > options_.limits.max_loop_iterations) {
-    throw RenderFailure("loop iterations exceed " +
-                        std::to_string(options_.limits.max_loop_iterations) +
-                        " (limit max_loop_iterations)");
+    failLimit("loop iterations exceed " + std::to_string(options_.limits.max_loop_iterations) +
+              " (limit max_loop_iterations)");
   }
 }
 
 void Evaluator::checkSize(size_t size) const {
   if (size > options_.limits.max_output_bytes) {
-    throw RenderFailure("output exceeds " + std::to_string(options_.limits.max_output_bytes) +
-                        " bytes (limit max_output_bytes)");
+    failLimit("output exceeds " + std::to_string(options_.limits.max_output_bytes) +
+              " bytes (limit max_output_bytes)");
   }
 }
 
-void Evaluator::append(std::string& out, const std::string& text) const {
-  checkSize(out.size() + text.size());
-  out += text;
+void Evaluator::checkNewString(size_t size) {
+  checkSize(size);
+  budget_.reserve(size);
+}
+
+void Evaluator::append(Output& out, const std::string& text) const {
+  checkSize(saturatingAdd(out.size(), text.size()));
+  out.append(text);
+}
+
+void Evaluator::print(Output& out, const Value& v) const {
+  // A string is appended as it is, without a copy.
+  if (v.isString()) {
+    append(out, v.asString());
+  } else {
+    append(out, pyStr(v, options_.limits.max_output_bytes));
+  }
 }
 
 std::tm Evaluator::now() const {
@@ -106,19 +171,18 @@ std::tm Evaluator::now() const {
 }
 
 Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& scope,
-                                std::string& out) {
+                                Output& out) {
   for (const auto& stmt : body) {
     const Stmt& s = *stmt;
     line_ = s.line;
+    budget_.step();
     switch (s.kind) {
       case StmtKind::kText:
         append(out, s.text);
         break;
-      case StmtKind::kPrint: {
-        Value v = eval(*s.expr, scope);
-        append(out, pyStr(v, options_.limits.max_output_bytes));
+      case StmtKind::kPrint:
+        print(out, eval(*s.expr, scope));
         break;
-      }
       case StmtKind::kIf: {
         bool done = false;
         for (size_t i = 0; i < s.conditions.size(); ++i) {
@@ -144,9 +208,9 @@ Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& 
         execSet(s, scope, eval(*s.expr, scope));
         break;
       case StmtKind::kSetBlock: {
-        std::string text;
+        Output text(budget_);
         exec(s.body, scope, text);
-        Value v(std::move(text));
+        Value v(text.take());
         for (const auto& f : s.filters) v = applyFilterExpr(*f, v, scope);
         execSet(s, scope, v);
         break;
@@ -167,15 +231,15 @@ Evaluator::Flow Evaluator::exec(const Body& body, const std::shared_ptr<Scope>& 
         Value callee = eval(*call_expr.object, scope);
         CallArgs args = evalArgs(call_expr, scope);
         args.keyword.emplace_back("caller", caller);
-        append(out, pyStr(call(callee, args)));
+        print(out, call(callee, args));
         break;
       }
       case StmtKind::kFilterBlock: {
-        std::string text;
+        Output text(budget_);
         exec(s.body, scope, text);
-        Value v(std::move(text));
+        Value v(text.take());
         for (const auto& f : s.filters) v = applyFilterExpr(*f, v, scope);
-        append(out, pyStr(v, options_.limits.max_output_bytes));
+        print(out, v);
         break;
       }
       case StmtKind::kBreak:
@@ -214,48 +278,51 @@ void bindTargets(Scope& scope, const std::vector<std::string>& targets, bool is_
 }  // namespace
 
 Evaluator::Flow Evaluator::execFor(const Stmt& s, const std::shared_ptr<Scope>& scope,
-                                   std::string& out) {
-  Value iterable = eval(*s.expr, scope);
-  ValueList items = iterableItems(iterable);
+                                   Output& out) {
+  // A list is iterated in place (values are immutable), not copied.
+  Value sequence = iterableList(eval(*s.expr, scope));
   if (s.filter) {
     ValueList kept;
-    for (const auto& item : items) {
+    for (const auto& item : sequence.asList()) {
       countIteration();
       auto filter_scope = std::make_shared<Scope>(scope);
       bindTargets(*filter_scope, s.targets, s.target_is_tuple, item);
       if (eval(*s.filter, filter_scope).truthy()) kept.push_back(item);
     }
-    items = std::move(kept);
+    sequence = Value::list(std::move(kept));
   }
+  const ValueList& items = sequence.asList();
   const int64_t length = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < length; ++i) {
     countIteration();
     auto iter_scope = std::make_shared<Scope>(scope);
     bindTargets(*iter_scope, s.targets, s.target_is_tuple, items[static_cast<size_t>(i)]);
-    auto loop = std::make_shared<AttrObject>();
-    loop->type_name = "LoopContext";
-    auto& a = loop->attrs;
-    a.set(Value("index0"), Value(i));
-    a.set(Value("index"), Value(i + 1));
-    a.set(Value("revindex"), Value(length - i));
-    a.set(Value("revindex0"), Value(length - i - 1));
-    a.set(Value("first"), Value(i == 0));
-    a.set(Value("last"), Value(i == length - 1));
-    a.set(Value("length"), Value(length));
-    a.set(Value("depth"), Value(int64_t{1}));
-    a.set(Value("depth0"), Value(int64_t{0}));
-    a.set(Value("previtem"), i > 0 ? items[static_cast<size_t>(i - 1)]
-                                   : Value::undefined("there is no previous item"));
-    a.set(Value("nextitem"), i + 1 < length ? items[static_cast<size_t>(i + 1)]
-                                            : Value::undefined("there is no next item"));
+    auto loop = AttrObject::make("LoopContext", kLoopAttrs);
+    auto& a = loop->attrs.items;
+    a.reserve(kLoopAttrs);
+    const Value* key = loop_keys_.data();
+    a.emplace_back(*key++, Value(i));
+    a.emplace_back(*key++, Value(i + 1));
+    a.emplace_back(*key++, Value(length - i));
+    a.emplace_back(*key++, Value(length - i - 1));
+    a.emplace_back(*key++, Value(i == 0));
+    a.emplace_back(*key++, Value(i == length - 1));
+    a.emplace_back(*key++, Value(length));
+    a.emplace_back(*key++, Value(int64_t{1}));
+    a.emplace_back(*key++, Value(int64_t{0}));
+    a.emplace_back(*key++, i > 0 ? items[static_cast<size_t>(i - 1)] : no_previous_item_);
+    a.emplace_back(*key++, i + 1 < length ? items[static_cast<size_t>(i + 1)] : no_next_item_);
     int64_t index0 = i;
-    a.set(Value("cycle"), Value::callable("cycle", [index0](Evaluator&, const CallArgs& args) {
-            if (args.positional.empty()) throw RenderFailure("no items for cycling given");
-            return args.positional[static_cast<size_t>(index0) % args.positional.size()];
-          }));
-    track(loop);
+    a.emplace_back(*key++, Value::callable("cycle", [index0](Evaluator&, const CallArgs& args) {
+      if (args.positional.empty()) throw RenderFailure("no items for cycling given");
+      return args.positional[static_cast<size_t>(index0) % args.positional.size()];
+    }));
     iter_scope->set("loop", Value::object(loop));
     Flow f = exec(s.body, iter_scope, out);
+    // A loop object the body stored somewhere (a namespace) is kept like a
+    // namespace; the others go now.
+    iter_scope.reset();
+    if (loop.use_count() > 1) track(loop);
     if (f == Flow::kBreak) break;
   }
   if (length == 0) exec(s.else_body, scope, out);
@@ -289,6 +356,7 @@ Value Evaluator::makeMacro(const Stmt& s, const std::shared_ptr<Scope>& scope) {
 Value Evaluator::callMacro(const Stmt& s, const std::shared_ptr<Scope>& defining,
                            const CallArgs& args) {
   DepthGuard guard(*this);
+  budget_.step();
   int saved_line = line_;
   auto scope = std::make_shared<Scope>(defining);
   if (args.positional.size() > s.params.size()) {
@@ -325,13 +393,14 @@ Value Evaluator::callMacro(const Stmt& s, const std::shared_ptr<Scope>& defining
   }
   scope->set("kwargs", Value::dict(std::move(extra)));
   scope->set("varargs", Value::list({}, true));
-  std::string out;
+  Output out(budget_);
   exec(s.body, scope, out);
   line_ = saved_line;
-  return Value(std::move(out));
+  return Value(out.take());
 }
 
 Value Evaluator::call(const Value& callee, const CallArgs& args) {
+  budget_.step();
   if (callee.isUndefined()) failUndefined(callee);
   if (!callee.isCallable())
     throw RenderFailure("'" + callee.typeName() + "' object is not callable");
@@ -369,6 +438,7 @@ Value Evaluator::applyFilterExpr(const Expr& filter, Value input,
 }
 
 Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  budget_.step();
   switch (e.kind) {
     case ExprKind::kLiteral:
       return e.value;
@@ -421,6 +491,9 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
       }
       if (e.name == "+") return v.isBool() ? Value(v.asInt()) : v;
       if (v.isFloat()) return Value(-v.asDouble());
+      if (v.asInt() == std::numeric_limits<int64_t>::min()) {
+        throw RenderFailure("integer result out of range");
+      }
       return Value(-v.asInt());
     }
     case ExprKind::kBinary:
@@ -448,10 +521,18 @@ Value Evaluator::evalBinary(const Expr& e, const std::shared_ptr<Scope>& scope) 
   Value left = eval(*e.object, scope);
   Value right = eval(*e.second, scope);
   if (e.name == "~") {
-    std::string a = pyStr(left, options_.limits.max_output_bytes);
-    std::string b = pyStr(right, options_.limits.max_output_bytes);
-    checkSize(a.size() + b.size());
-    return Value(a + b);
+    const size_t max = options_.limits.max_output_bytes;
+    // Strings are read in place; anything else is printed first.
+    std::string left_text = left.isString() ? std::string() : pyStr(left, max);
+    std::string right_text = right.isString() ? std::string() : pyStr(right, max);
+    const std::string& a = left.isString() ? left.asString() : left_text;
+    const std::string& b = right.isString() ? right.asString() : right_text;
+    checkNewString(saturatingAdd(a.size(), b.size()));
+    std::string joined;
+    joined.reserve(a.size() + b.size());
+    joined += a;
+    joined += b;
+    return Value(std::move(joined));
   }
   return binaryOp(e.name, left, right, options_.limits.max_output_bytes);
 }

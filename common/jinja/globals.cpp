@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "common/jinja/budget.h"
 #include "common/jinja/python_format.h"
 
 namespace tandem::jinja {
@@ -13,7 +14,21 @@ const char* kMonths[] = {"January", "February", "March",     "April",   "May",  
 const char* kDays[] = {"Sunday",   "Monday", "Tuesday", "Wednesday",
                        "Thursday", "Friday", "Saturday"};
 
+// Copies a dict's items into `into`, whose keys are then unique as theirs.
+void copyItems(ValueDict& into, const ValueDict& from) {
+  if (into.items.empty()) {
+    // Nothing to replace: no key-by-key search.
+    reserveBytes(saturatingMul(from.items.size(), sizeof(std::pair<Value, Value>)));
+    chargeSteps(from.items.size());
+    into.items = from.items;
+    return;
+  }
+  for (const auto& [k, v] : from.items) into.set(k, v);
+}
+
 std::string strftime(const std::string& format, const std::tm& tm) {
+  // No directive prints more than 5 bytes per byte of the format ("%B").
+  reserveString(saturatingMul(format.size(), 5));
   std::string out;
   char buf[32];
   for (size_t i = 0; i < format.size(); ++i) {
@@ -131,25 +146,30 @@ void installGlobals(Scope& scope) {
               __int128 abs_step = step > 0 ? step : -static_cast<__int128>(step);
               __int128 count = span <= 0 ? 0 : (span + abs_step - 1) / abs_step;
               if (count > static_cast<__int128>(ev.options().limits.max_loop_iterations)) {
-                throw RenderFailure("range of more than " +
-                                    std::to_string(ev.options().limits.max_loop_iterations) +
-                                    " items (limit max_loop_iterations)");
+                failLimit("range of more than " +
+                          std::to_string(ev.options().limits.max_loop_iterations) +
+                          " items (limit max_loop_iterations)");
               }
+              reserveBytes(saturatingMul(static_cast<size_t>(count), sizeof(Value)));
+              chargeSteps(static_cast<uint64_t>(count));
               ValueList out;
               out.reserve(static_cast<size_t>(count));
-              for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-                out.emplace_back(i);
+              // Counted, not compared with stop: the last step may pass int64.
+              for (__int128 k = 0; k < count; ++k) {
+                out.emplace_back(static_cast<int64_t>(start + k * step));
+              }
               return Value::list(std::move(out));
             }));
   scope.set("namespace", Value::callable("namespace", [](Evaluator& ev, const CallArgs& args) {
-              auto ns = std::make_shared<AttrObject>();
-              ns->type_name = "Namespace";
-              ev.track(ns);
+              size_t attrs = args.keyword.size();
               for (const auto& a : args.positional) {
                 if (!a.isDict())
                   throw RenderFailure("namespace() positional argument must be a dict");
-                for (const auto& [k, v] : a.asDict().items) ns->attrs.set(k, v);
+                attrs += a.asDict().items.size();
               }
+              auto ns = AttrObject::make("Namespace", attrs);
+              ev.track(ns);
+              for (const auto& a : args.positional) copyItems(ns->attrs, a.asDict());
               for (const auto& [k, v] : args.keyword) ns->attrs.set(Value(k), v);
               return Value::object(ns);
             }));
@@ -157,7 +177,7 @@ void installGlobals(Scope& scope) {
               ValueDict d;
               for (const auto& a : args.positional) {
                 if (!a.isDict()) throw RenderFailure("dict() positional argument must be a dict");
-                for (const auto& [k, v] : a.asDict().items) d.set(k, v);
+                copyItems(d, a.asDict());
               }
               for (const auto& [k, v] : args.keyword) d.set(Value(k), v);
               return Value::dict(std::move(d));

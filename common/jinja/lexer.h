@@ -35,9 +35,10 @@ struct Token {
 
 // A syntax error in the template; caught by Template::parse.
 struct SyntaxFailure : std::runtime_error {
-  SyntaxFailure(std::string message, int at_line)
-      : std::runtime_error(std::move(message)), line(at_line) {}
+  SyntaxFailure(std::string message, int at_line, bool over_limit = false)
+      : std::runtime_error(std::move(message)), line(at_line), limit(over_limit) {}
   int line;
+  bool limit;  // a bound of Limits was reached
 };
 
 // Tokenizes `source`; throws SyntaxFailure (unterminated tags, strings,

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "common/jinja/budget.h"
 #include "common/jinja/filters.h"
+#include "common/jinja/unicode.h"
 
 namespace tandem::jinja {
 namespace {
@@ -23,27 +25,65 @@ Value checkedInt(__int128 v) {
   return Value(static_cast<int64_t>(v));
 }
 
+[[noreturn]] void failStringSize(size_t max_bytes) {
+  failLimit("string exceeds " + std::to_string(max_bytes) + " bytes (limit max_output_bytes)");
+}
+
 Value repeat(const Value& seq, int64_t times, size_t max_bytes) {
-  if (times < 0) times = 0;
+  // Nothing repeated any number of times is nothing: no loop over `times`.
+  if (times <= 0 || (seq.isString() ? seq.asString().empty() : seq.asList().empty())) {
+    return seq.isString() ? Value(std::string()) : Value::list({}, seq.isTuple());
+  }
+  const auto count = static_cast<uint64_t>(times);
   if (seq.isString()) {
     const std::string& s = seq.asString();
-    if (!s.empty() && static_cast<uint64_t>(times) > max_bytes / s.size()) {
-      throw RenderFailure("string repetition exceeds " + std::to_string(max_bytes) +
-                          " bytes (limit max_output_bytes)");
+    if (count > max_bytes / s.size()) {
+      failLimit("string repetition exceeds " + std::to_string(max_bytes) +
+                " bytes (limit max_output_bytes)");
     }
+    reserveBytes(s.size() * count);
     std::string out;
-    out.reserve(s.size() * static_cast<size_t>(times));
-    for (int64_t i = 0; i < times; ++i) out += s;
+    out.reserve(s.size() * count);
+    for (uint64_t i = 0; i < count; ++i) out += s;
     return Value(std::move(out));
   }
   const auto& items = seq.asList();
-  if (!items.empty() && static_cast<uint64_t>(times) > max_bytes / items.size()) {
-    throw RenderFailure("list repetition exceeds " + std::to_string(max_bytes) +
-                        " items (limit max_output_bytes)");
+  if (count > max_bytes / items.size()) {
+    failLimit("list repetition exceeds " + std::to_string(max_bytes) +
+              " items (limit max_output_bytes)");
   }
+  reserveBytes(saturatingMul(items.size() * count, sizeof(Value)));
   ValueList out;
-  for (int64_t i = 0; i < times; ++i) out.insert(out.end(), items.begin(), items.end());
+  out.reserve(items.size() * count);
+  for (uint64_t i = 0; i < count; ++i) out.insert(out.end(), items.begin(), items.end());
   return Value::list(std::move(out), seq.isTuple());
+}
+
+// Python's int ** int for a non-negative exponent; overflow is an error.
+Value intPower(int64_t base, int64_t exponent) {
+  const __int128 max = std::numeric_limits<int64_t>::max();
+  const __int128 min = std::numeric_limits<int64_t>::min();
+  auto in_range = [&](__int128 v) { return v >= min && v <= max; };
+  // Squaring keeps the loop to 64 rounds whatever the exponent.
+  __int128 result = 1;
+  __int128 factor = base;
+  uint64_t e = static_cast<uint64_t>(exponent);
+  while (e != 0) {
+    if (e & 1) {
+      result *= factor;
+      if (!in_range(result)) throw RenderFailure("integer result out of range");
+    }
+    e >>= 1;
+    if (e == 0) break;
+    // |factor| beyond 2^32 squares past int64: any further use overflows,
+    // unless the result is already 0.
+    if (factor > (__int128{1} << 32) || factor < -(__int128{1} << 32)) {
+      if (result == 0) return Value(int64_t{0});
+      throw RenderFailure("integer result out of range");
+    }
+    factor *= factor;
+  }
+  return Value(static_cast<int64_t>(result));
 }
 
 double floorMod(double a, double b) {
@@ -63,21 +103,27 @@ Value binaryOp(const std::string& op, const Value& a, const Value& b, size_t max
     if (a.isString() && b.isString() && (a.isMarkup() || b.isMarkup())) {
       std::string left = a.isMarkup() ? a.asString() : htmlEscape(a.asString());
       std::string right = b.isMarkup() ? b.asString() : htmlEscape(b.asString());
-      if (left.size() + right.size() > max_bytes) {
-        throw RenderFailure("string exceeds " + std::to_string(max_bytes) +
-                            " bytes (limit max_output_bytes)");
-      }
+      if (left.size() + right.size() > max_bytes) failStringSize(max_bytes);
+      reserveBytes(left.size() + right.size());
       return Value::markup(left + right);
     }
     if (a.isString() && b.isString()) {
-      if (a.asString().size() + b.asString().size() > max_bytes) {
-        throw RenderFailure("string exceeds " + std::to_string(max_bytes) +
-                            " bytes (limit max_output_bytes)");
-      }
-      return Value(a.asString() + b.asString());
+      const size_t size = a.asString().size() + b.asString().size();
+      if (size > max_bytes) failStringSize(max_bytes);
+      reserveBytes(size);
+      std::string joined;
+      joined.reserve(size);
+      joined += a.asString();
+      joined += b.asString();
+      return Value(std::move(joined));
     }
     if (a.isList() && b.isList() && a.isTuple() == b.isTuple()) {
-      ValueList out = a.asList();
+      const size_t count = a.asList().size() + b.asList().size();
+      reserveBytes(saturatingMul(count, sizeof(Value)));
+      chargeSteps(count);
+      ValueList out;
+      out.reserve(count);
+      out.insert(out.end(), a.asList().begin(), a.asList().end());
       out.insert(out.end(), b.asList().begin(), b.asList().end());
       return Value::list(std::move(out), a.isTuple());
     }
@@ -140,18 +186,9 @@ Value binaryOp(const std::string& op, const Value& a, const Value& b, size_t max
     return Value(op == "//" ? q : r);
   }
   if (op == "**") {
-    if (!use_float && b.asInt() >= 0) {
-      __int128 result = 1;
-      __int128 base = a.asInt();
-      for (int64_t i = 0; i < b.asInt(); ++i) {
-        result *= base;
-        if (result > std::numeric_limits<int64_t>::max() ||
-            result < std::numeric_limits<int64_t>::min()) {
-          throw RenderFailure("integer result out of range");
-        }
-        if (result == 0 || result == 1) break;
-      }
-      return Value(static_cast<int64_t>(result));
+    if (!use_float && b.asInt() >= 0) return intPower(a.asInt(), b.asInt());
+    if (a.asDouble() == 0 && b.asDouble() < 0) {
+      throw RenderFailure("0.0 cannot be raised to a negative power");
     }
     return Value(std::pow(a.asDouble(), b.asDouble()));
   }
@@ -168,8 +205,9 @@ bool containsValue(const Value& haystack, const Value& needle) {
         throw RenderFailure("'in <string>' requires string as left operand, not " +
                             needle.typeName());
       }
-      return haystack.asString().find(needle.asString()) != std::string::npos;
+      return findText(haystack.asString(), needle.asString()) != std::string::npos;
     case ValueKind::kList:
+      chargeSteps(haystack.asList().size());
       for (const auto& item : haystack.asList()) {
         if (valuesEqual(item, needle)) return true;
       }

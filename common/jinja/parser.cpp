@@ -25,7 +25,7 @@ class Parser {
       if (++parser.depth_ > parser.max_depth_) {
         throw SyntaxFailure("template nesting deeper than " + std::to_string(parser.max_depth_) +
                                 " levels (limit max_call_depth)",
-                            line);
+                            line, true);
       }
     }
     ~DepthGuard() { --parser.depth_; }
@@ -106,7 +106,7 @@ class Parser {
     if (h + 1 > max_height_) {
       throw SyntaxFailure("expression nested deeper than " + std::to_string(max_height_) +
                               " levels (limit max_call_depth)",
-                          e->line);
+                          e->line, true);
     }
     heights_[e.get()] = h + 1;
     return e;

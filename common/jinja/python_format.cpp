@@ -6,17 +6,38 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/jinja/budget.h"
 #include "common/jinja/unicode.h"
 
 namespace tandem::jinja {
 namespace {
 
-std::string reprString(const std::string& s) {
+// Text printed in one go between checks of the output's size: escaping can
+// make it up to 12 times longer, so a check passes by at most 48 KiB.
+constexpr size_t kCheckEvery = 4096;
+
+// Throws `what` (limit max_output_bytes) when `out` grown by `extra` bytes
+// would pass `max_bytes`, or the memory budget; charges steps for `extra`.
+void checkGrowth(const std::string& out, size_t extra, size_t max_bytes, const char* what) {
+  const size_t size = saturatingAdd(out.size(), extra);
+  if (size > max_bytes) {
+    failLimit(std::string(what) + " exceeds " + std::to_string(max_bytes) +
+              " bytes (limit max_output_bytes)");
+  }
+  reserveBytes(size);
+  chargeTextWork(extra);
+}
+
+void reprString(std::string& out, const std::string& s, size_t max_bytes) {
   bool has_single = s.find('\'') != std::string::npos;
   bool has_double = s.find('"') != std::string::npos;
   char quote = (has_single && !has_double) ? '"' : '\'';
-  std::string out(1, quote);
-  for (char c : s) {
+  out.push_back(quote);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i % kCheckEvery == 0) {
+      checkGrowth(out, std::min(kCheckEvery, s.size() - i), max_bytes, "printed value");
+    }
+    const char c = s[i];
     unsigned char u = static_cast<unsigned char>(c);
     if (c == quote || c == '\\') {
       out.push_back('\\');
@@ -36,10 +57,9 @@ std::string reprString(const std::string& s) {
     }
   }
   out.push_back(quote);
-  return out;
 }
 
-void jsonString(std::string& out, const std::string& s, bool ensure_ascii) {
+void jsonString(std::string& out, std::string_view s, bool ensure_ascii, size_t max_bytes) {
   out.push_back('"');
   auto escape_u = [&](unsigned v) {
     char buf[16];
@@ -47,6 +67,9 @@ void jsonString(std::string& out, const std::string& s, bool ensure_ascii) {
     out += buf;
   };
   for (size_t i = 0; i < s.size(); ++i) {
+    if (i % kCheckEvery == 0) {
+      checkGrowth(out, std::min(kCheckEvery, s.size() - i), max_bytes, "tojson output");
+    }
     unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"':
@@ -126,18 +149,22 @@ void dumpValue(std::string& out, const Value& v, const JsonDumpOptions& o, int l
       out += jsonFloat(v.asDouble());
       return;
     case ValueKind::kString:
-      jsonString(out, v.asString(), o.ensure_ascii);
+      jsonString(out, v.asString(), o.ensure_ascii, o.max_bytes);
       return;
     default:
       break;
   }
-  if (level > 512) throw RenderFailure("maximum recursion depth exceeded in tojson");
-  if (out.size() > o.max_bytes) {
-    throw RenderFailure("tojson output exceeds " + std::to_string(o.max_bytes) +
-                        " bytes (limit max_output_bytes)");
+  // Values are at most max_value_depth deep; this guards the recursion
+  // whatever they are.
+  if (static_cast<size_t>(level) >= maxValueDepth()) {
+    failLimit("tojson of a value nested more than " + std::to_string(maxValueDepth()) +
+              " levels (limit max_value_depth)");
   }
+  checkGrowth(out, 1, o.max_bytes, "tojson output");
   auto newline = [&](int depth) {
     if (!o.indent) return;
+    checkGrowth(out, saturatingAdd(1, saturatingMul(depth, o.indent->size())), o.max_bytes,
+                "tojson output");
     out.push_back('\n');
     for (int i = 0; i < depth; ++i) out += *o.indent;
   };
@@ -158,13 +185,26 @@ void dumpValue(std::string& out, const Value& v, const JsonDumpOptions& o, int l
     return;
   }
   if (v.isDict()) {
-    std::vector<std::pair<std::string, const Value*>> entries;
-    for (const auto& [k, item] : v.asDict().items) entries.emplace_back(jsonKey(k), &item);
+    // String keys are read in place; others are printed into `printed`.
+    const auto& items = v.asDict().items;
+    std::vector<std::string> printed;
+    printed.reserve(items.size());
+    std::vector<std::pair<std::string_view, const Value*>> entries;
+    entries.reserve(items.size());
+    for (const auto& [k, item] : items) {
+      if (k.isString()) {
+        entries.emplace_back(k.asString(), &item);
+      } else {
+        printed.push_back(jsonKey(k));
+        entries.emplace_back(printed.back(), &item);
+      }
+    }
     if (entries.empty()) {
       out += "{}";
       return;
     }
     if (o.sort_keys) {
+      chargeSteps(entries.size());
       std::stable_sort(entries.begin(), entries.end(),
                        [](const auto& a, const auto& b) { return a.first < b.first; });
     }
@@ -172,7 +212,7 @@ void dumpValue(std::string& out, const Value& v, const JsonDumpOptions& o, int l
     for (size_t i = 0; i < entries.size(); ++i) {
       if (i > 0) out += o.item_separator;
       newline(level + 1);
-      jsonString(out, entries[i].first, o.ensure_ascii);
+      jsonString(out, entries[i].first, o.ensure_ascii, o.max_bytes);
       out += o.key_separator;
       dumpValue(out, *entries[i].second, o, level + 1);
     }
@@ -235,12 +275,14 @@ namespace {
 
 // Appends str(v) (repr when `repr`) to `out`; containers can share parts, so
 // the size is checked as it grows rather than after.
-void printInto(std::string& out, const Value& v, bool repr, int depth, size_t max_bytes) {
-  if (depth > 512) throw RenderFailure("maximum recursion depth exceeded while printing a value");
-  if (out.size() > max_bytes) {
-    throw RenderFailure("printed value exceeds " + std::to_string(max_bytes) +
-                        " bytes (limit max_output_bytes)");
+void printInto(std::string& out, const Value& v, bool repr, size_t depth, size_t max_bytes) {
+  // Lists and dicts are at most max_value_depth deep, but objects can hold
+  // values that hold objects, without end.
+  if (depth > maxValueDepth()) {
+    failLimit("printing a value nested more than " + std::to_string(maxValueDepth()) +
+              " levels (limit max_value_depth)");
   }
+  checkGrowth(out, 1, max_bytes, "printed value");
   switch (v.kind()) {
     case ValueKind::kUndefined:
       return;
@@ -257,7 +299,12 @@ void printInto(std::string& out, const Value& v, bool repr, int depth, size_t ma
       out += pyFloatRepr(v.asDouble());
       return;
     case ValueKind::kString:
-      out += repr ? reprString(v.asString()) : v.asString();
+      if (repr) {
+        reprString(out, v.asString(), max_bytes);
+      } else {
+        checkGrowth(out, v.asString().size(), max_bytes, "printed value");
+        out += v.asString();
+      }
       return;
     case ValueKind::kList: {
       const auto& items = v.asList();
@@ -311,7 +358,11 @@ std::string pyRepr(const Value& v, size_t max_bytes) {
 }
 
 std::string pyStr(const Value& v, size_t max_bytes) {
-  if (v.isString()) return v.asString();
+  if (v.isString()) {
+    reserveBytes(v.asString().size());
+    chargeTextWork(v.asString().size());
+    return v.asString();
+  }
   std::string out;
   printInto(out, v, false, 0, max_bytes);
   return out;

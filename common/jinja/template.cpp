@@ -30,14 +30,15 @@ TemplateResult<Template> Template::parse(std::string_view source, const Limits& 
     return TemplateError{"template is " + std::to_string(source.size()) + " bytes, more than " +
                              std::to_string(limits.max_template_bytes) +
                              " (limit max_template_bytes)",
-                         0, false};
+                         0, false, TemplateError::Kind::kLimit};
   }
   try {
     auto impl = std::make_shared<Impl>();
     impl->body = parseTemplate(tokenize(source), limits.max_call_depth);
     return Template(std::move(impl));
   } catch (const SyntaxFailure& e) {
-    return TemplateError{e.what(), e.line, false};
+    return TemplateError{e.what(), e.line, false,
+                         e.limit ? TemplateError::Kind::kLimit : TemplateError::Kind::kEvaluation};
   } catch (const std::bad_alloc&) {
     return TemplateError{"out of memory while parsing the template", 0, false};
   } catch (const std::exception& e) {
@@ -58,7 +59,7 @@ TemplateResult<std::string> Template::render(const nlohmann::ordered_json& varia
       throw;
     }
   } catch (const RenderFailure& e) {
-    return TemplateError{e.what(), line, e.raised_by_template};
+    return TemplateError{e.what(), line, e.raised_by_template, e.kind};
   } catch (const std::bad_alloc&) {
     return TemplateError{"out of memory while rendering the template", line, false};
   } catch (const std::exception& e) {

@@ -7,13 +7,16 @@
 //
 // A template is untrusted input (it comes with a model directory): parsing
 // and rendering never throw, never touch files or the environment, and are
-// bounded in loop iterations, recursion depth and output size. Every failure
-// names the template line and what failed.
+// bounded (Limits) in work, wall-clock time, memory, loop iterations, call
+// depth, value nesting and output size; a render can also be cancelled.
+// Every failure names the template line and what failed; a bound's error
+// names the bound and its value.
 //
 // A parsed Template is immutable; render() may be called from any number of
 // threads at once.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -27,9 +30,25 @@ namespace tandem::jinja {
 
 struct Limits {
   size_t max_template_bytes = 1 << 20;     // source text
-  size_t max_output_bytes = 4 << 20;       // rendered text
+  size_t max_output_bytes = 4 << 20;       // rendered text; any one string built or printed
   size_t max_loop_iterations = 1'000'000;  // summed over every loop of one render
   size_t max_call_depth = 64;              // nested macro calls and expression depth
+  // Units of work per render: each statement run, expression node evaluated,
+  // loop iteration, macro, filter, test and function call, plus data work
+  // (one step per item visited or compared and per 64 bytes of text built,
+  // copied or searched). Real templates rendering 800 messages with tools
+  // take at most a fifth of the default, most of them 2% (docs/chat.md).
+  size_t max_steps = 10'000'000;
+  // Wall-clock time per render, read every 4096 steps (with the cancel flag).
+  std::chrono::milliseconds max_render_time{5000};
+  // Live bytes of the values one render holds at once (its variables, the
+  // strings, lists, dicts and namespaces it builds, its output), checked
+  // before each allocation; memory a render freed no longer counts.
+  size_t max_memory_bytes = 64 << 20;
+  // Nesting of lists, dicts and tuples (the input's and those a template
+  // builds): a request's JSON is at most 128 levels, and JSON in its strings
+  // at most 128 more.
+  size_t max_value_depth = 512;
 };
 
 struct RenderOptions {
@@ -38,15 +57,25 @@ struct RenderOptions {
   // (as UTC), so build it from the wall-clock time it should show.
   std::optional<std::chrono::system_clock::time_point> now;
   Limits limits;
+  // Set (by another thread) when the render's result is no longer wanted,
+  // e.g. its client left: rendering then ends soon with a kCancelled error.
+  // Null: never cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Why parsing or rendering failed.
 struct TemplateError {
+  enum class Kind {
+    kEvaluation,  // the template failed (a type error, raise_exception, ...)
+    kLimit,       // a bound of Limits was reached; `message` names it
+    kCancelled,   // RenderOptions::cancel was set
+  };
   std::string message;  // what failed, e.g. "'NoneType' object is not iterable"
   int line = 0;         // 1-based template line; 0 when unknown
   // True when the template called raise_exception(message): `message` is then
   // exactly the template's text.
   bool raised_by_template = false;
+  Kind kind = Kind::kEvaluation;
 
   // "line 12: 'NoneType' object is not iterable" (or the message alone).
   std::string describe() const;

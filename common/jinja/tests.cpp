@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "common/jinja/budget.h"
 #include "common/jinja/operators.h"
 
 namespace tandem::jinja {
@@ -15,6 +16,7 @@ const Value& needArg(const CallArgs& args, const std::string& test) {
 }
 
 bool hasCased(const std::string& s, bool upper) {
+  chargeTextWork(s.size());
   bool any = false;
   for (char c : s) {
     if (c >= 'a' && c <= 'z') {
@@ -69,6 +71,8 @@ bool applyTest(Evaluator&, const std::string& name, const Value& v, const CallAr
     if (name == "even") return x % 2 == 0;
     const Value& d = needArg(args, name);
     if (!d.isInt() || d.asInt() == 0) throw RenderFailure("divisibleby needs a non-zero integer");
+    // INT64_MIN % -1 overflows; every integer is divisible by -1.
+    if (d.asInt() == -1) return true;
     return x % d.asInt() == 0;
   }
   if (name == "eq" || name == "equalto" || name == "==")

@@ -3,11 +3,72 @@
 
 #include <algorithm>
 
+#include "common/jinja/budget.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::jinja {
+namespace {
+
+// Needles up to this long are searched with std::string_view::find, whose
+// worst case is haystack size times needle size; longer ones with
+// Knuth-Morris-Pratt, linear in both.
+constexpr size_t kShortNeedle = 32;
+
+// Start offsets of the matches of `needle` in `hay` from `pos`, in order,
+// each passed to `found`, which returns false to stop.
+template <typename Found>
+void kmpSearch(std::string_view hay, std::string_view needle, size_t pos, Found found) {
+  const size_t m = needle.size();
+  reserveBytes(saturatingMul(m, sizeof(size_t)));
+  std::vector<size_t> border(m, 0);
+  for (size_t i = 1, k = 0; i < m; ++i) {
+    while (k > 0 && needle[i] != needle[k]) k = border[k - 1];
+    if (needle[i] == needle[k]) ++k;
+    border[i] = k;
+  }
+  for (size_t i = pos, k = 0; i < hay.size(); ++i) {
+    while (k > 0 && hay[i] != needle[k]) k = border[k - 1];
+    if (hay[i] == needle[k]) ++k;
+    if (k == m) {
+      if (!found(i + 1 - m)) return;
+      k = border[k - 1];
+    }
+  }
+}
+
+}  // namespace
+
+size_t findText(std::string_view hay, std::string_view needle, size_t pos) {
+  if (pos > hay.size()) return std::string_view::npos;
+  size_t at = std::string_view::npos;
+  if (needle.size() <= kShortNeedle) {
+    at = hay.find(needle, pos);
+  } else {
+    kmpSearch(hay, needle, pos, [&](size_t match) {
+      at = match;
+      return false;
+    });
+  }
+  // Charged for what was scanned, so that finding each match in turn costs
+  // the text once.
+  chargeTextWork((at == std::string_view::npos ? hay.size() : at) - pos + needle.size());
+  return at;
+}
+
+size_t rfindText(std::string_view hay, std::string_view needle) {
+  chargeTextWork(hay.size() + needle.size());
+  if (needle.size() <= kShortNeedle) return hay.rfind(needle);
+  size_t at = std::string_view::npos;
+  kmpSearch(hay, needle, 0, [&](size_t match) {
+    at = match;
+    return true;
+  });
+  return at;
+}
 
 std::u32string decodeUtf8(std::string_view s) {
+  reserveBytes(saturatingMul(s.size(), sizeof(char32_t)));
+  chargeTextWork(s.size());
   std::u32string out;
   out.reserve(s.size());
   size_t i = 0;
@@ -60,6 +121,7 @@ std::string encodeUtf8(std::u32string_view s) {
 }
 
 size_t codePointCount(std::string_view s) {
+  chargeTextWork(s.size());
   if (isAscii(s)) return s.size();
   return decodeUtf8(s).size();
 }
@@ -77,9 +139,13 @@ bool isPythonSpace(char32_t c) {
 std::string pyStrip(std::string_view s, const std::string* chars, bool left, bool right) {
   std::u32string text = decodeUtf8(s);
   std::u32string set;
-  if (chars != nullptr) set = decodeUtf8(*chars);
+  if (chars != nullptr) {
+    // Sorted, so that each character is looked up in log time.
+    set = decodeUtf8(*chars);
+    std::sort(set.begin(), set.end());
+  }
   auto strip_it = [&](char32_t c) {
-    return chars == nullptr ? isPythonSpace(c) : set.find(c) != std::u32string::npos;
+    return chars == nullptr ? isPythonSpace(c) : std::binary_search(set.begin(), set.end(), c);
   };
   size_t begin = 0;
   size_t end = text.size();
@@ -92,13 +158,30 @@ std::string pyStrip(std::string_view s, const std::string* chars, bool left, boo
   return encodeUtf8(std::u32string_view(text).substr(begin, end - begin));
 }
 
+namespace {
+
+// What one piece of a split costs until it is a value: its std::string, its
+// Value and the value's payload.
+constexpr size_t kPieceBytes = 128;
+
+// Checked every 1024 pieces, before the next 1024 are made: the pieces and
+// a copy of the text they hold.
+void reservePieces(size_t pieces, size_t text_bytes) {
+  if (pieces % 1024 == 0) {
+    reserveBytes(saturatingAdd(saturatingMul(pieces + 1024, kPieceBytes), text_bytes));
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> pySplit(std::string_view s, const std::string* sep, long maxsplit) {
   std::vector<std::string> out;
   if (sep != nullptr) {
     size_t pos = 0;
     while (maxsplit < 0 || static_cast<long>(out.size()) < maxsplit) {
-      size_t found = s.find(*sep, pos);
+      size_t found = findText(s, *sep, pos);
       if (found == std::string_view::npos) break;
+      reservePieces(out.size(), s.size());
       out.emplace_back(s.substr(pos, found - pos));
       pos = found + sep->size();
     }
@@ -118,6 +201,7 @@ std::vector<std::string> pySplit(std::string_view s, const std::string* sep, lon
     }
     size_t start = i;
     while (i < text.size() && !isPythonSpace(text[i])) ++i;
+    reservePieces(out.size(), s.size());
     out.push_back(encodeUtf8(std::u32string_view(text).substr(start, i - start)));
   }
   return out;
@@ -136,6 +220,7 @@ std::vector<std::string> pySplitLines(std::string_view s) {
       continue;
     }
     if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+    reservePieces(out.size(), s.size());
     out.push_back(encodeUtf8(line));
     line.clear();
   }

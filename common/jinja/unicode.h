@@ -17,6 +17,11 @@ size_t codePointCount(std::string_view s);
 bool isPythonSpace(char32_t c);
 bool isAscii(std::string_view s);
 
+// str.find / str.rfind on bytes, in time linear in both strings; npos when
+// absent.
+size_t findText(std::string_view hay, std::string_view needle, size_t pos = 0);
+size_t rfindText(std::string_view hay, std::string_view needle);
+
 // Python's str.strip/lstrip/rstrip; `chars` null: whitespace.
 std::string pyStrip(std::string_view s, const std::string* chars, bool left, bool right);
 // Python's str.split(sep, maxsplit); `sep` null: runs of whitespace.

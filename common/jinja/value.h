@@ -2,9 +2,20 @@
 // (and tuple), dict with insertion order, Undefined, callables (globals,
 // macros, bound methods) and attribute objects (namespace(), loop).
 //
-// Values are cheap to copy: containers are shared by pointer, as Python
-// shares objects. Templates run in an immutable sandbox, so lists and dicts
-// are never changed after they are built; only namespace objects change.
+// Values are cheap to copy (32 bytes): containers are shared by pointer, as
+// Python shares objects. Templates run in an immutable sandbox, so lists and
+// dicts are never changed after they are built; only namespace objects
+// change.
+//
+// During a render (budget.h) every string, list, dict, callable and object a
+// value allocates is charged to the render's memory budget until freed, and
+// lists, dicts and bound methods record their nesting depth, refused past
+// Limits::max_value_depth: comparing, printing and freeing values recurse at
+// most that deep. Attribute objects are where nesting can continue without a
+// depth (a namespace can even hold itself): nothing recurses into them but
+// printing, which bounds its own depth, and the evaluator keeps each one
+// alive until it is unreachable or the render ends, so freeing never walks
+// a chain of them.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +27,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/jinja/template.h"
+
 namespace tandem::jinja {
 
 class Value;
 class Evaluator;
+class RenderBudget;
 
 using ValueList = std::vector<Value>;
 
@@ -48,8 +62,20 @@ struct Callable {
 
 // An object with attributes (namespace() results and loop objects).
 struct AttrObject {
+  // Made during a render, it is charged to its budget for itself and room
+  // for `attrs` attributes.
+  static std::shared_ptr<AttrObject> make(std::string type_name, size_t attrs);
+  AttrObject() = default;
+  AttrObject(const AttrObject&) = delete;
+  AttrObject& operator=(const AttrObject&) = delete;
+  ~AttrObject();
+
   std::string type_name;  // "Namespace" or "LoopContext"
   ValueDict attrs;
+
+ private:
+  RenderBudget* budget_ = nullptr;
+  size_t charged_ = 0;
 };
 
 enum class ValueKind {
@@ -78,11 +104,16 @@ class Value {
   Value(const char* s) : Value(std::string(s)) {}
   static Value list(ValueList items, bool is_tuple = false);
   static Value dict(ValueDict dict);
-  static Value callable(std::string name, std::function<Value(Evaluator&, const CallArgs&)> fn);
+  // `holds`: a value the function keeps (a bound method's object), whose
+  // depth the callable's adds to.
+  static Value callable(std::string name, std::function<Value(Evaluator&, const CallArgs&)> fn,
+                        const Value* holds = nullptr);
   static Value object(std::shared_ptr<AttrObject> obj);
   // A string marked safe (jinja2's Markup, from the `safe` and `escape`
   // filters): `+` with a plain string HTML-escapes the plain one.
   static Value markup(std::string s);
+  // Refuses (limit max_value_depth) JSON nested deeper than values may be,
+  // without recursing further.
   static Value fromJson(const nlohmann::ordered_json& json);
 
   ValueKind kind() const { return kind_; }
@@ -103,13 +134,21 @@ class Value {
   bool asBool() const { return b_; }
   int64_t asInt() const { return isBool() ? (b_ ? 1 : 0) : i_; }
   double asDouble() const { return isFloat() ? d_ : static_cast<double>(asInt()); }
-  const std::string& asString() const { return *s_; }
-  const ValueList& asList() const { return *list_; }
-  const ValueDict& asDict() const { return *dict_; }
-  const Callable& asCallable() const { return *callable_; }
-  const std::shared_ptr<AttrObject>& asObject() const { return object_; }
+  const std::string& asString() const { return *static_cast<const std::string*>(ptr_.get()); }
+  const ValueList& asList() const { return *static_cast<const ValueList*>(ptr_.get()); }
+  const ValueDict& asDict() const { return *static_cast<const ValueDict*>(ptr_.get()); }
+  const Callable& asCallable() const { return *static_cast<const Callable*>(ptr_.get()); }
+  AttrObject* asObject() const {
+    return const_cast<AttrObject*>(static_cast<const AttrObject*>(ptr_.get()));
+  }
   // For Undefined: what was missing ("'x' is undefined").
-  const std::string& undefinedHint() const { return *s_; }
+  const std::string& undefinedHint() const { return asString(); }
+  // Levels of lists, dicts and bound methods in this value (0 for others).
+  uint32_t depth() const { return depth_; }
+  // True when both share one string, list, dict, callable or object.
+  bool sameObject(const Value& other) const {
+    return ptr_ != nullptr && ptr_ == other.ptr_ && kind_ == other.kind_;
+  }
 
   // Python truthiness.
   bool truthy() const;
@@ -118,16 +157,17 @@ class Value {
 
  private:
   ValueKind kind_ = ValueKind::kUndefined;
-  bool b_ = false;
   bool is_tuple_ = false;
   bool is_markup_ = false;
-  int64_t i_ = 0;
-  double d_ = 0;
-  std::shared_ptr<const std::string> s_;
-  std::shared_ptr<const ValueList> list_;
-  std::shared_ptr<const ValueDict> dict_;
-  std::shared_ptr<const Callable> callable_;
-  std::shared_ptr<AttrObject> object_;
+  uint32_t depth_ = 0;
+  union {
+    bool b_;
+    int64_t i_ = 0;
+    double d_;
+  };
+  // The string (also Undefined's hint), ValueList, ValueDict, Callable or
+  // AttrObject.
+  std::shared_ptr<const void> ptr_;
 };
 
 // A failure while rendering; caught by Template::render and turned into a
@@ -135,8 +175,14 @@ class Value {
 struct RenderFailure : std::runtime_error {
   RenderFailure(std::string message, bool raised = false)
       : std::runtime_error(std::move(message)), raised_by_template(raised) {}
+  RenderFailure(std::string message, TemplateError::Kind error_kind)
+      : std::runtime_error(std::move(message)), raised_by_template(false), kind(error_kind) {}
   bool raised_by_template;
+  TemplateError::Kind kind = TemplateError::Kind::kEvaluation;
 };
+
+// Throws a RenderFailure of kind kLimit: `message` names the bound.
+[[noreturn]] void failLimit(std::string message);
 
 // Python equality (1 == 1.0 == True, lists and dicts by content).
 bool valuesEqual(const Value& a, const Value& b);
@@ -149,5 +195,7 @@ bool valueLess(const Value& a, const Value& b);
 // throws RenderFailure "'<type>' object is not iterable", followed by
 // " (<context>)" when a context (e.g. "filter sort") is given.
 ValueList iterableItems(const Value& v, const std::string& context = "");
+// The same as a list value: `v` itself when it is a list (nothing copied).
+Value iterableList(const Value& v, const std::string& context = "");
 
 }  // namespace tandem::jinja

@@ -3,10 +3,14 @@
 // continue_final_message), a template, a NUL, then a chat request body.
 //
 // Properties: an arbitrary template parses or fails without crashing, and
-// renders a fixed conversation or fails with a message; an arbitrary request
-// body is prepared and rendered with the ChatML template or refused with a
-// 400 naming a field; when it renders and every message's content is a
-// string, the text is exactly the ChatML text for those messages.
+// renders a fixed conversation, under small render limits (work, memory,
+// time, output), or fails with a message; its output never exceeds
+// max_output_bytes, and a render that stopped at a bound says so with kind
+// kLimit (and only then); an arbitrary request body is prepared and rendered
+// with the ChatML template or refused with a 400 naming a field; when it
+// renders and every message's content is a string, the text is exactly the
+// ChatML text for those messages.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +41,16 @@ const ChatTemplate& chatMl() {
     return *created;
   }();
   return *kTemplate;
+}
+
+// Small bounds, so that a hostile template is stopped quickly.
+tandem::jinja::RenderOptions smallLimits() {
+  tandem::jinja::RenderOptions options;
+  options.limits.max_steps = 200'000;
+  options.limits.max_memory_bytes = 4 << 20;
+  options.limits.max_output_bytes = 256 << 10;
+  options.limits.max_render_time = std::chrono::milliseconds(1000);
+  return options;
 }
 
 // The ChatML text for messages whose roles and contents are all strings;
@@ -81,9 +95,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])");
     input.add_generation_prompt = add_generation_prompt;
     input.continue_final_message = continue_final_message && !add_generation_prompt;
-    auto rendered = (*created)->render(input);
+    const tandem::jinja::RenderOptions options = smallLimits();
+    auto rendered = (*created)->render(input, options);
     if (const auto* error = std::get_if<tandem::jinja::TemplateError>(&rendered)) {
       if (error->describe().empty()) std::abort();
+      // Every bound's error ends naming it, "(limit ...)", and has kind
+      // kLimit; nothing cancels this render.
+      const std::string& message = error->message;
+      const size_t last_open = message.rfind('(');
+      const bool names_a_bound = !message.empty() && message.back() == ')' &&
+                                 last_open != std::string::npos &&
+                                 message.compare(last_open, 7, "(limit ") == 0;
+      const bool is_limit = error->kind == tandem::jinja::TemplateError::Kind::kLimit;
+      if (names_a_bound != is_limit && !error->raised_by_template) std::abort();
+      if (error->kind == tandem::jinja::TemplateError::Kind::kCancelled) std::abort();
+    } else if (std::get<std::string>(rendered).size() > options.limits.max_output_bytes) {
+      std::abort();
     }
   } else if (created.status().message().empty()) {
     std::abort();

@@ -1,6 +1,7 @@
 // Limits tests: hostile templates hit a bound and fail with an error naming
 // it (template size, loop iterations, call depth, output size, parser
-// nesting), never crash or run away.
+// nesting), never crash or run away; integer arithmetic never wraps. The
+// work, time, memory and nesting budgets are in budget_test.cpp.
 #include "tests/unit/jinja/render_case.h"
 
 namespace tandem::jinja::testing {
@@ -119,6 +120,66 @@ TEST(JinjaLimits, HugeRangeIsRefused) {
   auto result =
       renderSource("{{ range(1000000000) | length }}", nlohmann::ordered_json::object(), options);
   EXPECT_TRUE(mentions(errorOf(result), "max_loop_iterations"));
+}
+
+TEST(JinjaLimits, LimitErrorsHaveKindLimit) {
+  RenderOptions options;
+  options.limits.max_loop_iterations = 10;
+  options.limits.max_output_bytes = 100;
+  for (const char* source : {"{% for i in range(20) %}{% endfor %}", "{{ 'x' * 1000 }}",
+                             "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"}) {
+    TemplateError e = errorOf(renderSource(source, nlohmann::ordered_json::object(), options));
+    EXPECT_EQ(e.kind, TemplateError::Kind::kLimit) << source;
+  }
+  auto parsed =
+      Template::parse("{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}");
+  ASSERT_TRUE(std::holds_alternative<TemplateError>(parsed));
+  EXPECT_EQ(std::get<TemplateError>(parsed).kind, TemplateError::Kind::kLimit);
+  EXPECT_EQ(errorOf(renderSource("{{ 1 / 0 }}")).kind, TemplateError::Kind::kEvaluation);
+}
+
+// Integers are 64-bit: a result past that range is an error, never a
+// wrapped value.
+TEST(JinjaLimits, IntegerOverflowIsAnError) {
+  const char* const overflowing[] = {
+      "{{ (-9223372036854775807 - 1) | abs }}",
+      "{{ -(-9223372036854775807 - 1) }}",
+      "{{ 9223372036854775807 + 1 }}",
+      "{{ (-9223372036854775807 - 1) - 1 }}",
+      "{{ 4611686018427387904 * 2 }}",
+      "{{ (-9223372036854775807 - 1) // -1 }}",
+      "{{ 2 ** 63 }}",
+      "{{ 3 ** 100000000000000 }}",
+      "{{ [1, 2] | sum(start=9223372036854775807) }}",
+      "{{ 1e30 | int }}",
+      "{{ '99999999999999999999' | int }}",
+      "{{ 9223372036854775807 | round(-1) }}",
+  };
+  for (const char* source : overflowing) {
+    TemplateError e = errorOf(renderSource(source));
+    EXPECT_EQ(e.message, "integer result out of range") << source;
+    EXPECT_EQ(e.kind, TemplateError::Kind::kEvaluation) << source;
+  }
+  EXPECT_EQ(errorOf(renderSource("{{ (1e308 * 10) | int }}")).message,
+            "cannot convert float infinity to integer");
+  EXPECT_EQ(errorOf(renderSource("{{ 0 ** -1 }}")).message,
+            "0.0 cannot be raised to a negative power");
+}
+
+TEST(JinjaLimits, IntegerEdgesAsPython) {
+  // What Python prints for each.
+  auto result = renderSource(
+      "{{ (-9223372036854775807 - 1) % -1 }} {{ (-9223372036854775807 - 1) is divisibleby(-1) }} "
+      "{{ (-2) ** 63 }} {{ (-1) ** 3 }} {{ (-1) ** 1000000000001 }} {{ 2 ** 62 }} "
+      "{{ 9223372036854775807 | abs }} {{ 5 | round }} {{ 15 | round(-1) }} {{ 25 | round(-1) }} "
+      "{{ 2.5 | round }} {{ 1.5 | round(400) }} {{ 'nan' | float | int }} "
+      "{{ range(9223372036854775806, 9223372036854775807, 5) | list }} "
+      "{{ [1, 2, 3][1::9223372036854775807] }} {{ [1, 2, 3][::-9223372036854775807] }} "
+      "{{ 'abc'[-9223372036854775807:9223372036854775807] }}");
+  ASSERT_TRUE(std::holds_alternative<std::string>(result)) << errorOf(result).describe();
+  EXPECT_EQ(std::get<std::string>(result),
+            "0 True -9223372036854775808 -1 -1 4611686018427387904 9223372036854775807 5 20 20 "
+            "2.0 1.5 0 [9223372036854775806] [2] [3] abc");
 }
 
 }  // namespace
