@@ -131,6 +131,19 @@ struct Tokenizer::Impl {
     buildAddedTokenTables();
     post_processor.checkIds(vocab_size, source);
     buildTokenBytes();
+    findMaxTextBytesPerToken();
+  }
+
+  void findMaxTextBytesPerToken() {
+    const bool swallows_whitespace =
+        std::any_of(added_tokens.begin(), added_tokens.end(),
+                    [](const AddedToken& token) { return token.lstrip || token.rstrip; });
+    if (model.fusesUnknown() || pre_tokenizer.mayRemoveText() || swallows_whitespace) return;
+    int64_t longest = 4;
+    for (const std::string& bytes : token_bytes) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(bytes.size()));
+    }
+    max_text_bytes_per_token = normalizer.isIdentity() ? longest : 4 * longest;
   }
 
   void buildAddedTokenTables() {
@@ -243,6 +256,7 @@ struct Tokenizer::Impl {
   int64_t vocab_size = 0;
   std::vector<std::string> token_bytes;
   std::vector<bool> special;
+  std::optional<int64_t> max_text_bytes_per_token;
 
   std::optional<TokenId> bos_id;
   std::optional<TokenId> eos_id;
@@ -393,6 +407,10 @@ std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_to
 }
 
 int64_t Tokenizer::vocabSize() const { return impl_->vocab_size; }
+
+std::optional<int64_t> Tokenizer::maxTextBytesPerToken() const {
+  return impl_->max_text_bytes_per_token;
+}
 
 std::optional<std::string> Tokenizer::idToToken(TokenId id) const {
   if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {

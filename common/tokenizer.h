@@ -51,6 +51,13 @@ class Tokenizer {
 
   // Number of ids (the largest id + 1, added tokens included).
   int64_t vocabSize() const;
+  // An upper bound on the bytes of input text one id of encode() can stand
+  // for, so that a text of N bytes gives at least ceil(N / bound) ids: the
+  // longest token's bytes (at least 4, one unknown character), times 4 when
+  // a normalizer may compose characters (NFC/NFKC shrink text at most 3x).
+  // nullopt when no such bound exists: fuse_unk, a pre-tokenizer that
+  // removes text, or added tokens that swallow whitespace (lstrip/rstrip).
+  std::optional<int64_t> maxTextBytesPerToken() const;
   // The token's string as in the vocabulary (byte-level form), or nullopt.
   std::optional<std::string> idToToken(TokenId id) const;
   std::optional<TokenId> tokenToId(std::string_view token) const;

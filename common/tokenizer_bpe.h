@@ -34,6 +34,8 @@ class BpeModel {
   std::optional<std::string_view> idToToken(TokenId id) const;
   // One past the largest id in the vocabulary.
   int64_t idLimit() const { return static_cast<int64_t>(id_to_token_.size()); }
+  // fuse_unk: a run of unknown characters, however long, becomes one id.
+  bool fusesUnknown() const { return unk_id_.has_value() && fuse_unk_; }
 
  private:
   struct Merge {

@@ -257,6 +257,11 @@ void splitWords(std::string_view text, const Regex& regex, PreTokenizer::Behavio
 
 }  // namespace
 
+bool PreTokenizer::mayRemoveText() const {
+  return std::any_of(steps_.begin(), steps_.end(),
+                     [](const Step& step) { return step.behavior == Behavior::kRemoved; });
+}
+
 void PreTokenizer::apply(std::string_view text, std::vector<std::string>& words) const {
   if (text.empty()) return;
   std::vector<std::string> current;

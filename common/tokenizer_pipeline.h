@@ -37,6 +37,8 @@ class PreTokenizer {
   PreTokenizer(const nlohmann::json& config, std::string_view source);
   // Appends the words of `text` (valid UTF-8) to `words`.
   void apply(std::string_view text, std::vector<std::string>& words) const;
+  // A Split step drops its delimiters (behavior "Removed"): text can vanish.
+  bool mayRemoveText() const;
 
   enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
   struct Step {

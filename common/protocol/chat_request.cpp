@@ -79,9 +79,14 @@ Result<ordered_json> readToolCalls(const std::string& name, ordered_json calls) 
     if (arguments == nullptr || (arguments->is_string() && arguments->get<std::string>().empty())) {
       fn["arguments"] = ordered_json::object();
     } else if (arguments->is_string()) {
+      // JSON inside a string gets the same nesting bound as the body, so a
+      // value handed to the template nests at most twice the bound.
       JsonParseError error;
-      if (auto decoded = parseOrderedJson(arguments->get<std::string>(), error)) {
+      const JsonBounds bounds{kMaxJsonDepth, kMaxRequestJsonValues};
+      if (auto decoded = parseOrderedJson(arguments->get<std::string>(), error, bounds)) {
         fn["arguments"] = std::move(*decoded);
+      } else if (error.tooDeep() || error.tooManyValues()) {
+        return boundsError(error, call_name + ".function.arguments");
       }
     }
   }
@@ -249,13 +254,16 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root,
   return input;
 }
 
-Result<std::string> renderChatRequest(const ordered_json& root, const ChatTemplate* chat_template) {
+Result<std::string> renderChatRequest(const ordered_json& root, const ChatTemplate* chat_template,
+                                      const std::atomic<bool>* cancel) {
   if (chat_template == nullptr || !chat_template->hasTemplate()) {
     return invalidRequest(ChatTemplate::noTemplateMessage(), "messages");
   }
   auto input = readChatInput(root, *chat_template);
   if (!input.isOk()) return input.error();
-  auto rendered = chat_template->render(input.value());
+  jinja::RenderOptions options;
+  options.cancel = cancel;
+  auto rendered = chat_template->render(input.value(), options);
   if (auto* error = std::get_if<jinja::TemplateError>(&rendered)) {
     return invalidRequest("the chat template failed: " + error->describe(), "messages");
   }

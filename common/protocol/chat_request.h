@@ -14,6 +14,7 @@
 // Pure function of its arguments; safe from any thread.
 #pragma once
 
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -29,8 +30,11 @@ Result<ChatTemplateInput> readChatInput(const nlohmann::ordered_json& root,
 
 // The rendered prompt text for `root`. A null or empty `chat_template` (the
 // model has none) and a template failure are 400s; a template failure's
-// message names the template line, with param "messages".
+// message names the template line, with param "messages". `cancel`, when
+// set by another thread while the template renders (the client left), ends
+// rendering early with an error; null: never.
 Result<std::string> renderChatRequest(const nlohmann::ordered_json& root,
-                                      const ChatTemplate* chat_template);
+                                      const ChatTemplate* chat_template,
+                                      const std::atomic<bool>* cancel = nullptr);
 
 }  // namespace tandem::server

@@ -165,7 +165,7 @@ class FieldReader {
   std::optional<ApiError> error_;
 };
 
-Result<json> parseJsonObject(std::string_view body) {
+Result<json> parseJsonObject(std::string_view body, const ServerLimits& limits) {
   // JSON text is UTF-8 (RFC 8259). Checked first so that the error names the
   // byte rather than quoting it back.
   if (const size_t bad = tokenizer_internal::firstInvalidUtf8(body);
@@ -176,7 +176,10 @@ Result<json> parseJsonObject(std::string_view body) {
                           " at offset " + std::to_string(bad));
   }
   JsonParseError parse_error;
-  std::optional<json> parsed = parseJson(body, parse_error);
+  std::optional<json> parsed = parseJson(body, parse_error, limits.json_bounds);
+  if (!parsed && (parse_error.tooDeep() || parse_error.tooManyValues())) {
+    return boundsError(parse_error);
+  }
   if (!parsed) return invalidRequest("request body is not valid JSON: " + parse_error.detail);
   json root = std::move(*parsed);
   if (!root.is_object()) {
@@ -466,6 +469,26 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
   return std::nullopt;
 }
 
+// Refuses, before tokenizing it, a text too long for max_model_len whatever
+// its tokens: each token stands for at most maxTextBytesPerToken() bytes, so
+// a text of N bytes has at least N / that many. Tokenizing a text costs many
+// times its size in memory; this keeps a 60 MB prompt from costing that.
+std::optional<ApiError> checkTextFits(std::string_view text, const ServerLimits& limits,
+                                      const Tokenizer& tokenizer, const std::string& label,
+                                      const std::string& param) {
+  const std::optional<int64_t> per_token = tokenizer.maxTextBytesPerToken();
+  if (!per_token || limits.max_model_len <= 0) return std::nullopt;
+  const auto bytes = static_cast<int64_t>(text.size());
+  const int64_t min_tokens = (bytes + *per_token - 1) / *per_token;
+  if (min_tokens < limits.max_model_len) return std::nullopt;
+  return invalidRequest(label + " is " + std::to_string(bytes) + " bytes, at least " +
+                            std::to_string(min_tokens) + " tokens (a token of this model is " +
+                            std::to_string(*per_token) + " bytes of text at most), but " +
+                            "max_model_len is " + std::to_string(limits.max_model_len) +
+                            "; it was refused without tokenizing it",
+                        param);
+}
+
 // The prompt field of /v1/completions: a string, token ids, or an array of
 // exactly one of these.
 std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
@@ -497,6 +520,7 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
   if (prompt->is_string()) {
     const auto& text = prompt->get_ref<const std::string&>();
     if (text.empty()) return invalidRequest("prompt must not be empty", "prompt");
+    if (auto error = checkTextFits(text, limits, tokenizer, name, name)) return error;
     parsed.prompt_text = text;
     parsed.request.prompt = tokenizer.encode(text, add_special_tokens);
     return std::nullopt;
@@ -515,16 +539,21 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
 // The chat prompt: the model's template applied to the request's chat fields
 // (chat_request.h), read from the body again with object keys in the order
 // sent, as templates see them.
-Result<std::string> renderMessages(std::string_view body, const ServerLimits& limits) {
+Result<std::string> renderMessages(std::string_view body, const ServerLimits& limits,
+                                   const std::atomic<bool>* cancel) {
   JsonParseError parse_error;
-  std::optional<nlohmann::ordered_json> root = parseOrderedJson(body, parse_error);
+  std::optional<nlohmann::ordered_json> root =
+      parseOrderedJson(body, parse_error, limits.json_bounds);
+  if (!root && (parse_error.tooDeep() || parse_error.tooManyValues())) {
+    return boundsError(parse_error);
+  }
   if (!root) return invalidRequest("request body is not valid JSON: " + parse_error.detail);
-  return renderChatRequest(*root, limits.chat_template.get());
+  return renderChatRequest(*root, limits.chat_template.get(), cancel);
 }
 
 Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits& limits,
                                       const Tokenizer& tokenizer) {
-  auto root = parseJsonObject(body);
+  auto root = parseJsonObject(body, limits);
   if (!root.isOk()) return root.error();
   ParsedRequest parsed;
   if (auto error = checkModel(root.value(), limits, /*required=*/true, &parsed.model)) {
@@ -586,8 +615,9 @@ std::optional<protocol::ChatOutputOptions> chatOutputFor(
 }
 
 Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLimits& limits,
-                                          const Tokenizer& tokenizer) {
-  auto root = parseJsonObject(body);
+                                          const Tokenizer& tokenizer,
+                                          const std::atomic<bool>* cancel) {
+  auto root = parseJsonObject(body, limits);
   if (!root.isOk()) return root.error();
   ParsedRequest parsed;
   parsed.chat = true;
@@ -615,9 +645,13 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
 
-  auto text = renderMessages(body, limits);
+  auto text = renderMessages(body, limits, cancel);
   if (!text.isOk()) return text.error();
   parsed.prompt_text = std::move(text).value();
+  if (auto error =
+          checkTextFits(parsed.prompt_text, limits, tokenizer, "the rendered chat", "messages")) {
+    return *error;
+  }
   parsed.chat_output = chatOutputFor(root.value(), limits.chat_output);
   parsed.request.prompt = tokenizer.encode(parsed.prompt_text, add_special_tokens);
   if (auto error =
@@ -628,9 +662,9 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   return parsed;
 }
 
-Result<json> tokenize(std::string_view body, const ServerLimits& limits,
-                      const Tokenizer& tokenizer) {
-  auto root = parseJsonObject(body);
+Result<json> tokenize(std::string_view body, const ServerLimits& limits, const Tokenizer& tokenizer,
+                      const std::atomic<bool>* cancel) {
+  auto root = parseJsonObject(body, limits);
   if (!root.isOk()) return root.error();
   std::string model;
   if (auto error = checkModel(root.value(), limits, /*required=*/false, &model)) return *error;
@@ -652,9 +686,14 @@ Result<json> tokenize(std::string_view body, const ServerLimits& limits,
     if (!fields.ok()) return fields.error();
   } else {
     if (!fields.ok()) return fields.error();
-    auto rendered = renderMessages(body, limits);
+    auto rendered = renderMessages(body, limits, cancel);
     if (!rendered.isOk()) return rendered.error();
     text = std::move(rendered).value();
+  }
+  if (auto error =
+          checkTextFits(text, limits, tokenizer, has_prompt ? "prompt" : "the rendered chat",
+                        has_prompt ? "prompt" : "messages")) {
+    return *error;
   }
   const std::vector<TokenId> ids = tokenizer.encode(text, add_special_tokens);
   json response = {{"count", ids.size()}, {"max_model_len", limits.max_model_len}, {"tokens", ids}};
@@ -668,7 +707,7 @@ Result<json> tokenize(std::string_view body, const ServerLimits& limits,
 
 Result<json> detokenize(std::string_view body, const ServerLimits& limits,
                         const Tokenizer& tokenizer) {
-  auto root = parseJsonObject(body);
+  auto root = parseJsonObject(body, limits);
   if (!root.isOk()) return root.error();
   std::string model;
   if (auto error = checkModel(root.value(), limits, /*required=*/false, &model)) return *error;
@@ -679,6 +718,13 @@ Result<json> detokenize(std::string_view body, const ServerLimits& limits,
   if (!tokens->is_array()) {
     return invalidRequest(
         std::string("tokens must be an array of token ids, got ") + tokens->type_name(), "tokens");
+  }
+  // Text for more ids than a sequence can hold is not a detokenization any
+  // request needs, and its answer could be hundreds of times the body.
+  if (limits.max_model_len > 0 && static_cast<int64_t>(tokens->size()) > limits.max_model_len) {
+    return invalidRequest("tokens must hold at most " + std::to_string(limits.max_model_len) +
+                              " ids (max_model_len), got " + std::to_string(tokens->size()),
+                          "tokens");
   }
   auto ids = readTokenIds(fields, "tokens", "tokens", *tokens, limits.vocab_size);
   if (!ids) return fields.error();
@@ -696,6 +742,28 @@ std::string compactDump(const json& value) {
 
 ApiError serverError(std::string message) {
   return ApiError{500, std::move(message), "server_error", "", ""};
+}
+
+ApiError boundsError(const JsonParseError& error, const std::string& field) {
+  if (error.tooManyValues()) {
+    const std::string limit = std::to_string(error.value_limit);
+    return invalidRequest(
+        (field.empty() ? std::string("the request body") : field) + " holds more than " + limit +
+            " JSON values (array elements and object members); at most " + limit + " are accepted",
+        field);
+  }
+  // The path without its trailing ellipsis is the param: the deepest field
+  // the message can name.
+  std::string path = error.path;
+  if (const size_t cut = path.find("…"); cut != std::string::npos) path.erase(cut);
+  std::string param = field;
+  if (!path.empty()) param += (param.empty() || path.front() == '[' ? "" : ".") + path;
+  const std::string where = field.empty() ? "the request body" : field;
+  const std::string limit = std::to_string(error.depth_limit);
+  return invalidRequest(where + " nests arrays and objects deeper than " + limit + " levels" +
+                            (error.path.empty() ? "" : " (at " + error.path + ")") + "; at most " +
+                            limit + " levels are accepted",
+                        param);
 }
 
 ApiError invalidRequest(std::string message, std::string param) {
@@ -777,13 +845,15 @@ Result<ParsedRequest> parseCompletionRequest(std::string_view body, const Server
 }
 
 Result<ParsedRequest> parseChatCompletionRequest(std::string_view body, const ServerLimits& limits,
-                                                 const Tokenizer& tokenizer) {
-  return guarded<ParsedRequest>([&] { return parseChatCompletion(body, limits, tokenizer); });
+                                                 const Tokenizer& tokenizer,
+                                                 const std::atomic<bool>* cancel) {
+  return guarded<ParsedRequest>(
+      [&] { return parseChatCompletion(body, limits, tokenizer, cancel); });
 }
 
 Result<json> tokenizeResponse(std::string_view body, const ServerLimits& limits,
-                              const Tokenizer& tokenizer) {
-  return guarded<json>([&] { return tokenize(body, limits, tokenizer); });
+                              const Tokenizer& tokenizer, const std::atomic<bool>* cancel) {
+  return guarded<json>([&] { return tokenize(body, limits, tokenizer, cancel); });
 }
 
 Result<json> detokenizeResponse(std::string_view body, const ServerLimits& limits,

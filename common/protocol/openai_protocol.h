@@ -17,6 +17,7 @@
 // inside becomes a 500). All functions are safe to call from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 #include <variant>
 
 #include "common/check.h"
+#include "common/json_parse.h"
 #include "common/protocol/chat_output.h"
 #include "common/protocol/chat_template.h"
 #include "common/protocol/request.h"
@@ -51,6 +53,10 @@ struct ApiError {
 };
 
 ApiError invalidRequest(std::string message, std::string param = "");
+// The 400 for JSON outside its JsonBounds (tooDeep() or tooManyValues()):
+// names the bound and, for nesting, where it was crossed, below `field`
+// (empty: the request body itself).
+ApiError boundsError(const JsonParseError& error, const std::string& field = "");
 // A 500 "server_error" with the message.
 ApiError serverError(std::string message);
 // JSON text on one line; invalid UTF-8 in strings is replaced, never thrown on.
@@ -95,6 +101,10 @@ class Result {
 // ---------------------------------------------------------------------------
 // Requests
 
+// Values a request body may hold by default: the token ids of a 1M-token
+// prompt, or a conversation with tools far larger than any context window.
+inline constexpr size_t kMaxRequestJsonValues = size_t{1} << 20;
+
 struct ServerLimits {
   std::string served_model_name;
   int64_t max_model_len = 0;
@@ -108,6 +118,11 @@ struct ServerLimits {
   // content, reasoning_content and tool_calls (chat_output.h); both off by
   // default.
   protocol::ChatOutputOptions chat_output;
+  // What a request body may hold (common/json_parse.h), checked before it is
+  // parsed: levels of nested arrays and objects (JSON in a string field the
+  // server decodes, such as tool call arguments, gets the same bound), and
+  // array elements plus object members.
+  JsonBounds json_bounds{kMaxJsonDepth, kMaxRequestJsonValues};
 };
 
 struct ParsedRequest {
@@ -144,9 +159,11 @@ Result<ParsedRequest> parseCompletionRequest(std::string_view body, const Server
 // POST /v1/chat/completions; the prompt is limits.chat_template applied to
 // the request's messages, tools, documents and chat_template_kwargs (see
 // chat_request.h), encoded without adding special tokens (the template
-// writes them).
+// writes them). `cancel`, set by another thread (the client left), ends
+// template rendering early with an error; null: never.
 Result<ParsedRequest> parseChatCompletionRequest(std::string_view body, const ServerLimits& limits,
-                                                 const Tokenizer& tokenizer);
+                                                 const Tokenizer& tokenizer,
+                                                 const std::atomic<bool>* cancel = nullptr);
 
 // ---------------------------------------------------------------------------
 // Responses
@@ -237,7 +254,8 @@ std::string logprobTokenText(const Tokenizer& tokenizer, TokenId id);
 //  false), return_token_strs?}
 //   -> {"count", "max_model_len", "tokens", "token_strs"? (vocabulary form)}.
 Result<nlohmann::json> tokenizeResponse(std::string_view body, const ServerLimits& limits,
-                                        const Tokenizer& tokenizer);
+                                        const Tokenizer& tokenizer,
+                                        const std::atomic<bool>* cancel = nullptr);
 // {model?, tokens: [ids]} -> {"prompt": text} (special tokens kept).
 Result<nlohmann::json> detokenizeResponse(std::string_view body, const ServerLimits& limits,
                                           const Tokenizer& tokenizer);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "common/json_parse.h"
 #include "common/protocol/stream_text.h"
 
 namespace tandem::protocol {
@@ -20,15 +21,10 @@ std::optional<std::string> nonEmpty(std::string_view text) {
 }
 
 // The JSON value in `text`, keeping key order; nullopt when it is not valid
-// JSON (nothing thrown).
+// JSON or nests past the bound (nothing thrown).
 std::optional<ordered_json> parseOrderedJson(std::string_view text) {
-  try {
-    ordered_json value = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (value.is_discarded()) return std::nullopt;
-    return value;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  JsonParseError error;
+  return tandem::parseOrderedJson(text, error);
 }
 
 // The call an object describes, or nullopt when it is not one: an object

@@ -16,11 +16,10 @@
 #include <string_view>
 #include <system_error>
 
-#include "common/protocol/chat_template.h"
 #include "common/protocol/openai_protocol.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
-#include "tools/model/test_model.h"
+#include "tests/fuzz/fuzz_test_model.h"
 
 namespace {
 
@@ -64,24 +63,8 @@ void checkJson(const Result<nlohmann::json>& result) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  std::string dir = (std::filesystem::temp_directory_path() / "tandem-fuzz-XXXXXX").string();
-  if (::mkdtemp(dir.data()) == nullptr) {
-    std::perror("mkdtemp");
-    std::abort();
-  }
-  tandem::tools::writeTestModel(tandem::tools::TestModelOptions{}, dir);
-  g_tokenizer = tandem::Tokenizer::fromDirectory(dir).release();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
-
-  g_limits.served_model_name = "tiny-model";
-  g_limits.max_model_len = 128;
-  g_limits.vocab_size = g_tokenizer->vocabSize();
+  g_tokenizer = tandem::fuzz::loadTinyModel(g_limits);
   g_limits.max_logprobs = 5;
-  // The test model's template, so chat bodies reach rendering.
-  auto chat_template = tandem::server::ChatTemplate::load(*g_tokenizer);
-  if (!chat_template.isOk()) std::abort();
-  g_limits.chat_template = *chat_template;
   g_limits.chat_output.reasoning_parser = tandem::protocol::ReasoningParserKind::kDeepSeekR1;
   g_limits.chat_output.tool_call_parser = tandem::protocol::ToolCallParserKind::kHermes;
   return 0;

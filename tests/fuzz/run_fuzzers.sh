@@ -14,8 +14,8 @@
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ALL_HARNESSES=(chat_template cluster_spec kv_descriptor kv_transfer_config model_config
-  openai_request safetensors_header tokenizer_json)
+ALL_HARNESSES=(chat_template cluster_spec json_nesting kv_descriptor kv_transfer_config
+  model_config openai_request safetensors_header tokenizer_json)
 # Harnesses whose input is JSON get json.dict in front of their field names.
 JSON_HARNESSES=" kv_transfer_config model_config openai_request safetensors_header tokenizer_json "
 

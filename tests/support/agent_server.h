@@ -84,6 +84,8 @@ class Agent {
         << metricsText();
   }
   int port() const { return port_; }
+  // The process id, for reading /proc (the process is left alone).
+  int pid() const { return process_->pid(); }
   ChildProcess& process() {
     stopped_ = true;  // the caller may signal it
     return *process_;

@@ -222,6 +222,51 @@ TEST(TokenizerConfigTest, Llama3SpecialTokensAndTemplate) {
   EXPECT_EQ(tok->encode("Hello", /*add_special_tokens=*/true), (std::vector<TokenId>{9906}));
 }
 
+// The size bound a server checks before tokenizing a prompt: every id of
+// encode() stands for at most maxTextBytesPerToken() bytes of input, on texts
+// that make tokens as long as they get (repeated runs, whitespace, CJK,
+// emoji, decomposed Hangul that an NFC normalizer composes).
+TEST(TokenizerBoundTest, NoTokenStandsForMoreTextThanTheBound) {
+  for (const char* name : {"llama3", "qwen3"}) {
+    SCOPED_TRACE(name);
+    auto tok = Tokenizer::fromDirectory(kDataDir / name);
+    const std::optional<int64_t> bound = tok->maxTextBytesPerToken();
+    ASSERT_TRUE(bound.has_value());
+    EXPECT_GE(*bound, 4);
+    const std::string texts[] = {
+        std::string(5000, ' '),
+        std::string(5000, '='),
+        std::string(5000, '\n'),
+        std::string(5000, 'a'),
+        "--------------------------------------------------------------------------------",
+        "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c\xe4\xbd\xa0\xe5\xa5\xbd",
+        "\xf0\x9f\x98\x80\xf0\x9f\x98\x80\xf0\x9f\x98\x80 emoji",
+        // Conjoining jamo (L V T, three bytes each): NFC makes one syllable.
+        "\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8",
+        "<|im_start|><|im_start|><|endoftext|>",
+    };
+    for (const std::string& text : texts) {
+      const auto ids = tok->encode(text);
+      const auto min_ids = (static_cast<int64_t>(text.size()) + *bound - 1) / *bound;
+      EXPECT_GE(static_cast<int64_t>(ids.size()), min_ids) << text.substr(0, 40);
+    }
+  }
+}
+
+TEST(TokenizerBoundTest, TokenizersThatCanSwallowTextHaveNoBound) {
+  std::ifstream in(kDataDir / "llama3" / "tokenizer.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  TempDir dir;
+  ASSERT_TRUE(Tokenizer::fromFile(dir.write("tokenizer.json", config.dump()))
+                  ->maxTextBytesPerToken()
+                  .has_value());
+  // An added token with rstrip takes every space after it.
+  config["added_tokens"][0]["rstrip"] = true;
+  EXPECT_FALSE(Tokenizer::fromFile(dir.write("tokenizer.json", config.dump()))
+                   ->maxTextBytesPerToken()
+                   .has_value());
+}
+
 TEST(TokenizerEncodeTest, IgnoreMergesTakesWholeWordsFromVocabulary) {
   const fs::path source = kDataDir / "llama3" / "tokenizer.json";
   auto with_flag = Tokenizer::fromFile(source);

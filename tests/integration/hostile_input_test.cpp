@@ -1,0 +1,161 @@
+// Inputs a hostile client sends, against real agents and the router in front
+// of them: JSON nested 15,000 levels deep in each field a request decodes, a
+// 30 MB prompt, a million-id /detokenize. Each gets a clean 4xx naming the
+// field and the bound, the process keeps serving (the next completion
+// through the router succeeds) and every KV block is free afterwards (the
+// Agent fixture checks that when it stops).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/support/router_cluster.h"
+
+namespace {
+
+using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+
+constexpr int kCrashDepth = 15000;
+
+std::string nestedObject(int depth) {
+  std::string text;
+  for (int i = 0; i < depth; ++i) text += R"({"a":)";
+  text += "1";
+  text.append(static_cast<size_t>(depth), '}');
+  return text;
+}
+
+// Peak resident memory of a process (VmHWM), bytes; 0 when unreadable.
+int64_t peakResidentBytes(int pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("VmHWM:")) {
+      std::istringstream fields(line.substr(6));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+struct Reply {
+  int status = 0;
+  json body;
+};
+
+class HostileInputTest : public RouterCluster {
+ protected:
+  void SetUp() override {
+    RouterClusterOptions options;
+    startCluster(options);
+  }
+
+  static Reply post(httplib::Client& client, const std::string& path, const std::string& body) {
+    auto res = client.Post(path.c_str(), body, "application/json");
+    if (!res) return {};
+    return {res->status, json::parse(res->body, nullptr, false)};
+  }
+
+  // A small completion through the router answers 200.
+  void expectStillServing() {
+    json body = greedy(randomPrompt(20, 7), 4);
+    Reply reply = post(*client_, "/v1/completions", body.dump());
+    EXPECT_EQ(reply.status, 200) << reply.body.dump();
+    for (Agent* agent : agents()) {
+      auto health = agent->client()->Get("/health");
+      ASSERT_TRUE(health) << "an agent stopped answering";
+      EXPECT_EQ(health->status, 200);
+    }
+  }
+
+  // `body` refused with a 400 whose param starts with `param` and whose
+  // message contains `says`, by the decode agent and by the router.
+  void expectRefusedByBoth(const std::string& path, const std::string& body,
+                           const std::string& param, const std::string& says) {
+    auto direct = decode_[0]->client();
+    for (httplib::Client* client : {direct.get(), client_.get()}) {
+      SCOPED_TRACE(client == client_.get() ? "router" : "agent");
+      Reply reply = post(*client, path, body);
+      ASSERT_EQ(reply.status, 400) << "no clean refusal (a crash answers nothing)";
+      const json& error = reply.body["error"];
+      EXPECT_EQ(error["type"], "invalid_request_error");
+      EXPECT_TRUE(error["param"].is_string() &&
+                  error["param"].get<std::string>().starts_with(param))
+          << error.dump();
+      EXPECT_NE(error["message"].get<std::string>().find(says), std::string::npos) << error.dump();
+    }
+  }
+};
+
+TEST_F(HostileInputTest, DeeplyNestedJsonInEveryDecodedFieldIsA400) {
+  const std::string deep = nestedObject(kCrashDepth);
+  const std::string nesting = "deeper than 128 levels";
+  expectRefusedByBoth(
+      "/v1/chat/completions",
+      R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"x":)" +
+          deep + "}}",
+      "chat_template_kwargs.x.a", nesting);
+  expectRefusedByBoth(
+      "/v1/chat/completions",
+      R"({"model":"tiny","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+          deep + "}}]}",
+      "tools[0].function.parameters", nesting);
+  const json messages = json::array(
+      {{{"role", "user"}, {"content", "Hi"}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"tool_calls", json::array({{{"id", "c1"},
+                                     {"type", "function"},
+                                     {"function", {{"name", "f"}, {"arguments", deep}}}}})}},
+       {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}});
+  expectRefusedByBoth("/v1/chat/completions",
+                      json{{"model", "tiny"}, {"messages", messages}}.dump(),
+                      "messages[1].tool_calls[0].function.arguments", nesting);
+  // /tokenize is the agent's (the router's answer is checked in its own
+  // tests).
+  auto direct = decode_[0]->client();
+  Reply tokenized = post(*direct, "/tokenize",
+                         R"({"messages":[{"role":"user","content":"Hi","extra":)" + deep + "}]}");
+  EXPECT_EQ(tokenized.status, 400);
+  EXPECT_EQ(tokenized.body["error"]["param"], "messages[0].extra.a.a.a");
+  expectStillServing();
+}
+
+TEST_F(HostileInputTest, APromptFarPastTheContextIsRefusedBeforeTokenizing) {
+  std::string text;
+  while (text.size() < 30'000'000) text += "hello ";
+  const std::string body = json{{"model", "tiny"}, {"prompt", text}, {"max_tokens", 1}}.dump();
+  const int64_t peak_before = peakResidentBytes(decode_[0]->pid());
+  ASSERT_GT(peak_before, 0);
+  expectRefusedByBoth("/v1/completions", body, "prompt", "refused without tokenizing it");
+  // Tokenizing 30 MB used to take the agent past 1 GB; refused by size, the
+  // body and its parsed string are all it holds.
+  const int64_t peak_after = peakResidentBytes(decode_[0]->pid());
+  EXPECT_LT(peak_after - peak_before, int64_t{400} << 20)
+      << "peak resident memory grew from " << peak_before << " to " << peak_after << " bytes";
+  expectStillServing();
+}
+
+TEST_F(HostileInputTest, AMillionIdDetokenizeIsRefused) {
+  std::string ids = "[";
+  for (int i = 0; i < 2'000'000; ++i) ids += i + 1 < 2'000'000 ? "1," : "1]";
+  auto direct = decode_[0]->client();
+  Reply reply = post(*direct, "/detokenize", R"({"tokens":)" + ids + "}");
+  EXPECT_EQ(reply.status, 400);
+  EXPECT_NE(reply.body["error"]["message"].get<std::string>().find("1048576 JSON values"),
+            std::string::npos)
+      << reply.body.dump();
+  json within = json::array();
+  for (int i = 0; i < 5000; ++i) within.push_back(1);
+  reply = post(*direct, "/detokenize", json{{"tokens", within}}.dump());
+  EXPECT_EQ(reply.status, 400);
+  EXPECT_EQ(reply.body["error"]["param"], "tokens");
+  expectStillServing();
+}
+
+}  // namespace
