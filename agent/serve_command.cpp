@@ -136,6 +136,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.scheduler.max_num_seqs = o.max_num_seqs;
   config.max_model_len = o.max_model_len;
   config.max_waiting_requests = o.max_waiting_requests;
+  config.max_hold_blocks = o.kv_hold_max_blocks;
+  config.max_total_hold_blocks = o.kv_hold_max_total_blocks;
   auto hash = parseHashAlgorithm(o.prefix_caching_hash);
   if (!hash.isOk()) throw Error("--prefix-caching-hash: " + hash.status().message());
   config.hash_algorithm = *hash;
@@ -148,10 +150,16 @@ int runServe(CLI::App& command, ServeOptions& o) {
   if (!o.kv_transfer_config.empty()) {
     auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
     if (!transfer.isOk()) throw Error("--" + transfer.status().message());
-    if (kv::needsUcxSlab(*transfer) && transfer->produces() && !isLoopback(o.host) &&
-        kv::kvSecret(*transfer).empty() && !o.insecure_kv) {
+    const bool unprotected = kv::needsUcxSlab(*transfer) && !isLoopback(o.host) &&
+                             kv::kvSecret(*transfer).empty() && !o.insecure_kv;
+    if (unprotected && transfer->produces()) {
       throw Error("a KV producer listening on " + o.host +
                   " lets any peer read its KV blocks: set a shared secret "
+                  "(kv_connector_extra_config.secret or TANDEM_KV_SECRET), or pass --insecure-kv");
+    }
+    if (unprotected && transfer->consumes()) {
+      throw Error("a KV consumer listening on " + o.host +
+                  " lets any client make it connect to any host and port: set a shared secret "
                   "(kv_connector_extra_config.secret or TANDEM_KV_SECRET), or pass --insecure-kv");
     }
     // The KV buffer (kv_buffer.h): ask UCX which memory it can move, then
@@ -188,6 +196,13 @@ int runServe(CLI::App& command, ServeOptions& o) {
                                         ? std::filesystem::path(o.model).filename().string()
                                         : o.served_model_name;
   server_config.role = o.role;
+  server_config.max_header_bytes = o.max_header_bytes;
+  server_config.max_body_bytes = o.max_body_bytes;
+  server_config.request_timeout_s = static_cast<int>(o.request_timeout_s);
+  server_config.idle_timeout_s = static_cast<int>(o.idle_timeout_s);
+  server_config.write_timeout_s = static_cast<int>(o.write_timeout_s);
+  server_config.large_body_bytes = o.large_body_bytes;
+  server_config.max_large_requests = static_cast<int>(o.max_large_requests);
   // Parsed once here: a template that does not parse stops the agent before
   // it serves, naming the file and line.
   auto chat_template = server::ChatTemplate::load(engine.tokenizer(), o.chat_template);

@@ -25,6 +25,15 @@ struct ServeOptions {
   int64_t max_num_seqs = 64;
   int64_t max_model_len = 0;
   int64_t max_waiting_requests = 1024;
+  // HTTP limits (common/http/http_connection.h), as the router's flags of the
+  // same names.
+  int64_t max_header_bytes = 16 * 1024;
+  int64_t max_body_bytes = 64ll * 1024 * 1024;
+  int64_t request_timeout_s = 30;
+  int64_t idle_timeout_s = 60;
+  int64_t write_timeout_s = 30;
+  int64_t large_body_bytes = 1024 * 1024;
+  int64_t max_large_requests = 2;
   std::string served_model_name;
   std::string chat_template;     // a Jinja file replacing the model's chat template
   std::string tool_call_parser;  // empty: none; else a toolCallParserNames() entry
@@ -33,9 +42,13 @@ struct ServeOptions {
   std::string prefix_caching_hash = "xxhash";
   double shutdown_timeout_s = 30.0;
   std::string kv_transfer_config;  // JSON, vLLM's shape; empty: no connector
-  // A KV producer on a non-loopback address needs a shared secret unless this
-  // is set.
+  // A ucx KV producer or consumer on a non-loopback address needs a shared
+  // secret unless this is set.
   bool insecure_kv = false;
+  // Pull-back holds: blocks one hold may pin, and all holds together (0: a
+  // quarter and half of the KV cache).
+  int64_t kv_hold_max_blocks = 0;
+  int64_t kv_hold_max_total_blocks = 0;
   // kv_connector_extra_config.fault_injection is refused unless this is set.
   bool enable_fault_injection = false;
   int threads = 0;              // kernel threads; 0: all cores

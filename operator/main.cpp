@@ -13,7 +13,9 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -70,6 +72,7 @@ void applyRouterSpec(const RouterSpec& spec, const std::string& source, RouterCo
   if (spec.poll_interval_s) config.poll_interval_s = *spec.poll_interval_s;
   if (!spec.prefill.empty()) config.prefill = toEndpoints(spec.prefill);
   if (!spec.decode.empty()) config.decode = toEndpoints(spec.decode);
+  if (!spec.kv_secret.empty()) config.kv_secret = spec.kv_secret;  // local mode's
 }
 
 // Local mode's view of an in-process tandem::router::Router.
@@ -239,6 +242,14 @@ struct RouterFlags {
   int64_t max_inflight_requests = 0;
   double upstream_timeout_s = 0;
   int threads = 0;
+  int worker_threads = 0;
+  int64_t max_header_bytes = 0;
+  int64_t max_body_bytes = 0;
+  int request_timeout_s = 0;
+  int idle_timeout_s = 0;
+  int write_timeout_s = 0;
+  int64_t large_body_bytes = 0;
+  int max_large_requests = 0;
   std::string model_dir;
   std::string chat_template;
   double poll_interval_s = 0;
@@ -290,6 +301,48 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->check(CLI::PositiveNumber);
   command->add_option("--threads", flags.threads, "I/O threads (default 2)")
       ->check(CLI::Range(1, 256));
+  command
+      ->add_option("--worker-threads", flags.worker_threads,
+                   "threads that parse, tokenize and render requests (default " +
+                       std::to_string(defaults.worker_threads) + ")")
+      ->check(CLI::Range(1, 256));
+  // The per-connection limits, named and defaulted as the agents' (HTTP
+  // limits in docs/configuration.md).
+  command
+      ->add_option("--max-header-bytes", flags.max_header_bytes,
+                   "bytes of a request line and headers before 431 (default " +
+                       std::to_string(defaults.max_header_bytes) + ")")
+      ->check(CLI::Range(int64_t{1}, int64_t{UINT32_MAX}));
+  command
+      ->add_option("--max-body-bytes", flags.max_body_bytes,
+                   "bytes of a request body before 413 (default " +
+                       std::to_string(defaults.max_body_bytes) + ")")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--request-timeout", flags.request_timeout_s,
+                   "seconds to receive a request, from its first byte (default " +
+                       std::to_string(defaults.request_timeout_s) + ")")
+      ->check(CLI::Range(1, 86400));
+  command
+      ->add_option("--idle-timeout", flags.idle_timeout_s,
+                   "seconds a keep-alive connection may wait for its next request (default " +
+                       std::to_string(defaults.idle_timeout_s) + ")")
+      ->check(CLI::Range(1, 86400));
+  command
+      ->add_option("--write-timeout", flags.write_timeout_s,
+                   "seconds one write to a client may take (default " +
+                       std::to_string(defaults.write_timeout_s) + ")")
+      ->check(CLI::Range(1, 86400));
+  command
+      ->add_option("--large-body-bytes", flags.large_body_bytes,
+                   "a body over this many bytes (or chunked) is large (default " +
+                       std::to_string(defaults.large_body_bytes) + ")")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--max-large-requests", flags.max_large_requests,
+                   "large requests read and handled at once; one more gets 503 (default " +
+                       std::to_string(defaults.max_large_requests) + ")")
+      ->check(CLI::Range(1, 65536));
   command->add_option("--model-dir", flags.model_dir,
                       "model directory for the tokenizer (default: the one the agents report)");
   command->add_option("--chat-template", flags.chat_template,
@@ -349,6 +402,8 @@ void checkDiscoveryFlags(const RouterFlags& flags, const RouterConfig& config) {
 
 int runRouter(CLI::App& command, const RouterFlags& flags) {
   RouterConfig config;
+  // The agents' KV secret, from the environment as the agents take it.
+  if (const char* secret = std::getenv("TANDEM_KV_SECRET")) config.kv_secret = secret;
   if (!flags.config_path.empty()) {
     applyRouterSpec(tandem::local::loadRouterSpec(flags.config_path), flags.config_path, config);
   }
@@ -366,6 +421,14 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--max-inflight-requests")) config.max_inflight_requests = flags.max_inflight_requests;
   if (given("--upstream-timeout")) config.upstream_timeout_s = flags.upstream_timeout_s;
   if (given("--threads")) config.threads = flags.threads;
+  if (given("--worker-threads")) config.worker_threads = flags.worker_threads;
+  if (given("--max-header-bytes")) config.max_header_bytes = flags.max_header_bytes;
+  if (given("--max-body-bytes")) config.max_body_bytes = flags.max_body_bytes;
+  if (given("--request-timeout")) config.request_timeout_s = flags.request_timeout_s;
+  if (given("--idle-timeout")) config.idle_timeout_s = flags.idle_timeout_s;
+  if (given("--write-timeout")) config.write_timeout_s = flags.write_timeout_s;
+  if (given("--large-body-bytes")) config.large_body_bytes = flags.large_body_bytes;
+  if (given("--max-large-requests")) config.max_large_requests = flags.max_large_requests;
   if (given("--model-dir")) config.model_dir = flags.model_dir;
   if (given("--chat-template")) config.chat_template = flags.chat_template;
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;

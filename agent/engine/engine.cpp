@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <unordered_set>
 
 #include "agent/engine/simulation/simulated_backend.h"
 #include "agent/engine/simulation/simulated_step.h"
@@ -230,6 +231,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   if (simulated) {
     simulated_tokens_ = std::make_unique<TokenChooser>(*tokenizer_, mc.vocab_size, eos_token_ids_);
   }
+  max_hold_blocks_ = config_.max_hold_blocks > 0 ? config_.max_hold_blocks
+                                                 : std::max<int64_t>(1, kv.num_blocks / 4);
+  max_total_hold_blocks_ = config_.max_total_hold_blocks > 0
+                               ? config_.max_total_hold_blocks
+                               : std::max<int64_t>(1, kv.num_blocks / 2);
   stats_.num_blocks = kv.num_blocks;
   stats_.num_free_blocks = kv.num_blocks;
   thread_ = std::thread([this] { loop(); });
@@ -298,8 +304,8 @@ Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {
     wake_.notify_one();
   }
   if (!released.get()) {
-    return notFound("no blocks are held for transfer " + *target +
-                    " (already released, timed out, or never held)");
+    return notFound("kv_transfer_params.transfer_id " + *target +
+                    ": no blocks are held for it (already released, timed out, or never held)");
   }
   return Status::ok();
 }
@@ -312,6 +318,10 @@ Status Engine::advertiseKvAddress(const std::string& listen_host, int port) {
 StatusOr<nlohmann::json> Engine::kvHandshake(const nlohmann::json& request) const {
   if (!connector_) return notFound("this agent has no KV connector");
   return connector_->handshake(request);
+}
+
+Status Engine::authorizeKvRequest(std::string_view path, const nlohmann::json& body) const {
+  return connector_ ? connector_->authorizeRequest(path, body) : Status::ok();
 }
 
 nlohmann::json Engine::kvConnectorInfo() const {
@@ -348,9 +358,42 @@ void Engine::holdPrefixes() {
 
 StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& tokens,
                                                const std::string& cache_salt) {
-  const PrefixMatch match = block_manager_->findCachedPrefix(tokens, cache_salt);
+  PrefixMatch match = block_manager_->findCachedPrefix(tokens, cache_salt);
   if (match.blocks.empty()) {
     return notFound("no leading block of the prompt is cached on this agent");
+  }
+  // One hold lends at most max_hold_blocks_ leading blocks; the reader
+  // computes the rest.
+  if (std::ssize(match.blocks) > max_hold_blocks_) {
+    match.blocks.resize(static_cast<size_t>(max_hold_blocks_));
+    match.block_hashes.resize(static_cast<size_t>(max_hold_blocks_));
+  }
+  // Bounds, checked before anything is pinned: the distinct blocks all
+  // pull-back holds pin, and the free blocks the waiting requests need.
+  std::unordered_set<BlockId> lent;
+  for (const auto& [id, held] : held_) {
+    if (held.lent) lent.insert(held.blocks.blocks.begin(), held.blocks.blocks.end());
+  }
+  int64_t newly_lent = 0;
+  int64_t newly_taken = 0;  // free (cached, unreferenced) blocks the hold takes
+  for (BlockId block : match.blocks) {
+    if (lent.count(block) == 0) ++newly_lent;
+    if (block_manager_->refCount(block) == 0) ++newly_taken;
+  }
+  const auto lent_now = std::ssize(lent);
+  if (lent_now + newly_lent > max_total_hold_blocks_) {
+    return unavailable("pull-back holds already pin " + std::to_string(lent_now) +
+                       " KV blocks of this agent; this hold would pin " +
+                       std::to_string(newly_lent) + " more, past --kv-hold-max-total-blocks " +
+                       std::to_string(max_total_hold_blocks_) + "; retry later");
+  }
+  const int64_t free_after = block_manager_->numFreeBlocks() - newly_taken;
+  const int64_t waiting_need = scheduler_->numBlocksNeededByWaiting();
+  if (free_after < waiting_need) {
+    return unavailable("this hold would leave " + std::to_string(free_after) +
+                       " free KV blocks, fewer than the " + std::to_string(waiting_need) +
+                       " the waiting requests need (holds never take blocks from admission); "
+                       "retry later");
   }
   const int64_t num_tokens = match.numCachedTokens(config_.block_size);
   // Found and taken on the engine thread in one go: the match is still whole.
@@ -378,7 +421,7 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   }
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(connector_->config().abort_timeout_s));
-  held_[id] = Held{std::move(blocks), now_() + timeout};
+  held_[id] = Held{std::move(blocks), now_() + timeout, /*lent=*/true};
   publishStats();
   return decision.kv_transfer_params;
 }
@@ -456,9 +499,13 @@ void Engine::publishStats() {
   stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
   stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
   if (connector_) stats.kv_sources = kv_sources_;
+  // A block pinned by several holds (the same prefix lent twice, a lent
+  // prefix of a finished request's blocks) counts once.
+  std::unordered_set<BlockId> held_blocks;
   for (const auto& [id, held] : held_) {
-    stats.kv_held_blocks += static_cast<int64_t>(held.blocks.blocks.size());
+    held_blocks.insert(held.blocks.blocks.begin(), held.blocks.blocks.end());
   }
+  stats.kv_held_blocks = std::ssize(held_blocks);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_ = stats;
 }
@@ -504,8 +551,9 @@ void Engine::loop() {
       }
     }
     releaseHeldBlocks();
-    holdPrefixes();
+    // Holds come after new requests are queued, so they see what those need.
     drainInbox();
+    holdPrefixes();
     bool stop_now = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);

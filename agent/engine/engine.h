@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -69,6 +70,12 @@ struct EngineConfig {
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   // Requests queued beyond this are refused (ResourceExhausted).
   int64_t max_waiting_requests = 1024;
+  // Pull-back holds (holdPrefix): the most blocks one hold pins (a longer
+  // cached prefix is lent up to this many leading blocks) and the most
+  // distinct blocks all holds together pin; 0: a quarter and half of the KV
+  // cache.
+  int64_t max_hold_blocks = 0;
+  int64_t max_total_hold_blocks = 0;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
   size_t kv_event_capacity = 65536;
   // Builds the KV connector over the engine's cache, given the model identity
@@ -108,7 +115,7 @@ struct EngineStats {
   int64_t num_steps = 0;
   int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
   int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
-  int64_t kv_held_blocks = 0;    // blocks held for remote readers
+  int64_t kv_held_blocks = 0;    // distinct blocks held for remote readers
   std::string kv_connector;      // its name, empty without one
   // Loads by source (the connector's name, or a multi connector's member).
   std::map<std::string, KvSourceTotals> kv_sources;
@@ -168,13 +175,24 @@ class Engine {
   // The KV connector's info() for /health (null without a connector). Any
   // thread.
   nlohmann::json kvConnectorInfo() const;
+  // Whether a control request to /v1/kv_transfer/<path> may be served: the
+  // connector's authorizeRequest (PermissionDenied naming the kv_auth field
+  // when the agent has a KV secret and the body is not signed with it). OK
+  // without a connector. Any thread.
+  Status authorizeKvRequest(std::string_view path, const nlohmann::json& body) const;
   // Pull-back (decode → prefill): pins the longest cached run of `tokens`'
-  // leading full blocks for a remote reader and returns the connector's
-  // descriptor of them (as a finished request's kv_transfer_params), held
-  // until the reader's release, an explicit release, or abort_timeout_s.
-  // NotFound when no block is cached; FailedPrecondition without a producing
-  // connector.
+  // leading full blocks, at most max_hold_blocks of them, for a remote
+  // reader and returns the connector's descriptor of them (as a finished
+  // request's kv_transfer_params), held until the reader's release, an
+  // explicit release, or abort_timeout_s. NotFound when no block is cached;
+  // FailedPrecondition without a producing connector; Unavailable (naming
+  // the bound) when the blocks it would newly pin would take the holds past
+  // max_total_hold_blocks, or leave fewer free blocks than the waiting
+  // requests need.
   StatusOr<nlohmann::json> holdPrefix(std::vector<TokenId> tokens, std::string cache_salt);
+  // The resolved bounds of pull-back holds (config 0 replaced by its default).
+  int64_t maxHoldBlocks() const { return max_hold_blocks_; }
+  int64_t maxTotalHoldBlocks() const { return max_total_hold_blocks_; }
   // Stops accepting requests, lets in-flight ones finish until `deadline`,
   // aborts the rest, and stops the loop. Idempotent.
   void shutdown(Clock::time_point deadline);
@@ -256,6 +274,7 @@ class Engine {
   struct Held {
     SequenceBlocks blocks;
     Clock::time_point deadline;
+    bool lent = false;  // a pull-back hold (holdPrefix), not a finished request's blocks
   };
   std::unordered_map<std::string, Held> held_;        // request id → blocks for a remote reader
   std::map<std::string, KvSourceTotals> kv_sources_;  // engine thread only
@@ -264,6 +283,8 @@ class Engine {
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;
   int64_t max_model_len_ = 0;
+  int64_t max_hold_blocks_ = 0;
+  int64_t max_total_hold_blocks_ = 0;
 
   // Inbox, guarded by mutex_.
   mutable std::mutex mutex_;

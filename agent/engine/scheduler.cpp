@@ -145,6 +145,16 @@ int64_t Scheduler::numPrefillTokensWaiting() const {
   return total;
 }
 
+int64_t Scheduler::numBlocksNeededByWaiting() const {
+  int64_t total = 0;
+  for (const auto& sequence : waiting_) {
+    if (sequence->status == SequenceStatus::kWaitingForRemoteKv) continue;
+    total += std::max<int64_t>(0, blocks_.blocksForTokens(std::ssize(sequence->tokens)) -
+                                      std::ssize(sequence->blocks.blocks));
+  }
+  return total;
+}
+
 Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
   PrefixMatch match;
   const bool first_admission = !sequence->admitted_once;

@@ -147,6 +147,10 @@ class Scheduler {
   // the uncomputed part of each queued prompt (and of what a preempted
   // sequence generated, which it recomputes). Loads in flight count too.
   int64_t numPrefillTokensWaiting() const;
+  // Blocks the queued sequences (not those parked on a load, which hold
+  // theirs) still lack to hold every token they know: what admitting them
+  // all would take from the free blocks, before any prefix-cache hit.
+  int64_t numBlocksNeededByWaiting() const;
   bool hasWork() const { return !running_.empty() || !waiting_.empty() || !abandoned_.empty(); }
   int64_t numPreemptions() const { return num_preemptions_; }
   int64_t numExternalBlocksLoaded() const { return external_blocks_loaded_; }

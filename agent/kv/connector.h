@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/engine/kv_cache.h"
@@ -192,6 +193,14 @@ class KvConnector {
   // Any thread: reads only state fixed at start-up.
   virtual StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const {
     return notFound("this agent's KV connector serves no KV handshake");
+  }
+  // Checks a control request to this agent's /v1/kv_transfer/<path> whose
+  // body alone does not authenticate it (a pull-back hold): with a shared KV
+  // secret the body must be signed with it (common/kv_auth.h), else
+  // PermissionDenied naming the kv_auth field (counted as "auth"). OK for
+  // connectors without a secret. Any thread.
+  virtual Status authorizeRequest(std::string_view path, const nlohmann::json& body) const {
+    return Status::ok();
   }
   // What /health reports about this connector's buffers (e.g. the ucx
   // connector's KV buffer path and staging slots in use); null when nothing.

@@ -110,6 +110,9 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
   StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override {
     return inner_->handshake(request);
   }
+  Status authorizeRequest(std::string_view path, const nlohmann::json& body) const override {
+    return inner_->authorizeRequest(path, body);
+  }
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override {
     LookupResult result = inner_->scheduler().lookup(request, num_local_tokens);
     if (result.state == LookupResult::State::kAvailable) {

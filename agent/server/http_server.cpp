@@ -8,7 +8,7 @@
 #include <thread>
 #include <utility>
 
-#include "agent/server/http_connection.h"
+#include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -164,6 +164,8 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits.request_timeout = std::chrono::seconds(config_.request_timeout_s);
   limits.idle_timeout = std::chrono::seconds(config_.idle_timeout_s);
   limits.write_timeout = std::chrono::seconds(config_.write_timeout_s);
+  limits.large_body_bytes = static_cast<uint64_t>(config_.large_body_bytes);
+  limits.max_large_requests = config_.max_large_requests;
   http_ = std::make_unique<HttpService>(limits, config_.io_threads, config_.worker_threads);
   limits_.served_model_name = config_.served_model_name;
   limits_.max_model_len = engine_.maxModelLen();
@@ -215,12 +217,16 @@ void HttpServer::routes() {
     return [this, chat](HttpExchange& exchange) -> boost::asio::awaitable<void> {
       const Tokenizer& tokenizer = engine_.tokenizer();
       const std::string* body = &exchange.request().body;
-      // Parsing tokenizes the prompt: worker pool, not an io thread.
-      Result<ParsedRequest> parsed =
-          co_await exchange.offload<Result<ParsedRequest>>([this, chat, body, &tokenizer] {
-            return chat ? parseChatCompletionRequest(*body, limits_, tokenizer)
+      // Parsing tokenizes the prompt and renders a chat template: worker
+      // pool, not an io thread; a client leaving cancels the rendering.
+      std::atomic<bool> cancel{false};
+      Result<ParsedRequest> parsed = co_await exchange.offload<Result<ParsedRequest>>(
+          [this, chat, body, &tokenizer, &cancel] {
+            return chat ? parseChatCompletionRequest(*body, limits_, tokenizer, &cancel)
                         : parseCompletionRequest(*body, limits_, tokenizer);
-          });
+          },
+          cancel);
+      if (exchange.clientGone()) co_return;  // nobody to answer; nothing started
       if (!parsed.isOk()) {
         metrics_.observeRejected("invalid");
         co_await exchange.respond(errorResponse(parsed.error()));
@@ -368,14 +374,25 @@ void HttpServer::routes() {
                     "text/plain; version=0.0.4");
   });
 
-  http_->post(
-      "/tokenize",
-      [this](const HttpRequest& req, HttpResponse& res) {
-        auto result = tokenizeResponse(req.body, limits_, engine_.tokenizer());
-        if (!result.isOk()) return sendError(res, result.error());
-        res.set_content(compactDump(result.value()), "application/json");
-      },
-      /*blocking=*/true);
+  // Renders a chat template for `messages`: a client leaving cancels it.
+  http_->route("POST", "/tokenize", [this](HttpExchange& exchange) -> boost::asio::awaitable<void> {
+    const std::string* body = &exchange.request().body;
+    std::atomic<bool> cancel{false};
+    HttpResponse res = co_await exchange.offload<HttpResponse>(
+        [this, body, &cancel] {
+          HttpResponse out;
+          auto result = tokenizeResponse(*body, limits_, engine_.tokenizer(), &cancel);
+          if (!result.isOk()) {
+            sendError(out, result.error());
+          } else {
+            out.set_content(compactDump(result.value()), "application/json");
+          }
+          return out;
+        },
+        cancel);
+    if (exchange.clientGone()) co_return;
+    co_await exchange.respond(std::move(res));
+  });
   http_->post(
       "/detokenize",
       [this](const HttpRequest& req, HttpResponse& res) {
@@ -385,34 +402,52 @@ void HttpServer::routes() {
       },
       /*blocking=*/true);
 
+  // Bodies of the /v1/kv_transfer/* routes: a JSON object within the
+  // request bounds (common/json_parse.h), or the 400 saying what is wrong.
+  // `accepted` says what the object must hold.
+  auto kvTransferBody = [this](const std::string& text,
+                               const std::string& accepted) -> Result<json> {
+    JsonParseError parse_error;
+    std::optional<json> body = parseJson(text, parse_error, limits_.json_bounds);
+    if (!body && (parse_error.tooDeep() || parse_error.tooManyValues())) {
+      return boundsError(parse_error);
+    }
+    if (!body) return invalidRequest("the body is not valid JSON (" + parse_error.detail + ")");
+    if (!body->is_object()) return invalidRequest("the body must be a JSON object " + accepted);
+    return std::move(*body);
+  };
+
   // The router's explicit release of blocks held for a transfer it abandons;
-  // the body carries the kv_transfer_params this agent returned.
+  // the body carries the kv_transfer_params this agent returned (signed by
+  // this agent when it has a KV secret: that signature authenticates it).
   http_->post(
       "/v1/kv_transfer/release",
-      [this](const HttpRequest& req, HttpResponse& res) {
-        json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-        if (body.is_discarded() || !body.is_object() || !body.contains("kv_transfer_params") ||
-            !body["kv_transfer_params"].is_object()) {
-          return sendError(res, invalidRequest("the body must be a JSON object with the object "
-                                               "kv_transfer_params returned by this agent",
+      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
+        auto body =
+            kvTransferBody(req.body, "with the object kv_transfer_params returned by this agent");
+        if (!body.isOk()) return sendError(res, body.error());
+        const auto params = body.value().find("kv_transfer_params");
+        if (params == body.value().end() || !params->is_object()) {
+          return sendError(res, invalidRequest("kv_transfer_params must be the object this agent "
+                                               "returned for the transfer",
                                                "kv_transfer_params"));
         }
-        Status released = engine_.releaseTransfer(body["kv_transfer_params"]);
-        if (!released.isOk()) return sendError(res, fromStatus(released, "kv_transfer_params"));
+        // Errors name the field they are about (kv_transfer_params.transfer_id, ...).
+        Status released = engine_.releaseTransfer(*params);
+        if (!released.isOk()) return sendError(res, fromStatus(released));
         res.set_content(json{{"released", true}}.dump(), "application/json");
       },
       /*blocking=*/true);
 
   // A peer's KV handshake: what a reader needs to read this agent's blocks
-  // (the decode agent asks the prefill agent a descriptor names).
+  // (the decode agent asks the prefill agent a descriptor names). Signed
+  // over its nonce when the agent has a KV secret.
   http_->post(
       "/v1/kv_transfer/handshake",
-      [this](const HttpRequest& req, HttpResponse& res) {
-        json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-        if (body.is_discarded() || !body.is_object()) {
-          return sendError(res, invalidRequest("the body must be a JSON object with a nonce"));
-        }
-        auto answer = engine_.kvHandshake(body);
+      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
+        auto body = kvTransferBody(req.body, "with a nonce");
+        if (!body.isOk()) return sendError(res, body.error());
+        auto answer = engine_.kvHandshake(body.value());
         if (!answer.isOk()) return sendError(res, fromStatus(answer.status()));
         res.set_content(compactDump(*answer), "application/json");
       },
@@ -420,12 +455,17 @@ void HttpServer::routes() {
 
   // Pull-back: pins the cached leading blocks of a prompt for a prefill agent
   // to read (the router asks the decode agent that holds a conversation).
+  // With a KV secret the body must be signed (kv_auth): nothing is looked at
+  // or pinned for anyone else.
   http_->post(
       "/v1/kv_transfer/hold",
-      [this](const HttpRequest& req, HttpResponse& res) {
-        json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-        if (body.is_discarded() || !body.is_object()) {
-          return sendError(res, invalidRequest("the body must be a JSON object"));
+      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
+        auto parsed = kvTransferBody(req.body, "with token_ids");
+        if (!parsed.isOk()) return sendError(res, parsed.error());
+        const json& body = parsed.value();
+        if (Status allowed = engine_.authorizeKvRequest("/v1/kv_transfer/hold", body);
+            !allowed.isOk()) {
+          return sendError(res, fromStatus(allowed));
         }
         const auto ids = body.find("token_ids");
         const int64_t vocab = engine_.model().config().vocab_size;
@@ -452,7 +492,11 @@ void HttpServer::routes() {
           salt = it->get<std::string>();
         }
         auto held = engine_.holdPrefix(std::move(tokens), std::move(salt));
-        if (!held.isOk()) return sendError(res, fromStatus(held.status(), "token_ids"));
+        if (!held.isOk()) {
+          // Nothing cached is about the prompt; a refusal by a bound is not.
+          const bool about_prompt = held.status().code() == StatusCode::kNotFound;
+          return sendError(res, fromStatus(held.status(), about_prompt ? "token_ids" : ""));
+        }
         res.set_content(compactDump(json{{"kv_transfer_params", *held},
                                          {"num_tokens", (*held)["remote_num_tokens"]}}),
                         "application/json");

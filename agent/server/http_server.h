@@ -1,7 +1,7 @@
 // The agent's HTTP API: OpenAI-compatible completions and chat completions
 // (streamed as Server-Sent Events or whole), models, health, metrics,
 // tokenize/detokenize, the KV transfer calls and the KV event stream for the
-// router, served by the Asio/Beast transport of http_connection.h.
+// router, served by the Asio/Beast front of common/http/http_connection.h.
 //
 // A few io threads own every connection; a request waiting for the engine
 // costs a coroutine, not a thread (the engine's output callback wakes it).
@@ -41,6 +41,10 @@ struct ServerConfig {
   int request_timeout_s = 30;
   int idle_timeout_s = 60;
   int write_timeout_s = 30;
+  // Requests whose body is over large_body_bytes (or chunked) read and
+  // handled at once; one more is answered 503 before its body is read.
+  int64_t large_body_bytes = 1024 * 1024;
+  int max_large_requests = 2;
   // The chat template for /v1/chat/completions and /tokenize (load it with
   // ChatTemplate::load at start-up); null: the model has none.
   std::shared_ptr<const ChatTemplate> chat_template;

@@ -223,6 +223,12 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
       {"readinessProbe", httpProbe("/health", 5, 3)},
       {"livenessProbe", httpProbe("/metrics", 10, 3)}};
   if (!router.resources.empty()) container["resources"] = router.resources;
+  if (router.kv_secret_ref) {
+    // The agents' KV secret, which the router signs its pull-back holds with.
+    const json key_ref = {{"name", router.kv_secret_ref->name}, {"key", router.kv_secret_ref->key}};
+    container["env"] =
+        json::array({{{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}}});
+  }
   json pod_spec = {{"serviceAccountName", defaults.router_service_account}};
   if (router.model_path)
     addModelVolume(router.model_volume, *router.model_path, pod_spec, container);

@@ -1,6 +1,7 @@
 #include "operator/local/agent_command.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,6 +21,29 @@ std::string kvTransferConfigJson(const PoolSpec& pool) {
   nlohmann::json config = {{"kv_connector", transfer.connector}, {"kv_role", transfer.role}};
   if (!transfer.extra_config.empty()) config["kv_connector_extra_config"] = transfer.extra_config;
   return config.dump();
+}
+
+std::string poolKvSecret(const PoolSpec& pool) {
+  auto secretOf = [](const nlohmann::json& extra) -> std::string {
+    if (!extra.is_object()) return "";
+    auto it = extra.find("secret");
+    return it != extra.end() && it->is_string() ? it->get<std::string>() : "";
+  };
+  const nlohmann::json& extra = pool.kv_transfer.extra_config;
+  if (std::string secret = secretOf(extra); !secret.empty()) return secret;
+  if (auto members = extra.find("connectors"); members != extra.end() && members->is_array()) {
+    for (const nlohmann::json& member : *members) {
+      if (!member.is_object()) continue;
+      auto member_extra = member.find("kv_connector_extra_config");
+      if (member_extra == member.end()) continue;
+      if (std::string secret = secretOf(*member_extra); !secret.empty()) return secret;
+    }
+  }
+  for (const auto& [name, value] : pool.env) {
+    if (name == "TANDEM_KV_SECRET") return value;
+  }
+  const char* inherited = std::getenv("TANDEM_KV_SECRET");
+  return inherited != nullptr ? inherited : "";
 }
 
 std::vector<std::string> agentArguments(const PoolSpec& pool,

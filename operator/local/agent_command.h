@@ -26,4 +26,11 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
 // "kv_connector_extra_config"}.
 std::string kvTransferConfigJson(const PoolSpec& pool);
 
+// The shared KV secret the pool's agents use, found the way they find it:
+// kvTransfer.extraConfig.secret (or a multi connector member's), else
+// TANDEM_KV_SECRET from spec.env, else from this process's environment
+// (which the agents inherit); empty when none. Local mode gives it to the
+// router, which signs its pull-back holds with it.
+std::string poolKvSecret(const PoolSpec& pool);
+
 }  // namespace tandem::local

@@ -634,6 +634,7 @@ spec:
   service: {}
   prefillPools: []
   decodePools: []
+  kvSecretRef: {name: s, key: k}
 )");
   std::erase_if(fields,
                 [](const std::string& path) { return path == "prefill" || path == "decode"; });

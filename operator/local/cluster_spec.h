@@ -148,6 +148,14 @@ struct RouterSpec {
   std::optional<ModelVolumeSpec> model_volume;          // spec.modelVolume, at modelPath
   std::string service_type = "ClusterIP";               // spec.service.type
   int service_port = 8000;                              // spec.service.port
+  // spec.kvSecretRef (Kubernetes only): the Secret key with the agents'
+  // shared KV secret (the pools' kvTransfer.secretRef), given to the router
+  // as TANDEM_KV_SECRET to sign its pull-back holds with.
+  std::optional<SecretKeyRef> kv_secret_ref;
+  // Local mode only, never read from a document: the decode pools' KV secret
+  // (poolKvSecret in agent_command.h), which the in-process router signs
+  // its pull-back holds with.
+  std::string kv_secret;
   bool operator==(const RouterSpec&) const = default;
 };
 

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "common/status.h"
+#include "operator/local/agent_command.h"
 
 namespace tandem::local {
 namespace {
@@ -253,6 +254,20 @@ RouterSpec LocalMode::routerSpecFor(const ClusterSpec& cluster) const {
         spec.model_path = pool.model_path;
         break;
       }
+    }
+  }
+  // It signs its pull-back holds to decode agents with their KV secret.
+  bool first = true;
+  for (const PoolSpec& pool : cluster.pools) {
+    if (pool.kind != PoolKind::kDecode) continue;
+    const std::string secret = poolKvSecret(pool);
+    if (first) {
+      spec.kv_secret = secret;
+      first = false;
+    } else if (secret != spec.kv_secret) {
+      TANDEM_LOG(kWarn) << "local: decode pool " << pool.name
+                        << " has another KV secret than the first decode pool; the router signs "
+                           "its pull-back holds with the first one's";
     }
   }
   return spec;

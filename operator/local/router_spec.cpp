@@ -113,6 +113,15 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
     }
     service.rejectUnknown();
   }
+  if (auto value = spec.get("kvSecretRef")) {
+    requireMapping(*value, "spec.kvSecretRef", context);
+    MapReader secret(*value, "spec.kvSecretRef", context);
+    SecretKeyRef ref;
+    ref.name = readString(secret.require("name"), secret.pathOf("name"), context);
+    ref.key = readString(secret.require("key"), secret.pathOf("key"), context);
+    secret.rejectUnknown();
+    router.kv_secret_ref = std::move(ref);
+  }
   spec.rejectUnknown();
   return router;
 }

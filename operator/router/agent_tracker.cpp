@@ -5,6 +5,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
 #include "common/logging.h"
 #include "common/prometheus_text.h"
 #include "operator/router/upstream_call.h"
@@ -190,7 +191,7 @@ awaitable<void> AgentTracker::eventLoop(AgentPtr agent) {
           std::string event = pending.substr(0, end);
           pending.erase(0, end + 2);
           if (!event.starts_with("data: ")) continue;  // comments
-          json parsed = json::parse(event.substr(6), nullptr, false);
+          json parsed = parseJsonOrDiscarded(event.substr(6));
           // Once replaced under the same name (a restart), the index entry
           // belongs to the new agent: this stream's events stay out.
           std::lock_guard<std::mutex> lock(mutex_);

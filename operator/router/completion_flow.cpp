@@ -4,8 +4,9 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 
+#include "common/json_parse.h"
+#include "common/kv_auth.h"
 #include "common/logging.h"
-#include "operator/router/client_response.h"
 #include "operator/router/upstream_call.h"
 
 namespace tandem::router {
@@ -17,9 +18,41 @@ using tcp = asio::ip::tcp;
 using asio::awaitable;
 using asio::use_awaitable;
 using nlohmann::json;
+using server::HttpExchange;
+using server::HttpResponse;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// An answer whose body is JSON text already (an agent's, or an error).
+HttpResponse jsonAnswer(int status, std::string body) {
+  HttpResponse response;
+  response.status = status;
+  response.set_content(std::move(body), "application/json");
+  return response;
+}
+
+// A 503 in OpenAI's error shape, with Retry-After.
+HttpResponse unavailable(const std::string& message) {
+  return server::httpErrorResponse(503, message, "service_unavailable");
+}
+
+// The error event that ends a stream whose decode agent failed midway.
+std::string midStreamError(const std::string& agent, const std::string& what) {
+  server::ApiError error{502, "the decode agent " + agent + " failed mid-stream: " + what,
+                         "server_error", "", ""};
+  return "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
+         std::string(server::kSseDone);
+}
+
+// Parses and checks a request as an agent does: for chat, renders the
+// template (ended early when `cancel` is set) and tokenizes.
+server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool chat,
+                                                   const ServedModel& model,
+                                                   const std::atomic<bool>& cancel) {
+  return chat ? server::parseChatCompletionRequest(body, model.limits(), model.tokenizer(), &cancel)
+              : server::parseCompletionRequest(body, model.limits(), model.tokenizer());
+}
 
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -27,9 +60,13 @@ double secondsSince(Clock::time_point start) {
 
 // Request bodies the router builds (kept out of coroutines: GCC 12 cannot
 // put brace-initialized JSON with string literals in a coroutine frame).
-std::string holdBody(const protocol::Request& request) {
+// A hold is signed with the agents' KV secret (common/kv_auth.h); a release
+// needs no signature of ours: the descriptor it carries is the agent's own,
+// signed by it.
+std::string holdBody(const protocol::Request& request, const std::string& kv_secret) {
   json hold = {{"token_ids", request.prompt}};
   if (!request.cache_salt.empty()) hold["cache_salt"] = request.cache_salt;
+  if (!kv_secret.empty()) kv_auth::signRequest(hold, "/v1/kv_transfer/hold", kv_secret);
   return hold.dump();
 }
 
@@ -93,6 +130,7 @@ CompletionFlow::CompletionFlow(const RouterConfig& config, AgentTracker& agents,
                                AdmissionGate& gate, RouterMetrics& metrics,
                                const std::atomic<bool>& stopping)
     : upstream_timeout_s_(config.upstream_timeout_s),
+      kv_secret_(config.kv_secret),
       agents_(agents),
       model_(model),
       gate_(gate),
@@ -105,7 +143,7 @@ enum class Admission { kAdmitted, kRefused, kClientGone };
 // Admission: up to max_inflight_requests at once, then a queue of up to
 // max_queued_requests (woken when a slot passes to it, or dropped when its
 // client leaves), then refusal.
-awaitable<CompletionFlow::Admission> CompletionFlow::admit(ClientConnection& client) {
+awaitable<CompletionFlow::Admission> CompletionFlow::admit(HttpExchange& exchange) {
   auto waiter = std::make_shared<AdmissionGate::Waiter>();
   auto executor = co_await asio::this_coro::executor;
   auto wakeup = std::make_shared<asio::steady_timer>(executor, Clock::time_point::max());
@@ -122,52 +160,62 @@ awaitable<CompletionFlow::Admission> CompletionFlow::admit(ClientConnection& cli
       break;
   }
   {
-    OnClientGone cancel(&client, [wakeup] { wakeup->expires_at(Clock::time_point::min()); });
+    server::OnClientGone cancel(exchange,
+                                [wakeup] { wakeup->expires_at(Clock::time_point::min()); });
     boost::system::error_code ec;
-    while (!client.gone && !stopping_ && !gate_.granted(waiter)) {
+    while (!exchange.clientGone() && !stopping_ && !gate_.granted(waiter)) {
       co_await wakeup->async_wait(asio::redirect_error(use_awaitable, ec));
     }
   }
   if (!gate_.cancel(waiter)) co_return Admission::kAdmitted;  // granted meanwhile
-  co_return client.gone ? Admission::kClientGone : Admission::kRefused;
+  co_return exchange.clientGone() ? Admission::kClientGone : Admission::kRefused;
 }
 
 // The completion flow: parse and check like an agent, decide, hand off.
-awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::string& body_text,
-                                         bool chat) {
-  beast::tcp_stream& stream = client.stream;
+awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   const auto arrival = Clock::now();
   if (!model_.ready()) {
-    co_await respondError(stream, 503, std::string("no agent is ready yet"),
-                          std::string("service_unavailable"));
-    co_return true;
+    co_await exchange.respond(unavailable("no agent is ready yet"));
+    co_return;
   }
-  // The same checks, with the same messages, as an agent's.
-  auto parsed =
-      chat ? server::parseChatCompletionRequest(body_text, model_.limits(), model_.tokenizer())
-           : server::parseCompletionRequest(body_text, model_.limits(), model_.tokenizer());
+  // The same checks, with the same messages, as an agent's, on the worker
+  // pool: a long chat template render never holds an io thread, and a
+  // client leaving cancels it.
+  std::atomic<bool> cancel{false};
+  const std::string* body_text = &exchange.request().body;
+  const ServedModel* model = &model_;
+  server::Result<server::ParsedRequest> parsed =
+      co_await exchange.offload<server::Result<server::ParsedRequest>>(
+          [body_text, chat, model, &cancel] {
+            return parseRequest(*body_text, chat, *model, cancel);
+          },
+          cancel);
+  if (exchange.clientGone()) {
+    metrics_.countClientAbort("parse");
+    co_return;
+  }
   if (!parsed.isOk()) {
     const server::ApiError& error = parsed.error();
-    co_await respondJson(stream, error.status, server::errorBody(error).dump());
-    co_return true;
+    co_await exchange.respond(
+        jsonAnswer(error.status, server::compactDump(server::errorBody(error))));
+    co_return;
   }
   // From here on, a client leaving cancels what its request is waiting for.
-  client.startWatch();
-  const Admission admission = co_await admit(client);
+  exchange.watchClient();
+  const Admission admission = co_await admit(exchange);
   if (admission == Admission::kClientGone) {
     metrics_.countClientAbort("queued");
-    co_return false;
+    co_return;
   }
   if (admission == Admission::kRefused) {
     metrics_.countDecision("rejected");
-    co_return co_await respondError(stream, 503,
-                                    std::string("the router is overloaded; retry later"),
-                                    std::string("service_unavailable"));
+    co_await exchange.respond(unavailable("the router is overloaded; retry later"));
+    co_return;
   }
   SlotLease slot(gate_);
-  if (client.gone) {
+  if (exchange.clientGone()) {
     metrics_.countClientAbort("queued");
-    co_return false;
+    co_return;
   }
   json body = std::move(parsed.value().body);
   body.erase("kv_transfer_params");  // only the router sets these
@@ -206,9 +254,8 @@ awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::st
   metrics_.observeDecision(secondsSince(decide_start), decision.overlap_ratio);
   if (!decision.decode) {
     metrics_.countDecision("rejected");
-    co_await respondError(stream, 503, std::string("no healthy decode agent"),
-                          std::string("service_unavailable"));
-    co_return true;
+    co_await exchange.respond(unavailable("no healthy decode agent"));
+    co_return;
   }
 
   // Try decode agents in the chosen order, then the others.
@@ -221,29 +268,30 @@ awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::st
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
-      handoff = co_await prefillOn(client, body, request, hashes, prefill_agents, input, decision,
+      handoff = co_await prefillOn(exchange, body, request, hashes, prefill_agents, input, decision,
                                    decode);
-      if (client.gone) {
+      if (exchange.clientGone()) {
         // Nobody waits for the answer: what the prefill agent holds for
         // it goes back now, and no decode agent sees the request.
         co_await release(handoff);
         metrics_.countClientAbort("prefill");
-        co_return false;
+        co_return;
       }
       if (handoff.client_error) {
-        co_return co_await respondJson(stream, handoff.status, handoff.body);
+        co_await exchange.respond(jsonAnswer(handoff.status, std::move(handoff.body)));
+        co_return;
       }
       if (handoff.retried) retried = true;
     }
     const std::string label = !handoff.params.is_null()
                                   ? (handoff.pulled_back ? "pull_back" : "disaggregated")
                                   : "local_prefill";
-    DecodeOutcome outcome = co_await decodeOn(client, body, streaming, decode, handoff, label,
+    DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
                                               arrival, static_cast<int64_t>(request.prompt.size()));
     if (outcome == DecodeOutcome::kDone) {
       metrics_.countDecision(label);
       if (retried) metrics_.countDecision("retried");
-      co_return true;
+      co_return;
     }
     if (outcome == DecodeOutcome::kClientGone || outcome == DecodeOutcome::kClientGoneMidway) {
       // A cancel, not a failure: the upstream connection is closed (the
@@ -251,24 +299,22 @@ awaitable<bool> CompletionFlow::complete(ClientConnection& client, const std::st
       // is released now rather than at the prefill agent's timeout.
       co_await release(handoff);
       metrics_.countClientAbort(outcome == DecodeOutcome::kClientGone ? "decode" : "response");
-      co_return false;
+      co_return;
     }
-    if (outcome == DecodeOutcome::kBrokenAfterStart) co_return false;
+    if (outcome == DecodeOutcome::kBrokenAfterStart) co_return;
     // Failed before anything reached the client: give the transfer back
     // and try the next decode agent, which prefills itself.
     if (!handoff.params.is_null()) co_await release(handoff);
     retried = true;
   }
   metrics_.countDecision("rejected");
-  co_return co_await respondError(stream, 503,
-                                  std::string("every decode agent failed this request"),
-                                  std::string("service_unavailable"));
+  co_await exchange.respond(unavailable("every decode agent failed this request"));
 }
 
 // Prefills on the chosen prefill agent (others on failure); with pull-back
 // the decode agent first lends the prefix it holds.
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
-    ClientConnection& client, const json& body, const protocol::Request& request,
+    HttpExchange& exchange, const json& body, const protocol::Request& request,
     const std::vector<BlockHash>& hashes, const std::vector<AgentPtr>& prefill_agents,
     const DecisionInput& input, const Decision& decision, const AgentPtr& decode) {
   Handoff handoff;
@@ -276,9 +322,9 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   if (decision.pull_back) {
     UpstreamResult held =
         co_await callAgent(decode->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
-                           holdBody(request), 10.0);
+                           holdBody(request, kv_secret_), 10.0);
     if (held.status == 200) {
-      json answer = json::parse(held.body, nullptr, false);
+      json answer = parseJsonOrDiscarded(held.body);
       if (answer.is_object() && answer.contains("kv_transfer_params")) {
         lent = answer["kv_transfer_params"];
       }
@@ -290,7 +336,7 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   }
   const std::string prefill_body = prefillBody(body, lent);
   const std::string target = targetOf(body);
-  for (size_t attempt = 0; attempt < order.size() && !client.gone; ++attempt) {
+  for (size_t attempt = 0; attempt < order.size() && !exchange.clientGone(); ++attempt) {
     const AgentPtr& prefill = prefill_agents[order[attempt]];
     const int64_t uncached =
         input.num_prompt_tokens - input.prefill[order[attempt]].leading_blocks * input.block_size;
@@ -298,7 +344,7 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     {
       InflightGuard guard(prefill, uncached);
       result = co_await callAgent(prefill->endpoint, http::verb::post, target, prefill_body,
-                                  upstream_timeout_s_, &client);
+                                  upstream_timeout_s_, &exchange);
     }
     if (result.status >= 400 && result.status < 500 && result.status != 429) {
       handoff.client_error = true;
@@ -307,7 +353,7 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
       break;
     }
     if (result.status == 200) {
-      json answer = json::parse(result.body, nullptr, false);
+      json answer = parseJsonOrDiscarded(result.body);
       if (answer.is_object() && answer.contains("kv_transfer_params") &&
           answer["kv_transfer_params"].is_object()) {
         handoff.params = answer["kv_transfer_params"];
@@ -316,7 +362,7 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
         break;
       }
     }
-    if (client.gone) break;  // the call was cut short: not the agent's fault
+    if (exchange.clientGone()) break;  // the call was cut short: not the agent's fault
     metrics_.countUpstreamError(prefill->endpoint.name);
     TANDEM_LOG(kWarn) << "router: prefill on " << prefill->endpoint.name << " failed ("
                       << (result.status == 0 ? result.error : std::to_string(result.status)) << ")";
@@ -338,7 +384,7 @@ awaitable<void> CompletionFlow::release(const Handoff& handoff) {
 
 // Sends the request to the decode agent and passes its answer through.
 awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
-    ClientConnection& connection, json body, bool streaming, const AgentPtr& decode,
+    HttpExchange& exchange, json body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
     int64_t prompt_tokens) {
   const std::string request_body = decodeBody(body, handoff.params);
@@ -349,13 +395,12 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       {"x-tandem-prefill-agent",
        handoff.prefill ? handoff.prefill->endpoint.name : decode->endpoint.name},
       {"x-tandem-kv-blocks-moved", std::to_string(blocksOffered(handoff.params))}};
-  if (connection.gone) co_return DecodeOutcome::kClientGone;
-  beast::tcp_stream& client = connection.stream;
+  if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
   InflightGuard guard(decode, handoff.params.is_null() ? prompt_tokens : 0);
   beast::tcp_stream upstream(co_await asio::this_coro::executor);
   // A client leaving closes the upstream connection: the decode agent
   // aborts the request and frees its blocks.
-  OnClientGone cancel(&connection, [&upstream] { upstream.close(); });
+  server::OnClientGone cancel(exchange, [&upstream] { upstream.close(); });
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(kNoBodyLimit);
@@ -374,33 +419,28 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     co_await http::async_write(upstream, request, use_awaitable);
     co_await http::async_read_header(upstream, buffer, parser, use_awaitable);
   } catch (const std::exception& e) {
-    if (connection.gone) co_return DecodeOutcome::kClientGone;
+    if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
     metrics_.countUpstreamError(decode->endpoint.name);
     TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
     co_return DecodeOutcome::kFailedBeforeStart;
   }
-  if (connection.gone) co_return DecodeOutcome::kClientGone;
+  if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
   const int status = static_cast<int>(parser.get().result_int());
   if (status >= 500 || status == 429) {
     metrics_.countUpstreamError(decode->endpoint.name);
     co_return DecodeOutcome::kFailedBeforeStart;
   }
-  const std::string content_type(parser.get()[http::field::content_type]);
+  std::string content_type(parser.get()[http::field::content_type]);
+  if (content_type.empty()) content_type = "application/json";
   // Pass the answer through as it comes: SSE events one by one.
-  http::response<http::empty_body> head{static_cast<http::status>(status), 11};
-  head.set(http::field::content_type, content_type.empty() ? "application/json" : content_type);
   if (content_type.starts_with("text/event-stream")) {
-    head.set(http::field::cache_control, "no-cache");
+    headers.emplace_back("Cache-Control", "no-cache");
   }
-  for (const auto& [name, value] : headers) head.set(name, value);
-  head.chunked(true);
-  head.keep_alive(true);
-  http::response_serializer<http::empty_body> serializer(head);
-  {
-    boost::system::error_code ec;
-    co_await http::async_write_header(client, serializer, asio::redirect_error(use_awaitable, ec));
-    // A failed write to the client is the client gone, never the agent.
-    if (ec) co_return DecodeOutcome::kClientGone;
+  // A failed write to the client is the client gone, never the agent.
+  // (Arguments are named: GCC 12 destroys some temporaries of a co_await
+  // expression twice.)
+  if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
+    co_return DecodeOutcome::kClientGone;
   }
   std::string broken;  // why the pass-through stopped early
   try {
@@ -432,41 +472,26 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
           last_token = now;
         }
       }
-      boost::system::error_code client_error;
-      co_await asio::async_write(client, http::make_chunk(asio::buffer(chunk, n)),
-                                 asio::redirect_error(use_awaitable, client_error));
-      if (client_error) {
-        // The client left: closing the upstream connection makes the decode
-        // agent abort the request and free its blocks.
+      std::string piece(chunk, n);
+      if (!co_await exchange.writeChunk(std::move(piece))) {
+        // The client left (or stopped reading for the write timeout):
+        // closing the upstream connection makes the decode agent abort the
+        // request and free its blocks.
         co_return DecodeOutcome::kClientGoneMidway;
       }
     }
-    boost::system::error_code ec;
-    co_await asio::async_write(client, http::make_chunk_last(),
-                               asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return DecodeOutcome::kClientGoneMidway;
+    if (!co_await exchange.finishChunked()) co_return DecodeOutcome::kClientGoneMidway;
   } catch (const std::exception& e) {
     broken = e.what();
   }
   if (!broken.empty()) {
-    if (connection.gone) co_return DecodeOutcome::kClientGoneMidway;
+    if (exchange.clientGone()) co_return DecodeOutcome::kClientGoneMidway;
     metrics_.countUpstreamError(decode->endpoint.name);
     TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name << " broke: " << broken;
     // Tell a streaming client why its stream ends, if it is still there.
     if (streaming) {
-      const std::string event =
-          "data: " +
-          errorJson(502,
-                    "the decode agent " + decode->endpoint.name + " failed mid-stream: " + broken,
-                    "server_error") +
-          "\n\n" + std::string(server::kSseDone);
-      boost::system::error_code ec;
-      co_await asio::async_write(client, http::make_chunk(asio::buffer(event)),
-                                 asio::redirect_error(use_awaitable, ec));
-      if (!ec) {
-        co_await asio::async_write(client, http::make_chunk_last(),
-                                   asio::redirect_error(use_awaitable, ec));
-      }
+      std::string event = midStreamError(decode->endpoint.name, broken);
+      if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
     }
     co_return DecodeOutcome::kBrokenAfterStart;
   }

@@ -6,12 +6,14 @@
 // has heard nothing. See docs/router.md and docs/kv-transfer.md.
 //
 // Contract: complete() never throws through the request path for agent
-// failures; it answers the client and returns whether the connection can
-// serve another request. A client leaving cancels the stage under way and
-// gives back any KV transfer held for it.
+// failures; it answers the client through its exchange (or, when the
+// client left, answers nothing). A client leaving cancels the stage under
+// way (rendering its chat template included) and gives back any KV
+// transfer held for it.
 //
-// Threads: complete() runs on the client's strand; several run at once.
-// The referenced components must outlive the flow.
+// Threads: complete() runs on the client connection's strand; several run
+// at once. Parsing, tokenizing and rendering run on the HTTP front's worker
+// pool. The referenced components must outlive the flow.
 #pragma once
 
 // clang-format off
@@ -26,10 +28,10 @@
 #include <vector>
 
 #include "common/block_hash.h"
+#include "common/http/http_connection.h"
 #include "common/protocol/openai_protocol.h"
 #include "operator/router/admission_gate.h"
 #include "operator/router/agent_tracker.h"
-#include "operator/router/client_connection.h"
 #include "operator/router/policy.h"
 #include "operator/router/router.h"
 #include "operator/router/router_metrics.h"
@@ -45,8 +47,7 @@ class CompletionFlow {
   CompletionFlow& operator=(const CompletionFlow&) = delete;
 
   // Serves POST /v1/completions (chat false) or /v1/chat/completions.
-  boost::asio::awaitable<bool> complete(ClientConnection& client, const std::string& body_text,
-                                        bool chat);
+  boost::asio::awaitable<void> complete(server::HttpExchange& exchange, bool chat);
 
  private:
   enum class Admission { kAdmitted, kRefused, kClientGone };
@@ -69,21 +70,21 @@ class CompletionFlow {
     kClientGoneMidway,   // the client left after them
   };
 
-  boost::asio::awaitable<Admission> admit(ClientConnection& client);
-  boost::asio::awaitable<Handoff> prefillOn(ClientConnection& client, const nlohmann::json& body,
-                                            const protocol::Request& request,
-                                            const std::vector<BlockHash>& hashes,
-                                            const std::vector<AgentPtr>& prefill_agents,
-                                            const DecisionInput& input, const Decision& decision,
-                                            const AgentPtr& decode);
+  boost::asio::awaitable<Admission> admit(server::HttpExchange& exchange);
+  boost::asio::awaitable<Handoff> prefillOn(
+      server::HttpExchange& exchange, const nlohmann::json& body, const protocol::Request& request,
+      const std::vector<BlockHash>& hashes, const std::vector<AgentPtr>& prefill_agents,
+      const DecisionInput& input, const Decision& decision, const AgentPtr& decode);
   boost::asio::awaitable<void> release(const Handoff& handoff);
-  boost::asio::awaitable<DecodeOutcome> decodeOn(ClientConnection& connection, nlohmann::json body,
-                                                 bool streaming, const AgentPtr& decode,
-                                                 const Handoff& handoff, const std::string& label,
+  boost::asio::awaitable<DecodeOutcome> decodeOn(server::HttpExchange& exchange,
+                                                 nlohmann::json body, bool streaming,
+                                                 const AgentPtr& decode, const Handoff& handoff,
+                                                 const std::string& label,
                                                  std::chrono::steady_clock::time_point arrival,
                                                  int64_t prompt_tokens);
 
   const double upstream_timeout_s_;
+  const std::string kv_secret_;  // signs pull-back holds; empty: unsigned
   AgentTracker& agents_;
   ServedModel& model_;
   AdmissionGate& gate_;

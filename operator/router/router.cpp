@@ -2,16 +2,19 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <thread>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
+#include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "operator/router/admission_gate.h"
 #include "operator/router/agent_tracker.h"
-#include "operator/router/client_connection.h"
-#include "operator/router/client_response.h"
 #include "operator/router/completion_flow.h"
 #include "operator/router/router_metrics.h"
 #include "operator/router/served_model.h"
@@ -20,12 +23,81 @@
 namespace tandem::router {
 
 namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
+namespace http = boost::beast::http;
 using asio::awaitable;
-using asio::use_awaitable;
+using server::HttpExchange;
+using server::HttpRequest;
+using server::HttpResponse;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A config the router can run with; throws tandem::Error naming the field.
+RouterConfig checked(RouterConfig config) {
+  if (config.threads < 1) throw Error("router threads must be at least 1");
+  if (config.worker_threads < 1) throw Error("router worker_threads must be at least 1");
+  if (config.disagg_threshold_tokens < 0) {
+    throw Error("disagg_threshold_tokens must not be negative");
+  }
+  if (config.max_header_bytes < 1 || config.max_header_bytes > UINT32_MAX) {
+    throw Error("max_header_bytes must be between 1 and 4294967295, got " +
+                std::to_string(config.max_header_bytes));
+  }
+  if (config.max_body_bytes < 0) throw Error("max_body_bytes must not be negative");
+  if (config.large_body_bytes < 0) throw Error("large_body_bytes must not be negative");
+  if (config.max_large_requests < 1) throw Error("max_large_requests must be at least 1");
+  if (config.request_timeout_s < 1 || config.idle_timeout_s < 1 || config.write_timeout_s < 1) {
+    throw Error("the request, idle and write timeouts must be at least 1 s");
+  }
+  return config;
+}
+
+// glibc raises its mmap threshold to the largest block freed (up to 32 MiB)
+// and then keeps up to twice that on top of each thread's heap, which
+// malloc_trim does not return: after a few large prompts the router held
+// hundreds of MB it no longer used. A fixed threshold gives blocks over
+// 1 MiB mappings of their own, unmapped when freed (the front trims the
+// rest after each large request).
+void returnLargeBlocksWhenFreed() {
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [] { ::mallopt(M_MMAP_THRESHOLD, 1 << 20); });
+#endif
+}
+
+server::HttpLimits httpLimits(const RouterConfig& config) {
+  server::HttpLimits limits;
+  limits.max_header_bytes = static_cast<size_t>(config.max_header_bytes);
+  limits.max_body_bytes = static_cast<uint64_t>(config.max_body_bytes);
+  limits.request_timeout = std::chrono::seconds(config.request_timeout_s);
+  limits.idle_timeout = std::chrono::seconds(config.idle_timeout_s);
+  limits.write_timeout = std::chrono::seconds(config.write_timeout_s);
+  limits.large_body_bytes = static_cast<uint64_t>(config.large_body_bytes);
+  limits.max_large_requests = config.max_large_requests;
+  return limits;
+}
+
+HttpResponse jsonAnswer(int status, std::string body) {
+  HttpResponse response;
+  response.status = status;
+  response.set_content(std::move(body), "application/json");
+  return response;
+}
+
+// Counts a completion request as active while it is handled (stop() waits
+// for the count to reach zero, up to its grace period).
+class ActiveRequest {
+ public:
+  explicit ActiveRequest(std::atomic<int64_t>& count) : count_(count) { count_ += 1; }
+  ~ActiveRequest() { count_ -= 1; }
+  ActiveRequest(const ActiveRequest&) = delete;
+  ActiveRequest& operator=(const ActiveRequest&) = delete;
+
+ private:
+  std::atomic<int64_t>& count_;
+};
+
+}  // namespace
 
 StatusOr<Policy> parsePolicy(std::string_view text) {
   if (text == "kv") return Policy::kKv;
@@ -47,42 +119,41 @@ const char* policyName(Policy policy) {
   return "kv";
 }
 
-// The server: accepts clients, serves the small routes itself and hands
-// completions to the CompletionFlow; the agents are the AgentTracker's.
+// The server: the HTTP front (common/http) serves clients; the small routes
+// are answered here, completions by the CompletionFlow; the agents are the
+// AgentTracker's, polled on the front's io threads.
 class Router::Impl {
  public:
   explicit Impl(RouterConfig config)
-      : config_(std::move(config)),
-        work_(asio::make_work_guard(ioc_)),
-        acceptor_(ioc_),
+      : config_(checked(std::move(config))),
+        http_(std::make_unique<server::HttpService>(httpLimits(config_), config_.threads,
+                                                    config_.worker_threads)),
         gate_(config_.max_inflight_requests, config_.max_queued_requests),
         model_(config_.model_dir, config_.chat_template),
-        agents_(ioc_, config_.poll_interval_s, stopping_, metrics_, model_),
+        agents_(http_->ioContext(), config_.poll_interval_s, stopping_, metrics_, model_),
         flow_(config_, agents_, model_, gate_, metrics_, stopping_) {
-    if (config_.threads < 1) throw Error("router threads must be at least 1");
-    if (config_.disagg_threshold_tokens < 0) {
-      throw Error("disagg_threshold_tokens must not be negative");
-    }
+    returnLargeBlocksWhenFreed();
+    routes();
   }
 
-  ~Impl() { stop(0); }
+  ~Impl() {
+    stop(0);
+    // Coroutines still suspended on the io_context go with it, while the
+    // components their frames refer to are still alive.
+    http_.reset();
+  }
 
   void start() {
-    tcp::endpoint endpoint(asio::ip::make_address(config_.host),
-                           static_cast<unsigned short>(config_.port));
-    boost::system::error_code ec;
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      throw Error("router cannot listen on " + config_.host + ":" + std::to_string(config_.port) +
-                  ": " + ec.message());
+    // A burst of clients overflows a short accept queue (the kernel caps it
+    // at net.core.somaxconn).
+    constexpr int kListenBacklog = 4096;
+    try {
+      port_ = http_->bind(config_.host, config_.port, kListenBacklog);
+    } catch (const Error& e) {
+      throw Error(std::string("router ") + e.what());
     }
-    port_ = acceptor_.local_endpoint().port();
     setAgents(config_.prefill, config_.decode);
-    asio::co_spawn(ioc_, acceptLoop(), asio::detached);
-    for (int i = 0; i < config_.threads; ++i) threads_.emplace_back([this] { ioc_.run(); });
+    http_->start();
   }
 
   int port() const { return port_; }
@@ -95,133 +166,85 @@ class Router::Impl {
     if (stopped_.exchange(true)) return;
     stopping_ = true;
     gate_.close();  // queued requests are answered 503
-    asio::post(ioc_, [this] {
-      boost::system::error_code ec;
-      acceptor_.close(ec);
-    });
+    http_->stopAccepting();
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(grace_seconds));
     while (active_.load() > 0 && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    work_.reset();
-    ioc_.stop();
-    for (auto& thread : threads_) thread.join();
-    threads_.clear();
+    http_->stop();
+    http_->join();
   }
 
   void startWatchers() { agents_.startWatching(); }
 
  private:
-  // ---- client side -----------------------------------------------------
-
-  awaitable<void> acceptLoop() {
-    while (!stopping_) {
-      boost::system::error_code ec;
-      // Each connection on its own strand: its session, upstream calls and
-      // watcher never run at once.
-      auto strand = asio::make_strand(ioc_);
-      tcp::socket socket =
-          co_await acceptor_.async_accept(strand, asio::redirect_error(use_awaitable, ec));
-      if (ec) {
-        if (stopping_ || ec == asio::error::operation_aborted) co_return;
-        continue;
-      }
-      asio::co_spawn(strand, session(std::move(socket)), asio::detached);
-    }
-  }
-
-  // Serves one connection until the client leaves, asks to close, or a
-  // response cannot be reused. Failures are error codes, never exceptions
-  // through the request path; whatever happens the socket is closed here.
-  awaitable<void> session(tcp::socket socket) {
-    auto client = std::make_shared<ClientConnection>(std::move(socket));
-    for (;;) {
-      http::request_parser<http::string_body> parser;
-      parser.body_limit(64 * 1024 * 1024);
-      client->stream.expires_after(std::chrono::seconds(300));
-      boost::system::error_code ec;
-      co_await http::async_read(client->stream, client->buffer, parser,
-                                asio::redirect_error(use_awaitable, ec));
-      if (ec) break;
-      http::request<http::string_body> request = parser.release();
-      client->stream.expires_never();
-      const bool keep_alive = request.keep_alive();
-      bool reusable = false;
-      try {
-        reusable = co_await handle(*client, request);
-      } catch (const std::exception& e) {
-        TANDEM_LOG(kWarn) << "router: request failed: " << e.what();
-      }
-      co_await client->stopWatch();
-      if (!keep_alive || !reusable || client->gone) break;
-    }
-    boost::system::error_code ec;
-    client->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-    client->stream.socket().close(ec);
-  }
-
-  // Returns whether the connection can serve another request.
-  awaitable<bool> handle(ClientConnection& client, const http::request<http::string_body>& req) {
-    beast::tcp_stream& stream = client.stream;
-    const std::string target(req.target());
-    if (req.method() == http::verb::get && target == "/health") {
+  void routes() {
+    http_->get("/health", [this](const HttpRequest&, HttpResponse& res) {
       const bool ready = model_.ready() && !stopping_ && agents_.anyHealthy(false);
-      co_await respondJson(
-          stream, ready ? 200 : 503,
-          std::string(ready ? R"({"status":"ok"})" : R"({"status":"no healthy decode agent"})"));
-      co_return true;
-    }
-    if (req.method() == http::verb::get && target == "/metrics") {
+      res.status = ready ? 200 : 503;
+      res.set_content(ready ? R"({"status":"ok"})" : R"({"status":"no healthy decode agent"})",
+                      "application/json");
+    });
+    http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
       metrics_.setAdmission(gate_.inflight(), gate_.queued());
-      co_return co_await respond(stream, 200, metrics_.render(),
-                                 std::string("text/plain; version=0.0.4"), Headers{});
+      res.set_content(metrics_.render(), "text/plain; version=0.0.4");
+    });
+    http_->route("POST", "/v1/completions",
+                 [this](HttpExchange& exchange) { return complete(exchange, false); });
+    http_->route("POST", "/v1/chat/completions",
+                 [this](HttpExchange& exchange) { return complete(exchange, true); });
+    // An agent's own answer, as a client of the agents would get it
+    // (docs/router.md): the router adds nothing to these.
+    for (const char* path : {"/v1/models", "/tokenize"}) {
+      http_->route("GET", path, [this](HttpExchange& exchange) { return forward(exchange); });
     }
-    if (req.method() == http::verb::get && target == "/v1/models") {
-      co_await forwardModels(stream);
-      co_return true;
+    for (const char* path : {"/tokenize", "/detokenize"}) {
+      http_->route("POST", path, [this](HttpExchange& exchange) { return forward(exchange); });
     }
-    if (req.method() == http::verb::post &&
-        (target == "/v1/completions" || target == "/v1/chat/completions")) {
-      active_ += 1;
-      bool reusable = false;
-      try {
-        reusable = co_await flow_.complete(client, req.body(), target == "/v1/chat/completions");
-      } catch (const std::exception& e) {
-        TANDEM_LOG(kWarn) << "router: completion failed: " << e.what();
-      }
-      active_ -= 1;
-      co_return reusable;
-    }
-    co_await respondError(stream, 404,
-                          "no route for " + std::string(req.method_string()) + " " + target,
-                          std::string("not_found_error"));
-    co_return true;
+    // Anything else, /v1/kv_transfer/* included (the agents' calls among
+    // themselves), is the front's 404 in OpenAI's error shape.
   }
 
-  awaitable<void> forwardModels(beast::tcp_stream& stream) {
-    for (const AgentPtr& agent : agents_.agentsOf(false)) {
+  awaitable<void> complete(HttpExchange& exchange, bool chat) {
+    ActiveRequest active(active_);
+    co_await flow_.complete(exchange, chat);
+  }
+
+  // Sends the request as it came (method, path, query, body) to a healthy
+  // agent, decode agents first, and answers with that agent's status and
+  // body; an agent that cannot be reached or answers 5xx is skipped. A
+  // client leaving ends the call.
+  awaitable<void> forward(HttpExchange& exchange) {
+    const HttpRequest& request = exchange.request();
+    const std::string target =
+        request.query.empty() ? request.path : request.path + "?" + request.query;
+    const http::verb verb = request.method == "POST" ? http::verb::post : http::verb::get;
+    std::vector<AgentPtr> candidates = agents_.agentsOf(false);
+    for (const AgentPtr& agent : agents_.agentsOf(true)) candidates.push_back(agent);
+    for (const AgentPtr& agent : candidates) {
       if (!agent->healthy) continue;
-      UpstreamResult result = co_await callAgent(agent->endpoint, http::verb::get,
-                                                 std::string("/v1/models"), std::string(), 5.0);
-      if (result.status == 200) {
-        co_await respondJson(stream, 200, result.body);
+      UpstreamResult result =
+          co_await callAgent(agent->endpoint, verb, target, request.body,
+                             config_.upstream_timeout_s, &exchange, OnClientLeaving::kCut);
+      if (exchange.clientGone()) co_return;
+      if (result.status != 0 && result.status < 500) {
+        co_await exchange.respond(jsonAnswer(result.status, std::move(result.body)));
         co_return;
       }
+      metrics_.countUpstreamError(agent->endpoint.name);
     }
-    co_await respondError(stream, 503, std::string("no healthy agent"),
-                          std::string("service_unavailable"));
+    co_await exchange.respond(
+        server::httpErrorResponse(503, "no healthy agent", "service_unavailable"));
   }
 
   RouterConfig config_;
-  asio::io_context ioc_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  tcp::acceptor acceptor_;
-  std::vector<std::thread> threads_;
-  int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> active_{0};  // completion requests being handled
+  // The io threads and the worker pool; reset first on destruction.
+  std::unique_ptr<server::HttpService> http_;
+  int port_ = 0;
   AdmissionGate gate_;
   RouterMetrics metrics_;
   ServedModel model_;

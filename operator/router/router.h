@@ -6,8 +6,12 @@
 // agent), drives the P→D hand-off (docs/kv-transfer.md) and streams the
 // decode agent's answer back token by token. See docs/router.md.
 //
+// Clients are served by the HTTP front the agents use (common/http): the
+// same parser, limits, timeouts and error answers.
+//
 // Threads: an Asio io_context run by a few threads serves clients, agent
-// calls and the agents' event streams. Every public method is thread-safe.
+// calls and the agents' event streams; parsing, tokenizing and rendering
+// requests run on a worker pool. Every public method is thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +53,21 @@ struct RouterConfig {
   int64_t max_inflight_requests = 256;
   int64_t max_queued_requests = 1024;
   double upstream_timeout_s = 600;
-  int threads = 2;
+  int threads = 2;         // io threads: sockets, agent calls, event streams
+  int worker_threads = 4;  // parsing, tokenizing and rendering requests
+  // Per-connection limits, as the agents' (server::ServerConfig): a
+  // request's line and headers, its body; seconds to receive one request
+  // (from its first byte), to wait for the next request on an idle
+  // keep-alive connection, and for one write to a client.
+  int64_t max_header_bytes = 16 * 1024;
+  int64_t max_body_bytes = 64ll * 1024 * 1024;
+  int request_timeout_s = 30;
+  int idle_timeout_s = 60;
+  int write_timeout_s = 30;
+  // Requests with a body over large_body_bytes (or chunked) read and
+  // handled at once; one more is answered 503 + Retry-After.
+  int64_t large_body_bytes = 1024 * 1024;
+  int max_large_requests = 2;
   // The model directory for the tokenizer and chat template (prompts are
   // tokenized here to compute block hashes); empty: the "root" the first
   // agent reports at /v1/models (same machine, as in local mode).
@@ -59,6 +77,10 @@ struct RouterConfig {
   std::filesystem::path chat_template;
   // Agents are polled (health, load) this often.
   double poll_interval_s = 0.5;
+  // The agents' shared KV secret (TANDEM_KV_SECRET): the router signs its
+  // /v1/kv_transfer/hold calls with it (common/kv_auth.h); empty: unsigned,
+  // which agents with a secret refuse (the prompt is then recomputed).
+  std::string kv_secret;
   std::vector<AgentEndpoint> prefill;
   std::vector<AgentEndpoint> decode;
 };

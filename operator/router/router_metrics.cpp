@@ -57,10 +57,11 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   client_aborts_ = &BuildCounter()
                         .Name("tandem_router_client_aborts_total")
                         .Help(
-                            "Requests whose client left before the end, by stage: queued, "
-                            "prefill, decode (before the response headers), response.")
+                            "Requests whose client left before the end, by stage: parse "
+                            "(parsing, rendering, tokenizing), queued, prefill, decode (before "
+                            "the response headers), response.")
                         .Register(*registry_);
-  for (const char* stage : {"queued", "prefill", "decode", "response"}) {
+  for (const char* stage : {"parse", "queued", "prefill", "decode", "response"}) {
     client_aborts_->Add({{"stage", stage}});
   }
   inflight_ = &BuildGauge()

@@ -33,7 +33,8 @@ class RouterMetrics {
   void observeItl(double seconds);
   void observeE2e(double seconds);
   void countUpstreamError(const std::string& agent);
-  // stage: queued, prefill, decode (before the response headers), response.
+  // stage: parse (parsing, rendering, tokenizing the request), queued,
+  // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
   void setAdmission(int64_t inflight, int64_t queued);
   // How many agents of a role ("prefill", "decode") the router has.

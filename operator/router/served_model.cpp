@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
 #include "common/logging.h"
 #include "operator/router/upstream_call.h"
 
@@ -15,7 +16,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   UpstreamResult models = co_await callAgent(agent, boost::beast::http::verb::get,
                                              std::string("/v1/models"), std::string(), 5.0);
   if (models.status != 200) co_return;
-  json body = json::parse(models.body, nullptr, false);
+  json body = parseJsonOrDiscarded(models.body);
   if (!body.is_object() || !body.contains("data") || body["data"].empty()) co_return;
   const json& model = body["data"][0];
   ModelInfo info;

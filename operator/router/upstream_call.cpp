@@ -2,6 +2,7 @@
 
 #include <boost/beast/core.hpp>
 #include <chrono>
+#include <optional>
 
 namespace tandem::router {
 
@@ -19,14 +20,19 @@ std::string hostHeader(const AgentEndpoint& endpoint) {
 }
 
 awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std::string target,
-                                    std::string body, double timeout_s, ClientConnection* client) {
+                                    std::string body, double timeout_s,
+                                    server::HttpExchange* client, OnClientLeaving leaving) {
   UpstreamResult result;
-  if (client != nullptr && client->gone) {
+  if (client != nullptr && client->clientGone()) {
     result.error = "the client left";
     co_return result;
   }
   try {
     beast::tcp_stream stream(co_await asio::this_coro::executor);
+    std::optional<server::OnClientGone> cut;
+    if (client != nullptr && leaving == OnClientLeaving::kCut) {
+      cut.emplace(*client, [&stream] { stream.close(); });
+    }
     tcp::resolver resolver(co_await asio::this_coro::executor);
     stream.expires_after(
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));

@@ -17,7 +17,7 @@
 #include <limits>
 #include <string>
 
-#include "operator/router/client_connection.h"
+#include "common/http/http_connection.h"
 #include "operator/router/router.h"
 
 namespace tandem::router {
@@ -36,13 +36,22 @@ struct UpstreamResult {
 // The Host header for an agent: an IPv6 literal goes in brackets.
 std::string hostHeader(const AgentEndpoint& endpoint);
 
-// An HTTP call to an agent; not sent when `client` has already left.
-// One under way is read to its end even when the client leaves: a
-// prefill's answer names the blocks it holds, which the caller releases
-// (an agent that loses its connection may drop the answer and keep them).
-boost::asio::awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint,
-                                                 boost::beast::http::verb verb, std::string target,
-                                                 std::string body, double timeout_s,
-                                                 ClientConnection* client = nullptr);
+// How a call made for a client treats that client leaving.
+enum class OnClientLeaving {
+  // Read the answer to its end: a prefill's answer names the blocks it
+  // holds, which the caller releases (an agent that loses its connection may
+  // drop the answer and keep them).
+  kFinish,
+  // Close the connection at once (the agent stops the work): for calls
+  // whose answer nobody else needs.
+  kCut,
+};
+
+// An HTTP call to an agent; not sent when `client` has already left. Runs
+// on `client`'s strand when one is given.
+boost::asio::awaitable<UpstreamResult> callAgent(
+    AgentEndpoint endpoint, boost::beast::http::verb verb, std::string target, std::string body,
+    double timeout_s, server::HttpExchange* client = nullptr,
+    OnClientLeaving leaving = OnClientLeaving::kFinish);
 
 }  // namespace tandem::router

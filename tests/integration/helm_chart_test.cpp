@@ -301,6 +301,10 @@ TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
   EXPECT_EQ(router["spec"]["modelVolume"]["persistentVolumeClaim"]["claimName"], "weights");
   EXPECT_EQ(router["spec"]["prefillPools"], json::array({"prefill"}));
   EXPECT_EQ(router["spec"]["decodePools"], json::array({"decode"}));
+  // The router signs its pull-back holds with the pools' secret.
+  EXPECT_EQ(router["spec"]["kvSecretRef"], json({{"name", "tandem-kv"}, {"key", "secret"}}));
+  const json without = namedObject(render({"--set", "examples.enabled=true"}), "Router", "router");
+  EXPECT_FALSE(without["spec"].contains("kvSecretRef"));
 }
 
 TEST_F(HelmChartTest, NetworkPolicyAdmitsPoolsRoutersAndMonitoring) {

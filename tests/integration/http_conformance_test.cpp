@@ -1,7 +1,11 @@
-// The agent's HTTP/1.1 layer as a client on a raw socket sees it: pipelined
-// requests answered in order, malformed framing refused, idle connections
-// that cost the others nothing, a client that leaves before its answer
-// freeing its blocks, and bad bytes in JSON answered with a clean 400.
+// The HTTP/1.1 front as a client on a raw socket sees it: pipelined requests
+// answered in order, malformed framing refused, idle connections that cost
+// the others nothing, a client that leaves before its answer freeing its
+// blocks, and bad bytes in JSON answered with a clean 400. The agent and the
+// router share the front (common/http): malformed requests and slow header
+// streams get the same answer from both; the router forwards /tokenize and
+// /detokenize to an agent and cancels a chat template render whose client
+// left.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -13,10 +17,12 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/agent_server.h"
@@ -45,6 +51,7 @@ class RawConnection {
   RawConnection& operator=(const RawConnection&) = delete;
 
   bool connected() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -153,6 +160,82 @@ std::string post(const std::string& path, const std::string& body) {
   return "POST " + path +
          " HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// `tandem-operator router` in front of one decode agent, on a free port.
+class RouterProcess {
+ public:
+  RouterProcess(const Agent& decode, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-operator",
+                                     "router",
+                                     "--port",
+                                     "0",
+                                     "--decode",
+                                     "decode-0=127.0.0.1:" + std::to_string(decode.port()),
+                                     "--poll-interval",
+                                     "0.1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr");
+    const std::string line =
+        process_->waitForLine("router listening on ", std::chrono::seconds(60));
+    if (line.empty()) throw std::runtime_error("router did not start: " + process_->stderrText());
+    port_ = std::stoi(line.substr(line.rfind(':') + 1));
+  }
+  int port() const { return port_; }
+  std::unique_ptr<httplib::Client> client(int read_timeout_s = 60) const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    c->set_read_timeout(read_timeout_s, 0);
+    return c;
+  }
+  // Healthy: the model learned from the agent, the agent healthy.
+  bool healthy() const {
+    auto res = client()->Get("/health");
+    return res && res->status == 200;
+  }
+  double metric(const std::string& name, const std::string& label_filter = "") const {
+    auto res = client()->Get("/metrics");
+    return res ? tandem::prometheusSample(res->body, name, label_filter).value_or(-1) : -1;
+  }
+  std::string stderrText() const { return process_->stderrText(); }
+
+ private:
+  TempDir logs_{"tandem-router-test-logs"};
+  std::unique_ptr<ChildProcess> process_;
+  int port_ = 0;
+};
+
+// An error body in OpenAI's shape: {"error": {"message": string, "type":
+// string, "param", "code"}}.
+void expectOpenAiError(const std::string& text, const std::string& where) {
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(body.is_object()) << where << ": " << text;
+  ASSERT_TRUE(body.contains("error") && body["error"].is_object()) << where << ": " << text;
+  const json& error = body["error"];
+  EXPECT_TRUE(error.contains("message") && error["message"].is_string()) << where << ": " << text;
+  EXPECT_TRUE(error.contains("type") && error["type"].is_string()) << where << ": " << text;
+  EXPECT_TRUE(error.contains("param") && error.contains("code")) << where << ": " << text;
+}
+
+// Sends a request head one byte at a time, a byte every 250 ms, never ending
+// it, until the server closes the connection (true) or `deadline` passes;
+// `answered` is what the server sent meanwhile.
+bool slowHeaderIsCut(int port, std::chrono::seconds deadline, std::string& answered) {
+  RawConnection connection(port);
+  if (!connection.connected()) return false;
+  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: agent\r\nX-Slow: ";
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  for (size_t i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    const std::string byte(1, i < head.size() ? head[i] : 'a');
+    if (!connection.send(byte)) return true;
+    pollfd entry{connection.fd(), POLLIN, 0};
+    if (::poll(&entry, 1, 250) > 0) {
+      char chunk[4096];
+      const ssize_t n = ::recv(connection.fd(), chunk, sizeof chunk, 0);
+      if (n <= 0) return true;  // closed (or reset) by the server
+      answered.append(chunk, static_cast<size_t>(n));
+    }
+  }
+  return false;
 }
 
 TEST(HttpConformance, PipelinedRequestsAreAnsweredInOrder) {
@@ -290,6 +373,159 @@ TEST(HttpConformance, ClientGoneBeforeAWholeAnswerFreesItsBlocks) {
   })) << agent.metricsText();
   EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"abort\""), 1);
   EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"length\""), 0);
+}
+
+// Each case as sent by a client, and the status both servers answer.
+TEST(HttpConformance, MalformedRequestsGetTheSameAnswerFromTheAgentAndTheRouter) {
+  Agent agent;
+  RouterProcess router(agent, {});
+  struct Case {
+    std::string name;
+    std::string bytes;
+    int status;
+  };
+  const std::string body = R"({"prompt":"abc"})";
+  const std::vector<Case> cases = {
+      {"Content-Length with Transfer-Encoding: chunked",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nContent-Length: 5\r\n"
+       "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+       400},
+      {"a header line without a colon",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nX-Broken header line\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body,
+       400},
+      {"a 20 KB header",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nX-Big: " + std::string(20000, 'a') +
+           "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
+       431},
+      {"a 70 MB Content-Length",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nContent-Length: " +
+           std::to_string(70 * 1000 * 1000) + "\r\n\r\n",
+       413},
+  };
+  for (const Case& c : cases) {
+    std::string bodies[2];
+    const int ports[2] = {agent.port(), router.port()};
+    for (int i = 0; i < 2; ++i) {
+      const std::string where = std::string(i == 0 ? "agent" : "router") + ", " + c.name;
+      RawConnection connection(ports[i]);
+      ASSERT_TRUE(connection.connected()) << where;
+      ASSERT_TRUE(connection.send(c.bytes)) << where;
+      auto response = connection.readResponse(std::chrono::seconds(15));
+      ASSERT_TRUE(response) << where << ": no answer";
+      EXPECT_EQ(response->status, c.status) << where << ": " << response->body;
+      EXPECT_EQ(response->header("X-Request-Id").size(), 32u) << where;
+      expectOpenAiError(response->body, where);
+      bodies[i] = response->body;
+      // The connection is not reused after a refused request.
+      EXPECT_FALSE(connection.readResponse(std::chrono::seconds(15))) << where;
+    }
+    EXPECT_EQ(bodies[0], bodies[1]) << c.name;
+  }
+  EXPECT_TRUE(eventually([&] { return router.healthy(); })) << router.stderrText();
+}
+
+// A client sending its head a byte at a time is cut at the request timeout
+// (from the first byte), with no answer: --request-timeout 2 on both.
+TEST(HttpConformance, ASlowHeaderStreamIsCutAtTheRequestTimeoutByBoth) {
+  Agent agent({"--request-timeout", "2"});
+  RouterProcess router(agent, {"--request-timeout", "2"});
+  std::string agent_answer, router_answer;
+  bool agent_cut = false;
+  std::thread agent_client(
+      [&] { agent_cut = slowHeaderIsCut(agent.port(), std::chrono::seconds(30), agent_answer); });
+  const bool router_cut = slowHeaderIsCut(router.port(), std::chrono::seconds(30), router_answer);
+  agent_client.join();
+  EXPECT_TRUE(router_cut) << "the router kept a slow head open";
+  EXPECT_TRUE(agent_cut) << "the agent kept a slow head open";
+  EXPECT_EQ(router_answer, "");
+  EXPECT_EQ(agent_answer, "");
+  EXPECT_TRUE(eventually([&] { return router.healthy(); })) << router.stderrText();
+}
+
+// /tokenize and /detokenize through the router are an agent's own answers;
+// the agents' KV transfer calls are not served by the router.
+TEST(HttpConformance, TheRouterForwardsTokenizeAndDetokenizeToAnAgent) {
+  Agent agent;
+  RouterProcess router(agent, {});
+  ASSERT_TRUE(eventually([&] { return router.healthy(); }, std::chrono::seconds(60)))
+      << router.stderrText();
+  struct Call {
+    std::string path;
+    std::string body;
+  };
+  const std::vector<Call> calls = {
+      {"/tokenize", R"({"prompt":"a b c d","add_special_tokens":false})"},
+      {"/tokenize", R"({"prompt":"a b","return_token_strs":true})"},
+      {"/detokenize", R"({"tokens":[97,268,266]})"},
+      {"/tokenize", R"({"prompt":17})"},       // a 400 naming the field
+      {"/detokenize", R"({"tokens":"abc"})"},  // a 400 too
+  };
+  for (const Call& call : calls) {
+    auto direct = agent.client()->Post(call.path.c_str(), call.body, "application/json");
+    auto routed = router.client()->Post(call.path.c_str(), call.body, "application/json");
+    ASSERT_TRUE(direct && routed) << call.path << " " << call.body;
+    EXPECT_EQ(routed->status, direct->status) << call.path << " " << call.body;
+    EXPECT_EQ(routed->body, direct->body) << call.path << " " << call.body;
+  }
+  auto tokens = router.client()->Post("/tokenize", R"({"prompt":"a b c d"})", "application/json");
+  ASSERT_TRUE(tokens);
+  EXPECT_EQ(tokens->status, 200);
+  EXPECT_EQ(json::parse(tokens->body)["count"], 4) << tokens->body;
+
+  auto transfer =
+      router.client()->Post("/v1/kv_transfer/hold", R"({"token_ids":[1,2,3]})", "application/json");
+  ASSERT_TRUE(transfer);
+  EXPECT_EQ(transfer->status, 404);
+  expectOpenAiError(transfer->body, "/v1/kv_transfer/hold");
+  EXPECT_EQ(json::parse(transfer->body)["error"]["type"], "not_found_error");
+}
+
+// A chat template that loops until its work budget ends it (about a second
+// of rendering; the budget is common/jinja's, see docs/chat.md).
+constexpr const char* kLoopingTemplate =
+    "{%- for i in range(1000000) -%}{%- set x = 'ab' * 2000000 -%}{%- endfor -%}"
+    "{{ messages[0]['content'] }}";
+
+// Clients that leave while their chat templates render: the renders are
+// cancelled (counted as client aborts at the parse stage), the io threads
+// answer meanwhile, and the one worker is free again at once. Uncancelled,
+// the 30 renders would hold the worker for half a minute.
+TEST(HttpConformance, ARouterClientLeavingDuringRenderingCancelsIt) {
+  TempDir dir("tandem-render-cancel");
+  const fs::path loop = dir.write("loop.jinja", kLoopingTemplate);
+  Agent agent;
+  RouterProcess router(agent, {"--chat-template", loop.string(), "--worker-threads", "1"});
+  ASSERT_TRUE(eventually([&] { return router.healthy(); }, std::chrono::seconds(60)))
+      << router.stderrText();
+  constexpr int kClients = 30;
+  json message = {{"role", "user"}, {"content", "hi"}};
+  json chat = {{"model", "tiny"}, {"messages", json::array({message})}, {"max_tokens", 2}};
+  std::vector<std::unique_ptr<RawConnection>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<RawConnection>(router.port()));
+    ASSERT_TRUE(clients.back()->connected());
+    ASSERT_TRUE(clients.back()->send(post("/v1/chat/completions", chat.dump())));
+  }
+  // Renders hold the worker; the io threads still answer.
+  auto health = router.client(/*read_timeout_s=*/10)->Get("/health");
+  ASSERT_TRUE(health) << "no /health answer while templates render";
+  EXPECT_EQ(health->status, 200);
+  for (auto& client : clients) client->close();
+  EXPECT_TRUE(eventually(
+      [&] {
+        return router.metric("tandem_router_client_aborts_total", "stage=\"parse\"") == kClients;
+      },
+      std::chrono::seconds(15)))
+      << router.metric("tandem_router_client_aborts_total", "stage=\"parse\"")
+      << " renders ended of " << kClients;
+  auto res =
+      router.client(/*read_timeout_s=*/15)
+          ->Post("/v1/completions", greedy(randomPrompt(6, 40), 2).dump(), "application/json");
+  ASSERT_TRUE(res) << "the worker is still busy";
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"length\""), 1)
+      << "only the completion reached the agent";
 }
 
 }  // namespace

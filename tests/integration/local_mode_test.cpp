@@ -320,6 +320,27 @@ TEST_F(LocalModeTest, AnAgentThatCannotStartStopsTheCluster) {
   EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
 }
 
+TEST_F(LocalModeTest, TheRouterSignsWithTheDecodePoolsKvSecret) {
+  // Both pools' agents take the secret from their kv_connector_extra_config;
+  // the in-process router must sign its pull-back holds with the same one.
+  std::string text = clusterYaml(1, 1);
+  for (size_t at = text.find("    shutdownTimeoutSeconds: 5\n"); at != std::string::npos;
+       at = text.find("    shutdownTimeoutSeconds: 5\n", at + 1)) {
+    text.insert(at + 30, "  kvTransfer:\n    extraConfig:\n      secret: alpha\n");
+  }
+  const fs::path file = dir_.write("cluster.yaml", text);
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    EXPECT_EQ(log_->spec.kv_secret, "alpha");
+  }
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+}
+
 TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
   const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
   LocalMode mode(options(file), fakeRouter());

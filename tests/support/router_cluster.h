@@ -24,6 +24,8 @@ struct RouterClusterOptions {
   fs::path model = tinyModelDir();
   // Every agent's --kv-transfer-config.
   std::string kv_config = ucxConfig("kv_both");
+  // The router's RouterConfig::kv_secret (signs its pull-back holds).
+  std::string kv_secret;
   int client_read_timeout_s = 60;
 };
 
@@ -43,6 +45,7 @@ class RouterCluster : public ::testing::Test {
     config.policy = options.policy;
     config.disagg_threshold_tokens = options.disagg_threshold_tokens;
     config.poll_interval_s = 0.1;
+    config.kv_secret = options.kv_secret;
     for (int i = 0; i < options.prefills; ++i) {
       prefill_.push_back(std::make_unique<Agent>(
           std::vector<std::string>{"--role", "prefill", "--kv-transfer-config", options.kv_config},

@@ -7,6 +7,7 @@
 #include "tools/bench/calibrate_bench.h"
 #include "tools/bench/chaos_bench.h"
 #include "tools/bench/engine_bench.h"
+#include "tools/bench/large_body_bench.h"
 #include "tools/bench/multiturn_bench.h"
 #include "tools/bench/planner_bench.h"
 #include "tools/bench/router_bench.h"
@@ -469,6 +470,32 @@ int main(int argc, char** argv) {
   planner->add_option("--plot", planner_options.plot_path,
                       "draw replicas and TTFT/ITL p90 over time into this PNG (needs gnuplot)");
 
+  auto* large = app.add_subcommand(
+      "large-bodies", "memory and time a running server spends on very large request bodies");
+  tandem::bench::LargeBodyBenchOptions large_options;
+  large->add_option("--url", large_options.url, "the server (an agent or the router)")
+      ->capture_default_str();
+  large->add_option("--pid", large_options.pid, "the server's process id, to read its memory")
+      ->required();
+  large
+      ->add_option("--concurrency", large_options.concurrency,
+                   "clients sending at once, one level after another")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  large->add_option("--mb", large_options.mb, "prompt size, MB")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  large->add_option("--endpoint", large_options.endpoint, "where to send the bodies")
+      ->check(CLI::IsMember({"/v1/completions", "/v1/chat/completions", "/tokenize"}))
+      ->capture_default_str();
+  large
+      ->add_option("--settle", large_options.settle_s,
+                   "seconds to wait before reading the memory left after a level")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
+  large->add_option("--json", large_options.json_path, "also write the figures as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
@@ -480,6 +507,7 @@ int main(int argc, char** argv) {
     if (soak->parsed()) return tandem::bench::runSoakBench(soak_options);
     if (calibrate->parsed()) return tandem::bench::runCalibrateBench(calibrate_options);
     if (planner->parsed()) return tandem::bench::runPlannerBench(planner_options);
+    if (large->parsed()) return tandem::bench::runLargeBodyBench(large_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;

@@ -89,6 +89,15 @@ StatusOr<nlohmann::json> MultiConnector::handshake(const nlohmann::json& request
   return notFound("no member of this multi connector serves a KV handshake");
 }
 
+Status MultiConnector::authorizeRequest(std::string_view path, const nlohmann::json& body) const {
+  // Every member with a secret must accept it.
+  for (const auto& member : members_) {
+    Status status = member->authorizeRequest(path, body);
+    if (!status.isOk()) return status;
+  }
+  return Status::ok();
+}
+
 nlohmann::json MultiConnector::info() const {
   for (const auto& member : members_) {
     nlohmann::json answer = member->info();

@@ -59,6 +59,8 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   // answers it.
   Status advertiseAddress(const std::string& listen_host, int port) override;
   StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override;
+  // Every member must accept a control request (each checks its own secret).
+  Status authorizeRequest(std::string_view path, const nlohmann::json& body) const override;
   // The first member's that reports anything.
   nlohmann::json info() const override;
 

@@ -1,5 +1,6 @@
 #include "agent/kv/ucx/ucx_connector.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
 
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <unordered_set>
 
 #include "common/hmac.h"
+#include "common/json_parse.h"
 #include "common/logging.h"
 
 namespace tandem::kv {
@@ -92,13 +94,47 @@ bool isHex(std::string_view text) {
   });
 }
 
-// A host name, an IPv4 address or an IPv6 literal (with an optional zone).
+// What a descriptor's remote_host (and advertise_host) may be: a host name or
+// IPv4 address (letters, digits, '.', '-', '_'), or an IPv6 address, bare or
+// in brackets, with an optional zone ("fe80::1%eth0"). Never a port
+// ("host:8000" has one ':' and is no IPv6 address), a user ('@'), a path
+// ('/'), whitespace or control characters.
+constexpr char kHostAccepted[] =
+    "a host name or IP address without a port (a host name or IPv4 address: letters, digits, '.', "
+    "'-', '_'; an IPv6 address, bare or in brackets)";
+
+bool isNameChar(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' ||
+         c == '-' || c == '_';
+}
+
 bool isHostName(std::string_view host) {
   if (host.empty() || host.size() > kMaxHostChars) return false;
-  return std::all_of(host.begin(), host.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' ||
-           c == '-' || c == ':' || c == '_' || c == '%';
-  });
+  if (host.find_first_of(":[]%") == std::string_view::npos) {
+    return std::all_of(host.begin(), host.end(), isNameChar);
+  }
+  std::string_view inner = host;
+  if (host.front() == '[') {
+    if (host.size() < 2 || host.back() != ']') return false;
+    inner = host.substr(1, host.size() - 2);
+  }
+  const size_t percent = inner.find('%');
+  if (percent != std::string_view::npos) {
+    const std::string_view zone = inner.substr(percent + 1);
+    if (zone.empty() || !std::all_of(zone.begin(), zone.end(), isNameChar)) return false;
+    inner = inner.substr(0, percent);
+  }
+  in6_addr address{};
+  return inner.find_first_not_of("0123456789abcdefABCDEF:.") == std::string_view::npos &&
+         inet_pton(AF_INET6, std::string(inner).c_str(), &address) == 1;
+}
+
+// The host as a socket library takes it: an IPv6 address without brackets.
+std::string connectHost(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
 }
 
 bool isWildcardHost(std::string_view host) {
@@ -148,6 +184,7 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
     throw Error("kv_connector_extra_config.secret must be a non-empty string");
   }
   secret_ = kvSecret(config);
+  if (!secret_.empty()) request_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret_);
   if (auto it = config.extra.find("remote_pull_threshold"); it != config.extra.end()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
       throw Error(
@@ -179,9 +216,9 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
     if (!it->is_string() || !isHostName(it->get<std::string>()) ||
         isWildcardHost(it->get<std::string>())) {
       throw Error(
-          "kv_connector_extra_config.advertise_host must be a host name or IP address peers can "
-          "reach (not a wildcard such as 0.0.0.0), got " +
-          it->dump());
+          "kv_connector_extra_config.advertise_host must be an address peers can reach, not a "
+          "wildcard such as 0.0.0.0: " +
+          std::string(kHostAccepted) + "; got " + it->dump());
     }
   }
   auto faults = FaultInjection::parse(config.extra);
@@ -389,6 +426,13 @@ StatusOr<json> UcxConnector::handshake(const json& request) const {
   return answer;
 }
 
+Status UcxConnector::authorizeRequest(std::string_view path, const json& body) const {
+  if (request_verifier_ == nullptr) return Status::ok();
+  Status status = request_verifier_->verify(path, body);
+  if (status.code() == StatusCode::kPermissionDenied) failures_.add("auth");
+  return status;
+}
+
 void UcxConnector::onMessage(const std::string& message) {
   // "release\n<transfer id>[\n<signature>]"
   const size_t first = message.find('\n');
@@ -434,8 +478,8 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
     if (Status status = text(name, *out); !status.isOk()) return status;
   }
   if (!isHostName(d.host) || isWildcardHost(d.host)) {
-    return invalidArgument(field + ".remote_host must be a host name or IP address (at most " +
-                           std::to_string(kMaxHostChars) + " characters), got " +
+    return invalidArgument(field + ".remote_host must be " + kHostAccepted + "; at most " +
+                           std::to_string(kMaxHostChars) + " characters and not a wildcard; got " +
                            json(d.host).dump(-1, ' ', false, json::error_handler_t::replace));
   }
   auto integer = [&](const char* name, int64_t low, int64_t high, int64_t* out) -> Status {
@@ -635,7 +679,7 @@ StatusOr<UcxConnector::Handshake> UcxConnector::fetchHandshake(const std::string
     return Status(StatusCode::kDeadlineExceeded, "no time left for the handshake with " + where);
   }
   const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(remaining).count();
-  httplib::Client client(host, port);
+  httplib::Client client(connectHost(host), port);
   client.set_keep_alive(false);
   client.set_connection_timeout(micros / 1000000, micros % 1000000);
   client.set_read_timeout(micros / 1000000, micros % 1000000);
@@ -660,7 +704,7 @@ StatusOr<UcxConnector::Handshake> UcxConnector::fetchHandshake(const std::string
     return invalidArgument("KV handshake answer from " + where + " is larger than " +
                            std::to_string(kMaxHandshakeBytes) + " bytes");
   }
-  json answer = json::parse(response->body, nullptr, /*allow_exceptions=*/false);
+  json answer = parseJsonOrDiscarded(response->body);
   Handshake handshake;
   auto text = [&](const char* name, std::string& out) {
     auto it = answer.find(name);

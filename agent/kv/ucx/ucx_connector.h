@@ -40,8 +40,9 @@
 // (or fails the request, by kv_load_failure_policy), counted by reason.
 //
 // Shared secret: kv_connector_extra_config.secret, else TANDEM_KV_SECRET.
-// With one, descriptors, handshakes and release messages carry HMAC-SHA256
-// signatures and unsigned or wrongly signed ones are refused. It
+// With one, descriptors, handshakes, release messages and control requests
+// (a pull-back hold, authorizeRequest) carry HMAC-SHA256 signatures and
+// unsigned or wrongly signed ones are refused. It
 // authenticates the control plane; neither the handshake nor UCX's data
 // plane is encrypted (docs/kv-transfer.md).
 //
@@ -83,6 +84,7 @@
 #include "agent/kv/ucx/kv_buffer.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
+#include "common/kv_auth.h"
 
 namespace tandem::kv {
 
@@ -103,6 +105,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
 
   Status advertiseAddress(const std::string& listen_host, int port) override;
   StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override;
+  // With a secret: the body must carry a kv_auth signed with it
+  // (common/kv_auth.h), fresh and not seen before.
+  Status authorizeRequest(std::string_view path, const nlohmann::json& body) const override;
 
   Status validate(const nlohmann::json& params, int64_t num_prompt_tokens) const override;
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override;
@@ -210,6 +215,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   std::shared_ptr<transport::UcxContext> context_;
   std::string compatibility_;
   std::string secret_;
+  std::unique_ptr<kv_auth::RequestVerifier> request_verifier_;  // set when secret_ is
   int64_t pull_threshold_blocks_ = 4;
   FaultInjection faults_;
   std::string engine_id_;

@@ -225,6 +225,23 @@ spec:
   EXPECT_EQ(service["spec"]["selector"], json::parse(R"({"tandem.dev/router":"front"})"));
 }
 
+TEST(DesiredObjectsTest, RouterGetsTheAgentsKvSecretFromItsKvSecretRef) {
+  const char* document = R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+metadata: {name: front}
+spec:
+  kvSecretRef: {name: tandem-kv, key: secret}
+)";
+  const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "front", "uid-r", 1};
+  const json container = agentContainer(desiredRouterDeployment(
+      owner, local::parseRouterSpec(document, "r.yaml"), {"prefill"}, {"decode"}, defaults()));
+  EXPECT_EQ(container["env"], json::parse(R"([{"name": "TANDEM_KV_SECRET", "valueFrom":
+      {"secretKeyRef": {"name": "tandem-kv", "key": "secret"}}}])"));
+  const json plain = agentContainer(
+      desiredRouterDeployment(owner, local::RouterSpec{}, {"prefill"}, {"decode"}, defaults()));
+  EXPECT_FALSE(plain.contains("env"));
+}
+
 TEST(DesiredObjectsTest, DesiredHashFollowsTheSpec) {
   PoolSpec pool = exampleCluster().pools.at(0);
   const json before = desiredPoolDeployment(ownerFor(pool), pool, defaults());

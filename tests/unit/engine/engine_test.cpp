@@ -281,7 +281,15 @@ class HoldingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::K
   KvConnectorScheduler& scheduler() override { return *this; }
   KvConnectorWorker& worker() override { return *this; }
   const kv::KvTransferConfig& config() const override { return config_; }
-  kv::LookupResult lookup(const kv::ConnectorRequest&, int64_t) override { return {}; }
+  // The request `stuck_id` stays queued: its lookup never completes.
+  explicit HoldingConnector(std::string stuck_id) : HoldingConnector() {
+    stuck_id_ = std::move(stuck_id);
+  }
+  kv::LookupResult lookup(const kv::ConnectorRequest& request, int64_t) override {
+    kv::LookupResult result;
+    if (request.request_id == stuck_id_) result.state = kv::LookupResult::State::kPending;
+    return result;
+  }
   kv::FinishDecision requestFinished(const kv::ConnectorRequest& request, std::span<const BlockId>,
                                      int64_t) override {
     return {true, {{"transfer_id", std::string(request.request_id)}}};
@@ -296,14 +304,16 @@ class HoldingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::K
 
  private:
   kv::KvTransferConfig config_;
+  std::string stuck_id_;
 };
 
 class HeldBlocks : public ::testing::Test {
  protected:
-  Engine& start() {
+  Engine& start(int64_t num_blocks = 64, const std::string& stuck_id = "") {
     EngineConfig config = engineConfig();
-    config.connector_factory = [](KvCache&, const std::string&) {
-      return std::make_unique<HoldingConnector>();
+    config.num_blocks = num_blocks;
+    config.connector_factory = [stuck_id](KvCache&, const std::string&) {
+      return std::make_unique<HoldingConnector>(stuck_id);
     };
     config.clock = [this] { return Clock::time_point(std::chrono::seconds(now_seconds_.load())); };
     engine_ = std::make_unique<Engine>(config);
@@ -316,9 +326,94 @@ class HeldBlocks : public ::testing::Test {
     engine_->kvSnapshot();
   }
 
+  // Runs `prompt` to its end and lets its held blocks go: they stay cached,
+  // unreferenced, for holdPrefix to find.
+  void cache(const std::string& id, const std::vector<TokenId>& prompt) {
+    Collector finished;
+    ASSERT_TRUE(engine_->addRequest(greedyRequest(id, prompt, 1), finished.callback()).isOk());
+    ASSERT_TRUE(finished.waitFinished());
+    ASSERT_TRUE(engine_->releaseTransfer({{"transfer_id", id}}).isOk());
+    settle();
+  }
+
   std::atomic<int64_t> now_seconds_{1000};
   std::unique_ptr<Engine> engine_;
 };
+
+TEST_F(HeldBlocks, TheGaugeCountsABlockPinnedByTwoHoldsOnce) {
+  Engine& engine = start();
+  const std::vector<TokenId> prompt = randomTokens(40, 3);
+  Collector finished;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("held", prompt, 1), finished.callback()).isOk());
+  ASSERT_TRUE(finished.waitFinished());
+  EXPECT_EQ(engine.stats().kv_held_blocks, 3);
+  // Two pull-back holds of the prompt's 2 cached full blocks: the same
+  // blocks the finished request holds.
+  ASSERT_TRUE(engine.holdPrefix(prompt, "").isOk());
+  ASSERT_TRUE(engine.holdPrefix(prompt, "").isOk());
+  EXPECT_EQ(engine.stats().kv_held_blocks, 3);
+  ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "held"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 2);
+  ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "hold-1"}}).isOk());
+  ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "hold-2"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
+TEST_F(HeldBlocks, HoldsPinAtMostAQuarterOfTheCacheEachAndHalfTogether) {
+  Engine& engine = start();  // 64 blocks: 16 per hold, 32 for all holds
+  EXPECT_EQ(engine.maxHoldBlocks(), 16);
+  EXPECT_EQ(engine.maxTotalHoldBlocks(), 32);
+  const std::vector<TokenId> first = randomTokens(300, 11), second = randomTokens(300, 12),
+                             third = randomTokens(300, 13);
+  cache("first", first);  // 18 full blocks cached
+  ASSERT_TRUE(engine.holdPrefix(first, "").isOk());
+  EXPECT_EQ(engine.stats().kv_held_blocks, 16) << "the leading 16 of 18 blocks";
+  // The same prefix again pins nothing new: it fits whatever the total.
+  ASSERT_TRUE(engine.holdPrefix(first, "").isOk());
+  cache("second", second);
+  ASSERT_TRUE(engine.holdPrefix(second, "").isOk());
+  EXPECT_EQ(engine.stats().kv_held_blocks, 32);
+  cache("third", third);
+  auto refused = engine.holdPrefix(third, "");
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(refused.status().message(),
+            "pull-back holds already pin 32 KV blocks of this agent; this hold would pin 16 more, "
+            "past --kv-hold-max-total-blocks 32; retry later");
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 32) << "a refused hold pins nothing";
+  for (const char* id : {"hold-1", "hold-2", "hold-3"}) {
+    ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", id}}).isOk()) << id;
+  }
+  settle();
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
+TEST_F(HeldBlocks, AHoldNeverTakesTheBlocksAQueuedRequestNeeds) {
+  // 24 blocks (6 per hold, 12 in all); a queued request of 360 tokens needs 23.
+  Engine& engine = start(24, "stuck");
+  const std::vector<TokenId> prompt = randomTokens(40, 3);
+  cache("cached", prompt);  // 2 full blocks cached, unreferenced
+  ASSERT_TRUE(engine.holdPrefix(prompt, "").isOk()) << "nothing is queued yet";
+  ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "hold-1"}}).isOk());
+  Collector stuck;
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("stuck", randomTokens(360, 4), 1), stuck.callback()).isOk());
+  auto refused = engine.holdPrefix(prompt, "");
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(refused.status().message(),
+            "this hold would leave 22 free KV blocks, fewer than the 23 the waiting requests need "
+            "(holds never take blocks from admission); retry later");
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  engine.abort("stuck");
+  ASSERT_TRUE(stuck.waitFinished());
+  EXPECT_TRUE(engine.holdPrefix(prompt, "").isOk()) << "nothing is queued any more";
+}
 
 TEST_F(HeldBlocks, AreFreedWhenTheHoldTimesOutOnTheEnginesClock) {
   Engine& engine = start();

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 namespace tandem::local {
@@ -117,6 +118,23 @@ TEST(AgentCommandTest, KvTransferConfigIsVllmShaped) {
               "kv_connector_extra_config": {"connectors": [
                 {"kv_connector": "offload", "kv_connector_extra_config": {"capacity_blocks": 64}},
                 {"kv_connector": "ucx"}]}})"));
+}
+
+TEST(AgentCommandTest, PoolKvSecretIsFoundWhereTheAgentsFindIt) {
+  ::unsetenv("TANDEM_KV_SECRET");
+  PoolSpec pool = minimalPool(PoolKind::kDecode);
+  EXPECT_EQ(poolKvSecret(pool), "");
+  ::setenv("TANDEM_KV_SECRET", "inherited", 1);
+  EXPECT_EQ(poolKvSecret(pool), "inherited");
+  pool.env.emplace_back("TANDEM_KV_SECRET", "from-env");
+  EXPECT_EQ(poolKvSecret(pool), "from-env");
+  pool.kv_transfer.extra_config = nlohmann::json::parse(
+      R"({"connectors": [{"kv_connector": "offload"},
+                         {"kv_connector": "ucx", "kv_connector_extra_config": {"secret": "member"}}]})");
+  EXPECT_EQ(poolKvSecret(pool), "member");
+  pool.kv_transfer.extra_config = {{"secret", "extra"}};
+  EXPECT_EQ(poolKvSecret(pool), "extra");
+  ::unsetenv("TANDEM_KV_SECRET");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-#include "agent/server/http_connection.h"
+#include "common/http/http_connection.h"
 
+#include <algorithm>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -13,6 +14,9 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <random>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -59,34 +63,31 @@ std::string percentDecode(std::string_view text) {
   return out;
 }
 
-// {"error": {...}} in OpenAI's shape; built outside coroutines (GCC 12).
-std::string errorJson(int status, const std::string& message, const char* type) {
-  (void)status;
-  nlohmann::json body = {
-      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
-  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+// Heap memory freed by a large request goes back to the system at most this
+// often (a trim walks the whole heap).
+constexpr Clock::duration kTrimInterval = std::chrono::seconds(1);
+// How long a refused request's remaining bytes are read and dropped.
+constexpr std::chrono::seconds kLingerTimeout{2};
 
-HttpResponse errorResponse(int status, const std::string& message, const char* type) {
-  HttpResponse response;
-  response.status = status;
-  response.set_content(errorJson(status, message, type), "application/json");
-  return response;
+// A body over the large-body threshold, or of a length not known yet.
+bool isLarge(const http::request_parser<http::string_body>& parser, const HttpLimits& limits) {
+  const auto length = parser.content_length();
+  return !length || *length > limits.large_body_bytes;
 }
 
 // What to answer a request the parser refused.
 HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpLimits& limits) {
   if (ec == http::error::body_limit) {
-    return errorResponse(413,
-                         "the request body is larger than the limit of " +
-                             std::to_string(limits.max_body_bytes) + " bytes",
-                         "invalid_request_error");
+    return httpErrorResponse(413,
+                             "the request body is larger than the limit of " +
+                                 std::to_string(limits.max_body_bytes) + " bytes",
+                             "invalid_request_error");
   }
   if (ec == http::error::header_limit) {
-    return errorResponse(431,
-                         "the request line and headers are larger than the limit of " +
-                             std::to_string(limits.max_header_bytes) + " bytes",
-                         "invalid_request_error");
+    return httpErrorResponse(431,
+                             "the request line and headers are larger than the limit of " +
+                                 std::to_string(limits.max_header_bytes) + " bytes",
+                             "invalid_request_error");
   }
   std::string what;
   if (ec == http::error::bad_content_length) {
@@ -98,10 +99,25 @@ HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpL
   } else {
     what = ec.message();
   }
-  return errorResponse(400, "malformed HTTP request: " + what, "invalid_request_error");
+  return httpErrorResponse(400, "malformed HTTP request: " + what, "invalid_request_error");
 }
 
 }  // namespace
+
+// Built outside coroutines (GCC 12 cannot keep such JSON in a frame).
+std::string httpErrorBody(const std::string& message, const std::string& type) {
+  nlohmann::json body = {
+      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+HttpResponse httpErrorResponse(int status, const std::string& message, const std::string& type) {
+  HttpResponse response;
+  response.status = status;
+  response.set_content(httpErrorBody(message, type), "application/json");
+  if (status == 503) response.set_header("Retry-After", "1");
+  return response;
+}
 
 // ---------------------------------------------------------------------------
 // HttpRequest
@@ -125,6 +141,30 @@ std::optional<std::string> HttpRequest::param(std::string_view name) const {
   }
   return std::nullopt;
 }
+
+// ---------------------------------------------------------------------------
+// LargeRequest: one of HttpLimits::max_large_requests slots, held from a
+// large request's head to the end of its answer.
+
+class LargeRequest {
+ public:
+  explicit LargeRequest(HttpService& service) : service_(service) {}
+  ~LargeRequest() {
+    if (entered_) service_.leaveLarge();
+  }
+  LargeRequest(const LargeRequest&) = delete;
+  LargeRequest& operator=(const LargeRequest&) = delete;
+
+  // False when every slot is taken.
+  bool enter() {
+    entered_ = service_.enterLarge();
+    return entered_;
+  }
+
+ private:
+  HttpService& service_;
+  bool entered_ = false;
+};
 
 // ---------------------------------------------------------------------------
 // HttpConnection
@@ -170,6 +210,23 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       arm(limits.request_timeout);
       co_await http::async_read_header(socket_, buffer_, parser,
                                        asio::redirect_error(use_awaitable, ec));
+      LargeRequest large(service_);
+      if (!ec && !parser.is_done() && isLarge(parser, limits) && !large.enter()) {
+        // Refused before its body is read (or, with Expect: 100-continue,
+        // sent): the body never costs memory.
+        disarm();
+        HttpResponse response = httpErrorResponse(
+            503,
+            "the server is already handling " + std::to_string(limits.max_large_requests) +
+                " requests with bodies over " + std::to_string(limits.large_body_bytes) +
+                " bytes (or of unknown length), its limit; retry later",
+            "service_unavailable");
+        response.headers.emplace_back("X-Request-Id", service_.nextRequestId());
+        if (co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false)) {
+          co_await lingeringClose();
+        }
+        break;
+      }
       if (!ec && !parser.is_done() &&
           equalsIgnoreCase(std::string(parser.get()[http::field::expect]), "100-continue")) {
         static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -188,7 +245,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
             ec != http::error::end_of_stream && ec != http::error::partial_message) {
           HttpResponse response = parseErrorResponse(ec, limits);
           response.headers.emplace_back("X-Request-Id", service_.nextRequestId());
-          co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
+          if (co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false)) {
+            co_await lingeringClose();
+          }
         }
         break;
       }
@@ -223,7 +282,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                            << exchange.request().method << " " << exchange.request().path
                            << ": internal error: " << failure;
         if (exchange.started_ || exchange.broken_) break;
-        HttpResponse response = errorResponse(
+        HttpResponse response = httpErrorResponse(
             500,
             "internal error while handling the request (request id " + exchange.request().id + ")",
             "server_error");
@@ -242,7 +301,29 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     socket_.close(ignored);
   }
 
+  // After answering a request whose rest was not read: the answer is sent,
+  // then what the client still sends is read and dropped for a moment, so
+  // that closing with unread bytes does not reset the connection before
+  // the client has read the answer.
+  awaitable<void> lingeringClose() {
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) co_return;
+    arm(kLingerTimeout);
+    char sink[16384];
+    while (!ec) {
+      co_await socket_.async_read_some(asio::buffer(sink), asio::redirect_error(use_awaitable, ec));
+    }
+    disarm();
+  }
+
   // ---- used by HttpExchange -------------------------------------------------
+
+  void watch() { startWatch(); }
+  std::function<void()> swapOnGone(std::function<void()> callback) {
+    std::swap(on_gone_, callback);
+    return callback;
+  }
 
   awaitable<bool> write(HttpResponse response, bool keep_alive, bool head) {
     http::response<http::string_body> message{static_cast<http::status>(response.status), 11};
@@ -370,6 +451,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                 self->startWatch();
               } else if (ec != asio::error::operation_aborted) {
                 self->client_gone_ = true;
+                if (self->on_gone_) {
+                  std::function<void()> callback = self->on_gone_;
+                  callback();
+                }
               }
               self->signal_.cancel();
             }));
@@ -386,6 +471,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       }
     }
     stop_watch_ = false;
+    on_gone_ = nullptr;
   }
 
   HttpService& service_;
@@ -395,7 +481,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   asio::steady_timer deadline_;
   asio::steady_timer signal_;  // wait(): cancelled to wake the coroutine
   std::shared_ptr<Waker> waker_;
-  bool woken_ = false;  // wake() came; consumed by the next wait()
+  std::function<void()> on_gone_;  // OnClientGone's callback
+  bool woken_ = false;             // wake() came; consumed by the next wait()
   bool watching_ = false;
   bool stop_watch_ = false;
   bool client_gone_ = false;
@@ -454,6 +541,26 @@ std::shared_ptr<HttpWaker> HttpExchange::waker() { return connection_.waker(); }
 
 bool HttpExchange::clientGone() const { return broken_ || connection_.clientGone(); }
 
+void HttpExchange::watchClient() {
+  if (!broken_) connection_.watch();
+}
+
+std::function<void()> HttpExchange::swapOnGone(std::function<void()> callback) {
+  return connection_.swapOnGone(std::move(callback));
+}
+
+// ---------------------------------------------------------------------------
+// OnClientGone
+
+OnClientGone::OnClientGone(HttpExchange& exchange, std::function<void()> cancel)
+    : exchange_(exchange) {
+  exchange_.watchClient();
+  if (exchange_.clientGone()) cancel();
+  previous_ = exchange_.swapOnGone(std::move(cancel));
+}
+
+OnClientGone::~OnClientGone() { exchange_.swapOnGone(std::move(previous_)); }
+
 // ---------------------------------------------------------------------------
 // HttpService
 
@@ -465,6 +572,7 @@ HttpService::HttpService(HttpLimits limits, int io_threads, int worker_threads)
 
 HttpService::~HttpService() {
   stop();
+  join();
   workers_.join();
 }
 
@@ -517,12 +625,35 @@ void HttpService::serve() {
   for (auto& thread : threads) thread.join();
 }
 
-void HttpService::stop() {
-  if (stopping_.exchange(true)) return;
+void HttpService::start() {
+  if (stopping_ || serving_) return;
+  serving_ = true;
+  work_.emplace(asio::make_work_guard(ioc_));
+  asio::co_spawn(ioc_, acceptLoop(), asio::detached);
+  for (int i = 0; i < io_threads_; ++i) threads_.emplace_back([this] { ioc_.run(); });
+}
+
+void HttpService::join() {
+  for (auto& thread : threads_) thread.join();
+  threads_.clear();
+}
+
+void HttpService::stopAccepting() {
+  if (accepting_stopped_.exchange(true)) return;
   asio::post(ioc_, [this] {
     boost::system::error_code ec;
     acceptor_.close(ec);
   });
+}
+
+void HttpService::stop() {
+  if (stopping_.exchange(true)) return;
+  stopAccepting();
+  {
+    // Offloaded work nobody will read ends early.
+    std::lock_guard<std::mutex> lock(cancels_mutex_);
+    for (std::atomic<bool>* cancel : cancels_) *cancel = true;
+  }
   {
     std::lock_guard<std::mutex> lock(connections_mutex_);
     for (auto& [raw, weak] : connections_) {
@@ -573,7 +704,7 @@ awaitable<void> HttpService::dispatch(HttpExchange& exchange) {
   const std::string method = request.method == "HEAD" ? "GET" : request.method;
   auto it = routes_.find(method + " " + request.path);
   if (it == routes_.end()) {
-    co_await exchange.respond(errorResponse(
+    co_await exchange.respond(httpErrorResponse(
         404, "no route for " + request.method + " " + request.path, "not_found_error"));
     co_return;
   }
@@ -581,6 +712,52 @@ awaitable<void> HttpService::dispatch(HttpExchange& exchange) {
   if (!exchange.started() && !exchange.clientGone()) {
     throw std::logic_error("the route for " + request.path + " did not answer");
   }
+}
+
+bool HttpService::enterLarge() {
+  if (large_requests_.fetch_add(1) < limits_.max_large_requests) return true;
+  large_requests_.fetch_sub(1);
+  return false;
+}
+
+void HttpService::leaveLarge() {
+  large_requests_.fetch_sub(1);
+  if (!stopping_) trimSoon();
+}
+
+// A large body, and what was parsed from it, leave freed pages in the heap
+// that glibc keeps (a 60 MB prompt grows a process by gigabytes that stay):
+// once such a request is over, the heap is trimmed, on a worker, at most
+// once per kTrimInterval; requests ending meanwhile share the next trim.
+void HttpService::trimSoon() {
+#if defined(__GLIBC__)
+  if (trim_scheduled_.exchange(true)) return;
+  const Clock::time_point due =
+      Clock::time_point(Clock::duration(last_trim_.load())) + kTrimInterval;
+  auto timer = std::make_shared<asio::steady_timer>(ioc_, due);
+  timer->async_wait([this, timer](const boost::system::error_code& ec) {
+    if (ec) {
+      trim_scheduled_ = false;
+      return;
+    }
+    asio::post(workers_, [this] {
+      last_trim_ = Clock::now().time_since_epoch().count();
+      trim_scheduled_ = false;
+      ::malloc_trim(0);
+    });
+  });
+#endif
+}
+
+void HttpService::addCancel(std::atomic<bool>* cancel) {
+  std::lock_guard<std::mutex> lock(cancels_mutex_);
+  cancels_.push_back(cancel);
+  if (stopping_) *cancel = true;
+}
+
+void HttpService::removeCancel(std::atomic<bool>* cancel) {
+  std::lock_guard<std::mutex> lock(cancels_mutex_);
+  cancels_.erase(std::find(cancels_.begin(), cancels_.end(), cancel));
 }
 
 std::string HttpService::nextRequestId() {

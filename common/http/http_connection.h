@@ -1,21 +1,36 @@
-// The agent's HTTP/1.1 transport, on Boost.Asio and Beast (the stack the
-// router serves clients with): accepts connections, parses requests strictly,
-// enforces limits and per-state timeouts, answers pipelined requests in
-// order, and hands each request to a route.
+// The HTTP/1.1 front shared by the agent and the router, on Boost.Asio and
+// Beast: accepts connections, parses requests strictly, enforces limits and
+// per-state timeouts, answers pipelined requests in order, and hands each
+// request to a route. Both servers answer malformed HTTP, oversized heads and
+// bodies, and slow clients the same way because they use this one front.
 //
 // Threads: a few io threads own every socket. Each connection is one
 // coroutine on its own strand, so an idle or slow client costs a coroutine
 // and a buffer, never a thread. Routes run on the connection's strand and
 // must not block: work that waits (on the engine) or computes in proportion
-// to the request (tokenizing a prompt) goes through HttpExchange::offload()
-// to the worker pool; waiting for the engine's outputs is asynchronous (the
-// engine thread calls HttpWaker::wake(), the route awaits HttpExchange::wait()).
+// to the request (tokenizing a prompt, rendering a chat template) goes
+// through HttpExchange::offload() to the worker pool; waiting for the
+// engine's outputs is asynchronous (the engine thread calls HttpWaker::wake(),
+// the route awaits HttpExchange::wait()). Other asynchronous work a route
+// awaits on the connection's strand (the router's calls to agents) learns of
+// the client leaving through HttpExchange::watchClient() and OnClientGone.
 //
 // Errors: a request the parser refuses is answered 400 (413 body too large,
 // 431 headers too large) and the connection closed. An exception escaping a
 // route is caught here, logged with the request id and answered with a 500
 // JSON error carrying that id (or, once a response has started, ends the
-// connection). Nothing internal ever goes into a response header.
+// connection). Nothing internal ever goes into a response header. Every
+// error body has OpenAI's shape: {"error": {"message", "type", "param",
+// "code"}}.
+//
+// Large bodies: at most HttpLimits::max_large_requests requests whose body
+// is over large_body_bytes (or of unknown length) are read and handled at
+// once; one more is answered 503 with Retry-After before its body is read.
+// When such a request ends, freed heap memory is given back to the system
+// (glibc malloc_trim), at most once a second.
+//
+// The namespace is tandem::server, as for the protocol library the two
+// servers share (common/protocol).
 #pragma once
 
 // clang-format off
@@ -47,6 +62,12 @@ struct HttpLimits {
   std::chrono::seconds idle_timeout{60};     // keep-alive: between two requests
   std::chrono::seconds write_timeout{30};    // one write (a response, a stream chunk)
   size_t max_pipelined_bytes = 1024 * 1024;  // read ahead while a request is answered
+  // A body over large_body_bytes, or sent chunked (length unknown), is
+  // large: at most max_large_requests large requests are read and handled
+  // at once (from their head to their answer's last byte); one more is
+  // answered 503 + Retry-After before its body is read.
+  uint64_t large_body_bytes = 1024 * 1024;
+  int max_large_requests = 2;
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
@@ -93,6 +114,13 @@ class HttpWaker {
 
 class HttpConnection;
 class HttpService;
+class LargeRequest;
+
+// {"error": {"message", "type", "param": null, "code": null}}, OpenAI's
+// error shape; bytes that are not UTF-8 are replaced.
+std::string httpErrorBody(const std::string& message, const std::string& type);
+// A whole JSON error response in that shape; a 503 says Retry-After: 1.
+HttpResponse httpErrorResponse(int status, const std::string& message, const std::string& type);
 
 // A route's view of its request and connection. Every method is called on
 // the connection's strand (inside the route's coroutine).
@@ -113,7 +141,8 @@ class HttpExchange {
   boost::asio::awaitable<bool> writeChunk(std::string data);
   boost::asio::awaitable<bool> finishChunked();
   bool started() const { return started_; }
-  // The client went away (seen by wait() or a failed write).
+  // The client went away (seen by the watch of wait(), offload(work,
+  // cancel) or watchClient(), or by a failed write).
   bool clientGone() const;
 
   // Waits until waker() is woken, `timeout` passes, or the client goes away
@@ -127,14 +156,45 @@ class HttpExchange {
   // exceptions propagate.
   template <typename T>
   boost::asio::awaitable<T> offload(std::function<T()> work);
+  // The same, watching the connection meanwhile: `cancel` is set when the
+  // client leaves (or the service stops), for `work` to poll and end early
+  // (a template render, a tokenizer). The route then finds clientGone()
+  // true and answers nothing.
+  template <typename T>
+  boost::asio::awaitable<T> offload(std::function<T()> work, std::atomic<bool>& cancel);
+
+  // Watches the connection while the route awaits something other than
+  // wait() (a call to another server, a queue): from now until the exchange
+  // ends, the client leaving (EOF, reset) makes clientGone() true and runs
+  // the callback of the innermost OnClientGone. Idempotent.
+  void watchClient();
 
  private:
   friend class HttpConnection;
+  friend class OnClientGone;
+  // Sets what the client leaving runs; returns the previous callback.
+  std::function<void()> swapOnGone(std::function<void()> callback);
   HttpConnection& connection_;
   HttpService& service_;
   HttpRequest request_;
   bool started_ = false;
   bool broken_ = false;  // a write failed: the connection cannot be reused
+};
+
+// While it lives, the client leaving runs `cancel` (on the connection's
+// strand, at once when the client has already left); the previous callback
+// comes back when it ends. Starts the exchange's watch. Create and destroy
+// it on the connection's strand (in the route's coroutine).
+class OnClientGone {
+ public:
+  OnClientGone(HttpExchange& exchange, std::function<void()> cancel);
+  ~OnClientGone();
+  OnClientGone(const OnClientGone&) = delete;
+  OnClientGone& operator=(const OnClientGone&) = delete;
+
+ private:
+  HttpExchange& exchange_;
+  std::function<void()> previous_;
 };
 
 // A route: handles one request, answering through the exchange.
@@ -162,37 +222,69 @@ class HttpService {
 
   // Binds and listens (backlog `backlog`); the bound port. Throws tandem::Error.
   int bind(const std::string& host, int port, int backlog);
-  // Serves until stop(); blocks.
+  // Serves until stop(); blocks (the calling thread is one of the io threads).
   void serve();
-  // Stops accepting, closes every connection and returns serve(). Safe from
-  // any thread (not from a signal handler); idempotent.
+  // Serves on io threads of its own and returns; after stop(), join() waits
+  // for them. The other way to serve: call one of serve() and start().
+  void start();
+  void join();
+  // Stops accepting connections; those open go on being served. Safe from
+  // any thread; idempotent.
+  void stopAccepting();
+  // Stops accepting, closes every connection, cancels offloaded work that
+  // watches its client and ends the io threads. Safe from any thread (not
+  // from a signal handler); idempotent.
   void stop();
   // Connections open now (accepted, not yet closed).
   int64_t openConnections() const { return open_connections_.load(); }
 
   const HttpLimits& limits() const { return limits_; }
   boost::asio::thread_pool& workers() { return workers_; }
+  // The io threads' context: other asynchronous work of the server (the
+  // router's agent polls) may run on it.
+  boost::asio::io_context& ioContext() { return ioc_; }
 
  private:
   friend class HttpConnection;
+  friend class HttpExchange;
+  friend class LargeRequest;
+  // A large request's slot (HttpLimits::max_large_requests); false: none free.
+  bool enterLarge();
+  // Gives the slot back and trims the heap soon.
+  void leaveLarge();
+  void trimSoon();
+  // Offloaded work's cancel flags, set all at once by stop().
+  void addCancel(std::atomic<bool>* cancel);
+  void removeCancel(std::atomic<bool>* cancel);
   boost::asio::awaitable<void> acceptLoop();
   boost::asio::awaitable<void> dispatch(HttpExchange& exchange);
   boost::asio::awaitable<void> runConnection(std::shared_ptr<HttpConnection> connection);
   std::string nextRequestId();
   void forget(HttpConnection* connection);
 
+  // What coroutine frames touch when they are destroyed with the
+  // io_context (at destruction, after stop()) is declared before it, so
+  // that it is still there.
   HttpLimits limits_;
   int io_threads_;
-  boost::asio::io_context ioc_;
-  boost::asio::thread_pool workers_;
-  boost::asio::ip::tcp::acceptor acceptor_;
   std::map<std::string, HttpRoute> routes_;  // "METHOD path"
   std::mutex connections_mutex_;
   std::map<HttpConnection*, std::weak_ptr<HttpConnection>> connections_;
   std::atomic<int64_t> open_connections_{0};
   std::atomic<uint64_t> next_request_{1};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> accepting_stopped_{false};
   bool serving_ = false;
+  std::atomic<int> large_requests_{0};
+  std::atomic<bool> trim_scheduled_{false};
+  std::atomic<int64_t> last_trim_{0};  // steady clock ticks
+  std::mutex cancels_mutex_;
+  std::vector<std::atomic<bool>*> cancels_;
+  boost::asio::io_context ioc_;
+  boost::asio::thread_pool workers_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::vector<std::thread> threads_;  // start()'s io threads
 };
 
 namespace detail {
@@ -211,6 +303,24 @@ boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work) {
                                                            detail::runWork<T>(std::move(work)),
                                                            boost::asio::use_awaitable);
   co_return std::move(*result);
+}
+
+template <typename T>
+boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work,
+                                                std::atomic<bool>& cancel) {
+  // The flag is also set by stop(), so that a shutdown does not wait for
+  // work nobody will read.
+  struct Registration {
+    HttpService& service;
+    std::atomic<bool>* flag;
+    Registration(HttpService& s, std::atomic<bool>* f) : service(s), flag(f) {
+      service.addCancel(flag);
+    }
+    ~Registration() { service.removeCancel(flag); }
+  };
+  Registration registration(service_, &cancel);
+  OnClientGone watch(*this, [&cancel] { cancel = true; });
+  co_return co_await offload<T>(std::move(work));
 }
 
 }  // namespace tandem::server

@@ -1,0 +1,128 @@
+#include "common/kv_auth.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "common/hmac.h"
+
+namespace tandem::kv_auth {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMinNonceChars = 16;
+constexpr size_t kMaxNonceChars = 128;
+
+bool isHex(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  });
+}
+
+Status denied(const std::string& message) { return permissionDenied(message); }
+
+}  // namespace
+
+std::string requestCanonical(std::string_view path, int64_t timestamp, std::string_view nonce,
+                             const json& body) {
+  json rest = body;
+  if (rest.is_object()) rest.erase(kAuthField);
+  return "tandem-kv-request/1\n" + std::string(path) + "\n" + std::to_string(timestamp) + "\n" +
+         std::string(nonce) + "\n" + rest.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void signRequest(json& body, std::string_view path, std::string_view secret, int64_t timestamp,
+                 std::string_view nonce) {
+  const std::string signature =
+      hmacSha256Hex(secret, requestCanonical(path, timestamp, nonce, body));
+  body[kAuthField] = {
+      {"timestamp", timestamp}, {"nonce", std::string(nonce)}, {"signature", signature}};
+}
+
+void signRequest(json& body, std::string_view path, std::string_view secret) {
+  signRequest(body, path, secret, unixSeconds(), randomNonce());
+}
+
+int64_t unixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string randomNonce() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::random_device random;
+  std::string nonce;
+  for (int i = 0; i < 4; ++i) {
+    uint32_t word = random();
+    for (int j = 0; j < 8; ++j, word >>= 4) nonce.push_back(kHex[word & 15]);
+  }
+  return nonce;
+}
+
+RequestVerifier::RequestVerifier(std::string secret, std::function<int64_t()> clock)
+    : secret_(std::move(secret)), clock_(clock ? std::move(clock) : unixSeconds) {}
+
+Status RequestVerifier::verify(std::string_view path, const json& body) {
+  const std::string field = kAuthField;
+  const std::string why =
+      ": this agent accepts KV control requests only when they are signed with its shared KV "
+      "secret (docs/kv-transfer.md, \"Signed control requests\")";
+  auto auth = body.is_object() ? body.find(kAuthField) : body.end();
+  if (!body.is_object() || auth == body.end() || !auth->is_object()) {
+    return denied(field + " must be an object with timestamp, nonce and signature (" +
+                  (auth == body.end() ? "the request is not signed"
+                                      : std::string("got ") + auth->type_name()) +
+                  ")" + why);
+  }
+  auto timestamp = auth->find("timestamp");
+  if (timestamp == auth->end() || !timestamp->is_number_integer()) {
+    return denied(field + ".timestamp must be an integer number of Unix seconds" + why);
+  }
+  auto nonce = auth->find("nonce");
+  if (nonce == auth->end() || !nonce->is_string() ||
+      nonce->get_ref<const std::string&>().size() < kMinNonceChars ||
+      nonce->get_ref<const std::string&>().size() > kMaxNonceChars ||
+      !isHex(nonce->get_ref<const std::string&>())) {
+    return denied(field + ".nonce must be a string of " + std::to_string(kMinNonceChars) + " to " +
+                  std::to_string(kMaxNonceChars) + " hex characters" + why);
+  }
+  auto signature = auth->find("signature");
+  if (signature == auth->end() || !signature->is_string()) {
+    return denied(field + ".signature is missing" + why);
+  }
+  const int64_t when =
+      timestamp->is_number_unsigned()
+          ? static_cast<int64_t>(std::min<uint64_t>(timestamp->get<uint64_t>(), uint64_t{1} << 62))
+          : timestamp->get<int64_t>();
+  const std::string& nonce_text = nonce->get_ref<const std::string&>();
+  if (!constantTimeEquals(signature->get_ref<const std::string&>(),
+                          hmacSha256Hex(secret_, requestCanonical(path, when, nonce_text, body)))) {
+    return denied(field +
+                  ".signature does not match: the request was not signed with this agent's KV "
+                  "secret, or was altered");
+  }
+  const int64_t now = clock_();
+  if (when < now - kMaxClockSkewSeconds || when > now + kMaxClockSkewSeconds) {
+    return denied(field + ".timestamp " + std::to_string(when) + " is more than " +
+                  std::to_string(kMaxClockSkewSeconds) + " s from this agent's clock (" +
+                  std::to_string(now) + "): a request is accepted only within that window");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = seen_.begin(); it != seen_.end();) {
+    it = it->second < now - kMaxClockSkewSeconds ? seen_.erase(it) : std::next(it);
+  }
+  if (seen_.count(nonce_text) != 0) {
+    return denied(field + ".nonce was used before: a signed request is accepted once");
+  }
+  if (seen_.size() >= kMaxRememberedNonces) {
+    return unavailable("more than " + std::to_string(kMaxRememberedNonces) +
+                       " signed KV control requests within " +
+                       std::to_string(2 * kMaxClockSkewSeconds) + " s; retry later");
+  }
+  seen_.emplace(nonce_text, when);
+  return Status::ok();
+}
+
+}  // namespace tandem::kv_auth

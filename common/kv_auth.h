@@ -1,0 +1,78 @@
+// Signed control requests to an agent's /v1/kv_transfer/* endpoints: the
+// router (or a peer) that shares the agents' KV secret signs the JSON body
+// it posts; the agent checks the signature before acting on it. Used by the
+// agent (tandem_kv) and the router (tandem_router), hence here.
+//
+// A signed body carries one more member, "kv_auth":
+//   {"timestamp": <Unix seconds>, "nonce": "<16 to 128 hex characters>",
+//    "signature": "<HMAC-SHA256, lower-case hex>"}
+// and the signature covers the endpoint's path, the timestamp, the nonce and
+// the rest of the body as compact JSON with sorted keys (nlohmann's dump of
+// the parsed value, which both sides compute the same way):
+//   "tandem-kv-request/1\n<path>\n<timestamp>\n<nonce>\n<body without kv_auth>"
+// A request is accepted within kMaxClockSkewSeconds of the agent's clock and
+// only once: the verifier remembers the nonces it accepted until their
+// timestamps leave the window, so a captured request cannot be replayed.
+//
+// Thread-safety: the free functions are; RequestVerifier is (one mutex).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "common/status.h"
+
+namespace tandem::kv_auth {
+
+// The body member that carries the signature.
+inline constexpr char kAuthField[] = "kv_auth";
+// How far a request's timestamp may be from the agent's clock, either way.
+inline constexpr int64_t kMaxClockSkewSeconds = 120;
+// Accepted nonces remembered at once; past this (an authenticated caller
+// sending thousands of requests a second) requests are refused until the
+// oldest leave the window.
+inline constexpr size_t kMaxRememberedNonces = 1 << 16;
+
+// The signed text of a request to `path` (e.g. "/v1/kv_transfer/hold") whose
+// body, without kv_auth, is `body`.
+std::string requestCanonical(std::string_view path, int64_t timestamp, std::string_view nonce,
+                             const nlohmann::json& body);
+
+// Adds kv_auth to `body` (an object): signed with `secret` at `timestamp`
+// with `nonce`. Deterministic; the overload below uses the clock and a
+// random nonce.
+void signRequest(nlohmann::json& body, std::string_view path, std::string_view secret,
+                 int64_t timestamp, std::string_view nonce);
+void signRequest(nlohmann::json& body, std::string_view path, std::string_view secret);
+
+// Seconds since the Unix epoch (the timestamps' clock).
+int64_t unixSeconds();
+// 32 random hex characters.
+std::string randomNonce();
+
+// Checks signed requests with one secret (non-empty).
+class RequestVerifier {
+ public:
+  // `clock` gives Unix seconds (tests inject one); empty: unixSeconds.
+  explicit RequestVerifier(std::string secret, std::function<int64_t()> clock = {});
+
+  // OK when `body` carries a kv_auth signed with the secret over `path` and
+  // the rest of the body, its timestamp is within kMaxClockSkewSeconds and
+  // its nonce was not accepted before. Otherwise PermissionDenied whose
+  // message begins with the offending field ("kv_auth.signature is
+  // missing: ..."), or Unavailable when too many nonces are remembered.
+  Status verify(std::string_view path, const nlohmann::json& body);
+
+ private:
+  std::string secret_;
+  std::function<int64_t()> clock_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, int64_t> seen_;  // accepted nonce → its timestamp
+};
+
+}  // namespace tandem::kv_auth

@@ -1,0 +1,109 @@
+#include "common/kv_auth.h"
+
+#include <gtest/gtest.h>
+
+#include "common/hmac.h"
+
+namespace tandem::kv_auth {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kPath[] = "/v1/kv_transfer/hold";
+constexpr int64_t kNow = 1700000000;
+
+json holdBody() { return {{"token_ids", {1, 2, 3}}, {"cache_salt", "s"}}; }
+
+RequestVerifier verifierAt(const int64_t& now) {
+  return RequestVerifier("alpha", [&now] { return now; });
+}
+
+TEST(KvAuth, SignsTheDocumentedText) {
+  json body = holdBody();
+  signRequest(body, kPath, "alpha", kNow, std::string(32, 'a'));
+  EXPECT_EQ(body["kv_auth"]["timestamp"], kNow);
+  EXPECT_EQ(body["kv_auth"]["nonce"], std::string(32, 'a'));
+  EXPECT_EQ(body["kv_auth"]["signature"],
+            hmacSha256Hex("alpha", "tandem-kv-request/1\n/v1/kv_transfer/hold\n1700000000\n" +
+                                       std::string(32, 'a') +
+                                       "\n{\"cache_salt\":\"s\",\"token_ids\":[1,2,3]}"));
+}
+
+TEST(KvAuth, AcceptsASignedRequestOnceAfterTextRoundTrip) {
+  int64_t now = kNow;
+  RequestVerifier verifier = verifierAt(now);
+  json body = holdBody();
+  signRequest(body, kPath, "alpha", kNow - 30, std::string(32, 'b'));
+  // What the agent verifies is the parsed text the router sent.
+  const json received = json::parse(body.dump());
+  EXPECT_TRUE(verifier.verify(kPath, received).isOk());
+  Status replay = verifier.verify(kPath, received);
+  EXPECT_EQ(replay.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(replay.message(), "kv_auth.nonce was used before: a signed request is accepted once");
+}
+
+TEST(KvAuth, RefusesMissingWrongAlteredStaleOrMisdirectedRequests) {
+  int64_t now = kNow;
+  RequestVerifier verifier = verifierAt(now);
+  auto refusal = [&](const json& body, const std::string& path = kPath) {
+    Status status = verifier.verify(path, body);
+    EXPECT_EQ(status.code(), StatusCode::kPermissionDenied) << status.message();
+    return status.message();
+  };
+  EXPECT_EQ(
+      refusal(holdBody())
+          .rfind("kv_auth must be an object with timestamp, nonce and signature (the request is "
+                 "not signed): this agent accepts KV control requests only when they are signed",
+                 0),
+      0u);
+  json signed_body = holdBody();
+  signRequest(signed_body, kPath, "beta", kNow, std::string(32, 'c'));
+  EXPECT_EQ(refusal(signed_body).rfind("kv_auth.signature does not match", 0), 0u);
+  signRequest(signed_body, kPath, "alpha", kNow, std::string(32, 'c'));
+  json altered = signed_body;
+  altered["token_ids"][0] = 9;
+  EXPECT_EQ(refusal(altered).rfind("kv_auth.signature does not match", 0), 0u);
+  EXPECT_EQ(refusal(signed_body, "/v1/kv_transfer/release").rfind("kv_auth.signature", 0), 0u);
+  json no_signature = signed_body;
+  no_signature["kv_auth"].erase("signature");
+  EXPECT_EQ(refusal(no_signature).rfind("kv_auth.signature is missing", 0), 0u);
+  json bad_nonce = signed_body;
+  bad_nonce["kv_auth"]["nonce"] = "xyz";
+  EXPECT_EQ(refusal(bad_nonce).rfind("kv_auth.nonce must be a string of 16 to 128 hex", 0), 0u);
+  json bad_time = signed_body;
+  bad_time["kv_auth"]["timestamp"] = "now";
+  EXPECT_EQ(refusal(bad_time).rfind("kv_auth.timestamp must be an integer", 0), 0u);
+  json stale = holdBody();
+  signRequest(stale, kPath, "alpha", kNow - kMaxClockSkewSeconds - 1, std::string(32, 'd'));
+  EXPECT_EQ(refusal(stale).rfind("kv_auth.timestamp 1699999879 is more than 120 s", 0), 0u);
+  json future = holdBody();
+  signRequest(future, kPath, "alpha", kNow + kMaxClockSkewSeconds + 1, std::string(32, 'd'));
+  EXPECT_EQ(refusal(future).rfind("kv_auth.timestamp", 0), 0u);
+  EXPECT_TRUE(verifier.verify(kPath, signed_body).isOk());
+}
+
+TEST(KvAuth, ForgetsNoncesOnlyOnceTheirTimestampLeftTheWindow) {
+  int64_t now = kNow;
+  RequestVerifier verifier = verifierAt(now);
+  json body = holdBody();
+  signRequest(body, kPath, "alpha", kNow, std::string(32, 'e'));
+  ASSERT_TRUE(verifier.verify(kPath, body).isOk());
+  now = kNow + kMaxClockSkewSeconds;
+  EXPECT_FALSE(verifier.verify(kPath, body).isOk()) << "still inside the window: remembered";
+  now = kNow + kMaxClockSkewSeconds + 1;
+  EXPECT_FALSE(verifier.verify(kPath, body).isOk()) << "outside the window: stale";
+}
+
+TEST(KvAuth, RandomNoncesAreAcceptedHex) {
+  const std::string a = randomNonce(), b = randomNonce();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_NE(a, b);
+  int64_t now = unixSeconds();
+  RequestVerifier verifier = verifierAt(now);
+  json body = holdBody();
+  signRequest(body, kPath, "alpha");
+  EXPECT_TRUE(verifier.verify(kPath, body).isOk());
+}
+
+}  // namespace
+}  // namespace tandem::kv_auth

@@ -1,0 +1,272 @@
+// The HTTP front on its own (no engine, no router): the one guard that turns
+// an exception escaping a route into a clean 500 carrying the request id,
+// plain routes on the worker pool, the bound on large requests handled at
+// once, and offloaded work cancelled when its client leaves or the service
+// stops.
+#include "common/http/http_connection.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace tandem::server {
+namespace {
+
+using nlohmann::json;
+
+// Waits for `condition` until a deadline; its last value.
+template <typename Fn>
+bool eventually(Fn&& condition, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+// A gate a test opens; routes block on it (on the worker pool).
+class Gate {
+ public:
+  void waitOpen() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    entered_ += 1;
+    opened_.wait(lock, [&] { return open_; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    opened_.notify_all();
+  }
+  int entered() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entered_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = false;
+  int entered_ = 0;
+};
+
+// What a cancellable piece of offloaded work saw.
+struct SlowWork {
+  std::atomic<int> started{0};
+  std::atomic<int> cancelled{0};
+  std::atomic<bool> client_gone_seen{false};
+};
+
+class Service {
+ public:
+  explicit Service(HttpLimits limits = HttpLimits{}) : service_(limits, 2, 2) {
+    service_.get("/boom", [](const HttpRequest&, HttpResponse&) {
+      throw std::runtime_error("secret detail \xff of the failure");
+    });
+    service_.post(
+        "/blocking-boom",
+        [](const HttpRequest&, HttpResponse&) { throw std::logic_error("worker failure"); },
+        /*blocking=*/true);
+    service_.post(
+        "/echo",
+        [](const HttpRequest& request, HttpResponse& response) {
+          response.set_content(request.body, "text/plain");
+        },
+        /*blocking=*/true);
+    service_.post(
+        "/hold",
+        [this](const HttpRequest& request, HttpResponse& response) {
+          gate_.waitOpen();
+          response.set_content(std::to_string(request.body.size()), "text/plain");
+        },
+        /*blocking=*/true);
+    // Runs until cancelled (or 30 s pass): what a hostile template does.
+    service_.route("POST", "/slow", [this](HttpExchange& exchange) -> boost::asio::awaitable<void> {
+      std::atomic<bool> cancel{false};
+      SlowWork* slow = &slow_;
+      const bool cancelled = co_await exchange.offload<bool>(
+          [slow, &cancel] {
+            slow->started += 1;
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (!cancel && std::chrono::steady_clock::now() < deadline) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            if (cancel) slow->cancelled += 1;
+            return cancel.load();
+          },
+          cancel);
+      if (!cancelled && exchange.clientGone()) ADD_FAILURE() << "gone but never cancelled";
+      if (exchange.clientGone()) {
+        slow->client_gone_seen = true;
+        co_return;
+      }
+      HttpResponse response;
+      response.set_content("done", "text/plain");
+      co_await exchange.respond(std::move(response));
+    });
+    port_ = service_.bind("127.0.0.1", 0, 128);
+    thread_ = std::thread([this] { service_.serve(); });
+  }
+  ~Service() { stop(); }
+  void stop() {
+    if (!thread_.joinable()) return;
+    gate_.open();
+    service_.stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  Gate& gate() { return gate_; }
+  SlowWork& slow() { return slow_; }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+
+ private:
+  Gate gate_;
+  SlowWork slow_;
+  HttpService service_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+void expectCleanInternalError(const httplib::Result& res) {
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 500);
+  const std::string id = res->get_header_value("X-Request-Id");
+  EXPECT_EQ(id.size(), 32u);
+  for (const auto& [name, value] : res->headers) {
+    EXPECT_TRUE(name == "Content-Type" || name == "Content-Length" || name == "X-Request-Id" ||
+                name == "Connection")
+        << name << ": " << value;
+  }
+  json body = json::parse(res->body);
+  EXPECT_EQ(body["error"]["type"], "server_error");
+  const std::string message = body["error"]["message"];
+  EXPECT_NE(message.find(id), std::string::npos) << message;
+  EXPECT_EQ(message.find("secret"), std::string::npos) << "exception text leaked: " << message;
+  EXPECT_EQ(message.find("worker failure"), std::string::npos) << message;
+}
+
+TEST(HttpService, ExceptionInARouteIsACleanInternalErrorWithTheRequestId) {
+  Service service;
+  auto client = service.client();
+  expectCleanInternalError(client.Get("/boom"));
+  expectCleanInternalError(client.Post("/blocking-boom", "x", "text/plain"));
+  // The server keeps serving, on the same keep-alive connection too.
+  client.set_keep_alive(true);
+  expectCleanInternalError(client.Get("/boom"));
+  auto echo = client.Post("/echo", "hello", "text/plain");
+  ASSERT_TRUE(echo);
+  EXPECT_EQ(echo->status, 200);
+  EXPECT_EQ(echo->body, "hello");
+}
+
+TEST(HttpService, UnknownPathIsA404InTheErrorShape) {
+  Service service;
+  auto res = service.client().Get("/nowhere");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "not_found_error");
+}
+
+// A raw client: sends bytes, then closes without reading.
+void sendAndClose(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+TEST(HttpService, LargeRequestsBeyondTheLimitAreA503WithRetryAfterUntilOneEnds) {
+  HttpLimits limits;
+  limits.large_body_bytes = 1024;
+  limits.max_large_requests = 1;
+  Service service(limits);
+  const std::string large(2000, 'x');
+  int held_status = 0;
+  std::string held_body;
+  std::thread holder([&] {
+    auto held = service.client().Post("/hold", large, "text/plain");
+    if (!held) return;
+    held_status = held->status;
+    held_body = held->body;
+  });
+  struct Release {  // whatever fails below, the holder ends
+    Service& service;
+    std::thread& thread;
+    ~Release() {
+      service.gate().open();
+      if (thread.joinable()) thread.join();
+    }
+  } release{service, holder};
+  ASSERT_TRUE(eventually([&] { return service.gate().entered() == 1; }));
+
+  // A second large body is refused before it is read; small ones pass.
+  auto refused = service.client().Post("/echo", large, "text/plain");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(refused->get_header_value("X-Request-Id").size(), 32u);
+  json error = json::parse(refused->body)["error"];
+  EXPECT_EQ(error["type"], "service_unavailable");
+  EXPECT_NE(error["message"].get<std::string>().find("over 1024 bytes"), std::string::npos)
+      << refused->body;
+  auto small = service.client().Post("/echo", "small", "text/plain");
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->status, 200);
+  EXPECT_EQ(small->body, "small");
+
+  service.gate().open();
+  holder.join();
+  EXPECT_EQ(held_status, 200);
+  EXPECT_EQ(held_body, "2000");
+  // The slot came back with the answer.
+  auto again = service.client().Post("/echo", large, "text/plain");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200);
+  EXPECT_EQ(again->body, large);
+}
+
+TEST(HttpService, OffloadedWorkIsCancelledWhenItsClientLeaves) {
+  Service service;
+  sendAndClose(service.port(), "POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi");
+  EXPECT_TRUE(eventually([&] { return service.slow().cancelled == 1; }))
+      << "started " << service.slow().started;
+  EXPECT_TRUE(eventually([&] { return service.slow().client_gone_seen.load(); }));
+  // Both workers are free: a blocking route is answered.
+  auto echo = service.client().Post("/echo", "still", "text/plain");
+  ASSERT_TRUE(echo);
+  EXPECT_EQ(echo->body, "still");
+}
+
+TEST(HttpService, StoppingCancelsOffloadedWorkWhoseClientStays) {
+  Service service;
+  std::thread client([&] { service.client().Post("/slow", "hi", "text/plain"); });
+  ASSERT_TRUE(eventually([&] { return service.slow().started == 1; }));
+  service.stop();
+  client.join();
+  EXPECT_TRUE(eventually([&] { return service.slow().cancelled == 1; }))
+      << "the work runs on to its own deadline";
+}
+
+}  // namespace
+}  // namespace tandem::server
