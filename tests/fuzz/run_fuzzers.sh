@@ -79,6 +79,9 @@ for harness in "${harnesses[@]}"; do
   : >"$dict"
   [[ "$JSON_HARNESSES" == *" $harness "* ]] && cat "$HERE/json.dict" >>"$dict"
   [[ -f "$HERE/$harness/fields.dict" ]] && cat "$HERE/$harness/fields.dict" >>"$dict"
+  # libFuzzer refuses an empty dictionary (a harness whose input is a program).
+  dict_flag=()
+  [[ -s "$dict" ]] && dict_flag=(-dict="$dict")
 
   log="$work/fuzz.log"
   # New inputs go to the first directory (the scratch copy); the seeds are
@@ -87,7 +90,7 @@ for harness in "${harnesses[@]}"; do
   [[ "${FUZZ_KEEP_GOING:-0}" == 1 ]] &&
     keep_going=(-fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1)
   "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    "${keep_going[@]}" -dict="$dict" -artifact_prefix="$work/artifacts/" "$work/corpus" \
+    "${keep_going[@]}" "${dict_flag[@]}" -artifact_prefix="$work/artifacts/" "$work/corpus" \
     "$seeds" >"$log" 2>&1
   status=$?
   crashes=$(ls "$work/artifacts" | wc -l)
