@@ -20,14 +20,6 @@ using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 
 constexpr int kCrashDepth = 15000;
 
-std::string nestedObject(int depth) {
-  std::string text;
-  for (int i = 0; i < depth; ++i) text += R"({"a":)";
-  text += "1";
-  text.append(static_cast<size_t>(depth), '}');
-  return text;
-}
-
 // Peak resident memory of a process (VmHWM), bytes; 0 when unreadable.
 int64_t peakResidentBytes(int pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
@@ -93,7 +85,7 @@ class HostileInputTest : public RouterCluster {
 };
 
 TEST_F(HostileInputTest, DeeplyNestedJsonInEveryDecodedFieldIsA400) {
-  const std::string deep = nestedObject(kCrashDepth);
+  const std::string deep = nestedJsonObject(kCrashDepth);
   const std::string nesting = "deeper than 128 levels";
   expectRefusedByBoth(
       "/v1/chat/completions",

@@ -134,18 +134,7 @@ TEST(KvTransferHolds, HoldsAreBoundedCountEachBlockOnceAndNeverKeepACompletionWa
 TEST(KvTransferStart, ConsumerOnANonLoopbackAddressNeedsASecret) {
   TempDir logs("tandem-kv-consumer");
   auto start = [&](std::vector<std::string> extra) {
-    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
-                                     "serve",
-                                     "--model",
-                                     tinyModelDir().string(),
-                                     "--port",
-                                     "0",
-                                     "--host",
-                                     "0.0.0.0",
-                                     "--kv-transfer-config",
-                                     ucxConfig("kv_consumer")};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<ChildProcess>(argv, logs.path() / "stderr");
+    return startOnAllAddresses(logs.path(), ucxConfig("kv_consumer"), extra);
   };
   auto refused = start({});
   EXPECT_EQ(refused->wait(std::chrono::seconds(30)), 1);

@@ -554,18 +554,7 @@ TEST(KvUcxStart, ProducerOnANonLoopbackAddressNeedsASecret) {
   TempDir logs("tandem-kv-secret");
   auto start = [&](std::vector<std::string> extra,
                    const std::string& config = ucxConfig("kv_producer")) {
-    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
-                                     "serve",
-                                     "--model",
-                                     tinyModelDir().string(),
-                                     "--port",
-                                     "0",
-                                     "--host",
-                                     "0.0.0.0",
-                                     "--kv-transfer-config",
-                                     config};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<ChildProcess>(argv, logs.path() / "stderr");
+    return startOnAllAddresses(logs.path(), config, extra);
   };
   auto refused = start({});
   EXPECT_EQ(refused->wait(std::chrono::seconds(30)), 1);

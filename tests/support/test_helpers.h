@@ -1,10 +1,12 @@
-// Small test helpers with no dependencies: seeded random token ids, and
-// waiting for a condition with a deadline (tests never sleep a fixed time).
+// Small test helpers with no dependencies: seeded random token ids, deeply
+// nested JSON text, and waiting for a condition with a deadline (tests never
+// sleep a fixed time).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,6 +19,15 @@ inline std::vector<int32_t> randomTokenIds(size_t n, uint32_t seed, int32_t low,
   std::vector<int32_t> ids(n);
   for (int32_t& id : ids) id = dist(rng);
   return ids;
+}
+
+// JSON text of `depth` objects nested as {"a":{"a":...1...}}.
+inline std::string nestedJsonObject(int depth) {
+  std::string text;
+  for (int i = 0; i < depth; ++i) text += R"({"a":)";
+  text += "1";
+  text.append(static_cast<size_t>(depth), '}');
+  return text;
 }
 
 // Polls `condition` until it holds or the timeout passes; its last answer.

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,26 @@ inline std::string ucxConfig(const std::string& role, json extra = json::object(
   if (!extra.contains("abort_timeout_s")) extra["abort_timeout_s"] = 120;
   return json{{"kv_connector", "ucx"}, {"kv_role", role}, {"kv_connector_extra_config", extra}}
       .dump();
+}
+
+// A tiny-model agent with `kv_config` listening on every address (0.0.0.0),
+// with `extra` flags; its stderr goes under `logs`. For the start-up checks
+// of a KV connector reachable from other hosts.
+inline std::unique_ptr<ChildProcess> startOnAllAddresses(const std::filesystem::path& logs,
+                                                         const std::string& kv_config,
+                                                         const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
+                                   "serve",
+                                   "--model",
+                                   tinyModelDir().string(),
+                                   "--port",
+                                   "0",
+                                   "--host",
+                                   "0.0.0.0",
+                                   "--kv-transfer-config",
+                                   kv_config};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return std::make_unique<ChildProcess>(argv, logs / "stderr");
 }
 
 // ucx for the hand-off (with `ucx_extra` as its kv_connector_extra_config)

@@ -12,12 +12,14 @@
 #include "common/protocol/openai_protocol.h"
 #include "common/tokenizer.h"
 #include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
 
 namespace tandem::server {
 namespace {
 
 using nlohmann::json;
+using ::tandem::testing::nestedJsonObject;
 using ::tandem::testing::TempDir;
 
 constexpr int64_t kMaxModelLen = 64;
@@ -55,15 +57,6 @@ TempDir* RequestBoundsTest::dir_ = nullptr;
 Tokenizer* RequestBoundsTest::tokenizer_ = nullptr;
 ServerLimits* RequestBoundsTest::limits_ = nullptr;
 
-// `depth` objects nested as {"a": {"a": ... 1 ...}}.
-std::string nestedObject(int depth) {
-  std::string text;
-  for (int i = 0; i < depth; ++i) text += R"({"a":)";
-  text += "1";
-  text.append(static_cast<size_t>(depth), '}');
-  return text;
-}
-
 std::string chatBody(const std::string& extra) {
   return R"({"model":"tiny-model","messages":[{"role":"user","content":"Hi"}])" +
          (extra.empty() ? "" : "," + extra) + "}";
@@ -80,7 +73,7 @@ void expectNestingError(const ApiError& error, const std::string& param_prefix) 
 
 TEST_F(RequestBoundsTest, DeepChatTemplateKwargsAreRefused) {
   const std::string body =
-      chatBody(R"("chat_template_kwargs":{"x":)" + nestedObject(kCrashDepth) + "}");
+      chatBody(R"("chat_template_kwargs":{"x":)" + nestedJsonObject(kCrashDepth) + "}");
   auto parsed = parseChatCompletionRequest(body, limits(), tokenizer());
   ASSERT_FALSE(parsed.isOk());
   expectNestingError(parsed.error(), "chat_template_kwargs.x.a.a");
@@ -91,7 +84,7 @@ TEST_F(RequestBoundsTest, DeepChatTemplateKwargsAreRefused) {
 TEST_F(RequestBoundsTest, DeepToolParametersAreRefused) {
   const std::string body =
       chatBody(R"("tools":[{"type":"function","function":{"name":"f","parameters":)" +
-               nestedObject(kCrashDepth) + "}}]");
+               nestedJsonObject(kCrashDepth) + "}}]");
   auto parsed = parseChatCompletionRequest(body, limits(), tokenizer());
   ASSERT_FALSE(parsed.isOk());
   expectNestingError(parsed.error(), "tools[0].function");
@@ -104,9 +97,10 @@ TEST_F(RequestBoundsTest, DeepJsonInsideToolCallArgumentsIsRefused) {
        {{"role", "assistant"},
         {"content", nullptr},
         {"tool_calls",
-         json::array({{{"id", "c1"},
-                       {"type", "function"},
-                       {"function", {{"name", "f"}, {"arguments", nestedObject(kCrashDepth)}}}}})}},
+         json::array(
+             {{{"id", "c1"},
+               {"type", "function"},
+               {"function", {{"name", "f"}, {"arguments", nestedJsonObject(kCrashDepth)}}}}})}},
        {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}});
   const std::string body = json{{"model", "tiny-model"}, {"messages", messages}}.dump();
   auto parsed = parseChatCompletionRequest(body, limits(), tokenizer());
@@ -118,8 +112,8 @@ TEST_F(RequestBoundsTest, DeepJsonInsideToolCallArgumentsIsRefused) {
 }
 
 TEST_F(RequestBoundsTest, DeepMessagesToTokenizeAreRefused) {
-  const std::string body =
-      R"({"messages":[{"role":"user","content":"Hi","extra":)" + nestedObject(kCrashDepth) + "}]}";
+  const std::string body = R"({"messages":[{"role":"user","content":"Hi","extra":)" +
+                           nestedJsonObject(kCrashDepth) + "}]}";
   auto result = tokenizeResponse(body, limits(), tokenizer());
   ASSERT_FALSE(result.isOk());
   expectNestingError(result.error(), "messages[0].extra.a");
@@ -128,7 +122,8 @@ TEST_F(RequestBoundsTest, DeepMessagesToTokenizeAreRefused) {
 TEST_F(RequestBoundsTest, NestingWithinTheBoundRendersAndIsPassedOn) {
   // 120 levels in chat_template_kwargs (plus the body's own two): accepted,
   // and the template sees them.
-  const std::string body = chatBody(R"("chat_template_kwargs":{"x":)" + nestedObject(120) + "}");
+  const std::string body =
+      chatBody(R"("chat_template_kwargs":{"x":)" + nestedJsonObject(120) + "}");
   auto parsed = parseChatCompletionRequest(body, limits(), tokenizer());
   ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
   EXPECT_FALSE(parsed.value().request.prompt.empty());
