@@ -196,13 +196,14 @@ int runServe(CLI::App& command, ServeOptions& o) {
                                         ? std::filesystem::path(o.model).filename().string()
                                         : o.served_model_name;
   server_config.role = o.role;
-  server_config.max_header_bytes = o.max_header_bytes;
-  server_config.max_body_bytes = o.max_body_bytes;
-  server_config.request_timeout_s = static_cast<int>(o.request_timeout_s);
-  server_config.idle_timeout_s = static_cast<int>(o.idle_timeout_s);
-  server_config.write_timeout_s = static_cast<int>(o.write_timeout_s);
-  server_config.large_body_bytes = o.large_body_bytes;
-  server_config.max_large_requests = static_cast<int>(o.max_large_requests);
+  server::HttpLimits& http = server_config.http;
+  http.max_header_bytes = static_cast<size_t>(o.max_header_bytes);
+  http.max_body_bytes = static_cast<uint64_t>(o.max_body_bytes);
+  http.request_timeout = std::chrono::seconds(o.request_timeout_s);
+  http.idle_timeout = std::chrono::seconds(o.idle_timeout_s);
+  http.write_timeout = std::chrono::seconds(o.write_timeout_s);
+  http.large_body_bytes = static_cast<uint64_t>(o.large_body_bytes);
+  http.max_large_requests = static_cast<int>(o.max_large_requests);
   // Parsed once here: a template that does not parse stops the agent before
   // it serves, naming the file and line.
   auto chat_template = server::ChatTemplate::load(engine.tokenizer(), o.chat_template);

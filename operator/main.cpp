@@ -311,37 +311,37 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
   command
       ->add_option("--max-header-bytes", flags.max_header_bytes,
                    "bytes of a request line and headers before 431 (default " +
-                       std::to_string(defaults.max_header_bytes) + ")")
+                       std::to_string(defaults.http.max_header_bytes) + ")")
       ->check(CLI::Range(int64_t{1}, int64_t{UINT32_MAX}));
   command
       ->add_option("--max-body-bytes", flags.max_body_bytes,
                    "bytes of a request body before 413 (default " +
-                       std::to_string(defaults.max_body_bytes) + ")")
+                       std::to_string(defaults.http.max_body_bytes) + ")")
       ->check(CLI::NonNegativeNumber);
   command
       ->add_option("--request-timeout", flags.request_timeout_s,
                    "seconds to receive a request, from its first byte (default " +
-                       std::to_string(defaults.request_timeout_s) + ")")
+                       std::to_string(defaults.http.request_timeout.count()) + ")")
       ->check(CLI::Range(1, 86400));
   command
       ->add_option("--idle-timeout", flags.idle_timeout_s,
                    "seconds a keep-alive connection may wait for its next request (default " +
-                       std::to_string(defaults.idle_timeout_s) + ")")
+                       std::to_string(defaults.http.idle_timeout.count()) + ")")
       ->check(CLI::Range(1, 86400));
   command
       ->add_option("--write-timeout", flags.write_timeout_s,
                    "seconds one write to a client may take (default " +
-                       std::to_string(defaults.write_timeout_s) + ")")
+                       std::to_string(defaults.http.write_timeout.count()) + ")")
       ->check(CLI::Range(1, 86400));
   command
       ->add_option("--large-body-bytes", flags.large_body_bytes,
                    "a body over this many bytes (or chunked) is large (default " +
-                       std::to_string(defaults.large_body_bytes) + ")")
+                       std::to_string(defaults.http.large_body_bytes) + ")")
       ->check(CLI::NonNegativeNumber);
   command
       ->add_option("--max-large-requests", flags.max_large_requests,
                    "large requests read and handled at once; one more gets 503 (default " +
-                       std::to_string(defaults.max_large_requests) + ")")
+                       std::to_string(defaults.http.max_large_requests) + ")")
       ->check(CLI::Range(1, 65536));
   command->add_option("--model-dir", flags.model_dir,
                       "model directory for the tokenizer (default: the one the agents report)");
@@ -422,13 +422,19 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--upstream-timeout")) config.upstream_timeout_s = flags.upstream_timeout_s;
   if (given("--threads")) config.threads = flags.threads;
   if (given("--worker-threads")) config.worker_threads = flags.worker_threads;
-  if (given("--max-header-bytes")) config.max_header_bytes = flags.max_header_bytes;
-  if (given("--max-body-bytes")) config.max_body_bytes = flags.max_body_bytes;
-  if (given("--request-timeout")) config.request_timeout_s = flags.request_timeout_s;
-  if (given("--idle-timeout")) config.idle_timeout_s = flags.idle_timeout_s;
-  if (given("--write-timeout")) config.write_timeout_s = flags.write_timeout_s;
-  if (given("--large-body-bytes")) config.large_body_bytes = flags.large_body_bytes;
-  if (given("--max-large-requests")) config.max_large_requests = flags.max_large_requests;
+  if (given("--max-header-bytes"))
+    config.http.max_header_bytes = static_cast<size_t>(flags.max_header_bytes);
+  if (given("--max-body-bytes"))
+    config.http.max_body_bytes = static_cast<uint64_t>(flags.max_body_bytes);
+  if (given("--request-timeout"))
+    config.http.request_timeout = std::chrono::seconds(flags.request_timeout_s);
+  if (given("--idle-timeout"))
+    config.http.idle_timeout = std::chrono::seconds(flags.idle_timeout_s);
+  if (given("--write-timeout"))
+    config.http.write_timeout = std::chrono::seconds(flags.write_timeout_s);
+  if (given("--large-body-bytes"))
+    config.http.large_body_bytes = static_cast<uint64_t>(flags.large_body_bytes);
+  if (given("--max-large-requests")) config.http.max_large_requests = flags.max_large_requests;
   if (given("--model-dir")) config.model_dir = flags.model_dir;
   if (given("--chat-template")) config.chat_template = flags.chat_template;
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;

@@ -158,15 +158,7 @@ int64_t unixSeconds() {
 
 HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
     : engine_(engine), config_(config), metrics_(config.served_model_name, config.role) {
-  HttpLimits limits;
-  limits.max_header_bytes = static_cast<size_t>(config_.max_header_bytes);
-  limits.max_body_bytes = static_cast<uint64_t>(config_.max_body_bytes);
-  limits.request_timeout = std::chrono::seconds(config_.request_timeout_s);
-  limits.idle_timeout = std::chrono::seconds(config_.idle_timeout_s);
-  limits.write_timeout = std::chrono::seconds(config_.write_timeout_s);
-  limits.large_body_bytes = static_cast<uint64_t>(config_.large_body_bytes);
-  limits.max_large_requests = config_.max_large_requests;
-  http_ = std::make_unique<HttpService>(limits, config_.io_threads, config_.worker_threads);
+  http_ = std::make_unique<HttpService>(config_.http, config_.io_threads, config_.worker_threads);
   limits_.served_model_name = config_.served_model_name;
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;

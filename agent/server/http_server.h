@@ -17,6 +17,7 @@
 
 #include "agent/engine/engine.h"
 #include "agent/server/metrics.h"
+#include "common/http/http_limits.h"
 #include "common/protocol/openai_protocol.h"
 
 namespace tandem::server {
@@ -31,20 +32,11 @@ struct ServerConfig {
   int retry_after_seconds = 1;
   int io_threads = 2;      // threads that own the sockets
   int worker_threads = 4;  // parsing, tokenizing, calls that wait on the engine
-  // Per-connection limits (HTTP/1.1): a request's line and headers, its body;
-  // seconds to receive one request (from its first byte), to wait for the
-  // next request on an idle keep-alive connection, and for one write to a
-  // client (one that stops reading a stream that long is dropped and its
-  // request aborted).
-  int64_t max_header_bytes = 16 * 1024;
-  int64_t max_body_bytes = 64ll * 1024 * 1024;
-  int request_timeout_s = 30;
-  int idle_timeout_s = 60;
-  int write_timeout_s = 30;
-  // Requests whose body is over large_body_bytes (or chunked) read and
-  // handled at once; one more is answered 503 before its body is read.
-  int64_t large_body_bytes = 1024 * 1024;
-  int max_large_requests = 2;
+  // Per-connection limits (HTTP/1.1): a request's line and headers, its
+  // body, the time to receive it, keep-alive idle time, one write (a client
+  // that stops reading a stream that long is dropped and its request
+  // aborted), and how many large bodies are read at once.
+  HttpLimits http;
   // The chat template for /v1/chat/completions and /tokenize (load it with
   // ChatTemplate::load at start-up); null: the model has none.
   std::shared_ptr<const ChatTemplate> chat_template;

@@ -51,24 +51,9 @@
 #include <utility>
 #include <vector>
 
-namespace tandem::server {
+#include "common/http/http_limits.h"
 
-// Bounds on what one connection may cost. Defaults are what ServerConfig
-// documents (docs/configuration.md).
-struct HttpLimits {
-  size_t max_header_bytes = 16 * 1024;            // request line + headers
-  uint64_t max_body_bytes = 64ull * 1024 * 1024;  // one request body
-  std::chrono::seconds request_timeout{30};  // a request's headers and body, from its first byte
-  std::chrono::seconds idle_timeout{60};     // keep-alive: between two requests
-  std::chrono::seconds write_timeout{30};    // one write (a response, a stream chunk)
-  size_t max_pipelined_bytes = 1024 * 1024;  // read ahead while a request is answered
-  // A body over large_body_bytes, or sent chunked (length unknown), is
-  // large: at most max_large_requests large requests are read and handled
-  // at once (from their head to their answer's last byte); one more is
-  // answered 503 + Retry-After before its body is read.
-  uint64_t large_body_bytes = 1024 * 1024;
-  int max_large_requests = 2;
-};
+namespace tandem::server {
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 

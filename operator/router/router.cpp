@@ -39,14 +39,14 @@ RouterConfig checked(RouterConfig config) {
   if (config.disagg_threshold_tokens < 0) {
     throw Error("disagg_threshold_tokens must not be negative");
   }
-  if (config.max_header_bytes < 1 || config.max_header_bytes > UINT32_MAX) {
+  const server::HttpLimits& http = config.http;
+  if (http.max_header_bytes < 1 || http.max_header_bytes > UINT32_MAX) {
     throw Error("max_header_bytes must be between 1 and 4294967295, got " +
-                std::to_string(config.max_header_bytes));
+                std::to_string(http.max_header_bytes));
   }
-  if (config.max_body_bytes < 0) throw Error("max_body_bytes must not be negative");
-  if (config.large_body_bytes < 0) throw Error("large_body_bytes must not be negative");
-  if (config.max_large_requests < 1) throw Error("max_large_requests must be at least 1");
-  if (config.request_timeout_s < 1 || config.idle_timeout_s < 1 || config.write_timeout_s < 1) {
+  if (http.max_large_requests < 1) throw Error("max_large_requests must be at least 1");
+  if (http.request_timeout.count() < 1 || http.idle_timeout.count() < 1 ||
+      http.write_timeout.count() < 1) {
     throw Error("the request, idle and write timeouts must be at least 1 s");
   }
   return config;
@@ -63,18 +63,6 @@ void returnLargeBlocksWhenFreed() {
   static std::once_flag once;
   std::call_once(once, [] { ::mallopt(M_MMAP_THRESHOLD, 1 << 20); });
 #endif
-}
-
-server::HttpLimits httpLimits(const RouterConfig& config) {
-  server::HttpLimits limits;
-  limits.max_header_bytes = static_cast<size_t>(config.max_header_bytes);
-  limits.max_body_bytes = static_cast<uint64_t>(config.max_body_bytes);
-  limits.request_timeout = std::chrono::seconds(config.request_timeout_s);
-  limits.idle_timeout = std::chrono::seconds(config.idle_timeout_s);
-  limits.write_timeout = std::chrono::seconds(config.write_timeout_s);
-  limits.large_body_bytes = static_cast<uint64_t>(config.large_body_bytes);
-  limits.max_large_requests = config.max_large_requests;
-  return limits;
 }
 
 HttpResponse jsonAnswer(int status, std::string body) {
@@ -126,7 +114,7 @@ class Router::Impl {
  public:
   explicit Impl(RouterConfig config)
       : config_(checked(std::move(config))),
-        http_(std::make_unique<server::HttpService>(httpLimits(config_), config_.threads,
+        http_(std::make_unique<server::HttpService>(config_.http, config_.threads,
                                                     config_.worker_threads)),
         gate_(config_.max_inflight_requests, config_.max_queued_requests),
         model_(config_.model_dir, config_.chat_template),

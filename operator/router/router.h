@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/http/http_limits.h"
 #include "common/status.h"
 
 namespace tandem::router {
@@ -55,19 +56,9 @@ struct RouterConfig {
   double upstream_timeout_s = 600;
   int threads = 2;         // io threads: sockets, agent calls, event streams
   int worker_threads = 4;  // parsing, tokenizing and rendering requests
-  // Per-connection limits, as the agents' (server::ServerConfig): a
-  // request's line and headers, its body; seconds to receive one request
-  // (from its first byte), to wait for the next request on an idle
-  // keep-alive connection, and for one write to a client.
-  int64_t max_header_bytes = 16 * 1024;
-  int64_t max_body_bytes = 64ll * 1024 * 1024;
-  int request_timeout_s = 30;
-  int idle_timeout_s = 60;
-  int write_timeout_s = 30;
-  // Requests with a body over large_body_bytes (or chunked) read and
-  // handled at once; one more is answered 503 + Retry-After.
-  int64_t large_body_bytes = 1024 * 1024;
-  int max_large_requests = 2;
+  // Per-connection limits, the agents' type and defaults
+  // (server::ServerConfig::http).
+  server::HttpLimits http;
   // The model directory for the tokenizer and chat template (prompts are
   // tokenized here to compute block hashes); empty: the "root" the first
   // agent reports at /v1/models (same machine, as in local mode).
