@@ -421,7 +421,7 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   }
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(connector_->config().abort_timeout_s));
-  held_[id] = Held{std::move(blocks), now_() + timeout, /*lent=*/true};
+  addHold(id, Held{std::move(blocks), now_() + timeout, /*lent=*/true});
   publishStats();
   return decision.kv_transfer_params;
 }
@@ -501,11 +501,7 @@ void Engine::publishStats() {
   if (connector_) stats.kv_sources = kv_sources_;
   // A block pinned by several holds (the same prefix lent twice, a lent
   // prefix of a finished request's blocks) counts once.
-  std::unordered_set<BlockId> held_blocks;
-  for (const auto& [id, held] : held_) {
-    held_blocks.insert(held.blocks.blocks.begin(), held.blocks.blocks.end());
-  }
-  stats.kv_held_blocks = std::ssize(held_blocks);
+  stats.kv_held_blocks = std::ssize(held_block_refs_);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_ = stats;
 }
@@ -716,8 +712,7 @@ void Engine::releaseHeldBlocks() {
   auto release = [&](const std::string& id) {
     auto it = held_.find(id);
     if (it == held_.end()) return false;
-    block_manager_->free(it->second.blocks);
-    held_.erase(it);
+    dropHold(it);
     return true;
   };
   for (auto& [id, promise] : explicit_releases) promise.set_value(release(id));
@@ -731,9 +726,22 @@ void Engine::releaseHeldBlocks() {
     }
     TANDEM_LOG(kWarn) << "blocks held for request " << it->first
                       << " were never released by a reader; freeing them";
-    block_manager_->free(it->second.blocks);
-    it = held_.erase(it);
+    it = dropHold(it);
   }
+}
+
+void Engine::addHold(const std::string& id, Held held) {
+  if (auto it = held_.find(id); it != held_.end()) dropHold(it);
+  for (BlockId block : held.blocks.blocks) ++held_block_refs_[block];
+  held_.emplace(id, std::move(held));
+}
+
+Engine::HeldMap::iterator Engine::dropHold(HeldMap::iterator it) {
+  for (BlockId block : it->second.blocks.blocks) {
+    if (auto ref = held_block_refs_.find(block); --ref->second == 0) held_block_refs_.erase(ref);
+  }
+  block_manager_->free(it->second.blocks);
+  return held_.erase(it);
 }
 
 void Engine::saveComputedBlocks(const SchedulerOutput& output) {
@@ -815,7 +823,7 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
     // Kept for a remote reader until it releases them or the hold times out.
     const auto timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(connector_->config().abort_timeout_s));
-    held_[id] = Held{std::move(owned->blocks), now_() + timeout};
+    addHold(id, Held{std::move(owned->blocks), now_() + timeout});
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

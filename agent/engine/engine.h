@@ -276,7 +276,16 @@ class Engine {
     Clock::time_point deadline;
     bool lent = false;  // a pull-back hold (holdPrefix), not a finished request's blocks
   };
-  std::unordered_map<std::string, Held> held_;        // request id → blocks for a remote reader
+  using HeldMap = std::unordered_map<std::string, Held>;
+  // Adds a hold; takes one away, freeing its blocks (the next entry).
+  // Both keep held_block_refs_ in step with held_.
+  void addHold(const std::string& id, Held held);
+  HeldMap::iterator dropHold(HeldMap::iterator it);
+  HeldMap held_;  // request id → blocks for a remote reader
+  // Held block → how many holds pin it: its size is the distinct held
+  // blocks (tandem_kv_held_blocks), kept up to date rather than recounted
+  // every step.
+  std::unordered_map<BlockId, int> held_block_refs_;
   std::map<std::string, KvSourceTotals> kv_sources_;  // engine thread only
   std::vector<TransferDuration> transfer_durations_;  // guarded by mutex_
   Sampler sampler_;
