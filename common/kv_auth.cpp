@@ -11,15 +11,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr size_t kMinNonceChars = 16;
-constexpr size_t kMaxNonceChars = 128;
-
-bool isHex(std::string_view text) {
-  return std::all_of(text.begin(), text.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-  });
-}
-
 Status denied(const std::string& message) { return permissionDenied(message); }
 
 }  // namespace
@@ -61,6 +52,13 @@ std::string randomNonce() {
   return nonce;
 }
 
+bool isNonce(std::string_view text) {
+  return text.size() >= kMinNonceChars && text.size() <= kMaxNonceChars &&
+         std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+         });
+}
+
 RequestVerifier::RequestVerifier(std::string secret, std::function<int64_t()> clock)
     : secret_(std::move(secret)), clock_(clock ? std::move(clock) : unixSeconds) {}
 
@@ -82,9 +80,7 @@ Status RequestVerifier::verify(std::string_view path, const json& body) {
   }
   auto nonce = auth->find("nonce");
   if (nonce == auth->end() || !nonce->is_string() ||
-      nonce->get_ref<const std::string&>().size() < kMinNonceChars ||
-      nonce->get_ref<const std::string&>().size() > kMaxNonceChars ||
-      !isHex(nonce->get_ref<const std::string&>())) {
+      !isNonce(nonce->get_ref<const std::string&>())) {
     return denied(field + ".nonce must be a string of " + std::to_string(kMinNonceChars) + " to " +
                   std::to_string(kMaxNonceChars) + " hex characters" + why);
   }

@@ -52,8 +52,12 @@ void signRequest(nlohmann::json& body, std::string_view path, std::string_view s
 
 // Seconds since the Unix epoch (the timestamps' clock).
 int64_t unixSeconds();
-// 32 random hex characters.
+// Nonces (here and in the KV handshake): 32 random hex characters are made;
+// 16 to 128 hex characters are accepted.
+inline constexpr size_t kMinNonceChars = 16;
+inline constexpr size_t kMaxNonceChars = 128;
 std::string randomNonce();
+bool isNonce(std::string_view text);
 
 // Checks signed requests with one secret (non-empty).
 class RequestVerifier {

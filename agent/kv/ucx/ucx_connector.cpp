@@ -21,9 +21,6 @@ using nlohmann::json;
 constexpr int kProtocolVersion = 2;
 constexpr std::string_view kReleaseMessage = "release";
 constexpr char kHandshakePath[] = "/v1/kv_transfer/handshake";
-// Nonces: 32 hex characters from here; 16 to 128 accepted from readers.
-constexpr size_t kMinNonceChars = 16;
-constexpr size_t kMaxNonceChars = 128;
 // Larger handshake answers are not ours (ours are a few hundred bytes).
 constexpr size_t kMaxHandshakeBytes = 1 << 20;
 constexpr size_t kMaxHostChars = 253;
@@ -88,12 +85,6 @@ std::string handshakeCanonical(std::string_view nonce, std::string_view engine_i
          std::string(compatibility) + "\n" + std::string(slab_text);
 }
 
-bool isHex(std::string_view text) {
-  return std::all_of(text.begin(), text.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-  });
-}
-
 // What a descriptor's remote_host (and advertise_host) may be: a host name or
 // IPv4 address (letters, digits, '.', '-', '_'), or an IPv6 address, bare or
 // in brackets, with an optional zone ("fe80::1%eth0"). Never a port
@@ -139,16 +130,6 @@ std::string connectHost(const std::string& host) {
 
 bool isWildcardHost(std::string_view host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
-}
-
-std::string randomNonce() {
-  std::random_device random;
-  std::string bytes;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t word = random();
-    bytes.append(reinterpret_cast<const char*>(&word), sizeof word);
-  }
-  return transport::hexEncode(bytes);
 }
 
 // An integer JSON value as int64, or nullopt (not an integer, or beyond int64).
@@ -398,11 +379,9 @@ StatusOr<json> UcxConnector::handshake(const json& request) const {
   }
   auto nonce = request.find("nonce");
   if (nonce == request.end() || !nonce->is_string() ||
-      nonce->get_ref<const std::string&>().size() < kMinNonceChars ||
-      nonce->get_ref<const std::string&>().size() > kMaxNonceChars ||
-      !isHex(nonce->get_ref<const std::string&>())) {
-    return invalidArgument("nonce must be a string of " + std::to_string(kMinNonceChars) + " to " +
-                           std::to_string(kMaxNonceChars) + " hex characters");
+      !kv_auth::isNonce(nonce->get_ref<const std::string&>())) {
+    return invalidArgument("nonce must be a string of " + std::to_string(kv_auth::kMinNonceChars) +
+                           " to " + std::to_string(kv_auth::kMaxNonceChars) + " hex characters");
   }
   const std::string& nonce_text = nonce->get_ref<const std::string&>();
   if (!secret_.empty()) {
@@ -684,7 +663,7 @@ StatusOr<UcxConnector::Handshake> UcxConnector::fetchHandshake(const std::string
   client.set_connection_timeout(micros / 1000000, micros % 1000000);
   client.set_read_timeout(micros / 1000000, micros % 1000000);
   client.set_write_timeout(micros / 1000000, micros % 1000000);
-  const std::string nonce = randomNonce();
+  const std::string nonce = kv_auth::randomNonce();
   json body = {{"nonce", nonce}};
   if (!secret_.empty())
     body["signature"] = hmacSha256Hex(secret_, handshakeRequestCanonical(nonce));
