@@ -112,10 +112,15 @@ std::string httpErrorBody(const std::string& message, const std::string& type) {
 }
 
 HttpResponse httpErrorResponse(int status, const std::string& message, const std::string& type) {
+  HttpResponse response = httpJsonResponse(status, httpErrorBody(message, type));
+  if (status == 503) response.set_header("Retry-After", "1");
+  return response;
+}
+
+HttpResponse httpJsonResponse(int status, std::string body) {
   HttpResponse response;
   response.status = status;
-  response.set_content(httpErrorBody(message, type), "application/json");
-  if (status == 503) response.set_header("Retry-After", "1");
+  response.set_content(std::move(body), "application/json");
   return response;
 }
 

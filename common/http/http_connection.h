@@ -106,6 +106,8 @@ class LargeRequest;
 std::string httpErrorBody(const std::string& message, const std::string& type);
 // A whole JSON error response in that shape; a 503 says Retry-After: 1.
 HttpResponse httpErrorResponse(int status, const std::string& message, const std::string& type);
+// A whole response whose body is JSON text already (an upstream's answer).
+HttpResponse httpJsonResponse(int status, std::string body);
 
 // A route's view of its request and connection. Every method is called on
 // the connection's strand (inside the route's coroutine).

@@ -24,14 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// An answer whose body is JSON text already (an agent's, or an error).
-HttpResponse jsonAnswer(int status, std::string body) {
-  HttpResponse response;
-  response.status = status;
-  response.set_content(std::move(body), "application/json");
-  return response;
-}
-
 // A 503 in OpenAI's error shape, with Retry-After.
 HttpResponse unavailable(const std::string& message) {
   return server::httpErrorResponse(503, message, "service_unavailable");
@@ -197,7 +189,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   if (!parsed.isOk()) {
     const server::ApiError& error = parsed.error();
     co_await exchange.respond(
-        jsonAnswer(error.status, server::compactDump(server::errorBody(error))));
+        server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error))));
     co_return;
   }
   // From here on, a client leaving cancels what its request is waiting for.
@@ -278,7 +270,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_return;
       }
       if (handoff.client_error) {
-        co_await exchange.respond(jsonAnswer(handoff.status, std::move(handoff.body)));
+        co_await exchange.respond(
+            server::httpJsonResponse(handoff.status, std::move(handoff.body)));
         co_return;
       }
       if (handoff.retried) retried = true;

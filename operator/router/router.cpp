@@ -65,13 +65,6 @@ void returnLargeBlocksWhenFreed() {
 #endif
 }
 
-HttpResponse jsonAnswer(int status, std::string body) {
-  HttpResponse response;
-  response.status = status;
-  response.set_content(std::move(body), "application/json");
-  return response;
-}
-
 // Counts a completion request as active while it is handled (stop() waits
 // for the count to reach zero, up to its grace period).
 class ActiveRequest {
@@ -217,7 +210,7 @@ class Router::Impl {
                              config_.upstream_timeout_s, &exchange, OnClientLeaving::kCut);
       if (exchange.clientGone()) co_return;
       if (result.status != 0 && result.status < 500) {
-        co_await exchange.respond(jsonAnswer(result.status, std::move(result.body)));
+        co_await exchange.respond(server::httpJsonResponse(result.status, std::move(result.body)));
         co_return;
       }
       metrics_.countUpstreamError(agent->endpoint.name);
