@@ -153,6 +153,10 @@ const std::vector<Row>& rows() {
              &ServeOptions::device),
       flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
            &ServeOptions::enforce_eager),
+      choice("cuda_kernels", {"reference", "fast"},
+             "CUDA kernels: reference (checked on a GPU) or fast (decode GEMV, bf16 tensor-core "
+             "GEMM; opt-in, not yet checked on a GPU)",
+             &ServeOptions::cuda_kernels),
       text("simulate",
            "step profile YAML: simulate the forward pass, each step lasting what the profile "
            "predicts (docs/simulation.md)",
@@ -442,6 +446,7 @@ void addServeFlags(CLI::App& command) {
   command.get_option("--kv-dtype")->default_str(defaults.kv_dtype);
   command.get_option("--compute-dtype")->default_str(defaults.compute_dtype);
   command.get_option("--device")->default_str(defaults.device);
+  command.get_option("--cuda-kernels")->default_str(defaults.cuda_kernels);
   command.get_option("--max-num-batched-tokens")
       ->default_str(std::to_string(defaults.max_num_batched_tokens));
   command.get_option("--max-num-seqs")->default_str(std::to_string(defaults.max_num_seqs));

@@ -177,8 +177,19 @@ int cudaDeviceCount();
 // Throws tandem::Error naming the accepted values, or why "cuda" cannot be had
 // (not built with CUDA; no device).
 DeviceKind resolveDevice(const std::string& flag);
-// Throws tandem::Error when the backend cannot be created.
-std::unique_ptr<Backend> makeBackend(DeviceKind kind);
+// Which kernels the CUDA backend runs (--cuda-kernels, docs/cuda.md#kernel-sets):
+// kReference, the default, the kernels checked on a GPU; kFast adds the
+// decode GEMV over re-laid weights and the bf16 tensor-core GEMM (needed for
+// --compute-dtype bf16 on CUDA), built but opt-in until checked on a GPU.
+// f32 results are the same bits either way.
+enum class CudaKernels { kReference, kFast };
+// Parses --cuda-kernels: "reference" or "fast"; throws tandem::Error naming
+// `flag` and the accepted values.
+CudaKernels parseCudaKernels(const std::string& text, const std::string& flag);
+// Throws tandem::Error when the backend cannot be created, and when
+// `cuda_kernels` is kFast for a backend other than CUDA (the CPU has none).
+std::unique_ptr<Backend> makeBackend(DeviceKind kind,
+                                     CudaKernels cuda_kernels = CudaKernels::kReference);
 // Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);
 // throws tandem::Error naming `flag` and the accepted values.
 DType parseComputeDType(const std::string& text, const std::string& flag);

@@ -44,19 +44,34 @@ DeviceKind resolveDevice(const std::string& flag) {
   throw Error("--device: expected cpu, cuda or auto, got '" + flag + "'");
 }
 
-std::unique_ptr<Backend> makeBackend(DeviceKind kind) {
+std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels) {
   switch (kind) {
     case DeviceKind::kCpu:
+      if (cuda_kernels == CudaKernels::kFast) {
+        throw Error(
+            "--cuda-kernels fast: the cpu backend runs no CUDA kernels (use it with --device "
+            "cuda, or leave --cuda-kernels at reference)");
+      }
       return std::make_unique<cpu::CpuBackend>();
     case DeviceKind::kCuda:
 #ifdef TANDEM_HAVE_CUDA
-      return cuda::makeCudaBackend(0);
+    {
+      cuda::CudaBackendOptions options;
+      options.fast_kernels = cuda_kernels == CudaKernels::kFast;
+      return cuda::makeCudaBackend(0, options);
+    }
 #else
       throw Error(
           "--device cuda: this build has no CUDA backend (configure with -DTANDEM_CUDA=ON)");
 #endif
   }
   throw Error("unknown device kind");
+}
+
+CudaKernels parseCudaKernels(const std::string& text, const std::string& flag) {
+  if (text == "reference") return CudaKernels::kReference;
+  if (text == "fast") return CudaKernels::kFast;
+  throw Error(flag + ": expected reference or fast, got '" + text + "'");
 }
 
 DType parseComputeDType(const std::string& text, const std::string& flag) {

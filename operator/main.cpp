@@ -57,6 +57,12 @@ tandem::router::Policy policyFrom(const std::string& text, const std::string& wh
   return *policy;
 }
 
+tandem::engine::StepProfile profileFrom(const std::string& path, const std::string& what) {
+  auto profile = tandem::engine::StepProfile::fromFile(path);
+  if (!profile.isOk()) throw Error(what + ": " + profile.status().message());
+  return *profile;
+}
+
 // The fields a Router document sets, over RouterConfig's defaults.
 void applyRouterSpec(const RouterSpec& spec, const std::string& source, RouterConfig& config) {
   if (spec.host) config.host = *spec.host;
@@ -70,6 +76,10 @@ void applyRouterSpec(const RouterSpec& spec, const std::string& source, RouterCo
   if (spec.threads) config.threads = *spec.threads;
   if (spec.model_path) config.model_dir = *spec.model_path;
   if (spec.poll_interval_s) config.poll_interval_s = *spec.poll_interval_s;
+  if (spec.profile) config.profile = profileFrom(*spec.profile, source + ": spec.profile");
+  if (spec.itl_target_ms) config.itl_target_s = *spec.itl_target_ms / 1000.0;
+  if (spec.seed) config.seed = static_cast<uint64_t>(*spec.seed);
+  if (spec.debug_decisions) config.debug_decisions = *spec.debug_decisions;
   if (!spec.prefill.empty()) config.prefill = toEndpoints(spec.prefill);
   if (!spec.decode.empty()) config.decode = toEndpoints(spec.decode);
   if (!spec.kv_secret.empty()) config.kv_secret = spec.kv_secret;  // local mode's
@@ -151,8 +161,10 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
       ->required();
   local->add_option("--port", flags.port, "router port (overrides the file; 0: a free one)")
       ->check(CLI::Range(0, 65535));
-  local->add_option("--policy", flags.policy, "routing policy: kv, round_robin or random")
-      ->check(CLI::IsMember({"kv", "round_robin", "random"}));
+  local
+      ->add_option("--policy", flags.policy,
+                   "routing policy: kv, round_robin, random, dynamo, llm_d or sglang")
+      ->check(CLI::IsMember({"kv", "round_robin", "random", "dynamo", "llm_d", "sglang"}));
   local->add_option("--agent-binary", flags.agent_binary,
                     "tandem-agent to run (default: the one next to tandem-operator)");
   local
@@ -254,6 +266,10 @@ struct RouterFlags {
   std::string chat_template;
   double poll_interval_s = 0;
   double shutdown_timeout_s = 10;
+  std::string profile;
+  double itl_target_ms = 0;
+  uint64_t seed = 1;
+  int64_t debug_decisions = 0;
   // In-cluster discovery.
   bool discover = false;
   std::string ns;
@@ -271,8 +287,26 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
   command->add_option("--host", flags.host, "address to listen on (default " + defaults.host + ")");
   command->add_option("--port", flags.port, "port (0: any free port; default 8000)")
       ->check(CLI::Range(0, 65535));
-  command->add_option("--policy", flags.policy, "kv, round_robin or random (default kv)")
-      ->check(CLI::IsMember({"kv", "round_robin", "random"}));
+  command
+      ->add_option("--policy", flags.policy,
+                   "kv, round_robin, random, dynamo, llm_d or sglang (default kv)")
+      ->check(CLI::IsMember({"kv", "round_robin", "random", "dynamo", "llm_d", "sglang"}));
+  command->add_option("--profile", flags.profile,
+                      "the agents' step-time model (a simulation profile YAML) the kv policy "
+                      "predicts with (default: built in, Llama-3.1-8B on H100)");
+  command
+      ->add_option("--itl-target-ms", flags.itl_target_ms,
+                   "the kv policy prefills on a decode agent only while its predicted step stays "
+                   "within this (default " +
+                       std::to_string(static_cast<int>(defaults.itl_target_s * 1000)) + ")")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--seed", flags.seed,
+                      "seed of the policies' random tie-breaking (default 1)");
+  command
+      ->add_option("--debug-decisions", flags.debug_decisions,
+                   "recent decisions GET /debug/decisions keeps (0: off; default " +
+                       std::to_string(defaults.debug_decisions) + ")")
+      ->check(CLI::Range(0, 100000));
   command->add_option("--prefill", flags.prefill,
                       "a prefill agent, NAME=HOST:PORT or HOST:PORT (repeatable)");
   command->add_option("--decode", flags.decode,
@@ -417,6 +451,10 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
     config.disagg_threshold_tokens = flags.disagg_threshold_tokens;
   }
   if (given("--pull-back")) config.pull_back = flags.pull_back;
+  if (given("--profile")) config.profile = profileFrom(flags.profile, "--profile");
+  if (given("--itl-target-ms")) config.itl_target_s = flags.itl_target_ms / 1000.0;
+  if (given("--seed")) config.seed = flags.seed;
+  if (given("--debug-decisions")) config.debug_decisions = flags.debug_decisions;
   if (given("--max-queued-requests")) config.max_queued_requests = flags.max_queued_requests;
   if (given("--max-inflight-requests")) config.max_inflight_requests = flags.max_inflight_requests;
   if (given("--upstream-timeout")) config.upstream_timeout_s = flags.upstream_timeout_s;

@@ -6,7 +6,9 @@
 # `tandem-bench engine --device cuda` on both: prefill tokens/s at a 2048-token
 # prompt, decode tokens/s at batch 1 and 32, and the decode weight-streaming
 # GB/s next to the device-to-device copy bandwidth measured in the same run.
-# Prints only what the commands themselves report.
+# Then, where python3 imports torch and transformers, the same models side by
+# side with PyTorch (scripts/torch_compare.py). Prints only what the commands
+# themselves report.
 #
 # Usage: scripts/gpu-check.sh [build-dir] [scratch-dir]
 #   build-dir    default: build-gpu
@@ -15,13 +17,20 @@
 #                16.06 GB of bf16 weights, the small one 0.11 GB. Removed at
 #                the end unless KEEP_MODELS=1.
 # Environment: SKIP_8B=1 leaves the llama3-8b-shaped model out;
-#              BENCH_JSON_DIR=DIR also writes each run's --json there.
+#              BENCH_JSON_DIR=DIR keeps each run's --json (and the PyTorch
+#              comparison's JSON) there;
+#              TORCH_COMPARE=0 leaves the PyTorch comparison out;
+#              TORCH_PYTHON=python3 the interpreter that has torch;
+#              FAST=0 leaves out the second pass of the gpu tests and the
+#              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-${root}/build-gpu}"
 scratch_parent="${2:-${TMPDIR:-/tmp}}"
 jobs="$(nproc 2>/dev/null || echo 2)"
+fast="${FAST:-1}"
+fast_failed=0
 
 echo "== GPU"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -35,10 +44,32 @@ cmake -S "${root}" -B "${build}" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
 
 echo "== build"
 cmake --build "${build}" -j"${jobs}" --target gpu_cuda_kernels_test gpu_engine_exactness_test \
-  tandem-agent tandem-bench tandem-model
+  engine_backend_exactness_test tandem-agent tandem-bench tandem-model
 
-echo "== ctest -L gpu"
-ctest --test-dir "${build}" -L gpu --output-on-failure
+# Tensor-core instructions in the CUDA library's machine code (the fast
+# kernels' bf16 GEMM is the one that should hold them).
+cuobjdump="$(command -v cuobjdump || true)"
+[[ -z "${cuobjdump}" && -x /usr/local/cuda/bin/cuobjdump ]] && cuobjdump=/usr/local/cuda/bin/cuobjdump
+cuda_library="${build}/kernels/libtandem_kernels_cuda.a"
+if [[ -n "${cuobjdump}" && -f "${cuda_library}" ]]; then
+  echo "== HMMA in ${cuda_library}: $("${cuobjdump}" --dump-sass "${cuda_library}" | grep -c HMMA || true)"
+else
+  echo "== cuobjdump or ${cuda_library} not found: HMMA count left out"
+fi
+
+# The reference kernels first, without the fast kernels' own tests: a fault
+# in the opt-in kernels must not stop the rest of the check.
+echo "== ctest -L gpu (reference kernels)"
+ctest --test-dir "${build}" -L gpu -E CudaFastKernelsTest --output-on-failure
+if [[ "${fast}" == "1" ]]; then
+  # Every gpu test, the exactness checks' CUDA backend built with the fast
+  # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
+  echo "== ctest -L gpu and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
+  TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -L gpu --output-on-failure ||
+    fast_failed=1
+  TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -R '^engine_backend_exactness_test' \
+    --output-on-failure || fast_failed=1
+fi
 
 mkdir -p "${scratch_parent}"
 scratch="$(mktemp -d "${scratch_parent}/tandem-gpu-check-XXXXXX")"
@@ -63,7 +94,10 @@ fi
 
 # Prefill is measured at a 2048-token prompt with batch 1; batch 32 decodes
 # after 512-token prompts each (32 prefills of 2048 tokens would dominate the
-# run without changing what decode reads).
+# run without changing what decode reads). Each run's --json is written (the
+# PyTorch comparison reads it), in the scratch folder unless BENCH_JSON_DIR.
+json_dir="${BENCH_JSON_DIR:-${scratch}/bench-json}"
+mkdir -p "${json_dir}"
 for model in "${models[@]}"; do
   # 2048-token prompts, or as long as the model's context leaves room for the
   # 64 decode steps (the small model's context is 2048).
@@ -75,11 +109,82 @@ for model in "${models[@]}"; do
     args=(engine --device cuda --model "${scratch}/${model}" --prompt-tokens "${prompt}"
       --decode-tokens 64)
     [[ "${batch}" != "1" ]] && args+=(--batch "${batch}")
-    if [[ -n "${BENCH_JSON_DIR:-}" ]]; then
-      mkdir -p "${BENCH_JSON_DIR}"
-      args+=(--json "${BENCH_JSON_DIR}/engine-${model}-batch${batch}.json")
+    echo "== tandem-bench ${args[*]} --json ${json_dir}/engine-${model}-batch${batch}.json"
+    "${bench}" "${args[@]}" --json "${json_dir}/engine-${model}-batch${batch}.json"
+    if [[ "${fast}" == "1" ]]; then
+      # The same run with the fast kernels; at batch 1 also with bf16 compute.
+      variants=("--cuda-kernels fast")
+      [[ "${batch}" == "1" ]] && variants+=("--cuda-kernels fast --compute-dtype bf16")
+      for variant in "${variants[@]}"; do
+        read -r -a extra <<<"${variant}"
+        name="fast$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
+        echo "== tandem-bench ${args[*]} ${variant}"
+        "${bench}" "${args[@]}" "${extra[@]}" \
+          --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || fast_failed=1
+      done
     fi
-    echo "== tandem-bench ${args[*]}"
-    "${bench}" "${args[@]}"
   done
 done
+
+# ---- side by side with PyTorch (scripts/torch_compare.py, docs/cuda.md) -----------------
+# Optional: where the interpreter imports torch and transformers. Per model,
+# `tandem-agent serve --device cuda` answers fixed token-id prompts greedily
+# (fetch-tandem) and is stopped; then PyTorch loads the same directory, runs
+# the workloads of the tandem-bench runs above (read from their --json) and
+# checks Tandem's tokens by the margin rule. Prints both sides and their ratios.
+torch_python="${TORCH_PYTHON:-python3}"
+if [[ "${TORCH_COMPARE:-1}" == "0" ]]; then
+  echo "== PyTorch comparison left out (TORCH_COMPARE=0)"
+elif ! "${torch_python}" -c 'import torch, transformers' >/dev/null 2>&1; then
+  echo "== PyTorch comparison skipped: ${torch_python} cannot import torch and transformers"
+else
+  torch_failed=()
+  for model in "${models[@]}"; do
+    echo "== PyTorch side by side: ${model}"
+    agent_log="${json_dir}/agent-${model}.log"
+    "${build}/bin/tandem-agent" serve --model "${scratch}/${model}" --device cuda \
+      --host 127.0.0.1 --port 0 --max-model-len 2048 >"${agent_log}" 2>&1 &
+    agent_pid=$!
+    # The agent prints "listening on HOST:PORT" once the model is loaded.
+    agent_url=""
+    deadline=$((SECONDS + 900))
+    while [[ -z "${agent_url}" ]] && kill -0 "${agent_pid}" 2>/dev/null &&
+      ((SECONDS < deadline)); do
+      agent_url=$(sed -n '/^listening on /{s//http:\/\//p;q}' "${agent_log}")
+      [[ -n "${agent_url}" ]] || sleep 0.5
+    done
+    fetched=0
+    if [[ -z "${agent_url}" ]]; then
+      echo "tandem-agent did not start listening (log: ${agent_log}):"
+      tail -n 5 "${agent_log}"
+    elif "${torch_python}" "${root}/scripts/torch_compare.py" fetch-tandem --url "${agent_url}" \
+      --model "${scratch}/${model}" --out "${json_dir}/tandem-tokens-${model}.json"; then
+      fetched=1
+    fi
+    kill "${agent_pid}" 2>/dev/null || true
+    wait "${agent_pid}" 2>/dev/null || true
+    if [[ "${fetched}" != "1" ]]; then
+      torch_failed+=("${model}")
+      continue
+    fi
+    compare=(compare --model "${scratch}/${model}" --device cuda --dtype bf16
+      --tandem-bench "${json_dir}/engine-${model}-batch1.json"
+      --tandem-tokens "${json_dir}/tandem-tokens-${model}.json"
+      --out "${json_dir}/torch-${model}.json")
+    if [[ -f "${json_dir}/engine-${model}-batch32.json" ]]; then
+      compare+=(--tandem-bench-batch "${json_dir}/engine-${model}-batch32.json")
+    fi
+    "${torch_python}" "${root}/scripts/torch_compare.py" "${compare[@]}" ||
+      torch_failed+=("${model}")
+  done
+  if ((${#torch_failed[@]} > 0)); then
+    echo "== PyTorch comparison FAILED for: ${torch_failed[*]}"
+    exit 1
+  fi
+fi
+# ---- end of side by side with PyTorch ------------------------------------------------------
+
+if [[ "${fast_failed}" != "0" ]]; then
+  echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"
+  exit 1
+fi

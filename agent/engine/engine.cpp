@@ -32,10 +32,16 @@ struct Engine::Live {
 class Engine::ConnectorSource : public ExternalKvSource {
  public:
   // on_transfer(source, blocks loaded, seconds) is called for each finished
-  // synchronous load.
+  // load. link_seconds(blocks), set on a simulated engine, is how long a
+  // hand-off of that many blocks from another agent lasts on the profile's
+  // link (0: not timed).
   ConnectorSource(kv::KvConnector& connector, const BlockHasher& hasher,
-                  std::function<void(const std::string&, int64_t, double)> on_transfer)
-      : connector_(connector), hasher_(hasher), on_transfer_(std::move(on_transfer)) {}
+                  std::function<void(const std::string&, int64_t, double)> on_transfer,
+                  std::function<double(int64_t)> link_seconds)
+      : connector_(connector),
+        hasher_(hasher),
+        on_transfer_(std::move(on_transfer)),
+        link_seconds_(std::move(link_seconds)) {}
 
   Lookup lookup(const Sequence& sequence, int64_t num_local_tokens) override {
     kv::LookupResult result = connector_.scheduler().lookup(request(sequence), num_local_tokens);
@@ -54,20 +60,41 @@ class Engine::ConnectorSource : public ExternalKvSource {
       const int64_t loaded = num_blocks - static_cast<int64_t>(result.failed_block_indices.size());
       on_transfer_(result.source.empty() ? connector_.config().connector : result.source, loaded,
                    std::chrono::duration<double>(Clock::now() - start).count());
+    } else if (link_seconds_) {
+      load_starts_[sequence.request.id] = start;
     }
     return Load{result.done, std::move(result.failed_block_indices)};
   }
 
-  // Hands finished asynchronous loads to the scheduler.
+  // Hands finished asynchronous loads to the scheduler. On a simulated
+  // engine a load from another agent is held back until its modelled link
+  // time since load() has passed: the request keeps waiting for remote KV
+  // as for a transfer still in flight; the engine thread does not wait.
   void pollLoads(Scheduler& scheduler) {
     for (auto& finished : connector_.worker().poll()) {
-      if (finished.num_blocks > 0) {
-        on_transfer_(
-            finished.source.empty() ? connector_.config().connector : finished.source,
-            finished.num_blocks - static_cast<int64_t>(finished.failed_block_indices.size()),
-            finished.seconds);
+      const double modelled =
+          link_seconds_ && finished.from_peer ? link_seconds_(loadedBlocks(finished)) : 0.0;
+      auto started = load_starts_.extract(finished.request_id);
+      if (modelled > 0) {
+        const Clock::time_point start = started ? started.mapped() : Clock::now();
+        // The metric shows the hand-off's duration on the simulated link.
+        finished.seconds = std::max(finished.seconds, modelled);
+        in_link_.push_back({start + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(modelled)),
+                            std::move(finished)});
+        continue;
       }
-      scheduler.loadFinished(finished.request_id, std::move(finished.failed_block_indices));
+      report(scheduler, std::move(finished));
+    }
+    if (in_link_.empty()) return;
+    const auto now = Clock::now();
+    for (auto it = in_link_.begin(); it != in_link_.end();) {
+      if (now < it->done) {
+        ++it;
+        continue;
+      }
+      report(scheduler, std::move(it->load));
+      it = in_link_.erase(it);
     }
   }
 
@@ -94,6 +121,19 @@ class Engine::ConnectorSource : public ExternalKvSource {
   }
 
  private:
+  static int64_t loadedBlocks(const kv::KvConnectorWorker::FinishedLoad& finished) {
+    return std::max<int64_t>(
+        0, finished.num_blocks - static_cast<int64_t>(finished.failed_block_indices.size()));
+  }
+
+  void report(Scheduler& scheduler, kv::KvConnectorWorker::FinishedLoad finished) {
+    if (finished.num_blocks > 0) {
+      on_transfer_(finished.source.empty() ? connector_.config().connector : finished.source,
+                   loadedBlocks(finished), finished.seconds);
+    }
+    scheduler.loadFinished(finished.request_id, std::move(finished.failed_block_indices));
+  }
+
   kv::ConnectorRequest request(const Sequence& sequence) {
     hashes_ = hasher_.hashFullBlocks(sequence.tokens, sequence.request.cache_salt);
     kv::ConnectorRequest request;
@@ -109,7 +149,16 @@ class Engine::ConnectorSource : public ExternalKvSource {
   kv::KvConnector& connector_;
   const BlockHasher& hasher_;
   std::function<void(const std::string&, int64_t, double)> on_transfer_;
-  std::vector<BlockHash> hashes_;  // of the request last described
+  std::function<double(int64_t)> link_seconds_;  // empty: loads are not timed
+  std::vector<BlockHash> hashes_;                // of the request last described
+  // When each asynchronous load began, by request id (timed engines only).
+  std::unordered_map<std::string, Clock::time_point> load_starts_;
+  // Loads from other agents, held until their modelled link time has passed.
+  struct InLink {
+    Clock::time_point done;
+    kv::KvConnectorWorker::FinishedLoad load;
+  };
+  std::vector<InLink> in_link_;
 };
 
 namespace {
@@ -132,7 +181,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     // Host memory whatever --device says: no kernel runs.
     backend_ = std::make_unique<SimulatedBackend>(simulated->name);
   } else {
-    backend_ = kernels::makeBackend(config_.device);
+    backend_ = kernels::makeBackend(config_.device, config_.cuda_kernels);
     backend_->setComputeDType(config_.compute_dtype);
   }
   model_ = Model::load(config_.model_dir);
@@ -218,7 +267,13 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
           totals.bytes += blocks * static_cast<int64_t>(cache_->blockBytes());
           std::lock_guard<std::mutex> lock(mutex_);
           transfer_durations_.push_back({source, seconds});
-        });
+        },
+        simulated && simulated->kv_link_bytes_per_s > 0
+            ? std::function<double(int64_t)>(
+                  [profile = *simulated, block_size = kv.block_size](int64_t blocks) {
+                    return simulatedTransferSeconds(profile, blocks, block_size);
+                  })
+            : nullptr);
     scheduler_->setExternalKvSource(connector_source_.get());
   }
 

@@ -55,6 +55,9 @@ struct EngineConfig {
   // Run every decode step as issued, never recorded and replayed (CUDA
   // graphs); vLLM's --enforce-eager. No effect on the CPU backend.
   bool enforce_eager = false;
+  // The CUDA backend's kernels (--cuda-kernels); kFast on another device is
+  // a start-up error.
+  kernels::CudaKernels cuda_kernels = kernels::CudaKernels::kReference;
   int32_t block_size = 16;
   // KV cache size: num_blocks when positive, else as many blocks as fit in
   // kv_cache_memory_bytes.
@@ -89,7 +92,9 @@ struct EngineConfig {
   // model directory still gives the tokenizer, vocabulary and KV block
   // geometry; the profile gives the context length (max_position_embeddings)
   // and, when num_blocks is 0, the block count: kv_cache_memory_bytes over
-  // the profile's kv_bytes_per_token * block_size.
+  // the profile's kv_bytes_per_token * block_size. With the profile's
+  // kv_link_bytes_per_s > 0, a KV load from another agent completes no
+  // earlier than simulatedTransferSeconds() after it began.
   std::optional<StepProfile> simulate;
 };
 

@@ -164,6 +164,10 @@ class KvConnectorWorker {
     std::string source;
     int64_t num_blocks = 0;
     double seconds = 0;
+    // The blocks were read from another agent (a P→D hand-off or a
+    // pull-back of a lent prefix), not from a local tier or shared storage:
+    // a simulated engine times such loads by its profile's KV link.
+    bool from_peer = false;
   };
   // Loads that finished since the last call. Until a load is reported here,
   // the engine keeps its blocks allocated, even if the request was aborted.

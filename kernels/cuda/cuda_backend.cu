@@ -7,7 +7,10 @@
 // block tables) into one pinned staging buffer and uploads it with a single
 // copy into a device buffer that grows on demand; the staging buffer is only
 // rewritten after the previous upload has completed. The kernels are in
-// elementwise.cu, norm_rope.cu, matmul.cu and attention.cu.
+// elementwise.cu, norm_rope.cu, matmul.cu and attention.cu; with the fast
+// kernels (CudaBackendOptions::fast_kernels) also gemv_fast.cu, over a
+// re-laid copy of each matmul weight kept beside the row-major one, and
+// matmul_bf16_mma.cu for bf16 compute.
 //
 // Decode steps are recorded as CUDA graphs, one per (owner: the runner whose
 // buffers and KV cache they use, bucket of sequences, bucket of attention
@@ -33,6 +36,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -40,6 +44,7 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/weight_layout.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -56,7 +61,10 @@ size_t alignUp(size_t value, size_t alignment) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, const CudaBackendOptions& options)
+      : device_(device),
+        fast_kernels_(options.fast_kernels),
+        gemv_scratch_cap_floats_(static_cast<int64_t>(options.gemv_scratch_bytes / sizeof(float))) {
     throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
     throwIfFailed(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     throwIfFailed(cudaEventCreateWithFlags(&batch_uploaded_, cudaEventDisableTiming),
@@ -67,6 +75,8 @@ class CudaBackend final : public Backend {
     std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB)", props.name, props.major, props.minor,
                   static_cast<double>(props.totalGlobalMem) / (1024.0 * 1024 * 1024));
     description_ = text;
+    if (fast_kernels_) description_ += ", fast kernels";
+    sm_count_ = props.multiProcessorCount;
   }
 
   ~CudaBackend() override {
@@ -74,6 +84,8 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     dropGraphs();
     for (auto& [key, data] : resident_) cudaFree(data);
+    for (auto& [key, data] : relaid_) cudaFree(data);
+    cudaFree(gemv_scratch_);
     cudaFree(batch_device_);
     cudaFree(scratch_);
     cudaFree(argmax_out_);
@@ -83,7 +95,9 @@ class CudaBackend final : public Backend {
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
-  std::string description() const override { return description_; }
+  std::string description() const override {
+    return compute_ == DType::kBF16 ? description_ + ", bf16 compute" : description_;
+  }
   bool hostAccessible() const override { return false; }
 
   void* allocate(size_t bytes) override {
@@ -143,6 +157,41 @@ class CudaBackend final : public Backend {
     return static_cast<const float*>(upload(host, count * sizeof(float)));
   }
 
+  // The row-major resident view, as residentWeight(). With the fast kernels
+  // a matrix the fast GEMV will read (every one but bf16 weights under bf16
+  // compute, which the tensor-core GEMM reads row-major) also gets a copy
+  // re-laid by weight_layout.h, found again by the resident copy's address.
+  WeightView matmulWeight(const WeightView& host) override {
+    WeightView view = residentWeight(host);
+    if (!fast_kernels_ || host.layout != WeightLayout::kRows || usesBf16Mma(view)) return view;
+    if (relaid_.count(view.data) != 0) return view;
+    const std::vector<uint8_t> relaid = relayoutForGemv(
+        host.data, host.rows, host.cols, static_cast<int64_t>(dtypeSize(host.dtype)));
+    activate();
+    void* data = nullptr;
+    throwIfFailed(cudaMalloc(&data, relaid.size()), "cudaMalloc for re-laid weights");
+    relaid_.emplace(view.data, data);
+    copyFromHost(data, relaid.data(), relaid.size());
+    return view;
+  }
+
+  // f32 always; bf16 only with the fast kernels, whose tensor-core GEMM is
+  // the one that multiplies bf16.
+  void setComputeDType(DType dtype) override {
+    if (dtype == DType::kF32 || (dtype == DType::kBF16 && fast_kernels_)) {
+      compute_ = dtype;
+      return;
+    }
+    if (dtype == DType::kBF16) {
+      throw Error(
+          "compute dtype bf16 on the cuda backend needs --cuda-kernels fast: the reference "
+          "kernels multiply in f32 only, and the bf16 tensor-core GEMM stays opt-in until it "
+          "has been checked on a GPU (accepted: f32)");
+    }
+    throw Error(std::string("compute dtype ") + dtypeShortName(dtype) +
+                " is not supported by cuda (accepted: f32; bf16 with --cuda-kernels fast)");
+  }
+
   void beginBatch(const BatchLayout& batch) override;
 
   void embedding(const WeightView& table, float* out) override {
@@ -157,6 +206,22 @@ class CudaBackend final : public Backend {
 
   void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) override {
     activate();
+    if (fast_kernels_ && usesBf16Mma(w)) {
+      launchBf16MmaMatmul(stream_, x, m, k, w, y);
+      checkLaunch("matmul (bf16 tensor cores)");
+      return;
+    }
+    if (fast_kernels_ && m <= kGemvMaxRows && w.layout == WeightLayout::kRows) {
+      if (auto it = relaid_.find(w.data); it != relaid_.end()) {
+        WeightView relaid = w;
+        relaid.data = it->second;
+        const int64_t floats = fastGemvScratchFloats(m, k, relaid, gemv_scratch_cap_floats_);
+        growGemvScratch(floats);
+        launchFastGemv(stream_, x, m, k, relaid, y, gemv_scratch_, floats, sm_count_);
+        checkLaunch("matmul (fast GEMV)");
+        return;
+      }
+    }
     launchMatmul(stream_, x, m, k, w, y);
     checkLaunch("matmul");
   }
@@ -342,6 +407,26 @@ class CudaBackend final : public Backend {
 
   void checkLaunch(const char* kernel) { throwIfFailed(cudaGetLastError(), kernel); }
 
+  // bf16 compute multiplies bf16 row-major weights on the tensor cores, for
+  // every m (a row's bits must not depend on the batch).
+  bool usesBf16Mma(const WeightView& w) const {
+    return compute_ == DType::kBF16 && w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows;
+  }
+
+  // As the attention scratch: growing it drops the recordings, which hold
+  // its address.
+  void growGemvScratch(int64_t floats) {
+    if (floats <= gemv_scratch_floats_) return;
+    if (capturing_) throw Error("fast GEMV scratch grew while recording a decode step");
+    forgetRecordings();
+    throwIfFailed(cudaFree(gemv_scratch_), "cudaFree");
+    gemv_scratch_ = nullptr;
+    gemv_scratch_floats_ = 0;
+    throwIfFailed(cudaMalloc(&gemv_scratch_, static_cast<size_t>(floats) * sizeof(float)),
+                  "cudaMalloc fast GEMV scratch");
+    gemv_scratch_floats_ = floats;
+  }
+
   const void* upload(const void* host, size_t bytes) {
     const auto key = std::make_pair(host, bytes);
     if (auto it = resident_.find(key); it != resident_.end()) return it->second;
@@ -392,6 +477,10 @@ class CudaBackend final : public Backend {
   using GraphKey = std::tuple<uint64_t, int64_t, int64_t>;  // (owner, rows, attention splits)
 
   int device_;
+  bool fast_kernels_ = false;
+  int64_t gemv_scratch_cap_floats_ = 0;
+  int sm_count_ = 1;
+  DType compute_ = DType::kF32;
   std::string description_;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   std::set<GraphKey> seen_;
@@ -401,6 +490,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t batch_uploaded_ = nullptr;
   std::map<std::pair<const void*, size_t>, void*> resident_;
+  // Resident row-major copy -> its re-laid copy (fast kernels only).
+  std::unordered_map<const void*, void*> relaid_;
+  float* gemv_scratch_ = nullptr;
+  int64_t gemv_scratch_floats_ = 0;
 
   // The current batch: host copies for checks, device view for kernels.
   DeviceBatch batch_;
@@ -527,7 +620,7 @@ int deviceCount() {
   return count;
 }
 
-std::unique_ptr<Backend> makeCudaBackend(int device) {
+std::unique_ptr<Backend> makeCudaBackend(int device, const CudaBackendOptions& options) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
@@ -540,7 +633,7 @@ std::unique_ptr<Backend> makeCudaBackend(int device) {
                 " does not exist: " + std::to_string(count) +
                 " CUDA device(s) visible, accepted 0.." + std::to_string(count - 1));
   }
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, options);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -4,6 +4,7 @@
 // GPU tests include this header; it needs no CUDA headers.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -13,8 +14,21 @@ namespace tandem::kernels::cuda {
 // CUDA devices visible now; 0 when there is no driver or no device.
 int deviceCount();
 
+struct CudaBackendOptions {
+  // --cuda-kernels fast (docs/cuda.md#kernel-sets). Off: the reference
+  // kernels only, and bf16 compute is refused. On: matmulWeight() keeps a
+  // copy of each matrix re-laid for the fast decode GEMV (gemv_fast.cu, the
+  // reference's bits, for m <= 64) beside the row-major one, so weights take
+  // twice the memory; and bf16 compute runs every bf16 matmul on the tensor
+  // cores (matmul_bf16_mma.cu).
+  bool fast_kernels = false;
+  // The most scratch the fast GEMV keeps for its chunk partials; a matmul
+  // needing more runs its columns in slices, one launch pair each.
+  size_t gemv_scratch_bytes = size_t{32} << 20;
+};
+
 // A backend on device `device` (0-based). Throws tandem::Error with the CUDA
 // error text when the device cannot be used.
-std::unique_ptr<Backend> makeCudaBackend(int device);
+std::unique_ptr<Backend> makeCudaBackend(int device, const CudaBackendOptions& options = {});
 
 }  // namespace tandem::kernels::cuda

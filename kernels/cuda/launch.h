@@ -65,6 +65,21 @@ void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, in
 void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, const WeightView& w,
                   float* y);
 
+// gemv_fast.cu (--cuda-kernels fast): matmul for m <= kGemvMaxRows over
+// weights re-laid by weight_layout.h (`relaid`: the re-laid data, with the
+// dtype and n x k of the original), the same bits as launchMatmul. `scratch`
+// holds the chunk partials: at least fastGemvScratchFloats(m, k, relaid,
+// cap) floats; more columns than it holds run as several launches.
+int64_t fastGemvScratchFloats(int64_t m, int64_t k, const WeightView& relaid, int64_t cap_floats);
+void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                    const WeightView& relaid, float* y, float* scratch, int64_t scratch_floats,
+                    int sm_count);
+
+// matmul_bf16_mma.cu (--cuda-kernels fast with --compute-dtype bf16): y =
+// bf16(x) · w^T on the tensor cores, for bf16 row-major weights and any m.
+void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                         const WeightView& w, float* y);
+
 // attention.cu
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                    int32_t layer, const float* k, const float* v);

@@ -148,6 +148,10 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
   if (router.threads) add("--threads", std::to_string(*router.threads));
   if (router.model_path) add("--model-dir", *router.model_path);
   if (router.poll_interval_s) add("--poll-interval", numberText(*router.poll_interval_s));
+  if (router.profile) add("--profile", *router.profile);
+  if (router.itl_target_ms) add("--itl-target-ms", numberText(*router.itl_target_ms));
+  if (router.seed) add("--seed", std::to_string(*router.seed));
+  if (router.debug_decisions) add("--debug-decisions", std::to_string(*router.debug_decisions));
   return args;
 }
 

@@ -122,7 +122,7 @@ struct AgentAddress {
 struct RouterSpec {
   std::optional<std::string> host;
   std::optional<int> port;
-  std::optional<std::string> policy;  // "kv", "round_robin" or "random"
+  std::optional<std::string> policy;  // a policy name (router.h: parsePolicy)
   std::optional<int64_t> disagg_threshold_tokens;
   std::optional<bool> pull_back;
   std::optional<int64_t> max_queued_requests;
@@ -131,6 +131,12 @@ struct RouterSpec {
   std::optional<int> threads;
   std::optional<std::string> model_path;
   std::optional<double> poll_interval_s;
+  // The kv policy's step-time model: a simulation profile file (local mode
+  // defaults it to the pools' engine.simulate profile when they share one).
+  std::optional<std::string> profile;
+  std::optional<double> itl_target_ms;
+  std::optional<int64_t> seed;
+  std::optional<int64_t> debug_decisions;
   // Static agents: `tandem-operator router` only (local mode fills them).
   std::vector<AgentAddress> prefill;
   std::vector<AgentAddress> decode;

@@ -256,6 +256,22 @@ RouterSpec LocalMode::routerSpecFor(const ClusterSpec& cluster) const {
       }
     }
   }
+  // Its kv policy predicts with the agents' step-time model: the pools'
+  // simulation profile when they all run the same one.
+  if (!spec.profile) {
+    std::optional<std::string> shared;
+    bool same = true;
+    for (const PoolSpec& pool : cluster.pools) {
+      if (!pool.engine.simulate) {
+        same = false;
+      } else if (!shared) {
+        shared = pool.engine.simulate;
+      } else if (*shared != *pool.engine.simulate) {
+        same = false;
+      }
+    }
+    if (same && shared) spec.profile = shared;
+  }
   // It signs its pull-back holds to decode agents with their KV secret.
   bool first = true;
   for (const PoolSpec& pool : cluster.pools) {

@@ -50,7 +50,8 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
     router.port = static_cast<int>(readInteger(*value, "spec.port", context, 0, 65535));
   }
   if (auto value = spec.get("policy")) {
-    router.policy = readEnum(*value, "spec.policy", context, {"kv", "round_robin", "random"});
+    router.policy = readEnum(*value, "spec.policy", context,
+                             {"kv", "round_robin", "random", "dynamo", "llm_d", "sglang"});
   }
   if (auto value = spec.get("disaggThresholdTokens")) {
     router.disagg_threshold_tokens = readInteger(*value, "spec.disaggThresholdTokens", context, 0);
@@ -74,6 +75,16 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   }
   if (auto value = spec.get("pollIntervalSeconds")) {
     router.poll_interval_s = readNumber(*value, "spec.pollIntervalSeconds", context, 0, true);
+  }
+  if (auto value = spec.get("profile")) {
+    router.profile = readString(*value, "spec.profile", context);
+  }
+  if (auto value = spec.get("itlTargetMs")) {
+    router.itl_target_ms = readNumber(*value, "spec.itlTargetMs", context, 0, true);
+  }
+  if (auto value = spec.get("seed")) router.seed = readInteger(*value, "spec.seed", context, 0);
+  if (auto value = spec.get("debugDecisions")) {
+    router.debug_decisions = readInteger(*value, "spec.debugDecisions", context, 0, 100000);
   }
   if (auto value = spec.get("prefill"))
     router.prefill = readAgentList(*value, "spec.prefill", context);

@@ -110,6 +110,14 @@ void AgentTracker::watch(const AgentPtr& agent) {
 // An agent's series change only while it is listed: setAgents unlists
 // agents and removes their series under the same lock, so a loop of an
 // agent just removed or replaced never brings them back.
+void AgentTracker::publishLedger(const std::function<LedgerCounts(const AgentState&)>& counts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [name, agent] : agents_) {
+    const LedgerCounts c = counts(*agent);
+    metrics_.setAgentLedger(name, c.requests, c.prefill_tokens, c.kv_tokens);
+  }
+}
+
 void AgentTracker::setHealthyIfListed(const AgentState& agent, bool healthy) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (agent.listed) metrics_.setAgentHealthy(agent.endpoint.name, healthy);
@@ -131,6 +139,7 @@ awaitable<void> AgentTracker::pollLoop(AgentPtr agent) {
                                                std::string("/health"), std::string(), 5.0);
     bool healthy = health.status == 200;
     if (healthy) {
+      const int64_t mine_before = ledger_requests_ ? ledger_requests_(*agent) : 0;
       UpstreamResult metrics = co_await callAgent(agent->endpoint, http::verb::get,
                                                   std::string("/metrics"), std::string(), 5.0);
       if (metrics.status == 200) {
@@ -138,6 +147,10 @@ awaitable<void> AgentTracker::pollLoop(AgentPtr agent) {
             prometheusSample(metrics.body, "tandem_num_requests_running").value_or(0));
         agent->waiting = static_cast<int64_t>(
             prometheusSample(metrics.body, "tandem_num_requests_waiting").value_or(0));
+        // The router's own requests that ended or began while the poll was
+        // under way are not external load either way.
+        const int64_t mine = std::max(mine_before, ledger_requests_ ? ledger_requests_(*agent) : 0);
+        agent->external_requests = std::max<int64_t>(0, agent->running + agent->waiting - mine);
         agent->kv_usage = prometheusSample(metrics.body, "tandem_kv_cache_usage_ratio").value_or(0);
         setRequestsIfListed(*agent);
       }

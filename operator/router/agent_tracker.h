@@ -18,6 +18,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,14 @@
 
 namespace tandem::router {
 
+// What the router's ledger (load_ledger.h) holds reserved on an agent.
+struct LedgerCounts {
+  int64_t requests = 0;
+  int64_t prefill_tokens = 0;  // uncached prompt tokens not yet computed
+  int64_t kv_tokens = 0;       // decode: prompt + max_tokens of each request
+  bool operator==(const LedgerCounts&) const = default;
+};
+
 // One agent and what the router knows of it.
 struct AgentState {
   AgentEndpoint endpoint;
@@ -42,30 +51,12 @@ struct AgentState {
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
   std::atomic<double> kv_usage{0};
-  std::atomic<int64_t> inflight{0};
-  std::atomic<int64_t> queued_prefill_tokens{0};
+  // Of the polled running + waiting, those the router's ledger did not hold
+  // while the poll was under way: load another router or client sent.
+  std::atomic<int64_t> external_requests{0};
+  LedgerCounts ledger;  // guarded by the LoadLedger's mutex
 };
 using AgentPtr = std::shared_ptr<AgentState>;
-
-// Holds an agent's in-flight counters for the duration of a call.
-class InflightGuard {
- public:
-  InflightGuard(const AgentPtr& agent, int64_t prefill_tokens)
-      : agent_(agent), tokens_(prefill_tokens) {
-    agent_->inflight += 1;
-    agent_->queued_prefill_tokens += tokens_;
-  }
-  ~InflightGuard() {
-    agent_->inflight -= 1;
-    agent_->queued_prefill_tokens -= tokens_;
-  }
-  InflightGuard(const InflightGuard&) = delete;
-  InflightGuard& operator=(const InflightGuard&) = delete;
-
- private:
-  AgentPtr agent_;
-  int64_t tokens_;
-};
 
 class AgentTracker {
  public:
@@ -86,10 +77,18 @@ class AgentTracker {
   // at once; before it, startWatching() starts them all.
   void setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode);
   void startWatching();
+  // How many requests the router's ledger holds on an agent; polls subtract
+  // them to find external load. Set before startWatching().
+  void setLedgerReader(std::function<int64_t(const AgentState&)> reader) {
+    ledger_requests_ = std::move(reader);
+  }
 
   // The listed prefill (true) or decode (false) agents.
   std::vector<AgentPtr> agentsOf(bool prefill);
   bool anyHealthy(bool prefill);
+  // Sets every listed agent's ledger gauges to `counts(agent)` (called
+  // under the tracker's lock, so an unlisted agent's series stay gone).
+  void publishLedger(const std::function<LedgerCounts(const AgentState&)>& counts);
   // How many of `hashes` each agent holds as a leading run (ownership index),
   // from one walk over them; agents absent hold none.
   std::unordered_map<std::string, int64_t> leadingBlocksForAll(
@@ -111,6 +110,7 @@ class AgentTracker {
   RouterMetrics& metrics_;
   ServedModel& model_;
   std::atomic<bool> started_{false};
+  std::function<int64_t(const AgentState&)> ledger_requests_;
 
   std::mutex mutex_;  // guards agents_ and each agent's listed/series changes
   std::map<std::string, AgentPtr> agents_;

@@ -104,6 +104,17 @@ const char* targetOf(const json& body) {
   return body.contains("messages") ? "/v1/chat/completions" : "/v1/completions";
 }
 
+PolicyOptions policyOptions(const RouterConfig& config) {
+  PolicyOptions options;
+  options.policy = config.policy;
+  options.disagg_threshold_tokens = config.disagg_threshold_tokens;
+  options.pull_back = config.pull_back;
+  options.profile = config.profile;
+  options.itl_target_s = config.itl_target_s;
+  options.explain = config.debug_decisions > 0;
+  return options;
+}
+
 // An admission slot, given back when the request ends.
 class SlotLease {
  public:
@@ -128,7 +139,8 @@ CompletionFlow::CompletionFlow(const RouterConfig& config, AgentTracker& agents,
       gate_(gate),
       metrics_(metrics),
       stopping_(stopping),
-      chooser_({config.policy, config.disagg_threshold_tokens, config.pull_back, 4}) {}
+      chooser_(policyOptions(config), config.seed),
+      decisions_(config.debug_decisions) {}
 
 enum class Admission { kAdmitted, kRefused, kClientGone };
 
@@ -221,6 +233,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  input.max_tokens = request.sampling.max_tokens;
   input.block_size = model_.info().block_size;
   const std::unordered_map<std::string, int64_t> held = agents_.leadingBlocksForAll(hashes);
   auto view = [&](const AgentPtr& agent) {
@@ -232,18 +245,34 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     v.running = agent->running;
     v.waiting = agent->waiting;
     v.kv_usage = agent->kv_usage;
-    v.inflight = agent->inflight;
-    v.queued_prefill_tokens = agent->queued_prefill_tokens;
+    v.external_requests = agent->external_requests;
+    LoadLedger::fillView(*agent, v);
     return v;
   };
-  for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
-  for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
+  // Decide and reserve under one lock: the next decision sees this one.
   Decision decision;
+  LoadLedger::Reservation prefill_reservation;
+  LoadLedger::Reservation decode_reservation;
   {
-    std::lock_guard<std::mutex> lock(chooser_mutex_);
+    auto lock = ledger_.lock();
+    for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
+    for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
     decision = chooser_.choose(input);
+    if (decision.decode) {
+      const AgentView& decode = input.decode[*decision.decode];
+      const bool local = decision.kind == Decision::Kind::kLocalPrefill;
+      decode_reservation = ledger_.reserveLocked(decode_agents[*decision.decode],
+                                                 {1, local ? uncachedTokens(input, decode) : 0,
+                                                  input.num_prompt_tokens + input.max_tokens});
+      if (decision.prefill) {
+        prefill_reservation =
+            ledger_.reserveLocked(prefill_agents[*decision.prefill],
+                                  {1, uncachedTokens(input, input.prefill[*decision.prefill]), 0});
+      }
+    }
   }
   metrics_.observeDecision(secondsSince(decide_start), decision.overlap_ratio);
+  const uint64_t logged = decisions_.record(input, decision, policyName(chooser_.options().policy));
   if (!decision.decode) {
     metrics_.countDecision("rejected");
     co_await exchange.respond(unavailable("no healthy decode agent"));
@@ -258,10 +287,18 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   bool retried = false;
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
+    if (attempt > 0) {
+      // Retried here, prefilled here: this agent's reservation replaces the
+      // last one's.
+      decode_reservation.release();
+      decode_reservation =
+          ledger_.reserve(decode, {1, uncachedTokens(input, input.decode[decode_order[attempt]]),
+                                   input.num_prompt_tokens + input.max_tokens});
+    }
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
-      handoff = co_await prefillOn(exchange, body, request, hashes, prefill_agents, input, decision,
-                                   decode);
+      handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, decode,
+                                   std::move(prefill_reservation));
       if (exchange.clientGone()) {
         // Nobody waits for the answer: what the prefill agent holds for
         // it goes back now, and no decode agent sees the request.
@@ -279,10 +316,21 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     const std::string label = !handoff.params.is_null()
                                   ? (handoff.pulled_back ? "pull_back" : "disaggregated")
                                   : "local_prefill";
+    if (handoff.params.is_null() && attempt == 0 &&
+        decision.kind == Decision::Kind::kDisaggregated) {
+      // Every prefill agent failed: the decode agent prefills the prompt.
+      decode_reservation.release();
+      decode_reservation =
+          ledger_.reserve(decode, {1, uncachedTokens(input, input.decode[decode_order[attempt]]),
+                                   input.num_prompt_tokens + input.max_tokens});
+    }
+    Prediction prediction;
+    if (!retried) prediction = {decision.kind, decision.predicted_ttft_s, logged};
     DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
-                                              arrival, static_cast<int64_t>(request.prompt.size()));
+                                              arrival, decode_reservation, prediction);
     if (outcome == DecodeOutcome::kDone) {
       metrics_.countDecision(label);
+      if (decision.spilled && !retried) metrics_.countDecision("spill");
       if (retried) metrics_.countDecision("retried");
       co_return;
     }
@@ -308,8 +356,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
 // the decode agent first lends the prefix it holds.
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     HttpExchange& exchange, const json& body, const protocol::Request& request,
-    const std::vector<BlockHash>& hashes, const std::vector<AgentPtr>& prefill_agents,
-    const DecisionInput& input, const Decision& decision, const AgentPtr& decode) {
+    const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
+    const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation) {
   Handoff handoff;
   json lent;
   if (decision.pull_back) {
@@ -331,14 +379,14 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   const std::string target = targetOf(body);
   for (size_t attempt = 0; attempt < order.size() && !exchange.clientGone(); ++attempt) {
     const AgentPtr& prefill = prefill_agents[order[attempt]];
-    const int64_t uncached =
-        input.num_prompt_tokens - input.prefill[order[attempt]].leading_blocks * input.block_size;
-    UpstreamResult result;
-    {
-      InflightGuard guard(prefill, uncached);
-      result = co_await callAgent(prefill->endpoint, http::verb::post, target, prefill_body,
-                                  upstream_timeout_s_, &exchange);
+    if (attempt > 0) {
+      reservation.release();
+      reservation =
+          ledger_.reserve(prefill, {1, uncachedTokens(input, input.prefill[order[attempt]]), 0});
     }
+    UpstreamResult result = co_await callAgent(prefill->endpoint, http::verb::post, target,
+                                               prefill_body, upstream_timeout_s_, &exchange);
+    reservation.release();  // answered (or failed): its prefill is no longer queued there
     if (result.status >= 400 && result.status < 500 && result.status != 429) {
       handoff.client_error = true;
       handoff.status = result.status;
@@ -369,6 +417,14 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   co_return handoff;
 }
 
+void CompletionFlow::observeTtft(double ttft_s, const Prediction& prediction) {
+  decisions_.observeTtft(prediction.logged, ttft_s);
+  if (prediction.ttft_s <= 0) return;
+  metrics_.observeTtftPrediction(ttft_s, prediction.ttft_s);
+  auto lock = ledger_.lock();  // the chooser's lock
+  chooser_.observeTtft(prediction.kind, ttft_s, prediction.ttft_s);
+}
+
 awaitable<void> CompletionFlow::release(const Handoff& handoff) {
   if (!handoff.prefill) co_return;
   co_await callAgent(handoff.prefill->endpoint, http::verb::post,
@@ -379,7 +435,7 @@ awaitable<void> CompletionFlow::release(const Handoff& handoff) {
 awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     HttpExchange& exchange, json body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
-    int64_t prompt_tokens) {
+    LoadLedger::Reservation& reservation, const Prediction& prediction) {
   const std::string request_body = decodeBody(body, handoff.params);
   const std::string target = targetOf(body);
   std::vector<std::pair<std::string, std::string>> headers = {
@@ -389,7 +445,6 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
        handoff.prefill ? handoff.prefill->endpoint.name : decode->endpoint.name},
       {"x-tandem-kv-blocks-moved", std::to_string(blocksOffered(handoff.params))}};
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
-  InflightGuard guard(decode, handoff.params.is_null() ? prompt_tokens : 0);
   beast::tcp_stream upstream(co_await asio::this_coro::executor);
   // A client leaving closes the upstream connection: the decode agent
   // aborts the request and frees its blocks.
@@ -458,7 +513,10 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
           if (!token) continue;
           const auto now = Clock::now();
           if (last_token == Clock::time_point{}) {
-            metrics_.observeTtft(std::chrono::duration<double>(now - arrival).count());
+            const double ttft = std::chrono::duration<double>(now - arrival).count();
+            metrics_.observeTtft(ttft);
+            reservation.prefillDone();
+            observeTtft(ttft, prediction);
           } else {
             metrics_.observeItl(std::chrono::duration<double>(now - last_token).count());
           }

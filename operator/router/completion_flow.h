@@ -32,6 +32,8 @@
 #include "common/protocol/openai_protocol.h"
 #include "operator/router/admission_gate.h"
 #include "operator/router/agent_tracker.h"
+#include "operator/router/decision_log.h"
+#include "operator/router/load_ledger.h"
 #include "operator/router/policy.h"
 #include "operator/router/router.h"
 #include "operator/router/router_metrics.h"
@@ -49,6 +51,11 @@ class CompletionFlow {
   // Serves POST /v1/completions (chat false) or /v1/chat/completions.
   boost::asio::awaitable<void> complete(server::HttpExchange& exchange, bool chat);
 
+  // The ledger's counts for an agent (its gauges).
+  LedgerCounts ledgerCounts(const AgentState& agent) { return ledger_.counts(agent); }
+  // The last `n` decisions with their candidates' cost terms (newest last).
+  nlohmann::json recentDecisions(size_t n) const { return decisions_.recent(n); }
+
  private:
   enum class Admission { kAdmitted, kRefused, kClientGone };
 
@@ -62,6 +69,13 @@ class CompletionFlow {
     std::string body;
   };
 
+  // What the kv policy predicted for a request, to compare with its TTFT.
+  struct Prediction {
+    Decision::Kind kind = Decision::Kind::kNone;
+    double ttft_s = 0;    // 0: nothing predicted (another policy, a retry)
+    uint64_t logged = 0;  // its DecisionLog sequence number (0: not kept)
+  };
+
   enum class DecodeOutcome {
     kDone,
     kFailedBeforeStart,  // the decode agent failed; the client heard nothing
@@ -73,15 +87,17 @@ class CompletionFlow {
   boost::asio::awaitable<Admission> admit(server::HttpExchange& exchange);
   boost::asio::awaitable<Handoff> prefillOn(
       server::HttpExchange& exchange, const nlohmann::json& body, const protocol::Request& request,
-      const std::vector<BlockHash>& hashes, const std::vector<AgentPtr>& prefill_agents,
-      const DecisionInput& input, const Decision& decision, const AgentPtr& decode);
+      const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
+      const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation);
   boost::asio::awaitable<void> release(const Handoff& handoff);
+  void observeTtft(double ttft_s, const Prediction& prediction);
   boost::asio::awaitable<DecodeOutcome> decodeOn(server::HttpExchange& exchange,
                                                  nlohmann::json body, bool streaming,
                                                  const AgentPtr& decode, const Handoff& handoff,
                                                  const std::string& label,
                                                  std::chrono::steady_clock::time_point arrival,
-                                                 int64_t prompt_tokens);
+                                                 LoadLedger::Reservation& reservation,
+                                                 const Prediction& prediction);
 
   const double upstream_timeout_s_;
   const std::string kv_secret_;  // signs pull-back holds; empty: unsigned
@@ -90,8 +106,9 @@ class CompletionFlow {
   AdmissionGate& gate_;
   RouterMetrics& metrics_;
   const std::atomic<bool>& stopping_;
-  Chooser chooser_;
-  std::mutex chooser_mutex_;
+  Chooser chooser_;    // guarded by the ledger's lock
+  LoadLedger ledger_;  // the decision's lock
+  DecisionLog decisions_;
 };
 
 }  // namespace tandem::router

@@ -1,44 +1,123 @@
 #include "operator/router/policy.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "operator/router/anchor_policies.h"
 
 namespace tandem::router {
 namespace {
 
-// Weights of the kv policy, in tokens of prefill work: one request already
-// running or queued on an agent costs as much as computing this many tokens.
-constexpr double kRequestCostTokens = 256;
-// Fully used KV makes an agent preempt; weigh usage like this many tokens.
-constexpr double kKvUsageCostTokens = 512;
+// Weight of one observation in the learned overheads' running means.
+constexpr double kOverheadLearningRate = 0.05;
 
-double prefillCost(const AgentView& agent, int64_t num_prompt_tokens, int32_t block_size) {
-  const int64_t uncached = num_prompt_tokens - agent.leading_blocks * block_size;
-  return static_cast<double>(uncached + agent.queued_prefill_tokens) +
-         kRequestCostTokens * static_cast<double>(agent.waiting);
-}
+// Costs within this relative distance of the least are ties (they differ
+// only by rounding of the same terms summed in another order).
+constexpr double kTieTolerance = 1e-9;
 
-double decodeCost(const AgentView& agent, int32_t block_size) {
-  const double load = static_cast<double>(std::max(agent.running + agent.waiting, agent.inflight));
-  return kRequestCostTokens * load + kKvUsageCostTokens * agent.kv_usage -
-         static_cast<double>(agent.leading_blocks * block_size);  // credit for what it holds
-}
+// What the kv policy predicts for one agent, from the ledger, the polled
+// load and the step-time model.
+class TimeModel {
+ public:
+  TimeModel(const engine::StepProfile& profile, const DecisionInput& input)
+      : profile_(profile), input_(input) {}
 
-template <typename Cost>
-std::optional<size_t> cheapest(const std::vector<AgentView>& agents, Cost cost) {
-  std::optional<size_t> best;
-  double best_cost = 0;
-  for (size_t i = 0; i < agents.size(); ++i) {
-    if (!agents[i].healthy) continue;
-    const double c = cost(agents[i]);
-    if (!best || c < best_cost) {
-      best = i;
-      best_cost = c;
-    }
+  // Seconds to prefill `uncached` tokens after `cached` ones, in one step.
+  double prefillSeconds(int64_t uncached, int64_t cached) const {
+    if (uncached <= 0) return 0;
+    const double u = static_cast<double>(uncached);
+    return profile_.scale *
+           (profile_.base_s + profile_.prefill_token_s * u +
+            profile_.prefill_context_s * u * static_cast<double>(cached + uncached));
   }
-  return best;
-}
+
+  // Seconds to move the blocks of `tokens` tokens of KV between agents:
+  // what a simulated agent's hand-off takes.
+  double transferSeconds(int64_t tokens) const {
+    if (tokens <= 0) return 0;
+    const int64_t blocks = (tokens + input_.block_size - 1) / input_.block_size;
+    return engine::simulatedTransferSeconds(profile_, blocks, input_.block_size);
+  }
+
+  // Wait before a new prefill on `agent` starts: the reserved uncached
+  // tokens ahead of it (an agent batches queued prefills into its steps, so
+  // they cost their tokens, not a step each), plus external requests, each
+  // counted like this request's prompt.
+  double queueSeconds(const AgentView& agent) const {
+    const double tokens = static_cast<double>(agent.reserved_prefill_tokens) +
+                          static_cast<double>(agent.external_requests * input_.num_prompt_tokens);
+    return profile_.scale * profile_.prefill_token_s * tokens;
+  }
+
+  // A decode step on `agent` once this request runs there: its ITL. The
+  // ledger's requests and KV, plus external requests each counted like
+  // this one.
+  double decodeStepSeconds(const AgentView& agent) const {
+    const int64_t requests = agent.reserved_requests + agent.external_requests;
+    const double context = static_cast<double>(agent.reserved_kv_tokens) +
+                           static_cast<double>((agent.external_requests + 1) *
+                                               (input_.num_prompt_tokens + input_.max_tokens));
+    return profile_.scale *
+           (profile_.base_s + profile_.decode_sequence_s * static_cast<double>(requests + 1) +
+            profile_.context_token_s * context);
+  }
+
+ private:
+  const engine::StepProfile& profile_;
+  const DecisionInput& input_;
+};
 
 }  // namespace
+
+engine::StepProfile defaultRoutingProfile() {
+  // Llama-3.1-8B on one H100 (profiles/llama3.1-8b-h100.yaml, derived in
+  // docs/profiles.md): only the ratios between the terms steer decisions.
+  engine::StepProfile profile;
+  profile.name = "default";
+  profile.base_s = 0.0056;
+  profile.prefill_token_s = 2.35e-5;
+  profile.decode_sequence_s = 3.4e-6;
+  profile.context_token_s = 4.89e-8;
+  profile.prefill_context_s = 7.23e-10;
+  profile.kv_link_bytes_per_s = 4.0e10;
+  profile.model.kv_bytes_per_token = 131072;
+  return profile;
+}
+
+std::optional<size_t> cheapestWithRandomTies(const std::vector<AgentView>& agents,
+                                             const std::function<double(const AgentView&)>& cost,
+                                             std::mt19937_64& random) {
+  std::vector<double> costs(agents.size());
+  std::optional<double> least;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (!agents[i].healthy) continue;
+    costs[i] = cost(agents[i]);
+    if (!least || costs[i] < *least) least = costs[i];
+  }
+  if (!least) return std::nullopt;
+  const double bound = *least + kTieTolerance * std::max(1.0, std::abs(*least));
+  std::vector<size_t> tied;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (agents[i].healthy && costs[i] <= bound) tied.push_back(i);
+  }
+  return tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(random)];
+}
+
+int64_t heldTokens(const DecisionInput& input, const AgentView& agent) {
+  return std::clamp<int64_t>(agent.leading_blocks * input.block_size, 0, input.num_prompt_tokens);
+}
+
+int64_t uncachedTokens(const DecisionInput& input, const AgentView& agent) {
+  return input.num_prompt_tokens - heldTokens(input, agent);
+}
+
+double overlapRatio(const DecisionInput& input, const Decision& decision) {
+  const int64_t full_blocks = input.num_prompt_tokens / input.block_size;
+  if (full_blocks <= 0 || !decision.decode) return 0;
+  int64_t held = input.decode[*decision.decode].leading_blocks;
+  if (decision.prefill) held = std::max(held, input.prefill[*decision.prefill].leading_blocks);
+  return static_cast<double>(std::min(held, full_blocks)) / static_cast<double>(full_blocks);
+}
 
 std::optional<size_t> Chooser::pick(const std::vector<AgentView>& agents, size_t& cursor) {
   std::vector<size_t> healthy;
@@ -52,42 +131,173 @@ std::optional<size_t> Chooser::pick(const std::vector<AgentView>& agents, size_t
   return healthy[cursor++ % healthy.size()];
 }
 
-Decision Chooser::choose(const DecisionInput& input) {
-  Decision decision;
-  const int32_t block_size = input.block_size;
-  const int64_t full_blocks = input.num_prompt_tokens / block_size;
-  if (options_.policy != Policy::kKv) {
-    decision.decode = pick(input.decode, decode_cursor_);
-    if (!decision.decode) return decision;
-    decision.prefill = pick(input.prefill, prefill_cursor_);
-    decision.kind =
-        decision.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
-  } else {
-    decision.decode =
-        cheapest(input.decode, [&](const AgentView& a) { return decodeCost(a, block_size); });
-    if (!decision.decode) return decision;
-    const AgentView& decode = input.decode[*decision.decode];
-    decision.prefill = cheapest(input.prefill, [&](const AgentView& a) {
-      return prefillCost(a, input.num_prompt_tokens, block_size);
-    });
-    const int64_t uncached_on_decode = input.num_prompt_tokens - decode.leading_blocks * block_size;
-    // Conditional disaggregation: a short uncached part is cheaper to prefill
-    // where it will be decoded than to move.
-    if (!decision.prefill || uncached_on_decode < options_.disagg_threshold_tokens) {
-      decision.prefill.reset();
-      decision.kind = Decision::Kind::kLocalPrefill;
-    } else {
-      decision.kind = Decision::Kind::kDisaggregated;
-      const AgentView& prefill = input.prefill[*decision.prefill];
-      decision.pull_back = options_.pull_back && decode.leading_blocks - prefill.leading_blocks >=
-                                                     options_.pull_back_min_blocks;
+// The kv policy: every (prefill agent, decode agent) pair and every decode
+// agent prefilling locally is priced in predicted seconds, and the least
+// predicted end-to-end time wins:
+//
+//   TTFT = queue on the prefill side + prefill compute of what is not held
+//          + KV moved (pull-back lend, hand-off) + one decode step
+//   cost = TTFT + max_tokens x the decode agent's predicted step (its ITL)
+//
+// A held prefix is worth exactly the compute it saves minus the transfer it
+// costs. Local prefill is a candidate only while the uncached part is under
+// disagg_threshold_tokens and the decode agent's step with that prefill in
+// it stays within itl_target_s (its other requests' ITL). Ties are random.
+Decision Chooser::chooseKv(const DecisionInput& input) {
+  const engine::StepProfile profile =
+      options_.profile ? *options_.profile : defaultRoutingProfile();
+  const TimeModel model(profile, input);
+  const int64_t prompt = input.num_prompt_tokens;
+  const double output_steps = static_cast<double>(std::max<int64_t>(1, input.max_tokens));
+
+  struct Option {
+    std::optional<size_t> prefill;
+    size_t decode = 0;
+    bool pull_back = false;
+    double ttft = 0;
+    double cost = 0;
+  };
+  std::vector<Option> options;
+  // Prefill side, independent of the decode agent but for pull-back.
+  std::vector<double> prefill_ready(input.prefill.size(), 0);
+  for (size_t p = 0; p < input.prefill.size(); ++p) {
+    prefill_ready[p] = model.queueSeconds(input.prefill[p]);
+  }
+  for (size_t d = 0; d < input.decode.size(); ++d) {
+    const AgentView& decode = input.decode[d];
+    if (!decode.healthy) continue;
+    const double step = model.decodeStepSeconds(decode);
+    const int64_t decode_held = heldTokens(input, decode);
+    const int64_t uncached_on_decode = prompt - decode_held;
+    // Local prefill on the decode agent.
+    const double local_compute = model.prefillSeconds(uncached_on_decode, decode_held);
+    const bool local_allowed = uncached_on_decode < options_.disagg_threshold_tokens &&
+                               step + local_compute <= options_.itl_target_s;
+    bool any_prefill = false;
+    for (size_t p = 0; p < input.prefill.size(); ++p) {
+      const AgentView& prefill = input.prefill[p];
+      if (!prefill.healthy) continue;
+      any_prefill = true;
+      const int64_t prefill_held = heldTokens(input, prefill);
+      double compute = model.prefillSeconds(prompt - prefill_held, prefill_held);
+      double lend = 0;
+      bool pull_back = false;
+      if (options_.pull_back &&
+          decode.leading_blocks - prefill.leading_blocks >= options_.pull_back_min_blocks) {
+        const double lent_compute = model.prefillSeconds(prompt - decode_held, decode_held);
+        const double lent_transfer = model.transferSeconds(decode_held - prefill_held);
+        if (lent_compute + lent_transfer < compute) {
+          pull_back = true;
+          compute = lent_compute;
+          lend = lent_transfer;
+        }
+      }
+      // The decode agent reads what it does not hold.
+      const double handoff = model.transferSeconds(prompt - decode_held);
+      Option option{p, d, pull_back,
+                    prefill_ready[p] + compute + lend + handoff + step + handoff_overhead_s_, 0};
+      option.cost = option.ttft + output_steps * step;
+      options.push_back(option);
+    }
+    if (local_allowed || !any_prefill) {
+      // Local prefills queue on the decode agent like a prefill agent's.
+      Option option{std::nullopt, d, false,
+                    model.queueSeconds(decode) + local_compute + step + local_overhead_s_, 0};
+      option.cost = option.ttft + output_steps * step;
+      options.push_back(option);
     }
   }
-  if (full_blocks > 0) {
-    int64_t held = input.decode[*decision.decode].leading_blocks;
-    if (decision.prefill) held = std::max(held, input.prefill[*decision.prefill].leading_blocks);
-    decision.overlap_ratio = static_cast<double>(held) / static_cast<double>(full_blocks);
+
+  Decision decision;
+  if (options.empty()) return decision;
+  double least = options.front().cost;
+  for (const Option& option : options) least = std::min(least, option.cost);
+  const double bound = least + kTieTolerance * std::max(1.0, std::abs(least));
+  std::vector<size_t> tied;
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (options[i].cost <= bound) tied.push_back(i);
   }
+  const Option& chosen =
+      options[tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(random_)]];
+  decision.decode = chosen.decode;
+  decision.prefill = chosen.prefill;
+  decision.kind = chosen.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
+  decision.pull_back = chosen.pull_back;
+  decision.predicted_ttft_s = chosen.ttft;
+  // Spilled: some agent held a longer prefix than either chosen one.
+  int64_t longest = 0;
+  for (const auto* agents : {&input.prefill, &input.decode}) {
+    for (const AgentView& agent : *agents) {
+      if (agent.healthy) longest = std::max(longest, agent.leading_blocks);
+    }
+  }
+  int64_t used = input.decode[chosen.decode].leading_blocks;
+  if (chosen.prefill) used = std::max(used, input.prefill[*chosen.prefill].leading_blocks);
+  decision.spilled = used < longest;
+
+  if (options_.explain) {
+    for (size_t p = 0; p < input.prefill.size(); ++p) {
+      const AgentView& agent = input.prefill[p];
+      if (!agent.healthy) continue;
+      const int64_t held = heldTokens(input, agent);
+      CandidateCost c;
+      c.agent = agent.name;
+      c.prefill = true;
+      c.queue_s = prefill_ready[p];
+      c.compute_s = model.prefillSeconds(prompt - held, held);
+      c.cost = c.queue_s + c.compute_s;
+      c.leading_blocks = agent.leading_blocks;
+      decision.candidates.push_back(c);
+    }
+    for (const AgentView& agent : input.decode) {
+      if (!agent.healthy) continue;
+      const int64_t held = heldTokens(input, agent);
+      CandidateCost c;
+      c.agent = agent.name;
+      c.queue_s = model.queueSeconds(agent);
+      c.compute_s = model.prefillSeconds(prompt - held, held);
+      c.transfer_s = model.transferSeconds(prompt - held);
+      c.step_s = model.decodeStepSeconds(agent);
+      c.cost = output_steps * c.step_s;
+      c.leading_blocks = agent.leading_blocks;
+      decision.candidates.push_back(c);
+    }
+  }
+  return decision;
+}
+
+void Chooser::observeTtft(Decision::Kind kind, double observed_s, double predicted_s) {
+  if (options_.policy != Policy::kKv || predicted_s <= 0 || !std::isfinite(observed_s)) return;
+  double& overhead =
+      kind == Decision::Kind::kDisaggregated ? handoff_overhead_s_ : local_overhead_s_;
+  overhead = std::max(0.0, overhead + kOverheadLearningRate * (observed_s - predicted_s));
+}
+
+Decision Chooser::choose(const DecisionInput& input) {
+  Decision decision;
+  switch (options_.policy) {
+    case Policy::kKv:
+      decision = chooseKv(input);
+      break;
+    case Policy::kDynamo:
+      decision = chooseDynamo(input, options_, random_);
+      break;
+    case Policy::kLlmD:
+      decision = chooseLlmD(input, options_, random_);
+      break;
+    case Policy::kSglang:
+      decision = chooseSglang(input, options_, random_);
+      break;
+    case Policy::kRoundRobin:
+    case Policy::kRandom:
+      decision.decode = pick(input.decode, decode_cursor_);
+      if (!decision.decode) return decision;
+      decision.prefill = pick(input.prefill, prefill_cursor_);
+      decision.kind =
+          decision.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
+      break;
+  }
+  if (decision.decode) decision.overlap_ratio = overlapRatio(input, decision);
   return decision;
 }
 

@@ -1,15 +1,18 @@
 // The routing decision, apart from any I/O: given a prompt's block hashes,
-// what each agent holds (OwnershipIndex) and each agent's load, which prefill
-// and decode agent serve it. Pure functions; see docs/router.md for the
-// rules and their weights.
+// what each agent holds (OwnershipIndex) and each agent's load (the router's
+// own ledger, corrected by polled metrics), which prefill and decode agent
+// serve it. Pure functions and a seeded generator; see docs/router.md for the
+// rules.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "agent/engine/simulation/step_profile.h"
 #include "operator/router/router.h"
 
 namespace tandem::router {
@@ -18,19 +21,49 @@ namespace tandem::router {
 struct AgentView {
   std::string name;
   bool healthy = true;
-  int64_t leading_blocks = 0;         // of this prompt, held (trusted index)
-  int64_t running = 0;                // from its /metrics
-  int64_t waiting = 0;                // from its /metrics
-  double kv_usage = 0;                // from its /metrics
-  int64_t inflight = 0;               // requests the router has in flight there
-  int64_t queued_prefill_tokens = 0;  // uncached prompt tokens the router sent, not yet answered
+  int64_t leading_blocks = 0;  // of this prompt, held (trusted index)
+  // Polled from the agent's /metrics: up to a poll interval old, and the
+  // only view of load this router did not send (other replicas, direct
+  // clients).
+  int64_t running = 0;
+  int64_t waiting = 0;
+  double kv_usage = 0;
+  // Of running + waiting, what this router's ledger did not hold when it
+  // was polled: load another router replica or a direct client sent.
+  int64_t external_requests = 0;
+  // The router's ledger, updated under the decision's lock (LoadLedger):
+  // requests reserved on this agent and not yet ended (a prefill agent: sent
+  // and not answered; a decode agent: from the decision to the end of the
+  // stream, an abort or a retry elsewhere).
+  int64_t reserved_requests = 0;
+  // Uncached prompt tokens reserved and not yet computed (a prefill agent:
+  // until it answers; a decode agent prefilling locally: until the first
+  // token).
+  int64_t reserved_prefill_tokens = 0;
+  // A decode agent: the projected KV of its reserved requests, each prompt +
+  // max_tokens (what Dynamo calls active blocks, in tokens).
+  int64_t reserved_kv_tokens = 0;
 };
 
 struct DecisionInput {
   int64_t num_prompt_tokens = 0;
+  int64_t max_tokens = 0;  // the request's output budget (projected KV)
   int32_t block_size = 16;
   std::vector<AgentView> prefill;
   std::vector<AgentView> decode;
+};
+
+// One candidate's cost terms, for GET /debug/decisions.
+struct CandidateCost {
+  std::string agent;
+  bool prefill = false;  // a prefill agent (else decode)
+  double cost = 0;       // what the policy minimised (its own unit)
+  // The kv policy's terms in seconds (0 for other policies).
+  double queue_s = 0;     // predicted wait before this request's prefill starts
+  double compute_s = 0;   // predicted prefill compute of the uncached part
+  double transfer_s = 0;  // predicted KV hand-off
+  double step_s = 0;      // a decode agent: predicted step (ITL) with this request
+  int64_t leading_blocks = 0;
 };
 
 struct Decision {
@@ -40,9 +73,16 @@ struct Decision {
   std::optional<size_t> decode;   // index into DecisionInput::decode
   // The decode agent holds a longer prefix than the prefill agent: lend it.
   bool pull_back = false;
+  // Every holder of the prompt's prefix was loaded beyond the band: the
+  // request went to a less-loaded agent, which reads the prefix from a
+  // holder or recomputes it (a hot prefix spreads).
+  bool spilled = false;
   // Of the prompt's full blocks, the fraction the chosen agents already hold
   // (the larger of the two).
   double overlap_ratio = 0;
+  // The kv policy's predicted time to first token (seconds; 0 otherwise).
+  double predicted_ttft_s = 0;
+  std::vector<CandidateCost> candidates;  // filled when PolicyOptions::explain
 };
 
 struct PolicyOptions {
@@ -50,22 +90,62 @@ struct PolicyOptions {
   int64_t disagg_threshold_tokens = 256;
   bool pull_back = true;
   int64_t pull_back_min_blocks = 4;  // the agents' remote_pull_threshold
+  // The agents' step-time model (simulation profile form), used by the kv
+  // policy to turn work into seconds; absent: the built-in one
+  // (defaultRoutingProfile()).
+  std::optional<engine::StepProfile> profile;
+  // Target inter-token latency: a decode agent prefills locally only while
+  // its other requests' predicted step stays within it.
+  double itl_target_s = 0.025;
+  bool explain = false;  // fill Decision::candidates
 };
 
-// Stateful only for round-robin cursors and the random generator.
+// The step-time model the kv policy uses without PolicyOptions::profile:
+// Llama-3.1-8B on one H100 (profiles/llama3.1-8b-h100.yaml).
+engine::StepProfile defaultRoutingProfile();
+
+// Picks the healthy agent of least cost; equal costs are broken uniformly at
+// random with `random` (so ties never all go to the first agent). nullopt
+// when no agent is healthy.
+std::optional<size_t> cheapestWithRandomTies(const std::vector<AgentView>& agents,
+                                             const std::function<double(const AgentView&)>& cost,
+                                             std::mt19937_64& random);
+
+// Of the prompt, the tokens `agent` holds (its leading blocks, at most the
+// prompt) and those it would compute itself.
+int64_t heldTokens(const DecisionInput& input, const AgentView& agent);
+int64_t uncachedTokens(const DecisionInput& input, const AgentView& agent);
+
+// overlap_ratio of a decision whose agents are chosen.
+double overlapRatio(const DecisionInput& input, const Decision& decision);
+
+// Stateful only for round-robin cursors and the seeded random generator.
 class Chooser {
  public:
-  explicit Chooser(PolicyOptions options, uint64_t seed = 1) : options_(options), random_(seed) {}
+  explicit Chooser(PolicyOptions options, uint64_t seed = 1)
+      : options_(std::move(options)), random_(seed) {}
   Decision choose(const DecisionInput& input);
   const PolicyOptions& options() const { return options_; }
 
+  // What a client saw of a kv decision: its TTFT against the prediction.
+  // The part the step-time model does not cover (HTTP hops, the hand-off's
+  // handshake, scheduling) is learned per kind as a running mean of the
+  // residual and added to later predictions of that kind.
+  void observeTtft(Decision::Kind kind, double observed_s, double predicted_s);
+  double learnedOverhead(Decision::Kind kind) const {
+    return kind == Decision::Kind::kDisaggregated ? handoff_overhead_s_ : local_overhead_s_;
+  }
+
  private:
   std::optional<size_t> pick(const std::vector<AgentView>& agents, size_t& cursor);
+  Decision chooseKv(const DecisionInput& input);
 
   PolicyOptions options_;
   std::mt19937_64 random_;
   size_t prefill_cursor_ = 0;
   size_t decode_cursor_ = 0;
+  double handoff_overhead_s_ = 0;  // disaggregated (pull-back included)
+  double local_overhead_s_ = 0;    // prefilled on the decode agent
 };
 
 }  // namespace tandem::router

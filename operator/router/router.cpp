@@ -3,7 +3,9 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/http.hpp>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -39,6 +41,13 @@ RouterConfig checked(RouterConfig config) {
   if (config.disagg_threshold_tokens < 0) {
     throw Error("disagg_threshold_tokens must not be negative");
   }
+  if (!(config.itl_target_s > 0) || !std::isfinite(config.itl_target_s)) {
+    throw Error("itl_target must be a positive number of seconds");
+  }
+  if (config.debug_decisions < 0 || config.debug_decisions > 100000) {
+    throw Error("debug_decisions must be between 0 and 100000, got " +
+                std::to_string(config.debug_decisions));
+  }
   const server::HttpLimits& http = config.http;
   if (http.max_header_bytes < 1 || http.max_header_bytes > UINT32_MAX) {
     throw Error("max_header_bytes must be between 1 and 4294967295, got " +
@@ -65,6 +74,26 @@ void returnLargeBlocksWhenFreed() {
 #endif
 }
 
+// GET /debug/decisions?n=N: N (default 20) of the kept decisions; a
+// missing or unreadable n gives the default, a large one all kept.
+size_t decisionsWanted(const std::string& query) {
+  size_t wanted = 20;
+  size_t start = 0;
+  while (start <= query.size()) {
+    size_t end = query.find('&', start);
+    if (end == std::string::npos) end = query.size();
+    const std::string_view pair(query.data() + start, end - start);
+    if (pair.starts_with("n=")) {
+      size_t value = 0;
+      const auto digits = pair.substr(2);
+      auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+      if (ec == std::errc() && ptr == digits.data() + digits.size()) wanted = value;
+    }
+    start = end + 1;
+  }
+  return wanted;
+}
+
 // Counts a completion request as active while it is handled (stop() waits
 // for the count to reach zero, up to its grace period).
 class ActiveRequest {
@@ -84,8 +113,11 @@ StatusOr<Policy> parsePolicy(std::string_view text) {
   if (text == "kv") return Policy::kKv;
   if (text == "round_robin") return Policy::kRoundRobin;
   if (text == "random") return Policy::kRandom;
-  return invalidArgument("policy must be kv, round_robin or random, got \"" + std::string(text) +
-                         "\"");
+  if (text == "dynamo") return Policy::kDynamo;
+  if (text == "llm_d") return Policy::kLlmD;
+  if (text == "sglang") return Policy::kSglang;
+  return invalidArgument("policy must be kv, round_robin, random, dynamo, llm_d or sglang, got \"" +
+                         std::string(text) + "\"");
 }
 
 const char* policyName(Policy policy) {
@@ -96,6 +128,12 @@ const char* policyName(Policy policy) {
       return "round_robin";
     case Policy::kRandom:
       return "random";
+    case Policy::kDynamo:
+      return "dynamo";
+    case Policy::kLlmD:
+      return "llm_d";
+    case Policy::kSglang:
+      return "sglang";
   }
   return "kv";
 }
@@ -157,7 +195,11 @@ class Router::Impl {
     http_->join();
   }
 
-  void startWatchers() { agents_.startWatching(); }
+  void startWatchers() {
+    agents_.setLedgerReader(
+        [this](const AgentState& agent) { return flow_.ledgerCounts(agent).requests; });
+    agents_.startWatching();
+  }
 
  private:
   void routes() {
@@ -169,8 +211,15 @@ class Router::Impl {
     });
     http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
       metrics_.setAdmission(gate_.inflight(), gate_.queued());
+      agents_.publishLedger([this](const AgentState& agent) { return flow_.ledgerCounts(agent); });
       res.set_content(metrics_.render(), "text/plain; version=0.0.4");
     });
+    if (config_.debug_decisions > 0) {
+      http_->get("/debug/decisions", [this](const HttpRequest& req, HttpResponse& res) {
+        res.set_content(flow_.recentDecisions(decisionsWanted(req.query)).dump(),
+                        "application/json");
+      });
+    }
     http_->route("POST", "/v1/completions",
                  [this](HttpExchange& exchange) { return complete(exchange, false); });
     http_->route("POST", "/v1/chat/completions",

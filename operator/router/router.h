@@ -17,10 +17,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "agent/engine/simulation/step_profile.h"
 #include "common/http/http_limits.h"
 #include "common/status.h"
 
@@ -34,8 +36,12 @@ struct AgentEndpoint {
   bool operator==(const AgentEndpoint&) const = default;
 };
 
-enum class Policy { kKv, kRoundRobin, kRandom };
-// "kv", "round_robin", "random"; InvalidArgument names what is accepted.
+// kv: Tandem's (predicted time, ledger, hot-prefix spreading); dynamo,
+// llm_d, sglang: those projects' published policies in this router, for
+// comparison (docs/router.md cites each); round_robin and random.
+enum class Policy { kKv, kRoundRobin, kRandom, kDynamo, kLlmD, kSglang };
+// "kv", "round_robin", "random", "dynamo", "llm_d", "sglang";
+// InvalidArgument names what is accepted.
 StatusOr<Policy> parsePolicy(std::string_view text);
 const char* policyName(Policy policy);
 
@@ -49,6 +55,16 @@ struct RouterConfig {
   // Ask the decode agent holding a conversation to lend its prefix to the
   // prefill agent (decode → prefill pull-back).
   bool pull_back = true;
+  // The agents' step-time model (a simulation profile file's form), with
+  // which the kv policy predicts times; absent: defaultRoutingProfile().
+  std::optional<engine::StepProfile> profile;
+  // The kv policy prefills on a decode agent only while its predicted step
+  // (its requests' inter-token latency) stays within this.
+  double itl_target_s = 0.025;
+  // Seeds the policies' random tie-breaking (and the random policy).
+  uint64_t seed = 1;
+  // GET /debug/decisions keeps this many recent decisions; 0: off (404).
+  int64_t debug_decisions = 256;
   // At most max_inflight_requests are sent to agents at once; up to
   // max_queued_requests more wait for a slot; beyond that: 503 + Retry-After.
   int64_t max_inflight_requests = 256;

@@ -30,6 +30,9 @@ const prometheus::Histogram::BucketBoundaries kRequestBuckets = {
 const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002,
     0.0025,  0.005,   0.01,   0.02,    0.03,   0.05,  0.1};
+// Observed ÷ predicted, around 1 in steps of about 1.4x.
+const prometheus::Histogram::BucketBoundaries kPredictionBuckets = {
+    0.125, 0.25, 0.35, 0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0, 2.8, 4.0, 8.0};
 const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5,
                                                                0.6, 0.7, 0.8, 0.9, 1.0};
 
@@ -44,10 +47,12 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                    .Name("tandem_router_requests_total")
                    .Help(
                        "Requests by routing decision: disaggregated, local_prefill, pull_back, "
-                       "retried (also counted under its final decision), rejected.")
+                       "spill (a hot prefix's holders were passed over for a less-loaded agent; "
+                       "also counted under its kind), retried (also counted under its final "
+                       "decision), rejected.")
                    .Register(*registry_);
   for (const char* decision :
-       {"disaggregated", "local_prefill", "pull_back", "retried", "rejected"}) {
+       {"disaggregated", "local_prefill", "pull_back", "spill", "retried", "rejected"}) {
     requests_->Add({{"decision", decision}});
   }
   upstream_errors_ = &BuildCounter()
@@ -93,6 +98,24 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                        .Name("tandem_router_index_blocks")
                        .Help("KV blocks the ownership index holds for the agent.")
                        .Register(*registry_);
+  reserved_requests_ = &BuildGauge()
+                            .Name("tandem_router_reserved_requests")
+                            .Help(
+                                "Requests the router's ledger holds reserved on the agent: sent "
+                                "and not yet answered (prefill) or ended (decode).")
+                            .Register(*registry_);
+  reserved_tokens_ = &BuildGauge()
+                          .Name("tandem_router_reserved_tokens")
+                          .Help(
+                              "Tokens the router's ledger holds reserved on the agent: kind "
+                              "prefill (uncached prompt tokens not yet computed), kind kv "
+                              "(decode: prompt + max_tokens of each reserved request).")
+                          .Register(*registry_);
+  ttft_prediction_ =
+      histogram("tandem_router_ttft_prediction_ratio",
+                "Observed time to first token of a streamed request divided by the kv policy's "
+                "prediction when it was placed.",
+                kPredictionBuckets);
   decision_seconds_ = histogram(
       "tandem_router_decision_seconds",
       "Time to hash a request's prompt blocks, look up the agents holding them and choose "
@@ -164,6 +187,15 @@ void RouterMetrics::removeAgent(const std::string& agent) {
   if (agent_healthy_->Has(labels)) agent_healthy_->Remove(&agent_healthy_->Add(labels));
   if (agent_requests_->Has(labels)) agent_requests_->Remove(&agent_requests_->Add(labels));
   if (index_blocks_->Has(labels)) index_blocks_->Remove(&index_blocks_->Add(labels));
+  if (reserved_requests_->Has(labels)) {
+    reserved_requests_->Remove(&reserved_requests_->Add(labels));
+  }
+  for (const char* kind : {"prefill", "kv"}) {
+    const prometheus::Labels kind_labels = {{"agent", agent}, {"kind", kind}};
+    if (reserved_tokens_->Has(kind_labels)) {
+      reserved_tokens_->Remove(&reserved_tokens_->Add(kind_labels));
+    }
+  }
 }
 
 void RouterMetrics::setAgentHealthy(const std::string& agent, bool healthy) {
@@ -179,6 +211,21 @@ void RouterMetrics::setAgentRequests(const std::string& agent, int64_t requests)
 void RouterMetrics::setIndexBlocks(const std::string& agent, int64_t blocks) {
   std::lock_guard<std::mutex> lock(mutex_);
   index_blocks_->Add({{"agent", agent}}).Set(static_cast<double>(blocks));
+}
+
+void RouterMetrics::setAgentLedger(const std::string& agent, int64_t requests,
+                                   int64_t prefill_tokens, int64_t kv_tokens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reserved_requests_->Add({{"agent", agent}}).Set(static_cast<double>(requests));
+  reserved_tokens_->Add({{"agent", agent}, {"kind", "prefill"}})
+      .Set(static_cast<double>(prefill_tokens));
+  reserved_tokens_->Add({{"agent", agent}, {"kind", "kv"}}).Set(static_cast<double>(kv_tokens));
+}
+
+void RouterMetrics::observeTtftPrediction(double observed_s, double predicted_s) {
+  if (predicted_s <= 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ttft_prediction_->Observe(observed_s / predicted_s);
 }
 
 std::string RouterMetrics::render() {

@@ -26,7 +26,8 @@ class RouterMetrics {
   RouterMetrics();
   ~RouterMetrics();
 
-  // decision: disaggregated, local_prefill, pull_back, retried, rejected.
+  // decision: disaggregated, local_prefill, pull_back, spill, retried,
+  // rejected.
   void countDecision(const std::string& decision);
   void observeDecision(double seconds, double overlap_ratio);
   void observeTtft(double seconds);
@@ -44,6 +45,11 @@ class RouterMetrics {
   void setAgentHealthy(const std::string& agent, bool healthy);
   void setAgentRequests(const std::string& agent, int64_t requests);
   void setIndexBlocks(const std::string& agent, int64_t blocks);
+  // The router's ledger for the agent (load_ledger.h).
+  void setAgentLedger(const std::string& agent, int64_t requests, int64_t prefill_tokens,
+                      int64_t kv_tokens);
+  // A streamed request's observed TTFT against the kv policy's prediction.
+  void observeTtftPrediction(double observed_s, double predicted_s);
 
   std::string render();
 
@@ -59,6 +65,9 @@ class RouterMetrics {
   prometheus::Family<prometheus::Gauge>* agent_healthy_;
   prometheus::Family<prometheus::Gauge>* agent_requests_;
   prometheus::Family<prometheus::Gauge>* index_blocks_;
+  prometheus::Family<prometheus::Gauge>* reserved_requests_;
+  prometheus::Family<prometheus::Gauge>* reserved_tokens_;
+  prometheus::Histogram* ttft_prediction_;
   prometheus::Histogram* decision_seconds_;
   prometheus::Histogram* overlap_;
   prometheus::Histogram* ttft_;

@@ -1,8 +1,11 @@
 // The CUDA backend against the CPU kernels of kernels.h on the same random
 // inputs (to rounding), and its batch invariance (to the bit): a row's matmul,
 // rmsNorm and attention result is the same for m = 1, 7 and 64, and chunked
-// prefill gives the same attention output as one-shot prefill. Every test
-// skips when no CUDA device is visible.
+// prefill gives the same attention output as one-shot prefill. The fast
+// kernels (--cuda-kernels fast): the decode GEMV gives the reference kernels'
+// bits, and the bf16 tensor-core GEMM gives a row the same bits whatever the
+// batch, close to the fp32 result. Every test skips when no CUDA device is
+// visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,9 +14,13 @@
 #include <list>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/status.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/kernels.h"
 
@@ -346,6 +353,189 @@ TEST_F(CudaAttentionTest, ChunkedPrefillAndDecodeEqualOneShotBitwise) {
   }
   ASSERT_EQ(one_shot.size(), chunked.size());
   EXPECT_EQ(0, std::memcmp(one_shot.data(), chunked.data(), one_shot.size() * sizeof(float)));
+}
+
+// --- The fast kernels (CudaBackendOptions::fast_kernels) ---
+
+// A backend with the fast kernels beside the fixture's reference one. Each
+// backend frees what it allocated.
+class CudaFastKernelsTest : public CudaKernelsTest {
+ protected:
+  void SetUp() override {
+    CudaKernelsTest::SetUp();
+    if (IsSkipped()) return;
+    cuda::CudaBackendOptions options;
+    options.fast_kernels = true;
+    fast_ = cuda::makeCudaBackend(0, options);
+    // 64 KiB of partials: large matrices run in several column slices.
+    options.gemv_scratch_bytes = 64 << 10;
+    sliced_ = cuda::makeCudaBackend(0, options);
+  }
+
+  void TearDown() override {
+    for (auto& [backend, data, bytes] : owned_) backend->release(data, bytes);
+    owned_.clear();
+    CudaKernelsTest::TearDown();
+  }
+
+  // y = x · w^T on `backend` for the first m rows of x, x placed `offset`
+  // floats into its buffer (1: not 16-byte aligned), the weight through
+  // matmulWeight() as the model runner gives it.
+  std::vector<float> run(Backend& backend, const std::vector<float>& x, int64_t m, int64_t k,
+                         const WeightView& w, int64_t offset = 0) {
+    std::vector<float> rows(static_cast<size_t>(offset), 0.0f);
+    rows.insert(rows.end(), x.begin(), x.begin() + m * k);
+    const size_t x_bytes = rows.size() * sizeof(float);
+    const size_t y_bytes = static_cast<size_t>(m * w.rows) * sizeof(float);
+    void* x_data = backend.allocate(x_bytes);
+    void* y_data = backend.allocate(y_bytes);
+    EXPECT_NE(x_data, nullptr);
+    EXPECT_NE(y_data, nullptr);
+    owned_.push_back({&backend, x_data, x_bytes});
+    owned_.push_back({&backend, y_data, y_bytes});
+    backend.copyFromHost(x_data, rows.data(), x_bytes);
+    // Poison: every output must be written.
+    const std::vector<float> poison(static_cast<size_t>(m * w.rows),
+                                    std::numeric_limits<float>::quiet_NaN());
+    backend.copyFromHost(y_data, poison.data(), y_bytes);
+    backend.matmul(static_cast<const float*>(x_data) + offset, m, k, backend.matmulWeight(w),
+                   static_cast<float*>(y_data));
+    std::vector<float> y(static_cast<size_t>(m * w.rows));
+    backend.copyToHost(y.data(), y_data, y_bytes);
+    return y;
+  }
+
+  std::unique_ptr<Backend> fast_;
+  std::unique_ptr<Backend> sliced_;
+  std::unique_ptr<Backend> bf16_;  // made by the test that needs it
+  // Released in TearDown(), before the backends go.
+  std::vector<std::tuple<Backend*, void*, size_t>> owned_;
+};
+
+// Random activations with a row of tiny negatives (their products with the
+// tiny weight column below underflow to -0: a chain that took a padded
+// position would end +0) and a row holding an inf.
+std::vector<float> gemvActivations(int64_t m, int64_t k, uint32_t seed) {
+  auto x = randomFloats(static_cast<size_t>(m * k), seed, 2.0f);
+  for (int64_t kk = 0; kk < k; ++kk) x[1 * k + kk] = -1e-30f;
+  x[2 * k + k / 2] = std::numeric_limits<float>::infinity();
+  return x;
+}
+
+// The fast GEMV and the reference kernels give every row the same bits, for
+// m = 1, 7, 32 and 64, every weight type, shapes that fill no tile (n not a
+// multiple of 32, k not of 128, k odd), x not 16-byte aligned, and columns
+// run in slices (small scratch).
+TEST_F(CudaFastKernelsTest, FastGemvEqualsTheReferenceBitwise) {
+  EXPECT_NE(fast_->description().find(", fast kernels"), std::string::npos);
+  std::list<std::vector<float>> keep_f32;
+  std::list<std::vector<uint16_t>> keep_half;
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{7, 129},
+                             {130, 333},
+                             {70, 1024},
+                             {4100, 300},
+                             {1000, 4096},
+                             {33, 128}}) {
+    const auto x = gemvActivations(64, k, static_cast<uint32_t>(n + k));
+    auto& w32 = keep_f32.emplace_back(randomFloats(static_cast<size_t>(n * k), 21));
+    for (int64_t kk = 0; kk < k; ++kk) w32[3 * k + kk] = 1e-20f;
+    const auto& bf16 = keep_half.emplace_back(toHalfBits(w32, DType::kBF16));
+    const auto& f16 = keep_half.emplace_back(toHalfBits(w32, DType::kF16));
+    const WeightView weights[] = {{w32.data(), DType::kF32, n, k},
+                                  {bf16.data(), DType::kBF16, n, k},
+                                  {f16.data(), DType::kF16, n, k}};
+    for (const WeightView& w : weights) {
+      for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{32}, int64_t{64}}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + " " +
+                     dtypeShortName(w.dtype) + " m " + std::to_string(m));
+        const auto expected = run(*backend_, x, m, k, w);
+        const size_t bytes = expected.size() * sizeof(float);
+        EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, m, k, w).data(), bytes));
+        EXPECT_EQ(0, std::memcmp(expected.data(), run(*sliced_, x, m, k, w).data(), bytes));
+        EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, m, k, w, 1).data(), bytes));
+        if (m > 1 && w.dtype != DType::kF16) {
+          EXPECT_TRUE(std::signbit(expected[1 * n + 3]) && expected[1 * n + 3] == 0.0f)
+              << "the tiny row and column give -0";
+        }
+      }
+    }
+  }
+}
+
+// The re-laid copy sits beside the resident one: matmulWeight() still gives
+// the row-major view (embedding lookups of a tied LM head read it), and m >
+// 64 runs the reference tiled kernel on it.
+TEST_F(CudaFastKernelsTest, MatmulWeightKeepsTheRowMajorView) {
+  const int64_t n = 96, k = 256;
+  const auto w32 = randomFloats(static_cast<size_t>(n * k), 22);
+  const WeightView w{w32.data(), DType::kF32, n, k};
+  EXPECT_EQ(fast_->matmulWeight(w).data, fast_->residentWeight(w).data);
+  EXPECT_EQ(fast_->matmulWeight(w).layout, WeightLayout::kRows);
+  const auto x = randomFloats(static_cast<size_t>(100 * k), 23);
+  const auto expected = run(*backend_, x, 100, k, w);
+  EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, 100, k, w).data(),
+                           expected.size() * sizeof(float)));
+}
+
+// bf16 compute is refused by the reference kernels, with the reason.
+TEST_F(CudaFastKernelsTest, Bf16ComputeNeedsTheFastKernels) {
+  try {
+    backend_->setComputeDType(DType::kBF16);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --cuda-kernels fast"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(fast_->setComputeDType(DType::kF32));
+}
+
+// The bf16 tensor-core GEMM: a row's bits are the same alone, in a batch of
+// 7, 64 or 2048 rows and at any place in it; the result is close to the
+// fp32 product (bf16 activations) and to the CPU's bf16 compute (the same
+// rounded activations, another summation order).
+TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  bf16_ = cuda::makeCudaBackend(0, options);
+  Backend* bf16_backend = bf16_.get();
+  bf16_backend->setComputeDType(DType::kBF16);
+  EXPECT_NE(bf16_backend->description().find(", bf16 compute"), std::string::npos);
+  const int64_t n = 300;
+  for (const int64_t k : {int64_t{1000}, int64_t{333}}) {  // 16-byte loads; element loads
+    SCOPED_TRACE("k " + std::to_string(k));
+    const auto x = randomFloats(static_cast<size_t>(2048 * k), 24);
+    const auto w32 = randomFloats(static_cast<size_t>(n * k), 25);
+    const auto bf16 = toHalfBits(w32, DType::kBF16);
+    const WeightView w{bf16.data(), DType::kBF16, n, k};
+    const auto all = run(*bf16_backend, x, 2048, k, w);
+    for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{64}}) {
+      const auto part = run(*bf16_backend, x, m, k, w);
+      EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
+    }
+    for (const int64_t row : {int64_t{40}, int64_t{2047}}) {
+      const std::vector<float> one(x.begin() + row * k, x.begin() + (row + 1) * k);
+      const auto alone = run(*bf16_backend, one, 1, k, w);
+      EXPECT_EQ(0, std::memcmp(all.data() + row * n, alone.data(), n * sizeof(float)))
+          << "row " << row;
+    }
+
+    const int64_t checked = 64;
+    std::vector<float> exact(static_cast<size_t>(checked * n));
+    matmul(x.data(), checked, k, w, exact.data());
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < exact.size(); ++i) {
+      ASSERT_FALSE(std::isnan(all[i])) << "at " << i;
+      diff += (double{all[i]} - exact[i]) * (double{all[i]} - exact[i]);
+      norm += double{exact[i]} * exact[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-2) << "against fp32 activations";
+    std::vector<uint16_t> packed_storage;
+    const WeightView packed = packBf16Pairs(w, packed_storage);
+    std::vector<float> rounded(static_cast<size_t>(checked * n));
+    matmul(x.data(), checked, k, packed, rounded.data());
+    const std::vector<float> head(all.begin(), all.begin() + checked * n);
+    expectNear(rounded, head, 1e-4f * static_cast<float>(k) / 100.0f);
+  }
 }
 
 }  // namespace

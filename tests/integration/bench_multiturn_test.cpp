@@ -4,14 +4,17 @@
 // turns hit the prefix cache, and the JSON report's shape. Then, with
 // --cluster-file, both routing policies in one run against fresh local-mode
 // clusters of simulated agents: goodput under an SLO, and the prompt tokens
-// the agents computed against the plan's minimum. Nothing here depends on
-// speed.
+// the agents computed against the plan's minimum; with prefix groups and two
+// rounds, every round's reports, the summary over rounds, how evenly agents
+// finished requests and the host's CPU use. The open loop against the agent.
+// Nothing here depends on speed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -219,6 +222,60 @@ TEST_F(BenchMultiTurnTest, BadOptionsAreRefusedNamingWhatIsAccepted) {
   EXPECT_EQ(bad_url.exit_code, 1);
   EXPECT_NE(bad_url.err.find("--base-url must be scheme://host[:port]"), std::string::npos)
       << bad_url.err;
+
+  const BenchRun bad_arrival = bench("--arrival poisson:0");
+  EXPECT_EQ(bad_arrival.exit_code, 1);
+  EXPECT_NE(bad_arrival.err.find("--arrival takes closed or poisson:RATE"), std::string::npos)
+      << bad_arrival.err;
+  const BenchRun both_rates = bench("--arrival poisson:5 --request-rate 5");
+  EXPECT_EQ(both_rates.exit_code, 1);
+  EXPECT_NE(both_rates.err.find("--request-rate paces the closed loop"), std::string::npos)
+      << both_rates.err;
+  const BenchRun rounds_alone = bench("--rounds 2");
+  EXPECT_EQ(rounds_alone.exit_code, 1);
+  EXPECT_NE(rounds_alone.err.find("--rounds 2 needs --cluster-file"), std::string::npos)
+      << rounds_alone.err;
+  const BenchRun groups_without_prefix = bench("--prefix-groups 4");
+  EXPECT_EQ(groups_without_prefix.exit_code, 1);
+  EXPECT_NE(groups_without_prefix.err.find("--prefix-groups 4 needs --shared-prefix-tokens"),
+            std::string::npos)
+      << groups_without_prefix.err;
+  const BenchRun bad_zipf = bench("--shared-prefix-tokens 8 --prefix-groups 2 --prefix-zipf -1");
+  EXPECT_EQ(bad_zipf.exit_code, 1);
+  EXPECT_NE(bad_zipf.err.find("--prefix-zipf must be a finite number >= 0"), std::string::npos)
+      << bad_zipf.err;
+}
+
+TEST_F(BenchMultiTurnTest, OpenLoopConversationsArriveOnTheirOwnAndKeepTheirTurnsInOrder) {
+  const BenchRun run = bench(
+      "--arrival poisson:40 --num-conversations 3 --turns 2 --shared-prefix-tokens 16 "
+      "--input-tokens constant:6 --output-tokens constant:3 --seed 9");
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const json& r = run.report;
+  EXPECT_EQ(r["arrival"], "poisson:40");
+  EXPECT_EQ(r["offered_rate"], 40.0);
+  EXPECT_EQ(r["completed"], 6);
+  EXPECT_NE(run.out.find("request rate offered / achieved (req/s)"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("(40 req/s offered)"), std::string::npos) << run.out;
+  std::map<std::pair<int, int>, json> by_turn;
+  for (const json& request : r["requests"]) {
+    by_turn[{request["conversation"].get<int>(), request["turn"].get<int>()}] = request;
+  }
+  double last_start = -1.0;
+  for (int c = 0; c < 3; ++c) {
+    const json& first = by_turn[{c, 1}];
+    const json& second = by_turn[{c, 2}];
+    ASSERT_TRUE(first["arrival_s"].is_number()) << first;
+    EXPECT_GE(first["arrival_s"].get<double>(), last_start) << "conversations arrive in order";
+    last_start = first["arrival_s"].get<double>();
+    EXPECT_GE(first["send_s"].get<double>() + 1e-3, first["arrival_s"].get<double>());
+    EXPECT_EQ(first["client"], c) << "each conversation is its own client";
+    EXPECT_TRUE(second["arrival_s"].is_null()) << "later turns follow their previous one";
+    EXPECT_GE(second["send_s"].get<double>(), first["end_s"].get<double>())
+        << "conversation " << c << ": turn 2 waits for turn 1's answer";
+  }
+  EXPECT_EQ((by_turn[{0, 1}]["arrival_s"]), 0.0) << "the first conversation arrives at once";
+  EXPECT_TRUE(r["host_cpu"]["busy_fraction"].is_number()) << r["host_cpu"];
 }
 
 // A local-mode cluster of one simulated prefill and one simulated decode
@@ -251,13 +308,16 @@ TEST_F(BenchMultiTurnTest, BothPoliciesInOneRunCountComputedPromptTokensAndGoodp
   const BenchRun run = bench(workload + " --slo-ttft-ms 1e9 --slo-itl-ms 1e9");
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   const json& r = run.report;
-  ASSERT_EQ(r["policies"].size(), 2u) << r.dump(1).substr(0, 2000);
-  EXPECT_EQ(r["policies"][0]["policy"], "kv");
-  EXPECT_EQ(r["policies"][1]["policy"], "round_robin");
+  ASSERT_EQ(r["num_rounds"], 1) << r.dump(1).substr(0, 2000);
+  ASSERT_EQ(r["rounds"].size(), 1u) << r.dump(1).substr(0, 2000);
+  const json& policies = r["rounds"][0]["policies"];
+  ASSERT_EQ(policies.size(), 2u) << r.dump(1).substr(0, 2000);
+  EXPECT_EQ(policies[0]["policy"], "kv");
+  EXPECT_EQ(policies[1]["policy"], "round_robin");
   EXPECT_EQ(r["ratios"]["numerator"], "kv");
   EXPECT_EQ(r["ratios"]["denominator"], "round_robin");
   EXPECT_TRUE(r["ratios"]["figures"]["ttft_ms.mean"].is_number()) << r["ratios"];
-  for (const json& p : r["policies"]) {
+  for (const json& p : policies) {
     const std::string where = p["policy"];
     EXPECT_EQ(p["completed"], 6) << where;
     EXPECT_EQ(p["failed"], 0) << where;
@@ -307,8 +367,8 @@ TEST_F(BenchMultiTurnTest, BothPoliciesInOneRunCountComputedPromptTokensAndGoodp
   // An SLO of 0 ms: no request is good.
   const BenchRun strict = bench(workload + " --slo-ttft-ms 0 --slo-itl-ms 0");
   ASSERT_EQ(strict.exit_code, 0) << strict.out << strict.err;
-  ASSERT_EQ(strict.report["policies"].size(), 2u);
-  for (const json& p : strict.report["policies"]) {
+  ASSERT_EQ(strict.report["rounds"][0]["policies"].size(), 2u);
+  for (const json& p : strict.report["rounds"][0]["policies"]) {
     EXPECT_EQ(p["goodput"]["good"], 0) << p["policy"];
     EXPECT_EQ(p["goodput"]["goodput"], 0.0) << p["policy"];
     EXPECT_EQ(p["goodput"]["share"], 0.0) << p["policy"];
@@ -319,8 +379,123 @@ TEST_F(BenchMultiTurnTest, BothPoliciesInOneRunCountComputedPromptTokensAndGoodp
   bad_workload.replace(bad_workload.find("kv,round_robin"), 14, "kv,fastest");
   const BenchRun bad = bench(bad_workload);
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("--policies takes kv, round_robin or random"), std::string::npos)
-      << bad.err;
+  // The router's own list of policies, every one named.
+  EXPECT_NE(bad.err.find("--policies"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("got \"fastest\""), std::string::npos) << bad.err;
+  for (const char* policy : {"kv", "round_robin", "random", "dynamo", "llm_d", "sglang"}) {
+    EXPECT_NE(bad.err.find(policy), std::string::npos) << policy << ": " << bad.err;
+  }
+  EXPECT_EQ(bad.err.find("kv, round_robin or random"), std::string::npos)
+      << "the old list of three: " << bad.err;
+}
+
+TEST_F(BenchMultiTurnTest, RoundsOfPoliciesWithPrefixGroupsSummariseBalanceAndHostCpu) {
+  const fs::path cluster = dir_ / "sim-1p1d.yaml";
+  { std::ofstream(cluster) << simulatedClusterYaml(); }
+  constexpr int kPrefixTokens = 270, kGroupConversations = 4;
+  const BenchRun run =
+      bench(" --cluster-file '" + cluster.string() + "' --work-dir '" + (dir_ / "rounds").string() +
+            "' --policies kv,round_robin --rounds 2 --prefix-groups 2 --prefix-zipf 0"
+            " --num-clients 2 --num-conversations 4 --turns 2 --shared-prefix-tokens 270"
+            " --input-tokens uniform:10,30 --output-tokens constant:6 --seed 4"
+            " --slo-ttft-ms 1e9 --slo-itl-ms 1e9");
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const json& r = run.report;
+  ASSERT_EQ(r["num_rounds"], 2) << r.dump(1).substr(0, 2000);
+  ASSERT_EQ(r["rounds"].size(), 2u);
+  EXPECT_EQ(r["policy_names"], json({"kv", "round_robin"}));
+  EXPECT_EQ(r["rounds"][0]["order"], json({"kv", "round_robin"}));
+  EXPECT_EQ(r["rounds"][1]["order"], json({"round_robin", "kv"})) << "the order rotates";
+  EXPECT_TRUE(fs::exists(dir_ / "rounds" / "round-2" / "kv")) << "a fresh cluster per run";
+
+  // The same plan in every run: groups, lengths and prompts.
+  const json& reference_requests = r["rounds"][0]["policies"][0]["requests"];
+  std::set<int> groups_used;
+  for (const json& request : reference_requests) {
+    groups_used.insert(request["prefix_group"].get<int>());
+  }
+  for (size_t round = 0; round < 2; ++round) {
+    const json& policies = r["rounds"][round]["policies"];
+    ASSERT_EQ(policies.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      const json& p = policies[i];
+      const std::string where = p["policy"].get<std::string>() + " round " + std::to_string(round);
+      EXPECT_EQ(p["policy"], i == 0 ? "kv" : "round_robin") << "reports in --policies order";
+      EXPECT_EQ(p["round"], round + 1);
+      EXPECT_EQ(p["position"], round == 0 ? i + 1 : 2 - i) << where;
+      EXPECT_EQ(p["prefix_groups"], 2) << where;
+      EXPECT_EQ(p["completed"], 2 * kGroupConversations) << where;
+      ASSERT_EQ(p["requests"].size(), reference_requests.size()) << where;
+      for (size_t k = 0; k < reference_requests.size(); ++k) {
+        for (const char* key : {"prefix_group", "input_len", "prompt_len"}) {
+          EXPECT_EQ(p["requests"][k][key], reference_requests[k][key]) << where << " " << key;
+        }
+      }
+
+      // The minimum counts each group's prefix once, then per conversation
+      // its last prompt less its prefix less the first answer's tokens but
+      // one (their KV came from decode steps).
+      int64_t minimum = 0, distinct = 0;
+      std::set<int> groups;
+      for (const json& request : p["requests"]) {
+        if (request["turn"] != 2) continue;
+        groups.insert(request["prefix_group"].get<int>());
+        distinct += request["prompt_len"].get<int64_t>() - kPrefixTokens;
+        minimum += request["prompt_len"].get<int64_t>() - kPrefixTokens - (6 - 1);
+      }
+      minimum += kPrefixTokens * static_cast<int64_t>(groups.size());
+      distinct += kPrefixTokens * static_cast<int64_t>(groups.size());
+      EXPECT_EQ(p["prompt_tokens_computed"]["minimum"], minimum) << where;
+      EXPECT_EQ(p["prompt_tokens_computed"]["distinct"], distinct) << where;
+
+      // Balance: every request finishes on the one decode agent.
+      const json& balance = p["balance"];
+      ASSERT_TRUE(balance.is_object()) << where << " " << p["prompt_tokens_computed"];
+      EXPECT_EQ(balance["decode"]["agents"], 1) << balance;
+      EXPECT_EQ(balance["prefill"]["agents"], 1) << balance;
+      EXPECT_EQ(balance["decode"]["finished_requests"], json({2.0 * kGroupConversations}))
+          << balance;
+      EXPECT_EQ(balance["decode"]["max_over_mean"], 1.0) << balance;
+
+      // Host CPU over the run.
+      const json& cpu = p["host_cpu"];
+      ASSERT_TRUE(cpu["busy_fraction"].is_number()) << cpu;
+      EXPECT_GE(cpu["busy_fraction"].get<double>(), 0.0);
+      EXPECT_LE(cpu["busy_fraction"].get<double>(), 1.0);
+      EXPECT_GE(cpu["load_average_1m"].get<double>(), 0.0) << cpu;
+      EXPECT_GE(cpu["cores"].get<int>(), 1) << cpu;
+      EXPECT_EQ(cpu["overloaded"].get<bool>(), cpu["busy_fraction"].get<double>() > 0.9) << cpu;
+      if (cpu["overloaded"].get<bool>()) {
+        EXPECT_NE(run.out.find("host overloaded: figures measure the host, not the routing"),
+                  std::string::npos);
+      }
+    }
+  }
+  EXPECT_EQ(groups_used.size(), 2u) << "4 conversations drawn uniformly over 2 groups (seed 4)";
+
+  // The summary: each figure's median and range over the two rounds.
+  const json& ttft = r["summary"]["figures"]["ttft_ms.mean"];
+  for (const char* policy : {"kv", "round_robin"}) {
+    const json& f = ttft[policy];
+    ASSERT_EQ(f["values"].size(), 2u) << f;
+    const double a = f["values"][0], b = f["values"][1];
+    EXPECT_DOUBLE_EQ(f["median"].get<double>(), (a + b) / 2) << f;
+    EXPECT_DOUBLE_EQ(f["min"].get<double>(), std::min(a, b)) << f;
+    EXPECT_DOUBLE_EQ(f["max"].get<double>(), std::max(a, b)) << f;
+  }
+  EXPECT_TRUE(r["summary"]["figures"].contains("balance.decode.max_over_mean"));
+  EXPECT_TRUE(r["summary"]["figures"].contains("host_cpu.busy_fraction"));
+  const json& versus = r["summary"]["kv_vs_best_other"];
+  for (const char* key : {"ttft_ms.mean", "ttft_ms.p90", "goodput.goodput"}) {
+    ASSERT_TRUE(versus[key].is_object()) << versus;
+    EXPECT_EQ(versus[key]["best_other"], "round_robin") << key;
+    EXPECT_DOUBLE_EQ(versus[key]["ratio"].get<double>(),
+                     r["summary"]["figures"][key]["kv"]["median"].get<double>() /
+                         r["summary"]["figures"][key]["round_robin"]["median"].get<double>())
+        << key;
+    EXPECT_EQ(versus[key]["per_round"].size(), 2u) << key;
+  }
+  EXPECT_NE(run.out.find("kv / best other policy"), std::string::npos) << run.out;
 }
 
 }  // namespace

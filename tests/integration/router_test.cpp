@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/block_hash.h"
@@ -343,3 +346,72 @@ TEST(RouterHashing, TheRouterComputesTheAgentsBlockHashesWithAndWithoutCacheSalt
 }
 
 }  // namespace
+
+// A step-time profile for simulated agents (agent/engine/simulation/
+// step_profile.h), `scale` times slower than the base one; the model
+// identity carries the name, so both speeds share one.
+std::string routedProfile(double scale) {
+  return "name: test-routed\nbase_s: 0.002\nprefill_token_s: 0.00002\n"
+         "decode_sequence_s: 0.0005\nscale: " +
+         std::to_string(scale) +
+         "\nmodel:\n  vocab_size: 512\n  max_position_embeddings: 512\n"
+         "  kv_bytes_per_token: 131072\n";
+}
+
+TEST_F(RouterTest, TheKvPolicyShiftsLoadAwayFromASlowDecodeAgent) {
+  // decode-0 is simulated 10x slower than decode-1 and the router is not
+  // told: only its ledger (requests reserved until they end) and the polled
+  // load show it. Under round-robin each would finish half the requests.
+  TempDir dir("tandem-router-slow");
+  dir.write("fast.yaml", routedProfile(1));
+  dir.write("slow.yaml", routedProfile(10));
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 2;
+  options.agent_args = [&](bool prefill, int index) {
+    const bool slow = !prefill && index == 0;
+    return std::vector<std::string>{"--simulate",
+                                    (dir.path() / (slow ? "slow.yaml" : "fast.yaml")).string()};
+  };
+  auto profile = tandem::engine::StepProfile::fromYamlText(routedProfile(1), "fast.yaml");
+  ASSERT_TRUE(profile.isOk()) << profile.status().message();
+  options.profile = *profile;
+  startCluster(options);
+
+  constexpr int kClients = 6, kPerClient = 5;
+  std::mutex mutex;
+  std::map<std::string, int> served;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      httplib::Client client("127.0.0.1", router_->port());
+      client.set_read_timeout(60, 0);
+      for (int i = 0; i < kPerClient; ++i) {
+        const auto body = greedy(randomPrompt(70, 500 + c * kPerClient + i), 24);
+        auto res = client.Post("/v1/completions", body.dump(), "application/json");
+        std::lock_guard<std::mutex> lock(mutex);
+        served[res && res->status == 200 ? res->get_header_value("x-tandem-decode-agent")
+                                         : "failed"] += 1;
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  EXPECT_EQ(served["failed"], 0);
+  EXPECT_EQ(served["decode-0"] + served["decode-1"], kClients * kPerClient);
+  // Six at once start three and three; then each request goes where fewer
+  // are reserved, and decode-0's last several times as long (its steps
+  // are 10x longer; the hops and the prefill are not).
+  EXPECT_LE(served["decode-0"], 9)
+      << "decode-0 (slow) " << served["decode-0"] << ", decode-1 " << served["decode-1"];
+  // Every reservation was released.
+  EXPECT_TRUE(eventually([&] {
+    const std::string text = routerMetrics();
+    for (const std::string name : {"prefill-0", "decode-0", "decode-1"}) {
+      if (prometheusSample(text, "tandem_router_reserved_requests", "agent=\"" + name + "\"")
+              .value_or(-1) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }));
+}

@@ -2,12 +2,14 @@
 // checks pass against a simulated agent as against a real one (each API case
 // runs on both), its steps last what the profile predicts, it says it is
 // simulated, and a prefill → decode hand-off between simulated agents over
-// the ucx connector gives the tokens a colocated simulated agent gives.
+// the ucx connector gives the tokens a colocated simulated agent gives and
+// lasts at least the profile's modelled link time.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,6 +47,31 @@ std::string timedProfile() {
       << "\ndecode_sequence_s: " << kDecodeSequence << "\ncontext_token_s: " << kContextToken
       << "\nprefill_context_s: " << kPrefillContext << "\nkv_block_s: " << kKvBlock
       << "\nmodel:\n  max_position_embeddings: 512\n  kv_bytes_per_token: 131072\n";
+  return out.str();
+}
+
+// A KV link slow enough to measure: a hand-off of 16 blocks of 16 tokens of
+// the profile's 128 KiB (32 MiB) takes kLinkLatency + 0.5 s. Steps as in
+// kFastProfile.
+constexpr double kLinkBytesPerS = 67108864, kLinkLatency = 0.05;
+constexpr int64_t kLinkBlocks = 16, kProfileKvBytesPerToken = 131072, kBlockTokens = 16;
+// The tiny model's block, what backs each simulated one: 2 layers x K,V x 16
+// tokens x 2 KV heads x 16 x bf16.
+constexpr int64_t kBackingBlockBytes = 4096;
+
+// The model's hand-off time, computed here from the formula (step_profile.h).
+double modelledHandOff(int64_t blocks) {
+  return kLinkLatency +
+         static_cast<double>(blocks * kBlockTokens * kProfileKvBytesPerToken) / kLinkBytesPerS;
+}
+
+std::string linkProfile(double bytes_per_s) {
+  std::ostringstream out;
+  out << std::setprecision(17)
+      << "name: test-link\nbase_s: 0.0005\nprefill_token_s: 0.00001\ndecode_sequence_s: 0.0001"
+      << "\nkv_link_bytes_per_s: " << bytes_per_s << "\nkv_link_latency_s: " << kLinkLatency
+      << "\nmodel:\n  vocab_size: 512\n  max_position_embeddings: 512\n  kv_bytes_per_token: "
+      << kProfileKvBytesPerToken << "\n";
   return out.str();
 }
 
@@ -356,6 +383,95 @@ TEST_P(SimulatedHandOff, ARealAgentRefusesASimulatedAgentsBlocks) {
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0) << out.dump();
   releaseOn(prefiller, params);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+// Flags of an agent on linkProfile(bytes_per_s) with a ucx connector in `role`.
+std::vector<std::string> onLink(double bytes_per_s, const std::string& role = "") {
+  const std::string name = "link-" + std::to_string(static_cast<int64_t>(bytes_per_s)) + ".yaml";
+  std::vector<std::string> flags = {"--simulate",
+                                    profileFile(name, linkProfile(bytes_per_s)).string()};
+  if (!role.empty()) flags.insert(flags.end(), {"--kv-transfer-config", ucxConfig(role)});
+  return flags;
+}
+
+// 16 full blocks (256 tokens) move; the 11-token tail is computed.
+constexpr int kLinkPromptTokens = kLinkBlocks * kBlockTokens + 11;
+
+TEST_P(SimulatedHandOff, AHandOffLastsTheProfilesLinkTimeAndMovesTheBackingBlocks) {
+  const std::vector<int> prompt = randomPrompt(kLinkPromptTokens, 33);
+  std::vector<int> expected;
+  {
+    Agent colocated(onLink(kLinkBytesPerS));
+    expected = tokenIds(colocated.post("/v1/completions", greedy(prompt, 8)));
+  }
+  Agent prefiller(onLink(kLinkBytesPerS, "kv_producer"));
+  Agent decoder(onLink(kLinkBytesPerS, "kv_consumer"));
+  json params = prefillOn(prefiller, prompt);
+  ASSERT_TRUE(params.is_object()) << "the prefill response must say where its KV is";
+  ASSERT_EQ(params["remote_block_ids"].size(), static_cast<size_t>(kLinkBlocks));
+  EXPECT_EQ(tokenIds(decodeOn(decoder, prompt, params)), expected);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), kLinkBlocks);
+  // The stand-in blocks' bytes moved, not the profile's 128 KiB per token.
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_bytes_total", "source=\"ucx\""),
+            kLinkBlocks * kBackingBlockBytes);
+  // The hand-off lasted at least the link's time, as reported and as the
+  // request waited for it (first scheduled → first token).
+  const double modelled = modelledHandOff(kLinkBlocks);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_duration_seconds_count", "source=\"ucx\""), 1);
+  EXPECT_GE(decoder.metric("tandem_kv_transfer_duration_seconds_sum", "source=\"ucx\""), modelled);
+  EXPECT_TRUE(
+      eventually([&] { return decoder.metric("tandem_request_prefill_time_seconds_count") == 1; }));
+  EXPECT_GE(decoder.metric("tandem_request_prefill_time_seconds_sum"), modelled);
+  for (const Agent* agent : {&prefiller, &decoder}) {
+    EXPECT_TRUE(eventually([&] {
+      return agent->metric("tandem_kv_cache_usage_ratio") == 0 &&
+             agent->metric("tandem_kv_held_blocks") == 0;
+    }));
+  }
+}
+
+TEST_P(SimulatedHandOff, APullBackOfALentPrefixLastsTheLinkTimeToo) {
+  const std::vector<int> prompt = randomPrompt(kLinkPromptTokens, 34);
+  Agent lender(onLink(kLinkBytesPerS, "kv_both"));
+  lender.post("/v1/completions", greedy(prompt, 4));
+  int status = 0;
+  json hold = lender.post("/v1/kv_transfer/hold", {{"token_ids", prompt}}, &status);
+  ASSERT_EQ(status, 200) << hold.dump();
+  ASSERT_EQ(hold["num_tokens"], kLinkBlocks * kBlockTokens);
+  Agent reader(onLink(kLinkBytesPerS, "kv_both"));
+  json body = greedy(prompt, 1);
+  body["kv_transfer_params"] = {{"do_remote_decode", true},
+                                {"remote_prefix", hold["kv_transfer_params"]}};
+  json prefilled = reader.post("/v1/completions", body);
+  EXPECT_EQ(reader.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), kLinkBlocks);
+  const double modelled = modelledHandOff(kLinkBlocks);
+  EXPECT_GE(reader.metric("tandem_kv_transfer_duration_seconds_sum", "source=\"ucx\""), modelled);
+  EXPECT_TRUE(
+      eventually([&] { return reader.metric("tandem_request_prefill_time_seconds_count") == 1; }));
+  EXPECT_GE(reader.metric("tandem_request_prefill_time_seconds_sum"), modelled);
+  EXPECT_TRUE(eventually([&] { return lender.metric("tandem_kv_held_blocks") == 0; }));
+  EXPECT_EQ(releaseOn(reader, prefilled["kv_transfer_params"])["released"], true);
+  for (const Agent* agent : {&lender, &reader}) {
+    EXPECT_TRUE(eventually([&] {
+      return agent->metric("tandem_kv_cache_usage_ratio") == 0 &&
+             agent->metric("tandem_kv_held_blocks") == 0;
+    }));
+  }
+}
+
+TEST_P(SimulatedHandOff, AnUntimedLinkAddsNoWait) {
+  // kv_link_bytes_per_s 0: the hand-off takes what the real read takes,
+  // far below what the slow link would give it (its latency is not paid).
+  const std::vector<int> prompt = randomPrompt(kLinkPromptTokens, 35);
+  Agent prefiller(onLink(0, "kv_producer"));
+  Agent decoder(onLink(0, "kv_consumer"));
+  json params = prefillOn(prefiller, prompt);
+  ASSERT_TRUE(params.is_object());
+  EXPECT_EQ(tokenIds(decodeOn(decoder, prompt, params)).size(), 8u);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), kLinkBlocks);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_duration_seconds_count", "source=\"ucx\""), 1);
+  EXPECT_LT(decoder.metric("tandem_kv_transfer_duration_seconds_sum", "source=\"ucx\""),
+            modelledHandOff(kLinkBlocks));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SimulatedHandOff, ::testing::Values("tcp"),

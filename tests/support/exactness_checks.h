@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -40,12 +41,26 @@ namespace tandem::testing {
 
 using engine::BlockId;
 
+// The CUDA kernel set the CUDA backend of these tests runs:
+// TANDEM_CUDA_KERNELS=reference (the default) or fast (scripts/gpu-check.sh
+// runs the gpu tests with each).
+inline kernels::CudaKernels cudaKernelsForTests() {
+  const char* text = std::getenv("TANDEM_CUDA_KERNELS");
+  return text == nullptr ? kernels::CudaKernels::kReference
+                         : kernels::parseCudaKernels(text, "TANDEM_CUDA_KERNELS");
+}
+
 // One backend of each kind for the whole test process (weights made resident
 // once per backend). Throws tandem::Error when the kind cannot be had.
 inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
   static std::map<kernels::DeviceKind, std::unique_ptr<kernels::Backend>> backends;
   auto it = backends.find(kind);
-  if (it == backends.end()) it = backends.emplace(kind, kernels::makeBackend(kind)).first;
+  if (it == backends.end()) {
+    const kernels::CudaKernels set = kind == kernels::DeviceKind::kCuda
+                                         ? cudaKernelsForTests()
+                                         : kernels::CudaKernels::kReference;
+    it = backends.emplace(kind, kernels::makeBackend(kind, set)).first;
+  }
   return *it->second;
 }
 

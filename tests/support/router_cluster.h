@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,10 @@ struct RouterClusterOptions {
   // The router's RouterConfig::kv_secret (signs its pull-back holds).
   std::string kv_secret;
   int client_read_timeout_s = 60;
+  // More arguments for one agent (e.g. --simulate PROFILE), by role and index.
+  std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
+  // The router's kv policy step-time model (RouterConfig::profile).
+  std::optional<engine::StepProfile> profile;
 };
 
 class RouterCluster : public ::testing::Test {
@@ -46,16 +52,21 @@ class RouterCluster : public ::testing::Test {
     config.disagg_threshold_tokens = options.disagg_threshold_tokens;
     config.poll_interval_s = 0.1;
     config.kv_secret = options.kv_secret;
+    config.profile = options.profile;
+    auto args = [&](bool prefill, int index) {
+      std::vector<std::string> all = {"--role", prefill ? "prefill" : "decode",
+                                      "--kv-transfer-config", options.kv_config};
+      if (options.agent_args) {
+        for (std::string& arg : options.agent_args(prefill, index)) all.push_back(std::move(arg));
+      }
+      return all;
+    };
     for (int i = 0; i < options.prefills; ++i) {
-      prefill_.push_back(std::make_unique<Agent>(
-          std::vector<std::string>{"--role", "prefill", "--kv-transfer-config", options.kv_config},
-          options.model));
+      prefill_.push_back(std::make_unique<Agent>(args(true, i), options.model));
       config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
     }
     for (int i = 0; i < options.decodes; ++i) {
-      decode_.push_back(std::make_unique<Agent>(
-          std::vector<std::string>{"--role", "decode", "--kv-transfer-config", options.kv_config},
-          options.model));
+      decode_.push_back(std::make_unique<Agent>(args(false, i), options.model));
       config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
     }
     router_ = std::make_unique<router::Router>(config);

@@ -149,7 +149,7 @@ MultiTurnLoad::MultiTurnLoad(std::string base_url, std::string model, LoadOption
       makePlan(plan_options, TokenCountDistribution::parse(options_.input_tokens, "--input-tokens"),
                TokenCountDistribution::parse(options_.output_tokens, "--output-tokens"),
                parseVocabRange(options_.vocab_range));
-  shared_prefix_ = plan.shared_prefix;
+  shared_prefix_ = plan.prefixes.front();
 }
 
 MultiTurnLoad::~MultiTurnLoad() { stop(); }

@@ -149,7 +149,8 @@ double backendCopyGBps(kernels::Backend& backend, size_t bytes, int repeats) {
 int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
   std::unique_ptr<kernels::Backend> backend =
-      kernels::makeBackend(kernels::resolveDevice(options.device));
+      kernels::makeBackend(kernels::resolveDevice(options.device),
+                           kernels::parseCudaKernels(options.cuda_kernels, "--cuda-kernels"));
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
   backend->setComputeDType(compute);
   auto model = engine::Model::load(options.model_dir);
@@ -346,6 +347,7 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"weight_dtype", dtypeShortName(model->weightDType())},
         {"kv_dtype", options.kv_dtype},
         {"compute_dtype", options.compute_dtype},
+        {"cuda_kernels", options.cuda_kernels},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},
         {"device", kernels::deviceKindName(backend->kind())},

@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   engine->add_option("--device", options.device, "compute backend: cpu, cuda or auto")
       ->capture_default_str();
+  engine
+      ->add_option("--cuda-kernels", options.cuda_kernels,
+                   "CUDA kernels: reference or fast (opt-in; docs/cuda.md#kernel-sets)")
+      ->capture_default_str();
   engine->add_option("--batch", options.batch, "sequences decoding together")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -125,6 +129,14 @@ int main(int argc, char** argv) {
                    "tokens every conversation starts with (a system prompt)")
       ->capture_default_str();
   multiturn
+      ->add_option("--prefix-groups", multiturn_options.prefix_groups,
+                   "distinct shared prefixes, each of --shared-prefix-tokens")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--prefix-zipf", multiturn_options.prefix_zipf,
+                   "each conversation's prefix group is drawn Zipf(S) (0: uniform)")
+      ->capture_default_str();
+  multiturn
       ->add_option("--input-tokens", multiturn_options.input_tokens,
                    "new user tokens per turn: constant:N, uniform:A,B or lognormal:MEAN,SIGMA")
       ->capture_default_str();
@@ -135,6 +147,11 @@ int main(int argc, char** argv) {
   multiturn
       ->add_option("--request-rate", multiturn_options.request_rate,
                    "Poisson arrivals in requests/s over all clients (inf: as fast as they go)")
+      ->capture_default_str();
+  multiturn
+      ->add_option("--arrival", multiturn_options.arrival,
+                   "closed (clients, as above) or poisson:RATE: open loop, conversations arrive "
+                   "Poisson so that RATE requests/s are offered")
       ->capture_default_str();
   multiturn->add_option("--seed", multiturn_options.seed, "seed for tokens, lengths and arrivals")
       ->capture_default_str();
@@ -168,6 +185,10 @@ int main(int argc, char** argv) {
       ->add_option("--policies", multiturn_options.policies,
                    "with --cluster-file: routing policies to compare, comma-separated")
       ->delimiter(',')
+      ->capture_default_str();
+  multiturn
+      ->add_option("--rounds", multiturn_options.rounds,
+                   "with --cluster-file: interleaved rounds of every policy, order rotated")
       ->capture_default_str();
   multiturn->add_option("--work-dir", multiturn_options.work_dir,
                         "with --cluster-file: where the clusters' logs go (default: a temp dir)");

@@ -1,24 +1,16 @@
 #include "tools/bench/multiturn_bench.h"
 
-#include <spawn.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -27,29 +19,34 @@
 #include "common/prometheus_text.h"
 #include "common/status.h"
 #include "tools/bench/bench_options.h"
+#include "tools/bench/host_cpu.h"
 #include "tools/bench/latency_stats.h"
 #include "tools/bench/multiturn_computed_tokens.h"
 #include "tools/bench/multiturn_policies.h"
+#include "tools/bench/multiturn_summary.h"
+#include "tools/bench/multiturn_workload.h"
 #include "tools/bench/openai_client.h"
 #include "tools/bench/progress_bar.h"
-
-extern char** environ;
+#include "tools/bench/ttft_cdf_plot.h"
 
 namespace tandem::bench {
 namespace {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr size_t kErrorsKept = 10;    // in the JSON summary
 constexpr size_t kErrorsPrinted = 3;  // under the table
-constexpr int kMaxClients = 4096;     // one thread each
+constexpr int kMaxClients = 4096;     // one thread each (open loop: each conversation)
+constexpr int kMaxPrefixGroups = 4096;
+constexpr int64_t kMaxPrefixTokensInAll = int64_t{1} << 26;  // over all groups
+constexpr int kMaxRounds = 1000;
 constexpr const char* kHitsMetric = "tandem_prefix_cache_hits_total";
 constexpr const char* kQueriesMetric = "tandem_prefix_cache_queries_total";
 
 // What happened to one turn.
 struct TurnRecord {
   int conversation = 0;
+  int prefix_group = 0;
   int turn = 0;                     // 0-based; printed 1-based
   int client = -1;                  // -1: never sent
   bool skipped = false;             // not sent: an earlier turn of its conversation failed
@@ -142,9 +139,44 @@ void validate(const MultiTurnBenchOptions& options) {
     throw Error("--shared-prefix-tokens must be between 0 and 16777216, got " +
                 std::to_string(options.shared_prefix_tokens));
   }
+  if (options.prefix_groups < 1 || options.prefix_groups > kMaxPrefixGroups) {
+    throw Error("--prefix-groups must be between 1 and " + std::to_string(kMaxPrefixGroups) +
+                ", got " + std::to_string(options.prefix_groups));
+  }
+  if (options.prefix_groups > 1 && options.shared_prefix_tokens == 0) {
+    throw Error("--prefix-groups " + std::to_string(options.prefix_groups) +
+                " needs --shared-prefix-tokens of at least 1 (the length of each group's prefix)");
+  }
+  if (options.prefix_groups * options.shared_prefix_tokens > kMaxPrefixTokensInAll) {
+    throw Error("--prefix-groups x --shared-prefix-tokens must be at most " +
+                std::to_string(kMaxPrefixTokensInAll) + " tokens, got " +
+                std::to_string(options.prefix_groups * options.shared_prefix_tokens));
+  }
+  if (!std::isfinite(options.prefix_zipf) || options.prefix_zipf < 0.0) {
+    throw Error("--prefix-zipf must be a finite number >= 0 (0: uniform), got " +
+                numberText(options.prefix_zipf));
+  }
   if (!(options.request_rate > 0.0)) {
     throw Error("--request-rate must be a positive number of requests/s or inf, got " +
                 numberText(options.request_rate));
+  }
+  const ArrivalSpec arrival = ArrivalSpec::parse(options.arrival);
+  if (arrival.open_loop && std::isfinite(options.request_rate)) {
+    throw Error("--request-rate paces the closed loop's clients; with --arrival " + arrival.text() +
+                " leave it out (the rate is the one of --arrival)");
+  }
+  if (arrival.open_loop && options.num_conversations > kMaxClients) {
+    throw Error("--arrival " + arrival.text() +
+                " runs one thread per conversation: " + "--num-conversations must be at most " +
+                std::to_string(kMaxClients) + ", got " + std::to_string(options.num_conversations));
+  }
+  if (options.rounds < 1 || options.rounds > kMaxRounds) {
+    throw Error("--rounds must be between 1 and " + std::to_string(kMaxRounds) + ", got " +
+                std::to_string(options.rounds));
+  }
+  if (options.rounds > 1 && options.cluster_file.empty()) {
+    throw Error("--rounds " + std::to_string(options.rounds) +
+                " needs --cluster-file (each round runs every policy on fresh clusters)");
   }
   if (!(options.read_timeout_s > 0.0)) {
     throw Error("--read-timeout must be a positive number of seconds, got " +
@@ -184,19 +216,19 @@ bool meetsSlo(const StreamedCompletion& r, const MultiTurnBenchOptions& options)
 }
 
 // The fewest prompt tokens the cluster could have computed for the turns
-// that completed: the shared prefix once, then for each conversation its
-// final prompt (its last completed turn's) less the prefix, less the tokens
-// of earlier answers whose KV the decode steps already computed (all but
-// each answer's last token). `distinct` leaves the answers in: the distinct
-// prompt tokens of the plan.
+// that completed: each shared prefix some such conversation started with
+// once, then for each conversation its final prompt (its last completed
+// turn's) less its prefix, less the tokens of earlier answers whose KV the
+// decode steps already computed (all but each answer's last token).
+// `distinct` leaves the answers in: the distinct prompt tokens of the plan.
 struct PromptMinimum {
   int64_t minimum = 0;
   int64_t distinct = 0;
 };
 
-PromptMinimum promptMinimum(const std::vector<TurnRecord>& records, int turns, int64_t prefix) {
+PromptMinimum promptMinimum(const std::vector<TurnRecord>& records, int turns, const Plan& plan) {
   PromptMinimum result;
-  bool any = false;
+  std::vector<bool> group_used(plan.prefixes.size(), false);
   for (size_t first = 0; first + static_cast<size_t>(turns) <= records.size();
        first += static_cast<size_t>(turns)) {
     int64_t decoded_kv = 0;  // answer tokens of earlier turns with KV from decode
@@ -210,15 +242,60 @@ PromptMinimum promptMinimum(const std::vector<TurnRecord>& records, int turns, i
       last = &record;
     }
     if (last == nullptr) continue;
-    any = true;
+    const size_t group = static_cast<size_t>(last->prefix_group);
+    const int64_t prefix = static_cast<int64_t>(plan.prefixes[group].size());
+    group_used[group] = true;
     result.distinct += last->prompt_len - prefix;
     result.minimum += last->prompt_len - prefix - decoded_kv;
   }
-  if (any) {
-    result.distinct += prefix;
-    result.minimum += prefix;
+  for (size_t group = 0; group < group_used.size(); ++group) {
+    if (!group_used[group]) continue;
+    result.distinct += static_cast<int64_t>(plan.prefixes[group].size());
+    result.minimum += static_cast<int64_t>(plan.prefixes[group].size());
   }
   return result;
+}
+
+// How evenly the agents of one role finished the run's requests (each
+// agent's Δ finished-request count).
+struct RoleBalance {
+  std::vector<double> finished;  // per agent, in the order given
+  std::optional<double> max_over_mean;
+
+  json toJson() const {
+    return {{"agents", finished.size()},
+            {"finished_requests", finished},
+            {"max_over_mean", max_over_mean ? json(*max_over_mean) : json(nullptr)}};
+  }
+};
+
+// Decode agents (role decode, or both: a colocated agent decodes) and
+// prefill agents; nullopt when an agent could not be read.
+struct RequestBalance {
+  RoleBalance decode, prefill;
+};
+
+std::optional<RequestBalance> requestBalance(const ComputedPromptTokens& computed) {
+  if (!computed.complete) return std::nullopt;
+  RequestBalance balance;
+  for (const ComputedPromptTokens::Agent& agent : computed.agents) {
+    RoleBalance& role = agent.role == "prefill" ? balance.prefill : balance.decode;
+    role.finished.push_back(agent.finished_requests.value_or(0.0));
+  }
+  balance.decode.max_over_mean = maxOverMean(balance.decode.finished);
+  balance.prefill.max_over_mean = maxOverMean(balance.prefill.finished);
+  return balance;
+}
+
+void printBalance(const char* label, const RoleBalance& role) {
+  if (role.finished.empty()) return;
+  std::string counts;
+  for (double count : role.finished) {
+    counts += (counts.empty() ? "" : ", ") + numberText(count);
+  }
+  char value[32] = "n/a";
+  if (role.max_over_mean) std::snprintf(value, sizeof(value), "%.3f", *role.max_over_mean);
+  std::printf("%-46s %12s  (%zu agents: %s)\n", label, value, role.finished.size(), counts.c_str());
 }
 
 // Refuses a plan whose longest conversation cannot fit the model's context.
@@ -229,7 +306,7 @@ void checkContext(const Plan& plan, const std::string& model, int64_t max_model_
       inputs += static_cast<int64_t>(turn.user_tokens.size());
       outputs += turn.output_len;
     }
-    const int64_t prefix = static_cast<int64_t>(plan.shared_prefix.size());
+    const int64_t prefix = static_cast<int64_t>(plan.prefixOf(plan.conversations[c]).size());
     const int64_t needed = prefix + inputs + outputs;
     if (needed > max_model_len) {
       throw Error("conversation " + std::to_string(c) + " needs " + std::to_string(needed) +
@@ -275,116 +352,6 @@ json summaryJson(const Summary& s) {
           {"e2el_ms", distributionMsJson(s.e2el)}};
 }
 
-// The first executable called `name` in a directory of $PATH.
-std::optional<fs::path> findOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return std::nullopt;
-  std::string_view dirs(path);
-  while (true) {
-    const size_t colon = dirs.find(':');
-    const std::string dir(dirs.substr(0, colon));
-    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / name;
-    if (::access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate)) return candidate;
-    if (colon == std::string_view::npos) return std::nullopt;
-    dirs.remove_prefix(colon + 1);
-  }
-}
-
-// A gnuplot single-quoted string: no escapes inside, '' stands for '.
-std::string gnuplotQuoted(const std::string& text) {
-  std::string quoted = "'";
-  for (char c : text) quoted += c == '\'' ? std::string("''") : std::string(1, c);
-  return quoted + "'";
-}
-
-// Draws the TTFT CDF, all turns and each turn, into `png` with gnuplot.
-// Returns false, with a notice on stdout, when it could not.
-bool plotTtftCdf(const fs::path& png, const Summary& overall, const std::vector<Summary>& turns,
-                 const std::string& title) {
-  const std::optional<fs::path> gnuplot = findOnPath("gnuplot");
-  if (!gnuplot) {
-    std::printf(
-        "note: --plot skipped: gnuplot is not on PATH (install it, e.g. apt-get install "
-        "gnuplot-nox, to draw the TTFT CDF)\n");
-    return false;
-  }
-  if (overall.ttfts_s.empty()) {
-    std::printf("note: --plot skipped: no request completed\n");
-    return false;
-  }
-  std::string script =
-      "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-      "  set terminal pngcairo size 960,600\n"
-      "} else {\n"
-      "  set terminal png size 960,600\n"
-      "}\n";
-  script += "set output " + gnuplotQuoted(png.string()) + "\n";
-  script += "set title " + gnuplotQuoted(title) + " noenhanced\n";
-  script +=
-      "set xlabel 'time to first token (ms)'\n"
-      "set ylabel 'fraction of requests'\n"
-      "set logscale x\n"
-      "set yrange [0:1]\n"
-      "set grid\n"
-      "set key bottom right\n";
-  // All turns last, so that its line is drawn over the others.
-  std::vector<std::pair<std::string, const Summary*>> series;
-  for (size_t t = 0; t < turns.size(); ++t) {
-    if (!turns[t].ttfts_s.empty()) series.emplace_back("turn " + std::to_string(t + 1), &turns[t]);
-  }
-  series.emplace_back("all turns", &overall);
-  std::string plot = "plot ";
-  for (size_t i = 0; i < series.size(); ++i) {
-    std::vector<double> values = series[i].second->ttfts_s;
-    std::sort(values.begin(), values.end());
-    script += "$s" + std::to_string(i) + " << EOD\n";
-    char line[64];
-    std::snprintf(line, sizeof(line), "%.6f 0\n", values.front() * 1e3);
-    script += line;
-    for (size_t v = 0; v < values.size(); ++v) {
-      std::snprintf(line, sizeof(line), "%.6f %.6f\n", values[v] * 1e3,
-                    static_cast<double>(v + 1) / static_cast<double>(values.size()));
-      script += line;
-    }
-    script += "EOD\n";
-    if (i > 0) plot += ", ";
-    const bool last = i + 1 == series.size();
-    plot += "$s" + std::to_string(i) + " using 1:2 with steps " +
-            (last ? "lw 3 lc rgb 'black'" : "lw 1.5") + " title " + gnuplotQuoted(series[i].first);
-  }
-  script += plot + "\n";
-
-  std::string script_path = (fs::temp_directory_path() / "tandem-bench-plot-XXXXXX").string();
-  const int fd = ::mkstemp(script_path.data());
-  if (fd < 0) {
-    std::printf("note: --plot skipped: cannot create a temporary file for the gnuplot script\n");
-    return false;
-  }
-  const bool written =
-      ::write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
-  ::close(fd);
-  int status = -1;
-  if (written) {
-    std::fflush(stdout);
-    const std::string program = gnuplot->string();
-    char* argv[] = {const_cast<char*>(program.c_str()), script_path.data(), nullptr};
-    pid_t pid = 0;
-    if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv, environ) == 0) {
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  std::error_code ignored;
-  fs::remove(script_path, ignored);
-  if (!written || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::printf("note: --plot failed: %s did not draw %s (its messages are above)\n",
-                gnuplot->c_str(), png.c_str());
-    return false;
-  }
-  std::printf("TTFT CDF plotted to %s\n", png.c_str());
-  return true;
-}
-
 }  // namespace
 
 Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution& input,
@@ -392,8 +359,9 @@ Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution
   std::mt19937_64 rng(options.seed);
   std::uniform_int_distribution<int32_t> token_dist(vocab.first, vocab.second - 1);
   Plan plan;
-  plan.shared_prefix.resize(static_cast<size_t>(options.shared_prefix_tokens));
-  for (int32_t& token : plan.shared_prefix) token = token_dist(rng);
+  plan.prefixes.resize(static_cast<size_t>(std::max(options.prefix_groups, 1)));
+  plan.prefixes[0].resize(static_cast<size_t>(options.shared_prefix_tokens));
+  for (int32_t& token : plan.prefixes[0]) token = token_dist(rng);
   plan.conversations.resize(static_cast<size_t>(options.num_conversations));
   for (ConversationPlan& conversation : plan.conversations) {
     conversation.turns.resize(static_cast<size_t>(options.turns));
@@ -406,9 +374,29 @@ Plan makePlan(const MultiTurnBenchOptions& options, const TokenCountDistribution
   // Poisson arrivals: exponential gaps with mean 1/rate; the first is due at once.
   if (std::isfinite(options.request_rate)) {
     const size_t requests = plan.conversations.size() * static_cast<size_t>(options.turns);
-    std::exponential_distribution<double> gap(options.request_rate);
-    plan.arrivals_s.resize(requests);
-    for (size_t i = 1; i < requests; ++i) plan.arrivals_s[i] = plan.arrivals_s[i - 1] + gap(rng);
+    plan.arrivals_s = poissonArrivals(options.request_rate, requests, rng);
+  }
+  // Open loop: conversations arrive at RATE / turns per second, so that
+  // RATE requests/s are offered.
+  const ArrivalSpec arrival = ArrivalSpec::parse(options.arrival);
+  if (arrival.open_loop) {
+    plan.conversation_starts_s = poissonArrivals(arrival.rate / static_cast<double>(options.turns),
+                                                 plan.conversations.size(), rng);
+  }
+  // More prefix groups: their prefixes and the conversations' choice among
+  // them come from generators of their own, so group 0 and every turn stay
+  // as they are without groups.
+  if (plan.prefixes.size() > 1) {
+    std::mt19937_64 group_rng = groupPrefixGenerator(options.seed);
+    for (size_t group = 1; group < plan.prefixes.size(); ++group) {
+      plan.prefixes[group].resize(static_cast<size_t>(options.shared_prefix_tokens));
+      for (int32_t& token : plan.prefixes[group]) token = token_dist(group_rng);
+    }
+    const std::vector<int> groups = conversationGroups(
+        options.num_conversations, options.prefix_groups, options.prefix_zipf, options.seed);
+    for (size_t c = 0; c < plan.conversations.size(); ++c) {
+      plan.conversations[c].prefix_group = groups[c];
+    }
   }
   return plan;
 }
@@ -446,19 +434,41 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
 
   const int turns = options.turns;
   const size_t num_requests = plan.conversations.size() * static_cast<size_t>(turns);
-  char rate_text[64] = "as fast as the clients go";
+  const ArrivalSpec arrival = ArrivalSpec::parse(options.arrival);
+  char rate_text[96] = "as fast as the clients go";
   if (std::isfinite(options.request_rate)) {
     std::snprintf(rate_text, sizeof(rate_text), "%g req/s (Poisson)", options.request_rate);
   }
-  std::printf("tandem-bench multiturn: %s, model %s, %d conversations x %d turns, %d clients, %s\n",
-              base_url.c_str(), model.c_str(), options.num_conversations, turns,
-              options.num_clients, rate_text);
+  if (arrival.open_loop) {
+    std::printf(
+        "tandem-bench multiturn: %s, model %s, %d conversations x %d turns, open loop: "
+        "conversations arrive Poisson at %g/s (%g req/s offered)\n",
+        base_url.c_str(), model.c_str(), options.num_conversations, turns,
+        arrival.rate / static_cast<double>(turns), arrival.rate);
+  } else {
+    std::printf(
+        "tandem-bench multiturn: %s, model %s, %d conversations x %d turns, %d clients, %s\n",
+        base_url.c_str(), model.c_str(), options.num_conversations, turns, options.num_clients,
+        rate_text);
+  }
   std::printf(
       "shared prefix %lld tokens, per turn input %s and output %s tokens, token ids in [%d, %d), "
       "seed %llu\n",
       static_cast<long long>(options.shared_prefix_tokens), input.text().c_str(),
       output.text().c_str(), vocab.first, vocab.second,
       static_cast<unsigned long long>(options.seed));
+  std::vector<int64_t> conversations_per_group(plan.prefixes.size(), 0);
+  for (const ConversationPlan& conversation : plan.conversations) {
+    ++conversations_per_group[static_cast<size_t>(conversation.prefix_group)];
+  }
+  if (plan.prefixes.size() > 1) {
+    std::string counts;
+    for (int64_t count : conversations_per_group) {
+      counts += (counts.empty() ? "" : ", ") + std::to_string(count);
+    }
+    std::printf("%zu prefix groups, Zipf %s: conversations per group %s\n", plan.prefixes.size(),
+                numberText(options.prefix_zipf).c_str(), counts.c_str());
+  }
   std::fflush(stdout);
 
   std::vector<TurnRecord> records(num_requests);
@@ -466,6 +476,7 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
     for (int t = 0; t < turns; ++t) {
       TurnRecord& record = records[c * static_cast<size_t>(turns) + static_cast<size_t>(t)];
       record.conversation = static_cast<int>(c);
+      record.prefix_group = plan.conversations[c].prefix_group;
       record.turn = t;
       record.input_len = static_cast<int64_t>(plan.conversations[c].turns[t].user_tokens.size());
       record.output_len = plan.conversations[c].turns[t].output_len;
@@ -483,88 +494,128 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
   std::atomic<int> next_conversation{0};
   std::mutex arrival_mutex;
   size_t next_arrival = 0;
+  const HostCpuMeter host_cpu_meter;
   const Clock::time_point start = Clock::now();
-
-  // A client takes the next conversation nobody has started and sends its
-  // turns one after another, each when its answer is complete; a failed turn
-  // ends the conversation (its history would lack the answer).
-  auto client = [&](int client_id) {
-    for (int c; (c = next_conversation.fetch_add(1)) < options.num_conversations;) {
-      const ConversationPlan& conversation = plan.conversations[static_cast<size_t>(c)];
-      std::vector<int32_t> history = plan.shared_prefix;
-      for (int t = 0; t < turns; ++t) {
-        TurnRecord& record =
-            records[static_cast<size_t>(c) * static_cast<size_t>(turns) + static_cast<size_t>(t)];
-        const TurnPlan& turn = conversation.turns[static_cast<size_t>(t)];
-        history.insert(history.end(), turn.user_tokens.begin(), turn.user_tokens.end());
-        record.client = client_id;
-        record.prompt_len = static_cast<int64_t>(history.size());
-        if (!plan.arrivals_s.empty()) {
-          double due_s = 0.0;
-          {
-            std::lock_guard lock(arrival_mutex);
-            due_s = plan.arrivals_s[next_arrival++];
-          }
-          record.arrival_s = due_s;
-          std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
-                                                    std::chrono::duration<double>(due_s)));
-        }
-        const json body = {{"model", model},
-                           {"prompt", history},
-                           {"max_tokens", turn.output_len},
-                           {"temperature", 0.0},
-                           {"stream", true},
-                           {"stream_options", {{"include_usage", true}}},
-                           {"ignore_eos", true},
-                           {"return_token_ids", true}};
-        record.result = streamCompletion(base_url, body.dump(), options.read_timeout_s, start);
-        StreamedCompletion& result = record.result;
-        if (result.success &&
-            static_cast<int64_t>(result.token_ids.size()) != result.completion_tokens) {
-          result.success = false;
-          result.error = "the stream carried " + std::to_string(result.token_ids.size()) +
-                         " token ids for " + std::to_string(result.completion_tokens) +
-                         " completion tokens; the server must honour \"return_token_ids\"";
-        }
-        progress.advance();
-        if (!result.success) {
-          for (int rest = t + 1; rest < turns; ++rest) {
-            records[static_cast<size_t>(c) * static_cast<size_t>(turns) + static_cast<size_t>(rest)]
-                .skipped = true;
-            progress.advance();
-          }
-          break;
-        }
-        history.insert(history.end(), result.token_ids.begin(), result.token_ids.end());
-      }
+  auto sleepUntil = [&](double due_s) {
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(due_s)));
+  };
+  auto recordOf = [&](int c, int t) -> TurnRecord& {
+    return records[static_cast<size_t>(c) * static_cast<size_t>(turns) + static_cast<size_t>(t)];
+  };
+  auto skipFrom = [&](int c, int first_turn) {
+    for (int rest = first_turn; rest < turns; ++rest) {
+      recordOf(c, rest).skipped = true;
+      progress.advance();
     }
   };
 
-  // Clients pull conversations from one counter, so a client that cannot be
-  // started loses no work as long as one runs.
-  std::vector<std::thread> clients;
+  // Sends conversation c's turns one after another, each when its answer is
+  // complete; a failed turn ends the conversation (its history would lack
+  // the answer).
+  auto runConversation = [&](int c, int client_id) {
+    const ConversationPlan& conversation = plan.conversations[static_cast<size_t>(c)];
+    std::vector<int32_t> history = plan.prefixOf(conversation);
+    for (int t = 0; t < turns; ++t) {
+      TurnRecord& record = recordOf(c, t);
+      const TurnPlan& turn = conversation.turns[static_cast<size_t>(t)];
+      history.insert(history.end(), turn.user_tokens.begin(), turn.user_tokens.end());
+      record.client = client_id;
+      record.prompt_len = static_cast<int64_t>(history.size());
+      if (!plan.arrivals_s.empty()) {
+        double due_s = 0.0;
+        {
+          std::lock_guard lock(arrival_mutex);
+          due_s = plan.arrivals_s[next_arrival++];
+        }
+        record.arrival_s = due_s;
+        sleepUntil(due_s);
+      } else if (t == 0 && !plan.conversation_starts_s.empty()) {
+        record.arrival_s = plan.conversation_starts_s[static_cast<size_t>(c)];
+        sleepUntil(*record.arrival_s);
+      }
+      const json body = {{"model", model},
+                         {"prompt", history},
+                         {"max_tokens", turn.output_len},
+                         {"temperature", 0.0},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}},
+                         {"ignore_eos", true},
+                         {"return_token_ids", true}};
+      record.result = streamCompletion(base_url, body.dump(), options.read_timeout_s, start);
+      StreamedCompletion& result = record.result;
+      if (result.success &&
+          static_cast<int64_t>(result.token_ids.size()) != result.completion_tokens) {
+        result.success = false;
+        result.error = "the stream carried " + std::to_string(result.token_ids.size()) +
+                       " token ids for " + std::to_string(result.completion_tokens) +
+                       " completion tokens; the server must honour \"return_token_ids\"";
+      }
+      progress.advance();
+      if (!result.success) {
+        skipFrom(c, t + 1);
+        break;
+      }
+      history.insert(history.end(), result.token_ids.begin(), result.token_ids.end());
+    }
+  };
+
+  std::vector<std::thread> threads;
   std::string thread_error;
-  for (int i = 0; i < options.num_clients; ++i) {
-    try {
-      clients.emplace_back(client, i);
-    } catch (const std::system_error& e) {
-      thread_error = e.what();
-      break;
+  if (arrival.open_loop) {
+    // One thread per conversation, each waiting for its start: a slow
+    // server delays no other conversation's arrival.
+    for (int c = 0; c < options.num_conversations; ++c) {
+      try {
+        threads.emplace_back(runConversation, c, c);
+      } catch (const std::system_error& e) {
+        // The conversations left cannot arrive: their first turn fails.
+        for (int rest = c; rest < options.num_conversations; ++rest) {
+          TurnRecord& first = recordOf(rest, 0);
+          first.result.error = std::string("no thread to send it: ") + e.what();
+          progress.advance();
+          skipFrom(rest, 1);
+        }
+        thread_error = e.what();
+        break;
+      }
+    }
+    if (!thread_error.empty()) {
+      std::fprintf(stderr, "tandem-bench: only %zu of %d conversations started: %s\n",
+                   threads.size(), options.num_conversations, thread_error.c_str());
+    }
+  } else {
+    // Clients pull conversations from one counter, so a client that cannot
+    // be started loses no work as long as one runs.
+    auto client = [&](int client_id) {
+      for (int c; (c = next_conversation.fetch_add(1)) < options.num_conversations;) {
+        runConversation(c, client_id);
+      }
+    };
+    for (int i = 0; i < options.num_clients; ++i) {
+      try {
+        threads.emplace_back(client, i);
+      } catch (const std::system_error& e) {
+        thread_error = e.what();
+        break;
+      }
+    }
+    if (threads.empty()) throw Error("cannot start a client thread: " + thread_error);
+    if (!thread_error.empty()) {
+      std::fprintf(stderr, "tandem-bench: only %zu of %d clients started: %s\n", threads.size(),
+                   options.num_clients, thread_error.c_str());
     }
   }
-  if (clients.empty()) throw Error("cannot start a client thread: " + thread_error);
-  if (!thread_error.empty()) {
-    std::fprintf(stderr, "tandem-bench: only %zu of %d clients started: %s\n", clients.size(),
-                 options.num_clients, thread_error.c_str());
-  }
-  for (std::thread& thread : clients) thread.join();
+  for (std::thread& thread : threads) thread.join();
   const double duration_s = secondsBetween(start, Clock::now());
+  const HostCpuUse host_cpu = host_cpu_meter.finish();
 
   const std::optional<CacheCounters> counters_after =
       readCacheCounters(base_url, options.read_timeout_s);
   const ComputedPromptTokens computed = computedPromptTokens(
       agents_before, settledSnapshot(agent_urls, options.read_timeout_s, 10.0));
-  const PromptMinimum minimum = promptMinimum(records, turns, options.shared_prefix_tokens);
+  const PromptMinimum minimum = promptMinimum(records, turns, plan);
+  const std::optional<RequestBalance> balance = requestBalance(computed);
   const bool has_slo = options.slo_ttft_ms || options.slo_itl_ms;
   Goodput goodput;
   for (const TurnRecord& record : records) {
@@ -616,6 +667,11 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
   std::printf("%-46s %12.2f\n", "request throughput (req/s)", request_throughput);
   std::printf("%-46s %12.1f\n", "output token throughput (tok/s)", output_throughput);
   std::printf("%-46s %12.1f\n", "total token throughput (tok/s)", total_throughput);
+  if (arrival.open_loop) {
+    char rates[48];
+    std::snprintf(rates, sizeof(rates), "%.2f / %.2f", arrival.rate, request_throughput);
+    std::printf("%-46s %12s\n", "request rate offered / achieved (req/s)", rates);
+  }
   if (has_slo) {
     char slo[96];
     std::snprintf(slo, sizeof(slo), "(TTFT <= %s ms, mean ITL <= %s ms: %lld good, %.1f %%)",
@@ -639,6 +695,10 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
       std::printf("%-46s %12s  (an agent's /metrics lacked %s)\n",
                   "prompt tokens computed, all agents", "n/a", "tandem_computed_tokens_total");
     }
+    if (balance) {
+      printBalance("requests finished per decode agent, max/mean", balance->decode);
+      printBalance("requests finished per prefill agent, max/mean", balance->prefill);
+    }
   }
   if (server_cache) {
     char counts[96];
@@ -660,6 +720,25 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
   } else {
     std::printf("%-46s %12s  (no usage.prompt_tokens_details.cached_tokens)\n",
                 "prefix cache hit rate, usage cached_tokens (%)", "n/a");
+  }
+  {
+    char busy[32] = "n/a";
+    if (host_cpu.busy_fraction) {
+      std::snprintf(busy, sizeof(busy), "%.1f", *host_cpu.busy_fraction * 100.0);
+    }
+    char load[64] = "n/a";
+    if (host_cpu.load_average_1m) {
+      std::snprintf(load, sizeof(load), "%.2f", *host_cpu.load_average_1m);
+    }
+    const std::string label =
+        "host CPU busy over the run, " + std::to_string(host_cpu.cores) + " cores (%)";
+    std::printf("%-46s %12s  (load average %s at the end)\n", label.c_str(), busy, load);
+    if (host_cpu.overloaded()) {
+      std::printf(
+          "warning: host overloaded: figures measure the host, not the routing (CPU %s %% busy, "
+          "load average %s)\n",
+          busy, load);
+    }
   }
   std::printf("%-12s %10s %10s %10s %10s\n", "latency (ms)", "mean", "median", "p90", "p99");
   printLatencies(overall, "");
@@ -688,7 +767,15 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
     const std::string title = "TTFT CDF: " + std::to_string(options.num_conversations) +
                               " conversations x " + std::to_string(turns) + " turns, " +
                               std::to_string(options.num_clients) + " clients, " + model;
-    plotTtftCdf(options.plot_path, overall, per_turn, title);
+    // All turns last, so that its line is drawn over the others.
+    std::vector<CdfSeries> series;
+    for (size_t t = 0; t < per_turn.size(); ++t) {
+      if (!per_turn[t].ttfts_s.empty()) {
+        series.push_back({"turn " + std::to_string(t + 1), per_turn[t].ttfts_s});
+      }
+    }
+    series.push_back({"all turns", overall.ttfts_s});
+    plotTtftCdf(options.plot_path, series, title);
     std::fflush(stdout);
   }
 
@@ -697,6 +784,7 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
     for (const TurnRecord& record : records) {
       const StreamedCompletion& r = record.result;
       json entry = {{"conversation", record.conversation},
+                    {"prefix_group", record.prefix_group},
                     {"turn", record.turn + 1},
                     {"input_len", record.input_len},
                     {"output_len", record.output_len},
@@ -763,6 +851,16 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
                        {"ratio", has_ratio ? json(computed_ratio) : json(nullptr)},
                        {"agents", computed.toJson()}};
     }
+    json balance_json = nullptr;
+    if (balance) {
+      balance_json = {{"decode", balance->decode.toJson()}, {"prefill", balance->prefill.toJson()}};
+    }
+    json host_cpu_json = {
+        {"busy_fraction", host_cpu.busy_fraction ? json(*host_cpu.busy_fraction) : json(nullptr)},
+        {"load_average_1m",
+         host_cpu.load_average_1m ? json(*host_cpu.load_average_1m) : json(nullptr)},
+        {"cores", host_cpu.cores},
+        {"overloaded", host_cpu.overloaded()}};
     json out = {
         {"base_url", base_url},
         {"model", model},
@@ -770,10 +868,15 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
         {"num_conversations", options.num_conversations},
         {"turns", turns},
         {"shared_prefix_tokens", options.shared_prefix_tokens},
+        {"prefix_groups", plan.prefixes.size()},
+        {"prefix_zipf", options.prefix_zipf},
+        {"conversations_per_group", conversations_per_group},
         {"input_tokens", input.text()},
         {"output_tokens", output.text()},
         {"request_rate",
          std::isfinite(options.request_rate) ? json(options.request_rate) : json(nullptr)},
+        {"arrival", arrival.text()},
+        {"offered_rate", arrival.open_loop ? json(arrival.rate) : json(nullptr)},
         {"seed", options.seed},
         {"vocab_range", {vocab.first, vocab.second}},
         {"num_requests", num_requests},
@@ -789,6 +892,8 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
         {"length_mismatches", overall.length_mismatches},
         {"goodput", std::move(goodput_json)},
         {"prompt_tokens_computed", std::move(computed_json)},
+        {"balance", std::move(balance_json)},
+        {"host_cpu", std::move(host_cpu_json)},
         {"prefix_cache", {{"server", std::move(server_json)}, {"usage", std::move(usage_json)}}},
         {"ttft_ms", distributionMsJson(overall.ttft)},
         {"tpot_ms", distributionMsJson(overall.tpot)},

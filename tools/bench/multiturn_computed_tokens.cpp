@@ -1,6 +1,7 @@
 #include "tools/bench/multiturn_computed_tokens.h"
 
 #include <chrono>
+#include <string_view>
 #include <thread>
 
 #include "common/prometheus_text.h"
@@ -13,6 +14,21 @@ constexpr const char* kComputedMetric = "tandem_computed_tokens_total";
 constexpr const char* kGeneratedMetric = "tandem_generation_tokens_total";
 constexpr const char* kFinishedMetric = "tandem_e2e_request_latency_seconds_count";
 
+// The role label of the finished-request series; empty when it has none.
+std::string roleLabel(std::string_view text) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.rfind(kFinishedMetric, 0) != 0) continue;
+    const std::optional<PrometheusSampleLine> sample = parsePrometheusSampleLine(line);
+    if (sample && sample->name == kFinishedMetric) return sample->label("role").value_or("");
+  }
+  return "";
+}
+
 std::optional<AgentTokenCounters> readCounters(const std::string& url, double timeout_s) {
   const std::optional<std::string> text = fetchText(url, "/metrics", timeout_s);
   if (!text) return std::nullopt;
@@ -20,7 +36,7 @@ std::optional<AgentTokenCounters> readCounters(const std::string& url, double ti
   const auto generated = prometheusSample(*text, kGeneratedMetric);
   const auto finished = prometheusSample(*text, kFinishedMetric);
   if (!computed || !generated || !finished) return std::nullopt;
-  return AgentTokenCounters{*computed, *generated, *finished};
+  return AgentTokenCounters{*computed, *generated, *finished, roleLabel(*text)};
 }
 
 bool sameCounters(const std::vector<AgentSnapshot>& a, const std::vector<AgentSnapshot>& b) {
@@ -75,7 +91,9 @@ ComputedPromptTokens computedPromptTokens(const std::vector<AgentSnapshot>& befo
     agent.url = before[i].url;
     agent.before = before[i].counters;
     if (i < after.size()) agent.after = after[i].counters;
+    if (agent.after) agent.role = agent.after->role;
     if (agent.before && agent.after) {
+      agent.finished_requests = agent.after->finished - agent.before->finished;
       const double decode_steps = (agent.after->generated - agent.before->generated) -
                                   (agent.after->finished - agent.before->finished);
       agent.prompt_tokens = (agent.after->computed - agent.before->computed) - decode_steps;
@@ -92,6 +110,9 @@ nlohmann::json ComputedPromptTokens::toJson() const {
   nlohmann::json list = nlohmann::json::array();
   for (const Agent& agent : agents) {
     list.push_back({{"url", agent.url},
+                    {"role", agent.role},
+                    {"finished_requests",
+                     agent.finished_requests ? nlohmann::json(*agent.finished_requests) : nullptr},
                     {"before", countersJson(agent.before)},
                     {"after", countersJson(agent.after)},
                     {"prompt_tokens_computed",

@@ -14,6 +14,10 @@
 // cluster must be read: a prompt too short to disaggregate is computed on its
 // decode agent.
 //
+// The same reads give the requests each agent finished (the histogram's
+// _count), and its role (the `role` label of that series: prefill, decode or
+// both), for how evenly a router spread requests.
+//
 // Thread-compatible free functions; they only read over HTTP.
 #pragma once
 
@@ -29,6 +33,7 @@ struct AgentTokenCounters {
   double computed = 0;   // tandem_computed_tokens_total
   double generated = 0;  // tandem_generation_tokens_total
   double finished = 0;   // tandem_e2e_request_latency_seconds_count
+  std::string role;      // that series' role label; empty when it has none
 };
 
 struct AgentSnapshot {
@@ -50,7 +55,9 @@ struct ComputedPromptTokens {
   struct Agent {
     std::string url;
     std::optional<AgentTokenCounters> before, after;
-    std::optional<double> prompt_tokens;  // nullopt: a read failed
+    std::optional<double> prompt_tokens;      // nullopt: a read failed
+    std::optional<double> finished_requests;  // Δfinished; nullopt: a read failed
+    std::string role;                         // as the agent's metrics label it
   };
   std::vector<Agent> agents;
   double total = 0;       // over the agents that answered both times

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kTopLevelKeys =
     "name, description, base_s, prefill_token_s, decode_sequence_s, context_token_s, "
-    "prefill_context_s, kv_block_s, scale, kv_link_bytes_per_s, model";
+    "prefill_context_s, kv_block_s, scale, kv_link_bytes_per_s, kv_link_latency_s, model";
 constexpr const char* kModelKeys = "vocab_size, max_position_embeddings, kv_bytes_per_token";
 
 // The shortest text that reads back to the same double.
@@ -212,6 +212,9 @@ StatusOr<StepProfile> StepProfile::fromYamlText(const std::string& text,
     } else if (key == "kv_link_bytes_per_s") {
       status = readNumber(value, origin, key, 0.0, false, "bytes per second; 0: not timed",
                           profile.kv_link_bytes_per_s);
+    } else if (key == "kv_link_latency_s") {
+      status = readNumber(value, origin, key, 0.0, false, "seconds per timed hand-off",
+                          profile.kv_link_latency_s);
     } else if (key == "model") {
       status = readModel(value, origin, profile.model);
     } else {
@@ -251,11 +254,20 @@ std::string StepProfile::toYaml() const {
   line("kv_block_s", formatDouble(kv_block_s));
   line("scale", formatDouble(scale));
   line("kv_link_bytes_per_s", formatDouble(kv_link_bytes_per_s));
+  line("kv_link_latency_s", formatDouble(kv_link_latency_s));
   out += "model:\n";
   line("  vocab_size", std::to_string(model.vocab_size));
   line("  max_position_embeddings", std::to_string(model.max_position_embeddings));
   line("  kv_bytes_per_token", std::to_string(model.kv_bytes_per_token));
   return out;
+}
+
+double simulatedTransferSeconds(const StepProfile& profile, int64_t num_blocks,
+                                int64_t block_size) {
+  if (!(profile.kv_link_bytes_per_s > 0) || num_blocks <= 0 || block_size <= 0) return 0.0;
+  const double bytes = static_cast<double>(num_blocks) * static_cast<double>(block_size) *
+                       static_cast<double>(profile.model.kv_bytes_per_token);
+  return profile.kv_link_latency_s + bytes / profile.kv_link_bytes_per_s;
 }
 
 StepShape stepShapeOf(std::span<const StepChunk> chunks, int64_t block_size) {

@@ -32,7 +32,8 @@
 //   prefill_context_s: 2.0e-11
 //   kv_block_s: 0.0
 //   scale: 1.0
-//   kv_link_bytes_per_s: 5.0e10   # P->D KV hand-off bandwidth, when timed
+//   kv_link_bytes_per_s: 5.0e10   # P->D KV hand-off bandwidth; 0: not timed
+//   kv_link_latency_s: 1.0e-5      # what every timed hand-off pays besides bytes
 //   model:                         # the shape a simulated agent announces
 //     vocab_size: 128256
 //     max_position_embeddings: 131072
@@ -84,6 +85,7 @@ struct StepProfile {
   double kv_block_s = 0.0;
   double scale = 1.0;
   double kv_link_bytes_per_s = 0.0;  // 0: hand-offs are not timed by the profile
+  double kv_link_latency_s = 0.0;    // added to every timed hand-off
   SimulatedModelShape model;
 
   // Seconds the step takes (>= 0).
@@ -98,6 +100,14 @@ struct StepProfile {
 
   bool operator==(const StepProfile&) const = default;
 };
+
+// Seconds a KV hand-off of `num_blocks` blocks of `block_size` tokens lasts
+// on the profile's link (a simulated agent's read of another agent's blocks):
+//   kv_link_latency_s + num_blocks * block_size * model.kv_bytes_per_token
+//                       / kv_link_bytes_per_s
+// 0 when the link is not timed (kv_link_bytes_per_s 0) or no block moves
+// (num_blocks <= 0). `scale` does not apply: it scales steps, not the link.
+double simulatedTransferSeconds(const StepProfile& profile, int64_t num_blocks, int64_t block_size);
 
 // One sequence's part of a step: `num_tokens` new tokens at positions
 // [start_position, start_position + num_tokens). A prefill chunk is part of

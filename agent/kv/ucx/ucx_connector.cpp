@@ -883,6 +883,7 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
   FinishedLoad& finished = outcome.finished;
   finished.request_id = job.request_id;
   finished.num_blocks = static_cast<int64_t>(job.pairs.size());
+  finished.from_peer = true;
   auto fail_all = [&](const std::string& reason, const std::string& why) {
     TANDEM_LOG(kWarn) << "ucx connector: request " << job.request_id << ": " << why;
     failures_.add(reason);

@@ -28,6 +28,7 @@ StepProfile sampleProfile() {
   profile.kv_block_s = 1e-7;
   profile.scale = 1.0;
   profile.kv_link_bytes_per_s = 5e10;
+  profile.kv_link_latency_s = 2e-6;
   profile.model.vocab_size = 32000;
   profile.model.max_position_embeddings = 2048;
   profile.model.kv_bytes_per_token = 16384;
@@ -56,6 +57,29 @@ TEST(StepProfileTest, PredictsHandComputedShapes) {
 
   profile.scale = 3.0;
   EXPECT_NEAR(profile.predict(prefill), 3 * 0.015508544, 1e-12);
+}
+
+TEST(StepProfileTest, TransferSecondsAreLatencyPlusBytesOverTheLink) {
+  StepProfile profile;
+  profile.model.kv_bytes_per_token = 131072;
+  profile.kv_link_bytes_per_s = 268435456;  // 256 MiB/s
+  // 64 blocks of 16 tokens of 128 KiB: 128 MiB, half a second.
+  EXPECT_EQ(simulatedTransferSeconds(profile, 64, 16), 0.5);
+  profile.kv_link_latency_s = 0.25;
+  EXPECT_EQ(simulatedTransferSeconds(profile, 64, 16), 0.75);
+  EXPECT_EQ(simulatedTransferSeconds(profile, 1, 16), 0.25 + 2097152.0 / 268435456);
+  // The link, not the steps: scale does not apply.
+  profile.scale = 4;
+  EXPECT_EQ(simulatedTransferSeconds(profile, 64, 16), 0.75);
+  // Nothing moved, or an untimed link: no time, latency included.
+  EXPECT_EQ(simulatedTransferSeconds(profile, 0, 16), 0.0);
+  EXPECT_EQ(simulatedTransferSeconds(profile, 64, 0), 0.0);
+  profile.kv_link_bytes_per_s = 0;
+  EXPECT_EQ(simulatedTransferSeconds(profile, 64, 16), 0.0);
+  // The H100 profile's link: a 2,000-token prompt's 125 blocks in 6.5536 ms.
+  profile.kv_link_bytes_per_s = 4e10;
+  profile.kv_link_latency_s = 0;
+  EXPECT_DOUBLE_EQ(simulatedTransferSeconds(profile, 125, 16), 0.0065536);
 }
 
 TEST(StepProfileTest, StepShapeOfCountsEveryFeatureOnce) {
@@ -95,6 +119,8 @@ TEST(StepProfileTest, MissingKeysTakeDefaults) {
   EXPECT_EQ(parsed->name, "only-a-name");
   EXPECT_EQ(parsed->base_s, 0.25);
   EXPECT_EQ(parsed->scale, 1.0);
+  EXPECT_EQ(parsed->kv_link_bytes_per_s, 0.0);
+  EXPECT_EQ(parsed->kv_link_latency_s, 0.0);
   EXPECT_EQ(parsed->model, SimulatedModelShape{});
 }
 
@@ -140,6 +166,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadProfile{"name: p\nkv_block_s: [1]\n", {"kv_block_s", "a list"}},
         BadProfile{"name: p\nscale: 0\n", {"scale", "> 0"}},
         BadProfile{"name: p\nkv_link_bytes_per_s: -5\n", {"kv_link_bytes_per_s", ">= 0"}},
+        BadProfile{"name: p\nkv_link_latency_s: -0.1\n", {"kv_link_latency_s", ">= 0"}},
         BadProfile{"name: p\nmodel:\n  kv_bytes_per_token: 0\n",
                    {"model.kv_bytes_per_token", ">= 1"}},
         BadProfile{"name: p\nmodel: 7\n", {"model must be a mapping", "vocab_size"}},

@@ -86,6 +86,28 @@ TEST(Registry, MakesTheCpuBackend) {
             "cpu " + isaName() + ", " + std::to_string(numThreads()) + threads);
 }
 
+// --cuda-kernels: reference (the default) or fast; fast is refused by name
+// for the CPU backend, which runs no CUDA kernels.
+TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
+  EXPECT_EQ(parseCudaKernels("reference", "--cuda-kernels"), CudaKernels::kReference);
+  EXPECT_EQ(parseCudaKernels("fast", "--cuda-kernels"), CudaKernels::kFast);
+  try {
+    parseCudaKernels("faster", "--cuda-kernels");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--cuda-kernels: expected reference or fast, got 'faster'");
+  }
+  try {
+    makeBackend(DeviceKind::kCpu, CudaKernels::kFast);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--cuda-kernels fast: the cpu backend runs no CUDA kernels (use it with --device "
+              "cuda, or leave --cuda-kernels at reference)");
+  }
+  EXPECT_EQ(makeBackend(DeviceKind::kCpu, CudaKernels::kReference)->kind(), DeviceKind::kCpu);
+}
+
 // bf16 compute is the weights' layout: once asked for, the CPU backend hands
 // matmul a packed copy of each bf16 weight (one per host matrix, kept), and
 // the view itself for other dtypes or with the default f32 compute. Other

@@ -313,7 +313,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "c.yaml: document 2 (Router): spec.decode lists agents, which local mode starts from the "
        "pools: remove it"},
       {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {policy: lru}\n"}),
-       "document 2 (Router): spec.policy must be kv, round_robin or random, got \"lru\""},
+       "document 2 (Router): spec.policy must be kv, round_robin, random, dynamo, llm_d or sglang, "
+       "got \"lru\""},
       {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {port: 70000}\n"}),
        "spec.port must be an integer between 0 and 65535, got \"70000\""},
       {documents({kDecode,

@@ -162,16 +162,27 @@ TEST(OwnershipIndex, LeadingBlocksForAllEqualsEachAgentsLeadingBlocks) {
   }
 }
 
+PolicyOptions options(Policy policy, int64_t disagg_threshold_tokens, bool pull_back,
+                      int64_t pull_back_min_blocks) {
+  PolicyOptions options;
+  options.policy = policy;
+  options.disagg_threshold_tokens = disagg_threshold_tokens;
+  options.pull_back = pull_back;
+  options.pull_back_min_blocks = pull_back_min_blocks;
+  return options;
+}
+
 AgentView agent(const std::string& name, int64_t leading_blocks, int64_t running = 0) {
   AgentView view;
   view.name = name;
   view.leading_blocks = leading_blocks;
   view.running = running;
+  view.external_requests = running;  // none of them this router's
   return view;
 }
 
 TEST(Policy, PrefillGoesWhereThePrefixIsAndDecodeWhereLoadIsLow) {
-  Chooser chooser({Policy::kKv, 64, true, 4});
+  Chooser chooser(options(Policy::kKv, 64, true, 4));
   DecisionInput input;
   input.num_prompt_tokens = 320;  // 20 blocks
   input.prefill = {agent("p0", 0), agent("p1", 10)};
@@ -185,7 +196,7 @@ TEST(Policy, PrefillGoesWhereThePrefixIsAndDecodeWhereLoadIsLow) {
 }
 
 TEST(Policy, ShortUncachedPartIsPrefilledOnTheDecodeAgent) {
-  Chooser chooser({Policy::kKv, 64, true, 4});
+  Chooser chooser(options(Policy::kKv, 64, true, 4));
   DecisionInput input;
   input.num_prompt_tokens = 320;
   input.prefill = {agent("p0", 0)};
@@ -200,7 +211,7 @@ TEST(Policy, ShortUncachedPartIsPrefilledOnTheDecodeAgent) {
 }
 
 TEST(Policy, PullBackWhenTheDecodeAgentHoldsEnoughMore) {
-  Chooser chooser({Policy::kKv, 16, true, 4});
+  Chooser chooser(options(Policy::kKv, 16, true, 4));
   DecisionInput input;
   input.num_prompt_tokens = 320;
   input.prefill = {agent("p0", 2)};
@@ -208,13 +219,13 @@ TEST(Policy, PullBackWhenTheDecodeAgentHoldsEnoughMore) {
   EXPECT_TRUE(chooser.choose(input).pull_back);
   input.decode[0].leading_blocks = 5;  // only 3 more
   EXPECT_FALSE(chooser.choose(input).pull_back);
-  Chooser off({Policy::kKv, 16, false, 4});
+  Chooser off(options(Policy::kKv, 16, false, 4));
   input.decode[0].leading_blocks = 10;
   EXPECT_FALSE(off.choose(input).pull_back);
 }
 
 TEST(Policy, RoundRobinAlternatesWhateverTheKv) {
-  Chooser chooser({Policy::kRoundRobin, 64, true, 4});
+  Chooser chooser(options(Policy::kRoundRobin, 64, true, 4));
   DecisionInput input;
   input.num_prompt_tokens = 320;
   input.prefill = {agent("p0", 20)};
@@ -230,7 +241,7 @@ TEST(Policy, RoundRobinAlternatesWhateverTheKv) {
 }
 
 TEST(Policy, NoHealthyDecodeAgentMeansNoDecision) {
-  Chooser chooser({Policy::kKv, 64, true, 4});
+  Chooser chooser(options(Policy::kKv, 64, true, 4));
   DecisionInput input;
   input.num_prompt_tokens = 100;
   input.prefill = {agent("p0", 0)};
@@ -243,7 +254,8 @@ TEST(Policy, ParsesPolicyNames) {
   EXPECT_EQ(*parsePolicy("round_robin"), Policy::kRoundRobin);
   auto bad = parsePolicy("fastest");
   ASSERT_FALSE(bad.isOk());
-  EXPECT_NE(bad.status().message().find("kv, round_robin or random"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("kv, round_robin, random, dynamo, llm_d or sglang"),
+            std::string::npos);
 }
 
 }  // namespace

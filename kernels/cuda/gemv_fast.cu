@@ -1,0 +1,277 @@
+// The fast decode GEMV of the CUDA backend (--cuda-kernels fast; off by
+// default): y[m, n] = x[m, k] · w[n, k]^T for m <= 64 over weights re-laid by
+// weight_layout.h (f32, bf16 or f16, widened to fp32), fp32 accumulation.
+//
+// Same bits as the reference kernels (matmul.cu). Every output y[i, j] is
+// computed in the reference order, fixed by k alone:
+//  - k is cut into chunks of 128. The partial of chunk c is one fma chain
+//    part = fmaf(x[i, kk], w[j, kk], part), from +0.0f, over kk = 128c,
+//    128c + 1, ..., min(k, 128c + 128) - 1 in that order, computed whole by
+//    one thread: lane l of the warp that owns tile (column group g, chunk c)
+//    owns column 32g + l and walks its 16-byte vectors step by step, the
+//    elements of a vector in order. A chain stops at k: padded positions
+//    of the last chunk are never multiplied (a padded fma(x, 0, -0) would
+//    give +0), and x is never read past a row.
+//  - The partials are added in chunk order, total = part_0, then
+//    total = __fadd_rn(total, part_c), by one thread per output in the fold
+//    kernel.
+// Which warp computes which tile, how many warps there are (they follow the
+// SM count), how many columns one launch covers (they follow the scratch),
+// and m change who computes a chain, never the chain: a row's bits do not
+// depend on the batch, and equal the reference kernels'.
+//
+// Speed (decode is a stream of the weights):
+//  - the layout gives each warp load 512 contiguous bytes (16 per lane),
+//    and each warp's run of consecutive tiles is one contiguous stream;
+//  - loads are cp.async into shared memory, kGemvStages slabs (4 KB per warp
+//    each) deep, so two slabs per warp are in flight while one is
+//    multiplied; each lane reads back only the 16-byte pieces it copied
+//    itself, so no barrier is needed, only cp.async.wait_group;
+//  - the tiles are spread evenly over 16 warps per SM whatever n is (split
+//    over k as well as n), so small matrices keep every SM busy too;
+//  - each weight is read once for all m rows (up to 64 partials per lane in
+//    registers); x comes through the L1 cache, one broadcast load per lane.
+// The chunk partials (m x chunks x columns floats) go through a scratch
+// buffer the backend owns; when it cannot hold every column group, the
+// columns are done in slices, one launch pair per slice.
+#include <cuda_runtime.h>
+
+#include "common/check.h"
+#include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/weight_layout.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kFoldThreads = 256;
+
+__device__ __forceinline__ void cpAsync16(void* shared, const void* global) {
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global)
+               : "memory");
+}
+
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// One 16-byte vector of weights as fp32: 8 bf16/f16 or 4 f32.
+template <typename Elements>
+__device__ __forceinline__ void widen(const uint4& bits, float out[8]) {
+  if constexpr (sizeof(typename Elements::Storage) == 4) {
+    out[0] = __uint_as_float(bits.x);
+    out[1] = __uint_as_float(bits.y);
+    out[2] = __uint_as_float(bits.z);
+    out[3] = __uint_as_float(bits.w);
+  } else {
+    const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const auto low = static_cast<uint16_t>(words[e] & 0xffffu);
+      const auto high = static_cast<uint16_t>(words[e] >> 16);
+      out[2 * e] = Elements::load(&low, 0);
+      out[2 * e + 1] = Elements::load(&high, 0);
+    }
+  }
+}
+
+// The partials of tiles [tile_begin, tile_begin + tile_count) (one slice of
+// column groups) for rows 0..m-1 into `partials` (gemvPartialIndex).
+// `vector_x`: x is 16-byte aligned and k a multiple of 4, so full steps read
+// x with 16-byte loads; the chain is the same either way.
+template <typename Elements, int kRows>
+__global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
+    gemvPartialKernel(const float* __restrict__ x, int m, GemvTiling t,
+                      const uint8_t* __restrict__ w, int64_t tile_begin, int64_t tile_count,
+                      int64_t warps, float* __restrict__ partials, int64_t slice_first,
+                      int64_t slice_columns, bool vector_x) {
+  constexpr int kVector = 16 / static_cast<int>(sizeof(typename Elements::Storage));
+  __shared__ uint4 ring[kGemvWarpsPerBlock][kGemvStages][kGemvSlabSteps][kWarp];
+  const int warp_in_block = static_cast<int>(threadIdx.x) / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kGemvWarpsPerBlock + warp_in_block;
+  if (warp >= warps) return;  // whole warps leave; no block-wide barrier follows
+  const int64_t first = tile_begin + gemvWarpFirstTile(tile_count, warps, warp);
+  const int64_t last = tile_begin + gemvWarpFirstTile(tile_count, warps, warp + 1);
+  const int64_t slabs = (last - first) * t.slabsPerTile();
+  auto& stages = ring[warp_in_block];
+
+  auto issue = [&](int64_t q) {
+    const int64_t tile = gemvSlabTile(t, first, q);
+    const int64_t step0 = gemvSlabStep(t, q);
+    const uint8_t* from = w + t.offset(tile, step0, lane, 0) * t.element_bytes;
+    auto& stage = stages[q % kGemvStages];
+#pragma unroll
+    for (int j = 0; j < kGemvSlabSteps; ++j) {
+      cpAsync16(&stage[j][lane], from + j * kGemvTileCols * kGemvVectorBytes);
+    }
+  };
+
+  // Every iteration commits one group (empty ones too), so group q is slab q.
+#pragma unroll
+  for (int q = 0; q < kGemvStages - 1; ++q) {
+    if (q < slabs) issue(q);
+    cpAsyncCommit();
+  }
+
+  float part[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) part[r] = 0.0f;
+
+  for (int64_t q = 0; q < slabs; ++q) {
+    // The stage slab q + kGemvStages - 1 goes to held slab q - 1, whose
+    // every weight this lane has already multiplied.
+    if (q + kGemvStages - 1 < slabs) issue(q + kGemvStages - 1);
+    cpAsyncCommit();
+    cpAsyncWait<kGemvStages - 1>();  // slab q has landed
+
+    const int64_t tile = gemvSlabTile(t, first, q);
+    const int64_t step0 = gemvSlabStep(t, q);
+    const int64_t chunk = t.tileChunk(tile);
+    const int length = static_cast<int>(t.chunkLength(chunk));
+    if (step0 == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) part[r] = 0.0f;
+    }
+    const auto& stage = stages[q % kGemvStages];
+#pragma unroll 1
+    for (int j = 0; j < kGemvSlabSteps; ++j) {
+      const int base = static_cast<int>(step0 + j) * kVector;
+      if (base >= length) break;
+      float wv[8];
+      widen<Elements>(stage[j][lane], wv);
+      const int64_t kk = chunk * kGemvChunk + base;
+      if (base + kVector <= length) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (r >= m) break;
+          const float* xr = x + static_cast<int64_t>(r) * t.k + kk;
+          float xv[kVector];
+          if (vector_x) {
+#pragma unroll
+            for (int v = 0; v < kVector / 4; ++v) {
+              const float4 four = __ldg(reinterpret_cast<const float4*>(xr) + v);
+              xv[4 * v] = four.x, xv[4 * v + 1] = four.y, xv[4 * v + 2] = four.z,
+                     xv[4 * v + 3] = four.w;
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < kVector; ++e) xv[e] = __ldg(xr + e);
+          }
+#pragma unroll
+          for (int e = 0; e < kVector; ++e) part[r] = fmaf(xv[e], wv[e], part[r]);
+        }
+      } else {
+        // The last, short step of the last chunk: the chain stops at k.
+        const int count = length - base;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (r >= m) break;
+          const float* xr = x + static_cast<int64_t>(r) * t.k + kk;
+#pragma unroll
+          for (int e = 0; e < kVector; ++e) {
+            if (e < count) part[r] = fmaf(__ldg(xr + e), wv[e], part[r]);
+          }
+        }
+      }
+    }
+    if (step0 + kGemvSlabSteps == t.steps()) {  // the tile's last slab: its chains are done
+      const int64_t column = t.column(tile, lane);
+      if (column < t.n) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (r >= m) break;
+          partials[gemvPartialIndex(chunk, r, column, m, slice_first, slice_columns)] = part[r];
+        }
+      }
+    }
+  }
+  cpAsyncWait<0>();  // leave no copy in flight into shared memory
+}
+
+// y[r, column] = the column's chunk partials added in chunk order.
+__global__ void __launch_bounds__(kFoldThreads)
+    gemvFoldKernel(const float* __restrict__ partials, int m, int64_t chunks, int64_t n,
+                   int64_t slice_first, int64_t slice_columns, float* __restrict__ y) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * kFoldThreads + threadIdx.x;
+  if (index >= m * slice_columns) return;
+  const int64_t r = index / slice_columns;
+  const int64_t column = slice_first + index % slice_columns;
+  if (column >= n) return;
+  float total = partials[gemvPartialIndex(0, r, column, m, slice_first, slice_columns)];
+  for (int64_t c = 1; c < chunks; ++c) {
+    total =
+        __fadd_rn(total, partials[gemvPartialIndex(c, r, column, m, slice_first, slice_columns)]);
+  }
+  y[r * n + column] = total;
+}
+
+template <typename Elements>
+void launchFor(cudaStream_t stream, const float* x, int64_t m, const GemvTiling& t,
+               const uint8_t* w, float* y, float* scratch, int64_t scratch_floats, int sm_count) {
+  const bool vector_x = t.k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t per_slice = gemvGroupsPerSlice(t, m, scratch_floats);
+  for (int64_t g0 = 0; g0 < t.groups(); g0 += per_slice) {
+    const int64_t g1 = g0 + per_slice < t.groups() ? g0 + per_slice : t.groups();
+    const int64_t tile_begin = g0 * t.chunks();
+    const int64_t tile_count = (g1 - g0) * t.chunks();
+    const int64_t warps = gemvWarps(tile_count, sm_count);
+    const int64_t slice_first = g0 * kGemvTileCols;
+    const int64_t slice_columns = (g1 - g0) * kGemvTileCols;
+    const auto blocks = static_cast<unsigned int>(ceilDiv(warps, kGemvWarpsPerBlock));
+    constexpr unsigned int kThreads = kGemvWarpsPerBlock * kWarp;
+    if (m <= 8) {
+      gemvPartialKernel<Elements, 8>
+          <<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
+                                            warps, scratch, slice_first, slice_columns, vector_x);
+    } else {
+      gemvPartialKernel<Elements, kGemvMaxRows>
+          <<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
+                                            warps, scratch, slice_first, slice_columns, vector_x);
+    }
+    const auto fold_blocks = static_cast<unsigned int>(ceilDiv(m * slice_columns, kFoldThreads));
+    gemvFoldKernel<<<fold_blocks, kFoldThreads, 0, stream>>>(
+        scratch, static_cast<int>(m), t.chunks(), t.n, slice_first, slice_columns, y);
+  }
+}
+
+}  // namespace
+
+int64_t fastGemvScratchFloats(int64_t m, int64_t k, const WeightView& w, int64_t cap_floats) {
+  const GemvTiling t{w.rows, k, static_cast<int64_t>(dtypeSize(w.dtype))};
+  return gemvScratchFloats(t, m, cap_floats);
+}
+
+void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                    const WeightView& relaid, float* y, float* scratch, int64_t scratch_floats,
+                    int sm_count) {
+  TANDEM_CHECK(relaid.cols == k, "fast GEMV: weight columns must equal k");
+  TANDEM_CHECK(m <= kGemvMaxRows, "fast GEMV: more rows than it takes");
+  const int64_t n = relaid.rows;
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  const GemvTiling t{n, k, static_cast<int64_t>(dtypeSize(relaid.dtype))};
+  TANDEM_CHECK(scratch_floats >= gemvGroupScratchFloats(t, m), "fast GEMV: scratch too small");
+  TANDEM_CHECK(reinterpret_cast<uintptr_t>(relaid.data) % 16 == 0,
+               "fast GEMV: re-laid weights must be 16-byte aligned");
+  const auto* w = static_cast<const uint8_t*>(relaid.data);
+  switch (relaid.dtype) {
+    case DType::kF32:
+      launchFor<F32Elements>(stream, x, m, t, w, y, scratch, scratch_floats, sm_count);
+      return;
+    case DType::kBF16:
+      launchFor<Bf16Elements>(stream, x, m, t, w, y, scratch, scratch_floats, sm_count);
+      return;
+    case DType::kF16:
+      launchFor<F16Elements>(stream, x, m, t, w, y, scratch, scratch_floats, sm_count);
+      return;
+  }
+}
+
+}  // namespace tandem::kernels::cuda

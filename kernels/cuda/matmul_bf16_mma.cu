@@ -1,0 +1,245 @@
+// bf16 compute on the CUDA backend's tensor cores (--compute-dtype bf16 with
+// --cuda-kernels fast): y[m, n] = bf16(x)[m, k] · w[n, k]^T for bf16
+// row-major weights, fp32 accumulation, any m. As on the CPU
+// (docs/engine.md#compute-dtype), each activation is first rounded to bf16,
+// nearest even (the integer steps of common/dtype.h), and the weights are
+// used as they are.
+//
+// Invariance: one fixed tile shape (64 x 64 outputs, K steps of 32, 4 warps
+// of 32 x 32) and one fixed k order for every m, no split-K, stream-K or
+// atomics. Each output's accumulator starts at +0 and takes one
+// mma.sync.aligned.m16n8k16 (bf16 x bf16 -> fp32) per 16-wide slice of k, in
+// ascending order; the slices past k are skipped and the padded positions
+// of the last one are zero in both operands, so the sequence of
+// instructions an output goes through is fixed by k alone. An mma's result
+// for output (i, j) is a function of row i of A, column j of B and the
+// accumulator (i, j) only; rows past m are zeros and never stored. So a
+// row's bits do not depend on m, on the tile it falls in or on its place in
+// that tile (the GPU test checks the last point on the device: a row alone
+// equals the same row at position 40 of a 2048-row batch).
+//
+// Speed: plain and modest. Tiles go through shared memory (rows padded by 8
+// bf16, so fragment reads hit 8 distinct banks per quarter warp) with the
+// next K step loaded into registers while the tensor cores work on this one.
+// On sm_90 this is HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
+// this order only if it keeps one k16 mma chain per output.
+#include <cuda_runtime.h>
+
+#include "common/check.h"
+#include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/launch.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kTileM = 64;
+constexpr int kTileN = 64;
+constexpr int kTileK = 32;
+constexpr int kMmaK = 16;
+constexpr int kPad = 8;  // bf16 per shared-memory row beyond kTileK
+constexpr int kRowStride = kTileK + kPad;
+constexpr int kWarp = 32;
+constexpr int kWarpsM = 2;
+constexpr int kWarpsN = 2;
+constexpr int kThreads = kWarpsM * kWarpsN * kWarp;
+constexpr int kWarpTileM = kTileM / kWarpsM;  // 32
+constexpr int kWarpTileN = kTileN / kWarpsN;  // 32
+constexpr int kMmaTilesM = kWarpTileM / 16;   // 2
+constexpr int kMmaTilesN = kWarpTileN / 8;    // 4
+// Per thread and K step: 4 float4 of x and 2 x 16 bytes of w.
+constexpr int kXVectors = kTileM * kTileK / 4 / kThreads;
+constexpr int kWVectors = kTileN * kTileK / 8 / kThreads;
+static_assert(kXVectors == 4 && kWVectors == 2, "loads cover the tiles exactly");
+static_assert(kTileK % kMmaK == 0, "a K step holds whole mma slices");
+
+__device__ __forceinline__ void mmaBf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t packBf16(float low, float high) {
+  return static_cast<uint32_t>(f32ToBf16Bits(low)) |
+         (static_cast<uint32_t>(f32ToBf16Bits(high)) << 16);
+}
+
+// One K step of x (fp32, rounded to bf16 when stored) and w (bf16) held in
+// registers between its global load and its shared-memory store.
+struct Staged {
+  float4 x[kXVectors];
+  uint4 w[kWVectors];
+};
+
+// `kVector`: k is a multiple of 8 and x, w are 16-byte aligned, so whole
+// 16-byte vectors lie inside k or wholly past it.
+template <bool kVector>
+__device__ __forceinline__ void loadStep(const float* __restrict__ x, int64_t m, int64_t k,
+                                         const uint16_t* __restrict__ w, int64_t n, int64_t m0,
+                                         int64_t n0, int64_t k0, Staged& staged) {
+#pragma unroll
+  for (int i = 0; i < kXVectors; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int64_t row = m0 + index / (kTileK / 4);
+    const int64_t kk = k0 + (index % (kTileK / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row < m) {
+      const float* p = x + row * k + kk;
+      if constexpr (kVector) {
+        if (kk < k) v = *reinterpret_cast<const float4*>(p);
+      } else {
+        if (kk < k) v.x = p[0];
+        if (kk + 1 < k) v.y = p[1];
+        if (kk + 2 < k) v.z = p[2];
+        if (kk + 3 < k) v.w = p[3];
+      }
+    }
+    staged.x[i] = v;
+  }
+#pragma unroll
+  for (int i = 0; i < kWVectors; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int64_t column = n0 + index / (kTileK / 8);
+    const int64_t kk = k0 + (index % (kTileK / 8)) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (column < n) {
+      const uint16_t* p = w + column * k + kk;
+      if constexpr (kVector) {
+        if (kk < k) v = *reinterpret_cast<const uint4*>(p);
+      } else {
+        uint32_t words[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (kk + e < k) words[e / 2] |= static_cast<uint32_t>(p[e]) << (16 * (e % 2));
+        }
+        v = make_uint4(words[0], words[1], words[2], words[3]);
+      }
+    }
+    staged.w[i] = v;
+  }
+}
+
+__device__ __forceinline__ void storeStep(const Staged& staged, uint16_t (*a)[kRowStride],
+                                          uint16_t (*b)[kRowStride]) {
+#pragma unroll
+  for (int i = 0; i < kXVectors; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+    const float4 v = staged.x[i];
+    *reinterpret_cast<uint2*>(&a[index / (kTileK / 4)][(index % (kTileK / 4)) * 4]) =
+        make_uint2(packBf16(v.x, v.y), packBf16(v.z, v.w));
+  }
+#pragma unroll
+  for (int i = 0; i < kWVectors; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+    *reinterpret_cast<uint4*>(&b[index / (kTileK / 8)][(index % (kTileK / 8)) * 8]) = staged.w[i];
+  }
+}
+
+__device__ __forceinline__ uint32_t pair(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+template <bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    bf16MmaKernel(const float* __restrict__ x, int64_t m, int64_t k, const uint16_t* __restrict__ w,
+                  int64_t n, float* __restrict__ y) {
+  __shared__ __align__(16) uint16_t a_tiles[2][kTileM][kRowStride];
+  __shared__ __align__(16) uint16_t b_tiles[2][kTileN][kRowStride];
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int group = lane / 4;  // fragment row (A, C) or column (B)
+  const int quad = lane % 4;   // fragment k pair (A, B) or column pair (C)
+  const int warp_m = warp / kWarpsN * kWarpTileM;
+  const int warp_n = warp % kWarpsN * kWarpTileN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+
+  float acc[kMmaTilesM][kMmaTilesN][4];
+#pragma unroll
+  for (int i = 0; i < kMmaTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kMmaTilesN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+
+  Staged staged;
+  loadStep<kVector>(x, m, k, w, n, m0, n0, 0, staged);
+  storeStep(staged, a_tiles[0], b_tiles[0]);
+  __syncthreads();
+
+  const int64_t steps = (k + kTileK - 1) / kTileK;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int buffer = static_cast<int>(step % 2);
+    const int64_t k0 = step * kTileK;
+    if (step + 1 < steps) loadStep<kVector>(x, m, k, w, n, m0, n0, k0 + kTileK, staged);
+#pragma unroll
+    for (int slice = 0; slice < kTileK / kMmaK; ++slice) {
+      if (k0 + slice * kMmaK >= k) break;  // past k: no instruction, whatever m is
+      const int kb = slice * kMmaK + quad * 2;
+      uint32_t a[kMmaTilesM][4];
+#pragma unroll
+      for (int i = 0; i < kMmaTilesM; ++i) {
+        const int row = warp_m + i * 16 + group;
+        a[i][0] = pair(&a_tiles[buffer][row][kb]);
+        a[i][1] = pair(&a_tiles[buffer][row + 8][kb]);
+        a[i][2] = pair(&a_tiles[buffer][row][kb + 8]);
+        a[i][3] = pair(&a_tiles[buffer][row + 8][kb + 8]);
+      }
+#pragma unroll
+      for (int j = 0; j < kMmaTilesN; ++j) {
+        const int column = warp_n + j * 8 + group;
+        const uint32_t b[2] = {pair(&b_tiles[buffer][column][kb]),
+                               pair(&b_tiles[buffer][column][kb + 8])};
+#pragma unroll
+        for (int i = 0; i < kMmaTilesM; ++i) mmaBf16(acc[i][j], a[i], b);
+      }
+    }
+    if (step + 1 < steps) {
+      // The other buffer was last read before the previous barrier.
+      storeStep(staged, a_tiles[1 - buffer], b_tiles[1 - buffer]);
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < kMmaTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kMmaTilesN; ++j) {
+      const int64_t column = n0 + warp_n + j * 8 + quad * 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = m0 + warp_m + i * 16 + group + half * 8;
+        if (row >= m) continue;
+        if (column < n) y[row * n + column] = acc[i][j][half * 2];
+        if (column + 1 < n) y[row * n + column + 1] = acc[i][j][half * 2 + 1];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                         const WeightView& w, float* y) {
+  TANDEM_CHECK(w.cols == k, "bf16 matmul: weight columns must equal k");
+  TANDEM_CHECK(w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows,
+               "bf16 matmul: weights must be bf16, row-major");
+  const int64_t n = w.rows;
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "bf16 matmul: too many rows for one launch");
+  const auto* weights = static_cast<const uint16_t*>(w.data);
+  const dim3 grid(static_cast<unsigned int>(ceilDiv(n, kTileN)),
+                  static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(weights) % 16 == 0;
+  if (vector) {
+    bf16MmaKernel<true><<<grid, kThreads, 0, stream>>>(x, m, k, weights, n, y);
+  } else {
+    bf16MmaKernel<false><<<grid, kThreads, 0, stream>>>(x, m, k, weights, n, y);
+  }
+}
+
+}  // namespace tandem::kernels::cuda

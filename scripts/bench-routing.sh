@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Routing policies side by side on 8 prefill + 8 decode simulated agents
+# (examples/sim-8p8d.yaml, the Llama-3.1-8B-on-H100 profile): four workloads,
+# each run as interleaved rounds of every policy on fresh clusters by
+# `tandem-bench multiturn --rounds` (docs/benchmarks.md#routing-policies-side-by-side-8--8-simulated-agents).
+#
+#   scripts/bench-routing.sh [--rounds N] [--policies P,...] [--out DIR] [WORKLOAD...]
+#
+# WORKLOAD: a (long shared prefix, short turns), b (short prefix, long
+# history), hot (8 long system prompts, Zipf 1.2 popularity, a few turns),
+# none (single-turn prompts, nothing shared); default all four. Each writes
+# DIR/<workload>.json and DIR/<workload>.log (DIR default bench-routing).
+set -euo pipefail
+
+rounds=3
+policies=kv,round_robin,dynamo,llm_d,sglang
+out=bench-routing
+while [[ $# -gt 0 && "$1" == --* ]]; do
+  case "$1" in
+    --rounds) rounds="$2"; shift 2 ;;
+    --policies) policies="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+workloads=("$@")
+[[ ${#workloads[@]} -gt 0 ]] || workloads=(a b hot none)
+bench="${TANDEM_BENCH:-build/bin/tandem-bench}"
+[[ -x "$bench" ]] || { echo "no $bench: run make build first" >&2; exit 1; }
+mkdir -p "$out"
+
+common=(--cluster-file examples/sim-8p8d.yaml --policies "$policies" --rounds "$rounds"
+        --vocab-range 100:30000 --seed 7 --slo-ttft-ms 200 --slo-itl-ms 25)
+for workload in "${workloads[@]}"; do
+  case "$workload" in
+    a) args=(--num-clients 32 --num-conversations 64 --turns 4 --shared-prefix-tokens 1024
+             --input-tokens uniform:128,256 --output-tokens constant:32) ;;
+    b) args=(--num-clients 32 --num-conversations 64 --turns 8 --shared-prefix-tokens 128
+             --input-tokens uniform:512,1024 --output-tokens constant:32) ;;
+    hot) args=(--num-clients 32 --num-conversations 128 --turns 3 --prefix-groups 8
+               --prefix-zipf 1.2 --shared-prefix-tokens 2048 --input-tokens uniform:64,256
+               --output-tokens constant:32) ;;
+    none) args=(--num-clients 32 --num-conversations 256 --turns 1 --shared-prefix-tokens 0
+                --input-tokens uniform:512,2048 --output-tokens constant:32) ;;
+    *) echo "unknown workload $workload (a, b, hot, none)" >&2; exit 2 ;;
+  esac
+  echo "== workload $workload"
+  "$bench" multiturn "${common[@]}" "${args[@]}" --json "$out/$workload.json" \
+    > "$out/$workload.log" 2>&1 || { tail -20 "$out/$workload.log"; exit 1; }
+  sed -n '/^figure  /,$p' "$out/$workload.log" | tail -n +1
+done
