@@ -313,8 +313,9 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                       "a decode agent, NAME=HOST:PORT or HOST:PORT (repeatable)");
   command
       ->add_option("--disagg-threshold-tokens", flags.disagg_threshold_tokens,
-                   "prefill on the decode agent when fewer uncached prompt tokens (default " +
-                       std::to_string(defaults.disagg_threshold_tokens) + ")")
+                   "prefill on the decode agent only when fewer uncached prompt tokens "
+                   "(default: the kv policy by its ITL target alone, the others " +
+                       std::to_string(tandem::router::kDefaultDisaggThresholdTokens) + ")")
       ->check(CLI::NonNegativeNumber);
   command->add_option("--pull-back", flags.pull_back,
                       "let a decode agent lend its cached prefix to the prefill agent "

@@ -44,7 +44,8 @@ Decision decide(const DecisionInput& input, const PolicyOptions& options, std::m
   if (!decision.decode) return decision;
   const AgentView& decode = input.decode[*decision.decode];
   if (anyHealthy(input.prefill) &&
-      uncachedTokens(input, decode) >= options.disagg_threshold_tokens) {
+      uncachedTokens(input, decode) >=
+          options.disagg_threshold_tokens.value_or(kDefaultDisaggThresholdTokens)) {
     decision.prefill = cheapestWithRandomTies(input.prefill, prefill_cost, random);
   }
   decision.kind = decision.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;

@@ -285,6 +285,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     if (i != *decision.decode && input.decode[i].healthy) decode_order.push_back(i);
   }
   bool retried = false;
+  double prefill_answered_s = -1;
+  decision.candidates.clear();  // logged; not needed below
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
     if (attempt > 0) {
@@ -299,6 +301,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
       handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, decode,
                                    std::move(prefill_reservation));
+      prefill_answered_s = secondsSince(arrival);
+      decisions_.observe(logged, "observed_prefill_s", prefill_answered_s);
       if (exchange.clientGone()) {
         // Nobody waits for the answer: what the prefill agent holds for
         // it goes back now, and no decode agent sees the request.
@@ -325,7 +329,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                                    input.num_prompt_tokens + input.max_tokens});
     }
     Prediction prediction;
-    if (!retried) prediction = {decision.kind, decision.predicted_ttft_s, logged};
+    if (!retried) {
+      prediction.decision = decision;
+      prediction.observed_prefill_s = prefill_answered_s;
+    }
+    prediction.logged = logged;
     DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
                                               arrival, decode_reservation, prediction);
     if (outcome == DecodeOutcome::kDone) {
@@ -418,11 +426,11 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
 }
 
 void CompletionFlow::observeTtft(double ttft_s, const Prediction& prediction) {
-  decisions_.observeTtft(prediction.logged, ttft_s);
-  if (prediction.ttft_s <= 0) return;
-  metrics_.observeTtftPrediction(ttft_s, prediction.ttft_s);
+  decisions_.observe(prediction.logged, "observed_ttft_s", ttft_s);
+  if (prediction.decision.predicted_ttft_s <= 0) return;
+  metrics_.observeTtftPrediction(ttft_s, prediction.decision.predicted_ttft_s);
   auto lock = ledger_.lock();  // the chooser's lock
-  chooser_.observeTtft(prediction.kind, ttft_s, prediction.ttft_s);
+  chooser_.observe(prediction.decision, prediction.observed_prefill_s, ttft_s);
 }
 
 awaitable<void> CompletionFlow::release(const Handoff& handoff) {

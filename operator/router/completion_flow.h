@@ -69,11 +69,12 @@ class CompletionFlow {
     std::string body;
   };
 
-  // What the kv policy predicted for a request, to compare with its TTFT.
+  // What the kv policy predicted for a request, to compare with what its
+  // client saw.
   struct Prediction {
-    Decision::Kind kind = Decision::Kind::kNone;
-    double ttft_s = 0;    // 0: nothing predicted (another policy, a retry)
-    uint64_t logged = 0;  // its DecisionLog sequence number (0: not kept)
+    Decision decision;               // without candidates; predicted_ttft_s 0: none
+    double observed_prefill_s = -1;  // when the prefill agent answered (from arrival)
+    uint64_t logged = 0;             // its DecisionLog sequence number (0: not kept)
   };
 
   enum class DecodeOutcome {

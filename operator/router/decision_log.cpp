@@ -26,6 +26,7 @@ nlohmann::json entryOf(const DecisionInput& input, const Decision& decision, con
                           {"spilled", decision.spilled},
                           {"overlap_ratio", decision.overlap_ratio},
                           {"predicted_ttft_s", decision.predicted_ttft_s},
+                          {"observed_prefill_s", nullptr},
                           {"observed_ttft_s", nullptr}};
   entry["prefill_agent"] =
       decision.prefill ? nlohmann::json(input.prefill[*decision.prefill].name) : nullptr;
@@ -40,7 +41,9 @@ nlohmann::json entryOf(const DecisionInput& input, const Decision& decision, con
                           {"compute_s", c.compute_s},
                           {"transfer_s", c.transfer_s},
                           {"step_s", c.step_s},
-                          {"leading_blocks", c.leading_blocks}});
+                          {"leading_blocks", c.leading_blocks},
+                          {"reserved_requests", c.reserved_requests},
+                          {"external_requests", c.external_requests}});
   }
   entry["candidates"] = std::move(candidates);
   return entry;
@@ -59,13 +62,13 @@ uint64_t DecisionLog::record(const DecisionInput& input, const Decision& decisio
   return sequence_;
 }
 
-void DecisionLog::observeTtft(uint64_t sequence, double seconds) {
+void DecisionLog::observe(uint64_t sequence, const char* field, double seconds) {
   if (sequence == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   // Entries are in sequence order without gaps: the wanted one is found by
   // its distance from the newest.
   if (entries_.empty() || sequence > sequence_ || sequence_ - sequence >= entries_.size()) return;
-  entries_[entries_.size() - 1 - (sequence_ - sequence)]["observed_ttft_s"] = seconds;
+  entries_[entries_.size() - 1 - (sequence_ - sequence)][field] = seconds;
 }
 
 nlohmann::json DecisionLog::recent(size_t n) const {

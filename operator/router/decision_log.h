@@ -20,8 +20,9 @@ class DecisionLog {
   // Keeps the decision (the oldest is dropped past the capacity); returns
   // its sequence number (0 when the log is off).
   uint64_t record(const DecisionInput& input, const Decision& decision, const char* policy);
-  // Adds what happened to a kept decision: the TTFT its client saw.
-  void observeTtft(uint64_t sequence, double seconds);
+  // Adds what happened to a kept decision: `field` ("observed_ttft_s",
+  // "observed_prefill_s") set to `seconds`.
+  void observe(uint64_t sequence, const char* field, double seconds);
   // The last min(n, kept) decisions, oldest first.
   nlohmann::json recent(size_t n) const;
   size_t capacity() const { return capacity_; }

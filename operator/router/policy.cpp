@@ -8,8 +8,10 @@
 namespace tandem::router {
 namespace {
 
-// Weight of one observation in the learned overheads' running means.
+// Weight of one observation in the learned per-path overheads.
 constexpr double kOverheadLearningRate = 0.05;
+// Each observation's weight in the after-hand-off fit decays by this.
+constexpr double kHandoffForgetting = 0.98;
 
 // Costs within this relative distance of the least are ties (they differ
 // only by rounding of the same terms summed in another order).
@@ -35,8 +37,8 @@ class TimeModel {
   // what a simulated agent's hand-off takes.
   double transferSeconds(int64_t tokens) const {
     if (tokens <= 0) return 0;
-    const int64_t blocks = (tokens + input_.block_size - 1) / input_.block_size;
-    return engine::simulatedTransferSeconds(profile_, blocks, input_.block_size);
+    return engine::simulatedTransferSeconds(profile_, blocksOf(tokens, input_.block_size),
+                                            input_.block_size);
   }
 
   // Wait before a new prefill on `agent` starts: the reserved uncached
@@ -103,6 +105,10 @@ std::optional<size_t> cheapestWithRandomTies(const std::vector<AgentView>& agent
   return tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(random)];
 }
 
+int64_t blocksOf(int64_t tokens, int32_t block_size) {
+  return (tokens + block_size - 1) / block_size;
+}
+
 int64_t heldTokens(const DecisionInput& input, const AgentView& agent) {
   return std::clamp<int64_t>(agent.leading_blocks * input.block_size, 0, input.num_prompt_tokens);
 }
@@ -140,9 +146,10 @@ std::optional<size_t> Chooser::pick(const std::vector<AgentView>& agents, size_t
 //   cost = TTFT + max_tokens x the decode agent's predicted step (its ITL)
 //
 // A held prefix is worth exactly the compute it saves minus the transfer it
-// costs. Local prefill is a candidate only while the uncached part is under
-// disagg_threshold_tokens and the decode agent's step with that prefill in
-// it stays within itl_target_s (its other requests' ITL). Ties are random.
+// costs. Local prefill is a candidate only while the decode agent's step
+// with that prefill in it stays within itl_target_s (its other requests'
+// ITL) and, when one is configured, the uncached part is under
+// disagg_threshold_tokens. Ties are random.
 Decision Chooser::chooseKv(const DecisionInput& input) {
   const engine::StepProfile profile =
       options_.profile ? *options_.profile : defaultRoutingProfile();
@@ -154,6 +161,8 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     std::optional<size_t> prefill;
     size_t decode = 0;
     bool pull_back = false;
+    double prefill_s = 0;  // until the prefill agent answers (local: the TTFT)
+    int64_t blocks_read = 0;
     double ttft = 0;
     double cost = 0;
   };
@@ -171,7 +180,8 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     const int64_t uncached_on_decode = prompt - decode_held;
     // Local prefill on the decode agent.
     const double local_compute = model.prefillSeconds(uncached_on_decode, decode_held);
-    const bool local_allowed = uncached_on_decode < options_.disagg_threshold_tokens &&
+    const bool local_allowed = (!options_.disagg_threshold_tokens ||
+                                uncached_on_decode < *options_.disagg_threshold_tokens) &&
                                step + local_compute <= options_.itl_target_s;
     bool any_prefill = false;
     for (size_t p = 0; p < input.prefill.size(); ++p) {
@@ -185,7 +195,11 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       if (options_.pull_back &&
           decode.leading_blocks - prefill.leading_blocks >= options_.pull_back_min_blocks) {
         const double lent_compute = model.prefillSeconds(prompt - decode_held, decode_held);
-        const double lent_transfer = model.transferSeconds(decode_held - prefill_held);
+        // A lend is a hand-off the other way: it costs what a hand-off of
+        // those blocks is learned to cost, over the link's time.
+        const double lent_transfer =
+            model.transferSeconds(decode_held - prefill_held) +
+            learned_.afterHandoff(blocksOf(decode_held - prefill_held, input.block_size));
         if (lent_compute + lent_transfer < compute) {
           pull_back = true;
           compute = lent_compute;
@@ -193,16 +207,28 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
         }
       }
       // The decode agent reads what it does not hold.
-      const double handoff = model.transferSeconds(prompt - decode_held);
-      Option option{p, d, pull_back,
-                    prefill_ready[p] + compute + lend + handoff + step + handoff_overhead_s_, 0};
+      const int64_t blocks_read =
+          blocksOf(prompt, input.block_size) - decode_held / input.block_size;
+      const double handoff =
+          model.transferSeconds(prompt - decode_held) + learned_.afterHandoff(blocks_read);
+      Option option;
+      option.prefill = p;
+      option.decode = d;
+      option.pull_back = pull_back;
+      option.prefill_s = prefill_ready[p] + compute + lend +
+                         learned_.beforeHandoff(pull_back ? Path::kPullBack : Path::kDisaggregated);
+      option.blocks_read = blocks_read;
+      option.ttft = option.prefill_s + handoff + step;
       option.cost = option.ttft + output_steps * step;
       options.push_back(option);
     }
     if (local_allowed || !any_prefill) {
       // Local prefills queue on the decode agent like a prefill agent's.
-      Option option{std::nullopt, d, false,
-                    model.queueSeconds(decode) + local_compute + step + local_overhead_s_, 0};
+      Option option;
+      option.decode = d;
+      option.ttft = model.queueSeconds(decode) + local_compute + step +
+                    learned_.beforeHandoff(Path::kLocalPrefill);
+      option.prefill_s = option.ttft;
       option.cost = option.ttft + output_steps * step;
       options.push_back(option);
     }
@@ -224,6 +250,8 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
   decision.kind = chosen.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
   decision.pull_back = chosen.pull_back;
   decision.predicted_ttft_s = chosen.ttft;
+  decision.predicted_prefill_s = chosen.prefill_s;
+  decision.blocks_read = chosen.blocks_read;
   // Spilled: some agent held a longer prefix than either chosen one.
   int64_t longest = 0;
   for (const auto* agents : {&input.prefill, &input.decode}) {
@@ -247,6 +275,8 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       c.compute_s = model.prefillSeconds(prompt - held, held);
       c.cost = c.queue_s + c.compute_s;
       c.leading_blocks = agent.leading_blocks;
+      c.reserved_requests = agent.reserved_requests;
+      c.external_requests = agent.external_requests;
       decision.candidates.push_back(c);
     }
     for (const AgentView& agent : input.decode) {
@@ -260,17 +290,48 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       c.step_s = model.decodeStepSeconds(agent);
       c.cost = output_steps * c.step_s;
       c.leading_blocks = agent.leading_blocks;
+      c.reserved_requests = agent.reserved_requests;
+      c.external_requests = agent.external_requests;
       decision.candidates.push_back(c);
     }
   }
   return decision;
 }
 
-void Chooser::observeTtft(Decision::Kind kind, double observed_s, double predicted_s) {
-  if (options_.policy != Policy::kKv || predicted_s <= 0 || !std::isfinite(observed_s)) return;
-  double& overhead =
-      kind == Decision::Kind::kDisaggregated ? handoff_overhead_s_ : local_overhead_s_;
-  overhead = std::max(0.0, overhead + kOverheadLearningRate * (observed_s - predicted_s));
+void LearnedCosts::observeBeforeHandoff(Path path, double residual_s) {
+  if (!std::isfinite(residual_s)) return;
+  const size_t i = static_cast<size_t>(path);
+  const double weight = std::max(kOverheadLearningRate, 1.0 / static_cast<double>(++observed_[i]));
+  stage_[i] = std::max(0.0, stage_[i] + weight * residual_s);
+}
+
+void LearnedCosts::observeAfterHandoff(int64_t blocks_read, double residual_s) {
+  if (!std::isfinite(residual_s)) return;
+  const double x = static_cast<double>(blocks_read);
+  const double y = afterHandoff(blocks_read) + residual_s;  // all that is unmodelled
+  w_ = kHandoffForgetting * w_ + 1;
+  x_ = kHandoffForgetting * x_ + x;
+  y_ = kHandoffForgetting * y_ + y;
+  xx_ = kHandoffForgetting * xx_ + x * x;
+  xy_ = kHandoffForgetting * xy_ + x * y;
+  const double spread = w_ * xx_ - x_ * x_;
+  slope_ =
+      spread > 1e-9 * std::max(1.0, w_ * xx_) ? std::max(0.0, (w_ * xy_ - x_ * y_) / spread) : 0.0;
+  intercept_ = std::max(0.0, (y_ - slope_ * x_) / w_);
+}
+
+void Chooser::observe(const Decision& decision, double observed_prefill_s, double observed_ttft_s) {
+  if (options_.policy != Policy::kKv || decision.predicted_ttft_s <= 0) return;
+  const Path path = pathOf(decision);
+  if (path == Path::kLocalPrefill) {
+    learned_.observeBeforeHandoff(path, observed_ttft_s - decision.predicted_ttft_s);
+    return;
+  }
+  if (observed_prefill_s < 0) return;
+  learned_.observeBeforeHandoff(path, observed_prefill_s - decision.predicted_prefill_s);
+  learned_.observeAfterHandoff(decision.blocks_read,
+                               (observed_ttft_s - observed_prefill_s) -
+                                   (decision.predicted_ttft_s - decision.predicted_prefill_s));
 }
 
 Decision Chooser::choose(const DecisionInput& input) {

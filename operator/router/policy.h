@@ -5,6 +5,7 @@
 // rules.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -64,6 +65,8 @@ struct CandidateCost {
   double transfer_s = 0;  // predicted KV hand-off
   double step_s = 0;      // a decode agent: predicted step (ITL) with this request
   int64_t leading_blocks = 0;
+  int64_t reserved_requests = 0;  // the ledger's
+  int64_t external_requests = 0;  // polled, not the ledger's
 };
 
 struct Decision {
@@ -80,14 +83,28 @@ struct Decision {
   // Of the prompt's full blocks, the fraction the chosen agents already hold
   // (the larger of the two).
   double overlap_ratio = 0;
-  // The kv policy's predicted time to first token (seconds; 0 otherwise).
+  // The kv policy's predicted time to first token (seconds; 0 otherwise),
+  // of which, disaggregated, the part until the prefill agent answers (local
+  // prefill: all of it), and the blocks the decode agent reads in the
+  // hand-off.
   double predicted_ttft_s = 0;
+  double predicted_prefill_s = 0;
+  int64_t blocks_read = 0;
   std::vector<CandidateCost> candidates;  // filled when PolicyOptions::explain
 };
 
+// How a decided request reaches its first token: the kv policy learns what
+// its model misses per path.
+enum class Path { kDisaggregated, kPullBack, kLocalPrefill };
+inline Path pathOf(const Decision& decision) {
+  if (decision.kind == Decision::Kind::kLocalPrefill) return Path::kLocalPrefill;
+  return decision.pull_back ? Path::kPullBack : Path::kDisaggregated;
+}
+
 struct PolicyOptions {
   Policy policy = Policy::kKv;
-  int64_t disagg_threshold_tokens = 256;
+  // RouterConfig::disagg_threshold_tokens.
+  std::optional<int64_t> disagg_threshold_tokens;
   bool pull_back = true;
   int64_t pull_back_min_blocks = 4;  // the agents' remote_pull_threshold
   // The agents' step-time model (simulation profile form), used by the kv
@@ -114,12 +131,43 @@ std::optional<size_t> cheapestWithRandomTies(const std::vector<AgentView>& agent
 // Of the prompt, the tokens `agent` holds (its leading blocks, at most the
 // prompt) and those it would compute itself.
 int64_t heldTokens(const DecisionInput& input, const AgentView& agent);
+// Blocks `tokens` tokens take (the last one partial).
+int64_t blocksOf(int64_t tokens, int32_t block_size);
 int64_t uncachedTokens(const DecisionInput& input, const AgentView& agent);
 
 // overlap_ratio of a decision whose agents are chosen.
 double overlapRatio(const DecisionInput& input, const Decision& decision);
 
-// Stateful only for round-robin cursors and the seeded random generator.
+// What the step-time model misses (HTTP hops, handshakes, a lend's hold
+// call, per-block costs of a transfer, scheduling), learned from what
+// clients saw: per path, the seconds to add before the hand-off (a local
+// prefill: to the whole TTFT), as a running mean (the plain mean of the
+// first 20 observations, then exponential with weight 0.05); and the
+// seconds to add after it as intercept + slope x blocks the decode agent
+// reads, fitted by least squares with exponential forgetting (0.98 per
+// observation), both terms kept >= 0.
+class LearnedCosts {
+ public:
+  double beforeHandoff(Path path) const { return stage_[static_cast<size_t>(path)]; }
+  double afterHandoff(int64_t blocks_read) const {
+    return intercept_ + slope_ * static_cast<double>(blocks_read);
+  }
+  // `residual_s`: observed minus predicted (the prediction already held the
+  // learned terms).
+  void observeBeforeHandoff(Path path, double residual_s);
+  void observeAfterHandoff(int64_t blocks_read, double residual_s);
+
+ private:
+  std::array<double, 3> stage_{};      // by Path
+  std::array<int64_t, 3> observed_{};  // by Path
+  // Weighted sums of x = blocks read, y = unmodelled seconds after the
+  // hand-off.
+  double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;
+  double intercept_ = 0, slope_ = 0;
+};
+
+// Stateful only for round-robin cursors, the seeded random generator and
+// the kv policy's LearnedCosts.
 class Chooser {
  public:
   explicit Chooser(PolicyOptions options, uint64_t seed = 1)
@@ -127,14 +175,11 @@ class Chooser {
   Decision choose(const DecisionInput& input);
   const PolicyOptions& options() const { return options_; }
 
-  // What a client saw of a kv decision: its TTFT against the prediction.
-  // The part the step-time model does not cover (HTTP hops, the hand-off's
-  // handshake, scheduling) is learned per kind as a running mean of the
-  // residual and added to later predictions of that kind.
-  void observeTtft(Decision::Kind kind, double observed_s, double predicted_s);
-  double learnedOverhead(Decision::Kind kind) const {
-    return kind == Decision::Kind::kDisaggregated ? handoff_overhead_s_ : local_overhead_s_;
-  }
+  // What a client saw of a kv decision: when the prefill agent answered
+  // (seconds from arrival; negative: not disaggregated) and its TTFT,
+  // against `decision`'s predictions (LearnedCosts).
+  void observe(const Decision& decision, double observed_prefill_s, double observed_ttft_s);
+  const LearnedCosts& learned() const { return learned_; }
 
  private:
   std::optional<size_t> pick(const std::vector<AgentView>& agents, size_t& cursor);
@@ -144,8 +189,7 @@ class Chooser {
   std::mt19937_64 random_;
   size_t prefill_cursor_ = 0;
   size_t decode_cursor_ = 0;
-  double handoff_overhead_s_ = 0;  // disaggregated (pull-back included)
-  double local_overhead_s_ = 0;    // prefilled on the decode agent
+  LearnedCosts learned_;
 };
 
 }  // namespace tandem::router

@@ -38,7 +38,7 @@ namespace {
 RouterConfig checked(RouterConfig config) {
   if (config.threads < 1) throw Error("router threads must be at least 1");
   if (config.worker_threads < 1) throw Error("router worker_threads must be at least 1");
-  if (config.disagg_threshold_tokens < 0) {
+  if (config.disagg_threshold_tokens && *config.disagg_threshold_tokens < 0) {
     throw Error("disagg_threshold_tokens must not be negative");
   }
   if (!(config.itl_target_s > 0) || !std::isfinite(config.itl_target_s)) {

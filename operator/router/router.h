@@ -45,13 +45,19 @@ enum class Policy { kKv, kRoundRobin, kRandom, kDynamo, kLlmD, kSglang };
 StatusOr<Policy> parsePolicy(std::string_view text);
 const char* policyName(Policy policy);
 
+// The conditional-disaggregation threshold of the policies that need one
+// when none is configured (the kv policy has its ITL target instead).
+inline constexpr int64_t kDefaultDisaggThresholdTokens = 256;
+
 struct RouterConfig {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (see Router::port())
   Policy policy = Policy::kKv;
-  // Prefill on the decode agent itself when the prompt's uncached part is
-  // shorter than this (conditional disaggregation).
-  int64_t disagg_threshold_tokens = 256;
+  // Prefill on the decode agent itself only when the prompt's uncached part
+  // is shorter than this (conditional disaggregation). Unset: the kv policy
+  // decides by its ITL target alone, the others use
+  // kDefaultDisaggThresholdTokens.
+  std::optional<int64_t> disagg_threshold_tokens;
   // Ask the decode agent holding a conversation to lend its prefix to the
   // prefill agent (decode → prefill pull-back).
   bool pull_back = true;

@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels.h"
+#include "tests/support/same_bits.h"
 
 namespace tandem::kernels {
 namespace {
@@ -29,14 +30,7 @@ std::vector<float> randomFloats(size_t n, uint32_t seed) {
   return out;
 }
 
-::testing::AssertionResult sameBits(const void* a, const void* b, size_t bytes) {
-  if (std::memcmp(a, b, bytes) == 0) return ::testing::AssertionSuccess();
-  const auto* x = static_cast<const uint8_t*>(a);
-  const auto* y = static_cast<const uint8_t*>(b);
-  size_t i = 0;
-  while (x[i] == y[i]) ++i;
-  return ::testing::AssertionFailure() << "byte " << i << " of " << bytes << " differs";
-}
+using ::tandem::testing::sameBits;
 
 std::string errorOf(const std::string& flag) {
   try {

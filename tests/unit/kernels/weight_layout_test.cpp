@@ -22,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "tests/support/same_bits.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -33,14 +34,7 @@ std::vector<uint8_t> randomBytes(size_t n, uint32_t seed) {
   return out;
 }
 
-::testing::AssertionResult sameBits(const void* a, const void* b, size_t bytes) {
-  if (std::memcmp(a, b, bytes) == 0) return ::testing::AssertionSuccess();
-  const auto* x = static_cast<const uint8_t*>(a);
-  const auto* y = static_cast<const uint8_t*>(b);
-  size_t i = 0;
-  while (x[i] == y[i]) ++i;
-  return ::testing::AssertionFailure() << "byte " << i << " of " << bytes << " differs";
-}
+using ::tandem::testing::sameBits;
 
 struct Shape {
   int64_t n;

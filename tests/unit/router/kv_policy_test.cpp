@@ -99,8 +99,10 @@ TEST(KvPolicy, PredictedTtftIsTheProfilesFormula) {
 }
 
 TEST(KvPolicy, EqualCostsSpreadAtRandom) {
+  // 2,048 uncached tokens: too long to prefill locally within the ITL
+  // target, so every decision disaggregates.
   Chooser chooser(kvOptions(), 42);
-  const DecisionInput input = cluster(4, 4, 512, 32);
+  const DecisionInput input = cluster(4, 4, 2048, 32);
   std::map<size_t, int> decode, prefill;
   for (int i = 0; i < 1000; ++i) {
     const Decision decision = chooser.choose(input);
@@ -215,31 +217,62 @@ TEST(KvPolicy, ExplainListsEveryHealthyCandidate) {
   }
 }
 
-TEST(KvPolicy, LearnsTheOverheadTheModelMissesPerKind) {
-  // Hand-offs take 30 ms more than the model says: the disaggregated
-  // prediction converges to that, the local one is untouched.
-  Chooser chooser(kvOptions());
-  const DecisionInput input = cluster(1, 1, 1024, 32);
-  const double model_only = chooser.choose(input).predicted_ttft_s;
-  for (int i = 0; i < 400; ++i) {
-    const double predicted = chooser.choose(input).predicted_ttft_s;
-    chooser.observeTtft(Decision::Kind::kDisaggregated, model_only + 0.030, predicted);
+TEST(KvPolicy, LearnsWhatTheModelMissesPerPathAndPerBlockRead) {
+  // Truth: 10 ms more before every hand-off, and 2 ms + 0.5 ms per block
+  // the decode agent reads after it; local prefills 4 ms more.
+  PolicyOptions options = kvOptions();
+  options.pull_back = false;
+  Chooser chooser(options, 3);
+  const LearnedCosts& learned = chooser.learned();
+  // What a client sees: the model's prediction (without what was learned so
+  // far) plus the truth above.
+  auto seen = [&](const Decision& d) {
+    const double before =
+        d.predicted_prefill_s - learned.beforeHandoff(Path::kDisaggregated) + 0.010;
+    const double after = d.predicted_ttft_s - d.predicted_prefill_s -
+                         learned.afterHandoff(d.blocks_read) + 0.002 +
+                         0.0005 * static_cast<double>(d.blocks_read);
+    return std::pair{before, before + after};
+  };
+  for (int i = 0; i < 600; ++i) {
+    DecisionInput input = cluster(1, 1, 2048, 32);
+    input.decode[0].leading_blocks = i % 80;  // reads 49..128 blocks: too many to prefill locally
+    const Decision d = chooser.choose(input);
+    ASSERT_EQ(d.kind, Decision::Kind::kDisaggregated);
+    EXPECT_EQ(d.blocks_read, 128 - i % 80);
+    // Predicted with what was learned so far.
+    EXPECT_NEAR(d.predicted_ttft_s - d.predicted_prefill_s,
+                profile().base_s + profile().decode_sequence_s + 5e-8 * (2048 + 32) +
+                    static_cast<double>(d.blocks_read) * 16 * 131072 / 4e10 +
+                    learned.afterHandoff(d.blocks_read),
+                1e-12);
+    const auto [prefill, ttft] = seen(d);
+    chooser.observe(d, prefill, ttft);
   }
-  EXPECT_NEAR(chooser.learnedOverhead(Decision::Kind::kDisaggregated), 0.030, 1e-4);
-  EXPECT_NEAR(chooser.choose(input).predicted_ttft_s, model_only + 0.030, 1e-4);
-  EXPECT_EQ(chooser.learnedOverhead(Decision::Kind::kLocalPrefill), 0);
-  // Faster than predicted brings it down, never below zero.
-  for (int i = 0; i < 400; ++i) {
-    chooser.observeTtft(Decision::Kind::kDisaggregated, 0.0,
-                        chooser.choose(input).predicted_ttft_s);
-  }
-  EXPECT_EQ(chooser.learnedOverhead(Decision::Kind::kDisaggregated), 0);
+  EXPECT_NEAR(learned.beforeHandoff(Path::kDisaggregated), 0.010, 1e-4);
+  EXPECT_NEAR(learned.afterHandoff(0), 0.002, 1e-4);
+  EXPECT_NEAR(learned.afterHandoff(100) - learned.afterHandoff(0), 0.050, 1e-3);
+  EXPECT_EQ(learned.beforeHandoff(Path::kLocalPrefill), 0);
+  EXPECT_EQ(learned.beforeHandoff(Path::kPullBack), 0);
+
+  // A local prefill: the whole residual, the first observation in full.
+  DecisionInput local = cluster(1, 1, 1000, 32);
+  local.decode[0].leading_blocks = 50;
+  const Decision d = chooser.choose(local);
+  ASSERT_EQ(d.kind, Decision::Kind::kLocalPrefill);
+  chooser.observe(d, -1, d.predicted_ttft_s + 0.004);
+  EXPECT_NEAR(learned.beforeHandoff(Path::kLocalPrefill), 0.004, 1e-12);
+  // Faster than predicted lowers a term, never below zero.
+  for (int i = 0; i < 100; ++i) chooser.observe(chooser.choose(local), -1, 0.0);
+  EXPECT_EQ(learned.beforeHandoff(Path::kLocalPrefill), 0);
+
   // Other policies learn nothing.
   PolicyOptions dynamo = kvOptions();
   dynamo.policy = Policy::kDynamo;
   Chooser other(dynamo);
-  other.observeTtft(Decision::Kind::kDisaggregated, 1.0, 0.1);
-  EXPECT_EQ(other.learnedOverhead(Decision::Kind::kDisaggregated), 0);
+  Decision guess = d;
+  other.observe(guess, -1, 1.0);
+  EXPECT_EQ(other.learned().beforeHandoff(Path::kLocalPrefill), 0);
 }
 
 AgentPtr agentState(const std::string& name) {
