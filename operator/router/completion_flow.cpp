@@ -338,6 +338,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                                               arrival, decode_reservation, prediction);
     if (outcome == DecodeOutcome::kDone) {
       metrics_.countDecision(label);
+      if (decision.affinity && !retried) metrics_.countDecision("affinity");
       if (decision.spilled && !retried) metrics_.countDecision("spill");
       if (retried) metrics_.countDecision("retried");
       co_return;

@@ -23,6 +23,7 @@ nlohmann::json entryOf(const DecisionInput& input, const Decision& decision, con
                           {"max_tokens", input.max_tokens},
                           {"kind", kindName(decision.kind)},
                           {"pull_back", decision.pull_back},
+                          {"affinity", decision.affinity},
                           {"spilled", decision.spilled},
                           {"overlap_ratio", decision.overlap_ratio},
                           {"predicted_ttft_s", decision.predicted_ttft_s},

@@ -252,16 +252,6 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
   decision.predicted_ttft_s = chosen.ttft;
   decision.predicted_prefill_s = chosen.prefill_s;
   decision.blocks_read = chosen.blocks_read;
-  // Spilled: some agent held a longer prefix than either chosen one.
-  int64_t longest = 0;
-  for (const auto* agents : {&input.prefill, &input.decode}) {
-    for (const AgentView& agent : *agents) {
-      if (agent.healthy) longest = std::max(longest, agent.leading_blocks);
-    }
-  }
-  int64_t used = input.decode[chosen.decode].leading_blocks;
-  if (chosen.prefill) used = std::max(used, input.prefill[*chosen.prefill].leading_blocks);
-  decision.spilled = used < longest;
 
   if (options_.explain) {
     for (size_t p = 0; p < input.prefill.size(); ++p) {
@@ -358,7 +348,21 @@ Decision Chooser::choose(const DecisionInput& input) {
           decision.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
       break;
   }
-  if (decision.decode) decision.overlap_ratio = overlapRatio(input, decision);
+  if (decision.decode) {
+    decision.overlap_ratio = overlapRatio(input, decision);
+    // Affinity: the chosen agents hold the longest prefix any agent holds;
+    // spilled: another agent held a longer one.
+    int64_t longest = 0;
+    for (const auto* agents : {&input.prefill, &input.decode}) {
+      for (const AgentView& agent : *agents) {
+        if (agent.healthy) longest = std::max(longest, agent.leading_blocks);
+      }
+    }
+    int64_t used = input.decode[*decision.decode].leading_blocks;
+    if (decision.prefill) used = std::max(used, input.prefill[*decision.prefill].leading_blocks);
+    decision.affinity = used > 0 && used == longest;
+    decision.spilled = used < longest;
+  }
   return decision;
 }
 

@@ -76,9 +76,12 @@ struct Decision {
   std::optional<size_t> decode;   // index into DecisionInput::decode
   // The decode agent holds a longer prefix than the prefill agent: lend it.
   bool pull_back = false;
-  // Every holder of the prompt's prefix was loaded beyond the band: the
-  // request went to a less-loaded agent, which reads the prefix from a
-  // holder or recomputes it (a hot prefix spreads).
+  // The chosen agents hold the longest prefix of the prompt any healthy
+  // agent holds (and it is not empty).
+  bool affinity = false;
+  // Another agent held a longer prefix than the chosen ones: under the kv
+  // policy, its holders' queues cost more than the compute it saves, and
+  // the request went to a less-loaded agent (a hot prefix spreads).
   bool spilled = false;
   // Of the prompt's full blocks, the fraction the chosen agents already hold
   // (the larger of the two).

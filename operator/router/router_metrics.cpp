@@ -47,12 +47,12 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                    .Name("tandem_router_requests_total")
                    .Help(
                        "Requests by routing decision: disaggregated, local_prefill, pull_back, "
-                       "spill (a hot prefix's holders were passed over for a less-loaded agent; "
-                       "also counted under its kind), retried (also counted under its final "
-                       "decision), rejected.")
+                       "affinity (the chosen agents held the longest prefix any agent held) and "
+                       "spill (another agent held a longer one), both also counted under their "
+                       "kind, retried (also counted under its final decision), rejected.")
                    .Register(*registry_);
-  for (const char* decision :
-       {"disaggregated", "local_prefill", "pull_back", "spill", "retried", "rejected"}) {
+  for (const char* decision : {"disaggregated", "local_prefill", "pull_back", "affinity", "spill",
+                               "retried", "rejected"}) {
     requests_->Add({{"decision", decision}});
   }
   upstream_errors_ = &BuildCounter()

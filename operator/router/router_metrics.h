@@ -26,8 +26,8 @@ class RouterMetrics {
   RouterMetrics();
   ~RouterMetrics();
 
-  // decision: disaggregated, local_prefill, pull_back, spill, retried,
-  // rejected.
+  // decision: disaggregated, local_prefill, pull_back, affinity, spill,
+  // retried, rejected.
   void countDecision(const std::string& decision);
   void observeDecision(double seconds, double overlap_ratio);
   void observeTtft(double seconds);

@@ -366,7 +366,7 @@ TEST_F(RouterTest, TheKvPolicyShiftsLoadAwayFromASlowDecodeAgent) {
   dir.write("fast.yaml", routedProfile(1));
   dir.write("slow.yaml", routedProfile(10));
   RouterClusterOptions options;
-  options.prefills = 1;
+  options.prefills = 2;
   options.decodes = 2;
   options.agent_args = [&](bool prefill, int index) {
     const bool slow = !prefill && index == 0;
@@ -406,7 +406,7 @@ TEST_F(RouterTest, TheKvPolicyShiftsLoadAwayFromASlowDecodeAgent) {
   // Every reservation was released.
   EXPECT_TRUE(eventually([&] {
     const std::string text = routerMetrics();
-    for (const std::string name : {"prefill-0", "decode-0", "decode-1"}) {
+    for (const std::string name : {"prefill-0", "prefill-1", "decode-0", "decode-1"}) {
       if (prometheusSample(text, "tandem_router_reserved_requests", "agent=\"" + name + "\"")
               .value_or(-1) != 0) {
         return false;

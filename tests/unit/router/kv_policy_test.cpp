@@ -151,6 +151,7 @@ TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   input.prefill[0].leading_blocks = 128;  // holds the 2,048-token system prompt
   Decision decision = chooser.choose(input);
   EXPECT_EQ(decision.prefill, 0u);
+  EXPECT_TRUE(decision.affinity);
   EXPECT_FALSE(decision.spilled);
   // The holder's queue now costs more than computing the prefix elsewhere:
   // 2,048 tokens of compute ≈ 2048 * 2e-5 + attention; 3,000 queued tokens
@@ -159,6 +160,7 @@ TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   input.prefill[0].reserved_requests = 3;
   decision = chooser.choose(input);
   EXPECT_EQ(decision.prefill, 1u);
+  EXPECT_FALSE(decision.affinity);
   EXPECT_TRUE(decision.spilled);
   // Just under the break-even it stays with the holder.
   const double saved =
