@@ -100,6 +100,18 @@ size_t blocksOffered(const json& params) {
   return it != params.end() && it->is_array() ? it->size() : 0;
 }
 
+// What a request reserves on its prefill agent: itself and the prompt
+// tokens the agent does not hold.
+LedgerCounts prefillCounts(const DecisionInput& input, const AgentView& prefill) {
+  return {1, uncachedTokens(input, prefill), 0};
+}
+
+// What a request reserves on its decode agent: itself, its projected KV
+// and, prefilled there, the prompt tokens the agent does not hold.
+LedgerCounts decodeCounts(const DecisionInput& input, const AgentView& decode, bool local) {
+  return {1, local ? uncachedTokens(input, decode) : 0, input.num_prompt_tokens + input.max_tokens};
+}
+
 const char* targetOf(const json& body) {
   return body.contains("messages") ? "/v1/chat/completions" : "/v1/completions";
 }
@@ -262,12 +274,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       const AgentView& decode = input.decode[*decision.decode];
       const bool local = decision.kind == Decision::Kind::kLocalPrefill;
       decode_reservation = ledger_.reserveLocked(decode_agents[*decision.decode],
-                                                 {1, local ? uncachedTokens(input, decode) : 0,
-                                                  input.num_prompt_tokens + input.max_tokens});
+                                                 decodeCounts(input, decode, local));
       if (decision.prefill) {
         prefill_reservation =
             ledger_.reserveLocked(prefill_agents[*decision.prefill],
-                                  {1, uncachedTokens(input, input.prefill[*decision.prefill]), 0});
+                                  prefillCounts(input, input.prefill[*decision.prefill]));
       }
     }
   }
@@ -289,14 +300,6 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   decision.candidates.clear();  // logged; not needed below
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
-    if (attempt > 0) {
-      // Retried here, prefilled here: this agent's reservation replaces the
-      // last one's.
-      decode_reservation.release();
-      decode_reservation =
-          ledger_.reserve(decode, {1, uncachedTokens(input, input.decode[decode_order[attempt]]),
-                                   input.num_prompt_tokens + input.max_tokens});
-    }
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
       handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, decode,
@@ -320,13 +323,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     const std::string label = !handoff.params.is_null()
                                   ? (handoff.pulled_back ? "pull_back" : "disaggregated")
                                   : "local_prefill";
-    if (handoff.params.is_null() && attempt == 0 &&
-        decision.kind == Decision::Kind::kDisaggregated) {
-      // Every prefill agent failed: the decode agent prefills the prompt.
-      decode_reservation.release();
+    if (handoff.params.is_null() &&
+        (attempt > 0 || decision.kind == Decision::Kind::kDisaggregated)) {
+      // Retried here, or every prefill agent failed: this decode agent
+      // prefills the prompt, and its reservation replaces the last one.
       decode_reservation =
-          ledger_.reserve(decode, {1, uncachedTokens(input, input.decode[decode_order[attempt]]),
-                                   input.num_prompt_tokens + input.max_tokens});
+          ledger_.reserve(decode, decodeCounts(input, input.decode[decode_order[attempt]], true));
     }
     Prediction prediction;
     if (!retried) {
@@ -389,9 +391,7 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   for (size_t attempt = 0; attempt < order.size() && !exchange.clientGone(); ++attempt) {
     const AgentPtr& prefill = prefill_agents[order[attempt]];
     if (attempt > 0) {
-      reservation.release();
-      reservation =
-          ledger_.reserve(prefill, {1, uncachedTokens(input, input.prefill[order[attempt]]), 0});
+      reservation = ledger_.reserve(prefill, prefillCounts(input, input.prefill[order[attempt]]));
     }
     UpstreamResult result = co_await callAgent(prefill->endpoint, http::verb::post, target,
                                                prefill_body, upstream_timeout_s_, &exchange);

@@ -69,6 +69,24 @@ class TimeModel {
   const DecisionInput& input_;
 };
 
+// Of the candidates with a cost, one of least cost; costs within
+// kTieTolerance of the least are ties, one drawn uniformly with `random`.
+// nullopt when there is no candidate.
+std::optional<size_t> leastAtRandom(const std::vector<std::optional<double>>& costs,
+                                    std::mt19937_64& random) {
+  std::optional<double> least;
+  for (const std::optional<double>& cost : costs) {
+    if (cost && (!least || *cost < *least)) least = cost;
+  }
+  if (!least) return std::nullopt;
+  const double bound = *least + kTieTolerance * std::max(1.0, std::abs(*least));
+  std::vector<size_t> tied;
+  for (size_t i = 0; i < costs.size(); ++i) {
+    if (costs[i] && *costs[i] <= bound) tied.push_back(i);
+  }
+  return tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(random)];
+}
+
 }  // namespace
 
 engine::StepProfile defaultRoutingProfile() {
@@ -89,20 +107,11 @@ engine::StepProfile defaultRoutingProfile() {
 std::optional<size_t> cheapestWithRandomTies(const std::vector<AgentView>& agents,
                                              const std::function<double(const AgentView&)>& cost,
                                              std::mt19937_64& random) {
-  std::vector<double> costs(agents.size());
-  std::optional<double> least;
+  std::vector<std::optional<double>> costs(agents.size());
   for (size_t i = 0; i < agents.size(); ++i) {
-    if (!agents[i].healthy) continue;
-    costs[i] = cost(agents[i]);
-    if (!least || costs[i] < *least) least = costs[i];
+    if (agents[i].healthy) costs[i] = cost(agents[i]);
   }
-  if (!least) return std::nullopt;
-  const double bound = *least + kTieTolerance * std::max(1.0, std::abs(*least));
-  std::vector<size_t> tied;
-  for (size_t i = 0; i < agents.size(); ++i) {
-    if (agents[i].healthy && costs[i] <= bound) tied.push_back(i);
-  }
-  return tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(random)];
+  return leastAtRandom(costs, random);
 }
 
 int64_t blocksOf(int64_t tokens, int32_t block_size) {
@@ -166,85 +175,102 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     double ttft = 0;
     double cost = 0;
   };
-  std::vector<Option> options;
-  // Prefill side, independent of the decode agent but for pull-back.
-  std::vector<double> prefill_ready(input.prefill.size(), 0);
+  // Each agent's own terms, once.
+  struct PrefillTerms {
+    int64_t held = 0;
+    double queue = 0;
+    double compute = 0;  // of what it does not hold
+  };
+  std::vector<PrefillTerms> prefill_terms(input.prefill.size());
   for (size_t p = 0; p < input.prefill.size(); ++p) {
-    prefill_ready[p] = model.queueSeconds(input.prefill[p]);
+    const AgentView& agent = input.prefill[p];
+    PrefillTerms& t = prefill_terms[p];
+    t.held = heldTokens(input, agent);
+    t.queue = model.queueSeconds(agent);
+    t.compute = model.prefillSeconds(prompt - t.held, t.held);
   }
+  struct DecodeTerms {
+    int64_t held = 0;
+    double step = 0;          // its ITL with this request
+    double queue = 0;         // before a local prefill
+    double compute = 0;       // a local prefill of what it does not hold
+    double link = 0;          // the link time of the blocks it reads in a hand-off
+    int64_t blocks_read = 0;  // in a hand-off
+  };
+  std::vector<DecodeTerms> decode_terms(input.decode.size());
+  for (size_t d = 0; d < input.decode.size(); ++d) {
+    const AgentView& agent = input.decode[d];
+    DecodeTerms& t = decode_terms[d];
+    t.held = heldTokens(input, agent);
+    t.step = model.decodeStepSeconds(agent);
+    t.queue = model.queueSeconds(agent);
+    t.compute = model.prefillSeconds(prompt - t.held, t.held);
+    t.link = model.transferSeconds(prompt - t.held);
+    t.blocks_read = blocksOf(prompt, input.block_size) - t.held / input.block_size;
+  }
+
+  std::vector<Option> options;
   for (size_t d = 0; d < input.decode.size(); ++d) {
     const AgentView& decode = input.decode[d];
     if (!decode.healthy) continue;
-    const double step = model.decodeStepSeconds(decode);
-    const int64_t decode_held = heldTokens(input, decode);
-    const int64_t uncached_on_decode = prompt - decode_held;
-    // Local prefill on the decode agent.
-    const double local_compute = model.prefillSeconds(uncached_on_decode, decode_held);
+    const DecodeTerms& dt = decode_terms[d];
     const bool local_allowed = (!options_.disagg_threshold_tokens ||
-                                uncached_on_decode < *options_.disagg_threshold_tokens) &&
-                               step + local_compute <= options_.itl_target_s;
+                                prompt - dt.held < *options_.disagg_threshold_tokens) &&
+                               dt.step + dt.compute <= options_.itl_target_s;
+    // The decode agent reads what it does not hold.
+    const double handoff = dt.link + learned_.afterHandoff(dt.blocks_read);
     bool any_prefill = false;
     for (size_t p = 0; p < input.prefill.size(); ++p) {
       const AgentView& prefill = input.prefill[p];
       if (!prefill.healthy) continue;
       any_prefill = true;
-      const int64_t prefill_held = heldTokens(input, prefill);
-      double compute = model.prefillSeconds(prompt - prefill_held, prefill_held);
+      const PrefillTerms& pt = prefill_terms[p];
+      double compute = pt.compute;
       double lend = 0;
       bool pull_back = false;
       if (options_.pull_back &&
           decode.leading_blocks - prefill.leading_blocks >= options_.pull_back_min_blocks) {
-        const double lent_compute = model.prefillSeconds(prompt - decode_held, decode_held);
         // A lend is a hand-off the other way: it costs what a hand-off of
-        // those blocks is learned to cost, over the link's time.
+        // those blocks is learned to cost, over the link's time. The
+        // prefill agent then computes what the decode agent does not hold.
         const double lent_transfer =
-            model.transferSeconds(decode_held - prefill_held) +
-            learned_.afterHandoff(blocksOf(decode_held - prefill_held, input.block_size));
-        if (lent_compute + lent_transfer < compute) {
+            model.transferSeconds(dt.held - pt.held) +
+            learned_.afterHandoff(blocksOf(dt.held - pt.held, input.block_size));
+        if (dt.compute + lent_transfer < compute) {
           pull_back = true;
-          compute = lent_compute;
+          compute = dt.compute;
           lend = lent_transfer;
         }
       }
-      // The decode agent reads what it does not hold.
-      const int64_t blocks_read =
-          blocksOf(prompt, input.block_size) - decode_held / input.block_size;
-      const double handoff =
-          model.transferSeconds(prompt - decode_held) + learned_.afterHandoff(blocks_read);
       Option option;
       option.prefill = p;
       option.decode = d;
       option.pull_back = pull_back;
-      option.prefill_s = prefill_ready[p] + compute + lend +
+      option.prefill_s = pt.queue + compute + lend +
                          learned_.beforeHandoff(pull_back ? Path::kPullBack : Path::kDisaggregated);
-      option.blocks_read = blocks_read;
-      option.ttft = option.prefill_s + handoff + step;
-      option.cost = option.ttft + output_steps * step;
+      option.blocks_read = dt.blocks_read;
+      option.ttft = option.prefill_s + handoff + dt.step;
+      option.cost = option.ttft + output_steps * dt.step;
       options.push_back(option);
     }
     if (local_allowed || !any_prefill) {
       // Local prefills queue on the decode agent like a prefill agent's.
       Option option;
       option.decode = d;
-      option.ttft = model.queueSeconds(decode) + local_compute + step +
-                    learned_.beforeHandoff(Path::kLocalPrefill);
+      option.ttft = dt.queue + dt.compute + dt.step + learned_.beforeHandoff(Path::kLocalPrefill);
       option.prefill_s = option.ttft;
-      option.cost = option.ttft + output_steps * step;
+      option.cost = option.ttft + output_steps * dt.step;
       options.push_back(option);
     }
   }
 
   Decision decision;
-  if (options.empty()) return decision;
-  double least = options.front().cost;
-  for (const Option& option : options) least = std::min(least, option.cost);
-  const double bound = least + kTieTolerance * std::max(1.0, std::abs(least));
-  std::vector<size_t> tied;
-  for (size_t i = 0; i < options.size(); ++i) {
-    if (options[i].cost <= bound) tied.push_back(i);
-  }
-  const Option& chosen =
-      options[tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(random_)]];
+  std::vector<std::optional<double>> costs;
+  costs.reserve(options.size());
+  for (const Option& option : options) costs.push_back(option.cost);
+  const std::optional<size_t> pick = leastAtRandom(costs, random_);
+  if (!pick) return decision;
+  const Option& chosen = options[*pick];
   decision.decode = chosen.decode;
   decision.prefill = chosen.prefill;
   decision.kind = chosen.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
@@ -254,35 +280,33 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
   decision.blocks_read = chosen.blocks_read;
 
   if (options_.explain) {
+    auto candidate = [](const AgentView& agent) {
+      CandidateCost c;
+      c.agent = agent.name;
+      c.leading_blocks = agent.leading_blocks;
+      c.reserved_requests = agent.reserved_requests;
+      c.external_requests = agent.external_requests;
+      return c;
+    };
     for (size_t p = 0; p < input.prefill.size(); ++p) {
-      const AgentView& agent = input.prefill[p];
-      if (!agent.healthy) continue;
-      const int64_t held = heldTokens(input, agent);
-      CandidateCost c;
-      c.agent = agent.name;
+      if (!input.prefill[p].healthy) continue;
+      CandidateCost c = candidate(input.prefill[p]);
       c.prefill = true;
-      c.queue_s = prefill_ready[p];
-      c.compute_s = model.prefillSeconds(prompt - held, held);
+      c.queue_s = prefill_terms[p].queue;
+      c.compute_s = prefill_terms[p].compute;
       c.cost = c.queue_s + c.compute_s;
-      c.leading_blocks = agent.leading_blocks;
-      c.reserved_requests = agent.reserved_requests;
-      c.external_requests = agent.external_requests;
-      decision.candidates.push_back(c);
+      decision.candidates.push_back(std::move(c));
     }
-    for (const AgentView& agent : input.decode) {
-      if (!agent.healthy) continue;
-      const int64_t held = heldTokens(input, agent);
-      CandidateCost c;
-      c.agent = agent.name;
-      c.queue_s = model.queueSeconds(agent);
-      c.compute_s = model.prefillSeconds(prompt - held, held);
-      c.transfer_s = model.transferSeconds(prompt - held);
-      c.step_s = model.decodeStepSeconds(agent);
+    for (size_t d = 0; d < input.decode.size(); ++d) {
+      if (!input.decode[d].healthy) continue;
+      const DecodeTerms& t = decode_terms[d];
+      CandidateCost c = candidate(input.decode[d]);
+      c.queue_s = t.queue;
+      c.compute_s = t.compute;
+      c.transfer_s = t.link;
+      c.step_s = t.step;
       c.cost = output_steps * c.step_s;
-      c.leading_blocks = agent.leading_blocks;
-      c.reserved_requests = agent.reserved_requests;
-      c.external_requests = agent.external_requests;
-      decision.candidates.push_back(c);
+      decision.candidates.push_back(std::move(c));
     }
   }
   return decision;
