@@ -4,6 +4,8 @@
 #include <xxhash.h>
 
 #include <array>
+#include <bit>
+#include <cstring>
 #include <limits>
 
 #include "common/check.h"
@@ -13,12 +15,20 @@ namespace {
 
 constexpr uint8_t kFormatVersion = 1;
 
-void appendU32Le(std::string& out, uint32_t value) {
-  for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<char>(value >> shift));
+// The encoders below write into a buffer already sized for them and return
+// the position after what they wrote.
+char* putU32Le(char* out, uint32_t value) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(out, &value, 4);
+    return out + 4;
+  }
+  for (int shift = 0; shift < 32; shift += 8) *out++ = static_cast<char>(value >> shift);
+  return out;
 }
 
-void appendU64Be(std::string& out, uint64_t value) {
-  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>(value >> shift));
+char* putU64Be(char* out, uint64_t value) {
+  for (int shift = 56; shift >= 0; shift -= 8) *out++ = static_cast<char>(value >> shift);
+  return out;
 }
 
 uint64_t readU64Be(const unsigned char* bytes) {
@@ -27,11 +37,10 @@ uint64_t readU64Be(const unsigned char* bytes) {
   return value;
 }
 
-void appendString(std::string& out, std::string_view text) {
-  TANDEM_CHECK(text.size() <= std::numeric_limits<uint32_t>::max(),
-               "block hash extra longer than 4 GiB");
-  appendU32Le(out, static_cast<uint32_t>(text.size()));
-  out.append(text);
+char* putString(char* out, std::string_view text) {
+  out = putU32Le(out, static_cast<uint32_t>(text.size()));
+  std::memcpy(out, text.data(), text.size());
+  return out + text.size();
 }
 
 int hexValue(char c) {
@@ -96,16 +105,28 @@ BlockHasher::BlockHasher(HashAlgorithm algorithm, std::string model_identity, in
 
 void BlockHasher::encode(const BlockHash* parent, std::span<const TokenId> block_tokens,
                          std::string_view cache_salt, std::string& out) const {
-  out.clear();
-  out.reserve(30 + 4 * block_tokens.size() + model_identity_.size() + cache_salt.size());
-  out.push_back(static_cast<char>(kFormatVersion));
-  out.push_back(parent != nullptr ? 1 : 0);
-  appendU64Be(out, parent != nullptr ? parent->high : 0);
-  appendU64Be(out, parent != nullptr ? parent->low : 0);
-  appendU32Le(out, static_cast<uint32_t>(block_tokens.size()));
-  for (TokenId token : block_tokens) appendU32Le(out, static_cast<uint32_t>(token));
-  appendString(out, model_identity_);
-  appendString(out, cache_salt);
+  TANDEM_CHECK(cache_salt.size() <= std::numeric_limits<uint32_t>::max() &&
+                   model_identity_.size() <= std::numeric_limits<uint32_t>::max(),
+               "block hash extra longer than 4 GiB");
+  // Sized once and written in place: a routing decision hashes every block of
+  // a prompt, so this runs thousands of times per request.
+  out.resize(2 + 16 + 4 + 4 * block_tokens.size() + 4 + model_identity_.size() + 4 +
+             cache_salt.size());
+  char* p = out.data();
+  *p++ = static_cast<char>(kFormatVersion);
+  *p++ = parent != nullptr ? 1 : 0;
+  p = putU64Be(p, parent != nullptr ? parent->high : 0);
+  p = putU64Be(p, parent != nullptr ? parent->low : 0);
+  p = putU32Le(p, static_cast<uint32_t>(block_tokens.size()));
+  if constexpr (std::endian::native == std::endian::little && sizeof(TokenId) == 4) {
+    std::memcpy(p, block_tokens.data(), 4 * block_tokens.size());
+    p += 4 * block_tokens.size();
+  } else {
+    for (TokenId token : block_tokens) p = putU32Le(p, static_cast<uint32_t>(token));
+  }
+  p = putString(p, model_identity_);
+  p = putString(p, cache_salt);
+  TANDEM_CHECK(p == out.data() + out.size(), "block hash encoding size");
 }
 
 BlockHash BlockHasher::digest(const std::string& bytes) const {

@@ -5,39 +5,11 @@
 namespace tandem::router {
 namespace {
 
-constexpr size_t kSlotsPerWord = 64;  // as OwnershipIndex::SlotBits
+constexpr size_t kSlotsPerWord = HolderTable::kSlotsPerWord;
 
 uint64_t bitOf(size_t slot) { return uint64_t{1} << (slot % kSlotsPerWord); }
 
 }  // namespace
-
-void OwnershipIndex::SlotBits::set(size_t slot) {
-  static_assert(kSlotsPerWord == SlotBits::kSlotsPerWord);
-  const size_t index = slot / kSlotsPerWord;
-  if (index == 0) {
-    first_ |= bitOf(slot);
-    return;
-  }
-  if (rest_.size() < index) rest_.resize(index, 0);
-  rest_[index - 1] |= bitOf(slot);
-}
-
-void OwnershipIndex::SlotBits::reset(size_t slot) {
-  const size_t index = slot / kSlotsPerWord;
-  if (index == 0) {
-    first_ &= ~bitOf(slot);
-  } else if (index - 1 < rest_.size()) {
-    rest_[index - 1] &= ~bitOf(slot);
-  }
-}
-
-bool OwnershipIndex::SlotBits::none() const {
-  if (first_ != 0) return false;
-  for (uint64_t word : rest_) {
-    if (word != 0) return false;
-  }
-  return true;
-}
 
 template <typename Apply>
 void OwnershipIndex::forEachHash(const nlohmann::json& event, Apply apply) {
@@ -67,15 +39,12 @@ OwnershipIndex::AgentState& OwnershipIndex::stateOf(const std::string& agent) {
 
 void OwnershipIndex::insertBlock(AgentState& state, const BlockHash& hash) {
   if (!state.blocks.insert(hash).second) return;
-  holders_[hash].set(state.slot);
+  holders_.set(hash, state.slot);
 }
 
 void OwnershipIndex::eraseBlock(AgentState& state, const BlockHash& hash) {
   if (state.blocks.erase(hash) == 0) return;
-  auto it = holders_.find(hash);
-  if (it == holders_.end()) return;
-  it->second.reset(state.slot);
-  if (it->second.none()) holders_.erase(it);
+  holders_.reset(hash, state.slot);
 }
 
 void OwnershipIndex::clearBlocks(AgentState& state) {
@@ -178,27 +147,29 @@ std::unordered_map<std::string, int64_t> OwnershipIndex::leadingBlocksForAll(
     running[state.slot / kSlotsPerWord] |= bitOf(state.slot);
     ++num_running;
   }
-  int64_t position = 0;
-  for (const BlockHash& hash : hashes) {
+  // Each lookup is about one cache miss; loading the entries a few blocks
+  // ahead overlaps them.
+  constexpr size_t kPrefetchAhead = 24;
+  for (size_t i = 0; i < hashes.size(); ++i) {
     if (num_running == 0) break;
-    auto it = holders_.find(hash);
+    if (i + kPrefetchAhead < hashes.size()) holders_.prefetch(hashes[i + kPrefetchAhead]);
+    const uint64_t* bits = holders_.find(hashes[i]);
     for (size_t word = 0; word < running.size(); ++word) {
-      const uint64_t held = it == holders_.end() ? 0 : it->second.word(word);
+      const uint64_t held = bits == nullptr || word >= holders_.words() ? 0 : bits[word];
       uint64_t stopped = running[word] & ~held;
       running[word] &= held;
       while (stopped != 0) {
         const size_t bit = static_cast<size_t>(std::countr_zero(stopped));
         stopped &= stopped - 1;
-        counts[word * kSlotsPerWord + bit] = position;
+        counts[word * kSlotsPerWord + bit] = static_cast<int64_t>(i);
         --num_running;
       }
     }
-    ++position;
   }
   for (size_t slot = 0; slot < next_slot_; ++slot) {
     if (names[slot] == nullptr) continue;
     if ((running[slot / kSlotsPerWord] & bitOf(slot)) != 0) {
-      counts[slot] = position;  // held every hash walked
+      counts[slot] = static_cast<int64_t>(hashes.size());  // held every hash
     }
     result[*names[slot]] = counts[slot];
   }
@@ -214,10 +185,13 @@ int64_t OwnershipIndex::numBlocks(const std::string& agent) const {
 std::vector<std::string> OwnershipIndex::holders(const BlockHash& hash) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> out;
-  auto it = holders_.find(hash);
-  if (it == holders_.end()) return out;
+  const uint64_t* bits = holders_.find(hash);
+  if (bits == nullptr) return out;
   for (const auto& [name, state] : agents_) {
-    if (state.trusted && it->second.has(state.slot)) out.push_back(name);
+    const size_t word = state.slot / kSlotsPerWord;
+    if (state.trusted && word < holders_.words() && (bits[word] & bitOf(state.slot)) != 0) {
+      out.push_back(name);
+    }
   }
   return out;
 }

@@ -25,6 +25,7 @@
 
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "operator/router/holder_table.h"
 
 namespace tandem::router {
 
@@ -58,26 +59,6 @@ class OwnershipIndex {
   std::vector<std::string> holders(const BlockHash& hash) const;
 
  private:
-  // One bit per agent slot (AgentState::slot), 64 to a word; the first word
-  // is kept inline, so up to 64 agents cost no allocation per hash.
-  class SlotBits {
-   public:
-    static constexpr size_t kSlotsPerWord = 64;
-    uint64_t word(size_t index) const {
-      if (index == 0) return first_;
-      return index - 1 < rest_.size() ? rest_[index - 1] : 0;
-    }
-    bool has(size_t slot) const {
-      return ((word(slot / kSlotsPerWord) >> (slot % kSlotsPerWord)) & 1U) != 0;
-    }
-    void set(size_t slot);
-    void reset(size_t slot);
-    bool none() const;
-
-   private:
-    uint64_t first_ = 0;
-    std::vector<uint64_t> rest_;
-  };
   struct AgentState {
     std::unordered_set<BlockHash> blocks;
     uint64_t sequence = 0;
@@ -95,9 +76,8 @@ class OwnershipIndex {
 
   mutable std::mutex mutex_;
   std::map<std::string, AgentState> agents_;
-  // hash -> the slots of the agents holding it; entries with no bit set are
-  // erased.
-  std::unordered_map<BlockHash, SlotBits> holders_;
+  // hash -> the slots of the agents holding it.
+  HolderTable holders_;
   std::vector<size_t> free_slots_;
   size_t next_slot_ = 0;
 };
