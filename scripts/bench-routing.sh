@@ -28,14 +28,16 @@ workloads=("$@")
 bench="${TANDEM_BENCH:-build/bin/tandem-bench}"
 [[ -x "$bench" ]] || { echo "no $bench: run make build first" >&2; exit 1; }
 mkdir -p "$out"
+# The cluster's model directory: the tiny test model (4 KiB stand-in blocks).
+[[ -f models/tiny/config.json ]] || "$(dirname "$bench")/tandem-model" --preset tiny --out models/tiny
 
 common=(--cluster-file examples/sim-8p8d.yaml --policies "$policies" --rounds "$rounds"
-        --vocab-range 100:30000 --seed 7 --slo-ttft-ms 200 --slo-itl-ms 25)
+        --vocab-range 10:500 --seed 7 --slo-ttft-ms 200 --slo-itl-ms 25)
 # One unmeasured run first: the first cluster started on a cold machine (page
 # cache, first UCX connections) is slower, whichever policy it runs.
 "$bench" multiturn --cluster-file examples/sim-8p8d.yaml --policies round_robin \
   --num-clients 32 --num-conversations 32 --turns 2 --shared-prefix-tokens 512 \
-  --input-tokens uniform:128,256 --output-tokens constant:16 --vocab-range 100:30000 \
+  --input-tokens uniform:128,256 --output-tokens constant:16 --vocab-range 10:500 \
   > "$out/warmup.log" 2>&1 || { tail -20 "$out/warmup.log"; exit 1; }
 for workload in "${workloads[@]}"; do
   case "$workload" in

@@ -123,6 +123,33 @@ std::optional<CacheCounters> readCacheCounters(const std::string& base_url, doub
   return CacheCounters{*hits, *queries};
 }
 
+// The router's requests by routing decision (tandem_router_requests_total),
+// when base_url is a Tandem router.
+constexpr const char* kDecisionKinds[] = {"disaggregated", "local_prefill", "pull_back", "affinity",
+                                          "spill"};
+using RouterDecisions = std::vector<std::pair<std::string, double>>;
+
+std::optional<RouterDecisions> readRouterDecisions(const std::string& base_url, double timeout_s) {
+  const std::optional<std::string> text = fetchText(base_url, "/metrics", timeout_s);
+  if (!text) return std::nullopt;
+  RouterDecisions decisions;
+  for (const char* kind : kDecisionKinds) {
+    const std::string filter = std::string("decision=\"") + kind + "\"";
+    const auto value = prometheusSample(*text, "tandem_router_requests_total", filter);
+    if (!value) return std::nullopt;
+    decisions.emplace_back(kind, *value);
+  }
+  return decisions;
+}
+
+std::optional<RouterDecisions> decisionsBetween(const std::optional<RouterDecisions>& before,
+                                                const std::optional<RouterDecisions>& after) {
+  if (!before || !after) return std::nullopt;
+  RouterDecisions delta = *after;
+  for (size_t i = 0; i < delta.size(); ++i) delta[i].second -= (*before)[i].second;
+  return delta;
+}
+
 void validate(const MultiTurnBenchOptions& options) {
   if (options.num_clients < 1 || options.num_clients > kMaxClients) {
     throw Error("--num-clients must be between 1 and " + std::to_string(kMaxClients) + ", got " +
@@ -488,6 +515,8 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
 
   const std::optional<CacheCounters> counters_before =
       readCacheCounters(base_url, options.read_timeout_s);
+  const std::optional<RouterDecisions> decisions_before =
+      readRouterDecisions(base_url, options.read_timeout_s);
   const std::vector<AgentSnapshot> agents_before =
       snapshotAgents(agent_urls, options.read_timeout_s);
 
@@ -612,6 +641,8 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
 
   const std::optional<CacheCounters> counters_after =
       readCacheCounters(base_url, options.read_timeout_s);
+  const std::optional<RouterDecisions> decisions =
+      decisionsBetween(decisions_before, readRouterDecisions(base_url, options.read_timeout_s));
   const ComputedPromptTokens computed = computedPromptTokens(
       agents_before, settledSnapshot(agent_urls, options.read_timeout_s, 10.0));
   const PromptMinimum minimum = promptMinimum(records, turns, plan);
@@ -699,6 +730,13 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
       printBalance("requests finished per decode agent, max/mean", balance->decode);
       printBalance("requests finished per prefill agent, max/mean", balance->prefill);
     }
+  }
+  if (decisions) {
+    std::string text;
+    for (const auto& [kind, count] : *decisions) {
+      text += (text.empty() ? "" : ", ") + kind + " " + std::to_string(std::llround(count));
+    }
+    std::printf("%-46s %12s  (%s)\n", "router decisions", "", text.c_str());
   }
   if (server_cache) {
     char counts[96];
@@ -827,6 +865,11 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
                      {"queries", server_cache->queries},
                      {"hit_rate", server_hit_rate ? json(*server_hit_rate) : json(nullptr)}};
     }
+    json decisions_json = nullptr;
+    if (decisions) {
+      decisions_json = json::object();
+      for (const auto& [kind, count] : *decisions) decisions_json[kind] = std::llround(count);
+    }
     json usage_json = nullptr;
     if (overall.cache_reports > 0) {
       usage_json = {
@@ -895,6 +938,7 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
         {"balance", std::move(balance_json)},
         {"host_cpu", std::move(host_cpu_json)},
         {"prefix_cache", {{"server", std::move(server_json)}, {"usage", std::move(usage_json)}}},
+        {"router_decisions", std::move(decisions_json)},
         {"ttft_ms", distributionMsJson(overall.ttft)},
         {"tpot_ms", distributionMsJson(overall.tpot)},
         {"itl_ms", distributionMsJson(overall.itl)},
