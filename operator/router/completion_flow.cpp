@@ -364,16 +364,19 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
 }
 
 // Prefills on the chosen prefill agent (others on failure); with pull-back
-// the decode agent first lends the prefix it holds.
+// the lender (the decode agent, or the prefill agent the decision names)
+// first lends the prefix it holds.
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     HttpExchange& exchange, const json& body, const protocol::Request& request,
     const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
     const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation) {
   Handoff handoff;
   json lent;
+  const AgentPtr& lender =
+      decision.lending_prefill ? prefill_agents[*decision.lending_prefill] : decode;
   if (decision.pull_back) {
     UpstreamResult held =
-        co_await callAgent(decode->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
+        co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
                            holdBody(request, kv_secret_), 10.0);
     if (held.status == 200) {
       json answer = parseJsonOrDiscarded(held.body);
@@ -419,8 +422,8 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     handoff.retried = true;
   }
   if (handoff.params.is_null() && !lent.is_null()) {
-    // Nobody read the lent prefix: let the decode agent go now.
-    co_await callAgent(decode->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
+    // Nobody read the lent prefix: let the lender go now.
+    co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
                        releaseBody(lent), 5.0);
   }
   co_return handoff;

@@ -170,6 +170,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     std::optional<size_t> prefill;
     size_t decode = 0;
     bool pull_back = false;
+    std::optional<size_t> lending_prefill;
     double prefill_s = 0;  // until the prefill agent answers (local: the TTFT)
     int64_t blocks_read = 0;
     double ttft = 0;
@@ -209,6 +210,15 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     t.blocks_read = blocksOf(prompt, input.block_size) - t.held / input.block_size;
   }
 
+  // The prefill agent holding the longest prefix: besides the decode agent,
+  // the one agent worth reading a prefix from (a lend costs the lender
+  // nothing but pinned blocks; the reader does the work).
+  std::optional<size_t> best_holder;
+  for (size_t p = 0; p < input.prefill.size(); ++p) {
+    if (!input.prefill[p].healthy || prefill_terms[p].held == 0) continue;
+    if (!best_holder || prefill_terms[p].held > prefill_terms[*best_holder].held) best_holder = p;
+  }
+
   std::vector<Option> options;
   for (size_t d = 0; d < input.decode.size(); ++d) {
     const AgentView& decode = input.decode[d];
@@ -228,17 +238,26 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       double compute = pt.compute;
       double lend = 0;
       bool pull_back = false;
+      std::optional<size_t> lending_prefill;
+      // The lender: the decode agent, or the longest prefill holder when it
+      // holds more (and is not this prefill agent).
+      int64_t lender_held = dt.held;
+      if (best_holder && *best_holder != p && prefill_terms[*best_holder].held > dt.held) {
+        lending_prefill = best_holder;
+        lender_held = prefill_terms[*best_holder].held;
+      }
       if (options_.pull_back &&
-          decode.leading_blocks - prefill.leading_blocks >= options_.pull_back_min_blocks) {
+          (lender_held - pt.held) / input.block_size >= options_.pull_back_min_blocks) {
         // A lend is a hand-off the other way: it costs what a hand-off of
         // those blocks is learned to cost, over the link's time. The
-        // prefill agent then computes what the decode agent does not hold.
+        // prefill agent then computes what the lender does not hold.
         const double lent_transfer =
-            model.transferSeconds(dt.held - pt.held) +
-            learned_.afterHandoff(blocksOf(dt.held - pt.held, input.block_size));
-        if (dt.compute + lent_transfer < compute) {
+            model.transferSeconds(lender_held - pt.held) +
+            learned_.afterHandoff(blocksOf(lender_held - pt.held, input.block_size));
+        const double lent_compute = model.prefillSeconds(prompt - lender_held, lender_held);
+        if (lent_compute + lent_transfer < compute) {
           pull_back = true;
-          compute = dt.compute;
+          compute = lent_compute;
           lend = lent_transfer;
         }
       }
@@ -246,6 +265,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       option.prefill = p;
       option.decode = d;
       option.pull_back = pull_back;
+      if (pull_back) option.lending_prefill = lending_prefill;
       option.prefill_s = pt.queue + compute + lend +
                          learned_.beforeHandoff(pull_back ? Path::kPullBack : Path::kDisaggregated);
       option.blocks_read = dt.blocks_read;
@@ -275,6 +295,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
   decision.prefill = chosen.prefill;
   decision.kind = chosen.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
   decision.pull_back = chosen.pull_back;
+  decision.lending_prefill = chosen.lending_prefill;
   decision.predicted_ttft_s = chosen.ttft;
   decision.predicted_prefill_s = chosen.prefill_s;
   decision.blocks_read = chosen.blocks_read;

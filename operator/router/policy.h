@@ -74,8 +74,12 @@ struct Decision {
   Kind kind = Kind::kNone;
   std::optional<size_t> prefill;  // index into DecisionInput::prefill (disaggregated)
   std::optional<size_t> decode;   // index into DecisionInput::decode
-  // The decode agent holds a longer prefix than the prefill agent: lend it.
+  // Another agent holds a longer prefix than the prefill agent and lends it
+  // (the prefill agent reads it instead of computing it): the decode agent,
+  // or, when lending_prefill is set, that prefill agent (a hot prefix whose
+  // holder is busy is read by a less-loaded prefill agent).
   bool pull_back = false;
+  std::optional<size_t> lending_prefill;  // index into DecisionInput::prefill
   // The chosen agents hold the longest prefix of the prompt any healthy
   // agent holds (and it is not empty).
   bool affinity = false;

@@ -146,7 +146,9 @@ TEST(KvPolicy, SimultaneousDecisionsSpreadOverStaleLoad) {
 
 TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   const engine::StepProfile p = profile();
-  Chooser chooser(kvOptions());
+  PolicyOptions options = kvOptions();
+  options.pull_back = false;  // no lending: the spilled agent recomputes the prefix
+  Chooser chooser(options);
   DecisionInput input = cluster(2, 1, 2048 + 64, 32);
   input.prefill[0].leading_blocks = 128;  // holds the 2,048-token system prompt
   Decision decision = chooser.choose(input);
@@ -162,6 +164,7 @@ TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   EXPECT_EQ(decision.prefill, 1u);
   EXPECT_FALSE(decision.affinity);
   EXPECT_TRUE(decision.spilled);
+  EXPECT_FALSE(decision.pull_back);
   // Just under the break-even it stays with the holder.
   const double saved =
       p.prefill_token_s * 2048 + p.prefill_context_s * (2112.0 * 2112 - 64.0 * 2112);
@@ -169,6 +172,45 @@ TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   decision = chooser.choose(input);
   EXPECT_EQ(decision.prefill, 0u);
   EXPECT_FALSE(decision.spilled);
+}
+
+TEST(KvPolicy, ASpilledPrefillAgentReadsTheHotPrefixFromItsPrefillHolder) {
+  // With lending, the spilled agent reads the 2,048-token prefix from the
+  // busy holder instead of computing it: spilling pays once the holder's
+  // queue costs more than that read (128 blocks * 16 * 128 KiB / 40 GB/s).
+  const engine::StepProfile p = profile();
+  Chooser chooser(kvOptions());
+  DecisionInput input = cluster(3, 1, 2048 + 64, 32);
+  input.prefill[0].leading_blocks = 128;
+  const double read_s = 2048.0 * 131072 / 4e10;
+  input.prefill[0].reserved_prefill_tokens = static_cast<int64_t>(read_s / p.prefill_token_s) + 10;
+  input.prefill[0].reserved_requests = 1;
+  input.prefill[2].reserved_prefill_tokens = 1;  // p1 is the less-loaded one
+  Decision decision = chooser.choose(input);
+  ASSERT_EQ(decision.prefill, 1u);
+  EXPECT_TRUE(decision.spilled);
+  EXPECT_TRUE(decision.pull_back);
+  ASSERT_TRUE(decision.lending_prefill.has_value());
+  EXPECT_EQ(*decision.lending_prefill, 0u) << "the prefill holder lends, not the decode agent";
+  // What the spilled agent then computes: the 64-token suffix, plus the read.
+  const double suffix = p.base_s + p.prefill_token_s * 64 + p.prefill_context_s * 64 * 2112;
+  EXPECT_NEAR(decision.predicted_prefill_s, suffix + read_s, 1e-12);
+  // Just under that queue it stays with the holder.
+  input.prefill[0].reserved_prefill_tokens = static_cast<int64_t>(read_s / p.prefill_token_s) - 10;
+  decision = chooser.choose(input);
+  EXPECT_EQ(decision.prefill, 0u);
+  EXPECT_FALSE(decision.pull_back);
+  // The decode agent lends when it holds at least as much as any prefill
+  // agent (here it may not prefill locally: no ITL to spare).
+  PolicyOptions no_local = kvOptions();
+  no_local.itl_target_s = 0;
+  Chooser disaggregating(no_local);
+  input.prefill[0].reserved_prefill_tokens = 100000;
+  input.decode[0].leading_blocks = 128;
+  decision = disaggregating.choose(input);
+  ASSERT_EQ(decision.kind, Decision::Kind::kDisaggregated);
+  EXPECT_TRUE(decision.pull_back);
+  EXPECT_FALSE(decision.lending_prefill.has_value());
 }
 
 TEST(KvPolicy, LocalPrefillOnlyWithinTheItlTarget) {
