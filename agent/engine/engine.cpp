@@ -547,6 +547,7 @@ void Engine::publishStats() {
   stats.num_blocks = cache_->numBlocks();
   stats.kv_cache_usage = block_manager_->usage();
   stats.num_preemptions = scheduler_->numPreemptions();
+  stats.num_prefix_waits = scheduler_->numInFlightPrefixWaits();
   stats.prefix_cache_queries = block_manager_->prefixCacheQueryTokens();
   stats.prefix_cache_hits = block_manager_->prefixCacheHitTokens();
   stats.num_computed_tokens = num_computed_tokens_;

@@ -114,6 +114,8 @@ struct EngineStats {
   int64_t num_blocks = 0;
   double kv_cache_usage = 0.0;
   int64_t num_preemptions = 0;
+  // Sequences whose admission waited for blocks another was computing.
+  int64_t num_prefix_waits = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // of those, tokens found cached
   int64_t num_computed_tokens = 0;   // tokens the model has computed, in total

@@ -155,6 +155,45 @@ int64_t Scheduler::numBlocksNeededByWaiting() const {
   return total;
 }
 
+const std::vector<BlockHash>& Scheduler::promptHashes(Sequence* sequence) {
+  if (!sequence->prompt_hashed) {
+    sequence->prompt_block_hashes = blocks_.hasher().hashFullBlocks(
+        std::span<const TokenId>(sequence->tokens).first(sequence->num_prompt_tokens),
+        sequence->request.cache_salt);
+    sequence->prompt_hashed = true;
+  }
+  return sequence->prompt_block_hashes;
+}
+
+bool Scheduler::blockIsInFlight(Sequence* sequence, int64_t first_uncached) {
+  // Without prefix caching a computed block is never a hit: nothing to wait for.
+  if (!blocks_.config().enable_prefix_caching || running_.empty()) return false;
+  const std::vector<BlockHash>& own = promptHashes(sequence);
+  const size_t index = static_cast<size_t>(first_uncached);
+  // The prompt's last token is always computed (findCachedPrefix leaves it),
+  // so a block holding it is not worth waiting for.
+  if (index >= own.size() ||
+      (first_uncached + 1) * blocks_.blockSize() >= sequence->num_prompt_tokens) {
+    return false;
+  }
+  auto producing = [&](Sequence* other) {
+    if (other == sequence) return false;
+    // Hashes chain: equal hashes at `index` mean the same whole prefix.
+    const std::vector<BlockHash>& theirs = promptHashes(other);
+    return index < theirs.size() && theirs[index] == own[index] &&
+           other->num_computed_tokens < (first_uncached + 1) * blocks_.blockSize();
+  };
+  for (const auto& other : running_) {
+    if (producing(other.get())) return true;
+  }
+  for (const auto& other : waiting_) {
+    if (other->status == SequenceStatus::kWaitingForRemoteKv && producing(other.get())) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, SchedulerOutput& output) {
   PrefixMatch match;
   const bool first_admission = !sequence->admitted_once;
@@ -168,6 +207,11 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
     ExternalKvSource::Lookup lookup = external_->lookup(*sequence, local);
     if (lookup.pending) return Admission::kSkipped;
     external = lookup.num_tokens;
+  }
+  if (looks_up && external == 0 && blockIsInFlight(sequence, std::ssize(match.blocks))) {
+    if (!sequence->waited_for_in_flight) ++in_flight_prefix_waits_;
+    sequence->waited_for_in_flight = true;
+    return Admission::kSkipped;
   }
   const int64_t remaining = sequence->nextComputeLimit(local + external) - (local + external);
   const int64_t num_tokens = std::min(remaining, budget);

@@ -69,6 +69,12 @@ struct Sequence {
   // finishes, never earlier (the connector may still be writing them).
   bool abandoned = false;
   Clock::time_point first_scheduled{};
+  // Content hashes of the prompt's full blocks (Scheduler::promptHashes
+  // fills them on first use), and whether admission ever waited for another
+  // sequence to compute one of them.
+  std::vector<BlockHash> prompt_block_hashes;
+  bool prompt_hashed = false;
+  bool waited_for_in_flight = false;
 
   int64_t numGenerated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
   // End of the range the model can compute next from position `from`: the
@@ -153,6 +159,9 @@ class Scheduler {
   int64_t numBlocksNeededByWaiting() const;
   bool hasWork() const { return !running_.empty() || !waiting_.empty() || !abandoned_.empty(); }
   int64_t numPreemptions() const { return num_preemptions_; }
+  // Sequences whose admission waited for another sequence to compute a
+  // prompt block they share (each counted once).
+  int64_t numInFlightPrefixWaits() const { return in_flight_prefix_waits_; }
   int64_t numExternalBlocksLoaded() const { return external_blocks_loaded_; }
   int64_t numExternalBlocksFailed() const { return external_blocks_failed_; }
 
@@ -165,6 +174,12 @@ class Scheduler {
   // Loads external KV after allocation; returns the new computed position, or
   // -1 when the request must fail.
   int64_t loadExternal(Sequence* sequence, int64_t local_tokens, int64_t external_tokens);
+  const std::vector<BlockHash>& promptHashes(Sequence* sequence);
+  // Another running (or loading) sequence has yet to produce the prompt
+  // block `sequence` would compute first, block `first_uncached`: admitting
+  // it now would compute that block twice, while after the other has cached
+  // it, it is a prefix-cache hit.
+  bool blockIsInFlight(Sequence* sequence, int64_t first_uncached);
   // Applies a finished load's failures; the new computed position, or -1.
   int64_t applyLoadResult(Sequence* sequence, int64_t first_block, int64_t num_blocks,
                           std::vector<int64_t> failed);
@@ -174,6 +189,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::deque<std::unique_ptr<Sequence>> waiting_;
   int64_t num_preemptions_ = 0;
+  int64_t in_flight_prefix_waits_ = 0;
   ExternalKvSource* external_ = nullptr;
   int64_t external_blocks_loaded_ = 0;
   int64_t external_blocks_failed_ = 0;

@@ -136,6 +136,9 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   prefix_hits_ =
       counter("tandem_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.");
   preemptions_ = counter("tandem_preemptions_total", "Sequences preempted for recompute.");
+  prefix_waits_ = counter("tandem_prefix_waits_total",
+                          "Requests admitted only after another request computed prompt blocks "
+                          "they share (instead of computing them twice).");
   computed_tokens_ =
       counter("tandem_computed_tokens_total", "Tokens the model computed (prefill and decode).");
   kv_blocks_loaded_ = &BuildCounter()
@@ -226,6 +229,7 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
   advance(prefix_queries_, stats.prefix_cache_queries, reported_.prefix_cache_queries);
   advance(prefix_hits_, stats.prefix_cache_hits, reported_.prefix_cache_hits);
   advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
+  advance(prefix_waits_, stats.num_prefix_waits, reported_.num_prefix_waits);
   advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
   if (!stats.kv_connector.empty()) {
     advance(kv_blocks_recomputed_, stats.kv_blocks_failed, reported_.kv_blocks_failed);

@@ -184,6 +184,76 @@ TEST(Scheduler, SecondRequestReusesCachedPrefixAndComputesOnlyTheRest) {
   EXPECT_EQ(h.blocks->prefixCacheQueryTokens(), static_cast<int64_t>(first.size() + second.size()));
 }
 
+TEST(Scheduler, APromptWaitsForTheBlocksAnotherIsComputingInsteadOfComputingThemTwice) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 64;  // a's 167 tokens take three steps
+  Harness h(64, config);
+  const std::vector<TokenId> prefix = randomTokens(160, 40);  // 10 blocks
+  std::vector<TokenId> first = prefix, second = prefix;
+  for (TokenId t : randomTokens(7, 41)) first.push_back(t);
+  for (TokenId t : randomTokens(9, 42)) second.push_back(t);
+  Sequence* a = h.add("a", first);
+  Sequence* b = h.add("b", second);
+  Sequence* c = h.add("c", randomTokens(20, 43));  // shares nothing: not held back
+  SchedulerOutput out;
+  std::map<std::string, std::vector<float>> sampled;
+  int steps = 0;
+  while (b->numGenerated() == 0 && steps < 10) {
+    auto logits = h.step(&out);
+    sampled.insert(logits.begin(), logits.end());
+    ++steps;
+    for (const ScheduledChunk& chunk : out.chunks) {
+      if (chunk.sequence == b) {
+        EXPECT_GE(a->num_computed_tokens, 160) << "b computes nothing while a computes the prefix";
+      }
+    }
+  }
+  EXPECT_EQ(b->num_cached_tokens, 160) << "the whole shared prefix is a hit";
+  EXPECT_EQ(h.scheduler->numInFlightPrefixWaits(), 1);
+  EXPECT_FALSE(c->waited_for_in_flight);
+  EXPECT_EQ(h.blocks->prefixCacheHitTokens(), 160);
+  // The hit computes the same logits as computing b alone.
+  Harness fresh(64);
+  fresh.add("b", second);
+  EXPECT_EQ(fresh.step()["b"], sampled["b"]);
+}
+
+TEST(Scheduler, AWaitingPromptGoesAheadWhenTheSequenceItWaitedForEnds) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 32;
+  Harness h(64, config);
+  const std::vector<TokenId> prompt = randomTokens(100, 44);
+  Sequence* a = h.add("a", prompt);
+  Sequence* b = h.add("b", prompt);
+  SchedulerOutput out;
+  h.step(&out);
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(out.chunks[0].sequence, a);
+  h.scheduler->finish(a);  // aborted before its prefix was computed
+  h.step(&out);
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(out.chunks[0].sequence, b);
+  EXPECT_EQ(b->num_cached_tokens, 32) << "what a had cached before it ended is still a hit";
+}
+
+TEST(Scheduler, WithoutPrefixCachingNothingWaits) {
+  BlockManagerConfig block_config;
+  block_config.num_blocks = 64;
+  block_config.block_size = 16;
+  block_config.enable_prefix_caching = false;
+  BlockManager blocks(block_config);
+  Scheduler scheduler(SchedulerConfig{}, blocks);
+  const std::vector<TokenId> prompt = randomTokens(100, 45);
+  for (const char* id : {"a", "b"}) {
+    Request request;
+    request.id = id;
+    request.prompt = prompt;
+    scheduler.add(std::make_unique<Sequence>(std::move(request)));
+  }
+  EXPECT_EQ(scheduler.schedule().chunks.size(), 2u);
+  EXPECT_EQ(scheduler.numInFlightPrefixWaits(), 0);
+}
+
 TEST(Scheduler, PreemptedSequencesRecomputeToIdenticalTokens) {
   const std::vector<TokenId> p1 = randomTokens(40, 7), p2 = randomTokens(33, 8),
                              p3 = randomTokens(50, 9);
