@@ -95,6 +95,11 @@ class AgentTracker {
       const std::vector<BlockHash>& hashes) const {
     return index_.leadingBlocksForAll(hashes);
   }
+  // OwnershipIndex::expect.
+  void expectBlocks(const std::string& agent, std::span<const BlockHash> hashes,
+                    std::chrono::steady_clock::duration ttl) {
+    index_.expect(agent, hashes, ttl);
+  }
 
  private:
   void watch(const AgentPtr& agent);

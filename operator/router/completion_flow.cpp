@@ -24,6 +24,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// How long blocks a decision expects an agent to store count as held
+// without the agent's BlockStored (OwnershipIndex::expect).
+constexpr std::chrono::seconds kExpectedBlocksTtl{30};
+
 // A 503 in OpenAI's error shape, with Retry-After.
 HttpResponse unavailable(const std::string& message) {
   return server::httpErrorResponse(503, message, "service_unavailable");
@@ -283,6 +287,18 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     }
   }
   metrics_.observeDecision(secondsSince(decide_start), decision.overlap_ratio);
+  const Policy policy = chooser_.options().policy;
+  if (decision.decode && (policy == Policy::kKv || policy == Policy::kSglang)) {
+    // The chosen agents will hold the prompt's blocks: the next decisions
+    // see them there now, not when the prefill has finished (SGLang's
+    // router inserts a routed prompt into its tree the same way).
+    auto expect = [&](const AgentView& agent) {
+      const size_t from = std::min(hashes.size(), static_cast<size_t>(agent.leading_blocks));
+      agents_.expectBlocks(agent.name, std::span(hashes).subspan(from), kExpectedBlocksTtl);
+    };
+    expect(input.decode[*decision.decode]);
+    if (decision.prefill) expect(input.prefill[*decision.prefill]);
+  }
   const uint64_t logged = decisions_.record(input, decision, policyName(chooser_.options().policy));
   if (!decision.decode) {
     metrics_.countDecision("rejected");

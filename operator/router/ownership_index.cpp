@@ -39,18 +39,56 @@ OwnershipIndex::AgentState& OwnershipIndex::stateOf(const std::string& agent) {
 
 void OwnershipIndex::insertBlock(AgentState& state, const BlockHash& hash) {
   if (!state.blocks.insert(hash).second) return;
+  if (state.expected.erase(hash) > 0) return;  // its bit is already set
   holders_.set(hash, state.slot);
 }
 
 void OwnershipIndex::eraseBlock(AgentState& state, const BlockHash& hash) {
-  if (state.blocks.erase(hash) == 0) return;
-  holders_.reset(hash, state.slot);
+  const size_t removed = state.blocks.erase(hash) + state.expected.erase(hash);
+  if (removed > 0) holders_.reset(hash, state.slot);
 }
 
 void OwnershipIndex::clearBlocks(AgentState& state) {
-  // Copy: eraseBlock removes from the set being walked.
-  const std::vector<BlockHash> held(state.blocks.begin(), state.blocks.end());
-  for (const BlockHash& hash : held) eraseBlock(state, hash);
+  for (const BlockHash& hash : state.blocks) holders_.reset(hash, state.slot);
+  for (const auto& [hash, lapses] : state.expected) holders_.reset(hash, state.slot);
+  state.blocks.clear();
+  state.expected.clear();
+}
+
+void OwnershipIndex::expect(const std::string& agent, std::span<const BlockHash> hashes,
+                            Clock::duration ttl) {
+  const Clock::time_point now = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  dropLapsed(now);
+  auto it = agents_.find(agent);
+  if (it == agents_.end() || !it->second.trusted || hashes.empty()) return;
+  AgentState& state = it->second;
+  const Clock::time_point lapses = now + ttl;
+  for (const BlockHash& hash : hashes) {
+    if (state.blocks.count(hash) > 0) continue;
+    auto [entry, added] = state.expected.try_emplace(hash, lapses);
+    entry->second = lapses;
+    if (added) holders_.set(hash, state.slot);
+  }
+  expectations_.push({lapses, agent, {hashes.begin(), hashes.end()}});
+}
+
+void OwnershipIndex::dropLapsed(Clock::time_point now) {
+  while (!expectations_.empty() && expectations_.top().lapses <= now) {
+    const Expectation& lapsed = expectations_.top();
+    auto agent = agents_.find(lapsed.agent);
+    if (agent != agents_.end()) {
+      AgentState& state = agent->second;
+      for (const BlockHash& hash : lapsed.hashes) {
+        auto it = state.expected.find(hash);
+        // Still unconfirmed, and not renewed by a later expect().
+        if (it == state.expected.end() || it->second > now) continue;
+        state.expected.erase(it);
+        holders_.reset(hash, state.slot);
+      }
+    }
+    expectations_.pop();
+  }
 }
 
 bool OwnershipIndex::apply(const std::string& agent, const nlohmann::json& event) {
@@ -58,6 +96,7 @@ bool OwnershipIndex::apply(const std::string& agent, const nlohmann::json& event
   const std::string type = event.value("type", std::string());
   const uint64_t sequence = event.value("sequence", uint64_t{0});
   std::lock_guard<std::mutex> lock(mutex_);
+  dropLapsed(Clock::now());
   AgentState& state = stateOf(agent);
   auto insert = [&](const BlockHash& hash) { insertBlock(state, hash); };
   if (type == "Snapshot") {
@@ -124,7 +163,7 @@ int64_t OwnershipIndex::leadingBlocks(const std::string& agent,
   if (it == agents_.end() || !it->second.trusted) return 0;
   int64_t count = 0;
   for (const BlockHash& hash : hashes) {
-    if (it->second.blocks.count(hash) == 0) break;
+    if (it->second.blocks.count(hash) == 0 && it->second.expected.count(hash) == 0) break;
     ++count;
   }
   return count;
@@ -142,7 +181,7 @@ std::unordered_map<std::string, int64_t> OwnershipIndex::leadingBlocksForAll(
   size_t num_running = 0;
   for (const auto& [name, state] : agents_) {
     result[name] = 0;
-    if (!state.trusted || state.blocks.empty()) continue;
+    if (!state.trusted || (state.blocks.empty() && state.expected.empty())) continue;
     names[state.slot] = &name;
     running[state.slot / kSlotsPerWord] |= bitOf(state.slot);
     ++num_running;

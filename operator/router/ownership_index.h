@@ -14,10 +14,14 @@
 // Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <queue>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -37,6 +41,16 @@ class OwnershipIndex {
   // beginning (since=0: a replay or a Snapshot). A Snapshot is always
   // accepted.
   bool apply(const std::string& agent, const nlohmann::json& event);
+  // Blocks a routing decision just sent `agent` to compute or read (the
+  // prompt's hashes from its leading run on): counted as held from now, so
+  // the next decision sees the prefix where it is being computed instead of
+  // computing it again elsewhere (a hot prefix arriving in a burst; the
+  // agent's scheduler makes a request wait for blocks another request is
+  // computing), until the agent's BlockStored confirms them; one never
+  // confirmed (a failed request) is dropped after `ttl`. Ignored for an
+  // untrusted agent.
+  void expect(const std::string& agent, std::span<const BlockHash> hashes,
+              std::chrono::steady_clock::duration ttl);
   // The agent's stream dropped: forget its blocks until it is rebuilt.
   void untrust(const std::string& agent);
   // The agent left the pool: forget everything about it.
@@ -59,8 +73,12 @@ class OwnershipIndex {
   std::vector<std::string> holders(const BlockHash& hash) const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct AgentState {
     std::unordered_set<BlockHash> blocks;
+    // Expected (expect()) and not yet stored, with when each lapses. The
+    // agent's holder bit is set for blocks and expected alike.
+    std::unordered_map<BlockHash, Clock::time_point> expected;
     uint64_t sequence = 0;
     bool trusted = false;
     size_t slot = 0;
@@ -70,6 +88,7 @@ class OwnershipIndex {
   void insertBlock(AgentState& state, const BlockHash& hash);
   void eraseBlock(AgentState& state, const BlockHash& hash);
   void clearBlocks(AgentState& state);
+  void dropLapsed(Clock::time_point now);
   // Calls `apply` with each of the event's block_hashes that is a valid hex hash.
   template <typename Apply>
   static void forEachHash(const nlohmann::json& event, Apply apply);
@@ -78,6 +97,14 @@ class OwnershipIndex {
   std::map<std::string, AgentState> agents_;
   // hash -> the slots of the agents holding it.
   HolderTable holders_;
+  // expect() calls, the first to lapse on top.
+  struct Expectation {
+    Clock::time_point lapses;
+    std::string agent;
+    std::vector<BlockHash> hashes;
+    bool operator>(const Expectation& other) const { return lapses > other.lapses; }
+  };
+  std::priority_queue<Expectation, std::vector<Expectation>, std::greater<>> expectations_;
   std::vector<size_t> free_slots_;
   size_t next_slot_ = 0;
 };

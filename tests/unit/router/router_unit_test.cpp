@@ -48,6 +48,42 @@ TEST(OwnershipIndex, AppliesStoredRemovedAndClearedInOrder) {
   EXPECT_EQ(index.lastSequence("a"), 3u);
 }
 
+TEST(OwnershipIndex, ExpectedBlocksCountUntilStoredOrLapsed) {
+  using std::chrono::hours;
+  OwnershipIndex index;
+  const auto hashes = hashesOf(6, 7);
+  ASSERT_TRUE(index.apply("a", stored(1, {hashes.begin(), hashes.begin() + 2})));
+  ASSERT_TRUE(index.apply("b", stored(1, {hashes.begin(), hashes.begin() + 1})));
+  // A decision sends the whole prompt to a: it counts as held at once.
+  index.expect("a", std::span(hashes).subspan(2), hours(1));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("a"), 6);
+  EXPECT_EQ(index.leadingBlocks("a", hashes), 6);
+  EXPECT_EQ(index.numBlocks("a"), 2) << "expected blocks are not stored ones";
+  EXPECT_EQ(index.holders(hashes[4]), std::vector<std::string>{"a"});
+  // The agent stores some and evicts one of those it was expected to store.
+  ASSERT_TRUE(index.apply("a", stored(2, {hashes.begin() + 2, hashes.begin() + 4})));
+  ASSERT_TRUE(index.apply(
+      "a", {{"sequence", 3}, {"type", "BlockRemoved"}, {"block_hashes", {hashes[4].toHex()}}}));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("a"), 4);
+  EXPECT_TRUE(index.holders(hashes[4]).empty());
+  // An expectation that lapses unconfirmed is dropped (by the next call that
+  // changes the index); what was stored stays.
+  index.expect("b", std::span(hashes).subspan(1), std::chrono::seconds(0));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("b"), 6);
+  index.expect("a", {}, hours(1));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("b"), 1);
+  EXPECT_EQ(index.holders(hashes[5]), std::vector<std::string>{"a"})
+      << "a's expectation of hash 5 has an hour to go";
+  // An untrusted agent expects nothing; a snapshot clears expectations.
+  index.untrust("b");
+  index.expect("b", hashes, hours(1));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("b"), 0);
+  json snapshot = {{"sequence", 9}, {"type", "Snapshot"}, {"block_hashes", json::array()}};
+  ASSERT_TRUE(index.apply("a", snapshot));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("a"), 0);
+  EXPECT_TRUE(index.holders(hashes[3]).empty());
+}
+
 TEST(OwnershipIndex, AGapUntrustsTheAgentUntilASnapshot) {
   OwnershipIndex index;
   const auto hashes = hashesOf(4, 2);
