@@ -219,6 +219,21 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     if (!best_holder || prefill_terms[p].held > prefill_terms[*best_holder].held) best_holder = p;
   }
 
+  // Compute an option performs delays the requests that queue behind it on
+  // its agent; under load that is what recomputing a held prefix really
+  // costs (more work, longer queues for everyone), so each second of
+  // compute is charged once more per request queued on a prefill agent on
+  // average. Idle, this is nothing and the cost is the request's own time.
+  double queued = 0;
+  int64_t healthy_prefill = 0;
+  for (const AgentView& agent : input.prefill) {
+    if (!agent.healthy) continue;
+    queued += static_cast<double>(agent.reserved_requests + agent.external_requests);
+    ++healthy_prefill;
+  }
+  const double work_weight =
+      healthy_prefill > 0 ? queued / static_cast<double>(healthy_prefill) : 0;
+
   std::vector<Option> options;
   for (size_t d = 0; d < input.decode.size(); ++d) {
     const AgentView& decode = input.decode[d];
@@ -270,7 +285,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
                          learned_.beforeHandoff(pull_back ? Path::kPullBack : Path::kDisaggregated);
       option.blocks_read = dt.blocks_read;
       option.ttft = option.prefill_s + handoff + dt.step;
-      option.cost = option.ttft + output_steps * dt.step;
+      option.cost = option.ttft + output_steps * dt.step + work_weight * compute;
       options.push_back(option);
     }
     if (local_allowed || !any_prefill) {
@@ -279,7 +294,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       option.decode = d;
       option.ttft = dt.queue + dt.compute + dt.step + learned_.beforeHandoff(Path::kLocalPrefill);
       option.prefill_s = option.ttft;
-      option.cost = option.ttft + output_steps * dt.step;
+      option.cost = option.ttft + output_steps * dt.step + work_weight * dt.compute;
       options.push_back(option);
     }
   }

@@ -158,8 +158,9 @@ TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   // The holder's queue now costs more than computing the prefix elsewhere:
   // 2,048 tokens of compute ≈ 2048 * 2e-5 + attention; 3,000 queued tokens
   // cost 0.06 s.
+  // (Tokens reserved by no request: the ledger's request count, which makes
+  // compute cost more under load, is the next test's.)
   input.prefill[0].reserved_prefill_tokens = 3000;
-  input.prefill[0].reserved_requests = 3;
   decision = chooser.choose(input);
   EXPECT_EQ(decision.prefill, 1u);
   EXPECT_FALSE(decision.affinity);
@@ -172,6 +173,31 @@ TEST(KvPolicy, HeldPrefixWinsUntilItsQueueCostsMoreThanRecomputing) {
   decision = chooser.choose(input);
   EXPECT_EQ(decision.prefill, 0u);
   EXPECT_FALSE(decision.spilled);
+}
+
+TEST(KvPolicy, UnderLoadRecomputingAHeldPrefixCostsTheRequestsQueuedBehindIt) {
+  // The holder's queue (3,000 tokens, 0.06 s) costs more than computing the
+  // 2,048-token prefix elsewhere (~0.05 s): idle, the request spills. With
+  // 3 requests queued on each prefill agent on average, each second of
+  // compute is charged 3 times more, and recomputing loses.
+  const engine::StepProfile p = profile();
+  PolicyOptions options = kvOptions();
+  options.pull_back = false;
+  Chooser chooser(options);
+  DecisionInput input = cluster(2, 1, 2048 + 64, 32);
+  input.prefill[0].leading_blocks = 128;
+  input.prefill[0].reserved_prefill_tokens = 3000;
+  EXPECT_EQ(chooser.choose(input).prefill, 1u);
+  input.prefill[0].reserved_requests = 3;
+  input.prefill[1].reserved_requests = 3;
+  input.prefill[1].reserved_prefill_tokens = 300;
+  Decision decision = chooser.choose(input);
+  EXPECT_EQ(decision.prefill, 0u);
+  EXPECT_TRUE(decision.affinity);
+  // The charge is on the cost, not on the predicted TTFT.
+  const double own = 3000 * p.prefill_token_s + p.base_s + p.prefill_token_s * 64 +
+                     p.prefill_context_s * 64 * 2112;
+  EXPECT_NEAR(decision.predicted_prefill_s, own, 1e-12);
 }
 
 TEST(KvPolicy, ASpilledPrefillAgentReadsTheHotPrefixFromItsPrefillHolder) {
