@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
 #include "operator/router/anchor_policies.h"
+#include "operator/router/default_routing_profile.h"
 
 namespace tandem::router {
 namespace {
@@ -90,17 +92,15 @@ std::optional<size_t> leastAtRandom(const std::vector<std::optional<double>>& co
 }  // namespace
 
 engine::StepProfile defaultRoutingProfile() {
-  // Llama-3.1-8B on one H100 (profiles/llama3.1-8b-h100.yaml, derived in
-  // docs/profiles.md): only the ratios between the terms steer decisions.
-  engine::StepProfile profile;
-  profile.name = "default";
-  profile.base_s = 0.0056;
-  profile.prefill_token_s = 2.35e-5;
-  profile.decode_sequence_s = 3.4e-6;
-  profile.context_token_s = 4.89e-8;
-  profile.prefill_context_s = 7.23e-10;
-  profile.kv_link_bytes_per_s = 4.0e10;
-  profile.model.kv_bytes_per_token = 131072;
+  // Llama-3.1-8B on one H100 (derived in docs/profiles.md): only the ratios
+  // between the terms steer decisions. Read once from the profile file
+  // compiled in; a build whose file does not parse fails its unit tests.
+  static const engine::StepProfile profile = [] {
+    auto parsed =
+        engine::StepProfile::fromYamlText(kDefaultRoutingProfileYaml, kDefaultRoutingProfileOrigin);
+    TANDEM_CHECK(parsed.isOk(), "the built-in routing profile: " + parsed.status().message());
+    return *parsed;
+  }();
   return profile;
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -96,6 +97,29 @@ TEST(KvPolicy, PredictedTtftIsTheProfilesFormula) {
   input.prefill[0].reserved_prefill_tokens = 0;
   input.prefill[0].reserved_requests = 0;
   EXPECT_NEAR(slow_chooser.choose(input).predicted_ttft_s, 2 * prefill + handoff + 2 * step, 1e-12);
+}
+
+TEST(KvPolicy, WithoutAProfileItPredictsWithTheH100ProfileFile) {
+  auto file = engine::StepProfile::fromFile(std::filesystem::path(TANDEM_SOURCE_DIR) /
+                                            "profiles/llama3.1-8b-h100.yaml");
+  ASSERT_TRUE(file.isOk()) << file.status().message();
+  const engine::StepProfile builtin = defaultRoutingProfile();
+  EXPECT_EQ(builtin.name, file->name);
+  EXPECT_EQ(builtin.base_s, file->base_s);
+  EXPECT_EQ(builtin.prefill_token_s, file->prefill_token_s);
+  EXPECT_EQ(builtin.decode_sequence_s, file->decode_sequence_s);
+  EXPECT_EQ(builtin.context_token_s, file->context_token_s);
+  EXPECT_EQ(builtin.prefill_context_s, file->prefill_context_s);
+  EXPECT_EQ(builtin.kv_link_bytes_per_s, file->kv_link_bytes_per_s);
+  EXPECT_EQ(builtin.model.kv_bytes_per_token, file->model.kv_bytes_per_token);
+  // A chooser given no profile predicts what one given the file does.
+  PolicyOptions none = kvOptions();
+  none.profile.reset();
+  PolicyOptions given = kvOptions();
+  given.profile = *file;
+  Chooser a(none), b(given);
+  const DecisionInput input = cluster(2, 2, 3000, 64);
+  EXPECT_EQ(a.choose(input).predicted_ttft_s, b.choose(input).predicted_ttft_s);
 }
 
 TEST(KvPolicy, EqualCostsSpreadAtRandom) {
