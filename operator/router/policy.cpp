@@ -176,38 +176,37 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     double ttft = 0;
     double cost = 0;
   };
-  // Each agent's own terms, once.
+  // Each agent's own terms, once. Any agent may prefill: its queue and the
+  // compute of what it does not hold.
   struct PrefillTerms {
     int64_t held = 0;
     double queue = 0;
     double compute = 0;  // of what it does not hold
   };
-  std::vector<PrefillTerms> prefill_terms(input.prefill.size());
-  for (size_t p = 0; p < input.prefill.size(); ++p) {
-    const AgentView& agent = input.prefill[p];
-    PrefillTerms& t = prefill_terms[p];
+  auto prefillTermsOf = [&](const AgentView& agent) {
+    PrefillTerms t;
     t.held = heldTokens(input, agent);
     t.queue = model.queueSeconds(agent);
     t.compute = model.prefillSeconds(prompt - t.held, t.held);
-  }
-  struct DecodeTerms {
-    int64_t held = 0;
+    return t;
+  };
+  std::vector<PrefillTerms> prefill_terms;
+  prefill_terms.reserve(input.prefill.size());
+  for (const AgentView& agent : input.prefill) prefill_terms.push_back(prefillTermsOf(agent));
+  // A decode agent's queue and compute are those of a local prefill.
+  struct DecodeTerms : PrefillTerms {
     double step = 0;          // its ITL with this request
-    double queue = 0;         // before a local prefill
-    double compute = 0;       // a local prefill of what it does not hold
     double link = 0;          // the link time of the blocks it reads in a hand-off
     int64_t blocks_read = 0;  // in a hand-off
   };
-  std::vector<DecodeTerms> decode_terms(input.decode.size());
-  for (size_t d = 0; d < input.decode.size(); ++d) {
-    const AgentView& agent = input.decode[d];
-    DecodeTerms& t = decode_terms[d];
-    t.held = heldTokens(input, agent);
+  std::vector<DecodeTerms> decode_terms;
+  decode_terms.reserve(input.decode.size());
+  for (const AgentView& agent : input.decode) {
+    DecodeTerms t{prefillTermsOf(agent)};
     t.step = model.decodeStepSeconds(agent);
-    t.queue = model.queueSeconds(agent);
-    t.compute = model.prefillSeconds(prompt - t.held, t.held);
     t.link = model.transferSeconds(prompt - t.held);
     t.blocks_read = blocksOf(prompt, input.block_size) - t.held / input.block_size;
+    decode_terms.push_back(t);
   }
 
   // The prefill agent holding the longest prefix: besides the decode agent,
@@ -256,11 +255,12 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       std::optional<size_t> lending_prefill;
       // The lender: the decode agent, or the longest prefill holder when it
       // holds more (and is not this prefill agent).
-      int64_t lender_held = dt.held;
+      const PrefillTerms* lender = &dt;
       if (best_holder && *best_holder != p && prefill_terms[*best_holder].held > dt.held) {
         lending_prefill = best_holder;
-        lender_held = prefill_terms[*best_holder].held;
+        lender = &prefill_terms[*best_holder];
       }
+      const int64_t lender_held = lender->held;
       if (options_.pull_back &&
           (lender_held - pt.held) / input.block_size >= options_.pull_back_min_blocks) {
         // A lend is a hand-off the other way: it costs what a hand-off of
@@ -269,10 +269,10 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
         const double lent_transfer =
             model.transferSeconds(lender_held - pt.held) +
             learned_.afterHandoff(blocksOf(lender_held - pt.held, input.block_size));
-        const double lent_compute = model.prefillSeconds(prompt - lender_held, lender_held);
-        if (lent_compute + lent_transfer < compute) {
+        // What the lender does not hold, as it would compute it.
+        if (lender->compute + lent_transfer < compute) {
           pull_back = true;
-          compute = lent_compute;
+          compute = lender->compute;
           lend = lent_transfer;
         }
       }
