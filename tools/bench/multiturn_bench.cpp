@@ -113,9 +113,8 @@ struct CacheCounters {
   double queries = 0.0;
 };
 
-// The server's prefix-cache counters, when its /metrics has both.
-std::optional<CacheCounters> readCacheCounters(const std::string& base_url, double timeout_s) {
-  const std::optional<std::string> text = fetchText(base_url, "/metrics", timeout_s);
+// The server's prefix-cache counters, when its /metrics text has both.
+std::optional<CacheCounters> cacheCountersIn(const std::optional<std::string>& text) {
   if (!text) return std::nullopt;
   const auto hits = prometheusSample(*text, kHitsMetric);
   const auto queries = prometheusSample(*text, kQueriesMetric);
@@ -129,8 +128,7 @@ constexpr const char* kDecisionKinds[] = {"disaggregated", "local_prefill", "pul
                                           "spill"};
 using RouterDecisions = std::vector<std::pair<std::string, double>>;
 
-std::optional<RouterDecisions> readRouterDecisions(const std::string& base_url, double timeout_s) {
-  const std::optional<std::string> text = fetchText(base_url, "/metrics", timeout_s);
+std::optional<RouterDecisions> routerDecisionsIn(const std::optional<std::string>& text) {
   if (!text) return std::nullopt;
   RouterDecisions decisions;
   for (const char* kind : kDecisionKinds) {
@@ -513,10 +511,12 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
       options.progress == "on" || (options.progress == "auto" && stderrIsTerminal());
   ProgressBar progress(num_requests, draw_progress);
 
-  const std::optional<CacheCounters> counters_before =
-      readCacheCounters(base_url, options.read_timeout_s);
-  const std::optional<RouterDecisions> decisions_before =
-      readRouterDecisions(base_url, options.read_timeout_s);
+  // The server's /metrics before and after the run: its prefix-cache
+  // counters and, from a Tandem router, its decisions.
+  const std::optional<std::string> metrics_before =
+      fetchText(base_url, "/metrics", options.read_timeout_s);
+  const std::optional<CacheCounters> counters_before = cacheCountersIn(metrics_before);
+  const std::optional<RouterDecisions> decisions_before = routerDecisionsIn(metrics_before);
   const std::vector<AgentSnapshot> agents_before =
       snapshotAgents(agent_urls, options.read_timeout_s);
 
@@ -639,10 +639,11 @@ MultiTurnOutcome runMultiTurnOnce(const MultiTurnBenchOptions& options,
   const double duration_s = secondsBetween(start, Clock::now());
   const HostCpuUse host_cpu = host_cpu_meter.finish();
 
-  const std::optional<CacheCounters> counters_after =
-      readCacheCounters(base_url, options.read_timeout_s);
+  const std::optional<std::string> metrics_after =
+      fetchText(base_url, "/metrics", options.read_timeout_s);
+  const std::optional<CacheCounters> counters_after = cacheCountersIn(metrics_after);
   const std::optional<RouterDecisions> decisions =
-      decisionsBetween(decisions_before, readRouterDecisions(base_url, options.read_timeout_s));
+      decisionsBetween(decisions_before, routerDecisionsIn(metrics_after));
   const ComputedPromptTokens computed = computedPromptTokens(
       agents_before, settledSnapshot(agent_urls, options.read_timeout_s, 10.0));
   const PromptMinimum minimum = promptMinimum(records, turns, plan);
