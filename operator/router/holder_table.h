@@ -24,6 +24,11 @@ class HolderTable {
   // The slot bits of `hash` (words() words), or nullptr when no slot holds it.
   // Valid until the next set or reset.
   const uint64_t* find(const BlockHash& hash) const;
+  // Word `index` of bits find() returned: 0 for nullptr (no holder) and for
+  // words past words().
+  uint64_t word(const uint64_t* bits, size_t index) const {
+    return bits == nullptr || index >= words_ ? 0 : bits[index];
+  }
   // Starts loading the cache line where `hash` would be found.
   void prefetch(const BlockHash& hash) const;
   // Marks `slot` as holding `hash`; the table grows (entries and bits per

@@ -194,7 +194,7 @@ std::unordered_map<std::string, int64_t> OwnershipIndex::leadingBlocksForAll(
     if (i + kPrefetchAhead < hashes.size()) holders_.prefetch(hashes[i + kPrefetchAhead]);
     const uint64_t* bits = holders_.find(hashes[i]);
     for (size_t word = 0; word < running.size(); ++word) {
-      const uint64_t held = bits == nullptr || word >= holders_.words() ? 0 : bits[word];
+      const uint64_t held = holders_.word(bits, word);
       uint64_t stopped = running[word] & ~held;
       running[word] &= held;
       while (stopped != 0) {
@@ -227,8 +227,8 @@ std::vector<std::string> OwnershipIndex::holders(const BlockHash& hash) const {
   const uint64_t* bits = holders_.find(hash);
   if (bits == nullptr) return out;
   for (const auto& [name, state] : agents_) {
-    const size_t word = state.slot / kSlotsPerWord;
-    if (state.trusted && word < holders_.words() && (bits[word] & bitOf(state.slot)) != 0) {
+    if (state.trusted &&
+        (holders_.word(bits, state.slot / kSlotsPerWord) & bitOf(state.slot)) != 0) {
       out.push_back(name);
     }
   }
