@@ -78,6 +78,41 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
   }
 }
 
+// --profile-ops: one prefill and one decode timed call by call. The decode
+// table is per step: each layer's seven projections once per step, plus the
+// LM head; each call's bytes and flops follow from its shape.
+TEST_F(BenchEngineTest, ProfileOpsReportsEveryCallOfAStepPerStep) {
+  const BenchRun run = bench("--profile-ops");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("decode calls (batch 1)"), std::string::npos) << run.out;
+  const nlohmann::json config =
+      nlohmann::json::parse(::tandem::testing::readFile(modelDir() / "config.json"));
+  const double layers = config.at("num_hidden_layers");
+  for (const char* phase : {"prefill", "decode"}) {
+    SCOPED_TRACE(phase);
+    const nlohmann::json& ops = run.report.at("ops").at(phase);
+    double matmuls = 0.0, attention = 0.0, sum = 0.0;
+    for (const nlohmann::json& call : ops.at("calls")) {
+      const std::string name = call.at("call");
+      const double per_step = call.at("calls_per_step");
+      sum += call.at("seconds_per_step").get<double>();
+      if (name.starts_with("matmul")) {
+        matmuls += per_step;
+        EXPECT_GT(call.at("flops_per_step").get<double>(), 0.0) << name;
+        EXPECT_GT(call.at("bytes_per_step").get<double>(), 0.0) << name;
+      }
+      if (name.starts_with("pagedAttention")) attention += per_step;
+    }
+    EXPECT_DOUBLE_EQ(matmuls, 7.0 * layers + 1.0);
+    EXPECT_DOUBLE_EQ(attention, layers);
+    EXPECT_NEAR(ops.at("seconds_per_step").get<double>(), sum, 1e-9 * sum);
+  }
+  // Without the flag there is no such table.
+  const BenchRun plain = bench("");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_FALSE(plain.report.contains("ops"));
+}
+
 TEST_F(BenchEngineTest, RefusesAnUnknownComputeDtypeByName) {
   const BenchRun run = bench("--compute-dtype f16");
   EXPECT_NE(run.exit_code, 0);

@@ -19,6 +19,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels.h"
+#include "kernels/profiling_backend.h"
 
 namespace tandem::bench {
 namespace {
@@ -144,6 +145,43 @@ double backendCopyGBps(kernels::Backend& backend, size_t bytes, int repeats) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
+// One pass's calls, as `tandem-bench engine --profile-ops` prints them: per
+// step (the pass's calls divided by `steps`), slowest first, with the bytes
+// each must read as GB/s and as a share of the device's copy traffic.
+nlohmann::json printOps(const char* title, const std::vector<kernels::OpProfile>& ops,
+                        int64_t steps, double copy_traffic_gbps) {
+  double total_s = 0.0;
+  for (const auto& op : ops) total_s += op.seconds;
+  const double per_step = 1.0 / static_cast<double>(steps);
+  std::printf("\n%s: %.3f ms per step in %zu kinds of call (each timed alone)\n", title,
+              total_s * per_step * 1e3, ops.size());
+  std::printf("%-52s %9s %10s %7s %9s %8s %9s\n", "call", "per step", "ms/step", "share", "GB/s",
+              "÷ copy", "GFLOP/s");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& op : ops) {
+    const double gbps = op.bytes > 0.0 ? op.bytes / op.seconds / 1e9 : 0.0;
+    std::printf("%-52s %9.1f %10.4f %7.3f ", op.op.c_str(),
+                static_cast<double>(op.calls) * per_step, op.seconds * per_step * 1e3,
+                op.seconds / total_s);
+    if (gbps > 0.0) {
+      std::printf("%9.1f %8.3f", gbps, gbps / copy_traffic_gbps);
+    } else {
+      std::printf("%9s %8s", "-", "-");
+    }
+    if (op.flops > 0.0) {
+      std::printf(" %9.1f\n", op.flops / op.seconds / 1e9);
+    } else {
+      std::printf(" %9s\n", "-");
+    }
+    rows.push_back({{"call", op.op},
+                    {"calls_per_step", static_cast<double>(op.calls) * per_step},
+                    {"seconds_per_step", op.seconds * per_step},
+                    {"bytes_per_step", op.bytes * per_step},
+                    {"flops_per_step", op.flops * per_step}});
+  }
+  return {{"seconds_per_step", total_s * per_step}, {"calls", rows}};
+}
+
 }  // namespace
 
 int runEngineBench(const EngineBenchOptions& options) {
@@ -173,7 +211,12 @@ int runEngineBench(const EngineBenchOptions& options) {
   engine::KvCacheConfig kv = engine::KvCacheConfig::forModel(config, *kv_dtype, 16);
   kv.num_blocks = blocks_per_sequence * options.batch;
   engine::KvCache cache(kv, engine::slabAllocatorFor(*backend));
-  engine::ModelRunner runner(*model, cache, *backend);
+  // --profile-ops: the runner talks to the backend through a profiler, idle
+  // (one forwarding call per op) until the figures below are measured.
+  std::unique_ptr<kernels::ProfilingBackend> profiler;
+  if (options.profile_ops) profiler = std::make_unique<kernels::ProfilingBackend>(*backend);
+  engine::ModelRunner runner(*model, cache,
+                             profiler ? static_cast<kernels::Backend&>(*profiler) : *backend);
   // Sequence s owns blocks [s * blocks_per_sequence, (s + 1) * blocks_per_sequence).
   std::vector<std::vector<engine::BlockId>> block_tables(options.batch);
   std::vector<std::vector<TokenId>> prompts(options.batch);
@@ -273,6 +316,20 @@ int runEngineBench(const EngineBenchOptions& options) {
     runner.setRecordDecode(true);
   }
 
+  // Each call timed alone (eager, synchronized around every call): one
+  // prefill, then one decode of every step.
+  std::vector<kernels::OpProfile> prefill_ops, decode_ops;
+  if (profiler) {
+    runner.setRecordDecode(false);
+    profiler->setEnabled(true);
+    prefill();
+    prefill_ops = profiler->take();
+    decode();
+    decode_ops = profiler->take();
+    profiler->setEnabled(false);
+    runner.setRecordDecode(true);
+  }
+
   const double prefill_tps = static_cast<double>(options.prompt_tokens) / prefill_s;
   const double prefill_flops_per_token = prefillMatmulFlopsPerToken(*model, options.prompt_tokens);
   const double prefill_matmul_gflops = prefill_tps * prefill_flops_per_token / 1e9;
@@ -341,6 +398,14 @@ int runEngineBench(const EngineBenchOptions& options) {
       static_cast<long long>(options.decode_tokens), bytes_per_step / 1e6, kv_bytes_per_step / 1e6,
       static_cast<long long>(options.copy_mib), static_cast<long long>(gemm_m), options.repeats);
 
+  nlohmann::json ops_json;
+  if (profiler) {
+    ops_json["prefill"] = printOps("prefill calls (batch 1)", prefill_ops, 1, copy_traffic_gbps);
+    ops_json["decode"] =
+        printOps(("decode calls (batch " + std::to_string(options.batch) + ")").c_str(), decode_ops,
+                 options.decode_tokens, copy_traffic_gbps);
+  }
+
   if (!options.json_path.empty()) {
     nlohmann::json out = {
         {"model", options.model_dir},
@@ -387,6 +452,7 @@ int runEngineBench(const EngineBenchOptions& options) {
       out["decode_recorded_over_eager"] = eager_s / decode_only_s;
       out["decode_recorded_logits_identical"] = replay_exact;
     }
+    if (profiler) out["ops"] = ops_json;
     std::ofstream file(options.json_path);
     if (!file) throw Error("cannot write --json file " + options.json_path);
     file << out.dump(2) << '\n';

@@ -28,6 +28,7 @@ struct EngineBenchOptions {
   std::string device = "auto";             // cpu, cuda or auto
   std::string cuda_kernels = "reference";  // CUDA kernel set: reference or fast
   std::string json_path;                   // empty: no JSON file
+  bool profile_ops = false;  // also time each backend call of one prefill and one decode
 };
 
 int runEngineBench(const EngineBenchOptions& options);

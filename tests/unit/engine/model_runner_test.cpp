@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels.h"
+#include "kernels/profiling_backend.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
@@ -482,6 +483,71 @@ TEST(ModelRunner, RefusesCacheOfAnotherGeometry) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
   }
+}
+
+// A runner behind a ProfilingBackend computes exactly what it computes on the
+// backend itself, and the profile counts every call of the step: each
+// projection, norm and attention once per layer, with the bytes and flops
+// their shapes imply.
+TEST(ModelRunner, ProfiledStepGivesTheSameLogitsAndCountsEveryCall) {
+  const Model& model = tinyModel("LlamaForCausalLM", DType::kBF16);
+  const ModelConfig& config = model.config();
+  const std::vector<TokenId> prompt = randomTokens(40, config.vocab_size, 8);
+  KvCache plain_cache(cacheConfigFor(model, DType::kBF16, 4),
+                      std::make_unique<HostSlabAllocator>());
+  ModelRunner plain(model, plain_cache, cpuBackend());
+  const std::vector<float> expected = prefillInChunks(plain, prompt, iotaBlocks(4), 0);
+
+  kernels::cpu::CpuBackend inner;
+  kernels::ProfilingBackend profiler(inner);
+  KvCache cache(cacheConfigFor(model, DType::kBF16, 4), std::make_unique<HostSlabAllocator>());
+  ModelRunner runner(model, cache, profiler);
+  // Disabled, nothing is gathered.
+  prefillInChunks(runner, prompt, iotaBlocks(4), 0);
+  EXPECT_TRUE(profiler.take().empty());
+
+  profiler.setEnabled(true);
+  EXPECT_TRUE(bitEqual(prefillInChunks(runner, prompt, iotaBlocks(4), 0), expected));
+  const std::vector<kernels::OpProfile> ops = profiler.take();
+  EXPECT_TRUE(profiler.take().empty()) << "take() forgets what it returned";
+
+  std::map<std::string, int64_t> calls;  // by op, shapes summed
+  double matmul_bytes = 0.0, matmul_flops = 0.0, attention_bytes = 0.0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const kernels::OpProfile& op = ops[i];
+    EXPECT_GT(op.seconds, 0.0) << op.op;
+    if (i > 0) {
+      EXPECT_GE(ops[i - 1].seconds, op.seconds) << "slowest first";
+    }
+    calls[op.op.substr(0, op.op.find(' '))] += op.calls;
+    if (op.op.starts_with("matmul")) {
+      matmul_bytes += op.bytes;
+      matmul_flops += op.flops;
+    }
+    if (op.op.starts_with("pagedAttention")) attention_bytes += op.bytes;
+  }
+  const int64_t layers = config.num_hidden_layers;
+  EXPECT_EQ(calls["matmul"], 7 * layers + 1);
+  EXPECT_EQ(calls["rmsNorm"], 2 * layers + 1);
+  EXPECT_EQ(calls["pagedAttention"], layers);
+  EXPECT_EQ(calls["writeKv"], layers);
+  EXPECT_EQ(calls["applyRope"], 2 * layers);
+  EXPECT_EQ(calls["embedding"], 1);
+  EXPECT_EQ(calls["beginBatch"], 1);
+
+  double weight_bytes = static_cast<double>(kernels::viewBytes(model.weights().lm_head));
+  double flops = 2.0 * static_cast<double>(config.hidden_size * config.vocab_size);  // one row
+  for (const LayerWeights& layer : model.weights().layers) {
+    for (const kernels::WeightView* w : layer.matrices()) {
+      weight_bytes += static_cast<double>(kernels::viewBytes(*w));
+      flops += 2.0 * static_cast<double>(prompt.size()) * static_cast<double>(w->rows * w->cols);
+    }
+  }
+  EXPECT_EQ(matmul_bytes, weight_bytes);
+  EXPECT_EQ(matmul_flops, flops);
+  // Each layer reads the K and V rows of all 40 positions once.
+  EXPECT_EQ(attention_bytes, static_cast<double>(layers * 40 * 2 * config.num_key_value_heads *
+                                                 config.head_dim * 2));
 }
 
 }  // namespace

@@ -1,0 +1,172 @@
+#include "kernels/profiling_backend.h"
+
+#include <algorithm>
+
+namespace tandem::kernels {
+
+namespace {
+
+std::string shape(const char* op, std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string name = op;
+  for (const auto& [key, value] : dims) {
+    name += ' ';
+    name += key;
+    name += '=';
+    name += std::to_string(value);
+  }
+  return name;
+}
+
+}  // namespace
+
+template <typename Name, typename Fn>
+void ProfilingBackend::timed(Name&& opName, double bytes, Fn&& fn, double flops) {
+  if (!enabled_) {
+    fn();
+    return;
+  }
+  inner_.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  inner_.synchronize();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string name = opName();
+  OpProfile& entry = ops_[name];
+  if (entry.op.empty()) entry.op = std::move(name);
+  ++entry.calls;
+  entry.seconds += seconds;
+  entry.bytes += bytes;
+  entry.flops += flops;
+}
+
+std::vector<OpProfile> ProfilingBackend::take() {
+  std::vector<OpProfile> out;
+  out.reserve(ops_.size());
+  for (auto& [name, entry] : ops_) out.push_back(std::move(entry));
+  ops_.clear();
+  std::sort(out.begin(), out.end(), [](const OpProfile& a, const OpProfile& b) {
+    return a.seconds != b.seconds ? a.seconds > b.seconds : a.op < b.op;
+  });
+  return out;
+}
+
+void ProfilingBackend::copyToHost(void* host_dst, const void* src, size_t bytes) {
+  timed(
+      [&] {
+        return shape("copyToHost", {{"bytes", static_cast<int64_t>(bytes)}});
+      },
+      static_cast<double>(bytes), [&] { inner_.copyToHost(host_dst, src, bytes); });
+}
+
+void ProfilingBackend::beginBatch(const BatchLayout& batch) {
+  rows_ = batch.rows;
+  sequences_ = batch.num_sequences;
+  context_tokens_ = 0;
+  for (int64_t s = 0; s < batch.num_sequences; ++s) {
+    context_tokens_ += batch.sequences[s].first_position + batch.sequences[s].num_rows;
+  }
+  timed(
+      [&] {
+        return shape("beginBatch", {{"rows", batch.rows}});
+      },
+      0.0, [&] { inner_.beginBatch(batch); });
+}
+
+void ProfilingBackend::embedding(const WeightView& table, float* out) {
+  // Each row reads one row of the table.
+  const double bytes =
+      static_cast<double>(rows_ * table.cols) * static_cast<double>(dtypeSize(table.dtype));
+  timed(
+      [&] {
+        return shape("embedding", {{"rows", rows_}, {"dim", table.cols}});
+      },
+      bytes, [&] { inner_.embedding(table, out); });
+}
+
+void ProfilingBackend::matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
+  timed(
+      [&] {
+        return shape("matmul", {{"m", m}, {"k", k}, {"n", w.rows}}) + ' ' + dtypeShortName(w.dtype);
+      },
+      static_cast<double>(viewBytes(w)), [&] { inner_.matmul(x, m, k, w, y); },
+      2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(w.rows));
+}
+
+void ProfilingBackend::rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim,
+                               float eps, float* y) {
+  timed(
+      [&] {
+        return shape("rmsNorm", {{"rows", rows}, {"dim", dim}});
+      },
+      0.0, [&] { inner_.rmsNorm(x, weight, rows, dim, eps, y); });
+}
+
+void ProfilingBackend::addBias(float* y, const float* bias, int64_t rows, int64_t width) {
+  timed(
+      [&] {
+        return shape("addBias", {{"rows", rows}, {"width", width}});
+      },
+      0.0, [&] { inner_.addBias(y, bias, rows, width); });
+}
+
+void ProfilingBackend::applyRope(float* x, int64_t num_heads, int64_t head_dim,
+                                 const float* inv_freq) {
+  timed(
+      [&] {
+        return shape("applyRope", {{"rows", rows_}, {"heads", num_heads}});
+      },
+      0.0, [&] { inner_.applyRope(x, num_heads, head_dim, inv_freq); });
+}
+
+void ProfilingBackend::siluMul(const float* gate, const float* up, float* out, int64_t n) {
+  timed(
+      [&] {
+        return shape("siluMul", {{"n", n}});
+      },
+      0.0, [&] { inner_.siluMul(gate, up, out, n); });
+}
+
+void ProfilingBackend::addInPlace(float* y, const float* x, int64_t n) {
+  timed([&] { return shape("addInPlace", {{"n", n}}); }, 0.0, [&] { inner_.addInPlace(y, x, n); });
+}
+
+void ProfilingBackend::writeKv(const KvCacheLayout& cache, int32_t layer, const float* k,
+                               const float* v) {
+  timed(
+      [&] {
+        return shape("writeKv", {{"rows", rows_}});
+      },
+      0.0, [&] { inner_.writeKv(cache, layer, k, v); });
+}
+
+void ProfilingBackend::pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
+                                      int64_t num_heads, float scale, float* out) {
+  // Each sequence's K and V rows of this layer, read at least once.
+  const double kv_bytes = static_cast<double>(context_tokens_) * 2.0 * cache.num_kv_heads *
+                          cache.head_dim * static_cast<double>(dtypeSize(cache.dtype));
+  timed(
+      [&] {
+        return shape("pagedAttention",
+                     {{"rows", rows_}, {"sequences", sequences_}, {"heads", num_heads}});
+      },
+      kv_bytes, [&] { inner_.pagedAttention(cache, layer, q, num_heads, scale, out); });
+}
+
+void ProfilingBackend::gatherLastRows(const float* x, int64_t width, float* out) {
+  timed(
+      [&] {
+        return shape("gatherLastRows", {{"sequences", sequences_}});
+      },
+      0.0, [&] { inner_.gatherLastRows(x, width, out); });
+}
+
+void ProfilingBackend::argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) {
+  timed(
+      [&] {
+        return shape("argmaxRows", {{"rows", rows}, {"width", width}});
+      },
+      0.0, [&] { inner_.argmaxRows(x, rows, width, host_out); });
+}
+
+}  // namespace tandem::kernels
