@@ -5,13 +5,18 @@
 # between two --device cuda agents), write two test models and run
 # `tandem-bench engine --device cuda` on both: prefill tokens/s at a 2048-token
 # prompt, decode tokens/s at batch 1 and 32, and the decode weight-streaming
-# GB/s next to the device-to-device copy bandwidth measured in the same run.
+# GB/s next to the device-to-device copy bandwidth measured in the same run,
+# then each backend call of one prefill and one decode timed alone
+# (--profile-ops: which kernel the time goes to).
 # Then, where python3 imports torch and transformers, the same models side by
 # side with PyTorch (scripts/torch_compare.py). Prints only what the commands
 # themselves report.
 #
 # Usage: scripts/gpu-check.sh [build-dir] [scratch-dir]
-#   build-dir    default: build-gpu
+#   build-dir    default: build-gpu; with TANDEM_PREBUILT=1, a folder that
+#                scripts/gpu-pack.sh filled on a machine with the compilers
+#                (nothing is configured or built, the test binaries run
+#                directly; docs/cuda.md#checking-on-a-gpu)
 #   scratch-dir  default: $TMPDIR or /tmp, a tandem-gpu-check-* folder in it.
 #                Needs about 16.2 GB free: the llama3-8b-shaped model is
 #                16.06 GB of bf16 weights, the small one 0.11 GB. Removed at
@@ -39,18 +44,42 @@ else
   echo "nvidia-smi not found: the gpu tests will skip and the benchmark will refuse --device cuda"
 fi
 
-echo "== configure (${build})"
-cmake -S "${root}" -B "${build}" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+prebuilt="${TANDEM_PREBUILT:-0}"
+if [[ "${prebuilt}" == "1" ]]; then
+  # Binaries packed by scripts/gpu-pack.sh on a machine with the compilers;
+  # their libraries and UCX's modules travel beside them.
+  echo "== prebuilt binaries in ${build}"
+  export LD_LIBRARY_PATH="${build}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+  export UCX_MODULE_DIR="${build}/ucx"
+else
+  echo "== configure (${build})"
+  cmake -S "${root}" -B "${build}" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
 
-echo "== build"
-cmake --build "${build}" -j"${jobs}" --target gpu_cuda_kernels_test gpu_engine_exactness_test \
-  engine_backend_exactness_test tandem-agent tandem-bench tandem-model
+  echo "== build"
+  cmake --build "${build}" -j"${jobs}" --target gpu_cuda_kernels_test gpu_engine_exactness_test \
+    engine_backend_exactness_test tandem-agent tandem-bench tandem-model
+fi
+
+# gpu_tests [gtest filter] [ctest -E regex]: the gpu-labelled tests, through
+# ctest in a build directory, or the test binaries themselves when prebuilt.
+gpu_tests() {
+  if [[ "${prebuilt}" == "1" ]]; then
+    local status=0
+    for test in gpu_cuda_kernels_test gpu_engine_exactness_test; do
+      echo "-- ${test}"
+      "${build}/tests/${test}" --gtest_filter="${1:-*}" --gtest_brief=1 || status=1
+    done
+    return "${status}"
+  fi
+  ctest --test-dir "${build}" -L gpu ${2:+-E "$2"} --output-on-failure
+}
 
 # Tensor-core instructions in the CUDA library's machine code (the fast
 # kernels' bf16 GEMM is the one that should hold them).
 cuobjdump="$(command -v cuobjdump || true)"
 [[ -z "${cuobjdump}" && -x /usr/local/cuda/bin/cuobjdump ]] && cuobjdump=/usr/local/cuda/bin/cuobjdump
 cuda_library="${build}/kernels/libtandem_kernels_cuda.a"
+[[ "${prebuilt}" == "1" ]] && cuda_library="${build}/bin/tandem-bench"
 if [[ -n "${cuobjdump}" && -f "${cuda_library}" ]]; then
   echo "== HMMA in ${cuda_library}: $("${cuobjdump}" --dump-sass "${cuda_library}" | grep -c HMMA || true)"
 else
@@ -59,16 +88,20 @@ fi
 
 # The reference kernels first, without the fast kernels' own tests: a fault
 # in the opt-in kernels must not stop the rest of the check.
-echo "== ctest -L gpu (reference kernels)"
-ctest --test-dir "${build}" -L gpu -E CudaFastKernelsTest --output-on-failure
+echo "== gpu tests (reference kernels)"
+gpu_tests '-CudaFastKernelsTest*' CudaFastKernelsTest
 if [[ "${fast}" == "1" ]]; then
   # Every gpu test, the exactness checks' CUDA backend built with the fast
   # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
-  echo "== ctest -L gpu and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
-  TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -L gpu --output-on-failure ||
-    fast_failed=1
-  TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -R '^engine_backend_exactness_test' \
-    --output-on-failure || fast_failed=1
+  echo "== gpu tests and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
+  TANDEM_CUDA_KERNELS=fast gpu_tests || fast_failed=1
+  if [[ "${prebuilt}" == "1" ]]; then
+    TANDEM_CUDA_KERNELS=fast "${build}/tests/engine_backend_exactness_test" --gtest_brief=1 ||
+      fast_failed=1
+  else
+    TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -R '^engine_backend_exactness_test' \
+      --output-on-failure || fast_failed=1
+  fi
 fi
 
 mkdir -p "${scratch_parent}"
@@ -107,7 +140,7 @@ for model in "${models[@]}"; do
     prompt=$((context - 64 < 2048 ? context - 64 : 2048))
     [[ "${batch}" != "1" ]] && prompt=512
     args=(engine --device cuda --model "${scratch}/${model}" --prompt-tokens "${prompt}"
-      --decode-tokens 64)
+      --decode-tokens 64 --profile-ops)
     [[ "${batch}" != "1" ]] && args+=(--batch "${batch}")
     echo "== tandem-bench ${args[*]} --json ${json_dir}/engine-${model}-batch${batch}.json"
     "${bench}" "${args[@]}" --json "${json_dir}/engine-${model}-batch${batch}.json"
@@ -133,9 +166,11 @@ done
 # the workloads of the tandem-bench runs above (read from their --json) and
 # checks Tandem's tokens by the margin rule. Prints both sides and their ratios.
 torch_python="${TORCH_PYTHON:-python3}"
+# The interpreter runs with the machine's own libraries, not the packed ones.
+torch_py() { env -u LD_LIBRARY_PATH -u UCX_MODULE_DIR "${torch_python}" "$@"; }
 if [[ "${TORCH_COMPARE:-1}" == "0" ]]; then
   echo "== PyTorch comparison left out (TORCH_COMPARE=0)"
-elif ! "${torch_python}" -c 'import torch, transformers' >/dev/null 2>&1; then
+elif ! torch_py -c 'import torch, transformers' >/dev/null 2>&1; then
   echo "== PyTorch comparison skipped: ${torch_python} cannot import torch and transformers"
 else
   torch_failed=()
@@ -157,7 +192,7 @@ else
     if [[ -z "${agent_url}" ]]; then
       echo "tandem-agent did not start listening (log: ${agent_log}):"
       tail -n 5 "${agent_log}"
-    elif "${torch_python}" "${root}/scripts/torch_compare.py" fetch-tandem --url "${agent_url}" \
+    elif torch_py "${root}/scripts/torch_compare.py" fetch-tandem --url "${agent_url}" \
       --model "${scratch}/${model}" --out "${json_dir}/tandem-tokens-${model}.json"; then
       fetched=1
     fi
@@ -174,7 +209,7 @@ else
     if [[ -f "${json_dir}/engine-${model}-batch32.json" ]]; then
       compare+=(--tandem-bench-batch "${json_dir}/engine-${model}-batch32.json")
     fi
-    "${torch_python}" "${root}/scripts/torch_compare.py" "${compare[@]}" ||
+    torch_py "${root}/scripts/torch_compare.py" "${compare[@]}" ||
       torch_failed+=("${model}")
   done
   if ((${#torch_failed[@]} > 0)); then

@@ -449,19 +449,27 @@ class Runner:
         if cache is not None:
             kwargs["past_key_values"] = cache
             kwargs["cache_position"] = positions
+            # Explicit positions too: a transformers that derives them from the
+            # cache's filled length still rotates by the right angle.
+            kwargs["position_ids"] = positions.unsqueeze(0).expand(ids.shape[0], -1)
         if self.keep_key is not None:
             kwargs[self.keep_key] = keep
         logits = self.model(**kwargs).logits
         return logits[:, -keep:, :]
 
 
-def best_seconds(fn, warmup, repeats):
+def best_seconds(fn, warmup, repeats, setup=None):
+    """Best wall time of fn over repeats, each after setup() (untimed)."""
     import torch
     for _ in range(warmup):
+        if setup:
+            setup()
         fn()
     torch.cuda.synchronize()
     best = math.inf
     for _ in range(repeats):
+        if setup:
+            setup()
         torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
@@ -481,11 +489,19 @@ def measure(runner, vocab, prompt_tokens, decode_tokens, batch, args, seed):
     prompt_positions = torch.arange(prompt_tokens, device=device)
     result = {"prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens, "batch": batch}
 
+    # Every timed pass starts from an empty cache holding nothing but what it
+    # needs (decode: the prompt), whether or not this transformers honours
+    # cache_position or counts the cache's filled positions instead.
     def prefill():
         return runner.forward(prompts, cache, prompt_positions)
 
+    def prefilled():
+        cache.reset()
+        prefill()
+
     if batch == 1:
-        result["prefill_s"] = best_seconds(prefill, args.warmup, args.repeats)
+        result["prefill_s"] = best_seconds(prefill, args.warmup, args.repeats, setup=cache.reset)
+    cache.reset()
     logits = prefill()
     first = logits[:, -1, :].argmax(-1, keepdim=True)
     steps = [torch.tensor([prompt_tokens + i], device=device) for i in range(decode_tokens)]
@@ -496,12 +512,13 @@ def measure(runner, vocab, prompt_tokens, decode_tokens, batch, args, seed):
             ids = runner.forward(ids, cache, position)[:, -1, :].argmax(-1, keepdim=True)
         return ids
 
-    result["decode_eager_step_s"] = best_seconds(decode_eager, args.warmup, args.repeats) / \
-        decode_tokens
+    result["decode_eager_step_s"] = best_seconds(decode_eager, args.warmup, args.repeats,
+                                                 setup=prefilled) / decode_tokens
     result["decode_graphs_step_s"] = None
     result["cuda_graphs"] = "off"
     if args.cuda_graphs != "off":
         try:
+            prefilled()
             replay = capture_decode_step(runner, cache, first, prompt_tokens)
         except Exception as error:  # noqa: BLE001 - transformers versions fail in their own ways
             reason = f"{type(error).__name__}: {error}"[:300]
@@ -512,9 +529,12 @@ def measure(runner, vocab, prompt_tokens, decode_tokens, batch, args, seed):
         else:
             result["cuda_graphs"] = "captured"
             result["decode_graphs_step_s"] = best_seconds(
-                lambda: replay(decode_tokens), args.warmup, args.repeats) / decode_tokens
+                lambda: replay(decode_tokens), args.warmup, args.repeats,
+                setup=prefilled) / decode_tokens
             # The graph's tokens must be the eager loop's: same kernels, same inputs.
+            prefilled()
             eager_last = decode_eager()
+            prefilled()
             graph_last = replay(decode_tokens)
             result["graphs_match_eager"] = bool(torch.equal(eager_last, graph_last))
             if not result["graphs_match_eager"]:
@@ -576,6 +596,7 @@ def reference_tokens(runner, prompts, steps):
     cache = static_cache(runner.model, 1, longest, device, runner.model.dtype)
     out = []
     for prompt in prompts:
+        cache.reset()
         ids = torch.tensor([prompt], device=device)
         logits = runner.forward(ids, cache, torch.arange(len(prompt), device=device))[0, -1]
         logits = logits.float()
@@ -646,7 +667,9 @@ def cmd_compare(args):
         raise CompareError(f"--device {args.device}: torch {torch.__version__} sees no CUDA "
                            "device")
     # torch.cuda.synchronize() waits for the current device: make it this one.
-    torch.cuda.set_device(torch.device(args.device))
+    # "cuda" alone names no index: the current device, 0 unless set otherwise.
+    device = torch.device(args.device)
+    torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     single, batched, work = workloads(args, args.model)
     tokens_file = read_tandem_tokens(args.tandem_tokens) if args.tandem_tokens else None
     vocab = text_vocab_size(args.model)
