@@ -22,6 +22,24 @@
 // Every operation's operands and order are thus fixed by (q row, p, cached
 // K/V of 0..p): a row's output is bit-identical in any batch, and chunked
 // prefill equals one-shot prefill because the KV bytes it reads are equal.
+//
+// The fast kernels (--cuda-kernels fast) replace step 1 with
+// attentionGroupedKernel, one block per (row, kv head, split), which gives
+// the same bits as attentionPartialKernel: the same operations on the same
+// operands in the same order, with the K and V rows staged through shared
+// memory. What changes is how they are read: the reference reads each
+// position's K row element by element from its own thread (a warp's loads
+// land 32 rows apart) and each V element once per query head of the group;
+// the grouped kernel copies the split's K rows, then its V rows, in 16-byte
+// coalesced loads, tile by tile (32 positions of bf16, 16 of f32), once for
+// all the query heads that share the KV head (GQA). Per head of the group it
+// then runs the reference's steps from shared memory: thread-per-position
+// dot products in ascending d from +0, the same max and sum trees over 256
+// slots, and per (head, d) the chain over positions in ascending order, kept
+// in a register across tiles. Rows are padded to an odd number of 32-bit
+// words, so the 32 positions a warp reads at one d fall in 32 banks.
+// Supported where the group is at most kMaxGroup heads and a head's row is a
+// whole number of 16-byte vectors; elsewhere the reference kernel runs.
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
@@ -182,6 +200,159 @@ __global__ void attentionCombineKernel(const RowKv* row_kv, int64_t num_heads, i
   }
 }
 
+// ---- the grouped kernel (fast kernels) ----
+
+constexpr int kMaxGroup = 8;
+// Positions staged per tile, and the largest tile in 32-bit words: rows of
+// up to kMaxHeadDim elements padded to an odd word count.
+template <typename Storage>
+constexpr int kTilePositions = sizeof(Storage) == 2 ? 32 : 16;
+constexpr int kTileWords = 32 * (kMaxHeadDim / 2 + 1);
+static_assert(16 * (kMaxHeadDim + 1) <= kTileWords, "an f32 tile fits the buffer");
+
+// A tile row's stride in 32-bit words: the row's words, made odd.
+__host__ __device__ constexpr int64_t tileStrideWords(int64_t head_dim, int64_t element_bytes) {
+  const int64_t words = head_dim * element_bytes / 4;
+  return words % 2 == 0 ? words + 1 : words;
+}
+
+// Rows pos0 .. pos0 + count - 1 of one KV head (at `offset`) into `tile`,
+// 16-byte vectors read in order by consecutive threads.
+template <typename Elements>
+__device__ __forceinline__ void stageRows(const CacheGeometry& g, const int32_t* table,
+                                          int64_t pos0, int count, int64_t offset,
+                                          int64_t stride_words, uint32_t* tile) {
+  const int64_t vectors =
+      g.head_dim * static_cast<int64_t>(sizeof(typename Elements::Storage)) / 16;
+  for (int64_t i = threadIdx.x; i < count * vectors; i += blockDim.x) {
+    const int64_t p = i / vectors;
+    const int64_t v = i % vectors;
+    const uint4 value =
+        reinterpret_cast<const uint4*>(cacheRow<Elements>(g, table, pos0 + p, offset))[v];
+    uint32_t* dst = tile + p * stride_words + v * 4;
+    dst[0] = value.x;
+    dst[1] = value.y;
+    dst[2] = value.z;
+    dst[3] = value.w;
+  }
+}
+
+template <typename Elements>
+__global__ void __launch_bounds__(kSplitThreads)
+    attentionGroupedKernel(const RowKv* row_kv, const int32_t* block_tables, CacheGeometry g,
+                           const float* q, int64_t num_heads, int64_t group, float scale,
+                           int64_t max_splits, float* max_and_sum, float* acc) {
+  using Storage = typename Elements::Storage;
+  constexpr int kPositions = kTilePositions<Storage>;
+  constexpr int kItemsPerThread = kMaxGroup * kMaxHeadDim / kSplitThreads;
+  __shared__ float q_heads[kMaxGroup][kMaxHeadDim];
+  __shared__ float weights[kMaxGroup][kSplitThreads];  // scores, then e^(s - max)
+  __shared__ float tree[kSplitThreads];
+  __shared__ __align__(16) uint32_t tile_words[kTileWords];
+  const auto* tile = reinterpret_cast<const Storage*>(tile_words);
+
+  const int64_t row = blockIdx.x;
+  const int64_t kv_head = blockIdx.y;
+  const int64_t split = blockIdx.z;
+  const RowKv info = row_kv[row];
+  const int64_t count = info.position + 1;
+  const int64_t start = split * kAttentionSplit;
+  // Uniform per block, so no thread is left waiting at a barrier.
+  if (info.active == 0 || start >= count) return;
+  const int64_t n = min(count, start + kAttentionSplit) - start;
+  const int64_t head_dim = g.head_dim;
+  const int64_t first_head = kv_head * group;
+  const int64_t stride_words = tileStrideWords(head_dim, sizeof(Storage));
+  const int64_t stride = stride_words * 4 / static_cast<int64_t>(sizeof(Storage));
+  const int32_t* table = block_tables + info.table_offset;
+  const int tid = threadIdx.x;
+
+  for (int64_t i = tid; i < group * head_dim; i += kSplitThreads) {
+    q_heads[i / head_dim][i % head_dim] = q[(row * num_heads + first_head) * head_dim + i];
+  }
+
+  // Scores, tile by tile of K: item (h, p) is the reference's thread p of head h.
+  for (int64_t t0 = 0; t0 < n; t0 += kPositions) {
+    const int tn = static_cast<int>(min(static_cast<int64_t>(kPositions), n - t0));
+    __syncthreads();  // the previous tile's readers are done
+    stageRows<Elements>(g, table, start + t0, tn, g.k_offset + kv_head * head_dim, stride_words,
+                        tile_words);
+    __syncthreads();
+    for (int64_t item = tid; item < group * kPositions; item += kSplitThreads) {
+      const int64_t h = item / kPositions;
+      const int p = static_cast<int>(item % kPositions);
+      if (p >= tn) continue;
+      const Storage* key = tile + p * stride;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < head_dim; ++d) dot = fmaf(q_heads[h][d], Elements::load(key, d), dot);
+      weights[h][t0 + p] = __fmul_rn(dot, scale);
+    }
+  }
+  __syncthreads();
+
+  // Per head, the reference's max tree, weights and sum tree over 256 slots.
+  for (int64_t h = 0; h < group; ++h) {
+    const float score = tid < n ? weights[h][tid] : -INFINITY;
+    tree[tid] = score;
+    __syncthreads();
+    for (int stride2 = kSplitThreads / 2; stride2 > 0; stride2 /= 2) {
+      if (tid < stride2) tree[tid] = fmaxf(tree[tid], tree[tid + stride2]);
+      __syncthreads();
+    }
+    const float max = tree[0];
+    __syncthreads();
+    const float weight = tid < n ? expf(score - max) : 0.0f;
+    weights[h][tid] = weight;
+    tree[tid] = weight;
+    __syncthreads();
+    for (int stride2 = kSplitThreads / 2; stride2 > 0; stride2 /= 2) {
+      if (tid < stride2) tree[tid] = __fadd_rn(tree[tid], tree[tid + stride2]);
+      __syncthreads();
+    }
+    if (tid == 0) {
+      const int64_t item = (row * num_heads + first_head + h) * max_splits + split;
+      max_and_sum[2 * item] = max;
+      max_and_sum[2 * item + 1] = tree[0];
+    }
+    __syncthreads();  // tree is refilled for the next head
+  }
+
+  // Per (head, d), the chain over positions in ascending order, tile by
+  // tile of V.
+  float sums[kItemsPerThread];
+#pragma unroll
+  for (int i = 0; i < kItemsPerThread; ++i) sums[i] = 0.0f;
+  for (int64_t t0 = 0; t0 < n; t0 += kPositions) {
+    const int tn = static_cast<int>(min(static_cast<int64_t>(kPositions), n - t0));
+    __syncthreads();  // the previous tile's readers are done
+    stageRows<Elements>(g, table, start + t0, tn, g.v_offset + kv_head * head_dim, stride_words,
+                        tile_words);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      const int64_t item = tid + i * kSplitThreads;
+      if (item < group * head_dim) {
+        const int64_t h = item / head_dim;
+        const int64_t d = item % head_dim;
+        float sum = sums[i];
+        for (int p = 0; p < tn; ++p) {
+          sum = fmaf(weights[h][t0 + p], Elements::load(tile + p * stride, d), sum);
+        }
+        sums[i] = sum;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kItemsPerThread; ++i) {
+    const int64_t item = tid + i * kSplitThreads;
+    if (item < group * head_dim) {
+      const int64_t h = item / head_dim;
+      const int64_t d = item % head_dim;
+      acc[((row * num_heads + first_head + h) * max_splits + split) * head_dim + d] = sums[i];
+    }
+  }
+}
+
 }  // namespace
 
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
@@ -204,7 +375,7 @@ int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int6
 
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                           int32_t layer, const float* q, int64_t num_heads, float scale,
-                          float* scratch, float* out) {
+                          float* scratch, float* out, bool grouped) {
   if (batch.rows <= 0 || num_heads <= 0) return;
   TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= kMaxHeadDim, "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
@@ -217,14 +388,32 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
   const int64_t group = num_heads / cache.num_kv_heads;
   float* max_and_sum = scratch;
   float* acc = scratch + 2 * batch.rows * num_heads * splits;
-  const dim3 partial_grid(static_cast<unsigned int>(batch.rows),
-                          static_cast<unsigned int>(num_heads), static_cast<unsigned int>(splits));
-  if (cache.dtype == DType::kBF16) {
-    attentionPartialKernel<Bf16Elements><<<partial_grid, kSplitThreads, 0, stream>>>(
-        batch.row_kv, batch.block_tables, g, q, num_heads, group, scale, splits, max_and_sum, acc);
+  const int64_t element_bytes = cache.dtype == DType::kBF16 ? 2 : 4;
+  if (grouped && group <= kMaxGroup && cache.head_dim * element_bytes % 16 == 0) {
+    const dim3 grid(static_cast<unsigned int>(batch.rows),
+                    static_cast<unsigned int>(cache.num_kv_heads),
+                    static_cast<unsigned int>(splits));
+    if (cache.dtype == DType::kBF16) {
+      attentionGroupedKernel<Bf16Elements>
+          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
+                                               group, scale, splits, max_and_sum, acc);
+    } else {
+      attentionGroupedKernel<F32Elements>
+          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
+                                               group, scale, splits, max_and_sum, acc);
+    }
   } else {
-    attentionPartialKernel<F32Elements><<<partial_grid, kSplitThreads, 0, stream>>>(
-        batch.row_kv, batch.block_tables, g, q, num_heads, group, scale, splits, max_and_sum, acc);
+    const dim3 grid(static_cast<unsigned int>(batch.rows), static_cast<unsigned int>(num_heads),
+                    static_cast<unsigned int>(splits));
+    if (cache.dtype == DType::kBF16) {
+      attentionPartialKernel<Bf16Elements>
+          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
+                                               group, scale, splits, max_and_sum, acc);
+    } else {
+      attentionPartialKernel<F32Elements>
+          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
+                                               group, scale, splits, max_and_sum, acc);
+    }
   }
   const dim3 combine_grid(static_cast<unsigned int>(batch.rows),
                           static_cast<unsigned int>(num_heads));

@@ -282,7 +282,7 @@ class CudaBackend final : public Backend {
       scratch_floats_ = floats;
     }
     launchPagedAttention(stream_, batch_, cache, layer, q, num_heads, scale,
-                         static_cast<float*>(scratch_), out);
+                         static_cast<float*>(scratch_), out, /*grouped=*/fast_kernels_);
     checkLaunch("pagedAttention");
   }
 

@@ -85,8 +85,11 @@ void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheL
                    int32_t layer, const float* k, const float* v);
 // Floats of scratch pagedAttention needs for this batch.
 int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int64_t head_dim);
+// `grouped`: the fast kernels' partial kernel (one block per KV head, K and
+// V staged through shared memory), where it supports the shape; the same
+// bits as the reference either way.
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                           int32_t layer, const float* q, int64_t num_heads, float scale,
-                          float* scratch, float* out);
+                          float* scratch, float* out, bool grouped = false);
 
 }  // namespace tandem::kernels::cuda
