@@ -74,16 +74,25 @@ class Backend {
   virtual void synchronize() = 0;
 
   // Weights in this backend's memory. CPU: the host view itself (no copy).
-  // CUDA: a device copy owned by the backend until it is destroyed; the same
-  // host data asked for twice gives the same copy. Throws tandem::Error when
+  // CUDA: a device copy owned by the backend until releaseWeight() ends its
+  // last use (or the backend is destroyed); the same host data asked for
+  // twice gives the same copy. Throws tandem::Error when
   // the memory cannot be had.
   virtual WeightView residentWeight(const WeightView& host) = 0;
   virtual const float* residentFloats(const float* host, size_t count) = 0;
   // A weight the caller will pass to matmul: residentWeight's view, or where
   // the compute dtype asks for another layout (CPU, bf16 compute, bf16
   // weights: kernels.h's packBf16Pairs) a copy in it, owned by the backend
-  // until it is destroyed; the same host data gives the same copy.
+  // until releaseWeight() ends its last use; the same host data gives the
+  // same copy.
   virtual WeightView matmulWeight(const WeightView& host) { return residentWeight(host); }
+  // Ends one use of a copy residentWeight(), residentFloats() (as the view
+  // {host, kF32, 1, count}) or matmulWeight() made of `host`: each call that
+  // returned other data than the host's is one use. The copy is freed when
+  // its last use ends, so host memory that a later model reuses at the same
+  // address gets a copy of its own, never a stale one. Recordings that may
+  // read the copy must be forgotten first (forgetRecordings()).
+  virtual void releaseWeight(const WeightView& host) {}
 
   // What matmul multiplies (docs/engine.md#compute-dtype): kF32, the
   // default, or kBF16, for the weights matmulWeight() gives from now on

@@ -62,6 +62,7 @@ class ProfilingBackend final : public Backend {
     return inner_.residentFloats(host, count);
   }
   WeightView matmulWeight(const WeightView& host) override { return inner_.matmulWeight(host); }
+  void releaseWeight(const WeightView& host) override { inner_.releaseWeight(host); }
   void setComputeDType(DType dtype) override { inner_.setComputeDType(dtype); }
 
   void beginBatch(const BatchLayout& batch) override;

@@ -40,7 +40,18 @@ uint64_t nextRecordingOwner() {
 
 }  // namespace
 
-ModelRunner::~ModelRunner() { backend_.forgetRecordings(); }
+ModelRunner::~ModelRunner() {
+  backend_.forgetRecordings();
+  // The backend frees a copy when its last runner lets go, so a model loaded
+  // later at the same host addresses never meets this model's copies.
+  for (const kernels::WeightView& host : backend_copies_) {
+    try {
+      backend_.releaseWeight(host);
+    } catch (const std::exception& error) {
+      TANDEM_LOG(kWarn) << "model runner: releasing a weight copy failed: " << error.what();
+    }
+  }
+}
 
 ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend)
     : model_(model),
@@ -79,7 +90,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   attention_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)));
 
   const ModelWeights& host = model_.weights();
-  weights_.embed_tokens = backend_.residentWeight(host.embed_tokens);
+  weights_.embed_tokens = hold(host.embed_tokens, backend_.residentWeight(host.embed_tokens));
   weights_.lm_head = matmulWeight(host.lm_head);
   weights_.norm = resident(host.norm);
   weights_.layers.reserve(host.layers.size());
@@ -107,8 +118,14 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   }
 }
 
+kernels::WeightView ModelRunner::hold(const kernels::WeightView& host,
+                                      const kernels::WeightView& used) {
+  if (used.data != host.data) backend_copies_.push_back(host);
+  return used;
+}
+
 kernels::WeightView ModelRunner::matmulWeight(const kernels::WeightView& host) {
-  const kernels::WeightView used = backend_.matmulWeight(host);
+  const kernels::WeightView used = hold(host, backend_.matmulWeight(host));
   // A matrix the backend copied (packed for bf16 compute, or uploaded) is
   // never read from the file mapping again, unless it is also the embedding
   // table (tied LM head), which lookups read. Dropping it now, before the
@@ -121,7 +138,9 @@ kernels::WeightView ModelRunner::matmulWeight(const kernels::WeightView& host) {
 
 const float* ModelRunner::resident(const std::vector<float>& host) {
   if (host.empty()) return nullptr;
-  return backend_.residentFloats(host.data(), host.size());
+  const float* used = backend_.residentFloats(host.data(), host.size());
+  hold({host.data(), DType::kF32, 1, static_cast<int64_t>(host.size())}, {used, DType::kF32, 1, 0});
+  return used;
 }
 
 void ModelRunner::checkInput(const SequenceInput& sequence) const {

@@ -120,6 +120,9 @@ class ModelRunner {
   // backend_.matmulWeight(host); when that is a copy, the host matrix's
   // pages of the file mapping are dropped (Model::dropMappedPages).
   kernels::WeightView matmulWeight(const kernels::WeightView& host);
+  // `used`, noting a use of the backend's copy to release at destruction
+  // when it is one (other data than host's).
+  kernels::WeightView hold(const kernels::WeightView& host, const kernels::WeightView& used);
 
   const Model& model_;
   KvCache& cache_;
@@ -129,6 +132,9 @@ class ModelRunner {
   float attention_scale_ = 1.0f;
   bool record_decode_ = true;
   size_t dropped_mapped_bytes_ = 0;
+  // Host views whose backend copies this runner holds a use of
+  // (Backend::releaseWeight at destruction).
+  std::vector<kernels::WeightView> backend_copies_;
   // Names this runner's buffers and cache to the backend's recordings.
   const uint64_t recording_owner_;
   // Scratch in the backend's memory, grown on demand and reused across calls.

@@ -45,7 +45,14 @@ WeightView CpuBackend::matmulWeight(const WeightView& host) {
   }
   auto [it, inserted] = packed_.try_emplace(host.data);
   if (inserted) it->second.view = packBf16Pairs(host, it->second.storage);
+  ++it->second.uses;
   return it->second.view;
+}
+
+void CpuBackend::releaseWeight(const WeightView& host) {
+  auto it = packed_.find(host.data);
+  if (it == packed_.end()) return;
+  if (--it->second.uses <= 0) packed_.erase(it);
 }
 
 void CpuBackend::release(void* data, size_t /*bytes*/) { std::free(data); }

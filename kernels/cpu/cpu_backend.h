@@ -36,6 +36,7 @@ class CpuBackend : public Backend {
   const float* residentFloats(const float* host, size_t /*count*/) override { return host; }
   // bf16 compute: bf16 weights packed by kernels::packBf16Pairs.
   WeightView matmulWeight(const WeightView& host) override;
+  void releaseWeight(const WeightView& host) override;
 
   void setComputeDType(DType dtype) override;
   void beginBatch(const BatchLayout& batch) override;
@@ -67,10 +68,12 @@ class CpuBackend : public Backend {
   std::vector<int32_t> block_tables_;
   std::vector<AttentionSequence> sequences_;
   DType compute_ = DType::kF32;
-  // Packed copies, and their views, by the host data they were made from.
+  // Packed copies, and their views, by the host data they were made from,
+  // with the uses matmulWeight() has handed out and releaseWeight() not ended.
   struct Packed {
     std::vector<uint16_t> storage;
     WeightView view;
+    int64_t uses = 0;
   };
   std::map<const void*, Packed> packed_;
 };

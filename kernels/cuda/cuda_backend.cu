@@ -83,7 +83,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     dropGraphs();
-    for (auto& [key, data] : resident_) cudaFree(data);
+    for (auto& [key, copy] : resident_) cudaFree(copy.data);
     for (auto& [key, data] : relaid_) cudaFree(data);
     cudaFree(gemv_scratch_);
     cudaFree(batch_device_);
@@ -173,6 +173,21 @@ class CudaBackend final : public Backend {
     relaid_.emplace(view.data, data);
     copyFromHost(data, relaid.data(), relaid.size());
     return view;
+  }
+
+  // The last use frees the copy and its re-laid twin. cudaFree waits for the
+  // kernels in flight; the caller forgot the recordings that read it.
+  void releaseWeight(const WeightView& host) override {
+    if (capturing_) throw Error("a weight was released while recording a decode step");
+    auto it = resident_.find(std::make_pair(host.data, viewBytes(host)));
+    if (it == resident_.end() || --it->second.uses > 0) return;
+    activate();
+    if (auto twin = relaid_.find(it->second.data); twin != relaid_.end()) {
+      throwIfFailed(cudaFree(twin->second), "cudaFree");
+      relaid_.erase(twin);
+    }
+    throwIfFailed(cudaFree(it->second.data), "cudaFree");
+    resident_.erase(it);
   }
 
   // f32 always; bf16 only with the fast kernels, whose tensor-core GEMM is
@@ -427,13 +442,18 @@ class CudaBackend final : public Backend {
     gemv_scratch_floats_ = floats;
   }
 
+  // One more use of the device copy of `bytes` of host memory (made now if
+  // there is none); releaseWeight() ends it.
   const void* upload(const void* host, size_t bytes) {
     const auto key = std::make_pair(host, bytes);
-    if (auto it = resident_.find(key); it != resident_.end()) return it->second;
+    if (auto it = resident_.find(key); it != resident_.end()) {
+      ++it->second.uses;
+      return it->second.data;
+    }
     activate();
     void* data = nullptr;
     throwIfFailed(cudaMalloc(&data, std::max<size_t>(bytes, 1)), "cudaMalloc for weights");
-    resident_.emplace(key, data);
+    resident_.emplace(key, ResidentCopy{data, 1});
     copyFromHost(data, host, bytes);
     return data;
   }
@@ -489,7 +509,12 @@ class CudaBackend final : public Backend {
   bool step_recordable_ = false;  // the current batch is a padded decode batch
   cudaStream_t stream_ = nullptr;
   cudaEvent_t batch_uploaded_ = nullptr;
-  std::map<std::pair<const void*, size_t>, void*> resident_;
+  // Device copies by (host data, bytes), with their uses not yet released.
+  struct ResidentCopy {
+    void* data = nullptr;
+    int64_t uses = 0;
+  };
+  std::map<std::pair<const void*, size_t>, ResidentCopy> resident_;
   // Resident row-major copy -> its re-laid copy (fast kernels only).
   std::unordered_map<const void*, void*> relaid_;
   float* gemv_scratch_ = nullptr;

@@ -630,5 +630,28 @@ TEST_F(CudaFastKernelsTest, GroupedAttentionEqualsTheReferenceBitwise) {
   }
 }
 
+// A device copy (and, with the fast kernels, its re-laid twin) lives while
+// a use of it is held; after the last release, other weights at the same
+// host address are uploaded afresh, for both kernel sets.
+TEST_F(CudaFastKernelsTest, WeightCopiesLiveUntilTheirLastUseIsReleased) {
+  constexpr int64_t kRows = 64, kCols = 128;
+  std::vector<float> host(kRows * kCols, 1.0f);
+  const WeightView view{host.data(), DType::kF32, kRows, kCols, WeightLayout::kRows};
+  const std::vector<float> x(kCols, 1.0f);
+  for (Backend* backend : {backend_.get(), fast_.get()}) {
+    SCOPED_TRACE(backend->description());
+    std::fill(host.begin(), host.end(), 1.0f);
+    const WeightView first = backend->matmulWeight(view);
+    EXPECT_EQ(backend->matmulWeight(view).data, first.data);
+    EXPECT_EQ(run(*backend, x, 1, kCols, view)[0], 128.0f);  // a third use, released below
+    backend->releaseWeight(view);
+    backend->releaseWeight(view);
+    backend->releaseWeight(view);
+    std::fill(host.begin(), host.end(), 2.0f);
+    EXPECT_EQ(run(*backend, x, 1, kCols, view)[0], 256.0f) << "a stale copy was used";
+    backend->releaseWeight(view);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels

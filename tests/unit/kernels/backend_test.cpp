@@ -389,5 +389,43 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CpuBackendKernels,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const auto& info) { return std::string(dtypeShortName(info.param)); });
 
+// A packed copy (bf16 compute) lives while a use of it is held: a second
+// use shares it, releasing one keeps it, releasing the last frees it, and
+// then the same host address holding other weights (a later model mapped
+// there) is packed afresh instead of meeting the stale copy.
+TEST(CpuBackendWeights, PackedCopyLivesUntilItsLastUseIsReleased) {
+  cpu::CpuBackend backend;
+  backend.setComputeDType(DType::kBF16);
+  constexpr int64_t kRows = 16, kCols = 32;
+  std::vector<uint16_t> host(kRows * kCols);
+  auto fill = [&](float value) {
+    for (uint16_t& w : host) w = f32ToBf16(value);
+  };
+  const WeightView view{host.data(), DType::kBF16, kRows, kCols, WeightLayout::kRows};
+  const std::vector<float> x(kCols, 1.0f);
+  auto product = [&](const WeightView& w) {
+    std::vector<float> y(kRows);
+    backend.matmul(x.data(), 1, kCols, w, y.data());
+    return y[0];
+  };
+
+  fill(1.0f);
+  const WeightView first = backend.matmulWeight(view);
+  ASSERT_NE(first.data, view.data) << "bf16 compute packs a copy";
+  const WeightView second = backend.matmulWeight(view);
+  EXPECT_EQ(second.data, first.data) << "one copy per host matrix";
+  EXPECT_EQ(product(second), 32.0f);
+  backend.releaseWeight(view);
+  EXPECT_EQ(backend.matmulWeight(view).data, first.data) << "one use still held";
+  backend.releaseWeight(view);
+  backend.releaseWeight(view);
+
+  // Other weights at the same address: packed again, not the stale copy.
+  fill(2.0f);
+  EXPECT_EQ(product(backend.matmulWeight(view)), 64.0f);
+  backend.releaseWeight(view);
+  backend.releaseWeight(view);  // more releases than uses: nothing held, nothing happens
+}
+
 }  // namespace
 }  // namespace tandem::kernels
