@@ -26,6 +26,9 @@
 #              comparison's JSON) there;
 #              TORCH_COMPARE=0 leaves the PyTorch comparison out;
 #              TORCH_PYTHON=python3 the interpreter that has torch;
+#              BENCH_REPEATS=N runs per benchmark figure (default 3; the
+#              best is reported): 1 or 2 fits the whole check into a
+#              10-minute window with the llama3-8b-shaped model;
 #              FAST=0 leaves out the second pass of the gpu tests and the
 #              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets).
 set -euo pipefail
@@ -140,7 +143,7 @@ for model in "${models[@]}"; do
     prompt=$((context - 64 < 2048 ? context - 64 : 2048))
     [[ "${batch}" != "1" ]] && prompt=512
     args=(engine --device cuda --model "${scratch}/${model}" --prompt-tokens "${prompt}"
-      --decode-tokens 64 --profile-ops)
+      --decode-tokens 64 --repeats "${BENCH_REPEATS:-3}" --profile-ops)
     [[ "${batch}" != "1" ]] && args+=(--batch "${batch}")
     echo "== tandem-bench ${args[*]} --json ${json_dir}/engine-${model}-batch${batch}.json"
     "${bench}" "${args[@]}" --json "${json_dir}/engine-${model}-batch${batch}.json"

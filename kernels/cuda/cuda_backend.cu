@@ -222,7 +222,12 @@ class CudaBackend final : public Backend {
   void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) override {
     activate();
     if (fast_kernels_ && usesBf16Mma(w)) {
-      launchBf16MmaMatmul(stream_, x, m, k, w, y);
+      // x rounded to bf16 goes to the GEMV scratch (never in use by another
+      // matmul: one stream); only above the decode buckets' row counts.
+      const int64_t elements = bf16MmaScratchElements(m, k);
+      growGemvScratch((elements + 1) / 2);
+      launchBf16MmaMatmul(stream_, x, m, k, w, y,
+                          elements > 0 ? reinterpret_cast<uint16_t*>(gemv_scratch_) : nullptr);
       checkLaunch("matmul (bf16 tensor cores)");
       return;
     }

@@ -77,8 +77,14 @@ void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
 
 // matmul_bf16_mma.cu (--cuda-kernels fast with --compute-dtype bf16): y =
 // bf16(x) · w^T on the tensor cores, for bf16 row-major weights and any m.
+// Above kBf16MmaSmallRows rows (k a multiple of 8) the pipelined kernel
+// runs, with x rounded into `x_bf16`, which must hold
+// bf16MmaScratchElements(m, k) elements (0: none needed); nullptr keeps the
+// small kernel. Both give every output the same bits.
+constexpr int64_t kBf16MmaSmallRows = 256;
+int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const WeightView& w, float* y);
+                         const WeightView& w, float* y, uint16_t* x_bf16);
 
 // attention.cu
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,

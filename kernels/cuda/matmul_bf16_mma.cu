@@ -18,10 +18,24 @@
 // that tile (the GPU test checks the last point on the device: a row alone
 // equals the same row at position 40 of a 2048-row batch).
 //
-// Speed: plain and modest. Tiles go through shared memory (rows padded by 8
-// bf16, so fragment reads hit 8 distinct banks per quarter warp) with the
-// next K step loaded into registers while the tensor cores work on this one.
-// On sm_90 this is HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
+// Two kernels, one order. bf16MmaKernel: tiles go through shared memory
+// (rows padded by 8 bf16, so fragment reads hit 8 distinct banks per quarter
+// warp) with the next K step loaded into registers while the tensor cores
+// work on this one; it takes any m, k and alignment, and runs m <= 256 (every
+// decode bucket, so recorded steps never need the scratch below).
+// bf16MmaPipelinedKernel, for m > 256 with k a multiple of 8 and 16-byte
+// aligned operands: x is first rounded to bf16 into the backend's scratch
+// (the same rounding as the other kernel's shared-memory store), then
+// 128 x 128 output tiles (8 warps of 64 x 32) stream A and B through a
+// three-stage cp.async pipeline of K steps of 32, zero-filled past m, n and
+// k, and load fragments with ldmatrix (80-byte rows: the 8 rows of an 8 x 8
+// matrix fall in distinct banks). Its mma sequence per output is the same
+// chain as bf16MmaKernel's (one m16n8k16 per 16-wide slice of k, ascending,
+// from +0, slices past k skipped, the last one's padding zero in both
+// operands), so both give every output the same bits, and a row's bits do
+// not depend on which kernel its batch size picked: the GPU test compares a
+// row alone (m = 1) with the same row in a batch of 2048.
+// On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
 // this order only if it keeps one k16 mma chain per output.
 #include <cuda_runtime.h>
 
@@ -220,10 +234,180 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- the pipelined kernel (m > 256) ----
+
+namespace pipelined {
+
+constexpr int kTileM = 128;
+constexpr int kTileN = 128;
+constexpr int kTileK = 32;
+constexpr int kStages = 3;
+constexpr int kThreads = 256;
+constexpr int kWarpsN = 4;
+constexpr int kWarpTileM = 64;
+constexpr int kWarpTileN = 32;
+constexpr int kMmaTilesM = kWarpTileM / 16;  // 4
+constexpr int kMmaTilesN = kWarpTileN / 8;   // 4
+constexpr int kRowStride = kTileK + 8;       // bf16: 80-byte rows
+constexpr int kStageElements = (kTileM + kTileN) * kRowStride;
+constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageElements * sizeof(uint16_t);
+// 16-byte vectors of one operand's tile per K step, and per thread.
+constexpr int kVectors = kTileM * kTileK / 8;
+constexpr int kVectorsPerThread = kVectors / kThreads;
+static_assert(kTileM == kTileN && kVectorsPerThread * kThreads == kVectors, "loads cover tiles");
+static_assert((kTileM / kWarpTileM) * kWarpsN * 32 == kThreads, "warps cover the tile");
+
+__device__ __forceinline__ uint32_t sharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, or 16 zero bytes where !valid (nothing read).
+__device__ __forceinline__ void copyAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(dst)),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commitGroup() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void waitGroups() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void loadMatrices(uint32_t r[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sharedAddress(p)));
+}
+
+// K step `step` of rows [row0, row0 + 128) of a (rows x k, bf16, row-major)
+// into a stage's 128 x 32 tile.
+__device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64_t rows, int64_t k,
+                                         int64_t row0, int64_t step, uint16_t* tile) {
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int r = index / (kTileK / 8);
+    const int kk = (index % (kTileK / 8)) * 8;
+    const int64_t row = row0 + r;
+    const int64_t column = step * kTileK + kk;
+    const bool valid = row < rows && column < k;
+    copyAsync16(tile + r * kRowStride + kk, valid ? src + row * k + column : src, valid);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    bf16MmaPipelinedKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
+                           const uint16_t* __restrict__ w, int64_t n, float* __restrict__ y) {
+  extern __shared__ __align__(16) uint16_t stages[];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int group = lane / 4;
+  const int quad = lane % 4;
+  const int warp_m = warp / kWarpsN * kWarpTileM;
+  const int warp_n = warp % kWarpsN * kWarpTileN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  auto a_tile = [&](int stage) { return stages + stage * kStageElements; };
+  auto b_tile = [&](int stage) { return stages + stage * kStageElements + kTileM * kRowStride; };
+
+  float acc[kMmaTilesM][kMmaTilesN][4];
+#pragma unroll
+  for (int i = 0; i < kMmaTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kMmaTilesN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+
+  const int64_t steps = (k + kTileK - 1) / kTileK;
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < steps) {
+      loadTile(xb, m, k, m0, stage, a_tile(stage));
+      loadTile(w, n, k, n0, stage, b_tile(stage));
+    }
+    commitGroup();
+  }
+
+  // ldmatrix row and column of this lane: A takes (rows 0-15, k 0-7) then
+  // (rows 0-15, k 8-15); B takes (n 0-7, k 0-7), (n 0-7, k 8-15), then the
+  // next 8 columns of n the same way.
+  const int a_row = lane % 16;
+  const int a_col = lane / 16 * 8;
+  const int b_row = lane / 16 * 8 + lane % 8;
+  const int b_col = lane / 8 % 2 * 8;
+
+  for (int64_t step = 0; step < steps; ++step) {
+    waitGroups<kStages - 2>();
+    __syncthreads();  // this step's tile is in; the stage loaded below was last read a step ago
+    const int64_t next = step + kStages - 1;
+    if (next < steps) {
+      loadTile(xb, m, k, m0, next, a_tile(static_cast<int>(next % kStages)));
+      loadTile(w, n, k, n0, next, b_tile(static_cast<int>(next % kStages)));
+    }
+    commitGroup();
+
+    const uint16_t* a = a_tile(static_cast<int>(step % kStages));
+    const uint16_t* b = b_tile(static_cast<int>(step % kStages));
+#pragma unroll
+    for (int slice = 0; slice < kTileK / kMmaK; ++slice) {
+      if (step * kTileK + slice * kMmaK >= k) break;  // past k: no instruction, whatever m is
+      uint32_t af[kMmaTilesM][4];
+#pragma unroll
+      for (int i = 0; i < kMmaTilesM; ++i) {
+        loadMatrices(af[i], a + (warp_m + i * 16 + a_row) * kRowStride + slice * kMmaK + a_col);
+      }
+#pragma unroll
+      for (int j = 0; j < kMmaTilesN; j += 2) {
+        uint32_t bf[4];
+        loadMatrices(bf, b + (warp_n + j * 8 + b_row) * kRowStride + slice * kMmaK + b_col);
+        const uint32_t b0[2] = {bf[0], bf[1]};
+        const uint32_t b1[2] = {bf[2], bf[3]};
+#pragma unroll
+        for (int i = 0; i < kMmaTilesM; ++i) {
+          mmaBf16(acc[i][j], af[i], b0);
+          mmaBf16(acc[i][j + 1], af[i], b1);
+        }
+      }
+    }
+  }
+  waitGroups<0>();
+
+#pragma unroll
+  for (int i = 0; i < kMmaTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kMmaTilesN; ++j) {
+      const int64_t column = n0 + warp_n + j * 8 + quad * 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = m0 + warp_m + i * 16 + group + half * 8;
+        if (row >= m) continue;
+        if (column < n) y[row * n + column] = acc[i][j][half * 2];
+        if (column + 1 < n) y[row * n + column + 1] = acc[i][j][half * 2 + 1];
+      }
+    }
+  }
+}
+
+// x rounded to bf16 as bf16MmaKernel's storeStep rounds it.
+__global__ void roundToBf16Kernel(const float* __restrict__ x, int64_t count,
+                                  uint16_t* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = f32ToBf16Bits(x[i]);
+  }
+}
+
+}  // namespace pipelined
+
 }  // namespace
 
+int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
+  return m > kBf16MmaSmallRows && k % 8 == 0 ? m * k : 0;
+}
+
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const WeightView& w, float* y) {
+                         const WeightView& w, float* y, uint16_t* x_bf16) {
   TANDEM_CHECK(w.cols == k, "bf16 matmul: weight columns must equal k");
   TANDEM_CHECK(w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows,
                "bf16 matmul: weights must be bf16, row-major");
@@ -233,6 +417,27 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
   const auto* weights = static_cast<const uint16_t*>(w.data);
   const dim3 grid(static_cast<unsigned int>(ceilDiv(n, kTileN)),
                   static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  if (x_bf16 != nullptr && bf16MmaScratchElements(m, k) > 0 &&
+      reinterpret_cast<uintptr_t>(weights) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0) {
+    // More shared memory than the 48 KB default: asked for once per process
+    // (the attribute is per function, for every device).
+    static const cudaError_t opted_in = cudaFuncSetAttribute(
+        pipelined::bf16MmaPipelinedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(pipelined::kSmemBytes));
+    TANDEM_CHECK(opted_in == cudaSuccess,
+                 "bf16 matmul: cudaFuncSetAttribute refused the "
+                 "pipelined kernel's shared memory");
+    const int64_t count = m * k;
+    const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(count, 256), 4096));
+    pipelined::roundToBf16Kernel<<<blocks, 256, 0, stream>>>(x, count, x_bf16);
+    const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, pipelined::kTileN)),
+                     static_cast<unsigned int>(ceilDiv(m, pipelined::kTileM)));
+    pipelined::
+        bf16MmaPipelinedKernel<<<tiles, pipelined::kThreads, pipelined::kSmemBytes, stream>>>(
+            x_bf16, m, k, weights, n, y);
+    return;
+  }
   const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(weights) % 16 == 0;
   if (vector) {
