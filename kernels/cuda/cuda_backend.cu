@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
     dropGraphs();
     for (auto& [key, copy] : resident_) cudaFree(copy.data);
     for (auto& [key, data] : relaid_) cudaFree(data);
+    for (auto& [key, data] : mma_twins_) cudaFree(data);
     cudaFree(gemv_scratch_);
     cudaFree(batch_device_);
     cudaFree(scratch_);
@@ -163,7 +164,18 @@ class CudaBackend final : public Backend {
   // re-laid by weight_layout.h, found again by the resident copy's address.
   WeightView matmulWeight(const WeightView& host) override {
     WeightView view = residentWeight(host);
-    if (!fast_kernels_ || host.layout != WeightLayout::kRows || usesBf16Mma(view)) return view;
+    if (!fast_kernels_ || host.layout != WeightLayout::kRows) return view;
+    if (usesBf16Mma(view)) {
+      // The tensor-core decode kernel's copy: mma B fragments in order.
+      if (mma_twins_.count(view.data) != 0) return view;
+      const std::vector<uint8_t> fragments = relayoutForMma(host.data, host.rows, host.cols);
+      activate();
+      void* data = nullptr;
+      throwIfFailed(cudaMalloc(&data, fragments.size()), "cudaMalloc for mma-ordered weights");
+      mma_twins_.emplace(view.data, data);
+      copyFromHost(data, fragments.data(), fragments.size());
+      return view;
+    }
     if (relaid_.count(view.data) != 0) return view;
     const std::vector<uint8_t> relaid = relayoutForGemv(
         host.data, host.rows, host.cols, static_cast<int64_t>(dtypeSize(host.dtype)));
@@ -182,9 +194,11 @@ class CudaBackend final : public Backend {
     auto it = resident_.find(std::make_pair(host.data, viewBytes(host)));
     if (it == resident_.end() || --it->second.uses > 0) return;
     activate();
-    if (auto twin = relaid_.find(it->second.data); twin != relaid_.end()) {
-      throwIfFailed(cudaFree(twin->second), "cudaFree");
-      relaid_.erase(twin);
+    for (auto* twins : {&relaid_, &mma_twins_}) {
+      if (auto twin = twins->find(it->second.data); twin != twins->end()) {
+        throwIfFailed(cudaFree(twin->second), "cudaFree");
+        twins->erase(twin);
+      }
     }
     throwIfFailed(cudaFree(it->second.data), "cudaFree");
     resident_.erase(it);
@@ -221,6 +235,13 @@ class CudaBackend final : public Backend {
 
   void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) override {
     activate();
+    if (fast_kernels_ && usesBf16Mma(w) && m <= kBf16MmaSkinnyRows) {
+      if (auto it = mma_twins_.find(w.data); it != mma_twins_.end()) {
+        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, y);
+        checkLaunch("matmul (bf16 tensor cores, decode)");
+        return;
+      }
+    }
     if (fast_kernels_ && usesBf16Mma(w)) {
       // x rounded to bf16 goes to the GEMV scratch (never in use by another
       // matmul: one stream); only above the decode buckets' row counts.
@@ -520,8 +541,10 @@ class CudaBackend final : public Backend {
     int64_t uses = 0;
   };
   std::map<std::pair<const void*, size_t>, ResidentCopy> resident_;
-  // Resident row-major copy -> its re-laid copy (fast kernels only).
+  // Resident row-major copy -> its re-laid copy (fast kernels only): for
+  // the fast GEMV, and for the bf16 decode kernel (mma fragment order).
   std::unordered_map<const void*, void*> relaid_;
+  std::unordered_map<const void*, void*> mma_twins_;
   float* gemv_scratch_ = nullptr;
   int64_t gemv_scratch_floats_ = 0;
 

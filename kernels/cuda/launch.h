@@ -82,6 +82,12 @@ void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
 // bf16MmaScratchElements(m, k) elements (0: none needed); nullptr keeps the
 // small kernel. Both give every output the same bits.
 constexpr int64_t kBf16MmaSmallRows = 256;
+// Up to kBf16MmaSkinnyRows rows, with the weights re-laid as mma fragments
+// (weight_layout.h relayoutForMma, the bytes a device copy): the skinny
+// decode kernel, the same bits again.
+constexpr int64_t kBf16MmaSkinnyRows = 64;
+void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                         const void* fragments, int64_t n, float* y);
 int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const WeightView& w, float* y, uint16_t* x_bf16);

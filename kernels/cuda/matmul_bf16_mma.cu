@@ -35,6 +35,13 @@
 // operands), so both give every output the same bits, and a row's bits do
 // not depend on which kernel its batch size picked: the GPU test compares a
 // row alone (m = 1) with the same row in a batch of 2048.
+// bf16MmaSkinnyKernel, for m <= 64 (decode) where the backend holds the
+// weights re-laid as mma B fragments (weight_layout.h): a warp owns 8
+// output columns and streams their whole k, one 16-byte load per lane per
+// two slices, 16 loads in flight per lane, with no shared memory and no
+// barrier; A fragments are read from x (rounded to bf16 as above, zero past
+// m and k) for each of up to four 16-row tiles, so the weights are read once
+// for all rows. Again the same mma chain per output, so the same bits.
 // On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
 // this order only if it keeps one k16 mma chain per output.
 #include <cuda_runtime.h>
@@ -42,6 +49,7 @@
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/weight_layout.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -400,7 +408,111 @@ __global__ void roundToBf16Kernel(const float* __restrict__ x, int64_t count,
 
 }  // namespace pipelined
 
+// ---- the skinny kernel (m <= 64, fragment-ordered weights) ----
+
+namespace skinny {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kInFlight = 16;  // 16-byte loads per lane ahead of the tensor cores
+
+// bf16 pair (x[row][kk], x[row][kk + 1]) as the other kernels stage it.
+__device__ __forceinline__ uint32_t xPair(const float* __restrict__ x, int64_t m, int64_t k,
+                                          int64_t row, int64_t kk) {
+  float low = 0.0f;
+  float high = 0.0f;
+  if (row < m) {
+    const float* p = x + row * k + kk;
+    if (kk < k) low = p[0];
+    if (kk + 1 < k) high = p[1];
+  }
+  return packBf16(low, high);
+}
+
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads)
+    bf16MmaSkinnyKernel(const float* __restrict__ x, int64_t m, int64_t k,
+                        const uint4* __restrict__ fragments, int64_t n, float* __restrict__ y) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const MmaFragmentTiling t{n, k};
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (tile >= t.tileColumns()) return;  // no barrier in this kernel
+  const int group = lane / 4;
+  const int quad = lane % 4;
+  const int64_t pairs = t.pairs();
+  const uint4* column = fragments + tile * pairs * 32 + lane;
+
+  float acc[kMTiles][4];
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+  }
+  for (int64_t p0 = 0; p0 < pairs; p0 += kInFlight) {
+    uint4 b[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      if (p0 + u < pairs) b[u] = __ldg(column + (p0 + u) * 32);
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      if (p0 + u >= pairs) break;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t k0 = (p0 + u) * 32 + half * kMmaK;
+        if (k0 >= k) break;  // past k: no instruction, whatever m is
+        const uint32_t fragment[2] = {half == 0 ? b[u].x : b[u].z, half == 0 ? b[u].y : b[u].w};
+#pragma unroll
+        for (int i = 0; i < kMTiles; ++i) {
+          const int64_t row = i * 16 + group;
+          const uint32_t a[4] = {
+              xPair(x, m, k, row, k0 + 2 * quad), xPair(x, m, k, row + 8, k0 + 2 * quad),
+              xPair(x, m, k, row, k0 + 8 + 2 * quad), xPair(x, m, k, row + 8, k0 + 8 + 2 * quad)};
+          mmaBf16(acc[i], a, fragment);
+        }
+      }
+    }
+  }
+
+  const int64_t out_column = tile * 8 + quad * 2;
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = i * 16 + group + half * 8;
+      if (row >= m) continue;
+      if (out_column < n) y[row * n + out_column] = acc[i][half * 2];
+      if (out_column + 1 < n) y[row * n + out_column + 1] = acc[i][half * 2 + 1];
+    }
+  }
+}
+
+}  // namespace skinny
+
 }  // namespace
+
+void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                         const void* fragments, int64_t n, float* y) {
+  TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
+  const MmaFragmentTiling t{n, k};
+  const auto blocks = static_cast<unsigned int>(ceilDiv(t.tileColumns(), skinny::kWarps));
+  const auto* frags = static_cast<const uint4*>(fragments);
+  switch (ceilDiv(m, 16)) {
+    case 1:
+      skinny::bf16MmaSkinnyKernel<1><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      break;
+    case 2:
+      skinny::bf16MmaSkinnyKernel<2><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      break;
+    case 3:
+      skinny::bf16MmaSkinnyKernel<3><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      break;
+    default:
+      skinny::bf16MmaSkinnyKernel<4><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      break;
+  }
+}
 
 int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
   return m > kBf16MmaSmallRows && k % 8 == 0 ? m * k : 0;

@@ -38,7 +38,54 @@ void forEachVector(const GemvTiling& t, Copy&& copy) {
   }
 }
 
+MmaFragmentTiling checkedMmaTiling(int64_t n, int64_t k) {
+  if (n <= 0 || k <= 0) {
+    throw Error("mma weight layout: shape must be positive, got " + std::to_string(n) + " x " +
+                std::to_string(k));
+  }
+  return MmaFragmentTiling{n, k};
+}
+
+// Calls copy(offset in the re-laid matrix, row-major offset) for every real
+// element.
+template <typename Copy>
+void forEachMmaElement(const MmaFragmentTiling& t, Copy&& copy) {
+  for (int64_t tile = 0; tile < t.tileColumns(); ++tile) {
+    for (int64_t p = 0; p < t.pairs(); ++p) {
+      for (int64_t lane = 0; lane < 32; ++lane) {
+        const int64_t column = MmaFragmentTiling::column(tile, lane);
+        if (column >= t.n) continue;
+        for (int64_t e = 0; e < 8; ++e) {
+          const int64_t kk = MmaFragmentTiling::kOf(p, lane, e);
+          if (kk < t.k) copy(t.offset(tile, p, lane, e), column * t.k + kk);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+std::vector<uint8_t> relayoutForMma(const void* src, int64_t n, int64_t k) {
+  const MmaFragmentTiling t = checkedMmaTiling(n, k);
+  std::vector<uint8_t> out(static_cast<size_t>(t.bytes()), 0);  // padding stays zero
+  const auto* from = static_cast<const uint16_t*>(src);
+  auto* to = reinterpret_cast<uint16_t*>(out.data());
+  forEachMmaElement(t, [&](int64_t relaid, int64_t rows) { to[relaid] = from[rows]; });
+  return out;
+}
+
+void restoreFromMma(const void* relaid, size_t bytes, int64_t n, int64_t k, void* dst) {
+  const MmaFragmentTiling t = checkedMmaTiling(n, k);
+  if (static_cast<int64_t>(bytes) != t.bytes()) {
+    throw Error("mma weight layout: " + std::to_string(bytes) + " bytes do not hold a re-laid " +
+                std::to_string(n) + " x " + std::to_string(k) + " matrix (" +
+                std::to_string(t.bytes()) + " bytes)");
+  }
+  const auto* from = static_cast<const uint16_t*>(relaid);
+  auto* to = static_cast<uint16_t*>(dst);
+  forEachMmaElement(t, [&](int64_t relaid_at, int64_t rows) { to[rows] = from[relaid_at]; });
+}
 
 std::vector<uint8_t> relayoutForGemv(const void* src, int64_t n, int64_t k, int64_t element_bytes) {
   const GemvTiling t = checkedTiling(n, k, element_bytes);

@@ -143,6 +143,48 @@ inline int64_t gemvWarps(int64_t tiles, int64_t sm_count) {
   return tiles < target ? tiles : target;
 }
 
+// --- The bf16 tensor-core decode kernel's layout (matmul_bf16_mma.cu) ---
+//
+// An n x k bf16 matrix as the B fragments of mma.sync m16n8k16: tiles of 8
+// output columns by 32 k (two 16-wide slices), tile (t, p) at element offset
+// (t * pairs + p) * 256, stored tile column by tile column. Lane l = 4g + q
+// of the warp that owns tile column t finds, as one 16-byte vector at
+// ((t * pairs + p) * 32 + l) * 8, the 8 bf16 it passes as b0, b1 of slice 2p
+// and b0, b1 of slice 2p + 1:
+//
+//   e = 0, 1: w[8t + g][32p +      2q + e]        (slice 2p, b0)
+//   e = 2, 3: w[8t + g][32p +  8 + 2q + e - 2]    (slice 2p, b1)
+//   e = 4, 5: w[8t + g][32p + 16 + 2q + e - 4]    (slice 2p + 1, b0)
+//   e = 6, 7: w[8t + g][32p + 24 + 2q + e - 6]    (slice 2p + 1, b1)
+//
+// so a warp's load is 512 contiguous bytes and a tile column one contiguous
+// stream. Columns past n and k past the matrix are zero, as the other bf16
+// kernels pad their shared-memory tiles: the fragments an mma sees are the
+// same, so its results are.
+struct MmaFragmentTiling {
+  int64_t n = 0;
+  int64_t k = 0;
+
+  TANDEM_HOST_DEVICE int64_t tileColumns() const { return (n + 7) / 8; }
+  TANDEM_HOST_DEVICE int64_t pairs() const { return (k + 31) / 32; }
+  TANDEM_HOST_DEVICE int64_t elements() const { return tileColumns() * pairs() * 256; }
+  TANDEM_HOST_DEVICE int64_t bytes() const { return elements() * 2; }
+  TANDEM_HOST_DEVICE int64_t offset(int64_t t, int64_t p, int64_t lane, int64_t e) const {
+    return ((t * pairs() + p) * 32 + lane) * 8 + e;
+  }
+  // The output column and k of that element (either may be past n or k).
+  TANDEM_HOST_DEVICE static int64_t column(int64_t t, int64_t lane) { return t * 8 + lane / 4; }
+  TANDEM_HOST_DEVICE static int64_t kOf(int64_t p, int64_t lane, int64_t e) {
+    return p * 32 + e / 2 * 8 + lane % 4 * 2 + e % 2;
+  }
+};
+
+// Re-lays row-major bf16 `src` (n x k) as above; MmaFragmentTiling{n,
+// k}.bytes() bytes. Throws tandem::Error for a non-positive shape.
+std::vector<uint8_t> relayoutForMma(const void* src, int64_t n, int64_t k);
+// The exact inverse, into dst (n * k bf16), `bytes` checked.
+void restoreFromMma(const void* relaid, size_t bytes, int64_t n, int64_t k, void* dst);
+
 // Re-lays row-major `src` (n x k elements of element_bytes, 2 or 4) as
 // above; the result has GemvTiling{n, k, element_bytes}.bytes() bytes.
 // Throws tandem::Error for another element size or a non-positive shape.

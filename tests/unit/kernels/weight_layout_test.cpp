@@ -1,4 +1,5 @@
-// The fast decode GEMV's weight layout (kernels/cuda/weight_layout.h), on the
+// The fast decode GEMV's and the bf16 decode kernel's weight layouts
+// (kernels/cuda/weight_layout.h), on the
 // CPU: the re-layout is undone byte for byte, padding is zero, and a host
 // emulation of the GEMV kernels (gemv_fast.cu) over the re-laid weights,
 // written as plain loops in the kernels' own order (warps, pipeline stages,
@@ -93,6 +94,55 @@ TEST(GemvWeightLayout, RefusesOtherElementSizesAndShapes) {
   std::vector<uint8_t> relaid = relayoutForGemv(&byte, 1, 1, 2);
   uint8_t out[2];
   EXPECT_THROW(restoreFromGemv(relaid.data(), relaid.size() - 16, 1, 1, 2, out), Error);
+}
+
+// --- The bf16 tensor-core decode kernel's fragment layout ---
+
+// Undone exactly; padding (columns past n, k past the matrix) is zero; and
+// every element sits where lane l of an m16n8k16 mma takes B from, as the
+// PTX ISA defines the bf16 B fragment: b0 holds B[k = 2(l % 4) + i][n = l / 4]
+// for i = 0, 1 and b1 the same 8 rows further in k (written out here apart
+// from MmaFragmentTiling::kOf).
+TEST(MmaWeightLayout, FragmentsHoldWhatEachLanePassesAndTheInverseRestoresAll) {
+  for (const Shape shape : kShapes) {
+    SCOPED_TRACE(std::to_string(shape.n) + " x " + std::to_string(shape.k));
+    std::vector<uint16_t> w(static_cast<size_t>(shape.n * shape.k));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(1 + i % 65000);
+    const std::vector<uint8_t> relaid = relayoutForMma(w.data(), shape.n, shape.k);
+    const MmaFragmentTiling t{shape.n, shape.k};
+    ASSERT_EQ(static_cast<int64_t>(relaid.size()), t.bytes());
+    const auto* elements = reinterpret_cast<const uint16_t*>(relaid.data());
+    int64_t real = 0;
+    for (int64_t tile = 0; tile < t.tileColumns(); ++tile) {
+      for (int64_t p = 0; p < t.pairs(); ++p) {
+        for (int64_t lane = 0; lane < 32; ++lane) {
+          for (int64_t e = 0; e < 8; ++e) {
+            // Slice 2p + e / 4, register b(e / 2 % 2), element e % 2.
+            const int64_t slice = 2 * p + e / 4;
+            const int64_t kk = slice * 16 + (e / 2 % 2) * 8 + 2 * (lane % 4) + e % 2;
+            const int64_t column = tile * 8 + lane / 4;
+            const uint16_t got = elements[((tile * t.pairs() + p) * 32 + lane) * 8 + e];
+            if (column < shape.n && kk < shape.k) {
+              ASSERT_EQ(got, w[column * shape.k + kk])
+                  << tile << " " << p << " " << lane << " " << e;
+              ++real;
+            } else {
+              ASSERT_EQ(got, 0) << "padding";
+            }
+          }
+        }
+      }
+    }
+    EXPECT_EQ(real, shape.n * shape.k) << "every element placed once";
+    std::vector<uint16_t> back(w.size(), 0);
+    restoreFromMma(relaid.data(), relaid.size(), shape.n, shape.k, back.data());
+    EXPECT_EQ(back, w);
+  }
+  const uint16_t one = 1;
+  EXPECT_THROW(relayoutForMma(&one, 0, 1), Error);
+  std::vector<uint8_t> relaid = relayoutForMma(&one, 1, 1);
+  uint16_t out = 0;
+  EXPECT_THROW(restoreFromMma(relaid.data(), relaid.size() - 2, 1, 1, &out), Error);
 }
 
 // --- The kernels' order, emulated ---
