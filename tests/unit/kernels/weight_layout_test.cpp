@@ -1,6 +1,7 @@
 // The fast decode GEMV's and the bf16 decode kernel's weight layouts
-// (kernels/cuda/weight_layout.h), on the
-// CPU: the re-layout is undone byte for byte, padding is zero, and a host
+// (kernels/cuda/weight_layout.h), on the CPU: each re-layout is undone byte
+// for byte, padding is zero, the mma layout puts every element where the
+// PTX fragment definition says a lane takes it from, and a host
 // emulation of the GEMV kernels (gemv_fast.cu) over the re-laid weights,
 // written as plain loops in the kernels' own order (warps, pipeline stages,
 // slabs, steps, rows, then the fold), gives every output the same bits as
