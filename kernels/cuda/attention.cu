@@ -109,6 +109,41 @@ __device__ __forceinline__ const typename Elements::Storage* cacheRow(const Cach
          offset + slot * g.slot_stride;
 }
 
+// One split's softmax statistics, as every partial kernel computes them:
+// thread t holds the score of slot t (-inf where its position is absent);
+// the max of the 256 slots meets in a fixed binary tree over `tree`, each
+// present slot's weight is e^(score - max) (0 where absent), stored at
+// weights[t], and the sum of the weights meets in the same tree. Every
+// thread of the block calls it; on return, weights[] is complete and `tree`
+// free for reuse.
+struct SplitStats {
+  float max;
+  float sum;
+};
+__device__ __forceinline__ SplitStats splitStats(float* tree, float* weights, float score,
+                                                 bool present) {
+  const int tid = threadIdx.x;
+  tree[tid] = score;
+  __syncthreads();
+  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
+    if (tid < stride) tree[tid] = fmaxf(tree[tid], tree[tid + stride]);
+    __syncthreads();
+  }
+  const float max = tree[0];
+  __syncthreads();
+  const float weight = present ? expf(score - max) : 0.0f;
+  weights[tid] = weight;
+  tree[tid] = weight;
+  __syncthreads();
+  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
+    if (tid < stride) tree[tid] = __fadd_rn(tree[tid], tree[tid + stride]);
+    __syncthreads();
+  }
+  const float sum = tree[0];
+  __syncthreads();
+  return {max, sum};
+}
+
 // Partials: for item i = (row * num_heads + head) * max_splits + split,
 // max_and_sum[2i], max_and_sum[2i + 1] and acc[i * head_dim + d].
 template <typename Elements>
@@ -145,27 +180,12 @@ __global__ void __launch_bounds__(kSplitThreads)
     for (int64_t d = 0; d < head_dim; ++d) dot = fmaf(q_head[d], Elements::load(key, d), dot);
     score = __fmul_rn(dot, scale);
   }
-  tree[tid] = score;
-  __syncthreads();
-  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
-    if (tid < stride) tree[tid] = fmaxf(tree[tid], tree[tid + stride]);
-    __syncthreads();
-  }
-  const float max = tree[0];
-  __syncthreads();
-  const float weight = t < end ? expf(score - max) : 0.0f;
-  weights[tid] = weight;
-  tree[tid] = weight;
-  __syncthreads();
-  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
-    if (tid < stride) tree[tid] = __fadd_rn(tree[tid], tree[tid + stride]);
-    __syncthreads();
-  }
+  const SplitStats stats = splitStats(tree, weights, score, t < end);
 
   const int64_t item = (row * num_heads + head) * max_splits + split;
   if (tid == 0) {
-    max_and_sum[2 * item] = max;
-    max_and_sum[2 * item + 1] = tree[0];
+    max_and_sum[2 * item] = stats.max;
+    max_and_sum[2 * item + 1] = stats.sum;
   }
   for (int64_t d = tid; d < head_dim; d += kSplitThreads) {
     float sum = 0.0f;
@@ -290,31 +310,16 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   __syncthreads();
 
-  // Per head, the reference's max tree, weights and sum tree over 256 slots.
+  // Per head, the reference's statistics (each thread reads its own score
+  // before splitStats overwrites the slot with its weight).
   for (int64_t h = 0; h < group; ++h) {
     const float score = tid < n ? weights[h][tid] : -INFINITY;
-    tree[tid] = score;
-    __syncthreads();
-    for (int stride2 = kSplitThreads / 2; stride2 > 0; stride2 /= 2) {
-      if (tid < stride2) tree[tid] = fmaxf(tree[tid], tree[tid + stride2]);
-      __syncthreads();
-    }
-    const float max = tree[0];
-    __syncthreads();
-    const float weight = tid < n ? expf(score - max) : 0.0f;
-    weights[h][tid] = weight;
-    tree[tid] = weight;
-    __syncthreads();
-    for (int stride2 = kSplitThreads / 2; stride2 > 0; stride2 /= 2) {
-      if (tid < stride2) tree[tid] = __fadd_rn(tree[tid], tree[tid + stride2]);
-      __syncthreads();
-    }
+    const SplitStats stats = splitStats(tree, weights[h], score, tid < n);
     if (tid == 0) {
       const int64_t item = (row * num_heads + first_head + h) * max_splits + split;
-      max_and_sum[2 * item] = max;
-      max_and_sum[2 * item + 1] = tree[0];
+      max_and_sum[2 * item] = stats.max;
+      max_and_sum[2 * item + 1] = stats.sum;
     }
-    __syncthreads();  // tree is refilled for the next head
   }
 
   // Per (head, d), the chain over positions in ascending order, tile by

@@ -159,31 +159,27 @@ class CudaBackend final : public Backend {
   }
 
   // The row-major resident view, as residentWeight(). With the fast kernels
-  // a matrix the fast GEMV will read (every one but bf16 weights under bf16
-  // compute, which the tensor-core GEMM reads row-major) also gets a copy
-  // re-laid by weight_layout.h, found again by the resident copy's address.
+  // every matrix also gets a copy re-laid by weight_layout.h, found again by
+  // the resident copy's address: in mma fragment order for bf16 weights under
+  // bf16 compute (the decode tensor-core kernel; prefill reads the row-major
+  // copy), in GEMV tiles otherwise (the fast GEMV).
   WeightView matmulWeight(const WeightView& host) override {
     WeightView view = residentWeight(host);
     if (!fast_kernels_ || host.layout != WeightLayout::kRows) return view;
-    if (usesBf16Mma(view)) {
-      // The tensor-core decode kernel's copy: mma B fragments in order.
-      if (mma_twins_.count(view.data) != 0) return view;
-      const std::vector<uint8_t> fragments = relayoutForMma(host.data, host.rows, host.cols);
-      activate();
-      void* data = nullptr;
-      throwIfFailed(cudaMalloc(&data, fragments.size()), "cudaMalloc for mma-ordered weights");
-      mma_twins_.emplace(view.data, data);
-      copyFromHost(data, fragments.data(), fragments.size());
-      return view;
-    }
-    if (relaid_.count(view.data) != 0) return view;
-    const std::vector<uint8_t> relaid = relayoutForGemv(
-        host.data, host.rows, host.cols, static_cast<int64_t>(dtypeSize(host.dtype)));
+    // The twin for the kernel that will read it: mma B fragments in order
+    // for the bf16 decode kernel, GEMV tiles for the fast GEMV.
+    const bool mma = usesBf16Mma(view);
+    auto& twins = mma ? mma_twins_ : relaid_;
+    if (twins.count(view.data) != 0) return view;
+    const std::vector<uint8_t> bytes =
+        mma ? relayoutForMma(host.data, host.rows, host.cols)
+            : relayoutForGemv(host.data, host.rows, host.cols,
+                              static_cast<int64_t>(dtypeSize(host.dtype)));
     activate();
     void* data = nullptr;
-    throwIfFailed(cudaMalloc(&data, relaid.size()), "cudaMalloc for re-laid weights");
-    relaid_.emplace(view.data, data);
-    copyFromHost(data, relaid.data(), relaid.size());
+    throwIfFailed(cudaMalloc(&data, bytes.size()), "cudaMalloc for re-laid weights");
+    twins.emplace(view.data, data);
+    copyFromHost(data, bytes.data(), bytes.size());
     return view;
   }
 

@@ -82,6 +82,30 @@ __device__ __forceinline__ void mmaBf16(float acc[4], const uint32_t a[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// A warp's accumulators to y: mma tile (i, j) covers rows row0 + 16i (+ 8)
+// and columns column0 + 8j (+ 1), as the m16n8 C fragment lays them out for
+// this lane (row0 and column0 already hold its group and quad); nothing
+// past m or n is stored.
+template <int kTilesM, int kTilesN>
+__device__ __forceinline__ void storeTiles(const float (&acc)[kTilesM][kTilesN][4], int64_t row0,
+                                           int64_t column0, int64_t m, int64_t n,
+                                           float* __restrict__ y) {
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      const int64_t column = column0 + j * 8;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = row0 + i * 16 + half * 8;
+        if (row >= m) continue;
+        if (column < n) y[row * n + column] = acc[i][j][half * 2];
+        if (column + 1 < n) y[row * n + column + 1] = acc[i][j][half * 2 + 1];
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t packBf16(float low, float high) {
   return static_cast<uint32_t>(f32ToBf16Bits(low)) |
          (static_cast<uint32_t>(f32ToBf16Bits(high)) << 16);
@@ -226,20 +250,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-#pragma unroll
-  for (int i = 0; i < kMmaTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kMmaTilesN; ++j) {
-      const int64_t column = n0 + warp_n + j * 8 + quad * 2;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = m0 + warp_m + i * 16 + group + half * 8;
-        if (row >= m) continue;
-        if (column < n) y[row * n + column] = acc[i][j][half * 2];
-        if (column + 1 < n) y[row * n + column + 1] = acc[i][j][half * 2 + 1];
-      }
-    }
-  }
+  storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, y);
 }
 
 // ---- the pipelined kernel (m > 256) ----
@@ -381,20 +392,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   waitGroups<0>();
 
-#pragma unroll
-  for (int i = 0; i < kMmaTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kMmaTilesN; ++j) {
-      const int64_t column = n0 + warp_n + j * 8 + quad * 2;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = m0 + warp_m + i * 16 + group + half * 8;
-        if (row >= m) continue;
-        if (column < n) y[row * n + column] = acc[i][j][half * 2];
-        if (column + 1 < n) y[row * n + column + 1] = acc[i][j][half * 2 + 1];
-      }
-    }
-  }
+  storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, y);
 }
 
 // x rounded to bf16 as bf16MmaKernel's storeStep rounds it.
@@ -443,11 +441,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t pairs = t.pairs();
   const uint4* column = fragments + tile * pairs * 32 + lane;
 
-  float acc[kMTiles][4];
+  float acc[kMTiles][1][4];
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
   for (int64_t p0 = 0; p0 < pairs; p0 += kInFlight) {
     uint4 b[kInFlight];
@@ -469,23 +467,13 @@ __global__ void __launch_bounds__(kThreads)
           const uint32_t a[4] = {
               xPair(x, m, k, row, k0 + 2 * quad), xPair(x, m, k, row + 8, k0 + 2 * quad),
               xPair(x, m, k, row, k0 + 8 + 2 * quad), xPair(x, m, k, row + 8, k0 + 8 + 2 * quad)};
-          mmaBf16(acc[i], a, fragment);
+          mmaBf16(acc[i][0], a, fragment);
         }
       }
     }
   }
 
-  const int64_t out_column = tile * 8 + quad * 2;
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = i * 16 + group + half * 8;
-      if (row >= m) continue;
-      if (out_column < n) y[row * n + out_column] = acc[i][half * 2];
-      if (out_column + 1 < n) y[row * n + out_column + 1] = acc[i][half * 2 + 1];
-    }
-  }
+  storeTiles(acc, group, tile * 8 + quad * 2, m, n, y);
 }
 
 }  // namespace skinny
