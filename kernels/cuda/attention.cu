@@ -393,32 +393,20 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
   const int64_t group = num_heads / cache.num_kv_heads;
   float* max_and_sum = scratch;
   float* acc = scratch + 2 * batch.rows * num_heads * splits;
-  const int64_t element_bytes = cache.dtype == DType::kBF16 ? 2 : 4;
-  if (grouped && group <= kMaxGroup && cache.head_dim * element_bytes % 16 == 0) {
-    const dim3 grid(static_cast<unsigned int>(batch.rows),
-                    static_cast<unsigned int>(cache.num_kv_heads),
-                    static_cast<unsigned int>(splits));
-    if (cache.dtype == DType::kBF16) {
-      attentionGroupedKernel<Bf16Elements>
-          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
-                                               group, scale, splits, max_and_sum, acc);
-    } else {
-      attentionGroupedKernel<F32Elements>
-          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
-                                               group, scale, splits, max_and_sum, acc);
-    }
+  // One of the two partial kernels, instantiated for the cache's dtype.
+  const bool bf16 = cache.dtype == DType::kBF16;
+  auto partials = [&](auto bf16_kernel, auto f32_kernel, dim3 grid) {
+    (bf16 ? bf16_kernel : f32_kernel)<<<grid, kSplitThreads, 0, stream>>>(
+        batch.row_kv, batch.block_tables, g, q, num_heads, group, scale, splits, max_and_sum, acc);
+  };
+  const auto rows = static_cast<unsigned int>(batch.rows);
+  const auto split_count = static_cast<unsigned int>(splits);
+  if (grouped && group <= kMaxGroup && cache.head_dim * (bf16 ? 2 : 4) % 16 == 0) {
+    partials(attentionGroupedKernel<Bf16Elements>, attentionGroupedKernel<F32Elements>,
+             dim3(rows, static_cast<unsigned int>(cache.num_kv_heads), split_count));
   } else {
-    const dim3 grid(static_cast<unsigned int>(batch.rows), static_cast<unsigned int>(num_heads),
-                    static_cast<unsigned int>(splits));
-    if (cache.dtype == DType::kBF16) {
-      attentionPartialKernel<Bf16Elements>
-          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
-                                               group, scale, splits, max_and_sum, acc);
-    } else {
-      attentionPartialKernel<F32Elements>
-          <<<grid, kSplitThreads, 0, stream>>>(batch.row_kv, batch.block_tables, g, q, num_heads,
-                                               group, scale, splits, max_and_sum, acc);
-    }
+    partials(attentionPartialKernel<Bf16Elements>, attentionPartialKernel<F32Elements>,
+             dim3(rows, static_cast<unsigned int>(num_heads), split_count));
   }
   const dim3 combine_grid(static_cast<unsigned int>(batch.rows),
                           static_cast<unsigned int>(num_heads));
