@@ -29,6 +29,10 @@
 #              BENCH_REPEATS=N runs per benchmark figure (default 3; the
 #              best is reported): 1 or 2 fits the whole check into a
 #              10-minute window with the llama3-8b-shaped model;
+#              STEP_TIMEOUT=S stops any one test binary or benchmark run
+#              after S seconds (default 300);
+#              SANITIZE=1 also runs the fast kernels' tests under
+#              compute-sanitizer memcheck;
 #              FAST=0 leaves out the second pass of the gpu tests and the
 #              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets).
 set -euo pipefail
@@ -63,6 +67,10 @@ else
     engine_backend_exactness_test tandem-agent tandem-bench tandem-model
 fi
 
+# limited CMD...: CMD, stopped after STEP_TIMEOUT seconds (default 300), so a
+# kernel that hangs costs one step of a short GPU window, not all of it.
+limited() { timeout --kill-after=10 "${STEP_TIMEOUT:-300}" "$@"; }
+
 # gpu_tests [gtest filter] [ctest -E regex]: the gpu-labelled tests, through
 # ctest in a build directory, or the test binaries themselves when prebuilt.
 gpu_tests() {
@@ -70,7 +78,7 @@ gpu_tests() {
     local status=0
     for test in gpu_cuda_kernels_test gpu_engine_exactness_test; do
       echo "-- ${test}"
-      "${build}/tests/${test}" --gtest_filter="${1:-*}" --gtest_brief=1 || status=1
+      limited "${build}/tests/${test}" --gtest_filter="${1:-*}" --gtest_brief=1 || status=1
     done
     return "${status}"
   fi
@@ -91,19 +99,37 @@ fi
 
 # The reference kernels first, without the fast kernels' own tests: a fault
 # in the opt-in kernels must not stop the rest of the check.
+# A failure is reported at the end; the figures still come (one GPU window).
 echo "== gpu tests (reference kernels)"
-gpu_tests '-CudaFastKernelsTest*' CudaFastKernelsTest
+reference_failed=0
+gpu_tests '-CudaFastKernelsTest*' CudaFastKernelsTest || reference_failed=1
 if [[ "${fast}" == "1" ]]; then
   # Every gpu test, the exactness checks' CUDA backend built with the fast
   # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
   echo "== gpu tests and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
   TANDEM_CUDA_KERNELS=fast gpu_tests || fast_failed=1
   if [[ "${prebuilt}" == "1" ]]; then
-    TANDEM_CUDA_KERNELS=fast "${build}/tests/engine_backend_exactness_test" --gtest_brief=1 ||
-      fast_failed=1
+    TANDEM_CUDA_KERNELS=fast limited "${build}/tests/engine_backend_exactness_test" \
+      --gtest_brief=1 || fast_failed=1
   else
     TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -R '^engine_backend_exactness_test' \
       --output-on-failure || fast_failed=1
+  fi
+  # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
+  # (out-of-bounds and misaligned accesses; the tool runs on some GPU
+  # machines only, docs/cuda.md).
+  if [[ "${SANITIZE:-0}" == "1" ]]; then
+    sanitizer="$(command -v compute-sanitizer || true)"
+    [[ -z "${sanitizer}" && -x /usr/local/cuda/bin/compute-sanitizer ]] &&
+      sanitizer=/usr/local/cuda/bin/compute-sanitizer
+    if [[ -z "${sanitizer}" ]]; then
+      echo "== compute-sanitizer not found: SANITIZE=1 left out"
+    else
+      echo "== compute-sanitizer memcheck: CudaFastKernelsTest"
+      limited "${sanitizer}" --tool memcheck --error-exitcode 1 \
+        "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='CudaFastKernelsTest*' \
+        --gtest_brief=1 || fast_failed=1
+    fi
   fi
 fi
 
@@ -146,7 +172,8 @@ for model in "${models[@]}"; do
       --decode-tokens 64 --repeats "${BENCH_REPEATS:-3}" --profile-ops)
     [[ "${batch}" != "1" ]] && args+=(--batch "${batch}")
     echo "== tandem-bench ${args[*]} --json ${json_dir}/engine-${model}-batch${batch}.json"
-    "${bench}" "${args[@]}" --json "${json_dir}/engine-${model}-batch${batch}.json"
+    limited "${bench}" "${args[@]}" --json "${json_dir}/engine-${model}-batch${batch}.json" ||
+      reference_failed=1
     if [[ "${fast}" == "1" ]]; then
       # The same run with the fast kernels; at batch 1 also with bf16 compute.
       variants=("--cuda-kernels fast")
@@ -155,7 +182,7 @@ for model in "${models[@]}"; do
         read -r -a extra <<<"${variant}"
         name="fast$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         echo "== tandem-bench ${args[*]} ${variant}"
-        "${bench}" "${args[@]}" "${extra[@]}" \
+        limited "${bench}" "${args[@]}" "${extra[@]}" \
           --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || fast_failed=1
       done
     fi
@@ -222,6 +249,10 @@ else
 fi
 # ---- end of side by side with PyTorch ------------------------------------------------------
 
+if [[ "${reference_failed}" != "0" ]]; then
+  echo "== reference kernels: a gpu test or benchmark run FAILED (see above)"
+  exit 1
+fi
 if [[ "${fast_failed}" != "0" ]]; then
   echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"
   exit 1
