@@ -239,6 +239,10 @@ else
     if [[ -f "${json_dir}/engine-${model}-batch32.json" ]]; then
       compare+=(--tandem-bench-batch "${json_dir}/engine-${model}-batch32.json")
     fi
+    # The bf16-compute run's prefill matmuls, shape by shape against cuBLAS.
+    if [[ -f "${json_dir}/engine-${model}-batch1-fast-bf16.json" ]]; then
+      compare+=(--tandem-bench-gemm "${json_dir}/engine-${model}-batch1-fast-bf16.json")
+    fi
     torch_py "${root}/scripts/torch_compare.py" "${compare[@]}" ||
       torch_failed+=("${model}")
   done

@@ -262,6 +262,47 @@ class TableTest(unittest.TestCase):
         self.assertRegex(tc.format_table(rows).splitlines()[1], r"^prefill .* - +5\.0 +-$")
 
 
+class GemmTest(unittest.TestCase):
+    # The ops.prefill table of `tandem-bench engine --profile-ops --json`.
+    PROFILED = dict(BENCH_BATCH1, ops={"prefill": {"seconds_per_step": 1.0, "calls": [
+        {"call": "matmul m=2048 k=4096 n=14336 bf16", "calls_per_step": 64.0,
+         "seconds_per_step": 0.64, "bytes_per_step": 1.0, "flops_per_step": 64 * 2.0 * 2048 *
+         4096 * 14336},
+        {"call": "pagedAttention rows=2048 sequences=1 heads=32", "calls_per_step": 32.0,
+         "seconds_per_step": 0.2, "bytes_per_step": 1.0, "flops_per_step": 0.0},
+        {"call": "matmul m=1 k=4096 n=128256 bf16", "calls_per_step": 1.0,
+         "seconds_per_step": 0.001, "bytes_per_step": 1.0, "flops_per_step": 2.0 * 4096 *
+         128256},
+    ]}})
+
+    def test_matmul_shapes_and_times_per_call(self):
+        shapes = tc.profiled_matmuls(self.PROFILED)
+        self.assertEqual([(s["m"], s["k"], s["n"], s["dtype"]) for s in shapes],
+                         [(2048, 4096, 14336, "bf16"), (1, 4096, 128256, "bf16")])
+        self.assertAlmostEqual(shapes[0]["tandem_s_per_call"], 0.01)
+        self.assertAlmostEqual(shapes[0]["tandem_gflops"], 2.0 * 2048 * 4096 * 14336 / 0.01 / 1e9)
+
+    def test_a_run_without_the_profile_is_refused_by_name(self):
+        with self.assertRaisesRegex(tc.CompareError, "--profile-ops"):
+            tc.profiled_matmuls(BENCH_BATCH1, "b.json")
+        bad = dict(BENCH_BATCH1, ops={"prefill": {"calls": [{"call": "matmul m=2 k=3",
+                                                             "calls_per_step": 1,
+                                                             "seconds_per_step": 1}]}})
+        with self.assertRaisesRegex(tc.CompareError, "lacks m=, k=, n="):
+            tc.profiled_matmuls(bad, "b.json")
+
+    def test_rows_compare_speed_and_the_table_reads_them(self):
+        shapes = tc.profiled_matmuls(self.PROFILED)
+        rows = tc.gemm_rows(shapes, [0.0005, None])
+        self.assertAlmostEqual(rows[0]["speed_ratio"], 0.05)  # 10 ms against 0.5 ms
+        self.assertAlmostEqual(rows[0]["torch_ms"], 0.5)
+        self.assertIsNone(rows[1]["speed_ratio"])
+        table = tc.format_gemm_table(rows)
+        self.assertIn("m=2048 k=4096 n=14336", table)
+        self.assertIn("0.05", table)
+        self.assertEqual(len({len(line) for line in table.splitlines()[:3]}), 1, table)
+
+
 class ExactnessSummaryTest(unittest.TestCase):
     def test_sums_and_worst_errors(self):
         p1 = {"margin_rule": tc.margin_rule([1, 2], [1.0, 1.0], [1, 2], 0.1),

@@ -9,8 +9,8 @@
       Standard library only.
   torch_compare.py compare --model DIR [--device cuda] [--dtype bf16]
       [--tandem-bench B1.json] [--tandem-bench-batch B32.json]
-      [--tandem-tokens T.json] [--margin 0.1] [--repeats 3] [--warmup 1]
-      [--cuda-graphs auto|off] [--out R.json]
+      [--tandem-tokens T.json] [--tandem-bench-gemm G.json] [--margin 0.1]
+      [--repeats 3] [--warmup 1] [--cuda-graphs auto|off] [--out R.json]
       Loads DIR with transformers (LlamaForCausalLM through AutoModelForCausalLM,
       attn_implementation="sdpa", a StaticCache), measures prefill tokens/s,
       batch-1 decode ms/token and batch-N decode tokens/s on the workloads the
@@ -20,7 +20,11 @@
       the prompts of T.json greedily and applies the margin rule to Tandem's
       tokens; prints Tandem, PyTorch and Tandem / PyTorch for each figure and
       writes everything to --out. Exits 1 when a position the margin rule
-      asserts disagrees.
+      asserts disagrees. With G.json (a `tandem-bench engine --profile-ops
+      --json` run, e.g. the bf16-compute one), also each matmul shape of its
+      prefill table next to torch.nn.functional.linear on random bf16
+      operands of the same shape (cuBLAS: no batch-invariance constraint),
+      timed with CUDA events: the cost of Tandem's fixed summation order.
 
 Only the functions that run the model import torch; the rest (margin rule,
 reading Tandem's JSON, the ratio table) are plain Python, tested by
@@ -127,6 +131,72 @@ def tandem_bench_figures(bench, source="tandem-bench JSON"):
         "device_description": bench.get("device_description"),
         "decode_steps_recorded": bench.get("decode_steps_recorded"),
     }
+
+
+def profiled_matmuls(bench, source="tandem-bench JSON"):
+    """Each matmul shape of a `tandem-bench engine --profile-ops` prefill table.
+
+    Returns dicts with m, k, n, the weight dtype, calls per prefill, Tandem's
+    seconds per call and GFLOP/s (each call timed alone, with a device
+    synchronization around it), slowest total first as in the table.
+    """
+    ops = (bench.get("ops") or {}).get("prefill")
+    if not ops:
+        raise CompareError(f"{source} has no ops.prefill table (run tandem-bench engine with "
+                           "--profile-ops)")
+    shapes = []
+    for call in ops.get("calls", []):
+        name = call.get("call", "")
+        words = name.split()
+        if not words or words[0] != "matmul":
+            continue
+        dims = dict(word.split("=", 1) for word in words[1:] if "=" in word)
+        try:
+            m, k, n = int(dims["m"]), int(dims["k"]), int(dims["n"])
+            calls = float(call["calls_per_step"])
+            seconds = float(call["seconds_per_step"])
+            flops = float(call.get("flops_per_step", 0.0))
+        except (KeyError, ValueError, TypeError):
+            raise CompareError(f"{source}: profiled call {name!r} lacks m=, k=, n= or its "
+                               "calls_per_step and seconds_per_step")
+        if calls <= 0 or seconds <= 0:
+            raise CompareError(f"{source}: profiled call {name!r} has no calls or no time")
+        shapes.append({"m": m, "k": k, "n": n, "dtype": words[-1] if "=" not in words[-1]
+                       else None, "calls": calls, "tandem_s_per_call": seconds / calls,
+                       "tandem_gflops": flops / seconds / 1e9 if flops > 0 else None})
+    return shapes
+
+
+def gemm_rows(shapes, torch_seconds):
+    """Per shape: Tandem's and PyTorch's ms per call and GFLOP/s, and Tandem / PyTorch speed."""
+    rows = []
+    for shape, torch_s in zip(shapes, torch_seconds):
+        flops = 2.0 * shape["m"] * shape["k"] * shape["n"]
+        torch_gflops = flops / torch_s / 1e9 if torch_s else None
+        tandem_gflops = flops / shape["tandem_s_per_call"] / 1e9
+        rows.append({"shape": f"m={shape['m']} k={shape['k']} n={shape['n']}",
+                     "calls": shape["calls"], "tandem_ms": shape["tandem_s_per_call"] * 1e3,
+                     "torch_ms": None if torch_s is None else torch_s * 1e3,
+                     "tandem_gflops": tandem_gflops, "torch_gflops": torch_gflops,
+                     "speed_ratio": tandem_gflops / torch_gflops if torch_gflops else None})
+    return rows
+
+
+def format_gemm_table(rows):
+    header = ("matmul", "per prefill", "Tandem ms", "PyTorch ms", "Tandem GFLOP/s",
+              "PyTorch GFLOP/s", "Tandem / PyTorch")
+    body = [(r["shape"], f"{r['calls']:g}", _number(r["tandem_ms"], "ms"),
+             _number(r["torch_ms"], "ms"), _number(r["tandem_gflops"], ""),
+             _number(r["torch_gflops"], ""),
+             "-" if r["speed_ratio"] is None else f"{r['speed_ratio']:.2f}") for r in rows]
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    lines = ["  ".join([line[0].ljust(widths[0])] + [line[i].rjust(widths[i])
+                                                    for i in range(1, len(header))])
+             for line in [header] + body]
+    lines.append("(Tandem: each call timed alone with a synchronization around it; PyTorch: "
+                 "torch.nn.functional.linear on random operands of the same shape and dtype, "
+                 "CUDA events over back-to-back calls; a ratio above 1 means Tandem is faster)")
+    return "\n".join(lines)
 
 
 def read_tandem_bench(path, expect_batch_one):
@@ -543,6 +613,30 @@ def measure(runner, vocab, prompt_tokens, decode_tokens, batch, args, seed):
     return result
 
 
+def gemm_seconds(m, k, n, device, dtype, warmup, repeats, calls=20):
+    """PyTorch's seconds per y = x · w^T (m x k by n x k), best of `repeats`
+    batches of `calls` back-to-back launches timed by CUDA events."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(m * 1_000_003 + k * 1_009 + n)
+    x = torch.randn(m, k, device=device, dtype=dtype, generator=gen)
+    w = torch.randn(n, k, device=device, dtype=dtype, generator=gen)
+    for _ in range(warmup):
+        torch.nn.functional.linear(x, w)
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            torch.nn.functional.linear(x, w)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / calls)
+    del x, w
+    return best
+
+
 def capture_decode_step(runner, cache, first, prompt_tokens):
     """One decode step (forward, argmax, next position) recorded as a CUDA graph.
 
@@ -671,6 +765,8 @@ def cmd_compare(args):
     device = torch.device(args.device)
     torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     single, batched, work = workloads(args, args.model)
+    gemm_shapes = (profiled_matmuls(load_json(args.tandem_bench_gemm, "tandem-bench JSON"),
+                                    args.tandem_bench_gemm) if args.tandem_bench_gemm else [])
     tokens_file = read_tandem_tokens(args.tandem_tokens) if args.tandem_tokens else None
     vocab = text_vocab_size(args.model)
 
@@ -749,6 +845,17 @@ def cmd_compare(args):
           f"{work['batch']} {many['cuda_graphs']}; {work['decode']} decode steps; PyTorch best "
           f"of {args.repeats} after {args.warmup} warm-up)")
 
+    gemms = []
+    if gemm_shapes:
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[args.dtype]
+        with torch.inference_mode():
+            torch_s = [gemm_seconds(g["m"], g["k"], g["n"], args.device, dtype, args.warmup,
+                                    args.repeats) for g in gemm_shapes]
+        gemms = gemm_rows(gemm_shapes, torch_s)
+        print()
+        print(f"matmuls of one prefill ({args.tandem_bench_gemm}), PyTorch {args.dtype}:")
+        print(format_gemm_table(gemms))
+
     summary = exactness_summary(per_prompt) if tokens_file else None
     print()
     if summary:
@@ -786,7 +893,7 @@ def cmd_compare(args):
                "tandem_bench_batch": batched,
                "tandem_tokens_source": tokens_file and {k: tokens_file.get(k) for k in (
                    "url", "device", "device_description", "seed", "lengths", "steps")},
-               "torch_batch1": one, "torch_batch": many, "figures": rows,
+               "torch_batch1": one, "torch_batch": many, "figures": rows, "gemms": gemms,
                "exactness": summary, "per_prompt": per_prompt}
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=2)
@@ -811,6 +918,9 @@ def main(argv=None):
     c.add_argument("--tandem-bench", help="tandem-bench engine --json of the batch-1 run")
     c.add_argument("--tandem-bench-batch", help="tandem-bench engine --json of the batched run")
     c.add_argument("--tandem-tokens", help="the fetch-tandem output for this model")
+    c.add_argument("--tandem-bench-gemm",
+                   help="tandem-bench engine --profile-ops --json run whose prefill matmuls "
+                        "are compared shape by shape with torch.nn.functional.linear")
     c.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     c.add_argument("--repeats", type=int, default=3)
     c.add_argument("--warmup", type=int, default=1)
