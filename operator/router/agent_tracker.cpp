@@ -186,6 +186,11 @@ awaitable<void> AgentTracker::eventLoop(AgentPtr agent) {
       parser.body_limit(kNoBodyLimit);
       co_await http::async_read_header(stream, buffer, parser, use_awaitable);
       if (parser.get().result() != http::status::ok) throw std::runtime_error("status");
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!agent->listed) break;
+        index_.connected(name);
+      }
       std::string pending;
       char chunk[16384];
       bool gap = false;

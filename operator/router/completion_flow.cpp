@@ -314,8 +314,32 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   bool retried = false;
   double prefill_answered_s = -1;
   decision.candidates.clear();  // logged; not needed below
+  // A local prefill that reads a prefix another agent lends: asked for once,
+  // sent with the first attempt only, let go if that attempt does not end
+  // the request (the reader releases what it read itself).
+  json lent;
+  AgentPtr lender;
+  auto releaseLend = [&]() -> awaitable<void> {
+    if (lent.is_null()) co_return;
+    co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
+                       releaseBody(lent), 5.0);
+    lent = nullptr;
+  };
+  if (decision.kind == Decision::Kind::kLocalPrefill && decision.pull_back &&
+      (decision.lending_prefill || decision.lending_decode)) {
+    lender = decision.lending_prefill ? prefill_agents[*decision.lending_prefill]
+                                      : decode_agents[*decision.lending_decode];
+    const AgentView& view = decision.lending_prefill ? input.prefill[*decision.lending_prefill]
+                                                     : input.decode[*decision.lending_decode];
+    lent = co_await lendFrom(lender, request, heldTokens(input, view));
+    if (!lent.is_null()) body["kv_transfer_params"] = {{"remote_prefix", lent}};
+  }
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
+    if (attempt == 1) {
+      body.erase("kv_transfer_params");  // the lend was for the first decode agent
+      co_await releaseLend();
+    }
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
       handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, decode,
@@ -366,6 +390,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       // decode agent aborts the request); a transfer it has not read yet
       // is released now rather than at the prefill agent's timeout.
       co_await release(handoff);
+      co_await releaseLend();
       metrics_.countClientAbort(outcome == DecodeOutcome::kClientGone ? "decode" : "response");
       co_return;
     }
@@ -375,6 +400,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     if (!handoff.params.is_null()) co_await release(handoff);
     retried = true;
   }
+  co_await releaseLend();
   metrics_.countDecision("rejected");
   co_await exchange.respond(unavailable("every decode agent failed this request"));
 }
@@ -391,15 +417,10 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   const AgentPtr& lender =
       decision.lending_prefill ? prefill_agents[*decision.lending_prefill] : decode;
   if (decision.pull_back) {
-    UpstreamResult held =
-        co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
-                           holdBody(request, kv_secret_), 10.0);
-    if (held.status == 200) {
-      json answer = parseJsonOrDiscarded(held.body);
-      if (answer.is_object() && answer.contains("kv_transfer_params")) {
-        lent = answer["kv_transfer_params"];
-      }
-    }
+    const AgentView& lender_view = decision.lending_prefill
+                                       ? input.prefill[*decision.lending_prefill]
+                                       : input.decode[*decision.decode];
+    lent = co_await lendFrom(lender, request, heldTokens(input, lender_view));
   }
   std::vector<size_t> order = {*decision.prefill};
   for (size_t i = 0; i < prefill_agents.size(); ++i) {
@@ -451,6 +472,27 @@ void CompletionFlow::observeTtft(double ttft_s, const Prediction& prediction) {
   metrics_.observeTtftPrediction(ttft_s, prediction.decision.predicted_ttft_s);
   auto lock = ledger_.lock();  // the chooser's lock
   chooser_.observe(prediction.decision, prediction.observed_prefill_s, ttft_s);
+}
+
+awaitable<json> CompletionFlow::lendFrom(const AgentPtr& lender, const protocol::Request& request,
+                                         int64_t expected_tokens) {
+  UpstreamResult held =
+      co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
+                         holdBody(request, kv_secret_), 10.0);
+  json lent;
+  int64_t lent_tokens = 0;
+  if (held.status == 200) {
+    json answer = parseJsonOrDiscarded(held.body);
+    if (answer.is_object() && answer.contains("kv_transfer_params")) {
+      lent = answer["kv_transfer_params"];
+      const auto num = answer.find("num_tokens");
+      if (num != answer.end() && num->is_number_integer()) lent_tokens = num->get<int64_t>();
+    }
+  }
+  metrics_.countLend(lent.is_null()                   ? "refused"
+                     : lent_tokens >= expected_tokens ? "full"
+                                                      : "short");
+  co_return lent;
 }
 
 awaitable<void> CompletionFlow::release(const Handoff& handoff) {

@@ -91,6 +91,12 @@ class CompletionFlow {
       const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
       const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation);
   boost::asio::awaitable<void> release(const Handoff& handoff);
+  // Asks `lender` to hold the prompt's cached prefix for another agent to
+  // read (a lend); its kv_transfer_params, or null when nothing was pinned.
+  // Counted by outcome against the `expected_tokens` the decision counted on.
+  boost::asio::awaitable<nlohmann::json> lendFrom(const AgentPtr& lender,
+                                                  const protocol::Request& request,
+                                                  int64_t expected_tokens);
   void observeTtft(double ttft_s, const Prediction& prediction);
   boost::asio::awaitable<DecodeOutcome> decodeOn(server::HttpExchange& exchange,
                                                  nlohmann::json body, bool streaming,

@@ -37,6 +37,8 @@ nlohmann::json entryOf(const DecisionInput& input, const Decision& decision, con
   entry["lender"] = nullptr;
   if (decision.pull_back && decision.lending_prefill) {
     entry["lender"] = input.prefill[*decision.lending_prefill].name;
+  } else if (decision.pull_back && decision.lending_decode) {
+    entry["lender"] = input.decode[*decision.lending_decode].name;
   } else if (decision.pull_back && decision.decode) {
     entry["lender"] = input.decode[*decision.decode].name;
   }

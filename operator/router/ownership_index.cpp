@@ -126,6 +126,14 @@ bool OwnershipIndex::apply(const std::string& agent, const nlohmann::json& event
   return true;
 }
 
+void OwnershipIndex::connected(const std::string& agent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  AgentState& state = stateOf(agent);
+  clearBlocks(state);
+  state.sequence = 0;
+  state.trusted = true;
+}
+
 void OwnershipIndex::untrust(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = agents_.find(agent);

@@ -51,6 +51,12 @@ class OwnershipIndex {
   // untrusted agent.
   void expect(const std::string& agent, std::span<const BlockHash> hashes,
               std::chrono::steady_clock::duration ttl);
+  // The agent's stream is open from the beginning (since=0): trusted from
+  // now, holding nothing known; the replay or Snapshot that follows fills it
+  // in. A fresh agent sends no event before its first stored block, so
+  // without this its expected blocks would not count until then, and a
+  // burst arriving at a fresh pool would compute each prefix everywhere.
+  void connected(const std::string& agent);
   // The agent's stream dropped: forget its blocks until it is rebuilt.
   void untrust(const std::string& agent);
   // The agent left the pool: forget everything about it.

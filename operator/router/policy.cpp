@@ -171,6 +171,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     size_t decode = 0;
     bool pull_back = false;
     std::optional<size_t> lending_prefill;
+    std::optional<size_t> lending_decode;
     double prefill_s = 0;  // until the prefill agent answers (local: the TTFT)
     int64_t blocks_read = 0;
     double ttft = 0;
@@ -218,6 +219,38 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     if (!best_holder || prefill_terms[p].held > prefill_terms[*best_holder].held) best_holder = p;
   }
 
+  // The two decode agents holding the longest prefixes: a local prefill on
+  // one may read from the other.
+  std::optional<size_t> decode_holder, decode_runner_up;
+  for (size_t d = 0; d < input.decode.size(); ++d) {
+    if (!input.decode[d].healthy || decode_terms[d].held == 0) continue;
+    if (!decode_holder || decode_terms[d].held > decode_terms[*decode_holder].held) {
+      decode_runner_up = decode_holder;
+      decode_holder = d;
+    } else if (!decode_runner_up || decode_terms[d].held > decode_terms[*decode_runner_up].held) {
+      decode_runner_up = d;
+    }
+  }
+
+  // A lend from `lender` to an agent holding `reader_held` tokens: a
+  // hand-off the other way, costing what a hand-off of those blocks is
+  // learned to cost over the link's time; the reader then computes what the
+  // lender does not hold. Its seconds, when at least pull_back_min_blocks are
+  // read and that beats computing them (`compute`, lowered to the lender's).
+  auto lendSeconds = [&](const PrefillTerms& lender, int64_t reader_held,
+                         double& compute) -> std::optional<double> {
+    if (!options_.pull_back ||
+        (lender.held - reader_held) / input.block_size < options_.pull_back_min_blocks) {
+      return std::nullopt;
+    }
+    const double transfer =
+        model.transferSeconds(lender.held - reader_held) +
+        learned_.afterHandoff(blocksOf(lender.held - reader_held, input.block_size));
+    if (lender.compute + transfer >= compute) return std::nullopt;
+    compute = lender.compute;
+    return transfer;
+  };
+
   // Compute an option performs delays the requests that queue behind it on
   // its agent; under load that is what recomputing a held prefix really
   // costs (more work, longer queues for everyone), so each second of
@@ -238,9 +271,28 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
     const AgentView& decode = input.decode[d];
     if (!decode.healthy) continue;
     const DecodeTerms& dt = decode_terms[d];
+    // A local prefill may read the longest prefix another agent holds.
+    double local_compute = dt.compute;
+    std::optional<double> local_lend;
+    std::optional<size_t> local_lending_prefill, local_lending_decode;
+    {
+      const std::optional<size_t> other = decode_holder == d ? decode_runner_up : decode_holder;
+      const bool decode_lends =
+          other && (!best_holder || decode_terms[*other].held > prefill_terms[*best_holder].held);
+      const PrefillTerms* lender = decode_lends  ? &decode_terms[*other]
+                                   : best_holder ? &prefill_terms[*best_holder]
+                                                 : nullptr;
+      if (lender && (local_lend = lendSeconds(*lender, dt.held, local_compute))) {
+        if (decode_lends) {
+          local_lending_decode = other;
+        } else {
+          local_lending_prefill = best_holder;
+        }
+      }
+    }
     const bool local_allowed = (!options_.disagg_threshold_tokens ||
                                 prompt - dt.held < *options_.disagg_threshold_tokens) &&
-                               dt.step + dt.compute <= options_.itl_target_s;
+                               dt.step + local_compute <= options_.itl_target_s;
     // The decode agent reads what it does not hold.
     const double handoff = dt.link + learned_.afterHandoff(dt.blocks_read);
     bool any_prefill = false;
@@ -260,21 +312,9 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
         lending_prefill = best_holder;
         lender = &prefill_terms[*best_holder];
       }
-      const int64_t lender_held = lender->held;
-      if (options_.pull_back &&
-          (lender_held - pt.held) / input.block_size >= options_.pull_back_min_blocks) {
-        // A lend is a hand-off the other way: it costs what a hand-off of
-        // those blocks is learned to cost, over the link's time. The
-        // prefill agent then computes what the lender does not hold.
-        const double lent_transfer =
-            model.transferSeconds(lender_held - pt.held) +
-            learned_.afterHandoff(blocksOf(lender_held - pt.held, input.block_size));
-        // What the lender does not hold, as it would compute it.
-        if (lender->compute + lent_transfer < compute) {
-          pull_back = true;
-          compute = lender->compute;
-          lend = lent_transfer;
-        }
+      if (const std::optional<double> lent = lendSeconds(*lender, pt.held, compute)) {
+        pull_back = true;
+        lend = *lent;
       }
       Option option;
       option.prefill = p;
@@ -292,9 +332,13 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       // Local prefills queue on the decode agent like a prefill agent's.
       Option option;
       option.decode = d;
-      option.ttft = dt.queue + dt.compute + dt.step + learned_.beforeHandoff(Path::kLocalPrefill);
+      option.pull_back = local_lend.has_value();
+      option.lending_prefill = local_lending_prefill;
+      option.lending_decode = local_lending_decode;
+      option.ttft = dt.queue + local_compute + local_lend.value_or(0.0) + dt.step +
+                    learned_.beforeHandoff(Path::kLocalPrefill);
       option.prefill_s = option.ttft;
-      option.cost = option.ttft + output_steps * dt.step + work_weight * dt.compute;
+      option.cost = option.ttft + output_steps * dt.step + work_weight * local_compute;
       options.push_back(option);
     }
   }
@@ -311,6 +355,7 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
   decision.kind = chosen.prefill ? Decision::Kind::kDisaggregated : Decision::Kind::kLocalPrefill;
   decision.pull_back = chosen.pull_back;
   decision.lending_prefill = chosen.lending_prefill;
+  decision.lending_decode = chosen.lending_decode;
   decision.predicted_ttft_s = chosen.ttft;
   decision.predicted_prefill_s = chosen.prefill_s;
   decision.blocks_read = chosen.blocks_read;

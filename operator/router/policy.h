@@ -78,8 +78,12 @@ struct Decision {
   // (the prefill agent reads it instead of computing it): the decode agent,
   // or, when lending_prefill is set, that prefill agent (a hot prefix whose
   // holder is busy is read by a less-loaded prefill agent).
+  // A local prefill reads from the longest holder among the prefill agents
+  // and the other decode agents: lending_prefill or lending_decode names it
+  // (a hot prefix is replicated by a read, not computed again).
   bool pull_back = false;
   std::optional<size_t> lending_prefill;  // index into DecisionInput::prefill
+  std::optional<size_t> lending_decode;   // index into DecisionInput::decode (local prefill)
   // The chosen agents hold the longest prefix of the prompt any healthy
   // agent holds (and it is not empty).
   bool affinity = false;

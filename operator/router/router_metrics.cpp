@@ -59,6 +59,15 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                           .Name("tandem_router_upstream_errors_total")
                           .Help("Failed calls to agents (refused, 5xx, timeout, broken stream).")
                           .Register(*registry_);
+  lends_ = &BuildCounter()
+                .Name("tandem_router_lends_total")
+                .Help(
+                    "Lends asked of a holder before a prefill (pull-back), by outcome: full "
+                    "(the prefix the decision counted on was pinned), short (less was: "
+                    "blocks expected there were not stored yet, or were evicted), refused "
+                    "(nothing was).")
+                .Register(*registry_);
+  for (const char* outcome : {"full", "short", "refused"}) lends_->Add({{"outcome", outcome}});
   client_aborts_ = &BuildCounter()
                         .Name("tandem_router_client_aborts_total")
                         .Help(
@@ -163,6 +172,11 @@ void RouterMetrics::observeE2e(double seconds) {
 void RouterMetrics::countUpstreamError(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   upstream_errors_->Add({{"agent", agent}}).Increment();
+}
+
+void RouterMetrics::countLend(const std::string& outcome) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lends_->Add({{"outcome", outcome}}).Increment();
 }
 
 void RouterMetrics::countClientAbort(const std::string& stage) {

@@ -34,6 +34,10 @@ class RouterMetrics {
   void observeItl(double seconds);
   void observeE2e(double seconds);
   void countUpstreamError(const std::string& agent);
+  // A lend's hold call, by outcome: full (the lender pinned at least the
+  // prefix the decision counted on), short (less: blocks the router expected
+  // were not stored yet, or were evicted), refused (nothing pinned).
+  void countLend(const std::string& outcome);
   // stage: parse (parsing, rendering, tokenizing the request), queued,
   // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
@@ -58,6 +62,7 @@ class RouterMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* upstream_errors_;
+  prometheus::Family<prometheus::Counter>* lends_;
   prometheus::Family<prometheus::Counter>* client_aborts_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* queued_;

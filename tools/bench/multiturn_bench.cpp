@@ -122,20 +122,33 @@ std::optional<CacheCounters> cacheCountersIn(const std::optional<std::string>& t
   return CacheCounters{*hits, *queries};
 }
 
-// The router's requests by routing decision (tandem_router_requests_total),
+// The router's requests by routing decision (tandem_router_requests_total)
+// and its lends by outcome (tandem_router_lends_total, as lend_full ...),
 // when base_url is a Tandem router.
-constexpr const char* kDecisionKinds[] = {"disaggregated", "local_prefill", "pull_back", "affinity",
-                                          "spill"};
+struct RouterCount {
+  const char* name;
+  const char* metric;
+  const char* filter;
+};
+constexpr RouterCount kRouterCounts[] = {
+    {"disaggregated", "tandem_router_requests_total", "decision=\"disaggregated\""},
+    {"local_prefill", "tandem_router_requests_total", "decision=\"local_prefill\""},
+    {"pull_back", "tandem_router_requests_total", "decision=\"pull_back\""},
+    {"affinity", "tandem_router_requests_total", "decision=\"affinity\""},
+    {"spill", "tandem_router_requests_total", "decision=\"spill\""},
+    {"lend_full", "tandem_router_lends_total", "outcome=\"full\""},
+    {"lend_short", "tandem_router_lends_total", "outcome=\"short\""},
+    {"lend_refused", "tandem_router_lends_total", "outcome=\"refused\""},
+};
 using RouterDecisions = std::vector<std::pair<std::string, double>>;
 
 std::optional<RouterDecisions> routerDecisionsIn(const std::optional<std::string>& text) {
   if (!text) return std::nullopt;
   RouterDecisions decisions;
-  for (const char* kind : kDecisionKinds) {
-    const std::string filter = std::string("decision=\"") + kind + "\"";
-    const auto value = prometheusSample(*text, "tandem_router_requests_total", filter);
+  for (const RouterCount& count : kRouterCounts) {
+    const auto value = prometheusSample(*text, count.metric, count.filter);
     if (!value) return std::nullopt;
-    decisions.emplace_back(kind, *value);
+    decisions.emplace_back(count.name, *value);
   }
   return decisions;
 }

@@ -228,8 +228,12 @@ TEST(KvPolicy, ASpilledPrefillAgentReadsTheHotPrefixFromItsPrefillHolder) {
   // With lending, the spilled agent reads the 2,048-token prefix from the
   // busy holder instead of computing it: spilling pays once the holder's
   // queue costs more than that read (128 blocks * 16 * 128 KiB / 40 GB/s).
+  // (No ITL to spare for local prefill, which could read it too: the
+  // disaggregated choice is the one under test.)
   const engine::StepProfile p = profile();
-  Chooser chooser(kvOptions());
+  PolicyOptions no_local = kvOptions();
+  no_local.itl_target_s = 0;
+  Chooser chooser(no_local);
   DecisionInput input = cluster(3, 1, 2048 + 64, 32);
   input.prefill[0].leading_blocks = 128;
   const double read_s = 2048.0 * 131072 / 4e10;
@@ -251,16 +255,47 @@ TEST(KvPolicy, ASpilledPrefillAgentReadsTheHotPrefixFromItsPrefillHolder) {
   EXPECT_EQ(decision.prefill, 0u);
   EXPECT_FALSE(decision.pull_back);
   // The decode agent lends when it holds at least as much as any prefill
-  // agent (here it may not prefill locally: no ITL to spare).
-  PolicyOptions no_local = kvOptions();
-  no_local.itl_target_s = 0;
-  Chooser disaggregating(no_local);
+  // agent.
   input.prefill[0].reserved_prefill_tokens = 100000;
   input.decode[0].leading_blocks = 128;
-  decision = disaggregating.choose(input);
+  decision = chooser.choose(input);
   ASSERT_EQ(decision.kind, Decision::Kind::kDisaggregated);
   EXPECT_TRUE(decision.pull_back);
   EXPECT_FALSE(decision.lending_prefill.has_value());
+}
+
+TEST(KvPolicy, ALocalPrefillReadsTheHotPrefixFromAnotherDecodeAgent) {
+  // No prefill agent: every option is a local prefill. d0 holds the
+  // 2,048-token prefix but is busy; d1, idle, reads it from d0 and computes
+  // the 64-token suffix, rather than computing all 2,112 tokens again.
+  const engine::StepProfile p = profile();
+  Chooser chooser(kvOptions());
+  DecisionInput input = cluster(0, 2, 2048 + 64, 32);
+  input.decode[0].leading_blocks = 128;
+  input.decode[0].reserved_prefill_tokens = 100000;
+  input.decode[0].reserved_requests = 4;
+  const Decision decision = chooser.choose(input);
+  ASSERT_EQ(decision.kind, Decision::Kind::kLocalPrefill);
+  EXPECT_EQ(decision.decode, 1u);
+  EXPECT_TRUE(decision.pull_back);
+  ASSERT_TRUE(decision.lending_decode.has_value());
+  EXPECT_EQ(*decision.lending_decode, 0u);
+  EXPECT_FALSE(decision.lending_prefill.has_value());
+  const double read_s = 2048.0 * 131072 / 4e10;
+  const double suffix = p.base_s + p.prefill_token_s * 64 + p.prefill_context_s * 64 * 2112;
+  EXPECT_GT(decision.predicted_prefill_s, suffix + read_s);  // plus its decode step
+  // Without lends it computes the whole prompt, which it predicts slower.
+  PolicyOptions no_lends = kvOptions();
+  no_lends.pull_back = false;
+  const Decision computing = Chooser(no_lends).choose(input);
+  EXPECT_EQ(computing.decode, 1u);
+  EXPECT_FALSE(computing.pull_back);
+  EXPECT_GT(computing.predicted_ttft_s - decision.predicted_ttft_s,
+            p.prefill_token_s * 2048 - read_s - 1e-9);
+  // A decode agent never lends to itself: alone, d0 computes nothing extra.
+  DecisionInput alone = cluster(0, 1, 2048 + 64, 32);
+  alone.decode[0].leading_blocks = 128;
+  EXPECT_FALSE(chooser.choose(alone).pull_back);
 }
 
 TEST(KvPolicy, LocalPrefillOnlyWithinTheItlTarget) {

@@ -84,6 +84,29 @@ TEST(OwnershipIndex, ExpectedBlocksCountUntilStoredOrLapsed) {
   EXPECT_TRUE(index.holders(hashes[3]).empty());
 }
 
+TEST(OwnershipIndex, AConnectedStreamTrustsTheAgentBeforeItsFirstEvent) {
+  using std::chrono::hours;
+  OwnershipIndex index;
+  const auto hashes = hashesOf(4, 3);
+  // A fresh agent: its stream is open, no event has come.
+  index.expect("a", hashes, hours(1));
+  EXPECT_EQ(index.leadingBlocks("a", hashes), 0) << "not connected: untrusted";
+  index.connected("a");
+  EXPECT_TRUE(index.trusted("a"));
+  EXPECT_EQ(index.leadingBlocks("a", hashes), 0);
+  index.expect("a", hashes, hours(1));
+  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("a"), 4) << "a burst sees where it is computed";
+  // The replay that follows starts at sequence 1 (or is a Snapshot).
+  EXPECT_TRUE(index.apply("a", stored(1, {hashes.begin(), hashes.begin() + 2})));
+  EXPECT_EQ(index.numBlocks("a"), 2);
+  // Reconnecting starts over: what was known is cleared until the replay.
+  index.connected("a");
+  EXPECT_EQ(index.numBlocks("a"), 0);
+  EXPECT_EQ(index.leadingBlocks("a", hashes), 0);
+  EXPECT_TRUE(index.apply("a", stored(1, hashes)));
+  EXPECT_EQ(index.leadingBlocks("a", hashes), 4);
+}
+
 TEST(OwnershipIndex, AGapUntrustsTheAgentUntilASnapshot) {
   OwnershipIndex index;
   const auto hashes = hashesOf(4, 2);
