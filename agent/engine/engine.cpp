@@ -400,15 +400,43 @@ StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::st
   return held.get();
 }
 
+// How long a hold waits for prefix blocks a live request is computing
+// (a lend asked for while the lender is still computing the prefix, as
+// during a burst for a hot system prompt): answering at once would lend
+// less than is coming, and the reader would compute the rest again.
+constexpr auto kHoldWaitForComingBlocks = std::chrono::seconds(5);
+
 void Engine::holdPrefixes() {
   std::vector<HoldRequest> requests;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     requests.swap(hold_requests_);
   }
+  const Clock::time_point now = now_();
+  for (HoldRequest& request : requests) request.deadline = now + kHoldWaitForComingBlocks;
+  for (HoldRequest& request : deferred_holds_) requests.push_back(std::move(request));
+  deferred_holds_.clear();
   for (HoldRequest& request : requests) {
+    if (now < request.deadline && prefixIsComing(request)) {
+      deferred_holds_.push_back(std::move(request));
+      continue;
+    }
     request.promise.set_value(holdPrefixNow(request.tokens, request.cache_salt));
   }
+}
+
+bool Engine::prefixIsComing(HoldRequest& request) {
+  if (!block_manager_->config().enable_prefix_caching) return false;
+  const int64_t block_size = config_.block_size;
+  const int64_t next =
+      std::ssize(block_manager_->findCachedPrefix(request.tokens, request.cache_salt).blocks);
+  if (next >= max_hold_blocks_ || (next + 1) * block_size >= std::ssize(request.tokens)) {
+    return false;
+  }
+  if (request.hashes.empty()) {
+    request.hashes = block_manager_->hasher().hashFullBlocks(request.tokens, request.cache_salt);
+  }
+  return scheduler_->prefixBlockComing(request.hashes, next, nullptr, /*waiting_to_run=*/true);
 }
 
 StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& tokens,
@@ -595,7 +623,7 @@ void Engine::loop() {
                !release_requests_.empty() || !hold_requests_.empty() || stopping_ ||
                scheduler_->hasWork();
       };
-      if (held_.empty()) {
+      if (held_.empty() && deferred_holds_.empty()) {
         wake_.wait(lock, has_news);
       } else {
         // Held blocks are released by messages from readers: look often.
@@ -627,6 +655,10 @@ void Engine::loop() {
         hold.promise.set_value(unavailable("the engine has stopped"));
       }
       hold_requests_.clear();
+      for (HoldRequest& hold : deferred_holds_) {
+        hold.promise.set_value(unavailable("the engine has stopped"));
+      }
+      deferred_holds_.clear();
       return;
     }
     if (scheduler_->hasWork()) step();

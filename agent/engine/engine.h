@@ -313,8 +313,19 @@ class Engine {
     std::vector<TokenId> tokens;
     std::string cache_salt;
     std::promise<StatusOr<nlohmann::json>> promise;
+    // Engine thread: until when it may wait for blocks on their way into the
+    // cache, and the prompt's block hashes (made once).
+    Clock::time_point deadline{};
+    std::vector<BlockHash> hashes;
   };
   std::vector<HoldRequest> hold_requests_;
+  // Engine thread only: holds waiting for the prompt's next block, which a
+  // live request is computing (or is queued to compute).
+  std::vector<HoldRequest> deferred_holds_;
+  // Whether the next block of `request`'s prompt past what is cached (and
+  // below the block of its last token, which no reader takes) is on its way
+  // into the cache: computed or to be computed by a live request.
+  bool prefixIsComing(HoldRequest& request);
   uint64_t num_holds_ = 0;  // engine thread only
   bool loop_exited_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished

@@ -176,18 +176,25 @@ bool Scheduler::blockIsInFlight(Sequence* sequence, int64_t first_uncached) {
       (first_uncached + 1) * blocks_.blockSize() >= sequence->num_prompt_tokens) {
     return false;
   }
+  return prefixBlockComing(own, first_uncached, sequence, /*waiting_to_run=*/false);
+}
+
+bool Scheduler::prefixBlockComing(const std::vector<BlockHash>& hashes, int64_t index,
+                                  const Sequence* except, bool waiting_to_run) {
+  const auto at = static_cast<size_t>(index);
+  if (at >= hashes.size()) return false;
   auto producing = [&](Sequence* other) {
-    if (other == sequence) return false;
-    // Hashes chain: equal hashes at `index` mean the same whole prefix.
+    if (other == except) return false;
     const std::vector<BlockHash>& theirs = promptHashes(other);
-    return index < theirs.size() && theirs[index] == own[index] &&
-           other->num_computed_tokens < (first_uncached + 1) * blocks_.blockSize();
+    return at < theirs.size() && theirs[at] == hashes[at] &&
+           other->num_computed_tokens < (index + 1) * blocks_.blockSize();
   };
   for (const auto& other : running_) {
     if (producing(other.get())) return true;
   }
   for (const auto& other : waiting_) {
-    if (other->status == SequenceStatus::kWaitingForRemoteKv && producing(other.get())) {
+    if ((waiting_to_run || other->status == SequenceStatus::kWaitingForRemoteKv) &&
+        producing(other.get())) {
       return true;
     }
   }

@@ -167,6 +167,14 @@ class Scheduler {
 
   const SchedulerConfig& config() const { return config_; }
 
+  // Whether a live sequence other than `except` — running, or waiting to
+  // run or to load — has a prompt whose blocks up to `index` are those of
+  // `hashes` (hashes chain: equal at `index` means the same whole prefix) and
+  // has not yet computed block `index`: that block is on its way into the
+  // prefix cache. `waiting_to_run` counts sequences not yet admitted too.
+  bool prefixBlockComing(const std::vector<BlockHash>& hashes, int64_t index,
+                         const Sequence* except, bool waiting_to_run);
+
  private:
   void preempt(Sequence* sequence);
   enum class Admission { kAdmitted, kNoRoom, kSkipped };

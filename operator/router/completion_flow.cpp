@@ -319,6 +319,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // the request (the reader releases what it read itself).
   json lent;
   AgentPtr lender;
+  bool local_lend_missed = false;
   auto releaseLend = [&]() -> awaitable<void> {
     if (lent.is_null()) co_return;
     co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
@@ -331,7 +332,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                                       : decode_agents[*decision.lending_decode];
     const AgentView& view = decision.lending_prefill ? input.prefill[*decision.lending_prefill]
                                                      : input.decode[*decision.lending_decode];
-    lent = co_await lendFrom(lender, request, heldTokens(input, view));
+    Lent lend = co_await lendFrom(lender, request, heldTokens(input, view));
+    lent = std::move(lend.params);
+    local_lend_missed = !lend.full;
     if (!lent.is_null()) body["kv_transfer_params"] = {{"remote_prefix", lent}};
   }
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
@@ -371,7 +374,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
           ledger_.reserve(decode, decodeCounts(input, input.decode[decode_order[attempt]], true));
     }
     Prediction prediction;
-    if (!retried) {
+    // What a decision predicted is learned from only when it ran as decided:
+    // not after a retry, nor when a lend it counted on did not pin the
+    // prefix (the prefix was computed: a false premise, which would
+    // otherwise teach the path's learned cost that it is slow).
+    if (!retried && !handoff.lend_missed && !(attempt == 0 && local_lend_missed)) {
       prediction.decision = decision;
       prediction.observed_prefill_s = prefill_answered_s;
     }
@@ -420,7 +427,9 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     const AgentView& lender_view = decision.lending_prefill
                                        ? input.prefill[*decision.lending_prefill]
                                        : input.decode[*decision.decode];
-    lent = co_await lendFrom(lender, request, heldTokens(input, lender_view));
+    Lent lend = co_await lendFrom(lender, request, heldTokens(input, lender_view));
+    lent = std::move(lend.params);
+    handoff.lend_missed = !lend.full;
   }
   std::vector<size_t> order = {*decision.prefill};
   for (size_t i = 0; i < prefill_agents.size(); ++i) {
@@ -474,8 +483,9 @@ void CompletionFlow::observeTtft(double ttft_s, const Prediction& prediction) {
   chooser_.observe(prediction.decision, prediction.observed_prefill_s, ttft_s);
 }
 
-awaitable<json> CompletionFlow::lendFrom(const AgentPtr& lender, const protocol::Request& request,
-                                         int64_t expected_tokens) {
+awaitable<CompletionFlow::Lent> CompletionFlow::lendFrom(const AgentPtr& lender,
+                                                         const protocol::Request& request,
+                                                         int64_t expected_tokens) {
   UpstreamResult held =
       co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
                          holdBody(request, kv_secret_), 10.0);
@@ -489,10 +499,9 @@ awaitable<json> CompletionFlow::lendFrom(const AgentPtr& lender, const protocol:
       if (num != answer.end() && num->is_number_integer()) lent_tokens = num->get<int64_t>();
     }
   }
-  metrics_.countLend(lent.is_null()                   ? "refused"
-                     : lent_tokens >= expected_tokens ? "full"
-                                                      : "short");
-  co_return lent;
+  const bool full = !lent.is_null() && lent_tokens >= expected_tokens;
+  metrics_.countLend(lent.is_null() ? "refused" : full ? "full" : "short");
+  co_return Lent{std::move(lent), full};
 }
 
 awaitable<void> CompletionFlow::release(const Handoff& handoff) {

@@ -63,6 +63,9 @@ class CompletionFlow {
     nlohmann::json params;  // the prefill agent's kv_transfer_params; null: none
     AgentPtr prefill;
     bool pulled_back = false;
+    // The decision counted on a lend that did not pin the whole prefix: the
+    // prefill agent computed more than predicted.
+    bool lend_missed = false;
     bool retried = false;
     bool client_error = false;  // the request itself is bad: answer status/body
     int status = 0;
@@ -92,11 +95,15 @@ class CompletionFlow {
       const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation);
   boost::asio::awaitable<void> release(const Handoff& handoff);
   // Asks `lender` to hold the prompt's cached prefix for another agent to
-  // read (a lend); its kv_transfer_params, or null when nothing was pinned.
-  // Counted by outcome against the `expected_tokens` the decision counted on.
-  boost::asio::awaitable<nlohmann::json> lendFrom(const AgentPtr& lender,
-                                                  const protocol::Request& request,
-                                                  int64_t expected_tokens);
+  // read (a lend): its kv_transfer_params (null when nothing was pinned) and
+  // whether it pinned all of the `expected_tokens` the decision counted on.
+  // Counted by outcome.
+  struct Lent {
+    nlohmann::json params;
+    bool full = false;
+  };
+  boost::asio::awaitable<Lent> lendFrom(const AgentPtr& lender, const protocol::Request& request,
+                                        int64_t expected_tokens);
   void observeTtft(double ttft_s, const Prediction& prediction);
   boost::asio::awaitable<DecodeOutcome> decodeOn(server::HttpExchange& exchange,
                                                  nlohmann::json body, bool streaming,

@@ -415,6 +415,38 @@ TEST_F(HeldBlocks, AHoldNeverTakesTheBlocksAQueuedRequestNeeds) {
   EXPECT_TRUE(engine.holdPrefix(prompt, "").isOk()) << "nothing is queued any more";
 }
 
+TEST_F(HeldBlocks, AHoldWaitsForPrefixBlocksALiveRequestIsComputing) {
+  // A lend asked for while the lender is still computing the prompt (a
+  // burst for one system prompt): the hold waits for the blocks coming
+  // into the cache and lends them all (the 16-block cap of a 64-block
+  // cache), instead of the few computed so far or nothing.
+  EngineConfig config = engineConfig();
+  config.scheduler.max_num_batched_tokens = 16;  // the prompt takes 19 steps
+  config.connector_factory = [](KvCache&, const std::string&) {
+    return std::make_unique<HoldingConnector>("");
+  };
+  engine_ = std::make_unique<Engine>(config);
+  const std::vector<TokenId> prompt = randomTokens(300, 21);
+  Collector finished;
+  ASSERT_TRUE(
+      engine_->addRequest(greedyRequest("computing", prompt, 1), finished.callback()).isOk());
+  auto held = engine_->holdPrefix(prompt, "");
+  ASSERT_TRUE(held.isOk()) << held.status().message();
+  ASSERT_TRUE(finished.waitFinished());
+  // The request's own blocks go; what stays pinned is the hold's.
+  ASSERT_TRUE(engine_->releaseTransfer({{"transfer_id", "computing"}}).isOk());
+  settle();
+  EXPECT_EQ(engine_->stats().kv_held_blocks, 16);
+  ASSERT_TRUE(engine_->releaseTransfer({{"transfer_id", "hold-1"}}).isOk());
+  settle();
+  EXPECT_EQ(engine_->stats().kv_held_blocks, 0);
+  // With nothing coming, a hold answers at once with what is cached.
+  const std::vector<TokenId> other = randomTokens(300, 22);
+  auto none = engine_->holdPrefix(other, "");
+  ASSERT_FALSE(none.isOk());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(HeldBlocks, AreFreedWhenTheHoldTimesOutOnTheEnginesClock) {
   Engine& engine = start();
   Collector finished;
