@@ -289,15 +289,18 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   metrics_.observeDecision(secondsSince(decide_start), decision.overlap_ratio);
   const Policy policy = chooser_.options().policy;
   if (decision.decode && (policy == Policy::kKv || policy == Policy::kSglang)) {
-    // The chosen agents will hold the prompt's blocks: the next decisions
-    // see them there now, not when the prefill has finished (SGLang's
-    // router inserts a routed prompt into its tree the same way).
+    // The agent that computes the prompt will hold its blocks: the next
+    // decisions see them there now, not when the prefill has finished
+    // (SGLang's router inserts a routed prompt into its tree the same way).
+    // Only that agent: a decode agent receiving a hand-off holds them only
+    // once the prefill agent has computed and sent them, a wait no cost
+    // term of its own covers (a local prefill sent there would sit behind
+    // another agent's work); its BlockStored events report them then.
     auto expect = [&](const AgentView& agent) {
       const size_t from = std::min(hashes.size(), static_cast<size_t>(agent.leading_blocks));
       agents_.expectBlocks(agent.name, std::span(hashes).subspan(from), kExpectedBlocksTtl);
     };
-    expect(input.decode[*decision.decode]);
-    if (decision.prefill) expect(input.prefill[*decision.prefill]);
+    expect(decision.prefill ? input.prefill[*decision.prefill] : input.decode[*decision.decode]);
   }
   const uint64_t logged = decisions_.record(input, decision, policyName(chooser_.options().policy));
   if (!decision.decode) {

@@ -14,11 +14,6 @@ namespace {
 constexpr double kOverheadLearningRate = 0.05;
 // Each observation's weight in the after-hand-off fit decays by this.
 constexpr double kHandoffForgetting = 0.98;
-// A path's learned overhead fades by this with each observation of another
-// path: one that a few unlucky requests priced out (a wait for blocks still
-// in flight, say) is tried again after a few dozen decisions and relearned,
-// instead of never being chosen, and so never corrected, again.
-constexpr double kUnobservedDecay = 0.98;
 
 // Costs within this relative distance of the least are ties (they differ
 // only by rounding of the same terms summed in another order).
@@ -403,9 +398,6 @@ void LearnedCosts::observeBeforeHandoff(Path path, double residual_s) {
   const size_t i = static_cast<size_t>(path);
   const double weight = std::max(kOverheadLearningRate, 1.0 / static_cast<double>(++observed_[i]));
   stage_[i] = std::max(0.0, stage_[i] + weight * residual_s);
-  for (size_t j = 0; j < stage_.size(); ++j) {
-    if (j != i) stage_[j] *= kUnobservedDecay;
-  }
 }
 
 void LearnedCosts::observeAfterHandoff(int64_t blocks_read, double residual_s) {

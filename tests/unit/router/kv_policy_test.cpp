@@ -404,30 +404,6 @@ TEST(KvPolicy, LearnsWhatTheModelMissesPerPathAndPerBlockRead) {
   EXPECT_EQ(other.learned().beforeHandoff(Path::kLocalPrefill), 0);
 }
 
-TEST(KvPolicy, APathPricedOutByUnluckyRequestsIsTriedAgain) {
-  // Early local prefills that waited (say, for blocks still in flight) made
-  // the local path look 50 ms slower than predicted; after that only
-  // disaggregated requests are observed. The local path's overhead fades
-  // with each of them, so local prefill is chosen again within a bounded
-  // number of decisions, and what it then costs is relearned.
-  Chooser chooser(kvOptions(), 5);
-  DecisionInput local = cluster(1, 1, 1000, 32);
-  local.decode[0].leading_blocks = 50;
-  Decision d = chooser.choose(local);
-  ASSERT_EQ(d.kind, Decision::Kind::kLocalPrefill);
-  chooser.observe(d, -1, d.predicted_ttft_s + 0.050);
-  EXPECT_NEAR(chooser.learned().beforeHandoff(Path::kLocalPrefill), 0.050, 1e-9);
-  ASSERT_EQ(chooser.choose(local).kind, Decision::Kind::kDisaggregated) << "priced out";
-  int decisions = 0;
-  for (; decisions < 500; ++decisions) {
-    const Decision next = chooser.choose(local);
-    if (next.kind == Decision::Kind::kLocalPrefill) break;
-    chooser.observe(next, next.predicted_prefill_s, next.predicted_ttft_s);  // as predicted
-  }
-  EXPECT_LT(decisions, 200) << "local prefill never tried again";
-  EXPECT_LT(chooser.learned().beforeHandoff(Path::kLocalPrefill), 0.050);
-}
-
 AgentPtr agentState(const std::string& name) {
   auto state = std::make_shared<AgentState>();
   state->endpoint.name = name;
