@@ -120,27 +120,29 @@ struct SplitStats {
   float max;
   float sum;
 };
+// `value` of every thread of the block combined by `op` in the fixed binary
+// tree over `tree` (pairs kSplitThreads / 2 apart, then half that, ...);
+// `tree` is free again on return.
+template <typename Op>
+__device__ __forceinline__ float treeReduce(float* tree, float value, Op op) {
+  const int tid = threadIdx.x;
+  tree[tid] = value;
+  __syncthreads();
+  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
+    if (tid < stride) tree[tid] = op(tree[tid], tree[tid + stride]);
+    __syncthreads();
+  }
+  const float result = tree[0];
+  __syncthreads();
+  return result;
+}
+
 __device__ __forceinline__ SplitStats splitStats(float* tree, float* weights, float score,
                                                  bool present) {
-  const int tid = threadIdx.x;
-  tree[tid] = score;
-  __syncthreads();
-  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
-    if (tid < stride) tree[tid] = fmaxf(tree[tid], tree[tid + stride]);
-    __syncthreads();
-  }
-  const float max = tree[0];
-  __syncthreads();
+  const float max = treeReduce(tree, score, [](float a, float b) { return fmaxf(a, b); });
   const float weight = present ? expf(score - max) : 0.0f;
-  weights[tid] = weight;
-  tree[tid] = weight;
-  __syncthreads();
-  for (int stride = kSplitThreads / 2; stride > 0; stride /= 2) {
-    if (tid < stride) tree[tid] = __fadd_rn(tree[tid], tree[tid + stride]);
-    __syncthreads();
-  }
-  const float sum = tree[0];
-  __syncthreads();
+  weights[threadIdx.x] = weight;
+  const float sum = treeReduce(tree, weight, [](float a, float b) { return __fadd_rn(a, b); });
   return {max, sum};
 }
 
