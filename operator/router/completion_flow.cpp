@@ -317,28 +317,30 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   bool retried = false;
   double prefill_answered_s = -1;
   decision.candidates.clear();  // logged; not needed below
-  // A local prefill that reads a prefix another agent lends: asked for once,
-  // sent with the first attempt only, let go if that attempt does not end
-  // the request (the reader releases what it read itself).
+  // A prefix the decision reads from a lender (pull-back): asked for once,
+  // for the first attempt's prefilling agent only (the prefill agent, or a
+  // local prefill's decode agent), and let go when that agent did not read
+  // it (a reader releases what it read itself).
   json lent;
   AgentPtr lender;
-  bool local_lend_missed = false;
+  bool lend_missed = false;
   auto releaseLend = [&]() -> awaitable<void> {
     if (lent.is_null()) co_return;
     co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
                        releaseBody(lent), 5.0);
     lent = nullptr;
   };
-  if (decision.kind == Decision::Kind::kLocalPrefill && decision.pull_back &&
-      (decision.lending_prefill || decision.lending_decode)) {
+  if (decision.pull_back) {
     lender = decision.lending_prefill ? prefill_agents[*decision.lending_prefill]
                                       : decode_agents[*decision.lending_decode];
     const AgentView& view = decision.lending_prefill ? input.prefill[*decision.lending_prefill]
                                                      : input.decode[*decision.lending_decode];
     Lent lend = co_await lendFrom(lender, request, heldTokens(input, view));
     lent = std::move(lend.params);
-    local_lend_missed = !lend.full;
-    if (!lent.is_null()) body["kv_transfer_params"] = {{"remote_prefix", lent}};
+    lend_missed = !lend.full;
+    if (decision.kind == Decision::Kind::kLocalPrefill && !lent.is_null()) {
+      body["kv_transfer_params"] = {{"remote_prefix", lent}};
+    }
   }
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
@@ -348,8 +350,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     }
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
-      handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, decode,
+      handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, lent,
                                    std::move(prefill_reservation));
+      if (handoff.params.is_null()) {
+        co_await releaseLend();  // no prefill agent read it
+      } else {
+        lent = nullptr;  // the prefill agent read it and let it go
+      }
       prefill_answered_s = secondsSince(arrival);
       decisions_.observe(logged, "observed_prefill_s", prefill_answered_s);
       if (exchange.clientGone()) {
@@ -381,7 +388,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     // not after a retry, nor when a lend it counted on did not pin the
     // prefix (the prefix was computed: a false premise, which would
     // otherwise teach the path's learned cost that it is slow).
-    if (!retried && !handoff.lend_missed && !(attempt == 0 && local_lend_missed)) {
+    if (!retried && !(attempt == 0 && lend_missed)) {
       prediction.decision = decision;
       prediction.observed_prefill_s = prefill_answered_s;
     }
@@ -415,25 +422,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   co_await exchange.respond(unavailable("every decode agent failed this request"));
 }
 
-// Prefills on the chosen prefill agent (others on failure); with pull-back
-// the lender (the decode agent, or the prefill agent the decision names)
-// first lends the prefix it holds.
+// Prefills on the chosen prefill agent (others on failure), reading `lent`
+// (a lender's kv_transfer_params; null: none) first when given.
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     HttpExchange& exchange, const json& body, const protocol::Request& request,
     const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
-    const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation) {
+    const Decision& decision, const json& lent, LoadLedger::Reservation reservation) {
   Handoff handoff;
-  json lent;
-  const AgentPtr& lender =
-      decision.lending_prefill ? prefill_agents[*decision.lending_prefill] : decode;
-  if (decision.pull_back) {
-    const AgentView& lender_view = decision.lending_prefill
-                                       ? input.prefill[*decision.lending_prefill]
-                                       : input.decode[*decision.decode];
-    Lent lend = co_await lendFrom(lender, request, heldTokens(input, lender_view));
-    lent = std::move(lend.params);
-    handoff.lend_missed = !lend.full;
-  }
   std::vector<size_t> order = {*decision.prefill};
   for (size_t i = 0; i < prefill_agents.size(); ++i) {
     if (i != *decision.prefill && input.prefill[i].healthy) order.push_back(i);
@@ -469,11 +464,6 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     TANDEM_LOG(kWarn) << "router: prefill on " << prefill->endpoint.name << " failed ("
                       << (result.status == 0 ? result.error : std::to_string(result.status)) << ")";
     handoff.retried = true;
-  }
-  if (handoff.params.is_null() && !lent.is_null()) {
-    // Nobody read the lent prefix: let the lender go now.
-    co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/release"),
-                       releaseBody(lent), 5.0);
   }
   co_return handoff;
 }

@@ -63,9 +63,6 @@ class CompletionFlow {
     nlohmann::json params;  // the prefill agent's kv_transfer_params; null: none
     AgentPtr prefill;
     bool pulled_back = false;
-    // The decision counted on a lend that did not pin the whole prefix: the
-    // prefill agent computed more than predicted.
-    bool lend_missed = false;
     bool retried = false;
     bool client_error = false;  // the request itself is bad: answer status/body
     int status = 0;
@@ -92,7 +89,7 @@ class CompletionFlow {
   boost::asio::awaitable<Handoff> prefillOn(
       server::HttpExchange& exchange, const nlohmann::json& body, const protocol::Request& request,
       const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
-      const Decision& decision, const AgentPtr& decode, LoadLedger::Reservation reservation);
+      const Decision& decision, const nlohmann::json& lent, LoadLedger::Reservation reservation);
   boost::asio::awaitable<void> release(const Handoff& handoff);
   // Asks `lender` to hold the prompt's cached prefix for another agent to
   // read (a lend): its kv_transfer_params (null when nothing was pinned) and

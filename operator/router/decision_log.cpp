@@ -33,14 +33,12 @@ nlohmann::json entryOf(const DecisionInput& input, const Decision& decision, con
       decision.prefill ? nlohmann::json(input.prefill[*decision.prefill].name) : nullptr;
   entry["decode_agent"] =
       decision.decode ? nlohmann::json(input.decode[*decision.decode].name) : nullptr;
-  // Who lent the prefix the prefill agent read (pull-back).
+  // Who lent the prefix the prefilling agent read (pull-back).
   entry["lender"] = nullptr;
-  if (decision.pull_back && decision.lending_prefill) {
+  if (decision.lending_prefill) {
     entry["lender"] = input.prefill[*decision.lending_prefill].name;
-  } else if (decision.pull_back && decision.lending_decode) {
+  } else if (decision.lending_decode) {
     entry["lender"] = input.decode[*decision.lending_decode].name;
-  } else if (decision.pull_back && decision.decode) {
-    entry["lender"] = input.decode[*decision.decode].name;
   }
   nlohmann::json candidates = nlohmann::json::array();
   for (const CandidateCost& c : decision.candidates) {

@@ -320,7 +320,10 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
       option.prefill = p;
       option.decode = d;
       option.pull_back = pull_back;
-      if (pull_back) option.lending_prefill = lending_prefill;
+      if (pull_back) {
+        option.lending_prefill = lending_prefill;
+        if (!lending_prefill) option.lending_decode = d;
+      }
       option.prefill_s = pt.queue + compute + lend +
                          learned_.beforeHandoff(pull_back ? Path::kPullBack : Path::kDisaggregated);
       option.blocks_read = dt.blocks_read;

@@ -74,16 +74,16 @@ struct Decision {
   Kind kind = Kind::kNone;
   std::optional<size_t> prefill;  // index into DecisionInput::prefill (disaggregated)
   std::optional<size_t> decode;   // index into DecisionInput::decode
-  // Another agent holds a longer prefix than the prefill agent and lends it
-  // (the prefill agent reads it instead of computing it): the decode agent,
-  // or, when lending_prefill is set, that prefill agent (a hot prefix whose
-  // holder is busy is read by a less-loaded prefill agent).
-  // A local prefill reads from the longest holder among the prefill agents
-  // and the other decode agents: lending_prefill or lending_decode names it
-  // (a hot prefix is replicated by a read, not computed again).
+  // Another agent holds a longer prefix than the agent that prefills and
+  // lends it (read instead of computed); exactly one of lending_prefill and
+  // lending_decode names the lender. Disaggregated: the decode agent, or
+  // the longest prefill holder when it holds more (a hot prefix whose
+  // holder is busy is read by a less-loaded prefill agent). Local: the
+  // longest holder among the prefill agents and the other decode agents (a
+  // hot prefix is replicated by a read, not computed again).
   bool pull_back = false;
   std::optional<size_t> lending_prefill;  // index into DecisionInput::prefill
-  std::optional<size_t> lending_decode;   // index into DecisionInput::decode (local prefill)
+  std::optional<size_t> lending_decode;   // index into DecisionInput::decode
   // The chosen agents hold the longest prefix of the prompt any healthy
   // agent holds (and it is not empty).
   bool affinity = false;

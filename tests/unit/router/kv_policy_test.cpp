@@ -262,6 +262,7 @@ TEST(KvPolicy, ASpilledPrefillAgentReadsTheHotPrefixFromItsPrefillHolder) {
   ASSERT_EQ(decision.kind, Decision::Kind::kDisaggregated);
   EXPECT_TRUE(decision.pull_back);
   EXPECT_FALSE(decision.lending_prefill.has_value());
+  EXPECT_EQ(decision.lending_decode, std::optional<size_t>(0)) << "the decision names its lender";
 }
 
 TEST(KvPolicy, ALocalPrefillReadsTheHotPrefixFromAnotherDecodeAgent) {
