@@ -146,6 +146,16 @@ __device__ __forceinline__ SplitStats splitStats(float* tree, float* weights, fl
   return {max, sum};
 }
 
+// Positions of split `split` a row attends to: those of [split * 256,
+// split * 256 + 256) up to its own position; 0 for an inactive row or a
+// split past it.
+__device__ __forceinline__ int64_t splitPositions(const RowKv& info, int64_t split) {
+  const int64_t count = info.position + 1;
+  const int64_t start = split * kAttentionSplit;
+  if (info.active == 0 || start >= count) return 0;
+  return min(count, start + kAttentionSplit) - start;
+}
+
 // Partials: for item i = (row * num_heads + head) * max_splits + split,
 // max_and_sum[2i], max_and_sum[2i + 1] and acc[i * head_dim + d].
 template <typename Elements>
@@ -160,11 +170,11 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int64_t head = blockIdx.y;
   const int64_t split = blockIdx.z;
   const RowKv info = row_kv[row];
-  const int64_t count = info.position + 1;
   const int64_t start = split * kAttentionSplit;
+  const int64_t n = splitPositions(info, split);
   // Uniform per block, so no thread is left waiting at a barrier.
-  if (info.active == 0 || start >= count) return;
-  const int64_t end = min(count, start + kAttentionSplit);
+  if (n == 0) return;
+  const int64_t end = start + n;
   const int64_t head_dim = g.head_dim;
   const int64_t kv_head = head / group;
   const int32_t* table = block_tables + info.table_offset;
@@ -277,11 +287,10 @@ __global__ void __launch_bounds__(kSplitThreads)
   const int64_t kv_head = blockIdx.y;
   const int64_t split = blockIdx.z;
   const RowKv info = row_kv[row];
-  const int64_t count = info.position + 1;
   const int64_t start = split * kAttentionSplit;
+  const int64_t n = splitPositions(info, split);
   // Uniform per block, so no thread is left waiting at a barrier.
-  if (info.active == 0 || start >= count) return;
-  const int64_t n = min(count, start + kAttentionSplit) - start;
+  if (n == 0) return;
   const int64_t head_dim = g.head_dim;
   const int64_t first_head = kv_head * group;
   const int64_t stride_words = tileStrideWords(head_dim, sizeof(Storage));
