@@ -153,9 +153,10 @@ const std::vector<Row>& rows() {
              &ServeOptions::device),
       flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
            &ServeOptions::enforce_eager),
-      choice("cuda_kernels", {"reference", "fast"},
-             "CUDA kernels: reference (checked on a GPU) or fast (decode GEMV, bf16 tensor-core "
-             "GEMM; opt-in, not yet checked on a GPU)",
+      choice("cuda_kernels", {"auto", "reference", "fast"},
+             "CUDA kernels: auto (fast on CUDA), reference (the plain kernels the fast ones are "
+             "checked against) or fast (same bits; decode GEMV, grouped attention, and the bf16 "
+             "tensor-core GEMMs --compute-dtype bf16 needs)",
              &ServeOptions::cuda_kernels),
       text("simulate",
            "step profile YAML: simulate the forward pass, each step lasting what the profile "

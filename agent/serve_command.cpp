@@ -123,7 +123,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
   // --device says.
   config.device = o.simulate.empty() ? kernels::resolveDevice(o.device) : kernels::DeviceKind::kCpu;
   config.enforce_eager = o.enforce_eager;
-  config.cuda_kernels = kernels::parseCudaKernels(o.cuda_kernels, "--cuda-kernels");
+  config.cuda_kernels =
+      kernels::resolveCudaKernels(o.cuda_kernels, "--cuda-kernels", config.device);
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");

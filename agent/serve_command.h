@@ -54,7 +54,7 @@ struct ServeOptions {
   int threads = 0;              // kernel threads; 0: all cores
   std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
   bool enforce_eager = false;   // never record decode steps (CUDA graphs)
-  std::string cuda_kernels = "reference";  // CUDA kernel set: reference or fast (opt-in)
+  std::string cuda_kernels = "auto";  // CUDA kernel set: auto (fast on CUDA), reference or fast
   // A step profile YAML: serve as a simulated agent (docs/simulation.md).
   std::string simulate;
   std::string config_path;

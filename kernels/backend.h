@@ -187,14 +187,16 @@ int cudaDeviceCount();
 // (not built with CUDA; no device).
 DeviceKind resolveDevice(const std::string& flag);
 // Which kernels the CUDA backend runs (--cuda-kernels, docs/cuda.md#kernel-sets):
-// kReference, the default, the kernels checked on a GPU; kFast adds the
-// decode GEMV over re-laid weights and the bf16 tensor-core GEMM (needed for
-// --compute-dtype bf16 on CUDA), built but opt-in until checked on a GPU.
-// f32 results are the same bits either way.
+// kReference, the plain kernels the fast ones are checked against; kFast
+// adds the decode GEMV over re-laid weights, grouped attention and the bf16
+// tensor-core GEMMs (needed for --compute-dtype bf16 on CUDA). f32 results
+// are the same bits either way (docs/cuda.md#kernel-sets).
 enum class CudaKernels { kReference, kFast };
-// Parses --cuda-kernels: "reference" or "fast"; throws tandem::Error naming
-// `flag` and the accepted values.
-CudaKernels parseCudaKernels(const std::string& text, const std::string& flag);
+// Parses --cuda-kernels for a backend of `kind`: "auto" (the flags'
+// default: kFast on CUDA, kReference, which runs nothing, on the CPU),
+// "reference" or "fast" (an explicit "fast" with the CPU is then refused by
+// makeBackend). Throws tandem::Error naming `flag` and the accepted values.
+CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag, DeviceKind kind);
 // Throws tandem::Error when the backend cannot be created, and when
 // `cuda_kernels` is kFast for a backend other than CUDA (the CPU has none).
 std::unique_ptr<Backend> makeBackend(DeviceKind kind,

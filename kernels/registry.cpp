@@ -50,7 +50,7 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels) 
       if (cuda_kernels == CudaKernels::kFast) {
         throw Error(
             "--cuda-kernels fast: the cpu backend runs no CUDA kernels (use it with --device "
-            "cuda, or leave --cuda-kernels at reference)");
+            "cuda, or leave --cuda-kernels at auto)");
       }
       return std::make_unique<cpu::CpuBackend>();
     case DeviceKind::kCuda:
@@ -68,10 +68,12 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels) 
   throw Error("unknown device kind");
 }
 
-CudaKernels parseCudaKernels(const std::string& text, const std::string& flag) {
+CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag, DeviceKind kind) {
+  if (text == "auto")
+    return kind == DeviceKind::kCuda ? CudaKernels::kFast : CudaKernels::kReference;
   if (text == "reference") return CudaKernels::kReference;
   if (text == "fast") return CudaKernels::kFast;
-  throw Error(flag + ": expected reference or fast, got '" + text + "'");
+  throw Error(flag + ": expected auto, reference or fast, got '" + text + "'");
 }
 
 DType parseComputeDType(const std::string& text, const std::string& flag) {

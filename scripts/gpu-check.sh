@@ -115,6 +115,17 @@ if [[ "${fast}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast ctest --test-dir "${build}" -R '^engine_backend_exactness_test' \
       --output-on-failure || fast_failed=1
   fi
+  # The engine's exactness checks (chunked, batched, prefix hit, recorded
+  # steps) again with bf16 compute: each compares the backend with itself.
+  echo "== gpu exactness tests, TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16"
+  if [[ "${prebuilt}" == "1" ]]; then
+    TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 limited \
+      "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \
+      --gtest_brief=1 || fast_failed=1
+  else
+    TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 ctest --test-dir "${build}" \
+      -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
+  fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
   # (out-of-bounds and misaligned accesses; the tool runs on some GPU
   # machines only, docs/cuda.md).
@@ -171,13 +182,13 @@ for model in "${models[@]}"; do
     args=(engine --device cuda --model "${scratch}/${model}" --prompt-tokens "${prompt}"
       --decode-tokens 64 --repeats "${BENCH_REPEATS:-3}" --profile-ops)
     [[ "${batch}" != "1" ]] && args+=(--batch "${batch}")
-    echo "== tandem-bench ${args[*]} --json ${json_dir}/engine-${model}-batch${batch}.json"
-    limited "${bench}" "${args[@]}" --json "${json_dir}/engine-${model}-batch${batch}.json" ||
-      reference_failed=1
+    echo "== tandem-bench ${args[*]} --cuda-kernels reference" \
+      "--json ${json_dir}/engine-${model}-batch${batch}.json"
+    limited "${bench}" "${args[@]}" --cuda-kernels reference \
+      --json "${json_dir}/engine-${model}-batch${batch}.json" || reference_failed=1
     if [[ "${fast}" == "1" ]]; then
-      # The same run with the fast kernels; at batch 1 also with bf16 compute.
-      variants=("--cuda-kernels fast")
-      [[ "${batch}" == "1" ]] && variants+=("--cuda-kernels fast --compute-dtype bf16")
+      # The same run with the fast kernels, then also with bf16 compute.
+      variants=("--cuda-kernels fast" "--cuda-kernels fast --compute-dtype bf16")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
         name="fast$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
@@ -232,12 +243,18 @@ else
       torch_failed+=("${model}")
       continue
     fi
+    # Tandem's side: the bf16-compute runs where they ran (PyTorch computes
+    # in bf16 too), else the reference kernels'.
+    best() {
+      local run="${json_dir}/engine-${model}-batch$1"
+      if [[ -f "${run}-fast-bf16.json" ]]; then echo "${run}-fast-bf16.json"; else echo "${run}.json"; fi
+    }
     compare=(compare --model "${scratch}/${model}" --device cuda --dtype bf16
-      --tandem-bench "${json_dir}/engine-${model}-batch1.json"
+      --tandem-bench "$(best 1)"
       --tandem-tokens "${json_dir}/tandem-tokens-${model}.json"
       --out "${json_dir}/torch-${model}.json")
-    if [[ -f "${json_dir}/engine-${model}-batch32.json" ]]; then
-      compare+=(--tandem-bench-batch "${json_dir}/engine-${model}-batch32.json")
+    if [[ -f "$(best 32)" ]]; then
+      compare+=(--tandem-bench-batch "$(best 32)")
     fi
     # The bf16-compute run's prefill matmuls, shape by shape against cuBLAS.
     if [[ -f "${json_dir}/engine-${model}-batch1-fast-bf16.json" ]]; then

@@ -393,7 +393,10 @@ StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::st
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (loop_exited_ || stopping_) return unavailable("the engine is shutting down");
-    hold_requests_.push_back({std::move(tokens), std::move(cache_salt), {}});
+    HoldRequest request;
+    request.tokens = std::move(tokens);
+    request.cache_salt = std::move(cache_salt);
+    hold_requests_.push_back(std::move(request));
     held = hold_requests_.back().promise.get_future();
     wake_.notify_one();
   }

@@ -209,9 +209,8 @@ class CudaBackend final : public Backend {
     }
     if (dtype == DType::kBF16) {
       throw Error(
-          "compute dtype bf16 on the cuda backend needs --cuda-kernels fast: the reference "
-          "kernels multiply in f32 only, and the bf16 tensor-core GEMM stays opt-in until it "
-          "has been checked on a GPU (accepted: f32)");
+          "compute dtype bf16 on the cuda backend needs its fast kernels (--cuda-kernels auto "
+          "or fast): the reference kernels multiply in f32 only (accepted here: f32)");
     }
     throw Error(std::string("compute dtype ") + dtypeShortName(dtype) +
                 " is not supported by cuda (accepted: f32; bf16 with --cuda-kernels fast)");
@@ -233,7 +232,10 @@ class CudaBackend final : public Backend {
     activate();
     if (fast_kernels_ && usesBf16Mma(w) && m <= kBf16MmaSkinnyRows) {
       if (auto it = mma_twins_.find(w.data); it != mma_twins_.end()) {
-        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, y);
+        // x's fragments go to the GEMV scratch (one stream: no other
+        // matmul is using it).
+        growGemvScratch((bf16MmaSkinnyScratchBytes(m, k) + 3) / 4);
+        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, y, gemv_scratch_);
         checkLaunch("matmul (bf16 tensor cores, decode)");
         return;
       }

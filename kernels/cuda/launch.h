@@ -84,10 +84,12 @@ void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
 constexpr int64_t kBf16MmaSmallRows = 256;
 // Up to kBf16MmaSkinnyRows rows, with the weights re-laid as mma fragments
 // (weight_layout.h relayoutForMma, the bytes a device copy): the skinny
-// decode kernel, the same bits again.
+// decode kernel, the same bits again. `x_fragments` (16-byte aligned) holds
+// x rounded to bf16 in fragment order: bf16MmaSkinnyScratchBytes(m, k).
 constexpr int64_t kBf16MmaSkinnyRows = 64;
+int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k);
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const void* fragments, int64_t n, float* y);
+                         const void* fragments, int64_t n, float* y, void* x_fragments);
 int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const WeightView& w, float* y, uint16_t* x_bf16);

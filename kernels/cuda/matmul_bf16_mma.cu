@@ -38,10 +38,14 @@
 // bf16MmaSkinnyKernel, for m <= 64 (decode) where the backend holds the
 // weights re-laid as mma B fragments (weight_layout.h): a warp owns 8
 // output columns and streams their whole k, one 16-byte load per lane per
-// two slices, 16 loads in flight per lane, with no shared memory and no
-// barrier; A fragments are read from x (rounded to bf16 as above, zero past
-// m and k) for each of up to four 16-row tiles, so the weights are read once
-// for all rows. Again the same mma chain per output, so the same bits.
+// two slices, with no shared memory and no barrier. x is first rounded to
+// bf16 into the backend's scratch in the same fragment order (rows in the
+// place of columns, zero past m and k), so the A fragments of a pair are
+// 16-byte loads too; a batch of pairs of weights and x is loaded while the
+// tensor cores multiply the one before (two batches in registers), the
+// weights without allocating in L1 so that x stays there. Up to four
+// 16-row tiles (eight row groups), so the weights are read once for all
+// rows. Again the same mma chain per output, so the same bits.
 // On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
 // this order only if it keeps one k16 mma chain per output.
 #include <cuda_runtime.h>
@@ -412,34 +416,114 @@ namespace skinny {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kInFlight = 16;  // 16-byte loads per lane ahead of the tensor cores
 
-// bf16 pair (x[row][kk], x[row][kk + 1]) as the other kernels stage it.
-__device__ __forceinline__ uint32_t xPair(const float* __restrict__ x, int64_t m, int64_t k,
-                                          int64_t row, int64_t kk) {
-  float low = 0.0f;
-  float high = 0.0f;
-  if (row < m) {
-    const float* p = x + row * k + kk;
-    if (kk < k) low = p[0];
-    if (kk + 1 < k) high = p[1];
-  }
-  return packBf16(low, high);
+// The row groups (8 rows each) a launch covers for m rows: 1, 2, 4 or 8.
+int rowGroupsFor(int64_t m) {
+  const int64_t groups = (m + 7) / 8;
+  return groups <= 1 ? 1 : groups <= 2 ? 2 : groups <= 4 ? 4 : 8;
 }
 
-template <int kMTiles>
+// x rounded to bf16 (as packBf16 rounds it for the other kernels) in the
+// weights' fragment order (weight_layout.h MmaFragmentTiling, x's rows in
+// the place of the weights' columns): lane 4g + q of row group r finds, as
+// one 16-byte vector per pair p, the a0, a2 words of row 8r + g for slices
+// 2p and 2p + 1. Rows past m (up to the launch's row groups) and k past the
+// row are zero, as the other kernels pad their A tiles.
+__global__ void xToFragmentsKernel(const float* __restrict__ x, int64_t m, int64_t k, int64_t rows,
+                                   uint4* __restrict__ out) {
+  const MmaFragmentTiling t{rows, k};
+  const int64_t vectors = t.elements() / 8;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int lane = static_cast<int>(v % 32);
+    const int64_t p = v / 32 % t.pairs();
+    const int64_t row = MmaFragmentTiling::column(v / 32 / t.pairs(), lane);
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float pair[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t kk = MmaFragmentTiling::kOf(p, lane, 2 * w + e);
+        if (row < m && kk < k) pair[e] = x[row * k + kk];
+      }
+      words[w] = packBf16(pair[0], pair[1]);
+    }
+    out[v] = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// 16 bytes of the weights' stream, not kept in L1 (x's fragments are).
+__device__ __forceinline__ uint4 loadStreaming(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// kPairs pairs (32 k each: two 16-wide slices) of one warp's weights and
+// of x's fragments, loaded together so their latencies overlap.
+template <int kRowGroups, int kPairs>
+struct Batch {
+  uint4 w[kPairs];
+  uint4 x[kPairs][kRowGroups];
+};
+
+template <int kRowGroups, int kPairs>
+__device__ __forceinline__ void loadBatch(const uint4* __restrict__ column,
+                                          const uint4* __restrict__ xs, int64_t pairs, int64_t p0,
+                                          Batch<kRowGroups, kPairs>& batch) {
+#pragma unroll
+  for (int u = 0; u < kPairs; ++u) {
+    if (p0 + u >= pairs) break;
+    batch.w[u] = loadStreaming(column + (p0 + u) * 32);
+#pragma unroll
+    for (int r = 0; r < kRowGroups; ++r) batch.x[u][r] = __ldg(xs + (r * pairs + p0 + u) * 32);
+  }
+}
+
+// The batch's mma, pair by pair and slice by slice in ascending k: m16n8k16
+// tile i takes row groups 2i (rows 16i + g: a0, a2) and 2i + 1 (rows
+// 16i + 8 + g: a1, a3; zero past the launch's groups).
+template <int kRowGroups, int kPairs, int kMTiles>
+__device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& batch, int64_t pairs,
+                                              int64_t p0, int64_t k, float (&acc)[kMTiles][1][4]) {
+#pragma unroll
+  for (int u = 0; u < kPairs; ++u) {
+    if (p0 + u >= pairs) break;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if ((p0 + u) * 32 + half * kMmaK >= k) break;  // past k: no instruction, whatever m is
+      const uint4& w = batch.w[u];
+      const uint32_t fragment[2] = {half == 0 ? w.x : w.z, half == 0 ? w.y : w.w};
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+        const uint4& low = batch.x[u][2 * i];
+        const uint4 high = 2 * i + 1 < kRowGroups ? batch.x[u][2 * i + 1] : make_uint4(0, 0, 0, 0);
+        const uint32_t a[4] = {half == 0 ? low.x : low.z, half == 0 ? high.x : high.z,
+                               half == 0 ? low.y : low.w, half == 0 ? high.y : high.w};
+        mmaBf16(acc[i][0], a, fragment);
+      }
+    }
+  }
+}
+
+// A warp owns one tile column (8 outputs) and streams its whole k; loads of
+// the next kPairs pairs are in flight while the tensor cores multiply these.
+template <int kRowGroups, int kPairs>
 __global__ void __launch_bounds__(kThreads)
-    bf16MmaSkinnyKernel(const float* __restrict__ x, int64_t m, int64_t k,
+    bf16MmaSkinnyKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
                         const uint4* __restrict__ fragments, int64_t n, float* __restrict__ y) {
+  constexpr int kMTiles = (kRowGroups + 1) / 2;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const MmaFragmentTiling t{n, k};
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (tile >= t.tileColumns()) return;  // no barrier in this kernel
-  const int group = lane / 4;
-  const int quad = lane % 4;
   const int64_t pairs = t.pairs();
   const uint4* column = fragments + tile * pairs * 32 + lane;
+  const uint4* xs = x_fragments + lane;
 
   float acc[kMTiles][1][4];
 #pragma unroll
@@ -447,57 +531,61 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  for (int64_t p0 = 0; p0 < pairs; p0 += kInFlight) {
-    uint4 b[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      if (p0 + u < pairs) b[u] = __ldg(column + (p0 + u) * 32);
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      if (p0 + u >= pairs) break;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t k0 = (p0 + u) * 32 + half * kMmaK;
-        if (k0 >= k) break;  // past k: no instruction, whatever m is
-        const uint32_t fragment[2] = {half == 0 ? b[u].x : b[u].z, half == 0 ? b[u].y : b[u].w};
-#pragma unroll
-        for (int i = 0; i < kMTiles; ++i) {
-          const int64_t row = i * 16 + group;
-          const uint32_t a[4] = {
-              xPair(x, m, k, row, k0 + 2 * quad), xPair(x, m, k, row + 8, k0 + 2 * quad),
-              xPair(x, m, k, row, k0 + 8 + 2 * quad), xPair(x, m, k, row + 8, k0 + 8 + 2 * quad)};
-          mmaBf16(acc[i][0], a, fragment);
-        }
-      }
-    }
+  Batch<kRowGroups, kPairs> even;
+  Batch<kRowGroups, kPairs> odd;
+  loadBatch(column, xs, pairs, 0, even);
+  for (int64_t p0 = 0; p0 < pairs; p0 += 2 * kPairs) {
+    if (p0 + kPairs < pairs) loadBatch(column, xs, pairs, p0 + kPairs, odd);
+    multiplyBatch(even, pairs, p0, k, acc);
+    if (p0 + 2 * kPairs < pairs) loadBatch(column, xs, pairs, p0 + 2 * kPairs, even);
+    if (p0 + kPairs < pairs) multiplyBatch(odd, pairs, p0 + kPairs, k, acc);
   }
 
-  storeTiles(acc, group, tile * 8 + quad * 2, m, n, y);
+  storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, y);
+}
+
+template <int kRowGroups, int kPairs>
+void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
+                int64_t n, float* y, uint4* x_fragments) {
+  const int64_t rows = 8 * kRowGroups;
+  const int64_t vectors = MmaFragmentTiling{rows, k}.elements() / 8;
+  const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(vectors, 256), 1024));
+  xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
+  const auto tiles =
+      static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
+  bf16MmaSkinnyKernel<kRowGroups, kPairs>
+      <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, y);
 }
 
 }  // namespace skinny
 
 }  // namespace
 
+int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k) {
+  return MmaFragmentTiling{8 * skinny::rowGroupsFor(m), k}.bytes();
+}
+
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const void* fragments, int64_t n, float* y) {
+                         const void* fragments, int64_t n, float* y, void* x_fragments) {
   TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
-  const MmaFragmentTiling t{n, k};
-  const auto blocks = static_cast<unsigned int>(ceilDiv(t.tileColumns(), skinny::kWarps));
+  TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
+               "bf16 skinny matmul: the x scratch must be 16-byte aligned");
   const auto* frags = static_cast<const uint4*>(fragments);
-  switch (ceilDiv(m, 16)) {
+  auto* xs = static_cast<uint4*>(x_fragments);
+  // Pairs per batch: two batches of weights and x in registers, about 128
+  // registers of loads whatever the row groups.
+  switch (skinny::rowGroupsFor(m)) {
     case 1:
-      skinny::bf16MmaSkinnyKernel<1><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      skinny::launchWith<1, 8>(stream, x, m, k, frags, n, y, xs);
       break;
     case 2:
-      skinny::bf16MmaSkinnyKernel<2><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      skinny::launchWith<2, 4>(stream, x, m, k, frags, n, y, xs);
       break;
-    case 3:
-      skinny::bf16MmaSkinnyKernel<3><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+    case 4:
+      skinny::launchWith<4, 2>(stream, x, m, k, frags, n, y, xs);
       break;
     default:
-      skinny::bf16MmaSkinnyKernel<4><<<blocks, skinny::kThreads, 0, stream>>>(x, m, k, frags, n, y);
+      skinny::launchWith<8, 1>(stream, x, m, k, frags, n, y, xs);
       break;
   }
 }

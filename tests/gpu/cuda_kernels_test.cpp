@@ -482,7 +482,8 @@ TEST_F(CudaFastKernelsTest, Bf16ComputeNeedsTheFastKernels) {
     backend_->setComputeDType(DType::kBF16);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("needs --cuda-kernels fast"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("needs its fast kernels (--cuda-kernels auto or fast)"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_NO_THROW(fast_->setComputeDType(DType::kF32));
@@ -508,8 +509,11 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     const WeightView w{bf16.data(), DType::kBF16, n, k};
     const auto all = run(*bf16_backend, x, 2048, k, w);
     // m = 2048 and 257 run the pipelined kernel where k is a multiple of 8
-    // (1000: its last 16-wide slice half padding), the others the small one.
-    for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{257}}) {
+    // (1000: its last 16-wide slice half padding), the others the skinny
+    // one, with each of its row-group counts (1, 2, 4, 8: m up to 8, 16, 32,
+    // 64).
+    for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{17}, int64_t{32},
+                            int64_t{33}, int64_t{64}, int64_t{257}}) {
       const auto part = run(*bf16_backend, x, m, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
     }

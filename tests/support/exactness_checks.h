@@ -46,8 +46,20 @@ using engine::BlockId;
 // runs the gpu tests with each).
 inline kernels::CudaKernels cudaKernelsForTests() {
   const char* text = std::getenv("TANDEM_CUDA_KERNELS");
-  return text == nullptr ? kernels::CudaKernels::kReference
-                         : kernels::parseCudaKernels(text, "TANDEM_CUDA_KERNELS");
+  return text == nullptr
+             ? kernels::CudaKernels::kReference
+             : kernels::resolveCudaKernels(text, "TANDEM_CUDA_KERNELS", kernels::DeviceKind::kCuda);
+}
+
+// What the CUDA backend of these tests multiplies in:
+// TANDEM_CUDA_COMPUTE_DTYPE=f32 (the default) or bf16 (tensor cores; with
+// TANDEM_CUDA_KERNELS=fast, scripts/gpu-check.sh runs the gpu exactness
+// tests so too). Every check compares the backend with itself, so each holds
+// in either.
+inline DType cudaComputeDTypeForTests() {
+  const char* text = std::getenv("TANDEM_CUDA_COMPUTE_DTYPE");
+  return text == nullptr ? DType::kF32
+                         : kernels::parseComputeDType(text, "TANDEM_CUDA_COMPUTE_DTYPE");
 }
 
 // One backend of each kind for the whole test process (weights made resident
@@ -59,7 +71,9 @@ inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
     const kernels::CudaKernels set = kind == kernels::DeviceKind::kCuda
                                          ? cudaKernelsForTests()
                                          : kernels::CudaKernels::kReference;
-    it = backends.emplace(kind, kernels::makeBackend(kind, set)).first;
+    std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(kind, set);
+    if (kind == kernels::DeviceKind::kCuda) backend->setComputeDType(cudaComputeDTypeForTests());
+    it = backends.emplace(kind, std::move(backend)).first;
   }
   return *it->second;
 }

@@ -186,9 +186,9 @@ nlohmann::json printOps(const char* title, const std::vector<kernels::OpProfile>
 
 int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
-  std::unique_ptr<kernels::Backend> backend =
-      kernels::makeBackend(kernels::resolveDevice(options.device),
-                           kernels::parseCudaKernels(options.cuda_kernels, "--cuda-kernels"));
+  const kernels::DeviceKind device = kernels::resolveDevice(options.device);
+  std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
+      device, kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device));
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
   backend->setComputeDType(compute);
   auto model = engine::Model::load(options.model_dir);

@@ -24,11 +24,11 @@ struct EngineBenchOptions {
   int64_t copy_mib = 1024;      // buffer size of the backend copy bandwidth figure
   int repeats = 3;
   std::string kv_dtype = "bf16";
-  std::string compute_dtype = "f32";       // what the GEMMs multiply: f32 or bf16
-  std::string device = "auto";             // cpu, cuda or auto
-  std::string cuda_kernels = "reference";  // CUDA kernel set: reference or fast
-  std::string json_path;                   // empty: no JSON file
-  bool profile_ops = false;  // also time each backend call of one prefill and one decode
+  std::string compute_dtype = "f32";  // what the GEMMs multiply: f32 or bf16
+  std::string device = "auto";        // cpu, cuda or auto
+  std::string cuda_kernels = "auto";  // CUDA kernel set: auto (fast on CUDA), reference or fast
+  std::string json_path;              // empty: no JSON file
+  bool profile_ops = false;           // also time each backend call of one prefill and one decode
 };
 
 int runEngineBench(const EngineBenchOptions& options);

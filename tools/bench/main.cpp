@@ -43,8 +43,9 @@ int main(int argc, char** argv) {
   engine->add_option("--device", options.device, "compute backend: cpu, cuda or auto")
       ->capture_default_str();
   engine
-      ->add_option("--cuda-kernels", options.cuda_kernels,
-                   "CUDA kernels: reference or fast (opt-in; docs/cuda.md#kernel-sets)")
+      ->add_option(
+          "--cuda-kernels", options.cuda_kernels,
+          "CUDA kernels: auto (fast on CUDA), reference or fast (docs/cuda.md#kernel-sets)")
       ->capture_default_str();
   engine->add_option("--batch", options.batch, "sequences decoding together")
       ->check(CLI::Range(1, 1024))

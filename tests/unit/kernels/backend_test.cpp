@@ -80,16 +80,25 @@ TEST(Registry, MakesTheCpuBackend) {
             "cpu " + isaName() + ", " + std::to_string(numThreads()) + threads);
 }
 
-// --cuda-kernels: reference (the default) or fast; fast is refused by name
-// for the CPU backend, which runs no CUDA kernels.
+// --cuda-kernels: auto (the default: fast on CUDA, none on the CPU),
+// reference or fast; fast is refused by name for the CPU backend, which runs
+// no CUDA kernels.
 TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
-  EXPECT_EQ(parseCudaKernels("reference", "--cuda-kernels"), CudaKernels::kReference);
-  EXPECT_EQ(parseCudaKernels("fast", "--cuda-kernels"), CudaKernels::kFast);
-  try {
-    parseCudaKernels("faster", "--cuda-kernels");
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--cuda-kernels: expected reference or fast, got 'faster'");
+  EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCuda), CudaKernels::kFast);
+  EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCpu),
+            CudaKernels::kReference);
+  EXPECT_EQ(resolveCudaKernels("reference", "--cuda-kernels", DeviceKind::kCuda),
+            CudaKernels::kReference);
+  EXPECT_EQ(resolveCudaKernels("fast", "--cuda-kernels", DeviceKind::kCpu), CudaKernels::kFast);
+  for (const char* text : {"faster", "Auto"}) {
+    try {
+      resolveCudaKernels(text, "--cuda-kernels", DeviceKind::kCuda);
+      FAIL() << "expected an error for " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("--cuda-kernels: expected auto, reference or "
+                                                   "fast, got '") +
+                                           text + "'");
+    }
   }
   try {
     makeBackend(DeviceKind::kCpu, CudaKernels::kFast);
@@ -97,7 +106,7 @@ TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
               "--cuda-kernels fast: the cpu backend runs no CUDA kernels (use it with --device "
-              "cuda, or leave --cuda-kernels at reference)");
+              "cuda, or leave --cuda-kernels at auto)");
   }
   EXPECT_EQ(makeBackend(DeviceKind::kCpu, CudaKernels::kReference)->kind(), DeviceKind::kCpu);
 }
