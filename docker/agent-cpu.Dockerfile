@@ -28,9 +28,15 @@ COPY agent agent
 COPY operator operator
 COPY tools tools
 COPY tests tests
+COPY profiles profiles
+# The same build stage, word for word, as operator.Dockerfile's: a builder
+# with layer caching (podman, buildah, docker) compiles the three programs
+# once for both images.
 RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release \
-    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" --target tandem-agent tandem-model \
-    && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model
+    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" \
+         --target tandem-agent tandem-model tandem-operator \
+    && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model \
+         /src/build/bin/tandem-operator
 
 FROM ${DEBIAN_IMAGE}
 ARG VERSION=0.1.0

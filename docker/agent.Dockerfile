@@ -62,6 +62,7 @@ COPY agent agent
 COPY operator operator
 COPY tools tools
 COPY tests tests
+COPY profiles profiles
 ENV PKG_CONFIG_PATH=${UCX_PREFIX}/lib/pkgconfig
 RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release \
          -DCMAKE_PREFIX_PATH="${UCX_PREFIX}" -DTANDEM_CUDA="${TANDEM_CUDA}" \

@@ -21,8 +21,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what CMake reads: the root CMakeLists.txt configures every folder
-# below (the agent's and the tests' too: configuring needs them, building
-# tandem-operator does not compile them).
+# below (tests included, though no test target is built).
 COPY CMakeLists.txt ./
 COPY common common
 COPY kernels kernels
@@ -30,9 +29,15 @@ COPY agent agent
 COPY operator operator
 COPY tools tools
 COPY tests tests
+COPY profiles profiles
+# The same build stage, word for word, as agent-cpu.Dockerfile's: a builder
+# with layer caching (podman, buildah, docker) compiles the three programs
+# once for both images.
 RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release \
-    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" --target tandem-operator \
-    && strip --strip-unneeded /src/build/bin/tandem-operator
+    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" \
+         --target tandem-agent tandem-model tandem-operator \
+    && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model \
+         /src/build/bin/tandem-operator
 
 FROM ${DEBIAN_IMAGE}
 ARG VERSION=0.1.0

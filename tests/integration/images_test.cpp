@@ -1,0 +1,258 @@
+// Tandem's images built for real from this checkout and run: `scripts/
+// images.sh` (what `make images` runs) makes a Debian 12 base from the apt
+// archive with mmdebstrap and builds docker/agent-cpu.Dockerfile and
+// docker/operator.Dockerfile with the container engine `make deps` installs
+// (podman), compiling the programs in their build stage. Then, against the
+// built images:
+//  - each runs as uid 65532 with the OCI labels of this commit;
+//  - the operator answers --help for its controller and router on a
+//    read-only root filesystem;
+//  - the agent serves the tiny test model from a read-only root filesystem
+//    as uid 65532, and its greedy tokens equal those of the agent built on
+//    the host (same sources, same Debian compiler: the same bits); SIGTERM
+//    through `podman stop` drains it and it exits 0 well within the grace
+//    period, as PID 1 of its container;
+//  - the operator image is pushed to a local registry (Debian's
+//    docker-registry), read back by skopeo with the same digest and labels,
+//    removed, pulled and run.
+// One test, because the build is one long step every check needs (about 8
+// minutes on 2 cores with nothing cached; docs/images.md).
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "tests/support/agent_server.h"
+#include "tests/support/free_port.h"
+#include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+using nlohmann::json;
+using std::chrono::seconds;
+
+const fs::path kSourceDir = TANDEM_SOURCE_DIR;
+const fs::path kBinDir = TANDEM_BIN_DIR;
+
+struct CommandResult {
+  int status = -1;  // -1: still running at the deadline (then killed)
+  std::string out;
+  std::string err;
+};
+
+// Runs argv to its end (or the deadline); stdout and stderr kept.
+CommandResult runCommand(const std::vector<std::string>& argv, const fs::path& work,
+                         std::chrono::milliseconds timeout,
+                         const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  static int calls = 0;
+  tandem::Subprocess process(argv, work / ("command-" + std::to_string(++calls) + ".err"), env);
+  CommandResult result;
+  result.out = process.readStdout(timeout);
+  result.status = process.wait(seconds(5));
+  result.err = process.stderrText();
+  return result;
+}
+
+std::string describe(const CommandResult& r) {
+  return "exit " + std::to_string(r.status) + "\nstdout:\n" + r.out.substr(0, 4000) +
+         "\nstderr (last 4000 bytes):\n" +
+         (r.err.size() > 4000 ? r.err.substr(r.err.size() - 4000) : r.err);
+}
+
+bool onPath(const std::string& program) {
+  return std::system(("command -v " + program + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// A copy of the tiny test model that uid 65532 can read (test directories
+// are 0700 and root's).
+fs::path worldReadableCopy(const fs::path& model, const fs::path& parent) {
+  const fs::path copy = parent / "model";
+  fs::copy(model, copy, fs::copy_options::recursive);
+  ::chmod(parent.c_str(), 0755);
+  ::chmod(copy.c_str(), 0755);
+  for (const auto& entry : fs::directory_iterator(copy)) ::chmod(entry.path().c_str(), 0644);
+  return copy;
+}
+
+class Images : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!onPath("podman")) {
+      FAIL() << "podman is not installed: `make deps` installs it (with mmdebstrap, runc, "
+                "skopeo and docker-registry) for this test and `make images`";
+    }
+    engine_env_ = {{"CONTAINERS_CONF", (out_ / "containers.conf").string()}};
+  }
+
+  // podman ARGS..., with the engine configuration images.sh wrote.
+  CommandResult podman(const std::vector<std::string>& args,
+                       std::chrono::milliseconds timeout = seconds(120)) {
+    std::vector<std::string> argv = {"podman"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return runCommand(argv, work_.path(), timeout, engine_env_);
+  }
+
+  std::string inspect(const std::string& image, const std::string& format) {
+    const CommandResult r = podman({"image", "inspect", "--format", format, image});
+    EXPECT_EQ(r.status, 0) << describe(r);
+    std::string text = r.out;
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    return text;
+  }
+
+  TempDir work_{"tandem-images-test"};
+  // The build tree's images folder: the base and the layer cache stay in the
+  // engine's storage between runs, so a second run builds nothing anew.
+  fs::path out_ = kBinDir.parent_path() / "images-test";
+  std::vector<std::pair<std::string, std::string>> engine_env_;
+};
+
+TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
+  // ---- build ----
+  const CommandResult built =
+      runCommand({(kSourceDir / "scripts/images.sh").string(), "--out", out_.string()},
+                 work_.path(), std::chrono::minutes(45));
+  ASSERT_EQ(built.status, 0) << describe(built);
+  std::ifstream listing(out_ / "images.json");
+  ASSERT_TRUE(listing) << "images.sh wrote no images.json";
+  const json summary = json::parse(listing);
+  std::map<std::string, std::string> tags;
+  for (const json& image : summary.at("images")) {
+    EXPECT_GT(image.at("bytes").get<double>(), 0) << image.dump();
+    tags[image.at("name").get<std::string>()] = image.at("tag").get<std::string>();
+    RecordProperty(image.at("name").get<std::string>() + "_bytes",
+                   std::to_string(image.at("bytes").get<int64_t>()));
+  }
+  ASSERT_EQ(tags.size(), 2u) << summary.dump();
+  const std::string agent = tags.at("agent-cpu");
+  const std::string operator_image = tags.at("operator");
+  const std::string revision = summary.at("revision").get<std::string>();
+  EXPECT_EQ(revision.size(), 40u) << "the checkout's commit names the images: " << revision;
+
+  // ---- what the images say about themselves ----
+  for (const std::string& image : {agent, operator_image}) {
+    SCOPED_TRACE(image);
+    EXPECT_EQ(inspect(image, "{{.Config.User}}"), "65532:65532");
+    EXPECT_EQ(inspect(image, "{{index .Config.Labels \"org.opencontainers.image.revision\"}}"),
+              revision);
+    EXPECT_EQ(inspect(image, "{{index .Config.Labels \"org.opencontainers.image.version\"}}"),
+              "0.1.0");
+  }
+  EXPECT_EQ(inspect(agent, "{{json .Config.Entrypoint}}"), R"(["tandem-agent"])");
+  EXPECT_EQ(inspect(operator_image, "{{json .Config.Entrypoint}}"), R"(["tandem-operator"])");
+
+  // ---- the operator's programs start, read-only, as uid 65532 ----
+  for (const char* sub : {"controller", "router"}) {
+    const CommandResult help =
+        podman({"run", "--rm", "--read-only", operator_image, sub, "--help"});
+    EXPECT_EQ(help.status, 0) << describe(help);
+    EXPECT_NE(help.out.find("Usage"), std::string::npos) << describe(help);
+  }
+
+  // ---- the agent serves, with the host agent's tokens, and drains on SIGTERM ----
+  TempDir model_parent("tandem-images-model");
+  const fs::path model = worldReadableCopy(tinyModelDir(), model_parent.path());
+  const std::string name = "tandem-images-test-agent-" + std::to_string(::getpid());
+  podman({"rm", "--force", name});
+  tandem::Subprocess served({"podman",
+                             "run",
+                             "--rm",
+                             "--name",
+                             name,
+                             "--read-only",
+                             "--network",
+                             "host",
+                             "--volume",
+                             model.string() + ":/model:ro",
+                             agent,
+                             "serve",
+                             "--model",
+                             "/model",
+                             "--port",
+                             "0",
+                             "--host",
+                             "127.0.0.1",
+                             "--served-model-name",
+                             "tiny"},
+                            work_.path() / "agent.err", engine_env_);
+  const std::string line = served.waitForLine("listening on ", seconds(120));
+  ASSERT_FALSE(line.empty()) << "the agent in its container did not start:\n"
+                             << served.stderrText();
+  httplib::Client contained("127.0.0.1", std::stoi(line.substr(line.rfind(':') + 1)));
+  contained.set_read_timeout(60, 0);
+  Agent host;
+  for (uint32_t seed : {5u, 6u}) {
+    const json body = greedy(randomPrompt(40, seed), 12);
+    auto res = contained.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res) << "no answer from the contained agent";
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(tokenIds(json::parse(res->body)), tokenIds(host.post("/v1/completions", body)))
+        << "seed " << seed;
+  }
+  const auto stop_start = std::chrono::steady_clock::now();
+  const CommandResult stopped = podman({"stop", "--time", "30", name}, seconds(60));
+  EXPECT_EQ(stopped.status, 0) << describe(stopped);
+  EXPECT_EQ(served.wait(seconds(30)), 0) << "the agent's exit (137: killed after the grace "
+                                            "period)\n"
+                                         << served.stderrText();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_start, seconds(20));
+  EXPECT_NE(served.stderrText().find("draining"), std::string::npos) << served.stderrText();
+
+  // ---- pushed to a registry, read back, pulled and run ----
+  ASSERT_TRUE(onPath("docker-registry")) << "`make deps` installs docker-registry";
+  const int port = freePort();
+  const fs::path registry_config = work_.path() / "registry.yml";
+  std::ofstream(registry_config) << "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
+                                 << (work_.path() / "registry").string()
+                                 << "\nhttp:\n  addr: 127.0.0.1:" << port << "\n";
+  tandem::Subprocess registry({"docker-registry", "serve", registry_config.string()},
+                              work_.path() / "registry.err");
+  httplib::Client registry_client("127.0.0.1", port);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto res = registry_client.Get("/v2/");
+        return res && res->status == 200;
+      },
+      seconds(30), std::chrono::milliseconds(100)))
+      << registry.stderrText();
+  const std::string remote =
+      "127.0.0.1:" + std::to_string(port) + "/tandem/operator:" + std::string("0.1.0");
+  const CommandResult pushed =
+      podman({"push", "--tls-verify=false", operator_image, remote}, seconds(300));
+  ASSERT_EQ(pushed.status, 0) << describe(pushed);
+  const CommandResult read_back = runCommand(
+      {"skopeo", "inspect", "--tls-verify=false", "docker://" + remote}, work_.path(), seconds(60));
+  ASSERT_EQ(read_back.status, 0) << describe(read_back);
+  const json remote_info = json::parse(read_back.out);
+  EXPECT_EQ(remote_info.at("Labels").at("org.opencontainers.image.revision"), revision);
+  // Every local name of the image goes, so the pull must fetch it.
+  const std::string id = inspect(operator_image, "{{.Id}}");
+  const CommandResult removed = podman({"rmi", "--force", remote, operator_image});
+  ASSERT_EQ(removed.status, 0) << describe(removed);
+  ASSERT_NE(podman({"image", "exists", operator_image}).status, 0);
+  const CommandResult pulled = podman({"pull", "--tls-verify=false", remote}, seconds(300));
+  ASSERT_EQ(pulled.status, 0) << describe(pulled);
+  const std::string repository = remote.substr(0, remote.rfind(':'));
+  EXPECT_NE(inspect(remote, "{{range .RepoDigests}}{{println .}}{{end}}")
+                .find(repository + "@" + remote_info.at("Digest").get<std::string>()),
+            std::string::npos)
+      << "the pulled image's digest is the one the registry serves";
+  EXPECT_EQ(inspect(remote, "{{.Id}}"), id) << "the same configuration came back";
+  const CommandResult ran = podman({"run", "--rm", "--read-only", remote, "router", "--help"});
+  EXPECT_EQ(ran.status, 0) << describe(ran);
+  // The local name back (the same image), so the next build finds it.
+  EXPECT_EQ(podman({"tag", remote, operator_image}).status, 0);
+  podman({"rmi", remote});
+}
+
+}  // namespace
