@@ -27,7 +27,7 @@ K8S_TOOLS_DIR ?= $(BUILD_DIR)/third_party/k8s-tools
 
 SOURCES := $(shell git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null)
 
-.PHONY: deps build test run images format format-check asan tsan clean fuzz fuzz-build fuzz-smoke fuzz-merge
+.PHONY: deps build test run images push format format-check asan tsan clean fuzz fuzz-build fuzz-smoke fuzz-merge
 
 # Installs every Debian package the build, tests and benchmarks need.
 # Idempotent: does nothing when all packages are already installed.
@@ -66,6 +66,12 @@ run: build
 # needed (docs/images.md). IMAGES_FLAGS, e.g. --only operator.
 images: deps
 	JOBS=$(JOBS) scripts/images.sh --out $(BUILD_DIR)/images $(IMAGES_FLAGS)
+
+# The same images, then tagged REGISTRY/tandem/<name>:<tag> and pushed;
+# `helm install --set image.registry=$(REGISTRY)` runs them (docs/images.md).
+push: deps
+	@[ -n "$(REGISTRY)" ] || { echo "make push needs REGISTRY=host:port" >&2; exit 2; }
+	JOBS=$(JOBS) scripts/images.sh --out $(BUILD_DIR)/images $(IMAGES_FLAGS) --push $(REGISTRY)
 
 format:
 	clang-format -i $(SOURCES)

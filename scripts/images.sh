@@ -6,13 +6,18 @@
 # programs inside their build stage (docs/images.md).
 #
 # Usage: scripts/images.sh [--engine podman|docker] [--out DIR] [--only LIST]
+#                          [--push REGISTRY]
 #   --engine   the container engine (default: podman, else docker)
 #   --out      where the base's tarball, the engine configuration and
 #              images.json go (default: build/images)
 #   --only     comma-separated images to build: agent-cpu, operator
 #              (default: both)
+#   --push     then tag each image as REGISTRY/tandem/<name>:<tag> and push it
+#              (make push REGISTRY=host:port); TLS is not required of a
+#              registry on 127.0.0.1, ::1 or localhost
 # Environment:
-#   TANDEM_IMAGE_PREFIX  repository prefix of the tags (default: localhost/tandem)
+#   TANDEM_IMAGE_PREFIX  repository prefix of the tags (default: ghcr.io/tandem,
+#                        the chart's default repositories)
 #   TANDEM_IMAGE_TAG     version tag (default: 0.1.0)
 #   DEBIAN_MIRROR        apt archive for the base (default: the first URI of
 #                        this machine's Debian sources, else deb.debian.org)
@@ -20,19 +25,22 @@
 #                        commit's time, so a rebuild of one commit is the same)
 #   JOBS                 compile jobs inside the build stage (default: 2)
 #
-# Prints each image's tag and size, and writes them to OUT/images.json.
+# Prints each image's tag and size (and where it was pushed, with the
+# registry's digest), and writes them to OUT/images.json.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engine=""
 out="${root}/build/images"
 only="agent-cpu,operator"
+push=""
 while (($# > 0)); do
   case "$1" in
     --engine) engine="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
-    -h | --help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --push) push="$2"; shift 2 ;;
+    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "images.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +64,11 @@ for image in "${wanted[@]}"; do
   esac
 done
 
-prefix="${TANDEM_IMAGE_PREFIX:-localhost/tandem}"
+if [[ -n "${push}" && ! "${push}" =~ ^[A-Za-z0-9.-]+(:[0-9]+)?$|^\[::1\](:[0-9]+)?$ ]]; then
+  echo "images.sh: --push takes a registry host[:port], got '${push}'" >&2
+  exit 2
+fi
+prefix="${TANDEM_IMAGE_PREFIX:-ghcr.io/tandem}"
 tag="${TANDEM_IMAGE_TAG:-0.1.0}"
 jobs="${JOBS:-2}"
 revision="$(git -C "${root}" rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -141,17 +153,47 @@ for image in "${wanted[@]}"; do
   echo "   built in $((SECONDS - start)) s"
 done
 
+# Where --push puts an image: its name with the registry part (a first
+# component holding a dot or a colon, or localhost) replaced, as the chart's
+# image.registry does.
+pushed_name() {
+  local name="$1"
+  if [[ "${name%%/*}" == *[.:]* || "${name%%/*}" == localhost ]]; then name="${name#*/}"; fi
+  echo "${push}/${name}"
+}
+declare -A pushed=() digests=()
+if [[ -n "${push}" ]]; then
+  tls=()
+  [[ "${push}" =~ ^(127\.0\.0\.1|localhost|\[::1\])(:|$) ]] && tls=(--tls-verify=false)
+  for image in "${wanted[@]}"; do
+    pushed[${image}]="$(pushed_name "${names[${image}]}")"
+    echo "== push ${pushed[${image}]}"
+    "${engine}" tag "${names[${image}]}" "${pushed[${image}]}"
+    if [[ "${engine}" == podman ]]; then
+      "${engine}" push "${tls[@]}" --digestfile "${out}/digest" "${pushed[${image}]}"
+      digests[${image}]="$(cat "${out}/digest")"
+    else
+      "${engine}" push "${pushed[${image}]}"
+      digests[${image}]="$("${engine}" image inspect --format '{{index .RepoDigests 0}}' \
+        "${pushed[${image}]}" | sed 's/.*@//')"
+    fi
+    echo "   ${digests[${image}]}"
+  done
+fi
+
 echo "== sizes"
 {
   echo "{"
   echo "  \"engine\": \"${engine}\", \"base\": \"${base}\", \"revision\": \"${revision}\","
+  echo "  \"containers_conf\": \"${CONTAINERS_CONF:-}\","
   echo "  \"images\": ["
   separator=""
   for image in "${wanted[@]}"; do
     bytes="$("${engine}" image inspect --format '{{.Size}}' "${names[${image}]}")"
     printf "  %-40s %s MB\n" "${names[${image}]}" "$(awk -v b="${bytes}" "BEGIN { printf \"%.1f\", b / 1e6 }")" >&2
-    printf '%s    {"name": "%s", "tag": "%s", "bytes": %s}' "${separator}" "${image}" \
-      "${names[${image}]}" "${bytes}"
+    printf '%s    {"name": "%s", "tag": "%s", "bytes": %s, "pushed": "%s", "digest": "%s"}' \
+      "${separator}" "${image}" "${names[${image}]}" "${bytes}" "${pushed[${image}]:-}" \
+      "${digests[${image}]:-}"
     separator=$',\n'
   done
   printf '\n  ]\n}\n'

@@ -307,6 +307,35 @@ TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
   EXPECT_FALSE(without["spec"].contains("kvSecretRef"));
 }
 
+// image.registry moves every Tandem image to one registry (what `make push
+// REGISTRY=...` fills), keeping each repository's path and tag; a
+// repository without a registry part gets it prepended; a value that is not
+// host[:port] is refused by the schema.
+TEST_F(HelmChartTest, ImageRegistryReplacesTheRegistryOfEveryImage) {
+  const std::vector<json> objects =
+      render({"--set", "image.registry=127.0.0.1:5000", "--set", "examples.enabled=true"});
+  const json container = operatorContainer(objects);
+  EXPECT_EQ(container["image"], "127.0.0.1:5000/tandem/operator:0.1.0");
+  const std::vector<std::string> args = argsOf(container);
+  EXPECT_EQ(flagValue(args, "--default-agent-image"), "127.0.0.1:5000/tandem/agent:0.1.0");
+  EXPECT_EQ(flagValue(args, "--default-operator-image"), "127.0.0.1:5000/tandem/operator:0.1.0");
+  EXPECT_EQ(namedObject(objects, "PrefillPool", "prefill")["spec"]["image"],
+            "127.0.0.1:5000/tandem/agent:0.1.0");
+  EXPECT_EQ(namedObject(objects, "Router", "router")["spec"]["image"],
+            "127.0.0.1:5000/tandem/operator:0.1.0");
+
+  const std::vector<json> cpu =
+      render({"--set", "image.registry=registry.local", "--set",
+              "agentImage.repository=tandem/agent", "--set", "agentImage.tag=0.1.0-cpu"});
+  EXPECT_EQ(flagValue(argsOf(operatorContainer(cpu)), "--default-agent-image"),
+            "registry.local/tandem/agent:0.1.0-cpu");
+
+  const HelmResult bad =
+      helm({"template", "tandem", kChartDir.string(), "--set", "image.registry=a/b"});
+  EXPECT_NE(bad.exit_status, 0);
+  EXPECT_NE(bad.err.find("/image/registry"), std::string::npos) << bad.err;
+}
+
 TEST_F(HelmChartTest, NetworkPolicyAdmitsPoolsRoutersAndMonitoring) {
   const std::vector<json> objects = render();
   const std::vector<json> policies = objectsOf(objects, "NetworkPolicy");

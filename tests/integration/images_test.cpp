@@ -6,15 +6,19 @@
 // built images:
 //  - each runs as uid 65532 with the OCI labels of this commit;
 //  - the operator answers --help for its controller and router on a
-//    read-only root filesystem;
+//    read-only root filesystem, and its controller, run from the image
+//    against the Kubernetes API stand-in, reconciles the example PrefillPool
+//    into its Deployment and Service;
 //  - the agent serves the tiny test model from a read-only root filesystem
 //    as uid 65532, and its greedy tokens equal those of the agent built on
 //    the host (same sources, same Debian compiler: the same bits); SIGTERM
 //    through `podman stop` drains it and it exits 0 well within the grace
 //    period, as PID 1 of its container;
-//  - the operator image is pushed to a local registry (Debian's
-//    docker-registry), read back by skopeo with the same digest and labels,
-//    removed, pulled and run.
+//  - both are pushed as `make push REGISTRY=127.0.0.1:PORT` does to a
+//    local registry (Debian's docker-registry), under the names the chart's
+//    image.registry gives them; skopeo reads the operator's labels and the
+//    digest the push reported back; it is pulled into an empty image store
+//    with that digest, and run from there.
 // One test, because the build is one long step every check needs (about 8
 // minutes on 2 cores with nothing cached; docs/images.md).
 #include <gtest/gtest.h>
@@ -30,7 +34,9 @@
 
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
+#include "tests/support/apiserver/api_server.h"
 #include "tests/support/free_port.h"
+#include "tests/support/kubectl.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
 
@@ -40,6 +46,10 @@ namespace fs = std::filesystem;
 using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 using nlohmann::json;
 using std::chrono::seconds;
+using tandem::testing::ApiServer;
+using tandem::testing::ApiServerOptions;
+using tandem::testing::Kubectl;
+using tandem::testing::KubectlResult;
 
 const fs::path kSourceDir = TANDEM_SOURCE_DIR;
 const fs::path kBinDir = TANDEM_BIN_DIR;
@@ -91,7 +101,6 @@ class Images : public ::testing::Test {
       FAIL() << "podman is not installed: `make deps` installs it (with mmdebstrap, runc, "
                 "skopeo and docker-registry) for this test and `make images`";
     }
-    engine_env_ = {{"CONTAINERS_CONF", (out_ / "containers.conf").string()}};
   }
 
   // podman ARGS..., with the engine configuration images.sh wrote.
@@ -126,6 +135,10 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
   std::ifstream listing(out_ / "images.json");
   ASSERT_TRUE(listing) << "images.sh wrote no images.json";
   const json summary = json::parse(listing);
+  // The engine configuration the build used (the one images.sh wrote, or
+  // the caller's own CONTAINERS_CONF), for every podman call below.
+  const std::string conf = summary.value("containers_conf", "");
+  if (!conf.empty()) engine_env_ = {{"CONTAINERS_CONF", conf}};
   std::map<std::string, std::string> tags;
   for (const json& image : summary.at("images")) {
     EXPECT_GT(image.at("bytes").get<double>(), 0) << image.dump();
@@ -157,6 +170,68 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
         podman({"run", "--rm", "--read-only", operator_image, sub, "--help"});
     EXPECT_EQ(help.status, 0) << describe(help);
     EXPECT_NE(help.out.find("Usage"), std::string::npos) << describe(help);
+  }
+
+  // ---- the operator's controller, from the image, reconciles a pool ----
+  {
+    ApiServerOptions options;
+    options.tls = true;  // as a cluster's: the kubeconfig carries the CA
+    ApiServer api(options);
+    api.setDeploymentControllerAuto(true);
+    const fs::path kube = work_.path() / "kube";
+    fs::create_directories(kube);
+    ::chmod(work_.path().c_str(), 0755);
+    ::chmod(kube.c_str(), 0755);
+    const fs::path kubeconfig = api.writeKubeconfig(kube / "config", "admin", "default");
+    ::chmod(kubeconfig.c_str(), 0644);  // uid 65532 reads it
+    Kubectl admin(kubeconfig, work_.path() / "kubectl");
+    const KubectlResult crds = admin.run({"apply", "-f", (kSourceDir / "crds").string()});
+    ASSERT_EQ(crds.exit_status, 0) << crds.err;
+    for (const char* file : {"secret.yaml", "prefillpool.yaml"}) {
+      const KubectlResult applied =
+          admin.run({"apply", "-f", (kSourceDir / "examples/kubernetes" / file).string()});
+      ASSERT_EQ(applied.exit_status, 0) << file << ": " << applied.err;
+    }
+    const std::string controller_name =
+        "tandem-images-test-controller-" + std::to_string(::getpid());
+    podman({"rm", "--force", controller_name});
+    tandem::Subprocess controller({"podman",
+                                   "run",
+                                   "--rm",
+                                   "--name",
+                                   controller_name,
+                                   "--read-only",
+                                   "--network",
+                                   "host",
+                                   "--volume",
+                                   kubeconfig.string() + ":/kube/config:ro",
+                                   operator_image,
+                                   "controller",
+                                   "--kubeconfig",
+                                   "/kube/config",
+                                   "--namespace",
+                                   "default",
+                                   "--metrics-port",
+                                   "0",
+                                   "--default-agent-image",
+                                   agent},
+                                  work_.path() / "controller.err", engine_env_);
+    ASSERT_FALSE(controller.waitForLine("controller started", seconds(60)).empty())
+        << controller.stderrText();
+    ASSERT_TRUE(eventually(
+        [&] {
+          return api.get("apps/v1", "Deployment", "default", "prefill").has_value() &&
+                 api.get("v1", "Service", "default", "prefill").has_value();
+        },
+        seconds(60), std::chrono::milliseconds(100)))
+        << controller.stderrText();
+    const json deployment = *api.get("apps/v1", "Deployment", "default", "prefill");
+    EXPECT_EQ(deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+              "ghcr.io/tandem/agent:0.1.0")
+        << "the pool's own spec.image wins over the default";
+    const CommandResult stopped = podman({"stop", "--time", "30", controller_name}, seconds(60));
+    EXPECT_EQ(stopped.status, 0) << describe(stopped);
+    EXPECT_EQ(controller.wait(seconds(30)), 0) << controller.stderrText();
   }
 
   // ---- the agent serves, with the host agent's tokens, and drains on SIGTERM ----
@@ -225,34 +300,55 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
       },
       seconds(30), std::chrono::milliseconds(100)))
       << registry.stderrText();
-  const std::string remote =
-      "127.0.0.1:" + std::to_string(port) + "/tandem/operator:" + std::string("0.1.0");
+  // What `make push REGISTRY=...` runs (the images are built already: the
+  // layer cache makes it a push).
   const CommandResult pushed =
-      podman({"push", "--tls-verify=false", operator_image, remote}, seconds(300));
+      runCommand({(kSourceDir / "scripts/images.sh").string(), "--out", out_.string(), "--push",
+                  "127.0.0.1:" + std::to_string(port)},
+                 work_.path(), std::chrono::minutes(20));
   ASSERT_EQ(pushed.status, 0) << describe(pushed);
+  std::ifstream pushed_listing(out_ / "images.json");
+  const json after_push = json::parse(pushed_listing);
+  std::map<std::string, json> by_name;
+  for (const json& image : after_push.at("images")) by_name[image.at("name")] = image;
+  const std::string remote = by_name.at("operator").at("pushed");
+  // The chart's image.registry maps ghcr.io/tandem/operator to this name.
+  EXPECT_EQ(remote, "127.0.0.1:" + std::to_string(port) + "/tandem/operator:0.1.0");
+  EXPECT_EQ(by_name.at("agent-cpu").at("pushed"),
+            "127.0.0.1:" + std::to_string(port) + "/tandem/agent:0.1.0-cpu");
   const CommandResult read_back = runCommand(
       {"skopeo", "inspect", "--tls-verify=false", "docker://" + remote}, work_.path(), seconds(60));
   ASSERT_EQ(read_back.status, 0) << describe(read_back);
   const json remote_info = json::parse(read_back.out);
   EXPECT_EQ(remote_info.at("Labels").at("org.opencontainers.image.revision"), revision);
-  // Every local name of the image goes, so the pull must fetch it.
-  const std::string id = inspect(operator_image, "{{.Id}}");
-  const CommandResult removed = podman({"rmi", "--force", remote, operator_image});
-  ASSERT_EQ(removed.status, 0) << describe(removed);
-  ASSERT_NE(podman({"image", "exists", operator_image}).status, 0);
-  const CommandResult pulled = podman({"pull", "--tls-verify=false", remote}, seconds(300));
+  EXPECT_EQ(remote_info.at("Digest"), by_name.at("operator").at("digest"))
+      << "the digest the push reported is the one the registry serves";
+  // Pulled into an empty image store (its own root), so every layer comes
+  // from the registry; the main store is left as it was.
+  const fs::path store = work_.path() / "store";
+  const std::vector<std::string> empty = {"--root", (store / "root").string(), "--runroot",
+                                          (store / "run").string()};
+  auto in_empty = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), empty.begin(), empty.end());
+    return args;
+  };
+  ASSERT_EQ(podman(in_empty({"images", "--quiet"})).out, "") << "the new store is empty";
+  const CommandResult pulled =
+      podman(in_empty({"pull", "--tls-verify=false", remote}), seconds(300));
   ASSERT_EQ(pulled.status, 0) << describe(pulled);
   const std::string repository = remote.substr(0, remote.rfind(':'));
-  EXPECT_NE(inspect(remote, "{{range .RepoDigests}}{{println .}}{{end}}")
-                .find(repository + "@" + remote_info.at("Digest").get<std::string>()),
+  const CommandResult digests = podman(in_empty(
+      {"image", "inspect", "--format", "{{range .RepoDigests}}{{println .}}{{end}}", remote}));
+  EXPECT_NE(digests.out.find(repository + "@" + remote_info.at("Digest").get<std::string>()),
             std::string::npos)
-      << "the pulled image's digest is the one the registry serves";
-  EXPECT_EQ(inspect(remote, "{{.Id}}"), id) << "the same configuration came back";
-  const CommandResult ran = podman({"run", "--rm", "--read-only", remote, "router", "--help"});
+      << "the pulled image's digest is the one the registry serves\n"
+      << describe(digests);
+  const CommandResult ran =
+      podman(in_empty({"run", "--rm", "--read-only", remote, "router", "--help"}));
   EXPECT_EQ(ran.status, 0) << describe(ran);
-  // The local name back (the same image), so the next build finds it.
-  EXPECT_EQ(podman({"tag", remote, operator_image}).status, 0);
-  podman({"rmi", remote});
+  podman(in_empty({"rmi", "--all", "--force"}));
+  // The pushed names go from the main store (the images keep their own).
+  podman({"rmi", remote, by_name.at("agent-cpu").at("pushed").get<std::string>()});
 }
 
 }  // namespace

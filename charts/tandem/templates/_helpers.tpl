@@ -55,7 +55,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* "repository:tag", the tag defaulting to the chart's appVersion. */}}
 {{- define "tandem.image" -}}
-{{- printf "%s:%s" .repository (default .appVersion .tag) }}
+{{- $repository := .repository }}
+{{- if .registry }}
+{{- /* A first component with a dot or a colon, or localhost, is a registry (as the OCI distribution reference grammar reads it). */}}
+{{- $repository = printf "%s/%s" .registry (regexReplaceAll "^(localhost|[^/]*[.:][^/]*)/" .repository "") }}
+{{- end }}
+{{- printf "%s:%s" $repository (default .appVersion .tag) }}
 {{- end }}
 
 {{/* Whether to render the ServiceMonitor: true, false, or "auto" (when the CRD is served). */}}
