@@ -10,8 +10,11 @@
 #   --engine   the container engine (default: podman, else docker)
 #   --out      where the base's tarball, the engine configuration and
 #              images.json go (default: build/images)
-#   --only     comma-separated images to build: agent-cpu, operator
-#              (default: both)
+#   --only     comma-separated images to build: agent-cpu, operator,
+#              agent-gpu-local (default: agent-cpu,operator; all: the three).
+#              agent-gpu-local compiles the agent with CUDA against the
+#              toolkit at CUDA_HOME (default /usr/local/cuda), which podman
+#              mounts read-only into the build stage (docker cannot)
 #   --push     then tag each image as REGISTRY/tandem/<name>:<tag> and push it
 #              (make push REGISTRY=host:port); TLS is not required of a
 #              registry on 127.0.0.1, ::1 or localhost
@@ -57,10 +60,25 @@ case "${engine}" in
   *) echo "images.sh: --engine must be podman or docker, got '${engine}'" >&2; exit 2 ;;
 esac
 IFS=, read -r -a wanted <<<"${only}"
+[[ "${only}" == all ]] && wanted=(agent-cpu operator agent-gpu-local)
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 for image in "${wanted[@]}"; do
   case "${image}" in
     agent-cpu | operator) ;;
-    *) echo "images.sh: --only takes agent-cpu and operator, got '${image}'" >&2; exit 2 ;;
+    agent-gpu-local)
+      if [[ "${engine}" != podman ]]; then
+        echo "images.sh: agent-gpu-local mounts a CUDA toolkit into its build: podman only" >&2
+        exit 2
+      fi
+      if [[ ! -x "${cuda_home}/bin/nvcc" ]]; then
+        echo "images.sh: agent-gpu-local needs a CUDA toolkit: no ${cuda_home}/bin/nvcc (CUDA_HOME)" >&2
+        exit 2
+      fi
+      ;;
+    *)
+      echo "images.sh: --only takes agent-cpu, operator, agent-gpu-local or all, got '${image}'" >&2
+      exit 2
+      ;;
   esac
 done
 
@@ -102,16 +120,16 @@ if [[ -z "${mirror}" ]]; then
 fi
 security="${mirror%/debian}/debian-security"
 # Docs, manuals and translations are left out of every package (a container
-# has no use for them); the recipe's hash names the base, so a changed recipe
-# makes a new one and an unchanged one is reused.
-# As Debian's own container images do, apt keeps no package cache in an
-# image layer (docker-clean) and installs no recommended packages.
+# has no use for them). As Debian's own container images do, apt keeps no
+# package cache in an image layer (docker-clean) and installs no recommended
+# packages. mmdebstrap's minbase brings usrmerge (its work is done once /usr
+# is merged) and with it perl (47 MB), and leaves apt's caches: all go. The
+# recipe's hash names the base, so a changed recipe makes a new one and an
+# unchanged one is reused; the name is local (localhost/), never pushed.
 recipe="bookworm minbase ${mirror} ${security} epoch=${SOURCE_DATE_EPOCH} exclude=doc,man,info,locale"
-# mmdebstrap's minbase brings usrmerge (its work is done once /usr is
-# merged) and with it perl (47 MB), and leaves apt's caches: all go.
 recipe+=" no-recommends docker-clean usr-is-merged no-usrmerge-perl no-apt-cache"
 recipe_hash="$(printf '%s' "${recipe}" | sha256sum | cut -c1-12)"
-base="${prefix}/debian:12-${recipe_hash}"
+base="localhost/tandem/debian:12-${recipe_hash}"
 if "${engine}" image inspect "${base}" >/dev/null 2>&1; then
   echo "== base ${base}: present"
 else
@@ -141,15 +159,18 @@ EOF
 fi
 
 # ---- the images --------------------------------------------------------------------------
-declare -A names=([agent-cpu]="${prefix}/agent:${tag}-cpu" [operator]="${prefix}/operator:${tag}")
+declare -A names=([agent-cpu]="${prefix}/agent:${tag}-cpu" [operator]="${prefix}/operator:${tag}"
+  [agent-gpu-local]="${prefix}/agent:${tag}-gpu-local")
 build_args=(--build-arg "DEBIAN_IMAGE=${base}" --build-arg "BUILD_JOBS=${jobs}"
   --build-arg "VERSION=${tag}" --build-arg "REVISION=${revision}")
 for image in "${wanted[@]}"; do
   echo "== ${names[${image}]} (docker/${image}.Dockerfile)"
   start=${SECONDS}
   # The build stage's apt-get reaches the archive through the host's network.
-  "${engine}" build --network host -f "${root}/docker/${image}.Dockerfile" "${build_args[@]}" \
-    -t "${names[${image}]}" "${root}"
+  extra=()
+  [[ "${image}" == agent-gpu-local ]] && extra=(--volume "${cuda_home}:/usr/local/cuda:ro")
+  "${engine}" build --network host "${extra[@]}" -f "${root}/docker/${image}.Dockerfile" \
+    "${build_args[@]}" -t "${names[${image}]}" "${root}"
   echo "   built in $((SECONDS - start)) s"
 done
 

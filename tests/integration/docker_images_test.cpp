@@ -155,20 +155,24 @@ class DockerImagesTest : public ::testing::Test {
   static void SetUpTestSuite() {
     cpu_agent_ = new Image(loadImage("agent-cpu.Dockerfile", agentCommand(), false));
     gpu_agent_ = new Image(loadImage("agent.Dockerfile", agentCommand(), true));
+    gpu_local_agent_ = new Image(loadImage("agent-gpu-local.Dockerfile", agentCommand(), false));
     operator_ = new Image(loadImage("operator.Dockerfile", routerCommand(), false));
   }
   static void TearDownTestSuite() {
     delete cpu_agent_;
     delete gpu_agent_;
+    delete gpu_local_agent_;
     delete operator_;
   }
   static Image* cpu_agent_;
   static Image* gpu_agent_;
+  static Image* gpu_local_agent_;
   static Image* operator_;
 };
 
 Image* DockerImagesTest::cpu_agent_ = nullptr;
 Image* DockerImagesTest::gpu_agent_ = nullptr;
+Image* DockerImagesTest::gpu_local_agent_ = nullptr;
 Image* DockerImagesTest::operator_ = nullptr;
 
 TEST_F(DockerImagesTest, PodsRunTheProgramsTheImagesHold) {
@@ -190,6 +194,18 @@ TEST_F(DockerImagesTest, OperatorImagePasses) {
   const std::vector<std::string> problems = check(*operator_, operator_->text);
   EXPECT_TRUE(problems.empty()) << lines(problems);
   EXPECT_EQ(operator_->expected.library_packages.count("libucp.so.0"), 0u);
+}
+
+// The GPU agent built here: the CPU image's final stage (the CUDA runtime is
+// linked statically; libcuda comes from the node's driver at run time), a
+// build stage configured with CUDA against a mounted toolkit.
+TEST_F(DockerImagesTest, LocalGpuAgentImagePasses) {
+  const std::vector<std::string> problems = check(*gpu_local_agent_, gpu_local_agent_->text);
+  EXPECT_TRUE(problems.empty()) << lines(problems);
+  EXPECT_EQ(gpu_local_agent_->expected.library_packages.count("libcudart.so.13"), 0u);
+  EXPECT_NE(gpu_local_agent_->text.find("-DTANDEM_CUDA=ON"), std::string::npos);
+  EXPECT_EQ(gpu_local_agent_->file.stages.back().base_image,
+            cpu_agent_->file.stages.back().base_image);
 }
 
 TEST_F(DockerImagesTest, GpuAgentImagePasses) {

@@ -9,11 +9,13 @@
 //    read-only root filesystem, and its controller, run from the image
 //    against the Kubernetes API stand-in, reconciles the example PrefillPool
 //    into its Deployment and Service;
-//  - the agent serves the tiny test model from a read-only root filesystem
-//    as uid 65532, and its greedy tokens equal those of the agent built on
-//    the host (same sources, same Debian compiler: the same bits); SIGTERM
-//    through `podman stop` drains it and it exits 0 well within the grace
-//    period, as PID 1 of its container;
+//  - the CPU agent, and where a CUDA toolkit is the GPU agent built here
+//    (docker/agent-gpu-local.Dockerfile, with --device cpu), serve the tiny
+//    test model from a read-only root filesystem as uid 65532, and their
+//    greedy tokens equal those of the agent built on the host (same
+//    sources, same Debian compiler: the same bits); SIGTERM through `podman
+//    stop` drains each and it exits 0 well within the grace period, as PID 1
+//    of its container;
 //  - both are pushed as `make push REGISTRY=127.0.0.1:PORT` does to a
 //    local registry (Debian's docker-registry), under the names the chart's
 //    image.registry gives them; skopeo reads the operator's labels and the
@@ -111,6 +113,18 @@ class Images : public ::testing::Test {
     return runCommand(argv, work_.path(), timeout, engine_env_);
   }
 
+  // podman run of `image` named `name` (removed on exit), read-only, on
+  // the host's network, with one read-only `volume` (HOST:CONTAINER:ro):
+  // the argv for a Subprocess that keeps it in the foreground.
+  static std::vector<std::string> containerArgv(const std::string& name, const std::string& volume,
+                                                const std::string& image,
+                                                const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"podman",    "run",  "--rm",     "--name", name, "--read-only",
+                                     "--network", "host", "--volume", volume,   image};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
   std::string inspect(const std::string& image, const std::string& format) {
     const CommandResult r = podman({"image", "inspect", "--format", format, image});
     EXPECT_EQ(r.status, 0) << describe(r);
@@ -128,9 +142,14 @@ class Images : public ::testing::Test {
 
 TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
   // ---- build ----
-  const CommandResult built =
-      runCommand({(kSourceDir / "scripts/images.sh").string(), "--out", out_.string()},
-                 work_.path(), std::chrono::minutes(45));
+  // The GPU agent image built here too where a CUDA toolkit is (it is not a
+  // Debian package, so `make deps` does not install one).
+  const bool cuda_toolkit = fs::exists("/usr/local/cuda/bin/nvcc");
+  if (!cuda_toolkit) RecordProperty("agent_gpu_local", "not built: no /usr/local/cuda/bin/nvcc");
+  std::vector<std::string> build = {(kSourceDir / "scripts/images.sh").string(), "--out",
+                                    out_.string()};
+  if (cuda_toolkit) build.insert(build.end(), {"--only", "all"});
+  const CommandResult built = runCommand(build, work_.path(), std::chrono::minutes(45));
   ASSERT_EQ(built.status, 0) << describe(built);
   std::ifstream listing(out_ / "images.json");
   ASSERT_TRUE(listing) << "images.sh wrote no images.json";
@@ -146,14 +165,14 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
     RecordProperty(image.at("name").get<std::string>() + "_bytes",
                    std::to_string(image.at("bytes").get<int64_t>()));
   }
-  ASSERT_EQ(tags.size(), 2u) << summary.dump();
+  ASSERT_EQ(tags.size(), cuda_toolkit ? 3u : 2u) << summary.dump();
   const std::string agent = tags.at("agent-cpu");
   const std::string operator_image = tags.at("operator");
   const std::string revision = summary.at("revision").get<std::string>();
   EXPECT_EQ(revision.size(), 40u) << "the checkout's commit names the images: " << revision;
 
   // ---- what the images say about themselves ----
-  for (const std::string& image : {agent, operator_image}) {
+  for (const auto& [key, image] : tags) {
     SCOPED_TRACE(image);
     EXPECT_EQ(inspect(image, "{{.Config.User}}"), "65532:65532");
     EXPECT_EQ(inspect(image, "{{index .Config.Labels \"org.opencontainers.image.revision\"}}"),
@@ -195,27 +214,11 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
     const std::string controller_name =
         "tandem-images-test-controller-" + std::to_string(::getpid());
     podman({"rm", "--force", controller_name});
-    tandem::Subprocess controller({"podman",
-                                   "run",
-                                   "--rm",
-                                   "--name",
-                                   controller_name,
-                                   "--read-only",
-                                   "--network",
-                                   "host",
-                                   "--volume",
-                                   kubeconfig.string() + ":/kube/config:ro",
-                                   operator_image,
-                                   "controller",
-                                   "--kubeconfig",
-                                   "/kube/config",
-                                   "--namespace",
-                                   "default",
-                                   "--metrics-port",
-                                   "0",
-                                   "--default-agent-image",
-                                   agent},
-                                  work_.path() / "controller.err", engine_env_);
+    tandem::Subprocess controller(
+        containerArgv(controller_name, kubeconfig.string() + ":/kube/config:ro", operator_image,
+                      {"controller", "--kubeconfig", "/kube/config", "--namespace", "default",
+                       "--metrics-port", "0", "--default-agent-image", agent}),
+        work_.path() / "controller.err", engine_env_);
     ASSERT_FALSE(controller.waitForLine("controller started", seconds(60)).empty())
         << controller.stderrText();
     ASSERT_TRUE(eventually(
@@ -234,54 +237,48 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
     EXPECT_EQ(controller.wait(seconds(30)), 0) << controller.stderrText();
   }
 
-  // ---- the agent serves, with the host agent's tokens, and drains on SIGTERM ----
+  // ---- each agent image serves, with the host agent's tokens, and drains on SIGTERM ----
   TempDir model_parent("tandem-images-model");
   const fs::path model = worldReadableCopy(tinyModelDir(), model_parent.path());
-  const std::string name = "tandem-images-test-agent-" + std::to_string(::getpid());
-  podman({"rm", "--force", name});
-  tandem::Subprocess served({"podman",
-                             "run",
-                             "--rm",
-                             "--name",
-                             name,
-                             "--read-only",
-                             "--network",
-                             "host",
-                             "--volume",
-                             model.string() + ":/model:ro",
-                             agent,
-                             "serve",
-                             "--model",
-                             "/model",
-                             "--port",
-                             "0",
-                             "--host",
-                             "127.0.0.1",
-                             "--served-model-name",
-                             "tiny"},
-                            work_.path() / "agent.err", engine_env_);
-  const std::string line = served.waitForLine("listening on ", seconds(120));
-  ASSERT_FALSE(line.empty()) << "the agent in its container did not start:\n"
-                             << served.stderrText();
-  httplib::Client contained("127.0.0.1", std::stoi(line.substr(line.rfind(':') + 1)));
-  contained.set_read_timeout(60, 0);
   Agent host;
-  for (uint32_t seed : {5u, 6u}) {
-    const json body = greedy(randomPrompt(40, seed), 12);
-    auto res = contained.Post("/v1/completions", body.dump(), "application/json");
-    ASSERT_TRUE(res) << "no answer from the contained agent";
-    ASSERT_EQ(res->status, 200) << res->body;
-    EXPECT_EQ(tokenIds(json::parse(res->body)), tokenIds(host.post("/v1/completions", body)))
-        << "seed " << seed;
+  std::vector<std::string> agent_images = {agent};
+  if (tags.count("agent-gpu-local") != 0) agent_images.push_back(tags.at("agent-gpu-local"));
+  for (const std::string& image : agent_images) {
+    SCOPED_TRACE(image);
+    const std::string name = "tandem-images-test-agent-" + std::to_string(::getpid());
+    podman({"rm", "--force", name});
+    // --device cpu: the GPU image's agent, compiled with CUDA, serves on the
+    // CPU where there is no GPU (and the CPU image's takes the flag too).
+    tandem::Subprocess served(
+        containerArgv(name, model.string() + ":/model:ro", image,
+                      {"serve", "--model", "/model", "--device", "cpu", "--port", "0", "--host",
+                       "127.0.0.1", "--served-model-name", "tiny"}),
+        work_.path() / "agent.err", engine_env_);
+    const std::string line = served.waitForLine("listening on ", seconds(120));
+    ASSERT_FALSE(line.empty()) << "the agent in its container did not start:\n"
+                               << served.stderrText();
+    httplib::Client contained("127.0.0.1", std::stoi(line.substr(line.rfind(':') + 1)));
+    contained.set_read_timeout(60, 0);
+    auto health = contained.Get("/health");
+    ASSERT_TRUE(health) << "no answer from /health";
+    EXPECT_EQ(health->status, 200) << health->body;
+    for (uint32_t seed : {5u, 6u}) {
+      const json body = greedy(randomPrompt(40, seed), 12);
+      auto res = contained.Post("/v1/completions", body.dump(), "application/json");
+      ASSERT_TRUE(res) << "no answer from the contained agent";
+      ASSERT_EQ(res->status, 200) << res->body;
+      EXPECT_EQ(tokenIds(json::parse(res->body)), tokenIds(host.post("/v1/completions", body)))
+          << "seed " << seed;
+    }
+    const auto stop_start = std::chrono::steady_clock::now();
+    const CommandResult stopped = podman({"stop", "--time", "30", name}, seconds(60));
+    EXPECT_EQ(stopped.status, 0) << describe(stopped);
+    EXPECT_EQ(served.wait(seconds(30)), 0) << "the agent's exit (137: killed after the grace "
+                                              "period)\n"
+                                           << served.stderrText();
+    EXPECT_LT(std::chrono::steady_clock::now() - stop_start, seconds(20));
+    EXPECT_NE(served.stderrText().find("draining"), std::string::npos) << served.stderrText();
   }
-  const auto stop_start = std::chrono::steady_clock::now();
-  const CommandResult stopped = podman({"stop", "--time", "30", name}, seconds(60));
-  EXPECT_EQ(stopped.status, 0) << describe(stopped);
-  EXPECT_EQ(served.wait(seconds(30)), 0) << "the agent's exit (137: killed after the grace "
-                                            "period)\n"
-                                         << served.stderrText();
-  EXPECT_LT(std::chrono::steady_clock::now() - stop_start, seconds(20));
-  EXPECT_NE(served.stderrText().find("draining"), std::string::npos) << served.stderrText();
 
   // ---- pushed to a registry, read back, pulled and run ----
   ASSERT_TRUE(onPath("docker-registry")) << "`make deps` installs docker-registry";

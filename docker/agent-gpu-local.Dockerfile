@@ -1,0 +1,79 @@
+# tandem-agent for GPU nodes, built with nothing from a registry (`make
+# images`, docs/images.md): the local Debian 12 base, the agent compiled
+# with CUDA against a toolkit the build mounts read-only at /usr/local/cuda,
+# the CUDA runtime linked statically (so the node's driver, which the NVIDIA
+# container toolkit mounts, is all it needs), and Debian's UCX: no CUDA
+# transports, so KV moves through the agents' host staging buffer
+# (kv_buffer staging). docker/agent.Dockerfile is the recipe with NVIDIA's
+# CUDA images and UCX built with CUDA (GPUDirect RDMA, CUDA IPC/NVLink).
+#
+#   podman build --volume /usr/local/cuda:/usr/local/cuda:ro \
+#     -f docker/agent-gpu-local.Dockerfile -t ghcr.io/tandem/agent:0.1.0-gpu-local .
+#
+# The final stage is the CPU image's: the binary loads the same libraries
+# (libcuda is opened at run time, from the driver).
+
+ARG DEBIAN_IMAGE=debian:12.11-slim
+
+FROM ${DEBIAN_IMAGE} AS build
+ARG BUILD_JOBS=
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+         build-essential cmake pkg-config \
+         libucx-dev libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev libboost-dev \
+         nlohmann-json3-dev libgtest-dev libpcre2-dev libxxhash-dev libcli11-dev \
+         libssl-dev libutf8proc-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Only what CMake reads: the root CMakeLists.txt configures every folder
+# below (tests included, though no test target is built).
+COPY CMakeLists.txt ./
+COPY common common
+COPY kernels kernels
+COPY agent agent
+COPY operator operator
+COPY tools tools
+COPY tests tests
+COPY profiles profiles
+# CUDA_ARCHITECTURES: the GPU generations the kernels are compiled for
+# (sm_80 A100, sm_90 H100/H200).
+ARG CUDA_ARCHITECTURES=80;90
+RUN test -x /usr/local/cuda/bin/nvcc \
+      || { echo "no CUDA toolkit at /usr/local/cuda: build with" \
+                "--volume /usr/local/cuda:/usr/local/cuda:ro" >&2; exit 1; } \
+    && cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
+         -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+         -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
+    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" --target tandem-agent tandem-model \
+    && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model
+
+FROM ${DEBIAN_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/tandem/tandem
+ARG LICENSES=NOASSERTION
+LABEL org.opencontainers.image.title="tandem-agent (GPU, Debian)" \
+      org.opencontainers.image.description="Tandem serving agent (prefill/decode) for GPU nodes, CUDA runtime static, with Debian's UCX" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="${LICENSES}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+# One package per library the binaries and UCX's transport modules load
+# (libuct opens /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so at run time).
+# libc6, libstdc++6, libgcc-s1 and zlib1g are part of every Debian image.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+         libucx0 libnuma1 libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 \
+         libnl-route-3-200 libcpp-httplib0.11 libbrotli1 libssl3 libprometheus-cpp-core1.0 \
+         libyaml-cpp0.7 libpcre2-8-0 libutf8proc2 libxxhash0 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 65532 tandem \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+         --shell /usr/sbin/nologin tandem
+COPY --from=build /src/build/bin/tandem-agent /src/build/bin/tandem-model /usr/local/bin/
+# What the NVIDIA container toolkit mounts into the container.
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 65532:65532
+# The controller starts agent pods with command ["tandem-agent"] and the
+# serve arguments (operator/controller/desired_objects.cpp).
+ENTRYPOINT ["tandem-agent"]
