@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "common/subprocess.h"
 #include "tests/support/apiserver/yaml_json.h"
+#include "tests/support/command.h"
 #include "tests/support/helm.h"
 
 namespace tandem {
@@ -31,11 +31,7 @@ const fs::path kSourceDir = TANDEM_SOURCE_DIR;
 const fs::path kChartDir = kSourceDir / "charts/tandem";
 constexpr char kNamespace[] = "llm";
 
-struct HelmResult {
-  int exit_status = -1;
-  std::string out;
-  std::string err;
-};
+using HelmResult = testing::CommandResult;
 
 class HelmChartTest : public ::testing::Test {
  protected:
@@ -53,16 +49,12 @@ class HelmChartTest : public ::testing::Test {
     std::vector<std::string> argv = {testing::helmPath()};
     argv.insert(argv.end(), args.begin(), args.end());
     const std::string home = work_dir_.string();
-    Subprocess process(argv, work_dir_ / ("helm-" + std::to_string(++calls_) + ".err"),
-                       {{"HOME", home},
-                        {"HELM_CACHE_HOME", home + "/cache"},
-                        {"HELM_CONFIG_HOME", home + "/config"},
-                        {"HELM_DATA_HOME", home + "/data"}});
-    HelmResult result;
-    result.out = process.readStdout(std::chrono::seconds(60));
-    result.exit_status = process.wait(std::chrono::seconds(5));
-    result.err = process.stderrText();
-    return result;
+    return testing::runToEnd(argv, work_dir_ / ("helm-" + std::to_string(++calls_) + ".err"),
+                             std::chrono::seconds(60),
+                             {{"HOME", home},
+                              {"HELM_CACHE_HOME", home + "/cache"},
+                              {"HELM_CONFIG_HOME", home + "/config"},
+                              {"HELM_DATA_HOME", home + "/data"}});
   }
 
   // `helm template` of the chart with `extra` arguments; fails the test when

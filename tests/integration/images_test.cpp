@@ -37,6 +37,7 @@
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
 #include "tests/support/apiserver/api_server.h"
+#include "tests/support/command.h"
 #include "tests/support/free_port.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_files.h"
@@ -56,27 +57,16 @@ using tandem::testing::KubectlResult;
 const fs::path kSourceDir = TANDEM_SOURCE_DIR;
 const fs::path kBinDir = TANDEM_BIN_DIR;
 
-struct CommandResult {
-  int status = -1;  // -1: still running at the deadline (then killed)
-  std::string out;
-  std::string err;
-};
-
-// Runs argv to its end (or the deadline); stdout and stderr kept.
+// Runs argv to its end (or the deadline) with `env`; stderr kept in `work`.
 CommandResult runCommand(const std::vector<std::string>& argv, const fs::path& work,
                          std::chrono::milliseconds timeout,
                          const std::vector<std::pair<std::string, std::string>>& env = {}) {
   static int calls = 0;
-  tandem::Subprocess process(argv, work / ("command-" + std::to_string(++calls) + ".err"), env);
-  CommandResult result;
-  result.out = process.readStdout(timeout);
-  result.status = process.wait(seconds(5));
-  result.err = process.stderrText();
-  return result;
+  return runToEnd(argv, work / ("command-" + std::to_string(++calls) + ".err"), timeout, env);
 }
 
 std::string describe(const CommandResult& r) {
-  return "exit " + std::to_string(r.status) + "\nstdout:\n" + r.out.substr(0, 4000) +
+  return "exit " + std::to_string(r.exit_status) + "\nstdout:\n" + r.out.substr(0, 4000) +
          "\nstderr (last 4000 bytes):\n" +
          (r.err.size() > 4000 ? r.err.substr(r.err.size() - 4000) : r.err);
 }
@@ -127,7 +117,7 @@ class Images : public ::testing::Test {
 
   std::string inspect(const std::string& image, const std::string& format) {
     const CommandResult r = podman({"image", "inspect", "--format", format, image});
-    EXPECT_EQ(r.status, 0) << describe(r);
+    EXPECT_EQ(r.exit_status, 0) << describe(r);
     std::string text = r.out;
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
     return text;
@@ -150,7 +140,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
                                     out_.string()};
   if (cuda_toolkit) build.insert(build.end(), {"--only", "all"});
   const CommandResult built = runCommand(build, work_.path(), std::chrono::minutes(45));
-  ASSERT_EQ(built.status, 0) << describe(built);
+  ASSERT_EQ(built.exit_status, 0) << describe(built);
   std::ifstream listing(out_ / "images.json");
   ASSERT_TRUE(listing) << "images.sh wrote no images.json";
   const json summary = json::parse(listing);
@@ -187,7 +177,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
   for (const char* sub : {"controller", "router"}) {
     const CommandResult help =
         podman({"run", "--rm", "--read-only", operator_image, sub, "--help"});
-    EXPECT_EQ(help.status, 0) << describe(help);
+    EXPECT_EQ(help.exit_status, 0) << describe(help);
     EXPECT_NE(help.out.find("Usage"), std::string::npos) << describe(help);
   }
 
@@ -233,7 +223,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
               "ghcr.io/tandem/agent:0.1.0")
         << "the pool's own spec.image wins over the default";
     const CommandResult stopped = podman({"stop", "--time", "30", controller_name}, seconds(60));
-    EXPECT_EQ(stopped.status, 0) << describe(stopped);
+    EXPECT_EQ(stopped.exit_status, 0) << describe(stopped);
     EXPECT_EQ(controller.wait(seconds(30)), 0) << controller.stderrText();
   }
 
@@ -272,7 +262,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
     }
     const auto stop_start = std::chrono::steady_clock::now();
     const CommandResult stopped = podman({"stop", "--time", "30", name}, seconds(60));
-    EXPECT_EQ(stopped.status, 0) << describe(stopped);
+    EXPECT_EQ(stopped.exit_status, 0) << describe(stopped);
     EXPECT_EQ(served.wait(seconds(30)), 0) << "the agent's exit (137: killed after the grace "
                                               "period)\n"
                                            << served.stderrText();
@@ -303,7 +293,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
       runCommand({(kSourceDir / "scripts/images.sh").string(), "--out", out_.string(), "--push",
                   "127.0.0.1:" + std::to_string(port)},
                  work_.path(), std::chrono::minutes(20));
-  ASSERT_EQ(pushed.status, 0) << describe(pushed);
+  ASSERT_EQ(pushed.exit_status, 0) << describe(pushed);
   std::ifstream pushed_listing(out_ / "images.json");
   const json after_push = json::parse(pushed_listing);
   std::map<std::string, json> by_name;
@@ -315,7 +305,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
             "127.0.0.1:" + std::to_string(port) + "/tandem/agent:0.1.0-cpu");
   const CommandResult read_back = runCommand(
       {"skopeo", "inspect", "--tls-verify=false", "docker://" + remote}, work_.path(), seconds(60));
-  ASSERT_EQ(read_back.status, 0) << describe(read_back);
+  ASSERT_EQ(read_back.exit_status, 0) << describe(read_back);
   const json remote_info = json::parse(read_back.out);
   EXPECT_EQ(remote_info.at("Labels").at("org.opencontainers.image.revision"), revision);
   EXPECT_EQ(remote_info.at("Digest"), by_name.at("operator").at("digest"))
@@ -332,7 +322,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
   ASSERT_EQ(podman(in_empty({"images", "--quiet"})).out, "") << "the new store is empty";
   const CommandResult pulled =
       podman(in_empty({"pull", "--tls-verify=false", remote}), seconds(300));
-  ASSERT_EQ(pulled.status, 0) << describe(pulled);
+  ASSERT_EQ(pulled.exit_status, 0) << describe(pulled);
   const std::string repository = remote.substr(0, remote.rfind(':'));
   const CommandResult digests = podman(in_empty(
       {"image", "inspect", "--format", "{{range .RepoDigests}}{{println .}}{{end}}", remote}));
@@ -342,7 +332,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
       << describe(digests);
   const CommandResult ran =
       podman(in_empty({"run", "--rm", "--read-only", remote, "router", "--help"}));
-  EXPECT_EQ(ran.status, 0) << describe(ran);
+  EXPECT_EQ(ran.exit_status, 0) << describe(ran);
   podman(in_empty({"rmi", "--all", "--force"}));
   // The pushed names go from the main store (the images keep their own).
   podman({"rmi", remote, by_name.at("agent-cpu").at("pushed").get<std::string>()});

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/subprocess.h"
+#include "tests/support/command.h"
 #include "tests/support/k8s_tools.h"
 
 namespace tandem::testing {
@@ -18,11 +18,7 @@ namespace tandem::testing {
 // The kubectl binary the tests use.
 inline std::string kubectlPath() { return k8sToolPath("kubectl", "TANDEM_KUBECTL"); }
 
-struct KubectlResult {
-  int exit_status = -1;  // -1: still running at the deadline (then killed)
-  std::string out;
-  std::string err;
-};
+using KubectlResult = CommandResult;
 
 class Kubectl {
  public:
@@ -38,13 +34,8 @@ class Kubectl {
     std::vector<std::string> argv = {kubectlPath(), "--kubeconfig", kubeconfig_.string(),
                                      "--cache-dir", (work_dir_ / "kubectl-cache").string()};
     argv.insert(argv.end(), args.begin(), args.end());
-    const auto err_path = work_dir_ / ("kubectl-" + std::to_string(++calls_) + ".err");
-    Subprocess process(argv, err_path, {{"HOME", work_dir_.string()}});
-    KubectlResult result;
-    result.out = process.readStdout(timeout);
-    result.exit_status = process.wait(std::chrono::seconds(5));
-    result.err = process.stderrText();
-    return result;
+    return runToEnd(argv, work_dir_ / ("kubectl-" + std::to_string(++calls_) + ".err"), timeout,
+                    {{"HOME", work_dir_.string()}});
   }
 
  private:

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/subprocess.h"
 #include "tests/support/apiserver/yaml_json.h"
+#include "tests/support/command.h"
 #include "tests/support/helm.h"
 #include "tests/support/kubectl.h"
 
@@ -36,16 +36,16 @@ inline RenderedChart helmTemplate(const std::filesystem::path& work_dir, const s
                                    chart.string(), "--namespace", ns};
   argv.insert(argv.end(), extra.begin(), extra.end());
   const std::string home = work_dir.string();
-  Subprocess process(argv, work_dir / "helm-template.err",
-                     {{"HOME", home},
-                      {"HELM_CACHE_HOME", home + "/cache"},
-                      {"HELM_CONFIG_HOME", home + "/config"},
-                      {"HELM_DATA_HOME", home + "/data"}});
+  const CommandResult helm =
+      runToEnd(argv, work_dir / "helm-template.err", std::chrono::seconds(60),
+               {{"HOME", home},
+                {"HELM_CACHE_HOME", home + "/cache"},
+                {"HELM_CONFIG_HOME", home + "/config"},
+                {"HELM_DATA_HOME", home + "/data"}});
   RenderedChart rendered;
-  const std::string out = process.readStdout(std::chrono::seconds(60));
-  rendered.exit_status = process.wait(std::chrono::seconds(5));
-  rendered.err = process.stderrText();
-  if (rendered.exit_status == 0) rendered.objects = yamlDocumentsToJson(out);
+  rendered.exit_status = helm.exit_status;
+  rendered.err = helm.err;
+  if (rendered.exit_status == 0) rendered.objects = yamlDocumentsToJson(helm.out);
   return rendered;
 }
 
