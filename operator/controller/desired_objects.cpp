@@ -180,6 +180,8 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
       {"livenessProbe", httpProbe("/health", 10, 3)},
       // Loading a model takes a while: up to ten minutes before liveness counts.
       {"startupProbe", httpProbe("/health", 10, 60)},
+      // A crash's cause (the log's end) reaches the pool's Degraded condition.
+      {"terminationMessagePolicy", "FallbackToLogsOnError"},
       {"volumeMounts", json::array({{{"name", "dshm"}, {"mountPath", "/dev/shm"}}})}};
   if (!pool.resources.empty()) container["resources"] = pool.resources;
 
@@ -225,7 +227,8 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
       // /health is 200 only with a model and a healthy decode agent: a
       // readiness matter. /metrics answers whenever the server runs.
       {"readinessProbe", httpProbe("/health", 5, 3)},
-      {"livenessProbe", httpProbe("/metrics", 10, 3)}};
+      {"livenessProbe", httpProbe("/metrics", 10, 3)},
+      {"terminationMessagePolicy", "FallbackToLogsOnError"}};
   if (!router.resources.empty()) container["resources"] = router.resources;
   if (router.kv_secret_ref) {
     // The agents' KV secret, which the router signs its pull-back holds with.

@@ -17,6 +17,16 @@ std::string podName(const json& pod) {
   return pod.contains("metadata") ? pod["metadata"].value("name", "?") : "?";
 }
 
+// The last non-empty line of `text`, at most 300 bytes (its end).
+std::string lastLine(const std::string& text) {
+  size_t end = text.find_last_not_of(" \n\r\t");
+  if (end == std::string::npos) return "";
+  const size_t start = text.rfind('\n', end);
+  std::string line = text.substr(start == std::string::npos ? 0 : start + 1,
+                                 end + 1 - (start == std::string::npos ? 0 : start + 1));
+  return line.size() > 300 ? line.substr(line.size() - 300) : line;
+}
+
 // Why a pod cannot run, as (reason, message), or nullopt.
 std::optional<std::pair<std::string, std::string>> podProblem(const json& pod) {
   static const std::set<std::string> kWaitingReasons = {
@@ -34,6 +44,15 @@ std::optional<std::pair<std::string, std::string>> podProblem(const json& pod) {
           "pod " + podName(pod) + ": container " + container.value("name", "?") + ": " + reason;
       const std::string detail = waiting.value("message", "");
       if (!detail.empty()) message += ": " + detail;
+      // A crash loop's cause: the last exit, and its last words (the
+      // container's termination message, or its log's end with
+      // terminationMessagePolicy FallbackToLogsOnError).
+      const json last = container.value("lastState", json::object()).value("terminated", json());
+      if (reason == "CrashLoopBackOff" && last.is_object()) {
+        message += "; last exit " + std::to_string(integerAt(last, "exitCode"));
+        const std::string words = lastLine(last.value("message", ""));
+        if (!words.empty()) message += ": " + words;
+      }
       return std::make_pair(reason, message);
     }
   }

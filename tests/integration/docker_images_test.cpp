@@ -49,12 +49,21 @@ std::string readSource(const std::string& relative) {
 
 // CMakeLists.txt and every folder the root CMakeLists.txt adds: what the
 // build stage must copy for `cmake -S` to configure.
+// The folders the root CMakeLists.txt always configures: its
+// add_subdirectory calls outside if() blocks (those inside depend on options
+// such as TANDEM_TESTS, which the images' builds turn off).
 std::vector<std::string> pathsCMakeReads() {
   std::vector<std::string> paths = {"CMakeLists.txt"};
-  const std::string text = readSource("CMakeLists.txt");
-  static const std::regex kAdd(R"(add_subdirectory\(\s*([^\s)]+))");
-  for (std::sregex_iterator it(text.begin(), text.end(), kAdd), end; it != end; ++it) {
-    paths.push_back((*it)[1].str());
+  std::istringstream text(readSource("CMakeLists.txt"));
+  static const std::regex kAdd(R"(^\s*add_subdirectory\(\s*([^\s)]+))");
+  static const std::regex kIf(R"(^\s*if\s*\()");
+  static const std::regex kEndIf(R"(^\s*endif\s*\()");
+  int depth = 0;
+  for (std::string line; std::getline(text, line);) {
+    std::smatch match;
+    if (std::regex_search(line, kIf)) ++depth;
+    if (std::regex_search(line, kEndIf)) --depth;
+    if (depth == 0 && std::regex_search(line, match, kAdd)) paths.push_back(match[1].str());
   }
   return paths;
 }

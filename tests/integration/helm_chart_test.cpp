@@ -46,15 +46,9 @@ class HelmChartTest : public ::testing::Test {
 
   // helm ARGS..., with its own HOME and cache/config directories.
   HelmResult helm(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {testing::helmPath()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    const std::string home = work_dir_.string();
-    return testing::runToEnd(argv, work_dir_ / ("helm-" + std::to_string(++calls_) + ".err"),
-                             std::chrono::seconds(60),
-                             {{"HOME", home},
-                              {"HELM_CACHE_HOME", home + "/cache"},
-                              {"HELM_CONFIG_HOME", home + "/config"},
-                              {"HELM_DATA_HOME", home + "/data"}});
+    return testing::runHelm(args, work_dir_,
+                            work_dir_ / ("helm-" + std::to_string(++calls_) + ".err"),
+                            std::chrono::seconds(60));
   }
 
   // `helm template` of the chart with `extra` arguments; fails the test when

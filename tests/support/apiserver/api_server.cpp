@@ -25,7 +25,7 @@ std::string readFile(const std::filesystem::path& path) {
 class ApiServer::Impl {
  public:
   explicit Impl(ApiServerOptions options) : state(std::move(options)) {
-    if (state.options.tls) state.pki = generateTestPki();
+    if (state.options.tls) state.pki = generateTestPki(state.options.certificate_ips);
     state.service.setDeploymentHook(
         [this](const nlohmann::json& deployment) { state.deployments.onSpecChange(deployment); });
     state.service.put(
@@ -35,7 +35,8 @@ class ApiServer::Impl {
           handleRequest(state, request, writer);
         },
         state.options.tls ? &state.pki : nullptr,
-        [this](const HttpRequest& request) { logRequest(state, request); });
+        [this](const HttpRequest& request) { logRequest(state, request); },
+        state.options.listen_address);
   }
 
   ~Impl() {
@@ -184,6 +185,30 @@ void ApiServer::setSchedulableReplicas(const std::string& ns, const std::string&
 void ApiServer::setPodIps(
     std::function<std::string(const std::string& ns, const std::string& pod)> ips) {
   impl_->state.deployments.setPodIps(std::move(ips));
+}
+
+void ApiServer::setPodsRunByKubelet() { impl_->state.deployments.setPodsRunByKubelet(); }
+
+bool ApiServer::updatePodStatus(const nlohmann::json& pod) {
+  std::optional<KindInfo> kind = impl_->state.registry.byKind("v1", "Pod");
+  const nlohmann::json& metadata = pod.at("metadata");
+  const std::string ns = metadata.value("namespace", "");
+  const std::string name = metadata.value("name", "");
+  WriteOptions options;
+  options.field_manager = "kubelet";
+  if (!impl_->state.service.update(*kind, ns, name, "status", pod, options).ok()) return false;
+  impl_->state.deployments.podStatusChanged(pod);
+  return true;
+}
+
+std::string ApiServer::serviceAccountToken(const std::string& ns, const std::string& name) {
+  const nlohmann::json request = {{"apiVersion", "authentication.k8s.io/v1"},
+                                  {"kind", "TokenRequest"},
+                                  {"spec", {{"expirationSeconds", 86400}}}};
+  ApiResult result =
+      impl_->state.service_account_tokens.createToken(ns, name, "application/json", request.dump());
+  if (!result.ok()) return "";
+  return result.body.at("status").value("token", "");
 }
 
 void ApiServer::setDeploymentStatus(const std::string& ns, const std::string& name,

@@ -47,6 +47,12 @@ struct ApiServerOptions {
   // user is a superuser, as is everyone when this is off. Discovery,
   // /version, /openapi and health stay open to every authenticated user.
   bool rbac = false;
+  // The address it listens on ("0.0.0.0": every interface, e.g. for pods
+  // in containers on a bridge network); url() and kubeconfigs keep 127.0.0.1.
+  std::string listen_address = "127.0.0.1";
+  // More IP addresses its TLS certificate names, beside 127.0.0.1 (the
+  // address containers reach it at).
+  std::vector<std::string> certificate_ips;
 };
 
 // One answered request: who made it and the status it got.
@@ -144,6 +150,19 @@ class ApiServer {
                               std::optional<int64_t> pods);
   // The podIP given to each new scheduled pod (default 10.244.0.<i + 2>).
   void setPodIps(std::function<std::string(const std::string& ns, const std::string& pod)> ips);
+  // Pods' status is written by a kubelet stand-in (PodRunner) instead of
+  // the Deployment stand-in: new pods start Pending (scheduled, no IP), their
+  // status is never overwritten, and a Deployment counts as ready the pods
+  // whose Ready condition is True. Call podStatusChanged after each write.
+  void setPodsRunByKubelet();
+  // Writes a pod's status as the kubelet does (PUT on the status
+  // subresource with the object's resourceVersion): false when the pod is
+  // gone or was changed since it was read. Then its Deployment's status is
+  // brought up to date.
+  bool updatePodStatus(const nlohmann::json& pod);
+  // A token for ServiceAccount `name` in `ns` (TokenRequest, as the kubelet
+  // asks for a pod's projected token); "" when the ServiceAccount does not exist.
+  std::string serviceAccountToken(const std::string& ns, const std::string& name);
   // Current resourceVersion of the store.
   uint64_t resourceVersion() const;
 

@@ -32,16 +32,10 @@ inline RenderedChart helmTemplate(const std::filesystem::path& work_dir, const s
                                   const std::filesystem::path& chart, const std::string& ns,
                                   const std::vector<std::string>& extra = {}) {
   std::filesystem::create_directories(work_dir);
-  std::vector<std::string> argv = {helmPath(),     "template",    release,
-                                   chart.string(), "--namespace", ns};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  const std::string home = work_dir.string();
+  std::vector<std::string> args = {"template", release, chart.string(), "--namespace", ns};
+  args.insert(args.end(), extra.begin(), extra.end());
   const CommandResult helm =
-      runToEnd(argv, work_dir / "helm-template.err", std::chrono::seconds(60),
-               {{"HOME", home},
-                {"HELM_CACHE_HOME", home + "/cache"},
-                {"HELM_CONFIG_HOME", home + "/config"},
-                {"HELM_DATA_HOME", home + "/data"}});
+      runHelm(args, work_dir, work_dir / "helm-template.err", std::chrono::seconds(60));
   RenderedChart rendered;
   rendered.exit_status = helm.exit_status;
   rendered.err = helm.err;

@@ -19,6 +19,14 @@ std::string templateHash(const Json& pod_template) {
   return hash;
 }
 
+bool podReady(const Json& pod) {
+  for (const Json& condition :
+       pod.value("status", Json::object()).value("conditions", Json::array())) {
+    if (condition.value("type", "") == "Ready") return condition.value("status", "") == "True";
+  }
+  return false;
+}
+
 Json condition(const std::string& type, bool status, const std::string& reason,
                const std::string& message) {
   std::string now = nowTimestamp();
@@ -87,18 +95,31 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
   labels["pod-template-hash"] = hash;
   int64_t schedulable = replicas;
   std::function<std::string(const std::string&, const std::string&)> pod_ips;
+  bool kubelet = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto room = schedulable_.find(ns + "/" + name);
     if (room != schedulable_.end()) schedulable = std::min(replicas, room->second);
     pod_ips = pod_ips_;
+    kubelet = kubelet_;
   }
+  int64_t kubelet_ready = 0;  // pods the kubelet reports Ready
   for (int64_t i = 0; i < replicas; ++i) {
     const std::string pod_name = name + "-" + hash + "-" + std::to_string(i);
     std::optional<Json> existing = store_.get(resourceKey(*pod_kind), ns, pod_name);
     const bool scheduled = i < schedulable;
     Json status;
-    if (scheduled) {
+    if (kubelet && existing) {
+      // Its status is the kubelet's.
+      if (podReady(*existing)) ++kubelet_ready;
+      continue;
+    }
+    if (kubelet && scheduled) {
+      status = {{"phase", "Pending"},
+                {"conditions", Json::array({{{"type", "PodScheduled"},
+                                             {"status", "True"},
+                                             {"lastTransitionTime", nowTimestamp()}}})}};
+    } else if (scheduled) {
       std::string ip = "10.244.0." + std::to_string(i % 250 + 2);
       if (existing && existing->value("status", Json::object()).contains("podIP")) {
         ip = (*existing)["status"]["podIP"];
@@ -147,14 +168,15 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
   if (replicas > 0) {
     status["replicas"] = replicas;
     status["updatedReplicas"] = replicas;
-    const int64_t running = ready ? schedulable : 0;
+    const int64_t running = kubelet ? kubelet_ready : ready ? schedulable : 0;
     if (running > 0) {
       status["readyReplicas"] = running;
       status["availableReplicas"] = running;
     }
     if (running < replicas) status["unavailableReplicas"] = replicas - running;
   }
-  bool available = (ready && schedulable == replicas) || replicas == 0;
+  bool available =
+      (kubelet ? kubelet_ready == replicas : ready && schedulable == replicas) || replicas == 0;
   status["conditions"] = Json::array(
       {condition("Available", available,
                  available ? "MinimumReplicasAvailable" : "MinimumReplicasUnavailable",
@@ -211,6 +233,20 @@ void DeploymentSimulator::setPodIps(
     std::function<std::string(const std::string& ns, const std::string& name)> ips) {
   std::lock_guard<std::mutex> lock(mutex_);
   pod_ips_ = std::move(ips);
+}
+
+void DeploymentSimulator::setPodsRunByKubelet() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  kubelet_ = true;
+}
+
+void DeploymentSimulator::podStatusChanged(const Json& pod) {
+  const Json& metadata = pod.at("metadata");
+  for (const Json& ref : metadata.value("ownerReferences", Json::array())) {
+    if (ref.value("kind", "") == "Deployment") {
+      reconcileNamed(metadata.value("namespace", ""), ref.value("name", ""));
+    }
+  }
 }
 
 void DeploymentSimulator::reconcileNamed(const std::string& ns, const std::string& name) {

@@ -16,7 +16,13 @@
 // (the scheduler's wording), no IP and not ready, and the Deployment counts
 // only the others as ready. Pod IPs are 10.244.0.<i + 2> unless an IP
 // function is set (e.g. loopback addresses where a test runs the pods'
-// processes). Thread-safe.
+// processes).
+//
+// With a kubelet stand-in (setPodsRunByKubelet), this plays the Deployment
+// controller only: new pods are created Pending (PodScheduled True, no IP),
+// the kubelet writes their status from then on, and a Deployment's ready
+// replicas are its current pods whose Ready condition is True.
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +56,10 @@ class DeploymentSimulator {
                               std::optional<int64_t> pods);
   // The IP of pod `name` in `ns` (called when the pod is created).
   void setPodIps(std::function<std::string(const std::string& ns, const std::string& name)> ips);
+  // Pods' status comes from a kubelet stand-in from now on (see above).
+  void setPodsRunByKubelet();
+  // Called after the kubelet wrote `pod`'s status: its Deployment's status follows.
+  void podStatusChanged(const nlohmann::json& pod);
 
  private:
   void reconcile(const nlohmann::json& deployment, bool ready);
@@ -61,6 +71,7 @@ class DeploymentSimulator {
   std::mutex mutex_;
   bool auto_ = false;
   bool ready_ = false;
+  bool kubelet_ = false;
   std::set<std::string> manual_;                // "ns/name"
   std::map<std::string, int64_t> schedulable_;  // "ns/name" → pods with room
   std::function<std::string(const std::string&, const std::string&)> pod_ips_;

@@ -97,7 +97,8 @@ std::string HttpRequest::param(const std::string& name) const {
 
 class HttpServer::Impl {
  public:
-  Impl(HttpHandler handler, const TestPki* pki, std::function<void(const HttpRequest&)> on_read)
+  Impl(HttpHandler handler, const TestPki* pki, std::function<void(const HttpRequest&)> on_read,
+       const std::string& address)
       : handler_(std::move(handler)),
         on_read_(std::move(on_read)),
         acceptor_(io_),
@@ -121,7 +122,7 @@ class HttpServer::Impl {
         X509_free(ca);
       }
     }
-    tcp::endpoint endpoint(net::ip::make_address("127.0.0.1"), 0);
+    tcp::endpoint endpoint(net::ip::make_address(address), 0);
     acceptor_.open(endpoint.protocol());
     acceptor_.set_option(net::socket_base::reuse_address(true));
     acceptor_.bind(endpoint);
@@ -383,8 +384,8 @@ void HttpServer::Impl::serve(std::shared_ptr<tcp::socket> socket) {
 }
 
 HttpServer::HttpServer(HttpHandler handler, const TestPki* pki,
-                       std::function<void(const HttpRequest&)> on_read)
-    : impl_(std::make_unique<Impl>(std::move(handler), pki, std::move(on_read))) {
+                       std::function<void(const HttpRequest&)> on_read, const std::string& address)
+    : impl_(std::make_unique<Impl>(std::move(handler), pki, std::move(on_read), address)) {
   port_ = impl_->port();
 }
 

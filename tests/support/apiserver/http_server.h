@@ -64,8 +64,10 @@ class HttpServer {
   // client certificates signed by pki's CA are verified when presented.
   // `on_read` (optional) sees each request as soon as it is read, stalled or not.
   // Throws std::runtime_error when it cannot listen.
+  // It listens on `address` (an IPv4 address), port 0.
   HttpServer(HttpHandler handler, const TestPki* pki,
-             std::function<void(const HttpRequest&)> on_read = nullptr);
+             std::function<void(const HttpRequest&)> on_read = nullptr,
+             const std::string& address = "127.0.0.1");
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

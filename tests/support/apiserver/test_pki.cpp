@@ -112,13 +112,15 @@ std::string keyPem(EVP_PKEY* key) {
 
 }  // namespace
 
-TestPki generateTestPki() {
+TestPki generateTestPki(const std::vector<std::string>& extra_ips) {
+  std::string names = "IP:127.0.0.1,DNS:localhost";
+  for (const std::string& ip : extra_ips) names += ",IP:" + ip;
   KeyPtr ca_key = newKey();
   CertPtr ca = makeCertificate(ca_key.get(), "tandem-test-ca", nullptr, ca_key.get(), true, nullptr,
                                nullptr);
   KeyPtr server_key = newKey();
   CertPtr server = makeCertificate(server_key.get(), "tandem-test-apiserver", ca.get(),
-                                   ca_key.get(), false, "serverAuth", "IP:127.0.0.1,DNS:localhost");
+                                   ca_key.get(), false, "serverAuth", names.c_str());
   KeyPtr client_key = newKey();
   CertPtr client = makeCertificate(client_key.get(), "test-client", ca.get(), ca_key.get(), false,
                                    "clientAuth", nullptr);

@@ -61,6 +61,8 @@ TEST(DesiredObjectsTest, ExamplePoolsRunLocalModesCommandLine) {
     EXPECT_EQ(container["name"], "agent");
     EXPECT_EQ(container["image"], "ghcr.io/tandem/agent:test");
     EXPECT_EQ(container["command"], json::array({"tandem-agent"}));
+    // An agent that exits leaves its log's end as the reason the pool reports.
+    EXPECT_EQ(container["terminationMessagePolicy"], "FallbackToLogsOnError");
     // No secret in the example: the pod IP and --insecure-kv.
     std::vector<std::string> expected =
         local::agentArguments(pool, "tandem-agent", "$(POD_IP)", 8000, true);

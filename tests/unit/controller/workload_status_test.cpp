@@ -111,6 +111,21 @@ TEST(WorkloadStatusTest, CrashLoopingPodIsDegradedNamingThePod) {
             "failed container");
 }
 
+// With terminationMessagePolicy FallbackToLogsOnError the kubelet keeps the
+// end of the log as the last exit's message: its last line says why.
+TEST(WorkloadStatusTest, CrashLoopingPodGivesItsLastExitAndLastWords) {
+  WorkloadObservation seen = observation(deploymentWith(1, 1, 1, 1, 0));
+  seen.pods.push_back(json::parse(R"({"metadata":{"name":"prefill-x"},
+    "status":{"containerStatuses":[{"name":"agent",
+      "state":{"waiting":{"reason":"CrashLoopBackOff","message":"back-off 10s restarting"}},
+      "lastState":{"terminated":{"exitCode":1,"reason":"Error",
+        "message":"I 10:00:00 loading\nE 10:00:01 model /models/x: no config.json\n\n"}}}]}})"));
+  const json degraded = findCondition(computeWorkloadStatus(nullptr, seen, "T1"), "Degraded");
+  EXPECT_EQ(degraded["message"],
+            "pod prefill-x: container agent: CrashLoopBackOff: back-off 10s restarting; last exit "
+            "1: E 10:00:01 model /models/x: no config.json");
+}
+
 TEST(WorkloadStatusTest, UnschedulablePodAndDeploymentFailuresAreDegraded) {
   WorkloadObservation seen = observation(deploymentWith(2, 2, 3, 3, 2));
   seen.pods.push_back(json::parse(R"({"metadata":{"name":"decode-x"},"status":{"conditions":[
