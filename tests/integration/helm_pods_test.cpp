@@ -7,11 +7,12 @@
 // ServiceAccount's in-cluster token, creates the example pools' Deployments,
 // whose agents and router run from their images, reading the model from a
 // PersistentVolumeClaim; the router finds the agents through EndpointSlices;
-// a streamed completion through the router moves KV from the prefill
+// a streamed completion through the router Service's cluster IP (the
+// kubelet stand-in plays kube-proxy) moves KV from the prefill
 // container to a decode container over UCX and gives the host agent's
 // greedy tokens. Then: `kubectl scale` grows the decode pool and the router
 // uses the new agent; a pool whose image does not exist and one whose model
-// path does not exist say so in their Ready condition (ErrImagePull, and
+// path does not exist say so in their Degraded condition (ErrImagePull, and
 // CrashLoopBackOff with the agent's own last words); `helm uninstall`
 // removes every container.
 #include <gtest/gtest.h>
@@ -153,6 +154,7 @@ TEST_F(HelmPodsTest, EveryPodARealContainerFromInstallToUninstall) {
   kubelet.ca_certificate = api.pki().ca_certificate;
   kubelet.claims = {{"models", models}};
   kubelet.work_dir = work_.path() / "kubelet";
+  kubelet.proxy_services = true;  // Services' cluster IPs lead to their pods
   PodRunner pods(api, kubelet);
 
   // ---- helm install ----
@@ -246,7 +248,10 @@ TEST_F(HelmPodsTest, EveryPodARealContainerFromInstallToUninstall) {
       << "the operator writes with its in-cluster ServiceAccount token";
 
   // ---- a streamed completion through the router: KV from prefill to decode ----
-  const std::string router_ip = patchedRouters().at(0)["status"].value("podIP", "");
+  // Clients reach the router by its Service's address, as in a cluster.
+  const std::string router_ip =
+      api.get("v1", "Service", kNs, "router")->at("spec").value("clusterIP", "");
+  ASSERT_FALSE(router_ip.empty());
   httplib::Client router(router_ip, 8000);
   router.set_read_timeout(120, 0);
   auto routerKnows = [&](const std::string& role, int count) {
@@ -263,7 +268,8 @@ TEST_F(HelmPodsTest, EveryPodARealContainerFromInstallToUninstall) {
   json body = greedy(prompt, 12);
   body["stream"] = true;
   auto streamed = router.Post("/v1/completions", body.dump(), "application/json");
-  ASSERT_TRUE(streamed) << "no answer from the router pod at " << router_ip << "\n"
+  ASSERT_TRUE(streamed) << "no answer from the router Service at " << router_ip
+                        << " (the kubelet stand-in routes it with iptables)\n"
                         << podLogs("router");
   ASSERT_EQ(streamed->status, 200) << streamed->body;
   std::vector<int> ids;

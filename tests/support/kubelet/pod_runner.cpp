@@ -126,6 +126,11 @@ PodRunner::PodRunner(ApiServer& api, PodRunnerOptions options)
     : api_(api), options_(std::move(options)) {
   label_ = std::to_string(::getpid()) + "-" + randomText("abcdefghijklmnopqrstuvwxyz", 6);
   makeOpenDirectory(options_.work_dir);
+  if (options_.proxy_services) {
+    chain_ = "TNDM-SVC-" + label_;
+    iptables({"-N", chain_});
+    for (const char* from : {"OUTPUT", "PREROUTING"}) iptables({"-I", from, "-j", chain_});
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -138,6 +143,17 @@ PodRunner::~PodRunner() {
   for (const auto& [key, pod] : pods_) {
     if (pod->created) podman({"rm", "--force", "--time", "5", pod->container});
   }
+  if (!chain_.empty()) {
+    for (const char* from : {"OUTPUT", "PREROUTING"}) iptables({"-D", from, "-j", chain_});
+    iptables({"-F", chain_});
+    iptables({"-X", chain_});
+  }
+}
+
+CommandResult PodRunner::iptables(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {"iptables", "-w", "-t", "nat"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return runToEnd(argv, options_.work_dir / "iptables.err", std::chrono::seconds(30));
 }
 
 CommandResult PodRunner::podman(const std::vector<std::string>& args,
@@ -188,6 +204,7 @@ void PodRunner::loop() {
     }
     pass();
     syncEndpointSlices(api_);
+    if (!chain_.empty()) syncServiceRules();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
@@ -766,8 +783,7 @@ void PodRunner::syncEndpointSlices(ApiServer& api) {
       if (port.contains("name")) entry["name"] = port["name"];
       ports.push_back(entry);
     }
-    const std::string slice_name =
-        name + "-" + std::to_string(std::hash<std::string>{}(metadata.value("uid", "")) % 100000);
+    const std::string slice_name = endpointSliceName(service);
     std::optional<json> existing = api.get("discovery.k8s.io/v1", "EndpointSlice", ns, slice_name);
     if (existing && existing->value("endpoints", json::array()) == endpoints &&
         existing->value("ports", json::array()) == ports) {
@@ -793,6 +809,66 @@ void PodRunner::syncEndpointSlices(ApiServer& api) {
         {"ports", ports}};
     api.put(slice);
   }
+}
+
+}  // namespace tandem::testing
+
+namespace tandem::testing {
+
+std::string PodRunner::endpointSliceName(const json& service) {
+  const json& metadata = service.at("metadata");
+  return metadata.value("name", "") + "-" +
+         std::to_string(std::hash<std::string>{}(metadata.value("uid", "")) % 100000);
+}
+
+// kube-proxy's iptables rules for traffic to a Service: per port, the i-th
+// of n ready endpoints taken with probability 1/(n-i), the last always.
+void PodRunner::syncServiceRules() {
+  std::string rules = "*nat\n:" + chain_ + " - [0:0]\n";
+  for (const json& service : api_.list("v1", "Service", "")) {
+    const json spec = service.value("spec", json::object());
+    const std::string cluster_ip = spec.value("clusterIP", "");
+    if (cluster_ip.empty() || cluster_ip == "None") continue;
+    std::optional<json> slice =
+        api_.get("discovery.k8s.io/v1", "EndpointSlice", service["metadata"].value("namespace", ""),
+                 endpointSliceName(service));
+    if (!slice) continue;
+    std::vector<std::string> ready;
+    for (const json& endpoint : slice->value("endpoints", json::array())) {
+      if (endpoint.value("conditions", json::object()).value("ready", false)) {
+        ready.push_back(endpoint["addresses"][0].get<std::string>());
+      }
+    }
+    for (const json& port : spec.value("ports", json::array())) {
+      int target = 0;
+      for (const json& slice_port : slice->value("ports", json::array())) {
+        if (slice_port.value("name", "") == port.value("name", "")) {
+          target = slice_port.value("port", 0);
+        }
+      }
+      if (target == 0) continue;
+      const std::string match = "-A " + chain_ + " -d " + cluster_ip +
+                                "/32 -p tcp -m tcp --dport " +
+                                std::to_string(port.value("port", 0));
+      for (size_t i = 0; i < ready.size(); ++i) {
+        std::string rule = match;
+        if (i + 1 < ready.size()) {
+          rule += " -m statistic --mode random --probability " +
+                  std::to_string(1.0 / static_cast<double>(ready.size() - i));
+        }
+        rules +=
+            rule + " -j DNAT --to-destination " + ready[i] + ":" + std::to_string(target) + "\n";
+      }
+    }
+  }
+  rules += "COMMIT\n";
+  if (rules == rules_) return;
+  const fs::path file = options_.work_dir / "service-rules";
+  writeFile(file, rules);
+  const CommandResult restored =
+      runToEnd({"iptables-restore", "-w", "--noflush", file.string()},
+               options_.work_dir / "iptables-restore.err", std::chrono::seconds(30));
+  if (restored.exit_status == 0) rules_ = rules;
 }
 
 }  // namespace tandem::testing

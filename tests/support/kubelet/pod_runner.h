@@ -37,7 +37,11 @@
 // The EndpointSlice controller keeps one slice per Service with a selector
 // (kubernetes.io/service-name label, owned by the Service): an endpoint per
 // selected pod with an IP, ready as the pod is, ports resolved by name
-// against the pod's container ports.
+// against the pod's container ports. With proxy_services it also plays
+// kube-proxy in iptables mode: a Service's cluster IP and port lead to one
+// of its ready endpoints, chosen at random per connection, from the node
+// and from the pods (DNAT rules in a nat chain of its own, jumped to from
+// OUTPUT and PREROUTING, removed on destruction).
 //
 // Where it differs from a real node (docs/testing.md): one node, no
 // scheduler (resources, GPUs, node selectors and affinity are not
@@ -76,6 +80,8 @@ struct PodRunnerOptions {
   std::map<std::string, std::filesystem::path> claims;
   std::filesystem::path work_dir;  // volumes' files (made world-readable)
   std::string node_name = "node-0";
+  // Route Services' cluster IPs to their endpoints (iptables, as root).
+  bool proxy_services = false;
 };
 
 class PodRunner {
@@ -95,6 +101,8 @@ class PodRunner {
   // Brings the EndpointSlices of every Service with a selector up to date
   // with the pods (called by the runner after each pass; public for tests).
   static void syncEndpointSlices(ApiServer& api);
+  // The EndpointSlice those keep for `service`.
+  static std::string endpointSliceName(const nlohmann::json& service);
 
   struct Pod;
 
@@ -107,12 +115,16 @@ class PodRunner {
   void probe(Pod& pod);
   void writeStatus(Pod& pod);
   void stop(const Pod& pod);
+  void syncServiceRules();
+  CommandResult iptables(const std::vector<std::string>& args) const;
   CommandResult podman(const std::vector<std::string>& args,
                        std::chrono::milliseconds timeout = std::chrono::seconds(120)) const;
 
   ApiServer& api_;
   PodRunnerOptions options_;
   std::string label_;  // the label value that marks this runner's containers
+  std::string chain_;  // its nat chain (proxy_services)
+  std::string rules_;  // the chain's rules as last written
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Pod>> pods_;  // "ns/name" →
   int next_ip_ = 2;
