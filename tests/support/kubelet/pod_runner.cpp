@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <fstream>
 #include <functional>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "tests/support/apiserver/object_service.h"
 #include "tests/support/apiserver/yaml_json.h"
@@ -126,6 +129,7 @@ PodRunner::PodRunner(ApiServer& api, PodRunnerOptions options)
     : api_(api), options_(std::move(options)) {
   label_ = std::to_string(::getpid()) + "-" + randomText("abcdefghijklmnopqrstuvwxyz", 6);
   makeOpenDirectory(options_.work_dir);
+  reapStale();
   if (options_.proxy_services) {
     chain_ = "TNDM-SVC-" + label_;
     iptables({"-N", chain_});
@@ -147,6 +151,46 @@ PodRunner::~PodRunner() {
     for (const char* from : {"OUTPUT", "PREROUTING"}) iptables({"-D", from, "-j", chain_});
     iptables({"-F", chain_});
     iptables({"-X", chain_});
+  }
+}
+
+namespace {
+
+// The pid a label or chain name "<prefix><pid>-<id>" was made by, or 0.
+pid_t ownerPid(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0) return 0;
+  const std::string rest = name.substr(prefix.size());
+  const size_t dash = rest.find('-');
+  if (dash == 0 || dash == std::string::npos) return 0;
+  for (size_t i = 0; i < dash; ++i) {
+    if (rest[i] < '0' || rest[i] > '9') return 0;
+  }
+  return static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+}
+
+bool processGone(pid_t pid) { return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace
+
+// Containers and NAT chains left by runners whose process died without
+// cleaning up (a test killed at its timeout) are removed.
+void PodRunner::reapStale() {
+  const CommandResult listed =
+      podman({"ps", "--all", "--filter", std::string("label=") + kRunnerLabel, "--format",
+              std::string("{{.Names}} {{index .Labels \"") + kRunnerLabel + "\"}}"});
+  std::istringstream containers(listed.out);
+  for (std::string name, label; containers >> name >> label;) {
+    if (processGone(ownerPid(label, ""))) podman({"rm", "--force", "--time", "0", name});
+  }
+  if (!options_.proxy_services) return;
+  std::istringstream rules(iptables({"-S"}).out);
+  for (std::string line; std::getline(rules, line);) {
+    if (line.rfind("-N ", 0) != 0) continue;
+    const std::string chain = line.substr(3);
+    if (!processGone(ownerPid(chain, "TNDM-SVC-"))) continue;
+    for (const char* from : {"OUTPUT", "PREROUTING"}) iptables({"-D", from, "-j", chain});
+    iptables({"-F", chain});
+    iptables({"-X", chain});
   }
 }
 

@@ -34,6 +34,8 @@
 //    with terminationMessagePolicy FallbackToLogsOnError);
 //  - a deleted pod's container gets SIGTERM, then SIGKILL after
 //    terminationGracePeriodSeconds, and is removed.
+// Containers and NAT chains of runners whose process has died (a test
+// killed at its timeout) are removed when a runner starts.
 // The EndpointSlice controller keeps one slice per Service with a selector
 // (kubernetes.io/service-name label, owned by the Service): an endpoint per
 // selected pod with an IP, ready as the pod is, ports resolved by name
@@ -116,6 +118,7 @@ class PodRunner {
   void writeStatus(Pod& pod);
   void stop(const Pod& pod);
   void syncServiceRules();
+  void reapStale();
   CommandResult iptables(const std::vector<std::string>& args) const;
   CommandResult podman(const std::vector<std::string>& args,
                        std::chrono::milliseconds timeout = std::chrono::seconds(120)) const;
