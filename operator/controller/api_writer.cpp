@@ -28,6 +28,14 @@ k8s::Result<json> ApiWriter::apply(const k8s::ResourceType& type, const std::str
   return result;
 }
 
+k8s::Result<k8s::Done> ApiWriter::remove(const k8s::ResourceType& type, const std::string& ns,
+                                         const std::string& name) {
+  if (!may_write_()) return notLeader();
+  auto result = client_.remove(type, ns, name);
+  if (result.isOk()) on_write_();
+  return result;
+}
+
 k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, const std::string& ns,
                                              const std::string& name,
                                              const std::function<bool(json&)>& mutate,

@@ -28,6 +28,8 @@ class ApiWriter {
   // Server-side apply with force (fieldManager tandem-operator).
   k8s::Result<nlohmann::json> apply(const k8s::ResourceType& type, const std::string& ns,
                                     const nlohmann::json& object);
+  k8s::Result<k8s::Done> remove(const k8s::ResourceType& type, const std::string& ns,
+                                const std::string& name);
   // ApiClient::readModifyWrite; `mutate` is not called once leadership is lost.
   k8s::Result<nlohmann::json> readModifyWrite(const k8s::ResourceType& type, const std::string& ns,
                                               const std::string& name,

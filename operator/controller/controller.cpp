@@ -115,7 +115,8 @@ void Controller::start() {
   k8s::InformerOptions child_options = owner_options;
   child_options.label_selector = std::string(kManagedByLabel) + "=" + kManagedBy;
   for (const k8s::ResourceType* type :
-       {&k8s::resources::kDeployments, &k8s::resources::kServices, &k8s::resources::kPods}) {
+       {&k8s::resources::kDeployments, &k8s::resources::kServices, &k8s::resources::kPods,
+        &k8s::resources::kPodDisruptionBudgets}) {
     child_informers_.push_back(std::make_unique<k8s::Informer>(
         client_, *type, child_options,
         [this](k8s::EventType, const json& object) { onChildEvent(object); }));

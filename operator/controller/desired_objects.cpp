@@ -213,6 +213,24 @@ json desiredPoolService(const Owner& owner, const PoolSpec& pool) {
   return object;
 }
 
+json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
+  const local::DisruptionBudgetSpec& budget = pool.disruption_budget;
+  if (!budget.enabled) return nullptr;
+  json spec = {{"selector", {{"matchLabels", poolSelector(pool.name, pool.kind)}}},
+               {"unhealthyPodEvictionPolicy", "AlwaysAllow"}};
+  if (!budget.min_available.is_null()) {
+    spec["minAvailable"] = budget.min_available;
+  } else {
+    spec["maxUnavailable"] = budget.max_unavailable.is_null() ? json(1) : budget.max_unavailable;
+  }
+  json object = {{"apiVersion", "policy/v1"},
+                 {"kind", "PodDisruptionBudget"},
+                 {"metadata", objectMeta(owner, pool.name, poolLabels(pool.name, pool.kind))},
+                 {"spec", spec}};
+  stampDesiredHash(object);
+  return object;
+}
+
 json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
                              const std::vector<std::string>& prefill_pools,
                              const std::vector<std::string>& decode_pools,

@@ -54,6 +54,12 @@ std::vector<std::string> routerContainerArguments(const local::RouterSpec& route
 nlohmann::json desiredPoolDeployment(const Owner& owner, const local::PoolSpec& pool,
                                      const WorkloadDefaults& defaults);
 nlohmann::json desiredPoolService(const Owner& owner, const local::PoolSpec& pool);
+// The pool's PodDisruptionBudget (policy/v1, named as the pool, selecting its
+// agents; maxUnavailable 1 unless spec.disruptionBudget says otherwise), or
+// null when spec.disruptionBudget.enabled is false. Unhealthy agents may
+// always be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a pool that
+// never became ready cannot block a node drain.
+nlohmann::json desiredPoolDisruptionBudget(const Owner& owner, const local::PoolSpec& pool);
 nlohmann::json desiredRouterDeployment(const Owner& owner, const local::RouterSpec& router,
                                        const std::vector<std::string>& prefill_pools,
                                        const std::vector<std::string>& decode_pools,

@@ -76,6 +76,33 @@ Reconciler::Reconciler(ApiWriter& writer, EventRecorder& events, ReconcilerOptio
                        ClusterReader reader)
     : writer_(writer), events_(events), options_(std::move(options)), reader_(std::move(reader)) {}
 
+// The owner's child of `type` named as the owner, deleted when it exists and
+// the owner controls it (a PodDisruptionBudget the spec turned off).
+Reconciler::ChildOutcome Reconciler::removeChild(const k8s::ResourceType& type,
+                                                 const Owner& owner) {
+  ChildOutcome outcome;
+  auto live = writer_.client().get(type, owner.ns, owner.name);
+  if (!live.isOk()) {
+    if (live.error().isNotFound()) return outcome;
+    outcome.state = ChildOutcome::State::kFailed;
+    outcome.error = live.error();
+    outcome.problem = "reading " + type.kind + " " + owner.name + ": " + live.error().toString();
+    return outcome;
+  }
+  if (!isControlledBy(*live, owner.uid)) return outcome;  // not ours: left alone
+  auto removed = writer_.remove(type, owner.ns, owner.name);
+  if (!removed.isOk() && !removed.error().isNotFound()) {
+    outcome.state = ChildOutcome::State::kFailed;
+    outcome.error = removed.error();
+    outcome.problem =
+        "deleting " + type.kind + " " + owner.name + ": " + removed.error().toString();
+    return outcome;
+  }
+  TANDEM_LOG(kInfo) << "controller: " << describe(owner) << ": " << type.kind << " " << owner.name
+                    << " deleted (spec.disruptionBudget.enabled is false)";
+  return outcome;
+}
+
 Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, const Owner& owner,
                                                const json& desired) {
   ChildOutcome outcome;
@@ -195,6 +222,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   // The desired children, or the reason there are none.
   json desired_deployment;
   json desired_service;
+  json desired_budget;  // a pool's PodDisruptionBudget; null: none wanted
   json match_labels;
   std::vector<std::string> prefill_pools;
   std::vector<std::string> decode_pools;
@@ -232,6 +260,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
       observation.desired_replicas = pool.replicas;
       desired_deployment = desiredPoolDeployment(owner, pool, options_.defaults);
       desired_service = desiredPoolService(owner, pool);
+      desired_budget = desiredPoolDisruptionBudget(owner, pool);
       if (poolKvTransferIsInsecure(pool)) {
         events_.recordOnce(owner, kWarning, "InsecureKvTransfer",
                            "no kvTransfer.secretRef: agents serve KV blocks to any peer that "
@@ -257,7 +286,14 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     const ChildOutcome deployment =
         syncChild(k8s::resources::kDeployments, owner, desired_deployment);
     const ChildOutcome service = syncChild(k8s::resources::kServices, owner, desired_service);
-    for (const ChildOutcome* child : {&deployment, &service}) {
+    ChildOutcome budget;
+    if (!desired_budget.is_null()) {
+      budget = syncChild(k8s::resources::kPodDisruptionBudgets, owner, desired_budget);
+    } else if (kind != OwnerKind::kRouter) {
+      budget = removeChild(k8s::resources::kPodDisruptionBudgets, owner);
+    }
+    for (const ChildOutcome* child :
+         {&deployment, &service, static_cast<const ChildOutcome*>(&budget)}) {
       if (child->state == ChildOutcome::State::kConflict) {
         fail("NameConflict", child->problem);
         events_.recordOnce(owner, kWarning, "NameConflict", child->problem);
@@ -268,7 +304,8 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     }
     if (deployment.state == ChildOutcome::State::kInSync) observation.deployment = deployment.live;
     observation.spec_applied = deployment.state == ChildOutcome::State::kInSync &&
-                               service.state == ChildOutcome::State::kInSync;
+                               service.state == ChildOutcome::State::kInSync &&
+                               budget.state == ChildOutcome::State::kInSync;
   } else {
     // The spec cannot be applied; the status still tells how the Deployment
     // of the last good spec is doing.

@@ -77,6 +77,7 @@ class Reconciler {
   struct ChildOutcome;
   ChildOutcome syncChild(const k8s::ResourceType& type, const Owner& owner,
                          const nlohmann::json& desired);
+  ChildOutcome removeChild(const k8s::ResourceType& type, const Owner& owner);
   std::vector<nlohmann::json> pods(const std::string& ns, const nlohmann::json& match_labels);
   std::vector<std::string> poolNames(const std::string& ns, OwnerKind kind);
   k8s::Result<k8s::Done> writeStatus(OwnerKind kind, const nlohmann::json& object,

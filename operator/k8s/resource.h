@@ -31,6 +31,8 @@ inline const ResourceType kRouters{"tandem.dev", "v1alpha1", "routers", "Router"
 inline const ResourceType kDeployments{"apps", "v1", "deployments", "Deployment"};
 inline const ResourceType kServices{"", "v1", "services", "Service"};
 inline const ResourceType kPods{"", "v1", "pods", "Pod"};
+inline const ResourceType kPodDisruptionBudgets{"policy", "v1", "poddisruptionbudgets",
+                                                "PodDisruptionBudget"};
 inline const ResourceType kEvents{"", "v1", "events", "Event"};
 inline const ResourceType kEndpointSlices{"discovery.k8s.io", "v1", "endpointslices",
                                           "EndpointSlice"};

@@ -197,6 +197,41 @@ PoolAutoscaling readAutoscaling(const YAML::Node& node, PoolKind kind,
   return autoscaling;
 }
 
+// An intOrString bound of a PodDisruptionBudget: a whole number ≥ 0 or a
+// percentage from "0%" to "100%".
+nlohmann::json readBudgetBound(const YAML::Node& node, const std::string& path,
+                               const DocumentContext& context) {
+  const std::string text = node.IsScalar() ? node.Scalar() : "";
+  if (!text.empty() && text.back() == '%') {
+    const std::string digits = text.substr(0, text.size() - 1);
+    const bool number = !digits.empty() && digits.size() <= 3 &&
+                        digits.find_first_not_of("0123456789") == std::string::npos;
+    if (number && std::stoi(digits) <= 100) return text;
+    fail(context, path,
+         "must be a whole number or a percentage from 0% to 100%, got " + described(node), node);
+  }
+  return readInteger(node, path, context, 0, 100000);
+}
+
+DisruptionBudgetSpec readDisruptionBudget(const YAML::Node& node, const DocumentContext& context) {
+  const std::string path = "spec.disruptionBudget";
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  DisruptionBudgetSpec budget;
+  if (auto value = reader.get("enabled"))
+    budget.enabled = readBool(*value, path + ".enabled", context);
+  std::optional<YAML::Node> max = reader.get("maxUnavailable");
+  std::optional<YAML::Node> min = reader.get("minAvailable");
+  reader.rejectUnknown();
+  if (max && min) {
+    fail(context, path,
+         "sets both maxUnavailable and minAvailable: a PodDisruptionBudget takes one", node);
+  }
+  if (max) budget.max_unavailable = readBudgetBound(*max, path + ".maxUnavailable", context);
+  if (min) budget.min_available = readBudgetBound(*min, path + ".minAvailable", context);
+  return budget;
+}
+
 PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& context) {
   PoolSpec pool;
   pool.kind = kind;
@@ -244,6 +279,9 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   }
   if (auto value = spec.get("autoscaling"))
     pool.autoscaling = readAutoscaling(*value, kind, context);
+  if (auto value = spec.get("disruptionBudget")) {
+    pool.disruption_budget = readDisruptionBudget(*value, context);
+  }
   spec.rejectUnknown();
   return pool;
 }
@@ -617,6 +655,7 @@ spec:
   kvTransfer: {extraConfig: {}, secretRef: {name: s, key: k}}
   env: [{name: A}]
   extraArgs: []
+  disruptionBudget: {}
   autoscaling: {minReplicas: 1, maxReplicas: 1, quantile: 0.5, windowSeconds: 1,
     scaleUpStabilizationSeconds: 0, scaleDownStabilizationSeconds: 0, maxStep: 1,
     pendingTimeoutSeconds: 1, )" +

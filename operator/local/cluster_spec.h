@@ -79,6 +79,17 @@ struct ModelVolumeSpec {
   bool operator==(const ModelVolumeSpec&) const = default;
 };
 
+// spec.disruptionBudget (Kubernetes only): the pool's PodDisruptionBudget,
+// which keeps voluntary disruptions (node drains, cluster upgrades) from
+// taking more than this many agents at once. Each bound is an integer or a
+// percentage ("25%"); at most one is set; neither: maxUnavailable 1.
+struct DisruptionBudgetSpec {
+  bool enabled = true;
+  nlohmann::json max_unavailable;  // null when unset
+  nlohmann::json min_available;    // null when unset
+  bool operator==(const DisruptionBudgetSpec&) const = default;
+};
+
 // spec.autoscaling: the SLA planner's settings for the pool (docs/planner.md),
 // parsed by planner::parseAutoscalingSpec. Two are equal when written alike
 // (`written` is the field as JSON), which is what a file reload compares.
@@ -105,6 +116,7 @@ struct PoolSpec {
   std::vector<std::pair<std::string, std::string>> env;  // spec.env
   std::vector<std::string> extra_args;                   // spec.extraArgs
   std::optional<PoolAutoscaling> autoscaling;            // spec.autoscaling
+  DisruptionBudgetSpec disruption_budget;                // spec.disruptionBudget
   bool operator==(const PoolSpec&) const = default;
 };
 

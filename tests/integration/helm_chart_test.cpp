@@ -127,7 +127,8 @@ std::map<std::string, std::set<std::string>> rulesOf(const json& role) {
 // docs/kubernetes.md, "RBAC".
 std::map<std::string, std::set<std::string>> expectedOperatorRules() {
   const std::set<std::string> read = {"get", "list", "watch"};
-  // Children are created, then changed by server-side apply; never deleted.
+  // Children are created, then changed by server-side apply; never deleted
+  // (but a PodDisruptionBudget the pool's spec turns off).
   const std::set<std::string> write = {"get", "list", "watch", "create", "patch"};
   const std::set<std::string> status = {"get", "update"};
   return {{"tandem.dev|prefillpools", read},
@@ -143,6 +144,7 @@ std::map<std::string, std::set<std::string>> expectedOperatorRules() {
           {"autoscaling|horizontalpodautoscalers", {"list"}},
           {"apps|deployments", write},
           {"|services", write},
+          {"policy|poddisruptionbudgets", {"get", "list", "watch", "create", "patch", "delete"}},
           {"|pods", {"list", "watch"}},
           {"|events", {"create"}},
           {"coordination.k8s.io|leases", {"get", "create", "update"}}};
@@ -163,6 +165,22 @@ TEST_F(HelmChartTest, LintStrictPasses) {
   const HelmResult result = helm({"lint", "--strict", kChartDir.string()});
   EXPECT_EQ(result.exit_status, 0) << result.out << result.err;
   EXPECT_NE(result.out.find("0 chart(s) failed"), std::string::npos) << result.out;
+}
+
+// Two operator replicas by default: a PodDisruptionBudget keeps a drain from
+// taking both; one replica (or the value off) renders none.
+TEST_F(HelmChartTest, OperatorDisruptionBudgetWithMoreThanOneReplica) {
+  const json budget = namedObject(render(), "PodDisruptionBudget", "tandem-operator");
+  ASSERT_TRUE(budget.contains("spec")) << "no PodDisruptionBudget tandem-operator rendered";
+  EXPECT_EQ(budget["spec"]["maxUnavailable"], 1);
+  const json deployment = namedObject(render(), "Deployment", "tandem-operator");
+  EXPECT_EQ(budget["spec"]["selector"]["matchLabels"],
+            deployment["spec"]["selector"]["matchLabels"]);
+  for (const std::vector<std::string>& values :
+       {std::vector<std::string>{"--set", "operator.replicas=1"},
+        std::vector<std::string>{"--set", "operator.podDisruptionBudget.enabled=false"}}) {
+    EXPECT_EQ(kindsOf(render(values)).count("PodDisruptionBudget"), 0u) << values[1];
+  }
 }
 
 TEST_F(HelmChartTest, DefaultValuesRenderNamespacedOperator) {

@@ -244,8 +244,18 @@ TEST_F(HelmPodsTest, EveryPodARealContainerFromInstallToUninstall) {
   };
   ASSERT_TRUE(eventually([&] { return patchedRouters().size() == 1; }, seconds(90)))
       << podLogs("router");
-  EXPECT_GT(api.writesBy("system:serviceaccount:tandem:tandem-operator"), 0u)
+  const std::string operator_user = "system:serviceaccount:tandem:tandem-operator";
+  EXPECT_GT(api.writesBy(operator_user), 0u)
       << "the operator writes with its in-cluster ServiceAccount token";
+  for (const RequestRecord& request : api.answeredRequests()) {
+    EXPECT_FALSE(request.user == operator_user && request.status == 403)
+        << "the chart's Role refused the operator: " << request.method << " " << request.target;
+  }
+  for (const char* name : {"prefill", "decode"}) {
+    const std::optional<json> budget = api.get("policy/v1", "PodDisruptionBudget", kNs, name);
+    ASSERT_TRUE(budget.has_value()) << "no PodDisruptionBudget for pool " << name;
+    EXPECT_EQ(budget->at("spec").value("maxUnavailable", 0), 1);
+  }
 
   // ---- a streamed completion through the router: KV from prefill to decode ----
   // Clients reach the router by its Service's address, as in a cluster.

@@ -41,6 +41,8 @@ std::vector<KindInfo> builtinKinds() {
   kinds.push_back(
       builtin("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", {}, true, false));
   kinds.push_back(builtin("coordination.k8s.io", "v1", "Lease", "leases", {}, true, false));
+  kinds.push_back(
+      builtin("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", {"pdb"}, true, true));
   kinds.push_back(builtin("autoscaling", "v2", "HorizontalPodAutoscaler",
                           "horizontalpodautoscalers", {"hpa"}, true, true, {"all"}));
   kinds.push_back(builtin("", "v1", "ServiceAccount", "serviceaccounts", {"sa"}, true, false));

@@ -105,7 +105,14 @@ TEST_F(ControllerTest, PoolGetsOwnedChildrenAndASecondPassWritesNothing) {
   ASSERT_TRUE(service.has_value());
   EXPECT_EQ((*service)["metadata"]["ownerReferences"][0]["uid"], uid);
   EXPECT_EQ((*service)["spec"]["clusterIP"], "None");
-  EXPECT_EQ(eventsWithReason("Created").size(), 2u);
+  // A PodDisruptionBudget of maxUnavailable 1 over the pool's agents.
+  auto budget = get("policy/v1", "PodDisruptionBudget", "decode");
+  ASSERT_TRUE(budget.has_value());
+  EXPECT_EQ((*budget)["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_EQ((*budget)["spec"]["maxUnavailable"], 1);
+  EXPECT_EQ((*budget)["spec"]["selector"]["matchLabels"],
+            (*created)["spec"]["selector"]["matchLabels"]);
+  EXPECT_EQ(eventsWithReason("Created").size(), 3u);
 
   auto stored = get("tandem.dev/v1alpha1", "DecodePool", "decode");
   ASSERT_TRUE(stored.has_value());
@@ -151,6 +158,33 @@ TEST_F(ControllerTest, SpecChangeUpdatesTheDeploymentAndObservedGenerationFollow
   const json ready = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
   EXPECT_EQ(findCondition(ready["status"], "Ready")["status"], "True") << ready["status"];
   EXPECT_EQ(ready["status"]["readyReplicas"], 3);
+}
+
+// spec.disruptionBudget changes the pool's PodDisruptionBudget, and
+// enabled: false deletes it (and nothing else).
+TEST_F(ControllerTest, DisruptionBudgetFollowsTheSpecAndIsDeletedWhenTurnedOff) {
+  server_.put(decodePool(4));
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  ASSERT_EQ(get("policy/v1", "PodDisruptionBudget", "decode")->at("spec")["maxUnavailable"], 1);
+
+  json changed = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  changed["spec"]["disruptionBudget"] = {{"minAvailable", "75%"}};
+  server_.put(changed);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  const json budget = *get("policy/v1", "PodDisruptionBudget", "decode");
+  EXPECT_EQ(budget["spec"]["minAvailable"], "75%");
+  EXPECT_FALSE(budget["spec"].contains("maxUnavailable")) << budget["spec"];
+  EXPECT_EQ(budget["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+
+  changed = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  changed["spec"]["disruptionBudget"] = {{"enabled", false}};
+  server_.put(changed);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  EXPECT_FALSE(get("policy/v1", "PodDisruptionBudget", "decode").has_value());
+  EXPECT_TRUE(deployment("decode").has_value());
+  const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  EXPECT_EQ(pool["status"]["observedGeneration"], pool["metadata"]["generation"]);
 }
 
 TEST_F(ControllerTest, ForeignDeploymentOfTheSameNameIsLeftAlone) {

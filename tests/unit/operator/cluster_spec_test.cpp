@@ -733,6 +733,43 @@ spec:
       << both;
 }
 
+TEST(ClusterSpecTest, DisruptionBudgetTakesOneBoundAsANumberOrAPercentage) {
+  const std::string decode =
+      "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata: {name: decode}\n"
+      "spec:\n  model: {path: /m}\n";
+  EXPECT_EQ(parseClusterSpec(documents({decode}), "c.yaml").pools.at(0).disruption_budget,
+            DisruptionBudgetSpec{});
+  const DisruptionBudgetSpec percent =
+      parseClusterSpec(documents({decode + "  disruptionBudget: {minAvailable: \"75%\"}\n"}),
+                       "c.yaml")
+          .pools.at(0)
+          .disruption_budget;
+  EXPECT_EQ(percent.min_available, "75%");
+  EXPECT_TRUE(percent.max_unavailable.is_null());
+  const DisruptionBudgetSpec number =
+      parseClusterSpec(documents({decode + "  disruptionBudget: {maxUnavailable: 2}\n"}), "c.yaml")
+          .pools.at(0)
+          .disruption_budget;
+  EXPECT_EQ(number.max_unavailable, 2);
+  EXPECT_FALSE(
+      parseClusterSpec(documents({decode + "  disruptionBudget: {enabled: false}\n"}), "c.yaml")
+          .pools.at(0)
+          .disruption_budget.enabled);
+  for (const auto& [field, message] : std::vector<std::pair<std::string, std::string>>{
+           {"{maxUnavailable: 1, minAvailable: 1}",
+            "spec.disruptionBudget sets both maxUnavailable and minAvailable: a "
+            "PodDisruptionBudget takes one"},
+           {"{maxUnavailable: \"150%\"}",
+            "spec.disruptionBudget.maxUnavailable must be a whole number or a percentage from 0% "
+            "to 100%, got the string \"150%\""},
+           {"{minAvailable: -1}",
+            "spec.disruptionBudget.minAvailable must be an integer between 0"},
+           {"{maxUnavilable: 1}", "spec.disruptionBudget.maxUnavilable is not a field"}}) {
+    const std::string error = errorFor(documents({decode + "  disruptionBudget: " + field + "\n"}));
+    EXPECT_NE(error.find(message), std::string::npos) << field << ": " << error;
+  }
+}
+
 TEST(ClusterSpecTest, RouterPoolListsMustNamePoolsOfTheFile) {
   const std::string router = R"(apiVersion: tandem.dev/v1alpha1
 kind: Router
