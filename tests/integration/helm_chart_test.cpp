@@ -652,21 +652,27 @@ std::set<std::string> crdFiles(const fs::path& dir) {
   return names;
 }
 
+// charts/tandem/crds/ (first installs) and charts/tandem-crds/templates/
+// (upgrades) are both copies of crds/.
 TEST_F(HelmChartTest, ChartCrdsAreTheRepositoryCrds) {
   const fs::path repository_crds = kSourceDir / "crds";
-  const fs::path chart_crds = kChartDir / "crds";
   const std::set<std::string> names = crdFiles(repository_crds);
   ASSERT_FALSE(names.empty());
-  // Only CRD files: anything else in the chart's crds/ would be applied too.
-  std::set<std::string> chart_files;
-  for (const fs::directory_entry& entry : fs::directory_iterator(chart_crds)) {
-    chart_files.insert(entry.path().filename().string());
+  for (const fs::path& chart_crds :
+       {kChartDir / "crds", kSourceDir / "charts/tandem-crds/templates"}) {
+    // Only CRD files: anything else there would be applied too.
+    std::set<std::string> chart_files;
+    for (const fs::directory_entry& entry : fs::directory_iterator(chart_crds)) {
+      chart_files.insert(entry.path().filename().string());
+    }
+    EXPECT_EQ(chart_files, names) << "copy crds/*.yaml to " << chart_crds;
+    for (const std::string& name : names) {
+      EXPECT_EQ(readBytes(chart_crds / name), readBytes(repository_crds / name))
+          << name << " differs from crds/" << name << "; copy it to " << chart_crds;
+    }
   }
-  EXPECT_EQ(chart_files, names) << "copy crds/*.yaml to charts/tandem/crds/";
-  for (const std::string& name : names) {
-    EXPECT_EQ(readBytes(chart_crds / name), readBytes(repository_crds / name))
-        << name << " differs from crds/" << name << "; copy it to charts/tandem/crds/";
-  }
+  const HelmResult lint = helm({"lint", "--strict", (kSourceDir / "charts/tandem-crds").string()});
+  EXPECT_EQ(lint.exit_status, 0) << lint.out << lint.err;
 }
 
 }  // namespace

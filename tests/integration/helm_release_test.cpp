@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "tests/support/command.h"
 #include "tests/support/helm.h"
 #include "tests/support/kubectl.h"
+#include "tests/support/test_files.h"
 
 namespace {
 
@@ -222,6 +224,102 @@ TEST_F(HelmReleaseTest, KubectlTypedCreateCommands) {
       kubectl_->run({"create", "deployment", "web", "--image=web:1", "-n", kNs});
   EXPECT_NE(deployment.exit_status, 0);
   EXPECT_NE(deployment.err.find("not apps/v1 Deployment"), std::string::npos) << deployment.err;
+}
+
+// The previous release of charts/tandem-crds: the same chart, version
+// 0.0.9, without spec.disruptionBudget (the field this release adds).
+fs::path previousCrdChart(const fs::path& dir) {
+  const fs::path chart = dir / "tandem-crds-0.0.9";
+  fs::create_directories(chart);
+  fs::copy(fs::path(TANDEM_SOURCE_DIR) / "charts/tandem-crds", chart,
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  std::string meta = tandem::testing::readFile(chart / "Chart.yaml");
+  meta.replace(meta.find("version: 0.1.0"), 14, "version: 0.0.9");
+  std::ofstream(chart / "Chart.yaml") << meta;
+  for (const char* file : {"prefillpools.tandem.dev.yaml", "decodepools.tandem.dev.yaml"}) {
+    std::string crd = tandem::testing::readFile(chart / "templates" / file);
+    const size_t start = crd.find("                disruptionBudget:\n");
+    const size_t end = crd.find("                autoscaling:\n");
+    if (start != std::string::npos && end != std::string::npos && start < end) {
+      crd.erase(start, end - start);
+    }
+    std::ofstream(chart / "templates" / file) << crd;
+  }
+  return chart;
+}
+
+// CRDs that the tandem chart's crds/ installed carry no Helm ownership:
+// tandem-crds refuses them as docs/helm.md says, and adopts them once they
+// are labelled and annotated as that page shows.
+TEST_F(HelmReleaseTest, CrdsOfTheTandemChartAreAdoptedByTandemCrdsOnceLabelled) {
+  ASSERT_EQ(kubectl_->run({"create", "namespace", kNs}).exit_status, 0);
+  ASSERT_EQ(helm({"install", kRelease, kChart.string(), "-n", kNs}).exit_status, 0);
+  const std::string crd_chart = (fs::path(TANDEM_SOURCE_DIR) / "charts/tandem-crds").string();
+  const CommandResult refused = helm({"install", "tandem-crds", crd_chart, "-n", kNs});
+  EXPECT_NE(refused.exit_status, 0);
+  EXPECT_NE(refused.err.find("invalid ownership metadata"), std::string::npos) << refused.err;
+  for (const char* crd : {"prefillpools", "decodepools", "routers"}) {
+    const std::string name = std::string(crd) + ".tandem.dev";
+    ASSERT_EQ(
+        kubectl_->run({"label", "crd", name, "app.kubernetes.io/managed-by=Helm"}).exit_status, 0);
+    ASSERT_EQ(kubectl_
+                  ->run({"annotate", "crd", name, "meta.helm.sh/release-name=tandem-crds",
+                         std::string("meta.helm.sh/release-namespace=") + kNs})
+                  .exit_status,
+              0);
+  }
+  const CommandResult adopted = helm({"install", "tandem-crds", crd_chart, "-n", kNs});
+  EXPECT_EQ(adopted.exit_status, 0) << adopted.err;
+}
+
+// charts/tandem-crds upgrades the CRDs in place (Helm's crds/ folder is
+// installed once and never upgraded): from the previous release, with a
+// pool in the cluster, `helm upgrade` keeps the pool (same uid) and the new
+// field is accepted after it, refused before; `helm uninstall` keeps the
+// CRDs and the pool (helm.sh/resource-policy: keep).
+TEST_F(HelmReleaseTest, CrdChartUpgradeKeepsPoolsAndAcceptsTheNewField) {
+  ASSERT_EQ(kubectl_->run({"create", "namespace", kNs}).exit_status, 0);
+  const fs::path previous = previousCrdChart(dir_);
+  const CommandResult installed = helm({"install", "tandem-crds", previous.string(), "-n", kNs});
+  ASSERT_EQ(installed.exit_status, 0) << installed.err;
+
+  const std::string pool = R"({"apiVersion": "tandem.dev/v1alpha1", "kind": "DecodePool",
+    "metadata": {"name": "decode", "namespace": "tandem"},
+    "spec": {"model": {"path": "/models/m"}SPEC}})";
+  auto applyPool = [&](const std::string& extra) {
+    std::string text = pool;
+    text.replace(text.find("SPEC"), 4, extra);
+    std::ofstream(dir_ / "pool.json") << text;
+    return kubectl_->run({"apply", "-f", (dir_ / "pool.json").string()});
+  };
+  const std::string budget = R"(, "disruptionBudget": {"maxUnavailable": 2})";
+  ASSERT_EQ(applyPool("").exit_status, 0);
+  const std::string uid =
+      server_->get("tandem.dev/v1alpha1", "DecodePool", kNs, "decode")->at("metadata")["uid"];
+  const KubectlResult refused = applyPool(budget);
+  EXPECT_NE(refused.exit_status, 0) << "the previous CRDs have no spec.disruptionBudget";
+  EXPECT_NE(refused.err.find("disruptionBudget"), std::string::npos) << refused.err;
+
+  const CommandResult upgraded =
+      helm({"upgrade", "tandem-crds", (fs::path(TANDEM_SOURCE_DIR) / "charts/tandem-crds").string(),
+            "-n", kNs});
+  ASSERT_EQ(upgraded.exit_status, 0) << upgraded.err;
+  const std::optional<json> kept = server_->get("tandem.dev/v1alpha1", "DecodePool", kNs, "decode");
+  ASSERT_TRUE(kept.has_value()) << "the upgrade deleted the pool";
+  EXPECT_EQ(kept->at("metadata")["uid"], uid);
+  const KubectlResult accepted = applyPool(budget);
+  ASSERT_EQ(accepted.exit_status, 0) << accepted.err;
+  EXPECT_EQ(server_->get("tandem.dev/v1alpha1", "DecodePool", kNs, "decode")
+                ->at("spec")["disruptionBudget"]["maxUnavailable"],
+            2);
+
+  ASSERT_EQ(helm({"uninstall", "tandem-crds", "-n", kNs}).exit_status, 0);
+  EXPECT_TRUE(
+      server_
+          ->get("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "decodepools.tandem.dev")
+          .has_value())
+      << "helm uninstall deleted a kept CRD";
+  EXPECT_TRUE(server_->get("tandem.dev/v1alpha1", "DecodePool", kNs, "decode").has_value());
 }
 
 }  // namespace
