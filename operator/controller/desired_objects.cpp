@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/status.h"
+#include "operator/controller/pod_template.h"
 #include "operator/local/agent_command.h"
 
 namespace tandem::controller {
@@ -54,8 +55,17 @@ void addModelVolume(const std::optional<ModelVolumeSpec>& volume, const std::str
   container["volumeMounts"].push_back(mount);
 }
 
+// The user's spec.template, merged into the generated pod template.
+struct TemplateOverlay {
+  const json& fragment;
+  const char* main_container;
+  std::vector<std::string> owned_pod_fields;
+  std::vector<std::string>* ignored;  // where the left-out fields go (may be null)
+};
+
 json deployment(const Owner& owner, const std::string& name, const json& labels,
-                const json& selector, int64_t replicas, json pod_spec) {
+                const json& selector, int64_t replicas, json pod_spec,
+                const TemplateOverlay& overlay) {
   json object = {
       {"apiVersion", "apps/v1"},
       {"kind", "Deployment"},
@@ -67,6 +77,10 @@ json deployment(const Owner& owner, const std::string& name, const json& labels,
         {"strategy",
          {{"type", "RollingUpdate"}, {"rollingUpdate", {{"maxUnavailable", 0}, {"maxSurge", 1}}}}},
         {"template", {{"metadata", {{"labels", labels}}}, {"spec", std::move(pod_spec)}}}}}};
+  TemplateMergeResult merged = mergePodTemplate(object["spec"]["template"], overlay.fragment,
+                                                overlay.main_container, overlay.owned_pod_fields);
+  object["spec"]["template"] = std::move(merged.pod_template);
+  if (overlay.ignored != nullptr) *overlay.ignored = std::move(merged.ignored);
   stampDesiredHash(object);
   return object;
 }
@@ -156,7 +170,7 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
 }
 
 json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
-                           const WorkloadDefaults& defaults) {
+                           const WorkloadDefaults& defaults, std::vector<std::string>* ignored) {
   json env = json::array();
   // The agent advertises its pod IP to peers for KV transfer.
   env.push_back(
@@ -194,7 +208,8 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
   addModelVolume(pool.model_volume, pool.model_path, pod_spec, container);
   pod_spec["containers"] = json::array({container});
   return deployment(owner, pool.name, poolLabels(pool.name, pool.kind),
-                    poolSelector(pool.name, pool.kind), pool.replicas, std::move(pod_spec));
+                    poolSelector(pool.name, pool.kind), pool.replicas, std::move(pod_spec),
+                    {pool.pod_template, "agent", {"terminationGracePeriodSeconds"}, ignored});
 }
 
 json desiredPoolService(const Owner& owner, const PoolSpec& pool) {
@@ -234,7 +249,7 @@ json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
 json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
                              const std::vector<std::string>& prefill_pools,
                              const std::vector<std::string>& decode_pools,
-                             const WorkloadDefaults& defaults) {
+                             const WorkloadDefaults& defaults, std::vector<std::string>* ignored) {
   json container = {
       {"name", "router"},
       {"image", imageOf(router.image, defaults.operator_image, owner, "--default-operator-image")},
@@ -258,8 +273,10 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
   if (router.model_path)
     addModelVolume(router.model_volume, *router.model_path, pod_spec, container);
   pod_spec["containers"] = json::array({container});
+  // The router reads EndpointSlices as the controller's router ServiceAccount.
   return deployment(owner, router.name, routerLabels(router.name), routerSelector(router.name),
-                    router.replicas, std::move(pod_spec));
+                    router.replicas, std::move(pod_spec),
+                    {router.pod_template, "router", {"serviceAccountName"}, ignored});
 }
 
 json desiredRouterService(const Owner& owner, const RouterSpec& router) {

@@ -50,9 +50,12 @@ std::vector<std::string> routerContainerArguments(const local::RouterSpec& route
                                                   const std::vector<std::string>& decode_pools);
 
 // Throws tandem::Error when no image is known (neither spec.image nor the
-// controller's default).
+// controller's default). The spec's template is merged into the pod template
+// (pod_template.h); the fields it sets that the controller owns are left out
+// and, when `ignored` is given, listed there.
 nlohmann::json desiredPoolDeployment(const Owner& owner, const local::PoolSpec& pool,
-                                     const WorkloadDefaults& defaults);
+                                     const WorkloadDefaults& defaults,
+                                     std::vector<std::string>* ignored = nullptr);
 nlohmann::json desiredPoolService(const Owner& owner, const local::PoolSpec& pool);
 // The pool's PodDisruptionBudget (policy/v1, named as the pool, selecting its
 // agents; maxUnavailable 1 unless spec.disruptionBudget says otherwise), or
@@ -63,7 +66,8 @@ nlohmann::json desiredPoolDisruptionBudget(const Owner& owner, const local::Pool
 nlohmann::json desiredRouterDeployment(const Owner& owner, const local::RouterSpec& router,
                                        const std::vector<std::string>& prefill_pools,
                                        const std::vector<std::string>& decode_pools,
-                                       const WorkloadDefaults& defaults);
+                                       const WorkloadDefaults& defaults,
+                                       std::vector<std::string>* ignored = nullptr);
 nlohmann::json desiredRouterService(const Owner& owner, const local::RouterSpec& router);
 
 }  // namespace tandem::controller

@@ -223,6 +223,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   json desired_deployment;
   json desired_service;
   json desired_budget;  // a pool's PodDisruptionBudget; null: none wanted
+  std::vector<std::string> ignored_template_fields;  // spec.template's, the controller's own
   json match_labels;
   std::vector<std::string> prefill_pools;
   std::vector<std::string> decode_pools;
@@ -249,8 +250,8 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                                  " has no DecodePool to route to (spec.decodePools or every "
                                  "DecodePool of the namespace)");
       }
-      desired_deployment =
-          desiredRouterDeployment(owner, router, prefill_pools, decode_pools, options_.defaults);
+      desired_deployment = desiredRouterDeployment(owner, router, prefill_pools, decode_pools,
+                                                   options_.defaults, &ignored_template_fields);
       desired_service = desiredRouterService(owner, router);
     } else {
       const local::PoolKind pool_kind =
@@ -258,7 +259,8 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
       const local::PoolSpec pool = local::parsePoolObject(object, pool_kind, source);
       match_labels = poolSelector(name, pool_kind);
       observation.desired_replicas = pool.replicas;
-      desired_deployment = desiredPoolDeployment(owner, pool, options_.defaults);
+      desired_deployment =
+          desiredPoolDeployment(owner, pool, options_.defaults, &ignored_template_fields);
       desired_service = desiredPoolService(owner, pool);
       desired_budget = desiredPoolDisruptionBudget(owner, pool);
       if (poolKvTransferIsInsecure(pool)) {
@@ -267,6 +269,16 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                            "reaches the pod IP (--insecure-kv); set a Secret to require a "
                            "shared secret");
       }
+    }
+    if (!ignored_template_fields.empty()) {
+      std::string fields;
+      for (const std::string& field : ignored_template_fields) {
+        fields += (fields.empty() ? "" : ", ") + field;
+      }
+      events_.recordOnce(owner, kWarning, "TemplateFieldIgnored",
+                         "spec.template sets fields the controller owns; they keep the "
+                         "controller's values: " +
+                             fields);
     }
   } catch (const Error& e) {
     observation.desired_replicas = specReplicas(object, 1);

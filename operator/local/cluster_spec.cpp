@@ -282,6 +282,9 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   if (auto value = spec.get("disruptionBudget")) {
     pool.disruption_budget = readDisruptionBudget(*value, context);
   }
+  if (auto value = spec.get("template")) {
+    pool.pod_template = readPodTemplate(*value, "spec.template", context);
+  }
   spec.rejectUnknown();
   return pool;
 }
@@ -656,6 +659,8 @@ spec:
   env: [{name: A}]
   extraArgs: []
   disruptionBudget: {}
+  template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
+    volumes: [{name: a}], imagePullSecrets: [{name: a}]}}
   autoscaling: {minReplicas: 1, maxReplicas: 1, quantile: 0.5, windowSeconds: 1,
     scaleUpStabilizationSeconds: 0, scaleDownStabilizationSeconds: 0, maxStep: 1,
     pendingTimeoutSeconds: 1, )" +
@@ -674,6 +679,8 @@ spec:
   prefillPools: []
   decodePools: []
   kvSecretRef: {name: s, key: k}
+  template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
+    volumes: [{name: a}], imagePullSecrets: [{name: a}]}}
 )");
   std::erase_if(fields,
                 [](const std::string& path) { return path == "prefill" || path == "decode"; });

@@ -117,6 +117,9 @@ struct PoolSpec {
   std::vector<std::string> extra_args;                   // spec.extraArgs
   std::optional<PoolAutoscaling> autoscaling;            // spec.autoscaling
   DisruptionBudgetSpec disruption_budget;                // spec.disruptionBudget
+  // spec.template (Kubernetes only): the pod template fragment merged into
+  // the agents' pods ({metadata, spec}; an empty object when unset).
+  nlohmann::json pod_template = nlohmann::json::object();
   bool operator==(const PoolSpec&) const = default;
 };
 
@@ -170,6 +173,8 @@ struct RouterSpec {
   // shared KV secret (the pools' kvTransfer.secretRef), given to the router
   // as TANDEM_KV_SECRET to sign its pull-back holds with.
   std::optional<SecretKeyRef> kv_secret_ref;
+  // spec.template (Kubernetes only): merged into the router's pods.
+  nlohmann::json pod_template = nlohmann::json::object();
   // Local mode only, never read from a document: the decode pools' KV secret
   // (poolKvSecret in agent_command.h), which the in-process router signs
   // its pull-back holds with.

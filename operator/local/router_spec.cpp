@@ -105,6 +105,9 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
     checkResources(*value, "spec.resources", context);
     router.resources = toJson(*value, context, "spec.resources");
   }
+  if (auto value = spec.get("template")) {
+    router.pod_template = readPodTemplate(*value, "spec.template", context);
+  }
   if (auto value = spec.get("modelVolume")) {
     router.model_volume = readModelVolume(*value, "spec.modelVolume", context);
     if (!router.model_path) {

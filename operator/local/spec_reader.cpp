@@ -204,6 +204,20 @@ nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
   }
 }
 
+// A list of mappings, each with a non-empty string `name`; with `only_name`,
+// nothing else.
+void requireNamedList(const YAML::Node& list, const std::string& path,
+                      const DocumentContext& context, bool only_name) {
+  requireList(list, path, context);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string item_path = path + "[" + std::to_string(i) + "]";
+    requireMapping(list[i], item_path, context);
+    MapReader item(list[i], item_path, context);
+    readString(item.require("name"), item.pathOf("name"), context);
+    if (only_name) item.rejectUnknown();
+  }
+}
+
 void checkResources(const YAML::Node& node, const std::string& path,
                     const DocumentContext& context) {
   requireMapping(node, path, context);
@@ -221,15 +235,7 @@ void checkResources(const YAML::Node& node, const std::string& path,
     }
   }
   if (auto claims = resources.get("claims")) {
-    const std::string claims_path = resources.pathOf("claims");
-    requireList(*claims, claims_path, context);
-    for (size_t i = 0; i < claims->size(); ++i) {
-      const std::string item_path = claims_path + "[" + std::to_string(i) + "]";
-      requireMapping((*claims)[i], item_path, context);
-      MapReader claim((*claims)[i], item_path, context);
-      readString(claim.require("name"), claim.pathOf("name"), context);
-      claim.rejectUnknown();
-    }
+    requireNamedList(*claims, resources.pathOf("claims"), context, /*only_name=*/true);
   }
   resources.rejectUnknown();
 }
@@ -267,6 +273,63 @@ ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
     fail(context, path, "must set one of persistentVolumeClaim and hostPath", node);
   }
   return volume;
+}
+
+const std::vector<std::string> kPodTemplateSpecFields = {
+    "nodeSelector",      "tolerations",      "affinity",      "topologySpreadConstraints",
+    "priorityClassName", "runtimeClassName", "schedulerName", "serviceAccountName",
+    "imagePullSecrets",  "securityContext",  "volumes",       "containers",
+    "initContainers",    "hostNetwork",      "hostIPC",       "dnsPolicy",
+    "enableServiceLinks"};
+
+nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
+                               const DocumentContext& context) {
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  nlohmann::json fragment = nlohmann::json::object();
+  if (auto metadata = reader.get("metadata")) {
+    const std::string metadata_path = path + ".metadata";
+    requireMapping(*metadata, metadata_path, context);
+    MapReader metadata_reader(*metadata, metadata_path, context);
+    for (const char* key : {"labels", "annotations"}) {
+      auto value = metadata_reader.get(key);
+      if (!value) continue;
+      const std::string map_path = metadata_reader.pathOf(key);
+      requireMapping(*value, map_path, context);
+      nlohmann::json map = nlohmann::json::object();
+      for (const auto& entry : *value) {
+        const std::string name = entry.first.as<std::string>();
+        if (!entry.second.IsScalar()) {
+          fail(context, map_path + "." + name, "must be a string, got " + described(entry.second),
+               entry.second);
+        }
+        map[name] = entry.second.Scalar();
+      }
+      fragment["metadata"][key] = map;
+    }
+    metadata_reader.rejectUnknown();
+  }
+  if (auto spec = reader.get("spec")) {
+    const std::string spec_path = path + ".spec";
+    requireMapping(*spec, spec_path, context);
+    MapReader spec_reader(*spec, spec_path, context);
+    nlohmann::json pod = nlohmann::json::object();
+    for (const std::string& key : kPodTemplateSpecFields) {
+      auto value = spec_reader.get(key);
+      if (!value) continue;
+      const std::string field_path = spec_reader.pathOf(key);
+      if (key == "containers" || key == "initContainers" || key == "volumes" ||
+          key == "imagePullSecrets") {
+        // Only the names are read here: the rest is the API server's to check.
+        requireNamedList(*value, field_path, context, /*only_name=*/false);
+      }
+      pod[key] = toJson(*value, context, field_path);
+    }
+    spec_reader.rejectUnknown();
+    fragment["spec"] = pod;
+  }
+  reader.rejectUnknown();
+  return fragment;
 }
 
 }  // namespace tandem::local

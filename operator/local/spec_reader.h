@@ -125,6 +125,16 @@ nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
 void checkResources(const YAML::Node& node, const std::string& path,
                     const DocumentContext& context);
 
+// spec.template (Kubernetes only): a pod template fragment, {metadata:
+// {labels, annotations}, spec: {...}}, as JSON. The pod spec may set only the
+// fields listed in kPodTemplateSpecFields; labels and annotations are string
+// maps; containers, initContainers, volumes and imagePullSecrets are lists of
+// mappings with a name. Their contents are otherwise the API server's to
+// validate (the CRD's schema). Empty object when unset.
+extern const std::vector<std::string> kPodTemplateSpecFields;
+nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
+                               const DocumentContext& context);
+
 // spec.model.volume / spec.modelVolume: one of persistentVolumeClaim and hostPath.
 ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
                                 const DocumentContext& context);

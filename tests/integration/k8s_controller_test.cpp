@@ -21,6 +21,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -558,6 +559,116 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
   std::this_thread::sleep_for(3s);
   EXPECT_EQ(objectWritesBy(c->token()), writes);
   EXPECT_EQ(deployment("prefill")->at("spec").value("replicas", 0), 3);
+}
+
+// spec.template puts a pool's pods where a GPU cluster needs them: each
+// field applied with kubectl reaches the Deployment's pod template exactly,
+// and what the controller owns (the agent's args, the selector labels, its
+// env and volumes) stays its own, with a Warning event naming each ignored
+// field.
+TEST_F(K8sControllerTest, PodTemplateFieldsReachThePodsAndOwnedFieldsStayTheControllers) {
+  const fs::path pool_file = dir_ / "pool.yaml";
+  std::ofstream(pool_file) << R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata: {name: decode, namespace: default}
+spec:
+  image: ghcr.io/tandem/agent:0.1.0
+  model: {path: /models/small}
+  kvTransfer: {secretRef: {name: kv, key: secret}}
+  template:
+    metadata:
+      annotations: {k8s.v1.cni.cncf.io/networks: rdma-net}
+      labels: {team: serving, tandem.dev/pool: mine}
+    spec:
+      nodeSelector: {nvidia.com/gpu.product: H100}
+      tolerations:
+        - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions: [{key: topology.kubernetes.io/zone, operator: In, values: [a]}]
+      priorityClassName: serving-critical
+      runtimeClassName: nvidia
+      volumes:
+        - {name: cache, emptyDir: {}}
+        - {name: dshm, emptyDir: {}}
+      containers:
+        - name: agent
+          args: [serve, --model, /elsewhere]
+          securityContext: {capabilities: {add: [IPC_LOCK]}}
+          envFrom: [{secretRef: {name: hf-token}}]
+          env:
+            - {name: NCCL_DEBUG, value: INFO}
+            - {name: POD_IP, value: 1.2.3.4}
+          volumeMounts: [{name: cache, mountPath: /cache}]
+)";
+  const KubectlResult applied = kubectl({"apply", "-f", pool_file.string()});
+  ASSERT_EQ(applied.exit_status, 0) << applied.err;
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+  ASSERT_TRUE(eventually([&] { return deployment("decode").has_value(); }, 30s))
+      << controller.stderrText()
+      << get("tandem.dev/v1alpha1", "DecodePool", "decode").value_or(json()).dump();
+
+  const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  const json& written = pool["spec"]["template"]["spec"];
+  const json pod_template = deployment("decode")->at("spec")["template"];
+  const json& pod = pod_template["spec"];
+  for (const char* field :
+       {"nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName"}) {
+    EXPECT_EQ(pod[field], written[field]) << field;
+  }
+  EXPECT_EQ(pod_template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"], "rdma-net");
+  EXPECT_EQ(pod_template["metadata"]["labels"]["team"], "serving");
+  EXPECT_EQ(pod_template["metadata"]["labels"]["tandem.dev/pool"], "decode")
+      << "the selector label stays the controller's";
+  const json& agent = pod["containers"][0];
+  EXPECT_EQ(agent["name"], "agent");
+  EXPECT_EQ(agent["securityContext"]["capabilities"]["add"], json::array({"IPC_LOCK"}));
+  EXPECT_EQ(agent["envFrom"], json::array({{{"secretRef", {{"name", "hf-token"}}}}}));
+  std::map<std::string, json> env;
+  for (const json& variable : agent["env"]) env[variable["name"]] = variable;
+  EXPECT_EQ(env["NCCL_DEBUG"]["value"], "INFO");
+  EXPECT_EQ(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP")
+      << "POD_IP stays the controller's";
+  bool cache_volume = false;
+  bool shm_is_memory = false;
+  for (const json& volume : pod["volumes"]) {
+    cache_volume = cache_volume || volume["name"] == "cache";
+    if (volume["name"] == "dshm")
+      shm_is_memory = volume["emptyDir"].value("medium", "") == "Memory";
+  }
+  EXPECT_TRUE(cache_volume);
+  EXPECT_TRUE(shm_is_memory) << "the controller's dshm volume stays its own";
+  bool cache_mount = false;
+  for (const json& mount : agent["volumeMounts"])
+    cache_mount = cache_mount || mount["mountPath"] == "/cache";
+  EXPECT_TRUE(cache_mount);
+  // The arguments are still local mode's mapping of the pool.
+  std::vector<std::string> expected = tandem::local::agentArguments(
+      tandem::local::parsePoolObject(pool, tandem::local::PoolKind::kDecode, "decode"),
+      "tandem-agent", "0.0.0.0", 8000);
+  expected.erase(expected.begin());
+  EXPECT_EQ(agent["args"].get<std::vector<std::string>>(), expected);
+
+  // One Warning event names every field the controller kept.
+  std::string ignored;
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (const json& event : server_->list("v1", "Event", kNs)) {
+          if (event.value("reason", "") == "TemplateFieldIgnored")
+            ignored = event.value("message", "");
+        }
+        return !ignored.empty();
+      },
+      30s))
+      << controller.stderrText();
+  for (const char* path :
+       {"template.spec.containers[agent].args", "template.spec.containers[agent].env[POD_IP]",
+        "template.spec.volumes[dshm]", "template.metadata.labels.tandem.dev/pool"}) {
+    EXPECT_NE(ignored.find(path), std::string::npos) << path << " not in: " << ignored;
+  }
 }
 
 }  // namespace
