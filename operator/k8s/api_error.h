@@ -47,17 +47,17 @@ class Result {
   }
   T& value() & {
     TANDEM_CHECK(isOk(),
-                 ("Result::value() on an error: " + std::get<ApiError>(value_).toString()).c_str());
+                 "Result::value() on an error: " + std::get<ApiError>(value_).toString());
     return std::get<T>(value_);
   }
   const T& value() const& {
     TANDEM_CHECK(isOk(),
-                 ("Result::value() on an error: " + std::get<ApiError>(value_).toString()).c_str());
+                 "Result::value() on an error: " + std::get<ApiError>(value_).toString());
     return std::get<T>(value_);
   }
   T&& value() && {
     TANDEM_CHECK(isOk(),
-                 ("Result::value() on an error: " + std::get<ApiError>(value_).toString()).c_str());
+                 "Result::value() on an error: " + std::get<ApiError>(value_).toString());
     return std::get<T>(std::move(value_));
   }
   T* operator->() { return &value(); }
