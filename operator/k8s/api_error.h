@@ -46,18 +46,15 @@ class Result {
     return std::get<ApiError>(value_);
   }
   T& value() & {
-    TANDEM_CHECK(isOk(),
-                 "Result::value() on an error: " + std::get<ApiError>(value_).toString());
+    TANDEM_CHECK(isOk(), "Result::value() on an error: " + std::get<ApiError>(value_).toString());
     return std::get<T>(value_);
   }
   const T& value() const& {
-    TANDEM_CHECK(isOk(),
-                 "Result::value() on an error: " + std::get<ApiError>(value_).toString());
+    TANDEM_CHECK(isOk(), "Result::value() on an error: " + std::get<ApiError>(value_).toString());
     return std::get<T>(value_);
   }
   T&& value() && {
-    TANDEM_CHECK(isOk(),
-                 "Result::value() on an error: " + std::get<ApiError>(value_).toString());
+    TANDEM_CHECK(isOk(), "Result::value() on an error: " + std::get<ApiError>(value_).toString());
     return std::get<T>(std::move(value_));
   }
   T* operator->() { return &value(); }
