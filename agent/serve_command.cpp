@@ -19,6 +19,7 @@
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 #include "common/logging.h"
+#include "common/model_source/hub_fetch.h"
 #include "common/protocol/reasoning_parser.h"
 #include "common/protocol/tool_call_parser.h"
 #include "common/status.h"
@@ -116,6 +117,9 @@ int runServe(CLI::App& command, ServeOptions& o) {
   applyServeOptions(command, file, o.config_path, o);
   if (o.threads > 0) kernels::setNumThreads(o.threads);
   if (o.model.empty()) throw Error("--model is required (or model: in --config)");
+  // A directory that a fetch is still filling (or that one left half done)
+  // is never loaded: its weights may be partly written.
+  if (auto problem = model_source::modelDirectoryProblem(o.model)) throw Error(*problem);
 
   engine::EngineConfig config;
   config.model_dir = o.model;

@@ -133,6 +133,16 @@ TEST_F(CliTest, BadModelDirectoriesExitNonZeroNamingTheProblem) {
   EXPECT_NE(too_long.exit_code, 0);
   EXPECT_NE(too_long.err.find("--max-tokens must be between 1 and"), std::string::npos)
       << too_long.err;
+
+  // A complete model that a fetch is updating (or left half done): its
+  // .tandem-fetch/ has no complete.json, and serve refuses it.
+  fs::path fetching = makeTinyModel("fetching", 2);
+  fs::create_directories(fetching / ".tandem-fetch");
+  CommandResult incomplete = run("timeout 60 " + bin("tandem-agent") + " serve --model '" +
+                                 fetching.string() + "' --port 0");
+  EXPECT_EQ(incomplete.exit_code, 1) << incomplete.err;
+  EXPECT_NE(incomplete.err.find("holds an incomplete download"), std::string::npos)
+      << incomplete.err;
 }
 
 // A bad value refused at start: exit code 1 (not a signal, not serving), and

@@ -1,30 +1,146 @@
 // tandem-model: writes a complete Hugging Face model directory with seeded
-// random weights and a trained byte-level BPE tokenizer, for tests and demos.
+// random weights and a trained byte-level BPE tokenizer, for tests and demos;
+// and fetches a model from a Hugging Face Hub repository (a pool's hf://
+// source; common/model_source/hub_fetch.h).
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|qwen2|qwen3]
+//   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
+//                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
+//                [--token-source TEXT] [--termination-log PATH]
+//   (the token: HF_TOKEN, else HUGGING_FACE_HUB_TOKEN; the endpoint's default:
+//   HF_ENDPOINT, else https://huggingface.co)
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
 #include "common/dtype.h"
+#include "common/model_source/hub_fetch.h"
+#include "common/model_source/model_source.h"
 #include "common/status.h"
 #include "tools/model/test_model.h"
 
+namespace {
+
+struct FetchFlags {
+  std::string source;
+  std::string dir;
+  std::string cache_dir;
+  std::string endpoint;
+  int parallel = 4;
+  int retries = 5;
+  std::string ca_file;
+  std::string token_source = "HF_TOKEN";
+  std::string termination_log = "/dev/termination-log";
+};
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// A failure's message goes to stderr and, where Kubernetes made the file, to
+// the container's termination log (what `kubectl describe` and the pool's
+// ModelReady condition show).
+int fail(const FetchFlags& flags, const std::string& message) {
+  std::fprintf(stderr, "tandem-model fetch: %s\n", message.c_str());
+  std::error_code error;
+  if (!flags.termination_log.empty() && std::filesystem::exists(flags.termination_log, error)) {
+    std::ofstream log(flags.termination_log, std::ios::trunc);
+    log << message;
+  }
+  return 1;
+}
+
+int runFetch(const FetchFlags& flags) {
+  using namespace tandem::model_source;
+  tandem::StatusOr<ModelSource> source = parseModelSource(flags.source);
+  if (!source.isOk()) return fail(flags, source.status().message());
+  if (source->kind != SourceKind::kHuggingFace) {
+    return fail(flags,
+                "fetch takes an hf://org/name[@revision] source, got \"" + flags.source + "\"");
+  }
+  if (flags.dir.empty() == flags.cache_dir.empty()) {
+    return fail(flags, "give exactly one of --dir and --cache-dir");
+  }
+  HubFetchOptions options;
+  options.repo = source->repo;
+  options.revision = source->revision;
+  options.directory = flags.dir.empty() ? hubCacheDirectory(flags.cache_dir, *source) : flags.dir;
+  options.endpoint = flags.endpoint;
+  if (options.endpoint.empty()) options.endpoint = environment("HF_ENDPOINT");
+  if (options.endpoint.empty()) options.endpoint = "https://huggingface.co";
+  options.token = environment("HF_TOKEN");
+  if (options.token.empty()) options.token = environment("HUGGING_FACE_HUB_TOKEN");
+  options.token_source = flags.token_source;
+  options.parallel = flags.parallel;
+  options.retries = flags.retries;
+  options.ca_file = flags.ca_file;
+  options.progress = [](const std::string& file, int64_t done, int64_t size) {
+    if (done == size)
+      std::printf("  %-36s %14lld bytes\n", file.c_str(), static_cast<long long>(size));
+  };
+  const auto start = std::chrono::steady_clock::now();
+  std::printf("fetching %s from %s into %s\n", flags.source.c_str(), options.endpoint.c_str(),
+              options.directory.c_str());
+  std::fflush(stdout);
+  tandem::StatusOr<HubFetchResult> result = fetchHubModel(options);
+  if (!result.isOk()) return fail(flags, result.status().message());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!result->offline.empty()) {
+    std::printf("the Hub could not be asked (%s); kept the complete download of commit %s\n",
+                result->offline.c_str(), result->commit.c_str());
+  } else if (result->already_complete) {
+    std::printf("already complete at commit %s (%zu files, %lld bytes)\n", result->commit.c_str(),
+                result->files.size(), static_cast<long long>(result->bytes_total));
+  } else {
+    std::printf("fetched commit %s: %zu files, %lld bytes (%lld downloaded) in %.2f s\n",
+                result->commit.c_str(), result->files.size(),
+                static_cast<long long>(result->bytes_total),
+                static_cast<long long>(result->bytes_downloaded), seconds);
+  }
+  std::printf("model directory: %s\n", options.directory.c_str());
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"Writes a test model directory (config, safetensors weights, tokenizer)."};
+  CLI::App app{
+      "Writes a test model directory (config, safetensors weights, tokenizer), or "
+      "fetches a model from a Hugging Face Hub repository (fetch)."};
+  FetchFlags fetch;
+  CLI::App* fetch_command = app.add_subcommand(
+      "fetch", "Downloads and verifies a Hub repository's model files into a directory.");
+  fetch_command->add_option("source", fetch.source, "hf://org/name[@revision]")->required();
+  fetch_command->add_option("--dir", fetch.dir, "the model directory to fill");
+  fetch_command->add_option("--cache-dir", fetch.cache_dir,
+                            "a cache root: the directory is ROOT/hf/models--org--name/REVISION");
+  fetch_command->add_option("--endpoint", fetch.endpoint,
+                            "the Hub's URL (default: HF_ENDPOINT, else https://huggingface.co)");
+  fetch_command->add_option("--parallel", fetch.parallel, "files downloaded at once")
+      ->check(CLI::Range(1, 64));
+  fetch_command->add_option("--retries", fetch.retries, "retries per file, resuming")
+      ->check(CLI::Range(0, 100));
+  fetch_command->add_option("--ca-file", fetch.ca_file, "PEM bundle to verify https with");
+  fetch_command->add_option("--token-source", fetch.token_source,
+                            "where HF_TOKEN comes from, for messages");
+  fetch_command->add_option("--termination-log", fetch.termination_log,
+                            "a failure's message is written here when the file exists");
   std::string preset;
   std::string out_dir;
   std::string dtype_name = "bf16";
   uint64_t seed = 0;
   std::string arch = "llama";
-  app.add_option("--preset", preset, "model size")
-      ->required()
+  app.add_option("--preset", preset, "model size (required unless fetch)")
       ->check(CLI::IsMember(tandem::tools::presetNames()));
-  app.add_option("--out", out_dir, "output directory (created; files replaced)")->required();
+  app.add_option("--out", out_dir, "output directory (created; files replaced)");
   app.add_option("--dtype", dtype_name, "weight dtype")
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));
   app.add_option("--seed", seed, "weight seed");
@@ -36,6 +152,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "tandem-model: %s (see --help)\n", e.what());
+    return 1;
+  }
+  if (fetch_command->parsed()) return runFetch(fetch);
+  if (preset.empty() || out_dir.empty()) {
+    std::fprintf(stderr, "tandem-model: --preset and --out are required (see --help)\n");
     return 1;
   }
 

@@ -1,0 +1,333 @@
+// Model sources and the Hub fetch (common/model_source/) against the Hub
+// stand-in (tests/support/hub/hub_server.h) serving a generated model, and
+// `tandem-model fetch` as a program.
+#include "common/model_source/hub_fetch.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/model_source/model_source.h"
+#include "tests/support/command.h"
+#include "tests/support/hub/hub_server.h"
+#include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::model_source {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::HubServer;
+using testing::readFile;
+using testing::TempDir;
+
+TEST(ModelSourceTest, ParsesEachScheme) {
+  StatusOr<ModelSource> hub = parseModelSource("hf://meta-llama/Llama-3.1-8B-Instruct@v1.0");
+  ASSERT_TRUE(hub.isOk()) << hub.status().message();
+  EXPECT_EQ(hub->kind, SourceKind::kHuggingFace);
+  EXPECT_EQ(hub->repo, "meta-llama/Llama-3.1-8B-Instruct");
+  EXPECT_EQ(hub->revision, "v1.0");
+  EXPECT_EQ(parseModelSource("hf://gpt2")->revision, "main");
+  EXPECT_EQ(parseModelSource("hf://org/m@refs/pr/1")->revision, "refs/pr/1");
+
+  StatusOr<ModelSource> claim = parseModelSource("pvc://models/llama/8b/");
+  ASSERT_TRUE(claim.isOk()) << claim.status().message();
+  EXPECT_EQ(claim->kind, SourceKind::kClaim);
+  EXPECT_EQ(claim->claim, "models");
+  EXPECT_EQ(claim->path, "llama/8b");
+  EXPECT_EQ(parseModelSource("pvc://models")->path, "");
+
+  StatusOr<ModelSource> image = parseModelSource("oci://registry.local:5000/models/tiny:1");
+  ASSERT_TRUE(image.isOk());
+  EXPECT_EQ(image->kind, SourceKind::kImage);
+  EXPECT_EQ(image->image, "registry.local:5000/models/tiny:1");
+
+  StatusOr<ModelSource> path = parseModelSource("/models/tiny");
+  ASSERT_TRUE(path.isOk());
+  EXPECT_EQ(path->kind, SourceKind::kPath);
+  EXPECT_EQ(path->path, "/models/tiny");
+}
+
+TEST(ModelSourceTest, RefusesMalformedSourcesSayingWhatIsAccepted) {
+  struct Case {
+    const char* text;
+    const char* expected;
+  };
+  for (const Case& c :
+       {Case{"s3://bucket/model", "hf://, pvc:// and oci://"},
+        Case{"hf://org/", "hf://org/name[@revision]"},
+        Case{"hf://org/a/b", "hf://org/name[@revision]"},
+        Case{"hf://org/name@", "branch, tag or commit"}, Case{"hf://org/na me", "space"},
+        Case{"pvc://Models/x", "claim name"}, Case{"pvc://models/../etc", "without '.' or '..'"},
+        Case{"oci://", "oci://registry"}, Case{"", "empty"}}) {
+    StatusOr<ModelSource> source = parseModelSource(c.text);
+    ASSERT_FALSE(source.isOk()) << c.text;
+    EXPECT_EQ(source.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(source.status().message().find(c.expected), std::string::npos)
+        << source.status().message();
+  }
+}
+
+TEST(ModelSourceTest, CacheDirectoryIsOnePathPerRepositoryAndRevision) {
+  EXPECT_EQ(hubCacheDirectory("/cache/", *parseModelSource("hf://org/name@refs/pr/1")),
+            "/cache/hf/models--org--name/refs--pr--1");
+  EXPECT_EQ(hubCacheDirectory("/cache", *parseModelSource("hf://gpt2")),
+            "/cache/hf/models--gpt2/main");
+}
+
+class HubFetchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tools::TestModelOptions model;
+    model.preset = "tiny";
+    tools::writeTestModel(model, model_.path());
+    commit_ = hub_.publish("tandem/tiny", model_.path(), kExtraFiles);
+  }
+
+  HubFetchOptions options(const std::string& revision = "main") const {
+    HubFetchOptions options;
+    options.repo = "tandem/tiny";
+    options.revision = revision;
+    options.endpoint = hub_.endpoint();
+    options.directory = out_.path() / "model";
+    options.retry_delay_s = 0.01;
+    return options;
+  }
+
+  std::vector<HubServer::Request> cdnRequestsFor(const std::string& sha256) const {
+    std::vector<HubServer::Request> matching;
+    for (const HubServer::Request& request : hub_.requests()) {
+      if (request.server == "cdn" && request.path == "/blobs/" + sha256) {
+        matching.push_back(request);
+      }
+    }
+    return matching;
+  }
+
+  fs::path fetched(const std::string& name) const { return out_.path() / "model" / name; }
+
+  // Files the repository holds that the agent does not load.
+  inline static const std::map<std::string, std::string> kExtraFiles = {
+      {"README.md", "# tiny\n"},
+      {"pytorch_model.bin", std::string(4096, 'x')},
+      {"original/params.json", "{}"},
+  };
+
+  TempDir model_{"hub-model"};
+  TempDir out_{"hub-fetch"};
+  HubServer hub_;
+  std::string commit_;
+};
+
+TEST_F(HubFetchTest, FetchesTheFilesTheAgentLoadsAndVerifiesThem) {
+  hub_.setPageSize(2);  // the file list comes in pages
+  StatusOr<HubFetchResult> result = fetchHubModel(options());
+  ASSERT_TRUE(result.isOk()) << result.status().message();
+  EXPECT_EQ(result->commit, commit_);
+  EXPECT_FALSE(result->already_complete);
+  std::vector<std::string> names;
+  for (const HubFile& file : result->files) names.push_back(file.path);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors",
+                                      "tokenizer.json", "tokenizer_config.json"}));
+  for (const std::string& name : names) {
+    EXPECT_EQ(readFile(fetched(name)), readFile(model_.path() / name)) << name;
+  }
+  for (const char* skipped : {"README.md", "pytorch_model.bin", "original"}) {
+    EXPECT_FALSE(fs::exists(fetched(skipped))) << skipped;
+  }
+  EXPECT_EQ(result->bytes_downloaded, result->bytes_total);
+  EXPECT_FALSE(modelDirectoryProblem(out_.path() / "model").has_value());
+  const nlohmann::json marker =
+      nlohmann::json::parse(readFile(fetched(".tandem-fetch/complete.json")));
+  EXPECT_EQ(marker["commit"], commit_);
+  EXPECT_EQ(marker["files"].size(), 5u);
+  // Every file was asked at the resolved commit, never at the branch.
+  for (const HubServer::Request& request : hub_.requests()) {
+    if (request.path.find("/resolve/") != std::string::npos) {
+      EXPECT_NE(request.path.find("/resolve/" + commit_ + "/"), std::string::npos) << request.path;
+    }
+  }
+}
+
+TEST_F(HubFetchTest, ResumesAfterTheConnectionIsCutMidFile) {
+  const std::string weights = readFile(model_.path() / "model.safetensors");
+  const int64_t cut = static_cast<int64_t>(weights.size() / 3);
+  hub_.cutAfter("model.safetensors", cut);
+  StatusOr<HubFetchResult> result = fetchHubModel(options());
+  ASSERT_TRUE(result.isOk()) << result.status().message();
+  EXPECT_EQ(readFile(fetched("model.safetensors")), weights);
+  const auto requests = cdnRequestsFor(fileSha256(model_.path() / "model.safetensors"));
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0].range, "");
+  EXPECT_EQ(requests[1].range, "bytes=" + std::to_string(cut) + "-");
+  EXPECT_EQ(result->bytes_downloaded, result->bytes_total);  // nothing read twice
+}
+
+TEST_F(HubFetchTest, AnInterruptedFetchIsIncompleteAndTheNextOneResumesIt) {
+  const std::string weights = readFile(model_.path() / "model.safetensors");
+  const int64_t cut = static_cast<int64_t>(weights.size() / 2);
+  hub_.cutAfter("model.safetensors", cut, /*times=*/1);
+  HubFetchOptions first = options();
+  first.retries = 0;
+  StatusOr<HubFetchResult> failed = fetchHubModel(first);
+  ASSERT_FALSE(failed.isOk());
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(failed.status().message().find("model.safetensors incomplete"), std::string::npos)
+      << failed.status().message();
+  std::optional<std::string> problem = modelDirectoryProblem(out_.path() / "model");
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("incomplete download"), std::string::npos) << *problem;
+
+  StatusOr<HubFetchResult> resumed = fetchHubModel(options());
+  ASSERT_TRUE(resumed.isOk()) << resumed.status().message();
+  EXPECT_EQ(readFile(fetched("model.safetensors")), weights);
+  const auto requests = cdnRequestsFor(fileSha256(model_.path() / "model.safetensors"));
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[1].range, "bytes=" + std::to_string(cut) + "-");
+  EXPECT_FALSE(modelDirectoryProblem(out_.path() / "model").has_value());
+}
+
+TEST_F(HubFetchTest, RefusesAFileWhoseBytesDoNotMatchItsHashNamingIt) {
+  hub_.corrupt("model.safetensors");
+  StatusOr<HubFetchResult> lfs = fetchHubModel(options());
+  ASSERT_FALSE(lfs.isOk());
+  EXPECT_EQ(lfs.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(lfs.status().message().find("model.safetensors: the SHA-256 of the downloaded bytes"),
+            std::string::npos)
+      << lfs.status().message();
+  EXPECT_FALSE(fs::exists(fetched("model.safetensors")));
+  EXPECT_FALSE(fs::exists(fetched(".tandem-fetch/model.safetensors.part")));
+  EXPECT_TRUE(modelDirectoryProblem(out_.path() / "model").has_value());
+
+  TempDir other("hub-fetch-other");
+  HubServer hub;
+  hub.publish("tandem/tiny", model_.path());
+  hub.corrupt("config.json");
+  HubFetchOptions regular = options();
+  regular.endpoint = hub.endpoint();
+  regular.directory = other.path();
+  StatusOr<HubFetchResult> plain = fetchHubModel(regular);
+  ASSERT_FALSE(plain.isOk());
+  EXPECT_NE(plain.status().message().find("config.json: the git blob id"), std::string::npos)
+      << plain.status().message();
+}
+
+TEST_F(HubFetchTest, AGatedRepositoryNeedsItsTokenAndTheTokenNeverReachesTheCdn) {
+  hub_.publish("tandem/gated", model_.path(), {}, "main", "hf_secret");
+  HubFetchOptions gated = options();
+  gated.repo = "tandem/gated";
+  gated.token_source = "the Secret hf-token (key token)";
+
+  StatusOr<HubFetchResult> anonymous = fetchHubModel(gated);
+  ASSERT_FALSE(anonymous.isOk());
+  EXPECT_EQ(anonymous.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(anonymous.status().message().find("401 GatedRepo"), std::string::npos)
+      << anonymous.status().message();
+  EXPECT_NE(anonymous.status().message().find("no token was given: set the Secret hf-token"),
+            std::string::npos)
+      << anonymous.status().message();
+
+  gated.token = "hf_wrong";
+  StatusOr<HubFetchResult> wrong = fetchHubModel(gated);
+  ASSERT_FALSE(wrong.isOk());
+  EXPECT_NE(wrong.status().message().find("403"), std::string::npos);
+  EXPECT_NE(wrong.status().message().find("the token from the Secret hf-token (key token)"),
+            std::string::npos)
+      << wrong.status().message();
+
+  gated.token = "hf_secret";
+  StatusOr<HubFetchResult> granted = fetchHubModel(gated);
+  ASSERT_TRUE(granted.isOk()) << granted.status().message();
+  int hub_with_token = 0;
+  for (const HubServer::Request& request : hub_.requests()) {
+    if (request.server == "cdn") {
+      EXPECT_EQ(request.authorization, "") << request.path;
+    }
+    if (request.server == "hub" && request.authorization == "Bearer hf_secret") ++hub_with_token;
+  }
+  EXPECT_GT(hub_with_token, 0);
+}
+
+TEST_F(HubFetchTest, AMissingRevisionOrRepositoryIsNamed) {
+  StatusOr<HubFetchResult> revision = fetchHubModel(options("v9"));
+  ASSERT_FALSE(revision.isOk());
+  EXPECT_EQ(revision.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(revision.status().message().find("revision \"v9\" not found"), std::string::npos)
+      << revision.status().message();
+
+  HubFetchOptions missing = options();
+  missing.repo = "tandem/absent";
+  StatusOr<HubFetchResult> repo = fetchHubModel(missing);
+  ASSERT_FALSE(repo.isOk());
+  EXPECT_NE(repo.status().message().find("RepoNotFound"), std::string::npos)
+      << repo.status().message();
+  EXPECT_NE(repo.status().message().find("tandem/absent"), std::string::npos);
+
+  HubFetchOptions unreachable = options();
+  unreachable.endpoint = "http://127.0.0.1:1";
+  StatusOr<HubFetchResult> nobody = fetchHubModel(unreachable);
+  ASSERT_FALSE(nobody.isOk());
+  EXPECT_EQ(nobody.status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(HubFetchTest, AFetchOfACompleteDirectoryDownloadsOnlyWhatANewCommitChanged) {
+  ASSERT_TRUE(fetchHubModel(options()).isOk());
+  const size_t asked = hub_.requests().size();
+  StatusOr<HubFetchResult> again = fetchHubModel(options());
+  ASSERT_TRUE(again.isOk()) << again.status().message();
+  EXPECT_TRUE(again->already_complete);
+  EXPECT_EQ(hub_.requests().size(), asked + 1);  // the revision's commit, nothing else
+
+  // A new commit on main: one file changed, one gone.
+  TempDir changed("hub-model-changed");
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    fs::copy_file(model_.path() / name, changed.path() / name);
+  }
+  changed.write("tokenizer_config.json", readFile(model_.path() / "tokenizer_config.json") + " ");
+  const std::string commit = hub_.publish("tandem/tiny", changed.path());
+  StatusOr<HubFetchResult> updated = fetchHubModel(options());
+  ASSERT_TRUE(updated.isOk()) << updated.status().message();
+  EXPECT_EQ(updated->commit, commit);
+  EXPECT_EQ(updated->bytes_downloaded,
+            static_cast<int64_t>(fs::file_size(changed.path() / "tokenizer_config.json")));
+  EXPECT_EQ(readFile(fetched("tokenizer_config.json")),
+            readFile(changed.path() / "tokenizer_config.json"));
+  EXPECT_FALSE(fs::exists(fetched("generation_config.json")));
+
+  // The Hub gone: the complete download of the same revision is kept.
+  HubFetchOptions offline = options();
+  offline.endpoint = "http://127.0.0.1:1";
+  StatusOr<HubFetchResult> kept = fetchHubModel(offline);
+  ASSERT_TRUE(kept.isOk()) << kept.status().message();
+  EXPECT_EQ(kept->commit, commit);
+  EXPECT_FALSE(kept->offline.empty());
+}
+
+TEST_F(HubFetchTest, TheCommandFetchesAndReportsAFailureInTheTerminationLog) {
+  const std::string binary = std::string(TANDEM_BIN_DIR) + "/tandem-model";
+  const fs::path directory = out_.path() / "cli";
+  testing::CommandResult ok = testing::runToEnd({binary, "fetch", "hf://tandem/tiny", "--dir",
+                                                 directory.string(), "--endpoint", hub_.endpoint()},
+                                                out_.path() / "ok.err", std::chrono::seconds(60));
+  ASSERT_EQ(ok.exit_status, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("fetched commit " + commit_), std::string::npos) << ok.out;
+  EXPECT_EQ(readFile(directory / "model.safetensors"),
+            readFile(model_.path() / "model.safetensors"));
+
+  const fs::path log = out_.path() / "termination-log";
+  std::ofstream(log).flush();  // the log exists, as Kubernetes creates it
+  testing::CommandResult bad = testing::runToEnd(
+      {binary, "fetch", "hf://tandem/tiny@v9", "--cache-dir", out_.path().string(),
+       "--termination-log", log.string()},
+      out_.path() / "bad.err", std::chrono::seconds(60), {{"HF_ENDPOINT", hub_.endpoint()}});
+  EXPECT_EQ(bad.exit_status, 1);
+  EXPECT_NE(bad.err.find("revision \"v9\" not found"), std::string::npos) << bad.err;
+  EXPECT_NE(readFile(log).find("revision \"v9\" not found"), std::string::npos) << readFile(log);
+}
+
+}  // namespace
+}  // namespace tandem::model_source
