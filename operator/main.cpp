@@ -30,19 +30,19 @@
 #include "operator/controller/controller_command.h"
 #include "operator/k8s/api_client.h"
 #include "operator/k8s/kube_config.h"
-#include "operator/local/cluster_spec.h"
 #include "operator/local/local_mode.h"
 #include "operator/router/endpoint_discovery.h"
 #include "operator/router/router.h"
+#include "operator/spec/cluster_spec.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using tandem::Error;
-using tandem::local::AgentAddress;
-using tandem::local::RouterSpec;
 using tandem::router::AgentEndpoint;
 using tandem::router::RouterConfig;
+using tandem::spec::AgentAddress;
+using tandem::spec::RouterSpec;
 
 std::vector<AgentEndpoint> toEndpoints(const std::vector<AgentAddress>& agents) {
   std::vector<AgentEndpoint> endpoints;
@@ -410,7 +410,7 @@ std::vector<AgentEndpoint> endpointsFromFlags(const std::vector<std::string>& te
   std::vector<AgentEndpoint> endpoints;
   for (size_t i = 0; i < texts.size(); ++i) {
     AgentAddress agent =
-        tandem::local::parseAgentAddress(texts[i], role + "-" + std::to_string(i), "--" + role);
+        tandem::spec::parseAgentAddress(texts[i], role + "-" + std::to_string(i), "--" + role);
     endpoints.push_back({agent.name, agent.host, agent.port});
   }
   return endpoints;
@@ -440,7 +440,7 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   // The agents' KV secret, from the environment as the agents take it.
   if (const char* secret = std::getenv("TANDEM_KV_SECRET")) config.kv_secret = secret;
   if (!flags.config_path.empty()) {
-    applyRouterSpec(tandem::local::loadRouterSpec(flags.config_path), flags.config_path, config);
+    applyRouterSpec(tandem::spec::loadRouterSpec(flags.config_path), flags.config_path, config);
   }
   auto given = [&](const char* name) { return command.get_option(name)->count() > 0; };
   if (given("--host")) config.host = flags.host;

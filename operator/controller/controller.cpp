@@ -378,8 +378,8 @@ void Controller::plannerRound(double now_seconds) {
       pool.hpa_present = std::find(targets.begin(), targets.end(),
                                    std::string(ownerKindName(kind)) + "/" + name) != targets.end();
       pool.pods = cachedPods(
-          ns, poolSelector(name, kind == OwnerKind::kPrefillPool ? local::PoolKind::kPrefill
-                                                                 : local::PoolKind::kDecode));
+          ns, poolSelector(name, kind == OwnerKind::kPrefillPool ? spec::PoolKind::kPrefill
+                                                                 : spec::PoolKind::kDecode));
       pool.object = std::move(object);
       pools.push_back(std::move(pool));
     }

@@ -4,17 +4,19 @@
 #include <sstream>
 
 #include "common/status.h"
-#include "operator/controller/pod_template.h"
-#include "operator/local/agent_command.h"
+#include "operator/spec/agent_command.h"
+#include "operator/spec/pod_template.h"
 
 namespace tandem::controller {
 namespace {
 
-using local::ModelVolumeSpec;
-using local::PoolKind;
-using local::PoolSpec;
-using local::RouterSpec;
 using nlohmann::json;
+using spec::mergePodTemplate;
+using spec::ModelVolumeSpec;
+using spec::PoolKind;
+using spec::PoolSpec;
+using spec::RouterSpec;
+using spec::TemplateMergeResult;
 
 constexpr const char* kModelVolumeName = "model";
 
@@ -96,7 +98,7 @@ std::string imageOf(const std::string& spec_image, const std::string& default_im
 }  // namespace
 
 json poolLabels(const std::string& pool, PoolKind kind) {
-  const char* role = local::poolRole(kind);
+  const char* role = spec::poolRole(kind);
   return {{"app.kubernetes.io/name", "tandem-agent"},
           {"app.kubernetes.io/instance", pool},
           {"app.kubernetes.io/component", role},
@@ -106,7 +108,7 @@ json poolLabels(const std::string& pool, PoolKind kind) {
 }
 
 json poolSelector(const std::string& pool, PoolKind kind) {
-  return {{kPoolLabel, pool}, {kRoleLabel, local::poolRole(kind)}};
+  return {{kPoolLabel, pool}, {kRoleLabel, spec::poolRole(kind)}};
 }
 
 json routerLabels(const std::string& router) {
@@ -120,7 +122,7 @@ json routerLabels(const std::string& router) {
 json routerSelector(const std::string& router) { return {{kRouterLabel, router}}; }
 
 bool poolKvTransferIsInsecure(const PoolSpec& pool) {
-  const local::KvTransferSpec& transfer = pool.kv_transfer;
+  const spec::KvTransferSpec& transfer = pool.kv_transfer;
   return !transfer.secret_ref && !transfer.extra_config.contains("secret");
 }
 
@@ -131,7 +133,7 @@ std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
   const bool insecure = poolKvTransferIsInsecure(pool);
   const std::string host = pool.kv_transfer.secret_ref ? "0.0.0.0" : "$(POD_IP)";
   std::vector<std::string> argv =
-      local::agentArguments(pool, "tandem-agent", host, kContainerPort, insecure);
+      spec::agentArguments(pool, "tandem-agent", host, kContainerPort, insecure);
   argv.erase(argv.begin());
   return argv;
 }
@@ -229,7 +231,7 @@ json desiredPoolService(const Owner& owner, const PoolSpec& pool) {
 }
 
 json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
-  const local::DisruptionBudgetSpec& budget = pool.disruption_budget;
+  const spec::DisruptionBudgetSpec& budget = pool.disruption_budget;
   if (!budget.enabled) return nullptr;
   json spec = {{"selector", {{"matchLabels", poolSelector(pool.name, pool.kind)}}},
                {"unhealthyPodEvictionPolicy", "AlwaysAllow"}};

@@ -1,7 +1,7 @@
 // The objects the controller wants to exist, as pure functions of a pool's
 // or router's object and its parsed spec: a Deployment and a headless
 // Service per PrefillPool/DecodePool, a Deployment and a Service per Router.
-// The agent's command line is local mode's (operator/local/agent_command.h),
+// The agent's command line is the one local mode runs (operator/spec/agent_command.h),
 // so a pool runs the same agents on one machine and in a cluster.
 //
 // Every object carries the labels of object_meta.h, an ownerReference to its
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "operator/controller/object_meta.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
 namespace tandem::controller {
 
@@ -28,23 +28,23 @@ struct WorkloadDefaults {
 
 // The labels of a pool's pods and objects, and the subset its selector uses
 // (tandem.dev/pool and tandem.dev/role).
-nlohmann::json poolLabels(const std::string& pool, local::PoolKind kind);
-nlohmann::json poolSelector(const std::string& pool, local::PoolKind kind);
+nlohmann::json poolLabels(const std::string& pool, spec::PoolKind kind);
+nlohmann::json poolSelector(const std::string& pool, spec::PoolKind kind);
 nlohmann::json routerLabels(const std::string& router);
 nlohmann::json routerSelector(const std::string& router);
 
 // True when the pool's agents hand KV blocks out without a shared secret: no
 // kvTransfer.secretRef and no extraConfig.secret. They then listen on the pod
 // IP only, with --insecure-kv, and the controller warns (InsecureKvTransfer).
-bool poolKvTransferIsInsecure(const local::PoolSpec& pool);
+bool poolKvTransferIsInsecure(const spec::PoolSpec& pool);
 
 // The agent container's arguments (after the command "tandem-agent"): local
 // mode's mapping with --host 0.0.0.0 (secretRef) or $(POD_IP) plus
 // --insecure-kv, and --port 8000.
-std::vector<std::string> agentContainerArguments(const local::PoolSpec& pool);
+std::vector<std::string> agentContainerArguments(const spec::PoolSpec& pool);
 
 // The router container's arguments (after the command "tandem-operator").
-std::vector<std::string> routerContainerArguments(const local::RouterSpec& router,
+std::vector<std::string> routerContainerArguments(const spec::RouterSpec& router,
                                                   const std::string& ns,
                                                   const std::vector<std::string>& prefill_pools,
                                                   const std::vector<std::string>& decode_pools);
@@ -53,21 +53,21 @@ std::vector<std::string> routerContainerArguments(const local::RouterSpec& route
 // controller's default). The spec's template is merged into the pod template
 // (pod_template.h); the fields it sets that the controller owns are left out
 // and, when `ignored` is given, listed there.
-nlohmann::json desiredPoolDeployment(const Owner& owner, const local::PoolSpec& pool,
+nlohmann::json desiredPoolDeployment(const Owner& owner, const spec::PoolSpec& pool,
                                      const WorkloadDefaults& defaults,
                                      std::vector<std::string>* ignored = nullptr);
-nlohmann::json desiredPoolService(const Owner& owner, const local::PoolSpec& pool);
+nlohmann::json desiredPoolService(const Owner& owner, const spec::PoolSpec& pool);
 // The pool's PodDisruptionBudget (policy/v1, named as the pool, selecting its
 // agents; maxUnavailable 1 unless spec.disruptionBudget says otherwise), or
 // null when spec.disruptionBudget.enabled is false. Unhealthy agents may
 // always be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a pool that
 // never became ready cannot block a node drain.
-nlohmann::json desiredPoolDisruptionBudget(const Owner& owner, const local::PoolSpec& pool);
-nlohmann::json desiredRouterDeployment(const Owner& owner, const local::RouterSpec& router,
+nlohmann::json desiredPoolDisruptionBudget(const Owner& owner, const spec::PoolSpec& pool);
+nlohmann::json desiredRouterDeployment(const Owner& owner, const spec::RouterSpec& router,
                                        const std::vector<std::string>& prefill_pools,
                                        const std::vector<std::string>& decode_pools,
                                        const WorkloadDefaults& defaults,
                                        std::vector<std::string>* ignored = nullptr);
-nlohmann::json desiredRouterService(const Owner& owner, const local::RouterSpec& router);
+nlohmann::json desiredRouterService(const Owner& owner, const spec::RouterSpec& router);
 
 }  // namespace tandem::controller

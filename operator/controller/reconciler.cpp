@@ -229,7 +229,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   std::vector<std::string> decode_pools;
   try {
     if (kind == OwnerKind::kRouter) {
-      const local::RouterSpec router = local::parseRouterObject(object, source);
+      const spec::RouterSpec router = spec::parseRouterObject(object, source);
       match_labels = routerSelector(name);
       observation.desired_replicas = router.replicas;
       prefill_pools = router.prefill_pools.value_or(poolNames(ns, OwnerKind::kPrefillPool));
@@ -254,9 +254,9 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                                                    options_.defaults, &ignored_template_fields);
       desired_service = desiredRouterService(owner, router);
     } else {
-      const local::PoolKind pool_kind =
-          kind == OwnerKind::kPrefillPool ? local::PoolKind::kPrefill : local::PoolKind::kDecode;
-      const local::PoolSpec pool = local::parsePoolObject(object, pool_kind, source);
+      const spec::PoolKind pool_kind =
+          kind == OwnerKind::kPrefillPool ? spec::PoolKind::kPrefill : spec::PoolKind::kDecode;
+      const spec::PoolSpec pool = spec::parsePoolObject(object, pool_kind, source);
       match_labels = poolSelector(name, pool_kind);
       observation.desired_replicas = pool.replicas;
       desired_deployment =
@@ -289,8 +289,8 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   if (match_labels.is_null()) {
     match_labels = kind == OwnerKind::kRouter ? routerSelector(name)
                                               : poolSelector(name, kind == OwnerKind::kPrefillPool
-                                                                       ? local::PoolKind::kPrefill
-                                                                       : local::PoolKind::kDecode);
+                                                                       ? spec::PoolKind::kPrefill
+                                                                       : spec::PoolKind::kDecode);
   }
   observation.selector = selectorString(match_labels);
 

@@ -10,9 +10,15 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "common/subprocess.h"
-#include "operator/local/agent_command.h"
+#include "operator/spec/agent_command.h"
 
 namespace tandem::local {
+
+using spec::AgentAddress;
+using spec::agentArguments;
+using spec::PoolKind;
+using spec::PoolSpec;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
 namespace tandem::local {
 
@@ -52,7 +52,7 @@ const char* agentStateName(AgentState state);
 struct AgentStatus {
   std::string name;  // "<pool>-<index>"
   std::string pool;
-  PoolKind kind = PoolKind::kDecode;
+  spec::PoolKind kind = spec::PoolKind::kDecode;
   AgentState state = AgentState::kStarting;
   pid_t pid = 0;  // 0 when no process runs
   int port = 0;   // 0 until the agent printed it
@@ -70,7 +70,7 @@ class AgentSupervisor {
   // Makes the agents those of `pools`: starts the missing ones, stops those
   // beyond a pool's replicas (highest index first) or of a removed pool, and
   // restarts those whose command line or environment changed.
-  void apply(const std::vector<PoolSpec>& pools);
+  void apply(const std::vector<spec::PoolSpec>& pools);
   // One round: forwards output, reaps exits, checks health, restarts after
   // backoff, escalates stops to SIGKILL.
   void poll();
@@ -80,7 +80,7 @@ class AgentSupervisor {
 
   std::vector<AgentStatus> agents() const;
   // The ready agents of one kind, in pool then index order.
-  std::vector<AgentAddress> readyEndpoints(PoolKind kind) const;
+  std::vector<spec::AgentAddress> readyEndpoints(spec::PoolKind kind) const;
   // Every agent apply() asked for is ready.
   bool allReady() const;
   // Why the first agent that exited (or timed out) before ever being ready

@@ -9,9 +9,19 @@
 
 #include "common/logging.h"
 #include "common/status.h"
-#include "operator/local/agent_command.h"
+#include "operator/spec/agent_command.h"
 
 namespace tandem::local {
+
+using spec::AgentAddress;
+using spec::ClusterSpec;
+using spec::parseClusterSpec;
+using spec::PoolKind;
+using spec::poolKindName;
+using spec::poolKvSecret;
+using spec::PoolSpec;
+using spec::RouterSpec;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

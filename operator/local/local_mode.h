@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "operator/local/agent_supervisor.h"
-#include "operator/local/cluster_spec.h"
 #include "operator/local/local_planner.h"
+#include "operator/spec/cluster_spec.h"
 
 namespace httplib {
 class Server;
@@ -50,7 +50,8 @@ class RouterHandle {
  public:
   virtual ~RouterHandle() = default;
   virtual int port() const = 0;
-  virtual void setAgents(std::vector<AgentAddress> prefill, std::vector<AgentAddress> decode) = 0;
+  virtual void setAgents(std::vector<spec::AgentAddress> prefill,
+                         std::vector<spec::AgentAddress> decode) = 0;
   // Stops accepting and lets in-flight requests finish until the grace period.
   virtual void stop(double grace_seconds) = 0;
 };
@@ -58,7 +59,8 @@ class RouterHandle {
 // Starts a router for `spec` with its first agents; throws tandem::Error
 // when it cannot (e.g. the port is taken).
 using RouterFactory = std::function<std::unique_ptr<RouterHandle>(
-    const RouterSpec& spec, std::vector<AgentAddress> prefill, std::vector<AgentAddress> decode)>;
+    const spec::RouterSpec& spec, std::vector<spec::AgentAddress> prefill,
+    std::vector<spec::AgentAddress> decode)>;
 
 struct LocalModeOptions {
   std::filesystem::path cluster_file;
@@ -125,12 +127,12 @@ class LocalMode {
  private:
   void publish(const AgentSupervisor& supervisor);
   bool waitForStop(std::chrono::milliseconds timeout);
-  void reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& running_router);
-  RouterSpec routerSpecFor(const ClusterSpec& cluster) const;
+  void reloadIfChanged(AgentSupervisor& supervisor, const spec::RouterSpec& running_router);
+  spec::RouterSpec routerSpecFor(const spec::ClusterSpec& cluster) const;
   void shutdown(AgentSupervisor& supervisor, RouterHandle* router);
   // The file's pools as local mode runs them: autoscaled pools keep the
   // planner's replicas unless the file changed theirs.
-  void adoptPools(const std::vector<PoolSpec>& file_pools);
+  void adoptPools(const std::vector<spec::PoolSpec>& file_pools);
   void runPlanner(AgentSupervisor& supervisor);
   // Binds the metrics port (throws tandem::Error when it cannot) and serves
   // it on a thread until stopMetricsServer().
@@ -143,7 +145,7 @@ class LocalMode {
   // Owner thread only: the pools given to the supervisor, each pool's
   // replicas as the file last said, and pools whose file replicas changed
   // since the planner's last round.
-  std::vector<PoolSpec> pools_;
+  std::vector<spec::PoolSpec> pools_;
   std::map<std::string, int64_t> file_replicas_;
   std::set<std::string> replicas_changed_in_file_;
   LocalPlanner planner_;
@@ -155,7 +157,7 @@ class LocalMode {
   std::string file_error_;
   std::vector<PoolPlannerStatus> planner_status_;
   std::deque<PlannerEventRecord> planner_events_;
-  std::vector<PoolSpec> published_pools_;  // a copy of pools_ for observers
+  std::vector<spec::PoolSpec> published_pools_;  // a copy of pools_ for observers
   std::unique_ptr<httplib::Server> metrics_server_;
   std::thread metrics_thread_;
   std::atomic<int> metrics_port_{0};

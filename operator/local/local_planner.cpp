@@ -6,6 +6,12 @@
 #include "operator/planner/planner_metrics.h"
 
 namespace tandem::local {
+
+using spec::AgentAddress;
+using spec::PoolKind;
+using spec::poolKindName;
+using spec::PoolSpec;
+
 namespace {
 
 planner::PoolKind plannerKind(PoolKind kind) {

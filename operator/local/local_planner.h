@@ -21,20 +21,20 @@
 #include <string>
 #include <vector>
 
-#include "operator/local/cluster_spec.h"
 #include "operator/planner/metric_window.h"
 #include "operator/planner/planner.h"
+#include "operator/spec/cluster_spec.h"
 
 namespace tandem::local {
 
 // What local mode runs of one pool at the time of a round.
 struct PlannedPool {
   std::string name;
-  PoolKind kind = PoolKind::kDecode;
+  spec::PoolKind kind = spec::PoolKind::kDecode;
   // The replicas local mode runs the pool with now.
   int replicas = 0;
   // The pool's ready agents (scraped; their count is the ready replicas).
-  std::vector<AgentAddress> ready_agents;
+  std::vector<spec::AgentAddress> ready_agents;
   // The cluster file changed the pool's replicas since the previous round.
   bool replicas_changed_externally = false;
 };
@@ -42,14 +42,14 @@ struct PlannedPool {
 // One pool's decision of one round.
 struct PoolPlannerStatus {
   std::string pool;
-  PoolKind kind = PoolKind::kDecode;
+  spec::PoolKind kind = spec::PoolKind::kDecode;
   double time_seconds = 0;  // the round's time (the caller's clock)
   int scraped_agents = 0;   // agents whose /metrics answered this round
   planner::Decision decision;
 };
 
 // Fetches an agent's /metrics text; nullopt when it did not answer.
-using MetricsScraper = std::function<std::optional<std::string>(const AgentAddress& agent)>;
+using MetricsScraper = std::function<std::optional<std::string>(const spec::AgentAddress& agent)>;
 // GET http://HOST:PORT/metrics with short timeouts (an agent that does not
 // answer within about a second is left out of the round).
 MetricsScraper httpMetricsScraper();
@@ -61,7 +61,7 @@ class LocalPlanner {
   // The pools to plan: a planner for each pool with spec.autoscaling (a new
   // one for a pool seen for the first time, its spec updated for one seen
   // before, forgotten for a pool without it any more).
-  void configure(const std::vector<PoolSpec>& pools);
+  void configure(const std::vector<spec::PoolSpec>& pools);
   // Whether any pool is planned.
   bool active() const { return !pools_.empty(); }
 
@@ -72,7 +72,7 @@ class LocalPlanner {
 
  private:
   struct Pool {
-    PoolKind kind;
+    spec::PoolKind kind;
     planner::PoolPlanner planner;
     planner::MetricWindow window;
   };

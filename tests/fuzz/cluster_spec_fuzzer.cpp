@@ -9,10 +9,10 @@
 #include <string>
 
 #include "common/status.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace tandem::local;
+  using namespace tandem::spec;
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     const ClusterSpec cluster = parseClusterSpec(text, "cluster.yaml");

@@ -19,7 +19,7 @@
 
 #include "common/subprocess.h"
 #include "operator/controller/desired_objects.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 #include "tests/integration/docker_image_checks.h"
 #include "tests/integration/dockerfile_parser.h"
 #include "tests/support/apiserver/yaml_json.h"
@@ -94,8 +94,8 @@ std::string altered(const std::string& text, const std::string& from, const std:
 
 // The program a pool's pods run (command[0] of the controller's Deployment).
 std::string agentCommand() {
-  const local::ClusterSpec cluster = local::loadClusterSpec(kSourceDir / "examples/cluster.yaml");
-  const local::PoolSpec& pool = cluster.pools.at(0);
+  const spec::ClusterSpec cluster = spec::loadClusterSpec(kSourceDir / "examples/cluster.yaml");
+  const spec::PoolSpec& pool = cluster.pools.at(0);
   const controller::Owner owner{
       "tandem.dev/v1alpha1", "DecodePool", "serving", pool.name, "uid", 1};
   controller::WorkloadDefaults defaults;
@@ -109,7 +109,7 @@ std::string routerCommand() {
   controller::WorkloadDefaults defaults;
   defaults.operator_image = "ghcr.io/tandem/operator:test";
   const json deployment =
-      controller::desiredRouterDeployment(owner, local::RouterSpec{}, {"p"}, {"d"}, defaults);
+      controller::desiredRouterDeployment(owner, spec::RouterSpec{}, {"p"}, {"d"}, defaults);
   return deployment["spec"]["template"]["spec"]["containers"][0]["command"][0];
 }
 

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "common/subprocess.h"
-#include "operator/local/agent_command.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/agent_command.h"
+#include "operator/spec/cluster_spec.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/chart_install.h"
 #include "tests/support/free_port.h"
@@ -271,13 +271,13 @@ TEST_F(K8sControllerTest, ExamplePoolsBecomeDeploymentsAndServicesWithLocalModes
     EXPECT_EQ(service["spec"]["clusterIP"], "None");
 
     // The arguments: local mode's mapping of the same document.
-    const tandem::local::PoolSpec spec = tandem::local::parsePoolObject(
+    const tandem::spec::PoolSpec spec = tandem::spec::parsePoolObject(
         pool,
-        std::string(kind) == "PrefillPool" ? tandem::local::PoolKind::kPrefill
-                                           : tandem::local::PoolKind::kDecode,
+        std::string(kind) == "PrefillPool" ? tandem::spec::PoolKind::kPrefill
+                                           : tandem::spec::PoolKind::kDecode,
         name);
     std::vector<std::string> expected =
-        tandem::local::agentArguments(spec, "tandem-agent", "0.0.0.0", 8000);
+        tandem::spec::agentArguments(spec, "tandem-agent", "0.0.0.0", 8000);
     expected.erase(expected.begin());
     const json& container = deploy["spec"]["template"]["spec"]["containers"][0];
     EXPECT_EQ(container["args"].get<std::vector<std::string>>(), expected);
@@ -646,8 +646,8 @@ spec:
     cache_mount = cache_mount || mount["mountPath"] == "/cache";
   EXPECT_TRUE(cache_mount);
   // The arguments are still local mode's mapping of the pool.
-  std::vector<std::string> expected = tandem::local::agentArguments(
-      tandem::local::parsePoolObject(pool, tandem::local::PoolKind::kDecode, "decode"),
+  std::vector<std::string> expected = tandem::spec::agentArguments(
+      tandem::spec::parsePoolObject(pool, tandem::spec::PoolKind::kDecode, "decode"),
       "tandem-agent", "0.0.0.0", 8000);
   expected.erase(expected.begin());
   EXPECT_EQ(agent["args"].get<std::vector<std::string>>(), expected);

@@ -50,6 +50,8 @@ namespace tandem::local {
 namespace {
 
 namespace fs = std::filesystem;
+using spec::AgentAddress;
+using spec::RouterSpec;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::eventually;

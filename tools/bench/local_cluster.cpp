@@ -13,7 +13,7 @@
 
 #include "common/prometheus_text.h"
 #include "common/status.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 #include "tools/bench/openai_client.h"
 #include "tools/model/test_model.h"
 
@@ -167,19 +167,19 @@ LocalCluster::LocalCluster(const LocalClusterOptions& options, std::chrono::seco
   } else {
     cluster_file_ = options.cluster_file;
   }
-  const local::ClusterSpec spec = local::loadClusterSpec(cluster_file_);
-  for (const local::PoolSpec& pool : spec.pools) {
-    pool_roles_[pool.name] = local::poolRole(pool.kind);
+  const spec::ClusterSpec cluster = spec::loadClusterSpec(cluster_file_);
+  for (const spec::PoolSpec& pool : cluster.pools) {
+    pool_roles_[pool.name] = spec::poolRole(pool.kind);
     expected_agents_ += static_cast<size_t>(pool.replicas);
   }
-  if (spec.router.max_inflight_requests) max_inflight_ = *spec.router.max_inflight_requests;
-  if (spec.router.max_queued_requests) max_queued_ = *spec.router.max_queued_requests;
+  if (cluster.router.max_inflight_requests) max_inflight_ = *cluster.router.max_inflight_requests;
+  if (cluster.router.max_queued_requests) max_queued_ = *cluster.router.max_queued_requests;
   // The reference computes with the decode pool's settings.
-  for (const local::PoolSpec& pool : spec.pools) {
-    if (pool.kind != local::PoolKind::kDecode) continue;
+  for (const spec::PoolSpec& pool : cluster.pools) {
+    if (pool.kind != spec::PoolKind::kDecode) continue;
     if (model_dir_.empty()) model_dir_ = pool.model_path;
     reference_flags_ = {"--model", pool.model_path, "--served-model-name", pool.served_model_name};
-    const local::EngineSpec& e = pool.engine;
+    const spec::EngineSpec& e = pool.engine;
     if (e.block_size) {
       reference_flags_.insert(reference_flags_.end(),
                               {"--block-size", std::to_string(*e.block_size)});

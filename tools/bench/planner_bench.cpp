@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 #include "tools/bench/bench_options.h"
 #include "tools/bench/local_cluster.h"
 #include "tools/bench/openai_client.h"
@@ -98,11 +98,11 @@ std::string generatedClusterYaml(const PlannerBenchOptions& o, const fs::path& m
 
 // The targets the planner works to, from the cluster file's autoscaled pools.
 RampTargets targetsOf(const fs::path& cluster_file) {
-  const local::ClusterSpec spec = local::loadClusterSpec(cluster_file);
+  const spec::ClusterSpec cluster = spec::loadClusterSpec(cluster_file);
   std::optional<planner::AutoscalingSpec> prefill, decode;
-  for (const local::PoolSpec& pool : spec.pools) {
+  for (const spec::PoolSpec& pool : cluster.pools) {
     if (!pool.autoscaling) continue;
-    auto& slot = pool.kind == local::PoolKind::kPrefill ? prefill : decode;
+    auto& slot = pool.kind == spec::PoolKind::kPrefill ? prefill : decode;
     if (!slot) slot = pool.autoscaling->spec;
   }
   if (!prefill || !decode) {

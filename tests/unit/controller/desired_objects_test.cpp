@@ -9,19 +9,19 @@
 
 #include "common/status.h"
 #include "operator/controller/object_diff.h"
-#include "operator/local/agent_command.h"
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/agent_command.h"
+#include "operator/spec/cluster_spec.h"
 
 namespace tandem::controller {
 namespace {
 
-using local::PoolKind;
-using local::PoolSpec;
 using nlohmann::json;
+using spec::PoolKind;
+using spec::PoolSpec;
 
 Owner ownerFor(const PoolSpec& pool) {
   return Owner{"tandem.dev/v1alpha1",
-               local::poolKindName(pool.kind),
+               spec::poolKindName(pool.kind),
                "serving",
                pool.name,
                "uid-" + pool.name,
@@ -35,9 +35,9 @@ WorkloadDefaults defaults() {
   return value;
 }
 
-local::ClusterSpec exampleCluster() {
-  return local::loadClusterSpec(std::filesystem::path(TANDEM_SOURCE_DIR) / "examples" /
-                                "cluster.yaml");
+spec::ClusterSpec exampleCluster() {
+  return spec::loadClusterSpec(std::filesystem::path(TANDEM_SOURCE_DIR) / "examples" /
+                               "cluster.yaml");
 }
 
 const json& agentContainer(const json& deployment) {
@@ -52,7 +52,7 @@ json envNamed(const json& container, const std::string& name) {
 }
 
 TEST(DesiredObjectsTest, ExamplePoolsRunLocalModesCommandLine) {
-  const local::ClusterSpec cluster = exampleCluster();
+  const spec::ClusterSpec cluster = exampleCluster();
   ASSERT_EQ(cluster.pools.size(), 2u);
   for (const PoolSpec& pool : cluster.pools) {
     SCOPED_TRACE(pool.name);
@@ -65,14 +65,14 @@ TEST(DesiredObjectsTest, ExamplePoolsRunLocalModesCommandLine) {
     EXPECT_EQ(container["terminationMessagePolicy"], "FallbackToLogsOnError");
     // No secret in the example: the pod IP and --insecure-kv.
     std::vector<std::string> expected =
-        local::agentArguments(pool, "tandem-agent", "$(POD_IP)", 8000, true);
+        spec::agentArguments(pool, "tandem-agent", "$(POD_IP)", 8000, true);
     expected.erase(expected.begin());
     EXPECT_EQ(container["args"].get<std::vector<std::string>>(), expected);
     EXPECT_EQ(container["args"].back(), "--insecure-kv");
     EXPECT_EQ(envNamed(container, "POD_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
     EXPECT_TRUE(envNamed(container, "TANDEM_KV_SECRET").is_null());
 
-    const char* role = local::poolRole(pool.kind);
+    const char* role = spec::poolRole(pool.kind);
     const json labels = {{"app.kubernetes.io/name", "tandem-agent"},
                          {"app.kubernetes.io/instance", pool.name},
                          {"app.kubernetes.io/component", role},
@@ -89,8 +89,8 @@ TEST(DesiredObjectsTest, ExamplePoolsRunLocalModesCommandLine) {
               "tandem.dev/pool=" + pool.name + ",tandem.dev/role=" + role);
     EXPECT_EQ(deployment["metadata"]["ownerReferences"],
               json::parse(R"([{"apiVersion":"tandem.dev/v1alpha1","kind":")" +
-                          std::string(local::poolKindName(pool.kind)) + R"(","name":")" +
-                          pool.name + R"(","uid":"uid-)" + pool.name +
+                          std::string(spec::poolKindName(pool.kind)) + R"(","name":")" + pool.name +
+                          R"(","uid":"uid-)" + pool.name +
                           R"(","controller":true,"blockOwnerDeletion":true}])"));
     EXPECT_EQ(deployment["spec"]["replicas"], 1);
     EXPECT_EQ(deployment["spec"]["strategy"]["rollingUpdate"],
@@ -137,11 +137,11 @@ spec:
 )";
 
 TEST(DesiredObjectsTest, SecretRefListensEverywhereWithTheSecretFromTheSecret) {
-  const PoolSpec pool = local::parseClusterSpec(kSecretPool, "c.yaml").pools.at(0);
+  const PoolSpec pool = spec::parseClusterSpec(kSecretPool, "c.yaml").pools.at(0);
   EXPECT_FALSE(poolKvTransferIsInsecure(pool));
   const json deployment = desiredPoolDeployment(ownerFor(pool), pool, defaults());
   const json& container = agentContainer(deployment);
-  std::vector<std::string> expected = local::agentArguments(pool, "tandem-agent", "0.0.0.0", 8000);
+  std::vector<std::string> expected = spec::agentArguments(pool, "tandem-agent", "0.0.0.0", 8000);
   expected.erase(expected.begin());
   EXPECT_EQ(container["args"].get<std::vector<std::string>>(), expected);
   for (const json& arg : container["args"]) EXPECT_NE(arg, "--insecure-kv");
@@ -172,7 +172,7 @@ TEST(DesiredObjectsTest, NoImageAnywhereIsAnErrorNamingBoth) {
 }
 
 TEST(DesiredObjectsTest, RouterRunsDiscoveryWithItsSpecsFlags) {
-  const local::RouterSpec router = local::parseRouterSpec(R"(apiVersion: tandem.dev/v1alpha1
+  const spec::RouterSpec router = spec::parseRouterSpec(R"(apiVersion: tandem.dev/v1alpha1
 kind: Router
 metadata: {name: front}
 spec:
@@ -184,7 +184,7 @@ spec:
   modelVolume: {hostPath: {path: /srv/models/llama}}
   service: {type: LoadBalancer, port: 80}
 )",
-                                                          "r.yaml");
+                                                        "r.yaml");
   const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "front", "uid-r", 1};
   const json deployment =
       desiredRouterDeployment(owner, router, {"prefill"}, {"decode-a", "decode-b"}, defaults());
@@ -236,11 +236,11 @@ spec:
 )";
   const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "front", "uid-r", 1};
   const json container = agentContainer(desiredRouterDeployment(
-      owner, local::parseRouterSpec(document, "r.yaml"), {"prefill"}, {"decode"}, defaults()));
+      owner, spec::parseRouterSpec(document, "r.yaml"), {"prefill"}, {"decode"}, defaults()));
   EXPECT_EQ(container["env"], json::parse(R"([{"name": "TANDEM_KV_SECRET", "valueFrom":
       {"secretKeyRef": {"name": "tandem-kv", "key": "secret"}}}])"));
   const json plain = agentContainer(
-      desiredRouterDeployment(owner, local::RouterSpec{}, {"prefill"}, {"decode"}, defaults()));
+      desiredRouterDeployment(owner, spec::RouterSpec{}, {"prefill"}, {"decode"}, defaults()));
   EXPECT_FALSE(plain.contains("env"));
 }
 

@@ -1,11 +1,11 @@
 // A user's pod-template fragment merged into the generated one: what the
 // user adds arrives exactly, what the controller owns stays the controller's
 // and is listed, and nothing generated is lost.
-#include "operator/controller/pod_template.h"
+#include "operator/spec/pod_template.h"
 
 #include <gtest/gtest.h>
 
-namespace tandem::controller {
+namespace tandem::spec {
 namespace {
 
 using nlohmann::json;
@@ -383,4 +383,4 @@ TEST(PodTemplateTest, SameInputsGiveTheSameJson) {
 }
 
 }  // namespace
-}  // namespace tandem::controller
+}  // namespace tandem::spec

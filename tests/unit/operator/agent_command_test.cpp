@@ -1,13 +1,13 @@
 // A pool's spec as a `tandem-agent serve` command line: each engine field is
 // its flag, unset fields are left to the agent, the connector is vLLM's JSON.
-#include "operator/local/agent_command.h"
+#include "operator/spec/agent_command.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
-namespace tandem::local {
+namespace tandem::spec {
 namespace {
 
 PoolSpec minimalPool(PoolKind kind) {
@@ -138,4 +138,4 @@ TEST(AgentCommandTest, PoolKvSecretIsFoundWhereTheAgentsFindIt) {
 }
 
 }  // namespace
-}  // namespace tandem::local
+}  // namespace tandem::spec

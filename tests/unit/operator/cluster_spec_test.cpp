@@ -1,7 +1,7 @@
 // The cluster file parser: every field of the PrefillPool/DecodePool/Router
 // documents, the errors a user can cause (each naming the file, document,
 // kind, name, field and line), and the CRDs in crds/ against the parser.
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -15,7 +15,7 @@
 
 #include "common/status.h"
 
-namespace tandem::local {
+namespace tandem::spec {
 namespace {
 
 namespace fs = std::filesystem;
@@ -841,4 +841,4 @@ TEST(ClusterSpecTest, ApiObjectsParseWithTheSameChecks) {
 }
 
 }  // namespace
-}  // namespace tandem::local
+}  // namespace tandem::spec

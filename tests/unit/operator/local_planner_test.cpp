@@ -12,6 +12,10 @@
 namespace tandem::local {
 namespace {
 
+using spec::AgentAddress;
+using spec::parseClusterSpec;
+using spec::PoolKind;
+
 const char* kCluster = R"(apiVersion: tandem.dev/v1alpha1
 kind: PrefillPool
 metadata: {name: prefill}

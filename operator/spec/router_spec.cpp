@@ -1,9 +1,9 @@
-#include "operator/local/router_spec.h"
+#include "operator/spec/router_spec.h"
 
 #include <string>
 #include <vector>
 
-namespace tandem::local {
+namespace tandem::spec {
 namespace {
 
 std::vector<AgentAddress> readAgentList(const YAML::Node& node, const std::string& path,
@@ -140,4 +140,4 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   return router;
 }
 
-}  // namespace tandem::local
+}  // namespace tandem::spec

@@ -1,11 +1,11 @@
-#include "operator/controller/pod_template.h"
+#include "operator/spec/pod_template.h"
 
 #include <functional>
 #include <map>
 #include <optional>
 #include <utility>
 
-namespace tandem::controller {
+namespace tandem::spec {
 namespace {
 
 using nlohmann::json;
@@ -215,4 +215,4 @@ TemplateMergeResult mergePodTemplate(const json& generated, const json& fragment
   return TemplateMerger(main_container, owned_pod_fields).merge(generated, fragment);
 }
 
-}  // namespace tandem::controller
+}  // namespace tandem::spec

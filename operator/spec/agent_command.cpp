@@ -1,11 +1,11 @@
-#include "operator/local/agent_command.h"
+#include "operator/spec/agent_command.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-namespace tandem::local {
+namespace tandem::spec {
 namespace {
 
 std::string numberText(double value) {
@@ -86,4 +86,4 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
   return argv;
 }
 
-}  // namespace tandem::local
+}  // namespace tandem::spec

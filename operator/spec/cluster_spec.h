@@ -21,7 +21,7 @@
 
 #include "operator/planner/autoscaling_spec.h"
 
-namespace tandem::local {
+namespace tandem::spec {
 
 inline constexpr const char* kApiVersion = "tandem.dev/v1alpha1";
 
@@ -221,4 +221,4 @@ RouterSpec parseRouterObject(const nlohmann::json& object, const std::string& so
 std::vector<std::string> poolSpecFieldPaths(PoolKind kind);
 std::vector<std::string> routerSpecFieldPaths();
 
-}  // namespace tandem::local
+}  // namespace tandem::spec

@@ -1,4 +1,4 @@
-// Strict, typed reading of CRD-shaped YAML documents, internal to tandem_local
+// Strict, typed reading of CRD-shaped YAML documents, internal to tandem_spec
 // (cluster_spec.cpp and router_spec.cpp). Every reader either returns the value
 // or throws tandem::Error naming where it is and what is accepted:
 //
@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
-namespace tandem::local {
+namespace tandem::spec {
 
 // No upper bound, for readInteger.
 inline constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
@@ -139,4 +139,4 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
 ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
                                 const DocumentContext& context);
 
-}  // namespace tandem::local
+}  // namespace tandem::spec

@@ -1,4 +1,4 @@
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "common/status.h"
-#include "operator/local/router_spec.h"
-#include "operator/local/spec_reader.h"
+#include "operator/spec/router_spec.h"
+#include "operator/spec/spec_reader.h"
 
-namespace tandem::local {
+namespace tandem::spec {
 namespace {
 
 // Kubernetes object names (RFC 1123 labels): agents are named "<name>-<index>".
@@ -687,4 +687,4 @@ spec:
   return fields;
 }
 
-}  // namespace tandem::local
+}  // namespace tandem::spec

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem::controller {
+namespace tandem::spec {
 
 struct TemplateMergeResult {
   nlohmann::json pod_template;       // {metadata, spec}: `generated` with the fragment merged in
@@ -57,4 +57,4 @@ TemplateMergeResult mergePodTemplate(const nlohmann::json& generated,
                                      const std::string& main_container,
                                      const std::vector<std::string>& owned_pod_fields);
 
-}  // namespace tandem::controller
+}  // namespace tandem::spec

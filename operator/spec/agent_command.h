@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "operator/local/cluster_spec.h"
+#include "operator/spec/cluster_spec.h"
 
-namespace tandem::local {
+namespace tandem::spec {
 
 // argv for one agent of `pool` listening on host:port (0: a free port, which
 // the agent prints as "listening on HOST:PORT"). Only the engine fields the
@@ -33,4 +33,4 @@ std::string kvTransferConfigJson(const PoolSpec& pool);
 // router, which signs its pull-back holds with it.
 std::string poolKvSecret(const PoolSpec& pool);
 
-}  // namespace tandem::local
+}  // namespace tandem::spec

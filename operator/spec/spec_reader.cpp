@@ -1,4 +1,4 @@
-#include "operator/local/spec_reader.h"
+#include "operator/spec/spec_reader.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "common/status.h"
 
-namespace tandem::local {
+namespace tandem::spec {
 namespace {
 
 // Set while a FieldPathRecorder is alive on this thread: every field path read.
@@ -332,4 +332,4 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
   return fragment;
 }
 
-}  // namespace tandem::local
+}  // namespace tandem::spec
