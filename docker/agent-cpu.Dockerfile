@@ -49,13 +49,14 @@ LABEL org.opencontainers.image.title="tandem-agent (CPU)" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"
 # One package per library the binaries and UCX's transport modules load
-# (libuct opens /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so at run time).
+# (libuct opens /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so at run time), and
+# ca-certificates for `tandem-model fetch` over https (a pool's hf:// source).
 # libc6, libstdc++6, libgcc-s1 and zlib1g are part of every Debian image.
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
          libucx0 libnuma1 libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 \
          libnl-route-3-200 libcpp-httplib0.11 libbrotli1 libssl3 libprometheus-cpp-core1.0 \
-         libyaml-cpp0.7 libpcre2-8-0 libutf8proc2 libxxhash0 \
+         libyaml-cpp0.7 libpcre2-8-0 libutf8proc2 libxxhash0 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 65532 tandem \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

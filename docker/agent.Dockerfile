@@ -90,7 +90,7 @@ RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
          libnuma1 libibverbs1 ibverbs-providers librdmacm1t64 libnl-3-200 libnl-route-3-200 \
          libcpp-httplib0.14t64 libbrotli1 libssl3t64 libprometheus-cpp-core1.0 \
-         libyaml-cpp0.8 libpcre2-8-0 libutf8proc3 libxxhash0 \
+         libyaml-cpp0.8 libpcre2-8-0 libutf8proc3 libxxhash0 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 65532 tandem \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

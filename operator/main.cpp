@@ -152,6 +152,7 @@ struct LocalFlags {
   double max_restart_backoff_s = 30;
   double planner_interval_s = 2;
   int metrics_port = 0;
+  std::string model_cache;
 };
 
 CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
@@ -197,12 +198,17 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
                    "serve GET /metrics (the planner's metrics, replicas and agents per pool) on "
                    "127.0.0.1:PORT; 0: a free one (default: not served)")
       ->check(CLI::Range(0, 65535));
+  local->add_option("--model-cache", flags.model_cache,
+                    "where hf:// model sources are fetched to (default: TANDEM_MODEL_CACHE, "
+                    "else $XDG_CACHE_HOME/tandem, else ~/.cache/tandem)");
   return local;
 }
 
 int runLocal(CLI::App& command, const LocalFlags& flags) {
   tandem::local::LocalModeOptions options;
   options.cluster_file = flags.file;
+  options.model_cache =
+      flags.model_cache.empty() ? tandem::local::defaultModelCache() : fs::path(flags.model_cache);
   if (command.get_option("--port")->count() > 0) options.port = flags.port;
   if (!flags.policy.empty()) options.policy = flags.policy;
   fs::path agent_binary = flags.agent_binary;

@@ -284,7 +284,9 @@ StatusOr<std::vector<HubFile>> Fetcher::listFiles(const std::string& commit) {
       if (!entry.is_object() || entry.value("type", "") != "file") continue;
       HubFile file;
       file.path = entry.value("path", "");
-      if (file.path.find('/') != std::string::npos || !isModelFile(file.path)) continue;
+      const bool wanted =
+          options_.tokenizer_only ? isTokenizerFile(file.path) : isModelFile(file.path);
+      if (file.path.find('/') != std::string::npos || !wanted) continue;
       if (!entry.contains("size") || !entry["size"].is_number_integer()) {
         return unavailable(name_ + ": the file list gives " + file.path + " no size");
       }
@@ -307,7 +309,8 @@ StatusOr<std::vector<HubFile>> Fetcher::listFiles(const std::string& commit) {
   if (!has([](const HubFile& f) { return f.path == "config.json"; })) {
     return notFound(name_ + " (commit " + commit + ") has no config.json");
   }
-  if (!has([](const HubFile& f) { return f.path.ends_with(".safetensors"); })) {
+  if (!options_.tokenizer_only &&
+      !has([](const HubFile& f) { return f.path.ends_with(".safetensors"); })) {
     return failedPrecondition(name_ + " (commit " + commit +
                               ") has no .safetensors file; the agent loads safetensors weights");
   }
@@ -475,6 +478,7 @@ Status Fetcher::writeMarker(const std::string& commit, const std::vector<HubFile
   const nlohmann::json marker = {{"repo", options_.repo},
                                  {"revision", options_.revision},
                                  {"commit", commit},
+                                 {"scope", options_.tokenizer_only ? "tokenizer" : "model"},
                                  {"files", listed}};
   const fs::path temporary = state_ / "complete.json.tmp";
   {
@@ -545,6 +549,8 @@ StatusOr<HubFetchResult> Fetcher::run() {
   const std::optional<nlohmann::json> marker = readMarker();
   auto complete = [&](const std::string& commit_text) -> std::optional<HubFetchResult> {
     if (!marker || marker->value("commit", "") != commit_text) return std::nullopt;
+    // A tokenizer's copy is not a model; a model holds a tokenizer.
+    if (!options_.tokenizer_only && marker->value("scope", "model") != "model") return std::nullopt;
     HubFetchResult result;
     result.commit = commit_text;
     result.files = markerFiles(*marker);
@@ -606,7 +612,7 @@ StatusOr<HubFetchResult> Fetcher::run() {
   // Files the previous commit had and this one has not go, with stray parts.
   std::set<std::string> kept;
   for (const HubFile& file : *files) kept.insert(file.path);
-  if (marker) {
+  if (marker && !options_.tokenizer_only) {
     for (const HubFile& old : markerFiles(*marker)) {
       if (!kept.count(old.path) && old.path.find('/') == std::string::npos && !old.path.empty()) {
         fs::remove(options_.directory / old.path, error);
@@ -623,13 +629,17 @@ StatusOr<HubFetchResult> Fetcher::run() {
   return result;
 }
 
-bool isModelFile(const std::string& path) {
+bool isTokenizerFile(const std::string& path) {
   static const std::set<std::string> kNames = {
       "config.json",           "generation_config.json",  "tokenizer.json",
       "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
       "chat_template.json",
   };
-  return kNames.count(path) > 0 || path.ends_with(".safetensors") ||
+  return kNames.count(path) > 0;
+}
+
+bool isModelFile(const std::string& path) {
+  return isTokenizerFile(path) || path.ends_with(".safetensors") ||
          path.ends_with(".safetensors.index.json");
 }
 

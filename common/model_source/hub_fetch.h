@@ -57,6 +57,10 @@ struct HubFetchOptions {
   double read_timeout_s = 60;  // no byte for this long fails the attempt
   double retry_delay_s = 0.5;  // doubled after each retry of a file
   std::string ca_file;         // PEM bundle for https; empty: the system's
+  // Only the files a tokenizer and chat template need (isTokenizerFile): a
+  // router's copy. Such a fetch keeps files it does not list, and a later
+  // whole-model fetch does not take its directory for complete.
+  bool tokenizer_only = false;
   // Called from the downloading threads (serialised) as bytes arrive.
   std::function<void(const std::string& file, int64_t done, int64_t size)> progress;
 };
@@ -86,8 +90,11 @@ struct HubFetchResult {
 // failing after the retries), FailedPrecondition (the directory unusable).
 StatusOr<HubFetchResult> fetchHubModel(const HubFetchOptions& options);
 
-// Whether `path` (a top-level file name in a repository) is one the agent loads.
+// Whether `path` (a top-level file name in a repository) is one the agent
+// loads; one a tokenizer and chat template need (config.json, tokenizer and
+// chat template files, generation_config.json).
 bool isModelFile(const std::string& path);
+bool isTokenizerFile(const std::string& path);
 
 // Why an agent must not load `directory` (an incomplete or failed download
 // in it), or nullopt when nothing says so.

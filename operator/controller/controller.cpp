@@ -239,8 +239,11 @@ void Controller::enqueueRouters(const std::string& ns) {
 void Controller::onOwnerEvent(OwnerKind kind, k8s::EventType type, const json& object) {
   const std::string ns = metadataString(object, "namespace");
   enqueue(kind, ns, metadataString(object, "name"));
-  // A Router without pool lists routes to every pool of its namespace.
-  if (kind != OwnerKind::kRouter && type != k8s::EventType::kModified) enqueueRouters(ns);
+  // A Router without pool lists routes to every pool of its namespace, and a
+  // Router without a modelPath takes its tokenizer from a decode pool's
+  // model source, which a modified pool may have changed.
+  if (kind == OwnerKind::kPrefillPool && type != k8s::EventType::kModified) enqueueRouters(ns);
+  if (kind == OwnerKind::kDecodePool) enqueueRouters(ns);
 }
 
 void Controller::onChildEvent(const json& object) {

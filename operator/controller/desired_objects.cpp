@@ -19,6 +19,9 @@ using spec::RouterSpec;
 using spec::TemplateMergeResult;
 
 constexpr const char* kModelVolumeName = "model";
+constexpr const char* kModelCacheVolumeName = "model-cache";
+// The agent images' user, which must be able to write a fetch's cache claim.
+constexpr int64_t kAgentGroupId = 65532;
 
 std::string numberText(double value) {
   std::ostringstream text;
@@ -55,6 +58,98 @@ void addModelVolume(const std::optional<ModelVolumeSpec>& volume, const std::str
   json mount = {{"name", kModelVolumeName}, {"mountPath", mount_path}, {"readOnly", true}};
   if (!volume->sub_path.empty()) mount["subPath"] = volume->sub_path;
   container["volumeMounts"].push_back(mount);
+}
+
+// The volumes, mounts and init container that put a model source's files
+// in a pod: the whole model for a pool's agents, or only what a tokenizer
+// needs for a router (`tokenizer_only`: its own emptyDir, never a pool's
+// cache claim).
+void addModelSource(const spec::ModelSourceSpec& model, const std::string& fetch_image,
+                    bool tokenizer_only, json& pod_spec, json& container) {
+  using model_source::SourceKind;
+  const model_source::ModelSource& source = model.source;
+  switch (source.kind) {
+    case SourceKind::kHuggingFace: {
+      json cache = {{"name", kModelCacheVolumeName}};
+      if (!model.cache_claim.empty() && !tokenizer_only) {
+        cache["persistentVolumeClaim"] = {{"claimName", model.cache_claim}};
+        // Claims are mounted root-owned; the group makes them the agents' too.
+        pod_spec["securityContext"] = {{"fsGroup", kAgentGroupId}};
+      } else {
+        cache["emptyDir"] = json::object();
+        if (!model.cache_size_limit.empty() && !tokenizer_only) {
+          cache["emptyDir"]["sizeLimit"] = model.cache_size_limit;
+        }
+      }
+      pod_spec["volumes"].push_back(cache);
+      json args = {"fetch", source.text, "--dir", modelPathInPod(model)};
+      if (tokenizer_only) args.push_back("--tokenizer-only");
+      json env = json::array();
+      args.push_back("--token-source");
+      if (model.token_secret_ref) {
+        const spec::SecretKeyRef& ref = *model.token_secret_ref;
+        env.push_back({{"name", "HF_TOKEN"},
+                       {"valueFrom", {{"secretKeyRef", {{"name", ref.name}, {"key", ref.key}}}}}});
+        args.push_back("the Secret " + ref.name + " (key " + ref.key +
+                       ", spec.model.tokenSecretRef)");
+      } else {
+        args.push_back("spec.model.tokenSecretRef");
+      }
+      if (!model.endpoint.empty()) {
+        env.push_back({{"name", "HF_ENDPOINT"}, {"value", model.endpoint}});
+      }
+      pod_spec["initContainers"] = json::array(
+          {{{"name", modelInitContainer(model)},
+            {"image", fetch_image},
+            {"command", json::array({"tandem-model"})},
+            {"args", args},
+            {"env", env},
+            {"terminationMessagePolicy", "FallbackToLogsOnError"},
+            {"volumeMounts",
+             json::array({{{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}}})}}});
+      container["volumeMounts"].push_back(
+          {{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}, {"readOnly", true}});
+      return;
+    }
+    case SourceKind::kClaim: {
+      pod_spec["volumes"].push_back(
+          {{"name", kModelVolumeName},
+           {"persistentVolumeClaim", {{"claimName", source.claim}, {"readOnly", true}}}});
+      json mount = {{"name", kModelVolumeName}, {"mountPath", kModelMount}, {"readOnly", true}};
+      if (!source.path.empty()) mount["subPath"] = source.path;
+      container["volumeMounts"].push_back(mount);
+      return;
+    }
+    case SourceKind::kImage: {
+      json mount = {{"name", kModelVolumeName}, {"mountPath", kModelMount}, {"readOnly", true}};
+      if (model.image_mount == "ImageVolume") {
+        pod_spec["volumes"].push_back(
+            {{"name", kModelVolumeName},
+             {"image", {{"reference", source.image}, {"pullPolicy", "IfNotPresent"}}}});
+        mount["subPath"] = "models";
+      } else {
+        // The image's /models into an emptyDir; a router's copy skips the weights.
+        const std::string copy = tokenizer_only
+                                     ? std::string(
+                                           "for f in /models/*.json /models/*.jinja; do if [ -e "
+                                           "\"$f\" ]; then cp \"$f\" ") +
+                                           kModelMount + "/ || exit 1; fi; done"
+                                     : std::string("cp -R /models/. ") + kModelMount;
+        pod_spec["volumes"].push_back({{"name", kModelVolumeName}, {"emptyDir", json::object()}});
+        pod_spec["initContainers"] = json::array(
+            {{{"name", modelInitContainer(model)},
+              {"image", source.image},
+              {"command", json::array({"sh", "-c", copy})},
+              {"terminationMessagePolicy", "FallbackToLogsOnError"},
+              {"volumeMounts",
+               json::array({{{"name", kModelVolumeName}, {"mountPath", kModelMount}}})}}});
+      }
+      container["volumeMounts"].push_back(mount);
+      return;
+    }
+    case SourceKind::kPath:
+      return;
+  }
 }
 
 // The user's spec.template, merged into the generated pod template.
@@ -126,14 +221,46 @@ bool poolKvTransferIsInsecure(const PoolSpec& pool) {
   return !transfer.secret_ref && !transfer.extra_config.contains("secret");
 }
 
+std::string modelPathInPod(const spec::ModelSourceSpec& model) {
+  switch (model.source.kind) {
+    case model_source::SourceKind::kHuggingFace:
+      return model_source::hubCacheDirectory(kModelCacheMount, model.source);
+    case model_source::SourceKind::kPath:
+      return model.source.path;
+    default:
+      return kModelMount;
+  }
+}
+
+std::string modelInitContainer(const spec::ModelSourceSpec& model) {
+  switch (model.source.kind) {
+    case model_source::SourceKind::kHuggingFace:
+      return "model-fetch";
+    case model_source::SourceKind::kImage:
+      return model.image_mount == "Copy" ? "model-copy" : "";
+    default:
+      return "";
+  }
+}
+
+std::string poolModelPath(const PoolSpec& pool) {
+  return pool.model_source ? modelPathInPod(*pool.model_source) : pool.model_path;
+}
+
+std::string poolModelInitContainer(const PoolSpec& pool) {
+  return pool.model_source ? modelInitContainer(*pool.model_source) : "";
+}
+
 std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
   // With a shared secret the agent may listen everywhere; without one it
   // listens on the pod's own address only (and must be told that this is
   // deliberate), so no other interface of the pod exposes its KV blocks.
   const bool insecure = poolKvTransferIsInsecure(pool);
   const std::string host = pool.kv_transfer.secret_ref ? "0.0.0.0" : "$(POD_IP)";
+  PoolSpec in_pod = pool;
+  in_pod.model_path = poolModelPath(pool);
   std::vector<std::string> argv =
-      spec::agentArguments(pool, "tandem-agent", host, kContainerPort, insecure);
+      spec::agentArguments(in_pod, "tandem-agent", host, kContainerPort, insecure);
   argv.erase(argv.begin());
   return argv;
 }
@@ -184,9 +311,11 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
   }
   for (const auto& [name, value] : pool.env) env.push_back({{"name", name}, {"value", value}});
 
+  const std::string image =
+      imageOf(pool.image, defaults.agent_image, owner, "--default-agent-image");
   json container = {
       {"name", "agent"},
-      {"image", imageOf(pool.image, defaults.agent_image, owner, "--default-agent-image")},
+      {"image", image},
       {"command", json::array({"tandem-agent"})},
       {"args", agentContainerArguments(pool)},
       {"env", env},
@@ -207,7 +336,11 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
       {"terminationGracePeriodSeconds", static_cast<int64_t>(std::ceil(shutdown_s)) + 15},
       // UCX's shared-memory transport needs more than the default 64 MiB.
       {"volumes", json::array({{{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
-  addModelVolume(pool.model_volume, pool.model_path, pod_spec, container);
+  if (pool.model_source) {
+    addModelSource(*pool.model_source, image, /*tokenizer_only=*/false, pod_spec, container);
+  } else {
+    addModelVolume(pool.model_volume, pool.model_path, pod_spec, container);
+  }
   pod_spec["containers"] = json::array({container});
   return deployment(owner, pool.name, poolLabels(pool.name, pool.kind),
                     poolSelector(pool.name, pool.kind), pool.replicas, std::move(pod_spec),
@@ -248,10 +381,15 @@ json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
   return object;
 }
 
-json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
+json desiredRouterDeployment(const Owner& owner, const RouterSpec& given,
                              const std::vector<std::string>& prefill_pools,
                              const std::vector<std::string>& decode_pools,
                              const WorkloadDefaults& defaults, std::vector<std::string>* ignored) {
+  RouterSpec router = given;
+  // Without a modelPath, the router reads the tokenizer from where its pools
+  // get their model.
+  const bool pools_source = !router.model_path && router.pools_model_source;
+  if (pools_source) router.model_path = modelPathInPod(*router.pools_model_source);
   json container = {
       {"name", "router"},
       {"image", imageOf(router.image, defaults.operator_image, owner, "--default-operator-image")},
@@ -272,8 +410,14 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& router,
         json::array({{{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}}});
   }
   json pod_spec = {{"serviceAccountName", defaults.router_service_account}};
-  if (router.model_path)
+  if (pools_source) {
+    const std::string fetch_image =
+        router.pools_image.empty() ? defaults.agent_image : router.pools_image;
+    addModelSource(*router.pools_model_source, fetch_image, /*tokenizer_only=*/true, pod_spec,
+                   container);
+  } else if (router.model_path) {
     addModelVolume(router.model_volume, *router.model_path, pod_spec, container);
+  }
   pod_spec["containers"] = json::array({container});
   // The router reads EndpointSlices as the controller's router ServiceAccount.
   return deployment(owner, router.name, routerLabels(router.name), routerSelector(router.name),

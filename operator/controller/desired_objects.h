@@ -38,6 +38,19 @@ nlohmann::json routerSelector(const std::string& router);
 // IP only, with --insecure-kv, and the controller warns (InsecureKvTransfer).
 bool poolKvTransferIsInsecure(const spec::PoolSpec& pool);
 
+// Where a pool's pods find its model (docs/kubernetes.md, "Model sources"):
+// the agent's --model inside its container (spec.model.path; an hf://
+// source's directory under /model-cache, the emptyDir or claim its
+// model-fetch init container fills; /model for a pvc:// or oci:// source),
+// and the init container that fetches or copies it ("model-fetch",
+// "model-copy"; "" when the model is only mounted).
+inline constexpr const char* kModelCacheMount = "/model-cache";
+inline constexpr const char* kModelMount = "/model";
+std::string poolModelPath(const spec::PoolSpec& pool);
+std::string poolModelInitContainer(const spec::PoolSpec& pool);
+std::string modelPathInPod(const spec::ModelSourceSpec& model);
+std::string modelInitContainer(const spec::ModelSourceSpec& model);
+
 // The agent container's arguments (after the command "tandem-agent"): local
 // mode's mapping with --host 0.0.0.0 (secretRef) or $(POD_IP) plus
 // --insecure-kv, and --port 8000.

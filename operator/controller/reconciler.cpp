@@ -229,7 +229,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   std::vector<std::string> decode_pools;
   try {
     if (kind == OwnerKind::kRouter) {
-      const spec::RouterSpec router = spec::parseRouterObject(object, source);
+      spec::RouterSpec router = spec::parseRouterObject(object, source);
       match_labels = routerSelector(name);
       observation.desired_replicas = router.replicas;
       prefill_pools = router.prefill_pools.value_or(poolNames(ns, OwnerKind::kPrefillPool));
@@ -250,6 +250,21 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                                  " has no DecodePool to route to (spec.decodePools or every "
                                  "DecodePool of the namespace)");
       }
+      if (!router.model_path) {
+        // The tokenizer from where the first decode pool gets its model.
+        auto pool_object =
+            writer_.client().get(resourceOf(OwnerKind::kDecodePool), ns, decode_pools.front());
+        if (pool_object.isOk()) {
+          try {
+            const spec::PoolSpec pool = spec::parsePoolObject(*pool_object, spec::PoolKind::kDecode,
+                                                              describe(ownerOf(*pool_object)));
+            router.pools_model_source = pool.model_source;
+            router.pools_image = pool.image;
+          } catch (const Error&) {
+            // That pool reports its own InvalidSpec; the router keeps no model directory.
+          }
+        }
+      }
       desired_deployment = desiredRouterDeployment(owner, router, prefill_pools, decode_pools,
                                                    options_.defaults, &ignored_template_fields);
       desired_service = desiredRouterService(owner, router);
@@ -263,6 +278,10 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
           desiredPoolDeployment(owner, pool, options_.defaults, &ignored_template_fields);
       desired_service = desiredPoolService(owner, pool);
       desired_budget = desiredPoolDisruptionBudget(owner, pool);
+      observation.model =
+          ModelObservation{pool.served_model_name,
+                           pool.model_source ? pool.model_source->source.text : pool.model_path,
+                           poolModelInitContainer(pool)};
       if (poolKvTransferIsInsecure(pool)) {
         events_.recordOnce(owner, kWarning, "InsecureKvTransfer",
                            "no kvTransfer.secretRef: agents serve KV blocks to any peer that "

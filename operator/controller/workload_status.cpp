@@ -116,6 +116,51 @@ json withTransitionTime(json updated, const json& previous, const std::string& n
   return updated;
 }
 
+// The ModelReady condition from the pods' init container `model.init_container`.
+json modelCondition(const ModelObservation& model, const std::vector<json>& pods,
+                    int64_t generation) {
+  if (model.init_container.empty()) {
+    return condition("ModelReady", true, "Mounted",
+                     model.source + " is mounted in the agents' pods: nothing to fetch",
+                     generation);
+  }
+  std::optional<std::string> failed, fetched, fetching;
+  for (const json& pod : pods) {  // sorted by name
+    const json status = pod.value("status", json::object());
+    const json statuses = status.value("initContainerStatuses", json::array());
+    if (!statuses.is_array()) continue;
+    for (const json& container : statuses) {
+      if (container.value("name", "") != model.init_container) continue;
+      const json state = container.value("state", json::object());
+      json terminated = state.value("terminated", json());
+      if (!terminated.is_object() && state.contains("waiting") &&
+          state["waiting"].value("reason", "") == "CrashLoopBackOff") {
+        terminated = container.value("lastState", json::object()).value("terminated", json());
+      }
+      if (terminated.is_object() && integerAt(terminated, "exitCode") != 0) {
+        if (!failed) {
+          std::string words = lastLine(terminated.value("message", ""));
+          if (words.empty()) words = "exit " + std::to_string(integerAt(terminated, "exitCode"));
+          failed = "pod " + podName(pod) + ": " + model.init_container + ": " + words;
+        }
+      } else if (terminated.is_object()) {
+        if (!fetched) fetched = podName(pod);
+      } else if (state.contains("running") && !fetching) {
+        fetching = "pod " + podName(pod) + " is fetching " + model.source + " since " +
+                   state["running"].value("startedAt", "?");
+      }
+    }
+  }
+  if (failed) return condition("ModelReady", false, "FetchFailed", *failed, generation);
+  if (fetched) {
+    return condition("ModelReady", true, "Fetched",
+                     model.source + " is in place (pod " + *fetched + ")", generation);
+  }
+  if (fetching) return condition("ModelReady", false, "Fetching", *fetching, generation);
+  return condition("ModelReady", false, "Pending",
+                   "no pod has started fetching " + model.source + " yet", generation);
+}
+
 }  // namespace
 
 json findCondition(const json& status, const std::string& type) {
@@ -206,6 +251,11 @@ json computeWorkloadStatus(const json& previous, const WorkloadObservation& obse
   conditions.push_back(
       condition("Degraded", problem.has_value(), problem ? problem->first : "AsExpected",
                 problem ? problem->second : "no failure seen", observation.generation));
+  if (observation.model) {
+    status["servedModel"] = observation.model->served_name;
+    status["modelSource"] = observation.model->source;
+    conditions.push_back(modelCondition(*observation.model, pods, observation.generation));
+  }
   for (const json& item : observation.planner_conditions) conditions.push_back(item);
 
   for (json& item : conditions) item = withTransitionTime(std::move(item), previous, now);

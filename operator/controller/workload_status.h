@@ -16,6 +16,16 @@
 //                Deployment's ReplicaFailure / ProgressDeadlineExceeded; the
 //                message names the pod and what it said. Else False, AsExpected.
 //
+// A pool also gets status.servedModel, status.modelSource and
+//
+//   ModelReady   True when nothing is fetched (a path or a claim, an image
+//                volume: reason Mounted) or when a pod's fetch/copy init
+//                container finished (Fetched); False while one runs
+//                (Fetching, naming the pod), before any started (Pending), or
+//                when one failed (FetchFailed, with the pod and the init
+//                container's last words: `tandem-model fetch` writes its error
+//                to the termination log).
+//
 // and, for a pool the SLA planner scales, its ScalingConflict and
 // ScalingLimited conditions as the planner gave them (pool_autoscaler.h).
 //
@@ -31,6 +41,13 @@
 
 namespace tandem::controller {
 
+// What a pool's model is and how its pods get it.
+struct ModelObservation {
+  std::string served_name;
+  std::string source;          // spec.model.source, or spec.model.path
+  std::string init_container;  // the init container that fetches or copies it; "" when none
+};
+
 struct WorkloadObservation {
   int64_t generation = 0;        // the owner's metadata.generation
   int64_t desired_replicas = 0;  // its spec.replicas
@@ -45,6 +62,9 @@ struct WorkloadObservation {
   // Conditions of the SLA planner, appended as they are (their
   // lastTransitionTime kept as the others' is).
   std::vector<nlohmann::json> planner_conditions;
+  // Pools: the model (status.servedModel, modelSource, ModelReady); unset
+  // for a Router and for a spec that cannot be parsed.
+  std::optional<ModelObservation> model;
 };
 
 // The new status; `previous` is the owner's current status (or null), whose

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/model_source/hub_fetch.h"
 #include "common/status.h"
 #include "operator/spec/agent_command.h"
 
@@ -166,6 +169,71 @@ void LocalMode::stopMetricsServer() {
   metrics_port_ = 0;
 }
 
+std::filesystem::path defaultModelCache() {
+  auto variable = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  if (std::string cache = variable("TANDEM_MODEL_CACHE"); !cache.empty()) return cache;
+  if (std::string xdg = variable("XDG_CACHE_HOME"); !xdg.empty()) {
+    return std::filesystem::path(xdg) / "tandem";
+  }
+  if (std::string home = variable("HOME"); !home.empty()) {
+    return std::filesystem::path(home) / ".cache" / "tandem";
+  }
+  return std::filesystem::temp_directory_path() / "tandem-models";
+}
+
+void LocalMode::fetchModelSources(std::vector<PoolSpec>& pools, const std::string& file) const {
+  using model_source::SourceKind;
+  std::map<std::string, std::string> fetched;  // source text → directory
+  for (PoolSpec& pool : pools) {
+    if (!pool.model_source) continue;
+    const model_source::ModelSource& source = pool.model_source->source;
+    std::ostringstream label;
+    label << file << ": document " << pool.document << " (" << poolKindName(pool.kind) << " \""
+          << pool.name << "\"): spec.model.source: ";
+    const std::string where = label.str();
+    if (source.kind != SourceKind::kHuggingFace) {
+      throw Error(where + source.text +
+                  " needs Kubernetes (a claim or an image to mount); local mode takes hf:// "
+                  "sources and paths");
+    }
+    if (auto done = fetched.find(source.text); done != fetched.end()) {
+      pool.model_path = done->second;
+      continue;
+    }
+    model_source::HubFetchOptions fetch;
+    fetch.repo = source.repo;
+    fetch.revision = source.revision;
+    fetch.endpoint = pool.model_source->endpoint;
+    if (const char* endpoint = std::getenv("HF_ENDPOINT"); fetch.endpoint.empty() && endpoint) {
+      fetch.endpoint = endpoint;
+    }
+    if (fetch.endpoint.empty()) fetch.endpoint = "https://huggingface.co";
+    if (const char* token = std::getenv("HF_TOKEN")) fetch.token = token;
+    fetch.token_source = "HF_TOKEN in tandem-operator's environment";
+    const std::filesystem::path cache =
+        options_.model_cache.empty() ? defaultModelCache() : options_.model_cache;
+    fetch.directory = model_source::hubCacheDirectory(cache.string(), source);
+    TANDEM_LOG(kInfo) << "local: fetching " << source.text << " from " << fetch.endpoint << " into "
+                      << fetch.directory.string();
+    StatusOr<model_source::HubFetchResult> result = model_source::fetchHubModel(fetch);
+    if (!result.isOk()) throw Error(where + result.status().message());
+    if (!result->offline.empty()) {
+      TANDEM_LOG(kWarn) << "local: " << source.text << ": the Hub could not be asked ("
+                        << result->offline << "); serving the complete download of commit "
+                        << result->commit;
+    } else {
+      TANDEM_LOG(kInfo) << "local: " << source.text << " at commit " << result->commit << ": "
+                        << result->files.size() << " files, " << result->bytes_downloaded
+                        << " bytes downloaded";
+    }
+    pool.model_path = fetch.directory.string();
+    fetched[source.text] = pool.model_path;
+  }
+}
+
 void LocalMode::adoptPools(const std::vector<PoolSpec>& file_pools) {
   std::vector<PoolSpec> pools = file_pools;
   for (PoolSpec& pool : pools) {
@@ -304,7 +372,8 @@ void LocalMode::run() {
   std::optional<std::string> text = readText(options_.cluster_file);
   if (!text) throw Error(source + ": cannot be read");
   file_text_ = *text;
-  const ClusterSpec cluster = parseClusterSpec(file_text_, source);
+  ClusterSpec cluster = parseClusterSpec(file_text_, source);
+  fetchModelSources(cluster.pools, source);
   const RouterSpec router_spec = routerSpecFor(cluster);
 
   // Bound before any agent starts, so that a taken port costs nothing; served
@@ -389,6 +458,7 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   ClusterSpec cluster;
   try {
     cluster = parseClusterSpec(*text, source);
+    fetchModelSources(cluster.pools, source);
   } catch (const Error& e) {
     TANDEM_LOG(kError) << "local: " << e.what() << "; keeping the running cluster";
     std::lock_guard<std::mutex> lock(mutex_);

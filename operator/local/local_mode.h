@@ -78,7 +78,16 @@ struct LocalModeOptions {
   // 0 picks a free port (metricsPort() tells which). Not served when unset.
   std::optional<int> metrics_port;
   std::string metrics_host = "127.0.0.1";
+  // Where hf:// model sources are fetched to (a directory per repository and
+  // revision, model_source::hubCacheDirectory); the token is HF_TOKEN from
+  // this process's environment, the endpoint spec.model.endpoint, else
+  // HF_ENDPOINT, else the Hub.
+  std::filesystem::path model_cache;
 };
+
+// The model cache local mode uses unless told: TANDEM_MODEL_CACHE, else
+// $XDG_CACHE_HOME/tandem, else $HOME/.cache/tandem.
+std::filesystem::path defaultModelCache();
 
 // A planner Event (docs/planner.md#events) as local mode recorded it.
 struct PlannerEventRecord {
@@ -133,6 +142,11 @@ class LocalMode {
   // The file's pools as local mode runs them: autoscaled pools keep the
   // planner's replicas unless the file changed theirs.
   void adoptPools(const std::vector<spec::PoolSpec>& file_pools);
+  // Fetches each pool's hf:// source (a call to the Hub even when the cache
+  // is complete: a branch may have moved) and points the pool at it; throws
+  // tandem::Error naming the pool and the reason (a pvc:// or oci:// source,
+  // which needs Kubernetes; a failed fetch).
+  void fetchModelSources(std::vector<spec::PoolSpec>& pools, const std::string& file) const;
   void runPlanner(AgentSupervisor& supervisor);
   // Binds the metrics port (throws tandem::Error when it cannot) and serves
   // it on a thread until stopMetricsServer().

@@ -122,14 +122,7 @@ KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,
     transfer.extra_config = toJson(*value, context, reader.pathOf("extraConfig"));
   }
   if (auto value = reader.get("secretRef")) {
-    const std::string secret_path = reader.pathOf("secretRef");
-    requireMapping(*value, secret_path, context);
-    MapReader secret(*value, secret_path, context);
-    SecretKeyRef ref;
-    ref.name = readString(secret.require("name"), secret.pathOf("name"), context);
-    ref.key = readString(secret.require("key"), secret.pathOf("key"), context);
-    secret.rejectUnknown();
-    transfer.secret_ref = std::move(ref);
+    transfer.secret_ref = readSecretKeyRef(*value, reader.pathOf("secretRef"), context);
   }
   reader.rejectUnknown();
   return transfer;
@@ -232,6 +225,112 @@ DisruptionBudgetSpec readDisruptionBudget(const YAML::Node& node, const Document
   return budget;
 }
 
+// The last component of a path or image repository: a served model's default
+// name ("/models/m/" → "m"; "registry:5000/models/tiny:1@sha256:..." → "tiny").
+std::string lastComponent(std::string text) {
+  if (size_t digest = text.find('@'); digest != std::string::npos) text.resize(digest);
+  while (text.size() > 1 && text.back() == '/') text.pop_back();
+  if (size_t slash = text.rfind('/'); slash != std::string::npos) text = text.substr(slash + 1);
+  return text;
+}
+
+std::string imageRepositoryName(const std::string& image) {
+  std::string name = lastComponent(image);
+  if (size_t tag = name.find(':'); tag != std::string::npos) name.resize(tag);
+  return name;
+}
+
+// spec.model: a path (with an optional volume) or a source (hf://, pvc://,
+// oci://) with the fields its kind takes.
+void readPoolModel(const YAML::Node& model, PoolSpec& pool, const DocumentContext& context) {
+  requireMapping(model, "spec.model", context);
+  MapReader reader(model, "spec.model", context);
+  const bool listing_fields = FieldPathRecorder::active();
+  std::optional<YAML::Node> path = reader.get("path");
+  std::optional<YAML::Node> source_node = reader.get("source");
+  if (!listing_fields && path && source_node) {
+    fail(context, "spec.model", "sets both path and source: give one", model);
+  }
+  if (!path && !source_node) {
+    fail(context, "spec.model",
+         "must set source (hf://org/name[@revision], pvc://claim[/path], oci://image) or path",
+         model);
+  }
+  if (path) pool.model_path = readString(*path, "spec.model.path", context);
+  if (source_node && !listing_fields) {
+    const std::string text = readString(*source_node, "spec.model.source", context);
+    StatusOr<model_source::ModelSource> source = model_source::parseModelSource(text);
+    if (!source.isOk()) fail(context, "spec.model.source", source.status().message(), *source_node);
+    if (source->kind == model_source::SourceKind::kPath) {
+      pool.model_path = source->path;
+    } else {
+      pool.model_source = ModelSourceSpec{};
+      pool.model_source->source = std::move(*source);
+    }
+  }
+  using model_source::SourceKind;
+  const std::optional<SourceKind> kind =
+      pool.model_source ? std::optional(pool.model_source->source.kind) : std::nullopt;
+  // A field that belongs to another kind of source is refused, naming it.
+  auto only = [&](const char* field, SourceKind wanted, const char* what) {
+    std::optional<YAML::Node> value = reader.get(field);
+    if (value && !listing_fields && kind != wanted) {
+      fail(context, reader.pathOf(field), std::string("is for ") + what + " sources only", *value);
+    }
+    return value;
+  };
+  ModelSourceSpec scratch;
+  ModelSourceSpec& fetch = pool.model_source ? *pool.model_source : scratch;
+  if (auto value = only("tokenSecretRef", SourceKind::kHuggingFace, "hf://")) {
+    fetch.token_secret_ref =
+        readSecretKeyRef(*value, reader.pathOf("tokenSecretRef"), context, "HF_TOKEN");
+  }
+  if (auto value = only("endpoint", SourceKind::kHuggingFace, "hf://")) {
+    fetch.endpoint = readString(*value, reader.pathOf("endpoint"), context);
+    if (!listing_fields && !fetch.endpoint.starts_with("http://") &&
+        !fetch.endpoint.starts_with("https://")) {
+      fail(context, reader.pathOf("endpoint"),
+           "must be an http:// or https:// URL, got " + described(*value), *value);
+    }
+  }
+  if (auto value = only("cache", SourceKind::kHuggingFace, "hf://")) {
+    const std::string cache_path = reader.pathOf("cache");
+    requireMapping(*value, cache_path, context);
+    MapReader cache(*value, cache_path, context);
+    if (auto claim = cache.get("claimName")) {
+      fetch.cache_claim = readString(*claim, cache.pathOf("claimName"), context);
+    }
+    if (auto limit = cache.get("sizeLimit")) {
+      fetch.cache_size_limit = readString(*limit, cache.pathOf("sizeLimit"), context);
+    }
+    cache.rejectUnknown();
+  }
+  if (auto value = only("imageMount", SourceKind::kImage, "oci://")) {
+    fetch.image_mount =
+        readEnum(*value, reader.pathOf("imageMount"), context, {"Copy", "ImageVolume"});
+  }
+  if (auto value = reader.get("volume")) {
+    if (!listing_fields && pool.model_source) {
+      fail(context, "spec.model.volume",
+           "is for a path; a pvc:// source names its claim, an hf:// source its cache", *value);
+    }
+    pool.model_volume = readModelVolume(*value, "spec.model.volume", context);
+  }
+  if (auto value = reader.get("name")) {
+    pool.served_model_name = readString(*value, "spec.model.name", context);
+  } else if (!pool.model_source) {
+    pool.served_model_name = lastComponent(pool.model_path);  // the agent's own default
+  } else if (*kind == SourceKind::kHuggingFace) {
+    pool.served_model_name = pool.model_source->source.repo;  // as vLLM names a Hub model
+  } else if (*kind == SourceKind::kClaim) {
+    const model_source::ModelSource& source = pool.model_source->source;
+    pool.served_model_name = source.path.empty() ? source.claim : lastComponent(source.path);
+  } else {
+    pool.served_model_name = imageRepositoryName(pool.model_source->source.image);
+  }
+  reader.rejectUnknown();
+}
+
 PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& context) {
   PoolSpec pool;
   pool.kind = kind;
@@ -242,22 +341,7 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   if (auto value = spec.get("replicas")) {
     pool.replicas = readInteger(*value, "spec.replicas", context, 0, 1000);
   }
-  const YAML::Node model = spec.require("model");
-  requireMapping(model, "spec.model", context);
-  MapReader model_reader(model, "spec.model", context);
-  pool.model_path = readString(model_reader.require("path"), "spec.model.path", context);
-  if (auto value = model_reader.get("name")) {
-    pool.served_model_name = readString(*value, "spec.model.name", context);
-  } else {
-    // The agent's own default: the directory's name.
-    std::string path = pool.model_path;
-    while (path.size() > 1 && path.back() == '/') path.pop_back();
-    pool.served_model_name = std::filesystem::path(path).filename().string();
-  }
-  if (auto value = model_reader.get("volume")) {
-    pool.model_volume = readModelVolume(*value, "spec.model.volume", context);
-  }
-  model_reader.rejectUnknown();
+  readPoolModel(spec.require("model"), pool, context);
   if (auto value = spec.get("image")) pool.image = readString(*value, "spec.image", context);
   if (auto value = spec.get("resources")) {
     checkResources(*value, "spec.resources", context);
@@ -652,7 +736,9 @@ std::vector<std::string> poolSpecFieldPaths(PoolKind kind) {
                              poolKindName(kind) + R"(
 metadata: {name: sample}
 spec:
-  model: {path: /models/m, volume: {persistentVolumeClaim: {claimName: c}, hostPath: {path: /m}}}
+  model: {path: /models/m, volume: {persistentVolumeClaim: {claimName: c}, hostPath: {path: /m}},
+    source: hf://o/m, tokenSecretRef: {name: s, key: k}, endpoint: e,
+    cache: {claimName: c, sizeLimit: 1Gi}, imageMount: Copy}
   resources: {limits: {}, requests: {}, claims: [{name: c}]}
   engine: {}
   kvTransfer: {extraConfig: {}, secretRef: {name: s, key: k}}

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/model_source/model_source.h"
 #include "operator/planner/autoscaling_spec.h"
 
 namespace tandem::spec {
@@ -79,6 +80,27 @@ struct ModelVolumeSpec {
   bool operator==(const ModelVolumeSpec&) const = default;
 };
 
+// spec.model.source when it is not a plain path, with the fields its kind
+// takes (docs/kubernetes.md, "Model sources"). Local mode fetches hf://
+// sources itself and refuses pvc:// and oci://; the controller turns each
+// into volumes, an init container and the agent's --model.
+struct ModelSourceSpec {
+  model_source::ModelSource source;
+  // hf:// only: spec.model.tokenSecretRef (key default HF_TOKEN), given to the
+  // fetch as HF_TOKEN; spec.model.endpoint (a mirror; "" = the Hub); and
+  // spec.model.cache: a claim the pool's pods share, else an emptyDir per pod
+  // (sizeLimit, a quantity, when set).
+  std::optional<SecretKeyRef> token_secret_ref;
+  std::string endpoint;
+  std::string cache_claim;
+  std::string cache_size_limit;
+  // oci:// only: spec.model.imageMount, "Copy" (an init container copies the
+  // image's /models into an emptyDir) or "ImageVolume" (the image mounted
+  // as a volume; Kubernetes 1.33+ with the ImageVolume feature).
+  std::string image_mount = "Copy";
+  bool operator==(const ModelSourceSpec&) const = default;
+};
+
 // spec.disruptionBudget (Kubernetes only): the pool's PodDisruptionBudget,
 // which keeps voluntary disruptions (node drains, cluster upgrades) from
 // taking more than this many agents at once. Each bound is an integer or a
@@ -104,9 +126,13 @@ struct PoolSpec {
   std::string name;  // metadata.name; agents are "<name>-<index>"
   int document = 0;  // position in the file, from 1 (for messages)
   int64_t replicas = 1;
-  std::string model_path;         // spec.model.path, as written
-  std::string served_model_name;  // spec.model.name, else the path's last component
-  std::string image;              // Kubernetes only
+  std::string model_path;  // spec.model.path as written (or a path source); "" with model_source
+  // spec.model.name, else: the path's last component; an hf:// source's
+  // repository ("org/name"); a pvc:// source's last component; an oci://
+  // image's repository name.
+  std::string served_model_name;
+  std::optional<ModelSourceSpec> model_source;  // spec.model.source, unless a plain path
+  std::string image;                            // Kubernetes only
   // Kubernetes only: spec.model.volume, and spec.resources as written
   // ({limits, requests, claims}; an empty object when unset).
   std::optional<ModelVolumeSpec> model_volume;
@@ -175,6 +201,12 @@ struct RouterSpec {
   std::optional<SecretKeyRef> kv_secret_ref;
   // spec.template (Kubernetes only): merged into the router's pods.
   nlohmann::json pod_template = nlohmann::json::object();
+  // Kubernetes only, never read from a document: with modelPath unset, the
+  // model source of the first decode pool routed to and that pool's image
+  // ("" = the controller's default agent image), filled by the controller;
+  // the router's pod fetches (tokenizer files only) or mounts it.
+  std::optional<ModelSourceSpec> pools_model_source;
+  std::string pools_image;
   // Local mode only, never read from a document: the decode pools' KV secret
   // (poolKvSecret in agent_command.h), which the in-process router signs
   // its pull-back holds with.

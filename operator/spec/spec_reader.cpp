@@ -240,6 +240,19 @@ void checkResources(const YAML::Node& node, const std::string& path,
   resources.rejectUnknown();
 }
 
+SecretKeyRef readSecretKeyRef(const YAML::Node& node, const std::string& path,
+                              const DocumentContext& context, const std::string& default_key) {
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  SecretKeyRef ref;
+  ref.name = readString(reader.require("name"), reader.pathOf("name"), context);
+  std::optional<YAML::Node> key =
+      default_key.empty() ? std::optional(reader.require("key")) : reader.get("key");
+  ref.key = key ? readString(*key, reader.pathOf("key"), context) : default_key;
+  reader.rejectUnknown();
+  return ref;
+}
+
 ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
                                 const DocumentContext& context) {
   requireMapping(node, path, context);

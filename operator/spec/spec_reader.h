@@ -136,6 +136,11 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
                                const DocumentContext& context);
 
 // spec.model.volume / spec.modelVolume: one of persistentVolumeClaim and hostPath.
+// A {name, key} Secret key reference; `default_key` ("" = required) when
+// the key is not written.
+SecretKeyRef readSecretKeyRef(const YAML::Node& node, const std::string& path,
+                              const DocumentContext& context, const std::string& default_key = "");
+
 ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
                                 const DocumentContext& context);
 

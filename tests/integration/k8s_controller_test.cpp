@@ -671,4 +671,77 @@ spec:
   }
 }
 
+// A pool whose model is fetched from the Hub: the init container of the
+// agent's image, the served name in status and in kubectl's columns, and
+// ModelReady following the init container's status as the kubelet writes it.
+TEST_F(K8sControllerTest, AnHfPoolFetchesInAnInitContainerAndModelReadyFollowsIt) {
+  const fs::path pool_file = dir_ / "pool.yaml";
+  std::ofstream(pool_file) << R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata: {name: decode, namespace: default}
+spec:
+  image: ghcr.io/tandem/agent:0.1.0
+  model:
+    source: hf://org/m@v1
+    tokenSecretRef: {name: hf-token}
+  kvTransfer: {secretRef: {name: kv, key: secret}}
+)";
+  ASSERT_EQ(kubectl({"apply", "-f", pool_file.string()}).exit_status, 0);
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+  ASSERT_TRUE(eventually([&] { return deployment("decode").has_value(); }, 30s))
+      << controller.stderrText();
+  const json pod_spec = deployment("decode")->at("spec")["template"]["spec"];
+  ASSERT_EQ(pod_spec["initContainers"].size(), 1u) << pod_spec.dump();
+  EXPECT_EQ(pod_spec["initContainers"][0]["name"], "model-fetch");
+  EXPECT_EQ(pod_spec["initContainers"][0]["image"], "ghcr.io/tandem/agent:0.1.0");
+
+  auto decodePool = [&] { return get("tandem.dev/v1alpha1", "DecodePool", "decode"); };
+  auto modelReady = [&]() -> json {
+    const auto pool = decodePool();
+    return pool ? condition(*pool, "ModelReady").value_or(json::object()) : json::object();
+  };
+  ASSERT_TRUE(eventually([&] { return modelReady().value("reason", "") == "Pending"; }, 30s))
+      << decodePool().value_or(json()).dump();
+  EXPECT_EQ(decodePool()->at("status")["servedModel"], "org/m");
+  EXPECT_EQ(decodePool()->at("status")["modelSource"], "hf://org/m@v1");
+
+  // The kubelet's view of a pod whose fetch failed, then of one that fetched.
+  const json labels = deployment("decode")->at("spec")["template"]["metadata"]["labels"];
+  auto podWith = [&](const json& init_status) {
+    return json{
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata", {{"name", "decode-0"}, {"namespace", kNs}, {"labels", labels}}},
+        {"spec", {{"containers", json::array({{{"name", "agent"}, {"image", "x"}}})}}},
+        {"status", {{"phase", "Pending"}, {"initContainerStatuses", json::array({init_status})}}}};
+  };
+  const std::string words =
+      "hf://org/m@v1: the Hub refused the revision's metadata (401 GatedRepo: Access to model "
+      "org/m is restricted.); the token from the Secret hf-token (key HF_TOKEN, "
+      "spec.model.tokenSecretRef) has no access to it";
+  server_->put(podWith({{"name", "model-fetch"},
+                        {"ready", false},
+                        {"restartCount", 2},
+                        {"state", {{"waiting", {{"reason", "CrashLoopBackOff"}}}}},
+                        {"lastState", {{"terminated", {{"exitCode", 1}, {"message", words}}}}}}));
+  ASSERT_TRUE(eventually([&] { return modelReady().value("reason", "") == "FetchFailed"; }, 30s))
+      << decodePool().value_or(json()).dump();
+  EXPECT_EQ(modelReady()["status"], "False");
+  EXPECT_EQ(modelReady()["message"], "pod decode-0: model-fetch: " + words);
+  const KubectlResult listed = kubectl({"get", "decodepool", "decode", "-o", "wide"});
+  ASSERT_EQ(listed.exit_status, 0) << listed.err;
+  EXPECT_NE(listed.out.find("MODEL-READY"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("org/m"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("hf://org/m@v1"), std::string::npos) << listed.out;
+
+  server_->put(podWith({{"name", "model-fetch"},
+                        {"ready", false},
+                        {"restartCount", 3},
+                        {"state", {{"terminated", {{"exitCode", 0}, {"reason", "Completed"}}}}}}));
+  ASSERT_TRUE(eventually([&] { return modelReady().value("status", "") == "True"; }, 30s))
+      << decodePool().value_or(json()).dump();
+  EXPECT_EQ(modelReady()["reason"], "Fetched");
+}
+
 }  // namespace

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
+#include "tests/support/hub/hub_server.h"
 
 namespace tandem::local {
 namespace {
@@ -400,6 +401,82 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   }
   EXPECT_EQ(log.find("was killed by signal"), std::string::npos) << log;
   EXPECT_NE(log.find("local: stopped"), std::string::npos) << log;
+}
+
+// A pool whose model comes from the Hub: local mode fetches it (with the
+// token from its environment) into its model cache and serves it under the
+// repository's name.
+TEST_F(OperatorBinaryTest, AnHfSourceIsFetchedIntoTheCacheAndServed) {
+  testing::HubServer hub;
+  const std::string commit =
+      hub.publish("tandem/tiny", testing::tinyModelDir(), {}, "main", "hf_local");
+  std::string text = clusterYaml(1, 1);
+  const std::string path_line =
+      "    path: " + testing::tinyModelDir().string() + "\n    name: tiny\n";
+  const std::string source_lines =
+      "    source: hf://tandem/tiny\n    endpoint: " + hub.endpoint() + "\n";
+  for (size_t at = text.find(path_line); at != std::string::npos; at = text.find(path_line)) {
+    text.replace(at, path_line.size(), source_lines);
+  }
+  const fs::path file = dir_.write("cluster.yaml", text);
+  const fs::path cache = dir_.path() / "cache";
+
+  Subprocess refused(
+      {binary_.string(), "local", "-f", file.string(), "--model-cache", cache.string()},
+      dir_.path() / "refused.stderr", {{"HF_TOKEN", ""}});
+  EXPECT_EQ(refused.wait(seconds(60)), 1);
+  EXPECT_NE(refused.stderrText().find("spec.model.source: hf://tandem/tiny@main: the Hub "
+                                      "refused the revision's metadata (401 GatedRepo"),
+            std::string::npos)
+      << refused.stderrText();
+  EXPECT_NE(refused.stderrText().find("set HF_TOKEN in tandem-operator's environment"),
+            std::string::npos)
+      << refused.stderrText();
+
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0", "--model-cache",
+                 cache.string()},
+                dir_.path() / "stderr", {{"HF_TOKEN", "hf_local"}});
+  const std::string line = op.waitForLine("router listening on ", seconds(120));
+  ASSERT_FALSE(line.empty()) << op.stderrText();
+  const int port = std::stoi(line.substr(line.rfind(':') + 1));
+  ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
+  const fs::path directory = cache / "hf" / "models--tandem--tiny" / "main";
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    EXPECT_EQ(testing::readFile(directory / name),
+              testing::readFile(testing::tinyModelDir() / name))
+        << name;
+  }
+  EXPECT_NE(op.stderrText().find("hf://tandem/tiny at commit " + commit), std::string::npos)
+      << op.stderrText();
+  for (pid_t pid : childPids(op.pid())) {
+    EXPECT_NE(readProcFile("/proc/" + std::to_string(pid) + "/cmdline")
+                  .find(std::string("--model") + '\0' + directory.string() + '\0'),
+              std::string::npos);
+  }
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  nlohmann::json request = testing::greedy(testing::randomPrompt(40, 3), 6);
+  request["model"] = "tandem/tiny";
+  auto response = client.Post("/v1/completions", request.dump(), "application/json");
+  ASSERT_TRUE(response) << op.stderrText();
+  EXPECT_EQ(response->status, 200) << response->body;
+  EXPECT_EQ(testing::tokenIds(nlohmann::json::parse(response->body)).size(), 6u);
+  op.readStdout(milliseconds(10));
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+TEST_F(OperatorBinaryTest, ASourceThatNeedsKubernetesIsRefusedNamingIt) {
+  std::string text = clusterYaml(1, 1);
+  const std::string path_line = "    path: " + testing::tinyModelDir().string() + "\n";
+  text.replace(text.find(path_line), path_line.size(), "    source: pvc://models/tiny\n");
+  const fs::path file = dir_.write("cluster.yaml", text);
+  Subprocess op({binary_.string(), "local", "-f", file.string()}, dir_.path() / "stderr");
+  EXPECT_EQ(op.wait(seconds(30)), 1);
+  EXPECT_EQ(op.stderrText(), "tandem-operator: " + file.string() +
+                                 ": document 1 (PrefillPool \"prefill\"): spec.model.source: "
+                                 "pvc://models/tiny needs Kubernetes (a claim or an image to "
+                                 "mount); local mode takes hf:// sources and paths\n");
 }
 
 // The command line of a process, arguments joined by spaces.

@@ -7,7 +7,7 @@
 //                [--arch llama|mistral|qwen2|qwen3]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
 //                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
-//                [--token-source TEXT] [--termination-log PATH]
+//                [--token-source TEXT] [--termination-log PATH] [--tokenizer-only]
 //   (the token: HF_TOKEN, else HUGGING_FACE_HUB_TOKEN; the endpoint's default:
 //   HF_ENDPOINT, else https://huggingface.co)
 #include <CLI/CLI.hpp>
@@ -37,6 +37,7 @@ struct FetchFlags {
   std::string ca_file;
   std::string token_source = "HF_TOKEN";
   std::string termination_log = "/dev/termination-log";
+  bool tokenizer_only = false;
 };
 
 std::string environment(const char* name) {
@@ -81,6 +82,7 @@ int runFetch(const FetchFlags& flags) {
   options.parallel = flags.parallel;
   options.retries = flags.retries;
   options.ca_file = flags.ca_file;
+  options.tokenizer_only = flags.tokenizer_only;
   options.progress = [](const std::string& file, int64_t done, int64_t size) {
     if (done == size)
       std::printf("  %-36s %14lld bytes\n", file.c_str(), static_cast<long long>(size));
@@ -131,6 +133,8 @@ int main(int argc, char** argv) {
   fetch_command->add_option("--ca-file", fetch.ca_file, "PEM bundle to verify https with");
   fetch_command->add_option("--token-source", fetch.token_source,
                             "where HF_TOKEN comes from, for messages");
+  fetch_command->add_flag("--tokenizer-only", fetch.tokenizer_only,
+                          "only config, tokenizer and chat template files (a router's copy)");
   fetch_command->add_option("--termination-log", fetch.termination_log,
                             "a failure's message is written here when the file exists");
   std::string preset;

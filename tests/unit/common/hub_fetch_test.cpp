@@ -307,6 +307,26 @@ TEST_F(HubFetchTest, AFetchOfACompleteDirectoryDownloadsOnlyWhatANewCommitChange
   EXPECT_FALSE(kept->offline.empty());
 }
 
+// A router's copy: config, tokenizer and chat template only; a whole-model
+// fetch into the same directory does not take it for complete.
+TEST_F(HubFetchTest, ATokenizerOnlyFetchIsNeverTakenForTheModel) {
+  HubFetchOptions tokenizer = options();
+  tokenizer.tokenizer_only = true;
+  StatusOr<HubFetchResult> small = fetchHubModel(tokenizer);
+  ASSERT_TRUE(small.isOk()) << small.status().message();
+  EXPECT_FALSE(fs::exists(fetched("model.safetensors")));
+  EXPECT_EQ(readFile(fetched("tokenizer.json")), readFile(model_.path() / "tokenizer.json"));
+
+  StatusOr<HubFetchResult> whole = fetchHubModel(options());
+  ASSERT_TRUE(whole.isOk()) << whole.status().message();
+  EXPECT_FALSE(whole->already_complete);
+  EXPECT_EQ(readFile(fetched("model.safetensors")), readFile(model_.path() / "model.safetensors"));
+  StatusOr<HubFetchResult> again = fetchHubModel(tokenizer);
+  ASSERT_TRUE(again.isOk());
+  EXPECT_TRUE(again->already_complete);  // a model holds a tokenizer
+  EXPECT_TRUE(fs::exists(fetched("model.safetensors")));
+}
+
 TEST_F(HubFetchTest, TheCommandFetchesAndReportsAFailureInTheTerminationLog) {
   const std::string binary = std::string(TANDEM_BIN_DIR) + "/tandem-model";
   const fs::path directory = out_.path() / "cli";

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "common/status.h"
@@ -135,6 +136,111 @@ spec:
     secretRef: {name: tandem-kv, key: secret}
   env: [{name: UCX_TLS, value: "rc,cuda_copy"}]
 )";
+
+// A DecodePool "decode" whose spec.model is `model` (YAML flow mapping).
+PoolSpec decodePoolWithModel(const std::string& model) {
+  const spec::ClusterSpec cluster = spec::parseClusterSpec(
+      "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata: {name: decode}\nspec:\n"
+      "  model: " +
+          model + "\n",
+      "pool.yaml");
+  return cluster.pools.at(0);
+}
+
+const json& podSpec(const json& deployment) { return deployment["spec"]["template"]["spec"]; }
+
+std::string argAfter(const json& container, const std::string& flag) {
+  const auto args = container["args"].get<std::vector<std::string>>();
+  auto it = std::find(args.begin(), args.end(), flag);
+  return it == args.end() || it + 1 == args.end() ? "" : *(it + 1);
+}
+
+// hf://: an init container of the agent's image fetches into the cache volume
+// (an emptyDir, or the claim the pool's pods share) with the token from the
+// Secret; the agent reads the fetched directory, read-only.
+TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
+  const PoolSpec pool = decodePoolWithModel(
+      "{source: hf://meta-llama/Llama-3.1-8B@v2, tokenSecretRef: {name: hf}, "
+      "endpoint: https://mirror.example, cache: {sizeLimit: 40Gi}}");
+  EXPECT_EQ(pool.served_model_name, "meta-llama/Llama-3.1-8B");
+  const json deployment = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+  const json& pod = podSpec(deployment);
+  const std::string directory = "/model-cache/hf/models--meta-llama--Llama-3.1-8B/v2";
+  EXPECT_EQ(argAfter(agentContainer(deployment), "--model"), directory);
+  EXPECT_EQ(argAfter(agentContainer(deployment), "--served-model-name"), "meta-llama/Llama-3.1-8B");
+  const json expected_init = json::parse(R"json([{
+      "name": "model-fetch", "image": "ghcr.io/tandem/agent:test", "command": ["tandem-model"],
+      "args": ["fetch", "hf://meta-llama/Llama-3.1-8B@v2", "--dir",
+               "/model-cache/hf/models--meta-llama--Llama-3.1-8B/v2", "--token-source",
+               "the Secret hf (key HF_TOKEN, spec.model.tokenSecretRef)"],
+      "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
+              {"name": "HF_ENDPOINT", "value": "https://mirror.example"}],
+      "terminationMessagePolicy": "FallbackToLogsOnError",
+      "volumeMounts": [{"name": "model-cache", "mountPath": "/model-cache"}]}])json");
+  EXPECT_EQ(pod["initContainers"], expected_init);
+  EXPECT_EQ(pod["volumes"][1], json::parse(R"({"name": "model-cache",
+      "emptyDir": {"sizeLimit": "40Gi"}})"));
+  EXPECT_EQ(
+      agentContainer(deployment)["volumeMounts"][1],
+      json::parse(R"({"name": "model-cache", "mountPath": "/model-cache", "readOnly": true})"));
+  EXPECT_EQ(poolModelInitContainer(pool), "model-fetch");
+
+  const PoolSpec shared = decodePoolWithModel("{source: hf://org/m, cache: {claimName: models}}");
+  const json shared_deployment = desiredPoolDeployment(ownerFor(shared), shared, defaults());
+  const json& shared_pod = podSpec(shared_deployment);
+  EXPECT_EQ(shared_pod["volumes"][1], json::parse(R"({"name": "model-cache",
+      "persistentVolumeClaim": {"claimName": "models"}})"));
+  EXPECT_EQ(shared_pod["securityContext"], json::parse(R"({"fsGroup": 65532})"));
+}
+
+TEST(DesiredObjectsTest, PvcAndOciSourcesAreMountedOrCopiedAtModel) {
+  const PoolSpec claim = decodePoolWithModel("{source: pvc://models/llama/8b}");
+  EXPECT_EQ(claim.served_model_name, "8b");
+  const json claim_deployment = desiredPoolDeployment(ownerFor(claim), claim, defaults());
+  EXPECT_EQ(argAfter(agentContainer(claim_deployment), "--model"), "/model");
+  EXPECT_EQ(podSpec(claim_deployment)["volumes"][1], json::parse(R"({"name": "model",
+      "persistentVolumeClaim": {"claimName": "models", "readOnly": true}})"));
+  EXPECT_EQ(agentContainer(claim_deployment)["volumeMounts"][1], json::parse(R"({"name": "model",
+      "mountPath": "/model", "readOnly": true, "subPath": "llama/8b"})"));
+  EXPECT_FALSE(podSpec(claim_deployment).contains("initContainers"));
+
+  const PoolSpec copied = decodePoolWithModel("{source: oci://registry:5000/models/tiny:1}");
+  EXPECT_EQ(copied.served_model_name, "tiny");
+  const json copied_deployment = desiredPoolDeployment(ownerFor(copied), copied, defaults());
+  const json& copied_pod = podSpec(copied_deployment);
+  EXPECT_EQ(copied_pod["initContainers"][0]["name"], "model-copy");
+  EXPECT_EQ(copied_pod["initContainers"][0]["image"], "registry:5000/models/tiny:1");
+  EXPECT_EQ(copied_pod["initContainers"][0]["command"],
+            json::parse(R"(["sh", "-c", "cp -R /models/. /model"])"));
+  EXPECT_EQ(copied_pod["volumes"][1], json::parse(R"({"name": "model", "emptyDir": {}})"));
+
+  const PoolSpec mounted =
+      decodePoolWithModel("{source: oci://registry:5000/models/tiny:1, imageMount: ImageVolume}");
+  const json mounted_deployment = desiredPoolDeployment(ownerFor(mounted), mounted, defaults());
+  EXPECT_EQ(podSpec(mounted_deployment)["volumes"][1], json::parse(R"({"name": "model",
+      "image": {"reference": "registry:5000/models/tiny:1", "pullPolicy": "IfNotPresent"}})"));
+  EXPECT_EQ(agentContainer(mounted_deployment)["volumeMounts"][1]["subPath"], "models");
+  EXPECT_EQ(poolModelInitContainer(mounted), "");
+}
+
+// A Router without modelPath reads the tokenizer from its decode pool's
+// source: its own emptyDir, tokenizer files only, the pool's image.
+TEST(DesiredObjectsTest, ARouterWithoutAModelPathFetchesItsPoolsTokenizer) {
+  const PoolSpec pool = decodePoolWithModel("{source: hf://org/m, cache: {claimName: models}}");
+  spec::RouterSpec router;
+  router.name = "router";
+  router.pools_model_source = pool.model_source;
+  router.pools_image = "registry/agent:v2";
+  const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "router", "uid-router", 1};
+  const json deployment =
+      desiredRouterDeployment(owner, router, {}, {"decode"}, defaults(), nullptr);
+  const json& pod = podSpec(deployment);
+  EXPECT_EQ(argAfter(pod["containers"][0], "--model-dir"), "/model-cache/hf/models--org--m/main");
+  EXPECT_EQ(pod["initContainers"][0]["image"], "registry/agent:v2");
+  const auto args = pod["initContainers"][0]["args"].get<std::vector<std::string>>();
+  EXPECT_NE(std::find(args.begin(), args.end(), "--tokenizer-only"), args.end());
+  EXPECT_EQ(pod["volumes"][0], json::parse(R"({"name": "model-cache", "emptyDir": {}})"));
+}
 
 TEST(DesiredObjectsTest, SecretRefListensEverywhereWithTheSecretFromTheSecret) {
   const PoolSpec pool = spec::parseClusterSpec(kSecretPool, "c.yaml").pools.at(0);

@@ -173,5 +173,55 @@ TEST(WorkloadStatusTest, LastTransitionTimeIsKeptUntilTheStatusChanges) {
   EXPECT_EQ(computeWorkloadStatus(third, observation(deploymentWith(2, 2, 3, 3, 3)), "T4"), third);
 }
 
+// ModelReady follows the pods' model-fetch init container: Pending before
+// any runs, Fetching while one does, FetchFailed with the fetch's own message
+// (its termination log), Fetched once one finished.
+TEST(WorkloadStatusTest, ModelReadyFollowsTheFetchInitContainer) {
+  WorkloadObservation seen = observation(deploymentWith(1, 1, 2, 2, 0), 2);
+  seen.model = ModelObservation{"org/m", "hf://org/m@main", "model-fetch"};
+  json status = computeWorkloadStatus(nullptr, seen, "T1");
+  EXPECT_EQ(status["servedModel"], "org/m");
+  EXPECT_EQ(status["modelSource"], "hf://org/m@main");
+  json ready = findCondition(status, "ModelReady");
+  EXPECT_EQ(ready["status"], "False");
+  EXPECT_EQ(ready["reason"], "Pending");
+
+  seen.pods = {json::parse(R"({"metadata":{"name":"decode-b"},"status":{"initContainerStatuses":[
+      {"name":"model-fetch","state":{"running":{"startedAt":"2026-11-29T10:00:00Z"}}}]}})")};
+  ready = findCondition(computeWorkloadStatus(nullptr, seen, "T2"), "ModelReady");
+  EXPECT_EQ(ready["reason"], "Fetching");
+  EXPECT_EQ(ready["message"],
+            "pod decode-b is fetching hf://org/m@main since 2026-11-29T10:00:00Z");
+
+  seen.pods.push_back(json::parse(R"({"metadata":{"name":"decode-a"},"status":{
+      "initContainerStatuses":[{"name":"model-fetch",
+        "state":{"waiting":{"reason":"CrashLoopBackOff"}},
+        "lastState":{"terminated":{"exitCode":1,"message":
+          "hf://org/m@main: model.safetensors: the SHA-256 of the downloaded bytes is 00, the Hub lists ff; the file was removed"}}}]}})"));
+  ready = findCondition(computeWorkloadStatus(nullptr, seen, "T3"), "ModelReady");
+  EXPECT_EQ(ready["status"], "False");
+  EXPECT_EQ(ready["reason"], "FetchFailed");
+  EXPECT_EQ(ready["message"],
+            "pod decode-a: model-fetch: hf://org/m@main: model.safetensors: the SHA-256 of the "
+            "downloaded bytes is 00, the Hub lists ff; the file was removed");
+
+  seen.pods = {json::parse(R"({"metadata":{"name":"decode-a"},"status":{"initContainerStatuses":[
+      {"name":"model-fetch","state":{"terminated":{"exitCode":0,"reason":"Completed"}}}]}})")};
+  ready = findCondition(computeWorkloadStatus(nullptr, seen, "T4"), "ModelReady");
+  EXPECT_EQ(ready["status"], "True");
+  EXPECT_EQ(ready["reason"], "Fetched");
+  EXPECT_EQ(ready["message"], "hf://org/m@main is in place (pod decode-a)");
+}
+
+TEST(WorkloadStatusTest, AMountedModelIsReadyAndARouterHasNoModelCondition) {
+  WorkloadObservation seen = observation(deploymentWith(1, 1, 1, 1, 1), 1);
+  seen.model = ModelObservation{"m", "pvc://models/m", ""};
+  json ready = findCondition(computeWorkloadStatus(nullptr, seen, "T1"), "ModelReady");
+  EXPECT_EQ(ready["status"], "True");
+  EXPECT_EQ(ready["reason"], "Mounted");
+  seen.model.reset();
+  EXPECT_TRUE(findCondition(computeWorkloadStatus(nullptr, seen, "T1"), "ModelReady").is_null());
+}
+
 }  // namespace
 }  // namespace tandem::controller

@@ -293,7 +293,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "c.yaml: document 1 (DecodePool \"decode\"): spec is required"},
       {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
                   "metadata: {name: decode}\nspec: {model: {}}\n"}),
-       "spec.model.path is required"},
+       "spec.model must set source (hf://org/name[@revision], pvc://claim[/path], oci://image) or "
+       "path"},
       {documents({decode_spec + "spek: {}\n"}),
        "c.yaml: document 1 (DecodePool \"decode\"): spek is not a field of DecodePool "
        "(accepted: apiVersion, kind, metadata, spec and status) (line 6)"},
@@ -691,6 +692,67 @@ TEST(ClusterSpecTest, PoolCrdsDeclareTheKubernetesStatus) {
     }
     EXPECT_TRUE(ready_column) << file;
   }
+}
+
+// spec.model.source: a Hub repository, a claim or an image in place of a
+// path, with the fields each kind takes, and the served name each implies.
+TEST(ClusterSpecTest, ModelSourcesAreReadWithTheFieldsTheirKindTakes) {
+  auto decodeWith = [](const std::string& model) {
+    return std::string(
+               "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata:\n"
+               "  name: decode\nspec:\n  model: ") +
+           model + "\n";
+  };
+  const PoolSpec hub =
+      parseClusterSpec(decodeWith("{source: hf://org/m@v1, tokenSecretRef: {name: hf, key: t}, "
+                                  "endpoint: http://mirror:8080, cache: {claimName: c, "
+                                  "sizeLimit: 10Gi}}"),
+                       "c.yaml")
+          .pools.at(0);
+  ASSERT_TRUE(hub.model_source.has_value());
+  EXPECT_EQ(hub.model_source->source.repo, "org/m");
+  EXPECT_EQ(hub.model_source->source.revision, "v1");
+  EXPECT_EQ(hub.model_source->token_secret_ref, (SecretKeyRef{"hf", "t"}));
+  EXPECT_EQ(hub.model_source->endpoint, "http://mirror:8080");
+  EXPECT_EQ(hub.model_source->cache_claim, "c");
+  EXPECT_EQ(hub.model_source->cache_size_limit, "10Gi");
+  EXPECT_EQ(hub.model_path, "");
+  EXPECT_EQ(hub.served_model_name, "org/m");
+  EXPECT_EQ(parseClusterSpec(decodeWith("{source: hf://m, tokenSecretRef: {name: hf}}"), "c.yaml")
+                .pools.at(0)
+                .model_source->token_secret_ref->key,
+            "HF_TOKEN");
+  EXPECT_EQ(parseClusterSpec(decodeWith("{source: oci://r/x/tiny:2, name: t}"), "c.yaml")
+                .pools.at(0)
+                .served_model_name,
+            "t");
+  const PoolSpec plain = parseClusterSpec(decodeWith("{source: /models/x/}"), "c.yaml").pools.at(0);
+  EXPECT_FALSE(plain.model_source.has_value());
+  EXPECT_EQ(plain.model_path, "/models/x/");
+  EXPECT_EQ(plain.served_model_name, "x");
+
+  const std::string where = "c.yaml: document 1 (DecodePool \"decode\"): ";
+  EXPECT_EQ(errorFor(decodeWith("{path: /m, source: hf://o/m}")),
+            where + "spec.model sets both path and source: give one (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("{name: m}")),
+            where +
+                "spec.model must set source (hf://org/name[@revision], pvc://claim[/path], "
+                "oci://image) or path (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("{source: s3://b/m}")),
+            where +
+                "spec.model.source model source \"s3://b/m\" is not valid: accepted schemes are "
+                "hf://, pvc:// and oci://, or a plain path (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("{source: pvc://c, tokenSecretRef: {name: s}}")),
+            where + "spec.model.tokenSecretRef is for hf:// sources only (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("{source: hf://o/m, imageMount: Copy}")),
+            where + "spec.model.imageMount is for oci:// sources only (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("{source: pvc://c, volume: {hostPath: {path: /m}}}")),
+            where +
+                "spec.model.volume is for a path; a pvc:// source names its claim, an hf:// "
+                "source its cache (line 6)");
+  EXPECT_EQ(
+      errorFor(decodeWith("{source: hf://o/m, endpoint: mirror}")),
+      where + "spec.model.endpoint must be an http:// or https:// URL, got \"mirror\" (line 6)");
 }
 
 TEST(ClusterSpecTest, KubernetesOnlyPoolFieldsAreRead) {
