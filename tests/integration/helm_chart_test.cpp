@@ -311,6 +311,31 @@ TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
   EXPECT_FALSE(without["spec"].contains("kvSecretRef"));
 }
 
+// examples.modelSource: the pools name the source (with the token's Secret
+// and the shared cache), and the router, without a modelPath, takes its
+// tokenizer from the pools' source.
+TEST_F(HelmChartTest, ExamplesTakeAModelSource) {
+  const std::vector<json> objects = render(
+      {"--set", "examples.enabled=true", "--set", "examples.modelSource=hf://org/m@v1", "--set",
+       "examples.hfTokenSecretName=hf-token", "--set", "examples.modelCacheClaimName=hf-cache"});
+  for (const char* kind : {"PrefillPool", "DecodePool"}) {
+    const json pool =
+        namedObject(objects, kind, kind == std::string("PrefillPool") ? "prefill" : "decode");
+    EXPECT_EQ(pool["spec"]["model"],
+              json::parse(R"({"name": "llama-3.1-8b-instruct", "source": "hf://org/m@v1",
+                  "tokenSecretRef": {"name": "hf-token"}, "cache": {"claimName": "hf-cache"}})"))
+        << kind;
+  }
+  const json router = namedObject(objects, "Router", "router");
+  EXPECT_FALSE(router["spec"].contains("modelPath"));
+  EXPECT_FALSE(router["spec"].contains("modelVolume"));
+  const HelmResult refused =
+      helm({"template", "tandem", kChartDir.string(), "--set", "examples.enabled=true", "--set",
+            "examples.modelSource=s3://bucket/m"});
+  EXPECT_NE(refused.exit_status, 0);
+  EXPECT_NE(refused.err.find("/examples/modelSource"), std::string::npos) << refused.err;
+}
+
 // image.registry moves every Tandem image to one registry (what `make push
 // REGISTRY=...` fills), keeping each repository's path and tag; a
 // repository without a registry part gets it prepended; a value that is not

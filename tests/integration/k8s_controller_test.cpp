@@ -735,6 +735,11 @@ spec:
   EXPECT_NE(listed.out.find("org/m"), std::string::npos) << listed.out;
   EXPECT_NE(listed.out.find("hf://org/m@v1"), std::string::npos) << listed.out;
 
+  // The GPU-cluster quick start's file is accepted by the CRDs' schemas.
+  const KubectlResult example = kubectl(
+      {"apply", "--dry-run=server", "-f", (kSourceDir / "examples/kubernetes-gpu").string()});
+  EXPECT_EQ(example.exit_status, 0) << example.err;
+
   server_->put(podWith({{"name", "model-fetch"},
                         {"ready", false},
                         {"restartCount", 3},

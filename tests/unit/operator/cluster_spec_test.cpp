@@ -696,6 +696,22 @@ TEST(ClusterSpecTest, PoolCrdsDeclareTheKubernetesStatus) {
 
 // spec.model.source: a Hub repository, a claim or an image in place of a
 // path, with the fields each kind takes, and the served name each implies.
+// The GPU-cluster quick start's pools (docs/kubernetes.md).
+TEST(ClusterSpecTest, GpuClusterExampleReadsItsHubSourceAndTemplate) {
+  const ClusterSpec cluster = loadClusterSpec(fs::path(TANDEM_SOURCE_DIR) / "examples" /
+                                              "kubernetes-gpu" / "llama-hf.yaml");
+  ASSERT_EQ(cluster.pools.size(), 2u);
+  for (const PoolSpec& pool : cluster.pools) {
+    ASSERT_TRUE(pool.model_source.has_value()) << pool.name;
+    EXPECT_EQ(pool.model_source->source.text, "hf://meta-llama/Llama-3.1-8B-Instruct");
+    EXPECT_EQ(pool.model_source->token_secret_ref, (SecretKeyRef{"hf-token", "HF_TOKEN"}));
+    EXPECT_EQ(pool.model_source->cache_claim, "hf-cache");
+    EXPECT_EQ(pool.served_model_name, "meta-llama/Llama-3.1-8B-Instruct");
+    EXPECT_EQ(pool.pod_template["spec"]["tolerations"][0]["key"], "nvidia.com/gpu");
+  }
+  EXPECT_FALSE(cluster.router.model_path.has_value());
+}
+
 TEST(ClusterSpecTest, ModelSourcesAreReadWithTheFieldsTheirKindTakes) {
   auto decodeWith = [](const std::string& model) {
     return std::string(
