@@ -13,8 +13,11 @@
 // greedy tokens. Then: `kubectl scale` grows the decode pool and the router
 // uses the new agent; a pool whose image does not exist and one whose model
 // path does not exist say so in their Degraded condition (ErrImagePull, and
-// CrashLoopBackOff with the agent's own last words); `helm uninstall`
-// removes every container.
+// CrashLoopBackOff with the agent's own last words); a DecodePool whose
+// source is hf:// (a Hub stand-in on the node's address, gated by a token in
+// a Secret) fetches the model in its init container, from the agent image,
+// and serves the host agent's tokens, while one with the wrong token reports
+// the Hub's refusal in ModelReady; `helm uninstall` removes every container.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/stat.h>
@@ -35,6 +38,7 @@
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/command.h"
 #include "tests/support/helm.h"
+#include "tests/support/hub/hub_server.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/kubelet/pod_runner.h"
 #include "tests/support/test_files.h"
@@ -380,9 +384,72 @@ TEST_F(HelmPodsTest, EveryPodARealContainerFromInstallToUninstall) {
                    conditionOf(pool("PrefillPool", name), "Degraded").value("message", ""));
   }
 
+  // ---- a model from the Hub: the init container fetches it, the agent serves it ----
+  HubServer hub(gateway);
+  hub.publish("tandem/tiny", tinyModelDir(), {}, "main", "hf_pods");
+  for (const auto& [secret, token] : {std::pair{"hf-token", "hf_pods"}, {"hf-wrong", "hf_nope"}}) {
+    ASSERT_EQ(kubectl
+                  .run({"create", "secret", "generic", secret, "-n", kNs,
+                        std::string("--from-literal=HF_TOKEN=") + token})
+                  .exit_status,
+              0);
+  }
+  json from_hub = *pool("DecodePool", "decode");
+  from_hub["metadata"] = {{"name", "from-hub"}, {"namespace", kNs}};
+  from_hub.erase("status");
+  from_hub["spec"]["replicas"] = 1;
+  from_hub["spec"]["model"] = {{"source", "hf://tandem/tiny"},
+                               {"name", "tiny"},
+                               {"endpoint", hub.endpoint()},
+                               {"tokenSecretRef", {{"name", "hf-token"}}}};
+  json denied = from_hub;
+  denied["metadata"]["name"] = "hub-denied";
+  denied["spec"]["model"]["tokenSecretRef"]["name"] = "hf-wrong";
+  std::ofstream(work_.path() / "hub.json") << from_hub.dump() << "\n" << denied.dump() << "\n";
+  const KubectlResult hub_applied =
+      kubectl.run({"apply", "-f", (work_.path() / "hub.json").string()});
+  ASSERT_EQ(hub_applied.exit_status, 0) << hub_applied.err;
+  auto modelReady = [&](const std::string& name) {
+    return conditionOf(pool("DecodePool", name), "ModelReady");
+  };
+  ASSERT_TRUE(eventually([&] { return readyPods("from-hub").size() == 1; }, seconds(120)))
+      << pool("DecodePool", "from-hub").value_or(json()).dump() << podLogs("from-hub");
+  EXPECT_TRUE(
+      eventually([&] { return modelReady("from-hub").value("status", "") == "True"; }, seconds(30)))
+      << pool("DecodePool", "from-hub").value_or(json()).dump();
+  EXPECT_EQ(modelReady("from-hub").value("reason", ""), "Fetched");
+  const json hub_pod = readyPods("from-hub").at(0);
+  httplib::Client from_hub_agent(hub_pod["status"].value("podIP", ""), 8000);
+  from_hub_agent.set_read_timeout(60, 0);
+  auto fetched_answer =
+      from_hub_agent.Post("/v1/completions", greedy(prompt, 12).dump(), "application/json");
+  ASSERT_TRUE(fetched_answer) << podLogs("from-hub");
+  ASSERT_EQ(fetched_answer->status, 200) << fetched_answer->body;
+  EXPECT_EQ(tokenIds(json::parse(fetched_answer->body)),
+            tokenIds(host.post("/v1/completions", greedy(prompt, 12))))
+      << "the fetched model's greedy tokens are the host agent's";
+  int lfs_reads = 0;
+  for (const HubServer::Request& request : hub.requests()) {
+    if (request.server == "cdn") {
+      ++lfs_reads;
+      EXPECT_EQ(request.authorization, "") << "the token never reaches the CDN";
+    }
+  }
+  EXPECT_GE(lfs_reads, 1);
+  EXPECT_TRUE(eventually(
+      [&] { return modelReady("hub-denied").value("reason", "") == "FetchFailed"; }, seconds(90)))
+      << pool("DecodePool", "hub-denied").value_or(json()).dump() << podLogs("hub-denied");
+  const std::string refusal = modelReady("hub-denied").value("message", "");
+  EXPECT_NE(refusal.find("403 GatedRepo"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("the Secret hf-wrong (key HF_TOKEN"), std::string::npos) << refusal;
+  RecordProperty("hub_denied_model_ready", refusal);
+
   // ---- helm uninstall: every container goes ----
   for (const char* name : {"no-image", "no-model"}) {
     EXPECT_EQ(kubectl.run({"delete", "prefillpool", name, "-n", kNs}).exit_status, 0);
+  }
+  for (const char* name : {"from-hub", "hub-denied"}) {
+    EXPECT_EQ(kubectl.run({"delete", "decodepool", name, "-n", kNs}).exit_status, 0);
   }
   const CommandResult uninstalled = helm({"uninstall", "tandem", "--namespace", kNs}, kubeconfig);
   ASSERT_EQ(uninstalled.exit_status, 0) << describe(uninstalled);

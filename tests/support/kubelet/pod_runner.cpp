@@ -94,6 +94,19 @@ std::string logTail(const std::string& log) {
 
 std::string nowText() { return timestampOf(std::chrono::system_clock::now()); }
 
+// An entry of a pod's containerStatuses or initContainerStatuses.
+json containerStatus(const json& spec, bool ready, int restarts, const json& state,
+                     const json& last_terminated) {
+  json status = {{"name", spec.value("name", "")},
+                 {"image", spec.value("image", "")},
+                 {"ready", ready},
+                 {"restartCount", restarts},
+                 {"state", state},
+                 {"lastState", json::object()}};
+  if (!last_terminated.is_null()) status["lastState"] = {{"terminated", last_terminated}};
+  return status;
+}
+
 }  // namespace
 
 struct PodRunner::Pod {
@@ -123,6 +136,16 @@ struct PodRunner::Pod {
   int probe_failures = 0;
   Clock::time_point next_probe{};
   json written;  // the status last written
+  // Init containers, run one at a time to completion before the first
+  // container: the index of the one running or next (their count once all
+  // completed), the statuses of those completed, and the current one's.
+  size_t init_index = 0;
+  json init_done = json::array();
+  std::string init_container;  // its podman name while it exists, else ""
+  bool init_running = false;
+  std::string init_started_at;
+  int init_restarts = 0;
+  json init_last_terminated;
 };
 
 PodRunner::PodRunner(ApiServer& api, PodRunnerOptions options)
@@ -371,15 +394,15 @@ std::string lowerKindName(const std::string& kind) {
 
 }  // namespace
 
-void PodRunner::start(Pod& pod) {
+bool PodRunner::start(Pod& pod, const json& container, const std::string& name) {
   const json& spec = pod.spec;
-  const json container = spec.value("containers", json::array()).at(0);
   const std::string image = container.value("image", "");
   auto fail = [&](const std::string& reason, const std::string& message) {
     pod.waiting_reason = reason;
     pod.waiting_message = message;
     pod.next_attempt = Clock::now() + std::chrono::seconds(pod.back_off_s);
     pod.back_off_s = std::min(pod.back_off_s * 2, kBackOffMaxS);
+    return false;
   };
 
   // ---- environment ----
@@ -534,7 +557,7 @@ void PodRunner::start(Pod& pod) {
 
   // ---- the container ----
   std::vector<std::string> args = {"run",        "--detach",
-                                   "--name",     pod.container,
+                                   "--name",     name,
                                    "--hostname", pod.name,
                                    "--network",  options_.network,
                                    "--ip",       pod.ip,
@@ -582,7 +605,7 @@ void PodRunner::start(Pod& pod) {
   for (const json& part : container.value("args", json::array())) {
     args.push_back(expand(part.get<std::string>(), env));
   }
-  podman({"rm", "--force", pod.container});
+  podman({"rm", "--force", name});
   const CommandResult run = podman(args, std::chrono::minutes(5));
   if (run.exit_status != 0) {
     const std::string error = trimmed(run.err);
@@ -600,18 +623,78 @@ void PodRunner::start(Pod& pod) {
     } else {
       fail("RunContainerError", message);
     }
-    return;
+    return false;
   }
-  pod.created = true;
   pod.pull_failed = false;
   pod.waiting_reason.clear();
   pod.waiting_message.clear();
+  return true;
+}
+
+void PodRunner::observeInit(Pod& pod, const json& init) {
+  const Clock::time_point now = Clock::now();
+  const std::string name = pod.container + "_init" + std::to_string(pod.init_index);
+  if (pod.init_container.empty()) {
+    if (now < pod.next_attempt) return;
+    if (!start(pod, init, name)) return;
+    pod.init_container = name;
+    pod.init_started_at = nowText();
+    return;
+  }
+  const CommandResult inspected =
+      podman({"inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name});
+  std::istringstream fields(inspected.out);
+  std::string state;
+  int exit_code = 0;
+  fields >> state >> exit_code;
+  pod.init_running = state == "running";
+  if (state != "exited" && state != "stopped") return;
+  json terminated = {{"exitCode", exit_code},
+                     {"reason", exit_code == 0 ? "Completed" : "Error"},
+                     {"startedAt", pod.init_started_at},
+                     {"finishedAt", nowText()}};
+  if (exit_code != 0 && init.value("terminationMessagePolicy", "File") == "FallbackToLogsOnError") {
+    const CommandResult log = podman({"logs", name}, std::chrono::seconds(30));
+    terminated["message"] = logTail(log.out + log.err);
+  }
+  podman({"rm", "--force", name});
+  pod.init_container.clear();
+  pod.init_running = false;
+  if (exit_code == 0) {
+    pod.init_done.push_back(containerStatus(
+        init, true, pod.init_restarts, {{"terminated", terminated}}, pod.init_last_terminated));
+    ++pod.init_index;
+    pod.init_restarts = 0;
+    pod.init_last_terminated = nullptr;
+    pod.back_off_s = kBackOffStartS;
+    pod.next_attempt = now;
+    pod.waiting_reason = "PodInitializing";
+    pod.waiting_message.clear();
+    return;
+  }
+  // A failed init container is run again after the back-off, as the kubelet does.
+  pod.init_last_terminated = terminated;
+  ++pod.init_restarts;
+  pod.waiting_reason = "CrashLoopBackOff";
+  pod.waiting_message = "back-off " + std::to_string(pod.back_off_s) +
+                        "s restarting failed container=" + init.value("name", "") +
+                        " pod=" + pod.name + "_" + pod.ns + "(" + pod.uid + ")";
+  pod.next_attempt = now + std::chrono::seconds(pod.back_off_s);
+  pod.back_off_s = std::min(pod.back_off_s * 2, kBackOffMaxS);
 }
 
 void PodRunner::observe(Pod& pod, const json* container) {
   const Clock::time_point now = Clock::now();
+  const json inits = pod.spec.value("initContainers", json::array());
+  if (pod.init_index < inits.size()) {
+    observeInit(pod, inits[pod.init_index]);
+    return;
+  }
   if (!pod.created) {
-    if (now >= pod.next_attempt) start(pod);
+    if (now >= pod.next_attempt &&
+        start(pod, pod.spec.value("containers", json::array()).at(0), pod.container)) {
+      pod.created = true;
+    }
     return;
   }
   if (container == nullptr) return;  // created a moment ago: not listed yet
@@ -716,23 +799,30 @@ void PodRunner::writeStatus(Pod& pod) {
     auto condition = [](const char* type, bool value) {
       return json{{"type", type}, {"status", value ? "True" : "False"}};
     };
-    json state;
-    if (pod.running) {
-      state = {{"running", {{"startedAt", pod.started_at}}}};
-    } else {
+    // running since `started_at`, else waiting with the pod's reason.
+    auto stateOf = [&](bool running, const std::string& started_at) -> json {
+      if (running) return {{"running", {{"startedAt", started_at}}}};
       json waiting = {{"reason", pod.waiting_reason}};
       if (!pod.waiting_message.empty()) waiting["message"] = pod.waiting_message;
-      state = {{"waiting", waiting}};
-    }
-    json container_status = {{"name", container_spec.value("name", "")},
-                             {"image", container_spec.value("image", "")},
-                             {"ready", pod.ready},
-                             {"started", pod.running},
-                             {"restartCount", pod.restarts},
-                             {"state", state},
-                             {"lastState", json::object()}};
-    if (!pod.last_terminated.is_null()) {
-      container_status["lastState"] = {{"terminated", pod.last_terminated}};
+      return {{"waiting", waiting}};
+    };
+    const json inits = pod.spec.value("initContainers", json::array());
+    const bool initialized = pod.init_index >= inits.size();
+    const json state = !initialized && !pod.running
+                           ? json{{"waiting", {{"reason", "PodInitializing"}}}}
+                           : stateOf(pod.running, pod.started_at);
+    json container_status =
+        containerStatus(container_spec, pod.ready, pod.restarts, state, pod.last_terminated);
+    container_status["started"] = pod.running;
+    json init_statuses = pod.init_done;
+    if (!initialized) {
+      init_statuses.push_back(containerStatus(inits[pod.init_index], false, pod.init_restarts,
+                                              stateOf(pod.init_running, pod.init_started_at),
+                                              pod.init_last_terminated));
+      for (size_t i = pod.init_index + 1; i < inits.size(); ++i) {
+        init_statuses.push_back(containerStatus(
+            inits[i], false, 0, {{"waiting", {{"reason", "PodInitializing"}}}}, nullptr));
+      }
     }
     status = {
         {"phase", pod.ever_ran ? "Running" : "Pending"},
@@ -741,9 +831,10 @@ void PodRunner::writeStatus(Pod& pod) {
         {"podIPs", json::array({{{"ip", pod.ip}}})},
         {"startTime", pod.start_time},
         {"conditions",
-         json::array({condition("PodScheduled", true), condition("Initialized", true),
+         json::array({condition("PodScheduled", true), condition("Initialized", initialized),
                       condition("ContainersReady", pod.ready), condition("Ready", pod.ready)})},
         {"containerStatuses", json::array({container_status})}};
+    if (!inits.empty()) status["initContainerStatuses"] = init_statuses;
   }
   if (status == pod.written) return;
   std::optional<json> current = api_.get("v1", "Pod", pod.ns, pod.name);
@@ -767,6 +858,7 @@ void PodRunner::writeStatus(Pod& pod) {
 }
 
 void PodRunner::stop(const Pod& pod) {
+  if (!pod.init_container.empty()) podman({"rm", "--force", pod.init_container});
   if (!pod.created) return;
   const int64_t grace = pod.spec.value("terminationGracePeriodSeconds", int64_t{30});
   podman({"rm", "--force", "--time", std::to_string(grace), pod.container},

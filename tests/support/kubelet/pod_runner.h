@@ -7,7 +7,11 @@
 // and the agents from the images, talking to each other by pod IP.
 //
 // What it does with a pod (from its spec, as the kubelet would):
-//  - the first container (init and sidecar containers are not run) from
+//  - the init containers, one at a time to completion (a failed one run
+//    again after the back-off, waiting CrashLoopBackOff, its exit in
+//    lastState; initContainerStatuses and the Initialized condition as the
+//    kubelet writes them), then the first container (sidecars are not run)
+//    from
 //    `image` with `imagePullPolicy` (IfNotPresent: pulled only when
 //    missing; a failed pull is waiting ErrImagePull, then ImagePullBackOff),
 //    `command`/`args` with $(VAR) expanded from its environment, `env` (value,
@@ -47,7 +51,7 @@
 //
 // Where it differs from a real node (docs/testing.md): one node, no
 // scheduler (resources, GPUs, node selectors and affinity are not
-// considered), no liveness or startup probes, no init or sidecar containers,
+// considered), no liveness or startup probes, no sidecar containers,
 // no resource limits, no DNS, no Service virtual IPs (clients use pod IPs),
 // NetworkPolicies not enforced.
 #pragma once
@@ -112,7 +116,10 @@ class PodRunner {
   void loop();
   void pass();
   void admit(const nlohmann::json& pod);
-  void start(Pod& pod);
+  // Creates and starts `container` of the pod as podman container `name`;
+  // false (the pod's waiting reason and back-off set) when it cannot.
+  bool start(Pod& pod, const nlohmann::json& container, const std::string& name);
+  void observeInit(Pod& pod, const nlohmann::json& init);
   void observe(Pod& pod, const nlohmann::json* container);
   void probe(Pod& pod);
   void writeStatus(Pod& pod);
