@@ -15,6 +15,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace tandem::model_source {
@@ -76,6 +77,32 @@ struct Reply {
   }
 };
 
+// What a failed exchange means, in words (cpp-httplib names only the enum).
+std::string describeFailure(httplib::Error error, const HubFetchOptions& options) {
+  switch (error) {
+    case httplib::Error::Connection:
+      return "cannot connect";
+    case httplib::Error::ConnectionTimeout: {
+      std::ostringstream text;
+      text << "no connection within " << options.connect_timeout_s << " s";
+      return text.str();
+    }
+    case httplib::Error::Read:
+      return "the connection closed or stalled mid-answer";
+    case httplib::Error::Write:
+      return "the connection closed while sending";
+    case httplib::Error::SSLConnection:
+      return "the TLS handshake failed";
+    case httplib::Error::SSLServerVerification:
+      return "the server's TLS certificate was not verified (its CA is in neither " +
+             (options.ca_file.empty() ? std::string("the system's CA bundle; give --ca-file")
+                                      : "--ca-file " + options.ca_file) +
+             ")";
+    default:
+      return httplib::to_string(error);
+  }
+}
+
 // A sink for a 2xx body: told the answer's status first (return false to
 // refuse the body), then the bytes (return false to stop reading).
 struct BodySink {
@@ -135,7 +162,7 @@ class HubHttp {
         if (result.error() == httplib::Error::Canceled && reply.status != 0 && !streaming) {
           return reply;  // the sink refused the body of this status
         }
-        return unavailable("GET " + current + ": " + httplib::to_string(result.error()));
+        return unavailable("GET " + current + ": " + describeFailure(result.error(), options_));
       }
       const int status = reply.status;
       const bool redirect =

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <openssl/sha.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -10,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include "tests/support/apiserver/test_pki.h"
 
 namespace tandem::testing {
 namespace {
@@ -67,7 +70,8 @@ void hubError(httplib::Response& res, int status, const std::string& code,
 
 class HubServer::Impl {
  public:
-  explicit Impl(const std::string& host) : host_(host) {
+  Impl(const std::string& host, bool tls)
+      : host_(host), scheme_(tls ? "https" : "http"), hub_(makeServer(tls)), cdn_(makeServer(tls)) {
     hub_.Get(R"(/api/models/(.+)/revision/(.+))",
              [this](const httplib::Request& req, httplib::Response& res) {
                record("hub", req);
@@ -100,10 +104,15 @@ class HubServer::Impl {
     cdn_.stop();
     hub_thread_.join();
     cdn_thread_.join();
+    std::error_code ignored;
+    if (!tls_dir_.empty()) std::filesystem::remove_all(tls_dir_, ignored);
   }
 
-  std::string endpoint() const { return "http://" + host_ + ":" + std::to_string(hub_port_); }
-  std::string cdnEndpoint() const { return "http://" + host_ + ":" + std::to_string(cdn_port_); }
+  std::string endpoint() const { return scheme_ + "://" + host_ + ":" + std::to_string(hub_port_); }
+  std::string cdnEndpoint() const {
+    return scheme_ + "://" + host_ + ":" + std::to_string(cdn_port_);
+  }
+  std::string caCertificate() const { return ca_certificate_; }
 
   std::string publish(const std::string& repo_id, const std::filesystem::path& directory,
                       const std::map<std::string, std::string>& extra, const std::string& branch,
@@ -246,8 +255,10 @@ class HubServer::Impl {
       page.push_back(std::move(entry));
     }
     if (end < files->size()) {
-      res.set_header("Link", "<" + endpoint() + "/api/models/" + repo_id + "/tree/" + revision +
-                                 "?cursor=" + std::to_string(end) + ">; rel=\"next\"");
+      std::ostringstream link;
+      link << "<" << endpoint() << "/api/models/" << repo_id << "/tree/" << revision
+           << "?cursor=" << end << ">; rel=\"next\"";
+      res.set_header("Link", link.str());
     }
     res.set_content(page.dump(), "application/json");
   }
@@ -324,9 +335,29 @@ class HubServer::Impl {
         });
   }
 
+  // A plain server, or one with a certificate for 127.0.0.1 from a fresh CA.
+  httplib::Server& makeServer(bool tls) {
+    if (!tls) return *servers_.emplace_back(std::make_unique<httplib::Server>());
+    if (ca_certificate_.empty()) {
+      const TestPki pki = generateTestPki();
+      ca_certificate_ = pki.ca_certificate;
+      char pattern[] = "/tmp/tandem-hub-tls-XXXXXX";
+      if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("hub stand-in: mkdtemp");
+      tls_dir_ = pattern;
+      std::ofstream(tls_dir_ / "server.crt") << pki.server_certificate;
+      std::ofstream(tls_dir_ / "server.key") << pki.server_key;
+    }
+    return *servers_.emplace_back(std::make_unique<httplib::SSLServer>(
+        (tls_dir_ / "server.crt").c_str(), (tls_dir_ / "server.key").c_str()));
+  }
+
   const std::string host_;
-  httplib::Server hub_;
-  httplib::Server cdn_;
+  const std::string scheme_;
+  std::string ca_certificate_;
+  std::filesystem::path tls_dir_;
+  std::vector<std::unique_ptr<httplib::Server>> servers_;
+  httplib::Server& hub_;
+  httplib::Server& cdn_;
   int hub_port_ = 0;
   int cdn_port_ = 0;
   std::thread hub_thread_;
@@ -340,9 +371,11 @@ class HubServer::Impl {
   std::vector<Request> requests_;
 };
 
-HubServer::HubServer(const std::string& host) : impl_(std::make_unique<Impl>(host)) {}
+HubServer::HubServer(const std::string& host, bool tls)
+    : impl_(std::make_unique<Impl>(host, tls)) {}
 HubServer::~HubServer() = default;
 std::string HubServer::endpoint() const { return impl_->endpoint(); }
+std::string HubServer::caCertificate() const { return impl_->caCertificate(); }
 std::string HubServer::publish(const std::string& repo, const std::filesystem::path& directory,
                                const std::map<std::string, std::string>& extra,
                                const std::string& branch, const std::string& token) {

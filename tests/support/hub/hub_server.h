@@ -20,8 +20,8 @@
 // The CDN (/blobs/{sha256}): the bytes, with Range requests (206), and no
 // authentication (the Hub's CDN URLs are signed; this one's are not).
 //
-// Where it differs from the Hub: no git, no xet storage, no HEAD-only
-// metadata calls, no rate limits; which files are LFS is decided by name
+// Where it differs from the Hub: plain HTTP unless asked for TLS; no git, no xet storage, no
+// HEAD-only metadata calls, no rate limits; which files are LFS is decided by name
 // (*.safetensors, *.bin) or size (over 10 MiB), as the Hub's default
 // .gitattributes and its size rule do.
 //
@@ -49,14 +49,18 @@ class HubServer {
     std::string authorization;  // the Authorization header, "" when none
   };
 
-  // Listens on `host` (two ephemeral ports); 127.0.0.1 by default.
-  explicit HubServer(const std::string& host = "127.0.0.1");
+  // Listens on `host` (two ephemeral ports); 127.0.0.1 by default. With
+  // `tls`, both speak https with a certificate for 127.0.0.1 signed by a
+  // throw-away CA (caCertificate()).
+  explicit HubServer(const std::string& host = "127.0.0.1", bool tls = false);
   ~HubServer();
   HubServer(const HubServer&) = delete;
   HubServer& operator=(const HubServer&) = delete;
 
-  // "http://host:port", what a client's endpoint is set to.
+  // "http://host:port" (https with tls), what a client's endpoint is set to.
   std::string endpoint() const;
+  // The CA that signed the servers' certificate (PEM; "" without tls).
+  std::string caCertificate() const;
 
   // A new commit on `branch` of `repo` (created) holding every regular file
   // of `directory` (top level) plus `extra` files; returns the commit's id.

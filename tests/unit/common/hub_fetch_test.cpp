@@ -327,6 +327,33 @@ TEST_F(HubFetchTest, ATokenizerOnlyFetchIsNeverTakenForTheModel) {
   EXPECT_TRUE(fs::exists(fetched("model.safetensors")));
 }
 
+// https: the Hub's certificate is verified, against --ca-file's CA here
+// (the system's bundle otherwise, which does not know this one).
+TEST_F(HubFetchTest, FetchesOverHttpsVerifyingTheCertificate) {
+  HubServer secure("127.0.0.1", /*tls=*/true);
+  secure.publish("tandem/tiny", model_.path());
+  HubFetchOptions https = options();
+  https.endpoint = secure.endpoint();
+  ASSERT_EQ(https.endpoint.rfind("https://", 0), 0u);
+  const fs::path ca = out_.write("ca.crt", secure.caCertificate());
+
+  StatusOr<HubFetchResult> unknown_ca = fetchHubModel(https);
+  ASSERT_FALSE(unknown_ca.isOk());
+  EXPECT_EQ(unknown_ca.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(unknown_ca.status().message().find(
+                "the server's TLS certificate was not verified (its CA is in neither the "
+                "system's CA bundle; give --ca-file)"),
+            std::string::npos)
+      << unknown_ca.status().message();
+
+  https.ca_file = ca.string();
+  https.directory = out_.path() / "secure";
+  StatusOr<HubFetchResult> verified = fetchHubModel(https);
+  ASSERT_TRUE(verified.isOk()) << verified.status().message();
+  EXPECT_EQ(readFile(out_.path() / "secure" / "model.safetensors"),
+            readFile(model_.path() / "model.safetensors"));
+}
+
 TEST_F(HubFetchTest, TheCommandFetchesAndReportsAFailureInTheTerminationLog) {
   const std::string binary = std::string(TANDEM_BIN_DIR) + "/tandem-model";
   const fs::path directory = out_.path() / "cli";
