@@ -12,6 +12,7 @@
 #include "agent/agent_config.h"
 #include "agent/engine/engine.h"
 #include "agent/kv/connector.h"
+#include "agent/kv/connector_registry.h"
 #include "agent/kv/fault_injection.h"
 #include "agent/kv/ucx/kv_buffer.h"
 #include "agent/kv/ucx/ucx_connector.h"

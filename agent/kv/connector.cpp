@@ -1,20 +1,12 @@
 #include "agent/kv/connector.h"
 
-#include "agent/kv/multi/multi_connector.h"
-#include "agent/kv/offload/offload_connector.h"
-#include "agent/kv/storage/storage_connector.h"
-#include "agent/kv/ucx/ucx_connector.h"
+#include "agent/kv/connector_registry.h"
 #include "common/json_parse.h"
 
 namespace tandem::kv {
 namespace {
 
-constexpr char kAcceptedConnectors[] = "storage, ucx, offload, multi";
 constexpr double kMaxTimeoutSeconds = 86400;  // one day
-
-bool isKnownConnector(const std::string& name) {
-  return name == "storage" || name == "ucx" || name == "offload" || name == "multi";
-}
 
 // Parses one kv-transfer-config object. `field` prefixes the names in errors:
 // empty at the top level, "kv_connector_extra_config.connectors[i]." for a
@@ -23,17 +15,18 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
   KvTransferConfig config;
   if (!root.contains("kv_connector") || !root["kv_connector"].is_string()) {
     return invalidArgument("kv-transfer-config: " + field +
-                           "kv_connector must be a string (accepted: " + kAcceptedConnectors + ")");
+                           "kv_connector must be a string (accepted: " + connectorNames() + ")");
   }
   config.connector = root["kv_connector"].get<std::string>();
-  if (!isKnownConnector(config.connector)) {
+  const ConnectorKind* kind = findConnectorKind(config.connector);
+  if (kind == nullptr) {
     return invalidArgument("kv-transfer-config: " + field + "kv_connector \"" + config.connector +
-                           "\" is not supported (accepted: " + kAcceptedConnectors + ")");
+                           "\" is not supported (accepted: " + connectorNames() + ")");
   }
-  if (!field.empty() && config.connector == "multi") {
-    return invalidArgument("kv-transfer-config: " + field +
-                           "kv_connector \"multi\" cannot be a member of a multi connector "
-                           "(accepted: storage, ucx, offload)");
+  if (!field.empty() && !kind->multi_member) {
+    return invalidArgument("kv-transfer-config: " + field + "kv_connector \"" + config.connector +
+                           "\" cannot be a member of a multi connector (accepted: " +
+                           connectorNames(/*members_only=*/true) + ")");
   }
   if (root.contains("kv_role")) {
     const auto& role = root["kv_role"];
@@ -135,18 +128,6 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
     return invalidArgument("kv-transfer-config must be a JSON object, got: " + json_text);
   }
   return parseObject(root, "");
-}
-
-std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache,
-                                           const std::string& model_identity) {
-  if (config.connector == "storage") return std::make_unique<StorageConnector>(config, cache);
-  if (config.connector == "ucx") {
-    return std::make_unique<UcxConnector>(config, cache, model_identity);
-  }
-  if (config.connector == "offload") return std::make_unique<OffloadConnector>(config, cache);
-  if (config.connector == "multi") return MultiConnector::create(config, cache, model_identity);
-  throw Error("kv_connector \"" + config.connector +
-              "\" is not supported (accepted: " + kAcceptedConnectors + ")");
 }
 
 }  // namespace tandem::kv

@@ -15,7 +15,8 @@
 //   fails the request, by policy, and never lets them into the prefix cache.
 //
 // The engine knows connectors only through this header; implementations live
-// in agent/kv/<name>/ and are built by makeConnector() from a KvTransferConfig.
+// in agent/kv/<name>/ and are built by makeConnector() (connector_registry.h,
+// the one file that names them) from a KvTransferConfig.
 #pragma once
 
 #include <cstdint>
@@ -214,20 +215,5 @@ class KvConnector {
  protected:
   mutable FailureCounts failures_;  // counted from const checks too
 };
-
-// Builds the configured connector over `cache`; throws tandem::Error naming
-// the problem (unknown connector, bad extra config).
-// model_identity is the engine's (what its block hashes are made from).
-std::unique_ptr<KvConnector> makeConnector(const KvTransferConfig& config, engine::KvCache& cache,
-                                           const std::string& model_identity);
-// Whether the connector (or a member of a multi connector) needs its KV
-// cache allocated by UCX.
-inline bool needsUcxSlab(const KvTransferConfig& config) {
-  if (config.connector == "ucx") return true;
-  for (const KvTransferConfig& member : config.members) {
-    if (needsUcxSlab(member)) return true;
-  }
-  return false;
-}
 
 }  // namespace tandem::kv

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "agent/kv/connector.h"
+#include "agent/kv/connector_registry.h"
 
 namespace {
 

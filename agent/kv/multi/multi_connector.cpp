@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "agent/kv/connector_registry.h"
 #include "common/check.h"
 #include "common/logging.h"
 

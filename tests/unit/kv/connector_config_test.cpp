@@ -9,6 +9,7 @@
 #include <string>
 
 #include "agent/kv/connector.h"
+#include "agent/kv/connector_registry.h"
 #include "agent/kv/multi/multi_connector.h"
 #include "tests/unit/kv/kv_test_support.h"
 
@@ -91,7 +92,7 @@ TEST(KvTransferConfigParse, ErrorsNameTheFieldAndWhatIsAccepted) {
             "or kv_both, got reader"},
            {multiOf({multiOf({offload})}),
             "kv_connector_extra_config.connectors[0].kv_connector \"multi\" cannot be a member "
-            "of a multi connector"},
+            "of a multi connector (accepted: storage, ucx, offload)"},
            {multiOf({{{"kv_connector", "offload"},
                       {"kv_connector_extra_config",
                        {{"capacity_blocks", 8}, {"kv_load_failure_policy", "fail"}}}}}),

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "agent/kv/connector_registry.h"
 #include "agent/kv/offload/offload_connector.h"
 #include "agent/kv/storage/storage_connector.h"
 #include "tests/support/test_files.h"
