@@ -301,6 +301,38 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
 }
 
+Status Engine::validateResume(const Request& request) const {
+  const std::vector<TokenId>& resumed = request.resume_output;
+  if (resumed.empty()) return Status::ok();
+  const SamplingParams& params = request.sampling;
+  if (static_cast<int64_t>(resumed.size()) >= params.max_tokens) {
+    return invalidArgument("resume_output holds " + std::to_string(resumed.size()) +
+                           " tokens, leaving nothing to generate within max_tokens " +
+                           std::to_string(params.max_tokens));
+  }
+  StopStringMatcher stop(params.stop);
+  IncrementalDetokenizer detokenizer(*tokenizer_, params.skip_special_tokens);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const TokenId token = resumed[i];
+    if (token < 0 || token >= model_->config().vocab_size) {
+      return invalidArgument("resume_output token id " + std::to_string(token) +
+                             " is outside the vocabulary [0, " +
+                             std::to_string(model_->config().vocab_size) + ")");
+    }
+    const bool ends = (!params.ignore_eos && std::find(eos_token_ids_.begin(), eos_token_ids_.end(),
+                                                       token) != eos_token_ids_.end()) ||
+                      std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                token) != params.stop_token_ids.end() ||
+                      stop.push(detokenizer.push(token)).stopped;
+    if (ends) {
+      return invalidArgument("resume_output ends the request at token " + std::to_string(i) +
+                             " (an end-of-sequence or stop token, or a stop string): a finished "
+                             "answer has nothing to resume");
+    }
+  }
+  return Status::ok();
+}
+
 Status Engine::addRequest(Request request, OutputCallback callback) {
   if (request.prompt.empty()) return invalidArgument("prompt must not be empty");
   for (TokenId token : request.prompt) {
@@ -322,9 +354,11 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                            " KV blocks, more than the " + std::to_string(cache_->numBlocks()) +
                            " this agent has");
   }
+  if (Status resumed = validateResume(request); !resumed.isOk()) return resumed;
   if (connector_ && !request.kv_transfer_params.is_null()) {
-    Status transfer = connector_->scheduler().validate(request.kv_transfer_params,
-                                                       static_cast<int64_t>(request.prompt.size()));
+    Status transfer = connector_->scheduler().validate(
+        request.kv_transfer_params,
+        static_cast<int64_t>(request.prompt.size() + request.resume_output.size()));
     if (!transfer.isOk()) return transfer;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -607,6 +641,11 @@ void Engine::drainInbox() {
   for (Pending& pending : inbox) {
     Sequence* sequence = pending.sequence.get();
     auto live = std::make_unique<Live>(*tokenizer_, sequence->request);
+    // Resumed output was streamed by the agent it came from: it only sets
+    // the detokenizer and the stop-string matcher where that agent left them.
+    for (TokenId token : sequence->request.resume_output) {
+      live->stop.push(live->detokenizer.push(token));
+    }
     live->callback = std::move(pending.callback);
     live->timings.arrival = sequence->request.arrival;
     live_.emplace(sequence, std::move(live));

@@ -229,6 +229,10 @@ class Engine {
   }
 
  private:
+  // Why request.resume_output cannot be resumed (a token outside the
+  // vocabulary, no room left in max_tokens, an ending already in it), or OK.
+  Status validateResume(const Request& request) const;
+
   struct Pending {
     std::unique_ptr<Sequence> sequence;
     OutputCallback callback;

@@ -15,6 +15,9 @@ constexpr int64_t kLoadPending = -2;
 Sequence::Sequence(Request r) : request(std::move(r)) {
   tokens = request.prompt;
   num_prompt_tokens = static_cast<int64_t>(tokens.size());
+  // A resumed request starts as a preempted one does: its output so far is
+  // recomputed as context before the next token is sampled.
+  tokens.insert(tokens.end(), request.resume_output.begin(), request.resume_output.end());
 }
 
 int64_t Sequence::nextComputeLimit(int64_t from) const {

@@ -56,6 +56,13 @@ struct Request {
   std::string cache_salt;
   // Prefill/decode hand-off parameters (the router sets them); null if none.
   nlohmann::json kv_transfer_params;
+  // Tokens this request already generated elsewhere (a stream migrated from
+  // another agent): they are its first output tokens — computed as context,
+  // counted in max_tokens, min_tokens, the penalties and the sampler's step,
+  // fed to the detokenizer and stop-string matcher — and only what follows
+  // them is emitted. With greedy or seeded sampling the continuation is the
+  // one the uninterrupted request would have produced.
+  std::vector<TokenId> resume_output;
   Clock::time_point arrival = Clock::now();
 };
 

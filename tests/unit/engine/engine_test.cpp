@@ -506,5 +506,95 @@ TEST(EngineComputeDType, Bf16ComputeIsPartOfTheModelIdentity) {
   }
 }
 
+// A request resumed from the first k tokens of its answer (a stream
+// migrated from a failed agent) continues exactly: the same tokens, the same
+// text after what the first run had emitted by then, and the whole answer
+// counted, whether greedy with penalties or sampled with a seed.
+TEST(EngineResume, AResumedRequestContinuesTheUninterruptedAnswer) {
+  Engine engine(engineConfig());
+  const std::vector<TokenId> prompt = randomTokens(37, 11);
+  struct Run {
+    std::vector<TokenId> tokens;
+    std::vector<std::string> texts;  // per output, in order
+    std::string text;
+    int64_t generated = 0;
+    FinishReason reason = FinishReason::kNone;
+  };
+  auto run = [&](Request request) {
+    Run result;
+    std::mutex mutex;
+    std::condition_variable done;
+    const Status added = engine.addRequest(std::move(request), [&](const RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& token : out.tokens) {
+        result.tokens.push_back(token.token);
+        result.texts.push_back(out.text);
+      }
+      result.text += out.text;
+      if (out.finished()) {
+        result.generated = out.num_generated_tokens;
+        result.reason = out.finish_reason;
+        done.notify_all();
+      }
+    });
+    EXPECT_TRUE(added.isOk()) << added.message();
+    std::unique_lock<std::mutex> lock(mutex);
+    EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(60),
+                              [&] { return result.reason != FinishReason::kNone; }));
+    return result;
+  };
+  Request penalised = greedyRequest("greedy", prompt, 24);
+  penalised.sampling.frequency_penalty = 0.7f;
+  penalised.sampling.presence_penalty = 0.3f;
+  penalised.sampling.min_tokens = 20;
+  Request seeded = greedyRequest("seeded", prompt, 24);
+  seeded.sampling.temperature = 1.0f;
+  seeded.sampling.seed = 1234;
+  for (const Request& base : {penalised, seeded}) {
+    SCOPED_TRACE(base.id);
+    const Run whole = run(base);
+    ASSERT_EQ(whole.tokens.size(), 24u);
+    for (size_t k : {size_t{1}, size_t{12}, size_t{23}}) {
+      SCOPED_TRACE(k);
+      Request resumed = base;
+      resumed.id = base.id + "-" + std::to_string(k);
+      resumed.resume_output.assign(whole.tokens.begin(), whole.tokens.begin() + k);
+      const Run rest = run(resumed);
+      EXPECT_EQ(rest.tokens, std::vector<TokenId>(whole.tokens.begin() + static_cast<ptrdiff_t>(k),
+                                                  whole.tokens.end()));
+      std::string emitted_before;
+      for (size_t i = 0; i < k; ++i) emitted_before += whole.texts[i];
+      EXPECT_EQ(emitted_before + rest.text, whole.text);
+      EXPECT_EQ(rest.generated, 24);
+      EXPECT_EQ(rest.reason, whole.reason);
+    }
+  }
+}
+
+TEST(EngineResume, ResumedOutputThatCannotBeResumedIsRefusedNamingWhy) {
+  Engine engine(engineConfig());
+  Request full = greedyRequest("full", randomTokens(20, 3), 4);
+  full.resume_output = {5, 6, 7, 8};
+  const Status no_room = engine.addRequest(full, [](const RequestOutput&) {});
+  EXPECT_EQ(no_room.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_room.message().find("leaving nothing to generate within max_tokens 4"),
+            std::string::npos)
+      << no_room.message();
+
+  Request ended = greedyRequest("ended", randomTokens(20, 3), 8);
+  ended.sampling.ignore_eos = false;
+  ended.resume_output = {5, engine.eosTokenIds().at(0), 6};
+  const Status finished = engine.addRequest(ended, [](const RequestOutput&) {});
+  EXPECT_NE(finished.message().find("resume_output ends the request at token 1"), std::string::npos)
+      << finished.message();
+
+  Request outside = greedyRequest("outside", randomTokens(20, 3), 8);
+  outside.resume_output = {1 << 30};
+  EXPECT_NE(engine.addRequest(outside, [](const RequestOutput&) {})
+                .message()
+                .find("resume_output token id 1073741824 is outside the vocabulary"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::engine
