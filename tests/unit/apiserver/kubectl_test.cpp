@@ -92,22 +92,32 @@ TEST_F(KubectlTest, ApplyGetScalePatchDeleteACustomResource) {
 
   KubectlResult table = kubectl({"get", "prefillpools"});
   ASSERT_EQ(table.exit_status, 0) << table.err;
-  // The header is NAME and the CRD's printer columns, upper-cased.
+  // The header is NAME and the CRD's printer columns, upper-cased; -o wide
+  // adds those of priority 1.
   Json crd = yamlDocumentsToJson(readFile(crds() + "/prefillpools.tandem.dev.yaml")).at(0);
-  std::string header = "NAME";
-  for (const Json& column : crd["spec"]["versions"][0]["additionalPrinterColumns"]) {
-    std::string name = column["name"];
-    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    header += " " + name;
-  }
-  std::string first_line = table.out.substr(0, table.out.find('\n'));
-  std::string squeezed;
-  for (char c : first_line) {
-    if (c != ' ' || (!squeezed.empty() && squeezed.back() != ' ')) squeezed.push_back(c);
-  }
-  EXPECT_EQ(squeezed, header) << table.out;
+  auto headerOf = [&](bool wide) {
+    std::string header = "NAME";
+    for (const Json& column : crd["spec"]["versions"][0]["additionalPrinterColumns"]) {
+      if (!wide && column.value("priority", 0) > 0) continue;
+      std::string name = column["name"];
+      for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      header += " " + name;
+    }
+    return header;
+  };
+  auto firstLine = [](const std::string& out) {
+    std::string squeezed;
+    for (char c : out.substr(0, out.find('\n'))) {
+      if (c != ' ' || (!squeezed.empty() && squeezed.back() != ' ')) squeezed.push_back(c);
+    }
+    return squeezed;
+  };
+  EXPECT_EQ(firstLine(table.out), headerOf(false)) << table.out;
   EXPECT_NE(table.out.find("prefill"), std::string::npos);
-  EXPECT_NE(table.out.find("/models/llama"), std::string::npos);
+  KubectlResult wide = kubectl({"get", "prefillpools", "-o", "wide"});
+  ASSERT_EQ(wide.exit_status, 0) << wide.err;
+  EXPECT_EQ(firstLine(wide.out), headerOf(true)) << wide.out;
+  EXPECT_NE(headerOf(true).find("SOURCE"), std::string::npos);
 
   KubectlResult patched = kubectl({"patch", "prefillpool", "prefill", "--type=merge", "-p",
                                    R"({"metadata":{"labels":{"stage":"test"}}})"});
@@ -164,9 +174,13 @@ TEST_F(KubectlTest, GetWatchPrintsRowsForLaterChanges) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling the log
   }
   ASSERT_TRUE(watching()) << watch.stderrText();
-  server_->put(yamlToJson(kPool));
+  Json pool = yamlToJson(kPool);
+  pool["status"] = {{"servedModel", "llama-3"},
+                    {"conditions", Json::array({{{"type", "ModelReady"}, {"status", "True"}}})}};
+  server_->put(pool);
   std::string row = watch.waitForLine("prefill ", std::chrono::seconds(30));
-  EXPECT_NE(row.find("/models/llama"), std::string::npos) << row << watch.stderrText();
+  EXPECT_NE(row.find("llama-3"), std::string::npos) << row << watch.stderrText();
+  EXPECT_NE(row.find("True"), std::string::npos) << row << watch.stderrText();
 }
 
 TEST_F(KubectlTest, StrictValidationNamesTheUnknownField) {

@@ -122,6 +122,9 @@ TEST(TableTest, CrdColumnsFromAdditionalPrinterColumns) {
   ASSERT_TRUE(kind.printer_columns.is_array());
   ASSERT_FALSE(kind.printer_columns.empty());
   json object = pool();
+  object["status"]["servedModel"] = "llama";
+  object["status"]["modelSource"] = "/models/llama";
+  object["status"]["conditions"].push_back({{"type", "ModelReady"}, {"status", "True"}});
   json table = toTable(object, kind, "Metadata");
 
   EXPECT_EQ(table["kind"], "Table");
