@@ -25,6 +25,7 @@ struct Engine::Live {
   SamplerRng rng;
   RequestTimings timings;
   bool sent_first = false;
+  std::string resumed_text;       // handed out with the first output
   SimulatedTokenState simulated;  // simulated engines only
 };
 
@@ -644,7 +645,7 @@ void Engine::drainInbox() {
     // Resumed output was streamed by the agent it came from: it only sets
     // the detokenizer and the stop-string matcher where that agent left them.
     for (TokenId token : sequence->request.resume_output) {
-      live->stop.push(live->detokenizer.push(token));
+      live->resumed_text += live->stop.push(live->detokenizer.push(token)).text;
     }
     live->callback = std::move(pending.callback);
     live->timings.arrival = sequence->request.arrival;
@@ -913,6 +914,7 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   out.num_prompt_tokens = sequence->num_prompt_tokens;
   out.num_cached_tokens = sequence->num_cached_tokens;
   out.num_generated_tokens = generated;
+  if (!live.sent_first) out.resumed_text = std::move(live.resumed_text);
   live.sent_first = true;
   if (reason == FinishReason::kNone) {
     live.callback(out);

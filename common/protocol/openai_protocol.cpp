@@ -360,6 +360,17 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   if (const json* params = fields.readObject("kv_transfer_params")) {
     parsed.kv_transfer_params = *params;
   }
+  // A stream that another agent began: the tokens it already sent.
+  if (const json* ids = fields.find("resume_token_ids")) {
+    if (!ids->is_array() || ids->empty()) {
+      fields.failType("resume_token_ids", "a non-empty array of token ids", *ids);
+    } else if (!parsed.stream) {
+      fields.fail("resume_token_ids continues a stream: set stream to true", "resume_token_ids");
+    } else if (auto resumed = readTokenIds(fields, "resume_token_ids", "resume_token_ids", *ids,
+                                           limits.vocab_size)) {
+      parsed.request.resume_output = std::move(*resumed);
+    }
+  }
 
   if (const json* bias = fields.find("logit_bias")) {
     if (!bias->is_object()) {

@@ -224,6 +224,8 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
                                     const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
   const bool has_ids = meta.return_token_ids && !step.tokens.empty();
+  // A resumed stream's offsets continue after the text already sent.
+  for (char c : step.resumed_text) state.text_chars += isContinuationByte(c) ? 0 : 1;
   if (step.text.empty() && !step.finished() && !has_logprobs && !has_ids) return std::nullopt;
   json chunk = responseHead(meta, "text_completion");
   json choice = {
@@ -251,6 +253,8 @@ std::optional<json> chatCompletionChunk(const ResponseMeta& meta,
     if (state.chat_output == nullptr) {
       state.chat_output = std::make_shared<protocol::ChatOutputStream>(*meta.chat_output);
     }
+    // A resumed stream's parsers first take what was already sent.
+    if (!step.resumed_text.empty()) state.chat_output->feed(step.resumed_text);
     protocol::ChatStreamDelta parsed = state.chat_output->feed(step.text);
     if (step.finished()) {
       protocol::ChatStreamDelta rest = state.chat_output->finish();

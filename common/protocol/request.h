@@ -103,6 +103,11 @@ struct RequestOutput {
   // On the final output: what a KV connector hands the client (e.g. where a
   // decode agent can read this request's blocks); null if nothing.
   nlohmann::json kv_transfer_params;
+  // On the first output of a resumed request (Request::resume_output): the
+  // text its resumed tokens made, which the agent it came from emitted. Never
+  // sent again; output parsers (chat's reasoning and tool calls, logprob
+  // offsets) take it in first so they continue where that agent's were.
+  std::string resumed_text;
 
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };

@@ -76,6 +76,8 @@ std::string prefillBody(json body, const json& lent) {
   body.erase("min_tokens");
   body["stream"] = false;
   body.erase("stream_options");
+  // The prompt's KV only: a resumed stream's output is recomputed where it is decoded.
+  body.erase("resume_token_ids");
   body["kv_transfer_params"] = {{"do_remote_decode", true}};
   if (!lent.is_null()) body["kv_transfer_params"]["remote_prefix"] = lent;
   return body.dump();

@@ -393,6 +393,92 @@ TEST(Server, ChatCompletionsWholeAndStreamedAgree) {
   EXPECT_EQ(ids, tokenIds(whole));
 }
 
+// Streamed chunks as (token ids, text or content) pairs, and the usage.
+struct StreamedAnswer {
+  std::vector<std::vector<int>> ids;
+  std::vector<std::string> texts;
+  json usage;
+};
+
+StreamedAnswer streamFrom(const Agent& agent, const std::string& path, const json& body) {
+  auto res = agent.client()->Post(path.c_str(), body.dump(), "application/json");
+  StreamedAnswer answer;
+  if (!res) return answer;
+  std::istringstream events(res->body);
+  for (std::string line; std::getline(events, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    if (chunk.contains("error")) ADD_FAILURE() << line;
+    if (chunk.contains("usage") && chunk["usage"].is_object()) answer.usage = chunk["usage"];
+    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    answer.ids.push_back(choice.value("token_ids", std::vector<int>{}));
+    const json& delta = choice.contains("delta") ? choice["delta"] : choice;
+    answer.texts.push_back(delta.value(choice.contains("delta") ? "content" : "text", ""));
+  }
+  return answer;
+}
+
+// A stream resumed from the tokens another agent already sent continues it:
+// the same remaining tokens and text, the whole answer in its usage, for
+// completions and chat; resume_token_ids without a stream is refused.
+TEST(Server, AResumedStreamContinuesTheUninterruptedOne) {
+  Agent agent;
+  const std::vector<int> prompt = randomPrompt(30, 17);
+  const json messages = json::array({{{"role", "user"}, {"content", "Tell me a story."}}});
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    json body = greedy(prompt, 20);
+    if (chat) {
+      body.erase("prompt");
+      body["messages"] = messages;
+    }
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    const StreamedAnswer whole = streamFrom(agent, path, body);
+    std::vector<int> all;
+    for (const auto& ids : whole.ids) all.insert(all.end(), ids.begin(), ids.end());
+    ASSERT_EQ(all.size(), 20u);
+    for (size_t k : {size_t{1}, size_t{9}, size_t{19}}) {
+      SCOPED_TRACE(k);
+      // What the first agent had sent when it died after k tokens.
+      std::vector<int> sent;
+      std::string sent_text;
+      std::string rest_text;
+      for (size_t i = 0; i < whole.ids.size(); ++i) {
+        if (sent.size() + whole.ids[i].size() <= k) {
+          sent.insert(sent.end(), whole.ids[i].begin(), whole.ids[i].end());
+          sent_text += whole.texts[i];
+        } else {
+          rest_text += whole.texts[i];
+        }
+      }
+      ASSERT_EQ(sent.size(), k);
+      json resumed = body;
+      resumed["resume_token_ids"] = sent;
+      const StreamedAnswer rest = streamFrom(agent, path, resumed);
+      std::vector<int> continued;
+      std::string continued_text;
+      for (size_t i = 0; i < rest.ids.size(); ++i) {
+        continued.insert(continued.end(), rest.ids[i].begin(), rest.ids[i].end());
+        continued_text += rest.texts[i];
+      }
+      EXPECT_EQ(continued, std::vector<int>(all.begin() + static_cast<ptrdiff_t>(k), all.end()));
+      EXPECT_EQ(continued_text, rest_text);
+      EXPECT_EQ(rest.usage["completion_tokens"], 20);
+      EXPECT_EQ(rest.usage["prompt_tokens"], whole.usage["prompt_tokens"]);
+    }
+  }
+  int status = 0;
+  json unstreamed = greedy(prompt, 20);
+  unstreamed["resume_token_ids"] = {5, 6};
+  const json refused = agent.post("/v1/completions", unstreamed, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["message"], "resume_token_ids continues a stream: set stream to true");
+  EXPECT_EQ(refused["error"]["param"], "resume_token_ids");
+}
+
 TEST(Server, KvEventsStreamReportsStoredBlocksAndResynchronises) {
   Agent agent;
   // Two full blocks of prompt, computed and registered.
