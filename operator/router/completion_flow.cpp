@@ -3,6 +3,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <optional>
+#include <stdexcept>
 
 #include "common/json_parse.h"
 #include "common/kv_auth.h"
@@ -23,6 +25,10 @@ using server::HttpResponse;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// How many times one stream moves to another decode agent before it ends
+// with an error event.
+constexpr int kMaxMigrations = 3;
 
 // How long blocks a decision expects an agent to store count as held
 // without the agent's BlockStored (OwnershipIndex::expect).
@@ -344,6 +350,18 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       body["kv_transfer_params"] = {{"remote_prefix", lent}};
     }
   }
+  // A stream is relayed through a splice, so that a decode agent failing
+  // mid-answer is replaced by the next, resuming from the tokens sent.
+  std::optional<StreamSplice> splice;
+  if (streaming) {
+    std::vector<int64_t> resumed;
+    if (auto ids = body.find("resume_token_ids"); ids != body.end()) {
+      resumed = ids->get<std::vector<int64_t>>();
+    }
+    splice.emplace(chat, parsed.value().return_token_ids, std::move(resumed));
+    body["return_token_ids"] = true;
+  }
+  bool client_started = false;
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
     if (attempt == 1) {
@@ -396,7 +414,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     }
     prediction.logged = logged;
     DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
-                                              arrival, decode_reservation, prediction);
+                                              arrival, decode_reservation, prediction,
+                                              splice ? &*splice : nullptr, client_started);
     if (outcome == DecodeOutcome::kDone) {
       metrics_.countDecision(label);
       if (decision.affinity && !retried) metrics_.countDecision("affinity");
@@ -413,7 +432,33 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       metrics_.countClientAbort(outcome == DecodeOutcome::kClientGone ? "decode" : "response");
       co_return;
     }
-    if (outcome == DecodeOutcome::kBrokenAfterStart) co_return;
+    if (outcome == DecodeOutcome::kBrokenAfterStart) {
+      if (!splice || splice->continuations() >= kMaxMigrations ||
+          attempt + 1 >= decode_order.size()) {
+        metrics_.countMigration(splice ? "exhausted" : "not_a_stream");
+        if (splice) {
+          std::string event = midStreamError(
+              decode->endpoint.name, "no decode agent left to resume it on (" +
+                                         std::to_string(splice->continuations()) + " migrations)");
+          if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
+        }
+        co_await releaseLend();
+        co_return;
+      }
+      // The next decode agent resumes the answer from what it has so far,
+      // recomputing the prompt and those tokens (the transfer, if any, was
+      // for the failed agent).
+      if (!handoff.params.is_null()) co_await release(handoff);
+      if (!splice->tokenIds().empty()) body["resume_token_ids"] = splice->tokenIds();
+      body.erase("kv_transfer_params");
+      splice->beginContinuation();
+      metrics_.countMigration("resumed");
+      TANDEM_LOG(kInfo) << "router: resuming a stream that " << decode->endpoint.name
+                        << " broke after " << splice->tokenIds().size() << " tokens on "
+                        << decode_agents[decode_order[attempt + 1]]->endpoint.name;
+      retried = true;
+      continue;
+    }
     // Failed before anything reached the client: give the transfer back
     // and try the next decode agent, which prefills itself.
     if (!handoff.params.is_null()) co_await release(handoff);
@@ -421,6 +466,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   }
   co_await releaseLend();
   metrics_.countDecision("rejected");
+  if (client_started) {
+    // Headers are out: the stream ends with an error event instead.
+    std::string event = midStreamError("every decode agent", "failed this request");
+    if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
+    co_return;
+  }
   co_await exchange.respond(unavailable("every decode agent failed this request"));
 }
 
@@ -509,7 +560,8 @@ awaitable<void> CompletionFlow::release(const Handoff& handoff) {
 awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     HttpExchange& exchange, json body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
-    LoadLedger::Reservation& reservation, const Prediction& prediction) {
+    LoadLedger::Reservation& reservation, const Prediction& prediction, StreamSplice* splice,
+    bool& client_started) {
   const std::string request_body = decodeBody(body, handoff.params);
   const std::string target = targetOf(body);
   std::vector<std::pair<std::string, std::string>> headers = {
@@ -560,10 +612,18 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   }
   // A failed write to the client is the client gone, never the agent.
   // (Arguments are named: GCC 12 destroys some temporaries of a co_await
-  // expression twice.)
-  if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
-    co_return DecodeOutcome::kClientGone;
+  // expression twice.) A continuation's client has its headers already.
+  const bool continuation = client_started;
+  if (!client_started) {
+    if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
+      co_return DecodeOutcome::kClientGone;
+    }
+    client_started = true;
   }
+  // A stream of events goes through the splice, whole events only; any
+  // other answer as it comes.
+  const bool spliced = splice != nullptr && streaming && status == 200;
+  if (continuation && !spliced) co_return DecodeOutcome::kBrokenAfterStart;
   std::string broken;  // why the pass-through stopped early
   try {
     char chunk[16384];
@@ -578,26 +638,31 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
       const size_t n = sizeof chunk - parser.get().body().size;
       if (n == 0) continue;
+      std::string piece;
       if (streaming && status == 200) {
         events.append(chunk, n);
         size_t end;
         while ((end = events.find("\n\n")) != std::string::npos) {
-          const bool token = events.starts_with("data: {");
+          const std::string event = events.substr(0, end + 2);
           events.erase(0, end + 2);
-          if (!token) continue;
+          if (spliced) piece += splice->relay(event);
+          if (!event.starts_with("data: {")) continue;
           const auto now = Clock::now();
           if (last_token == Clock::time_point{}) {
             const double ttft = std::chrono::duration<double>(now - arrival).count();
-            metrics_.observeTtft(ttft);
+            if (!continuation) {
+              metrics_.observeTtft(ttft);
+              observeTtft(ttft, prediction);
+            }
             reservation.prefillDone();
-            observeTtft(ttft, prediction);
           } else {
             metrics_.observeItl(std::chrono::duration<double>(now - last_token).count());
           }
           last_token = now;
         }
       }
-      std::string piece(chunk, n);
+      if (!spliced) piece.assign(chunk, n);
+      if (piece.empty()) continue;
       if (!co_await exchange.writeChunk(std::move(piece))) {
         // The client left (or stopped reading for the write timeout):
         // closing the upstream connection makes the decode agent abort the
@@ -605,6 +670,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
         co_return DecodeOutcome::kClientGoneMidway;
       }
     }
+    // An agent that dies between events may still end the body cleanly.
+    if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
     if (!co_await exchange.finishChunked()) co_return DecodeOutcome::kClientGoneMidway;
   } catch (const std::exception& e) {
     broken = e.what();
@@ -613,6 +680,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGoneMidway;
     metrics_.countUpstreamError(decode->endpoint.name);
     TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name << " broke: " << broken;
+    // A spliced stream is resumed elsewhere by the caller, or ended there.
+    if (spliced) co_return DecodeOutcome::kBrokenAfterStart;
     // Tell a streaming client why its stream ends, if it is still there.
     if (streaming) {
       std::string event = midStreamError(decode->endpoint.name, broken);

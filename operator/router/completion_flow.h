@@ -38,6 +38,7 @@
 #include "operator/router/router.h"
 #include "operator/router/router_metrics.h"
 #include "operator/router/served_model.h"
+#include "operator/router/stream_splice.h"
 
 namespace tandem::router {
 
@@ -102,13 +103,15 @@ class CompletionFlow {
   boost::asio::awaitable<Lent> lendFrom(const AgentPtr& lender, const protocol::Request& request,
                                         int64_t expected_tokens);
   void observeTtft(double ttft_s, const Prediction& prediction);
-  boost::asio::awaitable<DecodeOutcome> decodeOn(server::HttpExchange& exchange,
-                                                 nlohmann::json body, bool streaming,
-                                                 const AgentPtr& decode, const Handoff& handoff,
-                                                 const std::string& label,
-                                                 std::chrono::steady_clock::time_point arrival,
-                                                 LoadLedger::Reservation& reservation,
-                                                 const Prediction& prediction);
+  // A stream (`splice` set) is relayed event by event through the splice;
+  // `client_started` says whether the client's response has begun (a
+  // continuation writes no headers) and is set once it has. A stream that
+  // breaks after starting is left to the caller to resume elsewhere.
+  boost::asio::awaitable<DecodeOutcome> decodeOn(
+      server::HttpExchange& exchange, nlohmann::json body, bool streaming, const AgentPtr& decode,
+      const Handoff& handoff, const std::string& label,
+      std::chrono::steady_clock::time_point arrival, LoadLedger::Reservation& reservation,
+      const Prediction& prediction, StreamSplice* splice, bool& client_started);
 
   const double upstream_timeout_s_;
   const std::string kv_secret_;  // signs pull-back holds; empty: unsigned

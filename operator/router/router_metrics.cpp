@@ -68,6 +68,16 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                     "(nothing was).")
                 .Register(*registry_);
   for (const char* outcome : {"full", "short", "refused"}) lends_->Add({{"outcome", outcome}});
+  migrations_ = &BuildCounter()
+                     .Name("tandem_router_migrations_total")
+                     .Help(
+                         "Streams whose decode agent failed after they began, by outcome: "
+                         "resumed (on the next decode agent, from the tokens sent), exhausted "
+                         "(none left: an error event), not_a_stream (a whole answer cut short).")
+                     .Register(*registry_);
+  for (const char* outcome : {"resumed", "exhausted", "not_a_stream"}) {
+    migrations_->Add({{"outcome", outcome}});
+  }
   client_aborts_ = &BuildCounter()
                         .Name("tandem_router_client_aborts_total")
                         .Help(
@@ -177,6 +187,11 @@ void RouterMetrics::countUpstreamError(const std::string& agent) {
 void RouterMetrics::countLend(const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mutex_);
   lends_->Add({{"outcome", outcome}}).Increment();
+}
+
+void RouterMetrics::countMigration(const std::string& outcome) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  migrations_->Add({{"outcome", outcome}}).Increment();
 }
 
 void RouterMetrics::countClientAbort(const std::string& stage) {

@@ -38,6 +38,11 @@ class RouterMetrics {
   // prefix the decision counted on), short (less: blocks the router expected
   // were not stored yet, or were evicted), refused (nothing pinned).
   void countLend(const std::string& outcome);
+  // A stream whose decode agent failed after it began, by outcome: resumed
+  // (sent on to the next decode agent with the tokens so far), exhausted
+  // (no agent or migration left: the client got an error event),
+  // not_a_stream (a whole answer cut short; nothing to resume).
+  void countMigration(const std::string& outcome);
   // stage: parse (parsing, rendering, tokenizing the request), queued,
   // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
@@ -63,6 +68,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* upstream_errors_;
   prometheus::Family<prometheus::Counter>* lends_;
+  prometheus::Family<prometheus::Counter>* migrations_;
   prometheus::Family<prometheus::Counter>* client_aborts_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* queued_;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -205,7 +206,44 @@ TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
   EXPECT_EQ(answer.status, 200) << "client kv_transfer_params are stripped: " << answer.body.dump();
 }
 
-TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsItsStreamClearly) {
+// The token ids and the text of a streamed completion, its [DONE]s and error events.
+struct StreamedCompletion {
+  std::vector<int> ids;
+  std::string text;
+  int done = 0;
+  std::string errors;
+};
+
+StreamedCompletion parseStream(const std::string& body) {
+  StreamedCompletion stream;
+  std::istringstream events(body);
+  for (std::string line; std::getline(events, line);) {
+    if (line == "data: [DONE]") ++stream.done;
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    if (chunk.contains("error")) stream.errors += line + "\n";
+    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    for (int id : choice.value("token_ids", std::vector<int>{})) stream.ids.push_back(id);
+    stream.text += choice.value("text", "");
+  }
+  return stream;
+}
+
+// Kills the first decode agent found running a request.
+std::thread killRunningDecodeAgent(std::vector<std::unique_ptr<Agent>>& agents) {
+  return std::thread([&agents] {
+    for (auto& agent : agents) {
+      if (eventually([&] { return agent->metric("tandem_num_requests_running") > 0; },
+                     std::chrono::seconds(2))) {
+        agent->process().signal(SIGKILL);
+        return;
+      }
+    }
+  });
+}
+
+TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStreamMoves) {
   // The small model: the long stream below lasts seconds, so the kill lands
   // mid-stream.
   start(1, 2, Policy::kKv, 16, 256, 1024, smallModelDir());
@@ -219,28 +257,37 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentEndsIts
   EXPECT_EQ(answer.decision, "local_prefill");
   EXPECT_GE(routerMetric("tandem_router_upstream_errors_total", "agent=\"prefill-0\""), 1);
 
-  // A decode agent killed mid-stream: the client gets an error event and
-  // the end of the stream; new requests go to the other decode agent.
-  json long_body = greedy(randomPrompt(30, 71), 2000);
+  // A decode agent killed mid-stream: the other decode agent resumes the
+  // answer from the tokens sent, and the client's stream is the one an
+  // undisturbed agent gives, token for token and byte for byte of text.
+  json long_body = greedy(randomPrompt(30, 71), 600);
   long_body["stream"] = true;
-  std::string raw;
-  std::thread killer([&] {
-    for (auto& agent : decode_) {
-      if (eventually([&] { return agent->metric("tandem_num_requests_running") > 0; },
-                     std::chrono::seconds(2))) {
-        agent->process().signal(SIGKILL);
-        return;
-      }
-    }
-  });
+  const StreamedCompletion undisturbed = parseStream(
+      colocated.client()->Post("/v1/completions", long_body.dump(), "application/json")->body);
+  ASSERT_EQ(undisturbed.ids.size(), 600u);
+  std::thread killer = killRunningDecodeAgent(decode_);
   auto res = client_->Post("/v1/completions", long_body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
-  EXPECT_NE(res->body.find("failed mid-stream"), std::string::npos) << res->body;
-  EXPECT_NE(res->body.find("data: [DONE]"), std::string::npos);
-  Answer after = post(greedy(prompt, 6));
-  EXPECT_EQ(after.status, 200) << after.body.dump();
-  EXPECT_EQ(tokenIds(after.body), expected);
+  const StreamedCompletion moved = parseStream(res->body);
+  EXPECT_EQ(moved.errors, "");
+  EXPECT_EQ(moved.done, 1);
+  EXPECT_EQ(moved.ids, undisturbed.ids);
+  EXPECT_EQ(moved.text, undisturbed.text);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+
+  // The last decode agent killed mid-stream: nowhere to move, so the client
+  // gets an error event and the end of the stream.
+  std::thread last_killer = killRunningDecodeAgent(decode_);
+  auto cut = client_->Post("/v1/completions", long_body.dump(), "application/json");
+  last_killer.join();
+  ASSERT_TRUE(cut);
+  const StreamedCompletion ended = parseStream(cut->body);
+  EXPECT_NE(ended.errors.find("failed mid-stream: no decode agent left to resume it on"),
+            std::string::npos)
+      << cut->body.substr(cut->body.size() > 2000 ? cut->body.size() - 2000 : 0);
+  EXPECT_EQ(ended.done, 1);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\""), 1);
 }
 
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {

@@ -1,0 +1,78 @@
+#include "operator/router/stream_splice.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/protocol/openai_protocol.h"
+
+namespace tandem::router {
+
+using nlohmann::json;
+
+StreamSplice::StreamSplice(bool chat, bool client_wants_ids, std::vector<int64_t> resumed)
+    : chat_(chat), client_wants_ids_(client_wants_ids), ids_(std::move(resumed)) {}
+
+void StreamSplice::beginContinuation() {
+  first_of_continuation_ = true;
+  ++continuations_;
+}
+
+std::string StreamSplice::relay(std::string_view event) {
+  constexpr std::string_view kData = "data: ";
+  std::string_view payload = event;
+  while (!payload.empty() && (payload.back() == '\n' || payload.back() == '\r')) {
+    payload.remove_suffix(1);
+  }
+  if (!payload.starts_with(kData)) {  // a comment or another field: as sent
+    events_sent_ = true;
+    return std::string(event);
+  }
+  payload.remove_prefix(kData.size());
+  if (payload == "[DONE]") {
+    done_ = true;
+    events_sent_ = true;
+    return std::string(event);
+  }
+  json chunk = json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  if (!chunk.is_object() || chunk.contains("error")) {
+    events_sent_ = true;
+    return std::string(event);
+  }
+  if (id_.empty() && chunk.contains("id") && chunk["id"].is_string()) {
+    id_ = chunk["id"].get<std::string>();
+    created_ = chunk.value("created", int64_t{0});
+  } else if (!id_.empty()) {
+    chunk["id"] = id_;
+    if (chunk.contains("created")) chunk["created"] = created_;
+  }
+  const bool continuation_start = first_of_continuation_;
+  first_of_continuation_ = false;
+  json* choices =
+      chunk.contains("choices") && chunk["choices"].is_array() ? &chunk["choices"] : nullptr;
+  if (choices != nullptr && !choices->empty()) {
+    json& choice = (*choices)[0];
+    if (auto ids = choice.find("token_ids"); ids != choice.end() && ids->is_array()) {
+      for (const json& id : *ids) {
+        if (id.is_number_integer()) ids_.push_back(id.get<int64_t>());
+      }
+      if (!client_wants_ids_) choice.erase("token_ids");
+    }
+    if (chat_ && continuation_start && events_sent_ && choice.contains("delta")) {
+      // The resumed agent's first chunk says who speaks, which the client
+      // was told already; an empty content is only what that chunk adds.
+      json& delta = choice["delta"];
+      delta.erase("role");
+      if (delta.contains("content") && delta["content"] == "") delta.erase("content");
+    }
+    // A chunk left with nothing for the client is dropped, as the agent
+    // drops one when token ids are not asked for.
+    const bool finished = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
+    const bool logprobs = choice.contains("logprobs") && !choice["logprobs"].is_null();
+    const bool text = chat_ ? (choice.contains("delta") && !choice["delta"].empty())
+                            : !choice.value("text", std::string()).empty();
+    if (!finished && !logprobs && !text && !choice.contains("token_ids")) return "";
+  }
+  events_sent_ = true;
+  return std::string(kData) + server::compactDump(chunk) + "\n\n";
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,56 @@
+// A client's stream kept whole across decode agents: when the agent serving
+// a streamed completion fails, the router sends the request to another with
+// `resume_token_ids` (the tokens the answer already has; docs/api.md) and
+// splices that agent's stream onto the client's. StreamSplice is the pure
+// part: it relays complete SSE events, remembers every token id the answer
+// has (the upstream is asked for token_ids whatever the client asked), and
+// rewrites what a continuation must not show: its own `id` and `created`
+// (the first stream's are kept), a chat continuation's repeated `role`, and
+// the token ids a client did not ask for — dropping a chunk that is then
+// empty, as the agent itself does. Bytes of a relayed event are the agent's
+// serialization (compactDump) of the rewritten chunk; an undisturbed stream
+// goes through unchanged. Not thread-safe: one per request.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::router {
+
+class StreamSplice {
+ public:
+  // `resumed`: token ids the client's own request resumed from (its
+  // resume_token_ids), which the answer starts with.
+  StreamSplice(bool chat, bool client_wants_ids, std::vector<int64_t> resumed = {});
+
+  // One complete SSE event from the current upstream, with its terminating
+  // blank line; returns what the client gets ("" for nothing).
+  std::string relay(std::string_view event);
+  // The next events come from another agent resuming the answer.
+  void beginContinuation();
+
+  // Every token id the answer has: the client's resumed ones, then each
+  // relayed chunk's.
+  const std::vector<int64_t>& tokenIds() const { return ids_; }
+  // Whether the client has received an event (then a chat continuation's
+  // role chunk is not its first).
+  bool eventsSent() const { return events_sent_; }
+  // Whether the upstream's [DONE] went through (the answer is complete).
+  bool done() const { return done_; }
+  int continuations() const { return continuations_; }
+
+ private:
+  bool chat_;
+  bool client_wants_ids_;
+  std::vector<int64_t> ids_;
+  std::string id_;        // the first stream's "id", once seen
+  int64_t created_ = -1;  // and its "created"
+  bool events_sent_ = false;
+  bool first_of_continuation_ = false;
+  bool done_ = false;
+  int continuations_ = 0;
+};
+
+}  // namespace tandem::router

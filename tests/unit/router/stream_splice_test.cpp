@@ -1,0 +1,101 @@
+// The splice of a client's stream across decode agents (stream_splice.h):
+// token ids remembered, the first stream's id kept, a chat continuation's
+// role dropped, ids the client did not ask for removed with the chunks that
+// then say nothing.
+#include "operator/router/stream_splice.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/protocol/openai_protocol.h"
+
+namespace tandem::router {
+namespace {
+
+using nlohmann::json;
+
+std::string event(const json& chunk) { return "data: " + server::compactDump(chunk) + "\n\n"; }
+
+json completionChunk(const std::string& id, const std::string& text, std::vector<int> ids,
+                     const json& finish = nullptr) {
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", id == "cmpl-a" ? 100 : 200},
+          {"model", "tiny"},
+          {"choices",
+           {{{"index", 0},
+             {"text", text},
+             {"logprobs", nullptr},
+             {"finish_reason", finish},
+             {"token_ids", ids}}}}};
+}
+
+TEST(StreamSplice, AnUndisturbedStreamGoesThroughByteForByte) {
+  StreamSplice splice(/*chat=*/false, /*client_wants_ids=*/true);
+  const std::string first = event(completionChunk("cmpl-a", "Once", {11}));
+  EXPECT_EQ(splice.relay(first), first);
+  EXPECT_EQ(splice.relay("data: [DONE]\n\n"), "data: [DONE]\n\n");
+  EXPECT_TRUE(splice.done());
+  EXPECT_EQ(splice.tokenIds(), (std::vector<int64_t>{11}));
+}
+
+TEST(StreamSplice, AContinuationKeepsTheFirstIdAndRemembersEveryToken) {
+  StreamSplice splice(false, /*client_wants_ids=*/false, /*resumed=*/{7});
+  json without_ids = completionChunk("cmpl-a", "Once", {11});
+  without_ids["choices"][0].erase("token_ids");
+  EXPECT_EQ(splice.relay(event(completionChunk("cmpl-a", "Once", {11}))), event(without_ids));
+  // A token whose text is held back: nothing for a client without ids.
+  EXPECT_EQ(splice.relay(event(completionChunk("cmpl-a", "", {12}))), "");
+  splice.beginContinuation();
+  const std::string moved = splice.relay(event(completionChunk("cmpl-b", " upon", {13})));
+  const json chunk = json::parse(moved.substr(6));
+  EXPECT_EQ(chunk["id"], "cmpl-a");
+  EXPECT_EQ(chunk["created"], 100);
+  EXPECT_FALSE(chunk["choices"][0].contains("token_ids"));
+  EXPECT_EQ(chunk["choices"][0]["text"], " upon");
+  EXPECT_EQ(splice.tokenIds(), (std::vector<int64_t>{7, 11, 12, 13}));
+  EXPECT_EQ(splice.continuations(), 1);
+  EXPECT_FALSE(splice.done());
+}
+
+TEST(StreamSplice, AChatContinuationDoesNotSayWhoSpeaksTwice) {
+  auto chat = [](const std::string& id, const json& delta, std::vector<int> ids) {
+    return json{{"id", id},
+                {"object", "chat.completion.chunk"},
+                {"created", 5},
+                {"model", "tiny"},
+                {"choices",
+                 {{{"index", 0},
+                   {"delta", delta},
+                   {"logprobs", nullptr},
+                   {"finish_reason", nullptr},
+                   {"token_ids", ids}}}}};
+  };
+  StreamSplice splice(/*chat=*/true, /*client_wants_ids=*/true);
+  const std::string first = event(chat("chat-a", {{"role", "assistant"}, {"content", "Hi"}}, {1}));
+  EXPECT_EQ(splice.relay(first), first);
+  splice.beginContinuation();
+  const json resumed = json::parse(
+      splice.relay(event(chat("chat-b", {{"role", "assistant"}, {"content", " there"}}, {2})))
+          .substr(6));
+  EXPECT_EQ(resumed["choices"][0]["delta"], json({{"content", " there"}}));
+  EXPECT_EQ(resumed["id"], "chat-a");
+  // A role chunk with nothing else, for a client that wants no ids: dropped.
+  StreamSplice quiet(true, false);
+  EXPECT_FALSE(
+      quiet.relay(event(chat("chat-a", {{"role", "assistant"}, {"content", "Hi"}}, {1}))).empty());
+  quiet.beginContinuation();
+  EXPECT_EQ(quiet.relay(event(chat("chat-b", {{"role", "assistant"}, {"content", ""}}, {2}))), "");
+  EXPECT_EQ(quiet.tokenIds(), (std::vector<int64_t>{1, 2}));
+}
+
+TEST(StreamSplice, ErrorEventsAndOtherLinesPassAsSent) {
+  StreamSplice splice(false, false);
+  const std::string error = "data: {\"error\":{\"message\":\"boom\"}}\n\n";
+  EXPECT_EQ(splice.relay(error), error);
+  EXPECT_EQ(splice.relay(": keep-alive\n\n"), ": keep-alive\n\n");
+}
+
+}  // namespace
+}  // namespace tandem::router
