@@ -290,6 +290,56 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\""), 1);
 }
 
+// A chat stream sampled at temperature 1 with a seed, whose client asked for
+// no token ids and for usage, moves when its decode agent dies: the content
+// and the usage are an undisturbed agent's.
+TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
+  start(1, 2, Policy::kKv, 16, 256, 1024, smallModelDir());
+  Agent colocated({}, smallModelDir());
+  const json body = {{"model", "tiny"},
+                     {"messages", {{{"role", "user"}, {"content", "Tell me about the sea."}}}},
+                     {"max_tokens", 500},
+                     {"temperature", 1.0},
+                     {"seed", 42},
+                     {"ignore_eos", true},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  auto contentOf = [](const std::string& stream, json& usage, int& done, std::string& errors) {
+    std::string content;
+    std::istringstream events(stream);
+    for (std::string line; std::getline(events, line);) {
+      if (line == "data: [DONE]") ++done;
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      if (chunk.contains("error")) errors += line;
+      if (chunk.contains("usage") && chunk["usage"].is_object()) usage = chunk["usage"];
+      if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+      EXPECT_FALSE(chunk["choices"][0].contains("token_ids")) << line;
+      content += chunk["choices"][0]["delta"].value("content", "");
+    }
+    return content;
+  };
+  json expected_usage, usage;
+  int expected_done = 0, done = 0;
+  std::string errors;
+  const std::string expected = contentOf(
+      colocated.client()->Post("/v1/chat/completions", body.dump(), "application/json")->body,
+      expected_usage, expected_done, errors);
+  ASSERT_EQ(expected_usage["completion_tokens"], 500);
+  std::thread killer = killRunningDecodeAgent(decode_);
+  auto res = client_->Post("/v1/chat/completions", body.dump(), "application/json");
+  killer.join();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(contentOf(res->body, usage, done, errors), expected);
+  EXPECT_EQ(errors, "");
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(usage["completion_tokens"], 500);
+  EXPECT_EQ(usage["prompt_tokens"], expected_usage["prompt_tokens"]);
+  EXPECT_EQ(res->body.find("\"role\"", res->body.find("\"role\"") + 1), std::string::npos)
+      << "the role is said once";
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+}
+
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
   // The small model generating 2000 tokens takes seconds: the client leaves
   // long before the end.
