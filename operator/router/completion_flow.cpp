@@ -362,9 +362,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     body["return_token_ids"] = true;
   }
   bool client_started = false;
+  bool migrating = false;   // this attempt resumes a stream another agent began
+  AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
-    if (attempt == 1) {
+    if (attempt == 1 && !migrating) {
       body.erase("kv_transfer_params");  // the lend was for the first decode agent
       co_await releaseLend();
     }
@@ -376,6 +378,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_await releaseLend();  // no prefill agent read it
       } else {
         lent = nullptr;  // the prefill agent read it and let it go
+        prompt_prefill = handoff.prefill;
       }
       prefill_answered_s = secondsSince(arrival);
       decisions_.observe(logged, "observed_prefill_s", prefill_answered_s);
@@ -417,6 +420,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                                               arrival, decode_reservation, prediction,
                                               splice ? &*splice : nullptr, client_started);
     if (outcome == DecodeOutcome::kDone) {
+      if (migrating) lent = nullptr;  // the resuming agent read the lend and let it go
       metrics_.countDecision(label);
       if (decision.affinity && !retried) metrics_.countDecision("affinity");
       if (decision.spilled && !retried) metrics_.countDecision("spill");
@@ -445,14 +449,28 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_await releaseLend();
         co_return;
       }
-      // The next decode agent resumes the answer from what it has so far,
-      // recomputing the prompt and those tokens (the transfer, if any, was
-      // for the failed agent).
+      // The next decode agent resumes the answer from what it has so far.
+      // The transfer, if any, was for the failed agent; the prefill agent
+      // that computed the prompt still caches it, so the prompt's blocks are
+      // lent from there and only the rest is recomputed.
       if (!handoff.params.is_null()) co_await release(handoff);
+      co_await releaseLend();
       if (!splice->tokenIds().empty()) body["resume_token_ids"] = splice->tokenIds();
       body.erase("kv_transfer_params");
+      const char* kv = "recomputed";
+      if (prompt_prefill && prompt_prefill->healthy) {
+        Lent lend = co_await lendFrom(prompt_prefill, request, input.num_prompt_tokens);
+        if (!lend.params.is_null()) {
+          body["kv_transfer_params"] = {{"remote_prefix", lend.params}};
+          lent = std::move(lend.params);
+          lender = prompt_prefill;
+          kv = "pulled";
+        }
+      }
       splice->beginContinuation();
+      migrating = true;
       metrics_.countMigration("resumed");
+      metrics_.countMigrationPrefix(kv);
       TANDEM_LOG(kInfo) << "router: resuming a stream that " << decode->endpoint.name
                         << " broke after " << splice->tokenIds().size() << " tokens on "
                         << decode_agents[decode_order[attempt + 1]]->endpoint.name;

@@ -78,6 +78,15 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   for (const char* outcome : {"resumed", "exhausted", "not_a_stream"}) {
     migrations_->Add({{"outcome", outcome}});
   }
+  migration_prefixes_ = &BuildCounter()
+                             .Name("tandem_router_migration_prefixes_total")
+                             .Help(
+                                 "Resumed streams by where their prompt's KV came from: pulled "
+                                 "(lent by the prefill agent that computed it) or recomputed.")
+                             .Register(*registry_);
+  for (const char* source : {"pulled", "recomputed"}) {
+    migration_prefixes_->Add({{"source", source}});
+  }
   client_aborts_ = &BuildCounter()
                         .Name("tandem_router_client_aborts_total")
                         .Help(
@@ -192,6 +201,11 @@ void RouterMetrics::countLend(const std::string& outcome) {
 void RouterMetrics::countMigration(const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mutex_);
   migrations_->Add({{"outcome", outcome}}).Increment();
+}
+
+void RouterMetrics::countMigrationPrefix(const std::string& source) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  migration_prefixes_->Add({{"source", source}}).Increment();
 }
 
 void RouterMetrics::countClientAbort(const std::string& stage) {

@@ -43,6 +43,9 @@ class RouterMetrics {
   // (no agent or migration left: the client got an error event),
   // not_a_stream (a whole answer cut short; nothing to resume).
   void countMigration(const std::string& outcome);
+  // Where a resumed stream's prompt KV came from: pulled (lent by the
+  // prefill agent that computed it) or recomputed (by the resuming agent).
+  void countMigrationPrefix(const std::string& source);
   // stage: parse (parsing, rendering, tokenizing the request), queued,
   // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
@@ -69,6 +72,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* upstream_errors_;
   prometheus::Family<prometheus::Counter>* lends_;
   prometheus::Family<prometheus::Counter>* migrations_;
+  prometheus::Family<prometheus::Counter>* migration_prefixes_;
   prometheus::Family<prometheus::Counter>* client_aborts_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* queued_;

@@ -292,12 +292,18 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
 
 // A chat stream sampled at temperature 1 with a seed, whose client asked for
 // no token ids and for usage, moves when its decode agent dies: the content
-// and the usage are an undisturbed agent's.
+// and the usage are an undisturbed agent's, and the prompt's blocks are
+// lent to the resuming agent by the prefill agent that computed them
+// (round-robin disaggregates every prompt past 16 tokens).
 TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
-  start(1, 2, Policy::kKv, 16, 256, 1024, smallModelDir());
+  start(1, 2, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
   Agent colocated({}, smallModelDir());
+  // Long enough (over a hundred tokens) that reading the prompt's blocks
+  // beats recomputing them.
+  std::string question;
+  for (int i = 0; i < 20; ++i) question += "Tell me about the sea, its tides and its storms. ";
   const json body = {{"model", "tiny"},
-                     {"messages", {{{"role", "user"}, {"content", "Tell me about the sea."}}}},
+                     {"messages", {{{"role", "user"}, {"content", question}}}},
                      {"max_tokens", 500},
                      {"temperature", 1.0},
                      {"seed", 42},
@@ -338,6 +344,11 @@ TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
   EXPECT_EQ(res->body.find("\"role\"", res->body.find("\"role\"") + 1), std::string::npos)
       << "the role is said once";
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+  EXPECT_EQ(res->get_header_value("x-tandem-decision"), "disaggregated");
+  EXPECT_EQ(routerMetric("tandem_router_migration_prefixes_total", "source=\"pulled\""), 1);
+  double loaded = 0;  // by the surviving decode agent (a dead one answers nothing)
+  for (auto& agent : decode_) loaded += agent->metric("tandem_kv_transfer_bytes_total");
+  EXPECT_GT(loaded, 0) << "the resuming agent read the lent prefix";
 }
 
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
