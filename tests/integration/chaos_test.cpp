@@ -103,6 +103,12 @@ TEST(ChaosTest, KillsStopsAbortsAndOverloadLeaveNothingBroken) {
     EXPECT_TRUE(value.is_null() || value == 0) << gauge << " " << value;
   }
   EXPECT_LE(end["router"]["open_fds"].get<int>(), end["router"]["baseline_fds"].get<int>());
+  // Streams the killed agent was serving moved (when it was a decode agent)
+  // rather than ending: the count is reported, and none had nowhere to go
+  // (two decode agents, one killed at a time).
+  EXPECT_TRUE(end["router"]["migrations_resumed"].is_number()) << end["router"].dump();
+  EXPECT_EQ(end["router"]["migrations_exhausted"], 0) << end["router"].dump();
+  EXPECT_NE(output.find("streams moved off a failed decode agent"), std::string::npos);
 
   // The human table names every outcome kind.
   for (const char* kind : {"clean_error", "hang", "truncated", "refused_or_reset", "recovery"}) {

@@ -124,6 +124,8 @@ json SettleReport::toJson() const {
            {{"inflight_requests", optional(router.inflight)},
             {"queued_requests", optional(router.queued)},
             {"open_fds", optional(router.open_fds)},
+            {"migrations_resumed", optional(router.migrations_resumed)},
+            {"migrations_exhausted", optional(router.migrations_exhausted)},
             {"baseline_fds", baseline_fds},
             {"idle", routerIdle()},
             {"fds_back", fdsBack()}}}};
@@ -148,6 +150,8 @@ void SettleReport::print() const {
   std::printf("  router: inflight %s, queued %s, open fds %s (baseline %d)\n",
               gauge(router.inflight).c_str(), gauge(router.queued).c_str(),
               router.open_fds ? std::to_string(*router.open_fds).c_str() : "?", baseline_fds);
+  std::printf("  streams moved off a failed decode agent: %s resumed, %s with nowhere to go\n",
+              gauge(router.migrations_resumed).c_str(), gauge(router.migrations_exhausted).c_str());
   std::printf("  leaked blocks: %lld\n", static_cast<long long>(leakedBlocks()));
 }
 
@@ -439,6 +443,10 @@ RouterState LocalCluster::routerState() {
     if (result && result->status == 200) {
       state.inflight = prometheusSample(result->body, "tandem_router_inflight_requests");
       state.queued = prometheusSample(result->body, "tandem_router_queued_requests");
+      state.migrations_resumed =
+          prometheusSample(result->body, "tandem_router_migrations_total", "outcome=\"resumed\"");
+      state.migrations_exhausted =
+          prometheusSample(result->body, "tandem_router_migrations_total", "outcome=\"exhausted\"");
     }
   } catch (const std::exception&) {
   }

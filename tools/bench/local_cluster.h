@@ -77,6 +77,9 @@ struct AgentKvState {
 struct RouterState {
   std::optional<double> inflight, queued;
   std::optional<int> open_fds;
+  // Streams moved off a failed decode agent (resumed) and those with nowhere
+  // to go (exhausted): tandem_router_migrations_total.
+  std::optional<double> migrations_resumed, migrations_exhausted;
 };
 
 // What the cluster looks like once load has stopped: every agent's blocks
