@@ -302,14 +302,10 @@ TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
   // beats recomputing them.
   std::string question;
   for (int i = 0; i < 20; ++i) question += "Tell me about the sea, its tides and its storms. ";
-  const json body = {{"model", "tiny"},
-                     {"messages", {{{"role", "user"}, {"content", question}}}},
-                     {"max_tokens", 500},
-                     {"temperature", 1.0},
-                     {"seed", 42},
-                     {"ignore_eos", true},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
+  const json body = {{"model", "tiny"},   {"messages", {{{"role", "user"}, {"content", question}}}},
+                     {"max_tokens", 500}, {"temperature", 1.0},
+                     {"seed", 42},        {"ignore_eos", true},
+                     {"stream", true},    {"stream_options", {{"include_usage", true}}}};
   auto contentOf = [](const std::string& stream, json& usage, int& done, std::string& errors) {
     std::string content;
     std::istringstream events(stream);
