@@ -631,6 +631,17 @@ bool PodRunner::start(Pod& pod, const json& container, const std::string& name) 
   return true;
 }
 
+// A container exited: the pod waits CrashLoopBackOff for the back-off, in
+// the kubelet's words, and the next back-off doubles.
+void crashLoopBackOff(PodRunner::Pod& pod, const std::string& container, Clock::time_point now) {
+  pod.waiting_reason = "CrashLoopBackOff";
+  pod.waiting_message = "back-off " + std::to_string(pod.back_off_s) +
+                        "s restarting failed container=" + container + " pod=" + pod.name + "_" +
+                        pod.ns + "(" + pod.uid + ")";
+  pod.next_attempt = now + std::chrono::seconds(pod.back_off_s);
+  pod.back_off_s = std::min(pod.back_off_s * 2, kBackOffMaxS);
+}
+
 void PodRunner::observeInit(Pod& pod, const json& init) {
   const Clock::time_point now = Clock::now();
   const std::string name = pod.container + "_init" + std::to_string(pod.init_index);
@@ -675,12 +686,7 @@ void PodRunner::observeInit(Pod& pod, const json& init) {
   // A failed init container is run again after the back-off, as the kubelet does.
   pod.init_last_terminated = terminated;
   ++pod.init_restarts;
-  pod.waiting_reason = "CrashLoopBackOff";
-  pod.waiting_message = "back-off " + std::to_string(pod.back_off_s) +
-                        "s restarting failed container=" + init.value("name", "") +
-                        " pod=" + pod.name + "_" + pod.ns + "(" + pod.uid + ")";
-  pod.next_attempt = now + std::chrono::seconds(pod.back_off_s);
-  pod.back_off_s = std::min(pod.back_off_s * 2, kBackOffMaxS);
+  crashLoopBackOff(pod, init.value("name", ""), now);
 }
 
 void PodRunner::observe(Pod& pod, const json* container) {
@@ -734,12 +740,7 @@ void PodRunner::observe(Pod& pod, const json* container) {
     pod.running = false;
     pod.ready = false;
     if (pod.ever_ran) ++pod.restarts;
-    pod.waiting_reason = "CrashLoopBackOff";
-    pod.waiting_message = "back-off " + std::to_string(pod.back_off_s) +
-                          "s restarting failed container=" + container_spec.value("name", "") +
-                          " pod=" + pod.name + "_" + pod.ns + "(" + pod.uid + ")";
-    pod.next_attempt = now + std::chrono::seconds(pod.back_off_s);
-    pod.back_off_s = std::min(pod.back_off_s * 2, kBackOffMaxS);
+    crashLoopBackOff(pod, container_spec.value("name", ""), now);
     return;
   }
   if (now >= pod.next_attempt) {
