@@ -651,6 +651,11 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof chunk;
       boost::system::error_code ec;
+      // The timeout bounds the silence between pieces, not the whole
+      // answer: a stream may run as long as it produces, and one whose
+      // agent stopped producing breaks (and moves) after the timeout.
+      upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(upstream_timeout_s_)));
       co_await http::async_read_some(upstream, buffer, parser,
                                      asio::redirect_error(use_awaitable, ec));
       if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);

@@ -347,6 +347,46 @@ TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
   EXPECT_GT(loaded, 0) << "the resuming agent read the lent prefix";
 }
 
+// A decode agent that stops producing (SIGSTOP: a hung process, a frozen
+// host) is a failure once nothing has come for the upstream timeout: the
+// stream moves and ends as an undisturbed one does.
+TEST_F(RouterTest, AStalledDecodeAgentsStreamMovesAfterTheUpstreamTimeout) {
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 2;
+  options.model = smallModelDir();
+  options.upstream_timeout_s = 2;
+  startCluster(options);
+  Agent colocated({}, smallModelDir());
+  json body = greedy(randomPrompt(30, 73), 300);
+  body["stream"] = true;
+  const StreamedCompletion undisturbed = parseStream(
+      colocated.client()->Post("/v1/completions", body.dump(), "application/json")->body);
+  ASSERT_EQ(undisturbed.ids.size(), 300u);
+  Agent* stopped = nullptr;
+  std::thread stopper([&] {
+    for (auto& agent : decode_) {
+      if (eventually([&] { return agent->metric("tandem_num_requests_running") > 0; },
+                     std::chrono::seconds(2))) {
+        agent->process().signal(SIGSTOP);
+        stopped = agent.get();
+        return;
+      }
+    }
+  });
+  auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+  stopper.join();
+  ASSERT_NE(stopped, nullptr);
+  stopped->process().signal(SIGCONT);
+  ASSERT_TRUE(res);
+  const StreamedCompletion moved = parseStream(res->body);
+  EXPECT_EQ(moved.errors, "");
+  EXPECT_EQ(moved.done, 1);
+  EXPECT_EQ(moved.ids, undisturbed.ids);
+  EXPECT_EQ(moved.text, undisturbed.text);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+}
+
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
   // The small model generating 2000 tokens takes seconds: the client leaves
   // long before the end.

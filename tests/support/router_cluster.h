@@ -28,6 +28,8 @@ struct RouterClusterOptions {
   std::string kv_config = ucxConfig("kv_both");
   // The router's RouterConfig::kv_secret (signs its pull-back holds).
   std::string kv_secret;
+  // The router's RouterConfig::upstream_timeout_s (0: its default).
+  double upstream_timeout_s = 0;
   int client_read_timeout_s = 60;
   // More arguments for one agent (e.g. --simulate PROFILE), by role and index.
   std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
@@ -52,6 +54,7 @@ class RouterCluster : public ::testing::Test {
     config.disagg_threshold_tokens = options.disagg_threshold_tokens;
     config.poll_interval_s = 0.1;
     config.kv_secret = options.kv_secret;
+    if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
     config.profile = options.profile;
     auto args = [&](bool prefill, int index) {
       std::vector<std::string> all = {"--role", prefill ? "prefill" : "decode",
