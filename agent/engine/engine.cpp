@@ -302,6 +302,25 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
 }
 
+Status Engine::checkVocabulary(std::span<const TokenId> tokens, const char* field) const {
+  const int64_t vocab_size = model_->config().vocab_size;
+  for (TokenId token : tokens) {
+    if (token < 0 || token >= vocab_size) {
+      return invalidArgument(std::string(field) + " token id " + std::to_string(token) +
+                             " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    }
+  }
+  return Status::ok();
+}
+
+bool Engine::isStopToken(TokenId token, const SamplingParams& params) const {
+  const bool is_eos =
+      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
+  return (is_eos && !params.ignore_eos) ||
+         std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+             params.stop_token_ids.end();
+}
+
 Status Engine::validateResume(const Request& request) const {
   const std::vector<TokenId>& resumed = request.resume_output;
   if (resumed.empty()) return Status::ok();
@@ -311,21 +330,12 @@ Status Engine::validateResume(const Request& request) const {
                            " tokens, leaving nothing to generate within max_tokens " +
                            std::to_string(params.max_tokens));
   }
+  if (Status known = checkVocabulary(resumed, "resume_output"); !known.isOk()) return known;
   StopStringMatcher stop(params.stop);
   IncrementalDetokenizer detokenizer(*tokenizer_, params.skip_special_tokens);
   for (size_t i = 0; i < resumed.size(); ++i) {
     const TokenId token = resumed[i];
-    if (token < 0 || token >= model_->config().vocab_size) {
-      return invalidArgument("resume_output token id " + std::to_string(token) +
-                             " is outside the vocabulary [0, " +
-                             std::to_string(model_->config().vocab_size) + ")");
-    }
-    const bool ends = (!params.ignore_eos && std::find(eos_token_ids_.begin(), eos_token_ids_.end(),
-                                                       token) != eos_token_ids_.end()) ||
-                      std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
-                                token) != params.stop_token_ids.end() ||
-                      stop.push(detokenizer.push(token)).stopped;
-    if (ends) {
+    if (isStopToken(token, params) || stop.push(detokenizer.push(token)).stopped) {
       return invalidArgument("resume_output ends the request at token " + std::to_string(i) +
                              " (an end-of-sequence or stop token, or a stop string): a finished "
                              "answer has nothing to resume");
@@ -336,13 +346,7 @@ Status Engine::validateResume(const Request& request) const {
 
 Status Engine::addRequest(Request request, OutputCallback callback) {
   if (request.prompt.empty()) return invalidArgument("prompt must not be empty");
-  for (TokenId token : request.prompt) {
-    if (token < 0 || token >= model_->config().vocab_size) {
-      return invalidArgument("prompt token id " + std::to_string(token) +
-                             " is outside the vocabulary [0, " +
-                             std::to_string(model_->config().vocab_size) + ")");
-    }
-  }
+  if (Status known = checkVocabulary(request.prompt, "prompt"); !known.isOk()) return known;
   Status valid =
       validateSamplingParams(request.sampling, model_->config().vocab_size, max_model_len_,
                              static_cast<int64_t>(request.prompt.size()));
@@ -887,14 +891,10 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   if (!live.sent_first) live.timings.first_token = Clock::now();
 
   FinishReason reason = FinishReason::kNone;
-  const bool is_eos =
-      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token.token) != eos_token_ids_.end();
-  const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
-                                       token.token) != params.stop_token_ids.end();
   RequestOutput out;
   out.request_id = sequence->request.id;
   out.tokens.push_back(token);
-  if ((is_eos && !params.ignore_eos) || is_stop_token) {
+  if (isStopToken(token.token, params)) {
     // The stop token ends the text without being part of it.
     reason = FinishReason::kStop;
   } else {

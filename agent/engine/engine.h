@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -232,6 +233,12 @@ class Engine {
   // Why request.resume_output cannot be resumed (a token outside the
   // vocabulary, no room left in max_tokens, an ending already in it), or OK.
   Status validateResume(const Request& request) const;
+  // InvalidArgument "<field> token id N is outside the vocabulary [0, V)" for
+  // the first such id of `tokens`, or OK.
+  Status checkVocabulary(std::span<const TokenId> tokens, const char* field) const;
+  // Whether `token` ends a request with `params`: an EOS id (unless
+  // ignore_eos) or one of its stop_token_ids.
+  bool isStopToken(TokenId token, const SamplingParams& params) const;
 
   struct Pending {
     std::unique_ptr<Sequence> sequence;
