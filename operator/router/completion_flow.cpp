@@ -39,12 +39,17 @@ HttpResponse unavailable(const std::string& message) {
   return server::httpErrorResponse(503, message, "service_unavailable");
 }
 
-// The error event that ends a stream whose decode agent failed midway.
-std::string midStreamError(const std::string& agent, const std::string& what) {
-  server::ApiError error{502, "the decode agent " + agent + " failed mid-stream: " + what,
-                         "server_error", "", ""};
-  return "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
-         std::string(server::kSseDone);
+// Ends a client's stream that cannot go on: an error event saying why (a
+// 502), then [DONE], if the client is still there.
+awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& message) {
+  server::ApiError error{502, message, "server_error", "", ""};
+  std::string event = "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
+                      std::string(server::kSseDone);
+  if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
+}
+
+std::string midStreamFailure(const std::string& agent, const std::string& what) {
+  return "the decode agent " + agent + " failed mid-stream: " + what;
 }
 
 // Parses and checks a request as an agent does: for chat, renders the
@@ -441,10 +446,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
           attempt + 1 >= decode_order.size()) {
         metrics_.countMigration(splice ? "exhausted" : "not_a_stream");
         if (splice) {
-          std::string event = midStreamError(
-              decode->endpoint.name, "no decode agent left to resume it on (" +
-                                         std::to_string(splice->continuations()) + " migrations)");
-          if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
+          co_await endStreamWithError(
+              exchange,
+              midStreamFailure(decode->endpoint.name, "no decode agent left to resume it on (" +
+                                                          std::to_string(splice->continuations()) +
+                                                          " migrations)"));
         }
         co_await releaseLend();
         co_return;
@@ -486,8 +492,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   metrics_.countDecision("rejected");
   if (client_started) {
     // Headers are out: the stream ends with an error event instead.
-    std::string event = midStreamError("every decode agent", "failed this request");
-    if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
+    co_await endStreamWithError(exchange, "every decode agent failed this request");
     co_return;
   }
   co_await exchange.respond(unavailable("every decode agent failed this request"));
@@ -706,10 +711,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     // A spliced stream is resumed elsewhere by the caller, or ended there.
     if (spliced) co_return DecodeOutcome::kBrokenAfterStart;
     // Tell a streaming client why its stream ends, if it is still there.
-    if (streaming) {
-      std::string event = midStreamError(decode->endpoint.name, broken);
-      if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
-    }
+    if (streaming)
+      co_await endStreamWithError(exchange, midStreamFailure(decode->endpoint.name, broken));
     co_return DecodeOutcome::kBrokenAfterStart;
   }
   metrics_.observeE2e(secondsSince(arrival));
