@@ -230,16 +230,24 @@ StreamedCompletion parseStream(const std::string& body) {
   return stream;
 }
 
-// Kills the first decode agent found running a request.
-std::thread killRunningDecodeAgent(std::vector<std::unique_ptr<Agent>>& agents) {
-  return std::thread([&agents] {
-    for (auto& agent : agents) {
-      if (eventually([&] { return agent->metric("tandem_num_requests_running") > 0; },
-                     std::chrono::seconds(2))) {
-        agent->process().signal(SIGKILL);
-        return;
-      }
-    }
+// Sends `signal` to the first decode agent seen running a request (all are
+// watched at once: a dead one answers nothing and must not delay the rest)
+// and sets `signalled` to it (left null when none was seen).
+std::thread signalRunningDecodeAgent(std::vector<std::unique_ptr<Agent>>& agents, int signal,
+                                     Agent** signalled = nullptr) {
+  return std::thread([&agents, signal, signalled] {
+    eventually(
+        [&] {
+          for (auto& agent : agents) {
+            if (agent->metric("tandem_num_requests_running") > 0) {
+              agent->process().signal(signal);
+              if (signalled != nullptr) *signalled = agent.get();
+              return true;
+            }
+          }
+          return false;
+        },
+        std::chrono::seconds(4));
   });
 }
 
@@ -265,7 +273,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   const StreamedCompletion undisturbed = parseStream(
       colocated.client()->Post("/v1/completions", long_body.dump(), "application/json")->body);
   ASSERT_EQ(undisturbed.ids.size(), 600u);
-  std::thread killer = killRunningDecodeAgent(decode_);
+  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
   auto res = client_->Post("/v1/completions", long_body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
@@ -278,7 +286,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
 
   // The last decode agent killed mid-stream: nowhere to move, so the client
   // gets an error event and the end of the stream.
-  std::thread last_killer = killRunningDecodeAgent(decode_);
+  std::thread last_killer = signalRunningDecodeAgent(decode_, SIGKILL);
   auto cut = client_->Post("/v1/completions", long_body.dump(), "application/json");
   last_killer.join();
   ASSERT_TRUE(cut);
@@ -328,7 +336,7 @@ TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
       colocated.client()->Post("/v1/chat/completions", body.dump(), "application/json")->body,
       expected_usage, expected_done, errors);
   ASSERT_EQ(expected_usage["completion_tokens"], 500);
-  std::thread killer = killRunningDecodeAgent(decode_);
+  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
   auto res = client_->Post("/v1/chat/completions", body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
@@ -364,16 +372,7 @@ TEST_F(RouterTest, AStalledDecodeAgentsStreamMovesAfterTheUpstreamTimeout) {
       colocated.client()->Post("/v1/completions", body.dump(), "application/json")->body);
   ASSERT_EQ(undisturbed.ids.size(), 300u);
   Agent* stopped = nullptr;
-  std::thread stopper([&] {
-    for (auto& agent : decode_) {
-      if (eventually([&] { return agent->metric("tandem_num_requests_running") > 0; },
-                     std::chrono::seconds(2))) {
-        agent->process().signal(SIGSTOP);
-        stopped = agent.get();
-        return;
-      }
-    }
-  });
+  std::thread stopper = signalRunningDecodeAgent(decode_, SIGSTOP, &stopped);
   auto res = client_->Post("/v1/completions", body.dump(), "application/json");
   stopper.join();
   ASSERT_NE(stopped, nullptr);
