@@ -207,8 +207,7 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
 int runLocal(CLI::App& command, const LocalFlags& flags) {
   tandem::local::LocalModeOptions options;
   options.cluster_file = flags.file;
-  options.model_cache =
-      flags.model_cache.empty() ? tandem::local::defaultModelCache() : fs::path(flags.model_cache);
+  options.model_cache = flags.model_cache;  // empty: LocalMode takes defaultModelCache()
   if (command.get_option("--port")->count() > 0) options.port = flags.port;
   if (!flags.policy.empty()) options.policy = flags.policy;
   fs::path agent_binary = flags.agent_binary;

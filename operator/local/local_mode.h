@@ -79,9 +79,9 @@ struct LocalModeOptions {
   std::optional<int> metrics_port;
   std::string metrics_host = "127.0.0.1";
   // Where hf:// model sources are fetched to (a directory per repository and
-  // revision, model_source::hubCacheDirectory); the token is HF_TOKEN from
-  // this process's environment, the endpoint spec.model.endpoint, else
-  // HF_ENDPOINT, else the Hub.
+  // revision, model_source::hubCacheDirectory; empty: defaultModelCache()); the token is HF_TOKEN
+  // from this process's environment, the endpoint spec.model.endpoint, else HF_ENDPOINT, else the
+  // Hub.
   std::filesystem::path model_cache;
 };
 
