@@ -190,6 +190,12 @@ class K8sControllerTest : public ::testing::Test {
   }
 
   KubectlResult kubectl(const std::vector<std::string>& args) { return kubectl_->run(args); }
+  // `kubectl apply` of a YAML text (written to a file in the test's directory).
+  KubectlResult applyText(const std::string& yaml) {
+    const fs::path file = dir_ / "applied.yaml";
+    std::ofstream(file) << yaml;
+    return kubectl({"apply", "-f", file.string()});
+  }
 
   void applyExamples() {
     for (const char* file : {"secret.yaml", "prefillpool.yaml", "decodepool.yaml", "router.yaml"}) {
@@ -567,8 +573,7 @@ TEST_F(K8sControllerTest, OnlyTheLeaderWritesAndAnotherTakesOver) {
 // env and volumes) stays its own, with a Warning event naming each ignored
 // field.
 TEST_F(K8sControllerTest, PodTemplateFieldsReachThePodsAndOwnedFieldsStayTheControllers) {
-  const fs::path pool_file = dir_ / "pool.yaml";
-  std::ofstream(pool_file) << R"(apiVersion: tandem.dev/v1alpha1
+  const KubectlResult applied = applyText(R"(apiVersion: tandem.dev/v1alpha1
 kind: DecodePool
 metadata: {name: decode, namespace: default}
 spec:
@@ -602,8 +607,7 @@ spec:
             - {name: NCCL_DEBUG, value: INFO}
             - {name: POD_IP, value: 1.2.3.4}
           volumeMounts: [{name: cache, mountPath: /cache}]
-)";
-  const KubectlResult applied = kubectl({"apply", "-f", pool_file.string()});
+)");
   ASSERT_EQ(applied.exit_status, 0) << applied.err;
   Controller controller(*server_, dir_, "controller-a", operatorToken());
   ASSERT_TRUE(controller.started()) << controller.stderrText();
@@ -675,8 +679,7 @@ spec:
 // agent's image, the served name in status and in kubectl's columns, and
 // ModelReady following the init container's status as the kubelet writes it.
 TEST_F(K8sControllerTest, AnHfPoolFetchesInAnInitContainerAndModelReadyFollowsIt) {
-  const fs::path pool_file = dir_ / "pool.yaml";
-  std::ofstream(pool_file) << R"(apiVersion: tandem.dev/v1alpha1
+  ASSERT_EQ(applyText(R"(apiVersion: tandem.dev/v1alpha1
 kind: DecodePool
 metadata: {name: decode, namespace: default}
 spec:
@@ -685,8 +688,9 @@ spec:
     source: hf://org/m@v1
     tokenSecretRef: {name: hf-token}
   kvTransfer: {secretRef: {name: kv, key: secret}}
-)";
-  ASSERT_EQ(kubectl({"apply", "-f", pool_file.string()}).exit_status, 0);
+)")
+                .exit_status,
+            0);
   Controller controller(*server_, dir_, "controller-a", operatorToken());
   ASSERT_TRUE(controller.started()) << controller.stderrText();
   ASSERT_TRUE(eventually([&] { return deployment("decode").has_value(); }, 30s))
