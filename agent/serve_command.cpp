@@ -1,6 +1,7 @@
 #include "agent/serve_command.h"
 
 #include <signal.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
@@ -230,6 +231,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
     TANDEM_LOG(kWarn) << "the model has no chat template: /v1/chat/completions answers 400 "
                          "(give one with --chat-template FILE)";
   }
+  // POST /admin/drain drains as SIGTERM does: the signal thread below.
+  server_config.on_drain = [] { ::kill(::getpid(), SIGTERM); };
   server::HttpServer server(engine, server_config);
   server.bind();
   // The bound port (the check above used the configured one).
@@ -248,10 +251,16 @@ int runServe(CLI::App& command, ServeOptions& o) {
     int signal_number = waitForSignal();
     TANDEM_LOG(kInfo) << "signal " << signal_number << ": draining for up to "
                       << o.shutdown_timeout_s << " s";
+    const auto drain_start = engine::Clock::now();
     server.setReady(false);
-    engine.shutdown(engine::Clock::now() +
-                    std::chrono::duration_cast<engine::Clock::duration>(
-                        std::chrono::duration<double>(o.shutdown_timeout_s)));
+    // Streams a router can move are handed over with their KV; the others
+    // finish here until the deadline.
+    engine.drain();
+    engine.shutdown(drain_start + std::chrono::duration_cast<engine::Clock::duration>(
+                                      std::chrono::duration<double>(o.shutdown_timeout_s)));
+    TANDEM_LOG(kInfo) << "drained in "
+                      << std::chrono::duration<double>(engine::Clock::now() - drain_start).count()
+                      << " s (" << engine.stats().num_handed_over << " requests handed over)";
     // Let the handlers write what the engine finished, then stop listening.
     server.waitForIdle(engine::Clock::now() + std::chrono::seconds(5));
     server.stop();

@@ -367,6 +367,7 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     if (!transfer.isOk()) return transfer;
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  if (draining_) return unavailable("the agent is draining: it takes no new requests");
   if (stopping_) return unavailable("the engine is shutting down");
   if (known_ids_.count(request.id) != 0) {
     return invalidArgument("request id " + request.id + " is already in use");
@@ -431,6 +432,7 @@ StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::st
   std::future<StatusOr<nlohmann::json>> held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (draining_) return unavailable("the agent is draining: it lends no KV blocks");
     if (loop_exited_ || stopping_) return unavailable("the engine is shutting down");
     HoldRequest request;
     request.tokens = std::move(tokens);
@@ -482,14 +484,15 @@ bool Engine::prefixIsComing(HoldRequest& request) {
 }
 
 StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& tokens,
-                                               const std::string& cache_salt) {
+                                               const std::string& cache_salt, bool hand_over) {
   PrefixMatch match = block_manager_->findCachedPrefix(tokens, cache_salt);
   if (match.blocks.empty()) {
     return notFound("no leading block of the prompt is cached on this agent");
   }
   // One hold lends at most max_hold_blocks_ leading blocks; the reader
-  // computes the rest.
-  if (std::ssize(match.blocks) > max_hold_blocks_) {
+  // computes the rest. A drain's hold takes every block: the agent admits
+  // nothing more, and what it does not hand over is computed again.
+  if (!hand_over && std::ssize(match.blocks) > max_hold_blocks_) {
     match.blocks.resize(static_cast<size_t>(max_hold_blocks_));
     match.block_hashes.resize(static_cast<size_t>(max_hold_blocks_));
   }
@@ -506,7 +509,7 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
     if (block_manager_->refCount(block) == 0) ++newly_taken;
   }
   const auto lent_now = std::ssize(lent);
-  if (lent_now + newly_lent > max_total_hold_blocks_) {
+  if (!hand_over && lent_now + newly_lent > max_total_hold_blocks_) {
     return unavailable("pull-back holds already pin " + std::to_string(lent_now) +
                        " KV blocks of this agent; this hold would pin " +
                        std::to_string(newly_lent) + " more, past --kv-hold-max-total-blocks " +
@@ -514,7 +517,7 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   }
   const int64_t free_after = block_manager_->numFreeBlocks() - newly_taken;
   const int64_t waiting_need = scheduler_->numBlocksNeededByWaiting();
-  if (free_after < waiting_need) {
+  if (!hand_over && free_after < waiting_need) {
     return unavailable("this hold would leave " + std::to_string(free_after) +
                        " free KV blocks, fewer than the " + std::to_string(waiting_need) +
                        " the waiting requests need (holds never take blocks from admission); "
@@ -529,7 +532,7 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
     return notFound("the prompt's cached blocks were evicted");
   }
   const int64_t held_tokens = num_tokens;
-  const std::string id = "hold-" + std::to_string(++num_holds_);
+  const std::string id = (hand_over ? "handover-" : "hold-") + std::to_string(++num_holds_);
   const nlohmann::json params = {{"do_remote_decode", true}};
   const std::vector<BlockHash> hashes = block_manager_->hasher().hashFullBlocks(
       std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens)), cache_salt);
@@ -546,15 +549,67 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   }
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(connector_->config().abort_timeout_s));
-  addHold(id, Held{std::move(blocks), now_() + timeout, /*lent=*/true});
+  if (hand_over) num_handed_over_blocks_ += std::ssize(blocks.blocks);
+  addHold(id, Held{std::move(blocks), now_() + timeout, /*lent=*/!hand_over});
   publishStats();
   return decision.kv_transfer_params;
+}
+
+void Engine::handOver() {
+  handed_over_ = true;
+  std::vector<Sequence*> handing;
+  for (const auto& [sequence, live] : live_) {
+    if (sequence->request.hand_over_on_drain) handing.push_back(sequence);
+  }
+  const bool lends = connector_ && connector_->config().produces() &&
+                     block_manager_->config().enable_prefix_caching;
+  for (Sequence* sequence : handing) {
+    RequestOutput out;
+    out.request_id = sequence->request.id;
+    out.finish_reason = FinishReason::kAbort;
+    out.handed_over = true;
+    out.num_prompt_tokens = sequence->num_prompt_tokens;
+    out.num_cached_tokens = sequence->num_cached_tokens;
+    out.num_generated_tokens = sequence->numGenerated();
+    // The blocks the model computed (their full ones are in the prefix
+    // cache): the resuming agent reads them and computes only the rest.
+    if (lends && sequence->status == SequenceStatus::kRunning &&
+        sequence->num_computed_tokens >= config_.block_size) {
+      const std::vector<TokenId> computed(sequence->tokens.begin(),
+                                          sequence->tokens.begin() + sequence->num_computed_tokens);
+      StatusOr<nlohmann::json> held =
+          holdPrefixNow(computed, sequence->request.cache_salt, /*hand_over=*/true);
+      if (held.isOk()) {
+        out.kv_transfer_params = std::move(*held);
+      } else {
+        TANDEM_LOG(kWarn) << "drain: the blocks of request " << out.request_id
+                          << " could not be held for its next agent: " << held.status().message();
+      }
+    }
+    ++num_handed_over_;
+    deliverFinal(sequence, std::move(out));
+  }
+  if (!handing.empty()) {
+    TANDEM_LOG(kInfo) << "drain: handed over " << handing.size() << " requests ("
+                      << num_handed_over_blocks_ << " KV blocks held for their next agents)";
+  }
 }
 
 void Engine::abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   aborts_.push_back(request_id);
   wake_.notify_one();
+}
+
+void Engine::drain() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  draining_ = true;
+  wake_.notify_one();
+}
+
+bool Engine::draining() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return draining_;
 }
 
 void Engine::shutdown(Clock::time_point deadline) {
@@ -628,7 +683,10 @@ void Engine::publishStats() {
   // A block pinned by several holds (the same prefix lent twice, a lent
   // prefix of a finished request's blocks) counts once.
   stats.kv_held_blocks = std::ssize(held_block_refs_);
+  stats.num_handed_over = num_handed_over_;
+  stats.num_handed_over_blocks = num_handed_over_blocks_;
   std::lock_guard<std::mutex> lock(mutex_);
+  stats.draining = draining_;
   stats_ = stats;
 }
 
@@ -668,7 +726,7 @@ void Engine::loop() {
       auto has_news = [&] {
         return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() ||
                !release_requests_.empty() || !hold_requests_.empty() || stopping_ ||
-               scheduler_->hasWork();
+               (draining_ && !handed_over_) || scheduler_->hasWork();
       };
       if (held_.empty() && deferred_holds_.empty()) {
         wake_.wait(lock, has_news);
@@ -681,12 +739,30 @@ void Engine::loop() {
     // Holds come after new requests are queued, so they see what those need.
     drainInbox();
     holdPrefixes();
+    bool draining = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      draining = draining_;
+    }
+    if (draining && !handed_over_) handOver();
+    // A stopping agent stays until the readers it told of its blocks (the
+    // decode agents of its prefills, the agents resuming what it handed
+    // over) have read them, or the deadline. Pull-back lends are only
+    // offers: they do not keep it.
+    auto awaited = [](const auto& held) { return !held.second.lent; };
+    const bool handing_over = std::any_of(held_.begin(), held_.end(), awaited);
     bool stop_now = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_now = stopping_ && (!scheduler_->hasWork() || Clock::now() >= deadline_);
+      stop_now =
+          stopping_ && ((!scheduler_->hasWork() && !handing_over) || Clock::now() >= deadline_);
     }
     if (stop_now) {
+      if (handing_over) {
+        TANDEM_LOG(kWarn) << "shutdown: " << std::count_if(held_.begin(), held_.end(), awaited)
+                          << " holds of KV blocks were not read before the deadline; their "
+                             "readers compute those blocks themselves";
+      }
       // Abort whatever is left, then leave.
       // (Loads still in flight keep their blocks; the connector is destroyed
       // before the cache.)
@@ -949,7 +1025,8 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
   if (connector_source_ && normal && sequence->status == SequenceStatus::kRunning) {
     decision = connector_source_->finished(*sequence);
   }
-  out.kv_transfer_params = decision.kv_transfer_params;
+  // A hand-over's descriptor is its drain hold's (Engine::handOver).
+  if (!out.handed_over) out.kv_transfer_params = decision.kv_transfer_params;
   std::unique_ptr<Sequence> owned = scheduler_->finish(sequence, /*free_blocks=*/!decision.hold);
   if (decision.hold) {
     // Kept for a remote reader until it releases them or the hold times out.

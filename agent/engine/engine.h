@@ -124,7 +124,10 @@ struct EngineStats {
   int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
   int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
   int64_t kv_held_blocks = 0;    // distinct blocks held for remote readers
-  std::string kv_connector;      // its name, empty without one
+  bool draining = false;
+  int64_t num_handed_over = 0;         // requests handed over on drain
+  int64_t num_handed_over_blocks = 0;  // blocks held for their readers
+  std::string kv_connector;            // its name, empty without one
   // Loads by source (the connector's name, or a multi connector's member).
   std::map<std::string, KvSourceTotals> kv_sources;
   // Failed loads and refused transfers by reason (cumulative).
@@ -202,8 +205,18 @@ class Engine {
   int64_t maxHoldBlocks() const { return max_hold_blocks_; }
   int64_t maxTotalHoldBlocks() const { return max_total_hold_blocks_; }
   // Stops accepting requests, lets in-flight ones finish until `deadline`,
-  // aborts the rest, and stops the loop. Idempotent.
+  // aborts the rest, and stops the loop. Idempotent. After drain(), it also
+  // waits (until `deadline`) for the readers of the handed-over blocks.
   void shutdown(Clock::time_point deadline);
+  // Begins a drain: refuses new requests and holds (Unavailable "draining"),
+  // and hands over every live request that allows it
+  // (Request::hand_over_on_drain): its final output (reason abort,
+  // handed_over) carries the descriptor of its computed blocks, held for the
+  // agent that resumes it — every full block, past the bounds of pull-back
+  // holds, until its reader releases it or abort_timeout_s. Others run on.
+  // Returns at once; idempotent. Any thread.
+  void drain();
+  bool draining() const;
 
   EngineStats stats() const;
   // Durations (seconds) of KV loads finished since the last call, for a
@@ -271,8 +284,12 @@ class Engine {
   void releaseHeldBlocks();
   // Serves holdPrefix() calls.
   void holdPrefixes();
+  // `hand_over`: a drain's hold of a live request's blocks (every cached
+  // one, no bound; awaited by shutdown like a finished request's blocks).
   StatusOr<nlohmann::json> holdPrefixNow(const std::vector<TokenId>& tokens,
-                                         const std::string& cache_salt);
+                                         const std::string& cache_salt, bool hand_over = false);
+  // Hands over the live requests that allow it (drain()).
+  void handOver();
   KvSnapshot takeSnapshot() const;
 
   EngineConfig config_;
@@ -292,7 +309,9 @@ class Engine {
   struct Held {
     SequenceBlocks blocks;
     Clock::time_point deadline;
-    bool lent = false;  // a pull-back hold (holdPrefix), not a finished request's blocks
+    // A pull-back lend (holdPrefix): an offer, not a transfer a reader was
+    // told of (a finished request's blocks, a drain's hand-over).
+    bool lent = false;
   };
   using HeldMap = std::unordered_map<std::string, Held>;
   // Adds a hold; takes one away, freeing its blocks (the next entry).
@@ -337,10 +356,14 @@ class Engine {
   // below the block of its last token, which no reader takes) is on its way
   // into the cache: computed or to be computed by a live request.
   bool prefixIsComing(HoldRequest& request);
-  uint64_t num_holds_ = 0;  // engine thread only
+  uint64_t num_holds_ = 0;              // engine thread only
+  int64_t num_handed_over_ = 0;         // engine thread only
+  int64_t num_handed_over_blocks_ = 0;  // engine thread only
   bool loop_exited_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   bool stopping_ = false;
+  bool draining_ = false;
+  bool handed_over_ = false;  // engine thread: drain's hand-over done
   bool stop_now_ = false;
   Clock::time_point deadline_{};
   EngineStats stats_;  // published by the engine thread

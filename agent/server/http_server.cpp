@@ -111,6 +111,13 @@ std::string streamEvents(const ResponseMeta& meta, const engine::RequestOutput& 
   return data;
 }
 
+// The last event of a stream handed over on drain (Engine::drain): where
+// the agent resuming it reads the blocks held for it. No [DONE] follows:
+// the answer goes on elsewhere (docs/operations.md, "Draining").
+std::string handOverEvent(const engine::RequestOutput& output) {
+  return sseEvent(json{{"tandem_handover", {{"kv_transfer_params", output.kv_transfer_params}}}});
+}
+
 // The whole answer of a finished non-streamed request.
 HttpResponse wholeResponse(ResponseMeta meta, const engine::RequestOutput& total, bool chat,
                            const Tokenizer& tokenizer) {
@@ -230,6 +237,10 @@ void HttpServer::routes() {
       request.request.id = id;
       request.request.arrival = Clock::now();
       request.request.kv_transfer_params = request.kv_transfer_params;
+      // A router that can move a stream asks for it to be handed over,
+      // rather than finished here, when this agent drains.
+      request.request.hand_over_on_drain =
+          request.stream && exchange.request().header(kHandOverHeader) == "drain";
       ResponseMeta meta = makeResponseMeta(request, id, unixSeconds());
       // Responses carry the engine's transfer parameters, never an echo.
       meta.kv_transfer_params = nullptr;
@@ -299,6 +310,17 @@ void HttpServer::routes() {
         // One chunk per engine step, as it comes: a client times tokens by
         // their arrival, so outputs are not merged into one write.
         while (auto output = channel->tryPop()) {
+          if (output->handed_over) {
+            if (co_await exchange.writeChunk(handOverEvent(*output))) {
+              co_await exchange.finishChunked();
+            } else {
+              // Nobody will read the blocks held for the next agent.
+              const engine::RequestOutput* handed = &*output;
+              co_await exchange.offload<bool>(
+                  [this, handed] { return releaseUndelivered(*handed); });
+            }
+            co_return;
+          }
           std::string data = streamEvents(meta, *output, tokenizer, stream_state, total);
           const bool finished = output->finished();
           // A client that left, or stopped reading for the write timeout.
@@ -342,9 +364,11 @@ void HttpServer::routes() {
   });
 
   http_->get("/health", [this](const HttpRequest&, HttpResponse& res) {
-    if (!ready_) {
+    if (!ready_ || engine_.draining()) {
       res.status = 503;
-      res.set_content(R"({"status":"shutting_down"})", "application/json");
+      res.set_content(
+          engine_.draining() ? R"({"status":"draining"})" : R"({"status":"shutting_down"})",
+          "application/json");
       return;
     }
     json health = {{"status", "ok"},
@@ -492,6 +516,27 @@ void HttpServer::routes() {
         res.set_content(compactDump(json{{"kv_transfer_params", *held},
                                          {"num_tokens", (*held)["remote_num_tokens"]}}),
                         "application/json");
+      },
+      /*blocking=*/true);
+
+  // Drain (as on SIGTERM): admit nothing more, hand running streams over,
+  // exit when they have moved or the shutdown timeout passes. Signed like
+  // the KV control calls when the agent has a KV secret.
+  http_->post(
+      "/admin/drain",
+      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
+        auto parsed = kvTransferBody(req.body.empty() ? std::string("{}") : req.body, "");
+        if (!parsed.isOk()) return sendError(res, parsed.error());
+        if (Status allowed = engine_.authorizeKvRequest("/admin/drain", parsed.value());
+            !allowed.isOk()) {
+          return sendError(res, fromStatus(allowed));
+        }
+        if (!config_.on_drain) {
+          return sendError(res, fromStatus(failedPrecondition("this agent cannot be drained")));
+        }
+        config_.on_drain();
+        res.status = 202;
+        res.set_content(R"({"draining":true})", "application/json");
       },
       /*blocking=*/true);
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,9 @@ struct ServerConfig {
   std::shared_ptr<const ChatTemplate> chat_template;
   // --tool-call-parser / --reasoning-parser for chat output.
   protocol::ChatOutputOptions chat_output;
+  // Begins the agent's drain (POST /admin/drain); null: the route answers
+  // 400. Called on a worker thread; must return at once.
+  std::function<void()> on_drain;
 };
 
 class HttpServer {

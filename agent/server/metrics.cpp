@@ -168,7 +168,8 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   // Every finish reason has a series from the start (at 0): the first
   // request of a reason then shows as an increase, and rates over the
   // reasons exist before any request.
-  for (const char* reason : {"stop", "length", "abort", "error", "invalid", "rejected"}) {
+  for (const char* reason :
+       {"stop", "length", "abort", "error", "invalid", "rejected", "handed_over"}) {
     requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}});
   }
   running_ = gauge("tandem_num_requests_running", "Requests being computed.");
@@ -180,6 +181,13 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   free_blocks_ = gauge("tandem_kv_cache_free_blocks", "KV blocks free or evictable.");
   held_blocks_ =
       gauge("tandem_kv_held_blocks", "KV blocks of finished requests held for a remote reader.");
+  draining_ = gauge("tandem_draining",
+                    "1 while the agent drains (SIGTERM or POST /admin/drain): it admits nothing.");
+  handovers_ =
+      counter("tandem_handovers_total", "Running requests handed over to another agent on drain.");
+  handover_blocks_ =
+      counter("tandem_handover_blocks_total",
+              "KV blocks held on drain for the agents resuming handed-over requests.");
 }
 
 AgentMetrics::~AgentMetrics() = default;
@@ -210,7 +218,8 @@ void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_
   requests_
       ->Add({{"model", model_},
              {"role", role_},
-             {"finish_reason", engine::finishReasonName(out.finish_reason)}})
+             {"finish_reason",
+              out.handed_over ? "handed_over" : engine::finishReasonName(out.finish_reason)}})
       .Increment();
 }
 
@@ -231,6 +240,8 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
   advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
   advance(prefix_waits_, stats.num_prefix_waits, reported_.num_prefix_waits);
   advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
+  advance(handovers_, stats.num_handed_over, reported_.num_handed_over);
+  advance(handover_blocks_, stats.num_handed_over_blocks, reported_.num_handed_over_blocks);
   if (!stats.kv_connector.empty()) {
     advance(kv_blocks_recomputed_, stats.kv_blocks_failed, reported_.kv_blocks_failed);
     // Series exist from the start for the connector's own name.
@@ -266,6 +277,7 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
   kv_usage_->Set(stats.kv_cache_usage);
   free_blocks_->Set(static_cast<double>(stats.num_free_blocks));
   held_blocks_->Set(static_cast<double>(stats.kv_held_blocks));
+  draining_->Set(stats.draining ? 1 : 0);
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

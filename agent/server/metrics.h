@@ -86,6 +86,9 @@ class AgentMetrics {
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* free_blocks_;
   prometheus::Gauge* held_blocks_;
+  prometheus::Gauge* draining_;
+  prometheus::Counter* handovers_;
+  prometheus::Counter* handover_blocks_;
   prometheus::Family<prometheus::Counter>* kv_transfer_bytes_;
   prometheus::Family<prometheus::Histogram>* kv_transfer_duration_;
   prometheus::Family<prometheus::Counter>* kv_transfer_failures_;

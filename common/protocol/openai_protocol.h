@@ -239,6 +239,11 @@ nlohmann::json usageChunk(const ResponseMeta& meta, const protocol::RequestOutpu
 // strings is replaced by U+FFFD rather than failing.
 std::string sseEvent(const nlohmann::json& payload);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+// The request header with which a router asks an agent to hand a stream
+// over, not finish it, when the agent drains (value "drain";
+// Request::hand_over_on_drain). The stream then ends with one event
+// {"tandem_handover": {"kv_transfer_params": ...}} and no [DONE].
+inline constexpr char kHandOverHeader[] = "x-tandem-handover";
 
 // A token as logprobs show it: its bytes when they are valid UTF-8; otherwise
 // "bytes:" followed by the bytes with each byte that is not part of a valid

@@ -63,6 +63,11 @@ struct Request {
   // them is emitted. With greedy or seeded sampling the continuation is the
   // one the uninterrupted request would have produced.
   std::vector<TokenId> resume_output;
+  // When the agent drains (Engine::drain), this request is not finished
+  // there but handed over: it ends at once with RequestOutput::handed_over
+  // and its KV blocks held for the agent that will resume it. Set by the
+  // router for the streams it can move; others run to their end.
+  bool hand_over_on_drain = false;
   Clock::time_point arrival = Clock::now();
 };
 
@@ -108,6 +113,10 @@ struct RequestOutput {
   // sent again; output parsers (chat's reasoning and tool calls, logprob
   // offsets) take it in first so they continue where that agent's were.
   std::string resumed_text;
+  // On the final output (reason abort) of a request handed over on drain:
+  // kv_transfer_params then describe its computed blocks (prompt and output
+  // so far) held for the agent that resumes it (null: none could be held).
+  bool handed_over = false;
 
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };

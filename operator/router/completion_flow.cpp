@@ -366,7 +366,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     splice.emplace(chat, parsed.value().return_token_ids, std::move(resumed));
     body["return_token_ids"] = true;
   }
-  bool client_started = false;
+  ClientStream client;
   bool migrating = false;   // this attempt resumes a stream another agent began
   AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
@@ -421,9 +421,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       prediction.observed_prefill_s = prefill_answered_s;
     }
     prediction.logged = logged;
-    DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
-                                              arrival, decode_reservation, prediction,
-                                              splice ? &*splice : nullptr, client_started);
+    DecodeOutcome outcome =
+        co_await decodeOn(exchange, body, streaming, decode, handoff, label, arrival,
+                          decode_reservation, prediction, splice ? &*splice : nullptr, client);
     if (outcome == DecodeOutcome::kDone) {
       if (migrating) lent = nullptr;  // the resuming agent read the lend and let it go
       metrics_.countDecision(label);
@@ -441,10 +441,22 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       metrics_.countClientAbort(outcome == DecodeOutcome::kClientGone ? "decode" : "response");
       co_return;
     }
-    if (outcome == DecodeOutcome::kBrokenAfterStart) {
-      if (!splice || splice->continuations() >= kMaxMigrations ||
-          attempt + 1 >= decode_order.size()) {
-        metrics_.countMigration(splice ? "exhausted" : "not_a_stream");
+    if (outcome == DecodeOutcome::kBrokenAfterStart || outcome == DecodeOutcome::kStalled ||
+        outcome == DecodeOutcome::kHandedOver) {
+      const char* reason = outcome == DecodeOutcome::kHandedOver ? "drain"
+                           : outcome == DecodeOutcome::kStalled  ? "stall"
+                                                                 : "failure";
+      // The next decode agent still healthy (a draining one says it is not).
+      size_t next = attempt + 1;
+      while (next < decode_order.size() && !decode_agents[decode_order[next]]->healthy) ++next;
+      if (!splice || splice->continuations() >= kMaxMigrations || next >= decode_order.size()) {
+        metrics_.countMigration(reason, "exhausted");
+        if (splice && splice->handedOver() && splice->handOverParams().is_object()) {
+          // Nobody will read what the draining agent holds for this stream.
+          co_await callAgent(decode->endpoint, http::verb::post,
+                             std::string("/v1/kv_transfer/release"),
+                             releaseBody(splice->handOverParams()), 5.0);
+        }
         if (splice) {
           co_await endStreamWithError(
               exchange,
@@ -456,31 +468,49 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_return;
       }
       // The next decode agent resumes the answer from what it has so far.
-      // The transfer, if any, was for the failed agent; the prefill agent
-      // that computed the prompt still caches it, so the prompt's blocks are
-      // lent from there and only the rest is recomputed.
+      // A draining agent handed over the blocks of the prompt and the
+      // output so far, held for the next agent. Otherwise the transfer, if
+      // any, was for the failed agent; the prefill agent that computed the
+      // prompt still caches it, so the prompt's blocks are lent from there
+      // and only the rest is recomputed.
       if (!handoff.params.is_null()) co_await release(handoff);
       co_await releaseLend();
       if (!splice->tokenIds().empty()) body["resume_token_ids"] = splice->tokenIds();
       body.erase("kv_transfer_params");
       const char* kv = "recomputed";
-      if (prompt_prefill && prompt_prefill->healthy) {
+      int64_t transferred = 0;
+      if (splice->handedOver() && splice->handOverParams().is_object()) {
+        lent = splice->handOverParams();
+        lender = decode;
+        body["kv_transfer_params"] = {{"remote_prefix", lent}};
+        transferred = lent.value("remote_num_tokens", int64_t{0});
+        kv = "handed_over";
+      } else if (prompt_prefill && prompt_prefill->healthy) {
         Lent lend = co_await lendFrom(prompt_prefill, request, input.num_prompt_tokens);
         if (!lend.params.is_null()) {
           body["kv_transfer_params"] = {{"remote_prefix", lend.params}};
           lent = std::move(lend.params);
           lender = prompt_prefill;
+          transferred = lend.tokens;
           kv = "pulled";
         }
       }
+      const auto total_tokens =
+          static_cast<int64_t>(request.prompt.size() + splice->tokenIds().size());
       splice->beginContinuation();
       migrating = true;
-      metrics_.countMigration("resumed");
-      metrics_.countMigrationPrefix(kv);
-      TANDEM_LOG(kInfo) << "router: resuming a stream that " << decode->endpoint.name
-                        << " broke after " << splice->tokenIds().size() << " tokens on "
-                        << decode_agents[decode_order[attempt + 1]]->endpoint.name;
+      client.resuming = true;
+      metrics_.countMigration(reason, "resumed");
+      metrics_.countMigrationPrefix(kv, transferred,
+                                    std::max<int64_t>(0, total_tokens - transferred));
+      TANDEM_LOG(kInfo) << "router: request " << exchange.request().id << ": resuming the stream "
+                        << decode->endpoint.name << " "
+                        << (reason == std::string("drain") ? "handed over" : "broke") << " after "
+                        << splice->tokenIds().size() << " tokens (" << reason << ") on "
+                        << decode_agents[decode_order[next]]->endpoint.name << ", KV " << kv << " ("
+                        << transferred << " of " << total_tokens << " tokens transferred)";
       retried = true;
+      attempt = next - 1;  // the loop's increment makes it `next`
       continue;
     }
     // Failed before anything reached the client: give the transfer back
@@ -490,7 +520,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   }
   co_await releaseLend();
   metrics_.countDecision("rejected");
-  if (client_started) {
+  if (client.started) {
     // Headers are out: the stream ends with an error event instead.
     co_await endStreamWithError(exchange, "every decode agent failed this request");
     co_return;
@@ -570,7 +600,8 @@ awaitable<CompletionFlow::Lent> CompletionFlow::lendFrom(const AgentPtr& lender,
   }
   const bool full = !lent.is_null() && lent_tokens >= expected_tokens;
   metrics_.countLend(lent.is_null() ? "refused" : full ? "full" : "short");
-  co_return Lent{std::move(lent), full};
+  if (lent.is_null()) lent_tokens = 0;
+  co_return Lent{std::move(lent), full, lent_tokens};
 }
 
 awaitable<void> CompletionFlow::release(const Handoff& handoff) {
@@ -584,7 +615,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     HttpExchange& exchange, json body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
     LoadLedger::Reservation& reservation, const Prediction& prediction, StreamSplice* splice,
-    bool& client_started) {
+    ClientStream& client) {
   const std::string request_body = decodeBody(body, handoff.params);
   const std::string target = targetOf(body);
   std::vector<std::pair<std::string, std::string>> headers = {
@@ -601,6 +632,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(kNoBodyLimit);
+  const bool whole = !streaming;  // a whole answer: see below
+  bool sent = false;              // the agent has the request
   try {
     tcp::resolver resolver(co_await asio::this_coro::executor);
     upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
@@ -611,14 +644,25 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     http::request<http::string_body> request{http::verb::post, target, 11};
     request.set(http::field::host, hostHeader(decode->endpoint));
     request.set(http::field::content_type, "application/json");
+    // A stream this router can move is handed over, not finished, when the
+    // agent drains.
+    if (splice != nullptr && streaming) request.set(server::kHandOverHeader, "drain");
     request.body() = request_body;
     request.prepare_payload();
     co_await http::async_write(upstream, request, use_awaitable);
+    sent = true;
     co_await http::async_read_header(upstream, buffer, parser, use_awaitable);
   } catch (const std::exception& e) {
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
     metrics_.countUpstreamError(decode->endpoint.name);
     TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
+    // An agent answers a whole request only at its end: one that failed
+    // once it had the request cut the answer short.
+    if (whole && sent) {
+      const auto* system = dynamic_cast<const boost::system::system_error*>(&e);
+      const bool timed_out = system != nullptr && system->code() == beast::error::timeout;
+      metrics_.countMigration(timed_out ? "stall" : "failure", "resent");
+    }
     co_return DecodeOutcome::kFailedBeforeStart;
   }
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
@@ -636,18 +680,24 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   // A failed write to the client is the client gone, never the agent.
   // (Arguments are named: GCC 12 destroys some temporaries of a co_await
   // expression twice.) A continuation's client has its headers already.
-  const bool continuation = client_started;
-  if (!client_started) {
+  // A whole (not streamed) answer is kept until complete: an agent failing
+  // before its end is then a failure before start, retried elsewhere, and
+  // the client gets one answer (the same one, with greedy or seeded
+  // sampling).
+  const bool continuation = client.started;
+  std::string whole_body;
+  if (!client.started && !whole) {
     if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
       co_return DecodeOutcome::kClientGone;
     }
-    client_started = true;
+    client.started = true;
   }
   // A stream of events goes through the splice, whole events only; any
   // other answer as it comes.
   const bool spliced = splice != nullptr && streaming && status == 200;
   if (continuation && !spliced) co_return DecodeOutcome::kBrokenAfterStart;
   std::string broken;  // why the pass-through stopped early
+  bool stalled = false;
   try {
     char chunk[16384];
     std::string events;  // for timing: complete SSE events seen so far
@@ -674,7 +724,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
           const std::string event = events.substr(0, end + 2);
           events.erase(0, end + 2);
           if (spliced) piece += splice->relay(event);
-          if (!event.starts_with("data: {")) continue;
+          if (!event.starts_with("data: {") || (spliced && splice->handedOver())) continue;
           const auto now = Clock::now();
           if (last_token == Clock::time_point{}) {
             const double ttft = std::chrono::duration<double>(now - arrival).count();
@@ -689,8 +739,18 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
           last_token = now;
         }
       }
+      if (whole) {
+        whole_body.append(chunk, n);
+        continue;
+      }
       if (!spliced) piece.assign(chunk, n);
       if (piece.empty()) continue;
+      const auto now = Clock::now();
+      if (client.resuming) {
+        metrics_.observeMigrationPause(secondsSince(client.last_write));
+        client.resuming = false;
+      }
+      client.last_write = now;
       if (!co_await exchange.writeChunk(std::move(piece))) {
         // The client left (or stopped reading for the write timeout):
         // closing the upstream connection makes the decode agent abort the
@@ -698,18 +758,38 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
         co_return DecodeOutcome::kClientGoneMidway;
       }
     }
+    // A draining agent ends its part with the hand-over event.
+    if (spliced && splice->handedOver()) co_return DecodeOutcome::kHandedOver;
+    if (whole) {
+      if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
+        co_return DecodeOutcome::kClientGone;
+      }
+      client.started = true;
+      if (!co_await exchange.writeChunk(std::move(whole_body))) {
+        co_return DecodeOutcome::kClientGoneMidway;
+      }
+    }
     // An agent that dies between events may still end the body cleanly.
     if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
     if (!co_await exchange.finishChunked()) co_return DecodeOutcome::kClientGoneMidway;
+  } catch (const boost::system::system_error& e) {
+    broken = e.what();
+    stalled = e.code() == beast::error::timeout;
   } catch (const std::exception& e) {
     broken = e.what();
   }
   if (!broken.empty()) {
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGoneMidway;
     metrics_.countUpstreamError(decode->endpoint.name);
-    TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name << " broke: " << broken;
+    TANDEM_LOG(kWarn) << "router: " << (whole ? "answer" : "stream") << " from "
+                      << decode->endpoint.name << " broke: " << broken;
+    // The client has heard nothing of a whole answer: sent again elsewhere.
+    if (whole) {
+      metrics_.countMigration(stalled ? "stall" : "failure", "resent");
+      co_return DecodeOutcome::kFailedBeforeStart;
+    }
     // A spliced stream is resumed elsewhere by the caller, or ended there.
-    if (spliced) co_return DecodeOutcome::kBrokenAfterStart;
+    if (spliced) co_return stalled ? DecodeOutcome::kStalled : DecodeOutcome::kBrokenAfterStart;
     // Tell a streaming client why its stream ends, if it is still there.
     if (streaming)
       co_await endStreamWithError(exchange, midStreamFailure(decode->endpoint.name, broken));

@@ -82,6 +82,8 @@ class CompletionFlow {
     kDone,
     kFailedBeforeStart,  // the decode agent failed; the client heard nothing
     kBrokenAfterStart,   // the decode agent failed mid-answer
+    kStalled,            // mid-answer, nothing came for the upstream timeout
+    kHandedOver,         // mid-answer, the draining agent handed the stream over
     kClientGone,         // the client left before the response headers
     kClientGoneMidway,   // the client left after them
   };
@@ -99,19 +101,26 @@ class CompletionFlow {
   struct Lent {
     nlohmann::json params;
     bool full = false;
+    int64_t tokens = 0;  // the tokens pinned
   };
   boost::asio::awaitable<Lent> lendFrom(const AgentPtr& lender, const protocol::Request& request,
                                         int64_t expected_tokens);
   void observeTtft(double ttft_s, const Prediction& prediction);
-  // A stream (`splice` set) is relayed event by event through the splice;
-  // `client_started` says whether the client's response has begun (a
-  // continuation writes no headers) and is set once it has. A stream that
-  // breaks after starting is left to the caller to resume elsewhere.
+  // The client's side of one answer across decode agents.
+  struct ClientStream {
+    bool started = false;  // the response has begun (a continuation writes no headers)
+    std::chrono::steady_clock::time_point last_write{};  // the last piece it got
+    bool resuming = false;  // the next piece is the first of a continuation
+  };
+  // A stream (`splice` set) is relayed event by event through the splice
+  // (and may be handed over by a draining agent); `client` is updated as
+  // it is written to. A stream that breaks after starting is left to the
+  // caller to resume elsewhere.
   boost::asio::awaitable<DecodeOutcome> decodeOn(
       server::HttpExchange& exchange, nlohmann::json body, bool streaming, const AgentPtr& decode,
       const Handoff& handoff, const std::string& label,
       std::chrono::steady_clock::time_point arrival, LoadLedger::Reservation& reservation,
-      const Prediction& prediction, StreamSplice* splice, bool& client_started);
+      const Prediction& prediction, StreamSplice* splice, ClientStream& client);
 
   const double upstream_timeout_s_;
   const std::string kv_secret_;  // signs pull-back holds; empty: unsigned

@@ -71,22 +71,37 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   migrations_ = &BuildCounter()
                      .Name("tandem_router_migrations_total")
                      .Help(
-                         "Streams whose decode agent failed after they began, by outcome: "
+                         "Streams that left their decode agent after they began, by reason "
+                         "(failure: the connection broke; stall: nothing came for the upstream "
+                         "timeout; drain: the agent handed the stream over) and outcome: "
                          "resumed (on the next decode agent, from the tokens sent), exhausted "
-                         "(none left: an error event), not_a_stream (a whole answer cut short).")
+                         "(none left: an error event), resent (a whole answer cut short, sent "
+                         "again to the next decode agent).")
                      .Register(*registry_);
-  for (const char* outcome : {"resumed", "exhausted", "not_a_stream"}) {
-    migrations_->Add({{"outcome", outcome}});
+  for (const char* reason : {"failure", "stall", "drain"}) {
+    for (const char* outcome : {"resumed", "exhausted", "resent"}) {
+      migrations_->Add({{"reason", reason}, {"outcome", outcome}});
+    }
   }
   migration_prefixes_ = &BuildCounter()
                              .Name("tandem_router_migration_prefixes_total")
                              .Help(
-                                 "Resumed streams by where their prompt's KV came from: pulled "
-                                 "(lent by the prefill agent that computed it) or recomputed.")
+                                 "Resumed streams by where their KV came from: handed_over (the "
+                                 "draining agent's blocks, prompt and output so far), pulled "
+                                 "(the prompt's, lent by the prefill agent that computed it) or "
+                                 "recomputed.")
                              .Register(*registry_);
-  for (const char* source : {"pulled", "recomputed"}) {
+  migration_tokens_ = &BuildCounter()
+                           .Name("tandem_router_migration_tokens_total")
+                           .Help(
+                               "Tokens of resumed streams (prompt and output so far) by how the "
+                               "resuming agent got their KV: transferred (read from the "
+                               "holder's blocks) or recomputed.")
+                           .Register(*registry_);
+  for (const char* source : {"handed_over", "pulled", "recomputed"}) {
     migration_prefixes_->Add({{"source", source}});
   }
+  for (const char* kv : {"transferred", "recomputed"}) migration_tokens_->Add({{"kv", kv}});
   client_aborts_ = &BuildCounter()
                         .Name("tandem_router_client_aborts_total")
                         .Help(
@@ -139,6 +154,12 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                               "prefill (uncached prompt tokens not yet computed), kind kv "
                               "(decode: prompt + max_tokens of each reserved request).")
                           .Register(*registry_);
+  migration_pause_ = histogram(
+      "tandem_router_migration_pause_seconds",
+      "The pause a client of a moved stream saw: from the last piece its first decode agent "
+      "sent to the first piece of the agent resuming it (detection, KV transfer or "
+      "recomputation, and the first step).",
+      kTtftBuckets);
   ttft_prediction_ =
       histogram("tandem_router_ttft_prediction_ratio",
                 "Observed time to first token of a streamed request divided by the kv policy's "
@@ -198,14 +219,23 @@ void RouterMetrics::countLend(const std::string& outcome) {
   lends_->Add({{"outcome", outcome}}).Increment();
 }
 
-void RouterMetrics::countMigration(const std::string& outcome) {
+void RouterMetrics::countMigration(const std::string& reason, const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mutex_);
-  migrations_->Add({{"outcome", outcome}}).Increment();
+  migrations_->Add({{"reason", reason}, {"outcome", outcome}}).Increment();
 }
 
-void RouterMetrics::countMigrationPrefix(const std::string& source) {
+void RouterMetrics::countMigrationPrefix(const std::string& source, int64_t transferred_tokens,
+                                         int64_t recomputed_tokens) {
   std::lock_guard<std::mutex> lock(mutex_);
   migration_prefixes_->Add({{"source", source}}).Increment();
+  migration_tokens_->Add({{"kv", "transferred"}})
+      .Increment(static_cast<double>(transferred_tokens));
+  migration_tokens_->Add({{"kv", "recomputed"}}).Increment(static_cast<double>(recomputed_tokens));
+}
+
+void RouterMetrics::observeMigrationPause(double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  migration_pause_->Observe(seconds);
 }
 
 void RouterMetrics::countClientAbort(const std::string& stage) {

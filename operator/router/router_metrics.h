@@ -38,14 +38,20 @@ class RouterMetrics {
   // prefix the decision counted on), short (less: blocks the router expected
   // were not stored yet, or were evicted), refused (nothing pinned).
   void countLend(const std::string& outcome);
-  // A stream whose decode agent failed after it began, by outcome: resumed
-  // (sent on to the next decode agent with the tokens so far), exhausted
-  // (no agent or migration left: the client got an error event),
-  // not_a_stream (a whole answer cut short; nothing to resume).
-  void countMigration(const std::string& outcome);
-  // Where a resumed stream's prompt KV came from: pulled (lent by the
-  // prefill agent that computed it) or recomputed (by the resuming agent).
-  void countMigrationPrefix(const std::string& source);
+  // A stream that left its decode agent after it began, by reason (failure,
+  // stall, drain) and outcome: resumed (sent on to the next decode agent
+  // with the tokens so far), exhausted (no agent or migration left: the
+  // client got an error event), resent (a whole answer cut short, sent
+  // again from its start to the next decode agent).
+  void countMigration(const std::string& reason, const std::string& outcome);
+  // Where a resumed stream's KV came from: handed_over (the draining
+  // agent's blocks), pulled (the prompt's, lent by the prefill agent that
+  // computed it) or recomputed; and how many of its tokens (prompt and
+  // output so far) were transferred and how many are left to recompute.
+  void countMigrationPrefix(const std::string& source, int64_t transferred_tokens,
+                            int64_t recomputed_tokens);
+  // The pause a moved stream's client saw (last piece before, first after).
+  void observeMigrationPause(double seconds);
   // stage: parse (parsing, rendering, tokenizing the request), queued,
   // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
@@ -73,6 +79,8 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* lends_;
   prometheus::Family<prometheus::Counter>* migrations_;
   prometheus::Family<prometheus::Counter>* migration_prefixes_;
+  prometheus::Family<prometheus::Counter>* migration_tokens_;
+  prometheus::Histogram* migration_pause_;
   prometheus::Family<prometheus::Counter>* client_aborts_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* queued_;

@@ -13,6 +13,8 @@ StreamSplice::StreamSplice(bool chat, bool client_wants_ids, std::vector<int64_t
 
 void StreamSplice::beginContinuation() {
   first_of_continuation_ = true;
+  handed_over_ = false;
+  hand_over_params_ = nullptr;
   ++continuations_;
 }
 
@@ -36,6 +38,12 @@ std::string StreamSplice::relay(std::string_view event) {
   if (!chunk.is_object() || chunk.contains("error")) {
     events_sent_ = true;
     return std::string(event);
+  }
+  if (auto hand_over = chunk.find("tandem_handover"); hand_over != chunk.end()) {
+    handed_over_ = true;
+    if (hand_over->is_object()) hand_over_params_ = hand_over->value("kv_transfer_params", json());
+    if (!hand_over_params_.is_object()) hand_over_params_ = nullptr;
+    return "";
   }
   if (id_.empty() && chunk.contains("id") && chunk["id"].is_string()) {
     id_ = chunk["id"].get<std::string>();

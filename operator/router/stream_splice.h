@@ -7,12 +7,15 @@
 // rewrites what a continuation must not show: its own `id` and `created`
 // (the first stream's are kept), a chat continuation's repeated `role`, and
 // the token ids a client did not ask for — dropping a chunk that is then
-// empty, as the agent itself does. Bytes of a relayed event are the agent's
+// empty, as the agent itself does. A draining agent's hand-over event
+// ({"tandem_handover": ...}: the stream goes on elsewhere, from the blocks
+// it holds) is kept for the router, never relayed. Bytes of a relayed event are the agent's
 // serialization (compactDump) of the rewritten chunk; an undisturbed stream
 // goes through unchanged. Not thread-safe: one per request.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +33,11 @@ class StreamSplice {
   std::string relay(std::string_view event);
   // The next events come from another agent resuming the answer.
   void beginContinuation();
+  // Whether the current upstream handed the stream over (its agent drains),
+  // and the kv_transfer_params of the blocks it holds for the next agent
+  // (null: none). beginContinuation() clears both.
+  bool handedOver() const { return handed_over_; }
+  const nlohmann::json& handOverParams() const { return hand_over_params_; }
 
   // Every token id the answer has: the client's resumed ones, then each
   // relayed chunk's.
@@ -51,6 +59,8 @@ class StreamSplice {
   bool first_of_continuation_ = false;
   bool done_ = false;
   int continuations_ = 0;
+  bool handed_over_ = false;
+  nlohmann::json hand_over_params_;
 };
 
 }  // namespace tandem::router

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -23,6 +25,7 @@
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
+#include "tests/support/drain_checks.h"
 #include "tests/support/hub/hub_server.h"
 
 namespace tandem::local {
@@ -622,6 +625,119 @@ TEST_F(OperatorBinaryTest, ARestartedDecodeAgentGetsTrafficAndItsBlocksReindexed
   // The router follows the new agent's KV events: the request's blocks are
   // in its index.
   EXPECT_TRUE(eventually([&] { return indexed() >= 4; })) << indexed();
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+// `kubectl scale decodepool --replicas` down, in local mode a file edit,
+// while 16 streams run: the agent scaled away drains, handing each of its
+// streams over with its KV blocks; the router resumes them on the remaining
+// decode agents, which read those blocks, and every client's stream equals
+// an undisturbed one. The drained agent exits 0 once its blocks were read;
+// no agent is left with a block referenced or held.
+TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWithTheirKv) {
+  // The small model, so that streams last seconds: the edit lands mid-stream.
+  auto smallCluster = [](int decode_replicas) {
+    std::string yaml = clusterYaml(1, decode_replicas);
+    const std::string tiny = testing::tinyModelDir().string();
+    for (size_t at; (at = yaml.find(tiny)) != std::string::npos;) {
+      yaml.replace(at, tiny.size(), testing::smallModelDir().string());
+    }
+    for (size_t at; (at = yaml.find("numBlocks: 128")) != std::string::npos;) {
+      yaml.replace(at, 14, "numBlocks: 512");
+    }
+    return yaml;
+  };
+  const fs::path file = dir_.write("cluster.yaml", smallCluster(3));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  // The agents' ports, from their forwarded "listening on" lines, then the router's.
+  std::map<std::string, int> ports;
+  int port = 0;
+  for (std::string line; port == 0;) {
+    line = op.waitForLine("", seconds(120));
+    ASSERT_FALSE(line.empty()) << op.stderrText();
+    const size_t colon = line.rfind(':');
+    if (line.starts_with("router listening on ")) port = std::stoi(line.substr(colon + 1));
+    const size_t close = line.find("] listening on ");
+    if (line.starts_with("[") && close != std::string::npos) {
+      ports[line.substr(1, close - 1)] = std::stoi(line.substr(colon + 1));
+    }
+  }
+  ASSERT_EQ(ports.size(), 4u) << op.stderrText();
+  ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
+  auto metric = [](int agent_port, const std::string& name, const std::string& filter = "") {
+    httplib::Client client("127.0.0.1", agent_port);
+    auto res = client.Get("/metrics");
+    return res ? prometheusSample(res->body, name, filter).value_or(0) : 0.0;
+  };
+
+  constexpr int kStreams = 16;
+  constexpr int kTokens = 400;
+  std::vector<nlohmann::json> bodies;
+  for (int i = 0; i < kStreams; ++i) {
+    nlohmann::json body = testing::greedy(testing::randomPrompt(40 + i, 500 + i), kTokens);
+    body["stream"] = true;
+    bodies.push_back(body);
+  }
+  std::vector<testing::StreamedCompletion> undisturbed;
+  {
+    testing::Agent colocated({}, testing::smallModelDir());
+    for (auto& client : testing::streamConcurrently(colocated.port(), bodies, undisturbed)) {
+      client.join();
+    }
+  }
+
+  std::vector<testing::StreamedCompletion> streams;
+  std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
+  // Scaled down once decode-2 runs streams.
+  const bool busy = eventually(
+      [&] { return metric(ports["decode-2"], "tandem_num_requests_running") >= 2; }, seconds(30));
+  if (busy) rewrite(file, smallCluster(2));
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(busy) << "decode-2 never ran two streams at once";
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    EXPECT_EQ(streams[i].errors, "");
+    EXPECT_EQ(streams[i].done, 1);
+    EXPECT_EQ(streams[i].ids.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(streams[i].ids, undisturbed[i].ids);
+    EXPECT_EQ(streams[i].text, undisturbed[i].text);
+  }
+  {
+    httplib::Client client("127.0.0.1", port);
+    auto router_metrics = client.Get("/metrics");
+    ASSERT_TRUE(router_metrics);
+    testing::expectDrainMigrations(router_metrics->body, 2);
+  }
+  // The drained agent's own lines (its stderr joins its stdout, which local
+  // mode forwards): it handed streams over, every hold was read, and it
+  // exited on its own.
+  std::string drained_log;
+  for (std::string line; !(line = op.waitForLine("[decode-2] ", seconds(30))).empty();) {
+    drained_log += line + "\n";
+    if (line.find("drained in") != std::string::npos) break;
+  }
+  EXPECT_NE(drained_log.find("drain: handed over"), std::string::npos) << drained_log;
+  EXPECT_EQ(drained_log.find("were not read"), std::string::npos) << drained_log;
+  EXPECT_TRUE(
+      eventually([&] { return op.stderrText().find("local: decode-2 (pid") != std::string::npos; },
+                 seconds(30)));
+  EXPECT_NE(op.stderrText().find("stopped: exited with status 0"), std::string::npos)
+      << op.stderrText();
+  // Every remaining agent is idle, with no block referenced or held, and
+  // the decode agents read the handed-over blocks.
+  double loaded = 0;
+  for (const std::string name : {"prefill-0", "decode-0", "decode-1"}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(eventually([&] {
+      return metric(ports[name], "tandem_num_requests_running") == 0 &&
+             metric(ports[name], "tandem_kv_cache_usage_ratio") == 0 &&
+             metric(ports[name], "tandem_kv_held_blocks") == 0;
+    }));
+    if (name != "prefill-0") loaded += metric(ports[name], "tandem_kv_transfer_bytes_total");
+  }
+  EXPECT_GT(loaded, 0);
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/block_hash.h"
+#include "tests/support/drain_checks.h"
 #include "tests/support/router_cluster.h"
 
 namespace {
@@ -206,30 +207,6 @@ TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
   EXPECT_EQ(answer.status, 200) << "client kv_transfer_params are stripped: " << answer.body.dump();
 }
 
-// The token ids and the text of a streamed completion, its [DONE]s and error events.
-struct StreamedCompletion {
-  std::vector<int> ids;
-  std::string text;
-  int done = 0;
-  std::string errors;
-};
-
-StreamedCompletion parseStream(const std::string& body) {
-  StreamedCompletion stream;
-  std::istringstream events(body);
-  for (std::string line; std::getline(events, line);) {
-    if (line == "data: [DONE]") ++stream.done;
-    if (line.rfind("data: {", 0) != 0) continue;
-    const json chunk = json::parse(line.substr(6));
-    if (chunk.contains("error")) stream.errors += line + "\n";
-    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
-    const json& choice = chunk["choices"][0];
-    for (int id : choice.value("token_ids", std::vector<int>{})) stream.ids.push_back(id);
-    stream.text += choice.value("text", "");
-  }
-  return stream;
-}
-
 // Sends `signal` to the first decode agent seen running a request (all are
 // watched at once: a dead one answers nothing and must not delay the rest)
 // and sets `signalled` to it (left null when none was seen).
@@ -254,7 +231,7 @@ std::thread signalRunningDecodeAgent(std::vector<std::unique_ptr<Agent>>& agents
 TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStreamMoves) {
   // The small model: the long stream below lasts seconds, so the kill lands
   // mid-stream.
-  start(1, 2, Policy::kKv, 16, 256, 1024, smallModelDir());
+  start(1, 3, Policy::kKv, 16, 256, 1024, smallModelDir());
   Agent colocated({}, smallModelDir());
   const std::vector<int> prompt = randomPrompt(70, 70);
   const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt, 6)));
@@ -282,7 +259,22 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   EXPECT_EQ(moved.done, 1);
   EXPECT_EQ(moved.ids, undisturbed.ids);
   EXPECT_EQ(moved.text, undisturbed.text);
-  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"failure\""), 1);
+
+  // A decode agent killed in the middle of a whole (not streamed) answer:
+  // the router had not relayed any of it, so it sends the request again to
+  // the last decode agent, and the client gets the undisturbed answer.
+  json whole_body = long_body;
+  whole_body.erase("stream");
+  std::thread whole_killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  Answer whole = post(whole_body);
+  whole_killer.join();
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  EXPECT_EQ(tokenIds(whole.body), undisturbed.ids);
+  EXPECT_EQ(whole.body["choices"][0]["text"], undisturbed.text);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"failure\""),
+            1);
 
   // The last decode agent killed mid-stream: nowhere to move, so the client
   // gets an error event and the end of the stream.
@@ -295,7 +287,9 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
             std::string::npos)
       << cut->body.substr(cut->body.size() > 2000 ? cut->body.size() - 2000 : 0);
   EXPECT_EQ(ended.done, 1);
-  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\""), 1);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"failure\""),
+      1);
 }
 
 // A chat stream sampled at temperature 1 with a seed, whose client asked for
@@ -347,7 +341,8 @@ TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
   EXPECT_EQ(usage["prompt_tokens"], expected_usage["prompt_tokens"]);
   EXPECT_EQ(res->body.find("\"role\"", res->body.find("\"role\"") + 1), std::string::npos)
       << "the role is said once";
-  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"failure\""), 1);
   EXPECT_EQ(res->get_header_value("x-tandem-decision"), "disaggregated");
   EXPECT_EQ(routerMetric("tandem_router_migration_prefixes_total", "source=\"pulled\""), 1);
   double loaded = 0;  // by the surviving decode agent (a dead one answers nothing)
@@ -383,7 +378,65 @@ TEST_F(RouterTest, AStalledDecodeAgentsStreamMovesAfterTheUpstreamTimeout) {
   EXPECT_EQ(moved.done, 1);
   EXPECT_EQ(moved.ids, undisturbed.ids);
   EXPECT_EQ(moved.text, undisturbed.text);
-  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\""), 1);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"stall\""),
+            1);
+}
+
+// A decode agent drained (POST /admin/drain, as SIGTERM) while streams run
+// on it hands each over with its KV: the router resumes them on the other
+// decode agents, which read the drained agent's blocks (prompt and output
+// so far) instead of recomputing them, and every client's stream equals an
+// undisturbed one. The drained agent exits once its blocks were read; the
+// others end with no block referenced (Agent's destructor).
+TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
+  start(1, 3, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
+  constexpr int kStreams = 8;
+  std::vector<json> bodies;
+  for (int i = 0; i < kStreams; ++i) {
+    json body = greedy(randomPrompt(40 + i, 400 + i), 160);
+    body["stream"] = true;
+    bodies.push_back(body);
+  }
+  std::vector<StreamedCompletion> undisturbed;
+  {
+    Agent colocated({}, smallModelDir());
+    for (auto& client : streamConcurrently(colocated.port(), bodies, undisturbed)) client.join();
+  }
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  Agent* drained = nullptr;
+  std::thread drainer([&] {
+    eventually(
+        [&] {
+          for (auto& agent : decode_) {
+            if (agent->metric("tandem_num_requests_running") >= 2) {
+              drained = agent.get();
+              return true;
+            }
+          }
+          return false;
+        },
+        std::chrono::seconds(20));
+    if (drained == nullptr) return;
+    auto res = drained->client()->Post("/admin/drain", "{}", "application/json");
+    EXPECT_TRUE(res && res->status == 202) << (res ? res->body : "no answer");
+  });
+  for (auto& client : clients) client.join();
+  drainer.join();
+  ASSERT_NE(drained, nullptr) << "no decode agent ran two streams at once";
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    EXPECT_EQ(streams[i].errors, "");
+    EXPECT_EQ(streams[i].done, 1);
+    EXPECT_EQ(streams[i].ids, undisturbed[i].ids);
+    EXPECT_EQ(streams[i].text, undisturbed[i].text);
+  }
+  ChildProcess& process = drained->process();
+  EXPECT_EQ(process.wait(std::chrono::seconds(30)), 0) << process.stderrText();
+  const std::string log = process.stderrText();
+  EXPECT_NE(log.find("drain: handed over"), std::string::npos) << log;
+  EXPECT_EQ(log.find("were not read"), std::string::npos) << log;
+  expectDrainMigrations(routerMetrics(), 2);
 }
 
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {

@@ -143,4 +143,46 @@ inline std::vector<std::vector<int>> postConcurrently(const Agent& agent,
   return ids;
 }
 
+// The token ids and the text of a streamed completion, its [DONE]s and
+// error events.
+struct StreamedCompletion {
+  std::vector<int> ids;
+  std::string text;
+  int done = 0;
+  std::string errors;
+};
+
+inline StreamedCompletion parseStream(const std::string& body) {
+  StreamedCompletion stream;
+  std::istringstream events(body);
+  for (std::string line; std::getline(events, line);) {
+    if (line == "data: [DONE]") ++stream.done;
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    if (chunk.contains("error")) stream.errors += line + "\n";
+    if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    for (int id : choice.value("token_ids", std::vector<int>{})) stream.ids.push_back(id);
+    stream.text += choice.value("text", "");
+  }
+  return stream;
+}
+
+// Streams every completion body at once to 127.0.0.1:`port`, one client
+// thread each, into `streams`; the threads are the caller's to join.
+inline std::vector<std::thread> streamConcurrently(int port, const std::vector<json>& bodies,
+                                                   std::vector<StreamedCompletion>& streams) {
+  streams.assign(bodies.size(), {});
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    clients.emplace_back([&bodies, &streams, port, i] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(120, 0);
+      auto res = client.Post("/v1/completions", bodies[i].dump(), "application/json");
+      if (res) streams[i] = parseStream(res->body);
+    });
+  }
+  return clients;
+}
+
 }  // namespace tandem::testing

@@ -477,6 +477,69 @@ TEST_F(HeldBlocks, AnExplicitReleaseFreesThemAtOnceAndOnlyOnce) {
   EXPECT_EQ(engine.releaseTransfer({{"transfer_id", "held"}}).code(), StatusCode::kNotFound);
 }
 
+// A drain hands over the running requests that allow it: each ends at once
+// (abort, handed_over) with the descriptor of a hold on every full block it
+// computed; a request that does not allow it runs to its end; nothing new
+// is admitted or lent; releasing the hand-over's hold frees its blocks.
+TEST_F(HeldBlocks, ADrainHandsOverTheRequestsThatAllowItWithTheirBlocksHeld) {
+  Engine& engine = start(256);
+  std::mutex mutex;
+  std::condition_variable changed;
+  int64_t moved_tokens = 0;
+  RequestOutput handed;
+  auto on_moved = [&](const RequestOutput& out) {
+    std::lock_guard<std::mutex> lock(mutex);
+    moved_tokens += std::ssize(out.tokens);
+    if (out.finished()) handed = out;
+    changed.notify_all();
+  };
+  Request movable = greedyRequest("movable", randomTokens(40, 5), 200);
+  movable.hand_over_on_drain = true;
+  ASSERT_TRUE(engine.addRequest(movable, on_moved).isOk());
+  Collector staying;
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("staying", randomTokens(30, 6), 40), staying.callback())
+          .isOk());
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(
+        changed.wait_for(lock, std::chrono::seconds(30), [&] { return moved_tokens >= 20; }));
+  }
+  engine.drain();
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(
+        changed.wait_for(lock, std::chrono::seconds(30), [&] { return handed.finished(); }));
+  }
+  EXPECT_TRUE(engine.draining());
+  EXPECT_TRUE(handed.handed_over);
+  EXPECT_EQ(handed.finish_reason, FinishReason::kAbort);
+  EXPECT_LT(handed.num_generated_tokens, 200);
+  // Every full block of the tokens it computed (the last one sampled has no
+  // KV yet).
+  const int64_t computed = 40 + handed.num_generated_tokens - 1;
+  EXPECT_EQ(engine.stats().num_handed_over, 1);
+  EXPECT_EQ(engine.stats().num_handed_over_blocks, computed / 16);
+  ASSERT_TRUE(handed.kv_transfer_params.is_object()) << handed.kv_transfer_params.dump();
+
+  const Status refused =
+      engine.addRequest(greedyRequest("late", randomTokens(20, 7), 4), [](const RequestOutput&) {});
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.message().find("draining"), std::string::npos) << refused.message();
+  EXPECT_EQ(engine.holdPrefix(randomTokens(40, 5), "").status().code(), StatusCode::kUnavailable);
+
+  ASSERT_TRUE(staying.waitFinished());
+  EXPECT_EQ(staying.reason, FinishReason::kLength);
+  EXPECT_EQ(staying.tokens.size(), 40u);
+  // Both readers release (the staying request's blocks were held for its
+  // decode agent, as every finished request's are with this connector).
+  EXPECT_TRUE(engine.releaseTransfer(handed.kv_transfer_params).isOk());
+  EXPECT_TRUE(engine.releaseTransfer({{"transfer_id", "staying"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 256);
+}
+
 // bf16 compute is an engine setting: the backend multiplies bf16-rounded
 // activations, and the model identity (what block hashes and connector
 // handshakes are made from) says so, so that KV is never reused or loaded

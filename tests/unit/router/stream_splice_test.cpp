@@ -1,7 +1,7 @@
 // The splice of a client's stream across decode agents (stream_splice.h):
 // token ids remembered, the first stream's id kept, a chat continuation's
 // role dropped, ids the client did not ask for removed with the chunks that
-// then say nothing.
+// then say nothing, a draining agent's hand-over event kept from the client.
 #include "operator/router/stream_splice.h"
 
 #include <gtest/gtest.h>
@@ -88,6 +88,24 @@ TEST(StreamSplice, AChatContinuationDoesNotSayWhoSpeaksTwice) {
   quiet.beginContinuation();
   EXPECT_EQ(quiet.relay(event(chat("chat-b", {{"role", "assistant"}, {"content", ""}}, {2}))), "");
   EXPECT_EQ(quiet.tokenIds(), (std::vector<int64_t>{1, 2}));
+}
+
+TEST(StreamSplice, AHandOverEventIsKeptFromTheClientUntilTheContinuation) {
+  StreamSplice splice(/*chat=*/false, /*client_wants_ids=*/false);
+  EXPECT_NE(splice.relay(event(completionChunk("cmpl-a", "Once", {11}))), "");
+  const json params = {{"remote_block_ids", {3, 4}}, {"remote_num_tokens", 32}};
+  EXPECT_EQ(splice.relay(event({{"tandem_handover", {{"kv_transfer_params", params}}}})), "");
+  EXPECT_TRUE(splice.handedOver());
+  EXPECT_EQ(splice.handOverParams(), params);
+  EXPECT_FALSE(splice.done());
+  EXPECT_EQ(splice.tokenIds(), (std::vector<int64_t>{11}));
+  splice.beginContinuation();
+  EXPECT_FALSE(splice.handedOver());
+  EXPECT_TRUE(splice.handOverParams().is_null());
+  // Nothing held (a request handed over before its first block): no params.
+  EXPECT_EQ(splice.relay(event({{"tandem_handover", {{"kv_transfer_params", nullptr}}}})), "");
+  EXPECT_TRUE(splice.handedOver());
+  EXPECT_TRUE(splice.handOverParams().is_null());
 }
 
 TEST(StreamSplice, ErrorEventsAndOtherLinesPassAsSent) {
