@@ -4,6 +4,7 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include "common/json_parse.h"
@@ -50,6 +51,16 @@ awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& me
 
 std::string midStreamFailure(const std::string& agent, const std::string& what) {
   return "the decode agent " + agent + " failed mid-stream: " + what;
+}
+
+// Why a stream that could not move ends: the agent's own error, if it sent
+// one, then that no agent is left.
+std::string exhaustedMessage(const std::string& agent, const std::string& agent_error,
+                             int migrations) {
+  std::ostringstream why;
+  if (!agent_error.empty()) why << agent_error << "; ";
+  why << "no decode agent left to resume it on (" << migrations << " migrations)";
+  return midStreamFailure(agent, why.str());
 }
 
 // Parses and checks a request as an agent does: for chat, renders the
@@ -442,10 +453,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       co_return;
     }
     if (outcome == DecodeOutcome::kBrokenAfterStart || outcome == DecodeOutcome::kStalled ||
-        outcome == DecodeOutcome::kHandedOver) {
-      const char* reason = outcome == DecodeOutcome::kHandedOver ? "drain"
-                           : outcome == DecodeOutcome::kStalled  ? "stall"
-                                                                 : "failure";
+        outcome == DecodeOutcome::kHandedOver || outcome == DecodeOutcome::kUpstreamError) {
+      const char* reason = outcome == DecodeOutcome::kHandedOver      ? "drain"
+                           : outcome == DecodeOutcome::kStalled       ? "stall"
+                           : outcome == DecodeOutcome::kUpstreamError ? "error"
+                                                                      : "failure";
       // The next decode agent still healthy (a draining one says it is not).
       size_t next = attempt + 1;
       while (next < decode_order.size() && !decode_agents[decode_order[next]]->healthy) ++next;
@@ -459,10 +471,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         }
         if (splice) {
           co_await endStreamWithError(
-              exchange,
-              midStreamFailure(decode->endpoint.name, "no decode agent left to resume it on (" +
-                                                          std::to_string(splice->continuations()) +
-                                                          " migrations)"));
+              exchange, exhaustedMessage(decode->endpoint.name, splice->upstreamError(),
+                                         splice->continuations()));
         }
         co_await releaseLend();
         co_return;
@@ -724,7 +734,10 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
           const std::string event = events.substr(0, end + 2);
           events.erase(0, end + 2);
           if (spliced) piece += splice->relay(event);
-          if (!event.starts_with("data: {") || (spliced && splice->handedOver())) continue;
+          if (!event.starts_with("data: {") ||
+              (spliced && (splice->handedOver() || !splice->upstreamError().empty()))) {
+            continue;
+          }
           const auto now = Clock::now();
           if (last_token == Clock::time_point{}) {
             const double ttft = std::chrono::duration<double>(now - arrival).count();
@@ -760,6 +773,13 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     }
     // A draining agent ends its part with the hand-over event.
     if (spliced && splice->handedOver()) co_return DecodeOutcome::kHandedOver;
+    // The agent failed the request: another may not.
+    if (spliced && !splice->upstreamError().empty()) {
+      metrics_.countUpstreamError(decode->endpoint.name);
+      TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name
+                        << " ended with an error: " << splice->upstreamError();
+      co_return DecodeOutcome::kUpstreamError;
+    }
     if (whole) {
       if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
         co_return DecodeOutcome::kClientGone;

@@ -84,6 +84,7 @@ class CompletionFlow {
     kBrokenAfterStart,   // the decode agent failed mid-answer
     kStalled,            // mid-answer, nothing came for the upstream timeout
     kHandedOver,         // mid-answer, the draining agent handed the stream over
+    kUpstreamError,      // the decode agent's stream ended with an error event
     kClientGone,         // the client left before the response headers
     kClientGoneMidway,   // the client left after them
   };

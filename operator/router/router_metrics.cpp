@@ -73,12 +73,13 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                      .Help(
                          "Streams that left their decode agent after they began, by reason "
                          "(failure: the connection broke; stall: nothing came for the upstream "
-                         "timeout; drain: the agent handed the stream over) and outcome: "
+                         "timeout; drain: the agent handed the stream over; error: the agent "
+                         "ended it with an error event) and outcome: "
                          "resumed (on the next decode agent, from the tokens sent), exhausted "
                          "(none left: an error event), resent (a whole answer cut short, sent "
                          "again to the next decode agent).")
                      .Register(*registry_);
-  for (const char* reason : {"failure", "stall", "drain"}) {
+  for (const char* reason : {"failure", "stall", "drain", "error"}) {
     for (const char* outcome : {"resumed", "exhausted", "resent"}) {
       migrations_->Add({{"reason", reason}, {"outcome", outcome}});
     }

@@ -39,7 +39,7 @@ class RouterMetrics {
   // were not stored yet, or were evicted), refused (nothing pinned).
   void countLend(const std::string& outcome);
   // A stream that left its decode agent after it began, by reason (failure,
-  // stall, drain) and outcome: resumed (sent on to the next decode agent
+  // stall, drain, error) and outcome: resumed (sent on to the next decode agent
   // with the tokens so far), exhausted (no agent or migration left: the
   // client got an error event), resent (a whole answer cut short, sent
   // again from its start to the next decode agent).

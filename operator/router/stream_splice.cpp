@@ -15,6 +15,7 @@ void StreamSplice::beginContinuation() {
   first_of_continuation_ = true;
   handed_over_ = false;
   hand_over_params_ = nullptr;
+  upstream_error_.clear();
   ++continuations_;
 }
 
@@ -30,12 +31,21 @@ std::string StreamSplice::relay(std::string_view event) {
   }
   payload.remove_prefix(kData.size());
   if (payload == "[DONE]") {
+    if (!upstream_error_.empty()) return "";  // the end of a failed part
     done_ = true;
     events_sent_ = true;
     return std::string(event);
   }
   json chunk = json::parse(payload, nullptr, /*allow_exceptions=*/false);
-  if (!chunk.is_object() || chunk.contains("error")) {
+  if (chunk.is_object() && chunk.contains("error")) {
+    const json& error = chunk["error"];
+    upstream_error_ = error.is_object() && error.contains("message") && error["message"].is_string()
+                          ? error["message"].get<std::string>()
+                          : std::string(payload);
+    if (upstream_error_.empty()) upstream_error_ = std::string(payload);
+    return "";
+  }
+  if (!chunk.is_object()) {
     events_sent_ = true;
     return std::string(event);
   }

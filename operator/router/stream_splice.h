@@ -9,9 +9,10 @@
 // the token ids a client did not ask for — dropping a chunk that is then
 // empty, as the agent itself does. A draining agent's hand-over event
 // ({"tandem_handover": ...}: the stream goes on elsewhere, from the blocks
-// it holds) is kept for the router, never relayed. Bytes of a relayed event are the agent's
-// serialization (compactDump) of the rewritten chunk; an undisturbed stream
-// goes through unchanged. Not thread-safe: one per request.
+// it holds) and an agent's error event (with the [DONE] after it) are kept
+// for the router, which moves the stream or ends it; never relayed. Bytes of a relayed event are
+// the agent's serialization (compactDump) of the rewritten chunk; an undisturbed stream goes
+// through unchanged. Not thread-safe: one per request.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,9 @@ class StreamSplice {
   // (null: none). beginContinuation() clears both.
   bool handedOver() const { return handed_over_; }
   const nlohmann::json& handOverParams() const { return hand_over_params_; }
+  // The message of the current upstream's error event ("" if none; the
+  // event's bytes when it has no message). beginContinuation() clears it.
+  const std::string& upstreamError() const { return upstream_error_; }
 
   // Every token id the answer has: the client's resumed ones, then each
   // relayed chunk's.
@@ -61,6 +65,7 @@ class StreamSplice {
   int continuations_ = 0;
   bool handed_over_ = false;
   nlohmann::json hand_over_params_;
+  std::string upstream_error_;
 };
 
 }  // namespace tandem::router

@@ -439,6 +439,45 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
   expectDrainMigrations(routerMetrics(), 2);
 }
 
+// A decode agent that fails a stream with an error event (here: the
+// prompt's KV fails to load and its policy is to fail) does not end the
+// client's stream: the router moves it to the other decode agent, and the
+// client gets the undisturbed answer.
+TEST_F(RouterTest, AStreamEndedByADecodeAgentsErrorMovesToAnother) {
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 2;
+  options.policy = Policy::kRoundRobin;
+  options.kv_config_of = [](bool prefill, int index) -> std::optional<std::string> {
+    if (prefill || index != 0) return std::nullopt;
+    return ucxConfig("kv_both", {{"kv_load_failure_policy", "fail"},
+                                 {"fault_injection", {{"drop_blocks", "all"}}}});
+  };
+  options.agent_args = [](bool prefill, int index) {
+    return !prefill && index == 0 ? std::vector<std::string>{"--enable-fault-injection"}
+                                  : std::vector<std::string>{};
+  };
+  startCluster(options);
+  Agent colocated;
+  // Round-robin: of two disaggregated streams, one is decoded by decode-0.
+  for (uint32_t seed : {81u, 82u}) {
+    json body = greedy(randomPrompt(40, seed), 24);
+    body["stream"] = true;
+    const StreamedCompletion undisturbed = parseStream(
+        colocated.client()->Post("/v1/completions", body.dump(), "application/json")->body);
+    auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    const StreamedCompletion moved = parseStream(res->body);
+    EXPECT_EQ(moved.errors, "");
+    EXPECT_EQ(moved.done, 1);
+    EXPECT_EQ(moved.ids, undisturbed.ids);
+    EXPECT_EQ(moved.text, undisturbed.text);
+  }
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"error\""),
+            1);
+  EXPECT_GE(decode_[0]->metric("tandem_requests_total", "finish_reason=\"error\""), 1);
+}
+
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
   // The small model generating 2000 tokens takes seconds: the client leaves
   // long before the end.

@@ -24,8 +24,9 @@ struct RouterClusterOptions {
   int64_t max_inflight = 256;
   int64_t max_queued = 1024;
   fs::path model = tinyModelDir();
-  // Every agent's --kv-transfer-config.
+  // Every agent's --kv-transfer-config, unless kv_config_of gives one.
   std::string kv_config = ucxConfig("kv_both");
+  std::function<std::optional<std::string>(bool prefill, int index)> kv_config_of;
   // The router's RouterConfig::kv_secret (signs its pull-back holds).
   std::string kv_secret;
   // The router's RouterConfig::upstream_timeout_s (0: its default).
@@ -57,8 +58,10 @@ class RouterCluster : public ::testing::Test {
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
     config.profile = options.profile;
     auto args = [&](bool prefill, int index) {
+      std::optional<std::string> own;
+      if (options.kv_config_of) own = options.kv_config_of(prefill, index);
       std::vector<std::string> all = {"--role", prefill ? "prefill" : "decode",
-                                      "--kv-transfer-config", options.kv_config};
+                                      "--kv-transfer-config", own.value_or(options.kv_config)};
       if (options.agent_args) {
         for (std::string& arg : options.agent_args(prefill, index)) all.push_back(std::move(arg));
       }

@@ -1,7 +1,8 @@
 // The splice of a client's stream across decode agents (stream_splice.h):
 // token ids remembered, the first stream's id kept, a chat continuation's
 // role dropped, ids the client did not ask for removed with the chunks that
-// then say nothing, a draining agent's hand-over event kept from the client.
+// then say nothing, a draining agent's hand-over event and an agent's error
+// event kept from the client.
 #include "operator/router/stream_splice.h"
 
 #include <gtest/gtest.h>
@@ -108,11 +109,17 @@ TEST(StreamSplice, AHandOverEventIsKeptFromTheClientUntilTheContinuation) {
   EXPECT_TRUE(splice.handOverParams().is_null());
 }
 
-TEST(StreamSplice, ErrorEventsAndOtherLinesPassAsSent) {
+TEST(StreamSplice, AnAgentsErrorEventIsKeptForTheRouterAndOtherLinesPassAsSent) {
   StreamSplice splice(false, false);
-  const std::string error = "data: {\"error\":{\"message\":\"boom\"}}\n\n";
-  EXPECT_EQ(splice.relay(error), error);
   EXPECT_EQ(splice.relay(": keep-alive\n\n"), ": keep-alive\n\n");
+  EXPECT_EQ(splice.relay("data: {\"error\":{\"message\":\"boom\"}}\n\n"), "");
+  EXPECT_EQ(splice.upstreamError(), "boom");
+  EXPECT_EQ(splice.relay("data: [DONE]\n\n"), "") << "the failed part's end is not the answer's";
+  EXPECT_FALSE(splice.done());
+  splice.beginContinuation();
+  EXPECT_EQ(splice.upstreamError(), "");
+  EXPECT_EQ(splice.relay("data: {\"error\":\"odd\"}\n\n"), "");
+  EXPECT_EQ(splice.upstreamError(), "{\"error\":\"odd\"}") << "no message: the event itself";
 }
 
 }  // namespace
