@@ -73,6 +73,8 @@ void applyRouterSpec(const RouterSpec& spec, const std::string& source, RouterCo
   if (spec.max_queued_requests) config.max_queued_requests = *spec.max_queued_requests;
   if (spec.max_inflight_requests) config.max_inflight_requests = *spec.max_inflight_requests;
   if (spec.upstream_timeout_s) config.upstream_timeout_s = *spec.upstream_timeout_s;
+  if (spec.max_migrations) config.max_migrations = *spec.max_migrations;
+  if (spec.migration_timeout_s) config.migration_timeout_s = *spec.migration_timeout_s;
   if (spec.threads) config.threads = *spec.threads;
   if (spec.model_path) config.model_dir = *spec.model_path;
   if (spec.poll_interval_s) config.poll_interval_s = *spec.poll_interval_s;
@@ -258,6 +260,8 @@ struct RouterFlags {
   int64_t max_queued_requests = 0;
   int64_t max_inflight_requests = 0;
   double upstream_timeout_s = 0;
+  int64_t max_migrations = 0;
+  double migration_timeout_s = 0;
   int threads = 0;
   int worker_threads = 0;
   int64_t max_header_bytes = 0;
@@ -338,6 +342,15 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
   command
       ->add_option("--upstream-timeout", flags.upstream_timeout_s,
                    "seconds an upstream call may take (default 600)")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--max-migrations", flags.max_migrations,
+                   "times one stream may move to another decode agent (default 3; 0: never)")
+      ->check(CLI::Range(0, 100));
+  command
+      ->add_option("--migration-timeout", flags.migration_timeout_s,
+                   "seconds after a stream first broke during which it may still move (default "
+                   "60)")
       ->check(CLI::PositiveNumber);
   command->add_option("--threads", flags.threads, "I/O threads (default 2)")
       ->check(CLI::Range(1, 256));
@@ -464,6 +477,8 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--max-queued-requests")) config.max_queued_requests = flags.max_queued_requests;
   if (given("--max-inflight-requests")) config.max_inflight_requests = flags.max_inflight_requests;
   if (given("--upstream-timeout")) config.upstream_timeout_s = flags.upstream_timeout_s;
+  if (given("--max-migrations")) config.max_migrations = flags.max_migrations;
+  if (given("--migration-timeout")) config.migration_timeout_s = flags.migration_timeout_s;
   if (given("--threads")) config.threads = flags.threads;
   if (given("--worker-threads")) config.worker_threads = flags.worker_threads;
   if (given("--max-header-bytes"))

@@ -288,6 +288,10 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
     add("--max-inflight-requests", std::to_string(*router.max_inflight_requests));
   }
   if (router.upstream_timeout_s) add("--upstream-timeout", numberText(*router.upstream_timeout_s));
+  if (router.max_migrations) add("--max-migrations", std::to_string(*router.max_migrations));
+  if (router.migration_timeout_s) {
+    add("--migration-timeout", numberText(*router.migration_timeout_s));
+  }
   if (router.threads) add("--threads", std::to_string(*router.threads));
   if (router.model_path) add("--model-dir", *router.model_path);
   if (router.poll_interval_s) add("--poll-interval", numberText(*router.poll_interval_s));

@@ -27,10 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// How many times one stream moves to another decode agent before it ends
-// with an error event.
-constexpr int kMaxMigrations = 3;
-
 // How long blocks a decision expects an agent to store count as held
 // without the agent's BlockStored (OwnershipIndex::expect).
 constexpr std::chrono::seconds kExpectedBlocksTtl{30};
@@ -53,13 +49,25 @@ std::string midStreamFailure(const std::string& agent, const std::string& what) 
   return "the decode agent " + agent + " failed mid-stream: " + what;
 }
 
-// Why a stream that could not move ends: the agent's own error, if it sent
-// one, then that no agent is left.
+// Why a stream that cannot move on ends: the agent's own error, if it sent
+// one, then what stops it moving.
+enum class NoMove { kNoAgentLeft, kBudgetSpent, kTimedOut };
 std::string exhaustedMessage(const std::string& agent, const std::string& agent_error,
-                             int migrations) {
+                             int migrations, NoMove why_not, double migration_timeout_s) {
   std::ostringstream why;
   if (!agent_error.empty()) why << agent_error << "; ";
-  why << "no decode agent left to resume it on (" << migrations << " migrations)";
+  switch (why_not) {
+    case NoMove::kNoAgentLeft:
+      why << "no decode agent left to resume it on (" << migrations << " migrations)";
+      break;
+    case NoMove::kBudgetSpent:
+      why << "it moved " << migrations << " times, the most --max-migrations allows";
+      break;
+    case NoMove::kTimedOut:
+      why << "it was not resumed within --migration-timeout (" << migration_timeout_s << " s, "
+          << migrations << " migrations)";
+      break;
+  }
   return midStreamFailure(agent, why.str());
 }
 
@@ -173,6 +181,8 @@ CompletionFlow::CompletionFlow(const RouterConfig& config, AgentTracker& agents,
                                AdmissionGate& gate, RouterMetrics& metrics,
                                const std::atomic<bool>& stopping)
     : upstream_timeout_s_(config.upstream_timeout_s),
+      max_migrations_(config.max_migrations),
+      migration_timeout_s_(config.migration_timeout_s),
       kv_secret_(config.kv_secret),
       agents_(agents),
       model_(model),
@@ -378,7 +388,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     body["return_token_ids"] = true;
   }
   ClientStream client;
-  bool migrating = false;   // this attempt resumes a stream another agent began
+  bool migrating = false;
+  std::optional<Clock::time_point> first_break;  // when the stream first broke   // this attempt
+                                                 // resumes a stream another agent began
   AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
@@ -461,7 +473,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       // The next decode agent still healthy (a draining one says it is not).
       size_t next = attempt + 1;
       while (next < decode_order.size() && !decode_agents[decode_order[next]]->healthy) ++next;
-      if (!splice || splice->continuations() >= kMaxMigrations || next >= decode_order.size()) {
+      if (!first_break) first_break = Clock::now();
+      const NoMove why_not =
+          splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
+          : secondsSince(*first_break) > migration_timeout_s_  ? NoMove::kTimedOut
+                                                               : NoMove::kNoAgentLeft;
+      if (!splice || why_not != NoMove::kNoAgentLeft || next >= decode_order.size()) {
         metrics_.countMigration(reason, "exhausted");
         if (splice && splice->handedOver() && splice->handOverParams().is_object()) {
           // Nobody will read what the draining agent holds for this stream.
@@ -472,7 +489,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         if (splice) {
           co_await endStreamWithError(
               exchange, exhaustedMessage(decode->endpoint.name, splice->upstreamError(),
-                                         splice->continuations()));
+                                         splice->continuations(), why_not, migration_timeout_s_));
         }
         co_await releaseLend();
         co_return;
@@ -523,10 +540,19 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       attempt = next - 1;  // the loop's increment makes it `next`
       continue;
     }
-    // Failed before anything reached the client: give the transfer back
-    // and try the next decode agent, which prefills itself.
+    // This agent failed before it sent anything: give the transfer back
+    // and try the next decode agent, which prefills itself — unless the
+    // time to move a broken stream is up.
     if (!handoff.params.is_null()) co_await release(handoff);
     retried = true;
+    if (migrating && secondsSince(*first_break) > migration_timeout_s_) {
+      metrics_.countMigration("failure", "exhausted");
+      co_await releaseLend();
+      co_await endStreamWithError(
+          exchange, exhaustedMessage(decode->endpoint.name, "", splice->continuations(),
+                                     NoMove::kTimedOut, migration_timeout_s_));
+      co_return;
+    }
   }
   co_await releaseLend();
   metrics_.countDecision("rejected");

@@ -124,6 +124,8 @@ class CompletionFlow {
       const Prediction& prediction, StreamSplice* splice, ClientStream& client);
 
   const double upstream_timeout_s_;
+  const int64_t max_migrations_;
+  const double migration_timeout_s_;
   const std::string kv_secret_;  // signs pull-back holds; empty: unsigned
   AgentTracker& agents_;
   ServedModel& model_;

@@ -76,6 +76,11 @@ struct RouterConfig {
   int64_t max_inflight_requests = 256;
   int64_t max_queued_requests = 1024;
   double upstream_timeout_s = 600;
+  // A stream moves to another decode agent at most this many times, and
+  // only until this many seconds after it first broke; then its client
+  // gets an error event.
+  int64_t max_migrations = 3;
+  double migration_timeout_s = 60;
   int threads = 2;         // io threads: sockets, agent calls, event streams
   int worker_threads = 4;  // parsing, tokenizing and rendering requests
   // Per-connection limits, the agents' type and defaults

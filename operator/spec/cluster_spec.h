@@ -169,6 +169,8 @@ struct RouterSpec {
   std::optional<int64_t> max_queued_requests;
   std::optional<int64_t> max_inflight_requests;
   std::optional<double> upstream_timeout_s;
+  std::optional<int64_t> max_migrations;
+  std::optional<double> migration_timeout_s;
   std::optional<int> threads;
   std::optional<std::string> model_path;
   std::optional<double> poll_interval_s;

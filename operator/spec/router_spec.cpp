@@ -67,6 +67,13 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   if (auto value = spec.get("upstreamTimeoutSeconds")) {
     router.upstream_timeout_s = readNumber(*value, "spec.upstreamTimeoutSeconds", context, 0, true);
   }
+  if (auto value = spec.get("maxMigrations")) {
+    router.max_migrations = readInteger(*value, "spec.maxMigrations", context, 0, 100);
+  }
+  if (auto value = spec.get("migrationTimeoutSeconds")) {
+    router.migration_timeout_s =
+        readNumber(*value, "spec.migrationTimeoutSeconds", context, 0, true);
+  }
   if (auto value = spec.get("threads")) {
     router.threads = static_cast<int>(readInteger(*value, "spec.threads", context, 1, 256));
   }

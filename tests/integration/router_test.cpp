@@ -478,6 +478,32 @@ TEST_F(RouterTest, AStreamEndedByADecodeAgentsErrorMovesToAnother) {
   EXPECT_GE(decode_[0]->metric("tandem_requests_total", "finish_reason=\"error\""), 1);
 }
 
+// --max-migrations 0: a stream whose decode agent dies is not moved, though
+// another decode agent is there; its client gets an error event saying why.
+TEST_F(RouterTest, AStreamMovesNoMoreThanTheMigrationBudgetAllows) {
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 2;
+  options.model = smallModelDir();
+  options.max_migrations = 0;
+  startCluster(options);
+  json body = greedy(randomPrompt(30, 74), 300);
+  body["stream"] = true;
+  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+  killer.join();
+  ASSERT_TRUE(res);
+  const StreamedCompletion cut = parseStream(res->body);
+  EXPECT_NE(cut.errors.find("it moved 0 times, the most --max-migrations allows"),
+            std::string::npos)
+      << cut.errors;
+  EXPECT_EQ(cut.done, 1);
+  EXPECT_LT(cut.ids.size(), 300u);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"failure\""),
+      1);
+}
+
 TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
   // The small model generating 2000 tokens takes seconds: the client leaves
   // long before the end.

@@ -31,6 +31,8 @@ struct RouterClusterOptions {
   std::string kv_secret;
   // The router's RouterConfig::upstream_timeout_s (0: its default).
   double upstream_timeout_s = 0;
+  // The router's RouterConfig::max_migrations (negative: its default).
+  int64_t max_migrations = -1;
   int client_read_timeout_s = 60;
   // More arguments for one agent (e.g. --simulate PROFILE), by role and index.
   std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
@@ -56,6 +58,7 @@ class RouterCluster : public ::testing::Test {
     config.poll_interval_s = 0.1;
     config.kv_secret = options.kv_secret;
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
+    if (options.max_migrations >= 0) config.max_migrations = options.max_migrations;
     config.profile = options.profile;
     auto args = [&](bool prefill, int index) {
       std::optional<std::string> own;

@@ -286,6 +286,8 @@ spec:
   policy: round_robin
   pullBack: false
   upstreamTimeoutSeconds: 30
+  maxMigrations: 1
+  migrationTimeoutSeconds: 12.5
   modelPath: /models/llama
   modelVolume: {hostPath: {path: /srv/models/llama}}
   service: {type: LoadBalancer, port: 80}
@@ -318,6 +320,10 @@ spec:
                                       "false",
                                       "--upstream-timeout",
                                       "30",
+                                      "--max-migrations",
+                                      "1",
+                                      "--migration-timeout",
+                                      "12.5",
                                       "--model-dir",
                                       "/models/llama"}));
   EXPECT_EQ(container["readinessProbe"]["httpGet"]["path"], "/health");

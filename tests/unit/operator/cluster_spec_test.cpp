@@ -123,6 +123,8 @@ spec:
   maxQueuedRequests: 10
   maxInflightRequests: 5
   upstreamTimeoutSeconds: 30
+  maxMigrations: 1
+  migrationTimeoutSeconds: 12.5
   threads: 4
   modelPath: /models/llama
   pollIntervalSeconds: 0.25
@@ -176,6 +178,8 @@ spec:
   EXPECT_EQ(router.max_queued_requests, 10);
   EXPECT_EQ(router.max_inflight_requests, 5);
   EXPECT_EQ(router.upstream_timeout_s, 30.0);
+  EXPECT_EQ(router.max_migrations, 1);
+  EXPECT_EQ(router.migration_timeout_s, 12.5);
   EXPECT_EQ(router.threads, 4);
   EXPECT_EQ(router.model_path, "/models/llama");
   EXPECT_EQ(router.poll_interval_s, 0.25);
