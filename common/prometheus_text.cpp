@@ -7,8 +7,13 @@
 
 namespace tandem {
 
-std::optional<double> prometheusSample(std::string_view text, std::string_view name,
-                                       std::string_view label_filter) {
+namespace {
+
+// Calls visit(value) with the value field of each sample line of `name`
+// whose line contains label_filter, in order, until it returns false.
+template <typename Visit>
+void forEachSample(std::string_view text, std::string_view name, std::string_view label_filter,
+                   Visit visit) {
   while (!text.empty()) {
     const size_t newline = text.find('\n');
     std::string_view line = text.substr(0, newline);
@@ -28,9 +33,30 @@ std::optional<double> prometheusSample(std::string_view text, std::string_view n
     }
     std::string_view fields = line.substr(rest);
     while (fields.starts_with(' ')) fields.remove_prefix(1);
-    return prometheusValue(fields.substr(0, fields.find(' ')));
+    if (!visit(prometheusValue(fields.substr(0, fields.find(' '))))) return;
   }
-  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<double> prometheusSample(std::string_view text, std::string_view name,
+                                       std::string_view label_filter) {
+  std::optional<double> first;
+  forEachSample(text, name, label_filter, [&](std::optional<double> value) {
+    first = value;
+    return false;
+  });
+  return first;
+}
+
+std::optional<double> prometheusSum(std::string_view text, std::string_view name,
+                                    std::string_view label_filter) {
+  std::optional<double> sum;
+  forEachSample(text, name, label_filter, [&](std::optional<double> value) {
+    if (value) sum = sum.value_or(0) + *value;
+    return true;
+  });
+  return sum;
 }
 
 std::optional<std::string> PrometheusSampleLine::label(std::string_view key) const {

@@ -18,6 +18,10 @@ namespace tandem {
 // are skipped; a trailing timestamp is ignored.
 std::optional<double> prometheusSample(std::string_view text, std::string_view name,
                                        std::string_view label_filter = {});
+// The sum of every such sample line's value (e.g. a counter over all values
+// of a label); nullopt when no line matches with a number.
+std::optional<double> prometheusSum(std::string_view text, std::string_view name,
+                                    std::string_view label_filter = {});
 
 // One sample line of the text format: `name{k="v",...} value [timestamp]`,
 // label values unescaped (\\, \", \n).

@@ -443,10 +443,11 @@ RouterState LocalCluster::routerState() {
     if (result && result->status == 200) {
       state.inflight = prometheusSample(result->body, "tandem_router_inflight_requests");
       state.queued = prometheusSample(result->body, "tandem_router_queued_requests");
+      // Over every reason (failure, stall, drain, error).
       state.migrations_resumed =
-          prometheusSample(result->body, "tandem_router_migrations_total", "outcome=\"resumed\"");
+          prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"resumed\"");
       state.migrations_exhausted =
-          prometheusSample(result->body, "tandem_router_migrations_total", "outcome=\"exhausted\"");
+          prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"exhausted\"");
     }
   } catch (const std::exception&) {
   }

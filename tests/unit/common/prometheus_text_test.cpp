@@ -27,6 +27,15 @@ TEST(PrometheusSample, FirstLineOfTheNameAndLabels) {
   EXPECT_EQ(prometheusSample(kText, "tandem_kv_transfer_duration_seconds_count"), 2);
 }
 
+TEST(PrometheusSum, EveryMatchingLineAddsUp) {
+  EXPECT_EQ(prometheusSum(kText, "tandem_kv_transfer_bytes_total"), 4096 + 16384);
+  EXPECT_EQ(prometheusSum(kText, "tandem_kv_transfer_bytes_total", "role=\"decode\""),
+            4096 + 16384);
+  EXPECT_EQ(prometheusSum(kText, "tandem_kv_transfer_bytes_total", "source=\"ucx\""), 16384);
+  EXPECT_FALSE(prometheusSum(kText, "tandem_kv_transfer_bytes"));
+  EXPECT_FALSE(prometheusSum(kText, "tandem_not_a_number")) << "no line with a number";
+}
+
 TEST(PrometheusSample, NamesMatchWhole) {
   // A prefix of a longer name is another metric.
   EXPECT_FALSE(prometheusSample(kText, "tandem_kv_transfer_duration_seconds"));
