@@ -500,7 +500,17 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       // any, was for the failed agent; the prefill agent that computed the
       // prompt still caches it, so the prompt's blocks are lent from there
       // and only the rest is recomputed.
-      if (!handoff.params.is_null()) co_await release(handoff);
+      if (!handoff.params.is_null() && handoff.prefill) {
+        // Not awaited: the prefill agent answers between two of its steps
+        // (a long prefill's step takes hundreds of milliseconds), and the
+        // client's stream must not wait for one.
+        auto executor = co_await asio::this_coro::executor;
+        asio::co_spawn(
+            executor,
+            callAgent(handoff.prefill->endpoint, http::verb::post,
+                      std::string("/v1/kv_transfer/release"), releaseBody(handoff.params), 5.0),
+            asio::detached);
+      }
       co_await releaseLend();
       if (!splice->tokenIds().empty()) body["resume_token_ids"] = splice->tokenIds();
       body.erase("kv_transfer_params");
@@ -526,7 +536,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
           static_cast<int64_t>(request.prompt.size() + splice->tokenIds().size());
       splice->beginContinuation();
       migrating = true;
-      client.resuming = true;
+      client.resuming = reason;
       metrics_.countMigration(reason, "resumed");
       metrics_.countMigrationPrefix(kv, transferred,
                                     std::max<int64_t>(0, total_tokens - transferred));
@@ -785,9 +795,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (!spliced) piece.assign(chunk, n);
       if (piece.empty()) continue;
       const auto now = Clock::now();
-      if (client.resuming) {
-        metrics_.observeMigrationPause(secondsSince(client.last_write));
-        client.resuming = false;
+      if (client.resuming != nullptr) {
+        metrics_.observeMigrationPause(client.resuming, secondsSince(client.last_write));
+        client.resuming = nullptr;
       }
       client.last_write = now;
       if (!co_await exchange.writeChunk(std::move(piece))) {

@@ -111,7 +111,7 @@ class CompletionFlow {
   struct ClientStream {
     bool started = false;  // the response has begun (a continuation writes no headers)
     std::chrono::steady_clock::time_point last_write{};  // the last piece it got
-    bool resuming = false;  // the next piece is the first of a continuation
+    const char* resuming = nullptr;  // why it moved, until the continuation's first piece
   };
   // A stream (`splice` set) is relayed event by event through the splice
   // (and may be handed over by a draining agent); `client` is updated as

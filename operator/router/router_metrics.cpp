@@ -155,12 +155,14 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                               "prefill (uncached prompt tokens not yet computed), kind kv "
                               "(decode: prompt + max_tokens of each reserved request).")
                           .Register(*registry_);
-  migration_pause_ = histogram(
-      "tandem_router_migration_pause_seconds",
-      "The pause a client of a moved stream saw: from the last piece its first decode agent "
-      "sent to the first piece of the agent resuming it (detection, KV transfer or "
-      "recomputation, and the first step).",
-      kTtftBuckets);
+  migration_pause_ = &BuildHistogram()
+                          .Name("tandem_router_migration_pause_seconds")
+                          .Help(
+                              "The pause a client of a moved stream saw, by why it moved: from "
+                              "the last piece its first decode agent sent to the first piece of "
+                              "the agent resuming it (detection, KV transfer or recomputation, "
+                              "and the first step).")
+                          .Register(*registry_);
   ttft_prediction_ =
       histogram("tandem_router_ttft_prediction_ratio",
                 "Observed time to first token of a streamed request divided by the kv policy's "
@@ -234,9 +236,9 @@ void RouterMetrics::countMigrationPrefix(const std::string& source, int64_t tran
   migration_tokens_->Add({{"kv", "recomputed"}}).Increment(static_cast<double>(recomputed_tokens));
 }
 
-void RouterMetrics::observeMigrationPause(double seconds) {
+void RouterMetrics::observeMigrationPause(const std::string& reason, double seconds) {
   std::lock_guard<std::mutex> lock(mutex_);
-  migration_pause_->Observe(seconds);
+  migration_pause_->Add({{"reason", reason}}, kTtftBuckets).Observe(seconds);
 }
 
 void RouterMetrics::countClientAbort(const std::string& stage) {

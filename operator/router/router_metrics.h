@@ -50,8 +50,9 @@ class RouterMetrics {
   // output so far) were transferred and how many are left to recompute.
   void countMigrationPrefix(const std::string& source, int64_t transferred_tokens,
                             int64_t recomputed_tokens);
-  // The pause a moved stream's client saw (last piece before, first after).
-  void observeMigrationPause(double seconds);
+  // The pause a moved stream's client saw (last piece before, first after),
+  // by why it moved (failure, stall, drain, error).
+  void observeMigrationPause(const std::string& reason, double seconds);
   // stage: parse (parsing, rendering, tokenizing the request), queued,
   // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
@@ -80,7 +81,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* migrations_;
   prometheus::Family<prometheus::Counter>* migration_prefixes_;
   prometheus::Family<prometheus::Counter>* migration_tokens_;
-  prometheus::Histogram* migration_pause_;
+  prometheus::Family<prometheus::Histogram>* migration_pause_;
   prometheus::Family<prometheus::Counter>* client_aborts_;
   prometheus::Gauge* inflight_;
   prometheus::Gauge* queued_;

@@ -32,21 +32,30 @@ void expectNoBrokenOutcome(const json& outcomes, const std::string& where) {
   EXPECT_EQ(outcomes["unclean_error"], 0) << where;
 }
 
+// Runs `tandem-bench chaos ARGS` with its work directory and JSON report
+// under `temp`: its exit status and output; the report in `report`.
+int runChaos(const TempDir& temp, const std::string& args, std::string& output, json& report) {
+  const fs::path out = temp.path() / "chaos.stdout", report_path = temp.path() / "chaos.json";
+  const std::string command = std::string(TANDEM_BIN_DIR) + "/tandem-bench chaos " + args +
+                              " --work-dir '" + (temp.path() / "work").string() + "' --json '" +
+                              report_path.string() + "' > '" + out.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  output = readFile(out);
+  report = fs::exists(report_path) ? json::parse(readFile(report_path)) : json();
+  return status;
+}
+
 TEST(ChaosTest, KillsStopsAbortsAndOverloadLeaveNothingBroken) {
   TempDir temp("tandem-chaos-test");
-  const fs::path out = temp.path() / "chaos.stdout", report_path = temp.path() / "chaos.json";
-  const std::string command =
-      std::string(TANDEM_BIN_DIR) +
-      "/tandem-bench chaos --prefill 1 --decode 2 --max-inflight 4 --max-queued 4 --kills 1 "
-      "--stops 1 --event-gap 2 "
-      "--stop-max 3 --aborts 60 --abort-clients 8 --overload-factor 3 --load-clients 2 "
-      "--hang-timeout 20 --settle-timeout 45 --exactness-checks 300 --seed 7 --work-dir '" +
-      (temp.path() / "work").string() + "' --json '" + report_path.string() + "' > '" +
-      out.string() + "' 2>&1";
-  const int status = std::system(command.c_str());
-  const std::string output = readFile(out);
-  ASSERT_TRUE(fs::exists(report_path)) << output;
-  const json report = json::parse(readFile(report_path));
+  std::string output;
+  json report;
+  const int status = runChaos(
+      temp,
+      "--prefill 1 --decode 2 --max-inflight 4 --max-queued 4 --kills 1 --stops 1 --drains 1 "
+      "--event-gap 2 --stop-max 3 --aborts 60 --abort-clients 8 --overload-factor 3 "
+      "--load-clients 2 --hang-timeout 20 --settle-timeout 45 --exactness-checks 300 --seed 7",
+      output, report);
+  ASSERT_TRUE(report.is_object()) << output;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
   EXPECT_EQ(report["failed"], json::array()) << output;
 
@@ -58,14 +67,20 @@ TEST(ChaosTest, KillsStopsAbortsAndOverloadLeaveNothingBroken) {
     EXPECT_GT(load["phases"][phase]["requests"].get<int64_t>(), 0) << phase;
   }
 
-  // One kill and one stop; a request succeeded after each, a killed agent
-  // came back.
-  ASSERT_EQ(report["events"].size(), 2u) << output;
+  // One kill, one stop and one drain of a decode agent; a request
+  // succeeded after each, a killed or drained agent came back.
+  ASSERT_EQ(report["events"].size(), 3u) << output;
+  int drains = 0;
   for (const json& event : report["events"]) {
     EXPECT_TRUE(event["recovery_s"].is_number()) << event.dump();
-    if (event["action"] == "kill") EXPECT_TRUE(event["restart_s"].is_number()) << event.dump();
+    if (event["action"] != "stop") EXPECT_TRUE(event["restart_s"].is_number()) << event.dump();
+    if (event["action"] == "drain") {
+      ++drains;
+      EXPECT_EQ(event["role"], "decode");
+    }
     expectNoBrokenOutcome(event["probes"], "probes after " + event["action"].get<std::string>());
   }
+  EXPECT_EQ(drains, 1);
 
   // Every abort was made; every client that waited for bytes got some; the
   // requests after them succeeded.
@@ -114,6 +129,34 @@ TEST(ChaosTest, KillsStopsAbortsAndOverloadLeaveNothingBroken) {
   for (const char* kind : {"clean_error", "hang", "truncated", "refused_or_reset", "recovery"}) {
     EXPECT_NE(output.find(kind), std::string::npos) << kind;
   }
+}
+
+// The move scenario, small: two rounds (a drain, then a kill) of two streams
+// of the tiny model; every stream completes, equal to the reference agent's
+// answer, the agent that went comes back, no block is left held.
+TEST(ChaosTest, StreamsWhoseDecodeAgentIsDrainedOrKilledComplete) {
+  TempDir temp("tandem-chaos-move-test");
+  std::string output;
+  json report;
+  const int status = runChaos(temp,
+                              "--scenarios move --prefill 1 --decode 2 --moves 2 --move-streams 2 "
+                              "--move-prompt-tokens 100 --move-output-tokens 380 --load-clients 1 "
+                              "--hang-timeout 20 --settle-timeout 45 --seed 3",
+                              output, report);
+  ASSERT_TRUE(report.is_object()) << output;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_EQ(report["failed"], json::array()) << output;
+  ASSERT_EQ(report["moves"].size(), 2u) << output;
+  EXPECT_EQ(report["moves"][0]["action"], "drain");
+  EXPECT_EQ(report["moves"][1]["action"], "kill");
+  for (const json& round : report["moves"]) {
+    EXPECT_NE(round["agent"], "") << round.dump();
+    EXPECT_EQ(round["complete"], 2) << round.dump();
+    EXPECT_TRUE(round["restarted"].get<bool>()) << round.dump();
+  }
+  EXPECT_EQ(report["exactness"]["mismatched"], 0) << report["exactness"].dump();
+  EXPECT_EQ(report["end_state"]["leaked_blocks"], 0);
+  EXPECT_NE(output.find("router pause ms"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ inline double expectDrainMigrations(std::string_view router_metrics, double min_
                 sample("tandem_router_migration_prefixes_total", "source=\"recomputed\""),
             moved);
   EXPECT_GT(sample("tandem_router_migration_tokens_total", "kv=\"transferred\""), 0);
-  EXPECT_EQ(sample("tandem_router_migration_pause_seconds_count"), moved);
+  EXPECT_EQ(sample("tandem_router_migration_pause_seconds_count", "reason=\"drain\""), moved);
   return moved;
 }
 

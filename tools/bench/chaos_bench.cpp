@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "tools/bench/bench_options.h"
+#include "tools/bench/move_scenario.h"
 
 namespace tandem::bench {
 namespace {
@@ -29,8 +30,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using std::chrono::milliseconds;
 
-enum Phase { kWarmup = 0, kKill, kAbort, kOverload, kCooldown, kNumPhases };
-constexpr const char* kPhaseNames[kNumPhases] = {"warmup", "kill", "abort", "overload", "cooldown"};
+enum Phase { kWarmup = 0, kKill, kMove, kAbort, kOverload, kCooldown, kNumPhases };
+constexpr const char* kPhaseNames[kNumPhases] = {"warmup", "kill",     "move",
+                                                 "abort",  "overload", "cooldown"};
 constexpr int kProbesAfterAborts = 4;
 
 double secondsSince(Clock::time_point start) { return secondsBetween(start, Clock::now()); }
@@ -161,11 +163,12 @@ void abortOnce(int port, const std::string& model, std::mt19937_64& rng, double 
 struct FaultEvent {
   std::string agent;
   std::string role;
-  std::string action;  // "kill" or "stop"
+  std::string action;  // "kill", "stop" or "drain"
   double at_s = 0.0;   // since the scenarios started
   double stopped_s = 0.0;
   std::optional<double> recovery_s;  // to the first request through the router that succeeded
-  std::optional<double> restart_s;   // kill: until local mode had it ready again
+  std::optional<double> restart_s;   // kill, drain: until local mode had it ready again
+  bool accepted = true;              // drain: the agent answered 202
   OutcomeCounts probes;
 };
 
@@ -242,9 +245,10 @@ std::set<std::string> parseScenarios(const std::string& text) {
   std::set<std::string> scenarios;
   std::stringstream in(text);
   for (std::string name; std::getline(in, name, ',');) {
-    if (name != "kill" && name != "abort" && name != "overload") {
-      throw Error("--scenarios takes a comma-separated list of kill, abort and overload, got \"" +
-                  text + "\"");
+    if (name != "kill" && name != "move" && name != "abort" && name != "overload") {
+      throw Error(
+          "--scenarios takes a comma-separated list of kill, move, abort and overload, got \"" +
+          text + "\"");
     }
     scenarios.insert(name);
   }
@@ -260,6 +264,7 @@ void validate(const ChaosBenchOptions& o) {
   };
   atLeast("--kills", o.kills, 0);
   atLeast("--stops", o.stops, 0);
+  atLeast("--drains", o.drains, 0);
   atLeast("--event-gap", o.event_gap_s, 1);
   atLeast("--stop-max", o.stop_max_s, 1);
   atLeast("--aborts", o.aborts, 0);
@@ -315,11 +320,16 @@ int runChaosBench(const ChaosBenchOptions& options) {
     load.setPhase(kKill);
     std::vector<std::string> actions(static_cast<size_t>(options.kills), "kill");
     actions.insert(actions.end(), static_cast<size_t>(options.stops), "stop");
+    actions.insert(actions.end(), static_cast<size_t>(options.drains), "drain");
     std::shuffle(actions.begin(), actions.end(), rng);
     for (const std::string& action : actions) {
       std::uniform_real_distribution<double> gap(1.0, options.event_gap_s);
       std::this_thread::sleep_for(std::chrono::duration<double>(gap(rng)));
-      const std::vector<ClusterAgent> agents = cluster->agents();
+      std::vector<ClusterAgent> agents = cluster->agents();
+      if (action == "drain") {  // decode agents: what a drain hands over is their streams
+        std::erase_if(agents, [](const ClusterAgent& agent) { return agent.role != "decode"; });
+      }
+      if (agents.empty()) continue;
       const ClusterAgent victim = agents[rng() % agents.size()];
       FaultEvent event;
       event.agent = victim.name;
@@ -330,8 +340,12 @@ int runChaosBench(const ChaosBenchOptions& options) {
                   victim.pid);
       std::fflush(stdout);
       const Clock::time_point at = Clock::now();
-      if (action == "kill") {
-        ::kill(victim.pid, SIGKILL);
+      if (action == "kill" || action == "drain") {
+        if (action == "kill") {
+          ::kill(victim.pid, SIGKILL);
+        } else {
+          event.accepted = postDrain(victim);
+        }
         event.recovery_s = probeUntilSuccess(url, model, at, options.recovery_timeout_s, hang_s,
                                              event.probes, static_cast<uint32_t>(rng()));
         if (auto back = cluster->waitForRestart(
@@ -355,7 +369,7 @@ int runChaosBench(const ChaosBenchOptions& options) {
       cluster->waitForAllAgents(
           milliseconds(static_cast<int64_t>(options.recovery_timeout_s * 1000)));
       std::printf("         recovered after %s s%s\n", optionalSeconds(event.recovery_s).c_str(),
-                  action == "kill"
+                  action != "stop"
                       ? (", restarted after " + optionalSeconds(event.restart_s) + " s").c_str()
                       : "");
       std::fflush(stdout);
@@ -363,7 +377,21 @@ int runChaosBench(const ChaosBenchOptions& options) {
     }
   }
 
-  // (b) client aborts.
+  // (b) streams moved off a drained or killed decode agent.
+  MoveResult moves;
+  if (scenarios.count("move")) {
+    load.setPhase(kMove);
+    MoveOptions move = options.move;
+    move.hang_timeout_s = hang_s;
+    move.restart_timeout_s = options.recovery_timeout_s;
+    move.seed = options.load.seed + 7;
+    move.vocab = vocab;
+    moves = runMoveRounds(*cluster, url, model, move);
+    cluster->waitForAllAgents(
+        milliseconds(static_cast<int64_t>(options.recovery_timeout_s * 1000)));
+  }
+
+  // (c) client aborts.
   AbortTally aborts;
   OutcomeCounts after_aborts;
   if (scenarios.count("abort")) {
@@ -391,7 +419,7 @@ int runChaosBench(const ChaosBenchOptions& options) {
     }
   }
 
-  // (c) overload.
+  // (d) overload.
   OverloadResult overloaded;
   if (scenarios.count("overload")) {
     load.setPhase(kOverload);
@@ -425,6 +453,7 @@ int runChaosBench(const ChaosBenchOptions& options) {
     }
   }
   answered.insert(answered.end(), overloaded.answered.begin(), overloaded.answered.end());
+  answered.insert(answered.end(), moves.answered.begin(), moves.answered.end());
   if (options.exactness_checks > 0 &&
       static_cast<int64_t>(answered.size()) > options.exactness_checks) {
     std::shuffle(answered.begin(), answered.end(), rng);
@@ -467,7 +496,17 @@ int runChaosBench(const ChaosBenchOptions& options) {
                   e.role.c_str(), e.at_s,
                   e.action == "stop" ? numberText(std::round(e.stopped_s * 10) / 10).c_str() : "-",
                   optionalSeconds(e.recovery_s).c_str(),
-                  e.action == "kill" ? optionalSeconds(e.restart_s).c_str() : "-");
+                  e.action != "stop" ? optionalSeconds(e.restart_s).c_str() : "-");
+    }
+  }
+  if (!moves.rounds.empty()) {
+    std::printf("\n%-6s %-12s %6s %16s %18s %14s %9s %10s\n", "move", "agent", "moved",
+                "router pause ms", "client max gap ms", "median gap ms", "complete", "restarted");
+    for (const MoveRound& m : moves.rounds) {
+      std::printf("%-6s %-12s %6.0f %16.1f %18.1f %14.2f %6d/%-2d %10s\n", m.action.c_str(),
+                  m.agent.empty() ? "(none busy)" : m.agent.c_str(), m.moved, m.router_pause_ms,
+                  m.client_max_gap_ms, m.median_gap_ms, m.complete, options.move.streams,
+                  m.restarted ? "yes" : "no");
     }
   }
   int64_t total_aborts = 0;
@@ -519,7 +558,13 @@ int runChaosBench(const ChaosBenchOptions& options) {
   if (exactness.mismatched > 0 || exactness.reference_failures > 0) failed.push_back("inexact");
   for (const FaultEvent& e : events) {
     if (!e.recovery_s) failed.push_back("no recovery after " + e.action + " of " + e.agent);
-    if (e.action == "kill" && !e.restart_s) failed.push_back(e.agent + " not restarted");
+    if (e.action != "stop" && !e.restart_s) failed.push_back(e.agent + " not restarted");
+    if (!e.accepted) failed.push_back(e.agent + " did not accept POST /admin/drain");
+  }
+  for (const MoveRound& m : moves.rounds) {
+    if (m.agent.empty()) failed.push_back("move: no decode agent was busy for a " + m.action);
+    if (m.complete != options.move.streams) failed.push_back("move: a stream did not complete");
+    if (!m.agent.empty() && !m.restarted) failed.push_back(m.agent + " not restarted");
   }
   if (settle.leakedBlocks() > 0) failed.push_back("leaked blocks");
   if (!settle.routerIdle()) failed.push_back("router in-flight/queued not back to 0");
@@ -545,6 +590,17 @@ int runChaosBench(const ChaosBenchOptions& options) {
                             {"restart_s", e.restart_s ? json(*e.restart_s) : json(nullptr)},
                             {"probes", e.probes.toJson()}});
     }
+    json move_list = json::array();
+    for (const MoveRound& m : moves.rounds) {
+      move_list.push_back({{"action", m.action},
+                           {"agent", m.agent},
+                           {"moved", m.moved},
+                           {"router_pause_ms", m.router_pause_ms},
+                           {"client_max_gap_ms", m.client_max_gap_ms},
+                           {"median_gap_ms", m.median_gap_ms},
+                           {"complete", m.complete},
+                           {"restarted", m.restarted}});
+    }
     json abort_stages = json::object();
     for (size_t s = 0; s < kNumAbortStages; ++s) {
       abort_stages[kAbortStageNames[s]] = {{"fin_plain", aborts.counts[s][0][0]},
@@ -563,6 +619,7 @@ int runChaosBench(const ChaosBenchOptions& options) {
         {"hang_timeout_s", hang_s},
         {"load", {{"all", all_load.toJson()}, {"phases", std::move(phases)}}},
         {"events", std::move(event_list)},
+        {"moves", move_list},
         {"aborts",
          {{"total", total_aborts},
           {"no_answer", aborts.no_answer},

@@ -3,15 +3,20 @@
 // outcomes judged from the client side (cluster_load.h).
 //
 // Scenarios, in order, while the multi-turn load runs through the router:
-//   kill     --kills random agents get SIGKILL and --stops random agents
-//            SIGSTOP, then SIGCONT after a random pause; after each, the time
-//            until a request through the router succeeds again (recovery) and,
-//            for a kill, until local mode has the agent ready again (restart).
+//   kill     --kills random agents get SIGKILL, --stops random agents
+//            SIGSTOP, then SIGCONT after a random pause, and --drains random
+//            decode agents POST /admin/drain (they hand their streams over and
+//            exit); after each, the time until a request through the router
+//            succeeds again (recovery) and, for a kill or a drain, until local
+//            mode has the agent ready again (restart).
 //   abort    --aborts clients that leave at a random moment: part of the
 //            headers sent, part of the body, right after the request, after a
 //            random delay, or after the first bytes of the answer; closing
 //            with FIN or resetting (SO_LINGER {1, 0}); streamed or not. Then
 //            a few normal requests must succeed.
+//   move     --moves rounds of long streams whose decode agent is drained or
+//            killed, alternately (move_scenario.h): the pause their clients
+//            saw, by how the agent went.
 //   overload --overload-factor × (router max_inflight + max_queued) clients at
 //            once; each gets an answer or a clean 503 with Retry-After.
 // Then: every agent's KV blocks must return (free = total, held = 0, nothing
@@ -26,6 +31,7 @@
 
 #include "tools/bench/cluster_load.h"
 #include "tools/bench/local_cluster.h"
+#include "tools/bench/move_scenario.h"
 
 namespace tandem::bench {
 
@@ -35,6 +41,8 @@ struct ChaosBenchOptions {
   std::string scenarios = "kill,abort,overload";
   int kills = 2;
   int stops = 2;
+  int drains = 2;    // decode agents drained (POST /admin/drain); local mode starts them again
+  MoveOptions move;  // the move scenario (move_scenario.h)
   double event_gap_s = 8.0;  // events come after a random gap in [1, this] seconds
   double stop_max_s = 8.0;   // an agent stays stopped a random [1, this] seconds
   double recovery_timeout_s = 90.0;

@@ -116,6 +116,10 @@ json SettleReport::toJson() const {
                           {"leaked_blocks", a.leakedBlocks()}});
   }
   auto optional = [](const auto& value) { return value ? json(*value) : json(nullptr); };
+  json pauses = json::object();
+  for (const auto& [reason, pause] : router.migration_pause) {
+    pauses[reason] = {{"count", pause.count}, {"mean", pause.meanMs()}};
+  }
   return {{"settled", settled},
           {"waited_s", waited_s},
           {"leaked_blocks", leakedBlocks()},
@@ -126,6 +130,9 @@ json SettleReport::toJson() const {
             {"open_fds", optional(router.open_fds)},
             {"migrations_resumed", optional(router.migrations_resumed)},
             {"migrations_exhausted", optional(router.migrations_exhausted)},
+            {"migration_pause_ms", pauses},
+            {"inter_token_latency_ms",
+             {{"count", router.inter_token.count}, {"mean", router.inter_token.meanMs()}}},
             {"baseline_fds", baseline_fds},
             {"idle", routerIdle()},
             {"fds_back", fdsBack()}}}};
@@ -152,6 +159,12 @@ void SettleReport::print() const {
               router.open_fds ? std::to_string(*router.open_fds).c_str() : "?", baseline_fds);
   std::printf("  streams moved off a failed decode agent: %s resumed, %s with nowhere to go\n",
               gauge(router.migrations_resumed).c_str(), gauge(router.migrations_exhausted).c_str());
+  for (const auto& [reason, pause] : router.migration_pause) {
+    std::printf(
+        "  pause of streams moved by %s: %.0f, mean %.1f ms (router inter-token latency "
+        "mean %.2f ms)\n",
+        reason.c_str(), pause.count, pause.meanMs(), router.inter_token.meanMs());
+  }
   std::printf("  leaked blocks: %lld\n", static_cast<long long>(leakedBlocks()));
 }
 
@@ -448,6 +461,22 @@ RouterState LocalCluster::routerState() {
           prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"resumed\"");
       state.migrations_exhausted =
           prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"exhausted\"");
+      for (const char* reason : {"failure", "stall", "drain", "error"}) {
+        const std::string filter = std::string("reason=\"") + reason + "\"";
+        const double count =
+            prometheusSample(result->body, "tandem_router_migration_pause_seconds_count", filter)
+                .value_or(0);
+        if (count <= 0) continue;
+        state.migration_pause[reason] = {
+            count,
+            prometheusSample(result->body, "tandem_router_migration_pause_seconds_sum", filter)
+                .value_or(0)};
+      }
+      state.inter_token = {
+          prometheusSample(result->body, "tandem_router_inter_token_latency_seconds_count")
+              .value_or(0),
+          prometheusSample(result->body, "tandem_router_inter_token_latency_seconds_sum")
+              .value_or(0)};
     }
   } catch (const std::exception&) {
   }

@@ -80,6 +80,16 @@ struct RouterState {
   // Streams moved off a failed decode agent (resumed) and those with nowhere
   // to go (exhausted): tandem_router_migrations_total.
   std::optional<double> migrations_resumed, migrations_exhausted;
+  // The pause moved streams' clients saw, by why they moved
+  // (tandem_router_migration_pause_seconds{reason}), and the router's
+  // client-side inter-token latency, the same run's reference.
+  struct Mean {
+    double count = 0;
+    double sum_s = 0;
+    double meanMs() const { return count > 0 ? 1000 * sum_s / count : 0; }
+  };
+  std::map<std::string, Mean> migration_pause;  // reasons with a moved stream
+  Mean inter_token;
 };
 
 // What the cluster looks like once load has stopped: every agent's blocks

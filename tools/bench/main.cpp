@@ -344,15 +344,38 @@ int main(int argc, char** argv) {
   };
 
   auto* chaos = app.add_subcommand(
-      "chaos", "kills, stops, client aborts and overload under multi-turn load, local cluster");
+      "chaos",
+      "kills, stops, drains, client aborts and overload under multi-turn load, local cluster");
   tandem::bench::ChaosBenchOptions chaos_options;
   addClusterOptions(chaos, chaos_options.cluster, chaos_options.load);
-  chaos->add_option("--scenarios", chaos_options.scenarios, "any of kill,abort,overload")
+  chaos->add_option("--scenarios", chaos_options.scenarios, "any of kill,move,abort,overload")
       ->capture_default_str();
   chaos->add_option("--kills", chaos_options.kills, "agents killed (SIGKILL)")
       ->capture_default_str();
   chaos->add_option("--stops", chaos_options.stops, "agents stopped (SIGSTOP, then SIGCONT)")
       ->capture_default_str();
+  chaos
+      ->add_option("--drains", chaos_options.drains,
+                   "decode agents drained (POST /admin/drain: their streams are handed over)")
+      ->capture_default_str();
+  chaos
+      ->add_option("--moves", chaos_options.move.rounds,
+                   "move scenario: rounds, a decode agent drained then killed alternately")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  chaos->add_option("--move-streams", chaos_options.move.streams, "move scenario: streams a round")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  chaos
+      ->add_option("--move-prompt-tokens", chaos_options.move.prompt_tokens,
+                   "move scenario: prompt tokens of each stream (within the model's length)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  chaos
+      ->add_option("--move-output-tokens", chaos_options.move.output_tokens,
+                   "move scenario: tokens each stream generates")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   chaos
       ->add_option("--event-gap", chaos_options.event_gap_s,
                    "longest random pause in seconds before each kill or stop")

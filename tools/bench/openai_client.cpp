@@ -110,7 +110,8 @@ void SseReader::feed(const char* bytes, size_t size) {
 }
 
 StreamedCompletion streamCompletion(const std::string& base_url, const std::string& body,
-                                    double read_timeout_s, Clock::time_point start) {
+                                    double read_timeout_s, Clock::time_point start,
+                                    StreamProgress* progress) {
   StreamedCompletion record;
   try {
     httplib::Client client(base_url);
@@ -161,6 +162,7 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
             if (id.is_number_integer()) record.token_ids.push_back(id.get<int32_t>());
           }
           has_token_ids = !ids->empty();
+          if (progress != nullptr) progress->tokens += static_cast<int64_t>(ids->size());
         }
         // The finishing chunk carries the last token even when its text is
         // empty (held back, or an incomplete UTF-8 sequence).
@@ -184,6 +186,10 @@ StreamedCompletion streamCompletion(const std::string& base_url, const std::stri
 
     request.response_handler = [&](const httplib::Response& response) {
       status = response.status;
+      if (progress != nullptr) {
+        std::lock_guard<std::mutex> lock(progress->mutex);
+        progress->decode_agent = response.get_header_value("x-tandem-decode-agent");
+      }
       return true;
     };
     request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {

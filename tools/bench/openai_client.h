@@ -4,9 +4,11 @@
 // threads may call these functions concurrently.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,7 +91,14 @@ struct StreamedCompletion {
 // error, a non-200 status, an error event, malformed event JSON, a stream cut
 // off or one ending without [DONE], the usage chunk or any token comes back
 // with success false and the reason.
+// What a stream has received so far, readable while it runs.
+struct StreamProgress {
+  std::atomic<int64_t> tokens{0};
+  std::mutex mutex;
+  std::string decode_agent;  // the router's x-tandem-decode-agent header, once answered
+};
 StreamedCompletion streamCompletion(const std::string& base_url, const std::string& body,
-                                    double read_timeout_s, Clock::time_point start);
+                                    double read_timeout_s, Clock::time_point start,
+                                    StreamProgress* progress = nullptr);
 
 }  // namespace tandem::bench
