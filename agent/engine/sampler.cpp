@@ -105,6 +105,10 @@ void Sampler::process(const SamplerInput& input) {
     }
   }
 
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id < vocab_size) logits_[id] += bias;
+  }
+
   if (static_cast<int64_t>(input.output.size()) < params.min_tokens) {
     for (TokenId id : input.min_tokens_mask) {
       if (id >= 0 && id < vocab_size) logits_[id] = kNegInf;
@@ -281,7 +285,7 @@ void Sampler::fillLogprobs(std::span<const float> raw, int32_t num_top, Generate
 bool samplesRawArgmax(const SamplingParams& params, bool masked) {
   return params.temperature < kGreedyTemperature && !masked && !params.logprobs &&
          params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
-         params.presence_penalty == 0.0f;
+         params.presence_penalty == 0.0f && params.logit_bias.empty();
 }
 
 GeneratedToken Sampler::sample(const SamplerInput& input) {

@@ -76,8 +76,8 @@ struct SamplerInput {
 
 // True when sample() would return exactly the argmax of the raw logits
 // (smallest id on a tie; 0 when no logit beats -inf, as Backend::argmaxRows)
-// and nothing else: greedy, no penalties, no min_tokens mask (`masked`), no
-// logprobs. Such rows may take the argmax where the logits are computed.
+// and nothing else: greedy, no penalties, no logit_bias, no min_tokens mask
+// (`masked`), no logprobs. Such rows may take the argmax where the logits are computed.
 bool samplesRawArgmax(const SamplingParams& params, bool masked);
 
 class Sampler {

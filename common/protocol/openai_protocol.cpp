@@ -260,6 +260,33 @@ std::optional<std::vector<TokenId>> readTokenIds(FieldReader& fields, const std:
   return ids;
 }
 
+// OpenAI's logit_bias object: keys are token ids written as decimal strings,
+// values numbers in [-100, 100]; into `out`, sorted by id. A bad entry fails
+// `fields` naming it (param "logit_bias").
+void readLogitBias(FieldReader& fields, const json& object, int64_t vocab_size,
+                   std::vector<std::pair<TokenId, float>>& out) {
+  for (const auto& [key, value] : object.items()) {
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id >= vocab_size) {
+      fields.fail("logit_bias keys must be token ids in [0, " + std::to_string(vocab_size) +
+                      ") written as decimal strings, got " + compactDump(json(key)),
+                  "logit_bias");
+      return;
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+      fields.fail("logit_bias[\"" + key + "\"] must be a number between -100 and 100, got " +
+                      compactDump(value),
+                  "logit_bias");
+      return;
+    }
+    out.emplace_back(static_cast<TokenId>(id), value.get<float>());
+  }
+  std::sort(out.begin(), out.end());
+}
+
 // Fields that would change the result but are not implemented: refused when
 // given (not null) rather than silently ignored.
 void refuseUnsupported(FieldReader& fields, std::initializer_list<const char*> names) {
@@ -372,11 +399,11 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     }
   }
 
-  if (const json* bias = fields.find("logit_bias")) {
+  if (const json* bias = fields.find("logit_bias"); bias != nullptr && !bias->is_null()) {
     if (!bias->is_object()) {
       fields.failType("logit_bias", "an object mapping token ids to biases", *bias);
-    } else if (!bias->empty()) {
-      fields.fail("logit_bias is not supported yet; leave it out or send {}", "logit_bias");
+    } else {
+      readLogitBias(fields, *bias, limits.vocab_size, parsed.request.sampling.logit_bias);
     }
   }
   if (const json* format = fields.readObject("response_format")) {

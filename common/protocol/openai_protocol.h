@@ -10,7 +10,7 @@
 // stop_token_ids, ignore_eos, skip_special_tokens, cache_salt,
 // kv_transfer_params) and vLLM's /tokenize and /detokenize. Unknown fields
 // are ignored; fields that would change the result but are not implemented
-// (echo, logit_bias, non-text response_format, tool_choice "required", n > 1, ...) are refused
+// (echo, non-text response_format, tool_choice "required", n > 1, ...) are refused
 // with a message saying so. Every error names the field and what is accepted.
 //
 // Nothing here throws: failures come back as ApiError (a bug or out-of-memory

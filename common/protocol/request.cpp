@@ -73,6 +73,16 @@ Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
                            std::to_string(params.max_tokens) + "), got " +
                            std::to_string(params.min_tokens));
   }
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return invalidArgument("logit_bias keys must be token ids in [0, " +
+                             std::to_string(vocab_size) + "), got " + std::to_string(id));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return invalidArgument("logit_bias values must be between -100 and 100, got " +
+                             formatNumber(bias) + " for token " + std::to_string(id));
+    }
+  }
   for (TokenId id : params.stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return invalidArgument("stop_token_ids must be token ids in [0, " +

@@ -43,6 +43,9 @@ struct SamplingParams {
   int64_t min_tokens = 0;
   std::vector<std::string> stop;
   std::vector<TokenId> stop_token_ids;
+  // OpenAI's logit_bias: added to the token's logit before choosing (not to
+  // the logits logprobs report); sorted by id, one entry per id.
+  std::vector<std::pair<TokenId, float>> logit_bias;
   bool ignore_eos = false;
   bool skip_special_tokens = true;
 };

@@ -42,6 +42,27 @@ TEST(Server, ConcurrentGreedyRequestsEqualSoloRuns) {
   }
 }
 
+// logit_bias over HTTP: a +100 bias makes greedy decoding choose that token
+// every step; a -100 bias on the undisturbed answer's first token makes the
+// answer start with another; the router's parser accepts what the agent's does.
+TEST(Server, LogitBiasSteersGreedyDecoding) {
+  Agent agent;
+  json body = greedy(randomPrompt(20, 41), 6);
+  const std::vector<int> plain = tokenIds(agent.post("/v1/completions", body));
+  ASSERT_EQ(plain.size(), 6u);
+  body["logit_bias"] = {{"300", 100}};
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", body)), std::vector<int>(6, 300));
+  body["logit_bias"] = {{std::to_string(plain[0]), -100}};
+  const std::vector<int> banned = tokenIds(agent.post("/v1/completions", body));
+  ASSERT_EQ(banned.size(), 6u);
+  EXPECT_NE(banned[0], plain[0]);
+  int status = 0;
+  body["logit_bias"] = {{"300", 250}};
+  const json error = agent.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "logit_bias");
+}
+
 TEST(Server, PrefixCacheHitComputesOnlyTheRestAndMatchesAMiss) {
   Agent agent;
   std::vector<int> prefix = randomPrompt(160, 100);  // 10 blocks of 16

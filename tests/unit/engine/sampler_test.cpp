@@ -83,6 +83,28 @@ TEST(SamplerTest, GreedyPicksArgmaxWithTiesToSmallestId) {
   EXPECT_EQ(sampler.sample(makeInput(random, params)).token, referenceArgmax(random));
 }
 
+// logit_bias is added to the logits the choice is made from, after the
+// penalties; logprobs still report the model's own distribution, and a
+// biased row is never taken as the raw argmax.
+TEST(SamplerTest, LogitBiasMovesTheChoiceNotTheLogprobs) {
+  const std::vector<float> logits = {1.0f, 5.0f, 3.0f, 0.5f};
+  Sampler sampler;
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.logit_bias = {{3, 100.0f}};
+  EXPECT_EQ(sampler.sample(makeInput(logits, params)).token, 3);
+  params.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(sampler.sample(makeInput(logits, params)).token, 2);
+  EXPECT_FALSE(samplesRawArgmax(params, false));
+  params.logprobs = 0;
+  const GeneratedToken chosen = sampler.sample(makeInput(logits, params));
+  EXPECT_NEAR(chosen.logprob, logSoftmax(logits)[2], 1e-6);
+  // Sampled: a banned token is never drawn.
+  params = {};
+  params.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(drawCounts(logits, params, 500, 9)[1], 0);
+}
+
 TEST(SamplerTest, TinyTemperatureBehavesLikeGreedy) {
   const std::vector<float> logits = {0.0f, 1.0f, 0.5f, 0.9f};
   Sampler sampler;
@@ -503,6 +525,11 @@ TEST(SamplerValidationTest, NamesTheFieldAndTheRange) {
   EXPECT_EQ(validationMessage(params), "temperature must be between 0 and 2, got 3.5");
   params.temperature = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(validationMessage(params), "temperature must be between 0 and 2, got nan");
+
+  params = {};
+  params.logit_bias = {{4, 101.0f}};
+  EXPECT_EQ(validationMessage(params),
+            "logit_bias values must be between -100 and 100, got 101 for token 4");
 
   params = {};
   params.top_p = 0.0f;

@@ -379,10 +379,18 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("echo": true)"), "echo",
           "echo is not supported yet; send false or leave it out"),
       bad(completion(R"("echo": "no")"), "echo", "echo must be a boolean, got string"),
-      bad(completion(R"("logit_bias": {"1": 5})"), "logit_bias",
-          "logit_bias is not supported yet; leave it out or send {}"),
       bad(completion(R"("logit_bias": [1])"), "logit_bias",
           "logit_bias must be an object mapping token ids to biases, got array"),
+      bad(completion(R"("logit_bias": {"x1": 5})"), "logit_bias",
+          "logit_bias keys must be token ids in [0, 512) written as decimal strings, got \"x1\""),
+      bad(completion(R"("logit_bias": {"512": 5})"), "logit_bias",
+          "logit_bias keys must be token ids in [0, 512) written as decimal strings, got \"512\""),
+      bad(completion(R"("logit_bias": {"-1": 5})"), "logit_bias",
+          "logit_bias keys must be token ids in [0, 512) written as decimal strings, got \"-1\""),
+      bad(completion(R"("logit_bias": {"7": 100.5})"), "logit_bias",
+          "logit_bias[\"7\"] must be a number between -100 and 100, got 100.5"),
+      bad(completion(R"("logit_bias": {"7": "up"})"), "logit_bias",
+          "logit_bias[\"7\"] must be a number between -100 and 100, got \"up\""),
       bad(completion(R"("response_format": {"type": "json_object"})"), "response_format",
           "response_format type \"json_object\" is not supported yet (only \"text\")"),
       bad(completion(R"("response_format": {})"), "response_format",
@@ -463,7 +471,7 @@ TEST_F(ProtocolTest, CompletionEveryField) {
           "stop_token_ids": [509, 511], "ignore_eos": true, "frequency_penalty": 0.5,
           "presence_penalty": -0.5, "repetition_penalty": 1.1, "n": 1, "best_of": 1,
           "stream": true, "stream_options": {"include_usage": true}, "skip_special_tokens": false,
-          "user": "someone", "logit_bias": {}, "response_format": {"type": "text"},
+          "user": "someone", "logit_bias": {"300": -100, "12": 2.5}, "response_format": {"type": "text"},
           "logprobs": 3, "echo": false, "cache_salt": "tenant-7",
           "kv_transfer_params": {"do_remote_decode": true, "remote_port": 7000},
           "an_unknown_field": [1, 2, 3])"),
@@ -487,6 +495,8 @@ TEST_F(ProtocolTest, CompletionEveryField) {
   EXPECT_EQ(sampling.repetition_penalty, 1.1f);
   EXPECT_FALSE(sampling.skip_special_tokens);
   EXPECT_EQ(sampling.logprobs, 3);
+  EXPECT_EQ(sampling.logit_bias,
+            (std::vector<std::pair<TokenId, float>>{{12, 2.5f}, {300, -100.0f}}));
   EXPECT_TRUE(request.stream);
   EXPECT_TRUE(request.include_usage);
   EXPECT_EQ(request.request.cache_salt, "tenant-7");
