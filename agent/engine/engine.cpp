@@ -564,13 +564,8 @@ void Engine::handOver() {
   const bool lends = connector_ && connector_->config().produces() &&
                      block_manager_->config().enable_prefix_caching;
   for (Sequence* sequence : handing) {
-    RequestOutput out;
-    out.request_id = sequence->request.id;
-    out.finish_reason = FinishReason::kAbort;
+    RequestOutput out = finalOutput(*sequence, FinishReason::kAbort);
     out.handed_over = true;
-    out.num_prompt_tokens = sequence->num_prompt_tokens;
-    out.num_cached_tokens = sequence->num_cached_tokens;
-    out.num_generated_tokens = sequence->numGenerated();
     // The blocks the model computed (their full ones are in the prefix
     // cache): the resuming agent reads them and computes only the rest.
     if (lends && sequence->status == SequenceStatus::kRunning &&
@@ -1000,14 +995,19 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   deliverFinal(sequence, std::move(out));
 }
 
-void Engine::finishRequest(Sequence* sequence, FinishReason reason, const std::string& error) {
+RequestOutput Engine::finalOutput(const Sequence& sequence, FinishReason reason) {
   RequestOutput out;
-  out.request_id = sequence->request.id;
+  out.request_id = sequence.request.id;
   out.finish_reason = reason;
+  out.num_prompt_tokens = sequence.num_prompt_tokens;
+  out.num_cached_tokens = sequence.num_cached_tokens;
+  out.num_generated_tokens = sequence.numGenerated();
+  return out;
+}
+
+void Engine::finishRequest(Sequence* sequence, FinishReason reason, const std::string& error) {
+  RequestOutput out = finalOutput(*sequence, reason);
   out.error = error;
-  out.num_prompt_tokens = sequence->num_prompt_tokens;
-  out.num_cached_tokens = sequence->num_cached_tokens;
-  out.num_generated_tokens = sequence->numGenerated();
   deliverFinal(sequence, std::move(out));
 }
 

@@ -275,6 +275,8 @@ class Engine {
   void finishStep(const SchedulerOutput& output,
                   const std::function<GeneratedToken(size_t, Sequence&, Live&)>& pick);
   void emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
+  // A request's final output with its counts (no tokens, no text).
+  static RequestOutput finalOutput(const Sequence& sequence, FinishReason reason);
   void finishRequest(Sequence* sequence, FinishReason reason, const std::string& error = {});
   // Sends a request's final output and forgets it (blocks freed, id released).
   void deliverFinal(Sequence* sequence, RequestOutput out);

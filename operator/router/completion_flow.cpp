@@ -80,6 +80,12 @@ server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool
               : server::parseCompletionRequest(body, model.limits(), model.tokenizer());
 }
 
+// Whether a failed upstream call timed out (the agent stayed silent).
+bool timedOut(const std::exception& e) {
+  const auto* system = dynamic_cast<const boost::system::system_error*>(&e);
+  return system != nullptr && system->code() == beast::error::timeout;
+}
+
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -388,9 +394,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     body["return_token_ids"] = true;
   }
   ClientStream client;
-  bool migrating = false;
-  std::optional<Clock::time_point> first_break;  // when the stream first broke   // this attempt
-                                                 // resumes a stream another agent began
+  bool migrating = false;  // this attempt resumes a stream another agent began
+  std::optional<Clock::time_point> first_break;  // when the stream first broke
   AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
@@ -474,18 +479,20 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       size_t next = attempt + 1;
       while (next < decode_order.size() && !decode_agents[decode_order[next]]->healthy) ++next;
       if (!first_break) first_break = Clock::now();
+      // What the last attempt was lent is done with; what a draining agent
+      // holds for this stream is the lend now (read by the next agent, or
+      // released below when there is none).
+      co_await releaseLend();
+      if (splice && splice->handedOver() && splice->handOverParams().is_object()) {
+        lent = splice->handOverParams();
+        lender = decode;
+      }
       const NoMove why_not =
           splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
           : secondsSince(*first_break) > migration_timeout_s_  ? NoMove::kTimedOut
                                                                : NoMove::kNoAgentLeft;
       if (!splice || why_not != NoMove::kNoAgentLeft || next >= decode_order.size()) {
         metrics_.countMigration(reason, "exhausted");
-        if (splice && splice->handedOver() && splice->handOverParams().is_object()) {
-          // Nobody will read what the draining agent holds for this stream.
-          co_await callAgent(decode->endpoint, http::verb::post,
-                             std::string("/v1/kv_transfer/release"),
-                             releaseBody(splice->handOverParams()), 5.0);
-        }
         if (splice) {
           co_await endStreamWithError(
               exchange, exhaustedMessage(decode->endpoint.name, splice->upstreamError(),
@@ -511,14 +518,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                       std::string("/v1/kv_transfer/release"), releaseBody(handoff.params), 5.0),
             asio::detached);
       }
-      co_await releaseLend();
       if (!splice->tokenIds().empty()) body["resume_token_ids"] = splice->tokenIds();
       body.erase("kv_transfer_params");
       const char* kv = "recomputed";
       int64_t transferred = 0;
-      if (splice->handedOver() && splice->handOverParams().is_object()) {
-        lent = splice->handOverParams();
-        lender = decode;
+      if (!lent.is_null()) {  // the draining agent's hand-over
         body["kv_transfer_params"] = {{"remote_prefix", lent}};
         transferred = lent.value("remote_num_tokens", int64_t{0});
         kv = "handed_over";
@@ -704,11 +708,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
     // An agent answers a whole request only at its end: one that failed
     // once it had the request cut the answer short.
-    if (whole && sent) {
-      const auto* system = dynamic_cast<const boost::system::system_error*>(&e);
-      const bool timed_out = system != nullptr && system->code() == beast::error::timeout;
-      metrics_.countMigration(timed_out ? "stall" : "failure", "resent");
-    }
+    if (whole && sent) metrics_.countMigration(timedOut(e) ? "stall" : "failure", "resent");
     co_return DecodeOutcome::kFailedBeforeStart;
   }
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
@@ -796,7 +796,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (piece.empty()) continue;
       const auto now = Clock::now();
       if (client.resuming != nullptr) {
-        metrics_.observeMigrationPause(client.resuming, secondsSince(client.last_write));
+        metrics_.observeMigrationPause(
+            client.resuming, std::chrono::duration<double>(now - client.last_write).count());
         client.resuming = nullptr;
       }
       client.last_write = now;
@@ -828,11 +829,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     // An agent that dies between events may still end the body cleanly.
     if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
     if (!co_await exchange.finishChunked()) co_return DecodeOutcome::kClientGoneMidway;
-  } catch (const boost::system::system_error& e) {
-    broken = e.what();
-    stalled = e.code() == beast::error::timeout;
   } catch (const std::exception& e) {
     broken = e.what();
+    stalled = timedOut(e);
   }
   if (!broken.empty()) {
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGoneMidway;
