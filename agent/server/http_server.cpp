@@ -364,11 +364,11 @@ void HttpServer::routes() {
   });
 
   http_->get("/health", [this](const HttpRequest&, HttpResponse& res) {
-    if (!ready_ || engine_.draining()) {
+    const bool draining = engine_.draining();
+    if (!ready_ || draining) {
       res.status = 503;
-      res.set_content(
-          engine_.draining() ? R"({"status":"draining"})" : R"({"status":"shutting_down"})",
-          "application/json");
+      res.set_content(draining ? R"({"status":"draining"})" : R"({"status":"shutting_down"})",
+                      "application/json");
       return;
     }
     json health = {{"status", "ok"},

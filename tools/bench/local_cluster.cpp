@@ -461,17 +461,21 @@ RouterState LocalCluster::routerState() {
           prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"resumed\"");
       state.migrations_exhausted =
           prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"exhausted\"");
-      for (const char* reason : {"failure", "stall", "drain", "error"}) {
-        const std::string filter = std::string("reason=\"") + reason + "\"";
-        const double count =
-            prometheusSample(result->body, "tandem_router_migration_pause_seconds_count", filter)
-                .value_or(0);
-        if (count <= 0) continue;
-        state.migration_pause[reason] = {
-            count,
-            prometheusSample(result->body, "tandem_router_migration_pause_seconds_sum", filter)
-                .value_or(0)};
+      // Every reason the router reports a pause for.
+      std::istringstream lines(result->body);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.starts_with('#')) continue;
+        const auto sample = parsePrometheusSampleLine(line);
+        if (!sample) continue;
+        const bool count = sample->name == "tandem_router_migration_pause_seconds_count";
+        if (!count && sample->name != "tandem_router_migration_pause_seconds_sum") continue;
+        const auto reason = sample->label("reason");
+        if (!reason) continue;
+        RouterState::Mean& pause = state.migration_pause[*reason];
+        (count ? pause.count : pause.sum_s) = sample->value;
       }
+      std::erase_if(state.migration_pause,
+                    [](const auto& entry) { return entry.second.count <= 0; });
       state.inter_token = {
           prometheusSample(result->body, "tandem_router_inter_token_latency_seconds_count")
               .value_or(0),
