@@ -9,9 +9,18 @@
 #include "agent/engine/stop_strings.h"
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/structured/matcher.h"
 #include "kernels/kernels.h"
 
 namespace tandem::engine {
+
+namespace {
+
+constexpr std::string_view kTooAmbiguous =
+    "the structured output is too ambiguous to follow: its nested repeats parse the same text in "
+    "too many ways";
+
+}  // namespace
 
 struct Engine::Live {
   Live(const Tokenizer& tokenizer, const Request& request)
@@ -25,8 +34,9 @@ struct Engine::Live {
   SamplerRng rng;
   RequestTimings timings;
   bool sent_first = false;
-  std::string resumed_text;       // handed out with the first output
-  SimulatedTokenState simulated;  // simulated engines only
+  std::string resumed_text;                      // handed out with the first output
+  std::unique_ptr<structured::Matcher> matcher;  // a structured output's state
+  SimulatedTokenState simulated;                 // simulated engines only
 };
 
 // The scheduler's view of the KV connector.
@@ -360,6 +370,26 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                            " this agent has");
   }
   if (Status resumed = validateResume(request); !resumed.isOk()) return resumed;
+  std::shared_ptr<structured::CompiledGrammar> grammar;
+  if (request.structured_output) {
+    if (simulated_tokens_) {
+      return Status(StatusCode::kUnimplemented,
+                    "structured outputs are not simulated: a simulated agent's tokens follow its "
+                    "profile, not a grammar");
+    }
+    auto compiled = compileConstraint(*request.structured_output);
+    if (!compiled.isOk()) return compiled.status();
+    grammar = std::move(compiled).value();
+    // A resumed stream's tokens were chosen under the same constraint.
+    structured::Matcher replay(grammar);
+    if (replay.overflowed()) return invalidArgument(std::string(kTooAmbiguous));
+    for (size_t i = 0; i < request.resume_output.size(); ++i) {
+      if (!replay.accept(request.resume_output[i])) {
+        return invalidArgument("resume_token_ids[" + std::to_string(i) +
+                               "] is not allowed by the request's structured output");
+      }
+    }
+  }
   if (connector_ && !request.kv_transfer_params.is_null()) {
     Status transfer = connector_->scheduler().validate(
         request.kv_transfer_params,
@@ -381,6 +411,7 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   Pending pending;
   pending.sequence = std::make_unique<Sequence>(std::move(request));
   pending.callback = std::move(callback);
+  pending.grammar = std::move(grammar);
   inbox_.push_back(std::move(pending));
   wake_.notify_one();
   return Status::ok();
@@ -704,6 +735,10 @@ void Engine::drainInbox() {
     for (TokenId token : sequence->request.resume_output) {
       live->resumed_text += live->stop.push(live->detokenizer.push(token)).text;
     }
+    if (pending.grammar) {
+      live->matcher = std::make_unique<structured::Matcher>(std::move(pending.grammar));
+      for (TokenId token : sequence->request.resume_output) live->matcher->accept(token);
+    }
     live->callback = std::move(pending.callback);
     live->timings.arrival = sequence->request.arrival;
     live_.emplace(sequence, std::move(live));
@@ -821,8 +856,9 @@ void Engine::step() {
   for (const ScheduledChunk& chunk : output.chunks) {
     if (!device_argmax) break;
     if (chunk.samples) {
-      device_argmax = samplesRawArgmax(chunk.sequence->request.sampling,
-                                       !minTokensMask(*chunk.sequence).empty());
+      device_argmax = samplesRawArgmax(
+          chunk.sequence->request.sampling,
+          !minTokensMask(*chunk.sequence).empty() || live_.at(chunk.sequence)->matcher != nullptr);
     }
   }
   if (device_argmax) {
@@ -848,6 +884,7 @@ void Engine::step() {
     input.output = std::span<const TokenId>(sequence.tokens)
                        .subspan(static_cast<size_t>(sequence.num_prompt_tokens));
     input.min_tokens_mask = mask;
+    if (live.matcher) input.allowed = allowedTokens(sequence.request.sampling, *live.matcher);
     input.rng = live.rng;
     return sampler_.sample(input);
   });
@@ -869,6 +906,30 @@ void Engine::finishStep(const SchedulerOutput& output,
     }
     emitToken(sequence, live, pick(i, *sequence, live));
   }
+}
+
+std::span<const uint64_t> Engine::allowedTokens(const SamplingParams& params,
+                                                structured::Matcher& matcher) {
+  const auto& vocabulary = constraints_->vocabulary();
+  allowed_.resize(static_cast<size_t>(vocabulary->maskWords()));
+  matcher.fillMask(allowed_);
+  if (matcher.canEnd()) {
+    auto allow = [&](TokenId id) {
+      if (id >= 0 && id < vocabulary->size()) allowed_[id >> 6] |= uint64_t{1} << (id & 63);
+    };
+    if (!params.ignore_eos) std::for_each(eos_token_ids_.begin(), eos_token_ids_.end(), allow);
+    std::for_each(params.stop_token_ids.begin(), params.stop_token_ids.end(), allow);
+  }
+  return allowed_;
+}
+
+StatusOr<std::shared_ptr<structured::CompiledGrammar>> Engine::compileConstraint(
+    const structured::Constraint& constraint) {
+  std::call_once(constraints_once_, [&] {
+    constraints_ = std::make_unique<structured::ConstraintCache>(
+        std::make_shared<structured::Vocabulary>(*tokenizer_, model_->config().vocab_size));
+  });
+  return constraints_->get(constraint);
 }
 
 std::vector<TokenId> Engine::minTokensMask(const Sequence& sequence) const {
@@ -968,10 +1029,21 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   if (isStopToken(token.token, params)) {
     // The stop token ends the text without being part of it.
     reason = FinishReason::kStop;
+  } else if (live.matcher && !live.matcher->accept(token.token)) {
+    // Only when no token of the vocabulary can continue the output (the
+    // sampler then ignores the mask).
+    reason = FinishReason::kError;
+    out.error = live.matcher->overflowed()
+                    ? std::string(kTooAmbiguous)
+                    : "the structured output cannot be continued: no token of the vocabulary is "
+                      "allowed";
   } else {
     auto update = live.stop.push(live.detokenizer.push(token.token));
     out.text = std::move(update.text);
     if (update.stopped) reason = FinishReason::kStop;
+    // A complete structure that nothing can extend ends the request, as an
+    // end-of-sequence token would.
+    if (live.matcher && live.matcher->finished()) reason = FinishReason::kStop;
   }
   if (reason == FinishReason::kNone &&
       (generated >= params.max_tokens ||

@@ -256,6 +256,7 @@ class Engine {
   struct Pending {
     std::unique_ptr<Sequence> sequence;
     OutputCallback callback;
+    std::shared_ptr<structured::CompiledGrammar> grammar;  // structured output; or null
   };
   struct Live;            // per-request output state, engine thread only
   class ConnectorSource;  // ExternalKvSource over the KV connector
@@ -330,6 +331,17 @@ class Engine {
   Sampler sampler_;
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;
+  // Structured outputs: grammars compiled for this model's vocabulary, made
+  // at the first constrained request (building the vocabulary's trie).
+  StatusOr<std::shared_ptr<structured::CompiledGrammar>> compileConstraint(
+      const structured::Constraint& constraint);
+  // The tokens a structured output allows next (the end of sequence and
+  // stop_token_ids only where the structure is complete); engine thread.
+  std::span<const uint64_t> allowedTokens(const SamplingParams& params,
+                                          structured::Matcher& matcher);
+  std::once_flag constraints_once_;
+  std::unique_ptr<structured::ConstraintCache> constraints_;
+  std::vector<uint64_t> allowed_;  // engine thread: one row's mask
   int64_t max_model_len_ = 0;
   int64_t max_hold_blocks_ = 0;
   int64_t max_total_hold_blocks_ = 0;

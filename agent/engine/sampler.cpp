@@ -114,6 +114,18 @@ void Sampler::process(const SamplerInput& input) {
       if (id >= 0 && id < vocab_size) logits_[id] = kNegInf;
     }
   }
+
+  if (!input.allowed.empty()) {
+    for (int64_t word = 0; word * 64 < vocab_size; ++word) {
+      const uint64_t bits =
+          word < static_cast<int64_t>(input.allowed.size()) ? input.allowed[word] : 0;
+      if (bits == ~uint64_t{0}) continue;
+      const int64_t end = std::min<int64_t>(vocab_size, (word + 1) * 64);
+      for (int64_t id = word * 64; id < end; ++id) {
+        if (((bits >> (id & 63)) & 1u) == 0) logits_[id] = kNegInf;
+      }
+    }
+  }
 }
 
 std::vector<float> Sampler::processedLogits(const SamplerInput& input) {

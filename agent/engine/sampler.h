@@ -7,7 +7,8 @@
 //      logit -= frequency_penalty * count + presence_penalty * (count > 0);
 //   3. while output.size() < min_tokens, the ids in `min_tokens_mask` (the
 //      caller's choice: stop_token_ids and, unless ignore_eos, the EOS ids)
-//      are set to -inf;
+//      are set to -inf; so are the ids a structured output does not allow
+//      (`allowed`);
 //   4. temperature < kGreedyTemperature (0 in practice): argmax, ties to the
 //      smallest id. Otherwise logits / temperature, then top-k (exactly k
 //      tokens, ties broken by smaller id), top-p (the shortest prefix of the
@@ -71,6 +72,9 @@ struct SamplerInput {
   std::span<const TokenId> prompt;
   std::span<const TokenId> output;  // generated so far; its size is the step
   std::span<const TokenId> min_tokens_mask;
+  // A structured output's allowed tokens, one bit per id (bit i of word
+  // i / 64); the others are set to -inf after step 3. Empty: all allowed.
+  std::span<const uint64_t> allowed;
   SamplerRng rng;
 };
 

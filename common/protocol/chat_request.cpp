@@ -175,27 +175,54 @@ Result<ordered_json> readTools(const ordered_json& tools) {
   return tools;
 }
 
-// Whether the tools reach the template: tool_choice "auto" (the default) or
-// "none" (tools left out, as vLLM does by default).
-Result<bool> readToolChoice(const ordered_json& root) {
+// Whether the tools reach the template: tool_choice "auto" (the default),
+// "required" or a named function; not "none" (tools left out, as vLLM does
+// by default). A forced call ("required", a named function) is checked
+// against the tools here and constrained by structured_request.h.
+Result<bool> readToolChoice(const ordered_json& root, const ordered_json* tools) {
   const ordered_json* choice = given(root, "tool_choice");
   if (choice == nullptr) return true;
-  constexpr const char* kNoGuided =
-      " needs guided decoding, which this server does not have; use \"auto\" or \"none\"";
+  const bool has_tools = tools != nullptr && tools->is_array() && !tools->empty();
   if (choice->is_string()) {
     const std::string value = choice->get<std::string>();
     if (value == "auto") return true;
     if (value == "none") return false;
     if (value == "required") {
-      return invalidRequest(std::string("tool_choice \"required\"") + kNoGuided, "tool_choice");
+      if (!has_tools) {
+        return invalidRequest("tool_choice \"required\" needs at least one tool in tools",
+                              "tool_choice");
+      }
+      return true;
     }
-    return invalidRequest("tool_choice must be \"auto\" or \"none\", got " + quoted(value),
-                          "tool_choice");
+    return invalidRequest(
+        "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+        "\"function\": {\"name\": ...}}, got " +
+            quoted(value),
+        "tool_choice");
   }
   if (choice->is_object()) {
-    return invalidRequest(std::string("tool_choice naming a function") + kNoGuided, "tool_choice");
+    const ordered_json* function = given(*choice, "function");
+    const ordered_json* name =
+        function != nullptr && function->is_object() ? given(*function, "name") : nullptr;
+    const ordered_json* type = given(*choice, "type");
+    if (type == nullptr || *type != "function" || name == nullptr || !name->is_string()) {
+      return invalidRequest(
+          "tool_choice naming a function must be {\"type\": \"function\", \"function\": "
+          "{\"name\": ...}}",
+          "tool_choice");
+    }
+    for (size_t i = 0; has_tools && i < tools->size(); ++i) {
+      const ordered_json& tool = (*tools)[i];
+      if (tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
+          tool["function"].value("name", "") == name->get<std::string>()) {
+        return true;
+      }
+    }
+    return invalidRequest("tool_choice.function.name " + quoted(name->get<std::string>()) +
+                              " is not the name of a function in tools",
+                          "tool_choice.function.name");
   }
-  return wrongType("tool_choice", "\"auto\" or \"none\"", *choice);
+  return wrongType("tool_choice", "\"auto\", \"none\", \"required\" or a named function", *choice);
 }
 
 Result<bool> readBool(const ordered_json& root, const char* key, bool fallback) {
@@ -219,13 +246,14 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root,
   if (!messages.isOk()) return messages.error();
   input.messages = std::move(messages).value();
 
-  auto use_tools = readToolChoice(root);
-  if (!use_tools.isOk()) return use_tools.error();
-  if (const ordered_json* tools = given(root, "tools")) {
+  const ordered_json* tools = given(root, "tools");
+  if (tools != nullptr) {
     auto read = readTools(*tools);
     if (!read.isOk()) return read.error();
-    if (use_tools.value()) input.tools = std::move(read).value();
   }
+  auto use_tools = readToolChoice(root, tools);
+  if (!use_tools.isOk()) return use_tools.error();
+  if (tools != nullptr && use_tools.value()) input.tools = *tools;
   if (const ordered_json* documents = given(root, "documents")) {
     if (!documents->is_array()) return wrongType("documents", "an array of objects", *documents);
     for (size_t i = 0; i < documents->size(); ++i) {

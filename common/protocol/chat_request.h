@@ -5,9 +5,9 @@
 // Fields: messages (role a string the template accepts; content a string,
 // an array of {"type": "text", "text"} parts, or null in an assistant message
 // with tool_calls; assistant tool_calls' function.arguments given as a JSON
-// string become the object it encodes), tools, tool_choice ("auto" or
-// "none"; "required" and a named function need guided decoding and are
-// refused), documents, chat_template_kwargs, add_generation_prompt (default
+// string become the object it encodes), tools, tool_choice ("auto",
+// "none", "required" or a named function: the last two are constrained by
+// structured_request.h), documents, chat_template_kwargs, add_generation_prompt (default
 // true), continue_final_message. A chat_template in the request is refused.
 // Every refusal is an ApiError naming the field.
 //

@@ -10,6 +10,7 @@
 
 #include "common/json_parse.h"
 #include "common/protocol/chat_request.h"
+#include "common/protocol/structured_request.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::server {
@@ -406,23 +407,10 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
       readLogitBias(fields, *bias, limits.vocab_size, parsed.request.sampling.logit_bias);
     }
   }
-  if (const json* format = fields.readObject("response_format")) {
-    const auto type = format->find("type");
-    if (type == format->end() || !type->is_string()) {
-      fields.fail("response_format.type must be a string (only \"text\" is supported)",
-                  "response_format");
-    } else if (type->get<std::string>() != "text") {
-      fields.fail("response_format type " + jsonQuoted(type->get<std::string>()) +
-                      " is not supported yet (only \"text\")",
-                  "response_format");
-    }
-  }
   if (bool echo = false; fields.readBool("echo", &echo) && echo) {
     fields.fail("echo is not supported yet; send false or leave it out", "echo");
   }
-  // vLLM's extensions that constrain or extend the output.
-  refuseUnsupported(fields, {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice",
-                             "guided_grammar", "structured_outputs"});
+  refuseUnsupported(fields, {"prompt_logprobs"});
 }
 
 // Reads max_tokens (or max_completion_tokens for chat): at least 1; the upper
@@ -614,6 +602,10 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   bool add_special_tokens = true;
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
+  if (auto error = readStructuredOutput(body, root.value(), /*chat=*/false, std::nullopt,
+                                        &parsed.request.structured_output)) {
+    return *error;
+  }
 
   if (auto error =
           readPrompt(fields, root.value(), limits, tokenizer, add_special_tokens, parsed)) {
@@ -685,6 +677,12 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
 
   auto text = renderMessages(body, limits, cancel);
   if (!text.isOk()) return text.error();
+  // After the messages: tools and tool_choice are checked there.
+  if (auto error = readStructuredOutput(body, root.value(), /*chat=*/true,
+                                        limits.chat_output.tool_call_parser,
+                                        &parsed.request.structured_output)) {
+    return *error;
+  }
   parsed.prompt_text = std::move(text).value();
   if (auto error =
           checkTextFits(parsed.prompt_text, limits, tokenizer, "the rendered chat", "messages")) {

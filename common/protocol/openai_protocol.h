@@ -9,8 +9,10 @@
 // vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens,
 // stop_token_ids, ignore_eos, skip_special_tokens, cache_salt,
 // kv_transfer_params) and vLLM's /tokenize and /detokenize. Unknown fields
-// are ignored; fields that would change the result but are not implemented
-// (echo, non-text response_format, tool_choice "required", n > 1, ...) are refused
+// are ignored; structured outputs (response_format, structured_outputs,
+// guided_*) are read by structured_request.h; fields that would change the
+// result but are not implemented (echo, tool_choice "required", n > 1, ...)
+// are refused
 // with a message saying so. Every error names the field and what is accepted.
 //
 // Nothing here throws: failures come back as ApiError (a bug or out-of-memory

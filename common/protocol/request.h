@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/structured/constraint.h"
 #include "common/tokenizer.h"
 
 namespace tandem::protocol {
@@ -54,6 +55,10 @@ struct Request {
   std::string id;
   std::vector<TokenId> prompt;
   SamplingParams sampling;
+  // Structured output (JSON schema, regex, choice, grammar): the engine
+  // samples only tokens the constraint allows and ends the request when it
+  // is complete. Null: unconstrained.
+  std::optional<structured::Constraint> structured_output;
   // Mixed into block hashes: requests with different salts never share
   // cached blocks.
   std::string cache_salt;

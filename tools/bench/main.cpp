@@ -13,6 +13,7 @@
 #include "tools/bench/router_bench.h"
 #include "tools/bench/serve_bench.h"
 #include "tools/bench/soak_bench.h"
+#include "tools/bench/structured_bench.h"
 #include "tools/bench/transfer_bench.h"
 
 int main(int argc, char** argv) {
@@ -544,6 +545,35 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   large->add_option("--json", large_options.json_path, "also write the figures as JSON here");
 
+  auto* structured = app.add_subcommand(
+      "structured", "structured outputs: mask and advance time per token, compile time");
+  tandem::bench::StructuredBenchOptions structured_options;
+  structured
+      ->add_option("--tokenizer", structured_options.tokenizers,
+                   "a tokenizer directory or tokenizer.json (repeat for several)")
+      ->required();
+  structured->add_option("--walks", structured_options.walks, "random outputs per schema")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  structured->add_option("--max-steps", structured_options.max_steps, "tokens per output at most")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  structured->add_option("--seed", structured_options.seed, "random walks' seed")
+      ->capture_default_str();
+  structured->add_option("--model", structured_options.model_dir,
+                         "also measure decode tok/s constrained vs not on this model");
+  structured->add_option("--batch", structured_options.batch, "requests decoding at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  structured->add_option("--decode-tokens", structured_options.decode_tokens, "tokens per request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  structured->add_option("--rounds", structured_options.rounds, "alternating rounds")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  structured->add_option("--json", structured_options.json_path,
+                         "also write the figures as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
@@ -556,6 +586,7 @@ int main(int argc, char** argv) {
     if (calibrate->parsed()) return tandem::bench::runCalibrateBench(calibrate_options);
     if (planner->parsed()) return tandem::bench::runPlannerBench(planner_options);
     if (large->parsed()) return tandem::bench::runLargeBodyBench(large_options);
+    if (structured->parsed()) return tandem::bench::runStructuredBench(structured_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;

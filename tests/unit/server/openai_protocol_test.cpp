@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/structured/matcher.h"
 #include "common/tokenizer.h"
 #include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
@@ -391,22 +392,210 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "logit_bias[\"7\"] must be a number between -100 and 100, got 100.5"),
       bad(completion(R"("logit_bias": {"7": "up"})"), "logit_bias",
           "logit_bias[\"7\"] must be a number between -100 and 100, got \"up\""),
-      bad(completion(R"("response_format": {"type": "json_object"})"), "response_format",
-          "response_format type \"json_object\" is not supported yet (only \"text\")"),
+      // Structured outputs.
+      bad(completion(R"("response_format": {"type": "yaml"})"), "response_format",
+          "response_format.type \"yaml\" is not supported; use \"text\", \"json_object\" or "
+          "\"json_schema\""),
       bad(completion(R"("response_format": {})"), "response_format",
-          "response_format.type must be a string (only \"text\" is supported)"),
+          "response_format.type must be \"text\", \"json_object\" or \"json_schema\""),
       bad(completion(R"("response_format": "text")"), "response_format",
           "response_format must be an object, got string"),
+      bad(completion(R"("response_format": {"type": "json_schema", "json_schema": {"name": "x"}})"),
+          "response_format.json_schema.schema", "response_format.json_schema.schema is required"),
+      bad(completion(R"("response_format": {"type": "json_schema", "json_schema": {"schema": 5}})"),
+          "response_format.json_schema.schema",
+          "response_format.json_schema.schema must be a JSON schema object, got number"),
+      bad(completion(R"("structured_outputs": {"choice": []})"), "structured_outputs.choice",
+          "structured_outputs.choice must be a non-empty array of non-empty strings"),
+      bad(completion(R"("structured_outputs": {"whitespace_pattern": " "})"),
+          "structured_outputs.whitespace_pattern",
+          "structured_outputs.whitespace_pattern is not supported; structured_outputs takes one "
+          "of json, regex, choice, grammar, json_object"),
+      bad(completion(R"("guided_regex": "a+", "guided_choice": ["a"])"), "guided_choice",
+          "only one structured output constraint per request: both guided_regex and "
+          "guided_choice are given"),
+
       bad(completion(R"("suffix": "end")"), "suffix",
           "suffix is not supported yet; leave it out or send null"),
       bad(completion(R"("prompt_logprobs": 1)"), "prompt_logprobs",
           "prompt_logprobs is not supported yet; leave it out or send null"),
-      bad(completion(R"("guided_json": {"type": "object"})"), "guided_json",
-          "guided_json is not supported yet; leave it out or send null"),
   };
   for (const BadCase& c : cases) {
     expectRefused(parseCompletionRequest(c.body, testLimits(), tokenizer()), c);
   }
+}
+
+// A constraint the compilers refuse: a 400 naming the field, then the
+// compiler's own words (what in the schema, regex or grammar, and where).
+TEST_F(ProtocolTest, RefusedConstraintsNameTheFieldAndWhatIsRefused) {
+  struct Case {
+    std::string body;
+    std::string param;
+    std::vector<std::string> words;
+  };
+  const std::vector<Case> cases = {
+      {completion(R"j("structured_outputs": {"regex": "a(?=b)"})j"),
+       "structured_outputs.regex",
+       {"structured_outputs.regex: ", "lookahead"}},
+      {completion(R"("guided_grammar": "root ::= root \"a\" | \"b\"")"),
+       "guided_grammar",
+       {"guided_grammar: ", "\"root\" is left-recursive"}},
+      {completion(
+           R"("guided_json": {"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}})"),
+       "guided_json",
+       {"guided_json: ", "multipleOf", "/properties/a"}},
+      {chat(
+           R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {"a": {"not": {}}}}}})"),
+       "response_format.json_schema.schema",
+       {"response_format.json_schema.schema: ", "\"not\"", "/properties/a"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    auto result = c.body.find("messages") != std::string::npos
+                      ? parseChatCompletionRequest(c.body, testLimits(), tokenizer(), nullptr)
+                      : parseCompletionRequest(c.body, testLimits(), tokenizer());
+    ASSERT_FALSE(result.isOk());
+    EXPECT_EQ(result.error().status, 400);
+    EXPECT_EQ(result.error().param, c.param);
+    for (const std::string& word : c.words) {
+      EXPECT_NE(result.error().message.find(word), std::string::npos) << result.error().message;
+    }
+    EXPECT_EQ(result.error().message.find(c.param + ": "), 0u) << result.error().message;
+  }
+}
+
+TEST_F(ProtocolTest, StructuredOutputFieldsGiveOneConstraint) {
+  using structured::ConstraintKind;
+  struct Case {
+    std::string body;
+    ConstraintKind kind;
+    std::string spec;
+  };
+  const std::vector<Case> cases = {
+      // Key order is the client's, not sorted: properties come out in it.
+      {chat(
+           R"("response_format": {"type": "json_schema", "json_schema": {"name": "w", "strict": true, "schema": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}, "required": ["zeta", "alpha"]}}})"),
+       ConstraintKind::kJsonSchema,
+       R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"integer"}},"required":["zeta","alpha"]})"},
+      {completion(R"("response_format": {"type": "json_object"})"), ConstraintKind::kJsonObject,
+       ""},
+      {completion(R"("structured_outputs": {"regex": "[a-z]+@x\\.com"})"), ConstraintKind::kRegex,
+       "[a-z]+@x\\.com"},
+      {completion(R"("structured_outputs": {"choice": ["yes", "no"], "disable_fallback": true})"),
+       ConstraintKind::kChoice, R"(["yes","no"])"},
+      {completion(R"("structured_outputs": {"json": "{\"type\": \"integer\"}"})"),
+       ConstraintKind::kJsonSchema, R"({"type":"integer"})"},
+      {completion(R"("guided_choice": ["a", "b"])"), ConstraintKind::kChoice, R"(["a","b"])"},
+      {completion(R"("guided_grammar": "root ::= \"x\"+")"), ConstraintKind::kGrammar,
+       "root ::= \"x\"+"},
+      {completion(R"("guided_json": {"type": "boolean"})"), ConstraintKind::kJsonSchema,
+       R"({"type":"boolean"})"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    auto result = c.body.find("messages") != std::string::npos
+                      ? parseChatCompletionRequest(c.body, testLimits(), tokenizer(), nullptr)
+                      : parseCompletionRequest(c.body, testLimits(), tokenizer());
+    ASSERT_TRUE(result.isOk()) << result.error().message;
+    const auto& constraint = result.value().request.structured_output;
+    ASSERT_TRUE(constraint.has_value());
+    EXPECT_EQ(constraint->kind, c.kind);
+    EXPECT_EQ(constraint->spec, c.spec);
+  }
+  // Text, or nothing: unconstrained.
+  for (const std::string& body :
+       {completion(R"("response_format": {"type": "text"})"), completion("")}) {
+    auto result = parseCompletionRequest(body, testLimits(), tokenizer());
+    ASSERT_TRUE(result.isOk());
+    EXPECT_FALSE(result.value().request.structured_output.has_value());
+  }
+}
+
+// tool_choice "required" / named with the server's tool-call parser: the
+// output is constrained to calls in the parser's format, and what the
+// constraint accepts the parser reads back as those calls.
+TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
+  const std::string tools = R"("tools": [
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1,
+        "maximum": 7}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "now"}}])";
+  struct Case {
+    protocol::ToolCallParserKind parser;
+    std::string extra;
+    std::vector<std::string> accepted;  // each: the calls' names, in order
+    std::vector<std::vector<std::string>> names;
+    std::vector<std::string> refused;
+  };
+  const std::vector<Case> cases = {
+      {protocol::ToolCallParserKind::kHermes,
+       R"("tool_choice": "required")",
+       {"<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\",\"days\":3}}\n</"
+        "tool_call>",
+        "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n{\"name\":"
+        "\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}\n</tool_call>"},
+       {{"get_weather"}, {"now", "get_weather"}},
+       {"Sure!", "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"days\":3}}\n</tool_call>",
+        "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\",\"days\":9}}\n</"
+        "tool_call>",
+        "<tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>"}},
+      {protocol::ToolCallParserKind::kLlama3Json,
+       R"("tool_choice": {"type": "function", "function": {"name": "get_weather"}})",
+       {"{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}"},
+       {{"get_weather"}},
+       {"{\"name\":\"now\",\"parameters\":{}}",
+        // Named: one call, never parallel.
+        "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"A\"}}; {\"name\":"
+        "\"get_weather\",\"parameters\":{\"city\":\"B\"}}"}},
+      {protocol::ToolCallParserKind::kLlama3Json,
+       R"("tool_choice": "required", "parallel_tool_calls": false)",
+       {"{\"name\":\"now\",\"parameters\":{}}"},
+       {{"now"}},
+       {"{\"name\":\"now\",\"parameters\":{}}; {\"name\":\"now\",\"parameters\":{}}"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra);
+    ServerLimits limits = testLimits();
+    limits.chat_output.tool_call_parser = c.parser;
+    auto parsed = parseChatCompletionRequest(chat(tools + ", " + c.extra), limits, tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    const auto& constraint = parsed.value().request.structured_output;
+    ASSERT_TRUE(constraint.has_value());
+    EXPECT_EQ(constraint->kind, structured::ConstraintKind::kToolCalls);
+    StatusOr<structured::Grammar> grammar = structured::compileConstraint(*constraint);
+    ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+    for (size_t i = 0; i < c.accepted.size(); ++i) {
+      SCOPED_TRACE(c.accepted[i]);
+      EXPECT_TRUE(structured::grammarAccepts(*grammar, c.accepted[i]));
+      const protocol::ToolCallSplit split = protocol::parseToolCalls(c.parser, c.accepted[i]);
+      std::vector<std::string> names;
+      for (const auto& call : split.tool_calls) names.push_back(call.name);
+      EXPECT_EQ(names, c.names[i]);
+      EXPECT_FALSE(split.content.has_value());
+    }
+    for (const std::string& text : c.refused) {
+      EXPECT_FALSE(structured::grammarAccepts(*grammar, text)) << text;
+    }
+  }
+  // A strict function whose schema cannot be enforced is refused, naming it.
+  ServerLimits limits = testLimits();
+  limits.chat_output.tool_call_parser = protocol::ToolCallParserKind::kHermes;
+  auto strict = parseChatCompletionRequest(
+      chat(R"("tools": [{"type": "function", "function": {"name": "f", "strict": true,
+           "parameters": {"type": "object", "properties": {"n": {"type": "number",
+           "multipleOf": 3}}}}}], "tool_choice": "required")"),
+      limits, tokenizer());
+  ASSERT_FALSE(strict.isOk());
+  EXPECT_EQ(strict.error().param, "tool_choice");
+  EXPECT_NE(strict.error().message.find("function \"f\" (strict): "), std::string::npos)
+      << strict.error().message;
+  // Not strict: any JSON object for its arguments.
+  auto loose = parseChatCompletionRequest(
+      chat(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type":
+           "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}}],
+           "tool_choice": "required")"),
+      limits, tokenizer());
+  ASSERT_TRUE(loose.isOk()) << loose.error().message;
 }
 
 // ---------------------------------------------------------------------------
@@ -664,20 +853,31 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chat(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])"),
           "tools[0].function.parameters",
           "tools[0].function.parameters must be a JSON schema object, got array"),
+      // The test server has no tool-call parser: it cannot know the format.
       bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": "required")"),
           "tool_choice",
-          "tool_choice \"required\" needs guided decoding, which this server does not have; "
-          "use \"auto\" or \"none\""),
+          "tool_choice \"required\" needs the server's tool-call parser (--tool-call-parser "
+          "hermes|llama3_json): it gives the model's tool-call format"),
       bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
           "tool_choice": {"type": "function", "function": {"name": "f"}})"),
           "tool_choice",
-          "tool_choice naming a function needs guided decoding, which this server does not "
-          "have; use \"auto\" or \"none\""),
+          "tool_choice naming a function needs the server's tool-call parser (--tool-call-parser "
+          "hermes|llama3_json): it gives the model's tool-call format"),
+      bad(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "g"}})"),
+          "tool_choice.function.name",
+          "tool_choice.function.name \"g\" is not the name of a function in tools"),
+      bad(chat(R"("tool_choice": "required")"), "tool_choice",
+          "tool_choice \"required\" needs at least one tool in tools"),
+      bad(chat(R"("tool_choice": {"type": "function"})"), "tool_choice",
+          "tool_choice naming a function must be {\"type\": \"function\", \"function\": "
+          "{\"name\": ...}}"),
       bad(chat(R"("tool_choice": "any")"), "tool_choice",
-          "tool_choice must be \"auto\" or \"none\", got \"any\""),
+          "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+          "\"function\": {\"name\": ...}}, got \"any\""),
       bad(chat(R"("tool_choice": 1)"), "tool_choice",
-          "tool_choice must be \"auto\" or \"none\", got number"),
+          "tool_choice must be \"auto\", \"none\", \"required\" or a named function, got number"),
       bad(chat(R"("documents": {"a": 1})"), "documents",
           "documents must be an array of objects, got object"),
       bad(chat(R"("documents": ["x"])"), "documents[0]",
@@ -694,8 +894,7 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chat(R"("temperature": 3)"), "temperature", "temperature must be between 0 and 2, got 3"),
       bad(chat(R"("n": 2)"), "n", "n must be 1, got 2"),
       bad(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
-          "response_format",
-          "response_format type \"json_schema\" is not supported yet (only \"text\")"),
+          "response_format.json_schema.schema", "response_format.json_schema.schema is required"),
       bad("not json", "",
           "request body is not valid JSON: parse error at line 1, column 2: syntax error while "
           "parsing value - invalid literal; last read: 'no'"),

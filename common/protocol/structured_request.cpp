@@ -1,0 +1,259 @@
+#include "common/protocol/structured_request.h"
+
+#include <vector>
+
+#include "common/structured/tool_calls.h"
+
+namespace tandem::server {
+
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+using structured::Constraint;
+using structured::ConstraintKind;
+
+struct Found {
+  std::string field;  // as the client wrote it, e.g. "response_format.json_schema.schema"
+  Constraint constraint;
+};
+
+// A schema given as an object or as JSON text (vLLM accepts both).
+std::optional<ApiError> readSchema(const ordered_json& value, const std::string& field,
+                                   std::string* spec) {
+  if (value.is_object() || value.is_boolean()) {
+    *spec = value.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+    return std::nullopt;
+  }
+  if (value.is_string()) {
+    const auto parsed =
+        ordered_json::parse(value.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
+      return invalidRequest(field + " must be a JSON schema (an object, or a string holding one)",
+                            field);
+    }
+    *spec = parsed.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+    return std::nullopt;
+  }
+  return invalidRequest(field + " must be a JSON schema object, got " + value.type_name(), field);
+}
+
+std::optional<ApiError> readString(const ordered_json& value, const std::string& field,
+                                   std::string* out) {
+  if (!value.is_string() || value.get<std::string>().empty()) {
+    return invalidRequest(field + " must be a non-empty string", field);
+  }
+  *out = value.get<std::string>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> readChoice(const ordered_json& value, const std::string& field,
+                                   std::string* out) {
+  bool valid = value.is_array() && !value.empty();
+  for (size_t i = 0; valid && i < value.size(); ++i) {
+    valid = value[i].is_string() && !value[i].get<std::string>().empty();
+  }
+  if (!valid)
+    return invalidRequest(field + " must be a non-empty array of non-empty strings", field);
+  *out = value.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  return std::nullopt;
+}
+
+// One of structured_outputs' or the guided_* constraint fields.
+std::optional<ApiError> readOne(std::string_view kind, const ordered_json& value,
+                                const std::string& field, std::vector<Found>& found) {
+  Found f{field, {}};
+  std::optional<ApiError> error;
+  if (kind == "json") {
+    f.constraint.kind = ConstraintKind::kJsonSchema;
+    error = readSchema(value, field, &f.constraint.spec);
+  } else if (kind == "regex") {
+    f.constraint.kind = ConstraintKind::kRegex;
+    error = readString(value, field, &f.constraint.spec);
+  } else if (kind == "choice") {
+    f.constraint.kind = ConstraintKind::kChoice;
+    error = readChoice(value, field, &f.constraint.spec);
+  } else if (kind == "grammar") {
+    f.constraint.kind = ConstraintKind::kGrammar;
+    error = readString(value, field, &f.constraint.spec);
+  } else if (kind == "json_object") {
+    if (!value.is_boolean()) return invalidRequest(field + " must be a boolean", field);
+    if (!value.get<bool>()) return std::nullopt;
+    f.constraint.kind = ConstraintKind::kJsonObject;
+  }
+  if (error) return error;
+  found.push_back(std::move(f));
+  return std::nullopt;
+}
+
+std::optional<ApiError> readResponseFormat(const ordered_json& format, std::vector<Found>& found) {
+  const std::string field = "response_format";
+  if (!format.is_object()) {
+    return invalidRequest(field + " must be an object, got " + std::string(format.type_name()),
+                          field);
+  }
+  const auto type = format.find("type");
+  if (type == format.end() || !type->is_string()) {
+    return invalidRequest(
+        "response_format.type must be \"text\", \"json_object\" or \"json_schema\"", field);
+  }
+  const std::string name = type->get<std::string>();
+  if (name == "text") return std::nullopt;
+  if (name == "json_object") {
+    found.push_back(Found{field, Constraint{ConstraintKind::kJsonObject, ""}});
+    return std::nullopt;
+  }
+  if (name != "json_schema") {
+    return invalidRequest("response_format.type " + compactDump(json(name)) +
+                              " is not supported; use \"text\", \"json_object\" or "
+                              "\"json_schema\"",
+                          field);
+  }
+  const auto wrapper = format.find("json_schema");
+  if (wrapper == format.end() || !wrapper->is_object()) {
+    return invalidRequest("response_format.json_schema must be an object with a \"schema\"",
+                          "response_format.json_schema");
+  }
+  const auto schema = wrapper->find("schema");
+  if (schema == wrapper->end() || schema->is_null()) {
+    return invalidRequest("response_format.json_schema.schema is required",
+                          "response_format.json_schema.schema");
+  }
+  Found f{"response_format.json_schema.schema", {ConstraintKind::kJsonSchema, ""}};
+  if (auto error = readSchema(*schema, f.field, &f.constraint.spec)) return error;
+  found.push_back(std::move(f));
+  return std::nullopt;
+}
+
+std::optional<ApiError> readStructuredOutputs(const ordered_json& options,
+                                              std::vector<Found>& found) {
+  const std::string field = "structured_outputs";
+  if (!options.is_object()) {
+    return invalidRequest(field + " must be an object, got " + std::string(options.type_name()),
+                          field);
+  }
+  for (const auto& [key, value] : options.items()) {
+    if (value.is_null()) continue;
+    const std::string name = field + "." + key;
+    if (key == "json" || key == "regex" || key == "choice" || key == "grammar" ||
+        key == "json_object") {
+      if (auto error = readOne(key, value, name, found)) return error;
+    } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
+               key == "disable_additional_properties") {
+      // Options of other engines' backends: the output here never falls
+      // back, has no whitespace and no unlisted properties anyway.
+      if (!value.is_boolean()) return invalidRequest(name + " must be a boolean", name);
+    } else {
+      return invalidRequest(name +
+                                " is not supported; structured_outputs takes one of json, "
+                                "regex, choice, grammar, json_object",
+                            name);
+    }
+  }
+  return std::nullopt;
+}
+
+// tool_choice "required" or naming a function (readChatInput checked its
+// shape and that the function exists).
+std::optional<ApiError> readForcedToolCall(const ordered_json& root,
+                                           std::optional<protocol::ToolCallParserKind> parser,
+                                           std::vector<Found>& found) {
+  const auto choice = root.find("tool_choice");
+  if (choice == root.end() || choice->is_null() || *choice == "auto" || *choice == "none") {
+    return std::nullopt;
+  }
+  const auto tools = root.find("tools");
+  if (tools == root.end() || !tools->is_array()) return std::nullopt;  // refused by readChatInput
+  const std::string forced =
+      choice->is_string() ? "tool_choice \"required\"" : "tool_choice naming a function";
+  if (!parser) {
+    return invalidRequest(forced +
+                              " needs the server's tool-call parser (--tool-call-parser "
+                              "hermes|llama3_json): it gives the model's tool-call format",
+                          "tool_choice");
+  }
+  const std::string named =
+      choice->is_object() ? choice->at("function").at("name").get<std::string>() : "";
+  ordered_json specs = ordered_json::array();
+  for (const auto& tool : *tools) {
+    const auto& function = tool.at("function");
+    const std::string name = function.at("name").get<std::string>();
+    if (!named.empty() && name != named) continue;
+    specs.push_back({{"name", name},
+                     {"parameters", function.value("parameters", ordered_json())},
+                     {"strict", function.value("strict", false)}});
+  }
+  bool parallel = true;
+  if (const auto p = root.find("parallel_tool_calls"); p != root.end() && !p->is_null()) {
+    if (!p->is_boolean()) {
+      return invalidRequest(
+          "parallel_tool_calls must be a boolean, got " + std::string(p->type_name()),
+          "parallel_tool_calls");
+    }
+    parallel = p->get<bool>();
+  }
+  const auto format = *parser == protocol::ToolCallParserKind::kHermes
+                          ? structured::ToolCallFormat::kHermes
+                          : structured::ToolCallFormat::kLlama3Json;
+  found.push_back(Found{"tool_choice",
+                        {ConstraintKind::kToolCalls,
+                         structured::toolCallsSpec(format, parallel && named.empty(), specs)}});
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> readStructuredOutput(std::string_view body, const json& root, bool chat,
+                                             std::optional<protocol::ToolCallParserKind> parser,
+                                             std::optional<Constraint>* out) {
+  static constexpr const char* kGuided[] = {"guided_json", "guided_regex", "guided_choice",
+                                            "guided_grammar"};
+  auto given = [&](const char* name) {
+    const auto it = root.find(name);
+    return it != root.end() && !it->is_null();
+  };
+  bool any = given("response_format") || given("structured_outputs");
+  if (chat) {
+    const auto choice = root.find("tool_choice");
+    any = any || (choice != root.end() && (choice->is_object() || *choice == "required"));
+  }
+  for (const char* name : kGuided) any = any || given(name);
+  if (!any) return std::nullopt;
+  // Read again keeping key order: JSON schema properties are generated in
+  // the order the client wrote them. The body already passed the size and
+  // depth bounds.
+  const auto ordered = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded() || !ordered.is_object()) {
+    return serverError("the request body could not be read again");
+  }
+  std::vector<Found> found;
+  if (const auto it = ordered.find("response_format"); it != ordered.end() && !it->is_null()) {
+    if (auto error = readResponseFormat(*it, found)) return error;
+  }
+  if (const auto it = ordered.find("structured_outputs"); it != ordered.end() && !it->is_null()) {
+    if (auto error = readStructuredOutputs(*it, found)) return error;
+  }
+  for (const char* name : kGuided) {
+    if (const auto it = ordered.find(name); it != ordered.end() && !it->is_null()) {
+      if (auto error = readOne(std::string_view(name).substr(7), *it, name, found)) return error;
+    }
+  }
+  if (chat) {
+    if (auto error = readForcedToolCall(ordered, parser, found)) return error;
+  }
+  if (found.empty()) return std::nullopt;
+  if (found.size() > 1) {
+    return invalidRequest("only one structured output constraint per request: both " +
+                              found[0].field + " and " + found[1].field + " are given",
+                          found[1].field);
+  }
+  StatusOr<structured::Grammar> grammar = structured::compileConstraint(found[0].constraint);
+  if (!grammar.isOk()) {
+    // Too large or too deep is the request's fault too: a 400, not a 429.
+    return invalidRequest(found[0].field + ": " + grammar.status().message(), found[0].field);
+  }
+  *out = std::move(found[0].constraint);
+  return std::nullopt;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,106 @@
+#include "common/structured/constraint.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/structured/gbnf.h"
+#include "common/structured/json_schema.h"
+#include "common/structured/matcher.h"
+#include "common/structured/regex_grammar.h"
+#include "common/structured/tool_calls.h"
+
+namespace tandem::structured {
+
+const char* constraintKindName(ConstraintKind kind) {
+  switch (kind) {
+    case ConstraintKind::kJsonSchema:
+      return "json_schema";
+    case ConstraintKind::kJsonObject:
+      return "json_object";
+    case ConstraintKind::kRegex:
+      return "regex";
+    case ConstraintKind::kChoice:
+      return "choice";
+    case ConstraintKind::kGrammar:
+      return "grammar";
+    case ConstraintKind::kToolCalls:
+      return "tool_calls";
+  }
+  return "unknown";
+}
+
+namespace {
+
+StatusOr<Grammar> choiceGrammar(const std::string& spec) {
+  const auto choices = nlohmann::json::parse(spec, nullptr, /*allow_exceptions=*/false);
+  if (!choices.is_array() || choices.empty()) {
+    return invalidArgument("choice must be a non-empty array of strings");
+  }
+  std::vector<Expr> options;
+  for (const auto& choice : choices) {
+    if (!choice.is_string() || choice.get<std::string>().empty()) {
+      return invalidArgument("choice must be a non-empty array of non-empty strings");
+    }
+    options.push_back(literal(choice.get<std::string>()));
+  }
+  GrammarBuilder builder;
+  return builder.build(builder.add("root", alt(std::move(options))));
+}
+
+}  // namespace
+
+StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
+  switch (constraint.kind) {
+    case ConstraintKind::kJsonSchema: {
+      const auto schema =
+          nlohmann::ordered_json::parse(constraint.spec, nullptr, /*allow_exceptions=*/false);
+      if (schema.is_discarded()) return invalidArgument("the JSON schema is not valid JSON");
+      return compileJsonSchema(schema);
+    }
+    case ConstraintKind::kJsonObject:
+      return anyJsonObjectGrammar();
+    case ConstraintKind::kRegex:
+      return compileRegex(constraint.spec);
+    case ConstraintKind::kChoice:
+      return choiceGrammar(constraint.spec);
+    case ConstraintKind::kGrammar:
+      return compileGbnf(constraint.spec);
+    case ConstraintKind::kToolCalls: {
+      const auto spec =
+          nlohmann::ordered_json::parse(constraint.spec, nullptr, /*allow_exceptions=*/false);
+      if (spec.is_discarded()) return invalidArgument("the tool calls' spec is not valid JSON");
+      return compileToolCalls(spec);
+    }
+  }
+  return invalidArgument("unknown structured output kind");
+}
+
+ConstraintCache::ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity)
+    : vocabulary_(std::move(vocabulary)), capacity_(std::max<size_t>(capacity, 1)) {}
+
+ConstraintCache::~ConstraintCache() = default;
+
+StatusOr<std::shared_ptr<CompiledGrammar>> ConstraintCache::get(const Constraint& constraint) {
+  std::string key = std::string(constraintKindName(constraint.kind)) + '\n' + constraint.spec;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      entries_.splice(entries_.begin(), entries_, it->second);
+      return it->second->second;
+    }
+  }
+  // Compiled outside the lock: a large schema does not hold up the others.
+  StatusOr<Grammar> grammar = compileConstraint(constraint);
+  if (!grammar.isOk()) return grammar.status();
+  auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocabulary_);
+  std::lock_guard lock(mutex_);
+  if (auto it = index_.find(key); it != index_.end()) return it->second->second;
+  entries_.emplace_front(key, compiled);
+  index_.emplace(std::move(key), entries_.begin());
+  if (entries_.size() > capacity_) {
+    index_.erase(entries_.back().first);
+    entries_.pop_back();
+  }
+  return compiled;
+}
+
+}  // namespace tandem::structured

@@ -1,0 +1,72 @@
+// A request's structured-output constraint, as the protocol parser reads it
+// from a request body and the engine enforces it: its kind and its
+// canonical text, compiled to a grammar (compileConstraint) and, bound to a
+// vocabulary, cached by that text (ConstraintCache) so requests with the
+// same schema share one compiled grammar and its mask caches.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "common/structured/grammar.h"
+
+namespace tandem::structured {
+
+class CompiledGrammar;
+class Matcher;
+class Vocabulary;
+
+enum class ConstraintKind : uint8_t {
+  kJsonSchema,
+  kJsonObject,
+  kRegex,
+  kChoice,
+  kGrammar,
+  kToolCalls,
+};
+
+// "json_schema", "json_object", "regex", "choice", "grammar", "tool_calls".
+const char* constraintKindName(ConstraintKind kind);
+
+struct Constraint {
+  ConstraintKind kind = ConstraintKind::kJsonObject;
+  // kJsonSchema: the schema as compact JSON, its key order kept (properties
+  // are generated in that order); kRegex: the pattern; kChoice: a JSON array
+  // of the choices; kGrammar: the GBNF text; kToolCalls: toolCallsSpec()
+  // (tool_calls.h); kJsonObject: empty.
+  std::string spec;
+
+  bool operator==(const Constraint&) const = default;
+};
+
+// The grammar of a constraint; InvalidArgument / ResourceExhausted naming
+// what in the spec is refused (a schema keyword and its JSON pointer, a
+// regex construct and its offset, a grammar's line and column).
+StatusOr<Grammar> compileConstraint(const Constraint& constraint);
+
+// Compiled grammars for one vocabulary, least recently used dropped past
+// `capacity`. Thread-safe.
+class ConstraintCache {
+ public:
+  explicit ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity = 64);
+  ~ConstraintCache();
+
+  StatusOr<std::shared_ptr<CompiledGrammar>> get(const Constraint& constraint);
+  const std::shared_ptr<const Vocabulary>& vocabulary() const { return vocabulary_; }
+
+ private:
+  using Entry = std::pair<std::string, std::shared_ptr<CompiledGrammar>>;
+
+  std::shared_ptr<const Vocabulary> vocabulary_;
+  size_t capacity_;
+  std::mutex mutex_;
+  std::list<Entry> entries_;  // most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+};
+
+}  // namespace tandem::structured

@@ -1,0 +1,416 @@
+#include "common/structured/matcher.h"
+
+#include <algorithm>
+#include <deque>
+#include <numeric>
+
+namespace tandem::structured {
+
+namespace {
+
+// Parents below every real stack node.
+constexpr int32_t kBottom = -1;  // below the root rule: the sentence is complete
+constexpr int32_t kEscape = -2;  // below a classified element: its rule was left
+
+// Interned stack nodes and the automaton's moves. A node is a grammar
+// position (the next element to match in some alternative) and the node
+// to return to when that alternative ends. A frontier's tops are nodes
+// whose position is a byte-set element.
+class Stacks {
+ public:
+  struct Node {
+    int32_t pos;
+    int32_t parent;
+  };
+  struct Frontier {
+    std::vector<int32_t> tops;
+    bool complete = false;  // some stack emptied at kBottom
+    bool escaped = false;   // some stack emptied at kEscape
+    bool overflow = false;  // past the bounds: treated as no stack at all
+    void clear() {
+      tops.clear();
+      complete = false;
+      escaped = false;
+      overflow = false;
+    }
+  };
+
+  explicit Stacks(const Grammar& grammar) : g_(grammar) {}
+
+  const Node& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
+  int64_t size() const { return static_cast<int64_t>(nodes_.size()); }
+
+  int32_t intern(int32_t pos, int32_t parent) {
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent);
+    auto [it, inserted] = index_.try_emplace(key, static_cast<int32_t>(nodes_.size()));
+    if (inserted) {
+      nodes_.push_back(Node{pos, parent});
+      stamp_.push_back(0);
+    }
+    return it->second;
+  }
+
+  // The frontier before any byte: the root rule's alternatives.
+  void start(Frontier& out) {
+    out.clear();
+    ++epoch_;
+    visits_ = 0;
+    for (int32_t alternative : g_.rule_alternatives[static_cast<size_t>(g_.root)]) {
+      expand(alternative, kBottom, out);
+    }
+    std::sort(out.tops.begin(), out.tops.end());
+  }
+
+  // The frontier of one position below `parent` (kEscape: classification).
+  void startAt(int32_t pos, int32_t parent, Frontier& out) {
+    out.clear();
+    ++epoch_;
+    visits_ = 0;
+    expand(pos, parent, out);
+  }
+
+  void advance(std::span<const int32_t> tops, uint8_t byte, Frontier& out) {
+    out.clear();
+    ++epoch_;
+    visits_ = 0;
+    for (int32_t top : tops) {
+      const Node n = node(top);
+      const Element& e = g_.elements[static_cast<size_t>(n.pos)];
+      if (g_.byte_sets[static_cast<size_t>(e.value)].contains(byte))
+        expand(n.pos + 1, n.parent, out);
+    }
+    std::sort(out.tops.begin(), out.tops.end());
+  }
+
+  // Advances `tops` over `text`; true if every byte was consumed by some
+  // stack. `out` then holds the frontier after the last byte.
+  bool advanceAll(std::span<const int32_t> tops, std::string_view text, Frontier& out) {
+    scratch_.tops.assign(tops.begin(), tops.end());
+    for (size_t i = 0; i < text.size(); ++i) {
+      advance(scratch_.tops, static_cast<uint8_t>(text[i]), out);
+      if (out.overflow) return false;
+      if (out.tops.empty()) return i + 1 == text.size() && (out.complete || out.escaped);
+      if (i + 1 < text.size()) std::swap(scratch_.tops, out.tops);
+    }
+    return !text.empty();
+  }
+
+ private:
+  // Every stack reachable from (pos, parent) without consuming a byte,
+  // with a worklist: nested empty loops must not recurse once per step.
+  void expand(int32_t pos, int32_t parent, Frontier& out) {
+    work_.push_back(Node{pos, parent});
+    while (!work_.empty()) {
+      const Node item = work_.back();
+      work_.pop_back();
+      if (out.overflow) continue;
+      if (++visits_ > kMaxVisits || out.tops.size() >= kMaxStacks || nodes_.size() >= kMaxNodes) {
+        // A grammar this ambiguous (nested bounded repeats of the same
+        // text) would cost more than any mask is worth.
+        out.overflow = true;
+        out.tops.clear();
+        continue;
+      }
+      const int32_t id = intern(item.pos, item.parent);
+      uint32_t& stamp = stamp_[static_cast<size_t>(id)];
+      if (stamp == epoch_) continue;
+      stamp = epoch_;
+      const Element& e = g_.elements[static_cast<size_t>(item.pos)];
+      switch (e.kind) {
+        case Element::Kind::kBytes:
+          out.tops.push_back(id);
+          break;
+        case Element::Kind::kEnd:
+          if (item.parent == kBottom) {
+            out.complete = true;
+          } else if (item.parent == kEscape) {
+            out.escaped = true;
+          } else {
+            work_.push_back(node(item.parent));
+          }
+          break;
+        case Element::Kind::kRule: {
+          // A reference in tail position returns straight to our parent, so
+          // loops written as right recursion keep the stack's depth.
+          const int32_t next = item.pos + 1;
+          const int32_t below = g_.elements[static_cast<size_t>(next)].kind == Element::Kind::kEnd
+                                    ? item.parent
+                                    : intern(next, item.parent);
+          for (int32_t alternative : g_.rule_alternatives[static_cast<size_t>(e.value)]) {
+            work_.push_back(Node{alternative, below});
+          }
+          break;
+        }
+      }
+    }
+  }
+
+  static constexpr size_t kMaxStacks = 10'000;      // tops of one frontier
+  static constexpr int64_t kMaxVisits = 1'000'000;  // expansion steps of one move
+  static constexpr size_t kMaxNodes = 4'000'000;    // interned nodes of one grammar
+
+  const Grammar& g_;
+  std::vector<Node> nodes_;
+  std::unordered_map<uint64_t, int32_t> index_;
+  std::vector<uint32_t> stamp_;
+  uint32_t epoch_ = 0;
+  Frontier scratch_;
+  std::vector<Node> work_;
+  int64_t visits_ = 0;  // since the last start/advance
+};
+
+struct VectorHash {
+  size_t operator()(const std::vector<int32_t>& v) const {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ v.size();
+    for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001B3ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+void setBit(std::span<uint64_t> mask, TokenId id) {
+  mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+}
+bool hasBit(std::span<const uint64_t> mask, TokenId id) {
+  return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u;
+}
+
+}  // namespace
+
+bool grammarAccepts(const Grammar& grammar, std::string_view text) {
+  Stacks stacks(grammar);
+  Stacks::Frontier frontier;
+  stacks.start(frontier);
+  if (frontier.overflow) return false;
+  if (text.empty()) return frontier.complete;
+  Stacks::Frontier after;
+  if (!stacks.advanceAll(frontier.tops, text, after)) return false;
+  return after.complete;
+}
+
+// ---- Vocabulary ----------------------------------------------------------------
+
+Vocabulary::Vocabulary(const Tokenizer& tokenizer, int64_t size)
+    : size_(std::max(size, tokenizer.vocabSize())) {
+  bytes_.resize(static_cast<size_t>(size_));
+  for (TokenId id = 0; id < tokenizer.vocabSize(); ++id) {
+    if (!tokenizer.isSpecial(id)) bytes_[static_cast<size_t>(id)] = tokenizer.tokenBytes(id);
+  }
+  buildTrie();
+}
+
+Vocabulary::Vocabulary(std::vector<std::string> token_bytes, int64_t size)
+    : size_(std::max<int64_t>(size, static_cast<int64_t>(token_bytes.size()))),
+      bytes_(std::move(token_bytes)) {
+  bytes_.resize(static_cast<size_t>(size_));
+  buildTrie();
+}
+
+bool Vocabulary::inTrie(TokenId id) const {
+  return id >= 0 && id < size_ && !bytes_[static_cast<size_t>(id)].empty();
+}
+
+void Vocabulary::buildTrie() {
+  std::vector<TokenId> sorted;
+  for (TokenId id = 0; id < size_; ++id) {
+    if (inTrie(id)) sorted.push_back(id);
+  }
+  std::sort(sorted.begin(), sorted.end(), [&](TokenId a, TokenId b) {
+    const std::string& x = bytes(a);
+    const std::string& y = bytes(b);
+    return x != y ? x < y : a < b;
+  });
+  tokens_.clear();
+  nodes_.assign(1, TrieNode{});
+  // Breadth first, so each node's children are allocated together.
+  struct Pending {
+    int32_t node;
+    size_t lo, hi;  // the sorted tokens below this node
+    size_t depth;
+  };
+  std::deque<Pending> queue{{0, 0, sorted.size(), 0}};
+  while (!queue.empty()) {
+    const Pending p = queue.front();
+    queue.pop_front();
+    size_t i = p.lo;
+    nodes_[static_cast<size_t>(p.node)].first_token = static_cast<int32_t>(tokens_.size());
+    while (i < p.hi && bytes(sorted[i]).size() == p.depth) tokens_.push_back(sorted[i++]);
+    nodes_[static_cast<size_t>(p.node)].num_tokens =
+        static_cast<int32_t>(tokens_.size()) - nodes_[static_cast<size_t>(p.node)].first_token;
+    if (i == p.hi) continue;
+    nodes_[static_cast<size_t>(p.node)].first_child = static_cast<int32_t>(nodes_.size());
+    while (i < p.hi) {
+      const auto byte = static_cast<uint8_t>(bytes(sorted[i])[p.depth]);
+      size_t j = i;
+      while (j < p.hi && static_cast<uint8_t>(bytes(sorted[j])[p.depth]) == byte) ++j;
+      TrieNode child;
+      child.byte = byte;
+      queue.push_back(Pending{static_cast<int32_t>(nodes_.size()), i, j, p.depth + 1});
+      nodes_.push_back(child);
+      ++nodes_[static_cast<size_t>(p.node)].num_children;
+      i = j;
+    }
+  }
+}
+
+// ---- Compiled grammar ------------------------------------------------------------
+
+struct CompiledGrammar::Runtime {
+  // The tokens a byte-set element accepts on its own.
+  struct Classes {
+    std::vector<uint64_t> accepted_words;  // when many: a bitmask
+    std::vector<TokenId> accepted;         // otherwise: a list
+    std::vector<TokenId> uncertain;        // leave the element's rule: check in context
+  };
+
+  static constexpr size_t kMaxCachedMasks = 256;
+
+  Runtime(const Grammar& grammar, const Vocabulary& vocabulary)
+      : stacks(grammar), vocab(vocabulary), classes(grammar.elements.size()) {
+    // One frontier per trie depth, sized once: walk() holds references.
+    size_t longest = 0;
+    for (TokenId id = 0; id < vocab.size(); ++id)
+      longest = std::max(longest, vocab.bytes(id).size());
+    levels.resize(longest + 2);
+  }
+
+  const Classes& classesOf(int32_t pos) {
+    std::unique_ptr<Classes>& slot = classes[static_cast<size_t>(pos)];
+    if (!slot) {
+      slot = std::make_unique<Classes>(classify(pos));
+      ++stats.classified;
+    }
+    return *slot;
+  }
+
+  // One walk of the trie from the element alone (kEscape below it).
+  Classes classify(int32_t pos) {
+    Classes out;
+    const auto& trie = vocab.trie();
+    stacks.startAt(pos, kEscape, levels[0]);
+    walk(trie[0], 0, false, out);
+    if (static_cast<int64_t>(out.accepted.size()) > vocab.maskWords()) {
+      out.accepted_words.assign(static_cast<size_t>(vocab.maskWords()), 0);
+      for (TokenId id : out.accepted) setBit(out.accepted_words, id);
+      out.accepted.clear();
+      out.accepted.shrink_to_fit();
+    }
+    return out;
+  }
+
+  void walk(const Vocabulary::TrieNode& at, size_t depth, bool escaped_above, Classes& out) {
+    if (at.num_children == 0) return;
+    const auto& trie = vocab.trie();
+    for (int32_t c = at.first_child; c < at.first_child + at.num_children; ++c) {
+      const Vocabulary::TrieNode& child = trie[static_cast<size_t>(c)];
+      Stacks::Frontier& next = levels[depth + 1];
+      stacks.advance(levels[depth].tops, child.byte, next);
+      const bool live = !next.tops.empty();
+      const bool escaped_below = escaped_above || next.escaped;
+      for (TokenId id : vocab.tokensAt(child)) {
+        if (live || next.escaped) {
+          out.accepted.push_back(id);
+        } else if (escaped_above) {
+          out.uncertain.push_back(id);
+        }
+      }
+      if (live) {
+        walk(child, depth + 1, escaped_below, out);
+      } else if (escaped_below) {
+        collectBelow(child, out.uncertain);
+      }
+    }
+  }
+
+  void collectBelow(const Vocabulary::TrieNode& at, std::vector<TokenId>& out) {
+    const auto& trie = vocab.trie();
+    for (int32_t c = at.first_child; c < at.first_child + at.num_children; ++c) {
+      const Vocabulary::TrieNode& child = trie[static_cast<size_t>(c)];
+      for (TokenId id : vocab.tokensAt(child)) out.push_back(id);
+      collectBelow(child, out);
+    }
+  }
+
+  void computeMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
+    std::fill(mask.begin(), mask.end(), 0);
+    for (int32_t top : tops) {
+      const Classes& c = classesOf(stacks.node(top).pos);
+      if (!c.accepted_words.empty()) {
+        for (size_t w = 0; w < mask.size(); ++w) mask[w] |= c.accepted_words[w];
+      }
+      for (TokenId id : c.accepted) setBit(mask, id);
+      const int32_t single[] = {top};
+      for (TokenId id : c.uncertain) {
+        if (hasBit(mask, id)) continue;
+        if (stacks.advanceAll(single, vocab.bytes(id), scratch)) setBit(mask, id);
+      }
+    }
+  }
+
+  void fillMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
+    auto it = masks.find(tops);
+    if (it != masks.end()) {
+      ++stats.mask_cache_hits;
+      std::copy(it->second.begin(), it->second.end(), mask.begin());
+      return;
+    }
+    ++stats.mask_cache_misses;
+    computeMask(tops, mask);
+    if (masks.size() >= kMaxCachedMasks) masks.clear();
+    masks.emplace(tops, std::vector<uint64_t>(mask.begin(), mask.end()));
+  }
+
+  Stacks stacks;
+  const Vocabulary& vocab;
+  std::vector<std::unique_ptr<Classes>> classes;  // by element position
+  std::unordered_map<std::vector<int32_t>, std::vector<uint64_t>, VectorHash> masks;
+  std::vector<Stacks::Frontier> levels;
+  Stacks::Frontier scratch;
+  Stats stats;
+};
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
+    : grammar_(std::move(grammar)),
+      vocabulary_(std::move(vocabulary)),
+      runtime_(std::make_unique<Runtime>(grammar_, *vocabulary_)) {}
+
+CompiledGrammar::~CompiledGrammar() = default;
+
+CompiledGrammar::Stats CompiledGrammar::stats() const {
+  std::lock_guard lock(mutex_);
+  Stats stats = runtime_->stats;
+  stats.nodes = runtime_->stacks.size();
+  return stats;
+}
+
+// ---- Matcher ---------------------------------------------------------------------
+
+Matcher::Matcher(std::shared_ptr<CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
+  std::lock_guard lock(grammar_->mutex_);
+  Stacks::Frontier frontier;
+  grammar_->runtime_->stacks.start(frontier);
+  tops_ = std::move(frontier.tops);
+  can_end_ = frontier.complete;
+  overflowed_ = frontier.overflow;
+}
+
+void Matcher::fillMask(std::span<uint64_t> mask) {
+  std::lock_guard lock(grammar_->mutex_);
+  grammar_->runtime_->fillMask(tops_, mask);
+}
+
+bool Matcher::accept(TokenId token) {
+  const Vocabulary& vocab = grammar_->vocabulary();
+  if (!vocab.inTrie(token)) return false;
+  std::lock_guard lock(grammar_->mutex_);
+  Stacks::Frontier after;
+  if (!grammar_->runtime_->stacks.advanceAll(tops_, vocab.bytes(token), after)) {
+    overflowed_ = overflowed_ || after.overflow;
+    return false;
+  }
+  tops_ = std::move(after.tops);
+  can_end_ = after.complete;
+  return true;
+}
+
+}  // namespace tandem::structured

@@ -1,0 +1,327 @@
+// Structured outputs through tandem-agent serve: every finished output is in
+// the constraint's language (choices compared, regexes matched by PCRE2,
+// JSON parsed and checked field by field), greedy and seeded; constrained
+// requests batched with others, streamed or resumed elsewhere give the same
+// tokens; max_tokens mid-structure ends with "length"; what cannot run is a
+// 400 naming the field.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <pcre2.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/agent_server.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+
+// Whether PCRE2 matches all of `text` (anchored at both ends).
+bool fullMatch(const std::string& pattern, const std::string& text) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                    PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &error, &offset, nullptr);
+  if (code == nullptr) {
+    ADD_FAILURE() << "PCRE2 refused " << pattern;
+    return false;
+  }
+  pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
+  const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.c_str()), text.size(), 0, 0,
+                             data, nullptr);
+  pcre2_match_data_free(data);
+  pcre2_code_free(code);
+  return rc >= 0;
+}
+
+json constrained(const std::vector<int>& prompt, int max_tokens, const json& fields,
+                 std::optional<uint64_t> seed = std::nullopt) {
+  json body = {{"model", "tiny"},
+               {"prompt", prompt},
+               {"max_tokens", max_tokens},
+               {"temperature", seed ? 1.0 : 0.0},
+               {"return_token_ids", true}};
+  if (seed) body["seed"] = *seed;
+  body.update(fields);
+  return body;
+}
+
+std::string text(const json& response) { return response["choices"][0]["text"]; }
+std::string finish(const json& response) { return response["choices"][0]["finish_reason"]; }
+
+TEST(StructuredOutput, ChoicesAndRegexesUnderGreedyAndSeededSampling) {
+  Agent agent;
+  const std::vector<std::string> choices = {"red", "green", "blue", "ultraviolet"};
+  const std::string pattern = "[a-c]{2,5}-[0-9]{3}(x|yz)?";
+  std::set<std::string> chosen;
+  for (uint32_t i = 0; i < 12; ++i) {
+    const std::optional<uint64_t> seed =
+        i % 2 == 0 ? std::nullopt : std::optional<uint64_t>(1000 + i);
+    const json choice =
+        agent.post("/v1/completions",
+                   constrained(randomPrompt(6 + i, i), 16, {{"guided_choice", choices}}, seed));
+    EXPECT_EQ(finish(choice), "stop");
+    EXPECT_NE(std::find(choices.begin(), choices.end(), text(choice)), choices.end())
+        << text(choice);
+    chosen.insert(text(choice));
+    const json regex = agent.post(
+        "/v1/completions", constrained(randomPrompt(6 + i, 50 + i), 32,
+                                       {{"structured_outputs", {{"regex", pattern}}}}, seed));
+    EXPECT_TRUE(fullMatch(pattern, text(regex))) << text(regex);
+    // The pattern can end after the digits or go on to x / yz: the
+    // output ends by an end-of-sequence token or because nothing can follow.
+    EXPECT_EQ(finish(regex), "stop") << text(regex);
+  }
+  // Seeded sampling is not stuck on one choice.
+  EXPECT_GT(chosen.size(), 1u);
+}
+
+// A bounded schema (every value finite), as tool definitions are; its
+// properties are not in alphabetical order, and the output keeps its order.
+const nlohmann::ordered_json kPersonSchema = nlohmann::ordered_json::parse(R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 6},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "member": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c\"d"]}, "maxItems": 3},
+    "unit": {"enum": ["celsius", "fahrenheit", null]}
+  },
+  "required": ["name", "age", "member"]
+})");
+
+void expectPerson(const std::string& output) {
+  SCOPED_TRACE(output);
+  const json person = json::parse(output, nullptr, false);
+  ASSERT_TRUE(person.is_object());
+  ASSERT_TRUE(person.contains("name") && person["name"].is_string());
+  const std::string name = person["name"];
+  EXPECT_GE(name.size(), 1u);
+  ASSERT_TRUE(person["age"].is_number_integer());
+  EXPECT_GE(person["age"].get<int>(), 0);
+  EXPECT_LE(person["age"].get<int>(), 120);
+  EXPECT_TRUE(person["member"].is_boolean());
+  for (const auto& [key, value] : person.items()) {
+    EXPECT_TRUE(key == "name" || key == "age" || key == "member" || key == "tags" || key == "unit")
+        << key;
+  }
+  if (person.contains("tags")) {
+    ASSERT_TRUE(person["tags"].is_array());
+    EXPECT_LE(person["tags"].size(), 3u);
+  }
+  // In the schema's property order.
+  EXPECT_LT(output.find("\"name\""), output.find("\"age\""));
+}
+
+// POSTs a body whose key order matters (nlohmann::json sorts keys).
+json postOrdered(const Agent& agent, const json& body, const nlohmann::ordered_json& extra) {
+  nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.dump());
+  for (const auto& [key, value] : extra.items()) ordered[key] = value;
+  auto res = agent.client()->Post("/v1/completions", ordered.dump(), "application/json");
+  if (!res) throw std::runtime_error("no response");
+  return json::parse(res->body);
+}
+
+TEST(StructuredOutput, JsonSchemaOutputsAreValidAndExactHoweverTheyRan) {
+  Agent agent;
+  const nlohmann::ordered_json format = {
+      {"response_format",
+       {{"type", "json_schema"},
+        {"json_schema", {{"name", "person"}, {"schema", kPersonSchema}}}}}};
+  std::vector<json> bodies;
+  for (uint32_t i = 0; i < 6; ++i) {
+    bodies.push_back(constrained(randomPrompt(8 + 3 * i, 200 + i), 120, json::object(),
+                                 i % 2 == 0 ? std::nullopt : std::optional<uint64_t>(77 + i)));
+  }
+  std::vector<json> solo;
+  for (const json& body : bodies) {
+    solo.push_back(postOrdered(agent, body, format));
+    EXPECT_EQ(finish(solo.back()), "stop") << text(solo.back());
+    expectPerson(text(solo.back()));
+  }
+  // Batched together and with unconstrained requests: the same tokens.
+  std::vector<std::vector<int>> together(bodies.size() + 4);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < together.size(); ++i) {
+    clients.emplace_back([&, i] {
+      together[i] =
+          i < bodies.size()
+              ? tokenIds(postOrdered(agent, bodies[i], format))
+              : tokenIds(agent.post("/v1/completions", greedy(randomPrompt(10, 300 + i), 40)));
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    EXPECT_EQ(together[i], tokenIds(solo[i])) << "request " << i << " changed when batched";
+  }
+  // Streamed: the same tokens and text (the schema's own order of keys is
+  // not needed to compare with itself: json_schema given as sorted here).
+  json sorted_body = bodies[1];
+  sorted_body["response_format"] = json::parse(format["response_format"].dump());
+  const json sorted_solo = agent.post("/v1/completions", sorted_body);
+  std::vector<json> streamed_bodies = {sorted_body};
+  streamed_bodies[0]["stream"] = true;
+  std::vector<StreamedCompletion> streams;
+  for (auto& t : streamConcurrently(agent.port(), streamed_bodies, streams)) t.join();
+  EXPECT_EQ(streams[0].ids, tokenIds(sorted_solo));
+  EXPECT_EQ(streams[0].text, text(sorted_solo));
+  // Resumed after its first tokens (as a migrated stream is): the rest equal.
+  const std::vector<int> all = tokenIds(sorted_solo);
+  ASSERT_GT(all.size(), 4u);
+  std::vector<json> resumed = streamed_bodies;
+  resumed[0]["resume_token_ids"] = std::vector<int>(all.begin(), all.begin() + 4);
+  for (auto& t : streamConcurrently(agent.port(), resumed, streams)) t.join();
+  EXPECT_EQ(streams[0].ids, std::vector<int>(all.begin() + 4, all.end()));
+  EXPECT_TRUE(streams[0].errors.empty()) << streams[0].errors;
+}
+
+TEST(StructuredOutput, JsonObjectAndGrammar) {
+  Agent agent;
+  for (uint32_t i = 0; i < 4; ++i) {
+    const json object =
+        agent.post("/v1/completions", constrained(randomPrompt(7, 400 + i), 200,
+                                                  {{"response_format", {{"type", "json_object"}}}},
+                                                  std::optional<uint64_t>(i)));
+    const std::string out = text(object);
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out[0], '{') << out;
+    if (finish(object) == "stop") {
+      EXPECT_TRUE(json::parse(out, nullptr, false).is_object()) << out;
+    } else {
+      EXPECT_EQ(finish(object), "length");
+    }
+  }
+  const std::string grammar = R"g(root ::= expr
+expr ::= term (("+" | "-") term){0,3}
+term ::= num | "(" expr ")"
+num ::= [1-9] [0-9]?)g";
+  for (uint32_t i = 0; i < 6; ++i) {
+    const json sum = agent.post(
+        "/v1/completions", constrained(randomPrompt(9, 500 + i), 60, {{"guided_grammar", grammar}},
+                                       std::optional<uint64_t>(10 + i)));
+    const std::string out = text(sum);
+    if (finish(sum) != "stop") continue;
+    EXPECT_TRUE(fullMatch(R"((?<e>(?<t>[1-9][0-9]?|\((?&e)\))([+-](?&t)){0,3}))", out)) << out;
+  }
+}
+
+// tool_choice "required" on an agent with the hermes parser: the output is
+// tool calls of the offered functions with arguments valid for their
+// schemas; streamed, the same calls.
+TEST(StructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
+  Agent agent({"--tool-call-parser", "hermes"});
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"enum": ["Oslo", "Rome", "Lima"]},
+                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+      "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "stop_timer", "parameters": {"type": "object",
+      "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}},
+      "required": ["id"]}}}])");
+  for (uint32_t i = 0; i < 4; ++i) {
+    json body = {
+        {"model", "tiny"},
+        {"messages", {{{"role", "user"}, {"content", "weather " + std::to_string(i)}}}},
+        {"tools", tools},
+        {"tool_choice", i == 3 ? json{{"type", "function"}, {"function", {{"name", "stop_timer"}}}}
+                               : json("required")},
+        {"max_tokens", 200},
+        {"temperature", i == 0 ? 0.0 : 1.0},
+        {"seed", 40 + i}};
+    // After a complete call the grammar allows another or the end; a random
+    // model may chain calls until max_tokens, so one call is asked for but
+    // in case 2.
+    if (i != 2) body["parallel_tool_calls"] = false;
+    const json response = agent.post("/v1/chat/completions", body);
+    SCOPED_TRACE(response.dump());
+    const json& choice = response["choices"][0];
+    if (i == 2 && choice["finish_reason"] == "length") continue;
+    EXPECT_EQ(choice["finish_reason"], "tool_calls");
+    const json& calls = choice["message"]["tool_calls"];
+    ASSERT_TRUE(calls.is_array());
+    ASSERT_GE(calls.size(), 1u);
+    if (i != 2) EXPECT_EQ(calls.size(), 1u);
+    for (const json& call : calls) {
+      const std::string name = call["function"]["name"];
+      const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
+      if (i == 3) EXPECT_EQ(name, "stop_timer");
+      if (name == "get_weather") {
+        EXPECT_TRUE(arguments["city"] == "Oslo" || arguments["city"] == "Rome" ||
+                    arguments["city"] == "Lima");
+        EXPECT_GE(arguments["days"].get<int>(), 1);
+        EXPECT_LE(arguments["days"].get<int>(), 7);
+      } else {
+        ASSERT_EQ(name, "stop_timer");
+        EXPECT_GE(arguments["id"].get<int>(), 0);
+        EXPECT_LE(arguments["id"].get<int>(), 99);
+      }
+    }
+    // Streamed: the same calls, in deltas.
+    body["stream"] = true;
+    httplib::Client client("127.0.0.1", agent.port());
+    client.set_read_timeout(60, 0);
+    auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    std::map<int, std::pair<std::string, std::string>> streamed;  // index -> name, arguments
+    std::istringstream events(res->body);
+    for (std::string line; std::getline(events, line);) {
+      if (line.rfind("data: {", 0) != 0) continue;
+      const json chunk = json::parse(line.substr(6));
+      if (chunk["choices"].empty()) continue;
+      for (const json& delta : chunk["choices"][0]["delta"].value("tool_calls", json::array())) {
+        auto& [name, arguments] = streamed[delta["index"].get<int>()];
+        name += delta["function"].value("name", "");
+        arguments += delta["function"].value("arguments", "");
+      }
+    }
+    ASSERT_EQ(streamed.size(), calls.size());
+    for (size_t k = 0; k < calls.size(); ++k) {
+      EXPECT_EQ(streamed[static_cast<int>(k)].first, calls[k]["function"]["name"]);
+      EXPECT_EQ(streamed[static_cast<int>(k)].second, calls[k]["function"]["arguments"]);
+    }
+  }
+}
+
+TEST(StructuredOutput, MaxTokensMidStructureEndsWithLength) {
+  Agent agent;
+  const json body = constrained(
+      randomPrompt(8, 600), 3,
+      {{"guided_json", {{"type", "array"}, {"items", {{"type", "string"}}}, {"minItems", 5}}}});
+  const json response = agent.post("/v1/completions", body);
+  EXPECT_EQ(finish(response), "length");
+  EXPECT_EQ(response["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(text(response)[0], '[');
+}
+
+TEST(StructuredOutput, RefusalsNameTheField) {
+  Agent agent;
+  int status = 0;
+  json error = agent.post("/v1/completions",
+                          constrained(randomPrompt(5, 1), 8,
+                                      {{"guided_json", {{"type", "string"}, {"format", "ipv9"}}}}),
+                          &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "guided_json");
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("format"), std::string::npos);
+  // Resumed tokens the constraint does not allow.
+  json resumed = constrained(randomPrompt(5, 2), 8, {{"guided_choice", {"yes", "no"}}});
+  resumed["stream"] = true;
+  resumed["resume_token_ids"] = {300};
+  error = agent.post("/v1/completions", resumed, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(error["error"]["message"].get<std::string>().find(
+                "resume_token_ids[0] is not allowed by the request's structured output"),
+            std::string::npos)
+      << error.dump();
+}
+
+}  // namespace
