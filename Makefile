@@ -44,6 +44,7 @@ deps:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm; }
 	scripts/fetch-k8s-tools.sh $(K8S_TOOLS_DIR)
+	scripts/fetch-node-packages.sh $(BUILD_DIR)/third_party/node
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)

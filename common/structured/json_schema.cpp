@@ -87,7 +87,7 @@ constexpr std::string_view kSupportedFormats =
 constexpr std::string_view kObjectKeywords[] = {"properties", "required", "additionalProperties"};
 constexpr std::string_view kArrayKeywords[] = {"items", "prefixItems", "additionalItems",
                                                "minItems", "maxItems"};
-constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern"};
+constexpr std::string_view kStringKeywords[] = {"minLength", "maxLength", "pattern", "format"};
 constexpr std::string_view kBoundKeywords[] = {"minimum", "maximum", "exclusiveMinimum",
                                                "exclusiveMaximum"};
 
@@ -457,13 +457,24 @@ class JsonRules {
     if (auto it = formats_.find(std::string(name)); it != formats_.end()) return it->second;
     std::optional<Expr> body;
     if (name == "date") {
-      body =
-          seq({exactly(digit(), 4), literal("-"),
-               alt({seq({literal("0"), byteRange('1', '9')}),
-                    seq({literal("1"), byteRange('0', '2')})}),
-               literal("-"),
-               alt({seq({literal("0"), byteRange('1', '9')}), seq({byteRange('1', '2'), digit()}),
-                    seq({literal("3"), byteRange('0', '1')})})});
+      // RFC 3339 full-date: the days each month has, February 29th in leap
+      // years only (divisible by 4, and by 400 when by 100).
+      const auto two = [](std::string_view first, std::string_view second) {
+        return seq({oneOfBytes(first), oneOfBytes(second)});
+      };
+      const Expr day_from_1 = seq({literal("0"), byteRange('1', '9')});
+      const Expr days_31 = alt({day_from_1, seq({byteRange('1', '2'), digit()}), two("3", "01")});
+      const Expr days_30 = alt({day_from_1, seq({byteRange('1', '2'), digit()}), literal("30")});
+      const Expr days_28 = alt({day_from_1, seq({literal("1"), digit()}), two("2", "012345678")});
+      const Expr multiple_of_4 = alt({two("02468", "048"), two("13579", "26")});
+      const Expr leap_year = alt(
+          {seq({digit(), digit(), alt({two("02468", "48"), two("13579", "26"), two("2468", "0")})}),
+           seq({multiple_of_4, literal("00")})});
+      body = alt({seq({exactly(digit(), 4), literal("-"),
+                       alt({seq({alt({two("0", "13578"), two("1", "02")}), literal("-"), days_31}),
+                            seq({alt({two("0", "469"), literal("11")}), literal("-"), days_30}),
+                            seq({literal("02-"), days_28})})}),
+                  seq({leap_year, literal("-02-29")})});
     } else if (name == "time") {
       const Expr hour =
           alt({seq({byteRange('0', '1'), digit()}), seq({literal("2"), byteRange('0', '3')})});
@@ -480,8 +491,13 @@ class JsonRules {
                   exactly(hexDigit(), 4), literal("-"), exactly(hexDigit(), 4), literal("-"),
                   exactly(hexDigit(), 12)});
     } else if (name == "hostname") {
+      // At most 253 characters in all (RFC 1123, as validators check): up
+      // to three labels of up to 63 characters, or four to eight of up to
+      // 30 (a subset; an exact bound would take a rule per length).
       const int32_t label = hostnameLabel();
-      body = seq({ref(label), star(seq({literal("."), ref(label)}))});
+      const int32_t short_label = builder_.add("hostname_short_label", hostnameLabelOf(30));
+      body = alt({seq({ref(label), repeat(seq({literal("."), ref(label)}), 0, 2)}),
+                  seq({ref(short_label), repeat(seq({literal("."), ref(short_label)}), 3, 7)})});
     } else if (name == "email") {
       // RFC 5322 dot-atom local part; a domain of two or more host labels.
       const Expr atom = plus(oneOfBytes(
@@ -498,16 +514,30 @@ class JsonRules {
       body = seq({ref(octet), literal("."), ref(octet), literal("."), ref(octet), literal("."),
                   ref(octet)});
     } else if (name == "uri") {
-      // A scheme, then unreserved and reserved characters (RFC 3986) and
-      // percent-escapes.
+      // RFC 3986's URI without IP literals: scheme ":" hier-part, then an
+      // optional "?" query and "#" fragment. hier-part is "//" authority
+      // path-abempty, path-absolute or path-rootless (not path-empty, which
+      // validators such as Ajv refuse).
       const Expr scheme =
           seq({alt({byteRange('a', 'z'), byteRange('A', 'Z')}),
                star(oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                "0123456789+.-"))});
-      const Expr uri_char = alt({oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01"
-                                            "23456789-._~:/?#[]@!$&'()*+,;="),
-                                 seq({literal("%"), hexDigit(), hexDigit()})});
-      body = seq({scheme, literal(":"), star(uri_char)});
+      const auto chars = [&](std::string_view extra) {
+        return alt({oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                               "-._~!$&'()*+,;=" +
+                               std::string(extra)),
+                    seq({literal("%"), hexDigit(), hexDigit()})});
+      };
+      const int32_t pchar = builder_.add("uri_pchar", chars(":@"));
+      const Expr segments = star(seq({literal("/"), star(ref(pchar))}));
+      const Expr rootless = seq({plus(ref(pchar)), segments});
+      const Expr authority = seq({optional(seq({star(chars(":")), literal("@")})), star(chars("")),
+                                  optional(seq({literal(":"), star(digit())}))});
+      const Expr hier_part = alt({seq({literal("//"), authority, segments}),
+                                  seq({literal("/"), optional(rootless)}), rootless});
+      const Expr query_char = alt({ref(pchar), oneOfBytes("/?")});
+      body = seq({scheme, literal(":"), hier_part, optional(seq({literal("?"), star(query_char)})),
+                  optional(seq({literal("#"), star(query_char)}))});
     } else {
       return -1;
     }
@@ -533,16 +563,18 @@ class JsonRules {
     return alt({literal("0"), seq({byteRange('1', '9'), star(digit())})});
   }
 
-  // 1 to 63 letters, digits and hyphens, not starting or ending with one.
+  // 1 to `most` letters, digits and hyphens, not starting or ending with a
+  // hyphen: a hostname label.
+  static Expr hostnameLabelOf(int64_t most) {
+    const Expr alnum = oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
+    const Expr inner =
+        oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-");
+    return seq({alnum, optional(seq({repeat(inner, 0, most - 2), alnum}))});
+  }
+
+  // A label of 1 to 63 characters.
   int32_t hostnameLabel() {
-    if (hostname_label_ < 0) {
-      const Expr alnum =
-          oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789");
-      const Expr inner =
-          oneOfBytes("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-");
-      hostname_label_ = builder_.add("hostname_label",
-                                     seq({alnum, optional(seq({repeat(inner, 0, 61), alnum}))}));
-    }
+    if (hostname_label_ < 0) hostname_label_ = builder_.add("hostname_label", hostnameLabelOf(63));
     return hostname_label_;
   }
 
@@ -1325,6 +1357,7 @@ class SchemaCompiler {
       if (it == patterns_.end()) {
         RegexOptions options;
         options.json_string_safe = true;
+        options.ecmascript = true;  // JSON Schema's patterns are ECMAScript's
         StatusOr<int32_t> rule =
             addRegexRule(builder_, text, ruleName(pointer) + "_pattern", options);
         if (!rule.isOk()) {

@@ -11,8 +11,8 @@
 //   - true (any value); {} and schemas of annotations only (any value).
 //   - type: null, boolean, object, array, string, number, integer, or an
 //     array of them. Without `type`, the types whose keywords appear
-//     (properties -> object, items -> array, minLength -> string, ...), or
-//     any value when none do.
+//     (properties -> object, items -> array, minLength or format -> string,
+//     ...), or any value when none do.
 //   - objects: properties (emitted in the schema's order), required (those
 //     always present; the others may be left out), additionalProperties:
 //     false, true or a schema. additionalProperties defaults to false, as in
@@ -26,8 +26,11 @@
 //     additionalItems, the older tuple form, too).
 //   - strings: minLength and maxLength (characters; an escape sequence is one
 //     character), pattern (matched as a whole, as if anchored at both ends),
-//     format: date, time, date-time, uuid, email, ipv4, hostname, uri. At most
-//     one of length bounds, pattern and format per schema. \u escapes never
+//     format: date (the days each month has), time, date-time, uuid, email,
+//     ipv4, hostname (253 characters at most: up to three labels of up to
+//     63 characters or four to eight of up to 30), uri (RFC 3986 without IP
+//     literals or an empty path). At most one of length bounds, pattern and
+//     format per schema. \u escapes never
 //     name a surrogate (characters beyond U+FFFF are written as UTF-8).
 //   - integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (the
 //     draft-4 boolean form too), exact ranges. Numbers take no bounds.

@@ -25,6 +25,11 @@ constexpr int64_t kCountCeiling = int64_t{1} << 40;
 CodePointRanges digitRanges() { return {{'0', '9'}}; }
 CodePointRanges wordRanges() { return {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; }
 CodePointRanges spaceRanges() { return {{'\t', '\r'}, {' ', ' '}}; }  // \t \n \v \f \r and space
+// JavaScript's WhiteSpace and LineTerminator, what ECMAScript's \s matches.
+CodePointRanges ecmascriptSpaceRanges() {
+  return {{'\t', '\r'},     {' ', ' '},       {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+          {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+}
 CodePointRanges jsonUnsafeRanges() { return {{0x00, 0x1F}, {'"', '"'}, {'\\', '\\'}}; }
 
 bool jsonUnsafe(uint32_t code_point) {
@@ -268,7 +273,10 @@ class RegexParser {
       }
       case '.':
         ++pos_;
-        atom.expr = classExpr(complementRanges({{'\n', '\n'}}));
+        // ECMAScript's `.` also leaves out the other line terminators.
+        atom.expr = classExpr(complementRanges(
+            options_.ecmascript ? CodePointRanges{{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}
+                                : CodePointRanges{{'\n', '\n'}}));
         return atom;
       case ']':
         return error("unmatched ] at offset " + std::to_string(start) +
@@ -519,9 +527,9 @@ class RegexParser {
       case 'W':
         return set(wordRanges(), true);
       case 's':
-        return set(spaceRanges(), false);
+        return set(options_.ecmascript ? ecmascriptSpaceRanges() : spaceRanges(), false);
       case 'S':
-        return set(spaceRanges(), true);
+        return set(options_.ecmascript ? ecmascriptSpaceRanges() : spaceRanges(), true);
       case 'n':
         return character('\n');
       case 'r':

@@ -35,6 +35,11 @@ struct RegexOptions {
   // character class; a literal that needs one is an InvalidArgument naming
   // it).
   bool json_string_safe = false;
+  // ECMAScript's meanings, as JSON Schema's `pattern` has them: \s and \S
+  // take JavaScript's white space (U+00A0, U+1680, U+2000-U+200A, U+2028,
+  // U+2029, U+202F, U+205F, U+3000, U+FEFF besides ASCII's), and `.` leaves
+  // out \r, U+2028 and U+2029 too. Otherwise PCRE's ASCII meanings.
+  bool ecmascript = false;
   int64_t max_pattern_bytes = 4096;
   int64_t max_repeat = 1000;  // a {m,n} bound above this is refused
 };

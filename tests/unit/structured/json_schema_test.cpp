@@ -324,6 +324,9 @@ TEST(JsonSchema, TypeFromKeywordsWhenTypeIsMissing) {
                  {"1", R"("a")", "{}"});
   expectLanguage(R"({"items":{"type":"integer"}})", {"[1,2]"}, {"{}", "1"});
   expectLanguage(R"({"maxLength":1})", {R"("a")"}, {R"("ab")", "1"});
+  // format too: a string in the format (JSON-Schema-Test-Suite format.json).
+  expectLanguage(R"({"format":"ipv4"})", {R"("10.0.0.1")"}, {R"("ind de ")", R"("1.2.3")", "1"});
+  expectLanguage(R"({"format":"date"})", {R"("2024-02-29")"}, {R"("soon")", "null"});
   // Type-specific keywords of other types are ignored.
   expectLanguage(R"({"type":"integer","minLength":5,"properties":{"a":false}})", {"1"}, {"\"a\""});
 }
@@ -364,9 +367,12 @@ TEST(JsonSchema, Formats) {
     for (const std::string& text : bad) refused.push_back("\"" + text + "\"");
     expectLanguage(R"({"type":"string","format":")" + format + R"("})", accepted, refused);
   };
-  check("date", {"2024-02-29", "0001-01-01", "9999-12-31", "2024-10-30"},
+  check("date",
+        {"2024-02-29", "0001-01-01", "9999-12-31", "2024-10-30", "2000-02-29", "0000-02-29",
+         "1996-02-29", "2023-02-28", "2024-04-30", "2024-07-31", "2024-08-31"},
         {"2024-13-01", "2024-00-10", "2024-01-32", "2024-01-00", "24-01-01", "2024-1-01",
-         "2024/01/01", ""});
+         "2024/01/01", "", "2023-02-29", "1900-02-29", "2100-02-29", "2024-02-30", "2024-04-31",
+         "2024-06-31", "2024-09-31", "2024-11-31"});
   check("time", {"12:34:56Z", "23:59:59.123+05:30", "00:00:00-12:00", "08:00:00.5Z"},
         {"24:00:00Z", "12:60:00Z", "12:34:56", "12:34Z", "12:34:56+5:30", "12:34:56.Z"});
   check("date-time", {"2024-01-31T08:00:00Z", "1999-12-31T23:59:59.999+01:00"},
@@ -380,12 +386,24 @@ TEST(JsonSchema, Formats) {
   check("ipv4", {"0.0.0.0", "255.255.255.255", "192.168.1.10", "10.0.99.249"},
         {"256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-4", "300.0.0.0"});
   const std::string label63(63, 'a');
-  check("hostname", {"example.com", "a-b.c", "localhost", "x1", label63 + ".com"},
-        {"-a.com", "a-.com", "a..b", ".a", "a.", label63 + "a.com", "a_b.com"});
-  check(
-      "uri",
-      {"https://example.com/path?q=1&r=%20#frag", "mailto:ann@example.com", "urn:isbn:0451", "x:"},
-      {"no-scheme", "http://a b", "1http://x", "http://x/%zz", "://x"});
+  const std::string label30(30, 'b');
+  const std::string host8 = label30 + "." + label30 + "." + label30 + "." + label30 + "." +
+                            label30 + "." + label30 + "." + label30 + "." + label30;
+  check("hostname",
+        {"example.com", "a-b.c", "localhost", "x1", label63 + ".com",
+         label63 + "." + label63 + "." + label63, "s3.dualstack.us-east-1.amazonaws.com", host8},
+        {"-a.com", "a-.com", "a..b", ".a", "a.", label63 + "a.com", "a_b.com",
+         // Past 253 characters; and what the subset leaves out: a fourth
+         // label beside one longer than 30 characters, a ninth label.
+         host8 + "." + label30, label63 + ".a.b.c", "a.b.c.d.e.f.g.h.i"});
+  check("uri",
+        {"https://example.com/path?q=1&r=%20#frag", "mailto:ann@example.com", "urn:isbn:0451",
+         "x:/", "file:///etc/hosts", "http://user:pw@host:8080/a/b?c=d/e?#f/g?", "tel:+1-555",
+         "http://", "a:b//c"},
+        {"no-scheme", "http://a b", "1http://x", "http://x/%zz", "://x",
+         // Brackets outside an IP literal, a second #, a port not of digits,
+         // an empty path without authority.
+         "http://x/[y]", "a:b]", "a:b#c#d", "http://x:8a/", "x:", "x:?q", "x:#f"});
   expectError(R"({"type":"object","properties":{"ip":{"type":"string","format":"ipv6"}}})",
               StatusCode::kInvalidArgument,
               {"\"format\"", "\"ipv6\"", "/properties/ip", "date, time, date-time"});

@@ -365,3 +365,37 @@ TEST(RegexGrammar, AddRegexRuleJoinsALargerGrammar) {
 
 }  // namespace
 }  // namespace tandem::structured
+
+namespace tandem::structured {
+namespace {
+
+// JSON Schema patterns are ECMAScript's: \s takes JavaScript's white space
+// (no-break space, line and paragraph separators, the BOM, ...) and `.`
+// leaves out every line terminator; PCRE's ASCII meanings otherwise.
+TEST(RegexGrammar, EcmascriptWhiteSpaceAndDot) {
+  RegexOptions ecmascript;
+  ecmascript.ecmascript = true;
+  const std::string nbsp = "\xC2\xA0", line_separator = "\xE2\x80\xA8", bom = "\xEF\xBB\xBF";
+  StatusOr<Grammar> not_space = compileRegex("\\S", ecmascript);
+  StatusOr<Grammar> space = compileRegex("\\s", ecmascript);
+  StatusOr<Grammar> dot = compileRegex(".", ecmascript);
+  ASSERT_TRUE(not_space.isOk() && space.isOk() && dot.isOk());
+  for (const std::string& blank : {nbsp, line_separator, bom, std::string("\t")}) {
+    EXPECT_FALSE(grammarAccepts(*not_space, blank));
+    EXPECT_TRUE(grammarAccepts(*space, blank));
+  }
+  EXPECT_TRUE(grammarAccepts(*not_space, "x"));
+  for (const std::string& terminator : {std::string("\n"), std::string("\r"), line_separator}) {
+    EXPECT_FALSE(grammarAccepts(*dot, terminator));
+  }
+  EXPECT_TRUE(grammarAccepts(*dot, nbsp));
+  // PCRE's: a no-break space is not white space, \r is any character.
+  StatusOr<Grammar> pcre_not_space = compileRegex("\\S");
+  StatusOr<Grammar> pcre_dot = compileRegex(".");
+  ASSERT_TRUE(pcre_not_space.isOk() && pcre_dot.isOk());
+  EXPECT_TRUE(grammarAccepts(*pcre_not_space, nbsp));
+  EXPECT_TRUE(grammarAccepts(*pcre_dot, "\r"));
+}
+
+}  // namespace
+}  // namespace tandem::structured

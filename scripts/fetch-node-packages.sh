@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the pinned npm packages the tests run under node into
+# DEST/node_modules: ajv (JSON Schema validator, draft 2020-12) and
+# ajv-formats, the independent validator of the structured-output
+# conformance test (tests/support/validate_json_schema.cjs).
+#
+#   scripts/fetch-node-packages.sh build/third_party/node
+set -euo pipefail
+
+DEST=${1:?usage: fetch-node-packages.sh DEST}
+PACKAGES=(ajv@8.17.1 ajv-formats@3.0.1)
+STAMP="${PACKAGES[*]}"
+
+if [ -d "$DEST/node_modules/ajv" ] && [ -d "$DEST/node_modules/ajv-formats" ] &&
+  [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$STAMP" ]; then
+  echo "node packages: $STAMP present in $DEST"
+  exit 0
+fi
+command -v npm >/dev/null || { echo "fetch-node-packages: npm is missing (make deps installs it)" >&2; exit 1; }
+
+mkdir -p "$DEST"
+echo "node packages: installing $STAMP into $DEST"
+# A package.json of its own keeps npm from walking up to a parent project.
+[ -f "$DEST/package.json" ] || echo '{"name": "tandem-test-node-packages", "private": true}' > "$DEST/package.json"
+npm install --prefix "$DEST" --no-audit --no-fund --save-exact "${PACKAGES[@]}"
+# Check that what node resolves is what was asked for.
+for package in "${PACKAGES[@]}"; do
+  name=${package%@*}
+  want=${package##*@}
+  have=$(node -p 'require(process.argv[1]).version' "$(cd "$DEST" && pwd)/node_modules/$name/package.json")
+  if [ "$have" != "$want" ]; then
+    echo "fetch-node-packages: $name is $have in $DEST, expected $want" >&2
+    exit 1
+  fi
+done
+echo "$STAMP" > "$DEST/VERSION"
