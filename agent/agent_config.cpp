@@ -74,6 +74,13 @@ const std::vector<Row>& rows() {
       integer("port", 0, 65535, "port (0: any free port)", &ServeOptions::port),
       text("served_model_name", "model name in the API (default: the directory name)",
            &ServeOptions::served_model_name),
+      text("api_key",
+           "clients must send Authorization: Bearer <key> (default: the TANDEM_API_KEY "
+           "environment variable; prefer it, a flag shows in ps)",
+           &ServeOptions::api_key),
+      text("api_key_exempt_paths",
+           "paths served without the API key, comma-separated (ending in '/': a prefix)",
+           &ServeOptions::api_key_exempt_paths),
       text("chat_template",
            "Jinja chat template file used instead of the model's (parsed at start-up)",
            &ServeOptions::chat_template),

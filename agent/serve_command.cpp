@@ -20,6 +20,7 @@
 #include "agent/server/http_server.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
+#include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
 #include "common/protocol/reasoning_parser.h"
@@ -204,6 +205,9 @@ int runServe(CLI::App& command, ServeOptions& o) {
                                         ? std::filesystem::path(o.model).filename().string()
                                         : o.served_model_name;
   server_config.role = o.role;
+  server_config.api_key = server::apiKeyFrom(o.api_key);
+  server_config.api_key_exempt =
+      server::parseApiKeyExemptPaths(o.api_key_exempt_paths, "--api-key-exempt-paths");
   server::HttpLimits& http = server_config.http;
   http.max_header_bytes = static_cast<size_t>(o.max_header_bytes);
   http.max_body_bytes = static_cast<uint64_t>(o.max_body_bytes);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/http/http_limits.h"
+
 namespace CLI {
 class App;
 }
@@ -35,6 +37,10 @@ struct ServeOptions {
   int64_t large_body_bytes = 1024 * 1024;
   int64_t max_large_requests = 2;
   std::string served_model_name;
+  // Clients send Authorization: Bearer <key> (common/http); empty: the
+  // environment's TANDEM_API_KEY, or no key at all.
+  std::string api_key;
+  std::string api_key_exempt_paths = server::kDefaultApiKeyExemptPaths;
   std::string chat_template;     // a Jinja file replacing the model's chat template
   std::string tool_call_parser;  // empty: none; else a toolCallParserNames() entry
   std::string reasoning_parser;  // empty: none; else a reasoningParserNames() entry

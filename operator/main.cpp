@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "operator/controller/controller_command.h"
@@ -236,6 +237,12 @@ int runLocal(CLI::App& command, const LocalFlags& flags) {
                 std::vector<AgentAddress> decode) -> std::unique_ptr<tandem::local::RouterHandle> {
         RouterConfig config;
         applyRouterSpec(spec, source, config);
+        // TANDEM_API_KEY in local mode's environment: the agents it starts
+        // inherit it, and the router asks it of clients and sends it to them.
+        config.api_key = tandem::server::apiKeyFrom("");
+        config.api_key_exempt = tandem::server::parseApiKeyExemptPaths(
+            tandem::server::kDefaultApiKeyExemptPaths, "TANDEM_API_KEY");
+        config.agent_api_key = config.api_key;
         config.prefill = toEndpoints(prefill);
         config.decode = toEndpoints(decode);
         return std::make_unique<InProcessRouter>(std::move(config));
@@ -273,6 +280,9 @@ struct RouterFlags {
   int max_large_requests = 0;
   std::string model_dir;
   std::string chat_template;
+  std::string api_key;
+  std::string api_key_exempt_paths = tandem::server::kDefaultApiKeyExemptPaths;
+  std::string agent_api_key;
   double poll_interval_s = 0;
   double shutdown_timeout_s = 10;
   std::string profile;
@@ -396,6 +406,16 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                    "large requests read and handled at once; one more gets 503 (default " +
                        std::to_string(defaults.http.max_large_requests) + ")")
       ->check(CLI::Range(1, 65536));
+  command->add_option("--api-key", flags.api_key,
+                      "clients must send Authorization: Bearer <key> (default: the "
+                      "TANDEM_API_KEY environment variable; prefer it, a flag shows in ps)");
+  command
+      ->add_option("--api-key-exempt-paths", flags.api_key_exempt_paths,
+                   "paths served without the API key, comma-separated (ending in '/': a prefix)")
+      ->capture_default_str();
+  command->add_option("--agent-api-key", flags.agent_api_key,
+                      "the key the agents require, sent on every call to them (default: "
+                      "TANDEM_AGENT_API_KEY, else the router's own key)");
   command->add_option("--model-dir", flags.model_dir,
                       "model directory for the tokenizer (default: the one the agents report)");
   command->add_option("--chat-template", flags.chat_template,
@@ -461,6 +481,15 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
     applyRouterSpec(tandem::spec::loadRouterSpec(flags.config_path), flags.config_path, config);
   }
   auto given = [&](const char* name) { return command.get_option(name)->count() > 0; };
+  config.api_key = tandem::server::apiKeyFrom(flags.api_key);
+  config.api_key_exempt =
+      tandem::server::parseApiKeyExemptPaths(flags.api_key_exempt_paths, "--api-key-exempt-paths");
+  // In a cluster the agents and the router usually share one key.
+  config.agent_api_key = flags.agent_api_key;
+  if (config.agent_api_key.empty()) {
+    const char* agent_key = std::getenv("TANDEM_AGENT_API_KEY");
+    config.agent_api_key = agent_key != nullptr ? agent_key : config.api_key;
+  }
   if (given("--host")) config.host = flags.host;
   if (given("--port")) config.port = flags.port;
   if (given("--policy")) config.policy = policyFrom(flags.policy, "--policy");

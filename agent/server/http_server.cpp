@@ -166,6 +166,7 @@ int64_t unixSeconds() {
 HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
     : engine_(engine), config_(config), metrics_(config.served_model_name, config.role) {
   http_ = std::make_unique<HttpService>(config_.http, config_.io_threads, config_.worker_threads);
+  http_->requireApiKey(config_.api_key, config_.api_key_exempt);
   limits_.served_model_name = config_.served_model_name;
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;

@@ -38,6 +38,10 @@ struct ServerConfig {
   // that stops reading a stream that long is dropped and its request
   // aborted), and how many large bodies are read at once.
   HttpLimits http;
+  // Clients must send Authorization: Bearer <api_key> except on the
+  // api_key_exempt paths (HttpService::requireApiKey); empty: no key.
+  std::string api_key;
+  std::vector<std::string> api_key_exempt;
   // The chat template for /v1/chat/completions and /tokenize (load it with
   // ChatTemplate::load at start-up); null: the model has none.
   std::shared_ptr<const ChatTemplate> chat_template;

@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -109,6 +110,44 @@ std::string httpErrorBody(const std::string& message, const std::string& type) {
   nlohmann::json body = {
       {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+HttpResponse unauthorizedResponse() {
+  nlohmann::json body = {
+      {"error",
+       {{"message",
+         "a valid API key is required: send the header Authorization: Bearer <key> with the key "
+         "this server was given (--api-key or TANDEM_API_KEY)"},
+        {"type", "invalid_request_error"},
+        {"param", nullptr},
+        {"code", "invalid_api_key"}}}};
+  HttpResponse response = httpJsonResponse(401, body.dump());
+  response.set_header("WWW-Authenticate", "Bearer");
+  return response;
+}
+
+std::string apiKeyFrom(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("TANDEM_API_KEY");
+  return env == nullptr ? std::string() : std::string(env);
+}
+
+std::vector<std::string> parseApiKeyExemptPaths(const std::string& csv, const std::string& flag) {
+  std::vector<std::string> paths;
+  size_t start = 0;
+  while (start <= csv.size()) {
+    const size_t comma = std::min(csv.find(',', start), csv.size());
+    const std::string path = csv.substr(start, comma - start);
+    if (!path.empty()) {
+      if (path[0] != '/') {
+        throw Error(flag + ": \"" + path + "\" is not a path; give paths starting with '/' " +
+                    "(one ending in '/' is a prefix), separated by commas");
+      }
+      paths.push_back(path);
+    }
+    start = comma + 1;
+  }
+  return paths;
 }
 
 HttpResponse httpErrorResponse(int status, const std::string& message, const std::string& type) {
@@ -704,8 +743,39 @@ void HttpService::forget(HttpConnection* connection) {
   open_connections_ -= 1;
 }
 
+void HttpService::requireApiKey(std::string key, std::vector<std::string> exempt) {
+  api_key_ = std::move(key);
+  api_key_exempt_ = std::move(exempt);
+}
+
+bool HttpService::authorized(const HttpRequest& request) const {
+  if (api_key_.empty()) return true;
+  for (const std::string& path : api_key_exempt_) {
+    if (path.ends_with('/') ? request.path.starts_with(path) : request.path == path) return true;
+  }
+  const std::string header = request.header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (header.size() != kBearer.size() + api_key_.size() ||
+      !std::equal(kBearer.begin(), kBearer.end(), header.begin(), [](char a, char b) {
+        return std::tolower(static_cast<unsigned char>(a)) ==
+               std::tolower(static_cast<unsigned char>(b));
+      })) {
+    return false;
+  }
+  // Constant time over the key: how much of a guess matched is not timed.
+  unsigned char differ = 0;
+  for (size_t i = 0; i < api_key_.size(); ++i) {
+    differ |= static_cast<unsigned char>(header[kBearer.size() + i] ^ api_key_[i]);
+  }
+  return differ == 0;
+}
+
 awaitable<void> HttpService::dispatch(HttpExchange& exchange) {
   const HttpRequest& request = exchange.request();
+  if (!authorized(request)) {
+    co_await exchange.respond(unauthorizedResponse());
+    co_return;
+  }
   const std::string method = request.method == "HEAD" ? "GET" : request.method;
   auto it = routes_.find(method + " " + request.path);
   if (it == routes_.end()) {

@@ -106,6 +106,15 @@ class LargeRequest;
 std::string httpErrorBody(const std::string& message, const std::string& type);
 // A whole JSON error response in that shape; a 503 says Retry-After: 1.
 HttpResponse httpErrorResponse(int status, const std::string& message, const std::string& type);
+// 401 {"error": {..., "code": "invalid_api_key"}} with WWW-Authenticate: Bearer.
+HttpResponse unauthorizedResponse();
+
+// The API key clients must present: `flag` (--api-key) when given, else the
+// environment's TANDEM_API_KEY; empty: none.
+std::string apiKeyFrom(const std::string& flag);
+// "/a,/b/" → {"/a", "/b/"} (an entry ending in '/' is a prefix); an entry
+// not starting with '/' throws tandem::Error naming `flag`.
+std::vector<std::string> parseApiKeyExemptPaths(const std::string& csv, const std::string& flag);
 // A whole response whose body is JSON text already (an upstream's answer).
 HttpResponse httpJsonResponse(int status, std::string body);
 
@@ -207,6 +216,13 @@ class HttpService {
     route("POST", std::move(path), std::move(handler), blocking);
   }
 
+  // Clients must send `Authorization: Bearer <key>` (compared in constant
+  // time) for every path but those in `exempt` (an entry ending in '/' is a
+  // prefix); others get 401 in OpenAI's shape (code "invalid_api_key",
+  // WWW-Authenticate: Bearer), before their route runs. An empty key turns
+  // the check off (the default). Call before serve().
+  void requireApiKey(std::string key, std::vector<std::string> exempt);
+
   // Binds and listens (backlog `backlog`); the bound port. Throws tandem::Error.
   int bind(const std::string& host, int port, int backlog);
   // Serves until stop(); blocks (the calling thread is one of the io threads).
@@ -252,8 +268,12 @@ class HttpService {
   // What coroutine frames touch when they are destroyed with the
   // io_context (at destruction, after stop()) is declared before it, so
   // that it is still there.
+  bool authorized(const HttpRequest& request) const;
+
   HttpLimits limits_;
   int io_threads_;
+  std::string api_key_;
+  std::vector<std::string> api_key_exempt_;
   std::map<std::string, HttpRoute> routes_;  // "METHOD path"
   std::mutex connections_mutex_;
   std::map<HttpConnection*, std::weak_ptr<HttpConnection>> connections_;

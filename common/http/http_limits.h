@@ -26,4 +26,9 @@ struct HttpLimits {
   int max_large_requests = 2;
 };
 
+// Paths served without the API key by default (HttpService::requireApiKey):
+// probes, metrics scrapers, and the KV transfer calls between agents (signed
+// with the KV secret instead).
+inline constexpr const char* kDefaultApiKeyExemptPaths = "/health,/metrics,/v1/kv_transfer/";
+
 }  // namespace tandem::server

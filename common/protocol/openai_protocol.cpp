@@ -408,7 +408,11 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     }
   }
   if (bool echo = false; fields.readBool("echo", &echo) && echo) {
-    fields.fail("echo is not supported yet; send false or leave it out", "echo");
+    if (parsed.chat) {
+      fields.fail("echo is not supported for chat completions; send false or leave it out", "echo");
+    } else {
+      parsed.echo = true;
+    }
   }
   refuseUnsupported(fields, {"prompt_logprobs"});
 }
@@ -591,6 +595,12 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   int64_t logprobs = 0;
   if (fields.readInt("logprobs", 0, limits.max_logprobs, &logprobs)) {
     parsed.request.sampling.logprobs = static_cast<int32_t>(logprobs);
+    if (parsed.echo) {
+      fields.fail(
+          "echo with logprobs needs the prompt's logprobs, which this server does not compute; "
+          "leave logprobs out or set echo to false",
+          "echo");
+    }
   }
   if (int64_t best_of = 1;
       fields.readInt("best_of", kInt64Min, kInt64Max, &best_of) && best_of != 1) {
@@ -610,6 +620,11 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   if (auto error =
           readPrompt(fields, root.value(), limits, tokenizer, add_special_tokens, parsed)) {
     return *error;
+  }
+  if (parsed.echo && parsed.request.resume_output.empty()) {
+    parsed.echo_text = parsed.prompt_text.empty()
+                           ? tokenizer.decode(parsed.request.prompt, /*skip_special_tokens=*/false)
+                           : parsed.prompt_text;
   }
   if (auto error = finishRequest(parsed, limits, max_tokens, "max_tokens", "prompt", "prompt")) {
     return *error;

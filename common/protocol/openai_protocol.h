@@ -137,7 +137,12 @@ struct ParsedRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool echo = false;           // always false: echo=true is refused
+  // Completions: the answer starts with the prompt, as OpenAI's echo (not
+  // with logprobs, not for chat); echo_text is the prompt's text (its token
+  // ids decoded when it was given as ids), empty for a resumed stream (the
+  // agent it came from sent it).
+  bool echo = false;
+  std::string echo_text;
   // Tandem extension (as vLLM's return_token_ids): each choice and stream
   // chunk also carries the generated token ids.
   bool return_token_ids = false;
@@ -182,6 +187,10 @@ struct ResponseMeta {
   bool skip_special_tokens = true;
   nlohmann::json kv_transfer_params;  // added to the final response when not null
   std::optional<protocol::ChatOutputOptions> chat_output;  // ParsedRequest::chat_output
+  // Completions with echo: the prompt's text, put before the output (the
+  // first stream chunk carries it). Empty for a resumed stream: the agent
+  // it came from sent it.
+  std::string echo_text;
 };
 
 ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,
@@ -211,6 +220,7 @@ ApiError engineError(const protocol::RequestOutput& output);
 struct StreamState {
   bool role_sent = false;  // chat: the first chunk carried role "assistant"
   int64_t text_chars = 0;  // completions: text_offset of the next token
+  bool echoed = false;     // completions: meta.echo_text was sent
   // chat with meta.chat_output: the request's output parser, made on the
   // first chunk.
   std::shared_ptr<protocol::ChatOutputStream> chat_output;

@@ -140,6 +140,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
   meta.kv_transfer_params = request.kv_transfer_params;
   meta.chat_output = request.chat_output;
+  meta.echo_text = request.echo_text;
   return meta;
 }
 
@@ -180,7 +181,7 @@ json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput&
   int64_t text_chars = 0;
   json choice = {
       {"index", 0},
-      {"text", total.text},
+      {"text", meta.echo_text + total.text},
       {"logprobs", meta.logprobs ? completionLogprobs(meta, total.tokens, tokenizer, text_chars)
                                  : json(nullptr)},
       {"finish_reason", finishReasonJson(total.finish_reason)}};
@@ -226,11 +227,15 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
   const bool has_ids = meta.return_token_ids && !step.tokens.empty();
   // A resumed stream's offsets continue after the text already sent.
   for (char c : step.resumed_text) state.text_chars += isContinuationByte(c) ? 0 : 1;
-  if (step.text.empty() && !step.finished() && !has_logprobs && !has_ids) return std::nullopt;
+  const bool echo = !state.echoed && !meta.echo_text.empty();
+  if (step.text.empty() && !step.finished() && !has_logprobs && !has_ids && !echo) {
+    return std::nullopt;
+  }
+  state.echoed = true;
   json chunk = responseHead(meta, "text_completion");
   json choice = {
       {"index", 0},
-      {"text", step.text},
+      {"text", echo ? meta.echo_text + step.text : step.text},
       {"logprobs", has_logprobs ? completionLogprobs(meta, step.tokens, tokenizer, state.text_chars)
                                 : json(nullptr)},
       {"finish_reason", finishReasonJson(step.finish_reason)}};

@@ -302,6 +302,17 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
   return args;
 }
 
+namespace {
+
+// TANDEM_API_KEY from a Secret key: clients must send it (the agent's and
+// the router's --api-key default).
+json apiKeyEnv(const spec::SecretKeyRef& ref) {
+  return {{"name", "TANDEM_API_KEY"},
+          {"valueFrom", {{"secretKeyRef", {{"name", ref.name}, {"key", ref.key}}}}}};
+}
+
+}  // namespace
+
 json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
                            const WorkloadDefaults& defaults, std::vector<std::string>* ignored) {
   json env = json::array();
@@ -313,6 +324,7 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
                           {"key", pool.kv_transfer.secret_ref->key}};
     env.push_back({{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}});
   }
+  if (pool.api_key_secret_ref) env.push_back(apiKeyEnv(*pool.api_key_secret_ref));
   for (const auto& [name, value] : pool.env) env.push_back({{"name", name}, {"value", value}});
 
   const std::string image =
@@ -407,12 +419,15 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& given,
       {"livenessProbe", httpProbe("/metrics", 10, 3)},
       {"terminationMessagePolicy", "FallbackToLogsOnError"}};
   if (!router.resources.empty()) container["resources"] = router.resources;
+  json router_env = json::array();
   if (router.kv_secret_ref) {
     // The agents' KV secret, which the router signs its pull-back holds with.
     const json key_ref = {{"name", router.kv_secret_ref->name}, {"key", router.kv_secret_ref->key}};
-    container["env"] =
-        json::array({{{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}}});
+    router_env.push_back(
+        {{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}});
   }
+  if (router.api_key_secret_ref) router_env.push_back(apiKeyEnv(*router.api_key_secret_ref));
+  if (!router_env.empty()) container["env"] = std::move(router_env);
   json pod_spec = {{"serviceAccountName", defaults.router_service_account}};
   if (pools_source) {
     const std::string fetch_image =

@@ -179,7 +179,7 @@ awaitable<void> AgentTracker::eventLoop(AgentPtr agent) {
           agent->endpoint.host, std::to_string(agent->endpoint.port), use_awaitable);
       co_await stream.async_connect(results, use_awaitable);
       http::request<http::empty_body> request{http::verb::get, "/v1/kv_events?since=0", 11};
-      request.set(http::field::host, hostHeader(agent->endpoint));
+      setAgentHeaders(request, agent->endpoint);
       co_await http::async_write(stream, request, use_awaitable);
       beast::flat_buffer buffer;
       http::response_parser<http::buffer_body> parser;

@@ -692,7 +692,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
         decode->endpoint.host, std::to_string(decode->endpoint.port), use_awaitable);
     co_await upstream.async_connect(results, use_awaitable);
     http::request<http::string_body> request{http::verb::post, target, 11};
-    request.set(http::field::host, hostHeader(decode->endpoint));
+    setAgentHeaders(request, decode->endpoint);
     request.set(http::field::content_type, "application/json");
     // A stream this router can move is handed over, not finished, when the
     // agent drains.

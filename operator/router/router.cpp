@@ -152,6 +152,7 @@ class Router::Impl {
         agents_(http_->ioContext(), config_.poll_interval_s, stopping_, metrics_, model_),
         flow_(config_, agents_, model_, gate_, metrics_, stopping_) {
     returnLargeBlocksWhenFreed();
+    http_->requireApiKey(config_.api_key, config_.api_key_exempt);
     routes();
   }
 
@@ -178,6 +179,9 @@ class Router::Impl {
   int port() const { return port_; }
 
   void setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode) {
+    for (auto* agents : {&prefill, &decode}) {
+      for (AgentEndpoint& agent : *agents) agent.api_key = config_.agent_api_key;
+    }
     agents_.setAgents(std::move(prefill), std::move(decode));
   }
 

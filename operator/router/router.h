@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "agent/engine/simulation/step_profile.h"
@@ -30,9 +31,16 @@ namespace tandem::router {
 
 // One agent the router may send work to.
 struct AgentEndpoint {
+  AgentEndpoint() = default;
+  AgentEndpoint(std::string name, std::string host, int port)
+      : name(std::move(name)), host(std::move(host)), port(port) {}
+
   std::string name;  // e.g. "prefill-0"; labels metrics and logs
   std::string host = "127.0.0.1";
   int port = 0;
+  // Sent as Authorization: Bearer <api_key> on every call to the agent
+  // (RouterConfig::agent_api_key, stamped by the router); empty: none.
+  std::string api_key;
   bool operator==(const AgentEndpoint&) const = default;
 };
 
@@ -99,6 +107,12 @@ struct RouterConfig {
   // /v1/kv_transfer/hold calls with it (common/kv_auth.h); empty: unsigned,
   // which agents with a secret refuse (the prompt is then recomputed).
   std::string kv_secret;
+  // Clients must send Authorization: Bearer <api_key> except on the
+  // api_key_exempt paths (common/http's requireApiKey); empty: no key.
+  std::string api_key;
+  std::vector<std::string> api_key_exempt;
+  // The key the agents require, sent on every call to them; empty: none.
+  std::string agent_api_key;
   std::vector<AgentEndpoint> prefill;
   std::vector<AgentEndpoint> decode;
 };

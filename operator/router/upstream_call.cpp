@@ -40,7 +40,7 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
                                                    use_awaitable);
     co_await stream.async_connect(results, use_awaitable);
     http::request<http::string_body> request{verb, target, 11};
-    request.set(http::field::host, hostHeader(endpoint));
+    setAgentHeaders(request, endpoint);
     if (!body.empty()) {
       request.set(http::field::content_type, "application/json");
       request.body() = body;

@@ -36,6 +36,16 @@ struct UpstreamResult {
 // The Host header for an agent: an IPv6 literal goes in brackets.
 std::string hostHeader(const AgentEndpoint& endpoint);
 
+// Host and, when the agent requires a key, Authorization: every request to
+// an agent carries them.
+template <class Request>
+void setAgentHeaders(Request& request, const AgentEndpoint& endpoint) {
+  request.set(boost::beast::http::field::host, hostHeader(endpoint));
+  if (!endpoint.api_key.empty()) {
+    request.set(boost::beast::http::field::authorization, "Bearer " + endpoint.api_key);
+  }
+}
+
 // How a call made for a client treats that client leaving.
 enum class OnClientLeaving {
   // Read the answer to its end: a prefill's answer names the blocks it

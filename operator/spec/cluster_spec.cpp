@@ -366,6 +366,10 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   if (auto value = spec.get("disruptionBudget")) {
     pool.disruption_budget = readDisruptionBudget(*value, context);
   }
+  if (auto value = spec.get("apiKeySecretRef")) {
+    pool.api_key_secret_ref =
+        readSecretKeyRef(*value, "spec.apiKeySecretRef", context, kApiKeySecretKey);
+  }
   if (auto value = spec.get("template")) {
     pool.pod_template = readPodTemplate(*value, "spec.template", context);
   }
@@ -742,6 +746,7 @@ spec:
   resources: {limits: {}, requests: {}, claims: [{name: c}]}
   engine: {}
   kvTransfer: {extraConfig: {}, secretRef: {name: s, key: k}}
+  apiKeySecretRef: {name: s, key: k}
   env: [{name: A}]
   extraArgs: []
   disruptionBudget: {}
@@ -765,6 +770,7 @@ spec:
   prefillPools: []
   decodePools: []
   kvSecretRef: {name: s, key: k}
+  apiKeySecretRef: {name: s, key: k}
   template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
     volumes: [{name: a}], imagePullSecrets: [{name: a}]}}
 )");

@@ -143,6 +143,10 @@ struct PoolSpec {
   std::vector<std::string> extra_args;                   // spec.extraArgs
   std::optional<PoolAutoscaling> autoscaling;            // spec.autoscaling
   DisruptionBudgetSpec disruption_budget;                // spec.disruptionBudget
+  // spec.apiKeySecretRef (Kubernetes only; key default "api-key"): the
+  // Secret key with the API key clients must send, the agents' environment
+  // TANDEM_API_KEY. Local mode: TANDEM_API_KEY in its own environment.
+  std::optional<SecretKeyRef> api_key_secret_ref;
   // spec.template (Kubernetes only): the pod template fragment merged into
   // the agents' pods ({metadata, spec}; an empty object when unset).
   nlohmann::json pod_template = nlohmann::json::object();
@@ -201,6 +205,10 @@ struct RouterSpec {
   // shared KV secret (the pools' kvTransfer.secretRef), given to the router
   // as TANDEM_KV_SECRET to sign its pull-back holds with.
   std::optional<SecretKeyRef> kv_secret_ref;
+  // spec.apiKeySecretRef (Kubernetes only; key default "api-key"): the
+  // Secret key with the API key, the router's TANDEM_API_KEY: clients must
+  // send it, and the router sends it to the agents (give the pools the same).
+  std::optional<SecretKeyRef> api_key_secret_ref;
   // spec.template (Kubernetes only): merged into the router's pods.
   nlohmann::json pod_template = nlohmann::json::object();
   // Kubernetes only, never read from a document: with modelPath unset, the

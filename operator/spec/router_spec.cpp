@@ -143,6 +143,10 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
     secret.rejectUnknown();
     router.kv_secret_ref = std::move(ref);
   }
+  if (auto value = spec.get("apiKeySecretRef")) {
+    router.api_key_secret_ref =
+        readSecretKeyRef(*value, "spec.apiKeySecretRef", context, kApiKeySecretKey);
+  }
   spec.rejectUnknown();
   return router;
 }

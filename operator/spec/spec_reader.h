@@ -136,6 +136,9 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
                                const DocumentContext& context);
 
 // spec.model.volume / spec.modelVolume: one of persistentVolumeClaim and hostPath.
+// The Secret key spec.apiKeySecretRef reads when its key is not written.
+inline constexpr const char* kApiKeySecretKey = "api-key";
+
 // A {name, key} Secret key reference; `default_key` ("" = required) when
 // the key is not written.
 SecretKeyRef readSecretKeyRef(const YAML::Node& node, const std::string& path,

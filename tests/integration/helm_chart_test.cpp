@@ -287,7 +287,8 @@ TEST_F(HelmChartTest, ClusterScopeUsesClusterRolesAndAllNamespaces) {
 TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
   const std::vector<json> objects =
       render({"--set", "examples.enabled=true", "--set", "examples.gpus=2", "--set",
-              "examples.pvcClaimName=weights", "--set", "examples.kvSecretName=tandem-kv"});
+              "examples.pvcClaimName=weights", "--set", "examples.kvSecretName=tandem-kv", "--set",
+              "examples.apiKeySecretName=tandem-api"});
   const json prefill = namedObject(objects, "PrefillPool", "prefill");
   const json decode = namedObject(objects, "DecodePool", "decode");
   const json router = namedObject(objects, "Router", "router");
@@ -300,6 +301,7 @@ TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
     EXPECT_EQ(pool["spec"]["model"]["volume"]["persistentVolumeClaim"]["claimName"], "weights");
     EXPECT_EQ(pool["spec"]["resources"]["limits"]["nvidia.com/gpu"], 2);
     EXPECT_EQ(pool["spec"]["kvTransfer"]["secretRef"]["name"], "tandem-kv");
+    EXPECT_EQ(pool["spec"]["apiKeySecretRef"], json({{"name", "tandem-api"}}));
   }
   EXPECT_EQ(router["spec"]["modelPath"], "/models/llama-3.1-8b-instruct");
   EXPECT_EQ(router["spec"]["modelVolume"]["persistentVolumeClaim"]["claimName"], "weights");
@@ -309,6 +311,9 @@ TEST_F(HelmChartTest, ExamplesRenderPoolsAndRouter) {
   EXPECT_EQ(router["spec"]["kvSecretRef"], json({{"name", "tandem-kv"}, {"key", "secret"}}));
   const json without = namedObject(render({"--set", "examples.enabled=true"}), "Router", "router");
   EXPECT_FALSE(without["spec"].contains("kvSecretRef"));
+  // The API key's Secret: the router asks it of clients and sends it on.
+  EXPECT_EQ(router["spec"]["apiKeySecretRef"], json({{"name", "tandem-api"}}));
+  EXPECT_FALSE(without["spec"].contains("apiKeySecretRef"));
 }
 
 // examples.modelSource: the pools name the source (with the token's Secret

@@ -113,6 +113,51 @@ TEST_F(RouterTest, CompletionsThroughTheRouterEqualAColocatedAgentsStreamedAndNo
   EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// API keys: the router asks its clients for its key and sends the agents'
+// key on every call to them (load polls, KV events, models, prefill, decode,
+// holds and releases); the agents refuse anyone without theirs.
+TEST_F(RouterTest, ApiKeysGuardTheRouterAndItsCallsToTheAgents) {
+  RouterClusterOptions options;
+  options.api_key = "sk-router-key";
+  options.agent_api_key = "sk-agent-key";
+  options.agent_args = [](bool, int) {
+    return std::vector<std::string>{"--api-key", "sk-agent-key"};
+  };
+  startCluster(options);
+  const std::vector<int> prompt = randomPrompt(70, 901);
+  // No key, a wrong key, the agents' key: 401 in OpenAI's shape.
+  for (const char* header : {"", "Bearer sk-wrong", "Bearer sk-agent-key", "sk-router-key"}) {
+    httplib::Headers headers;
+    if (*header != '\0') headers.emplace("Authorization", header);
+    auto res =
+        client_->Post("/v1/completions", headers, greedy(prompt, 4).dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401) << header;
+    EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
+    EXPECT_EQ(json::parse(res->body)["error"]["code"], "invalid_api_key");
+  }
+  // With the key: disaggregated as usual, the tokens a colocated agent gives.
+  const httplib::Headers authorized = {{"Authorization", "Bearer sk-router-key"}};
+  auto res =
+      client_->Post("/v1/completions", authorized, greedy(prompt, 4).dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("x-tandem-decision"), "disaggregated");
+  Agent colocated;
+  EXPECT_EQ(tokenIds(json::parse(res->body)),
+            tokenIds(colocated.post("/v1/completions", greedy(prompt, 4))));
+  // The agents themselves: 401 without their key, their probes and metrics open.
+  httplib::Client agent("127.0.0.1", decode_[0]->port());
+  auto direct = agent.Post("/v1/completions", greedy(prompt, 4).dump(), "application/json");
+  ASSERT_TRUE(direct);
+  EXPECT_EQ(direct->status, 401);
+  EXPECT_EQ(agent.Get("/v1/models")->status, 401);
+  EXPECT_EQ(agent.Get("/health")->status, 200);
+  EXPECT_EQ(agent.Get("/metrics")->status, 200);
+  const httplib::Headers agent_key = {{"Authorization", "bearer sk-agent-key"}};
+  EXPECT_EQ(agent.Get("/v1/models", agent_key)->status, 200);
+}
+
 TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   start(1, 1, Policy::kKv, /*disagg_threshold_tokens=*/64);
   Agent colocated;

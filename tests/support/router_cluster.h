@@ -38,6 +38,9 @@ struct RouterClusterOptions {
   std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
   // The router's kv policy step-time model (RouterConfig::profile).
   std::optional<engine::StepProfile> profile;
+  // RouterConfig::api_key (clients) and agent_api_key (sent to the agents).
+  std::string api_key;
+  std::string agent_api_key;
 };
 
 class RouterCluster : public ::testing::Test {
@@ -60,6 +63,9 @@ class RouterCluster : public ::testing::Test {
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
     if (options.max_migrations >= 0) config.max_migrations = options.max_migrations;
     config.profile = options.profile;
+    config.api_key = options.api_key;
+    config.api_key_exempt = {"/health", "/metrics"};
+    config.agent_api_key = options.agent_api_key;
     auto args = [&](bool prefill, int index) {
       std::optional<std::string> own;
       if (options.kv_config_of) own = options.kv_config_of(prefill, index);

@@ -356,6 +356,34 @@ spec:
   EXPECT_FALSE(plain.contains("env"));
 }
 
+// spec.apiKeySecretRef: TANDEM_API_KEY from the Secret, for agents and
+// router alike; the key defaults to "api-key".
+TEST(DesiredObjectsTest, ApiKeySecretRefBecomesTandemApiKey) {
+  const char* router_document = R"(apiVersion: tandem.dev/v1alpha1
+kind: Router
+metadata: {name: front}
+spec:
+  kvSecretRef: {name: tandem-kv, key: secret}
+  apiKeySecretRef: {name: tandem-api}
+)";
+  const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "front", "uid-r", 1};
+  const json router = agentContainer(
+      desiredRouterDeployment(owner, spec::parseRouterSpec(router_document, "r.yaml"), {"prefill"},
+                              {"decode"}, defaults()));
+  EXPECT_EQ(router["env"], json::parse(R"([
+      {"name": "TANDEM_KV_SECRET", "valueFrom": {"secretKeyRef": {"name": "tandem-kv", "key": "secret"}}},
+      {"name": "TANDEM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "tandem-api", "key": "api-key"}}}])"));
+
+  PoolSpec pool = exampleCluster().pools.at(0);
+  EXPECT_TRUE(envNamed(agentContainer(desiredPoolDeployment(ownerFor(pool), pool, defaults())),
+                       "TANDEM_API_KEY")
+                  .is_null());
+  pool.api_key_secret_ref = spec::SecretKeyRef{"tandem-api", "token"};
+  const json agent = agentContainer(desiredPoolDeployment(ownerFor(pool), pool, defaults()));
+  EXPECT_EQ(envNamed(agent, "TANDEM_API_KEY")["valueFrom"],
+            json::parse(R"({"secretKeyRef": {"name": "tandem-api", "key": "token"}})"));
+}
+
 TEST(DesiredObjectsTest, DesiredHashFollowsTheSpec) {
   PoolSpec pool = exampleCluster().pools.at(0);
   const json before = desiredPoolDeployment(ownerFor(pool), pool, defaults());

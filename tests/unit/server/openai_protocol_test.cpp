@@ -377,8 +377,9 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("kv_transfer_params": "x")"), "kv_transfer_params",
           "kv_transfer_params must be an object, got string"),
       // Refused features.
-      bad(completion(R"("echo": true)"), "echo",
-          "echo is not supported yet; send false or leave it out"),
+      bad(completion(R"("echo": true, "logprobs": 2)"), "echo",
+          "echo with logprobs needs the prompt's logprobs, which this server does not compute; "
+          "leave logprobs out or set echo to false"),
       bad(completion(R"("echo": "no")"), "echo", "echo must be a boolean, got string"),
       bad(completion(R"("logit_bias": [1])"), "logit_bias",
           "logit_bias must be an object mapping token ids to biases, got array"),
@@ -596,6 +597,38 @@ TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
            "tool_choice": "required")"),
       limits, tokenizer());
   ASSERT_TRUE(loose.isOk()) << loose.error().message;
+}
+
+// echo: the answer starts with the prompt's text, whole or streamed (the
+// first chunk), the token-id form decoded; a resumed stream does not repeat it.
+TEST_F(ProtocolTest, EchoPutsThePromptBeforeTheOutput) {
+  auto text = parseCompletionRequest(completion(R"("echo": true)"), testLimits(), tokenizer());
+  ASSERT_TRUE(text.isOk()) << text.error().message;
+  EXPECT_EQ(text.value().echo_text, "Hello world");
+  const std::string ids = json(tokenizer().encode("Hello world")).dump();
+  auto by_ids = parseCompletionRequest(
+      R"({"model": "tiny-model", "echo": true, "prompt": )" + ids + "}", testLimits(), tokenizer());
+  ASSERT_TRUE(by_ids.isOk());
+  EXPECT_EQ(by_ids.value().echo_text, "Hello world");
+
+  const ResponseMeta meta = makeResponseMeta(text.value(), "r1", 1);
+  protocol::RequestOutput step;
+  step.text = " there";
+  step.tokens.push_back({42, 0.0f, {}});
+  StreamState state;
+  auto first = completionChunk(meta, step, tokenizer(), state);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ((*first)["choices"][0]["text"], "Hello world there");
+  auto second = completionChunk(meta, step, tokenizer(), state);
+  EXPECT_EQ((*second)["choices"][0]["text"], " there");
+  step.finish_reason = protocol::FinishReason::kStop;
+  EXPECT_EQ(completionResponse(meta, step, tokenizer())["choices"][0]["text"], "Hello world there");
+
+  auto resumed = parseCompletionRequest(
+      completion(R"("echo": true, "stream": true, "resume_token_ids": [42])"), testLimits(),
+      tokenizer());
+  ASSERT_TRUE(resumed.isOk()) << resumed.error().message;
+  EXPECT_EQ(resumed.value().echo_text, "");
 }
 
 // ---------------------------------------------------------------------------
@@ -893,6 +926,8 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
           "add_generation_prompt to false to continue the final message"),
       bad(chat(R"("temperature": 3)"), "temperature", "temperature must be between 0 and 2, got 3"),
       bad(chat(R"("n": 2)"), "n", "n must be 1, got 2"),
+      bad(chat(R"("echo": true)"), "echo",
+          "echo is not supported for chat completions; send false or leave it out"),
       bad(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
           "response_format.json_schema.schema", "response_format.json_schema.schema is required"),
       bad("not json", "",
