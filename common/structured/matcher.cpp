@@ -38,6 +38,7 @@ class Stacks {
   explicit Stacks(const Grammar& grammar) : g_(grammar) {}
 
   const Node& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
+  const Grammar& grammar() const { return g_; }
   int64_t size() const { return static_cast<int64_t>(nodes_.size()); }
 
   int32_t intern(int32_t pos, int32_t parent) {
@@ -265,13 +266,61 @@ struct CompiledGrammar::Runtime {
 
   static constexpr size_t kMaxCachedMasks = 256;
 
+  // Interned frontiers and the byte moves between them, past which both
+  // are dropped (at the start of an operation: no id is held across).
+  static constexpr size_t kMaxStates = 1'000'000;
+  static constexpr size_t kMaxMoves = 4'000'000;
+
   Runtime(const Grammar& grammar, const Vocabulary& vocabulary)
-      : stacks(grammar), vocab(vocabulary), classes(grammar.elements.size()) {
-    // One frontier per trie depth, sized once: walk() holds references.
-    size_t longest = 0;
-    for (TokenId id = 0; id < vocab.size(); ++id)
-      longest = std::max(longest, vocab.bytes(id).size());
-    levels.resize(longest + 2);
+      : stacks(grammar), vocab(vocabulary), classes(grammar.elements.size()) {}
+
+  // A frontier's id: its tops and flags.
+  int32_t intern(const Stacks::Frontier& frontier) {
+    std::vector<int32_t> key = frontier.tops;
+    key.push_back(-1 - (frontier.complete ? 1 : 0) - (frontier.escaped ? 2 : 0) -
+                  (frontier.overflow ? 4 : 0));
+    auto [it, inserted] = state_index.try_emplace(std::move(key), static_cast<int32_t>(states.size()));
+    if (inserted) states.push_back(frontier);
+    return it->second;
+  }
+
+  // The frontier after `byte`, memoized: walks of the trie revisit the same
+  // few frontiers at most of their nodes (every character of a string
+  // leads back to one).
+  int32_t move(int32_t state, uint8_t byte) {
+    const uint64_t key = (static_cast<uint64_t>(state) << 8) | byte;
+    if (auto it = moves.find(key); it != moves.end()) return it->second;
+    stacks.advance(states[static_cast<size_t>(state)].tops, byte, scratch);
+    const int32_t next = intern(scratch);
+    moves.emplace(key, next);
+    return next;
+  }
+
+  void trimMemo() {
+    if (states.size() > kMaxStates || moves.size() > kMaxMoves) {
+      states.clear();
+      state_index.clear();
+      moves.clear();
+    }
+  }
+
+  // Whether `text` can follow the frontier `state` (every byte consumed by
+  // some stack); the frontier after it in *after.
+  bool follow(int32_t state, std::string_view text, int32_t* after, bool* overflow = nullptr) {
+    for (size_t i = 0; i < text.size(); ++i) {
+      state = move(state, static_cast<uint8_t>(text[i]));
+      const Stacks::Frontier& f = states[static_cast<size_t>(state)];
+      if (f.overflow) {
+        if (overflow != nullptr) *overflow = true;
+        return false;
+      }
+      if (f.tops.empty()) {
+        if (i + 1 != text.size() || !(f.complete || f.escaped)) return false;
+        break;
+      }
+    }
+    *after = state;
+    return !text.empty();
   }
 
   const Classes& classesOf(int32_t pos) {
@@ -286,9 +335,9 @@ struct CompiledGrammar::Runtime {
   // One walk of the trie from the element alone (kEscape below it).
   Classes classify(int32_t pos) {
     Classes out;
-    const auto& trie = vocab.trie();
-    stacks.startAt(pos, kEscape, levels[0]);
-    walk(trie[0], 0, false, out);
+    trimMemo();
+    stacks.startAt(pos, kEscape, scratch);
+    walk(vocab.trie()[0], intern(scratch), false, out);
     if (static_cast<int64_t>(out.accepted.size()) > vocab.maskWords()) {
       out.accepted_words.assign(static_cast<size_t>(vocab.maskWords()), 0);
       for (TokenId id : out.accepted) setBit(out.accepted_words, id);
@@ -298,24 +347,25 @@ struct CompiledGrammar::Runtime {
     return out;
   }
 
-  void walk(const Vocabulary::TrieNode& at, size_t depth, bool escaped_above, Classes& out) {
+  void walk(const Vocabulary::TrieNode& at, int32_t state, bool escaped_above, Classes& out) {
     if (at.num_children == 0) return;
     const auto& trie = vocab.trie();
     for (int32_t c = at.first_child; c < at.first_child + at.num_children; ++c) {
       const Vocabulary::TrieNode& child = trie[static_cast<size_t>(c)];
-      Stacks::Frontier& next = levels[depth + 1];
-      stacks.advance(levels[depth].tops, child.byte, next);
-      const bool live = !next.tops.empty();
-      const bool escaped_below = escaped_above || next.escaped;
+      const int32_t next = move(state, child.byte);
+      // Copies: walking deeper may grow `states`.
+      const bool live = !states[static_cast<size_t>(next)].tops.empty();
+      const bool escaped_here = states[static_cast<size_t>(next)].escaped;
+      const bool escaped_below = escaped_above || escaped_here;
       for (TokenId id : vocab.tokensAt(child)) {
-        if (live || next.escaped) {
+        if (live || escaped_here) {
           out.accepted.push_back(id);
         } else if (escaped_above) {
           out.uncertain.push_back(id);
         }
       }
       if (live) {
-        walk(child, depth + 1, escaped_below, out);
+        walk(child, next, escaped_below, out);
       } else if (escaped_below) {
         collectBelow(child, out.uncertain);
       }
@@ -339,10 +389,22 @@ struct CompiledGrammar::Runtime {
         for (size_t w = 0; w < mask.size(); ++w) mask[w] |= c.accepted_words[w];
       }
       for (TokenId id : c.accepted) setBit(mask, id);
-      const int32_t single[] = {top};
+      trimMemo();
+      Stacks::Frontier single;
+      single.tops = {top};
+      const int32_t start = intern(single);
+      int32_t after = 0;
       for (TokenId id : c.uncertain) {
-        if (hasBit(mask, id)) continue;
-        if (stacks.advanceAll(single, vocab.bytes(id), scratch)) setBit(mask, id);
+        if (!hasBit(mask, id) && follow(start, vocab.bytes(id), &after)) setBit(mask, id);
+      }
+    }
+  }
+
+  // Every element's classes at once (compiling, off the engine's thread).
+  void classifyAll() {
+    for (size_t pos = 0; pos < stacks.grammar().elements.size(); ++pos) {
+      if (stacks.grammar().elements[pos].kind == Element::Kind::kBytes) {
+        classesOf(static_cast<int32_t>(pos));
       }
     }
   }
@@ -364,7 +426,9 @@ struct CompiledGrammar::Runtime {
   const Vocabulary& vocab;
   std::vector<std::unique_ptr<Classes>> classes;  // by element position
   std::unordered_map<std::vector<int32_t>, std::vector<uint64_t>, VectorHash> masks;
-  std::vector<Stacks::Frontier> levels;
+  std::vector<Stacks::Frontier> states;
+  std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> state_index;
+  std::unordered_map<uint64_t, int32_t> moves;
   Stacks::Frontier scratch;
   Stats stats;
 };
@@ -372,7 +436,11 @@ struct CompiledGrammar::Runtime {
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
     : grammar_(std::move(grammar)),
       vocabulary_(std::move(vocabulary)),
-      runtime_(std::make_unique<Runtime>(grammar_, *vocabulary_)) {}
+      runtime_(std::make_unique<Runtime>(grammar_, *vocabulary_)) {
+  // Here, where a request is admitted, rather than at its first steps on
+  // the engine's thread: a string's element walks the whole vocabulary.
+  runtime_->classifyAll();
+}
 
 CompiledGrammar::~CompiledGrammar() = default;
 
@@ -403,13 +471,19 @@ bool Matcher::accept(TokenId token) {
   const Vocabulary& vocab = grammar_->vocabulary();
   if (!vocab.inTrie(token)) return false;
   std::lock_guard lock(grammar_->mutex_);
-  Stacks::Frontier after;
-  if (!grammar_->runtime_->stacks.advanceAll(tops_, vocab.bytes(token), after)) {
-    overflowed_ = overflowed_ || after.overflow;
+  CompiledGrammar::Runtime& runtime = *grammar_->runtime_;
+  runtime.trimMemo();
+  Stacks::Frontier now;
+  now.tops = tops_;
+  int32_t after = 0;
+  bool overflow = false;
+  if (!runtime.follow(runtime.intern(now), vocab.bytes(token), &after, &overflow)) {
+    overflowed_ = overflowed_ || overflow;
     return false;
   }
-  tops_ = std::move(after.tops);
-  can_end_ = after.complete;
+  const Stacks::Frontier& next = runtime.states[static_cast<size_t>(after)];
+  tops_ = next.tops;
+  can_end_ = next.complete;
   return true;
 }
 

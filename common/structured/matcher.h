@@ -8,7 +8,7 @@
 // its stacks, of:
 //   - the tokens the stack's top element accepts whatever lies below it
 //     (computed once per grammar element with one walk of the vocabulary's
-//     byte trie, then cached: CompiledGrammar::classes), and
+//     byte trie whose moves between frontiers are memoized), and
 //   - of the tokens whose fate depends on what lies below (they leave the
 //     top rule), those that the whole stack accepts, checked one by one.
 // Masks are also cached per state, shared by every request of the grammar.
@@ -74,7 +74,10 @@ class Vocabulary {
   std::vector<TokenId> tokens_;
 };
 
-// A grammar bound to a vocabulary, with its lazily filled caches.
+// A grammar bound to a vocabulary, with its caches: every element's token
+// classes, computed when it is built (so a request's first steps do not
+// walk the vocabulary on the engine's thread), and, filled as they are
+// met, masks per state and the automaton's moves between frontiers.
 class CompiledGrammar {
  public:
   CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary);
