@@ -198,15 +198,12 @@ class GbnfParser {
   }
 
   StatusOr<Expr> parseAlternatives(int depth) {
-    std::vector<Expr> options;
-    while (true) {
-      StatusOr<Expr> option = parseSequence(depth);
-      if (!option.isOk()) return option;
-      options.push_back(std::move(*option));
-      if (atEnd() || peek() != '|') break;
-      ++pos_;
-    }
-    return options.size() == 1 ? std::move(options[0]) : alt(std::move(options));
+    return alternativesOf([&] { return parseSequence(depth); },
+                          [&] {
+                            if (atEnd() || peek() != '|') return false;
+                            ++pos_;
+                            return true;
+                          });
   }
 
   // Stops before |, ), the end, or the name of the next rule's definition.

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/structured/return_if_error.h"
+#include "common/structured/utf8.h"
 
 namespace tandem::structured {
 
@@ -109,17 +110,6 @@ namespace {
 
 int utf8Length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
 
-std::array<uint8_t, 4> utf8Encode(uint32_t cp, int n) {
-  std::array<uint8_t, 4> out{};
-  static constexpr uint8_t kLead[] = {0, 0x00, 0xC0, 0xE0, 0xF0};
-  for (int i = n - 1; i > 0; --i) {
-    out[static_cast<size_t>(i)] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-    cp >>= 6;
-  }
-  out[0] = static_cast<uint8_t>(kLead[n] | cp);
-  return out;
-}
-
 // Appends byte-set sequences for [lo, hi], all of UTF-8 length n, split
 // until every byte position is an independent range (the continuation
 // bytes of lo and hi are 0x80 and 0xBF wherever the lead bytes differ).
@@ -139,11 +129,12 @@ void encodeRange(uint32_t lo, uint32_t hi, int n, std::vector<Expr>& out) {
       }
     }
   }
-  const auto a = utf8Encode(lo, n);
-  const auto b = utf8Encode(hi, n);
+  std::string a, b;  // both n bytes long
+  internal::appendUtf8(lo, a);
+  internal::appendUtf8(hi, b);
   std::vector<Expr> parts;
-  for (int i = 0; i < n; ++i) {
-    parts.push_back(bytes(ByteSet::range(a[static_cast<size_t>(i)], b[static_cast<size_t>(i)])));
+  for (size_t i = 0; i < a.size(); ++i) {
+    parts.push_back(bytes(ByteSet::range(static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i]))));
   }
   out.push_back(n == 1 ? std::move(parts[0]) : seq(std::move(parts)));
 }
@@ -216,14 +207,7 @@ class Lowering {
   Status lowerAlternative(int32_t rule, const Expr& body) {
     std::vector<Element> elements;
     TANDEM_RETURN_IF_ERROR(lowerSequence(rule, body, elements));
-    elements.push_back(Element{Element::Kind::kEnd, 0});
-    if (static_cast<int64_t>(grammar_.elements.size() + elements.size()) > limits_.max_elements) {
-      return tooLarge();
-    }
-    grammar_.rule_alternatives[static_cast<size_t>(rule)].push_back(
-        static_cast<int32_t>(grammar_.elements.size()));
-    grammar_.elements.insert(grammar_.elements.end(), elements.begin(), elements.end());
-    return Status::ok();
+    return appendAlternative(rule, std::move(elements));
   }
 
   Status lowerSequence(int32_t rule, const Expr& e, std::vector<Element>& out) {
@@ -343,6 +327,35 @@ class Lowering {
   Grammar grammar_;
 };
 
+// The least fixpoint: a rule holds when one of its alternatives has only
+// byte-set elements for which `bytes_hold` is true and rules that hold.
+template <class BytesHold>
+std::vector<bool> rulesWhere(const Grammar& g, BytesHold bytes_hold) {
+  const size_t n = g.rule_alternatives.size();
+  std::vector<bool> holds(n, false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < n; ++r) {
+      if (holds[r]) continue;
+      for (int32_t start : g.rule_alternatives[r]) {
+        bool all = true;
+        for (size_t p = static_cast<size_t>(start);
+             all && g.elements[p].kind != Element::Kind::kEnd; ++p) {
+          const Element& e = g.elements[p];
+          all =
+              e.kind == Element::Kind::kBytes ? bytes_hold(e) : holds[static_cast<size_t>(e.value)];
+        }
+        if (all) {
+          holds[r] = true;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  return holds;
+}
+
 // A rule that can reach itself before consuming a byte, through a
 // reference with something after it, would make the matcher push a new
 // continuation forever (left recursion: expr ::= expr "+" term). A cycle
@@ -351,29 +364,8 @@ class Lowering {
 // item that can match "": ("a"?)*).
 Status checkLeftRecursion(const Grammar& g) {
   const size_t n = g.rule_alternatives.size();
-  std::vector<bool> nullable(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r) {
-      if (nullable[r]) continue;
-      for (int32_t start : g.rule_alternatives[r]) {
-        bool all = true;
-        for (size_t p = static_cast<size_t>(start); g.elements[p].kind != Element::Kind::kEnd;
-             ++p) {
-          const Element& e = g.elements[p];
-          if (e.kind == Element::Kind::kBytes || !nullable[static_cast<size_t>(e.value)]) {
-            all = false;
-            break;
-          }
-        }
-        if (all) {
-          nullable[r] = true;
-          changed = true;
-          break;
-        }
-      }
-    }
-  }
+  // Rules that can match "": a byte never can.
+  const std::vector<bool> nullable = rulesWhere(g, [](const Element&) { return false; });
   // Edges to the rules reachable before a byte; `pushes`: not in tail position.
   struct Edge {
     size_t to;
@@ -484,29 +476,9 @@ StatusOr<Grammar> GrammarBuilder::build(int32_t root, const GrammarLimits& limit
 }
 
 std::vector<bool> finishingRules(const Grammar& g) {
-  const size_t n = g.rule_alternatives.size();
-  std::vector<bool> finishes(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r) {
-      if (finishes[r]) continue;
-      for (int32_t start : g.rule_alternatives[r]) {
-        bool all = true;
-        for (size_t p = static_cast<size_t>(start);
-             all && g.elements[p].kind != Element::Kind::kEnd; ++p) {
-          const Element& e = g.elements[p];
-          all = e.kind == Element::Kind::kBytes ? !g.byte_sets[static_cast<size_t>(e.value)].empty()
-                                                : finishes[static_cast<size_t>(e.value)];
-        }
-        if (all) {
-          finishes[r] = true;
-          changed = true;
-          break;
-        }
-      }
-    }
-  }
-  return finishes;
+  return rulesWhere(g, [&g](const Element& bytes) {
+    return !g.byte_sets[static_cast<size_t>(bytes.value)].empty();
+  });
 }
 
 std::vector<bool> reachableRules(const Grammar& g) {

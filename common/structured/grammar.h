@@ -63,6 +63,20 @@ inline Expr optional(Expr item) { return repeat(std::move(item), 0, 1); }
 inline Expr star(Expr item) { return repeat(std::move(item), 0); }
 inline Expr plus(Expr item) { return repeat(std::move(item), 1); }
 
+// For the text compilers: options separated by '|'. `parse_option()` reads
+// one (StatusOr<Expr>); `next_bar()` consumes a '|' and says whether there
+// was one. One option stands alone; several make an alternative.
+template <class ParseOption, class NextBar>
+StatusOr<Expr> alternativesOf(ParseOption parse_option, NextBar next_bar) {
+  std::vector<Expr> options;
+  do {
+    StatusOr<Expr> option = parse_option();
+    if (!option.isOk()) return option;
+    options.push_back(std::move(option).value());
+  } while (next_bar());
+  return options.size() == 1 ? std::move(options[0]) : alt(std::move(options));
+}
+
 // Inclusive code point ranges; valid Unicode scalar values are
 // [0, 0xD7FF] and [0xE000, 0x10FFFF] (surrogates are never encoded).
 using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;

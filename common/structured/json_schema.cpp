@@ -650,6 +650,23 @@ class SchemaCompiler {
 
   std::string ruleName(const std::string& pointer) const { return prefix_ + pointer; }
 
+  // A count in [least, most] becomes `least` copies (elements) and
+  // `optional` optional links (rules, one each): both within the limits.
+  Status countFits(const std::string& pointer, const char* min_keyword, int64_t least,
+                   const char* max_keyword, int64_t most, int64_t optional) const {
+    if (optional > limits_.grammar.max_rules) {
+      return resourceExhausted(keywordAt(max_keyword, pointer) + " is " + std::to_string(most) +
+                               ", more than a grammar of max_rules " +
+                               std::to_string(limits_.grammar.max_rules) + " can count");
+    }
+    if (least > limits_.grammar.max_elements) {
+      return resourceExhausted(keywordAt(min_keyword, pointer) + " is " + std::to_string(least) +
+                               ", more than a grammar of max_elements " +
+                               std::to_string(limits_.grammar.max_elements) + " can hold");
+    }
+    return Status::ok();
+  }
+
   // Every rule the root reaches must derive some text: one that cannot (a
   // $ref cycle with no type in between, a required property whose schema
   // contains itself) would let generation enter a value it can never
@@ -1277,16 +1294,8 @@ class SchemaCompiler {
                              " is valid there (" + tuple_keyword + " and " +
                              (rest_keyword.empty() ? "items" : rest_keyword) + ")");
     }
-    if (most != Expr::kUnbounded && most - std::min(most, k) > limits_.grammar.max_rules) {
-      return resourceExhausted(keywordAt("maxItems", pointer) + " is " + std::to_string(most) +
-                               ", more than a grammar of max_rules " +
-                               std::to_string(limits_.grammar.max_rules) + " can count");
-    }
-    if (least > limits_.grammar.max_elements) {
-      return resourceExhausted(keywordAt("minItems", pointer) + " is " + std::to_string(least) +
-                               ", more than a grammar of max_elements " +
-                               std::to_string(limits_.grammar.max_elements) + " can hold");
-    }
+    TANDEM_RETURN_IF_ERROR(countFits(pointer, "minItems", least, "maxItems", most,
+                                     most == Expr::kUnbounded ? 0 : most - std::min(most, k)));
 
     // After j elements (j >= 1): element j + 1 on, each with its comma.
     // Built from the end; every 16 tuple elements the tail becomes a rule,
@@ -1379,16 +1388,8 @@ class SchemaCompiler {
         return invalidArgument(keywordAt("minLength", pointer) + " is " + std::to_string(least) +
                                ", more than maxLength " + std::to_string(most));
       }
-      if (most != Expr::kUnbounded && most - least > limits_.grammar.max_rules) {
-        return resourceExhausted(keywordAt("maxLength", pointer) + " is " + std::to_string(most) +
-                                 ", more than a grammar of max_rules " +
-                                 std::to_string(limits_.grammar.max_rules) + " can count");
-      }
-      if (least > limits_.grammar.max_elements) {
-        return resourceExhausted(keywordAt("minLength", pointer) + " is " + std::to_string(least) +
-                                 ", more than a grammar of max_elements " +
-                                 std::to_string(limits_.grammar.max_elements) + " can hold");
-      }
+      TANDEM_RETURN_IF_ERROR(countFits(pointer, "minLength", least, "maxLength", most,
+                                       most == Expr::kUnbounded ? 0 : most - least));
       return seq({literal("\""), repeat(ref(rules_.character()), least, most), literal("\"")});
     }
     return ref(rules_.string());

@@ -279,7 +279,8 @@ struct CompiledGrammar::Runtime {
     std::vector<int32_t> key = frontier.tops;
     key.push_back(-1 - (frontier.complete ? 1 : 0) - (frontier.escaped ? 2 : 0) -
                   (frontier.overflow ? 4 : 0));
-    auto [it, inserted] = state_index.try_emplace(std::move(key), static_cast<int32_t>(states.size()));
+    auto [it, inserted] =
+        state_index.try_emplace(std::move(key), static_cast<int32_t>(states.size()));
     if (inserted) states.push_back(frontier);
     return it->second;
   }

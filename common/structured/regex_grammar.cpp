@@ -102,15 +102,12 @@ class RegexParser {
   }
 
   StatusOr<Expr> parseAlternation(int depth) {
-    std::vector<Expr> options;
-    while (true) {
-      StatusOr<Expr> option = parseSequence(depth);
-      if (!option.isOk()) return option;
-      options.push_back(std::move(*option));
-      if (atEnd() || peek() != '|') break;
-      ++pos_;
-    }
-    return options.size() == 1 ? std::move(options[0]) : alt(std::move(options));
+    return alternativesOf([&] { return parseSequence(depth); },
+                          [&] {
+                            if (atEnd() || peek() != '|') return false;
+                            ++pos_;
+                            return true;
+                          });
   }
 
   StatusOr<Expr> parseSequence(int depth) {
