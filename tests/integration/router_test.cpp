@@ -158,6 +158,42 @@ TEST_F(RouterTest, ApiKeysGuardTheRouterAndItsCallsToTheAgents) {
   EXPECT_EQ(agent.Get("/v1/models", agent_key)->status, 200);
 }
 
+// A constrained request through the router: prefilled on the prefill agent
+// (which samples its first token under the mask too) and decoded on the
+// decode agent, it gives the colocated agent's tokens; a constraint the
+// compilers refuse is the router's own 400.
+TEST_F(RouterTest, StructuredOutputsAcrossTheHandOffEqualColocated) {
+  start(1, 1);
+  Agent colocated;
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "city": {"enum": ["Oslo", "Rome"]}, "days": {"type": "integer", "minimum": 1,
+      "maximum": 9}, "note": {"type": "string", "maxLength": 5}}, "required": ["city", "days"]})");
+  for (uint32_t seed : {71u, 72u, 73u}) {
+    json body = greedy(randomPrompt(70, seed), 60);
+    body.erase("ignore_eos");
+    body["guided_json"] = schema;
+    if (seed == 72u) {
+      body["temperature"] = 1.0;
+      body["seed"] = seed;
+    }
+    const json expected = colocated.post("/v1/completions", body);
+    Answer answer = post(body);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decision, "disaggregated");
+    EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
+    EXPECT_EQ(answer.body["choices"][0]["text"], expected["choices"][0]["text"]);
+    EXPECT_EQ(answer.body["choices"][0]["finish_reason"], "stop");
+    const json parsed = json::parse(answer.body["choices"][0]["text"].get<std::string>());
+    EXPECT_TRUE(parsed["city"] == "Oslo" || parsed["city"] == "Rome") << parsed.dump();
+  }
+  json refused = greedy(randomPrompt(20, 1), 4);
+  refused["guided_regex"] = "(a)\\1";
+  Answer answer = post(refused);
+  EXPECT_EQ(answer.status, 400);
+  EXPECT_EQ(answer.body["error"]["param"], "guided_regex");
+  EXPECT_TRUE(answer.decision.empty());  // never sent to an agent
+}
+
 TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   start(1, 1, Policy::kKv, /*disagg_threshold_tokens=*/64);
   Agent colocated;

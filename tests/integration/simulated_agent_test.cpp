@@ -185,6 +185,21 @@ TEST_P(AgentApi, BadInputGetsClearErrorsAndServingContinues) {
         << c.body << " → " << error["message"];
   }
   int status = 0;
+  // Structured outputs: a real agent follows the constraint; a simulated
+  // one, whose tokens follow its profile, refuses it with 501.
+  json choice = agent.post(
+      "/v1/completions",
+      json{
+          {"model", "tiny"}, {"prompt", "hi"}, {"max_tokens", 8}, {"guided_choice", {"yes", "no"}}},
+      &status);
+  if (GetParam()) {
+    EXPECT_EQ(status, 501) << choice.dump();
+    EXPECT_NE(choice["error"]["message"].get<std::string>().find("not simulated"),
+              std::string::npos);
+  } else {
+    EXPECT_EQ(status, 200) << choice.dump();
+    EXPECT_TRUE(choice["choices"][0]["text"] == "yes" || choice["choices"][0]["text"] == "no");
+  }
   json too_long = agent.post("/v1/completions", greedy(randomPrompt(600, 5), 4), &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(too_long["error"]["message"].get<std::string>().find("512"), std::string::npos);
