@@ -3,10 +3,12 @@
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/http/http_connection.h"
 #include "common/logging.h"
@@ -64,6 +66,47 @@ struct LatencyClock {
   Clock::time_point arrival;
   Clock::time_point last_token{};
 };
+
+// The engine's output callback of one request: its latency metrics, then
+// the output to the connection.
+engine::Engine::OutputCallback outputCallback(AgentMetrics& metrics,
+                                              std::shared_ptr<OutputChannel> channel,
+                                              Clock::time_point arrival) {
+  auto latency = std::make_shared<LatencyClock>();
+  latency->arrival = arrival;
+  return [&metrics, channel = std::move(channel), latency](const engine::RequestOutput& output) {
+    const auto now = Clock::now();
+    if (!output.tokens.empty()) {
+      if (latency->last_token == Clock::time_point{}) {
+        metrics.observeTimeToFirstToken(
+            std::chrono::duration<double>(now - latency->arrival).count());
+      } else {
+        metrics.observeInterTokenLatency(
+            std::chrono::duration<double>(now - latency->last_token).count());
+      }
+      latency->last_token = now;
+    }
+    if (output.finished()) {
+      metrics.observeFinished(output,
+                              std::chrono::duration<double>(now - latency->arrival).count());
+    }
+    channel->push(output);
+  };
+}
+
+// The answer to a request the engine did not take: 503 when it is full or
+// draining, else the status's own.
+ApiError refusedByEngine(AgentMetrics& metrics, const Status& status) {
+  const bool overloaded =
+      status.code() == StatusCode::kResourceExhausted || status.code() == StatusCode::kUnavailable;
+  metrics.observeRejected(overloaded ? "rejected" : "invalid");
+  ApiError error = fromStatus(status);
+  if (overloaded) {
+    error.status = 503;
+    error.type = "service_unavailable";
+  }
+  return error;
+}
 
 void sendError(HttpResponse& res, const ApiError& error, int retry_after_seconds = 0) {
   res.status = error.status;
@@ -161,6 +204,134 @@ int64_t unixSeconds() {
       .count();
 }
 
+// n > 1: one engine request per choice ("<id>-<i>"; with a seed, choice i
+// samples with seed + i). The first is sent alone; the others once it has
+// its first token, so they find the prompt's blocks in the prefix cache and
+// compute only its last partial block. Whole: one answer with a choice per
+// request. Streamed: each step's chunk carries its choice's index, and the
+// usage chunk and [DONE] follow the last choice's end. An error in any
+// choice ends the answer with that error; the client leaving aborts all.
+boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engine& engine,
+                                           AgentMetrics& metrics, ParsedRequest request,
+                                           const ResponseMeta& meta, bool chat,
+                                           int retry_after_seconds) {
+  const Tokenizer& tokenizer = engine.tokenizer();
+  const auto n = static_cast<size_t>(request.n);
+  const std::string id = request.request.id;
+  auto channel = std::make_shared<OutputChannel>(exchange.waker());
+  std::vector<std::string> ids;
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < n; ++i) {
+    ids.push_back(id + "-" + std::to_string(i));
+    index_of[ids.back()] = i;
+  }
+  auto add = [&](size_t i) {
+    engine::Request child = request.request;
+    child.id = ids[i];
+    child.hand_over_on_drain = false;  // several streams in one: not movable
+    if (child.sampling.seed) child.sampling.seed = *child.sampling.seed + i;
+    auto callback = outputCallback(metrics, channel, child.arrival);
+    return engine.addRequest(std::move(child), std::move(callback));
+  };
+  auto abortAll = [&] {
+    for (const std::string& child : ids) engine.abort(child);
+  };
+  if (Status status = add(0); !status.isOk()) {
+    co_await exchange.respond(errorResponse(refusedByEngine(metrics, status), retry_after_seconds));
+    co_return;
+  }
+  std::vector<engine::RequestOutput> totals(n);
+  std::vector<StreamState> states(n);
+  std::deque<engine::RequestOutput> pending;  // outputs before the stream started
+  size_t added = 1;
+  size_t finished = 0;
+  bool started = false;
+  std::optional<ApiError> failed;
+  while (finished < n && !failed) {
+    while (auto output = channel->tryPop()) {
+      const size_t i = index_of.at(output->request_id);
+      if (added == 1 && i == 0) {
+        // The prompt is computed and cached: the other choices now.
+        for (; added < n; ++added) {
+          if (Status status = add(added); !status.isOk()) {
+            failed = refusedByEngine(metrics, status);
+            break;
+          }
+        }
+      }
+      if (output->finished()) ++finished;
+      if (output->finish_reason == engine::FinishReason::kError) failed = engineError(*output);
+      pending.push_back(std::move(*output));
+      if (failed) break;
+    }
+    if (failed) break;
+    if (request.stream && added == n) {
+      if (!started) {
+        if (!co_await exchange.startChunked(200, "text/event-stream", noCache())) {
+          abortAll();
+          co_return;
+        }
+        started = true;
+      }
+      std::string data;
+      for (; !pending.empty(); pending.pop_front()) {
+        const engine::RequestOutput& output = pending.front();
+        const size_t i = index_of.at(output.request_id);
+        appendOutput(totals[i], output);
+        if (auto chunk = streamChunk(meta, output, tokenizer, states[i])) {
+          (*chunk)["choices"][0]["index"] = i;
+          data += sseEvent(*chunk);
+        }
+      }
+      if (!data.empty() && !co_await exchange.writeChunk(std::move(data))) {
+        abortAll();
+        co_return;
+      }
+    }
+    if (finished < n && !co_await exchange.wait()) {
+      abortAll();
+      co_return;
+    }
+  }
+  if (failed) {
+    abortAll();
+    if (started) {
+      co_await exchange.writeChunk(sseEvent(errorBody(*failed)));
+      co_await exchange.finishChunked();
+    } else {
+      co_await exchange.respond(errorResponse(*failed, retry_after_seconds));
+    }
+    co_return;
+  }
+  for (; !pending.empty(); pending.pop_front()) {
+    appendOutput(totals[index_of.at(pending.front().request_id)], pending.front());
+  }
+  // Usage: the prompt once, every choice's tokens.
+  engine::RequestOutput usage = totals[0];
+  for (size_t i = 1; i < n; ++i) usage.num_generated_tokens += totals[i].num_generated_tokens;
+  if (request.stream) {
+    std::string data;
+    if (meta.include_usage) data += sseEvent(usageChunk(meta, usage));
+    data += kSseDone;
+    if (co_await exchange.writeChunk(std::move(data))) co_await exchange.finishChunked();
+    co_return;
+  }
+  json body;
+  for (size_t i = 0; i < n; ++i) {
+    json one = chat ? chatCompletionResponse(meta, totals[i], tokenizer)
+                    : completionResponse(meta, totals[i], tokenizer);
+    json choice = std::move(one["choices"][0]);
+    choice["index"] = i;
+    if (i == 0) {
+      body = std::move(one);
+      body["choices"] = json::array();
+    }
+    body["choices"].push_back(std::move(choice));
+  }
+  body["usage"] = usageJson(usage);
+  co_await exchange.respond(jsonResponse(body));
+}
+
 }  // namespace
 
 HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
@@ -246,39 +417,18 @@ void HttpServer::routes() {
       // Responses carry the engine's transfer parameters, never an echo.
       meta.kv_transfer_params = nullptr;
 
+      if (request.n > 1) {
+        co_await answerChoices(exchange, engine_, metrics_, std::move(request), meta, chat,
+                               config_.retry_after_seconds);
+        co_return;
+      }
       auto channel = std::make_shared<OutputChannel>(exchange.waker());
-      auto latency = std::make_shared<LatencyClock>();
-      latency->arrival = request.request.arrival;
-      auto callback = [this, channel, latency](const engine::RequestOutput& output) {
-        const auto now = Clock::now();
-        if (!output.tokens.empty()) {
-          if (latency->last_token == Clock::time_point{}) {
-            metrics_.observeTimeToFirstToken(
-                std::chrono::duration<double>(now - latency->arrival).count());
-          } else {
-            metrics_.observeInterTokenLatency(
-                std::chrono::duration<double>(now - latency->last_token).count());
-          }
-          latency->last_token = now;
-        }
-        if (output.finished()) {
-          metrics_.observeFinished(output,
-                                   std::chrono::duration<double>(now - latency->arrival).count());
-        }
-        channel->push(output);
-      };
+      auto callback = outputCallback(metrics_, channel, request.request.arrival);
       const bool stream = request.stream;
       Status status = engine_.addRequest(std::move(request.request), callback);
       if (!status.isOk()) {
-        const bool overloaded = status.code() == StatusCode::kResourceExhausted ||
-                                status.code() == StatusCode::kUnavailable;
-        metrics_.observeRejected(overloaded ? "rejected" : "invalid");
-        ApiError error = fromStatus(status);
-        if (overloaded) {
-          error.status = 503;
-          error.type = "service_unavailable";
-        }
-        co_await exchange.respond(errorResponse(error, config_.retry_after_seconds));
+        co_await exchange.respond(
+            errorResponse(refusedByEngine(metrics_, status), config_.retry_after_seconds));
         co_return;
       }
 

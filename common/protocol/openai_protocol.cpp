@@ -325,9 +325,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     }
   }
 
-  if (fields.readInt("n", kInt64Min, kInt64Max, &integer) && integer != 1) {
-    fields.fail("n must be 1, got " + std::to_string(integer), "n");
-  }
+  if (fields.readInt("n", 1, kMaxChoices, &integer)) parsed.n = integer;
 
   if (const json* stop = fields.find("stop")) {
     if (stop->is_string()) {
@@ -386,6 +384,10 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     fields.fail("cache_salt must not be empty when given", "cache_salt");
   }
   if (const json* params = fields.readObject("kv_transfer_params")) {
+    if (parsed.n > 1) {
+      fields.fail("kv_transfer_params hands one request's KV over: n must be 1",
+                  "kv_transfer_params");
+    }
     parsed.kv_transfer_params = *params;
   }
   // A stream that another agent began: the tokens it already sent.
@@ -394,6 +396,8 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
       fields.failType("resume_token_ids", "a non-empty array of token ids", *ids);
     } else if (!parsed.stream) {
       fields.fail("resume_token_ids continues a stream: set stream to true", "resume_token_ids");
+    } else if (parsed.n > 1) {
+      fields.fail("resume_token_ids continues one choice: n must be 1", "resume_token_ids");
     } else if (auto resumed = readTokenIds(fields, "resume_token_ids", "resume_token_ids", *ids,
                                            limits.vocab_size)) {
       parsed.request.resume_output = std::move(*resumed);
@@ -603,8 +607,11 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
     }
   }
   if (int64_t best_of = 1;
-      fields.readInt("best_of", kInt64Min, kInt64Max, &best_of) && best_of != 1) {
-    fields.fail("best_of must be 1, got " + std::to_string(best_of), "best_of");
+      fields.readInt("best_of", kInt64Min, kInt64Max, &best_of) && best_of != parsed.n) {
+    fields.fail("best_of must equal n (" + std::to_string(parsed.n) +
+                    "): ranking more candidates than are returned is not supported, got " +
+                    std::to_string(best_of),
+                "best_of");
   }
   if (std::string suffix; fields.readString("suffix", &suffix) && !suffix.empty()) {
     fields.fail("suffix is not supported yet; leave it out or send null", "suffix");

@@ -103,6 +103,9 @@ class Result {
 // ---------------------------------------------------------------------------
 // Requests
 
+// Most choices one request may ask for (n).
+inline constexpr int64_t kMaxChoices = 16;
+
 // Values a request body may hold by default: the token ids of a 1M-token
 // prompt, or a conversation with tools far larger than any context window.
 inline constexpr size_t kMaxRequestJsonValues = size_t{1} << 20;
@@ -137,6 +140,9 @@ struct ParsedRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Choices to generate for the one prompt (OpenAI's n), each its own
+  // engine request; with a seed, choice i samples with seed + i.
+  int64_t n = 1;
   // Completions: the answer starts with the prompt, as OpenAI's echo (not
   // with logprobs, not for chat); echo_text is the prompt's text (its token
   // ids decoded when it was given as ids), empty for a resumed stream (the

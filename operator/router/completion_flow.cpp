@@ -314,6 +314,16 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
     for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
     decision = chooser_.choose(input);
+    if (parsed.value().n > 1 && decision.kind == Decision::Kind::kDisaggregated) {
+      // Several choices share the prompt on one agent (it computes it once
+      // and each choice reads it from its prefix cache); a hand-off moves
+      // one request's KV.
+      decision.kind = Decision::Kind::kLocalPrefill;
+      decision.prefill.reset();
+      decision.pull_back = false;
+      decision.lending_prefill.reset();
+      decision.lending_decode.reset();
+    }
     if (decision.decode) {
       const AgentView& decode = input.decode[*decision.decode];
       const bool local = decision.kind == Decision::Kind::kLocalPrefill;

@@ -194,6 +194,22 @@ TEST_F(RouterTest, StructuredOutputsAcrossTheHandOffEqualColocated) {
   EXPECT_TRUE(answer.decision.empty());  // never sent to an agent
 }
 
+// n > 1 through the router: the choices share the prompt on one decode
+// agent (prefilled there, not handed off), and equal the colocated answer.
+TEST_F(RouterTest, SeveralChoicesArePrefilledOnTheDecodeAgent) {
+  start(1, 1);
+  Agent colocated;
+  json body = greedy(randomPrompt(70, 950), 6);
+  body["n"] = 3;
+  body["temperature"] = 1.0;
+  body["seed"] = 7;
+  Answer answer = post(body);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "local_prefill");
+  ASSERT_EQ(answer.body["choices"].size(), 3u);
+  EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", body)["choices"]);
+}
+
 TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   start(1, 1, Policy::kKv, /*disagg_threshold_tokens=*/64);
   Agent colocated;

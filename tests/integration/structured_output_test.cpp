@@ -64,8 +64,8 @@ TEST(StructuredOutput, ChoicesAndRegexesUnderGreedyAndSeededSampling) {
   const std::string pattern = "[a-c]{2,5}-[0-9]{3}(x|yz)?";
   std::set<std::string> chosen;
   for (uint32_t i = 0; i < 12; ++i) {
-    const std::optional<uint64_t> seed =
-        i % 2 == 0 ? std::nullopt : std::optional<uint64_t>(1000 + i);
+    std::optional<uint64_t> seed;
+    if (i % 2 == 1) seed = 1000 + i;
     const json choice =
         agent.post("/v1/completions",
                    constrained(randomPrompt(6 + i, i), 16, {{"guided_choice", choices}}, seed));
@@ -249,11 +249,15 @@ TEST(StructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
     const json& calls = choice["message"]["tool_calls"];
     ASSERT_TRUE(calls.is_array());
     ASSERT_GE(calls.size(), 1u);
-    if (i != 2) EXPECT_EQ(calls.size(), 1u);
+    if (i != 2) {
+      EXPECT_EQ(calls.size(), 1u);
+    }
     for (const json& call : calls) {
       const std::string name = call["function"]["name"];
       const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
-      if (i == 3) EXPECT_EQ(name, "stop_timer");
+      if (i == 3) {
+        EXPECT_EQ(name, "stop_timer");
+      }
       if (name == "get_weather") {
         EXPECT_TRUE(arguments["city"] == "Oslo" || arguments["city"] == "Rome" ||
                     arguments["city"] == "Lima");
@@ -322,6 +326,69 @@ TEST(StructuredOutput, RefusalsNameTheField) {
                 "resume_token_ids[0] is not allowed by the request's structured output"),
             std::string::npos)
       << error.dump();
+}
+
+}  // namespace
+
+namespace {
+
+// n > 1: n choices for one prompt. With a seed, choice i is the request
+// with seed + i alone (so reproducible and distinct); the prompt is
+// computed once (the other choices read its full blocks from the prefix
+// cache); streamed, each chunk carries its choice's index and the texts
+// equal the whole answer's.
+TEST(ParallelChoices, SeededChoicesAreTheSingleRequestsAndShareThePrompt) {
+  Agent agent;
+  json body = {{"model", "tiny"},    {"prompt", randomPrompt(70, 900)},
+               {"max_tokens", 12},   {"temperature", 1.0},
+               {"seed", 500},        {"n", 4},
+               {"ignore_eos", true}, {"return_token_ids", true}};
+  const double hits_before = agent.metric("tandem_prefix_cache_hits_total");
+  const json answer = agent.post("/v1/completions", body);
+  ASSERT_EQ(answer["choices"].size(), 4u) << answer.dump();
+  // 70 tokens: 4 full blocks of 16, read from the cache by choices 1-3.
+  EXPECT_EQ(agent.metric("tandem_prefix_cache_hits_total") - hits_before, 3 * 64);
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], 70);
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 4 * 12);
+  std::set<std::vector<int>> distinct;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& choice = answer["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    json single = body;
+    single["n"] = 1;
+    single["seed"] = 500 + i;
+    EXPECT_EQ(choice["token_ids"], agent.post("/v1/completions", single)["choices"][0]["token_ids"])
+        << "choice " << i;
+    distinct.insert(choice["token_ids"].get<std::vector<int>>());
+  }
+  EXPECT_EQ(distinct.size(), 4u);
+  EXPECT_EQ(agent.post("/v1/completions", body)["choices"], answer["choices"]);
+
+  body["stream"] = true;
+  httplib::Client client("127.0.0.1", agent.port());
+  client.set_read_timeout(60, 0);
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  std::map<int, std::string> texts;
+  std::map<int, std::string> finish;
+  int done = 0;
+  std::istringstream events(res->body);
+  for (std::string line; std::getline(events, line);) {
+    if (line == "data: [DONE]") ++done;
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    for (const json& choice : chunk["choices"]) {
+      texts[choice["index"].get<int>()] += choice["text"].get<std::string>();
+      if (choice["finish_reason"].is_string())
+        finish[choice["index"].get<int>()] = choice["finish_reason"];
+    }
+  }
+  EXPECT_EQ(done, 1);
+  ASSERT_EQ(texts.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(texts[i], answer["choices"][i]["text"]) << i;
+    EXPECT_EQ(finish[i], "length");
+  }
 }
 
 }  // namespace

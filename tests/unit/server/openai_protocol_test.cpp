@@ -336,9 +336,16 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "repetition_penalty must be a number, got string"),
       bad(completion(R"("seed": "x")"), "seed", "seed must be an integer, got string"),
       bad(completion(R"("seed": 1.5)"), "seed", "seed must be an integer, got 1.5"),
-      bad(completion(R"("n": 3)"), "n", "n must be 1, got 3"),
+      bad(completion(R"("n": 17)"), "n", "n must be between 1 and 16, got 17"),
+      bad(completion(R"("n": 0)"), "n", "n must be between 1 and 16, got 0"),
+      bad(completion(R"("n": 2, "stream": true, "resume_token_ids": [5])"), "resume_token_ids",
+          "resume_token_ids continues one choice: n must be 1"),
+      bad(completion(R"("n": 2, "kv_transfer_params": {})"), "kv_transfer_params",
+          "kv_transfer_params hands one request's KV over: n must be 1"),
       bad(completion(R"("n": "1")"), "n", "n must be an integer, got string"),
-      bad(completion(R"("best_of": 2)"), "best_of", "best_of must be 1, got 2"),
+      bad(completion(R"("best_of": 2)"), "best_of",
+          "best_of must equal n (1): ranking more candidates than are returned is not supported, "
+          "got 2"),
       // Stops.
       bad(completion(R"("stop": 5)"), "stop",
           "stop must be a string or an array of strings, got number"),
@@ -925,7 +932,7 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
           "add_generation_prompt and continue_final_message cannot both be true; set "
           "add_generation_prompt to false to continue the final message"),
       bad(chat(R"("temperature": 3)"), "temperature", "temperature must be between 0 and 2, got 3"),
-      bad(chat(R"("n": 2)"), "n", "n must be 1, got 2"),
+      bad(chat(R"("n": 20)"), "n", "n must be between 1 and 16, got 20"),
       bad(chat(R"("echo": true)"), "echo",
           "echo is not supported for chat completions; send false or leave it out"),
       bad(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
