@@ -2,17 +2,23 @@
 # Installs the pinned npm packages the tests run under node into
 # DEST/node_modules: ajv (JSON Schema validator, draft 2020-12) and
 # ajv-formats, the independent validator of the structured-output
-# conformance test (tests/support/validate_json_schema.cjs).
+# conformance test (tests/support/validate_json_schema.cjs); openai (the
+# official Node client, 4.x: beta.chat.completions.parse and
+# openai/helpers/zod) and zod, which the OpenAI client test drives the
+# router with (tests/support/openai_client_check.cjs).
 #
 #   scripts/fetch-node-packages.sh build/third_party/node
 set -euo pipefail
 
 DEST=${1:?usage: fetch-node-packages.sh DEST}
-PACKAGES=(ajv@8.17.1 ajv-formats@3.0.1)
+PACKAGES=(ajv@8.17.1 ajv-formats@3.0.1 openai@4.104.0 zod@3.24.4)
 STAMP="${PACKAGES[*]}"
 
-if [ -d "$DEST/node_modules/ajv" ] && [ -d "$DEST/node_modules/ajv-formats" ] &&
-  [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$STAMP" ]; then
+present=1
+for package in "${PACKAGES[@]}"; do
+  [ -d "$DEST/node_modules/${package%@*}" ] || present=0
+done
+if [ "$present" = 1 ] && [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$STAMP" ]; then
   echo "node packages: $STAMP present in $DEST"
   exit 0
 fi

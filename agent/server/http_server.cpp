@@ -498,18 +498,28 @@ void HttpServer::routes() {
   http_->route("POST", "/v1/chat/completions", completions(true));
 
   http_->get("/v1/models", [this](const HttpRequest&, HttpResponse& res) {
-    json model = {{"id", config_.served_model_name},
-                  {"object", "model"},
-                  {"created", unixSeconds()},
-                  {"owned_by", "tandem"},
-                  // What a router needs to compute this agent's block hashes.
-                  {"tandem",
-                   {{"model_identity", engine_.modelIdentity()},
-                    {"block_size", engine_.config().block_size},
-                    {"prefix_caching_hash", hashAlgorithmName(engine_.config().hash_algorithm)}}},
-                  {"root", engine_.model().directory().string()},
-                  {"max_model_len", engine_.maxModelLen()},
-                  {"device", kernels::deviceKindName(engine_.backend().kind())}};
+    json model = {
+        {"id", config_.served_model_name},
+        {"object", "model"},
+        {"created", unixSeconds()},
+        {"owned_by", "tandem"},
+        // What a router needs to compute this agent's block hashes.
+        {"tandem",
+         {{"model_identity", engine_.modelIdentity()},
+          {"block_size", engine_.config().block_size},
+          {"prefix_caching_hash", hashAlgorithmName(engine_.config().hash_algorithm)},
+          // The output parsers, which a router checks requests with.
+          {"tool_call_parser",
+           config_.chat_output.tool_call_parser
+               ? json(protocol::toolCallParserName(*config_.chat_output.tool_call_parser))
+               : json(nullptr)},
+          {"reasoning_parser",
+           config_.chat_output.reasoning_parser
+               ? json(protocol::reasoningParserName(*config_.chat_output.reasoning_parser))
+               : json(nullptr)}}},
+        {"root", engine_.model().directory().string()},
+        {"max_model_len", engine_.maxModelLen()},
+        {"device", kernels::deviceKindName(engine_.backend().kind())}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
                     "application/json");
   });

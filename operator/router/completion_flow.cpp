@@ -21,6 +21,8 @@ using tcp = asio::ip::tcp;
 using asio::awaitable;
 using asio::use_awaitable;
 using nlohmann::json;
+// A request body as the client wrote it (key order kept).
+using Body = nlohmann::ordered_json;
 using server::HttpExchange;
 using server::HttpResponse;
 using Clock = std::chrono::steady_clock;
@@ -104,9 +106,14 @@ std::string holdBody(const protocol::Request& request, const std::string& kv_sec
 
 std::string releaseBody(const json& params) { return json{{"kv_transfer_params", params}}.dump(); }
 
+// The body's kv_transfer_params: read `lent` (a lender's descriptor) first.
+void setRemotePrefix(Body& body, const json& lent) {
+  body["kv_transfer_params"] = Body{{"remote_prefix", Body(lent)}};
+}
+
 // The prefill half: one token, no stream, the KV kept for the decode agent
 // (and read from `lent`, a decode agent's prefix, when given).
-std::string prefillBody(json body, const json& lent) {
+std::string prefillBody(Body body, const json& lent) {
   body["max_tokens"] = 1;
   body.erase("max_completion_tokens");
   body.erase("min_tokens");
@@ -114,8 +121,8 @@ std::string prefillBody(json body, const json& lent) {
   body.erase("stream_options");
   // The prompt's KV only: a resumed stream's output is recomputed where it is decoded.
   body.erase("resume_token_ids");
-  body["kv_transfer_params"] = {{"do_remote_decode", true}};
-  if (!lent.is_null()) body["kv_transfer_params"]["remote_prefix"] = lent;
+  body["kv_transfer_params"] = Body{{"do_remote_decode", true}};
+  if (!lent.is_null()) body["kv_transfer_params"]["remote_prefix"] = Body(lent);
   return body.dump();
 }
 
@@ -123,7 +130,7 @@ std::string prefillBody(json body, const json& lent) {
 // `body` (an object without kv_transfer_params: the router removed the
 // client's) is serialized as it is and the parameters are appended to the
 // text, which spares copying a prompt of many token ids.
-std::string decodeBody(const json& body, const json& params) {
+std::string decodeBody(const Body& body, const json& params) {
   std::string text = body.dump();
   if (params.is_null()) return text;
   json read = params;
@@ -154,7 +161,7 @@ LedgerCounts decodeCounts(const DecisionInput& input, const AgentView& decode, b
   return {1, local ? uncachedTokens(input, decode) : 0, input.num_prompt_tokens + input.max_tokens};
 }
 
-const char* targetOf(const json& body) {
+const char* targetOf(const Body& body) {
   return body.contains("messages") ? "/v1/chat/completions" : "/v1/completions";
 }
 
@@ -244,10 +251,14 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::atomic<bool> cancel{false};
   const std::string* body_text = &exchange.request().body;
   const ServedModel* model = &model_;
+  Body ordered;
   server::Result<server::ParsedRequest> parsed =
       co_await exchange.offload<server::Result<server::ParsedRequest>>(
-          [body_text, chat, model, &cancel] {
-            return parseRequest(*body_text, chat, *model, cancel);
+          [body_text, chat, model, &cancel, &ordered] {
+            auto result = parseRequest(*body_text, chat, *model, cancel);
+            if (result.isOk())
+              ordered = Body::parse(*body_text, nullptr, /*allow_exceptions=*/false);
+            return result;
           },
           cancel);
   if (exchange.clientGone()) {
@@ -277,7 +288,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     metrics_.countClientAbort("queued");
     co_return;
   }
-  json body = std::move(parsed.value().body);
+  // Forwarded as the client wrote it: a JSON schema's properties and a
+  // tool's parameters come out in their order (the parsed body's keys are
+  // sorted).
+  Body body = std::move(ordered);
   body.erase("kv_transfer_params");  // only the router sets these
   const protocol::Request& request = parsed.value().request;
   const bool streaming = parsed.value().stream;
@@ -389,7 +403,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     lent = std::move(lend.params);
     lend_missed = !lend.full;
     if (decision.kind == Decision::Kind::kLocalPrefill && !lent.is_null()) {
-      body["kv_transfer_params"] = {{"remote_prefix", lent}};
+      setRemotePrefix(body, lent);
     }
   }
   // A stream is relayed through a splice, so that a decode agent failing
@@ -533,13 +547,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       const char* kv = "recomputed";
       int64_t transferred = 0;
       if (!lent.is_null()) {  // the draining agent's hand-over
-        body["kv_transfer_params"] = {{"remote_prefix", lent}};
+        setRemotePrefix(body, lent);
         transferred = lent.value("remote_num_tokens", int64_t{0});
         kv = "handed_over";
       } else if (prompt_prefill && prompt_prefill->healthy) {
         Lent lend = co_await lendFrom(prompt_prefill, request, input.num_prompt_tokens);
         if (!lend.params.is_null()) {
-          body["kv_transfer_params"] = {{"remote_prefix", lend.params}};
+          setRemotePrefix(body, lend.params);
           lent = std::move(lend.params);
           lender = prompt_prefill;
           transferred = lend.tokens;
@@ -591,7 +605,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
 // Prefills on the chosen prefill agent (others on failure), reading `lent`
 // (a lender's kv_transfer_params; null: none) first when given.
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
-    HttpExchange& exchange, const json& body, const protocol::Request& request,
+    HttpExchange& exchange, const Body& body, const protocol::Request& request,
     const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
     const Decision& decision, const json& lent, LoadLedger::Reservation reservation) {
   Handoff handoff;
@@ -672,7 +686,7 @@ awaitable<void> CompletionFlow::release(const Handoff& handoff) {
 
 // Sends the request to the decode agent and passes its answer through.
 awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
-    HttpExchange& exchange, json body, bool streaming, const AgentPtr& decode,
+    HttpExchange& exchange, Body body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
     LoadLedger::Reservation& reservation, const Prediction& prediction, StreamSplice* splice,
     ClientStream& client) {

@@ -90,10 +90,13 @@ class CompletionFlow {
   };
 
   boost::asio::awaitable<Admission> admit(server::HttpExchange& exchange);
-  boost::asio::awaitable<Handoff> prefillOn(
-      server::HttpExchange& exchange, const nlohmann::json& body, const protocol::Request& request,
-      const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
-      const Decision& decision, const nlohmann::json& lent, LoadLedger::Reservation reservation);
+  boost::asio::awaitable<Handoff> prefillOn(server::HttpExchange& exchange,
+                                            const nlohmann::ordered_json& body,
+                                            const protocol::Request& request,
+                                            const std::vector<AgentPtr>& prefill_agents,
+                                            const DecisionInput& input, const Decision& decision,
+                                            const nlohmann::json& lent,
+                                            LoadLedger::Reservation reservation);
   boost::asio::awaitable<void> release(const Handoff& handoff);
   // Asks `lender` to hold the prompt's cached prefix for another agent to
   // read (a lend): its kv_transfer_params (null when nothing was pinned) and
@@ -118,8 +121,8 @@ class CompletionFlow {
   // it is written to. A stream that breaks after starting is left to the
   // caller to resume elsewhere.
   boost::asio::awaitable<DecodeOutcome> decodeOn(
-      server::HttpExchange& exchange, nlohmann::json body, bool streaming, const AgentPtr& decode,
-      const Handoff& handoff, const std::string& label,
+      server::HttpExchange& exchange, nlohmann::ordered_json body, bool streaming,
+      const AgentPtr& decode, const Handoff& handoff, const std::string& label,
       std::chrono::steady_clock::time_point arrival, LoadLedger::Reservation& reservation,
       const Prediction& prediction, StreamSplice* splice, ClientStream& client);
 

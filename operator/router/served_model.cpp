@@ -6,6 +6,8 @@
 
 #include "common/json_parse.h"
 #include "common/logging.h"
+#include "common/protocol/reasoning_parser.h"
+#include "common/protocol/tool_call_parser.h"
 #include "operator/router/upstream_call.h"
 
 namespace tandem::router {
@@ -28,6 +30,19 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   info.block_size = tandem.value("block_size", 16);
   auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
   if (hash.isOk()) info.hash = *hash;
+  // The agents' output parsers: a forced tool call is written in the tool
+  // parser's format, so the router checks it as they do.
+  auto text = [&tandem](const char* key) {
+    const auto it = tandem.find(key);
+    return it != tandem.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  protocol::ChatOutputOptions chat_output;
+  if (auto parser = protocol::toolCallParserFromName(text("tool_call_parser")); parser.isOk()) {
+    chat_output.tool_call_parser = *parser;
+  }
+  if (auto parser = protocol::reasoningParserFromName(text("reasoning_parser")); parser.isOk()) {
+    chat_output.reasoning_parser = *parser;
+  }
   const std::filesystem::path dir = model_dir_.empty() ? info.root : model_dir_;
   try {
     auto tokenizer = Tokenizer::fromDirectory(dir);
@@ -45,6 +60,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     limits_.max_model_len = info.max_model_len;
     limits_.vocab_size = vocab;
     limits_.chat_template = std::move(*chat_template);
+    limits_.chat_output = chat_output;
     info_ = info;
     ready_ = true;
     TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity

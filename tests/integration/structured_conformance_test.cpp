@@ -8,11 +8,9 @@
 // pinned packages (scripts/fetch-node-packages.sh).
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,7 +22,7 @@
 #include <vector>
 
 #include "tests/support/agent_server.h"
-#include "tests/support/command.h"
+#include "tests/support/node_script.h"
 
 namespace {
 
@@ -65,18 +63,6 @@ std::vector<CorpusEntry> loadCorpus() {
     corpus.push_back({entry.at("source"), entry.at("name"), entry.at("schema")});
   }
   return corpus;
-}
-
-// The path of `name` in a directory of $PATH, or "" when there is none.
-std::string findOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (dir.empty()) continue;
-    const fs::path candidate = fs::path(dir) / name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
-  }
-  return "";
 }
 
 // One completion request of the run: a schema, greedy or seeded.
@@ -136,22 +122,14 @@ std::vector<Output> complete(const Agent& agent, const std::vector<CorpusEntry>&
 }
 
 TEST(StructuredConformance, EveryFinishedOutputValidatesWithAjv) {
-  const std::string node = findOnPath("node");
-  const fs::path node_modules = TANDEM_NODE_MODULES;
-  ASSERT_FALSE(node.empty()) << "node is not on PATH; `make deps` installs it";
-  ASSERT_TRUE(fs::exists(node_modules / "ajv" / "package.json") &&
-              fs::exists(node_modules / "ajv-formats" / "package.json"))
-      << "ajv and ajv-formats are missing from " << node_modules
-      << "; `make deps` installs them (scripts/fetch-node-packages.sh)";
+  const NodeScripts node(TANDEM_NODE_MODULES, {"ajv", "ajv-formats"});
+  ASSERT_EQ(node.missing(), "");
 
   TempDir work("tandem-structured-conformance");
   const auto validate = [&](const fs::path& corpus_path, const fs::path& outputs_path) {
-    const CommandResult run = runToEnd(
-        {node,
-         (fs::path(TANDEM_SOURCE_DIR) / "tests" / "support" / "validate_json_schema.cjs").string(),
-         corpus_path.string(), outputs_path.string()},
-        work.path() / "node.stderr", std::chrono::seconds(120),
-        {{"NODE_PATH", node_modules.string()}});
+    const CommandResult run =
+        node.run("validate_json_schema.cjs", {corpus_path.string(), outputs_path.string()},
+                 work.path() / "node.stderr", std::chrono::seconds(120));
     EXPECT_EQ(run.exit_status, 0) << run.err;
     return json::parse(run.out, nullptr, false);
   };
