@@ -179,9 +179,13 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
     const auto& function = tool.at("function");
     const std::string name = function.at("name").get<std::string>();
     if (!named.empty() && name != named) continue;
-    specs.push_back({{"name", name},
-                     {"parameters", function.value("parameters", ordered_json())},
-                     {"strict", function.value("strict", false)}});
+    // readChatInput checked name and parameters; strict is OpenAI's flag.
+    const auto strict = function.find("strict");
+    const auto parameters = function.find("parameters");
+    specs.push_back(
+        {{"name", name},
+         {"parameters", parameters == function.end() ? ordered_json() : *parameters},
+         {"strict", strict != function.end() && strict->is_boolean() && strict->get<bool>()}});
   }
   bool parallel = true;
   if (const auto p = root.find("parallel_tool_calls"); p != root.end() && !p->is_null()) {
