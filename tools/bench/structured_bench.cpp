@@ -238,16 +238,15 @@ int runStructuredBench(const StructuredBenchOptions& options) {
         "request ends when its JSON closes) %.1f tok/s (%.1f tokens a request), ratio %.3f\n",
         percentile(plain, 0.5), static_cast<double>(plain_tokens) / requests,
         percentile(constrained, 0.5), static_cast<double>(constrained_tokens) / requests, ratio);
-    output["decode"] = {{"model", options.model_dir},
-                        {"batch", options.batch},
-                        {"decode_tokens", options.decode_tokens},
-                        {"unconstrained_tok_s", plain},
-                        {"constrained_tok_s", constrained},
-                        {"unconstrained_tokens_per_request",
-                         static_cast<double>(plain_tokens) / requests},
-                        {"constrained_tokens_per_request",
-                         static_cast<double>(constrained_tokens) / requests},
-                        {"ratio_of_medians", ratio}};
+    output["decode"] = {
+        {"model", options.model_dir},
+        {"batch", options.batch},
+        {"decode_tokens", options.decode_tokens},
+        {"unconstrained_tok_s", plain},
+        {"constrained_tok_s", constrained},
+        {"unconstrained_tokens_per_request", static_cast<double>(plain_tokens) / requests},
+        {"constrained_tokens_per_request", static_cast<double>(constrained_tokens) / requests},
+        {"ratio_of_medians", ratio}};
   }
   if (!options.json_path.empty()) {
     std::ofstream(options.json_path) << output.dump(2) << "\n";
