@@ -15,9 +15,9 @@ set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ALL_HARNESSES=(chat_template cluster_spec json_nesting kv_descriptor kv_transfer_config
-  model_config openai_request safetensors_header tokenizer_json)
+  model_config openai_request safetensors_header structured_constraint tokenizer_json)
 # Harnesses whose input is JSON get json.dict in front of their field names.
-JSON_HARNESSES=" kv_transfer_config model_config openai_request safetensors_header tokenizer_json "
+JSON_HARNESSES=" kv_transfer_config model_config openai_request safetensors_header structured_constraint tokenizer_json "
 
 usage() {
   echo "usage: $0 BUILD_DIR SECONDS [HARNESS...] | $0 --merge BUILD_DIR [HARNESS...]" >&2

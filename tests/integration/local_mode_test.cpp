@@ -104,6 +104,18 @@ bool healthy(int port) {
   return response && response->status == 200;
 }
 
+// The router reports `agent` healthy (its /health needs only a decode agent;
+// a request routed before it has seen the prefill agent is prefilled
+// locally).
+bool routerSeesHealthy(int port, const std::string& agent) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(1, 0);
+  auto response = client.Get("/metrics");
+  return response && tandem::prometheusSample(response->body, "tandem_router_agent_healthy",
+                                              "agent=\"" + agent + "\"")
+                             .value_or(0) == 1;
+}
+
 // What local mode told the router.
 struct RouterLog {
   std::mutex mutex;
@@ -373,7 +385,8 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   const std::string line = op.waitForLine("router listening on ", seconds(120));
   ASSERT_FALSE(line.empty()) << op.stderrText();
   const int port = std::stoi(line.substr(line.rfind(':') + 1));
-  ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
+  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "prefill-0"); }))
+      << op.stderrText();
 
   // One request, prefilled on prefill-0 and decoded on decode-0.
   httplib::Client client("127.0.0.1", port);
