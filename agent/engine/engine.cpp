@@ -932,6 +932,11 @@ StatusOr<std::shared_ptr<structured::CompiledGrammar>> Engine::compileConstraint
   return constraints_->get(constraint);
 }
 
+Status Engine::prepareStructuredOutput(const structured::Constraint& constraint) {
+  if (simulated_tokens_) return Status::ok();  // refused by addRequest
+  return compileConstraint(constraint).status();
+}
+
 std::vector<TokenId> Engine::minTokensMask(const Sequence& sequence) const {
   const SamplingParams& params = sequence.request.sampling;
   std::vector<TokenId> mask;

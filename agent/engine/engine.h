@@ -165,6 +165,11 @@ class Engine {
   // reported as InvalidArgument for a duplicate id. On OK the callback will
   // receive the outputs.
   Status addRequest(Request request, OutputCallback callback);
+  // Compiles a structured-output constraint for this model's vocabulary into
+  // the engine's cache (the first call also builds the vocabulary's trie),
+  // so that addRequest with it finds it compiled: call it where waiting is
+  // allowed (a worker thread). Thread-safe; the compiler's errors.
+  Status prepareStructuredOutput(const structured::Constraint& constraint);
   // Aborts a queued or running request; its final output has reason "abort".
   // Unknown or finished ids are ignored.
   void abort(const std::string& request_id);

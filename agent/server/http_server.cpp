@@ -393,8 +393,16 @@ void HttpServer::routes() {
       std::atomic<bool> cancel{false};
       Result<ParsedRequest> parsed = co_await exchange.offload<Result<ParsedRequest>>(
           [this, chat, body, &tokenizer, &cancel] {
-            return chat ? parseChatCompletionRequest(*body, limits_, tokenizer, &cancel)
-                        : parseCompletionRequest(*body, limits_, tokenizer);
+            Result<ParsedRequest> result =
+                chat ? parseChatCompletionRequest(*body, limits_, tokenizer, &cancel)
+                     : parseCompletionRequest(*body, limits_, tokenizer);
+            // A constraint's first compile for the vocabulary (its element
+            // classes walk the vocabulary) here, not on the connection's
+            // thread in addRequest; its errors come back from addRequest.
+            if (result.isOk() && result.value().request.structured_output) {
+              (void)engine_.prepareStructuredOutput(*result.value().request.structured_output);
+            }
+            return result;
           },
           cancel);
       if (exchange.clientGone()) co_return;  // nobody to answer; nothing started
