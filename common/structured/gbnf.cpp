@@ -17,12 +17,6 @@ using internal::decodeUtf8;
 using internal::describeCodePoint;
 using internal::hexValue;
 
-// Deeper nesting is refused: the parser, the builder's lowering and Expr's
-// destructor each recurse once per level.
-constexpr int kMaxGroupDepth = 200;
-// Repetition counts saturate here while being read; the builder's limits
-// refuse anything this large.
-constexpr int64_t kCountCeiling = int64_t{1} << 40;
 constexpr size_t kNowhere = static_cast<size_t>(-1);
 
 bool nameChar(char c) {
@@ -302,16 +296,7 @@ class GbnfParser {
     auto skipBlanks = [&] {
       while (peek() == ' ' || peek() == '\t') ++pos_;
     };
-    auto readNumber = [&](int64_t& value) {
-      bool any = false;
-      value = 0;
-      while (!atEnd() && peek() >= '0' && peek() <= '9') {
-        value = std::min(kCountCeiling, value * 10 + (peek() - '0'));
-        ++pos_;
-        any = true;
-      }
-      return any;
-    };
+    auto readNumber = [&](int64_t& value) { return readCount(text_, &pos_, &value); };
     auto malformed = [&] {
       return errorAt(start, "malformed repetition; the accepted forms are {m}, {m,} and {m,n}");
     };

@@ -16,6 +16,7 @@
 // matcher's stack. Value types, no shared state; thread-compatible.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -62,6 +63,24 @@ Expr repeat(Expr item, int64_t min, int64_t max = Expr::kUnbounded);
 inline Expr optional(Expr item) { return repeat(std::move(item), 0, 1); }
 inline Expr star(Expr item) { return repeat(std::move(item), 0); }
 inline Expr plus(Expr item) { return repeat(std::move(item), 1); }
+
+// For the text compilers (regex, GBNF): groups nested deeper than this are
+// refused (the parsers, the builder's lowering and Expr's destructor each
+// recurse once per level), and repetition counts saturate at kCountCeiling
+// while being read (the builder's limits refuse anything that large).
+inline constexpr int kMaxGroupDepth = 200;
+inline constexpr int64_t kCountCeiling = int64_t{1} << 40;
+
+// The decimal digits of `text` from *pos, advancing *pos past them, into
+// *value (saturating at kCountCeiling); false when there is no digit.
+inline bool readCount(std::string_view text, size_t* pos, int64_t* value) {
+  const size_t start = *pos;
+  *value = 0;
+  for (; *pos < text.size() && text[*pos] >= '0' && text[*pos] <= '9'; ++*pos) {
+    *value = std::min(kCountCeiling, *value * 10 + (text[*pos] - '0'));
+  }
+  return *pos > start;
+}
 
 // For the text compilers: options separated by '|'. `parse_option()` reads
 // one (StatusOr<Expr>); `next_bar()` consumes a '|' and says whether there

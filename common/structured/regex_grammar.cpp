@@ -16,12 +16,6 @@ using internal::decodeUtf8;
 using internal::describeCodePoint;
 using internal::hexValue;
 
-// Deeper nesting is refused: the parser, the builder's lowering and Expr's
-// destructor each recurse once per level.
-constexpr int kMaxGroupDepth = 200;
-// Repeat counts saturate here while being read (any limit is far below).
-constexpr int64_t kCountCeiling = int64_t{1} << 40;
-
 CodePointRanges digitRanges() { return {{'0', '9'}}; }
 CodePointRanges wordRanges() { return {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; }
 CodePointRanges spaceRanges() { return {{'\t', '\r'}, {' ', ' '}}; }  // \t \n \v \f \r and space
@@ -208,16 +202,7 @@ class RegexParser {
   Status parseCount(int64_t& min, int64_t& max) {
     const size_t start = pos_;
     ++pos_;
-    auto readNumber = [&](int64_t& value) {
-      bool any = false;
-      value = 0;
-      while (peek() >= '0' && peek() <= '9' && !atEnd()) {
-        value = std::min(kCountCeiling, value * 10 + (peek() - '0'));
-        ++pos_;
-        any = true;
-      }
-      return any;
-    };
+    auto readNumber = [&](int64_t& value) { return readCount(pattern_, &pos_, &value); };
     int64_t low = 0;
     int64_t high = 0;
     const bool has_low = readNumber(low);
