@@ -1,5 +1,6 @@
 #include "common/protocol/chat_request.h"
 
+#include <optional>
 #include <utility>
 
 #include "common/json_parse.h"
@@ -144,7 +145,9 @@ Result<ordered_json> readMessages(const ordered_json& root, ChatContentFormat fo
   return out;
 }
 
-Result<ordered_json> readTools(const ordered_json& tools) {
+// The tools' shape: function tools with a name (and a description string
+// and a parameters object when given); the error naming the first wrong one.
+std::optional<ApiError> checkTools(const ordered_json& tools) {
   if (!tools.is_array()) return wrongType("tools", "an array of function tools", tools);
   for (size_t i = 0; i < tools.size(); ++i) {
     const ordered_json& tool = tools[i];
@@ -172,7 +175,7 @@ Result<ordered_json> readTools(const ordered_json& tools) {
       return wrongType(name + ".function.parameters", "a JSON schema object", *p);
     }
   }
-  return tools;
+  return std::nullopt;
 }
 
 // Whether the tools reach the template: tool_choice "auto" (the default),
@@ -248,8 +251,7 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root,
 
   const ordered_json* tools = given(root, "tools");
   if (tools != nullptr) {
-    auto read = readTools(*tools);
-    if (!read.isOk()) return read.error();
+    if (auto error = checkTools(*tools)) return *error;
   }
   auto use_tools = readToolChoice(root, tools);
   if (!use_tools.isOk()) return use_tools.error();
