@@ -370,6 +370,10 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                            " this agent has");
   }
   if (Status resumed = validateResume(request); !resumed.isOk()) return resumed;
+  if (request.sampling.prompt_logprobs && simulated_tokens_) {
+    return Status(StatusCode::kUnimplemented,
+                  "prompt_logprobs are not simulated: a simulated agent computes no logits");
+  }
   std::shared_ptr<structured::CompiledGrammar> grammar;
   if (request.structured_output) {
     if (simulated_tokens_) {
@@ -840,6 +844,7 @@ void Engine::step() {
   }
   std::vector<SequenceInput> inputs;
   inputs.reserve(output.chunks.size());
+  bool wants_row_logits = false;
   for (const ScheduledChunk& chunk : output.chunks) {
     SequenceInput input;
     input.tokens =
@@ -847,12 +852,19 @@ void Engine::step() {
             .subspan(static_cast<size_t>(chunk.start), static_cast<size_t>(chunk.num_tokens));
     input.start_position = chunk.start;
     input.block_table = chunk.sequence->blocks.blocks;
+    // Prompt logprobs: position p's logits give prompt token p + 1's.
+    if (chunk.sequence->needsPromptLogits()) {
+      input.num_row_logits = std::max<int64_t>(
+          0, std::min(chunk.start + chunk.num_tokens, chunk.sequence->num_prompt_tokens - 1) -
+                 chunk.start);
+      wants_row_logits = wants_row_logits || input.num_row_logits > 0;
+    }
     inputs.push_back(input);
   }
   // Where the logits live in device memory and every sampled row is a plain
   // argmax, the argmax runs there and only the ids come back; the tokens are
   // the ones sample() would pick from the copied logits.
-  bool device_argmax = !backend_->hostAccessible();
+  bool device_argmax = !backend_->hostAccessible() && !wants_row_logits;
   for (const ScheduledChunk& chunk : output.chunks) {
     if (!device_argmax) break;
     if (chunk.samples) {
@@ -861,10 +873,23 @@ void Engine::step() {
           !minTokensMask(*chunk.sequence).empty() || live_.at(chunk.sequence)->matcher != nullptr);
     }
   }
+  auto rowLogits = [&](size_t i, int64_t first, int64_t count, std::span<const float> logits) {
+    const ScheduledChunk& chunk = output.chunks[i];
+    Sequence& sequence = *chunk.sequence;
+    const auto vocab_size = static_cast<size_t>(model_->config().vocab_size);
+    for (int64_t row = 0; row < count; ++row) {
+      const int64_t next = chunk.start + first + row + 1;  // the token it predicts
+      // A recomputed position (after a preemption) is already known.
+      if (next != static_cast<int64_t>(sequence.prompt_logprobs.size())) continue;
+      sequence.prompt_logprobs.push_back(sampler_.logprobsOf(
+          logits.subspan(static_cast<size_t>(row) * vocab_size, vocab_size),
+          sequence.tokens[static_cast<size_t>(next)], *sequence.request.sampling.prompt_logprobs));
+    }
+  };
   if (device_argmax) {
     runner_->forwardArgmax(inputs, argmax_ids_);
   } else {
-    runner_->forward(inputs, logits_);
+    runner_->forward(inputs, logits_, wants_row_logits ? RowLogitsSink(rowLogits) : nullptr);
   }
 
   const int64_t vocab = model_->config().vocab_size;
@@ -1062,7 +1087,10 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   out.num_prompt_tokens = sequence->num_prompt_tokens;
   out.num_cached_tokens = sequence->num_cached_tokens;
   out.num_generated_tokens = generated;
-  if (!live.sent_first) out.resumed_text = std::move(live.resumed_text);
+  if (!live.sent_first) {
+    out.resumed_text = std::move(live.resumed_text);
+    out.prompt_logprobs = sequence->prompt_logprobs;
+  }
   live.sent_first = true;
   if (reason == FinishReason::kNone) {
     live.callback(out);

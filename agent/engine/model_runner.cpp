@@ -1,5 +1,6 @@
 #include "agent/engine/model_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -69,7 +70,8 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       gate_(backend),
       up_(backend),
       last_(backend),
-      logits_(backend) {
+      logits_(backend),
+      row_logits_(backend) {
   const ModelConfig& config = model_.config();
   const KvCacheConfig& kv = cache_.config();
   auto mismatch = [](const char* what, int64_t model_value, int64_t cache_value) {
@@ -161,12 +163,53 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
   }
 }
 
-void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) {
+void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
+                          const RowLogitsSink& row_logits) {
   const float* computed = compute(batch, logits);
   const int64_t logit_count = static_cast<int64_t>(batch.size()) * model_.config().vocab_size;
   logits.resize(static_cast<size_t>(logit_count));
   if (computed != nullptr && !backend_.hostAccessible()) {
     backend_.copyToHost(logits.data(), computed, static_cast<size_t>(logit_count) * sizeof(float));
+  }
+  if (row_logits) computeRowLogits(batch, row_logits);
+}
+
+void ModelRunner::computeRowLogits(std::span<const SequenceInput> batch,
+                                   const RowLogitsSink& sink) {
+  const ModelConfig& config = model_.config();
+  const int64_t hidden = config.hidden_size;
+  const int64_t vocab = config.vocab_size;
+  const auto eps = static_cast<float>(config.rms_norm_eps);
+  // Rows per pass: 16 MB of logits at most (at least one row).
+  const int64_t per_pass = std::max<int64_t>(1, (int64_t{4} << 20) / vocab);
+  kernels::Backend& b = backend_;
+  int64_t first_row = 0;  // of the sequence, in the flattened batch
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& sequence = batch[s];
+    const auto num_new = static_cast<int64_t>(sequence.tokens.size());
+    const int64_t wanted = std::min(sequence.num_row_logits, num_new);
+    for (int64_t first = 0; first < wanted; first += per_pass) {
+      const int64_t count = std::min(per_pass, wanted - first);
+      // The final norm and the LM head, as issueStep applies them to a
+      // sequence's last row; normed_ is free once the pass has run.
+      b.rmsNorm(hidden_.data() + (first_row + first) * hidden, weights_.norm, count, hidden, eps,
+                normed_.data());
+      float* out = nullptr;
+      host_row_logits_.resize(static_cast<size_t>(count * vocab));
+      if (b.hostAccessible()) {
+        out = host_row_logits_.data();
+      } else {
+        row_logits_.grow(static_cast<size_t>(per_pass * vocab));
+        out = row_logits_.data();
+      }
+      b.matmul(normed_.data(), count, hidden, weights_.lm_head, out);
+      if (!b.hostAccessible()) {
+        b.copyToHost(host_row_logits_.data(), out,
+                     static_cast<size_t>(count * vocab) * sizeof(float));
+      }
+      sink(s, first, count, host_row_logits_);
+    }
+    first_row += num_new;
   }
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -32,7 +33,17 @@ struct SequenceInput {
   std::span<const TokenId> tokens;       // the new tokens (at least one)
   int64_t start_position = 0;            // position of tokens[0]
   std::span<const BlockId> block_table;  // blocks of positions 0, block_size, ...
+  // How many of the new tokens, from the first, also want their logits
+  // (prompt logprobs): forward() hands them to its RowLogitsSink.
+  int64_t num_row_logits = 0;
 };
+
+// Receives the logits of `count` consecutive new tokens of batch[sequence],
+// from its new token `first`: count x vocab_size floats in host memory,
+// valid for the call. Each row's bits are those the row would have as a
+// sequence's last token (the same kernels, row by row).
+using RowLogitsSink = std::function<void(size_t sequence, int64_t first, int64_t count,
+                                         std::span<const float> logits)>;
 
 // Floats in a backend's memory, owned; grown on demand (contents are not
 // kept when it grows).
@@ -70,7 +81,10 @@ class ModelRunner {
   // logits receives num_sequences x vocab_size values. Inputs are checked
   // (token ids below vocab_size, block tables long enough, positions within
   // max_position_embeddings); a violation is a caller bug and aborts.
-  void forward(std::span<const SequenceInput> batch, std::vector<float>& logits);
+  // With `row_logits`, the rows SequenceInput::num_row_logits asks for go
+  // to it, a few at a time, after the forward pass.
+  void forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
+               const RowLogitsSink& row_logits = nullptr);
   // The same forward pass, returning only each sequence's greedy token
   // (argmax of its logits, the smallest id winning a tie), computed where
   // the logits are: on a GPU only the ids come back to the host.
@@ -116,6 +130,9 @@ class ModelRunner {
   // Every kernel of one forward over the batch beginBatch() set up; the
   // sequences' logits go to `logits` (backend memory).
   void issueStep(int64_t rows, int64_t sequences, float* logits);
+  // After a forward pass: the logits of the rows the batch asked for
+  // (SequenceInput::num_row_logits), from the final hidden states.
+  void computeRowLogits(std::span<const SequenceInput> batch, const RowLogitsSink& sink);
   const float* resident(const std::vector<float>& host);
   // backend_.matmulWeight(host); when that is a copy, the host matrix's
   // pages of the file mapping are dropped (Model::dropMappedPages).
@@ -139,6 +156,8 @@ class ModelRunner {
   const uint64_t recording_owner_;
   // Scratch in the backend's memory, grown on demand and reused across calls.
   BackendBuffer hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_, logits_;
+  BackendBuffer row_logits_;            // computeRowLogits, off a host-accessible backend
+  std::vector<float> host_row_logits_;  // computeRowLogits' rows on the host
   // The batch, flattened on the host.
   std::vector<int32_t> token_ids_, positions_;
   std::vector<float> host_logits_;  // forwardArgmax's logits on a host backend

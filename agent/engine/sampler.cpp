@@ -294,6 +294,18 @@ void Sampler::fillLogprobs(std::span<const float> raw, int32_t num_top, Generate
     out->top.push_back({candidates_[i], logprobOf(candidates_[i])});
 }
 
+GeneratedToken Sampler::logprobsOf(std::span<const float> logits, TokenId token, int32_t num_top) {
+  TANDEM_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size(),
+               "logprobsOf: token outside the logits row");
+  GeneratedToken result;
+  result.token = token;
+  fillLogprobs(logits, num_top, &result);
+  const float own = sanitized(logits[token]);
+  result.rank =
+      1 + std::count_if(logits.begin(), logits.end(), [&](float x) { return sanitized(x) > own; });
+  return result;
+}
+
 bool samplesRawArgmax(const SamplingParams& params, bool masked) {
   return params.temperature < kGreedyTemperature && !masked && !params.logprobs &&
          params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&

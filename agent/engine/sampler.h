@@ -91,6 +91,11 @@ class Sampler {
   // Rows are independent; the result equals calling sample() on each row.
   std::vector<GeneratedToken> sampleBatch(std::span<const SamplerInput> inputs);
 
+  // The logprob of `token` in a raw logits row, its rank (1 + the ids with a
+  // larger logit) and the `num_top` best alternatives, as sample() reports
+  // them: a prompt token's logprobs (SamplingParams::prompt_logprobs).
+  GeneratedToken logprobsOf(std::span<const float> logits, TokenId token, int32_t num_top);
+
   // Logits after steps 1-3 (penalties and min_tokens mask), before
   // temperature. Exposed so the formulas can be checked directly.
   std::vector<float> processedLogits(const SamplerInput& input);

@@ -18,6 +18,11 @@ Sequence::Sequence(Request r) : request(std::move(r)) {
   // A resumed request starts as a preempted one does: its output so far is
   // recomputed as context before the next token is sampled.
   tokens.insert(tokens.end(), request.resume_output.begin(), request.resume_output.end());
+  if (request.sampling.prompt_logprobs && !tokens.empty()) {
+    GeneratedToken first;
+    first.token = tokens[0];
+    prompt_logprobs.push_back(first);
+  }
 }
 
 int64_t Sequence::nextComputeLimit(int64_t from) const {
@@ -208,7 +213,8 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
   PrefixMatch match;
   const bool first_admission = !sequence->admitted_once;
   sequence->skipPresentRanges();
-  const bool looks_up = sequence->blocks.blocks.empty();
+  // A sequence computing its prompt logprobs computes every position.
+  const bool looks_up = sequence->blocks.blocks.empty() && !sequence->needsPromptLogits();
   if (looks_up) match = blocks_.findCachedPrefix(sequence->tokens, sequence->request.cache_salt);
   const int64_t matched_tokens = match.numCachedTokens(blocks_.blockSize());
   const int64_t local = sequence->num_computed_tokens + matched_tokens;

@@ -76,6 +76,15 @@ struct Sequence {
   bool prompt_hashed = false;
   bool waited_for_in_flight = false;
 
+  // SamplingParams::prompt_logprobs: one entry per prompt token, filled as
+  // the model computes the prompt (entry 0 at admission), handed out with
+  // the first output. Until it is complete the sequence takes no prefix-cache
+  // hit and no external KV: the model computes every prompt position.
+  std::vector<GeneratedToken> prompt_logprobs;
+  bool needsPromptLogits() const {
+    return request.sampling.prompt_logprobs &&
+           static_cast<int64_t>(prompt_logprobs.size()) < num_prompt_tokens;
+  }
   int64_t numGenerated() const { return static_cast<int64_t>(tokens.size()) - num_prompt_tokens; }
   // End of the range the model can compute next from position `from`: the
   // start of the next present range, or the end of the tokens.

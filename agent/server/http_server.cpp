@@ -204,19 +204,24 @@ int64_t unixSeconds() {
       .count();
 }
 
-// n > 1: one engine request per choice ("<id>-<i>"; with a seed, choice i
-// samples with seed + i). The first is sent alone; the others once it has
-// its first token, so they find the prompt's blocks in the prefix cache and
-// compute only its last partial block. Whole: one answer with a choice per
-// request. Streamed: each step's chunk carries its choice's index, and the
-// usage chunk and [DONE] follow the last choice's end. An error in any
-// choice ends the answer with that error; the client leaving aborts all.
+// n > 1 or best_of > n: one engine request per candidate ("<id>-<i>"; with
+// a seed, candidate i samples with seed + i). The first is sent alone; the
+// others once it has its first token, so they find the prompt's blocks in
+// the prefix cache and compute only its last partial block (and take its
+// prompt logprobs, which are the same). Whole: one answer with a choice per
+// request — with best_of > n, the n candidates with the largest sum of
+// token logprobs, best first. Streamed (best_of = n): each step's chunk
+// carries its choice's index, and the usage chunk and [DONE] follow the
+// last choice's end. An error in any candidate ends the answer with that
+// error; the client leaving aborts all.
 boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engine& engine,
                                            AgentMetrics& metrics, ParsedRequest request,
                                            const ResponseMeta& meta, bool chat,
                                            int retry_after_seconds) {
   const Tokenizer& tokenizer = engine.tokenizer();
-  const auto n = static_cast<size_t>(request.n);
+  const auto n = static_cast<size_t>(request.best_of);  // candidates
+  const auto returned = static_cast<size_t>(request.n);
+  const bool ranked = n > returned;
   const std::string id = request.request.id;
   auto channel = std::make_shared<OutputChannel>(exchange.waker());
   std::vector<std::string> ids;
@@ -230,6 +235,10 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     child.id = ids[i];
     child.hand_over_on_drain = false;  // several streams in one: not movable
     if (child.sampling.seed) child.sampling.seed = *child.sampling.seed + i;
+    // The first computes the prompt's logprobs; the others read its blocks.
+    if (i > 0) child.sampling.prompt_logprobs.reset();
+    // Ranking needs each token's logprob (reported only if asked for).
+    if (ranked && !child.sampling.logprobs) child.sampling.logprobs = 0;
     auto callback = outputCallback(metrics, channel, child.arrival);
     return engine.addRequest(std::move(child), std::move(callback));
   };
@@ -242,7 +251,9 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   }
   std::vector<engine::RequestOutput> totals(n);
   std::vector<StreamState> states(n);
-  std::deque<engine::RequestOutput> pending;  // outputs before the stream started
+  std::deque<engine::RequestOutput> pending;            // outputs before the stream started
+  std::vector<engine::GeneratedToken> prompt_logprobs;  // the first candidate's
+  std::vector<bool> seen(n, false);
   size_t added = 1;
   size_t finished = 0;
   bool started = false;
@@ -250,6 +261,14 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   while (finished < n && !failed) {
     while (auto output = channel->tryPop()) {
       const size_t i = index_of.at(output->request_id);
+      if (!seen[i]) {
+        seen[i] = true;
+        if (i == 0) {
+          prompt_logprobs = output->prompt_logprobs;
+        } else {
+          output->prompt_logprobs = prompt_logprobs;
+        }
+      }
       if (added == 1 && i == 0) {
         // The prompt is computed and cached: the other choices now.
         for (; added < n; ++added) {
@@ -306,7 +325,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   for (; !pending.empty(); pending.pop_front()) {
     appendOutput(totals[index_of.at(pending.front().request_id)], pending.front());
   }
-  // Usage: the prompt once, every choice's tokens.
+  // Usage: the prompt once, every candidate's tokens.
   engine::RequestOutput usage = totals[0];
   for (size_t i = 1; i < n; ++i) usage.num_generated_tokens += totals[i].num_generated_tokens;
   if (request.stream) {
@@ -316,10 +335,23 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     if (co_await exchange.writeChunk(std::move(data))) co_await exchange.finishChunked();
     co_return;
   }
+  // Candidates in the order they are returned: best_of > n ranks them by
+  // the sum of their tokens' logprobs (raw, as reported), ties to the
+  // smaller index.
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  if (ranked) {
+    std::vector<double> score(n, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      for (const engine::GeneratedToken& token : totals[i].tokens) score[i] += token.logprob;
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return score[a] > score[b]; });
+  }
   json body;
-  for (size_t i = 0; i < n; ++i) {
-    json one = chat ? chatCompletionResponse(meta, totals[i], tokenizer)
-                    : completionResponse(meta, totals[i], tokenizer);
+  for (size_t i = 0; i < returned; ++i) {
+    json one = chat ? chatCompletionResponse(meta, totals[order[i]], tokenizer)
+                    : completionResponse(meta, totals[order[i]], tokenizer);
     json choice = std::move(one["choices"][0]);
     choice["index"] = i;
     if (i == 0) {
@@ -425,7 +457,7 @@ void HttpServer::routes() {
       // Responses carry the engine's transfer parameters, never an echo.
       meta.kv_transfer_params = nullptr;
 
-      if (request.n > 1) {
+      if (request.best_of > 1) {
         co_await answerChoices(exchange, engine_, metrics_, std::move(request), meta, chat,
                                config_.retry_after_seconds);
         co_return;

@@ -288,14 +288,19 @@ void readLogitBias(FieldReader& fields, const json& object, int64_t vocab_size,
   std::sort(out.begin(), out.end());
 }
 
-// Fields that would change the result but are not implemented: refused when
-// given (not null) rather than silently ignored.
-void refuseUnsupported(FieldReader& fields, std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    if (fields.find(name) != nullptr) {
-      fields.fail(std::string(name) + " is not supported yet; leave it out or send null", name);
-    }
+// The prompt's logprobs with `count` alternatives, asked for by `field`
+// (prompt_logprobs, or completions' echo with logprobs).
+void askPromptLogprobs(FieldReader& fields, ParsedRequest& parsed, int64_t count,
+                       const char* field) {
+  if (!parsed.kv_transfer_params.is_null()) {
+    fields.fail(std::string(field) +
+                    " needs every prompt position computed by this agent: it cannot be "
+                    "combined with kv_transfer_params",
+                field);
+    return;
   }
+  std::optional<int32_t>& asked = parsed.request.sampling.prompt_logprobs;
+  asked = std::max<int32_t>(asked.value_or(0), static_cast<int32_t>(count));
 }
 
 // The fields shared by /v1/completions and /v1/chat/completions.
@@ -326,6 +331,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   }
 
   if (fields.readInt("n", 1, kMaxChoices, &integer)) parsed.n = integer;
+  parsed.best_of = parsed.n;
 
   if (const json* stop = fields.find("stop")) {
     if (stop->is_string()) {
@@ -418,7 +424,16 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
       parsed.echo = true;
     }
   }
-  refuseUnsupported(fields, {"prompt_logprobs"});
+  // vLLM's prompt_logprobs (not streamed, as vLLM).
+  if (fields.readInt("prompt_logprobs", 0, limits.max_logprobs, &integer)) {
+    if (parsed.stream) {
+      fields.fail("prompt_logprobs are not available when stream is true; set stream to false",
+                  "prompt_logprobs");
+    } else {
+      parsed.prompt_logprobs = static_cast<int32_t>(integer);
+      askPromptLogprobs(fields, parsed, integer, "prompt_logprobs");
+    }
+  }
 }
 
 // Reads max_tokens (or max_completion_tokens for chat): at least 1; the upper
@@ -599,19 +614,25 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   int64_t logprobs = 0;
   if (fields.readInt("logprobs", 0, limits.max_logprobs, &logprobs)) {
     parsed.request.sampling.logprobs = static_cast<int32_t>(logprobs);
-    if (parsed.echo) {
-      fields.fail(
-          "echo with logprobs needs the prompt's logprobs, which this server does not compute; "
-          "leave logprobs out or set echo to false",
-          "echo");
+    // The prompt's tokens lead the logprobs as they lead the text (not
+    // again in a resumed stream: the agent it came from sent them).
+    if (parsed.echo && parsed.request.resume_output.empty()) {
+      askPromptLogprobs(fields, parsed, logprobs, "echo");
     }
   }
-  if (int64_t best_of = 1;
-      fields.readInt("best_of", kInt64Min, kInt64Max, &best_of) && best_of != parsed.n) {
-    fields.fail("best_of must equal n (" + std::to_string(parsed.n) +
-                    "): ranking more candidates than are returned is not supported, got " +
-                    std::to_string(best_of),
-                "best_of");
+  if (fields.find("best_of") != nullptr) {
+    int64_t best_of = parsed.n;
+    if (fields.readInt("best_of", parsed.n, kMaxChoices, &best_of) && best_of > parsed.n &&
+        parsed.stream) {
+      fields.fail("best_of (" + std::to_string(best_of) + ") more than n (" +
+                      std::to_string(parsed.n) +
+                      ") ranks finished choices: it cannot be streamed; set stream to false",
+                  "best_of");
+    } else if (best_of > 1 && !parsed.kv_transfer_params.is_null()) {
+      fields.fail("kv_transfer_params hands one request's KV over: best_of must be 1",
+                  "kv_transfer_params");
+    }
+    parsed.best_of = best_of;
   }
   if (std::string suffix; fields.readString("suffix", &suffix) && !suffix.empty()) {
     fields.fail("suffix is not supported yet; leave it out or send null", "suffix");

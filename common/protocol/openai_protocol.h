@@ -11,9 +11,8 @@
 // kv_transfer_params) and vLLM's /tokenize and /detokenize. Unknown fields
 // are ignored; structured outputs (response_format, structured_outputs,
 // guided_*) are read by structured_request.h; fields that would change the
-// result but are not implemented (echo, tool_choice "required", n > 1, ...)
-// are refused
-// with a message saying so. Every error names the field and what is accepted.
+// result but are not implemented (suffix, echo for chat) are refused with a
+// message saying so. Every error names the field and what is accepted.
 //
 // Nothing here throws: failures come back as ApiError (a bug or out-of-memory
 // inside becomes a 500). All functions are safe to call from any thread.
@@ -143,12 +142,20 @@ struct ParsedRequest {
   // Choices to generate for the one prompt (OpenAI's n), each its own
   // engine request; with a seed, choice i samples with seed + i.
   int64_t n = 1;
+  // Completions: the best_of candidates generated, of which the n with the
+  // largest sum of token logprobs are returned (best_of >= n, not streamed).
+  int64_t best_of = 1;
   // Completions: the answer starts with the prompt, as OpenAI's echo (not
-  // with logprobs, not for chat); echo_text is the prompt's text (its token
-  // ids decoded when it was given as ids), empty for a resumed stream (the
-  // agent it came from sent it).
+  // for chat); with logprobs, the logprobs start with the prompt's tokens
+  // (the first one's null). echo_text is the prompt's text (its token ids
+  // decoded when it was given as ids), empty for a resumed stream (the agent
+  // it came from sent it).
   bool echo = false;
   std::string echo_text;
+  // vLLM's prompt_logprobs as asked (alternatives per prompt token), for
+  // the response; request.sampling.prompt_logprobs is what the engine
+  // computes (also set by echo with logprobs).
+  std::optional<int32_t> prompt_logprobs;
   // Tandem extension (as vLLM's return_token_ids): each choice and stream
   // chunk also carries the generated token ids.
   bool return_token_ids = false;
@@ -197,6 +204,12 @@ struct ResponseMeta {
   // first stream chunk carries it). Empty for a resumed stream: the agent
   // it came from sent it.
   std::string echo_text;
+  // Completions with echo and logprobs: the logprobs start with the
+  // prompt's tokens (RequestOutput::prompt_logprobs), offsets into echo_text.
+  bool echo_logprobs = false;
+  // vLLM's prompt_logprobs (ParsedRequest::prompt_logprobs): a choice's
+  // (completions) or the response's (chat) "prompt_logprobs".
+  std::optional<int32_t> prompt_logprobs;
 };
 
 ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,

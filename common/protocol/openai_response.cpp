@@ -91,10 +91,10 @@ json chatLogprobs(const ResponseMeta& meta, const std::vector<protocol::Generate
 json completionLogprobs(const ResponseMeta& meta,
                         const std::vector<protocol::GeneratedToken>& tokens,
                         const Tokenizer& tokenizer, int64_t& text_chars) {
-  json token_texts = json::array();
-  json token_logprobs = json::array();
-  json top_logprobs = json::array();
-  json text_offset = json::array();
+  json logprobs = {{"tokens", json::array()},
+                   {"token_logprobs", json::array()},
+                   {"top_logprobs", json::array()},
+                   {"text_offset", json::array()}};
   const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
   for (const protocol::GeneratedToken& token : tokens) {
     const std::string text = logprobTokenText(tokenizer, token.token);
@@ -104,21 +104,86 @@ json completionLogprobs(const ResponseMeta& meta,
       if (!top.contains(key)) top[key] = reportedLogprob(token.top[i].logprob);
     }
     if (!top.contains(text)) top[text] = reportedLogprob(token.logprob);
-    token_texts.push_back(text);
-    token_logprobs.push_back(reportedLogprob(token.logprob));
-    top_logprobs.push_back(std::move(top));
+    logprobs["tokens"].push_back(text);
+    logprobs["token_logprobs"].push_back(reportedLogprob(token.logprob));
+    logprobs["top_logprobs"].push_back(std::move(top));
 
     const std::string bytes = meta.skip_special_tokens && tokenizer.isSpecial(token.token)
                                   ? std::string()
                                   : tokenizer.tokenBytes(token.token);
     const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
-    text_offset.push_back(starts_mid_character && text_chars > 0 ? text_chars - 1 : text_chars);
+    logprobs["text_offset"].push_back(starts_mid_character && text_chars > 0 ? text_chars - 1
+                                                                             : text_chars);
     for (char c : bytes) text_chars += isContinuationByte(c) ? 0 : 1;
   }
-  return {{"tokens", std::move(token_texts)},
-          {"token_logprobs", std::move(token_logprobs)},
-          {"top_logprobs", std::move(top_logprobs)},
-          {"text_offset", std::move(text_offset)}};
+  return logprobs;
+}
+
+// Echo with logprobs: the completions form of the prompt's tokens, the
+// first one's logprob and alternatives null (nothing predicts it). Offsets
+// point into meta.echo_text: a token whose bytes are next in it there, any
+// other (a special token the tokenizer added) at the current position;
+// `text_chars` ends at the echo text's length, where the output's offsets
+// go on.
+json echoLogprobs(const ResponseMeta& meta, const std::vector<protocol::GeneratedToken>& prompt,
+                  const Tokenizer& tokenizer, int64_t& text_chars) {
+  int64_t unused = 0;
+  json logprobs = completionLogprobs(meta, prompt, tokenizer, unused);
+  if (!prompt.empty()) {
+    logprobs["token_logprobs"][0] = nullptr;
+    logprobs["top_logprobs"][0] = nullptr;
+  }
+  const std::string& echo = meta.echo_text;
+  size_t byte = 0;
+  int64_t chars = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string bytes = tokenizer.tokenBytes(prompt[i].token);
+    const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
+    logprobs["text_offset"][i] = starts_mid_character && chars > 0 ? chars - 1 : chars;
+    if (!bytes.empty() && echo.compare(byte, bytes.size(), bytes) == 0) {
+      for (char c : bytes) chars += isContinuationByte(c) ? 0 : 1;
+      byte += bytes.size();
+    }
+  }
+  for (; byte < echo.size(); ++byte) chars += isContinuationByte(echo[byte]) ? 0 : 1;
+  text_chars = chars;
+  return logprobs;
+}
+
+// `tail`'s lists appended to `head`'s (completions form).
+void appendLogprobs(json& head, json tail) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (json& item : tail[key]) head[key].push_back(std::move(item));
+  }
+}
+
+// vLLM's prompt_logprobs: null for the first prompt token, then for each
+// token {"<id>": {"logprob", "rank", "decoded_token"}} holding the token
+// itself and its `num_top` best alternatives.
+json promptLogprobsJson(const std::vector<protocol::GeneratedToken>& prompt, int32_t num_top,
+                        const Tokenizer& tokenizer) {
+  json list = json::array();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (i == 0) {
+      list.push_back(nullptr);
+      continue;
+    }
+    const protocol::GeneratedToken& token = prompt[i];
+    json entry = json::object();
+    auto add = [&](TokenId id, float logprob, int64_t rank) {
+      const std::string key = std::to_string(id);
+      if (entry.contains(key)) return;
+      entry[key] = {{"logprob", reportedLogprob(logprob)},
+                    {"rank", rank},
+                    {"decoded_token", logprobTokenText(tokenizer, id)}};
+    };
+    add(token.token, token.logprob, token.rank);
+    for (size_t k = 0; k < token.top.size() && k < static_cast<size_t>(num_top); ++k) {
+      add(token.top[k].token, token.top[k].logprob, static_cast<int64_t>(k) + 1);
+    }
+    list.push_back(std::move(entry));
+  }
+  return list;
 }
 
 json responseHead(const ResponseMeta& meta, const char* object) {
@@ -141,12 +206,16 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.kv_transfer_params = request.kv_transfer_params;
   meta.chat_output = request.chat_output;
   meta.echo_text = request.echo_text;
+  meta.echo_logprobs = request.echo && request.request.sampling.logprobs.has_value() &&
+                       request.request.resume_output.empty();
+  meta.prompt_logprobs = request.prompt_logprobs;
   return meta;
 }
 
 void appendOutput(protocol::RequestOutput& total, const protocol::RequestOutput& step) {
   if (total.request_id.empty()) total.request_id = step.request_id;
   total.tokens.insert(total.tokens.end(), step.tokens.begin(), step.tokens.end());
+  if (total.prompt_logprobs.empty()) total.prompt_logprobs = step.prompt_logprobs;
   total.text += step.text;
   total.finish_reason = step.finish_reason;
   total.error = step.error;
@@ -179,13 +248,21 @@ json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput&
                         const Tokenizer& tokenizer) {
   json response = responseHead(meta, "text_completion");
   int64_t text_chars = 0;
-  json choice = {
-      {"index", 0},
-      {"text", meta.echo_text + total.text},
-      {"logprobs", meta.logprobs ? completionLogprobs(meta, total.tokens, tokenizer, text_chars)
-                                 : json(nullptr)},
-      {"finish_reason", finishReasonJson(total.finish_reason)}};
+  json logprobs = nullptr;
+  if (meta.logprobs) {
+    logprobs = meta.echo_logprobs ? echoLogprobs(meta, total.prompt_logprobs, tokenizer, text_chars)
+                                  : completionLogprobs(meta, {}, tokenizer, text_chars);
+    appendLogprobs(logprobs, completionLogprobs(meta, total.tokens, tokenizer, text_chars));
+  }
+  json choice = {{"index", 0},
+                 {"text", meta.echo_text + total.text},
+                 {"logprobs", std::move(logprobs)},
+                 {"finish_reason", finishReasonJson(total.finish_reason)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
+  if (meta.prompt_logprobs) {
+    choice["prompt_logprobs"] =
+        promptLogprobsJson(total.prompt_logprobs, *meta.prompt_logprobs, tokenizer);
+  }
   response["choices"] = json::array({std::move(choice)});
   response["usage"] = usageJson(total);
   if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
@@ -213,6 +290,10 @@ json chatCompletionResponse(const ResponseMeta& meta, const protocol::RequestOut
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
   response["choices"] = json::array({std::move(choice)});
   response["usage"] = usageJson(total);
+  if (meta.prompt_logprobs) {
+    response["prompt_logprobs"] =
+        promptLogprobsJson(total.prompt_logprobs, *meta.prompt_logprobs, tokenizer);
+  }
   if (!meta.kv_transfer_params.is_null()) response["kv_transfer_params"] = meta.kv_transfer_params;
   return response;
 }
@@ -232,13 +313,18 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
     return std::nullopt;
   }
   state.echoed = true;
+  json logprobs = nullptr;
+  if (has_logprobs || (echo && meta.echo_logprobs)) {
+    logprobs = echo && meta.echo_logprobs
+                   ? echoLogprobs(meta, step.prompt_logprobs, tokenizer, state.text_chars)
+                   : completionLogprobs(meta, {}, tokenizer, state.text_chars);
+    appendLogprobs(logprobs, completionLogprobs(meta, step.tokens, tokenizer, state.text_chars));
+  }
   json chunk = responseHead(meta, "text_completion");
-  json choice = {
-      {"index", 0},
-      {"text", echo ? meta.echo_text + step.text : step.text},
-      {"logprobs", has_logprobs ? completionLogprobs(meta, step.tokens, tokenizer, state.text_chars)
-                                : json(nullptr)},
-      {"finish_reason", finishReasonJson(step.finish_reason)}};
+  json choice = {{"index", 0},
+                 {"text", echo ? meta.echo_text + step.text : step.text},
+                 {"logprobs", std::move(logprobs)},
+                 {"finish_reason", finishReasonJson(step.finish_reason)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
   if (meta.include_usage) chunk["usage"] = nullptr;

@@ -64,6 +64,11 @@ Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
     return invalidArgument("logprobs must be between 0 and " + std::to_string(kMaxLogprobs) +
                            ", got " + std::to_string(*params.logprobs));
   }
+  if (params.prompt_logprobs &&
+      (*params.prompt_logprobs < 0 || *params.prompt_logprobs > kMaxLogprobs)) {
+    return invalidArgument("prompt_logprobs must be between 0 and " + std::to_string(kMaxLogprobs) +
+                           ", got " + std::to_string(*params.prompt_logprobs));
+  }
   if (params.max_tokens < 1) {
     return invalidArgument("max_tokens must be at least 1, got " +
                            std::to_string(params.max_tokens));

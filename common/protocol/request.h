@@ -39,6 +39,12 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // > 0, 1 disables (over prompt and output)
   // Number of top alternatives to report per token; nullopt: no logprobs.
   std::optional<int32_t> logprobs;
+  // The prompt's logprobs (vLLM's prompt_logprobs; completions' echo with
+  // logprobs): each prompt token's logprob under the positions before it and
+  // this many top alternatives; nullopt: none. The whole prompt is then
+  // computed by this request (no prefix-cache hit, no KV from another agent)
+  // until its logprobs are complete.
+  std::optional<int32_t> prompt_logprobs;
 
   int64_t max_tokens = 16;
   int64_t min_tokens = 0;
@@ -91,6 +97,8 @@ struct GeneratedToken {
   TokenId token = 0;
   float logprob = 0.0f;           // set when logprobs were asked for
   std::vector<TokenLogprob> top;  // the top-N alternatives, best first
+  // Prompt logprobs only: 1 + the number of ids whose logit is larger.
+  int64_t rank = 0;
 };
 
 // When a request went through the engine's stages (zero until reached).
@@ -105,7 +113,12 @@ struct RequestTimings {
 struct RequestOutput {
   std::string request_id;
   std::vector<GeneratedToken> tokens;  // new tokens this step
-  std::string text;                    // new text (valid UTF-8, stop strings cut)
+  // On the first output of a request with SamplingParams::prompt_logprobs:
+  // one entry per prompt token, in order. The first has no logprob (nothing
+  // comes before it): only its token is set. The others' logprob, top and
+  // rank are as GeneratedToken's, from the logits of the position before.
+  std::vector<GeneratedToken> prompt_logprobs;
+  std::string text;  // new text (valid UTF-8, stop strings cut)
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // with kError
   // Filled on the first output and kept on the last.

@@ -328,10 +328,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
     for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
     decision = chooser_.choose(input);
-    if (parsed.value().n > 1 && decision.kind == Decision::Kind::kDisaggregated) {
-      // Several choices share the prompt on one agent (it computes it once
-      // and each choice reads it from its prefix cache); a hand-off moves
-      // one request's KV.
+    // Several candidates share the prompt on one agent (it computes it once
+    // and each reads it from its prefix cache), and prompt logprobs need
+    // every prompt position computed where they are asked for: a hand-off
+    // or a lent prefix moves one request's KV computed elsewhere.
+    const bool prefill_here =
+        parsed.value().best_of > 1 || parsed.value().request.sampling.prompt_logprobs.has_value();
+    if (prefill_here && decision.decode) {
       decision.kind = Decision::Kind::kLocalPrefill;
       decision.prefill.reset();
       decision.pull_back = false;

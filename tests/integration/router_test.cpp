@@ -210,6 +210,35 @@ TEST_F(RouterTest, SeveralChoicesArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", body)["choices"]);
 }
 
+// The prompt's logprobs (echo with logprobs, prompt_logprobs) are computed
+// where they are asked for, and best_of's candidates share the prompt: both
+// prefilled on the decode agent, equal to the colocated answer.
+TEST_F(RouterTest, PromptLogprobsAndBestOfArePrefilledOnTheDecodeAgent) {
+  start(1, 1);
+  Agent colocated;
+  json echoed = greedy(randomPrompt(70, 951), 6);
+  echoed["echo"] = true;
+  echoed["logprobs"] = 2;
+  echoed["prompt_logprobs"] = 1;
+  Answer answer = post(echoed);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "local_prefill");
+  ASSERT_EQ(answer.body["choices"][0]["prompt_logprobs"].size(), 70u);
+  EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", echoed)["choices"]);
+
+  json ranked = greedy(randomPrompt(70, 952), 5);
+  ranked["n"] = 2;
+  ranked["best_of"] = 3;
+  ranked["temperature"] = 1.0;
+  ranked["seed"] = 11;
+  answer = post(ranked);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "local_prefill");
+  ASSERT_EQ(answer.body["choices"].size(), 2u);
+  EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", ranked)["choices"]);
+  EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
+}
+
 TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   start(1, 1, Policy::kKv, /*disagg_threshold_tokens=*/64);
   Agent colocated;

@@ -200,6 +200,19 @@ TEST_P(AgentApi, BadInputGetsClearErrorsAndServingContinues) {
     EXPECT_EQ(status, 200) << choice.dump();
     EXPECT_TRUE(choice["choices"][0]["text"] == "yes" || choice["choices"][0]["text"] == "no");
   }
+  // Prompt logprobs need logits: the same.
+  json prompt_logprobs = agent.post(
+      "/v1/completions",
+      json{{"model", "tiny"}, {"prompt", "hi"}, {"max_tokens", 2}, {"prompt_logprobs", 1}},
+      &status);
+  if (GetParam()) {
+    EXPECT_EQ(status, 501) << prompt_logprobs.dump();
+    EXPECT_NE(prompt_logprobs["error"]["message"].get<std::string>().find("not simulated"),
+              std::string::npos);
+  } else {
+    EXPECT_EQ(status, 200) << prompt_logprobs.dump();
+    EXPECT_TRUE(prompt_logprobs["choices"][0]["prompt_logprobs"][0].is_null());
+  }
   json too_long = agent.post("/v1/completions", greedy(randomPrompt(600, 5), 4), &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(too_long["error"]["message"].get<std::string>().find("512"), std::string::npos);

@@ -658,5 +658,139 @@ TEST(EngineResume, ResumedOutputThatCannotBeResumedIsRefusedNamingWhy) {
             std::string::npos);
 }
 
+// Everything one request reported, collected until its final output.
+struct FullRun {
+  std::vector<GeneratedToken> tokens;
+  std::vector<GeneratedToken> prompt_logprobs;
+  int64_t num_cached_tokens = -1;
+  int outputs_with_prompt_logprobs = 0;
+  FinishReason reason = FinishReason::kNone;
+};
+
+FullRun runToEnd(Engine& engine, Request request) {
+  FullRun run;
+  std::mutex mutex;
+  std::condition_variable done;
+  const Status added = engine.addRequest(std::move(request), [&](const RequestOutput& out) {
+    std::lock_guard<std::mutex> lock(mutex);
+    run.tokens.insert(run.tokens.end(), out.tokens.begin(), out.tokens.end());
+    if (!out.prompt_logprobs.empty()) {
+      run.prompt_logprobs = out.prompt_logprobs;
+      ++run.outputs_with_prompt_logprobs;
+    }
+    if (out.finished()) {
+      run.num_cached_tokens = out.num_cached_tokens;
+      run.reason = out.finish_reason;
+      done.notify_all();
+    }
+  });
+  EXPECT_TRUE(added.isOk()) << added.message();
+  std::unique_lock<std::mutex> lock(mutex);
+  EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(60),
+                            [&] { return run.reason != FinishReason::kNone; }));
+  return run;
+}
+
+// Bits of a logprob, so that equal means the same float.
+uint32_t bitsOf(float value) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+void expectSameLogprobs(const GeneratedToken& a, const GeneratedToken& b) {
+  EXPECT_EQ(a.token, b.token);
+  EXPECT_EQ(bitsOf(a.logprob), bitsOf(b.logprob)) << a.logprob << " vs " << b.logprob;
+  ASSERT_EQ(a.top.size(), b.top.size());
+  for (size_t k = 0; k < a.top.size(); ++k) {
+    EXPECT_EQ(a.top[k].token, b.top[k].token) << k;
+    EXPECT_EQ(bitsOf(a.top[k].logprob), bitsOf(b.top[k].logprob)) << k;
+  }
+}
+
+// Prompt logprobs are the model's own predictions: a prompt made of a
+// prompt and the greedy answer to it reports, at each answer token, exactly
+// the logprob and alternatives the answer reported when it was generated
+// (teacher forcing = generation, bit for bit). The same bits whether the
+// prompt ran in one step or in chunks of 16, alone or beside another
+// request, and again with the prompt already cached (never a prefix-cache
+// hit while its logprobs are computed, but its blocks are cached for others).
+TEST(EnginePromptLogprobs, AreTheLogprobsTheAnswerHadBitForBit) {
+  const std::vector<TokenId> question = randomTokens(37, 21);
+  Engine engine(engineConfig());
+  Request ask = greedyRequest("ask", question, 24);
+  ask.sampling.logprobs = 5;
+  const FullRun answer = runToEnd(engine, ask);
+  ASSERT_EQ(answer.tokens.size(), 24u);
+  EXPECT_TRUE(answer.prompt_logprobs.empty());
+
+  std::vector<TokenId> replay = question;
+  for (const GeneratedToken& token : answer.tokens) replay.push_back(token.token);
+  Request teacher = greedyRequest("teacher", replay, 2);
+  teacher.sampling.prompt_logprobs = 5;
+  const FullRun forced = runToEnd(engine, teacher);
+  ASSERT_EQ(forced.prompt_logprobs.size(), replay.size());
+  EXPECT_EQ(forced.outputs_with_prompt_logprobs, 1);
+  EXPECT_EQ(forced.num_cached_tokens, 0);  // the question was cached, not used
+  EXPECT_EQ(forced.prompt_logprobs[0].token, replay[0]);
+  EXPECT_TRUE(forced.prompt_logprobs[0].top.empty());
+  for (size_t i = 1; i < replay.size(); ++i) {
+    const GeneratedToken& entry = forced.prompt_logprobs[i];
+    EXPECT_EQ(entry.token, replay[i]);
+    ASSERT_EQ(entry.top.size(), 5u);
+    EXPECT_GE(entry.rank, 1);
+    // The rank agrees with the alternatives: rank r <= 5 means the token is
+    // r-th among them (no ties in a random model's logits).
+    if (entry.rank <= 5) {
+      EXPECT_EQ(entry.top[entry.rank - 1].token, entry.token) << i;
+    }
+  }
+  for (size_t j = 0; j < answer.tokens.size(); ++j) {
+    SCOPED_TRACE(j);
+    expectSameLogprobs(forced.prompt_logprobs[question.size() + j], answer.tokens[j]);
+    EXPECT_EQ(forced.prompt_logprobs[question.size() + j].rank, 1);  // greedy: the best
+  }
+
+  // Cached now: a plain request with that prompt hits the cache; another
+  // with prompt logprobs computes it all again, to the same bits.
+  const FullRun plain = runToEnd(engine, greedyRequest("plain", replay, 2));
+  EXPECT_GT(plain.num_cached_tokens, 0);
+  teacher.id = "teacher-again";
+  const FullRun again = runToEnd(engine, teacher);
+  EXPECT_EQ(again.num_cached_tokens, 0);
+  ASSERT_EQ(again.prompt_logprobs.size(), replay.size());
+  for (size_t i = 0; i < replay.size(); ++i) {
+    expectSameLogprobs(again.prompt_logprobs[i], forced.prompt_logprobs[i]);
+  }
+  EXPECT_EQ(again.tokens[0].token, forced.tokens[0].token);
+
+  // Chunks of 16 positions, beside another request.
+  EngineConfig chunked_config = engineConfig();
+  chunked_config.scheduler.max_num_batched_tokens = 16;
+  Engine chunked(chunked_config);
+  FullRun beside;
+  std::thread other([&] { beside = runToEnd(chunked, greedyRequest("other", question, 30)); });
+  teacher.id = "teacher-chunked";
+  const FullRun in_chunks = runToEnd(chunked, teacher);
+  other.join();
+  EXPECT_EQ(beside.tokens.size(), 30u);
+  ASSERT_EQ(in_chunks.prompt_logprobs.size(), replay.size());
+  for (size_t i = 0; i < replay.size(); ++i) {
+    SCOPED_TRACE(i);
+    expectSameLogprobs(in_chunks.prompt_logprobs[i], forced.prompt_logprobs[i]);
+    EXPECT_EQ(in_chunks.prompt_logprobs[i].rank, forced.prompt_logprobs[i].rank);
+  }
+}
+
+// Out of range: refused naming the field.
+TEST(EnginePromptLogprobs, OutOfRangeIsRefused) {
+  Engine engine(engineConfig());
+  Request request = greedyRequest("r", randomTokens(8, 2), 2);
+  request.sampling.prompt_logprobs = 21;
+  const Status refused = engine.addRequest(request, [](const RequestOutput&) {});
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "prompt_logprobs must be between 0 and 20, got 21");
+}
+
 }  // namespace
 }  // namespace tandem::engine

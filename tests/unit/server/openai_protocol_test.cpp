@@ -343,9 +343,14 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("n": 2, "kv_transfer_params": {})"), "kv_transfer_params",
           "kv_transfer_params hands one request's KV over: n must be 1"),
       bad(completion(R"("n": "1")"), "n", "n must be an integer, got string"),
-      bad(completion(R"("best_of": 2)"), "best_of",
-          "best_of must equal n (1): ranking more candidates than are returned is not supported, "
-          "got 2"),
+      bad(completion(R"("n": 3, "best_of": 2)"), "best_of",
+          "best_of must be between 3 and 16, got 2"),
+      bad(completion(R"("best_of": 17)"), "best_of", "best_of must be between 1 and 16, got 17"),
+      bad(completion(R"("best_of": 3, "n": 2, "stream": true)"), "best_of",
+          "best_of (3) more than n (2) ranks finished choices: it cannot be streamed; set stream "
+          "to false"),
+      bad(completion(R"("best_of": 2, "kv_transfer_params": {})"), "kv_transfer_params",
+          "kv_transfer_params hands one request's KV over: best_of must be 1"),
       // Stops.
       bad(completion(R"("stop": 5)"), "stop",
           "stop must be a string or an array of strings, got number"),
@@ -384,9 +389,9 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("kv_transfer_params": "x")"), "kv_transfer_params",
           "kv_transfer_params must be an object, got string"),
       // Refused features.
-      bad(completion(R"("echo": true, "logprobs": 2)"), "echo",
-          "echo with logprobs needs the prompt's logprobs, which this server does not compute; "
-          "leave logprobs out or set echo to false"),
+      bad(completion(R"("echo": true, "logprobs": 2, "kv_transfer_params": {})"), "echo",
+          "echo needs every prompt position computed by this agent: it cannot be combined with "
+          "kv_transfer_params"),
       bad(completion(R"("echo": "no")"), "echo", "echo must be a boolean, got string"),
       bad(completion(R"("logit_bias": [1])"), "logit_bias",
           "logit_bias must be an object mapping token ids to biases, got array"),
@@ -425,8 +430,15 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
 
       bad(completion(R"("suffix": "end")"), "suffix",
           "suffix is not supported yet; leave it out or send null"),
-      bad(completion(R"("prompt_logprobs": 1)"), "prompt_logprobs",
-          "prompt_logprobs is not supported yet; leave it out or send null"),
+      bad(completion(R"("prompt_logprobs": 6)"), "prompt_logprobs",
+          "prompt_logprobs must be between 0 and 5, got 6"),
+      bad(completion(R"("prompt_logprobs": "1")"), "prompt_logprobs",
+          "prompt_logprobs must be an integer, got string"),
+      bad(completion(R"("prompt_logprobs": 1, "stream": true)"), "prompt_logprobs",
+          "prompt_logprobs are not available when stream is true; set stream to false"),
+      bad(completion(R"("prompt_logprobs": 0, "kv_transfer_params": {})"), "prompt_logprobs",
+          "prompt_logprobs needs every prompt position computed by this agent: it cannot be "
+          "combined with kv_transfer_params"),
   };
   for (const BadCase& c : cases) {
     expectRefused(parseCompletionRequest(c.body, testLimits(), tokenizer()), c);
@@ -636,6 +648,138 @@ TEST_F(ProtocolTest, EchoPutsThePromptBeforeTheOutput) {
       tokenizer());
   ASSERT_TRUE(resumed.isOk()) << resumed.error().message;
   EXPECT_EQ(resumed.value().echo_text, "");
+}
+
+// The prompt's logprobs as the engine reports them for "Hello world":
+// entry 0 only names its token, the others a logprob, a rank and the best
+// alternatives (the second alternative is token 7).
+std::vector<protocol::GeneratedToken> helloPromptLogprobs(const Tokenizer& tokenizer) {
+  std::vector<protocol::GeneratedToken> entries;
+  const std::vector<TokenId> ids = tokenizer.encode("Hello world");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    protocol::GeneratedToken entry;
+    entry.token = ids[i];
+    if (i > 0) {
+      entry.logprob = -0.5f * static_cast<float>(i);
+      entry.rank = 2;
+      entry.top = {{7, -0.1f}, {ids[i], entry.logprob}};
+    }
+    entries.push_back(entry);
+  }
+  return entries;
+}
+
+// echo with logprobs: the logprobs lead with the prompt's tokens (the
+// first one's logprob and alternatives null), their offsets point into the
+// echoed text and the output's offsets go on after it; whole and streamed
+// agree, and a resumed stream asks for no prompt logprobs.
+TEST_F(ProtocolTest, EchoWithLogprobsLeadsWithThePromptTokens) {
+  auto parsed = parseCompletionRequest(completion(R"("echo": true, "logprobs": 2)"), testLimits(),
+                                       tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  EXPECT_EQ(parsed.value().request.sampling.prompt_logprobs, 2);
+  EXPECT_FALSE(parsed.value().prompt_logprobs.has_value());  // no vLLM-style field
+  const ResponseMeta meta = makeResponseMeta(parsed.value(), "r1", 1);
+  EXPECT_TRUE(meta.echo_logprobs);
+
+  const std::vector<TokenId> ids = tokenizer().encode("Hello world");
+  protocol::RequestOutput step;
+  step.prompt_logprobs = helloPromptLogprobs(tokenizer());
+  step.text = "!";
+  const std::vector<TokenId> bang = tokenizer().encode("!");
+  ASSERT_EQ(bang.size(), 1u);
+  step.tokens.push_back({bang[0], -0.25f, {{bang[0], -0.25f}}});
+  StreamState state;
+  auto chunk = completionChunk(meta, step, tokenizer(), state);
+  ASSERT_TRUE(chunk.has_value());
+  const json& logprobs = (*chunk)["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), ids.size() + 1);
+  EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+  EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+  std::string joined;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // Each prompt token's offset is where its text starts in the echo.
+    EXPECT_EQ(logprobs["text_offset"][i], static_cast<int64_t>(joined.size())) << i;
+    joined += tokenizer().tokenBytes(ids[i]);
+    if (i > 0) {
+      EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][i].get<double>(), -0.5 * static_cast<double>(i));
+      EXPECT_EQ(logprobs["top_logprobs"][i].size(), 2u);
+    }
+  }
+  EXPECT_EQ(joined, "Hello world");
+  EXPECT_EQ(logprobs["text_offset"][ids.size()], 11);  // after the echo
+  EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][ids.size()].get<double>(), -0.25);
+
+  step.finish_reason = protocol::FinishReason::kStop;
+  const json whole = completionResponse(meta, step, tokenizer());
+  EXPECT_EQ(whole["choices"][0]["logprobs"], logprobs);
+  EXPECT_EQ(whole["choices"][0]["text"], "Hello world!");
+  EXPECT_FALSE(whole["choices"][0].contains("prompt_logprobs"));
+
+  auto resumed = parseCompletionRequest(
+      completion(R"("echo": true, "logprobs": 2, "stream": true, "resume_token_ids": [42])"),
+      testLimits(), tokenizer());
+  ASSERT_TRUE(resumed.isOk()) << resumed.error().message;
+  EXPECT_FALSE(resumed.value().request.sampling.prompt_logprobs.has_value());
+  EXPECT_FALSE(makeResponseMeta(resumed.value(), "r2", 1).echo_logprobs);
+}
+
+// vLLM's prompt_logprobs: per choice (completions) or per response (chat),
+// null first, then each token's own entry (its rank) and the alternatives
+// asked for (rank = place), keyed by token id.
+TEST_F(ProtocolTest, PromptLogprobsInVllmsForm) {
+  auto parsed = parseCompletionRequest(completion(R"("prompt_logprobs": 1, "logprobs": 3)"),
+                                       testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  EXPECT_EQ(parsed.value().prompt_logprobs, 1);
+  EXPECT_EQ(parsed.value().request.sampling.prompt_logprobs, 1);
+  const ResponseMeta meta = makeResponseMeta(parsed.value(), "r1", 1);
+  EXPECT_FALSE(meta.echo_logprobs);
+  protocol::RequestOutput total;
+  total.prompt_logprobs = helloPromptLogprobs(tokenizer());
+  total.finish_reason = protocol::FinishReason::kLength;
+  const json body = completionResponse(meta, total, tokenizer());
+  const json& list = body["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(list.size(), total.prompt_logprobs.size());
+  EXPECT_TRUE(list[0].is_null());
+  for (size_t i = 1; i < list.size(); ++i) {
+    const std::string own = std::to_string(total.prompt_logprobs[i].token);
+    ASSERT_EQ(list[i].size(), 2u) << list[i].dump();  // the token, then token 7
+    EXPECT_EQ(list[i][own]["rank"], 2);
+    EXPECT_DOUBLE_EQ(list[i][own]["logprob"].get<double>(), -0.5 * static_cast<double>(i));
+    EXPECT_EQ(list[i][own]["decoded_token"],
+              logprobTokenText(tokenizer(), total.prompt_logprobs[i].token));
+    EXPECT_EQ(list[i]["7"]["rank"], 1);
+  }
+
+  auto in_chat =
+      parseChatCompletionRequest(chat(R"("prompt_logprobs": 0)"), testLimits(), tokenizer());
+  ASSERT_TRUE(in_chat.isOk()) << in_chat.error().message;
+  const json chat_body =
+      chatCompletionResponse(makeResponseMeta(in_chat.value(), "r2", 1), total, tokenizer());
+  ASSERT_EQ(chat_body["prompt_logprobs"].size(), total.prompt_logprobs.size());
+  EXPECT_EQ(chat_body["prompt_logprobs"][1].size(), 1u);  // 0 alternatives: the token only
+  EXPECT_FALSE(chat_body["choices"][0].contains("prompt_logprobs"));
+
+  auto streamed = parseChatCompletionRequest(chat(R"("prompt_logprobs": 0, "stream": true)"),
+                                             testLimits(), tokenizer());
+  ASSERT_FALSE(streamed.isOk());
+  EXPECT_EQ(streamed.error().param, "prompt_logprobs");
+}
+
+// best_of defaults to n and may rank more candidates when not streamed.
+TEST_F(ProtocolTest, BestOfDefaultsToN) {
+  auto plain = parseCompletionRequest(completion(R"("n": 3)"), testLimits(), tokenizer());
+  ASSERT_TRUE(plain.isOk()) << plain.error().message;
+  EXPECT_EQ(plain.value().best_of, 3);
+  auto ranked =
+      parseCompletionRequest(completion(R"("n": 2, "best_of": 5)"), testLimits(), tokenizer());
+  ASSERT_TRUE(ranked.isOk()) << ranked.error().message;
+  EXPECT_EQ(ranked.value().n, 2);
+  EXPECT_EQ(ranked.value().best_of, 5);
+  auto streamed = parseCompletionRequest(completion(R"("n": 2, "best_of": 2, "stream": true)"),
+                                         testLimits(), tokenizer());
+  ASSERT_TRUE(streamed.isOk()) << streamed.error().message;
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,218 @@
+// The prompt's logprobs and best_of through tandem-agent serve: echo with
+// logprobs leads the completion's logprobs with the prompt's tokens (whole
+// and streamed alike) and those logprobs are the ones the model gave the
+// same tokens when it generated them; vLLM's prompt_logprobs for
+// completions, n > 1 and chat; best_of > n returns the candidates with the
+// largest sum of token logprobs, each equal to the single request with its
+// seed.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/agent_server.h"
+
+namespace {
+
+using nlohmann::json;
+using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+
+std::vector<int> tokenIdsOf(const json& response) {
+  return response["choices"][0]["token_ids"].get<std::vector<int>>();
+}
+
+// A streamed completion's chunks, parsed.
+std::vector<json> streamChunks(const Agent& agent, json body) {
+  body["stream"] = true;
+  httplib::Client client("127.0.0.1", agent.port());
+  client.set_read_timeout(60, 0);
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  EXPECT_TRUE(res);
+  std::vector<json> chunks;
+  if (!res) return chunks;
+  std::istringstream events(res->body);
+  for (std::string line; std::getline(events, line);) {
+    if (line.rfind("data: {", 0) == 0) chunks.push_back(json::parse(line.substr(6)));
+  }
+  return chunks;
+}
+
+// echo + logprobs: the prompt's tokens first (the first one's logprob
+// null), then the output's; the offsets count characters of the echoed
+// text. A second request whose prompt is that whole text's token ids
+// reports, for the part the first one generated, exactly the logprobs the
+// first one reported for it (the model's predictions are the same whether
+// it generated or read the tokens). Streamed, the chunks' logprobs put
+// together are the whole answer's.
+TEST(PromptLogprobs, EchoLeadsWithThePromptAndMatchesGeneration) {
+  Agent agent;
+  const std::vector<int> prompt = randomPrompt(40, 31);
+  json body = greedy(prompt, 10);
+  body["logprobs"] = 3;
+  body["echo"] = true;
+  const json whole = agent.post("/v1/completions", body);
+  ASSERT_TRUE(whole.contains("choices")) << whole.dump();
+  const json& logprobs = whole["choices"][0]["logprobs"];
+  const std::vector<int> generated = tokenIdsOf(whole);
+  ASSERT_EQ(generated.size(), 10u);
+  ASSERT_EQ(logprobs["tokens"].size(), prompt.size() + generated.size());
+  EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+  EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < logprobs["tokens"].size(); ++i) {
+    EXPECT_TRUE(logprobs["token_logprobs"][i].is_number()) << i;
+    EXPECT_GE(logprobs["top_logprobs"][i].size(), 3u) << i;
+    EXPECT_GE(logprobs["text_offset"][i].get<int64_t>(),
+              logprobs["text_offset"][i - 1].get<int64_t>())
+        << i;
+  }
+  EXPECT_EQ(whole["usage"]["prompt_tokens"], prompt.size());
+
+  // Teacher forcing: the prompt and the answer as one prompt.
+  std::vector<int> replay = prompt;
+  replay.insert(replay.end(), generated.begin(), generated.end());
+  json forced = greedy(replay, 1);
+  forced["logprobs"] = 3;
+  forced["echo"] = true;
+  const json again = agent.post("/v1/completions", forced);
+  const json& replayed = again["choices"][0]["logprobs"];
+  ASSERT_EQ(replayed["tokens"].size(), replay.size() + 1);
+  for (size_t i = 0; i < replay.size(); ++i) {
+    EXPECT_EQ(replayed["token_logprobs"][i], logprobs["token_logprobs"][i]) << i;
+    EXPECT_EQ(replayed["top_logprobs"][i], logprobs["top_logprobs"][i]) << i;
+    EXPECT_EQ(replayed["tokens"][i], logprobs["tokens"][i]) << i;
+  }
+  // Generated and greedy: each answer token is its position's best.
+  for (size_t j = 0; j < generated.size(); ++j) {
+    const size_t i = prompt.size() + j;
+    double best = -1e9;
+    for (const auto& [text, value] : replayed["top_logprobs"][i].items()) {
+      best = std::max(best, value.get<double>());
+    }
+    EXPECT_EQ(replayed["token_logprobs"][i].get<double>(), best) << i;
+  }
+
+  // Streamed: the same lists, in pieces.
+  json lists = {{"tokens", json::array()},
+                {"token_logprobs", json::array()},
+                {"top_logprobs", json::array()},
+                {"text_offset", json::array()}};
+  std::string text;
+  for (const json& chunk : streamChunks(agent, body)) {
+    const json& choice = chunk["choices"][0];
+    text += choice["text"].get<std::string>();
+    if (choice["logprobs"].is_null()) continue;
+    for (const auto& [key, list] : lists.items()) {
+      for (const json& item : choice["logprobs"][key]) list.push_back(item);
+    }
+  }
+  EXPECT_EQ(text, whole["choices"][0]["text"]);
+  EXPECT_EQ(lists, logprobs);
+}
+
+// vLLM's prompt_logprobs: null, then per prompt token its own entry (rank,
+// decoded text) and the alternatives asked for, keyed by token id; the same
+// numbers as echo's. With n = 3 every choice carries them and the prompt is
+// still computed once for the others to read from the cache; chat puts them
+// on the response.
+TEST(PromptLogprobs, VllmFormForCompletionsChoicesAndChat) {
+  Agent agent;
+  const std::vector<int> prompt = randomPrompt(70, 32);
+  json body = greedy(prompt, 4);
+  body["prompt_logprobs"] = 2;
+  const json answer = agent.post("/v1/completions", body);
+  const json& list = answer["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(list.size(), prompt.size()) << answer.dump();
+  EXPECT_TRUE(list[0].is_null());
+  EXPECT_TRUE(answer["choices"][0]["logprobs"].is_null());
+
+  json echoed = greedy(prompt, 4);
+  echoed["echo"] = true;
+  echoed["logprobs"] = 2;
+  const json echo_answer = agent.post("/v1/completions", echoed);
+  const json& echo_logprobs = echo_answer["choices"][0]["logprobs"];
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const json& entry = list[i];
+    const std::string own = std::to_string(prompt[i]);
+    ASSERT_TRUE(entry.contains(own)) << i << entry.dump();
+    EXPECT_EQ(entry[own]["logprob"], echo_logprobs["token_logprobs"][i]) << i;
+    EXPECT_EQ(entry[own]["decoded_token"], echo_logprobs["tokens"][i]) << i;
+    EXPECT_GE(entry[own]["rank"].get<int64_t>(), 1);
+    // Two alternatives of rank 1 and 2, plus the token when it is not one.
+    std::vector<int64_t> ranks;
+    for (const auto& [id, value] : entry.items()) ranks.push_back(value["rank"].get<int64_t>());
+    std::sort(ranks.begin(), ranks.end());
+    EXPECT_EQ(ranks[0], 1) << entry.dump();
+    EXPECT_EQ(ranks[1], 2) << entry.dump();
+    EXPECT_EQ(entry.size(), entry[own]["rank"].get<int64_t>() <= 2 ? 2u : 3u) << entry.dump();
+  }
+
+  json several = body;
+  several["n"] = 3;
+  several["temperature"] = 1.0;
+  several["seed"] = 40;
+  const double hits_before = agent.metric("tandem_prefix_cache_hits_total");
+  const json choices = agent.post("/v1/completions", several);
+  ASSERT_EQ(choices["choices"].size(), 3u) << choices.dump();
+  for (const json& choice : choices["choices"]) EXPECT_EQ(choice["prompt_logprobs"], list);
+  // 70 tokens: 4 full blocks, read from the cache by choices 1 and 2 only
+  // (the first computes them all for its logprobs).
+  EXPECT_EQ(agent.metric("tandem_prefix_cache_hits_total") - hits_before, 2 * 64);
+
+  json chat = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "hello there"}}}},
+               {"max_tokens", 3},
+               {"temperature", 0},
+               {"prompt_logprobs", 1}};
+  const json chat_answer = agent.post("/v1/chat/completions", chat);
+  ASSERT_TRUE(chat_answer.contains("prompt_logprobs")) << chat_answer.dump();
+  EXPECT_EQ(chat_answer["prompt_logprobs"].size(), chat_answer["usage"]["prompt_tokens"]);
+  EXPECT_TRUE(chat_answer["prompt_logprobs"][0].is_null());
+}
+
+// best_of > n: best_of candidates, candidate i the request with seed + i
+// alone; the n returned are those with the largest sum of token logprobs,
+// best first (logprobs not shown unless asked for); usage counts every
+// candidate's tokens.
+TEST(BestOf, ReturnsTheCandidatesWithTheLargestSumOfLogprobs) {
+  Agent agent;
+  json body = greedy(randomPrompt(30, 33), 8);
+  body["temperature"] = 1.0;
+  body["seed"] = 70;
+  body["n"] = 2;
+  body["best_of"] = 5;
+  const json answer = agent.post("/v1/completions", body);
+  ASSERT_EQ(answer["choices"].size(), 2u) << answer.dump();
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 5 * 8);
+  std::vector<std::pair<double, std::vector<int>>> candidates;
+  for (int i = 0; i < 5; ++i) {
+    json single = body;
+    single.erase("best_of");
+    single["n"] = 1;
+    single["seed"] = 70 + i;
+    single["logprobs"] = 0;
+    const json one = agent.post("/v1/completions", single);
+    double sum = 0;
+    for (const json& value : one["choices"][0]["logprobs"]["token_logprobs"]) {
+      sum += value.get<double>();
+    }
+    candidates.emplace_back(sum, tokenIdsOf(one));
+  }
+  std::vector<size_t> order(candidates.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return candidates[a].first > candidates[b].first; });
+  for (size_t i = 0; i < 2; ++i) {
+    const json& choice = answer["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_TRUE(choice["logprobs"].is_null());
+    EXPECT_EQ(choice["token_ids"].get<std::vector<int>>(), candidates[order[i]].second) << i;
+  }
+  EXPECT_NE(candidates[order[0]].second, candidates[order[1]].second);
+}
+
+}  // namespace
