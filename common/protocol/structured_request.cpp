@@ -153,19 +153,43 @@ std::optional<ApiError> readStructuredOutputs(const ordered_json& options,
   return std::nullopt;
 }
 
+// Whether `tool_choice` is "auto" (or absent) and a tool is a function
+// with "strict": true: its calls' arguments are then enforced, the output
+// free to be text instead.
+template <typename Json>
+bool autoStrictTools(const Json& root) {
+  const auto choice = root.find("tool_choice");
+  if (choice != root.end() && !choice->is_null() && *choice != "auto") return false;
+  const auto tools = root.find("tools");
+  if (tools == root.end() || !tools->is_array()) return false;
+  for (const auto& tool : *tools) {
+    const auto function = tool.find("function");
+    if (function == tool.end() || !function->is_object()) continue;
+    const auto strict = function->find("strict");
+    if (strict != function->end() && *strict == true) return true;
+  }
+  return false;
+}
+
 // tool_choice "required" or naming a function (readChatInput checked its
-// shape and that the function exists).
+// shape and that the function exists), or "auto" with strict functions
+// when the server has a tool-call parser and no other constraint is given
+// (optional calls: the output may be text).
 std::optional<ApiError> readForcedToolCall(const ordered_json& root,
                                            std::optional<protocol::ToolCallParserKind> parser,
                                            std::vector<Found>& found) {
   const auto choice = root.find("tool_choice");
-  if (choice == root.end() || choice->is_null() || *choice == "auto" || *choice == "none") {
+  const bool optional = autoStrictTools(root);
+  if (optional && (!parser || !found.empty())) return std::nullopt;
+  if (!optional &&
+      (choice == root.end() || choice->is_null() || *choice == "auto" || *choice == "none")) {
     return std::nullopt;
   }
   const auto tools = root.find("tools");
   if (tools == root.end() || !tools->is_array()) return std::nullopt;  // refused by readChatInput
-  const std::string forced =
-      choice->is_string() ? "tool_choice \"required\"" : "tool_choice naming a function";
+  const std::string forced = optional              ? ""
+                             : choice->is_string() ? "tool_choice \"required\""
+                                                   : "tool_choice naming a function";
   if (!parser) {
     return invalidRequest(forced +
                               " needs the server's tool-call parser (--tool-call-parser "
@@ -173,7 +197,7 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
                           "tool_choice");
   }
   const std::string named =
-      choice->is_object() ? choice->at("function").at("name").get<std::string>() : "";
+      !optional && choice->is_object() ? choice->at("function").at("name").get<std::string>() : "";
   ordered_json specs = ordered_json::array();
   for (const auto& tool : *tools) {
     const auto& function = tool.at("function");
@@ -199,9 +223,10 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
   const auto format = *parser == protocol::ToolCallParserKind::kHermes
                           ? structured::ToolCallFormat::kHermes
                           : structured::ToolCallFormat::kLlama3Json;
-  found.push_back(Found{"tool_choice",
-                        {ConstraintKind::kToolCalls,
-                         structured::toolCallsSpec(format, parallel && named.empty(), specs)}});
+  found.push_back(
+      Found{"tool_choice",
+            {ConstraintKind::kToolCalls,
+             structured::toolCallsSpec(format, parallel && named.empty(), specs, optional)}});
   return std::nullopt;
 }
 
@@ -220,6 +245,7 @@ std::optional<ApiError> readStructuredOutput(std::string_view body, const json& 
   if (chat) {
     const auto choice = root.find("tool_choice");
     any = any || (choice != root.end() && (choice->is_object() || *choice == "required"));
+    any = any || (parser && autoStrictTools(root));
   }
   for (const char* name : kGuided) any = any || given(name);
   if (!any) return std::nullopt;

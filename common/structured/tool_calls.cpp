@@ -3,13 +3,102 @@
 #include "common/structured/json_schema.h"
 
 namespace tandem::structured {
+namespace {
 
-std::string toolCallsSpec(ToolCallFormat format, bool parallel,
-                          const nlohmann::ordered_json& tools) {
+// Free text that ends at the first `trigger` and goes on with `then`: the
+// text before it never holds the trigger (a matcher over the trigger's
+// prefixes, as Knuth-Morris-Pratt's: rule j has read j of its bytes), and
+// the text may also end anywhere before it. What follows the whole trigger
+// is `then`.
+Expr textUntil(GrammarBuilder& builder, const std::string& name, const std::string& trigger,
+               Expr then) {
+  const size_t k = trigger.size();
+  // The longest prefix of the trigger that is a suffix of trigger[0, j) + b.
+  auto next = [&](size_t j, uint8_t b) {
+    std::string read = trigger.substr(0, j);
+    read.push_back(static_cast<char>(b));
+    for (size_t length = std::min(read.size(), k); length > 0; --length) {
+      if (read.compare(read.size() - length, length, trigger, 0, length) == 0) return length;
+    }
+    return size_t{0};
+  };
+  std::vector<int32_t> rules;
+  for (size_t j = 0; j < k; ++j) rules.push_back(builder.declare(name + "_" + std::to_string(j)));
+  for (size_t j = 0; j < k; ++j) {
+    std::vector<ByteSet> to(k);
+    std::vector<Expr> options = {literal("")};
+    for (int b = 0; b < 256; ++b) {
+      const size_t target = next(j, static_cast<uint8_t>(b));
+      if (target < k) to[target].add(static_cast<uint8_t>(b), static_cast<uint8_t>(b));
+    }
+    for (size_t target = 0; target < k; ++target) {
+      if (!to[target].empty()) options.push_back(seq({bytes(to[target]), ref(rules[target])}));
+    }
+    if (j + 1 == k) {
+      options.push_back(seq({literal(trigger.substr(k - 1)), then}));
+    }
+    builder.define(rules[j], alt(std::move(options)));
+  }
+  return ref(rules[0]);
+}
+
+ByteSet whiteSpace() {
+  ByteSet set;
+  for (uint8_t c : {' ', '\t', '\n', '\r'}) set.add(c, c);
+  return set;
+}
+
+// Any bytes at all.
+Expr anyText() { return star(bytes(ByteSet::range(0, 255))); }
+
+// llama3_json with tool_choice "auto": output that, after white space and an
+// optional <|python_tag|> and white space, starts with "{" is tool calls (the
+// parser's rule, tool_call_parser.h); any other output is free text.
+Expr llama3Optional(GrammarBuilder& builder, Expr calls) {
+  const std::string tag = "<|python_tag|>";
+  const ByteSet space = whiteSpace();
+  // After the tag and white space: calls, white space, or text that starts
+  // with another byte.
+  ByteSet other_after_tag = ByteSet::range(0, 255);
+  ByteSet other_first;
+  for (int b = 0; b < 256; ++b) {
+    const auto byte = static_cast<uint8_t>(b);
+    if (!space.contains(byte) && byte != '{' && byte != '<') other_first.add(byte, byte);
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto byte = static_cast<uint8_t>(b);
+    if (space.contains(byte) || byte == '{') {
+      other_after_tag.words[byte >> 6] &= ~(uint64_t{1} << (byte & 63));
+    }
+  }
+  const int32_t after_tag = builder.declare("after_python_tag");
+  builder.define(after_tag, alt({literal(""), seq({bytes(space), ref(after_tag)}), calls,
+                                 seq({bytes(other_after_tag), anyText()})}));
+  // "<" then the tag's next bytes, or text that leaves it.
+  Expr in_tag = ref(after_tag);
+  for (size_t i = tag.size(); i-- > 1;) {
+    ByteSet leave = ByteSet::range(0, 255);
+    const auto expected = static_cast<uint8_t>(tag[i]);
+    leave.words[expected >> 6] &= ~(uint64_t{1} << (expected & 63));
+    in_tag = alt({literal(""), seq({bytes(leave), anyText()}),
+                  seq({literal(tag.substr(i, 1)), std::move(in_tag)})});
+  }
+  const int32_t lead = builder.declare("llama3_lead");
+  builder.define(
+      lead, alt({literal(""), seq({bytes(space), ref(lead)}), std::move(calls),
+                 seq({literal("<"), std::move(in_tag)}), seq({bytes(other_first), anyText()})}));
+  return ref(lead);
+}
+
+}  // namespace
+
+std::string toolCallsSpec(ToolCallFormat format, bool parallel, const nlohmann::ordered_json& tools,
+                          bool optional) {
   nlohmann::ordered_json spec = {
       {"format", format == ToolCallFormat::kHermes ? "hermes" : "llama3_json"},
       {"parallel", parallel},
       {"tools", tools}};
+  if (optional) spec["optional"] = true;
   return spec.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
@@ -51,13 +140,24 @@ StatusOr<Grammar> compileToolCalls(const nlohmann::ordered_json& spec) {
     const std::string head =
         "{\"name\":" + quoted + (hermes ? ",\"arguments\":" : ",\"parameters\":");
     Expr call = seq({literal(head), std::move(arguments), literal("}")});
-    if (hermes) call = seq({literal("<tool_call>\n"), std::move(call), literal("\n</tool_call>")});
+    // hermes: what follows the <tool_call> tag (added below).
+    if (hermes) call = seq({literal("\n"), std::move(call), literal("\n</tool_call>")});
     calls.push_back(std::move(call));
   }
-  const int32_t call = builder.add("tool_call", alt(std::move(calls)));
-  Expr root = ref(call);
-  if (spec.value("parallel", false)) {
-    root = seq({ref(call), star(seq({literal(hermes ? "\n" : "; "), ref(call)}))});
+  const std::string tag = "<tool_call>";
+  const int32_t after_tag = hermes ? builder.add("tool_call_rest", alt(std::move(calls))) : -1;
+  const int32_t call = builder.add(
+      "tool_call", hermes ? seq({literal(tag), ref(after_tag)}) : alt(std::move(calls)));
+  const bool parallel = spec.value("parallel", false);
+  Expr more = parallel ? star(seq({literal(hermes ? "\n" : "; "), ref(call)})) : literal("");
+  Expr root;
+  if (!spec.value("optional", false)) {
+    root = seq({ref(call), std::move(more)});
+  } else if (hermes) {
+    // tool_choice "auto": text up to the first tag, which the calls follow.
+    root = textUntil(builder, "text", tag, seq({ref(after_tag), std::move(more)}));
+  } else {
+    root = llama3Optional(builder, seq({ref(call), std::move(more)}));
   }
   return builder.build(builder.add("tool_calls", std::move(root)));
 }

@@ -11,6 +11,13 @@
 // non-strict function whose schema uses what the schema compiler refuses
 // gets any JSON object instead; a strict one is refused, naming the
 // function. A function without parameters takes {}.
+//
+// Optional calls (tool_choice "auto" with strict functions): the output may
+// also be text, and calls are constrained where the parser would find them:
+// hermes, free text up to the first "<tool_call>", after which the calls
+// follow; llama3_json, output whose first byte after white space (and an
+// optional <|python_tag|> and white space) is "{" is calls, any other
+// output is free text.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,10 +32,10 @@ namespace tandem::structured {
 enum class ToolCallFormat { kHermes, kLlama3Json };
 
 // The constraint's spec text (Constraint::spec of kind kToolCalls):
-//   {"format": "hermes" | "llama3_json", "parallel": bool,
+//   {"format": "hermes" | "llama3_json", "parallel": bool, "optional": bool,
 //    "tools": [{"name": ..., "parameters": schema or null, "strict": bool}, ...]}
-std::string toolCallsSpec(ToolCallFormat format, bool parallel,
-                          const nlohmann::ordered_json& tools);
+std::string toolCallsSpec(ToolCallFormat format, bool parallel, const nlohmann::ordered_json& tools,
+                          bool optional = false);
 
 StatusOr<Grammar> compileToolCalls(const nlohmann::ordered_json& spec);
 

@@ -295,6 +295,75 @@ TEST(StructuredOutput, ForcedToolCallsComeBackAsToolCalls) {
   }
 }
 
+// tool_choice "auto" with a strict function: the model may answer in text,
+// but a call, once begun, follows the schema. A random model rarely begins
+// one, so the second half resumes a stream whose tokens so far end with
+// the <tool_call> tag: the continuation is then a valid call, which the
+// parser reads back.
+TEST(StructuredOutput, AutoToolChoiceEnforcesStrictArgumentsOnceACallBegins) {
+  Agent agent({"--tool-call-parser", "hermes"});
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "strict": true, "parameters": {
+      "type": "object", "additionalProperties": false, "required": ["city", "days"],
+      "properties": {"city": {"enum": ["Oslo", "Rome", "Lima"]},
+                     "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}])");
+  auto checkCall = [](const json& call) {
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(arguments["city"] == "Oslo" || arguments["city"] == "Rome" ||
+                arguments["city"] == "Lima")
+        << arguments.dump();
+    EXPECT_GE(arguments["days"].get<int>(), 1);
+    EXPECT_LE(arguments["days"].get<int>(), 7);
+    EXPECT_EQ(arguments.size(), 2u);
+  };
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+               {"tools", tools},
+               {"tool_choice", "auto"},
+               {"parallel_tool_calls", false},
+               {"max_tokens", 40}};
+  for (uint32_t i = 0; i < 4; ++i) {
+    body["temperature"] = i == 0 ? 0.0 : 1.0;
+    body["seed"] = 60 + i;
+    const json response = agent.post("/v1/chat/completions", body);
+    SCOPED_TRACE(response.dump());
+    const json& message = response["choices"][0]["message"];
+    for (const json& call : message.value("tool_calls", json::array())) checkCall(call);
+  }
+
+  const json tokens = agent.post(
+      "/tokenize", {{"prompt", "Checking. <tool_call>\n"}, {"add_special_tokens", false}});
+  body["resume_token_ids"] = tokens["tokens"];
+  body["stream"] = true;
+  body["temperature"] = 0.0;
+  body["max_tokens"] = 160;
+  httplib::Client client("127.0.0.1", agent.port());
+  client.set_read_timeout(60, 0);
+  auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json call = {{"function", {{"name", ""}, {"arguments", ""}}}};
+  std::string finish;
+  std::istringstream events(res->body);
+  for (std::string line; std::getline(events, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json chunk = json::parse(line.substr(6));
+    if (chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    if (choice["finish_reason"].is_string()) finish = choice["finish_reason"];
+    for (const json& delta : choice["delta"].value("tool_calls", json::array())) {
+      EXPECT_EQ(delta["index"], 0);
+      call["function"]["name"] =
+          call["function"]["name"].get<std::string>() + delta["function"].value("name", "");
+      call["function"]["arguments"] = call["function"]["arguments"].get<std::string>() +
+                                      delta["function"].value("arguments", "");
+    }
+  }
+  EXPECT_EQ(finish, "tool_calls") << res->body;
+  checkCall(call);
+}
+
 TEST(StructuredOutput, MaxTokensMidStructureEndsWithLength) {
   Agent agent;
   const json body = constrained(

@@ -17,6 +17,7 @@
 #include "common/structured/constraint.h"
 #include "common/structured/json_schema.h"
 #include "common/structured/matcher.h"
+#include "common/structured/tool_calls.h"
 #include "common/tokenizer.h"
 
 namespace tandem::bench {
@@ -61,7 +62,25 @@ const Schema kSchemas[] = {
         "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 4}},
       "required": ["label"]}}, "$ref": "#/$defs/node"})"},
     {"json_object", ""},
+    // tool_choice "auto" with the tool_call schema as a strict function
+    // (hermes format): free text until a call begins.
+    {"tool_auto", "tool_auto"},
 };
+
+// A schema's grammar: the JSON schema, any JSON object, or tool_auto's
+// optional calls.
+StatusOr<structured::Grammar> schemaGrammar(const Schema& schema) {
+  if (*schema.text == '\0') return structured::anyJsonObjectGrammar();
+  if (std::string_view(schema.text) == "tool_auto") {
+    const ordered_json tools =
+        ordered_json::array({{{"name", "get_weather"},
+                              {"parameters", ordered_json::parse(kSchemas[0].text)},
+                              {"strict", true}}});
+    return structured::compileToolCalls(ordered_json::parse(structured::toolCallsSpec(
+        structured::ToolCallFormat::kHermes, /*parallel=*/true, tools, /*optional=*/true)));
+  }
+  return structured::compileJsonSchema(ordered_json::parse(schema.text));
+}
 
 double microsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
@@ -151,9 +170,7 @@ int runStructuredBench(const StructuredBenchOptions& options) {
                       {"schemas", json::array()}};
     for (const Schema& schema : kSchemas) {
       start = Clock::now();
-      StatusOr<structured::Grammar> grammar =
-          *schema.text == '\0' ? StatusOr<structured::Grammar>(structured::anyJsonObjectGrammar())
-                               : structured::compileJsonSchema(ordered_json::parse(schema.text));
+      StatusOr<structured::Grammar> grammar = schemaGrammar(schema);
       if (!grammar.isOk()) {
         std::fprintf(stderr, "schema %s: %s\n", schema.name, grammar.status().message().c_str());
         return 1;

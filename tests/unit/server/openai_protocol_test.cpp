@@ -531,6 +531,95 @@ TEST_F(ProtocolTest, StructuredOutputFieldsGiveOneConstraint) {
   }
 }
 
+// tool_choice "auto" (or none given) with a strict function: the output
+// may be text, but wherever the server's parser would find a call, the
+// call follows its function's schema. Each accepted output parses back to
+// the calls listed (or to content only); outputs whose calls break the
+// schema are refused. Without a strict function, without a parser, or with
+// another constraint, auto constrains nothing more.
+TEST_F(ProtocolTest, AutoToolChoiceEnforcesStrictFunctionsWhereCallsAre) {
+  const std::string tools = R"("tools": [
+      {"type": "function", "function": {"name": "get_weather", "strict": true, "parameters":
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "now"}}])";
+  struct Case {
+    protocol::ToolCallParserKind parser;
+    std::vector<std::pair<std::string, std::vector<std::string>>> accepted;  // text, call names
+    std::vector<std::string> refused;
+  };
+  const std::string weather = "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}";
+  const std::string llama_weather = "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}";
+  const std::vector<Case> cases = {
+      {protocol::ToolCallParserKind::kHermes,
+       {{"", {}},
+        {"It is sunny.", {}},
+        {"a < b, <tool_ <tool_call", {}},
+        {"<tool_call>\n" + weather + "\n</tool_call>", {"get_weather"}},
+        {"Let me check. <tool_<tool_call>\n" + weather + "\n</tool_call>", {"get_weather"}},
+        {"<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>\n<tool_call>\n" + weather +
+             "\n</tool_call>",
+         {"now", "get_weather"}}},
+       {"<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"town\":\"Oslo\"}}\n</tool_call>",
+        "hi <tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>", "<tool_call>oops"}},
+      {protocol::ToolCallParserKind::kLlama3Json,
+       {{"", {}},
+        {"Sure, it is sunny.", {}},
+        {"<b>bold</b>", {}},
+        {"<|python_tag|> not a call", {}},
+        {llama_weather, {"get_weather"}},
+        {"  \n" + llama_weather, {"get_weather"}},
+        {"<|python_tag|>" + llama_weather, {"get_weather"}},
+        {"{\"name\":\"now\",\"parameters\":{}}; " + llama_weather, {"now", "get_weather"}}},
+       {"{\"name\":\"get_weather\",\"parameters\":{\"city\":5}}", "  {oops",
+        "<|python_tag|> {\"name\":\"x\",\"parameters\":{}}"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(protocol::toolCallParserName(c.parser));
+    ServerLimits limits = testLimits();
+    limits.chat_output.tool_call_parser = c.parser;
+    for (const std::string& choice : {std::string(), std::string(R"(, "tool_choice": "auto")")}) {
+      auto parsed = parseChatCompletionRequest(chat(tools + choice), limits, tokenizer());
+      ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+      const auto& constraint = parsed.value().request.structured_output;
+      ASSERT_TRUE(constraint.has_value());
+      EXPECT_EQ(constraint->kind, structured::ConstraintKind::kToolCalls);
+      StatusOr<structured::Grammar> grammar = structured::compileConstraint(*constraint);
+      ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+      for (const auto& [text, names] : c.accepted) {
+        SCOPED_TRACE(text);
+        EXPECT_TRUE(structured::grammarAccepts(*grammar, text));
+        const protocol::ToolCallSplit split = protocol::parseToolCalls(c.parser, text);
+        std::vector<std::string> called;
+        for (const auto& call : split.tool_calls) called.push_back(call.name);
+        EXPECT_EQ(called, names);
+      }
+      for (const std::string& text : c.refused) {
+        EXPECT_FALSE(structured::grammarAccepts(*grammar, text)) << text;
+      }
+    }
+  }
+  ServerLimits limits = testLimits();
+  limits.chat_output.tool_call_parser = protocol::ToolCallParserKind::kHermes;
+  std::string loose = tools;
+  loose.replace(loose.find(R"("strict": true)"), 14, R"("strict": false)");
+  auto not_strict = parseChatCompletionRequest(chat(loose), limits, tokenizer());
+  ASSERT_TRUE(not_strict.isOk()) << not_strict.error().message;
+  EXPECT_FALSE(not_strict.value().request.structured_output.has_value());
+  auto no_parser = parseChatCompletionRequest(chat(tools), testLimits(), tokenizer());
+  ASSERT_TRUE(no_parser.isOk()) << no_parser.error().message;
+  EXPECT_FALSE(no_parser.value().request.structured_output.has_value());
+  auto with_format = parseChatCompletionRequest(
+      chat(tools + R"(, "response_format": {"type": "json_object"})"), limits, tokenizer());
+  ASSERT_TRUE(with_format.isOk()) << with_format.error().message;
+  EXPECT_EQ(with_format.value().request.structured_output->kind,
+            structured::ConstraintKind::kJsonObject);
+  auto none =
+      parseChatCompletionRequest(chat(tools + R"(, "tool_choice": "none")"), limits, tokenizer());
+  ASSERT_TRUE(none.isOk()) << none.error().message;
+  EXPECT_FALSE(none.value().request.structured_output.has_value());
+}
+
 // tool_choice "required" / named with the server's tool-call parser: the
 // output is constrained to calls in the parser's format, and what the
 // constraint accepts the parser reads back as those calls.
