@@ -75,6 +75,31 @@ class ProtocolTest : public ::testing::Test {
 
   static const Tokenizer& tokenizer() { return *tokenizer_; }
 
+  // The tool-call grammar a chat body is constrained to with `parser` as
+  // the server's tool-call parser; nullopt (a failure reported) when it is
+  // refused or not constrained to tool calls.
+  static std::optional<structured::Grammar> toolCallGrammar(const std::string& body,
+                                                            protocol::ToolCallParserKind parser) {
+    ServerLimits limits = testLimits();
+    limits.chat_output.tool_call_parser = parser;
+    auto parsed = parseChatCompletionRequest(body, limits, tokenizer());
+    if (!parsed.isOk()) {
+      ADD_FAILURE() << parsed.error().message;
+      return std::nullopt;
+    }
+    const auto& constraint = parsed.value().request.structured_output;
+    if (!constraint || constraint->kind != structured::ConstraintKind::kToolCalls) {
+      ADD_FAILURE() << "not constrained to tool calls: " << body;
+      return std::nullopt;
+    }
+    StatusOr<structured::Grammar> grammar = structured::compileConstraint(*constraint);
+    if (!grammar.isOk()) {
+      ADD_FAILURE() << grammar.status().message();
+      return std::nullopt;
+    }
+    return std::move(grammar).value();
+  }
+
   static TempDir* dir_;
   static Tokenizer* tokenizer_;
   static Tokenizer* other_template_tokenizer_;
@@ -576,16 +601,10 @@ TEST_F(ProtocolTest, AutoToolChoiceEnforcesStrictFunctionsWhereCallsAre) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(protocol::toolCallParserName(c.parser));
-    ServerLimits limits = testLimits();
-    limits.chat_output.tool_call_parser = c.parser;
     for (const std::string& choice : {std::string(), std::string(R"(, "tool_choice": "auto")")}) {
-      auto parsed = parseChatCompletionRequest(chat(tools + choice), limits, tokenizer());
-      ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
-      const auto& constraint = parsed.value().request.structured_output;
-      ASSERT_TRUE(constraint.has_value());
-      EXPECT_EQ(constraint->kind, structured::ConstraintKind::kToolCalls);
-      StatusOr<structured::Grammar> grammar = structured::compileConstraint(*constraint);
-      ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+      const std::optional<structured::Grammar> grammar =
+          toolCallGrammar(chat(tools + choice), c.parser);
+      ASSERT_TRUE(grammar.has_value());
       for (const auto& [text, names] : c.accepted) {
         SCOPED_TRACE(text);
         EXPECT_TRUE(structured::grammarAccepts(*grammar, text));
@@ -664,15 +683,9 @@ TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.extra);
-    ServerLimits limits = testLimits();
-    limits.chat_output.tool_call_parser = c.parser;
-    auto parsed = parseChatCompletionRequest(chat(tools + ", " + c.extra), limits, tokenizer());
-    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
-    const auto& constraint = parsed.value().request.structured_output;
-    ASSERT_TRUE(constraint.has_value());
-    EXPECT_EQ(constraint->kind, structured::ConstraintKind::kToolCalls);
-    StatusOr<structured::Grammar> grammar = structured::compileConstraint(*constraint);
-    ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+    const std::optional<structured::Grammar> grammar =
+        toolCallGrammar(chat(tools + ", " + c.extra), c.parser);
+    ASSERT_TRUE(grammar.has_value());
     for (size_t i = 0; i < c.accepted.size(); ++i) {
       SCOPED_TRACE(c.accepted[i]);
       EXPECT_TRUE(structured::grammarAccepts(*grammar, c.accepted[i]));
