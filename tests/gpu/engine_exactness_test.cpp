@@ -58,6 +58,12 @@ TEST_P(CudaExactnessTest, PrefixHitIsBitIdenticalToMiss) {
   EXPECT_TRUE(checks().prefixHitMatchesMiss());
 }
 
+// The prompt's logprobs: each prompt row's logits, computed after the pass,
+// equal that position's logits as a sequence's last token.
+TEST_P(CudaExactnessTest, PromptRowLogitsAreTheLastRowLogitsOfEachPosition) {
+  EXPECT_TRUE(checks().rowLogitsMatchLastRows());
+}
+
 // Decode steps replayed from CUDA graphs (batches padded to buckets, attention
 // over a power-of-two number of splits) vs launched kernel by kernel.
 TEST_P(CudaExactnessTest, RecordedDecodeStepsAreBitIdenticalToEager) {

@@ -274,6 +274,83 @@ class ExactnessChecks {
     return sameRun("prefill chunks batched with decodes", expected, mixed_run);
   }
 
+  // The logits of prompt positions other than the last (ModelRunner's row
+  // logits, the prompt's logprobs) are, bit for bit, those each position
+  // gets as a sequence's last token: the prompt prefilled one token at a
+  // time gives position p's logits as the last row of step p; prefilled in
+  // one shot asking for every row, and in chunks of 16 behind another
+  // sequence that asks for rows too, each row must equal them.
+  ::testing::AssertionResult rowLogitsMatchLastRows() {
+    const std::vector<TokenId> tokens = prompt(45, 8);
+    const auto n = static_cast<int64_t>(tokens.size());
+    const auto width = static_cast<size_t>(vocab());
+    const std::vector<BlockId> blocks = iota(blocksFor(tokens.size()), 0);
+    std::vector<std::vector<float>> expected;
+    {
+      auto cache = makeCacheOn(backend_, model_, kv_dtype_, static_cast<int64_t>(blocks.size()));
+      engine::ModelRunner runner(model_, *cache, backend_);
+      std::vector<float> logits;
+      for (int64_t p = 0; p < n; ++p) {
+        engine::SequenceInput input{std::span<const TokenId>(tokens).subspan(p, 1), p, blocks};
+        runner.forward({&input, 1}, logits);
+        expected.push_back(logits);
+      }
+    }
+    auto compare = [&](const std::string& what, const std::vector<std::vector<float>>& rows) {
+      for (int64_t p = 0; p < n; ++p) {
+        if (rows[p].size() != width) {
+          return ::testing::AssertionFailure() << what << ": no logits for position " << p;
+        }
+        if (std::memcmp(rows[p].data(), expected[p].data(), width * sizeof(float)) != 0) {
+          return ::testing::AssertionFailure()
+                 << what << ": position " << p << "'s row differs from its last-row logits";
+        }
+      }
+      return ::testing::AssertionSuccess();
+    };
+
+    std::vector<std::vector<float>> rows(static_cast<size_t>(n));
+    int64_t chunk_start = 0;  // of the sequence whose rows are collected
+    size_t wanted = 0;        // its index in the batch
+    const engine::RowLogitsSink sink = [&](size_t sequence, int64_t first, int64_t count,
+                                           std::span<const float> logits) {
+      if (sequence != wanted) return;
+      for (int64_t r = 0; r < count; ++r) {
+        const auto at = logits.subspan(static_cast<size_t>(r) * width, width);
+        rows[static_cast<size_t>(chunk_start + first + r)].assign(at.begin(), at.end());
+      }
+    };
+    {
+      auto cache = makeCacheOn(backend_, model_, kv_dtype_, static_cast<int64_t>(blocks.size()));
+      engine::ModelRunner runner(model_, *cache, backend_);
+      std::vector<float> logits;
+      engine::SequenceInput input{tokens, 0, blocks};
+      input.num_row_logits = n;
+      runner.forward({&input, 1}, logits, sink);
+    }
+    if (auto result = compare("one shot", rows); !result) return result;
+
+    rows.assign(static_cast<size_t>(n), {});
+    wanted = 1;
+    auto cache = makeCacheOn(backend_, model_, kv_dtype_, 8);
+    engine::ModelRunner runner(model_, *cache, backend_);
+    const std::vector<TokenId> other = prompt(30, 9);
+    const std::vector<BlockId> other_blocks = {6, 1}, a_blocks = {3, 7, 0};
+    std::vector<float> logits;
+    for (int64_t start = 0; start < n; start += 16) {
+      chunk_start = start;
+      const int64_t count = std::min<int64_t>(16, n - start);
+      std::vector<engine::SequenceInput> batch = {
+          {std::span<const TokenId>(other).subspan(static_cast<size_t>(start) % 16, 2),
+           static_cast<int64_t>(start) % 16, other_blocks},
+          {std::span<const TokenId>(tokens).subspan(start, count), start, a_blocks}};
+      batch[0].num_row_logits = 2;
+      batch[1].num_row_logits = count;
+      runner.forward(batch, logits, sink);
+    }
+    return compare("chunks of 16 batched with another sequence", rows);
+  }
+
   // Decode steps recorded and replayed (CUDA graphs; batches padded to the
   // backend's bucket) vs issued one kernel at a time: three sequences decode
   // together for kDecodeSteps steps (first sight, recording, replays), then

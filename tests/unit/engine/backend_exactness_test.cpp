@@ -57,6 +57,10 @@ TEST_P(BackendExactnessTest, ArgmaxWhereTheLogitsAreEqualsArgmaxOfTheLogits) {
   EXPECT_TRUE(checks().argmaxMatchesLogits());
 }
 
+TEST_P(BackendExactnessTest, PromptRowLogitsAreTheLastRowLogitsOfEachPosition) {
+  EXPECT_TRUE(checks().rowLogitsMatchLastRows());
+}
+
 // A CPU backend that asks for decode batches padded to buckets as the CUDA
 // backend does (1, 2, 4, 8, then multiples of 8), without recording, so the
 // runner's padding (inactive rows, empty sequences) is exercised where no GPU
@@ -103,6 +107,7 @@ TEST(OpaqueCpuBackendTest, DevicePathsOfTheRunnerGiveTheHostPathsBits) {
   const Model& model = ::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16);
   ExactnessChecks checks(model, opaque, DType::kBF16);
   EXPECT_TRUE(checks.argmaxMatchesLogits());
+  EXPECT_TRUE(checks.rowLogitsMatchLastRows());
   const std::vector<TokenId> prompt = checks.prompt(37, 41);
   ExactnessChecks host(model, ::tandem::testing::sharedBackend(kernels::DeviceKind::kCpu),
                        DType::kBF16);
