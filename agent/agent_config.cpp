@@ -160,6 +160,10 @@ const std::vector<Row>& rows() {
              &ServeOptions::device),
       flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
            &ServeOptions::enforce_eager),
+      flag("fuse_projections",
+           "compute Q/K/V and gate/up as one matmul each (the same bits, fewer and wider "
+           "launches)",
+           &ServeOptions::fuse_projections),
       choice("cuda_kernels", {"auto", "reference", "fast"},
              "CUDA kernels: auto (fast on CUDA), reference (the plain kernels the fast ones are "
              "checked against) or fast (same bits; decode GEMV, grouped attention, and the bf16 "

@@ -130,6 +130,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   // --device says.
   config.device = o.simulate.empty() ? kernels::resolveDevice(o.device) : kernels::DeviceKind::kCpu;
   config.enforce_eager = o.enforce_eager;
+  config.fuse_projections = o.fuse_projections;
   config.cuda_kernels =
       kernels::resolveCudaKernels(o.cuda_kernels, "--cuda-kernels", config.device);
   config.block_size = o.block_size;

@@ -57,9 +57,10 @@ struct ServeOptions {
   int64_t kv_hold_max_total_blocks = 0;
   // kv_connector_extra_config.fault_injection is refused unless this is set.
   bool enable_fault_injection = false;
-  int threads = 0;              // kernel threads; 0: all cores
-  std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
-  bool enforce_eager = false;   // never record decode steps (CUDA graphs)
+  int threads = 0;                // kernel threads; 0: all cores
+  std::string device = "auto";    // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
+  bool enforce_eager = false;     // never record decode steps (CUDA graphs)
+  bool fuse_projections = false;  // ModelRunnerOptions::fuse_projections
   std::string cuda_kernels = "auto";  // CUDA kernel set: auto (fast on CUDA), reference or fast
   // A step profile YAML: serve as a simulated agent (docs/simulation.md).
   std::string simulate;

@@ -122,6 +122,16 @@ class Backend {
   virtual void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
   virtual void siluMul(const float* gate, const float* up, float* out, int64_t n) = 0;
   virtual void addInPlace(float* y, const float* x, int64_t n) = 0;
+  // dst[r, 0..width) = src[r, first..first + width) for r in [0, rows): a
+  // block of columns of a matrix with row stride src_width, made contiguous
+  // (the outputs of a fused matmul, taken apart). A plain copy of bits.
+  virtual void copyColumns(const float* src, int64_t rows, int64_t src_width, int64_t first,
+                           int64_t width, float* dst) {
+    for (int64_t r = 0; r < rows; ++r) {
+      copy(dst + r * width, src + r * src_width + first,
+           static_cast<size_t>(width) * sizeof(float));
+    }
+  }
   // The batch's K/V rows of `layer` into the cache (cache.base is this
   // backend's memory), then attention of q against it.
   virtual void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k,

@@ -131,6 +131,15 @@ void ProfilingBackend::addInPlace(float* y, const float* x, int64_t n) {
   timed([&] { return shape("addInPlace", {{"n", n}}); }, 0.0, [&] { inner_.addInPlace(y, x, n); });
 }
 
+void ProfilingBackend::copyColumns(const float* src, int64_t rows, int64_t src_width, int64_t first,
+                                   int64_t width, float* dst) {
+  timed(
+      [&] {
+        return shape("copyColumns", {{"rows", rows}, {"width", width}});
+      },
+      0.0, [&] { inner_.copyColumns(src, rows, src_width, first, width, dst); });
+}
+
 void ProfilingBackend::writeKv(const KvCacheLayout& cache, int32_t layer, const float* k,
                                const float* v) {
   timed(

@@ -75,6 +75,8 @@ class ProfilingBackend final : public Backend {
   void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) override;
   void siluMul(const float* gate, const float* up, float* out, int64_t n) override;
   void addInPlace(float* y, const float* x, int64_t n) override;
+  void copyColumns(const float* src, int64_t rows, int64_t src_width, int64_t first, int64_t width,
+                   float* dst) override;
   void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v) override;
   void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                       float scale, float* out) override;

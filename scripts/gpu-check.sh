@@ -187,11 +187,14 @@ for model in "${models[@]}"; do
     limited "${bench}" "${args[@]}" --cuda-kernels reference \
       --json "${json_dir}/engine-${model}-batch${batch}.json" || reference_failed=1
     if [[ "${fast}" == "1" ]]; then
-      # The same run with the fast kernels, then also with bf16 compute.
-      variants=("--cuda-kernels fast" "--cuda-kernels fast --compute-dtype bf16")
+      # The same run with the fast kernels, then also with bf16 compute, then
+      # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
+      variants=("--cuda-kernels fast" "--cuda-kernels fast --compute-dtype bf16"
+        "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
         name="fast$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
+        name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"
         echo "== tandem-bench ${args[*]} ${variant}"
         limited "${bench}" "${args[@]}" "${extra[@]}" \
           --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || fast_failed=1

@@ -265,7 +265,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
   if (!simulated) {
-    runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_);
+    ModelRunnerOptions runner_options;
+    runner_options.fuse_projections = config_.fuse_projections;
+    runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_, runner_options);
     runner_->setRecordDecode(!config_.enforce_eager);
   }
   if (config_.connector_factory) {

@@ -56,6 +56,8 @@ struct EngineConfig {
   // Run every decode step as issued, never recorded and replayed (CUDA
   // graphs); vLLM's --enforce-eager. No effect on the CPU backend.
   bool enforce_eager = false;
+  // Q/K/V and gate/up as one matmul each (ModelRunnerOptions); the same bits.
+  bool fuse_projections = false;
   // The CUDA backend's kernels (--cuda-kernels); kFast on another device is
   // a start-up error.
   kernels::CudaKernels cuda_kernels = kernels::CudaKernels::kReference;

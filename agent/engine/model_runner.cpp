@@ -1,8 +1,11 @@
 #include "agent/engine/model_runner.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "common/check.h"
@@ -54,10 +57,12 @@ ModelRunner::~ModelRunner() {
   }
 }
 
-ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend)
+ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend,
+                         const ModelRunnerOptions& options)
     : model_(model),
       cache_(cache),
       backend_(backend),
+      options_(options),
       inv_freq_(backend),
       recording_owner_(nextRecordingOwner()),
       hidden_(backend),
@@ -71,6 +76,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       up_(backend),
       last_(backend),
       logits_(backend),
+      fused_(backend),
       row_logits_(backend) {
   const ModelConfig& config = model_.config();
   const KvCacheConfig& kv = cache_.config();
@@ -98,12 +104,29 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   weights_.layers.reserve(host.layers.size());
   for (const LayerWeights& lw : host.layers) {
     ResidentLayer layer;
-    layer.q_proj = matmulWeight(lw.q_proj);
-    layer.k_proj = matmulWeight(lw.k_proj);
-    layer.v_proj = matmulWeight(lw.v_proj);
+    auto stackable = [](std::initializer_list<const kernels::WeightView*> parts) {
+      for (const kernels::WeightView* part : parts) {
+        const kernels::WeightView& first = **parts.begin();
+        if (part->layout != kernels::WeightLayout::kRows || part->dtype != first.dtype ||
+            part->cols != first.cols) {
+          return false;
+        }
+      }
+      return true;
+    };
+    layer.fused = options_.fuse_projections && stackable({&lw.q_proj, &lw.k_proj, &lw.v_proj}) &&
+                  stackable({&lw.gate_proj, &lw.up_proj});
+    if (layer.fused) {
+      layer.qkv_proj = stackedWeight({&lw.q_proj, &lw.k_proj, &lw.v_proj});
+      layer.gate_up_proj = stackedWeight({&lw.gate_proj, &lw.up_proj});
+    } else {
+      layer.q_proj = matmulWeight(lw.q_proj);
+      layer.k_proj = matmulWeight(lw.k_proj);
+      layer.v_proj = matmulWeight(lw.v_proj);
+      layer.gate_proj = matmulWeight(lw.gate_proj);
+      layer.up_proj = matmulWeight(lw.up_proj);
+    }
     layer.o_proj = matmulWeight(lw.o_proj);
-    layer.gate_proj = matmulWeight(lw.gate_proj);
-    layer.up_proj = matmulWeight(lw.up_proj);
     layer.down_proj = matmulWeight(lw.down_proj);
     layer.input_layernorm = resident(lw.input_layernorm);
     layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
@@ -118,6 +141,57 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     TANDEM_LOG(kInfo) << "model runner: " << dropped_mapped_bytes_ / 1000000.0
                       << " MB of mapped weight pages dropped: the backend holds its own copy";
   }
+}
+
+class ModelRunner::StackedMatrix {
+ public:
+  explicit StackedMatrix(std::initializer_list<const kernels::WeightView*> parts) {
+    const kernels::WeightView& first = **parts.begin();
+    view_ = {nullptr, first.dtype, 0, first.cols, kernels::WeightLayout::kRows};
+    for (const kernels::WeightView* part : parts) {
+      view_.rows += part->rows;
+      bytes_ += kernels::viewBytes(*part);
+    }
+    void* data =
+        ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) {
+      throw Error("no memory for a stacked projection matrix of " + std::to_string(bytes_) +
+                  " bytes");
+    }
+    // Rows are outputs: stacking along them is concatenating the bytes.
+    auto* out = static_cast<uint8_t*>(data);
+    for (const kernels::WeightView* part : parts) {
+      std::memcpy(out, part->data, kernels::viewBytes(*part));
+      out += kernels::viewBytes(*part);
+    }
+    view_.data = data;
+  }
+  ~StackedMatrix() { ::munmap(const_cast<void*>(view_.data), bytes_); }
+  StackedMatrix(const StackedMatrix&) = delete;
+  StackedMatrix& operator=(const StackedMatrix&) = delete;
+
+  const kernels::WeightView& view() const { return view_; }
+  // Gives the pages back while keeping the address, which names the
+  // backend's copy until it is released: for a backend that made one.
+  void dropPages() { ::madvise(const_cast<void*>(view_.data), bytes_, MADV_DONTNEED); }
+
+ private:
+  kernels::WeightView view_;
+  size_t bytes_ = 0;
+};
+
+kernels::WeightView ModelRunner::stackedWeight(
+    std::initializer_list<const kernels::WeightView*> parts) {
+  stacked_.push_back(std::make_unique<StackedMatrix>(parts));
+  StackedMatrix& stacked = *stacked_.back();
+  const kernels::WeightView used = hold(stacked.view(), backend_.matmulWeight(stacked.view()));
+  if (used.data != stacked.view().data) stacked.dropPages();
+  // This runner reads only the stacked copy (never the tied embedding: no
+  // projection is it).
+  for (const kernels::WeightView* part : parts) {
+    dropped_mapped_bytes_ += model_.dropMappedPages(*part);
+  }
+  return used;
 }
 
 kernels::WeightView ModelRunner::hold(const kernels::WeightView& host,
@@ -312,6 +386,7 @@ void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
   gate_.grow(rows * inter);
   up_.grow(rows * inter);
   last_.grow(sequences * hidden);
+  if (!stacked_.empty()) fused_.grow(rows * std::max(q_width + 2 * kv_width, 2 * inter));
   if (!backend_.hostAccessible()) logits_.grow(sequences * config.vocab_size);
 }
 
@@ -335,9 +410,17 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // Attention block.
     b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
-    b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
-    b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
-    b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
+    if (lw.fused) {
+      const int64_t width = q_width + 2 * kv_width;
+      b.matmul(normed_.data(), rows, hidden, lw.qkv_proj, fused_.data());
+      b.copyColumns(fused_.data(), rows, width, 0, q_width, q_.data());
+      b.copyColumns(fused_.data(), rows, width, q_width, kv_width, k_.data());
+      b.copyColumns(fused_.data(), rows, width, q_width + kv_width, kv_width, v_.data());
+    } else {
+      b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
+      b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
+      b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
+    }
     if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
     if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
     if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
@@ -355,8 +438,14 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // MLP block.
     b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
-    b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
-    b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
+    if (lw.fused) {
+      b.matmul(normed_.data(), rows, hidden, lw.gate_up_proj, fused_.data());
+      b.copyColumns(fused_.data(), rows, 2 * inter, 0, inter, gate_.data());
+      b.copyColumns(fused_.data(), rows, 2 * inter, inter, inter, up_.data());
+    } else {
+      b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
+      b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
+    }
     b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
     b.matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
     b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);

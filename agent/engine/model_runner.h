@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -67,12 +69,22 @@ class BackendBuffer {
   size_t count_ = 0;
 };
 
+struct ModelRunnerOptions {
+  // Q/K/V as one matrix and gate/up as one (stacked along their outputs, in
+  // memory the runner owns): one matmul each, its outputs then copied apart
+  // (Backend::copyColumns). The same bits as separate matmuls — a matmul's
+  // output column never depends on the other columns — with fewer, wider
+  // launches. Layers whose matrices differ in dtype or layout stay separate.
+  bool fuse_projections = false;
+};
+
 class ModelRunner {
  public:
   // The cache geometry must match the model (layers, KV heads, head size);
   // throws tandem::Error naming the mismatch, or when the backend cannot hold
   // the weights. The backend must outlive the runner.
-  ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend);
+  ModelRunner(const Model& model, KvCache& cache, kernels::Backend& backend,
+              const ModelRunnerOptions& options = {});
   // Drops the backend's recordings: they refer to this runner's buffers.
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
@@ -106,6 +118,10 @@ class ModelRunner {
   // leaves empty (no bias, no qk-norm) are nullptr.
   struct ResidentLayer {
     kernels::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    // With fused projections (ModelRunnerOptions): [q; k; v] and [gate; up]
+    // (q_proj ... up_proj then unset).
+    bool fused = false;
+    kernels::WeightView qkv_proj, gate_up_proj;
     const float* input_layernorm = nullptr;
     const float* post_attention_layernorm = nullptr;
     const float* q_bias = nullptr;
@@ -140,10 +156,20 @@ class ModelRunner {
   // `used`, noting a use of the backend's copy to release at destruction
   // when it is one (other data than host's).
   kernels::WeightView hold(const kernels::WeightView& host, const kernels::WeightView& used);
+  // Matrices stacked along their outputs, in anonymous memory this runner
+  // owns (fused projections).
+  class StackedMatrix;
+  // The stacked matrix of `parts` made resident for matmul; the parts' mapped
+  // pages, which this runner then never reads, are dropped.
+  kernels::WeightView stackedWeight(std::initializer_list<const kernels::WeightView*> parts);
 
   const Model& model_;
   KvCache& cache_;
   kernels::Backend& backend_;
+  ModelRunnerOptions options_;
+  // Destroyed after the destructor's body has released the backend's
+  // copies of them.
+  std::vector<std::unique_ptr<StackedMatrix>> stacked_;
   ResidentWeights weights_;
   BackendBuffer inv_freq_;
   float attention_scale_ = 1.0f;
@@ -156,6 +182,7 @@ class ModelRunner {
   const uint64_t recording_owner_;
   // Scratch in the backend's memory, grown on demand and reused across calls.
   BackendBuffer hidden_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, last_, logits_;
+  BackendBuffer fused_;                 // a fused matmul's outputs, before they are copied apart
   BackendBuffer row_logits_;            // computeRowLogits, off a host-accessible backend
   std::vector<float> host_row_logits_;  // computeRowLogits' rows on the host
   // The batch, flattened on the host.

@@ -142,6 +142,18 @@ class CudaBackend final : public Backend {
                   "cudaMemcpyAsync on device");
   }
 
+  // One strided copy (a memcpy node in a recorded step), no kernel.
+  void copyColumns(const float* src, int64_t rows, int64_t src_width, int64_t first, int64_t width,
+                   float* dst) override {
+    if (rows == 0 || width == 0) return;
+    activate();
+    throwIfFailed(cudaMemcpy2DAsync(dst, static_cast<size_t>(width) * sizeof(float), src + first,
+                                    static_cast<size_t>(src_width) * sizeof(float),
+                                    static_cast<size_t>(width) * sizeof(float),
+                                    static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_),
+                  "cudaMemcpy2DAsync on device");
+  }
+
   void synchronize() override {
     activate();
     throwIfFailed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");

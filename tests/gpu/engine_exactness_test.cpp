@@ -64,6 +64,12 @@ TEST_P(CudaExactnessTest, PromptRowLogitsAreTheLastRowLogitsOfEachPosition) {
   EXPECT_TRUE(checks().rowLogitsMatchLastRows());
 }
 
+// Q/K/V and gate/up as one matmul each, outputs copied apart
+// (cudaMemcpy2DAsync): the bits of separate matmuls, eager and recorded.
+TEST_P(CudaExactnessTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
+  EXPECT_TRUE(checks().fusedProjectionsMatchSeparate());
+}
+
 // Decode steps replayed from CUDA graphs (batches padded to buckets, attention
 // over a power-of-two number of splits) vs launched kernel by kernel.
 TEST_P(CudaExactnessTest, RecordedDecodeStepsAreBitIdenticalToEager) {

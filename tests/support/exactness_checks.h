@@ -174,8 +174,9 @@ class ExactnessChecks {
  public:
   static constexpr int64_t kDecodeSteps = 5;
 
-  ExactnessChecks(const engine::Model& model, kernels::Backend& backend, DType kv_dtype)
-      : model_(model), backend_(backend), kv_dtype_(kv_dtype) {}
+  ExactnessChecks(const engine::Model& model, kernels::Backend& backend, DType kv_dtype,
+                  const engine::ModelRunnerOptions& runner_options = {})
+      : model_(model), backend_(backend), kv_dtype_(kv_dtype), runner_options_(runner_options) {}
 
   int64_t vocab() const { return model_.config().vocab_size; }
   // Token ids within the tiny model's text vocabulary.
@@ -188,7 +189,7 @@ class ExactnessChecks {
   SequenceRun alone(const std::vector<TokenId>& tokens, int64_t chunk) {
     const std::vector<BlockId> blocks = iota(blocksFor(tokens.size()), 0);
     auto cache = makeCacheOn(backend_, model_, kv_dtype_, static_cast<int64_t>(blocks.size()));
-    engine::ModelRunner runner(model_, *cache, backend_);
+    engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
     SequenceRun run;
     std::vector<float> logits;
     const auto n = static_cast<int64_t>(tokens.size());
@@ -223,7 +224,7 @@ class ExactnessChecks {
     const SequenceRun expected = alone(a, 0);
 
     auto cache = makeCacheOn(backend_, model_, kv_dtype_, 16);
-    engine::ModelRunner runner(model_, *cache, backend_);
+    engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
     const std::vector<BlockId> b_blocks = {0, 1}, a_blocks = {9, 3, 12},
                                c_blocks = {4, 5, 6, 7, 8, 10};
     std::vector<engine::SequenceInput> batch = {
@@ -252,7 +253,7 @@ class ExactnessChecks {
     // Continuous batching: A's prefill in chunks of 16, each step batched
     // with one decode token of another sequence.
     auto mixed_cache = makeCacheOn(backend_, model_, kv_dtype_, 8);
-    engine::ModelRunner mixed(model_, *mixed_cache, backend_);
+    engine::ModelRunner mixed(model_, *mixed_cache, backend_, runner_options_);
     const std::vector<BlockId> other_blocks = {0, 1, 7}, a_mixed_blocks = {5, 2, 6};
     const std::vector<TokenId> other = prompt(20, 6);
     engine::SequenceInput other_input{other, 0, other_blocks};
@@ -274,6 +275,27 @@ class ExactnessChecks {
     return sameRun("prefill chunks batched with decodes", expected, mixed_run);
   }
 
+  // Fused projections (ModelRunnerOptions::fuse_projections) give a
+  // sequence the bits of separate matmuls, one shot and in chunks of 7; and
+  // with them on, the properties hold as they do without (batched,
+  // recorded decode steps, prompt row logits).
+  ::testing::AssertionResult fusedProjectionsMatchSeparate() {
+    engine::ModelRunnerOptions options = runner_options_;
+    options.fuse_projections = !options.fuse_projections;
+    ExactnessChecks other(model_, backend_, kv_dtype_, options);
+    const std::vector<TokenId> tokens = prompt(53, 1);
+    const SequenceRun expected = alone(tokens, 0);
+    for (int64_t chunk : {0, 7}) {
+      auto result =
+          sameRun("projections fused one way and the other, chunks of " + std::to_string(chunk),
+                  expected, other.alone(tokens, chunk));
+      if (!result) return result;
+    }
+    if (auto result = other.aloneMatchesBatched(); !result) return result;
+    if (auto result = other.recordedMatchesEager(); !result) return result;
+    return other.rowLogitsMatchLastRows();
+  }
+
   // The logits of prompt positions other than the last (ModelRunner's row
   // logits, the prompt's logprobs) are, bit for bit, those each position
   // gets as a sequence's last token: the prompt prefilled one token at a
@@ -288,7 +310,7 @@ class ExactnessChecks {
     std::vector<std::vector<float>> expected;
     {
       auto cache = makeCacheOn(backend_, model_, kv_dtype_, static_cast<int64_t>(blocks.size()));
-      engine::ModelRunner runner(model_, *cache, backend_);
+      engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
       std::vector<float> logits;
       for (int64_t p = 0; p < n; ++p) {
         engine::SequenceInput input{std::span<const TokenId>(tokens).subspan(p, 1), p, blocks};
@@ -322,7 +344,7 @@ class ExactnessChecks {
     };
     {
       auto cache = makeCacheOn(backend_, model_, kv_dtype_, static_cast<int64_t>(blocks.size()));
-      engine::ModelRunner runner(model_, *cache, backend_);
+      engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
       std::vector<float> logits;
       engine::SequenceInput input{tokens, 0, blocks};
       input.num_row_logits = n;
@@ -333,7 +355,7 @@ class ExactnessChecks {
     rows.assign(static_cast<size_t>(n), {});
     wanted = 1;
     auto cache = makeCacheOn(backend_, model_, kv_dtype_, 8);
-    engine::ModelRunner runner(model_, *cache, backend_);
+    engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
     const std::vector<TokenId> other = prompt(30, 9);
     const std::vector<BlockId> other_blocks = {6, 1}, a_blocks = {3, 7, 0};
     std::vector<float> logits;
@@ -371,8 +393,8 @@ class ExactnessChecks {
     const std::vector<std::vector<BlockId>> blocks = {{0}, {1, 2, 3}, {4}};
     auto logits_cache = makeCacheOn(backend_, model_, kv_dtype_, 5);
     auto argmax_cache = makeCacheOn(backend_, model_, kv_dtype_, 5);
-    engine::ModelRunner with_logits(model_, *logits_cache, backend_);
-    engine::ModelRunner with_argmax(model_, *argmax_cache, backend_);
+    engine::ModelRunner with_logits(model_, *logits_cache, backend_, runner_options_);
+    engine::ModelRunner with_argmax(model_, *argmax_cache, backend_, runner_options_);
     std::vector<engine::SequenceInput> batch;
     for (size_t s = 0; s < prompts.size(); ++s) batch.push_back({prompts[s], 0, blocks[s]});
     std::vector<float> logits;
@@ -412,7 +434,7 @@ class ExactnessChecks {
     const SequenceRun miss = alone(a, 0);
 
     auto cache = makeCacheOn(backend_, model_, kv_dtype_, 12);
-    engine::ModelRunner runner(model_, *cache, backend_);
+    engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
     const std::vector<BlockId> other_blocks = {5, 6, 7, 8};
     const std::vector<BlockId> a_blocks = {5, 6, 7, 1, 2};  // the prefix blocks are shared
     std::vector<float> logits;
@@ -436,7 +458,7 @@ class ExactnessChecks {
                                                        prompt(5, 23)};
     const std::vector<std::vector<BlockId>> blocks = {{2, 0}, {6, 1, 4}, {3}};
     auto cache = makeCacheOn(backend_, model_, kv_dtype_, 8);
-    engine::ModelRunner runner(model_, *cache, backend_);
+    engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
     runner.setRecordDecode(record);
     SequenceRun run;
     std::vector<float> logits;
@@ -495,6 +517,7 @@ class ExactnessChecks {
   const engine::Model& model_;
   kernels::Backend& backend_;
   DType kv_dtype_;
+  engine::ModelRunnerOptions runner_options_;
 };
 
 // Greedy tokens of `prompt` on `backend` (one-shot prefill, then `steps`

@@ -215,8 +215,11 @@ int runEngineBench(const EngineBenchOptions& options) {
   // (one forwarding call per op) until the figures below are measured.
   std::unique_ptr<kernels::ProfilingBackend> profiler;
   if (options.profile_ops) profiler = std::make_unique<kernels::ProfilingBackend>(*backend);
+  engine::ModelRunnerOptions runner_options;
+  runner_options.fuse_projections = options.fuse_projections;
   engine::ModelRunner runner(*model, cache,
-                             profiler ? static_cast<kernels::Backend&>(*profiler) : *backend);
+                             profiler ? static_cast<kernels::Backend&>(*profiler) : *backend,
+                             runner_options);
   // Sequence s owns blocks [s * blocks_per_sequence, (s + 1) * blocks_per_sequence).
   std::vector<std::vector<engine::BlockId>> block_tables(options.batch);
   std::vector<std::vector<TokenId>> prompts(options.batch);
@@ -413,6 +416,7 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"kv_dtype", options.kv_dtype},
         {"compute_dtype", options.compute_dtype},
         {"cuda_kernels", options.cuda_kernels},
+        {"fuse_projections", options.fuse_projections},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},
         {"device", kernels::deviceKindName(backend->kind())},

@@ -29,6 +29,7 @@ struct EngineBenchOptions {
   std::string cuda_kernels = "auto";  // CUDA kernel set: auto (fast on CUDA), reference or fast
   std::string json_path;              // empty: no JSON file
   bool profile_ops = false;           // also time each backend call of one prefill and one decode
+  bool fuse_projections = false;      // ModelRunnerOptions::fuse_projections
 };
 
 int runEngineBench(const EngineBenchOptions& options);

@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
+  engine->add_flag("--fuse-projections", options.fuse_projections,
+                   "Q/K/V and gate/up as one matmul each (the same bits)");
   engine->add_flag("--profile-ops", options.profile_ops,
                    "also time each backend call of one prefill and one decode, alone "
                    "(eager, synchronized around every call), and print them per step");

@@ -61,6 +61,10 @@ TEST_P(BackendExactnessTest, PromptRowLogitsAreTheLastRowLogitsOfEachPosition) {
   EXPECT_TRUE(checks().rowLogitsMatchLastRows());
 }
 
+TEST_P(BackendExactnessTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
+  EXPECT_TRUE(checks().fusedProjectionsMatchSeparate());
+}
+
 // A CPU backend that asks for decode batches padded to buckets as the CUDA
 // backend does (1, 2, 4, 8, then multiples of 8), without recording, so the
 // runner's padding (inactive rows, empty sequences) is exercised where no GPU
@@ -108,11 +112,25 @@ TEST(OpaqueCpuBackendTest, DevicePathsOfTheRunnerGiveTheHostPathsBits) {
   ExactnessChecks checks(model, opaque, DType::kBF16);
   EXPECT_TRUE(checks.argmaxMatchesLogits());
   EXPECT_TRUE(checks.rowLogitsMatchLastRows());
+  EXPECT_TRUE(checks.fusedProjectionsMatchSeparate());
   const std::vector<TokenId> prompt = checks.prompt(37, 41);
   ExactnessChecks host(model, ::tandem::testing::sharedBackend(kernels::DeviceKind::kCpu),
                        DType::kBF16);
   EXPECT_TRUE(::tandem::testing::sameRun("device paths on the cpu", host.alone(prompt, 0),
                                          checks.alone(prompt, 16)));
+}
+
+// bf16 compute on the CPU (weights packed in pairs, activations rounded):
+// the stacked matrices are packed as one, and each output column keeps its
+// bits.
+TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
+  kernels::cpu::CpuBackend backend;
+  backend.setComputeDType(DType::kBF16);
+  for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM"}) {
+    ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
+                           DType::kBF16);
+    EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
+  }
 }
 
 // The comparison can fail: one changed prompt token changes the logits of
