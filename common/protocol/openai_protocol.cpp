@@ -17,6 +17,9 @@ namespace tandem::server {
 namespace {
 
 using nlohmann::json;
+// A request body as parsed: object keys in the order the client wrote them
+// (chat templates and JSON schemas see that order; a router forwards it).
+using RequestJson = nlohmann::ordered_json;
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
@@ -45,7 +48,7 @@ Result<T> guarded(F&& body) {
 // and explicit nulls both mean "not given", as OpenAI's clients send either.
 class FieldReader {
  public:
-  explicit FieldReader(const json& object, std::string prefix = "")
+  explicit FieldReader(const RequestJson& object, std::string prefix = "")
       : object_(object), prefix_(std::move(prefix)) {}
 
   bool ok() const { return !error_.has_value(); }
@@ -55,13 +58,13 @@ class FieldReader {
   void fail(std::string message, std::string param) {
     if (!error_) error_ = invalidRequest(std::move(message), std::move(param));
   }
-  void failType(std::string_view name, std::string_view expected, const json& value) {
+  void failType(std::string_view name, std::string_view expected, const RequestJson& value) {
     fail(param(name) + " must be " + std::string(expected) + ", got " + value.type_name(),
          param(name));
   }
 
   // The field's value when given (present, not null) and no error is pending.
-  const json* find(std::string_view name) const {
+  const RequestJson* find(std::string_view name) const {
     if (error_) return nullptr;
     const auto it = object_.find(name);
     if (it == object_.end() || it->is_null()) return nullptr;
@@ -69,7 +72,7 @@ class FieldReader {
   }
 
   bool readBool(std::string_view name, bool* out) {
-    const json* value = find(name);
+    const RequestJson* value = find(name);
     if (value == nullptr) return false;
     if (!value->is_boolean()) {
       failType(name, "a boolean", *value);
@@ -80,7 +83,7 @@ class FieldReader {
   }
 
   bool readFloat(std::string_view name, float* out) {
-    const json* value = find(name);
+    const RequestJson* value = find(name);
     if (value == nullptr) return false;
     if (!value->is_number()) {
       failType(name, "a number", *value);
@@ -92,7 +95,7 @@ class FieldReader {
 
   // An integer in [min, max]; integral floats (3.0) are accepted.
   bool readInt(std::string_view name, int64_t min, int64_t max, int64_t* out) {
-    const json* value = find(name);
+    const RequestJson* value = find(name);
     if (value == nullptr) return false;
     const auto result = integerValue(name, *value, min, max);
     if (!result) return false;
@@ -101,7 +104,7 @@ class FieldReader {
   }
 
   bool readString(std::string_view name, std::string* out) {
-    const json* value = find(name);
+    const RequestJson* value = find(name);
     if (value == nullptr) return false;
     if (!value->is_string()) {
       failType(name, "a string", *value);
@@ -111,8 +114,8 @@ class FieldReader {
     return true;
   }
 
-  const json* readObject(std::string_view name) {
-    const json* value = find(name);
+  const RequestJson* readObject(std::string_view name) {
+    const RequestJson* value = find(name);
     if (value != nullptr && !value->is_object()) {
       failType(name, "an object", *value);
       return nullptr;
@@ -122,7 +125,7 @@ class FieldReader {
 
   // Checks `value` (the field `name`, or an element of it) is an integer in
   // [min, max]; records the error otherwise.
-  std::optional<int64_t> integerValue(std::string_view name, const json& value, int64_t min,
+  std::optional<int64_t> integerValue(std::string_view name, const RequestJson& value, int64_t min,
                                       int64_t max) {
     if (!value.is_number()) {
       failType(name, "an integer", value);
@@ -161,12 +164,12 @@ class FieldReader {
   }
 
  private:
-  const json& object_;
+  const RequestJson& object_;
   std::string prefix_;
   std::optional<ApiError> error_;
 };
 
-Result<json> parseJsonObject(std::string_view body, const ServerLimits& limits) {
+Result<RequestJson> parseJsonObject(std::string_view body, const ServerLimits& limits) {
   // JSON text is UTF-8 (RFC 8259). Checked first so that the error names the
   // byte rather than quoting it back.
   if (const size_t bad = tokenizer_internal::firstInvalidUtf8(body);
@@ -177,12 +180,12 @@ Result<json> parseJsonObject(std::string_view body, const ServerLimits& limits) 
                           " at offset " + std::to_string(bad));
   }
   JsonParseError parse_error;
-  std::optional<json> parsed = parseJson(body, parse_error, limits.json_bounds);
+  std::optional<RequestJson> parsed = parseOrderedJson(body, parse_error, limits.json_bounds);
   if (!parsed && (parse_error.tooDeep() || parse_error.tooManyValues())) {
     return boundsError(parse_error);
   }
   if (!parsed) return invalidRequest("request body is not valid JSON: " + parse_error.detail);
-  json root = std::move(*parsed);
+  RequestJson root = std::move(*parsed);
   if (!root.is_object()) {
     return invalidRequest(std::string("request body must be a JSON object, got ") +
                           root.type_name());
@@ -191,8 +194,8 @@ Result<json> parseJsonObject(std::string_view body, const ServerLimits& limits) 
 }
 
 // The served model, or 404 naming both. `required` is false for /tokenize.
-std::optional<ApiError> checkModel(const json& root, const ServerLimits& limits, bool required,
-                                   std::string* model) {
+std::optional<ApiError> checkModel(const RequestJson& root, const ServerLimits& limits,
+                                   bool required, std::string* model) {
   const auto it = root.find("model");
   if (it == root.end() || it->is_null()) {
     if (required) {
@@ -219,7 +222,7 @@ std::optional<ApiError> checkModel(const json& root, const ServerLimits& limits,
 // A token id, element `name` of the field `param`: an integer in
 // [0, vocab_size).
 std::optional<TokenId> readTokenId(FieldReader& fields, const std::string& name,
-                                   const std::string& param, const json& value,
+                                   const std::string& param, const RequestJson& value,
                                    int64_t vocab_size) {
   if (!value.is_number()) {
     fields.fail(name + " must be a token id (an integer), got " + value.type_name(), param);
@@ -248,7 +251,7 @@ std::optional<TokenId> readTokenId(FieldReader& fields, const std::string& name,
 // An array of token ids; `name` is how messages call it ("prompt[0]"),
 // `param` the request field ("prompt").
 std::optional<std::vector<TokenId>> readTokenIds(FieldReader& fields, const std::string& name,
-                                                 const std::string& param, const json& array,
+                                                 const std::string& param, const RequestJson& array,
                                                  int64_t vocab_size) {
   std::vector<TokenId> ids;
   ids.reserve(array.size());
@@ -264,7 +267,7 @@ std::optional<std::vector<TokenId>> readTokenIds(FieldReader& fields, const std:
 // OpenAI's logit_bias object: keys are token ids written as decimal strings,
 // values numbers in [-100, 100]; into `out`, sorted by id. A bad entry fails
 // `fields` naming it (param "logit_bias").
-void readLogitBias(FieldReader& fields, const json& object, int64_t vocab_size,
+void readLogitBias(FieldReader& fields, const RequestJson& object, int64_t vocab_size,
                    std::vector<std::pair<TokenId, float>>& out) {
   for (const auto& [key, value] : object.items()) {
     const bool digits =
@@ -321,7 +324,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   fields.readBool("ignore_eos", &sampling.ignore_eos);
   fields.readBool("skip_special_tokens", &sampling.skip_special_tokens);
 
-  if (const json* seed = fields.find("seed")) {
+  if (const RequestJson* seed = fields.find("seed")) {
     // Any 64-bit integer, signed or not; negative seeds wrap like a C cast.
     if (seed->is_number_unsigned()) {
       sampling.seed = seed->get<uint64_t>();
@@ -333,7 +336,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   if (fields.readInt("n", 1, kMaxChoices, &integer)) parsed.n = integer;
   parsed.best_of = parsed.n;
 
-  if (const json* stop = fields.find("stop")) {
+  if (const RequestJson* stop = fields.find("stop")) {
     if (stop->is_string()) {
       if (stop->get<std::string>().empty()) {
         fields.fail("stop must not be empty", "stop");
@@ -347,7 +350,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
                     "stop");
       }
       for (size_t i = 0; i < stop->size() && fields.ok(); ++i) {
-        const json& item = (*stop)[i];
+        const RequestJson& item = (*stop)[i];
         const std::string name = "stop[" + std::to_string(i) + "]";
         if (!item.is_string()) {
           fields.fail(name + " must be a string, got " + item.type_name(), "stop");
@@ -362,7 +365,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     }
   }
 
-  if (const json* ids = fields.find("stop_token_ids")) {
+  if (const RequestJson* ids = fields.find("stop_token_ids")) {
     if (!ids->is_array()) {
       fields.failType("stop_token_ids", "an array of token ids", *ids);
     } else if (auto parsed_ids = readTokenIds(fields, "stop_token_ids", "stop_token_ids", *ids,
@@ -373,7 +376,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
 
   fields.readBool("stream", &parsed.stream);
   fields.readBool("return_token_ids", &parsed.return_token_ids);
-  if (const json* options = fields.readObject("stream_options")) {
+  if (const RequestJson* options = fields.readObject("stream_options")) {
     if (!parsed.stream) {
       fields.fail("stream_options is only allowed when stream is true", "stream_options");
     } else {
@@ -389,7 +392,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
       parsed.request.cache_salt.empty()) {
     fields.fail("cache_salt must not be empty when given", "cache_salt");
   }
-  if (const json* params = fields.readObject("kv_transfer_params")) {
+  if (const RequestJson* params = fields.readObject("kv_transfer_params")) {
     if (parsed.n > 1) {
       fields.fail("kv_transfer_params hands one request's KV over: n must be 1",
                   "kv_transfer_params");
@@ -397,7 +400,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     parsed.kv_transfer_params = *params;
   }
   // A stream that another agent began: the tokens it already sent.
-  if (const json* ids = fields.find("resume_token_ids")) {
+  if (const RequestJson* ids = fields.find("resume_token_ids")) {
     if (!ids->is_array() || ids->empty()) {
       fields.failType("resume_token_ids", "a non-empty array of token ids", *ids);
     } else if (!parsed.stream) {
@@ -410,7 +413,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     }
   }
 
-  if (const json* bias = fields.find("logit_bias"); bias != nullptr && !bias->is_null()) {
+  if (const RequestJson* bias = fields.find("logit_bias"); bias != nullptr && !bias->is_null()) {
     if (!bias->is_object()) {
       fields.failType("logit_bias", "an object mapping token ids to biases", *bias);
     } else {
@@ -540,7 +543,7 @@ std::optional<ApiError> checkTextFits(std::string_view text, const ServerLimits&
 
 // The prompt field of /v1/completions: a string, token ids, or an array of
 // exactly one of these.
-std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
+std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
                                    const ServerLimits& limits, const Tokenizer& tokenizer,
                                    bool add_special_tokens, ParsedRequest& parsed) {
   constexpr const char* kAccepted = "a string, an array of token ids, or an array of one of these";
@@ -548,7 +551,7 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
   if (it == root.end() || it->is_null()) {
     return invalidRequest(std::string("prompt is required (") + kAccepted + ")", "prompt");
   }
-  const json* prompt = &*it;
+  const RequestJson* prompt = &*it;
   std::string name = "prompt";
   if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
     // A batch of prompts; only a batch of one is accepted.
@@ -586,18 +589,10 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const json& root,
 }
 
 // The chat prompt: the model's template applied to the request's chat fields
-// (chat_request.h), read from the body again with object keys in the order
-// sent, as templates see them.
-Result<std::string> renderMessages(std::string_view body, const ServerLimits& limits,
+// (chat_request.h), object keys in the order sent, as templates see them.
+Result<std::string> renderMessages(const RequestJson& root, const ServerLimits& limits,
                                    const std::atomic<bool>* cancel) {
-  JsonParseError parse_error;
-  std::optional<nlohmann::ordered_json> root =
-      parseOrderedJson(body, parse_error, limits.json_bounds);
-  if (!root && (parse_error.tooDeep() || parse_error.tooManyValues())) {
-    return boundsError(parse_error);
-  }
-  if (!root) return invalidRequest("request body is not valid JSON: " + parse_error.detail);
-  return renderChatRequest(*root, limits.chat_template.get(), cancel);
+  return renderChatRequest(root, limits.chat_template.get(), cancel);
 }
 
 Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits& limits,
@@ -640,7 +635,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   bool add_special_tokens = true;
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
-  if (auto error = readStructuredOutput(body, root.value(), /*chat=*/false, std::nullopt,
+  if (auto error = readStructuredOutput(root.value(), /*chat=*/false, std::nullopt,
                                         &parsed.request.structured_output)) {
     return *error;
   }
@@ -667,7 +662,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
 // offers tools and tool_choice is not "none"; enable_thinking (or thinking)
 // false in chat_template_kwargs means the prompt closed the reasoning.
 std::optional<protocol::ChatOutputOptions> chatOutputFor(
-    const json& root, const protocol::ChatOutputOptions& server) {
+    const RequestJson& root, const protocol::ChatOutputOptions& server) {
   protocol::ChatOutputOptions options = server;
   const auto tools = root.find("tools");
   const bool offers_tools = tools != root.end() && tools->is_array() && !tools->empty();
@@ -718,12 +713,12 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
 
-  auto text = renderMessages(body, limits, cancel);
+  auto text = renderMessages(root.value(), limits, cancel);
   if (!text.isOk()) return text.error();
   // After the messages: tools and tool_choice are checked there.
-  if (auto error = readStructuredOutput(body, root.value(), /*chat=*/true,
-                                        limits.chat_output.tool_call_parser,
-                                        &parsed.request.structured_output)) {
+  if (auto error =
+          readStructuredOutput(root.value(), /*chat=*/true, limits.chat_output.tool_call_parser,
+                               &parsed.request.structured_output)) {
     return *error;
   }
   parsed.prompt_text = std::move(text).value();
@@ -765,7 +760,7 @@ Result<json> tokenize(std::string_view body, const ServerLimits& limits, const T
     if (!fields.ok()) return fields.error();
   } else {
     if (!fields.ok()) return fields.error();
-    auto rendered = renderMessages(body, limits, cancel);
+    auto rendered = renderMessages(root.value(), limits, cancel);
     if (!rendered.isOk()) return rendered.error();
     text = std::move(rendered).value();
   }
@@ -791,7 +786,7 @@ Result<json> detokenize(std::string_view body, const ServerLimits& limits,
   std::string model;
   if (auto error = checkModel(root.value(), limits, /*required=*/false, &model)) return *error;
   FieldReader fields(root.value());
-  const json* tokens = fields.find("tokens");
+  const RequestJson* tokens = fields.find("tokens");
   if (tokens == nullptr)
     return invalidRequest("tokens is required (an array of token ids)", "tokens");
   if (!tokens->is_array()) {

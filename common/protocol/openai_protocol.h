@@ -168,9 +168,9 @@ struct ParsedRequest {
   // "none"; reasoning_ended_in_prompt when chat_template_kwargs turned
   // thinking off). Unset when no parser applies.
   std::optional<protocol::ChatOutputOptions> chat_output;
-  // The request body as parsed, for a caller that forwards it (the router)
-  // without parsing it again.
-  nlohmann::json body;
+  // The request body as parsed, object keys in the client's order, for a
+  // caller that forwards it (the router) without parsing it again.
+  nlohmann::ordered_json body;
 };
 
 // POST /v1/completions.

@@ -156,8 +156,7 @@ std::optional<ApiError> readStructuredOutputs(const ordered_json& options,
 // Whether `tool_choice` is "auto" (or absent) and a tool is a function
 // with "strict": true: its calls' arguments are then enforced, the output
 // free to be text instead.
-template <typename Json>
-bool autoStrictTools(const Json& root) {
+bool autoStrictTools(const ordered_json& root) {
   const auto choice = root.find("tool_choice");
   if (choice != root.end() && !choice->is_null() && *choice != "auto") return false;
   const auto tools = root.find("tools");
@@ -232,44 +231,25 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
 
 }  // namespace
 
-std::optional<ApiError> readStructuredOutput(std::string_view body, const json& root, bool chat,
+std::optional<ApiError> readStructuredOutput(const ordered_json& root, bool chat,
                                              std::optional<protocol::ToolCallParserKind> parser,
                                              std::optional<Constraint>* out) {
   static constexpr const char* kGuided[] = {"guided_json", "guided_regex", "guided_choice",
                                             "guided_grammar"};
-  auto given = [&](const char* name) {
-    const auto it = root.find(name);
-    return it != root.end() && !it->is_null();
-  };
-  bool any = given("response_format") || given("structured_outputs");
-  if (chat) {
-    const auto choice = root.find("tool_choice");
-    any = any || (choice != root.end() && (choice->is_object() || *choice == "required"));
-    any = any || (parser && autoStrictTools(root));
-  }
-  for (const char* name : kGuided) any = any || given(name);
-  if (!any) return std::nullopt;
-  // Read again keeping key order: JSON schema properties are generated in
-  // the order the client wrote them. The body already passed the size and
-  // depth bounds.
-  const auto ordered = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (ordered.is_discarded() || !ordered.is_object()) {
-    return serverError("the request body could not be read again");
-  }
   std::vector<Found> found;
-  if (const auto it = ordered.find("response_format"); it != ordered.end() && !it->is_null()) {
+  if (const auto it = root.find("response_format"); it != root.end() && !it->is_null()) {
     if (auto error = readResponseFormat(*it, found)) return error;
   }
-  if (const auto it = ordered.find("structured_outputs"); it != ordered.end() && !it->is_null()) {
+  if (const auto it = root.find("structured_outputs"); it != root.end() && !it->is_null()) {
     if (auto error = readStructuredOutputs(*it, found)) return error;
   }
   for (const char* name : kGuided) {
-    if (const auto it = ordered.find(name); it != ordered.end() && !it->is_null()) {
+    if (const auto it = root.find(name); it != root.end() && !it->is_null()) {
       if (auto error = readOne(std::string_view(name).substr(7), *it, name, found)) return error;
     }
   }
   if (chat) {
-    if (auto error = readForcedToolCall(ordered, parser, found)) return error;
+    if (auto error = readForcedToolCall(root, parser, found)) return error;
   }
   if (found.empty()) return std::nullopt;
   if (found.size() > 1) {

@@ -29,11 +29,11 @@ namespace tandem::server {
 // (structured/tool_calls.h); the parser then reads the calls back. Without
 // a parser the server cannot know the model's format: a 400 saying so.
 //
-// `body` is the request text (a schema's key order is read from it: the
-// parsed `root` keeps keys sorted); sets *out when the request has a
-// constraint.
+// `root` is the request body with its keys in the client's order (a JSON
+// schema's properties are generated in that order); sets *out when the
+// request has a constraint.
 std::optional<ApiError> readStructuredOutput(
-    std::string_view body, const nlohmann::json& root, bool chat,
+    const nlohmann::ordered_json& root, bool chat,
     std::optional<protocol::ToolCallParserKind> tool_call_parser,
     std::optional<structured::Constraint>* out);
 

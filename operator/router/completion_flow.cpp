@@ -251,14 +251,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::atomic<bool> cancel{false};
   const std::string* body_text = &exchange.request().body;
   const ServedModel* model = &model_;
-  Body ordered;
   server::Result<server::ParsedRequest> parsed =
       co_await exchange.offload<server::Result<server::ParsedRequest>>(
-          [body_text, chat, model, &cancel, &ordered] {
-            auto result = parseRequest(*body_text, chat, *model, cancel);
-            if (result.isOk())
-              ordered = Body::parse(*body_text, nullptr, /*allow_exceptions=*/false);
-            return result;
+          [body_text, chat, model, &cancel] {
+            return parseRequest(*body_text, chat, *model, cancel);
           },
           cancel);
   if (exchange.clientGone()) {
@@ -289,9 +285,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     co_return;
   }
   // Forwarded as the client wrote it: a JSON schema's properties and a
-  // tool's parameters come out in their order (the parsed body's keys are
-  // sorted).
-  Body body = std::move(ordered);
+  // tool's parameters come out in their order.
+  Body body = std::move(parsed.value().body);
   body.erase("kv_transfer_params");  // only the router sets these
   const protocol::Request& request = parsed.value().request;
   const bool streaming = parsed.value().stream;

@@ -73,7 +73,9 @@ TEST(ChaosTest, KillsStopsAbortsAndOverloadLeaveNothingBroken) {
   int drains = 0;
   for (const json& event : report["events"]) {
     EXPECT_TRUE(event["recovery_s"].is_number()) << event.dump();
-    if (event["action"] != "stop") EXPECT_TRUE(event["restart_s"].is_number()) << event.dump();
+    if (event["action"] != "stop") {
+      EXPECT_TRUE(event["restart_s"].is_number()) << event.dump();
+    }
     if (event["action"] == "drain") {
       ++drains;
       EXPECT_EQ(event["role"], "decode");

@@ -162,12 +162,12 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
       "{kv_connector: offload, kv_connector_extra_config: {capacity_blocks: 8, "
       "abort_timeout_s: 1e308}}";
   for (const Case& c : std::vector<Case>{
-           {"block_size", "0", "must be an integer between 1 and 1024, got 0"},
-           {"max_num_seqs", "0", "must be an integer between 1 and 4096, got 0"},
-           {"num_blocks", "-5", "must be an integer between 0 and 2147483647, got -5"},
-           {"threads", "100000", "must be an integer between 0 and 1024, got 100000"},
+           {"block_size", "0", "must be an integer between 1 and 1024, got 0", ""},
+           {"max_num_seqs", "0", "must be an integer between 1 and 4096, got 0", ""},
+           {"num_blocks", "-5", "must be an integer between 0 and 2147483647, got -5", ""},
+           {"threads", "100000", "must be an integer between 0 and 1024, got 100000", ""},
            {"shutdown_timeout", "1e308",
-            "must be a number of seconds between 0 and 86400, got 1e308"},
+            "must be a number of seconds between 0 and 86400, got 1e308", ""},
            {"kv_transfer_config", offload_1e308,
             ": kv_connector_extra_config.abort_timeout_s must be a number of seconds above 0 and "
             "at most 86400, got 1e+308",

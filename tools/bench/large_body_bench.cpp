@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -21,7 +22,7 @@ using nlohmann::json;
 
 // VmRSS of `pid` in bytes; 0 when it cannot be read.
 int64_t residentBytes(int pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::ifstream status(std::filesystem::path("/proc") / std::to_string(pid) / "status");
   std::string line;
   while (std::getline(status, line)) {
     if (line.starts_with("VmRSS:")) {
@@ -116,7 +117,8 @@ int runLargeBodyBench(const LargeBodyBenchOptions& options) {
     json level_statuses = json::array();
     for (const Answer& answer : answers) {
       slowest = std::max(slowest, answer.seconds);
-      statuses += (statuses.empty() ? "" : ",") + std::to_string(answer.status);
+      if (!statuses.empty()) statuses.push_back(',');
+      statuses.append(std::to_string(answer.status));
       level_statuses.push_back(answer.status);
     }
     std::printf("%11d %12.1f %12.1f %12.1f %12.2f  %s\n", concurrency, mib(before),

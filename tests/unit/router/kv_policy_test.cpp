@@ -49,8 +49,12 @@ DecisionInput cluster(int prefill, int decode, int64_t prompt, int64_t max_token
   input.num_prompt_tokens = prompt;
   input.max_tokens = max_tokens;
   input.block_size = 16;
-  for (int i = 0; i < prefill; ++i) input.prefill.push_back(agent("p" + std::to_string(i)));
-  for (int i = 0; i < decode; ++i) input.decode.push_back(agent("d" + std::to_string(i)));
+  for (int i = 0; i < prefill; ++i) {
+    input.prefill.push_back(agent(std::string("p").append(std::to_string(i))));
+  }
+  for (int i = 0; i < decode; ++i) {
+    input.decode.push_back(agent(std::string("d").append(std::to_string(i))));
+  }
   return input;
 }
 

@@ -170,12 +170,16 @@ TEST_F(ChatResponseTest, StreamedDeltasJoinToTheNonStreamedMessage) {
     if (!chunk) continue;
     const json& choice = (*chunk)["choices"][0];
     const json& delta = choice["delta"];
-    if (chunks++ == 0) EXPECT_EQ(delta["role"], "assistant") << chunk->dump();
+    if (chunks++ == 0) {
+      EXPECT_EQ(delta["role"], "assistant") << chunk->dump();
+    }
     reasoning += delta.value("reasoning_content", "");
     content += delta.value("content", "");
     for (const json& call : delta.value("tool_calls", json::array())) {
       EXPECT_EQ(call["index"], 0);
-      if (call.contains("id")) EXPECT_EQ(call["id"], "chatcmpl-tool-0");
+      if (call.contains("id")) {
+        EXPECT_EQ(call["id"], "chatcmpl-tool-0");
+      }
       name += call["function"].value("name", "");
       arguments += call["function"].value("arguments", "");
     }
