@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ inline size_t viewBytes(const WeightView& w) {
 // Threads used by the kernels (default: hardware concurrency).
 void setNumThreads(int num_threads);
 int numThreads();
+// Runs fn(task, worker) for every task in [0, num_tasks) on the kernels'
+// threads (worker < numThreads()), returning when all have run. For host
+// work between kernels (the pool is idle then); not reentrant.
+void parallelFor(int64_t num_tasks, const std::function<void(int64_t task, int worker)>& fn);
 // "avx512", "avx2" or "scalar".
 std::string isaName();
 

@@ -879,14 +879,22 @@ void Engine::step() {
     const ScheduledChunk& chunk = output.chunks[i];
     Sequence& sequence = *chunk.sequence;
     const auto vocab_size = static_cast<size_t>(model_->config().vocab_size);
-    for (int64_t row = 0; row < count; ++row) {
-      const int64_t next = chunk.start + first + row + 1;  // the token it predicts
-      // A recomputed position (after a preemption) is already known.
-      if (next != static_cast<int64_t>(sequence.prompt_logprobs.size())) continue;
-      sequence.prompt_logprobs.push_back(sampler_.logprobsOf(
+    // Row r predicts token chunk.start + first + r + 1; rows of positions
+    // already known (recomputed after a preemption) are skipped.
+    const int64_t known = static_cast<int64_t>(sequence.prompt_logprobs.size());
+    TANDEM_CHECK(known >= chunk.start + first + 1, "prompt logprobs: a position was skipped");
+    const int64_t skip = std::clamp<int64_t>(known - (chunk.start + first + 1), 0, count);
+    std::vector<GeneratedToken> rows(static_cast<size_t>(count - skip));
+    // A vocabulary-wide pass per row: on the kernels' threads, a sampler each.
+    row_samplers_.resize(static_cast<size_t>(kernels::numThreads()));
+    kernels::parallelFor(count - skip, [&](int64_t task, int worker) {
+      const int64_t row = skip + task;
+      rows[static_cast<size_t>(task)] = row_samplers_[static_cast<size_t>(worker)].logprobsOf(
           logits.subspan(static_cast<size_t>(row) * vocab_size, vocab_size),
-          sequence.tokens[static_cast<size_t>(next)], *sequence.request.sampling.prompt_logprobs));
-    }
+          sequence.tokens[static_cast<size_t>(chunk.start + first + row + 1)],
+          *sequence.request.sampling.prompt_logprobs);
+    });
+    for (GeneratedToken& row : rows) sequence.prompt_logprobs.push_back(std::move(row));
   };
   if (device_argmax) {
     runner_->forwardArgmax(inputs, argmax_ids_);

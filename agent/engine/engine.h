@@ -336,6 +336,7 @@ class Engine {
   std::map<std::string, KvSourceTotals> kv_sources_;  // engine thread only
   std::vector<TransferDuration> transfer_durations_;  // guarded by mutex_
   Sampler sampler_;
+  std::vector<Sampler> row_samplers_;  // prompt logprobs: one per kernel thread
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;
   // Structured outputs: grammars compiled for this model's vocabulary, made

@@ -121,6 +121,10 @@ void setNumThreads(int num_threads) { pool().setNumThreads(num_threads); }
 
 int numThreads() { return pool().numThreads(); }
 
+void parallelFor(int64_t num_tasks, const std::function<void(int64_t task, int worker)>& fn) {
+  pool().parallelFor(num_tasks, [&](int64_t task, int worker) { fn(task, worker); });
+}
+
 std::string isaName() { return active().name; }
 
 namespace {
