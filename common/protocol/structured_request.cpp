@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/json_parse.h"
 #include "common/structured/tool_calls.h"
 
 namespace tandem::server {
@@ -26,13 +27,14 @@ std::optional<ApiError> readSchema(const ordered_json& value, const std::string&
     return std::nullopt;
   }
   if (value.is_string()) {
-    const auto parsed =
-        ordered_json::parse(value.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
+    JsonParseError error;
+    const auto parsed = parseOrderedJson(value.get<std::string>(), error,
+                                         JsonBounds{kMaxJsonDepth, kMaxRequestJsonValues});
+    if (!parsed || !(parsed->is_object() || parsed->is_boolean())) {
       return invalidRequest(field + " must be a JSON schema (an object, or a string holding one)",
                             field);
     }
-    *spec = parsed.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+    *spec = parsed->dump(-1, ' ', false, ordered_json::error_handler_t::replace);
     return std::nullopt;
   }
   return invalidRequest(field + " must be a JSON schema object, got " + value.type_name(), field);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
 #include "common/structured/gbnf.h"
 #include "common/structured/json_schema.h"
 #include "common/structured/matcher.h"
@@ -51,10 +52,10 @@ StatusOr<Grammar> choiceGrammar(const std::string& spec) {
 StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
   switch (constraint.kind) {
     case ConstraintKind::kJsonSchema: {
-      const auto schema =
-          nlohmann::ordered_json::parse(constraint.spec, nullptr, /*allow_exceptions=*/false);
-      if (schema.is_discarded()) return invalidArgument("the JSON schema is not valid JSON");
-      return compileJsonSchema(schema);
+      JsonParseError error;
+      const auto schema = parseOrderedJson(constraint.spec, error);
+      if (!schema) return invalidArgument("the JSON schema is not valid JSON");
+      return compileJsonSchema(*schema);
     }
     case ConstraintKind::kJsonObject:
       return anyJsonObjectGrammar();
@@ -65,10 +66,10 @@ StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
     case ConstraintKind::kGrammar:
       return compileGbnf(constraint.spec);
     case ConstraintKind::kToolCalls: {
-      const auto spec =
-          nlohmann::ordered_json::parse(constraint.spec, nullptr, /*allow_exceptions=*/false);
-      if (spec.is_discarded()) return invalidArgument("the tool calls' spec is not valid JSON");
-      return compileToolCalls(spec);
+      JsonParseError error;
+      const auto spec = parseOrderedJson(constraint.spec, error);
+      if (!spec) return invalidArgument("the tool calls' spec is not valid JSON");
+      return compileToolCalls(*spec);
     }
   }
   return invalidArgument("unknown structured output kind");

@@ -1,9 +1,10 @@
 // Inputs a hostile client sends, against real agents and the router in front
 // of them: JSON nested 15,000 levels deep in each field a request decodes, a
-// 30 MB prompt, a million-id /detokenize. Each gets a clean 4xx naming the
-// field and the bound, the process keeps serving (the next completion
-// through the router succeeds) and every KV block is free afterwards (the
-// Agent fixture checks that when it stops).
+// 30 MB prompt, a million-id /detokenize, an object of 300,000 members. The
+// refused ones get a clean 4xx naming the field and the bound, the others
+// their answer; the process keeps serving (the next completion through the
+// router succeeds) and every KV block is free afterwards (the Agent fixture
+// checks that when it stops).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -147,6 +148,42 @@ TEST_F(HostileInputTest, AMillionIdDetokenizeIsRefused) {
   reply = post(*direct, "/detokenize", json{{"tokens", within}}.dump());
   EXPECT_EQ(reply.status, 400);
   EXPECT_EQ(reply.body["error"]["param"], "tokens");
+  expectStillServing();
+}
+
+// An object of 300,000 members (3.6 MB, within the value bound) in a field
+// nobody reads: parsed in time linear in the text (with keys in the
+// client's order, as chat templates and forwarding need them), so agent and
+// router answer it like any request. Parsed member by member through
+// ordered_map's search, it took minutes and held a worker meanwhile.
+TEST_F(HostileInputTest, AnObjectOfManyMembersIsAnsweredLikeAnyRequest) {
+  std::string members;
+  for (int i = 0; i < 300'000; ++i) {
+    if (i > 0) members += ',';
+    members += "\"k" + std::to_string(i) + "\":1";
+  }
+  const std::string junk = R"(,"junk":{)" + members + "}}";
+  json chat = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "hello"}}}},
+               {"max_tokens", 2},
+               {"temperature", 0}};
+  std::string chat_body = chat.dump();
+  chat_body.pop_back();
+  chat_body += junk;
+  std::string completion_body = greedy(randomPrompt(20, 8), 2).dump();
+  completion_body.pop_back();
+  completion_body += junk;
+  // Minutes of parsing would run past this (a stall, not a speed figure).
+  httplib::Client direct("127.0.0.1", decode_[0]->port());
+  httplib::Client router("127.0.0.1", router_->port());
+  for (httplib::Client* client : {&direct, &router}) {
+    SCOPED_TRACE(client == &router ? "router" : "agent");
+    client->set_read_timeout(60, 0);
+    Reply reply = post(*client, "/v1/chat/completions", chat_body);
+    EXPECT_EQ(reply.status, 200) << reply.body.dump().substr(0, 300);
+    reply = post(*client, "/v1/completions", completion_body);
+    EXPECT_EQ(reply.status, 200) << reply.body.dump().substr(0, 300);
+  }
   expectStillServing();
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace tandem {
 namespace {
@@ -81,6 +82,48 @@ TEST(JsonParse, MoreValuesThanTheBoundAreRefused) {
   EXPECT_EQ(error.value_limit, 99u);
   // Commas inside strings are not values.
   ASSERT_TRUE(parseJson(R"(["a,b,c,d,e,f"])", error, JsonBounds{kMaxJsonDepth, 2}).has_value());
+}
+
+// parseOrderedJson builds, in linear time, exactly what nlohmann's own
+// ordered parser builds: keys in the text's order, a repeated key at its
+// first place with its last value (in small objects and in indexed ones,
+// past 16 members), every kind of value, nesting; and for text that is not
+// JSON, the same byte and message as parseJson.
+TEST(JsonParse, OrderedParseIsNlohmannsOrderedParse) {
+  std::string wide = "{";
+  for (int i = 0; i < 300; ++i) {
+    wide += "\"k" + std::to_string(299 - i) + "\":" + std::to_string(i) + ",";
+  }
+  wide += R"("k7":"again","k250":{"in":[1,2,{"k":null}]}})";
+  const std::vector<std::string> texts = {
+      R"({"b":1,"a":2,"c":{"z":[true,false,null],"y":-1.5e3,"x":"\u00e9\ud83d\ude00"}})",
+      R"({"a":1,"b":2,"a":3})",
+      R"([{"q":1},{"p":[[],{}]},18446744073709551615,-9223372036854775808,0.1])",
+      R"("just a string")",
+      R"(42)",
+      R"({})",
+      R"([])",
+      R"({"x":{"x":{"x":{"x":1,"x":2}}}})",
+      wide,
+  };
+  for (const std::string& text : texts) {
+    SCOPED_TRACE(text.substr(0, 80));
+    JsonParseError error;
+    const auto ours = parseOrderedJson(text, error);
+    ASSERT_TRUE(ours.has_value()) << error.detail;
+    const auto theirs = nlohmann::ordered_json::parse(text);
+    EXPECT_EQ(ours->dump(), theirs.dump());
+  }
+  for (const std::string& bad : {std::string(R"({"a":1,})"), std::string(R"({"a" 1})"),
+                                 std::string(R"([1,2)"), std::string("{\"a\":1} x")}) {
+    SCOPED_TRACE(bad);
+    JsonParseError ordered_error;
+    JsonParseError sorted_error;
+    EXPECT_FALSE(parseOrderedJson(bad, ordered_error).has_value());
+    EXPECT_FALSE(parseJson(bad, sorted_error).has_value());
+    EXPECT_EQ(ordered_error.byte, sorted_error.byte);
+    EXPECT_EQ(ordered_error.detail, sorted_error.detail);
+  }
 }
 
 }  // namespace
