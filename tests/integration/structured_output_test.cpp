@@ -9,6 +9,7 @@
 #include <httplib.h>
 #include <pcre2.h>
 
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include "tests/support/agent_server.h"
+#include "tests/support/command.h"
+#include "tests/support/node_script.h"
 
 namespace {
 
@@ -212,6 +215,66 @@ num ::= [1-9] [0-9]?)g";
     if (finish(sum) != "stop") continue;
     EXPECT_TRUE(fullMatch(R"((?<e>(?<t>[1-9][0-9]?|\((?&e)\))([+-](?&t)){0,3}))", out)) << out;
   }
+}
+
+// A small SQL subset that knows its tables' columns: every finished output
+// runs on SQLite (Python's sqlite3, an independent SQL parser and planner)
+// against those tables, so each is a valid statement, not just text the
+// grammar accepts.
+TEST(StructuredOutput, SqlSubsetOutputsRunOnSqlite) {
+  Agent agent;
+  const std::string grammar = R"g(root ::= select ";"
+select ::= "SELECT " ucols " FROM users" uwhere? uorder? limit? | "SELECT " ocols " FROM orders" owhere? oorder? limit?
+ucols ::= "*" | ucol (", " ucol){0,2}
+ocols ::= "*" | ocol (", " ocol){0,3}
+ucol ::= "id" | "name" | "age"
+ocol ::= "id" | "user_id" | "total" | "status"
+uwhere ::= " WHERE " ucol " " op " " value (" AND " ucol " " op " " value){0,2}
+owhere ::= " WHERE " ocol " " op " " value (" AND " ocol " " op " " value){0,2}
+uorder ::= " ORDER BY " ucol (" ASC" | " DESC")?
+oorder ::= " ORDER BY " ocol (" ASC" | " DESC")?
+limit ::= " LIMIT " [1-9] [0-9]?
+op ::= "=" | "<" | ">" | "<=" | ">=" | "!="
+value ::= "-"? [1-9] [0-9]{0,3} | "0" | "'" [a-z]{1,8} "'")g";
+  std::vector<std::string> statements;
+  for (uint32_t i = 0; i < 8; ++i) {
+    std::optional<uint64_t> seed;
+    if (i > 0) seed = 700 + i;
+    const json answer =
+        agent.post("/v1/completions",
+                   constrained(randomPrompt(9, 600 + i), 80, {{"guided_grammar", grammar}}, seed));
+    if (finish(answer) == "stop") statements.push_back(text(answer));
+  }
+  ASSERT_FALSE(statements.empty()) << "no statement finished within max_tokens";
+  const std::string python = findOnPath("python3");
+  ASSERT_FALSE(python.empty()) << "python3 is not on PATH; `make deps` installs it";
+  TempDir dir("tandem-sql-test");
+  {
+    std::ofstream file(dir.path() / "statements.txt");
+    for (const std::string& statement : statements) file << statement << "\n";
+  }
+  const std::string script =
+      "import sqlite3, sys\n"
+      "db = sqlite3.connect(':memory:')\n"
+      "db.execute('CREATE TABLE users(id INTEGER, name TEXT, age INTEGER)')\n"
+      "db.execute('CREATE TABLE orders(id INTEGER, user_id INTEGER, total REAL, status TEXT)')\n"
+      "for line in open(sys.argv[1]):\n"
+      "    try:\n"
+      "        db.execute(line.rstrip('\\n')).fetchall()\n"
+      "        print('ok')\n"
+      "    except Exception as e:\n"
+      "        print('error:', e)\n";
+  const CommandResult result =
+      runToEnd({python, "-c", script, (dir.path() / "statements.txt").string()},
+               dir.path() / "stderr.txt", std::chrono::seconds(60));
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  std::istringstream lines(result.out);
+  size_t index = 0;
+  for (std::string line; std::getline(lines, line); ++index) {
+    ASSERT_LT(index, statements.size());
+    EXPECT_EQ(line, "ok") << statements[index];
+  }
+  EXPECT_EQ(index, statements.size()) << result.out;
 }
 
 // tool_choice "required" on an agent with the hermes parser: the output is
