@@ -386,7 +386,6 @@ class Engine {
   bool stopping_ = false;
   bool draining_ = false;
   bool handed_over_ = false;  // engine thread: drain's hand-over done
-  bool stop_now_ = false;
   Clock::time_point deadline_{};
   EngineStats stats_;  // published by the engine thread
 

@@ -172,9 +172,6 @@ struct VectorHash {
 void setBit(std::span<uint64_t> mask, TokenId id) {
   mask[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
 }
-bool hasBit(std::span<const uint64_t> mask, TokenId id) {
-  return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u;
-}
 
 }  // namespace
 
@@ -266,6 +263,8 @@ struct CompiledGrammar::Runtime {
 
   static constexpr size_t kMaxCachedMasks = 256;
 
+  std::vector<int32_t> path_;  // followSorted's frontiers along a token
+
   // Interned frontiers and the byte moves between them, past which both
   // are dropped (at the start of an operation: no id is held across).
   static constexpr size_t kMaxStates = 1'000'000;
@@ -338,6 +337,8 @@ struct CompiledGrammar::Runtime {
     Classes out;
     trimMemo();
     stacks.startAt(pos, kEscape, scratch);
+    // A preorder walk of the trie: the uncertain tokens that share a prefix
+    // come one after another, as followSorted needs.
     walk(vocab.trie()[0], intern(scratch), false, out);
     if (static_cast<int64_t>(out.accepted.size()) > vocab.maskWords()) {
       out.accepted_words.assign(static_cast<size_t>(vocab.maskWords()), 0);
@@ -393,11 +394,47 @@ struct CompiledGrammar::Runtime {
       trimMemo();
       Stacks::Frontier single;
       single.tops = {top};
-      const int32_t start = intern(single);
-      int32_t after = 0;
-      for (TokenId id : c.uncertain) {
-        if (!hasBit(mask, id) && follow(start, vocab.bytes(id), &after)) setBit(mask, id);
+      followSorted(intern(single), c.uncertain, mask);
+    }
+  }
+
+  // follow() of every token of `sorted` from `start`, setting the bits of
+  // those it accepts. `sorted` is in a trie's preorder (a token before the
+  // tokens it is a prefix of, and the tokens under any prefix one after
+  // another), so tokens sharing a prefix share its moves, and a prefix no
+  // stack takes rules out the tokens after it that start with it, unread.
+  void followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask) {
+    constexpr size_t kNone = std::string::npos;
+    path_.assign(1, start);  // path_[i]: the frontier after i bytes of `previous`
+    std::string_view previous;
+    size_t dead = kNone;  // `previous`'s prefix of this length is taken by no stack
+    for (TokenId id : sorted) {
+      const std::string& text = vocab.bytes(id);
+      size_t common = 0;
+      const size_t limit = std::min(previous.size(), text.size());
+      while (common < limit && previous[common] == text[common]) ++common;
+      if (dead != kNone && common >= dead) continue;
+      previous = text;
+      dead = kNone;
+      path_.resize(std::min(common, path_.size() - 1) + 1);
+      bool accepted = !text.empty();
+      for (size_t i = path_.size() - 1; i < text.size(); ++i) {
+        const int32_t next = move(path_.back(), static_cast<uint8_t>(text[i]));
+        const Stacks::Frontier& f = states[static_cast<size_t>(next)];
+        if (f.overflow) {
+          accepted = false;
+          dead = i + 1;
+          break;
+        }
+        if (f.tops.empty()) {
+          // Only a token that ends here, where the grammar may end.
+          accepted = i + 1 == text.size() && (f.complete || f.escaped);
+          dead = i + 1;
+          break;
+        }
+        path_.push_back(next);
       }
+      if (accepted) setBit(mask, id);
     }
   }
 
