@@ -22,6 +22,12 @@ void ByteSet::addAll(const ByteSet& other) {
   for (size_t i = 0; i < words.size(); ++i) words[i] |= other.words[i];
 }
 
+ByteSet ByteSet::complement() const {
+  ByteSet out;
+  for (size_t i = 0; i < words.size(); ++i) out.words[i] = ~words[i];
+  return out;
+}
+
 Expr bytes(const ByteSet& set) {
   Expr e;
   e.kind = Expr::Kind::kBytes;

@@ -36,6 +36,8 @@ struct ByteSet {
   static ByteSet range(uint8_t lo, uint8_t hi);
   void add(uint8_t lo, uint8_t hi);
   void addAll(const ByteSet& other);
+  // Every byte not in this set.
+  ByteSet complement() const;
   bool contains(uint8_t byte) const { return (words[byte >> 6] >> (byte & 63)) & 1u; }
   bool empty() const { return (words[0] | words[1] | words[2] | words[3]) == 0; }
   bool operator==(const ByteSet&) const = default;

@@ -58,28 +58,19 @@ Expr llama3Optional(GrammarBuilder& builder, Expr calls) {
   const std::string tag = "<|python_tag|>";
   const ByteSet space = whiteSpace();
   // After the tag and white space: calls, white space, or text that starts
-  // with another byte.
-  ByteSet other_after_tag = ByteSet::range(0, 255);
-  ByteSet other_first;
-  for (int b = 0; b < 256; ++b) {
-    const auto byte = static_cast<uint8_t>(b);
-    if (!space.contains(byte) && byte != '{' && byte != '<') other_first.add(byte, byte);
-  }
-  for (int b = 0; b < 256; ++b) {
-    const auto byte = static_cast<uint8_t>(b);
-    if (space.contains(byte) || byte == '{') {
-      other_after_tag.words[byte >> 6] &= ~(uint64_t{1} << (byte & 63));
-    }
-  }
+  // with another byte. Before it, '<' may begin the tag.
+  ByteSet not_other = space;
+  not_other.add('{', '{');
+  const ByteSet other_after_tag = not_other.complement();
+  not_other.add('<', '<');
+  const ByteSet other_first = not_other.complement();
   const int32_t after_tag = builder.declare("after_python_tag");
   builder.define(after_tag, alt({literal(""), seq({bytes(space), ref(after_tag)}), calls,
                                  seq({bytes(other_after_tag), anyText()})}));
   // "<" then the tag's next bytes, or text that leaves it.
   Expr in_tag = ref(after_tag);
   for (size_t i = tag.size(); i-- > 1;) {
-    ByteSet leave = ByteSet::range(0, 255);
-    const auto expected = static_cast<uint8_t>(tag[i]);
-    leave.words[expected >> 6] &= ~(uint64_t{1} << (expected & 63));
+    const ByteSet leave = ByteSet::of(static_cast<uint8_t>(tag[i])).complement();
     in_tag = alt({literal(""), seq({bytes(leave), anyText()}),
                   seq({literal(tag.substr(i, 1)), std::move(in_tag)})});
   }
