@@ -759,6 +759,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       co_return DecodeOutcome::kClientGone;
     }
     client.started = true;
+    // The headers are the client's first piece: a stream moved before its
+    // first event paused from here.
+    client.last_write = Clock::now();
   }
   // A stream of events goes through the splice, whole events only; any
   // other answer as it comes.

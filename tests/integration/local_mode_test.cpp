@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -702,12 +703,15 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
   }
 
   std::vector<testing::StreamedCompletion> streams;
+  const auto streams_start = std::chrono::steady_clock::now();
   std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
   // Scaled down once decode-2 runs streams.
   const bool busy = eventually(
       [&] { return metric(ports["decode-2"], "tandem_num_requests_running") >= 2; }, seconds(30));
   if (busy) rewrite(file, smallCluster(2));
   for (auto& client : clients) client.join();
+  const double streams_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count();
   ASSERT_TRUE(busy) << "decode-2 never ran two streams at once";
   for (int i = 0; i < kStreams; ++i) {
     SCOPED_TRACE("stream " + std::to_string(i));
@@ -721,7 +725,7 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
     httplib::Client client("127.0.0.1", port);
     auto router_metrics = client.Get("/metrics");
     ASSERT_TRUE(router_metrics);
-    testing::expectDrainMigrations(router_metrics->body, 2);
+    testing::expectDrainMigrations(router_metrics->body, 2, streams_s);
   }
   // The drained agent's own lines (its stderr joins its stdout, which local
   // mode forwards): it handed streams over, every hold was read, and it

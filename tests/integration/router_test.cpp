@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -534,6 +535,7 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
     for (auto& client : streamConcurrently(colocated.port(), bodies, undisturbed)) client.join();
   }
   std::vector<StreamedCompletion> streams;
+  const auto streams_start = std::chrono::steady_clock::now();
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
   Agent* drained = nullptr;
   std::thread drainer([&] {
@@ -553,6 +555,8 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
     EXPECT_TRUE(res && res->status == 202) << (res ? res->body : "no answer");
   });
   for (auto& client : clients) client.join();
+  const double streams_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count();
   drainer.join();
   ASSERT_NE(drained, nullptr) << "no decode agent ran two streams at once";
   for (int i = 0; i < kStreams; ++i) {
@@ -564,7 +568,7 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
   const std::string log = process.stderrText();
   EXPECT_NE(log.find("drain: handed over"), std::string::npos) << log;
   EXPECT_EQ(log.find("were not read"), std::string::npos) << log;
-  expectDrainMigrations(routerMetrics(), 2);
+  expectDrainMigrations(routerMetrics(), 2, streams_s);
 }
 
 // A decode agent that fails a stream with an error event (here: the
@@ -587,6 +591,7 @@ TEST_F(RouterTest, AStreamEndedByADecodeAgentsErrorMovesToAnother) {
   };
   startCluster(options);
   Agent colocated;
+  const auto streams_start = std::chrono::steady_clock::now();
   // Round-robin: of two disaggregated streams, one is decoded by decode-0.
   for (uint32_t seed : {81u, 82u}) {
     json body = greedy(randomPrompt(40, seed), 24);
@@ -601,6 +606,12 @@ TEST_F(RouterTest, AStreamEndedByADecodeAgentsErrorMovesToAnother) {
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"error\""),
             1);
   EXPECT_GE(decode_[0]->metric("tandem_requests_total", "finish_reason=\"error\""), 1);
+  // The stream moved before its first event: its client's pause runs from
+  // the response's headers, within the test's own time.
+  EXPECT_EQ(routerMetric("tandem_router_migration_pause_seconds_count", "reason=\"error\""), 1);
+  EXPECT_LE(
+      routerMetric("tandem_router_migration_pause_seconds_sum", "reason=\"error\""),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count());
 }
 
 // --max-migrations 0: a stream whose decode agent dies is not moved, though

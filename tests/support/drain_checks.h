@@ -16,8 +16,11 @@ namespace tandem::testing {
 // from the drained agent's hand-over, or (a stream handed over while its
 // prompt was still loading, which has no block to hand over) from the
 // prefill agent or by recomputing; some tokens were transferred; one pause
-// was observed per move. Returns the number of streams moved.
-inline double expectDrainMigrations(std::string_view router_metrics, double min_moved) {
+// was observed per move, each within the `streams_s` seconds the streams
+// ran (a pause is a span of some stream's life). Returns the number of
+// streams moved.
+inline double expectDrainMigrations(std::string_view router_metrics, double min_moved,
+                                    double streams_s) {
   auto sample = [&](std::string_view name, std::string_view filter = {}) {
     return prometheusSample(router_metrics, name, filter).value_or(0);
   };
@@ -33,6 +36,8 @@ inline double expectDrainMigrations(std::string_view router_metrics, double min_
             moved);
   EXPECT_GT(sample("tandem_router_migration_tokens_total", "kv=\"transferred\""), 0);
   EXPECT_EQ(sample("tandem_router_migration_pause_seconds_count", "reason=\"drain\""), moved);
+  EXPECT_LE(sample("tandem_router_migration_pause_seconds_sum", "reason=\"drain\""),
+            moved * streams_s);
   return moved;
 }
 

@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <string>
 
 #include "common/status.h"
 #include "tools/bench/bench_options.h"
@@ -81,12 +82,14 @@ bool sendAll(int fd, const char* data, size_t size) {
   return true;
 }
 
-// Reads until `want` bytes came, the peer closed, or no byte for timeout_ms.
-// The bytes read; -1 when the timeout passed without any.
+// Reads until `want` bytes came, the answer ended (its last chunk: the
+// connection stays open), the peer closed, or no byte for timeout_ms. The
+// bytes read; -1 when the timeout passed without any.
 int64_t readUpTo(int fd, size_t want, int timeout_ms) {
   size_t got = 0;
   char buffer[4096];
-  while (got < want) {
+  std::string received;
+  while (got < want && received.find("\r\n0\r\n\r\n") == std::string::npos) {
     pollfd p{fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, timeout_ms);
     if (ready == 0) return got == 0 ? -1 : static_cast<int64_t>(got);
@@ -94,6 +97,7 @@ int64_t readUpTo(int fd, size_t want, int timeout_ms) {
     const ssize_t n = ::recv(fd, buffer, std::min(sizeof(buffer), want - got), 0);
     if (n <= 0) break;
     got += static_cast<size_t>(n);
+    received.append(buffer, static_cast<size_t>(n));
   }
   return static_cast<int64_t>(got);
 }
@@ -366,7 +370,11 @@ int runChaosBench(const ChaosBenchOptions& options) {
         ::kill(victim.pid, SIGCONT);
         probe.join();
       }
+      // One agent down at a time: the next event waits until the router
+      // routes to every agent again.
       cluster->waitForAllAgents(
+          milliseconds(static_cast<int64_t>(options.recovery_timeout_s * 1000)));
+      cluster->waitForRouterToSeeAllAgents(
           milliseconds(static_cast<int64_t>(options.recovery_timeout_s * 1000)));
       std::printf("         recovered after %s s%s\n", optionalSeconds(event.recovery_s).c_str(),
                   action != "stop"

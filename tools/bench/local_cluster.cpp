@@ -414,6 +414,32 @@ std::optional<ClusterAgent> LocalCluster::waitForRestart(const std::string& name
   }
 }
 
+bool LocalCluster::waitForRouterToSeeAllAgents(milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    try {
+      httplib::Client client(router_url_);
+      client.set_connection_timeout(2, 0);
+      client.set_read_timeout(5, 0);
+      auto result = client.Get("/metrics");
+      if (result && result->status == 200) {
+        size_t healthy = 0, unhealthy = 0;
+        std::istringstream lines(result->body);
+        for (std::string line; std::getline(lines, line);) {
+          if (line.starts_with('#')) continue;
+          const auto sample = parsePrometheusSampleLine(line);
+          if (!sample || sample->name != "tandem_router_agent_healthy") continue;
+          (sample->value == 1 ? healthy : unhealthy) += 1;
+        }
+        if (healthy >= expected_agents_ && unhealthy == 0) return true;
+      }
+    } catch (const std::exception&) {
+    }
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+}
+
 std::vector<AgentKvState> LocalCluster::kvStates() {
   std::vector<AgentKvState> states;
   for (const ClusterAgent& agent : agents()) {

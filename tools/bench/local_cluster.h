@@ -154,6 +154,10 @@ class LocalCluster {
   // Waits until `name` is ready with a pid other than `old_pid`.
   std::optional<ClusterAgent> waitForRestart(const std::string& name, pid_t old_pid,
                                              std::chrono::milliseconds timeout);
+  // Waits until the router lists every agent of the file and reports each
+  // healthy (tandem_router_agent_healthy 1): what it routes by, which lags
+  // an agent's restart by up to one health poll.
+  bool waitForRouterToSeeAllAgents(std::chrono::milliseconds timeout);
 
   std::vector<AgentKvState> kvStates();
   RouterState routerState();

@@ -61,6 +61,8 @@ MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const st
   for (int r = 0; r < options.rounds; ++r) {
     MoveRound round;
     round.action = r % 2 == 0 ? "drain" : "kill";
+    cluster.waitForRouterToSeeAllAgents(
+        milliseconds(static_cast<int64_t>(options.restart_timeout_s * 1000)));
     const RouterState before = cluster.routerState();
     std::vector<AnsweredRequest> requests(static_cast<size_t>(options.streams));
     std::vector<StreamedCompletion> streams(requests.size());
@@ -122,12 +124,12 @@ MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const st
     const auto now = after.migration_pause.count(reason) ? after.migration_pause.at(reason) : none;
     round.moved = now.count - was.count;
     if (round.moved > 0) round.router_pause_ms = 1000 * (now.sum_s - was.sum_s) / round.moved;
+    // Back means back in the router's rotation: the next round's streams
+    // must have the other decode agent to move to.
     if (victim) {
-      round.restarted =
-          cluster
-              .waitForRestart(victim->name, victim->pid,
-                              milliseconds(static_cast<int64_t>(options.restart_timeout_s * 1000)))
-              .has_value();
+      const milliseconds restart_timeout(static_cast<int64_t>(options.restart_timeout_s * 1000));
+      round.restarted = cluster.waitForRestart(victim->name, victim->pid, restart_timeout) &&
+                        cluster.waitForRouterToSeeAllAgents(restart_timeout);
     }
     result.rounds.push_back(round);
   }
