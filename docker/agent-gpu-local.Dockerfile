@@ -34,13 +34,29 @@ COPY agent agent
 COPY operator operator
 COPY tools tools
 COPY profiles profiles
+# The same build stage, word for word, in agent-cpu.Dockerfile,
+# operator.Dockerfile and agent-gpu-local.Dockerfile: a builder with layer
+# caching (podman, buildah, docker) compiles the three programs once for the
+# three images (the GPU agent's stage only adds the CUDA backend to it).
+# CUDA off, whatever the builder mounts: the stage is the same everywhere.
+RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF -DTANDEM_CUDA=OFF \
+    && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" \
+         --target tandem-agent tandem-model tandem-operator \
+    && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model \
+         /src/build/bin/tandem-operator
+
+# The CPU build above, turned into a CUDA build: only the CUDA backend and
+# the file that registers it compile (kernels/CMakeLists.txt); the rest is
+# relinked.
+FROM build AS build-cuda
+ARG BUILD_JOBS=
 # CUDA_ARCHITECTURES: the GPU generations the kernels are compiled for
 # (sm_80 A100, sm_90 H100/H200).
 ARG CUDA_ARCHITECTURES=80;90
 RUN test -x /usr/local/cuda/bin/nvcc \
       || { echo "no CUDA toolkit at /usr/local/cuda: build with" \
                 "--volume /usr/local/cuda:/usr/local/cuda:ro" >&2; exit 1; } \
-    && cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF -DTANDEM_CUDA=ON \
+    && cmake -S /src -B /src/build -DTANDEM_CUDA=ON \
          -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
          -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
     && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" --target tandem-agent tandem-model \
@@ -70,7 +86,7 @@ RUN apt-get update \
     && groupadd --system --gid 65532 tandem \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
          --shell /usr/sbin/nologin tandem
-COPY --from=build /src/build/bin/tandem-agent /src/build/bin/tandem-model /usr/local/bin/
+COPY --from=build-cuda /src/build/bin/tandem-agent /src/build/bin/tandem-model /usr/local/bin/
 # What the NVIDIA container toolkit mounts into the container.
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532:65532

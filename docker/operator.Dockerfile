@@ -29,10 +29,12 @@ COPY agent agent
 COPY operator operator
 COPY tools tools
 COPY profiles profiles
-# The same build stage, word for word, as agent-cpu.Dockerfile's: a builder
-# with layer caching (podman, buildah, docker) compiles the three programs
-# once for both images.
-RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF \
+# The same build stage, word for word, in agent-cpu.Dockerfile,
+# operator.Dockerfile and agent-gpu-local.Dockerfile: a builder with layer
+# caching (podman, buildah, docker) compiles the three programs once for the
+# three images (the GPU agent's stage only adds the CUDA backend to it).
+# CUDA off, whatever the builder mounts: the stage is the same everywhere.
+RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF -DTANDEM_CUDA=OFF \
     && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" \
          --target tandem-agent tandem-model tandem-operator \
     && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model \

@@ -217,6 +217,36 @@ TEST_F(DockerImagesTest, LocalGpuAgentImagePasses) {
             cpu_agent_->file.stages.back().base_image);
 }
 
+// The instructions of a Dockerfile's first stage (comments and blank lines
+// left out): what a builder's layer cache keys on.
+std::string firstStageInstructions(const std::string& text) {
+  std::istringstream lines(text);
+  std::string stage;
+  bool in_stage = false;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("FROM ")) {
+      if (in_stage) break;
+      in_stage = true;
+    }
+    if (in_stage && !line.empty() && !line.starts_with("#")) stage += line + "\n";
+  }
+  return stage;
+}
+
+// One compile for the three Debian images: their build stages are the same
+// instruction for instruction (docs/images.md), and the GPU agent's CUDA
+// stage builds on it.
+TEST_F(DockerImagesTest, TheDebianImagesShareOneBuildStage) {
+  const std::string cpu = firstStageInstructions(cpu_agent_->text);
+  EXPECT_NE(cpu.find("cmake --build"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("-DTANDEM_CUDA=OFF"), std::string::npos) << cpu;
+  EXPECT_EQ(firstStageInstructions(operator_->text), cpu);
+  EXPECT_EQ(firstStageInstructions(gpu_local_agent_->text), cpu);
+  const auto& stages = gpu_local_agent_->file.stages;
+  ASSERT_EQ(stages.size(), 3u);
+  EXPECT_EQ(stages[1].base_image, stages[0].name);
+}
+
 TEST_F(DockerImagesTest, GpuAgentImagePasses) {
   const std::vector<std::string> problems = check(*gpu_agent_, gpu_agent_->text);
   EXPECT_TRUE(problems.empty()) << lines(problems);
