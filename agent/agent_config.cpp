@@ -164,10 +164,11 @@ const std::vector<Row>& rows() {
            "compute Q/K/V and gate/up as one matmul each (the same bits, fewer and wider "
            "launches)",
            &ServeOptions::fuse_projections),
-      choice("cuda_kernels", {"auto", "reference", "fast"},
+      choice("cuda_kernels", {"auto", "reference", "fast", "flash"},
              "CUDA kernels: auto (fast on CUDA), reference (the plain kernels the fast ones are "
-             "checked against) or fast (same bits; decode GEMV, grouped attention, and the bf16 "
-             "tensor-core GEMMs --compute-dtype bf16 needs)",
+             "checked against), fast (same bits; decode GEMV, grouped attention, and the bf16 "
+             "tensor-core GEMMs --compute-dtype bf16 needs) or flash (fast, with tensor-core "
+             "attention over bf16 KV caches: its own bits, not yet run on a GPU)",
              &ServeOptions::cuda_kernels),
       text("simulate",
            "step profile YAML: simulate the forward pass, each step lasting what the profile "

@@ -61,7 +61,8 @@ struct ServeOptions {
   std::string device = "auto";    // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
   bool enforce_eager = false;     // never record decode steps (CUDA graphs)
   bool fuse_projections = false;  // ModelRunnerOptions::fuse_projections
-  std::string cuda_kernels = "auto";  // CUDA kernel set: auto (fast on CUDA), reference or fast
+  std::string cuda_kernels =
+      "auto";  // CUDA kernel set: auto (fast on CUDA), reference, fast, flash
   // A step profile YAML: serve as a simulated agent (docs/simulation.md).
   std::string simulate;
   std::string config_path;

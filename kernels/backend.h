@@ -200,15 +200,19 @@ DeviceKind resolveDevice(const std::string& flag);
 // kReference, the plain kernels the fast ones are checked against; kFast
 // adds the decode GEMV over re-laid weights, grouped attention and the bf16
 // tensor-core GEMMs (needed for --compute-dtype bf16 on CUDA). f32 results
-// are the same bits either way (docs/cuda.md#kernel-sets).
-enum class CudaKernels { kReference, kFast };
+// are the same bits either way (docs/cuda.md#kernel-sets). kFlash is kFast
+// with tensor-core (flash-style) attention over bf16 caches: its own bits,
+// the same invariance; not yet run on a GPU, so never the default.
+enum class CudaKernels { kReference, kFast, kFlash };
 // Parses --cuda-kernels for a backend of `kind`: "auto" (the flags'
 // default: kFast on CUDA, kReference, which runs nothing, on the CPU),
-// "reference" or "fast" (an explicit "fast" with the CPU is then refused by
-// makeBackend). Throws tandem::Error naming `flag` and the accepted values.
+// "reference", "fast" or "flash" (an explicit "fast" or "flash" with the CPU
+// is then refused by makeBackend). Throws tandem::Error naming `flag` and
+// the accepted values.
 CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag, DeviceKind kind);
 // Throws tandem::Error when the backend cannot be created, and when
-// `cuda_kernels` is kFast for a backend other than CUDA (the CPU has none).
+// `cuda_kernels` is kFast or kFlash for a backend other than CUDA (the CPU
+// has none).
 std::unique_ptr<Backend> makeBackend(DeviceKind kind,
                                      CudaKernels cuda_kernels = CudaKernels::kReference);
 // Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);

@@ -47,17 +47,19 @@ DeviceKind resolveDevice(const std::string& flag) {
 std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels) {
   switch (kind) {
     case DeviceKind::kCpu:
-      if (cuda_kernels == CudaKernels::kFast) {
-        throw Error(
-            "--cuda-kernels fast: the cpu backend runs no CUDA kernels (use it with --device "
-            "cuda, or leave --cuda-kernels at auto)");
+      if (cuda_kernels != CudaKernels::kReference) {
+        throw Error(std::string("--cuda-kernels ") +
+                    (cuda_kernels == CudaKernels::kFast ? "fast" : "flash") +
+                    ": the cpu backend runs no CUDA kernels (use it with --device cuda, or leave "
+                    "--cuda-kernels at auto)");
       }
       return std::make_unique<cpu::CpuBackend>();
     case DeviceKind::kCuda:
 #ifdef TANDEM_HAVE_CUDA
     {
       cuda::CudaBackendOptions options;
-      options.fast_kernels = cuda_kernels == CudaKernels::kFast;
+      options.fast_kernels = cuda_kernels != CudaKernels::kReference;
+      options.flash_attention = cuda_kernels == CudaKernels::kFlash;
       return cuda::makeCudaBackend(0, options);
     }
 #else
@@ -73,7 +75,8 @@ CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag,
     return kind == DeviceKind::kCuda ? CudaKernels::kFast : CudaKernels::kReference;
   if (text == "reference") return CudaKernels::kReference;
   if (text == "fast") return CudaKernels::kFast;
-  throw Error(flag + ": expected auto, reference or fast, got '" + text + "'");
+  if (text == "flash") return CudaKernels::kFlash;
+  throw Error(flag + ": expected auto, reference, fast or flash, got '" + text + "'");
 }
 
 DType parseComputeDType(const std::string& text, const std::string& flag) {

@@ -34,7 +34,9 @@
 #              SANITIZE=1 also runs the fast kernels' tests under
 #              compute-sanitizer memcheck;
 #              FAST=0 leaves out the second pass of the gpu tests and the
-#              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets).
+#              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets);
+#              FLASH=0 leaves out the flash attention kernel's checks and
+#              benchmark runs (--cuda-kernels flash, not yet a default).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +45,8 @@ scratch_parent="${2:-${TMPDIR:-/tmp}}"
 jobs="$(nproc 2>/dev/null || echo 2)"
 fast="${FAST:-1}"
 fast_failed=0
+flash="${FLASH:-${fast}}"
+flash_failed=0
 
 echo "== GPU"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -107,7 +111,7 @@ if [[ "${fast}" == "1" ]]; then
   # Every gpu test, the exactness checks' CUDA backend built with the fast
   # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
   echo "== gpu tests and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
-  TANDEM_CUDA_KERNELS=fast gpu_tests || fast_failed=1
+  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*' 'FlashAttention' || fast_failed=1
   if [[ "${prebuilt}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast limited "${build}/tests/engine_backend_exactness_test" \
       --gtest_brief=1 || fast_failed=1
@@ -125,6 +129,20 @@ if [[ "${fast}" == "1" ]]; then
   else
     TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 ctest --test-dir "${build}" \
       -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
+  fi
+  # The flash attention kernel (--cuda-kernels flash): its kernel test
+  # (near the reference, chunked = one-shot to the bit), then the engine's
+  # exactness checks with it, f32 and bf16 compute (it runs where the KV
+  # cache is bf16; elsewhere the grouped kernel does).
+  if [[ "${flash}" == "1" ]]; then
+    echo "== flash attention: its kernel test and the exactness checks, TANDEM_CUDA_KERNELS=flash"
+    limited "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='*FlashAttention*' \
+      --gtest_brief=1 || flash_failed=1
+    for compute in f32 bf16; do
+      TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE="${compute}" limited \
+        "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \
+        --gtest_brief=1 || flash_failed=1
+    done
   fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
   # (out-of-bounds and misaligned accesses; the tool runs on some GPU
@@ -189,15 +207,25 @@ for model in "${models[@]}"; do
     if [[ "${fast}" == "1" ]]; then
       # The same run with the fast kernels, then also with bf16 compute, then
       # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
+      # The flash attention kernel last, with bf16 compute and fused
+      # projections (the fastest configuration).
       variants=("--cuda-kernels fast" "--cuda-kernels fast --compute-dtype bf16"
         "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
+      [[ "${flash}" == "1" ]] &&
+        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
-        name="fast$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
+        name="$([[ "${variant}" == *flash* ]] && echo flash || echo fast)"
+        name="${name}$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"
         echo "== tandem-bench ${args[*]} ${variant}"
-        limited "${bench}" "${args[@]}" "${extra[@]}" \
-          --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || fast_failed=1
+        if [[ "${variant}" == *flash* ]]; then
+          limited "${bench}" "${args[@]}" "${extra[@]}" \
+            --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || flash_failed=1
+        else
+          limited "${bench}" "${args[@]}" "${extra[@]}" \
+            --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || fast_failed=1
+        fi
       done
     fi
   done
@@ -279,5 +307,9 @@ if [[ "${reference_failed}" != "0" ]]; then
 fi
 if [[ "${fast_failed}" != "0" ]]; then
   echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"
+  exit 1
+fi
+if [[ "${flash_failed}" != "0" ]]; then
+  echo "== --cuda-kernels flash: a test or benchmark run FAILED (see above)"
   exit 1
 fi

@@ -369,6 +369,260 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
+// ---- the flash kernel (tensor cores; --cuda-kernels flash) ----
+//
+// attentionFlashKernel, for bf16 caches with head_dim 16, 32, 64 or 128 and
+// GQA groups of at most kMaxGroup heads, replaces step 1 with tensor-core
+// math: its own order, not the reference's bits, and the same invariance.
+// A block serves a tile of up to 16 query rows of one sequence at
+// consecutive positions (a tile starts at a position that is a multiple of
+// 16, or where the batch's previous row is not the same sequence's previous
+// position), one KV head and one 256-position split; warp h is the group's
+// head h, its mma rows the tile's rows. The split's positions go through
+// shared memory 64 at a time (16-byte loads, zero past the last position any
+// row of the block attends to, so a stale NaN is never multiplied); per
+// tile, for each row:
+//  - scores: one m16n8k16 bf16 mma chain per (row, position) over head_dim
+//    in ascending 16-wide slices from +0 (q rounded to bf16, nearest even),
+//    times `scale`; a position past the row's own, or past the split, is
+//    -inf;
+//  - m' = max(m, the tile's max); weights e^(score - m'), rounded to bf16,
+//    0 where -inf; the row's sum of weights: the lane's 16 in column order,
+//    then the quad's in a fixed butterfly (lanes ^1, then ^2);
+//    l = l·e^(m - m') + sum, and the outputs scaled by e^(m - m');
+//  - outputs += weights · V: one m16n8k16 mma per 16 positions, in
+//    ascending order, all four every tile.
+// Every operation a row goes through is fixed by its q, its position and
+// the K/V bytes of the positions it attends to: an mma's result for (row,
+// column) depends on that row, that column and that accumulator only, the
+// tile grid is absolute (positions [split·256 + 64t, +64)), and the masks
+// depend on the row's own position. What varies with the batch is only how
+// many tiles past its own position a row's block goes through, and such a
+// tile changes nothing: its weights are +0 (e^(m - m) = 1 exactly, the sum
+// adds +0s, the mmas add products of +0 weights). So chunked prefill, decode
+// and one-shot prefill give a row the same bits, in any batch. The
+// statistics written are the reference's (the split's max, the sum of
+// weights relative to it, the unnormalized outputs), so the combine kernel
+// is shared.
+constexpr int kFlashRows = 16;
+constexpr int kFlashPositions = 64;
+constexpr int kFlashPad = 8;  // bf16 per shared-memory row beyond head_dim
+
+__device__ __forceinline__ void flashMma(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t flashPack(float low, float high) {
+  return static_cast<uint32_t>(f32ToBf16Bits(low)) |
+         (static_cast<uint32_t>(f32ToBf16Bits(high)) << 16);
+}
+
+// Whether batch row `row` begins a tile: an active row at a multiple of 16,
+// or one the previous row does not precede in the same sequence.
+__device__ __forceinline__ bool flashTileStart(const RowKv* row_kv, int64_t row) {
+  const RowKv info = row_kv[row];
+  if (info.active == 0) return false;
+  if (row == 0 || info.position % kFlashRows == 0) return true;
+  const RowKv previous = row_kv[row - 1];
+  return previous.active == 0 || previous.table_offset != info.table_offset ||
+         previous.position + 1 != info.position;
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kMaxGroup * 32)
+    attentionFlashKernel(const RowKv* row_kv, int64_t rows, const int32_t* block_tables,
+                         CacheGeometry g, const float* q, int64_t num_heads, int64_t group,
+                         float scale, int64_t max_splits, float* max_and_sum, float* acc) {
+  constexpr int kStride = kHeadDim + kFlashPad;
+  constexpr int kSlices = kHeadDim / 16;               // k slices of the score mma
+  constexpr int kDimTiles = kHeadDim / 8;              // n tiles of the output mma
+  constexpr int kPositionTiles = kFlashPositions / 8;  // n tiles of the score mma
+  constexpr int kVectors = kHeadDim / 8;               // 16-byte vectors per row
+  __shared__ __align__(16) uint16_t k_tile[kFlashPositions][kStride];
+  __shared__ __align__(16) uint16_t v_tile[kFlashPositions][kStride];
+
+  const int64_t first = blockIdx.x;
+  // Uniform per block: every thread reads the same rows.
+  if (!flashTileStart(row_kv, first)) return;
+  const RowKv info = row_kv[first];
+  int64_t count = 1;
+  while (count < kFlashRows && first + count < rows && row_kv[first + count].active != 0 &&
+         !flashTileStart(row_kv, first + count)) {
+    ++count;
+  }
+  const int64_t position0 = info.position;
+  const int64_t start = static_cast<int64_t>(blockIdx.z) * kAttentionSplit;
+  const int64_t last = position0 + count - 1;  // the block's last attended position
+  if (start > last) return;
+  const int64_t end = min(start + kAttentionSplit, last + 1);
+  const int64_t kv_head = blockIdx.y;
+  const int32_t* table = block_tables + info.table_offset;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int quad_row = lane / 4;  // fragment row (A, C) or column (B)
+  const int quad = lane % 4;      // fragment k pair (A, B) or column pair (C)
+  const int64_t head = kv_head * group + warp;
+
+  // The warp's q rows as A fragments (rows past the tile are zeros), and
+  // each of the lane's two rows' own position (-1: no row).
+  uint32_t qa[kSlices][4];
+  int64_t own[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = quad_row + 8 * half;
+    own[half] = r < count ? position0 + r : -1;
+  }
+#pragma unroll
+  for (int slice = 0; slice < kSlices; ++slice) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = quad_row + 8 * (e % 2);
+      const int d = slice * 16 + quad * 2 + 8 * (e / 2);
+      float low = 0.0f, high = 0.0f;
+      if (r < count) {
+        const float* q_row = q + ((first + r) * num_heads + head) * kHeadDim;
+        low = q_row[d];
+        high = q_row[d + 1];
+      }
+      qa[slice][e] = flashPack(low, high);
+    }
+  }
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDimTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[t][e] = 0.0f;
+  }
+
+  for (int64_t t0 = start; t0 < end; t0 += kFlashPositions) {
+    __syncthreads();  // the previous tile's readers are done
+    for (int i = static_cast<int>(threadIdx.x); i < kFlashPositions * kVectors;
+         i += static_cast<int>(blockDim.x)) {
+      const int p = i / kVectors;
+      const int v = i % kVectors;
+      uint4 key = make_uint4(0, 0, 0, 0), value = key;
+      if (t0 + p < end) {
+        key = reinterpret_cast<const uint4*>(
+            cacheRow<Bf16Elements>(g, table, t0 + p, g.k_offset + kv_head * kHeadDim))[v];
+        value = reinterpret_cast<const uint4*>(
+            cacheRow<Bf16Elements>(g, table, t0 + p, g.v_offset + kv_head * kHeadDim))[v];
+      }
+      *reinterpret_cast<uint4*>(&k_tile[p][v * 8]) = key;
+      *reinterpret_cast<uint4*>(&v_tile[p][v * 8]) = value;
+    }
+    __syncthreads();
+
+    // Scores: position tile j holds positions t0 + 8j .. t0 + 8j + 7.
+    float s[kPositionTiles][4];
+#pragma unroll
+    for (int j = 0; j < kPositionTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+    }
+#pragma unroll
+    for (int slice = 0; slice < kSlices; ++slice) {
+      const int kb = slice * 16 + quad * 2;
+#pragma unroll
+      for (int j = 0; j < kPositionTiles; ++j) {
+        const uint16_t* key = k_tile[j * 8 + quad_row];
+        const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(key + kb),
+                               *reinterpret_cast<const uint32_t*>(key + kb + 8)};
+        flashMma(s[j], qa[slice], b);
+      }
+    }
+
+    // Per row: mask, max, weights (rounded to bf16), their sum, rescaling.
+    uint32_t pa[kFlashPositions / 16][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kPositionTiles; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t position = t0 + j * 8 + quad * 2 + c;
+          float& score = s[j][half * 2 + c];
+          score = position <= own[half] && position < end ? __fmul_rn(score, scale) : -INFINITY;
+          tile_max = fmaxf(tile_max, score);
+        }
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float next = fmaxf(m[half], tile_max);
+      const bool none = next == -INFINITY;  // nothing attended yet
+      const float rescale = none ? 1.0f : expf(m[half] - next);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPositionTiles; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& weight = s[j][half * 2 + c];
+          weight = none || weight == -INFINITY ? 0.0f
+                                               : bf16BitsToF32(f32ToBf16Bits(expf(weight - next)));
+          sum = __fadd_rn(sum, weight);
+        }
+      }
+      sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+      sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+      l[half] = __fadd_rn(__fmul_rn(l[half], rescale), sum);
+      m[half] = next;
+#pragma unroll
+      for (int t = 0; t < kDimTiles; ++t) {
+        o[t][half * 2] = __fmul_rn(o[t][half * 2], rescale);
+        o[t][half * 2 + 1] = __fmul_rn(o[t][half * 2 + 1], rescale);
+      }
+    }
+    // The weights as A fragments: the score C fragments of position tiles
+    // 2kk and 2kk + 1 are the A fragment of positions 16kk .. 16kk + 15.
+#pragma unroll
+    for (int kk = 0; kk < kFlashPositions / 16; ++kk) {
+      pa[kk][0] = flashPack(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = flashPack(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = flashPack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = flashPack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    // Outputs: B fragment (k = position, n = d) gathered from V's rows.
+#pragma unroll
+    for (int kk = 0; kk < kFlashPositions / 16; ++kk) {
+      const int p = kk * 16 + quad * 2;
+#pragma unroll
+      for (int t = 0; t < kDimTiles; ++t) {
+        const int d = t * 8 + quad_row;
+        const uint32_t b[2] = {
+            static_cast<uint32_t>(v_tile[p][d]) | (static_cast<uint32_t>(v_tile[p + 1][d]) << 16),
+            static_cast<uint32_t>(v_tile[p + 8][d]) |
+                (static_cast<uint32_t>(v_tile[p + 9][d]) << 16)};
+        flashMma(o[t], pa[kk], b);
+      }
+    }
+  }
+
+  // The split's statistics and outputs of each row that attends into it.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (own[half] < start) continue;
+    const int64_t row = first + quad_row + 8 * half;
+    const int64_t item = (row * num_heads + head) * max_splits + blockIdx.z;
+    if (quad == 0) {
+      max_and_sum[2 * item] = m[half];
+      max_and_sum[2 * item + 1] = l[half];
+    }
+#pragma unroll
+    for (int t = 0; t < kDimTiles; ++t) {
+      const int d = t * 8 + quad * 2;
+      acc[item * kHeadDim + d] = o[t][half * 2];
+      acc[item * kHeadDim + d + 1] = o[t][half * 2 + 1];
+    }
+  }
+}
+
 }  // namespace
 
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
@@ -389,9 +643,16 @@ int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int6
   return batch.rows * num_heads * batch.attention_splits * (head_dim + 2);
 }
 
+bool flashAttentionSupported(const KvCacheLayout& cache, int64_t num_heads) {
+  const int64_t d = cache.head_dim;
+  return cache.dtype == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128) &&
+         cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0 &&
+         num_heads / cache.num_kv_heads <= kMaxGroup;
+}
+
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                           int32_t layer, const float* q, int64_t num_heads, float scale,
-                          float* scratch, float* out, bool grouped) {
+                          float* scratch, float* out, AttentionKernel kernel) {
   if (batch.rows <= 0 || num_heads <= 0) return;
   TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= kMaxHeadDim, "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
@@ -412,7 +673,29 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
   };
   const auto rows = static_cast<unsigned int>(batch.rows);
   const auto split_count = static_cast<unsigned int>(splits);
-  if (grouped && group <= kMaxGroup && cache.head_dim * (bf16 ? 2 : 4) % 16 == 0) {
+  if (kernel == AttentionKernel::kFlash && flashAttentionSupported(cache, num_heads)) {
+    const dim3 grid(rows, static_cast<unsigned int>(cache.num_kv_heads), split_count);
+    const auto threads = static_cast<unsigned int>(group * 32);
+    auto flash = [&](auto instance) {
+      instance<<<grid, threads, 0, stream>>>(batch.row_kv, batch.rows, batch.block_tables, g, q,
+                                             num_heads, group, scale, splits, max_and_sum, acc);
+    };
+    switch (cache.head_dim) {
+      case 16:
+        flash(attentionFlashKernel<16>);
+        break;
+      case 32:
+        flash(attentionFlashKernel<32>);
+        break;
+      case 64:
+        flash(attentionFlashKernel<64>);
+        break;
+      default:
+        flash(attentionFlashKernel<128>);
+        break;
+    }
+  } else if (kernel != AttentionKernel::kReference && group <= kMaxGroup &&
+             cache.head_dim * (bf16 ? 2 : 4) % 16 == 0) {
     partials(attentionGroupedKernel<Bf16Elements>, attentionGroupedKernel<F32Elements>,
              dim3(rows, static_cast<unsigned int>(cache.num_kv_heads), split_count));
   } else {

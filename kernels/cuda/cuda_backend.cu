@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, const CudaBackendOptions& options)
       : device_(device),
         fast_kernels_(options.fast_kernels),
+        flash_attention_(options.fast_kernels && options.flash_attention),
         gemv_scratch_cap_floats_(static_cast<int64_t>(options.gemv_scratch_bytes / sizeof(float))) {
     throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
     throwIfFailed(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -75,7 +76,8 @@ class CudaBackend final : public Backend {
     std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB)", props.name, props.major, props.minor,
                   static_cast<double>(props.totalGlobalMem) / (1024.0 * 1024 * 1024));
     description_ = text;
-    if (fast_kernels_) description_ += ", fast kernels";
+    if (fast_kernels_)
+      description_ += flash_attention_ ? ", fast kernels, flash attention" : ", fast kernels";
     sm_count_ = props.multiProcessorCount;
   }
 
@@ -333,7 +335,10 @@ class CudaBackend final : public Backend {
       scratch_floats_ = floats;
     }
     launchPagedAttention(stream_, batch_, cache, layer, q, num_heads, scale,
-                         static_cast<float*>(scratch_), out, /*grouped=*/fast_kernels_);
+                         static_cast<float*>(scratch_), out,
+                         flash_attention_ ? AttentionKernel::kFlash
+                         : fast_kernels_  ? AttentionKernel::kGrouped
+                                          : AttentionKernel::kReference);
     checkLaunch("pagedAttention");
   }
 
@@ -534,6 +539,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   bool fast_kernels_ = false;
+  bool flash_attention_ = false;
   int64_t gemv_scratch_cap_floats_ = 0;
   int sm_count_ = 1;
   DType compute_ = DType::kF32;

@@ -22,6 +22,9 @@ struct CudaBackendOptions {
   // twice the memory; and bf16 compute runs every bf16 matmul on the tensor
   // cores (matmul_bf16_mma.cu).
   bool fast_kernels = false;
+  // --cuda-kernels flash (with fast_kernels): attention over bf16 caches on
+  // the tensor cores (attention.cu's flash kernel), where its shapes allow.
+  bool flash_attention = false;
   // The most scratch the fast GEMV keeps for its chunk partials; a matmul
   // needing more runs its columns in slices, one launch pair each.
   size_t gemv_scratch_bytes = size_t{32} << 20;

@@ -102,8 +102,14 @@ int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int6
 // `grouped`: the fast kernels' partial kernel (one block per KV head, K and
 // V staged through shared memory), where it supports the shape; the same
 // bits as the reference either way.
+// Which partial kernel pagedAttention runs (attention.cu's header): the
+// reference, the grouped one (its bits), or the tensor-core flash kernel
+// (its own bits) where flashAttentionSupported, else the grouped one.
+enum class AttentionKernel { kReference, kGrouped, kFlash };
+bool flashAttentionSupported(const KvCacheLayout& cache, int64_t num_heads);
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                           int32_t layer, const float* q, int64_t num_heads, float scale,
-                          float* scratch, float* out, bool grouped = false);
+                          float* scratch, float* out,
+                          AttentionKernel kernel = AttentionKernel::kReference);
 
 }  // namespace tandem::kernels::cuda

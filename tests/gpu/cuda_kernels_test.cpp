@@ -3,10 +3,13 @@
 // rmsNorm and attention result is the same for m = 1, 7 and 64, and chunked
 // prefill gives the same attention output as one-shot prefill. The fast
 // kernels (--cuda-kernels fast): the decode GEMV and the grouped attention
-// kernel give the reference kernels' bits, and the bf16 tensor-core GEMM gives a row the same bits
-// whatever the batch, close to the fp32 result. Every test skips when no CUDA device is visible.
+// kernel give the reference kernels' bits, and the bf16 tensor-core GEMM
+// gives a row the same bits whatever the batch, close to the fp32 result.
+// The flash attention kernel (--cuda-kernels flash): close to the
+// reference, the same bits chunked or not. Every test skips when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -543,96 +546,186 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
   }
 }
 
-// The fast set's grouped attention kernel gives the reference kernel's bits:
-// GQA groups of 1, 4 and 8 heads (16, past what it takes, runs the
-// reference), head dims 64 and 128, bf16 and f32 caches. Two sequences of
-// 600 and 37 tokens (three splits and one) prefill in one batch over
-// scattered blocks, then decode one row each; outputs and cache bytes are
-// compared byte for byte between the two backends.
-TEST_F(CudaFastKernelsTest, GroupedAttentionEqualsTheReferenceBitwise) {
-  struct Shape {
-    int64_t heads, kv_heads, head_dim;
-    DType dtype;
-  };
-  constexpr int64_t kLong = 600, kShort = 37;
-  for (const Shape shape : {Shape{8, 8, 64, DType::kBF16}, Shape{8, 2, 128, DType::kBF16},
-                            Shape{32, 4, 128, DType::kBF16}, Shape{16, 1, 64, DType::kBF16},
-                            Shape{8, 2, 64, DType::kF32}, Shape{32, 8, 128, DType::kF32}}) {
-    SCOPED_TRACE(std::to_string(shape.heads) + " heads over " + std::to_string(shape.kv_heads) +
-                 ", head_dim " + std::to_string(shape.head_dim) + ", " +
-                 dtypeShortName(shape.dtype));
-    KvCacheLayout layout;
-    layout.dtype = shape.dtype;
-    layout.block_size = 16;
-    layout.num_layers = 2;
-    layout.num_kv_heads = static_cast<int32_t>(shape.kv_heads);
-    layout.head_dim = static_cast<int32_t>(shape.head_dim);
-    layout.num_blocks = 48;
-    // Sequence 0 takes blocks 47, 46, ... (39 of them), sequence 1 blocks 0..2.
-    std::vector<int32_t> long_table, short_table = {0, 1, 2};
-    for (int32_t b = 0; b < 39; ++b) long_table.push_back(47 - b);
-    const int64_t width = shape.heads * shape.head_dim, kv_width = shape.kv_heads * shape.head_dim;
-    const int64_t rows = kLong + kShort;
-    const auto q = randomFloats(static_cast<size_t>((rows + 2) * width), 31);
-    const auto k = randomFloats(static_cast<size_t>((rows + 2) * kv_width), 32);
-    const auto v = randomFloats(static_cast<size_t>((rows + 2) * kv_width), 33);
+// Attention over two sequences in a cache of 48 blocks of 16 positions: the
+// long one (600 positions) in blocks 47, 46, ... (39 of them), the short one
+// (37) in blocks 0..2. Row r of the inputs is the long sequence's position
+// r for r < 600, the short one's position r - 600 below 637, then one decode
+// row of each (positions 600 and 37).
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim;
+  DType dtype;
+  std::string name() const {
+    return std::to_string(heads) + " heads over " + std::to_string(kv_heads) + ", head_dim " +
+           std::to_string(head_dim) + ", " + dtypeShortName(dtype);
+  }
+};
+constexpr int64_t kLongRows = 600, kShortRows = 37;
+constexpr int64_t kAttentionRows = kLongRows + kShortRows + 2;
 
-    // Prefill of both sequences, then one decode row each: the outputs, and
-    // the cache bytes at the end.
-    auto run = [&](Backend& backend) {
-      std::vector<std::pair<void*, size_t>> owned;
-      auto put = [&](const float* host, size_t n) {
-        void* data = backend.allocate(n * sizeof(float));
-        owned.push_back({data, n * sizeof(float)});
-        backend.copyFromHost(data, host, n * sizeof(float));
-        return static_cast<float*>(data);
-      };
-      const size_t cache_bytes = static_cast<size_t>(layout.num_blocks * layout.blockBytes());
-      KvCacheLayout device = layout;
-      device.base = backend.allocate(cache_bytes);
-      owned.push_back({device.base, cache_bytes});
-      std::vector<float> result;
-      auto step = [&](int64_t first_row, const std::vector<int32_t>& positions,
-                      const std::vector<AttentionSequence>& sequences) {
-        const auto n = static_cast<int64_t>(positions.size());
-        std::vector<int32_t> ids(static_cast<size_t>(n), 0);
-        BatchLayout batch;
-        batch.token_ids = ids.data();
-        batch.positions = positions.data();
-        batch.rows = n;
-        batch.sequences = sequences.data();
-        batch.num_sequences = static_cast<int64_t>(sequences.size());
-        backend.beginBatch(batch);
-        backend.writeKv(device, 1, put(k.data() + first_row * kv_width, n * kv_width),
-                        put(v.data() + first_row * kv_width, n * kv_width));
-        float* out = put(std::vector<float>(n * width, 0.0f).data(), n * width);
-        backend.pagedAttention(device, 1, put(q.data() + first_row * width, n * width), shape.heads,
-                               0.088f, out);
-        std::vector<float> host(static_cast<size_t>(n * width));
-        backend.copyToHost(host.data(), out, host.size() * sizeof(float));
-        result.insert(result.end(), host.begin(), host.end());
-      };
-      std::vector<int32_t> positions;
-      for (int64_t p = 0; p < kLong; ++p) positions.push_back(static_cast<int32_t>(p));
-      for (int64_t p = 0; p < kShort; ++p) positions.push_back(static_cast<int32_t>(p));
-      step(0, positions,
-           {{long_table.data(), 39, 0, kLong, 0}, {short_table.data(), 3, kLong, kShort, 0}});
-      step(rows, {static_cast<int32_t>(kLong), static_cast<int32_t>(kShort)},
-           {{long_table.data(), 39, 0, 1, kLong}, {short_table.data(), 3, 1, 1, kShort}});
-      std::vector<char> cache(cache_bytes);
-      backend.copyToHost(cache.data(), device.base, cache_bytes);
-      for (auto& [data, bytes] : owned) backend.release(data, bytes);
-      return std::make_pair(result, cache);
+class AttentionCase {
+ public:
+  explicit AttentionCase(const AttentionShape& shape)
+      : shape_(shape),
+        width_(shape.heads * shape.head_dim),
+        kv_width_(shape.kv_heads * shape.head_dim),
+        q_(randomFloats(static_cast<size_t>(kAttentionRows * width_), 31)),
+        k_(randomFloats(static_cast<size_t>(kAttentionRows * kv_width_), 32)),
+        v_(randomFloats(static_cast<size_t>(kAttentionRows * kv_width_), 33)) {
+    layout_.dtype = shape.dtype;
+    layout_.block_size = 16;
+    layout_.num_layers = 2;
+    layout_.num_kv_heads = static_cast<int32_t>(shape.kv_heads);
+    layout_.head_dim = static_cast<int32_t>(shape.head_dim);
+    layout_.num_blocks = 48;
+    for (int32_t b = 0; b < 39; ++b) long_table_.push_back(47 - b);
+  }
+
+  // One batch: positions [long_first, long_first + long_count) of the long
+  // sequence, then [short_first, short_first + short_count) of the short one
+  // (a count of 0: not in the batch).
+  struct Step {
+    int64_t long_first, long_count, short_first, short_count;
+  };
+  // The prefill of both sequences in one batch, then both decode rows.
+  static std::vector<Step> oneShot() {
+    return {{0, kLongRows, 0, kShortRows}, {kLongRows, 1, kShortRows, 1}};
+  }
+
+  // The input row of a sequence's position (the class comment).
+  static int64_t inputRow(bool long_sequence, int64_t position) {
+    if (long_sequence) return position < kLongRows ? position : kLongRows + kShortRows;
+    return position < kShortRows ? kLongRows + position : kLongRows + kShortRows + 1;
+  }
+
+  // Runs `steps` on `backend` (writeKv of each batch's rows, then
+  // pagedAttention of layer 1): every row's output, in input-row order, and
+  // the cache bytes at the end.
+  std::pair<std::vector<float>, std::vector<char>> run(Backend& backend,
+                                                       const std::vector<Step>& steps) const {
+    std::vector<std::pair<void*, size_t>> owned;
+    auto put = [&](const float* host, size_t n) {
+      void* data = backend.allocate(n * sizeof(float));
+      owned.push_back({data, n * sizeof(float)});
+      backend.copyFromHost(data, host, n * sizeof(float));
+      return static_cast<float*>(data);
     };
-    const auto [expected, expected_cache] = run(*backend_);
-    const auto [actual, actual_cache] = run(*fast_);
+    const size_t cache_bytes = static_cast<size_t>(layout_.num_blocks * layout_.blockBytes());
+    KvCacheLayout device = layout_;
+    device.base = backend.allocate(cache_bytes);
+    owned.push_back({device.base, cache_bytes});
+    std::vector<float> result(static_cast<size_t>(kAttentionRows * width_),
+                              std::numeric_limits<float>::quiet_NaN());
+    for (const Step& step : steps) {
+      // Input rows of the batch, in batch order.
+      std::vector<int64_t> inputs;
+      std::vector<int32_t> positions;
+      std::vector<AttentionSequence> sequences;
+      auto add = [&](bool long_sequence, int64_t first, int64_t count) {
+        if (count == 0) return;
+        const std::vector<int32_t>& table = long_sequence ? long_table_ : short_table_;
+        sequences.push_back({table.data(), static_cast<int32_t>(table.size()),
+                             static_cast<int64_t>(positions.size()), count, first});
+        for (int64_t p = first; p < first + count; ++p) {
+          positions.push_back(static_cast<int32_t>(p));
+          inputs.push_back(inputRow(long_sequence, p));
+        }
+      };
+      add(true, step.long_first, step.long_count);
+      add(false, step.short_first, step.short_count);
+      const auto n = static_cast<int64_t>(positions.size());
+      std::vector<float> q, k, v;
+      for (int64_t input : inputs) {
+        q.insert(q.end(), q_.begin() + input * width_, q_.begin() + (input + 1) * width_);
+        k.insert(k.end(), k_.begin() + input * kv_width_, k_.begin() + (input + 1) * kv_width_);
+        v.insert(v.end(), v_.begin() + input * kv_width_, v_.begin() + (input + 1) * kv_width_);
+      }
+      std::vector<int32_t> ids(static_cast<size_t>(n), 0);
+      BatchLayout batch;
+      batch.token_ids = ids.data();
+      batch.positions = positions.data();
+      batch.rows = n;
+      batch.sequences = sequences.data();
+      batch.num_sequences = static_cast<int64_t>(sequences.size());
+      backend.beginBatch(batch);
+      backend.writeKv(device, 1, put(k.data(), k.size()), put(v.data(), v.size()));
+      float* out = put(std::vector<float>(q.size(), 0.0f).data(), q.size());
+      backend.pagedAttention(device, 1, put(q.data(), q.size()), shape_.heads, 0.088f, out);
+      std::vector<float> host(q.size());
+      backend.copyToHost(host.data(), out, host.size() * sizeof(float));
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        std::copy(host.begin() + static_cast<int64_t>(i) * width_,
+                  host.begin() + static_cast<int64_t>(i + 1) * width_,
+                  result.begin() + inputs[i] * width_);
+      }
+    }
+    std::vector<char> cache(cache_bytes);
+    backend.copyToHost(cache.data(), device.base, cache_bytes);
+    for (auto& [data, bytes] : owned) backend.release(data, bytes);
+    return {result, cache};
+  }
+
+ private:
+  AttentionShape shape_;
+  int64_t width_, kv_width_;
+  std::vector<float> q_, k_, v_;
+  KvCacheLayout layout_;
+  std::vector<int32_t> long_table_, short_table_ = {0, 1, 2};
+};
+
+// Not a degenerate comparison: the outputs are finite and not all zero.
+void expectFiniteAndNonZero(const std::vector<float>& values) {
+  double norm = 0.0;
+  for (float value : values) norm += std::fabs(value);
+  EXPECT_TRUE(std::isfinite(norm) && norm > 0.0) << norm;
+}
+
+// The grouped kernel gives the reference kernel's bits (and cache bytes),
+// for GQA groups of 1, 4 and 8 (and 16, which takes the reference kernel).
+TEST_F(CudaFastKernelsTest, GroupedAttentionEqualsTheReferenceBitwise) {
+  for (const AttentionShape shape :
+       {AttentionShape{8, 8, 64, DType::kBF16}, AttentionShape{8, 2, 128, DType::kBF16},
+        AttentionShape{32, 4, 128, DType::kBF16}, AttentionShape{16, 1, 64, DType::kBF16},
+        AttentionShape{8, 2, 64, DType::kF32}, AttentionShape{32, 8, 128, DType::kF32}}) {
+    SCOPED_TRACE(shape.name());
+    const AttentionCase attention(shape);
+    const auto [expected, expected_cache] = attention.run(*backend_, AttentionCase::oneShot());
+    const auto [actual, actual_cache] = attention.run(*fast_, AttentionCase::oneShot());
     ASSERT_EQ(expected.size(), actual.size());
     EXPECT_EQ(0, std::memcmp(expected.data(), actual.data(), expected.size() * sizeof(float)));
     EXPECT_EQ(expected_cache, actual_cache);
-    // Not a degenerate comparison: the outputs are finite and not all zero.
-    double norm = 0.0;
-    for (float value : actual) norm += std::fabs(value);
-    EXPECT_TRUE(std::isfinite(norm) && norm > 0.0) << norm;
+    expectFiniteAndNonZero(actual);
+  }
+}
+
+// The tensor-core flash kernel (--cuda-kernels flash): near the reference
+// (q and the softmax weights are rounded to bf16), and invariant to the bit:
+// prefill in chunks that start anywhere (mid tile, mid split, a row alone),
+// beside the other sequence or not, gives every row the one-shot batch's
+// output, and the cache the same bytes.
+TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  options.flash_attention = true;
+  const std::unique_ptr<Backend> flash = cuda::makeCudaBackend(0, options);
+  EXPECT_NE(flash->description().find("flash attention"), std::string::npos);
+  const std::vector<AttentionCase::Step> chunked = {
+      {0, 100, 0, 0},   {100, 157, 0, 20}, {257, 0, 20, 17},
+      {257, 342, 0, 0}, {599, 1, 0, 0},    {kLongRows, 1, kShortRows, 1}};
+  for (const AttentionShape shape :
+       {AttentionShape{8, 8, 64, DType::kBF16}, AttentionShape{8, 2, 128, DType::kBF16},
+        AttentionShape{32, 8, 128, DType::kBF16}, AttentionShape{4, 2, 16, DType::kBF16},
+        AttentionShape{16, 2, 32, DType::kBF16}}) {
+    SCOPED_TRACE(shape.name());
+    const AttentionCase attention(shape);
+    const auto [reference, reference_cache] = attention.run(*backend_, AttentionCase::oneShot());
+    const auto [one_shot, one_shot_cache] = attention.run(*flash, AttentionCase::oneShot());
+    const auto [pieces, pieces_cache] = attention.run(*flash, chunked);
+    expectNear(reference, one_shot, 2e-2f);
+    EXPECT_EQ(reference_cache, one_shot_cache);
+    ASSERT_EQ(one_shot.size(), pieces.size());
+    EXPECT_EQ(0, std::memcmp(one_shot.data(), pieces.data(), one_shot.size() * sizeof(float)));
+    EXPECT_EQ(one_shot_cache, pieces_cache);
+    expectFiniteAndNonZero(one_shot);
   }
 }
 

@@ -26,10 +26,11 @@ struct EngineBenchOptions {
   std::string kv_dtype = "bf16";
   std::string compute_dtype = "f32";  // what the GEMMs multiply: f32 or bf16
   std::string device = "auto";        // cpu, cuda or auto
-  std::string cuda_kernels = "auto";  // CUDA kernel set: auto (fast on CUDA), reference or fast
-  std::string json_path;              // empty: no JSON file
-  bool profile_ops = false;           // also time each backend call of one prefill and one decode
-  bool fuse_projections = false;      // ModelRunnerOptions::fuse_projections
+  std::string cuda_kernels =
+      "auto";                     // CUDA kernel set: auto (fast on CUDA), reference, fast, flash
+  std::string json_path;          // empty: no JSON file
+  bool profile_ops = false;       // also time each backend call of one prefill and one decode
+  bool fuse_projections = false;  // ModelRunnerOptions::fuse_projections
 };
 
 int runEngineBench(const EngineBenchOptions& options);

@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   engine
       ->add_option(
           "--cuda-kernels", options.cuda_kernels,
-          "CUDA kernels: auto (fast on CUDA), reference or fast (docs/cuda.md#kernel-sets)")
+          "CUDA kernels: auto (fast on CUDA), reference, fast or flash (docs/cuda.md#kernel-sets)")
       ->capture_default_str();
   engine->add_option("--batch", options.batch, "sequences decoding together")
       ->check(CLI::Range(1, 1024))

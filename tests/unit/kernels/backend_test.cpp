@@ -81,8 +81,8 @@ TEST(Registry, MakesTheCpuBackend) {
 }
 
 // --cuda-kernels: auto (the default: fast on CUDA, none on the CPU),
-// reference or fast; fast is refused by name for the CPU backend, which runs
-// no CUDA kernels.
+// reference, fast or flash; fast and flash are refused by name for the CPU
+// backend, which runs no CUDA kernels.
 TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
   EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCuda), CudaKernels::kFast);
   EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCpu),
@@ -90,23 +90,28 @@ TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
   EXPECT_EQ(resolveCudaKernels("reference", "--cuda-kernels", DeviceKind::kCuda),
             CudaKernels::kReference);
   EXPECT_EQ(resolveCudaKernels("fast", "--cuda-kernels", DeviceKind::kCpu), CudaKernels::kFast);
+  EXPECT_EQ(resolveCudaKernels("flash", "--cuda-kernels", DeviceKind::kCuda), CudaKernels::kFlash);
   for (const char* text : {"faster", "Auto"}) {
     try {
       resolveCudaKernels(text, "--cuda-kernels", DeviceKind::kCuda);
       FAIL() << "expected an error for " << text;
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), std::string("--cuda-kernels: expected auto, reference or "
-                                                   "fast, got '") +
+      EXPECT_EQ(std::string(e.what()), std::string("--cuda-kernels: expected auto, reference, "
+                                                   "fast or flash, got '") +
                                            text + "'");
     }
   }
-  try {
-    makeBackend(DeviceKind::kCpu, CudaKernels::kFast);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "--cuda-kernels fast: the cpu backend runs no CUDA kernels (use it with --device "
-              "cuda, or leave --cuda-kernels at auto)");
+  for (const auto& [set, name] :
+       {std::pair{CudaKernels::kFast, "fast"}, std::pair{CudaKernels::kFlash, "flash"}}) {
+    try {
+      makeBackend(DeviceKind::kCpu, set);
+      FAIL() << "expected an error for " << name;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--cuda-kernels ") + name +
+                    ": the cpu backend runs no CUDA kernels (use it with --device cuda, or leave "
+                    "--cuda-kernels at auto)");
+    }
   }
   EXPECT_EQ(makeBackend(DeviceKind::kCpu, CudaKernels::kReference)->kind(), DeviceKind::kCpu);
 }
