@@ -131,13 +131,16 @@ if [[ "${fast}" == "1" ]]; then
       -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
   fi
   # The flash attention kernel (--cuda-kernels flash): its kernel test
-  # (near the reference, chunked = one-shot to the bit), then the engine's
+  # (near the reference, chunked = one-shot to the bit) and its place in the
+  # model identity, then the engine's
   # exactness checks with it, f32 and bf16 compute (it runs where the KV
   # cache is bf16; elsewhere the grouped kernel does).
   if [[ "${flash}" == "1" ]]; then
     echo "== flash attention: its kernel test and the exactness checks, TANDEM_CUDA_KERNELS=flash"
-    limited "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='*FlashAttention*' \
-      --gtest_brief=1 || flash_failed=1
+    for test in gpu_cuda_kernels_test gpu_engine_exactness_test; do
+      limited "${build}/tests/${test}" --gtest_filter='*FlashAttention*' --gtest_brief=1 ||
+        flash_failed=1
+    done
     for compute in f32 bf16; do
       TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE="${compute}" limited \
         "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \

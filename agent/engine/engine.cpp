@@ -257,6 +257,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   if (!simulated && config_.compute_dtype != DType::kF32) {
     model_identity_ += std::string("/compute-") + dtypeShortName(config_.compute_dtype);
   }
+  // Nor KV whose later layers followed the flash attention kernel's bits.
+  if (!simulated && config_.device == kernels::DeviceKind::kCuda &&
+      config_.cuda_kernels == kernels::CudaKernels::kFlash) {
+    model_identity_ += "/attention-flash";
+  }
   BlockManagerConfig block_config;
   block_config.num_blocks = kv.num_blocks;
   block_config.block_size = kv.block_size;

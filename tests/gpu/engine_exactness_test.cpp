@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/engine/engine.h"
 #include "kernels/backend.h"
 #include "tests/support/exactness_checks.h"
 #include "tests/support/ucx_agents.h"
@@ -127,6 +128,26 @@ TEST(CudaVsCpu, GreedyTokensAgreeWhileTheWinnerIsClear) {
   RecordProperty("agreeing_steps", std::to_string(agreeing_steps));
   RecordProperty("total_steps", std::to_string(total_steps));
   EXPECT_GT(asserted_steps, 0) << "no step had a clear winner: the comparison asserted nothing";
+}
+
+// The flash attention kernel gives later layers' K/V their own bits: its
+// engine's model identity (block hashes, connector handshakes) says so,
+// and the fast set's does not.
+TEST(CudaFlashAttention, IsPartOfTheModelIdentity) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  EngineConfig config;
+  config.model_dir = ::tandem::testing::tinyModelDir().string();
+  config.num_blocks = 64;
+  config.device = kernels::DeviceKind::kCuda;
+  config.cuda_kernels = kernels::CudaKernels::kFast;
+  Engine fast(config);
+  config.cuda_kernels = kernels::CudaKernels::kFlash;
+  Engine flash(config);
+  EXPECT_EQ(fast.modelIdentity().find("/attention-flash"), std::string::npos)
+      << fast.modelIdentity();
+  EXPECT_EQ(flash.modelIdentity(), fast.modelIdentity() + "/attention-flash");
+  EXPECT_NE(flash.backend().description().find("flash attention"), std::string::npos)
+      << flash.backend().description();
 }
 
 // Prefill on one agent process, decode on another, both --device cuda on
