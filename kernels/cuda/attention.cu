@@ -43,6 +43,7 @@
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -408,19 +409,6 @@ constexpr int kFlashRows = 16;
 constexpr int kFlashPositions = 64;
 constexpr int kFlashPad = 8;  // bf16 per shared-memory row beyond head_dim
 
-__device__ __forceinline__ void flashMma(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ uint32_t flashPack(float low, float high) {
-  return static_cast<uint32_t>(f32ToBf16Bits(low)) |
-         (static_cast<uint32_t>(f32ToBf16Bits(high)) << 16);
-}
-
 // Whether batch row `row` begins a tile: an active row at a multiple of 16,
 // or one the previous row does not precede in the same sequence.
 __device__ __forceinline__ bool flashTileStart(const RowKv* row_kv, int64_t row) {
@@ -488,7 +476,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
         low = q_row[d];
         high = q_row[d + 1];
       }
-      qa[slice][e] = flashPack(low, high);
+      qa[slice][e] = packBf16(low, high);
     }
   }
 
@@ -534,7 +522,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
         const uint16_t* key = k_tile[j * 8 + quad_row];
         const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(key + kb),
                                *reinterpret_cast<const uint32_t*>(key + kb + 8)};
-        flashMma(s[j], qa[slice], b);
+        mmaBf16(s[j], qa[slice], b);
       }
     }
 
@@ -583,10 +571,10 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     // 2kk and 2kk + 1 are the A fragment of positions 16kk .. 16kk + 15.
 #pragma unroll
     for (int kk = 0; kk < kFlashPositions / 16; ++kk) {
-      pa[kk][0] = flashPack(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = flashPack(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = flashPack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = flashPack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pa[kk][0] = packBf16(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = packBf16(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = packBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = packBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
     // Outputs: B fragment (k = position, n = d) gathered from V's rows.
 #pragma unroll
@@ -599,7 +587,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
             static_cast<uint32_t>(v_tile[p][d]) | (static_cast<uint32_t>(v_tile[p + 1][d]) << 16),
             static_cast<uint32_t>(v_tile[p + 8][d]) |
                 (static_cast<uint32_t>(v_tile[p + 9][d]) << 16)};
-        flashMma(o[t], pa[kk], b);
+        mmaBf16(o[t], pa[kk], b);
       }
     }
   }

@@ -53,6 +53,7 @@
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.h"
 #include "kernels/cuda/weight_layout.h"
 
 namespace tandem::kernels::cuda {
@@ -78,14 +79,6 @@ constexpr int kWVectors = kTileN * kTileK / 8 / kThreads;
 static_assert(kXVectors == 4 && kWVectors == 2, "loads cover the tiles exactly");
 static_assert(kTileK % kMmaK == 0, "a K step holds whole mma slices");
 
-__device__ __forceinline__ void mmaBf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // A warp's accumulators to y: mma tile (i, j) covers rows row0 + 16i (+ 8)
 // and columns column0 + 8j (+ 1), as the m16n8 C fragment lays them out for
 // this lane (row0 and column0 already hold its group and quad); nothing
@@ -108,11 +101,6 @@ __device__ __forceinline__ void storeTiles(const float (&acc)[kTilesM][kTilesN][
       }
     }
   }
-}
-
-__device__ __forceinline__ uint32_t packBf16(float low, float high) {
-  return static_cast<uint32_t>(f32ToBf16Bits(low)) |
-         (static_cast<uint32_t>(f32ToBf16Bits(high)) << 16);
 }
 
 // One K step of x (fp32, rounded to bf16 when stored) and w (bf16) held in

@@ -52,6 +52,20 @@ void expectNear(const std::vector<float>& expected, const std::vector<float>& ac
   }
 }
 
+// backend.beginBatch of `positions.size()` rows (token ids in `ids`, which
+// must outlive the batch's use) of `sequences`.
+void beginRowsOn(Backend& backend, std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
+                 const std::vector<AttentionSequence>& sequences) {
+  ids.assign(positions.size(), 0);
+  BatchLayout batch;
+  batch.token_ids = ids.data();
+  batch.positions = positions.data();
+  batch.rows = static_cast<int64_t>(positions.size());
+  batch.sequences = sequences.data();
+  batch.num_sequences = static_cast<int64_t>(sequences.size());
+  backend.beginBatch(batch);
+}
+
 class CudaKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -93,16 +107,9 @@ class CudaKernelsTest : public ::testing::Test {
     return download(y, static_cast<size_t>(m * w.rows));
   }
 
-  void beginRows(int64_t rows, const std::vector<int32_t>& positions,
+  void beginRows(const std::vector<int32_t>& positions,
                  const std::vector<AttentionSequence>& sequences) {
-    ids_.assign(static_cast<size_t>(rows), 0);
-    BatchLayout batch;
-    batch.token_ids = ids_.data();
-    batch.positions = positions.data();
-    batch.rows = rows;
-    batch.sequences = sequences.data();
-    batch.num_sequences = static_cast<int64_t>(sequences.size());
-    backend_->beginBatch(batch);
+    beginRowsOn(*backend_, ids_, positions, sequences);
   }
 
   std::unique_ptr<Backend> backend_;
@@ -298,7 +305,7 @@ class CudaAttentionTest : public CudaKernelsTest {
     std::vector<int32_t> positions(count);
     for (int64_t r = 0; r < count; ++r) positions[r] = static_cast<int32_t>(first + r);
     std::vector<AttentionSequence> seqs = {{table_.data(), 19, 0, count, first}};
-    beginRows(count, positions, seqs);
+    beginRows(positions, seqs);
     auto slice = [&](const std::vector<float>& all, int64_t w) {
       return std::vector<float>(all.begin() + first * w, all.begin() + (first + count) * w);
     };
@@ -632,21 +639,14 @@ class AttentionCase {
       };
       add(true, step.long_first, step.long_count);
       add(false, step.short_first, step.short_count);
-      const auto n = static_cast<int64_t>(positions.size());
       std::vector<float> q, k, v;
       for (int64_t input : inputs) {
         q.insert(q.end(), q_.begin() + input * width_, q_.begin() + (input + 1) * width_);
         k.insert(k.end(), k_.begin() + input * kv_width_, k_.begin() + (input + 1) * kv_width_);
         v.insert(v.end(), v_.begin() + input * kv_width_, v_.begin() + (input + 1) * kv_width_);
       }
-      std::vector<int32_t> ids(static_cast<size_t>(n), 0);
-      BatchLayout batch;
-      batch.token_ids = ids.data();
-      batch.positions = positions.data();
-      batch.rows = n;
-      batch.sequences = sequences.data();
-      batch.num_sequences = static_cast<int64_t>(sequences.size());
-      backend.beginBatch(batch);
+      std::vector<int32_t> ids;
+      beginRowsOn(backend, ids, positions, sequences);
       backend.writeKv(device, 1, put(k.data(), k.size()), put(v.data(), v.size()));
       float* out = put(std::vector<float>(q.size(), 0.0f).data(), q.size());
       backend.pagedAttention(device, 1, put(q.data(), q.size()), shape_.heads, 0.088f, out);

@@ -417,23 +417,16 @@ std::optional<ClusterAgent> LocalCluster::waitForRestart(const std::string& name
 bool LocalCluster::waitForRouterToSeeAllAgents(milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    try {
-      httplib::Client client(router_url_);
-      client.set_connection_timeout(2, 0);
-      client.set_read_timeout(5, 0);
-      auto result = client.Get("/metrics");
-      if (result && result->status == 200) {
-        size_t healthy = 0, unhealthy = 0;
-        std::istringstream lines(result->body);
-        for (std::string line; std::getline(lines, line);) {
-          if (line.starts_with('#')) continue;
-          const auto sample = parsePrometheusSampleLine(line);
-          if (!sample || sample->name != "tandem_router_agent_healthy") continue;
-          (sample->value == 1 ? healthy : unhealthy) += 1;
-        }
-        if (healthy >= expected_agents_ && unhealthy == 0) return true;
+    if (const std::optional<std::string> metrics = routerMetrics()) {
+      size_t healthy = 0, unhealthy = 0;
+      std::istringstream lines(*metrics);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.starts_with('#')) continue;
+        const auto sample = parsePrometheusSampleLine(line);
+        if (!sample || sample->name != "tandem_router_agent_healthy") continue;
+        (sample->value == 1 ? healthy : unhealthy) += 1;
       }
-    } catch (const std::exception&) {
+      if (healthy >= expected_agents_ && unhealthy == 0) return true;
     }
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(milliseconds(50));
@@ -471,44 +464,47 @@ std::vector<AgentKvState> LocalCluster::kvStates() {
   return states;
 }
 
-RouterState LocalCluster::routerState() {
-  RouterState state;
-  state.open_fds = openFdCount(operator_->pid());
+std::optional<std::string> LocalCluster::routerMetrics() {
   try {
     httplib::Client client(router_url_);
     client.set_connection_timeout(2, 0);
     client.set_read_timeout(5, 0);
     auto result = client.Get("/metrics");
-    if (result && result->status == 200) {
-      state.inflight = prometheusSample(result->body, "tandem_router_inflight_requests");
-      state.queued = prometheusSample(result->body, "tandem_router_queued_requests");
-      // Over every reason (failure, stall, drain, error).
-      state.migrations_resumed =
-          prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"resumed\"");
-      state.migrations_exhausted =
-          prometheusSum(result->body, "tandem_router_migrations_total", "outcome=\"exhausted\"");
-      // Every reason the router reports a pause for.
-      std::istringstream lines(result->body);
-      for (std::string line; std::getline(lines, line);) {
-        if (line.starts_with('#')) continue;
-        const auto sample = parsePrometheusSampleLine(line);
-        if (!sample) continue;
-        const bool count = sample->name == "tandem_router_migration_pause_seconds_count";
-        if (!count && sample->name != "tandem_router_migration_pause_seconds_sum") continue;
-        const auto reason = sample->label("reason");
-        if (!reason) continue;
-        RouterState::Mean& pause = state.migration_pause[*reason];
-        (count ? pause.count : pause.sum_s) = sample->value;
-      }
-      std::erase_if(state.migration_pause,
-                    [](const auto& entry) { return entry.second.count <= 0; });
-      state.inter_token = {
-          prometheusSample(result->body, "tandem_router_inter_token_latency_seconds_count")
-              .value_or(0),
-          prometheusSample(result->body, "tandem_router_inter_token_latency_seconds_sum")
-              .value_or(0)};
-    }
+    if (result && result->status == 200) return result->body;
   } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+RouterState LocalCluster::routerState() {
+  RouterState state;
+  state.open_fds = openFdCount(operator_->pid());
+  if (const std::optional<std::string> metrics = routerMetrics()) {
+    const std::string& text = *metrics;
+    state.inflight = prometheusSample(text, "tandem_router_inflight_requests");
+    state.queued = prometheusSample(text, "tandem_router_queued_requests");
+    // Over every reason (failure, stall, drain, error).
+    state.migrations_resumed =
+        prometheusSum(text, "tandem_router_migrations_total", "outcome=\"resumed\"");
+    state.migrations_exhausted =
+        prometheusSum(text, "tandem_router_migrations_total", "outcome=\"exhausted\"");
+    // Every reason the router reports a pause for.
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with('#')) continue;
+      const auto sample = parsePrometheusSampleLine(line);
+      if (!sample) continue;
+      const bool count = sample->name == "tandem_router_migration_pause_seconds_count";
+      if (!count && sample->name != "tandem_router_migration_pause_seconds_sum") continue;
+      const auto reason = sample->label("reason");
+      if (!reason) continue;
+      RouterState::Mean& pause = state.migration_pause[*reason];
+      (count ? pause.count : pause.sum_s) = sample->value;
+    }
+    std::erase_if(state.migration_pause, [](const auto& entry) { return entry.second.count <= 0; });
+    state.inter_token = {
+        prometheusSample(text, "tandem_router_inter_token_latency_seconds_count").value_or(0),
+        prometheusSample(text, "tandem_router_inter_token_latency_seconds_sum").value_or(0)};
   }
   // The metrics request itself holds a descriptor while it is served.
   state.open_fds = std::min(state.open_fds.value_or(0), openFdCount(operator_->pid()).value_or(0));

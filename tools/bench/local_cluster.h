@@ -172,6 +172,8 @@ class LocalCluster {
   void drainOutput();
   void stopDraining();
   void scanLog();
+  // The router's /metrics text; nullopt when it does not answer 200.
+  std::optional<std::string> routerMetrics();
 
   std::filesystem::path work_dir_;
   std::filesystem::path cluster_file_;
