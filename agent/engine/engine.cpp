@@ -1071,7 +1071,11 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   RequestOutput out;
   out.request_id = sequence->request.id;
   out.tokens.push_back(token);
-  if (isStopToken(token.token, params)) {
+  if (live.matcher && live.matcher->overflowed()) {
+    // Its mask cost more than its budget: nothing was allowed.
+    reason = FinishReason::kError;
+    out.error = std::string(kTooAmbiguous);
+  } else if (isStopToken(token.token, params)) {
     // The stop token ends the text without being part of it.
     reason = FinishReason::kStop;
   } else if (live.matcher && !live.matcher->accept(token.token)) {

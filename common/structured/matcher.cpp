@@ -39,6 +39,8 @@ class Stacks {
 
   const Node& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
   const Grammar& grammar() const { return g_; }
+  // Expansion steps since the stacks were made: what their work costs.
+  int64_t totalVisits() const { return total_visits_; }
   int64_t size() const { return static_cast<int64_t>(nodes_.size()); }
 
   int32_t intern(int32_t pos, int32_t parent) {
@@ -106,6 +108,7 @@ class Stacks {
       const Node item = work_.back();
       work_.pop_back();
       if (out.overflow) continue;
+      ++total_visits_;
       if (++visits_ > kMaxVisits || out.tops.size() >= kMaxStacks || nodes_.size() >= kMaxNodes) {
         // A grammar this ambiguous (nested bounded repeats of the same
         // text) would cost more than any mask is worth.
@@ -158,7 +161,8 @@ class Stacks {
   uint32_t epoch_ = 0;
   Frontier scratch_;
   std::vector<Node> work_;
-  int64_t visits_ = 0;  // since the last start/advance
+  int64_t visits_ = 0;        // since the last start/advance
+  int64_t total_visits_ = 0;  // ever
 };
 
 struct VectorHash {
@@ -218,6 +222,10 @@ void Vocabulary::buildTrie() {
     const std::string& y = bytes(b);
     return x != y ? x < y : a < b;
   });
+  rank_.assign(static_cast<size_t>(size_), -1);
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    rank_[static_cast<size_t>(sorted[i])] = static_cast<int32_t>(i);
+  }
   tokens_.clear();
   nodes_.assign(1, TrieNode{});
   // Breadth first, so each node's children are allocated together.
@@ -262,6 +270,10 @@ struct CompiledGrammar::Runtime {
   };
 
   static constexpr size_t kMaxCachedMasks = 256;
+  // Expansion steps one mask's context checks may take (about 50 ms).
+  static constexpr int64_t kMaxMaskVisits = 1'000'000;
+  std::vector<int32_t> positions_;  // computeMask's top elements
+  std::vector<TokenId> uncertain_;  // computeMask's tokens to follow
 
   std::vector<int32_t> path_;  // followSorted's frontiers along a token
 
@@ -383,19 +395,39 @@ struct CompiledGrammar::Runtime {
     }
   }
 
-  void computeMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
+  // The tokens some stack of `tops` takes: each top element's own tokens,
+  // once per element however many stacks it tops, then the tokens that
+  // leave an element's rule, followed from the whole frontier at once (a
+  // token is allowed when some stack takes all its bytes; one walk, where a
+  // walk per stack would repeat the shared prefixes' moves for every
+  // stack). False, with an empty mask, when that walk costs more than
+  // kMaxMaskVisits expansion steps: a grammar that ambiguous is refused
+  // (the request ends with kTooAmbiguous) rather than stalling the engine.
+  bool computeMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
     std::fill(mask.begin(), mask.end(), 0);
-    for (int32_t top : tops) {
-      const Classes& c = classesOf(stacks.node(top).pos);
+    positions_.clear();
+    for (int32_t top : tops) positions_.push_back(stacks.node(top).pos);
+    std::sort(positions_.begin(), positions_.end());
+    positions_.erase(std::unique(positions_.begin(), positions_.end()), positions_.end());
+    uncertain_.clear();
+    for (int32_t pos : positions_) {
+      const Classes& c = classesOf(pos);
       if (!c.accepted_words.empty()) {
         for (size_t w = 0; w < mask.size(); ++w) mask[w] |= c.accepted_words[w];
       }
       for (TokenId id : c.accepted) setBit(mask, id);
-      trimMemo();
-      Stacks::Frontier single;
-      single.tops = {top};
-      followSorted(intern(single), c.uncertain, mask);
+      uncertain_.insert(uncertain_.end(), c.uncertain.begin(), c.uncertain.end());
     }
+    std::erase_if(uncertain_, [&](TokenId id) { return (mask[id >> 6] >> (id & 63)) & 1u; });
+    std::sort(uncertain_.begin(), uncertain_.end(),
+              [&](TokenId a, TokenId b) { return vocab.trieRank(a) < vocab.trieRank(b); });
+    uncertain_.erase(std::unique(uncertain_.begin(), uncertain_.end()), uncertain_.end());
+    trimMemo();
+    Stacks::Frontier whole;
+    whole.tops = tops;
+    if (followSorted(intern(whole), uncertain_, mask)) return true;
+    std::fill(mask.begin(), mask.end(), 0);
+    return false;
   }
 
   // follow() of every token of `sorted` from `start`, setting the bits of
@@ -403,8 +435,10 @@ struct CompiledGrammar::Runtime {
   // tokens it is a prefix of, and the tokens under any prefix one after
   // another), so tokens sharing a prefix share its moves, and a prefix no
   // stack takes rules out the tokens after it that start with it, unread.
-  void followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask) {
+  // False when the moves cost more than kMaxMaskVisits expansion steps.
+  bool followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask) {
     constexpr size_t kNone = std::string::npos;
+    const int64_t budget_end = stacks.totalVisits() + kMaxMaskVisits;
     path_.assign(1, start);  // path_[i]: the frontier after i bytes of `previous`
     std::string_view previous;
     size_t dead = kNone;  // `previous`'s prefix of this length is taken by no stack
@@ -420,6 +454,7 @@ struct CompiledGrammar::Runtime {
       bool accepted = !text.empty();
       for (size_t i = path_.size() - 1; i < text.size(); ++i) {
         const int32_t next = move(path_.back(), static_cast<uint8_t>(text[i]));
+        if (stacks.totalVisits() > budget_end) return false;
         const Stacks::Frontier& f = states[static_cast<size_t>(next)];
         if (f.overflow) {
           accepted = false;
@@ -436,6 +471,7 @@ struct CompiledGrammar::Runtime {
       }
       if (accepted) setBit(mask, id);
     }
+    return true;
   }
 
   // Every element's classes at once (compiling, off the engine's thread).
@@ -447,17 +483,19 @@ struct CompiledGrammar::Runtime {
     }
   }
 
-  void fillMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
+  // False (an empty mask) past the budget: see computeMask.
+  bool fillMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
     auto it = masks.find(tops);
     if (it != masks.end()) {
       ++stats.mask_cache_hits;
       std::copy(it->second.begin(), it->second.end(), mask.begin());
-      return;
+      return true;
     }
     ++stats.mask_cache_misses;
-    computeMask(tops, mask);
+    if (!computeMask(tops, mask)) return false;
     if (masks.size() >= kMaxCachedMasks) masks.clear();
     masks.emplace(tops, std::vector<uint64_t>(mask.begin(), mask.end()));
+    return true;
   }
 
   Stacks stacks;
@@ -486,6 +524,7 @@ CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);
   Stats stats = runtime_->stats;
   stats.nodes = runtime_->stacks.size();
+  stats.visits = runtime_->stacks.totalVisits();
   return stats;
 }
 
@@ -502,12 +541,15 @@ Matcher::Matcher(std::shared_ptr<CompiledGrammar> grammar) : grammar_(std::move(
 
 void Matcher::fillMask(std::span<uint64_t> mask) {
   std::lock_guard lock(grammar_->mutex_);
-  grammar_->runtime_->fillMask(tops_, mask);
+  if (overflowed_ || !grammar_->runtime_->fillMask(tops_, mask)) {
+    overflowed_ = true;
+    std::fill(mask.begin(), mask.end(), 0);
+  }
 }
 
 bool Matcher::accept(TokenId token) {
   const Vocabulary& vocab = grammar_->vocabulary();
-  if (!vocab.inTrie(token)) return false;
+  if (overflowed_ || !vocab.inTrie(token)) return false;
   std::lock_guard lock(grammar_->mutex_);
   CompiledGrammar::Runtime& runtime = *grammar_->runtime_;
   runtime.trimMemo();

@@ -60,6 +60,8 @@ class Vocabulary {
     uint8_t byte = 0;  // the edge into this node
   };
   const std::vector<TrieNode>& trie() const { return nodes_; }
+  // A token's place in the trie's preorder (its bytes' order, then its id).
+  int32_t trieRank(TokenId id) const { return rank_[static_cast<size_t>(id)]; }
   std::span<const TokenId> tokensAt(const TrieNode& node) const {
     return std::span<const TokenId>(tokens_).subspan(static_cast<size_t>(node.first_token),
                                                      static_cast<size_t>(node.num_tokens));
@@ -72,6 +74,7 @@ class Vocabulary {
   std::vector<std::string> bytes_;
   std::vector<TrieNode> nodes_;  // nodes_[0] is the root
   std::vector<TokenId> tokens_;
+  std::vector<int32_t> rank_;  // by id; -1 when not in the trie
 };
 
 // A grammar bound to a vocabulary, with its caches: every element's token
@@ -88,6 +91,7 @@ class CompiledGrammar {
 
   struct Stats {
     int64_t nodes = 0;       // interned stack nodes
+    int64_t visits = 0;      // expansion steps so far: the work the grammar cost
     int64_t classified = 0;  // elements whose token classes are computed
     int64_t mask_cache_hits = 0;
     int64_t mask_cache_misses = 0;
@@ -111,7 +115,8 @@ class Matcher {
 
   // Writes the allowed tokens, one bit per id (bit i of word i / 64), into
   // `mask` (Vocabulary::maskWords() words). The end of sequence is not in
-  // it: it is allowed exactly when canEnd().
+  // it: it is allowed exactly when canEnd(). A mask that costs more than its
+  // budget to compute leaves the matcher overflowed() and the mask empty.
   void fillMask(std::span<uint64_t> mask);
   // Advances over a token's bytes; false (state unchanged) if the grammar
   // does not allow it.
@@ -121,8 +126,8 @@ class Matcher {
   // Nothing can follow: only the end of sequence is allowed.
   bool finished() const { return tops_.empty(); }
   // The grammar proved too ambiguous to follow (nested bounded repeats of
-  // the same text: more stacks or expansion steps than the bounds allow);
-  // nothing is allowed from then on.
+  // the same text: more stacks or expansion steps than the bounds allow, in
+  // a move or in a mask); nothing is allowed from then on.
   bool overflowed() const { return overflowed_; }
 
  private:

@@ -143,6 +143,62 @@ TEST(StructuredMatcher, AmbiguousNestedRepeatsAreBounded) {
   EXPECT_FALSE(grammarAccepts(*plain, "aabaa"));
 }
 
+// A frontier of many stacks (nested optional repeats after a prefix): its
+// mask follows the tokens that leave an element from the whole frontier at
+// once, and still agrees with accepting each token, runs of 'a' of every
+// length among them.
+TEST(StructuredMatcher, MasksOfManyStacksAgreeWithAcceptingEachToken) {
+  std::vector<std::string> tokens = testTokens();
+  for (size_t n = 2; n <= 16; ++n) tokens.emplace_back(n, 'a');
+  auto vocab = std::make_shared<Vocabulary>(tokens, static_cast<int64_t>(tokens.size()));
+  StatusOr<Grammar> grammar = compileRegex("((a?){30}){((a?){30}){229}");
+  ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+  auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab);
+  Matcher matcher(compiled);
+  const std::string text = std::string(7, 'a') + "{" + std::string(40, 'a');
+  std::vector<uint64_t> mask(static_cast<size_t>(vocab->maskWords()));
+  for (size_t i = 0; i <= text.size(); ++i) {
+    matcher.fillMask(mask);
+    ASSERT_FALSE(matcher.overflowed()) << "after " << i << " bytes";
+    int64_t allowed = 0;
+    for (TokenId id = 0; id < vocab->size(); ++id) {
+      Matcher probe = matcher;
+      ASSERT_EQ(bit(mask, id), probe.accept(id))
+          << "token '" << vocab->bytes(id) << "' after '" << text.substr(0, i) << "'";
+      allowed += bit(mask, id);
+    }
+    EXPECT_GT(allowed, 0);
+    if (i == text.size()) break;
+    ASSERT_TRUE(matcher.accept(static_cast<TokenId>(text[i] - 0x20 + 1)));
+  }
+}
+
+// A mask whose context checks would cost more than their budget is not
+// computed: the matcher says it overflowed, allows nothing (an empty mask)
+// and accepts nothing, so the request ends with an error rather than
+// holding the engine's thread.
+TEST(StructuredMatcher, AMaskPastItsBudgetOverflowsAndAllowsNothing) {
+  // Word-like tokens of 2 to 16 word characters, as a real vocabulary has.
+  std::vector<std::string> tokens = testTokens();
+  const std::string word_chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
+  std::mt19937 rng(11);
+  for (int i = 0; i < 30000; ++i) {
+    std::string word(2 + rng() % 15, 'a');
+    for (char& c : word) c = word_chars[rng() % word_chars.size()];
+    tokens.push_back(std::move(word));
+  }
+  auto vocab = std::make_shared<Vocabulary>(tokens, static_cast<int64_t>(tokens.size()));
+  StatusOr<Grammar> grammar = compileRegex("((\\w?){20}){20}");
+  ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+  Matcher matcher(std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab));
+  ASSERT_FALSE(matcher.overflowed()) << "the start fits its bounds";
+  std::vector<uint64_t> mask(static_cast<size_t>(vocab->maskWords()), ~uint64_t{0});
+  matcher.fillMask(mask);
+  EXPECT_TRUE(matcher.overflowed());
+  for (uint64_t word : mask) EXPECT_EQ(word, 0u);
+  EXPECT_FALSE(matcher.accept(static_cast<TokenId>('a' - 0x20 + 1)));
+}
+
 TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
   const Vocabulary vocab(testTokens(), 130);
   std::vector<int> seen(static_cast<size_t>(vocab.size()), 0);
