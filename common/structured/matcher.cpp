@@ -222,10 +222,6 @@ void Vocabulary::buildTrie() {
     const std::string& y = bytes(b);
     return x != y ? x < y : a < b;
   });
-  rank_.assign(static_cast<size_t>(size_), -1);
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    rank_[static_cast<size_t>(sorted[i])] = static_cast<int32_t>(i);
-  }
   tokens_.clear();
   nodes_.assign(1, TrieNode{});
   // Breadth first, so each node's children are allocated together.
@@ -272,8 +268,7 @@ struct CompiledGrammar::Runtime {
   static constexpr size_t kMaxCachedMasks = 256;
   // Expansion steps one mask's context checks may take (about 50 ms).
   static constexpr int64_t kMaxMaskVisits = 1'000'000;
-  std::vector<int32_t> positions_;  // computeMask's top elements
-  std::vector<TokenId> uncertain_;  // computeMask's tokens to follow
+  std::vector<std::pair<int32_t, int32_t>> groups_;  // computeMask's (element, top) pairs
 
   std::vector<int32_t> path_;  // followSorted's frontiers along a token
 
@@ -396,38 +391,40 @@ struct CompiledGrammar::Runtime {
   }
 
   // The tokens some stack of `tops` takes: each top element's own tokens,
-  // once per element however many stacks it tops, then the tokens that
-  // leave an element's rule, followed from the whole frontier at once (a
-  // token is allowed when some stack takes all its bytes; one walk, where a
-  // walk per stack would repeat the shared prefixes' moves for every
-  // stack). False, with an empty mask, when that walk costs more than
+  // then the tokens that leave an element's rule, followed once per
+  // element from the stacks it tops, all at once (a token is allowed when
+  // some stack takes all its bytes: one walk per element, where a walk per
+  // stack would repeat the shared prefixes' moves for every stack that
+  // element tops). False, with an empty mask, when the walks cost more than
   // kMaxMaskVisits expansion steps: a grammar that ambiguous is refused
   // (the request ends with kTooAmbiguous) rather than stalling the engine.
   bool computeMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
     std::fill(mask.begin(), mask.end(), 0);
-    positions_.clear();
-    for (int32_t top : tops) positions_.push_back(stacks.node(top).pos);
-    std::sort(positions_.begin(), positions_.end());
-    positions_.erase(std::unique(positions_.begin(), positions_.end()), positions_.end());
-    uncertain_.clear();
-    for (int32_t pos : positions_) {
+    // (element, top) pairs, by element; `tops` is sorted, so each
+    // element's tops stay sorted, as a frontier's are.
+    groups_.clear();
+    for (int32_t top : tops) groups_.push_back({stacks.node(top).pos, top});
+    std::stable_sort(groups_.begin(), groups_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    const int64_t budget_end = stacks.totalVisits() + kMaxMaskVisits;
+    for (size_t i = 0; i < groups_.size();) {
+      const int32_t pos = groups_[i].first;
+      Stacks::Frontier group;
+      for (; i < groups_.size() && groups_[i].first == pos; ++i) {
+        group.tops.push_back(groups_[i].second);
+      }
       const Classes& c = classesOf(pos);
       if (!c.accepted_words.empty()) {
         for (size_t w = 0; w < mask.size(); ++w) mask[w] |= c.accepted_words[w];
       }
       for (TokenId id : c.accepted) setBit(mask, id);
-      uncertain_.insert(uncertain_.end(), c.uncertain.begin(), c.uncertain.end());
+      trimMemo();
+      if (!followSorted(intern(group), c.uncertain, mask, budget_end)) {
+        std::fill(mask.begin(), mask.end(), 0);
+        return false;
+      }
     }
-    std::erase_if(uncertain_, [&](TokenId id) { return (mask[id >> 6] >> (id & 63)) & 1u; });
-    std::sort(uncertain_.begin(), uncertain_.end(),
-              [&](TokenId a, TokenId b) { return vocab.trieRank(a) < vocab.trieRank(b); });
-    uncertain_.erase(std::unique(uncertain_.begin(), uncertain_.end()), uncertain_.end());
-    trimMemo();
-    Stacks::Frontier whole;
-    whole.tops = tops;
-    if (followSorted(intern(whole), uncertain_, mask)) return true;
-    std::fill(mask.begin(), mask.end(), 0);
-    return false;
+    return true;
   }
 
   // follow() of every token of `sorted` from `start`, setting the bits of
@@ -435,10 +432,10 @@ struct CompiledGrammar::Runtime {
   // tokens it is a prefix of, and the tokens under any prefix one after
   // another), so tokens sharing a prefix share its moves, and a prefix no
   // stack takes rules out the tokens after it that start with it, unread.
-  // False when the moves cost more than kMaxMaskVisits expansion steps.
-  bool followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask) {
+  // False when the stacks' expansion steps pass `budget_end`.
+  bool followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask,
+                    int64_t budget_end) {
     constexpr size_t kNone = std::string::npos;
-    const int64_t budget_end = stacks.totalVisits() + kMaxMaskVisits;
     path_.assign(1, start);  // path_[i]: the frontier after i bytes of `previous`
     std::string_view previous;
     size_t dead = kNone;  // `previous`'s prefix of this length is taken by no stack

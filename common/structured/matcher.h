@@ -60,8 +60,6 @@ class Vocabulary {
     uint8_t byte = 0;  // the edge into this node
   };
   const std::vector<TrieNode>& trie() const { return nodes_; }
-  // A token's place in the trie's preorder (its bytes' order, then its id).
-  int32_t trieRank(TokenId id) const { return rank_[static_cast<size_t>(id)]; }
   std::span<const TokenId> tokensAt(const TrieNode& node) const {
     return std::span<const TokenId>(tokens_).subspan(static_cast<size_t>(node.first_token),
                                                      static_cast<size_t>(node.num_tokens));
@@ -74,7 +72,6 @@ class Vocabulary {
   std::vector<std::string> bytes_;
   std::vector<TrieNode> nodes_;  // nodes_[0] is the root
   std::vector<TokenId> tokens_;
-  std::vector<int32_t> rank_;  // by id; -1 when not in the trie
 };
 
 // A grammar bound to a vocabulary, with its caches: every element's token
