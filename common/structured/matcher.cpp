@@ -266,7 +266,7 @@ struct CompiledGrammar::Runtime {
   };
 
   static constexpr size_t kMaxCachedMasks = 256;
-  // Expansion steps one mask's context checks may take (about 50 ms).
+  // Expansion steps one mask's context checks may take: milliseconds of work.
   static constexpr int64_t kMaxMaskVisits = 1'000'000;
   std::vector<std::pair<int32_t, int32_t>> groups_;  // computeMask's (element, top) pairs
 
