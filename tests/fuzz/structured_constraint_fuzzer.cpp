@@ -5,8 +5,8 @@
 // grammar runs over a small byte vocabulary: a seeded walk of up to 64
 // tokens where every token the mask allows is accepted by the matcher and
 // every token it leaves out is refused (while the grammar's work stays under
-// a budget; then only the picked token is checked), and an output that can
-// end is a sentence of the grammar.
+// a budget; then only the picked token is checked, and past a larger one the
+// walk ends), and an output that can end is a sentence of the grammar.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,8 +36,12 @@ std::shared_ptr<const Vocabulary> testVocabulary() {
 
 }  // namespace
 
-// Expansion steps past which the walk stops probing every token.
+// Expansion steps past which the walk stops probing every token, and past
+// which it stops: each step of a very ambiguous grammar may cost the
+// matcher's bounds (1,000,000 steps for a mask, as many for a move), and 64
+// such steps under the sanitizers would take a minute.
 constexpr int64_t kProbeVisits = 1'000'000;
+constexpr int64_t kWalkVisits = 4'000'000;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > 4096) return 0;
@@ -58,7 +62,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint64_t> mask(static_cast<size_t>(vocabulary->maskWords()));
   std::string text;
   uint32_t seed = data[0];
-  for (int step = 0; step < 64 && !matcher.finished() && !matcher.overflowed(); ++step) {
+  for (int step = 0; step < 64 && !matcher.finished() && !matcher.overflowed() &&
+                     compiled->stats().visits < kWalkVisits;
+       ++step) {
     matcher.fillMask(mask);
     std::vector<tandem::TokenId> allowed;
     // Every token probed while the grammar's work stays under a fixed
