@@ -222,12 +222,9 @@ for model in "${models[@]}"; do
         name="${name}$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"
         echo "== tandem-bench ${args[*]} ${variant}"
-        if [[ "${variant}" == *flash* ]]; then
-          limited "${bench}" "${args[@]}" "${extra[@]}" \
-            --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || flash_failed=1
-        else
-          limited "${bench}" "${args[@]}" "${extra[@]}" \
-            --json "${json_dir}/engine-${model}-batch${batch}-${name}.json" || fast_failed=1
+        if ! limited "${bench}" "${args[@]}" "${extra[@]}" \
+          --json "${json_dir}/engine-${model}-batch${batch}-${name}.json"; then
+          if [[ "${variant}" == *flash* ]]; then flash_failed=1; else fast_failed=1; fi
         fi
       done
     fi
