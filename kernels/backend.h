@@ -132,6 +132,57 @@ class Backend {
            static_cast<size_t>(width) * sizeof(float));
     }
   }
+
+  // --- Matmuls with their next steps (fused projections) ---
+  // Each gives the bits of the unfused sequence its default implementation
+  // runs; a backend may instead do those steps in the matmul's epilogue,
+  // as each output is stored (docs/engine.md#fused-projections).
+  // `scratch` holds m * w.rows floats, for the matmul's outputs.
+  //
+  // y[m, w.rows] += x · w^T: matmul into scratch, then addInPlace.
+  virtual void matmulAdd(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
+                         float* scratch) {
+    matmul(x, m, k, w, scratch);
+    addInPlace(y, scratch, m * w.rows);
+  }
+  // The outputs of a stacked matrix taken apart: parts[i] gets the next
+  // widths[i] columns, as its own m x widths[i] matrix (the widths add up
+  // to w.rows): matmul into scratch, then copyColumns for each part.
+  struct SplitOutputs {
+    static constexpr int kMaxParts = 3;
+    float* parts[kMaxParts] = {};
+    int64_t widths[kMaxParts] = {};
+    int count = 0;
+  };
+  virtual void matmulSplit(const float* x, int64_t m, int64_t k, const WeightView& w,
+                           const SplitOutputs& out, float* scratch) {
+    matmul(x, m, k, w, scratch);
+    int64_t first = 0;
+    for (int i = 0; i < out.count; ++i) {
+      copyColumns(scratch, m, w.rows, first, out.widths[i], out.parts[i]);
+      first += out.widths[i];
+    }
+  }
+  // How the rows of a stacked gate/up matrix are to be ordered for
+  // matmulSiluMul: kHalves, the inter gate rows then the inter up rows (the
+  // default); kPairs, gate row j then up row j for each j (so that one
+  // output's gate and up meet in one place of an epilogue).
+  enum class GateUpLayout { kHalves, kPairs };
+  virtual GateUpLayout gateUpLayout() const { return GateUpLayout::kHalves; }
+  // out[m, inter] = silu(gate) * up, where gate and up are x's products
+  // with the rows of `gate_up` (2 * inter rows in gateUpLayout() order):
+  // matmul into scratch, gate and up copied apart (into out and
+  // up_scratch, m * inter floats), then siluMul(out, up_scratch, out). A
+  // backend whose layout is kPairs overrides this.
+  virtual void matmulSiluMul(const float* x, int64_t m, int64_t k, const WeightView& gate_up,
+                             float* out, float* scratch, float* up_scratch) {
+    const int64_t inter = gate_up.rows / 2;
+    matmul(x, m, k, gate_up, scratch);
+    copyColumns(scratch, m, 2 * inter, 0, inter, out);
+    copyColumns(scratch, m, 2 * inter, inter, inter, up_scratch);
+    siluMul(out, up_scratch, out, m * inter);
+  }
+
   // The batch's K/V rows of `layer` into the cache (cache.base is this
   // backend's memory), then attention of q against it.
   virtual void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k,

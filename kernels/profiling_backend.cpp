@@ -84,13 +84,38 @@ void ProfilingBackend::embedding(const WeightView& table, float* out) {
       bytes, [&] { inner_.embedding(table, out); });
 }
 
-void ProfilingBackend::matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
+// A matmul-like op: named by its shape and weight dtype, counting the
+// weights' bytes and the multiply-adds.
+template <typename Call>
+void ProfilingBackend::timedMatmul(const char* op, int64_t m, int64_t k, const WeightView& w,
+                                   Call&& call) {
   timed(
       [&] {
-        return shape("matmul", {{"m", m}, {"k", k}, {"n", w.rows}}) + ' ' + dtypeShortName(w.dtype);
+        return shape(op, {{"m", m}, {"k", k}, {"n", w.rows}}) + ' ' + dtypeShortName(w.dtype);
       },
-      static_cast<double>(viewBytes(w)), [&] { inner_.matmul(x, m, k, w, y); },
+      static_cast<double>(viewBytes(w)), call,
       2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(w.rows));
+}
+
+void ProfilingBackend::matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
+  timedMatmul("matmul", m, k, w, [&] { inner_.matmul(x, m, k, w, y); });
+}
+
+void ProfilingBackend::matmulAdd(const float* x, int64_t m, int64_t k, const WeightView& w,
+                                 float* y, float* scratch) {
+  timedMatmul("matmulAdd", m, k, w, [&] { inner_.matmulAdd(x, m, k, w, y, scratch); });
+}
+
+void ProfilingBackend::matmulSplit(const float* x, int64_t m, int64_t k, const WeightView& w,
+                                   const SplitOutputs& out, float* scratch) {
+  timedMatmul("matmulSplit", m, k, w, [&] { inner_.matmulSplit(x, m, k, w, out, scratch); });
+}
+
+void ProfilingBackend::matmulSiluMul(const float* x, int64_t m, int64_t k,
+                                     const WeightView& gate_up, float* out, float* scratch,
+                                     float* up_scratch) {
+  timedMatmul("matmulSiluMul", m, k, gate_up,
+              [&] { inner_.matmulSiluMul(x, m, k, gate_up, out, scratch, up_scratch); });
 }
 
 void ProfilingBackend::rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim,

@@ -69,6 +69,13 @@ class ProfilingBackend final : public Backend {
 
   void embedding(const WeightView& table, float* out) override;
   void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) override;
+  void matmulAdd(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
+                 float* scratch) override;
+  void matmulSplit(const float* x, int64_t m, int64_t k, const WeightView& w,
+                   const SplitOutputs& out, float* scratch) override;
+  GateUpLayout gateUpLayout() const override { return inner_.gateUpLayout(); }
+  void matmulSiluMul(const float* x, int64_t m, int64_t k, const WeightView& gate_up, float* out,
+                     float* scratch, float* up_scratch) override;
   void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                float* y) override;
   void addBias(float* y, const float* bias, int64_t rows, int64_t width) override;
@@ -108,6 +115,8 @@ class ProfilingBackend final : public Backend {
   // only then) and adds `bytes` and `flops`.
   template <typename Name, typename Fn>
   void timed(Name&& opName, double bytes, Fn&& fn, double flops = 0.0);
+  template <typename Call>
+  void timedMatmul(const char* op, int64_t m, int64_t k, const WeightView& w, Call&& call);
 
   Backend& inner_;
   bool enabled_ = false;

@@ -117,8 +117,11 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     layer.fused = options_.fuse_projections && stackable({&lw.q_proj, &lw.k_proj, &lw.v_proj}) &&
                   stackable({&lw.gate_proj, &lw.up_proj});
     if (layer.fused) {
-      layer.qkv_proj = stackedWeight({&lw.q_proj, &lw.k_proj, &lw.v_proj});
-      layer.gate_up_proj = stackedWeight({&lw.gate_proj, &lw.up_proj});
+      layer.qkv_proj = stackedWeight({&lw.q_proj, &lw.k_proj, &lw.v_proj}, false);
+      // Rows in the order the backend's matmulSiluMul reads them.
+      layer.gate_up_proj =
+          stackedWeight({&lw.gate_proj, &lw.up_proj},
+                        backend_.gateUpLayout() == kernels::Backend::GateUpLayout::kPairs);
     } else {
       layer.q_proj = matmulWeight(lw.q_proj);
       layer.k_proj = matmulWeight(lw.k_proj);
@@ -145,7 +148,9 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
 
 class ModelRunner::StackedMatrix {
  public:
-  explicit StackedMatrix(std::initializer_list<const kernels::WeightView*> parts) {
+  // `interleave`: row i of every part in turn (parts of equal rows), for
+  // i = 0, 1, ...; otherwise the parts one after the other.
+  StackedMatrix(std::initializer_list<const kernels::WeightView*> parts, bool interleave) {
     const kernels::WeightView& first = **parts.begin();
     view_ = {nullptr, first.dtype, 0, first.cols, kernels::WeightLayout::kRows};
     for (const kernels::WeightView* part : parts) {
@@ -160,9 +165,23 @@ class ModelRunner::StackedMatrix {
     }
     // Rows are outputs: stacking along them is concatenating the bytes.
     auto* out = static_cast<uint8_t*>(data);
-    for (const kernels::WeightView* part : parts) {
-      std::memcpy(out, part->data, kernels::viewBytes(*part));
-      out += kernels::viewBytes(*part);
+    if (interleave) {
+      const int64_t rows = first.rows;
+      const size_t row_bytes = kernels::viewBytes(first) / static_cast<size_t>(rows);
+      for (const kernels::WeightView* part : parts) {
+        TANDEM_CHECK(part->rows == rows, "interleaved parts must have equal rows");
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (const kernels::WeightView* part : parts) {
+          std::memcpy(out, static_cast<const uint8_t*>(part->data) + r * row_bytes, row_bytes);
+          out += row_bytes;
+        }
+      }
+    } else {
+      for (const kernels::WeightView* part : parts) {
+        std::memcpy(out, part->data, kernels::viewBytes(*part));
+        out += kernels::viewBytes(*part);
+      }
     }
     view_.data = data;
   }
@@ -181,8 +200,8 @@ class ModelRunner::StackedMatrix {
 };
 
 kernels::WeightView ModelRunner::stackedWeight(
-    std::initializer_list<const kernels::WeightView*> parts) {
-  stacked_.push_back(std::make_unique<StackedMatrix>(parts));
+    std::initializer_list<const kernels::WeightView*> parts, bool interleave) {
+  stacked_.push_back(std::make_unique<StackedMatrix>(parts, interleave));
   StackedMatrix& stacked = *stacked_.back();
   const kernels::WeightView used = hold(stacked.view(), backend_.matmulWeight(stacked.view()));
   if (used.data != stacked.view().data) stacked.dropPages();
@@ -411,11 +430,15 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
     // Attention block.
     b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
     if (lw.fused) {
-      const int64_t width = q_width + 2 * kv_width;
-      b.matmul(normed_.data(), rows, hidden, lw.qkv_proj, fused_.data());
-      b.copyColumns(fused_.data(), rows, width, 0, q_width, q_.data());
-      b.copyColumns(fused_.data(), rows, width, q_width, kv_width, k_.data());
-      b.copyColumns(fused_.data(), rows, width, q_width + kv_width, kv_width, v_.data());
+      kernels::Backend::SplitOutputs qkv;
+      qkv.parts[0] = q_.data();
+      qkv.parts[1] = k_.data();
+      qkv.parts[2] = v_.data();
+      qkv.widths[0] = q_width;
+      qkv.widths[1] = kv_width;
+      qkv.widths[2] = kv_width;
+      qkv.count = 3;
+      b.matmulSplit(normed_.data(), rows, hidden, lw.qkv_proj, qkv, fused_.data());
     } else {
       b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
       b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
@@ -433,22 +456,26 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
     b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
                      attn_.data());
-    b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
-    b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+    if (lw.fused) {
+      b.matmulAdd(attn_.data(), rows, q_width, lw.o_proj, hidden_.data(), proj_.data());
+    } else {
+      b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+      b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+    }
 
     // MLP block.
     b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
     if (lw.fused) {
-      b.matmul(normed_.data(), rows, hidden, lw.gate_up_proj, fused_.data());
-      b.copyColumns(fused_.data(), rows, 2 * inter, 0, inter, gate_.data());
-      b.copyColumns(fused_.data(), rows, 2 * inter, inter, inter, up_.data());
+      b.matmulSiluMul(normed_.data(), rows, hidden, lw.gate_up_proj, gate_.data(), fused_.data(),
+                      up_.data());
+      b.matmulAdd(gate_.data(), rows, inter, lw.down_proj, hidden_.data(), proj_.data());
     } else {
       b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
       b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
+      b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
+      b.matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
+      b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
     }
-    b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
-    b.matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
-    b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
   }
 
   // Only each sequence's last new token needs logits.

@@ -71,10 +71,14 @@ class BackendBuffer {
 
 struct ModelRunnerOptions {
   // Q/K/V as one matrix and gate/up as one (stacked along their outputs, in
-  // memory the runner owns): one matmul each, its outputs then copied apart
-  // (Backend::copyColumns). The same bits as separate matmuls — a matmul's
-  // output column never depends on the other columns — with fewer, wider
-  // launches. Layers whose matrices differ in dtype or layout stay separate.
+  // memory the runner owns): one matmul each, whose outputs are taken apart
+  // (Backend::matmulSplit) or meet in SiLU·up (Backend::matmulSiluMul); and
+  // the residual adds after the o and down projections as
+  // Backend::matmulAdd. The same bits as separate matmuls — a matmul's
+  // output column never depends on the other columns, and each fused op
+  // gives the bits of the steps it replaces — with fewer, wider launches (a
+  // backend may do those steps in the matmul's epilogue). Layers whose
+  // matrices differ in dtype or layout stay separate.
   bool fuse_projections = false;
 };
 
@@ -118,8 +122,8 @@ class ModelRunner {
   // leaves empty (no bias, no qk-norm) are nullptr.
   struct ResidentLayer {
     kernels::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
-    // With fused projections (ModelRunnerOptions): [q; k; v] and [gate; up]
-    // (q_proj ... up_proj then unset).
+    // With fused projections (ModelRunnerOptions): [q; k; v], and gate and
+    // up in the backend's gateUpLayout() (q_proj ... up_proj then unset).
     bool fused = false;
     kernels::WeightView qkv_proj, gate_up_proj;
     const float* input_layernorm = nullptr;
@@ -159,9 +163,11 @@ class ModelRunner {
   // Matrices stacked along their outputs, in anonymous memory this runner
   // owns (fused projections).
   class StackedMatrix;
-  // The stacked matrix of `parts` made resident for matmul; the parts' mapped
-  // pages, which this runner then never reads, are dropped.
-  kernels::WeightView stackedWeight(std::initializer_list<const kernels::WeightView*> parts);
+  // The stacked matrix of `parts` (their rows interleaved when asked)
+  // made resident for matmul; the parts' mapped pages, which this runner
+  // then never reads, are dropped.
+  kernels::WeightView stackedWeight(std::initializer_list<const kernels::WeightView*> parts,
+                                    bool interleave);
 
   const Model& model_;
   KvCache& cache_;

@@ -133,6 +133,56 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   }
 }
 
+// A CPU backend that asks for the gate/up matrix in pairs (gate row j, up
+// row j), as the CUDA backend's fast kernels do, and takes each pair apart
+// on the host before the CPU's siluMul: the runner's interleaved stacking is
+// checked where no GPU is. Counts its fused calls so the test knows the
+// runner used them.
+class PairedGateUpCpuBackend final : public kernels::cpu::CpuBackend {
+ public:
+  GateUpLayout gateUpLayout() const override { return GateUpLayout::kPairs; }
+  void matmulSiluMul(const float* x, int64_t m, int64_t k, const kernels::WeightView& gate_up,
+                     float* out, float* scratch, float* up_scratch) override {
+    ++silu_calls_;
+    const int64_t inter = gate_up.rows / 2;
+    matmul(x, m, k, gate_up, scratch);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < inter; ++j) {
+        out[r * inter + j] = scratch[r * 2 * inter + 2 * j];
+        up_scratch[r * inter + j] = scratch[r * 2 * inter + 2 * j + 1];
+      }
+    }
+    siluMul(out, up_scratch, out, m * inter);
+  }
+  void matmulAdd(const float* x, int64_t m, int64_t k, const kernels::WeightView& w, float* y,
+                 float* scratch) override {
+    ++add_calls_;
+    CpuBackend::matmulAdd(x, m, k, w, y, scratch);
+  }
+  int64_t siluCalls() const { return silu_calls_; }
+  int64_t addCalls() const { return add_calls_; }
+
+ private:
+  int64_t silu_calls_ = 0;
+  int64_t add_calls_ = 0;
+};
+
+TEST(PairedGateUpCpuBackendTest, FusedProjectionsInPairsGiveTheBitsOfSeparateMatmuls) {
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    PairedGateUpCpuBackend backend;
+    backend.setComputeDType(compute);
+    for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM"}) {
+      ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
+                             DType::kBF16);
+      EXPECT_TRUE(checks.fusedProjectionsMatchSeparate())
+          << architecture << ", compute " << dtypeShortName(compute);
+    }
+    // Every layer of every fused step: one SiLU·up, two residual adds.
+    EXPECT_GT(backend.siluCalls(), 0);
+    EXPECT_EQ(backend.addCalls(), 2 * backend.siluCalls());
+  }
+}
+
 // The comparison can fail: one changed prompt token changes the logits of
 // the following positions, the tokens and the KV bytes, and sameRun says so.
 TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
