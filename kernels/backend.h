@@ -136,7 +136,7 @@ class Backend {
   // --- Matmuls with their next steps (fused projections) ---
   // Each gives the bits of the unfused sequence its default implementation
   // runs; a backend may instead do those steps in the matmul's epilogue,
-  // as each output is stored (docs/engine.md#fused-projections).
+  // as each output is stored (docs/cuda.md#fused-projections).
   // `scratch` holds m * w.rows floats, for the matmul's outputs.
   //
   // y[m, w.rows] += x · w^T: matmul into scratch, then addInPlace.

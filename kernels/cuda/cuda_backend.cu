@@ -244,39 +244,57 @@ class CudaBackend final : public Backend {
 
   void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) override {
     activate();
-    if (fast_kernels_ && usesBf16Mma(w) && m <= kBf16MmaSkinnyRows) {
-      if (auto it = mma_twins_.find(w.data); it != mma_twins_.end()) {
-        // x's fragments go to the GEMV scratch (one stream: no other
-        // matmul is using it).
-        growGemvScratch((bf16MmaSkinnyScratchBytes(m, k) + 3) / 4);
-        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, y, gemv_scratch_);
-        checkLaunch("matmul (bf16 tensor cores, decode)");
-        return;
-      }
-    }
-    if (fast_kernels_ && usesBf16Mma(w)) {
-      // x rounded to bf16 goes to the GEMV scratch (never in use by another
-      // matmul: one stream); only above the decode buckets' row counts.
-      const int64_t elements = bf16MmaScratchElements(m, k);
-      growGemvScratch((elements + 1) / 2);
-      launchBf16MmaMatmul(stream_, x, m, k, w, y,
-                          elements > 0 ? reinterpret_cast<uint16_t*>(gemv_scratch_) : nullptr);
-      checkLaunch("matmul (bf16 tensor cores)");
-      return;
-    }
-    if (fast_kernels_ && m <= kGemvMaxRows && w.layout == WeightLayout::kRows) {
-      if (auto it = relaid_.find(w.data); it != relaid_.end()) {
-        WeightView relaid = w;
-        relaid.data = it->second;
-        const int64_t floats = fastGemvScratchFloats(m, k, relaid, gemv_scratch_cap_floats_);
-        growGemvScratch(floats);
-        launchFastGemv(stream_, x, m, k, relaid, y, gemv_scratch_, floats, sm_count_);
-        checkLaunch("matmul (fast GEMV)");
-        return;
-      }
-    }
+    if (fastMatmul(x, m, k, w, MatmulEpilogue::store(y))) return;
     launchMatmul(stream_, x, m, k, w, y);
     checkLaunch("matmul");
+  }
+
+  // The fused steps (backend.h) run in the fast kernels' epilogues
+  // (epilogue.h); where the reference matmul runs instead, its result goes
+  // to scratch and one epilogue kernel follows. The reference kernel set
+  // keeps the base class's sequences.
+  void matmulAdd(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
+                 float* scratch) override {
+    if (!fast_kernels_) return Backend::matmulAdd(x, m, k, w, y, scratch);
+    MatmulEpilogue out;
+    out.kind = MatmulEpilogue::kAdd;
+    out.y = y;
+    matmulThrough(x, m, k, w, out, scratch);
+  }
+
+  void matmulSplit(const float* x, int64_t m, int64_t k, const WeightView& w,
+                   const SplitOutputs& parts, float* scratch) override {
+    if (!fast_kernels_ || parts.count > MatmulEpilogue::kMaxParts) {
+      return Backend::matmulSplit(x, m, k, w, parts, scratch);
+    }
+    MatmulEpilogue out;
+    out.kind = MatmulEpilogue::kSplit;
+    int64_t columns = 0;
+    for (int i = 0; i < parts.count; ++i) {
+      out.parts[i] = parts.parts[i];
+      out.widths[i] = parts.widths[i];
+      columns += parts.widths[i];
+    }
+    TANDEM_CHECK(columns == w.rows, "matmulSplit: the parts' widths must add up to the outputs");
+    matmulThrough(x, m, k, w, out, scratch);
+  }
+
+  // The fast kernels store each lane's outputs in pairs of columns (2j, 2j +
+  // 1): gate row j and up row j side by side meet in one thread.
+  GateUpLayout gateUpLayout() const override {
+    return fast_kernels_ ? GateUpLayout::kPairs : GateUpLayout::kHalves;
+  }
+
+  void matmulSiluMul(const float* x, int64_t m, int64_t k, const WeightView& gate_up, float* out,
+                     float* scratch, float* up_scratch) override {
+    if (!fast_kernels_) {
+      return Backend::matmulSiluMul(x, m, k, gate_up, out, scratch, up_scratch);
+    }
+    TANDEM_CHECK(gate_up.rows % 2 == 0, "matmulSiluMul: gate/up must have an even row count");
+    MatmulEpilogue epilogue;
+    epilogue.kind = MatmulEpilogue::kSiluPairs;
+    epilogue.y = out;
+    matmulThrough(x, m, k, gate_up, epilogue, scratch);
   }
 
   void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
@@ -471,6 +489,58 @@ class CudaBackend final : public Backend {
 
   // As the attention scratch: growing it drops the recordings, which hold
   // its address.
+  // A fast kernel for this matmul, when there is one, storing through
+  // `out`; false when none applies (the reference kernel's case).
+  bool fastMatmul(const float* x, int64_t m, int64_t k, const WeightView& w,
+                  const MatmulEpilogue& out) {
+    if (!fast_kernels_) return false;
+    activate();
+    if (usesBf16Mma(w) && m <= kBf16MmaSkinnyRows) {
+      if (auto it = mma_twins_.find(w.data); it != mma_twins_.end()) {
+        // x's fragments go to the GEMV scratch (one stream: no other
+        // matmul is using it).
+        growGemvScratch((bf16MmaSkinnyScratchBytes(m, k) + 3) / 4);
+        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, out, gemv_scratch_);
+        checkLaunch("matmul (bf16 tensor cores, decode)");
+        return true;
+      }
+    }
+    if (usesBf16Mma(w)) {
+      // x rounded to bf16 goes to the GEMV scratch (never in use by another
+      // matmul: one stream); only above the decode buckets' row counts.
+      const int64_t elements = bf16MmaScratchElements(m, k);
+      growGemvScratch((elements + 1) / 2);
+      launchBf16MmaMatmul(stream_, x, m, k, w, out,
+                          elements > 0 ? reinterpret_cast<uint16_t*>(gemv_scratch_) : nullptr);
+      checkLaunch("matmul (bf16 tensor cores)");
+      return true;
+    }
+    if (m <= kGemvMaxRows && w.layout == WeightLayout::kRows) {
+      if (auto it = relaid_.find(w.data); it != relaid_.end()) {
+        WeightView relaid = w;
+        relaid.data = it->second;
+        const int64_t floats = fastGemvScratchFloats(m, k, relaid, gemv_scratch_cap_floats_);
+        growGemvScratch(floats);
+        launchFastGemv(stream_, x, m, k, relaid, out, gemv_scratch_, floats, sm_count_);
+        checkLaunch("matmul (fast GEMV)");
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // matmul with the epilogue `out`: in a fast kernel, or the reference
+  // kernel into scratch (m x w.rows floats) and the epilogue kernel.
+  void matmulThrough(const float* x, int64_t m, int64_t k, const WeightView& w,
+                     const MatmulEpilogue& out, float* scratch) {
+    if (fastMatmul(x, m, k, w, out)) return;
+    activate();
+    launchMatmul(stream_, x, m, k, w, scratch);
+    checkLaunch("matmul");
+    launchMatmulEpilogue(stream_, scratch, m, w.rows, out);
+    checkLaunch("matmul epilogue");
+  }
+
   void growGemvScratch(int64_t floats) {
     if (floats <= gemv_scratch_floats_) return;
     if (capturing_) throw Error("fast GEMV scratch grew while recording a decode step");

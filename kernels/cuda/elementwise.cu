@@ -1,5 +1,6 @@
 // Elementwise kernels of the CUDA backend: embedding, addBias, addInPlace,
-// siluMul, gatherLastRows, and argmax.
+// siluMul, a matmul's epilogue over its stored result (epilogue.h),
+// gatherLastRows, and argmax.
 //
 // Invariance: every output element is a function of the inputs at its own
 // index (and, for embedding/gather, the row it copies), computed by one
@@ -8,6 +9,7 @@
 // which the compiler never contracts into an fma, so the arithmetic is the
 // CPU's (kernels/cpu/, built with -ffp-contract=off) up to expf's rounding.
 #include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
 
 namespace tandem::kernels::cuda {
@@ -40,12 +42,26 @@ __global__ void addInPlaceKernel(float* y, const float* x, int64_t n) {
   y[i] = __fadd_rn(y[i], x[i]);
 }
 
-// out = g / (1 + e^-g) * up, in the CPU's order of operations.
 __global__ void siluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float g = gate[i];
-  out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+  out[i] = siluTimes(gate[i], up[i]);
+}
+
+// One thread per output (per pair of outputs for kSiluPairs) of t.
+__global__ void matmulEpilogueKernel(const float* __restrict__ t, int64_t m, int64_t n,
+                                     MatmulEpilogue e) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e.kind == MatmulEpilogue::kSiluPairs) {
+    const int64_t pairs = n / 2;
+    if (i >= m * pairs) return;
+    const int64_t row = i / pairs;
+    const int64_t column = i % pairs * 2;
+    e.storePair(row, column, n, t[row * n + column], t[row * n + column + 1]);
+    return;
+  }
+  if (i >= m * n) return;
+  e.storeOne(i / n, i % n, n, t[i]);
 }
 
 // One block per sequence; a sequence without rows gets zeros.
@@ -137,6 +153,13 @@ void launchAddInPlace(cudaStream_t stream, float* y, const float* x, int64_t n) 
 void launchSiluMul(cudaStream_t stream, const float* gate, const float* up, float* out, int64_t n) {
   if (n <= 0) return;
   siluMulKernel<<<gridFor(n), kThreads, 0, stream>>>(gate, up, out, n);
+}
+
+void launchMatmulEpilogue(cudaStream_t stream, const float* t, int64_t m, int64_t n,
+                          const MatmulEpilogue& e) {
+  const int64_t threads = e.kind == MatmulEpilogue::kSiluPairs ? m * (n / 2) : m * n;
+  if (threads <= 0) return;
+  matmulEpilogueKernel<<<gridFor(threads), kThreads, 0, stream>>>(t, m, n, e);
 }
 
 void launchGatherLastRows(cudaStream_t stream, const DeviceBatch& batch, const float* x,

@@ -31,6 +31,8 @@
 //    over k as well as n), so small matrices keep every SM busy too;
 //  - each weight is read once for all m rows (up to 64 partials per lane in
 //    registers); x comes through the L1 cache, one broadcast load per lane.
+// The fold stores through an epilogue (epilogue.h), after the last add, so
+// the fused steps see the reference's bits.
 // The chunk partials (m x chunks x columns floats) go through a scratch
 // buffer the backend owns; when it cannot hold every column group, the
 // columns are done in slices, one launch pair per slice.
@@ -38,6 +40,7 @@
 
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/weight_layout.h"
 
@@ -196,26 +199,46 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
   cpAsyncWait<0>();  // leave no copy in flight into shared memory
 }
 
-// y[r, column] = the column's chunk partials added in chunk order.
-__global__ void __launch_bounds__(kFoldThreads)
-    gemvFoldKernel(const float* __restrict__ partials, int m, int64_t chunks, int64_t n,
-                   int64_t slice_first, int64_t slice_columns, float* __restrict__ y) {
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * kFoldThreads + threadIdx.x;
-  if (index >= m * slice_columns) return;
-  const int64_t r = index / slice_columns;
-  const int64_t column = slice_first + index % slice_columns;
-  if (column >= n) return;
+// Output (r, column): the column's chunk partials added in chunk order.
+__device__ __forceinline__ float foldPartials(const float* __restrict__ partials, int m,
+                                              int64_t chunks, int64_t r, int64_t column,
+                                              int64_t slice_first, int64_t slice_columns) {
   float total = partials[gemvPartialIndex(0, r, column, m, slice_first, slice_columns)];
   for (int64_t c = 1; c < chunks; ++c) {
     total =
         __fadd_rn(total, partials[gemvPartialIndex(c, r, column, m, slice_first, slice_columns)]);
   }
-  y[r * n + column] = total;
+  return total;
+}
+
+// Each output folded and stored through the epilogue: one per thread, or
+// (kPairs, for kSiluPairs) columns 2j and 2j + 1 by one thread; a slice
+// starts at a multiple of kGemvTileCols, so pairs never straddle slices.
+template <bool kPairs>
+__global__ void __launch_bounds__(kFoldThreads)
+    gemvFoldKernel(const float* __restrict__ partials, int m, int64_t chunks, int64_t n,
+                   int64_t slice_first, int64_t slice_columns, MatmulEpilogue out) {
+  constexpr int kWidth = kPairs ? 2 : 1;
+  const int64_t per_row = slice_columns / kWidth;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * kFoldThreads + threadIdx.x;
+  if (index >= m * per_row) return;
+  const int64_t r = index / per_row;
+  const int64_t column = slice_first + index % per_row * kWidth;
+  if (column >= n) return;
+  const float first = foldPartials(partials, m, chunks, r, column, slice_first, slice_columns);
+  if constexpr (kPairs) {
+    const float second =
+        foldPartials(partials, m, chunks, r, column + 1, slice_first, slice_columns);
+    out.storePair(r, column, n, first, second);
+  } else {
+    out.storeOne(r, column, n, first);
+  }
 }
 
 template <typename Elements>
 void launchFor(cudaStream_t stream, const float* x, int64_t m, const GemvTiling& t,
-               const uint8_t* w, float* y, float* scratch, int64_t scratch_floats, int sm_count) {
+               const uint8_t* w, const MatmulEpilogue& out, float* scratch, int64_t scratch_floats,
+               int sm_count) {
   const bool vector_x = t.k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int64_t per_slice = gemvGroupsPerSlice(t, m, scratch_floats);
   for (int64_t g0 = 0; g0 < t.groups(); g0 += per_slice) {
@@ -236,9 +259,16 @@ void launchFor(cudaStream_t stream, const float* x, int64_t m, const GemvTiling&
           <<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
                                             warps, scratch, slice_first, slice_columns, vector_x);
     }
-    const auto fold_blocks = static_cast<unsigned int>(ceilDiv(m * slice_columns, kFoldThreads));
-    gemvFoldKernel<<<fold_blocks, kFoldThreads, 0, stream>>>(
-        scratch, static_cast<int>(m), t.chunks(), t.n, slice_first, slice_columns, y);
+    if (out.kind == MatmulEpilogue::kSiluPairs) {
+      const auto fold_blocks =
+          static_cast<unsigned int>(ceilDiv(m * slice_columns / 2, kFoldThreads));
+      gemvFoldKernel<true><<<fold_blocks, kFoldThreads, 0, stream>>>(
+          scratch, static_cast<int>(m), t.chunks(), t.n, slice_first, slice_columns, out);
+    } else {
+      const auto fold_blocks = static_cast<unsigned int>(ceilDiv(m * slice_columns, kFoldThreads));
+      gemvFoldKernel<false><<<fold_blocks, kFoldThreads, 0, stream>>>(
+          scratch, static_cast<int>(m), t.chunks(), t.n, slice_first, slice_columns, out);
+    }
   }
 }
 
@@ -250,8 +280,8 @@ int64_t fastGemvScratchFloats(int64_t m, int64_t k, const WeightView& w, int64_t
 }
 
 void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                    const WeightView& relaid, float* y, float* scratch, int64_t scratch_floats,
-                    int sm_count) {
+                    const WeightView& relaid, const MatmulEpilogue& out, float* scratch,
+                    int64_t scratch_floats, int sm_count) {
   TANDEM_CHECK(relaid.cols == k, "fast GEMV: weight columns must equal k");
   TANDEM_CHECK(m <= kGemvMaxRows, "fast GEMV: more rows than it takes");
   const int64_t n = relaid.rows;
@@ -263,13 +293,13 @@ void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
   const auto* w = static_cast<const uint8_t*>(relaid.data);
   switch (relaid.dtype) {
     case DType::kF32:
-      launchFor<F32Elements>(stream, x, m, t, w, y, scratch, scratch_floats, sm_count);
+      launchFor<F32Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count);
       return;
     case DType::kBF16:
-      launchFor<Bf16Elements>(stream, x, m, t, w, y, scratch, scratch_floats, sm_count);
+      launchFor<Bf16Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count);
       return;
     case DType::kF16:
-      launchFor<F16Elements>(stream, x, m, t, w, y, scratch, scratch_floats, sm_count);
+      launchFor<F16Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count);
       return;
   }
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/epilogue.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels::cuda {
@@ -65,6 +66,9 @@ void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, in
 void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, const WeightView& w,
                   float* y);
 
+// The fast kernels below store their outputs through an epilogue
+// (epilogue.h: a plain store, the residual add, parts, SiLU·up pairs).
+//
 // gemv_fast.cu (--cuda-kernels fast): matmul for m <= kGemvMaxRows over
 // weights re-laid by weight_layout.h (`relaid`: the re-laid data, with the
 // dtype and n x k of the original), the same bits as launchMatmul. `scratch`
@@ -72,8 +76,8 @@ void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, con
 // cap) floats; more columns than it holds run as several launches.
 int64_t fastGemvScratchFloats(int64_t m, int64_t k, const WeightView& relaid, int64_t cap_floats);
 void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                    const WeightView& relaid, float* y, float* scratch, int64_t scratch_floats,
-                    int sm_count);
+                    const WeightView& relaid, const MatmulEpilogue& out, float* scratch,
+                    int64_t scratch_floats, int sm_count);
 
 // matmul_bf16_mma.cu (--cuda-kernels fast with --compute-dtype bf16): y =
 // bf16(x) · w^T on the tensor cores, for bf16 row-major weights and any m.
@@ -89,10 +93,11 @@ constexpr int64_t kBf16MmaSmallRows = 256;
 constexpr int64_t kBf16MmaSkinnyRows = 64;
 int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k);
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const void* fragments, int64_t n, float* y, void* x_fragments);
+                         const void* fragments, int64_t n, const MatmulEpilogue& out,
+                         void* x_fragments);
 int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const WeightView& w, float* y, uint16_t* x_bf16);
+                         const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16);
 
 // attention.cu
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,

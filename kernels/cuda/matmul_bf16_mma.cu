@@ -48,10 +48,15 @@
 // rows. Again the same mma chain per output, so the same bits.
 // On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
 // this order only if it keeps one k16 mma chain per output.
+// All three store through an epilogue (epilogue.h): a lane's C fragment
+// holds outputs in column pairs (2j, 2j + 1), so SiLU·up over gate/up pairs
+// is computed where they are stored; the epilogue runs after the chain, so
+// it never changes an output's mma sequence.
 #include <cuda_runtime.h>
 
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.h"
 #include "kernels/cuda/weight_layout.h"
@@ -79,14 +84,15 @@ constexpr int kWVectors = kTileN * kTileK / 8 / kThreads;
 static_assert(kXVectors == 4 && kWVectors == 2, "loads cover the tiles exactly");
 static_assert(kTileK % kMmaK == 0, "a K step holds whole mma slices");
 
-// A warp's accumulators to y: mma tile (i, j) covers rows row0 + 16i (+ 8)
-// and columns column0 + 8j (+ 1), as the m16n8 C fragment lays them out for
-// this lane (row0 and column0 already hold its group and quad); nothing
-// past m or n is stored.
+// A warp's accumulators through the epilogue: mma tile (i, j) covers rows
+// row0 + 16i (+ 8) and columns column0 + 8j (+ 1), as the m16n8 C fragment
+// lays them out for this lane (row0 and column0, even, already hold its
+// group and quad), so a lane holds each pair of outputs the epilogue may
+// combine; nothing past m or n is stored.
 template <int kTilesM, int kTilesN>
 __device__ __forceinline__ void storeTiles(const float (&acc)[kTilesM][kTilesN][4], int64_t row0,
                                            int64_t column0, int64_t m, int64_t n,
-                                           float* __restrict__ y) {
+                                           const MatmulEpilogue& out) {
 #pragma unroll
   for (int i = 0; i < kTilesM; ++i) {
 #pragma unroll
@@ -96,8 +102,11 @@ __device__ __forceinline__ void storeTiles(const float (&acc)[kTilesM][kTilesN][
       for (int half = 0; half < 2; ++half) {
         const int64_t row = row0 + i * 16 + half * 8;
         if (row >= m) continue;
-        if (column < n) y[row * n + column] = acc[i][j][half * 2];
-        if (column + 1 < n) y[row * n + column + 1] = acc[i][j][half * 2 + 1];
+        if (column + 1 < n) {
+          out.storePair(row, column, n, acc[i][j][half * 2], acc[i][j][half * 2 + 1]);
+        } else if (column < n) {
+          out.storeOne(row, column, n, acc[i][j][half * 2]);
+        }
       }
     }
   }
@@ -181,7 +190,7 @@ __device__ __forceinline__ uint32_t pair(const uint16_t* p) {
 template <bool kVector>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaKernel(const float* __restrict__ x, int64_t m, int64_t k, const uint16_t* __restrict__ w,
-                  int64_t n, float* __restrict__ y) {
+                  int64_t n, MatmulEpilogue out) {
   __shared__ __align__(16) uint16_t a_tiles[2][kTileM][kRowStride];
   __shared__ __align__(16) uint16_t b_tiles[2][kTileN][kRowStride];
   const int warp = static_cast<int>(threadIdx.x) / kWarp;
@@ -242,7 +251,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, y);
+  storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, out);
 }
 
 // ---- the pipelined kernel (m > 256) ----
@@ -307,7 +316,7 @@ __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64
 
 __global__ void __launch_bounds__(kThreads)
     bf16MmaPipelinedKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
-                           const uint16_t* __restrict__ w, int64_t n, float* __restrict__ y) {
+                           const uint16_t* __restrict__ w, int64_t n, MatmulEpilogue out) {
   extern __shared__ __align__(16) uint16_t stages[];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -384,7 +393,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   waitGroups<0>();
 
-  storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, y);
+  storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, out);
 }
 
 // x rounded to bf16 as bf16MmaKernel's storeStep rounds it.
@@ -502,7 +511,7 @@ __device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& b
 template <int kRowGroups, int kPairs>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaSkinnyKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
-                        const uint4* __restrict__ fragments, int64_t n, float* __restrict__ y) {
+                        const uint4* __restrict__ fragments, int64_t n, MatmulEpilogue out) {
   constexpr int kMTiles = (kRowGroups + 1) / 2;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -529,12 +538,12 @@ __global__ void __launch_bounds__(kThreads)
     if (p0 + kPairs < pairs) multiplyBatch(odd, pairs, p0 + kPairs, k, acc);
   }
 
-  storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, y);
+  storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
 }
 
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
-                int64_t n, float* y, uint4* x_fragments) {
+                int64_t n, const MatmulEpilogue& out, uint4* x_fragments) {
   const int64_t rows = 8 * kRowGroups;
   const int64_t vectors = MmaFragmentTiling{rows, k}.elements() / 8;
   const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(vectors, 256), 1024));
@@ -542,7 +551,7 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
   bf16MmaSkinnyKernel<kRowGroups, kPairs>
-      <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, y);
+      <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);
 }
 
 }  // namespace skinny
@@ -554,7 +563,8 @@ int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k) {
 }
 
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const void* fragments, int64_t n, float* y, void* x_fragments) {
+                         const void* fragments, int64_t n, const MatmulEpilogue& out,
+                         void* x_fragments) {
   TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
                "bf16 skinny matmul: the x scratch must be 16-byte aligned");
@@ -564,16 +574,16 @@ void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t
   // registers of loads whatever the row groups.
   switch (skinny::rowGroupsFor(m)) {
     case 1:
-      skinny::launchWith<1, 8>(stream, x, m, k, frags, n, y, xs);
+      skinny::launchWith<1, 8>(stream, x, m, k, frags, n, out, xs);
       break;
     case 2:
-      skinny::launchWith<2, 4>(stream, x, m, k, frags, n, y, xs);
+      skinny::launchWith<2, 4>(stream, x, m, k, frags, n, out, xs);
       break;
     case 4:
-      skinny::launchWith<4, 2>(stream, x, m, k, frags, n, y, xs);
+      skinny::launchWith<4, 2>(stream, x, m, k, frags, n, out, xs);
       break;
     default:
-      skinny::launchWith<8, 1>(stream, x, m, k, frags, n, y, xs);
+      skinny::launchWith<8, 1>(stream, x, m, k, frags, n, out, xs);
       break;
   }
 }
@@ -583,7 +593,7 @@ int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
 }
 
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const WeightView& w, float* y, uint16_t* x_bf16) {
+                         const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16) {
   TANDEM_CHECK(w.cols == k, "bf16 matmul: weight columns must equal k");
   TANDEM_CHECK(w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows,
                "bf16 matmul: weights must be bf16, row-major");
@@ -611,15 +621,15 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
                      static_cast<unsigned int>(ceilDiv(m, pipelined::kTileM)));
     pipelined::
         bf16MmaPipelinedKernel<<<tiles, pipelined::kThreads, pipelined::kSmemBytes, stream>>>(
-            x_bf16, m, k, weights, n, y);
+            x_bf16, m, k, weights, n, out);
     return;
   }
   const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(weights) % 16 == 0;
   if (vector) {
-    bf16MmaKernel<true><<<grid, kThreads, 0, stream>>>(x, m, k, weights, n, y);
+    bf16MmaKernel<true><<<grid, kThreads, 0, stream>>>(x, m, k, weights, n, out);
   } else {
-    bf16MmaKernel<false><<<grid, kThreads, 0, stream>>>(x, m, k, weights, n, y);
+    bf16MmaKernel<false><<<grid, kThreads, 0, stream>>>(x, m, k, weights, n, out);
   }
 }
 

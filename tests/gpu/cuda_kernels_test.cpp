@@ -553,6 +553,111 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
   }
 }
 
+// The fused matmuls of the fast kernels (epilogue.h) give the bits of the
+// plain matmul followed by its step: the residual add, the outputs taken
+// apart, SiLU·up over (gate, up) column pairs. For f32 compute (fast GEMV,
+// one slice and several; m = 300 runs the reference kernel and the
+// epilogue kernel) and bf16 compute (skinny, small and pipelined
+// tensor-core kernels), k with and without 16-byte rows.
+TEST_F(CudaFastKernelsTest, FusedEpiloguesGiveTheBitsOfTheUnfusedSteps) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  bf16_ = cuda::makeCudaBackend(0, options);
+  bf16_->setComputeDType(DType::kBF16);
+  EXPECT_EQ(fast_->gateUpLayout(), Backend::GateUpLayout::kPairs);
+  EXPECT_EQ(backend_->gateUpLayout(), Backend::GateUpLayout::kHalves);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto put = [&](Backend& backend, const std::vector<float>& host) {
+    const size_t bytes = host.size() * sizeof(float);
+    void* data = backend.allocate(bytes);
+    EXPECT_NE(data, nullptr);
+    owned_.push_back({&backend, data, bytes});
+    backend.copyFromHost(data, host.data(), bytes);
+    return static_cast<float*>(data);
+  };
+  auto get = [](Backend& backend, const float* data, int64_t count) {
+    std::vector<float> host(static_cast<size_t>(count));
+    backend.copyToHost(host.data(), data, host.size() * sizeof(float));
+    return host;
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+
+  const int64_t n = 96, inter = n / 2;
+  const int64_t widths[] = {64, 16, 16};
+  for (const int64_t k : {int64_t{256}, int64_t{333}}) {
+    const auto w32 = randomFloats(static_cast<size_t>(n * k), 31);
+    const auto bf16 = toHalfBits(w32, DType::kBF16);
+    const auto x = randomFloats(static_cast<size_t>(300 * k), 32, 2.0f);
+    const auto residual = randomFloats(static_cast<size_t>(300 * n), 33);
+    const std::pair<Backend*, WeightView> cases[] = {
+        {fast_.get(), {w32.data(), DType::kF32, n, k}},
+        {fast_.get(), {bf16.data(), DType::kBF16, n, k}},
+        {sliced_.get(), {bf16.data(), DType::kBF16, n, k}},
+        {bf16_.get(), {bf16.data(), DType::kBF16, n, k}}};
+    for (const auto& [backend_ptr, w] : cases) {
+      Backend& backend = *backend_ptr;
+      const WeightView mw = backend.matmulWeight(w);
+      for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{33}, int64_t{64}, int64_t{300}}) {
+        SCOPED_TRACE("k " + std::to_string(k) + " " + dtypeShortName(w.dtype) + " m " +
+                     std::to_string(m) + " " + backend.description());
+        const float* xs = put(backend, std::vector<float>(x.begin(), x.begin() + m * k));
+        float* scratch = put(backend, std::vector<float>(static_cast<size_t>(m * n), nan));
+        float* plain = put(backend, std::vector<float>(static_cast<size_t>(m * n), nan));
+        backend.matmul(xs, m, k, mw, plain);
+        const std::vector<float> t = get(backend, plain, m * n);
+
+        // y += x · w^T: the same add as addInPlace (one IEEE add on the host).
+        const std::vector<float> y0(residual.begin(), residual.begin() + m * n);
+        std::vector<float> added = y0;
+        for (size_t i = 0; i < added.size(); ++i) added[i] = y0[i] + t[i];
+        float* y = put(backend, y0);
+        backend.matmulAdd(xs, m, k, mw, y, scratch);
+        EXPECT_TRUE(same(added, get(backend, y, m * n))) << "matmulAdd";
+
+        Backend::SplitOutputs split;
+        split.count = 3;
+        int64_t first = 0;
+        for (int p = 0; p < 3; ++p) {
+          split.widths[p] = widths[p];
+          split.parts[p] =
+              put(backend, std::vector<float>(static_cast<size_t>(m * widths[p]), nan));
+        }
+        backend.matmulSplit(xs, m, k, mw, split, scratch);
+        for (int p = 0; p < 3; ++p) {
+          std::vector<float> expected(static_cast<size_t>(m * widths[p]));
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t c = 0; c < widths[p]; ++c) {
+              expected[r * widths[p] + c] = t[r * n + first + c];
+            }
+          }
+          EXPECT_TRUE(same(expected, get(backend, split.parts[p], m * widths[p])))
+              << "matmulSplit part " << p;
+          first += widths[p];
+        }
+
+        // Pairs: column 2j is gate j, 2j + 1 up j; the expected values from
+        // the device's own siluMul.
+        std::vector<float> gate(static_cast<size_t>(m * inter)), up(gate.size());
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t j = 0; j < inter; ++j) {
+            gate[r * inter + j] = t[r * n + 2 * j];
+            up[r * inter + j] = t[r * n + 2 * j + 1];
+          }
+        }
+        float* gate_d = put(backend, gate);
+        backend.siluMul(gate_d, put(backend, up), gate_d, m * inter);
+        float* out = put(backend, std::vector<float>(gate.size(), nan));
+        float* up_scratch = put(backend, std::vector<float>(gate.size(), nan));
+        backend.matmulSiluMul(xs, m, k, mw, out, scratch, up_scratch);
+        EXPECT_TRUE(same(get(backend, gate_d, m * inter), get(backend, out, m * inter)))
+            << "matmulSiluMul";
+      }
+    }
+  }
+}
+
 // Attention over two sequences in a cache of 48 blocks of 16 positions: the
 // long one (600 positions) in blocks 47, 46, ... (39 of them), the short one
 // (37) in blocks 0..2. Row r of the inputs is the long sequence's position
