@@ -163,17 +163,20 @@ class Backend {
       first += out.widths[i];
     }
   }
-  // How the rows of a stacked gate/up matrix are to be ordered for
-  // matmulSiluMul: kHalves, the inter gate rows then the inter up rows (the
-  // default); kPairs, gate row j then up row j for each j (so that one
-  // output's gate and up meet in one place of an epilogue).
-  enum class GateUpLayout { kHalves, kPairs };
-  virtual GateUpLayout gateUpLayout() const { return GateUpLayout::kHalves; }
+  // How the rows of stacked matrices are to be ordered for matmulSiluMul
+  // and matmulQkvRope. kPlain (the default): gate/up is the inter gate rows
+  // then the inter up rows; q/k/v the matrices one after the other. kPairs:
+  // gate row j then up row j for each j; and in q and k, each head's rows
+  // in RoPE pairs (i, i + head_dim / 2) for i = 0 .. head_dim / 2 - 1 (v as
+  // it is). Either way, what a pair of outputs is combined into meets in
+  // one place of an epilogue.
+  enum class StackedLayout { kPlain, kPairs };
+  virtual StackedLayout stackedLayout() const { return StackedLayout::kPlain; }
   // out[m, inter] = silu(gate) * up, where gate and up are x's products
-  // with the rows of `gate_up` (2 * inter rows in gateUpLayout() order):
+  // with the rows of `gate_up` (2 * inter rows in stackedLayout() order):
   // matmul into scratch, gate and up copied apart (into out and
   // up_scratch, m * inter floats), then siluMul(out, up_scratch, out). A
-  // backend whose layout is kPairs overrides this.
+  // backend whose layout is kPairs overrides this and matmulQkvRope.
   virtual void matmulSiluMul(const float* x, int64_t m, int64_t k, const WeightView& gate_up,
                              float* out, float* scratch, float* up_scratch) {
     const int64_t inter = gate_up.rows / 2;
@@ -181,6 +184,45 @@ class Backend {
     copyColumns(scratch, m, 2 * inter, 0, inter, out);
     copyColumns(scratch, m, 2 * inter, inter, inter, up_scratch);
     siluMul(out, up_scratch, out, m * inter);
+  }
+  // The attention block's start for a layer without q/k norm: q, k and v
+  // from one stacked matrix (rows in stackedLayout() order), their biases
+  // (nullptr: none), RoPE on q and k at the batch's positions, k and v into
+  // the cache. On return q holds the rotated queries; k and v (m x
+  // kv_width floats each) are scratch a backend may leave unwritten.
+  // Default: matmulSplit into q, k, v, addBias, applyRope, writeKv.
+  struct QkvRope {
+    float* q = nullptr;
+    float* k = nullptr;
+    float* v = nullptr;
+    int64_t num_heads = 0;
+    int64_t num_kv_heads = 0;
+    int64_t head_dim = 0;
+    const float* q_bias = nullptr;
+    const float* k_bias = nullptr;
+    const float* v_bias = nullptr;
+    const float* inv_freq = nullptr;
+    int32_t layer = 0;
+  };
+  virtual void matmulQkvRope(const float* x, int64_t m, int64_t k, const WeightView& qkv,
+                             const QkvRope& a, const KvCacheLayout& cache, float* scratch) {
+    const int64_t q_width = a.num_heads * a.head_dim;
+    const int64_t kv_width = a.num_kv_heads * a.head_dim;
+    SplitOutputs parts;
+    parts.parts[0] = a.q;
+    parts.parts[1] = a.k;
+    parts.parts[2] = a.v;
+    parts.widths[0] = q_width;
+    parts.widths[1] = kv_width;
+    parts.widths[2] = kv_width;
+    parts.count = 3;
+    matmulSplit(x, m, k, qkv, parts, scratch);
+    if (a.q_bias != nullptr) addBias(a.q, a.q_bias, m, q_width);
+    if (a.k_bias != nullptr) addBias(a.k, a.k_bias, m, kv_width);
+    if (a.v_bias != nullptr) addBias(a.v, a.v_bias, m, kv_width);
+    applyRope(a.q, a.num_heads, a.head_dim, a.inv_freq);
+    applyRope(a.k, a.num_kv_heads, a.head_dim, a.inv_freq);
+    writeKv(cache, a.layer, a.k, a.v);
   }
 
   // The batch's K/V rows of `layer` into the cache (cache.base is this

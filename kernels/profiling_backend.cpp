@@ -118,6 +118,12 @@ void ProfilingBackend::matmulSiluMul(const float* x, int64_t m, int64_t k,
               [&] { inner_.matmulSiluMul(x, m, k, gate_up, out, scratch, up_scratch); });
 }
 
+void ProfilingBackend::matmulQkvRope(const float* x, int64_t m, int64_t k, const WeightView& qkv,
+                                     const QkvRope& a, const KvCacheLayout& cache, float* scratch) {
+  timedMatmul("matmulQkvRope", m, k, qkv,
+              [&] { inner_.matmulQkvRope(x, m, k, qkv, a, cache, scratch); });
+}
+
 void ProfilingBackend::rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim,
                                float eps, float* y) {
   timed(

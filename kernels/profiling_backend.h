@@ -73,9 +73,11 @@ class ProfilingBackend final : public Backend {
                  float* scratch) override;
   void matmulSplit(const float* x, int64_t m, int64_t k, const WeightView& w,
                    const SplitOutputs& out, float* scratch) override;
-  GateUpLayout gateUpLayout() const override { return inner_.gateUpLayout(); }
+  StackedLayout stackedLayout() const override { return inner_.stackedLayout(); }
   void matmulSiluMul(const float* x, int64_t m, int64_t k, const WeightView& gate_up, float* out,
                      float* scratch, float* up_scratch) override;
+  void matmulQkvRope(const float* x, int64_t m, int64_t k, const WeightView& qkv, const QkvRope& a,
+                     const KvCacheLayout& cache, float* scratch) override;
   void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                float* y) override;
   void addBias(float* y, const float* bias, int64_t rows, int64_t width) override;

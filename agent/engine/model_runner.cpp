@@ -117,11 +117,17 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     layer.fused = options_.fuse_projections && stackable({&lw.q_proj, &lw.k_proj, &lw.v_proj}) &&
                   stackable({&lw.gate_proj, &lw.up_proj});
     if (layer.fused) {
-      layer.qkv_proj = stackedWeight({&lw.q_proj, &lw.k_proj, &lw.v_proj}, false);
-      // Rows in the order the backend's matmulSiluMul reads them.
+      // Rows in the order the backend's matmulSiluMul and matmulQkvRope
+      // read them. With q/k norm, RoPE follows the norm of the whole head:
+      // q/k/v are then taken apart as they are.
+      const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
+      layer.qkv_rope = pairs && lw.q_norm.empty();
+      layer.qkv_proj = stackedWeight(
+          {&lw.q_proj, &lw.k_proj, &lw.v_proj},
+          {layer.qkv_rope ? StackOrder::kRopePairs : StackOrder::kConcatenate, config.head_dim});
       layer.gate_up_proj =
           stackedWeight({&lw.gate_proj, &lw.up_proj},
-                        backend_.gateUpLayout() == kernels::Backend::GateUpLayout::kPairs);
+                        {pairs ? StackOrder::kInterleave : StackOrder::kConcatenate, 0});
     } else {
       layer.q_proj = matmulWeight(lw.q_proj);
       layer.k_proj = matmulWeight(lw.k_proj);
@@ -148,9 +154,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
 
 class ModelRunner::StackedMatrix {
  public:
-  // `interleave`: row i of every part in turn (parts of equal rows), for
-  // i = 0, 1, ...; otherwise the parts one after the other.
-  StackedMatrix(std::initializer_list<const kernels::WeightView*> parts, bool interleave) {
+  StackedMatrix(std::initializer_list<const kernels::WeightView*> parts, StackOrder order) {
     const kernels::WeightView& first = **parts.begin();
     view_ = {nullptr, first.dtype, 0, first.cols, kernels::WeightLayout::kRows};
     for (const kernels::WeightView* part : parts) {
@@ -163,24 +167,45 @@ class ModelRunner::StackedMatrix {
       throw Error("no memory for a stacked projection matrix of " + std::to_string(bytes_) +
                   " bytes");
     }
-    // Rows are outputs: stacking along them is concatenating the bytes.
+    // Rows are outputs: each is copied whole, in the order asked for.
+    const size_t row_bytes = kernels::viewBytes(first) / static_cast<size_t>(first.rows);
     auto* out = static_cast<uint8_t*>(data);
-    if (interleave) {
-      const int64_t rows = first.rows;
-      const size_t row_bytes = kernels::viewBytes(first) / static_cast<size_t>(rows);
-      for (const kernels::WeightView* part : parts) {
-        TANDEM_CHECK(part->rows == rows, "interleaved parts must have equal rows");
-      }
-      for (int64_t r = 0; r < rows; ++r) {
+    auto copyRow = [&](const kernels::WeightView& part, int64_t row) {
+      std::memcpy(out, static_cast<const uint8_t*>(part.data) + row * row_bytes, row_bytes);
+      out += row_bytes;
+    };
+    switch (order.kind) {
+      case StackOrder::kConcatenate:
         for (const kernels::WeightView* part : parts) {
-          std::memcpy(out, static_cast<const uint8_t*>(part->data) + r * row_bytes, row_bytes);
-          out += row_bytes;
+          for (int64_t r = 0; r < part->rows; ++r) copyRow(*part, r);
         }
-      }
-    } else {
-      for (const kernels::WeightView* part : parts) {
-        std::memcpy(out, part->data, kernels::viewBytes(*part));
-        out += kernels::viewBytes(*part);
+        break;
+      case StackOrder::kInterleave:
+        for (const kernels::WeightView* part : parts) {
+          TANDEM_CHECK(part->rows == first.rows, "interleaved parts must have equal rows");
+        }
+        for (int64_t r = 0; r < first.rows; ++r) {
+          for (const kernels::WeightView* part : parts) copyRow(*part, r);
+        }
+        break;
+      case StackOrder::kRopePairs: {
+        const int64_t dim = order.head_dim;
+        TANDEM_CHECK(dim > 0 && dim % 2 == 0, "RoPE pairs need an even head_dim");
+        int index = 0;
+        for (const kernels::WeightView* part : parts) {
+          if (index++ >= 2) {  // v: as it is
+            for (int64_t r = 0; r < part->rows; ++r) copyRow(*part, r);
+            continue;
+          }
+          TANDEM_CHECK(part->rows % dim == 0, "q/k rows must be whole heads");
+          for (int64_t head = 0; head < part->rows; head += dim) {
+            for (int64_t i = 0; i < dim / 2; ++i) {
+              copyRow(*part, head + i);
+              copyRow(*part, head + i + dim / 2);
+            }
+          }
+        }
+        break;
       }
     }
     view_.data = data;
@@ -200,8 +225,8 @@ class ModelRunner::StackedMatrix {
 };
 
 kernels::WeightView ModelRunner::stackedWeight(
-    std::initializer_list<const kernels::WeightView*> parts, bool interleave) {
-  stacked_.push_back(std::make_unique<StackedMatrix>(parts, interleave));
+    std::initializer_list<const kernels::WeightView*> parts, StackOrder order) {
+  stacked_.push_back(std::make_unique<StackedMatrix>(parts, order));
   StackedMatrix& stacked = *stacked_.back();
   const kernels::WeightView used = hold(stacked.view(), backend_.matmulWeight(stacked.view()));
   if (used.data != stacked.view().data) stacked.dropPages();
@@ -429,31 +454,47 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // Attention block.
     b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
-    if (lw.fused) {
-      kernels::Backend::SplitOutputs qkv;
-      qkv.parts[0] = q_.data();
-      qkv.parts[1] = k_.data();
-      qkv.parts[2] = v_.data();
-      qkv.widths[0] = q_width;
-      qkv.widths[1] = kv_width;
-      qkv.widths[2] = kv_width;
-      qkv.count = 3;
-      b.matmulSplit(normed_.data(), rows, hidden, lw.qkv_proj, qkv, fused_.data());
+    if (lw.qkv_rope) {
+      kernels::Backend::QkvRope qkv;
+      qkv.q = q_.data();
+      qkv.k = k_.data();
+      qkv.v = v_.data();
+      qkv.num_heads = num_heads;
+      qkv.num_kv_heads = num_kv_heads;
+      qkv.head_dim = head_dim;
+      qkv.q_bias = lw.q_bias;
+      qkv.k_bias = lw.k_bias;
+      qkv.v_bias = lw.v_bias;
+      qkv.inv_freq = inv_freq_.data();
+      qkv.layer = static_cast<int32_t>(layer);
+      b.matmulQkvRope(normed_.data(), rows, hidden, lw.qkv_proj, qkv, layout, fused_.data());
     } else {
-      b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
-      b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
-      b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
+      if (lw.fused) {
+        kernels::Backend::SplitOutputs qkv;
+        qkv.parts[0] = q_.data();
+        qkv.parts[1] = k_.data();
+        qkv.parts[2] = v_.data();
+        qkv.widths[0] = q_width;
+        qkv.widths[1] = kv_width;
+        qkv.widths[2] = kv_width;
+        qkv.count = 3;
+        b.matmulSplit(normed_.data(), rows, hidden, lw.qkv_proj, qkv, fused_.data());
+      } else {
+        b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
+        b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
+        b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
+      }
+      if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
+      if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
+      if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
+      if (lw.q_norm != nullptr) {
+        b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
+        b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
+      }
+      b.applyRope(q_.data(), num_heads, head_dim, inv_freq_.data());
+      b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq_.data());
+      b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     }
-    if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
-    if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
-    if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
-    if (lw.q_norm != nullptr) {
-      b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
-      b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
-    }
-    b.applyRope(q_.data(), num_heads, head_dim, inv_freq_.data());
-    b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq_.data());
-    b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
                      attn_.data());
     if (lw.fused) {

@@ -123,8 +123,11 @@ class ModelRunner {
   struct ResidentLayer {
     kernels::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
     // With fused projections (ModelRunnerOptions): [q; k; v], and gate and
-    // up in the backend's gateUpLayout() (q_proj ... up_proj then unset).
+    // up in the backend's stackedLayout() (q_proj ... up_proj then unset).
     bool fused = false;
+    // q/k/v stacked in RoPE pairs, for Backend::matmulQkvRope (fused, a
+    // kPairs backend, no q/k norm).
+    bool qkv_rope = false;
     kernels::WeightView qkv_proj, gate_up_proj;
     const float* input_layernorm = nullptr;
     const float* post_attention_layernorm = nullptr;
@@ -163,11 +166,20 @@ class ModelRunner {
   // Matrices stacked along their outputs, in anonymous memory this runner
   // owns (fused projections).
   class StackedMatrix;
-  // The stacked matrix of `parts` (their rows interleaved when asked)
-  // made resident for matmul; the parts' mapped pages, which this runner
-  // then never reads, are dropped.
+  // The order of a stacked matrix's rows (Backend::StackedLayout):
+  // kConcatenate, the parts one after the other; kInterleave, row r of
+  // each part in turn, for r = 0, 1, ... (parts of equal rows); kRopePairs,
+  // the first two parts' heads (head_dim rows each) with rows i and i +
+  // head_dim / 2 side by side, the other parts as they are.
+  struct StackOrder {
+    enum Kind { kConcatenate, kInterleave, kRopePairs };
+    Kind kind = kConcatenate;
+    int64_t head_dim = 0;
+  };
+  // The stacked matrix of `parts` made resident for matmul; the parts'
+  // mapped pages, which this runner then never reads, are dropped.
   kernels::WeightView stackedWeight(std::initializer_list<const kernels::WeightView*> parts,
-                                    bool interleave);
+                                    StackOrder order);
 
   const Model& model_;
   KvCache& cache_;

@@ -1,11 +1,9 @@
 // writeKv and pagedAttention of the CUDA backend, on the block-major KV slab
-// of kernels.h (block b at base + b * block_bytes; element (layer, kv, slot,
-// kv_head, d) at ((layer * 2 + kv) * block_size + slot) * num_kv_heads *
-// head_dim + kv_head * head_dim + d).
+// of kernels.h (its addressing: kv_store.h).
 //
-// writeKv: one thread per element; fp32 is stored as is, bf16 with the same
-// round-to-nearest-even integer steps as common/dtype.h, so the cache bytes
-// equal the CPU backend's for the same fp32 K/V.
+// writeKv: one thread per element, stored as kv_store.h stores (fp32 as is,
+// bf16 with the same round-to-nearest-even integer steps as common/dtype.h),
+// so the cache bytes equal the CPU backend's for the same fp32 K/V.
 //
 // pagedAttention is one kernel pair for prefill, chunked prefill and decode.
 // A query row at position p attends to positions 0..p, cut into splits of
@@ -42,6 +40,7 @@
 // whole number of 16-byte vectors; elsewhere the reference kernel runs.
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
+#include "kernels/cuda/kv_store.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/mma.h"
 
@@ -51,30 +50,6 @@ namespace {
 constexpr int kWriteThreads = 256;
 constexpr int kSplitThreads = static_cast<int>(kAttentionSplit);
 
-// Cache geometry the kernels need, in elements unless named *_bytes.
-struct CacheGeometry {
-  const char* base = nullptr;
-  int64_t block_bytes = 0;
-  int32_t block_size = 0;
-  int64_t slot_stride = 0;  // num_kv_heads * head_dim
-  int64_t head_dim = 0;
-  int64_t k_offset = 0;  // (layer * 2) * block_size * slot_stride
-  int64_t v_offset = 0;  // (layer * 2 + 1) * block_size * slot_stride
-};
-
-CacheGeometry geometryOf(const KvCacheLayout& cache, int32_t layer) {
-  CacheGeometry g;
-  g.base = static_cast<const char*>(cache.base);
-  g.block_bytes = cache.blockBytes();
-  g.block_size = cache.block_size;
-  g.slot_stride = int64_t{cache.num_kv_heads} * cache.head_dim;
-  g.head_dim = cache.head_dim;
-  const int64_t layer_stride = int64_t{cache.block_size} * g.slot_stride;
-  g.k_offset = int64_t{layer} * 2 * layer_stride;
-  g.v_offset = (int64_t{layer} * 2 + 1) * layer_stride;
-  return g;
-}
-
 template <typename Storage>
 __global__ void __launch_bounds__(kWriteThreads)
     writeKvKernel(const RowKv* row_kv, const int32_t* block_tables, CacheGeometry g, const float* k,
@@ -82,20 +57,13 @@ __global__ void __launch_bounds__(kWriteThreads)
   const int64_t row = blockIdx.x;
   const RowKv info = row_kv[row];
   if (info.active == 0) return;
-  const int64_t block = block_tables[info.table_offset + info.position / g.block_size];
-  const int64_t slot = info.position % g.block_size;
-  auto* dst = reinterpret_cast<Storage*>(const_cast<char*>(g.base) + block * g.block_bytes);
   const int64_t width = g.slot_stride;
   for (int64_t e = threadIdx.x; e < 2 * width; e += kWriteThreads) {
     const bool is_v = e >= width;
     const int64_t c = is_v ? e - width : e;
     const float value = (is_v ? v : k)[row * width + c];
-    const int64_t element = (is_v ? g.v_offset : g.k_offset) + slot * width + c;
-    if constexpr (sizeof(Storage) == 2) {
-      dst[element] = f32ToBf16Bits(value);
-    } else {
-      dst[element] = value;
-    }
+    storeKvValue(kvElement<Storage>(g, block_tables, info, is_v ? g.v_offset : g.k_offset, c),
+                 value);
   }
 }
 

@@ -280,9 +280,10 @@ class CudaBackend final : public Backend {
   }
 
   // The fast kernels store each lane's outputs in pairs of columns (2j, 2j +
-  // 1): gate row j and up row j side by side meet in one thread.
-  GateUpLayout gateUpLayout() const override {
-    return fast_kernels_ ? GateUpLayout::kPairs : GateUpLayout::kHalves;
+  // 1): gate row j and up row j, or the two rows of a RoPE pair, side by
+  // side meet in one thread.
+  StackedLayout stackedLayout() const override {
+    return fast_kernels_ ? StackedLayout::kPairs : StackedLayout::kPlain;
   }
 
   void matmulSiluMul(const float* x, int64_t m, int64_t k, const WeightView& gate_up, float* out,
@@ -295,6 +296,37 @@ class CudaBackend final : public Backend {
     epilogue.kind = MatmulEpilogue::kSiluPairs;
     epilogue.y = out;
     matmulThrough(x, m, k, gate_up, epilogue, scratch);
+  }
+
+  // RoPE pairs (i, i + head_dim / 2) side by side in q and k: one lane
+  // rotates its pair and stores q, or k and v into the cache (k and v, the
+  // scratch of the base sequence, stay unwritten).
+  void matmulQkvRope(const float* x, int64_t m, int64_t k, const WeightView& qkv, const QkvRope& a,
+                     const KvCacheLayout& cache, float* scratch) override {
+    if (!fast_kernels_) return Backend::matmulQkvRope(x, m, k, qkv, a, cache, scratch);
+    checkCache(cache, a.layer);
+    TANDEM_CHECK(m == batch_.rows, "matmulQkvRope: m must be the batch's rows");
+    TANDEM_CHECK(
+        a.head_dim % 2 == 0 && a.head_dim == cache.head_dim && a.num_kv_heads == cache.num_kv_heads,
+        "matmulQkvRope: heads must match the cache's, with an even head_dim");
+    MatmulEpilogue out;
+    out.kind = MatmulEpilogue::kQkvRope;
+    out.y = a.q;
+    QkvRopeEpilogue& e = out.qkv;
+    e.q_width = a.num_heads * a.head_dim;
+    e.kv_width = a.num_kv_heads * a.head_dim;
+    e.head_dim = a.head_dim;
+    e.q_bias = a.q_bias;
+    e.k_bias = a.k_bias;
+    e.v_bias = a.v_bias;
+    e.inv_freq = a.inv_freq;
+    e.positions = batch_.positions;
+    e.row_kv = batch_.row_kv;
+    e.block_tables = batch_.block_tables;
+    e.cache = geometryOf(cache, a.layer);
+    TANDEM_CHECK(qkv.rows == e.q_width + 2 * e.kv_width,
+                 "matmulQkvRope: the matrix must stack q, k and v");
+    matmulThrough(x, m, k, qkv, out, scratch);
   }
 
   void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,

@@ -48,11 +48,11 @@ __global__ void siluMulKernel(const float* gate, const float* up, float* out, in
   out[i] = siluTimes(gate[i], up[i]);
 }
 
-// One thread per output (per pair of outputs for kSiluPairs) of t.
+// One thread per output (per pair of outputs for the pair kinds) of t.
 __global__ void matmulEpilogueKernel(const float* __restrict__ t, int64_t m, int64_t n,
                                      MatmulEpilogue e) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e.kind == MatmulEpilogue::kSiluPairs) {
+  if (e.inPairs()) {
     const int64_t pairs = n / 2;
     if (i >= m * pairs) return;
     const int64_t row = i / pairs;
@@ -157,7 +157,7 @@ void launchSiluMul(cudaStream_t stream, const float* gate, const float* up, floa
 
 void launchMatmulEpilogue(cudaStream_t stream, const float* t, int64_t m, int64_t n,
                           const MatmulEpilogue& e) {
-  const int64_t threads = e.kind == MatmulEpilogue::kSiluPairs ? m * (n / 2) : m * n;
+  const int64_t threads = e.inPairs() ? m * (n / 2) : m * n;
   if (threads <= 0) return;
   matmulEpilogueKernel<<<gridFor(threads), kThreads, 0, stream>>>(t, m, n, e);
 }

@@ -1,7 +1,8 @@
 // What a matmul kernel of the CUDA backend does with each output y[row,
 // column] of its m x n result as it stores it: the step after the matmul
-// in the model (Backend::matmulAdd, matmulSplit, matmulSiluMul), done in the
-// kernel's epilogue instead of by kernels of their own.
+// in the model (Backend::matmulAdd, matmulSplit, matmulSiluMul,
+// matmulQkvRope), done in the kernel's epilogue instead of by kernels of
+// their own.
 //
 // Bits: each kind computes exactly what the unfused step computes from the
 // stored output, with the same device functions, so a fused matmul gives
@@ -12,17 +13,25 @@
 //    the next widths[1] to parts[1], the rest to parts[2], each part its
 //    own row-major matrix (copyColumns);
 //  - kSiluPairs: n = 2 * inter outputs in pairs (gate j at column 2j, up j
-//    at 2j + 1, Backend::GateUpLayout::kPairs): y[row, j] = siluTimes(gate,
-//    up), row stride inter (siluMul). A kernel stores such outputs in pairs
-//    only (storePair with an even column), so both halves meet in one
-//    thread.
-// A kernel that cannot store pairs runs kSiluPairs through its plain
-// output and launchMatmulEpilogue.
+//    at 2j + 1, Backend::StackedLayout::kPairs): y[row, j] = siluTimes(gate,
+//    up), row stride inter (siluMul);
+//  - kQkvRope: the stacked q/k/v of Backend::matmulQkvRope in
+//    StackedLayout::kPairs order (in q and k, column h * head_dim + 2i is
+//    row i of head h and 2i + 1 its row i + head_dim / 2): the biases added
+//    (addBias), the pair rotated at the row's position (applyRope's
+//    ropeCosSin and ropeRotate), q stored to y (row stride q_width), k and
+//    v of active rows into the cache (writeKv's storeKv).
+// A kernel stores the pair kinds' outputs in pairs only (storePair with an
+// even column), so both halves meet in one thread.
+// The reference matmul, which has no epilogue, stores its plain output
+// and launchMatmulEpilogue applies the step.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/cuda/kv_store.h"
 
 namespace tandem::kernels::cuda {
 
@@ -32,16 +41,55 @@ __device__ __forceinline__ float siluTimes(float g, float up) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up);
 }
 
+// RoPE of one pair (first = element i, second = element i + head_dim / 2)
+// at `position` with inv_freq[i]: the angle in fp32, its cos/sin evaluated
+// in double and rounded to fp32 (as kernels/cpu/dispatch.cpp does), the
+// rotation in unfused multiplies and adds (the CPU's -ffp-contract=off).
+__device__ __forceinline__ void ropeCosSin(int32_t position, float inv_freq, float& c, float& s) {
+  const float angle = __fmul_rn(static_cast<float>(position), inv_freq);
+  c = static_cast<float>(cos(static_cast<double>(angle)));
+  s = static_cast<float>(sin(static_cast<double>(angle)));
+}
+
+__device__ __forceinline__ void ropeRotate(float& first, float& second, float c, float s) {
+  const float a = first;
+  const float b = second;
+  first = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  second = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+// What kQkvRope needs beyond y (q).
+struct QkvRopeEpilogue {
+  int64_t q_width = 0;
+  int64_t kv_width = 0;
+  int64_t head_dim = 0;
+  const float* q_bias = nullptr;  // nullptr: none
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* inv_freq = nullptr;
+  const int32_t* positions = nullptr;  // the batch's, per row
+  const RowKv* row_kv = nullptr;
+  const int32_t* block_tables = nullptr;
+  CacheGeometry cache;
+};
+
 struct MatmulEpilogue {
-  enum Kind : int32_t { kStore, kAdd, kSplit, kSiluPairs };
+  enum Kind : int32_t { kStore, kAdd, kSplit, kSiluPairs, kQkvRope };
   static constexpr int kMaxParts = 3;
 
   Kind kind = kStore;
   float* y = nullptr;  // kStore, kAdd, kSiluPairs
   float* parts[kMaxParts] = {};
   int64_t widths[kMaxParts] = {};
+  QkvRopeEpilogue qkv;
 
-  static MatmulEpilogue store(float* y) { return {kStore, y}; }
+  static MatmulEpilogue store(float* y) {
+    MatmulEpilogue e;
+    e.y = y;
+    return e;
+  }
+  // Stored in column pairs only (storePair).
+  __host__ __device__ bool inPairs() const { return kind == kSiluPairs || kind == kQkvRope; }
 
   // One output, of a matmul with n columns (kStore, kAdd, kSplit).
   __device__ __forceinline__ void storeOne(int64_t row, int64_t column, int64_t n,
@@ -69,6 +117,7 @@ struct MatmulEpilogue {
         return;
       }
       case kSiluPairs:
+      case kQkvRope:
         return;  // stored in pairs only
     }
   }
@@ -80,8 +129,53 @@ struct MatmulEpilogue {
       y[row * (n / 2) + column / 2] = siluTimes(first, second);
       return;
     }
+    if (kind == kQkvRope) {
+      storeQkvPair(row, column, first, second);
+      return;
+    }
     storeOne(row, column, n, first);
     storeOne(row, column + 1, n, second);
+  }
+
+  // Outputs `column` (even) and column + 1 of a kQkvRope row.
+  __device__ __forceinline__ void storeQkvPair(int64_t row, int64_t column, float first,
+                                               float second) const {
+    const QkvRopeEpilogue& e = qkv;
+    if (column < e.q_width + e.kv_width) {
+      const bool is_k = column >= e.q_width;
+      const int64_t c = is_k ? column - e.q_width : column;
+      const int64_t i = c % e.head_dim / 2;
+      const int64_t at = c / e.head_dim * e.head_dim + i;  // element i of the head
+      const int64_t half = e.head_dim / 2;
+      const float* bias = is_k ? e.k_bias : e.q_bias;
+      if (bias != nullptr) {
+        first = __fadd_rn(first, bias[at]);
+        second = __fadd_rn(second, bias[at + half]);
+      }
+      float cos_value;
+      float sin_value;
+      ropeCosSin(e.positions[row], e.inv_freq[i], cos_value, sin_value);
+      ropeRotate(first, second, cos_value, sin_value);
+      if (!is_k) {
+        y[row * e.q_width + at] = first;
+        y[row * e.q_width + at + half] = second;
+        return;
+      }
+      const RowKv info = e.row_kv[row];
+      if (info.active == 0) return;
+      storeKv(e.cache, e.block_tables, info, e.cache.k_offset, at, first);
+      storeKv(e.cache, e.block_tables, info, e.cache.k_offset, at + half, second);
+      return;
+    }
+    const int64_t c = column - e.q_width - e.kv_width;
+    if (e.v_bias != nullptr) {
+      first = __fadd_rn(first, e.v_bias[c]);
+      second = __fadd_rn(second, e.v_bias[c + 1]);
+    }
+    const RowKv info = e.row_kv[row];
+    if (info.active == 0) return;
+    storeKv(e.cache, e.block_tables, info, e.cache.v_offset, c, first);
+    storeKv(e.cache, e.block_tables, info, e.cache.v_offset, c + 1, second);
   }
 };
 

@@ -212,7 +212,7 @@ __device__ __forceinline__ float foldPartials(const float* __restrict__ partials
 }
 
 // Each output folded and stored through the epilogue: one per thread, or
-// (kPairs, for kSiluPairs) columns 2j and 2j + 1 by one thread; a slice
+// (kPairs, for the pair kinds) columns 2j and 2j + 1 by one thread; a slice
 // starts at a multiple of kGemvTileCols, so pairs never straddle slices.
 template <bool kPairs>
 __global__ void __launch_bounds__(kFoldThreads)
@@ -259,7 +259,7 @@ void launchFor(cudaStream_t stream, const float* x, int64_t m, const GemvTiling&
           <<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
                                             warps, scratch, slice_first, slice_columns, vector_x);
     }
-    if (out.kind == MatmulEpilogue::kSiluPairs) {
+    if (out.inPairs()) {
       const auto fold_blocks =
           static_cast<unsigned int>(ceilDiv(m * slice_columns / 2, kFoldThreads));
       gemvFoldKernel<true><<<fold_blocks, kFoldThreads, 0, stream>>>(

@@ -9,19 +9,10 @@
 #include <cstdint>
 
 #include "kernels/cuda/epilogue.h"
+#include "kernels/cuda/kv_store.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels::cuda {
-
-// Where one row's token goes in the KV cache: its position and its
-// sequence's block table. active == 0 marks a row outside every sequence.
-struct RowKv {
-  int64_t position = 0;
-  int32_t table_offset = 0;  // index of the sequence's block table in block_tables
-  int32_t num_blocks = 0;
-  int32_t active = 0;
-  int32_t padding = 0;
-};
 
 // The batch of beginBatch() in device memory.
 struct DeviceBatch {

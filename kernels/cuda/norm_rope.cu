@@ -8,10 +8,11 @@
 // where the row sits in the batch.
 //
 // applyRope invariance: each element pair of a row is rotated by one thread
-// from that row's position and inv_freq only. The angle is position *
-// inv_freq[i] in fp32 and its cos/sin are evaluated in double and rounded to
-// fp32, as kernels/cpu/dispatch.cpp does; the rotation uses unfused multiplies
-// and adds, like the CPU's -ffp-contract=off build.
+// from that row's position and inv_freq only, by epilogue.h's ropeCosSin and
+// ropeRotate (shared with the fused Q/K/V epilogue): the angle is position *
+// inv_freq[i] in fp32, its cos/sin evaluated in double and rounded to fp32,
+// as kernels/cpu/dispatch.cpp does; the rotation uses unfused multiplies and
+// adds, like the CPU's -ffp-contract=off build.
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
 
@@ -56,11 +57,8 @@ __global__ void __launch_bounds__(kRopeThreads)
   extern __shared__ float table[];  // cos[half], then sin[half]
   const int64_t half = head_dim / 2;
   const int64_t row = blockIdx.x;
-  const float position = static_cast<float>(positions[row]);
   for (int64_t i = threadIdx.x; i < half; i += kRopeThreads) {
-    const float angle = __fmul_rn(position, inv_freq[i]);
-    table[i] = static_cast<float>(cos(static_cast<double>(angle)));
-    table[half + i] = static_cast<float>(sin(static_cast<double>(angle)));
+    ropeCosSin(positions[row], inv_freq[i], table[i], table[half + i]);
   }
   __syncthreads();
   float* base = x + row * num_heads * head_dim;
@@ -68,12 +66,11 @@ __global__ void __launch_bounds__(kRopeThreads)
     const int64_t h = p / half;
     const int64_t i = p % half;
     float* head = base + h * head_dim;
-    const float first = head[i];
-    const float second = head[i + half];
-    const float c = table[i];
-    const float s = table[half + i];
-    head[i] = __fsub_rn(__fmul_rn(first, c), __fmul_rn(second, s));
-    head[i + half] = __fadd_rn(__fmul_rn(second, c), __fmul_rn(first, s));
+    float first = head[i];
+    float second = head[i + half];
+    ropeRotate(first, second, table[i], table[half + i]);
+    head[i] = first;
+    head[i + half] = second;
   }
 }
 

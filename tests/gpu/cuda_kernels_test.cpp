@@ -564,8 +564,8 @@ TEST_F(CudaFastKernelsTest, FusedEpiloguesGiveTheBitsOfTheUnfusedSteps) {
   options.fast_kernels = true;
   bf16_ = cuda::makeCudaBackend(0, options);
   bf16_->setComputeDType(DType::kBF16);
-  EXPECT_EQ(fast_->gateUpLayout(), Backend::GateUpLayout::kPairs);
-  EXPECT_EQ(backend_->gateUpLayout(), Backend::GateUpLayout::kHalves);
+  EXPECT_EQ(fast_->stackedLayout(), Backend::StackedLayout::kPairs);
+  EXPECT_EQ(backend_->stackedLayout(), Backend::StackedLayout::kPlain);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   auto put = [&](Backend& backend, const std::vector<float>& host) {
     const size_t bytes = host.size() * sizeof(float);
@@ -782,6 +782,137 @@ void expectFiniteAndNonZero(const std::vector<float>& values) {
   double norm = 0.0;
   for (float value : values) norm += std::fabs(value);
   EXPECT_TRUE(std::isfinite(norm) && norm > 0.0) << norm;
+}
+
+// The fused Q/K/V epilogue (matmulQkvRope over q/k heads in RoPE pairs)
+// gives q and the cache the bits of the unfused steps (the base class's
+// sequence over the plain stacked matrix on the same backend: split, bias,
+// RoPE, writeKv): with and without biases, f32 and bf16 caches, f32 and
+// bf16 compute, a prefill chunk at positions 5.. beside a decode row at
+// position 40 and a padding row outside every sequence, m = 3, 32, 300.
+TEST_F(CudaFastKernelsTest, FusedQkvRopeGivesTheBitsOfTheUnfusedSteps) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  bf16_ = cuda::makeCudaBackend(0, options);
+  bf16_->setComputeDType(DType::kBF16);
+  const int64_t heads = 8, kv_heads = 2, dim = 64, k = 256;
+  const int64_t q_width = heads * dim, kv_width = kv_heads * dim, n = q_width + 2 * kv_width;
+  // Rows of the plain matrix in the paired order: each q and k head's rows
+  // i and i + dim / 2 side by side.
+  std::vector<int64_t> paired_rows;
+  for (int64_t head = 0; head < heads + kv_heads; ++head) {
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      paired_rows.push_back(head * dim + i);
+      paired_rows.push_back(head * dim + i + dim / 2);
+    }
+  }
+  for (int64_t r = q_width + kv_width; r < n; ++r) paired_rows.push_back(r);
+  const auto w32 = randomFloats(static_cast<size_t>(n * k), 41);
+  std::vector<float> w32_paired;
+  for (int64_t r : paired_rows) {
+    w32_paired.insert(w32_paired.end(), w32.begin() + r * k, w32.begin() + (r + 1) * k);
+  }
+  const auto bf16 = toHalfBits(w32, DType::kBF16);
+  const auto bf16_paired = toHalfBits(w32_paired, DType::kBF16);
+  const auto x = randomFloats(static_cast<size_t>(300 * k), 42, 2.0f);
+  const auto bias = randomFloats(static_cast<size_t>(n), 43);
+  std::vector<float> inv_freq(static_cast<size_t>(dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / dim));
+  }
+  const std::vector<int32_t> long_table = {7,  6,  5,  4,  3,  2,  1,  0,  8,  9, 10,
+                                           11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  const std::vector<int32_t> short_table = {21, 22, 23};
+
+  struct Case {
+    Backend* backend;
+    const void* plain;
+    const void* paired;
+    DType dtype;
+  };
+  const Case cases[] = {{fast_.get(), w32.data(), w32_paired.data(), DType::kF32},
+                        {fast_.get(), bf16.data(), bf16_paired.data(), DType::kBF16},
+                        {bf16_.get(), bf16.data(), bf16_paired.data(), DType::kBF16}};
+  for (const Case& c : cases) {
+    Backend& backend = *c.backend;
+    const WeightView plain = backend.matmulWeight({c.plain, c.dtype, n, k});
+    const WeightView paired = backend.matmulWeight({c.paired, c.dtype, n, k});
+    auto put = [&](const std::vector<float>& host) {
+      const size_t bytes = host.size() * sizeof(float);
+      void* data = backend.allocate(bytes);
+      owned_.push_back({&backend, data, bytes});
+      backend.copyFromHost(data, host.data(), bytes);
+      return static_cast<float*>(data);
+    };
+    const float* inv_freq_d = put(inv_freq);
+    const float* bias_d = put(bias);
+    for (const DType kv_dtype : {DType::kF32, DType::kBF16}) {
+      KvCacheLayout layout;
+      layout.dtype = kv_dtype;
+      layout.block_size = 16;
+      layout.num_layers = 2;
+      layout.num_kv_heads = static_cast<int32_t>(kv_heads);
+      layout.head_dim = static_cast<int32_t>(dim);
+      layout.num_blocks = 24;
+      const size_t cache_bytes = static_cast<size_t>(layout.num_blocks * layout.blockBytes());
+      for (const int64_t m : {int64_t{3}, int64_t{32}, int64_t{300}}) {
+        for (const bool biased : {false, true}) {
+          SCOPED_TRACE("m " + std::to_string(m) + (biased ? ", biases" : "") + ", cache " +
+                       dtypeShortName(kv_dtype) + ", weights " + dtypeShortName(c.dtype) + ", " +
+                       backend.description());
+          // m - 2 prefill rows of the long sequence, the short one's decode
+          // row at 40, then a padding row outside both.
+          std::vector<int32_t> positions;
+          for (int64_t p = 5; p < 5 + m - 2; ++p) positions.push_back(static_cast<int32_t>(p));
+          positions.push_back(40);
+          positions.push_back(0);
+          const std::vector<AttentionSequence> sequences = {
+              {long_table.data(), static_cast<int32_t>(long_table.size()), 0, m - 2, 5},
+              {short_table.data(), static_cast<int32_t>(short_table.size()), m - 2, 1, 40}};
+          std::vector<int32_t> ids;
+          beginRowsOn(backend, ids, positions, sequences);
+          const float* xs = put(std::vector<float>(x.begin(), x.begin() + m * k));
+          float* scratch = put(std::vector<float>(static_cast<size_t>(m * n), 0.0f));
+          auto run = [&](bool fused) {
+            KvCacheLayout cache = layout;
+            cache.base = backend.allocate(cache_bytes);
+            owned_.push_back({&backend, cache.base, cache_bytes});
+            Backend::QkvRope a;
+            a.q = put(std::vector<float>(static_cast<size_t>(m * q_width), 0.0f));
+            a.k = put(std::vector<float>(static_cast<size_t>(m * kv_width), 0.0f));
+            a.v = put(std::vector<float>(static_cast<size_t>(m * kv_width), 0.0f));
+            a.num_heads = heads;
+            a.num_kv_heads = kv_heads;
+            a.head_dim = dim;
+            if (biased) {
+              a.q_bias = bias_d;
+              a.k_bias = bias_d + q_width;
+              a.v_bias = bias_d + q_width + kv_width;
+            }
+            a.inv_freq = inv_freq_d;
+            a.layer = 1;
+            if (fused) {
+              backend.matmulQkvRope(xs, m, k, paired, a, cache, scratch);
+            } else {
+              backend.Backend::matmulQkvRope(xs, m, k, plain, a, cache, scratch);
+            }
+            std::vector<float> q(static_cast<size_t>(m * q_width));
+            backend.copyToHost(q.data(), a.q, q.size() * sizeof(float));
+            std::vector<char> bytes(cache_bytes);
+            backend.copyToHost(bytes.data(), cache.base, cache_bytes);
+            return std::make_pair(q, bytes);
+          };
+          const auto [q_expected, cache_expected] = run(false);
+          const auto [q_fused, cache_fused] = run(true);
+          expectFiniteAndNonZero(q_expected);
+          EXPECT_EQ(
+              0, std::memcmp(q_expected.data(), q_fused.data(), q_expected.size() * sizeof(float)))
+              << "q";
+          EXPECT_TRUE(cache_expected == cache_fused) << "cache bytes";
+        }
+      }
+    }
+  }
 }
 
 // The grouped kernel gives the reference kernel's bits (and cache bytes),

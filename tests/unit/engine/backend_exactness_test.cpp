@@ -6,6 +6,7 @@
 // test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <string>
 #include <tuple>
@@ -133,14 +134,14 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   }
 }
 
-// A CPU backend that asks for the gate/up matrix in pairs (gate row j, up
-// row j), as the CUDA backend's fast kernels do, and takes each pair apart
-// on the host before the CPU's siluMul: the runner's interleaved stacking is
-// checked where no GPU is. Counts its fused calls so the test knows the
-// runner used them.
-class PairedGateUpCpuBackend final : public kernels::cpu::CpuBackend {
+// A CPU backend that asks for stacked matrices in pairs (gate row j, up row
+// j; q and k heads in RoPE pairs), as the CUDA backend's fast kernels do,
+// and takes each pair apart on the host before the CPU's own steps: the
+// runner's paired stacking is checked where no GPU is. Counts its fused
+// calls so the test knows the runner used them.
+class PairedStackingCpuBackend final : public kernels::cpu::CpuBackend {
  public:
-  GateUpLayout gateUpLayout() const override { return GateUpLayout::kPairs; }
+  StackedLayout stackedLayout() const override { return StackedLayout::kPairs; }
   void matmulSiluMul(const float* x, int64_t m, int64_t k, const kernels::WeightView& gate_up,
                      float* out, float* scratch, float* up_scratch) override {
     ++silu_calls_;
@@ -159,27 +160,64 @@ class PairedGateUpCpuBackend final : public kernels::cpu::CpuBackend {
     ++add_calls_;
     CpuBackend::matmulAdd(x, m, k, w, y, scratch);
   }
+  void matmulQkvRope(const float* x, int64_t m, int64_t k, const kernels::WeightView& qkv,
+                     const QkvRope& a, const kernels::KvCacheLayout& cache,
+                     float* scratch) override {
+    ++rope_calls_;
+    const int64_t dim = a.head_dim, half = dim / 2;
+    const int64_t q_width = a.num_heads * dim, kv_width = a.num_kv_heads * dim;
+    const int64_t n = q_width + 2 * kv_width;
+    matmul(x, m, k, qkv, scratch);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* row = scratch + r * n;
+      // Column h * dim + 2i is row i of head h, 2i + 1 its row i + half.
+      auto unpair = [&](const float* from, int64_t width, float* to) {
+        for (int64_t c = 0; c < width; ++c) {
+          const int64_t head = c / dim, i = c % dim / 2;
+          to[r * width + head * dim + i + (c % 2) * half] = from[c];
+        }
+      };
+      unpair(row, q_width, a.q);
+      unpair(row + q_width, kv_width, a.k);
+      std::copy(row + q_width + kv_width, row + n, a.v + r * kv_width);
+    }
+    if (a.q_bias != nullptr) addBias(a.q, a.q_bias, m, q_width);
+    if (a.k_bias != nullptr) addBias(a.k, a.k_bias, m, kv_width);
+    if (a.v_bias != nullptr) addBias(a.v, a.v_bias, m, kv_width);
+    applyRope(a.q, a.num_heads, dim, a.inv_freq);
+    applyRope(a.k, a.num_kv_heads, dim, a.inv_freq);
+    writeKv(cache, a.layer, a.k, a.v);
+  }
   int64_t siluCalls() const { return silu_calls_; }
   int64_t addCalls() const { return add_calls_; }
+  int64_t ropeCalls() const { return rope_calls_; }
 
  private:
   int64_t silu_calls_ = 0;
   int64_t add_calls_ = 0;
+  int64_t rope_calls_ = 0;
 };
 
-TEST(PairedGateUpCpuBackendTest, FusedProjectionsInPairsGiveTheBitsOfSeparateMatmuls) {
+TEST(PairedStackingCpuBackendTest, FusedProjectionsInPairsGiveTheBitsOfSeparateMatmuls) {
   for (DType compute : {DType::kF32, DType::kBF16}) {
-    PairedGateUpCpuBackend backend;
+    PairedStackingCpuBackend backend;
     backend.setComputeDType(compute);
-    for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM"}) {
+    // Llama: q/k/v in RoPE pairs; Qwen2: the same with biases; Qwen3 (q/k
+    // norm before RoPE): q/k/v taken apart as they are.
+    int64_t rope_calls = 0;
+    for (const char* architecture : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
       ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                              DType::kBF16);
       EXPECT_TRUE(checks.fusedProjectionsMatchSeparate())
           << architecture << ", compute " << dtypeShortName(compute);
+      if (std::string(architecture) == "Qwen2ForCausalLM") rope_calls = backend.ropeCalls();
     }
-    // Every layer of every fused step: one SiLU·up, two residual adds.
+    // Every layer of every fused step: one SiLU·up, two residual adds; the
+    // Llama and Qwen2 layers' attention inputs in one call, Qwen3's not.
     EXPECT_GT(backend.siluCalls(), 0);
     EXPECT_EQ(backend.addCalls(), 2 * backend.siluCalls());
+    EXPECT_GT(rope_calls, 0);
+    EXPECT_EQ(backend.ropeCalls(), rope_calls);
   }
 }
 
