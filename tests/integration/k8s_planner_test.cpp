@@ -232,7 +232,10 @@ TEST_F(K8sPlannerTest, ATtftMissGrowsPrefillFromThePodsMetricsAndDecodeStays) {
 
   ASSERT_TRUE(eventually([&] { return replicas("PrefillPool", "prefill") == 3; }, 60s, 50ms))
       << operator_process->stderrText();
-  // One replica per step: two ScaledUp Events, each naming the TTFT.
+  // One replica per step: two ScaledUp Events, each naming the TTFT (the
+  // controller records a step's Event after writing its replicas, so the
+  // last one may follow the count the wait above saw).
+  ASSERT_TRUE(eventually([&] { return eventsFor("prefill", "ScaledUp").size() >= 2; }, 30s, 50ms));
   const std::vector<json> scaled = eventsFor("prefill", "ScaledUp");
   ASSERT_EQ(scaled.size(), 2u);
   EXPECT_NE(scaled[0].value("message", "").find("TTFT p90"), std::string::npos) << scaled[0];
@@ -314,6 +317,8 @@ TEST_F(K8sPlannerTest, MetricsReadThroughPrometheusGrowThePoolToo) {
       },
       90s, 200ms))
       << operator_process->stderrText() << prometheus_process.stderrText();
+  // Each step's Event follows its replicas' write.
+  ASSERT_TRUE(eventually([&] { return eventsFor("prefill", "ScaledUp").size() >= 2; }, 30s, 50ms));
   EXPECT_EQ(eventsFor("prefill", "ScaledUp").size(), 2u);
   EXPECT_NE(operator_process->stderrText().find("metrics from prometheus http://127.0.0.1:"),
             std::string::npos);
