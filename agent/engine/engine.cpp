@@ -1075,6 +1075,8 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     // Its mask cost more than its budget: nothing was allowed.
     reason = FinishReason::kError;
     out.error = std::string(kTooAmbiguous);
+    out.invalid_request = true;
+    out.error_param = sequence->request.structured_output_field;
   } else if (isStopToken(token.token, params)) {
     // The stop token ends the text without being part of it.
     reason = FinishReason::kStop;
@@ -1086,6 +1088,8 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
                     ? std::string(kTooAmbiguous)
                     : "the structured output cannot be continued: no token of the vocabulary is "
                       "allowed";
+    out.invalid_request = true;
+    out.error_param = sequence->request.structured_output_field;
   } else {
     auto update = live.stop.push(live.detokenizer.push(token.token));
     out.text = std::move(update.text);

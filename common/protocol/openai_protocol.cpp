@@ -636,7 +636,8 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
   if (auto error = readStructuredOutput(root.value(), /*chat=*/false, std::nullopt,
-                                        &parsed.request.structured_output)) {
+                                        &parsed.request.structured_output,
+                                        &parsed.request.structured_output_field)) {
     return *error;
   }
 
@@ -716,9 +717,9 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   auto text = renderMessages(root.value(), limits, cancel);
   if (!text.isOk()) return text.error();
   // After the messages: tools and tool_choice are checked there.
-  if (auto error =
-          readStructuredOutput(root.value(), /*chat=*/true, limits.chat_output.tool_call_parser,
-                               &parsed.request.structured_output)) {
+  if (auto error = readStructuredOutput(
+          root.value(), /*chat=*/true, limits.chat_output.tool_call_parser,
+          &parsed.request.structured_output, &parsed.request.structured_output_field)) {
     return *error;
   }
   parsed.prompt_text = std::move(text).value();

@@ -219,6 +219,8 @@ void appendOutput(protocol::RequestOutput& total, const protocol::RequestOutput&
   total.text += step.text;
   total.finish_reason = step.finish_reason;
   total.error = step.error;
+  total.invalid_request = step.invalid_request;
+  total.error_param = step.error_param;
   total.num_prompt_tokens = std::max(total.num_prompt_tokens, step.num_prompt_tokens);
   total.num_cached_tokens = std::max(total.num_cached_tokens, step.num_cached_tokens);
   total.num_generated_tokens = std::max(total.num_generated_tokens, step.num_generated_tokens);
@@ -299,6 +301,11 @@ json chatCompletionResponse(const ResponseMeta& meta, const protocol::RequestOut
 }
 
 ApiError engineError(const protocol::RequestOutput& output) {
+  if (output.invalid_request) {
+    return invalidRequest(
+        output.error_param.empty() ? output.error : output.error_param + ": " + output.error,
+        output.error_param);
+  }
   return serverError(output.error.empty() ? "the engine failed while generating" : output.error);
 }
 

@@ -65,6 +65,9 @@ struct Request {
   // samples only tokens the constraint allows and ends the request when it
   // is complete. Null: unconstrained.
   std::optional<structured::Constraint> structured_output;
+  // The request field it came from ("structured_outputs.regex",
+  // "response_format.json_schema.schema", ...), named by errors about it.
+  std::string structured_output_field;
   // Mixed into block hashes: requests with different salts never share
   // cached blocks.
   std::string cache_salt;
@@ -121,6 +124,11 @@ struct RequestOutput {
   std::string text;  // new text (valid UTF-8, stop strings cut)
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // with kError
+  // With kError: the request itself cannot be run (its constraint proved
+  // too ambiguous, or nothing can continue it) rather than the server
+  // failing, and the request field at fault ("" if none).
+  bool invalid_request = false;
+  std::string error_param;
   // Filled on the first output and kept on the last.
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache

@@ -235,7 +235,7 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
 
 std::optional<ApiError> readStructuredOutput(const ordered_json& root, bool chat,
                                              std::optional<protocol::ToolCallParserKind> parser,
-                                             std::optional<Constraint>* out) {
+                                             std::optional<Constraint>* out, std::string* field) {
   static constexpr const char* kGuided[] = {"guided_json", "guided_regex", "guided_choice",
                                             "guided_grammar"};
   std::vector<Found> found;
@@ -265,6 +265,7 @@ std::optional<ApiError> readStructuredOutput(const ordered_json& root, bool chat
     return invalidRequest(found[0].field + ": " + grammar.status().message(), found[0].field);
   }
   *out = std::move(found[0].constraint);
+  *field = std::move(found[0].field);
   return std::nullopt;
 }
 

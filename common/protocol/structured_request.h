@@ -30,11 +30,11 @@ namespace tandem::server {
 // a parser the server cannot know the model's format: a 400 saying so.
 //
 // `root` is the request body with its keys in the client's order (a JSON
-// schema's properties are generated in that order); sets *out when the
-// request has a constraint.
+// schema's properties are generated in that order); sets *out, and *field
+// to the field it came from, when the request has a constraint.
 std::optional<ApiError> readStructuredOutput(
     const nlohmann::ordered_json& root, bool chat,
     std::optional<protocol::ToolCallParserKind> tool_call_parser,
-    std::optional<structured::Constraint>* out);
+    std::optional<structured::Constraint>* out, std::string* field);
 
 }  // namespace tandem::server

@@ -39,6 +39,13 @@ std::string StreamSplice::relay(std::string_view event) {
   json chunk = json::parse(payload, nullptr, /*allow_exceptions=*/false);
   if (chunk.is_object() && chunk.contains("error")) {
     const json& error = chunk["error"];
+    // The request's own fault (its constraint proved too ambiguous, say):
+    // every agent would answer the same, so the client gets it as sent and
+    // the stream ends with it.
+    if (error.is_object() && error.contains("type") && error["type"] == "invalid_request_error") {
+      events_sent_ = true;
+      return std::string(event);
+    }
     upstream_error_ = error.is_object() && error.contains("message") && error["message"].is_string()
                           ? error["message"].get<std::string>()
                           : std::string(payload);

@@ -187,4 +187,53 @@ TEST_F(HostileInputTest, AnObjectOfManyMembersIsAnsweredLikeAnyRequest) {
   expectStillServing();
 }
 
+// A constraint whose masks prove too costly partway through the answer
+// (a literal, then nested repeats of \w?: with the tiny vocabulary the
+// literal's masks fit their budget, the first mask reaching the repeats
+// does not) is the request's fault: a 400 naming the field, from the agent
+// and through the router; streamed, the last event before [DONE], which the
+// router passes on rather than moving the stream to another decode agent,
+// where it would fail the same way. Each request has its own pattern text
+// (more parentheses, the same language), so each compiles afresh: what an
+// earlier request with the same text left in the grammar's memo can make a
+// later mask cheaper (docs/structured-outputs.md).
+TEST_F(HostileInputTest, AConstraintTooAmbiguousToFollowIsTheRequestsError) {
+  int variant = 0;
+  auto request = [&](bool stream) {
+    ++variant;
+    json body = greedy(randomPrompt(3, 9), 20);  // under the threshold: decoded where prefilled
+    body["structured_outputs"] = {{"regex", "the answer is " + std::string(variant, '(') +
+                                                "((\\w?){60}){60}" + std::string(variant, ')')}};
+    body["stream"] = stream;
+    return body.dump();
+  };
+  httplib::Client direct("127.0.0.1", decode_[0]->port());
+  for (httplib::Client* client : {&direct, client_.get()}) {
+    SCOPED_TRACE(client == client_.get() ? "router" : "agent");
+    Reply reply = post(*client, "/v1/completions", request(false));
+    ASSERT_EQ(reply.status, 400) << reply.body.dump();
+    EXPECT_EQ(reply.body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(reply.body["error"]["param"], "structured_outputs.regex");
+    EXPECT_NE(reply.body["error"]["message"].get<std::string>().find("too ambiguous to follow"),
+              std::string::npos);
+    auto res = client->Post("/v1/completions", request(true), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const StreamedCompletion stream = parseStream(res->body);
+    EXPECT_EQ(stream.done, 1) << res->body;
+    ASSERT_FALSE(stream.errors.empty()) << res->body;
+    EXPECT_TRUE(stream.text.starts_with("the answer is")) << stream.text;
+    const json error = json::parse(stream.errors.substr(6, stream.errors.find('\n') - 6))["error"];
+    EXPECT_EQ(error["type"], "invalid_request_error") << error.dump();
+    EXPECT_EQ(error["param"], "structured_outputs.regex") << error.dump();
+  }
+  const std::string metrics = routerMetrics();
+  EXPECT_EQ(tandem::prometheusSum(metrics, "tandem_router_migrations_total", "").value_or(0.0), 0.0)
+      << metrics;
+  EXPECT_EQ(tandem::prometheusSum(metrics, "tandem_router_upstream_errors_total", "").value_or(0.0),
+            0.0)
+      << metrics;
+  expectStillServing();
+}
+
 }  // namespace

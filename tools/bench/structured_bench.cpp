@@ -198,6 +198,12 @@ int runStructuredBench(const StructuredBenchOptions& options) {
               allowed.push_back(static_cast<TokenId>(w * 64 + __builtin_ctzll(bits)));
             }
           }
+          if (matcher.overflowed()) {
+            // Typical schemas must never reach the ambiguity bound.
+            std::fprintf(stderr, "schema %s: a mask passed its budget (too ambiguous)\n",
+                         schema.name);
+            return 1;
+          }
           if (allowed.empty()) break;
           // Short tokens half the time, so walks also close structures.
           TokenId pick = allowed[rng() % allowed.size()];

@@ -122,5 +122,19 @@ TEST(StreamSplice, AnAgentsErrorEventIsKeptForTheRouterAndOtherLinesPassAsSent) 
   EXPECT_EQ(splice.upstreamError(), "{\"error\":\"odd\"}") << "no message: the event itself";
 }
 
+// An error the request itself caused (invalid_request_error: its constraint
+// cannot be followed) would be the same on any agent: it reaches the client
+// as sent, and so does the end of the answer.
+TEST(StreamSplice, AnErrorOfTheRequestsOwnGoesToTheClient) {
+  StreamSplice splice(false, false);
+  const std::string error =
+      "data: {\"error\":{\"message\":\"structured_outputs.regex: too ambiguous\","
+      "\"type\":\"invalid_request_error\",\"param\":\"structured_outputs.regex\"}}\n\n";
+  EXPECT_EQ(splice.relay(error), error);
+  EXPECT_EQ(splice.upstreamError(), "");
+  EXPECT_EQ(splice.relay("data: [DONE]\n\n"), "data: [DONE]\n\n");
+  EXPECT_TRUE(splice.done());
+}
+
 }  // namespace
 }  // namespace tandem::router
