@@ -217,6 +217,12 @@ class Backend {
     parts.widths[2] = kv_width;
     parts.count = 3;
     matmulSplit(x, m, k, qkv, parts, scratch);
+    biasRopeWriteKv(m, a, cache);
+  }
+  // matmulQkvRope's steps after q, k and v are in a.q, a.k and a.v.
+  void biasRopeWriteKv(int64_t m, const QkvRope& a, const KvCacheLayout& cache) {
+    const int64_t q_width = a.num_heads * a.head_dim;
+    const int64_t kv_width = a.num_kv_heads * a.head_dim;
     if (a.q_bias != nullptr) addBias(a.q, a.q_bias, m, q_width);
     if (a.k_bias != nullptr) addBias(a.k, a.k_bias, m, kv_width);
     if (a.v_bias != nullptr) addBias(a.v, a.v_bias, m, kv_width);

@@ -519,8 +519,6 @@ class CudaBackend final : public Backend {
     return compute_ == DType::kBF16 && w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows;
   }
 
-  // As the attention scratch: growing it drops the recordings, which hold
-  // its address.
   // A fast kernel for this matmul, when there is one, storing through
   // `out`; false when none applies (the reference kernel's case).
   bool fastMatmul(const float* x, int64_t m, int64_t k, const WeightView& w,
@@ -573,6 +571,8 @@ class CudaBackend final : public Backend {
     checkLaunch("matmul epilogue");
   }
 
+  // As the attention scratch: growing it drops the recordings, which hold
+  // its address.
   void growGemvScratch(int64_t floats) {
     if (floats <= gemv_scratch_floats_) return;
     if (capturing_) throw Error("fast GEMV scratch grew while recording a decode step");

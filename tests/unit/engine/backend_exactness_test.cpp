@@ -181,12 +181,7 @@ class PairedStackingCpuBackend final : public kernels::cpu::CpuBackend {
       unpair(row + q_width, kv_width, a.k);
       std::copy(row + q_width + kv_width, row + n, a.v + r * kv_width);
     }
-    if (a.q_bias != nullptr) addBias(a.q, a.q_bias, m, q_width);
-    if (a.k_bias != nullptr) addBias(a.k, a.k_bias, m, kv_width);
-    if (a.v_bias != nullptr) addBias(a.v, a.v_bias, m, kv_width);
-    applyRope(a.q, a.num_heads, dim, a.inv_freq);
-    applyRope(a.k, a.num_kv_heads, dim, a.inv_freq);
-    writeKv(cache, a.layer, a.k, a.v);
+    biasRopeWriteKv(m, a, cache);
   }
   int64_t siluCalls() const { return silu_calls_; }
   int64_t addCalls() const { return add_calls_; }
