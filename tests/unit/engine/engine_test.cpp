@@ -498,13 +498,15 @@ TEST_F(HeldBlocks, ADrainHandsOverTheRequestsThatAllowItWithTheirBlocksHeld) {
     if (out.finished()) handed = out;
     changed.notify_all();
   };
-  Request movable = greedyRequest("movable", randomTokens(40, 5), 200);
-  movable.hand_over_on_drain = true;
-  ASSERT_TRUE(engine.addRequest(movable, on_moved).isOk());
+  // The staying request first: were the test thread descheduled between
+  // the two, the movable one could begin the drain before it was admitted.
   Collector staying;
   ASSERT_TRUE(
       engine.addRequest(greedyRequest("staying", randomTokens(30, 6), 40), staying.callback())
           .isOk());
+  Request movable = greedyRequest("movable", randomTokens(40, 5), 200);
+  movable.hand_over_on_drain = true;
+  ASSERT_TRUE(engine.addRequest(movable, on_moved).isOk());
   {
     std::unique_lock<std::mutex> lock(mutex);
     ASSERT_TRUE(
