@@ -520,11 +520,11 @@ class CudaBackend final : public Backend {
   }
 
   // A fast kernel for this matmul, when there is one, storing through
-  // `out`; false when none applies (the reference kernel's case).
+  // `out`; false when none applies (the reference kernel's case). The
+  // caller activated the device.
   bool fastMatmul(const float* x, int64_t m, int64_t k, const WeightView& w,
                   const MatmulEpilogue& out) {
     if (!fast_kernels_) return false;
-    activate();
     if (usesBf16Mma(w) && m <= kBf16MmaSkinnyRows) {
       if (auto it = mma_twins_.find(w.data); it != mma_twins_.end()) {
         // x's fragments go to the GEMV scratch (one stream: no other
@@ -563,8 +563,8 @@ class CudaBackend final : public Backend {
   // kernel into scratch (m x w.rows floats) and the epilogue kernel.
   void matmulThrough(const float* x, int64_t m, int64_t k, const WeightView& w,
                      const MatmulEpilogue& out, float* scratch) {
-    if (fastMatmul(x, m, k, w, out)) return;
     activate();
+    if (fastMatmul(x, m, k, w, out)) return;
     launchMatmul(stream_, x, m, k, w, scratch);
     checkLaunch("matmul");
     launchMatmulEpilogue(stream_, scratch, m, w.rows, out);
