@@ -269,6 +269,7 @@ struct CompiledGrammar::Runtime {
   // Expansion steps one mask's context checks may take: milliseconds of work.
   static constexpr int64_t kMaxMaskVisits = 1'000'000;
   std::vector<std::pair<int32_t, int32_t>> groups_;  // computeMask's (element, top) pairs
+  Stacks::Frontier group_;                           // computeMask's tops of one element
 
   std::vector<int32_t> path_;  // followSorted's frontiers along a token
 
@@ -409,9 +410,9 @@ struct CompiledGrammar::Runtime {
     const int64_t budget_end = stacks.totalVisits() + kMaxMaskVisits;
     for (size_t i = 0; i < groups_.size();) {
       const int32_t pos = groups_[i].first;
-      Stacks::Frontier group;
+      group_.clear();
       for (; i < groups_.size() && groups_[i].first == pos; ++i) {
-        group.tops.push_back(groups_[i].second);
+        group_.tops.push_back(groups_[i].second);
       }
       const Classes& c = classesOf(pos);
       if (!c.accepted_words.empty()) {
@@ -419,7 +420,7 @@ struct CompiledGrammar::Runtime {
       }
       for (TokenId id : c.accepted) setBit(mask, id);
       trimMemo();
-      if (!followSorted(intern(group), c.uncertain, mask, budget_end)) {
+      if (!followSorted(intern(group_), c.uncertain, mask, budget_end)) {
         std::fill(mask.begin(), mask.end(), 0);
         return false;
       }
