@@ -41,6 +41,9 @@ class Stacks {
   const Grammar& grammar() const { return g_; }
   // Expansion steps since the stacks were made: what their work costs.
   int64_t totalVisits() const { return total_visits_; }
+  // Expansion steps of the last start/advance: a function of its frontier
+  // and byte alone.
+  int64_t lastVisits() const { return visits_; }
   int64_t size() const { return static_cast<int64_t>(nodes_.size()); }
 
   int32_t intern(int32_t pos, int32_t parent) {
@@ -266,8 +269,9 @@ struct CompiledGrammar::Runtime {
   };
 
   static constexpr size_t kMaxCachedMasks = 256;
-  // Expansion steps one mask's context checks may take: milliseconds of work.
-  static constexpr int64_t kMaxMaskVisits = 1'000'000;
+  // Expansion steps one mask's context checks may cost, each distinct move
+  // charged what computing it costs, memoized or not: milliseconds of work.
+  static constexpr int64_t kMaxMaskCost = 1'000'000;
   std::vector<std::pair<int32_t, int32_t>> groups_;  // computeMask's (element, top) pairs
   Stacks::Frontier group_;                           // computeMask's tops of one element
 
@@ -292,16 +296,39 @@ struct CompiledGrammar::Runtime {
     return it->second;
   }
 
+  // A memoized move: the frontier it leads to, the expansion steps
+  // computing it took, and the last mask that was charged for it.
+  struct Move {
+    int32_t next;
+    int32_t cost;
+    uint32_t charged;
+  };
+
   // The frontier after `byte`, memoized: walks of the trie revisit the same
   // few frontiers at most of their nodes (every character of a string
   // leads back to one).
-  int32_t move(int32_t state, uint8_t byte) {
+  int32_t move(int32_t state, uint8_t byte) { return moveEntry(state, byte).next; }
+
+  Move& moveEntry(int32_t state, uint8_t byte) {
     const uint64_t key = (static_cast<uint64_t>(state) << 8) | byte;
     if (auto it = moves.find(key); it != moves.end()) return it->second;
     stacks.advance(states[static_cast<size_t>(state)].tops, byte, scratch);
+    const auto cost = static_cast<int32_t>(stacks.lastVisits());
     const int32_t next = intern(scratch);
-    moves.emplace(key, next);
-    return next;
+    return moves.emplace(key, Move{next, cost, 0}).first->second;
+  }
+
+  // move(), charging the mask being computed for each distinct move once,
+  // whether it is computed now or was memoized before: a mask's cost is
+  // then what computing it from nothing costs, the same whatever requests
+  // came before (at least what it costs now, so the budget bounds time).
+  int32_t chargedMove(int32_t state, uint8_t byte) {
+    Move& m = moveEntry(state, byte);
+    if (m.charged != mask_epoch_) {
+      m.charged = mask_epoch_;
+      mask_cost_ += m.cost;
+    }
+    return m.next;
   }
 
   void trimMemo() {
@@ -397,17 +424,20 @@ struct CompiledGrammar::Runtime {
   // some stack takes all its bytes: one walk per element, where a walk per
   // stack would repeat the shared prefixes' moves for every stack that
   // element tops). False, with an empty mask, when the walks cost more than
-  // kMaxMaskVisits expansion steps: a grammar that ambiguous is refused
-  // (the request ends with kTooAmbiguous) rather than stalling the engine.
+  // kMaxMaskCost expansion steps: a grammar that ambiguous is refused (the
+  // request ends with kTooAmbiguous) rather than stalling the engine.
   bool computeMask(const std::vector<int32_t>& tops, std::span<uint64_t> mask) {
     std::fill(mask.begin(), mask.end(), 0);
+    // Only here: a memo dropped within a mask would charge its moves twice.
+    trimMemo();
+    ++mask_epoch_;
+    mask_cost_ = 0;
     // (element, top) pairs, by element; `tops` is sorted, so each
     // element's tops stay sorted, as a frontier's are.
     groups_.clear();
     for (int32_t top : tops) groups_.push_back({stacks.node(top).pos, top});
     std::stable_sort(groups_.begin(), groups_.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
-    const int64_t budget_end = stacks.totalVisits() + kMaxMaskVisits;
     for (size_t i = 0; i < groups_.size();) {
       const int32_t pos = groups_[i].first;
       group_.clear();
@@ -419,12 +449,12 @@ struct CompiledGrammar::Runtime {
         for (size_t w = 0; w < mask.size(); ++w) mask[w] |= c.accepted_words[w];
       }
       for (TokenId id : c.accepted) setBit(mask, id);
-      trimMemo();
-      if (!followSorted(intern(group_), c.uncertain, mask, budget_end)) {
+      if (!followSorted(intern(group_), c.uncertain, mask)) {
         std::fill(mask.begin(), mask.end(), 0);
         return false;
       }
     }
+    stats.max_mask_cost = std::max(stats.max_mask_cost, mask_cost_);
     return true;
   }
 
@@ -433,9 +463,8 @@ struct CompiledGrammar::Runtime {
   // tokens it is a prefix of, and the tokens under any prefix one after
   // another), so tokens sharing a prefix share its moves, and a prefix no
   // stack takes rules out the tokens after it that start with it, unread.
-  // False when the stacks' expansion steps pass `budget_end`.
-  bool followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask,
-                    int64_t budget_end) {
+  // False when the mask's cost passes kMaxMaskCost.
+  bool followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask) {
     constexpr size_t kNone = std::string::npos;
     path_.assign(1, start);  // path_[i]: the frontier after i bytes of `previous`
     std::string_view previous;
@@ -451,8 +480,8 @@ struct CompiledGrammar::Runtime {
       path_.resize(std::min(common, path_.size() - 1) + 1);
       bool accepted = !text.empty();
       for (size_t i = path_.size() - 1; i < text.size(); ++i) {
-        const int32_t next = move(path_.back(), static_cast<uint8_t>(text[i]));
-        if (stacks.totalVisits() > budget_end) return false;
+        const int32_t next = chargedMove(path_.back(), static_cast<uint8_t>(text[i]));
+        if (mask_cost_ > kMaxMaskCost) return false;
         const Stacks::Frontier& f = states[static_cast<size_t>(next)];
         if (f.overflow) {
           accepted = false;
@@ -502,7 +531,9 @@ struct CompiledGrammar::Runtime {
   std::unordered_map<std::vector<int32_t>, std::vector<uint64_t>, VectorHash> masks;
   std::vector<Stacks::Frontier> states;
   std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> state_index;
-  std::unordered_map<uint64_t, int32_t> moves;
+  std::unordered_map<uint64_t, Move> moves;
+  uint32_t mask_epoch_ = 0;  // computeMask's, starting at 1
+  int64_t mask_cost_ = 0;    // the mask being computed
   Stacks::Frontier scratch;
   Stats stats;
 };

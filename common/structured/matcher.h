@@ -92,6 +92,7 @@ class CompiledGrammar {
     int64_t classified = 0;  // elements whose token classes are computed
     int64_t mask_cache_hits = 0;
     int64_t mask_cache_misses = 0;
+    int64_t max_mask_cost = 0;  // the costliest mask computed (see fillMask), steps
   };
   Stats stats() const;
 

@@ -173,12 +173,8 @@ TEST(StructuredMatcher, MasksOfManyStacksAgreeWithAcceptingEachToken) {
   }
 }
 
-// A mask whose context checks would cost more than their budget is not
-// computed: the matcher says it overflowed, allows nothing (an empty mask)
-// and accepts nothing, so the request ends with an error rather than
-// holding the engine's thread.
-TEST(StructuredMatcher, AMaskPastItsBudgetOverflowsAndAllowsNothing) {
-  // Word-like tokens of 2 to 16 word characters, as a real vocabulary has.
+// Word-like tokens of 2 to 16 word characters, as a real vocabulary has.
+std::shared_ptr<Vocabulary> wordVocabulary() {
   std::vector<std::string> tokens = testTokens();
   const std::string word_chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
   std::mt19937 rng(11);
@@ -187,7 +183,15 @@ TEST(StructuredMatcher, AMaskPastItsBudgetOverflowsAndAllowsNothing) {
     for (char& c : word) c = word_chars[rng() % word_chars.size()];
     tokens.push_back(std::move(word));
   }
-  auto vocab = std::make_shared<Vocabulary>(tokens, static_cast<int64_t>(tokens.size()));
+  return std::make_shared<Vocabulary>(tokens, static_cast<int64_t>(tokens.size()));
+}
+
+// A mask whose context checks would cost more than their budget is not
+// computed: the matcher says it overflowed, allows nothing (an empty mask)
+// and accepts nothing, so the request ends with an error rather than
+// holding the engine's thread.
+TEST(StructuredMatcher, AMaskPastItsBudgetOverflowsAndAllowsNothing) {
+  const auto vocab = wordVocabulary();
   StatusOr<Grammar> grammar = compileRegex("((\\w?){20}){20}");
   ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
   Matcher matcher(std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab));
@@ -197,6 +201,46 @@ TEST(StructuredMatcher, AMaskPastItsBudgetOverflowsAndAllowsNothing) {
   EXPECT_TRUE(matcher.overflowed());
   for (uint64_t word : mask) EXPECT_EQ(word, 0u);
   EXPECT_FALSE(matcher.accept(static_cast<TokenId>('a' - 0x20 + 1)));
+}
+
+// A request's masks along `text` (one byte a token), until one overflows.
+std::vector<std::vector<uint64_t>> masksAlong(const std::shared_ptr<CompiledGrammar>& compiled,
+                                              std::string_view text) {
+  Matcher matcher(compiled);
+  std::vector<std::vector<uint64_t>> masks;
+  for (size_t i = 0; i <= text.size() && !matcher.overflowed(); ++i) {
+    masks.emplace_back(static_cast<size_t>(compiled->vocabulary().maskWords()));
+    matcher.fillMask(masks.back());
+    if (i == text.size() || !matcher.accept(static_cast<TokenId>(text[i] - 0x20 + 1))) break;
+  }
+  return masks;
+}
+
+// Whether a mask fits its budget is the request's alone: the moves an
+// earlier request with the same grammar memoized cost nothing to look up,
+// but each is charged to a mask what computing it costs, so a request gets
+// the same masks, and overflows at the same token, on a fresh grammar and
+// after another request warmed it. (Charging only the work done, the
+// second request of the 14- and 16-fold patterns got all its masks.)
+TEST(StructuredMatcher, WhetherAMaskFitsItsBudgetIsTheRequestsAlone) {
+  const auto vocab = wordVocabulary();
+  const std::string text = "x" + std::string(12, 'a');
+  for (int n : {12, 14, 16}) {
+    const std::string pattern = "x((\\w?){" + std::to_string(n) + "}){" + std::to_string(n) + "}";
+    SCOPED_TRACE(pattern);
+    auto compile = [&] {
+      StatusOr<Grammar> grammar = compileRegex(pattern);
+      EXPECT_TRUE(grammar.isOk()) << grammar.status().message();
+      return std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab);
+    };
+    const auto fresh = masksAlong(compile(), text);
+    // 12-fold fits along the whole text; 14- and 16-fold pass the budget
+    // at their second mask.
+    ASSERT_EQ(fresh.size(), n == 12 ? text.size() + 1 : 2);
+    const auto shared = compile();
+    EXPECT_EQ(masksAlong(shared, text), fresh);
+    EXPECT_EQ(masksAlong(shared, text), fresh) << "after a request warmed the grammar";
+  }
 }
 
 TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
