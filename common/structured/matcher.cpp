@@ -282,8 +282,17 @@ struct CompiledGrammar::Runtime {
   static constexpr size_t kMaxStates = 1'000'000;
   static constexpr size_t kMaxMoves = 4'000'000;
 
+  using ClassTable = std::vector<std::unique_ptr<Classes>>;  // by element position
+
+  // A grammar's first generation: the classes are computed here.
   Runtime(const Grammar& grammar, const Vocabulary& vocabulary)
-      : stacks(grammar), vocab(vocabulary), classes(grammar.elements.size()) {}
+      : stacks(grammar),
+        vocab(vocabulary),
+        classes(std::make_shared<ClassTable>(grammar.elements.size())) {}
+  // A later generation: fresh stacks and memos, the same classes (they name
+  // tokens and element positions, not stack nodes).
+  explicit Runtime(const Runtime& previous)
+      : stacks(previous.stacks.grammar()), vocab(previous.vocab), classes(previous.classes) {}
 
   // A frontier's id: its tops and flags.
   int32_t intern(const Stacks::Frontier& frontier) {
@@ -359,7 +368,7 @@ struct CompiledGrammar::Runtime {
   }
 
   const Classes& classesOf(int32_t pos) {
-    std::unique_ptr<Classes>& slot = classes[static_cast<size_t>(pos)];
+    std::unique_ptr<Classes>& slot = (*classes)[static_cast<size_t>(pos)];
     if (!slot) {
       slot = std::make_unique<Classes>(classify(pos));
       ++stats.classified;
@@ -527,7 +536,7 @@ struct CompiledGrammar::Runtime {
 
   Stacks stacks;
   const Vocabulary& vocab;
-  std::vector<std::unique_ptr<Classes>> classes;  // by element position
+  std::shared_ptr<ClassTable> classes;  // shared by the grammar's generations
   std::unordered_map<std::vector<int32_t>, std::vector<uint64_t>, VectorHash> masks;
   std::vector<Stacks::Frontier> states;
   std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> state_index;
@@ -541,7 +550,7 @@ struct CompiledGrammar::Runtime {
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
     : grammar_(std::move(grammar)),
       vocabulary_(std::move(vocabulary)),
-      runtime_(std::make_unique<Runtime>(grammar_, *vocabulary_)) {
+      runtime_(std::make_shared<Runtime>(grammar_, *vocabulary_)) {
   // Here, where a request is admitted, rather than at its first steps on
   // the engine's thread: a string's element walks the whole vocabulary.
   runtime_->classifyAll();
@@ -553,16 +562,39 @@ CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);
   Stats stats = runtime_->stats;
   stats.nodes = runtime_->stacks.size();
-  stats.visits = runtime_->stacks.totalVisits();
+  stats.visits = retired_.visits + runtime_->stacks.totalVisits();
+  stats.mask_cache_hits += retired_.mask_cache_hits;
+  stats.mask_cache_misses += retired_.mask_cache_misses;
+  stats.max_mask_cost = std::max(stats.max_mask_cost, retired_.max_mask_cost);
+  stats.generations = retired_.generations + 1;
   return stats;
 }
 
 // ---- Matcher ---------------------------------------------------------------------
 
+std::shared_ptr<CompiledGrammar::Runtime> CompiledGrammar::currentRuntime() {
+  // Stack nodes are interned for good (a matcher's state is node ids), so
+  // each distinct nesting ever followed would stay and, past the node
+  // bound, every later request would overflow: a request starts a new
+  // generation once the current one is this large, and a generation is
+  // freed with its last matcher.
+  constexpr int64_t kNewGenerationNodes = 1'000'000;
+  if (runtime_->stacks.size() > kNewGenerationNodes) {
+    retired_.visits += runtime_->stacks.totalVisits();
+    retired_.mask_cache_hits += runtime_->stats.mask_cache_hits;
+    retired_.mask_cache_misses += runtime_->stats.mask_cache_misses;
+    retired_.max_mask_cost = std::max(retired_.max_mask_cost, runtime_->stats.max_mask_cost);
+    ++retired_.generations;
+    runtime_ = std::make_shared<Runtime>(*runtime_);
+  }
+  return runtime_;
+}
+
 Matcher::Matcher(std::shared_ptr<CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
   std::lock_guard lock(grammar_->mutex_);
+  runtime_ = grammar_->currentRuntime();
   Stacks::Frontier frontier;
-  grammar_->runtime_->stacks.start(frontier);
+  runtime_->stacks.start(frontier);
   tops_ = std::move(frontier.tops);
   can_end_ = frontier.complete;
   overflowed_ = frontier.overflow;
@@ -570,7 +602,7 @@ Matcher::Matcher(std::shared_ptr<CompiledGrammar> grammar) : grammar_(std::move(
 
 void Matcher::fillMask(std::span<uint64_t> mask) {
   std::lock_guard lock(grammar_->mutex_);
-  if (overflowed_ || !grammar_->runtime_->fillMask(tops_, mask)) {
+  if (overflowed_ || !runtime_->fillMask(tops_, mask)) {
     overflowed_ = true;
     std::fill(mask.begin(), mask.end(), 0);
   }
@@ -580,7 +612,7 @@ bool Matcher::accept(TokenId token) {
   const Vocabulary& vocab = grammar_->vocabulary();
   if (overflowed_ || !vocab.inTrie(token)) return false;
   std::lock_guard lock(grammar_->mutex_);
-  CompiledGrammar::Runtime& runtime = *grammar_->runtime_;
+  CompiledGrammar::Runtime& runtime = *runtime_;
   runtime.trimMemo();
   Stacks::Frontier now;
   now.tops = tops_;

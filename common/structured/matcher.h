@@ -77,7 +77,10 @@ class Vocabulary {
 // A grammar bound to a vocabulary, with its caches: every element's token
 // classes, computed when it is built (so a request's first steps do not
 // walk the vocabulary on the engine's thread), and, filled as they are
-// met, masks per state and the automaton's moves between frontiers.
+// met, masks per state and the automaton's moves between frontiers. Stack
+// nodes, masks and moves live in a generation: once the interned nodes pass
+// a million, the next request starts a new one, and an old one is freed
+// with its last matcher, so no history of requests fills the node bound.
 class CompiledGrammar {
  public:
   CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary);
@@ -93,6 +96,7 @@ class CompiledGrammar {
     int64_t mask_cache_hits = 0;
     int64_t mask_cache_misses = 0;
     int64_t max_mask_cost = 0;  // the costliest mask computed (see fillMask), steps
+    int64_t generations = 0;    // of stacks and memos (below)
   };
   Stats stats() const;
 
@@ -100,10 +104,16 @@ class CompiledGrammar {
   friend class Matcher;
   struct Runtime;
 
+  // The generation new matchers start in (guarded by mutex_).
+  std::shared_ptr<Runtime> currentRuntime();
+
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocabulary_;
   mutable std::mutex mutex_;
-  std::unique_ptr<Runtime> runtime_;  // guarded by mutex_
+  // Guarded by mutex_: the stacks and memos of the newest generation (a
+  // matcher keeps the one it started in), and the older ones' counts.
+  std::shared_ptr<Runtime> runtime_;
+  Stats retired_;
 };
 
 // One request's position in a grammar.
@@ -130,6 +140,8 @@ class Matcher {
 
  private:
   std::shared_ptr<CompiledGrammar> grammar_;
+  // The generation of stacks tops_ are nodes of (guarded by grammar_'s mutex).
+  std::shared_ptr<CompiledGrammar::Runtime> runtime_;
   std::vector<int32_t> tops_;  // sorted node ids
   bool can_end_ = false;
   bool overflowed_ = false;

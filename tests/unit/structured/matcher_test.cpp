@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "common/structured/constraint.h"
 #include "common/structured/regex_grammar.h"
 
 namespace tandem::structured {
@@ -241,6 +242,34 @@ TEST(StructuredMatcher, WhetherAMaskFitsItsBudgetIsTheRequestsAlone) {
     EXPECT_EQ(masksAlong(shared, text), fresh);
     EXPECT_EQ(masksAlong(shared, text), fresh) << "after a request warmed the grammar";
   }
+}
+
+// Stack nodes are interned for good within a generation, and requests of
+// one grammar share it: distinct deep nestings (any JSON object, each
+// request 20,000 arrays deep under its own prefix: ~480,000 nodes) would
+// pass the 4,000,000-node bound after 8 requests, and from then on every
+// request of that grammar would overflow at its first token. A request
+// starts a new generation once the current one holds a million nodes, so
+// every request follows its whole nesting.
+TEST(StructuredMatcher, NoHistoryOfRequestsFillsTheStackBound) {
+  auto vocab = std::make_shared<Vocabulary>(testTokens(), 200);
+  StatusOr<Grammar> grammar = compileConstraint(Constraint{ConstraintKind::kJsonObject, ""});
+  ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+  auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab);
+  auto token = [](char c) { return static_cast<TokenId>(c - 0x20 + 1); };
+  for (int request = 0; request < 12; ++request) {
+    SCOPED_TRACE(request);
+    Matcher matcher(compiled);
+    std::string text = "{\"a\":" + std::string(static_cast<size_t>(request), '[') + "{\"\":";
+    text += std::string(20000, '[');
+    for (char c : text) ASSERT_TRUE(matcher.accept(token(c))) << compiled->stats().nodes;
+    std::vector<uint64_t> mask(static_cast<size_t>(vocab->maskWords()));
+    matcher.fillMask(mask);
+    EXPECT_FALSE(matcher.overflowed());
+    EXPECT_TRUE(bit(mask, token(']')));
+  }
+  EXPECT_GT(compiled->stats().generations, 1);
+  EXPECT_LE(compiled->stats().nodes, 2'000'000);
 }
 
 TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
