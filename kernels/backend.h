@@ -311,9 +311,12 @@ enum class CudaKernels { kReference, kFast, kFlash };
 CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag, DeviceKind kind);
 // Throws tandem::Error when the backend cannot be created, and when
 // `cuda_kernels` is kFast or kFlash for a backend other than CUDA (the CPU
-// has none).
+// has none). `unordered_decode` (CUDA fast kernels only; tandem-bench's
+// measure of what batch invariance costs, never serving):
+// CudaBackendOptions::unordered_decode.
 std::unique_ptr<Backend> makeBackend(DeviceKind kind,
-                                     CudaKernels cuda_kernels = CudaKernels::kReference);
+                                     CudaKernels cuda_kernels = CudaKernels::kReference,
+                                     bool unordered_decode = false);
 // Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);
 // throws tandem::Error naming `flag` and the accepted values.
 DType parseComputeDType(const std::string& text, const std::string& flag);

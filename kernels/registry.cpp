@@ -44,7 +44,13 @@ DeviceKind resolveDevice(const std::string& flag) {
   throw Error("--device: expected cpu, cuda or auto, got '" + flag + "'");
 }
 
-std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels) {
+std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels,
+                                     bool unordered_decode) {
+  if (unordered_decode && (kind != DeviceKind::kCuda || cuda_kernels == CudaKernels::kReference)) {
+    throw Error(
+        "--unordered-decode: only with --device cuda and the fast kernels (it replaces the fast "
+        "decode matmul)");
+  }
   switch (kind) {
     case DeviceKind::kCpu:
       if (cuda_kernels != CudaKernels::kReference) {
@@ -60,6 +66,7 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels) 
       cuda::CudaBackendOptions options;
       options.fast_kernels = cuda_kernels != CudaKernels::kReference;
       options.flash_attention = cuda_kernels == CudaKernels::kFlash;
+      options.unordered_decode = unordered_decode;
       return cuda::makeCudaBackend(0, options);
     }
 #else

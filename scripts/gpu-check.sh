@@ -208,11 +208,14 @@ for model in "${models[@]}"; do
     limited "${bench}" "${args[@]}" --cuda-kernels reference \
       --json "${json_dir}/engine-${model}-batch${batch}.json" || reference_failed=1
     if [[ "${fast}" == "1" ]]; then
-      # The same run with the fast kernels, then also with bf16 compute, then
+      # The same run with the fast kernels, then also with bf16 compute; then
+      # with the decode matmuls unordered (split-K with atomics, NOT
+      # batch-invariant: what the fixed order costs, printed below); then
       # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
       # The flash attention kernel last, with bf16 compute and fused
       # projections (the fastest configuration).
       variants=("--cuda-kernels fast" "--cuda-kernels fast --compute-dtype bf16"
+        "--cuda-kernels fast --compute-dtype bf16 --unordered-decode"
         "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
         variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections")
@@ -221,6 +224,7 @@ for model in "${models[@]}"; do
         name="$([[ "${variant}" == *flash* ]] && echo flash || echo fast)"
         name="${name}$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"
+        name="${name}$([[ "${variant}" == *unordered* ]] && echo -unordered || true)"
         echo "== tandem-bench ${args[*]} ${variant}"
         if ! limited "${bench}" "${args[@]}" "${extra[@]}" \
           --json "${json_dir}/engine-${model}-batch${batch}-${name}.json"; then
@@ -228,6 +232,23 @@ for model in "${models[@]}"; do
         fi
       done
     fi
+  done
+done
+
+# ---- the cost of batch invariance (docs/cuda.md) ------------------------------------------
+# The bf16 decode step with the skinny kernel's fixed order over the same
+# step with its unordered split-K variant, from the two runs above (each
+# its own best of BENCH_REPEATS, one after the other).
+for model in "${models[@]}"; do
+  for batch in "${batches[@]}"; do
+    run="${json_dir}/engine-${model}-batch${batch}-fast-bf16"
+    [[ -f "${run}.json" && -f "${run}-unordered.json" ]] || continue
+    ordered_ms=$(grep -o '"decode_step_s": *[0-9.e+-]*' "${run}.json" | grep -o '[0-9.e+-]*$')
+    unordered_ms=$(grep -o '"decode_step_s": *[0-9.e+-]*' "${run}-unordered.json" |
+      grep -o '[0-9.e+-]*$')
+    awk -v m="${model}" -v b="${batch}" -v o="${ordered_ms}" -v u="${unordered_ms}" 'BEGIN {
+      printf "== cost of batch invariance, %s batch %s: bf16 decode step %.3f ms fixed order, " \
+        "%.3f ms unordered split-K: %.3f\n", m, b, o * 1e3, u * 1e3, o / u }'
   done
 done
 

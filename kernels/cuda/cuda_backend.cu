@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
       : device_(device),
         fast_kernels_(options.fast_kernels),
         flash_attention_(options.fast_kernels && options.flash_attention),
+        unordered_decode_(options.fast_kernels && options.unordered_decode),
         gemv_scratch_cap_floats_(static_cast<int64_t>(options.gemv_scratch_bytes / sizeof(float))) {
     throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
     throwIfFailed(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -78,6 +79,7 @@ class CudaBackend final : public Backend {
     description_ = text;
     if (fast_kernels_)
       description_ += flash_attention_ ? ", fast kernels, flash attention" : ", fast kernels";
+    if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     sm_count_ = props.multiProcessorCount;
   }
 
@@ -530,6 +532,13 @@ class CudaBackend final : public Backend {
         // x's fragments go to the GEMV scratch (one stream: no other
         // matmul is using it).
         growGemvScratch((bf16MmaSkinnyScratchBytes(m, k) + 3) / 4);
+        if (unordered_decode_ &&
+            (out.kind == MatmulEpilogue::kStore || out.kind == MatmulEpilogue::kAdd)) {
+          launchBf16MmaSkinnyUnordered(stream_, x, m, k, it->second, w.rows, out, gemv_scratch_,
+                                       sm_count_);
+          checkLaunch("matmul (bf16 tensor cores, decode, unordered)");
+          return true;
+        }
         launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, out, gemv_scratch_);
         checkLaunch("matmul (bf16 tensor cores, decode)");
         return true;
@@ -642,6 +651,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool fast_kernels_ = false;
   bool flash_attention_ = false;
+  bool unordered_decode_ = false;  // CudaBackendOptions::unordered_decode
   int64_t gemv_scratch_cap_floats_ = 0;
   int sm_count_ = 1;
   DType compute_ = DType::kF32;

@@ -25,6 +25,12 @@ struct CudaBackendOptions {
   // --cuda-kernels flash (with fast_kernels): attention over bf16 caches on
   // the tensor cores (attention.cu's flash kernel), where its shapes allow.
   bool flash_attention = false;
+  // NOT batch-invariant: decode matmuls under bf16 compute (m <= 64, plain
+  // and adding stores) split k over blocks and add the partials with
+  // atomics, so a row's bits depend on its batch and on timing. Only for
+  // measuring what the fixed order costs (tandem-bench engine
+  // --unordered-decode); the agent never sets it.
+  bool unordered_decode = false;
   // The most scratch the fast GEMV keeps for its chunk partials; a matmul
   // needing more runs its columns in slices, one launch pair each.
   size_t gemv_scratch_bytes = size_t{32} << 20;

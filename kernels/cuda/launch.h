@@ -86,6 +86,13 @@ int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k);
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const void* fragments, int64_t n, const MatmulEpilogue& out,
                          void* x_fragments);
+// NOT batch-invariant, for measuring the cost of invariance only
+// (CudaBackendOptions::unordered_decode): the skinny kernel with k split
+// over enough blocks for four per SM and the partials added with atomics.
+// Plain and adding stores only (out.kind kStore or kAdd).
+void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                                  const void* fragments, int64_t n, const MatmulEpilogue& out,
+                                  void* x_fragments, int sm_count);
 int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16);

@@ -54,6 +54,8 @@
 // it never changes an output's mma sequence.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/epilogue.h"
@@ -460,7 +462,8 @@ __device__ __forceinline__ uint4 loadStreaming(const uint4* p) {
 }
 
 // kPairs pairs (32 k each: two 16-wide slices) of one warp's weights and
-// of x's fragments, loaded together so their latencies overlap.
+// of x's fragments, loaded together so their latencies overlap. A warp's
+// pairs run up to `end` (the whole k, `pairs`, but for the split-K variant).
 template <int kRowGroups, int kPairs>
 struct Batch {
   uint4 w[kPairs];
@@ -470,10 +473,10 @@ struct Batch {
 template <int kRowGroups, int kPairs>
 __device__ __forceinline__ void loadBatch(const uint4* __restrict__ column,
                                           const uint4* __restrict__ xs, int64_t pairs, int64_t p0,
-                                          Batch<kRowGroups, kPairs>& batch) {
+                                          int64_t end, Batch<kRowGroups, kPairs>& batch) {
 #pragma unroll
   for (int u = 0; u < kPairs; ++u) {
-    if (p0 + u >= pairs) break;
+    if (p0 + u >= end) break;
     batch.w[u] = loadStreaming(column + (p0 + u) * 32);
 #pragma unroll
     for (int r = 0; r < kRowGroups; ++r) batch.x[u][r] = __ldg(xs + (r * pairs + p0 + u) * 32);
@@ -484,11 +487,11 @@ __device__ __forceinline__ void loadBatch(const uint4* __restrict__ column,
 // tile i takes row groups 2i (rows 16i + g: a0, a2) and 2i + 1 (rows
 // 16i + 8 + g: a1, a3; zero past the launch's groups).
 template <int kRowGroups, int kPairs, int kMTiles>
-__device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& batch, int64_t pairs,
+__device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& batch, int64_t end,
                                               int64_t p0, int64_t k, float (&acc)[kMTiles][1][4]) {
 #pragma unroll
   for (int u = 0; u < kPairs; ++u) {
-    if (p0 + u >= pairs) break;
+    if (p0 + u >= end) break;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if ((p0 + u) * 32 + half * kMmaK >= k) break;  // past k: no instruction, whatever m is
@@ -503,6 +506,23 @@ __device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& b
         mmaBf16(acc[i][0], a, fragment);
       }
     }
+  }
+}
+
+// The chain over pairs [begin, end), two batches in flight.
+template <int kRowGroups, int kPairs, int kMTiles>
+__device__ __forceinline__ void multiplyPairs(const uint4* __restrict__ column,
+                                              const uint4* __restrict__ xs, int64_t pairs,
+                                              int64_t begin, int64_t end, int64_t k,
+                                              float (&acc)[kMTiles][1][4]) {
+  Batch<kRowGroups, kPairs> even;
+  Batch<kRowGroups, kPairs> odd;
+  loadBatch(column, xs, pairs, begin, end, even);
+  for (int64_t p0 = begin; p0 < end; p0 += 2 * kPairs) {
+    if (p0 + kPairs < end) loadBatch(column, xs, pairs, p0 + kPairs, end, odd);
+    multiplyBatch(even, end, p0, k, acc);
+    if (p0 + 2 * kPairs < end) loadBatch(column, xs, pairs, p0 + 2 * kPairs, end, even);
+    if (p0 + kPairs < end) multiplyBatch(odd, end, p0 + kPairs, k, acc);
   }
 }
 
@@ -528,30 +548,92 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  Batch<kRowGroups, kPairs> even;
-  Batch<kRowGroups, kPairs> odd;
-  loadBatch(column, xs, pairs, 0, even);
-  for (int64_t p0 = 0; p0 < pairs; p0 += 2 * kPairs) {
-    if (p0 + kPairs < pairs) loadBatch(column, xs, pairs, p0 + kPairs, odd);
-    multiplyBatch(even, pairs, p0, k, acc);
-    if (p0 + 2 * kPairs < pairs) loadBatch(column, xs, pairs, p0 + 2 * kPairs, even);
-    if (p0 + kPairs < pairs) multiplyBatch(odd, pairs, p0 + kPairs, k, acc);
-  }
-
+  multiplyPairs<kRowGroups, kPairs>(column, xs, pairs, 0, pairs, k, acc);
   storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
 }
 
+// NOT batch-invariant: the unconstrained variant of the kernel above, for
+// measuring what its fixed order costs (tandem-bench engine
+// --unordered-decode, docs/cuda.md "The cost of batch invariance"), never
+// a serving path. The same fragments, loads and batches, but each warp's k
+// is split over gridDim.y blocks (more blocks in flight where n is small)
+// and the partial sums are added into y with atomics: an output's bits
+// then depend on which split lands first. y += the product (kAdd; kStore:
+// y was zeroed first).
+template <int kRowGroups, int kPairs>
+__global__ void __launch_bounds__(kThreads)
+    bf16MmaSkinnySplitKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
+                             const uint4* __restrict__ fragments, int64_t n, float* y) {
+  constexpr int kMTiles = (kRowGroups + 1) / 2;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const MmaFragmentTiling t{n, k};
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (tile >= t.tileColumns()) return;
+  const int64_t pairs = t.pairs();
+  const int64_t per_split = (pairs + gridDim.y - 1) / gridDim.y;
+  const int64_t begin = blockIdx.y * per_split;
+  const int64_t end = begin + per_split < pairs ? begin + per_split : pairs;
+  if (begin >= end) return;
+  float acc[kMTiles][1][4];
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
+  }
+  multiplyPairs<kRowGroups, kPairs>(fragments + tile * pairs * 32 + lane, x_fragments + lane,
+                                    pairs, begin, end, k, acc);
+  const int64_t column = tile * 8 + lane % 4 * 2;
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = i * 16 + e / 2 * 8 + lane / 4;
+      const int64_t c = column + e % 2;
+      if (row < m && c < n) atomicAdd(y + row * n + c, acc[i][0][e]);
+    }
+  }
+}
+
+// `splits` 0: the ordered kernel through `out`; more: the unordered split-K
+// variant, adding into out.y.
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
-                int64_t n, const MatmulEpilogue& out, uint4* x_fragments) {
+                int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits) {
   const int64_t rows = 8 * kRowGroups;
   const int64_t vectors = MmaFragmentTiling{rows, k}.elements() / 8;
   const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(vectors, 256), 1024));
   xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
-  bf16MmaSkinnyKernel<kRowGroups, kPairs>
-      <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);
+  if (splits == 0) {
+    bf16MmaSkinnyKernel<kRowGroups, kPairs>
+        <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);
+  } else {
+    bf16MmaSkinnySplitKernel<kRowGroups, kPairs>
+        <<<dim3(tiles, static_cast<unsigned int>(splits)), kThreads, 0, stream>>>(
+            x_fragments, m, k, fragments, n, out.y);
+  }
+}
+
+void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* frags,
+                  int64_t n, const MatmulEpilogue& out, uint4* xs, int splits) {
+  // Pairs per batch: two batches of weights and x in registers, about 128
+  // registers of loads whatever the row groups.
+  switch (rowGroupsFor(m)) {
+    case 1:
+      launchWith<1, 8>(stream, x, m, k, frags, n, out, xs, splits);
+      break;
+    case 2:
+      launchWith<2, 4>(stream, x, m, k, frags, n, out, xs, splits);
+      break;
+    case 4:
+      launchWith<4, 2>(stream, x, m, k, frags, n, out, xs, splits);
+      break;
+    default:
+      launchWith<8, 1>(stream, x, m, k, frags, n, out, xs, splits);
+      break;
+  }
 }
 
 }  // namespace skinny
@@ -568,24 +650,30 @@ void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t
   TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
                "bf16 skinny matmul: the x scratch must be 16-byte aligned");
-  const auto* frags = static_cast<const uint4*>(fragments);
-  auto* xs = static_cast<uint4*>(x_fragments);
-  // Pairs per batch: two batches of weights and x in registers, about 128
-  // registers of loads whatever the row groups.
-  switch (skinny::rowGroupsFor(m)) {
-    case 1:
-      skinny::launchWith<1, 8>(stream, x, m, k, frags, n, out, xs);
-      break;
-    case 2:
-      skinny::launchWith<2, 4>(stream, x, m, k, frags, n, out, xs);
-      break;
-    case 4:
-      skinny::launchWith<4, 2>(stream, x, m, k, frags, n, out, xs);
-      break;
-    default:
-      skinny::launchWith<8, 1>(stream, x, m, k, frags, n, out, xs);
-      break;
+  skinny::launchSkinny(stream, x, m, k, static_cast<const uint4*>(fragments), n, out,
+                       static_cast<uint4*>(x_fragments), 0);
+}
+
+void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
+                                  const void* fragments, int64_t n, const MatmulEpilogue& out,
+                                  void* x_fragments, int sm_count) {
+  TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
+  TANDEM_CHECK(out.kind == MatmulEpilogue::kStore || out.kind == MatmulEpilogue::kAdd,
+               "unordered bf16 skinny matmul: a plain or adding store only");
+  TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
+               "bf16 skinny matmul: the x scratch must be 16-byte aligned");
+  const MmaFragmentTiling t{n, k};
+  // Enough splits of k for four blocks per SM, at least one pair each.
+  const int64_t blocks = ceilDiv(t.tileColumns(), skinny::kWarps);
+  const auto splits = static_cast<int>(
+      std::clamp<int64_t>(ceilDiv(4 * int64_t{sm_count}, blocks), 1, t.pairs()));
+  if (out.kind == MatmulEpilogue::kStore) {
+    TANDEM_CHECK(cudaMemsetAsync(out.y, 0, static_cast<size_t>(m * n) * sizeof(float), stream) ==
+                     cudaSuccess,
+                 "unordered bf16 skinny matmul: cudaMemsetAsync");
   }
+  skinny::launchSkinny(stream, x, m, k, static_cast<const uint4*>(fragments), n, out,
+                       static_cast<uint4*>(x_fragments), splits);
 }
 
 int64_t bf16MmaScratchElements(int64_t m, int64_t k) {

@@ -417,6 +417,7 @@ class CudaFastKernelsTest : public CudaKernelsTest {
   std::unique_ptr<Backend> fast_;
   std::unique_ptr<Backend> sliced_;
   std::unique_ptr<Backend> bf16_;  // made by the test that needs it
+  std::unique_ptr<Backend> unordered_;  // likewise
   // Released in TearDown(), before the backends go.
   std::vector<std::tuple<Backend*, void*, size_t>> owned_;
 };
@@ -550,6 +551,54 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     matmul(x.data(), checked, k, packed, rounded.data());
     const std::vector<float> head(all.begin(), all.begin() + checked * n);
     expectNear(rounded, head, 1e-4f * static_cast<float>(k) / 100.0f);
+  }
+}
+
+// The unordered decode variant (CudaBackendOptions::unordered_decode, only
+// for measuring what the skinny kernel's fixed order costs) computes the
+// same product: near the ordered kernel's rows (another summation order,
+// so not their bits), plain and adding, at a decode shape that splits k
+// (n = 1024: 32 blocks unsplit) and one whose last pair is half padding.
+TEST_F(CudaFastKernelsTest, UnorderedDecodeVariantComputesTheSameProduct) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  bf16_ = cuda::makeCudaBackend(0, options);
+  options.unordered_decode = true;
+  unordered_ = cuda::makeCudaBackend(0, options);
+  EXPECT_NE(unordered_->description().find("unordered decode matmuls"), std::string::npos);
+  for (Backend* backend : {bf16_.get(), unordered_.get()}) backend->setComputeDType(DType::kBF16);
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1024, 4096}, {96, 1000}}) {
+    const auto x = randomFloats(static_cast<size_t>(64 * k), 41);
+    const auto bf16 = toHalfBits(randomFloats(static_cast<size_t>(n * k), 42), DType::kBF16);
+    const WeightView w{bf16.data(), DType::kBF16, n, k};
+    for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{33}, int64_t{64}}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + " m " +
+                   std::to_string(m));
+      const auto ordered = run(*bf16_, x, m, k, w);
+      const auto split = run(*unordered_, x, m, k, w);
+      for (float v : split) ASSERT_FALSE(std::isnan(v));
+      expectNear(ordered, split, 1e-4f * static_cast<float>(k) / 100.0f);
+
+      // y += x · w^T adds into y (the atomics' kAdd).
+      const auto y0 = randomFloats(static_cast<size_t>(m * n), 43);
+      const size_t bytes = y0.size() * sizeof(float);
+      void* y = unordered_->allocate(bytes);
+      void* scratch = unordered_->allocate(bytes);
+      void* xs = unordered_->allocate(static_cast<size_t>(m * k) * sizeof(float));
+      ASSERT_TRUE(y != nullptr && scratch != nullptr && xs != nullptr);
+      owned_.push_back({unordered_.get(), y, bytes});
+      owned_.push_back({unordered_.get(), scratch, bytes});
+      owned_.push_back({unordered_.get(), xs, static_cast<size_t>(m * k) * sizeof(float)});
+      unordered_->copyFromHost(y, y0.data(), bytes);
+      unordered_->copyFromHost(xs, x.data(), static_cast<size_t>(m * k) * sizeof(float));
+      unordered_->matmulAdd(static_cast<const float*>(xs), m, k, unordered_->matmulWeight(w),
+                            static_cast<float*>(y), static_cast<float*>(scratch));
+      std::vector<float> added(y0.size());
+      unordered_->copyToHost(added.data(), y, bytes);
+      std::vector<float> expected(y0.size());
+      for (size_t i = 0; i < y0.size(); ++i) expected[i] = y0[i] + ordered[i];
+      expectNear(expected, added, 1e-4f * static_cast<float>(k) / 100.0f);
+    }
   }
 }
 

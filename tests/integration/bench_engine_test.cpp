@@ -121,4 +121,15 @@ TEST_F(BenchEngineTest, RefusesAnUnknownComputeDtypeByName) {
   EXPECT_TRUE(run.report.is_null());
 }
 
+// The unordered decode variant replaces a fast CUDA kernel: on the CPU it
+// would measure nothing, so it is refused by name.
+TEST_F(BenchEngineTest, RefusesUnorderedDecodeWithoutTheCudaFastKernels) {
+  const BenchRun run = bench("--unordered-decode --compute-dtype bf16");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--unordered-decode: only with --device cuda and the fast kernels"),
+            std::string::npos)
+      << run.err;
+  EXPECT_TRUE(run.report.is_null());
+}
+
 }  // namespace

@@ -31,6 +31,9 @@ struct EngineBenchOptions {
   std::string json_path;          // empty: no JSON file
   bool profile_ops = false;       // also time each backend call of one prefill and one decode
   bool fuse_projections = false;  // ModelRunnerOptions::fuse_projections
+  // CudaBackendOptions::unordered_decode: not batch-invariant, for measuring
+  // what the fixed order costs.
+  bool unordered_decode = false;
 };
 
 int runEngineBench(const EngineBenchOptions& options);

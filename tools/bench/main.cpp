@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
   engine->add_flag("--fuse-projections", options.fuse_projections,
                    "Q/K/V and gate/up as one matmul each (the same bits)");
+  engine->add_flag("--unordered-decode", options.unordered_decode,
+                   "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
+                   "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");
   engine->add_flag("--profile-ops", options.profile_ops,
                    "also time each backend call of one prefill and one decode, alone "
                    "(eager, synchronized around every call), and print them per step");

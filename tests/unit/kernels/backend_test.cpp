@@ -114,6 +114,19 @@ TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
     }
   }
   EXPECT_EQ(makeBackend(DeviceKind::kCpu, CudaKernels::kReference)->kind(), DeviceKind::kCpu);
+  // The unordered decode matmuls replace a fast CUDA kernel: refused
+  // anywhere else, before any device is asked for.
+  for (auto [kind, set] : {std::pair{DeviceKind::kCpu, CudaKernels::kReference},
+                           std::pair{DeviceKind::kCuda, CudaKernels::kReference}}) {
+    try {
+      makeBackend(kind, set, /*unordered_decode=*/true);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "--unordered-decode: only with --device cuda and the fast kernels (it replaces "
+                "the fast decode matmul)");
+    }
+  }
 }
 
 // bf16 compute is the weights' layout: once asked for, the CPU backend hands
