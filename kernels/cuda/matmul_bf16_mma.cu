@@ -581,8 +581,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  multiplyPairs<kRowGroups, kPairs>(fragments + tile * pairs * 32 + lane, x_fragments + lane,
-                                    pairs, begin, end, k, acc);
+  multiplyPairs<kRowGroups, kPairs>(fragments + tile * pairs * 32 + lane, x_fragments + lane, pairs,
+                                    begin, end, k, acc);
   const int64_t column = tile * 8 + lane % 4 * 2;
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i) {
@@ -665,8 +665,8 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
   const MmaFragmentTiling t{n, k};
   // Enough splits of k for four blocks per SM, at least one pair each.
   const int64_t blocks = ceilDiv(t.tileColumns(), skinny::kWarps);
-  const auto splits = static_cast<int>(
-      std::clamp<int64_t>(ceilDiv(4 * int64_t{sm_count}, blocks), 1, t.pairs()));
+  const auto splits =
+      static_cast<int>(std::clamp<int64_t>(ceilDiv(4 * int64_t{sm_count}, blocks), 1, t.pairs()));
   if (out.kind == MatmulEpilogue::kStore) {
     TANDEM_CHECK(cudaMemsetAsync(out.y, 0, static_cast<size_t>(m * n) * sizeof(float), stream) ==
                      cudaSuccess,

@@ -416,7 +416,7 @@ class CudaFastKernelsTest : public CudaKernelsTest {
 
   std::unique_ptr<Backend> fast_;
   std::unique_ptr<Backend> sliced_;
-  std::unique_ptr<Backend> bf16_;  // made by the test that needs it
+  std::unique_ptr<Backend> bf16_;       // made by the test that needs it
   std::unique_ptr<Backend> unordered_;  // likewise
   // Released in TearDown(), before the backends go.
   std::vector<std::tuple<Backend*, void*, size_t>> owned_;

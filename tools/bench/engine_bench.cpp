@@ -389,7 +389,7 @@ int runEngineBench(const EngineBenchOptions& options) {
                 static_cast<double>(options.batch * options.decode_tokens) / eager_s);
     std::printf("%-46s %12.2f\n", "recorded / eager decode speed", eager_s / decode_only_s);
     std::printf("%-46s %12s\n", "recorded vs eager logits",
-                replay_exact                 ? "identical"
+                replay_exact               ? "identical"
                 : options.unordered_decode ? "differ (unordered)"
                                            : "DIFFER");
   }
