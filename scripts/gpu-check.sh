@@ -36,7 +36,11 @@
 #              FAST=0 leaves out the second pass of the gpu tests and the
 #              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets);
 #              FLASH=0 leaves out the flash attention kernel's checks and
-#              benchmark runs (--cuda-kernels flash, not yet a default).
+#              benchmark runs (--cuda-kernels flash, not yet a default);
+#              F32_BENCH=0 leaves out the benchmark runs with f32 compute
+#              (--cuda-kernels reference, and fast without bf16 compute:
+#              the slowest runs, their kernels unchanged since a figure of
+#              theirs was taken), so a short window goes to the bf16 ones.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,6 +51,7 @@ fast="${FAST:-1}"
 fast_failed=0
 flash="${FLASH:-${fast}}"
 flash_failed=0
+f32_bench="${F32_BENCH:-1}"
 
 echo "== GPU"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -203,10 +208,12 @@ for model in "${models[@]}"; do
     args=(engine --device cuda --model "${scratch}/${model}" --prompt-tokens "${prompt}"
       --decode-tokens 64 --repeats "${BENCH_REPEATS:-3}" --profile-ops)
     [[ "${batch}" != "1" ]] && args+=(--batch "${batch}")
-    echo "== tandem-bench ${args[*]} --cuda-kernels reference" \
-      "--json ${json_dir}/engine-${model}-batch${batch}.json"
-    limited "${bench}" "${args[@]}" --cuda-kernels reference \
-      --json "${json_dir}/engine-${model}-batch${batch}.json" || reference_failed=1
+    if [[ "${f32_bench}" == "1" ]]; then
+      echo "== tandem-bench ${args[*]} --cuda-kernels reference" \
+        "--json ${json_dir}/engine-${model}-batch${batch}.json"
+      limited "${bench}" "${args[@]}" --cuda-kernels reference \
+        --json "${json_dir}/engine-${model}-batch${batch}.json" || reference_failed=1
+    fi
     if [[ "${fast}" == "1" ]]; then
       # The same run with the fast kernels, then also with bf16 compute; then
       # with the decode matmuls unordered (split-K with atomics, NOT
@@ -214,7 +221,9 @@ for model in "${models[@]}"; do
       # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
       # The flash attention kernel last, with bf16 compute and fused
       # projections (the fastest configuration).
-      variants=("--cuda-kernels fast" "--cuda-kernels fast --compute-dtype bf16"
+      variants=()
+      [[ "${f32_bench}" == "1" ]] && variants+=("--cuda-kernels fast")
+      variants+=("--cuda-kernels fast --compute-dtype bf16"
         "--cuda-kernels fast --compute-dtype bf16 --unordered-decode"
         "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
