@@ -284,15 +284,15 @@ struct CompiledGrammar::Runtime {
 
   using ClassTable = std::vector<std::unique_ptr<Classes>>;  // by element position
 
-  // A grammar's first generation: the classes are computed here.
-  Runtime(const Grammar& grammar, const Vocabulary& vocabulary)
+  // Fresh stacks and memos. `classes`: a former generation's (they name
+  // tokens and element positions, not stack nodes); none for the first,
+  // whose are computed here.
+  Runtime(const Grammar& grammar, const Vocabulary& vocabulary,
+          std::shared_ptr<ClassTable> classes_before = nullptr)
       : stacks(grammar),
         vocab(vocabulary),
-        classes(std::make_shared<ClassTable>(grammar.elements.size())) {}
-  // A later generation: fresh stacks and memos, the same classes (they name
-  // tokens and element positions, not stack nodes).
-  explicit Runtime(const Runtime& previous)
-      : stacks(previous.stacks.grammar()), vocab(previous.vocab), classes(previous.classes) {}
+        classes(classes_before ? std::move(classes_before)
+                               : std::make_shared<ClassTable>(grammar.elements.size())) {}
 
   // A frontier's id: its tops and flags.
   int32_t intern(const Stacks::Frontier& frontier) {
@@ -585,7 +585,7 @@ std::shared_ptr<CompiledGrammar::Runtime> CompiledGrammar::currentRuntime() {
     retired_.mask_cache_misses += runtime_->stats.mask_cache_misses;
     retired_.max_mask_cost = std::max(retired_.max_mask_cost, runtime_->stats.max_mask_cost);
     ++retired_.generations;
-    runtime_ = std::make_shared<Runtime>(*runtime_);
+    runtime_ = std::make_shared<Runtime>(grammar_, *vocabulary_, runtime_->classes);
   }
   return runtime_;
 }
