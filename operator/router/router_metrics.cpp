@@ -38,7 +38,9 @@ const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.0, 0.1, 0.2, 0.
 
 }  // namespace
 
-RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_removed_agents)
+    : keep_errors_of_removed_agents_(keep_errors_of_removed_agents),
+      registry_(std::make_shared<prometheus::Registry>()) {
   auto histogram = [&](const char* name, const char* help,
                        const prometheus::Histogram::BucketBoundaries& buckets) {
     return &BuildHistogram().Name(name).Help(help).Register(*registry_).Add({}, buckets);
@@ -272,10 +274,28 @@ void RouterMetrics::removeAgent(const std::string& agent) {
       reserved_tokens_->Remove(&reserved_tokens_->Add(kind_labels));
     }
   }
+  if (upstream_errors_->Has(labels)) {
+    errors_to_drop_[agent] = std::chrono::steady_clock::now() + keep_errors_of_removed_agents_;
+  }
+  dropErrorsOfRemovedAgents();
+}
+
+void RouterMetrics::dropErrorsOfRemovedAgents() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = errors_to_drop_.begin(); it != errors_to_drop_.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    const prometheus::Labels labels = {{"agent", it->first}};
+    if (upstream_errors_->Has(labels)) upstream_errors_->Remove(&upstream_errors_->Add(labels));
+    it = errors_to_drop_.erase(it);
+  }
 }
 
 void RouterMetrics::setAgentHealthy(const std::string& agent, bool healthy) {
   std::lock_guard<std::mutex> lock(mutex_);
+  errors_to_drop_.erase(agent);  // listed (again)
   agent_healthy_->Add({{"agent", agent}}).Set(healthy ? 1 : 0);
 }
 
@@ -306,6 +326,7 @@ void RouterMetrics::observeTtftPrediction(double observed_s, double predicted_s)
 
 std::string RouterMetrics::render() {
   std::lock_guard<std::mutex> lock(mutex_);
+  dropErrorsOfRemovedAgents();
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

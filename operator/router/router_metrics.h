@@ -6,6 +6,8 @@
 // Thread-safe.
 #pragma once
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,7 +25,10 @@ namespace tandem::router {
 
 class RouterMetrics {
  public:
-  RouterMetrics();
+  // `keep_errors_of_removed_agents`: how long an agent's
+  // upstream-error series outlives the agent's removal (below).
+  explicit RouterMetrics(
+      std::chrono::steady_clock::duration keep_errors_of_removed_agents = std::chrono::minutes(10));
   ~RouterMetrics();
 
   // decision: disaggregated, local_prefill, pull_back, affinity, spill,
@@ -59,7 +64,11 @@ class RouterMetrics {
   void setAdmission(int64_t inflight, int64_t queued);
   // How many agents of a role ("prefill", "decode") the router has.
   void setAgentCount(const std::string& role, int64_t count);
-  // The agent left the router's list: its health and index series go away.
+  // The agent left the router's list: its health and index series go away,
+  // and its upstream-error series once it has been kept for the time given
+  // to the constructor (errors are what a dying agent leaves: enough scrapes
+  // must see the last of them), unless the agent is listed again by then.
+  // Without this, every pod that ever failed a call kept a series.
   void removeAgent(const std::string& agent);
   void setAgentHealthy(const std::string& agent, bool healthy);
   void setAgentRequests(const std::string& agent, int64_t requests);
@@ -73,7 +82,13 @@ class RouterMetrics {
   std::string render();
 
  private:
+  // Removes the upstream-error series whose time has come (mutex_ held).
+  void dropErrorsOfRemovedAgents();
+
   std::mutex mutex_;
+  const std::chrono::steady_clock::duration keep_errors_of_removed_agents_;
+  // Removed agents' upstream-error series, by when they go.
+  std::map<std::string, std::chrono::steady_clock::time_point> errors_to_drop_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* upstream_errors_;

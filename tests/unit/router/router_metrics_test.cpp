@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/prometheus_text.h"
 #include "operator/router/router.h"
@@ -38,6 +40,34 @@ TEST(RouterMetricsTest, AgentCountsAndRemovedAgentsSeries) {
   EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-a\""), std::nullopt);
   EXPECT_EQ(sample(text, "tandem_router_index_blocks", "agent=\"decode-a\""), std::nullopt);
   EXPECT_EQ(sample(text, "tandem_router_agent_healthy", "agent=\"decode-b\""), 0);
+}
+
+// A removed agent's upstream errors stay for the time given (scrapes must
+// see the errors of an agent that died), then go; an agent listed again by
+// then keeps its series. Before, every agent that ever failed a call kept
+// one for good (a pod's name changes at every restart).
+TEST(RouterMetricsTest, ARemovedAgentsUpstreamErrorsStayForAWhileThenGo) {
+  const auto upstream_errors = [](RouterMetrics& metrics, const char* agent) {
+    return sample(metrics.render(), "tandem_router_upstream_errors_total",
+                  std::string("agent=\"") + agent + "\"");
+  };
+  RouterMetrics kept(std::chrono::hours(1));
+  kept.countUpstreamError("decode-a");
+  kept.countUpstreamError("decode-a");
+  kept.removeAgent("decode-a");
+  EXPECT_EQ(upstream_errors(kept, "decode-a"), 2);
+
+  RouterMetrics brief(std::chrono::milliseconds(20));
+  for (const char* agent : {"decode-a", "decode-b"}) {
+    brief.setAgentHealthy(agent, true);
+    brief.countUpstreamError(agent);
+    brief.removeAgent(agent);
+  }
+  brief.setAgentHealthy("decode-b", true);  // listed again
+  EXPECT_EQ(upstream_errors(brief, "decode-a"), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));  // past the 20 ms kept
+  EXPECT_EQ(upstream_errors(brief, "decode-a"), std::nullopt);
+  EXPECT_EQ(upstream_errors(brief, "decode-b"), 1);
 }
 
 // Decisions over large prompts are told apart: 15, 25 and 40 ms land in
