@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "common/thread_scratch.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::tokenizer_internal {
@@ -248,6 +249,7 @@ void BpeModel::tokenize(std::string_view word, std::vector<TokenId>& out) const 
     }
   };
   thread_local std::vector<Candidate> heap;
+  const ScratchTrim trim(ids, prev, next, heap);
 
   ids.clear();
   splitIntoSymbols(word, ids);

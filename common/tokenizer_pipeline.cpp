@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "common/thread_scratch.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::tokenizer_internal {
@@ -189,6 +190,7 @@ void splitWords(std::string_view text, const Regex& regex, PreTokenizer::Behavio
   thread_local std::vector<std::pair<size_t, size_t>> matches;
   thread_local std::vector<Span> spans;
   thread_local std::vector<Span> pieces;
+  const ScratchTrim trim(matches, spans, pieces);
   matches.clear();
   spans.clear();
   pieces.clear();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_scratch.h"
 #include "common/tokenizer_pipeline.h"
 #include "tests/support/test_files.h"
 
@@ -729,6 +730,21 @@ TEST(TokenizerLoadErrorTest, MergeOutsideVocabulary) {
   EXPECT_NE(message.find("merge 9 ('x', 'y') uses a token that is not in model.vocab"),
             std::string::npos)
       << message;
+}
+
+// The tokenizer's per-thread scratch keeps what a common call needs and
+// gives back what a huge input made it grow to (1 MiB and more), so a
+// worker thread does not hold its largest prompt's peak for good.
+TEST(ThreadScratch, KeepsSmallScratchAndReleasesLargeScratch) {
+  std::vector<int> small(1000);
+  std::vector<uint64_t> large((kScratchKeepBytes / sizeof(uint64_t)) + 1);
+  {
+    const ScratchTrim trim(small, large);
+    small.clear();
+    large.clear();
+  }
+  EXPECT_GE(small.capacity(), 1000u);
+  EXPECT_EQ(large.capacity(), 0u);
 }
 
 }  // namespace
