@@ -283,8 +283,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
           KvSourceTotals& totals = kv_sources_[source];
           totals.blocks_loaded += blocks;
           totals.bytes += blocks * static_cast<int64_t>(cache_->blockBytes());
-          std::lock_guard<std::mutex> lock(mutex_);
-          transfer_durations_.push_back({source, seconds});
+          totals.addLoad(seconds);
         },
         simulated && simulated->kv_link_bytes_per_s > 0
             ? std::function<double(int64_t)>(
@@ -679,11 +678,6 @@ KvSnapshot Engine::kvSnapshot() {
     wake_.notify_one();
   }
   return future.get();
-}
-
-std::vector<TransferDuration> Engine::takeTransferDurations() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return std::exchange(transfer_durations_, {});
 }
 
 EngineStats Engine::stats() const {

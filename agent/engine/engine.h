@@ -14,6 +14,8 @@
 // predicts and emits tokens from a deterministic function of the sequence.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -101,10 +103,30 @@ struct EngineConfig {
   std::optional<StepProfile> simulate;
 };
 
-// Blocks and bytes loaded from one source of a KV connector.
+// Upper bounds (seconds, inclusive) of the KV load-duration histogram's
+// buckets (tandem_kv_transfer_duration_seconds); one more bucket takes the
+// rest.
+inline constexpr std::array<double, 15> kKvLoadSecondsBounds = {
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+
+// Blocks and bytes loaded from one source of a KV connector, and its
+// finished loads as a cumulative histogram: how many fell in each bucket
+// (kKvLoadSecondsBounds, then the rest) and the sum of their durations.
 struct KvSourceTotals {
   int64_t blocks_loaded = 0;
   int64_t bytes = 0;
+  std::array<int64_t, kKvLoadSecondsBounds.size() + 1> load_seconds_buckets{};
+  double load_seconds_sum = 0;
+
+  // One finished load of `seconds`: the first bucket whose bound is at
+  // least that (a Prometheus bucket's `le`).
+  void addLoad(double seconds) {
+    const auto bucket =
+        std::lower_bound(kKvLoadSecondsBounds.begin(), kKvLoadSecondsBounds.end(), seconds) -
+        kKvLoadSecondsBounds.begin();
+    ++load_seconds_buckets[static_cast<size_t>(bucket)];
+    load_seconds_sum += seconds;
+  }
 };
 
 // A consistent snapshot for metrics and health.
@@ -134,12 +156,6 @@ struct EngineStats {
   std::map<std::string, KvSourceTotals> kv_sources;
   // Failed loads and refused transfers by reason (cumulative).
   std::map<std::string, int64_t> kv_transfer_failures;
-};
-
-// One finished KV load, for the transfer-duration histogram.
-struct TransferDuration {
-  std::string source;
-  double seconds = 0;
 };
 
 // The prefix cache's content at one KV event sequence number: what a reader
@@ -226,9 +242,6 @@ class Engine {
   bool draining() const;
 
   EngineStats stats() const;
-  // Durations (seconds) of KV loads finished since the last call, for a
-  // histogram; each is reported once.
-  std::vector<TransferDuration> takeTransferDurations();
   // Taken on the engine thread between steps, so it is consistent with the
   // event log; waits for the current step to end.
   KvSnapshot kvSnapshot();
@@ -334,7 +347,6 @@ class Engine {
   // every step.
   std::unordered_map<BlockId, int> held_block_refs_;
   std::map<std::string, KvSourceTotals> kv_sources_;  // engine thread only
-  std::vector<TransferDuration> transfer_durations_;  // guarded by mutex_
   Sampler sampler_;
   std::vector<Sampler> row_samplers_;  // prompt logprobs: one per kernel thread
   std::string model_identity_;

@@ -587,7 +587,7 @@ void HttpServer::routes() {
 
   http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     metrics_.setKvBuffer(engine_.kvConnectorInfo());
-    res.set_content(metrics_.render(engine_.stats(), engine_.takeTransferDurations()),
+    res.set_content(metrics_.render(engine_.stats()),
                     "text/plain; version=0.0.4");
   });
 

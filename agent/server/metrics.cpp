@@ -29,8 +29,8 @@ const Histogram::BucketBoundaries kRequestBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
-const Histogram::BucketBoundaries kTransferBuckets = {
-    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+const Histogram::BucketBoundaries kTransferBuckets(engine::kKvLoadSecondsBounds.begin(),
+                                                   engine::kKvLoadSecondsBounds.end());
 
 // tandem_kv_transfer_failures_total's reasons (docs/kv-transfer.md, "Failure
 // reasons"; `evicted` from the offload tier).
@@ -228,8 +228,7 @@ void AgentMetrics::observeRejected(const std::string& reason) {
   requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}}).Increment();
 }
 
-std::string AgentMetrics::render(const engine::EngineStats& stats,
-                                 const std::vector<engine::TransferDuration>& transfer_durations) {
+std::string AgentMetrics::render(const engine::EngineStats& stats) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto advance = [](prometheus::Counter* counter, int64_t now, int64_t& reported) {
     if (now > reported) counter->Increment(static_cast<double>(now - reported));
@@ -258,13 +257,24 @@ std::string AgentMetrics::render(const engine::EngineStats& stats,
     }
     for (const auto& [source, totals] : stats.kv_sources) {
       engine::KvSourceTotals& reported = reported_.kv_sources[source];
+      // The loads finished since the last render, bucket by bucket.
+      std::vector<double> loads(totals.load_seconds_buckets.size());
+      bool any_load = false;
+      for (size_t i = 0; i < loads.size(); ++i) {
+        const int64_t now = totals.load_seconds_buckets[i];
+        loads[i] =
+            static_cast<double>(std::max<int64_t>(now - reported.load_seconds_buckets[i], 0));
+        any_load = any_load || loads[i] > 0;
+        reported.load_seconds_buckets[i] = std::max(reported.load_seconds_buckets[i], now);
+      }
+      if (any_load) {
+        kv_transfer_duration_->Add(labels(source), kTransferBuckets)
+            .ObserveMultiple(loads, totals.load_seconds_sum - reported.load_seconds_sum);
+        reported.load_seconds_sum = totals.load_seconds_sum;
+      }
       advance(&kv_blocks_loaded_->Add(labels(source)), totals.blocks_loaded,
               reported.blocks_loaded);
       advance(&kv_transfer_bytes_->Add(labels(source)), totals.bytes, reported.bytes);
-    }
-    for (const auto& duration : transfer_durations) {
-      kv_transfer_duration_->Add(labels(duration.source), kTransferBuckets)
-          .Observe(duration.seconds);
     }
     for (const auto& [reason, count] : stats.kv_transfer_failures) {
       advance(&kv_transfer_failures_->Add({{"model", model_}, {"role", role_}, {"reason", reason}}),

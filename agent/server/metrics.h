@@ -51,10 +51,10 @@ class AgentMetrics {
   // staging path; `info` as UcxConnector::info() (null: nothing is set).
   void setKvBuffer(const nlohmann::json& info);
 
-  // Brings engine-kept figures up to date and renders the text format.
-  // transfer_durations: KV loads finished since the last render.
-  std::string render(const engine::EngineStats& stats,
-                     const std::vector<engine::TransferDuration>& transfer_durations = {});
+  // Brings engine-kept figures up to date (counters and the KV load
+  // histogram advance by what the engine counted since the last render)
+  // and renders the text format.
+  std::string render(const engine::EngineStats& stats);
 
  private:
   std::mutex mutex_;
