@@ -587,8 +587,7 @@ void HttpServer::routes() {
 
   http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     metrics_.setKvBuffer(engine_.kvConnectorInfo());
-    res.set_content(metrics_.render(engine_.stats()),
-                    "text/plain; version=0.0.4");
+    res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4");
   });
 
   // Renders a chat template for `messages`: a client leaving cancels it.
