@@ -54,7 +54,9 @@ void EventRecorder::recordOnce(const Owner& owner, const std::string& type,
                                const std::string& reason, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!recorded_.emplace(owner.uid, owner.generation, reason).second) return;
+    constexpr size_t kMaxRemembered = 4096;
+    if (recorded_.size() >= kMaxRemembered) recorded_.clear();
+    if (!recorded_.emplace(owner.uid, reason, message).second) return;
   }
   record(owner, type, reason, message);
 }

@@ -4,9 +4,13 @@
 // timestamp and count 1, named "<object>.<16 random hex digits>".
 //
 // Recording never fails the caller: an Event that cannot be written is
-// logged and dropped. recordOnce() writes a given (object uid, generation,
-// reason) at most once per process, so a warning about a spec is not
-// repeated on every reconcile. Thread-safe.
+// logged and dropped. recordOnce() writes a given (object uid, reason,
+// message) at most once per process, so a warning about a spec is not
+// repeated on every reconcile, nor at every scaling step (a write of
+// spec.replicas through /scale is a new generation), and a change that
+// changes the warning's text is warned again. Past 4,096 remembered
+// warnings the memory starts over (each may then be written once more):
+// objects that were deleted leave theirs. Thread-safe.
 #pragma once
 
 #include <mutex>
@@ -35,7 +39,7 @@ class EventRecorder {
   ApiWriter& writer_;
   std::string instance_;
   std::mutex mutex_;
-  std::set<std::tuple<std::string, int64_t, std::string>> recorded_;
+  std::set<std::tuple<std::string, std::string, std::string>> recorded_;
 };
 
 }  // namespace tandem::controller

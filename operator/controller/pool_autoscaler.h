@@ -17,7 +17,7 @@
 //      them enqueues the pool).
 //
 // A pool whose spec.autoscaling does not parse gets a Warning Event
-// (InvalidAutoscaling) once per generation and is left alone. A pool that
+// (InvalidAutoscaling) once per distinct error and is left alone. A pool that
 // loses spec.autoscaling, or is deleted, is forgotten with its conditions.
 //
 // Time: `now_seconds` is monotonic (the planner's clock); Pending durations

@@ -212,10 +212,19 @@ TEST_F(ControllerTest, ForeignDeploymentOfTheSameNameIsLeftAlone) {
   EXPECT_EQ(eventsWithReason("NameConflict")[0]["type"], "Warning");
 }
 
-TEST_F(ControllerTest, InsecureKvTransferIsWarnedOncePerGeneration) {
+// Once per pool, not per reconcile, and not per generation either: an
+// autoscaler's every step writes spec.replicas (a new generation), which
+// must not repeat the warning.
+TEST_F(ControllerTest, InsecureKvTransferIsWarnedOncePerPool) {
   server_.put(prefillPool());
   Controller controller(*client_, options());
   ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  EXPECT_EQ(eventsWithReason("InsecureKvTransfer").size(), 1u);
+  json scaled = *get("tandem.dev/v1alpha1", "PrefillPool", "prefill");
+  scaled["spec"]["replicas"] = 3;
+  server_.put(scaled);
+  ASSERT_EQ((*get("tandem.dev/v1alpha1", "PrefillPool", "prefill"))["metadata"]["generation"], 2);
   ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
   EXPECT_EQ(eventsWithReason("InsecureKvTransfer").size(), 1u);
   const json args = (*deployment("prefill"))["spec"]["template"]["spec"]["containers"][0]["args"];
