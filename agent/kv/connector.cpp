@@ -130,4 +130,33 @@ StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text)
   return parseObject(root, "");
 }
 
+int64_t extraCapacityBlocks(const nlohmann::json& extra, const std::string& connector,
+                            size_t item_bytes, bool required) {
+  const std::string accepted =
+      std::string(required ? "exactly" : "at most") +
+      " one of capacity_blocks (a positive number of blocks) or capacity_bytes (a positive "
+      "number of bytes)";
+  const bool has_blocks = extra.contains("capacity_blocks");
+  const bool has_bytes = extra.contains("capacity_bytes");
+  if ((has_blocks && has_bytes) || (required && !has_blocks && !has_bytes)) {
+    throw Error(connector + ": kv_connector_extra_config needs " + accepted +
+                (has_blocks ? ", got both" : ", got neither"));
+  }
+  if (!has_blocks && !has_bytes) return 0;
+  const char* field = has_blocks ? "capacity_blocks" : "capacity_bytes";
+  const nlohmann::json& value = extra.at(field);
+  if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
+    throw Error(connector + ": kv_connector_extra_config." + field +
+                " must be a positive integer, got " + value.dump());
+  }
+  if (has_blocks) return value.get<int64_t>();
+  const int64_t blocks = value.get<int64_t>() / static_cast<int64_t>(item_bytes);
+  if (blocks == 0) {
+    throw Error(connector + ": kv_connector_extra_config.capacity_bytes " +
+                std::to_string(value.get<int64_t>()) + " holds no KV block of " +
+                std::to_string(item_bytes) + " bytes");
+  }
+  return blocks;
+}
+
 }  // namespace tandem::kv

@@ -59,6 +59,15 @@ struct KvTransferConfig {
   static StatusOr<KvTransferConfig> parse(const std::string& json_text);
 };
 
+// A connector's capacity in whole items of `item_bytes` from its extra
+// config: "capacity_blocks" (a positive integer) or "capacity_bytes" (a
+// positive integer, rounded down to whole items), at most one of them. 0
+// when neither is given and `required` is false. Throws tandem::Error,
+// prefixed with `connector` (e.g. "offload connector"), naming the field and
+// what is accepted.
+int64_t extraCapacityBlocks(const nlohmann::json& extra, const std::string& connector,
+                            size_t item_bytes, bool required);
+
 // What a connector sees of a request.
 struct ConnectorRequest {
   std::string_view request_id;

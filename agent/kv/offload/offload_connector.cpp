@@ -8,43 +8,11 @@
 #include "common/logging.h"
 
 namespace tandem::kv {
-namespace {
-
-constexpr char kAccepted[] =
-    "exactly one of capacity_blocks (a positive number of blocks) or capacity_bytes (a positive "
-    "number of bytes)";
-
-// A positive integer field of the extra config, named in the error.
-int64_t positiveInteger(const nlohmann::json& extra, const char* field) {
-  const nlohmann::json& value = extra.at(field);
-  if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
-    throw Error(std::string("offload connector: kv_connector_extra_config.") + field +
-                " must be a positive integer, got " + value.dump());
-  }
-  return value.get<int64_t>();
-}
-
-}  // namespace
 
 OffloadConnector::OffloadConnector(const KvTransferConfig& config, engine::KvCache& cache)
     : config_(config), cache_(cache), block_bytes_(cache.blockBytes()) {
-  const bool has_blocks = config_.extra.contains("capacity_blocks");
-  const bool has_bytes = config_.extra.contains("capacity_bytes");
-  if (has_blocks == has_bytes) {
-    throw Error(std::string("offload connector: kv_connector_extra_config needs ") + kAccepted +
-                (has_blocks ? ", got both" : ", got neither"));
-  }
-  if (has_blocks) {
-    capacity_blocks_ = positiveInteger(config_.extra, "capacity_blocks");
-  } else {
-    const int64_t bytes = positiveInteger(config_.extra, "capacity_bytes");
-    capacity_blocks_ = bytes / static_cast<int64_t>(block_bytes_);
-    if (capacity_blocks_ == 0) {
-      throw Error("offload connector: kv_connector_extra_config.capacity_bytes " +
-                  std::to_string(bytes) + " holds no KV block of " + std::to_string(block_bytes_) +
-                  " bytes");
-    }
-  }
+  capacity_blocks_ = extraCapacityBlocks(config_.extra, "offload connector", block_bytes_,
+                                         /*required=*/true);
   if (capacity_blocks_ > std::numeric_limits<int32_t>::max()) {
     throw Error("offload connector: a capacity of " + std::to_string(capacity_blocks_) +
                 " blocks is more than the " + std::to_string(std::numeric_limits<int32_t>::max()) +

@@ -3,8 +3,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 #include "common/logging.h"
 
@@ -39,6 +41,56 @@ StorageConnector::StorageConnector(const KvTransferConfig& config, engine::KvCac
   if (!fs::is_directory(root_)) {
     throw Error("storage connector: cannot create shared_storage_path " + root_.string() +
                 (error ? ": " + error.message() : ""));
+  }
+  capacity_blocks_ = extraCapacityBlocks(config_.extra, "storage connector",
+                                         sizeof(FileHeader) + cache_.blockBytes(),
+                                         /*required=*/false);
+  if (capacity_blocks_ == 0 || !config_.produces()) {
+    if (config_.produces()) {
+      TANDEM_LOG(kInfo) << "storage connector: no capacity_blocks or capacity_bytes: block files "
+                           "under "
+                        << root_.string() << " are never removed";
+    }
+    return;
+  }
+  // The files already there, least recently used (modified) first.
+  std::vector<std::pair<fs::file_time_type, fs::path>> found;
+  for (auto it = fs::recursive_directory_iterator(root_, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (it->is_regular_file(error) && it->path().extension() == ".kvblock") {
+      found.emplace_back(it->last_write_time(error), it->path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  for (const auto& [time, path] : found) used(path);
+  evictToCapacity();
+  TANDEM_LOG(kInfo) << "storage connector: keeps at most " << capacity_blocks_
+                    << " block files under " << root_.string() << " (" << recency_.size()
+                    << " there now)";
+}
+
+void StorageConnector::used(const fs::path& path) {
+  if (capacity_blocks_ == 0) return;
+  auto [it, added] = known_.try_emplace(path.filename().string());
+  if (added) {
+    recency_.push_front(path);
+  } else {
+    recency_.splice(recency_.begin(), recency_, it->second);
+  }
+  it->second = recency_.begin();
+}
+
+void StorageConnector::evictToCapacity() {
+  while (static_cast<int64_t>(recency_.size()) > capacity_blocks_) {
+    const fs::path& oldest = recency_.back();
+    std::error_code error;
+    fs::remove(oldest, error);  // gone already (another agent): as good
+    if (error) {
+      TANDEM_LOG(kWarn) << "storage connector: cannot remove " << oldest.string() << ": "
+                        << error.message();
+    }
+    known_.erase(oldest.filename().string());
+    recency_.pop_back();
   }
 }
 
@@ -90,10 +142,15 @@ LoadResult StorageConnector::load(const ConnectorRequest& request, int64_t first
   LoadResult result;
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const int64_t index = first_block + static_cast<int64_t>(i);
-    const std::string failure =
-        index < static_cast<int64_t>(request.block_hashes.size())
-            ? loadBlock(blockPath(request.block_hashes[index]), block_ids[i])
-            : "missing";
+    const bool hashed = index < static_cast<int64_t>(request.block_hashes.size());
+    const fs::path path = hashed ? blockPath(request.block_hashes[index]) : fs::path();
+    const std::string failure = hashed ? loadBlock(path, block_ids[i]) : "missing";
+    if (failure.empty() && capacity_blocks_ > 0) {
+      // A use: the most recent, here and, for the next agent's start, on disk.
+      std::error_code error;
+      fs::last_write_time(path, fs::file_time_type::clock::now(), error);
+      used(path);
+    }
     if (!failure.empty()) {
       TANDEM_LOG(kWarn) << "storage connector: block " << index << " of request "
                         << request.request_id << " did not load (" << failure << ")";
@@ -111,7 +168,10 @@ void StorageConnector::save(const ConnectorRequest& request, int64_t first_block
     const int64_t index = first_block + static_cast<int64_t>(i);
     if (index >= static_cast<int64_t>(request.block_hashes.size())) break;
     const fs::path path = blockPath(request.block_hashes[index]);
-    if (fs::exists(path)) continue;  // same hash, same bytes
+    if (fs::exists(path)) {  // same hash, same bytes
+      used(path);
+      continue;
+    }
     std::error_code error;
     fs::create_directories(path.parent_path(), error);
     const uint8_t* data = cache_.blockData(block_ids[i]);
@@ -138,8 +198,11 @@ void StorageConnector::save(const ConnectorRequest& request, int64_t first_block
       TANDEM_LOG(kWarn) << "storage connector: cannot rename to " << path.string() << ": "
                         << error.message();
       fs::remove(temp, error);
+      continue;
     }
+    used(path);
   }
+  evictToCapacity();
 }
 
 }  // namespace tandem::kv

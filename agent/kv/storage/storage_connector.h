@@ -11,11 +11,22 @@
 // error for that block only, counted by reason (missing, truncated, format,
 // checksum).
 //
-// Extra config: "shared_storage_path" (required).
+// Extra config: "shared_storage_path" (required); at most one of
+// "capacity_blocks" or "capacity_bytes" (whole block files). Without either
+// the files are never removed. With one, an agent that saves keeps the files
+// it knows of (those under the path when it started, those it wrote or
+// loaded since) within the capacity, removing the least recently used
+// (written or loaded; at start, by modification time, which a load
+// refreshes). Files other agents write after its start are not counted
+// until it loads them: with several writers on one path, the path holds up
+// to the sum of their capacities.
 // Thread-safety: used from the engine thread only.
 #pragma once
 
 #include <filesystem>
+#include <list>
+#include <string>
+#include <unordered_map>
 
 #include "agent/kv/connector.h"
 
@@ -36,16 +47,27 @@ class StorageConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
             std::span<const BlockId> block_ids) override;
 
   std::filesystem::path blockPath(const BlockHash& hash) const;
+  // The capacity in block files; 0: unbounded.
+  int64_t capacityBlocks() const { return capacity_blocks_; }
 
  private:
   // Reads one block file into `block`; the failure reason ("missing",
   // "truncated", "format", "checksum"), empty when it loaded.
   std::string loadBlock(const std::filesystem::path& path, BlockId block);
 
+  // With a capacity: the file `path` was written or loaded now (most
+  // recently used), then files are removed, least recently used first,
+  // until the known ones fit.
+  void used(const std::filesystem::path& path);
+  void evictToCapacity();
+
   KvTransferConfig config_;
   engine::KvCache& cache_;
   std::filesystem::path root_;
   uint64_t temp_counter_ = 0;
+  int64_t capacity_blocks_ = 0;               // 0: unbounded (and nothing below is kept)
+  std::list<std::filesystem::path> recency_;  // the known files, most recently used first
+  std::unordered_map<std::string, std::list<std::filesystem::path>::iterator> known_;
 };
 
 }  // namespace tandem::kv

@@ -1,0 +1,124 @@
+// The storage connector's capacity: a saving agent keeps the block files it
+// knows of within capacity_blocks / capacity_bytes, removing the least
+// recently used (written or loaded), also files found at start (oldest
+// modification time first); without a capacity nothing is removed; a bad
+// capacity is refused naming the field.
+#include "agent/kv/storage/storage_connector.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/support/test_files.h"
+#include "tests/unit/kv/kv_test_support.h"
+
+namespace tandem::kv {
+namespace {
+
+using namespace ::tandem::kv::testing;  // NOLINT: the test vocabulary
+namespace fs = std::filesystem;
+
+KvTransferConfig storageConfig(const fs::path& root, nlohmann::json capacity = {},
+                               const std::string& role = "kv_both") {
+  nlohmann::json extra = capacity.is_object() ? capacity : nlohmann::json::object();
+  extra["shared_storage_path"] = root.string();
+  return parseConfig(
+      {{"kv_connector", "storage"}, {"kv_role", role}, {"kv_connector_extra_config", extra}});
+}
+
+class StorageCapacity : public ::testing::Test {
+ protected:
+  // Saves one single-block request's block 0 from cache block `block`.
+  void saveOne(StorageConnector& storage, const TestRequest& request, BlockId block) {
+    fillBlock(*cache_, block, static_cast<uint32_t>(block));
+    const BlockId ids[] = {block};
+    storage.save(request.view(), 0, ids);
+  }
+  bool stored(const StorageConnector& storage, const TestRequest& request) const {
+    return fs::exists(storage.blockPath(request.hashes[0]));
+  }
+  bool loads(StorageConnector& storage, const TestRequest& request) {
+    const BlockId target[] = {15};
+    return storage.load(request.view(), 0, target).failed_block_indices.empty();
+  }
+
+  ::tandem::testing::TempDir dir_{"tandem-storage"};
+  std::unique_ptr<engine::KvCache> cache_ = makeCache();
+};
+
+TEST_F(StorageCapacity, RemovesTheLeastRecentlyUsedBlockFiles) {
+  StorageConnector storage(storageConfig(dir_.path(), {{"capacity_blocks", 3}}), *cache_);
+  EXPECT_EQ(storage.capacityBlocks(), 3);
+  TestRequest x("x", 5, 100), y("y", 5, 200), z("z", 5, 300), w("w", 5, 400), v("v", 5, 500);
+  saveOne(storage, x, 1);
+  saveOne(storage, y, 2);
+  saveOne(storage, z, 3);          // recency: z y x
+  ASSERT_TRUE(loads(storage, x));  // x z y
+  saveOne(storage, w, 4);          // removes y: w x z
+  EXPECT_FALSE(stored(storage, y));
+  for (const TestRequest* kept : {&x, &z, &w}) EXPECT_TRUE(stored(storage, *kept)) << kept->id;
+  saveOne(storage, z, 3);  // already there: a use; z w x
+  saveOne(storage, v, 5);  // removes x: v z w
+  EXPECT_FALSE(stored(storage, x));
+  EXPECT_FALSE(loads(storage, x));  // a removed block fails alone ("missing")
+  for (const TestRequest* kept : {&z, &w, &v}) EXPECT_TRUE(loads(storage, *kept)) << kept->id;
+}
+
+TEST_F(StorageCapacity, FilesFoundAtStartCountOldestFirst) {
+  TestRequest a("a", 5, 100), b("b", 5, 200), c("c", 5, 300);
+  {
+    StorageConnector unbounded(storageConfig(dir_.path()), *cache_);
+    EXPECT_EQ(unbounded.capacityBlocks(), 0);
+    for (auto [request, block] : {std::pair{&a, 1}, std::pair{&b, 2}, std::pair{&c, 3}}) {
+      saveOne(unbounded, *request, block);
+    }
+    // Without a capacity nothing is removed.
+    for (const TestRequest* kept : {&a, &b, &c}) EXPECT_TRUE(stored(unbounded, *kept));
+    // Modification times: b oldest, then c, then a.
+    const auto now = fs::file_time_type::clock::now();
+    fs::last_write_time(unbounded.blockPath(b.hashes[0]), now - std::chrono::hours(3));
+    fs::last_write_time(unbounded.blockPath(c.hashes[0]), now - std::chrono::hours(2));
+    fs::last_write_time(unbounded.blockPath(a.hashes[0]), now - std::chrono::hours(1));
+  }
+  // A consumer never removes anything, whatever its capacity.
+  StorageConnector reader(storageConfig(dir_.path(), {{"capacity_blocks", 1}}, "kv_consumer"),
+                          *cache_);
+  for (const TestRequest* kept : {&a, &b, &c}) EXPECT_TRUE(stored(reader, *kept));
+
+  const int64_t file_bytes = static_cast<int64_t>(24 + cache_->blockBytes());
+  StorageConnector storage(
+      storageConfig(dir_.path(), {{"capacity_bytes", 2 * file_bytes + file_bytes / 2}}), *cache_);
+  EXPECT_EQ(storage.capacityBlocks(), 2);
+  EXPECT_FALSE(stored(storage, b));
+  EXPECT_TRUE(stored(storage, c));
+  EXPECT_TRUE(stored(storage, a));
+  ASSERT_TRUE(loads(storage, c));  // a load is a use: c a
+  TestRequest d("d", 5, 400);
+  saveOne(storage, d, 4);  // removes a: d c
+  EXPECT_FALSE(stored(storage, a));
+  EXPECT_TRUE(stored(storage, c));
+}
+
+TEST(StorageConfig, CapacityErrorsNameTheFieldAndWhatIsAccepted) {
+  ::tandem::testing::TempDir dir("tandem-storage");
+  auto cache = makeCache();
+  auto error = [&](const nlohmann::json& capacity) -> std::string {
+    try {
+      StorageConnector storage(storageConfig(dir.path(), capacity), *cache);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error({{"capacity_blocks", 4}, {"capacity_bytes", 1 << 20}}),
+            "storage connector: kv_connector_extra_config needs at most one of capacity_blocks (a "
+            "positive number of blocks) or capacity_bytes (a positive number of bytes), got both");
+  EXPECT_EQ(error({{"capacity_blocks", 0}}),
+            "storage connector: kv_connector_extra_config.capacity_blocks must be a positive "
+            "integer, got 0");
+  EXPECT_NE(error({{"capacity_bytes", 10}}).find("capacity_bytes 10 holds no KV block"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::kv
