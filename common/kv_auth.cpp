@@ -1,5 +1,7 @@
 #include "common/kv_auth.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <chrono>
 #include <random>
@@ -105,11 +107,15 @@ Status RequestVerifier::verify(std::string_view path, const json& body) {
                   std::to_string(kMaxClockSkewSeconds) + " s from this agent's clock (" +
                   std::to_string(now) + "): a request is accepted only within that window");
   }
+  const XXH128_hash_t hash = XXH3_128bits(nonce_text.data(), nonce_text.size());
+  const NonceDigest digest{hash.low64, hash.high64};
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = seen_.begin(); it != seen_.end();) {
-    it = it->second < now - kMaxClockSkewSeconds ? seen_.erase(it) : std::next(it);
+  for (auto it = by_timestamp_.begin();
+       it != by_timestamp_.end() && it->first < now - kMaxClockSkewSeconds;
+       it = by_timestamp_.erase(it)) {
+    for (const NonceDigest& old : it->second) seen_.erase(old);
   }
-  if (seen_.count(nonce_text) != 0) {
+  if (seen_.count(digest) != 0) {
     return denied(field + ".nonce was used before: a signed request is accepted once");
   }
   if (seen_.size() >= kMaxRememberedNonces) {
@@ -117,7 +123,8 @@ Status RequestVerifier::verify(std::string_view path, const json& body) {
                        " signed KV control requests within " +
                        std::to_string(2 * kMaxClockSkewSeconds) + " s; retry later");
   }
-  seen_.emplace(nonce_text, when);
+  seen_.insert(digest);
+  by_timestamp_[when].push_back(digest);
   return Status::ok();
 }
 
