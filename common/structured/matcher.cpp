@@ -45,6 +45,7 @@ class Stacks {
   // and byte alone.
   int64_t lastVisits() const { return visits_; }
   int64_t size() const { return static_cast<int64_t>(nodes_.size()); }
+  void setEpochForTest(uint32_t epoch) { epoch_ = epoch; }
 
   int32_t intern(int32_t pos, int32_t parent) {
     const uint64_t key =
@@ -60,7 +61,7 @@ class Stacks {
   // The frontier before any byte: the root rule's alternatives.
   void start(Frontier& out) {
     out.clear();
-    ++epoch_;
+    nextEpoch();
     visits_ = 0;
     for (int32_t alternative : g_.rule_alternatives[static_cast<size_t>(g_.root)]) {
       expand(alternative, kBottom, out);
@@ -71,14 +72,14 @@ class Stacks {
   // The frontier of one position below `parent` (kEscape: classification).
   void startAt(int32_t pos, int32_t parent, Frontier& out) {
     out.clear();
-    ++epoch_;
+    nextEpoch();
     visits_ = 0;
     expand(pos, parent, out);
   }
 
   void advance(std::span<const int32_t> tops, uint8_t byte, Frontier& out) {
     out.clear();
-    ++epoch_;
+    nextEpoch();
     visits_ = 0;
     for (int32_t top : tops) {
       const Node n = node(top);
@@ -150,6 +151,16 @@ class Stacks {
           break;
         }
       }
+    }
+  }
+
+  // A new expansion pass: a node is expanded once per pass (its stamp). At
+  // the 32-bit counter's wrap every stamp is cleared, or stamps of long ago
+  // would equal the new pass's and those nodes would be skipped.
+  void nextEpoch() {
+    if (++epoch_ == 0) {
+      std::fill(stamp_.begin(), stamp_.end(), 0);
+      epoch_ = 1;
     }
   }
 
@@ -439,7 +450,10 @@ struct CompiledGrammar::Runtime {
     std::fill(mask.begin(), mask.end(), 0);
     // Only here: a memo dropped within a mask would charge its moves twice.
     trimMemo();
-    ++mask_epoch_;
+    if (++mask_epoch_ == 0) {  // wrapped: no stamp may equal a new mask's
+      for (auto& [key, m] : moves) m.charged = 0;
+      mask_epoch_ = 1;
+    }
     mask_cost_ = 0;
     // (element, top) pairs, by element; `tops` is sorted, so each
     // element's tops stay sorted, as a frontier's are.
@@ -557,6 +571,12 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
 }
 
 CompiledGrammar::~CompiledGrammar() = default;
+
+void CompiledGrammar::setEpochsForTest(uint32_t epoch) {
+  std::lock_guard lock(mutex_);
+  runtime_->stacks.setEpochForTest(epoch);
+  runtime_->mask_epoch_ = epoch;
+}
 
 CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);

@@ -99,6 +99,9 @@ class CompiledGrammar {
     int64_t generations = 0;    // of stacks and memos (below)
   };
   Stats stats() const;
+  // Tests: the current generation's pass counters (expansion passes and
+  // masks) as if that many had run, to cross their 32-bit wrap.
+  void setEpochsForTest(uint32_t epoch);
 
  private:
   friend class Matcher;

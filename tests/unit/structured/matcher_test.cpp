@@ -272,6 +272,28 @@ TEST(StructuredMatcher, NoHistoryOfRequestsFillsTheStackBound) {
   EXPECT_LE(compiled->stats().nodes, 2'000'000);
 }
 
+// The matcher's pass counters are 32 bits: across their wrap, a grammar
+// gives the masks and moves of a fresh one (a stale stamp equal to the new
+// pass would skip nodes and memoize wrong frontiers for every request).
+TEST(StructuredMatcher, PassCountersWrapWithoutChangingAMask) {
+  auto vocab = std::make_shared<Vocabulary>(testTokens(), 200);
+  const std::string text = "{\"ab\":[1,{\"c\":\"z\"}],\"d\":12}";
+  auto masksOf = [&](const std::shared_ptr<CompiledGrammar>& compiled) {
+    Matcher matcher(compiled);
+    std::vector<std::vector<uint64_t>> masks;
+    for (size_t i = 0; i <= text.size(); ++i) {
+      masks.emplace_back(static_cast<size_t>(vocab->maskWords()));
+      matcher.fillMask(masks.back());
+      if (i < text.size()) EXPECT_TRUE(matcher.accept(static_cast<TokenId>(text[i] - 0x20 + 1)));
+    }
+    return masks;
+  };
+  const auto fresh = masksOf(std::make_shared<CompiledGrammar>(jsonish(), vocab));
+  auto wrapping = std::make_shared<CompiledGrammar>(jsonish(), vocab);
+  wrapping->setEpochsForTest(0xFFFFFFFFu);  // the walk's first pass wraps
+  EXPECT_EQ(masksOf(wrapping), fresh);
+}
+
 TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
   const Vocabulary vocab(testTokens(), 130);
   std::vector<int> seen(static_cast<size_t>(vocab.size()), 0);
