@@ -174,11 +174,16 @@ class Engine::ConnectorSource : public ExternalKvSource {
 
 namespace {
 
-std::string modelIdentityOf(const Model& model) {
+// What KV bytes depend on: the weights' content (not the directory's name:
+// a Hub snapshot's is its revision, "main" for every model), the shape and
+// dtype, and the kernels' bits, which differ between devices and between
+// the CPU's instruction sets (docs/engine.md: reproducible per ISA), named
+// by `kernels` ("cuda", "cpu-avx512", ...).
+std::string modelIdentityOf(const Model& model, const std::string& kernels) {
   const ModelConfig& c = model.config();
-  return c.architecture + "/" + model.directory().filename().string() + "/h" +
-         std::to_string(c.hidden_size) + "/l" + std::to_string(c.num_hidden_layers) + "/v" +
-         std::to_string(c.vocab_size) + "/" + dtypeShortName(model.weightDType());
+  return c.architecture + "/w" + model.weightsDigest() + "/h" + std::to_string(c.hidden_size) +
+         "/l" + std::to_string(c.num_hidden_layers) + "/v" + std::to_string(c.vocab_size) + "/" +
+         dtypeShortName(model.weightDType()) + "/" + kernels;
 }
 
 }  // namespace
@@ -249,10 +254,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   }
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
   cache_->attachBackend(backend_.get());
-  model_identity_ = modelIdentityOf(*model_);
   // A simulated agent's blocks hold no model's KV: never mistaken for a real
   // agent's (block hashes and connector handshakes compare identities).
-  if (simulated) model_identity_ += "/simulated:" + simulated->name;
+  model_identity_ = modelIdentityOf(*model_, simulated ? "simulated:" + simulated->name
+                                             : config_.device == kernels::DeviceKind::kCuda
+                                                 ? std::string("cuda")
+                                                 : "cpu-" + kernels::isaName());
   // Nor KV computed from bf16-rounded activations for exact fp32 KV.
   if (!simulated && config_.compute_dtype != DType::kF32) {
     model_identity_ += std::string("/compute-") + dtypeShortName(config_.compute_dtype);

@@ -1,6 +1,10 @@
 #include "agent/engine/model.h"
 
+#include <xxhash.h>
+
+#include <cstdio>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -203,6 +207,24 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   model->weight_dtype_ = *source.matrix_dtype;
   model->weight_bytes_ = source.used_bytes;
   return model;
+}
+
+const std::string& Model::weightsDigest() const {
+  std::call_once(digest_once_, [this] {
+    std::vector<std::future<uint64_t>> digests;
+    for (const auto& file : files_) {
+      digests.push_back(
+          std::async(std::launch::async, [f = file.get()] { return f->contentDigest(); }));
+    }
+    std::vector<uint64_t> parts;
+    for (auto& digest : digests) parts.push_back(digest.get());
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx",
+                  static_cast<unsigned long long>(
+                      XXH3_64bits(parts.data(), parts.size() * sizeof(uint64_t))));
+    weights_digest_ = text;
+  });
+  return weights_digest_;
 }
 
 size_t Model::dropMappedPages(const kernels::WeightView& w) const {

@@ -14,6 +14,7 @@
 #include <array>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "agent/engine/model_config.h"
@@ -52,6 +53,11 @@ class Model {
   DType weightDType() const { return weight_dtype_; }
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
+  // The weights' content, 16 hex digits: xxh3-64 over each weight file's
+  // xxh3-64 in load order (so two models differ whenever a byte of their
+  // files does, whatever their directories are called). Computed at the
+  // first call, the files in parallel; it reads every byte of them.
+  const std::string& weightsDigest() const;
   // Drops the mapped pages of `w` from memory (SafetensorsFile::dropPages)
   // once a backend holds its own copy; reads stay correct. Returns the bytes
   // dropped (0 for weights that are not mapped from a file).
@@ -65,6 +71,8 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kBF16;
   size_t weight_bytes_ = 0;
+  mutable std::once_flag digest_once_;
+  mutable std::string weights_digest_;
 };
 
 }  // namespace tandem::engine

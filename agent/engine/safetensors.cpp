@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -213,6 +214,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
 SafetensorsFile::~SafetensorsFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
 }
+
+uint64_t SafetensorsFile::contentDigest() const { return XXH3_64bits(mapping_, mapping_size_); }
 
 size_t SafetensorsFile::dropPages(const void* data, size_t bytes) const {
   const auto begin = reinterpret_cast<uintptr_t>(data);

@@ -51,6 +51,9 @@ class SafetensorsFile {
   // them in again from the file, so nothing is lost. Returns the bytes
   // dropped (0 for a range outside the mapping).
   size_t dropPages(const void* data, size_t bytes) const;
+  // xxh3-64 of the whole file (header and every tensor's bytes): reads all
+  // of it.
+  uint64_t contentDigest() const;
 
  private:
   std::filesystem::path path_;

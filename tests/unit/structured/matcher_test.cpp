@@ -284,7 +284,9 @@ TEST(StructuredMatcher, PassCountersWrapWithoutChangingAMask) {
     for (size_t i = 0; i <= text.size(); ++i) {
       masks.emplace_back(static_cast<size_t>(vocab->maskWords()));
       matcher.fillMask(masks.back());
-      if (i < text.size()) EXPECT_TRUE(matcher.accept(static_cast<TokenId>(text[i] - 0x20 + 1)));
+      if (i < text.size()) {
+        EXPECT_TRUE(matcher.accept(static_cast<TokenId>(text[i] - 0x20 + 1)));
+      }
     }
     return masks;
   };
