@@ -19,6 +19,7 @@
 
 #include "agent/engine/model_runner.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/kernels.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
 #include "tools/model/test_model.h"
@@ -539,6 +540,35 @@ TEST_F(HeldBlocks, ADrainHandsOverTheRequestsThatAllowItWithTheirBlocksHeld) {
   settle();
   EXPECT_EQ(engine.stats().kv_held_blocks, 0);
   EXPECT_EQ(engine.stats().num_free_blocks, 256);
+}
+
+// The model identity (what block hashes and connector handshakes are made
+// from) names the weights by their content and the kernels whose bits the
+// KV has: the same weights under another directory name are the same
+// model; other weights of the same shape under the same directory name (a
+// Hub snapshot's directory is its revision: "main" for every model) are
+// not; and it says which device and instruction set computed it.
+TEST(EngineIdentity, NamesTheWeightsByContentAndTheKernelsThatRan) {
+  ::tandem::testing::TempDir dir("tandem-identity");
+  auto identityOf = [](const std::filesystem::path& model, uint64_t seed) {
+    tools::TestModelOptions options;
+    options.seed = seed;
+    tools::writeTestModel(options, model);
+    EngineConfig config = engineConfig();
+    config.model_dir = model;
+    return Engine(config).modelIdentity();
+  };
+  const std::string main_a = identityOf(dir.path() / "a" / "main", 5);
+  const std::string renamed_a = identityOf(dir.path() / "copy-of-a", 5);
+  const std::string main_b = identityOf(dir.path() / "b" / "main", 6);
+  EXPECT_EQ(main_a, renamed_a);
+  EXPECT_NE(main_a, main_b);
+  EXPECT_EQ(main_a.find("main"), std::string::npos) << main_a;
+  EXPECT_TRUE(main_a.ends_with("/cpu-" + kernels::isaName())) << main_a;
+  // Everything else about the identity is the same for both.
+  const std::string digest_a = main_a.substr(main_a.find("/w"), 18);
+  const std::string digest_b = main_b.substr(main_b.find("/w"), 18);
+  EXPECT_EQ(main_b, std::string(main_a).replace(main_a.find(digest_a), 18, digest_b));
 }
 
 // bf16 compute is an engine setting: the backend multiplies bf16-rounded
