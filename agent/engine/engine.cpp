@@ -256,6 +256,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   cache_->attachBackend(backend_.get());
   // A simulated agent's blocks hold no model's KV: never mistaken for a real
   // agent's (block hashes and connector handshakes compare identities).
+  const auto digest_start = std::chrono::steady_clock::now();
+  const std::string& digest = model_->weightsDigest();
+  TANDEM_LOG(kInfo)
+      << "model weights digest " << digest << ": "
+      << std::chrono::duration<double>(std::chrono::steady_clock::now() - digest_start).count()
+      << " s";
   model_identity_ = modelIdentityOf(*model_, simulated ? "simulated:" + simulated->name
                                              : config_.device == kernels::DeviceKind::kCuda
                                                  ? std::string("cuda")
