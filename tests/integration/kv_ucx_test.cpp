@@ -138,6 +138,44 @@ TEST_P(KvUcx, Bf16ComputeHandOffMatchesAColocatedBf16AgentAndNotAnF32One) {
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// The producer's KV is of its own tokens: a decode agent whose prompt
+// differs (its chat template rendered another date than the prefill
+// agent's, past midnight or in another time zone) finds its own hash of the
+// last block it would read differs from the producer's
+// (remote_last_block_hashes), reads nothing, computes the whole prompt and
+// lets the producer's blocks go. Before, it read the other prompt's KV and
+// answered as if it had been given that prompt. A prompt ending on a block
+// boundary reads one block fewer than offered, checked against the
+// second-to-last hash.
+TEST_P(KvUcx, KvOfAnotherPromptIsNotReadAndThePromptIsComputed) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  Agent colocated;
+  const json params = prefill(prefiller, prompt_);
+  ASSERT_TRUE(params.is_object());
+  ASSERT_EQ(params["remote_last_block_hashes"].size(), 2u) << params.dump();
+  std::vector<int> other = prompt_;
+  other[20] = other[20] == 7 ? 8 : 7;  // block 1 differs, so blocks 1 to 3 do
+  const double computed_before = decoder.metric("tandem_computed_tokens_total");
+  EXPECT_EQ(tokenIds(decode(decoder, other, params)),
+            tokenIds(colocated.post("/v1/completions", greedy(other, 8))));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(decoder.metric("tandem_computed_tokens_total") - computed_before, 75 + 7);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"prefix_mismatch\""), 1);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+
+  // 64 tokens: 4 full blocks offered, the first 3 wanted (the last token's
+  // block is computed), matched by the second-to-last hash; block 0 is
+  // cached here already (the other prompt shares it), so 2 are read.
+  const std::vector<int> aligned(prompt_.begin(), prompt_.begin() + 64);
+  const json aligned_params = prefill(prefiller, aligned);
+  EXPECT_EQ(aligned_params["remote_block_ids"].size(), 4u);
+  EXPECT_EQ(tokenIds(decode(decoder, aligned, aligned_params)),
+            tokenIds(colocated.post("/v1/completions", greedy(aligned, 8))));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 2);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"prefix_mismatch\""), 1);
+}
+
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
   Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
   Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});

@@ -510,6 +510,20 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
     if (!it->is_string()) return invalidArgument(field + ".signature must be a string");
     d.signature = it->get<std::string>();
   }
+  if (auto it = params.find("remote_last_block_hashes"); it != params.end()) {
+    const std::string accepted =
+        " must be an array of one or two block hashes (hex strings of at most 64 characters)";
+    if (!it->is_array() || it->empty() || it->size() > 2) {
+      return invalidArgument(field + ".remote_last_block_hashes" + accepted);
+    }
+    for (const json& hash : *it) {
+      if (!hash.is_string() || hash.get_ref<const std::string&>().empty() ||
+          hash.get_ref<const std::string&>().size() > 64) {
+        return invalidArgument(field + ".remote_last_block_hashes" + accepted);
+      }
+      d.last_block_hashes.push_back(hash.get<std::string>());
+    }
+  }
   return d;
 }
 
@@ -630,7 +644,17 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   const std::string id(request.request_id);
   if (declined_.count(id) != 0) return result;
   const int64_t minimum = pull_back ? pull_threshold_blocks_ * block_size : 1;
-  if (wanted < minimum) {
+  // The producer's KV is of its tokens: when this agent's own prompt
+  // differs (its chat template rendered another date, another time zone),
+  // its hash of the last block it would read differs, and nothing is read.
+  const bool same_prefix = samePrefix(*descriptor, request, blocks);
+  if (!same_prefix) {
+    TANDEM_LOG(kWarn) << "ucx connector: request " << id
+                      << ": the producer's KV is of another prompt (block " << blocks - 1
+                      << "'s hash differs); its " << blocks << " blocks are recomputed here";
+    failures_.add("prefix_mismatch");
+  }
+  if (wanted < minimum || !same_prefix) {
     // Nothing to read (this agent holds it all already), or cheaper to
     // recompute: let the owner go now rather than at its hold timeout.
     if (declined_.size() >= 4096) declined_.clear();  // aborted requests never finish here
@@ -646,6 +670,21 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   result.state = LookupResult::State::kAvailable;
   result.num_tokens = wanted;
   return result;
+}
+
+bool UcxConnector::samePrefix(const Descriptor& d, const ConnectorRequest& request,
+                              int64_t blocks) {
+  if (d.last_block_hashes.empty() || blocks <= 0) return true;  // nothing to compare
+  // The hashes are of the producer's last offered blocks, the last one
+  // last; this agent reads `blocks` of them.
+  const auto offered = static_cast<int64_t>(d.block_ids.size());
+  const int64_t back = offered - blocks;  // 0: the last hash, 1: the one before
+  const auto count = static_cast<int64_t>(d.last_block_hashes.size());
+  if (back < 0 || back >= count || blocks > static_cast<int64_t>(request.block_hashes.size())) {
+    return false;  // a prompt shorter than the producer's by a block or more: another prompt
+  }
+  return d.last_block_hashes[static_cast<size_t>(count - 1 - back)] ==
+         request.block_hashes[static_cast<size_t>(blocks - 1)].toHex();
 }
 
 StatusOr<UcxConnector::Handshake> UcxConnector::fetchHandshake(const std::string& host, int port,
@@ -1045,6 +1084,17 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
       {"remote_port", d.port},           {"remote_num_blocks", d.num_blocks},
       {"remote_block_ids", d.block_ids}, {"remote_num_tokens", d.num_tokens},
       {"transfer_id", d.transfer_id},    {"compatibility", d.compatibility}};
+  // The hashes of the last two offered blocks (a reader takes all of them,
+  // or one fewer when its last token ends the last): a reader whose own
+  // prompt gives other hashes reads nothing.
+  json last_hashes = json::array();
+  for (int64_t i = std::max<int64_t>(full_blocks - 2, 0);
+       i < full_blocks && i < static_cast<int64_t>(request.block_hashes.size()); ++i) {
+    last_hashes.push_back(request.block_hashes[static_cast<size_t>(i)].toHex());
+  }
+  if (!last_hashes.empty() && std::ssize(last_hashes) == std::min<int64_t>(full_blocks, 2)) {
+    decision.kv_transfer_params["remote_last_block_hashes"] = std::move(last_hashes);
+  }
   if (!secret_.empty()) {
     decision.kv_transfer_params["signature"] = hmacSha256Hex(secret_, canonical(d));
   }

@@ -140,12 +140,19 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     std::string signature;           // empty when unsigned
     std::vector<int64_t> block_ids;  // each in [0, num_blocks)
     int64_t num_tokens = 0;
+    // remote_last_block_hashes: the producer's hashes of its last one or
+    // two offered blocks (hex, in order), which chain over every token and
+    // block before them; empty when absent.
+    std::vector<std::string> last_block_hashes;
   };
 
  private:
   // Field types and ranges; errors name `field`.<name>.
   StatusOr<Descriptor> parseDescriptor(const nlohmann::json& params,
                                        const std::string& field) const;
+  // Whether the request's own hash of the last of the `blocks` it would read
+  // is the producer's (true when the producer sent none).
+  static bool samePrefix(const Descriptor& d, const ConnectorRequest& request, int64_t blocks);
   // validate() without the failure count.
   Status checkParams(const nlohmann::json& params, int64_t num_prompt_tokens) const;
   // Signature, compatibility, token count and duplicate ids.
