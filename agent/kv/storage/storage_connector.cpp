@@ -45,12 +45,14 @@ StorageConnector::StorageConnector(const KvTransferConfig& config, engine::KvCac
   capacity_blocks_ = extraCapacityBlocks(config_.extra, "storage connector",
                                          sizeof(FileHeader) + cache_.blockBytes(),
                                          /*required=*/false);
-  if (capacity_blocks_ == 0 || !config_.produces()) {
-    if (config_.produces()) {
-      TANDEM_LOG(kInfo) << "storage connector: no capacity_blocks or capacity_bytes: block files "
-                           "under "
-                        << root_.string() << " are never removed";
-    }
+  if (!config_.produces()) {
+    capacity_blocks_ = 0;  // a reader adds no files, so it removes none (and keeps no index)
+    return;
+  }
+  if (capacity_blocks_ == 0) {
+    TANDEM_LOG(kInfo) << "storage connector: no capacity_blocks or capacity_bytes: block files "
+                         "under "
+                      << root_.string() << " are never removed";
     return;
   }
   // The files already there, least recently used (modified) first.

@@ -47,7 +47,7 @@ class StorageConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
             std::span<const BlockId> block_ids) override;
 
   std::filesystem::path blockPath(const BlockHash& hash) const;
-  // The capacity in block files; 0: unbounded.
+  // The capacity in block files; 0: unbounded (always for a reader).
   int64_t capacityBlocks() const { return capacity_blocks_; }
 
  private:

@@ -84,6 +84,9 @@ TEST_F(StorageCapacity, FilesFoundAtStartCountOldestFirst) {
   StorageConnector reader(storageConfig(dir_.path(), {{"capacity_blocks", 1}}, "kv_consumer"),
                           *cache_);
   for (const TestRequest* kept : {&a, &b, &c}) EXPECT_TRUE(stored(reader, *kept));
+  EXPECT_EQ(reader.capacityBlocks(), 0);
+  for (const TestRequest* request : {&a, &b, &c}) EXPECT_TRUE(loads(reader, *request));
+  for (const TestRequest* kept : {&a, &b, &c}) EXPECT_TRUE(stored(reader, *kept));
 
   const int64_t file_bytes = static_cast<int64_t>(24 + cache_->blockBytes());
   StorageConnector storage(
