@@ -289,9 +289,15 @@ struct CompiledGrammar::Runtime {
   std::vector<int32_t> path_;  // followSorted's frontiers along a token
 
   // Interned frontiers and the byte moves between them, past which both
-  // are dropped (at the start of an operation: no id is held across).
+  // are dropped (at the start of an operation: no id is held across). The
+  // frontiers' tops count too: a grammar of many optional repeats makes a
+  // new frontier of up to a thousand tops at nearly every move, and a
+  // million frontiers of up to 10,000 tops were allowed before.
   static constexpr size_t kMaxStates = 1'000'000;
   static constexpr size_t kMaxMoves = 4'000'000;
+  static constexpr int64_t kMaxMemoInts = 32'000'000;  // tops held, key copies included: 128 MB
+  int64_t max_memo_ints = kMaxMemoInts;
+  int64_t memo_ints = 0;
 
   using ClassTable = std::vector<std::unique_ptr<Classes>>;  // by element position
 
@@ -312,7 +318,10 @@ struct CompiledGrammar::Runtime {
                   (frontier.overflow ? 4 : 0));
     auto [it, inserted] =
         state_index.try_emplace(std::move(key), static_cast<int32_t>(states.size()));
-    if (inserted) states.push_back(frontier);
+    if (inserted) {
+      states.push_back(frontier);
+      memo_ints += 2 * static_cast<int64_t>(frontier.tops.size()) + 1;
+    }
     return it->second;
   }
 
@@ -352,10 +361,12 @@ struct CompiledGrammar::Runtime {
   }
 
   void trimMemo() {
-    if (states.size() > kMaxStates || moves.size() > kMaxMoves) {
+    if (states.size() > kMaxStates || moves.size() > kMaxMoves || memo_ints > max_memo_ints) {
       states.clear();
       state_index.clear();
       moves.clear();
+      memo_ints = 0;
+      ++stats.memo_trims;
     }
   }
 
@@ -572,6 +583,11 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
 
 CompiledGrammar::~CompiledGrammar() = default;
 
+void CompiledGrammar::setMemoBoundForTest(int64_t bytes) {
+  std::lock_guard lock(mutex_);
+  runtime_->max_memo_ints = bytes / static_cast<int64_t>(sizeof(int32_t));
+}
+
 void CompiledGrammar::setEpochsForTest(uint32_t epoch) {
   std::lock_guard lock(mutex_);
   runtime_->stacks.setEpochForTest(epoch);
@@ -582,6 +598,8 @@ CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::lock_guard lock(mutex_);
   Stats stats = runtime_->stats;
   stats.nodes = runtime_->stacks.size();
+  stats.memo_bytes = runtime_->memo_ints * static_cast<int64_t>(sizeof(int32_t));
+  stats.memo_trims += retired_.memo_trims;
   stats.visits = retired_.visits + runtime_->stacks.totalVisits();
   stats.mask_cache_hits += retired_.mask_cache_hits;
   stats.mask_cache_misses += retired_.mask_cache_misses;
@@ -604,6 +622,7 @@ std::shared_ptr<CompiledGrammar::Runtime> CompiledGrammar::currentRuntime() {
     retired_.mask_cache_hits += runtime_->stats.mask_cache_hits;
     retired_.mask_cache_misses += runtime_->stats.mask_cache_misses;
     retired_.max_mask_cost = std::max(retired_.max_mask_cost, runtime_->stats.max_mask_cost);
+    retired_.memo_trims += runtime_->stats.memo_trims;
     ++retired_.generations;
     runtime_ = std::make_shared<Runtime>(grammar_, *vocabulary_, runtime_->classes);
   }

@@ -97,11 +97,15 @@ class CompiledGrammar {
     int64_t mask_cache_misses = 0;
     int64_t max_mask_cost = 0;  // the costliest mask computed (see fillMask), steps
     int64_t generations = 0;    // of stacks and memos (below)
+    int64_t memo_bytes = 0;     // the frontiers the memo holds now (their tops)
+    int64_t memo_trims = 0;     // times the memo was dropped, past its bounds
   };
   Stats stats() const;
   // Tests: the current generation's pass counters (expansion passes and
   // masks) as if that many had run, to cross their 32-bit wrap.
   void setEpochsForTest(uint32_t epoch);
+  // Tests: the memo's bound in bytes of frontier tops (default 128 MB).
+  void setMemoBoundForTest(int64_t bytes);
 
  private:
   friend class Matcher;

@@ -296,6 +296,47 @@ TEST(StructuredMatcher, PassCountersWrapWithoutChangingAMask) {
   EXPECT_EQ(masksOf(wrapping), fresh);
 }
 
+// Many optional repeats make a new frontier of up to a thousand tops at
+// nearly every move (here 1.8 MB of frontiers over 120 tokens), and the
+// memo was dropped only past a million frontiers, whatever their size. It
+// is also dropped past its bound in bytes, between operations, and the
+// masks are those of a memo never dropped.
+TEST(StructuredMatcher, TheMemoStaysWithinItsBoundAndDroppingItChangesNoMask) {
+  const auto vocab = std::make_shared<Vocabulary>(testTokens(), 200);
+  const std::string text(120, 'a');
+  auto masksOf = [&](const std::shared_ptr<CompiledGrammar>& compiled) {
+    Matcher matcher(compiled);
+    std::vector<std::vector<uint64_t>> masks;
+    for (size_t i = 0; i <= text.size() && !matcher.overflowed(); ++i) {
+      masks.emplace_back(static_cast<size_t>(vocab->maskWords()));
+      matcher.fillMask(masks.back());
+      if (i < text.size()) {
+        EXPECT_TRUE(matcher.accept(static_cast<TokenId>(text[i] - 0x20 + 1)));
+      }
+    }
+    return masks;
+  };
+  auto compile = [&] {
+    StatusOr<Grammar> grammar = compileRegex("(\\w?){1000}");
+    EXPECT_TRUE(grammar.isOk()) << grammar.status().message();
+    return std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab);
+  };
+  const auto unbounded = compile();
+  unbounded->setMemoBoundForTest(int64_t{1} << 40);
+  const auto reference = masksOf(unbounded);
+  ASSERT_EQ(reference.size(), text.size() + 1);
+  const int64_t grown = unbounded->stats().memo_bytes;
+
+  const auto bounded = compile();
+  constexpr int64_t kBound = 200'000;
+  bounded->setMemoBoundForTest(kBound);
+  EXPECT_EQ(masksOf(bounded), reference);
+  EXPECT_GT(grown, 2 * kBound) << "the walk must grow an unbounded memo past the bound";
+  EXPECT_GT(bounded->stats().memo_trims, 0);
+  // Checked between operations: at most one operation's growth past it.
+  EXPECT_LT(bounded->stats().memo_bytes, grown);
+}
+
 TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
   const Vocabulary vocab(testTokens(), 130);
   std::vector<int> seen(static_cast<size_t>(vocab.size()), 0);
