@@ -1082,8 +1082,6 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     // Its mask cost more than its budget: nothing was allowed.
     reason = FinishReason::kError;
     out.error = std::string(kTooAmbiguous);
-    out.invalid_request = true;
-    out.error_param = sequence->request.structured_output_field;
   } else if (isStopToken(token.token, params)) {
     // The stop token ends the text without being part of it.
     reason = FinishReason::kStop;
@@ -1095,8 +1093,6 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
                     ? std::string(kTooAmbiguous)
                     : "the structured output cannot be continued: no token of the vocabulary is "
                       "allowed";
-    out.invalid_request = true;
-    out.error_param = sequence->request.structured_output_field;
   } else {
     auto update = live.stop.push(live.detokenizer.push(token.token));
     out.text = std::move(update.text);
@@ -1104,6 +1100,12 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     // A complete structure that nothing can extend ends the request, as an
     // end-of-sequence token would.
     if (live.matcher && live.matcher->finished()) reason = FinishReason::kStop;
+  }
+  // Both errors above are the constraint's: the request's fault, not the
+  // server's.
+  if (reason == FinishReason::kError) {
+    out.invalid_request = true;
+    out.error_param = sequence->request.structured_output_field;
   }
   if (reason == FinishReason::kNone &&
       (generated >= params.max_tokens ||
