@@ -15,6 +15,12 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
+// Removes the series of `labels` from `family`, if it has one.
+template <typename T>
+void removeSeries(prometheus::Family<T>* family, const prometheus::Labels& labels) {
+  if (family->Has(labels)) family->Remove(&family->Add(labels));
+}
+
 // The agents' latency buckets (vLLM's), so dashboards compare like with like.
 const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
@@ -262,17 +268,12 @@ void RouterMetrics::setAgentCount(const std::string& role, int64_t count) {
 void RouterMetrics::removeAgent(const std::string& agent) {
   std::lock_guard<std::mutex> lock(mutex_);
   const prometheus::Labels labels = {{"agent", agent}};
-  if (agent_healthy_->Has(labels)) agent_healthy_->Remove(&agent_healthy_->Add(labels));
-  if (agent_requests_->Has(labels)) agent_requests_->Remove(&agent_requests_->Add(labels));
-  if (index_blocks_->Has(labels)) index_blocks_->Remove(&index_blocks_->Add(labels));
-  if (reserved_requests_->Has(labels)) {
-    reserved_requests_->Remove(&reserved_requests_->Add(labels));
-  }
+  removeSeries(agent_healthy_, labels);
+  removeSeries(agent_requests_, labels);
+  removeSeries(index_blocks_, labels);
+  removeSeries(reserved_requests_, labels);
   for (const char* kind : {"prefill", "kv"}) {
-    const prometheus::Labels kind_labels = {{"agent", agent}, {"kind", kind}};
-    if (reserved_tokens_->Has(kind_labels)) {
-      reserved_tokens_->Remove(&reserved_tokens_->Add(kind_labels));
-    }
+    removeSeries(reserved_tokens_, {{"agent", agent}, {"kind", kind}});
   }
   if (upstream_errors_->Has(labels)) {
     errors_to_drop_[agent] = std::chrono::steady_clock::now() + keep_errors_of_removed_agents_;
@@ -287,8 +288,7 @@ void RouterMetrics::dropErrorsOfRemovedAgents() {
       ++it;
       continue;
     }
-    const prometheus::Labels labels = {{"agent", it->first}};
-    if (upstream_errors_->Has(labels)) upstream_errors_->Remove(&upstream_errors_->Add(labels));
+    removeSeries(upstream_errors_, {{"agent", it->first}});
     it = errors_to_drop_.erase(it);
   }
 }
