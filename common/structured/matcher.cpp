@@ -594,17 +594,35 @@ void CompiledGrammar::setEpochsForTest(uint32_t epoch) {
   runtime_->mask_epoch_ = epoch;
 }
 
-CompiledGrammar::Stats CompiledGrammar::stats() const {
-  std::lock_guard lock(mutex_);
+namespace {
+
+// Adds the counts of `from` (one generation's, or several's) to `into`;
+// nodes and memo_bytes are the newest generation's alone.
+void addCounts(CompiledGrammar::Stats& into, const CompiledGrammar::Stats& from) {
+  into.visits += from.visits;
+  into.classified += from.classified;
+  into.mask_cache_hits += from.mask_cache_hits;
+  into.mask_cache_misses += from.mask_cache_misses;
+  into.max_mask_cost = std::max(into.max_mask_cost, from.max_mask_cost);
+  into.generations += from.generations;
+  into.memo_trims += from.memo_trims;
+}
+
+}  // namespace
+
+CompiledGrammar::Stats CompiledGrammar::currentStats() const {
   Stats stats = runtime_->stats;
   stats.nodes = runtime_->stacks.size();
+  stats.visits = runtime_->stacks.totalVisits();
   stats.memo_bytes = runtime_->memo_ints * static_cast<int64_t>(sizeof(int32_t));
-  stats.memo_trims += retired_.memo_trims;
-  stats.visits = retired_.visits + runtime_->stacks.totalVisits();
-  stats.mask_cache_hits += retired_.mask_cache_hits;
-  stats.mask_cache_misses += retired_.mask_cache_misses;
-  stats.max_mask_cost = std::max(stats.max_mask_cost, retired_.max_mask_cost);
-  stats.generations = retired_.generations + 1;
+  stats.generations = 1;
+  return stats;
+}
+
+CompiledGrammar::Stats CompiledGrammar::stats() const {
+  std::lock_guard lock(mutex_);
+  Stats stats = currentStats();
+  addCounts(stats, retired_);
   return stats;
 }
 
@@ -618,12 +636,7 @@ std::shared_ptr<CompiledGrammar::Runtime> CompiledGrammar::currentRuntime() {
   // freed with its last matcher.
   constexpr int64_t kNewGenerationNodes = 1'000'000;
   if (runtime_->stacks.size() > kNewGenerationNodes) {
-    retired_.visits += runtime_->stacks.totalVisits();
-    retired_.mask_cache_hits += runtime_->stats.mask_cache_hits;
-    retired_.mask_cache_misses += runtime_->stats.mask_cache_misses;
-    retired_.max_mask_cost = std::max(retired_.max_mask_cost, runtime_->stats.max_mask_cost);
-    retired_.memo_trims += runtime_->stats.memo_trims;
-    ++retired_.generations;
+    addCounts(retired_, currentStats());
     runtime_ = std::make_shared<Runtime>(grammar_, *vocabulary_, runtime_->classes);
   }
   return runtime_;

@@ -113,6 +113,8 @@ class CompiledGrammar {
 
   // The generation new matchers start in (guarded by mutex_).
   std::shared_ptr<Runtime> currentRuntime();
+  // The newest generation's stats alone (mutex_ held).
+  Stats currentStats() const;
 
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocabulary_;

@@ -256,6 +256,7 @@ TEST(StructuredMatcher, NoHistoryOfRequestsFillsTheStackBound) {
   StatusOr<Grammar> grammar = compileConstraint(Constraint{ConstraintKind::kJsonObject, ""});
   ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
   auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocab);
+  const int64_t classified = compiled->stats().classified;
   auto token = [](char c) { return static_cast<TokenId>(c - 0x20 + 1); };
   for (int request = 0; request < 12; ++request) {
     SCOPED_TRACE(request);
@@ -270,6 +271,8 @@ TEST(StructuredMatcher, NoHistoryOfRequestsFillsTheStackBound) {
   }
   EXPECT_GT(compiled->stats().generations, 1);
   EXPECT_LE(compiled->stats().nodes, 2'000'000);
+  // The counts add up over the generations (the classes are computed once).
+  EXPECT_EQ(compiled->stats().classified, classified);
 }
 
 // The matcher's pass counters are 32 bits: across their wrap, a grammar
