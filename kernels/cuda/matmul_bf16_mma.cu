@@ -616,8 +616,13 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   }
 }
 
-void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* frags,
-                  int64_t n, const MatmulEpilogue& out, uint4* xs, int splits) {
+void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, const void* fragments,
+                  int64_t n, const MatmulEpilogue& out, void* x_fragments, int splits) {
+  TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
+  TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
+               "bf16 skinny matmul: the x scratch must be 16-byte aligned");
+  const auto* frags = static_cast<const uint4*>(fragments);
+  auto* xs = static_cast<uint4*>(x_fragments);
   // Pairs per batch: two batches of weights and x in registers, about 128
   // registers of loads whatever the row groups.
   switch (rowGroupsFor(m)) {
@@ -647,21 +652,14 @@ int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k) {
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const void* fragments, int64_t n, const MatmulEpilogue& out,
                          void* x_fragments) {
-  TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
-  TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
-               "bf16 skinny matmul: the x scratch must be 16-byte aligned");
-  skinny::launchSkinny(stream, x, m, k, static_cast<const uint4*>(fragments), n, out,
-                       static_cast<uint4*>(x_fragments), 0);
+  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, 0);
 }
 
 void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                                   const void* fragments, int64_t n, const MatmulEpilogue& out,
                                   void* x_fragments, int sm_count) {
-  TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
   TANDEM_CHECK(out.kind == MatmulEpilogue::kStore || out.kind == MatmulEpilogue::kAdd,
                "unordered bf16 skinny matmul: a plain or adding store only");
-  TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
-               "bf16 skinny matmul: the x scratch must be 16-byte aligned");
   const MmaFragmentTiling t{n, k};
   // Enough splits of k for four blocks per SM, at least one pair each.
   const int64_t blocks = ceilDiv(t.tileColumns(), skinny::kWarps);
@@ -672,8 +670,7 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
                      cudaSuccess,
                  "unordered bf16 skinny matmul: cudaMemsetAsync");
   }
-  skinny::launchSkinny(stream, x, m, k, static_cast<const uint4*>(fragments), n, out,
-                       static_cast<uint4*>(x_fragments), splits);
+  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, splits);
 }
 
 int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
