@@ -1,12 +1,10 @@
 #include "agent/render_chat_command.h"
 
 #include <CLI/CLI.hpp>
-#include <ctime>
 #include <fstream>
 #include <istream>
 #include <nlohmann/json.hpp>
 #include <ostream>
-#include <regex>
 #include <sstream>
 
 #include "common/json_parse.h"
@@ -19,26 +17,13 @@ namespace {
 
 using nlohmann::ordered_json;
 
-// "2025-03-07T09:05:03" (or with a space; seconds optional) as the naive time
-// strftime_now shows.
-std::chrono::system_clock::time_point parseNow(const std::string& text) {
-  static const std::regex kIso(R"((\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2})(?::(\d{2}))?)");
-  std::smatch match;
-  if (!std::regex_match(text, match, kIso)) {
+// --now as the naive time strftime_now shows.
+jinja::NaiveTime parseNow(const std::string& text) {
+  auto time = jinja::parseNaiveTime(text);
+  if (!time) {
     throw Error("--now must be an ISO-8601 time such as 2025-03-07T09:05:03, got \"" + text + "\"");
   }
-  std::tm fields{};
-  fields.tm_year = std::stoi(match[1]) - 1900;
-  fields.tm_mon = std::stoi(match[2]) - 1;
-  fields.tm_mday = std::stoi(match[3]);
-  fields.tm_hour = std::stoi(match[4]);
-  fields.tm_min = std::stoi(match[5]);
-  fields.tm_sec = match[6].matched ? std::stoi(match[6]) : 0;
-  if (fields.tm_mon > 11 || fields.tm_mday < 1 || fields.tm_mday > 31 || fields.tm_hour > 23 ||
-      fields.tm_min > 59 || fields.tm_sec > 60) {
-    throw Error("--now is not a valid time: \"" + text + "\"");
-  }
-  return std::chrono::system_clock::from_time_t(timegm(&fields));
+  return *time;
 }
 
 std::string readFile(const std::string& path) {

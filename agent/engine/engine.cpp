@@ -414,9 +414,7 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     }
   }
   if (connector_ && !request.kv_transfer_params.is_null()) {
-    Status transfer = connector_->scheduler().validate(
-        request.kv_transfer_params,
-        static_cast<int64_t>(request.prompt.size() + request.resume_output.size()));
+    Status transfer = connector_->scheduler().validate(request.kv_transfer_params);
     if (!transfer.isOk()) return transfer;
   }
   std::lock_guard<std::mutex> lock(mutex_);

@@ -102,10 +102,7 @@ class KvConnectorScheduler {
   // the peer advertised), PermissionDenied when they are not signed with
   // this agent's shared secret, FailedPrecondition when the peer's KV layout
   // differs. Called on any thread: reads only immutable state.
-  virtual Status validate(const nlohmann::json& kv_transfer_params,
-                          int64_t num_prompt_tokens) const {
-    return Status::ok();
-  }
+  virtual Status validate(const nlohmann::json& kv_transfer_params) const { return Status::ok(); }
   // The request whose held blocks `kv_transfer_params` (as this agent
   // returned them) name, for an explicit release by whoever abandons the
   // transfer. Same errors as validate(); Unimplemented for connectors that

@@ -98,8 +98,8 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
     return counts;
   }
 
-  Status validate(const nlohmann::json& params, int64_t num_prompt_tokens) const override {
-    return inner_->scheduler().validate(params, num_prompt_tokens);
+  Status validate(const nlohmann::json& params) const override {
+    return inner_->scheduler().validate(params);
   }
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override {
     return inner_->scheduler().releaseTarget(params);

@@ -156,17 +156,11 @@ void Evaluator::print(Output& out, const Value& v) const {
 }
 
 std::tm Evaluator::now() const {
+  // A naive time: broken down without a zone.
+  const std::time_t t =
+      std::chrono::system_clock::to_time_t(options_.now.value_or(localNaiveNow()));
   std::tm tm{};
-  if (options_.now) {
-    // The fixed time is taken as naive local time: broken down without a zone.
-    auto secs =
-        std::chrono::duration_cast<std::chrono::seconds>(options_.now->time_since_epoch()).count();
-    std::time_t t = static_cast<std::time_t>(secs);
-    gmtime_r(&t, &tm);
-  } else {
-    std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    localtime_r(&t, &tm);
-  }
+  gmtime_r(&t, &tm);
   return tm;
 }
 

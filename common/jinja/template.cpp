@@ -3,7 +3,9 @@
 // TemplateError here; nothing escapes parse() or render().
 #include "common/jinja/template.h"
 
+#include <ctime>
 #include <new>
+#include <regex>
 
 #include "common/jinja/evaluator.h"
 #include "common/jinja/lexer.h"
@@ -14,6 +16,41 @@ namespace tandem::jinja {
 struct Template::Impl {
   Body body;
 };
+
+std::optional<NaiveTime> parseNaiveTime(std::string_view text) {
+  static const std::regex kIso(R"((\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2})(?::(\d{2}))?)");
+  std::match_results<std::string_view::const_iterator> match;
+  if (!std::regex_match(text.begin(), text.end(), match, kIso)) return std::nullopt;
+  auto field = [&](size_t i) { return std::stoi(match[i].str()); };
+  std::tm fields{};
+  fields.tm_year = field(1) - 1900;
+  fields.tm_mon = field(2) - 1;
+  fields.tm_mday = field(3);
+  fields.tm_hour = field(4);
+  fields.tm_min = field(5);
+  fields.tm_sec = match[6].matched ? field(6) : 0;
+  if (fields.tm_mon < 0 || fields.tm_mon > 11 || fields.tm_mday < 1 || fields.tm_mday > 31 ||
+      fields.tm_hour > 23 || fields.tm_min > 59 || fields.tm_sec > 60) {
+    return std::nullopt;
+  }
+  return std::chrono::system_clock::from_time_t(timegm(&fields));
+}
+
+std::string formatNaiveTime(NaiveTime time) {
+  const std::time_t t = std::chrono::system_clock::to_time_t(time);
+  std::tm fields{};
+  gmtime_r(&t, &fields);
+  char text[32];
+  const size_t n = std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &fields);
+  return std::string(text, n);
+}
+
+NaiveTime localNaiveNow() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm fields{};
+  localtime_r(&t, &fields);
+  return std::chrono::system_clock::from_time_t(timegm(&fields));
+}
 
 std::string TemplateError::describe() const {
   if (line > 0) return "line " + std::to_string(line) + ": " + message;

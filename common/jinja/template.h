@@ -51,11 +51,23 @@ struct Limits {
   size_t max_value_depth = 512;
 };
 
+// A naive time: a time point whose calendar fields, read as UTC, are the
+// wall-clock time it stands for (what RenderOptions::now holds).
+using NaiveTime = std::chrono::system_clock::time_point;
+
+// "2025-03-07T09:05:03" (or a space for the T; seconds optional) as a naive
+// time; nullopt when the text is not such a time or names no valid one.
+std::optional<NaiveTime> parseNaiveTime(std::string_view text);
+// `time` as "2025-03-07T09:05:03", the form parseNaiveTime reads.
+std::string formatNaiveTime(NaiveTime time);
+// The system clock's local wall-clock time, to the second: what
+// strftime_now shows when RenderOptions::now is empty.
+NaiveTime localNaiveNow();
+
 struct RenderOptions {
-  // What strftime_now sees, as naive local time; empty: the system clock.
-  // A given time point's calendar fields are read without a zone conversion
-  // (as UTC), so build it from the wall-clock time it should show.
-  std::optional<std::chrono::system_clock::time_point> now;
+  // What strftime_now sees (a naive time); empty: the system clock's local
+  // time.
+  std::optional<NaiveTime> now;
   Limits limits;
   // Set (by another thread) when the render's result is no longer wanted,
   // e.g. its client left: rendering then ends soon with a kCancelled error.

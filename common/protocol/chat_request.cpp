@@ -285,7 +285,7 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root,
 }
 
 Result<std::string> renderChatRequest(const ordered_json& root, const ChatTemplate* chat_template,
-                                      const std::atomic<bool>* cancel) {
+                                      const std::atomic<bool>* cancel, std::string* template_time) {
   if (chat_template == nullptr || !chat_template->hasTemplate()) {
     return invalidRequest(ChatTemplate::noTemplateMessage(), "messages");
   }
@@ -293,6 +293,19 @@ Result<std::string> renderChatRequest(const ordered_json& root, const ChatTempla
   if (!input.isOk()) return input.error();
   jinja::RenderOptions options;
   options.cancel = cancel;
+  if (const ordered_json* time = given(root, "chat_template_time")) {
+    constexpr const char* kAccepted = "a time such as \"2025-03-07T09:05:03\"";
+    if (!time->is_string()) return wrongType("chat_template_time", kAccepted, *time);
+    options.now = jinja::parseNaiveTime(time->get_ref<const std::string&>());
+    if (!options.now) {
+      return invalidRequest("chat_template_time must be " + std::string(kAccepted) + ", got " +
+                                quoted(time->get<std::string>()),
+                            "chat_template_time");
+    }
+  } else {
+    options.now = jinja::localNaiveNow();
+  }
+  if (template_time != nullptr) *template_time = jinja::formatNaiveTime(*options.now);
   auto rendered = chat_template->render(input.value(), options);
   if (auto* error = std::get_if<jinja::TemplateError>(&rendered)) {
     return invalidRequest("the chat template failed: " + error->describe(), "messages");

@@ -8,7 +8,8 @@
 // string become the object it encodes), tools, tool_choice ("auto",
 // "none", "required" or a named function: the last two are constrained by
 // structured_request.h), documents, chat_template_kwargs, add_generation_prompt (default
-// true), continue_final_message. A chat_template in the request is refused.
+// true), continue_final_message, chat_template_time (Tandem's: the time the
+// template's strftime_now shows). A chat_template in the request is refused.
 // Every refusal is an ApiError naming the field.
 //
 // Pure function of its arguments; safe from any thread.
@@ -33,8 +34,14 @@ Result<ChatTemplateInput> readChatInput(const nlohmann::ordered_json& root,
 // message names the template line, with param "messages". `cancel`, when
 // set by another thread while the template renders (the client left), ends
 // rendering early with an error; null: never.
+//
+// strftime_now shows the request's chat_template_time ("2025-03-07T09:05:03",
+// naive: no zone) when given, else the clock's local time to the second;
+// `template_time`, when not null, receives the time shown in that form, so
+// that another server rendering the same request shows the same time.
 Result<std::string> renderChatRequest(const nlohmann::ordered_json& root,
                                       const ChatTemplate* chat_template,
-                                      const std::atomic<bool>* cancel = nullptr);
+                                      const std::atomic<bool>* cancel = nullptr,
+                                      std::string* template_time = nullptr);
 
 }  // namespace tandem::server

@@ -591,8 +591,9 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
 // The chat prompt: the model's template applied to the request's chat fields
 // (chat_request.h), object keys in the order sent, as templates see them.
 Result<std::string> renderMessages(const RequestJson& root, const ServerLimits& limits,
-                                   const std::atomic<bool>* cancel) {
-  return renderChatRequest(root, limits.chat_template.get(), cancel);
+                                   const std::atomic<bool>* cancel,
+                                   std::string* template_time = nullptr) {
+  return renderChatRequest(root, limits.chat_template.get(), cancel, template_time);
 }
 
 Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits& limits,
@@ -714,7 +715,8 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   fields.readBool("add_special_tokens", &add_special_tokens);
   if (!fields.ok()) return fields.error();
 
-  auto text = renderMessages(root.value(), limits, cancel);
+  std::string template_time;
+  auto text = renderMessages(root.value(), limits, cancel, &template_time);
   if (!text.isOk()) return text.error();
   // After the messages: tools and tool_choice are checked there.
   if (auto error = readStructuredOutput(
@@ -734,6 +736,12 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
     return *error;
   }
   parsed.body = std::move(root).value();
+  // Whoever renders the forwarded body (a prefill and a decode agent, a
+  // resuming one) shows the time this render showed.
+  if (const auto it = parsed.body.find("chat_template_time");
+      it == parsed.body.end() || it->is_null()) {
+    parsed.body["chat_template_time"] = template_time;
+  }
   return parsed;
 }
 

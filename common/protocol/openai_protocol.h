@@ -169,7 +169,9 @@ struct ParsedRequest {
   // thinking off). Unset when no parser applies.
   std::optional<protocol::ChatOutputOptions> chat_output;
   // The request body as parsed, object keys in the client's order, for a
-  // caller that forwards it (the router) without parsing it again.
+  // caller that forwards it (the router) without parsing it again; a chat
+  // request's also carries chat_template_time, the time its template was
+  // shown, so that each server it is forwarded to renders the same prompt.
   nlohmann::ordered_json body;
 };
 

@@ -39,10 +39,6 @@ const std::string kExpectedText =
     "<|endoftext|><|im_start|>system<|im_end|>\n\nBe brief.<|im_end|>"
     "<|im_start|>user<|im_end|>\n\nHello there<|im_end|><|im_start|>assistant<|im_end|>\n\n";
 
-void writeFile(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
 json chatBody() {
   return {{"model", "tiny"},
           {"messages",

@@ -146,7 +146,7 @@ TEST_P(KvUcx, Bf16ComputeHandOffMatchesAColocatedBf16AgentAndNotAnF32One) {
 // lets the producer's blocks go. Before, it read the other prompt's KV and
 // answered as if it had been given that prompt. A prompt ending on a block
 // boundary reads one block fewer than offered, checked against the
-// second-to-last hash.
+// second-to-last hash; a prompt shorter by more is computed.
 TEST_P(KvUcx, KvOfAnotherPromptIsNotReadAndThePromptIsComputed) {
   Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
   Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
@@ -174,6 +174,20 @@ TEST_P(KvUcx, KvOfAnotherPromptIsNotReadAndThePromptIsComputed) {
             tokenIds(colocated.post("/v1/completions", greedy(aligned, 8))));
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 2);
   EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"prefix_mismatch\""), 1);
+
+  // A prompt two blocks shorter than the producer's (and other than its
+  // first 40 tokens) is another prompt too: computed, not refused (it was a
+  // 400 at admission).
+  Agent fresh({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  const std::vector<int> shorter(other.begin(), other.begin() + 40);
+  const json longer = prefill(prefiller, prompt_);
+  int status = 0;
+  const json answer = decode(fresh, shorter, longer, &status);
+  EXPECT_EQ(status, 200) << answer.dump();
+  EXPECT_EQ(tokenIds(answer), tokenIds(colocated.post("/v1/completions", greedy(shorter, 8))));
+  EXPECT_EQ(fresh.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(fresh.metric("tandem_kv_transfer_failures_total", "reason=\"prefix_mismatch\""), 1);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {

@@ -334,6 +334,63 @@ TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
   EXPECT_EQ(answer.status, 200) << "client kv_transfer_params are stripped: " << answer.body.dump();
 }
 
+// The tiny model with a chat template that puts the hour in the prompt, as
+// Llama 3.1's puts the date.
+fs::path clockTemplateModel(const TempDir& dir) {
+  const fs::path model = dir.path() / "tiny-clock";
+  fs::copy(tinyModelDir(), model, fs::copy_options::recursive);
+  const fs::path config_path = model / "tokenizer_config.json";
+  json config = json::parse(readFile(config_path));
+  config["chat_template"] =
+      "Now: {{ strftime_now('%Y-%m-%d %H') }}h\n" + config["chat_template"].get<std::string>();
+  writeFile(config_path, config.dump());
+  return model;
+}
+
+// A chat template that reads the clock renders the same prompt on the
+// prefill and the decode agent through the router, though their time zones
+// are 9 hours apart: the router sends the time its own render showed
+// (chat_template_time) and the decode agent reads the prefill agent's KV.
+// Called directly without it, the two agents render different prompts and
+// the decode agent computes its own (which shows the zones do differ).
+TEST_F(RouterTest, AChatTemplateReadingTheClockRendersOnePromptOnBothAgents) {
+  TempDir dir("tandem-router-clock");
+  RouterClusterOptions options;
+  options.model = clockTemplateModel(dir);
+  options.agent_env = [](bool prefill, int) {
+    return Agent::Environment{{"TZ", prefill ? "UTC0" : "XXX-9"}};
+  };
+  startCluster(options);
+  std::string question;
+  for (int i = 0; i < 6; ++i) question += "Tell me about the sea and its tides. ";
+  const json body = {{"model", "tiny"},
+                     {"messages", {{{"role", "user"}, {"content", question}}}},
+                     {"max_tokens", 4},
+                     {"temperature", 0}};
+  Answer answer = post(body, "/v1/chat/completions");
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "disaggregated");
+  Agent& decoder = *decode_[0];
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"prefix_mismatch\""), 0);
+  EXPECT_GT(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
+
+  // The same request sent to each agent by hand, without the time.
+  json to_prefill = body;
+  to_prefill["kv_transfer_params"] = {{"do_remote_decode", true}};
+  to_prefill["max_tokens"] = 1;
+  const json prefilled = prefill_[0]->post("/v1/chat/completions", to_prefill);
+  ASSERT_TRUE(prefilled.contains("kv_transfer_params")) << prefilled.dump();
+  json to_decode = body;
+  to_decode["kv_transfer_params"] = prefilled["kv_transfer_params"];
+  to_decode["kv_transfer_params"]["do_remote_prefill"] = true;
+  int status = 0;
+  const json decoded = decoder.post("/v1/chat/completions", to_decode, &status);
+  EXPECT_EQ(status, 200) << decoded.dump();
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"prefix_mismatch\""), 1);
+  EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
+}
+
 // Sends `signal` to the first decode agent seen running a request (all are
 // watched at once: a dead one answers nothing and must not delay the rest)
 // and sets `signalled` to it (left null when none was seen).

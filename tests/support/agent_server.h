@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/prometheus_text.h"
@@ -54,10 +55,13 @@ inline const fs::path& smallModelDir() {
   return path;
 }
 
-// A running `tandem-agent serve` on a free port.
+// A running `tandem-agent serve` on a free port; `env` is set in its
+// environment only (e.g. its TZ).
 class Agent {
  public:
-  explicit Agent(std::vector<std::string> extra = {}, const fs::path& model = tinyModelDir()) {
+  using Environment = std::vector<std::pair<std::string, std::string>>;
+  explicit Agent(std::vector<std::string> extra = {}, const fs::path& model = tinyModelDir(),
+                 const Environment& env = {}) {
     std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
                                      "serve",
                                      "--model",
@@ -67,7 +71,7 @@ class Agent {
                                      "--served-model-name",
                                      "tiny"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr");
+    process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr", env);
     std::string line = process_->waitForLine("listening on ", std::chrono::seconds(60));
     if (line.empty()) throw std::runtime_error("agent did not start: " + process_->stderrText());
     port_ = std::stoi(line.substr(line.rfind(':') + 1));

@@ -36,6 +36,8 @@ struct RouterClusterOptions {
   int client_read_timeout_s = 60;
   // More arguments for one agent (e.g. --simulate PROFILE), by role and index.
   std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
+  // Environment variables for one agent (e.g. its TZ), by role and index.
+  std::function<Agent::Environment(bool prefill, int index)> agent_env;
   // The router's kv policy step-time model (RouterConfig::profile).
   std::optional<engine::StepProfile> profile;
   // RouterConfig::api_key (clients) and agent_api_key (sent to the agents).
@@ -76,12 +78,15 @@ class RouterCluster : public ::testing::Test {
       }
       return all;
     };
+    auto env = [&](bool prefill, int index) {
+      return options.agent_env ? options.agent_env(prefill, index) : Agent::Environment{};
+    };
     for (int i = 0; i < options.prefills; ++i) {
-      prefill_.push_back(std::make_unique<Agent>(args(true, i), options.model));
+      prefill_.push_back(std::make_unique<Agent>(args(true, i), options.model, env(true, i)));
       config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
     }
     for (int i = 0; i < options.decodes; ++i) {
-      decode_.push_back(std::make_unique<Agent>(args(false, i), options.model));
+      decode_.push_back(std::make_unique<Agent>(args(false, i), options.model, env(false, i)));
       config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
     }
     router_ = std::make_unique<router::Router>(config);

@@ -48,6 +48,11 @@ inline std::string readFile(const std::filesystem::path& path) {
   return text.str();
 }
 
+// Creates or replaces `path` with `bytes`.
+inline void writeFile(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 // The path of an executable `name` installed by the system (make deps'
 // Debian packages: prometheus, promtool, ...), or "" when there is none.
 inline std::string findSystemTool(const std::string& name) {

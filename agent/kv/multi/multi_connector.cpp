@@ -56,10 +56,9 @@ std::map<std::string, int64_t> MultiConnector::failureCounts() const {
   return counts;
 }
 
-Status MultiConnector::validate(const nlohmann::json& kv_transfer_params,
-                                int64_t num_prompt_tokens) const {
+Status MultiConnector::validate(const nlohmann::json& kv_transfer_params) const {
   for (const auto& member : members_) {
-    Status status = member->scheduler().validate(kv_transfer_params, num_prompt_tokens);
+    Status status = member->scheduler().validate(kv_transfer_params);
     if (!status.isOk()) return status;
   }
   return Status::ok();

@@ -64,8 +64,7 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   // The first member's that reports anything.
   nlohmann::json info() const override;
 
-  Status validate(const nlohmann::json& kv_transfer_params,
-                  int64_t num_prompt_tokens) const override;
+  Status validate(const nlohmann::json& kv_transfer_params) const override;
   StatusOr<std::string> releaseTarget(const nlohmann::json& kv_transfer_params) const override;
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,

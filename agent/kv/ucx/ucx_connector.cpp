@@ -527,8 +527,9 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
   return d;
 }
 
-Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& field,
-                                     int64_t num_prompt_tokens) const {
+// A descriptor longer than the prompt is not refused here: its prompt is
+// another one (lookup() reads nothing of it and computes the prompt).
+Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& field) const {
   // Authenticity first: an unsigned peer learns nothing more.
   if (!secret_.empty()) {
     if (d.signature.empty()) {
@@ -553,11 +554,6 @@ Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& fie
                            ") must be remote_block_ids' length (" + std::to_string(num_ids) +
                            ") times the block size " + std::to_string(block_size));
   }
-  if (d.num_tokens > num_prompt_tokens) {
-    return invalidArgument(field + ".remote_num_tokens (" + std::to_string(d.num_tokens) +
-                           ") exceeds the prompt's " + std::to_string(num_prompt_tokens) +
-                           " tokens");
-  }
   std::unordered_set<int64_t> seen;
   for (size_t i = 0; i < d.block_ids.size(); ++i) {
     const int64_t id = d.block_ids[i];
@@ -569,8 +565,8 @@ Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& fie
   return Status::ok();
 }
 
-Status UcxConnector::validate(const json& params, int64_t num_prompt_tokens) const {
-  Status status = checkParams(params, num_prompt_tokens);
+Status UcxConnector::validate(const json& params) const {
+  Status status = checkParams(params);
   if (!status.isOk()) {
     failures_.add(status.code() == StatusCode::kPermissionDenied     ? "auth"
                   : status.code() == StatusCode::kFailedPrecondition ? "incompatible"
@@ -579,7 +575,7 @@ Status UcxConnector::validate(const json& params, int64_t num_prompt_tokens) con
   return status;
 }
 
-Status UcxConnector::checkParams(const json& params, int64_t num_prompt_tokens) const {
+Status UcxConnector::checkParams(const json& params) const {
   if (!params.is_object()) return invalidArgument("kv_transfer_params must be an object");
   for (const char* name : {"do_remote_prefill", "do_remote_decode"}) {
     if (Status status = checkFlag(params, name); !status.isOk()) return status;
@@ -590,7 +586,7 @@ Status UcxConnector::checkParams(const json& params, int64_t num_prompt_tokens) 
     }
     auto descriptor = parseDescriptor(source, field);
     if (!descriptor.isOk()) return descriptor.status();
-    return checkDescriptor(*descriptor, field, num_prompt_tokens);
+    return checkDescriptor(*descriptor, field);
   };
   if (flag(params, "do_remote_prefill")) return check(params, "kv_transfer_params");
   if (auto it = params.find("remote_prefix"); it != params.end()) {
@@ -674,7 +670,11 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
 
 bool UcxConnector::samePrefix(const Descriptor& d, const ConnectorRequest& request,
                               int64_t blocks) {
-  if (d.last_block_hashes.empty() || blocks <= 0) return true;  // nothing to compare
+  if (blocks <= 0) return true;  // nothing is read
+  if (d.last_block_hashes.empty()) {
+    // Nothing to compare: a producer longer than this prompt had another one.
+    return d.num_tokens <= static_cast<int64_t>(request.tokens.size());
+  }
   // The hashes are of the producer's last offered blocks, the last one
   // last; this agent reads `blocks` of them.
   const auto offered = static_cast<int64_t>(d.block_ids.size());

@@ -109,7 +109,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // (common/kv_auth.h), fresh and not seen before.
   Status authorizeRequest(std::string_view path, const nlohmann::json& body) const override;
 
-  Status validate(const nlohmann::json& params, int64_t num_prompt_tokens) const override;
+  Status validate(const nlohmann::json& params) const override;
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override;
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
@@ -154,10 +154,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // is the producer's (true when the producer sent none).
   static bool samePrefix(const Descriptor& d, const ConnectorRequest& request, int64_t blocks);
   // validate() without the failure count.
-  Status checkParams(const nlohmann::json& params, int64_t num_prompt_tokens) const;
+  Status checkParams(const nlohmann::json& params) const;
   // Signature, compatibility, token count and duplicate ids.
-  Status checkDescriptor(const Descriptor& d, const std::string& field,
-                         int64_t num_prompt_tokens) const;
+  Status checkDescriptor(const Descriptor& d, const std::string& field) const;
   // The descriptor a request reads from (its own params or remote_prefix);
   // null when it reads nothing.
   const nlohmann::json* sourceOf(const ConnectorRequest& request) const;

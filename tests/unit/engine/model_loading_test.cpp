@@ -30,11 +30,7 @@ using nlohmann::json;
 // A fresh directory under the system temp dir, removed with everything in it.
 using ::tandem::testing::readFile;
 using ::tandem::testing::TempDir;
-
-void writeFile(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using ::tandem::testing::writeFile;
 
 fs::path writeTiny(const fs::path& dir, const std::string& architecture = "LlamaForCausalLM",
                    DType dtype = DType::kBF16) {

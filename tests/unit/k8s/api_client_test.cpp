@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/support/apiserver/api_server.h"
+#include "tests/support/test_files.h"
 #include "tests/unit/k8s/scripted_http_server.h"
 
 namespace tandem::k8s {
@@ -35,6 +36,7 @@ using scripted::chunk;
 using scripted::kChunkedHeader;
 using scripted::ScriptedReply;
 using scripted::ScriptedServer;
+using ::tandem::testing::writeFile;
 using testing::ApiServer;
 using testing::ApiServerOptions;
 
@@ -113,10 +115,6 @@ class TempDir {
  private:
   fs::path path_;
 };
-
-void writeFile(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
 
 // ---------------------------------------------------------------------------
 // Against the test API server.

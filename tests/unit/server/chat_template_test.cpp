@@ -24,6 +24,7 @@ namespace {
 
 using nlohmann::ordered_json;
 using ::tandem::testing::TempDir;
+using ::tandem::testing::writeFile;
 
 const std::filesystem::path kDataDir =
     std::filesystem::path(TANDEM_SOURCE_DIR) / "tests/data/chat_templates";
@@ -34,10 +35,6 @@ std::string readText(const std::filesystem::path& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-void writeText(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
 }
 
 // The clock the conformance data was rendered with: 2025-03-07 09:05:03.
@@ -271,7 +268,7 @@ TEST(ChatTemplate, LoadsModelTemplatesAndSpecialTokens) {
   config["bos_token"] = {{"content", "<|endoftext|>"}, {"lstrip", false}};
   config["pad_token"] = "<|im_end|>";
   config["additional_special_tokens"] = ordered_json::array({"<|im_start|>", "<|im_end|>"});
-  writeText(dir.path() / "tokenizer_config.json", config.dump());
+  writeFile(dir.path() / "tokenizer_config.json", config.dump());
   const auto tokenizer = Tokenizer::fromDirectory(dir.path());
   EXPECT_EQ(tokenizer->specialTokensMap().value("bos_token", ""), "<|endoftext|>");
   EXPECT_EQ(tokenizer->specialTokensMap().value("eos_token", ""), "<|im_end|>");
@@ -286,7 +283,7 @@ TEST(ChatTemplate, LoadsModelTemplatesAndSpecialTokens) {
   EXPECT_EQ(renderOk(**loaded, input), "T2");
 
   // --chat-template FILE replaces the model's templates, keeps its tokens.
-  writeText(dir.path() / "override.jinja", "O{{ eos_token }}\n");
+  writeFile(dir.path() / "override.jinja", "O{{ eos_token }}\n");
   auto overridden = ChatTemplate::load(*tokenizer, dir.path() / "override.jinja");
   ASSERT_TRUE(overridden.isOk()) << overridden.status().toString();
   EXPECT_EQ(renderOk(**overridden, input), "O<|im_end|>");

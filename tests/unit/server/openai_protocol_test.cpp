@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/jinja/template.h"
 #include "common/structured/matcher.h"
 #include "common/tokenizer.h"
 #include "tests/support/test_files.h"
@@ -1296,6 +1299,59 @@ TEST_F(ProtocolTest, ChatContentPartsForTemplatesThatIterate) {
       limits, tokenizer());
   ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
   EXPECT_EQ(parsed.value().prompt_text, "<a><b>c");
+}
+
+// strftime_now shows chat_template_time when given; without it, the clock's
+// local time, which the parsed body then carries so that every server the
+// router forwards it to renders the same prompt. Anything but such a time is
+// a 400 naming the field.
+TEST_F(ProtocolTest, ChatTemplateTimeIsWhatStrftimeNowShowsAndTravelsWithTheBody) {
+  const ServerLimits limits =
+      limitsWithTemplate("{{ strftime_now('%d %b %Y %H:%M:%S') }}|{{ messages[0].content }}");
+  auto pinned = parseChatCompletionRequest(chat(R"("chat_template_time": "2031-12-25T23:59:07")"),
+                                           limits, tokenizer());
+  ASSERT_TRUE(pinned.isOk()) << pinned.error().message;
+  EXPECT_EQ(pinned.value().prompt_text, "25 Dec 2031 23:59:07|Hi");
+  EXPECT_EQ(pinned.value().body["chat_template_time"], "2031-12-25T23:59:07");
+  auto spaced = parseChatCompletionRequest(chat(R"("chat_template_time": "2024-02-29 00:01")"),
+                                           limits, tokenizer());
+  ASSERT_TRUE(spaced.isOk()) << spaced.error().message;
+  EXPECT_EQ(spaced.value().prompt_text, "29 Feb 2024 00:01:00|Hi");
+  EXPECT_EQ(spaced.value().body["chat_template_time"], "2024-02-29 00:01");
+
+  // Unpinned: the body carries the time shown, and rendering that body
+  // again gives the same prompt.
+  auto clock = parseChatCompletionRequest(chat(""), limits, tokenizer());
+  ASSERT_TRUE(clock.isOk()) << clock.error().message;
+  const auto& shown = clock.value().body["chat_template_time"];
+  ASSERT_TRUE(shown.is_string()) << clock.value().body.dump();
+  const auto time = jinja::parseNaiveTime(shown.get<std::string>());
+  ASSERT_TRUE(time.has_value()) << shown;
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(*time);
+  std::tm fields{};
+  gmtime_r(&seconds, &fields);
+  char expected[32];
+  std::strftime(expected, sizeof(expected), "%d %b %Y %H:%M:%S|Hi", &fields);
+  EXPECT_EQ(clock.value().prompt_text, expected);
+  auto again = parseChatCompletionRequest(clock.value().body.dump(), limits, tokenizer());
+  ASSERT_TRUE(again.isOk()) << again.error().message;
+  EXPECT_EQ(again.value().prompt_text, clock.value().prompt_text);
+  EXPECT_EQ(again.value().body["chat_template_time"], shown);
+
+  const std::string accepted = R"(chat_template_time must be a time such as "2025-03-07T09:05:03")";
+  for (const auto& [value, got] : std::vector<std::pair<std::string, std::string>>{
+           {R"("tomorrow")", R"(, got "tomorrow")"},
+           {R"("2025-13-01T00:00:00")", R"(, got "2025-13-01T00:00:00")"},
+           {R"("2025-03-07T09:05:03Z")", R"(, got "2025-03-07T09:05:03Z")"},
+           {"1741338303", ", got number"}}) {
+    SCOPED_TRACE(value);
+    auto refused =
+        parseChatCompletionRequest(chat(R"("chat_template_time": )" + value), limits, tokenizer());
+    ASSERT_FALSE(refused.isOk());
+    EXPECT_EQ(refused.error().status, 400);
+    EXPECT_EQ(refused.error().param, "chat_template_time");
+    EXPECT_EQ(refused.error().message, accepted + got);
+  }
 }
 
 TEST_F(ProtocolTest, ChatRendersTemplateAndEncodes) {
