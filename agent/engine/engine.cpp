@@ -154,6 +154,7 @@ class Engine::ConnectorSource : public ExternalKvSource {
     if (!sequence.request.kv_transfer_params.is_null()) {
       request.kv_transfer_params = &sequence.request.kv_transfer_params;
     }
+    request.remote_source_spent = sequence.num_preemptions > 0;
     return request;
   }
 

@@ -66,13 +66,30 @@ void Scheduler::preempt(Sequence* sequence) {
   TANDEM_CHECK(it != running_.end(), "preempting a sequence that is not running");
   std::unique_ptr<Sequence> owned = std::move(*it);
   running_.erase(it);
-  blocks_.free(owned->blocks);
-  owned->num_computed_tokens = 0;
-  owned->present_ranges.clear();
-  owned->status = SequenceStatus::kWaiting;
-  ++owned->num_preemptions;
-  ++num_preemptions_;
+  dropBlocks(*owned);
   waiting_.push_front(std::move(owned));
+}
+
+void Scheduler::dropBlocks(Sequence& sequence) {
+  blocks_.free(sequence.blocks);
+  sequence.num_computed_tokens = 0;
+  sequence.present_ranges.clear();
+  sequence.status = SequenceStatus::kWaiting;
+  ++sequence.num_preemptions;
+  ++num_preemptions_;
+}
+
+bool Scheduler::reclaimWaitingBlocks(const Sequence* except) {
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    Sequence& sequence = **it;
+    if (&sequence == except || sequence.status != SequenceStatus::kWaiting ||
+        sequence.blocks.blocks.empty()) {
+      continue;
+    }
+    dropBlocks(sequence);
+    return true;
+  }
+  return false;
 }
 
 int64_t Scheduler::loadExternal(Sequence* sequence, int64_t local_tokens, int64_t external_tokens) {
@@ -117,25 +134,36 @@ bool Scheduler::loadFinished(const std::string& request_id, std::vector<int64_t>
       return true;
     }
   }
-  for (auto& owned : waiting_) {
-    Sequence* sequence = owned.get();
-    if (sequence->request.id != request_id ||
-        sequence->status != SequenceStatus::kWaitingForRemoteKv) {
-      continue;
-    }
-    const int64_t computed = applyLoadResult(sequence, sequence->load_first_block,
-                                             sequence->load_num_blocks, std::move(failed_blocks));
-    sequence->load_num_blocks = 0;
-    sequence->status = SequenceStatus::kWaiting;
-    if (computed < 0) {
-      blocks_.free(sequence->blocks);
-      pending_failed_loads_.push_back(sequence);
-    } else {
-      sequence->num_computed_tokens = computed;
-    }
+  const auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& sequence) {
+    return sequence->request.id == request_id &&
+           sequence->status == SequenceStatus::kWaitingForRemoteKv;
+  });
+  if (it == waiting_.end()) return false;
+  Sequence* sequence = it->get();
+  const int64_t computed = applyLoadResult(sequence, sequence->load_first_block,
+                                           sequence->load_num_blocks, std::move(failed_blocks));
+  sequence->load_num_blocks = 0;
+  if (computed < 0) {
+    failLoad(*sequence);
+    pending_failed_loads_.push_back(sequence);
     return true;
   }
-  return false;
+  sequence->status = SequenceStatus::kWaiting;
+  sequence->num_computed_tokens = computed;
+  // It holds its blocks: first in line, so that they are used (a running
+  // sequence's can be preempted; a waiting one's only by
+  // reclaimWaitingBlocks).
+  std::unique_ptr<Sequence> loaded = std::move(*it);
+  waiting_.erase(it);
+  waiting_.push_front(std::move(loaded));
+  return true;
+}
+
+void Scheduler::failLoad(Sequence& sequence) {
+  blocks_.free(sequence.blocks);
+  sequence.num_computed_tokens = 0;
+  sequence.present_ranges.clear();
+  sequence.status = SequenceStatus::kLoadFailed;
 }
 
 int64_t Scheduler::numWaitingForRemoteKv() const {
@@ -147,6 +175,7 @@ int64_t Scheduler::numWaitingForRemoteKv() const {
 int64_t Scheduler::numPrefillTokensWaiting() const {
   int64_t total = 0;
   for (const auto& sequence : waiting_) {
+    if (sequence->status == SequenceStatus::kLoadFailed) continue;
     total += std::max<int64_t>(
         0, static_cast<int64_t>(sequence->tokens.size()) - sequence->num_computed_tokens);
   }
@@ -156,7 +185,10 @@ int64_t Scheduler::numPrefillTokensWaiting() const {
 int64_t Scheduler::numBlocksNeededByWaiting() const {
   int64_t total = 0;
   for (const auto& sequence : waiting_) {
-    if (sequence->status == SequenceStatus::kWaitingForRemoteKv) continue;
+    if (sequence->status == SequenceStatus::kWaitingForRemoteKv ||
+        sequence->status == SequenceStatus::kLoadFailed) {
+      continue;
+    }
     total += std::max<int64_t>(0, blocks_.blocksForTokens(std::ssize(sequence->tokens)) -
                                       std::ssize(sequence->blocks.blocks));
   }
@@ -254,7 +286,7 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
       return Admission::kSkipped;
     }
     if (computed < 0) {
-      blocks_.free(sequence->blocks);
+      failLoad(*sequence);
       output.failed_loads.push_back(sequence);
       return Admission::kSkipped;
     }
@@ -292,6 +324,11 @@ SchedulerOutput Scheduler::schedule() {
     while (
         !blocks_.allocate(sequence->blocks, nullptr, sequence->num_computed_tokens + num_tokens)) {
       Sequence* victim = running_.back().get();
+      // Before a sequence preempts itself (all admitted after it are gone
+      // already), waiting sequences give up the blocks they hold (loaded,
+      // not yet admitted): else it would recompute, fill the cache and
+      // preempt itself again, for ever, while they wait behind it.
+      if (victim == sequence && reclaimWaitingBlocks(nullptr)) continue;
       // A victim scheduled earlier this step gives its chunk back.
       for (auto it = output.chunks.begin(); it != output.chunks.end(); ++it) {
         if (it->sequence == victim) {
@@ -323,30 +360,42 @@ SchedulerOutput Scheduler::schedule() {
   // Then waiting sequences in order, unless this step had to preempt (there
   // is no room to grow).
   if (output.preempted.empty()) {
-    // Sequences waiting for remote KV are passed over, so they never block
-    // the queue behind them.
-    // Sequences parked on a load hold blocks: they count toward max_num_seqs.
-    const int64_t parked = numWaitingForRemoteKv();
-    for (size_t i = 0; i < waiting_.size() && budget > 0 &&
-                       static_cast<int64_t>(running_.size()) + parked < config_.max_num_seqs;) {
-      Sequence* sequence = waiting_[i].get();
-      if (sequence->status == SequenceStatus::kWaitingForRemoteKv) {
-        ++i;
-        continue;
-      }
-      const int64_t before = output.num_tokens;
-      const Admission admission = admit(sequence, budget, output);
-      if (admission == Admission::kNoRoom) break;
-      if (admission == Admission::kSkipped) {
-        ++i;
-        continue;
-      }
-      budget -= output.num_tokens - before;
-      running_.push_back(std::move(waiting_[i]));
-      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+    Sequence* blocked = admitWaiting(budget, output);
+    // Nothing runs, so no block will be freed by a running sequence: the
+    // blocks are held by waiting ones (loaded, not yet admitted).
+    while (blocked != nullptr && running_.empty() && output.chunks.empty() &&
+           reclaimWaitingBlocks(blocked)) {
+      blocked = admitWaiting(budget, output);
     }
   }
   return output;
+}
+
+Sequence* Scheduler::admitWaiting(int64_t& budget, SchedulerOutput& output) {
+  // Sequences waiting for remote KV are passed over, so they never block
+  // the queue behind them.
+  // Sequences parked on a load hold blocks: they count toward max_num_seqs.
+  const int64_t parked = numWaitingForRemoteKv();
+  for (size_t i = 0; i < waiting_.size() && budget > 0 &&
+                     static_cast<int64_t>(running_.size()) + parked < config_.max_num_seqs;) {
+    Sequence* sequence = waiting_[i].get();
+    if (sequence->status == SequenceStatus::kWaitingForRemoteKv ||
+        sequence->status == SequenceStatus::kLoadFailed) {
+      ++i;
+      continue;
+    }
+    const int64_t before = output.num_tokens;
+    const Admission admission = admit(sequence, budget, output);
+    if (admission == Admission::kNoRoom) return sequence;
+    if (admission == Admission::kSkipped) {
+      ++i;
+      continue;
+    }
+    budget -= output.num_tokens - before;
+    running_.push_back(std::move(waiting_[i]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return nullptr;
 }
 
 void Scheduler::onStepComputed(const SchedulerOutput& output) {

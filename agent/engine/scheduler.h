@@ -11,6 +11,12 @@
 // the queue with everything it generated so far, to be recomputed later —
 // bit-identical, since the kernels are batch-invariant.
 //
+// A sequence whose remote load finished waits, holding its blocks, at the
+// head of the queue. When the oldest running sequence would have to preempt
+// itself, or nothing runs and the next sequence cannot get the blocks it
+// needs, the newest waiting sequences that hold blocks give them up first
+// (preempted like a running one), so the queue always moves.
+//
 // Segmented prefill: a sequence may hold KV for ranges beyond its computed
 // prefix (present_ranges, e.g. loaded from another agent around a block that
 // failed to load). The scheduler computes only the gaps: a chunk never runs
@@ -40,7 +46,15 @@ struct SchedulerConfig {
   bool enable_chunked_prefill = true;
 };
 
-enum class SequenceStatus { kWaiting, kWaitingForRemoteKv, kRunning, kFinished };
+enum class SequenceStatus {
+  kWaiting,
+  kWaitingForRemoteKv,
+  // Its load failed under the fail policy: reported in failed_loads, never
+  // scheduled, until the engine finishes it.
+  kLoadFailed,
+  kRunning,
+  kFinished
+};
 
 struct Sequence {
   explicit Sequence(Request r);
@@ -186,7 +200,18 @@ class Scheduler {
 
  private:
   void preempt(Sequence* sequence);
+  // Frees a sequence's blocks and sends it back to compute from nothing.
+  void dropBlocks(Sequence& sequence);
+  // Frees a sequence's blocks after a load failed under the fail policy.
+  void failLoad(Sequence& sequence);
   enum class Admission { kAdmitted, kNoRoom, kSkipped };
+  // Admits waiting sequences in order while the budget and max_num_seqs
+  // allow; returns the one that found no room (the queue stops there), or
+  // null.
+  Sequence* admitWaiting(int64_t& budget, SchedulerOutput& output);
+  // Frees the blocks of the newest waiting sequence other than `except` that
+  // holds blocks and is not being loaded into; false when there is none.
+  bool reclaimWaitingBlocks(const Sequence* except);
   Admission admit(Sequence* sequence, int64_t budget, SchedulerOutput& output);
   // Loads external KV after allocation; returns the new computed position, or
   // -1 when the request must fail.

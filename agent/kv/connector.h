@@ -76,6 +76,11 @@ struct ConnectorRequest {
   // [i * block_size, (i + 1) * block_size)).
   std::span<const BlockHash> block_hashes;
   const nlohmann::json* kv_transfer_params = nullptr;  // null when absent
+  // The request was admitted before and has since lost its blocks
+  // (preempted): a remote source its kv_transfer_params name was read or
+  // declined then, and its producer has let those blocks go; it is never
+  // read again.
+  bool remote_source_spent = false;
 };
 
 struct LookupResult {

@@ -615,7 +615,10 @@ StatusOr<std::string> UcxConnector::releaseTarget(const json& params) const {
 
 const json* UcxConnector::sourceOf(const ConnectorRequest& request) const {
   const json* params = request.kv_transfer_params;
-  if (!config_.consumes() || params == nullptr || !params->is_object()) return nullptr;
+  if (!config_.consumes() || params == nullptr || !params->is_object() ||
+      request.remote_source_spent) {
+    return nullptr;
+  }
   if (flag(*params, "do_remote_prefill")) return params;
   auto it = params->find("remote_prefix");
   if (it != params->end() && it->is_object()) return &*it;

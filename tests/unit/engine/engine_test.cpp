@@ -74,7 +74,18 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
 
   kv::LookupResult lookup(const kv::ConnectorRequest& request, int64_t num_local) override {
     kv::LookupResult result;
-    if (!std::equal(request.tokens.begin(), request.tokens.end(), prompt_.begin(), prompt_.end())) {
+    if (!complete_when_looked_up_.empty() && request.request_id == complete_when_looked_up_) {
+      complete_when_looked_up_.clear();
+      complete({});
+    }
+    // As the UCX connector: a source once read is not read again.
+    if (request.remote_source_spent) {
+      ++spent_lookups_;
+      return result;
+    }
+    // The prompt's KV, whatever the request generated since.
+    if (request.tokens.size() < prompt_.size() ||
+        !std::equal(prompt_.begin(), prompt_.end(), request.tokens.begin())) {
       return result;
     }
     const int64_t block = engine_cache_.blockSize();
@@ -89,6 +100,7 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
   kv::LoadResult load(const kv::ConnectorRequest& request, int64_t first_block,
                       std::span<const BlockId> block_ids) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    ++loads_;
     pending_.push_back({std::string(request.request_id), first_block,
                         std::vector<BlockId>(block_ids.begin(), block_ids.end())});
     loads_started_.notify_all();
@@ -103,6 +115,15 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
     std::lock_guard<std::mutex> lock(mutex_);
     return std::exchange(finished_, {});
   }
+
+  // The pending load completes (reported at the next step) when request
+  // `id` is looked up, i.e. as it is admitted. Call before adding it.
+  void completeWhenLookedUp(std::string id) { complete_when_looked_up_ = std::move(id); }
+  int loads() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return loads_;
+  }
+  int spentLookups() const { return spent_lookups_.load(); }
 
   // Blocks until a load was started; returns its request id.
   std::string waitForLoad() {
@@ -147,6 +168,9 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
   std::condition_variable loads_started_;
   std::vector<Pending> pending_;
   std::vector<FinishedLoad> finished_;
+  int loads_ = 0;
+  std::atomic<int> spent_lookups_{0};
+  std::string complete_when_looked_up_;  // engine thread, once set
 };
 
 // Collects a request's outputs; waits for the final one.
@@ -194,10 +218,12 @@ EngineConfig engineConfig() {
   return config;
 }
 
-std::vector<TokenId> generateWithoutConnector(const std::vector<TokenId>& prompt) {
+std::vector<TokenId> generateWithoutConnector(const std::vector<TokenId>& prompt,
+                                              int64_t max_tokens = 8) {
   Engine engine(engineConfig());
   Collector collector;
-  EXPECT_TRUE(engine.addRequest(greedyRequest("r", prompt, 8), collector.callback()).isOk());
+  EXPECT_TRUE(
+      engine.addRequest(greedyRequest("r", prompt, max_tokens), collector.callback()).isOk());
   EXPECT_TRUE(collector.waitFinished());
   return collector.tokens;
 }
@@ -206,8 +232,9 @@ using ::tandem::testing::eventually;
 
 class AsyncLoad : public ::testing::Test {
  protected:
-  Engine& start() {
+  Engine& start(int64_t num_blocks = 64) {
     EngineConfig config = engineConfig();
+    config.num_blocks = num_blocks;
     config.connector_factory = [this](KvCache& cache, const std::string&) {
       auto connector = std::make_unique<FakeAsyncConnector>(cache, prompt_);
       connector_ = connector.get();
@@ -241,6 +268,32 @@ TEST_F(AsyncLoad, WaitingRequestDoesNotBlockOthersAndLoadedKvGivesTheSameTokens)
   // 64 tokens loaded: the 11-token tail and 7 decode steps computed.
   EXPECT_EQ(engine.stats().num_computed_tokens - computed_before, 11 + 7);
   EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+// A loaded request preempted later recomputes its prompt: the producer let
+// the blocks it read go, so the connector is told its source is spent and
+// nothing is read twice. 16 blocks cannot hold both 225-token requests; the
+// loaded one, whose load ends as the other is admitted, is admitted last and
+// preempted.
+TEST_F(AsyncLoad, APreemptedLoadedRequestNeverReadsItsSourceAgain) {
+  const std::vector<TokenId> other_prompt = randomTokens(75, 4);
+  const std::vector<TokenId> expected = generateWithoutConnector(prompt_, 150);
+  const std::vector<TokenId> other_expected = generateWithoutConnector(other_prompt, 150);
+  Engine& engine = start(16);
+  Collector loaded, other;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("loaded", prompt_, 150), loaded.callback()).isOk());
+  ASSERT_EQ(connector_->waitForLoad(), "loaded");
+  connector_->completeWhenLookedUp("other");
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("other", other_prompt, 150), other.callback()).isOk());
+  ASSERT_TRUE(loaded.waitFinished());
+  ASSERT_TRUE(other.waitFinished());
+  EXPECT_GE(engine.stats().num_preemptions, 1);
+  EXPECT_EQ(connector_->loads(), 1);
+  EXPECT_GE(connector_->spentLookups(), 1);
+  EXPECT_EQ(loaded.tokens, expected);
+  EXPECT_EQ(other.tokens, other_expected);
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 16; }));
 }
 
 TEST_F(AsyncLoad, FailedBlocksAreRecomputedAndTheOutputIsUnchanged) {

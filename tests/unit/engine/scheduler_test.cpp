@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 
 #include "agent/engine/block_manager.h"
 #include "agent/engine/kv_cache.h"
@@ -315,6 +316,117 @@ TEST(Scheduler, SegmentedPrefillComputesOnlyTheGap) {
   EXPECT_EQ(h.runner->model().config().vocab_size, static_cast<int64_t>(logits["s"].size()));
   EXPECT_TRUE(logits["s"] == expected) << "segmented prefill changed the logits";
   EXPECT_EQ(h.kvBytes(*s, 6), reference.kvBytes(*ref, 6));
+}
+
+// A remote source for sequences named L...: their first `remote` tokens are
+// loaded (until they are preempted: then they compute everything); loads end
+// when the test calls loadFinished.
+struct ParkingSource : ExternalKvSource {
+  explicit ParkingSource(int64_t remote, bool fail = false) : remote(remote), fail(fail) {}
+  Lookup lookup(const Sequence& sequence, int64_t local) override {
+    Lookup lookup;
+    if (sequence.request.id[0] == 'L' && local == 0 && sequence.num_preemptions == 0) {
+      lookup.num_tokens = remote;
+    }
+    return lookup;
+  }
+  Load load(const Sequence&, int64_t, int64_t) override { return Load{false, {}}; }
+  bool failOnLoadError() const override { return fail; }
+  int64_t remote;
+  bool fail;
+};
+
+// Steps until each sequence has generated `num_new` tokens (then finishes
+// it); returns how many finished.
+size_t runToEnd(Harness& h, const std::vector<Sequence*>& sequences, int64_t num_new) {
+  std::vector<std::unique_ptr<Sequence>> finished;
+  std::set<Sequence*> done;
+  for (int guard = 0; guard < 2000 && done.size() < sequences.size(); ++guard) {
+    h.step();
+    for (Sequence* s : sequences) {
+      if (done.count(s) == 0 && s->status == SequenceStatus::kRunning &&
+          s->numGenerated() >= num_new) {
+        done.insert(s);
+        finished.push_back(h.scheduler->finish(s));
+      }
+    }
+  }
+  return done.size();
+}
+
+// Sequences whose loads ended hold their blocks while they wait; they never
+// stall the queue. 20 blocks: S (100 tokens) grows until it preempts itself
+// while L2 and L3 hold 6 blocks each on their loads; once the loads end, S
+// (first in line) cannot get its 9 blocks from the 8 free, and nothing runs.
+TEST(Scheduler, SequencesHoldingLoadedBlocksNeverStallTheQueue) {
+  Harness h(20);
+  ParkingSource source(80);
+  h.scheduler->setExternalKvSource(&source);
+  Sequence* s = h.add("S", randomTokens(100, 1));
+  h.step();
+  Sequence* l2 = h.add("L2", randomTokens(81, 2));
+  Sequence* l3 = h.add("L3", randomTokens(81, 3));
+  h.step();
+  ASSERT_EQ(h.scheduler->numWaitingForRemoteKv(), 2);
+  for (int i = 0; i < 100 && h.scheduler->numRunning() > 0; ++i) h.step();
+  ASSERT_EQ(h.scheduler->numRunning(), 0);
+  ASSERT_EQ(s->num_preemptions, 1);
+  ASSERT_TRUE(h.scheduler->loadFinished("L2", {}));
+  ASSERT_TRUE(h.scheduler->loadFinished("L3", {}));
+  EXPECT_EQ(runToEnd(h, {s, l2, l3}, 8), 3u);
+  EXPECT_EQ(h.blocks->numFreeBlocks(), 20) << "blocks leaked";
+}
+
+// Loaded sequences that each hold part of what they need: the one that runs
+// would fill the cache and preempt itself for ever while the other waits
+// holding its blocks; the waiting one gives them up instead. 9 blocks, a
+// 32-token budget: L1 and L2 (100 tokens, 32 of them loaded) hold 4 each.
+TEST(Scheduler, ARunningSequenceTakesTheBlocksWaitingOnesHoldBeforePreemptingItself) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 32;
+  Harness h(9, config);
+  ParkingSource source(32);
+  h.scheduler->setExternalKvSource(&source);
+  Sequence* l1 = h.add("L1", randomTokens(100, 4));
+  Sequence* l2 = h.add("L2", randomTokens(100, 5));
+  Sequence* m = h.add("M", randomTokens(40, 6));  // computed; no room for it yet
+  h.step();
+  ASSERT_EQ(h.scheduler->numWaitingForRemoteKv(), 2);
+  ASSERT_EQ(h.blocks->numFreeBlocks(), 1);
+  ASSERT_TRUE(h.scheduler->loadFinished("L1", {}));
+  ASSERT_TRUE(h.scheduler->loadFinished("L2", {}));
+  EXPECT_EQ(runToEnd(h, {l1, l2, m}, 8), 3u);
+  EXPECT_GT(l1->num_preemptions + l2->num_preemptions, 0);
+  EXPECT_EQ(h.blocks->numFreeBlocks(), 9) << "blocks leaked";
+}
+
+// A load that failed under the fail policy is reported once and never
+// scheduled, even when a new lookup would find nothing to load (the engine
+// ends it with an error in that step; a chunk of it would be computed after
+// it was freed).
+TEST(Scheduler, AFailedLoadIsReportedAndNeverScheduled) {
+  Harness h(20);
+  ParkingSource source(80, /*fail=*/true);
+  h.scheduler->setExternalKvSource(&source);
+  Sequence* a = h.add("L", randomTokens(90, 7));
+  SchedulerOutput out;
+  h.step(&out);
+  ASSERT_EQ(h.scheduler->numWaitingForRemoteKv(), 1);
+  source.remote = 0;  // a lookup now finds nothing (e.g. the blocks are cached meanwhile)
+  ASSERT_TRUE(h.scheduler->loadFinished("L", {0, 1}));
+  EXPECT_EQ(h.blocks->numFreeBlocks(), 20);
+  out = h.scheduler->schedule();
+  ASSERT_EQ(out.failed_loads.size(), 1u);
+  EXPECT_EQ(out.failed_loads[0], a);
+  EXPECT_TRUE(out.chunks.empty()) << "the failed load was scheduled";
+  EXPECT_EQ(h.scheduler->numRunning(), 0);
+  EXPECT_EQ(h.scheduler->numPrefillTokensWaiting(), 0);
+  out = h.scheduler->schedule();
+  EXPECT_TRUE(out.failed_loads.empty());
+  EXPECT_TRUE(out.chunks.empty());
+  const std::unique_ptr<Sequence> ended = h.scheduler->finish(a);
+  EXPECT_EQ(h.blocks->numFreeBlocks(), 20);
+  EXPECT_FALSE(h.scheduler->hasWork());
 }
 
 // The queued prefill backlog: every waiting prompt's tokens until it is
