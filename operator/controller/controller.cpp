@@ -285,6 +285,10 @@ void Controller::setLeading(bool leading) {
 }
 
 void Controller::workerLoop() {
+  // Not from caches still filling: a pool or pod not listed yet would be
+  // taken for absent (client-go's WaitForCacheSync before the workers).
+  while (!stopping_.load() && !waitForSync(std::chrono::seconds(1))) {
+  }
   while (!stopping_.load()) {
     {
       std::unique_lock<std::mutex> lock(leading_mutex_);

@@ -49,8 +49,9 @@ void addModelVolume(const std::optional<ModelVolumeSpec>& volume, const std::str
   json source;
   if (!volume->claim_name.empty()) {
     source = {{"name", kModelVolumeName},
-              {"persistentVolumeClaim",
-               {{"claimName", volume->claim_name}, {"readOnly", volume->claim_read_only}}}};
+              {"persistentVolumeClaim", {{"claimName", volume->claim_name}}}};
+    // The API server drops a false readOnly: one desired would never match.
+    if (volume->claim_read_only) source["persistentVolumeClaim"]["readOnly"] = true;
   } else {
     source = {{"name", kModelVolumeName}, {"hostPath", {{"path", volume->host_path}}}};
   }
@@ -98,15 +99,17 @@ void addModelSource(const spec::ModelSourceSpec& model, const std::string& fetch
       if (!model.endpoint.empty()) {
         env.push_back({{"name", "HF_ENDPOINT"}, {"value", model.endpoint}});
       }
-      pod_spec["initContainers"] = json::array(
-          {{{"name", modelInitContainer(model)},
-            {"image", fetch_image},
-            {"command", json::array({"tandem-model"})},
-            {"args", args},
-            {"env", env},
-            {"terminationMessagePolicy", "FallbackToLogsOnError"},
-            {"volumeMounts",
-             json::array({{{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}}})}}});
+      json fetch = {
+          {"name", modelInitContainer(model)},
+          {"image", fetch_image},
+          {"command", json::array({"tandem-model"})},
+          {"args", args},
+          {"terminationMessagePolicy", "FallbackToLogsOnError"},
+          {"volumeMounts",
+           json::array({{{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}}})}};
+      // None for a public model: the API server keeps no empty env list.
+      if (!env.empty()) fetch["env"] = std::move(env);
+      pod_spec["initContainers"] = json::array({std::move(fetch)});
       container["volumeMounts"].push_back(
           {{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}, {"readOnly", true}});
       return;

@@ -32,12 +32,13 @@ std::optional<long double> quantityValue(const json& value) {
   return std::nullopt;
 }
 
-// Under a container's resources the API server stores quantities in
-// canonical form ("0.5" comes back as "500m", 1 as "1", "1024Mi" as "1Gi"),
-// so they compare by value there.
+// Under a container's resources and an emptyDir's sizeLimit the API server
+// stores quantities in canonical form ("0.5" comes back as "500m", 1 as
+// "1", "1024Mi" as "1Gi"), so they compare by value there.
 bool isQuantityPath(const std::string& path) {
   return path.find("resources.limits.") != std::string::npos ||
-         path.find("resources.requests.") != std::string::npos;
+         path.find("resources.requests.") != std::string::npos ||
+         path.ends_with("emptyDir.sizeLimit");
 }
 
 bool scalarEqual(const json& desired, const json& live, const std::string& path) {

@@ -7,8 +7,9 @@
 // fine), lists element by element with equal lengths, and a desired number
 // equals a live string that spells it (the API writes quantities as
 // strings: `nvidia.com/gpu: 1` comes back as "1"). Under `resources.limits`
-// and `resources.requests` quantities compare by value, since the API server
-// stores them in canonical form ("0.5" → "500m", "1024Mi" → "1Gi").
+// and `resources.requests`, and an emptyDir's `sizeLimit`, quantities
+// compare by value, since the API server stores them in canonical form
+// ("0.5" → "500m", "1024Mi" → "1Gi").
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -209,6 +209,12 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     return read.error();
   }
   const json& object = *read;
+  // Being deleted (in the foreground, or held by someone's finalizer): its
+  // children are the garbage collector's now, and re-creating one would
+  // start pods the deletion then removes.
+  if (object.contains("metadata") && object["metadata"].contains("deletionTimestamp")) {
+    return k8s::Done{};
+  }
   const Owner owner = ownerOf(object);
   const std::string source = describe(owner);
 
@@ -250,7 +256,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                                  " has no DecodePool to route to (spec.decodePools or every "
                                  "DecodePool of the namespace)");
       }
-      if (!router.model_path) {
+      if (!router.model_path && !decode_pools.empty()) {
         // The tokenizer from where the first decode pool gets its model.
         auto pool_object =
             writer_.client().get(resourceOf(OwnerKind::kDecodePool), ns, decode_pools.front());

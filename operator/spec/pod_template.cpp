@@ -119,7 +119,15 @@ class TemplateMerger {
       const auto found = target.find(key);
       json merged = found != target.end() ? *found : json();
       rule.merge(merged, value, field_path);
-      if (!merged.is_null()) target[key] = std::move(merged);
+      if (merged.is_null()) continue;
+      if ((merged.is_array() || merged.is_object()) && merged.empty()) {
+        // The API server keeps no empty list or map (`tolerations: []`): a
+        // desired one would never be found on the live object, and every
+        // reconcile would apply it again.
+        target.erase(key);
+        continue;
+      }
+      target[key] = std::move(merged);
     }
   }
 

@@ -142,6 +142,11 @@ std::map<std::string, std::set<std::string>> expectedOperatorRules() {
           {"tandem.dev|prefillpools/scale", status},
           {"tandem.dev|decodepools/scale", status},
           {"autoscaling|horizontalpodautoscalers", {"list"}},
+          // blockOwnerDeletion in the children's ownerReferences needs it
+          // where OwnerReferencesPermissionEnforcement is on (OpenShift).
+          {"tandem.dev|prefillpools/finalizers", {"update"}},
+          {"tandem.dev|decodepools/finalizers", {"update"}},
+          {"tandem.dev|routers/finalizers", {"update"}},
           {"apps|deployments", write},
           {"|services", write},
           {"policy|poddisruptionbudgets", {"get", "list", "watch", "create", "patch", "delete"}},

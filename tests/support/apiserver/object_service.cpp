@@ -504,6 +504,12 @@ ApiResult ObjectService::updateLocked(const KindInfo& kind, const Json& old,
     return ApiResult{200, options.dry_run ? updated : old, std::nullopt, warnings};
   }
   Json stored = store_.update(resourceKey(kind), updated);
+  const Json& metadata = metadataOf(stored);
+  if (metadata.contains("deletionTimestamp") &&
+      metadata.value("finalizers", Json::array()).empty()) {
+    // Its last finalizer went: the deletion it waited for happens now.
+    return removeLocked(kind, metaString(stored, "namespace"), name, "Background");
+  }
   if (kind.kind == "CustomResourceDefinition" && kind.group == "apiextensions.k8s.io") {
     registry_.registerCrd(stored);
   }
@@ -625,6 +631,17 @@ ApiResult ObjectService::remove(const KindInfo& kind, const std::string& ns,
                                          "\"Orphan\""));
   }
   if (dry_run) return ApiResult{200, *live, std::nullopt, {}};
+  const Json& finalizers = metadataOf(*live).value("finalizers", Json::array());
+  if (finalizers.is_array() && !finalizers.empty()) {
+    // As the API server: an object with finalizers is only marked
+    // (deletionTimestamp) and goes when an update empties its finalizers.
+    if (metadataOf(*live).contains("deletionTimestamp"))
+      return ApiResult{200, *live, std::nullopt, {}};
+    Json marked = *live;
+    marked["metadata"]["deletionTimestamp"] = nowTimestamp();
+    marked["metadata"]["deletionGracePeriodSeconds"] = 0;
+    return ApiResult{200, store_.update(resourceKey(kind), marked), std::nullopt, {}};
+  }
   return removeLocked(kind, ns, name, propagation);
 }
 

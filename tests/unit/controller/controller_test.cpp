@@ -232,6 +232,45 @@ TEST_F(ControllerTest, InsecureKvTransferIsWarnedOncePerPool) {
   EXPECT_NE(std::find(args.begin(), args.end(), "$(POD_IP)"), args.end());
 }
 
+// A Router without a model path and nothing to route to (its DecodePool
+// deleted, or not made yet) is Degraded, NoDecodePool; it used to read the
+// first of no pools, and the operator crashed on every reconcile.
+TEST_F(ControllerTest, ARouterWithNoDecodePoolIsDegradedNamingWhy) {
+  server_.put({{"apiVersion", "tandem.dev/v1alpha1"},
+               {"kind", "Router"},
+               {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+               {"spec", {{"service", {{"port", 80}}}}}});
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  auto router = get("tandem.dev/v1alpha1", "Router", "front");
+  ASSERT_TRUE(router.has_value());
+  const json degraded = findCondition((*router)["status"], "Degraded");
+  EXPECT_EQ(degraded["status"], "True") << router->dump();
+  EXPECT_EQ(degraded["reason"], "NoDecodePool") << router->dump();
+}
+
+// An owner being deleted (held by a finalizer, or in the foreground while
+// its children go) gets no children back: re-creating its Deployment would
+// start pods the deletion then removes.
+TEST_F(ControllerTest, AnOwnerBeingDeletedGetsNoChildrenBack) {
+  json pool = decodePool(1);
+  pool["metadata"]["finalizers"] = json::array({"example.com/hold"});
+  server_.put(pool);
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  ASSERT_TRUE(deployment("decode").has_value());
+  ASSERT_TRUE(client_->remove(resourceOf(OwnerKind::kDecodePool), kNamespace, "decode").isOk());
+  auto marked = get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  ASSERT_TRUE(marked.has_value());
+  ASSERT_TRUE((*marked)["metadata"].contains("deletionTimestamp")) << marked->dump();
+  // The garbage collector removes its children meanwhile.
+  server_.remove("apps/v1", "Deployment", kNamespace, "decode");
+  server_.remove("v1", "Service", kNamespace, "decode");
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  EXPECT_FALSE(deployment("decode").has_value());
+  EXPECT_FALSE(get("v1", "Service", "decode").has_value());
+}
+
 TEST_F(ControllerTest, RunningControllerReconcilesPutsBackAndRoutes) {
   Controller controller(*client_, options());
   controller.start();

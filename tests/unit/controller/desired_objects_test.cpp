@@ -191,6 +191,9 @@ TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
   EXPECT_EQ(shared_pod["volumes"][1], json::parse(R"({"name": "model-cache",
       "persistentVolumeClaim": {"claimName": "models"}})"));
   EXPECT_EQ(shared_pod["securityContext"], json::parse(R"({"fsGroup": 65532})"));
+  // A public model: no token, no endpoint, and no empty env list, which the
+  // API server would drop (the live init container would never match).
+  EXPECT_FALSE(shared_pod["initContainers"][0].contains("env")) << shared_pod.dump();
 }
 
 TEST(DesiredObjectsTest, PvcAndOciSourcesAreMountedOrCopiedAtModel) {

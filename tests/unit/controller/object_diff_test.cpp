@@ -87,6 +87,11 @@ TEST(ObjectDiff, ResourceQuantitiesCompareByValue) {
   more["resources"]["limits"]["memory"] = "1G";  // 10^9, not 2^30
   EXPECT_EQ(firstDifference(desired, more), "resources.limits.memory");
 
+  const json cache = json::parse(R"({"emptyDir": {"sizeLimit": "1024Mi"}})");
+  EXPECT_TRUE(isSubset(cache, json::parse(R"({"emptyDir": {"sizeLimit": "1Gi"}})")));
+  EXPECT_EQ(firstDifference(cache, json::parse(R"({"emptyDir": {"sizeLimit": "1G"}})")),
+            "emptyDir.sizeLimit");
+
   const json args = json::parse(R"({"args": ["--threads", "0.5"]})");
   const json other = json::parse(R"({"args": ["--threads", "500m"]})");
   EXPECT_EQ(firstDifference(args, other), "args[1]");

@@ -233,6 +233,22 @@ TEST(PodTemplateTest, AtomicListsAreReplacedByTheUsers) {
             fragment["spec"]["topologySpreadConstraints"]);
 }
 
+// An empty list or map in the user's template is what the API server stores
+// as none: it is left out (a desired `tolerations: []` would never be found
+// on the live object, and every reconcile would apply it again), and an
+// empty list still replaces a generated one.
+TEST(PodTemplateTest, EmptyListsAndMapsAreLeftOut) {
+  json generated = kGenerated;
+  generated["spec"]["tolerations"] = json::parse(R"([{"key": "a", "operator": "Exists"}])");
+  const json fragment = json::parse(R"({"spec": {"tolerations": [],
+      "topologySpreadConstraints": [], "nodeSelector": {}, "affinity": {}}})");
+  const TemplateMergeResult result = mergePodTemplate(generated, fragment, "agent", kPoolOwned);
+  EXPECT_TRUE(result.ignored.empty());
+  for (const char* key : {"tolerations", "topologySpreadConstraints", "nodeSelector", "affinity"}) {
+    EXPECT_FALSE(result.pod_template["spec"].contains(key)) << key << ": " << result.pod_template;
+  }
+}
+
 TEST(PodTemplateTest, PodListsMergeByName) {
   json generated = kGenerated;
   generated["spec"]["imagePullSecrets"] = json::parse(R"([{"name": "registry"}])");
