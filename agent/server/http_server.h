@@ -83,11 +83,13 @@ class HttpServer {
   ServerConfig config_;
   ServerLimits limits_;
   AgentMetrics metrics_;
-  std::unique_ptr<HttpService> http_;
   int port_ = 0;
   std::atomic<bool> ready_{true};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> active_requests_{0};
+  // Last: route coroutines cut by stop() are destroyed with its io_context,
+  // and touch the members above (active_requests_) as they go.
+  std::unique_ptr<HttpService> http_;
 };
 
 }  // namespace tandem::server

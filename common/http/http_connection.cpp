@@ -18,6 +18,7 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <sys/resource.h>
 
 #include "common/check.h"
 #include "common/logging.h"
@@ -643,7 +644,24 @@ void HttpService::route(std::string method, std::string path, HttpPlainRoute han
         });
 }
 
+namespace {
+
+// A server holds a descriptor per connection: the soft limit (often 1024)
+// goes up to the hard one, once per process.
+void raiseOpenFileLimit() {
+  static const bool raised = [] {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return false;
+    limit.rlim_cur = limit.rlim_max;
+    return ::setrlimit(RLIMIT_NOFILE, &limit) == 0;
+  }();
+  (void)raised;
+}
+
+}  // namespace
+
 int HttpService::bind(const std::string& host, int port, int backlog) {
+  raiseOpenFileLimit();
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(host, ec);
   if (ec)
@@ -716,7 +734,16 @@ awaitable<void> HttpService::acceptLoop() {
     co_await acceptor_.async_accept(socket, asio::redirect_error(use_awaitable, ec));
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
-      continue;  // e.g. out of descriptors: keep serving the others
+      // E.g. out of descriptors: the connection stays in the backlog and the
+      // next accept fails at once, so wait a little (connections already
+      // open go on being served) rather than spin an io thread.
+      if (accept_errors_.fetch_add(1) % 100 == 0) {
+        TANDEM_LOG(kWarn) << "http: accepting a connection failed: " << ec.message()
+                          << " (retrying every 100 ms; said once per 100 failures)";
+      }
+      asio::steady_timer pause(co_await asio::this_coro::executor, std::chrono::milliseconds(100));
+      co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
     }
     auto connection = std::make_shared<HttpConnection>(*this, std::move(socket));
     {

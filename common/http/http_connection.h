@@ -240,6 +240,8 @@ class HttpService {
   void stop();
   // Connections open now (accepted, not yet closed).
   int64_t openConnections() const { return open_connections_.load(); }
+  // Accepts that failed (e.g. the process ran out of file descriptors).
+  int64_t acceptErrors() const { return accept_errors_.load(); }
 
   const HttpLimits& limits() const { return limits_; }
   boost::asio::thread_pool& workers() { return workers_; }
@@ -278,10 +280,11 @@ class HttpService {
   std::mutex connections_mutex_;
   std::map<HttpConnection*, std::weak_ptr<HttpConnection>> connections_;
   std::atomic<int64_t> open_connections_{0};
+  std::atomic<int64_t> accept_errors_{0};
   std::atomic<uint64_t> next_request_{1};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> accepting_stopped_{false};
-  bool serving_ = false;
+  std::atomic<bool> serving_{false};  // read by stop() on another thread
   std::atomic<int> large_requests_{0};
   std::atomic<bool> trim_scheduled_{false};
   std::atomic<int64_t> last_trim_{0};  // steady clock ticks

@@ -9,12 +9,14 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -127,6 +129,7 @@ class Service {
     thread_.join();
   }
   int port() const { return port_; }
+  int64_t acceptErrors() const { return service_.acceptErrors(); }
   Gate& gate() { return gate_; }
   SlowWork& slow() { return slow_; }
   httplib::Client client() const {
@@ -194,6 +197,56 @@ void sendAndClose(int port, const std::string& bytes) {
   ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(bytes.size()));
   ::close(fd);
+}
+
+// A connected client socket to 127.0.0.1:port, or -1 when no descriptor is
+// left for it.
+int connectTo(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  return fd;
+}
+
+// Out of file descriptors, a connection waits in the backlog and every
+// accept fails at once: the service retries every 100 ms instead of spinning
+// an io thread (millions of failures a second), and serves again once
+// descriptors are free.
+TEST(HttpService, RunningOutOfDescriptorsPausesAcceptingAndRecovers) {
+  Service service;
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const auto open_now = static_cast<rlim_t>(std::distance(
+      std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{}));
+  rlimit low = saved;
+  low.rlim_cur = open_now + 16;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> clients;
+  for (int fd; (fd = connectTo(service.port())) >= 0;) clients.push_back(fd);
+  ASSERT_FALSE(clients.empty());
+  // Descriptors back one at a time until one more client gets one (a retry
+  // of the service may take one first): its connection cannot be accepted.
+  int waiting = -1;
+  while (waiting < 0 && !clients.empty()) {
+    ::close(clients.back());
+    clients.pop_back();
+    waiting = connectTo(service.port());
+  }
+  ASSERT_GE(waiting, 0);
+  clients.push_back(waiting);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const int64_t errors = service.acceptErrors();
+  for (int fd : clients) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_GT(errors, 0);
+  EXPECT_LT(errors, 100) << "the accept loop spun";
+  auto res = service.client().Get("/nowhere");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
 }
 
 TEST(HttpService, LargeRequestsBeyondTheLimitAreA503WithRetryAfterUntilOneEnds) {
