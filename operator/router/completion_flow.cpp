@@ -40,6 +40,12 @@ HttpResponse unavailable(const std::string& message) {
 
 // Ends a client's stream that cannot go on: an error event saying why (a
 // 502), then [DONE], if the client is still there.
+// Ends a stream whose answer is complete.
+awaitable<void> endStream(HttpExchange& exchange) {
+  if (co_await exchange.writeChunk(std::string(server::kSseDone)))
+    co_await exchange.finishChunked();
+}
+
 awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& message) {
   server::ApiError error{502, message, "server_error", "", ""};
   std::string event = "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
@@ -53,7 +59,7 @@ std::string midStreamFailure(const std::string& agent, const std::string& what) 
 
 // Why a stream that cannot move on ends: the agent's own error, if it sent
 // one, then what stops it moving.
-enum class NoMove { kNoAgentLeft, kBudgetSpent, kTimedOut };
+enum class NoMove { kNoAgentLeft, kBudgetSpent, kTimedOut, kSeveralChoices };
 std::string exhaustedMessage(const std::string& agent, const std::string& agent_error,
                              int migrations, NoMove why_not, double migration_timeout_s) {
   std::ostringstream why;
@@ -68,6 +74,9 @@ std::string exhaustedMessage(const std::string& agent, const std::string& agent_
     case NoMove::kTimedOut:
       why << "it was not resumed within --migration-timeout (" << migration_timeout_s << " s, "
           << migrations << " migrations)";
+      break;
+    case NoMove::kSeveralChoices:
+      why << "a stream of several choices (n > 1) is not moved to another agent";
       break;
   }
   return midStreamFailure(agent, why.str());
@@ -509,10 +518,20 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         lent = splice->handOverParams();
         lender = decode;
       }
+      const bool one_choice = parsed.value().n == 1;
+      if (splice && one_choice && splice->finished()) {
+        // The agent broke after the answer's last chunk: only its usage
+        // chunk and [DONE] are missing (an agent asked to resume a finished
+        // answer would refuse it).
+        co_await endStream(exchange);
+        metrics_.countDecision(label);
+        co_return;
+      }
       const NoMove why_not =
-          splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
-          : secondsSince(*first_break) > migration_timeout_s_  ? NoMove::kTimedOut
-                                                               : NoMove::kNoAgentLeft;
+          !one_choice                                            ? NoMove::kSeveralChoices
+          : splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
+          : secondsSince(*first_break) > migration_timeout_s_    ? NoMove::kTimedOut
+                                                                 : NoMove::kNoAgentLeft;
       if (!splice || why_not != NoMove::kNoAgentLeft || next >= decode_order.size()) {
         metrics_.countMigration(reason, "exhausted");
         if (splice) {

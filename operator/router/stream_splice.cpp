@@ -20,6 +20,9 @@ void StreamSplice::beginContinuation() {
 }
 
 std::string StreamSplice::relay(std::string_view event) {
+  // After its error event a failed part says no more to the client: its
+  // usage chunk counts part of the answer, and its [DONE] ends nothing.
+  if (!upstream_error_.empty()) return "";
   constexpr std::string_view kData = "data: ";
   std::string_view payload = event;
   while (!payload.empty() && (payload.back() == '\n' || payload.back() == '\r')) {
@@ -31,7 +34,6 @@ std::string StreamSplice::relay(std::string_view event) {
   }
   payload.remove_prefix(kData.size());
   if (payload == "[DONE]") {
-    if (!upstream_error_.empty()) return "";  // the end of a failed part
     done_ = true;
     events_sent_ = true;
     return std::string(event);
@@ -91,6 +93,7 @@ std::string StreamSplice::relay(std::string_view event) {
     // A chunk left with nothing for the client is dropped, as the agent
     // drops one when token ids are not asked for.
     const bool finished = choice.contains("finish_reason") && !choice["finish_reason"].is_null();
+    finished_ = finished_ || finished;
     const bool logprobs = choice.contains("logprobs") && !choice["logprobs"].is_null();
     const bool text = chat_ ? (choice.contains("delta") && !choice["delta"].empty())
                             : !choice.value("text", std::string()).empty();

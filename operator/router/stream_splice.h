@@ -9,8 +9,9 @@
 // the token ids a client did not ask for — dropping a chunk that is then
 // empty, as the agent itself does. A draining agent's hand-over event
 // ({"tandem_handover": ...}: the stream goes on elsewhere, from the blocks
-// it holds) and an agent's error event (with the [DONE] after it) are kept
-// for the router, which moves the stream or ends it; never relayed. Bytes of a relayed event are
+// it holds) and an agent's error event (with what follows it: its usage
+// chunk and [DONE]) are kept for the router, which moves the stream or ends
+// it; never relayed. Bytes of a relayed event are
 // the agent's serialization (compactDump) of the rewritten chunk; an undisturbed stream goes
 // through unchanged. Not thread-safe: one per request.
 #pragma once
@@ -51,6 +52,9 @@ class StreamSplice {
   bool eventsSent() const { return events_sent_; }
   // Whether the upstream's [DONE] went through (the answer is complete).
   bool done() const { return done_; }
+  // Whether a chunk ending a choice (a finish_reason) went through: the
+  // answer is complete but for its usage chunk and [DONE].
+  bool finished() const { return finished_; }
   int continuations() const { return continuations_; }
 
  private:
@@ -62,6 +66,7 @@ class StreamSplice {
   bool events_sent_ = false;
   bool first_of_continuation_ = false;
   bool done_ = false;
+  bool finished_ = false;
   int continuations_ = 0;
   bool handed_over_ = false;
   nlohmann::json hand_over_params_;

@@ -484,6 +484,30 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
       1);
 }
 
+// A stream of several choices is not moved when its decode agent dies (a
+// resume continues one choice): it ends at once with an error saying why,
+// instead of being offered to every other agent, each refusing it.
+TEST_F(RouterTest, AStreamOfSeveralChoicesEndsWithAClearErrorWhenItsAgentDies) {
+  start(1, 3, Policy::kKv, 16, 256, 1024, smallModelDir());
+  json body = greedy(randomPrompt(30, 72), 600);
+  body["stream"] = true;
+  body["n"] = 2;
+  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+  killer.join();
+  ASSERT_TRUE(res);
+  const StreamedCompletion stream = parseStream(res->body);
+  EXPECT_NE(stream.errors.find("a stream of several choices (n > 1) is not moved to another agent"),
+            std::string::npos)
+      << stream.errors;
+  EXPECT_EQ(stream.done, 1);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"failure\""), 0);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"failure\""),
+      1);
+}
+
 // A chat stream sampled at temperature 1 with a seed, whose client asked for
 // no token ids and for usage, moves when its decode agent dies: the content
 // and the usage are an undisturbed agent's, and the prompt's blocks are

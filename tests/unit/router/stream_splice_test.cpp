@@ -122,6 +122,35 @@ TEST(StreamSplice, AnAgentsErrorEventIsKeptForTheRouterAndOtherLinesPassAsSent) 
   EXPECT_EQ(splice.upstreamError(), "{\"error\":\"odd\"}") << "no message: the event itself";
 }
 
+// After its error event, nothing of a failed part reaches the client: its
+// usage chunk counts part of the answer (the client gets one usage chunk,
+// the answer's), and a comment after it is the dead part's too; nor does it
+// count as an event sent (a chat continuation must still say who speaks).
+TEST(StreamSplice, AFailedPartsUsageChunkAndLaterEventsAreNotRelayed) {
+  StreamSplice splice(/*chat=*/true, false);
+  EXPECT_EQ(splice.relay("data: {\"error\":{\"message\":\"KV blocks failed to load\"}}\n\n"), "");
+  const json usage = {{"id", "chatcmpl-a"},
+                      {"object", "chat.completion.chunk"},
+                      {"choices", json::array()},
+                      {"usage", {{"prompt_tokens", 9}, {"completion_tokens", 0}}}};
+  EXPECT_EQ(splice.relay(event(usage)), "");
+  EXPECT_EQ(splice.relay(": keep-alive\n\n"), "");
+  EXPECT_EQ(splice.relay("data: [DONE]\n\n"), "");
+  EXPECT_FALSE(splice.eventsSent());
+  EXPECT_FALSE(splice.done());
+}
+
+// A chunk with a finish_reason completes the answer: finished() says so
+// (the router then ends the stream itself if its agent breaks before [DONE]).
+TEST(StreamSplice, AChunkWithAFinishReasonFinishesTheAnswer) {
+  StreamSplice splice(false, true);
+  splice.relay(event(completionChunk("cmpl-a", "Once", {11})));
+  EXPECT_FALSE(splice.finished());
+  splice.relay(event(completionChunk("cmpl-a", " upon", {12}, "length")));
+  EXPECT_TRUE(splice.finished());
+  EXPECT_FALSE(splice.done());
+}
+
 // An error the request itself caused (invalid_request_error: its constraint
 // cannot be followed) would be the same on any agent: it reaches the client
 // as sent, and so does the end of the answer.
