@@ -21,10 +21,11 @@ using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 
 class KvUcxFaults : public UcxTransportTest {
  protected:
-  static std::vector<std::string> faulty(const json& faults, const std::string& policy) {
-    return {"--enable-fault-injection", "--kv-transfer-config",
-            ucxConfig("kv_consumer",
-                      {{"fault_injection", faults}, {"kv_load_failure_policy", policy}})};
+  static std::vector<std::string> faulty(const json& faults, const std::string& policy,
+                                         json extra = json::object()) {
+    extra["fault_injection"] = faults;
+    extra["kv_load_failure_policy"] = policy;
+    return {"--enable-fault-injection", "--kv-transfer-config", ucxConfig("kv_consumer", extra)};
   }
   std::vector<int> expected(const std::vector<int>& prompt, int max_tokens = 8) {
     Agent colocated;
@@ -89,8 +90,9 @@ TEST_P(KvUcxFaults, FailedHandshakeRecomputesOrFailsByPolicy) {
 
 TEST_P(KvUcxFaults, DroppedReleaseMessageIsCoveredByTheHoldTimeout) {
   const std::vector<int> prompt = randomPrompt(75, 44);
-  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", {{"abort_timeout_s", 0.5}})});
-  Agent decoder(faulty({{"drop_notifications", true}}, "recompute"));
+  // A hold of 7 s leaves a read of at most 1 s time to end 5 s before it.
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", {{"abort_timeout_s", 7}})});
+  Agent decoder(faulty({{"drop_notifications", true}}, "recompute", {{"read_timeout_s", 1}}));
   EXPECT_EQ(tokenIds(decodeOn(decoder, prompt, prefillOn(prefiller, prompt))), expected(prompt));
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
@@ -142,6 +144,42 @@ TEST_P(KvUcxFaults, StalledPrefillAgentHoldsUpOnlyItsOwnRequest) {
   prefiller.process().signal(SIGCONT);
   waiting.join();
   EXPECT_EQ(got, want);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
+// A producer that does not answer costs its readers one read timeout, not
+// one per request (each queued behind the last, and every read of other
+// producers behind them): a read for a producer that went silent moments ago
+// fails at once (peer_down) and its prompt is computed.
+TEST_P(KvUcxFaults, ASilentProducerCostsOneTimeoutNotOnePerRequest) {
+  const std::vector<int> first_prompt = randomPrompt(75, 48);
+  const std::vector<int> second_prompt = randomPrompt(75, 49);
+  const std::vector<int> first_want = expected(first_prompt);
+  const std::vector<int> second_want = expected(second_prompt);
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer", {{"read_timeout_s", 3}})});
+  const json first_params = prefillOn(prefiller, first_prompt);
+  const json second_params = prefillOn(prefiller, second_prompt);
+  prefiller.process().signal(SIGSTOP);
+  std::vector<int> first_got, second_got;
+  std::thread first([&] { first_got = tokenIds(decodeOn(decoder, first_prompt, first_params)); });
+  std::thread second(
+      [&] { second_got = tokenIds(decodeOn(decoder, second_prompt, second_params)); });
+  first.join();
+  second.join();
+  prefiller.process().signal(SIGCONT);
+  EXPECT_EQ(first_got, first_want);
+  EXPECT_EQ(second_got, second_want);
+  auto failures = [&](const std::string& reason) {
+    return decoder.metric("tandem_kv_transfer_failures_total", "reason=\"" + reason + "\"");
+  };
+  EXPECT_EQ(failures("unreachable") + failures("timeout"), 1);
+  EXPECT_EQ(failures("peer_down"), 1);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  // Nobody read them: released as a router gives a transfer up.
+  for (const json& params : {first_params, second_params}) {
+    prefiller.post("/v1/kv_transfer/release", {{"kv_transfer_params", params}});
+  }
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 

@@ -190,6 +190,36 @@ TEST_P(KvUcx, KvOfAnotherPromptIsNotReadAndThePromptIsComputed) {
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// A producer lets its blocks go abort_timeout_s after its answer
+// (remote_hold_until_ms, signed), and may reuse them after: a decode agent
+// that could not finish a read before then (less a margin) reads nothing and
+// computes the prompt. Here the hold (4 s) is shorter than a read may take
+// (read_timeout_s 10 s).
+TEST_P(KvUcx, BlocksWhoseHoldEndsBeforeAReadCouldAreNotRead) {
+  Agent prefiller({"--kv-transfer-config",
+                   ucxConfig("kv_producer", {{"abort_timeout_s", 4}, {"secret", "kappa"}})});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer", {{"secret", "kappa"}})});
+  Agent colocated;
+  const json params = prefill(prefiller, prompt_);
+  const int64_t hold_until = params["remote_hold_until_ms"];
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  EXPECT_GT(hold_until, now);
+  EXPECT_LE(hold_until, now + 4000);
+  // The time is signed: a client cannot stretch it.
+  json stretched = params;
+  stretched["remote_hold_until_ms"] = hold_until + 600000;
+  int status = 0;
+  decode(decoder, prompt_, stretched, &status);
+  EXPECT_EQ(status, 403);
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)),
+            tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8))));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"hold_expired\""), 1);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
   Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
   Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
@@ -373,10 +403,16 @@ std::string signingText(const json& p) {
     if (!ids.empty()) ids += ',';
     ids += id.dump();
   }
-  return "tandem-kv-transfer/2\n" + p["transfer_id"].get<std::string>() + "\n" +
+  std::string hashes;
+  for (const json& hash : p.value("remote_last_block_hashes", json::array())) {
+    if (!hashes.empty()) hashes += ',';
+    hashes += hash.get<std::string>();
+  }
+  return "tandem-kv-transfer/3\n" + p["transfer_id"].get<std::string>() + "\n" +
          p["remote_engine_id"].get<std::string>() + "\n" + p["remote_host"].get<std::string>() +
          "\n" + p["remote_port"].dump() + "\n" + p["remote_num_blocks"].dump() + "\n" +
-         p["remote_num_tokens"].dump() + "\n" + ids + "\n" + p["compatibility"].get<std::string>();
+         p["remote_num_tokens"].dump() + "\n" + ids + "\n" + p["compatibility"].get<std::string>() +
+         "\n" + hashes + "\n" + p["remote_hold_until_ms"].dump();
 }
 
 TEST_P(KvUcx, SignedBlockIdsBeyondTheSlabOrInt32AreRefusedAsOutOfRange) {

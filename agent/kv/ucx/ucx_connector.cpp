@@ -18,7 +18,17 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kProtocolVersion = 2;
+constexpr int kProtocolVersion = 3;
+// A read must end this long before the producer's hold does (clocks of the
+// two agents, and the time between the producer's answer and this agent's
+// arrival, which the hold already counts).
+constexpr auto kHoldMargin = std::chrono::seconds(5);
+
+int64_t unixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 constexpr std::string_view kReleaseMessage = "release";
 constexpr char kHandshakePath[] = "/v1/kv_transfer/handshake";
 // Larger handshake answers are not ours (ours are a few hundred bytes).
@@ -61,14 +71,19 @@ Status checkFlag(const json& params, const char* name) {
 
 // What is signed: every field a reader acts on.
 std::string canonical(const UcxConnector::Descriptor& d) {
-  std::string text = "tandem-kv-transfer/2\n" + d.transfer_id + "\n" + d.engine_id + "\n" + d.host +
+  std::string text = "tandem-kv-transfer/3\n" + d.transfer_id + "\n" + d.engine_id + "\n" + d.host +
                      "\n" + std::to_string(d.port) + "\n" + std::to_string(d.num_blocks) + "\n" +
                      std::to_string(d.num_tokens) + "\n";
   for (size_t i = 0; i < d.block_ids.size(); ++i) {
     if (i > 0) text += ',';
     text += std::to_string(d.block_ids[i]);
   }
-  return text + "\n" + d.compatibility;
+  text += "\n" + d.compatibility + "\n";
+  for (size_t i = 0; i < d.last_block_hashes.size(); ++i) {
+    if (i > 0) text += ',';
+    text += d.last_block_hashes[i];
+  }
+  return text + "\n" + std::to_string(d.hold_until_ms);
 }
 
 std::string releaseCanonical(std::string_view transfer_id) {
@@ -510,6 +525,15 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
     if (!it->is_string()) return invalidArgument(field + ".signature must be a string");
     d.signature = it->get<std::string>();
   }
+  if (auto it = params.find("remote_hold_until_ms"); it != params.end()) {
+    const std::optional<int64_t> value = integerValue(*it);
+    if (!value || *value < 0) {
+      return invalidArgument(field +
+                             ".remote_hold_until_ms must be a non-negative integer (Unix "
+                             "milliseconds)");
+    }
+    d.hold_until_ms = *value;
+  }
   if (auto it = params.find("remote_last_block_hashes"); it != params.end()) {
     const std::string accepted =
         " must be an array of one or two block hashes (hex strings of at most 64 characters)";
@@ -646,6 +670,19 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   // The producer's KV is of its tokens: when this agent's own prompt
   // differs (its chat template rendered another date, another time zone),
   // its hash of the last block it would read differs, and nothing is read.
+  const auto left = timeLeftToRead(*descriptor);
+  if (left && *left < read_timeout_) {
+    // The producer lets the blocks go before a read could be sure to end
+    // (the request waited here, or on its way): they may hold another
+    // request's KV by then.
+    TANDEM_LOG(kWarn) << "ucx connector: request " << id
+                      << ": the producer's hold of its blocks ends too soon to read them; "
+                         "the prompt is computed here";
+    failures_.add("hold_expired");
+    if (declined_.size() >= 4096) declined_.clear();
+    declined_.insert(id);
+    return result;
+  }
   const bool same_prefix = samePrefix(*descriptor, request, blocks);
   if (!same_prefix) {
     TANDEM_LOG(kWarn) << "ucx connector: request " << id
@@ -669,6 +706,12 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   result.state = LookupResult::State::kAvailable;
   result.num_tokens = wanted;
   return result;
+}
+
+std::optional<transport::Clock::duration> UcxConnector::timeLeftToRead(const Descriptor& d) {
+  if (d.hold_until_ms <= 0) return std::nullopt;
+  const auto left = std::chrono::milliseconds(d.hold_until_ms - unixMillis()) - kHoldMargin;
+  return std::chrono::duration_cast<transport::Clock::duration>(left);
 }
 
 bool UcxConnector::samePrefix(const Descriptor& d, const ConnectorRequest& request,
@@ -934,12 +977,39 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
       finished.failed_block_indices.push_back(job.first_block + static_cast<int64_t>(i));
     }
   };
-  const auto deadline = transport::Clock::now() + read_timeout_;
+  // The read ends within read_timeout_s, and before the producer's hold
+  // does: after it, the blocks may hold another request's KV.
+  auto budget = read_timeout_;
+  const auto hold_left = timeLeftToRead(job.source);
+  if (hold_left) budget = std::min(budget, *hold_left);
+  const auto deadline = transport::Clock::now() + budget;
+  const std::string address = job.source.host + ":" + std::to_string(job.source.port);
+  const auto down = down_peers_.find(address);
+  if (down != down_peers_.end() && transport::Clock::now() - down->second >= read_timeout_) {
+    down_peers_.erase(down);
+  }
   PeerFailure failure;
-  std::shared_ptr<transport::UcxPeer> peer = peerFor(job.source, deadline, &failure);
-  if (peer == nullptr) {
+  std::shared_ptr<transport::UcxPeer> peer;
+  // Only a peer given the whole read timeout is judged down by its silence.
+  const bool full_budget = budget == read_timeout_;
+  if (hold_left && *hold_left <= transport::Clock::duration::zero()) {
+    // Queued here (behind slow peers) past the producer's hold: nothing to
+    // read, nor to release.
+    if (job.release_only) return outcome;
+    fail_all("hold_expired", "the producer's hold of the blocks ended while the read waited");
+  } else if (down_peers_.count(address) != 0) {
+    fail_all("peer_down",
+             "peer " + job.source.engine_id + " at " + address +
+                 " did not answer moments ago; not tried again before " +
+                 std::to_string(
+                     std::chrono::duration_cast<std::chrono::seconds>(read_timeout_).count()) +
+                 " s");
+  } else if (peer = peerFor(job.source, deadline, &failure); peer == nullptr) {
     // A release-only job's lender is gone: its hold times out there.
     fail_all(failure.reason, "peer " + job.source.engine_id + ": " + failure.status.message());
+    if (full_budget && (failure.reason == "unreachable" || failure.reason == "timeout")) {
+      down_peers_[address] = transport::Clock::now();
+    }
   } else {
     // Staging: read into free slots of our staging area; poll() copies them
     // into the slab blocks on the engine thread.
@@ -962,6 +1032,7 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
     if (!read.status.isOk()) {
       const std::string reason =
           read.status.code() == StatusCode::kDeadlineExceeded ? "timeout" : "read_error";
+      if (reason == "timeout" && full_budget) down_peers_[address] = transport::Clock::now();
       fail_all(reason, read.status.message());
       finished.failed_block_indices.clear();
       for (BlockId failed : read.failed_local_blocks) {
@@ -1081,12 +1152,17 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
     d.block_ids.assign(blocks.begin(), blocks.begin() + full_blocks);
   }
   d.num_tokens = full_blocks * cache_.blockSize();
+  d.hold_until_ms = unixMillis() + static_cast<int64_t>(config_.abort_timeout_s * 1000);
   decision.hold = true;
-  decision.kv_transfer_params = {
-      {"remote_engine_id", d.engine_id}, {"remote_host", d.host},
-      {"remote_port", d.port},           {"remote_num_blocks", d.num_blocks},
-      {"remote_block_ids", d.block_ids}, {"remote_num_tokens", d.num_tokens},
-      {"transfer_id", d.transfer_id},    {"compatibility", d.compatibility}};
+  decision.kv_transfer_params = {{"remote_engine_id", d.engine_id},
+                                 {"remote_host", d.host},
+                                 {"remote_port", d.port},
+                                 {"remote_num_blocks", d.num_blocks},
+                                 {"remote_block_ids", d.block_ids},
+                                 {"remote_num_tokens", d.num_tokens},
+                                 {"transfer_id", d.transfer_id},
+                                 {"compatibility", d.compatibility},
+                                 {"remote_hold_until_ms", d.hold_until_ms}};
   // The hashes of the last two offered blocks (a reader takes all of them,
   // or one fewer when its last token ends the last): a reader whose own
   // prompt gives other hashes reads nothing.
@@ -1096,6 +1172,7 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
     last_hashes.push_back(request.block_hashes[static_cast<size_t>(i)].toHex());
   }
   if (!last_hashes.empty() && std::ssize(last_hashes) == std::min<int64_t>(full_blocks, 2)) {
+    d.last_block_hashes = last_hashes.get<std::vector<std::string>>();
     decision.kv_transfer_params["remote_last_block_hashes"] = std::move(last_hashes);
   }
   if (!secret_.empty()) {

@@ -73,6 +73,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -144,6 +145,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     // two offered blocks (hex, in order), which chain over every token and
     // block before them; empty when absent.
     std::vector<std::string> last_block_hashes;
+    // remote_hold_until_ms: when the producer lets the blocks go (Unix
+    // milliseconds, its clock: it may reuse them after); 0 when absent.
+    int64_t hold_until_ms = 0;
   };
 
  private:
@@ -202,6 +206,10 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     std::string compatibility;
     std::string slab_text;
   };
+  // How long before the producer's hold ends (hold_until_ms, less a margin
+  // for clocks and transit) a read must be done; nullopt when the
+  // descriptor does not say.
+  static std::optional<transport::Clock::duration> timeLeftToRead(const Descriptor& d);
   // Loader thread only (peers_ is its own).
   std::shared_ptr<transport::UcxPeer> peerFor(const Descriptor& source,
                                               transport::Deadline deadline, PeerFailure* failure);
@@ -240,6 +248,10 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     transport::Clock::time_point last_used;
   };
   std::unordered_map<std::string, PeerEntry> peers_;  // by engine id; loader thread
+  // Peers that did not answer (unreachable, timed out), by host:port, and
+  // when: jobs for them within read_timeout_ after fail at once rather than
+  // wait a read timeout each while every job behind them waits too.
+  std::unordered_map<std::string, transport::Clock::time_point> down_peers_;  // loader thread
   transport::Clock::duration peer_idle_timeout_ = std::chrono::seconds(60);
   std::mutex released_mutex_;  // the message handler runs on UCX's progress thread
   std::vector<std::string> released_;
