@@ -92,8 +92,6 @@ bool BlockManager::allocate(SequenceBlocks& seq, const PrefixMatch* match,
   }
   if (match != nullptr) {
     seq.num_cached_tokens = static_cast<int64_t>(num_matched) * config_.block_size;
-    query_tokens_ += match->num_query_tokens;
-    hit_tokens_ += seq.num_cached_tokens;
   }
   std::vector<BlockHash> evicted;
   for (int64_t i = 0; i < num_new; ++i) {

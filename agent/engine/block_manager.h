@@ -142,7 +142,13 @@ class BlockManager {
   std::optional<BlockHash> cachedHash(BlockId block) const;
 
   // Prefix-cache counters in tokens, cumulative (for metrics): prompt tokens
-  // looked up, and of those, tokens served from the cache.
+  // looked up, and of those, tokens served from the cache. The scheduler
+  // counts a request's first admission only: not a preempted request's
+  // return, nor the holds and hand-overs that also allocate with a match.
+  void countPrefixQuery(const PrefixMatch& match, int64_t hit_tokens) {
+    query_tokens_ += match.num_query_tokens;
+    hit_tokens_ += hit_tokens;
+  }
   int64_t prefixCacheQueryTokens() const { return query_tokens_; }
   int64_t prefixCacheHitTokens() const { return hit_tokens_; }
 

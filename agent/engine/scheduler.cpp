@@ -270,6 +270,7 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
     return Admission::kNoRoom;
   }
   if (first_admission) {
+    if (looks_up) blocks_.countPrefixQuery(match, matched_tokens);
     sequence->num_cached_tokens = matched_tokens;
     sequence->admitted_once = true;
     sequence->first_scheduled = Clock::now();

@@ -401,11 +401,17 @@ TEST_F(HeldBlocks, TheGaugeCountsABlockPinnedByTwoHoldsOnce) {
   ASSERT_TRUE(engine.addRequest(greedyRequest("held", prompt, 1), finished.callback()).isOk());
   ASSERT_TRUE(finished.waitFinished());
   EXPECT_EQ(engine.stats().kv_held_blocks, 3);
+  const int64_t queries = engine.stats().prefix_cache_queries;
+  const int64_t hits = engine.stats().prefix_cache_hits;
+  EXPECT_EQ(queries, 40);
   // Two pull-back holds of the prompt's 2 cached full blocks: the same
-  // blocks the finished request holds.
+  // blocks the finished request holds. They are not prompts: the prefix
+  // cache's counters stay.
   ASSERT_TRUE(engine.holdPrefix(prompt, "").isOk());
   ASSERT_TRUE(engine.holdPrefix(prompt, "").isOk());
   EXPECT_EQ(engine.stats().kv_held_blocks, 3);
+  EXPECT_EQ(engine.stats().prefix_cache_queries, queries);
+  EXPECT_EQ(engine.stats().prefix_cache_hits, hits);
   ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "held"}}).isOk());
   settle();
   EXPECT_EQ(engine.stats().kv_held_blocks, 2);
