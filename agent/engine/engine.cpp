@@ -365,7 +365,8 @@ Status Engine::validateResume(const Request& request) const {
   IncrementalDetokenizer detokenizer(*tokenizer_, params.skip_special_tokens);
   for (size_t i = 0; i < resumed.size(); ++i) {
     const TokenId token = resumed[i];
-    if (isStopToken(token, params) || stop.push(detokenizer.push(token)).stopped) {
+    const bool may_stop = static_cast<int64_t>(i) + 1 > params.min_tokens;
+    if (isStopToken(token, params) || stop.push(detokenizer.push(token), may_stop).stopped) {
       return invalidArgument("resume_output ends the request at token " + std::to_string(i) +
                              " (an end-of-sequence or stop token, or a stop string): a finished "
                              "answer has nothing to resume");
@@ -749,8 +750,10 @@ void Engine::drainInbox() {
     auto live = std::make_unique<Live>(*tokenizer_, sequence->request);
     // Resumed output was streamed by the agent it came from: it only sets
     // the detokenizer and the stop-string matcher where that agent left them.
-    for (TokenId token : sequence->request.resume_output) {
-      live->resumed_text += live->stop.push(live->detokenizer.push(token)).text;
+    const std::vector<TokenId>& resumed = sequence->request.resume_output;
+    for (size_t i = 0; i < resumed.size(); ++i) {
+      const bool may_stop = static_cast<int64_t>(i) + 1 > sequence->request.sampling.min_tokens;
+      live->resumed_text += live->stop.push(live->detokenizer.push(resumed[i]), may_stop).text;
     }
     if (pending.grammar) {
       live->matcher = std::make_unique<structured::Matcher>(std::move(pending.grammar));
@@ -1093,7 +1096,8 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
                     : "the structured output cannot be continued: no token of the vocabulary is "
                       "allowed";
   } else {
-    auto update = live.stop.push(live.detokenizer.push(token.token));
+    // As vLLM: stop strings end an answer only past min_tokens.
+    auto update = live.stop.push(live.detokenizer.push(token.token), generated > params.min_tokens);
     out.text = std::move(update.text);
     if (update.stopped) reason = FinishReason::kStop;
     // A complete structure that nothing can extend ends the request, as an

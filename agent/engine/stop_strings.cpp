@@ -15,7 +15,7 @@ StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings)
   for (const auto& stop : stop_strings_) max_stop_length_ = std::max(max_stop_length_, stop.size());
 }
 
-StopStringMatcher::Update StopStringMatcher::push(const std::string& piece) {
+StopStringMatcher::Update StopStringMatcher::push(const std::string& piece, bool may_stop) {
   Update update;
   if (stopped_) {
     update.stopped = true;
@@ -28,7 +28,9 @@ StopStringMatcher::Update StopStringMatcher::push(const std::string& piece) {
   }
   // The earliest stop string occurrence wins.
   size_t first = std::string::npos;
-  for (const auto& stop : stop_strings_) first = std::min(first, pending_.find(stop));
+  if (may_stop) {
+    for (const auto& stop : stop_strings_) first = std::min(first, pending_.find(stop));
+  }
   if (first != std::string::npos) {
     update.text = pending_.substr(0, first);
     pending_.clear();

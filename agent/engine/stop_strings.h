@@ -22,8 +22,12 @@ class StopStringMatcher {
     bool stopped = false;  // a stop string was found; nothing more will be emitted
   };
 
-  // Adds a piece of text; returns what may be emitted.
-  Update push(const std::string& piece);
+  // Adds a piece of text; returns what may be emitted. With `may_stop`
+  // false (the answer is not yet longer than min_tokens) a stop string the
+  // text now holds is text like any other; one still being completed (a
+  // held-back tail) may end the answer once it may stop, as in vLLM, which
+  // looks for stop strings ending in the text of tokens past min_tokens.
+  Update push(const std::string& piece, bool may_stop = true);
   // End of generation: releases the held-back tail.
   std::string finish();
   bool stopped() const { return stopped_; }

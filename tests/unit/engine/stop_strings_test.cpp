@@ -41,6 +41,29 @@ TEST(StopStrings, StopSpanningPiecesIsCutAndNeverEmitted) {
   EXPECT_EQ(emitted, "hello ");
 }
 
+// Before the answer is longer than min_tokens (may_stop false) a whole stop
+// string is text; one that is still being completed when stopping is
+// allowed ends the answer (vLLM looks for stop strings ending in the text of
+// tokens past min_tokens).
+TEST(StopStrings, NothingStopsBeforeMinTokensButAStringCompletedAfterDoes) {
+  StopStringMatcher matcher({"END"});
+  auto a = matcher.push("one END two E", /*may_stop=*/false);
+  EXPECT_FALSE(a.stopped);
+  EXPECT_EQ(a.text, "one END two ") << "the tail E may start a stop string: held back";
+  auto b = matcher.push("N", /*may_stop=*/false);
+  EXPECT_FALSE(b.stopped);
+  EXPECT_EQ(b.text, "");
+  auto c = matcher.push("D more", /*may_stop=*/true);
+  EXPECT_TRUE(c.stopped);
+  EXPECT_EQ(c.text, "");
+
+  StopStringMatcher late({"END"});
+  EXPECT_EQ(late.push("END", false).text, "END");
+  auto d = late.push(" x END y", true);
+  EXPECT_TRUE(d.stopped);
+  EXPECT_EQ(d.text, " x ");
+}
+
 TEST(StopStrings, FalseStartIsReleased) {
   StopStringMatcher matcher({"END"});
   auto [out, stopped] = feed(matcher, {"E", "N", "X", "Y"});
