@@ -311,6 +311,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       request.id = service_.nextRequestId();
       keep_alive_ = message.keep_alive();
       head_ = message.method() == http::verb::head;
+      http10_ = message.version() < 11;
 
       HttpExchange exchange(*this, service_, std::move(request));
       std::string failure;
@@ -389,7 +390,13 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     http::response<http::empty_body> head{static_cast<http::status>(status), 11};
     head.set(http::field::content_type, content_type);
     for (const auto& [name, value] : headers) head.set(name, value);
-    head.chunked(true);
+    if (http10_) {
+      // No chunked encoding for an HTTP/1.0 client (RFC 9112 6.1): the body
+      // ends with the connection.
+      keep_alive_ = false;
+    } else {
+      head.chunked(true);
+    }
     head.keep_alive(keep_alive_);
     http::response_serializer<http::empty_body> serializer(head);
     arm(service_.limits().write_timeout);
@@ -434,6 +441,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   bool keepAlive() const { return keep_alive_; }
   bool head() const { return head_; }
+  bool http10() const { return http10_; }
   void markChunkDone() { chunk_done_ = true; }
   bool clientGone() const { return client_gone_; }
 
@@ -533,6 +541,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool client_gone_ = false;
   bool keep_alive_ = true;
   bool head_ = false;
+  bool http10_ = false;  // the request's version is HTTP/1.0
   bool chunk_done_ = false;
 };
 
@@ -563,14 +572,23 @@ awaitable<bool> HttpExchange::startChunked(int status, std::string content_type,
 
 awaitable<bool> HttpExchange::writeChunk(std::string data) {
   if (broken_) co_return false;
+  // A HEAD has no body: the route's stream ends here, as for a client gone.
+  if (connection_.head()) co_return false;
   if (data.empty()) co_return true;  // an empty chunk would end the body
-  const bool ok = co_await connection_.writeRaw(http::make_chunk(asio::buffer(data)));
+  const bool ok = connection_.http10()
+                      ? co_await connection_.writeRaw(asio::buffer(data))
+                      : co_await connection_.writeRaw(http::make_chunk(asio::buffer(data)));
   if (!ok) broken_ = true;
   co_return ok;
 }
 
 awaitable<bool> HttpExchange::finishChunked() {
   if (broken_) co_return false;
+  if (connection_.head() || connection_.http10()) {
+    // Nothing to write: no body, or one that ends with the connection.
+    connection_.markChunkDone();
+    co_return true;
+  }
   const bool ok = co_await connection_.writeRaw(http::make_chunk_last());
   if (!ok) broken_ = true;
   if (ok) connection_.markChunkDone();

@@ -94,6 +94,14 @@ class Service {
           response.set_content(std::to_string(request.body.size()), "text/plain");
         },
         /*blocking=*/true);
+    // A streamed answer in two pieces.
+    service_.route("GET", "/chunks", [](HttpExchange& exchange) -> boost::asio::awaitable<void> {
+      if (!co_await exchange.startChunked(200, "text/plain", {})) co_return;
+      for (const char* piece : {"one", "two"}) {
+        if (!co_await exchange.writeChunk(piece)) co_return;
+      }
+      co_await exchange.finishChunked();
+    });
     // Runs until cancelled (or 30 s pass): what a hostile template does.
     service_.route("POST", "/slow", [this](HttpExchange& exchange) -> boost::asio::awaitable<void> {
       std::atomic<bool> cancel{false};
@@ -247,6 +255,43 @@ TEST(HttpService, RunningOutOfDescriptorsPausesAcceptingAndRecovers) {
   auto res = service.client().Get("/nowhere");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
+}
+
+// Sends `bytes` and reads until the server closes the connection.
+std::string exchangeRaw(int port, const std::string& bytes) {
+  const int fd = connectTo(port);
+  EXPECT_GE(fd, 0);
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+  std::string answer;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) answer.append(buffer, n);
+  ::close(fd);
+  return answer;
+}
+
+// A streamed answer to an HTTP/1.0 client is not chunked (RFC 9112 allows no
+// Transfer-Encoding for it): its body ends with the connection. A HEAD of a
+// streamed GET gets the head and no body.
+TEST(HttpService, StreamsToHttp10ClientsAreNotChunkedAndHeadGetsNoBody) {
+  Service service;
+  const std::string old = exchangeRaw(service.port(), "GET /chunks HTTP/1.0\r\n\r\n");
+  ASSERT_TRUE(old.starts_with("HTTP/1.1 200")) << old;
+  EXPECT_EQ(old.find("Transfer-Encoding"), std::string::npos) << old;
+  EXPECT_TRUE(old.ends_with("\r\n\r\nonetwo")) << old;
+
+  const std::string head = exchangeRaw(service.port(), "HEAD /chunks HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
+  EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
+  EXPECT_EQ(head.find("one"), std::string::npos) << head;
+
+  // HTTP/1.1 is chunked as before.
+  auto res = service.client().Get("/chunks");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->body, "onetwo");
+  EXPECT_EQ(res->get_header_value("Transfer-Encoding"), "chunked");
 }
 
 TEST(HttpService, LargeRequestsBeyondTheLimitAreA503WithRetryAfterUntilOneEnds) {
