@@ -152,7 +152,10 @@ bool LeaderElector::tryAcquireOrRenew() {
     }
     TANDEM_LOG(kWarn) << "leader election: reading Lease " << config_.ns << "/" << config_.name
                       << " failed: " << got.error().toString();
-    if (leader_.load() && now - last_renew_ >= config_.renew_deadline) stopLeadingLocked();
+    // The clock after the call: it may have taken seconds.
+    if (leader_.load() && config_.now() - last_renew_ >= config_.renew_deadline) {
+      stopLeadingLocked();
+    }
     return false;
   }
 
@@ -210,7 +213,12 @@ bool LeaderElector::writeLeaseLocked(nlohmann::json lease, bool create, TimePoin
       TANDEM_LOG(kWarn) << "leader election: writing Lease " << config_.ns << "/" << config_.name
                         << " failed: " << written.error().toString();
     }
-    if (leader_.load() && now - last_renew_ >= config_.renew_deadline) stopLeadingLocked();
+    // The clock after the calls (a read and this write may have taken
+    // seconds each): leading ends within renew_deadline of the last renew,
+    // before another candidate may take the Lease.
+    if (leader_.load() && config_.now() - last_renew_ >= config_.renew_deadline) {
+      stopLeadingLocked();
+    }
     return false;
   }
   observed_version_ = resourceVersionOf(*written);

@@ -240,6 +240,28 @@ TEST_F(LeaderElectionTest, LeaderThatCannotRenewWithinTheDeadlineStopsLeading) {
   EXPECT_EQ(a.started.load(), 2);
 }
 
+// The renew deadline is judged on the clock after the calls, which may take
+// seconds each (an API server slow to answer): a leader whose failing step
+// began 5 s after its last renewal and ended 10 s after it stops leading,
+// before another candidate may take the Lease (it was judged on the clock
+// read before the calls, and led on).
+TEST_F(LeaderElectionTest, TheRenewDeadlineIsJudgedOnTheClockAfterTheCalls) {
+  Candidate a;
+  std::atomic<int64_t> per_read_ms{0};
+  LeaderElectionConfig slow = config("a");
+  slow.now = [this, &per_read_ms] {
+    clock_.advance(milliseconds(per_read_ms.load()));
+    return clock_.now();
+  };
+  makeElector(a, std::move(slow));
+  ASSERT_TRUE(a.elector->tryAcquireOrRenew());
+  per_read_ms = 5000;  // each reading of the clock: 5 s later than the last
+  server_.injectConflicts(1, "Lease");
+  EXPECT_FALSE(a.elector->tryAcquireOrRenew());
+  EXPECT_FALSE(a.elector->isLeader());
+  EXPECT_EQ(a.stopped.load(), 1);
+}
+
 TEST_F(LeaderElectionTest, RealLoopElectsOneLeaderAndFailsOverOnStop) {
   auto real_config = [](const std::string& identity) {
     LeaderElectionConfig config;
