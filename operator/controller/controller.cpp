@@ -311,6 +311,7 @@ void Controller::workerLoop() {
     metrics_.reconciled(ownerKindName(parsed->kind), result.isOk());
     if (result.isOk()) {
       queue_.forget(*key);
+      if (result->requeue_after.count() > 0) queue_.addAfter(*key, result->requeue_after);
     } else {
       if (result.error().reason != "NotLeader") {
         TANDEM_LOG(kWarn) << "controller: " << *key << ": " << result.error().toString()

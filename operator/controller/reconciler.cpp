@@ -20,6 +20,9 @@ struct Reconciler::ChildOutcome {
 
 namespace {
 
+// How soon an owner whose child's name another object holds looks again.
+constexpr std::chrono::seconds kNameConflictRecheck{30};
+
 std::string describe(const Owner& owner) { return owner.kind + " " + owner.ns + "/" + owner.name; }
 
 int64_t specReplicas(const json& object, int64_t fallback) {
@@ -225,6 +228,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     if (!observation.failure) observation.failure = std::make_pair(reason, message);
   };
 
+  std::chrono::milliseconds requeue_after{0};
   // The desired children, or the reason there are none.
   json desired_deployment;
   json desired_service;
@@ -332,6 +336,9 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     for (const ChildOutcome* child :
          {&deployment, &service, static_cast<const ChildOutcome*>(&budget)}) {
       if (child->state == ChildOutcome::State::kConflict) {
+        // The other object is not one the controller watches (not labelled
+        // as its own): nothing will say when it goes, so look again.
+        requeue_after = kNameConflictRecheck;
         fail("NameConflict", child->problem);
         events_.recordOnce(owner, kWarning, "NameConflict", child->problem);
       } else if (child->state == ChildOutcome::State::kFailed) {
@@ -366,7 +373,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   auto written = writeStatus(kind, object, status);
   if (!written.isOk() && !error) error = written.error();
   if (error) return *error;
-  return k8s::Done{};
+  return k8s::Done{requeue_after};
 }
 
 }  // namespace tandem::controller

@@ -8,6 +8,7 @@
 // body was not the JSON we expected) or "ConfigError".
 #pragma once
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -66,7 +67,10 @@ class Result {
   std::variant<T, ApiError> value_;
 };
 
-// Calls that return nothing but can fail (delete).
-struct Done {};
+// Calls that return nothing but can fail (delete). A reconcile may ask to
+// be run again after `requeue_after` (zero: only when something changes).
+struct Done {
+  std::chrono::milliseconds requeue_after{0};
+};
 
 }  // namespace tandem::k8s

@@ -200,7 +200,11 @@ TEST_F(ControllerTest, ForeignDeploymentOfTheSameNameIsLeftAlone) {
            {"spec", {{"containers", json::array({{{"name", "x"}, {"image", "x"}}})}}}}}}}});
   server_.put(decodePool(1));
   Controller controller(*client_, options());
-  controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode");
+  const auto result = controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode");
+  ASSERT_TRUE(result.isOk());
+  // Nothing tells the controller when the foreign Deployment goes (it is
+  // not labelled as the controller's): it asks to look again.
+  EXPECT_EQ(result->requeue_after, std::chrono::seconds(30));
   EXPECT_EQ((*deployment("decode"))["metadata"]["resourceVersion"],
             foreign["metadata"]["resourceVersion"]);
   const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
