@@ -165,7 +165,7 @@ struct TemplateOverlay {
 
 json deployment(const Owner& owner, const std::string& name, const json& labels,
                 const json& selector, int64_t replicas, json pod_spec,
-                const TemplateOverlay& overlay) {
+                const TemplateOverlay& overlay, const spec::RolloutSpec& rollout = {}) {
   json object = {
       {"apiVersion", "apps/v1"},
       {"kind", "Deployment"},
@@ -173,9 +173,12 @@ json deployment(const Owner& owner, const std::string& name, const json& labels,
       {"spec",
        {{"replicas", replicas},
         {"selector", {{"matchLabels", selector}}},
-        // A new replica is ready before an old one goes: capacity never drops.
+        // By default a new replica is ready before an old one goes: capacity
+        // never drops (a pool's spec.rollout may say otherwise).
         {"strategy",
-         {{"type", "RollingUpdate"}, {"rollingUpdate", {{"maxUnavailable", 0}, {"maxSurge", 1}}}}},
+         {{"type", "RollingUpdate"},
+          {"rollingUpdate",
+           {{"maxUnavailable", rollout.max_unavailable}, {"maxSurge", rollout.max_surge}}}}},
         {"template", {{"metadata", {{"labels", labels}}}, {"spec", std::move(pod_spec)}}}}}};
   TemplateMergeResult merged = mergePodTemplate(object["spec"]["template"], overlay.fragment,
                                                 overlay.main_container, overlay.owned_pod_fields);
@@ -342,8 +345,10 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
        json::array({{{"name", "http"}, {"containerPort", kContainerPort}, {"protocol", "TCP"}}})},
       {"readinessProbe", httpProbe("/health", 5, 3)},
       {"livenessProbe", httpProbe("/health", 10, 3)},
-      // Loading a model takes a while: up to ten minutes before liveness counts.
-      {"startupProbe", httpProbe("/health", 10, 60)},
+      // Loading a model takes a while: liveness counts only after the
+      // startup timeout (default ten minutes), probed every 10 s.
+      {"startupProbe",
+       httpProbe("/health", 10, static_cast<int>((pool.rollout.startup_timeout_s + 9) / 10))},
       // A crash's cause (the log's end) reaches the pool's Degraded condition.
       {"terminationMessagePolicy", "FallbackToLogsOnError"},
       {"volumeMounts", json::array({{{"name", "dshm"}, {"mountPath", "/dev/shm"}}})}};
@@ -363,7 +368,8 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
   pod_spec["containers"] = json::array({container});
   return deployment(owner, pool.name, poolLabels(pool.name, pool.kind),
                     poolSelector(pool.name, pool.kind), pool.replicas, std::move(pod_spec),
-                    {pool.pod_template, "agent", {"terminationGracePeriodSeconds"}, ignored});
+                    {pool.pod_template, "agent", {"terminationGracePeriodSeconds"}, ignored},
+                    pool.rollout);
 }
 
 json desiredPoolService(const Owner& owner, const PoolSpec& pool) {

@@ -225,6 +225,30 @@ DisruptionBudgetSpec readDisruptionBudget(const YAML::Node& node, const Document
   return budget;
 }
 
+RolloutSpec readRollout(const YAML::Node& node, const DocumentContext& context) {
+  const std::string path = "spec.rollout";
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  RolloutSpec rollout;
+  if (auto value = reader.get("maxSurge")) {
+    rollout.max_surge = readBudgetBound(*value, path + ".maxSurge", context);
+  }
+  if (auto value = reader.get("maxUnavailable")) {
+    rollout.max_unavailable = readBudgetBound(*value, path + ".maxUnavailable", context);
+  }
+  if (auto value = reader.get("startupTimeoutSeconds")) {
+    rollout.startup_timeout_s =
+        readInteger(*value, path + ".startupTimeoutSeconds", context, 10, 86400);
+  }
+  reader.rejectUnknown();
+  auto zero = [](const nlohmann::json& bound) { return bound == 0 || bound == "0%"; };
+  if (!FieldPathRecorder::active() && zero(rollout.max_surge) && zero(rollout.max_unavailable)) {
+    fail(context, path,
+         "sets maxSurge and maxUnavailable both to 0: no agent could ever be replaced", node);
+  }
+  return rollout;
+}
+
 // The last component of a path or image repository: a served model's default
 // name ("/models/m/" → "m"; "registry:5000/models/tiny:1@sha256:..." → "tiny").
 std::string lastComponent(std::string text) {
@@ -366,6 +390,7 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   if (auto value = spec.get("disruptionBudget")) {
     pool.disruption_budget = readDisruptionBudget(*value, context);
   }
+  if (auto value = spec.get("rollout")) pool.rollout = readRollout(*value, context);
   if (auto value = spec.get("apiKeySecretRef")) {
     pool.api_key_secret_ref =
         readSecretKeyRef(*value, "spec.apiKeySecretRef", context, kApiKeySecretKey);
@@ -750,6 +775,7 @@ spec:
   env: [{name: A}]
   extraArgs: []
   disruptionBudget: {}
+  rollout: {}
   template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
     volumes: [{name: a}], imagePullSecrets: [{name: a}]}}
   autoscaling: {minReplicas: 1, maxReplicas: 1, quantile: 0.5, windowSeconds: 1,

@@ -112,6 +112,18 @@ struct DisruptionBudgetSpec {
   bool operator==(const DisruptionBudgetSpec&) const = default;
 };
 
+// spec.rollout (Kubernetes only): how the pool's Deployment replaces pods
+// (maxSurge and maxUnavailable: an integer or a percentage, not both zero;
+// default 1 and 0: a new agent is ready before an old one goes, which needs
+// room for one more on the nodes) and how long an agent may take to start
+// (load its model) before the kubelet restarts it.
+struct RolloutSpec {
+  nlohmann::json max_surge = 1;
+  nlohmann::json max_unavailable = 0;
+  int64_t startup_timeout_s = 600;
+  bool operator==(const RolloutSpec&) const = default;
+};
+
 // spec.autoscaling: the SLA planner's settings for the pool (docs/planner.md),
 // parsed by planner::parseAutoscalingSpec. Two are equal when written alike
 // (`written` is the field as JSON), which is what a file reload compares.
@@ -143,6 +155,7 @@ struct PoolSpec {
   std::vector<std::string> extra_args;                   // spec.extraArgs
   std::optional<PoolAutoscaling> autoscaling;            // spec.autoscaling
   DisruptionBudgetSpec disruption_budget;                // spec.disruptionBudget
+  RolloutSpec rollout;                                   // spec.rollout
   // spec.apiKeySecretRef (Kubernetes only; key default "api-key"): the
   // Secret key with the API key clients must send, the agents' environment
   // TANDEM_API_KEY. Local mode: TANDEM_API_KEY in its own environment.

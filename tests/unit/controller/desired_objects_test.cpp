@@ -196,6 +196,24 @@ TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
   EXPECT_FALSE(shared_pod["initContainers"][0].contains("env")) << shared_pod.dump();
 }
 
+// spec.rollout: the Deployment's rolling update and the startup probe's
+// allowance (ceil(timeout / 10 s) probes 10 s apart).
+TEST(DesiredObjectsTest, RolloutSetsTheStrategyAndTheStartupAllowance) {
+  PoolSpec pool = decodePoolWithModel("{source: pvc://models/llama/8b}");
+  json deployment = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+  EXPECT_EQ(deployment["spec"]["strategy"], json::parse(R"({"type": "RollingUpdate",
+      "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}})"));
+  EXPECT_EQ(agentContainer(deployment)["startupProbe"]["failureThreshold"], 60);
+  pool.rollout.max_surge = 0;
+  pool.rollout.max_unavailable = "25%";
+  pool.rollout.startup_timeout_s = 1805;
+  deployment = desiredPoolDeployment(ownerFor(pool), pool, defaults());
+  EXPECT_EQ(deployment["spec"]["strategy"]["rollingUpdate"],
+            json::parse(R"({"maxUnavailable": "25%", "maxSurge": 0})"));
+  EXPECT_EQ(agentContainer(deployment)["startupProbe"]["failureThreshold"], 181);
+  EXPECT_EQ(agentContainer(deployment)["startupProbe"]["periodSeconds"], 10);
+}
+
 TEST(DesiredObjectsTest, PvcAndOciSourcesAreMountedOrCopiedAtModel) {
   const PoolSpec claim = decodePoolWithModel("{source: pvc://models/llama/8b}");
   EXPECT_EQ(claim.served_model_name, "8b");

@@ -852,6 +852,38 @@ TEST(ClusterSpecTest, DisruptionBudgetTakesOneBoundAsANumberOrAPercentage) {
   }
 }
 
+TEST(ClusterSpecTest, RolloutTakesSurgeUnavailableAndAStartupTimeout) {
+  const std::string decode =
+      "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata: {name: decode}\n"
+      "spec:\n  model: {path: /m}\n";
+  const RolloutSpec defaults = parseClusterSpec(documents({decode}), "c.yaml").pools.at(0).rollout;
+  EXPECT_EQ(defaults.max_surge, 1);
+  EXPECT_EQ(defaults.max_unavailable, 0);
+  EXPECT_EQ(defaults.startup_timeout_s, 600);
+  const RolloutSpec set =
+      parseClusterSpec(documents({decode + "  rollout: {maxSurge: 0, maxUnavailable: \"25%\", "
+                                           "startupTimeoutSeconds: 1800}\n"}),
+                       "c.yaml")
+          .pools.at(0)
+          .rollout;
+  EXPECT_EQ(set.max_surge, 0);
+  EXPECT_EQ(set.max_unavailable, "25%");
+  EXPECT_EQ(set.startup_timeout_s, 1800);
+  for (const auto& [field, message] : std::vector<std::pair<std::string, std::string>>{
+           {"{maxSurge: 0}",
+            "spec.rollout sets maxSurge and maxUnavailable both to 0: no agent could ever be "
+            "replaced"},
+           {"{maxSurge: \"0%\", maxUnavailable: 0}", "both to 0"},
+           {"{maxUnavailable: \"150%\"}",
+            "spec.rollout.maxUnavailable must be a whole number or a percentage from 0% to 100%"},
+           {"{startupTimeoutSeconds: 5}",
+            "spec.rollout.startupTimeoutSeconds must be an integer between 10"},
+           {"{surge: 1}", "spec.rollout.surge is not a field"}}) {
+    const std::string error = errorFor(documents({decode + "  rollout: " + field + "\n"}));
+    EXPECT_NE(error.find(message), std::string::npos) << field << ": " << error;
+  }
+}
+
 TEST(ClusterSpecTest, RouterPoolListsMustNamePoolsOfTheFile) {
   const std::string router = R"(apiVersion: tandem.dev/v1alpha1
 kind: Router
