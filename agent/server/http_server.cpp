@@ -2,6 +2,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -473,14 +474,30 @@ void HttpServer::routes() {
       }
 
       if (!stream) {
+        // A router asks for a sign of life now and then (kProgressHeader):
+        // nothing else is written until the answer is complete.
+        std::optional<std::chrono::steady_clock::duration> progress;
+        if (const std::string every = exchange.request().header(kProgressHeader); !every.empty()) {
+          const long millis = std::strtol(every.c_str(), nullptr, 10);
+          if (millis > 0) progress = std::chrono::milliseconds(std::min(millis, 3'600'000L));
+        }
+        auto last_sign = std::chrono::steady_clock::now();
         engine::RequestOutput total;
         for (bool finished = false; !finished;) {
           while (auto output = channel->tryPop()) {
             appendOutput(total, *output);
             if ((finished = output->finished())) break;
           }
+          if (finished) break;
+          if (progress && std::chrono::steady_clock::now() - last_sign >= *progress) {
+            last_sign = std::chrono::steady_clock::now();
+            if (!co_await exchange.writeProcessing()) {
+              engine_.abort(id);
+              co_return;
+            }
+          }
           // The client left before the answer: free its blocks now.
-          if (!finished && !co_await exchange.wait()) {
+          if (!co_await exchange.wait(progress)) {
             engine_.abort(id);
             co_return;
           }

@@ -570,6 +570,15 @@ awaitable<bool> HttpExchange::startChunked(int status, std::string content_type,
   co_return ok;
 }
 
+awaitable<bool> HttpExchange::writeProcessing() {
+  TANDEM_CHECK(!started_, "an interim answer after the response began");
+  if (broken_) co_return false;
+  static constexpr std::string_view kProcessing = "HTTP/1.1 102 Processing\r\n\r\n";
+  const bool ok = co_await connection_.writeRaw(asio::buffer(kProcessing));
+  if (!ok) broken_ = true;
+  co_return ok;
+}
+
 awaitable<bool> HttpExchange::writeChunk(std::string data) {
   if (broken_) co_return false;
   // A HEAD has no body: the route's stream ends here, as for a client gone.

@@ -277,6 +277,11 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // Request::hand_over_on_drain). The stream then ends with one event
 // {"tandem_handover": {"kv_transfer_params": ...}} and no [DONE].
 inline constexpr char kHandOverHeader[] = "x-tandem-handover";
+// The request header with which a router asks an agent for an interim
+// "102 Processing" every N milliseconds (the value) while a whole (not streamed)
+// answer is being generated: the router's silence timeout then bounds a
+// stall, not the answer's length.
+inline constexpr char kProgressHeader[] = "x-tandem-progress";
 
 // A token as logprobs show it: its bytes when they are valid UTF-8; otherwise
 // "bytes:" followed by the bytes with each byte that is not part of a valid

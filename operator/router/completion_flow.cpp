@@ -721,8 +721,14 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   // aborts the request and frees its blocks.
   server::OnClientGone cancel(exchange, [&upstream] { upstream.close(); });
   beast::flat_buffer buffer;
-  http::response_parser<http::buffer_body> parser;
-  parser.body_limit(kNoBodyLimit);
+  // One parser per message: interim 102 answers come before the real one.
+  std::optional<http::response_parser<http::buffer_body>> parser_storage;
+  auto fresh_parser = [&parser_storage]() -> http::response_parser<http::buffer_body>& {
+    parser_storage.emplace();
+    parser_storage->body_limit(kNoBodyLimit);
+    return *parser_storage;
+  };
+  http::response_parser<http::buffer_body>* parser = &fresh_parser();
   const bool whole = !streaming;  // a whole answer: see below
   bool sent = false;              // the agent has the request
   try {
@@ -738,11 +744,24 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     // A stream this router can move is handed over, not finished, when the
     // agent drains.
     if (splice != nullptr && streaming) request.set(server::kHandOverHeader, "drain");
+    // A whole answer is silent until complete: the agent says it is alive
+    // (102 Processing) four times per silence timeout meanwhile.
+    if (whole) {
+      request.set(
+          server::kProgressHeader,
+          std::to_string(std::max<int64_t>(1, static_cast<int64_t>(upstream_timeout_s_ * 250))));
+    }
     request.body() = request_body;
     request.prepare_payload();
     co_await http::async_write(upstream, request, use_awaitable);
     sent = true;
-    co_await http::async_read_header(upstream, buffer, parser, use_awaitable);
+    co_await http::async_read_header(upstream, buffer, *parser, use_awaitable);
+    while (parser->get().result_int() == 102) {
+      upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(upstream_timeout_s_)));
+      parser = &fresh_parser();
+      co_await http::async_read_header(upstream, buffer, *parser, use_awaitable);
+    }
   } catch (const std::exception& e) {
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
     metrics_.countUpstreamError(decode->endpoint.name);
@@ -753,12 +772,12 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     co_return DecodeOutcome::kFailedBeforeStart;
   }
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
-  const int status = static_cast<int>(parser.get().result_int());
+  const int status = static_cast<int>(parser->get().result_int());
   if (status >= 500 || status == 429) {
     metrics_.countUpstreamError(decode->endpoint.name);
     co_return DecodeOutcome::kFailedBeforeStart;
   }
-  std::string content_type(parser.get()[http::field::content_type]);
+  std::string content_type(parser->get()[http::field::content_type]);
   if (content_type.empty()) content_type = "application/json";
   // Pass the answer through as it comes: SSE events one by one.
   if (content_type.starts_with("text/event-stream")) {
@@ -792,19 +811,19 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     char chunk[16384];
     std::string events;  // for timing: complete SSE events seen so far
     Clock::time_point last_token{};
-    while (!parser.is_done()) {
-      parser.get().body().data = chunk;
-      parser.get().body().size = sizeof chunk;
+    while (!parser->is_done()) {
+      parser->get().body().data = chunk;
+      parser->get().body().size = sizeof chunk;
       boost::system::error_code ec;
       // The timeout bounds the silence between pieces, not the whole
       // answer: a stream may run as long as it produces, and one whose
       // agent stopped producing breaks (and moves) after the timeout.
       upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(upstream_timeout_s_)));
-      co_await http::async_read_some(upstream, buffer, parser,
+      co_await http::async_read_some(upstream, buffer, *parser,
                                      asio::redirect_error(use_awaitable, ec));
       if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
-      const size_t n = sizeof chunk - parser.get().body().size;
+      const size_t n = sizeof chunk - parser->get().body().size;
       if (n == 0) continue;
       std::string piece;
       if (streaming && status == 200) {

@@ -893,3 +893,28 @@ TEST_F(RouterTest, TheKvPolicyShiftsLoadAwayFromASlowDecodeAgent) {
     return true;
   }));
 }
+
+// A whole (not streamed) answer is silent until it is complete: one that
+// takes longer than --upstream-timeout was taken for a stalled agent and
+// sent again to every other decode agent. The agent now says it is alive
+// (an interim 102 Processing, four per timeout), and the answer arrives once.
+// Simulated agents: 300 steps of at least 10 ms each, three times the 1 s
+// timeout whatever the machine.
+TEST_F(RouterTest, AWholeAnswerLongerThanTheUpstreamTimeoutIsNotTakenForAStall) {
+  TempDir dir("tandem-router-long");
+  dir.write("slow.yaml", routedProfile(4));
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 2;
+  options.upstream_timeout_s = 1;
+  options.agent_args = [&](bool, int) {
+    return std::vector<std::string>{"--simulate", (dir.path() / "slow.yaml").string()};
+  };
+  startCluster(options);
+  Answer answer = post(greedy(randomPrompt(30, 73), 300));
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.body["usage"]["completion_tokens"], 300);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"stall\""),
+            0);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), 0);
+}
