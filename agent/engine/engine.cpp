@@ -765,7 +765,15 @@ void Engine::drainInbox() {
     scheduler_->add(std::move(pending.sequence));
   }
   for (const std::string& id : aborts) {
-    if (Sequence* sequence = scheduler_->find(id)) finishRequest(sequence, FinishReason::kAbort);
+    if (Sequence* sequence = scheduler_->find(id)) {
+      finishRequest(sequence, FinishReason::kAbort);
+    } else if (auto held = held_.find(id); held != held_.end() && held->second.params.is_object()) {
+      // Finished, but its answer (which says where these blocks are) never
+      // reached its client, who left: no reader will come. The connector
+      // lets go of its part (a staging area's slots) too.
+      if (connector_) (void)connector_->scheduler().releaseTarget(held->second.params);
+      dropHold(held);
+    }
   }
 }
 
@@ -1172,7 +1180,8 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
     // Kept for a remote reader until it releases them or the hold times out.
     const auto timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(connector_->config().abort_timeout_s));
-    addHold(id, Held{std::move(owned->blocks), now_() + timeout});
+    addHold(id,
+            Held{std::move(owned->blocks), now_() + timeout, false, decision.kv_transfer_params});
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

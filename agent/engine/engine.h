@@ -189,7 +189,9 @@ class Engine {
   // allowed (a worker thread). Thread-safe; the compiler's errors.
   Status prepareStructuredOutput(const structured::Constraint& constraint);
   // Aborts a queued or running request; its final output has reason "abort".
-  // Unknown or finished ids are ignored.
+  // A finished request whose blocks are held for a remote reader (its
+  // answer, which says where they are, did not reach its client) has them
+  // released. Unknown ids are ignored.
   void abort(const std::string& request_id);
   // Frees the blocks held for the remote reader of a transfer that will not
   // happen, named by the kv_transfer_params this agent returned for it.
@@ -335,6 +337,9 @@ class Engine {
     // A pull-back lend (holdPrefix): an offer, not a transfer a reader was
     // told of (a finished request's blocks, a drain's hand-over).
     bool lent = false;
+    // A finished request's: the kv_transfer_params its answer carries,
+    // with which an abort releases it (null for the others).
+    nlohmann::json params;
   };
   using HeldMap = std::unordered_map<std::string, Held>;
   // Adds a hold; takes one away, freeing its blocks (the next entry).

@@ -394,6 +394,31 @@ class HeldBlocks : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
+// A finished request whose answer never reached its client (who left while
+// it was queued for them) is aborted: the blocks held for a reader that will
+// never learn where they are go at once, not at the hold timeout. A lend
+// (another id) is not touched.
+TEST_F(HeldBlocks, AnAbortOfAFinishedRequestReleasesItsHeldBlocks) {
+  Engine& engine = start();
+  const std::vector<TokenId> prompt = randomTokens(40, 5);
+  Collector finished;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("held", prompt, 1), finished.callback()).isOk());
+  ASSERT_TRUE(finished.waitFinished());
+  ASSERT_TRUE(engine.holdPrefix(prompt, "").isOk());
+  EXPECT_EQ(engine.stats().kv_held_blocks, 3);
+  engine.abort("held");
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 2) << "the lend of the prompt's 2 full blocks stays";
+  engine.abort("held");    // nothing left to release
+  engine.abort("hold-1");  // a lend is not a request: an abort leaves it
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 2);
+  ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "hold-1"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
 TEST_F(HeldBlocks, TheGaugeCountsABlockPinnedByTwoHoldsOnce) {
   Engine& engine = start();
   const std::vector<TokenId> prompt = randomTokens(40, 3);
