@@ -410,7 +410,8 @@ void HttpServer::stop() {
 bool HttpServer::releaseUndelivered(const engine::RequestOutput& total) {
   if (!total.kv_transfer_params.is_object()) return false;
   Status released = engine_.releaseTransfer(total.kv_transfer_params);
-  if (!released.isOk()) {
+  // Not found: the request's abort released them first.
+  if (!released.isOk() && released.code() != StatusCode::kNotFound) {
     TANDEM_LOG(kWarn) << "releasing the KV of an undelivered answer: " << released.message();
   }
   return released.isOk();
