@@ -84,23 +84,16 @@ StatusOr<std::shared_ptr<CompiledGrammar>> ConstraintCache::get(const Constraint
   std::string key = std::string(constraintKindName(constraint.kind)) + '\n' + constraint.spec;
   {
     std::lock_guard lock(mutex_);
-    if (auto it = index_.find(key); it != index_.end()) {
-      entries_.splice(entries_.begin(), entries_, it->second);
-      return it->second->second;
-    }
+    if (auto* found = entries_.find(key)) return *found;
   }
   // Compiled outside the lock: a large schema does not hold up the others.
   StatusOr<Grammar> grammar = compileConstraint(constraint);
   if (!grammar.isOk()) return grammar.status();
   auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocabulary_);
   std::lock_guard lock(mutex_);
-  if (auto it = index_.find(key); it != index_.end()) return it->second->second;
-  entries_.emplace_front(key, compiled);
-  index_.emplace(std::move(key), entries_.begin());
-  if (entries_.size() > capacity_) {
-    index_.erase(entries_.back().first);
-    entries_.pop_back();
-  }
+  if (auto* found = entries_.find(key)) return *found;
+  entries_.put(key, compiled);
+  if (entries_.size() > capacity_) entries_.popOldest();
   return compiled;
 }
 

@@ -6,12 +6,11 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
+#include "common/lru_map.h"
 #include "common/status.h"
 #include "common/structured/grammar.h"
 
@@ -60,13 +59,10 @@ class ConstraintCache {
   const std::shared_ptr<const Vocabulary>& vocabulary() const { return vocabulary_; }
 
  private:
-  using Entry = std::pair<std::string, std::shared_ptr<CompiledGrammar>>;
-
   std::shared_ptr<const Vocabulary> vocabulary_;
   size_t capacity_;
   std::mutex mutex_;
-  std::list<Entry> entries_;  // most recently used first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  LruMap<std::string, std::shared_ptr<CompiledGrammar>> entries_;  // by kind and spec
 };
 
 }  // namespace tandem::structured

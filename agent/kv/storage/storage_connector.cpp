@@ -67,32 +67,26 @@ StorageConnector::StorageConnector(const KvTransferConfig& config, engine::KvCac
   for (const auto& [time, path] : found) used(path);
   evictToCapacity();
   TANDEM_LOG(kInfo) << "storage connector: keeps at most " << capacity_blocks_
-                    << " block files under " << root_.string() << " (" << recency_.size()
+                    << " block files under " << root_.string() << " (" << known_.size()
                     << " there now)";
 }
 
 void StorageConnector::used(const fs::path& path) {
   if (capacity_blocks_ == 0) return;
-  auto [it, added] = known_.try_emplace(path.filename().string());
-  if (added) {
-    recency_.push_front(path);
-  } else {
-    recency_.splice(recency_.begin(), recency_, it->second);
-  }
-  it->second = recency_.begin();
+  const std::string name = path.filename().string();
+  if (known_.find(name) == nullptr) known_.put(name, path);
 }
 
 void StorageConnector::evictToCapacity() {
-  while (static_cast<int64_t>(recency_.size()) > capacity_blocks_) {
-    const fs::path& oldest = recency_.back();
+  while (static_cast<int64_t>(known_.size()) > capacity_blocks_) {
+    const fs::path& oldest = known_.oldest().second;
     std::error_code error;
     fs::remove(oldest, error);  // gone already (another agent): as good
     if (error) {
       TANDEM_LOG(kWarn) << "storage connector: cannot remove " << oldest.string() << ": "
                         << error.message();
     }
-    known_.erase(oldest.filename().string());
-    recency_.pop_back();
+    known_.popOldest();
   }
 }
 

@@ -24,11 +24,10 @@
 #pragma once
 
 #include <filesystem>
-#include <list>
 #include <string>
-#include <unordered_map>
 
 #include "agent/kv/connector.h"
+#include "common/lru_map.h"
 
 namespace tandem::kv {
 
@@ -65,9 +64,9 @@ class StorageConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
   engine::KvCache& cache_;
   std::filesystem::path root_;
   uint64_t temp_counter_ = 0;
-  int64_t capacity_blocks_ = 0;               // 0: unbounded (and nothing below is kept)
-  std::list<std::filesystem::path> recency_;  // the known files, most recently used first
-  std::unordered_map<std::string, std::list<std::filesystem::path>::iterator> known_;
+  int64_t capacity_blocks_ = 0;  // 0: unbounded (and nothing below is kept)
+  // The known files by name, most recently used first.
+  LruMap<std::string, std::filesystem::path> known_;
 };
 
 }  // namespace tandem::kv
