@@ -205,6 +205,30 @@ int64_t unixSeconds() {
       .count();
 }
 
+// A router's request for signs of life while a whole answer is generated
+// (kProgressHeader, milliseconds): nothing else is written until the
+// answer is complete, so an interim 102 Processing now and then.
+class SignsOfLife {
+ public:
+  explicit SignsOfLife(const HttpRequest& request) {
+    const std::string every = request.header(kProgressHeader);
+    const long millis = every.empty() ? 0 : std::strtol(every.c_str(), nullptr, 10);
+    if (millis > 0) every_ = std::chrono::milliseconds(std::min(millis, 3'600'000L));
+  }
+  // How long a wait may last before the next sign is due (none: for ever).
+  std::optional<std::chrono::steady_clock::duration> interval() const { return every_; }
+  // Writes a sign when one is due; false when the client is gone.
+  boost::asio::awaitable<bool> give(HttpExchange& exchange) {
+    if (!every_ || std::chrono::steady_clock::now() - last_ < *every_) co_return true;
+    last_ = std::chrono::steady_clock::now();
+    co_return co_await exchange.writeProcessing();
+  }
+
+ private:
+  std::optional<std::chrono::steady_clock::duration> every_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
 // n > 1 or best_of > n: one engine request per candidate ("<id>-<i>"; with
 // a seed, candidate i samples with seed + i). The first is sent alone; the
 // others once it has its first token, so they find the prompt's blocks in
@@ -255,6 +279,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   std::deque<engine::RequestOutput> pending;            // outputs before the stream started
   std::vector<engine::GeneratedToken> prompt_logprobs;  // the first candidate's
   std::vector<bool> seen(n, false);
+  SignsOfLife signs(exchange.request());
   size_t added = 1;
   size_t finished = 0;
   bool started = false;
@@ -308,7 +333,11 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
         co_return;
       }
     }
-    if (finished < n && !co_await exchange.wait()) {
+    if (finished < n && !request.stream && !co_await signs.give(exchange)) {
+      abortAll();
+      co_return;
+    }
+    if (finished < n && !co_await exchange.wait(request.stream ? std::nullopt : signs.interval())) {
       abortAll();
       co_return;
     }
@@ -475,14 +504,7 @@ void HttpServer::routes() {
       }
 
       if (!stream) {
-        // A router asks for a sign of life now and then (kProgressHeader):
-        // nothing else is written until the answer is complete.
-        std::optional<std::chrono::steady_clock::duration> progress;
-        if (const std::string every = exchange.request().header(kProgressHeader); !every.empty()) {
-          const long millis = std::strtol(every.c_str(), nullptr, 10);
-          if (millis > 0) progress = std::chrono::milliseconds(std::min(millis, 3'600'000L));
-        }
-        auto last_sign = std::chrono::steady_clock::now();
+        SignsOfLife signs(exchange.request());
         engine::RequestOutput total;
         for (bool finished = false; !finished;) {
           while (auto output = channel->tryPop()) {
@@ -490,15 +512,8 @@ void HttpServer::routes() {
             if ((finished = output->finished())) break;
           }
           if (finished) break;
-          if (progress && std::chrono::steady_clock::now() - last_sign >= *progress) {
-            last_sign = std::chrono::steady_clock::now();
-            if (!co_await exchange.writeProcessing()) {
-              engine_.abort(id);
-              co_return;
-            }
-          }
           // The client left before the answer: free its blocks now.
-          if (!co_await exchange.wait(progress)) {
+          if (!co_await signs.give(exchange) || !co_await exchange.wait(signs.interval())) {
             engine_.abort(id);
             co_return;
           }

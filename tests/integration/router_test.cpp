@@ -914,6 +914,13 @@ TEST_F(RouterTest, AWholeAnswerLongerThanTheUpstreamTimeoutIsNotTakenForAStall) 
   Answer answer = post(greedy(randomPrompt(30, 73), 300));
   ASSERT_EQ(answer.status, 200) << answer.body.dump();
   EXPECT_EQ(answer.body["usage"]["completion_tokens"], 300);
+  // Several choices, answered on the decode agent, alike.
+  json several = greedy(randomPrompt(30, 74), 300);
+  several["n"] = 2;
+  Answer choices = post(several);
+  ASSERT_EQ(choices.status, 200) << choices.body.dump();
+  EXPECT_EQ(choices.body["choices"].size(), 2u);
+  EXPECT_EQ(choices.body["usage"]["completion_tokens"], 600);
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"stall\""),
             0);
   EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), 0);
