@@ -152,10 +152,7 @@ bool LeaderElector::tryAcquireOrRenew() {
     }
     TANDEM_LOG(kWarn) << "leader election: reading Lease " << config_.ns << "/" << config_.name
                       << " failed: " << got.error().toString();
-    // The clock after the call: it may have taken seconds.
-    if (leader_.load() && config_.now() - last_renew_ >= config_.renew_deadline) {
-      stopLeadingLocked();
-    }
+    stopLeadingPastDeadlineLocked();
     return false;
   }
 
@@ -213,12 +210,7 @@ bool LeaderElector::writeLeaseLocked(nlohmann::json lease, bool create, TimePoin
       TANDEM_LOG(kWarn) << "leader election: writing Lease " << config_.ns << "/" << config_.name
                         << " failed: " << written.error().toString();
     }
-    // The clock after the calls (a read and this write may have taken
-    // seconds each): leading ends within renew_deadline of the last renew,
-    // before another candidate may take the Lease.
-    if (leader_.load() && config_.now() - last_renew_ >= config_.renew_deadline) {
-      stopLeadingLocked();
-    }
+    stopLeadingPastDeadlineLocked();
     return false;
   }
   observed_version_ = resourceVersionOf(*written);
@@ -227,6 +219,15 @@ bool LeaderElector::writeLeaseLocked(nlohmann::json lease, bool create, TimePoin
   last_renew_ = now;
   if (!leader_.load()) startLeadingLocked(now);
   return true;
+}
+
+void LeaderElector::stopLeadingPastDeadlineLocked() {
+  // The clock after the failed calls (a read and a write may take seconds
+  // each): leading ends within renew_deadline of the last renewal, before
+  // another candidate may take the Lease.
+  if (leader_.load() && config_.now() - last_renew_ >= config_.renew_deadline) {
+    stopLeadingLocked();
+  }
 }
 
 void LeaderElector::startLeadingLocked(TimePoint now) {

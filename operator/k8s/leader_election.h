@@ -65,6 +65,9 @@ class LeaderElector {
   // Requires step_mutex_. Become leader / stop leading, calling the callbacks.
   void startLeadingLocked(TimePoint now);
   void stopLeadingLocked();
+  // After a failed step: stops leading once renew_deadline has passed since
+  // the last renewal, on the clock as it is now.
+  void stopLeadingPastDeadlineLocked();
   // Requires step_mutex_. Writes `lease` with us as holder; false on any error.
   bool writeLeaseLocked(nlohmann::json lease, bool create, TimePoint now);
   // Requires step_mutex_. Clears holderIdentity when we hold the Lease.
