@@ -118,6 +118,10 @@ class Engine::ConnectorSource : public ExternalKvSource {
                                                   sequence.num_computed_tokens);
   }
 
+  void abandoned(const Sequence& sequence) {
+    connector_.scheduler().requestAbandoned(sequence.request.id);
+  }
+
   std::vector<std::string> pollReleased() { return connector_.worker().pollReleased(); }
 
   // Hands newly computed full blocks to the connector (producers save them).
@@ -604,7 +608,7 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(connector_->config().abort_timeout_s));
   if (hand_over) num_handed_over_blocks_ += std::ssize(blocks.blocks);
-  addHold(id, Held{std::move(blocks), now_() + timeout, /*lent=*/!hand_over});
+  addHold(id, Held{std::move(blocks), now_() + timeout, /*lent=*/!hand_over, nullptr});
   publishStats();
   return decision.kv_transfer_params;
 }
@@ -1172,6 +1176,8 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
       out.finish_reason == FinishReason::kStop || out.finish_reason == FinishReason::kLength;
   if (connector_source_ && normal && sequence->status == SequenceStatus::kRunning) {
     decision = connector_source_->finished(*sequence);
+  } else if (connector_source_) {
+    connector_source_->abandoned(*sequence);
   }
   // A hand-over's descriptor is its drain hold's (Engine::handOver).
   if (!out.handed_over) out.kv_transfer_params = decision.kv_transfer_params;

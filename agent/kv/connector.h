@@ -125,6 +125,10 @@ class KvConnectorScheduler {
                                          int64_t num_computed_tokens) {
     return {};
   }
+  // The request ended any other way (aborted, failed, handed over, refused
+  // after a lookup): the connector forgets what it kept for it. Engine
+  // thread, once per request that requestFinished() is not called for.
+  virtual void requestAbandoned(std::string_view request_id) {}
 };
 
 struct LoadResult {

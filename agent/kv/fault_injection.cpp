@@ -124,7 +124,12 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
   }
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override {
+    loadable_blocks_.erase(std::string(request.request_id));
     return inner_->scheduler().requestFinished(request, blocks, num_computed_tokens);
+  }
+  void requestAbandoned(std::string_view request_id) override {
+    loadable_blocks_.erase(std::string(request_id));
+    inner_->scheduler().requestAbandoned(request_id);
   }
 
   LoadResult load(const ConnectorRequest& request, int64_t first_block,

@@ -12,7 +12,6 @@ namespace {
 // The engine loads in the same step as it looks up; a winner is left behind
 // only when the request found no room for its blocks and was then aborted.
 // Past this many, all remembered winners are stale and are forgotten.
-constexpr size_t kMaxRememberedWinners = 1024;
 
 }  // namespace
 
@@ -132,7 +131,6 @@ LookupResult MultiConnector::lookup(const ConnectorRequest& request, int64_t num
     }
   }
   if (best.state != LookupResult::State::kAvailable) return {};
-  if (winners_.size() >= kMaxRememberedWinners) winners_.clear();
   winners_[id] = winner;
   return best;
 }
@@ -147,6 +145,11 @@ FinishDecision MultiConnector::requestFinished(const ConnectorRequest& request,
     if (decision.hold || !decision.kv_transfer_params.is_null()) return decision;
   }
   return {};
+}
+
+void MultiConnector::requestAbandoned(std::string_view request_id) {
+  winners_.erase(std::string(request_id));
+  for (const auto& member : members_) member->scheduler().requestAbandoned(request_id);
 }
 
 LoadResult MultiConnector::load(const ConnectorRequest& request, int64_t first_block,

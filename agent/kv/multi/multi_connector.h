@@ -69,6 +69,7 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
+  void requestAbandoned(std::string_view request_id) override;
 
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override;
@@ -83,7 +84,8 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   KvTransferConfig config_;
   int32_t block_size_;
   std::vector<std::unique_ptr<KvConnector>> members_;
-  // Request id → index of the member whose lookup won, until its load.
+  // Request id → index of the member whose lookup won, until its load or
+  // its end.
   std::unordered_map<std::string, size_t> winners_;
 };
 

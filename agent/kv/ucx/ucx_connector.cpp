@@ -679,7 +679,6 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
                       << ": the producer's hold of its blocks ends too soon to read them; "
                          "the prompt is computed here";
     failures_.add("hold_expired");
-    if (declined_.size() >= 4096) declined_.clear();
     declined_.insert(id);
     return result;
   }
@@ -693,7 +692,6 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   if (wanted < minimum || !same_prefix) {
     // Nothing to read (this agent holds it all already), or cheaper to
     // recompute: let the owner go now rather than at its hold timeout.
-    if (declined_.size() >= 4096) declined_.clear();  // aborted requests never finish here
     declined_.insert(id);
     LoadJob job;
     job.request_id = id;
@@ -1105,6 +1103,10 @@ void UcxConnector::sendRelease(transport::UcxPeer& peer, const std::string& tran
   if (!notified.isOk()) {
     TANDEM_LOG(kWarn) << "ucx connector: release message not sent: " << notified.message();
   }
+}
+
+void UcxConnector::requestAbandoned(std::string_view request_id) {
+  declined_.erase(std::string(request_id));
 }
 
 FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,

@@ -115,6 +115,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
+  void requestAbandoned(std::string_view request_id) override;
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override;
   void save(const ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
@@ -281,7 +282,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   mutable std::unordered_map<std::string, StagedHold> staged_holds_;  // by transfer id
   std::thread loader_;
   // Requests that read nothing of their transfer and released it; engine
-  // thread. Forgotten when the request finishes normally.
+  // thread. Forgotten when the request ends (finished or abandoned).
   std::unordered_set<std::string> declined_;
 };
 

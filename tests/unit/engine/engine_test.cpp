@@ -111,9 +111,25 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
 
   void save(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
 
+  kv::FinishDecision requestFinished(const kv::ConnectorRequest& request, std::span<const BlockId>,
+                                     int64_t) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ended_.push_back("finished " + std::string(request.request_id));
+    return {};
+  }
+  void requestAbandoned(std::string_view request_id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ended_.push_back("abandoned " + std::string(request_id));
+  }
+
   std::vector<FinishedLoad> poll() override {
     std::lock_guard<std::mutex> lock(mutex_);
     return std::exchange(finished_, {});
+  }
+  // How each request's end reached the connector, in order.
+  std::vector<std::string> ended() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ended_;
   }
 
   // The pending load completes (reported at the next step) when request
@@ -168,6 +184,7 @@ class FakeAsyncConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv:
   std::condition_variable loads_started_;
   std::vector<Pending> pending_;
   std::vector<FinishedLoad> finished_;
+  std::vector<std::string> ended_;
   int loads_ = 0;
   std::atomic<int> spent_lookups_{0};
   std::string complete_when_looked_up_;  // engine thread, once set
@@ -268,6 +285,7 @@ TEST_F(AsyncLoad, WaitingRequestDoesNotBlockOthersAndLoadedKvGivesTheSameTokens)
   // 64 tokens loaded: the 11-token tail and 7 decode steps computed.
   EXPECT_EQ(engine.stats().num_computed_tokens - computed_before, 11 + 7);
   EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+  EXPECT_EQ(connector_->ended(), (std::vector<std::string>{"finished other", "finished loaded"}));
 }
 
 // A loaded request preempted later recomputes its prompt: the producer let
@@ -318,7 +336,10 @@ TEST_F(AsyncLoad, AbortDuringLoadFreesBlocksOnlyAfterTheLoad) {
   engine.abort("loaded");
   ASSERT_TRUE(loaded.waitFinished());
   EXPECT_EQ(loaded.reason, FinishReason::kAbort);
-  // The connector may still write those blocks: they stay allocated.
+  // The connector forgets what it kept for the request (a declined
+  // transfer, a lookup's winner)...
+  EXPECT_EQ(connector_->ended(), std::vector<std::string>{"abandoned loaded"});
+  // ...but may still write its blocks: they stay allocated.
   std::this_thread::yield();
   EXPECT_LT(engine.stats().num_free_blocks, 64);
   connector_->complete({});

@@ -33,6 +33,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
     ++finished;
     return decision;
   }
+  void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
   LoadResult load(const ConnectorRequest&, int64_t, std::span<const BlockId> ids) override {
     loaded += static_cast<int64_t>(ids.size());
     failures_.add("fake", 1);
@@ -51,6 +52,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
   int64_t loaded = 0;
   int64_t saved = 0;
   int finished = 0;
+  std::vector<std::string> abandoned;
 
  private:
   KvTransferConfig config_;
@@ -259,6 +261,21 @@ TEST_F(MultiOverFakes, SavesReachEveryMemberAndLoadsOnlyTheWinner) {
   EXPECT_EQ(multi_->load(request_.view(), 0, std::span<const BlockId>(ids, 2)).source, "first");
   EXPECT_EQ(first_->loaded, 2);
   EXPECT_EQ(second_->loaded, 0);
+}
+
+// An abandoned request (aborted after its lookup, before its load) is
+// forgotten by the multi connector and every member: nothing kept for it
+// outlives it, and a load under its id finds no winner.
+TEST_F(MultiOverFakes, AnAbandonedRequestIsForgottenByEveryMember) {
+  first_->answer = available(8);
+  ASSERT_EQ(multi_->lookup(request_.view(), 0).num_tokens, 8);
+  multi_->requestAbandoned("r");
+  EXPECT_EQ(first_->abandoned, std::vector<std::string>{"r"});
+  EXPECT_EQ(second_->abandoned, std::vector<std::string>{"r"});
+  const BlockId ids[] = {1, 2};
+  LoadResult result = multi_->load(request_.view(), 0, ids);
+  EXPECT_EQ(result.failed_block_indices, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(first_->loaded, 0);
 }
 
 }  // namespace
