@@ -180,15 +180,17 @@ class Engine::ConnectorSource : public ExternalKvSource {
 namespace {
 
 // What KV bytes depend on: the weights' content (not the directory's name:
-// a Hub snapshot's is its revision, "main" for every model), the shape and
-// dtype, and the kernels' bits, which differ between devices and between
-// the CPU's instruction sets (docs/engine.md: reproducible per ISA), named
-// by `kernels` ("cuda", "cpu-avx512", ...).
+// a Hub snapshot's is its revision, "main" for every model), the config's
+// arithmetic (rotary parameters, norm epsilon, head layout: one set of
+// weights under two config.json files is two models), the shape and dtype,
+// and the kernels' bits, which differ between devices and between the
+// CPU's instruction sets (docs/engine.md: reproducible per ISA), named by
+// `kernels` ("cuda", "cpu-avx512", ...).
 std::string modelIdentityOf(const Model& model, const std::string& kernels) {
   const ModelConfig& c = model.config();
-  return c.architecture + "/w" + model.weightsDigest() + "/h" + std::to_string(c.hidden_size) +
-         "/l" + std::to_string(c.num_hidden_layers) + "/v" + std::to_string(c.vocab_size) + "/" +
-         dtypeShortName(model.weightDType()) + "/" + kernels;
+  return c.architecture + "/w" + model.weightsDigest() + "/c" + c.computeDigest() + "/h" +
+         std::to_string(c.hidden_size) + "/l" + std::to_string(c.num_hidden_layers) + "/v" +
+         std::to_string(c.vocab_size) + "/" + dtypeShortName(model.weightDType()) + "/" + kernels;
 }
 
 }  // namespace

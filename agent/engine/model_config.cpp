@@ -1,6 +1,9 @@
 #include "agent/engine/model_config.h"
 
+#include <xxhash.h>
+
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -333,6 +336,38 @@ std::string ModelConfig::toJsonText() const {
     root["eos_token_id"] = eos_token_ids;
   }
   return root.dump(2) + "\n";
+}
+
+std::string ModelConfig::computeDigest() const {
+  // nlohmann::json keeps object keys sorted and prints doubles so that they
+  // read back exactly: one text per configuration.
+  json math = {
+      {"architecture", architecture},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"head_dim", head_dim},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"rope_scaling", rope_scaling.type == RopeScaling::Type::kLlama3
+                           ? json{{"factor", rope_scaling.factor},
+                                  {"low_freq_factor", rope_scaling.low_freq_factor},
+                                  {"high_freq_factor", rope_scaling.high_freq_factor},
+                                  {"original_max_position_embeddings",
+                                   rope_scaling.original_max_position_embeddings}}
+                           : json(nullptr)},
+      {"vocab_size", vocab_size},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"attention_bias", attention_bias},
+      {"qk_norm", qk_norm},
+  };
+  const std::string text = math.dump();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  return hex;
 }
 
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {

@@ -51,6 +51,11 @@ struct ModelConfig {
   static ModelConfig fromJsonText(const std::string& text, const std::string& source_name);
   // The config.json text for this configuration (used by tandem-model).
   std::string toJsonText() const;
+  // 16 hex digits (xxh3-64) of every field the forward pass's arithmetic
+  // reads (head counts and sizes, norm epsilon, rotary parameters, biases,
+  // tied embeddings), not of token ids or limits: two configs with one
+  // digest give the same KV and logits for the same weights.
+  std::string computeDigest() const;
 
   bool operator==(const ModelConfig&) const = default;
 };

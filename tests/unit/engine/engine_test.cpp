@@ -676,6 +676,32 @@ TEST(EngineIdentity, NamesTheWeightsByContentAndTheKernelsThatRan) {
   EXPECT_EQ(main_b, std::string(main_a).replace(main_a.find(digest_a), 18, digest_b));
 }
 
+// One set of weights under two config.json files whose arithmetic differs
+// (rotary base, norm epsilon) is two models: KV of one is never taken for
+// the other's. Fields the forward pass never reads (the end-of-sequence
+// ids) leave the identity as it is.
+TEST(EngineIdentity, NamesTheConfigsArithmetic) {
+  ::tandem::testing::TempDir dir("tandem-identity-config");
+  tools::TestModelOptions options;
+  options.seed = 5;
+  tools::writeTestModel(options, dir.path());
+  const std::filesystem::path config_path = dir.path() / "config.json";
+  const nlohmann::json original = nlohmann::json::parse(::tandem::testing::readFile(config_path));
+  auto identityWith = [&](const std::string& field, const nlohmann::json& value) {
+    nlohmann::json config = original;
+    if (!field.empty()) config[field] = value;
+    ::tandem::testing::writeFile(config_path, config.dump(2));
+    EngineConfig engine_config = engineConfig();
+    engine_config.model_dir = dir.path();
+    return Engine(engine_config).modelIdentity();
+  };
+  const std::string base = identityWith("", nullptr);
+  EXPECT_NE(identityWith("rope_theta", 500000.0), base);
+  EXPECT_NE(identityWith("rms_norm_eps", 1e-6), identityWith("rms_norm_eps", 1e-5));
+  EXPECT_EQ(identityWith("eos_token_id", nlohmann::json::array({3, 4})), base);
+  EXPECT_EQ(identityWith("", nullptr), base);
+}
+
 // bf16 compute is an engine setting: the backend multiplies bf16-rounded
 // activations, and the model identity (what block hashes and connector
 // handshakes are made from) says so, so that KV is never reused or loaded
