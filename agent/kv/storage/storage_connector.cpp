@@ -90,6 +90,21 @@ void StorageConnector::evictToCapacity() {
   }
 }
 
+bool StorageConnector::blockFileExists(const fs::path& path) {
+  // Without an error_code, a stat that fails other than "no such file"
+  // (a directory this user may not read, a symlink loop, a stale NFS
+  // handle) throws on the engine thread and ends the process.
+  std::error_code error;
+  const bool exists = fs::exists(path, error);
+  if (error) {
+    TANDEM_LOG(kWarn) << "storage connector: cannot look at " << path.string() << ": "
+                      << error.message() << "; taken as absent";
+    failures_.add("unreadable");
+    return false;
+  }
+  return exists;
+}
+
 fs::path StorageConnector::blockPath(const BlockHash& hash) const {
   const std::string hex = hash.toHex();
   return root_ / hex.substr(0, 2) / (hex + ".kvblock");
@@ -104,7 +119,7 @@ LookupResult StorageConnector::lookup(const ConnectorRequest& request, int64_t n
   int64_t block = num_local_tokens / block_size;
   int64_t found = 0;
   while (block < max_blocks && block < static_cast<int64_t>(request.block_hashes.size()) &&
-         fs::exists(blockPath(request.block_hashes[block]))) {
+         blockFileExists(blockPath(request.block_hashes[block]))) {
     ++block;
     ++found;
   }
@@ -164,7 +179,7 @@ void StorageConnector::save(const ConnectorRequest& request, int64_t first_block
     const int64_t index = first_block + static_cast<int64_t>(i);
     if (index >= static_cast<int64_t>(request.block_hashes.size())) break;
     const fs::path path = blockPath(request.block_hashes[index]);
-    if (fs::exists(path)) {  // same hash, same bytes
+    if (blockFileExists(path)) {  // same hash, same bytes
       used(path);
       continue;
     }

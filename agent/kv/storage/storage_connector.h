@@ -58,6 +58,8 @@ class StorageConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
   // recently used), then files are removed, least recently used first,
   // until the known ones fit.
   void used(const std::filesystem::path& path);
+  // fs::exists that takes an error for absent (counted "unreadable").
+  bool blockFileExists(const std::filesystem::path& path);
   void evictToCapacity();
 
   KvTransferConfig config_;

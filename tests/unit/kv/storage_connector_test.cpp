@@ -102,6 +102,33 @@ TEST_F(StorageCapacity, FilesFoundAtStartCountOldestFirst) {
   EXPECT_TRUE(stored(storage, c));
 }
 
+// A block file that cannot be looked at (here a symlink loop where its
+// directory should be; a directory this user may not read, or a stale NFS
+// handle, fail the same stat) is absent: the lookup stops before it, a
+// save skips it, the failure is counted, and nothing throws on the engine
+// thread.
+TEST_F(StorageCapacity, ABlockFileThatCannotBeLookedAtIsAbsent) {
+  StorageConnector storage(storageConfig(dir_.path()), *cache_);
+  TestRequest request("r", 3 * kBlockSize + 1, 100);
+  fillBlock(*cache_, 1, 1);
+  fillBlock(*cache_, 2, 2);
+  fillBlock(*cache_, 3, 3);
+  const BlockId first[] = {1};
+  storage.save(request.view(), 0, first);
+  const fs::path second_dir = storage.blockPath(request.hashes[1]).parent_path();
+  if (second_dir == storage.blockPath(request.hashes[0]).parent_path()) {
+    GTEST_SKIP() << "the first two blocks share a directory";
+  }
+  fs::create_directory_symlink(second_dir.filename(), second_dir);  // points at itself
+  const BlockId rest[] = {2, 3};
+  EXPECT_NO_THROW(storage.save(request.view(), 1, rest));
+  kv::LookupResult lookup;
+  EXPECT_NO_THROW(lookup = storage.lookup(request.view(), 0));
+  EXPECT_EQ(lookup.state, kv::LookupResult::State::kAvailable);
+  EXPECT_EQ(lookup.num_tokens, kBlockSize) << "only the block before the unreadable one";
+  EXPECT_GE(storage.failureCounts()["unreadable"], 2);
+}
+
 TEST(StorageConfig, CapacityErrorsNameTheFieldAndWhatIsAccepted) {
   ::tandem::testing::TempDir dir("tandem-storage");
   auto cache = makeCache();
