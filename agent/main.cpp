@@ -203,10 +203,13 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
+    // serve reads --threads itself (before or after `serve`) and starts the
+    // kernel threads after blocking the termination signals, so that every
+    // thread inherits the mask and SIGTERM reaches the drain.
+    if (serve->parsed()) return tandem::agent::runServe(*serve, serve_options);
     if (threads > 0) tandem::kernels::setNumThreads(threads);
     if (tokenize->parsed()) return runTokenize(tokenizer_path, add_special_tokens);
     if (generate->parsed()) return runGenerate(gen);
-    if (serve->parsed()) return tandem::agent::runServe(*serve, serve_options);
     if (render_chat->parsed()) {
       return tandem::agent::runRenderChat(render_chat_options, std::cin, std::cout);
     }

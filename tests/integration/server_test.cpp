@@ -294,8 +294,9 @@ TEST(Server, MetricsPassPromtoolAndLatencyHistogramsMove) {
       << tandem::testing::readFile(dir.path() / "promtool.out");
 }
 
-TEST(Server, SigtermFinishesInFlightStreamsAndExits) {
-  Agent agent;
+// Sends SIGTERM once a long stream has started: the stream must end
+// normally and the agent exit 0.
+void expectSigtermFinishesTheStream(Agent& agent) {
   json body = greedy(randomPrompt(20, 10), 480);
   body["stream"] = true;
   std::mutex mutex;
@@ -326,6 +327,20 @@ TEST(Server, SigtermFinishesInFlightStreamsAndExits) {
   EXPECT_NE(received.find("\"finish_reason\":\"length\""), std::string::npos)
       << "the in-flight stream must end normally within the drain deadline";
   EXPECT_NE(received.find("data: [DONE]"), std::string::npos);
+}
+
+TEST(Server, SigtermFinishesInFlightStreamsAndExits) {
+  Agent agent;
+  expectSigtermFinishesTheStream(agent);
+}
+
+// `--threads` before `serve` (as the operator writes it) starts the kernel
+// threads before serve blocks the termination signals: they must be
+// blocked first, or the kernel hands SIGTERM to a kernel thread, whose
+// default action ends the process without a drain.
+TEST(Server, SigtermDrainsWithKernelThreadsNamedBeforeServe) {
+  Agent agent({}, tinyModelDir(), {}, {"--threads", "3"});
+  expectSigtermFinishesTheStream(agent);
 }
 
 TEST(Server, StopConditionsEndGenerationWhereAsked) {

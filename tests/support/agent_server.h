@@ -56,20 +56,20 @@ inline const fs::path& smallModelDir() {
 }
 
 // A running `tandem-agent serve` on a free port; `env` is set in its
-// environment only (e.g. its TZ).
+// environment only (e.g. its TZ); `global` options go before `serve` (as
+// the operator writes `--threads`).
 class Agent {
  public:
   using Environment = std::vector<std::pair<std::string, std::string>>;
   explicit Agent(std::vector<std::string> extra = {}, const fs::path& model = tinyModelDir(),
-                 const Environment& env = {}) {
-    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
-                                     "serve",
-                                     "--model",
-                                     model.string(),
-                                     "--port",
-                                     "0",
-                                     "--served-model-name",
-                                     "tiny"};
+                 const Environment& env = {}, const std::vector<std::string>& global = {}) {
+    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent"};
+    argv.insert(argv.end(), global.begin(), global.end());
+    for (const std::string& arg :
+         {std::string("serve"), std::string("--model"), model.string(), std::string("--port"),
+          std::string("0"), std::string("--served-model-name"), std::string("tiny")}) {
+      argv.push_back(arg);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr", env);
     std::string line = process_->waitForLine("listening on ", std::chrono::seconds(60));
