@@ -787,12 +787,17 @@ void Engine::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
+      // Once seen, a stop is news only when nothing is held: while readers
+      // of held blocks are awaited the loop waits as before (not spinning)
+      // and looks at the deadline as it wakes.
+      const bool holding = !held_.empty() || !deferred_holds_.empty();
       auto has_news = [&] {
         return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() ||
-               !release_requests_.empty() || !hold_requests_.empty() || stopping_ ||
-               (draining_ && !handed_over_) || scheduler_->hasWork();
+               !release_requests_.empty() || !hold_requests_.empty() ||
+               (stopping_ && (!stop_noticed_ || !holding)) || (draining_ && !handed_over_) ||
+               scheduler_->hasWork();
       };
-      if (held_.empty() && deferred_holds_.empty()) {
+      if (!holding) {
         wake_.wait(lock, has_news);
       } else {
         // Held blocks are released by messages from readers: look often.
@@ -818,8 +823,10 @@ void Engine::loop() {
     bool stop_now = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_now =
-          stopping_ && ((!scheduler_->hasWork() && !handing_over) || Clock::now() >= deadline_);
+      stop_noticed_ = stopping_;
+      // A request queued just before the stop is served like the others.
+      stop_now = stopping_ && ((inbox_.empty() && !scheduler_->hasWork() && !handing_over) ||
+                               Clock::now() >= deadline_);
     }
     if (stop_now) {
       if (handing_over) {
@@ -827,9 +834,10 @@ void Engine::loop() {
                           << " holds of KV blocks were not read before the deadline; their "
                              "readers compute those blocks themselves";
       }
-      // Abort whatever is left, then leave.
-      // (Loads still in flight keep their blocks; the connector is destroyed
-      // before the cache.)
+      // Abort whatever is left, queued ones too (none is queued after the
+      // stop), then leave. (Loads still in flight keep their blocks; the
+      // connector is destroyed before the cache.)
+      drainInbox();
       while (!live_.empty()) finishRequest(live_.begin()->first, FinishReason::kAbort);
       publishStats();
       std::lock_guard<std::mutex> lock(mutex_);
@@ -864,8 +872,9 @@ void Engine::step() {
     // Only requests waiting on something outside the engine (remote KV) are
     // left: wait for news instead of spinning.
     std::unique_lock<std::mutex> lock(mutex_);
-    wake_.wait_for(lock, std::chrono::milliseconds(1),
-                   [&] { return !inbox_.empty() || !aborts_.empty() || stopping_; });
+    wake_.wait_for(lock, std::chrono::milliseconds(1), [&] {
+      return !inbox_.empty() || !aborts_.empty() || (stopping_ && !stop_noticed_);
+    });
     return;
   }
   if (simulated_tokens_) {

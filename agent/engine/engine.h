@@ -401,6 +401,8 @@ class Engine {
   bool loop_exited_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   bool stopping_ = false;
+  // The loop has seen stopping_ (engine thread writes, under mutex_).
+  bool stop_noticed_ = false;
   bool draining_ = false;
   bool handed_over_ = false;  // engine thread: drain's hand-over done
   Clock::time_point deadline_{};
