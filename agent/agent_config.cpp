@@ -90,6 +90,10 @@ const std::vector<Row>& rows() {
       choice("reasoning_parser", protocol::reasoningParserNames(),
              "split <think>...</think> in chat output into reasoning_content",
              &ServeOptions::reasoning_parser),
+      choice("generation_config", {"auto", "vllm"},
+             "request defaults: auto (the model's generation_config.json temperature, top_p, "
+             "top_k, min_p, repetition_penalty, max_new_tokens) or vllm (built-in defaults)",
+             &ServeOptions::generation_config),
       integer("block_size", 1, kMaxBlockSize, "KV block size in tokens", &ServeOptions::block_size),
       {{"kv_cache_memory",
         OptionKind::kBytes,

@@ -232,6 +232,13 @@ int runServe(CLI::App& command, ServeOptions& o) {
     if (!kind.isOk()) throw Error(kind.status().message());
     server_config.chat_output.reasoning_parser = *kind;
   }
+  const protocol::GenerationDefaults& defaults = engine.generationConfig().defaults;
+  if (o.generation_config == "auto" && !defaults.empty()) {
+    server_config.generation_defaults = defaults;
+    TANDEM_LOG(kInfo) << "requests that leave them out take the model's generation_config.json "
+                         "values: "
+                      << defaults.describe() << " (--generation-config vllm: the built-in ones)";
+  }
   if (!server_config.chat_template->hasTemplate()) {
     TANDEM_LOG(kWarn) << "the model has no chat template: /v1/chat/completions answers 400 "
                          "(give one with --chat-template FILE)";

@@ -44,6 +44,9 @@ struct ServeOptions {
   std::string chat_template;     // a Jinja file replacing the model's chat template
   std::string tool_call_parser;  // empty: none; else a toolCallParserNames() entry
   std::string reasoning_parser;  // empty: none; else a reasoningParserNames() entry
+  // auto: requests start from generation_config.json's sampling; vllm: from
+  // the built-in defaults (end-of-sequence ids are read either way).
+  std::string generation_config = "auto";
   std::string role = "both";
   std::string prefix_caching_hash = "xxhash";
   double shutdown_timeout_s = 30.0;

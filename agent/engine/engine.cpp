@@ -314,11 +314,24 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     scheduler_->setExternalKvSource(connector_source_.get());
   }
 
-  for (int64_t id : mc.eos_token_ids) eos_token_ids_.push_back(static_cast<TokenId>(id));
-  if (auto eos = tokenizer_->eosTokenId()) {
-    if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), *eos) == eos_token_ids_.end()) {
-      eos_token_ids_.push_back(*eos);
+  // End-of-sequence ids: config.json's, the tokenizer's eos_token and
+  // generation_config.json's (Qwen2.5/Qwen3 instruct list <|endoftext|>
+  // only there), as transformers' generate and vLLM take them.
+  auto addEos = [&](int64_t id, const char* checked_source) {
+    if (checked_source != nullptr && id >= mc.vocab_size) {
+      throw Error(std::string(checked_source) + ": eos_token_id " + std::to_string(id) +
+                  " is not below the model's vocab_size " + std::to_string(mc.vocab_size));
     }
+    const auto token = static_cast<TokenId>(id);
+    if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) == eos_token_ids_.end()) {
+      eos_token_ids_.push_back(token);
+    }
+  };
+  for (int64_t id : mc.eos_token_ids) addEos(id, nullptr);  // checked with config.json
+  if (auto eos = tokenizer_->eosTokenId()) addEos(*eos, nullptr);
+  generation_ = protocol::GenerationConfig::fromDirectory(config_.model_dir);
+  for (int64_t id : generation_.eos_token_ids) {
+    addEos(id, (config_.model_dir / "generation_config.json").c_str());
   }
   if (simulated) {
     simulated_tokens_ = std::make_unique<TokenChooser>(*tokenizer_, mc.vocab_size, eos_token_ids_);

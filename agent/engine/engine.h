@@ -44,6 +44,7 @@
 #include "agent/engine/simulation/step_profile.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
+#include "common/protocol/generation_config.h"
 #include "common/protocol/request.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -259,6 +260,8 @@ class Engine {
   const std::string& modelIdentity() const { return model_identity_; }
   // Token ids that end generation unless ignore_eos.
   const std::vector<TokenId>& eosTokenIds() const { return eos_token_ids_; }
+  // The model directory's generation_config.json (empty without one).
+  const protocol::GenerationConfig& generationConfig() const { return generation_; }
   // The step profile of a simulated engine; null for a real one.
   const StepProfile* simulatedProfile() const {
     return config_.simulate ? &*config_.simulate : nullptr;
@@ -356,6 +359,7 @@ class Engine {
   std::vector<Sampler> row_samplers_;  // prompt logprobs: one per kernel thread
   std::string model_identity_;
   std::vector<TokenId> eos_token_ids_;
+  protocol::GenerationConfig generation_;
   // Structured outputs: grammars compiled for this model's vocabulary, made
   // at the first constrained request (building the vocabulary's trie).
   StatusOr<std::shared_ptr<structured::CompiledGrammar>> compileConstraint(

@@ -405,6 +405,7 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits_.vocab_size = engine_.model().config().vocab_size;
   limits_.chat_template = config_.chat_template;
   limits_.chat_output = config_.chat_output;
+  limits_.generation_defaults = config_.generation_defaults;
   metrics_.setDevice(kernels::deviceKindName(engine_.backend().kind()),
                      engine_.backend().description());
   if (const engine::StepProfile* profile = engine_.simulatedProfile()) {
@@ -581,6 +582,8 @@ void HttpServer::routes() {
          {{"model_identity", engine_.modelIdentity()},
           {"block_size", engine_.config().block_size},
           {"prefix_caching_hash", hashAlgorithmName(engine_.config().hash_algorithm)},
+          // What a request leaves out is taken from (--generation-config).
+          {"generation_defaults", config_.generation_defaults.toJson()},
           // The output parsers, which a router checks requests with.
           {"tool_call_parser",
            config_.chat_output.tool_call_parser

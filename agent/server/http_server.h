@@ -47,6 +47,8 @@ struct ServerConfig {
   std::shared_ptr<const ChatTemplate> chat_template;
   // --tool-call-parser / --reasoning-parser for chat output.
   protocol::ChatOutputOptions chat_output;
+  // What a request leaves out is taken from here (--generation-config).
+  protocol::GenerationDefaults generation_defaults;
   // Begins the agent's drain (POST /admin/drain); null: the route answers
   // 400. Called on a worker thread; must return at once.
   std::function<void()> on_drain;

@@ -309,6 +309,7 @@ void askPromptLogprobs(FieldReader& fields, ParsedRequest& parsed, int64_t count
 // The fields shared by /v1/completions and /v1/chat/completions.
 void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedRequest& parsed) {
   protocol::SamplingParams& sampling = parsed.request.sampling;
+  limits.generation_defaults.applyTo(sampling);
   fields.readFloat("temperature", &sampling.temperature);
   fields.readFloat("top_p", &sampling.top_p);
   int64_t integer = 0;
@@ -514,7 +515,8 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
                               " for this prompt",
                           max_tokens_name);
   }
-  parsed.request.sampling.max_tokens = max_tokens.value_or(room);
+  parsed.request.sampling.max_tokens =
+      max_tokens.value_or(std::min(room, limits.generation_defaults.max_new_tokens.value_or(room)));
   const Status status = protocol::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
                                                          limits.max_model_len, prompt_len);
   if (!status.isOk()) return fromStatus(status, leadingField(status.message()));

@@ -32,6 +32,7 @@
 #include "common/json_parse.h"
 #include "common/protocol/chat_output.h"
 #include "common/protocol/chat_template.h"
+#include "common/protocol/generation_config.h"
 #include "common/protocol/request.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -122,6 +123,10 @@ struct ServerLimits {
   // content, reasoning_content and tool_calls (chat_output.h); both off by
   // default.
   protocol::ChatOutputOptions chat_output;
+  // The model's generation_config.json sampling (--generation-config auto):
+  // the values a request starts from for the fields it leaves out; its
+  // max_new_tokens caps the default max_tokens.
+  protocol::GenerationDefaults generation_defaults;
   // What a request body may hold (common/json_parse.h), checked before it is
   // parsed: levels of nested arrays and objects (JSON in a string field the
   // server decodes, such as tool call arguments, gets the same bound), and

@@ -27,6 +27,9 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   info.root = model.value("root", std::string());
   const json tandem = model.value("tandem", json::object());
   info.identity = tandem.value("model_identity", std::string());
+  if (const auto it = tandem.find("generation_defaults"); it != tandem.end()) {
+    info.generation_defaults = protocol::GenerationDefaults::fromJson(*it);
+  }
   info.block_size = tandem.value("block_size", 16);
   auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
   if (hash.isOk()) info.hash = *hash;
@@ -52,6 +55,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     if (model_config.is_object()) vocab = model_config.value("vocab_size", vocab);
     auto chat_template = server::ChatTemplate::load(*tokenizer, chat_template_file_);
     if (!chat_template.isOk()) throw Error(chat_template.status().message());
+
     std::lock_guard<std::mutex> lock(mutex_);
     if (ready_) co_return;
     tokenizer_ = std::move(tokenizer);
@@ -61,6 +65,8 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     limits_.vocab_size = vocab;
     limits_.chat_template = std::move(*chat_template);
     limits_.chat_output = chat_output;
+    // The agents' request defaults: a request's max_tokens is theirs.
+    limits_.generation_defaults = info.generation_defaults;
     info_ = info;
     ready_ = true;
     TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity

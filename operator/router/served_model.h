@@ -36,6 +36,8 @@ struct ModelInfo {
   HashAlgorithm hash = HashAlgorithm::kXxh3_128;
   std::filesystem::path root;
   int64_t max_model_len = 0;
+  // What the agents take for the fields a request leaves out.
+  protocol::GenerationDefaults generation_defaults;
 };
 
 class ServedModel {

@@ -343,6 +343,50 @@ TEST(Server, SigtermDrainsWithKernelThreadsNamedBeforeServe) {
   expectSigtermFinishesTheStream(agent);
 }
 
+// A model's generation_config.json: its end-of-sequence ids end answers
+// (Qwen2.5/Qwen3 instruct list <|endoftext|> only there), and its sampling
+// and max_new_tokens are the defaults of requests that leave them out,
+// unless --generation-config vllm; /v1/models says which apply.
+TEST(Server, GenerationConfigEndsAnswersAndGivesTheDefaults) {
+  tandem::testing::TempDir dir("tandem-generation-config");
+  const fs::path model = dir.path() / "model";
+  fs::copy(tinyModelDir(), model, fs::copy_options::recursive);
+  constexpr int kExtraEos = 300;
+  tandem::testing::writeFile(
+      model / "generation_config.json",
+      json{{"eos_token_id", {kExtraEos}}, {"max_new_tokens", 5}, {"temperature", 0.0}}.dump());
+  json forced = {{"model", "tiny"},
+                 {"prompt", randomPrompt(10, 3)},
+                 {"max_tokens", 8},
+                 {"temperature", 0},
+                 {"logit_bias", {{std::to_string(kExtraEos), 100}}}};
+  json defaulted = {{"model", "tiny"}, {"prompt", randomPrompt(10, 4)}, {"ignore_eos", true}};
+  {
+    Agent agent({}, model);
+    json stopped = agent.post("/v1/completions", forced);
+    EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop") << stopped;
+    EXPECT_EQ(stopped["usage"]["completion_tokens"], 1) << stopped;
+    json answer = agent.post("/v1/completions", defaulted);
+    EXPECT_EQ(answer["usage"]["completion_tokens"], 5) << "max_new_tokens: " << answer;
+    auto res = agent.client()->Get("/v1/models");
+    ASSERT_TRUE(res);
+    const json advertised = json::parse(res->body)["data"][0]["tandem"]["generation_defaults"];
+    EXPECT_EQ(advertised, (json{{"max_new_tokens", 5}, {"temperature", 0.0}})) << advertised;
+  }
+  {
+    Agent agent({"--generation-config", "vllm"}, model);
+    json stopped = agent.post("/v1/completions", forced);
+    EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop") << "end ids are read either way";
+    json answer = agent.post("/v1/completions", defaulted);
+    EXPECT_GT(answer["usage"]["completion_tokens"].get<int>(), 5) << answer;
+  }
+  {
+    Agent agent({}, tinyModelDir());
+    json runs_on = agent.post("/v1/completions", forced);
+    EXPECT_EQ(runs_on["choices"][0]["finish_reason"], "length") << runs_on;
+  }
+}
+
 TEST(Server, StopConditionsEndGenerationWhereAsked) {
   Agent agent;
   const std::vector<int> prompt = randomPrompt(15, 11);

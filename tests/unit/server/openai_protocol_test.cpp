@@ -28,6 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using protocol::GenerationConfig;
+using protocol::GenerationDefaults;
+using protocol::SamplingParams;
 using ::tandem::testing::readFile;
 using ::tandem::testing::TempDir;
 
@@ -885,6 +888,84 @@ TEST_F(ProtocolTest, BestOfDefaultsToN) {
   auto streamed = parseCompletionRequest(completion(R"("n": 2, "best_of": 2, "stream": true)"),
                                          testLimits(), tokenizer());
   ASSERT_TRUE(streamed.isOk()) << streamed.error().message;
+}
+
+// generation_config.json's sampling is where a request starts: the fields
+// it gives win, those it leaves out take the model's values, and
+// max_new_tokens caps the default max_tokens (not a given one), as in vLLM.
+TEST_F(ProtocolTest, GenerationDefaultsFillWhatARequestLeavesOut) {
+  ServerLimits limits = testLimits();
+  limits.generation_defaults =
+      GenerationConfig::fromJsonText(
+          R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 7,
+              "do_sample": true, "eos_token_id": [3, 4]})",
+          "generation_config.json")
+          .defaults;
+  auto defaulted = parseCompletionRequest(completion(""), limits, tokenizer());
+  ASSERT_TRUE(defaulted.isOk()) << defaulted.error().message;
+  const SamplingParams& d = defaulted.value().request.sampling;
+  EXPECT_FLOAT_EQ(d.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(d.top_p, 0.95f);
+  EXPECT_EQ(d.top_k, 20);
+  EXPECT_FLOAT_EQ(d.min_p, 0.0f);
+  EXPECT_EQ(d.max_tokens, 7);
+  auto given = parseCompletionRequest(
+      completion(R"("temperature": 0, "top_k": -1, "max_tokens": 30)"), limits, tokenizer());
+  ASSERT_TRUE(given.isOk()) << given.error().message;
+  const SamplingParams& g = given.value().request.sampling;
+  EXPECT_EQ(g.temperature, 0.0f);
+  EXPECT_EQ(g.top_k, 0);
+  EXPECT_FLOAT_EQ(g.top_p, 0.95f);
+  EXPECT_EQ(g.max_tokens, 30);
+  // Without defaults: the built-in ones, and max_tokens up to max_model_len.
+  auto plain = parseCompletionRequest(completion(""), testLimits(), tokenizer());
+  ASSERT_TRUE(plain.isOk());
+  EXPECT_EQ(plain.value().request.sampling.temperature, 1.0f);
+  EXPECT_EQ(plain.value().request.sampling.max_tokens,
+            kMaxModelLen - static_cast<int64_t>(plain.value().request.prompt.size()));
+  // What an agent advertises, a router reads back.
+  const GenerationDefaults& sent = limits.generation_defaults;
+  const GenerationDefaults read = GenerationDefaults::fromJson(sent.toJson());
+  EXPECT_EQ(read.temperature, sent.temperature);
+  EXPECT_EQ(read.top_k, sent.top_k);
+  EXPECT_EQ(read.max_new_tokens, sent.max_new_tokens);
+  EXPECT_FALSE(read.min_p.has_value());
+}
+
+TEST(GenerationConfigFile, ReadsEndOfSequenceIdsAndRefusesBadValuesNamingTheField) {
+  GenerationConfig qwen = GenerationConfig::fromJsonText(
+      R"({"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+          "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.05, "temperature": 0.7,
+          "transformers_version": "4.37.0"})",
+      "g.json");
+  EXPECT_EQ(qwen.eos_token_ids, (std::vector<int64_t>{151645, 151643}));
+  EXPECT_EQ(qwen.defaults.describe(), "temperature=0.7 top_p=0.8 top_k=20 repetition_penalty=1.05");
+  EXPECT_EQ(GenerationConfig::fromJsonText(R"({"eos_token_id": 2, "temperature": null})", "g")
+                .eos_token_ids,
+            std::vector<int64_t>{2});
+  EXPECT_TRUE(GenerationConfig::fromJsonText(R"({"top_k": -1})", "g").defaults.top_k == 0);
+  TempDir dir("generation-config");
+  EXPECT_TRUE(GenerationConfig::fromDirectory(dir.path()).defaults.empty()) << "no file";
+  struct Bad {
+    const char* text;
+    const char* message;
+  };
+  for (const Bad& bad : {
+           Bad{R"({"temperature": "hot"})", "g.json: temperature must be a number"},
+           Bad{R"({"temperature": 3})", "g.json: temperature must be between 0 and 2"},
+           Bad{R"({"eos_token_id": [2, -1]})", "g.json: eos_token_id[1] must be an integer"},
+           Bad{R"({"max_new_tokens": 0})", "g.json: max_new_tokens must be an integer of at"},
+           Bad{R"({"top_p": 0})", "g.json: top_p"},
+           Bad{R"([1])", "g.json: must hold a JSON object"},
+           Bad{R"({"top_k": )", "g.json: not JSON"},
+       }) {
+    try {
+      GenerationConfig::fromJsonText(bad.text, "g.json");
+      ADD_FAILURE() << "accepted " << bad.text;
+    } catch (const Error& e) {
+      EXPECT_TRUE(std::string(e.what()).starts_with(bad.message)) << e.what();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
