@@ -35,10 +35,10 @@ const Histogram::BucketBoundaries kTransferBuckets(engine::kKvLoadSecondsBounds.
 // tandem_kv_transfer_failures_total's reasons (docs/kv-transfer.md, "Failure
 // reasons"; `evicted` from the offload tier).
 constexpr const char* kKvTransferFailureReasons[] = {
-    "bad_params",     "incompatible",   "auth",    "unreachable", "bad_handshake",
-    "peer_restarted", "read_error",     "timeout", "injected",    "injected_handshake",
-    "missing",        "truncated",      "format",  "checksum",    "evicted",
-    "staging_full",   "prefix_mismatch"};
+    "bad_params",     "incompatible",    "auth",         "unreachable", "bad_handshake",
+    "peer_restarted", "read_error",      "timeout",      "injected",    "injected_handshake",
+    "missing",        "truncated",       "format",       "checksum",    "evicted",
+    "staging_full",   "prefix_mismatch", "hold_expired", "peer_down",   "unreadable"};
 
 double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point to) {
   if (from == engine::Clock::time_point{} || to == engine::Clock::time_point{} || to < from) {

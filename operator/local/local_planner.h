@@ -83,7 +83,7 @@ class LocalPlanner {
 
 // The planner's metrics (docs/planner.md#metrics) in the Prometheus text
 // format, one series per pool with labels pool and kind:
-// tandem_planner_desired_replicas, tandem_planner_observed_seconds{quantile}
+// tandem_planner_desired_replicas, tandem_planner_observed_seconds{target_quantile}
 // (absent while a pool had no requests in its window) and
 // tandem_planner_target_seconds.
 std::string plannerMetricsText(const std::vector<PoolPlannerStatus>& statuses);

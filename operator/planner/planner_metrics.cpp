@@ -34,7 +34,7 @@ std::string plannerMetricsText(const std::vector<PlannerMetricsSample>& samples)
          "quantile over the planner's window.\n# TYPE tandem_planner_observed_seconds gauge\n";
   for (const auto& sample : samples) {
     if (!sample.metrics.observed_seconds) continue;
-    out << "tandem_planner_observed_seconds{" << labels(sample) << ",quantile=\""
+    out << "tandem_planner_observed_seconds{" << labels(sample) << ",target_quantile=\""
         << sampleValue(sample.metrics.quantile) << "\"} "
         << sampleValue(*sample.metrics.observed_seconds) << "\n";
   }

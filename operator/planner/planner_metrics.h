@@ -6,8 +6,10 @@
 //
 //   tandem_planner_desired_replicas    the last decision's replicas
 //   tandem_planner_observed_seconds    the observed TTFT/ITL quantile over the
-//                                      window, label quantile; absent while
-//                                      the pool had no requests in it
+//                                      window, label target_quantile (not
+//                                      quantile: reserved for summaries);
+//                                      absent while the pool had no
+//                                      requests in it
 //   tandem_planner_target_seconds      targetTTFTSeconds / targetITLSeconds
 //
 // Pure function of its input.

@@ -169,7 +169,7 @@ TEST_F(PoolAutoscalerTest, ATtftMissGrowsThePoolThroughItsScaleSubresource) {
                          "kind=\"PrefillPool\"} 0.1"),
             std::string::npos);
   EXPECT_NE(metrics.find("tandem_planner_observed_seconds{namespace=\"serving\",pool=\"prefill\","
-                         "kind=\"PrefillPool\",quantile=\"0.9\"}"),
+                         "kind=\"PrefillPool\",target_quantile=\"0.9\"}"),
             std::string::npos);
 }
 

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "common/prometheus_text.h"
+#include "tests/support/test_files.h"
 
 namespace tandem::local {
 namespace {
@@ -106,9 +108,19 @@ TEST_F(LocalPlannerTest, PlansAutoscaledPoolsFromTheirAgentsMetrics) {
                              "pool=\"prefill\",kind=\"PrefillPool\""),
             4.0);
   EXPECT_EQ(prometheusSample(text, "tandem_planner_target_seconds", "pool=\"prefill\""), 0.5);
-  EXPECT_NEAR(
-      prometheusSample(text, "tandem_planner_observed_seconds", "quantile=\"0.9\"").value_or(0),
-      1.9, 1e-9);
+  EXPECT_NEAR(prometheusSample(text, "tandem_planner_observed_seconds", "target_quantile=\"0.9\"")
+                  .value_or(0),
+              1.9, 1e-9);
+  // The exposition is valid: promtool refuses a gauge with a quantile label.
+  if (const std::string promtool = ::tandem::testing::findSystemTool("promtool");
+      !promtool.empty()) {
+    ::tandem::testing::TempDir dir("planner-metrics");
+    ::tandem::testing::writeFile(dir.path() / "metrics.txt", text);
+    const std::string command = promtool + " check metrics < " +
+                                (dir.path() / "metrics.txt").string() + " > " +
+                                (dir.path() / "out").string() + " 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << ::tandem::testing::readFile(dir.path() / "out");
+  }
 
   // A pool that loses spec.autoscaling is no longer planned.
   planner_.configure(parseClusterSpec(R"(apiVersion: tandem.dev/v1alpha1

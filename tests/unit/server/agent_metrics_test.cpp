@@ -5,7 +5,10 @@
 // agent is scraped.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <optional>
+#include <regex>
+#include <sstream>
 #include <string>
 
 #include "agent/engine/engine.h"
@@ -46,6 +49,38 @@ TEST(AgentMetrics, KvLoadDurationsAreCountedOnceInTheirBuckets) {
   text = metrics.render(stats);
   EXPECT_EQ(bucket(text, "0.0001"), 1);
   EXPECT_EQ(bucket(text, "+Inf"), 4);
+}
+
+// Every failure reason docs/metrics.md names for
+// tandem_kv_transfer_failures_total is a series from the start (of an agent
+// with a KV connector), at 0, so that increase() sees a reason's first
+// failure.
+TEST(AgentMetrics, EveryDocumentedTransferFailureReasonStartsAtZero) {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/docs/metrics.md");
+  std::stringstream docs;
+  docs << in.rdbuf();
+  std::string row;
+  for (std::string line; std::getline(docs, line);) {
+    if (line.starts_with("| `tandem_kv_transfer_failures_total{reason}`")) row = line;
+  }
+  ASSERT_FALSE(row.empty()) << "no row for tandem_kv_transfer_failures_total in docs/metrics.md";
+  row = row.substr(0, row.find("(["));  // the reasons, before the link
+  AgentMetrics metrics("m", "decode");
+  engine::EngineStats stats;
+  stats.kv_connector = "ucx";
+  const std::string text = metrics.render(stats);
+  const std::regex quoted("`([a-z_]+)`");
+  int reasons = 0;
+  for (auto it = std::sregex_iterator(row.begin(), row.end(), quoted); it != std::sregex_iterator();
+       ++it) {
+    const std::string reason = (*it)[1];
+    if (reason == "reason") continue;
+    ++reasons;
+    EXPECT_EQ(
+        prometheusSample(text, "tandem_kv_transfer_failures_total", "reason=\"" + reason + "\""), 0)
+        << reason;
+  }
+  EXPECT_GE(reasons, 20);
 }
 
 }  // namespace
