@@ -345,7 +345,8 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   if (failed) {
     abortAll();
     if (started) {
-      co_await exchange.writeChunk(sseEvent(errorBody(*failed)));
+      // As one answer's stream ends after an error: [DONE] follows.
+      co_await exchange.writeChunk(sseEvent(errorBody(*failed)) + std::string(kSseDone));
       co_await exchange.finishChunked();
     } else {
       co_await exchange.respond(errorResponse(*failed, retry_after_seconds));

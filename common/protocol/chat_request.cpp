@@ -178,24 +178,24 @@ std::optional<ApiError> checkTools(const ordered_json& tools) {
   return std::nullopt;
 }
 
-// Whether the tools reach the template: tool_choice "auto" (the default),
-// "required" or a named function; not "none" (tools left out, as vLLM does
-// by default). A forced call ("required", a named function) is checked
-// against the tools here and constrained by structured_request.h.
-Result<bool> readToolChoice(const ordered_json& root, const ordered_json* tools) {
+// Checks tool_choice. The tools reach the template whatever it is, "none"
+// included (as vLLM does by default: that output is not parsed for calls,
+// and a conversation switching tool_choice keeps one prompt prefix). A
+// forced call ("required", a named function) is checked against the tools
+// here and constrained by structured_request.h.
+std::optional<ApiError> checkToolChoice(const ordered_json& root, const ordered_json* tools) {
   const ordered_json* choice = given(root, "tool_choice");
-  if (choice == nullptr) return true;
+  if (choice == nullptr) return std::nullopt;
   const bool has_tools = tools != nullptr && tools->is_array() && !tools->empty();
   if (choice->is_string()) {
     const std::string value = choice->get<std::string>();
-    if (value == "auto") return true;
-    if (value == "none") return false;
+    if (value == "auto" || value == "none") return std::nullopt;
     if (value == "required") {
       if (!has_tools) {
         return invalidRequest("tool_choice \"required\" needs at least one tool in tools",
                               "tool_choice");
       }
-      return true;
+      return std::nullopt;
     }
     return invalidRequest(
         "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
@@ -218,7 +218,7 @@ Result<bool> readToolChoice(const ordered_json& root, const ordered_json* tools)
       const ordered_json& tool = (*tools)[i];
       if (tool.is_object() && tool.contains("function") && tool["function"].is_object() &&
           tool["function"].value("name", "") == name->get<std::string>()) {
-        return true;
+        return std::nullopt;
       }
     }
     return invalidRequest("tool_choice.function.name " + quoted(name->get<std::string>()) +
@@ -253,9 +253,8 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root,
   if (tools != nullptr) {
     if (auto error = checkTools(*tools)) return *error;
   }
-  auto use_tools = readToolChoice(root, tools);
-  if (!use_tools.isOk()) return use_tools.error();
-  if (tools != nullptr && use_tools.value()) input.tools = *tools;
+  if (auto error = checkToolChoice(root, tools)) return *error;
+  if (tools != nullptr) input.tools = *tools;
   if (const ordered_json* documents = given(root, "documents")) {
     if (!documents->is_array()) return wrongType("documents", "an array of objects", *documents);
     for (size_t i = 0; i < documents->size(); ++i) {

@@ -708,7 +708,9 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   fields.readBool("logprobs", &logprobs);
   int64_t top_logprobs = 0;
   const bool has_top = fields.readInt("top_logprobs", 0, limits.max_logprobs, &top_logprobs);
-  if (has_top && !logprobs) {
+  // 0 without logprobs asks for nothing (clients send it by default), as
+  // vLLM accepts it.
+  if (has_top && top_logprobs > 0 && !logprobs) {
     fields.fail("top_logprobs requires logprobs to be true", "top_logprobs");
   }
   if (logprobs) parsed.request.sampling.logprobs = static_cast<int32_t>(top_logprobs);

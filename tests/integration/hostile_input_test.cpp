@@ -193,7 +193,7 @@ TEST_F(HostileInputTest, AnObjectOfManyMembersIsAnsweredLikeAnyRequest) {
 // does not) is the request's fault: a 400 naming the field, from the agent
 // and through the router; streamed, the last event before [DONE], which the
 // router passes on rather than moving the stream to another decode agent,
-// where it would fail the same way. Every request has the same pattern
+// where it would fail the same way (several choices too). Every request has the same pattern
 // text, so all but the first find the grammar and its memo of moves warm
 // from the ones before, and still fail at the same mask: a mask is charged
 // what computing it costs, memoized or not (docs/structured-outputs.md).
@@ -223,6 +223,15 @@ TEST_F(HostileInputTest, AConstraintTooAmbiguousToFollowIsTheRequestsError) {
     const json error = json::parse(stream.errors.substr(6, stream.errors.find('\n') - 6))["error"];
     EXPECT_EQ(error["type"], "invalid_request_error") << error.dump();
     EXPECT_EQ(error["param"], "structured_outputs.regex") << error.dump();
+    // Several choices end the same way: the error, then [DONE].
+    json several = json::parse(request(true));
+    several["n"] = 2;
+    auto both = client->Post("/v1/completions", several.dump(), "application/json");
+    ASSERT_TRUE(both);
+    ASSERT_EQ(both->status, 200) << both->body;
+    const StreamedCompletion two = parseStream(both->body);
+    EXPECT_FALSE(two.errors.empty()) << both->body;
+    EXPECT_EQ(two.done, 1) << both->body;
   }
   const std::string metrics = routerMetrics();
   EXPECT_EQ(tandem::prometheusSum(metrics, "tandem_router_migrations_total", "").value_or(0.0), 0.0)

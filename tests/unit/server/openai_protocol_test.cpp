@@ -1189,7 +1189,7 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chat(R"("logprobs": 1)"), "logprobs", "logprobs must be a boolean, got number"),
       bad(chat(R"("top_logprobs": 2)"), "top_logprobs",
           "top_logprobs requires logprobs to be true"),
-      bad(chat(R"("logprobs": false, "top_logprobs": 0)"), "top_logprobs",
+      bad(chat(R"("logprobs": false, "top_logprobs": 1)"), "top_logprobs",
           "top_logprobs requires logprobs to be true"),
       bad(chat(R"("logprobs": true, "top_logprobs": 6)"), "top_logprobs",
           "top_logprobs must be between 0 and 5, got 6"),
@@ -1277,6 +1277,16 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
   }
 }
 
+// top_logprobs 0 asks for nothing: accepted without logprobs (clients send
+// it by default), as vLLM does; it gives no logprobs.
+TEST_F(ProtocolTest, TopLogprobsZeroWithoutLogprobsIsAccepted) {
+  for (const char* extra : {R"("top_logprobs": 0)", R"("logprobs": false, "top_logprobs": 0)"}) {
+    auto parsed = parseChatCompletionRequest(chat(extra), testLimits(), tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << extra << ": " << parsed.error().message;
+    EXPECT_FALSE(parsed.value().request.sampling.logprobs.has_value()) << extra;
+  }
+}
+
 TEST_F(ProtocolTest, ChatWithoutTemplateIs400) {
   ServerLimits limits = testLimits();
   limits.chat_template = nullptr;
@@ -1321,7 +1331,9 @@ TEST_F(ProtocolTest, ChatTemplateErrorIs400NamingTheLine) {
 }
 
 // The template sees what vLLM gives it: key order kept, tool-call arguments
-// decoded, tools (unless tool_choice is "none"), documents, kwargs winning.
+// decoded, tools (with tool_choice "none" too: vLLM's default keeps them, so
+// a conversation that switches it keeps its cached prefix), documents,
+// kwargs winning.
 TEST_F(ProtocolTest, ChatTemplateVariables) {
   const ServerLimits limits = limitsWithTemplate(
       "{{ messages | tojson }}|{{ tools | tojson }}|{{ documents | tojson }}|"
@@ -1352,7 +1364,8 @@ TEST_F(ProtocolTest, ChatTemplateVariables) {
        R"([{"role": "user", "content": "Hi"}]|[{"type": "function", "function": {"name": "f"}}]|)"
        R"(null|True|<|im_end|>|plain)"},
       {chat(R"("tools": [)" + tool + R"(], "tool_choice": "none")"),
-       R"([{"role": "user", "content": "Hi"}]|null|null|True|<|im_end|>|plain)"},
+       R"([{"role": "user", "content": "Hi"}]|[{"type": "function", "function": {"name": "f"}}]|)"
+       R"(null|True|<|im_end|>|plain)"},
       {chat(R"("documents": [{"title": "t", "text": "x"}], "add_generation_prompt": false,
           "chat_template_kwargs": {"flavor": "spicy", "eos_token": "E"})"),
        R"([{"role": "user", "content": "Hi"}]|null|[{"title": "t", "text": "x"}]|False|E|spicy)"},
