@@ -130,16 +130,16 @@ void ChatOutputStream::route(std::string_view reasoning, std::string_view conten
     out.reasoning_content += reasoning_carry_.flush();
     out.content += content_carry_.flush();
   }
+  // One entry per call, whole: an index appears once in a delta (clients
+  // that take a list's first appearance as it is, as openai-python's
+  // accumulator long did, would otherwise lose the second entry's part).
   for (ToolCall& call : calls) {
-    ToolCallDelta head;
-    head.index = tool_calls_sent_;
-    head.id = std::move(call.id);
-    head.name = std::move(call.name);
-    out.tool_calls.push_back(std::move(head));
-    ToolCallDelta arguments;
-    arguments.index = tool_calls_sent_;
-    arguments.arguments = std::move(call.arguments);
-    out.tool_calls.push_back(std::move(arguments));
+    ToolCallDelta delta;
+    delta.index = tool_calls_sent_;
+    delta.id = std::move(call.id);
+    delta.name = std::move(call.name);
+    delta.arguments = std::move(call.arguments);
+    out.tool_calls.push_back(std::move(delta));
     ++tool_calls_sent_;
   }
 }

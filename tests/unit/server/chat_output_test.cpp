@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -135,7 +136,11 @@ std::string checkSplit(const ChatOutputOptions& options, const std::string& text
       checkBoundary(reasoning, whole.reasoning_content, "reasoning");
     }
     if (!delta.content.empty()) checkBoundary(content, whole.content, "content");
+    std::set<size_t> indexes;
     for (const ToolCallDelta& call : delta.tool_calls) {
+      if (!indexes.insert(call.index).second) {
+        problem = "tool call index " + std::to_string(call.index) + " twice in one delta";
+      }
       if (call.index == calls.size()) {
         if (!call.id || !call.name) problem = "first delta of a call lacks id or name";
         calls.push_back({call.id.value_or(""), call.name.value_or(""), call.arguments});
@@ -328,8 +333,8 @@ TEST(ChatOutputStream, DeltasAndTheirJson) {
   delta = stream.finish();
   EXPECT_TRUE(stream.toolsCalled());
   EXPECT_EQ(chatStreamDeltaJson(delta), json::parse(R"({"tool_calls": [
-      {"index": 0, "id": "call-0", "type": "function", "function": {"name": "f", "arguments": ""}},
-      {"index": 0, "function": {"arguments": "{\"a\":1}"}}]})"));
+      {"index": 0, "id": "call-0", "type": "function",
+       "function": {"name": "f", "arguments": "{\"a\":1}"}}]})"));
 }
 
 TEST(ChatOutputStream, NeverEndsAPieceInsideAUtf8Character) {
