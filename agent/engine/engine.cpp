@@ -25,7 +25,7 @@ constexpr std::string_view kTooAmbiguous =
 struct Engine::Live {
   Live(const Tokenizer& tokenizer, const Request& request)
       : detokenizer(tokenizer, request.sampling.skip_special_tokens),
-        stop(request.sampling.stop),
+        stop(request.sampling.stop, request.sampling.include_stop_str_in_output),
         rng(SamplerRng::forRequest(request.sampling)) {}
 
   OutputCallback callback;
@@ -380,7 +380,7 @@ Status Engine::validateResume(const Request& request) const {
                            std::to_string(params.max_tokens));
   }
   if (Status known = checkVocabulary(resumed, "resume_output"); !known.isOk()) return known;
-  StopStringMatcher stop(params.stop);
+  StopStringMatcher stop(params.stop, params.include_stop_str_in_output);
   IncrementalDetokenizer detokenizer(*tokenizer_, params.skip_special_tokens);
   for (size_t i = 0; i < resumed.size(); ++i) {
     const TokenId token = resumed[i];

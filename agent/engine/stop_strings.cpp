@@ -9,8 +9,8 @@ bool isUtf8Continuation(char c) { return (static_cast<unsigned char>(c) & 0xc0) 
 
 }  // namespace
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings)
-    : stop_strings_(std::move(stop_strings)) {
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings, bool include_stop)
+    : stop_strings_(std::move(stop_strings)), include_stop_(include_stop) {
   std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
   for (const auto& stop : stop_strings_) max_stop_length_ = std::max(max_stop_length_, stop.size());
 }
@@ -26,13 +26,21 @@ StopStringMatcher::Update StopStringMatcher::push(const std::string& piece, bool
     update.text.swap(pending_);
     return update;
   }
-  // The earliest stop string occurrence wins.
+  // The earliest stop string occurrence wins (of two starting there, the
+  // one listed first).
   size_t first = std::string::npos;
+  size_t first_length = 0;
   if (may_stop) {
-    for (const auto& stop : stop_strings_) first = std::min(first, pending_.find(stop));
+    for (const auto& stop : stop_strings_) {
+      const size_t at = pending_.find(stop);
+      if (at < first) {
+        first = at;
+        first_length = stop.size();
+      }
+    }
   }
   if (first != std::string::npos) {
-    update.text = pending_.substr(0, first);
+    update.text = pending_.substr(0, include_stop_ ? first + first_length : first);
     pending_.clear();
     stopped_ = true;
     update.stopped = true;

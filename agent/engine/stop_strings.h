@@ -5,7 +5,8 @@
 // still become the start of a stop string is held back; text handed out is
 // never retracted. When a stop string appears, the text before it is released
 // and the rest is dropped (the stop string itself is not part of the output,
-// as with OpenAI and vLLM).
+// as with OpenAI and vLLM, unless `include_stop` — vLLM's
+// include_stop_str_in_output — where the output ends with it).
 #pragma once
 
 #include <string>
@@ -15,7 +16,7 @@ namespace tandem::engine {
 
 class StopStringMatcher {
  public:
-  explicit StopStringMatcher(std::vector<std::string> stop_strings);
+  explicit StopStringMatcher(std::vector<std::string> stop_strings, bool include_stop = false);
 
   struct Update {
     std::string text;      // safe to emit now
@@ -34,6 +35,7 @@ class StopStringMatcher {
 
  private:
   std::vector<std::string> stop_strings_;
+  bool include_stop_ = false;
   size_t max_stop_length_ = 0;
   std::string pending_;  // held back: may be the start of a stop string
   bool stopped_ = false;

@@ -324,6 +324,15 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   if (fields.readInt("min_tokens", 0, kInt64Max, &integer)) sampling.min_tokens = integer;
   fields.readBool("ignore_eos", &sampling.ignore_eos);
   fields.readBool("skip_special_tokens", &sampling.skip_special_tokens);
+  fields.readBool("include_stop_str_in_output", &sampling.include_stop_str_in_output);
+  // vLLM fields that would change the answer and are not implemented:
+  // refused, never ignored.
+  for (const char* unsupported : {"allowed_token_ids", "bad_words", "truncate_prompt_tokens"}) {
+    if (fields.find(unsupported) != nullptr) {
+      fields.fail(std::string(unsupported) + " is not supported; leave it out or send null",
+                  unsupported);
+    }
+  }
 
   if (const RequestJson* seed = fields.find("seed")) {
     // Any 64-bit integer, signed or not; negative seeds wrap like a C cast.
@@ -383,6 +392,13 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     } else {
       FieldReader option_fields(*options, "stream_options.");
       option_fields.readBool("include_usage", &parsed.include_usage);
+      if (bool continuous = false;
+          option_fields.readBool("continuous_usage_stats", &continuous) && continuous) {
+        option_fields.fail(
+            "stream_options.continuous_usage_stats is not supported: usage comes in the last "
+            "chunk (include_usage); leave it out or send false",
+            "stream_options.continuous_usage_stats");
+      }
       if (!option_fields.ok()) {
         fields.fail(option_fields.error().message, option_fields.error().param);
       }

@@ -49,6 +49,8 @@ struct SamplingParams {
   int64_t max_tokens = 16;
   int64_t min_tokens = 0;
   std::vector<std::string> stop;
+  // vLLM's: the output ends with the stop string that ended it.
+  bool include_stop_str_in_output = false;
   std::vector<TokenId> stop_token_ids;
   // OpenAI's logit_bias: added to the token's logit before choosing (not to
   // the logits logprobs report); sorted by id, one entry per id.

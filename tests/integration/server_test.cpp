@@ -421,6 +421,22 @@ TEST(Server, StopConditionsEndGenerationWhereAsked) {
   json cut = agent.post("/v1/completions", with_stop);
   EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, text.find(stop)));
   EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  // include_stop_str_in_output (vLLM's): the text ends with the stop string,
+  // streamed or not.
+  with_stop["include_stop_str_in_output"] = true;
+  json kept = agent.post("/v1/completions", with_stop);
+  EXPECT_EQ(kept["choices"][0]["text"], text.substr(0, text.find(stop) + stop.size()));
+  EXPECT_EQ(kept["choices"][0]["finish_reason"], "stop");
+  with_stop["stream"] = true;
+  auto streamed = agent.client()->Post("/v1/completions", with_stop.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  std::string joined;
+  std::istringstream events(streamed->body);
+  for (std::string line; std::getline(events, line);) {
+    if (!line.starts_with("data: {")) continue;
+    joined += json::parse(line.substr(6))["choices"][0].value("text", "");
+  }
+  EXPECT_EQ(joined, text.substr(0, text.find(stop) + stop.size()));
 }
 
 TEST(Server, LogprobsMatchTheGreedyChoice) {

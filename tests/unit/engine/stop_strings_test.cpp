@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace tandem::engine {
@@ -76,6 +77,22 @@ TEST(StopStrings, EarliestOfSeveralWins) {
   auto [out, stopped] = feed(matcher, {"hello world"});
   EXPECT_TRUE(stopped);
   EXPECT_EQ(out, "hel");
+}
+
+// include_stop_str_in_output: the output ends with the stop string that
+// ended it (the earliest; spanning pieces too), and nothing after it.
+TEST(StopStrings, IncludedStopEndsTheOutput) {
+  StopStringMatcher spanning({"END"}, /*include_stop=*/true);
+  auto [out, stopped] = feed(spanning, {"hello E", "N", "D and more"});
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(out, "hello END");
+  StopStringMatcher several({"world", "lo", "l"}, /*include_stop=*/true);
+  std::tie(out, stopped) = feed(several, {"hello world"});
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(out, "hel") << "\"l\" starts first";
+  StopStringMatcher tie({"lo w", "lo"}, /*include_stop=*/true);
+  std::tie(out, stopped) = feed(tie, {"hello world"});
+  EXPECT_EQ(out, "hello w") << "of two starting at one byte, the one listed first";
 }
 
 TEST(StopStrings, HeldTailIsReleasedAtFinish) {
