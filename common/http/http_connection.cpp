@@ -266,7 +266,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                 " requests with bodies over " + std::to_string(limits.large_body_bytes) +
                 " bytes (or of unknown length), its limit; retry later",
             "service_unavailable");
-        response.headers.emplace_back("X-Request-Id", service_.nextRequestId());
+        response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
         if (co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false)) {
           co_await lingeringClose();
         }
@@ -289,7 +289,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         if (ec.category() == http::make_error_code(http::error::end_of_stream).category() &&
             ec != http::error::end_of_stream && ec != http::error::partial_message) {
           HttpResponse response = parseErrorResponse(ec, limits);
-          response.headers.emplace_back("X-Request-Id", service_.nextRequestId());
+          response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
           if (co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false)) {
             co_await lingeringClose();
           }
@@ -309,6 +309,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
       }
       request.id = service_.nextRequestId();
+      if (const std::string given = request.header(kRequestIdHeader);
+          !given.empty() && given.size() <= 256 &&
+          given.find_first_not_of(kRequestIdChars) == std::string::npos) {
+        request.id = given + "-" + request.id;
+      }
       keep_alive_ = message.keep_alive();
       head_ = message.method() == http::verb::head;
       http10_ = message.version() < 11;
@@ -552,7 +557,7 @@ awaitable<bool> HttpExchange::respond(HttpResponse response) {
   TANDEM_CHECK(!started_, "a response was already started");
   started_ = true;
   connection_.markChunkDone();
-  response.headers.emplace_back("X-Request-Id", request_.id);
+  response.headers.emplace_back(kRequestIdHeader, request_.id);
   const bool ok =
       co_await connection_.write(std::move(response), connection_.keepAlive(), connection_.head());
   if (!ok) broken_ = true;
@@ -563,7 +568,7 @@ awaitable<bool> HttpExchange::startChunked(int status, std::string content_type,
                                            HttpHeaders headers) {
   TANDEM_CHECK(!started_, "a response was already started");
   started_ = true;
-  headers.emplace_back("X-Request-Id", request_.id);
+  headers.emplace_back(kRequestIdHeader, request_.id);
   const bool ok =
       co_await connection_.writeHead(status, std::move(content_type), std::move(headers));
   if (!ok) broken_ = true;

@@ -57,13 +57,21 @@ namespace tandem::server {
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
+inline constexpr char kRequestIdHeader[] = "X-Request-Id";
+inline constexpr std::string_view kRequestIdChars =
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-";
+
 // One parsed request.
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // target without the query
   std::string query;   // after '?', still percent-encoded
   std::string body;
-  std::string id;  // this server's id of the request (X-Request-Id of the response)
+  // This server's id of the request (X-Request-Id of the response): unique
+  // here, and led by the caller's X-Request-Id when it sent one of
+  // kRequestIdChars (at most 256), so that an id is traced across a router
+  // and its agents: "<caller's>-<own>".
+  std::string id;
   HttpHeaders headers;
 
   // Header value (case-insensitive name), "" when absent.

@@ -740,6 +740,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     co_await upstream.async_connect(results, use_awaitable);
     http::request<http::string_body> request{http::verb::post, target, 11};
     setAgentHeaders(request, decode->endpoint);
+    // The agent's id of the request (its X-Request-Id, the id inside
+    // cmpl-…) starts with this router's.
+    request.set(server::kRequestIdHeader, exchange.request().id);
     request.set(http::field::content_type, "application/json");
     // A stream this router can move is handed over, not finished, when the
     // agent drains.

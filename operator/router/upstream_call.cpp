@@ -41,6 +41,7 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
     co_await stream.async_connect(results, use_awaitable);
     http::request<http::string_body> request{verb, target, 11};
     setAgentHeaders(request, endpoint);
+    if (client != nullptr) request.set(server::kRequestIdHeader, client->request().id);
     if (!body.empty()) {
       request.set(http::field::content_type, "application/json");
       request.body() = body;

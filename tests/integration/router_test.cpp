@@ -117,6 +117,28 @@ TEST_F(RouterTest, CompletionsThroughTheRouterEqualAColocatedAgentsStreamedAndNo
 // API keys: the router asks its clients for its key and sends the agents'
 // key on every call to them (load polls, KV events, models, prefill, decode,
 // holds and releases); the agents refuse anyone without theirs.
+// The answer's id (inside cmpl-…) starts with the router's X-Request-Id,
+// which starts with the client's: one id traces a request through the
+// router's and the agents' logs.
+TEST_F(RouterTest, TheAnswersIdStartsWithTheRoutersRequestId) {
+  start(1, 1);
+  json body = greedy(randomPrompt(40, 3), 4);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    body["stream"] = stream;
+    auto res = client_->Post("/v1/completions", httplib::Headers{{"X-Request-Id", "client-7"}},
+                             body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const std::string header = res->get_header_value("X-Request-Id");
+    EXPECT_TRUE(header.starts_with("client-7-")) << header;
+    std::string text = res->body;
+    if (stream) text = text.substr(text.find("data: ") + 6, text.find('\n') - 6);
+    const std::string id = json::parse(text)["id"];
+    EXPECT_TRUE(id.starts_with("cmpl-" + header + "-")) << id << " vs " << header;
+  }
+}
+
 TEST_F(RouterTest, ApiKeysGuardTheRouterAndItsCallsToTheAgents) {
   RouterClusterOptions options;
   options.api_key = "sk-router-key";

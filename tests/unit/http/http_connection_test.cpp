@@ -194,6 +194,24 @@ TEST(HttpService, UnknownPathIsA404InTheErrorShape) {
   EXPECT_EQ(json::parse(res->body)["error"]["type"], "not_found_error");
 }
 
+// The caller's X-Request-Id leads this server's id ("<caller's>-<own>"), so
+// an id is traced across a router and its agents; one with other characters
+// or too long is not taken.
+TEST(HttpService, TheCallersRequestIdLeadsTheServersOwn) {
+  Service service;
+  auto idFor = [&](const std::string& given) {
+    auto res = service.client().Get("/nowhere", httplib::Headers{{"X-Request-Id", given}});
+    return res ? res->get_header_value("X-Request-Id") : std::string("no answer");
+  };
+  const std::string traced = idFor("trace-42.a:b");
+  EXPECT_TRUE(traced.starts_with("trace-42.a:b-")) << traced;
+  EXPECT_EQ(traced.size(), std::string("trace-42.a:b-").size() + 32) << traced;
+  EXPECT_EQ(idFor("two words").size(), 32u);
+  EXPECT_EQ(idFor("x\"y").size(), 32u);
+  EXPECT_EQ(idFor(std::string(257, 'a')).size(), 32u);
+  EXPECT_EQ(idFor(std::string(256, 'a')).size(), 256u + 1 + 32);
+}
+
 // A raw client: sends bytes, then closes without reading.
 void sendAndClose(int port, const std::string& bytes) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
