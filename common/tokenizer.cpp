@@ -356,11 +356,18 @@ std::unique_ptr<Tokenizer> Tokenizer::fromDirectory(const std::filesystem::path&
   if (std::filesystem::exists(config_path, ec)) {
     loadConfig(*tokenizer, impl, config_path);
   }
-  // Newer checkpoints keep the template in its own file.
+  // Newer checkpoints keep the template in its own file, which wins over
+  // tokenizer_config.json's default, as in transformers (a checkpoint saved
+  // by a newer version may keep a stale copy in the config); the config's
+  // other named templates stay.
   const std::filesystem::path jinja_path = dir / "chat_template.jinja";
-  if (impl.chat_templates.empty() && std::filesystem::exists(jinja_path, ec)) {
+  if (std::filesystem::exists(jinja_path, ec)) {
     impl.chat_template = readFile(jinja_path);
-    impl.chat_templates.push_back({"default", impl.chat_template, jinja_path.string()});
+    std::erase_if(impl.chat_templates, [](const Tokenizer::NamedChatTemplate& named) {
+      return named.name == "default";
+    });
+    impl.chat_templates.insert(impl.chat_templates.begin(),
+                               {"default", impl.chat_template, jinja_path.string()});
   }
   return tokenizer;
 }

@@ -292,5 +292,33 @@ TEST(ChatTemplate, LoadsModelTemplatesAndSpecialTokens) {
   EXPECT_NE(missing.status().message().find("absent.jinja"), std::string::npos);
 }
 
+// chat_template.jinja wins over tokenizer_config.json's default template, as
+// in transformers; the config's other named templates stay.
+TEST(ChatTemplate, TheJinjaFileWinsOverTheConfigsDefault) {
+  TempDir dir("chat-template-file");
+  tools::writeTestModel(tools::TestModelOptions{}, dir.path());
+  ordered_json config = ordered_json::parse(readText(dir.path() / "tokenizer_config.json"));
+  config["chat_template"] = ordered_json::array(
+      {{{"name", "default"}, {"template", "CONFIG"}}, {{"name", "tool_use"}, {"template", "T"}}});
+  writeFile(dir.path() / "tokenizer_config.json", config.dump());
+  writeFile(dir.path() / "chat_template.jinja", "FILE{{ messages[0].content }}");
+  const auto tokenizer = Tokenizer::fromDirectory(dir.path());
+  ASSERT_EQ(tokenizer->chatTemplates().size(), 2u);
+  auto loaded = ChatTemplate::load(*tokenizer);
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  ChatTemplateInput input;
+  input.messages = userMessage("hi");
+  EXPECT_EQ(renderOk(**loaded, input), "FILEhi");
+  input.tools = ordered_json::array();
+  EXPECT_EQ(renderOk(**loaded, input), "T");
+  // A config template as a plain string loses to the file the same way.
+  config["chat_template"] = "CONFIG";
+  writeFile(dir.path() / "tokenizer_config.json", config.dump());
+  auto plain = ChatTemplate::load(*Tokenizer::fromDirectory(dir.path()));
+  ASSERT_TRUE(plain.isOk());
+  input.tools = nullptr;
+  EXPECT_EQ(renderOk(**plain, input), "FILEhi");
+}
+
 }  // namespace
 }  // namespace tandem::server
