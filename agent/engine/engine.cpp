@@ -215,11 +215,22 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   }
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
-  const int64_t context_limit =
+  int64_t context_limit =
       simulated ? simulated->model.max_position_embeddings : mc.max_position_embeddings;
-  const std::string context_origin =
+  std::string context_origin =
       simulated ? "profile " + simulated->name + "'s model.max_position_embeddings"
                 : "the model's max_position_embeddings";
+  if (!simulated && mc.sliding_window > 0 && mc.sliding_window < context_limit) {
+    // Full attention equals the model's windowed attention only within the
+    // window (as vLLM without sliding-window kernels caps the length).
+    context_limit = mc.sliding_window;
+    context_origin =
+        "the model's sliding_window (attention here is full, the same as the window's only for "
+        "sequences no longer than it)";
+    if (config_.max_model_len == 0) {
+      TANDEM_LOG(kInfo) << "max_model_len is the model's sliding_window, " << context_limit;
+    }
+  }
   max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : context_limit;
   if (max_model_len_ > context_limit) {
     throw Error("max_model_len " + std::to_string(max_model_len_) + " exceeds " + context_origin +

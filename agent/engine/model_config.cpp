@@ -259,6 +259,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   if (reader.boolean("mlp_bias", false)) {
     reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
   }
+  // transformers' Mistral attends within sliding_window positions whenever
+  // it is set (Qwen2 only with use_sliding_window, refused below).
+  if (is_mistral) {
+    config.sliding_window = reader.boundedInt("sliding_window", 0, kMaxPositionEmbeddings);
+  }
   if (reader.boolean("use_sliding_window", false)) {
     reader.fail("use_sliding_window",
                 "is true; sliding-window attention is not supported (accepted: false)");

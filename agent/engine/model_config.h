@@ -38,6 +38,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 2048;
+  // Mistral's attention window (0: none). Attention here is full, the same
+  // as the window's only for sequences no longer than it: the engine caps
+  // max_model_len at it.
+  int64_t sliding_window = 0;
   int64_t vocab_size = 0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have biases (always for Qwen2)

@@ -702,6 +702,31 @@ TEST(EngineIdentity, NamesTheConfigsArithmetic) {
   EXPECT_EQ(identityWith("", nullptr), base);
 }
 
+// A Mistral model's sliding_window bounds max_model_len: attention here is
+// full, the same as the model's windowed attention only within the window.
+TEST(EngineContext, AMistralWindowCapsTheModelLength) {
+  ::tandem::testing::TempDir dir("tandem-mistral-window");
+  tools::TestModelOptions options;
+  options.architecture = "MistralForCausalLM";
+  tools::writeTestModel(options, dir.path());
+  nlohmann::json config =
+      nlohmann::json::parse(::tandem::testing::readFile(dir.path() / "config.json"));
+  config["sliding_window"] = 48;
+  ::tandem::testing::writeFile(dir.path() / "config.json", config.dump(2));
+  EngineConfig engine_config = engineConfig();
+  engine_config.model_dir = dir.path();
+  EXPECT_EQ(Engine(engine_config).maxModelLen(), 48);
+  engine_config.max_model_len = 32;
+  EXPECT_EQ(Engine(engine_config).maxModelLen(), 32);
+  engine_config.max_model_len = 64;
+  try {
+    Engine refused(engine_config);
+    ADD_FAILURE() << "max_model_len past the window was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding_window"), std::string::npos) << e.what();
+  }
+}
+
 // bf16 compute is an engine setting: the backend multiplies bf16-rounded
 // activations, and the model identity (what block hashes and connector
 // handshakes are made from) says so, so that KV is never reused or loaded

@@ -592,6 +592,18 @@ TEST(ModelConfigParsing, ArchitectureSpecifics) {
       R"({"architectures": ["MistralForCausalLM"], "sliding_window": null)" + body, "config.json");
   EXPECT_EQ(mistral.model_type, "mistral");
   EXPECT_EQ(mistral.head_dim, 32);
+  EXPECT_EQ(mistral.sliding_window, 0);
+  EXPECT_EQ(ModelConfig::fromJsonText(
+                R"({"architectures": ["MistralForCausalLM"], "sliding_window": 4096)" + body,
+                "config.json")
+                .sliding_window,
+            4096);
+  // Only Mistral attends within it whenever it is set.
+  EXPECT_EQ(
+      ModelConfig::fromJsonText(
+          R"({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096)" + body, "config.json")
+          .sliding_window,
+      0);
 }
 
 TEST(ModelConfigParsing, RejectsBadValuesNamingTheField) {
