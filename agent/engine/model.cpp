@@ -182,6 +182,16 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     layer.k_proj = source.matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
     layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
     layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
+    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM") {
+      // transformers' Llama and Qwen3 give o_proj a bias too when
+      // attention_bias is set (Qwen2's q/k/v biases leave it without one);
+      // that addition is not implemented, and leaving it out would change
+      // every output.
+      throw Error("tensor " + prefix + "self_attn.o_proj.bias: " + kConfigFile +
+                  " sets attention_bias, which gives " + c.architecture +
+                  "'s o_proj a bias; biases after o_proj are not supported (accepted: "
+                  "attention_bias false, or Qwen2ForCausalLM's q/k/v biases)");
+    }
     if (c.attention_bias) {
       layer.q_bias = source.vector(prefix + "self_attn.q_proj.bias", q_size);
       layer.k_bias = source.vector(prefix + "self_attn.k_proj.bias", kv_size);

@@ -409,6 +409,19 @@ TEST(ModelLoadingErrors, MissingBiasForQwen2) {
   EXPECT_CONTAINS(loadError(dir.path()), "tensor model.layers.0.self_attn.k_proj.bias missing");
 }
 
+// attention_bias on Llama (and Qwen3) gives o_proj a bias in transformers,
+// which the engine does not add: refused naming the tensor, never dropped.
+TEST(ModelLoadingErrors, AttentionBiasOfLlamaNeedsAnOProjBias) {
+  for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM"}) {
+    TempDir dir;
+    writeTiny(dir.path(), architecture);
+    rewriteConfig(dir.path(), [](json& config) { config["attention_bias"] = true; });
+    const std::string message = loadError(dir.path());
+    EXPECT_CONTAINS(message, "tensor model.layers.0.self_attn.o_proj.bias");
+    EXPECT_CONTAINS(message, "biases after o_proj are not supported");
+  }
+}
+
 TEST(ModelLoadingErrors, WrongShape) {
   TempDir dir;
   writeTiny(dir.path());
