@@ -161,13 +161,9 @@ void PoolAutoscaler::plan(double now_seconds, const AutoscaledPool& input, const
                         << spec->min_replicas << ".." << spec->max_replicas << ", metrics from "
                         << source_->describe();
       it = pools_
-               .emplace(key, Pool{input.kind,
-                                  ns,
-                                  name,
-                                  planner::PoolPlanner(name, kind, *spec),
+               .emplace(key, Pool{input.kind, ns, name, planner::PoolPlanner(name, kind, *spec),
                                   planner::MetricWindow(planner::agentMetricNames(kind),
-                                                        spec->window_seconds),
-                                  {}})
+                                                        spec->window_seconds)})
                .first;
     } else {
       // A window of a new length starts empty (the planner holds until it
@@ -183,23 +179,12 @@ void PoolAutoscaler::plan(double now_seconds, const AutoscaledPool& input, const
   for (const json& pod : input.pods) {
     if (podReady(pod)) ready.push_back(pod);
   }
-  std::vector<std::string> scraped;
   for (const auto& [pod, text] : source_->scrape(ready, planner::agentMetricNames(kind))) {
     Status added = pool.window.addScrape(pod, now_seconds, text);
     if (!added.isOk()) {
       TANDEM_LOG(kWarn) << "controller: planner: " << key << ": " << added.message();
-      continue;
     }
-    scraped.push_back(pod);
   }
-  for (const std::string& pod : pool.pods) {
-    bool still = false;
-    for (const json& candidate : input.pods) {
-      still = still || field(candidate, "metadata").value("name", "") == pod;
-    }
-    if (!still) pool.window.forgetPod(pod);
-  }
-  pool.pods = scraped;
 
   planner::PoolObservation observation;
   observation.now_seconds = now_seconds;

@@ -91,7 +91,6 @@ class PoolAutoscaler {
     std::string name;
     planner::PoolPlanner planner;
     planner::MetricWindow window;
-    std::vector<std::string> pods;  // scraped in the previous round
   };
 
   void plan(double now_seconds, const AutoscaledPool& input, const std::string& key);

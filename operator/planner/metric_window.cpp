@@ -169,15 +169,13 @@ Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std:
   return Status::ok();
 }
 
-void MetricWindow::forgetPod(const std::string& pod) { pods_.erase(pod); }
-
 WindowedValues MetricWindow::values(double now_seconds, double quantile) const {
   WindowedValues values;
   const double start = now_seconds - window_seconds_;
   std::map<double, double> summed;
   bool any_increase = false;
-  std::map<std::string, double> gauge_sums;
-  std::map<std::string, int> gauge_pods;
+  std::set<double> times;
+  std::vector<std::vector<const Snapshot*>> pod_scrapes;  // each pod's, inside the window
   for (const auto& [pod, scrapes] : pods_) {
     std::vector<const Snapshot*> inside;
     for (const Snapshot& scrape : scrapes) {
@@ -196,16 +194,35 @@ WindowedValues MetricWindow::values(double now_seconds, double quantile) const {
       any_increase = true;
     }
     for (const auto& [bound, count] : pod_increase) summed[bound] += count;
-    std::map<std::string, std::pair<double, int>> pod_gauges;
-    for (const Snapshot* scrape : inside) {
-      for (const auto& [name, value] : scrape->gauges) {
-        pod_gauges[name].first += value;
-        ++pod_gauges[name].second;
+    for (const Snapshot* scrape : inside) times.insert(scrape->time);
+    pod_scrapes.push_back(std::move(inside));
+  }
+  // Gauges: the pool's total (or mean over pods) at each scrape time, then
+  // the mean over those times. A pod counts at a time from its first scrape
+  // in the window to its last (its latest value before, across a missed
+  // scrape), so that a pod that left mid-window, whose load moved to the
+  // others, is not counted twice, and one that came counts from its start.
+  std::map<std::string, double> gauge_sums;
+  std::map<std::string, int> gauge_times;
+  for (const double time : times) {
+    std::map<std::string, std::pair<double, int>> at_time;  // total, pods
+    for (const std::vector<const Snapshot*>& scrapes : pod_scrapes) {
+      if (time < scrapes.front()->time || time > scrapes.back()->time) continue;
+      const Snapshot* latest = scrapes.front();
+      for (const Snapshot* scrape : scrapes) {
+        if (scrape->time <= time) latest = scrape;
+      }
+      for (const auto& [name, value] : latest->gauges) {
+        at_time[name].first += value;
+        ++at_time[name].second;
       }
     }
-    for (const auto& [name, total_and_count] : pod_gauges) {
-      gauge_sums[name] += total_and_count.first / total_and_count.second;
-      ++gauge_pods[name];
+    for (const auto& [name, total_and_pods] : at_time) {
+      // KV cache usage is a mean over pods; the others add up.
+      gauge_sums[name] += name == names_.kv_cache_usage
+                              ? total_and_pods.first / total_and_pods.second
+                              : total_and_pods.first;
+      ++gauge_times[name];
     }
   }
   if (any_increase) {
@@ -215,15 +232,15 @@ WindowedValues MetricWindow::values(double now_seconds, double quantile) const {
     }
     values.latency_quantile = histogramQuantile(quantile, values.latency_buckets);
   }
-  const auto gauge = [&](const std::string& name, bool mean) -> std::optional<double> {
+  const auto gauge = [&](const std::string& name) -> std::optional<double> {
     const auto it = gauge_sums.find(name);
     if (name.empty() || it == gauge_sums.end()) return std::nullopt;
-    return mean ? it->second / gauge_pods.at(name) : it->second;
+    return it->second / gauge_times.at(name);
   };
-  values.queued_prefill_tokens = gauge(names_.queued_prefill_tokens, false);
-  values.running_sequences = gauge(names_.running_sequences, false);
-  values.waiting_sequences = gauge(names_.waiting_sequences, false);
-  values.kv_cache_usage = gauge(names_.kv_cache_usage, true);
+  values.queued_prefill_tokens = gauge(names_.queued_prefill_tokens);
+  values.running_sequences = gauge(names_.running_sequences);
+  values.waiting_sequences = gauge(names_.waiting_sequences);
+  values.kv_cache_usage = gauge(names_.kv_cache_usage);
   return values;
 }
 

@@ -7,9 +7,12 @@
 // scrape inside the window (a counter that went down between two scrapes
 // means the pod restarted: the later scrape counts from zero), summed over
 // pods, then interpolated linearly inside the bucket that holds the rank.
-// Gauges are averaged over each pod's scrapes in the window and then summed
-// over pods (queued prefill tokens, running and waiting sequences) or
-// averaged over pods (KV cache usage).
+// Gauges are summed over pods (queued prefill tokens, running and waiting
+// sequences) or averaged over pods (KV cache usage) at each scrape time,
+// then averaged over the times in the window; a pod counts at the times
+// from its first scrape in the window to its last (with its latest value
+// across a missed scrape), so a pod removed mid-window, whose load moved to
+// the others, is not counted twice.
 //
 // Time is passed in by the caller (seconds on any monotonic scale), so tests
 // drive the window without a clock. Not thread-safe: one owner per pool.
@@ -88,9 +91,6 @@ class MetricWindow {
   // is unchanged then. Scrapes older than the window (relative to the newest
   // time seen) are dropped.
   Status addScrape(const std::string& pod, double time_seconds, std::string_view text);
-  // Drops a pod's scrapes at once (e.g. a pod that was deleted); without
-  // this they leave the window as they age.
-  void forgetPod(const std::string& pod);
 
   // The values over [now - window, now] with the latency quantile `quantile`.
   WindowedValues values(double now_seconds, double quantile) const;

@@ -138,7 +138,9 @@ TEST(MetricWindowTest, EmptyWindowHasNoQuantile) {
   EXPECT_EQ(window.values(1000, 0.9).pods, 0);
 }
 
-TEST(MetricWindowTest, GaugesAveragedOverTheWindowThenSummedOverPods) {
+// Gauges: the pool's total (KV usage: mean over pods) at each scrape time,
+// averaged over the times; b counts from its first scrape on.
+TEST(MetricWindowTest, GaugesSummedOverPodsAtEachTimeThenAveraged) {
   MetricWindow window(agentMetricNames(PoolKind::kDecode), 60);
   const auto gauges = [](double running, double waiting, double kv, double queued) {
     return "tandem_num_requests_running{model=\"m\",role=\"decode\"} " + std::to_string(running) +
@@ -151,10 +153,10 @@ TEST(MetricWindowTest, GaugesAveragedOverTheWindowThenSummedOverPods) {
   ASSERT_TRUE(window.addScrape("b", 10, gauges(3, 0, 0.2, 50)).isOk());
   const WindowedValues values = window.values(10, 0.9);
   EXPECT_EQ(values.pods, 2);
-  EXPECT_DOUBLE_EQ(*values.running_sequences, 5 + 3);
-  EXPECT_DOUBLE_EQ(*values.waiting_sequences, 2 + 0);
-  EXPECT_DOUBLE_EQ(*values.queued_prefill_tokens, 200 + 50);
-  EXPECT_DOUBLE_EQ(*values.kv_cache_usage, (0.6 + 0.2) / 2);
+  EXPECT_DOUBLE_EQ(*values.running_sequences, (4 + (6 + 3)) / 2.0);
+  EXPECT_DOUBLE_EQ(*values.waiting_sequences, (1 + (3 + 0)) / 2.0);
+  EXPECT_DOUBLE_EQ(*values.queued_prefill_tokens, (100 + (300 + 50)) / 2.0);
+  EXPECT_DOUBLE_EQ(*values.kv_cache_usage, (0.5 + (0.7 + 0.2) / 2) / 2);
   EXPECT_FALSE(values.latency_quantile.has_value());
 }
 
@@ -192,12 +194,32 @@ TEST(MetricWindowTest, ScrapesOfAPodMustComeInOrder) {
   EXPECT_NE(status.message().find("scrapes must come in order"), std::string::npos);
 }
 
-TEST(MetricWindowTest, ForgetPodDropsItsScrapes) {
-  MetricWindow window = prefillWindow();
-  ASSERT_TRUE(window.addScrape("a", 0, ttftScrape(0, 0, 0, 0)).isOk());
-  ASSERT_TRUE(window.addScrape("a", 10, ttftScrape(10, 30, 40, 40)).isOk());
-  window.forgetPod("a");
-  EXPECT_EQ(window.values(10, 0.9).pods, 0);
+// A steady load of 11 sequences over 4 pods, then over 3 after one left
+// (its streams moved to the others): the window sees 11 throughout, not the
+// leaver's past load on top of the survivors' present one (which made a
+// planner flap between 3 and 4 replicas); a pod that misses a scrape counts
+// with its latest value.
+TEST(MetricWindowTest, APodThatLeftIsNotCountedTwice) {
+  MetricWindow window(agentMetricNames(PoolKind::kDecode), 60);
+  const auto running = [](double n) {
+    return "tandem_num_requests_running{model=\"m\",role=\"decode\"} " + std::to_string(n) + "\n";
+  };
+  for (double t : {0.0, 10.0, 20.0, 30.0}) {
+    for (const char* pod : {"a", "b", "c", "d"}) {
+      ASSERT_TRUE(window.addScrape(pod, t, running(11.0 / 4)).isOk());
+    }
+  }
+  for (double t : {40.0, 50.0}) {
+    for (const char* pod : {"a", "b", "c"}) {
+      if (t == 40.0 && std::string(pod) == "b") continue;  // a missed scrape
+      ASSERT_TRUE(window.addScrape(pod, t, running(11.0 / 3)).isOk());
+    }
+  }
+  const WindowedValues values = window.values(50, 0.9);
+  EXPECT_EQ(values.pods, 4);
+  const double b_at_40 = 11.0 / 4;  // its latest value then
+  // (to_string writes 6 decimals)
+  EXPECT_NEAR(*values.running_sequences, (4 * 11.0 + (2 * 11.0 / 3 + b_at_40) + 11.0) / 6, 1e-5);
 }
 
 }  // namespace
