@@ -225,6 +225,7 @@ WindowedValues MetricWindow::values(double now_seconds, double quantile) const {
       ++gauge_times[name];
     }
   }
+  values.latency_measured = any_increase;
   if (any_increase) {
     for (const auto& [bound, count] : summed) values.latency_buckets.push_back({bound, count});
     if (!summed.empty() && summed.rbegin()->first == kInf) {

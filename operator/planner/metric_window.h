@@ -71,6 +71,9 @@ struct WindowedValues {
   std::vector<HistogramBucket> latency_buckets;
   // Observations in the window (the +Inf bucket's increase).
   double latency_count = 0;
+  // Some pod has two scrapes in the window: an increase (maybe 0) was
+  // measured. False: the window cannot tell "no requests" from "not seen".
+  bool latency_measured = false;
   // histogramQuantile(quantile, latency_buckets); nullopt without
   // observations.
   std::optional<double> latency_quantile;

@@ -111,7 +111,7 @@ int PoolPlanner::recommend(int current, const WindowedValues& metrics, std::stri
       }
     }
     consider(replicas, text);
-  } else {
+  } else if (metrics.latency_measured) {
     consider(spec_.min_replicas, "no requests in the last " + fixed(spec_.window_seconds) + " s");
   }
   if (prefill && spec_.target_queued_prefill_tokens_per_replica && metrics.queued_prefill_tokens) {
@@ -259,8 +259,13 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
     last_written_.reset();
   }
   std::string why;
-  const bool have_metrics = metrics.pods > 0;
+  bool have_metrics = metrics.pods > 0;
   const int recommended = have_metrics ? recommend(current, metrics, why) : current;
+  // Scraped, but no signal yet: no pod has two scrapes in the window, so no
+  // latency could be measured, and no gauge target is set. That is not "no
+  // requests" (a window no longer than the planner's interval never has two).
+  const bool unmeasured = have_metrics && why.empty();
+  if (unmeasured) have_metrics = false;
   if (have_metrics) {
     history_.push_back({now, recommended});
     const double keep = manualWindowSeconds();
@@ -275,6 +280,13 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
     decision.recommended_replicas = recommended;
     if (changed_by_others) decision.event = PlannerEvent{"Normal", "ManualScaleRespected", message};
     return decision;
+  }
+  if (unmeasured) {
+    return hold(pool, metrics, "MetricsUnavailable",
+                "no pod of " + name + " has two scrapes in the last " +
+                    fixed(spec_.window_seconds) +
+                    " s to measure latency from (windowSeconds must be longer than the "
+                    "planner's interval); replicas left as they are");
   }
   if (!have_metrics) {
     return hold(pool, metrics, "MetricsUnavailable",

@@ -34,6 +34,7 @@ WindowedValues latency(double seconds, double count = 100, int pods = 2) {
   WindowedValues values;
   values.pods = pods;
   values.latency_count = count;
+  values.latency_measured = true;
   if (count > 0) values.latency_quantile = seconds;
   return values;
 }
@@ -443,6 +444,30 @@ TEST(PoolPlannerTest, AStaleReadAfterAWriteIsNotAManualChange) {
   const Decision read_back = decode.decide(pool(2, 4), latency(0.05));
   EXPECT_EQ(read_back.reason, "Steady");
   EXPECT_FALSE(read_back.event.has_value());
+}
+
+// Pods were scraped, but none twice in the window (a window no longer than
+// the planner's interval): no latency was measured, which is not "no
+// requests": the replicas are held, never dropped to minReplicas.
+TEST(PoolPlannerTest, AWindowWithoutTwoScrapesOfAPodHoldsTheReplicas) {
+  PoolPlanner prefill("p", PoolKind::kPrefill, prefillSpec());
+  WindowedValues unmeasured;
+  unmeasured.pods = 3;
+  const Decision decision = prefill.decide(pool(1000, 3), unmeasured);
+  EXPECT_EQ(decision.reason, "MetricsUnavailable");
+  EXPECT_EQ(decision.desired_replicas, 3);
+  EXPECT_FALSE(decision.write);
+  EXPECT_NE(decision.message.find("two scrapes"), std::string::npos) << decision.message;
+  // The window says which it is.
+  MetricWindow window(agentMetricNames(PoolKind::kPrefill), 1);
+  ASSERT_TRUE(
+      window.addScrape("a", 10, "tandem_time_to_first_token_seconds_bucket{le=\"+Inf\"} 5\n")
+          .isOk());
+  EXPECT_FALSE(window.values(10, 0.9).latency_measured);
+  ASSERT_TRUE(
+      window.addScrape("a", 10.5, "tandem_time_to_first_token_seconds_bucket{le=\"+Inf\"} 5\n")
+          .isOk());
+  EXPECT_TRUE(window.values(10.5, 0.9).latency_measured) << "two scrapes: an increase of 0";
 }
 
 TEST(PoolPlannerTest, NoMetricsAtAllHoldsTheReplicas) {
