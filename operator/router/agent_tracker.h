@@ -92,13 +92,16 @@ class AgentTracker {
   // How many of `hashes` each agent holds as a leading run (ownership index),
   // from one walk over them; agents absent hold none.
   std::unordered_map<std::string, int64_t> leadingBlocksForAll(
-      const std::vector<BlockHash>& hashes) const {
+      const std::vector<BlockHash>& hashes) {
     return index_.leadingBlocksForAll(hashes);
   }
-  // OwnershipIndex::expect.
+  // OwnershipIndex::expect and unexpect.
   void expectBlocks(const std::string& agent, std::span<const BlockHash> hashes,
                     std::chrono::steady_clock::duration ttl) {
     index_.expect(agent, hashes, ttl);
+  }
+  void unexpectBlocks(const std::string& agent, std::span<const BlockHash> hashes) {
+    index_.unexpect(agent, hashes);
   }
 
  private:

@@ -437,7 +437,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
       handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, lent,
-                                   std::move(prefill_reservation));
+                                   std::move(prefill_reservation), hashes);
       if (handoff.params.is_null()) {
         co_await releaseLend();  // no prefill agent read it
       } else {
@@ -624,8 +624,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     HttpExchange& exchange, const Body& body, const protocol::Request& request,
     const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
-    const Decision& decision, const json& lent, LoadLedger::Reservation reservation) {
+    const Decision& decision, const json& lent, LoadLedger::Reservation reservation,
+    std::span<const BlockHash> hashes) {
   Handoff handoff;
+  const Policy policy = chooser_.options().policy;
+  const bool expects_blocks = policy == Policy::kKv || policy == Policy::kSglang;
   std::vector<size_t> order = {*decision.prefill};
   for (size_t i = 0; i < prefill_agents.size(); ++i) {
     if (i != *decision.prefill && input.prefill[i].healthy) order.push_back(i);
@@ -636,6 +639,8 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     const AgentPtr& prefill = prefill_agents[order[attempt]];
     if (attempt > 0) {
       reservation = ledger_.reserve(prefill, prefillCounts(input, input.prefill[order[attempt]]));
+      // The prompt's blocks are now expected where they are computed.
+      if (expects_blocks) agents_.expectBlocks(prefill->endpoint.name, hashes, kExpectedBlocksTtl);
     }
     UpstreamResult result = co_await callAgent(prefill->endpoint, http::verb::post, target,
                                                prefill_body, upstream_timeout_s_, &exchange);
@@ -656,6 +661,9 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
         break;
       }
     }
+    // The blocks it was expected to compute are not there: no later request
+    // may be sent to it for them.
+    if (expects_blocks) agents_.unexpectBlocks(prefill->endpoint.name, hashes);
     if (exchange.clientGone()) break;  // the call was cut short: not the agent's fault
     metrics_.countUpstreamError(prefill->endpoint.name);
     TANDEM_LOG(kWarn) << "router: prefill on " << prefill->endpoint.name << " failed ("

@@ -90,13 +90,11 @@ class CompletionFlow {
   };
 
   boost::asio::awaitable<Admission> admit(server::HttpExchange& exchange);
-  boost::asio::awaitable<Handoff> prefillOn(server::HttpExchange& exchange,
-                                            const nlohmann::ordered_json& body,
-                                            const protocol::Request& request,
-                                            const std::vector<AgentPtr>& prefill_agents,
-                                            const DecisionInput& input, const Decision& decision,
-                                            const nlohmann::json& lent,
-                                            LoadLedger::Reservation reservation);
+  boost::asio::awaitable<Handoff> prefillOn(
+      server::HttpExchange& exchange, const nlohmann::ordered_json& body,
+      const protocol::Request& request, const std::vector<AgentPtr>& prefill_agents,
+      const DecisionInput& input, const Decision& decision, const nlohmann::json& lent,
+      LoadLedger::Reservation reservation, std::span<const BlockHash> hashes);
   boost::asio::awaitable<void> release(const Handoff& handoff);
   // Asks `lender` to hold the prompt's cached prefix for another agent to
   // read (a lend): its kv_transfer_params (null when nothing was pinned) and

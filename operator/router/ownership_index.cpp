@@ -73,6 +73,17 @@ void OwnershipIndex::expect(const std::string& agent, std::span<const BlockHash>
   expectations_.push({lapses, agent, {hashes.begin(), hashes.end()}});
 }
 
+void OwnershipIndex::unexpect(const std::string& agent, std::span<const BlockHash> hashes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = agents_.find(agent);
+  if (it == agents_.end()) return;
+  AgentState& state = it->second;
+  for (const BlockHash& hash : hashes) {
+    // Its entry in expectations_ finds nothing to drop when it lapses.
+    if (state.expected.erase(hash) > 0) holders_.reset(hash, state.slot);
+  }
+}
+
 void OwnershipIndex::dropLapsed(Clock::time_point now) {
   while (!expectations_.empty() && expectations_.top().lapses <= now) {
     const Expectation& lapsed = expectations_.top();
@@ -165,8 +176,9 @@ bool OwnershipIndex::trusted(const std::string& agent) const {
 }
 
 int64_t OwnershipIndex::leadingBlocks(const std::string& agent,
-                                      const std::vector<BlockHash>& hashes) const {
+                                      const std::vector<BlockHash>& hashes) {
   std::lock_guard<std::mutex> lock(mutex_);
+  dropLapsed(Clock::now());
   auto it = agents_.find(agent);
   if (it == agents_.end() || !it->second.trusted) return 0;
   int64_t count = 0;
@@ -178,8 +190,9 @@ int64_t OwnershipIndex::leadingBlocks(const std::string& agent,
 }
 
 std::unordered_map<std::string, int64_t> OwnershipIndex::leadingBlocksForAll(
-    const std::vector<BlockHash>& hashes) const {
+    const std::vector<BlockHash>& hashes) {
   std::lock_guard<std::mutex> lock(mutex_);
+  dropLapsed(Clock::now());
   std::unordered_map<std::string, int64_t> result;
   // The agents still inside their leading run, as slot bits, and who each
   // slot is.

@@ -51,6 +51,9 @@ class OwnershipIndex {
   // untrusted agent.
   void expect(const std::string& agent, std::span<const BlockHash> hashes,
               std::chrono::steady_clock::duration ttl);
+  // The request expected on `agent` failed there: those of `hashes` it only
+  // expected (not confirmed stored) are no longer counted for it.
+  void unexpect(const std::string& agent, std::span<const BlockHash> hashes);
   // The agent's stream is open from the beginning (since=0): trusted from
   // now, holding nothing known; the replay or Snapshot that follows fills it
   // in. A fresh agent sends no event before its first stored block, so
@@ -67,12 +70,14 @@ class OwnershipIndex {
   bool trusted(const std::string& agent) const;
   // How many of `hashes` (a prompt's chained block hashes, in order) the
   // agent holds as a leading run; 0 for an untrusted agent.
-  int64_t leadingBlocks(const std::string& agent, const std::vector<BlockHash>& hashes) const;
+  // Expected blocks past their ttl are dropped first (these lookups are what
+  // routes requests: a lapsed expectation must never attract one).
+  int64_t leadingBlocks(const std::string& agent, const std::vector<BlockHash>& hashes);
   // leadingBlocks for every agent the index knows, from one walk over
   // `hashes`: each known agent maps to what leadingBlocks would return for it
   // (0 when untrusted). Agents it does not know are absent (they hold nothing).
   std::unordered_map<std::string, int64_t> leadingBlocksForAll(
-      const std::vector<BlockHash>& hashes) const;
+      const std::vector<BlockHash>& hashes);
   // Blocks known for the agent, and agents known to hold a hash (for tests
   // and metrics).
   int64_t numBlocks(const std::string& agent) const;

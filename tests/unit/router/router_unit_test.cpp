@@ -66,14 +66,22 @@ TEST(OwnershipIndex, ExpectedBlocksCountUntilStoredOrLapsed) {
       "a", {{"sequence", 3}, {"type", "BlockRemoved"}, {"block_hashes", {hashes[4].toHex()}}}));
   EXPECT_EQ(index.leadingBlocksForAll(hashes).at("a"), 4);
   EXPECT_TRUE(index.holders(hashes[4]).empty());
-  // An expectation that lapses unconfirmed is dropped (by the next call that
-  // changes the index); what was stored stays.
+  // An expectation that lapses unconfirmed is dropped: the lookups that
+  // route requests never count it, even with nothing else changing the
+  // index in between; what was stored stays.
   index.expect("b", std::span(hashes).subspan(1), std::chrono::seconds(0));
-  EXPECT_EQ(index.leadingBlocksForAll(hashes).at("b"), 6);
-  index.expect("a", {}, hours(1));
   EXPECT_EQ(index.leadingBlocksForAll(hashes).at("b"), 1);
+  index.expect("b", std::span(hashes).subspan(1), std::chrono::seconds(0));
+  EXPECT_EQ(index.leadingBlocks("b", hashes), 1);
   EXPECT_EQ(index.holders(hashes[5]), std::vector<std::string>{"a"})
       << "a's expectation of hash 5 has an hour to go";
+  // A request that failed on its agent takes back what it expected there,
+  // never what the agent stored.
+  index.expect("b", std::span(hashes).subspan(1), hours(1));
+  EXPECT_EQ(index.leadingBlocks("b", hashes), 6);
+  index.unexpect("b", hashes);
+  EXPECT_EQ(index.leadingBlocks("b", hashes), 1);
+  EXPECT_EQ(index.holders(hashes[5]), std::vector<std::string>{"a"});
   // An untrusted agent expects nothing; a snapshot clears expectations.
   index.untrust("b");
   index.expect("b", hashes, hours(1));
