@@ -217,15 +217,26 @@ class SignsOfLife {
   }
   // How long a wait may last before the next sign is due (none: for ever).
   std::optional<std::chrono::steady_clock::duration> interval() const { return every_; }
-  // Writes a sign when one is due; false when the client is gone.
-  boost::asio::awaitable<bool> give(HttpExchange& exchange) {
-    if (!every_ || std::chrono::steady_clock::now() - last_ < *every_) co_return true;
+  // Writes a sign when one is due, and one saying so (kFirstTokenHeader)
+  // as soon as `generated` says the first token is there; false when the
+  // client is gone.
+  boost::asio::awaitable<bool> give(HttpExchange& exchange, bool generated) {
+    if (!every_) co_return true;
+    if (generated && !told_first_) {
+      told_first_ = true;
+      last_ = std::chrono::steady_clock::now();
+      HttpHeaders first_token;
+      first_token.emplace_back(kFirstTokenHeader, "1");
+      co_return co_await exchange.writeProcessing(std::move(first_token));
+    }
+    if (std::chrono::steady_clock::now() - last_ < *every_) co_return true;
     last_ = std::chrono::steady_clock::now();
     co_return co_await exchange.writeProcessing();
   }
 
  private:
   std::optional<std::chrono::steady_clock::duration> every_;
+  bool told_first_ = false;
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
@@ -333,7 +344,8 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
         co_return;
       }
     }
-    if (finished < n && !request.stream && !co_await signs.give(exchange)) {
+    if (finished < n && !request.stream &&
+        !co_await signs.give(exchange, std::any_of(seen.begin(), seen.end(), std::identity()))) {
       abortAll();
       co_return;
     }
@@ -515,7 +527,8 @@ void HttpServer::routes() {
           }
           if (finished) break;
           // The client left before the answer: free its blocks now.
-          if (!co_await signs.give(exchange) || !co_await exchange.wait(signs.interval())) {
+          if (!co_await signs.give(exchange, total.num_generated_tokens > 0) ||
+              !co_await exchange.wait(signs.interval())) {
             engine_.abort(id);
             co_return;
           }

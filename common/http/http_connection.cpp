@@ -575,11 +575,13 @@ awaitable<bool> HttpExchange::startChunked(int status, std::string content_type,
   co_return ok;
 }
 
-awaitable<bool> HttpExchange::writeProcessing() {
+awaitable<bool> HttpExchange::writeProcessing(HttpHeaders headers) {
   TANDEM_CHECK(!started_, "an interim answer after the response began");
   if (broken_) co_return false;
-  static constexpr std::string_view kProcessing = "HTTP/1.1 102 Processing\r\n\r\n";
-  const bool ok = co_await connection_.writeRaw(asio::buffer(kProcessing));
+  std::string interim = "HTTP/1.1 102 Processing\r\n";
+  for (const auto& [name, value] : headers) interim += name + ": " + value + "\r\n";
+  interim += "\r\n";
+  const bool ok = co_await connection_.writeRaw(asio::buffer(interim));
   if (!ok) broken_ = true;
   co_return ok;
 }

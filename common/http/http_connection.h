@@ -146,9 +146,9 @@ class HttpExchange {
   boost::asio::awaitable<bool> finishChunked();
   // An interim "102 Processing" before the response (RFC 2518; an HTTP/1.1
   // client skips 1xx answers): says the request is alive while its answer
-  // takes long. Only before respond()/startChunked(); false when the client
-  // is gone.
-  boost::asio::awaitable<bool> writeProcessing();
+  // takes long; `headers` go with it. Only before respond()/startChunked();
+  // false when the client is gone.
+  boost::asio::awaitable<bool> writeProcessing(HttpHeaders headers = {});
   bool started() const { return started_; }
   // The client went away (seen by the watch of wait(), offload(work,
   // cancel) or watchClient(), or by a failed write).

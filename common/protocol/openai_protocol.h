@@ -287,6 +287,10 @@ inline constexpr char kHandOverHeader[] = "x-tandem-handover";
 // answer is being generated: the router's silence timeout then bounds a
 // stall, not the answer's length.
 inline constexpr char kProgressHeader[] = "x-tandem-progress";
+// Carried by the interim 102 an agent asked for progress sends as soon as
+// the answer's first token is generated (value "1"): the router's end of
+// the prompt's prefill (its load ledger, its TTFT) for a whole answer.
+inline constexpr char kFirstTokenHeader[] = "x-tandem-first-token";
 
 // A token as logprobs show it: its bytes when they are valid UTF-8; otherwise
 // "bytes:" followed by the bytes with each byte that is not part of a valid

@@ -768,6 +768,15 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     sent = true;
     co_await http::async_read_header(upstream, buffer, *parser, use_awaitable);
     while (parser->get().result_int() == 102) {
+      // The agent has the answer's first token: its prompt is computed.
+      if (parser->get()[server::kFirstTokenHeader] == "1") {
+        if (!client.started) {
+          const double ttft = std::chrono::duration<double>(Clock::now() - arrival).count();
+          metrics_.observeTtft(ttft);
+          observeTtft(ttft, prediction);
+        }
+        reservation.prefillDone();
+      }
       upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(upstream_timeout_s_)));
       parser = &fresh_parser();

@@ -26,6 +26,7 @@ namespace {
 
 using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 using tandem::prometheusSample;
+using tandem::prometheusSum;
 using tandem::router::AgentEndpoint;
 using tandem::router::Policy;
 using tandem::router::Router;
@@ -946,4 +947,46 @@ TEST_F(RouterTest, AWholeAnswerLongerThanTheUpstreamTimeoutIsNotTakenForAStall) 
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"stall\""),
             0);
   EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), 0);
+}
+
+// A whole answer's prompt is done at its first token, which the agent tells
+// the router in an interim 102: the prompt tokens reserved on the agent
+// that prefills it locally go back then, not at the answer's end, and the
+// router observes the answer's TTFT.
+TEST_F(RouterTest, AWholeAnswerReleasesItsPrefillReservationAtItsFirstToken) {
+  TempDir dir("tandem-router-first-token");
+  // A prefill of 100 tokens takes about a second, then 300 steps of ~10 ms.
+  dir.write("slow.yaml",
+            "name: test-first-token\nbase_s: 0.002\nprefill_token_s: 0.01\n"
+            "decode_sequence_s: 0.0005\nscale: 4\nmodel:\n  vocab_size: 512\n"
+            "  max_position_embeddings: 512\n  kv_bytes_per_token: 131072\n");
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 1;
+  options.disagg_threshold_tokens = 100000;  // every prompt prefilled on the decode agent
+  options.agent_args = [&](bool, int) {
+    return std::vector<std::string>{"--simulate", (dir.path() / "slow.yaml").string()};
+  };
+  startCluster(options);
+  const double ttfts_before = routerMetric("tandem_router_time_to_first_token_seconds_count");
+  Answer answer;
+  std::thread client([&] { answer = post(greedy(randomPrompt(100, 75), 300)); });
+  bool reserved = false;
+  bool released_while_running = false;
+  for (int i = 0; i < 2000 && !released_while_running; ++i) {
+    const std::string metrics = routerMetrics();
+    const double prefill =
+        prometheusSum(metrics, "tandem_router_reserved_tokens", "kind=\"prefill\"").value_or(0);
+    const double inflight =
+        prometheusSum(metrics, "tandem_router_inflight_requests", "").value_or(0);
+    reserved = reserved || prefill > 0;
+    released_while_running = reserved && prefill == 0 && inflight > 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  client.join();
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "local_prefill");
+  EXPECT_TRUE(reserved) << "the prompt was never seen reserved";
+  EXPECT_TRUE(released_while_running) << "the prefill reservation lasted until the answer's end";
+  EXPECT_EQ(routerMetric("tandem_router_time_to_first_token_seconds_count"), ttfts_before + 1);
 }

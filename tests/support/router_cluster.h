@@ -123,9 +123,12 @@ class RouterCluster : public ::testing::Test {
     for (const auto& agent : decode_) all.push_back(agent.get());
     return all;
   }
-  // The router's /metrics text ("" when it does not answer).
+  // The router's /metrics text ("" when it does not answer), on a client of
+  // its own: callable while a request on client_ is in flight (a client
+  // sends one request at a time).
   std::string routerMetrics() {
-    auto res = client_->Get("/metrics");
+    httplib::Client metrics("127.0.0.1", router_->port());
+    auto res = metrics.Get("/metrics");
     return res ? res->body : "";
   }
 
