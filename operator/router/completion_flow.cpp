@@ -339,6 +339,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     const bool prefill_here =
         parsed.value().best_of > 1 || parsed.value().request.sampling.prompt_logprobs.has_value();
     if (prefill_here && decision.decode) {
+      if (decision.kind != Decision::Kind::kLocalPrefill) {
+        // The predictions were the chosen path's, not this one's: this
+        // request teaches the learned costs nothing.
+        decision.predicted_ttft_s = 0;
+        decision.predicted_prefill_s = 0;
+      }
       decision.kind = Decision::Kind::kLocalPrefill;
       decision.prefill.reset();
       decision.pull_back = false;

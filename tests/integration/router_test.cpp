@@ -227,6 +227,15 @@ TEST_F(RouterTest, SeveralChoicesArePrefilledOnTheDecodeAgent) {
   body["n"] = 3;
   body["temperature"] = 1.0;
   body["seed"] = 7;
+  body["stream"] = true;
+  const std::string raw = client_->Post("/v1/completions", body.dump(), "application/json")->body;
+  // The decision (disaggregated for this new prompt) was overridden: its
+  // prediction was another path's, so the answer taught the learned costs
+  // nothing, and no prediction ratio was observed.
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos) << raw;
+  EXPECT_EQ(routerMetric("tandem_router_time_to_first_token_seconds_count"), 1);
+  EXPECT_EQ(routerMetric("tandem_router_ttft_prediction_ratio_count"), 0);
+  body["stream"] = false;
   Answer answer = post(body);
   ASSERT_EQ(answer.status, 200) << answer.body.dump();
   EXPECT_EQ(answer.decision, "local_prefill");
