@@ -219,6 +219,9 @@ class Fetcher {
   StatusOr<std::string> resolveCommit();
   StatusOr<std::vector<HubFile>> listFiles(const std::string& commit);
   Status download(const HubFile& file);
+  // Leaves in `files` only the weight files the agent loads (downloading
+  // the index first when the model is sharded).
+  Status keepLoadedWeights(std::vector<HubFile>& files);
   Status verify(const fs::path& path, const HubFile& file) const;
   std::optional<nlohmann::json> readMarker() const;
   Status writeMarker(const std::string& commit, const std::vector<HubFile>& files) const;
@@ -559,6 +562,53 @@ class DirectoryLock {
 
 }  // namespace
 
+Status Fetcher::keepLoadedWeights(std::vector<HubFile>& files) {
+  // The agent loads model.safetensors when there is one, else the shards
+  // model.safetensors.index.json names: other weight files (Mistral's
+  // consolidated.safetensors beside its shards, another index) would double
+  // the download for nothing.
+  auto named = [&](const std::string& path) {
+    return std::any_of(files.begin(), files.end(),
+                       [&](const HubFile& file) { return file.path == path; });
+  };
+  auto isWeights = [](const std::string& path) {
+    return path.ends_with(".safetensors") || path.ends_with(".safetensors.index.json");
+  };
+  std::set<std::string> wanted;
+  if (named("model.safetensors")) {
+    wanted.insert("model.safetensors");
+  } else if (named("model.safetensors.index.json")) {
+    const HubFile& index = *std::find_if(files.begin(), files.end(), [](const HubFile& file) {
+      return file.path == "model.safetensors.index.json";
+    });
+    if (Status fetched = download(index); !fetched.isOk()) return fetched;
+    std::ifstream in(options_.directory / index.path, std::ios::binary);
+    const nlohmann::json root = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const auto map = root.is_object() ? root.find("weight_map") : root.end();
+    if (!root.is_object() || map == root.end() || !map->is_object()) {
+      return unavailable(name_ + ": " + index.path + " has no weight_map object");
+    }
+    wanted.insert(index.path);
+    for (const auto& [tensor, shard] : map->items()) {
+      if (!shard.is_string()) {
+        return unavailable(name_ + ": " + index.path + ": weight_map." + tensor +
+                           " is not a file name");
+      }
+      if (!named(shard.get<std::string>())) {
+        return unavailable(name_ + ": " + index.path + " names " + shard.get<std::string>() +
+                           " (for " + tensor + "), which the repository does not hold");
+      }
+      wanted.insert(shard.get<std::string>());
+    }
+  } else {
+    return Status::ok();  // the agent will say what is missing
+  }
+  std::erase_if(files, [&](const HubFile& file) {
+    return isWeights(file.path) && wanted.count(file.path) == 0;
+  });
+  return Status::ok();
+}
+
 StatusOr<HubFetchResult> Fetcher::run() {
   if (options_.repo.empty()) return invalidArgument("no repository to fetch");
   if (options_.directory.empty()) return invalidArgument("no directory to fetch into");
@@ -613,6 +663,9 @@ StatusOr<HubFetchResult> Fetcher::run() {
   // From here the directory changes: it is incomplete until the marker is back.
   fs::remove(state_ / kCompleteFile, error);
   syncDirectory(state_);
+  if (!options_.tokenizer_only) {
+    if (Status kept = keepLoadedWeights(*files); !kept.isOk()) return kept;
+  }
 
   std::atomic<size_t> next{0};
   std::mutex failure_mutex;

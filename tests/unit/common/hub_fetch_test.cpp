@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 using testing::HubServer;
 using testing::readFile;
 using testing::TempDir;
+using testing::writeFile;
 
 TEST(ModelSourceTest, ParsesEachScheme) {
   StatusOr<ModelSource> hub = parseModelSource("hf://meta-llama/Llama-3.1-8B-Instruct@v1.0");
@@ -114,6 +115,8 @@ class HubFetchTest : public ::testing::Test {
       {"README.md", "# tiny\n"},
       {"pytorch_model.bin", std::string(4096, 'x')},
       {"original/params.json", "{}"},
+      // Weights the agent never loads beside model.safetensors.
+      {"consolidated.safetensors", std::string(2048, 'c')},
   };
 
   TempDir model_{"hub-model"};
@@ -136,7 +139,8 @@ TEST_F(HubFetchTest, FetchesTheFilesTheAgentLoadsAndVerifiesThem) {
   for (const std::string& name : names) {
     EXPECT_EQ(readFile(fetched(name)), readFile(model_.path() / name)) << name;
   }
-  for (const char* skipped : {"README.md", "pytorch_model.bin", "original"}) {
+  for (const char* skipped :
+       {"README.md", "pytorch_model.bin", "original", "consolidated.safetensors"}) {
     EXPECT_FALSE(fs::exists(fetched(skipped))) << skipped;
   }
   EXPECT_EQ(result->bytes_downloaded, result->bytes_total);
@@ -151,6 +155,47 @@ TEST_F(HubFetchTest, FetchesTheFilesTheAgentLoadsAndVerifiesThem) {
       EXPECT_NE(request.path.find("/resolve/" + commit_ + "/"), std::string::npos) << request.path;
     }
   }
+}
+
+// A sharded model: the index and the shards its weight_map names, nothing
+// else of the weights (Mistral repositories keep a consolidated copy of
+// every weight beside the shards).
+TEST_F(HubFetchTest, AShardedModelFetchesTheShardsItsIndexNamesOnly) {
+  TempDir sharded("hub-sharded");
+  for (const char* name : {"config.json", "tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(model_.path() / name, sharded.path() / name);
+  }
+  writeFile(sharded.path() / "model.safetensors.index.json",
+            R"({"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                "b": "model-00002-of-00002.safetensors", "c": "model-00001-of-00002.safetensors"}})");
+  writeFile(sharded.path() / "model-00001-of-00002.safetensors", std::string(1000, '1'));
+  writeFile(sharded.path() / "model-00002-of-00002.safetensors", std::string(1000, '2'));
+  writeFile(sharded.path() / "consolidated.safetensors", std::string(2000, 'c'));
+  writeFile(sharded.path() / "consolidated.safetensors.index.json", R"({"weight_map": {}})");
+  hub_.publish("tandem/sharded", sharded.path(), {});
+  HubFetchOptions sharded_options = options();
+  sharded_options.repo = "tandem/sharded";
+  StatusOr<HubFetchResult> result = fetchHubModel(sharded_options);
+  ASSERT_TRUE(result.isOk()) << result.status().message();
+  std::vector<std::string> names;
+  for (const HubFile& file : result->files) names.push_back(file.path);
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                             "model-00002-of-00002.safetensors",
+                                             "model.safetensors.index.json", "tokenizer.json",
+                                             "tokenizer_config.json"}));
+  EXPECT_FALSE(fs::exists(fetched("consolidated.safetensors")));
+  EXPECT_EQ(readFile(fetched("model-00002-of-00002.safetensors")), std::string(1000, '2'));
+
+  // An index naming a shard the repository lacks is refused, naming both.
+  writeFile(sharded.path() / "model.safetensors.index.json",
+            R"({"weight_map": {"a": "model-00003-of-00002.safetensors"}})");
+  hub_.publish("tandem/broken", sharded.path(), {});
+  sharded_options.repo = "tandem/broken";
+  sharded_options.directory = out_.path() / "broken";
+  StatusOr<HubFetchResult> broken = fetchHubModel(sharded_options);
+  ASSERT_FALSE(broken.isOk());
+  EXPECT_NE(broken.status().message().find("model-00003-of-00002.safetensors"), std::string::npos)
+      << broken.status().message();
 }
 
 TEST_F(HubFetchTest, ResumesAfterTheConnectionIsCutMidFile) {
