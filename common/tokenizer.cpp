@@ -267,46 +267,53 @@ struct Tokenizer::Impl {
 
 namespace {
 
+// The special tokens (bos/eos ids, the map templates see) a
+// tokenizer_config.json or special_tokens_map.json gives; a token it does
+// not name keeps what it had.
+void loadSpecialTokens(const Tokenizer& tokenizer, Tokenizer::Impl& impl,
+                       const nlohmann::json& config, const std::string& source) {
+  if (!config.is_object()) throw Error(source + ": top level must be a JSON object");
+  auto resolve = [&](const char* key, std::optional<TokenId>& id) {
+    auto content = configTokenString(config, key, source);
+    if (!content) return;
+    id = tokenizer.tokenToId(*content);
+    if (!id) {
+      throw Error(source + ": " + key + " '" + *content + "' is not a token of " + impl.source);
+    }
+  };
+  resolve("bos_token", impl.bos_id);
+  resolve("eos_token", impl.eos_id);
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                          "cls_token", "mask_token"}) {
+    if (auto content = configTokenString(config, key, source)) {
+      impl.special_tokens_map[key] = *content;
+    }
+  }
+  if (const nlohmann::json& extra = fieldOrNull(config, "additional_special_tokens");
+      extra.is_array()) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const nlohmann::json& token : extra) {
+      if (token.is_string()) {
+        list.push_back(token.get<std::string>());
+      } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
+        list.push_back(token["content"].get<std::string>());
+      } else {
+        throw Error(source +
+                    ": additional_special_tokens entries must be strings or objects with "
+                    "\"content\"");
+      }
+    }
+    impl.special_tokens_map["additional_special_tokens"] = std::move(list);
+  }
+}
+
 // bos/eos tokens and the chat template from tokenizer_config.json.
 void loadConfig(const Tokenizer& tokenizer, Tokenizer::Impl& impl,
                 const std::filesystem::path& config_path) {
   const std::string source = config_path.string();
   const nlohmann::json config = parseJsonFile(config_path);
   try {
-    if (!config.is_object()) throw Error(source + ": top level must be a JSON object");
-    auto resolve = [&](const char* key) -> std::optional<TokenId> {
-      auto content = configTokenString(config, key, source);
-      if (!content) return std::nullopt;
-      auto id = tokenizer.tokenToId(*content);
-      if (!id) {
-        throw Error(source + ": " + key + " '" + *content + "' is not a token of " + impl.source);
-      }
-      return id;
-    };
-    impl.bos_id = resolve("bos_token");
-    impl.eos_id = resolve("eos_token");
-    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                            "cls_token", "mask_token"}) {
-      if (auto content = configTokenString(config, key, source)) {
-        impl.special_tokens_map[key] = *content;
-      }
-    }
-    if (const nlohmann::json& extra = fieldOrNull(config, "additional_special_tokens");
-        extra.is_array()) {
-      nlohmann::ordered_json list = nlohmann::ordered_json::array();
-      for (const nlohmann::json& token : extra) {
-        if (token.is_string()) {
-          list.push_back(token.get<std::string>());
-        } else if (token.is_object() && token.contains("content") && token["content"].is_string()) {
-          list.push_back(token["content"].get<std::string>());
-        } else {
-          throw Error(source +
-                      ": additional_special_tokens entries must be strings or objects with "
-                      "\"content\"");
-        }
-      }
-      impl.special_tokens_map["additional_special_tokens"] = std::move(list);
-    }
+    loadSpecialTokens(tokenizer, impl, config, source);
     const nlohmann::json& chat_template = fieldOrNull(config, "chat_template");
     if (chat_template.is_string()) {
       impl.chat_template = chat_template.get<std::string>();
@@ -355,6 +362,17 @@ std::unique_ptr<Tokenizer> Tokenizer::fromDirectory(const std::filesystem::path&
   std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
     loadConfig(*tokenizer, impl, config_path);
+  }
+  // Older checkpoints name their special tokens here; as in transformers,
+  // what it names wins over tokenizer_config.json.
+  const std::filesystem::path map_path = dir / "special_tokens_map.json";
+  if (std::filesystem::exists(map_path, ec)) {
+    const std::string source = map_path.string();
+    try {
+      loadSpecialTokens(*tokenizer, impl, parseJsonFile(map_path), source);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(source + ": unexpected content: " + e.what());
+    }
   }
   // Newer checkpoints keep the template in its own file, which wins over
   // tokenizer_config.json's default, as in transformers (a checkpoint saved

@@ -320,5 +320,40 @@ TEST(ChatTemplate, TheJinjaFileWinsOverTheConfigsDefault) {
   EXPECT_EQ(renderOk(**plain, input), "FILEhi");
 }
 
+// special_tokens_map.json names special tokens (older checkpoints keep them
+// only there); as in transformers, what it names wins over
+// tokenizer_config.json, and templates see it.
+TEST(ChatTemplate, SpecialTokensMapNamesTheSpecialTokens) {
+  TempDir dir("chat-template-special-map");
+  tools::writeTestModel(tools::TestModelOptions{}, dir.path());
+  ordered_json config = ordered_json::parse(readText(dir.path() / "tokenizer_config.json"));
+  config.erase("bos_token");
+  config["eos_token"] = "<|im_end|>";
+  config["chat_template"] = "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}";
+  writeFile(dir.path() / "tokenizer_config.json", config.dump());
+  writeFile(dir.path() / "special_tokens_map.json",
+            R"({"bos_token": "<|im_start|>",
+                "eos_token": {"content": "<|endoftext|>", "lstrip": false}})");
+  const auto tokenizer = Tokenizer::fromDirectory(dir.path());
+  EXPECT_EQ(tokenizer->specialTokensMap().value("bos_token", ""), "<|im_start|>");
+  EXPECT_EQ(tokenizer->specialTokensMap().value("eos_token", ""), "<|endoftext|>");
+  EXPECT_EQ(tokenizer->eosTokenId(), tokenizer->tokenToId("<|endoftext|>"));
+  auto loaded = ChatTemplate::load(*tokenizer);
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  ChatTemplateInput input;
+  input.messages = userMessage("hi");
+  EXPECT_EQ(renderOk(**loaded, input), "<|im_start|>hi<|endoftext|>");
+  // A token the map names that the vocabulary lacks is refused naming it.
+  writeFile(dir.path() / "special_tokens_map.json", R"({"eos_token": "<|nope|>"})");
+  try {
+    Tokenizer::fromDirectory(dir.path());
+    ADD_FAILURE() << "an unknown eos_token was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("special_tokens_map.json: eos_token '<|nope|>'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::server
