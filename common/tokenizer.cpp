@@ -94,12 +94,14 @@ std::vector<AddedToken> parseAddedTokens(const nlohmann::json& root, const std::
     }
     token.id = static_cast<TokenId>(id);
     token.content = entry["content"].get<std::string>();
-    token.special = entry.value("special", false);
-    token.single_word = entry.value("single_word", false);
-    token.lstrip = entry.value("lstrip", false);
-    token.rstrip = entry.value("rstrip", false);
+    const std::string what = "added_tokens[" + std::to_string(tokens.size()) + "]";
+    using tokenizer_internal::optionalBool;
+    token.special = optionalBool(entry, "special", false, source, what);
+    token.single_word = optionalBool(entry, "single_word", false, source, what);
+    token.lstrip = optionalBool(entry, "lstrip", false, source, what);
+    token.rstrip = optionalBool(entry, "rstrip", false, source, what);
     // Hugging Face's default: special tokens are matched on the raw text.
-    token.normalized = entry.value("normalized", !token.special);
+    token.normalized = optionalBool(entry, "normalized", !token.special, source, what);
     tokens.push_back(std::move(token));
   }
   return tokens;

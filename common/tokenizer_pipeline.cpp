@@ -34,11 +34,38 @@ std::string componentType(const nlohmann::json& config, std::string_view source,
               "' is not supported (supported: " + std::string(supported) + ")");
 }
 
-bool boolField(const nlohmann::json& config, const char* key, bool fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || !it->is_boolean()) return fallback;
-  return it->get<bool>();
+// The value of `key` in `object` when it has the type `ok` accepts, or
+// nullptr when absent or null; throws naming the field otherwise.
+template <typename Accepts>
+const nlohmann::json* typedField(const nlohmann::json& object, const char* key,
+                                 std::string_view source, std::string_view what,
+                                 const char* expected, Accepts ok) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  if (!ok(*it)) {
+    throw Error(std::string(source) + ": " + std::string(what) + "." + key + " must be " +
+                expected + ", got " + it->dump());
+  }
+  return &*it;
 }
+
+}  // namespace
+
+bool optionalBool(const nlohmann::json& object, const char* key, bool fallback,
+                  std::string_view source, std::string_view what) {
+  const nlohmann::json* value = typedField(object, key, source, what, "true or false",
+                                           [](const nlohmann::json& v) { return v.is_boolean(); });
+  return value != nullptr ? value->get<bool>() : fallback;
+}
+
+std::string optionalString(const nlohmann::json& object, const char* key, std::string fallback,
+                           std::string_view source, std::string_view what) {
+  const nlohmann::json* value = typedField(object, key, source, what, "a string",
+                                           [](const nlohmann::json& v) { return v.is_string(); });
+  return value != nullptr ? value->get<std::string>() : fallback;
+}
+
+namespace {
 
 // The array of sub-components of a Sequence, which tokenizer.json names
 // differently per stage.
@@ -146,7 +173,8 @@ void PreTokenizer::addSteps(const nlohmann::json& config, std::string_view sourc
       throw Error(where + ": Split pattern must be {\"Regex\": ...} or {\"String\": ...}, got " +
                   pattern->dump());
     }
-    const std::string behavior = config.value("behavior", std::string("Isolated"));
+    const std::string behavior =
+        optionalString(config, "behavior", "Isolated", source, "pre_tokenizer Split");
     if (behavior == "Removed") {
       step.behavior = Behavior::kRemoved;
     } else if (behavior == "Isolated") {
@@ -162,13 +190,16 @@ void PreTokenizer::addSteps(const nlohmann::json& config, std::string_view sourc
                   "' is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, "
                   "Contiguous");
     }
-    step.invert = boolField(config, "invert", false);
+    step.invert = optionalBool(config, "invert", false, source, "pre_tokenizer Split");
     steps_.push_back(std::move(step));
   } else if (type == "ByteLevel") {
     Step step;
     step.kind = Step::Kind::kByteLevel;
-    step.add_prefix_space = boolField(config, "add_prefix_space", true);
-    if (boolField(config, "use_regex", true)) step.regex = gpt2Regex();
+    step.add_prefix_space =
+        optionalBool(config, "add_prefix_space", true, source, "pre_tokenizer ByteLevel");
+    if (optionalBool(config, "use_regex", true, source, "pre_tokenizer ByteLevel")) {
+      step.regex = gpt2Regex();
+    }
     steps_.push_back(std::move(step));
   } else {
     throwUnsupported(source, "pre_tokenizer", type, "Split, ByteLevel, Sequence");
@@ -322,12 +353,25 @@ void PostProcessor::addSteps(const nlohmann::json& config, std::string_view sour
     if (single == config.end() || !single->is_array()) {
       throw Error(where + ": TemplateProcessing needs a \"single\" array");
     }
-    const nlohmann::json special_tokens = config.value("special_tokens", nlohmann::json::object());
+    const nlohmann::json* given_special =
+        typedField(config, "special_tokens", source, "post_processor TemplateProcessing",
+                   "an object", [](const nlohmann::json& v) { return v.is_object(); });
+    const nlohmann::json special_tokens =
+        given_special != nullptr ? *given_special : nlohmann::json::object();
     Template tmpl;
     bool seen_sequence = false;
     for (const nlohmann::json& piece : *single) {
+      if (!piece.is_object()) {
+        throw Error(where + ": TemplateProcessing piece " + piece.dump() +
+                    " is neither SpecialToken nor Sequence");
+      }
       if (auto special = piece.find("SpecialToken"); special != piece.end()) {
-        const std::string name = special->value("id", std::string());
+        if (!special->is_object()) {
+          throw Error(where + ": TemplateProcessing SpecialToken must be an object, got " +
+                      special->dump());
+        }
+        const std::string name =
+            optionalString(*special, "id", "", source, "post_processor SpecialToken");
         auto entry = special_tokens.find(name);
         if (entry == special_tokens.end() || !entry->contains("ids") ||
             !(*entry)["ids"].is_array()) {
@@ -345,7 +389,12 @@ void PostProcessor::addSteps(const nlohmann::json& config, std::string_view sour
           special_ids_.emplace_back(name, target.back());
         }
       } else if (auto sequence = piece.find("Sequence"); sequence != piece.end()) {
-        if (seen_sequence || sequence->value("id", std::string("A")) != "A") {
+        if (!sequence->is_object()) {
+          throw Error(where + ": TemplateProcessing Sequence must be an object, got " +
+                      sequence->dump());
+        }
+        if (seen_sequence ||
+            optionalString(*sequence, "id", "A", source, "post_processor Sequence") != "A") {
           throw Error(where + ": TemplateProcessing single template must contain $A once, got " +
                       single->dump());
         }

@@ -75,6 +75,14 @@ class PostProcessor {
   std::vector<std::pair<std::string, TokenId>> special_ids_;
 };
 
+// `key` of a tokenizer.json object: its value, or `fallback` when absent or
+// null; a value of another type throws tandem::Error "<source>: <what>.<key>
+// must be ..., got <value>".
+bool optionalBool(const nlohmann::json& object, const char* key, bool fallback,
+                  std::string_view source, std::string_view what);
+std::string optionalString(const nlohmann::json& object, const char* key, std::string fallback,
+                           std::string_view source, std::string_view what);
+
 // Refuses any decoder other than ByteLevel (alone or in a Sequence), the one
 // decode() implements.
 void checkDecoder(const nlohmann::json& config, std::string_view source);

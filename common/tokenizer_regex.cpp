@@ -45,8 +45,9 @@ ThreadMatchState& threadMatchState() {
 Regex::Regex(std::string_view pattern, bool literal, std::string_view source) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP;
-  if (literal) options |= PCRE2_LITERAL;
+  // A literal (a Split's {"String": ...}) has no classes for UCP to change,
+  // and PCRE2 refuses PCRE2_UCP with PCRE2_LITERAL.
+  const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {

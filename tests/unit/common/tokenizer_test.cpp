@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -662,13 +663,59 @@ TEST(TokenizerLoadErrorTest, UnsupportedComponents) {
   }
 }
 
-TEST(TokenizerLoadErrorTest, WrongFieldType) {
+// A Split whose pattern is {"String": ...} splits on that text literally
+// (a '.' is a dot, not any character), with each behavior.
+TEST(PreTokenizerTest, ASplitOnAStringIsLiteral) {
+  auto words = [](const char* behavior, std::string_view text) {
+    const tokenizer_internal::PreTokenizer split(
+        {{"type", "Split"}, {"pattern", {{"String", "."}}}, {"behavior", behavior}}, "t.json");
+    std::vector<std::string> out;
+    split.apply(text, out);
+    return out;
+  };
+  using Words = std::vector<std::string>;
+  EXPECT_EQ(words("Isolated", "a.b..c"), (Words{"a", ".", "b", ".", ".", "c"}));
+  EXPECT_EQ(words("Removed", "a.b..c"), (Words{"a", "b", "c"}));
+  EXPECT_EQ(words("Contiguous", "a.b..c"), (Words{"a", ".", "b", "..", "c"}));
+  EXPECT_EQ(words("Isolated", "abc"), (Words{"abc"}));
+}
+
+// A field of the wrong type is refused naming the file, the field and what
+// it must be, never a bare JSON library message nor a silent default.
+TEST(TokenizerLoadErrorTest, WrongFieldTypeNamesTheField) {
   TempDir dir;
-  nlohmann::json config = smallTokenizer(false);
-  config["added_tokens"][0]["special"] = "yes";
-  const fs::path path = dir.write("tokenizer.json", config.dump());
-  const std::string message = loadError(path);
-  EXPECT_NE(message.find(path.string() + ": unexpected content"), std::string::npos) << message;
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string message;
+  };
+  const Case cases[] = {
+      {[](nlohmann::json& c) { c["added_tokens"][0]["special"] = "yes"; },
+       R"(added_tokens[0].special must be true or false, got "yes")"},
+      {[](nlohmann::json& c) { c["added_tokens"][0]["lstrip"] = 1; },
+       "added_tokens[0].lstrip must be true or false, got 1"},
+      {[](nlohmann::json& c) {
+         c["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", "no"}};
+       },
+       R"(pre_tokenizer ByteLevel.add_prefix_space must be true or false, got "no")"},
+      {[](nlohmann::json& c) {
+         c["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", 3}};
+       },
+       "pre_tokenizer Split.behavior must be a string, got 3"},
+      {[](nlohmann::json& c) {
+         c["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", {{{"SpecialToken", 5}}, {{"Sequence", {{"id", "A"}}}}}},
+                                {"special_tokens", nlohmann::json::object()}};
+       },
+       "TemplateProcessing SpecialToken must be an object, got 5"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json config = smallTokenizer(false);
+    c.edit(config);
+    const fs::path path = dir.write("tokenizer.json", config.dump());
+    const std::string message = loadError(path);
+    EXPECT_NE(message.find(path.string() + ": "), std::string::npos) << message;
+    EXPECT_NE(message.find(c.message), std::string::npos) << message;
+  }
 }
 
 TEST(TokenizerLoadErrorTest, ConfigTokenNotInVocabulary) {
