@@ -534,7 +534,7 @@ void HttpServer::routes() {
           }
         }
         if (!co_await exchange.respond(wholeResponse(meta, total, chat, tokenizer))) {
-          co_await exchange.offload<bool>([this, &total] { return releaseUndelivered(total); });
+          co_await exchange.offloadWait<bool>([this, &total] { return releaseUndelivered(total); });
         }
         co_return;
       }
@@ -555,7 +555,7 @@ void HttpServer::routes() {
             } else {
               // Nobody will read the blocks held for the next agent.
               const engine::RequestOutput* handed = &*output;
-              co_await exchange.offload<bool>(
+              co_await exchange.offloadWait<bool>(
                   [this, handed] { return releaseUndelivered(*handed); });
             }
             co_return;
@@ -566,7 +566,8 @@ void HttpServer::routes() {
           if (!data.empty() && !co_await exchange.writeChunk(std::move(data))) {
             engine_.abort(id);
             if (finished) {
-              co_await exchange.offload<bool>([this, &total] { return releaseUndelivered(total); });
+              co_await exchange.offloadWait<bool>(
+                  [this, &total] { return releaseUndelivered(total); });
             }
             co_return;
           }
@@ -666,7 +667,7 @@ void HttpServer::routes() {
         if (!result.isOk()) return sendError(res, result.error());
         res.set_content(compactDump(result.value()), "application/json");
       },
-      /*blocking=*/true);
+      RouteWork::kCompute);
 
   // Bodies of the /v1/kv_transfer/* routes: a JSON object within the
   // request bounds (common/json_parse.h), or the 400 saying what is wrong.
@@ -703,7 +704,7 @@ void HttpServer::routes() {
         if (!released.isOk()) return sendError(res, fromStatus(released));
         res.set_content(json{{"released", true}}.dump(), "application/json");
       },
-      /*blocking=*/true);
+      RouteWork::kWait);
 
   // A peer's KV handshake: what a reader needs to read this agent's blocks
   // (the decode agent asks the prefill agent a descriptor names). Signed
@@ -717,7 +718,7 @@ void HttpServer::routes() {
         if (!answer.isOk()) return sendError(res, fromStatus(answer.status()));
         res.set_content(compactDump(*answer), "application/json");
       },
-      /*blocking=*/true);
+      RouteWork::kCompute);
 
   // Pull-back: pins the cached leading blocks of a prompt for a prefill agent
   // to read (the router asks the decode agent that holds a conversation).
@@ -767,7 +768,7 @@ void HttpServer::routes() {
                                          {"num_tokens", (*held)["remote_num_tokens"]}}),
                         "application/json");
       },
-      /*blocking=*/true);
+      RouteWork::kWait);
 
   // Drain (as on SIGTERM): admit nothing more, hand running streams over,
   // exit when they have moved or the shutdown timeout passes. Signed like
@@ -788,52 +789,51 @@ void HttpServer::routes() {
         res.status = 202;
         res.set_content(R"({"draining":true})", "application/json");
       },
-      /*blocking=*/true);
+      RouteWork::kCompute);
 
   // The KV event stream: events after `since`, a snapshot when the reader
   // fell behind what is retained, a comment line after 10 s of silence (so a
   // reader that went away is noticed).
-  http_->route("GET", "/v1/kv_events",
-               [this](HttpExchange& exchange) -> boost::asio::awaitable<void> {
-                 uint64_t cursor = 0;
-                 if (auto since = exchange.request().param("since")) {
-                   auto parsed = parseSequence(*since);
-                   if (!parsed) {
-                     co_await exchange.respond(errorResponse(invalidRequest(
-                         "since must be a non-negative integer, got " + compactDump(json(*since)),
-                         "since")));
-                     co_return;
-                   }
-                   cursor = *parsed;
-                 }
-                 if (!co_await exchange.startChunked(200, "text/event-stream", noCache()))
-                   co_return;
-                 auto idle_since = Clock::now();
-                 for (;;) {
-                   engine::KvEventPage page = engine_.kvEvents().eventsSince(cursor, 512);
-                   std::string data;
-                   if (page.needs_snapshot) {
-                     // The reader fell behind what is retained: resynchronise it. The
-                     // snapshot waits for the engine's step, so it runs off the io threads.
-                     engine::KvSnapshot snapshot = co_await exchange.offload<engine::KvSnapshot>(
-                         [this] { return engine_.kvSnapshot(); });
-                     data = snapshotEvent(snapshot);
-                     cursor = snapshot.sequence;
-                   } else {
-                     data = eventsText(page);
-                     if (!page.events.empty()) cursor = page.events.back().sequence;
-                   }
-                   if (data.empty()) {
-                     if (Clock::now() - idle_since < std::chrono::seconds(10)) {
-                       if (!co_await exchange.wait(std::chrono::milliseconds(20))) co_return;
-                       continue;
-                     }
-                     data = ": keep-alive\n\n";
-                   }
-                   idle_since = Clock::now();
-                   if (!co_await exchange.writeChunk(std::move(data))) co_return;
-                 }
-               });
+  http_->route(
+      "GET", "/v1/kv_events", [this](HttpExchange& exchange) -> boost::asio::awaitable<void> {
+        uint64_t cursor = 0;
+        if (auto since = exchange.request().param("since")) {
+          auto parsed = parseSequence(*since);
+          if (!parsed) {
+            co_await exchange.respond(errorResponse(invalidRequest(
+                "since must be a non-negative integer, got " + compactDump(json(*since)),
+                "since")));
+            co_return;
+          }
+          cursor = *parsed;
+        }
+        if (!co_await exchange.startChunked(200, "text/event-stream", noCache())) co_return;
+        auto idle_since = Clock::now();
+        for (;;) {
+          engine::KvEventPage page = engine_.kvEvents().eventsSince(cursor, 512);
+          std::string data;
+          if (page.needs_snapshot) {
+            // The reader fell behind what is retained: resynchronise it. The
+            // snapshot waits for the engine's step, so it runs off the io threads.
+            engine::KvSnapshot snapshot = co_await exchange.offloadWait<engine::KvSnapshot>(
+                [this] { return engine_.kvSnapshot(); });
+            data = snapshotEvent(snapshot);
+            cursor = snapshot.sequence;
+          } else {
+            data = eventsText(page);
+            if (!page.events.empty()) cursor = page.events.back().sequence;
+          }
+          if (data.empty()) {
+            if (Clock::now() - idle_since < std::chrono::seconds(10)) {
+              if (!co_await exchange.wait(std::chrono::milliseconds(20))) co_return;
+              continue;
+            }
+            data = ": keep-alive\n\n";
+          }
+          idle_since = Clock::now();
+          if (!co_await exchange.writeChunk(std::move(data))) co_return;
+        }
+      });
 }
 
 }  // namespace tandem::server

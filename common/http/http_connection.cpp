@@ -653,6 +653,7 @@ HttpService::~HttpService() {
   stop();
   join();
   workers_.join();
+  waiters_.join();
 }
 
 void HttpService::route(std::string method, std::string path, HttpRoute handler) {
@@ -660,19 +661,25 @@ void HttpService::route(std::string method, std::string path, HttpRoute handler)
 }
 
 void HttpService::route(std::string method, std::string path, HttpPlainRoute handler,
-                        bool blocking) {
+                        RouteWork work) {
   route(std::move(method), std::move(path),
-        [handler = std::move(handler), blocking](HttpExchange& exchange) -> awaitable<void> {
+        [handler = std::move(handler), work](HttpExchange& exchange) -> awaitable<void> {
           HttpResponse response;
-          if (blocking) {
+          if (work == RouteWork::kInline) {
+            handler(exchange.request(), response);
+          } else {
             const HttpRequest* request = &exchange.request();
-            response = co_await exchange.offload<HttpResponse>([&handler, request] {
+            std::function<HttpResponse()> call = [&handler, request] {
               HttpResponse out;
               handler(*request, out);
               return out;
-            });
-          } else {
-            handler(exchange.request(), response);
+            };
+            // (No co_await inside ?: — GCC 12 builds both operands' arguments.)
+            if (work == RouteWork::kWait) {
+              response = co_await exchange.offloadWait<HttpResponse>(std::move(call));
+            } else {
+              response = co_await exchange.offload<HttpResponse>(std::move(call));
+            }
           }
           co_await exchange.respond(std::move(response));
         });

@@ -165,6 +165,9 @@ class HttpExchange {
   // exceptions propagate.
   template <typename T>
   boost::asio::awaitable<T> offload(std::function<T()> work);
+  // offload() on the waiting pool: for work that waits for another thread.
+  template <typename T>
+  boost::asio::awaitable<T> offloadWait(std::function<T()> work);
   // The same, watching the connection meanwhile: `cancel` is set when the
   // client leaves (or the service stops), for `work` to poll and end early
   // (a template render, a tokenizer). The route then finds clientGone()
@@ -208,9 +211,17 @@ class OnClientGone {
 
 // A route: handles one request, answering through the exchange.
 using HttpRoute = std::function<boost::asio::awaitable<void>(HttpExchange&)>;
-// A route that only computes a whole response. Runs on the worker pool when
-// `blocking`, else on the io thread (for quick, non-waiting work).
+// A route that only computes a whole response.
 using HttpPlainRoute = std::function<void(const HttpRequest&, HttpResponse&)>;
+// Where a plain route runs: on the io thread (quick work that never waits),
+// on the worker pool (CPU work: parsing, tokenizing, rendering), or on the
+// waiting pool (calls that wait for another thread, such as the engine's
+// next step: they must never hold the workers every other request's
+// parsing, and a peer's KV handshake, queue behind).
+enum class RouteWork { kInline, kCompute, kWait };
+// Threads of the waiting pool: that many such calls wait at once; more
+// queue behind them, never behind the workers.
+inline constexpr int kWaitingThreads = 8;
 
 class HttpService {
  public:
@@ -221,12 +232,12 @@ class HttpService {
 
   // Routes, registered before serve(). Unknown targets get 404.
   void route(std::string method, std::string path, HttpRoute handler);
-  void route(std::string method, std::string path, HttpPlainRoute handler, bool blocking);
-  void get(std::string path, HttpPlainRoute handler, bool blocking = false) {
-    route("GET", std::move(path), std::move(handler), blocking);
+  void route(std::string method, std::string path, HttpPlainRoute handler, RouteWork work);
+  void get(std::string path, HttpPlainRoute handler, RouteWork work = RouteWork::kInline) {
+    route("GET", std::move(path), std::move(handler), work);
   }
-  void post(std::string path, HttpPlainRoute handler, bool blocking = false) {
-    route("POST", std::move(path), std::move(handler), blocking);
+  void post(std::string path, HttpPlainRoute handler, RouteWork work = RouteWork::kInline) {
+    route("POST", std::move(path), std::move(handler), work);
   }
 
   // Clients must send `Authorization: Bearer <key>` (compared in constant
@@ -258,6 +269,7 @@ class HttpService {
 
   const HttpLimits& limits() const { return limits_; }
   boost::asio::thread_pool& workers() { return workers_; }
+  boost::asio::thread_pool& waiters() { return waiters_; }
   // The io threads' context: other asynchronous work of the server (the
   // router's agent polls) may run on it.
   boost::asio::io_context& ioContext() { return ioc_; }
@@ -305,6 +317,7 @@ class HttpService {
   std::vector<std::atomic<bool>*> cancels_;
   boost::asio::io_context ioc_;
   boost::asio::thread_pool workers_;
+  boost::asio::thread_pool waiters_{kWaitingThreads};
   boost::asio::ip::tcp::acceptor acceptor_;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;  // start()'s io threads
@@ -323,6 +336,14 @@ boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work) {
   // (No lambda coroutine with captures here: GCC 12 destroys such captures
   // twice.)
   std::optional<T> result = co_await boost::asio::co_spawn(service_.workers().get_executor(),
+                                                           detail::runWork<T>(std::move(work)),
+                                                           boost::asio::use_awaitable);
+  co_return std::move(*result);
+}
+
+template <typename T>
+boost::asio::awaitable<T> HttpExchange::offloadWait(std::function<T()> work) {
+  std::optional<T> result = co_await boost::asio::co_spawn(service_.waiters().get_executor(),
                                                            detail::runWork<T>(std::move(work)),
                                                            boost::asio::use_awaitable);
   co_return std::move(*result);

@@ -958,6 +958,55 @@ TEST_F(RouterTest, AWholeAnswerLongerThanTheUpstreamTimeoutIsNotTakenForAStall) 
   EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), 0);
 }
 
+// Calls that wait for the engine's next step (a reader's release of held
+// blocks) run on a pool of their own: while four of them wait through a
+// long step, the workers that parse requests and answer peers' handshakes
+// are free, and /detokenize answers before any of them.
+TEST_F(RouterTest, CallsWaitingForTheEngineNeverHoldTheWorkers) {
+  TempDir dir("tandem-router-waits");
+  // A prefill of 300 tokens takes about 3 s.
+  dir.write("slow.yaml",
+            "name: test-waits\nbase_s: 0.002\nprefill_token_s: 0.0025\n"
+            "decode_sequence_s: 0.0005\nscale: 4\nmodel:\n  vocab_size: 512\n"
+            "  max_position_embeddings: 512\n  kv_bytes_per_token: 131072\n");
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 1;
+  options.agent_args = [&](bool, int) {
+    return std::vector<std::string>{"--simulate", (dir.path() / "slow.yaml").string()};
+  };
+  startCluster(options);
+  Agent& agent = *prefill_[0];
+  // Blocks held for a reader: what the releases name.
+  json held = greedy(randomPrompt(20, 76), 1);
+  held["kv_transfer_params"] = {{"do_remote_decode", true}};
+  const json answer = agent.post("/v1/completions", held);
+  ASSERT_TRUE(answer.contains("kv_transfer_params")) << answer.dump();
+  const std::string release = json{{"kv_transfer_params", answer["kv_transfer_params"]}}.dump();
+  // A long step.
+  std::thread long_prefill(
+      [&] { agent.post("/v1/completions", greedy(randomPrompt(300, 77), 1)); });
+  // (Its stats are published after the step: give it a moment to begin.)
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::atomic<int> releases_answered{0};
+  std::vector<std::thread> releases;
+  for (int i = 0; i < 4; ++i) {
+    releases.emplace_back([&] {
+      agent.client()->Post("/v1/kv_transfer/release", release, "application/json");
+      ++releases_answered;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the releases are waiting
+  auto detokenized = agent.client()->Post("/detokenize", R"({"model": "tiny", "tokens": [3, 4]})",
+                                          "application/json");
+  const int answered_before = releases_answered.load();
+  for (std::thread& thread : releases) thread.join();
+  long_prefill.join();
+  ASSERT_TRUE(detokenized);
+  EXPECT_EQ(detokenized->status, 200) << detokenized->body;
+  EXPECT_EQ(answered_before, 0) << "/detokenize waited behind the releases";
+}
+
 // A whole answer's prompt is done at its first token, which the agent tells
 // the router in an interim 102: the prompt tokens reserved on the agent
 // that prefills it locally go back then, not at the answer's end, and the

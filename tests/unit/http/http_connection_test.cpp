@@ -80,20 +80,20 @@ class Service {
     service_.post(
         "/blocking-boom",
         [](const HttpRequest&, HttpResponse&) { throw std::logic_error("worker failure"); },
-        /*blocking=*/true);
+        RouteWork::kCompute);
     service_.post(
         "/echo",
         [](const HttpRequest& request, HttpResponse& response) {
           response.set_content(request.body, "text/plain");
         },
-        /*blocking=*/true);
+        RouteWork::kCompute);
     service_.post(
         "/hold",
         [this](const HttpRequest& request, HttpResponse& response) {
           gate_.waitOpen();
           response.set_content(std::to_string(request.body.size()), "text/plain");
         },
-        /*blocking=*/true);
+        RouteWork::kCompute);
     // A streamed answer in two pieces.
     service_.route("GET", "/chunks", [](HttpExchange& exchange) -> boost::asio::awaitable<void> {
       if (!co_await exchange.startChunked(200, "text/plain", {})) co_return;
