@@ -254,6 +254,26 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     co_await exchange.respond(unavailable("no agent is ready yet"));
     co_return;
   }
+  // Admitted before it is parsed: past max_queued_requests the answer is a
+  // 503 at once, and queued requests take no worker (parsing, rendering and
+  // tokenizing each one first had queued unbounded work in front of the
+  // gate). From here on, a client leaving cancels what its request waits for.
+  exchange.watchClient();
+  const Admission admission = co_await admit(exchange);
+  if (admission == Admission::kClientGone) {
+    metrics_.countClientAbort("queued");
+    co_return;
+  }
+  if (admission == Admission::kRefused) {
+    metrics_.countDecision("rejected");
+    co_await exchange.respond(unavailable("the router is overloaded; retry later"));
+    co_return;
+  }
+  SlotLease slot(gate_);
+  if (exchange.clientGone()) {
+    metrics_.countClientAbort("queued");
+    co_return;
+  }
   // The same checks, with the same messages, as an agent's, on the worker
   // pool: a long chat template render never holds an io thread, and a
   // client leaving cancels it.
@@ -274,23 +294,6 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     const server::ApiError& error = parsed.error();
     co_await exchange.respond(
         server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error))));
-    co_return;
-  }
-  // From here on, a client leaving cancels what its request is waiting for.
-  exchange.watchClient();
-  const Admission admission = co_await admit(exchange);
-  if (admission == Admission::kClientGone) {
-    metrics_.countClientAbort("queued");
-    co_return;
-  }
-  if (admission == Admission::kRefused) {
-    metrics_.countDecision("rejected");
-    co_await exchange.respond(unavailable("the router is overloaded; retry later"));
-    co_return;
-  }
-  SlotLease slot(gate_);
-  if (exchange.clientGone()) {
-    metrics_.countClientAbort("queued");
     co_return;
   }
   // Forwarded as the client wrote it: a JSON schema's properties and a

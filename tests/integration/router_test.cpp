@@ -812,6 +812,30 @@ TEST_F(RouterTest, BeyondItsQueueTheRouterAnswers503WithRetryAfter) {
   EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), refused);
 }
 
+// The gate answers before any parsing: with its slot taken and no queue, a
+// request is refused 503 without being read as JSON (parsing, rendering and
+// tokenizing every request first queued unbounded work in front of the
+// gate); with the slot free, the same body is the 400 its JSON deserves.
+TEST_F(RouterTest, TheGateAnswersBeforeTheRequestIsParsed) {
+  start(1, 1, Policy::kKv, 16, /*max_inflight=*/1, /*max_queued=*/0);
+  std::thread busy([&] {
+    httplib::Client client("127.0.0.1", router_->port());
+    client.set_read_timeout(60, 0);
+    client.Post("/v1/completions", greedy(randomPrompt(30, 78), 400).dump(), "application/json");
+  });
+  const bool in_flight =
+      eventually([&] { return routerMetric("tandem_router_inflight_requests") == 1; });
+  httplib::Client other("127.0.0.1", router_->port());
+  auto refused = other.Post("/v1/completions", "{not json", "application/json");
+  busy.join();
+  ASSERT_TRUE(in_flight);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503) << refused->body;
+  auto malformed = other.Post("/v1/completions", "{not json", "application/json");
+  ASSERT_TRUE(malformed);
+  EXPECT_EQ(malformed->status, 400) << malformed->body;
+}
+
 // The router's hashes (common/block_hash.h with what /v1/models reports)
 // are the agent's: every hash the agent announces for random prompts, with
 // and without cache_salt, is one the router computes for them, and no other.
