@@ -328,25 +328,27 @@ template <typename T>
 boost::asio::awaitable<std::optional<T>> runWork(std::function<T()> work) {
   co_return std::optional<T>(work());
 }
+
+// Runs `work` on `pool` and resumes the caller with its result.
+template <typename T>
+boost::asio::awaitable<T> runOn(boost::asio::thread_pool& pool, std::function<T()> work) {
+  // co_spawn needs a default-constructible result: carry it in an optional.
+  // (No lambda coroutine with captures here: GCC 12 destroys such captures
+  // twice.)
+  std::optional<T> result = co_await boost::asio::co_spawn(
+      pool.get_executor(), runWork<T>(std::move(work)), boost::asio::use_awaitable);
+  co_return std::move(*result);
+}
 }  // namespace detail
 
 template <typename T>
 boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work) {
-  // co_spawn needs a default-constructible result: carry it in an optional.
-  // (No lambda coroutine with captures here: GCC 12 destroys such captures
-  // twice.)
-  std::optional<T> result = co_await boost::asio::co_spawn(service_.workers().get_executor(),
-                                                           detail::runWork<T>(std::move(work)),
-                                                           boost::asio::use_awaitable);
-  co_return std::move(*result);
+  co_return co_await detail::runOn<T>(service_.workers(), std::move(work));
 }
 
 template <typename T>
 boost::asio::awaitable<T> HttpExchange::offloadWait(std::function<T()> work) {
-  std::optional<T> result = co_await boost::asio::co_spawn(service_.waiters().get_executor(),
-                                                           detail::runWork<T>(std::move(work)),
-                                                           boost::asio::use_awaitable);
-  co_return std::move(*result);
+  co_return co_await detail::runOn<T>(service_.waiters(), std::move(work));
 }
 
 template <typename T>

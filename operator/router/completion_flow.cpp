@@ -182,6 +182,7 @@ PolicyOptions policyOptions(const RouterConfig& config) {
   options.profile = config.profile;
   options.itl_target_s = config.itl_target_s;
   options.explain = config.debug_decisions > 0;
+  options.learn = config.learn_costs;
   return options;
 }
 

@@ -419,7 +419,7 @@ void LearnedCosts::observeAfterHandoff(int64_t blocks_read, double residual_s) {
 }
 
 void Chooser::observe(const Decision& decision, double observed_prefill_s, double observed_ttft_s) {
-  if (options_.policy != Policy::kKv || decision.predicted_ttft_s <= 0) return;
+  if (options_.policy != Policy::kKv || !options_.learn || decision.predicted_ttft_s <= 0) return;
   const Path path = pathOf(decision);
   if (path == Path::kLocalPrefill) {
     learned_.observeBeforeHandoff(path, observed_ttft_s - decision.predicted_ttft_s);

@@ -126,6 +126,7 @@ struct PolicyOptions {
   // its other requests' predicted step stays within it.
   double itl_target_s = 0.025;
   bool explain = false;  // fill Decision::candidates
+  bool learn = true;     // RouterConfig::learn_costs
 };
 
 // The step-time model the kv policy uses without PolicyOptions::profile:

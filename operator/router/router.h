@@ -69,6 +69,10 @@ struct RouterConfig {
   // Ask the decode agent holding a conversation to lend its prefix to the
   // prefill agent (decode → prefill pull-back).
   bool pull_back = true;
+  // The kv policy's learned costs follow what clients saw (docs/router.md,
+  // "Learned costs"); false: its model's predictions alone, decisions that
+  // do not move with a machine's load (for tests that assert a decision).
+  bool learn_costs = true;
   // The agents' step-time model (a simulation profile file's form), with
   // which the kv policy predicts times; absent: defaultRoutingProfile().
   std::optional<engine::StepProfile> profile;

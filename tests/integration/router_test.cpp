@@ -288,7 +288,13 @@ TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
 }
 
 TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
-  start(2, 2);
+  // What turn 1's transfer took on a loaded machine must not price turn 2's
+  // pull-back out: the model's predictions alone decide here.
+  RouterClusterOptions options;
+  options.prefills = 2;
+  options.decodes = 2;
+  options.learn_costs = false;
+  startCluster(options);
   Agent colocated;
   // Turn 1: 70 prompt tokens, 70 generated.
   std::vector<int> conversation = randomPrompt(70, 65);

@@ -29,6 +29,9 @@ struct RouterClusterOptions {
   std::function<std::optional<std::string>(bool prefill, int index)> kv_config_of;
   // The router's RouterConfig::kv_secret (signs its pull-back holds).
   std::string kv_secret;
+  // The router's RouterConfig::learn_costs: off for a test asserting a
+  // decision that a loaded machine's observations must not move.
+  bool learn_costs = true;
   // The router's RouterConfig::upstream_timeout_s (0: its default).
   double upstream_timeout_s = 0;
   // The router's RouterConfig::max_migrations (negative: its default).
@@ -62,6 +65,7 @@ class RouterCluster : public ::testing::Test {
     config.disagg_threshold_tokens = options.disagg_threshold_tokens;
     config.poll_interval_s = 0.1;
     config.kv_secret = options.kv_secret;
+    config.learn_costs = options.learn_costs;
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
     if (options.max_migrations >= 0) config.max_migrations = options.max_migrations;
     config.profile = options.profile;
