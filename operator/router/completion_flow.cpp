@@ -780,7 +780,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     while (parser->get().result_int() == 102) {
       // The agent has the answer's first token: its prompt is computed.
       if (parser->get()[server::kFirstTokenHeader] == "1") {
-        if (!client.started) {
+        if (!client.started && !client.first_token_seen) {
+          client.first_token_seen = true;
           const double ttft = std::chrono::duration<double>(Clock::now() - arrival).count();
           metrics_.observeTtft(ttft);
           observeTtft(ttft, prediction);

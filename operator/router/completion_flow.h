@@ -113,6 +113,9 @@ class CompletionFlow {
     bool started = false;  // the response has begun (a continuation writes no headers)
     std::chrono::steady_clock::time_point last_write{};  // the last piece it got
     const char* resuming = nullptr;  // why it moved, until the continuation's first piece
+    // A whole answer's first token was seen (its TTFT observed): an answer
+    // sent again elsewhere is not observed twice.
+    bool first_token_seen = false;
   };
   // A stream (`splice` set) is relayed event by event through the splice
   // (and may be handed over by a draining agent); `client` is updated as

@@ -497,6 +497,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   // the last decode agent, and the client gets the undisturbed answer.
   json whole_body = long_body;
   whole_body.erase("stream");
+  const double ttfts_before = routerMetric("tandem_router_time_to_first_token_seconds_count");
   std::thread whole_killer = signalRunningDecodeAgent(decode_, SIGKILL);
   Answer whole = post(whole_body);
   whole_killer.join();
@@ -505,6 +506,9 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   EXPECT_EQ(whole.body["choices"][0]["text"], undisturbed.text);
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"failure\""),
             1);
+  // Its first token was seen on the killed agent: the answer's TTFT is
+  // observed once, not again for the resent request.
+  EXPECT_EQ(routerMetric("tandem_router_time_to_first_token_seconds_count"), ttfts_before + 1);
 
   // The last decode agent killed mid-stream: nowhere to move, so the client
   // gets an error event and the end of the stream.
