@@ -753,6 +753,9 @@ void Engine::publishStats() {
   stats.num_steps = num_steps_;
   stats.kv_blocks_loaded = scheduler_->numExternalBlocksLoaded();
   stats.kv_blocks_failed = scheduler_->numExternalBlocksFailed();
+  stats.num_step_failures = num_step_failures_;
+  stats.consecutive_step_failures = consecutive_step_failures_;
+  stats.last_step_error = last_step_error_;
   if (connector_) stats.kv_sources = kv_sources_;
   // A block pinned by several holds (the same prefix lent twice, a lent
   // prefix of a finished request's blocks) counts once.
@@ -880,14 +883,50 @@ void Engine::loop() {
       deferred_holds_.clear();
       return;
     }
-    if (scheduler_->hasWork()) step();
+    if (scheduler_->hasWork()) guardedStep();
     publishStats();
+  }
+}
+
+void Engine::guardedStep() {
+  step_batch_.clear();
+  step_batch_known_ = false;
+  try {
+    step();
+    consecutive_step_failures_ = 0;
+  } catch (const std::exception& e) {
+    failStep(e.what());
+  }
+}
+
+void Engine::failStep(const std::string& what) {
+  ++num_step_failures_;
+  ++consecutive_step_failures_;
+  last_step_error_ = what;
+  std::vector<Sequence*> victims;
+  if (step_batch_known_) {
+    victims = step_batch_;
+  } else if (Sequence* admitting = scheduler_->admitting()) {
+    victims.push_back(admitting);
+  } else {
+    for (const auto& [sequence, live] : live_) victims.push_back(sequence);
+  }
+  // A request the step finished before it threw is gone already.
+  std::erase_if(victims, [&](Sequence* sequence) { return !live_.contains(sequence); });
+  TANDEM_LOG(kError) << "an engine step failed (" << what << "); failing the " << victims.size()
+                     << " requests it was computing";
+  for (Sequence* sequence : victims) {
+    if (!live_.contains(sequence)) continue;  // listed twice
+    finishRequest(sequence, FinishReason::kError,
+                  "the engine failed computing this request: " + what);
   }
 }
 
 void Engine::step() {
   if (connector_source_) connector_source_->pollLoads(*scheduler_);
   SchedulerOutput output = scheduler_->schedule();
+  for (const ScheduledChunk& chunk : output.chunks) step_batch_.push_back(chunk.sequence);
+  step_batch_known_ = true;
   for (Sequence* failed : output.failed_loads) {
     finishRequest(failed, FinishReason::kError,
                   "KV blocks of the prompt failed to load and kv_load_failure_policy is fail");

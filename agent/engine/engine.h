@@ -157,7 +157,18 @@ struct EngineStats {
   std::map<std::string, KvSourceTotals> kv_sources;
   // Failed loads and refused transfers by reason (cumulative).
   std::map<std::string, int64_t> kv_transfer_failures;
+  // Steps that threw (a backend's or KV connector's error): cumulative, and
+  // how many in a row ended so since the last step that did not, with the
+  // last one's message.
+  int64_t num_step_failures = 0;
+  int64_t consecutive_step_failures = 0;
+  std::string last_step_error;
 };
+
+// After this many failed steps in a row, and none that completed since, the
+// engine counts as failing (/health answers 503 so that a liveness probe
+// restarts the process): the cause outlives the requests it failed.
+inline constexpr int64_t kFailingAfterSteps = 3;
 
 // The prefix cache's content at one KV event sequence number: what a reader
 // that fell behind the event log needs to start over.
@@ -288,7 +299,14 @@ class Engine {
 
   void loop();
   void drainInbox();
+  // Runs step(); if it throws, fails the requests it was computing (failStep).
+  void guardedStep();
   void step();
+  // A step left by an exception with message `what`: fails the requests of
+  // its batch, or when the batch was not yet known the one being admitted,
+  // or else every live request (they are the only ones that could have
+  // caused it, and failing them frees their blocks); the loop goes on.
+  void failStep(const std::string& what);
   // The simulated counterpart of the forward pass and sampling for one
   // scheduled step that began (after scheduling) at `step_start`.
   void simulateStep(const SchedulerOutput& output, Clock::time_point step_start);
@@ -418,6 +436,12 @@ class Engine {
   std::vector<TokenId> argmax_ids_;  // per sequence, when the argmax ran on the device
   int64_t num_computed_tokens_ = 0;
   int64_t num_steps_ = 0;
+  // The sequences of the step under way, once scheduled (step_batch_known_).
+  std::vector<Sequence*> step_batch_;
+  bool step_batch_known_ = false;
+  int64_t num_step_failures_ = 0;
+  int64_t consecutive_step_failures_ = 0;
+  std::string last_step_error_;
 
   std::thread thread_;
 };

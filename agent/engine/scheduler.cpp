@@ -307,6 +307,7 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
 }
 
 SchedulerOutput Scheduler::schedule() {
+  admitting_ = nullptr;
   SchedulerOutput output;
   output.failed_loads.swap(pending_failed_loads_);
   int64_t budget = config_.max_num_batched_tokens;
@@ -386,7 +387,9 @@ Sequence* Scheduler::admitWaiting(int64_t& budget, SchedulerOutput& output) {
       continue;
     }
     const int64_t before = output.num_tokens;
+    admitting_ = sequence;
     const Admission admission = admit(sequence, budget, output);
+    admitting_ = nullptr;
     if (admission == Admission::kNoRoom) return sequence;
     if (admission == Admission::kSkipped) {
       ++i;
@@ -411,6 +414,7 @@ void Scheduler::onStepComputed(const SchedulerOutput& output) {
 }
 
 std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence, bool free_blocks) {
+  if (admitting_ == sequence) admitting_ = nullptr;
   std::unique_ptr<Sequence> owned;
   auto running = std::find_if(running_.begin(), running_.end(),
                               [&](const auto& s) { return s.get() == sequence; });

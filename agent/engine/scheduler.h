@@ -169,6 +169,10 @@ class Scheduler {
   int64_t numWaitingForRemoteKv() const;
   // Finds a live sequence by request id (nullptr when unknown).
   Sequence* find(const std::string& request_id);
+  // The waiting sequence whose admission the last schedule() was making
+  // when it left by an exception (a KV connector's lookup or load threw);
+  // null after a schedule() that returned.
+  Sequence* admitting() const { return admitting_; }
 
   int64_t numRunning() const { return static_cast<int64_t>(running_.size()); }
   int64_t numWaiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -237,6 +241,7 @@ class Scheduler {
   int64_t external_blocks_failed_ = 0;
   std::vector<std::unique_ptr<Sequence>> abandoned_;  // aborted with a load in flight
   std::vector<Sequence*> pending_failed_loads_;       // reported by the next schedule()
+  Sequence* admitting_ = nullptr;
 };
 
 }  // namespace tandem::engine

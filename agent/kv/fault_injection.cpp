@@ -71,10 +71,15 @@ StatusOr<FaultInjection> FaultInjection::parse(const nlohmann::json& extra) {
         return invalidArgument(prefix + ".delay_notifications_ms must be a non-negative integer");
       }
       faults.delay_notifications_ms = value.get<int64_t>();
+    } else if (key == "throw_on_lookup") {
+      if (!value.is_string()) {
+        return invalidArgument(prefix + ".throw_on_lookup must be a string (part of request ids)");
+      }
+      faults.throw_on_lookup = value.get<std::string>();
     } else {
       return invalidArgument(prefix + "." + key +
                              " is not a known fault (accepted: drop_blocks, fail_handshake, "
-                             "drop_notifications, delay_notifications_ms)");
+                             "drop_notifications, delay_notifications_ms, throw_on_lookup)");
     }
   }
   return faults;
@@ -114,6 +119,11 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
     return inner_->authorizeRequest(path, body);
   }
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override {
+    if (faults_.throw_on_lookup &&
+        request.request_id.find(*faults_.throw_on_lookup) != std::string_view::npos) {
+      throw Error("injected fault: the KV connector's lookup of request " +
+                  std::string(request.request_id) + " threw");
+    }
     LookupResult result = inner_->scheduler().lookup(request, num_local_tokens);
     if (result.state == LookupResult::State::kAvailable) {
       // Drop patterns are laid over the blocks this request may load.

@@ -8,6 +8,10 @@
 //                                              peer refused the connection
 //   {"drop_notifications": true}               ucx: no release message sent
 //   {"delay_notifications_ms": 200}            ucx: release sent late
+//   {"throw_on_lookup": "boom"}                the lookup of a request whose
+//                                              id contains "boom" throws (as a
+//                                              broken connector or device
+//                                              would, inside an engine step)
 //
 // growing_gaps follows vLLM's segmented-prefill example: over a request's
 // block indices, valid segments and gaps alternate with lengths 1, 1, 2, 2,
@@ -22,6 +26,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "agent/kv/connector.h"
@@ -35,10 +40,11 @@ struct FaultInjection {
   bool fail_handshake = false;
   bool drop_notifications = false;
   int64_t delay_notifications_ms = 0;
+  std::optional<std::string> throw_on_lookup;  // a request id substring
 
   bool any() const {
     return drop != Drop::kNone || fail_handshake || drop_notifications ||
-           delay_notifications_ms > 0;
+           delay_notifications_ms > 0 || throw_on_lookup.has_value();
   }
   // Whether block `index` of a request whose loadable blocks are
   // [0, num_blocks) is dropped.

@@ -623,6 +623,19 @@ void HttpServer::routes() {
                       "application/json");
       return;
     }
+    // Steps failing in a row with none completing since: the cause (a
+    // device error, a KV connector's) outlives the requests it failed, so a
+    // liveness probe should restart the process.
+    const engine::EngineStats stats = engine_.stats();
+    if (stats.consecutive_step_failures >= engine::kFailingAfterSteps) {
+      res.status = 503;
+      res.set_content(json{{"status", "engine_failing"},
+                           {"failed_steps_in_a_row", stats.consecutive_step_failures},
+                           {"error", stats.last_step_error}}
+                          .dump(),
+                      "application/json");
+      return;
+    }
     json health = {{"status", "ok"},
                    {"device", kernels::deviceKindName(engine_.backend().kind())},
                    {"device_description", engine_.backend().description()}};

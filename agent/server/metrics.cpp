@@ -141,6 +141,9 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                           "they share (instead of computing them twice).");
   computed_tokens_ =
       counter("tandem_computed_tokens_total", "Tokens the model computed (prefill and decode).");
+  step_failures_ = counter("tandem_engine_step_failures_total",
+                           "Engine steps that failed (a backend's or KV connector's error); "
+                           "their requests ended with an error.");
   kv_blocks_loaded_ = &BuildCounter()
                            .Name("tandem_kv_blocks_loaded_total")
                            .Help("KV blocks loaded through the KV connector, by source.")
@@ -239,6 +242,7 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
   advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
   advance(prefix_waits_, stats.num_prefix_waits, reported_.num_prefix_waits);
   advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
+  advance(step_failures_, stats.num_step_failures, reported_.num_step_failures);
   advance(handovers_, stats.num_handed_over, reported_.num_handed_over);
   advance(handover_blocks_, stats.num_handed_over_blocks, reported_.num_handed_over_blocks);
   if (!stats.kv_connector.empty()) {

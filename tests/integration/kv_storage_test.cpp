@@ -127,6 +127,53 @@ TEST_F(KvStorage, FailPolicyEndsTheRequestWithAClearErrorAndKeepsServing) {
   EXPECT_EQ(tokenIds(consumer.post("/v1/completions", greedy(randomPrompt(10, 3), 3))).size(), 3u);
 }
 
+// An error raised inside an engine step (here the connector's lookup, by
+// fault injection, for requests whose id contains "boom": a caller's
+// X-Request-Id leads the id) ends that request with a 500 naming the cause;
+// the agent serves everyone else, counts the failed step, and answers
+// /health 503 only while steps keep failing with none completing.
+TEST_F(KvStorage, AFailingStepEndsItsRequestsAndTheAgentGoesOn) {
+  json config = json::parse(storageConfig(store_.path(), "kv_both"));
+  config["kv_connector_extra_config"]["fault_injection"] = {{"throw_on_lookup", "boom"}};
+  Agent agent({"--kv-transfer-config", config.dump(), "--enable-fault-injection"});
+  auto postAs = [&](const std::string& request_id, const json& body) {
+    auto res = agent.client()->Post("/v1/completions", {{"X-Request-Id", request_id}}, body.dump(),
+                                    "application/json");
+    if (!res) throw std::runtime_error("no response");
+    return std::make_pair(res->status, json::parse(res->body));
+  };
+  const std::vector<int> expected = tokenIds(agent.post("/v1/completions", greedy(prompt_, 4)));
+  auto [status, error] = postAs("boom-1", greedy(randomPrompt(30, 5), 4));
+  EXPECT_EQ(status, 500);
+  const std::string message = error["error"]["message"].get<std::string>();
+  EXPECT_NE(message.find("the engine failed computing this request: injected fault: the KV "
+                         "connector's lookup of request boom-1"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(agent.metric("tandem_engine_step_failures_total"), 1);
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"error\""), 1);
+  EXPECT_EQ(agent.client()->Get("/health")->status, 200) << "one failed step in a row";
+
+  // Others are served as before (a prefix-cache hit now).
+  auto [good_status, good] = postAs("fine-1", greedy(prompt_, 4));
+  EXPECT_EQ(good_status, 200);
+  EXPECT_EQ(tokenIds(good), expected);
+
+  for (const char* id : {"boom-2", "boom-3", "boom-4"}) {
+    EXPECT_EQ(postAs(id, greedy(randomPrompt(30, 6), 4)).first, 500);
+  }
+  auto health = agent.client()->Get("/health");
+  EXPECT_EQ(health->status, 503);
+  const json failing = json::parse(health->body);
+  EXPECT_EQ(failing["status"], "engine_failing");
+  EXPECT_EQ(failing["failed_steps_in_a_row"], 3);
+  EXPECT_NE(failing["error"].get<std::string>().find("boom-4"), std::string::npos);
+  // One step that completes makes it healthy again.
+  EXPECT_EQ(postAs("fine-2", greedy(randomPrompt(20, 7), 2)).first, 200);
+  EXPECT_EQ(agent.client()->Get("/health")->status, 200);
+  EXPECT_EQ(agent.metric("tandem_engine_step_failures_total"), 4);
+}
+
 TEST(KvTransferConfig, BadConfigsAreRefusedAtStartNamingTheField) {
   TempDir logs("tandem-kv-config");
   struct Case {

@@ -303,6 +303,9 @@ TEST(KvUcxFaultConfig, FaultInjectionIsRefusedWithoutItsFlagAndNamesBadFields) {
            {{"--enable-fault-injection"},
             {{"drop_blocks", "every_nth:0"}},
             "every_nth:N needs a positive N"},
+           {{"--enable-fault-injection"},
+            {{"throw_on_lookup", 1}},
+            "fault_injection.throw_on_lookup must be a string"},
            {{"--enable-fault-injection"}, {{"explode", true}}, "fault_injection.explode"}}) {
     std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
                                      "serve",

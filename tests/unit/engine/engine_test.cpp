@@ -196,6 +196,7 @@ struct Collector {
   std::condition_variable done;
   std::vector<TokenId> tokens;
   FinishReason reason = FinishReason::kNone;
+  std::string error;
 
   Engine::OutputCallback callback() {
     return [this](const RequestOutput& out) {
@@ -203,6 +204,7 @@ struct Collector {
       for (const auto& token : out.tokens) tokens.push_back(token.token);
       if (out.finished()) {
         reason = out.finish_reason;
+        error = out.error;
         done.notify_all();
       }
     };
@@ -978,6 +980,122 @@ TEST(EnginePromptLogprobs, OutOfRangeIsRefused) {
   const Status refused = engine.addRequest(request, [](const RequestOutput&) {});
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(refused.message(), "prompt_logprobs must be between 0 and 20, got 21");
+}
+
+}  // namespace
+}  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+// Throws as a broken connector (or a device under it) would: from the lookup
+// of a request whose id contains "bad-lookup" (at admission, before the
+// step's batch is formed) and from the save of one whose id contains
+// "bad-save" (after the forward pass, the batch known).
+class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::KvConnectorWorker {
+ public:
+  ThrowingConnector() { config_.connector = "throwing"; }
+  KvConnectorScheduler& scheduler() override { return *this; }
+  KvConnectorWorker& worker() override { return *this; }
+  const kv::KvTransferConfig& config() const override { return config_; }
+  kv::LookupResult lookup(const kv::ConnectorRequest& request, int64_t) override {
+    if (request.request_id.find("bad-lookup") != std::string_view::npos) {
+      throw Error("lookup failed for " + std::string(request.request_id));
+    }
+    return {};
+  }
+  kv::FinishDecision requestFinished(const kv::ConnectorRequest&, std::span<const BlockId>,
+                                     int64_t) override {
+    return {};
+  }
+  kv::LoadResult load(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {
+    return {};
+  }
+  void save(const kv::ConnectorRequest& request, int64_t, std::span<const BlockId>) override {
+    if (request.request_id.find("bad-save") != std::string_view::npos) {
+      throw Error("save failed for " + std::string(request.request_id));
+    }
+  }
+
+ private:
+  kv::KvTransferConfig config_;
+};
+
+class FailingSteps : public ::testing::Test {
+ protected:
+  Engine& start() {
+    EngineConfig config = engineConfig();
+    config.connector_factory = [](KvCache&, const std::string&) {
+      return std::make_unique<ThrowingConnector>();
+    };
+    engine_ = std::make_unique<Engine>(config);
+    return *engine_;
+  }
+  std::unique_ptr<Engine> engine_;
+};
+
+// A request whose admission throws ends with an error naming the cause; the
+// request running beside it goes on to the tokens it gives alone, and every
+// block returns to the pool.
+TEST_F(FailingSteps, AThrowingAdmissionFailsOnlyTheRequestBeingAdmitted) {
+  const std::vector<TokenId> prompt = randomTokens(30, 11);
+  const std::vector<TokenId> expected = generateWithoutConnector(prompt, 40);
+  Engine& engine = start();
+  Collector good, bad;
+  // Queued together they are usually admitted in one schedule(), "good"
+  // first: its admission stands and its chunk is computed in a later step.
+  ASSERT_TRUE(engine.addRequest(greedyRequest("good", prompt, 40), good.callback()).isOk());
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("bad-lookup-1", randomTokens(20, 12), 5), bad.callback())
+          .isOk());
+  ASSERT_TRUE(bad.waitFinished());
+  ASSERT_TRUE(good.waitFinished());
+  EXPECT_EQ(bad.reason, FinishReason::kError);
+  EXPECT_NE(bad.error.find("the engine failed computing this request: lookup failed for "
+                           "bad-lookup-1"),
+            std::string::npos)
+      << bad.error;
+  EXPECT_EQ(good.reason, FinishReason::kLength);
+  EXPECT_EQ(good.tokens, expected);
+  EXPECT_EQ(engine.stats().num_step_failures, 1);
+  EXPECT_TRUE(eventually([&] { return engine.stats().consecutive_step_failures == 0; }))
+      << "good's later steps completed";
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+// A step that throws after its forward pass fails its whole batch (the
+// engine cannot tell which request caused it); the next request is served
+// exactly. Failures in a row with no step completing are counted until one
+// completes.
+TEST_F(FailingSteps, AThrowingStepFailsItsBatchAndTheEngineGoesOn) {
+  Engine& engine = start();
+  for (int i = 0; i < kFailingAfterSteps; ++i) {
+    Collector failed;
+    // 40 tokens: the first step fills two blocks, which are saved.
+    ASSERT_TRUE(
+        engine
+            .addRequest(greedyRequest("bad-save-" + std::to_string(i), randomTokens(40, 13), 5),
+                        failed.callback())
+            .isOk());
+    ASSERT_TRUE(failed.waitFinished());
+    EXPECT_EQ(failed.reason, FinishReason::kError);
+    EXPECT_TRUE(failed.tokens.empty());
+    EXPECT_EQ(engine.stats().consecutive_step_failures, i + 1);
+  }
+  EXPECT_EQ(engine.stats().num_step_failures, kFailingAfterSteps);
+  EXPECT_NE(engine.stats().last_step_error.find("save failed for bad-save-2"), std::string::npos);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+
+  const std::vector<TokenId> prompt = randomTokens(40, 13);
+  const std::vector<TokenId> expected = generateWithoutConnector(prompt, 5);
+  Collector good;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("good", prompt, 5), good.callback()).isOk());
+  ASSERT_TRUE(good.waitFinished());
+  // Its prompt's blocks were computed and cached by the failed steps (the
+  // save came after the forward pass): a hit on them gives the same tokens.
+  EXPECT_EQ(good.tokens, expected);
+  EXPECT_TRUE(eventually([&] { return engine.stats().consecutive_step_failures == 0; }));
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
 }
 
 }  // namespace
