@@ -67,6 +67,11 @@ void Sampler::process(const SamplerInput& input) {
   logits_.resize(input.logits.size());
   std::transform(input.logits.begin(), input.logits.end(), logits_.begin(), sanitized);
 
+  // The bias comes first, as in vLLM: the penalties see biased logits.
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id < vocab_size) logits_[id] += bias;
+  }
+
   const bool repetition = params.repetition_penalty != 1.0f;
   const bool additive = params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
   if (repetition || additive) {
@@ -103,10 +108,6 @@ void Sampler::process(const SamplerInput& input) {
       in_history_[id] = 0;
       output_counts_[id] = 0;
     }
-  }
-
-  for (const auto& [id, bias] : params.logit_bias) {
-    if (id < vocab_size) logits_[id] += bias;
   }
 
   if (static_cast<int64_t>(input.output.size()) < params.min_tokens) {
@@ -206,16 +207,15 @@ TokenId Sampler::drawFiltered(const SamplingParams& params, double u) {
     reordered = true;
   }
 
-  // min-p keeps tokens whose probability is at least min_p times the largest.
-  // The largest survives top-k and top-p and renormalization cancels in the
-  // ratio, so in logit units the rule is (logit - max) / T >= log(min_p).
-  const float log_min_p = use_min_p ? std::log(params.min_p) : kNegInf;
-  auto belowMinP = [&](TokenId id) {
-    return (logits_[id] - max_logit) * inv_temperature < log_min_p;
-  };
-  if (use_min_p && !use_top_p) {
-    // Without top-p in between, filter before paying for the exponentials.
-    std::erase_if(candidates_, belowMinP);
+  // min-p keeps tokens whose probability is at least min_p times the largest:
+  // in logit units (logit - max) / T >= log(min_p). As in vLLM it comes
+  // before top-p, whose mass is that of the survivors. (Before or after
+  // top-k is the same set: both keep a prefix of the sorted tokens.)
+  if (use_min_p) {
+    const float log_min_p = std::log(params.min_p);
+    std::erase_if(candidates_, [&](TokenId id) {
+      return (logits_[id] - max_logit) * inv_temperature < log_min_p;
+    });
   }
   if (candidates_.size() * 4 > vocab_size) {
     weighAll();
@@ -245,7 +245,6 @@ TokenId Sampler::drawFiltered(const SamplingParams& params, double u) {
     }
     candidates_.resize(keep);
     reordered = true;
-    if (use_min_p) std::erase_if(candidates_, belowMinP);
   }
 
   // Walk in id order so the draw does not depend on how filtering permuted

@@ -1,20 +1,22 @@
 // Picks the next token of one request from its logits row.
 //
-// Semantics follow vLLM / the OpenAI API. Per row, in this order:
-//   1. repetition_penalty over every id in prompt + output (HF/vLLM: a
+// Semantics follow vLLM (V1's sampler) / the OpenAI API. Per row, in this
+// order:
+//   1. logit_bias added;
+//   2. repetition_penalty over every id in prompt + output (HF/vLLM: a
 //      positive logit is divided by the penalty, any other multiplied);
-//   2. frequency and presence penalties over output ids only:
+//   3. frequency and presence penalties over output ids only:
 //      logit -= frequency_penalty * count + presence_penalty * (count > 0);
-//   3. while output.size() < min_tokens, the ids in `min_tokens_mask` (the
+//   4. while output.size() < min_tokens, the ids in `min_tokens_mask` (the
 //      caller's choice: stop_token_ids and, unless ignore_eos, the EOS ids)
 //      are set to -inf; so are the ids a structured output does not allow
 //      (`allowed`);
-//   4. temperature < kGreedyTemperature (0 in practice): argmax, ties to the
-//      smallest id. Otherwise logits / temperature, then top-k (exactly k
+//   5. temperature < kGreedyTemperature (0 in practice): argmax, ties to the
+//      smallest id. Otherwise logits / temperature, then min-p (drop tokens
+//      whose probability is below min_p times the largest), top-k (exactly k
 //      tokens, ties broken by smaller id), top-p (the shortest prefix of the
-//      probability-sorted tokens whose mass reaches top_p; at least one
-//      token), min-p (drop tokens whose probability is below min_p times the
-//      largest), and one draw from the renormalized remainder.
+//      probability-sorted survivors whose renormalized mass reaches top_p; at
+//      least one token), and one draw from the renormalized remainder.
 //
 // Logprobs: as vLLM V1 by default ("raw_logprobs"), reported logprobs are the
 // log-softmax of the raw model logits, before penalties, masking and

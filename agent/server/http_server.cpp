@@ -129,6 +129,11 @@ HttpResponse jsonResponse(const json& body) {
   res.set_content(compactDump(body), "application/json");
   return res;
 }
+HttpResponse jsonResponse(const ResponseJson& body) {
+  HttpResponse res;
+  res.set_content(compactDump(body), "application/json");
+  return res;
+}
 
 HttpHeaders noCache() { return {{"Cache-Control", "no-cache"}}; }
 
@@ -391,15 +396,15 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return score[a] > score[b]; });
   }
-  json body;
+  ResponseJson body;
   for (size_t i = 0; i < returned; ++i) {
-    json one = chat ? chatCompletionResponse(meta, totals[order[i]], tokenizer)
-                    : completionResponse(meta, totals[order[i]], tokenizer);
-    json choice = std::move(one["choices"][0]);
+    ResponseJson one = chat ? chatCompletionResponse(meta, totals[order[i]], tokenizer)
+                            : completionResponse(meta, totals[order[i]], tokenizer);
+    ResponseJson choice = std::move(one["choices"][0]);
     choice["index"] = i;
     if (i == 0) {
       body = std::move(one);
-      body["choices"] = json::array();
+      body["choices"] = ResponseJson::array();
     }
     body["choices"].push_back(std::move(choice));
   }

@@ -289,6 +289,14 @@ void readLogitBias(FieldReader& fields, const RequestJson& object, int64_t vocab
     out.emplace_back(static_cast<TokenId>(id), value.get<float>());
   }
   std::sort(out.begin(), out.end());
+  // "97" and "097" name one token: their biases would add up past the range.
+  const auto twice = std::adjacent_find(
+      out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first == b.first; });
+  if (twice != out.end()) {
+    fields.fail("logit_bias names token " + std::to_string(twice->first) +
+                    " twice (keys must be distinct token ids)",
+                "logit_bias");
+  }
 }
 
 // The prompt's logprobs with `count` alternatives, asked for by `field`
@@ -720,6 +728,14 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
       fields.find("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
   const auto max_tokens = readMaxTokens(fields, max_tokens_name);
 
+  // Completions' best_of has no chat counterpart (OpenAI's chat API has
+  // none; vLLM's V1 engine dropped it): refused, not ignored.
+  if (const RequestJson* best_of = fields.find("best_of");
+      best_of != nullptr && !best_of->is_null()) {
+    fields.fail("best_of is not supported for chat completions; use n, or /v1/completions",
+                "best_of");
+  }
+
   bool logprobs = false;
   fields.readBool("logprobs", &logprobs);
   int64_t top_logprobs = 0;
@@ -840,6 +856,10 @@ Result<json> detokenize(std::string_view body, const ServerLimits& limits,
 // Errors
 
 std::string compactDump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string compactDump(const ResponseJson& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

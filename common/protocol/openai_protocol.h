@@ -61,8 +61,13 @@ ApiError invalidRequest(std::string message, std::string param = "");
 ApiError boundsError(const JsonParseError& error, const std::string& field = "");
 // A 500 "server_error" with the message.
 ApiError serverError(std::string message);
+// Response bodies keep their keys in the order they were written (a
+// completion's top_logprobs are best first, as vLLM and OpenAI list them).
+using ResponseJson = nlohmann::ordered_json;
+
 // JSON text on one line; invalid UTF-8 in strings is replaced, never thrown on.
 std::string compactDump(const nlohmann::json& value);
+std::string compactDump(const ResponseJson& value);
 // {"error": {"message", "type", "param", "code"}}; empty param / code are null.
 nlohmann::json errorBody(const ApiError& error);
 // HTTP status for a Status from the engine: InvalidArgument / OutOfRange /
@@ -229,16 +234,15 @@ void appendOutput(protocol::RequestOutput& total, const protocol::RequestOutput&
 
 // {"prompt_tokens", "completion_tokens", "total_tokens",
 //  "prompt_tokens_details": {"cached_tokens"}}.
-nlohmann::json usageJson(const protocol::RequestOutput& output);
+ResponseJson usageJson(const protocol::RequestOutput& output);
 
 // Complete (non-streamed) bodies from the merged output of a finished
 // request. A request that finished with FinishReason::kError should be
 // answered with engineError() instead.
-nlohmann::json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
-                                  const Tokenizer& tokenizer);
-nlohmann::json chatCompletionResponse(const ResponseMeta& meta,
-                                      const protocol::RequestOutput& total,
-                                      const Tokenizer& tokenizer);
+ResponseJson completionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
+                                const Tokenizer& tokenizer);
+ResponseJson chatCompletionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
+                                    const Tokenizer& tokenizer);
 // 500 server_error carrying output.error.
 ApiError engineError(const protocol::RequestOutput& output);
 
@@ -259,23 +263,23 @@ struct StreamState {
 // "choices": [{"index", "delta": {"role"?, "content"?}, "logprobs",
 // "finish_reason"}]}; the first chunk's delta has role "assistant". With
 // include_usage every chunk has "usage": null.
-std::optional<nlohmann::json> completionChunk(const ResponseMeta& meta,
-                                              const protocol::RequestOutput& step,
-                                              const Tokenizer& tokenizer, StreamState& state);
-std::optional<nlohmann::json> chatCompletionChunk(const ResponseMeta& meta,
-                                                  const protocol::RequestOutput& step,
-                                                  const Tokenizer& tokenizer, StreamState& state);
+std::optional<ResponseJson> completionChunk(const ResponseMeta& meta,
+                                            const protocol::RequestOutput& step,
+                                            const Tokenizer& tokenizer, StreamState& state);
+std::optional<ResponseJson> chatCompletionChunk(const ResponseMeta& meta,
+                                                const protocol::RequestOutput& step,
+                                                const Tokenizer& tokenizer, StreamState& state);
 // completionChunk or chatCompletionChunk, by meta.chat.
-std::optional<nlohmann::json> streamChunk(const ResponseMeta& meta,
-                                          const protocol::RequestOutput& step,
-                                          const Tokenizer& tokenizer, StreamState& state);
+std::optional<ResponseJson> streamChunk(const ResponseMeta& meta,
+                                        const protocol::RequestOutput& step,
+                                        const Tokenizer& tokenizer, StreamState& state);
 // The last chunk before [DONE] when include_usage: "choices": [] and usage
 // from the final output.
-nlohmann::json usageChunk(const ResponseMeta& meta, const protocol::RequestOutput& final_output);
+ResponseJson usageChunk(const ResponseMeta& meta, const protocol::RequestOutput& final_output);
 
 // Server-sent events framing: "data: <compact json>\n\n". Invalid UTF-8 in
 // strings is replaced by U+FFFD rather than failing.
-std::string sseEvent(const nlohmann::json& payload);
+std::string sseEvent(const ResponseJson& payload);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // The request header with which a router asks an agent to hand a stream
 // over, not finish it, when the agent drains (value "drain";

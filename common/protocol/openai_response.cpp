@@ -9,7 +9,7 @@
 namespace tandem::server {
 namespace {
 
-using nlohmann::json;
+using json = ResponseJson;
 
 // vLLM reports -inf logprobs as this, since JSON has no infinity.
 constexpr double kMinReportedLogprob = -9999.0;

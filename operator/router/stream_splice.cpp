@@ -6,7 +6,7 @@
 
 namespace tandem::router {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // a chunk is relayed with its keys in order
 
 StreamSplice::StreamSplice(bool chat, bool client_wants_ids, std::vector<int64_t> resumed)
     : chat_(chat), client_wants_ids_(client_wants_ids), ids_(std::move(resumed)) {}

@@ -455,6 +455,40 @@ TEST(Server, LogprobsMatchTheGreedyChoice) {
     EXPECT_DOUBLE_EQ(logprobs["token_logprobs"][i].get<double>(), best) << "token " << i;
     EXPECT_LE(best, 0.0);
   }
+  // As vLLM and OpenAI list them, best first (read keeping the keys' order),
+  // whole and streamed, n = 1 and n = 2.
+  auto expectBestFirst = [](const nlohmann::ordered_json& choice, const std::string& what) {
+    for (const auto& top : choice["logprobs"]["top_logprobs"]) {
+      double previous = 1.0;
+      for (const auto& [token, value] : top.items()) {
+        EXPECT_LE(value.get<double>(), previous) << what << ": " << top.dump();
+        previous = value.get<double>();
+      }
+    }
+  };
+  for (int n : {1, 2}) {
+    body["n"] = n;
+    body["temperature"] = 1;
+    body["stream"] = false;
+    auto res = agent.client()->Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    for (const auto& choice : nlohmann::ordered_json::parse(res->body)["choices"]) {
+      expectBestFirst(choice, "whole, n = " + std::to_string(n));
+    }
+    body["stream"] = true;
+    res = agent.client()->Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    std::istringstream events(res->body);
+    for (std::string line; std::getline(events, line);) {
+      if (!line.starts_with("data: {")) continue;
+      const auto chunk = nlohmann::ordered_json::parse(line.substr(6));
+      for (const auto& choice : chunk["choices"]) {
+        if (choice.contains("logprobs") && !choice["logprobs"].is_null()) {
+          expectBestFirst(choice, "streamed, n = " + std::to_string(n));
+        }
+      }
+    }
+  }
 }
 
 TEST(Server, ChatCompletionsWholeAndStreamedAgree) {

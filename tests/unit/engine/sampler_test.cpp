@@ -242,6 +242,33 @@ TEST(SamplerTest, MinPDropsTokensBelowAFractionOfTheMax) {
   EXPECT_GT(counts[2], 0);
 }
 
+// vLLM's order: min-p first, then top-p over the survivors' renormalized
+// mass. With min_p .6 (threshold .24) only .3 and .4 survive, renormalized
+// to 3/7 and 4/7; top_p .5 then keeps .4 alone (4/7 reaches .5). Top-p over
+// the whole distribution first would have kept .3 and .4.
+TEST(SamplerTest, MinPComesBeforeTopP) {
+  SamplingParams params;
+  params.min_p = 0.6f;
+  params.top_p = 0.5f;
+  const std::vector<int64_t> counts = drawCounts(kFourWay, params, 2000, 47);
+  EXPECT_EQ(counts[3], 2000) << counts[0] << " " << counts[1] << " " << counts[2];
+}
+
+// vLLM's order: the bias is added before the penalties, so the repetition
+// penalty divides the biased logit (2 + 3) / 2, not 2 / 2 + 3.
+TEST(SamplerTest, TheBiasComesBeforeThePenalties) {
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f};
+  const std::vector<TokenId> prompt = {0, 1};
+  SamplingParams params;
+  params.repetition_penalty = 2.0f;
+  params.logit_bias = {{0, 3.0f}, {1, 2.0f}};
+  SamplerInput input = makeInput(logits, params);
+  input.prompt = prompt;
+  Sampler sampler;
+  // Token 1: -1 + 2 = 1 is positive once biased, so it is divided.
+  EXPECT_EQ(sampler.processedLogits(input), (std::vector<float>{2.5f, 0.5f, 0.5f}));
+}
+
 TEST(SamplerTest, PenaltiesFollowTheFormulas) {
   const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, -0.5f, 1.0f};
   const std::vector<TokenId> prompt = {0, 1};

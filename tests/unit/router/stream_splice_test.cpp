@@ -41,6 +41,22 @@ TEST(StreamSplice, AnUndisturbedStreamGoesThroughByteForByte) {
   EXPECT_EQ(splice.tokenIds(), (std::vector<int64_t>{11}));
 }
 
+// Keys keep the agent's order (a completion's top_logprobs best first), in
+// a first stream and in a continuation, whose id the splice rewrites.
+TEST(StreamSplice, KeysKeepTheirOrder) {
+  StreamSplice splice(/*chat=*/false, /*client_wants_ids=*/true);
+  auto chunk = [](const std::string& id) {
+    return "data: {\"id\":\"" + id +
+           "\",\"object\":\"text_completion\",\"created\":1,\"model\":\"tiny\","
+           "\"choices\":[{\"index\":0,\"text\":\"x\",\"logprobs\":{\"tokens\":[\"x\"],"
+           "\"top_logprobs\":[{\"x\":-0.1,\"b\":-2.5,\"a\":-3.0}]},"
+           "\"finish_reason\":null,\"token_ids\":[5]}]}\n\n";
+  };
+  EXPECT_EQ(splice.relay(chunk("cmpl-a")), chunk("cmpl-a"));
+  splice.beginContinuation();
+  EXPECT_EQ(splice.relay(chunk("cmpl-b")), chunk("cmpl-a"));
+}
+
 TEST(StreamSplice, AContinuationKeepsTheFirstIdAndRemembersEveryToken) {
   StreamSplice splice(false, /*client_wants_ids=*/false, /*resumed=*/{7});
   json without_ids = completionChunk("cmpl-a", "Once", {11});

@@ -434,6 +434,8 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "logit_bias keys must be token ids in [0, 512) written as decimal strings, got \"-1\""),
       bad(completion(R"("logit_bias": {"7": 100.5})"), "logit_bias",
           "logit_bias[\"7\"] must be a number between -100 and 100, got 100.5"),
+      bad(completion(R"("logit_bias": {"97": 60, "097": 60})"), "logit_bias",
+          "logit_bias names token 97 twice (keys must be distinct token ids)"),
       bad(completion(R"("logit_bias": {"7": "up"})"), "logit_bias",
           "logit_bias[\"7\"] must be a number between -100 and 100, got \"up\""),
       // Structured outputs.
@@ -1275,6 +1277,8 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chat(R"("n": 20)"), "n", "n must be between 1 and 16, got 20"),
       bad(chat(R"("echo": true)"), "echo",
           "echo is not supported for chat completions; send false or leave it out"),
+      bad(chat(R"("best_of": 3)"), "best_of",
+          "best_of is not supported for chat completions; use n, or /v1/completions"),
       bad(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
           "response_format.json_schema.schema", "response_format.json_schema.schema is required"),
       bad("not json", "",
@@ -1792,7 +1796,7 @@ TEST_F(ResponseTest, CompletionChunks) {
   step.finish_reason = engine::FinishReason::kLength;
   chunk = completionChunk(m, step, tokenizer(), state);
   ASSERT_TRUE(chunk.has_value());
-  EXPECT_EQ((*chunk)["choices"][0], json::parse(R"({"index": 0, "text": "é",
+  EXPECT_EQ((*chunk)["choices"][0], nlohmann::ordered_json::parse(R"({"index": 0, "text": "é",
       "logprobs": {"tokens": ["bytes:\\xa9"], "token_logprobs": [-0.75],
                    "top_logprobs": [{"bytes:\\xa9": -0.75}], "text_offset": [3]},
       "finish_reason": "length"})"));
@@ -1808,7 +1812,8 @@ TEST_F(ResponseTest, CompletionChunkSkipsEmptySteps) {
   auto chunk = completionChunk(meta(false, std::nullopt), step, tokenizer(), state);
   ASSERT_TRUE(chunk.has_value());
   EXPECT_FALSE(chunk->contains("usage"));
-  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0, "text": "", "logprobs": null,
+  EXPECT_EQ((*chunk)["choices"],
+            nlohmann::ordered_json::parse(R"([{"index": 0, "text": "", "logprobs": null,
       "finish_reason": "stop"}])"));
 }
 
@@ -1825,7 +1830,7 @@ TEST_F(ResponseTest, ChatChunks) {
   EXPECT_EQ((*chunk)["created"], 1700000000);
   EXPECT_EQ((*chunk)["model"], "tiny-model");
   EXPECT_FALSE(chunk->contains("usage"));
-  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0,
+  EXPECT_EQ((*chunk)["choices"], nlohmann::ordered_json::parse(R"([{"index": 0,
       "delta": {"role": "assistant", "content": ""}, "logprobs": null,
       "finish_reason": null}])"));
   EXPECT_TRUE(state.role_sent);
@@ -1836,14 +1841,15 @@ TEST_F(ResponseTest, ChatChunks) {
   step.text = "Hello";
   chunk = chatCompletionChunk(m, step, tokenizer(), state);
   ASSERT_TRUE(chunk.has_value());
-  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0, "delta": {"content": "Hello"},
+  EXPECT_EQ((*chunk)["choices"],
+            nlohmann::ordered_json::parse(R"([{"index": 0, "delta": {"content": "Hello"},
       "logprobs": null, "finish_reason": null}])"));
 
   step.text = "";
   step.finish_reason = engine::FinishReason::kStop;
   chunk = chatCompletionChunk(m, step, tokenizer(), state);
   ASSERT_TRUE(chunk.has_value());
-  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0, "delta": {},
+  EXPECT_EQ((*chunk)["choices"], nlohmann::ordered_json::parse(R"([{"index": 0, "delta": {},
       "logprobs": null, "finish_reason": "stop"}])"));
 }
 
@@ -1858,7 +1864,7 @@ TEST_F(ResponseTest, ChatChunkFirstWithTextAndLogprobs) {
   auto chunk = streamChunk(m, step, tokenizer(), state);
   ASSERT_TRUE(chunk.has_value());
   EXPECT_TRUE((*chunk)["usage"].is_null());
-  EXPECT_EQ((*chunk)["choices"], json::parse(R"([{"index": 0,
+  EXPECT_EQ((*chunk)["choices"], nlohmann::ordered_json::parse(R"([{"index": 0,
       "delta": {"role": "assistant", "content": "x"},
       "logprobs": {"content": [{"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195],
           "top_logprobs": [{"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195]}]}]},
@@ -1887,7 +1893,8 @@ TEST_F(ResponseTest, UsageChunk) {
   last.num_prompt_tokens = 10;
   last.num_cached_tokens = 8;
   last.num_generated_tokens = 4;
-  EXPECT_EQ(usageChunk(meta(true, std::nullopt), last), json::parse(R"({"id": "chatcmpl-req-1",
+  EXPECT_EQ(usageChunk(meta(true, std::nullopt), last),
+            nlohmann::ordered_json::parse(R"({"id": "chatcmpl-req-1",
       "object": "chat.completion.chunk", "created": 1700000000, "model": "tiny-model",
       "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
       "prompt_tokens_details": {"cached_tokens": 8}}})"));
