@@ -1171,8 +1171,17 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     reason = FinishReason::kError;
     out.error = std::string(kTooAmbiguous);
   } else if (isStopToken(token.token, params)) {
-    // The stop token ends the text without being part of it.
+    // The stop token ends the text, without being part of it unless
+    // include_stop_str_in_output (vLLM: its text, none for a special token
+    // under skip_special_tokens).
     reason = FinishReason::kStop;
+    const bool is_eos = !params.ignore_eos &&
+                        std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token.token) !=
+                            eos_token_ids_.end();
+    if (!is_eos) out.stop_token = token.token;
+    if (params.include_stop_str_in_output) {
+      out.text = live.stop.push(live.detokenizer.push(token.token), false).text;
+    }
   } else if (live.matcher && !live.matcher->accept(token.token)) {
     // Only when no token of the vocabulary can continue the output (the
     // sampler then ignores the mask).
@@ -1202,8 +1211,16 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     reason = FinishReason::kLength;
   }
   if (reason != FinishReason::kNone && !live.stop.stopped()) {
-    out.text += live.stop.push(live.detokenizer.flush()).text;
+    // The detokenizer's last bytes (an incomplete character) are new text:
+    // a stop string ending in them ends the answer as any other.
+    auto last = live.stop.push(live.detokenizer.flush(), generated > params.min_tokens);
+    out.text += last.text;
+    if (last.stopped && reason == FinishReason::kLength) reason = FinishReason::kStop;
     out.text += live.stop.finish();
+  }
+  if (reason == FinishReason::kStop && live.stop.stopped()) {
+    out.stop_string = live.stop.matched();
+    out.stop_token.reset();
   }
   out.num_prompt_tokens = sequence->num_prompt_tokens;
   out.num_cached_tokens = sequence->num_cached_tokens;

@@ -21,26 +21,29 @@ StopStringMatcher::Update StopStringMatcher::push(const std::string& piece, bool
     update.stopped = true;
     return update;
   }
+  const size_t before = pending_.size();
   pending_ += piece;
   if (stop_strings_.empty()) {
     update.text.swap(pending_);
     return update;
   }
-  // The earliest stop string occurrence wins (of two starting there, the
-  // one listed first).
+  // The earliest stop string occurrence ending in the new piece wins (of two
+  // starting there, the one listed first).
   size_t first = std::string::npos;
-  size_t first_length = 0;
-  if (may_stop) {
+  const std::string* first_stop = nullptr;
+  if (may_stop && !piece.empty()) {
     for (const auto& stop : stop_strings_) {
-      const size_t at = pending_.find(stop);
+      const size_t from = before + 1 >= stop.size() ? before + 1 - stop.size() : 0;
+      const size_t at = pending_.find(stop, from);
       if (at < first) {
         first = at;
-        first_length = stop.size();
+        first_stop = &stop;
       }
     }
   }
-  if (first != std::string::npos) {
-    update.text = pending_.substr(0, include_stop_ ? first + first_length : first);
+  if (first_stop != nullptr) {
+    update.text = pending_.substr(0, include_stop_ ? first + first_stop->size() : first);
+    matched_ = *first_stop;
     pending_.clear();
     stopped_ = true;
     update.stopped = true;

@@ -23,15 +23,18 @@ class StopStringMatcher {
     bool stopped = false;  // a stop string was found; nothing more will be emitted
   };
 
-  // Adds a piece of text; returns what may be emitted. With `may_stop`
-  // false (the answer is not yet longer than min_tokens) a stop string the
-  // text now holds is text like any other; one still being completed (a
-  // held-back tail) may end the answer once it may stop, as in vLLM, which
-  // looks for stop strings ending in the text of tokens past min_tokens.
+  // Adds a piece of text; returns what may be emitted. As vLLM, only a stop
+  // string ending in this piece can end the answer (one that straddles it
+  // and the held-back tail does), and only with `may_stop` (the answer is
+  // longer than min_tokens): a stop string completed while the answer could
+  // not stop stays text, even when it is still held back as the start of a
+  // longer stop string.
   Update push(const std::string& piece, bool may_stop = true);
   // End of generation: releases the held-back tail.
   std::string finish();
   bool stopped() const { return stopped_; }
+  // The stop string that ended the answer (empty until one did).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stop_strings_;
@@ -39,6 +42,7 @@ class StopStringMatcher {
   size_t max_stop_length_ = 0;
   std::string pending_;  // held back: may be the start of a stop string
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace tandem::engine

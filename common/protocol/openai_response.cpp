@@ -56,6 +56,14 @@ json finishReasonJson(protocol::FinishReason reason) {
   return protocol::finishReasonName(reason);
 }
 
+// vLLM's stop_reason: the stop string or stop_token_ids id that ended the
+// answer, else null (an end-of-sequence token, a length limit).
+json stopReasonJson(const protocol::RequestOutput& output) {
+  if (output.stop_string) return *output.stop_string;
+  if (output.stop_token) return *output.stop_token;
+  return nullptr;
+}
+
 json byteList(const std::string& bytes) {
   json list = json::array();
   for (char c : bytes) list.push_back(static_cast<unsigned char>(c));
@@ -218,6 +226,8 @@ void appendOutput(protocol::RequestOutput& total, const protocol::RequestOutput&
   if (total.prompt_logprobs.empty()) total.prompt_logprobs = step.prompt_logprobs;
   total.text += step.text;
   total.finish_reason = step.finish_reason;
+  total.stop_string = step.stop_string;
+  total.stop_token = step.stop_token;
   total.error = step.error;
   total.invalid_request = step.invalid_request;
   total.error_param = step.error_param;
@@ -259,7 +269,8 @@ json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput&
   json choice = {{"index", 0},
                  {"text", meta.echo_text + total.text},
                  {"logprobs", std::move(logprobs)},
-                 {"finish_reason", finishReasonJson(total.finish_reason)}};
+                 {"finish_reason", finishReasonJson(total.finish_reason)},
+                 {"stop_reason", stopReasonJson(total)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
   if (meta.prompt_logprobs) {
     choice["prompt_logprobs"] =
@@ -288,7 +299,8 @@ json chatCompletionResponse(const ResponseMeta& meta, const protocol::RequestOut
       {"index", 0},
       {"message", std::move(message)},
       {"logprobs", meta.logprobs ? chatLogprobs(meta, total.tokens, tokenizer) : json(nullptr)},
-      {"finish_reason", std::move(finish_reason)}};
+      {"finish_reason", std::move(finish_reason)},
+      {"stop_reason", stopReasonJson(total)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(total.tokens);
   response["choices"] = json::array({std::move(choice)});
   response["usage"] = usageJson(total);
@@ -331,7 +343,8 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
   json choice = {{"index", 0},
                  {"text", echo ? meta.echo_text + step.text : step.text},
                  {"logprobs", std::move(logprobs)},
-                 {"finish_reason", finishReasonJson(step.finish_reason)}};
+                 {"finish_reason", finishReasonJson(step.finish_reason)},
+                 {"stop_reason", stopReasonJson(step)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
   if (meta.include_usage) chunk["usage"] = nullptr;
@@ -394,7 +407,8 @@ std::optional<json> chatCompletionChunk(const ResponseMeta& meta,
       {"index", 0},
       {"delta", std::move(delta)},
       {"logprobs", has_logprobs ? chatLogprobs(meta, step.tokens, tokenizer) : json(nullptr)},
-      {"finish_reason", std::move(finish_reason)}};
+      {"finish_reason", std::move(finish_reason)},
+      {"stop_reason", stopReasonJson(step)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
   if (meta.include_usage) chunk["usage"] = nullptr;

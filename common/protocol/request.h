@@ -125,6 +125,11 @@ struct RequestOutput {
   std::vector<GeneratedToken> prompt_logprobs;
   std::string text;  // new text (valid UTF-8, stop strings cut)
   FinishReason finish_reason = FinishReason::kNone;
+  // With kStop, vLLM's stop_reason: the stop string that ended the answer,
+  // or else the stop_token_ids id sampled (an end-of-sequence token sets
+  // neither).
+  std::optional<std::string> stop_string;
+  std::optional<TokenId> stop_token;
   std::string error;  // with kError
   // With kError: the request itself cannot be run (its constraint proved
   // too ambiguous, or nothing can continue it) rather than the server

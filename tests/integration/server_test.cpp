@@ -401,6 +401,17 @@ TEST(Server, StopConditionsEndGenerationWhereAsked) {
   auto first_at = std::find(free_run.begin(), free_run.end(), free_run[5]) - free_run.begin();
   EXPECT_EQ(tokenIds(stopped).size(), static_cast<size_t>(first_at + 1));
   EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  // vLLM's stop_reason names it; include_stop_str_in_output adds its text.
+  EXPECT_EQ(stopped["choices"][0]["stop_reason"], free_run[5]);
+  body["include_stop_str_in_output"] = true;
+  json with_token = agent.post("/v1/completions", body);
+  body.erase("include_stop_str_in_output");
+  json detok = agent.post("/detokenize", {{"model", "tiny"}, {"tokens", {free_run[5]}}});
+  EXPECT_EQ(with_token["choices"][0]["text"].get<std::string>(),
+            stopped["choices"][0]["text"].get<std::string>() + detok["prompt"].get<std::string>());
+  EXPECT_EQ(json(agent.post("/v1/completions", greedy(prompt, 2)))["choices"][0]["stop_reason"],
+            nullptr)
+      << "a length limit has none";
 
   // min_tokens keeps generating past that stop token.
   body["min_tokens"] = 12;
@@ -421,6 +432,7 @@ TEST(Server, StopConditionsEndGenerationWhereAsked) {
   json cut = agent.post("/v1/completions", with_stop);
   EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, text.find(stop)));
   EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(cut["choices"][0]["stop_reason"], stop);
   // include_stop_str_in_output (vLLM's): the text ends with the stop string,
   // streamed or not.
   with_stop["include_stop_str_in_output"] = true;

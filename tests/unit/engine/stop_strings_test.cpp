@@ -65,6 +65,24 @@ TEST(StopStrings, NothingStopsBeforeMinTokensButAStringCompletedAfterDoes) {
   EXPECT_EQ(d.text, " x ");
 }
 
+// A stop string completed before stopping was allowed stays text even while
+// it is held back as the start of a longer one ("\n" of "\n\n"): adding a
+// stop string that never occurs changes nothing. Only a string ending in
+// the new piece stops, and the matcher says which.
+TEST(StopStrings, AStringCompletedBeforeMinTokensNeverStopsLater) {
+  StopStringMatcher matcher({"\n", "\n\n"});
+  auto a = matcher.push("x;\r\n", /*may_stop=*/false);
+  EXPECT_EQ(a.text, "x;\r") << "\n may start \n\n: held back";
+  auto b = matcher.push("yur", /*may_stop=*/true);
+  EXPECT_FALSE(b.stopped);
+  EXPECT_EQ(b.text, "\nyur");
+  EXPECT_EQ(matcher.matched(), "");
+  auto c = matcher.push(";\r\n", /*may_stop=*/true);
+  EXPECT_TRUE(c.stopped);
+  EXPECT_EQ(c.text, ";\r");
+  EXPECT_EQ(matcher.matched(), "\n");
+}
+
 TEST(StopStrings, FalseStartIsReleased) {
   StopStringMatcher matcher({"END"});
   auto [out, stopped] = feed(matcher, {"E", "N", "X", "Y"});

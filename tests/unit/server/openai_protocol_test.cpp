@@ -1703,7 +1703,7 @@ TEST_F(ResponseTest, CompletionResponseWithoutLogprobs) {
   output.num_generated_tokens = 1;
   const json response = completionResponse(meta(false, std::nullopt), output, tokenizer());
   EXPECT_EQ(response["choices"], json::parse(R"([{"index": 0, "text": "Hi", "logprobs": null,
-      "finish_reason": "length"}])"));
+      "finish_reason": "length", "stop_reason": null}])"));
   EXPECT_FALSE(response.contains("kv_transfer_params"));
   EXPECT_EQ(response["usage"]["total_tokens"], 4);
 }
@@ -1751,7 +1751,7 @@ TEST_F(ResponseTest, ChatCompletionResponseWithoutLogprobs) {
   const json response = chatCompletionResponse(meta(true, std::nullopt), output, tokenizer());
   EXPECT_EQ(response["choices"], json::parse(R"([{"index": 0,
       "message": {"role": "assistant", "content": "Sure."}, "logprobs": null,
-      "finish_reason": "abort"}])"));
+      "finish_reason": "abort", "stop_reason": null}])"));
 }
 
 TEST_F(ResponseTest, CompletionChunks) {
@@ -1799,7 +1799,7 @@ TEST_F(ResponseTest, CompletionChunks) {
   EXPECT_EQ((*chunk)["choices"][0], nlohmann::ordered_json::parse(R"({"index": 0, "text": "é",
       "logprobs": {"tokens": ["bytes:\\xa9"], "token_logprobs": [-0.75],
                    "top_logprobs": [{"bytes:\\xa9": -0.75}], "text_offset": [3]},
-      "finish_reason": "length"})"));
+      "finish_reason": "length", "stop_reason": null})"));
 }
 
 TEST_F(ResponseTest, CompletionChunkSkipsEmptySteps) {
@@ -1814,7 +1814,7 @@ TEST_F(ResponseTest, CompletionChunkSkipsEmptySteps) {
   EXPECT_FALSE(chunk->contains("usage"));
   EXPECT_EQ((*chunk)["choices"],
             nlohmann::ordered_json::parse(R"([{"index": 0, "text": "", "logprobs": null,
-      "finish_reason": "stop"}])"));
+      "finish_reason": "stop", "stop_reason": null}])"));
 }
 
 TEST_F(ResponseTest, ChatChunks) {
@@ -1832,7 +1832,7 @@ TEST_F(ResponseTest, ChatChunks) {
   EXPECT_FALSE(chunk->contains("usage"));
   EXPECT_EQ((*chunk)["choices"], nlohmann::ordered_json::parse(R"([{"index": 0,
       "delta": {"role": "assistant", "content": ""}, "logprobs": null,
-      "finish_reason": null}])"));
+      "finish_reason": null, "stop_reason": null}])"));
   EXPECT_TRUE(state.role_sent);
 
   // Nothing new: no chunk.
@@ -1843,14 +1843,14 @@ TEST_F(ResponseTest, ChatChunks) {
   ASSERT_TRUE(chunk.has_value());
   EXPECT_EQ((*chunk)["choices"],
             nlohmann::ordered_json::parse(R"([{"index": 0, "delta": {"content": "Hello"},
-      "logprobs": null, "finish_reason": null}])"));
+      "logprobs": null, "finish_reason": null, "stop_reason": null}])"));
 
   step.text = "";
   step.finish_reason = engine::FinishReason::kStop;
   chunk = chatCompletionChunk(m, step, tokenizer(), state);
   ASSERT_TRUE(chunk.has_value());
   EXPECT_EQ((*chunk)["choices"], nlohmann::ordered_json::parse(R"([{"index": 0, "delta": {},
-      "logprobs": null, "finish_reason": "stop"}])"));
+      "logprobs": null, "finish_reason": "stop", "stop_reason": null}])"));
 }
 
 TEST_F(ResponseTest, ChatChunkFirstWithTextAndLogprobs) {
@@ -1868,7 +1868,7 @@ TEST_F(ResponseTest, ChatChunkFirstWithTextAndLogprobs) {
       "delta": {"role": "assistant", "content": "x"},
       "logprobs": {"content": [{"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195],
           "top_logprobs": [{"token": "bytes:\\xc3", "logprob": -0.25, "bytes": [195]}]}]},
-      "finish_reason": null}])"));
+      "finish_reason": null, "stop_reason": null}])"));
 }
 
 TEST_F(ResponseTest, FinishReasonNames) {
