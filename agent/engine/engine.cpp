@@ -1230,6 +1230,14 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     out.prompt_logprobs = sequence->prompt_logprobs;
   }
   live.sent_first = true;
+  if (sequence->request.report_no_output) {
+    out.tokens.clear();
+    out.text.clear();
+    out.num_generated_tokens = 0;
+    out.stop_string.reset();
+    out.stop_token.reset();
+    if (reason == FinishReason::kStop) reason = FinishReason::kLength;
+  }
   if (reason == FinishReason::kNone) {
     live.callback(out);
     return;

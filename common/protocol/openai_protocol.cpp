@@ -632,7 +632,15 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   }
   FieldReader fields(root.value());
   readCommonFields(fields, limits, parsed);
-  const auto max_tokens = readMaxTokens(fields, "max_tokens");
+  // echo with max_tokens 0 scores the prompt (OpenAI's legacy completions,
+  // which vLLM keeps): one token is computed and none reported.
+  const RequestJson* max_tokens_field = fields.find("max_tokens");
+  const bool echo_only = parsed.echo && max_tokens_field != nullptr &&
+                         max_tokens_field->is_number_integer() &&
+                         max_tokens_field->get<int64_t>() == 0;
+  const auto max_tokens =
+      echo_only ? std::optional<int64_t>(1) : readMaxTokens(fields, "max_tokens");
+  parsed.request.report_no_output = echo_only;
   int64_t logprobs = 0;
   if (fields.readInt("logprobs", 0, limits.max_logprobs, &logprobs)) {
     parsed.request.sampling.logprobs = static_cast<int32_t>(logprobs);

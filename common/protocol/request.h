@@ -87,6 +87,11 @@ struct Request {
   // and its KV blocks held for the agent that will resume it. Set by the
   // router for the streams it can move; others run to their end.
   bool hand_over_on_drain = false;
+  // Completions' echo with max_tokens 0 (OpenAI's prompt scoring): one
+  // token is computed (sampling.max_tokens 1) and none reported: the
+  // outputs carry no tokens, no text, 0 generated tokens, and end with
+  // length.
+  bool report_no_output = false;
   Clock::time_point arrival = Clock::now();
 };
 

@@ -114,6 +114,53 @@ TEST(PromptLogprobs, EchoLeadsWithThePromptAndMatchesGeneration) {
   EXPECT_EQ(lists, logprobs);
 }
 
+// echo with max_tokens 0 (OpenAI's prompt scoring, kept by vLLM): the
+// prompt's text and logprobs alone, the same numbers as with a generated
+// token after them; no completion tokens, finish_reason length; streamed
+// alike. Without echo, 0 stays refused.
+TEST(PromptLogprobs, EchoWithNoTokensScoresThePromptAlone) {
+  Agent agent;
+  const std::vector<int> prompt = randomPrompt(30, 33);
+  json body = greedy(prompt, 1);
+  body["logprobs"] = 2;
+  body["echo"] = true;
+  const json with_token = agent.post("/v1/completions", body);
+  body["max_tokens"] = 0;
+  const json scored = agent.post("/v1/completions", body);
+  ASSERT_TRUE(scored.contains("choices")) << scored.dump();
+  const json& choice = scored["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_EQ(choice["token_ids"], json::array());
+  EXPECT_EQ(scored["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(scored["usage"]["prompt_tokens"], prompt.size());
+  const json& expected = with_token["choices"][0]["logprobs"];
+  ASSERT_EQ(choice["logprobs"]["tokens"].size(), prompt.size());
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      EXPECT_EQ(choice["logprobs"][key][i], expected[key][i]) << key << " " << i;
+    }
+  }
+  const std::string generated_text = with_token["choices"][0]["text"];
+  const std::string last = expected["tokens"][prompt.size()];
+  EXPECT_EQ(choice["text"], generated_text.substr(0, generated_text.size() - last.size()));
+
+  std::string text;
+  size_t streamed_tokens = 0;
+  for (const json& chunk : streamChunks(agent, body)) {
+    const json& part = chunk["choices"][0];
+    text += part["text"].get<std::string>();
+    if (!part["logprobs"].is_null()) streamed_tokens += part["logprobs"]["tokens"].size();
+  }
+  EXPECT_EQ(text, choice["text"]);
+  EXPECT_EQ(streamed_tokens, prompt.size());
+
+  body["echo"] = false;
+  int status = 0;
+  const json refused = agent.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "max_tokens");
+}
+
 // vLLM's prompt_logprobs: null, then per prompt token its own entry (rank,
 // decoded text) and the alternatives asked for, keyed by token id; the same
 // numbers as echo's. With n = 3 every choice carries them and the prompt is
