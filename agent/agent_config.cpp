@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "agent/kv/connector.h"
+#include "common/http/http_limits.h"
 #include "common/protocol/reasoning_parser.h"
 #include "common/protocol/tool_call_parser.h"
 #include "common/status.h"
@@ -116,20 +117,24 @@ const std::vector<Row>& rows() {
               &ServeOptions::max_model_len),
       integer("max_waiting_requests", 1, kMaxWaitingRequests, "queued requests before 503",
               &ServeOptions::max_waiting_requests),
-      integer("max_header_bytes", 1024, int64_t{1} << 20,
-              "bytes of a request line and headers before 431", &ServeOptions::max_header_bytes),
-      integer("max_body_bytes", 1024, int64_t{1} << 32, "bytes of a request body before 413",
-              &ServeOptions::max_body_bytes),
-      integer("request_timeout", 1, 3600, "seconds to receive a request, from its first byte",
+      integer("max_header_bytes", server::kMaxHeaderBytesRange.min,
+              server::kMaxHeaderBytesRange.max, "bytes of a request line and headers before 431",
+              &ServeOptions::max_header_bytes),
+      integer("max_body_bytes", server::kMaxBodyBytesRange.min, server::kMaxBodyBytesRange.max,
+              "bytes of a request body before 413", &ServeOptions::max_body_bytes),
+      integer("request_timeout", server::kRequestTimeoutRange.min, server::kRequestTimeoutRange.max,
+              "seconds to receive a request, from its first byte",
               &ServeOptions::request_timeout_s),
-      integer("idle_timeout", 1, 86400,
+      integer("idle_timeout", server::kIdleTimeoutRange.min, server::kIdleTimeoutRange.max,
               "seconds a keep-alive connection may wait for its next request",
               &ServeOptions::idle_timeout_s),
-      integer("write_timeout", 1, 3600, "seconds one write to a client may take",
-              &ServeOptions::write_timeout_s),
-      integer("large_body_bytes", 1024, int64_t{1} << 32, "a body over this (or chunked) is large",
+      integer("write_timeout", server::kWriteTimeoutRange.min, server::kWriteTimeoutRange.max,
+              "seconds one write to a client may take", &ServeOptions::write_timeout_s),
+      integer("large_body_bytes", server::kLargeBodyBytesRange.min,
+              server::kLargeBodyBytesRange.max, "a body over this (or chunked) is large",
               &ServeOptions::large_body_bytes),
-      integer("max_large_requests", 1, 1024,
+      integer("max_large_requests", server::kMaxLargeRequestsRange.min,
+              server::kMaxLargeRequestsRange.max,
               "large requests read and handled at once; one more gets 503",
               &ServeOptions::max_large_requests),
       choice("role", {"prefill", "decode", "both"}, "metrics role label", &ServeOptions::role),

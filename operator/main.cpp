@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/http/http_connection.h"
+#include "common/http/http_limits.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "operator/controller/controller_command.h"
@@ -44,6 +45,11 @@ using tandem::router::AgentEndpoint;
 using tandem::router::RouterConfig;
 using tandem::spec::AgentAddress;
 using tandem::spec::RouterSpec;
+
+// An HTTP limit's flag accepts what the agent's accepts (http_limits.h).
+CLI::Range httpRange(const tandem::server::HttpLimitRange& range) {
+  return CLI::Range(range.min, range.max);
+}
 
 std::vector<AgentEndpoint> toEndpoints(const std::vector<AgentAddress>& agents) {
   std::vector<AgentEndpoint> endpoints;
@@ -173,7 +179,8 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
                     "tandem-agent to run (default: the one next to tandem-operator)");
   local
       ->add_option("--stop-timeout", flags.stop_timeout_s,
-                   "seconds between SIGTERM and SIGKILL when agents stop")
+                   "seconds the router's in-flight requests get on stop, then seconds "
+                   "between an agent's SIGTERM and SIGKILL")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   local
@@ -375,37 +382,37 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->add_option("--max-header-bytes", flags.max_header_bytes,
                    "bytes of a request line and headers before 431 (default " +
                        std::to_string(defaults.http.max_header_bytes) + ")")
-      ->check(CLI::Range(int64_t{1}, int64_t{UINT32_MAX}));
+      ->check(httpRange(tandem::server::kMaxHeaderBytesRange));
   command
       ->add_option("--max-body-bytes", flags.max_body_bytes,
                    "bytes of a request body before 413 (default " +
                        std::to_string(defaults.http.max_body_bytes) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(httpRange(tandem::server::kMaxBodyBytesRange));
   command
       ->add_option("--request-timeout", flags.request_timeout_s,
                    "seconds to receive a request, from its first byte (default " +
                        std::to_string(defaults.http.request_timeout.count()) + ")")
-      ->check(CLI::Range(1, 86400));
+      ->check(httpRange(tandem::server::kRequestTimeoutRange));
   command
       ->add_option("--idle-timeout", flags.idle_timeout_s,
                    "seconds a keep-alive connection may wait for its next request (default " +
                        std::to_string(defaults.http.idle_timeout.count()) + ")")
-      ->check(CLI::Range(1, 86400));
+      ->check(httpRange(tandem::server::kIdleTimeoutRange));
   command
       ->add_option("--write-timeout", flags.write_timeout_s,
                    "seconds one write to a client may take (default " +
                        std::to_string(defaults.http.write_timeout.count()) + ")")
-      ->check(CLI::Range(1, 86400));
+      ->check(httpRange(tandem::server::kWriteTimeoutRange));
   command
       ->add_option("--large-body-bytes", flags.large_body_bytes,
                    "a body over this many bytes (or chunked) is large (default " +
                        std::to_string(defaults.http.large_body_bytes) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(httpRange(tandem::server::kLargeBodyBytesRange));
   command
       ->add_option("--max-large-requests", flags.max_large_requests,
                    "large requests read and handled at once; one more gets 503 (default " +
                        std::to_string(defaults.http.max_large_requests) + ")")
-      ->check(CLI::Range(1, 65536));
+      ->check(httpRange(tandem::server::kMaxLargeRequestsRange));
   command->add_option("--api-key", flags.api_key,
                       "clients must send Authorization: Bearer <key> (default: the "
                       "TANDEM_API_KEY environment variable; prefer it, a flag shows in ps)");

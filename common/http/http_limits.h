@@ -26,6 +26,20 @@ struct HttpLimits {
   int max_large_requests = 2;
 };
 
+// The values each limit accepts, inclusive: the agent's and the router's
+// flags check these (docs/configuration.md#http-limits).
+struct HttpLimitRange {
+  int64_t min;
+  int64_t max;
+};
+inline constexpr HttpLimitRange kMaxHeaderBytesRange{1024, int64_t{1} << 20};
+inline constexpr HttpLimitRange kMaxBodyBytesRange{1024, int64_t{1} << 32};
+inline constexpr HttpLimitRange kRequestTimeoutRange{1, 3600};
+inline constexpr HttpLimitRange kIdleTimeoutRange{1, 86400};
+inline constexpr HttpLimitRange kWriteTimeoutRange{1, 3600};
+inline constexpr HttpLimitRange kLargeBodyBytesRange{1024, int64_t{1} << 32};
+inline constexpr HttpLimitRange kMaxLargeRequestsRange{1, 1024};
+
 // Paths served without the API key by default (HttpService::requireApiKey):
 // probes, metrics scrapers, and the KV transfer calls between agents (signed
 // with the KV secret instead).

@@ -255,6 +255,36 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
           }
         }
       }
+      if (!router.kv_secret_ref) {
+        // Agents with a KV secret refuse unsigned holds: without the same
+        // secret the router's prefix lending (pull-back) is always refused.
+        bool warned = false;
+        for (auto [names, pool_kind] : {std::pair{&prefill_pools, spec::PoolKind::kPrefill},
+                                        std::pair{&decode_pools, spec::PoolKind::kDecode}}) {
+          for (const std::string& pool_name : *names) {
+            if (warned) break;
+            auto pool_object = writer_.client().get(
+                resourceOf(pool_kind == spec::PoolKind::kPrefill ? OwnerKind::kPrefillPool
+                                                                 : OwnerKind::kDecodePool),
+                ns, pool_name);
+            if (!pool_object.isOk()) continue;
+            try {
+              const spec::PoolSpec pool =
+                  spec::parsePoolObject(*pool_object, pool_kind, describe(ownerOf(*pool_object)));
+              if (!pool.kv_transfer.secret_ref) continue;
+              events_.recordOnce(owner, kWarning, "UnsignedHolds",
+                                 "pool " + pool_name +
+                                     " has kvTransfer.secretRef but this Router has no "
+                                     "spec.kvSecretRef: its agents refuse the router's unsigned "
+                                     "pull-back holds, so prefix lending is off; give the Router "
+                                     "the same Secret key");
+              warned = true;
+            } catch (const Error&) {
+              continue;  // that pool reports its own InvalidSpec
+            }
+          }
+        }
+      }
       if (decode_pools.empty()) {
         fail("NoDecodePool", "namespace " + ns +
                                  " has no DecodePool to route to (spec.decodePools or every "

@@ -230,9 +230,7 @@ class Router::Impl {
                  [this](HttpExchange& exchange) { return complete(exchange, true); });
     // An agent's own answer, as a client of the agents would get it
     // (docs/router.md): the router adds nothing to these.
-    for (const char* path : {"/v1/models", "/tokenize"}) {
-      http_->route("GET", path, [this](HttpExchange& exchange) { return forward(exchange); });
-    }
+    http_->route("GET", "/v1/models", [this](HttpExchange& exchange) { return forward(exchange); });
     for (const char* path : {"/tokenize", "/detokenize"}) {
       http_->route("POST", path, [this](HttpExchange& exchange) { return forward(exchange); });
     }

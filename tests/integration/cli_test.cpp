@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/support/agent_server.h"
@@ -211,6 +212,33 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
 
 // --device takes cpu, cuda or auto; cuda needs a CUDA build and a visible GPU,
 // and says which is missing.
+// The router's HTTP limits accept what the agent's flags of the same names
+// accept (one table, common/http/http_limits.h): a router with a 1-byte
+// header limit answered its own probes 431.
+TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
+  const fs::path model = makeTinyModel("m", 4);
+  const std::string router =
+      "timeout 30 " + bin("tandem-operator") + " router --decode 127.0.0.1:2 --port 0 ";
+  const std::string agent =
+      "timeout 30 " + bin("tandem-agent") + " serve --model '" + model.string() + "' --port 0 ";
+  for (const auto& [flag, value, range] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--max-header-bytes", "1", "1024 to 1048576"},
+           {"--max-body-bytes", "0", "1024 to 4294967296"},
+           {"--request-timeout", "7200", "1 to 3600"},
+           {"--max-large-requests", "2000", "1 to 1024"}}) {
+    CommandResult refused = run(router + flag + " " + value);
+    EXPECT_NE(refused.exit_code, 0) << flag;
+    EXPECT_NE(refused.err.find(flag + ": Value " + value + " not in range " + range),
+              std::string::npos)
+        << refused.err;
+    CommandResult agent_refused = run(agent + flag + " " + value);
+    EXPECT_EQ(agent_refused.exit_code, 1) << flag;
+    EXPECT_NE(agent_refused.err.find(flag + " must be an integer between"), std::string::npos)
+        << agent_refused.err;
+  }
+}
+
 TEST_F(CliTest, DeviceFlagNamesWhatIsAcceptedAndWhyCudaIsUnavailable) {
   const fs::path model = makeTinyModel("m", 4);
   const std::string serve =

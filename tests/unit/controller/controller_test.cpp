@@ -253,6 +253,31 @@ TEST_F(ControllerTest, ARouterWithNoDecodePoolIsDegradedNamingWhy) {
   EXPECT_EQ(degraded["reason"], "NoDecodePool") << router->dump();
 }
 
+// Pools with a KV secret refuse unsigned holds: a Router without the same
+// secret is warned (once) that its prefix lending is off; with it, not.
+TEST_F(ControllerTest, ARouterWithoutThePoolsKvSecretIsWarned) {
+  server_.put(decodePool(1));  // kvTransfer.secretRef kv/secret
+  json router = {{"apiVersion", "tandem.dev/v1alpha1"},
+                 {"kind", "Router"},
+                 {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+                 {"spec", {{"modelPath", "/models/small"}}}};
+  server_.put(router);
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  const auto warned = eventsWithReason("UnsignedHolds");
+  ASSERT_EQ(warned.size(), 1u);
+  EXPECT_NE(warned[0]["message"].get<std::string>().find("pool decode has kvTransfer.secretRef"),
+            std::string::npos)
+      << warned[0].dump();
+
+  router["metadata"]["name"] = "signed";
+  router["spec"]["kvSecretRef"] = {{"name", "kv"}, {"key", "secret"}};
+  server_.put(router);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "signed").isOk());
+  EXPECT_EQ(eventsWithReason("UnsignedHolds").size(), 1u);
+}
+
 // An owner being deleted (held by a finalizer, or in the foreground while
 // its children go) gets no children back: re-creating its Deployment would
 // start pods the deletion then removes.
