@@ -248,16 +248,16 @@ std::optional<TokenId> readTokenId(FieldReader& fields, const std::string& name,
   return static_cast<TokenId>(*id);
 }
 
-// An array of token ids; `name` is how messages call it ("prompt[0]"),
-// `param` the request field ("prompt").
+// An array of token ids; `name` is its path in the request ("prompt[0]"),
+// which a bad element's message and param extend ("prompt[0][3]").
 std::optional<std::vector<TokenId>> readTokenIds(FieldReader& fields, const std::string& name,
-                                                 const std::string& param, const RequestJson& array,
-                                                 int64_t vocab_size) {
+                                                 const RequestJson& array, int64_t vocab_size) {
   std::vector<TokenId> ids;
   ids.reserve(array.size());
   for (size_t i = 0; i < array.size(); ++i) {
-    const auto id =
-        readTokenId(fields, name + "[" + std::to_string(i) + "]", param, array[i], vocab_size);
+    // The element is the param, as for any other field's element.
+    const std::string element = name + "[" + std::to_string(i) + "]";
+    const auto id = readTokenId(fields, element, element, array[i], vocab_size);
     if (!id) return std::nullopt;
     ids.push_back(*id);
   }
@@ -386,8 +386,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   if (const RequestJson* ids = fields.find("stop_token_ids")) {
     if (!ids->is_array()) {
       fields.failType("stop_token_ids", "an array of token ids", *ids);
-    } else if (auto parsed_ids = readTokenIds(fields, "stop_token_ids", "stop_token_ids", *ids,
-                                              limits.vocab_size)) {
+    } else if (auto parsed_ids = readTokenIds(fields, "stop_token_ids", *ids, limits.vocab_size)) {
       sampling.stop_token_ids = std::move(*parsed_ids);
     }
   }
@@ -432,8 +431,7 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
       fields.fail("resume_token_ids continues a stream: set stream to true", "resume_token_ids");
     } else if (parsed.n > 1) {
       fields.fail("resume_token_ids continues one choice: n must be 1", "resume_token_ids");
-    } else if (auto resumed = readTokenIds(fields, "resume_token_ids", "resume_token_ids", *ids,
-                                           limits.vocab_size)) {
+    } else if (auto resumed = readTokenIds(fields, "resume_token_ids", *ids, limits.vocab_size)) {
       parsed.request.resume_output = std::move(*resumed);
     }
   }
@@ -608,7 +606,7 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
         std::string("prompt must be ") + kAccepted + ", got " + prompt->type_name(), "prompt");
   }
   if (prompt->empty()) return invalidRequest("prompt must not be empty", "prompt");
-  auto ids = readTokenIds(fields, name, "prompt", *prompt, limits.vocab_size);
+  auto ids = readTokenIds(fields, name, *prompt, limits.vocab_size);
   if (!ids) return fields.error();
   parsed.request.prompt = std::move(*ids);
   return std::nullopt;
@@ -853,7 +851,7 @@ Result<json> detokenize(std::string_view body, const ServerLimits& limits,
                               " ids (max_model_len), got " + std::to_string(tokens->size()),
                           "tokens");
   }
-  auto ids = readTokenIds(fields, "tokens", "tokens", *tokens, limits.vocab_size);
+  auto ids = readTokenIds(fields, "tokens", *tokens, limits.vocab_size);
   if (!ids) return fields.error();
   return json{{"prompt", tokenizer.decode(*ids)}};
 }
