@@ -263,6 +263,7 @@ struct Tokenizer::Impl {
   std::optional<TokenId> bos_id;
   std::optional<TokenId> eos_id;
   std::string chat_template;
+  bool clean_up_tokenization_spaces = false;
   std::vector<Tokenizer::NamedChatTemplate> chat_templates;
   nlohmann::ordered_json special_tokens_map = nlohmann::ordered_json::object();
 };
@@ -316,6 +317,12 @@ void loadConfig(const Tokenizer& tokenizer, Tokenizer::Impl& impl,
   const nlohmann::json config = parseJsonFile(config_path);
   try {
     loadSpecialTokens(tokenizer, impl, config, source);
+    const nlohmann::json& clean_up = fieldOrNull(config, "clean_up_tokenization_spaces");
+    if (!clean_up.is_null() && !clean_up.is_boolean()) {
+      throw Error(source + ": clean_up_tokenization_spaces must be true or false, got " +
+                  clean_up.dump());
+    }
+    impl.clean_up_tokenization_spaces = clean_up.is_boolean() && clean_up.get<bool>();
     const nlohmann::json& chat_template = fieldOrNull(config, "chat_template");
     if (chat_template.is_string()) {
       impl.chat_template = chat_template.get<std::string>();
@@ -459,6 +466,29 @@ bool Tokenizer::isSpecial(TokenId id) const {
 std::optional<TokenId> Tokenizer::bosTokenId() const { return impl_->bos_id; }
 std::optional<TokenId> Tokenizer::eosTokenId() const { return impl_->eos_id; }
 const std::string& Tokenizer::chatTemplate() const { return impl_->chat_template; }
+
+std::string Tokenizer::decodeAsTransformers(std::span<const TokenId> ids,
+                                            bool skip_special_tokens) const {
+  std::string text = decode(ids, skip_special_tokens);
+  if (!impl_->clean_up_tokenization_spaces) return text;
+  // transformers' clean_up_tokenization: these replacements, in this order.
+  static constexpr std::pair<std::string_view, std::string_view> kCleanUps[] = {
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kCleanUps) {
+    std::string out;
+    out.reserve(text.size());
+    for (size_t at = 0;;) {
+      const size_t found = text.find(from, at);
+      out.append(text, at, found == std::string::npos ? std::string::npos : found - at);
+      if (found == std::string::npos) break;
+      out += to;
+      at = found + from.size();
+    }
+    text = std::move(out);
+  }
+  return text;
+}
 const std::vector<Tokenizer::NamedChatTemplate>& Tokenizer::chatTemplates() const {
   return impl_->chat_templates;
 }

@@ -48,6 +48,13 @@ class Tokenizer {
   // Byte sequences that are not valid UTF-8 come out as U+FFFD. Ids outside
   // the vocabulary are skipped.
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
+  // decode() as transformers' decode gives it: with tokenizer_config.json's
+  // clean_up_tokenization_spaces true (Llama 3), " ." becomes "." and the
+  // like. For /detokenize, as vLLM's; not for generated text, whose
+  // streamed pieces must add up to it, nor for echoed prompts, whose
+  // logprobs' text offsets count the tokens' own text.
+  std::string decodeAsTransformers(std::span<const TokenId> ids,
+                                   bool skip_special_tokens = false) const;
 
   // Number of ids (the largest id + 1, added tokens included).
   int64_t vocabSize() const;

@@ -853,7 +853,7 @@ Result<json> detokenize(std::string_view body, const ServerLimits& limits,
   }
   auto ids = readTokenIds(fields, "tokens", *tokens, limits.vocab_size);
   if (!ids) return fields.error();
-  return json{{"prompt", tokenizer.decode(*ids)}};
+  return json{{"prompt", tokenizer.decodeAsTransformers(*ids)}};
 }
 
 }  // namespace

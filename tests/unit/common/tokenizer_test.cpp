@@ -304,6 +304,20 @@ TEST(TokenizerConfigTest, Qwen3SpecialTokens) {
   EXPECT_EQ(tok->decode(ids, /*skip_special_tokens=*/true), "<think>hi</think>");
 }
 
+// transformers' decode cleans up spaces before punctuation when the config
+// says so (Llama 3 does, Qwen3 does not); plain decode never does.
+TEST(TokenizerDecodeTest, DecodeAsTransformersCleansUpSpacesWhenTheConfigSaysSo) {
+  auto llama = Tokenizer::fromDirectory(kDataDir / "llama3");
+  const std::vector<TokenId> ids = {9906, 662, 1917, 1174, 5509, 949};
+  EXPECT_EQ(llama->decode(ids), "Hello . world , ok ?");
+  EXPECT_EQ(llama->decodeAsTransformers(ids), "Hello. world, ok?");
+  const std::vector<TokenId> contraction = llama->encode("I do n't know , it 's fine");
+  EXPECT_EQ(llama->decodeAsTransformers(contraction), "I don't know, it's fine");
+  auto qwen = Tokenizer::fromDirectory(kDataDir / "qwen3");
+  const std::vector<TokenId> qwen_ids = qwen->encode("Hello . world");
+  EXPECT_EQ(qwen->decodeAsTransformers(qwen_ids), "Hello . world");
+}
+
 // ---------------------------------------------------------------------------
 // Lossy decoding and streaming of broken UTF-8.
 
