@@ -116,25 +116,40 @@ Result<ordered_json> readMessages(const ordered_json& root, ChatContentFormat fo
     }
     if (!role->is_string()) return wrongType(name + ".role", "a string", *role);
     const bool assistant = role->get<std::string>() == "assistant";
-    bool has_tool_calls = false;
     if (const ordered_json* calls = given(message, "tool_calls"); calls != nullptr && assistant) {
       auto read = readToolCalls(name + ".tool_calls", *calls);
       if (!read.isOk()) return read.error();
-      has_tool_calls = !read.value().empty();
-      message["tool_calls"] = std::move(read).value();
+      if (read.value().empty()) {
+        message.erase("tool_calls");  // as vLLM: an empty list is no calls
+      } else {
+        message["tool_calls"] = std::move(read).value();
+      }
+    } else if (calls == nullptr) {
+      message.erase("tool_calls");  // null
     }
     const std::string content_name = name + ".content";
     const ordered_json* content = given(message, "content");
     if (content == nullptr) {
-      if (!has_tool_calls) {
+      // An assistant's content is null beside its tool calls (openai-python
+      // sends back the message it got, LangChain sends None), and a tool's
+      // result may be empty: as vLLM, no content is empty content, which
+      // templates can test and iterate (null made 8 of the 21 real
+      // templates fail: "argument of type 'NoneType' is not iterable").
+      if (!assistant && role->get<std::string>() != "tool") {
         return invalidRequest(content_name +
                                   " is required (a string or an array of text parts; null only "
-                                  "in an assistant message with tool_calls)",
+                                  "in an assistant or tool message)",
                               content_name);
       }
-      message["content"] = nullptr;
+      // "" in either content format: a string reaches templates as given
+      // (an empty list would fail those that read content[0]).
+      message["content"] = "";
     } else if (content->is_array()) {
-      auto parts = readContentParts(content_name, *content, format);
+      // A tool's result is text for every template (as vLLM joins it):
+      // parts would print as dicts in templates that write it out whole.
+      auto parts = readContentParts(content_name, *content,
+                                    role->get<std::string>() == "tool" ? ChatContentFormat::kString
+                                                                       : format);
       if (!parts.isOk()) return parts.error();
       message["content"] = std::move(parts).value();
     } else if (!content->is_string()) {

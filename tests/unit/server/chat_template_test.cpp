@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/protocol/chat_request.h"
 #include "common/tokenizer.h"
 #include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
@@ -353,6 +354,89 @@ TEST(ChatTemplate, SpecialTokensMapNamesTheSpecialTokens) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace tandem::server
+
+namespace tandem::server {
+namespace {
+
+// The agent loop's second turn as clients send it: the assistant's message
+// sent back with content null beside its tool_calls (openai-python,
+// LangChain), and the tool's result. Through the request path every real
+// template renders it exactly as with content "" (vLLM's reading of null);
+// null reaching the templates failed 8 of them ("argument of type
+// 'NoneType' is not iterable"). Empty tool_calls are no calls.
+TEST(ChatTemplate, AnAssistantsNullContentBesideToolCallsRendersAsEmpty) {
+  auto turn = [](const ordered_json& content, const ordered_json& calls) {
+    ordered_json assistant = {{"role", "assistant"}, {"content", content}};
+    if (!calls.is_null()) assistant["tool_calls"] = calls;
+    return ordered_json{
+        {"messages",
+         {{{"role", "user"}, {"content", "What time is it in Paris?"}},
+          assistant,
+          {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "12:00"}}}},
+        {"tools",
+         {{{"type", "function"},
+           {"function",
+            {{"name", "get_time"},
+             {"description", "the time"},
+             {"parameters",
+              {{"type", "object"}, {"properties", {{"tz", {{"type", "string"}}}}}}}}}}}}};
+  };
+  const ordered_json calls = {
+      {{"id", "call_1"},
+       {"type", "function"},
+       {"function", {{"name", "get_time"}, {"arguments", "{\"tz\": \"CET\"}"}}}}};
+  int rendered = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kDataDir / "templates")) {
+    SCOPED_TRACE(entry.path().filename().string());
+    auto chat_template =
+        makeTemplate(readText(entry.path()), {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+    ASSERT_NE(chat_template, nullptr);
+    const auto with_empty = renderChatRequest(turn("", calls), chat_template.get());
+    const auto with_null = renderChatRequest(turn(nullptr, calls), chat_template.get());
+    ASSERT_EQ(with_null.isOk(), with_empty.isOk())
+        << (with_null.isOk() ? with_empty.error().message : with_null.error().message);
+    if (!with_empty.isOk()) continue;  // the template refuses the turn itself
+    EXPECT_EQ(with_null.value(), with_empty.value());
+    ++rendered;
+    // No calls at all: an empty list is none.
+    const auto without = renderChatRequest(turn("", nullptr), chat_template.get());
+    const auto empty_list =
+        renderChatRequest(turn(nullptr, ordered_json::array()), chat_template.get());
+    ASSERT_EQ(empty_list.isOk(), without.isOk());
+    if (without.isOk()) EXPECT_EQ(empty_list.value(), without.value());
+  }
+  EXPECT_GE(rendered, 15);
+}
+
+// A tool's result given as text parts renders as the same text given as a
+// string, whatever the template's content format (GLM-4.6's, "openai",
+// printed the parts as Python dicts).
+TEST(ChatTemplate, AToolsTextPartsRenderAsItsText) {
+  auto turn = [](const ordered_json& result) {
+    return ordered_json{{"messages",
+                         {{{"role", "user"}, {"content", "Time?"}},
+                          {{"role", "assistant"}, {"content", "Checking."}},
+                          {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", result}}}}};
+  };
+  int compared = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kDataDir / "templates")) {
+    SCOPED_TRACE(entry.path().filename().string());
+    auto chat_template =
+        makeTemplate(readText(entry.path()), {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+    ASSERT_NE(chat_template, nullptr);
+    const auto as_text = renderChatRequest(turn("12:00"), chat_template.get());
+    const auto as_parts = renderChatRequest(
+        turn(ordered_json::array({{{"type", "text"}, {"text", "12:00"}}})), chat_template.get());
+    ASSERT_EQ(as_parts.isOk(), as_text.isOk());
+    if (!as_text.isOk()) continue;
+    EXPECT_EQ(as_parts.value(), as_text.value());
+    ++compared;
+  }
+  EXPECT_GE(compared, 15);
 }
 
 }  // namespace

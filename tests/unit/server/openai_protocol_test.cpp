@@ -1157,10 +1157,10 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
           "messages[0].role must be a string, got number"),
       bad(chatWith(R"([{"role": "user"}])"), "messages[0].content",
           "messages[0].content is required (a string or an array of text parts; null only in an "
-          "assistant message with tool_calls)"),
-      bad(chatWith(R"([{"role": "assistant", "content": null}])"), "messages[0].content",
+          "assistant or tool message)"),
+      bad(chatWith(R"([{"role": "system", "content": null}])"), "messages[0].content",
           "messages[0].content is required (a string or an array of text parts; null only in an "
-          "assistant message with tool_calls)"),
+          "assistant or tool message)"),
       bad(chatWith(R"([{"role": "user", "content": 5}])"), "messages[0].content",
           "messages[0].content must be a string or an array of text parts, got number"),
       bad(chatWith(R"([{"role": "user", "content": ["x"]}])"), "messages[0].content[0]",
@@ -1365,7 +1365,7 @@ TEST_F(ProtocolTest, ChatTemplateVariables) {
           {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}},
           {"id": "c3", "type": "function", "function": {"name": "h", "arguments": ""}},
           {"id": "c4", "type": "function", "function": {"name": "k", "arguments": {"x": 1}}}]}])"),
-       R"([{"role": "assistant", "content": null, "tool_calls": [)"
+       R"([{"role": "assistant", "content": "", "tool_calls": [)"
        R"({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": [2]}}}, )"
        R"({"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}}, )"
        R"({"id": "c3", "type": "function", "function": {"name": "h", "arguments": {}}}, )"
@@ -1963,7 +1963,7 @@ TEST_F(ProtocolTest, TokenizeRefusesBadInput) {
           "return_token_strs must be a boolean, got string"),
       bad(R"({"messages": [{"role": "user"}]})", "messages[0].content",
           "messages[0].content is required (a string or an array of text parts; null only in an "
-          "assistant message with tool_calls)"),
+          "assistant or tool message)"),
       bad(R"({"messages": "hi"})", "messages", "messages must be an array, got string"),
       BadCase{R"({"model": "x", "prompt": "a"})", 404, "not_found_error", "model",
               "model \"x\" does not exist; this server serves \"tiny-model\""},
