@@ -693,25 +693,20 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
 // The server's output parsers as they apply to one chat request (checked
 // fields: renderMessages has validated tools, tool_choice and
 // chat_template_kwargs). As vLLM: tool calls are parsed only when the request
-// offers tools and tool_choice is not "none"; enable_thinking (or thinking)
-// false in chat_template_kwargs means the prompt closed the reasoning.
-std::optional<protocol::ChatOutputOptions> chatOutputFor(
-    const RequestJson& root, const protocol::ChatOutputOptions& server) {
+// offers tools and tool_choice is not "none"; the reasoning is over before
+// the output when the rendered `prompt` closed it (reasoningEndedIn).
+std::optional<protocol::ChatOutputOptions> chatOutputFor(const RequestJson& root,
+                                                         const protocol::ChatOutputOptions& server,
+                                                         std::string_view prompt) {
   protocol::ChatOutputOptions options = server;
   const auto tools = root.find("tools");
   const bool offers_tools = tools != root.end() && tools->is_array() && !tools->empty();
   const auto choice = root.find("tool_choice");
   const bool none = choice != root.end() && choice->is_string() && *choice == "none";
   if (!offers_tools || none) options.tool_call_parser.reset();
-  if (const auto kwargs = root.find("chat_template_kwargs");
-      kwargs != root.end() && kwargs->is_object()) {
-    for (const char* key : {"enable_thinking", "thinking"}) {
-      const auto flag = kwargs->find(key);
-      if (flag != kwargs->end() && flag->is_boolean() && !flag->get<bool>()) {
-        options.reasoning_ended_in_prompt = true;
-      }
-    }
-  }
+  // What the template rendered decides, not the kwargs: a template that
+  // ignores enable_thinking still opens the reasoning.
+  options.reasoning_ended_in_prompt = protocol::reasoningEndedIn(prompt);
   if (!options.reasoning_parser && !options.tool_call_parser) return std::nullopt;
   return options;
 }
@@ -771,7 +766,14 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
           checkTextFits(parsed.prompt_text, limits, tokenizer, "the rendered chat", "messages")) {
     return *error;
   }
-  parsed.chat_output = chatOutputFor(root.value(), limits.chat_output);
+  parsed.chat_output = chatOutputFor(root.value(), limits.chat_output, parsed.prompt_text);
+  // A reasoning model thinks first: the constraint (a schema, a forced tool
+  // call) starts where its reasoning ends, as vLLM's, so the reasoning
+  // parser finds the structure in the content.
+  if (parsed.request.structured_output && parsed.chat_output &&
+      parsed.chat_output->reasoning_parser && !parsed.chat_output->reasoning_ended_in_prompt) {
+    parsed.request.structured_output->after = "</think>";
+  }
   parsed.request.prompt = tokenizer.encode(parsed.prompt_text, add_special_tokens);
   if (auto error =
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {

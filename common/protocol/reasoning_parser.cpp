@@ -45,10 +45,12 @@ ReasoningSplit parseReasoning(const ReasoningOptions& options, std::string_view 
     split.content = nonEmpty(text);
     return split;
   }
+  const bool opened = startsWith(text, kThinkStart);
   const std::string_view body = dropLeadingThinkStart(text);
   const size_t end = body.find(kThinkEnd);
   if (end == std::string_view::npos) {
-    if (options.kind == ReasoningParserKind::kDeepSeekR1) {
+    // An output that opened its reasoning is reasoning until it closes it.
+    if (options.kind == ReasoningParserKind::kDeepSeekR1 || opened) {
       split.reasoning = nonEmpty(body);
     } else {
       split.content = nonEmpty(body);
@@ -58,6 +60,12 @@ ReasoningSplit parseReasoning(const ReasoningOptions& options, std::string_view 
   split.reasoning = nonEmpty(body.substr(0, end));
   split.content = nonEmpty(body.substr(end + kThinkEnd.size()));
   return split;
+}
+
+bool reasoningEndedIn(std::string_view prompt) {
+  const size_t start = prompt.rfind(kThinkStart);
+  const size_t end = prompt.rfind(kThinkEnd);
+  return end != std::string_view::npos && (start == std::string_view::npos || end > start);
 }
 
 ReasoningStream::ReasoningStream(const ReasoningOptions& options)
@@ -81,12 +89,17 @@ void ReasoningStream::drain(ReasoningPieces& out, bool at_end) {
   if (state_ == State::kStart) {
     // Whether the output opens with <think> is known once kThinkStart.size()
     // bytes arrived, or a byte differs, or the output ended.
+    bool opened = false;
     if (startsWith(held_, kThinkStart)) {
       held_.erase(0, kThinkStart.size());
+      opened = true;
     } else if (!at_end && startsWith(kThinkStart, held_)) {
       return;
     }
-    state_ = options_.kind == ReasoningParserKind::kQwen3 ? State::kUndecided : State::kReasoning;
+    // qwen3: an output that opened with <think> streams its reasoning as it
+    // comes; one that did not is undecided until </think> or its end.
+    state_ = options_.kind == ReasoningParserKind::kQwen3 && !opened ? State::kUndecided
+                                                                     : State::kReasoning;
   }
   if (state_ == State::kUndecided) {
     const size_t end = held_.find(kThinkEnd);

@@ -8,11 +8,12 @@
 //                content. Without `</think>` (thinking cut short) all of the
 //                output is reasoning. A `<think>` at the very start of the
 //                output is dropped; anywhere else it is kept as text.
-//   qwen3        Qwen3. Reasoning only when `</think>` appears: the text
-//                before the first `</think>` (less a `<think>` at the very
-//                start) is reasoning, the text after it content. Without
-//                `</think>` all of the output is content (less a `<think>` at
-//                the very start): this is Qwen3 with enable_thinking=false.
+//   qwen3        Qwen3. An output that opens with `<think>` is reasoning
+//                up to the first `</think>` (all of it without one: thinking
+//                cut short), content after it. Otherwise reasoning only when
+//                `</think>` appears: the text before it is reasoning, the
+//                text after it content; without `</think>` all of the output
+//                is content: this is Qwen3 with enable_thinking=false.
 //
 // Empty reasoning or empty content is reported as absent (nullopt), never "".
 // Tags are matched byte for byte; nothing else (white space after
@@ -26,11 +27,17 @@
 // Streaming: ReasoningStream is fed the output in arbitrary byte pieces and
 // hands back the reasoning and content text that is decided so far; the
 // concatenation of everything it hands back equals parseReasoning() on the
-// whole text. It holds back a possibly partial tag. qwen3 cannot know whether
-// text is reasoning before `</think>` appears or the output ends, so it holds
-// back all text until one of the two (with enable_thinking=false, pass
-// reasoning_ended_in_prompt to avoid that delay). deepseek_r1 holds back only
-// a possibly partial tag.
+// whole text. It holds back a possibly partial tag. qwen3, for an output that
+// did not open with `<think>`, cannot know whether text is reasoning before
+// `</think>` appears or the output ends, so it holds back all text until one
+// of the two (a prompt that closed the reasoning, reasoning_ended_in_prompt,
+// avoids that delay). deepseek_r1, and qwen3 after a leading `<think>`, hold
+// back only a possibly partial tag.
+//
+// reasoning_ended_in_prompt is read from the rendered prompt, as vLLM reads
+// it from the prompt's tokens (reasoningEndedIn): whatever a request's
+// chat_template_kwargs say, what counts is whether the template closed the
+// reasoning.
 //
 // Thread-safety: the free functions are pure; a ReasoningStream belongs to
 // one request and is not shared between threads.
@@ -66,6 +73,12 @@ struct ReasoningSplit {
 };
 
 ReasoningSplit parseReasoning(const ReasoningOptions& options, std::string_view text);
+
+// Whether a rendered prompt leaves the reasoning closed: its last think tag
+// is `</think>` (Qwen3's template with enable_thinking=false ends the prompt
+// with `<think>\n\n</think>\n\n`); false when it has none or ends inside an
+// opened `<think>` (DeepSeek-R1's templates open it whatever the kwargs).
+bool reasoningEndedIn(std::string_view prompt);
 
 // Text decided by one feed() or finish() call; either may be empty.
 struct ReasoningPieces {

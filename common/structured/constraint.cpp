@@ -49,7 +49,9 @@ StatusOr<Grammar> choiceGrammar(const std::string& spec) {
 
 }  // namespace
 
-StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
+namespace {
+
+StatusOr<Grammar> compileSpec(const Constraint& constraint) {
   switch (constraint.kind) {
     case ConstraintKind::kJsonSchema: {
       JsonParseError error;
@@ -75,13 +77,22 @@ StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
   return invalidArgument("unknown structured output kind");
 }
 
+}  // namespace
+
+StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
+  StatusOr<Grammar> grammar = compileSpec(constraint);
+  if (!grammar.isOk() || constraint.after.empty()) return grammar;
+  return afterText(*grammar, constraint.after);
+}
+
 ConstraintCache::ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity)
     : vocabulary_(std::move(vocabulary)), capacity_(std::max<size_t>(capacity, 1)) {}
 
 ConstraintCache::~ConstraintCache() = default;
 
 StatusOr<std::shared_ptr<CompiledGrammar>> ConstraintCache::get(const Constraint& constraint) {
-  std::string key = std::string(constraintKindName(constraint.kind)) + '\n' + constraint.spec;
+  std::string key = std::string(constraintKindName(constraint.kind)) + '\n' + constraint.after +
+                    '\n' + constraint.spec;
   {
     std::lock_guard lock(mutex_);
     if (auto* found = entries_.find(key)) return *found;

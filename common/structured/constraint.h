@@ -39,6 +39,12 @@ struct Constraint {
   // of the choices; kGrammar: the GBNF text; kToolCalls: toolCallsSpec()
   // (tool_calls.h); kJsonObject: empty.
   std::string spec;
+  // Not empty: the constraint applies after the output has written this
+  // text (a reasoning model's "</think>"), free text before it
+  // (afterText, grammar.h): a chat request with a reasoning parser whose
+  // prompt left the reasoning open, as vLLM starts the grammar when the
+  // reasoning ends.
+  std::string after;
 
   bool operator==(const Constraint&) const = default;
 };

@@ -564,4 +564,74 @@ std::string Grammar::describe() const {
   return out.str();
 }
 
+// A matcher over the trigger's prefixes, as Knuth-Morris-Pratt's: rule j
+// has read j of its bytes.
+Expr textUntil(GrammarBuilder& builder, const std::string& name, const std::string& trigger,
+               Expr then) {
+  const size_t k = trigger.size();
+  // The longest prefix of the trigger that is a suffix of trigger[0, j) + b.
+  auto next = [&](size_t j, uint8_t b) {
+    std::string read = trigger.substr(0, j);
+    read.push_back(static_cast<char>(b));
+    for (size_t length = std::min(read.size(), k); length > 0; --length) {
+      if (read.compare(read.size() - length, length, trigger, 0, length) == 0) return length;
+    }
+    return size_t{0};
+  };
+  std::vector<int32_t> rules;
+  for (size_t j = 0; j < k; ++j) rules.push_back(builder.declare(name + "_" + std::to_string(j)));
+  for (size_t j = 0; j < k; ++j) {
+    std::vector<ByteSet> to(k);
+    std::vector<Expr> options = {literal("")};
+    for (int b = 0; b < 256; ++b) {
+      const size_t target = next(j, static_cast<uint8_t>(b));
+      if (target < k) to[target].add(static_cast<uint8_t>(b), static_cast<uint8_t>(b));
+    }
+    for (size_t target = 0; target < k; ++target) {
+      if (!to[target].empty()) options.push_back(seq({bytes(to[target]), ref(rules[target])}));
+    }
+    if (j + 1 == k) {
+      options.push_back(seq({literal(trigger.substr(k - 1)), then}));
+    }
+    builder.define(rules[j], alt(std::move(options)));
+  }
+  return ref(rules[0]);
+}
+
+Grammar afterText(const Grammar& inner, const std::string& trigger) {
+  GrammarBuilder builder;
+  // Stands for `inner`'s root until the two are joined below.
+  const int32_t joined = builder.add("constrained", literal(""));
+  ByteSet space;
+  for (uint8_t c : {' ', '\t', '\n', '\r'}) space.add(c, c);
+  std::vector<Expr> then;
+  for (int i = 0; i < 4; ++i) then.push_back(optional(bytes(space)));
+  then.push_back(ref(joined));
+  const int32_t root = builder.add("after_reasoning",
+                                   textUntil(builder, "reasoning", trigger, seq(std::move(then))));
+  StatusOr<Grammar> built = builder.build(root);
+  TANDEM_CHECK(built.isOk(), "the reasoning prefix grammar is valid");
+  Grammar out = std::move(built).value();
+  const auto rule_offset = static_cast<int32_t>(out.rule_alternatives.size());
+  const auto element_offset = static_cast<int32_t>(out.elements.size());
+  const auto set_offset = static_cast<int32_t>(out.byte_sets.size());
+  for (Element element : inner.elements) {
+    if (element.kind == Element::Kind::kBytes) element.value += set_offset;
+    if (element.kind == Element::Kind::kRule) element.value += rule_offset;
+    out.elements.push_back(element);
+  }
+  for (std::vector<int32_t> starts : inner.rule_alternatives) {
+    for (int32_t& start : starts) start += element_offset;
+    out.rule_alternatives.push_back(std::move(starts));
+  }
+  out.byte_sets.insert(out.byte_sets.end(), inner.byte_sets.begin(), inner.byte_sets.end());
+  out.rule_names.insert(out.rule_names.end(), inner.rule_names.begin(), inner.rule_names.end());
+  // The stand-in's one alternative becomes inner's root.
+  const auto start = static_cast<int32_t>(out.elements.size());
+  out.elements.push_back({Element::Kind::kRule, inner.root + rule_offset});
+  out.elements.push_back({Element::Kind::kEnd, 0});
+  out.rule_alternatives[static_cast<size_t>(joined)] = {start};
+  return out;
+}
+
 }  // namespace tandem::structured

@@ -140,6 +140,20 @@ struct GrammarLimits {
   bool require_finite = true;
 };
 
+class GrammarBuilder;
+
+// Free text that ends at the first `trigger` and goes on with `then`: the
+// text before it never holds the trigger, and the text may also end
+// anywhere before it. What follows the whole trigger is `then`. Rules are
+// named `name`_0, `name`_1, ...
+Expr textUntil(GrammarBuilder& builder, const std::string& name, const std::string& trigger,
+               Expr then);
+
+// Free text up to the first `trigger` (a reasoning model's "</think>"),
+// then at most 4 bytes of white space, then `inner`: the constraint
+// applies once the reasoning is over. The text may end before the trigger.
+Grammar afterText(const Grammar& inner, const std::string& trigger);
+
 // Per rule: whether it derives some finite text.
 std::vector<bool> finishingRules(const Grammar& grammar);
 // Per rule: whether the root reaches it.

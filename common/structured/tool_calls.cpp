@@ -5,43 +5,6 @@
 namespace tandem::structured {
 namespace {
 
-// Free text that ends at the first `trigger` and goes on with `then`: the
-// text before it never holds the trigger (a matcher over the trigger's
-// prefixes, as Knuth-Morris-Pratt's: rule j has read j of its bytes), and
-// the text may also end anywhere before it. What follows the whole trigger
-// is `then`.
-Expr textUntil(GrammarBuilder& builder, const std::string& name, const std::string& trigger,
-               Expr then) {
-  const size_t k = trigger.size();
-  // The longest prefix of the trigger that is a suffix of trigger[0, j) + b.
-  auto next = [&](size_t j, uint8_t b) {
-    std::string read = trigger.substr(0, j);
-    read.push_back(static_cast<char>(b));
-    for (size_t length = std::min(read.size(), k); length > 0; --length) {
-      if (read.compare(read.size() - length, length, trigger, 0, length) == 0) return length;
-    }
-    return size_t{0};
-  };
-  std::vector<int32_t> rules;
-  for (size_t j = 0; j < k; ++j) rules.push_back(builder.declare(name + "_" + std::to_string(j)));
-  for (size_t j = 0; j < k; ++j) {
-    std::vector<ByteSet> to(k);
-    std::vector<Expr> options = {literal("")};
-    for (int b = 0; b < 256; ++b) {
-      const size_t target = next(j, static_cast<uint8_t>(b));
-      if (target < k) to[target].add(static_cast<uint8_t>(b), static_cast<uint8_t>(b));
-    }
-    for (size_t target = 0; target < k; ++target) {
-      if (!to[target].empty()) options.push_back(seq({bytes(to[target]), ref(rules[target])}));
-    }
-    if (j + 1 == k) {
-      options.push_back(seq({literal(trigger.substr(k - 1)), then}));
-    }
-    builder.define(rules[j], alt(std::move(options)));
-  }
-  return ref(rules[0]);
-}
-
 ByteSet whiteSpace() {
   ByteSet set;
   for (uint8_t c : {' ', '\t', '\n', '\r'}) set.add(c, c);

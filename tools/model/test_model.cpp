@@ -77,9 +77,10 @@ constexpr const char* kImStart = "<|im_start|>";
 constexpr const char* kImEnd = "<|im_end|>";
 constexpr int64_t kNumSpecialTokens = 3;
 
-// ChatML, as Qwen's tokenizer_config.json writes it.
+// ChatML, as Qwen's tokenizer_config.json writes it, with Qwen3's
+// enable_thinking=false closing the reasoning in the prompt.
 constexpr const char* kChatTemplate =
-    R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+    R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %})";
 
 // splitmix64: a tiny PRNG whose output is fully specified, unlike the
 // std:: distributions, so weights are identical on every platform.

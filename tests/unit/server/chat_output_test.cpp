@@ -324,10 +324,11 @@ TEST(ChatOutput, MessageJson) {
 
 TEST(ChatOutputStream, DeltasAndTheirJson) {
   ChatOutputStream stream(makeOptions(ReasoningParserKind::kQwen3, ToolCallParserKind::kHermes));
-  EXPECT_TRUE(stream.feed("<think>plan").empty());  // qwen3 waits for </think>
+  // An opened reasoning streams as it comes.
+  EXPECT_EQ(chatStreamDeltaJson(stream.feed("<think>plan")),
+            json::parse(R"({"reasoning_content": "plan"})"));
   ChatStreamDelta delta = stream.feed("</think>Calling.<tool_call>{\"name\": \"f\", ");
-  EXPECT_EQ(chatStreamDeltaJson(delta),
-            json::parse(R"({"reasoning_content": "plan", "content": "Calling."})"));
+  EXPECT_EQ(chatStreamDeltaJson(delta), json::parse(R"({"content": "Calling."})"));
   EXPECT_TRUE(stream.feed("\"arguments\": {\"a\": 1}}</tool_call>").empty());
   EXPECT_FALSE(stream.toolsCalled());
   delta = stream.finish();

@@ -120,6 +120,32 @@ TEST_F(ChatResponseTest, ToolCallParserAppliesOnlyWhenToolsAreOfferedAndNotRefus
   EXPECT_FALSE(parse(body({{"tools", weatherTools()}}), limits(false)).chat_output.has_value());
 }
 
+// With a reasoning parser, a structured output (a schema, a forced tool
+// call) starts where the reasoning ends, unless the prompt closed it; the
+// parser then finds the structure in the content (vLLM's behaviour).
+TEST_F(ChatResponseTest, AConstraintWaitsForTheReasoningToEnd) {
+  const json schema = {{"type", "json_schema"},
+                       {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
+  const ParsedRequest reasoning = parse(body({{"response_format", schema}}), limits());
+  ASSERT_TRUE(reasoning.request.structured_output.has_value());
+  EXPECT_EQ(reasoning.request.structured_output->after, "</think>");
+  const ParsedRequest forced =
+      parse(body({{"tools", weatherTools()}, {"tool_choice", "required"}}), limits());
+  ASSERT_TRUE(forced.request.structured_output.has_value());
+  EXPECT_EQ(forced.request.structured_output->after, "</think>");
+
+  const ParsedRequest closed = parse(
+      body({{"response_format", schema}, {"chat_template_kwargs", {{"enable_thinking", false}}}}),
+      limits());
+  ASSERT_TRUE(closed.request.structured_output.has_value());
+  EXPECT_EQ(closed.request.structured_output->after, "");
+  ServerLimits no_reasoning = limits();
+  no_reasoning.chat_output.reasoning_parser.reset();
+  const ParsedRequest plain = parse(body({{"response_format", schema}}), no_reasoning);
+  ASSERT_TRUE(plain.request.structured_output.has_value());
+  EXPECT_EQ(plain.request.structured_output->after, "");
+}
+
 TEST_F(ChatResponseTest, NonStreamedMessageCarriesReasoningAndToolCalls) {
   const ParsedRequest parsed = parse(body({{"tools", weatherTools()}}), limits());
   const ResponseMeta meta = makeResponseMeta(parsed, "r1", 0);

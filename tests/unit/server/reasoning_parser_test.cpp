@@ -91,9 +91,19 @@ TEST(Qwen3Reasoning, WithoutThinkEndAllIsContent) {
   ReasoningSplit split = parse(kQwen3, "Hello! How can I help?");
   EXPECT_EQ(split.reasoning, std::nullopt);
   EXPECT_EQ(split.content, "Hello! How can I help?");
+  // An output that opened its reasoning is reasoning, cut short or not.
   split = parse(kQwen3, "<think>cut short");
-  EXPECT_EQ(split.reasoning, std::nullopt);
-  EXPECT_EQ(split.content, "cut short");
+  EXPECT_EQ(split.reasoning, "cut short");
+  EXPECT_EQ(split.content, std::nullopt);
+}
+
+// As vLLM reads it from the prompt's tokens: the last think tag decides.
+TEST(ReasoningEndedIn, TheLastThinkTagOfThePromptDecides) {
+  EXPECT_TRUE(reasoningEndedIn("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(reasoningEndedIn("<|im_start|>assistant\n"));
+  EXPECT_FALSE(reasoningEndedIn("<｜Assistant｜><think>\n"));
+  EXPECT_FALSE(reasoningEndedIn("a<think>b</think>c<think>\n"));
+  EXPECT_TRUE(reasoningEndedIn("a<think>b</think>c"));
 }
 
 TEST(Qwen3Reasoning, ReasoningEndedInPromptMakesAllContent) {
@@ -124,10 +134,19 @@ TEST(ReasoningStream, PartialTagThatDoesNotCompleteIsText) {
   EXPECT_EQ(last.content, "");
 }
 
-TEST(ReasoningStream, Qwen3HoldsUntilThinkEndOrFinish) {
+TEST(ReasoningStream, Qwen3StreamsAnOpenedReasoningAndHoldsAnUndecidedOne) {
+  // Opened with <think>: the reasoning streams as it comes (Qwen3 thinking
+  // for thousands of tokens used to show nothing until </think>).
   ReasoningStream thinking({kQwen3, false});
-  EXPECT_EQ(thinking.feed("<think>step one").reasoning, "");
-  ReasoningPieces pieces = thinking.feed("</think>done");
+  EXPECT_EQ(thinking.feed("<think>step one").reasoning, "step one");
+  ReasoningPieces pieces = thinking.feed(" two</think>done");
+  EXPECT_EQ(pieces.reasoning, " two");
+  EXPECT_EQ(pieces.content, "done");
+
+  // Not opened: undecided until </think> or the end.
+  ReasoningStream unopened({kQwen3, false});
+  EXPECT_EQ(unopened.feed("step one").reasoning, "");
+  pieces = unopened.feed("</think>done");
   EXPECT_EQ(pieces.reasoning, "step one");
   EXPECT_EQ(pieces.content, "done");
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/structured/constraint.h"
 #include "common/structured/matcher.h"
 #include "common/structured/utf8.h"
 
@@ -85,6 +86,33 @@ TEST(StructuredGrammar, AlternativesAndRecursion) {
     EXPECT_FALSE(grammarAccepts(*g, bad)) << bad;
   }
   EXPECT_NE(g->describe().find("list ::= [[]"), std::string::npos) << g->describe();
+}
+
+// A constraint after a reasoning model's "</think>": free text first (it
+// may hold "<think>" and "<" but never "</think>"), then up to 4 bytes of
+// white space, then the constraint, whole; the output may also end while
+// still reasoning (as vLLM's, whose grammar starts when the reasoning ends).
+TEST(StructuredGrammar, AConstraintAfterTheReasoningStartsAtItsEnd) {
+  Constraint constraint{ConstraintKind::kJsonSchema,
+                        R"({"type":"object","properties":{"a":{"type":"integer"}},)"
+                        R"("required":["a"],"additionalProperties":false})",
+                        "</think>"};
+  StatusOr<Grammar> g = compileConstraint(constraint);
+  ASSERT_TRUE(g.isOk()) << g.status().message();
+  for (const char* ok : {"</think>{\"a\":1}", "<think>hmm < x </thin</think>\n\n{\"a\":12}",
+                         "still thinking", "", "a</think>  \n\t{\"a\":3}"}) {
+    EXPECT_TRUE(grammarAccepts(*g, ok)) << ok;
+  }
+  for (const char* bad : {"</think>{\"a\":\"x\"}", "</think>{\"a\":1}</think>", "</think>",
+                          "</think>     {\"a\":1}", "x</think>text"}) {
+    EXPECT_FALSE(grammarAccepts(*g, bad)) << bad;
+  }
+  // Without `after`, the schema from the first byte.
+  constraint.after.clear();
+  StatusOr<Grammar> plain = compileConstraint(constraint);
+  ASSERT_TRUE(plain.isOk());
+  EXPECT_TRUE(grammarAccepts(*plain, "{\"a\":1}"));
+  EXPECT_FALSE(grammarAccepts(*plain, "</think>{\"a\":1}"));
 }
 
 TEST(StructuredGrammar, RefusesLeftRecursionNamingTheRule) {
