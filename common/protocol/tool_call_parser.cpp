@@ -28,23 +28,29 @@ std::optional<ordered_json> parseOrderedJson(std::string_view text) {
 }
 
 // The call an object describes, or nullopt when it is not one: an object
-// with a string "name" and, optionally, arguments under one of `argument_keys`.
+// with a string "name" and arguments under one of `argument_keys`; without
+// them, a call with {} when `arguments_optional` (hermes: the <tool_call> tag
+// says it is a call), else none (llama3_json, as vLLM's: any answer that is
+// a JSON object with a "name", {"name": "Bob", "age": 3}, would otherwise
+// become a call with its other fields dropped).
 std::optional<ToolCall> toolCallFromJson(const ordered_json& call,
-                                         std::initializer_list<const char*> argument_keys) {
+                                         std::initializer_list<const char*> argument_keys,
+                                         bool arguments_optional) {
   if (!call.is_object()) return std::nullopt;
   const auto name = call.find("name");
   if (name == call.end() || !name->is_string()) return std::nullopt;
   ToolCall tool_call;
   tool_call.name = name->get<std::string>();
-  tool_call.arguments = "{}";
   for (const char* key : argument_keys) {
     const auto arguments = call.find(key);
     if (arguments != call.end()) {
       tool_call.arguments =
           arguments->dump(-1, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::replace);
-      break;
+      return tool_call;
     }
   }
+  if (!arguments_optional) return std::nullopt;
+  tool_call.arguments = "{}";
   return tool_call;
 }
 
@@ -69,7 +75,8 @@ std::optional<std::vector<ToolCall>> hermesCalls(std::string_view text) {
         text.substr(body, end == std::string_view::npos ? std::string_view::npos : end - body);
     const std::optional<ordered_json> json = parseOrderedJson(trimWhitespace(block));
     if (!json) return std::nullopt;
-    std::optional<ToolCall> call = toolCallFromJson(*json, {"arguments"});
+    std::optional<ToolCall> call =
+        toolCallFromJson(*json, {"arguments"}, /*arguments_optional=*/true);
     if (!call) return std::nullopt;
     calls.push_back(std::move(*call));
     if (end == std::string_view::npos) break;
@@ -133,7 +140,8 @@ std::optional<std::vector<ToolCall>> llamaCalls(std::string_view text, size_t at
     if (end == std::string_view::npos) return std::nullopt;
     const std::optional<ordered_json> json = parseOrderedJson(text.substr(at, end - at));
     if (!json) return std::nullopt;
-    std::optional<ToolCall> call = toolCallFromJson(*json, {"parameters", "arguments"});
+    std::optional<ToolCall> call =
+        toolCallFromJson(*json, {"parameters", "arguments"}, /*arguments_optional=*/false);
     if (!call) return std::nullopt;
     calls.push_back(std::move(*call));
     at = skipWhitespace(text, end);

@@ -1,9 +1,16 @@
 #include "common/structured/tool_calls.h"
 
+#include <algorithm>
+
 #include "common/structured/json_schema.h"
 
 namespace tandem::structured {
 namespace {
+
+// Keywords that say what a schema's values are; a parameters schema without
+// any of them is taken as an object schema.
+constexpr const char* kTypingKeywords[] = {"type", "anyOf", "oneOf", "allOf",
+                                           "$ref", "enum",  "const", "not"};
 
 ByteSet whiteSpace() {
   ByteSet set;
@@ -76,11 +83,18 @@ StatusOr<Grammar> compileToolCalls(const nlohmann::ordered_json& spec) {
     const std::string rule_name = "tool_" + std::to_string(i);
     Expr arguments = literal("{}");
     if (parameters != tool.end() && !parameters->is_null()) {
+      // Arguments are an object: a schema that says nothing of its type
+      // ({} or bare properties) would otherwise allow any JSON value.
+      nlohmann::ordered_json schema = *parameters;
+      const bool typed = std::any_of(
+          std::begin(kTypingKeywords), std::end(kTypingKeywords),
+          [&](const char* keyword) { return schema.is_object() && schema.contains(keyword); });
+      if (schema.is_object() && !typed) schema["type"] = "object";
       // Checked on its own first: a refused schema may leave rules it
       // declared undefined in a shared builder.
-      StatusOr<Grammar> alone = compileJsonSchema(*parameters);
+      StatusOr<Grammar> alone = compileJsonSchema(schema);
       if (alone.isOk()) {
-        StatusOr<int32_t> rule = addJsonSchemaRule(builder, *parameters, rule_name + "_args");
+        StatusOr<int32_t> rule = addJsonSchemaRule(builder, schema, rule_name + "_args");
         if (!rule.isOk()) return rule.status();
         arguments = ref(*rule);
       } else if (tool.value("strict", false)) {

@@ -10,7 +10,8 @@
 // ARGS follows the function's `parameters` schema (json_schema.h). A
 // non-strict function whose schema uses what the schema compiler refuses
 // gets any JSON object instead; a strict one is refused, naming the
-// function. A function without parameters takes {}.
+// function. A function without parameters takes {}; a parameters schema
+// that says nothing of its type ({}, properties alone) is an object's.
 //
 // Optional calls (tool_choice "auto" with strict functions): the output may
 // also be text, and calls are constrained where the parser would find them:

@@ -707,6 +707,25 @@ TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
       EXPECT_FALSE(structured::grammarAccepts(*grammar, text)) << text;
     }
   }
+  // A parameters schema that says nothing of its type ({}, or properties
+  // alone) still takes an object: arguments are never a string or number.
+  for (const char* parameters : {"{}", R"({"properties": {"a": {"type": "integer"}}})"}) {
+    SCOPED_TRACE(parameters);
+    const std::optional<structured::Grammar> untyped =
+        toolCallGrammar(chat(std::string(R"("tools": [{"type": "function", "function": {"name":
+            "f", "parameters": )") +
+                             parameters + R"(}}], "tool_choice": "required")"),
+                        protocol::ToolCallParserKind::kHermes);
+    ASSERT_TRUE(untyped.has_value());
+    EXPECT_TRUE(structured::grammarAccepts(
+        *untyped, "<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>"));
+    for (const char* value : {"\"\"", "3", "[]", "null"}) {
+      EXPECT_FALSE(structured::grammarAccepts(
+          *untyped,
+          std::string("<tool_call>\n{\"name\":\"f\",\"arguments\":") + value + "}\n</tool_call>"))
+          << value;
+    }
+  }
   // A strict function whose schema cannot be enforced is refused, naming it.
   ServerLimits limits = testLimits();
   limits.chat_output.tool_call_parser = protocol::ToolCallParserKind::kHermes;

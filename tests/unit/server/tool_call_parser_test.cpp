@@ -168,7 +168,8 @@ TEST(Llama3JsonToolCalls, OtherOutputIsContent) {
        {"The answer is {42}.", "<|python_tag|>print('hi')",
         R"({"name": "f", "parameters": {"a": 1})",                 // cut short
         R"({"name": "f", "parameters": {}} and then some words)",  // trailing text
-        R"({"tool": "f"})", " <|python_tag|>", R"(x {"name": "f", "parameters": {}})"}) {
+        R"({"tool": "f"})", " <|python_tag|>", R"(x {"name": "f", "parameters": {}})",
+        R"({"name": "Bob", "age": 3})"}) {  // an answer with a "name", no arguments
     ToolCallSplit split = parse(kLlama, text);
     EXPECT_TRUE(split.tool_calls.empty()) << text;
     EXPECT_EQ(split.content, text);
