@@ -23,7 +23,7 @@ ChatOutput parseChatOutput(const ChatOutputOptions& options, std::string_view te
   std::string content(text);
   if (options.reasoning_parser) {
     ReasoningSplit split = parseReasoning(reasoningOptions(options), text);
-    output.reasoning_content = std::move(split.reasoning);
+    if (options.include_reasoning) output.reasoning_content = std::move(split.reasoning);
     content = split.content.value_or("");
   }
   if (options.tool_call_parser && !content.empty()) {
@@ -130,6 +130,7 @@ void ChatOutputStream::route(std::string_view reasoning, std::string_view conten
     out.reasoning_content += reasoning_carry_.flush();
     out.content += content_carry_.flush();
   }
+  if (!options_.include_reasoning) out.reasoning_content.clear();
   // One entry per call, whole: an index appears once in a delta (clients
   // that take a list's first appearance as it is, as openai-python's
   // accumulator long did, would otherwise lose the second entry's part).

@@ -44,6 +44,9 @@ struct ChatOutputOptions {
   // The prompt already closed the reasoning (enable_thinking=false): all
   // output is content. Only matters with a reasoning parser.
   bool reasoning_ended_in_prompt = false;
+  // vLLM's include_reasoning: false drops the reasoning (it is split off
+  // the content all the same, but neither returned nor streamed).
+  bool include_reasoning = true;
   // Tool call ids; empty: randomToolCallId.
   ToolCallIdGenerator next_tool_call_id;
 };

@@ -750,6 +750,8 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
 
   bool add_special_tokens = false;
   fields.readBool("add_special_tokens", &add_special_tokens);
+  bool include_reasoning = true;  // vLLM's
+  fields.readBool("include_reasoning", &include_reasoning);
   if (!fields.ok()) return fields.error();
 
   std::string template_time;
@@ -767,6 +769,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
     return *error;
   }
   parsed.chat_output = chatOutputFor(root.value(), limits.chat_output, parsed.prompt_text);
+  if (parsed.chat_output) parsed.chat_output->include_reasoning = include_reasoning;
   // A reasoning model thinks first: the constraint (a schema, a forced tool
   // call) starts where its reasoning ends, as vLLM's, so the reasoning
   // parser finds the structure in the content.

@@ -165,6 +165,33 @@ TEST_F(ChatResponseTest, NonStreamedMessageCarriesReasoningAndToolCalls) {
             json({{"city", "Paris"}, {"unit", "C"}}));
 }
 
+// vLLM's include_reasoning false: the reasoning is split off the content
+// and dropped, whole and streamed.
+TEST_F(ChatResponseTest, IncludeReasoningFalseDropsTheReasoning) {
+  const ParsedRequest parsed =
+      parse(body({{"tools", weatherTools()}, {"include_reasoning", false}}), limits());
+  const ResponseMeta meta = makeResponseMeta(parsed, "r3", 0);
+  const json response = chatCompletionResponse(
+      meta, output(kToolCallOutput, protocol::FinishReason::kStop), *tokenizer_);
+  const json& message = response["choices"][0]["message"];
+  EXPECT_FALSE(message.contains("reasoning_content")) << message.dump();
+  EXPECT_EQ(message["tool_calls"].size(), 1u);
+  StreamState state;
+  const std::string text = kToolCallOutput;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto chunk = chatCompletionChunk(
+        meta,
+        output(text.substr(i, 1), i + 1 == text.size() ? protocol::FinishReason::kStop
+                                                       : protocol::FinishReason::kNone),
+        *tokenizer_, state);
+    if (chunk) EXPECT_FALSE((*chunk)["choices"][0]["delta"].contains("reasoning_content"));
+  }
+  auto refused =
+      parseChatCompletionRequest(body({{"include_reasoning", "no"}}).dump(), limits(), *tokenizer_);
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().param, "include_reasoning");
+}
+
 TEST_F(ChatResponseTest, WithoutParsersTheWholeTextIsContent) {
   const ParsedRequest parsed = parse(body({{"tools", weatherTools()}}), limits(false));
   const json response =
