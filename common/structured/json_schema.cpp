@@ -1056,12 +1056,35 @@ class SchemaCompiler {
         properties.push_back(Property{name, ref(*rule), is_required});
       }
     }
+    // What additionalProperties says of names other than the declared ones
+    // (its rule; nullopt when absent; -1 when false).
+    std::optional<int32_t> additional_rule;
+    if (schema.contains("additionalProperties")) {
+      const Json& additional = schema["additionalProperties"];
+      if (additional == Json(false)) {
+        additional_rule = -1;
+      } else {
+        StatusOr<int32_t> rule =
+            compileRule(additional, child(pointer, "additionalProperties"), depth + 1);
+        if (!rule.isOk()) return rule.status();
+        additional_rule = *rule;
+      }
+    }
     if (schema.contains("required")) {
       for (const Json& name : schema["required"]) {
         const std::string& text = name.get_ref<const std::string&>();
         if (!named.insert(text).second) continue;
+        // Required but not declared: an additional property, whose value
+        // additionalProperties governs (any value when it is absent).
+        if (additional_rule == -1) {
+          return invalidArgument("property " + inQuotes(text) + " is required at " +
+                                 shown(pointer) +
+                                 " but additionalProperties is false and properties does not "
+                                 "declare it: no object can match");
+        }
         names.push_back(text);
-        properties.push_back(Property{text, ref(rules_.value()), true});
+        properties.push_back(
+            Property{text, ref(additional_rule ? *additional_rule : rules_.value()), true});
       }
     }
 
@@ -1069,14 +1092,8 @@ class SchemaCompiler {
     // than the declared ones.
     std::optional<Expr> extra_value;
     const bool closed_by_default = schema.contains("properties") || schema.contains("required");
-    if (schema.contains("additionalProperties")) {
-      const Json& additional = schema["additionalProperties"];
-      if (additional != Json(false)) {
-        StatusOr<int32_t> rule =
-            compileRule(additional, child(pointer, "additionalProperties"), depth + 1);
-        if (!rule.isOk()) return rule.status();
-        extra_value = ref(*rule);
-      }
+    if (additional_rule) {
+      if (*additional_rule >= 0) extra_value = ref(*additional_rule);
     } else if (!closed_by_default) {
       extra_value = ref(rules_.value());
     }

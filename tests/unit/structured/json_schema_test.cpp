@@ -445,9 +445,18 @@ TEST(JsonSchema, AdditionalProperties) {
   expectLanguage(R"({"type":"object","additionalProperties":false})", {"{}"}, {R"({"b":2})"});
   expectLanguage(R"({"type":"object","additionalProperties":{"type":"boolean"}})",
                  {"{}", R"({"x":true,"y":false})"}, {R"({"x":1})"});
-  // A required name missing from properties takes any value.
+  // A required name missing from properties takes any value, or what
+  // additionalProperties allows; with additionalProperties false no object
+  // matches: refused.
   expectLanguage(R"({"type":"object","required":["x"]})", {R"({"x":1})", R"({"x":{"y":[]}})"},
                  {"{}", R"({"x":1,"y":2})"});
+  expectLanguage(R"({"type":"object","required":["zz"],"additionalProperties":{"type":"integer"}})",
+                 {R"({"zz":3})", R"({"zz":3,"b":4})"},
+                 {R"({"zz":1.5})", R"({"zz":null})", R"({"zz":false})", "{}"});
+  expectError(
+      R"({"properties":{"a":{"type":"integer"}},"required":["a","zz"],"additionalProperties":false})",
+      StatusCode::kInvalidArgument,
+      {"property \"zz\" is required at", "additionalProperties is false", "no object can match"});
   // A false property can never appear, not even as an extra member.
   expectLanguage(
       R"({"type":"object","properties":{"a":false,"b":{"type":"null"}},"additionalProperties":true})",
