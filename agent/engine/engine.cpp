@@ -1048,13 +1048,17 @@ std::span<const uint64_t> Engine::allowedTokens(const SamplingParams& params,
   const auto& vocabulary = constraints_->vocabulary();
   allowed_.resize(static_cast<size_t>(vocabulary->maskWords()));
   matcher.fillMask(allowed_);
-  if (matcher.canEnd()) {
-    auto allow = [&](TokenId id) {
-      if (id >= 0 && id < vocabulary->size()) allowed_[id >> 6] |= uint64_t{1} << (id & 63);
-    };
-    if (!params.ignore_eos) std::for_each(eos_token_ids_.begin(), eos_token_ids_.end(), allow);
-    std::for_each(params.stop_token_ids.begin(), params.stop_token_ids.end(), allow);
-  }
+  // A token that ends the answer is allowed where the output is complete
+  // and only there, even when the grammar allows its text (a stop_token_ids
+  // entry that is an ordinary token, such as '"').
+  const bool can_end = matcher.canEnd();
+  auto set = [&](TokenId id) {
+    if (id < 0 || id >= vocabulary->size()) return;
+    const uint64_t bit = uint64_t{1} << (id & 63);
+    allowed_[id >> 6] = can_end ? allowed_[id >> 6] | bit : allowed_[id >> 6] & ~bit;
+  };
+  if (!params.ignore_eos) std::for_each(eos_token_ids_.begin(), eos_token_ids_.end(), set);
+  std::for_each(params.stop_token_ids.begin(), params.stop_token_ids.end(), set);
   return allowed_;
 }
 

@@ -438,6 +438,32 @@ TEST(StructuredOutput, MaxTokensMidStructureEndsWithLength) {
   EXPECT_EQ(text(response)[0], '[');
 }
 
+// A stop token is allowed only where the output is complete, even when
+// the grammar allows its text: '"' as a stop token, biased to be picked
+// whenever it may be, cannot cut a JSON object after "{" (it did: text "{",
+// finish_reason stop); the object ends first.
+TEST(StructuredOutput, AStopTokenEndsOnlyACompleteStructure) {
+  Agent agent;
+  const json tokenized = agent.post("/tokenize", {{"model", "tiny"}, {"prompt", "\""}});
+  ASSERT_EQ(tokenized["tokens"].size(), 1u) << tokenized.dump();
+  const int quote = tokenized["tokens"][0];
+  for (uint32_t i = 0; i < 4; ++i) {
+    const json response = agent.post(
+        "/v1/completions",
+        constrained(randomPrompt(7, 700 + i), 40,
+                    {{"response_format", {{"type", "json_object"}}},
+                     {"stop_token_ids", {quote}},
+                     {"logit_bias", {{std::to_string(quote), 100}}}},
+                    std::optional<uint64_t>(i)));
+    const std::string out = text(response);
+    if (finish(response) == "stop") {
+      EXPECT_TRUE(json::parse(out, nullptr, false).is_object()) << out;
+    } else {
+      EXPECT_EQ(finish(response), "length") << response.dump();
+    }
+  }
+}
+
 TEST(StructuredOutput, RefusalsNameTheField) {
   Agent agent;
   int status = 0;
