@@ -437,7 +437,13 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     grammar = std::move(compiled).value();
     // A resumed stream's tokens were chosen under the same constraint.
     structured::Matcher replay(grammar);
-    if (replay.overflowed()) return invalidArgument(std::string(kTooAmbiguous));
+    // Named by its field, as when it overflows later (emitToken).
+    if (replay.overflowed()) {
+      return invalidArgument(request.structured_output_field.empty()
+                                 ? std::string(kTooAmbiguous)
+                                 : request.structured_output_field + ": " +
+                                       std::string(kTooAmbiguous));
+    }
     for (size_t i = 0; i < request.resume_output.size(); ++i) {
       if (!replay.accept(request.resume_output[i])) {
         return invalidArgument("resume_token_ids[" + std::to_string(i) +

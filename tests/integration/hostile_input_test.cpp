@@ -198,6 +198,17 @@ TEST_F(HostileInputTest, AnObjectOfManyMembersIsAnsweredLikeAnyRequest) {
 // from the ones before, and still fail at the same mask: a mask is charged
 // what computing it costs, memoized or not (docs/structured-outputs.md).
 TEST_F(HostileInputTest, AConstraintTooAmbiguousToFollowIsTheRequestsError) {
+  {
+    // Too ambiguous from its first mask, found at admission: the same 400.
+    json body = greedy(randomPrompt(3, 9), 20);
+    body["guided_grammar"] = R"(root ::= (("a"{0,1000}){0,1000}){0,1000})";
+    httplib::Client agent("127.0.0.1", decode_[0]->port());
+    Reply reply = post(agent, "/v1/completions", body.dump());
+    ASSERT_EQ(reply.status, 400) << reply.body.dump();
+    EXPECT_EQ(reply.body["error"]["param"], "guided_grammar") << reply.body.dump();
+    EXPECT_NE(reply.body["error"]["message"].get<std::string>().find("too ambiguous to follow"),
+              std::string::npos);
+  }
   auto request = [&](bool stream) {
     json body = greedy(randomPrompt(3, 9), 20);  // under the threshold: decoded where prefilled
     body["structured_outputs"] = {{"regex", "the answer is ((\\w?){60}){60}"}};
