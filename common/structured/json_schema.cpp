@@ -466,11 +466,18 @@ class JsonRules {
       const Expr days_31 = alt({day_from_1, seq({byteRange('1', '2'), digit()}), two("3", "01")});
       const Expr days_30 = alt({day_from_1, seq({byteRange('1', '2'), digit()}), literal("30")});
       const Expr days_28 = alt({day_from_1, seq({literal("1"), digit()}), two("2", "012345678")});
-      const Expr multiple_of_4 = alt({two("02468", "048"), two("13579", "26")});
+      // Years 0001 to 9999: Python's date (and so pydantic and jsonschema)
+      // has no year 0.
+      const Expr year = alt({seq({byteRange('1', '9'), exactly(digit(), 3)}),
+                             seq({literal("0"), byteRange('1', '9'), exactly(digit(), 2)}),
+                             seq({literal("00"), byteRange('1', '9'), digit()}),
+                             seq({literal("000"), byteRange('1', '9')})});
+      // Multiples of 4 from 04 (the century years 0400, 0800, ...).
+      const Expr multiple_of_4 = alt({two("2468", "048"), two("0", "48"), two("13579", "26")});
       const Expr leap_year = alt(
           {seq({digit(), digit(), alt({two("02468", "48"), two("13579", "26"), two("2468", "0")})}),
            seq({multiple_of_4, literal("00")})});
-      body = alt({seq({exactly(digit(), 4), literal("-"),
+      body = alt({seq({year, literal("-"),
                        alt({seq({alt({two("0", "13578"), two("1", "02")}), literal("-"), days_31}),
                             seq({alt({two("0", "469"), literal("11")}), literal("-"), days_30}),
                             seq({literal("02-"), days_28})})}),
