@@ -239,6 +239,14 @@ std::optional<ApiError> readStructuredOutput(const ordered_json& root, bool chat
   static constexpr const char* kGuided[] = {"guided_json", "guided_regex", "guided_choice",
                                             "guided_grammar"};
   std::vector<Found> found;
+  // vLLM's older spelling of structured_outputs.whitespace_pattern, which
+  // changes the output: refused as that is, never ignored.
+  if (const auto it = root.find("guided_whitespace_pattern"); it != root.end() && !it->is_null()) {
+    return invalidRequest(
+        "guided_whitespace_pattern is not supported; JSON outputs are written without white "
+        "space between tokens",
+        "guided_whitespace_pattern");
+  }
   if (const auto it = root.find("response_format"); it != root.end() && !it->is_null()) {
     if (auto error = readResponseFormat(*it, found)) return error;
   }

@@ -457,6 +457,10 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "structured_outputs.whitespace_pattern",
           "structured_outputs.whitespace_pattern is not supported; structured_outputs takes one "
           "of json, regex, choice, grammar, json_object"),
+      bad(completion(R"("guided_json": {}, "guided_whitespace_pattern": " ")"),
+          "guided_whitespace_pattern",
+          "guided_whitespace_pattern is not supported; JSON outputs are written without white "
+          "space between tokens"),
       bad(completion(R"("guided_regex": "a+", "guided_choice": ["a"])"), "guided_choice",
           "only one structured output constraint per request: both guided_regex and "
           "guided_choice are given"),
