@@ -124,6 +124,10 @@ HttpResponse errorResponse(const ApiError& error, int retry_after_seconds = 0) {
   return res;
 }
 
+// A constraint whose spec is this long compiles to a grammar whose first
+// compile allocates much and frees it (CompiledGrammar's classification).
+constexpr size_t kLargeConstraintBytes = 16 * 1024;
+
 HttpResponse jsonResponse(const json& body) {
   HttpResponse res;
   res.set_content(compactDump(body), "application/json");
@@ -482,7 +486,12 @@ void HttpServer::routes() {
             // classes walk the vocabulary) here, not on the connection's
             // thread in addRequest; its errors come back from addRequest.
             if (result.isOk() && result.value().request.structured_output) {
-              (void)engine_.prepareStructuredOutput(*result.value().request.structured_output);
+              const structured::Constraint& constraint =
+                  *result.value().request.structured_output;
+              (void)engine_.prepareStructuredOutput(constraint);
+              // Classifying a large grammar's elements allocates hundreds
+              // of MB it frees again, in this worker's arena: give it back.
+              if (constraint.spec.size() > kLargeConstraintBytes) http_->trimSoon();
             }
             return result;
           },

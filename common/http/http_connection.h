@@ -273,6 +273,10 @@ class HttpService {
   // The io threads' context: other asynchronous work of the server (the
   // router's agent polls) may run on it.
   boost::asio::io_context& ioContext() { return ioc_; }
+  // Gives freed heap memory back to the system soon (glibc malloc_trim, at
+  // most once a second, on a worker): after work that allocated much and
+  // freed it on its own thread's arena (a large body, a large grammar).
+  void trimSoon();
 
  private:
   friend class HttpConnection;
@@ -282,7 +286,6 @@ class HttpService {
   bool enterLarge();
   // Gives the slot back and trims the heap soon.
   void leaveLarge();
-  void trimSoon();
   // Offloaded work's cancel flags, set all at once by stop().
   void addCancel(std::atomic<bool>* cancel);
   void removeCancel(std::atomic<bool>* cancel);

@@ -85,26 +85,44 @@ StatusOr<Grammar> compileConstraint(const Constraint& constraint) {
   return afterText(*grammar, constraint.after);
 }
 
-ConstraintCache::ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity)
-    : vocabulary_(std::move(vocabulary)), capacity_(std::max<size_t>(capacity, 1)) {}
+ConstraintCache::ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity,
+                                 int64_t max_bytes)
+    : vocabulary_(std::move(vocabulary)),
+      capacity_(std::max<size_t>(capacity, 1)),
+      max_bytes_(max_bytes) {}
 
 ConstraintCache::~ConstraintCache() = default;
+
+size_t ConstraintCache::size() {
+  std::lock_guard lock(mutex_);
+  return entries_.size();
+}
+
+int64_t ConstraintCache::bytes() {
+  std::lock_guard lock(mutex_);
+  return bytes_;
+}
 
 StatusOr<std::shared_ptr<CompiledGrammar>> ConstraintCache::get(const Constraint& constraint) {
   std::string key = std::string(constraintKindName(constraint.kind)) + '\n' + constraint.after +
                     '\n' + constraint.spec;
   {
     std::lock_guard lock(mutex_);
-    if (auto* found = entries_.find(key)) return *found;
+    if (auto* found = entries_.find(key)) return found->grammar;
   }
   // Compiled outside the lock: a large schema does not hold up the others.
   StatusOr<Grammar> grammar = compileConstraint(constraint);
   if (!grammar.isOk()) return grammar.status();
   auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocabulary_);
+  const int64_t bytes = compiled->approxBytes();
   std::lock_guard lock(mutex_);
-  if (auto* found = entries_.find(key)) return *found;
-  entries_.put(key, compiled);
-  if (entries_.size() > capacity_) entries_.popOldest();
+  if (auto* found = entries_.find(key)) return found->grammar;
+  entries_.put(key, Entry{compiled, bytes});
+  bytes_ += bytes;
+  while (entries_.size() > 1 && (entries_.size() > capacity_ || bytes_ > max_bytes_)) {
+    bytes_ -= entries_.oldest().second.bytes;
+    entries_.popOldest();
+  }
   return compiled;
 }
 

@@ -55,20 +55,34 @@ struct Constraint {
 StatusOr<Grammar> compileConstraint(const Constraint& constraint);
 
 // Compiled grammars for one vocabulary, least recently used dropped past
-// `capacity`. Thread-safe.
+// `capacity` grammars or `max_bytes` of their memory (approxBytes when
+// compiled: a 1,000-value enum's token classes take hundreds of MB), as
+// vLLM bounds xgrammar's cache in bytes. The newest is always kept; a
+// dropped grammar lives on while requests use it. Thread-safe.
 class ConstraintCache {
  public:
-  explicit ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity = 64);
+  static constexpr int64_t kDefaultMaxBytes = int64_t{512} << 20;
+  explicit ConstraintCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity = 64,
+                           int64_t max_bytes = kDefaultMaxBytes);
   ~ConstraintCache();
 
   StatusOr<std::shared_ptr<CompiledGrammar>> get(const Constraint& constraint);
   const std::shared_ptr<const Vocabulary>& vocabulary() const { return vocabulary_; }
+  // The entries held and their memory as counted when compiled.
+  size_t size();
+  int64_t bytes();
 
  private:
+  struct Entry {
+    std::shared_ptr<CompiledGrammar> grammar;
+    int64_t bytes = 0;
+  };
   std::shared_ptr<const Vocabulary> vocabulary_;
   size_t capacity_;
+  int64_t max_bytes_;
   std::mutex mutex_;
-  LruMap<std::string, std::shared_ptr<CompiledGrammar>> entries_;  // by kind and spec
+  LruMap<std::string, Entry> entries_;  // by kind, after and spec
+  int64_t bytes_ = 0;                   // of the entries
 };
 
 }  // namespace tandem::structured

@@ -572,6 +572,10 @@ struct CompiledGrammar::Runtime {
   Stats stats;
 };
 
+namespace {
+void addCounts(CompiledGrammar::Stats& into, const CompiledGrammar::Stats& from);
+}  // namespace
+
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
     : grammar_(std::move(grammar)),
       vocabulary_(std::move(vocabulary)),
@@ -579,9 +583,38 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
   // Here, where a request is admitted, rather than at its first steps on
   // the engine's thread: a string's element walks the whole vocabulary.
   runtime_->classifyAll();
+  // The stacks and memo that classifying built (hundreds of MB for a
+  // 1,000-value enum) are not what requests will follow: a cached grammar
+  // keeps its classes and starts a fresh generation for its matchers.
+  addCounts(retired_, currentStats());
+  runtime_ = std::make_shared<Runtime>(grammar_, *vocabulary_, runtime_->classes);
 }
 
 CompiledGrammar::~CompiledGrammar() = default;
+
+int64_t CompiledGrammar::approxBytes() const {
+  auto bytesOf = [](const auto& vector) {
+    return static_cast<int64_t>(vector.capacity() * sizeof(vector[0]));
+  };
+  int64_t bytes = bytesOf(grammar_.elements) + bytesOf(grammar_.byte_sets);
+  for (const auto& starts : grammar_.rule_alternatives) bytes += bytesOf(starts) + 24;
+  std::lock_guard lock(mutex_);
+  const Runtime& runtime = *runtime_;
+  bytes += bytesOf(*runtime.classes);
+  for (const auto& classes : *runtime.classes) {
+    if (!classes) continue;
+    bytes += static_cast<int64_t>(sizeof(Runtime::Classes)) + bytesOf(classes->accepted_words) +
+             bytesOf(classes->accepted) + bytesOf(classes->uncertain);
+  }
+  // Hash-map entries cost about their node and bucket besides the payload.
+  constexpr int64_t kNode = 48;
+  bytes += runtime.memo_ints * static_cast<int64_t>(sizeof(int32_t)) +
+           static_cast<int64_t>(runtime.states.size()) * (kNode + sizeof(Stacks::Frontier)) +
+           static_cast<int64_t>(runtime.moves.size()) * kNode;
+  for (const auto& [tops, mask] : runtime.masks) bytes += kNode + bytesOf(tops) + bytesOf(mask);
+  bytes += runtime.stacks.size() * kNode;
+  return bytes;
+}
 
 void CompiledGrammar::setMemoBoundForTest(int64_t bytes) {
   std::lock_guard lock(mutex_);

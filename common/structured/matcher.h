@@ -101,6 +101,9 @@ class CompiledGrammar {
     int64_t memo_trims = 0;     // times the memo was dropped, past its bounds
   };
   Stats stats() const;
+  // The memory it holds, approximately: its grammar, the token classes of
+  // its elements, the newest generation's stacks, memo and cached masks.
+  int64_t approxBytes() const;
   // Tests: the current generation's pass counters (expansion passes and
   // masks) as if that many had run, to cross their 32-bit wrap.
   void setEpochsForTest(uint32_t epoch);

@@ -353,5 +353,48 @@ TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
   EXPECT_EQ(vocab.maskWords(), 3);
 }
 
+
+// The cache is bounded by the grammars' memory as well as their count: a
+// large enum's token classes take tens of MB, so a few distinct ones would
+// fill the process. Past the bound the least recently used go; the newest
+// stays whatever its size.
+TEST(ConstraintCache, IsBoundedByTheGrammarsMemory) {
+  auto vocab = wordVocabulary();
+  auto enumOf = [](int seed) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    nlohmann::json values = nlohmann::json::array();
+    for (int i = 0; i < 200; ++i) {
+      std::string value(40, 'a');
+      for (char& c : value) c = static_cast<char>('a' + rng() % 26);
+      values.push_back(value);
+    }
+    return Constraint{ConstraintKind::kJsonSchema, nlohmann::json{{"enum", values}}.dump()};
+  };
+  ConstraintCache sizing(vocab);
+  auto first = sizing.get(enumOf(0));
+  ASSERT_TRUE(first.isOk()) << first.status().message();
+  const int64_t one = sizing.bytes();
+  EXPECT_EQ(one, (*first)->approxBytes());
+  EXPECT_GT(one, 100'000) << "200 values of 40 bytes over 30,000 tokens";
+
+  ConstraintCache cache(vocab, 64, one * 5 / 2);
+  std::vector<std::shared_ptr<CompiledGrammar>> held;
+  for (int seed = 0; seed < 5; ++seed) {
+    auto grammar = cache.get(enumOf(seed));
+    ASSERT_TRUE(grammar.isOk());
+    held.push_back(*grammar);
+    EXPECT_LE(cache.bytes(), one * 5 / 2);
+    EXPECT_LE(cache.size(), 2u);
+  }
+  // The newest is there; the oldest was dropped (compiled anew, another object).
+  EXPECT_EQ(*cache.get(enumOf(4)), held[4]);
+  EXPECT_NE(*cache.get(enumOf(0)), held[0]);
+  // A bound below one grammar keeps the newest alone.
+  ConstraintCache tiny(vocab, 64, 1);
+  ASSERT_TRUE(tiny.get(enumOf(1)).isOk());
+  ASSERT_TRUE(tiny.get(enumOf(2)).isOk());
+  EXPECT_EQ(tiny.size(), 1u);
+}
+
 }  // namespace
 }  // namespace tandem::structured
