@@ -222,6 +222,9 @@ struct ResponseMeta {
   // vLLM's prompt_logprobs (ParsedRequest::prompt_logprobs): a choice's
   // (completions) or the response's (chat) "prompt_logprobs".
   std::optional<int32_t> prompt_logprobs;
+  // A resumed stream's tokens (Request::resume_output), which its text
+  // offsets continue after.
+  std::vector<TokenId> resumed_tokens;
 };
 
 ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view request_id,
@@ -248,9 +251,10 @@ ApiError engineError(const protocol::RequestOutput& output);
 
 // Per-stream state the chunk builders carry between calls.
 struct StreamState {
-  bool role_sent = false;  // chat: the first chunk carried role "assistant"
-  int64_t text_chars = 0;  // completions: text_offset of the next token
-  bool echoed = false;     // completions: meta.echo_text was sent
+  bool role_sent = false;        // chat: the first chunk carried role "assistant"
+  int64_t text_chars = 0;        // completions: text_offset of the next token
+  bool echoed = false;           // completions: meta.echo_text was sent
+  bool resumed_counted = false;  // completions: meta.resumed_tokens' offsets counted
   // chat with meta.chat_output: the request's output parser, made on the
   // first chunk.
   std::shared_ptr<protocol::ChatOutputStream> chat_output;

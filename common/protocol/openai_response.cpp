@@ -90,6 +90,22 @@ json chatLogprobs(const ResponseMeta& meta, const std::vector<protocol::Generate
   return {{"content", std::move(content)}};
 }
 
+// The text offset of `token` and, past it, of the next: characters of the
+// generated text, counted over the tokens' own bytes (a token that starts
+// inside a character takes that character's offset; special tokens count
+// as empty when skip_special_tokens). One count for every stream: a resumed
+// one counts its resumed tokens the same way.
+int64_t advanceTextOffset(const ResponseMeta& meta, const Tokenizer& tokenizer, TokenId token,
+                          int64_t& text_chars) {
+  const std::string bytes = meta.skip_special_tokens && tokenizer.isSpecial(token)
+                                ? std::string()
+                                : tokenizer.tokenBytes(token);
+  const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
+  const int64_t offset = starts_mid_character && text_chars > 0 ? text_chars - 1 : text_chars;
+  for (char c : bytes) text_chars += isContinuationByte(c) ? 0 : 1;
+  return offset;
+}
+
 // Completions form: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
 // top_logprobs maps token text to logprob and, like vLLM, always holds the
 // sampled token. text_offset counts characters of the generated text, a token
@@ -116,13 +132,7 @@ json completionLogprobs(const ResponseMeta& meta,
     logprobs["token_logprobs"].push_back(reportedLogprob(token.logprob));
     logprobs["top_logprobs"].push_back(std::move(top));
 
-    const std::string bytes = meta.skip_special_tokens && tokenizer.isSpecial(token.token)
-                                  ? std::string()
-                                  : tokenizer.tokenBytes(token.token);
-    const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
-    logprobs["text_offset"].push_back(starts_mid_character && text_chars > 0 ? text_chars - 1
-                                                                             : text_chars);
-    for (char c : bytes) text_chars += isContinuationByte(c) ? 0 : 1;
+    logprobs["text_offset"].push_back(advanceTextOffset(meta, tokenizer, token.token, text_chars));
   }
   return logprobs;
 }
@@ -217,6 +227,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.echo_logprobs = request.echo && request.request.sampling.logprobs.has_value() &&
                        request.request.resume_output.empty();
   meta.prompt_logprobs = request.prompt_logprobs;
+  meta.resumed_tokens = request.request.resume_output;
   return meta;
 }
 
@@ -325,8 +336,16 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
                                     const Tokenizer& tokenizer, StreamState& state) {
   const bool has_logprobs = meta.logprobs.has_value() && !step.tokens.empty();
   const bool has_ids = meta.return_token_ids && !step.tokens.empty();
-  // A resumed stream's offsets continue after the text already sent.
-  for (char c : step.resumed_text) state.text_chars += isContinuationByte(c) ? 0 : 1;
+  // A resumed stream's offsets continue after its resumed tokens, counted
+  // as the uninterrupted stream counted them (not the text already sent,
+  // which lacks what was held back: part of a character, a stop string's
+  // start).
+  if (!state.resumed_counted) {
+    state.resumed_counted = true;
+    for (TokenId token : meta.resumed_tokens) {
+      (void)advanceTextOffset(meta, tokenizer, token, state.text_chars);
+    }
+  }
   const bool echo = !state.echoed && !meta.echo_text.empty();
   if (step.text.empty() && !step.finished() && !has_logprobs && !has_ids && !echo) {
     return std::nullopt;

@@ -539,6 +539,7 @@ TEST(Server, ChatCompletionsWholeAndStreamedAgree) {
 struct StreamedAnswer {
   std::vector<std::vector<int>> ids;
   std::vector<std::string> texts;
+  std::vector<int64_t> text_offsets;  // completions with logprobs
   json usage;
 };
 
@@ -557,8 +558,43 @@ StreamedAnswer streamFrom(const Agent& agent, const std::string& path, const jso
     answer.ids.push_back(choice.value("token_ids", std::vector<int>{}));
     const json& delta = choice.contains("delta") ? choice["delta"] : choice;
     answer.texts.push_back(delta.value(choice.contains("delta") ? "content" : "text", ""));
+    if (choice.contains("logprobs") && choice["logprobs"].is_object() &&
+        choice["logprobs"].contains("text_offset")) {
+      for (const json& offset : choice["logprobs"]["text_offset"]) {
+        answer.text_offsets.push_back(offset.get<int64_t>());
+      }
+    }
   }
   return answer;
+}
+
+// A resumed stream's logprob text offsets are the uninterrupted stream's,
+// also when the first agent held text back at the split (the start of a
+// stop string: here the last character before the split, followed by a
+// byte the answer never holds, so nothing stops).
+TEST(Server, AResumedStreamsTextOffsetsAreTheUninterruptedOnes) {
+  Agent agent;
+  const std::vector<int> prompt = randomPrompt(30, 17);
+  json body = greedy(prompt, 16);
+  const std::vector<int> all = tokenIds(agent.post("/v1/completions", body));
+  ASSERT_EQ(all.size(), 16u);
+  const size_t k = 9;
+  const std::string before =
+      agent
+          .post("/detokenize",
+                {{"model", "tiny"}, {"tokens", std::vector<int>(all.begin(), all.begin() + k)}})
+          .at("prompt");
+  ASSERT_FALSE(before.empty());
+  body["stop"] = {before.substr(before.size() - 1) + "\x01"};
+  body["logprobs"] = 0;
+  body["stream"] = true;
+  const StreamedAnswer whole = streamFrom(agent, "/v1/completions", body);
+  ASSERT_EQ(whole.text_offsets.size(), 16u);
+  json resumed = body;
+  resumed["resume_token_ids"] = std::vector<int>(all.begin(), all.begin() + k);
+  const StreamedAnswer rest = streamFrom(agent, "/v1/completions", resumed);
+  EXPECT_EQ(rest.text_offsets,
+            std::vector<int64_t>(whole.text_offsets.begin() + k, whole.text_offsets.end()));
 }
 
 // A stream resumed from the tokens another agent already sent continues it:
