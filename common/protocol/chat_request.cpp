@@ -147,9 +147,9 @@ Result<ordered_json> readMessages(const ordered_json& root, ChatContentFormat fo
     } else if (content->is_array()) {
       // A tool's result is text for every template (as vLLM joins it):
       // parts would print as dicts in templates that write it out whole.
-      auto parts = readContentParts(content_name, *content,
-                                    role->get<std::string>() == "tool" ? ChatContentFormat::kString
-                                                                       : format);
+      auto parts = readContentParts(
+          content_name, *content,
+          role->get<std::string>() == "tool" ? ChatContentFormat::kString : format);
       if (!parts.isOk()) return parts.error();
       message["content"] = std::move(parts).value();
     } else if (!content->is_string()) {
@@ -206,7 +206,9 @@ std::optional<ApiError> checkToolChoice(const ordered_json& root, const ordered_
     const std::string value = choice->get<std::string>();
     if (value == "auto" || value == "none") return std::nullopt;
     if (value == "required") {
-      if (!has_tools) {
+      // An empty list is no tools to call: as vLLM and OpenAI, "none".
+      const bool empty_list = tools != nullptr && tools->is_array() && tools->empty();
+      if (!has_tools && !empty_list) {
         return invalidRequest("tool_choice \"required\" needs at least one tool in tools",
                               "tool_choice");
       }

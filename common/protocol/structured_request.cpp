@@ -188,6 +188,7 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
   }
   const auto tools = root.find("tools");
   if (tools == root.end() || !tools->is_array()) return std::nullopt;  // refused by readChatInput
+  if (tools->empty()) return std::nullopt;  // "required" of no tools: none to force
   const std::string forced = optional              ? ""
                              : choice->is_string() ? "tool_choice \"required\""
                                                    : "tool_choice naming a function";

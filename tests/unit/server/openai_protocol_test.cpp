@@ -742,6 +742,11 @@ TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
   EXPECT_EQ(strict.error().param, "tool_choice");
   EXPECT_NE(strict.error().message.find("function \"f\" (strict): "), std::string::npos)
       << strict.error().message;
+  // "required" over an empty tools list is "none", as vLLM and OpenAI read it.
+  auto no_tools = parseChatCompletionRequest(chat(R"("tools": [], "tool_choice": "required")"),
+                                             limits, tokenizer());
+  ASSERT_TRUE(no_tools.isOk()) << no_tools.error().message;
+  EXPECT_FALSE(no_tools.value().request.structured_output.has_value());
   // Not strict: any JSON object for its arguments.
   auto loose = parseChatCompletionRequest(
       chat(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type":
