@@ -205,9 +205,20 @@ struct Tokenizer::Impl {
     for (TokenId id = 0; id < vocab_size; ++id) {
       if (auto it = added_by_id.find(id); it != added_by_id.end()) {
         // Added tokens are written as they read, not in the byte-level
-        // alphabet.
+        // alphabet, unless one repeats its vocabulary entry in that
+        // alphabet ("Ġthe" for " the"): then its decoded bytes, as Hugging
+        // Face's ByteLevel decoder gives them.
         token_bytes[id] = it->second->content;
         special[id] = it->second->special;
+        if (const auto token = model.idToToken(id); token && *token == it->second->content) {
+          std::string decoded;
+          // (Not when those bytes are no text: DeepSeek's added "õ" is
+          // byte F5 in that alphabet, which would decode to U+FFFD.)
+          if (tokenizer_internal::appendFromByteLevel(*token, decoded) &&
+              tokenizer_internal::isValidUtf8(decoded)) {
+            token_bytes[id] = std::move(decoded);
+          }
+        }
       } else if (const auto token = model.idToToken(id)) {
         // A token outside the byte-level alphabet is taken as is, as Hugging
         // Face's ByteLevel decoder does.

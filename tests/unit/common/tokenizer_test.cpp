@@ -456,6 +456,25 @@ TEST_P(SmallTokenizerTest, AddedTokensAreMatchedBeforePreTokenization) {
             "hello<sep>");
 }
 
+// An added token that repeats its vocabulary entry in the byte-level
+// spelling ("Ġworld", id 18) decodes as that entry (" world"), as Hugging
+// Face's ByteLevel decoder gives it: decode(encode(x)) == x. One whose
+// content is plain text keeps it.
+TEST_P(SmallTokenizerTest, AnAddedTokenInTheByteLevelSpellingDecodesAsItsEntry) {
+  nlohmann::json file = smallTokenizer(GetParam());
+  file["added_tokens"].push_back({{"id", 18},
+                                  {"content", "\u0120world"},
+                                  {"single_word", false},
+                                  {"lstrip", false},
+                                  {"rstrip", false},
+                                  {"normalized", false},
+                                  {"special", false}});
+  TempDir dir;
+  auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", file.dump()));
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{13, 18}), "hello world");
+  EXPECT_EQ(tok->decode(std::vector<TokenId>{21}), "ld");
+}
+
 TEST_P(SmallTokenizerTest, AddedTokenFlags) {
   TempDir dir;
   auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));
