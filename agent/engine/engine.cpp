@@ -373,10 +373,13 @@ Status Engine::checkVocabulary(std::span<const TokenId> tokens, const char* fiel
   return Status::ok();
 }
 
+bool Engine::endsAsEos(TokenId token, const SamplingParams& params) const {
+  return !params.ignore_eos &&
+         std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
+}
+
 bool Engine::isStopToken(TokenId token, const SamplingParams& params) const {
-  const bool is_eos =
-      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
-  return (is_eos && !params.ignore_eos) ||
+  return endsAsEos(token, params) ||
          std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
              params.stop_token_ids.end();
 }
@@ -1185,10 +1188,7 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     // include_stop_str_in_output (vLLM: its text, none for a special token
     // under skip_special_tokens).
     reason = FinishReason::kStop;
-    const bool is_eos = !params.ignore_eos &&
-                        std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token.token) !=
-                            eos_token_ids_.end();
-    if (!is_eos) out.stop_token = token.token;
+    if (!endsAsEos(token.token, params)) out.stop_token = token.token;  // vLLM's stop_reason
     if (params.include_stop_str_in_output) {
       out.text = live.stop.push(live.detokenizer.push(token.token), false).text;
     }

@@ -286,8 +286,9 @@ class Engine {
   // the first such id of `tokens`, or OK.
   Status checkVocabulary(std::span<const TokenId> tokens, const char* field) const;
   // Whether `token` ends a request with `params`: an EOS id (unless
-  // ignore_eos) or one of its stop_token_ids.
+  // ignore_eos; endsAsEos) or one of its stop_token_ids.
   bool isStopToken(TokenId token, const SamplingParams& params) const;
+  bool endsAsEos(TokenId token, const SamplingParams& params) const;
 
   struct Pending {
     std::unique_ptr<Sequence> sequence;
