@@ -200,18 +200,32 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
   }
   const std::string named =
       !optional && choice->is_object() ? choice->at("function").at("name").get<std::string>() : "";
+  const auto format = *parser == protocol::ToolCallParserKind::kHermes
+                          ? structured::ToolCallFormat::kHermes
+                          : structured::ToolCallFormat::kLlama3Json;
   ordered_json specs = ordered_json::array();
-  for (const auto& tool : *tools) {
-    const auto& function = tool.at("function");
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const auto& function = (*tools)[i].at("function");
     const std::string name = function.at("name").get<std::string>();
     if (!named.empty() && name != named) continue;
     // readChatInput checked name and parameters; strict is OpenAI's flag.
     const auto strict = function.find("strict");
     const auto parameters = function.find("parameters");
-    specs.push_back(
-        {{"name", name},
-         {"parameters", parameters == function.end() ? ordered_json() : *parameters},
-         {"strict", strict != function.end() && strict->is_boolean() && strict->get<bool>()}});
+    ordered_json spec = {
+        {"name", name},
+        {"parameters", parameters == function.end() ? ordered_json() : *parameters},
+        {"strict", strict != function.end() && strict->is_boolean() && strict->get<bool>()}};
+    // A strict function whose schema cannot be enforced is refused naming
+    // its parameters, not the tool_choice the client may never have set.
+    if (spec["strict"] == true) {
+      const StatusOr<structured::Grammar> alone = structured::compileToolCalls(ordered_json::parse(
+          structured::toolCallsSpec(format, false, ordered_json::array({spec}), optional)));
+      if (!alone.isOk()) {
+        const std::string field = "tools[" + std::to_string(i) + "].function.parameters";
+        return invalidRequest(field + ": " + alone.status().message(), field);
+      }
+    }
+    specs.push_back(std::move(spec));
   }
   bool parallel = true;
   if (const auto p = root.find("parallel_tool_calls"); p != root.end() && !p->is_null()) {
@@ -222,9 +236,6 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
     }
     parallel = p->get<bool>();
   }
-  const auto format = *parser == protocol::ToolCallParserKind::kHermes
-                          ? structured::ToolCallFormat::kHermes
-                          : structured::ToolCallFormat::kLlama3Json;
   found.push_back(
       Found{"tool_choice",
             {ConstraintKind::kToolCalls,

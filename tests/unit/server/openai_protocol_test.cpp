@@ -730,18 +730,26 @@ TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
           << value;
     }
   }
-  // A strict function whose schema cannot be enforced is refused, naming it.
+  // A strict function whose schema cannot be enforced is refused, naming it
+  // and its parameters, with tool_choice "required" or left to "auto".
   ServerLimits limits = testLimits();
   limits.chat_output.tool_call_parser = protocol::ToolCallParserKind::kHermes;
-  auto strict = parseChatCompletionRequest(
-      chat(R"("tools": [{"type": "function", "function": {"name": "f", "strict": true,
-           "parameters": {"type": "object", "properties": {"n": {"type": "number",
-           "multipleOf": 3}}}}}], "tool_choice": "required")"),
-      limits, tokenizer());
-  ASSERT_FALSE(strict.isOk());
-  EXPECT_EQ(strict.error().param, "tool_choice");
-  EXPECT_NE(strict.error().message.find("function \"f\" (strict): "), std::string::npos)
-      << strict.error().message;
+  for (const char* choice : {R"(, "tool_choice": "required")", ""}) {
+    SCOPED_TRACE(choice);
+    auto strict = parseChatCompletionRequest(
+        chat(std::string(R"("tools": [{"type": "function", "function": {"name": "g"}},
+             {"type": "function", "function": {"name": "f", "strict": true,
+             "parameters": {"type": "object", "properties": {"n": {"type": "number",
+             "multipleOf": 3}}}}}])") +
+             choice),
+        limits, tokenizer());
+    ASSERT_FALSE(strict.isOk());
+    EXPECT_EQ(strict.error().param, "tools[1].function.parameters");
+    EXPECT_NE(
+        strict.error().message.find("tools[1].function.parameters: function \"f\" (strict): "),
+        std::string::npos)
+        << strict.error().message;
+  }
   // "required" over an empty tools list is "none", as vLLM and OpenAI read it.
   auto no_tools = parseChatCompletionRequest(chat(R"("tools": [], "tool_choice": "required")"),
                                              limits, tokenizer());
