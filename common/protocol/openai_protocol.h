@@ -249,10 +249,27 @@ ResponseJson chatCompletionResponse(const ResponseMeta& meta, const protocol::Re
 // 500 server_error carrying output.error.
 ApiError engineError(const protocol::RequestOutput& output);
 
+// Character offsets of a completion's tokens in its text, which shows
+// their bytes decoded as UTF-8 with each maximal invalid run replaced by
+// U+FFFD (as the text is written): a token's offset is the index of the
+// character its first byte belongs to, so offsets never decrease, and a
+// token that starts inside a character shares that character's offset.
+struct TextOffsets {
+  int64_t chars = 0;  // characters completed so far
+  // Of a character being read: continuation bytes still needed, and the
+  // range the next one must fall in.
+  int need = 0;
+  uint8_t lower = 0x80;
+  uint8_t upper = 0xBF;
+
+  // The offset of a token of these bytes; counts them.
+  int64_t advance(std::string_view bytes);
+};
+
 // Per-stream state the chunk builders carry between calls.
 struct StreamState {
   bool role_sent = false;        // chat: the first chunk carried role "assistant"
-  int64_t text_chars = 0;        // completions: text_offset of the next token
+  TextOffsets text_chars;        // completions: the tokens' text offsets so far
   bool echoed = false;           // completions: meta.echo_text was sent
   bool resumed_counted = false;  // completions: meta.resumed_tokens' offsets counted
   // chat with meta.chat_output: the request's output parser, made on the

@@ -90,21 +90,57 @@ json chatLogprobs(const ResponseMeta& meta, const std::vector<protocol::Generate
   return {{"content", std::move(content)}};
 }
 
-// The text offset of `token` and, past it, of the next: characters of the
-// generated text, counted over the tokens' own bytes (a token that starts
-// inside a character takes that character's offset; special tokens count
-// as empty when skip_special_tokens). One count for every stream: a resumed
-// one counts its resumed tokens the same way.
+// The text offset of `token`, counted past it: its bytes (none for a
+// special token under skip_special_tokens). One count for every stream: a
+// resumed one counts its resumed tokens the same way.
 int64_t advanceTextOffset(const ResponseMeta& meta, const Tokenizer& tokenizer, TokenId token,
-                          int64_t& text_chars) {
+                          TextOffsets& text_chars) {
   const std::string bytes = meta.skip_special_tokens && tokenizer.isSpecial(token)
                                 ? std::string()
                                 : tokenizer.tokenBytes(token);
-  const bool starts_mid_character = !bytes.empty() && isContinuationByte(bytes[0]);
-  const int64_t offset = starts_mid_character && text_chars > 0 ? text_chars - 1 : text_chars;
-  for (char c : bytes) text_chars += isContinuationByte(c) ? 0 : 1;
+  return text_chars.advance(bytes);
+}
+
+}  // namespace
+
+int64_t TextOffsets::advance(std::string_view bytes) {
+  int64_t offset = chars;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const auto b = static_cast<uint8_t>(bytes[i]);
+    if (need > 0) {
+      if (b >= lower && b <= upper) {
+        lower = 0x80;
+        upper = 0xBF;
+        if (--need == 0) ++chars;
+        continue;
+      }
+      // The character broke off: one U+FFFD for it; b starts anew.
+      ++chars;
+      need = 0;
+      lower = 0x80;
+      upper = 0xBF;
+      if (i == 0) offset = chars;
+    }
+    if (b < 0x80) {
+      ++chars;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      need = 2;
+      if (b == 0xE0) lower = 0xA0;
+      if (b == 0xED) upper = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      need = 3;
+      if (b == 0xF0) lower = 0x90;
+      if (b == 0xF4) upper = 0x8F;
+    } else {
+      ++chars;  // a byte no character starts with: U+FFFD
+    }
+  }
   return offset;
 }
+
+namespace {
 
 // Completions form: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
 // top_logprobs maps token text to logprob and, like vLLM, always holds the
@@ -114,7 +150,7 @@ int64_t advanceTextOffset(const ResponseMeta& meta, const Tokenizer& tokenizer, 
 // count across stream chunks.
 json completionLogprobs(const ResponseMeta& meta,
                         const std::vector<protocol::GeneratedToken>& tokens,
-                        const Tokenizer& tokenizer, int64_t& text_chars) {
+                        const Tokenizer& tokenizer, TextOffsets& text_chars) {
   json logprobs = {{"tokens", json::array()},
                    {"token_logprobs", json::array()},
                    {"top_logprobs", json::array()},
@@ -144,8 +180,8 @@ json completionLogprobs(const ResponseMeta& meta,
 // `text_chars` ends at the echo text's length, where the output's offsets
 // go on.
 json echoLogprobs(const ResponseMeta& meta, const std::vector<protocol::GeneratedToken>& prompt,
-                  const Tokenizer& tokenizer, int64_t& text_chars) {
-  int64_t unused = 0;
+                  const Tokenizer& tokenizer, TextOffsets& text_chars) {
+  TextOffsets unused;
   json logprobs = completionLogprobs(meta, prompt, tokenizer, unused);
   if (!prompt.empty()) {
     logprobs["token_logprobs"][0] = nullptr;
@@ -164,7 +200,8 @@ json echoLogprobs(const ResponseMeta& meta, const std::vector<protocol::Generate
     }
   }
   for (; byte < echo.size(); ++byte) chars += isContinuationByte(echo[byte]) ? 0 : 1;
-  text_chars = chars;
+  text_chars = TextOffsets{};
+  text_chars.chars = chars;
   return logprobs;
 }
 
@@ -270,7 +307,7 @@ json tokenIdsJson(const std::vector<protocol::GeneratedToken>& tokens) {
 json completionResponse(const ResponseMeta& meta, const protocol::RequestOutput& total,
                         const Tokenizer& tokenizer) {
   json response = responseHead(meta, "text_completion");
-  int64_t text_chars = 0;
+  TextOffsets text_chars;
   json logprobs = nullptr;
   if (meta.logprobs) {
     logprobs = meta.echo_logprobs ? echoLogprobs(meta, total.prompt_logprobs, tokenizer, text_chars)

@@ -1814,7 +1814,7 @@ TEST_F(ResponseTest, CompletionChunks) {
   EXPECT_EQ(choice["text"], "caf");
   EXPECT_TRUE(choice["finish_reason"].is_null());
   EXPECT_EQ(choice["logprobs"]["text_offset"].front(), 0);
-  EXPECT_EQ(state.text_chars, 3);
+  EXPECT_EQ(state.text_chars.chars, 3);
 
   // The first half of "é": no text yet (the detokenizer holds it back) but
   // logprobs were asked for, so a chunk goes out; offsets continue.
@@ -2035,6 +2035,31 @@ TEST_F(ProtocolTest, DetokenizeRefusesBadInput) {
   for (const BadCase& c : cases) {
     expectRefused(detokenizeResponse(c.body, testLimits(), tokenizer()), c);
   }
+}
+
+// Text offsets index the characters of the text as written: valid
+// characters, and one U+FFFD per maximal invalid run (as the lossy decode
+// writes them). They never go back, whatever the bytes.
+TEST(TextOffsetsTest, CountTheCharactersTheTextShows) {
+  auto offsets = [](const std::vector<std::string>& tokens) {
+    TextOffsets counter;
+    std::vector<int64_t> out;
+    for (const std::string& token : tokens) out.push_back(counter.advance(token));
+    out.push_back(counter.chars);
+    return out;
+  };
+  // "é" split across two tokens: the second starts inside it.
+  EXPECT_EQ(offsets({"ab", "\xC3", "\xA9", "c"}), (std::vector<int64_t>{0, 2, 2, 3, 4}));
+  // Lone continuation bytes: each one U+FFFD.
+  EXPECT_EQ(offsets({"\x80", "\x80", "\x80"}), (std::vector<int64_t>{0, 1, 2, 3}));
+  // "Hello" then E6 97 (a character cut short) then "x": the two bytes are
+  // one U+FFFD, and "x" comes after it.
+  EXPECT_EQ(offsets({"Hello", "\xE6", "\x97", "x"}), (std::vector<int64_t>{0, 5, 5, 6, 7}));
+  // E0 80 is invalid from its second byte (E0 needs A0..BF next): U+FFFD
+  // for E0, another for 80.
+  EXPECT_EQ(offsets({"\xE0", "\x80"}), (std::vector<int64_t>{0, 1, 2}));
+  // Four-byte characters.
+  EXPECT_EQ(offsets({"\xF0\x9F", "\x99\x82", "!"}), (std::vector<int64_t>{0, 0, 1, 2}));
 }
 
 }  // namespace
