@@ -486,8 +486,7 @@ void HttpServer::routes() {
             // classes walk the vocabulary) here, not on the connection's
             // thread in addRequest; its errors come back from addRequest.
             if (result.isOk() && result.value().request.structured_output) {
-              const structured::Constraint& constraint =
-                  *result.value().request.structured_output;
+              const structured::Constraint& constraint = *result.value().request.structured_output;
               (void)engine_.prepareStructuredOutput(constraint);
               // Classifying a large grammar's elements allocates hundreds
               // of MB it frees again, in this worker's arena: give it back.

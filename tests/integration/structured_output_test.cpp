@@ -448,13 +448,12 @@ TEST(StructuredOutput, AStopTokenEndsOnlyACompleteStructure) {
   ASSERT_EQ(tokenized["tokens"].size(), 1u) << tokenized.dump();
   const int quote = tokenized["tokens"][0];
   for (uint32_t i = 0; i < 4; ++i) {
-    const json response = agent.post(
-        "/v1/completions",
-        constrained(randomPrompt(7, 700 + i), 40,
-                    {{"response_format", {{"type", "json_object"}}},
-                     {"stop_token_ids", {quote}},
-                     {"logit_bias", {{std::to_string(quote), 100}}}},
-                    std::optional<uint64_t>(i)));
+    const json response =
+        agent.post("/v1/completions", constrained(randomPrompt(7, 700 + i), 40,
+                                                  {{"response_format", {{"type", "json_object"}}},
+                                                   {"stop_token_ids", {quote}},
+                                                   {"logit_bias", {{std::to_string(quote), 100}}}},
+                                                  std::optional<uint64_t>(i)));
     const std::string out = text(response);
     if (finish(response) == "stop") {
       EXPECT_TRUE(json::parse(out, nullptr, false).is_object()) << out;

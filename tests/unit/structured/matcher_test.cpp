@@ -353,7 +353,6 @@ TEST(StructuredMatcher, TrieHoldsEveryTokenWithBytesOnce) {
   EXPECT_EQ(vocab.maskWords(), 3);
 }
 
-
 // The cache is bounded by the grammars' memory as well as their count: a
 // large enum's token classes take tens of MB, so a few distinct ones would
 // fill the process. Past the bound the least recently used go; the newest
