@@ -128,11 +128,6 @@ HttpResponse errorResponse(const ApiError& error, int retry_after_seconds = 0) {
 // compile allocates much and frees it (CompiledGrammar's classification).
 constexpr size_t kLargeConstraintBytes = 16 * 1024;
 
-HttpResponse jsonResponse(const json& body) {
-  HttpResponse res;
-  res.set_content(compactDump(body), "application/json");
-  return res;
-}
 HttpResponse jsonResponse(const ResponseJson& body) {
   HttpResponse res;
   res.set_content(compactDump(body), "application/json");

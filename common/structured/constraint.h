@@ -38,13 +38,13 @@ struct Constraint {
   // are generated in that order); kRegex: the pattern; kChoice: a JSON array
   // of the choices; kGrammar: the GBNF text; kToolCalls: toolCallsSpec()
   // (tool_calls.h); kJsonObject: empty.
-  std::string spec;
+  std::string spec = {};
   // Not empty: the constraint applies after the output has written this
   // text (a reasoning model's "</think>"), free text before it
   // (afterText, grammar.h): a chat request with a reasoning parser whose
   // prompt left the reasoning open, as vLLM starts the grammar when the
   // reasoning ends.
-  std::string after;
+  std::string after = {};
 
   bool operator==(const Constraint&) const = default;
 };

@@ -184,7 +184,9 @@ TEST_F(ChatResponseTest, IncludeReasoningFalseDropsTheReasoning) {
         output(text.substr(i, 1), i + 1 == text.size() ? protocol::FinishReason::kStop
                                                        : protocol::FinishReason::kNone),
         *tokenizer_, state);
-    if (chunk) EXPECT_FALSE((*chunk)["choices"][0]["delta"].contains("reasoning_content"));
+    if (chunk) {
+      EXPECT_FALSE((*chunk)["choices"][0]["delta"].contains("reasoning_content"));
+    }
   }
   auto refused =
       parseChatCompletionRequest(body({{"include_reasoning", "no"}}).dump(), limits(), *tokenizer_);

@@ -407,7 +407,9 @@ TEST(ChatTemplate, AnAssistantsNullContentBesideToolCallsRendersAsEmpty) {
     const auto empty_list =
         renderChatRequest(turn(nullptr, ordered_json::array()), chat_template.get());
     ASSERT_EQ(empty_list.isOk(), without.isOk());
-    if (without.isOk()) EXPECT_EQ(empty_list.value(), without.value());
+    if (without.isOk()) {
+      EXPECT_EQ(empty_list.value(), without.value());
+    }
   }
   EXPECT_GE(rendered, 15);
 }
