@@ -48,8 +48,10 @@ std::optional<ClusterAgent> servingAgent(LocalCluster& cluster,
 
 bool postDrain(const ClusterAgent& agent) {
   httplib::Client client(agent.host, agent.port);
-  client.set_connection_timeout(2, 0);
-  client.set_read_timeout(5, 0);
+  // Generous: on a loaded machine an agent busy handing over answers late
+  // (a drain that was refused is what this reports, not a slow answer).
+  client.set_connection_timeout(10, 0);
+  client.set_read_timeout(30, 0);
   auto result = client.Post("/admin/drain", "{}", "application/json");
   return result && result->status == 202;
 }
