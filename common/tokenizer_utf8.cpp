@@ -45,12 +45,10 @@ void appendUtf8(char32_t cp, std::string& out) {
   }
 }
 
-namespace {
-
 // Well-formed UTF-8 (Unicode table 3-7): the lead byte fixes the length and
 // the range allowed for the second byte; later bytes are always 80..BF.
 // Returns 0 for bytes that cannot lead a sequence.
-size_t leadInfo(unsigned char lead, unsigned char& second_lo, unsigned char& second_hi) {
+size_t utf8LeadInfo(unsigned char lead, unsigned char& second_lo, unsigned char& second_hi) {
   second_lo = 0x80;
   second_hi = 0xBF;
   if (lead >= 0xC2 && lead <= 0xDF) return 2;
@@ -75,8 +73,6 @@ size_t leadInfo(unsigned char lead, unsigned char& second_lo, unsigned char& sec
   return 0;
 }
 
-}  // namespace
-
 size_t appendLossyUtf8(std::string_view bytes, std::string& out, bool final) {
   const size_t n = bytes.size();
   size_t i = 0;
@@ -91,7 +87,7 @@ size_t appendLossyUtf8(std::string_view bytes, std::string& out, bool final) {
     }
     unsigned char lo;
     unsigned char hi;
-    const size_t len = leadInfo(lead, lo, hi);
+    const size_t len = utf8LeadInfo(lead, lo, hi);
     if (len == 0) {
       out.append(kReplacementChar);
       ++i;
@@ -138,7 +134,7 @@ size_t firstInvalidUtf8(std::string_view bytes) {
     }
     unsigned char lo;
     unsigned char hi;
-    const size_t len = leadInfo(lead, lo, hi);
+    const size_t len = utf8LeadInfo(lead, lo, hi);
     if (len == 0) return i;
     for (size_t k = 1; k < len; ++k) {
       if (i + k >= n) return i;  // cut short at the end

@@ -29,6 +29,10 @@ void appendUtf8(char32_t codepoint, std::string& out);
 // no overlong forms, no surrogates, nothing past U+10FFFF; a sequence cut
 // short at the end is reported at its lead byte), or npos.
 size_t firstInvalidUtf8(std::string_view bytes);
+// Well-formed UTF-8 (Unicode table 3-7): the length of the sequence `lead`
+// starts (0 for a byte that cannot lead one) and the range its second byte
+// must fall in; later bytes are always 80..BF.
+size_t utf8LeadInfo(unsigned char lead, unsigned char& second_lo, unsigned char& second_hi);
 bool isValidUtf8(std::string_view bytes);
 // Appends the lossy decoding of `bytes` to `out` and returns how many bytes were
 // consumed. When `final` is false, a trailing sequence that is incomplete but

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/protocol/openai_protocol.h"
+#include "common/tokenizer_utf8.h"
 
 namespace tandem::server {
 namespace {
@@ -123,16 +124,8 @@ int64_t TextOffsets::advance(std::string_view bytes) {
     }
     if (b < 0x80) {
       ++chars;
-    } else if (b >= 0xC2 && b <= 0xDF) {
-      need = 1;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      need = 2;
-      if (b == 0xE0) lower = 0xA0;
-      if (b == 0xED) upper = 0x9F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      need = 3;
-      if (b == 0xF0) lower = 0x90;
-      if (b == 0xF4) upper = 0x8F;
+    } else if (const size_t length = tokenizer_internal::utf8LeadInfo(b, lower, upper)) {
+      need = static_cast<int>(length) - 1;
     } else {
       ++chars;  // a byte no character starts with: U+FFFD
     }
