@@ -299,6 +299,18 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
       config.eos_token_ids.push_back(reader.tokenId("eos_token_id", eos, config.vocab_size));
     }
   }
+  // A theta far below 1 (or a tiny llama3 factor) overflows the float
+  // frequencies the attention rotates by.
+  for (float frequency : ropeInverseFrequencies(config)) {
+    if (!std::isfinite(frequency)) {
+      std::ostringstream theta;
+      theta << config.rope_theta;
+      reader.fail("rope_theta", "is " + theta.str() +
+                                    ", whose rotary frequencies (with rope_scaling) overflow a "
+                                    "float (accepted: values giving finite frequencies, such as "
+                                    "10000 or 500000)");
+    }
+  }
   return config;
 }
 
@@ -328,6 +340,7 @@ std::string ModelConfig::toJsonText() const {
     root["rope_scaling"] = nullptr;
   }
   root["max_position_embeddings"] = max_position_embeddings;
+  if (sliding_window > 0) root["sliding_window"] = sliding_window;
   root["vocab_size"] = vocab_size;
   root["tie_word_embeddings"] = tie_word_embeddings;
   root["attention_bias"] = attention_bias;

@@ -733,6 +733,22 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
                        "rope_theta": 500000.0, "torch_dtype": "float32")"),
       "config.json");
   EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+
+  // Mistral's attention window is part of what it writes.
+  ModelConfig mistral = tools::presetConfig(tools::presetNames().front(), "MistralForCausalLM");
+  mistral.sliding_window = 4096;
+  ModelConfig reread = ModelConfig::fromJsonText(mistral.toJsonText(), "config.json");
+  EXPECT_EQ(reread.sliding_window, 4096);
+  EXPECT_EQ(reread, mistral);
+}
+
+TEST(RopeFrequencies, AThetaWhoseFrequenciesOverflowIsRefusedNamingIt) {
+  const std::string message = parseError(minimalLlama(R"(, "rope_theta": 1e-308)"));
+  EXPECT_CONTAINS(message, "\"rope_theta\" is 1e-308");
+  EXPECT_CONTAINS(message, "overflow");
+  // A theta below 1 whose frequencies stay finite is the model's business.
+  ModelConfig c = ModelConfig::fromJsonText(minimalLlama(R"(, "rope_theta": 0.5)"), "c");
+  for (float frequency : ropeInverseFrequencies(c)) EXPECT_TRUE(std::isfinite(frequency));
 }
 
 TEST(RopeFrequencies, PlainRopeIsThetaPowers) {
