@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -77,8 +78,8 @@ constexpr std::string_view kRefusedKeywords[] = {"multipleOf",
 constexpr std::string_view kSupportedList =
     "type, enum, const, anyOf, oneOf, allOf (one subschema), $ref, properties, required, "
     "additionalProperties, items, prefixItems, additionalItems, minItems, maxItems, minLength, "
-    "maxLength, pattern, format, minimum, maximum, exclusiveMinimum and exclusiveMaximum "
-    "(integers), and annotations";
+    "maxLength, pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
+    "and annotations";
 
 constexpr std::string_view kSupportedFormats =
     "date, time, date-time, uuid, email, ipv4, hostname, uri";
@@ -308,6 +309,157 @@ Expr integerRange(std::optional<int64_t> lo, std::optional<int64_t> hi) {
     const uint64_t least = lo && *lo > 0 ? static_cast<uint64_t>(*lo) : 0;
     appendOption(options,
                  hi ? magnitudeRange(least, static_cast<uint64_t>(*hi)) : magnitudeAtLeast(least));
+  }
+  return either(std::move(options));
+}
+
+// ---- Number ranges -----------------------------------------------------------------
+//
+// Bounded numbers are written without an exponent: -?(0|[1-9][0-9]*)(.[0-9]+)?
+// with a value inside the bounds, compared digit by digit.
+
+// A decimal as written: sign, whole part and fraction digits without
+// trailing zeros (zero is never negative).
+struct Decimal {
+  bool negative = false;
+  uint64_t whole = 0;
+  std::string fraction;
+
+  bool isZero() const { return whole == 0 && fraction.empty(); }
+};
+
+int compareMagnitudes(const Decimal& a, const Decimal& b) {
+  if (a.whole != b.whole) return a.whole < b.whole ? -1 : 1;
+  // Without trailing zeros, fractions compare as strings.
+  return a.fraction.compare(b.fraction) < 0 ? -1 : a.fraction == b.fraction ? 0 : 1;
+}
+
+int compareDecimals(const Decimal& a, const Decimal& b) {
+  if (a.negative != b.negative) return a.negative ? -1 : 1;
+  const int magnitude = compareMagnitudes(a, b);
+  return a.negative ? -magnitude : magnitude;
+}
+
+struct NumberBound {
+  Decimal value;
+  bool exclusive = false;
+};
+
+// Fraction digits D (the text after the point; "" when there is none) whose
+// value 0.D lies between 0.lo and 0.hi; no `hi` is 1, exclusive. `empty`
+// says whether D may be "", `nonempty` holds the rest (none: no such D).
+struct FractionLanguage {
+  bool empty = false;
+  std::optional<Expr> nonempty;
+};
+
+Expr fractionText(const FractionLanguage& language) {
+  std::vector<Expr> options;
+  if (language.empty) options.push_back(seq({}));
+  if (language.nonempty) options.push_back(*language.nonempty);
+  return either(std::move(options));
+}
+
+FractionLanguage fractionRange(std::string_view lo, bool lo_exclusive,
+                               std::optional<std::string_view> hi, bool hi_exclusive) {
+  FractionLanguage out;
+  out.empty = lo.empty() && !lo_exclusive && !(hi && hi->empty() && hi_exclusive);
+  if (hi && hi->empty()) {
+    // Only zeros are at most 0.
+    if (out.empty) out.nonempty = plus(literal("0"));
+    return out;
+  }
+  if (lo.empty() && !hi) {
+    out.nonempty =
+        lo_exclusive ? seq({star(digit()), byteRange('1', '9'), star(digit())}) : plus(digit());
+    return out;
+  }
+  const int low = lo.empty() ? 0 : lo[0] - '0';
+  const int high = hi ? (*hi)[0] - '0' : 10;
+  const std::string_view lo_rest = lo.empty() ? lo : lo.substr(1);
+  std::vector<Expr> options;
+  const auto prefixed = [&](int first, const FractionLanguage& rest) {
+    if (!rest.empty && !rest.nonempty) return;
+    options.push_back(
+        seq({literal(std::string(1, static_cast<char>('0' + first))), fractionText(rest)}));
+  };
+  if (low + 1 <= high - 1) {
+    options.push_back(
+        seq({byteRange(static_cast<char>('0' + low + 1), static_cast<char>('0' + high - 1)),
+             star(digit())}));
+  }
+  if (low == high) {
+    prefixed(low, fractionRange(lo_rest, lo_exclusive, hi->substr(1), hi_exclusive));
+  } else {
+    prefixed(low, fractionRange(lo_rest, lo_exclusive, std::nullopt, false));
+    if (hi) prefixed(high, fractionRange("", false, hi->substr(1), hi_exclusive));
+  }
+  if (!options.empty()) out.nonempty = either(std::move(options));
+  return out;
+}
+
+// The point and fraction digits after a whole part, or nothing.
+std::optional<Expr> fractionPart(const FractionLanguage& language) {
+  std::vector<Expr> options;
+  if (language.empty) options.push_back(seq({}));
+  if (language.nonempty) options.push_back(seq({literal("."), *language.nonempty}));
+  if (options.empty()) return std::nullopt;
+  return either(std::move(options));
+}
+
+// Unsigned decimal texts between `lo` and `hi` (no `hi`: unbounded), both
+// non-negative.
+Expr magnitudeBetween(const NumberBound& lo, const std::optional<NumberBound>& hi) {
+  std::vector<Expr> options;
+  const auto add = [&](Expr whole, std::optional<Expr> fraction) {
+    if (fraction) options.push_back(seq({std::move(whole), std::move(*fraction)}));
+  };
+  const uint64_t a = lo.value.whole;
+  const Expr any_fraction = optional(seq({literal("."), plus(digit())}));
+  const std::string a_text = std::to_string(a);
+  if (!hi) {
+    add(literal(a_text),
+        fractionPart(fractionRange(lo.value.fraction, lo.exclusive, std::nullopt, false)));
+    options.push_back(seq({magnitudeAtLeast(a + 1), any_fraction}));
+    return either(std::move(options));
+  }
+  const uint64_t b = hi->value.whole;
+  if (a == b) {
+    add(literal(a_text), fractionPart(fractionRange(lo.value.fraction, lo.exclusive,
+                                                    hi->value.fraction, hi->exclusive)));
+    return either(std::move(options));
+  }
+  add(literal(a_text),
+      fractionPart(fractionRange(lo.value.fraction, lo.exclusive, std::nullopt, false)));
+  if (a + 1 <= b - 1) options.push_back(seq({magnitudeRange(a + 1, b - 1), any_fraction}));
+  add(literal(std::to_string(b)),
+      fractionPart(fractionRange("", false, hi->value.fraction, hi->exclusive)));
+  return either(std::move(options));
+}
+
+Decimal magnitudeOf(const Decimal& value) {
+  Decimal out = value;
+  out.negative = false;
+  return out;
+}
+
+// Numbers between lo and hi (either may be open; they leave some value).
+Expr numberRange(const std::optional<NumberBound>& lo, const std::optional<NumberBound>& hi) {
+  std::vector<Expr> options;
+  if (!lo || lo->value.negative) {
+    // "-" and a magnitude above 0 (or above -hi): -0 is written as 0.
+    NumberBound least{Decimal{}, true};
+    if (hi && hi->value.negative) least = {magnitudeOf(hi->value), hi->exclusive};
+    std::optional<NumberBound> most;
+    if (lo) most = NumberBound{magnitudeOf(lo->value), lo->exclusive};
+    options.push_back(seq({literal("-"), magnitudeBetween(least, most)}));
+  }
+  if (!hi || !hi->value.negative) {
+    if (!(hi && hi->value.isZero() && hi->exclusive)) {
+      NumberBound least{Decimal{}, false};
+      if (lo && !lo->value.negative) least = *lo;
+      appendOption(options, magnitudeBetween(least, hi));
+    }
   }
   return either(std::move(options));
 }
@@ -796,15 +948,9 @@ class SchemaCompiler {
       options.push_back(std::move(string).value());
     }
     if (*types & kNumberType) {
-      for (std::string_view key : kBoundKeywords) {
-        if (schema.contains(key)) {
-          return invalidArgument("unsupported JSON Schema keyword " + inQuotes(key) + " at " +
-                                 shown(pointer) +
-                                 " for type \"number\"; supported: minimum, maximum, "
-                                 "exclusiveMinimum and exclusiveMaximum with type \"integer\"");
-        }
-      }
-      options.push_back(ref(rules_.number()));
+      StatusOr<Expr> number = compileNumber(schema, pointer);
+      if (!number.isOk()) return number.status();
+      options.push_back(std::move(number).value());
     } else if (*types & kIntegerType) {
       StatusOr<Expr> integer = compileInteger(schema, pointer);
       if (!integer.isOk()) return integer.status();
@@ -1421,28 +1567,40 @@ class SchemaCompiler {
 
   // ---- Integers ----
 
-  StatusOr<Expr> compileInteger(const Json& schema, const std::string& pointer) {
-    std::optional<int64_t> lo;
-    std::optional<int64_t> hi;
-    // Draft 4 spells exclusive bounds as booleans beside minimum/maximum.
+  // The bound keywords present: minimum, maximum, exclusiveMinimum and
+  // exclusiveMaximum (draft 4 spells exclusive bounds as booleans beside
+  // minimum and maximum).
+  struct BoundKeyword {
+    const char* key;
+    bool lower;
+    bool exclusive;
+  };
+  static std::vector<BoundKeyword> boundKeywords(const Json& schema) {
     const auto flag = [&](const char* key) {
       return schema.contains(key) && schema[key] == Json(true);
     };
-    struct BoundKeyword {
-      const char* key;
-      bool lower;
-      bool exclusive;
-    };
-    const BoundKeyword keywords[] = {{"minimum", true, flag("exclusiveMinimum")},
-                                     {"maximum", false, flag("exclusiveMaximum")},
-                                     {"exclusiveMinimum", true, true},
-                                     {"exclusiveMaximum", false, true}};
-    for (const BoundKeyword& keyword : keywords) {
+    const BoundKeyword all[] = {{"minimum", true, flag("exclusiveMinimum")},
+                                {"maximum", false, flag("exclusiveMaximum")},
+                                {"exclusiveMinimum", true, true},
+                                {"exclusiveMaximum", false, true}};
+    std::vector<BoundKeyword> present;
+    for (const BoundKeyword& keyword : all) {
       if (!schema.contains(keyword.key)) continue;
-      const Json& value = schema[keyword.key];
-      if (value.is_boolean() && std::string_view(keyword.key).starts_with("exclusive")) continue;
+      if (schema[keyword.key].is_boolean() &&
+          std::string_view(keyword.key).starts_with("exclusive")) {
+        continue;
+      }
+      present.push_back(keyword);
+    }
+    return present;
+  }
+
+  StatusOr<Expr> compileInteger(const Json& schema, const std::string& pointer) {
+    std::optional<int64_t> lo;
+    std::optional<int64_t> hi;
+    for (const BoundKeyword& keyword : boundKeywords(schema)) {
       StatusOr<int64_t> bound =
-          integerBound(value, keyword.key, pointer, keyword.lower, keyword.exclusive);
+          integerBound(schema[keyword.key], keyword.key, pointer, keyword.lower, keyword.exclusive);
       if (!bound.isOk()) return bound.status();
       if (keyword.lower) {
         lo = lo ? std::max(*lo, *bound) : *bound;
@@ -1457,6 +1615,79 @@ class SchemaCompiler {
                              std::to_string(*lo) + " and the greatest " + std::to_string(*hi));
     }
     return integerRange(lo, hi);
+  }
+
+  // ---- Numbers ----
+
+  StatusOr<Expr> compileNumber(const Json& schema, const std::string& pointer) {
+    std::optional<NumberBound> lo;
+    std::optional<NumberBound> hi;
+    for (const BoundKeyword& keyword : boundKeywords(schema)) {
+      StatusOr<Decimal> value = numberBound(schema[keyword.key], keyword.key, pointer);
+      if (!value.isOk()) return value.status();
+      NumberBound bound{std::move(value).value(), keyword.exclusive};
+      std::optional<NumberBound>& kept = keyword.lower ? lo : hi;
+      const int order = kept ? compareDecimals(bound.value, kept->value) : 0;
+      if (!kept || (keyword.lower ? order > 0 : order < 0)) {
+        kept = std::move(bound);
+      } else if (order == 0) {
+        kept->exclusive = kept->exclusive || bound.exclusive;
+      }
+    }
+    if (!lo && !hi) return ref(rules_.number());
+    if (lo && hi) {
+      const int order = compareDecimals(lo->value, hi->value);
+      if (order > 0 || (order == 0 && (lo->exclusive || hi->exclusive))) {
+        return invalidArgument("JSON Schema number bounds at " + shown(pointer) +
+                               " leave no value between them");
+      }
+    }
+    return numberRange(lo, hi);
+  }
+
+  // A bound of a number, as the decimal its shortest text spells.
+  static StatusOr<Decimal> numberBound(const Json& value, const char* key,
+                                       const std::string& pointer) {
+    constexpr uint64_t kLimit = 1000000000000000000ULL;  // 1e18
+    constexpr size_t kMostDecimals = 40;
+    const auto out_of_range = [&] {
+      return invalidArgument(
+          keywordAt(key, pointer) + " must be a number above -1e18 and below 1e18 with at most " +
+          std::to_string(kMostDecimals) + " decimals for a number, got " + brief(value));
+    };
+    Decimal out;
+    if (value.is_number_unsigned()) {
+      if (value.get<uint64_t>() >= kLimit) return out_of_range();
+      out.whole = value.get<uint64_t>();
+      return out;
+    }
+    if (value.is_number_integer()) {
+      const int64_t x = value.get<int64_t>();
+      if (x <= -static_cast<int64_t>(kLimit) || x >= static_cast<int64_t>(kLimit)) {
+        return out_of_range();
+      }
+      out.negative = x < 0;
+      out.whole = x < 0 ? static_cast<uint64_t>(-x) : static_cast<uint64_t>(x);
+      return out;
+    }
+    if (!value.is_number_float()) return out_of_range();
+    const double x = value.get<double>();
+    if (!std::isfinite(x) || std::fabs(x) >= 1e18) return out_of_range();
+    // The shortest fixed-point text that reads back as x: 0.1 is "0.1", not
+    // the double's exact binary value.
+    char text[400];
+    const std::to_chars_result written =
+        std::to_chars(text, text + sizeof text, std::fabs(x), std::chars_format::fixed);
+    if (written.ec != std::errc()) return out_of_range();
+    const std::string_view digits(text, static_cast<size_t>(written.ptr - text));
+    const size_t point = digits.find('.');
+    const std::string_view whole = digits.substr(0, point);
+    std::from_chars(whole.data(), whole.data() + whole.size(), out.whole);
+    if (point != std::string_view::npos) out.fraction = std::string(digits.substr(point + 1));
+    while (!out.fraction.empty() && out.fraction.back() == '0') out.fraction.pop_back();
+    if (out.fraction.size() > kMostDecimals) return out_of_range();
+    out.negative = x < 0 && !out.isZero();
+    return out;
   }
 
   // The least (lower) or greatest (upper) integer a bound allows.
