@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/structured/matcher.h"
 #include "common/structured/regex_grammar.h"
 #include "common/structured/return_if_error.h"
 #include "common/structured/utf8.h"
@@ -1147,10 +1148,56 @@ class SchemaCompiler {
       if (!declared.isOk()) return declared.status();
       types = *declared;
     }
+    // String and number keywords beside the values keep those they allow:
+    // the lengths, the pattern and the format each checked on their own.
+    std::vector<Grammar> string_checks;
+    for (const std::vector<std::string_view>& group :
+         {std::vector<std::string_view>{"minLength", "maxLength"},
+          std::vector<std::string_view>{"pattern"}, std::vector<std::string_view>{"format"}}) {
+      Json check = Json::object();
+      for (std::string_view key : group) {
+        if (schema.contains(key)) check[std::string(key)] = schema[key];
+      }
+      if (check.empty()) continue;
+      check["type"] = "string";
+      StatusOr<Grammar> grammar = compileJsonSchema(check, limits_);
+      if (!grammar.isOk()) {
+        return Status(grammar.status().code(), grammar.status().message() + " (beside " +
+                                                   inQuotes(keyword) + " at " + shown(pointer) +
+                                                   ")");
+      }
+      string_checks.push_back(std::move(grammar).value());
+    }
+    const auto string_allowed = [&](const std::string& text) {
+      for (const Grammar& check : string_checks) {
+        if (!grammarAccepts(check, text)) return false;
+      }
+      return true;
+    };
+    const std::vector<BoundKeyword> bounds = boundKeywords(schema);
+    for (const BoundKeyword& bound : bounds) {
+      if (!schema[bound.key].is_number()) {
+        return invalidArgument(keywordAt(bound.key, pointer) + " must be a number, got " +
+                               brief(schema[bound.key]));
+      }
+    }
+    const auto within_bounds = [&](const Json& value) {
+      if (!value.is_number()) return true;
+      const double x = value.get<double>();
+      for (const BoundKeyword& bound : bounds) {
+        const double b = schema[bound.key].get<double>();
+        const bool ok =
+            bound.lower ? (bound.exclusive ? x > b : x >= b) : (bound.exclusive ? x < b : x <= b);
+        if (!ok) return false;
+      }
+      return true;
+    };
     std::vector<Expr> options;
     std::set<std::string> seen;
+    bool any_typed = false;
     for (const Json* value : values) {
       if (!hasType(*value, types)) continue;
+      any_typed = true;
       std::string text;
       try {
         text = value->dump();
@@ -1158,11 +1205,19 @@ class SchemaCompiler {
         return invalidArgument(keywordAt(keyword, pointer) +
                                " holds a string that is not valid UTF-8");
       }
+      if (value->is_string() && !string_allowed(text)) continue;
+      if (!within_bounds(*value)) continue;
       if (seen.insert(text).second) options.push_back(literal(text));
     }
-    if (options.empty()) {
+    if (!any_typed) {
       return invalidArgument(keywordAt(keyword, pointer) + " has no value of the schema's type " +
                              brief(schema["type"]));
+    }
+    if (options.empty()) {
+      return invalidArgument(keywordAt(keyword, pointer) +
+                             " has no value that the keywords beside it allow (minLength, "
+                             "maxLength, pattern, format, minimum, maximum and the exclusive "
+                             "bounds are applied to the values)");
     }
     return either(std::move(options));
   }

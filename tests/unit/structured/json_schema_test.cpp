@@ -382,6 +382,21 @@ TEST(JsonSchema, EnumAndConst) {
   expectError(R"({"type":"string","enum":[1,2]})", StatusCode::kInvalidArgument,
               {"\"enum\"", "(root)"});
   expectError(R"({"enum":[]})", StatusCode::kInvalidArgument, {"\"enum\"", "(root)"});
+  // String and number keywords beside the values keep those they allow;
+  // each applies to its own type only.
+  expectLanguage(R"({"enum":["a","bb","ccc",7,null],"maxLength":2,"pattern":"^[ab]+$"})",
+                 {R"("a")", R"("bb")", "7", "null"}, {R"("ccc")"});
+  expectLanguage(R"({"enum":[0.5,1,2.5,"x"],"minimum":1,"exclusiveMaximum":2.5})", {"1", R"("x")"},
+                 {"0.5", "2.5"});
+  expectLanguage(R"({"const":"2024-01-31","format":"date"})", {R"("2024-01-31")"}, {});
+  expectError(R"({"enum":["abc","defg"],"maxLength":2})", StatusCode::kInvalidArgument,
+              {"\"enum\" at (root)", "keywords beside it"});
+  expectError(R"({"const":"2024-02-30","format":"date"})", StatusCode::kInvalidArgument,
+              {"\"const\" at (root)", "keywords beside it"});
+  expectError(R"({"properties":{"p":{"enum":["a"],"format":"color"}}})",
+              StatusCode::kInvalidArgument, {"\"color\"", "beside \"enum\" at /properties/p"});
+  expectError(R"({"enum":[1],"maximum":"3"})", StatusCode::kInvalidArgument,
+              {"\"maximum\" at (root)", "must be a number"});
 }
 
 TEST(JsonSchema, UnionsAndBranches) {
