@@ -46,48 +46,33 @@ void GenerationDefaults::applyTo(SamplingParams& sampling) const {
 
 std::string GenerationDefaults::describe() const {
   std::ostringstream out;
-  auto add = [&](const char* name, auto value) {
+  forEachField(*this, [&](const char* name, const auto& value) {
     if (value) out << (out.tellp() > 0 ? " " : "") << name << "=" << *value;
-  };
-  add("temperature", temperature);
-  add("top_p", top_p);
-  add("top_k", top_k);
-  add("min_p", min_p);
-  add("repetition_penalty", repetition_penalty);
-  add("max_new_tokens", max_new_tokens);
+  });
   return out.str();
 }
 
 json GenerationDefaults::toJson() const {
   json out = json::object();
-  if (temperature) out["temperature"] = *temperature;
-  if (top_p) out["top_p"] = *top_p;
-  if (top_k) out["top_k"] = *top_k;
-  if (min_p) out["min_p"] = *min_p;
-  if (repetition_penalty) out["repetition_penalty"] = *repetition_penalty;
-  if (max_new_tokens) out["max_new_tokens"] = *max_new_tokens;
+  forEachField(*this, [&](const char* name, const auto& value) {
+    if (value) out[name] = *value;
+  });
   return out;
 }
 
 GenerationDefaults GenerationDefaults::fromJson(const json& value) {
   GenerationDefaults d;
   if (!value.is_object()) return d;
-  auto read = [&value](const char* field, auto& into) {
-    const auto it = value.find(field);
+  forEachField(d, [&value](const char* name, auto& into) {
+    const auto it = value.find(name);
     if (it == value.end()) return;
     using T = typename std::decay_t<decltype(into)>::value_type;
     if constexpr (std::is_integral_v<T>) {
-      if (it->is_number_integer()) into = it->get<T>();
+      if (it->is_number_integer()) into = it->template get<T>();
     } else {
-      if (it->is_number()) into = it->get<T>();
+      if (it->is_number()) into = it->template get<T>();
     }
-  };
-  read("temperature", d.temperature);
-  read("top_p", d.top_p);
-  read("top_k", d.top_k);
-  read("min_p", d.min_p);
-  read("repetition_penalty", d.repetition_penalty);
-  read("max_new_tokens", d.max_new_tokens);
+  });
   return d;
 }
 

@@ -28,8 +28,22 @@ struct GenerationDefaults {
   std::optional<float> repetition_penalty;
   std::optional<int64_t> max_new_tokens;
 
+  // Calls visit(name, field) for each field, in the order above: the one
+  // list of the fields for what follows.
+  template <typename Self, typename Visit>
+  static void forEachField(Self& self, Visit&& visit) {
+    visit("temperature", self.temperature);
+    visit("top_p", self.top_p);
+    visit("top_k", self.top_k);
+    visit("min_p", self.min_p);
+    visit("repetition_penalty", self.repetition_penalty);
+    visit("max_new_tokens", self.max_new_tokens);
+  }
+
   bool empty() const {
-    return !temperature && !top_p && !top_k && !min_p && !repetition_penalty && !max_new_tokens;
+    bool none = true;
+    forEachField(*this, [&](const char*, const auto& field) { none = none && !field; });
+    return none;
   }
   // Sets the fields this holds (all but max_new_tokens) into `sampling`.
   void applyTo(SamplingParams& sampling) const;
