@@ -173,6 +173,10 @@ json deployment(const Owner& owner, const std::string& name, const json& labels,
       {"spec",
        {{"replicas", replicas},
         {"selector", {{"matchLabels", selector}}},
+        // A replica may take the startup probe's window to load its model,
+        // after its image pull and model fetch (ten minutes more): only past
+        // that is the rollout reported stuck (ProgressDeadlineExceeded).
+        {"progressDeadlineSeconds", rollout.startup_timeout_s + 600},
         // By default a new replica is ready before an old one goes: capacity
         // never drops (a pool's spec.rollout may say otherwise).
         {"strategy",
