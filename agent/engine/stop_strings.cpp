@@ -10,9 +10,19 @@ bool isUtf8Continuation(char c) { return (static_cast<unsigned char>(c) & 0xc0) 
 }  // namespace
 
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings, bool include_stop)
-    : stop_strings_(std::move(stop_strings)), include_stop_(include_stop) {
-  std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
-  for (const auto& stop : stop_strings_) max_stop_length_ = std::max(max_stop_length_, stop.size());
+    : include_stop_(include_stop) {
+  for (std::string& text : stop_strings) {
+    if (text.empty()) continue;
+    Stop stop;
+    stop.failure.assign(text.size(), 0);
+    for (size_t i = 1, k = 0; i < text.size(); ++i) {
+      while (k > 0 && text[i] != text[k]) k = stop.failure[k - 1];
+      if (text[i] == text[k]) ++k;
+      stop.failure[i] = k;
+    }
+    stop.text = std::move(text);
+    stops_.push_back(std::move(stop));
+  }
 }
 
 StopStringMatcher::Update StopStringMatcher::push(const std::string& piece, bool may_stop) {
@@ -23,27 +33,35 @@ StopStringMatcher::Update StopStringMatcher::push(const std::string& piece, bool
   }
   const size_t before = pending_.size();
   pending_ += piece;
-  if (stop_strings_.empty()) {
+  if (stops_.empty()) {
     update.text.swap(pending_);
     return update;
   }
-  // The earliest stop string occurrence ending in the new piece wins (of two
-  // starting there, the one listed first).
+  // Every occurrence ending in the new piece; the earliest starting wins (of
+  // two starting there, the one listed first).
   size_t first = std::string::npos;
-  const std::string* first_stop = nullptr;
-  if (may_stop && !piece.empty()) {
-    for (const auto& stop : stop_strings_) {
-      const size_t from = before + 1 >= stop.size() ? before + 1 - stop.size() : 0;
-      const size_t at = pending_.find(stop, from);
-      if (at < first) {
-        first = at;
-        first_stop = &stop;
+  const Stop* first_stop = nullptr;
+  for (Stop& stop : stops_) {
+    const size_t length = stop.text.size();
+    for (size_t i = before; i < pending_.size(); ++i) {
+      const char c = pending_[i];
+      size_t k = stop.matched;
+      while (k > 0 && stop.text[k] != c) k = stop.failure[k - 1];
+      if (stop.text[k] == c) ++k;
+      if (k == length) {
+        const size_t at = i + 1 - length;
+        if (may_stop && at < first) {
+          first = at;
+          first_stop = &stop;
+        }
+        k = stop.failure[k - 1];
       }
+      stop.matched = k;
     }
   }
   if (first_stop != nullptr) {
-    update.text = pending_.substr(0, include_stop_ ? first + first_stop->size() : first);
-    matched_ = *first_stop;
+    update.text = pending_.substr(0, include_stop_ ? first + first_stop->text.size() : first);
+    matched_ = first_stop->text;
     pending_.clear();
     stopped_ = true;
     update.stopped = true;
@@ -51,18 +69,8 @@ StopStringMatcher::Update StopStringMatcher::push(const std::string& piece, bool
   }
   // Hold back the longest tail that is a proper prefix of some stop string.
   size_t hold = 0;
-  const size_t max_hold = std::min(pending_.size(), max_stop_length_ - 1);
-  for (size_t length = max_hold; length > 0; --length) {
-    const std::string_view tail(pending_.data() + pending_.size() - length, length);
-    const bool is_prefix = std::any_of(
-        stop_strings_.begin(), stop_strings_.end(),
-        [&](const std::string& stop) { return stop.size() > length && stop.starts_with(tail); });
-    if (is_prefix) {
-      hold = length;
-      break;
-    }
-  }
-  size_t release = pending_.size() - hold;
+  for (const Stop& stop : stops_) hold = std::max(hold, stop.matched);
+  size_t release = pending_.size() - std::min(hold, pending_.size());
   // Never split a UTF-8 sequence between what is released and what is held.
   while (release > 0 && release < pending_.size() && isUtf8Continuation(pending_[release])) {
     --release;

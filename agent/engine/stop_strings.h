@@ -37,9 +37,16 @@ class StopStringMatcher {
   const std::string& matched() const { return matched_; }
 
  private:
-  std::vector<std::string> stop_strings_;
+  // One stop string and the longest prefix of it that ends the text so far
+  // (Knuth-Morris-Pratt): each byte costs amortized O(1) per stop string,
+  // however long they are.
+  struct Stop {
+    std::string text;
+    std::vector<size_t> failure;  // failure[i]: longest proper border of text[0..i]
+    size_t matched = 0;
+  };
+  std::vector<Stop> stops_;
   bool include_stop_ = false;
-  size_t max_stop_length_ = 0;
   std::string pending_;  // held back: may be the start of a stop string
   bool stopped_ = false;
   std::string matched_;

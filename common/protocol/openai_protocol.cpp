@@ -26,6 +26,9 @@ constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr size_t kMaxStopStrings = 4;
+// Every sequence checks each sampled token against these: a bound keeps
+// that work small (vLLM sets none; a few dozen is the most seen in use).
+constexpr size_t kMaxStopTokenIds = 1024;
 
 std::string jsonQuoted(std::string_view text) { return compactDump(json(std::string(text))); }
 
@@ -386,6 +389,10 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   if (const RequestJson* ids = fields.find("stop_token_ids")) {
     if (!ids->is_array()) {
       fields.failType("stop_token_ids", "an array of token ids", *ids);
+    } else if (ids->size() > kMaxStopTokenIds) {
+      fields.fail("stop_token_ids must have at most " + std::to_string(kMaxStopTokenIds) +
+                      " ids, got " + std::to_string(ids->size()),
+                  "stop_token_ids");
     } else if (auto parsed_ids = readTokenIds(fields, "stop_token_ids", *ids, limits.vocab_size)) {
       sampling.stop_token_ids = std::move(*parsed_ids);
     }

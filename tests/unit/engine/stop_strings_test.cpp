@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -133,4 +135,84 @@ TEST(StopStrings, NeverSplitsUtf8) {
 }
 
 }  // namespace
+// What the matcher must do, written the plain way: after each piece, the
+// earliest-starting occurrence ending in it stops (when it may); otherwise
+// the longest tail that is a proper prefix of a stop string is held.
+struct ReferenceMatcher {
+  std::vector<std::string> stops;
+  std::string pending;
+  bool stopped = false;
+
+  std::pair<std::string, bool> push(const std::string& piece, bool may_stop) {
+    const size_t before = pending.size();
+    pending += piece;
+    size_t first = std::string::npos;
+    if (may_stop && !piece.empty()) {
+      for (const std::string& stop : stops) {
+        const size_t from = before + 1 >= stop.size() ? before + 1 - stop.size() : 0;
+        first = std::min(first, pending.find(stop, from));
+      }
+    }
+    if (first != std::string::npos) {
+      stopped = true;
+      return {pending.substr(0, first), true};
+    }
+    size_t hold = 0;
+    for (size_t length = 1; length <= pending.size(); ++length) {
+      const std::string tail = pending.substr(pending.size() - length);
+      for (const std::string& stop : stops) {
+        if (stop.size() > length && stop.compare(0, length, tail) == 0) hold = length;
+      }
+    }
+    std::string out = pending.substr(0, pending.size() - hold);
+    pending.erase(0, pending.size() - hold);
+    return {out, false};
+  }
+};
+
+// Random stop strings and pieces over a two-letter alphabet (many borders
+// and overlaps) against the reference.
+TEST(StopStrings, AgreesWithThePlainAlgorithmOnRandomText) {
+  std::mt19937 random(7);
+  const auto text = [&](size_t most) {
+    std::string out(1 + random() % most, 'a');
+    for (char& c : out) c = random() % 3 == 0 ? 'b' : 'a';
+    return out;
+  };
+  for (int round = 0; round < 3000; ++round) {
+    std::vector<std::string> stops;
+    for (size_t i = 0, n = 1 + random() % 3; i < n; ++i) stops.push_back(text(6));
+    StopStringMatcher matcher(stops);
+    ReferenceMatcher reference;
+    reference.stops = stops;
+    std::string emitted, expected;
+    for (int step = 0; step < 12 && !reference.stopped; ++step) {
+      const std::string piece = random() % 5 == 0 ? "" : text(4);
+      const bool may_stop = random() % 4 != 0;
+      const StopStringMatcher::Update update = matcher.push(piece, may_stop);
+      const auto [want, want_stopped] = reference.push(piece, may_stop);
+      ASSERT_EQ(update.text, want) << "round " << round << " step " << step;
+      ASSERT_EQ(update.stopped, want_stopped) << "round " << round << " step " << step;
+    }
+  }
+}
+
+// A stop string as long as a request body may hold, against text that keeps
+// almost matching it: each byte is examined a bounded number of times.
+TEST(StopStrings, AMegabyteStopStringIsMatchedAcrossPieces) {
+  const std::string stop = std::string(1 << 20, 'a') + "b";
+  StopStringMatcher matcher({stop});
+  std::string emitted;
+  for (int i = 0; i < (1 << 20) / 64 + 1; ++i) {
+    const StopStringMatcher::Update update = matcher.push(std::string(64, 'a'));
+    emitted += update.text;
+    ASSERT_FALSE(update.stopped);
+  }
+  EXPECT_EQ(emitted, std::string(64, 'a'));  // all but the stop string's possible start is held
+  const StopStringMatcher::Update update = matcher.push("b!");
+  EXPECT_TRUE(update.stopped);
+  EXPECT_EQ(emitted + update.text, std::string(64, 'a'));
+  EXPECT_EQ(matcher.matched(), stop);
+}
+
 }  // namespace tandem::engine

@@ -394,6 +394,8 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "stop_token_ids[1] must be a token id between 0 and 511, got 512"),
       bad(completion(R"("stop_token_ids": "x")"), "stop_token_ids",
           "stop_token_ids must be an array of token ids, got string"),
+      bad(completion("\"stop_token_ids\": " + json(std::vector<int>(1025, 7)).dump()),
+          "stop_token_ids", "stop_token_ids must have at most 1024 ids, got 1025"),
       bad(completion(R"("ignore_eos": "yes")"), "ignore_eos",
           "ignore_eos must be a boolean, got string"),
       bad(completion(R"("skip_special_tokens": 0)"), "skip_special_tokens",
