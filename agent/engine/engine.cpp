@@ -1,6 +1,7 @@
 #include "agent/engine/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 #include <unordered_set>
 
@@ -324,6 +325,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
             : nullptr);
     scheduler_->setExternalKvSource(connector_source_.get());
   }
+  if (!connector_ || !connector_->verifiesRequests()) {
+    const char* secret = std::getenv("TANDEM_KV_SECRET");
+    if (secret != nullptr && *secret != '\0') {
+      control_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret);
+    }
+  }
 
   // End-of-sequence ids: config.json's, the tokenizer's eos_token and
   // generation_config.json's (Qwen2.5/Qwen3 instruct list <|endoftext|>
@@ -509,7 +516,9 @@ StatusOr<nlohmann::json> Engine::kvHandshake(const nlohmann::json& request) cons
 }
 
 Status Engine::authorizeKvRequest(std::string_view path, const nlohmann::json& body) const {
-  return connector_ ? connector_->authorizeRequest(path, body) : Status::ok();
+  if (connector_ && connector_->verifiesRequests()) return connector_->authorizeRequest(path, body);
+  if (control_verifier_) return control_verifier_->verify(path, body);
+  return Status::ok();
 }
 
 nlohmann::json Engine::kvConnectorInfo() const {

@@ -44,6 +44,7 @@
 #include "agent/engine/simulation/step_profile.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
+#include "common/kv_auth.h"
 #include "common/protocol/generation_config.h"
 #include "common/protocol/request.h"
 #include "common/status.h"
@@ -223,10 +224,11 @@ class Engine {
   // The KV connector's info() for /health (null without a connector). Any
   // thread.
   nlohmann::json kvConnectorInfo() const;
-  // Whether a control request to /v1/kv_transfer/<path> may be served: the
-  // connector's authorizeRequest (PermissionDenied naming the kv_auth field
-  // when the agent has a KV secret and the body is not signed with it). OK
-  // without a connector. Any thread.
+  // Whether a control request to /v1/kv_transfer/<path> (or /admin/drain)
+  // may be served: the connector's authorizeRequest (PermissionDenied naming
+  // the kv_auth field when the agent has a KV secret and the body is not
+  // signed with it); with a connector that has no secret, or none, the same
+  // check against TANDEM_KV_SECRET when it is set. Any thread.
   Status authorizeKvRequest(std::string_view path, const nlohmann::json& body) const;
   // Pull-back (decode → prefill): pins the longest cached run of `tokens`'
   // leading full blocks, at most max_hold_blocks of them, for a remote
@@ -352,6 +354,8 @@ class Engine {
   std::unique_ptr<ModelRunner> runner_;             // null when simulated
   std::unique_ptr<TokenChooser> simulated_tokens_;  // set when simulated
   std::unique_ptr<kv::KvConnector> connector_;
+  // authorizeKvRequest's check when the connector makes none.
+  std::unique_ptr<kv_auth::RequestVerifier> control_verifier_;
   std::unique_ptr<ConnectorSource> connector_source_;
   struct Held {
     SequenceBlocks blocks;

@@ -222,6 +222,10 @@ class KvConnector {
   virtual Status authorizeRequest(std::string_view path, const nlohmann::json& body) const {
     return Status::ok();
   }
+  // Whether authorizeRequest checks signatures (the connector has a KV
+  // secret). Without, the engine checks control requests against
+  // TANDEM_KV_SECRET itself.
+  virtual bool verifiesRequests() const { return false; }
   // What /health reports about this connector's buffers (e.g. the ucx
   // connector's KV buffer path and staging slots in use); null when nothing.
   // Any thread.

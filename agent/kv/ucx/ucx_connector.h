@@ -112,6 +112,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
 
   Status validate(const nlohmann::json& params) const override;
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override;
+  bool verifiesRequests() const override { return request_verifier_ != nullptr; }
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override;
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;

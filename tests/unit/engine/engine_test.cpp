@@ -704,6 +704,30 @@ TEST(EngineIdentity, NamesTheConfigsArithmetic) {
   EXPECT_EQ(identityWith("", nullptr), base);
 }
 
+// /admin/drain and the KV control calls are signed with TANDEM_KV_SECRET
+// even on an agent whose connector checks nothing (here: none at all).
+TEST(EngineControl, WithoutAConnectorTheKvSecretStillGuardsControlRequests) {
+  {
+    Engine open(engineConfig());
+    EXPECT_TRUE(open.authorizeKvRequest("/admin/drain", nlohmann::json::object()).isOk());
+  }
+  ::setenv("TANDEM_KV_SECRET", "delta", 1);
+  Engine engine(engineConfig());
+  ::unsetenv("TANDEM_KV_SECRET");
+  const Status unsigned_drain = engine.authorizeKvRequest("/admin/drain", nlohmann::json::object());
+  EXPECT_EQ(unsigned_drain.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(unsigned_drain.message().find("kv_auth"), std::string::npos)
+      << unsigned_drain.message();
+  nlohmann::json wrong = nlohmann::json::object();
+  kv_auth::signRequest(wrong, "/admin/drain", "epsilon");
+  EXPECT_EQ(engine.authorizeKvRequest("/admin/drain", wrong).code(), StatusCode::kPermissionDenied);
+  nlohmann::json body = nlohmann::json::object();
+  kv_auth::signRequest(body, "/admin/drain", "delta");
+  EXPECT_TRUE(engine.authorizeKvRequest("/admin/drain", body).isOk());
+  // Once only.
+  EXPECT_EQ(engine.authorizeKvRequest("/admin/drain", body).code(), StatusCode::kPermissionDenied);
+}
+
 // A Mistral model's sliding_window bounds max_model_len: attention here is
 // full, the same as the model's windowed attention only within the window.
 TEST(EngineContext, AMistralWindowCapsTheModelLength) {
