@@ -302,7 +302,7 @@ class HttpService {
 
   HttpLimits limits_;
   int io_threads_;
-  std::string api_key_;
+  std::string api_key_;  // the key's digest (requireApiKey); empty: no key
   std::vector<std::string> api_key_exempt_;
   std::map<std::string, HttpRoute> routes_;  // "METHOD path"
   std::mutex connections_mutex_;
