@@ -335,7 +335,12 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
     env.push_back({{"name", "TANDEM_KV_SECRET"}, {"valueFrom", {{"secretKeyRef", key_ref}}}});
   }
   if (pool.api_key_secret_ref) env.push_back(apiKeyEnv(*pool.api_key_secret_ref));
-  for (const auto& [name, value] : pool.env) env.push_back({{"name", name}, {"value", value}});
+  // An inline kvTransfer.extraConfig.secret arrives as TANDEM_KV_SECRET, not
+  // in the args (kvTransfer.secretRef keeps it out of the Deployment too).
+  for (const auto& [name, value] :
+       pool.kv_transfer.secret_ref ? pool.env : spec::agentEnvironment(pool)) {
+    env.push_back({{"name", name}, {"value", value}});
+  }
 
   const std::string image =
       imageOf(pool.image, defaults.agent_image, owner, "--default-agent-image");

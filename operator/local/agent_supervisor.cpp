@@ -150,9 +150,10 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
       agent.pool = pool.name;
       agent.kind = pool.kind;
       agent.pool_position = want.pool_position;
-      const bool changed = agent.argv != argv || agent.env != pool.env;
+      std::vector<std::pair<std::string, std::string>> env = spec::agentEnvironment(pool);
+      const bool changed = agent.argv != argv || agent.env != env;
       agent.argv = std::move(argv);
-      agent.env = pool.env;
+      agent.env = std::move(env);
       if (stopping_all_) continue;
       if (agent.removed) {
         // Scaled away and back before it exited: run it again once it has.
@@ -180,7 +181,7 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
     agent->pool_position = want.pool_position;
     agent->index = want.index;
     agent->argv = std::move(argv);
-    agent->env = pool.env;
+    agent->env = spec::agentEnvironment(pool);
     if (!stopping_all_) start(*agent);
     agents_.push_back(std::move(agent));
   }

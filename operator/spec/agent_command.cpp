@@ -16,19 +16,16 @@ std::string numberText(double value) {
 
 }  // namespace
 
-std::string kvTransferConfigJson(const PoolSpec& pool) {
-  const KvTransferSpec& transfer = pool.kv_transfer;
-  nlohmann::json config = {{"kv_connector", transfer.connector}, {"kv_role", transfer.role}};
-  if (!transfer.extra_config.empty()) config["kv_connector_extra_config"] = transfer.extra_config;
-  return config.dump();
+namespace {
+
+std::string secretOf(const nlohmann::json& extra) {
+  if (!extra.is_object()) return "";
+  auto it = extra.find("secret");
+  return it != extra.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-std::string poolKvSecret(const PoolSpec& pool) {
-  auto secretOf = [](const nlohmann::json& extra) -> std::string {
-    if (!extra.is_object()) return "";
-    auto it = extra.find("secret");
-    return it != extra.end() && it->is_string() ? it->get<std::string>() : "";
-  };
+// extraConfig.secret, else the first multi connector member's; "" if none.
+std::string inlineKvSecret(const PoolSpec& pool) {
   const nlohmann::json& extra = pool.kv_transfer.extra_config;
   if (std::string secret = secretOf(extra); !secret.empty()) return secret;
   if (auto members = extra.find("connectors"); members != extra.end() && members->is_array()) {
@@ -39,6 +36,43 @@ std::string poolKvSecret(const PoolSpec& pool) {
       if (std::string secret = secretOf(*member_extra); !secret.empty()) return secret;
     }
   }
+  return "";
+}
+
+}  // namespace
+
+std::string kvTransferConfigJson(const PoolSpec& pool) {
+  const KvTransferSpec& transfer = pool.kv_transfer;
+  nlohmann::json config = {{"kv_connector", transfer.connector}, {"kv_role", transfer.role}};
+  if (!transfer.extra_config.empty()) {
+    nlohmann::json extra = transfer.extra_config;
+    if (extra.is_object()) {
+      extra.erase("secret");
+      if (auto members = extra.find("connectors"); members != extra.end() && members->is_array()) {
+        for (nlohmann::json& member : *members) {
+          if (member.is_object() && member.contains("kv_connector_extra_config") &&
+              member["kv_connector_extra_config"].is_object()) {
+            member["kv_connector_extra_config"].erase("secret");
+          }
+        }
+      }
+    }
+    config["kv_connector_extra_config"] = std::move(extra);
+  }
+  return config.dump();
+}
+
+std::vector<std::pair<std::string, std::string>> agentEnvironment(const PoolSpec& pool) {
+  std::vector<std::pair<std::string, std::string>> env = pool.env;
+  const std::string secret = inlineKvSecret(pool);
+  if (secret.empty()) return env;
+  std::erase_if(env, [](const auto& entry) { return entry.first == "TANDEM_KV_SECRET"; });
+  env.emplace_back("TANDEM_KV_SECRET", secret);
+  return env;
+}
+
+std::string poolKvSecret(const PoolSpec& pool) {
+  if (std::string secret = inlineKvSecret(pool); !secret.empty()) return secret;
   for (const auto& [name, value] : pool.env) {
     if (name == "TANDEM_KV_SECRET") return value;
   }

@@ -23,8 +23,14 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
                                         bool insecure_kv = false);
 
 // The pool's --kv-transfer-config: vLLM's shape, {"kv_connector", "kv_role",
-// "kv_connector_extra_config"}.
+// "kv_connector_extra_config"}, without any "secret" (a command line is
+// logged and shown by ps): agentEnvironment passes it instead.
 std::string kvTransferConfigJson(const PoolSpec& pool);
+
+// The environment of the pool's agents: spec.env, and TANDEM_KV_SECRET set
+// to kvTransfer.extraConfig.secret (or a multi connector member's) when one
+// is written there.
+std::vector<std::pair<std::string, std::string>> agentEnvironment(const PoolSpec& pool);
 
 // The shared KV secret the pool's agents use, found the way they find it:
 // kvTransfer.extraConfig.secret (or a multi connector member's), else

@@ -137,5 +137,29 @@ TEST(AgentCommandTest, PoolKvSecretIsFoundWhereTheAgentsFindIt) {
   ::unsetenv("TANDEM_KV_SECRET");
 }
 
+// A command line is logged and shown by ps: an inline secret reaches the
+// agents through their environment instead.
+TEST(AgentCommandTest, AnInlineSecretGoesInTheEnvironmentNotTheCommandLine) {
+  PoolSpec pool = minimalPool(PoolKind::kDecode);
+  pool.env = {{"TANDEM_KV_SECRET", "from-env"}, {"OTHER", "x"}};
+  EXPECT_EQ(agentEnvironment(pool), pool.env);
+  pool.kv_transfer.connector = "multi";
+  pool.kv_transfer.extra_config = nlohmann::json::parse(
+      R"({"secret": "top", "connectors": [{"kv_connector": "ucx",
+          "kv_connector_extra_config": {"secret": "member", "read_timeout_s": 5}}]})");
+  const std::vector<std::string> argv = agentArguments(pool, "tandem-agent", "127.0.0.1", 0);
+  for (const std::string& arg : argv) {
+    EXPECT_EQ(arg.find("top"), std::string::npos) << arg;
+    EXPECT_EQ(arg.find("member"), std::string::npos) << arg;
+  }
+  EXPECT_EQ(nlohmann::json::parse(kvTransferConfigJson(pool)),
+            nlohmann::json::parse(R"({"kv_connector": "multi", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"connectors": [{"kv_connector": "ucx",
+                "kv_connector_extra_config": {"read_timeout_s": 5}}]}})"));
+  const std::vector<std::pair<std::string, std::string>> env = {{"OTHER", "x"},
+                                                                {"TANDEM_KV_SECRET", "top"}};
+  EXPECT_EQ(agentEnvironment(pool), env);
+}
+
 }  // namespace
 }  // namespace tandem::spec
