@@ -151,7 +151,10 @@ Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, co
     outcome.error = applied.error();
     outcome.problem =
         (exists ? "updating " : "creating ") + what + ": " + applied.error().toString();
-    events_.record(owner, kWarning, reason, outcome.problem);
+    // A child the API server keeps refusing is retried with backoff for
+    // ever: one Event per distinct refusal (the Degraded condition carries
+    // the latest), not one per retry.
+    events_.recordOnce(owner, kWarning, reason, outcome.problem);
     return outcome;
   }
   events_.record(owner, kNormal, exists ? "Updated" : "Created",

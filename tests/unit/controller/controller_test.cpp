@@ -236,6 +236,27 @@ TEST_F(ControllerTest, InsecureKvTransferIsWarnedOncePerPool) {
   EXPECT_NE(std::find(args.begin(), args.end(), "$(POD_IP)"), args.end());
 }
 
+// A child the API server keeps refusing is retried, but the same refusal is
+// one Event, not one per retry.
+TEST_F(ControllerTest, ARepeatedRefusalOfAChildIsOneEvent) {
+  server_.put(prefillPool());
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  json scaled = *get("tandem.dev/v1alpha1", "PrefillPool", "prefill");
+  scaled["spec"]["replicas"] = 3;
+  server_.put(scaled);
+  server_.injectConflicts(3, "Deployment");
+  for (int i = 0; i < 3; ++i) {
+    (void)controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill");
+  }
+  const std::vector<json> refused = eventsWithReason("FailedUpdate");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0]["message"].get<std::string>().find("Deployment"), std::string::npos)
+      << refused[0].dump();
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  EXPECT_EQ((*deployment("prefill"))["spec"]["replicas"], 3);
+}
+
 // A Router without a model path and nothing to route to (its DecodePool
 // deleted, or not made yet) is Degraded, NoDecodePool; it used to read the
 // first of no pools, and the operator crashed on every reconcile.
