@@ -616,7 +616,10 @@ void HttpServer::routes() {
            config_.chat_output.reasoning_parser
                ? json(protocol::reasoningParserName(*config_.chat_output.reasoning_parser))
                : json(nullptr)}}},
-        {"root", engine_.model().directory().string()},
+        // Absolute: a router on this host reads the tokenizer from it
+        // whatever its own working directory.
+        {"root",
+         std::filesystem::absolute(engine_.model().directory()).lexically_normal().string()},
         {"max_model_len", engine_.maxModelLen()},
         {"device", kernels::deviceKindName(engine_.backend().kind())}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),

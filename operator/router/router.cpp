@@ -210,8 +210,15 @@ class Router::Impl {
     http_->get("/health", [this](const HttpRequest&, HttpResponse& res) {
       const bool ready = model_.ready() && !stopping_ && agents_.anyHealthy(false);
       res.status = ready ? 200 : 503;
-      res.set_content(ready ? R"({"status":"ok"})" : R"({"status":"no healthy decode agent"})",
-                      "application/json");
+      if (ready) {
+        res.set_content(R"({"status":"ok"})", "application/json");
+      } else if (!model_.ready() && !model_.lastError().empty()) {
+        res.set_content(
+            nlohmann::json{{"status", "model not loaded"}, {"error", model_.lastError()}}.dump(),
+            "application/json");
+      } else {
+        res.set_content(R"({"status":"no healthy decode agent"})", "application/json");
+      }
     });
     http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
       metrics_.setAdmission(gate_.inflight(), gate_.queued());

@@ -75,6 +75,10 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   } catch (const std::exception& e) {
     TANDEM_LOG(kWarn) << "router: cannot load the tokenizer from " << dir.string() << ": "
                       << e.what();
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_error_ = "cannot load the tokenizer from " + dir.string() + ": " + e.what() +
+                  " (the agents' model directory must exist on the router's host, or --model-dir "
+                  "name a copy)";
   }
 }
 

@@ -51,6 +51,11 @@ class ServedModel {
       : model_dir_(std::move(model_dir)), chat_template_file_(std::move(chat_template_file)) {}
 
   bool ready() const { return ready_; }
+  // Why the model is not ready: the last failure to learn it ("" before any).
+  std::string lastError() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_error_;
+  }
 
   // Asks `agent` for the model and loads its tokenizer; a failure is logged
   // and leaves the model not ready (the next poll tries again).
@@ -64,8 +69,9 @@ class ServedModel {
  private:
   const std::filesystem::path model_dir_;
   const std::filesystem::path chat_template_file_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::atomic<bool> ready_{false};
+  std::string last_error_;
   ModelInfo info_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<BlockHasher> hasher_;

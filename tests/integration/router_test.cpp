@@ -140,6 +140,37 @@ TEST_F(RouterTest, TheAnswersIdStartsWithTheRoutersRequestId) {
   }
 }
 
+// A router that cannot read the model's tokenizer says so on /health,
+// rather than blaming decode agents that are healthy.
+TEST(RouterHealth, AModelItCannotLoadIsNamedNotBlamedOnTheAgents) {
+  Agent decode({"--role", "decode"});
+  RouterConfig config;
+  config.port = 0;
+  config.poll_interval_s = 0.1;
+  config.model_dir = "/nonexistent/tandem-model";
+  config.decode.push_back({"decode-0", "127.0.0.1", decode.port()});
+  Router router(config);
+  router.start();
+  httplib::Client client("127.0.0.1", router.port());
+  json health;
+  EXPECT_TRUE(eventually([&] {
+    auto res = client.Get("/health");
+    if (!res || res->status != 503) return false;
+    health = json::parse(res->body, nullptr, false);
+    return health.value("status", "") == "model not loaded";
+  })) << health.dump();
+  EXPECT_NE(health.value("error", "")
+                .find("cannot load the tokenizer from "
+                      "/nonexistent/tandem-model"),
+            std::string::npos)
+      << health.dump();
+  // The agent names its model directory absolutely.
+  httplib::Client agent("127.0.0.1", decode.port());
+  const json models = json::parse(agent.Get("/v1/models")->body);
+  EXPECT_TRUE(fs::path(models["data"][0]["root"].get<std::string>()).is_absolute()) << models;
+  router.stop();
+}
+
 TEST_F(RouterTest, ApiKeysGuardTheRouterAndItsCallsToTheAgents) {
   RouterClusterOptions options;
   options.api_key = "sk-router-key";
