@@ -281,6 +281,10 @@ void Controller::setLeading(bool leading) {
     enqueueAll();
   } else {
     TANDEM_LOG(kWarn) << "controller: stopped leading; writes stop until the Lease is won again";
+    // What this replica last saw is not exported as if it were current: the
+    // leader's series are (an alert taking the max over replicas would see
+    // a stale count).
+    pool_replicas_.clear();
   }
 }
 
@@ -354,7 +358,10 @@ void Controller::plannerLoop() {
                                 [this] { return stopping_.load(); });
     }
     // A replica that does not lead decides nothing (its view of who wrote
-    // what would be stale) and writes nothing.
+    // what would be stale) and writes nothing; it forgets its pools' planner
+    // state and series, and plans afresh if it leads again (the other
+    // leader's writes are not a manual change).
+    if (!stopping_.load() && !leading_.load()) autoscaler_->round(0, {});
     if (stopping_.load() || !leading_.load() || !synced()) continue;
     plannerRound(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }

@@ -45,6 +45,11 @@ void PoolReplicaTable::remove(const PoolKey& pool) {
   pools_.erase(pool);
 }
 
+void PoolReplicaTable::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pools_.clear();
+}
+
 std::map<PoolKey, PoolReplicas> PoolReplicaTable::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return pools_;

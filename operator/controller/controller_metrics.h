@@ -63,6 +63,7 @@ class PoolReplicaTable {
  public:
   void set(const PoolKey& pool, const PoolReplicas& replicas);
   void remove(const PoolKey& pool);
+  void clear();
   std::map<PoolKey, PoolReplicas> snapshot() const;
 
  private:

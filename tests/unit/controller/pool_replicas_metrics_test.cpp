@@ -117,5 +117,48 @@ TEST(PoolReplicaMetricsTest, ControllerReportsDeploymentCountsAndForgetsDeletedP
   controller.stop();
 }
 
+// A replica that loses the Lease stops exporting the counts it last saw:
+// the leader's are the current ones (an alert taking the max over the
+// replicas would otherwise read a stale ready count).
+TEST(PoolReplicaMetricsTest, AReplicaThatStopsLeadingForgetsItsPoolSeries) {
+  testing::ApiServer server;
+  server.registerCrds(std::filesystem::path(TANDEM_SOURCE_DIR) / "crds");
+  k8s::ClusterConfig config;
+  config.server = server.url();
+  config.token = "controller-token";
+  config.default_namespace = kNamespace;
+  k8s::ApiClient client(config);
+  ControllerOptions options;
+  options.ns = kNamespace;
+  options.defaults.agent_image = "agent:test";
+  options.defaults.operator_image = "operator:test";
+  options.initial_backoff = milliseconds(10);
+  options.max_backoff = milliseconds(200);
+  options.leader_elect = true;
+  options.lease_duration = milliseconds(3000);
+  options.renew_deadline = milliseconds(1500);
+  options.retry_period = milliseconds(200);
+  Controller controller(client, std::move(options));
+  controller.start();
+  ASSERT_TRUE(controller.waitForSync(seconds(30)));
+  server.setDeploymentControllerAuto(true);
+  server.put(decodePool(2));
+  const auto has_series = [&] {
+    return controller.renderMetrics().find("pool=\"decode\"") != std::string::npos;
+  };
+  const auto leading = [&] {
+    return controller.renderMetrics().find("\ntandem_operator_is_leader 1\n") != std::string::npos;
+  };
+  ASSERT_TRUE(eventually([&] { return leading() && has_series(); })) << controller.renderMetrics();
+
+  server.injectConflicts(1000000, "Lease");  // every renewal fails
+  ASSERT_TRUE(eventually([&] { return !leading(); })) << controller.renderMetrics();
+  EXPECT_FALSE(has_series()) << controller.renderMetrics();
+
+  server.injectConflicts(0, "Lease");
+  ASSERT_TRUE(eventually([&] { return leading() && has_series(); })) << controller.renderMetrics();
+  controller.stop();
+}
+
 }  // namespace
 }  // namespace tandem::controller
