@@ -777,7 +777,7 @@ spec:
   disruptionBudget: {}
   rollout: {}
   template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
-    volumes: [{name: a}], imagePullSecrets: [{name: a}]}}
+    volumes: [{name: a}], imagePullSecrets: [{name: a}], resourceClaims: [{name: a}]}}
   autoscaling: {minReplicas: 1, maxReplicas: 1, quantile: 0.5, windowSeconds: 1,
     scaleUpStabilizationSeconds: 0, scaleDownStabilizationSeconds: 0, maxStep: 1,
     pendingTimeoutSeconds: 1, )" +
@@ -798,7 +798,7 @@ spec:
   kvSecretRef: {name: s, key: k}
   apiKeySecretRef: {name: s, key: k}
   template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
-    volumes: [{name: a}], imagePullSecrets: [{name: a}]}}
+    volumes: [{name: a}], imagePullSecrets: [{name: a}], resourceClaims: [{name: a}]}}
 )");
   std::erase_if(fields,
                 [](const std::string& path) { return path == "prefill" || path == "decode"; });

@@ -65,6 +65,8 @@ class TemplateMerger {
         {"topologySpreadConstraints", atomic_list},
         {"volumes", {kArray, mergeByKeyWith("name", owned_.merge)}},
         {"imagePullSecrets", {kArray, mergeByKeyWith("name", owned_.merge)}},
+        // Dynamic Resource Allocation: what spec.resources.claims names.
+        {"resourceClaims", {kArray, mergeByKeyWith("name", deep.merge)}},
         {"initContainers", {kArray, mergeByKeyWith("name", deep.merge)}},
         {"containers",
          {kArray, mergeByKeyWith("name",

@@ -289,11 +289,11 @@ ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
 }
 
 const std::vector<std::string> kPodTemplateSpecFields = {
-    "nodeSelector",      "tolerations",      "affinity",      "topologySpreadConstraints",
-    "priorityClassName", "runtimeClassName", "schedulerName", "serviceAccountName",
-    "imagePullSecrets",  "securityContext",  "volumes",       "containers",
-    "initContainers",    "hostNetwork",      "hostIPC",       "dnsPolicy",
-    "enableServiceLinks"};
+    "nodeSelector",       "tolerations",      "affinity",      "topologySpreadConstraints",
+    "priorityClassName",  "runtimeClassName", "schedulerName", "serviceAccountName",
+    "imagePullSecrets",   "securityContext",  "volumes",       "containers",
+    "initContainers",     "hostNetwork",      "hostIPC",       "dnsPolicy",
+    "enableServiceLinks", "resourceClaims"};
 
 nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
                                const DocumentContext& context) {
@@ -332,7 +332,7 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
       if (!value) continue;
       const std::string field_path = spec_reader.pathOf(key);
       if (key == "containers" || key == "initContainers" || key == "volumes" ||
-          key == "imagePullSecrets") {
+          key == "imagePullSecrets" || key == "resourceClaims") {
         // Only the names are read here: the rest is the API server's to check.
         requireNamedList(*value, field_path, context, /*only_name=*/false);
       }

@@ -258,7 +258,8 @@ TEST(PodTemplateTest, PodListsMergeByName) {
     "imagePullSecrets": [{"name": "registry"}, {"name": "mirror"}],
     "initContainers": [{"name": "warmup", "args": ["sleep", "1"]},
                        {"name": "fetch-model", "image": "curl"}],
-    "volumes": [{"name": "model", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}]}})");
+    "volumes": [{"name": "model", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}],
+    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-h100"}]}})");
   const TemplateMergeResult result = mergePodTemplate(generated, fragment, "agent", kPoolOwned);
   EXPECT_EQ(result.ignored, (Paths{"template.spec.volumes[model]"}));
   const json& spec = result.pod_template["spec"];
@@ -266,6 +267,9 @@ TEST(PodTemplateTest, PodListsMergeByName) {
   EXPECT_EQ(spec["initContainers"], json::parse(R"([
     {"name": "warmup", "image": "busybox", "args": ["sleep", "1"]},
     {"name": "fetch-model", "image": "curl"}])"));
+  // Dynamic Resource Allocation: the claims a container's resources.claims names.
+  EXPECT_EQ(spec["resourceClaims"],
+            json::parse(R"([{"name": "gpu", "resourceClaimTemplateName": "one-h100"}])"));
   json volumes = kGenerated["spec"]["volumes"];
   volumes.push_back(fragment["spec"]["volumes"][1]);
   EXPECT_EQ(spec["volumes"], volumes);
