@@ -172,6 +172,28 @@ std::vector<json> Reconciler::pods(const std::string& ns, const json& match_labe
   return (*list)["items"].get<std::vector<json>>();
 }
 
+std::vector<std::string> Reconciler::sharedNames(const std::vector<std::string>& a,
+                                                 const std::vector<std::string>& b) {
+  std::vector<std::string> shared;
+  for (const std::string& name : a) {
+    if (std::find(b.begin(), b.end(), name) != b.end()) shared.push_back(name);
+  }
+  return shared;
+}
+
+bool Reconciler::inNameConflict(OwnerKind kind, const std::string& ns, const std::string& name) {
+  auto object = writer_.client().get(resourceOf(kind), ns, name);
+  if (!object.isOk() || !object->contains("status")) return false;
+  const json& conditions = (*object)["status"].value("conditions", json::array());
+  for (const json& condition : conditions) {
+    if (condition.value("type", "") == "Degraded" && condition.value("status", "") == "True" &&
+        condition.value("reason", "") == "NameConflict") {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<std::string> Reconciler::poolNames(const std::string& ns, OwnerKind kind) {
   if (reader_.pool_names) return reader_.pool_names(ns, kind);
   std::vector<std::string> names;
@@ -247,6 +269,21 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
       observation.desired_replicas = router.replicas;
       prefill_pools = router.prefill_pools.value_or(poolNames(ns, OwnerKind::kPrefillPool));
       decode_pools = router.decode_pools.value_or(poolNames(ns, OwnerKind::kDecodePool));
+      // A PrefillPool and a DecodePool of one name would share children (the
+      // second is Degraded, NameConflict), and a router given the name as
+      // both refuses to start: the name goes to the pool that is not in
+      // conflict, or (undecided, or both listed by the Router) to neither.
+      for (const std::string& shared : sharedNames(prefill_pools, decode_pools)) {
+        const bool prefill_conflicted = inNameConflict(OwnerKind::kPrefillPool, ns, shared);
+        const bool decode_conflicted = inNameConflict(OwnerKind::kDecodePool, ns, shared);
+        const bool listed = router.prefill_pools && router.decode_pools;
+        if (listed || prefill_conflicted == decode_conflicted) {
+          fail("NameConflict", "a PrefillPool and a DecodePool are both named \"" + shared +
+                                   "\": the router routes to neither; rename one");
+        }
+        if (listed || prefill_conflicted || !decode_conflicted) std::erase(prefill_pools, shared);
+        if (listed || decode_conflicted || !prefill_conflicted) std::erase(decode_pools, shared);
+      }
       for (auto [names, pool_kind, field] :
            {std::tuple{&prefill_pools, OwnerKind::kPrefillPool, "spec.prefillPools"},
             std::tuple{&decode_pools, OwnerKind::kDecodePool, "spec.decodePools"}}) {

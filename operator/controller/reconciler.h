@@ -80,6 +80,11 @@ class Reconciler {
   ChildOutcome removeChild(const k8s::ResourceType& type, const Owner& owner);
   std::vector<nlohmann::json> pods(const std::string& ns, const nlohmann::json& match_labels);
   std::vector<std::string> poolNames(const std::string& ns, OwnerKind kind);
+  static std::vector<std::string> sharedNames(const std::vector<std::string>& a,
+                                              const std::vector<std::string>& b);
+  // Whether the pool's status says Degraded, NameConflict (its children's
+  // names are taken).
+  bool inNameConflict(OwnerKind kind, const std::string& ns, const std::string& name);
   k8s::Result<k8s::Done> writeStatus(OwnerKind kind, const nlohmann::json& object,
                                      const nlohmann::json& status);
 

@@ -274,6 +274,35 @@ TEST_F(ControllerTest, ARouterWithNoDecodePoolIsDegradedNamingWhy) {
   EXPECT_EQ(degraded["reason"], "NoDecodePool") << router->dump();
 }
 
+// A PrefillPool and a DecodePool of one name share child names: the second
+// is Degraded (NameConflict), and a Router listing every pool routes to the
+// one that holds the name only (a router given it as both would not start).
+TEST_F(ControllerTest, ARouterLeavesOutThePoolThatLostItsNameToAPoolOfTheOtherKind) {
+  server_.put(prefillPool("shared"));
+  server_.put(decodePool(1, "shared"));
+  server_.put(decodePool(1, "decode"));
+  server_.put({{"apiVersion", "tandem.dev/v1alpha1"},
+               {"kind", "Router"},
+               {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+               {"spec", {{"modelPath", "/models/small"}}}});
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "shared").isOk());
+  (void)controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "shared");
+  const json conflicted = *get("tandem.dev/v1alpha1", "DecodePool", "shared");
+  ASSERT_EQ(findCondition(conflicted["status"], "Degraded")["reason"], "NameConflict")
+      << conflicted.dump();
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  const json args = (*deployment("front"))["spec"]["template"]["spec"]["containers"][0]["args"];
+  std::vector<std::string> decode_pools;
+  std::vector<std::string> prefill_pools;
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--decode-pool") decode_pools.push_back(args[i + 1]);
+    if (args[i] == "--prefill-pool") prefill_pools.push_back(args[i + 1]);
+  }
+  EXPECT_EQ(decode_pools, std::vector<std::string>{"decode"}) << args;
+  EXPECT_EQ(prefill_pools, std::vector<std::string>{"shared"}) << args;
+}
+
 // Pools with a KV secret refuse unsigned holds: a Router without the same
 // secret is warned (once) that its prefix lending is off; with it, not.
 TEST_F(ControllerTest, ARouterWithoutThePoolsKvSecretIsWarned) {
