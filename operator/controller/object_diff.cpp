@@ -52,13 +52,28 @@ bool scalarEqual(const json& desired, const json& live, const std::string& path)
   return false;
 }
 
+// Go's zero values: what the API server leaves out of an object it stores
+// (fields tagged omitempty), so a desired `value: ""`, `hostNetwork: false`,
+// `initialDelaySeconds: 0` or empty list comes back absent.
+bool isZeroValue(const json& value) {
+  if (value.is_null()) return true;
+  if (value.is_boolean()) return !value.get<bool>();
+  if (value.is_string()) return value.get<std::string>().empty();
+  if (value.is_number()) return value == json(0);
+  if (value.is_array() || value.is_object()) return value.empty();
+  return false;
+}
+
 // "" when `desired` ⊆ `live`, else the path where they part.
 std::string difference(const json& desired, const json& live, const std::string& path) {
   if (desired.is_object()) {
     if (!live.is_object()) return path.empty() ? "(root)" : path;
     for (const auto& [key, value] : desired.items()) {
       const std::string child = path.empty() ? key : path + "." + key;
-      if (!live.contains(key)) return child;
+      if (!live.contains(key)) {
+        if (isZeroValue(value)) continue;
+        return child;
+      }
       std::string found = difference(value, live[key], child);
       if (!found.empty()) return found;
     }

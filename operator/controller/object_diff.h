@@ -9,7 +9,10 @@
 // strings: `nvidia.com/gpu: 1` comes back as "1"). Under `resources.limits`
 // and `resources.requests`, and an emptyDir's `sizeLimit`, quantities
 // compare by value, since the API server stores them in canonical form
-// ("0.5" → "500m", "1024Mi" → "1Gi").
+// ("0.5" → "500m", "1024Mi" → "1Gi"). A desired field with a zero value
+// ("", false, 0, null, [] or {}) equals an absent live one: the API server
+// leaves out the omitempty fields it holds zero (a desired `hostNetwork:
+// false` against a live `true` still differs).
 #pragma once
 
 #include <nlohmann/json.hpp>

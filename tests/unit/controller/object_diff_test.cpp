@@ -64,6 +64,29 @@ TEST(ObjectDiffTest, MissingFieldsExtraListItemsAndTypesAreDifferences) {
   EXPECT_FALSE(isSubset(json{{"a", "1"}}, json{{"a", 1}}));
 }
 
+// The API server leaves out omitempty fields whose value is Go's zero value:
+// a desired zero equals an absent field (else every reconcile would write
+// again), but not a live field that differs.
+TEST(ObjectDiffTest, ZeroValuesTheServerLeavesOutAreNotDifferences) {
+  const json desired = json::parse(R"({"spec": {"hostNetwork": false, "dnsPolicy": "",
+    "containers": [{"name": "agent", "env": [{"name": "X", "value": ""}],
+                    "startupProbe": {"initialDelaySeconds": 0}, "args": []}]}})");
+  const json stored = json::parse(R"({"spec": {"dnsPolicy": "ClusterFirst",
+    "containers": [{"name": "agent", "env": [{"name": "X"}], "startupProbe": {}}]}})");
+  EXPECT_FALSE(isSubset(desired, stored)) << "dnsPolicy differs";
+  json same = stored;
+  same["spec"]["dnsPolicy"] = "";
+  same["spec"].erase("dnsPolicy");
+  json desired_default = desired;
+  desired_default["spec"].erase("dnsPolicy");
+  EXPECT_TRUE(isSubset(desired_default, same)) << firstDifference(desired_default, same);
+  json network = same;
+  network["spec"]["hostNetwork"] = true;
+  EXPECT_EQ(firstDifference(desired_default, network), "spec.hostNetwork");
+  // A non-zero desired value the live object lacks is still a difference.
+  EXPECT_EQ(firstDifference(json{{"spec", {{"hostIPC", true}}}}, same), "spec.hostIPC");
+}
+
 }  // namespace
 }  // namespace tandem::controller
 
