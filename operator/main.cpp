@@ -292,6 +292,7 @@ struct RouterFlags {
   std::string agent_api_key;
   double poll_interval_s = 0;
   double shutdown_timeout_s = 10;
+  double drain_delay_s = 0;
   std::string profile;
   double itl_target_ms = 0;
   uint64_t seed = 1;
@@ -433,8 +434,14 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->check(CLI::PositiveNumber);
   command
       ->add_option("--shutdown-timeout", flags.shutdown_timeout_s,
-                   "seconds in-flight requests get after SIGTERM")
+                   "seconds in-flight requests get after SIGTERM (after --drain-delay)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command
+      ->add_option("--drain-delay", flags.drain_delay_s,
+                   "seconds after SIGTERM during which the router still accepts requests while "
+                   "/health answers 503 draining, so that load balancers stop sending first")
+      ->check(CLI::Range(0.0, 600.0))
       ->capture_default_str();
   command->add_flag("--discover", flags.discover,
                     "find agents in a Kubernetes cluster: the ready endpoints of the "
@@ -569,6 +576,12 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   {
     std::unique_lock<std::mutex> lock(mutex);
     signalled.wait(lock, [&] { return stop; });
+  }
+  if (flags.drain_delay_s > 0) {
+    TANDEM_LOG(kInfo) << "router: draining: still serving for " << flags.drain_delay_s
+                      << " s while /health answers 503";
+    router.beginDrain();
+    std::this_thread::sleep_for(std::chrono::duration<double>(flags.drain_delay_s));
   }
   if (discovery) discovery->stop();
   router.stop(flags.shutdown_timeout_s);

@@ -309,6 +309,12 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
   if (router.itl_target_ms) add("--itl-target-ms", numberText(*router.itl_target_ms));
   if (router.seed) add("--seed", std::to_string(*router.seed));
   if (router.debug_decisions) add("--debug-decisions", std::to_string(*router.debug_decisions));
+  // On SIGTERM (a rollout, a scale-down) the router first stops being ready
+  // while still serving, so the Service stops sending before the listener
+  // closes, then gives in-flight streams the shutdown timeout.
+  add("--drain-delay", numberText(kRouterDrainDelaySeconds));
+  add("--shutdown-timeout",
+      numberText(router.shutdown_timeout_s.value_or(kRouterShutdownTimeoutSeconds)));
   return args;
 }
 
@@ -446,7 +452,13 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& given,
   }
   if (router.api_key_secret_ref) router_env.push_back(apiKeyEnv(*router.api_key_secret_ref));
   if (!router_env.empty()) container["env"] = std::move(router_env);
-  json pod_spec = {{"serviceAccountName", defaults.router_service_account}};
+  json pod_spec = {{"serviceAccountName", defaults.router_service_account},
+                   // The drain delay and the shutdown timeout, plus time to exit.
+                   {"terminationGracePeriodSeconds",
+                    static_cast<int64_t>(std::ceil(
+                        kRouterDrainDelaySeconds +
+                        router.shutdown_timeout_s.value_or(kRouterShutdownTimeoutSeconds))) +
+                        10}};
   if (pools_source) {
     const std::string fetch_image =
         router.pools_image.empty() ? defaults.agent_image : router.pools_image;
@@ -459,7 +471,10 @@ json desiredRouterDeployment(const Owner& owner, const RouterSpec& given,
   // The router reads EndpointSlices as the controller's router ServiceAccount.
   return deployment(owner, router.name, routerLabels(router.name), routerSelector(router.name),
                     router.replicas, std::move(pod_spec),
-                    {router.pod_template, "router", {"serviceAccountName"}, ignored});
+                    {router.pod_template,
+                     "router",
+                     {"serviceAccountName", "terminationGracePeriodSeconds"},
+                     ignored});
 }
 
 json desiredRouterService(const Owner& owner, const RouterSpec& router) {

@@ -19,6 +19,10 @@ namespace tandem::controller {
 
 // The port agents and the router listen on inside their pods.
 inline constexpr int kContainerPort = 8000;
+// A router pod's SIGTERM: seconds it still serves while not ready, then the
+// seconds in-flight requests get by default (Router spec.shutdownTimeoutSeconds).
+inline constexpr double kRouterDrainDelaySeconds = 5;
+inline constexpr double kRouterShutdownTimeoutSeconds = 120;
 
 struct WorkloadDefaults {
   std::string agent_image;                               // --default-agent-image

@@ -408,6 +408,7 @@ void LocalMode::run() {
   std::vector<AgentAddress> prefill = supervisor.readyEndpoints(PoolKind::kPrefill);
   std::vector<AgentAddress> decode = supervisor.readyEndpoints(PoolKind::kDecode);
   std::unique_ptr<RouterHandle> router;
+  router_shutdown_timeout_s_ = router_spec.shutdown_timeout_s;
   try {
     router = router_factory_(router_spec, prefill, decode);
   } catch (...) {
@@ -480,7 +481,8 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
 }
 
 void LocalMode::shutdown(AgentSupervisor& supervisor, RouterHandle* router) {
-  const double grace_s = std::chrono::duration<double>(options_.supervisor.stop_timeout).count();
+  const double grace_s = router_shutdown_timeout_s_.value_or(
+      std::chrono::duration<double>(options_.supervisor.stop_timeout).count());
   if (router != nullptr) {
     TANDEM_LOG(kInfo) << "local: stopping the router";
     router->stop(grace_s);

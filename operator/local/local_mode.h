@@ -155,6 +155,9 @@ class LocalMode {
 
   LocalModeOptions options_;
   RouterFactory router_factory_;
+  // The Router document's shutdownTimeoutSeconds: the router's grace when
+  // local mode ends (else the supervisor's stop timeout).
+  std::optional<double> router_shutdown_timeout_s_;
   std::string file_text_;  // the last text read, applied or not
   // Owner thread only: the pools given to the supervisor, each pool's
   // replicas as the file last said, and pools whose file replicas changed

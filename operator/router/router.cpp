@@ -185,6 +185,8 @@ class Router::Impl {
     agents_.setAgents(std::move(prefill), std::move(decode));
   }
 
+  void beginDrain() { draining_ = true; }
+
   void stop(double grace_seconds) {
     if (stopped_.exchange(true)) return;
     stopping_ = true;
@@ -208,9 +210,11 @@ class Router::Impl {
  private:
   void routes() {
     http_->get("/health", [this](const HttpRequest&, HttpResponse& res) {
-      const bool ready = model_.ready() && !stopping_ && agents_.anyHealthy(false);
+      const bool ready = model_.ready() && !stopping_ && !draining_ && agents_.anyHealthy(false);
       res.status = ready ? 200 : 503;
-      if (ready) {
+      if (draining_ || stopping_) {
+        res.set_content(R"({"status":"draining"})", "application/json");
+      } else if (ready) {
         res.set_content(R"({"status":"ok"})", "application/json");
       } else if (!model_.ready() && !model_.lastError().empty()) {
         res.set_content(
@@ -280,6 +284,7 @@ class Router::Impl {
   RouterConfig config_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};  // completion requests being handled
   // The io threads and the worker pool; reset first on destruction.
   std::unique_ptr<server::HttpService> http_;
@@ -304,6 +309,8 @@ int Router::port() const { return impl_->port(); }
 void Router::setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode) {
   impl_->setAgents(std::move(prefill), std::move(decode));
 }
+
+void Router::beginDrain() { impl_->beginDrain(); }
 
 void Router::stop(double grace_seconds) { impl_->stop(grace_seconds); }
 

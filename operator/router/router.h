@@ -136,6 +136,9 @@ class Router {
   // Replaces the agent sets (local mode after a restart or a replica change;
   // the controller from Endpoints). Agents no longer listed get no new work.
   void setAgents(std::vector<AgentEndpoint> prefill, std::vector<AgentEndpoint> decode);
+  // Keeps serving but answers /health 503 {"status": "draining"}, so a
+  // Service stops sending new clients before stop() closes the listener.
+  void beginDrain();
   // Stops accepting, lets in-flight requests finish until the deadline,
   // then stops. Idempotent.
   void stop(double grace_seconds = 10);

@@ -188,6 +188,9 @@ struct RouterSpec {
   std::optional<double> upstream_timeout_s;
   std::optional<int64_t> max_migrations;
   std::optional<double> migration_timeout_s;
+  // Seconds in-flight requests get when the router stops (SIGTERM, a
+  // rollout, local mode ending): --shutdown-timeout.
+  std::optional<double> shutdown_timeout_s;
   std::optional<int> threads;
   std::optional<std::string> model_path;
   std::optional<double> poll_interval_s;

@@ -70,6 +70,14 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   if (auto value = spec.get("maxMigrations")) {
     router.max_migrations = readInteger(*value, "spec.maxMigrations", context, 0, 100);
   }
+  if (auto value = spec.get("shutdownTimeoutSeconds")) {
+    router.shutdown_timeout_s =
+        readNumber(*value, "spec.shutdownTimeoutSeconds", context, 0, false);
+    if (*router.shutdown_timeout_s > 3600) {
+      fail(context, "spec.shutdownTimeoutSeconds", "must be at most 3600, got " + described(*value),
+           *value);
+    }
+  }
   if (auto value = spec.get("migrationTimeoutSeconds")) {
     router.migration_timeout_s =
         readNumber(*value, "spec.migrationTimeoutSeconds", context, 0, true);

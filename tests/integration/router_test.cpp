@@ -171,6 +171,20 @@ TEST(RouterHealth, AModelItCannotLoadIsNamedNotBlamedOnTheAgents) {
   router.stop();
 }
 
+// A draining router (SIGTERM with --drain-delay) is not ready but still
+// serves what load balancers send before they notice.
+TEST_F(RouterTest, ADrainingRouterIsNotReadyButStillServes) {
+  start(1, 1);
+  router_->beginDrain();
+  auto health = client_->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(json::parse(health->body), json::parse(R"({"status":"draining"})"));
+  const Answer answer = post(greedy(randomPrompt(40, 9), 4));
+  EXPECT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(tokenIds(answer.body).size(), 4u);
+}
+
 TEST_F(RouterTest, ApiKeysGuardTheRouterAndItsCallsToTheAgents) {
   RouterClusterOptions options;
   options.api_key = "sk-router-key";

@@ -317,6 +317,15 @@ spec:
   const Owner owner{"tandem.dev/v1alpha1", "Router", "serving", "front", "uid-r", 1};
   const json deployment =
       desiredRouterDeployment(owner, router, {"prefill"}, {"decode-a", "decode-b"}, defaults());
+  {
+    spec::RouterSpec patient = router;
+    patient.shutdown_timeout_s = 600;
+    const json longer =
+        desiredRouterDeployment(owner, patient, {"prefill"}, {"decode-a"}, defaults());
+    const json args = agentContainer(longer)["args"];
+    EXPECT_EQ(args[args.size() - 1], "600") << args;
+    EXPECT_EQ(longer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 615);
+  }
   const json& container = agentContainer(deployment);
   EXPECT_EQ(container["image"], "ghcr.io/tandem/operator:test");
   EXPECT_EQ(container["command"], json::array({"tandem-operator"}));
@@ -346,8 +355,14 @@ spec:
                                       "--migration-timeout",
                                       "12.5",
                                       "--model-dir",
-                                      "/models/llama"}));
+                                      "/models/llama",
+                                      "--drain-delay",
+                                      "5",
+                                      "--shutdown-timeout",
+                                      "120"}));
   EXPECT_EQ(container["readinessProbe"]["httpGet"]["path"], "/health");
+  // The drain delay and the shutdown timeout, plus time to exit.
+  EXPECT_EQ(deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 135);
   EXPECT_EQ(deployment["spec"]["replicas"], 2);
   EXPECT_EQ(deployment["spec"]["template"]["spec"]["serviceAccountName"], "tandem-router");
   EXPECT_EQ(deployment["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"],
