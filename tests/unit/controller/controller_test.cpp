@@ -58,22 +58,10 @@ class ControllerTest : public ::testing::Test {
  protected:
   ControllerTest() {
     server_.registerCrds(std::filesystem::path(TANDEM_SOURCE_DIR) / "crds");
-    k8s::ClusterConfig config;
-    config.server = server_.url();
-    config.token = kToken;
-    config.default_namespace = kNamespace;
-    client_ = std::make_unique<k8s::ApiClient>(config);
+    client_ = std::make_unique<k8s::ApiClient>(testClusterConfig(server_, kNamespace));
   }
 
-  ControllerOptions options() const {
-    ControllerOptions value;
-    value.ns = kNamespace;
-    value.defaults.agent_image = "agent:test";
-    value.defaults.operator_image = "operator:test";
-    value.initial_backoff = milliseconds(10);
-    value.max_backoff = milliseconds(200);
-    return value;
-  }
+  ControllerOptions options() const { return testControllerOptions(kNamespace); }
 
   std::optional<json> get(const std::string& api_version, const std::string& kind,
                           const std::string& name) {

@@ -9,10 +9,33 @@
 #include <string>
 #include <vector>
 
+#include "operator/controller/controller.h"
+#include "operator/k8s/api_client.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/test_helpers.h"
 
 namespace tandem::controller {
+
+// A client of `server` for namespace `ns` with the controller's token.
+inline k8s::ClusterConfig testClusterConfig(const testing::ApiServer& server,
+                                            const std::string& ns) {
+  k8s::ClusterConfig config;
+  config.server = server.url();
+  config.token = "controller-token";
+  config.default_namespace = ns;
+  return config;
+}
+
+// A controller of namespace `ns` with test images and short backoffs.
+inline ControllerOptions testControllerOptions(const std::string& ns) {
+  ControllerOptions options;
+  options.ns = ns;
+  options.defaults.agent_image = "agent:test";
+  options.defaults.operator_image = "operator:test";
+  options.initial_backoff = std::chrono::milliseconds(10);
+  options.max_backoff = std::chrono::milliseconds(200);
+  return options;
+}
 
 // Polls until the condition holds, 30 s at most.
 inline bool waitUntil(const std::function<bool()>& condition) {

@@ -16,6 +16,7 @@
 #include "operator/controller/controller_metrics.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/test_helpers.h"
+#include "tests/unit/controller/controller_test_support.h"
 
 namespace tandem::controller {
 namespace {
@@ -75,17 +76,8 @@ json decodePool(int64_t replicas) {
 TEST(PoolReplicaMetricsTest, ControllerReportsDeploymentCountsAndForgetsDeletedPools) {
   testing::ApiServer server;
   server.registerCrds(std::filesystem::path(TANDEM_SOURCE_DIR) / "crds");
-  k8s::ClusterConfig config;
-  config.server = server.url();
-  config.token = "controller-token";
-  config.default_namespace = kNamespace;
-  k8s::ApiClient client(config);
-  ControllerOptions options;
-  options.ns = kNamespace;
-  options.defaults.agent_image = "agent:test";
-  options.defaults.operator_image = "operator:test";
-  options.initial_backoff = milliseconds(10);
-  options.max_backoff = milliseconds(200);
+  k8s::ApiClient client(testClusterConfig(server, kNamespace));
+  ControllerOptions options = testControllerOptions(kNamespace);
   Controller controller(client, std::move(options));
   controller.start();
   ASSERT_TRUE(controller.waitForSync(seconds(30)));
@@ -123,17 +115,8 @@ TEST(PoolReplicaMetricsTest, ControllerReportsDeploymentCountsAndForgetsDeletedP
 TEST(PoolReplicaMetricsTest, AReplicaThatStopsLeadingForgetsItsPoolSeries) {
   testing::ApiServer server;
   server.registerCrds(std::filesystem::path(TANDEM_SOURCE_DIR) / "crds");
-  k8s::ClusterConfig config;
-  config.server = server.url();
-  config.token = "controller-token";
-  config.default_namespace = kNamespace;
-  k8s::ApiClient client(config);
-  ControllerOptions options;
-  options.ns = kNamespace;
-  options.defaults.agent_image = "agent:test";
-  options.defaults.operator_image = "operator:test";
-  options.initial_backoff = milliseconds(10);
-  options.max_backoff = milliseconds(200);
+  k8s::ApiClient client(testClusterConfig(server, kNamespace));
+  ControllerOptions options = testControllerOptions(kNamespace);
   options.leader_elect = true;
   options.lease_duration = milliseconds(3000);
   options.renew_deadline = milliseconds(1500);
