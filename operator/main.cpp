@@ -303,6 +303,7 @@ struct RouterFlags {
   std::string kubeconfig;
   std::vector<std::string> prefill_pools;
   std::vector<std::string> decode_pools;
+  bool all_pools = false;
 };
 
 CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
@@ -454,6 +455,10 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                       "with --discover: a prefill pool (Service) name (repeatable)");
   command->add_option("--decode-pool", flags.decode_pools,
                       "with --discover: a decode pool (Service) name (repeatable)");
+  command->add_flag("--all-pools", flags.all_pools,
+                    "with --discover: every pool of the namespace, found by the tandem.dev/role "
+                    "label of its Service's EndpointSlices (instead of --prefill-pool and "
+                    "--decode-pool): pools added or deleted later are followed");
   return command;
 }
 
@@ -474,12 +479,19 @@ std::vector<AgentEndpoint> endpointsFromFlags(const std::vector<std::string>& te
 void checkDiscoveryFlags(const RouterFlags& flags, const RouterConfig& config) {
   if (!flags.discover) {
     if (!flags.prefill_pools.empty() || !flags.decode_pools.empty() || !flags.ns.empty() ||
-        !flags.kubeconfig.empty()) {
-      throw Error("--prefill-pool, --decode-pool, --namespace and --kubeconfig need --discover");
+        !flags.kubeconfig.empty() || flags.all_pools) {
+      throw Error(
+          "--prefill-pool, --decode-pool, --all-pools, --namespace and --kubeconfig need "
+          "--discover");
     }
     return;
   }
-  if (flags.decode_pools.empty()) throw Error("--discover needs at least one --decode-pool");
+  if (flags.all_pools && (!flags.prefill_pools.empty() || !flags.decode_pools.empty())) {
+    throw Error("--all-pools finds every pool itself: drop --prefill-pool and --decode-pool");
+  }
+  if (!flags.all_pools && flags.decode_pools.empty()) {
+    throw Error("--discover needs at least one --decode-pool, or --all-pools");
+  }
   if (!config.prefill.empty() || !config.decode.empty()) {
     throw Error(
         "--discover finds the agents itself: drop --prefill/--decode (and the Router "
@@ -564,7 +576,8 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
         std::make_unique<tandem::k8s::ApiClient>(tandem::k8s::resolveClusterConfig(kubeconfig));
     const std::string ns = flags.ns.empty() ? client->config().default_namespace : flags.ns;
     discovery = std::make_unique<tandem::router::EndpointDiscovery>(
-        *client, ns, tandem::router::DiscoveryPools{flags.prefill_pools, flags.decode_pools},
+        *client, ns,
+        tandem::router::DiscoveryPools{flags.prefill_pools, flags.decode_pools, flags.all_pools},
         [&router](const tandem::router::DiscoveredAgents& agents) {
           router.setAgents(agents.prefill, agents.decode);
         });

@@ -279,8 +279,16 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
                                                   const std::vector<std::string>& prefill_pools,
                                                   const std::vector<std::string>& decode_pools) {
   std::vector<std::string> args = {"router", "--discover", "--namespace", ns};
-  for (const std::string& pool : prefill_pools) args.insert(args.end(), {"--prefill-pool", pool});
-  for (const std::string& pool : decode_pools) args.insert(args.end(), {"--decode-pool", pool});
+  if (!router.prefill_pools && !router.decode_pools) {
+    // Every pool of the namespace, found by label at run time: a pool added
+    // or deleted changes no argument, so the routers are not rolled.
+    args.push_back("--all-pools");
+  } else {
+    for (const std::string& pool : prefill_pools) {
+      args.insert(args.end(), {"--prefill-pool", pool});
+    }
+    for (const std::string& pool : decode_pools) args.insert(args.end(), {"--decode-pool", pool});
+  }
   args.insert(args.end(), {"--host", "0.0.0.0", "--port", std::to_string(kContainerPort)});
   auto add = [&](const char* flag, const std::string& value) {
     args.push_back(flag);

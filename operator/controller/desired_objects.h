@@ -60,7 +60,9 @@ std::string modelInitContainer(const spec::ModelSourceSpec& model);
 // --insecure-kv, and --port 8000.
 std::vector<std::string> agentContainerArguments(const spec::PoolSpec& pool);
 
-// The router container's arguments (after the command "tandem-operator").
+// The router container's arguments (after the command "tandem-operator"):
+// the pools named, or --all-pools when the Router lists none (its router
+// then finds every pool of the namespace by label, and pools added later).
 std::vector<std::string> routerContainerArguments(const spec::RouterSpec& router,
                                                   const std::string& ns,
                                                   const std::vector<std::string>& prefill_pools,

@@ -131,10 +131,17 @@ DiscoveryResult agentsFromEndpointSlices(const std::vector<json>& slices,
   DiscoveryResult result;
   std::map<std::string, Candidate> prefill, decode;
   for (const json& slice : slices) {
-    const std::string service =
-        stringMember(member(member(slice, "metadata"), "labels"), kServiceNameLabel);
-    const bool is_prefill = prefill_pools.count(service) > 0;
-    if (!is_prefill && decode_pools.count(service) == 0) continue;  // not one of ours
+    const json& labels = member(member(slice, "metadata"), "labels");
+    const std::string service = stringMember(labels, kServiceNameLabel);
+    bool is_prefill = false;
+    if (pools.by_label) {
+      const std::string role = stringMember(labels, kPoolRoleLabel);
+      is_prefill = role == "prefill";
+      if (!is_prefill && role != "decode") continue;  // not a pool's
+    } else {
+      is_prefill = prefill_pools.count(service) > 0;
+      if (!is_prefill && decode_pools.count(service) == 0) continue;  // not one of ours
+    }
     const std::string where = sliceName(slice) + " (pool " + service + ")";
     const std::string address_type = stringMember(slice, "addressType");
     if (address_type != "IPv4" && address_type != "IPv6") {
@@ -190,6 +197,7 @@ DiscoveryResult agentsFromEndpointSlices(const std::vector<json>& slices,
 }
 
 std::string endpointSliceSelector(const DiscoveryPools& pools) {
+  if (pools.by_label) return std::string(kPoolRoleLabel) + " in (decode,prefill)";
   std::set<std::string> names(pools.prefill.begin(), pools.prefill.end());
   names.insert(pools.decode.begin(), pools.decode.end());
   std::string selector = std::string(kServiceNameLabel) + " in (";
@@ -210,7 +218,9 @@ EndpointDiscovery::EndpointDiscovery(k8s::ApiClient& client, std::string ns, Dis
                                      OnChange on_change)
     : ns_(std::move(ns)), pools_(std::move(pools)), on_change_(std::move(on_change)) {
   // Without prefill pools every prompt is prefilled on a decode agent, as in local mode.
-  if (pools_.decode.empty()) throw Error("agent discovery needs at least one decode pool");
+  if (!pools_.by_label && pools_.decode.empty()) {
+    throw Error("agent discovery needs at least one decode pool");
+  }
   for (const std::string& name : pools_.prefill) {
     if (std::find(pools_.decode.begin(), pools_.decode.end(), name) != pools_.decode.end()) {
       throw Error("pool " + name + " is named as both a prefill and a decode pool");

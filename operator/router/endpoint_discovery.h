@@ -45,11 +45,18 @@ struct DiscoveredAgents {
 };
 
 // What to discover: the Services (pools) whose endpoints are prefill agents
-// and those whose endpoints are decode agents.
+// and those whose endpoints are decode agents; or, `by_label`, every pool of
+// the namespace: the slices labelled tandem.dev/role prefill or decode (the
+// EndpointSlice controller copies a Service's labels to its slices, and the
+// controller labels the pools' Services so), whatever their names, so that
+// adding or deleting a pool needs no new router.
 struct DiscoveryPools {
   std::vector<std::string> prefill;
   std::vector<std::string> decode;
+  bool by_label = false;
 };
+
+inline constexpr const char* kPoolRoleLabel = "tandem.dev/role";
 
 struct DiscoveryResult {
   DiscoveredAgents agents;
@@ -62,7 +69,8 @@ DiscoveryResult agentsFromEndpointSlices(const std::vector<nlohmann::json>& slic
                                          const DiscoveryPools& pools);
 
 // "kubernetes.io/service-name in (a,b,c)": the label selector of the pools'
-// slices (names sorted, each once).
+// slices (names sorted, each once); by label: "tandem.dev/role in
+// (decode,prefill)".
 std::string endpointSliceSelector(const DiscoveryPools& pools);
 
 // "prefill [prefill-0=10.0.0.1:8000] decode [decode-0=10.0.0.2:8000]", for logs.
@@ -72,7 +80,8 @@ class EndpointDiscovery {
  public:
   using OnChange = std::function<void(const DiscoveredAgents&)>;
 
-  // Throws tandem::Error when a pool list is empty or a pool is in both.
+  // Throws tandem::Error when (not by label) the decode pool list is empty
+  // or a pool is in both.
   EndpointDiscovery(k8s::ApiClient& client, std::string ns, DiscoveryPools pools,
                     OnChange on_change);
   ~EndpointDiscovery();  // stops

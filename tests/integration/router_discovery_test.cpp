@@ -21,15 +21,16 @@ using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 using std::chrono::seconds;
 using tandem::prometheusSample;
 
-// A slice of Service `service` holding one agent on 127.0.0.1, its port named "http".
+// A slice of Service `service` holding one agent on 127.0.0.1, its port
+// named "http"; `role`: the tandem.dev/role label the EndpointSlice
+// controller copies from a pool's Service.
 json sliceFor(const std::string& name, const std::string& service, const std::string& pod, int port,
-              bool ready = true) {
+              bool ready = true, const std::string& role = "") {
+  json labels = {{"kubernetes.io/service-name", service}};
+  if (!role.empty()) labels["tandem.dev/role"] = role;
   return {{"apiVersion", "discovery.k8s.io/v1"},
           {"kind", "EndpointSlice"},
-          {"metadata",
-           {{"name", name},
-            {"namespace", "default"},
-            {"labels", {{"kubernetes.io/service-name", service}}}}},
+          {"metadata", {{"name", name}, {"namespace", "default"}, {"labels", labels}}},
           {"addressType", "IPv4"},
           {"endpoints",
            {{{"addresses", {"127.0.0.1"}},
@@ -56,14 +57,27 @@ class RouterDiscoveryTest : public ::testing::Test {
         std::vector<std::string>{"--role", role, "--kv-transfer-config", ucxConfig("kv_both")});
   }
 
-  void startRouter() {
-    router_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{std::string(TANDEM_BIN_DIR) + "/tandem-operator", "router",
-                                 "--discover", "--kubeconfig", kubeconfig_.string(), "--namespace",
-                                 "default", "--prefill-pool", "prefill", "--decode-pool", "decode",
-                                 "--port", "0", "--policy", "round_robin", "--poll-interval",
-                                 "0.1"},
-        dir_.path() / "router.stderr");
+  // The pools named, or (`all_pools`) every pool found by label.
+  void startRouter(bool all_pools = false) {
+    std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-operator",
+                                     "router",
+                                     "--discover",
+                                     "--kubeconfig",
+                                     kubeconfig_.string(),
+                                     "--namespace",
+                                     "default",
+                                     "--port",
+                                     "0",
+                                     "--policy",
+                                     "round_robin",
+                                     "--poll-interval",
+                                     "0.1"};
+    if (all_pools) {
+      argv.push_back("--all-pools");
+    } else {
+      argv.insert(argv.end(), {"--prefill-pool", "prefill", "--decode-pool", "decode"});
+    }
+    router_ = std::make_unique<ChildProcess>(argv, dir_.path() / "router.stderr");
     const std::string line = router_->waitForLine("router listening on ", seconds(60));
     ASSERT_FALSE(line.empty()) << "the router did not start: " << router_->stderrText();
     client_ =
@@ -189,6 +203,28 @@ TEST_F(RouterDiscoveryTest, FollowsTheReadyEndpointsOfThePools) {
       << log;
 }
 
+// --all-pools: every Service labelled as a pool's, whatever its name, and
+// pools that appear later; other Services' slices are not agents.
+TEST_F(RouterDiscoveryTest, AllPoolsFindsEveryPoolByItsRoleLabel) {
+  auto decode_a = startAgent("decode");
+  auto prefill_b = startAgent("prefill");
+  server_.put(sliceFor("decode-x-s1", "decode-x", "decode-a", decode_a->port(), true, "decode"));
+  // A Service that is no pool's (a router's, say): never an agent.
+  server_.put(sliceFor("front-s1", "front", "front-0", decode_a->port(), true));
+  ASSERT_NO_FATAL_FAILURE(startRouter(/*all_pools=*/true));
+  ASSERT_TRUE(eventually([&] { return routerHas({}, {"decode-a"}); }, seconds(60)))
+      << routerMetrics() << router_->stderrText();
+  // A prefill pool created after the router started.
+  server_.put(
+      sliceFor("prefill-y-s1", "prefill-y", "prefill-b", prefill_b->port(), true, "prefill"));
+  ASSERT_TRUE(eventually([&] { return routerHas({"prefill-b"}, {"decode-a"}); }, seconds(60)))
+      << routerMetrics();
+  const Served served = complete(31);
+  EXPECT_EQ(served.decision, "disaggregated");
+  EXPECT_EQ(served.prefill_agent, "prefill-b");
+  EXPECT_EQ(served.decode_agent, "decode-a");
+}
+
 TEST_F(RouterDiscoveryTest, DiscoveryFlagsAreChecked) {
   const std::string binary = std::string(TANDEM_BIN_DIR) + "/tandem-operator";
   auto refused = [&](std::vector<std::string> flags) {
@@ -198,14 +234,18 @@ TEST_F(RouterDiscoveryTest, DiscoveryFlagsAreChecked) {
     return op.stderrText();
   };
   EXPECT_EQ(refused({"--discover", "--kubeconfig", kubeconfig_.string(), "--prefill-pool", "p"}),
-            "tandem-operator: --discover needs at least one --decode-pool\n");
+            "tandem-operator: --discover needs at least one --decode-pool, or --all-pools\n");
+  EXPECT_EQ(refused({"--discover", "--kubeconfig", kubeconfig_.string(), "--all-pools",
+                     "--decode-pool", "d"}),
+            "tandem-operator: --all-pools finds every pool itself: drop --prefill-pool and "
+            "--decode-pool\n");
   EXPECT_EQ(refused({"--discover", "--kubeconfig", kubeconfig_.string(), "--prefill-pool", "p",
                      "--decode-pool", "d", "--decode", "127.0.0.1:9"}),
             "tandem-operator: --discover finds the agents itself: drop --prefill/--decode (and "
             "the Router document's agent lists)\n");
   EXPECT_EQ(refused({"--prefill-pool", "p", "--decode", "127.0.0.1:9"}),
-            "tandem-operator: --prefill-pool, --decode-pool, --namespace and --kubeconfig need "
-            "--discover\n");
+            "tandem-operator: --prefill-pool, --decode-pool, --all-pools, --namespace and "
+            "--kubeconfig need --discover\n");
   EXPECT_EQ(refused({"--discover", "--kubeconfig", kubeconfig_.string(), "--prefill-pool", "x",
                      "--decode-pool", "x"}),
             "tandem-operator: pool x is named as both a prefill and a decode pool\n");

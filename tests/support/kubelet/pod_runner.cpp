@@ -922,28 +922,31 @@ void PodRunner::syncEndpointSlices(ApiServer& api) {
     }
     const std::string slice_name = endpointSliceName(service);
     std::optional<json> existing = api.get("discovery.k8s.io/v1", "EndpointSlice", ns, slice_name);
+    // As Kubernetes' EndpointSlice controller: the Service's labels, then
+    // the reserved ones.
+    json slice_labels = metadata.value("labels", json::object());
+    slice_labels["kubernetes.io/service-name"] = name;
+    slice_labels["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io";
     if (existing && existing->value("endpoints", json::array()) == endpoints &&
-        existing->value("ports", json::array()) == ports) {
+        existing->value("ports", json::array()) == ports &&
+        existing->at("metadata").value("labels", json::object()) == slice_labels) {
       continue;
     }
-    json slice = {
-        {"apiVersion", "discovery.k8s.io/v1"},
-        {"kind", "EndpointSlice"},
-        {"metadata",
-         {{"name", slice_name},
-          {"namespace", ns},
-          {"labels",
-           {{"kubernetes.io/service-name", name},
-            {"endpointslice.kubernetes.io/managed-by", "endpointslice-controller.k8s.io"}}},
-          {"ownerReferences", json::array({{{"apiVersion", "v1"},
-                                            {"kind", "Service"},
-                                            {"name", name},
-                                            {"uid", metadata.value("uid", "")},
-                                            {"controller", true},
-                                            {"blockOwnerDeletion", true}}})}}},
-        {"addressType", "IPv4"},
-        {"endpoints", endpoints},
-        {"ports", ports}};
+    json slice = {{"apiVersion", "discovery.k8s.io/v1"},
+                  {"kind", "EndpointSlice"},
+                  {"metadata",
+                   {{"name", slice_name},
+                    {"namespace", ns},
+                    {"labels", slice_labels},
+                    {"ownerReferences", json::array({{{"apiVersion", "v1"},
+                                                      {"kind", "Service"},
+                                                      {"name", name},
+                                                      {"uid", metadata.value("uid", "")},
+                                                      {"controller", true},
+                                                      {"blockOwnerDeletion", true}}})}}},
+                  {"addressType", "IPv4"},
+                  {"endpoints", endpoints},
+                  {"ports", ports}};
     api.put(slice);
   }
 }

@@ -280,15 +280,11 @@ TEST_F(ControllerTest, ARouterLeavesOutThePoolThatLostItsNameToAPoolOfTheOtherKi
   ASSERT_EQ(findCondition(conflicted["status"], "Degraded")["reason"], "NameConflict")
       << conflicted.dump();
   ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
-  const json args = (*deployment("front"))["spec"]["template"]["spec"]["containers"][0]["args"];
-  std::vector<std::string> decode_pools;
-  std::vector<std::string> prefill_pools;
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] == "--decode-pool") decode_pools.push_back(args[i + 1]);
-    if (args[i] == "--prefill-pool") prefill_pools.push_back(args[i + 1]);
-  }
-  EXPECT_EQ(decode_pools, std::vector<std::string>{"decode"}) << args;
-  EXPECT_EQ(prefill_pools, std::vector<std::string>{"shared"}) << args;
+  // Its router finds pools by their Services (one per name, the holder's);
+  // the status names the pools it routes to.
+  const json status = (*get("tandem.dev/v1alpha1", "Router", "front"))["status"];
+  EXPECT_EQ(status["decodePools"], json::array({"decode"})) << status;
+  EXPECT_EQ(status["prefillPools"], json::array({"shared"})) << status;
 }
 
 // Pools with a KV secret refuse unsigned holds: a Router without the same
@@ -357,19 +353,28 @@ TEST_F(ControllerTest, RunningControllerReconcilesPutsBackAndRoutes) {
     return ready.is_object() && ready["status"] == "True";
   })) << get("tandem.dev/v1alpha1", "DecodePool", "decode")->dump();
 
-  // The router routes to every pool of the namespace.
+  // The router routes to every pool of the namespace, which it finds by
+  // label itself: its status names them.
   ASSERT_TRUE(waitUntil([&] {
     auto router = deployment("front");
     if (!router) return false;
     const json args = (*router)["spec"]["template"]["spec"]["containers"][0]["args"];
-    return std::find(args.begin(), args.end(), "prefill") != args.end() &&
-           std::find(args.begin(), args.end(), "decode") != args.end();
+    return std::find(args.begin(), args.end(), "--all-pools") != args.end();
   }));
   ASSERT_TRUE(waitUntil([&] {
     auto router = get("tandem.dev/v1alpha1", "Router", "front");
     return router && (*router)["status"].is_object() &&
            (*router)["status"].value("decodePools", json()) == json::array({"decode"});
   }));
+  // A pool added later changes no argument: the routers are not rolled.
+  const json router_spec = (*deployment("front"))["spec"];
+  server_.put(decodePool(1, "decode-b"));
+  ASSERT_TRUE(waitUntil([&] {
+    auto router = get("tandem.dev/v1alpha1", "Router", "front");
+    return router &&
+           (*router)["status"].value("decodePools", json()) == json::array({"decode", "decode-b"});
+  }));
+  EXPECT_EQ((*deployment("front"))["spec"]["template"], router_spec["template"]);
 
   // Someone deletes the pool's Deployment: it comes back.
   server_.remove("apps/v1", "Deployment", kNamespace, "decode");

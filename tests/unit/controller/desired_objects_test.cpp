@@ -318,6 +318,18 @@ spec:
   const json deployment =
       desiredRouterDeployment(owner, router, {"prefill"}, {"decode-a", "decode-b"}, defaults());
   {
+    // Pools the Router lists are named; without lists the router finds
+    // every pool itself (above), so a pool added later rolls no router.
+    spec::RouterSpec listed = router;
+    listed.prefill_pools = std::vector<std::string>{"prefill"};
+    listed.decode_pools = std::vector<std::string>{"decode-a", "decode-b"};
+    const json args = agentContainer(desiredRouterDeployment(
+        owner, listed, {"prefill"}, {"decode-a", "decode-b"}, defaults()))["args"];
+    const json expected = json::parse(R"(["router", "--discover", "--namespace", "serving",
+        "--prefill-pool", "prefill", "--decode-pool", "decode-a", "--decode-pool", "decode-b"])");
+    EXPECT_EQ(json(std::vector<json>(args.begin(), args.begin() + 10)), expected) << args;
+  }
+  {
     spec::RouterSpec patient = router;
     patient.shutdown_timeout_s = 600;
     const json longer =
@@ -334,12 +346,7 @@ spec:
                                       "--discover",
                                       "--namespace",
                                       "serving",
-                                      "--prefill-pool",
-                                      "prefill",
-                                      "--decode-pool",
-                                      "decode-a",
-                                      "--decode-pool",
-                                      "decode-b",
+                                      "--all-pools",
                                       "--host",
                                       "0.0.0.0",
                                       "--port",
