@@ -118,6 +118,7 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
   Status authorizeRequest(std::string_view path, const nlohmann::json& body) const override {
     return inner_->authorizeRequest(path, body);
   }
+  bool verifiesRequests() const override { return inner_->verifiesRequests(); }
   LookupResult lookup(const ConnectorRequest& request, int64_t num_local_tokens) override {
     if (faults_.throw_on_lookup &&
         request.request_id.find(*faults_.throw_on_lookup) != std::string_view::npos) {

@@ -97,6 +97,11 @@ Status MultiConnector::authorizeRequest(std::string_view path, const nlohmann::j
   return Status::ok();
 }
 
+bool MultiConnector::verifiesRequests() const {
+  return std::any_of(members_.begin(), members_.end(),
+                     [](const auto& member) { return member->verifiesRequests(); });
+}
+
 nlohmann::json MultiConnector::info() const {
   for (const auto& member : members_) {
     nlohmann::json answer = member->info();

@@ -61,6 +61,8 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   StatusOr<nlohmann::json> handshake(const nlohmann::json& request) const override;
   // Every member must accept a control request (each checks its own secret).
   Status authorizeRequest(std::string_view path, const nlohmann::json& body) const override;
+  // When any member checks signatures.
+  bool verifiesRequests() const override;
   // The first member's that reports anything.
   nlohmann::json info() const override;
 

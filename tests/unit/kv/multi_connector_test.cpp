@@ -34,6 +34,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
     return decision;
   }
   void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
+  bool verifiesRequests() const override { return verifies; }
   LoadResult load(const ConnectorRequest&, int64_t, std::span<const BlockId> ids) override {
     loaded += static_cast<int64_t>(ids.size());
     failures_.add("fake", 1);
@@ -46,6 +47,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
   std::vector<std::string> pollReleased() override { return std::exchange(released, {}); }
 
   LookupResult answer;
+  bool verifies = false;
   FinishDecision decision;
   std::vector<FinishedLoad> finished_loads;
   std::vector<std::string> released;
@@ -276,6 +278,14 @@ TEST_F(MultiOverFakes, AnAbandonedRequestIsForgottenByEveryMember) {
   LoadResult result = multi_->load(request_.view(), 0, ids);
   EXPECT_EQ(result.failed_block_indices, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(first_->loaded, 0);
+}
+
+// The engine leaves control requests to the connector when it checks
+// signatures: a multi connector does when any member does.
+TEST_F(MultiOverFakes, VerifiesRequestsWhenAnyMemberDoes) {
+  EXPECT_FALSE(multi_->verifiesRequests());
+  second_->verifies = true;
+  EXPECT_TRUE(multi_->verifiesRequests());
 }
 
 }  // namespace
