@@ -273,6 +273,10 @@ void Controller::setLeading(bool leading) {
     leading_ = leading;
     leading_changed_.notify_all();
   }
+  // What this replica last saw is not exported as if it were current once
+  // it stops leading (the leader's series are): cleared before the leader
+  // gauge says so.
+  if (!leading) pool_replicas_.clear();
   metrics_.setLeader(leading);
   if (leading) {
     TANDEM_LOG(kInfo) << "controller: leading as " << options_.identity;
@@ -281,10 +285,6 @@ void Controller::setLeading(bool leading) {
     enqueueAll();
   } else {
     TANDEM_LOG(kWarn) << "controller: stopped leading; writes stop until the Lease is won again";
-    // What this replica last saw is not exported as if it were current: the
-    // leader's series are (an alert taking the max over replicas would see
-    // a stale count).
-    pool_replicas_.clear();
   }
 }
 

@@ -50,6 +50,14 @@ void EventRecorder::record(const Owner& owner, const std::string& type, const st
   }
 }
 
+void EventRecorder::forget(const Owner& owner, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = recorded_.lower_bound({owner.uid, reason, ""});
+  while (it != recorded_.end() && std::get<0>(*it) == owner.uid && std::get<1>(*it) == reason) {
+    it = recorded_.erase(it);
+  }
+}
+
 void EventRecorder::recordOnce(const Owner& owner, const std::string& type,
                                const std::string& reason, const std::string& message) {
   {

@@ -34,6 +34,9 @@ class EventRecorder {
               const std::string& message);
   void recordOnce(const Owner& owner, const std::string& type, const std::string& reason,
                   const std::string& message);
+  // Forgets what recordOnce wrote for the owner with `reason` (the condition
+  // it warned of is over), so a recurrence is warned again.
+  void forget(const Owner& owner, const std::string& reason);
 
  private:
   ApiWriter& writer_;

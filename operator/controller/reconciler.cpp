@@ -157,6 +157,7 @@ Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, co
     events_.recordOnce(owner, kWarning, reason, outcome.problem);
     return outcome;
   }
+  events_.forget(owner, exists ? "FailedUpdate" : "FailedCreate");
   events_.record(owner, kNormal, exists ? "Updated" : "Created",
                  (exists ? "Updated " : "Created ") + what);
   outcome.live = std::move(*applied);
@@ -437,7 +438,9 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     status["prefillPools"] = prefill_pools;
     status["decodePools"] = decode_pools;
   }
-  if (kind != OwnerKind::kRouter && options_.pool_replicas) {
+  // Only the leader exports pool series: a reconcile that was running when
+  // this replica lost the Lease must not put back what setLeading cleared.
+  if (kind != OwnerKind::kRouter && options_.pool_replicas && writer_.mayWrite()) {
     options_.pool_replicas->set(pool_key, poolReplicas(observation, status));
   }
   auto written = writeStatus(kind, object, status);

@@ -243,6 +243,12 @@ TEST_F(ControllerTest, ARepeatedRefusalOfAChildIsOneEvent) {
       << refused[0].dump();
   ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
   EXPECT_EQ((*deployment("prefill"))["spec"]["replicas"], 3);
+  // Once the child was written, the same refusal later is warned again.
+  scaled["spec"]["replicas"] = 4;
+  server_.put(scaled);
+  server_.injectConflicts(1, "Deployment");
+  (void)controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill");
+  EXPECT_EQ(eventsWithReason("FailedUpdate").size(), 2u);
 }
 
 // A Router without a model path and nothing to route to (its DecodePool
