@@ -46,14 +46,16 @@ std::string kvTransferConfigJson(const PoolSpec& pool) {
   nlohmann::json config = {{"kv_connector", transfer.connector}, {"kv_role", transfer.role}};
   if (!transfer.extra_config.empty()) {
     nlohmann::json extra = transfer.extra_config;
-    if (extra.is_object()) {
-      extra.erase("secret");
-      if (auto members = extra.find("connectors"); members != extra.end() && members->is_array()) {
-        for (nlohmann::json& member : *members) {
-          if (member.is_object() && member.contains("kv_connector_extra_config") &&
-              member["kv_connector_extra_config"].is_object()) {
-            member["kv_connector_extra_config"].erase("secret");
-          }
+    // A secret agentEnvironment passes leaves the command line; any other
+    // value stays, for the agent to refuse naming it.
+    const auto drop_secret = [](nlohmann::json& config) {
+      if (config.is_object() && !secretOf(config).empty()) config.erase("secret");
+    };
+    drop_secret(extra);
+    if (auto members = extra.find("connectors"); members != extra.end() && members->is_array()) {
+      for (nlohmann::json& member : *members) {
+        if (member.is_object() && member.contains("kv_connector_extra_config")) {
+          drop_secret(member["kv_connector_extra_config"]);
         }
       }
     }

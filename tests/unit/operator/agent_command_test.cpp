@@ -159,6 +159,15 @@ TEST(AgentCommandTest, AnInlineSecretGoesInTheEnvironmentNotTheCommandLine) {
   const std::vector<std::pair<std::string, std::string>> env = {{"OTHER", "x"},
                                                                 {"TANDEM_KV_SECRET", "top"}};
   EXPECT_EQ(agentEnvironment(pool), env);
+  // A secret that is no string, or empty, stays for the agent to refuse.
+  for (const nlohmann::json& bad : {nlohmann::json(12345678), nlohmann::json("")}) {
+    pool.kv_transfer.extra_config = {{"secret", bad}};
+    EXPECT_EQ(
+        nlohmann::json::parse(kvTransferConfigJson(pool))["kv_connector_extra_config"]["secret"],
+        bad);
+    EXPECT_EQ(agentEnvironment(pool), (std::vector<std::pair<std::string, std::string>>{
+                                          {"TANDEM_KV_SECRET", "from-env"}, {"OTHER", "x"}}));
+  }
 }
 
 }  // namespace
