@@ -1174,20 +1174,33 @@ class SchemaCompiler {
       }
       return true;
     };
-    const std::vector<BoundKeyword> bounds = boundKeywords(schema);
-    for (const BoundKeyword& bound : bounds) {
-      if (!schema[bound.key].is_number()) {
-        return invalidArgument(keywordAt(bound.key, pointer) + " must be a number, got " +
-                               brief(schema[bound.key]));
-      }
+    // Bounds compare as the number grammar does: digit by digit.
+    struct Bound {
+      BoundKeyword keyword;
+      Decimal value;
+    };
+    std::vector<Bound> bounds;
+    for (const BoundKeyword& keyword : boundKeywords(schema)) {
+      StatusOr<Decimal> value = numberBound(schema[keyword.key], keyword.key, pointer);
+      if (!value.isOk()) return value.status();
+      bounds.push_back({keyword, std::move(value).value()});
     }
     const auto within_bounds = [&](const Json& value) {
       if (!value.is_number()) return true;
-      const double x = value.get<double>();
-      for (const BoundKeyword& bound : bounds) {
-        const double b = schema[bound.key].get<double>();
-        const bool ok =
-            bound.lower ? (bound.exclusive ? x > b : x >= b) : (bound.exclusive ? x < b : x <= b);
+      // A listed number past what a bound may be (|x| >= 1e18, more than
+      // 40 decimals) compares as a double.
+      StatusOr<Decimal> exact = numberBound(value, "enum", pointer);
+      for (const Bound& bound : bounds) {
+        int order = 0;
+        if (exact.isOk()) {
+          order = compareDecimals(*exact, bound.value);
+        } else {
+          const double x = value.get<double>();
+          const double b = schema[bound.keyword.key].get<double>();
+          order = x < b ? -1 : x > b ? 1 : 0;
+        }
+        const bool ok = bound.keyword.lower ? (bound.keyword.exclusive ? order > 0 : order >= 0)
+                                            : (bound.keyword.exclusive ? order < 0 : order <= 0);
         if (!ok) return false;
       }
       return true;

@@ -397,6 +397,10 @@ TEST(JsonSchema, EnumAndConst) {
               StatusCode::kInvalidArgument, {"\"color\"", "beside \"enum\" at /properties/p"});
   expectError(R"({"enum":[1],"maximum":"3"})", StatusCode::kInvalidArgument,
               {"\"maximum\" at (root)", "must be a number"});
+  // Digit by digit, as the number grammar: 2^53 + 1 is past 2^53 although
+  // both are the same double.
+  expectLanguage(R"({"enum":[9007199254740993,9007199254740992],"maximum":9007199254740992})",
+                 {"9007199254740992"}, {"9007199254740993"});
 }
 
 TEST(JsonSchema, UnionsAndBranches) {
