@@ -354,10 +354,16 @@ struct FractionLanguage {
   std::optional<Expr> nonempty;
 };
 
-Expr fractionText(const FractionLanguage& language) {
+// The language's texts, each non-empty one after `lead` (the point after a
+// whole part; "" within a fraction); none when it holds no text.
+std::optional<Expr> fractionTexts(const FractionLanguage& language, std::string_view lead) {
   std::vector<Expr> options;
   if (language.empty) options.push_back(seq({}));
-  if (language.nonempty) options.push_back(*language.nonempty);
+  if (language.nonempty) {
+    options.push_back(lead.empty() ? *language.nonempty
+                                   : seq({literal(std::string(lead)), *language.nonempty}));
+  }
+  if (options.empty()) return std::nullopt;
   return either(std::move(options));
 }
 
@@ -380,9 +386,9 @@ FractionLanguage fractionRange(std::string_view lo, bool lo_exclusive,
   const std::string_view lo_rest = lo.empty() ? lo : lo.substr(1);
   std::vector<Expr> options;
   const auto prefixed = [&](int first, const FractionLanguage& rest) {
-    if (!rest.empty && !rest.nonempty) return;
-    options.push_back(
-        seq({literal(std::string(1, static_cast<char>('0' + first))), fractionText(rest)}));
+    std::optional<Expr> texts = fractionTexts(rest, "");
+    if (!texts) return;
+    options.push_back(seq({literal(std::string(1, static_cast<char>('0' + first))), *texts}));
   };
   if (low + 1 <= high - 1) {
     options.push_back(
@@ -401,11 +407,7 @@ FractionLanguage fractionRange(std::string_view lo, bool lo_exclusive,
 
 // The point and fraction digits after a whole part, or nothing.
 std::optional<Expr> fractionPart(const FractionLanguage& language) {
-  std::vector<Expr> options;
-  if (language.empty) options.push_back(seq({}));
-  if (language.nonempty) options.push_back(seq({literal("."), *language.nonempty}));
-  if (options.empty()) return std::nullopt;
-  return either(std::move(options));
+  return fractionTexts(language, ".");
 }
 
 // Unsigned decimal texts between `lo` and `hi` (no `hi`: unbounded), both
