@@ -124,6 +124,7 @@ class Engine::ConnectorSource : public ExternalKvSource {
   }
 
   std::vector<std::string> pollReleased() { return connector_.worker().pollReleased(); }
+  void holdEnded(const std::string& id) { connector_.scheduler().holdEnded(id); }
 
   // Hands newly computed full blocks to the connector (producers save them).
   void save(Sequence& sequence) {
@@ -326,10 +327,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     scheduler_->setExternalKvSource(connector_source_.get());
   }
   if (!connector_ || !connector_->verifiesRequests()) {
-    const char* secret = std::getenv("TANDEM_KV_SECRET");
-    if (secret != nullptr && *secret != '\0') {
-      control_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret);
-    }
+    const std::string secret =
+        kv::kvSecret(connector_ ? connector_->config() : kv::KvTransferConfig{});
+    if (!secret.empty()) control_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret);
   }
 
   // End-of-sequence ids: config.json's, the tokenizer's eos_token and
@@ -1160,12 +1160,15 @@ void Engine::releaseHeldBlocks() {
 }
 
 void Engine::addHold(const std::string& id, Held held) {
-  if (auto it = held_.find(id); it != held_.end()) dropHold(it);
+  // requestFinished() for the new hold already ended the old one there.
+  if (auto it = held_.find(id); it != held_.end()) dropHold(it, /*tell_connector=*/false);
   for (BlockId block : held.blocks.blocks) ++held_block_refs_[block];
   held_.emplace(id, std::move(held));
 }
 
-Engine::HeldMap::iterator Engine::dropHold(HeldMap::iterator it) {
+Engine::HeldMap::iterator Engine::dropHold(HeldMap::iterator it, bool tell_connector) {
+  // The connector ends the hold before its blocks can be reused.
+  if (tell_connector && connector_source_) connector_source_->holdEnded(it->first);
   for (BlockId block : it->second.blocks.blocks) {
     if (auto ref = held_block_refs_.find(block); --ref->second == 0) held_block_refs_.erase(ref);
   }

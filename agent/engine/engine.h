@@ -371,7 +371,7 @@ class Engine {
   // Adds a hold; takes one away, freeing its blocks (the next entry).
   // Both keep held_block_refs_ in step with held_.
   void addHold(const std::string& id, Held held);
-  HeldMap::iterator dropHold(HeldMap::iterator it);
+  HeldMap::iterator dropHold(HeldMap::iterator it, bool tell_connector = true);
   HeldMap held_;  // request id → blocks for a remote reader
   // Held block → how many holds pin it: its size is the distinct held
   // blocks (tandem_kv_held_blocks), kept up to date rather than recounted

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,6 +59,15 @@ struct KvTransferConfig {
   // Parses the JSON text; errors name the field and what is accepted.
   static StatusOr<KvTransferConfig> parse(const std::string& json_text);
 };
+
+// The shared KV secret: kv_connector_extra_config.secret, else the
+// environment's TANDEM_KV_SECRET; empty when neither is set.
+inline std::string kvSecret(const KvTransferConfig& config) {
+  auto it = config.extra.find("secret");
+  if (it != config.extra.end() && it->is_string()) return it->get<std::string>();
+  const char* env = std::getenv("TANDEM_KV_SECRET");
+  return env != nullptr ? env : "";
+}
 
 // A connector's capacity in whole items of `item_bytes` from its extra
 // config: "capacity_blocks" (a positive integer) or "capacity_bytes" (a
@@ -129,6 +139,12 @@ class KvConnectorScheduler {
   // after a lookup): the connector forgets what it kept for it. Engine
   // thread, once per request that requestFinished() is not called for.
   virtual void requestAbandoned(std::string_view request_id) {}
+  // A hold that requestFinished() asked for has ended (released, timed out,
+  // replaced): called on the engine thread just BEFORE its blocks go back to
+  // the pool, so that no reader takes what they hold next for the request's
+  // KV. Never for a hold replaced under the same id (requestFinished() for
+  // the new one ended the old one).
+  virtual void holdEnded(std::string_view request_id) {}
 };
 
 struct LoadResult {

@@ -142,6 +142,9 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
     loadable_blocks_.erase(std::string(request_id));
     inner_->scheduler().requestAbandoned(request_id);
   }
+  void holdEnded(std::string_view request_id) override {
+    inner_->scheduler().holdEnded(request_id);
+  }
 
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override {

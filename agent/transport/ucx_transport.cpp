@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "common/logging.h"
@@ -105,6 +106,7 @@ struct UcxBatch {
 
   enum class Kind { kRead, kMessage };
   Kind kind = Kind::kRead;
+  bool words = false;  // reads from the attached word region (its own key)
   std::vector<Op> ops;
   ucp_mem_h local_memory = nullptr;
   std::string message;
@@ -484,6 +486,7 @@ void UcxPeer::closeEndpoint(bool force) {
   ucs_status_ptr_t request = ucp_ep_close_nbx(endpoint_, &param);
   endpoint_ = nullptr;
   ucp_rkey_h rkey = std::exchange(rkey_, nullptr);
+  ucp_rkey_h words_rkey = std::exchange(words_rkey_, nullptr);
   lock.unlock();
 
   bool closed = true;
@@ -494,6 +497,7 @@ void UcxPeer::closeEndpoint(bool force) {
   if (closed) {
     // Only now can no request refer to the key any more.
     if (rkey != nullptr) ucp_rkey_destroy(rkey);
+    if (words_rkey != nullptr) ucp_rkey_destroy(words_rkey);
     return;
   }
   TANDEM_LOG(kWarn) << "closing the UCX endpoint to a peer did not finish in time; its state is "
@@ -530,8 +534,8 @@ Status UcxPeer::runBatch(const std::shared_ptr<UcxBatch>& batch, Deadline deadli
           param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
           param.memh = batch->local_memory;
         }
-        request =
-            ucp_get_nbx(endpoint_, op.local_address, op.bytes, op.remote_address, rkey_, &param);
+        request = ucp_get_nbx(endpoint_, op.local_address, op.bytes, op.remote_address,
+                              batch->words ? words_rkey_ : rkey_, &param);
       } else {
         param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -659,6 +663,57 @@ ReadResult UcxPeer::readBlocks(const LocalSlab& local, std::span<const BlockPair
   std::sort(result.failed_local_blocks.begin(), result.failed_local_blocks.end());
   result.status = std::move(status);
   return result;
+}
+
+Status UcxPeer::attachWords(const RemoteSlab& words) {
+  if (words.worker_address != remote_.worker_address) {
+    return invalidArgument("the word region names another UCX worker than the peer's slab");
+  }
+  if (words.packed_rkey.empty() || words.base_address == 0 || words.block_bytes != 8 ||
+      words.num_blocks <= 0) {
+    return invalidArgument(
+        "the word region needs an rkey, a base address, 8-byte words and at least one word");
+  }
+  if (Status status = UcxContext::checkPackedRkey(words.packed_rkey); !status.isOk()) {
+    return status;
+  }
+  if (state_->failed.load()) return state_->status();
+  UcxContext::BusyScope busy(*context_);
+  std::unique_lock lock(endpoint_mutex_);
+  if (endpoint_ == nullptr) return unavailable("the endpoint to the peer is closed");
+  if (words_rkey_ != nullptr) return failedPrecondition("a word region is already attached");
+  ucs_status_t status = ucp_ep_rkey_unpack(endpoint_, words.packed_rkey.data(), &words_rkey_);
+  if (status != UCS_OK) {
+    words_rkey_ = nullptr;
+    return unavailable("the peer's word region key cannot be used: " + ucxError(status));
+  }
+  words_ = words;
+  return Status::ok();
+}
+
+StatusOr<std::array<uint8_t, 8>> UcxPeer::readWord(int64_t index, Deadline deadline) {
+  if (words_.num_blocks == 0) return invalidArgument("no word region is attached to this peer");
+  if (index < 0 || index >= words_.num_blocks) {
+    return invalidArgument("word " + std::to_string(index) +
+                           " is out of range: the peer's region has words 0.." +
+                           std::to_string(words_.num_blocks - 1));
+  }
+  auto batch = std::make_shared<UcxBatch>();
+  batch->kind = UcxBatch::Kind::kRead;
+  batch->words = true;
+  batch->message.assign(8, '\0');
+  UcxBatch::Op& op = batch->ops.emplace_back();
+  op.remote_address = words_.base_address + static_cast<uint64_t>(index) * 8;
+  op.local_address = reinterpret_cast<uint8_t*>(batch->message.data());
+  op.bytes = 8;
+  op.num_blocks = 1;
+  Status status = runBatch(batch, deadline);
+  if (!status.isOk()) return Status(status.code(), "reading a word: " + status.message());
+  std::lock_guard lock(batch->mutex);
+  if (op.status != UCS_OK) return unavailable("reading a word failed: " + ucxError(op.status));
+  std::array<uint8_t, 8> word{};
+  std::memcpy(word.data(), batch->message.data(), word.size());
+  return word;
 }
 
 Status UcxPeer::notify(std::string_view message, Deadline deadline) {

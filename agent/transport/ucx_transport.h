@@ -25,6 +25,7 @@
 // call returns a Status (or nullptr from the allocator) naming what failed.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -246,6 +247,21 @@ class UcxPeer {
   [[nodiscard]] ReadResult readBlocks(const LocalSlab& local, std::span<const BlockPair> pairs,
                                       Deadline deadline);
 
+  // A second region of the same peer, read a word at a time (readWord): its
+  // packed remote key is unpacked on this peer's endpoint. `words` names the
+  // peer's worker address (it must be this peer's), the region's base, 8 as
+  // its block size and its word count. InvalidArgument when it is malformed
+  // or names another worker; Unavailable when UCX refuses the key or the
+  // peer is failed. Once per peer (FailedPrecondition after), before any
+  // readWord, from the thread that then reads.
+  Status attachWords(const RemoteSlab& words);
+  // Reads word `index` of the attached region: its 8 bytes as they lie in
+  // the peer's memory, in one operation issued after every earlier call on
+  // this peer has returned (so after the reads of an earlier readBlocks
+  // completed). InvalidArgument when nothing is attached or the index is
+  // outside the region; Unavailable / DeadlineExceeded as readBlocks.
+  StatusOr<std::array<uint8_t, 8>> readWord(int64_t index, Deadline deadline);
+
   // Sends `message` to the peer's message handler as one active message (at
   // most kMaxMessageBytes). OK means UCX has taken the message; it is
   // delivered unless the peer dies.
@@ -266,10 +282,12 @@ class UcxPeer {
 
   std::shared_ptr<UcxContext> context_;
   RemoteSlab remote_;
+  RemoteSlab words_;  // attachWords(); num_blocks 0 when none
   std::shared_ptr<EndpointState> state_;
   mutable std::shared_mutex endpoint_mutex_;  // exclusive to close, shared to post
   ucp_ep* endpoint_ = nullptr;
   ucp_rkey* rkey_ = nullptr;
+  ucp_rkey* words_rkey_ = nullptr;
 };
 
 }  // namespace tandem::transport

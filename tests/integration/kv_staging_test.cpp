@@ -223,6 +223,10 @@ TEST(KvStagingStart, BadKvBufferSettingsAreRefusedNamingTheField) {
   EXPECT_NE(refusal({{"staging_blocks", "many"}})
                 .find("kv_connector_extra_config.staging_blocks must be an integer"),
             std::string::npos);
+  EXPECT_NE(refusal({{"hold_slots", 0}})
+                .find("kv_connector_extra_config.hold_slots must be a number of holds between 1 "
+                      "and 16777216, got 0"),
+            std::string::npos);
   EXPECT_NE(refusal({{"kv_buffer", "gpu"}})
                 .find("kv_connector_extra_config.kv_buffer must be \"auto\", \"slab\" or "
                       "\"staging\", got \"gpu\""),

@@ -220,6 +220,73 @@ TEST_P(KvUcx, BlocksWhoseHoldEndsBeforeAReadCouldAreNotRead) {
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// A descriptor is good only while its hold lasts. Released by someone else
+// (the explicit release anyone with the descriptor may send), or read once
+// already, its blocks may hold another request's KV when they are read: the
+// reader checks the producer's hold ticket after its read and computes the
+// prompt instead, and caches only what it computed.
+TEST_P(KvUcx, BlocksReadAfterTheirHoldEndedAreNotUsed) {
+  // 12 blocks: the three other prompts below (5 blocks each) must reuse the
+  // released ones.
+  Agent prefiller({"--num-blocks", "12", "--kv-transfer-config", ucxConfig("kv_producer")});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  Agent colocated;
+  const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8)));
+  const json params = prefill(prefiller, prompt_);
+  ASSERT_EQ(params["remote_hold_ticket"].get<std::string>().size(), 16u) << params.dump();
+  EXPECT_EQ(releaseOn(prefiller, params)["released"], true);
+  // The freed blocks go to other prompts.
+  for (int seed : {91, 92, 93}) releaseOn(prefiller, prefill(prefiller, randomPrompt(75, seed)));
+  const double computed_before = decoder.metric("tandem_computed_tokens_total");
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)), expected);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"hold_ended\""), 1);
+  EXPECT_EQ(decoder.metric("tandem_computed_tokens_total") - computed_before, 75 + 7);
+  // Blocks of a failed load stay out of the prefix cache: a later request
+  // computes the prompt again.
+  const json later = decoder.post("/v1/completions", greedy(prompt_, 8));
+  EXPECT_EQ(later["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(tokenIds(later), expected);
+
+  // Read twice: the first reader's release ends the hold, so a second
+  // reader of the same descriptor (a retry elsewhere) reads nothing usable.
+  Agent first({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  Agent second({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  const json again = prefill(prefiller, prompt_);
+  EXPECT_EQ(tokenIds(decode(first, prompt_, again)), expected);
+  EXPECT_EQ(first.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+  EXPECT_EQ(tokenIds(decode(second, prompt_, again)), expected);
+  EXPECT_EQ(second.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(second.metric("tandem_kv_transfer_failures_total", "reason=\"hold_ended\""), 1);
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 0);
+}
+
+// More holds offering blocks than hold_slots: the next finished request's
+// descriptor offers none (its reader computes the prompt) until a hold ends.
+TEST_P(KvUcx, AProducerWithEveryHoldTicketTakenOffersNoBlocks) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", {{"hold_slots", 1}})});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  Agent colocated;
+  const json first = prefill(prefiller, prompt_);
+  EXPECT_EQ(first["remote_block_ids"].size(), 4u);
+  const std::vector<int> other = randomPrompt(75, 57);
+  const json second = prefill(prefiller, other);
+  EXPECT_EQ(second["remote_block_ids"].size(), 0u) << second.dump();
+  EXPECT_FALSE(second.contains("remote_hold_ticket")) << second.dump();
+  EXPECT_EQ(prefiller.metric("tandem_kv_transfer_failures_total", "reason=\"holds_full\""), 1);
+  EXPECT_EQ(tokenIds(decode(decoder, other, second)),
+            tokenIds(colocated.post("/v1/completions", greedy(other, 8))));
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, first)),
+            tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8))));
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+  // The reader's release gave the ticket back.
+  const json third = prefill(prefiller, randomPrompt(75, 58));
+  EXPECT_EQ(third["remote_block_ids"].size(), 4u);
+  EXPECT_EQ(releaseOn(prefiller, third)["released"], true);
+}
+
 TEST_P(KvUcx, DecodeReadsOnlyTheBlocksItLacks) {
   Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
   Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
@@ -269,6 +336,13 @@ TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
        "kv_transfer_params.transfer_id must be a string"},
       {[](json& p) { p["do_remote_prefill"] = "yes"; }, 400,
        "kv_transfer_params.do_remote_prefill must be true or false"},
+      {[](json& p) { p.erase("remote_hold_ticket"); }, 400,
+       "kv_transfer_params.remote_hold_slot and remote_hold_ticket must come with "
+       "remote_block_ids"},
+      {[](json& p) { p["remote_hold_ticket"] = "0102030405060708090a"; }, 400,
+       "kv_transfer_params.remote_hold_ticket must be a string of 16 lower-case hex characters"},
+      {[](json& p) { p["remote_hold_slot"] = -1; }, 400,
+       "kv_transfer_params.remote_hold_slot must be an integer between 0 and 16777215"},
       {[](json& p) {
          std::string c = p["compatibility"];
          p["compatibility"] = c.replace(c.find("block_size=16"), 13, "block_size=32");
@@ -287,7 +361,7 @@ TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
     EXPECT_EQ(status, c.status) << c.message << ": " << error.dump();
     EXPECT_NE(error.dump().find(c.message), std::string::npos) << error.dump();
   }
-  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 12);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 15);
   EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 1);
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
   // The decode agent keeps serving; the refused transfer's blocks are given
@@ -326,9 +400,10 @@ class FakeProducer {
 };
 
 // "ucx1:<base hex>:<block bytes>:<blocks>:<worker address hex>:<rkey hex>"
-std::string slabText(const std::string& worker_address_hex, int64_t num_blocks) {
-  return "ucx1:7f0000000000:4096:" + std::to_string(num_blocks) + ":" + worker_address_hex + ":" +
-         std::string(40, 'f');
+std::string slabText(const std::string& worker_address_hex, int64_t num_blocks,
+                     int64_t block_bytes = 4096) {
+  return "ucx1:7f0000000000:" + std::to_string(block_bytes) + ":" + std::to_string(num_blocks) +
+         ":" + worker_address_hex + ":" + std::string(40, 'f');
 }
 
 TEST_P(KvUcx, GarbageFromAFakeProducerIsRecomputedAndTheDecodeAgentStaysAlive) {
@@ -340,13 +415,38 @@ TEST_P(KvUcx, GarbageFromAFakeProducerIsRecomputedAndTheDecodeAgentStaysAlive) {
   ASSERT_TRUE(real.is_object());
   const std::string engine = real["remote_engine_id"];
   const int64_t blocks = real["remote_num_blocks"];
+  // The real producer's own answer, for hold tables that are not one.
+  const json own = prefiller.post("/v1/kv_transfer/handshake", {{"nonce", std::string(32, 'a')}});
+  ASSERT_TRUE(own.contains("remote_holds")) << own.dump();
+  std::string other_worker = own["remote_holds"];
+  // "ucx1:<base>:<bytes>:<words>:<worker address hex>:<rkey hex>": one
+  // digit of the worker address changed.
+  const size_t worker_at = other_worker.find(':', other_worker.find(':', 5) + 1);
+  const size_t digit = other_worker.find(':', worker_at + 1) + 3;
+  other_worker[digit] = other_worker[digit] == '0' ? '1' : '0';
+  const std::string fake_holds = slabText(std::string(64, 'f'), 65536, 8);
   // Worker addresses UCX would assert on, or that name nothing; a handshake
-  // naming another engine (a restart); answers that are not handshakes.
+  // naming another engine (a restart); answers that are not handshakes; hold
+  // tables missing, of other words than 8 bytes, or on another worker.
   struct Case {
     json answer;
     std::string reason;
   };
   const std::vector<Case> cases = {
+      {{{"engine_id", engine},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", own["remote_slab"]}},
+       "bad_handshake"},
+      {{{"engine_id", engine},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", own["remote_slab"]},
+        {"remote_holds", own["remote_slab"]}},
+       "bad_handshake"},
+      {{{"engine_id", engine},
+        {"compatibility", real["compatibility"]},
+        {"remote_slab", own["remote_slab"]},
+        {"remote_holds", other_worker}},
+       "bad_handshake"},
       {{{"engine_id", engine},
         {"compatibility", real["compatibility"]},
         {"remote_slab", slabText(std::string(64, 'f'), blocks)}},
@@ -370,7 +470,11 @@ TEST_P(KvUcx, GarbageFromAFakeProducerIsRecomputedAndTheDecodeAgentStaysAlive) {
       {json::array({1, 2}), "bad_handshake"},
   };
   std::map<std::string, double> counted;
-  for (const Case& c : cases) {
+  for (Case c : cases) {
+    if (c.answer.is_object() && c.answer.contains("remote_slab") && c.answer.size() == 3 &&
+        c.answer["remote_slab"] != own["remote_slab"]) {
+      c.answer["remote_holds"] = fake_holds;
+    }
     FakeProducer fake([&] { return c.answer; });
     json forged = real;
     forged["remote_port"] = fake.port();
@@ -408,11 +512,12 @@ std::string signingText(const json& p) {
     if (!hashes.empty()) hashes += ',';
     hashes += hash.get<std::string>();
   }
-  return "tandem-kv-transfer/3\n" + p["transfer_id"].get<std::string>() + "\n" +
+  return "tandem-kv-transfer/4\n" + p["transfer_id"].get<std::string>() + "\n" +
          p["remote_engine_id"].get<std::string>() + "\n" + p["remote_host"].get<std::string>() +
          "\n" + p["remote_port"].dump() + "\n" + p["remote_num_blocks"].dump() + "\n" +
          p["remote_num_tokens"].dump() + "\n" + ids + "\n" + p["compatibility"].get<std::string>() +
-         "\n" + hashes + "\n" + p["remote_hold_until_ms"].dump();
+         "\n" + hashes + "\n" + p["remote_hold_until_ms"].dump() + "\n" +
+         p["remote_hold_slot"].dump() + "\n" + p["remote_hold_ticket"].get<std::string>();
 }
 
 TEST_P(KvUcx, SignedBlockIdsBeyondTheSlabOrInt32AreRefusedAsOutOfRange) {
@@ -461,10 +566,11 @@ TEST_P(KvUcx, HandshakeAnswersOnlyPeersWithTheSecret) {
       &status);
   ASSERT_EQ(status, 200) << answer.dump();
   EXPECT_EQ(answer["signature"],
-            ::tandem::hmacSha256Hex("alpha", "tandem-kv-handshake/1\n" + nonce + "\n" +
+            ::tandem::hmacSha256Hex("alpha", "tandem-kv-handshake/2\n" + nonce + "\n" +
                                                  answer["engine_id"].get<std::string>() + "\n" +
                                                  answer["compatibility"].get<std::string>() + "\n" +
-                                                 answer["remote_slab"].get<std::string>()));
+                                                 answer["remote_slab"].get<std::string>() + "\n" +
+                                                 answer["remote_holds"].get<std::string>()));
   // Without a secret anyone may ask; malformed asks are refused naming the field.
   answer = open_prefiller.post("/v1/kv_transfer/handshake", {{"nonce", nonce}}, &status);
   EXPECT_EQ(status, 200) << answer.dump();

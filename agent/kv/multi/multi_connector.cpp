@@ -157,6 +157,10 @@ void MultiConnector::requestAbandoned(std::string_view request_id) {
   for (const auto& member : members_) member->scheduler().requestAbandoned(request_id);
 }
 
+void MultiConnector::holdEnded(std::string_view request_id) {
+  for (const auto& member : members_) member->scheduler().holdEnded(request_id);
+}
+
 LoadResult MultiConnector::load(const ConnectorRequest& request, int64_t first_block,
                                 std::span<const BlockId> block_ids) {
   auto it = winners_.find(std::string(request.request_id));

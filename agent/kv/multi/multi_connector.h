@@ -15,7 +15,8 @@
 //   holds the blocks or returns kv_transfer_params wins, and later members are
 //   not asked (a finished request's blocks can be held for one reader only).
 // - validate(): every member must accept; releaseTarget(): the first member
-//   that holds blocks for readers answers.
+//   that holds blocks for readers answers; holdEnded(): every member hears it
+//   (only the one that holds ends anything).
 // - poll(), pollReleased(): the members' lists, merged (finished loads name
 //   their member as source); failureCounts(): the
 //   members' counts summed.
@@ -72,6 +73,7 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
   void requestAbandoned(std::string_view request_id) override;
+  void holdEnded(std::string_view request_id) override;
 
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override;

@@ -18,7 +18,10 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kProtocolVersion = 3;
+constexpr int kProtocolVersion = 4;
+// Hold tickets (kv_connector_extra_config.hold_slots): 8 bytes each.
+constexpr int64_t kDefaultHoldSlots = 65536;
+constexpr int64_t kMaxHoldSlots = int64_t{1} << 24;
 // A read must end this long before the producer's hold does (clocks of the
 // two agents, and the time between the producer's answer and this agent's
 // arrival, which the hold already counts).
@@ -71,7 +74,7 @@ Status checkFlag(const json& params, const char* name) {
 
 // What is signed: every field a reader acts on.
 std::string canonical(const UcxConnector::Descriptor& d) {
-  std::string text = "tandem-kv-transfer/3\n" + d.transfer_id + "\n" + d.engine_id + "\n" + d.host +
+  std::string text = "tandem-kv-transfer/4\n" + d.transfer_id + "\n" + d.engine_id + "\n" + d.host +
                      "\n" + std::to_string(d.port) + "\n" + std::to_string(d.num_blocks) + "\n" +
                      std::to_string(d.num_tokens) + "\n";
   for (size_t i = 0; i < d.block_ids.size(); ++i) {
@@ -83,7 +86,8 @@ std::string canonical(const UcxConnector::Descriptor& d) {
     if (i > 0) text += ',';
     text += d.last_block_hashes[i];
   }
-  return text + "\n" + std::to_string(d.hold_until_ms);
+  return text + "\n" + std::to_string(d.hold_until_ms) + "\n" +
+         (d.hold_slot >= 0 ? std::to_string(d.hold_slot) : std::string()) + "\n" + d.hold_ticket;
 }
 
 std::string releaseCanonical(std::string_view transfer_id) {
@@ -95,9 +99,11 @@ std::string handshakeRequestCanonical(std::string_view nonce) {
 }
 
 std::string handshakeCanonical(std::string_view nonce, std::string_view engine_id,
-                               std::string_view compatibility, std::string_view slab_text) {
-  return "tandem-kv-handshake/1\n" + std::string(nonce) + "\n" + std::string(engine_id) + "\n" +
-         std::string(compatibility) + "\n" + std::string(slab_text);
+                               std::string_view compatibility, std::string_view slab_text,
+                               std::string_view holds_text) {
+  return "tandem-kv-handshake/2\n" + std::string(nonce) + "\n" + std::string(engine_id) + "\n" +
+         std::string(compatibility) + "\n" + std::string(slab_text) + "\n" +
+         std::string(holds_text);
 }
 
 // What a descriptor's remote_host (and advertise_host) may be: a host name or
@@ -162,13 +168,6 @@ std::optional<int64_t> integerValue(const json& value) {
 
 }  // namespace
 
-std::string kvSecret(const KvTransferConfig& config) {
-  auto it = config.extra.find("secret");
-  if (it != config.extra.end() && it->is_string()) return it->get<std::string>();
-  const char* env = std::getenv("TANDEM_KV_SECRET");
-  return env != nullptr ? env : "";
-}
-
 UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cache,
                            const std::string& model_identity)
     : config_(config), cache_(cache) {
@@ -189,6 +188,14 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
           it->dump());
     }
     pull_threshold_blocks_ = it->get<int64_t>();
+  }
+  int64_t hold_slots = kDefaultHoldSlots;
+  if (auto it = config.extra.find("hold_slots"); it != config.extra.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > kMaxHoldSlots) {
+      throw Error("kv_connector_extra_config.hold_slots must be a number of holds between 1 and " +
+                  std::to_string(kMaxHoldSlots) + ", got " + it->dump());
+    }
+    hold_slots = it->get<int64_t>();
   }
   if (auto it = config.extra.find("read_timeout_s"); it != config.extra.end()) {
     if (!it->is_number() || it->get<double>() <= 0) {
@@ -281,6 +288,24 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
   serialized_slab_ = remote->serialize();
   num_slab_blocks_ = remote->num_blocks;
   std::random_device random;
+  if (config_.produces()) {
+    // The hold tickets' words (hold_tickets.h), readers read them like the slab.
+    holds_allocator_ = std::make_unique<transport::UcxSlabAllocator>(context_);
+    holds_base_ =
+        static_cast<uint8_t*>(holds_allocator_->allocate(static_cast<size_t>(hold_slots) * 8));
+    auto holds = holds_base_ != nullptr
+                     ? holds_allocator_->remoteSlab(8)
+                     : StatusOr<transport::RemoteSlab>(unavailable("UCX cannot allocate it"));
+    if (!holds.isOk()) {
+      throw Error(
+          "ucx connector: the table of " + std::to_string(hold_slots) +
+          " hold tickets (kv_connector_extra_config.hold_slots): " + holds.status().message());
+    }
+    serialized_holds_ = holds->serialize();
+    // Any start: tickets differ from a restarted producer's too.
+    const uint64_t first = ((uint64_t{random()} << 32) | random()) >> 2;
+    tickets_ = std::make_unique<HoldTickets>(holds_base_, hold_slots, first);
+  }
   engine_id_ = std::to_string(random()) + std::to_string(random());
   context_->setMessageHandler([this](const std::string& message) { onMessage(message); });
   loader_ = std::thread([this] { loaderLoop(); });
@@ -298,6 +323,7 @@ UcxConnector::~UcxConnector() {
     if (staging_pinned_) cache_.backend()->unpinHost(staging_base_);
     staging_allocator_->release(staging_base_, staging_allocator_->bytes());
   }
+  if (holds_base_ != nullptr) holds_allocator_->release(holds_base_, holds_allocator_->bytes());
 }
 
 json UcxConnector::info() const {
@@ -308,6 +334,10 @@ json UcxConnector::info() const {
     out["staging_blocks"] = staging_capacity_;
     out["staging_pinned"] = staging_pinned_;
     out["staging_blocks_used"] = staging_capacity_ - static_cast<int64_t>(free_slots_.size());
+  }
+  if (tickets_ != nullptr) {
+    out["hold_slots"] = tickets_->capacity();
+    out["hold_slots_used"] = tickets_->used();
   }
   return out;
 }
@@ -330,6 +360,15 @@ void UcxConnector::returnSlotsLocked(const std::vector<BlockId>& slots) const {
   free_slots_.insert(free_slots_.end(), slots.rbegin(), slots.rend());
 }
 
+void UcxConnector::endHold(const std::string& transfer_id) const {
+  // The ticket first: once it is zero no reader takes what the slots (or the
+  // blocks the engine frees next) hold afterwards.
+  if (tickets_ != nullptr) tickets_->end(transfer_id);
+  freeStagedHold(transfer_id);
+}
+
+void UcxConnector::holdEnded(std::string_view request_id) { endHold(std::string(request_id)); }
+
 void UcxConnector::freeStagedHold(const std::string& transfer_id) const {
   if (buffer_path_ != KvBufferPath::kStaging) return;
   std::lock_guard<std::mutex> lock(staging_mutex_);
@@ -348,6 +387,8 @@ void UcxConnector::freeExpiredHolds() {
       ++it;
       continue;
     }
+    // Its ticket ends before its slots can be reused.
+    if (tickets_ != nullptr) tickets_->end(it->first);
     returnSlotsLocked(it->second.slots);
     it = staged_holds_.erase(it);
   }
@@ -412,10 +453,12 @@ StatusOr<json> UcxConnector::handshake(const json& request) const {
   }
   json answer = {{"engine_id", engine_id_},
                  {"compatibility", compatibility_},
-                 {"remote_slab", serialized_slab_}};
+                 {"remote_slab", serialized_slab_},
+                 {"remote_holds", serialized_holds_}};
   if (!secret_.empty()) {
-    answer["signature"] = hmacSha256Hex(
-        secret_, handshakeCanonical(nonce_text, engine_id_, compatibility_, serialized_slab_));
+    answer["signature"] =
+        hmacSha256Hex(secret_, handshakeCanonical(nonce_text, engine_id_, compatibility_,
+                                                  serialized_slab_, serialized_holds_));
   }
   return answer;
 }
@@ -444,7 +487,7 @@ void UcxConnector::onMessage(const std::string& message) {
     failures_.add("auth");
     return;
   }
-  freeStagedHold(id);
+  endHold(id);
   std::lock_guard<std::mutex> lock(released_mutex_);
   released_.push_back(std::move(id));
 }
@@ -533,6 +576,28 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
                              "milliseconds)");
     }
     d.hold_until_ms = *value;
+  }
+  if (auto it = params.find("remote_hold_slot"); it != params.end()) {
+    const std::optional<int64_t> value = integerValue(*it);
+    if (!value || *value < 0 || *value >= kMaxHoldSlots) {
+      return invalidArgument(field + ".remote_hold_slot must be an integer between 0 and " +
+                             std::to_string(kMaxHoldSlots - 1) + ", got " + it->dump());
+    }
+    d.hold_slot = *value;
+  }
+  if (auto it = params.find("remote_hold_ticket"); it != params.end()) {
+    if (!it->is_string() || !HoldTickets::fromHex(it->get_ref<const std::string&>())) {
+      return invalidArgument(field +
+                             ".remote_hold_ticket must be a string of 16 lower-case hex "
+                             "characters");
+    }
+    d.hold_ticket = it->get<std::string>();
+  }
+  if (!d.block_ids.empty() && (d.hold_slot < 0 || d.hold_ticket.empty())) {
+    return invalidArgument(field +
+                           ".remote_hold_slot and remote_hold_ticket must come with "
+                           "remote_block_ids: a reader checks with them that the producer still "
+                           "held the blocks it read");
   }
   if (auto it = params.find("remote_last_block_hashes"); it != params.end()) {
     const std::string accepted =
@@ -632,8 +697,9 @@ StatusOr<std::string> UcxConnector::releaseTarget(const json& params) const {
   if (descriptor->engine_id != engine_id_) {
     return notFound("kv_transfer_params.remote_engine_id names another agent, not this one");
   }
-  // The engine frees the hold next (if it still exists); its slots go now.
-  freeStagedHold(descriptor->transfer_id);
+  // The engine frees the hold next (if it still exists); its ticket and
+  // slots go now.
+  endHold(descriptor->transfer_id);
   return descriptor->transfer_id;
 }
 
@@ -776,18 +842,19 @@ StatusOr<UcxConnector::Handshake> UcxConnector::fetchHandshake(const std::string
   };
   if (answer.is_discarded() || !answer.is_object() || !text("engine_id", handshake.engine_id) ||
       !text("compatibility", handshake.compatibility) ||
-      !text("remote_slab", handshake.slab_text)) {
+      !text("remote_slab", handshake.slab_text) || !text("remote_holds", handshake.holds_text)) {
     return invalidArgument("KV handshake answer from " + where +
-                           " must be a JSON object with the strings engine_id, compatibility "
-                           "and remote_slab");
+                           " must be a JSON object with the strings engine_id, compatibility, "
+                           "remote_slab and remote_holds");
   }
   if (!secret_.empty()) {
     std::string signature;
     if (!text("signature", signature) ||
-        !constantTimeEquals(signature,
-                            hmacSha256Hex(secret_, handshakeCanonical(nonce, handshake.engine_id,
-                                                                      handshake.compatibility,
-                                                                      handshake.slab_text)))) {
+        !constantTimeEquals(
+            signature,
+            hmacSha256Hex(secret_,
+                          handshakeCanonical(nonce, handshake.engine_id, handshake.compatibility,
+                                             handshake.slab_text, handshake.holds_text)))) {
       *reason = "auth";
       return permissionDenied("KV handshake answer from " + where +
                               " is not signed with this agent's KV secret over our nonce");
@@ -876,12 +943,18 @@ std::shared_ptr<transport::UcxPeer> UcxConnector::peerFor(const Descriptor& sour
                         std::to_string(source.num_blocks) + " blocks (remote_num_blocks) of " +
                         std::to_string(cache_.blockBytes()) + " bytes"));
   }
+  auto holds = transport::RemoteSlab::parse(handshake->holds_text);
+  if (!holds.isOk()) return fail("bad_handshake", holds.status());
   auto peer = context_->connect(*slab, deadline);
   if (!peer.isOk()) {
     return fail(peer.status().code() == StatusCode::kInvalidArgument    ? "bad_handshake"
                 : peer.status().code() == StatusCode::kDeadlineExceeded ? "timeout"
                                                                         : "unreachable",
                 peer.status());
+  }
+  if (Status attached = (*peer)->attachWords(*holds); !attached.isOk()) {
+    return fail(attached.code() == StatusCode::kInvalidArgument ? "bad_handshake" : "unreachable",
+                Status(attached.code(), where + ": remote_holds: " + attached.message()));
   }
   peers_[source.engine_id] = {source.host, source.port, *peer, transport::Clock::now()};
   return *peer;
@@ -1050,9 +1123,32 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
         }
       }
     }
+    // Read blocks count only if the producer still held them when they were
+    // read: its ticket, read after them, is still in its word (hold_tickets.h).
+    bool hold_ended = false;
+    if (staged_ok && read.failed_local_blocks.size() < pairs.size()) {
+      auto word = peer->readWord(job.source.hold_slot, deadline);
+      std::string reason;
+      std::string why;
+      if (!word.isOk()) {
+        reason = word.status().code() == StatusCode::kDeadlineExceeded ? "timeout" : "read_error";
+        why = "checking the producer's hold after the read: " + word.status().message();
+      } else if (HoldTickets::toHex(*word) != job.source.hold_ticket) {
+        reason = "hold_ended";
+        why = "the producer's hold of transfer " + job.source.transfer_id +
+              " had ended when its blocks were read (released, timed out, or read before); they "
+              "may hold other KV, so they are not used";
+        hold_ended = true;
+      }
+      if (!reason.empty()) {
+        fail_all(reason, why);
+        outcome.staged.clear();
+      }
+    }
     finished.seconds = std::chrono::duration<double>(transport::Clock::now() - start).count();
-    // Whatever happened, the owner may free its blocks now.
-    sendRelease(*peer, job.source.transfer_id);
+    // Whatever happened, the owner may free its blocks now (unless their
+    // hold is over: its id may name a newer hold by then).
+    if (!hold_ended) sendRelease(*peer, job.source.transfer_id);
     // A failed peer is dropped at once: its slab is unmapped here.
     if (!peer->health().isOk()) {
       peer.reset();
@@ -1131,10 +1227,22 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   d.compatibility = compatibility_;
   int64_t full_blocks = std::min<int64_t>(num_computed_tokens / cache_.blockSize(),
                                           static_cast<int64_t>(blocks.size()));
+  // A stale earlier hold under the same id ends first (its ticket, its slots).
+  endHold(d.transfer_id);
+  std::optional<HoldTickets::Taken> ticket;
+  if (full_blocks > 0) {
+    ticket = tickets_->take(d.transfer_id);
+    if (!ticket) {
+      TANDEM_LOG(kWarn) << "ucx connector: request " << d.transfer_id << ": all "
+                        << tickets_->capacity()
+                        << " hold tickets are taken (kv_connector_extra_config.hold_slots); the "
+                           "reader recomputes";
+      failures_.add("holds_full");
+      full_blocks = 0;
+    }
+  }
   if (buffer_path_ == KvBufferPath::kStaging) {
-    // Readers see the staging slots, never the slab. A stale earlier hold
-    // under the same id gives its slots back first.
-    freeStagedHold(d.transfer_id);
+    // Readers see the staging slots, never the slab.
     std::vector<BlockId> slots;
     if (full_blocks > 0) slots = stageBlocks(blocks.first(static_cast<size_t>(full_blocks)));
     if (full_blocks > 0 && slots.empty()) {
@@ -1143,6 +1251,8 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
                         << "); the reader recomputes";
       failures_.add("staging_full");
       full_blocks = 0;
+      tickets_->end(d.transfer_id);
+      ticket.reset();
     } else if (!slots.empty()) {
       const auto timeout = std::chrono::duration_cast<transport::Clock::duration>(
           std::chrono::duration<double>(config_.abort_timeout_s));
@@ -1165,6 +1275,12 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
                                  {"transfer_id", d.transfer_id},
                                  {"compatibility", d.compatibility},
                                  {"remote_hold_until_ms", d.hold_until_ms}};
+  if (ticket) {
+    d.hold_slot = ticket->slot;
+    d.hold_ticket = HoldTickets::toHex(ticket->ticket);
+    decision.kv_transfer_params["remote_hold_slot"] = d.hold_slot;
+    decision.kv_transfer_params["remote_hold_ticket"] = d.hold_ticket;
+  }
   // The hashes of the last two offered blocks (a reader takes all of them,
   // or one fewer when its last token ends the last): a reader whose own
   // prompt gives other hashes reads nothing.

@@ -7,6 +7,7 @@
 //   {"remote_engine_id", "remote_host", "remote_port" (this agent's HTTP
 //    address), "remote_num_blocks" (its slab's block count),
 //    "remote_block_ids", "remote_num_tokens", "transfer_id", "compatibility",
+//    "remote_hold_slot", "remote_hold_ticket" (hold_tickets.h),
 //    "signature" (with a shared secret)}.
 // No UCX address or memory key is in anything a client sends or sees: a
 // reader fetches them from the producer itself with an authenticated
@@ -17,8 +18,9 @@
 //
 // Consumer (decode agent): a request with {"do_remote_prefill": true, ...a
 // descriptor} first matches its own prefix cache, then reads only the blocks
-// it lacks straight into its own blocks, and tells the producer to release
-// them. Pull-back (decode → prefill): a request with
+// it lacks straight into its own blocks, checks that the producer still
+// held them while they were read (the hold's ticket, read after them), and
+// tells the producer to release them. Pull-back (decode → prefill): a request with
 // {"remote_prefix": <descriptor>} — a prefix a decode agent holds — reads
 // those blocks when at least remote_pull_threshold (default 4) of them are
 // missing here, and recomputes otherwise.
@@ -82,16 +84,13 @@
 
 #include "agent/kv/connector.h"
 #include "agent/kv/fault_injection.h"
+#include "agent/kv/ucx/hold_tickets.h"
 #include "agent/kv/ucx/kv_buffer.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 #include "common/kv_auth.h"
 
 namespace tandem::kv {
-
-// The shared KV secret: kv_connector_extra_config.secret, else the
-// environment's TANDEM_KV_SECRET; empty when neither is set.
-std::string kvSecret(const KvTransferConfig& config);
 
 class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
  public:
@@ -117,6 +116,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
   void requestAbandoned(std::string_view request_id) override;
+  void holdEnded(std::string_view request_id) override;
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override;
   void save(const ConnectorRequest&, int64_t, std::span<const BlockId>) override {}
@@ -150,6 +150,11 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     // remote_hold_until_ms: when the producer lets the blocks go (Unix
     // milliseconds, its clock: it may reuse them after); 0 when absent.
     int64_t hold_until_ms = 0;
+    // remote_hold_slot / remote_hold_ticket: the word of the producer's
+    // hold table and the ticket it holds while the blocks are held
+    // (hold_tickets.h); -1 / empty when absent (no blocks offered).
+    int64_t hold_slot = -1;
+    std::string hold_ticket;
   };
 
  private:
@@ -191,6 +196,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   void freeSlots(const std::vector<BlockId>& slots);
   // Puts slots back on the free list; staging_mutex_ held.
   void returnSlotsLocked(const std::vector<BlockId>& slots) const;
+  // Ends a hold: its ticket, then the slots it was copied into (either
+  // absent: nothing happens). Any thread.
+  void endHold(const std::string& transfer_id) const;
   // Frees the slots a held transfer was copied into (none: nothing happens).
   void freeStagedHold(const std::string& transfer_id) const;
   // Frees the slots of holds past abort_timeout_s.
@@ -207,6 +215,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     std::string engine_id;
     std::string compatibility;
     std::string slab_text;
+    std::string holds_text;
   };
   // How long before the producer's hold ends (hold_until_ms, less a margin
   // for clocks and transit) a read must be done; nullopt when the
@@ -285,6 +294,11 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // Requests that read nothing of their transfer and released it; engine
   // thread. Forgotten when the request ends (finished or abandoned).
   std::unordered_set<std::string> declined_;
+  // Producer: the hold tickets and their registered words.
+  std::unique_ptr<transport::UcxSlabAllocator> holds_allocator_;
+  uint8_t* holds_base_ = nullptr;
+  std::unique_ptr<HoldTickets> tickets_;
+  std::string serialized_holds_;
 };
 
 }  // namespace tandem::kv

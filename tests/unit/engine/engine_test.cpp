@@ -371,6 +371,14 @@ class HoldingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::K
                                      int64_t) override {
     return {true, {{"transfer_id", std::string(request.request_id)}}};
   }
+  void holdEnded(std::string_view id) override {
+    std::lock_guard<std::mutex> lock(ended_mutex_);
+    ended_.emplace_back(id);
+  }
+  std::vector<std::string> ended() const {
+    std::lock_guard<std::mutex> lock(ended_mutex_);
+    return ended_;
+  }
   StatusOr<std::string> releaseTarget(const nlohmann::json& params) const override {
     return params.value("transfer_id", std::string());
   }
@@ -382,6 +390,8 @@ class HoldingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::K
  private:
   kv::KvTransferConfig config_;
   std::string stuck_id_;
+  mutable std::mutex ended_mutex_;
+  std::vector<std::string> ended_;
 };
 
 class HeldBlocks : public ::testing::Test {
@@ -389,8 +399,10 @@ class HeldBlocks : public ::testing::Test {
   Engine& start(int64_t num_blocks = 64, const std::string& stuck_id = "") {
     EngineConfig config = engineConfig();
     config.num_blocks = num_blocks;
-    config.connector_factory = [stuck_id](KvCache&, const std::string&) {
-      return std::make_unique<HoldingConnector>(stuck_id);
+    config.connector_factory = [this, stuck_id](KvCache&, const std::string&) {
+      auto connector = std::make_unique<HoldingConnector>(stuck_id);
+      connector_ = connector.get();
+      return connector;
     };
     config.clock = [this] { return Clock::time_point(std::chrono::seconds(now_seconds_.load())); };
     engine_ = std::make_unique<Engine>(config);
@@ -414,6 +426,7 @@ class HeldBlocks : public ::testing::Test {
   }
 
   std::atomic<int64_t> now_seconds_{1000};
+  HoldingConnector* connector_ = nullptr;  // owned by engine_
   std::unique_ptr<Engine> engine_;
 };
 
@@ -567,6 +580,32 @@ TEST_F(HeldBlocks, AreFreedWhenTheHoldTimesOutOnTheEnginesClock) {
   EXPECT_EQ(engine.stats().kv_held_blocks, 3) << "held until the timeout";
   now_seconds_ = 1030;
   settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
+// The connector hears of each hold's end once, however it ends (it ends its
+// hold ticket there before the blocks are freed), but not of a hold replaced
+// under the same id: its requestFinished() for the new one ended that.
+TEST_F(HeldBlocks, TheConnectorHearsOfEachHoldsEndOnce) {
+  Engine& engine = start();
+  auto run = [&](const std::string& id, uint32_t seed) {
+    Collector finished;
+    ASSERT_TRUE(engine.addRequest(greedyRequest(id, randomTokens(40, seed), 1), finished.callback())
+                    .isOk());
+    ASSERT_TRUE(finished.waitFinished());
+  };
+  run("a", 1);
+  run("b", 2);
+  run("b", 3);  // the same id again: its earlier hold is replaced
+  EXPECT_EQ(connector_->ended(), std::vector<std::string>{});
+  EXPECT_TRUE(engine.releaseTransfer({{"transfer_id", "a"}}).isOk());
+  settle();
+  EXPECT_EQ(connector_->ended(), std::vector<std::string>{"a"});
+  EXPECT_EQ(engine.releaseTransfer({{"transfer_id", "a"}}).code(), StatusCode::kNotFound);
+  now_seconds_ = 1030;  // abort_timeout_s is 30
+  settle();
+  EXPECT_EQ(connector_->ended(), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(engine.stats().kv_held_blocks, 0);
   EXPECT_EQ(engine.stats().num_free_blocks, 64);
 }

@@ -34,6 +34,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
     return decision;
   }
   void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
+  void holdEnded(std::string_view id) override { ended.emplace_back(id); }
   bool verifiesRequests() const override { return verifies; }
   LoadResult load(const ConnectorRequest&, int64_t, std::span<const BlockId> ids) override {
     loaded += static_cast<int64_t>(ids.size());
@@ -55,6 +56,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
   int64_t saved = 0;
   int finished = 0;
   std::vector<std::string> abandoned;
+  std::vector<std::string> ended;
 
  private:
   KvTransferConfig config_;
@@ -278,6 +280,14 @@ TEST_F(MultiOverFakes, AnAbandonedRequestIsForgottenByEveryMember) {
   LoadResult result = multi_->load(request_.view(), 0, ids);
   EXPECT_EQ(result.failed_block_indices, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(first_->loaded, 0);
+}
+
+// The end of a hold reaches every member: the one that lent the blocks
+// ends its hold ticket before the engine frees them.
+TEST_F(MultiOverFakes, TheEndOfAHoldReachesEveryMember) {
+  multi_->holdEnded("r");
+  EXPECT_EQ(first_->ended, std::vector<std::string>{"r"});
+  EXPECT_EQ(second_->ended, std::vector<std::string>{"r"});
 }
 
 // The engine leaves control requests to the connector when it checks
