@@ -411,10 +411,12 @@ json desiredPoolService(const Owner& owner, const PoolSpec& pool) {
   return object;
 }
 
-json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
-  const spec::DisruptionBudgetSpec& budget = pool.disruption_budget;
+namespace {
+
+json disruptionBudget(const Owner& owner, const std::string& name, const json& labels,
+                      const json& selector, const spec::DisruptionBudgetSpec& budget) {
   if (!budget.enabled) return nullptr;
-  json spec = {{"selector", {{"matchLabels", poolSelector(pool.name, pool.kind)}}},
+  json spec = {{"selector", {{"matchLabels", selector}}},
                {"unhealthyPodEvictionPolicy", "AlwaysAllow"}};
   if (!budget.min_available.is_null()) {
     spec["minAvailable"] = budget.min_available;
@@ -423,10 +425,22 @@ json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
   }
   json object = {{"apiVersion", "policy/v1"},
                  {"kind", "PodDisruptionBudget"},
-                 {"metadata", objectMeta(owner, pool.name, poolLabels(pool.name, pool.kind))},
+                 {"metadata", objectMeta(owner, name, labels)},
                  {"spec", spec}};
   stampDesiredHash(object);
   return object;
+}
+
+}  // namespace
+
+json desiredPoolDisruptionBudget(const Owner& owner, const PoolSpec& pool) {
+  return disruptionBudget(owner, pool.name, poolLabels(pool.name, pool.kind),
+                          poolSelector(pool.name, pool.kind), pool.disruption_budget);
+}
+
+json desiredRouterDisruptionBudget(const Owner& owner, const RouterSpec& router) {
+  return disruptionBudget(owner, router.name, routerLabels(router.name),
+                          routerSelector(router.name), router.disruption_budget);
 }
 
 json desiredRouterDeployment(const Owner& owner, const RouterSpec& given,

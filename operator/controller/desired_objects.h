@@ -88,5 +88,9 @@ nlohmann::json desiredRouterDeployment(const Owner& owner, const spec::RouterSpe
                                        const WorkloadDefaults& defaults,
                                        std::vector<std::string>* ignored = nullptr);
 nlohmann::json desiredRouterService(const Owner& owner, const spec::RouterSpec& router);
+// The Router's PodDisruptionBudget, as a pool's (named as the Router,
+// selecting its pods): a node drain takes one router pod at a time while the
+// others serve; null when spec.disruptionBudget.enabled is false.
+nlohmann::json desiredRouterDisruptionBudget(const Owner& owner, const spec::RouterSpec& router);
 
 }  // namespace tandem::controller

@@ -258,7 +258,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   // The desired children, or the reason there are none.
   json desired_deployment;
   json desired_service;
-  json desired_budget;  // a pool's PodDisruptionBudget; null: none wanted
+  json desired_budget;  // the owner's PodDisruptionBudget; null: none wanted
   std::vector<std::string> ignored_template_fields;  // spec.template's, the controller's own
   json match_labels;
   std::vector<std::string> prefill_pools;
@@ -349,6 +349,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
       desired_deployment = desiredRouterDeployment(owner, router, prefill_pools, decode_pools,
                                                    options_.defaults, &ignored_template_fields);
       desired_service = desiredRouterService(owner, router);
+      desired_budget = desiredRouterDisruptionBudget(owner, router);
     } else {
       const spec::PoolKind pool_kind =
           kind == OwnerKind::kPrefillPool ? spec::PoolKind::kPrefill : spec::PoolKind::kDecode;
@@ -401,7 +402,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
     ChildOutcome budget;
     if (!desired_budget.is_null()) {
       budget = syncChild(k8s::resources::kPodDisruptionBudgets, owner, desired_budget);
-    } else if (kind != OwnerKind::kRouter) {
+    } else {
       budget = removeChild(k8s::resources::kPodDisruptionBudgets, owner);
     }
     for (const ChildOutcome* child :

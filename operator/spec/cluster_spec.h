@@ -101,10 +101,10 @@ struct ModelSourceSpec {
   bool operator==(const ModelSourceSpec&) const = default;
 };
 
-// spec.disruptionBudget (Kubernetes only): the pool's PodDisruptionBudget,
-// which keeps voluntary disruptions (node drains, cluster upgrades) from
-// taking more than this many agents at once. Each bound is an integer or a
-// percentage ("25%"); at most one is set; neither: maxUnavailable 1.
+// spec.disruptionBudget (Kubernetes only): the pool's (or Router's)
+// PodDisruptionBudget, which keeps voluntary disruptions (node drains,
+// cluster upgrades) from taking more than this many agents (routers) at once. Each bound is an
+// integer or a percentage ("25%"); at most one is set; neither: maxUnavailable 1.
 struct DisruptionBudgetSpec {
   bool enabled = true;
   nlohmann::json max_unavailable;  // null when unset
@@ -227,6 +227,9 @@ struct RouterSpec {
   std::optional<SecretKeyRef> api_key_secret_ref;
   // spec.template (Kubernetes only): merged into the router's pods.
   nlohmann::json pod_template = nlohmann::json::object();
+  // spec.disruptionBudget (Kubernetes only): the Router's
+  // PodDisruptionBudget, as a pool's (counting router pods).
+  DisruptionBudgetSpec disruption_budget;
   // Kubernetes only, never read from a document: with modelPath unset, the
   // model source of the first decode pool routed to and that pool's image
   // ("" = the controller's default agent image), filled by the controller;

@@ -155,6 +155,9 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
     router.api_key_secret_ref =
         readSecretKeyRef(*value, "spec.apiKeySecretRef", context, kApiKeySecretKey);
   }
+  if (auto value = spec.get("disruptionBudget")) {
+    router.disruption_budget = readDisruptionBudget(*value, context);
+  }
   spec.rejectUnknown();
   return router;
 }

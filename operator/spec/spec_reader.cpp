@@ -345,4 +345,39 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
   return fragment;
 }
 
+// An intOrString bound of a PodDisruptionBudget: a whole number ≥ 0 or a
+// percentage from "0%" to "100%".
+nlohmann::json readBudgetBound(const YAML::Node& node, const std::string& path,
+                               const DocumentContext& context) {
+  const std::string text = node.IsScalar() ? node.Scalar() : "";
+  if (!text.empty() && text.back() == '%') {
+    const std::string digits = text.substr(0, text.size() - 1);
+    const bool number = !digits.empty() && digits.size() <= 3 &&
+                        digits.find_first_not_of("0123456789") == std::string::npos;
+    if (number && std::stoi(digits) <= 100) return text;
+    fail(context, path,
+         "must be a whole number or a percentage from 0% to 100%, got " + described(node), node);
+  }
+  return readInteger(node, path, context, 0, 100000);
+}
+
+DisruptionBudgetSpec readDisruptionBudget(const YAML::Node& node, const DocumentContext& context) {
+  const std::string path = "spec.disruptionBudget";
+  requireMapping(node, path, context);
+  MapReader reader(node, path, context);
+  DisruptionBudgetSpec budget;
+  if (auto value = reader.get("enabled"))
+    budget.enabled = readBool(*value, path + ".enabled", context);
+  std::optional<YAML::Node> max = reader.get("maxUnavailable");
+  std::optional<YAML::Node> min = reader.get("minAvailable");
+  reader.rejectUnknown();
+  if (max && min) {
+    fail(context, path,
+         "sets both maxUnavailable and minAvailable: a PodDisruptionBudget takes one", node);
+  }
+  if (max) budget.max_unavailable = readBudgetBound(*max, path + ".maxUnavailable", context);
+  if (min) budget.min_available = readBudgetBound(*min, path + ".minAvailable", context);
+  return budget;
+}
+
 }  // namespace tandem::spec

@@ -147,4 +147,11 @@ SecretKeyRef readSecretKeyRef(const YAML::Node& node, const std::string& path,
 ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
                                 const DocumentContext& context);
 
+// An intOrString bound of a PodDisruptionBudget or a rollout: a whole number
+// from 0 to 100000, or a percentage from "0%" to "100%".
+nlohmann::json readBudgetBound(const YAML::Node& node, const std::string& path,
+                               const DocumentContext& context);
+// spec.disruptionBudget of a pool or a Router.
+DisruptionBudgetSpec readDisruptionBudget(const YAML::Node& node, const DocumentContext& context);
+
 }  // namespace tandem::spec

@@ -175,6 +175,42 @@ TEST_F(ControllerTest, DisruptionBudgetFollowsTheSpecAndIsDeletedWhenTurnedOff) 
   EXPECT_EQ(pool["status"]["observedGeneration"], pool["metadata"]["generation"]);
 }
 
+// A Router gets a PodDisruptionBudget over its pods as a pool does (a
+// drain takes one router pod at a time), following its own spec.
+TEST_F(ControllerTest, ARouterHasADisruptionBudgetOverItsPods) {
+  server_.put(decodePool(1));
+  json object = {{"apiVersion", "tandem.dev/v1alpha1"},
+                 {"kind", "Router"},
+                 {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+                 {"spec", {{"modelPath", "/models/small"}, {"replicas", 3}}}};
+  const std::string uid = server_.put(object)["metadata"]["uid"];
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  const std::optional<json> budget = get("policy/v1", "PodDisruptionBudget", "front");
+  ASSERT_TRUE(budget.has_value());
+  EXPECT_EQ((*budget)["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_EQ((*budget)["spec"]["maxUnavailable"], 1);
+  EXPECT_EQ((*budget)["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+  EXPECT_EQ((*budget)["spec"]["selector"]["matchLabels"],
+            (*deployment("front"))["spec"]["selector"]["matchLabels"]);
+
+  object = *get("tandem.dev/v1alpha1", "Router", "front");
+  object["spec"]["disruptionBudget"] = {{"minAvailable", 2}};
+  server_.put(object);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  EXPECT_EQ(get("policy/v1", "PodDisruptionBudget", "front")->at("spec")["minAvailable"], 2);
+
+  object = *get("tandem.dev/v1alpha1", "Router", "front");
+  object["spec"]["disruptionBudget"] = {{"enabled", false}};
+  server_.put(object);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  EXPECT_FALSE(get("policy/v1", "PodDisruptionBudget", "front").has_value());
+  EXPECT_TRUE(deployment("front").has_value());
+  EXPECT_TRUE(get("policy/v1", "PodDisruptionBudget", "decode").has_value())
+      << "the pool's is not the Router's";
+}
+
 TEST_F(ControllerTest, ForeignDeploymentOfTheSameNameIsLeftAlone) {
   const json foreign = server_.put(
       {{"apiVersion", "apps/v1"},

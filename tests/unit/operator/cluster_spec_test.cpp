@@ -850,6 +850,15 @@ TEST(ClusterSpecTest, DisruptionBudgetTakesOneBoundAsANumberOrAPercentage) {
     const std::string error = errorFor(documents({decode + "  disruptionBudget: " + field + "\n"}));
     EXPECT_NE(error.find(message), std::string::npos) << field << ": " << error;
   }
+  // A Router's, read the same way.
+  const std::string router =
+      "apiVersion: tandem.dev/v1alpha1\nkind: Router\nmetadata: {name: front}\nspec:\n";
+  const ClusterSpec with_router = parseClusterSpec(
+      documents({decode, router + "  disruptionBudget: {maxUnavailable: \"50%\"}\n"}), "c.yaml");
+  EXPECT_EQ(with_router.router.disruption_budget.max_unavailable, "50%");
+  EXPECT_NE(errorFor(documents({decode, router + "  disruptionBudget: {enabled: 1}\n"}))
+                .find("spec.disruptionBudget.enabled must be true or false"),
+            std::string::npos);
 }
 
 TEST(ClusterSpecTest, RolloutTakesSurgeUnavailableAndAStartupTimeout) {
