@@ -102,6 +102,25 @@ void AgentMetrics::setKvBuffer(const nlohmann::json& info) {
     kv_staging_blocks_->Set(info.value("staging_blocks", 0.0));
     kv_staging_used_->Set(info.value("staging_blocks_used", 0.0));
   }
+  if (info.contains("hold_slots")) {
+    const prometheus::Labels labels = {{"model", model_}, {"role", role_}};
+    if (kv_hold_slots_ == nullptr) {
+      kv_hold_slots_ = &BuildGauge()
+                            .Name("tandem_kv_hold_slots")
+                            .Help(
+                                "Hold tickets of the ucx connector: holds that can offer "
+                                "blocks at once (kv_connector_extra_config.hold_slots).")
+                            .Register(*registry_)
+                            .Add(labels);
+      kv_hold_slots_used_ = &BuildGauge()
+                                 .Name("tandem_kv_hold_slots_used")
+                                 .Help("Hold tickets taken now: holds offering blocks to a reader.")
+                                 .Register(*registry_)
+                                 .Add(labels);
+    }
+    kv_hold_slots_->Set(info.value("hold_slots", 0.0));
+    kv_hold_slots_used_->Set(info.value("hold_slots_used", 0.0));
+  }
 }
 
 AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)

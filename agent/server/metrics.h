@@ -47,8 +47,9 @@ class AgentMetrics {
   // with this step-time profile; never set on a real agent.
   void setSimulated(const std::string& profile);
   // tandem_kv_buffer_info{path} 1 (path "slab" or "staging", the ucx
-  // connector's KV buffer) and tandem_kv_staging_blocks / _used on the
-  // staging path; `info` as UcxConnector::info() (null: nothing is set).
+  // connector's KV buffer), tandem_kv_staging_blocks / _used on the
+  // staging path and tandem_kv_hold_slots / _used on a producer; `info` as
+  // UcxConnector::info() (null: nothing is set).
   void setKvBuffer(const nlohmann::json& info);
 
   // Brings engine-kept figures up to date (counters and the KV load
@@ -64,6 +65,8 @@ class AgentMetrics {
   prometheus::Gauge* kv_buffer_info_ = nullptr;
   prometheus::Gauge* kv_staging_blocks_ = nullptr;
   prometheus::Gauge* kv_staging_used_ = nullptr;
+  prometheus::Gauge* kv_hold_slots_ = nullptr;
+  prometheus::Gauge* kv_hold_slots_used_ = nullptr;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;
   prometheus::Histogram* e2e_;

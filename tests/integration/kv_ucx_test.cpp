@@ -270,6 +270,8 @@ TEST_P(KvUcx, AProducerWithEveryHoldTicketTakenOffersNoBlocks) {
   Agent colocated;
   const json first = prefill(prefiller, prompt_);
   EXPECT_EQ(first["remote_block_ids"].size(), 4u);
+  EXPECT_EQ(prefiller.metric("tandem_kv_hold_slots"), 1);
+  EXPECT_EQ(prefiller.metric("tandem_kv_hold_slots_used"), 1);
   const std::vector<int> other = randomPrompt(75, 57);
   const json second = prefill(prefiller, other);
   EXPECT_EQ(second["remote_block_ids"].size(), 0u) << second.dump();
@@ -281,6 +283,7 @@ TEST_P(KvUcx, AProducerWithEveryHoldTicketTakenOffersNoBlocks) {
             tokenIds(colocated.post("/v1/completions", greedy(prompt_, 8))));
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+  EXPECT_EQ(prefiller.metric("tandem_kv_hold_slots_used"), 0);
   // The reader's release gave the ticket back.
   const json third = prefill(prefiller, randomPrompt(75, 58));
   EXPECT_EQ(third["remote_block_ids"].size(), 4u);

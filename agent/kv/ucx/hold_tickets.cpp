@@ -7,13 +7,15 @@ namespace tandem::kv {
 
 namespace {
 
-// The word as one aligned 8-byte object, stored whole (never torn) and
-// ordered before what follows it (the blocks' return to the pool).
+// The word as one aligned 8-byte object, stored whole (never torn); the
+// fence keeps later stores (the blocks' reuse, after their return to the
+// pool) from being seen before it.
 void storeWord(uint8_t* word, const HoldTickets::Ticket& value) {
   uint64_t bits = 0;
   std::memcpy(&bits, value.data(), sizeof(bits));
   std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(word))
       .store(bits, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 }  // namespace
@@ -86,6 +88,12 @@ void HoldTickets::endLocked(std::unordered_map<std::string, Taken>::iterator it)
   storeWord(words_ + it->second.slot * 8, Ticket{});
   free_.push_back(it->second.slot);
   held_.erase(it);
+}
+
+bool HoldTickets::holds(const std::string& id, const Ticket& ticket) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = held_.find(id);
+  return it != held_.end() && it->second.ticket == ticket;
 }
 
 int64_t HoldTickets::used() const {

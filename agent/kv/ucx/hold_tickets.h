@@ -16,9 +16,12 @@
 // them, and any reuse of the blocks after the zero); anything else, and the
 // blocks are not used.
 //
-// Tickets are never repeated within a table's life and have no zero byte,
-// so even a word read a byte at a time cannot show a ticket it does not
-// hold: some byte of it would be zero (the end) or another ticket's.
+// Tickets are never repeated within a table's life and have no zero byte.
+// The word is stored whole (one aligned 8-byte store) and a reader's 8-byte
+// get is not split in practice; were it read a byte at a time, a byte from
+// the end (zero) could never pass for the ticket's, and passing for it with
+// bytes of later tickets only would take the word being reused twice more
+// within that one read.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -52,6 +55,8 @@ class HoldTickets {
   // Ends the hold of `id`: its word becomes zero, then is free again. False
   // when `id` holds none.
   bool end(const std::string& id);
+  // Whether `id` holds `ticket` now.
+  bool holds(const std::string& id, const Ticket& ticket) const;
 
   int64_t capacity() const { return capacity_; }
   int64_t used() const;

@@ -593,12 +593,6 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
     }
     d.hold_ticket = it->get<std::string>();
   }
-  if (!d.block_ids.empty() && (d.hold_slot < 0 || d.hold_ticket.empty())) {
-    return invalidArgument(field +
-                           ".remote_hold_slot and remote_hold_ticket must come with "
-                           "remote_block_ids: a reader checks with them that the producer still "
-                           "held the blocks it read");
-  }
   if (auto it = params.find("remote_last_block_hashes"); it != params.end()) {
     const std::string accepted =
         " must be an array of one or two block hashes (hex strings of at most 64 characters)";
@@ -635,6 +629,12 @@ Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& fie
   if (d.compatibility != compatibility_) {
     return failedPrecondition(field + ".compatibility: the other agent's KV layout differs (" +
                               firstDifference(compatibility_, d.compatibility) + ")");
+  }
+  if (!d.block_ids.empty() && (d.hold_slot < 0 || d.hold_ticket.empty())) {
+    return invalidArgument(field +
+                           ".remote_hold_slot and remote_hold_ticket must come with "
+                           "remote_block_ids: a reader checks with them that the producer still "
+                           "held the blocks it read");
   }
   const int64_t block_size = cache_.blockSize();
   const auto num_ids = static_cast<int64_t>(d.block_ids.size());
@@ -1040,9 +1040,10 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
   finished.request_id = job.request_id;
   finished.num_blocks = static_cast<int64_t>(job.pairs.size());
   finished.from_peer = true;
-  auto fail_all = [&](const std::string& reason, const std::string& why) {
+  // `counted`: a failure already counted for this load is not counted again.
+  auto fail_all = [&](const std::string& reason, const std::string& why, bool counted = false) {
     TANDEM_LOG(kWarn) << "ucx connector: request " << job.request_id << ": " << why;
-    failures_.add(reason);
+    if (!counted) failures_.add(reason);
     finished.failed_block_indices.clear();
     for (size_t i = 0; i < job.pairs.size(); ++i) {
       finished.failed_block_indices.push_back(job.first_block + static_cast<int64_t>(i));
@@ -1125,9 +1126,11 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
     }
     // Read blocks count only if the producer still held them when they were
     // read: its ticket, read after them, is still in its word (hold_tickets.h).
+    // The check has a deadline of its own: the ticket, not the clock, says
+    // whether the blocks were still held.
     bool hold_ended = false;
     if (staged_ok && read.failed_local_blocks.size() < pairs.size()) {
-      auto word = peer->readWord(job.source.hold_slot, deadline);
+      auto word = peer->readWord(job.source.hold_slot, transport::Clock::now() + read_timeout_);
       std::string reason;
       std::string why;
       if (!word.isOk()) {
@@ -1141,7 +1144,7 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
         hold_ended = true;
       }
       if (!reason.empty()) {
-        fail_all(reason, why);
+        fail_all(reason, why, /*counted=*/!read.status.isOk());
         outcome.staged.clear();
       }
     }
@@ -1244,7 +1247,12 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   if (buffer_path_ == KvBufferPath::kStaging) {
     // Readers see the staging slots, never the slab.
     std::vector<BlockId> slots;
-    if (full_blocks > 0) slots = stageBlocks(blocks.first(static_cast<size_t>(full_blocks)));
+    try {
+      if (full_blocks > 0) slots = stageBlocks(blocks.first(static_cast<size_t>(full_blocks)));
+    } catch (...) {
+      endHold(d.transfer_id);  // the ticket goes back with the error
+      throw;
+    }
     if (full_blocks > 0 && slots.empty()) {
       TANDEM_LOG(kWarn) << "ucx connector: request " << d.transfer_id << ": no " << full_blocks
                         << " free staging slots (staging_blocks is " << staging_capacity_
@@ -1257,7 +1265,13 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
       const auto timeout = std::chrono::duration_cast<transport::Clock::duration>(
           std::chrono::duration<double>(config_.abort_timeout_s));
       std::lock_guard<std::mutex> lock(staging_mutex_);
-      staged_holds_[d.transfer_id] = {slots, transport::Clock::now() + timeout};
+      if (tickets_->holds(d.transfer_id, ticket->ticket)) {
+        staged_holds_[d.transfer_id] = {slots, transport::Clock::now() + timeout};
+      } else {
+        // Ended meanwhile (a release of an earlier hold under this id, on
+        // another thread): nobody will free these slots but us.
+        returnSlotsLocked(slots);
+      }
     }
     d.block_ids.assign(slots.begin(), slots.end());
   } else {

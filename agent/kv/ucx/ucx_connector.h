@@ -61,8 +61,9 @@
 // - producer: requestFinished() copies the held blocks into free slots
 //   (Backend::readBlocks, engine thread) and the descriptor names the slots
 //   (remote_num_blocks = the staging capacity), so readers cannot tell the
-//   paths apart. The slots are freed with the hold: the reader's release
-//   message, an explicit release (releaseTarget), or abort_timeout_s. With
+//   paths apart. The slots are freed with the hold, after its ticket
+//   (endHold): the reader's release message, an explicit release
+//   (releaseTarget), the engine ending it (holdEnded), or abort_timeout_s. With
 //   too few free slots the descriptor offers no blocks (the reader
 //   recomputes) and staging_full is counted.
 // - consumer: the loader thread GETs into free slots of its own area; poll()

@@ -33,7 +33,10 @@ TEST(HoldTickets, ATicketIsInItsWordExactlyWhileItsHoldLasts) {
   EXPECT_NE(a->ticket, b->ticket);
   EXPECT_EQ(tickets.used(), 2);
 
+  EXPECT_TRUE(tickets.holds("a", a->ticket));
+  EXPECT_FALSE(tickets.holds("a", b->ticket));
   EXPECT_TRUE(tickets.end("a"));
+  EXPECT_FALSE(tickets.holds("a", a->ticket));
   EXPECT_EQ(wordAt(words, a->slot), Ticket{}) << "an ended hold's word is zero";
   EXPECT_FALSE(tickets.end("a")) << "once";
   EXPECT_EQ(wordAt(words, b->slot), b->ticket) << "others are untouched";
