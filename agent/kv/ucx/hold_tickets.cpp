@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "agent/transport/remote_slab.h"
+
 namespace tandem::kv {
 
 namespace {
@@ -36,30 +38,18 @@ HoldTickets::Ticket HoldTickets::ticketFor(uint64_t n) {
 }
 
 std::string HoldTickets::toHex(const Ticket& ticket) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(16);
-  for (uint8_t byte : ticket) {
-    hex += kDigits[byte >> 4];
-    hex += kDigits[byte & 15];
-  }
-  return hex;
+  return transport::hexEncode(
+      std::string_view(reinterpret_cast<const char*>(ticket.data()), ticket.size()));
 }
 
 std::optional<HoldTickets::Ticket> HoldTickets::fromHex(std::string_view hex) {
-  if (hex.size() != 16) return std::nullopt;
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  Ticket ticket{};
-  for (size_t i = 0; i < ticket.size(); ++i) {
-    const int high = digit(hex[2 * i]);
-    const int low = digit(hex[2 * i + 1]);
-    if (high < 0 || low < 0) return std::nullopt;
-    ticket[i] = static_cast<uint8_t>(high * 16 + low);
+  StatusOr<std::string> bytes = transport::hexDecode(hex);
+  // Exactly the lower-case text toHex gives (hexDecode takes upper case too).
+  if (!bytes.isOk() || bytes->size() != sizeof(Ticket) || transport::hexEncode(*bytes) != hex) {
+    return std::nullopt;
   }
+  Ticket ticket{};
+  std::memcpy(ticket.data(), bytes->data(), ticket.size());
   return ticket;
 }
 
