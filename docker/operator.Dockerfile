@@ -17,7 +17,7 @@ RUN apt-get update \
          build-essential cmake pkg-config \
          libucx-dev libcpp-httplib-dev libyaml-cpp-dev prometheus-cpp-dev libboost-dev \
          nlohmann-json3-dev libgtest-dev libpcre2-dev libxxhash-dev libcli11-dev \
-         libssl-dev libutf8proc-dev \
+         libssl-dev libutf8proc-dev ccache \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what CMake reads for the programs: the root CMakeLists.txt configures
@@ -34,7 +34,13 @@ COPY profiles profiles
 # caching (podman, buildah, docker) compiles the three programs once for the
 # three images (the GPU agent's stage only adds the CUDA backend to it).
 # CUDA off, whatever the builder mounts: the stage is the same everywhere.
-RUN cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF -DTANDEM_CUDA=OFF \
+# A builder may lend it a compiler cache, read-only, at /ccache (`podman build
+# --volume DIR:/ccache:ro`; scripts/images.sh --ccache lends the host build's):
+# what it holds for these sources and this compiler is taken from it, nothing
+# is written to it. Without one (docker cannot mount in a build) all compiles.
+RUN if [ -d /ccache ]; then set -- -DTANDEM_CCACHE=ON -DTANDEM_CCACHE_DIR=/ccache; \
+      export CCACHE_READONLY=1 CCACHE_TEMPDIR=/tmp/ccache; else set -- -DTANDEM_CCACHE=OFF; fi \
+    && cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF -DTANDEM_CUDA=OFF "$@" \
     && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" \
          --target tandem-agent tandem-model tandem-operator \
     && strip --strip-unneeded /src/build/bin/tandem-agent /src/build/bin/tandem-model \

@@ -6,7 +6,7 @@
 # programs inside their build stage (docs/images.md).
 #
 # Usage: scripts/images.sh [--engine podman|docker] [--out DIR] [--only LIST]
-#                          [--push REGISTRY]
+#                          [--ccache DIR|none] [--push REGISTRY]
 #   --engine   the container engine (default: podman, else docker)
 #   --out      where the base's tarball, the engine configuration and
 #              images.json go (default: build/images)
@@ -15,6 +15,10 @@
 #              agent-gpu-local compiles the agent with CUDA against the
 #              toolkit at CUDA_HOME (default /usr/local/cuda), which podman
 #              mounts read-only into the build stage (docker cannot)
+#   --ccache   a compiler cache lent read-only to the build stage (podman
+#              only): files it holds compiled with these sources and this
+#              compiler are taken from it (default: the host build's,
+#              build/ccache, where it exists; none: compile everything)
 #   --push     then tag each image as REGISTRY/tandem/<name>:<tag> and push it
 #              (make push REGISTRY=host:port); TLS is not required of a
 #              registry on 127.0.0.1, ::1 or localhost
@@ -37,13 +41,15 @@ engine=""
 out="${root}/build/images"
 only="agent-cpu,operator"
 push=""
+ccache=default
 while (($# > 0)); do
   case "$1" in
     --engine) engine="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --push) push="$2"; shift 2 ;;
-    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --ccache) ccache="$2"; shift 2 ;;
+    -h | --help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "images.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,6 +68,22 @@ esac
 IFS=, read -r -a wanted <<<"${only}"
 [[ "${only}" == all ]] && wanted=(agent-cpu operator agent-gpu-local)
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+# The compiler cache the build stage may read (docker/*.Dockerfile): podman
+# mounts it at /ccache; docker has no volumes in a build.
+if [[ "${ccache}" == default ]]; then
+  ccache=none
+  [[ "${engine}" == podman && -d "${root}/build/ccache" ]] && ccache="${root}/build/ccache"
+elif [[ "${ccache}" != none ]]; then
+  if [[ "${engine}" != podman ]]; then
+    echo "images.sh: --ccache mounts a folder into the build: podman only" >&2
+    exit 2
+  fi
+  if [[ ! -d "${ccache}" ]]; then
+    echo "images.sh: --ccache takes a folder or none, got '${ccache}' (no such folder)" >&2
+    exit 2
+  fi
+  ccache="$(cd "${ccache}" && pwd)"
+fi
 for image in "${wanted[@]}"; do
   case "${image}" in
     agent-cpu | operator) ;;
@@ -163,15 +185,19 @@ declare -A names=([agent-cpu]="${prefix}/agent:${tag}-cpu" [operator]="${prefix}
   [agent-gpu-local]="${prefix}/agent:${tag}-gpu-local")
 build_args=(--build-arg "DEBIAN_IMAGE=${base}" --build-arg "BUILD_JOBS=${jobs}"
   --build-arg "VERSION=${tag}" --build-arg "REVISION=${revision}")
+[[ "${ccache}" != none ]] && echo "== compiler cache lent to the build stages: ${ccache}"
+declare -A seconds_taken=()
 for image in "${wanted[@]}"; do
   echo "== ${names[${image}]} (docker/${image}.Dockerfile)"
   start=${SECONDS}
   # The build stage's apt-get reaches the archive through the host's network.
   extra=()
   [[ "${image}" == agent-gpu-local ]] && extra=(--volume "${cuda_home}:/usr/local/cuda:ro")
+  [[ "${ccache}" != none ]] && extra+=(--volume "${ccache}:/ccache:ro")
   "${engine}" build --network host "${extra[@]}" -f "${root}/docker/${image}.Dockerfile" \
     "${build_args[@]}" -t "${names[${image}]}" "${root}"
-  echo "   built in $((SECONDS - start)) s"
+  seconds_taken[${image}]=$((SECONDS - start))
+  echo "   built in ${seconds_taken[${image}]} s"
 done
 
 # Where --push puts an image: its name with the registry part (a first
@@ -206,15 +232,15 @@ echo "== sizes"
 {
   echo "{"
   echo "  \"engine\": \"${engine}\", \"base\": \"${base}\", \"revision\": \"${revision}\","
-  echo "  \"containers_conf\": \"${CONTAINERS_CONF:-}\","
+  echo "  \"containers_conf\": \"${CONTAINERS_CONF:-}\", \"ccache\": \"${ccache}\","
   echo "  \"images\": ["
   separator=""
   for image in "${wanted[@]}"; do
     bytes="$("${engine}" image inspect --format '{{.Size}}' "${names[${image}]}")"
     printf "  %-40s %s MB\n" "${names[${image}]}" "$(awk -v b="${bytes}" "BEGIN { printf \"%.1f\", b / 1e6 }")" >&2
-    printf '%s    {"name": "%s", "tag": "%s", "bytes": %s, "pushed": "%s", "digest": "%s"}' \
-      "${separator}" "${image}" "${names[${image}]}" "${bytes}" "${pushed[${image}]:-}" \
-      "${digests[${image}]:-}"
+    printf '%s    {"name": "%s", "tag": "%s", "bytes": %s, "build_seconds": %s, "pushed": "%s", "digest": "%s"}' \
+      "${separator}" "${image}" "${names[${image}]}" "${bytes}" "${seconds_taken[${image}]}" \
+      "${pushed[${image}]:-}" "${digests[${image}]:-}"
     separator=$',\n'
   done
   printf '\n  ]\n}\n'
