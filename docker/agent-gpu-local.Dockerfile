@@ -43,7 +43,8 @@ COPY profiles profiles
 # --volume DIR:/ccache:ro`; scripts/images.sh --ccache lends the host build's):
 # what it holds for these sources and this compiler is taken from it, nothing
 # is written to it. Without one (docker cannot mount in a build) all compiles.
-RUN if [ -d /ccache ]; then set -- -DTANDEM_CCACHE=ON -DTANDEM_CCACHE_DIR=/ccache; \
+# A mount, not a folder: a builder may leave the empty mount point in a layer.
+RUN if mountpoint -q /ccache; then set -- -DTANDEM_CCACHE=ON -DTANDEM_CCACHE_DIR=/ccache; \
       export CCACHE_READONLY=1 CCACHE_TEMPDIR=/tmp/ccache; else set -- -DTANDEM_CCACHE=OFF; fi \
     && cmake -S /src -B /src/build -DCMAKE_BUILD_TYPE=Release -DTANDEM_TESTS=OFF -DTANDEM_CUDA=OFF "$@" \
     && cmake --build /src/build -j"${BUILD_JOBS:-$(nproc)}" \
@@ -62,7 +63,7 @@ ARG CUDA_ARCHITECTURES=80;90
 RUN test -x /usr/local/cuda/bin/nvcc \
       || { echo "no CUDA toolkit at /usr/local/cuda: build with" \
                 "--volume /usr/local/cuda:/usr/local/cuda:ro" >&2; exit 1; } \
-    && if [ -d /ccache ]; then set -- -DTANDEM_CCACHE=ON -DTANDEM_CCACHE_DIR=/ccache; \
+    && if mountpoint -q /ccache; then set -- -DTANDEM_CCACHE=ON -DTANDEM_CCACHE_DIR=/ccache; \
          export CCACHE_READONLY=1 CCACHE_TEMPDIR=/tmp/ccache; else set -- -DTANDEM_CCACHE=OFF; fi \
     && cmake -S /src -B /src/build -DTANDEM_CUDA=ON "$@" \
          -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
