@@ -36,6 +36,12 @@
 # registry's digest), and writes them to OUT/images.json.
 set -euo pipefail
 
+# A refused argument: the message on stderr, exit status 2.
+refuse() {
+  echo "images.sh: $*" >&2
+  exit 2
+}
+
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 engine=""
 out="${root}/build/images"
@@ -50,7 +56,7 @@ while (($# > 0)); do
     --push) push="$2"; shift 2 ;;
     --ccache) ccache="$2"; shift 2 ;;
     -h | --help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "images.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    *) refuse "unknown argument '$1' (see --help)" ;;
   esac
 done
 if [[ -z "${engine}" ]]; then
@@ -63,7 +69,7 @@ if [[ -z "${engine}" ]]; then
 fi
 case "${engine}" in
   podman | docker) ;;
-  *) echo "images.sh: --engine must be podman or docker, got '${engine}'" >&2; exit 2 ;;
+  *) refuse "--engine must be podman or docker, got '${engine}'" ;;
 esac
 IFS=, read -r -a wanted <<<"${only}"
 [[ "${only}" == all ]] && wanted=(agent-cpu operator agent-gpu-local)
@@ -74,39 +80,25 @@ if [[ "${ccache}" == default ]]; then
   ccache=none
   [[ "${engine}" == podman && -d "${root}/build/ccache" ]] && ccache="${root}/build/ccache"
 elif [[ "${ccache}" != none ]]; then
-  if [[ "${engine}" != podman ]]; then
-    echo "images.sh: --ccache mounts a folder into the build: podman only" >&2
-    exit 2
-  fi
-  if [[ ! -d "${ccache}" ]]; then
-    echo "images.sh: --ccache takes a folder or none, got '${ccache}' (no such folder)" >&2
-    exit 2
-  fi
+  [[ "${engine}" == podman ]] || refuse "--ccache mounts a folder into the build: podman only"
+  [[ -d "${ccache}" ]] || refuse "--ccache takes a folder or none, got '${ccache}' (no such folder)"
   ccache="$(cd "${ccache}" && pwd)"
 fi
 for image in "${wanted[@]}"; do
   case "${image}" in
     agent-cpu | operator) ;;
     agent-gpu-local)
-      if [[ "${engine}" != podman ]]; then
-        echo "images.sh: agent-gpu-local mounts a CUDA toolkit into its build: podman only" >&2
-        exit 2
-      fi
-      if [[ ! -x "${cuda_home}/bin/nvcc" ]]; then
-        echo "images.sh: agent-gpu-local needs a CUDA toolkit: no ${cuda_home}/bin/nvcc (CUDA_HOME)" >&2
-        exit 2
-      fi
+      [[ "${engine}" == podman ]] ||
+        refuse "agent-gpu-local mounts a CUDA toolkit into its build: podman only"
+      [[ -x "${cuda_home}/bin/nvcc" ]] ||
+        refuse "agent-gpu-local needs a CUDA toolkit: no ${cuda_home}/bin/nvcc (CUDA_HOME)"
       ;;
-    *)
-      echo "images.sh: --only takes agent-cpu, operator, agent-gpu-local or all, got '${image}'" >&2
-      exit 2
-      ;;
+    *) refuse "--only takes agent-cpu, operator, agent-gpu-local or all, got '${image}'" ;;
   esac
 done
 
 if [[ -n "${push}" && ! "${push}" =~ ^[A-Za-z0-9.-]+(:[0-9]+)?$|^\[::1\](:[0-9]+)?$ ]]; then
-  echo "images.sh: --push takes a registry host[:port], got '${push}'" >&2
-  exit 2
+  refuse "--push takes a registry host[:port], got '${push}'"
 fi
 prefix="${TANDEM_IMAGE_PREFIX:-ghcr.io/tandem}"
 tag="${TANDEM_IMAGE_TAG:-0.1.0}"

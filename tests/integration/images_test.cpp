@@ -25,8 +25,9 @@
 // (images.sh --ccache), so the programs the host build just compiled are not
 // compiled again; a cache without them (another compiler, another header)
 // only makes the stage compile, and what runs is checked the same way.
-// One test, because the build is one long step every check needs (about 30
-// minutes on 2 cores with nothing cached, a few with the cache; docs/images.md).
+// One test, because the build is one long step every check needs (alone on 2
+// cores, from a fresh base: about 15 minutes with nothing cached, 6 with the
+// cache; docs/images.md).
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/stat.h>
