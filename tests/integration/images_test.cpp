@@ -21,10 +21,11 @@
 //    image.registry gives them; skopeo reads the operator's labels and the
 //    digest the push reported back; it is pulled into an empty image store
 //    with that digest, and run from there.
-// The build stages are lent this build tree's compiler cache read-only
-// (images.sh --ccache), so the programs the host build just compiled are not
-// compiled again; a cache without them (another compiler, another header)
-// only makes the stage compile, and what runs is checked the same way.
+// The build stages are lent this build's compiler cache read-only (images.sh
+// --ccache; none when the build compiles without one), so the programs the
+// host build just compiled are not compiled again; a cache without them
+// (another compiler, another header) only makes the stage compile, and what
+// runs is checked the same way.
 // One test, because the build is one long step every check needs (alone on 2
 // cores, from a fresh base: about 15 minutes with nothing cached, 6 with the
 // cache; docs/images.md).
@@ -141,10 +142,10 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
   // Debian package, so `make deps` does not install one).
   const bool cuda_toolkit = fs::exists("/usr/local/cuda/bin/nvcc");
   if (!cuda_toolkit) RecordProperty("agent_gpu_local", "not built: no /usr/local/cuda/bin/nvcc");
-  const fs::path ccache = kBinDir.parent_path() / "ccache";
+  const fs::path cache_folder = TANDEM_CCACHE_FOLDER;
+  const std::string ccache = fs::is_directory(cache_folder) ? cache_folder.string() : "none";
   std::vector<std::string> build = {(kSourceDir / "scripts/images.sh").string(), "--out",
-                                    out_.string(), "--ccache",
-                                    fs::is_directory(ccache) ? ccache.string() : "none"};
+                                    out_.string(), "--ccache", ccache};
   if (cuda_toolkit) build.insert(build.end(), {"--only", "all"});
   const CommandResult built = runCommand(build, work_.path(), std::chrono::minutes(45));
   ASSERT_EQ(built.exit_status, 0) << describe(built);
@@ -165,7 +166,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
                    std::to_string(image.at("build_seconds").get<int64_t>()));
   }
   ASSERT_EQ(tags.size(), cuda_toolkit ? 3u : 2u) << summary.dump();
-  EXPECT_EQ(summary.at("ccache"), fs::is_directory(ccache) ? ccache.string() : "none");
+  EXPECT_EQ(summary.at("ccache"), ccache);
   const std::string agent = tags.at("agent-cpu");
   const std::string operator_image = tags.at("operator");
   const std::string revision = summary.at("revision").get<std::string>();
