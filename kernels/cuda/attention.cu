@@ -42,7 +42,7 @@
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/mma.h"
+#include "kernels/cuda/ptx.h"
 
 namespace tandem::kernels::cuda {
 namespace {

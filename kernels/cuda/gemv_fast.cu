@@ -42,6 +42,7 @@
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/ptx.h"
 #include "kernels/cuda/weight_layout.h"
 
 namespace tandem::kernels::cuda {
@@ -49,21 +50,6 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kFoldThreads = 256;
-
-__device__ __forceinline__ void cpAsync16(void* shared, const void* global) {
-  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global)
-               : "memory");
-}
-
-__device__ __forceinline__ void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // One 16-byte vector of weights as fp32: 8 bf16/f16 or 4 f32.
 template <typename Elements>
@@ -113,7 +99,7 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
     auto& stage = stages[q % kGemvStages];
 #pragma unroll
     for (int j = 0; j < kGemvSlabSteps; ++j) {
-      cpAsync16(&stage[j][lane], from + j * kGemvTileCols * kGemvVectorBytes);
+      copyAsync16(&stage[j][lane], from + j * kGemvTileCols * kGemvVectorBytes);
     }
   };
 
@@ -121,7 +107,7 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
 #pragma unroll
   for (int q = 0; q < kGemvStages - 1; ++q) {
     if (q < slabs) issue(q);
-    cpAsyncCommit();
+    commitCopies();
   }
 
   float part[kRows];
@@ -132,8 +118,8 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
     // The stage slab q + kGemvStages - 1 goes to held slab q - 1, whose
     // every weight this lane has already multiplied.
     if (q + kGemvStages - 1 < slabs) issue(q + kGemvStages - 1);
-    cpAsyncCommit();
-    cpAsyncWait<kGemvStages - 1>();  // slab q has landed
+    commitCopies();
+    waitCopies<kGemvStages - 1>();  // slab q has landed
 
     const int64_t tile = gemvSlabTile(t, first, q);
     const int64_t step0 = gemvSlabStep(t, q);
@@ -196,7 +182,7 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
       }
     }
   }
-  cpAsyncWait<0>();  // leave no copy in flight into shared memory
+  waitCopies<0>();  // leave no copy in flight into shared memory
 }
 
 // Output (r, column): the column's chunk partials added in chunk order.

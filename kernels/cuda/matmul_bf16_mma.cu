@@ -60,7 +60,7 @@
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/mma.h"
+#include "kernels/cuda/ptx.h"
 #include "kernels/cuda/weight_layout.h"
 
 namespace tandem::kernels::cuda {
@@ -279,27 +279,6 @@ constexpr int kVectorsPerThread = kVectors / kThreads;
 static_assert(kTileM == kTileN && kVectorsPerThread * kThreads == kVectors, "loads cover tiles");
 static_assert((kTileM / kWarpTileM) * kWarpsN * 32 == kThreads, "warps cover the tile");
 
-__device__ __forceinline__ uint32_t sharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, or 16 zero bytes where !valid (nothing read).
-__device__ __forceinline__ void copyAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(dst)),
-               "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void commitGroup() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void waitGroups() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-__device__ __forceinline__ void loadMatrices(uint32_t r[4], const uint16_t* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(sharedAddress(p)));
-}
-
 // K step `step` of rows [row0, row0 + 128) of a (rows x k, bf16, row-major)
 // into a stage's 128 x 32 tile.
 __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64_t rows, int64_t k,
@@ -348,7 +327,7 @@ __global__ void __launch_bounds__(kThreads)
       loadTile(xb, m, k, m0, stage, a_tile(stage));
       loadTile(w, n, k, n0, stage, b_tile(stage));
     }
-    commitGroup();
+    commitCopies();
   }
 
   // ldmatrix row and column of this lane: A takes (rows 0-15, k 0-7) then
@@ -360,14 +339,14 @@ __global__ void __launch_bounds__(kThreads)
   const int b_col = lane / 8 % 2 * 8;
 
   for (int64_t step = 0; step < steps; ++step) {
-    waitGroups<kStages - 2>();
+    waitCopies<kStages - 2>();
     __syncthreads();  // this step's tile is in; the stage loaded below was last read a step ago
     const int64_t next = step + kStages - 1;
     if (next < steps) {
       loadTile(xb, m, k, m0, next, a_tile(static_cast<int>(next % kStages)));
       loadTile(w, n, k, n0, next, b_tile(static_cast<int>(next % kStages)));
     }
-    commitGroup();
+    commitCopies();
 
     const uint16_t* a = a_tile(static_cast<int>(step % kStages));
     const uint16_t* b = b_tile(static_cast<int>(step % kStages));
@@ -393,7 +372,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  waitGroups<0>();
+  waitCopies<0>();
 
   storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, out);
 }
@@ -450,15 +429,6 @@ __global__ void xToFragmentsKernel(const float* __restrict__ x, int64_t m, int64
     }
     out[v] = make_uint4(words[0], words[1], words[2], words[3]);
   }
-}
-
-// 16 bytes of the weights' stream, not kept in L1 (x's fragments are).
-__device__ __forceinline__ uint4 loadStreaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
 }
 
 // kPairs pairs (32 k each: two 16-wide slices) of one warp's weights and

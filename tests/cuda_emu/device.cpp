@@ -1,0 +1,516 @@
+// The CUDA emulator's device side: blocks of fibers (device.h says how a
+// kernel runs here and where that differs from a GPU).
+#include "tests/cuda_emu/device.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/cuda_emu/emulator.h"
+#include "tests/cuda_emu/instructions.h"
+
+namespace tandem::cuda_emu {
+namespace {
+
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr int kWarpSize = 32;
+constexpr size_t kMaxExchangeBytes = 64;
+
+enum class Wait { kRunning, kBarrier, kWarp, kDone };
+
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+  size_t src_bytes;
+};
+
+// A fiber's saved context. On x86-64 a switch saves the callee-saved
+// registers on the fiber's own stack (a few nanoseconds; no kernel changes
+// the floating-point control words, so they are not switched); elsewhere ucontext, whose switches
+// also save the signal mask, a system call each.
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+extern "C" void tandem_cuda_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl tandem_cuda_emu_switch
+  .type tandem_cuda_emu_switch, @function
+tandem_cuda_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tandem_cuda_emu_switch, .-tandem_cuda_emu_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+void switchContext(Context& from, Context& to) { tandem_cuda_emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t context;
+};
+void switchContext(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
+#endif
+
+struct Fiber {
+  Context context;
+  void* stack = nullptr;
+  ThreadIndex index;
+  int warp = 0;
+  int lane = 0;
+  Wait wait = Wait::kRunning;
+  std::vector<Copy> open;                // cp.async issued since the last commit
+  std::deque<std::vector<Copy>> groups;  // committed, oldest first
+};
+
+struct Warp {
+  int lanes = 0;  // threads of the block in this warp
+  int live = 0;   // not exited
+  int arrived = 0;
+  Combine combine = nullptr;
+  const char* what = nullptr;
+  size_t in_bytes = 0;
+  size_t out_bytes = 0;
+  alignas(16) unsigned char in[kWarpSize * kMaxExchangeBytes];
+  alignas(16) unsigned char out[kWarpSize * kMaxExchangeBytes];
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  int live = 0;
+  int at_barrier = 0;
+  Context scheduler;
+  Fiber* running = nullptr;
+  bool descending = false;  // the order fibers take turns in
+  void (*run_thread)(const void*) = nullptr;
+  const void* call = nullptr;
+  void* dynamic_shared = nullptr;
+};
+
+Block* g_block = nullptr;
+
+// Fiber stacks, kept from launch to launch: mapped once, never touched
+// beyond what the kernels use.
+std::vector<void*>& stacks() {
+  static std::vector<void*> all;
+  return all;
+}
+
+void* stackFor(size_t thread) {
+  auto& all = stacks();
+  while (all.size() <= thread) {
+    void* stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stack == MAP_FAILED) fault("cannot map a fiber stack of %zu bytes", kStackBytes);
+    all.push_back(stack);
+  }
+  return all[thread];
+}
+
+Fiber& current() {
+  if (g_block == nullptr || g_block->running == nullptr) {
+    fault("a device function was called outside a kernel");
+  }
+  return *g_block->running;
+}
+
+// The next fiber that can run, after `from` in the block's order and
+// around; nullptr when none can.
+Fiber* nextRunnable(Block& block, const Fiber& from) {
+  const size_t n = block.fibers.size();
+  const size_t at = static_cast<size_t>(&from - block.fibers.data());
+  for (size_t i = 1; i <= n; ++i) {
+    Fiber& fiber = block.fibers[block.descending ? (at + n - i) % n : (at + i) % n];
+    if (fiber.wait == Wait::kRunning) return &fiber;
+  }
+  return nullptr;
+}
+
+// Hands the host thread to the next fiber that can run (straight, one
+// switch), or to the scheduler when none can; returns once this fiber is
+// resumed.
+void passTurn(Fiber& fiber) {
+  Block& block = *g_block;
+  Fiber* next = nextRunnable(block, fiber);
+  if (next == nullptr) {
+    switchContext(fiber.context, block.scheduler);
+  } else {
+    block.running = next;
+    switchContext(fiber.context, next->context);
+  }
+}
+
+void releaseBarrier(Block& block) {
+  for (Fiber& fiber : block.fibers) {
+    if (fiber.wait == Wait::kBarrier) fiber.wait = Wait::kRunning;
+  }
+  block.at_barrier = 0;
+}
+
+void completeExchange(Block& block, Warp& warp, int warp_index) {
+  if (warp.live != warp.lanes) {
+    fault(
+        "%s in warp %d of block (%u, %u, %u): %d of its %d threads have exited (a warp-wide "
+        "instruction needs every lane)",
+        warp.what, warp_index, block.fibers[0].index.block.x, block.fibers[0].index.block.y,
+        block.fibers[0].index.block.z, warp.lanes - warp.live, warp.lanes);
+  }
+  warp.combine(warp.in, warp.out);
+  for (int lane = 0; lane < warp.lanes; ++lane) {
+    block.fibers[static_cast<size_t>(warp_index * kWarpSize + lane)].wait = Wait::kRunning;
+  }
+  warp.arrived = 0;
+  warp.combine = nullptr;
+}
+
+void threadMain() {
+  Block& block = *g_block;
+  block.run_thread(block.call);
+  Fiber& fiber = *block.running;
+  fiber.wait = Wait::kDone;
+  fiber.open.clear();
+  fiber.groups.clear();  // copies never waited for land nowhere observable
+  --block.live;
+  Warp& warp = block.warps[static_cast<size_t>(fiber.warp)];
+  --warp.live;
+  if (warp.arrived > 0) {
+    fault("thread %u of block (%u, %u, %u) exited while its warp waits at %s", fiber.index.thread.x,
+          fiber.index.block.x, fiber.index.block.y, fiber.index.block.z, warp.what);
+  }
+  if (block.at_barrier > 0 && block.at_barrier == block.live) releaseBarrier(block);
+}
+
+// A fiber's first frame: the thread, then back to the scheduler for good.
+[[noreturn]] void fiberEntry() {
+  threadMain();
+  passTurn(*g_block->running);
+  fault("an exited fiber was resumed");
+}
+
+std::string describeWaits(const Block& block) {
+  int barrier = 0, warp = 0, done = 0;
+  std::string ops;
+  for (const Fiber& fiber : block.fibers) {
+    if (fiber.wait == Wait::kBarrier) ++barrier;
+    if (fiber.wait == Wait::kDone) ++done;
+    if (fiber.wait == Wait::kWarp) {
+      ++warp;
+      const Warp& w = block.warps[static_cast<size_t>(fiber.warp)];
+      if (fiber.lane == 0 || ops.empty()) {
+        ops += " warp " + std::to_string(fiber.warp) + " at " + w.what + " (" +
+               std::to_string(w.arrived) + " of " + std::to_string(w.live) + " lanes);";
+      }
+    }
+  }
+  return std::to_string(barrier) + " threads at __syncthreads, " + std::to_string(warp) +
+         " at warp-wide instructions," + ops + " " + std::to_string(done) + " exited";
+}
+
+void runBlock(Block& block, bool descending) {
+  block.descending = descending;
+  block.running = descending ? &block.fibers.back() : &block.fibers.front();
+  switchContext(block.scheduler, block.running->context);
+  // Back when no fiber can run: all have exited, or they wait for each other.
+  block.running = nullptr;
+  for (const Fiber& fiber : block.fibers) {
+    if (fiber.wait != Wait::kDone) {
+      const ThreadIndex& index = block.fibers[0].index;
+      fault("block (%u, %u, %u) cannot go on: %s", index.block.x, index.block.y, index.block.z,
+            describeWaits(block).c_str());
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// The stack tandem_cuda_emu_switch would have left: six registers, then
+// the return address (fiberEntry, entered with the
+// stack aligned as after a call).
+void prepareFiber(Fiber& fiber, Block&) {
+  // Stack tops staggered by a few cache lines, so that the fibers' top
+  // frames do not all fall in the same cache sets.
+  const size_t stagger = (static_cast<size_t>(fiber.warp) * 32 + fiber.lane) % 64 * 80 / 16 * 16;
+  auto* top = reinterpret_cast<uint64_t*>(static_cast<char*>(fiber.stack) + kStackBytes - stagger);
+  uint64_t* sp = top - 2;  // 16-byte aligned
+  *--sp = 0;               // fiberEntry's (never used) return address
+  *--sp = reinterpret_cast<uint64_t>(&fiberEntry);
+  for (int r = 0; r < 6; ++r) *--sp = 0;
+  fiber.context.sp = sp;
+}
+#else
+// Out of line: getcontext returns twice, which would make the caller's
+// loop variables clobberable.
+[[gnu::noinline]] void prepareFiber(Fiber& fiber, Block& block) {
+  getcontext(&fiber.context.context);
+  fiber.context.context.uc_stack.ss_sp = fiber.stack;
+  fiber.context.context.uc_stack.ss_size = kStackBytes;
+  fiber.context.context.uc_link = nullptr;
+  makecontext(&fiber.context.context, reinterpret_cast<void (*)()>(&fiberEntry), 0);
+}
+#endif
+
+const char* checkShape(const void* kernel, const LaunchShape& shape, cudaError_t* error) {
+  const uint64_t threads = static_cast<uint64_t>(shape.block.x) * shape.block.y * shape.block.z;
+  *error = cudaErrorInvalidConfiguration;
+  if (threads == 0 || threads > 1024 || shape.block.z > 64)
+    return "block of more than 1024 threads";
+  if (shape.grid.x == 0 || shape.grid.y == 0 || shape.grid.z == 0) return "empty grid";
+  if (shape.grid.y > 65535 || shape.grid.z > 65535) return "grid y or z above 65535";
+  *error = cudaErrorInvalidValue;
+  if (shape.shared_bytes > maxDynamicShared(kernel))
+    return "more dynamic shared memory than allowed";
+  *error = cudaSuccess;
+  return nullptr;
+}
+
+void runGrid(const LaunchShape& shape, void (*run_thread)(const void*), const void* call) {
+  const size_t threads = static_cast<size_t>(shape.block.x) * shape.block.y * shape.block.z;
+  // Shared memory starts as whatever was there: all ones (NaN as bf16 or f32).
+  std::unique_ptr<unsigned char[]> shared(new unsigned char[shape.shared_bytes + 128]);
+  void* dynamic = shared.get() + (128 - reinterpret_cast<uintptr_t>(shared.get()) % 128);
+  Block block;
+  block.fibers.resize(threads);
+  block.warps.resize((threads + kWarpSize - 1) / kWarpSize);
+  block.run_thread = run_thread;
+  block.call = call;
+  block.dynamic_shared = dynamic;
+  Block* outer = g_block;
+  g_block = &block;
+  uint64_t linear = 0;
+  for (unsigned z = 0; z < shape.grid.z; ++z) {
+    for (unsigned y = 0; y < shape.grid.y; ++y) {
+      for (unsigned x = 0; x < shape.grid.x; ++x, ++linear) {
+        std::memset(dynamic, 0xff, shape.shared_bytes);
+        block.live = static_cast<int>(threads);
+        block.at_barrier = 0;
+        for (size_t w = 0; w < block.warps.size(); ++w) {
+          Warp& warp = block.warps[w];
+          warp.lanes = static_cast<int>(std::min<size_t>(kWarpSize, threads - w * kWarpSize));
+          warp.live = warp.lanes;
+          warp.arrived = 0;
+          warp.combine = nullptr;
+        }
+        for (size_t t = 0; t < threads; ++t) {
+          Fiber& fiber = block.fibers[t];
+          fiber.index.thread = {static_cast<unsigned>(t % shape.block.x),
+                                static_cast<unsigned>(t / shape.block.x % shape.block.y),
+                                static_cast<unsigned>(t / shape.block.x / shape.block.y)};
+          fiber.index.block = {x, y, z};
+          fiber.index.block_dim = shape.block;
+          fiber.index.grid_dim = shape.grid;
+          fiber.warp = static_cast<int>(t / kWarpSize);
+          fiber.lane = static_cast<int>(t % kWarpSize);
+          fiber.wait = Wait::kRunning;
+          fiber.stack = stackFor(t);
+          prepareFiber(fiber, block);
+        }
+        runBlock(block, linear % 2 == 1);
+      }
+    }
+  }
+  g_block = outer;
+}
+
+}  // namespace
+
+[[noreturn]] void fault(const char* format, ...) {
+  std::fprintf(stderr, "CUDA emulator: ");
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+  std::fprintf(stderr, "\n");
+  std::abort();
+}
+
+const ThreadIndex& here() { return current().index; }
+
+void requireFullMask(unsigned mask, const char* what) {
+  if (mask != 0xffffffffu)
+    fault("%s with mask %#x: the emulator takes full-warp masks only", what, mask);
+}
+
+void syncThreads() {
+  Fiber& fiber = current();
+  Block& block = *g_block;
+  if (block.warps[static_cast<size_t>(fiber.warp)].arrived > 0) {
+    fault("thread %u reached __syncthreads while its warp waits at %s", fiber.index.thread.x,
+          block.warps[static_cast<size_t>(fiber.warp)].what);
+  }
+  fiber.wait = Wait::kBarrier;
+  if (++block.at_barrier == block.live) {
+    releaseBarrier(block);
+    return;
+  }
+  passTurn(fiber);
+}
+
+void warpExchange(const void* in, size_t in_bytes, void* out, size_t out_bytes, Combine combine,
+                  const char* what) {
+  if (in_bytes > kMaxExchangeBytes || out_bytes > kMaxExchangeBytes) {
+    fault("%s exchanges more than %zu bytes per lane", what, kMaxExchangeBytes);
+  }
+  Fiber& fiber = current();
+  Block& block = *g_block;
+  Warp& warp = block.warps[static_cast<size_t>(fiber.warp)];
+  if (warp.arrived == 0) {
+    warp.combine = combine;
+    warp.what = what;
+    warp.in_bytes = in_bytes;
+    warp.out_bytes = out_bytes;
+  } else if (warp.combine != combine || warp.in_bytes != in_bytes) {
+    fault("the lanes of warp %d diverged: lane %d at %s while others wait at %s", fiber.warp,
+          fiber.lane, what, warp.what);
+  }
+  std::memcpy(warp.in + static_cast<size_t>(fiber.lane) * in_bytes, in, in_bytes);
+  fiber.wait = Wait::kWarp;
+  if (++warp.arrived == warp.live) {
+    completeExchange(block, warp, fiber.warp);
+  } else {
+    passTurn(fiber);
+  }
+  std::memcpy(out, warp.out + static_cast<size_t>(fiber.lane) * out_bytes, out_bytes);
+}
+
+void syncWarp() {
+  const char nothing = 0;
+  char out = 0;
+  warpExchange(
+      &nothing, 1, &out, 1, [](const void*, void*) {}, "__syncwarp");
+}
+
+void asyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
+  current().open.push_back({dst, src, bytes, src_bytes});
+}
+
+void asyncCommit() {
+  Fiber& fiber = current();
+  fiber.groups.push_back(std::move(fiber.open));
+  fiber.open.clear();
+}
+
+void asyncWait(int pending_groups) {
+  Fiber& fiber = current();
+  while (fiber.groups.size() > static_cast<size_t>(pending_groups)) {
+    for (const Copy& copy : fiber.groups.front()) {
+      std::memcpy(copy.dst, copy.src, copy.src_bytes);
+      std::memset(static_cast<unsigned char*>(copy.dst) + copy.src_bytes, 0,
+                  copy.bytes - copy.src_bytes);
+    }
+    fiber.groups.pop_front();
+  }
+}
+
+void* dynamicSharedMemory() {
+  current();
+  return g_block->dynamic_shared;
+}
+
+void submitKernel(const void* kernel, const LaunchShape& shape,
+                  void (*run_thread)(const void* call), std::shared_ptr<const void> call) {
+  cudaError_t error;
+  if (const char* why = checkShape(kernel, shape, &error)) {
+    std::fprintf(stderr,
+                 "CUDA emulator: launch refused: %s (grid %u x %u x %u, block %u x %u x %u, "
+                 "%zu bytes of shared memory)\n",
+                 why, shape.grid.x, shape.grid.y, shape.grid.z, shape.block.x, shape.block.y,
+                 shape.block.z, shape.shared_bytes);
+    setLastError(error);
+    return;
+  }
+  enqueue(shape.stream, [shape, run_thread, call] { runGrid(shape, run_thread, call.get()); });
+}
+
+void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
+  struct Fragments {
+    uint32_t a[4];
+    uint32_t b[2];
+    float c[4];
+  };
+  Fragments in;
+  std::memcpy(in.a, a, sizeof(in.a));
+  std::memcpy(in.b, b, sizeof(in.b));
+  std::memcpy(in.c, acc, sizeof(in.c));
+  warpExchange(
+      &in, sizeof(in), acc, 4 * sizeof(float),
+      [](const void* inputs, void* outputs) {
+        const auto* lanes = static_cast<const Fragments*>(inputs);
+        auto* d = static_cast<float*>(outputs);
+        auto bf16 = [](uint32_t word, int half) {
+          const uint32_t bits = (half == 0 ? word & 0xffffu : word >> 16) << 16;
+          float f;
+          std::memcpy(&f, &bits, 4);
+          return static_cast<double>(f);
+        };
+        double a_m[16][16], b_m[16][8];
+        float c_m[16][8];
+        for (int lane = 0; lane < kWarpSize; ++lane) {
+          const int group = lane / 4, quad = lane % 4;
+          const Fragments& f = lanes[lane];
+          for (int h = 0; h < 2; ++h) {
+            a_m[group][2 * quad + h] = bf16(f.a[0], h);
+            a_m[group + 8][2 * quad + h] = bf16(f.a[1], h);
+            a_m[group][2 * quad + 8 + h] = bf16(f.a[2], h);
+            a_m[group + 8][2 * quad + 8 + h] = bf16(f.a[3], h);
+            b_m[2 * quad + h][group] = bf16(f.b[0], h);
+            b_m[2 * quad + 8 + h][group] = bf16(f.b[1], h);
+            c_m[group][2 * quad + h] = f.c[h];
+            c_m[group + 8][2 * quad + h] = f.c[2 + h];
+          }
+        }
+        for (int lane = 0; lane < kWarpSize; ++lane) {
+          const int group = lane / 4, quad = lane % 4;
+          for (int e = 0; e < 4; ++e) {
+            const int row = group + 8 * (e / 2), column = 2 * quad + e % 2;
+            double sum = c_m[row][column];
+            for (int k = 0; k < 16; ++k) sum += a_m[row][k] * b_m[k][column];
+            d[lane * 4 + e] = static_cast<float>(sum);
+          }
+        }
+      },
+      "mma.sync.m16n8k16");
+}
+
+void loadMatrixX4(uint32_t r[4], const uint16_t* row_address) {
+  warpExchange(
+      &row_address, sizeof(row_address), r, 4 * sizeof(uint32_t),
+      [](const void* inputs, void* outputs) {
+        const auto* rows = static_cast<const uint16_t* const*>(inputs);
+        auto* words = static_cast<uint32_t*>(outputs);
+        for (int lane = 0; lane < kWarpSize; ++lane) {
+          for (int matrix = 0; matrix < 4; ++matrix) {
+            const uint16_t* row = rows[matrix * 8 + lane / 4];
+            if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+              fault("ldmatrix row address %p is not 16-byte aligned",
+                    static_cast<const void*>(row));
+            }
+            std::memcpy(&words[lane * 4 + matrix], row + 2 * (lane % 4), 4);
+          }
+        }
+      },
+      "ldmatrix.x4");
+}
+
+}  // namespace tandem::cuda_emu

@@ -1,0 +1,226 @@
+// The CUDA emulator's device side: what a kernel source of kernels/cuda/
+// sees when it is compiled as host C++ (force-included before the source;
+// docs/cuda.md#the-emulator). Every thread of a block runs as a fiber on
+// the calling host thread; fibers switch only where CUDA threads wait for
+// each other (__syncthreads, __syncwarp, shuffles, mma, ldmatrix,
+// cp.async.wait_group), so everything between two such points runs as
+// plain compiled C++. Blocks run one after another, even-numbered blocks'
+// threads in ascending order and odd-numbered blocks' in descending order,
+// so a read of another thread's shared-memory write that no barrier orders
+// sees stale data in one of the two orders.
+//
+// Where it differs from a GPU: memory is sequentially consistent (a race
+// shows only through the two orders above); mma.sync adds its 16 products
+// and the accumulator in double and rounds once, so a tensor-core result
+// can differ from the hardware's in the last bit (invariance and indexing
+// are what it checks, not the tensor cores' rounding); cp.async copies land
+// when the issuing thread waits for them (the latest the PTX ISA allows);
+// fast-math intrinsics (__expf) are the libm functions. Kernels with
+// `__shared__` variables must not run concurrently from two host threads.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __forceinline__
+#undef __launch_bounds__
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+#define TANDEM_CUDA_EMULATION 1
+
+namespace tandem::cuda_emu {
+
+struct ThreadIndex {
+  uint3 thread;
+  uint3 block;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+const ThreadIndex& here();
+
+// Block-wide and warp-wide waits. warpExchange: every lane of the calling
+// warp hands in `bytes` bytes; once all have, `combine` runs once over the
+// 32 inputs (in lane order) and fills the 32 outputs; each lane gets its
+// own. Lanes of one warp that meet different exchanges (divergence) or a
+// lane that exits while the others wait abort the program with a message.
+void syncThreads();
+void syncWarp();
+using Combine = void (*)(const void* inputs, void* outputs);
+void warpExchange(const void* in, size_t in_bytes, void* out, size_t out_bytes, Combine combine,
+                  const char* what);
+
+// cp.async: copies queued per thread, in commit groups, done when the
+// thread waits for their group.
+void asyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes);
+void asyncCommit();
+void asyncWait(int pending_groups);
+
+// The dynamic shared memory of the running block (the launch's third
+// argument), aligned to 128 bytes.
+void* dynamicSharedMemory();
+
+// Kernel launches: `kernel<<<grid, block, shared, stream>>>(args...)` is
+// rewritten to `kernel << Launch(grid, block, shared, stream)(args...)`
+// (tests/cuda_emu/translate.cmake).
+struct LaunchShape {
+  dim3 grid;
+  dim3 block;
+  size_t shared_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+// Runs `run_thread(call)` as every thread of every block of the grid, or
+// records that when the stream is being captured; a shape the device would
+// refuse sets cudaGetLastError's error instead.
+void submitKernel(const void* kernel, const LaunchShape& shape,
+                  void (*run_thread)(const void* call), std::shared_ptr<const void> call);
+
+template <typename... Args>
+struct PendingLaunch {
+  LaunchShape shape;
+  std::tuple<Args...> args;
+};
+
+struct Launch {
+  LaunchShape shape;
+  Launch(dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_t stream = nullptr)
+      : shape{grid, block, shared_bytes, stream} {}
+  template <typename... Args>
+  PendingLaunch<std::decay_t<Args>...> operator()(Args&&... args) const {
+    return {shape, std::tuple<std::decay_t<Args>...>(std::forward<Args>(args)...)};
+  }
+};
+
+template <typename... Params>
+struct KernelCall {
+  void (*kernel)(Params...);
+  std::tuple<std::decay_t<Params>...> params;
+  static void run(const void* call) {
+    const auto& self = *static_cast<const KernelCall*>(call);
+    std::apply(self.kernel, self.params);
+  }
+};
+
+template <typename... Params, typename... Args>
+void operator<<(void (*kernel)(Params...), PendingLaunch<Args...>&& launch) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arguments");
+  auto call = std::make_shared<KernelCall<Params...>>(KernelCall<Params...>{
+      kernel, std::apply([](auto&&... a) { return std::tuple<std::decay_t<Params>...>(a...); },
+                         launch.args)});
+  submitKernel(reinterpret_cast<const void*>(kernel), launch.shape, &KernelCall<Params...>::run,
+               std::move(call));
+}
+
+// Warp-wide instructions take full masks only (every kernel of kernels/cuda/
+// uses 0xffffffff): the emulator stops on any other.
+void requireFullMask(unsigned mask, const char* what);
+
+template <typename T>
+T* dynamicShared() {
+  return static_cast<T*>(dynamicSharedMemory());
+}
+
+}  // namespace tandem::cuda_emu
+
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+#define threadIdx (::tandem::cuda_emu::here().thread)
+#define blockIdx (::tandem::cuda_emu::here().block)
+#define blockDim (::tandem::cuda_emu::here().block_dim)
+#define gridDim (::tandem::cuda_emu::here().grid_dim)
+
+inline void __syncthreads() { ::tandem::cuda_emu::syncThreads(); }
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::tandem::cuda_emu::requireFullMask(mask, "__syncwarp");
+  ::tandem::cuda_emu::syncWarp();
+}
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) == 4, "the emulator shuffles 4-byte values");
+  struct Args {
+    uint32_t bits;
+    int lane_mask;
+    int width;
+  };
+  Args in{0, lane_mask, width};
+  std::memcpy(&in.bits, &value, 4);
+  uint32_t out = 0;
+  ::tandem::cuda_emu::requireFullMask(mask, "__shfl_xor_sync");
+  ::tandem::cuda_emu::warpExchange(
+      &in, sizeof(in), &out, sizeof(out),
+      [](const void* inputs, void* outputs) {
+        const auto* a = static_cast<const Args*>(inputs);
+        auto* o = static_cast<uint32_t*>(outputs);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int segment = lane / a[lane].width * a[lane].width;
+          const int source = segment + ((lane - segment) ^ a[lane].lane_mask);
+          o[lane] = source < segment + a[lane].width ? a[source].bits : a[lane].bits;
+        }
+      },
+      "__shfl_xor_sync");
+  T result;
+  std::memcpy(&result, &out, 4);
+  return result;
+}
+
+// cuda_runtime.h's kernel-pointer overload, declared for nvcc only.
+template <typename... Params>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute,
+                                 int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attribute, value);
+}
+
+// CUDA's integer min and max for device code (the int64_t overloads).
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a < b ? b : a; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a < b ? b : a; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a < b ? b : a; }
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __expf(float a) { return std::exp(a); }
+inline float __uint_as_float(unsigned int u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
+// Blocks run one at a time on one host thread: a plain add is atomic.
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;
+  *address = old + value;
+  return old;
+}

@@ -1,0 +1,29 @@
+// What the CUDA emulator's device side (device.cpp) and its runtime API
+// (runtime.cpp) share. Internal to tests/cuda_emu/.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+
+namespace tandem::cuda_emu {
+
+// Runs `work` now, or appends it to the graph `stream` is capturing.
+void enqueue(cudaStream_t stream, std::function<void()> work);
+// The sticky error cudaGetLastError returns (and clears).
+void setLastError(cudaError_t error);
+// Dynamic shared memory a kernel may use: 48 KiB, or what
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize)
+// allowed.
+size_t maxDynamicShared(const void* kernel);
+// The emulated device's multiprocessors and opt-in shared memory per block.
+constexpr int kMultiprocessors = 4;
+constexpr size_t kSharedPerBlockOptin = 232448;
+constexpr size_t kSharedPerBlockDefault = 48 * 1024;
+
+// Aborts the program with `message` (a kernel fault: the GPU would report
+// an illegal instruction or hang).
+[[noreturn]] void fault(const char* format, ...);
+
+}  // namespace tandem::cuda_emu

@@ -1,0 +1,199 @@
+// The probes of instruction_kernels.h.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/ptx.h"
+#include "tests/cuda_emu/instruction_kernels.h"
+
+namespace tandem::cuda_probe {
+namespace {
+
+using kernels::cuda::commitCopies;
+using kernels::cuda::copyAsync16;
+using kernels::cuda::loadMatrices;
+using kernels::cuda::mmaBf16;
+using kernels::cuda::waitCopies;
+
+void check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
+    std::abort();
+  }
+}
+
+template <typename T>
+T* toDevice(const std::vector<T>& host) {
+  T* device = nullptr;
+  check(cudaMalloc(&device, host.size() * sizeof(T) + 1), "cudaMalloc");
+  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  return device;
+}
+
+template <typename T>
+std::vector<T> fromDevice(T* device, size_t n) {
+  std::vector<T> host(n);
+  check(cudaDeviceSynchronize(), "kernel");
+  check(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaFree(device), "cudaFree");
+  return host;
+}
+
+__global__ void mmaKernel(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const int group = lane / 4, quad = lane % 4;
+  auto pair = [](const uint16_t* p, int i0, int i1) {
+    return static_cast<uint32_t>(p[i0]) | (static_cast<uint32_t>(p[i1]) << 16);
+  };
+  const uint32_t af[4] = {
+      pair(a, group * 16 + 2 * quad, group * 16 + 2 * quad + 1),
+      pair(a, (group + 8) * 16 + 2 * quad, (group + 8) * 16 + 2 * quad + 1),
+      pair(a, group * 16 + 2 * quad + 8, group * 16 + 2 * quad + 9),
+      pair(a, (group + 8) * 16 + 2 * quad + 8, (group + 8) * 16 + 2 * quad + 9)};
+  const uint32_t bf[2] = {pair(b, (2 * quad) * 8 + group, (2 * quad + 1) * 8 + group),
+                          pair(b, (2 * quad + 8) * 8 + group, (2 * quad + 9) * 8 + group)};
+  float acc[4] = {c[group * 8 + 2 * quad], c[group * 8 + 2 * quad + 1],
+                  c[(group + 8) * 8 + 2 * quad], c[(group + 8) * 8 + 2 * quad + 1]};
+  mmaBf16(acc, af, bf);
+  d[group * 8 + 2 * quad] = acc[0];
+  d[group * 8 + 2 * quad + 1] = acc[1];
+  d[(group + 8) * 8 + 2 * quad] = acc[2];
+  d[(group + 8) * 8 + 2 * quad + 1] = acc[3];
+}
+
+__global__ void loadMatricesKernel(const uint16_t* tile, uint32_t* out) {
+  __shared__ __align__(16) uint16_t shared[32 * 8];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < 8; ++i) shared[lane * 8 + i] = tile[lane * 8 + i];
+  __syncwarp();
+  uint32_t r[4];
+  loadMatrices(r, shared + lane * 8);
+  for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
+}
+
+__global__ void shuffleKernel(int lane_mask, int* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  out[lane] = __shfl_xor_sync(0xffffffffu, lane, lane_mask);
+}
+
+__global__ void copyKernel(const uint8_t* src, const uint8_t* valid, int vectors, uint8_t* out) {
+  __shared__ __align__(16) uint8_t shared[64 * 16];
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < 16; ++i) shared[t * 16 + i] = 0xab;
+  __syncthreads();
+  if (t < vectors) copyAsync16(shared + t * 16, src + t * 16, valid[t] != 0);
+  commitCopies();
+  waitCopies<0>();
+  __syncthreads();
+  for (int i = 0; i < 16; ++i) out[t * 16 + i] = shared[t * 16 + i];
+}
+
+__global__ void neighbourKernel(int* out) {
+  __shared__ int slots[1024];
+  const int t = static_cast<int>(threadIdx.x);
+  const int n = static_cast<int>(blockDim.x);
+  slots[t] = 1000 * static_cast<int>(blockIdx.x) + t;
+  out[blockIdx.x * n + t] = slots[t + 1 < n ? t + 1 : t];
+}
+
+__global__ void sharedKernel(int* out) {
+  extern __shared__ int dynamic[];
+  dynamic[threadIdx.x] = 1;
+  out[threadIdx.x] = dynamic[threadIdx.x];
+}
+
+__global__ void divergentKernel(int* out) {
+  const int lane = static_cast<int>(threadIdx.x);
+  if (lane < 16) {
+    out[lane] = __shfl_xor_sync(0xffffffffu, lane, 1);
+  } else {
+    __syncwarp();
+  }
+}
+
+}  // namespace
+
+int deviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+std::vector<float> mma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                       const std::vector<float>& c) {
+  float* d = nullptr;
+  check(cudaMalloc(&d, 16 * 8 * sizeof(float)), "cudaMalloc");
+  uint16_t* da = toDevice(a);
+  uint16_t* db = toDevice(b);
+  float* dc = toDevice(c);
+  mmaKernel<<<1, 32>>>(da, db, dc, d);
+  check(cudaGetLastError(), "mmaKernel");
+  auto out = fromDevice(d, 16 * 8);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  return out;
+}
+
+std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile) {
+  uint32_t* out = nullptr;
+  check(cudaMalloc(&out, 128 * sizeof(uint32_t)), "cudaMalloc");
+  uint16_t* dt = toDevice(tile);
+  loadMatricesKernel<<<1, 32>>>(dt, out);
+  check(cudaGetLastError(), "loadMatricesKernel");
+  auto result = fromDevice(out, 128);
+  cudaFree(dt);
+  return result;
+}
+
+std::vector<int> shuffleXor(int lane_mask) {
+  int* out = nullptr;
+  check(cudaMalloc(&out, 32 * sizeof(int)), "cudaMalloc");
+  shuffleKernel<<<1, 32>>>(lane_mask, out);
+  check(cudaGetLastError(), "shuffleKernel");
+  return fromDevice(out, 32);
+}
+
+std::vector<uint8_t> copyThroughShared(const std::vector<uint8_t>& bytes,
+                                       const std::vector<uint8_t>& valid) {
+  uint8_t* out = nullptr;
+  check(cudaMalloc(&out, 64 * 16), "cudaMalloc");
+  uint8_t* src = toDevice(bytes);
+  uint8_t* dv = toDevice(valid);
+  copyKernel<<<1, 64>>>(src, dv, static_cast<int>(valid.size()), out);
+  check(cudaGetLastError(), "copyKernel");
+  auto result = fromDevice(out, 64 * 16);
+  cudaFree(src);
+  cudaFree(dv);
+  return result;
+}
+
+std::vector<int> neighbourWithoutBarrier(int threads) {
+  int* out = nullptr;
+  check(cudaMalloc(&out, 2 * static_cast<size_t>(threads) * sizeof(int)), "cudaMalloc");
+  neighbourKernel<<<2, threads>>>(out);
+  check(cudaGetLastError(), "neighbourKernel");
+  return fromDevice(out, 2 * static_cast<size_t>(threads));
+}
+
+int launchErrorForSharedBytes(int shared_bytes) {
+  int* out = nullptr;
+  check(cudaMalloc(&out, 32 * sizeof(int)), "cudaMalloc");
+  cudaGetLastError();
+  sharedKernel<<<1, 32, static_cast<size_t>(shared_bytes)>>>(out);
+  const cudaError_t error = cudaGetLastError();
+  cudaDeviceSynchronize();
+  cudaFree(out);
+  return static_cast<int>(error);
+}
+
+void divergentWarp() {
+  int* out = nullptr;
+  check(cudaMalloc(&out, 32 * sizeof(int)), "cudaMalloc");
+  divergentKernel<<<1, 32>>>(out);
+  cudaDeviceSynchronize();
+  cudaFree(out);
+}
+
+}  // namespace tandem::cuda_probe

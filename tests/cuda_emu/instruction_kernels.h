@@ -1,0 +1,46 @@
+// Probes of the instructions kernels/cuda/ptx.h wraps, and of how CUDA
+// threads meet, run by instructions_test.cpp on a GPU (gpu_instructions_test)
+// and on the CUDA emulator (emu_instructions_test), so the emulator's model
+// of each instruction is checked against the hardware. Every function runs
+// its kernel on device 0 and returns what it wrote.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tandem::cuda_probe {
+
+int deviceCount();
+
+// D = A · B + C by one warp through mmaBf16, the fragments loaded as
+// ptx.h describes: A 16 x 16 and B 16 x 8 (k-major: b[k * 8 + n]) as bf16
+// bits, C and D 16 x 8 row-major.
+std::vector<float> mma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                       const std::vector<float>& c);
+
+// loadMatrices over a 32 x 8 bf16 tile in shared memory (matrix i is rows
+// 8i..8i + 7): out[4 · lane + i] is lane's r[i].
+std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile);
+
+// out[lane] = __shfl_xor_sync of each lane's own id with `lane_mask`.
+std::vector<int> shuffleXor(int lane_mask);
+
+// 16-byte vectors copied global -> shared by copyAsync16 (vector i valid or
+// zero-filled), waited for, then shared -> global.
+std::vector<uint8_t> copyThroughShared(const std::vector<uint8_t>& bytes,
+                                       const std::vector<uint8_t>& valid);
+
+// Two blocks of `threads` threads: thread t stores 1000 · block + t in
+// shared memory, then, with no barrier, reads thread t + 1's slot (the last
+// thread its own). A race: what it reads is out[block · threads + t].
+std::vector<int> neighbourWithoutBarrier(int threads);
+
+// The error of a launch asking for `shared_bytes` of dynamic shared memory
+// without raising the kernel's limit (cudaGetLastError after the launch).
+int launchErrorForSharedBytes(int shared_bytes);
+
+// A warp whose lanes 0-15 shuffle while lanes 16-31 wait at __syncwarp,
+// all with full masks (undefined on a GPU; the emulator stops).
+void divergentWarp();
+
+}  // namespace tandem::cuda_probe

@@ -1,0 +1,48 @@
+// The CUDA emulator's versions of kernels/cuda/ptx.h's instructions, with
+// the same signatures, written from the PTX ISA's description of each
+// (mma.m16n8k16 fragment layouts, ldmatrix, cp.async groups).
+// Force-included after device.h.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace tandem::cuda_emu {
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 over the 32 lanes'
+// fragments. Each product of two bf16 is exact in double; the 16 products
+// and the accumulator are added in double in ascending k and rounded once.
+void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]);
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16.
+void loadMatrixX4(uint32_t r[4], const uint16_t* row_address);
+
+}  // namespace tandem::cuda_emu
+
+namespace tandem::kernels::cuda {
+
+inline void mmaBf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
+  ::tandem::cuda_emu::mmaM16N8K16Bf16(acc, a, b);
+}
+
+inline void copyAsync16(void* shared, const void* global, bool valid = true) {
+  ::tandem::cuda_emu::asyncCopy(shared, global, 16, valid ? 16 : 0);
+}
+
+inline void commitCopies() { ::tandem::cuda_emu::asyncCommit(); }
+
+template <int kPending>
+void waitCopies() {
+  ::tandem::cuda_emu::asyncWait(kPending);
+}
+
+inline void loadMatrices(uint32_t r[4], const uint16_t* p) {
+  ::tandem::cuda_emu::loadMatrixX4(r, p);
+}
+
+inline uint4 loadStreaming(const uint4* p) {
+  uint4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,118 @@
+// The instructions the fast kernels are built on (kernels/cuda/ptx.h) and
+// the way CUDA threads meet, probed with known inputs. Built twice: against
+// the GPU (gpu_instructions_test, label gpu: what the hardware does) and
+// against the CUDA emulator (emu_instructions_test, in `make test`: that
+// the emulator does the same), so the emulator's model of each instruction
+// is checked on the hardware whenever the gpu suite runs. The emulator-only
+// tests check that it shows what a GPU would hide or break on: a race, a
+// divergent warp.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/dtype.h"
+#include "tests/cuda_emu/instruction_kernels.h"
+
+namespace tandem::cuda_probe {
+namespace {
+
+class InstructionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (deviceCount() == 0) GTEST_SKIP() << "no CUDA device visible: instruction probes not run";
+  }
+};
+
+// Small integers: every product and sum is exact in fp32, so the tensor
+// cores' result has one right answer, whatever order they add in.
+TEST_F(InstructionsTest, MmaComputesTheMatrixProductInPtxFragmentLayout) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::vector<float> a(16 * 16), b(16 * 8), c(16 * 8);
+  for (float& x : a) x = static_cast<float>(small(rng));
+  for (float& x : b) x = static_cast<float>(small(rng));
+  for (float& x : c) x = static_cast<float>(small(rng)) * 0.5f;
+  std::vector<uint16_t> a_bits(a.size()), b_bits(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a_bits[i] = f32ToBf16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b_bits[i] = f32ToBf16(b[i]);
+  const std::vector<float> d = mma(a_bits, b_bits, c);
+  ASSERT_EQ(d.size(), 16u * 8u);
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      float expected = c[i * 8 + j];
+      for (int k = 0; k < 16; ++k) expected += a[i * 16 + k] * b[k * 8 + j];
+      EXPECT_EQ(expected, d[i * 8 + j]) << "row " << i << ", column " << j;
+    }
+  }
+}
+
+TEST_F(InstructionsTest, LoadMatricesGivesEachLaneItsRowsColumnPair) {
+  std::vector<uint16_t> tile(32 * 8);
+  for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<uint16_t>(i * 3 + 1);
+  const std::vector<uint32_t> words = loadMatrices(tile);
+  ASSERT_EQ(words.size(), 128u);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int m = 0; m < 4; ++m) {
+      const int row = 8 * m + lane / 4, column = 2 * (lane % 4);
+      const uint32_t expected = static_cast<uint32_t>(tile[row * 8 + column]) |
+                                (static_cast<uint32_t>(tile[row * 8 + column + 1]) << 16);
+      EXPECT_EQ(expected, words[lane * 4 + m]) << "lane " << lane << ", matrix " << m;
+    }
+  }
+}
+
+TEST_F(InstructionsTest, ShuffleXorExchangesLanes) {
+  for (int mask : {1, 2, 16, 31}) {
+    const std::vector<int> out = shuffleXor(mask);
+    ASSERT_EQ(out.size(), 32u);
+    for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(lane ^ mask, out[lane]) << "mask " << mask;
+  }
+}
+
+TEST_F(InstructionsTest, CopyAsyncLandsOrZeroFillsEachVector) {
+  std::vector<uint8_t> bytes(48 * 16), valid(48);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  for (size_t v = 0; v < valid.size(); ++v) valid[v] = v % 3 != 1;
+  const std::vector<uint8_t> out = copyThroughShared(bytes, valid);
+  ASSERT_EQ(out.size(), 64u * 16u);
+  for (size_t v = 0; v < 64; ++v) {
+    for (size_t i = 0; i < 16; ++i) {
+      const uint8_t expected = v >= valid.size() ? 0xab : valid[v] ? bytes[v * 16 + i] : 0;
+      EXPECT_EQ(expected, out[v * 16 + i]) << "vector " << v << ", byte " << i;
+    }
+  }
+}
+
+TEST_F(InstructionsTest, TooMuchDynamicSharedMemoryIsRefusedAtLaunch) {
+  EXPECT_EQ(0, launchErrorForSharedBytes(1024));
+  EXPECT_NE(0, launchErrorForSharedBytes(100 * 1024)) << "above 48 KiB without the opt-in";
+}
+
+#if defined(TANDEM_CUDA_EMULATOR)
+
+// A read of another thread's shared-memory write that no barrier orders: in
+// one of the two blocks (threads in ascending, then descending order) a
+// thread reads its neighbour's slot before the neighbour has written it.
+TEST_F(InstructionsTest, EmulatorShowsAMissingBarrier) {
+  const int threads = 64;
+  const std::vector<int> out = neighbourWithoutBarrier(threads);
+  int stale = 0;
+  for (int block = 0; block < 2; ++block) {
+    for (int t = 0; t + 1 < threads; ++t) {
+      if (out[block * threads + t] != 1000 * block + t + 1) ++stale;
+    }
+  }
+  EXPECT_GT(stale, 0) << "the race went unseen";
+}
+
+TEST_F(InstructionsTest, EmulatorStopsAtADivergentWarp) {
+  EXPECT_DEATH(divergentWarp(), "diverged");
+}
+
+#endif
+
+}  // namespace
+}  // namespace tandem::cuda_probe

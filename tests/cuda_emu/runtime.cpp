@@ -1,0 +1,370 @@
+// The CUDA emulator's runtime API: the cudaXxx functions kernels/cuda/
+// calls, defined over host memory, written from the CUDA Runtime API
+// reference. One device (device 0, 4 multiprocessors, compute capability
+// 9.0); every stream runs its work at once, in issue order, so
+// synchronizing does nothing; a stream being captured records its work
+// into a graph instead, and a graph launch replays it. Device memory comes
+// back filled with all-ones bytes (cudaMalloc does not clear), and copies
+// and memsets through device memory are checked against the allocations.
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "tests/cuda_emu/emulator.h"
+
+struct CUstream_st {
+  cudaGraph_t capture = nullptr;  // the graph being captured, if any
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> nodes;
+};
+struct CUevent_st {};
+
+namespace tandem::cuda_emu {
+namespace {
+
+std::mutex g_mutex;
+cudaError_t g_last_error = cudaSuccess;
+CUstream_st g_default_stream;
+std::map<const void*, size_t>& functionLimits() {
+  static std::map<const void*, size_t> limits;
+  return limits;
+}
+// Device allocations by start address.
+std::map<uintptr_t, size_t>& allocations() {
+  static std::map<uintptr_t, size_t> all;
+  return all;
+}
+
+CUstream_st* streamOf(cudaStream_t stream) {
+  return stream == nullptr ? &g_default_stream : stream;
+}
+
+// Whether [p, p + bytes) lies inside one device allocation.
+bool insideAllocation(const void* p, size_t bytes) {
+  std::lock_guard lock(g_mutex);
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations().upper_bound(address);
+  if (it == allocations().begin()) return false;
+  --it;
+  return address + bytes <= it->first + it->second;
+}
+
+bool checkDevice(const void* p, size_t bytes, const char* what) {
+  if (bytes == 0 || insideAllocation(p, bytes)) return true;
+  std::fprintf(stderr, "CUDA emulator: %s: %zu bytes at %p are not inside one device allocation\n",
+               what, bytes, p);
+  return false;
+}
+
+cudaError_t fail(cudaError_t error) {
+  g_last_error = error;
+  return error;
+}
+
+}  // namespace
+
+void enqueue(cudaStream_t stream, std::function<void()> work) {
+  CUstream_st* s = streamOf(stream);
+  if (s->capture != nullptr) {
+    s->capture->nodes.push_back(std::move(work));
+  } else {
+    work();
+  }
+}
+
+void setLastError(cudaError_t error) { g_last_error = error; }
+
+size_t maxDynamicShared(const void* kernel) {
+  std::lock_guard lock(g_mutex);
+  auto it = functionLimits().find(kernel);
+  return it == functionLimits().end() ? kSharedPerBlockDefault : it->second;
+}
+
+}  // namespace tandem::cuda_emu
+
+using tandem::cuda_emu::checkDevice;
+using tandem::cuda_emu::enqueue;
+using tandem::cuda_emu::fail;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "Tandem CUDA emulator");
+  prop->totalGlobalMem = size_t{16} << 30;
+  prop->sharedMemPerBlock = tandem::cuda_emu::kSharedPerBlockDefault;
+  prop->sharedMemPerBlockOptin = tandem::cuda_emu::kSharedPerBlockOptin;
+  prop->sharedMemPerMultiprocessor = 233472;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 2147483647;
+  prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
+  prop->multiProcessorCount = tandem::cuda_emu::kMultiprocessors;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  prop->l2CacheSize = 4 << 20;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->memoryBusWidth = 256;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || static_cast<size_t>(value) > tandem::cuda_emu::kSharedPerBlockOptin) {
+    return fail(cudaErrorInvalidValue);
+  }
+  std::lock_guard lock(tandem::cuda_emu::g_mutex);
+  tandem::cuda_emu::functionLimits()[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t error = tandem::cuda_emu::g_last_error;
+  tandem::cuda_emu::g_last_error = cudaSuccess;
+  return error;
+}
+
+cudaError_t cudaPeekAtLastError() { return tandem::cuda_emu::g_last_error; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    default:
+      return "unknown error";
+  }
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  const size_t bytes = size == 0 ? 1 : size;
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::memset(p, 0xff, bytes);
+  std::lock_guard lock(tandem::cuda_emu::g_mutex);
+  tandem::cuda_emu::allocations()[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard lock(tandem::cuda_emu::g_mutex);
+    if (tandem::cuda_emu::allocations().erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+      return fail(cudaErrorInvalidValue);
+    }
+  }
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  *ptr = std::aligned_alloc(256, (size + 255) / 256 * 256 + 256);
+  return *ptr == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  return cudaMallocHost(ptr, size);
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if ((dst_device && !checkDevice(dst, count, "cudaMemcpyAsync destination")) ||
+      (src_device && !checkDevice(src, count, "cudaMemcpyAsync source"))) {
+    return fail(cudaErrorInvalidValue);
+  }
+  enqueue(stream, [=] { std::memmove(dst, src, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, count, kind, nullptr);
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
+  const size_t dst_span = height == 0 ? 0 : (height - 1) * dpitch + width;
+  const size_t src_span = height == 0 ? 0 : (height - 1) * spitch + width;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if ((dst_device && !checkDevice(dst, dst_span, "cudaMemcpy2DAsync destination")) ||
+      (src_device && !checkDevice(src, src_span, "cudaMemcpy2DAsync source"))) {
+    return fail(cudaErrorInvalidValue);
+  }
+  enqueue(stream, [=] {
+    for (size_t row = 0; row < height; ++row) {
+      std::memmove(static_cast<char*>(dst) + row * dpitch,
+                   static_cast<const char*>(src) + row * spitch, width);
+    }
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (!checkDevice(ptr, count, "cudaMemsetAsync")) return fail(cudaErrorInvalidValue);
+  enqueue(stream, [=] { std::memset(ptr, value, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  return cudaStreamCreate(stream);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr) return fail(cudaErrorInvalidValue);
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  // Synchronizing a stream under capture is illegal and ends the capture.
+  if (tandem::cuda_emu::streamOf(stream)->capture != nullptr) {
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  CUstream_st* s = tandem::cuda_emu::streamOf(stream);
+  if (stream == nullptr || s->capture != nullptr) return fail(cudaErrorIllegalState);
+  s->capture = new CUgraph_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  CUstream_st* s = tandem::cuda_emu::streamOf(stream);
+  if (s->capture == nullptr) return fail(cudaErrorIllegalState);
+  *graph = s->capture;
+  s->capture = nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = tandem::cuda_emu::streamOf(stream)->capture != nullptr ? cudaStreamCaptureStatusActive
+                                                                   : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return fail(cudaErrorInvalidValue);
+  for (const auto& node : exec->nodes) enqueue(stream, node);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  return cudaEventCreate(event);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  return event == nullptr ? fail(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event == nullptr ? fail(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0.0f;
+  return cudaSuccess;
+}
