@@ -72,8 +72,8 @@ else
   cmake -S "${root}" -B "${build}" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release
 
   echo "== build"
-  cmake --build "${build}" -j"${jobs}" --target gpu_cuda_kernels_test gpu_engine_exactness_test \
-    engine_backend_exactness_test tandem-agent tandem-bench tandem-model
+  cmake --build "${build}" -j"${jobs}" --target gpu_instructions_test gpu_cuda_kernels_test \
+    gpu_engine_exactness_test engine_backend_exactness_test tandem-agent tandem-bench tandem-model
 fi
 
 # limited CMD...: CMD, stopped after STEP_TIMEOUT seconds (default 300), so a
@@ -85,7 +85,7 @@ limited() { timeout --kill-after=10 "${STEP_TIMEOUT:-300}" "$@"; }
 gpu_tests() {
   if [[ "${prebuilt}" == "1" ]]; then
     local status=0
-    for test in gpu_cuda_kernels_test gpu_engine_exactness_test; do
+    for test in gpu_instructions_test gpu_cuda_kernels_test gpu_engine_exactness_test; do
       echo "-- ${test}"
       limited "${build}/tests/${test}" --gtest_filter="${1:-*}" --gtest_brief=1 || status=1
     done

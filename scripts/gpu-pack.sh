@@ -8,7 +8,8 @@
 # what a GPU machine here takes in all, the working tree included):
 #
 #   OUT/bin/{tandem-agent,tandem-bench,tandem-model}
-#   OUT/tests/{gpu_cuda_kernels_test,gpu_engine_exactness_test,engine_backend_exactness_test}
+#   OUT/tests/{gpu_instructions_test,gpu_cuda_kernels_test,gpu_engine_exactness_test,
+#              engine_backend_exactness_test}
 #   OUT/lib/*.so*        OUT/ucx/*.so*
 #
 # On the GPU machine, link the build directory's path (the tests start
@@ -27,7 +28,7 @@ build="${1:-${root}/build-gpu}"
 out="${2:-${root}/.devrun}"
 
 programs=(bin/tandem-agent bin/tandem-bench bin/tandem-model)
-tests=(tests/gpu_cuda_kernels_test tests/gpu_engine_exactness_test
+tests=(tests/gpu_instructions_test tests/gpu_cuda_kernels_test tests/gpu_engine_exactness_test
   tests/engine_backend_exactness_test)
 
 rm -rf "${out}"
