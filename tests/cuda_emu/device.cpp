@@ -115,8 +115,8 @@ Block* g_block = nullptr;
 // Fiber stacks, kept from launch to launch: mapped once, never touched
 // beyond what the kernels use.
 std::vector<void*>& stacks() {
-  static std::vector<void*> all;
-  return all;
+  static auto* all = new std::vector<void*>;
+  return *all;
 }
 
 void* stackFor(size_t thread) {

@@ -34,14 +34,16 @@ namespace {
 std::mutex g_mutex;
 cudaError_t g_last_error = cudaSuccess;
 CUstream_st g_default_stream;
+// Never destroyed: backends held in static storage free their memory
+// during exit, after any static of this file would have been.
 std::map<const void*, size_t>& functionLimits() {
-  static std::map<const void*, size_t> limits;
-  return limits;
+  static auto* limits = new std::map<const void*, size_t>;
+  return *limits;
 }
 // Device allocations by start address.
 std::map<uintptr_t, size_t>& allocations() {
-  static std::map<uintptr_t, size_t> all;
-  return all;
+  static auto* all = new std::map<uintptr_t, size_t>;
+  return *all;
 }
 
 CUstream_st* streamOf(cudaStream_t stream) {
