@@ -6,11 +6,11 @@
 // into a graph instead, and a graph launch replays it. Device memory comes
 // back filled with all-ones bytes (cudaMalloc does not clear), and copies
 // and memsets through device memory are checked against the allocations.
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -153,44 +153,43 @@ cudaError_t cudaGetLastError() {
 
 cudaError_t cudaPeekAtLastError() { return tandem::cuda_emu::g_last_error; }
 
-const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorStreamCaptureUnsupported:
-      return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated:
-      return "cudaErrorStreamCaptureInvalidated";
-    default:
-      return "cudaErrorUnknown";
+namespace tandem::cuda_emu {
+namespace {
+
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;  // the CUDA runtime's own wording
+};
+
+// The errors the emulator returns, and cudaErrorUnknown for any other.
+const ErrorText& errorText(cudaError_t error) {
+  static const ErrorText known[] = {
+      {cudaSuccess, "cudaSuccess", "no error"},
+      {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+      {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+      {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+       "invalid configuration argument"},
+      {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+      {cudaErrorIllegalState, "cudaErrorIllegalState",
+       "the operation cannot be performed in the present state"},
+      {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+       "operation not permitted when stream is capturing"},
+      {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+  };
+  for (const ErrorText& entry : known) {
+    if (entry.error == error) return entry;
   }
+  return known[std::size(known) - 1];
 }
 
+}  // namespace
+}  // namespace tandem::cuda_emu
+
+const char* cudaGetErrorName(cudaError_t error) { return tandem::cuda_emu::errorText(error).name; }
+
 const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorStreamCaptureUnsupported:
-      return "operation not permitted when stream is capturing";
-    default:
-      return "unknown error";
-  }
+  return tandem::cuda_emu::errorText(error).text;
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
