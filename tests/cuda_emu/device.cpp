@@ -102,12 +102,15 @@ struct Block {
   std::vector<Warp> warps;
   int live = 0;
   int at_barrier = 0;
+  const char* barrier_file = nullptr;  // where the threads at the barrier wait
+  unsigned barrier_line = 0;
   Context scheduler;
   Fiber* running = nullptr;
   bool descending = false;  // the order fibers take turns in
   void (*run_thread)(const void*) = nullptr;
   const void* call = nullptr;
   void* dynamic_shared = nullptr;
+  std::vector<const void*> shared_seen;  // static __shared__ objects this block has reached
 };
 
 Block* g_block = nullptr;
@@ -125,6 +128,9 @@ void* stackFor(size_t thread) {
     void* stack = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (stack == MAP_FAILED) fault("cannot map a fiber stack of %zu bytes", kStackBytes);
+    // A guard page at the bottom: an overflow faults instead of writing
+    // into the next fiber's stack.
+    if (mprotect(stack, 4096, PROT_NONE) != 0) fault("cannot protect a fiber stack's guard page");
     all.push_back(stack);
   }
   return all[thread];
@@ -137,11 +143,22 @@ Fiber& current() {
   return *g_block->running;
 }
 
-// The next fiber that can run, after `from` in the block's order and
-// around; nullptr when none can.
+// The next fiber that can run: first the other lanes of `from`'s warp, then
+// the following warps, in the block's order and around; nullptr when none
+// can. So a warp runs from one __syncthreads to the next before the next
+// warp starts, and in one of the two orders any write and read by two warps
+// that no barrier orders happen in the wrong order.
 Fiber* nextRunnable(Block& block, const Fiber& from) {
   const size_t n = block.fibers.size();
   const size_t at = static_cast<size_t>(&from - block.fibers.data());
+  const size_t first_lane = at / kWarpSize * kWarpSize;
+  const size_t lanes = std::min<size_t>(kWarpSize, n - first_lane);
+  for (size_t i = 1; i < lanes; ++i) {
+    const size_t lane = at - first_lane;
+    Fiber& fiber = block.fibers[first_lane + (block.descending ? (lane + lanes - i) % lanes
+                                                               : (lane + i) % lanes)];
+    if (fiber.wait == Wait::kRunning) return &fiber;
+  }
   for (size_t i = 1; i <= n; ++i) {
     Fiber& fiber = block.fibers[block.descending ? (at + n - i) % n : (at + i) % n];
     if (fiber.wait == Wait::kRunning) return &fiber;
@@ -178,7 +195,7 @@ void completeExchange(Block& block, Warp& warp, int warp_index) {
         warp.what, warp_index, block.fibers[0].index.block.x, block.fibers[0].index.block.y,
         block.fibers[0].index.block.z, warp.lanes - warp.live, warp.lanes);
   }
-  warp.combine(warp.in, warp.out);
+  warp.combine(warp.in, warp.out, warp.lanes);
   for (int lane = 0; lane < warp.lanes; ++lane) {
     block.fibers[static_cast<size_t>(warp_index * kWarpSize + lane)].wait = Wait::kRunning;
   }
@@ -303,6 +320,7 @@ void runGrid(const LaunchShape& shape, void (*run_thread)(const void*), const vo
     for (unsigned y = 0; y < shape.grid.y; ++y) {
       for (unsigned x = 0; x < shape.grid.x; ++x, ++linear) {
         std::memset(dynamic, 0xff, shape.shared_bytes);
+        block.shared_seen.clear();
         block.live = static_cast<int>(threads);
         block.at_barrier = 0;
         for (size_t w = 0; w < block.warps.size(); ++w) {
@@ -352,9 +370,19 @@ void requireFullMask(unsigned mask, const char* what) {
     fault("%s with mask %#x: the emulator takes full-warp masks only", what, mask);
 }
 
-void syncThreads() {
+void syncThreads(const char* file, unsigned line) {
   Fiber& fiber = current();
   Block& block = *g_block;
+  if (block.at_barrier == 0) {
+    block.barrier_file = file;
+    block.barrier_line = line;
+  } else if (block.barrier_line != line || std::strcmp(block.barrier_file, file) != 0) {
+    fault(
+        "thread %u of block (%u, %u, %u) reached __syncthreads at %s:%u while others wait at "
+        "%s:%u",
+        fiber.index.thread.x, fiber.index.block.x, fiber.index.block.y, fiber.index.block.z, file,
+        line, block.barrier_file, block.barrier_line);
+  }
   if (block.warps[static_cast<size_t>(fiber.warp)].arrived > 0) {
     fault("thread %u reached __syncthreads while its warp waits at %s", fiber.index.thread.x,
           block.warps[static_cast<size_t>(fiber.warp)].what);
@@ -398,11 +426,31 @@ void syncWarp() {
   const char nothing = 0;
   char out = 0;
   warpExchange(
-      &nothing, 1, &out, 1, [](const void*, void*) {}, "__syncwarp");
+      &nothing, 1, &out, 1, [](const void*, void*, int) {}, "__syncwarp");
+}
+
+void landCopy(const Copy& copy) {
+  std::memcpy(copy.dst, copy.src, copy.src_bytes);
+  std::memset(static_cast<unsigned char*>(copy.dst) + copy.src_bytes, 0,
+              copy.bytes - copy.src_bytes);
 }
 
 void asyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
-  current().open.push_back({dst, src, bytes, src_bytes});
+  Fiber& fiber = current();
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
+      (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % bytes != 0)) {
+    fault("cp.async of %zu bytes from %p to %p: both must be %zu-byte aligned", bytes, src, dst,
+          bytes);
+  }
+  // The two ends of what the PTX ISA allows: a copy lands when its thread
+  // waits for it (even blocks) or at once (odd blocks), so a read of a stage
+  // before the wait, and a refill of a stage other warps still read, each
+  // go wrong in one of the two.
+  if (g_block->descending) {
+    landCopy({dst, src, bytes, src_bytes});
+  } else {
+    fiber.open.push_back({dst, src, bytes, src_bytes});
+  }
 }
 
 void asyncCommit() {
@@ -414,13 +462,20 @@ void asyncCommit() {
 void asyncWait(int pending_groups) {
   Fiber& fiber = current();
   while (fiber.groups.size() > static_cast<size_t>(pending_groups)) {
-    for (const Copy& copy : fiber.groups.front()) {
-      std::memcpy(copy.dst, copy.src, copy.src_bytes);
-      std::memset(static_cast<unsigned char*>(copy.dst) + copy.src_bytes, 0,
-                  copy.bytes - copy.src_bytes);
-    }
+    for (const Copy& copy : fiber.groups.front()) landCopy(copy);
     fiber.groups.pop_front();
   }
+}
+
+void sharedVariable(void* object, size_t bytes) {
+  Block& block = *g_block;
+  current();
+  if (std::find(block.shared_seen.begin(), block.shared_seen.end(), object) !=
+      block.shared_seen.end()) {
+    return;
+  }
+  block.shared_seen.push_back(object);
+  std::memset(object, 0xff, bytes);
 }
 
 void* dynamicSharedMemory() {
@@ -455,7 +510,8 @@ void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
   std::memcpy(in.c, acc, sizeof(in.c));
   warpExchange(
       &in, sizeof(in), acc, 4 * sizeof(float),
-      [](const void* inputs, void* outputs) {
+      [](const void* inputs, void* outputs, int warp_lanes) {
+        if (warp_lanes != kWarpSize) fault("mma.sync in a warp of %d lanes", warp_lanes);
         const auto* lanes = static_cast<const Fragments*>(inputs);
         auto* d = static_cast<float*>(outputs);
         auto bf16 = [](uint32_t word, int half) {
@@ -496,7 +552,8 @@ void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
 void loadMatrixX4(uint32_t r[4], const uint16_t* row_address) {
   warpExchange(
       &row_address, sizeof(row_address), r, 4 * sizeof(uint32_t),
-      [](const void* inputs, void* outputs) {
+      [](const void* inputs, void* outputs, int warp_lanes) {
+        if (warp_lanes != kWarpSize) fault("ldmatrix in a warp of %d lanes", warp_lanes);
         const auto* rows = static_cast<const uint16_t* const*>(inputs);
         auto* words = static_cast<uint32_t*>(outputs);
         for (int lane = 0; lane < kWarpSize; ++lane) {

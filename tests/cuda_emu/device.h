@@ -2,21 +2,22 @@
 // sees when it is compiled as host C++ (force-included before the source;
 // docs/cuda.md#the-emulator). Every thread of a block runs as a fiber on
 // the calling host thread; fibers switch only where CUDA threads wait for
-// each other (__syncthreads, __syncwarp, shuffles, mma, ldmatrix,
-// cp.async.wait_group), so everything between two such points runs as
-// plain compiled C++. Blocks run one after another, even-numbered blocks'
-// threads in ascending order and odd-numbered blocks' in descending order,
-// so a read of another thread's shared-memory write that no barrier orders
-// sees stale data in one of the two orders.
+// each other (__syncthreads, __syncwarp, shuffles, mma, ldmatrix), so
+// everything between two such points runs as plain compiled C++. Blocks run
+// one after another; a warp runs from one barrier to the next before the
+// next warp starts, warps and lanes in ascending order in even-numbered
+// blocks and descending in odd ones, so a read of another thread's
+// shared-memory write that no barrier orders sees stale data in one of the
+// two orders.
 //
 // Where it differs from a GPU: memory is sequentially consistent (a race
 // shows only through the two orders above); mma.sync adds its 16 products
 // and the accumulator in double and rounds once, so a tensor-core result
 // can differ from the hardware's in the last bit (invariance and indexing
 // are what it checks, not the tensor cores' rounding); cp.async copies land
-// when the issuing thread waits for them (the latest the PTX ISA allows);
-// fast-math intrinsics (__expf) are the libm functions. Kernels with
-// `__shared__` variables must not run concurrently from two host threads.
+// when the issuing thread waits for them (even blocks) or at once (odd
+// blocks), the two ends the PTX ISA allows; fast-math intrinsics (__expf)
+// are the libm functions. One host thread at a time may run kernels.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -55,14 +56,18 @@ struct ThreadIndex {
 };
 const ThreadIndex& here();
 
-// Block-wide and warp-wide waits. warpExchange: every lane of the calling
-// warp hands in `bytes` bytes; once all have, `combine` runs once over the
-// 32 inputs (in lane order) and fills the 32 outputs; each lane gets its
-// own. Lanes of one warp that meet different exchanges (divergence) or a
-// lane that exits while the others wait abort the program with a message.
-void syncThreads();
+// Block-wide and warp-wide waits. syncThreads: every thread of the block
+// must wait at the same __syncthreads (file and line). warpExchange: every
+// lane of the calling warp hands in `bytes` bytes; once all have, `combine`
+// runs once over the inputs (in lane order, `lanes` of them: fewer than 32
+// in a block's last, partial warp) and fills one output per lane; each lane
+// gets its own. Lanes of one warp that meet different exchanges
+// (divergence) or a lane that exits while the others wait abort the
+// program with a message.
+void syncThreads(const char* file, unsigned line);
 void syncWarp();
-using Combine = void (*)(const void* inputs, void* outputs);
+using Combine = void (*)(const void* inputs, void* outputs, int lanes);
+[[noreturn]] void fault(const char* format, ...);
 void warpExchange(const void* in, size_t in_bytes, void* out, size_t out_bytes, Combine combine,
                   const char* what);
 
@@ -71,6 +76,12 @@ void warpExchange(const void* in, size_t in_bytes, void* out, size_t out_bytes, 
 void asyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes);
 void asyncCommit();
 void asyncWait(int pending_groups);
+
+// A static __shared__ object reached by a thread of the running block
+// (translate.cmake adds the call after each declaration): the first thread
+// of the block to reach it fills it with all-ones bytes, as a GPU's shared
+// memory holds whatever was there, not the last block's values.
+void sharedVariable(void* object, size_t bytes);
 
 // The dynamic shared memory of the running block (the launch's third
 // argument), aligned to 128 bytes.
@@ -147,7 +158,9 @@ T* dynamicShared() {
 #define blockDim (::tandem::cuda_emu::here().block_dim)
 #define gridDim (::tandem::cuda_emu::here().grid_dim)
 
-inline void __syncthreads() { ::tandem::cuda_emu::syncThreads(); }
+inline void __syncthreads(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
+  ::tandem::cuda_emu::syncThreads(file, line);
+}
 
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::tandem::cuda_emu::requireFullMask(mask, "__syncwarp");
@@ -168,13 +181,27 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   ::tandem::cuda_emu::requireFullMask(mask, "__shfl_xor_sync");
   ::tandem::cuda_emu::warpExchange(
       &in, sizeof(in), &out, sizeof(out),
-      [](const void* inputs, void* outputs) {
+      [](const void* inputs, void* outputs, int lanes) {
+        // PTX shfl.sync.bfly: source j = lane ^ (mask & 31), taken when it
+        // is at most the last lane of this lane's segment of `width`.
         const auto* a = static_cast<const Args*>(inputs);
         auto* o = static_cast<uint32_t*>(outputs);
-        for (int lane = 0; lane < 32; ++lane) {
-          const int segment = lane / a[lane].width * a[lane].width;
-          const int source = segment + ((lane - segment) ^ a[lane].lane_mask);
-          o[lane] = source < segment + a[lane].width ? a[source].bits : a[lane].bits;
+        for (int lane = 0; lane < lanes; ++lane) {
+          const int width = a[lane].width;
+          if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+            ::tandem::cuda_emu::fault("__shfl_xor_sync width %d: a power of two up to 32", width);
+          }
+          const int segment_mask = 32 - width;
+          const int max_lane = (lane & segment_mask) | (31 & ~segment_mask);
+          const int source = lane ^ (a[lane].lane_mask & 31);
+          if (source > max_lane) {
+            o[lane] = a[lane].bits;
+          } else if (source >= lanes) {
+            ::tandem::cuda_emu::fault("__shfl_xor_sync from lane %d of a warp of %d", source,
+                                      lanes);
+          } else {
+            o[lane] = a[source].bits;
+          }
         }
       },
       "__shfl_xor_sync");

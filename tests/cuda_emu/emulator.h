@@ -22,8 +22,7 @@ constexpr int kMultiprocessors = 4;
 constexpr size_t kSharedPerBlockOptin = 232448;
 constexpr size_t kSharedPerBlockDefault = 48 * 1024;
 
-// Aborts the program with `message` (a kernel fault: the GPU would report
-// an illegal instruction or hang).
-[[noreturn]] void fault(const char* format, ...);
+// fault (device.h): aborts the program with a message, where a GPU would
+// report an illegal instruction or address, or hang.
 
 }  // namespace tandem::cuda_emu

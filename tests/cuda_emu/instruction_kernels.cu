@@ -98,6 +98,23 @@ __global__ void neighbourKernel(int* out) {
   out[blockIdx.x * n + t] = slots[t + 1 < n ? t + 1 : t];
 }
 
+__global__ void crossWarpKernel(int* out) {
+  __shared__ int slots[32];
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= 32) slots[t - 32] = 1000 * static_cast<int>(blockIdx.x) + t - 32;
+  __syncwarp();
+  __syncwarp();
+  if (t < 32) out[blockIdx.x * 32 + t] = slots[t];
+}
+
+__global__ void sharedBeforeWriteKernel(uint32_t* out) {
+  __shared__ uint32_t slots[32];
+  const int t = static_cast<int>(threadIdx.x);
+  out[blockIdx.x * 32 + t] = slots[t];
+  __syncthreads();
+  slots[t] = 7;
+}
+
 __global__ void sharedKernel(int* out) {
   extern __shared__ int dynamic[];
   dynamic[threadIdx.x] = 1;
@@ -175,6 +192,37 @@ std::vector<int> neighbourWithoutBarrier(int threads) {
   neighbourKernel<<<2, threads>>>(out);
   check(cudaGetLastError(), "neighbourKernel");
   return fromDevice(out, 2 * static_cast<size_t>(threads));
+}
+
+std::vector<int> crossWarpWithoutBarrier() {
+  int* out = nullptr;
+  check(cudaMalloc(&out, 64 * sizeof(int)), "cudaMalloc");
+  crossWarpKernel<<<2, 64>>>(out);
+  check(cudaGetLastError(), "crossWarpKernel");
+  return fromDevice(out, 64);
+}
+
+std::vector<uint32_t> sharedBeforeWrite() {
+  uint32_t* out = nullptr;
+  check(cudaMalloc(&out, 96 * sizeof(uint32_t)), "cudaMalloc");
+  sharedBeforeWriteKernel<<<3, 32>>>(out);
+  check(cudaGetLastError(), "sharedBeforeWriteKernel");
+  return fromDevice(out, 96);
+}
+
+std::vector<int> mallocDuringCapture() {
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  void* memory = nullptr;
+  const cudaError_t malloc_error = cudaMalloc(&memory, 256);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end_error = cudaStreamEndCapture(stream, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (memory != nullptr) cudaFree(memory);
+  cudaGetLastError();
+  cudaStreamDestroy(stream);
+  return {static_cast<int>(malloc_error), static_cast<int>(end_error)};
 }
 
 int launchErrorForSharedBytes(int shared_bytes) {

@@ -35,6 +35,19 @@ std::vector<uint8_t> copyThroughShared(const std::vector<uint8_t>& bytes,
 // thread its own). A race: what it reads is out[block · threads + t].
 std::vector<int> neighbourWithoutBarrier(int threads);
 
+// Two blocks of two warps: warp 1 stores 1000 · block + t, then, with no
+// barrier but two __syncwarp in each warp, warp 0 reads warp 1's slots.
+// out[block · 32 + t] is what thread t of warp 0 read.
+std::vector<int> crossWarpWithoutBarrier();
+
+// Three blocks of 32 threads reading a static __shared__ array before any
+// thread writes it, then writing it: out[block · 32 + t] is the first read.
+std::vector<uint32_t> sharedBeforeWrite();
+
+// Stream capture with a cudaMalloc in the middle (global capture mode):
+// {the cudaMalloc's error, cudaStreamEndCapture's error}.
+std::vector<int> mallocDuringCapture();
+
 // The error of a launch asking for `shared_bytes` of dynamic shared memory
 // without raising the kernel's limit (cudaGetLastError after the launch).
 int launchErrorForSharedBytes(int shared_bytes);

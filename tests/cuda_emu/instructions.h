@@ -40,6 +40,10 @@ inline void loadMatrices(uint32_t r[4], const uint16_t* p) {
 }
 
 inline uint4 loadStreaming(const uint4* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    ::tandem::cuda_emu::fault("ld.global.nc.v4 at %p: not 16-byte aligned",
+                              static_cast<const void*>(p));
+  }
   uint4 v;
   std::memcpy(&v, p, sizeof(v));
   return v;

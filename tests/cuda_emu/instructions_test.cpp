@@ -91,7 +91,36 @@ TEST_F(InstructionsTest, TooMuchDynamicSharedMemoryIsRefusedAtLaunch) {
   EXPECT_NE(0, launchErrorForSharedBytes(100 * 1024)) << "above 48 KiB without the opt-in";
 }
 
+// A GPU refuses an allocation in the middle of a (global mode) stream
+// capture and fails the capture; the emulator does the same, so a recorded
+// step that allocates fails here as it would there.
+TEST_F(InstructionsTest, AllocatingDuringAStreamCaptureFailsTheCapture) {
+  const std::vector<int> errors = mallocDuringCapture();
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(0, errors[0]) << "cudaMalloc during capture";
+  EXPECT_NE(0, errors[1]) << "cudaStreamEndCapture after it";
+}
+
 #if defined(TANDEM_CUDA_EMULATOR)
+
+// Two warps with no barrier between a write and a read, only warp-wide
+// instructions: one of the two turn orders runs the reading warp first.
+TEST_F(InstructionsTest, EmulatorShowsARaceBetweenWarps) {
+  const std::vector<int> out = crossWarpWithoutBarrier();
+  int stale = 0;
+  for (int block = 0; block < 2; ++block) {
+    for (int t = 0; t < 32; ++t) stale += out[block * 32 + t] != 1000 * block + t;
+  }
+  EXPECT_GT(stale, 0) << "the race between warps went unseen";
+}
+
+// Shared memory holds no earlier block's values: every block reads all
+// ones before its threads write.
+TEST_F(InstructionsTest, EmulatorFillsStaticSharedMemoryForEachBlock) {
+  const std::vector<uint32_t> out = sharedBeforeWrite();
+  ASSERT_EQ(out.size(), 96u);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(0xffffffffu, out[i]) << "read " << i;
+}
 
 // A read of another thread's shared-memory write that no barrier orders: in
 // one of the two blocks (threads in ascending, then descending order) a

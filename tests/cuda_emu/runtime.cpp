@@ -3,9 +3,11 @@
 // reference. One device (device 0, 4 multiprocessors, compute capability
 // 9.0); every stream runs its work at once, in issue order, so
 // synchronizing does nothing; a stream being captured records its work
-// into a graph instead, and a graph launch replays it. Device memory comes
+// into a graph instead, and a graph launch replays it; allocating, freeing
+// or synchronizing during a capture is refused and invalidates it. Device memory comes
 // back filled with all-ones bytes (cudaMalloc does not clear), and copies
 // and memsets through device memory are checked against the allocations.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,7 @@ struct CUstream_st {
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> nodes;
+  bool invalidated = false;  // an illegal call was made during its capture
 };
 struct CUgraphExec_st {
   std::vector<std::function<void()>> nodes;
@@ -72,6 +75,26 @@ cudaError_t fail(cudaError_t error) {
   return error;
 }
 
+// Graphs being captured. While any is, the calls that would wait for or
+// change the device behind the capture's back (allocation, freeing,
+// synchronous copies, device or stream synchronization) are refused and
+// invalidate the capture, so its cudaStreamEndCapture fails (the runtime's
+// global and thread-local capture modes).
+std::vector<cudaGraph_t>& activeCaptures() {
+  static auto* captures = new std::vector<cudaGraph_t>;
+  return *captures;
+}
+
+// cudaErrorStreamCaptureUnsupported when a capture is under way (and it
+// is invalidated), else cudaSuccess.
+cudaError_t refuseDuringCapture(const char* what) {
+  if (activeCaptures().empty()) return cudaSuccess;
+  std::fprintf(stderr, "CUDA emulator: %s during stream capture: the capture is invalidated\n",
+               what);
+  for (cudaGraph_t graph : activeCaptures()) graph->invalidated = true;
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+
 }  // namespace
 
 void enqueue(cudaStream_t stream, std::function<void()> work) {
@@ -96,6 +119,7 @@ size_t maxDynamicShared(const void* kernel) {
 using tandem::cuda_emu::checkDevice;
 using tandem::cuda_emu::enqueue;
 using tandem::cuda_emu::fail;
+using tandem::cuda_emu::refuseDuringCapture;
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
@@ -175,6 +199,8 @@ const ErrorText& errorText(cudaError_t error) {
        "the operation cannot be performed in the present state"},
       {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
        "operation not permitted when stream is capturing"},
+      {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+       "operation failed due to a previous error during capture"},
       {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
   };
   for (const ErrorText& entry : known) {
@@ -193,6 +219,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (const cudaError_t refused = refuseDuringCapture("cudaMalloc")) return refused;
   const size_t bytes = size == 0 ? 1 : size;
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) return fail(cudaErrorMemoryAllocation);
@@ -204,6 +231,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 
 cudaError_t cudaFree(void* ptr) {
+  if (const cudaError_t refused = refuseDuringCapture("cudaFree")) return refused;
   if (ptr == nullptr) return cudaSuccess;
   {
     std::lock_guard lock(tandem::cuda_emu::g_mutex);
@@ -245,6 +273,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (const cudaError_t refused = refuseDuringCapture("cudaMemcpy")) return refused;
   return cudaMemcpyAsync(dst, src, count, kind, nullptr);
 }
 
@@ -290,28 +319,35 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  // Synchronizing a stream under capture is illegal and ends the capture.
-  if (tandem::cuda_emu::streamOf(stream)->capture != nullptr) {
-    return fail(cudaErrorStreamCaptureUnsupported);
-  }
-  return cudaSuccess;
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return tandem::cuda_emu::refuseDuringCapture("cudaStreamSynchronize");
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  return tandem::cuda_emu::refuseDuringCapture("cudaDeviceSynchronize");
+}
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   CUstream_st* s = tandem::cuda_emu::streamOf(stream);
   if (stream == nullptr || s->capture != nullptr) return fail(cudaErrorIllegalState);
   s->capture = new CUgraph_st;
+  tandem::cuda_emu::activeCaptures().push_back(s->capture);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   CUstream_st* s = tandem::cuda_emu::streamOf(stream);
   if (s->capture == nullptr) return fail(cudaErrorIllegalState);
-  *graph = s->capture;
+  auto& active = tandem::cuda_emu::activeCaptures();
+  active.erase(std::find(active.begin(), active.end(), s->capture));
+  cudaGraph_t captured = s->capture;
   s->capture = nullptr;
+  if (captured->invalidated) {
+    delete captured;
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = captured;
   return cudaSuccess;
 }
 
