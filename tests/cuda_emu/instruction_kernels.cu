@@ -33,6 +33,14 @@ T* toDevice(const std::vector<T>& host) {
 }
 
 template <typename T>
+T* deviceBuffer(size_t n) {
+  T* device = nullptr;
+  check(cudaMalloc(&device, n * sizeof(T)), "cudaMalloc");
+  return device;
+}
+
+// Waits for the kernels, copies n elements back and frees the buffer.
+template <typename T>
 std::vector<T> fromDevice(T* device, size_t n) {
   std::vector<T> host(n);
   check(cudaDeviceSynchronize(), "kernel");
@@ -139,8 +147,7 @@ int deviceCount() {
 
 std::vector<float> mma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
                        const std::vector<float>& c) {
-  float* d = nullptr;
-  check(cudaMalloc(&d, 16 * 8 * sizeof(float)), "cudaMalloc");
+  auto* d = deviceBuffer<float>(16 * 8);
   uint16_t* da = toDevice(a);
   uint16_t* db = toDevice(b);
   float* dc = toDevice(c);
@@ -154,8 +161,7 @@ std::vector<float> mma(const std::vector<uint16_t>& a, const std::vector<uint16_
 }
 
 std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile) {
-  uint32_t* out = nullptr;
-  check(cudaMalloc(&out, 128 * sizeof(uint32_t)), "cudaMalloc");
+  auto* out = deviceBuffer<uint32_t>(128);
   uint16_t* dt = toDevice(tile);
   loadMatricesKernel<<<1, 32>>>(dt, out);
   check(cudaGetLastError(), "loadMatricesKernel");
@@ -165,8 +171,7 @@ std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile) {
 }
 
 std::vector<int> shuffleXor(int lane_mask) {
-  int* out = nullptr;
-  check(cudaMalloc(&out, 32 * sizeof(int)), "cudaMalloc");
+  auto* out = deviceBuffer<int>(32);
   shuffleKernel<<<1, 32>>>(lane_mask, out);
   check(cudaGetLastError(), "shuffleKernel");
   return fromDevice(out, 32);
@@ -174,8 +179,7 @@ std::vector<int> shuffleXor(int lane_mask) {
 
 std::vector<uint8_t> copyThroughShared(const std::vector<uint8_t>& bytes,
                                        const std::vector<uint8_t>& valid) {
-  uint8_t* out = nullptr;
-  check(cudaMalloc(&out, 64 * 16), "cudaMalloc");
+  auto* out = deviceBuffer<uint8_t>(64 * 16);
   uint8_t* src = toDevice(bytes);
   uint8_t* dv = toDevice(valid);
   copyKernel<<<1, 64>>>(src, dv, static_cast<int>(valid.size()), out);
@@ -187,24 +191,21 @@ std::vector<uint8_t> copyThroughShared(const std::vector<uint8_t>& bytes,
 }
 
 std::vector<int> neighbourWithoutBarrier(int threads) {
-  int* out = nullptr;
-  check(cudaMalloc(&out, 2 * static_cast<size_t>(threads) * sizeof(int)), "cudaMalloc");
+  auto* out = deviceBuffer<int>(2 * static_cast<size_t>(threads));
   neighbourKernel<<<2, threads>>>(out);
   check(cudaGetLastError(), "neighbourKernel");
   return fromDevice(out, 2 * static_cast<size_t>(threads));
 }
 
 std::vector<int> crossWarpWithoutBarrier() {
-  int* out = nullptr;
-  check(cudaMalloc(&out, 64 * sizeof(int)), "cudaMalloc");
+  auto* out = deviceBuffer<int>(64);
   crossWarpKernel<<<2, 64>>>(out);
   check(cudaGetLastError(), "crossWarpKernel");
   return fromDevice(out, 64);
 }
 
 std::vector<uint32_t> sharedBeforeWrite() {
-  uint32_t* out = nullptr;
-  check(cudaMalloc(&out, 96 * sizeof(uint32_t)), "cudaMalloc");
+  auto* out = deviceBuffer<uint32_t>(96);
   sharedBeforeWriteKernel<<<3, 32>>>(out);
   check(cudaGetLastError(), "sharedBeforeWriteKernel");
   return fromDevice(out, 96);
@@ -226,8 +227,7 @@ std::vector<int> mallocDuringCapture() {
 }
 
 int launchErrorForSharedBytes(int shared_bytes) {
-  int* out = nullptr;
-  check(cudaMalloc(&out, 32 * sizeof(int)), "cudaMalloc");
+  auto* out = deviceBuffer<int>(32);
   cudaGetLastError();
   sharedKernel<<<1, 32, static_cast<size_t>(shared_bytes)>>>(out);
   const cudaError_t error = cudaGetLastError();
@@ -237,8 +237,7 @@ int launchErrorForSharedBytes(int shared_bytes) {
 }
 
 void divergentWarp() {
-  int* out = nullptr;
-  check(cudaMalloc(&out, 32 * sizeof(int)), "cudaMalloc");
+  auto* out = deviceBuffer<int>(32);
   divergentKernel<<<1, 32>>>(out);
   cudaDeviceSynchronize();
   cudaFree(out);
