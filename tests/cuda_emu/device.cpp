@@ -92,7 +92,6 @@ struct Warp {
   Combine combine = nullptr;
   const char* what = nullptr;
   size_t in_bytes = 0;
-  size_t out_bytes = 0;
   alignas(16) unsigned char in[kWarpSize * kMaxExchangeBytes];
   alignas(16) unsigned char out[kWarpSize * kMaxExchangeBytes];
 };
@@ -407,7 +406,6 @@ void warpExchange(const void* in, size_t in_bytes, void* out, size_t out_bytes, 
     warp.combine = combine;
     warp.what = what;
     warp.in_bytes = in_bytes;
-    warp.out_bytes = out_bytes;
   } else if (warp.combine != combine || warp.in_bytes != in_bytes) {
     fault("the lanes of warp %d diverged: lane %d at %s while others wait at %s", fiber.warp,
           fiber.lane, what, warp.what);

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "tests/cuda_emu/emulator.h"
@@ -70,6 +71,17 @@ bool checkDevice(const void* p, size_t bytes, const char* what) {
   return false;
 }
 
+// Whether a copy's device ends (as `kind` names them) lie inside device
+// allocations: `dst_span` bytes at dst, `src_span` at src.
+bool checkCopyEnds(void* dst, size_t dst_span, const void* src, size_t src_span,
+                   cudaMemcpyKind kind, const char* what) {
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  const std::string name(what);
+  return (!dst_device || checkDevice(dst, dst_span, (name + " destination").c_str())) &&
+         (!src_device || checkDevice(src, src_span, (name + " source").c_str()));
+}
+
 cudaError_t fail(cudaError_t error) {
   g_last_error = error;
   return error;
@@ -116,6 +128,7 @@ size_t maxDynamicShared(const void* kernel) {
 
 }  // namespace tandem::cuda_emu
 
+using tandem::cuda_emu::checkCopyEnds;
 using tandem::cuda_emu::checkDevice;
 using tandem::cuda_emu::enqueue;
 using tandem::cuda_emu::fail;
@@ -262,10 +275,7 @@ cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
-  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if ((dst_device && !checkDevice(dst, count, "cudaMemcpyAsync destination")) ||
-      (src_device && !checkDevice(src, count, "cudaMemcpyAsync source"))) {
+  if (!checkCopyEnds(dst, count, src, count, kind, "cudaMemcpyAsync")) {
     return fail(cudaErrorInvalidValue);
   }
   enqueue(stream, [=] { std::memmove(dst, src, count); });
@@ -283,10 +293,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
   const size_t dst_span = height == 0 ? 0 : (height - 1) * dpitch + width;
   const size_t src_span = height == 0 ? 0 : (height - 1) * spitch + width;
-  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if ((dst_device && !checkDevice(dst, dst_span, "cudaMemcpy2DAsync destination")) ||
-      (src_device && !checkDevice(src, src_span, "cudaMemcpy2DAsync source"))) {
+  if (!checkCopyEnds(dst, dst_span, src, src_span, kind, "cudaMemcpy2DAsync")) {
     return fail(cudaErrorInvalidValue);
   }
   enqueue(stream, [=] {
