@@ -170,8 +170,9 @@ const std::vector<Row>& rows() {
       flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
            &ServeOptions::enforce_eager),
       flag("fuse_projections",
-           "compute Q/K/V and gate/up as one matmul each (the same bits, fewer and wider "
-           "launches)",
+           "compute Q/K/V and gate/up as one matmul each, with the CUDA fast kernels each "
+           "matmul's next step in its epilogue and its input made by the kernel before (the "
+           "same bits, fewer and wider launches)",
            &ServeOptions::fuse_projections),
       choice("cuda_kernels", {"auto", "reference", "fast", "flash"},
              "CUDA kernels: auto (fast on CUDA), reference (the plain kernels the fast ones are "

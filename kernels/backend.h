@@ -313,10 +313,13 @@ CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag,
 // `cuda_kernels` is kFast or kFlash for a backend other than CUDA (the CPU
 // has none). `unordered_decode` (CUDA fast kernels only; tandem-bench's
 // measure of what batch invariance costs, never serving):
-// CudaBackendOptions::unordered_decode.
+// CudaBackendOptions::unordered_decode. `fused_launches`: fewer launches
+// per decode layer where the CUDA fast kernels run (the agent's
+// --fuse-projections), the same bits (CudaBackendOptions::fused_launches);
+// nothing elsewhere.
 std::unique_ptr<Backend> makeBackend(DeviceKind kind,
                                      CudaKernels cuda_kernels = CudaKernels::kReference,
-                                     bool unordered_decode = false);
+                                     bool unordered_decode = false, bool fused_launches = false);
 // Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);
 // throws tandem::Error naming `flag` and the accepted values.
 DType parseComputeDType(const std::string& text, const std::string& flag);

@@ -45,7 +45,7 @@ DeviceKind resolveDevice(const std::string& flag) {
 }
 
 std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels,
-                                     bool unordered_decode) {
+                                     bool unordered_decode, bool fused_launches) {
   if (unordered_decode && (kind != DeviceKind::kCuda || cuda_kernels == CudaKernels::kReference)) {
     throw Error(
         "--unordered-decode: only with --device cuda and the fast kernels (it replaces the fast "
@@ -67,6 +67,7 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels,
       options.fast_kernels = cuda_kernels != CudaKernels::kReference;
       options.flash_attention = cuda_kernels == CudaKernels::kFlash;
       options.unordered_decode = unordered_decode;
+      options.fused_launches = fused_launches;
       return cuda::makeCudaBackend(0, options);
     }
 #else

@@ -178,9 +178,12 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
+// kFragments: each output also goes to `next` (epilogue.h), the x
+// fragments of the bf16 decode matmul that reads out (the o projection).
+template <bool kFragments>
 __global__ void attentionCombineKernel(const RowKv* row_kv, int64_t num_heads, int64_t head_dim,
                                        int64_t max_splits, const float* max_and_sum,
-                                       const float* acc, float* out) {
+                                       const float* acc, float* out, NextFragments next) {
   const int64_t row = blockIdx.x;
   const int64_t head = blockIdx.y;
   const RowKv info = row_kv[row];
@@ -197,7 +200,9 @@ __global__ void attentionCombineKernel(const RowKv* row_kv, int64_t num_heads, i
       total = fmaf(max_and_sum[2 * (first + s) + 1], rescale, total);
       sum = fmaf(acc[(first + s) * head_dim + d], rescale, sum);
     }
-    out[(row * num_heads + head) * head_dim + d] = __fdiv_rn(sum, total);
+    const float value = __fdiv_rn(sum, total);
+    out[(row * num_heads + head) * head_dim + d] = value;
+    if constexpr (kFragments) next.store(row, head * head_dim + d, value);
   }
 }
 
@@ -608,7 +613,8 @@ bool flashAttentionSupported(const KvCacheLayout& cache, int64_t num_heads) {
 
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                           int32_t layer, const float* q, int64_t num_heads, float scale,
-                          float* scratch, float* out, AttentionKernel kernel) {
+                          float* scratch, float* out, AttentionKernel kernel,
+                          const NextFragments& next) {
   if (batch.rows <= 0 || num_heads <= 0) return;
   TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= kMaxHeadDim, "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
@@ -662,8 +668,13 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
                           static_cast<unsigned int>(num_heads));
   const int combine_threads =
       static_cast<int>(std::min<int64_t>(kMaxHeadDim, ceilDiv(cache.head_dim, 32) * 32));
-  attentionCombineKernel<<<combine_grid, combine_threads, 0, stream>>>(
-      batch.row_kv, num_heads, cache.head_dim, splits, max_and_sum, acc, out);
+  if (next.data != nullptr) {
+    attentionCombineKernel<true><<<combine_grid, combine_threads, 0, stream>>>(
+        batch.row_kv, num_heads, cache.head_dim, splits, max_and_sum, acc, out, next);
+  } else {
+    attentionCombineKernel<false><<<combine_grid, combine_threads, 0, stream>>>(
+        batch.row_kv, num_heads, cache.head_dim, splits, max_and_sum, acc, out, next);
+  }
 }
 
 }  // namespace tandem::kernels::cuda

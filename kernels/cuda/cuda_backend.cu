@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
         fast_kernels_(options.fast_kernels),
         flash_attention_(options.fast_kernels && options.flash_attention),
         unordered_decode_(options.fast_kernels && options.unordered_decode),
+        fused_launches_(options.fast_kernels && options.fused_launches),
         gemv_scratch_cap_floats_(static_cast<int64_t>(options.gemv_scratch_bytes / sizeof(float))) {
     throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
     throwIfFailed(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -79,6 +80,7 @@ class CudaBackend final : public Backend {
     description_ = text;
     if (fast_kernels_)
       description_ += flash_attention_ ? ", fast kernels, flash attention" : ", fast kernels";
+    if (fused_launches_) description_ += ", fused launches";
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     sm_count_ = props.multiProcessorCount;
   }
@@ -90,6 +92,10 @@ class CudaBackend final : public Backend {
     for (auto& [key, copy] : resident_) cudaFree(copy.data);
     for (auto& [key, data] : relaid_) cudaFree(data);
     for (auto& [key, data] : mma_twins_) cudaFree(data);
+    for (auto& [k, buffers] : next_fragments_) {
+      for (void* data : buffers.data) cudaFree(data);
+    }
+    cudaFree(arrivals_);
     cudaFree(gemv_scratch_);
     cudaFree(batch_device_);
     cudaFree(scratch_);
@@ -334,8 +340,10 @@ class CudaBackend final : public Backend {
   void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                float* y) override {
     activate();
-    launchRmsNorm(stream_, x, weight, rows, dim, eps, y);
+    const NextFragments next = fragmentsFor(rows, dim);
+    launchRmsNorm(stream_, x, weight, rows, dim, eps, y, next);
     checkLaunch("rmsNorm");
+    if (next.data != nullptr) produced(y, rows, dim, next);
   }
 
   void addBias(float* y, const float* bias, int64_t rows, int64_t width) override {
@@ -386,12 +394,15 @@ class CudaBackend final : public Backend {
       throwIfFailed(cudaMalloc(&scratch_, floats * sizeof(float)), "cudaMalloc attention scratch");
       scratch_floats_ = floats;
     }
+    const NextFragments next = fragmentsFor(batch_.rows, num_heads * cache.head_dim);
     launchPagedAttention(stream_, batch_, cache, layer, q, num_heads, scale,
                          static_cast<float*>(scratch_), out,
                          flash_attention_ ? AttentionKernel::kFlash
                          : fast_kernels_  ? AttentionKernel::kGrouped
-                                          : AttentionKernel::kReference);
+                                          : AttentionKernel::kReference,
+                         next);
     checkLaunch("pagedAttention");
+    if (next.data != nullptr) produced(out, batch_.rows, num_heads * cache.head_dim, next);
   }
 
   void gatherLastRows(const float* x, int64_t width, float* out) override {
@@ -510,8 +521,65 @@ class CudaBackend final : public Backend {
 
  private:
   // The CUDA runtime's current device is per host thread, and the backend may
-  // be driven from different threads (one at a time).
-  void activate() { throwIfFailed(cudaSetDevice(device_), "cudaSetDevice"); }
+  // be driven from different threads (one at a time). Every call that
+  // issues work activates first, once: `calls_` counts them.
+  void activate() {
+    ++calls_;
+    throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
+  }
+
+  // --- Fused launches: x's fragments written by x's producer ---
+  // Where the producer of an m x k matrix writes it as a bf16 decode
+  // matmul's x fragments (nothing without fused launches and bf16 compute,
+  // or for more rows than the skinny kernel takes). Two zeroed buffers per
+  // k, for 64 rows each, taken in turn, so a matmul whose epilogue writes
+  // the next x never writes the buffer it reads; a producer writes real
+  // elements only, so k's padding stays zero.
+  NextFragments fragmentsFor(int64_t m, int64_t k) {
+    if (!fused_launches_ || compute_ != DType::kBF16 || m < 1 || m > kBf16MmaSkinnyRows || k < 1) {
+      return {};
+    }
+    FragmentBuffers& buffers = next_fragments_[k];
+    buffers.next ^= 1;
+    void*& buffer = buffers.data[buffers.next];
+    if (buffer == nullptr) {
+      if (capturing_) throw Error("x fragment buffer made while recording a decode step");
+      const auto bytes = static_cast<size_t>(MmaFragmentTiling{kBf16MmaSkinnyRows, k}.bytes());
+      throwIfFailed(cudaMalloc(&buffer, bytes), "cudaMalloc x fragments");
+      throwIfFailed(cudaMemsetAsync(buffer, 0, bytes, stream_), "cudaMemsetAsync x fragments");
+    }
+    return {static_cast<uint16_t*>(buffer), k};
+  }
+  // The call that just issued its kernel wrote x (m x k) and its fragments.
+  void produced(const float* x, int64_t m, int64_t k, const NextFragments& fragments) {
+    produced_ = {x, m, k, calls_, fragments.data};
+  }
+  // x's fragments, when they were written by the call before this one (or
+  // by it and read by the matmuls since, which leave x as it is); nullptr
+  // when they must be made from x.
+  void* readyFragments(const float* x, int64_t m, int64_t k) {
+    if (produced_.x != x || produced_.m != m || produced_.k != k || produced_.call + 1 != calls_) {
+      return nullptr;
+    }
+    produced_.call = calls_;
+    return produced_.fragments;
+  }
+  // The fused GEMV fold's arrival counters: `groups` of them, zero.
+  unsigned int* arrivalsFor(int64_t groups) {
+    if (!fused_launches_) return nullptr;
+    if (groups > arrivals_count_) {
+      if (capturing_) throw Error("GEMV arrival counters grew while recording a decode step");
+      forgetRecordings();
+      throwIfFailed(cudaFree(arrivals_), "cudaFree");
+      arrivals_ = nullptr;
+      arrivals_count_ = 0;
+      const auto bytes = static_cast<size_t>(groups) * sizeof(unsigned int);
+      throwIfFailed(cudaMalloc(&arrivals_, bytes), "cudaMalloc GEMV arrival counters");
+      throwIfFailed(cudaMemsetAsync(arrivals_, 0, bytes, stream_), "cudaMemsetAsync counters");
+      arrivals_count_ = groups;
+    }
+    return arrivals_;
+  }
 
   void checkLaunch(const char* kernel) { throwIfFailed(cudaGetLastError(), kernel); }
 
@@ -529,8 +597,9 @@ class CudaBackend final : public Backend {
     if (!fast_kernels_) return false;
     if (usesBf16Mma(w) && m <= kBf16MmaSkinnyRows) {
       if (auto it = mma_twins_.find(w.data); it != mma_twins_.end()) {
-        // x's fragments go to the GEMV scratch (one stream: no other
-        // matmul is using it).
+        // x's fragments as its producer wrote them, or made in the GEMV
+        // scratch (one stream: no other matmul is using it).
+        void* ready = readyFragments(x, m, k);
         growGemvScratch((bf16MmaSkinnyScratchBytes(m, k) + 3) / 4);
         if (unordered_decode_ &&
             (out.kind == MatmulEpilogue::kStore || out.kind == MatmulEpilogue::kAdd)) {
@@ -539,8 +608,15 @@ class CudaBackend final : public Backend {
           checkLaunch("matmul (bf16 tensor cores, decode, unordered)");
           return true;
         }
-        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, out, gemv_scratch_);
+        // SiLU·up's outputs are the down projection's x: written as its
+        // fragments too (never into the buffer being read: fragmentsFor).
+        MatmulEpilogue epilogue = out;
+        const int64_t inter = w.rows / 2;
+        if (out.kind == MatmulEpilogue::kSiluPairs) epilogue.next = fragmentsFor(m, inter);
+        launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, epilogue,
+                            ready != nullptr ? ready : gemv_scratch_, ready != nullptr);
         checkLaunch("matmul (bf16 tensor cores, decode)");
+        if (epilogue.next.data != nullptr) produced(out.y, m, inter, epilogue.next);
         return true;
       }
     }
@@ -560,7 +636,8 @@ class CudaBackend final : public Backend {
         relaid.data = it->second;
         const int64_t floats = fastGemvScratchFloats(m, k, relaid, gemv_scratch_cap_floats_);
         growGemvScratch(floats);
-        launchFastGemv(stream_, x, m, k, relaid, out, gemv_scratch_, floats, sm_count_);
+        unsigned int* arrivals = arrivalsFor(fastGemvGroups(k, relaid));
+        launchFastGemv(stream_, x, m, k, relaid, out, gemv_scratch_, floats, sm_count_, arrivals);
         checkLaunch("matmul (fast GEMV)");
         return true;
       }
@@ -652,6 +729,25 @@ class CudaBackend final : public Backend {
   bool fast_kernels_ = false;
   bool flash_attention_ = false;
   bool unordered_decode_ = false;  // CudaBackendOptions::unordered_decode
+  bool fused_launches_ = false;    // CudaBackendOptions::fused_launches
+  uint64_t calls_ = 0;             // activate() calls so far
+  // The last x written with its fragments (fragmentsFor), and the call
+  // that wrote it or last read it.
+  struct Produced {
+    const float* x = nullptr;
+    int64_t m = 0;
+    int64_t k = 0;
+    uint64_t call = 0;
+    void* fragments = nullptr;
+  };
+  Produced produced_;
+  struct FragmentBuffers {
+    void* data[2] = {};
+    int next = 1;  // the one fragmentsFor gave last
+  };
+  std::map<int64_t, FragmentBuffers> next_fragments_;  // by k: x fragments for 64 rows
+  unsigned int* arrivals_ = nullptr;                   // the fused GEMV fold's counters
+  int64_t arrivals_count_ = 0;
   int64_t gemv_scratch_cap_floats_ = 0;
   int sm_count_ = 1;
   DType compute_ = DType::kF32;

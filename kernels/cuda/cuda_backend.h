@@ -31,6 +31,13 @@ struct CudaBackendOptions {
   // measuring what the fixed order costs (tandem-bench engine
   // --unordered-decode); the agent never sets it.
   bool unordered_decode = false;
+  // Fewer launches (with fast_kernels; the agent's --fuse-projections sets
+  // it): the fast GEMV folds its partials in the partial kernel, and under
+  // bf16 compute the kernels that compute a decode matmul's x (rmsNorm,
+  // attention's combine, the SiLU·up epilogue) write it as that matmul's
+  // bf16 fragments, so the matmul does not round x in a launch of its own.
+  // The same bits either way (docs/cuda.md#fused-projections).
+  bool fused_launches = false;
   // The most scratch the fast GEMV keeps for its chunk partials; a matmul
   // needing more runs its columns in slices, one launch pair each.
   size_t gemv_scratch_bytes = size_t{32} << 20;

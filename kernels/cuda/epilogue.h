@@ -14,7 +14,8 @@
 //    own row-major matrix (copyColumns);
 //  - kSiluPairs: n = 2 * inter outputs in pairs (gate j at column 2j, up j
 //    at 2j + 1, Backend::StackedLayout::kPairs): y[row, j] = siluTimes(gate,
-//    up), row stride inter (siluMul);
+//    up), row stride inter (siluMul); and where `next` is set, that value
+//    rounded to bf16 into the down projection's x fragments as well;
 //  - kQkvRope: the stacked q/k/v of Backend::matmulQkvRope in
 //    StackedLayout::kPairs order (in q and k, column h * head_dim + 2i is
 //    row i of head h and 2i + 1 its row i + head_dim / 2): the biases added
@@ -31,9 +32,31 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/kv_store.h"
+#include "kernels/cuda/weight_layout.h"
 
 namespace tandem::kernels::cuda {
+
+// The x of a bf16 decode matmul (matmul_bf16_mma.cu's skinny kernel), in the
+// fragment order that kernel reads (weight_layout.h MmaFragmentTiling, x's
+// rows in the place of the weights' columns), written by the kernel that
+// computes x as it stores each value (rmsNorm, attention's combine, the
+// SiLU·up epilogue), so the matmul needs no launch of its own to round x.
+// Each element is f32ToBf16Bits of the stored value, as the matmul's own
+// rounding makes it, so the fragments' bits are the same. Only real
+// elements are written; the buffer's padding (k past the row) was zeroed
+// when it was made and no row of another k ever lands there (the buffer
+// belongs to one k). Rows past the batch are never written and reach only
+// the matmul's rows past the batch, which it never stores.
+struct NextFragments {
+  uint16_t* data = nullptr;  // nullptr: no fragments to write
+  int64_t k = 0;             // x's row length
+
+  __device__ __forceinline__ void store(int64_t row, int64_t kk, float value) const {
+    data[MmaFragmentTiling{0, k}.elementOffset(row, kk)] = f32ToBf16Bits(value);
+  }
+};
 
 // out = g / (1 + e^-g) * up, in the CPU's order of operations: siluMul's
 // one definition on the device.
@@ -82,6 +105,7 @@ struct MatmulEpilogue {
   float* parts[kMaxParts] = {};
   int64_t widths[kMaxParts] = {};
   QkvRopeEpilogue qkv;
+  NextFragments next;  // kSiluPairs: the down projection's x fragments
 
   static MatmulEpilogue store(float* y) {
     MatmulEpilogue e;
@@ -126,7 +150,9 @@ struct MatmulEpilogue {
   __device__ __forceinline__ void storePair(int64_t row, int64_t column, int64_t n, float first,
                                             float second) const {
     if (kind == kSiluPairs) {
-      y[row * (n / 2) + column / 2] = siluTimes(first, second);
+      const float value = siluTimes(first, second);
+      y[row * (n / 2) + column / 2] = value;
+      if (next.data != nullptr) next.store(row, column / 2, value);
       return;
     }
     if (kind == kQkvRope) {

@@ -32,7 +32,14 @@
 //  - each weight is read once for all m rows (up to 64 partials per lane in
 //    registers); x comes through the L1 cache, one broadcast load per lane.
 // The fold stores through an epilogue (epilogue.h), after the last add, so
-// the fused steps see the reference's bits.
+// the fused steps see the reference's bits. It is a kernel of its own, or,
+// with fused launches (CudaBackendOptions::fused_launches), done inside the
+// partial kernel by the warp that writes a column group's last chunk
+// partial: each warp, after a tile's partials, fences and counts the tile
+// in the group's arrival counter; the warp that counts the group's last
+// chunk folds its 32 columns (foldPartials, the same adds in the same
+// order, the partials read through L2) and sets the counter back to zero
+// for the next launch. One launch per matmul instead of two.
 // The chunk partials (m x chunks x columns floats) go through a scratch
 // buffer the backend owns; when it cannot hold every column group, the
 // columns are done in slices, one launch pair per slice.
@@ -71,16 +78,63 @@ __device__ __forceinline__ void widen(const uint4& bits, float out[8]) {
   }
 }
 
+// Output (r, column): the column's chunk partials added in chunk order.
+// kFromL2: read through L2 only (partials other SMs wrote in this launch).
+template <bool kFromL2 = false>
+__device__ __forceinline__ float foldPartials(const float* __restrict__ partials, int m,
+                                              int64_t chunks, int64_t r, int64_t column,
+                                              int64_t slice_first, int64_t slice_columns) {
+  auto at = [&](int64_t c) {
+    const float* p = partials + gemvPartialIndex(c, r, column, m, slice_first, slice_columns);
+    if constexpr (kFromL2) return __ldcg(p);
+    return *p;
+  };
+  float total = at(0);
+  for (int64_t c = 1; c < chunks; ++c) total = __fadd_rn(total, at(c));
+  return total;
+}
+
+// The fused fold (header): column group `group`'s outputs, by one warp.
+// Pair kinds: lane l takes the pair (2j, 2j + 1), j = l % 16, of rows l /
+// 16, l / 16 + 2, ...; others: lane l column 32 * group + l of every row.
+__device__ __forceinline__ void foldGroup(const float* __restrict__ partials, int m,
+                                          const GemvTiling& t, int64_t group, int64_t slice_first,
+                                          int64_t slice_columns, const MatmulEpilogue& out,
+                                          int lane) {
+  const int64_t chunks = t.chunks();
+  if (out.inPairs()) {
+    const int64_t column = group * kGemvTileCols + lane % 16 * 2;
+    if (column >= t.n) return;
+    for (int r = lane / 16; r < m; r += 2) {
+      const float first =
+          foldPartials<true>(partials, m, chunks, r, column, slice_first, slice_columns);
+      const float second =
+          foldPartials<true>(partials, m, chunks, r, column + 1, slice_first, slice_columns);
+      out.storePair(r, column, t.n, first, second);
+    }
+    return;
+  }
+  const int64_t column = group * kGemvTileCols + lane;
+  if (column >= t.n) return;
+  for (int r = 0; r < m; ++r) {
+    out.storeOne(r, column, t.n,
+                 foldPartials<true>(partials, m, chunks, r, column, slice_first, slice_columns));
+  }
+}
+
 // The partials of tiles [tile_begin, tile_begin + tile_count) (one slice of
 // column groups) for rows 0..m-1 into `partials` (gemvPartialIndex).
 // `vector_x`: x is 16-byte aligned and k a multiple of 4, so full steps read
-// x with 16-byte loads; the chain is the same either way.
-template <typename Elements, int kRows>
+// x with 16-byte loads; the chain is the same either way. kFold: the fused
+// fold (header), through `out`, counting arrivals in `arrivals` (one per
+// column group of the matrix, zero at the launch, zero again at its end).
+template <typename Elements, int kRows, bool kFold>
 __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
     gemvPartialKernel(const float* __restrict__ x, int m, GemvTiling t,
                       const uint8_t* __restrict__ w, int64_t tile_begin, int64_t tile_count,
                       int64_t warps, float* __restrict__ partials, int64_t slice_first,
-                      int64_t slice_columns, bool vector_x) {
+                      int64_t slice_columns, bool vector_x, MatmulEpilogue out,
+                      unsigned int* arrivals) {
   constexpr int kVector = 16 / static_cast<int>(sizeof(typename Elements::Storage));
   __shared__ uint4 ring[kGemvWarpsPerBlock][kGemvStages][kGemvSlabSteps][kWarp];
   const int warp_in_block = static_cast<int>(threadIdx.x) / kWarp;
@@ -180,21 +234,25 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
           partials[gemvPartialIndex(chunk, r, column, m, slice_first, slice_columns)] = part[r];
         }
       }
+      if constexpr (kFold) {
+        // Every lane's partials are out (device-wide) before lane 0 counts
+        // the tile; the warp that counts the group's last chunk folds it.
+        __threadfence();
+        __syncwarp();
+        const int64_t group = t.tileGroup(tile);
+        unsigned int* arrived = arrivals + group;
+        unsigned int before = 0;
+        if (lane == 0) before = atomicAdd(arrived, 1u);
+        before = __shfl_sync(0xffffffffu, before, 0);
+        if (before + 1 == static_cast<unsigned int>(t.chunks())) {
+          __threadfence();
+          foldGroup(partials, m, t, group, slice_first, slice_columns, out, lane);
+          if (lane == 0) *arrived = 0;
+        }
+      }
     }
   }
   waitCopies<0>();  // leave no copy in flight into shared memory
-}
-
-// Output (r, column): the column's chunk partials added in chunk order.
-__device__ __forceinline__ float foldPartials(const float* __restrict__ partials, int m,
-                                              int64_t chunks, int64_t r, int64_t column,
-                                              int64_t slice_first, int64_t slice_columns) {
-  float total = partials[gemvPartialIndex(0, r, column, m, slice_first, slice_columns)];
-  for (int64_t c = 1; c < chunks; ++c) {
-    total =
-        __fadd_rn(total, partials[gemvPartialIndex(c, r, column, m, slice_first, slice_columns)]);
-  }
-  return total;
 }
 
 // Each output folded and stored through the epilogue: one per thread, or
@@ -224,7 +282,7 @@ __global__ void __launch_bounds__(kFoldThreads)
 template <typename Elements>
 void launchFor(cudaStream_t stream, const float* x, int64_t m, const GemvTiling& t,
                const uint8_t* w, const MatmulEpilogue& out, float* scratch, int64_t scratch_floats,
-               int sm_count) {
+               int sm_count, unsigned int* arrivals) {
   const bool vector_x = t.k % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int64_t per_slice = gemvGroupsPerSlice(t, m, scratch_floats);
   for (int64_t g0 = 0; g0 < t.groups(); g0 += per_slice) {
@@ -236,14 +294,23 @@ void launchFor(cudaStream_t stream, const float* x, int64_t m, const GemvTiling&
     const int64_t slice_columns = (g1 - g0) * kGemvTileCols;
     const auto blocks = static_cast<unsigned int>(ceilDiv(warps, kGemvWarpsPerBlock));
     constexpr unsigned int kThreads = kGemvWarpsPerBlock * kWarp;
+    auto partials = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
+                                              warps, scratch, slice_first, slice_columns, vector_x,
+                                              out, arrivals);
+    };
+    if (arrivals != nullptr) {
+      if (m <= 8) {
+        partials(gemvPartialKernel<Elements, 8, true>);
+      } else {
+        partials(gemvPartialKernel<Elements, kGemvMaxRows, true>);
+      }
+      continue;  // folded by the partial kernel
+    }
     if (m <= 8) {
-      gemvPartialKernel<Elements, 8>
-          <<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
-                                            warps, scratch, slice_first, slice_columns, vector_x);
+      partials(gemvPartialKernel<Elements, 8, false>);
     } else {
-      gemvPartialKernel<Elements, kGemvMaxRows>
-          <<<blocks, kThreads, 0, stream>>>(x, static_cast<int>(m), t, w, tile_begin, tile_count,
-                                            warps, scratch, slice_first, slice_columns, vector_x);
+      partials(gemvPartialKernel<Elements, kGemvMaxRows, false>);
     }
     if (out.inPairs()) {
       const auto fold_blocks =
@@ -265,9 +332,13 @@ int64_t fastGemvScratchFloats(int64_t m, int64_t k, const WeightView& w, int64_t
   return gemvScratchFloats(t, m, cap_floats);
 }
 
+int64_t fastGemvGroups(int64_t k, const WeightView& w) {
+  return GemvTiling{w.rows, k, static_cast<int64_t>(dtypeSize(w.dtype))}.groups();
+}
+
 void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                     const WeightView& relaid, const MatmulEpilogue& out, float* scratch,
-                    int64_t scratch_floats, int sm_count) {
+                    int64_t scratch_floats, int sm_count, unsigned int* arrivals) {
   TANDEM_CHECK(relaid.cols == k, "fast GEMV: weight columns must equal k");
   TANDEM_CHECK(m <= kGemvMaxRows, "fast GEMV: more rows than it takes");
   const int64_t n = relaid.rows;
@@ -279,13 +350,13 @@ void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
   const auto* w = static_cast<const uint8_t*>(relaid.data);
   switch (relaid.dtype) {
     case DType::kF32:
-      launchFor<F32Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count);
+      launchFor<F32Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count, arrivals);
       return;
     case DType::kBF16:
-      launchFor<Bf16Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count);
+      launchFor<Bf16Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count, arrivals);
       return;
     case DType::kF16:
-      launchFor<F16Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count);
+      launchFor<F16Elements>(stream, x, m, t, w, out, scratch, scratch_floats, sm_count, arrivals);
       return;
   }
 }

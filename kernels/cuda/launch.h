@@ -48,8 +48,9 @@ void launchGatherLastRows(cudaStream_t stream, const DeviceBatch& batch, const f
 void launchArgmax(cudaStream_t stream, const float* x, int64_t rows, int64_t width, int32_t* out);
 
 // norm_rope.cu
+// `next` (data set): y also as a bf16 decode matmul's x fragments.
 void launchRmsNorm(cudaStream_t stream, const float* x, const float* weight, int64_t rows,
-                   int64_t dim, float eps, float* y);
+                   int64_t dim, float eps, float* y, const NextFragments& next = {});
 void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
                      int64_t head_dim, const float* inv_freq);
 
@@ -65,10 +66,14 @@ void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, con
 // dtype and n x k of the original), the same bits as launchMatmul. `scratch`
 // holds the chunk partials: at least fastGemvScratchFloats(m, k, relaid,
 // cap) floats; more columns than it holds run as several launches.
+// `arrivals` (fused launches): at least fastGemvGroups(k, relaid)
+// counters, all zero, which the call leaves zero; the fold is then done by
+// the partial kernel, one launch per slice; nullptr: a fold kernel follows.
 int64_t fastGemvScratchFloats(int64_t m, int64_t k, const WeightView& relaid, int64_t cap_floats);
+int64_t fastGemvGroups(int64_t k, const WeightView& relaid);
 void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                     const WeightView& relaid, const MatmulEpilogue& out, float* scratch,
-                    int64_t scratch_floats, int sm_count);
+                    int64_t scratch_floats, int sm_count, unsigned int* arrivals = nullptr);
 
 // matmul_bf16_mma.cu (--cuda-kernels fast with --compute-dtype bf16): y =
 // bf16(x) · w^T on the tensor cores, for bf16 row-major weights and any m.
@@ -81,11 +86,13 @@ constexpr int64_t kBf16MmaSmallRows = 256;
 // (weight_layout.h relayoutForMma, the bytes a device copy): the skinny
 // decode kernel, the same bits again. `x_fragments` (16-byte aligned) holds
 // x rounded to bf16 in fragment order: bf16MmaSkinnyScratchBytes(m, k).
+// x_ready: x_fragments already hold x so (written by x's producer,
+// epilogue.h NextFragments); else the call rounds x into them first.
 constexpr int64_t kBf16MmaSkinnyRows = 64;
 int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k);
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const void* fragments, int64_t n, const MatmulEpilogue& out,
-                         void* x_fragments);
+                         void* x_fragments, bool x_ready = false);
 // NOT batch-invariant, for measuring the cost of invariance only
 // (CudaBackendOptions::unordered_decode): the skinny kernel with k split
 // over enough blocks for four per SM and the partials added with atomics.
@@ -110,9 +117,12 @@ int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int6
 // (its own bits) where flashAttentionSupported, else the grouped one.
 enum class AttentionKernel { kReference, kGrouped, kFlash };
 bool flashAttentionSupported(const KvCacheLayout& cache, int64_t num_heads);
+// `next` (data set): out also as a bf16 decode matmul's x fragments,
+// written by the combine kernel.
 void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                           int32_t layer, const float* q, int64_t num_heads, float scale,
                           float* scratch, float* out,
-                          AttentionKernel kernel = AttentionKernel::kReference);
+                          AttentionKernel kernel = AttentionKernel::kReference,
+                          const NextFragments& next = {});
 
 }  // namespace tandem::kernels::cuda

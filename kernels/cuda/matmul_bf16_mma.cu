@@ -567,13 +567,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // `splits` 0: the ordered kernel through `out`; more: the unordered split-K
 // variant, adding into out.y.
+// x_ready: x_fragments already hold x (written by x's producer, epilogue.h
+// NextFragments), so x is not rounded again.
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
-                int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits) {
+                int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits,
+                bool x_ready) {
   const int64_t rows = 8 * kRowGroups;
   const int64_t vectors = MmaFragmentTiling{rows, k}.elements() / 8;
   const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(vectors, 256), 1024));
-  xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
+  if (!x_ready) xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
   if (splits == 0) {
@@ -587,7 +590,8 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
 }
 
 void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, const void* fragments,
-                  int64_t n, const MatmulEpilogue& out, void* x_fragments, int splits) {
+                  int64_t n, const MatmulEpilogue& out, void* x_fragments, int splits,
+                  bool x_ready) {
   TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
                "bf16 skinny matmul: the x scratch must be 16-byte aligned");
@@ -597,16 +601,16 @@ void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, con
   // registers of loads whatever the row groups.
   switch (rowGroupsFor(m)) {
     case 1:
-      launchWith<1, 8>(stream, x, m, k, frags, n, out, xs, splits);
+      launchWith<1, 8>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
       break;
     case 2:
-      launchWith<2, 4>(stream, x, m, k, frags, n, out, xs, splits);
+      launchWith<2, 4>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
       break;
     case 4:
-      launchWith<4, 2>(stream, x, m, k, frags, n, out, xs, splits);
+      launchWith<4, 2>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
       break;
     default:
-      launchWith<8, 1>(stream, x, m, k, frags, n, out, xs, splits);
+      launchWith<8, 1>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
       break;
   }
 }
@@ -621,8 +625,8 @@ int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k) {
 
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const void* fragments, int64_t n, const MatmulEpilogue& out,
-                         void* x_fragments) {
-  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, 0);
+                         void* x_fragments, bool x_ready) {
+  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, 0, x_ready);
 }
 
 void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
@@ -640,7 +644,7 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
                      cudaSuccess,
                  "unordered bf16 skinny matmul: cudaMemsetAsync");
   }
-  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, splits);
+  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, splits, false);
 }
 
 int64_t bf16MmaScratchElements(int64_t m, int64_t k) {

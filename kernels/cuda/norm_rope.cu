@@ -13,6 +13,10 @@
 // inv_freq[i] in fp32, its cos/sin evaluated in double and rounded to fp32,
 // as kernels/cpu/dispatch.cpp does; the rotation uses unfused multiplies and
 // adds, like the CPU's -ffp-contract=off build.
+//
+// With fused launches (CudaBackendOptions::fused_launches) rmsNorm also
+// writes its output as the next bf16 decode matmul's x fragments
+// (epilogue.h NextFragments); the norm's arithmetic is the same.
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/launch.h"
 
@@ -21,8 +25,12 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
+// kFragments: each output also goes to `next` (epilogue.h), the x
+// fragments of the bf16 decode matmul that reads y.
+template <bool kFragments>
 __global__ void __launch_bounds__(kNormThreads)
-    rmsNormKernel(const float* x, const float* weight, int64_t dim, float eps, float* y) {
+    rmsNormKernel(const float* x, const float* weight, int64_t dim, float eps, float* y,
+                  NextFragments next) {
   __shared__ float partial[kNormThreads];
   const int64_t row = blockIdx.x;
   const float* in = x + row * dim;
@@ -43,7 +51,9 @@ __global__ void __launch_bounds__(kNormThreads)
   // y may alias x: each element is read before it is written by its own thread.
   float* out = y + row * dim;
   for (int64_t d = threadIdx.x; d < dim; d += kNormThreads) {
-    out[d] = __fmul_rn(__fmul_rn(in[d], inv), weight[d]);
+    const float value = __fmul_rn(__fmul_rn(in[d], inv), weight[d]);
+    out[d] = value;
+    if constexpr (kFragments) next.store(row, d, value);
   }
 }
 
@@ -77,10 +87,14 @@ __global__ void __launch_bounds__(kRopeThreads)
 }  // namespace
 
 void launchRmsNorm(cudaStream_t stream, const float* x, const float* weight, int64_t rows,
-                   int64_t dim, float eps, float* y) {
+                   int64_t dim, float eps, float* y, const NextFragments& next) {
   if (rows <= 0 || dim <= 0) return;
-  rmsNormKernel<<<static_cast<unsigned int>(rows), kNormThreads, 0, stream>>>(x, weight, dim, eps,
-                                                                              y);
+  const auto blocks = static_cast<unsigned int>(rows);
+  if (next.data != nullptr) {
+    rmsNormKernel<true><<<blocks, kNormThreads, 0, stream>>>(x, weight, dim, eps, y, next);
+  } else {
+    rmsNormKernel<false><<<blocks, kNormThreads, 0, stream>>>(x, weight, dim, eps, y, next);
+  }
 }
 
 void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,

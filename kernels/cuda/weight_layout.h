@@ -177,6 +177,13 @@ struct MmaFragmentTiling {
   TANDEM_HOST_DEVICE static int64_t kOf(int64_t p, int64_t lane, int64_t e) {
     return p * 32 + e / 2 * 8 + lane % 4 * 2 + e % 2;
   }
+  // The inverse of column() and kOf(): the element offset of (column, kk),
+  // both inside the matrix. kk and kk + 1 (kk even) are one 32-bit word.
+  TANDEM_HOST_DEVICE int64_t elementOffset(int64_t column, int64_t kk) const {
+    const int64_t r = kk % 32;
+    const int64_t lane = column % 8 * 4 + r % 8 / 2;
+    return offset(column / 8, kk / 32, lane, r / 8 * 2 + r % 2);
+  }
 };
 
 // Re-lays row-major bf16 `src` (n x k) as above; MmaFragmentTiling{n,

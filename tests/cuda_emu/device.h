@@ -251,3 +251,47 @@ inline float atomicAdd(float* address, float value) {
   *address = old + value;
   return old;
 }
+inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+  const unsigned int old = *address;
+  *address = old + value;
+  return old;
+}
+// Memory is sequentially consistent: a fence orders nothing more.
+inline void __threadfence() {}
+// A load through L2 only: the same value here.
+template <typename T>
+T __ldcg(const T* p) {
+  return *p;
+}
+
+// shfl.sync.idx over the whole warp: every lane gets lane `source`'s value.
+template <typename T>
+T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
+  static_assert(sizeof(T) == 4, "the emulator shuffles 4-byte values");
+  struct Args {
+    uint32_t bits;
+    int source;
+  };
+  if (width != 32) ::tandem::cuda_emu::fault("__shfl_sync width %d: the emulator takes 32", width);
+  Args in{0, source};
+  std::memcpy(&in.bits, &value, 4);
+  uint32_t out = 0;
+  ::tandem::cuda_emu::requireFullMask(mask, "__shfl_sync");
+  ::tandem::cuda_emu::warpExchange(
+      &in, sizeof(in), &out, sizeof(out),
+      [](const void* inputs, void* outputs, int lanes) {
+        const auto* a = static_cast<const Args*>(inputs);
+        auto* o = static_cast<uint32_t*>(outputs);
+        for (int lane = 0; lane < lanes; ++lane) {
+          const int source = a[lane].source & 31;
+          if (source >= lanes) {
+            ::tandem::cuda_emu::fault("__shfl_sync from lane %d of a warp of %d", source, lanes);
+          }
+          o[lane] = a[source].bits;
+        }
+      },
+      "__shfl_sync");
+  T result;
+  std::memcpy(&result, &out, 4);
+  return result;
+}

@@ -5,12 +5,24 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 namespace tandem::cuda_emu {
 
 // Runs `work` now, or appends it to the graph `stream` is capturing.
 void enqueue(cudaStream_t stream, std::function<void()> work);
+
+// What the emulated device has run so far, issued one by one or replayed
+// from a graph alike: kernel grids, and stream operations (grids, copies,
+// memsets). Tests count a decode step's launches with it.
+struct DeviceCounts {
+  int64_t kernels = 0;
+  int64_t operations = 0;
+};
+DeviceCounts deviceCounts();
+// A grid is about to run (device.cpp).
+void countKernel();
 // The sticky error cudaGetLastError returns (and clears).
 void setLastError(cudaError_t error);
 // Dynamic shared memory a kernel may use: 48 KiB, or what

@@ -37,6 +37,7 @@ namespace {
 
 std::mutex g_mutex;
 cudaError_t g_last_error = cudaSuccess;
+DeviceCounts g_counts;  // what has run (enqueue, countKernel)
 CUstream_st g_default_stream;
 // Never destroyed: backends held in static storage free their memory
 // during exit, after any static of this file would have been.
@@ -114,9 +115,14 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
   if (s->capture != nullptr) {
     s->capture->nodes.push_back(std::move(work));
   } else {
+    ++g_counts.operations;
     work();
   }
 }
+
+void countKernel() { ++g_counts.kernels; }
+
+DeviceCounts deviceCounts() { return g_counts; }
 
 void setLastError(cudaError_t error) { g_last_error = error; }
 

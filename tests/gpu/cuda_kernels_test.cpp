@@ -25,6 +25,9 @@
 #include "common/status.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/kernels.h"
+#if defined(TANDEM_CUDA_EMULATOR)
+#include "tests/cuda_emu/emulator.h"
+#endif
 
 namespace tandem::kernels {
 namespace {
@@ -38,6 +41,19 @@ constexpr bool kEmulated = true;
 #else
 constexpr bool kEmulated = false;
 #endif
+
+// The kernels `work` runs, where the emulator counts them; -1 on a GPU.
+template <typename Work>
+int64_t kernelsRunBy(Work&& work) {
+#if defined(TANDEM_CUDA_EMULATOR)
+  const int64_t before = cuda_emu::deviceCounts().kernels;
+  work();
+  return cuda_emu::deviceCounts().kernels - before;
+#else
+  work();
+  return -1;
+#endif
+}
 
 std::vector<float> randomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -389,6 +405,11 @@ class CudaFastKernelsTest : public CudaKernelsTest {
     // 64 KiB of partials: large matrices run in several column slices.
     options.gemv_scratch_bytes = 64 << 10;
     sliced_ = cuda::makeCudaBackend(0, options);
+    // The same two with fused launches (the GEMV folds in its partial kernel).
+    options.fused_launches = true;
+    fused_sliced_ = cuda::makeCudaBackend(0, options);
+    options.gemv_scratch_bytes = cuda::CudaBackendOptions{}.gemv_scratch_bytes;
+    fused_ = cuda::makeCudaBackend(0, options);
   }
 
   void TearDown() override {
@@ -426,8 +447,11 @@ class CudaFastKernelsTest : public CudaKernelsTest {
 
   std::unique_ptr<Backend> fast_;
   std::unique_ptr<Backend> sliced_;
-  std::unique_ptr<Backend> bf16_;       // made by the test that needs it
-  std::unique_ptr<Backend> unordered_;  // likewise
+  std::unique_ptr<Backend> fused_;
+  std::unique_ptr<Backend> fused_sliced_;
+  std::unique_ptr<Backend> bf16_;        // made by the test that needs it
+  std::unique_ptr<Backend> unordered_;   // likewise
+  std::unique_ptr<Backend> fused_bf16_;  // likewise
   // Released in TearDown(), before the backends go.
   std::vector<std::tuple<Backend*, void*, size_t>> owned_;
 };
@@ -473,6 +497,12 @@ TEST_F(CudaFastKernelsTest, FastGemvEqualsTheReferenceBitwise) {
         EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, m, k, w).data(), bytes));
         EXPECT_EQ(0, std::memcmp(expected.data(), run(*sliced_, x, m, k, w).data(), bytes));
         EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, m, k, w, 1).data(), bytes));
+        // Folded in the partial kernel: twice each, as the arrival counters
+        // must be zero again after a call.
+        for (int again = 0; again < 2; ++again) {
+          EXPECT_EQ(0, std::memcmp(expected.data(), run(*fused_, x, m, k, w).data(), bytes));
+          EXPECT_EQ(0, std::memcmp(expected.data(), run(*fused_sliced_, x, m, k, w).data(), bytes));
+        }
         if (m > 1 && w.dtype != DType::kF16) {
           EXPECT_TRUE(std::signbit(expected[1 * n + 3]) && expected[1 * n + 3] == 0.0f)
               << "the tiny row and column give -0";
@@ -654,6 +684,8 @@ TEST_F(CudaFastKernelsTest, FusedEpiloguesGiveTheBitsOfTheUnfusedSteps) {
         {fast_.get(), {w32.data(), DType::kF32, n, k}},
         {fast_.get(), {bf16.data(), DType::kBF16, n, k}},
         {sliced_.get(), {bf16.data(), DType::kBF16, n, k}},
+        {fused_.get(), {w32.data(), DType::kF32, n, k}},
+        {fused_sliced_.get(), {bf16.data(), DType::kBF16, n, k}},
         {bf16_.get(), {bf16.data(), DType::kBF16, n, k}}};
     for (const auto& [backend_ptr, w] : cases) {
       Backend& backend = *backend_ptr;
@@ -713,6 +745,122 @@ TEST_F(CudaFastKernelsTest, FusedEpiloguesGiveTheBitsOfTheUnfusedSteps) {
         EXPECT_TRUE(same(get(backend, gate_d, m * inter), get(backend, out, m * inter)))
             << "matmulSiluMul";
       }
+    }
+  }
+}
+
+// Under bf16 compute with fused launches, rmsNorm and the SiLU·up epilogue
+// write their outputs as the next decode matmul's x fragments, and that
+// matmul takes them instead of rounding x itself: every output keeps the
+// bits of the backend without fused launches (k a multiple of 32 and not,
+// row counts from 1 to 64, fragments of more rows left in the buffer by an
+// earlier call), a second matmul of the same x takes them again, and a
+// call that changes x in between makes the matmul round x again. On the
+// emulator the kernels are counted too: one per fused matmul.
+TEST_F(CudaFastKernelsTest, FusedLaunchesGiveTheBitsOfSeparateLaunches) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  bf16_ = cuda::makeCudaBackend(0, options);
+  options.fused_launches = true;
+  fused_bf16_ = cuda::makeCudaBackend(0, options);
+  Backend& fused = *fused_bf16_;
+  EXPECT_NE(fused.description().find(", fused launches"), std::string::npos);
+  EXPECT_EQ(bf16_->description().find(", fused launches"), std::string::npos);
+  for (Backend* backend : {bf16_.get(), &fused}) backend->setComputeDType(DType::kBF16);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto put = [&](Backend& backend, const std::vector<float>& host) {
+    const size_t bytes = host.size() * sizeof(float);
+    void* data = backend.allocate(bytes);
+    EXPECT_NE(data, nullptr);
+    owned_.push_back({&backend, data, bytes});
+    backend.copyFromHost(data, host.data(), bytes);
+    return static_cast<float*>(data);
+  };
+  auto get = [](Backend& backend, const float* data, int64_t count) {
+    std::vector<float> host(static_cast<size_t>(count));
+    backend.copyToHost(host.data(), data, host.size() * sizeof(float));
+    return host;
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  // One kernel on the emulator (where it counts), for a matmul whose x
+  // fragments were written by its producer; two where x is rounded first.
+  auto expectKernels = [](int64_t counted, int64_t expected, const char* what) {
+    if (kEmulated) {
+      EXPECT_EQ(counted, expected) << what;
+    }
+  };
+
+  const int64_t n = 96;
+  for (const auto& [dim, inter] : {std::pair<int64_t, int64_t>{64, 64}, {100, 48}, {128, 200}}) {
+    std::list<std::vector<uint16_t>> keep;
+    const auto& w =
+        keep.emplace_back(toHalfBits(randomFloats(static_cast<size_t>(n * dim), 41), DType::kBF16));
+    const auto& gate_up = keep.emplace_back(
+        toHalfBits(randomFloats(static_cast<size_t>(2 * inter * dim), 42), DType::kBF16));
+    const auto& down = keep.emplace_back(
+        toHalfBits(randomFloats(static_cast<size_t>(dim * inter), 43), DType::kBF16));
+    const auto norm_weight = randomFloats(static_cast<size_t>(dim), 44);
+    const auto x = randomFloats(static_cast<size_t>(64 * dim), 45, 3.0f);
+    const auto other = randomFloats(static_cast<size_t>(64 * dim), 46);
+    // Per backend, the outputs of each step in order.
+    std::vector<std::vector<float>> results[2];
+    for (int which = 0; which < 2; ++which) {
+      Backend& backend = which == 0 ? *bf16_ : fused;
+      const bool fusing = which == 1;
+      const WeightView mw = backend.matmulWeight({w.data(), DType::kBF16, n, dim});
+      const WeightView mgu = backend.matmulWeight({gate_up.data(), DType::kBF16, 2 * inter, dim});
+      const WeightView md = backend.matmulWeight({down.data(), DType::kBF16, dim, inter});
+      const float* weight = put(backend, norm_weight);
+      // 33 first: its rows stay in the fragment buffers for the smaller m.
+      for (const int64_t m : {int64_t{33}, int64_t{1}, int64_t{7}, int64_t{64}}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " inter " + std::to_string(inter) + " m " +
+                     std::to_string(m) + " " + backend.description());
+        const float* xs = put(backend, std::vector<float>(x.begin(), x.begin() + m * dim));
+        float* normed = put(backend, std::vector<float>(static_cast<size_t>(m * dim), nan));
+        float* y = put(backend, std::vector<float>(static_cast<size_t>(m * n), nan));
+        float* y2 = put(backend, std::vector<float>(static_cast<size_t>(m * n), nan));
+        auto& out = results[which];
+
+        backend.rmsNorm(xs, weight, m, dim, 1e-5f, normed);
+        expectKernels(kernelsRunBy([&] { backend.matmul(normed, m, dim, mw, y); }), fusing ? 1 : 2,
+                      "matmul after rmsNorm");
+        expectKernels(kernelsRunBy([&] { backend.matmul(normed, m, dim, mw, y2); }), fusing ? 1 : 2,
+                      "a second matmul of the same x");
+        out.push_back(get(backend, normed, m * dim));
+        out.push_back(get(backend, y, m * n));
+        out.push_back(get(backend, y2, m * n));
+
+        // x changed after its producer: its fragments are stale.
+        backend.rmsNorm(xs, weight, m, dim, 1e-5f, normed);
+        backend.addInPlace(normed,
+                           put(backend, std::vector<float>(other.begin(), other.begin() + m * dim)),
+                           m * dim);
+        expectKernels(kernelsRunBy([&] { backend.matmul(normed, m, dim, mw, y); }), 2,
+                      "matmul after rmsNorm and addInPlace");
+        out.push_back(get(backend, y, m * n));
+
+        // rmsNorm -> SiLU·up -> down.
+        float* act = put(backend, std::vector<float>(static_cast<size_t>(m * inter), nan));
+        float* scratch = put(backend, std::vector<float>(static_cast<size_t>(m * 2 * inter), nan));
+        float* up = put(backend, std::vector<float>(static_cast<size_t>(m * inter), nan));
+        float* z = put(backend, std::vector<float>(static_cast<size_t>(m * dim), nan));
+        backend.rmsNorm(xs, weight, m, dim, 1e-5f, normed);
+        expectKernels(
+            kernelsRunBy([&] { backend.matmulSiluMul(normed, m, dim, mgu, act, scratch, up); }),
+            fusing ? 1 : 2, "matmulSiluMul after rmsNorm");
+        expectKernels(kernelsRunBy([&] { backend.matmul(act, m, inter, md, z); }), fusing ? 1 : 2,
+                      "down after matmulSiluMul");
+        out.push_back(get(backend, act, m * inter));
+        out.push_back(get(backend, z, m * dim));
+      }
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(same(results[0][i], results[1][i]))
+          << "dim " << dim << " inter " << inter << ": step " << i << " differs";
+      for (float v : results[0][i]) ASSERT_TRUE(std::isfinite(v)) << "step " << i;
     }
   }
 }

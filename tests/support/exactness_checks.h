@@ -62,6 +62,14 @@ inline DType cudaComputeDTypeForTests() {
                          : kernels::parseComputeDType(text, "TANDEM_CUDA_COMPUTE_DTYPE");
 }
 
+// Whether the CUDA backend of these tests fuses launches
+// (CudaBackendOptions::fused_launches): TANDEM_CUDA_FUSED_LAUNCHES=1; off
+// when unset or 0.
+inline bool cudaFusedLaunchesForTests() {
+  const char* text = std::getenv("TANDEM_CUDA_FUSED_LAUNCHES");
+  return text != nullptr && std::string(text) == "1";
+}
+
 // One backend of each kind for the whole test process (weights made resident
 // once per backend). Throws tandem::Error when the kind cannot be had.
 inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
@@ -71,7 +79,9 @@ inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
     const kernels::CudaKernels set = kind == kernels::DeviceKind::kCuda
                                          ? cudaKernelsForTests()
                                          : kernels::CudaKernels::kReference;
-    std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(kind, set);
+    std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
+        kind, set, /*unordered_decode=*/false,
+        /*fused_launches=*/kind == kernels::DeviceKind::kCuda && cudaFusedLaunchesForTests());
     if (kind == kernels::DeviceKind::kCuda) backend->setComputeDType(cudaComputeDTypeForTests());
     it = backends.emplace(kind, std::move(backend)).first;
   }

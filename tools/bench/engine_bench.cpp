@@ -189,7 +189,7 @@ int runEngineBench(const EngineBenchOptions& options) {
   const kernels::DeviceKind device = kernels::resolveDevice(options.device);
   std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
       device, kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device),
-      options.unordered_decode);
+      options.unordered_decode, /*fused_launches=*/options.fuse_projections);
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
   if (options.unordered_decode && compute != DType::kBF16) {
     throw Error(

@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
   engine->add_flag("--fuse-projections", options.fuse_projections,
-                   "Q/K/V and gate/up as one matmul each (the same bits)");
+                   "Q/K/V and gate/up as one matmul each, and fewer launches on CUDA (the "
+                   "same bits)");
   engine->add_flag("--unordered-decode", options.unordered_decode,
                    "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
                    "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");

@@ -465,6 +465,8 @@ engine::ModelConfig presetConfig(const std::string& preset, const std::string& a
 void writeTestModel(const TestModelOptions& options, const std::filesystem::path& out_dir) {
   ModelConfig config = baseConfig(options.preset, options.architecture);
   config.torch_dtype = options.dtype;
+  if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
+  if (options.layers > 0) config.num_hidden_layers = options.layers;
   const TrainedTokenizer tokenizer = trainTokenizer(config.vocab_size);
   setTokenIds(config, tokenizer);
 

@@ -28,6 +28,7 @@ struct TestModelOptions {
   std::string architecture = "LlamaForCausalLM";  // or Mistral/Qwen2/Qwen3ForCausalLM
   DType dtype = DType::kBF16;                     // weight dtype: bf16, f16 or f32
   uint64_t seed = 0;
+  int64_t layers = 0;  // num_hidden_layers; 0: the preset's
 };
 
 // Preset names accepted by presetConfig.

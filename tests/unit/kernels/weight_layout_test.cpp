@@ -135,6 +135,17 @@ TEST(MmaWeightLayout, FragmentsHoldWhatEachLanePassesAndTheInverseRestoresAll) {
       }
     }
     EXPECT_EQ(real, shape.n * shape.k) << "every element placed once";
+    // elementOffset, where a producer of x stores an element of the next
+    // matmul's fragments: the inverse, with each even kk's word whole.
+    for (int64_t column = 0; column < shape.n; ++column) {
+      for (int64_t kk = 0; kk < shape.k; ++kk) {
+        const int64_t at = t.elementOffset(column, kk);
+        ASSERT_EQ(elements[at], w[column * shape.k + kk]) << column << " " << kk;
+        if (kk % 2 == 0 && kk + 1 < shape.k) {
+          ASSERT_EQ(t.elementOffset(column, kk + 1), at + 1);
+        }
+      }
+    }
     std::vector<uint16_t> back(w.size(), 0);
     restoreFromMma(relaid.data(), relaid.size(), shape.n, shape.k, back.data());
     EXPECT_EQ(back, w);
