@@ -135,6 +135,20 @@ if [[ "${fast}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 ctest --test-dir "${build}" \
       -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
   fi
+  # Fused launches (--fuse-projections: the GEMV's fold in its partial
+  # kernel, x's bf16 fragments written by x's producer): the exactness
+  # checks under f32 and bf16 compute; the kernel tests ran above.
+  echo "== gpu exactness tests, TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_FUSED_LAUNCHES=1"
+  for compute in f32 bf16; do
+    if [[ "${prebuilt}" == "1" ]]; then
+      TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE="${compute}" TANDEM_CUDA_FUSED_LAUNCHES=1 \
+        limited "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \
+        --gtest_brief=1 || fast_failed=1
+    else
+      TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE="${compute}" TANDEM_CUDA_FUSED_LAUNCHES=1 \
+        ctest --test-dir "${build}" -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
+    fi
+  done
   # The flash attention kernel (--cuda-kernels flash): its kernel test
   # (near the reference, chunked = one-shot to the bit) and its place in the
   # model identity, then the engine's

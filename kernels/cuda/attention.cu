@@ -38,6 +38,10 @@
 // words, so the 32 positions a warp reads at one d fall in 32 banks.
 // Supported where the group is at most kMaxGroup heads and a head's row is a
 // whole number of 16-byte vectors; elsewhere the reference kernel runs.
+//
+// With fused launches (CudaBackendOptions::fused_launches) the combine
+// kernel also writes each output as the o projection's bf16 x fragments
+// (epilogue.h NextFragments); its arithmetic is the same.
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/kv_store.h"

@@ -10,7 +10,10 @@
 // elementwise.cu, norm_rope.cu, matmul.cu and attention.cu; with the fast
 // kernels (CudaBackendOptions::fast_kernels) also gemv_fast.cu, over a
 // re-laid copy of each matmul weight kept beside the row-major one, and
-// matmul_bf16_mma.cu for bf16 compute.
+// matmul_bf16_mma.cu for bf16 compute. With fused launches
+// (CudaBackendOptions::fused_launches) the backend hands a decode matmul
+// the bf16 fragments of x that x's producer wrote (fragmentsFor, produced,
+// readyFragments) and the fast GEMV folds in its partial kernel.
 //
 // Decode steps are recorded as CUDA graphs, one per (owner: the runner whose
 // buffers and KV cache they use, bucket of sequences, bucket of attention
