@@ -137,7 +137,8 @@ class Backend {
   // Each gives the bits of the unfused sequence its default implementation
   // runs; a backend may instead do those steps in the matmul's epilogue,
   // as each output is stored (docs/cuda.md#fused-projections).
-  // `scratch` holds m * w.rows floats, for the matmul's outputs.
+  // `scratch` holds m * w.rows floats, for the matmul's outputs; as for
+  // matmul, no output may overlap x.
   //
   // y[m, w.rows] += x · w^T: matmul into scratch, then addInPlace.
   virtual void matmulAdd(const float* x, int64_t m, int64_t k, const WeightView& w, float* y,
@@ -309,17 +310,24 @@ enum class CudaKernels { kReference, kFast, kFlash };
 // is then refused by makeBackend). Throws tandem::Error naming `flag` and
 // the accepted values.
 CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag, DeviceKind kind);
+// What makeBackend builds beyond the device kind.
+struct BackendOptions {
+  CudaKernels cuda_kernels = CudaKernels::kReference;
+  // CUDA fast kernels only; tandem-bench's measure of what batch invariance
+  // costs, never serving: CudaBackendOptions::unordered_decode.
+  bool unordered_decode = false;
+  // Fewer launches per decode layer where the CUDA fast kernels run (the
+  // agent's --fuse-projections), the same bits
+  // (CudaBackendOptions::fused_launches); nothing elsewhere.
+  bool fused_launches = false;
+  // The bf16 prefill GEMM's configuration, for measuring (tandem-bench
+  // engine --bf16-gemm-configs): CudaBackendOptions::bf16_gemm_config.
+  int bf16_gemm_config = 0;
+};
 // Throws tandem::Error when the backend cannot be created, and when
 // `cuda_kernels` is kFast or kFlash for a backend other than CUDA (the CPU
-// has none). `unordered_decode` (CUDA fast kernels only; tandem-bench's
-// measure of what batch invariance costs, never serving):
-// CudaBackendOptions::unordered_decode. `fused_launches`: fewer launches
-// per decode layer where the CUDA fast kernels run (the agent's
-// --fuse-projections), the same bits (CudaBackendOptions::fused_launches);
-// nothing elsewhere.
-std::unique_ptr<Backend> makeBackend(DeviceKind kind,
-                                     CudaKernels cuda_kernels = CudaKernels::kReference,
-                                     bool unordered_decode = false, bool fused_launches = false);
+// has none).
+std::unique_ptr<Backend> makeBackend(DeviceKind kind, const BackendOptions& options = {});
 // Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);
 // throws tandem::Error naming `flag` and the accepted values.
 DType parseComputeDType(const std::string& text, const std::string& flag);

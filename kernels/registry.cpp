@@ -44,8 +44,9 @@ DeviceKind resolveDevice(const std::string& flag) {
   throw Error("--device: expected cpu, cuda or auto, got '" + flag + "'");
 }
 
-std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels,
-                                     bool unordered_decode, bool fused_launches) {
+std::unique_ptr<Backend> makeBackend(DeviceKind kind, const BackendOptions& backend_options) {
+  const CudaKernels cuda_kernels = backend_options.cuda_kernels;
+  const bool unordered_decode = backend_options.unordered_decode;
   if (unordered_decode && (kind != DeviceKind::kCuda || cuda_kernels == CudaKernels::kReference)) {
     throw Error(
         "--unordered-decode: only with --device cuda and the fast kernels (it replaces the fast "
@@ -67,7 +68,8 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, CudaKernels cuda_kernels,
       options.fast_kernels = cuda_kernels != CudaKernels::kReference;
       options.flash_attention = cuda_kernels == CudaKernels::kFlash;
       options.unordered_decode = unordered_decode;
-      options.fused_launches = fused_launches;
+      options.fused_launches = backend_options.fused_launches;
+      options.bf16_gemm_config = backend_options.bf16_gemm_config;
       return cuda::makeCudaBackend(0, options);
     }
 #else

@@ -244,6 +244,12 @@ for model in "${models[@]}"; do
         variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
+        # The plain bf16 run at batch 1 also times the bf16 GEMM's
+        # configurations side by side (layer 0's matmuls at the prompt's
+        # rows; the same bits in each, compared there).
+        if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
+          extra+=(--bf16-gemm-configs)
+        fi
         name="$([[ "${variant}" == *flash* ]] && echo flash || echo fast)"
         name="${name}$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"

@@ -206,9 +206,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     // Host memory whatever --device says: no kernel runs.
     backend_ = std::make_unique<SimulatedBackend>(simulated->name);
   } else {
-    backend_ = kernels::makeBackend(config_.device, config_.cuda_kernels,
-                                    /*unordered_decode=*/false,
-                                    /*fused_launches=*/config_.fuse_projections);
+    backend_ = kernels::makeBackend(config_.device, {.cuda_kernels = config_.cuda_kernels,
+                                                     .fused_launches = config_.fuse_projections});
     backend_->setComputeDType(config_.compute_dtype);
   }
   model_ = Model::load(config_.model_dir);

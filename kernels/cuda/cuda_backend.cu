@@ -70,7 +70,12 @@ class CudaBackend final : public Backend {
         flash_attention_(options.fast_kernels && options.flash_attention),
         unordered_decode_(options.fast_kernels && options.unordered_decode),
         fused_launches_(options.fast_kernels && options.fused_launches),
+        bf16_gemm_config_(options.bf16_gemm_config),
         gemv_scratch_cap_floats_(static_cast<int64_t>(options.gemv_scratch_bytes / sizeof(float))) {
+    if (bf16_gemm_config_ < 0 || bf16_gemm_config_ >= kBf16GemmConfigs) {
+      throw Error("bf16 GEMM configuration " + std::to_string(bf16_gemm_config_) +
+                  " does not exist (accepted: 0.." + std::to_string(kBf16GemmConfigs - 1) + ")");
+    }
     throwIfFailed(cudaSetDevice(device_), "cudaSetDevice");
     throwIfFailed(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     throwIfFailed(cudaEventCreateWithFlags(&batch_uploaded_, cudaEventDisableTiming),
@@ -84,6 +89,9 @@ class CudaBackend final : public Backend {
     if (fast_kernels_)
       description_ += flash_attention_ ? ", fast kernels, flash attention" : ", fast kernels";
     if (fused_launches_) description_ += ", fused launches";
+    if (bf16_gemm_config_ != 0) {
+      description_ += ", bf16 GEMM configuration " + std::to_string(bf16_gemm_config_);
+    }
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     sm_count_ = props.multiProcessorCount;
   }
@@ -543,15 +551,17 @@ class CudaBackend final : public Backend {
       return {};
     }
     FragmentBuffers& buffers = next_fragments_[k];
-    buffers.next ^= 1;
-    void*& buffer = buffers.data[buffers.next];
-    if (buffer == nullptr) {
-      if (capturing_) throw Error("x fragment buffer made while recording a decode step");
+    if (buffers.data[0] == nullptr) {
+      // Both at once: a recording may take the one a plain run did not.
+      if (capturing_) throw Error("x fragment buffers made while recording a decode step");
       const auto bytes = static_cast<size_t>(MmaFragmentTiling{kBf16MmaSkinnyRows, k}.bytes());
-      throwIfFailed(cudaMalloc(&buffer, bytes), "cudaMalloc x fragments");
-      throwIfFailed(cudaMemsetAsync(buffer, 0, bytes, stream_), "cudaMemsetAsync x fragments");
+      for (void*& buffer : buffers.data) {
+        throwIfFailed(cudaMalloc(&buffer, bytes), "cudaMalloc x fragments");
+        throwIfFailed(cudaMemsetAsync(buffer, 0, bytes, stream_), "cudaMemsetAsync x fragments");
+      }
     }
-    return {static_cast<uint16_t*>(buffer), k};
+    buffers.next ^= 1;
+    return {static_cast<uint16_t*>(buffers.data[buffers.next]), k};
   }
   // The call that just issued its kernel wrote x (m x k) and its fragments.
   void produced(const float* x, int64_t m, int64_t k, const NextFragments& fragments) {
@@ -629,7 +639,8 @@ class CudaBackend final : public Backend {
       const int64_t elements = bf16MmaScratchElements(m, k);
       growGemvScratch((elements + 1) / 2);
       launchBf16MmaMatmul(stream_, x, m, k, w, out,
-                          elements > 0 ? reinterpret_cast<uint16_t*>(gemv_scratch_) : nullptr);
+                          elements > 0 ? reinterpret_cast<uint16_t*>(gemv_scratch_) : nullptr,
+                          bf16_gemm_config_);
       checkLaunch("matmul (bf16 tensor cores)");
       return true;
     }
@@ -652,6 +663,17 @@ class CudaBackend final : public Backend {
   // kernel into scratch (m x w.rows floats) and the epilogue kernel.
   void matmulThrough(const float* x, int64_t m, int64_t k, const WeightView& w,
                      const MatmulEpilogue& out, float* scratch) {
+    // The fast kernels store outputs while other blocks still read x.
+    auto overlaps = [&](const float* y, int64_t count) {
+      return y != nullptr && y < x + m * k && x < y + count;
+    };
+    TANDEM_CHECK(!overlaps(out.y, m * (out.kind == MatmulEpilogue::kSiluPairs ? w.rows / 2
+                                       : out.kind == MatmulEpilogue::kQkvRope ? out.qkv.q_width
+                                                                              : w.rows)) &&
+                     !overlaps(out.parts[0], m * out.widths[0]) &&
+                     !overlaps(out.parts[1], m * out.widths[1]) &&
+                     !overlaps(out.parts[2], m * out.widths[2]),
+                 "fused matmul: the outputs must not overlap x");
     activate();
     if (fastMatmul(x, m, k, w, out)) return;
     launchMatmul(stream_, x, m, k, w, scratch);
@@ -733,6 +755,7 @@ class CudaBackend final : public Backend {
   bool flash_attention_ = false;
   bool unordered_decode_ = false;  // CudaBackendOptions::unordered_decode
   bool fused_launches_ = false;    // CudaBackendOptions::fused_launches
+  int bf16_gemm_config_ = 0;       // CudaBackendOptions::bf16_gemm_config
   uint64_t calls_ = 0;             // activate() calls so far
   // The last x written with its fragments (fragmentsFor), and the call
   // that wrote it or last read it.

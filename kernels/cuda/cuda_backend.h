@@ -38,6 +38,11 @@ struct CudaBackendOptions {
   // bf16 fragments, so the matmul does not round x in a launch of its own.
   // The same bits either way (docs/cuda.md#fused-projections).
   bool fused_launches = false;
+  // The bf16 prefill GEMM's K step and pipeline depth (matmul_bf16_mma.cu's
+  // pipelined configurations, 0 .. 3; 0 the one that ran on an H200). Every
+  // configuration gives the same bits; tandem-bench engine
+  // --bf16-gemm-configs measures them side by side.
+  int bf16_gemm_config = 0;
   // The most scratch the fast GEMV keeps for its chunk partials; a matmul
   // needing more runs its columns in slices, one launch pair each.
   size_t gemv_scratch_bytes = size_t{32} << 20;

@@ -245,6 +245,9 @@ __global__ void __launch_bounds__(kGemvWarpsPerBlock* kWarp)
         if (lane == 0) before = atomicAdd(arrived, 1u);
         before = __shfl_sync(0xffffffffu, before, 0);
         if (before + 1 == static_cast<unsigned int>(t.chunks())) {
+          // A shuffle orders no memory: every lane meets lane 0 (whose
+          // atomic came first) at a warp barrier before its own fence.
+          __syncwarp();
           __threadfence();
           foldGroup(partials, m, t, group, slice_first, slice_columns, out, lane);
           if (lane == 0) *arrived = 0;

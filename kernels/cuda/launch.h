@@ -100,9 +100,13 @@ void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t
 void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                                   const void* fragments, int64_t n, const MatmulEpilogue& out,
                                   void* x_fragments, int sm_count);
+// `config`: the pipelined kernel's K step and depth, 0 .. kBf16GemmConfigs
+// - 1 (CudaBackendOptions::bf16_gemm_config; the same bits in each).
+constexpr int kBf16GemmConfigs = 4;
 int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16);
+                         const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16,
+                         int config = 0);
 
 // attention.cu
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,

@@ -262,42 +262,63 @@ namespace pipelined {
 
 constexpr int kTileM = 128;
 constexpr int kTileN = 128;
-constexpr int kTileK = 32;
-constexpr int kStages = 3;
 constexpr int kThreads = 256;
 constexpr int kWarpsN = 4;
 constexpr int kWarpTileM = 64;
 constexpr int kWarpTileN = 32;
 constexpr int kMmaTilesM = kWarpTileM / 16;  // 4
 constexpr int kMmaTilesN = kWarpTileN / 8;   // 4
-constexpr int kRowStride = kTileK + 8;       // bf16: 80-byte rows
-constexpr int kStageElements = (kTileM + kTileN) * kRowStride;
-constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageElements * sizeof(uint16_t);
-// 16-byte vectors of one operand's tile per K step, and per thread.
-constexpr int kVectors = kTileM * kTileK / 8;
-constexpr int kVectorsPerThread = kVectors / kThreads;
-static_assert(kTileM == kTileN && kVectorsPerThread * kThreads == kVectors, "loads cover tiles");
 static_assert((kTileM / kWarpTileM) * kWarpsN * 32 == kThreads, "warps cover the tile");
 
+// The K step and the pipeline's depth. Every configuration runs the same
+// mma chain (one per 16-wide slice, ascending k) and gives the same bits;
+// they differ in how many slices share a barrier and how many K steps are
+// in flight. Config 0 (32, 3) is the one that ran on an H200; the others
+// are for measuring (CudaBackendOptions::bf16_gemm_config).
+template <int kTileKValue, int kStagesValue>
+struct Config {
+  static constexpr int kTileK = kTileKValue;
+  static constexpr int kStages = kStagesValue;
+  // Rows padded by 16 bytes: the 8 rows an ldmatrix reads fall in 8
+  // different 16-byte bank groups (80- or 144-byte rows).
+  static constexpr int kRowStride = kTileK + 8;
+  static constexpr int kStageElements = (kTileM + kTileN) * kRowStride;
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(kStages) * kStageElements * sizeof(uint16_t);
+  // 16-byte vectors of one operand's tile per K step, and per thread.
+  static constexpr int kVectors = kTileM * kTileK / 8;
+  static constexpr int kVectorsPerThread = kVectors / kThreads;
+  static_assert(kTileM == kTileN && kVectorsPerThread * kThreads == kVectors, "loads cover tiles");
+};
+using Config0 = Config<32, 3>;
+using Config1 = Config<64, 3>;
+using Config2 = Config<64, 4>;
+using Config3 = Config<32, 4>;
+
 // K step `step` of rows [row0, row0 + 128) of a (rows x k, bf16, row-major)
-// into a stage's 128 x 32 tile.
+// into a stage's 128 x kTileK tile.
+template <typename C>
 __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64_t rows, int64_t k,
                                          int64_t row0, int64_t step, uint16_t* tile) {
 #pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
+  for (int i = 0; i < C::kVectorsPerThread; ++i) {
     const int index = static_cast<int>(threadIdx.x) + i * kThreads;
-    const int r = index / (kTileK / 8);
-    const int kk = (index % (kTileK / 8)) * 8;
+    const int r = index / (C::kTileK / 8);
+    const int kk = (index % (C::kTileK / 8)) * 8;
     const int64_t row = row0 + r;
-    const int64_t column = step * kTileK + kk;
+    const int64_t column = step * C::kTileK + kk;
     const bool valid = row < rows && column < k;
-    copyAsync16(tile + r * kRowStride + kk, valid ? src + row * k + column : src, valid);
+    copyAsync16(tile + r * C::kRowStride + kk, valid ? src + row * k + column : src, valid);
   }
 }
 
+template <typename C>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaPipelinedKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
                            const uint16_t* __restrict__ w, int64_t n, MatmulEpilogue out) {
+  constexpr int kTileK = C::kTileK;
+  constexpr int kStages = C::kStages;
+  constexpr int kRowStride = C::kRowStride;
   extern __shared__ __align__(16) uint16_t stages[];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -307,8 +328,8 @@ __global__ void __launch_bounds__(kThreads)
   const int warp_n = warp % kWarpsN * kWarpTileN;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  auto a_tile = [&](int stage) { return stages + stage * kStageElements; };
-  auto b_tile = [&](int stage) { return stages + stage * kStageElements + kTileM * kRowStride; };
+  auto a_tile = [&](int stage) { return stages + stage * C::kStageElements; };
+  auto b_tile = [&](int stage) { return stages + stage * C::kStageElements + kTileM * kRowStride; };
 
   float acc[kMmaTilesM][kMmaTilesN][4];
 #pragma unroll
@@ -324,8 +345,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int stage = 0; stage < kStages - 1; ++stage) {
     if (stage < steps) {
-      loadTile(xb, m, k, m0, stage, a_tile(stage));
-      loadTile(w, n, k, n0, stage, b_tile(stage));
+      loadTile<C>(xb, m, k, m0, stage, a_tile(stage));
+      loadTile<C>(w, n, k, n0, stage, b_tile(stage));
     }
     commitCopies();
   }
@@ -343,8 +364,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // this step's tile is in; the stage loaded below was last read a step ago
     const int64_t next = step + kStages - 1;
     if (next < steps) {
-      loadTile(xb, m, k, m0, next, a_tile(static_cast<int>(next % kStages)));
-      loadTile(w, n, k, n0, next, b_tile(static_cast<int>(next % kStages)));
+      loadTile<C>(xb, m, k, m0, next, a_tile(static_cast<int>(next % kStages)));
+      loadTile<C>(w, n, k, n0, next, b_tile(static_cast<int>(next % kStages)));
     }
     commitCopies();
 
@@ -375,6 +396,23 @@ __global__ void __launch_bounds__(kThreads)
   waitCopies<0>();
 
   storeTiles(acc, m0 + warp_m + group, n0 + warp_n + quad * 2, m, n, out);
+}
+
+// The pipelined kernel with configuration C over x rounded into x_bf16.
+template <typename C>
+void launchPipelined(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
+                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
+  // More shared memory than the 48 KB default: asked for once per process
+  // and configuration (the attribute is per function, for every device).
+  static const cudaError_t opted_in =
+      cudaFuncSetAttribute(bf16MmaPipelinedKernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(C::kSmemBytes));
+  TANDEM_CHECK(opted_in == cudaSuccess,
+               "bf16 matmul: cudaFuncSetAttribute refused the pipelined kernel's shared memory");
+  const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, kTileN)),
+                   static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  bf16MmaPipelinedKernel<C>
+      <<<tiles, kThreads, C::kSmemBytes, stream>>>(x_bf16, m, k, weights, n, out);
 }
 
 // x rounded to bf16 as bf16MmaKernel's storeStep rounds it.
@@ -652,7 +690,9 @@ int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
 }
 
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
-                         const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16) {
+                         const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16,
+                         int config) {
+  TANDEM_CHECK(config >= 0 && config < kBf16GemmConfigs, "bf16 matmul: no such configuration");
   TANDEM_CHECK(w.cols == k, "bf16 matmul: weight columns must equal k");
   TANDEM_CHECK(w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows,
                "bf16 matmul: weights must be bf16, row-major");
@@ -665,23 +705,23 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
   if (x_bf16 != nullptr && bf16MmaScratchElements(m, k) > 0 &&
       reinterpret_cast<uintptr_t>(weights) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0) {
-    // More shared memory than the 48 KB default: asked for once per process
-    // (the attribute is per function, for every device).
-    static const cudaError_t opted_in = cudaFuncSetAttribute(
-        pipelined::bf16MmaPipelinedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(pipelined::kSmemBytes));
-    TANDEM_CHECK(opted_in == cudaSuccess,
-                 "bf16 matmul: cudaFuncSetAttribute refused the "
-                 "pipelined kernel's shared memory");
     const int64_t count = m * k;
     const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(count, 256), 4096));
     pipelined::roundToBf16Kernel<<<blocks, 256, 0, stream>>>(x, count, x_bf16);
-    const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, pipelined::kTileN)),
-                     static_cast<unsigned int>(ceilDiv(m, pipelined::kTileM)));
-    pipelined::
-        bf16MmaPipelinedKernel<<<tiles, pipelined::kThreads, pipelined::kSmemBytes, stream>>>(
-            x_bf16, m, k, weights, n, out);
-    return;
+    switch (config) {
+      case 1:
+        pipelined::launchPipelined<pipelined::Config1>(stream, x_bf16, m, k, weights, n, out);
+        return;
+      case 2:
+        pipelined::launchPipelined<pipelined::Config2>(stream, x_bf16, m, k, weights, n, out);
+        return;
+      case 3:
+        pipelined::launchPipelined<pipelined::Config3>(stream, x_bf16, m, k, weights, n, out);
+        return;
+      default:
+        pipelined::launchPipelined<pipelined::Config0>(stream, x_bf16, m, k, weights, n, out);
+        return;
+    }
   }
   const bool vector = k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(weights) % 16 == 0;

@@ -62,8 +62,9 @@ const Model& modelWith(const std::string& architecture, int64_t layers) {
 // runs as issued, the second is recorded and launched, the third replayed.
 DecodeRun decode(const Configuration& c, int64_t layers) {
   const Model& model = modelWith(c.architecture, layers);
-  auto backend = kernels::makeBackend(kernels::DeviceKind::kCuda, kernels::CudaKernels::kFast,
-                                      /*unordered_decode=*/false, c.fused_launches);
+  auto backend = kernels::makeBackend(
+      kernels::DeviceKind::kCuda,
+      {.cuda_kernels = kernels::CudaKernels::kFast, .fused_launches = c.fused_launches});
   backend->setComputeDType(c.compute);
   DecodeRun run;
   {

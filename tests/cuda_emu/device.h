@@ -167,20 +167,33 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::tandem::cuda_emu::syncWarp();
 }
 
+namespace tandem::cuda_emu {
+
+// A shuffle of 4-byte values: each lane hands in `args` with its value's
+// bits in args.bits; `combine` picks each lane's result from them.
+template <typename T, typename Args>
+T shuffle(unsigned mask, T value, Args args, Combine combine, const char* what) {
+  static_assert(sizeof(T) == 4, "the emulator shuffles 4-byte values");
+  std::memcpy(&args.bits, &value, 4);
+  uint32_t out = 0;
+  requireFullMask(mask, what);
+  warpExchange(&args, sizeof(args), &out, sizeof(out), combine, what);
+  T result;
+  std::memcpy(&result, &out, 4);
+  return result;
+}
+
+}  // namespace tandem::cuda_emu
+
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
-  static_assert(sizeof(T) == 4, "the emulator shuffles 4-byte values");
   struct Args {
     uint32_t bits;
     int lane_mask;
     int width;
   };
-  Args in{0, lane_mask, width};
-  std::memcpy(&in.bits, &value, 4);
-  uint32_t out = 0;
-  ::tandem::cuda_emu::requireFullMask(mask, "__shfl_xor_sync");
-  ::tandem::cuda_emu::warpExchange(
-      &in, sizeof(in), &out, sizeof(out),
+  return ::tandem::cuda_emu::shuffle(
+      mask, value, Args{0, lane_mask, width},
       [](const void* inputs, void* outputs, int lanes) {
         // PTX shfl.sync.bfly: source j = lane ^ (mask & 31), taken when it
         // is at most the last lane of this lane's segment of `width`.
@@ -205,9 +218,30 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
         }
       },
       "__shfl_xor_sync");
-  T result;
-  std::memcpy(&result, &out, 4);
-  return result;
+}
+
+// shfl.sync.idx over the whole warp: every lane gets lane `source`'s value.
+template <typename T>
+T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
+  struct Args {
+    uint32_t bits;
+    int source;
+  };
+  if (width != 32) ::tandem::cuda_emu::fault("__shfl_sync width %d: the emulator takes 32", width);
+  return ::tandem::cuda_emu::shuffle(
+      mask, value, Args{0, source},
+      [](const void* inputs, void* outputs, int lanes) {
+        const auto* a = static_cast<const Args*>(inputs);
+        auto* o = static_cast<uint32_t*>(outputs);
+        for (int lane = 0; lane < lanes; ++lane) {
+          const int source = a[lane].source & 31;
+          if (source >= lanes) {
+            ::tandem::cuda_emu::fault("__shfl_sync from lane %d of a warp of %d", source, lanes);
+          }
+          o[lane] = a[source].bits;
+        }
+      },
+      "__shfl_sync");
 }
 
 // cuda_runtime.h's kernel-pointer overload, declared for nvcc only.
@@ -262,36 +296,4 @@ inline void __threadfence() {}
 template <typename T>
 T __ldcg(const T* p) {
   return *p;
-}
-
-// shfl.sync.idx over the whole warp: every lane gets lane `source`'s value.
-template <typename T>
-T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
-  static_assert(sizeof(T) == 4, "the emulator shuffles 4-byte values");
-  struct Args {
-    uint32_t bits;
-    int source;
-  };
-  if (width != 32) ::tandem::cuda_emu::fault("__shfl_sync width %d: the emulator takes 32", width);
-  Args in{0, source};
-  std::memcpy(&in.bits, &value, 4);
-  uint32_t out = 0;
-  ::tandem::cuda_emu::requireFullMask(mask, "__shfl_sync");
-  ::tandem::cuda_emu::warpExchange(
-      &in, sizeof(in), &out, sizeof(out),
-      [](const void* inputs, void* outputs, int lanes) {
-        const auto* a = static_cast<const Args*>(inputs);
-        auto* o = static_cast<uint32_t*>(outputs);
-        for (int lane = 0; lane < lanes; ++lane) {
-          const int source = a[lane].source & 31;
-          if (source >= lanes) {
-            ::tandem::cuda_emu::fault("__shfl_sync from lane %d of a warp of %d", source, lanes);
-          }
-          o[lane] = a[source].bits;
-        }
-      },
-      "__shfl_sync");
-  T result;
-  std::memcpy(&result, &out, 4);
-  return result;
 }

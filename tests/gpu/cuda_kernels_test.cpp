@@ -445,13 +445,32 @@ class CudaFastKernelsTest : public CudaKernelsTest {
     return y;
   }
 
+  // `host` in a new buffer of `backend`, released in TearDown().
+  float* put(Backend& backend, const std::vector<float>& host) {
+    const size_t bytes = host.size() * sizeof(float);
+    void* data = backend.allocate(bytes);
+    EXPECT_NE(data, nullptr);
+    owned_.push_back({&backend, data, bytes});
+    backend.copyFromHost(data, host.data(), bytes);
+    return static_cast<float*>(data);
+  }
+  static std::vector<float> get(Backend& backend, const float* data, int64_t count) {
+    std::vector<float> host(static_cast<size_t>(count));
+    backend.copyToHost(host.data(), data, host.size() * sizeof(float));
+    return host;
+  }
+  static bool same(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  }
+
   std::unique_ptr<Backend> fast_;
   std::unique_ptr<Backend> sliced_;
   std::unique_ptr<Backend> fused_;
   std::unique_ptr<Backend> fused_sliced_;
-  std::unique_ptr<Backend> bf16_;        // made by the test that needs it
-  std::unique_ptr<Backend> unordered_;   // likewise
-  std::unique_ptr<Backend> fused_bf16_;  // likewise
+  std::unique_ptr<Backend> bf16_;                  // made by the test that needs it
+  std::unique_ptr<Backend> unordered_;             // likewise
+  std::unique_ptr<Backend> fused_bf16_;            // likewise
+  std::vector<std::unique_ptr<Backend>> configs_;  // likewise
   // Released in TearDown(), before the backends go.
   std::vector<std::tuple<Backend*, void*, size_t>> owned_;
 };
@@ -481,6 +500,7 @@ TEST_F(CudaFastKernelsTest, FastGemvEqualsTheReferenceBitwise) {
                              {1000, 4096},
                              {33, 128}}) {
     const auto x = gemvActivations(64, k, static_cast<uint32_t>(n + k));
+    const auto x_other = gemvActivations(64, k, static_cast<uint32_t>(n + k + 1));
     auto& w32 = keep_f32.emplace_back(randomFloats(static_cast<size_t>(n * k), 21));
     for (int64_t kk = 0; kk < k; ++kk) w32[3 * k + kk] = 1e-20f;
     const auto& bf16 = keep_half.emplace_back(toHalfBits(w32, DType::kBF16));
@@ -497,11 +517,17 @@ TEST_F(CudaFastKernelsTest, FastGemvEqualsTheReferenceBitwise) {
         EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, m, k, w).data(), bytes));
         EXPECT_EQ(0, std::memcmp(expected.data(), run(*sliced_, x, m, k, w).data(), bytes));
         EXPECT_EQ(0, std::memcmp(expected.data(), run(*fast_, x, m, k, w, 1).data(), bytes));
-        // Folded in the partial kernel: twice each, as the arrival counters
-        // must be zero again after a call.
-        for (int again = 0; again < 2; ++again) {
-          EXPECT_EQ(0, std::memcmp(expected.data(), run(*fused_, x, m, k, w).data(), bytes));
-          EXPECT_EQ(0, std::memcmp(expected.data(), run(*fused_sliced_, x, m, k, w).data(), bytes));
+        // Folded in the partial kernel: x, other x, x again, as the arrival
+        // counters must be zero again after a call, and a fold that read
+        // partials before they were written would find the last call's.
+        const auto other = run(*backend_, x_other, m, k, w);
+        for (Backend* fused : {fused_.get(), fused_sliced_.get()}) {
+          for (int again = 0; again < 3; ++again) {
+            const bool odd = again % 2 == 1;
+            EXPECT_EQ(0, std::memcmp((odd ? other : expected).data(),
+                                     run(*fused, odd ? x_other : x, m, k, w).data(), bytes))
+                << fused->description() << ", call " << again;
+          }
         }
         if (m > 1 && w.dtype != DType::kF16) {
           EXPECT_TRUE(std::signbit(expected[1 * n + 3]) && expected[1 * n + 3] == 0.0f)
@@ -568,6 +594,23 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       const auto part = run(*bf16_backend, x, m, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
     }
+    // The pipelined kernel's other configurations (K step 64, four stages:
+    // CudaBackendOptions::bf16_gemm_config): the same rows, bit for bit.
+    for (int config = 1; config < 4; ++config) {
+      options.bf16_gemm_config = config;
+      configs_.push_back(cuda::makeCudaBackend(0, options));
+      Backend& other = *configs_.back();
+      other.setComputeDType(DType::kBF16);
+      EXPECT_NE(other.description().find("bf16 GEMM configuration " + std::to_string(config)),
+                std::string::npos);
+      const int64_t m = kEmulated ? 257 : 2048;
+      const auto rows = run(other, x, m, k, w);
+      EXPECT_EQ(0, std::memcmp(all.data(), rows.data(), rows.size() * sizeof(float)))
+          << "configuration " << config << ", m " << m;
+    }
+    options.bf16_gemm_config = 4;
+    EXPECT_THROW(cuda::makeCudaBackend(0, options), Error) << "no configuration 4";
+    options.bf16_gemm_config = 0;
     for (const int64_t row : {int64_t{40}, int64_t{2047}}) {
       const std::vector<float> one(x.begin() + row * k, x.begin() + (row + 1) * k);
       const auto alone = run(*bf16_backend, one, 1, k, w);
@@ -656,22 +699,6 @@ TEST_F(CudaFastKernelsTest, FusedEpiloguesGiveTheBitsOfTheUnfusedSteps) {
   EXPECT_EQ(fast_->stackedLayout(), Backend::StackedLayout::kPairs);
   EXPECT_EQ(backend_->stackedLayout(), Backend::StackedLayout::kPlain);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  auto put = [&](Backend& backend, const std::vector<float>& host) {
-    const size_t bytes = host.size() * sizeof(float);
-    void* data = backend.allocate(bytes);
-    EXPECT_NE(data, nullptr);
-    owned_.push_back({&backend, data, bytes});
-    backend.copyFromHost(data, host.data(), bytes);
-    return static_cast<float*>(data);
-  };
-  auto get = [](Backend& backend, const float* data, int64_t count) {
-    std::vector<float> host(static_cast<size_t>(count));
-    backend.copyToHost(host.data(), data, host.size() * sizeof(float));
-    return host;
-  };
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
 
   const int64_t n = 96, inter = n / 2;
   const int64_t widths[] = {64, 16, 16};
@@ -768,22 +795,6 @@ TEST_F(CudaFastKernelsTest, FusedLaunchesGiveTheBitsOfSeparateLaunches) {
   EXPECT_EQ(bf16_->description().find(", fused launches"), std::string::npos);
   for (Backend* backend : {bf16_.get(), &fused}) backend->setComputeDType(DType::kBF16);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  auto put = [&](Backend& backend, const std::vector<float>& host) {
-    const size_t bytes = host.size() * sizeof(float);
-    void* data = backend.allocate(bytes);
-    EXPECT_NE(data, nullptr);
-    owned_.push_back({&backend, data, bytes});
-    backend.copyFromHost(data, host.data(), bytes);
-    return static_cast<float*>(data);
-  };
-  auto get = [](Backend& backend, const float* data, int64_t count) {
-    std::vector<float> host(static_cast<size_t>(count));
-    backend.copyToHost(host.data(), data, host.size() * sizeof(float));
-    return host;
-  };
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   // One kernel on the emulator (where it counts), for a matmul whose x
   // fragments were written by its producer; two where x is rounded first.
   auto expectKernels = [](int64_t counted, int64_t expected, const char* what) {

@@ -132,4 +132,15 @@ TEST_F(BenchEngineTest, RefusesUnorderedDecodeWithoutTheCudaFastKernels) {
   EXPECT_TRUE(run.report.is_null());
 }
 
+// The bf16 GEMM configurations are the CUDA backend's: refused elsewhere,
+// before the model is loaded.
+TEST_F(BenchEngineTest, RefusesBf16GemmConfigsWithoutCudaAndBf16Compute) {
+  const BenchRun run = bench("--bf16-gemm-configs --compute-dtype bf16");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--bf16-gemm-configs: only with --device cuda and --compute-dtype bf16"),
+            std::string::npos)
+      << run.err;
+  EXPECT_TRUE(run.report.is_null());
+}
+
 }  // namespace

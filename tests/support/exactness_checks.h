@@ -80,8 +80,9 @@ inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
                                          ? cudaKernelsForTests()
                                          : kernels::CudaKernels::kReference;
     std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
-        kind, set, /*unordered_decode=*/false,
-        /*fused_launches=*/kind == kernels::DeviceKind::kCuda && cudaFusedLaunchesForTests());
+        kind,
+        {.cuda_kernels = set,
+         .fused_launches = kind == kernels::DeviceKind::kCuda && cudaFusedLaunchesForTests()});
     if (kind == kernels::DeviceKind::kCuda) backend->setComputeDType(cudaComputeDTypeForTests());
     it = backends.emplace(kind, std::move(backend)).first;
   }

@@ -113,6 +113,95 @@ double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
          seconds / 1e9;
 }
 
+// --bf16-gemm-configs: the seven matrices of `layer` multiplied by m rows of
+// random activations on a CUDA backend with the fast kernels and bf16
+// compute, once per configuration of the bf16 GEMM (the same bits in each:
+// checked here on the outputs), each configuration's layer timed over 10
+// back-to-back calls per matrix (best of `repeats`) after a warm-up.
+nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int repeats) {
+  constexpr int kConfigs = 4;
+  constexpr int kCalls = 10;
+  const char* const shapes[kConfigs] = {"K step 32, 3 stages", "K step 64, 3 stages",
+                                        "K step 64, 4 stages", "K step 32, 4 stages"};
+  double flops = 0.0;
+  for (const kernels::WeightView* w : layer.matrices()) {
+    flops += 2.0 * static_cast<double>(m) * static_cast<double>(w->rows * w->cols);
+  }
+  std::vector<std::vector<float>> first_outputs;
+  nlohmann::json rows = nlohmann::json::array();
+  double seconds0 = 0.0;
+  std::printf("bf16 GEMM configurations (layer 0's matmuls, m = %lld, %d calls each, best of %d)\n",
+              static_cast<long long>(m), kCalls, repeats);
+  for (int config = 0; config < kConfigs; ++config) {
+    auto backend = kernels::makeBackend(
+        kernels::DeviceKind::kCuda,
+        {.cuda_kernels = kernels::CudaKernels::kFast, .bf16_gemm_config = config});
+    backend->setComputeDType(DType::kBF16);
+    struct Call {
+      kernels::WeightView w;
+      float* x = nullptr;
+      float* y = nullptr;
+      size_t x_bytes = 0;
+      size_t y_bytes = 0;
+    };
+    std::vector<Call> calls;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (const kernels::WeightView* w : layer.matrices()) {
+      Call call;
+      call.w = backend->matmulWeight(*w);
+      call.x_bytes = static_cast<size_t>(m * w->cols) * sizeof(float);
+      call.y_bytes = static_cast<size_t>(m * w->rows) * sizeof(float);
+      call.x = static_cast<float*>(backend->allocate(call.x_bytes));
+      call.y = static_cast<float*>(backend->allocate(call.y_bytes));
+      if (call.x == nullptr || call.y == nullptr) {
+        throw Error("--bf16-gemm-configs: the device cannot hold the activations");
+      }
+      std::vector<float> x(static_cast<size_t>(m * w->cols));
+      for (float& v : x) v = dist(rng);
+      backend->copyFromHost(call.x, x.data(), call.x_bytes);
+      calls.push_back(call);
+    }
+    auto layerCalls = [&](int times) {
+      for (const Call& call : calls) {
+        for (int i = 0; i < times; ++i) {
+          backend->matmul(call.x, m, call.w.cols, call.w, call.y);
+        }
+      }
+      backend->synchronize();
+    };
+    layerCalls(1);  // warm-up
+    bool same_bits = true;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      std::vector<float> y(calls[i].y_bytes / sizeof(float));
+      backend->copyToHost(y.data(), calls[i].y, calls[i].y_bytes);
+      if (config == 0) {
+        first_outputs.push_back(std::move(y));
+      } else if (std::memcmp(y.data(), first_outputs[i].data(), calls[i].y_bytes) != 0) {
+        same_bits = false;
+      }
+    }
+    const double seconds = bestSeconds(repeats, [&] { layerCalls(kCalls); }) / kCalls;
+    if (config == 0) seconds0 = seconds;
+    const double tflops = flops / seconds / 1e12;
+    std::printf("  %d (%s): %9.3f ms per layer, %7.1f TFLOP/s, %5.2fx configuration 0%s\n", config,
+                shapes[config], seconds * 1e3, tflops, seconds0 / seconds,
+                same_bits ? "" : ", OUTPUTS DIFFER");
+    rows.push_back({{"config", config},
+                    {"shape", shapes[config]},
+                    {"layer_ms", seconds * 1e3},
+                    {"tflops", tflops},
+                    {"speed_over_config0", seconds0 / seconds},
+                    {"same_bits_as_config0", same_bits}});
+    for (const Call& call : calls) {
+      backend->release(call.x, call.x_bytes);
+      backend->release(call.y, call.y_bytes);
+    }
+    for (const kernels::WeightView* w : layer.matrices()) backend->releaseWeight(*w);
+  }
+  return rows;
+}
+
 // Backend::copy of one buffer of `bytes` to another in the backend's own
 // memory (device to device on CUDA, memcpy on the CPU): bytes copied per
 // second. A copy reads and writes each byte, so memory traffic is twice this.
@@ -188,14 +277,20 @@ int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
   const kernels::DeviceKind device = kernels::resolveDevice(options.device);
   std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
-      device, kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device),
-      options.unordered_decode, /*fused_launches=*/options.fuse_projections);
+      device,
+      {.cuda_kernels = kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device),
+       .unordered_decode = options.unordered_decode,
+       .fused_launches = options.fuse_projections});
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
   if (options.unordered_decode && compute != DType::kBF16) {
     throw Error(
         "--unordered-decode: only with --compute-dtype bf16 (it replaces the bf16 decode matmul)");
   }
   backend->setComputeDType(compute);
+  if (options.bf16_gemm_configs &&
+      (device != kernels::DeviceKind::kCuda || compute != DType::kBF16)) {
+    throw Error("--bf16-gemm-configs: only with --device cuda and --compute-dtype bf16");
+  }
   auto model = engine::Model::load(options.model_dir);
   const auto& config = model->config();
   if (options.prompt_tokens + options.decode_tokens > config.max_position_embeddings) {
@@ -416,6 +511,10 @@ int runEngineBench(const EngineBenchOptions& options) {
         printOps(("decode calls (batch " + std::to_string(options.batch) + ")").c_str(), decode_ops,
                  options.decode_tokens, copy_traffic_gbps);
   }
+  nlohmann::json gemm_configs_json;
+  if (options.bf16_gemm_configs) {
+    gemm_configs_json = bf16GemmConfigs(layer0, gemm_m, options.repeats);
+  }
 
   if (!options.json_path.empty()) {
     nlohmann::json out = {
@@ -466,9 +565,15 @@ int runEngineBench(const EngineBenchOptions& options) {
       out["decode_recorded_logits_identical"] = replay_exact;
     }
     if (profiler) out["ops"] = ops_json;
+    if (options.bf16_gemm_configs) out["bf16_gemm_configs"] = gemm_configs_json;
     std::ofstream file(options.json_path);
     if (!file) throw Error("cannot write --json file " + options.json_path);
     file << out.dump(2) << '\n';
+  }
+  // A bf16 GEMM configuration whose outputs differ from configuration 0's
+  // breaks the promise they all keep.
+  for (const auto& row : gemm_configs_json) {
+    if (!row.at("same_bits_as_config0").get<bool>()) return 1;
   }
   // Unordered decode matmuls make no promise of the same bits twice.
   return replay_exact || options.unordered_decode ? 0 : 1;

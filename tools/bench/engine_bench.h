@@ -34,6 +34,10 @@ struct EngineBenchOptions {
   // CudaBackendOptions::unordered_decode: not batch-invariant, for measuring
   // what the fixed order costs.
   bool unordered_decode = false;
+  // CUDA, bf16 compute: layer 0's matmuls at prompt_tokens rows timed with
+  // each of the bf16 GEMM's configurations (CudaBackendOptions::
+  // bf16_gemm_config), side by side, their outputs compared bit for bit.
+  bool bf16_gemm_configs = false;
 };
 
 int runEngineBench(const EngineBenchOptions& options);

@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   engine->add_flag("--fuse-projections", options.fuse_projections,
                    "Q/K/V and gate/up as one matmul each, and fewer launches on CUDA (the "
                    "same bits)");
+  engine->add_flag("--bf16-gemm-configs", options.bf16_gemm_configs,
+                   "also time layer 0's matmuls at --prompt-tokens rows with each bf16 GEMM "
+                   "configuration, side by side (CUDA, bf16 compute; the same bits in each)");
   engine->add_flag("--unordered-decode", options.unordered_decode,
                    "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
                    "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");

@@ -104,7 +104,7 @@ TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
   for (const auto& [set, name] :
        {std::pair{CudaKernels::kFast, "fast"}, std::pair{CudaKernels::kFlash, "flash"}}) {
     try {
-      makeBackend(DeviceKind::kCpu, set);
+      makeBackend(DeviceKind::kCpu, {.cuda_kernels = set});
       FAIL() << "expected an error for " << name;
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()),
@@ -113,13 +113,14 @@ TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
                     "--cuda-kernels at auto)");
     }
   }
-  EXPECT_EQ(makeBackend(DeviceKind::kCpu, CudaKernels::kReference)->kind(), DeviceKind::kCpu);
+  EXPECT_EQ(makeBackend(DeviceKind::kCpu, {.cuda_kernels = CudaKernels::kReference})->kind(),
+            DeviceKind::kCpu);
   // The unordered decode matmuls replace a fast CUDA kernel: refused
   // anywhere else, before any device is asked for.
   for (auto [kind, set] : {std::pair{DeviceKind::kCpu, CudaKernels::kReference},
                            std::pair{DeviceKind::kCuda, CudaKernels::kReference}}) {
     try {
-      makeBackend(kind, set, /*unordered_decode=*/true);
+      makeBackend(kind, {.cuda_kernels = set, .unordered_decode = true});
       FAIL() << "expected an error";
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()),
