@@ -304,14 +304,18 @@ void LocalMode::runPlanner(AgentSupervisor& supervisor) {
       }
     }
   }
+  {
+    // The decisions and their events first: whoever sees a pool's new agent
+    // finds the event that made it.
+    std::lock_guard<std::mutex> lock(mutex_);
+    planner_status_ = std::move(statuses);
+    for (PlannerEventRecord& event : events) planner_events_.push_back(std::move(event));
+    while (planner_events_.size() > kPlannerEventsKept) planner_events_.pop_front();
+  }
   if (scaled) {
     supervisor.apply(pools_);
     publish(supervisor);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  planner_status_ = std::move(statuses);
-  for (PlannerEventRecord& event : events) planner_events_.push_back(std::move(event));
-  while (planner_events_.size() > kPlannerEventsKept) planner_events_.pop_front();
 }
 
 void LocalMode::publish(const AgentSupervisor& supervisor) {
