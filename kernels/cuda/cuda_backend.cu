@@ -393,21 +393,10 @@ class CudaBackend final : public Backend {
                       float scale, float* out) override {
     checkCache(cache, layer);
     activate();
-    const auto floats =
-        static_cast<size_t>(attentionScratchFloats(batch_, num_heads, cache.head_dim));
-    if (floats > scratch_floats_) {
-      if (capturing_) throw Error("attention scratch grew while recording a decode step");
-      forgetRecordings();
-      // cudaFree waits for the kernels that may still use the old scratch.
-      throwIfFailed(cudaFree(scratch_), "cudaFree");
-      scratch_ = nullptr;
-      scratch_floats_ = 0;
-      throwIfFailed(cudaMalloc(&scratch_, floats * sizeof(float)), "cudaMalloc attention scratch");
-      scratch_floats_ = floats;
-    }
+    growBuffer(scratch_, scratch_floats_, attentionScratchFloats(batch_, num_heads, cache.head_dim),
+               "attention scratch");
     const NextFragments next = fragmentsFor(batch_.rows, num_heads * cache.head_dim);
-    launchPagedAttention(stream_, batch_, cache, layer, q, num_heads, scale,
-                         static_cast<float*>(scratch_), out,
+    launchPagedAttention(stream_, batch_, cache, layer, q, num_heads, scale, scratch_, out,
                          flash_attention_ ? AttentionKernel::kFlash
                          : fast_kernels_  ? AttentionKernel::kGrouped
                                           : AttentionKernel::kReference,
@@ -580,17 +569,7 @@ class CudaBackend final : public Backend {
   // The fused GEMV fold's arrival counters: `groups` of them, zero.
   unsigned int* arrivalsFor(int64_t groups) {
     if (!fused_launches_) return nullptr;
-    if (groups > arrivals_count_) {
-      if (capturing_) throw Error("GEMV arrival counters grew while recording a decode step");
-      forgetRecordings();
-      throwIfFailed(cudaFree(arrivals_), "cudaFree");
-      arrivals_ = nullptr;
-      arrivals_count_ = 0;
-      const auto bytes = static_cast<size_t>(groups) * sizeof(unsigned int);
-      throwIfFailed(cudaMalloc(&arrivals_, bytes), "cudaMalloc GEMV arrival counters");
-      throwIfFailed(cudaMemsetAsync(arrivals_, 0, bytes, stream_), "cudaMemsetAsync counters");
-      arrivals_count_ = groups;
-    }
+    growBuffer(arrivals_, arrivals_count_, groups, "GEMV arrival counters", /*zero=*/true);
     return arrivals_;
   }
 
@@ -682,18 +661,30 @@ class CudaBackend final : public Backend {
     checkLaunch("matmul epilogue");
   }
 
-  // As the attention scratch: growing it drops the recordings, which hold
-  // its address.
   void growGemvScratch(int64_t floats) {
-    if (floats <= gemv_scratch_floats_) return;
-    if (capturing_) throw Error("fast GEMV scratch grew while recording a decode step");
+    growBuffer(gemv_scratch_, gemv_scratch_floats_, floats, "fast GEMV scratch");
+  }
+
+  // A device buffer the recordings refer to (scratch, counters), of `count`
+  // elements, made `wanted` long where it is shorter (its contents lost;
+  // zeroed when `zero`): growing drops the recordings, which hold its
+  // address, and is refused while recording. cudaFree waits for the kernels
+  // that may still use the old buffer.
+  template <typename T>
+  void growBuffer(T*& data, int64_t& count, int64_t wanted, const char* what, bool zero = false) {
+    if (wanted <= count) return;
+    if (capturing_) throw Error(std::string(what) + " grew while recording a decode step");
     forgetRecordings();
-    throwIfFailed(cudaFree(gemv_scratch_), "cudaFree");
-    gemv_scratch_ = nullptr;
-    gemv_scratch_floats_ = 0;
-    throwIfFailed(cudaMalloc(&gemv_scratch_, static_cast<size_t>(floats) * sizeof(float)),
-                  "cudaMalloc fast GEMV scratch");
-    gemv_scratch_floats_ = floats;
+    throwIfFailed(cudaFree(data), "cudaFree");
+    data = nullptr;
+    count = 0;
+    const size_t bytes = static_cast<size_t>(wanted) * sizeof(T);
+    throwIfFailed(cudaMalloc(&data, bytes), (std::string("cudaMalloc ") + what).c_str());
+    if (zero) {
+      throwIfFailed(cudaMemsetAsync(data, 0, bytes, stream_),
+                    (std::string("cudaMemsetAsync ") + what).c_str());
+    }
+    count = wanted;
   }
 
   // One more use of the device copy of `bytes` of host memory (made now if
@@ -807,8 +798,8 @@ class CudaBackend final : public Backend {
   size_t staging_bytes_ = 0;
   void* batch_device_ = nullptr;
   size_t batch_device_bytes_ = 0;
-  void* scratch_ = nullptr;
-  size_t scratch_floats_ = 0;
+  float* scratch_ = nullptr;  // attention's
+  int64_t scratch_floats_ = 0;
   int32_t* argmax_out_ = nullptr;  // argmaxRows' device results
   size_t argmax_capacity_ = 0;
 };
