@@ -95,15 +95,18 @@ gpu_tests() {
 }
 
 # Tensor-core instructions in the CUDA library's machine code (the fast
-# kernels' bf16 GEMM is the one that should hold them).
+# kernels' bf16 GEMM is the one that should hold them): HMMA (mma.sync)
+# and HGMMA (wgmma: bf16 GEMM configuration 4, sm_90a builds).
 cuobjdump="$(command -v cuobjdump || true)"
 [[ -z "${cuobjdump}" && -x /usr/local/cuda/bin/cuobjdump ]] && cuobjdump=/usr/local/cuda/bin/cuobjdump
 cuda_library="${build}/kernels/libtandem_kernels_cuda.a"
 [[ "${prebuilt}" == "1" ]] && cuda_library="${build}/bin/tandem-bench"
 if [[ -n "${cuobjdump}" && -f "${cuda_library}" ]]; then
-  echo "== HMMA in ${cuda_library}: $("${cuobjdump}" --dump-sass "${cuda_library}" | grep -c HMMA || true)"
+  sass="$("${cuobjdump}" --dump-sass "${cuda_library}")"
+  echo "== HMMA in ${cuda_library}: $(grep -c HMMA <<<"${sass}" || true)"
+  echo "== HGMMA in ${cuda_library}: $(grep -c HGMMA <<<"${sass}" || true)"
 else
-  echo "== cuobjdump or ${cuda_library} not found: HMMA count left out"
+  echo "== cuobjdump or ${cuda_library} not found: HMMA and HGMMA counts left out"
 fi
 
 # The reference kernels first, without the fast kernels' own tests: a fault

@@ -205,6 +205,35 @@ struct MatmulEpilogue {
   }
 };
 
+// A warp's tensor-core accumulators through an epilogue: mma tile (i, j)
+// (an m16n8 C fragment, or 16 x 8 of a wgmma accumulator) covers rows
+// row0 + 16i (+ 8) and columns column0 + 8j (+ 1), as the m16n8 C fragment
+// lays them out for this lane (row0 and column0, even, already hold its
+// group and quad), so a lane holds each pair of outputs the epilogue may
+// combine; nothing past m or n is stored.
+template <int kTilesM, int kTilesN>
+__device__ __forceinline__ void storeTiles(const float (&acc)[kTilesM][kTilesN][4], int64_t row0,
+                                           int64_t column0, int64_t m, int64_t n,
+                                           const MatmulEpilogue& out) {
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+      const int64_t column = column0 + j * 8;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = row0 + i * 16 + half * 8;
+        if (row >= m) continue;
+        if (column + 1 < n) {
+          out.storePair(row, column, n, acc[i][j][half * 2], acc[i][j][half * 2 + 1]);
+        } else if (column < n) {
+          out.storeOne(row, column, n, acc[i][j][half * 2]);
+        }
+      }
+    }
+  }
+}
+
 // The epilogue of a kernel that stored its plain m x n result in `t`:
 // e's step applied to every output (pairs for kSiluPairs). One launch.
 void launchMatmulEpilogue(cudaStream_t stream, const float* t, int64_t m, int64_t n,

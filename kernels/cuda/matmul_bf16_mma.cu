@@ -47,7 +47,9 @@
 // 16-row tiles (eight row groups), so the weights are read once for all
 // rows. Again the same mma chain per output, so the same bits.
 // On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
-// this order only if it keeps one k16 mma chain per output.
+// this order only if it keeps one k16 mma chain per output, and gives these
+// bits only if an HGMMA k16 step rounds as an HMMA one does. Configuration
+// 4 (matmul_bf16_wgmma.cu) is that kernel, to be compared on a GPU.
 // All three store through an epilogue (epilogue.h): a lane's C fragment
 // holds outputs in column pairs (2j, 2j + 1), so SiLU·up over gate/up pairs
 // is computed where they are stored; the epilogue runs after the chain, so
@@ -85,34 +87,6 @@ constexpr int kXVectors = kTileM * kTileK / 4 / kThreads;
 constexpr int kWVectors = kTileN * kTileK / 8 / kThreads;
 static_assert(kXVectors == 4 && kWVectors == 2, "loads cover the tiles exactly");
 static_assert(kTileK % kMmaK == 0, "a K step holds whole mma slices");
-
-// A warp's accumulators through the epilogue: mma tile (i, j) covers rows
-// row0 + 16i (+ 8) and columns column0 + 8j (+ 1), as the m16n8 C fragment
-// lays them out for this lane (row0 and column0, even, already hold its
-// group and quad), so a lane holds each pair of outputs the epilogue may
-// combine; nothing past m or n is stored.
-template <int kTilesM, int kTilesN>
-__device__ __forceinline__ void storeTiles(const float (&acc)[kTilesM][kTilesN][4], int64_t row0,
-                                           int64_t column0, int64_t m, int64_t n,
-                                           const MatmulEpilogue& out) {
-#pragma unroll
-  for (int i = 0; i < kTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-      const int64_t column = column0 + j * 8;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = row0 + i * 16 + half * 8;
-        if (row >= m) continue;
-        if (column + 1 < n) {
-          out.storePair(row, column, n, acc[i][j][half * 2], acc[i][j][half * 2 + 1]);
-        } else if (column < n) {
-          out.storeOne(row, column, n, acc[i][j][half * 2]);
-        }
-      }
-    }
-  }
-}
 
 // One K step of x (fp32, rounded to bf16 when stored) and w (bf16) held in
 // registers between its global load and its shared-memory store.
@@ -685,6 +659,23 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
   skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, splits, false);
 }
 
+#if !defined(TANDEM_HAVE_WGMMA)
+// Without sm_90 in the build: configuration 4 is refused by the backend,
+// and this stands in for the kernel it never launches.
+void launchBf16Wgmma(cudaStream_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
+                     const MatmulEpilogue&) {
+  TANDEM_CHECK(false, "bf16 matmul: this build has no wgmma kernel");
+}
+#endif
+
+bool bf16WgmmaBuilt() {
+#if defined(TANDEM_HAVE_WGMMA)
+  return true;
+#else
+  return false;
+#endif
+}
+
 int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
   return m > kBf16MmaSmallRows && k % 8 == 0 ? m * k : 0;
 }
@@ -709,6 +700,10 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
     const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(count, 256), 4096));
     pipelined::roundToBf16Kernel<<<blocks, 256, 0, stream>>>(x, count, x_bf16);
     switch (config) {
+      case kBf16GemmWgmma:
+        TANDEM_CHECK(bf16WgmmaBuilt(), "bf16 matmul: this build has no wgmma kernel");
+        launchBf16Wgmma(stream, x_bf16, m, k, weights, n, out);
+        return;
       case 1:
         pipelined::launchPipelined<pipelined::Config1>(stream, x_bf16, m, k, weights, n, out);
         return;

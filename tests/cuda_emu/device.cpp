@@ -74,6 +74,14 @@ struct Context {
 void switchContext(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
 #endif
 
+// A wgmma issued by one thread: its part of the warpgroup's accumulator.
+struct WarpgroupMma {
+  float* d = nullptr;
+  int n = 0;
+  uint64_t a = 0;
+  uint64_t b = 0;
+};
+
 struct Fiber {
   Context context;
   void* stack = nullptr;
@@ -83,6 +91,8 @@ struct Fiber {
   Wait wait = Wait::kRunning;
   std::vector<Copy> open;                // cp.async issued since the last commit
   std::deque<std::vector<Copy>> groups;  // committed, oldest first
+  std::vector<WarpgroupMma> mma_open;    // wgmma issued since the last commit
+  std::deque<std::vector<WarpgroupMma>> mma_groups;
 };
 
 struct Warp {
@@ -109,6 +119,7 @@ struct Block {
   void (*run_thread)(const void*) = nullptr;
   const void* call = nullptr;
   void* dynamic_shared = nullptr;
+  size_t dynamic_bytes = 0;
   std::vector<const void*> shared_seen;  // static __shared__ objects this block has reached
 };
 
@@ -209,6 +220,10 @@ void threadMain() {
   fiber.wait = Wait::kDone;
   fiber.open.clear();
   fiber.groups.clear();  // copies never waited for land nowhere observable
+  if (!fiber.mma_open.empty() || !fiber.mma_groups.empty()) {
+    fault("thread %u of block (%u, %u, %u) exited with wgmma not waited for", fiber.index.thread.x,
+          fiber.index.block.x, fiber.index.block.y, fiber.index.block.z);
+  }
   --block.live;
   Warp& warp = block.warps[static_cast<size_t>(fiber.warp)];
   --warp.live;
@@ -313,6 +328,7 @@ void runGrid(const LaunchShape& shape, void (*run_thread)(const void*), const vo
   block.run_thread = run_thread;
   block.call = call;
   block.dynamic_shared = dynamic;
+  block.dynamic_bytes = shape.shared_bytes;
   Block* outer = g_block;
   g_block = &block;
   uint64_t linear = 0;
@@ -497,6 +513,23 @@ void submitKernel(const void* kernel, const LaunchShape& shape,
   enqueue(shape.stream, [shape, run_thread, call] { runGrid(shape, run_thread, call.get()); });
 }
 
+// One output of a k16 tensor-core step, as this emulator computes it: the
+// accumulator, then the 16 products in ascending k, added in double and
+// rounded once (products of bf16 are exact in double). `b` steps by
+// `b_stride` from one k to the next.
+float tensorCoreDot(float c, const double* a, const double* b, int b_stride) {
+  double sum = c;
+  for (int k = 0; k < 16; ++k) sum += a[k] * b[k * b_stride];
+  return static_cast<float>(sum);
+}
+
+double bf16Value(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &word, 4);
+  return f;
+}
+
 void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
   struct Fragments {
     uint32_t a[4];
@@ -514,10 +547,7 @@ void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
         const auto* lanes = static_cast<const Fragments*>(inputs);
         auto* d = static_cast<float*>(outputs);
         auto bf16 = [](uint32_t word, int half) {
-          const uint32_t bits = (half == 0 ? word & 0xffffu : word >> 16) << 16;
-          float f;
-          std::memcpy(&f, &bits, 4);
-          return static_cast<double>(f);
+          return bf16Value(static_cast<uint16_t>(half == 0 ? word & 0xffffu : word >> 16));
         };
         double a_m[16][16], b_m[16][8];
         float c_m[16][8];
@@ -539,9 +569,7 @@ void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
           const int group = lane / 4, quad = lane % 4;
           for (int e = 0; e < 4; ++e) {
             const int row = group + 8 * (e / 2), column = 2 * quad + e % 2;
-            double sum = c_m[row][column];
-            for (int k = 0; k < 16; ++k) sum += a_m[row][k] * b_m[k][column];
-            d[lane * 4 + e] = static_cast<float>(sum);
+            d[lane * 4 + e] = tensorCoreDot(c_m[row][column], a_m[row], &b_m[0][column], 8);
           }
         }
       },
@@ -567,6 +595,94 @@ void loadMatrixX4(uint32_t r[4], const uint16_t* row_address) {
         }
       },
       "ldmatrix.x4");
+}
+
+uint32_t sharedOffset(const void* p) {
+  Block& block = *g_block;
+  current();
+  const auto* base = static_cast<const unsigned char*>(block.dynamic_shared);
+  const auto* at = static_cast<const unsigned char*>(p);
+  if (at < base || at >= base + block.dynamic_bytes) {
+    fault("shared address of %p: only the block's dynamic shared memory has one here", p);
+  }
+  return static_cast<uint32_t>(at - base);
+}
+
+namespace {
+
+// A wgmma operand's element (row, k) through its descriptor: the no-swizzle
+// k-major layout (kernels/cuda/wgmma.h), inside the dynamic shared memory.
+double operandElement(uint64_t descriptor, int row, int k) {
+  const uint64_t address = (descriptor & 0x3fff) << 4;
+  const uint64_t leading = ((descriptor >> 16) & 0x3fff) << 4;
+  const uint64_t stride = ((descriptor >> 32) & 0x3fff) << 4;
+  const uint64_t at = address + static_cast<uint64_t>(row / 8) * stride +
+                      static_cast<uint64_t>(k / 8) * leading + static_cast<uint64_t>(row % 8) * 16 +
+                      static_cast<uint64_t>(k % 8) * 2;
+  if (at + 2 > g_block->dynamic_bytes) {
+    fault("wgmma operand element (%d, %d) at shared byte %llu, past the block's %zu", row, k,
+          static_cast<unsigned long long>(at), g_block->dynamic_bytes);
+  }
+  uint16_t bits;
+  std::memcpy(&bits, static_cast<const unsigned char*>(g_block->dynamic_shared) + at, 2);
+  return bf16Value(bits);
+}
+
+// This thread's part of one m64nNk16: register 4j + e holds row
+// 16 · warp + lane / 4 (+ 8 for e >= 2), column 8j + 2 (lane % 4) + e % 2.
+void multiplyWarpgroup(const Fiber& fiber, const WarpgroupMma& mma) {
+  const int warp = fiber.warp % 4;
+  for (int i = 0; i < mma.n / 2; ++i) {
+    const int j = i / 4, e = i % 4;
+    const int row = 16 * warp + fiber.lane / 4 + 8 * (e / 2);
+    const int column = 8 * j + 2 * (fiber.lane % 4) + e % 2;
+    double a[16], b[16];
+    for (int k = 0; k < 16; ++k) {
+      a[k] = operandElement(mma.a, row, k);
+      b[k] = operandElement(mma.b, column, k);
+    }
+    mma.d[i] = tensorCoreDot(mma.d[i], a, b, 1);
+  }
+}
+
+}  // namespace
+
+void warpgroupMma(float* d, int n, uint64_t a, uint64_t b) {
+  Fiber& fiber = current();
+  const dim3 shape = fiber.index.block_dim;
+  if ((static_cast<size_t>(shape.x) * shape.y * shape.z) % 128 != 0) {
+    fault("wgmma in a block of %u x %u x %u threads: not whole warpgroups", shape.x, shape.y,
+          shape.z);
+  }
+  for (uint64_t descriptor : {a, b}) {
+    if ((descriptor >> 62) != 0 || ((descriptor >> 49) & 7) != 0) {
+      fault("wgmma descriptor %#llx: only the no-swizzle layout with base offset 0 is emulated",
+            static_cast<unsigned long long>(descriptor));
+    }
+  }
+  // The two ends of what the PTX ISA allows, as for cp.async: the operands
+  // are read (and d written) at once in odd blocks, when the thread waits
+  // for the group in even ones.
+  const WarpgroupMma mma{d, n, a, b};
+  if (g_block->descending) {
+    multiplyWarpgroup(fiber, mma);
+  } else {
+    fiber.mma_open.push_back(mma);
+  }
+}
+
+void warpgroupCommit() {
+  Fiber& fiber = current();
+  fiber.mma_groups.push_back(std::move(fiber.mma_open));
+  fiber.mma_open.clear();
+}
+
+void warpgroupWait(int pending_groups) {
+  Fiber& fiber = current();
+  while (fiber.mma_groups.size() > static_cast<size_t>(pending_groups)) {
+    for (const WarpgroupMma& mma : fiber.mma_groups.front()) multiplyWarpgroup(fiber, mma);
+    fiber.mma_groups.pop_front();
+  }
 }
 
 }  // namespace tandem::cuda_emu

@@ -77,6 +77,16 @@ void asyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes);
 void asyncCommit();
 void asyncWait(int pending_groups);
 
+// wgmma (kernels/cuda/wgmma.h): each thread computes its own part of the
+// warpgroup's accumulator from the operands in shared memory, in commit
+// groups done when the thread waits for them (even blocks) or at once (odd
+// blocks). sharedOffset: a pointer's byte offset in the running block's
+// dynamic shared memory (the only shared memory with an address here).
+void warpgroupMma(float* d, int n, uint64_t a, uint64_t b);
+void warpgroupCommit();
+void warpgroupWait(int pending_groups);
+uint32_t sharedOffset(const void* p);
+
 // A static __shared__ object reached by a thread of the running block
 // (translate.cmake adds the call after each declaration): the first thread
 // of the block to reach it fills it with all-ones bytes, as a GPU's shared

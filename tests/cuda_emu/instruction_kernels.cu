@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/ptx.h"
 #include "tests/cuda_emu/instruction_kernels.h"
+#include "tests/cuda_emu/wgmma_probe.h"
 
 namespace tandem::cuda_probe {
 namespace {
@@ -154,6 +155,36 @@ std::vector<float> mma(const std::vector<uint16_t>& a, const std::vector<uint16_
   mmaKernel<<<1, 32>>>(da, db, dc, d);
   check(cudaGetLastError(), "mmaKernel");
   auto out = fromDevice(d, 16 * 8);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  return out;
+}
+
+bool wgmmaAvailable() {
+#if defined(TANDEM_HAVE_WGMMA)
+  cudaDeviceProp props{};
+  check(cudaGetDeviceProperties(&props, 0), "cudaGetDeviceProperties");
+  return props.major == 9 && props.minor == 0;
+#else
+  return false;
+#endif
+}
+
+std::vector<float> warpgroupMma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                                const std::vector<float>& c) {
+  auto* d = deviceBuffer<float>(64 * 128);
+  uint16_t* da = toDevice(a);
+  uint16_t* db = toDevice(b);
+  float* dc = toDevice(c);
+#if defined(TANDEM_HAVE_WGMMA)
+  launchWgmmaProbe(da, db, dc, d);
+#else
+  std::fprintf(stderr, "warpgroupMma: this build has no sm_90a probe\n");
+  std::abort();
+#endif
+  check(cudaGetLastError(), "wgmmaProbeKernel");
+  auto out = fromDevice(d, 64 * 128);
   cudaFree(da);
   cudaFree(db);
   cudaFree(dc);

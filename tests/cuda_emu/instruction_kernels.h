@@ -18,6 +18,16 @@ int deviceCount();
 std::vector<float> mma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
                        const std::vector<float>& c);
 
+// Whether warpgroupMma can run: the build holds its sm_90a kernel and device
+// 0 has compute capability 9.0 (the emulator's has).
+bool wgmmaAvailable();
+// D = A · B + C by one warpgroup through wgmmaBf16M64N128 (kernels/cuda/
+// wgmma.h), the operands stored as core matrices as wgmma.h describes: A
+// 64 x 16 and B 128 x 16 (k-major: b[n * 16 + k]) as bf16 bits, C and D
+// 64 x 128 row-major, each thread's registers mapped as wgmma.h says.
+std::vector<float> warpgroupMma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                                const std::vector<float>& c);
+
 // loadMatrices over a 32 x 8 bf16 tile in shared memory (matrix i is rows
 // 8i..8i + 7): out[4 · lane + i] is lane's r[i].
 std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile);

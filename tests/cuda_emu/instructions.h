@@ -1,6 +1,7 @@
 // The CUDA emulator's versions of kernels/cuda/ptx.h's instructions, with
 // the same signatures, written from the PTX ISA's description of each
-// (mma.m16n8k16 fragment layouts, ldmatrix, cp.async groups).
+// (mma.m16n8k16 fragment layouts, ldmatrix, cp.async groups, wgmma's
+// descriptors and accumulator layout).
 // Force-included after device.h.
 #pragma once
 
@@ -38,6 +39,22 @@ void waitCopies() {
 inline void loadMatrices(uint32_t r[4], const uint16_t* p) {
   ::tandem::cuda_emu::loadMatrixX4(r, p);
 }
+
+inline uint32_t sharedAddress(const void* p) { return ::tandem::cuda_emu::sharedOffset(p); }
+
+// wgmma.h's instructions: the fences order nothing here (memory is
+// sequentially consistent and d is plain memory).
+inline void wgmmaFence() {}
+inline void fenceSharedForAsyncProxy() {}
+inline void wgmmaBf16M64N128(float (&d)[16][4], uint64_t a, uint64_t b) {
+  ::tandem::cuda_emu::warpgroupMma(&d[0][0], 128, a, b);
+}
+inline void wgmmaCommit() { ::tandem::cuda_emu::warpgroupCommit(); }
+template <int kPending>
+void wgmmaWait() {
+  ::tandem::cuda_emu::warpgroupWait(kPending);
+}
+inline void wgmmaFenceRegisters(float (&)[16][4]) {}
 
 inline uint4 loadStreaming(const uint4* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {

@@ -49,6 +49,38 @@ TEST_F(InstructionsTest, MmaComputesTheMatrixProductInPtxFragmentLayout) {
   }
 }
 
+// wgmma m64n128k16 (sm_90a): the descriptors' leading and stride offsets,
+// the core-matrix layout and the accumulator's register layout as
+// kernels/cuda/wgmma.h describes them, with exact small integers again.
+TEST_F(InstructionsTest, WarpgroupMmaReadsCoreMatricesAndFillsTheDocumentedRegisters) {
+  if (!wgmmaAvailable()) {
+    GTEST_SKIP() << "wgmma needs compute capability 9.0 and a build for sm_90a";
+  }
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::vector<float> a(64 * 16), b(128 * 16), c(64 * 128);
+  for (float& x : a) x = static_cast<float>(small(rng));
+  for (float& x : b) x = static_cast<float>(small(rng));
+  for (float& x : c) x = static_cast<float>(small(rng)) * 0.5f;
+  std::vector<uint16_t> a_bits(a.size()), b_bits(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a_bits[i] = f32ToBf16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b_bits[i] = f32ToBf16(b[i]);
+  const std::vector<float> d = warpgroupMma(a_bits, b_bits, c);
+  ASSERT_EQ(d.size(), 64u * 128u);
+  int wrong = 0;
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < 128; ++j) {
+      float expected = c[i * 128 + j];
+      for (int k = 0; k < 16; ++k) expected += a[i * 16 + k] * b[j * 16 + k];
+      if (expected != d[i * 128 + j] && ++wrong <= 8) {
+        ADD_FAILURE() << "row " << i << ", column " << j << ": " << d[i * 128 + j] << ", expected "
+                      << expected;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "outputs differ";
+}
+
 TEST_F(InstructionsTest, LoadMatricesGivesEachLaneItsRowsColumnPair) {
   std::vector<uint16_t> tile(32 * 8);
   for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<uint16_t>(i * 3 + 1);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <list>
@@ -595,10 +596,20 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
     }
     // The pipelined kernel's other configurations (K step 64, four stages:
-    // CudaBackendOptions::bf16_gemm_config): the same rows, bit for bit.
-    for (int config = 1; config < 4; ++config) {
+    // CudaBackendOptions::bf16_gemm_config) and its wgmma twin (4, on
+    // compute capability 9.0 only; the emulator's device is one): the same
+    // rows, bit for bit.
+    for (int config = 1; config < 5; ++config) {
       options.bf16_gemm_config = config;
-      configs_.push_back(cuda::makeCudaBackend(0, options));
+      std::unique_ptr<Backend> made;
+      try {
+        made = cuda::makeCudaBackend(0, options);
+      } catch (const Error& e) {
+        ASSERT_TRUE(config == 4 && !kEmulated) << "configuration " << config << ": " << e.what();
+        std::printf("configuration 4 not run here: %s\n", e.what());
+        continue;
+      }
+      configs_.push_back(std::move(made));
       Backend& other = *configs_.back();
       other.setComputeDType(DType::kBF16);
       EXPECT_NE(other.description().find("bf16 GEMM configuration " + std::to_string(config)),
@@ -608,8 +619,8 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       EXPECT_EQ(0, std::memcmp(all.data(), rows.data(), rows.size() * sizeof(float)))
           << "configuration " << config << ", m " << m;
     }
-    options.bf16_gemm_config = 4;
-    EXPECT_THROW(cuda::makeCudaBackend(0, options), Error) << "no configuration 4";
+    options.bf16_gemm_config = 5;
+    EXPECT_THROW(cuda::makeCudaBackend(0, options), Error) << "no configuration 5";
     options.bf16_gemm_config = 0;
     for (const int64_t row : {int64_t{40}, int64_t{2047}}) {
       const std::vector<float> one(x.begin() + row * k, x.begin() + (row + 1) * k);
