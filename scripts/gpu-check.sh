@@ -51,6 +51,7 @@ fast="${FAST:-1}"
 fast_failed=0
 flash="${FLASH:-${fast}}"
 flash_failed=0
+wgmma_failed=0
 f32_bench="${F32_BENCH:-1}"
 
 echo "== GPU"
@@ -114,12 +115,13 @@ fi
 # A failure is reported at the end; the figures still come (one GPU window).
 echo "== gpu tests (reference kernels)"
 reference_failed=0
-gpu_tests '-CudaFastKernelsTest*' CudaFastKernelsTest || reference_failed=1
+gpu_tests '-CudaFastKernelsTest*:*Warpgroup*' 'CudaFastKernelsTest|Warpgroup' || reference_failed=1
 if [[ "${fast}" == "1" ]]; then
   # Every gpu test, the exactness checks' CUDA backend built with the fast
   # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
   echo "== gpu tests and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
-  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*' 'FlashAttention' || fast_failed=1
+  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*:*Warpgroup*:*Wgmma*' \
+    'FlashAttention|Warpgroup|Wgmma' || fast_failed=1
   if [[ "${prebuilt}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast limited "${build}/tests/engine_backend_exactness_test" \
       --gtest_brief=1 || fast_failed=1
@@ -152,6 +154,20 @@ if [[ "${fast}" == "1" ]]; then
         ctest --test-dir "${build}" -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
     fi
   done
+  # The wgmma twins of the bf16 GEMM (configurations 4 and 5, compute
+  # capability 9.0 only): the instruction probe (descriptors and the
+  # accumulator layout; a failure is a fault of that code) and their rows
+  # against configuration 0's (a difference says HGMMA rounds a k16 step
+  # otherwise than HMMA). Reported apart: no serving path runs them.
+  echo "== wgmma: the instruction probe, and bf16 GEMM configurations 4 and 5 against 0"
+  if [[ "${prebuilt}" == "1" ]]; then
+    for test in gpu_instructions_test gpu_cuda_kernels_test; do
+      limited "${build}/tests/${test}" --gtest_filter='*Warpgroup*:*Wgmma*' --gtest_brief=1 ||
+        wgmma_failed=1
+    done
+  else
+    ctest --test-dir "${build}" -L gpu -R 'Warpgroup|Wgmma' --output-on-failure || wgmma_failed=1
+  fi
   # The flash attention kernel (--cuda-kernels flash): its kernel test
   # (near the reference, chunked = one-shot to the bit) and its place in the
   # model identity, then the engine's
@@ -214,7 +230,19 @@ fi
 # PyTorch comparison reads it), in the scratch folder unless BENCH_JSON_DIR.
 json_dir="${BENCH_JSON_DIR:-${scratch}/bench-json}"
 mkdir -p "${json_dir}"
+# The fastest bf16 GEMM configuration of a run's --bf16-gemm-configs rows
+# whose outputs equal configuration 0's (0 when none is faster, or the file
+# cannot be read).
+fastest_gemm_config() {
+  python3 - "$1" <<'PY' 2>/dev/null || echo 0
+import json, sys
+rows = json.load(open(sys.argv[1])).get("bf16_gemm_configs", [])
+same = [r for r in rows if r.get("same_bits_as_config0") and "layer_ms" in r]
+print(min(same, key=lambda r: r["layer_ms"])["config"] if same else 0)
+PY
+}
 for model in "${models[@]}"; do
+  gemm_config=0
   # 2048-token prompts, or as long as the model's context leaves room for the
   # 64 decode steps (the small model's context is 2048).
   context=$(grep -o '"max_position_embeddings": *[0-9]*' "${scratch}/${model}/config.json" |
@@ -253,6 +281,11 @@ for model in "${models[@]}"; do
         if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
           extra+=(--bf16-gemm-configs)
         fi
+        # The flash run, the fastest configuration, also takes the fastest
+        # bf16 GEMM configuration that gave configuration 0's bits there.
+        if [[ "${variant}" == *flash* && "${gemm_config}" != "0" ]]; then
+          extra+=(--bf16-gemm-config "${gemm_config}")
+        fi
         name="$([[ "${variant}" == *flash* ]] && echo flash || echo fast)"
         name="${name}$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"
@@ -261,6 +294,10 @@ for model in "${models[@]}"; do
         if ! limited "${bench}" "${args[@]}" "${extra[@]}" \
           --json "${json_dir}/engine-${model}-batch${batch}-${name}.json"; then
           if [[ "${variant}" == *flash* ]]; then flash_failed=1; else fast_failed=1; fi
+        fi
+        if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
+          gemm_config="$(fastest_gemm_config "${json_dir}/engine-${model}-batch1-fast-bf16.json")"
+          echo "== bf16 GEMM configuration for the flash runs: ${gemm_config}"
         fi
       done
     fi
@@ -329,9 +366,17 @@ else
     fi
     # Tandem's side: the bf16-compute runs where they ran (PyTorch computes
     # in bf16 too), else the reference kernels'.
+    # The flash run with fused projections first (the fastest
+    # configuration) where its checks passed.
     best() {
       local run="${json_dir}/engine-${model}-batch$1"
-      if [[ -f "${run}-fast-bf16.json" ]]; then echo "${run}-fast-bf16.json"; else echo "${run}.json"; fi
+      if [[ "${flash_failed}" == "0" && -f "${run}-flash-bf16-fused.json" ]]; then
+        echo "${run}-flash-bf16-fused.json"
+      elif [[ -f "${run}-fast-bf16.json" ]]; then
+        echo "${run}-fast-bf16.json"
+      else
+        echo "${run}.json"
+      fi
     }
     compare=(compare --model "${scratch}/${model}" --device cuda --dtype bf16
       --tandem-bench "$(best 1)"
@@ -357,6 +402,10 @@ fi
 if [[ "${reference_failed}" != "0" ]]; then
   echo "== reference kernels: a gpu test or benchmark run FAILED (see above)"
   exit 1
+fi
+if [[ "${wgmma_failed}" != "0" ]]; then
+  echo "== wgmma (bf16 GEMM configurations 4, 5; no serving path): the probe failed or the rows" \
+    "differ from configuration 0's (see above)"
 fi
 if [[ "${fast_failed}" != "0" ]]; then
   echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"

@@ -86,18 +86,18 @@ class CudaBackend final : public Backend {
     std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB)", props.name, props.major, props.minor,
                   static_cast<double>(props.totalGlobalMem) / (1024.0 * 1024 * 1024));
     description_ = text;
-    if (bf16_gemm_config_ == kBf16GemmWgmma) {
+    if (bf16_gemm_config_ >= kBf16GemmWgmma) {
+      const std::string which =
+          "bf16 GEMM configuration " + std::to_string(bf16_gemm_config_) + " (wgmma)";
       if (!bf16WgmmaBuilt()) {
-        throw Error(
-            "bf16 GEMM configuration 4 (wgmma) is not in this build: its kernel is compiled for "
-            "sm_90a only when CMAKE_CUDA_ARCHITECTURES includes 90");
+        throw Error(which +
+                    " is not in this build: its kernel is compiled for sm_90a only when "
+                    "CMAKE_CUDA_ARCHITECTURES includes 90");
       }
       if (props.major != 9 || props.minor != 0) {
-        throw Error(
-            "bf16 GEMM configuration 4 (wgmma) needs a compute capability 9.0 GPU (H100, "
-            "H200); device " +
-            std::to_string(device_) + " is sm_" + std::to_string(props.major) +
-            std::to_string(props.minor));
+        throw Error(which + " needs a compute capability 9.0 GPU (H100, H200); device " +
+                    std::to_string(device_) + " is sm_" + std::to_string(props.major) +
+                    std::to_string(props.minor));
       }
     }
     if (fast_kernels_)
@@ -105,7 +105,7 @@ class CudaBackend final : public Backend {
     if (fused_launches_) description_ += ", fused launches";
     if (bf16_gemm_config_ != 0) {
       description_ += ", bf16 GEMM configuration " + std::to_string(bf16_gemm_config_);
-      if (bf16_gemm_config_ == kBf16GemmWgmma) description_ += " (wgmma)";
+      if (bf16_gemm_config_ >= kBf16GemmWgmma) description_ += " (wgmma)";
     }
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     sm_count_ = props.multiProcessorCount;

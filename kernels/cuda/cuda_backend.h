@@ -39,9 +39,10 @@ struct CudaBackendOptions {
   // The same bits either way (docs/cuda.md#fused-projections).
   bool fused_launches = false;
   // The bf16 prefill GEMM's K step and pipeline depth (matmul_bf16_mma.cu's
-  // pipelined configurations, 0 .. 3; 0 the one that ran on an H200), or 4:
-  // its wgmma twin (matmul_bf16_wgmma.cu; compute capability 9.0 and a
-  // build for sm_90 only, refused otherwise). Every configuration runs the
+  // pipelined configurations, 0 .. 3; 0 the one that ran on an H200), or 4
+  // and 5: its wgmma twins, 128 x 128 and 128 x 256 tiles
+  // (matmul_bf16_wgmma.cu; compute capability 9.0 and a build for sm_90
+  // only, refused otherwise). Every configuration runs the
   // same mma chain; tandem-bench engine --bf16-gemm-configs measures them
   // side by side and compares their bits.
   int bf16_gemm_config = 0;

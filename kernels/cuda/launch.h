@@ -100,10 +100,10 @@ void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t
 void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                                   const void* fragments, int64_t n, const MatmulEpilogue& out,
                                   void* x_fragments, int sm_count);
-// `config`: the pipelined kernel's K step and depth, 0 .. 3, or 4
-// (kBf16GemmWgmma) its wgmma twin (CudaBackendOptions::bf16_gemm_config;
+// `config`: the pipelined kernel's K step and depth, 0 .. 3, or from
+// kBf16GemmWgmma on its wgmma twins (CudaBackendOptions::bf16_gemm_config;
 // the same mma chain in each).
-constexpr int kBf16GemmConfigs = 5;
+constexpr int kBf16GemmConfigs = 6;
 constexpr int kBf16GemmWgmma = 4;
 // Whether this build holds the wgmma kernel (compiled for sm_90a when the
 // architectures include 90; kernels/CMakeLists.txt).
@@ -113,10 +113,11 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
                          const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16,
                          int config = 0);
 
-// matmul_bf16_wgmma.cu (sm_90a only): configuration 4's kernel over x
-// already rounded to bf16 (k a multiple of 8, 16-byte aligned operands).
+// matmul_bf16_wgmma.cu (sm_90a only): configuration 4's kernel (128 x 128
+// tiles) or, `wide`, configuration 5's (128 x 256, overlapped steps) over
+// x already rounded to bf16 (k a multiple of 8, 16-byte aligned operands).
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
-                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out);
+                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, bool wide);
 
 // attention.cu
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,

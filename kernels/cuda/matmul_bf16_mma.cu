@@ -48,8 +48,8 @@
 // rows. Again the same mma chain per output, so the same bits.
 // On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
 // this order only if it keeps one k16 mma chain per output, and gives these
-// bits only if an HGMMA k16 step rounds as an HMMA one does. Configuration
-// 4 (matmul_bf16_wgmma.cu) is that kernel, to be compared on a GPU.
+// bits only if an HGMMA k16 step rounds as an HMMA one does. Configurations
+// 4 and 5 (matmul_bf16_wgmma.cu) are that kernel, to be compared on a GPU.
 // All three store through an epilogue (epilogue.h): a lane's C fragment
 // holds outputs in column pairs (2j, 2j + 1), so SiLU·up over gate/up pairs
 // is computed where they are stored; the epilogue runs after the chain, so
@@ -663,7 +663,7 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
 // Without sm_90 in the build: configuration 4 is refused by the backend,
 // and this stands in for the kernel it never launches.
 void launchBf16Wgmma(cudaStream_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
-                     const MatmulEpilogue&) {
+                     const MatmulEpilogue&, bool) {
   TANDEM_CHECK(false, "bf16 matmul: this build has no wgmma kernel");
 }
 #endif
@@ -701,8 +701,9 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
     pipelined::roundToBf16Kernel<<<blocks, 256, 0, stream>>>(x, count, x_bf16);
     switch (config) {
       case kBf16GemmWgmma:
+      case kBf16GemmWgmma + 1:
         TANDEM_CHECK(bf16WgmmaBuilt(), "bf16 matmul: this build has no wgmma kernel");
-        launchBf16Wgmma(stream, x_bf16, m, k, weights, n, out);
+        launchBf16Wgmma(stream, x_bf16, m, k, weights, n, out, config == kBf16GemmWgmma + 1);
         return;
       case 1:
         pipelined::launchPipelined<pipelined::Config1>(stream, x_bf16, m, k, weights, n, out);

@@ -1,9 +1,9 @@
 // The bf16 GEMM of matmul_bf16_mma.cu on Hopper's warpgroup MMA (wgmma,
-// HGMMA in SASS): bf16 GEMM configuration 4 (CudaBackendOptions::
-// bf16_gemm_config), the pipelined kernel's twin for m > 256 with k a
+// HGMMA in SASS): bf16 GEMM configurations 4 and 5 (CudaBackendOptions::
+// bf16_gemm_config), twins of the pipelined kernel for m > 256 with k a
 // multiple of 8 and 16-byte aligned operands, over x already rounded to
 // bf16. Compiled for sm_90a alone (kernels/CMakeLists.txt); the backend
-// refuses the configuration on other devices and in builds without sm_90.
+// refuses them on other devices and in builds without sm_90.
 //
 // Order: the same as the pipelined kernel's. Each output's accumulator
 // starts at +0 and takes one k16 multiply per 16-wide slice of k, in
@@ -13,21 +13,25 @@
 // of B and accumulator (i, j), so a row's bits do not depend on m or on its
 // place in the tile. Whether a Hopper HGMMA k16 step rounds exactly as an
 // HMMA m16n8k16 does is the hardware's: `gpu_cuda_kernels_test` compares
-// this configuration's rows with configuration 0's bit for bit, and
+// these configurations' rows with configuration 0's bit for bit, and
 // `tandem-bench engine --bf16-gemm-configs` prints whether they agree.
-// Until they have on a GPU it stays a configuration to measure, never the
-// default (docs/cuda.md "Kernel states").
+// Until they have on a GPU they stay configurations to measure, never the
+// default (docs/cuda.md "The wgmma configurations").
 //
-// Shape: 128 x 128 output tiles, two warpgroups of 64 rows, each issuing
-// one m64n128k16 per slice; K steps of 64 through a three-stage cp.async
-// pipeline (96 KB of shared memory, two blocks per SM). Operand tiles are
-// stored as core matrices (wgmma.h): core matrix (row group g, k chunk c)
-// at (16 c + g) · 128 bytes, so the stride between row groups is 128 bytes
-// and the leading offset between k chunks 2,048; a quarter warp's cp.async
-// fill one core matrix (128 contiguous bytes, no bank conflict). Each step:
-// wait for the step's copies, fence them into the async proxy, barrier,
-// issue the next step's copies (into the stage read one step ago, whose
-// wgmma have been waited for), then four wgmma, commit, wait.
+// Shapes: 128-row tiles, two warpgroups of 64 rows, each issuing one
+// m64nNk16 per slice; K steps of 64 through a three-stage cp.async
+// pipeline. Configuration 4: 128 columns (96 KB of shared memory, two
+// blocks per SM), each step's multiplies waited for before the next
+// step's copies are issued. Configuration 5: 256 columns (144 KB, one block
+// per SM, half the operand traffic per output), a step's multiplies left
+// in flight while the previous step's are waited for, then a barrier, then
+// the copies into the stage those read. Operand tiles are stored as core
+// matrices (wgmma.h): core matrix (row group g, k chunk c) of an R-row tile
+// at (R / 8 · c + g) · 128 bytes, so the stride between row groups is 128
+// bytes and the leading offset between k chunks R · 16; a quarter warp's
+// cp.async fill one core matrix (128 contiguous bytes, no bank conflict).
+// Each step waits for its copies, fences them into the async proxy (wgmma
+// reads through it) and meets the block at a barrier before multiplying.
 #include <cuda_runtime.h>
 
 #include "common/check.h"
@@ -40,26 +44,41 @@ namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kTileM = 128;
-constexpr int kTileN = 128;
 constexpr int kTileK = 64;
 constexpr int kStages = 3;
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kSliceK = 16;
-constexpr int kRowGroups = kTileM / 8;                             // per operand tile
-constexpr uint32_t kStrideBytes = kCoreMatrixBytes;                // row group to row group
-constexpr uint32_t kLeadingBytes = kRowGroups * kCoreMatrixBytes;  // k chunk to k chunk
-constexpr int kTileBytes = kTileM * kTileK * 2;
-constexpr int kStageBytes = 2 * kTileBytes;  // A then B
-constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes;
-constexpr int kVectorsPerThread = kTileM * kTileK / 8 / kThreads;  // 16-byte vectors
-static_assert(kTileM == kTileN && kVectorsPerThread * kThreads * 8 == kTileM * kTileK,
-              "copies cover a tile exactly");
+constexpr int kARowGroups = kTileM / 8;
+constexpr int kATileBytes = kTileM * kTileK * 2;
+constexpr uint32_t kStrideBytes = kCoreMatrixBytes;  // row group to row group
 
-// K step `step` of rows [row0, row0 + 128) of a (rows x k, bf16, row-major)
-// into a stage's operand tile. Vector v is row 8 g + r of k chunk c with
-// r = v % 8, c = v / 8 % 8, g = v / 64; zero past `rows` and k.
+// A configuration: kTileN output columns per block (each warpgroup's wgmma
+// is m64 n kTileN k16), and whether a step's multiplies stay in flight
+// while the next step's copies are issued (kOverlap: wait for the group
+// before, then a barrier, then refill the stage it read) or are waited for
+// before them.
+template <int kTileNValue, bool kOverlapValue>
+struct Shape {
+  static constexpr int kTileN = kTileNValue;
+  static constexpr bool kOverlap = kOverlapValue;
+  static constexpr int kBRowGroups = kTileN / 8;
+  static constexpr int kBTileBytes = kTileN * kTileK * 2;
+  static constexpr int kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes;
+};
+using Shape4 = Shape<128, false>;  // configuration 4
+using Shape5 = Shape<256, true>;   // configuration 5
+
+// K step `step` of rows [row0, row0 + kRows) of a (rows x k, bf16,
+// row-major) into a stage's operand tile, core matrix (row group g, k chunk
+// c) at (kRows / 8 · c + g) · 128 bytes: vector v is row 8 g + r of chunk c
+// with r = v % 8, c = v / 8 % 8, g = v / 64 (a quarter warp fills one core
+// matrix); zero past `rows` and k.
+template <int kRows>
 __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64_t rows, int64_t k,
                                          int64_t row0, int64_t step, uint8_t* tile) {
+  constexpr int kVectorsPerThread = kRows * kTileK / 8 / kThreads;
+  static_assert(kVectorsPerThread * kThreads * 8 == kRows * kTileK, "copies cover a tile");
 #pragma unroll
   for (int i = 0; i < kVectorsPerThread; ++i) {
     const int v = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -69,48 +88,53 @@ __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64
     const int64_t row = row0 + 8 * g + r;
     const int64_t column = step * kTileK + 8 * c;
     const bool valid = row < rows && column < k;
-    copyAsync16(tile + (c * kRowGroups + g) * kCoreMatrixBytes + r * 16,
+    copyAsync16(tile + (c * (kRows / 8) + g) * kCoreMatrixBytes + r * 16,
                 valid ? src + row * k + column : src, valid);
   }
 }
 
-// Step `step`'s start: its copies waited for and fenced into the async
-// proxy, a barrier (so every thread's are in, and the stage refilled next
-// was read a step ago, its wgmma waited for), then step + 2's copies.
-__device__ __forceinline__ void beginStep(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
-                                          const uint16_t* __restrict__ w, int64_t n, int64_t m0,
-                                          int64_t n0, int64_t step, int64_t steps,
-                                          uint8_t* stages) {
-  waitCopies<kStages - 2>();
-  fenceSharedForAsyncProxy();
-  __syncthreads();
-  const int64_t next = step + kStages - 1;
-  if (next < steps) {
-    uint8_t* stage = stages + next % kStages * kStageBytes;
-    loadTile(xb, m, k, m0, next, stage);
-    loadTile(w, n, k, n0, next, stage + kTileBytes);
+// The copies of K step `step` (none past the last), committed as one group
+// either way.
+template <typename S>
+__device__ __forceinline__ void loadStep(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
+                                         const uint16_t* __restrict__ w, int64_t n, int64_t m0,
+                                         int64_t n0, int64_t step, int64_t steps, uint8_t* stages) {
+  if (step < steps) {
+    uint8_t* stage = stages + step % kStages * S::kStageBytes;
+    loadTile<kTileM>(xb, m, k, m0, step, stage);
+    loadTile<S::kTileN>(w, n, k, n0, step, stage + kATileBytes);
   }
   commitCopies();
 }
 
-// This warpgroup's 64 rows of step's A tile (row groups 8 · warpgroup on),
-// and step's B tile.
-__device__ __forceinline__ const uint8_t* aOperand(const uint8_t* stages, int64_t step,
-                                                   int warpgroup) {
-  return stages + step % kStages * kStageBytes + warpgroup * (kRowGroups / 2) * kCoreMatrixBytes;
-}
-__device__ __forceinline__ const uint8_t* bOperand(const uint8_t* stages, int64_t step) {
-  return stages + step % kStages * kStageBytes + kTileBytes;
+// Step `step`'s tiles in every thread's view: its copies waited for and
+// fenced into the async proxy, then a barrier.
+__device__ __forceinline__ void awaitStep() {
+  waitCopies<kStages - 2>();
+  fenceSharedForAsyncProxy();
+  __syncthreads();
 }
 
-// acc += slice `slice` (k chunks 2 slice and 2 slice + 1) of a · b.
-__device__ __forceinline__ void multiply(float (&acc)[16][4], const uint8_t* a, const uint8_t* b,
-                                         int slice) {
-  const uint32_t chunk = 2 * slice * kLeadingBytes;
-  wgmmaBf16M64N128(acc, wgmmaDescriptor(a + chunk, kLeadingBytes, kStrideBytes),
-                   wgmmaDescriptor(b + chunk, kLeadingBytes, kStrideBytes));
+// acc += slice `slice` (k chunks 2 slice and 2 slice + 1) of step's tiles,
+// this warpgroup's 64 rows (row groups 8 · warpgroup on).
+template <typename S>
+__device__ __forceinline__ void multiply(float (&acc)[S::kTileN / 8][4], const uint8_t* stages,
+                                         int64_t step, int warpgroup, int slice) {
+  const uint8_t* stage = stages + step % kStages * S::kStageBytes;
+  const uint8_t* a = stage + warpgroup * (kARowGroups / 2) * kCoreMatrixBytes;
+  const uint8_t* b = stage + kATileBytes;
+  constexpr uint32_t kALeading = kARowGroups * kCoreMatrixBytes;
+  constexpr uint32_t kBLeading = S::kBRowGroups * kCoreMatrixBytes;
+  const uint64_t a_descriptor = wgmmaDescriptor(a + 2 * slice * kALeading, kALeading, kStrideBytes);
+  const uint64_t b_descriptor = wgmmaDescriptor(b + 2 * slice * kBLeading, kBLeading, kStrideBytes);
+  if constexpr (S::kTileN == 128) {
+    wgmmaBf16M64N128(acc, a_descriptor, b_descriptor);
+  } else {
+    wgmmaBf16M64N256(acc, a_descriptor, b_descriptor);
+  }
 }
 
+template <typename S>
 __global__ void __launch_bounds__(kThreads)
     bf16WgmmaKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
                     const uint16_t* __restrict__ w, int64_t n, MatmulEpilogue out) {
@@ -119,72 +143,88 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = static_cast<int>(threadIdx.x) / 32 % 4;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * S::kTileN;
 
-  float acc[1][16][4];
+  float acc[1][S::kTileN / 8][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < S::kTileN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.0f;
   }
 
   const int64_t steps = (k + kTileK - 1) / kTileK;
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (stage < steps) {
-      loadTile(xb, m, k, m0, stage, stages + stage * kStageBytes);
-      loadTile(w, n, k, n0, stage, stages + stage * kStageBytes + kTileBytes);
-    }
-    commitCopies();
-  }
+  for (int step = 0; step < kStages - 1; ++step)
+    loadStep<S>(xb, m, k, w, n, m0, n0, step, steps, stages);
 
   // Whole K steps, then the partial one if k is not a multiple of 64: two
   // loops, so that the four multiplies of a whole step have no branch
   // between them (a branch makes the compiler fence the accumulators).
   const int64_t whole = k / kTileK;
   for (int64_t step = 0; step < whole; ++step) {
-    beginStep(xb, m, k, w, n, m0, n0, step, steps, stages);
-    const uint8_t* a = aOperand(stages, step, warpgroup);
-    const uint8_t* b = bOperand(stages, step);
+    awaitStep();
+    // Without overlap the stage refilled here was read a step ago and its
+    // multiplies were waited for before the barrier above.
+    if (!S::kOverlap) loadStep<S>(xb, m, k, w, n, m0, n0, step + kStages - 1, steps, stages);
     wgmmaFence();
 #pragma unroll
-    for (int slice = 0; slice < kTileK / kSliceK; ++slice) multiply(acc[0], a, b, slice);
+    for (int slice = 0; slice < kTileK / kSliceK; ++slice) {
+      multiply<S>(acc[0], stages, step, warpgroup, slice);
+    }
     wgmmaCommit();
-    wgmmaWait<0>();
-    wgmmaFenceRegisters(acc[0]);
+    if constexpr (S::kOverlap) {
+      // This step's group stays in flight; the one before is done in this
+      // thread, and after the barrier in every thread, so its stage (the
+      // one refilled) is free.
+      wgmmaWait<1>();
+      __syncthreads();
+      loadStep<S>(xb, m, k, w, n, m0, n0, step + kStages - 1, steps, stages);
+    } else {
+      wgmmaWait<0>();
+    }
   }
   if (whole < steps) {
-    const int64_t step = whole;
-    beginStep(xb, m, k, w, n, m0, n0, step, steps, stages);
-    const uint8_t* a = aOperand(stages, step, warpgroup);
-    const uint8_t* b = bOperand(stages, step);
+    awaitStep();  // nothing is loaded past the last step
     wgmmaFence();
     // Slices past k issue no instruction, whatever m is.
-    for (int slice = 0; step * kTileK + slice * kSliceK < k; ++slice) multiply(acc[0], a, b, slice);
+    for (int slice = 0; whole * kTileK + slice * kSliceK < k; ++slice) {
+      multiply<S>(acc[0], stages, whole, warpgroup, slice);
+    }
     wgmmaCommit();
-    wgmmaWait<0>();
-    wgmmaFenceRegisters(acc[0]);
   }
+  wgmmaWait<0>();
+  wgmmaFenceRegisters(acc[0]);
   waitCopies<0>();
 
   storeTiles(acc, m0 + warpgroup * 64 + warp * 16 + lane / 4, n0 + lane % 4 * 2, m, n, out);
 }
 
+template <typename S>
+void launchShape(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
+                 const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
+  static const cudaError_t opted_in =
+      cudaFuncSetAttribute(bf16WgmmaKernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(S::kSmemBytes));
+  TANDEM_CHECK(opted_in == cudaSuccess,
+               "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
+  const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, S::kTileN)),
+                   static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  bf16WgmmaKernel<S><<<tiles, kThreads, S::kSmemBytes, stream>>>(x_bf16, m, k, weights, n, out);
+}
+
 }  // namespace
 
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
-                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
+                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, bool wide) {
   TANDEM_CHECK(k % 8 == 0 && reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(weights) % 16 == 0,
                "bf16 wgmma matmul: k must be a multiple of 8 and the operands 16-byte aligned");
-  static const cudaError_t opted_in = cudaFuncSetAttribute(
-      bf16WgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-  TANDEM_CHECK(opted_in == cudaSuccess,
-               "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
   TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "bf16 wgmma matmul: too many rows for one launch");
-  const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, kTileN)),
-                   static_cast<unsigned int>(ceilDiv(m, kTileM)));
-  bf16WgmmaKernel<<<tiles, kThreads, kSmemBytes, stream>>>(x_bf16, m, k, weights, n, out);
+  if (wide) {
+    launchShape<Shape5>(stream, x_bf16, m, k, weights, n, out);
+  } else {
+    launchShape<Shape4>(stream, x_bf16, m, k, weights, n, out);
+  }
 }
 
 }  // namespace tandem::kernels::cuda

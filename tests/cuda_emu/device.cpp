@@ -660,11 +660,14 @@ void warpgroupMma(float* d, int n, uint64_t a, uint64_t b) {
             static_cast<unsigned long long>(descriptor));
     }
   }
-  // The two ends of what the PTX ISA allows, as for cp.async: the operands
-  // are read (and d written) at once in odd blocks, when the thread waits
-  // for the group in even ones.
+  // The two ends of what the PTX ISA allows, paired with cp.async's the
+  // other way round: the operands are read (and d written) when the thread
+  // waits for the group in odd blocks, where copies land at once (a stage
+  // refilled before its multiplies are waited for shows them the new
+  // bytes), and at once in even ones, where copies land at their wait (a
+  // multiply issued before its copies are waited for reads the old ones).
   const WarpgroupMma mma{d, n, a, b};
-  if (g_block->descending) {
+  if (!g_block->descending) {
     multiplyWarpgroup(fiber, mma);
   } else {
     fiber.mma_open.push_back(mma);

@@ -79,8 +79,9 @@ void asyncWait(int pending_groups);
 
 // wgmma (kernels/cuda/wgmma.h): each thread computes its own part of the
 // warpgroup's accumulator from the operands in shared memory, in commit
-// groups done when the thread waits for them (even blocks) or at once (odd
-// blocks). sharedOffset: a pointer's byte offset in the running block's
+// groups done when the thread waits for them (odd blocks, where cp.async
+// lands at once) or at once (even blocks, where cp.async lands at its
+// wait). sharedOffset: a pointer's byte offset in the running block's
 // dynamic shared memory (the only shared memory with an address here).
 void warpgroupMma(float* d, int n, uint64_t a, uint64_t b);
 void warpgroupCommit();

@@ -49,12 +49,16 @@ inline void fenceSharedForAsyncProxy() {}
 inline void wgmmaBf16M64N128(float (&d)[16][4], uint64_t a, uint64_t b) {
   ::tandem::cuda_emu::warpgroupMma(&d[0][0], 128, a, b);
 }
+inline void wgmmaBf16M64N256(float (&d)[32][4], uint64_t a, uint64_t b) {
+  ::tandem::cuda_emu::warpgroupMma(&d[0][0], 256, a, b);
+}
 inline void wgmmaCommit() { ::tandem::cuda_emu::warpgroupCommit(); }
 template <int kPending>
 void wgmmaWait() {
   ::tandem::cuda_emu::warpgroupWait(kPending);
 }
-inline void wgmmaFenceRegisters(float (&)[16][4]) {}
+template <int kBlocks>
+void wgmmaFenceRegisters(float (&)[kBlocks][4]) {}
 
 inline uint4 loadStreaming(const uint4* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {

@@ -143,4 +143,14 @@ TEST_F(BenchEngineTest, RefusesBf16GemmConfigsWithoutCudaAndBf16Compute) {
   EXPECT_TRUE(run.report.is_null());
 }
 
+// So is running the whole bench with one of them.
+TEST_F(BenchEngineTest, RefusesABf16GemmConfigWithoutCudaAndBf16Compute) {
+  const BenchRun run = bench("--bf16-gemm-config 4 --compute-dtype bf16");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--bf16-gemm-config: only with --device cuda and --compute-dtype bf16"),
+            std::string::npos)
+      << run.err;
+  EXPECT_TRUE(run.report.is_null());
+}
+
 }  // namespace

@@ -38,6 +38,10 @@ struct EngineBenchOptions {
   // each of the bf16 GEMM's configurations (CudaBackendOptions::
   // bf16_gemm_config), side by side, their outputs compared bit for bit.
   bool bf16_gemm_configs = false;
+  // CUDA, bf16 compute: the whole run with this bf16 GEMM configuration
+  // (CudaBackendOptions::bf16_gemm_config; the prefill's GEMMs above 256
+  // rows), e.g. the fastest that --bf16-gemm-configs found with the same bits.
+  int bf16_gemm_config = 0;
 };
 
 int runEngineBench(const EngineBenchOptions& options);

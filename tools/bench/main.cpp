@@ -63,6 +63,12 @@ int main(int argc, char** argv) {
   engine->add_flag("--bf16-gemm-configs", options.bf16_gemm_configs,
                    "also time layer 0's matmuls at --prompt-tokens rows with each bf16 GEMM "
                    "configuration, side by side (CUDA, bf16 compute; the same bits in each)");
+  engine
+      ->add_option("--bf16-gemm-config", options.bf16_gemm_config,
+                   "the bf16 GEMM configuration of the whole run (CUDA, bf16 compute; 0 the "
+                   "serving one, 1-5 for measuring: docs/cuda.md)")
+      ->check(CLI::Range(0, 5))
+      ->capture_default_str();
   engine->add_flag("--unordered-decode", options.unordered_decode,
                    "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
                    "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");
