@@ -214,18 +214,23 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
 
 }  // namespace
 
-std::unique_ptr<KvConnector> withFaultInjection(std::unique_ptr<KvConnector> inner, bool enabled,
-                                                int64_t block_size) {
-  auto faults = FaultInjection::parse(inner->config().extra);
+FaultInjection checkFaultInjection(const nlohmann::json& extra, bool enabled) {
+  auto faults = FaultInjection::parse(extra);
   if (!faults.isOk()) throw Error(faults.status().message());
-  if (!faults->any()) return inner;
-  if (!enabled) {
+  if (faults->any() && !enabled) {
     throw Error(
         "kv_connector_extra_config.fault_injection is for tests and is refused unless the "
         "agent is started with --enable-fault-injection");
   }
+  return *faults;
+}
+
+std::unique_ptr<KvConnector> withFaultInjection(std::unique_ptr<KvConnector> inner, bool enabled,
+                                                int64_t block_size) {
+  const FaultInjection faults = checkFaultInjection(inner->config().extra, enabled);
+  if (!faults.any()) return inner;
   TANDEM_LOG(kWarn) << "KV fault injection is on: " << inner->config().extra["fault_injection"];
-  return std::make_unique<FaultInjectingConnector>(std::move(inner), *faults, block_size);
+  return std::make_unique<FaultInjectingConnector>(std::move(inner), faults, block_size);
 }
 
 }  // namespace tandem::kv

@@ -55,10 +55,16 @@ struct FaultInjection {
   static StatusOr<FaultInjection> parse(const nlohmann::json& extra);
 };
 
+// The faults a connector's extra config asks for; throws tandem::Error when
+// fault_injection is malformed, or configured while `enabled`
+// (--enable-fault-injection) is false. `tandem-agent serve` calls it before
+// it allocates anything (a refusal comes at once, not after a KV slab of
+// gigabytes is set up); withFaultInjection calls it again.
+FaultInjection checkFaultInjection(const nlohmann::json& extra, bool enabled);
+
 // Wraps `inner` (over a KV cache of `block_size` tokens per block) with the
-// configured faults; throws tandem::Error when
-// fault_injection is configured and `enabled` (--enable-fault-injection) is
-// false, or when it is malformed. Returns `inner` untouched without faults.
+// configured faults; throws as checkFaultInjection does. Returns `inner`
+// untouched without faults.
 std::unique_ptr<KvConnector> withFaultInjection(std::unique_ptr<KvConnector> inner, bool enabled,
                                                 int64_t block_size);
 

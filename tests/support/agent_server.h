@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -55,6 +56,20 @@ inline const fs::path& smallModelDir() {
   return path;
 }
 
+// A tiny-model test agent's KV cache, unless its flags (`extra`) size it:
+// 64 MiB (16,384 blocks) in place of the default 1 GiB, which UCX allocates
+// as a shared-memory slab and zeroes, costing seconds of page faults at
+// every start on the test machines; no test needs that many blocks.
+inline void sizeTinyAgentKv(std::vector<std::string>& argv, const std::vector<std::string>& extra,
+                            const fs::path& model) {
+  const bool sized = std::any_of(extra.begin(), extra.end(), [](const std::string& arg) {
+    return arg == "--kv-cache-memory" || arg == "--num-blocks" || arg == "--config";
+  });
+  if (model != tinyModelDir() || sized) return;
+  argv.push_back("--kv-cache-memory");
+  argv.push_back("64MiB");
+}
+
 // A running `tandem-agent serve` on a free port; `env` is set in its
 // environment only (e.g. its TZ); `global` options go before `serve` (as
 // the operator writes `--threads`).
@@ -71,6 +86,7 @@ class Agent {
       argv.push_back(arg);
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
+    sizeTinyAgentKv(argv, extra, model);
     process_ = std::make_unique<ChildProcess>(argv, logs_.path() / "stderr", env);
     std::string line = process_->waitForLine("listening on ", std::chrono::seconds(60));
     if (line.empty()) throw std::runtime_error("agent did not start: " + process_->stderrText());

@@ -42,6 +42,7 @@ inline std::unique_ptr<ChildProcess> startOnAllAddresses(const std::filesystem::
                                    "--kv-transfer-config",
                                    kv_config};
   argv.insert(argv.end(), extra.begin(), extra.end());
+  sizeTinyAgentKv(argv, extra, tinyModelDir());
   return std::make_unique<ChildProcess>(argv, logs / "stderr");
 }
 
