@@ -26,19 +26,28 @@ class InstructionsTest : public ::testing::Test {
   }
 };
 
-// Small integers: every product and sum is exact in fp32, so the tensor
-// cores' result has one right answer, whatever order they add in.
+// Operands of small integers (and halves in c): every product and sum is
+// exact in fp32, so the tensor cores' result has one right answer, whatever
+// order they add in. a and b also as bf16 bits.
+struct ExactOperands {
+  ExactOperands(size_t a_count, size_t b_count, size_t c_count, unsigned seed)
+      : a(a_count), b(b_count), c(c_count), a_bits(a_count), b_bits(b_count) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> small(-8, 8);
+    for (float& x : a) x = static_cast<float>(small(rng));
+    for (float& x : b) x = static_cast<float>(small(rng));
+    for (float& x : c) x = static_cast<float>(small(rng)) * 0.5f;
+    for (size_t i = 0; i < a.size(); ++i) a_bits[i] = f32ToBf16(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) b_bits[i] = f32ToBf16(b[i]);
+  }
+  std::vector<float> a, b, c;
+  std::vector<uint16_t> a_bits, b_bits;
+};
+
 TEST_F(InstructionsTest, MmaComputesTheMatrixProductInPtxFragmentLayout) {
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> small(-8, 8);
-  std::vector<float> a(16 * 16), b(16 * 8), c(16 * 8);
-  for (float& x : a) x = static_cast<float>(small(rng));
-  for (float& x : b) x = static_cast<float>(small(rng));
-  for (float& x : c) x = static_cast<float>(small(rng)) * 0.5f;
-  std::vector<uint16_t> a_bits(a.size()), b_bits(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a_bits[i] = f32ToBf16(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b_bits[i] = f32ToBf16(b[i]);
-  const std::vector<float> d = mma(a_bits, b_bits, c);
+  const ExactOperands o(16 * 16, 16 * 8, 16 * 8, 7);
+  const std::vector<float>&a = o.a, &b = o.b, &c = o.c;
+  const std::vector<float> d = mma(o.a_bits, o.b_bits, c);
   ASSERT_EQ(d.size(), 16u * 8u);
   for (int i = 0; i < 16; ++i) {
     for (int j = 0; j < 8; ++j) {
@@ -56,16 +65,9 @@ TEST_F(InstructionsTest, WarpgroupMmaReadsCoreMatricesAndFillsTheDocumentedRegis
   if (!wgmmaAvailable()) {
     GTEST_SKIP() << "wgmma needs compute capability 9.0 and a build for sm_90a";
   }
-  std::mt19937 rng(8);
-  std::uniform_int_distribution<int> small(-8, 8);
-  std::vector<float> a(64 * 16), b(128 * 16), c(64 * 128);
-  for (float& x : a) x = static_cast<float>(small(rng));
-  for (float& x : b) x = static_cast<float>(small(rng));
-  for (float& x : c) x = static_cast<float>(small(rng)) * 0.5f;
-  std::vector<uint16_t> a_bits(a.size()), b_bits(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a_bits[i] = f32ToBf16(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b_bits[i] = f32ToBf16(b[i]);
-  const std::vector<float> d = warpgroupMma(a_bits, b_bits, c);
+  const ExactOperands o(64 * 16, 128 * 16, 64 * 128, 8);
+  const std::vector<float>&a = o.a, &b = o.b, &c = o.c;
+  const std::vector<float> d = warpgroupMma(o.a_bits, o.b_bits, c);
   ASSERT_EQ(d.size(), 64u * 128u);
   int wrong = 0;
   for (int i = 0; i < 64; ++i) {
