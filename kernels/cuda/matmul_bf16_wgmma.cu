@@ -61,6 +61,9 @@ template <int kTileNValue, bool kOverlapValue>
 struct Shape {
   static constexpr int kTileN = kTileNValue;
   static constexpr bool kOverlap = kOverlapValue;
+  // Blocks per SM the registers must leave room for (shared memory allows
+  // two of 96 KB, one of 144 KB).
+  static constexpr int kMinBlocks = kTileN == 128 ? 2 : 1;
   static constexpr int kBRowGroups = kTileN / 8;
   static constexpr int kBTileBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
@@ -135,7 +138,7 @@ __device__ __forceinline__ void multiply(float (&acc)[S::kTileN / 8][4], const u
 }
 
 template <typename S>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     bf16WgmmaKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
                     const uint16_t* __restrict__ w, int64_t n, MatmulEpilogue out) {
   extern __shared__ __align__(128) uint8_t stages[];
