@@ -59,11 +59,15 @@ inline const fs::path& smallModelDir() {
 // A tiny-model test agent's KV cache, unless its flags (`extra`) size it:
 // 64 MiB (16,384 blocks) in place of the default 1 GiB, which UCX allocates
 // as a shared-memory slab and zeroes, costing seconds of page faults at
-// every start on the test machines; no test needs that many blocks.
+// every start on the test machines; no test needs that many blocks. A
+// simulated agent (--simulate) keeps the default: its blocks are the
+// profile's (2 MiB in the tests' profiles), and its slab is never UCX
+// memory (serve_command.cpp resolveKvBuffers).
 inline void sizeTinyAgentKv(std::vector<std::string>& argv, const std::vector<std::string>& extra,
                             const fs::path& model) {
   const bool sized = std::any_of(extra.begin(), extra.end(), [](const std::string& arg) {
-    return arg == "--kv-cache-memory" || arg == "--num-blocks" || arg == "--config";
+    return arg == "--kv-cache-memory" || arg == "--num-blocks" || arg == "--config" ||
+           arg == "--simulate";
   });
   if (model != tinyModelDir() || sized) return;
   argv.push_back("--kv-cache-memory");
