@@ -82,6 +82,34 @@ struct WarpgroupMma {
   uint64_t b = 0;
 };
 
+// A thread's asynchronous operations of one kind (cp.async, wgmma) in
+// commit groups: those issued since the last commit, then the committed
+// groups, oldest first.
+template <typename Operation>
+struct CommitGroups {
+  std::vector<Operation> open;
+  std::deque<std::vector<Operation>> committed;
+
+  void commit() {
+    committed.push_back(std::move(open));
+    open.clear();
+  }
+  // Completes (`done` on each, in issue order) the oldest groups until at
+  // most `pending` are left.
+  template <typename Done>
+  void wait(int pending, Done done) {
+    while (committed.size() > static_cast<size_t>(pending)) {
+      for (const Operation& operation : committed.front()) done(operation);
+      committed.pop_front();
+    }
+  }
+  bool empty() const { return open.empty() && committed.empty(); }
+  void clear() {
+    open.clear();
+    committed.clear();
+  }
+};
+
 struct Fiber {
   Context context;
   void* stack = nullptr;
@@ -89,10 +117,8 @@ struct Fiber {
   int warp = 0;
   int lane = 0;
   Wait wait = Wait::kRunning;
-  std::vector<Copy> open;                // cp.async issued since the last commit
-  std::deque<std::vector<Copy>> groups;  // committed, oldest first
-  std::vector<WarpgroupMma> mma_open;    // wgmma issued since the last commit
-  std::deque<std::vector<WarpgroupMma>> mma_groups;
+  CommitGroups<Copy> copies;        // cp.async
+  CommitGroups<WarpgroupMma> mmas;  // wgmma
 };
 
 struct Warp {
@@ -218,9 +244,8 @@ void threadMain() {
   block.run_thread(block.call);
   Fiber& fiber = *block.running;
   fiber.wait = Wait::kDone;
-  fiber.open.clear();
-  fiber.groups.clear();  // copies never waited for land nowhere observable
-  if (!fiber.mma_open.empty() || !fiber.mma_groups.empty()) {
+  fiber.copies.clear();  // copies never waited for land nowhere observable
+  if (!fiber.mmas.empty()) {
     fault("thread %u of block (%u, %u, %u) exited with wgmma not waited for", fiber.index.thread.x,
           fiber.index.block.x, fiber.index.block.y, fiber.index.block.z);
   }
@@ -464,22 +489,18 @@ void asyncCopy(void* dst, const void* src, size_t bytes, size_t src_bytes) {
   if (g_block->descending) {
     landCopy({dst, src, bytes, src_bytes});
   } else {
-    fiber.open.push_back({dst, src, bytes, src_bytes});
+    fiber.copies.open.push_back({dst, src, bytes, src_bytes});
   }
 }
 
 void asyncCommit() {
   Fiber& fiber = current();
-  fiber.groups.push_back(std::move(fiber.open));
-  fiber.open.clear();
+  fiber.copies.commit();
 }
 
 void asyncWait(int pending_groups) {
   Fiber& fiber = current();
-  while (fiber.groups.size() > static_cast<size_t>(pending_groups)) {
-    for (const Copy& copy : fiber.groups.front()) landCopy(copy);
-    fiber.groups.pop_front();
-  }
+  fiber.copies.wait(pending_groups, landCopy);
 }
 
 void sharedVariable(void* object, size_t bytes) {
@@ -670,22 +691,18 @@ void warpgroupMma(float* d, int n, uint64_t a, uint64_t b) {
   if (!g_block->descending) {
     multiplyWarpgroup(fiber, mma);
   } else {
-    fiber.mma_open.push_back(mma);
+    fiber.mmas.open.push_back(mma);
   }
 }
 
 void warpgroupCommit() {
   Fiber& fiber = current();
-  fiber.mma_groups.push_back(std::move(fiber.mma_open));
-  fiber.mma_open.clear();
+  fiber.mmas.commit();
 }
 
 void warpgroupWait(int pending_groups) {
   Fiber& fiber = current();
-  while (fiber.mma_groups.size() > static_cast<size_t>(pending_groups)) {
-    for (const WarpgroupMma& mma : fiber.mma_groups.front()) multiplyWarpgroup(fiber, mma);
-    fiber.mma_groups.pop_front();
-  }
+  fiber.mmas.wait(pending_groups, [&](const WarpgroupMma& mma) { multiplyWarpgroup(fiber, mma); });
 }
 
 }  // namespace tandem::cuda_emu

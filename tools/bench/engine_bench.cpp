@@ -290,9 +290,12 @@ int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
   const kernels::DeviceKind device = kernels::resolveDevice(options.device);
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
-  if (options.bf16_gemm_config != 0 &&
-      (device != kernels::DeviceKind::kCuda || compute != DType::kBF16)) {
-    throw Error("--bf16-gemm-config: only with --device cuda and --compute-dtype bf16");
+  // The bf16 GEMM configurations are the CUDA backend's bf16 kernels.
+  for (const auto& [used, flag] : {std::pair{options.bf16_gemm_config != 0, "--bf16-gemm-config"},
+                                   std::pair{options.bf16_gemm_configs, "--bf16-gemm-configs"}}) {
+    if (used && (device != kernels::DeviceKind::kCuda || compute != DType::kBF16)) {
+      throw Error(std::string(flag) + ": only with --device cuda and --compute-dtype bf16");
+    }
   }
   std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
       device,
@@ -305,10 +308,6 @@ int runEngineBench(const EngineBenchOptions& options) {
         "--unordered-decode: only with --compute-dtype bf16 (it replaces the bf16 decode matmul)");
   }
   backend->setComputeDType(compute);
-  if (options.bf16_gemm_configs &&
-      (device != kernels::DeviceKind::kCuda || compute != DType::kBF16)) {
-    throw Error("--bf16-gemm-configs: only with --device cuda and --compute-dtype bf16");
-  }
   auto model = engine::Model::load(options.model_dir);
   const auto& config = model->config();
   if (options.prompt_tokens + options.decode_tokens > config.max_position_embeddings) {
