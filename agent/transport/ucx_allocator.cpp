@@ -1,5 +1,6 @@
 #include "agent/transport/ucx_allocator.h"
 
+#include <sys/mman.h>
 #include <ucp/api/ucp.h>
 
 #include <cstring>
@@ -13,6 +14,13 @@ extern "C" void AnnotateBenignRaceSized(const char* file, int line, const volati
 #endif
 
 namespace tandem::transport {
+namespace {
+
+// Faults in [data, data + bytes) for writing, as a write to each page would,
+// without writing: false where the kernel cannot (before 5.14: EINVAL).
+bool populate(void* data, size_t bytes) { return ::madvise(data, bytes, MADV_POPULATE_WRITE) == 0; }
+
+}  // namespace
 
 UcxSlabAllocator::UcxSlabAllocator(std::shared_ptr<UcxContext> context)
     : context_(std::move(context)) {
@@ -95,9 +103,15 @@ void* UcxSlabAllocator::allocate(size_t bytes) {
   memory_ = memory;
   base_ = static_cast<uint8_t*>(attr.address);
   bytes_ = bytes;
-  // Not every UCX allocation method hands out zeroed memory (device memory
-  // came zero-filled from the backend).
-  if (device_memory == nullptr) std::memset(base_, 0, bytes_);
+  // Device memory came zero-filled from the backend. Host memory is
+  // committed now, so that a slab the machine cannot hold fails at start
+  // rather than mid-serving: memory fresh from the kernel is already zero,
+  // and MADV_POPULATE_WRITE (Linux 5.14) commits its pages without writing
+  // them again, an order of magnitude faster than memset over shared memory
+  // (docs/kv-transfer.md); other memory is zeroed.
+  if (device_memory == nullptr && !(context_->allocationsAreFresh() && populate(base_, bytes_))) {
+    std::memset(base_, 0, bytes_);
+  }
 #if defined(__SANITIZE_THREAD__)
   // Over TCP the progress thread copies slab bytes out for a reader in
   // another process, ordered after the writer by messages through that

@@ -40,7 +40,7 @@ class UcxSlabAllocator : public engine::KvSlabAllocator {
   UcxSlabAllocator(const UcxSlabAllocator&) = delete;
   UcxSlabAllocator& operator=(const UcxSlabAllocator&) = delete;
 
-  // Zero-filled, page-aligned memory from ucp_mem_map(ALLOCATE), or nullptr
+  // Zero-filled, committed, page-aligned memory from ucp_mem_map(ALLOCATE), or nullptr
   // (with a log line saying why).
   void* allocate(size_t bytes) override;
   void release(void* data, size_t bytes) override;

@@ -24,6 +24,13 @@ constexpr int kMaxSleepMs = 100;
 // How long closing an endpoint (and draining what a forced close cancels)
 // may take before its bookkeeping is parked until the worker is destroyed.
 constexpr auto kCloseWait = std::chrono::seconds(5);
+// UCX's default allocation order (1.13: md:sysv,md:posix,huge,thp,md:*,mmap,
+// heap) less the methods that can return recycled memory: "thp" and "heap"
+// are posix_memalign, and "md:*" may name a domain whose allocator is not
+// the kernel's. What is left is shared memory (System V or POSIX, a new
+// segment each time), huge pages (a new System V segment) or an anonymous
+// mmap: every page zero-filled by the kernel on first touch.
+constexpr const char* kFreshAllocationMethods = "md:sysv,md:posix,huge,mmap";
 
 // Whether UCX_TLS lets UCX pick a shared-memory transport (so that setting
 // their options does not draw UCX's "unused variable" warning).
@@ -180,15 +187,18 @@ UcxContext::UcxContext(const UcxContextOptions& options) : options_(options) {
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) throw Error("cannot read the UCX configuration: " + ucxError(status));
     // Keepalive is what notices a dead peer whose memory stays mapped here.
+    // True when this context set the value.
     auto setDefault = [config](const char* name, const std::string& value) {
-      if (std::getenv(("UCX_" + std::string(name)).c_str()) != nullptr) return;
+      if (std::getenv(("UCX_" + std::string(name)).c_str()) != nullptr) return false;
       ucs_status_t modified = ucp_config_modify(config, name, value.c_str());
       if (modified != UCS_OK) {
         TANDEM_LOG(kWarn) << "cannot set UCX_" << name << "=" << value << ": "
                           << ucxError(modified);
       }
+      return modified == UCS_OK;
     };
     setDefault("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval.count()) + "ms");
+    fresh_allocations_ = setDefault("ALLOC_PRIO", kFreshAllocationMethods);
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

@@ -166,6 +166,13 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   const std::vector<std::string>& memoryTypes() const { return memory_types_; }
   bool supportsCudaMemory() const { return supports_cuda_; }
 
+  // Whether ucp_mem_map(ALLOCATE) hands out memory fresh from the kernel
+  // (zero-filled pages, not yet touched): true when this context chose the
+  // allocation methods (kFreshAllocationMethods, UCX_ALLOC_PRIO unset), false
+  // when the environment chose them (they may include "heap" or "thp",
+  // which recycle malloc'd memory). Fixed at create(); any thread.
+  bool allocationsAreFresh() const { return fresh_allocations_; }
+
  private:
   friend class UcxPeer;
   friend class UcxSlabAllocator;
@@ -196,6 +203,7 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   std::string worker_address_;
   std::vector<std::string> memory_types_;
   bool supports_cuda_ = false;
+  bool fresh_allocations_ = false;
 
   std::thread progress_thread_;
   std::atomic<std::thread::id> progress_thread_id_;

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -427,7 +428,11 @@ TEST(RemoteSlabTest, ParseSaysWhatIsWrong) {
 
 TEST(UcxSlabAllocatorTest, GivesZeroedRegisteredMemoryOneSlabAtATime) {
   ASSERT_EQ(::setenv("UCX_TLS", "sm", 1), 0);
+  ASSERT_EQ(::unsetenv("UCX_ALLOC_PRIO"), 0);
   auto context = UcxContext::create();
+  // The context chose the allocation methods: the slab is committed, not
+  // written.
+  EXPECT_TRUE(context->allocationsAreFresh());
   UcxSlabAllocator allocator(context);
   EXPECT_EQ(allocator.localSlab(4096).status().code(), StatusCode::kFailedPrecondition);
   constexpr size_t kBytes = 10 * 4096 + 100;
@@ -446,6 +451,28 @@ TEST(UcxSlabAllocatorTest, GivesZeroedRegisteredMemoryOneSlabAtATime) {
   EXPECT_EQ(allocator.remoteSlab(kBytes + 1).status().code(), StatusCode::kInvalidArgument);
   allocator.release(data, kBytes);
   EXPECT_EQ(allocator.base(), nullptr);
+}
+
+TEST(UcxSlabAllocatorTest, ZeroesMemoryFromMethodsTheEnvironmentChose) {
+  ASSERT_EQ(::setenv("UCX_TLS", "sm", 1), 0);
+  // "heap" is posix_memalign: it may hand back memory freed just before.
+  ASSERT_EQ(::setenv("UCX_ALLOC_PRIO", "heap", 1), 0);
+  auto context = UcxContext::create();
+  ASSERT_EQ(::unsetenv("UCX_ALLOC_PRIO"), 0);
+  EXPECT_FALSE(context->allocationsAreFresh());
+  constexpr size_t kBytes = 6 * 4096;
+  for (int round = 0; round < 4; ++round) {
+    void* dirty = nullptr;
+    ASSERT_EQ(::posix_memalign(&dirty, 64, kBytes), 0);
+    std::memset(dirty, 0xAB, kBytes);
+    std::free(dirty);
+    UcxSlabAllocator allocator(context);
+    auto* data = static_cast<uint8_t*>(allocator.allocate(kBytes));
+    ASSERT_NE(data, nullptr);
+    for (size_t i = 0; i < kBytes; ++i)
+      ASSERT_EQ(data[i], 0) << "round " << round << ", byte " << i;
+    allocator.release(data, kBytes);
+  }
 }
 
 TEST(UcxSlabAllocatorTest, SuppliesTheKvCacheSlab) {
