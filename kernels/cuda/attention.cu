@@ -357,9 +357,11 @@ __global__ void __launch_bounds__(kSplitThreads)
 // 16, or where the batch's previous row is not the same sequence's previous
 // position), one KV head and one 256-position split; warp h is the group's
 // head h, its mma rows the tile's rows. The split's positions go through
-// shared memory 64 at a time (16-byte loads, zero past the last position any
-// row of the block attends to, so a stale NaN is never multiplied); per
-// tile, for each row:
+// shared memory 64 at a time (16-byte cp.async copies, zero past the last
+// position any row of the block attends to, so a stale NaN is never
+// multiplied; the next tile's K lands while this tile's softmax and outputs
+// run, its V while the next scores run); mma B fragments come by ldmatrix,
+// K's as stored and V's transposed (.trans). Per tile, for each row:
 //  - scores: one m16n8k16 bf16 mma chain per (row, position) over head_dim
 //    in ascending 16-wide slices from +0 (q rounded to bf16, nearest even),
 //    times `scale`; a position past the row's own, or past the split, is
@@ -430,6 +432,8 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int quad_row = lane / 4;  // fragment row (A, C) or column (B)
   const int quad = lane % 4;      // fragment k pair (A, B) or column pair (C)
+  const int matrix = lane / 8;    // the ldmatrix matrix this lane addresses a row of
+  const int matrix_row = lane % 8;
   const int64_t head = kv_head * group + warp;
 
   // The warp's q rows as A fragments (rows past the tile are zeros), and
@@ -466,22 +470,32 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     for (int e = 0; e < 4; ++e) o[t][e] = 0.0f;
   }
 
-  for (int64_t t0 = start; t0 < end; t0 += kFlashPositions) {
-    __syncthreads();  // the previous tile's readers are done
-    for (int i = static_cast<int>(threadIdx.x); i < kFlashPositions * kVectors;
-         i += static_cast<int>(blockDim.x)) {
-      const int p = i / kVectors;
-      const int v = i % kVectors;
-      uint4 key = make_uint4(0, 0, 0, 0), value = key;
-      if (t0 + p < end) {
-        key = reinterpret_cast<const uint4*>(
-            cacheRow<Bf16Elements>(g, table, t0 + p, g.k_offset + kv_head * kHeadDim))[v];
-        value = reinterpret_cast<const uint4*>(
-            cacheRow<Bf16Elements>(g, table, t0 + p, g.v_offset + kv_head * kHeadDim))[v];
+  // One tile's K (or V) rows into `tile` by 16-byte cp.async, zeros past
+  // `end`; committed as one group whether or not it copied anything, so
+  // every thread's groups are K, V, K, V, ... in tile order.
+  auto copyTile = [&](uint16_t(*tile)[kStride], int64_t t0, int64_t offset, bool copy) {
+    if (copy) {
+      for (int i = static_cast<int>(threadIdx.x); i < kFlashPositions * kVectors;
+           i += static_cast<int>(blockDim.x)) {
+        const int p = i / kVectors;
+        const int v = i % kVectors;
+        const bool valid = t0 + p < end;
+        const uint16_t* row = cacheRow<Bf16Elements>(g, table, valid ? t0 + p : start, offset);
+        copyAsync16(&tile[p][v * 8], row + v * 8, valid);
       }
-      *reinterpret_cast<uint4*>(&k_tile[p][v * 8]) = key;
-      *reinterpret_cast<uint4*>(&v_tile[p][v * 8]) = value;
     }
+    commitCopies();
+  };
+  const int64_t k_offset = g.k_offset + kv_head * kHeadDim;
+  const int64_t v_offset = g.v_offset + kv_head * kHeadDim;
+  copyTile(k_tile, start, k_offset, true);
+  copyTile(v_tile, start, v_offset, true);
+
+  // The next tile's K lands while this one's softmax and outputs run, its V
+  // while the next scores run.
+  for (int64_t t0 = start; t0 < end; t0 += kFlashPositions) {
+    const bool more = t0 + kFlashPositions < end;
+    waitCopies<1>();  // this tile's K (its V may still be in flight)
     __syncthreads();
 
     // Scores: position tile j holds positions t0 + 8j .. t0 + 8j + 7.
@@ -493,15 +507,18 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     }
 #pragma unroll
     for (int slice = 0; slice < kSlices; ++slice) {
-      const int kb = slice * 16 + quad * 2;
 #pragma unroll
-      for (int j = 0; j < kPositionTiles; ++j) {
-        const uint16_t* key = k_tile[j * 8 + quad_row];
-        const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(key + kb),
-                               *reinterpret_cast<const uint32_t*>(key + kb + 8)};
+      for (int j = 0; j < kPositionTiles; j += 2) {
+        // Matrix i: positions of tile j + i / 2, dims slice·16 + 8 (i % 2).
+        uint32_t b[4];
+        loadMatrices(b, &k_tile[(j + matrix / 2) * 8 + matrix_row][slice * 16 + (matrix % 2) * 8]);
         mmaBf16(s[j], qa[slice], b);
+        mmaBf16(s[j + 1], qa[slice], b + 2);
       }
     }
+
+    __syncthreads();  // every warp has read k_tile
+    copyTile(k_tile, t0 + kFlashPositions, k_offset, more);
 
     // Per row: mask, max, weights (rounded to bf16), their sum, rescaling.
     uint32_t pa[kFlashPositions / 16][4];
@@ -553,21 +570,25 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
       pa[kk][2] = packBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = packBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    // Outputs: B fragment (k = position, n = d) gathered from V's rows.
+    waitCopies<1>();  // this tile's V (the next K may still be in flight)
+    __syncthreads();
+    // Outputs: B fragments (k = position, n = d) are V's rows transposed.
 #pragma unroll
     for (int kk = 0; kk < kFlashPositions / 16; ++kk) {
-      const int p = kk * 16 + quad * 2;
 #pragma unroll
-      for (int t = 0; t < kDimTiles; ++t) {
-        const int d = t * 8 + quad_row;
-        const uint32_t b[2] = {
-            static_cast<uint32_t>(v_tile[p][d]) | (static_cast<uint32_t>(v_tile[p + 1][d]) << 16),
-            static_cast<uint32_t>(v_tile[p + 8][d]) |
-                (static_cast<uint32_t>(v_tile[p + 9][d]) << 16)};
+      for (int t = 0; t < kDimTiles; t += 2) {
+        // Matrix i: positions kk·16 + 8 (i % 2), dims of tile t + i / 2.
+        uint32_t b[4];
+        loadMatricesTransposed(
+            b, &v_tile[kk * 16 + (matrix % 2) * 8 + matrix_row][(t + matrix / 2) * 8]);
         mmaBf16(o[t], pa[kk], b);
+        mmaBf16(o[t + 1], pa[kk], b + 2);
       }
     }
+    __syncthreads();  // every warp has read v_tile
+    copyTile(v_tile, t0 + kFlashPositions, v_offset, more);
   }
+  waitCopies<0>();  // the last, empty groups
 
   // The split's statistics and outputs of each row that attends into it.
 #pragma unroll

@@ -70,6 +70,16 @@ __device__ __forceinline__ void loadMatrices(uint32_t r[4], const uint16_t* p) {
                : "r"(sharedAddress(p)));
 }
 
+// ldmatrix .x4 .trans: the same four matrices, each transposed: r[i] is
+// this lane's (rows 2 · (lane % 4)..+1, column lane / 4) of matrix i, the
+// lower row in the low half. What an mma's B fragment needs from a tile
+// stored k-row by k-row (e.g. V, position by position).
+__device__ __forceinline__ void loadMatricesTransposed(uint32_t r[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sharedAddress(p)));
+}
+
 // 16 bytes of a stream read once, not kept in L1.
 __device__ __forceinline__ uint4 loadStreaming(const uint4* p) {
   uint4 v;

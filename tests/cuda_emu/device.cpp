@@ -597,25 +597,41 @@ void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]) {
       "mma.sync.m16n8k16");
 }
 
-void loadMatrixX4(uint32_t r[4], const uint16_t* row_address) {
-  warpExchange(
-      &row_address, sizeof(row_address), r, 4 * sizeof(uint32_t),
-      [](const void* inputs, void* outputs, int warp_lanes) {
-        if (warp_lanes != kWarpSize) fault("ldmatrix in a warp of %d lanes", warp_lanes);
-        const auto* rows = static_cast<const uint16_t* const*>(inputs);
-        auto* words = static_cast<uint32_t*>(outputs);
-        for (int lane = 0; lane < kWarpSize; ++lane) {
-          for (int matrix = 0; matrix < 4; ++matrix) {
-            const uint16_t* row = rows[matrix * 8 + lane / 4];
-            if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-              fault("ldmatrix row address %p is not 16-byte aligned",
-                    static_cast<const void*>(row));
-            }
-            std::memcpy(&words[lane * 4 + matrix], row + 2 * (lane % 4), 4);
-          }
-        }
-      },
-      "ldmatrix.x4");
+namespace {
+
+// ldmatrix.x4's lanes: lanes 8i..8i+7 give the rows of matrix i.
+template <bool kTransposed>
+void loadMatrixLanes(const void* inputs, void* outputs, int warp_lanes) {
+  if (warp_lanes != kWarpSize) fault("ldmatrix in a warp of %d lanes", warp_lanes);
+  const auto* rows = static_cast<const uint16_t* const*>(inputs);
+  for (int i = 0; i < kWarpSize; ++i) {
+    if (reinterpret_cast<uintptr_t>(rows[i]) % 16 != 0) {
+      fault("ldmatrix row address %p is not 16-byte aligned", static_cast<const void*>(rows[i]));
+    }
+  }
+  auto* words = static_cast<uint32_t*>(outputs);
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    for (int matrix = 0; matrix < 4; ++matrix) {
+      const uint16_t* const* matrix_rows = rows + matrix * 8;
+      uint16_t low = 0, high = 0;
+      if (kTransposed) {  // column lane / 4 of rows 2 (lane % 4) and the next
+        low = matrix_rows[2 * (lane % 4)][lane / 4];
+        high = matrix_rows[2 * (lane % 4) + 1][lane / 4];
+      } else {  // row lane / 4, columns 2 (lane % 4) and the next
+        low = matrix_rows[lane / 4][2 * (lane % 4)];
+        high = matrix_rows[lane / 4][2 * (lane % 4) + 1];
+      }
+      words[lane * 4 + matrix] = static_cast<uint32_t>(low) | (uint32_t{high} << 16);
+    }
+  }
+}
+
+}  // namespace
+
+void loadMatrixX4(uint32_t r[4], const uint16_t* row_address, bool transposed) {
+  warpExchange(&row_address, sizeof(row_address), r, 4 * sizeof(uint32_t),
+               transposed ? &loadMatrixLanes<true> : &loadMatrixLanes<false>,
+               transposed ? "ldmatrix.x4.trans" : "ldmatrix.x4");
 }
 
 uint32_t sharedOffset(const void* p) {

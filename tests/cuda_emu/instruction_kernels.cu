@@ -14,6 +14,7 @@ namespace {
 using kernels::cuda::commitCopies;
 using kernels::cuda::copyAsync16;
 using kernels::cuda::loadMatrices;
+using kernels::cuda::loadMatricesTransposed;
 using kernels::cuda::mmaBf16;
 using kernels::cuda::waitCopies;
 
@@ -72,13 +73,17 @@ __global__ void mmaKernel(const uint16_t* a, const uint16_t* b, const float* c, 
   d[(group + 8) * 8 + 2 * quad + 1] = acc[3];
 }
 
-__global__ void loadMatricesKernel(const uint16_t* tile, uint32_t* out) {
+__global__ void loadMatricesKernel(const uint16_t* tile, bool transposed, uint32_t* out) {
   __shared__ __align__(16) uint16_t shared[32 * 8];
   const int lane = static_cast<int>(threadIdx.x);
   for (int i = 0; i < 8; ++i) shared[lane * 8 + i] = tile[lane * 8 + i];
   __syncwarp();
   uint32_t r[4];
-  loadMatrices(r, shared + lane * 8);
+  if (transposed) {
+    loadMatricesTransposed(r, shared + lane * 8);
+  } else {
+    loadMatrices(r, shared + lane * 8);
+  }
   for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
 
@@ -191,10 +196,10 @@ std::vector<float> warpgroupMma(const std::vector<uint16_t>& a, const std::vecto
   return out;
 }
 
-std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile) {
+std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile, bool transposed) {
   auto* out = deviceBuffer<uint32_t>(128);
   uint16_t* dt = toDevice(tile);
-  loadMatricesKernel<<<1, 32>>>(dt, out);
+  loadMatricesKernel<<<1, 32>>>(dt, transposed, out);
   check(cudaGetLastError(), "loadMatricesKernel");
   auto result = fromDevice(out, 128);
   cudaFree(dt);

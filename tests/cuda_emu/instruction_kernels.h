@@ -28,9 +28,10 @@ bool wgmmaAvailable();
 std::vector<float> warpgroupMma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
                                 const std::vector<float>& c);
 
-// loadMatrices over a 32 x 8 bf16 tile in shared memory (matrix i is rows
-// 8i..8i + 7): out[4 · lane + i] is lane's r[i].
-std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile);
+// loadMatrices (loadMatricesTransposed where `transposed`) over a 32 x 8
+// bf16 tile in shared memory (matrix i is rows 8i..8i + 7): out[4 · lane +
+// i] is lane's r[i].
+std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile, bool transposed);
 
 // out[lane] = __shfl_xor_sync of each lane's own id with `lane_mask`.
 std::vector<int> shuffleXor(int lane_mask);

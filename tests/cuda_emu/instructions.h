@@ -14,8 +14,8 @@ namespace tandem::cuda_emu {
 // fragments. Each product of two bf16 is exact in double; the 16 products
 // and the accumulator are added in double in ascending k and rounded once.
 void mmaM16N8K16Bf16(float acc[4], const uint32_t a[4], const uint32_t b[2]);
-// ldmatrix.sync.aligned.m8n8.x4.shared.b16.
-void loadMatrixX4(uint32_t r[4], const uint16_t* row_address);
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16.
+void loadMatrixX4(uint32_t r[4], const uint16_t* row_address, bool transposed);
 
 }  // namespace tandem::cuda_emu
 
@@ -37,7 +37,11 @@ void waitCopies() {
 }
 
 inline void loadMatrices(uint32_t r[4], const uint16_t* p) {
-  ::tandem::cuda_emu::loadMatrixX4(r, p);
+  ::tandem::cuda_emu::loadMatrixX4(r, p, /*transposed=*/false);
+}
+
+inline void loadMatricesTransposed(uint32_t r[4], const uint16_t* p) {
+  ::tandem::cuda_emu::loadMatrixX4(r, p, /*transposed=*/true);
 }
 
 inline uint32_t sharedAddress(const void* p) { return ::tandem::cuda_emu::sharedOffset(p); }

@@ -86,13 +86,29 @@ TEST_F(InstructionsTest, WarpgroupMmaReadsCoreMatricesAndFillsTheDocumentedRegis
 TEST_F(InstructionsTest, LoadMatricesGivesEachLaneItsRowsColumnPair) {
   std::vector<uint16_t> tile(32 * 8);
   for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<uint16_t>(i * 3 + 1);
-  const std::vector<uint32_t> words = loadMatrices(tile);
+  const std::vector<uint32_t> words = loadMatrices(tile, /*transposed=*/false);
   ASSERT_EQ(words.size(), 128u);
   for (int lane = 0; lane < 32; ++lane) {
     for (int m = 0; m < 4; ++m) {
       const int row = 8 * m + lane / 4, column = 2 * (lane % 4);
       const uint32_t expected = static_cast<uint32_t>(tile[row * 8 + column]) |
                                 (static_cast<uint32_t>(tile[row * 8 + column + 1]) << 16);
+      EXPECT_EQ(expected, words[lane * 4 + m]) << "lane " << lane << ", matrix " << m;
+    }
+  }
+}
+
+// .trans: the lane's register holds a column's pair of rows, lower row low.
+TEST_F(InstructionsTest, LoadMatricesTransposedGivesEachLaneItsColumnsRowPair) {
+  std::vector<uint16_t> tile(32 * 8);
+  for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<uint16_t>(i * 3 + 1);
+  const std::vector<uint32_t> words = loadMatrices(tile, /*transposed=*/true);
+  ASSERT_EQ(words.size(), 128u);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int m = 0; m < 4; ++m) {
+      const int row = 8 * m + 2 * (lane % 4), column = lane / 4;
+      const uint32_t expected = static_cast<uint32_t>(tile[row * 8 + column]) |
+                                (static_cast<uint32_t>(tile[(row + 1) * 8 + column]) << 16);
       EXPECT_EQ(expected, words[lane * 4 + m]) << "lane " << lane << ", matrix " << m;
     }
   }
