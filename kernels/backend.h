@@ -321,9 +321,20 @@ struct BackendOptions {
   // (CudaBackendOptions::fused_launches); nothing elsewhere.
   bool fused_launches = false;
   // The bf16 prefill GEMM's configuration, for measuring (tandem-bench
-  // engine --bf16-gemm-configs): CudaBackendOptions::bf16_gemm_config.
+  // engine --bf16-gemm-configs): CudaBackendOptions::bf16_gemm_config, one
+  // of kBf16GemmConfigs below.
   int bf16_gemm_config = 0;
 };
+
+// The CUDA bf16 prefill GEMM's configurations (BackendOptions::
+// bf16_gemm_config): the pipelined mma.sync kernel's K step and depth
+// (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a). The same mma
+// chain in each; 0 is the one that serves.
+inline constexpr int kBf16GemmConfigs = 6;
+inline constexpr int kBf16GemmWgmma = 4;
+inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
+    "K step 32, 3 stages", "K step 64, 3 stages",        "K step 64, 4 stages",
+    "K step 32, 4 stages", "wgmma 128 x 128, K step 64", "wgmma 128 x 256, K step 64, overlapped"};
 // Throws tandem::Error when the backend cannot be created, and when
 // `cuda_kernels` is kFast or kFlash for a backend other than CUDA (the CPU
 // has none).

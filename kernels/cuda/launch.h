@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/kernels.h"
@@ -100,11 +101,8 @@ void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t
 void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                                   const void* fragments, int64_t n, const MatmulEpilogue& out,
                                   void* x_fragments, int sm_count);
-// `config`: the pipelined kernel's K step and depth, 0 .. 3, or from
-// kBf16GemmWgmma on its wgmma twins (CudaBackendOptions::bf16_gemm_config;
-// the same mma chain in each).
-constexpr int kBf16GemmConfigs = 6;
-constexpr int kBf16GemmWgmma = 4;
+// `config`: one of kernels/backend.h's kBf16GemmConfigs
+// (CudaBackendOptions::bf16_gemm_config).
 // Whether this build holds the wgmma kernel (compiled for sm_90a when the
 // architectures include 90; kernels/CMakeLists.txt).
 bool bf16WgmmaBuilt();

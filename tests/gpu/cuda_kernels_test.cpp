@@ -597,7 +597,7 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     // The pipelined kernel's other configurations (K step 64, four stages:
     // CudaBackendOptions::bf16_gemm_config): the same rows, bit for bit.
     // (The wgmma twins, 4 and 5, have a test of their own below.)
-    for (int config = 1; config < 4; ++config) {
+    for (int config = 1; config < kBf16GemmWgmma; ++config) {
       options.bf16_gemm_config = config;
       configs_.push_back(cuda::makeCudaBackend(0, options));
       Backend& other = *configs_.back();
@@ -668,7 +668,7 @@ TEST_F(CudaFastKernelsTest, Bf16WgmmaRowsEqualTheMmaSyncRows) {
     for (int64_t i = 0; i < n * k; ++i) w_norms[i / k] += double{w32[i]} * w32[i];
     for (double& v : x_norms) v = std::sqrt(v);
     for (double& v : w_norms) v = std::sqrt(v);
-    for (int config = 4; config < 6; ++config) {
+    for (int config = kBf16GemmWgmma; config < kBf16GemmConfigs; ++config) {
       options.bf16_gemm_config = config;
       std::unique_ptr<Backend> made;
       try {

@@ -119,12 +119,8 @@ double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
 // checked here on the outputs), each configuration's layer timed over 10
 // back-to-back calls per matrix (best of `repeats`) after a warm-up.
 nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int repeats) {
-  constexpr int kConfigs = 6;
   constexpr int kCalls = 10;
-  const char* const shapes[kConfigs] = {
-      "K step 32, 3 stages",        "K step 64, 3 stages",
-      "K step 64, 4 stages",        "K step 32, 4 stages",
-      "wgmma 128 x 128, K step 64", "wgmma 128 x 256, K step 64, overlapped"};
+  const auto& shapes = kernels::kBf16GemmConfigShapes;
   double flops = 0.0;
   for (const kernels::WeightView* w : layer.matrices()) {
     flops += 2.0 * static_cast<double>(m) * static_cast<double>(w->rows * w->cols);
@@ -134,7 +130,7 @@ nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int
   double seconds0 = 0.0;
   std::printf("bf16 GEMM configurations (layer 0's matmuls, m = %lld, %d calls each, best of %d)\n",
               static_cast<long long>(m), kCalls, repeats);
-  for (int config = 0; config < kConfigs; ++config) {
+  for (int config = 0; config < kernels::kBf16GemmConfigs; ++config) {
     std::unique_ptr<kernels::Backend> backend;
     try {
       backend = kernels::makeBackend(
@@ -197,9 +193,10 @@ nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int
     const double tflops = flops / seconds / 1e12;
     std::printf("  %d (%s): %9.3f ms per layer, %7.1f TFLOP/s, %5.2fx configuration 0%s\n", config,
                 shapes[config], seconds * 1e3, tflops, seconds0 / seconds,
-                same_bits    ? ""
-                : config < 4 ? ", OUTPUTS DIFFER"
-                             : ", outputs differ (HGMMA rounds a k16 step otherwise than HMMA)");
+                same_bits ? ""
+                : config < kernels::kBf16GemmWgmma
+                    ? ", OUTPUTS DIFFER"
+                    : ", outputs differ (HGMMA rounds a k16 step otherwise than HMMA)");
     rows.push_back({{"config", config},
                     {"shape", shapes[config]},
                     {"layer_ms", seconds * 1e3},

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "kernels/backend.h"
 #include "tools/bench/calibrate_bench.h"
 #include "tools/bench/chaos_bench.h"
 #include "tools/bench/engine_bench.h"
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
       ->add_option("--bf16-gemm-config", options.bf16_gemm_config,
                    "the bf16 GEMM configuration of the whole run (CUDA, bf16 compute; 0 the "
                    "serving one, 1-5 for measuring: docs/cuda.md)")
-      ->check(CLI::Range(0, 5))
+      ->check(CLI::Range(0, tandem::kernels::kBf16GemmConfigs - 1))
       ->capture_default_str();
   engine->add_flag("--unordered-decode", options.unordered_decode,
                    "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
