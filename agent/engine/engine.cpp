@@ -392,9 +392,10 @@ bool Engine::isStopToken(TokenId token, const SamplingParams& params) const {
              params.stop_token_ids.end();
 }
 
-Status Engine::validateResume(const Request& request) const {
+StatusOr<std::unique_ptr<Engine::Live>> Engine::resumedLive(const Request& request) const {
+  auto live = std::make_unique<Live>(*tokenizer_, request);
   const std::vector<TokenId>& resumed = request.resume_output;
-  if (resumed.empty()) return Status::ok();
+  if (resumed.empty()) return live;
   const SamplingParams& params = request.sampling;
   if (static_cast<int64_t>(resumed.size()) >= params.max_tokens) {
     return invalidArgument("resume_output holds " + std::to_string(resumed.size()) +
@@ -402,18 +403,19 @@ Status Engine::validateResume(const Request& request) const {
                            std::to_string(params.max_tokens));
   }
   if (Status known = checkVocabulary(resumed, "resume_output"); !known.isOk()) return known;
-  StopStringMatcher stop(params.stop, params.include_stop_str_in_output);
-  IncrementalDetokenizer detokenizer(*tokenizer_, params.skip_special_tokens);
   for (size_t i = 0; i < resumed.size(); ++i) {
     const TokenId token = resumed[i];
     const bool may_stop = static_cast<int64_t>(i) + 1 > params.min_tokens;
-    if (isStopToken(token, params) || stop.push(detokenizer.push(token), may_stop).stopped) {
+    const StopStringMatcher::Update pushed =
+        live->stop.push(live->detokenizer.push(token), may_stop);
+    if (isStopToken(token, params) || pushed.stopped) {
       return invalidArgument("resume_output ends the request at token " + std::to_string(i) +
                              " (an end-of-sequence or stop token, or a stop string): a finished "
                              "answer has nothing to resume");
     }
+    live->resumed_text += pushed.text;
   }
-  return Status::ok();
+  return live;
 }
 
 Status Engine::addRequest(Request request, OutputCallback callback) {
@@ -431,12 +433,13 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                            " KV blocks, more than the " + std::to_string(cache_->numBlocks()) +
                            " this agent has");
   }
-  if (Status resumed = validateResume(request); !resumed.isOk()) return resumed;
+  StatusOr<std::unique_ptr<Live>> resumed = resumedLive(request);
+  if (!resumed.isOk()) return resumed.status();
+  std::unique_ptr<Live> live = std::move(resumed).value();
   if (request.sampling.prompt_logprobs && simulated_tokens_) {
     return Status(StatusCode::kUnimplemented,
                   "prompt_logprobs are not simulated: a simulated agent computes no logits");
   }
-  std::shared_ptr<structured::CompiledGrammar> grammar;
   if (request.structured_output) {
     if (simulated_tokens_) {
       return Status(StatusCode::kUnimplemented,
@@ -445,18 +448,17 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     }
     auto compiled = compileConstraint(*request.structured_output);
     if (!compiled.isOk()) return compiled.status();
-    grammar = std::move(compiled).value();
-    // A resumed stream's tokens were chosen under the same constraint.
-    structured::Matcher replay(grammar);
+    live->matcher = std::make_unique<structured::Matcher>(std::move(compiled).value());
     // Named by its field, as when it overflows later (emitToken).
-    if (replay.overflowed()) {
+    if (live->matcher->overflowed()) {
       return invalidArgument(request.structured_output_field.empty()
                                  ? std::string(kTooAmbiguous)
                                  : request.structured_output_field + ": " +
                                        std::string(kTooAmbiguous));
     }
+    // A resumed stream's tokens were chosen under the same constraint.
     for (size_t i = 0; i < request.resume_output.size(); ++i) {
-      if (!replay.accept(request.resume_output[i])) {
+      if (!live->matcher->accept(request.resume_output[i])) {
         return invalidArgument("resume_token_ids[" + std::to_string(i) +
                                "] is not allowed by the request's structured output");
       }
@@ -478,10 +480,11 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   }
   known_ids_.emplace(request.id, true);
   if (request.arrival == Clock::time_point{}) request.arrival = Clock::now();
+  live->callback = std::move(callback);
+  live->timings.arrival = request.arrival;
   Pending pending;
   pending.sequence = std::make_unique<Sequence>(std::move(request));
-  pending.callback = std::move(callback);
-  pending.grammar = std::move(grammar);
+  pending.live = std::move(live);
   inbox_.push_back(std::move(pending));
   wake_.notify_one();
   return Status::ok();
@@ -798,22 +801,7 @@ void Engine::drainInbox() {
   }
   for (auto& promise : snapshots) promise.set_value(takeSnapshot());
   for (Pending& pending : inbox) {
-    Sequence* sequence = pending.sequence.get();
-    auto live = std::make_unique<Live>(*tokenizer_, sequence->request);
-    // Resumed output was streamed by the agent it came from: it only sets
-    // the detokenizer and the stop-string matcher where that agent left them.
-    const std::vector<TokenId>& resumed = sequence->request.resume_output;
-    for (size_t i = 0; i < resumed.size(); ++i) {
-      const bool may_stop = static_cast<int64_t>(i) + 1 > sequence->request.sampling.min_tokens;
-      live->resumed_text += live->stop.push(live->detokenizer.push(resumed[i]), may_stop).text;
-    }
-    if (pending.grammar) {
-      live->matcher = std::make_unique<structured::Matcher>(std::move(pending.grammar));
-      for (TokenId token : sequence->request.resume_output) live->matcher->accept(token);
-    }
-    live->callback = std::move(pending.callback);
-    live->timings.arrival = sequence->request.arrival;
-    live_.emplace(sequence, std::move(live));
+    live_.emplace(pending.sequence.get(), std::move(pending.live));
     scheduler_->add(std::move(pending.sequence));
   }
   for (const std::string& id : aborts) {

@@ -281,9 +281,14 @@ class Engine {
   }
 
  private:
-  // Why request.resume_output cannot be resumed (a token outside the
-  // vocabulary, no room left in max_tokens, an ending already in it), or OK.
-  Status validateResume(const Request& request) const;
+  struct Live;  // per-request output state, the engine thread's once queued
+  // The output state of a new request: request.resume_output (streamed by
+  // the agent it came from) replayed through the detokenizer and the stop
+  // strings, so they stand where that agent left them, the replayed text
+  // kept for the first output. InvalidArgument when it cannot be resumed (a
+  // token outside the vocabulary, no room left in max_tokens, an ending
+  // already in it).
+  StatusOr<std::unique_ptr<Live>> resumedLive(const Request& request) const;
   // InvalidArgument "<field> token id N is outside the vocabulary [0, V)" for
   // the first such id of `tokens`, or OK.
   Status checkVocabulary(std::span<const TokenId> tokens, const char* field) const;
@@ -294,10 +299,8 @@ class Engine {
 
   struct Pending {
     std::unique_ptr<Sequence> sequence;
-    OutputCallback callback;
-    std::shared_ptr<structured::CompiledGrammar> grammar;  // structured output; or null
+    std::unique_ptr<Live> live;  // with the callback and (structured) the matcher
   };
-  struct Live;            // per-request output state, engine thread only
   class ConnectorSource;  // ExternalKvSource over the KV connector
 
   void loop();
