@@ -328,6 +328,7 @@ done
 # the workloads of the tandem-bench runs above (read from their --json) and
 # checks Tandem's tokens by the margin rule. Prints both sides and their ratios.
 torch_python="${TORCH_PYTHON:-python3}"
+torch_failed=()
 # The interpreter runs with the machine's own libraries, not the packed ones.
 torch_py() { env -u LD_LIBRARY_PATH -u UCX_MODULE_DIR "${torch_python}" "$@"; }
 if [[ "${TORCH_COMPARE:-1}" == "0" ]]; then
@@ -335,7 +336,6 @@ if [[ "${TORCH_COMPARE:-1}" == "0" ]]; then
 elif ! torch_py -c 'import torch, transformers' >/dev/null 2>&1; then
   echo "== PyTorch comparison skipped: ${torch_python} cannot import torch and transformers"
 else
-  torch_failed=()
   for model in "${models[@]}"; do
     echo "== PyTorch side by side: ${model}"
     agent_log="${json_dir}/agent-${model}.log"
@@ -392,13 +392,29 @@ else
     torch_py "${root}/scripts/torch_compare.py" "${compare[@]}" ||
       torch_failed+=("${model}")
   done
-  if ((${#torch_failed[@]} > 0)); then
-    echo "== PyTorch comparison FAILED for: ${torch_failed[*]}"
-    exit 1
-  fi
 fi
 # ---- end of side by side with PyTorch ------------------------------------------------------
 
+# ---- the figures against their goals (scripts/gpu_goals.py, docs/cuda.md) -----------------
+# One table from the JSON files above: each kernel variant's decode ratios
+# and prefill, the PyTorch ratios and the greedy-token agreement, each
+# against its goal. A family whose checks failed does not count.
+excluded=()
+[[ "${fast_failed}" != "0" ]] && excluded+=(fast)
+[[ "${flash_failed}" != "0" ]] && excluded+=(flash)
+for model in "${models[@]}"; do
+  echo "== goals: ${model}"
+  env -u LD_LIBRARY_PATH python3 "${root}/scripts/gpu_goals.py" "${json_dir}" --model "${model}" \
+    --exclude "$(
+      IFS=,
+      echo "${excluded[*]}"
+    )" || echo "(gpu_goals.py failed; the figures are in ${json_dir})"
+done
+
+if ((${#torch_failed[@]} > 0)); then
+  echo "== PyTorch comparison FAILED for: ${torch_failed[*]}"
+  exit 1
+fi
 if [[ "${reference_failed}" != "0" ]]; then
   echo "== reference kernels: a gpu test or benchmark run FAILED (see above)"
   exit 1

@@ -67,6 +67,11 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
                      r.at("decode_stream_over_read").get<double>() *
                          (1.0 + r.at("decode_kv_bytes_per_step").get<double>() /
                                     r.at("decode_weight_bytes_per_step").get<double>()));
+    // The device figure: the same stream over the backend's copy traffic.
+    EXPECT_DOUBLE_EQ(r.at("decode_total_stream_over_backend_copy_traffic").get<double>(),
+                     r.at("decode_stream_over_backend_copy_traffic").get<double>() *
+                         (1.0 + r.at("decode_kv_bytes_per_step").get<double>() /
+                                    r.at("decode_weight_bytes_per_step").get<double>()));
     // The ceiling is the bf16 dot-product one exactly when bf16 compute can
     // use dot products (AVX-512 BF16 hosts); else the fp32 FMA one.
     const double bf16_peak = r.at("bf16_dot_peak_gflops");
