@@ -36,6 +36,14 @@ k8s::Result<k8s::Done> ApiWriter::remove(const k8s::ResourceType& type, const st
   return result;
 }
 
+k8s::Result<json> ApiWriter::mergePatch(const k8s::ResourceType& type, const std::string& ns,
+                                        const std::string& name, const json& patch) {
+  if (!may_write_()) return notLeader();
+  auto result = client_.mergePatch(type, ns, name, patch);
+  if (result.isOk()) on_write_();
+  return result;
+}
+
 k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, const std::string& ns,
                                              const std::string& name,
                                              const std::function<bool(json&)>& mutate,

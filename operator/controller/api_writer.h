@@ -30,6 +30,9 @@ class ApiWriter {
                                     const nlohmann::json& object);
   k8s::Result<k8s::Done> remove(const k8s::ResourceType& type, const std::string& ns,
                                 const std::string& name);
+  // PATCH application/merge-patch+json.
+  k8s::Result<nlohmann::json> mergePatch(const k8s::ResourceType& type, const std::string& ns,
+                                         const std::string& name, const nlohmann::json& patch);
   // ApiClient::readModifyWrite; `mutate` is not called once leadership is lost.
   k8s::Result<nlohmann::json> readModifyWrite(const k8s::ResourceType& type, const std::string& ns,
                                               const std::string& name,

@@ -1,6 +1,7 @@
 #include "operator/controller/pool_autoscaler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <set>
@@ -100,6 +101,13 @@ std::vector<double> unschedulableSeconds(const std::vector<json>& pods,
   return seconds;
 }
 
+std::string podDeletionCost(double requests) {
+  constexpr double kMax = 2147483647.0;
+  const double clamped =
+      std::isfinite(requests) ? std::clamp(std::round(requests), 0.0, kMax) : 0.0;
+  return std::to_string(static_cast<int64_t>(clamped));
+}
+
 PoolAutoscaler::PoolAutoscaler(
     ApiWriter& writer, EventRecorder& events, std::unique_ptr<PodMetricsSource> source,
     std::function<void(OwnerKind, const std::string&, const std::string&)> on_conditions_changed,
@@ -194,6 +202,9 @@ void PoolAutoscaler::plan(double now_seconds, const AutoscaledPool& input, const
   observation.hpa_present = input.hpa_present;
   const planner::Decision decision =
       pool.planner.decide(observation, pool.window.values(now_seconds, spec->quantile));
+  if (decision.write && decision.desired_replicas < observation.spec_replicas) {
+    setDeletionCosts(ns, ready, pool.window, planner::agentMetricNames(kind));
+  }
   applyDecision(owner, input.kind, decision);
 
   const std::vector<json> conditions = {
@@ -236,6 +247,30 @@ void PoolAutoscaler::applyDecision(const Owner& owner, OwnerKind kind,
                       << owner.name << ": " << decision.event->reason << ": "
                       << decision.event->message;
     events_.record(owner, decision.event->type, decision.event->reason, decision.event->message);
+  }
+}
+
+void PoolAutoscaler::setDeletionCosts(const std::string& ns, const std::vector<json>& pods,
+                                      const planner::MetricWindow& window,
+                                      const planner::MetricNames& names) {
+  for (const json& pod : pods) {
+    const json& metadata = field(pod, "metadata");
+    const std::string name = metadata.value("name", "");
+    const std::optional<double> running = window.latestGauge(name, names.running_sequences);
+    const std::optional<double> waiting = window.latestGauge(name, names.waiting_sequences);
+    if (!running && !waiting) continue;  // never scraped: its annotation is left as it is
+    const std::string cost = podDeletionCost(running.value_or(0) + waiting.value_or(0));
+    const json& annotations = field(metadata, "annotations");
+    const auto existing = annotations.find(kPodDeletionCost);
+    if (existing != annotations.end() && existing->is_string() && *existing == cost) continue;
+    auto written =
+        writer_.mergePatch(k8s::resources::kPods, ns, name,
+                           {{"metadata", {{"annotations", {{kPodDeletionCost, cost}}}}}});
+    if (!written.isOk()) {
+      // The ReplicaSet then ranks this pod by its older cost (or none).
+      TANDEM_LOG(kWarn) << "controller: planner: pod " << ns << "/" << name << ": writing "
+                        << kPodDeletionCost << " failed: " << written.error().toString();
+    }
   }
 }
 

@@ -9,7 +9,10 @@
 //      they cannot be scheduled and for how long (their PodScheduled
 //      condition's lastTransitionTime), and whether an autoscaling/v2
 //      HorizontalPodAutoscaler's scaleTargetRef names the pool;
-//   3. asks the planner for a Decision and applies it: the replicas are
+//   3. asks the planner for a Decision and applies it: before a scale-down,
+//      each ready pod's load (running + waiting requests, from its newest
+//      scrape) is written as its pod-deletion-cost annotation, so the
+//      ReplicaSet removes the least busy agents; the replicas are
 //      written through the pool's scale subresource (as an HPA writes them),
 //      its Event is recorded on the pool, and its ScalingConflict and
 //      ScalingLimited conditions are kept here for the pool's reconcile to
@@ -64,6 +67,14 @@ std::vector<std::string> hpaTargets(const std::vector<nlohmann::json>& hpas);
 std::vector<double> unschedulableSeconds(const std::vector<nlohmann::json>& pods,
                                          std::chrono::system_clock::time_point now);
 
+// The annotation the ReplicaSet controller ranks a Deployment's ready pods
+// by when it scales down: the lowest cost goes first (Kubernetes 1.22+,
+// feature PodDeletionCost, on by default).
+inline constexpr const char* kPodDeletionCost = "controller.kubernetes.io/pod-deletion-cost";
+// The cost written for a pod with `requests` running and waiting: that
+// count, rounded, within the annotation's int32.
+std::string podDeletionCost(double requests);
+
 class PoolAutoscaler {
  public:
   PoolAutoscaler(ApiWriter& writer, EventRecorder& events, std::unique_ptr<PodMetricsSource> source,
@@ -95,6 +106,12 @@ class PoolAutoscaler {
 
   void plan(double now_seconds, const AutoscaledPool& input, const std::string& key);
   void applyDecision(const Owner& owner, OwnerKind kind, const planner::Decision& decision);
+  // Before a scale-down: each of `pods` that `window` has a scrape of gets
+  // its running + waiting requests as its kPodDeletionCost (written only
+  // where it differs), so that the ReplicaSet removes the least busy agents
+  // and the fewest requests are handed over or lost.
+  void setDeletionCosts(const std::string& ns, const std::vector<nlohmann::json>& pods,
+                        const planner::MetricWindow& window, const planner::MetricNames& names);
 
   ApiWriter& writer_;
   EventRecorder& events_;

@@ -169,6 +169,17 @@ Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std:
   return Status::ok();
 }
 
+std::optional<double> MetricWindow::latestGauge(const std::string& pod,
+                                                const std::string& series) const {
+  auto scrapes = pods_.find(pod);
+  if (scrapes == pods_.end() || scrapes->second.empty()) return std::nullopt;
+  // Scrapes are kept in time order (addScrape refuses an older one).
+  const std::map<std::string, double>& gauges = scrapes->second.back().gauges;
+  auto it = gauges.find(series);
+  if (it == gauges.end()) return std::nullopt;
+  return it->second;
+}
+
 WindowedValues MetricWindow::values(double now_seconds, double quantile) const {
   WindowedValues values;
   const double start = now_seconds - window_seconds_;

@@ -98,6 +98,10 @@ class MetricWindow {
   // The values over [now - window, now] with the latency quantile `quantile`.
   WindowedValues values(double now_seconds, double quantile) const;
 
+  // Gauge `series` (one of the names' gauges) in `pod`'s newest scrape;
+  // nullopt when the pod has none or its scrape lacks the series.
+  std::optional<double> latestGauge(const std::string& pod, const std::string& series) const;
+
   double windowSeconds() const { return window_seconds_; }
 
  private:

@@ -150,7 +150,8 @@ std::map<std::string, std::set<std::string>> expectedOperatorRules() {
           {"apps|deployments", write},
           {"|services", write},
           {"policy|poddisruptionbudgets", {"get", "list", "watch", "create", "patch", "delete"}},
-          {"|pods", {"list", "watch"}},
+          // patch: the planner's pod-deletion-cost before a scale-down.
+          {"|pods", {"list", "watch", "patch"}},
           {"|events", {"create"}}};
 }
 

@@ -13,7 +13,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 
 #include "operator/controller/controller.h"
@@ -37,6 +40,13 @@ class SyntheticTtftSource : public PodMetricsSource {
  public:
   explicit SyntheticTtftSource(double seconds) : seconds_(seconds) {}
 
+  // Each pod's requests also: tandem_num_requests_running and
+  // tandem_num_requests_waiting as `load(pod name)` gives them.
+  void setLoad(std::function<std::pair<double, double>(const std::string&)> load) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    load_ = std::move(load);
+  }
+
   std::map<std::string, std::string> scrape(const std::vector<json>& pods,
                                             const planner::MetricNames& names) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -51,6 +61,11 @@ class SyntheticTtftSource : public PodMetricsSource {
                     std::to_string(below ? count : 0) + "\n" + h + "_bucket{le=\"5\"} " +
                     std::to_string(count) + "\n" + h + "_bucket{le=\"+Inf\"} " +
                     std::to_string(count) + "\n" + h + "_count " + std::to_string(count) + "\n";
+      if (load_) {
+        const auto [running, waiting] = load_(name);
+        texts[name] += names.running_sequences + " " + std::to_string(running) + "\n" +
+                       names.waiting_sequences + " " + std::to_string(waiting) + "\n";
+      }
     }
     scraped_pods_ += static_cast<int>(texts.size());
     return texts;
@@ -62,6 +77,7 @@ class SyntheticTtftSource : public PodMetricsSource {
   double seconds_;
   std::mutex mutex_;
   std::map<std::string, double> counts_;
+  std::function<std::pair<double, double>(const std::string&)> load_;
   std::atomic<int> scraped_pods_{0};
 };
 
@@ -247,6 +263,63 @@ TEST_F(PoolAutoscalerTest, AManualScaleIsRespectedForTheWindowThenOverwrittenWit
   const std::vector<json> overwritten = eventsWithReason("ManualScaleOverwritten");
   ASSERT_EQ(overwritten.size(), 1u);
   EXPECT_NE(overwritten[0].value("message", "").find("3"), std::string::npos) << overwritten[0];
+}
+
+// Before each scale-down the planner writes every ready pod's running +
+// waiting requests as its pod-deletion-cost (the ReplicaSet removes the
+// lowest first), before the replicas, and only where the value changed.
+// (The test API server's Deployment removes the highest-numbered pods
+// whatever their cost: the ranking is the real ReplicaSet's.)
+TEST_F(PoolAutoscalerTest, AScaleDownFirstWritesEachPodsLoadAsItsDeletionCost) {
+  server_.put(autoscaledPrefillPool(3, {{"minReplicas", 1},
+                                        {"maxReplicas", 3},
+                                        {"targetTTFTSeconds", 0.1},
+                                        {"windowSeconds", 1},
+                                        {"scaleDownStabilizationSeconds", 0},
+                                        {"maxStep", 1}}));
+  // Pod i (the last character of its name) runs and queues these requests.
+  const std::map<char, std::pair<double, double>> loads = {
+      {'0', {4, 1}}, {'1', {0, 0}}, {'2', {7, 2}}};
+  auto controller = startController(/*ttft_seconds=*/0.01);
+  source_->setLoad([&](const std::string& pod) { return loads.at(pod.back()); });
+  ASSERT_TRUE(waitUntil([&] { return replicas() == 1; })) << pool().dump();
+
+  const std::vector<std::string> log = server_.requestLog();
+  std::map<std::string, std::vector<size_t>> cost_writes;  // pod name → log lines
+  size_t first_scale_write = log.size();
+  for (size_t i = 0; i < log.size(); ++i) {
+    const std::string& line = log[i];
+    const size_t at = line.find("/api/v1/namespaces/serving/pods/");
+    if (line.starts_with("PATCH ") && at != std::string::npos) {
+      const std::string rest = line.substr(at + std::strlen("/api/v1/namespaces/serving/pods/"));
+      cost_writes[rest.substr(0, rest.find_first_of("? "))].push_back(i);
+    }
+    if (scaleWrites({line}) == 1 && first_scale_write == log.size()) first_scale_write = i;
+  }
+  ASSERT_EQ(cost_writes.size(), 3u) << "every ready pod's cost";
+  for (const auto& [pod, lines] : cost_writes) {
+    EXPECT_LT(lines.front(), first_scale_write) << pod << ": its cost comes before the replicas";
+    // 3 → 2 writes each; 2 → 1 finds the two left unchanged.
+    EXPECT_EQ(lines.size(), 1u) << pod;
+  }
+  std::vector<json> left;
+  ASSERT_TRUE(waitUntil([&] {
+    left = server_.list("v1", "Pod", kNamespace);
+    return left.size() == 1;
+  })) << left.size()
+      << " pods";
+  const json& annotations = left[0]["metadata"]["annotations"];
+  EXPECT_EQ(annotations.value(kPodDeletionCost, ""),
+            left[0]["metadata"]["name"].get<std::string>().back() == '0' ? "5" : "0")
+      << left[0].dump();
+}
+
+TEST(PoolAutoscalerHelpers, PodDeletionCostIsTheRoundedCountWithinInt32) {
+  EXPECT_EQ(podDeletionCost(0), "0");
+  EXPECT_EQ(podDeletionCost(6.6), "7");
+  EXPECT_EQ(podDeletionCost(-3), "0");
+  EXPECT_EQ(podDeletionCost(1e12), "2147483647");
+  EXPECT_EQ(podDeletionCost(std::nan("")), "0");
 }
 
 TEST(PoolAutoscalerHelpers, HpaTargetsAreTandemPoolsOnly) {
