@@ -230,6 +230,11 @@ fi
 # PyTorch comparison reads it), in the scratch folder unless BENCH_JSON_DIR.
 json_dir="${BENCH_JSON_DIR:-${scratch}/bench-json}"
 mkdir -p "${json_dir}"
+# What an earlier run left there would be read as this run's (gpu_goals.py).
+for model in "${models[@]}"; do
+  rm -f "${json_dir}/engine-${model}-"*.json "${json_dir}/torch-${model}.json" \
+    "${json_dir}/tandem-tokens-${model}.json"
+done
 # The fastest bf16 GEMM configuration of a run's --bf16-gemm-configs rows
 # whose outputs equal configuration 0's (0 when none is faster, or the file
 # cannot be read).
@@ -400,6 +405,7 @@ fi
 # and prefill, the PyTorch ratios and the greedy-token agreement, each
 # against its goal. A family whose checks failed does not count.
 excluded=()
+[[ "${reference_failed}" != "0" ]] && excluded+=(reference)
 [[ "${fast_failed}" != "0" ]] && excluded+=(fast)
 [[ "${flash_failed}" != "0" ]] && excluded+=(flash)
 for model in "${models[@]}"; do

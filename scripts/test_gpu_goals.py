@@ -62,6 +62,11 @@ class GoalsTest(unittest.TestCase):
         many = goals["batch-32 decode: weights + KV / copy traffic"]
         self.assertEqual((many["value"], many["met"]), (0.65, False))
 
+    def test_a_failed_reference_does_not_count(self):
+        self.write("engine-llama3-8b-batch1.json", bench(626.0, 0.9))
+        _, goals = self.goals(excluded=["reference"])
+        self.assertIsNone(goals["batch-1 decode: weights + KV / copy traffic"]["value"])
+
     def test_an_older_run_gives_the_figure_from_its_weight_ratio_and_bytes(self):
         self.write("engine-llama3-8b-batch1-fast.json",
                    bench(626.0, weight_over_copy=0.5, weights=10e9, kv=1e9))
@@ -77,7 +82,8 @@ class GoalsTest(unittest.TestCase):
                 {"figure": "decode_ms_per_token", "ratio": 0.7},   # PyTorch eager
                 {"figure": "decode_ms_per_token", "ratio": 0.95},  # PyTorch CUDA graphs
                 {"figure": "batch_decode_tokens_per_s", "ratio": 2.0}],
-            "exactness": {"margin_rule": {"clear": 250, "agreeing": 249}}})
+            "exactness": {"margin_rule": {"clear": 250, "agreeing": 249}},
+            "tandem_bench": {"cuda_kernels": "fast"}})
         _, goals = self.goals()
         prefill = goals["prefill tok/s / PyTorch (same run)"]
         self.assertEqual((prefill["value"], prefill["met"]), (0.9, True))
@@ -85,6 +91,10 @@ class GoalsTest(unittest.TestCase):
         self.assertEqual((decode["value"], decode["met"]), (0.95, False))
         tokens = goals["greedy tokens = PyTorch's, clear-margin positions"]
         self.assertEqual((tokens["detail"], tokens["met"]), ("249/250", False))
+        # Tandem's side ran the fast kernels, whose checks failed: shown, not judged.
+        _, goals = self.goals(excluded=["fast"])
+        prefill = goals["prefill tok/s / PyTorch (same run) (Tandem side: fast, whose checks failed)"]
+        self.assertEqual((prefill["value"], prefill["met"]), (0.9, None))
 
     def test_missing_files_print_dashes_and_judge_nothing(self):
         self.write("engine-llama3-8b-batch1-fast-bf16.json", bench(9000.0, 0.8))

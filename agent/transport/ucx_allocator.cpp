@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 #include <ucp/api/ucp.h>
 
+#include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <string>
 
 #include "common/logging.h"
 
@@ -16,9 +19,36 @@ extern "C" void AnnotateBenignRaceSized(const char* file, int line, const volati
 namespace tandem::transport {
 namespace {
 
-// Faults in [data, data + bytes) for writing, as a write to each page would,
-// without writing: false where the kernel cannot (before 5.14: EINVAL).
-bool populate(void* data, size_t bytes) { return ::madvise(data, bytes, MADV_POPULATE_WRITE) == 0; }
+// Commits a host slab's pages now, so that a slab the machine cannot hold
+// fails at start rather than mid-serving, and leaves it zero-filled. Memory
+// fresh from the kernel (`fresh`) is already zero: MADV_POPULATE_WRITE
+// (Linux 5.14) faults its pages in as a write to each would, without
+// writing, an order of magnitude faster than memset over shared memory
+// (docs/kv-transfer.md). Other memory, and kernels without it (EINVAL), get
+// the memset. ResourceExhausted, naming the error, where the kernel cannot
+// back the pages (a POSIX shared-memory slab larger than /dev/shm: the
+// memset would have died of SIGBUS).
+Status commitHostSlab(uint8_t* base, size_t bytes, bool fresh) {
+  // Huge pages where the kernel gives them for this memory (fewer TLB misses
+  // in attention); a refusal is harmless.
+  ::madvise(base, bytes, MADV_HUGEPAGE);
+  if (fresh) {
+    if (::madvise(base, bytes, MADV_POPULATE_WRITE) == 0) return Status::ok();
+    const int error = errno;
+    if (error != EINVAL) {
+      return resourceExhausted("cannot commit the " + std::to_string(bytes) +
+                               "-byte KV slab: " + std::strerror(error) +
+                               " (a shared-memory slab needs as much room in /dev/shm)");
+    }
+    static std::once_flag logged;
+    std::call_once(logged, [] {
+      TANDEM_LOG(kInfo) << "this kernel cannot populate memory (MADV_POPULATE_WRITE, Linux "
+                           "5.14): the KV slab is zeroed with writes";
+    });
+  }
+  std::memset(base, 0, bytes);
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -87,6 +117,16 @@ void* UcxSlabAllocator::allocate(size_t bytes) {
     give_back_device_memory();
     return nullptr;
   }
+  // Device memory came zero-filled from the backend.
+  if (device_memory == nullptr) {
+    Status committed =
+        commitHostSlab(static_cast<uint8_t*>(attr.address), bytes, context_->allocationsAreFresh());
+    if (!committed.isOk()) {
+      TANDEM_LOG(kError) << committed.message();
+      ucp_mem_unmap(context_->context_, memory);
+      return nullptr;
+    }
+  }
   void* packed = nullptr;
   size_t packed_size = 0;
   status = ucp_rkey_pack(context_->context_, memory, &packed, &packed_size);
@@ -103,15 +143,6 @@ void* UcxSlabAllocator::allocate(size_t bytes) {
   memory_ = memory;
   base_ = static_cast<uint8_t*>(attr.address);
   bytes_ = bytes;
-  // Device memory came zero-filled from the backend. Host memory is
-  // committed now, so that a slab the machine cannot hold fails at start
-  // rather than mid-serving: memory fresh from the kernel is already zero,
-  // and MADV_POPULATE_WRITE (Linux 5.14) commits its pages without writing
-  // them again, an order of magnitude faster than memset over shared memory
-  // (docs/kv-transfer.md); other memory is zeroed.
-  if (device_memory == nullptr && !(context_->allocationsAreFresh() && populate(base_, bytes_))) {
-    std::memset(base_, 0, bytes_);
-  }
 #if defined(__SANITIZE_THREAD__)
   // Over TCP the progress thread copies slab bytes out for a reader in
   // another process, ordered after the writer by messages through that

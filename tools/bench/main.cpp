@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   engine
       ->add_option("--bf16-gemm-config", options.bf16_gemm_config,
                    "the bf16 GEMM configuration of the whole run (CUDA, bf16 compute; 0 the "
-                   "serving one, 1-5 for measuring: docs/cuda.md)")
+                   "serving one, the others for measuring: docs/cuda.md)")
       ->check(CLI::Range(0, tandem::kernels::kBf16GemmConfigs - 1))
       ->capture_default_str();
   engine->add_flag("--unordered-decode", options.unordered_decode,

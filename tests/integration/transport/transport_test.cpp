@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -426,6 +429,40 @@ TEST(RemoteSlabTest, ParseSaysWhatIsWrong) {
   }
 }
 
+// Sets an environment variable for a scope, then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Pages of [data, data + bytes) resident in memory (mincore).
+size_t residentPages(const void* data, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + bytes;
+  std::vector<unsigned char> resident((end - start + page - 1) / page);
+  if (::mincore(reinterpret_cast<void*>(start), end - start, resident.data()) != 0) return 0;
+  size_t count = 0;
+  for (unsigned char r : resident) count += r & 1;
+  return count;
+}
+
 TEST(UcxSlabAllocatorTest, GivesZeroedRegisteredMemoryOneSlabAtATime) {
   ASSERT_EQ(::setenv("UCX_TLS", "sm", 1), 0);
   ASSERT_EQ(::unsetenv("UCX_ALLOC_PRIO"), 0);
@@ -439,6 +476,8 @@ TEST(UcxSlabAllocatorTest, GivesZeroedRegisteredMemoryOneSlabAtATime) {
   auto* data = static_cast<uint8_t*>(allocator.allocate(kBytes));
   ASSERT_NE(data, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % 64, 0u);
+  // Committed: every page is in memory before anything touched it.
+  EXPECT_EQ(residentPages(data, kBytes), 11u);
   for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(data[i], 0) << "byte " << i;
   EXPECT_EQ(allocator.allocate(4096), nullptr);
   EXPECT_FALSE(allocator.packedRkey().empty());
@@ -455,10 +494,12 @@ TEST(UcxSlabAllocatorTest, GivesZeroedRegisteredMemoryOneSlabAtATime) {
 
 TEST(UcxSlabAllocatorTest, ZeroesMemoryFromMethodsTheEnvironmentChose) {
   ASSERT_EQ(::setenv("UCX_TLS", "sm", 1), 0);
-  // "heap" is posix_memalign: it may hand back memory freed just before.
-  ASSERT_EQ(::setenv("UCX_ALLOC_PRIO", "heap", 1), 0);
-  auto context = UcxContext::create();
-  ASSERT_EQ(::unsetenv("UCX_ALLOC_PRIO"), 0);
+  std::shared_ptr<UcxContext> context;
+  {
+    // "heap" is posix_memalign: it may hand back memory freed just before.
+    ScopedEnv heap("UCX_ALLOC_PRIO", "heap");
+    context = UcxContext::create();
+  }
   EXPECT_FALSE(context->allocationsAreFresh());
   constexpr size_t kBytes = 6 * 4096;
   for (int round = 0; round < 4; ++round) {
