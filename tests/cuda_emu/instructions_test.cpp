@@ -83,33 +83,28 @@ TEST_F(InstructionsTest, WarpgroupMmaReadsCoreMatricesAndFillsTheDocumentedRegis
   EXPECT_EQ(wrong, 0) << "outputs differ";
 }
 
-TEST_F(InstructionsTest, LoadMatricesGivesEachLaneItsRowsColumnPair) {
+// Lane l's register i holds two elements of matrix i (rows 8i..8i + 7 of
+// the tile), the first in the low half: as stored, row l / 4 at columns
+// 2 (l % 4) and the next; transposed (.trans), column l / 4 of rows
+// 2 (l % 4) and the next.
+TEST_F(InstructionsTest, LoadMatricesGivesEachLaneItsPairAsStoredOrTransposed) {
   std::vector<uint16_t> tile(32 * 8);
   for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<uint16_t>(i * 3 + 1);
-  const std::vector<uint32_t> words = loadMatrices(tile, /*transposed=*/false);
-  ASSERT_EQ(words.size(), 128u);
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int m = 0; m < 4; ++m) {
-      const int row = 8 * m + lane / 4, column = 2 * (lane % 4);
-      const uint32_t expected = static_cast<uint32_t>(tile[row * 8 + column]) |
-                                (static_cast<uint32_t>(tile[row * 8 + column + 1]) << 16);
-      EXPECT_EQ(expected, words[lane * 4 + m]) << "lane " << lane << ", matrix " << m;
-    }
-  }
-}
-
-// .trans: the lane's register holds a column's pair of rows, lower row low.
-TEST_F(InstructionsTest, LoadMatricesTransposedGivesEachLaneItsColumnsRowPair) {
-  std::vector<uint16_t> tile(32 * 8);
-  for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<uint16_t>(i * 3 + 1);
-  const std::vector<uint32_t> words = loadMatrices(tile, /*transposed=*/true);
-  ASSERT_EQ(words.size(), 128u);
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int m = 0; m < 4; ++m) {
-      const int row = 8 * m + 2 * (lane % 4), column = lane / 4;
-      const uint32_t expected = static_cast<uint32_t>(tile[row * 8 + column]) |
-                                (static_cast<uint32_t>(tile[(row + 1) * 8 + column]) << 16);
-      EXPECT_EQ(expected, words[lane * 4 + m]) << "lane " << lane << ", matrix " << m;
+  for (const bool transposed : {false, true}) {
+    const std::vector<uint32_t> words = loadMatrices(tile, transposed);
+    ASSERT_EQ(words.size(), 128u);
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int m = 0; m < 4; ++m) {
+        auto element = [&](int row, int column) {
+          return static_cast<uint32_t>(tile[(8 * m + row) * 8 + column]);
+        };
+        const int pair = 2 * (lane % 4), other = lane / 4;
+        const uint32_t expected = transposed
+                                      ? element(pair, other) | (element(pair + 1, other) << 16)
+                                      : element(other, pair) | (element(other, pair + 1) << 16);
+        EXPECT_EQ(expected, words[lane * 4 + m])
+            << (transposed ? "transposed, " : "") << "lane " << lane << ", matrix " << m;
+      }
     }
   }
 }
