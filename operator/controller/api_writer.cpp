@@ -14,34 +14,22 @@ k8s::ApiError ApiWriter::notLeader() const {
 
 k8s::Result<json> ApiWriter::create(const k8s::ResourceType& type, const std::string& ns,
                                     const json& object) {
-  if (!may_write_()) return notLeader();
-  auto result = client_.create(type, ns, object);
-  if (result.isOk()) on_write_();
-  return result;
+  return guarded([&] { return client_.create(type, ns, object); });
 }
 
 k8s::Result<json> ApiWriter::apply(const k8s::ResourceType& type, const std::string& ns,
                                    const json& object) {
-  if (!may_write_()) return notLeader();
-  auto result = client_.apply(type, ns, object);
-  if (result.isOk()) on_write_();
-  return result;
+  return guarded([&] { return client_.apply(type, ns, object); });
 }
 
 k8s::Result<k8s::Done> ApiWriter::remove(const k8s::ResourceType& type, const std::string& ns,
                                          const std::string& name) {
-  if (!may_write_()) return notLeader();
-  auto result = client_.remove(type, ns, name);
-  if (result.isOk()) on_write_();
-  return result;
+  return guarded([&] { return client_.remove(type, ns, name); });
 }
 
 k8s::Result<json> ApiWriter::mergePatch(const k8s::ResourceType& type, const std::string& ns,
                                         const std::string& name, const json& patch) {
-  if (!may_write_()) return notLeader();
-  auto result = client_.mergePatch(type, ns, name, patch);
-  if (result.isOk()) on_write_();
-  return result;
+  return guarded([&] { return client_.mergePatch(type, ns, name, patch); });
 }
 
 k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, const std::string& ns,

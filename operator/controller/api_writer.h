@@ -41,6 +41,14 @@ class ApiWriter {
 
  private:
   k8s::ApiError notLeader() const;
+  // `call()` (a k8s::Result) if this process leads, counted when it succeeds.
+  template <typename Call>
+  auto guarded(const Call& call) -> decltype(call()) {
+    if (!may_write_()) return notLeader();
+    auto result = call();
+    if (result.isOk()) on_write_();
+    return result;
+  }
 
   k8s::ApiClient& client_;
   std::function<bool()> may_write_;
