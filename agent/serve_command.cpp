@@ -160,8 +160,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
   if (!o.kv_transfer_config.empty()) {
     auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
     if (!transfer.isOk()) throw Error("--" + transfer.status().message());
-    // Refused before the KV slab is allocated (zeroing a slab of UCX memory
-    // takes seconds per GiB on some machines).
+    // Refused before the KV slab is allocated and committed (a slab of
+    // gigabytes takes a while).
     (void)kv::checkFaultInjection(transfer->extra, o.enable_fault_injection);
     const bool unprotected = kv::needsUcxSlab(*transfer) && !isLoopback(o.host) &&
                              kv::kvSecret(*transfer).empty() && !o.insecure_kv;

@@ -58,8 +58,9 @@ inline const fs::path& smallModelDir() {
 
 // A tiny-model test agent's KV cache, unless its flags (`extra`) size it:
 // 64 MiB (16,384 blocks) in place of the default 1 GiB, which UCX allocates
-// as a shared-memory slab and zeroes, costing seconds of page faults at
-// every start on the test machines; no test needs that many blocks. A
+// as a shared-memory slab committed at start (about half a second per GiB
+// on the test machines, several seconds where it is zeroed with writes:
+// docs/testing.md); no test needs that many blocks. A
 // simulated agent (--simulate) keeps the default: its blocks are the
 // profile's (2 MiB in the tests' profiles), and its slab is never UCX
 // memory (serve_command.cpp resolveKvBuffers).
