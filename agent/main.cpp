@@ -20,6 +20,7 @@
 #include "agent/engine/model_runner.h"
 #include "agent/render_chat_command.h"
 #include "agent/serve_command.h"
+#include "common/crash_report.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
@@ -166,6 +167,7 @@ int runGenerate(const GenerateOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::installCrashReport("tandem-agent");
   CLI::App app{"tandem-agent: LLM engine with paged KV cache"};
   app.require_subcommand(1);
   app.fallthrough();

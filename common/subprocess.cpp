@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -54,6 +56,12 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
   for (auto& entry : env_entries) envp.push_back(entry.data());
   envp.push_back(nullptr);
   const std::string stderr_file = stderr_path.string();
+  // For kernels without close_range (before 5.9): the descriptors to close
+  // one by one in the child.
+  rlimit limit{};
+  const int max_fd = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                         ? static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20))
+                         : 1 << 16;
 
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
@@ -71,6 +79,14 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
     if (!stderr_file.empty()) {
       const int err = ::open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (err >= 0) ::dup2(err, STDERR_FILENO);
+    }
+    // Nothing but stdin, stdout and stderr goes to the child: sockets opened
+    // without SOCK_CLOEXEC (Boost.Asio's listeners and accepted connections)
+    // would otherwise live on in it. A supervised agent holding the router's
+    // listener keeps its port accepting after the router is gone, and one
+    // holding a client's connection keeps that client from seeing it close.
+    if (::close_range(3, ~0U, 0) != 0) {
+      for (int fd = 3; fd < max_fd; ++fd) ::close(fd);
     }
     ::execvpe(args[0], args.data(), envp.data());
     ::_exit(127);

@@ -10,8 +10,10 @@
 // may be called from any thread at the same time (one thread reading output
 // and polling wait(0) while another waits for the exit is fine: whichever
 // reaps the child, every wait() sees its status).
-// Start-up failures (pipe, fork) throw tandem::Error; an executable that
-// cannot be run makes the child exit with status 127.
+// The child gets stdin, the stdout pipe and stderr, no other descriptor of
+// ours (close-on-exec or not). Start-up failures (pipe, fork) throw
+// tandem::Error; an executable that cannot be run makes the child exit with
+// status 127.
 #pragma once
 
 #include <sys/types.h>

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/crash_report.h"
 #include "common/http/http_connection.h"
 #include "common/http/http_limits.h"
 #include "common/logging.h"
@@ -613,6 +614,7 @@ int runController(const tandem::controller::ControllerFlags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::installCrashReport("tandem-operator");
   CLI::App app{"tandem-operator: the KV-aware router, local mode and the Kubernetes controller"};
   app.require_subcommand(1);
   LocalFlags local_flags;

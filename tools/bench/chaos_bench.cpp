@@ -444,6 +444,10 @@ int runChaosBench(const ChaosBenchOptions& options) {
   const double duration_s = secondsSince(start);
   const SettleReport settle = cluster->waitUntilSettled(
       baseline_fds, milliseconds(static_cast<int64_t>(options.settle_timeout_s * 1000)));
+  // What the operator wrote last, for a failed verdict; whether it is still
+  // there (its agents outlive it, so a router gone quiet may mean it died).
+  const std::optional<int> operator_exit = cluster->operatorExit();
+  const std::string operator_log = cluster->logTail(40);
   const std::string& agent_bin = started.agent_bin;
   const std::vector<std::string> reference_flags = cluster->referenceAgentFlags();
   cluster.reset();  // the reference gets the machine to itself
@@ -578,8 +582,13 @@ int runChaosBench(const ChaosBenchOptions& options) {
   if (!settle.routerIdle()) failed.push_back("router in-flight/queued not back to 0");
   if (!settle.fdsBack()) failed.push_back("router descriptors not back to the baseline");
   if (!settle.settled) failed.push_back("not settled");
+  if (operator_exit) {
+    failed.push_back("tandem-operator exited during the run (status " +
+                     std::to_string(*operator_exit) + ")");
+  }
   std::printf("\nverdict: %s\n", failed.empty() ? "every property held" : "FAILED");
   for (const std::string& reason : failed) std::printf("  - %s\n", reason.c_str());
+  if (!failed.empty()) std::printf("\nthe operator's log ends with:\n%s", operator_log.c_str());
   std::fflush(stdout);
 
   if (!options.json_path.empty()) {
@@ -628,6 +637,7 @@ int runChaosBench(const ChaosBenchOptions& options) {
         {"load", {{"all", all_load.toJson()}, {"phases", std::move(phases)}}},
         {"events", std::move(event_list)},
         {"moves", move_list},
+        {"operator_exit_status", operator_exit ? json(*operator_exit) : json(nullptr)},
         {"aborts",
          {{"total", total_aborts},
           {"no_answer", aborts.no_answer},

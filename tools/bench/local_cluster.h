@@ -139,6 +139,12 @@ class LocalCluster {
 
   std::string routerUrl();
   pid_t operatorPid() const { return operator_->pid(); }
+  // The operator's exit status (128 + signal when killed by one), or nullopt
+  // while it runs.
+  std::optional<int> operatorExit() {
+    const int status = operator_->wait(std::chrono::milliseconds(0));
+    return status >= 0 ? std::optional<int>(status) : std::nullopt;
+  }
   const std::filesystem::path& clusterFile() const { return cluster_file_; }
   std::string modelDir() const { return model_dir_; }
   // Flags a colocated reference agent needs to compute what the pools compute.

@@ -1,9 +1,16 @@
 #include "common/subprocess.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -105,6 +112,44 @@ TEST(Subprocess, DestructionKillsTheChild) {
     ASSERT_GT(pid, 0);
   }
   EXPECT_NE(::kill(pid, 0), 0) << "reaped, so the pid no longer exists";
+}
+
+// Descriptors opened without O_CLOEXEC, as Boost.Asio opens its listeners and
+// accepted connections, stay with the parent: once the parent closes them, a
+// pipe's reader sees its end and connecting to a listener is refused, while
+// the child still runs.
+TEST(Subprocess, TheChildGetsNoDescriptorBeyondStderr) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ASSERT_EQ(::fcntl(pipe_fds[1], F_GETFD) & FD_CLOEXEC, 0);
+  ASSERT_EQ(::fcntl(listener, F_GETFD) & FD_CLOEXEC, 0);
+
+  Subprocess sleeper({"/bin/sh", "-c", "exec sleep 30"}, "");
+  ::close(pipe_fds[1]);
+  ::close(listener);
+  pollfd reader{pipe_fds[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&reader, 1, 10000), 1) << "the child still holds the pipe's write end";
+  char byte;
+  EXPECT_EQ(::read(pipe_fds[0], &byte, 1), 0) << "end of the pipe";
+  ::close(pipe_fds[0]);
+
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(client, 0);
+  const int connected = ::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  const int error = errno;
+  ::close(client);
+  EXPECT_NE(connected, 0) << "the child still listens on the parent's port";
+  EXPECT_EQ(error, ECONNREFUSED);
+  EXPECT_EQ(sleeper.wait(seconds(0)), -1) << "the child runs";
 }
 
 }  // namespace
