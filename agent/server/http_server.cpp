@@ -327,7 +327,9 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     if (failed) break;
     if (request.stream && added == n) {
       if (!started) {
-        if (!co_await exchange.startChunked(200, "text/event-stream", noCache())) {
+        const bool headers_sent =
+            co_await exchange.startChunked(200, "text/event-stream", noCache());
+        if (!headers_sent) {
           abortAll();
           co_return;
         }
@@ -343,19 +345,28 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
           data += sseEvent(*chunk);
         }
       }
-      if (!data.empty() && !co_await exchange.writeChunk(std::move(data))) {
+      if (!data.empty()) {
+        const bool written = co_await exchange.writeChunk(std::move(data));
+        if (!written) {
+          abortAll();
+          co_return;
+        }
+      }
+    }
+    if (finished < n && !request.stream) {
+      const bool there =
+          co_await signs.give(exchange, std::any_of(seen.begin(), seen.end(), std::identity()));
+      if (!there) {
         abortAll();
         co_return;
       }
     }
-    if (finished < n && !request.stream &&
-        !co_await signs.give(exchange, std::any_of(seen.begin(), seen.end(), std::identity()))) {
-      abortAll();
-      co_return;
-    }
-    if (finished < n && !co_await exchange.wait(request.stream ? std::nullopt : signs.interval())) {
-      abortAll();
-      co_return;
+    if (finished < n) {
+      const bool there = co_await exchange.wait(request.stream ? std::nullopt : signs.interval());
+      if (!there) {
+        abortAll();
+        co_return;
+      }
     }
   }
   if (failed) {
@@ -379,7 +390,8 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     std::string data;
     if (meta.include_usage) data += sseEvent(usageChunk(meta, usage));
     data += kSseDone;
-    if (co_await exchange.writeChunk(std::move(data))) co_await exchange.finishChunked();
+    const bool written = co_await exchange.writeChunk(std::move(data));
+    if (written) co_await exchange.finishChunked();
     co_return;
   }
   // Candidates in the order they are returned: best_of > n ranks them by
@@ -535,19 +547,23 @@ void HttpServer::routes() {
           }
           if (finished) break;
           // The client left before the answer: free its blocks now.
-          if (!co_await signs.give(exchange, total.num_generated_tokens > 0) ||
-              !co_await exchange.wait(signs.interval())) {
+          bool there = co_await signs.give(exchange, total.num_generated_tokens > 0);
+          if (there) there = co_await exchange.wait(signs.interval());
+          if (!there) {
             engine_.abort(id);
             co_return;
           }
         }
-        if (!co_await exchange.respond(wholeResponse(meta, total, chat, tokenizer))) {
+        const bool delivered =
+            co_await exchange.respond(wholeResponse(meta, total, chat, tokenizer));
+        if (!delivered) {
           co_await exchange.offloadWait<bool>([this, &total] { return releaseUndelivered(total); });
         }
         co_return;
       }
 
-      if (!co_await exchange.startChunked(200, "text/event-stream", noCache())) {
+      const bool headers_sent = co_await exchange.startChunked(200, "text/event-stream", noCache());
+      if (!headers_sent) {
         engine_.abort(id);
         co_return;
       }
@@ -558,7 +574,8 @@ void HttpServer::routes() {
         // their arrival, so outputs are not merged into one write.
         while (auto output = channel->tryPop()) {
           if (output->handed_over) {
-            if (co_await exchange.writeChunk(handOverEvent(*output))) {
+            const bool written = co_await exchange.writeChunk(handOverEvent(*output));
+            if (written) {
               co_await exchange.finishChunked();
             } else {
               // Nobody will read the blocks held for the next agent.
@@ -571,7 +588,9 @@ void HttpServer::routes() {
           std::string data = streamEvents(meta, *output, tokenizer, stream_state, total);
           const bool finished = output->finished();
           // A client that left, or stopped reading for the write timeout.
-          if (!data.empty() && !co_await exchange.writeChunk(std::move(data))) {
+          bool written = true;
+          if (!data.empty()) written = co_await exchange.writeChunk(std::move(data));
+          if (!written) {
             engine_.abort(id);
             if (finished) {
               co_await exchange.offloadWait<bool>(
@@ -584,7 +603,8 @@ void HttpServer::routes() {
             co_return;
           }
         }
-        if (!co_await exchange.wait()) {
+        const bool there = co_await exchange.wait();
+        if (!there) {
           engine_.abort(id);
           co_return;
         }
@@ -831,7 +851,9 @@ void HttpServer::routes() {
           }
           cursor = *parsed;
         }
-        if (!co_await exchange.startChunked(200, "text/event-stream", noCache())) co_return;
+        const bool headers_sent =
+            co_await exchange.startChunked(200, "text/event-stream", noCache());
+        if (!headers_sent) co_return;
         auto idle_since = Clock::now();
         for (;;) {
           engine::KvEventPage page = engine_.kvEvents().eventsSince(cursor, 512);
@@ -849,13 +871,15 @@ void HttpServer::routes() {
           }
           if (data.empty()) {
             if (Clock::now() - idle_since < std::chrono::seconds(10)) {
-              if (!co_await exchange.wait(std::chrono::milliseconds(20))) co_return;
+              const bool there = co_await exchange.wait(std::chrono::milliseconds(20));
+              if (!there) co_return;
               continue;
             }
             data = ": keep-alive\n\n";
           }
           idle_since = Clock::now();
-          if (!co_await exchange.writeChunk(std::move(data))) co_return;
+          const bool written = co_await exchange.writeChunk(std::move(data));
+          if (!written) co_return;
         }
       });
 }

@@ -268,9 +268,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                 " bytes (or of unknown length), its limit; retry later",
             "service_unavailable");
         response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-        if (co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false)) {
-          co_await lingeringClose();
-        }
+        const bool written = co_await write(std::move(response), /*keep_alive=*/false,
+                                            /*head=*/false);
+        if (written) co_await lingeringClose();
         break;
       }
       if (!ec && !parser.is_done() &&
@@ -291,9 +291,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
             ec != http::error::end_of_stream && ec != http::error::partial_message) {
           HttpResponse response = parseErrorResponse(ec, limits);
           response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-          if (co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false)) {
-            co_await lingeringClose();
-          }
+          const bool written = co_await write(std::move(response), /*keep_alive=*/false,
+                                              /*head=*/false);
+          if (written) co_await lingeringClose();
         }
         break;
       }
@@ -338,7 +338,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
             500,
             "internal error while handling the request (request id " + exchange.request().id + ")",
             "server_error");
-        if (!co_await exchange.respond(std::move(response))) break;
+        const bool written = co_await exchange.respond(std::move(response));
+        if (!written) break;
       }
       co_await stopWatch();
       if (exchange.broken_ || client_gone_ || !keep_alive_ || (exchange.started_ && !chunk_done_)) {

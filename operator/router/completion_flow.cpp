@@ -38,19 +38,22 @@ HttpResponse unavailable(const std::string& message) {
   return server::httpErrorResponse(503, message, "service_unavailable");
 }
 
-// Ends a client's stream that cannot go on: an error event saying why (a
-// 502), then [DONE], if the client is still there.
-// Ends a stream whose answer is complete.
-awaitable<void> endStream(HttpExchange& exchange) {
-  if (co_await exchange.writeChunk(std::string(server::kSseDone)))
-    co_await exchange.finishChunked();
+// Ends a stream whose answer is complete: its [DONE], unless the agent's
+// went through already, then the end of the chunked body.
+awaitable<void> endStream(HttpExchange& exchange, bool done_sent) {
+  bool written = done_sent;
+  if (!written) written = co_await exchange.writeChunk(std::string(server::kSseDone));
+  if (written) co_await exchange.finishChunked();
 }
 
+// Ends a client's stream that cannot go on: an error event saying why (a
+// 502), then [DONE], if the client is still there.
 awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& message) {
   server::ApiError error{502, message, "server_error", "", ""};
   std::string event = "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
                       std::string(server::kSseDone);
-  if (co_await exchange.writeChunk(std::move(event))) co_await exchange.finishChunked();
+  const bool written = co_await exchange.writeChunk(std::move(event));
+  if (written) co_await exchange.finishChunked();
 }
 
 std::string midStreamFailure(const std::string& agent, const std::string& what) {
@@ -531,9 +534,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       const bool one_choice = parsed.value().n == 1;
       if (splice && one_choice && splice->finished()) {
         // The agent broke after the answer's last chunk: only its usage
-        // chunk and [DONE] are missing (an agent asked to resume a finished
-        // answer would refuse it).
-        co_await endStream(exchange);
+        // chunk and [DONE], or only the body's end, are missing (an agent
+        // asked to resume a finished answer would refuse it).
+        co_await endStream(exchange, splice->done());
         metrics_.countDecision(label);
         co_return;
       }
@@ -824,9 +827,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   const bool continuation = client.started;
   std::string whole_body;
   if (!client.started && !whole) {
-    if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
-      co_return DecodeOutcome::kClientGone;
-    }
+    const bool headers_sent =
+        co_await exchange.startChunked(status, std::move(content_type), std::move(headers));
+    if (!headers_sent) co_return DecodeOutcome::kClientGone;
     client.started = true;
     // The headers are the client's first piece: a stream moved before its
     // first event paused from here.
@@ -895,7 +898,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
         client.resuming = nullptr;
       }
       client.last_write = now;
-      if (!co_await exchange.writeChunk(std::move(piece))) {
+      const bool written = co_await exchange.writeChunk(std::move(piece));
+      if (!written) {
         // The client left (or stopped reading for the write timeout):
         // closing the upstream connection makes the decode agent abort the
         // request and free its blocks.
@@ -912,17 +916,17 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       co_return DecodeOutcome::kUpstreamError;
     }
     if (whole) {
-      if (!co_await exchange.startChunked(status, std::move(content_type), std::move(headers))) {
-        co_return DecodeOutcome::kClientGone;
-      }
+      const bool headers_sent =
+          co_await exchange.startChunked(status, std::move(content_type), std::move(headers));
+      if (!headers_sent) co_return DecodeOutcome::kClientGone;
       client.started = true;
-      if (!co_await exchange.writeChunk(std::move(whole_body))) {
-        co_return DecodeOutcome::kClientGoneMidway;
-      }
+      const bool written = co_await exchange.writeChunk(std::move(whole_body));
+      if (!written) co_return DecodeOutcome::kClientGoneMidway;
     }
     // An agent that dies between events may still end the body cleanly.
     if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
-    if (!co_await exchange.finishChunked()) co_return DecodeOutcome::kClientGoneMidway;
+    const bool finished = co_await exchange.finishChunked();
+    if (!finished) co_return DecodeOutcome::kClientGoneMidway;
   } catch (const std::exception& e) {
     broken = e.what();
     stalled = timedOut(e);

@@ -5,15 +5,22 @@
 // kv_transfer_params are ignored, and failed agents are routed around.
 #include "operator/router/router.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -570,6 +577,177 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"failure\""),
       1);
 }
+
+// A TCP proxy in front of an agent that relays every connection both ways,
+// except the first completion's answer: that one is cut at a chosen SSE
+// event (its bytes up to the event's end go through), then reset, as if the
+// agent died there.
+class CuttingProxy {
+ public:
+  // Cuts after the event containing `marker` (the first occurrence).
+  CuttingProxy(int upstream_port, std::string marker)
+      : upstream_port_(upstream_port), marker_(std::move(marker)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address = loopback(0);
+    socklen_t length = sizeof address;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(listener_, 64) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      throw std::runtime_error("the proxy cannot listen");
+    }
+    port_ = ntohs(address.sin_port);
+    acceptor_ = std::thread([this] { acceptLoop(); });
+  }
+  ~CuttingProxy() {
+    stopping_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    acceptor_.join();
+    ::close(listener_);
+    for (std::thread& relay : relays_) relay.join();
+  }
+  int port() const { return port_; }
+  bool cut() const { return cut_; }
+
+ private:
+  static sockaddr_in loopback(int port) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return address;
+  }
+  static void reset(int fd) {
+    const linger abortive{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof abortive);
+    ::close(fd);
+  }
+
+  void acceptLoop() {
+    for (;;) {
+      const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) return;
+      if (stopping_) {
+        ::close(client);
+        return;
+      }
+      relays_.emplace_back([this, client] { relay(client); });
+    }
+  }
+
+  void relay(int client) {
+    const int upstream = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address = loopback(upstream_port_);
+    if (::connect(upstream, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+      ::close(upstream);
+      ::close(client);
+      return;
+    }
+    bool completion = false, cutting = false;
+    std::string answer;  // what the agent sent, while cutting
+    size_t forwarded = 0;
+    pollfd fds[2] = {{client, POLLIN, 0}, {upstream, POLLIN, 0}};
+    char buffer[16384];
+    while (!stopping_) {
+      if (::poll(fds, 2, 100) <= 0) continue;
+      if (fds[0].revents != 0) {
+        const ssize_t n = ::read(client, buffer, sizeof buffer);
+        if (n <= 0) break;
+        const std::string_view request(buffer, static_cast<size_t>(n));
+        if (!completion && request.starts_with("POST /v1/completions")) {
+          completion = true;
+          cutting = !claimed_.exchange(true);
+        }
+        if (::send(upstream, buffer, static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
+      }
+      if (fds[1].revents != 0) {
+        const ssize_t n = ::read(upstream, buffer, sizeof buffer);
+        if (n <= 0) break;
+        if (!cutting) {
+          if (::send(client, buffer, static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
+          continue;
+        }
+        answer.append(buffer, static_cast<size_t>(n));
+        const size_t marker = answer.find(marker_);
+        const size_t end =
+            marker == std::string::npos ? std::string::npos : answer.find("\n\n", marker);
+        const size_t upto = end == std::string::npos ? answer.size() : end + 2;
+        // Everything before the cut goes through as it comes.
+        if (upto > forwarded && ::send(client, answer.data() + forwarded, upto - forwarded,
+                                       MSG_NOSIGNAL) != static_cast<ssize_t>(upto - forwarded)) {
+          break;
+        }
+        forwarded = upto;
+        if (end != std::string::npos) {
+          cut_ = true;
+          reset(client);
+          reset(upstream);
+          return;
+        }
+      }
+    }
+    ::close(upstream);
+    ::close(client);
+  }
+
+  int upstream_port_;
+  std::string marker_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false}, claimed_{false}, cut_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> relays_;  // the acceptor's only
+};
+
+// A decode agent that dies after its answer's last token is sent, before
+// [DONE] or before the end of the body: the answer is whole, so the router
+// ends the stream itself (no resume: an agent would refuse to continue a
+// finished answer), with exactly one [DONE], and keeps serving. (A
+// miscompiled coroutine on this path once killed the router.)
+class RouterCutAfterTheLastToken : public RouterCluster,
+                                   public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(RouterCutAfterTheLastToken, EndsTheStreamOnceAndKeepsServing) {
+  std::unique_ptr<CuttingProxy> proxy;
+  RouterClusterOptions options;
+  options.prefills = 1;
+  options.decodes = 1;
+  options.router_port_of = [&](bool prefill, int, int port) {
+    if (prefill) return port;
+    proxy = std::make_unique<CuttingProxy>(port, GetParam());
+    return proxy->port();
+  };
+  startCluster(options);
+  json body = greedy(randomPrompt(40, 91), 12);
+  body["stream"] = true;
+  Agent colocated;
+  const StreamedCompletion undisturbed = parseStream(
+      colocated.client()->Post("/v1/completions", body.dump(), "application/json")->body);
+  ASSERT_EQ(undisturbed.ids.size(), 12u);
+
+  auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res) << "the stream did not end whole: " << httplib::to_string(res.error());
+  EXPECT_TRUE(proxy->cut()) << "the agent's answer was not cut";
+  const StreamedCompletion ended = parseStream(res->body);
+  EXPECT_EQ(ended.ids, undisturbed.ids);
+  EXPECT_EQ(ended.text, undisturbed.text);
+  EXPECT_EQ(ended.done, 1) << res->body;
+  EXPECT_EQ(ended.errors, "");
+  const std::string metrics = routerMetrics();
+  EXPECT_EQ(prometheusSum(metrics, "tandem_router_migrations_total"), 0) << "nothing to resume";
+
+  // Still serving: the next stream goes through whole.
+  auto next = client_->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(parseStream(next->body).ids, undisturbed.ids);
+  // The agent that was cut off let go of the request's blocks.
+  EXPECT_TRUE(eventually([&] { return decode_[0]->metric("tandem_kv_cache_usage_ratio") == 0; }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuts, RouterCutAfterTheLastToken,
+                         ::testing::Values("\"finish_reason\":\"", "data: [DONE]"),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "BeforeDone" : "AfterDone");
+                         });
 
 // A stream of several choices is not moved when its decode agent dies (a
 // resume continues one choice): it ends at once with an error saying why,

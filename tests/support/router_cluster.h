@@ -46,6 +46,9 @@ struct RouterClusterOptions {
   // RouterConfig::api_key (clients) and agent_api_key (sent to the agents).
   std::string api_key;
   std::string agent_api_key;
+  // The port the router is given for an agent that listens on `port` (e.g.
+  // a proxy's in front of it); by default `port`.
+  std::function<int(bool prefill, int index, int port)> router_port_of;
 };
 
 class RouterCluster : public ::testing::Test {
@@ -87,11 +90,13 @@ class RouterCluster : public ::testing::Test {
     };
     for (int i = 0; i < options.prefills; ++i) {
       prefill_.push_back(std::make_unique<Agent>(args(true, i), options.model, env(true, i)));
-      config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1", prefill_[i]->port()});
+      config.prefill.push_back({"prefill-" + std::to_string(i), "127.0.0.1",
+                                routerPort(options, true, i, prefill_[i]->port())});
     }
     for (int i = 0; i < options.decodes; ++i) {
       decode_.push_back(std::make_unique<Agent>(args(false, i), options.model, env(false, i)));
-      config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1", decode_[i]->port()});
+      config.decode.push_back({"decode-" + std::to_string(i), "127.0.0.1",
+                               routerPort(options, false, i, decode_[i]->port())});
     }
     router_ = std::make_unique<router::Router>(config);
     router_->start();
@@ -101,6 +106,10 @@ class RouterCluster : public ::testing::Test {
       auto res = client_->Get("/health");
       return res && res->status == 200 && allHealthy();
     })) << "the router never became ready";
+  }
+
+  static int routerPort(const RouterClusterOptions& options, bool prefill, int index, int port) {
+    return options.router_port_of ? options.router_port_of(prefill, index, port) : port;
   }
 
   // The router reports every agent healthy.

@@ -96,9 +96,11 @@ class Service {
         RouteWork::kCompute);
     // A streamed answer in two pieces.
     service_.route("GET", "/chunks", [](HttpExchange& exchange) -> boost::asio::awaitable<void> {
-      if (!co_await exchange.startChunked(200, "text/plain", {})) co_return;
+      const bool headers_sent = co_await exchange.startChunked(200, "text/plain", {});
+      if (!headers_sent) co_return;
       for (const char* piece : {"one", "two"}) {
-        if (!co_await exchange.writeChunk(piece)) co_return;
+        const bool written = co_await exchange.writeChunk(piece);
+        if (!written) co_return;
       }
       co_await exchange.finishChunked();
     });
