@@ -20,32 +20,44 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   if (models.status != 200) co_return;
   json body = parseJsonOrDiscarded(models.body);
   if (!body.is_object() || !body.contains("data") || body["data"].empty()) co_return;
-  const json& model = body["data"][0];
   ModelInfo info;
-  info.served_name = model.value("id", std::string());
-  info.max_model_len = model.value("max_model_len", int64_t{0});
-  info.root = model.value("root", std::string());
-  const json tandem = model.value("tandem", json::object());
-  info.identity = tandem.value("model_identity", std::string());
-  if (const auto it = tandem.find("generation_defaults"); it != tandem.end()) {
-    info.generation_defaults = protocol::GenerationDefaults::fromJson(*it);
-  }
-  info.block_size = tandem.value("block_size", 16);
-  auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
-  if (hash.isOk()) info.hash = *hash;
-  // The agents' output parsers: a forced tool call is written in the tool
-  // parser's format, so the router checks it as they do.
-  auto text = [&tandem](const char* key) {
-    const auto it = tandem.find(key);
-    return it != tandem.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
   protocol::ChatOutputOptions chat_output;
-  if (auto parser = protocol::toolCallParserFromName(text("tool_call_parser")); parser.isOk()) {
-    chat_output.tool_call_parser = *parser;
+  // An answer not shaped as an agent's (a field of another type) is named
+  // and tried again at the next poll; it must not end the agent's polling.
+  bool shaped = true;
+  try {
+    const json& model = body["data"].at(0);
+    info.served_name = model.value("id", std::string());
+    info.max_model_len = model.value("max_model_len", int64_t{0});
+    info.root = model.value("root", std::string());
+    const json tandem = model.value("tandem", json::object());
+    info.identity = tandem.value("model_identity", std::string());
+    if (const auto it = tandem.find("generation_defaults"); it != tandem.end()) {
+      info.generation_defaults = protocol::GenerationDefaults::fromJson(*it);
+    }
+    info.block_size = tandem.value("block_size", 16);
+    auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
+    if (hash.isOk()) info.hash = *hash;
+    // The agents' output parsers: a forced tool call is written in the tool
+    // parser's format, so the router checks it as they do.
+    auto text = [&tandem](const char* key) {
+      const auto it = tandem.find(key);
+      return it != tandem.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    if (auto parser = protocol::toolCallParserFromName(text("tool_call_parser")); parser.isOk()) {
+      chat_output.tool_call_parser = *parser;
+    }
+    if (auto parser = protocol::reasoningParserFromName(text("reasoning_parser")); parser.isOk()) {
+      chat_output.reasoning_parser = *parser;
+    }
+  } catch (const std::exception& e) {
+    TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.name
+                      << " is not an agent's: " << e.what();
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_error_ = "the /v1/models answer of " + agent.name + " is not an agent's: " + e.what();
+    shaped = false;
   }
-  if (auto parser = protocol::reasoningParserFromName(text("reasoning_parser")); parser.isOk()) {
-    chat_output.reasoning_parser = *parser;
-  }
+  if (!shaped) co_return;
   const std::filesystem::path dir = model_dir_.empty() ? info.root : model_dir_;
   try {
     auto tokenizer = Tokenizer::fromDirectory(dir);

@@ -178,6 +178,54 @@ TEST(RouterHealth, AModelItCannotLoadIsNamedNotBlamedOnTheAgents) {
   router.stop();
 }
 
+// An agent whose /v1/models answer is not shaped as an agent's (here: its
+// "data" an object) is named on /health, and the agent is still polled: once
+// it answers as an agent does, the router learns the model from it.
+TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
+  Agent real({"--role", "decode"});
+  httplib::Client real_client("127.0.0.1", real.port());
+  const std::string agent_models = real_client.Get("/v1/models")->body;
+  std::atomic<bool> shaped{false};
+  httplib::Server fake;
+  fake.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  fake.Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("tandem_num_requests_running 0\n", "text/plain");
+  });
+  fake.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(shaped ? agent_models : R"({"object":"list","data":{"id":"tiny"}})",
+                    "application/json");
+  });
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  std::thread serving([&] { fake.listen_after_bind(); });
+  RouterConfig config;
+  config.port = 0;
+  config.poll_interval_s = 0.1;
+  config.decode.push_back({"decode-0", "127.0.0.1", port});
+  Router router(config);
+  router.start();
+  httplib::Client client("127.0.0.1", router.port());
+  json health;
+  EXPECT_TRUE(eventually([&] {
+    auto res = client.Get("/health");
+    if (!res || res->status != 503) return false;
+    health = json::parse(res->body, nullptr, false);
+    return health.value("status", "") == "model not loaded";
+  })) << health.dump();
+  EXPECT_NE(health.value("error", "").find("the /v1/models answer of decode-0 is not an agent's"),
+            std::string::npos)
+      << health.dump();
+  shaped = true;
+  EXPECT_TRUE(eventually([&] {
+    auto res = client.Get("/health");
+    return res && res->status == 200;
+  })) << "the agent's polling ended";
+  router.stop();
+  fake.stop();
+  serving.join();
+}
+
 // A draining router (SIGTERM with --drain-delay) is not ready but still
 // serves what load balancers send before they notice.
 TEST_F(RouterTest, ADrainingRouterIsNotReadyButStillServes) {
