@@ -147,6 +147,19 @@ TEST_F(RouterTest, TheAnswersIdStartsWithTheRoutersRequestId) {
   }
 }
 
+// The router's /health once it answers 503 "model not loaded" (or the last
+// answer, if it never does).
+json healthOnceTheModelIsNotLoaded(httplib::Client& router) {
+  json health;
+  eventually([&] {
+    auto res = router.Get("/health");
+    if (!res || res->status != 503) return false;
+    health = json::parse(res->body, nullptr, false);
+    return health.value("status", "") == "model not loaded";
+  });
+  return health;
+}
+
 // A router that cannot read the model's tokenizer says so on /health,
 // rather than blaming decode agents that are healthy.
 TEST(RouterHealth, AModelItCannotLoadIsNamedNotBlamedOnTheAgents) {
@@ -159,13 +172,8 @@ TEST(RouterHealth, AModelItCannotLoadIsNamedNotBlamedOnTheAgents) {
   Router router(config);
   router.start();
   httplib::Client client("127.0.0.1", router.port());
-  json health;
-  EXPECT_TRUE(eventually([&] {
-    auto res = client.Get("/health");
-    if (!res || res->status != 503) return false;
-    health = json::parse(res->body, nullptr, false);
-    return health.value("status", "") == "model not loaded";
-  })) << health.dump();
+  const json health = healthOnceTheModelIsNotLoaded(client);
+  EXPECT_EQ(health.value("status", ""), "model not loaded") << health.dump();
   EXPECT_NE(health.value("error", "")
                 .find("cannot load the tokenizer from "
                       "/nonexistent/tandem-model"),
@@ -206,13 +214,8 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
   Router router(config);
   router.start();
   httplib::Client client("127.0.0.1", router.port());
-  json health;
-  EXPECT_TRUE(eventually([&] {
-    auto res = client.Get("/health");
-    if (!res || res->status != 503) return false;
-    health = json::parse(res->body, nullptr, false);
-    return health.value("status", "") == "model not loaded";
-  })) << health.dump();
+  const json health = healthOnceTheModelIsNotLoaded(client);
+  EXPECT_EQ(health.value("status", ""), "model not loaded") << health.dump();
   EXPECT_NE(health.value("error", "").find("the /v1/models answer of decode-0 is not an agent's"),
             std::string::npos)
       << health.dump();
