@@ -237,7 +237,7 @@ LocalCluster::LocalCluster(const LocalClusterOptions& options, std::chrono::seco
 void LocalCluster::waitUntilServing(std::chrono::seconds startup_timeout) {
   const auto deadline = std::chrono::steady_clock::now() + startup_timeout;
   auto timedOut = [&] {
-    return std::chrono::steady_clock::now() > deadline || operator_->wait(milliseconds(0)) >= 0;
+    return std::chrono::steady_clock::now() > deadline || operatorExit().has_value();
   };
   for (;;) {
     {
@@ -337,7 +337,7 @@ void LocalCluster::drainOutput() {
       }
     }
     pending.erase(0, start);
-    if (text.empty() && operator_->wait(milliseconds(0)) >= 0) return;
+    if (text.empty() && operatorExit()) return;
   }
 }
 

@@ -135,25 +135,22 @@ class InformerTest : public ::testing::Test {
     return text;
   }
 
+  // A request log line or target of a watch of the ConfigMaps.
+  static bool isConfigMapWatch(const std::string& text) {
+    return text.find("/configmaps?") != std::string::npos &&
+           text.find("watch=") != std::string::npos;
+  }
   // Watches whose stream started (the server answered 200).
   size_t openedWatches() const {
     size_t count = 0;
     for (const auto& record : server_.answeredRequests()) {
-      if (record.target.find("/configmaps?") != std::string::npos &&
-          record.target.find("watch=") != std::string::npos && record.status == 200) {
-        count++;
-      }
+      count += isConfigMapWatch(record.target) && record.status == 200;
     }
     return count;
   }
   size_t watchRequests() const {
     size_t count = 0;
-    for (const auto& line : server_.requestLog()) {
-      if (line.find("/configmaps?") != std::string::npos &&
-          line.find("watch=") != std::string::npos) {
-        count++;
-      }
-    }
+    for (const auto& line : server_.requestLog()) count += isConfigMapWatch(line);
     return count;
   }
   size_t listRequests() const {
