@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "common/prometheus_text.h"
 #include "common/subprocess.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/chart_install.h"
-#include "tests/support/free_port.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_helpers.h"
 
@@ -65,7 +65,7 @@ bool portFree(int port) {
   return bound;
 }
 
-using tandem::testing::freePort;
+using tandem::freeLoopbackPort;
 
 bool conditionTrue(const std::optional<json>& object, const std::string& type) {
   if (!object || !object->contains("status") || !(*object)["status"].contains("conditions"))
@@ -176,7 +176,7 @@ class HelmInstallTest : public ::testing::Test {
         server_->writeKubeconfig(dir_ / "operator.kubeconfig", operator_token_, kNs).string());
     metrics_port_ = std::stoi(flagValue(args_, "--metrics-port"));
     if (!portFree(metrics_port_)) {
-      metrics_port_ = freePort();
+      metrics_port_ = freeLoopbackPort();
       auto flag = std::find(argv.begin(), argv.end(), "--metrics-port");
       *(flag + 1) = std::to_string(metrics_port_);
     }

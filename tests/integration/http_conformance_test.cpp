@@ -6,10 +6,8 @@
 // streams get the same answer from both; the router forwards /tokenize and
 // /detokenize to an agent and cancels a chat template render whose client
 // left.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -25,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "tests/support/agent_server.h"
 
 namespace {
@@ -35,17 +34,7 @@ using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 // A blocking TCP connection to the agent with a deadline on every read.
 class RawConnection {
  public:
-  explicit RawConnection(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-  }
+  explicit RawConnection(int port) { fd_ = tandem::connectLoopback(port); }
   ~RawConnection() { close(); }
   RawConnection(const RawConnection&) = delete;
   RawConnection& operator=(const RawConnection&) = delete;
@@ -56,15 +45,7 @@ class RawConnection {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
-  bool send(const std::string& bytes) {
-    size_t sent = 0;
-    while (sent < bytes.size()) {
-      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  }
+  bool send(const std::string& bytes) { return tandem::sendAll(fd_, bytes); }
   // Whether the peer still holds the connection open: nothing to read and
   // no end of stream.
   bool heldOpenByPeer() const {

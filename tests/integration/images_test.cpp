@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/command.h"
-#include "tests/support/free_port.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
@@ -283,7 +283,7 @@ TEST_F(Images, BuiltFromTheCheckoutTheyRunServePushAndPull) {
 
   // ---- pushed to a registry, read back, pulled and run ----
   ASSERT_TRUE(onPath("docker-registry")) << "`make deps` installs docker-registry";
-  const int port = freePort();
+  const int port = tandem::freeLoopbackPort();
   const fs::path registry_config = work_.path() / "registry.yml";
   std::ofstream(registry_config) << "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: "
                                  << (work_.path() / "registry").string()

@@ -29,12 +29,12 @@
 #include <string>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "common/subprocess.h"
 #include "operator/spec/agent_command.h"
 #include "operator/spec/cluster_spec.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/chart_install.h"
-#include "tests/support/free_port.h"
 #include "tests/support/kubectl.h"
 #include "tests/support/test_helpers.h"
 
@@ -55,7 +55,7 @@ const fs::path kSourceDir = TANDEM_SOURCE_DIR;
 const fs::path kOperator = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
 constexpr const char* kNs = "default";
 
-using tandem::testing::freePort;
+using tandem::freeLoopbackPort;
 
 // The value of one sample of a metric in Prometheus text, or -1 when absent.
 double metricValue(const std::string& text, const std::string& series) {
@@ -88,7 +88,7 @@ class Controller {
   // `token`: the bearer token it authenticates with.
   Controller(const ApiServer& server, const fs::path& dir, const std::string& identity,
              const std::string& token, const std::vector<std::string>& extra = {})
-      : identity_(identity), token_(token), metrics_port_(freePort()) {
+      : identity_(identity), token_(token), metrics_port_(freeLoopbackPort()) {
     kubeconfig_ = server.writeKubeconfig(dir / (identity + ".kubeconfig"), token, kNs);
     std::vector<std::string> argv = {
         kOperator.string(), "controller", "--kubeconfig",   kubeconfig_.string(),

@@ -29,11 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "common/prometheus_text.h"
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
 #include "tests/support/apiserver/api_server.h"
-#include "tests/support/free_port.h"
 #include "tests/support/test_files.h"
 #include "tests/support/test_helpers.h"
 
@@ -123,7 +123,7 @@ class K8sPlannerTest : public ::testing::Test {
 
   std::unique_ptr<Subprocess> startOperator(const std::vector<std::string>& extra) {
     const fs::path kubeconfig = server_.writeKubeconfig(dir_.path() / "kubeconfig", "t", kNs);
-    metrics_port_ = tandem::testing::freePort();
+    metrics_port_ = tandem::freeLoopbackPort();
     std::vector<std::string> argv = {(kBinDir / "tandem-operator").string(),
                                      "controller",
                                      "--kubeconfig",
@@ -292,7 +292,7 @@ TEST_F(K8sPlannerTest, MetricsReadThroughPrometheusGrowThePoolToo) {
        {{{"job_name", "tandem-agents"},
          {"file_sd_configs", {{{"files", {targets.string()}}, {"refresh_interval", "1s"}}}}}}}};
   const fs::path config_path = dir_.write("prometheus.yml", config.dump(2));
-  const int prometheus_port = tandem::testing::freePort();
+  const int prometheus_port = tandem::freeLoopbackPort();
   Subprocess prometheus_process(
       {prometheus, "--config.file=" + config_path.string(),
        "--storage.tsdb.path=" + (dir_.path() / "tsdb").string(),

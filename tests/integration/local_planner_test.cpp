@@ -20,12 +20,9 @@
 // - GET /metrics on local mode's metrics port shows what the planner asked
 //   for; a port in use stops local mode before any agent starts;
 //   `tandem-operator local --metrics-port 0` prints the port it serves.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "common/prometheus_text.h"
 #include "common/status.h"
 #include "common/subprocess.h"
@@ -445,16 +443,9 @@ TEST_F(LocalPlannerTest, ItlMissGrowsDecodeOnly) {
 
 TEST_F(LocalPlannerTest, ATakenMetricsPortStopsLocalModeBeforeAnyAgentStarts) {
   // A port another process listens on.
-  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int holder = listenLoopback(&port);
   ASSERT_GE(holder, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(::listen(holder, 1), 0);
-  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  const int port = ntohs(address.sin_port);
 
   const fs::path file = dir_.write("cluster.yaml", clusterYaml(files(SlowPool::kPrefill), 1));
   LocalModeOptions with_port = options(file);

@@ -25,11 +25,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "common/subprocess.h"
 #include "tests/support/agent_server.h"
 #include "tests/support/apiserver/api_server.h"
 #include "tests/support/apiserver/yaml_json.h"
-#include "tests/support/free_port.h"
 #include "tests/support/helm.h"
 #include "tests/support/test_files.h"
 
@@ -49,7 +49,7 @@ constexpr char kNamespace[] = "llm";
 // What the dashboard's $__rate_interval stands for here (scrapes every 1 s).
 constexpr char kRateInterval[] = "30s";
 
-using tandem::testing::freePort;
+using tandem::freeLoopbackPort;
 
 // An executable in /usr/bin or /usr/local/bin, or "" when there is none.
 void replaceAll(std::string& text, const std::string& from, const std::string& to) {
@@ -214,7 +214,7 @@ TEST_F(MonitoringTest, DashboardPanelsHaveDataAndAlertsEvaluate) {
   server.setDeploymentControllerAuto(true);
   server.put(poolObject("PrefillPool", "prefill"));
   server.put(poolObject("DecodePool", "decode"));
-  const int controller_port = freePort();
+  const int controller_port = freeLoopbackPort();
   const fs::path kubeconfig =
       server.writeKubeconfig(dir_.path() / "controller.kubeconfig", "controller", kNamespace);
   Subprocess controller(
@@ -245,7 +245,7 @@ TEST_F(MonitoringTest, DashboardPanelsHaveDataAndAlertsEvaluate) {
          {{"component", "operator"}, {"namespace", kNamespace}, {"pod", "operator-0"}}}}}};
   const fs::path config =
       dir_.write("prometheus.yml", prometheusConfig(jobs, {default_rules, tiny_rules}));
-  prometheus_port_ = freePort();
+  prometheus_port_ = freeLoopbackPort();
   Subprocess prometheus({prometheus_, "--config.file=" + config.string(),
                          "--storage.tsdb.path=" + (dir_.path() / "tsdb").string(),
                          "--web.listen-address=127.0.0.1:" + std::to_string(prometheus_port_)},

@@ -4,10 +4,8 @@
 // socket, is counted as a client abort (never "rejected", never retried on
 // another decode agent), stops the upstream work and leaves no KV block held
 // on any agent.
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,13 +18,17 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_socket.h"
 #include "operator/router/router.h"
 #include "tests/support/router_cluster.h"
 
 namespace {
 
 using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+using tandem::connectLoopback;
 using tandem::prometheusSample;
+using tandem::resetAndClose;
+using tandem::sendAll;
 using tandem::router::Policy;
 using tandem::router::Router;
 using tandem::router::RouterConfig;
@@ -58,18 +60,11 @@ double metricSum(const std::string& text, const std::string& name) {
 // A client on a raw socket, so it can leave at any byte and choose how.
 class RawClient {
  public:
-  explicit RawClient(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-  }
+  explicit RawClient(int port) { fd_ = connectLoopback(port); }
   ~RawClient() {
     if (fd_ >= 0) ::close(fd_);
   }
-  bool connected() const { return connected_; }
+  bool connected() const { return fd_ >= 0; }
 
   static std::string request(const json& body, const std::string& path = "/v1/completions") {
     const std::string text = body.dump();
@@ -77,14 +72,7 @@ class RawClient {
            " HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(text.size()) + "\r\n\r\n" + text;
   }
-  bool send(std::string_view bytes) {
-    while (!bytes.empty()) {
-      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      bytes.remove_prefix(static_cast<size_t>(n));
-    }
-    return true;
-  }
+  bool send(std::string_view bytes) { return sendAll(fd_, bytes); }
   // Reads until `marker` has arrived (true) or the connection ends.
   bool readUntil(const std::string& marker, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -102,11 +90,8 @@ class RawClient {
     return true;
   }
   const std::string& received() const { return received_; }
-  // RST: SO_LINGER {1, 0}, then close.
   void reset() {
-    linger option{1, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &option, sizeof option);
-    ::close(fd_);
+    resetAndClose(fd_);
     fd_ = -1;
   }
   // FIN: an orderly close.
@@ -117,7 +102,6 @@ class RawClient {
 
  private:
   int fd_ = -1;
-  bool connected_ = false;
   std::string received_;
 };
 

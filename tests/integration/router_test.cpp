@@ -5,9 +5,7 @@
 // kv_transfer_params are ignored, and failed agents are routed around.
 #include "operator/router/router.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -26,14 +24,19 @@
 #include <vector>
 
 #include "common/block_hash.h"
+#include "common/loopback_socket.h"
 #include "tests/support/drain_checks.h"
 #include "tests/support/router_cluster.h"
 
 namespace {
 
 using namespace ::tandem::testing;  // NOLINT: the test vocabulary
+using tandem::connectLoopback;
+using tandem::listenLoopback;
 using tandem::prometheusSample;
 using tandem::prometheusSum;
+using tandem::resetAndClose;
+using tandem::sendAll;
 using tandem::router::AgentEndpoint;
 using tandem::router::Policy;
 using tandem::router::Router;
@@ -638,15 +641,8 @@ class CuttingProxy {
   // Cuts after the event containing `marker` (the first occurrence).
   CuttingProxy(int upstream_port, std::string marker)
       : upstream_port_(upstream_port), marker_(std::move(marker)) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address = loopback(0);
-    socklen_t length = sizeof address;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        ::listen(listener_, 64) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      throw std::runtime_error("the proxy cannot listen");
-    }
-    port_ = ntohs(address.sin_port);
+    listener_ = listenLoopback(&port_);
+    if (listener_ < 0) throw std::runtime_error("the proxy cannot listen");
     acceptor_ = std::thread([this] { acceptLoop(); });
   }
   ~CuttingProxy() {
@@ -660,19 +656,6 @@ class CuttingProxy {
   bool cut() const { return cut_; }
 
  private:
-  static sockaddr_in loopback(int port) {
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    return address;
-  }
-  static void reset(int fd) {
-    const linger abortive{1, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof abortive);
-    ::close(fd);
-  }
-
   void acceptLoop() {
     for (;;) {
       const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -686,10 +669,8 @@ class CuttingProxy {
   }
 
   void relay(int client) {
-    const int upstream = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address = loopback(upstream_port_);
-    if (::connect(upstream, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-      ::close(upstream);
+    const int upstream = connectLoopback(upstream_port_);
+    if (upstream < 0) {
       ::close(client);
       return;
     }
@@ -708,13 +689,13 @@ class CuttingProxy {
           completion = true;
           cutting = !claimed_.exchange(true);
         }
-        if (::send(upstream, buffer, static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
+        if (!sendAll(upstream, request)) break;
       }
       if (fds[1].revents != 0) {
         const ssize_t n = ::read(upstream, buffer, sizeof buffer);
         if (n <= 0) break;
         if (!cutting) {
-          if (::send(client, buffer, static_cast<size_t>(n), MSG_NOSIGNAL) != n) break;
+          if (!sendAll(client, std::string_view(buffer, static_cast<size_t>(n)))) break;
           continue;
         }
         answer.append(buffer, static_cast<size_t>(n));
@@ -723,15 +704,14 @@ class CuttingProxy {
             marker == std::string::npos ? std::string::npos : answer.find("\n\n", marker);
         const size_t upto = end == std::string::npos ? answer.size() : end + 2;
         // Everything before the cut goes through as it comes.
-        if (upto > forwarded && ::send(client, answer.data() + forwarded, upto - forwarded,
-                                       MSG_NOSIGNAL) != static_cast<ssize_t>(upto - forwarded)) {
+        if (!sendAll(client, std::string_view(answer).substr(forwarded, upto - forwarded))) {
           break;
         }
         forwarded = upto;
         if (end != std::string::npos) {
           cut_ = true;
-          reset(client);
-          reset(upstream);
+          resetAndClose(client);
+          resetAndClose(upstream);
           return;
         }
       }

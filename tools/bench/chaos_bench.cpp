@@ -1,7 +1,5 @@
 #include "tools/bench/chaos_bench.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -19,7 +17,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 
+#include "common/loopback_socket.h"
 #include "common/status.h"
 #include "tools/bench/bench_options.h"
 #include "tools/bench/move_scenario.h"
@@ -58,30 +58,6 @@ struct AbortTally {
   int64_t connect_failures = 0;
 };
 
-int connectLoopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool sendAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t sent = ::send(fd, data, size, MSG_NOSIGNAL);
-    if (sent <= 0) return false;
-    data += sent;
-    size -= static_cast<size_t>(sent);
-  }
-  return true;
-}
-
 // Reads until `want` bytes came, the answer ended (its last chunk: the
 // connection stays open), the peer closed, or no byte for timeout_ms. The
 // bytes read; -1 when the timeout passed without any.
@@ -100,14 +76,6 @@ int64_t readUpTo(int fd, size_t want, int timeout_ms) {
     received.append(buffer, static_cast<size_t>(n));
   }
   return static_cast<int64_t>(got);
-}
-
-void closeSocket(int fd, bool reset) {
-  if (reset) {
-    linger option{1, 0};  // close() sends RST
-    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, sizeof(option));
-  }
-  ::close(fd);
 }
 
 int portOf(const std::string& url) { return std::stoi(url.substr(url.rfind(':') + 1)); }
@@ -136,27 +104,31 @@ void abortOnce(int port, const std::string& model, std::mt19937_64& rng, double 
   bool no_answer = false;
   switch (stage) {
     case AbortStage::kPartialHeaders:
-      sendAll(fd, request.data(), 1 + rng() % (head.size() - 1));
+      sendAll(fd, std::string_view(request).substr(0, 1 + rng() % (head.size() - 1)));
       break;
     case AbortStage::kPartialBody:
-      sendAll(fd, request.data(), head.size() + rng() % body.size());
+      sendAll(fd, std::string_view(request).substr(0, head.size() + rng() % body.size()));
       break;
     case AbortStage::kAfterRequest:
-      sendAll(fd, request.data(), request.size());
+      sendAll(fd, request);
       break;
     case AbortStage::kAfterDelay:
-      sendAll(fd, request.data(), request.size());
+      sendAll(fd, request);
       std::this_thread::sleep_for(milliseconds(rng() % 400));
       break;
     case AbortStage::kAfterFirstBytes: {
-      sendAll(fd, request.data(), request.size());
+      sendAll(fd, request);
       // Streams: headers and some events; plain answers: part of the headers.
       const size_t want = stream ? 1 + rng() % 1200 : 1 + rng() % 60;
       no_answer = readUpTo(fd, want, static_cast<int>(hang_timeout_s * 1000)) < 0;
       break;
     }
   }
-  closeSocket(fd, reset);
+  if (reset) {
+    resetAndClose(fd);
+  } else {
+    ::close(fd);
+  }
   std::lock_guard lock(mutex);
   ++tally.counts[static_cast<size_t>(stage)][reset][stream];
   tally.no_answer += no_answer;

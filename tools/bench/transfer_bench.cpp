@@ -1,11 +1,8 @@
 #include "tools/bench/transfer_bench.h"
 
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +25,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model_config.h"
 #include "common/dtype.h"
+#include "common/loopback_socket.h"
 #include "common/prometheus_text.h"
 #include "common/status.h"
 #include "common/subprocess.h"
@@ -306,23 +304,6 @@ double memcpyGBps(int64_t bytes) {
   return static_cast<double>(bytes) * static_cast<double>(inner) / best / kGB;
 }
 
-// A TCP port nobody listens on right now (ucx_perftest needs one given).
-int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 std::optional<fs::path> findExecutable(const std::string& name) {
   if (name.find('/') != std::string::npos) {
     if (::access(name.c_str(), X_OK) == 0) return fs::path(name);
@@ -393,7 +374,7 @@ std::pair<std::optional<double>, std::string> runPerftest(const std::string& per
   const int64_t iterations = std::clamp<int64_t>(
       static_cast<int64_t>(kPerftestBytes / static_cast<double>(bytes)), 10, 1000);
   const std::vector<std::pair<std::string, std::string>> env = {{"UCX_TLS", transport}};
-  const std::string port = std::to_string(freePort());
+  const std::string port = std::to_string(freeLoopbackPort());
   Subprocess server({binary->string(), "-p", port}, log_dir / "ucx_perftest-server.stderr", env);
   // The server's "Waiting for connection" sits in its stdout buffer, so the
   // client retries until the server listens.

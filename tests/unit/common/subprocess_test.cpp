@@ -1,13 +1,10 @@
 #include "common/subprocess.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+
+#include "common/loopback_socket.h"
 
 namespace tandem {
 namespace {
@@ -121,15 +120,10 @@ TEST(Subprocess, DestructionKillsTheChild) {
 TEST(Subprocess, TheChildGetsNoDescriptorBeyondStderr) {
   int pipe_fds[2];
   ASSERT_EQ(::pipe(pipe_fds), 0);
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int listener = listenLoopback(&port);
   ASSERT_GE(listener, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(::listen(listener, 8), 0);
-  socklen_t length = sizeof address;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ASSERT_EQ(::fcntl(listener, F_SETFD, 0), 0);
   ASSERT_EQ(::fcntl(pipe_fds[1], F_GETFD) & FD_CLOEXEC, 0);
   ASSERT_EQ(::fcntl(listener, F_GETFD) & FD_CLOEXEC, 0);
 
@@ -142,12 +136,10 @@ TEST(Subprocess, TheChildGetsNoDescriptorBeyondStderr) {
   EXPECT_EQ(::read(pipe_fds[0], &byte, 1), 0) << "end of the pipe";
   ::close(pipe_fds[0]);
 
-  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(client, 0);
-  const int connected = ::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  const int client = connectLoopback(port);
   const int error = errno;
-  ::close(client);
-  EXPECT_NE(connected, 0) << "the child still listens on the parent's port";
+  if (client >= 0) ::close(client);
+  EXPECT_LT(client, 0) << "the child still listens on the parent's port";
   EXPECT_EQ(error, ECONNREFUSED);
   EXPECT_EQ(sleeper.wait(seconds(0)), -1) << "the child runs";
 }

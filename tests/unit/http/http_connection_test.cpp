@@ -5,10 +5,8 @@
 // stops.
 #include "common/http/http_connection.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +20,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include "common/loopback_socket.h"
 
 namespace tandem::server {
 namespace {
@@ -216,28 +216,10 @@ TEST(HttpService, TheCallersRequestIdLeadsTheServersOwn) {
 
 // A raw client: sends bytes, then closes without reading.
 void sendAndClose(int port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(bytes.size()));
+  const int fd = connectLoopback(port);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(sendAll(fd, bytes));
   ::close(fd);
-}
-
-// A connected client socket to 127.0.0.1:port, or -1 when no descriptor is
-// left for it.
-int connectTo(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  return fd;
 }
 
 // Out of file descriptors, a connection waits in the backlog and every
@@ -254,7 +236,7 @@ TEST(HttpService, RunningOutOfDescriptorsPausesAcceptingAndRecovers) {
   low.rlim_cur = open_now + 16;
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
   std::vector<int> clients;
-  for (int fd; (fd = connectTo(service.port())) >= 0;) clients.push_back(fd);
+  for (int fd; (fd = connectLoopback(service.port())) >= 0;) clients.push_back(fd);
   ASSERT_FALSE(clients.empty());
   // Descriptors back one at a time until one more client gets one (a retry
   // of the service may take one first): its connection cannot be accepted.
@@ -262,7 +244,7 @@ TEST(HttpService, RunningOutOfDescriptorsPausesAcceptingAndRecovers) {
   while (waiting < 0 && !clients.empty()) {
     ::close(clients.back());
     clients.pop_back();
-    waiting = connectTo(service.port());
+    waiting = connectLoopback(service.port());
   }
   ASSERT_GE(waiting, 0);
   clients.push_back(waiting);
@@ -279,12 +261,11 @@ TEST(HttpService, RunningOutOfDescriptorsPausesAcceptingAndRecovers) {
 
 // Sends `bytes` and reads until the server closes the connection.
 std::string exchangeRaw(int port, const std::string& bytes) {
-  const int fd = connectTo(port);
+  const int fd = connectLoopback(port);
   EXPECT_GE(fd, 0);
   timeval timeout{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(bytes.size()));
+  EXPECT_TRUE(sendAll(fd, bytes));
   std::string answer;
   char buffer[4096];
   for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) answer.append(buffer, n);
