@@ -1,9 +1,12 @@
 #include "operator/router/agent_tracker.h"
 
+#include <algorithm>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 
 #include "common/json_parse.h"
 #include "common/logging.h"
@@ -29,6 +32,22 @@ awaitable<void> sleepFor(double seconds) {
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
   boost::system::error_code ec;
   co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+}
+
+// A request count from an agent's /metrics. Absent, not a number or
+// negative reads as 0; a huge one (+Inf included) is capped at 10^12, so that
+// the count converts to an integer and sums of counts cannot overflow.
+int64_t polledCount(std::string_view metrics, std::string_view name) {
+  const double value = prometheusSample(metrics, name).value_or(0);
+  if (!(value > 0)) return 0;
+  return static_cast<int64_t>(std::min(value, 1e12));
+}
+
+// A ratio from an agent's /metrics, read into [0, 1]; not a number reads as 0.
+double polledRatio(std::string_view metrics, std::string_view name) {
+  const double value = prometheusSample(metrics, name).value_or(0);
+  if (!(value > 0)) return 0;
+  return std::min(value, 1.0);
 }
 
 }  // namespace
@@ -133,28 +152,20 @@ void AgentTracker::setIndexBlocksIfListed(const AgentState& agent) {
   }
 }
 
+// An agent's polls go on until it is unlisted, whatever one of them meets: a
+// poll that throws counts as unhealthy, is logged, and the next one follows.
 awaitable<void> AgentTracker::pollLoop(AgentPtr agent) {
   while (!stopping_ && agent->listed) {
-    UpstreamResult health = co_await callAgent(agent->endpoint, http::verb::get,
-                                               std::string("/health"), std::string(), 5.0);
-    bool healthy = health.status == 200;
-    if (healthy) {
-      const int64_t mine_before = ledger_requests_ ? ledger_requests_(*agent) : 0;
-      UpstreamResult metrics = co_await callAgent(agent->endpoint, http::verb::get,
-                                                  std::string("/metrics"), std::string(), 5.0);
-      if (metrics.status == 200) {
-        agent->running = static_cast<int64_t>(
-            prometheusSample(metrics.body, "tandem_num_requests_running").value_or(0));
-        agent->waiting = static_cast<int64_t>(
-            prometheusSample(metrics.body, "tandem_num_requests_waiting").value_or(0));
-        // The router's own requests that ended or began while the poll was
-        // under way are not external load either way.
-        const int64_t mine = std::max(mine_before, ledger_requests_ ? ledger_requests_(*agent) : 0);
-        agent->external_requests = std::max<int64_t>(0, agent->running + agent->waiting - mine);
-        agent->kv_usage = prometheusSample(metrics.body, "tandem_kv_cache_usage_ratio").value_or(0);
-        setRequestsIfListed(*agent);
-      }
-      if (!model_.ready()) co_await model_.learnFrom(agent->endpoint);
+    bool healthy = false;
+    std::string failure;
+    try {
+      healthy = co_await pollOnce(*agent);
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+    if (!failure.empty()) {
+      TANDEM_LOG(kWarn) << "router: polling agent " << agent->endpoint.name
+                        << " failed: " << failure;
     }
     if (agent->healthy.exchange(healthy) != healthy) {
       TANDEM_LOG(kInfo) << "router: agent " << agent->endpoint.name << " is "
@@ -164,6 +175,27 @@ awaitable<void> AgentTracker::pollLoop(AgentPtr agent) {
     co_await sleepFor(poll_interval_s_);
   }
   setHealthyIfListed(*agent, false);
+}
+
+awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
+  UpstreamResult health = co_await callAgent(agent.endpoint, http::verb::get,
+                                             std::string("/health"), std::string(), 5.0);
+  if (health.status != 200) co_return false;
+  const int64_t mine_before = ledger_requests_ ? ledger_requests_(agent) : 0;
+  UpstreamResult metrics = co_await callAgent(agent.endpoint, http::verb::get,
+                                              std::string("/metrics"), std::string(), 5.0);
+  if (metrics.status == 200) {
+    agent.running = polledCount(metrics.body, "tandem_num_requests_running");
+    agent.waiting = polledCount(metrics.body, "tandem_num_requests_waiting");
+    // The router's own requests that ended or began while the poll was
+    // under way are not external load either way.
+    const int64_t mine = std::max(mine_before, ledger_requests_ ? ledger_requests_(agent) : 0);
+    agent.external_requests = std::max<int64_t>(0, agent.running + agent.waiting - mine);
+    agent.kv_usage = polledRatio(metrics.body, "tandem_kv_cache_usage_ratio");
+    setRequestsIfListed(agent);
+  }
+  if (!model_.ready()) co_await model_.learnFrom(agent.endpoint);
+  co_return true;
 }
 
 // Follows the agent's /v1/kv_events stream into the ownership index;

@@ -110,6 +110,8 @@ class AgentTracker {
   void setRequestsIfListed(const AgentState& agent);
   void setIndexBlocksIfListed(const AgentState& agent);
   boost::asio::awaitable<void> pollLoop(AgentPtr agent);
+  // One poll of /health and, when healthy, /metrics: whether it is healthy.
+  boost::asio::awaitable<bool> pollOnce(AgentState& agent);
   boost::asio::awaitable<void> eventLoop(AgentPtr agent);
 
   boost::asio::io_context& ioc_;

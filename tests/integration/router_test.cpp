@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -227,6 +228,50 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
     auto res = client.Get("/health");
     return res && res->status == 200;
   })) << "the agent's polling ended";
+  router.stop();
+  fake.stop();
+  serving.join();
+}
+
+// Request counts an agent reports that are not counts (not a number,
+// negative, infinite, beyond any real count) do not reach the router's
+// comparisons as they are: not a number and negative read as 0, the rest
+// are capped at 10^12; and polling goes on.
+TEST(RouterHealth, MetricsThatAreNotCountsAreReadSafely) {
+  std::atomic<int> answer{0};
+  const std::vector<std::string> metrics = {
+      "tandem_num_requests_running NaN\ntandem_num_requests_waiting -4\n"
+      "tandem_kv_cache_usage_ratio NaN\n",
+      "tandem_num_requests_running +Inf\ntandem_num_requests_waiting 1e300\n"
+      "tandem_kv_cache_usage_ratio 7\n",
+      "tandem_num_requests_running 3\ntandem_num_requests_waiting 2\n"};
+  httplib::Server fake;
+  fake.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  fake.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics[static_cast<size_t>(answer.load())], "text/plain");
+  });
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  std::thread serving([&] { fake.listen_after_bind(); });
+  RouterConfig config;
+  config.port = 0;
+  config.poll_interval_s = 0.1;
+  config.decode.push_back({"decode-0", "127.0.0.1", port});
+  Router router(config);
+  router.start();
+  httplib::Client client("127.0.0.1", router.port());
+  const auto agentRequests = [&]() -> std::optional<double> {
+    auto res = client.Get("/metrics");
+    if (!res) return std::nullopt;
+    return prometheusSample(res->body, "tandem_router_agent_requests", "agent=\"decode-0\"");
+  };
+  const std::vector<double> expected = {0, 2e12, 5};
+  for (size_t i = 0; i < metrics.size(); ++i) {
+    answer = static_cast<int>(i);
+    EXPECT_TRUE(eventually([&] { return agentRequests() == expected[i]; }))
+        << "answer " << i << ": " << agentRequests().value_or(-1);
+  }
   router.stop();
   fake.stop();
   serving.join();
