@@ -139,6 +139,12 @@ class KvConnectorScheduler {
   // after a lookup): the connector forgets what it kept for it. Engine
   // thread, once per request that requestFinished() is not called for.
   virtual void requestAbandoned(std::string_view request_id) {}
+  // This connector's lookup() answered available for the request, but the
+  // request loads from elsewhere (a multi connector's other member won): the
+  // connector lets go of what its answer kept (a remote hold, say) now
+  // rather than when the request ends, and offers nothing more for it.
+  // Engine thread.
+  virtual void lookupNotTaken(std::string_view request_id) {}
   // A hold that requestFinished() asked for has ended (released, timed out,
   // replaced): called on the engine thread just BEFORE its blocks go back to
   // the pool, so that no reader takes what they hold next for the request's

@@ -142,6 +142,10 @@ class FaultInjectingConnector : public KvConnector, KvConnectorScheduler, KvConn
     loadable_blocks_.erase(std::string(request_id));
     inner_->scheduler().requestAbandoned(request_id);
   }
+  void lookupNotTaken(std::string_view request_id) override {
+    loadable_blocks_.erase(std::string(request_id));
+    inner_->scheduler().lookupNotTaken(request_id);
+  }
   void holdEnded(std::string_view request_id) override {
     inner_->scheduler().holdEnded(request_id);
   }

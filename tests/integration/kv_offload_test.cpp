@@ -135,7 +135,10 @@ TEST_F(KvOffload, MultiLoadsFromStorageInAFreshProcessThenFromItsTier) {
 // A multi connector with a ucx member: the prefill agent's ucx member holds
 // the blocks and answers where they are (requestFinished and validate go
 // through the multi), the decode agent's KV cache is allocated by UCX for its
-// ucx member, which reads the blocks asynchronously (source="ucx").
+// ucx member, which reads the blocks asynchronously (source="ucx"). When the
+// decode agent's tier (first in its list) serves the next hand-off of the
+// same prompt instead, its ucx member lets the prefill agent's hold go at
+// once, not at the hold's timeout.
 TEST_F(KvOffload, MultiWithAUcxMemberHandsPrefillToDecode) {
   struct UcxOverTcp {
     UcxOverTcp() { ::setenv("UCX_TLS", "tcp", 1); }
@@ -155,7 +158,7 @@ TEST_F(KvOffload, MultiWithAUcxMemberHandsPrefillToDecode) {
         .dump();
   };
   Agent prefiller({"--kv-transfer-config", config("kv_producer", true)});
-  Agent decoder({"--kv-transfer-config", config("kv_consumer", false)});
+  Agent decoder({"--num-blocks", kNumBlocks, "--kv-transfer-config", config("kv_consumer", false)});
   const double prefill_free_blocks = prefiller.metric("tandem_kv_cache_free_blocks");
   const double decode_free_blocks = decoder.metric("tandem_kv_cache_free_blocks");
 
@@ -175,6 +178,23 @@ TEST_F(KvOffload, MultiWithAUcxMemberHandsPrefillToDecode) {
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"offload\""), 0);
   EXPECT_EQ(decoder.metric("tandem_computed_tokens_total") - computed_before, 11 + 7);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+
+  // Once the decode agent's KV cache lost the prompt, its tier and the
+  // prefill agent offer the same blocks; the tier wins the tie.
+  evictPrompt(decoder);
+  body = greedy(prompt_, 1);
+  body["kv_transfer_params"] = {{"do_remote_decode", true}};
+  params = prefiller.post("/v1/completions", body)["kv_transfer_params"];
+  ASSERT_TRUE(params.is_object());
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 5);
+  body = greedy(prompt_, 8);
+  params["do_remote_prefill"] = true;
+  body["kv_transfer_params"] = params;
+  EXPECT_EQ(tokenIds(decoder.post("/v1/completions", body)), expected);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"offload\""), 4);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }))
+      << "the prefill agent's hold is kept for nobody";
   expectFreeBlocksAtBaseline(prefiller, prefill_free_blocks);
   expectFreeBlocksAtBaseline(decoder, decode_free_blocks);
 }

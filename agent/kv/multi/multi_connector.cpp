@@ -157,6 +157,11 @@ void MultiConnector::requestAbandoned(std::string_view request_id) {
   for (const auto& member : members_) member->scheduler().requestAbandoned(request_id);
 }
 
+void MultiConnector::lookupNotTaken(std::string_view request_id) {
+  winners_.erase(std::string(request_id));
+  for (const auto& member : members_) member->scheduler().lookupNotTaken(request_id);
+}
+
 void MultiConnector::holdEnded(std::string_view request_id) {
   for (const auto& member : members_) member->scheduler().holdEnded(request_id);
 }
@@ -175,8 +180,12 @@ LoadResult MultiConnector::load(const ConnectorRequest& request, int64_t first_b
     failures_.add("missing", static_cast<int64_t>(block_ids.size()));
     return result;
   }
-  KvConnector& member = *members_[it->second];
+  const size_t winner = it->second;
+  KvConnector& member = *members_[winner];
   winners_.erase(it);
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (i != winner) members_[i]->scheduler().lookupNotTaken(request.request_id);
+  }
   LoadResult result = member.worker().load(request, first_block, block_ids);
   if (result.source.empty()) result.source = member.config().connector;
   return result;

@@ -9,7 +9,9 @@
 //   already offers every loadable block, the answer is pending (asked again
 //   on a later step). The winner is remembered per request id.
 // - load(): goes to the member that won that request's lookup; the result's
-//   source names the member (its connector name) for the metrics.
+//   source names the member (its connector name) for the metrics. The other
+//   members hear lookupNotTaken() (a ucx member that offered a transfer
+//   releases it then).
 // - save(): reaches every member (each applies its own kv_role).
 // - requestFinished(): members are asked in order; the first whose decision
 //   holds the blocks or returns kv_transfer_params wins, and later members are
@@ -73,6 +75,7 @@ class MultiConnector : public KvConnector, KvConnectorScheduler, KvConnectorWork
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
   void requestAbandoned(std::string_view request_id) override;
+  void lookupNotTaken(std::string_view request_id) override;
   void holdEnded(std::string_view request_id) override;
 
   LoadResult load(const ConnectorRequest& request, int64_t first_block,

@@ -755,21 +755,42 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
                       << "'s hash differs); its " << blocks << " blocks are recomputed here";
     failures_.add("prefix_mismatch");
   }
+  Descriptor source_blocks = std::move(descriptor).value();
+  source_blocks.block_ids.clear();
   if (wanted < minimum || !same_prefix) {
     // Nothing to read (this agent holds it all already), or cheaper to
     // recompute: let the owner go now rather than at its hold timeout.
+    offered_.erase(id);
     declined_.insert(id);
-    LoadJob job;
-    job.request_id = id;
-    job.source = std::move(descriptor).value();
-    job.source.block_ids.clear();
-    job.release_only = true;
-    enqueue(std::move(job));
+    enqueueRelease(id, std::move(source_blocks));
     return result;
   }
+  offered_[id] = std::move(source_blocks);
   result.state = LookupResult::State::kAvailable;
   result.num_tokens = wanted;
   return result;
+}
+
+void UcxConnector::enqueueRelease(const std::string& request_id, Descriptor source) {
+  LoadJob job;
+  job.request_id = request_id;
+  job.source = std::move(source);
+  job.release_only = true;
+  enqueue(std::move(job));
+}
+
+bool UcxConnector::releaseOffered(const std::string& request_id) {
+  auto it = offered_.find(request_id);
+  if (it == offered_.end()) return false;
+  Descriptor source = std::move(it->second);
+  offered_.erase(it);
+  enqueueRelease(request_id, std::move(source));
+  return true;
+}
+
+void UcxConnector::lookupNotTaken(std::string_view request_id) {
+  const std::string id(request_id);
+  if (releaseOffered(id)) declined_.insert(id);  // offered once, released: never read
 }
 
 std::optional<transport::Clock::duration> UcxConnector::timeLeftToRead(const Descriptor& d) {
@@ -977,6 +998,7 @@ LoadResult UcxConnector::load(const ConnectorRequest& request, int64_t first_blo
   if (!descriptor.isOk()) return fail_all(descriptor.status().message());
   LoadJob job;
   job.request_id = std::string(request.request_id);
+  offered_.erase(job.request_id);  // the job's read releases the owner
   job.first_block = first_block;
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const size_t index = static_cast<size_t>(first_block) + i;
@@ -1205,12 +1227,15 @@ void UcxConnector::sendRelease(transport::UcxPeer& peer, const std::string& tran
 }
 
 void UcxConnector::requestAbandoned(std::string_view request_id) {
-  declined_.erase(std::string(request_id));
+  const std::string id(request_id);
+  releaseOffered(id);  // aborted, failed or refused before its load
+  declined_.erase(id);
 }
 
 FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
                                              std::span<const BlockId> blocks,
                                              int64_t num_computed_tokens) {
+  releaseOffered(std::string(request.request_id));  // finished without loading
   declined_.erase(std::string(request.request_id));
   FinishDecision decision;
   const json* params = request.kv_transfer_params;

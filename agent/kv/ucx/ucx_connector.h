@@ -117,6 +117,7 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   FinishDecision requestFinished(const ConnectorRequest& request, std::span<const BlockId> blocks,
                                  int64_t num_computed_tokens) override;
   void requestAbandoned(std::string_view request_id) override;
+  void lookupNotTaken(std::string_view request_id) override;
   void holdEnded(std::string_view request_id) override;
   LoadResult load(const ConnectorRequest& request, int64_t first_block,
                   std::span<const BlockId> block_ids) override;
@@ -187,6 +188,11 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
     std::vector<BlockId> slots;                       // every slot the load took
   };
   void enqueue(LoadJob job);
+  // Queues a job that reads nothing and only lets the owner of `source` go.
+  void enqueueRelease(const std::string& request_id, Descriptor source);
+  // Releases the transfer offered_ holds for the request, if any: whether
+  // there was one.
+  bool releaseOffered(const std::string& request_id);
   // Loader thread: runs queued reads one after the other, and drops idle or
   // failed peers between them.
   void loaderLoop();
@@ -295,6 +301,10 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // Requests that read nothing of their transfer and released it; engine
   // thread. Forgotten when the request ends (finished or abandoned).
   std::unordered_set<std::string> declined_;
+  // Requests whose lookup offered their transfer and that have not loaded
+  // it (the descriptor, its block ids dropped); engine thread. Released when
+  // another connector serves them or they end without loading.
+  std::unordered_map<std::string, Descriptor> offered_;
   // Producer: the hold tickets and their registered words.
   std::unique_ptr<transport::UcxSlabAllocator> holds_allocator_;
   uint8_t* holds_base_ = nullptr;

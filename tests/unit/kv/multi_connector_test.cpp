@@ -34,6 +34,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
     return decision;
   }
   void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
+  void lookupNotTaken(std::string_view id) override { not_taken.emplace_back(id); }
   void holdEnded(std::string_view id) override { ended.emplace_back(id); }
   bool verifiesRequests() const override { return verifies; }
   LoadResult load(const ConnectorRequest&, int64_t, std::span<const BlockId> ids) override {
@@ -56,6 +57,7 @@ class FakeMember : public KvConnector, KvConnectorScheduler, KvConnectorWorker {
   int64_t saved = 0;
   int finished = 0;
   std::vector<std::string> abandoned;
+  std::vector<std::string> not_taken;
   std::vector<std::string> ended;
 
  private:
@@ -254,6 +256,8 @@ TEST_F(MultiOverFakes, PollsAndFailureCountsCombineTheMembers) {
   EXPECT_EQ(multi_->failureCounts(), (std::map<std::string, int64_t>{{"fake", 2}}));
 }
 
+// Only the winner loads; the members that lost hear so at the load (a ucx
+// member lets the prefill agent's hold go then, not when the request ends).
 TEST_F(MultiOverFakes, SavesReachEveryMemberAndLoadsOnlyTheWinner) {
   const BlockId ids[] = {1, 2, 3};
   multi_->save(request_.view(), 0, ids);
@@ -262,9 +266,12 @@ TEST_F(MultiOverFakes, SavesReachEveryMemberAndLoadsOnlyTheWinner) {
   first_->answer = available(8);
   second_->answer = available(8);
   EXPECT_EQ(multi_->lookup(request_.view(), 0).num_tokens, 8);
+  EXPECT_TRUE(second_->not_taken.empty()) << "a lookup decides nothing until the load";
   EXPECT_EQ(multi_->load(request_.view(), 0, std::span<const BlockId>(ids, 2)).source, "first");
   EXPECT_EQ(first_->loaded, 2);
   EXPECT_EQ(second_->loaded, 0);
+  EXPECT_EQ(second_->not_taken, std::vector<std::string>{"r"});
+  EXPECT_TRUE(first_->not_taken.empty());
 }
 
 // An abandoned request (aborted after its lookup, before its load) is
