@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Finds `co_await` in an `if` or `while` condition in the C++ sources.
+"""Finds the `co_await` shapes GCC 12 miscompiles in the C++ sources.
 
 Usage: check_coroutines.py [ROOT]   (exit 1 and one line per finding)
 
 GCC 12 (Debian 12's compiler) miscompiles a coroutine that awaits in an
-`if` or `while` condition when the coroutine has no local variable: its first
-resumption jumps to a trap or a wild address. The router died that way when a
-decode agent broke off after its last token. The project's rule is simpler
-than the bug's condition: await into a named local, then test it.
+`if`, `while`, `switch` or classic `for` condition when the coroutine has no
+local variable: its first resumption jumps to a trap or a wild address. The
+router died that way when a decode agent broke off after its last token.
+It also evaluates both sides of `?:` and `&&`/`||` whose operands await
+(`co_return c && co_await f();` awaits f() when c is false). The project's
+rules are simpler than the bugs' conditions: no `co_await` in a condition
+(a range-for's range is fine), and none as an operand of `?:`, `&&` or
+`||`; await into a named local, then test it.
 
     const bool written = co_await exchange.writeChunk(data);
     if (written) co_await exchange.finishChunked();
@@ -19,8 +23,10 @@ import sys
 
 DIRECTORIES = ("agent", "common", "kernels", "operator", "tests", "tools")
 EXTENSIONS = (".cpp", ".h", ".cu", ".cuh")
-CONDITION = re.compile(r"\b(?:if|while)\s*\(")
+CONDITION = re.compile(r"\b(?:if|while|switch|for)\s*\(")
 AWAIT = re.compile(r"\bco_await\b")
+# Binary && and || as the project's format writes them (`T&& x` is a type).
+LOGICAL = re.compile(r"\s(?:&&|\|\|)\s")
 
 
 def code_only(text):
@@ -59,18 +65,81 @@ def code_only(text):
     return "".join(out)
 
 
+def is_range_for(header):
+    """Whether a `for` header (inside its parentheses) is a range-for: a `:`
+    (not `::`) and no `;` at its own nesting level."""
+    depth = 0
+    colon = False
+    for i, c in enumerate(header):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and c == ";":
+            return False
+        elif depth == 0 and c == ":" and header[i - 1:i] != ":" and header[i + 1:i + 2] != ":":
+            colon = True
+    return colon
+
+
+def operand_span(code, at):
+    """The text around the co_await at `at` at its own nesting level: back to
+    the start of its statement or enclosing bracket, forward to its end."""
+    depth, i = 0, at
+    while i > 0:
+        c = code[i - 1]
+        if c in ")]}":
+            depth += 1
+        elif c in "([{":
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and c in ";,":
+            break
+        i -= 1
+    depth, j = 0, at
+    while j < len(code):
+        c = code[j]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and c in ";,":
+            break
+        j += 1
+    # Only what sits at the co_await's own level: nested brackets blanked.
+    flat, depth = [], 0
+    for c in code[i:j]:
+        if c in ")]}":
+            depth -= 1
+        flat.append(c if depth == 0 else " ")
+        if c in "([{":
+            depth += 1
+    return "".join(flat)
+
+
 def findings(text):
-    """Line numbers (1-based) of conditions that contain a co_await."""
+    """(line, what) of each co_await in a condition or as an operand of ?:,
+    && or ||; lines 1-based."""
     code = code_only(text)
-    lines = []
+    found = []
     for match in CONDITION.finditer(code):
         depth, j = 1, match.end()
         while j < len(code) and depth > 0:
             depth += {"(": 1, ")": -1}.get(code[j], 0)
             j += 1
-        if AWAIT.search(code, match.end(), j):
-            lines.append(code.count("\n", 0, match.start()) + 1)
-    return lines
+        header = code[match.end():j - 1]
+        if match.group(0).startswith("for") and is_range_for(header):
+            continue
+        if AWAIT.search(header):
+            found.append((code.count("\n", 0, match.start()) + 1, "in a condition"))
+    for match in AWAIT.finditer(code):
+        span = operand_span(code, match.start())
+        if "?" in span or LOGICAL.search(span):
+            found.append((code.count("\n", 0, match.start()) + 1, "as an operand of ?:, && or ||"))
+    return sorted(set(found))
 
 
 def main(argv):
@@ -84,10 +153,10 @@ def main(argv):
                 path = os.path.join(folder, name)
                 with open(path, encoding="utf-8", errors="replace") as f:
                     text = f.read()
-                for line in findings(text):
+                for line, what in findings(text):
                     found += 1
-                    print(f"{os.path.relpath(path, root)}:{line}: co_await in a condition: "
-                          "await into a named local, then test it (scripts/check_coroutines.py)")
+                    print(f"{os.path.relpath(path, root)}:{line}: co_await {what}: await into a "
+                          "named local, then test it (scripts/check_coroutines.py)")
     return 1 if found else 0
 
 

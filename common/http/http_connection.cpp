@@ -593,9 +593,12 @@ awaitable<bool> HttpExchange::writeChunk(std::string data) {
   // A HEAD has no body: the route's stream ends here, as for a client gone.
   if (connection_.head()) co_return false;
   if (data.empty()) co_return true;  // an empty chunk would end the body
-  const bool ok = connection_.http10()
-                      ? co_await connection_.writeRaw(asio::buffer(data))
-                      : co_await connection_.writeRaw(http::make_chunk(asio::buffer(data)));
+  bool ok;
+  if (connection_.http10()) {
+    ok = co_await connection_.writeRaw(asio::buffer(data));
+  } else {
+    ok = co_await connection_.writeRaw(http::make_chunk(asio::buffer(data)));
+  }
   if (!ok) broken_ = true;
   co_return ok;
 }
@@ -678,9 +681,9 @@ void HttpService::route(std::string method, std::string path, HttpPlainRoute han
             };
             // (No co_await inside ?: — GCC 12 builds both operands' arguments.)
             if (work == RouteWork::kWait) {
-              response = co_await exchange.offloadWait<HttpResponse>(std::move(call));
+              response = co_await exchange.offloadWait<HttpResponse>(call);
             } else {
-              response = co_await exchange.offload<HttpResponse>(std::move(call));
+              response = co_await exchange.offload<HttpResponse>(call);
             }
           }
           co_await exchange.respond(std::move(response));

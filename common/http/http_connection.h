@@ -48,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -161,19 +162,35 @@ class HttpExchange {
       std::optional<std::chrono::steady_clock::duration> timeout = std::nullopt);
   std::shared_ptr<HttpWaker> waker();
 
-  // Runs `work` on the worker pool and resumes here with its result;
-  // exceptions propagate.
-  template <typename T>
-  boost::asio::awaitable<T> offload(std::function<T()> work);
+  // Runs `work` (a callable returning T) on the worker pool and resumes here
+  // with its result; exceptions propagate.
+  //
+  // `work` is a named object, or a temporary that needs no destructor (a
+  // lambda capturing only pointers, references and scalars): GCC 12
+  // destroys a temporary with a destructor that sits in the same statement
+  // as a co_await twice (a lambda capturing a std::string by value there
+  // frees it twice). A static_assert refuses anything else; name it first
+  // (`auto work = [s] {...}; co_await exchange.offload<T>(work);`).
+  template <typename T, typename F>
+  boost::asio::awaitable<T> offload(F&& work) {
+    checkWork<F>();
+    return offloadOn<T>(false, std::function<T()>(std::forward<F>(work)));
+  }
   // offload() on the waiting pool: for work that waits for another thread.
-  template <typename T>
-  boost::asio::awaitable<T> offloadWait(std::function<T()> work);
+  template <typename T, typename F>
+  boost::asio::awaitable<T> offloadWait(F&& work) {
+    checkWork<F>();
+    return offloadOn<T>(true, std::function<T()>(std::forward<F>(work)));
+  }
   // The same, watching the connection meanwhile: `cancel` is set when the
   // client leaves (or the service stops), for `work` to poll and end early
   // (a template render, a tokenizer). The route then finds clientGone()
   // true and answers nothing.
-  template <typename T>
-  boost::asio::awaitable<T> offload(std::function<T()> work, std::atomic<bool>& cancel);
+  template <typename T, typename F>
+  boost::asio::awaitable<T> offload(F&& work, std::atomic<bool>& cancel) {
+    checkWork<F>();
+    return offloadCancellable<T>(std::function<T()>(std::forward<F>(work)), cancel);
+  }
 
   // Watches the connection while the route awaits something other than
   // wait() (a call to another server, a queue): from now until the exchange
@@ -183,6 +200,17 @@ class HttpExchange {
 
  private:
   friend class HttpConnection;
+  template <typename F>
+  static constexpr void checkWork() {
+    static_assert(
+        std::is_lvalue_reference_v<F> || std::is_trivially_destructible_v<std::remove_cvref_t<F>>,
+        "offload work passed as a temporary must need no destructor (GCC 12 destroys "
+        "it twice): name it first and pass the name");
+  }
+  template <typename T>
+  boost::asio::awaitable<T> offloadOn(bool waiting_pool, std::function<T()> work);
+  template <typename T>
+  boost::asio::awaitable<T> offloadCancellable(std::function<T()> work, std::atomic<bool>& cancel);
   friend class OnClientGone;
   // Sets what the client leaving runs; returns the previous callback.
   std::function<void()> swapOnGone(std::function<void()> callback);
@@ -345,18 +373,14 @@ boost::asio::awaitable<T> runOn(boost::asio::thread_pool& pool, std::function<T(
 }  // namespace detail
 
 template <typename T>
-boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work) {
-  co_return co_await detail::runOn<T>(service_.workers(), std::move(work));
+boost::asio::awaitable<T> HttpExchange::offloadOn(bool waiting_pool, std::function<T()> work) {
+  co_return co_await detail::runOn<T>(waiting_pool ? service_.waiters() : service_.workers(),
+                                      std::move(work));
 }
 
 template <typename T>
-boost::asio::awaitable<T> HttpExchange::offloadWait(std::function<T()> work) {
-  co_return co_await detail::runOn<T>(service_.waiters(), std::move(work));
-}
-
-template <typename T>
-boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work,
-                                                std::atomic<bool>& cancel) {
+boost::asio::awaitable<T> HttpExchange::offloadCancellable(std::function<T()> work,
+                                                           std::atomic<bool>& cancel) {
   // The flag is also set by stop(), so that a shutdown does not wait for
   // work nobody will read.
   struct Registration {
@@ -369,7 +393,7 @@ boost::asio::awaitable<T> HttpExchange::offload(std::function<T()> work,
   };
   Registration registration(service_, &cancel);
   OnClientGone watch(*this, [&cancel] { cancel = true; });
-  co_return co_await offload<T>(std::move(work));
+  co_return co_await offloadOn<T>(false, std::move(work));
 }
 
 }  // namespace tandem::server
