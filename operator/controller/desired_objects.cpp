@@ -75,7 +75,11 @@ void addModelSource(const spec::ModelSourceSpec& model, const std::string& fetch
       if (!model.cache_claim.empty() && !tokenizer_only) {
         cache["persistentVolumeClaim"] = {{"claimName", model.cache_claim}};
         // Claims are mounted root-owned; the group makes them the agents' too.
-        pod_spec["securityContext"] = {{"fsGroup", kAgentGroupId}};
+        // Only when the volume's root is not the group's already: a model
+        // cache of hundreds of GB would otherwise be walked and chowned at
+        // every pod start.
+        pod_spec["securityContext"] = {{"fsGroup", kAgentGroupId},
+                                       {"fsGroupChangePolicy", "OnRootMismatch"}};
       } else {
         cache["emptyDir"] = json::object();
         if (!model.cache_size_limit.empty() && !tokenizer_only) {
@@ -109,6 +113,13 @@ void addModelSource(const spec::ModelSourceSpec& model, const std::string& fetch
            json::array({{{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}}})}};
       // None for a public model: the API server keeps no empty env list.
       if (!env.empty()) fetch["env"] = std::move(env);
+      // The download lands on the node's disk (an emptyDir): with a size
+      // limit, the scheduler places the pod only where that much ephemeral
+      // storage is free.
+      if (cache.contains("emptyDir") && cache["emptyDir"].contains("sizeLimit")) {
+        fetch["resources"] = {
+            {"requests", {{"ephemeral-storage", cache["emptyDir"]["sizeLimit"]}}}};
+      }
       pod_spec["initContainers"] = json::array({std::move(fetch)});
       container["volumeMounts"].push_back(
           {{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}, {"readOnly", true}});

@@ -12,8 +12,7 @@ namespace {
 
 using nlohmann::json;
 
-std::optional<std::string> httpGet(const std::string& base, const std::string& path) {
-  httplib::Client client(base);
+std::optional<std::string> httpGet(httplib::Client& client, const std::string& path) {
   client.set_connection_timeout(0, 500000);
   client.set_read_timeout(2, 0);
   auto response = client.Get(path);
@@ -33,12 +32,15 @@ class PodScrapeSource : public PodMetricsSource {
     for (const json& pod : pods) {
       const auto address = podMetricsAddress(pod);
       if (!address) continue;
-      const std::string base = "http://" + address->first + ":" + std::to_string(address->second);
-      if (std::optional<std::string> text = httpGet(base, "/metrics")) {
+      // Host and port apart: a URL would need an IPv6 address in brackets.
+      httplib::Client client(address->first, address->second);
+      if (std::optional<std::string> text = httpGet(client, "/metrics")) {
         texts[podName(pod)] = std::move(*text);
       } else {
+        const bool ipv6 = address->first.find(':') != std::string::npos;
         TANDEM_LOG(kWarn) << "controller: planner: no /metrics from pod " << podName(pod) << " ("
-                          << base << "); left out of this round";
+                          << (ipv6 ? "[" + address->first + "]" : address->first) << ":"
+                          << address->second << "); left out of this round";
       }
     }
     return texts;
@@ -64,7 +66,8 @@ class FederationSource : public PodMetricsSource {
     const std::string prefix = path_start == std::string::npos ? "" : url_.substr(path_start);
     const std::string path = prefix + "/federate?match[]=" +
                              httplib::detail::encode_query_param(federationSelector(names));
-    std::optional<std::string> text = httpGet(base, path);
+    httplib::Client client(base);
+    std::optional<std::string> text = httpGet(client, path);
     if (!text) {
       TANDEM_LOG(kWarn) << "controller: planner: no answer from " << url_
                         << "/federate; the round has no metrics";

@@ -18,13 +18,15 @@
 namespace tandem::spec {
 namespace {
 
-// Kubernetes object names (RFC 1123 labels): agents are named "<name>-<index>".
+// Kubernetes object names: a pool's or router's Service takes its name, and
+// Service names are DNS-1035 labels (a letter first, where other objects
+// also take a digit); agents are named "<name>-<index>".
 void checkName(const std::string& name, const YAML::Node& node, const DocumentContext& context) {
-  static const std::regex kLabel("[a-z0-9]([-a-z0-9]*[a-z0-9])?");
+  static const std::regex kLabel("[a-z]([-a-z0-9]*[a-z0-9])?");
   if (name.size() > 56 || !std::regex_match(name, kLabel)) {
     fail(context, "metadata.name",
-         "must be at most 56 lowercase letters, digits and '-', starting and ending with a "
-         "letter or digit, got \"" +
+         "must be at most 56 lowercase letters, digits and '-', starting with a letter and "
+         "ending with a letter or digit (the name of its Service, a DNS-1035 label), got \"" +
              name + "\"",
          node);
   }
@@ -153,9 +155,37 @@ std::vector<std::pair<std::string, std::string>> readEnv(const YAML::Node& node,
       value = value_node->Scalar();
     }
     item.rejectUnknown();
+    for (size_t earlier = 0; earlier < env.size(); ++earlier) {
+      // Server-side apply refuses a list with two entries of one name.
+      if (env[earlier].first == name) {
+        fail(context, item.pathOf("name"),
+             "\"" + name + "\" is set already by spec.env[" + std::to_string(earlier) + "]",
+             name_node);
+      }
+    }
     env.emplace_back(name, value);
   }
   return env;
+}
+
+// Variables the controller sets in an agent's container beside spec.env: the
+// same name in spec.env would be a second entry, which server-side apply
+// refuses.
+void checkEnvAgainstController(const PoolSpec& pool, const YAML::Node& node,
+                               const DocumentContext& context) {
+  for (size_t i = 0; i < pool.env.size(); ++i) {
+    const std::string& name = pool.env[i].first;
+    std::string set_by;
+    if (name == "POD_IP") set_by = "the controller (the pod's IP, for KV transfer)";
+    if (name == "TANDEM_KV_SECRET" && pool.kv_transfer.secret_ref) {
+      set_by = "spec.kvTransfer.secretRef";
+    }
+    if (name == "TANDEM_API_KEY" && pool.api_key_secret_ref) set_by = "spec.apiKeySecretRef";
+    if (!set_by.empty()) {
+      fail(context, "spec.env[" + std::to_string(i) + "].name",
+           "\"" + name + "\" is set by " + set_by + "; leave it out of spec.env", node[i]["name"]);
+    }
+  }
 }
 
 // spec.autoscaling, checked by the planner's own parser; its message (which
@@ -290,7 +320,7 @@ void readPoolModel(const YAML::Node& model, PoolSpec& pool, const DocumentContex
       fetch.cache_claim = readString(*claim, cache.pathOf("claimName"), context);
     }
     if (auto limit = cache.get("sizeLimit")) {
-      fetch.cache_size_limit = readString(*limit, cache.pathOf("sizeLimit"), context);
+      fetch.cache_size_limit = readQuantity(*limit, cache.pathOf("sizeLimit"), context);
     }
     cache.rejectUnknown();
   }
@@ -338,7 +368,8 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   }
   if (auto value = spec.get("engine")) pool.engine = readEngine(*value, context);
   if (auto value = spec.get("kvTransfer")) pool.kv_transfer = readKvTransfer(*value, kind, context);
-  if (auto value = spec.get("env")) pool.env = readEnv(*value, context);
+  const std::optional<YAML::Node> env = spec.get("env");
+  if (env) pool.env = readEnv(*env, context);
   if (auto value = spec.get("extraArgs")) {
     requireList(*value, "spec.extraArgs", context);
     for (size_t i = 0; i < value->size(); ++i) {
@@ -363,6 +394,7 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   if (auto value = spec.get("template")) {
     pool.pod_template = readPodTemplate(*value, "spec.template", context);
   }
+  if (env) checkEnvAgainstController(pool, *env, context);
   spec.rejectUnknown();
   return pool;
 }

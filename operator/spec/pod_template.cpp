@@ -3,6 +3,8 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
+#include <string>
 #include <utility>
 
 namespace tandem::spec {
@@ -141,11 +143,13 @@ class TemplateMerger {
   }
 
   // Entries of `user` matched by `key` against the generated entries: a match
-  // is merged by `merge_match`, any other entry appended as written (the
-  // user's own duplicates reach the API server, which judges them).
+  // is merged by `merge_match`, any other entry appended as written. A second
+  // user entry of a key already appended is ignored (and reported): server-
+  // side apply refuses a keyed list with two entries of one key.
   void mergeByKey(json& target, const json& user, const std::string& key, const std::string& path,
                   const FieldMerge& merge_match) {
     const size_t generated_count = target.is_array() ? target.size() : 0;
+    std::set<std::string> appended;
     for (size_t index = 0; index < user.size(); ++index) {
       const json& item = user[index];
       const auto id = item.is_object() ? item.find(key) : item.end();
@@ -160,6 +164,8 @@ class TemplateMerger {
       }
       if (match) {
         merge_match(*match, item, keyedPath(path, id->get<std::string>()));
+      } else if (!appended.insert(id->get<std::string>()).second) {
+        ignored_.push_back(keyedPath(path, std::to_string(index)));
       } else {
         target.push_back(item);
       }

@@ -218,6 +218,21 @@ void requireNamedList(const YAML::Node& list, const std::string& path,
   }
 }
 
+bool isQuantity(const std::string& text) {
+  static const std::regex kQuantity(
+      R"([+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?)");
+  return std::regex_match(text, kQuantity);
+}
+
+std::string readQuantity(const YAML::Node& node, const std::string& path,
+                         const DocumentContext& context) {
+  if (!node.IsScalar() || !isQuantity(node.Scalar())) {
+    fail(context, path, "must be a quantity such as 1, 500m, 8Gi or 1e9, got " + described(node),
+         node);
+  }
+  return node.Scalar();
+}
+
 void checkResources(const YAML::Node& node, const std::string& path,
                     const DocumentContext& context) {
   requireMapping(node, path, context);
@@ -226,11 +241,8 @@ void checkResources(const YAML::Node& node, const std::string& path,
     if (auto quantities = resources.get(key)) {
       requireMapping(*quantities, resources.pathOf(key), context);
       for (const auto& entry : *quantities) {
-        if (!entry.second.IsScalar()) {
-          fail(context, resources.pathOf(key) + "." + entry.first.as<std::string>(),
-               "must be a quantity such as 1, 500m or 8Gi, got " + described(entry.second),
-               entry.second);
-        }
+        readQuantity(entry.second, resources.pathOf(key) + "." + entry.first.as<std::string>(),
+                     context);
       }
     }
   }

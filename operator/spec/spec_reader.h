@@ -120,8 +120,18 @@ std::string readEnum(const YAML::Node& node, const std::string& path,
 nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
                       const std::string& path);
 
+// A Kubernetes quantity as the API server parses it: a number ("1", "0.5",
+// ".5", "-2") and one suffix, binary (Ki Mi Gi Ti Pi Ei), decimal (n u m k M
+// G T P E) or an exponent ("1e3", "2E-2"). A string that is not one makes
+// the object it sits in fail to decode there.
+bool isQuantity(const std::string& text);
+// A scalar that is a quantity (isQuantity), or a failure at `path` naming
+// what was found.
+std::string readQuantity(const YAML::Node& node, const std::string& path,
+                         const DocumentContext& context);
+
 // Kubernetes resource requirements (limits, requests, claims): not used in
-// local mode, but their shape is still checked.
+// local mode, but their shape and quantities are still checked.
 void checkResources(const YAML::Node& node, const std::string& path,
                     const DocumentContext& context);
 

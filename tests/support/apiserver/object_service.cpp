@@ -54,6 +54,11 @@ bool validName(const std::string& name) {
   return !name.empty() && name.size() <= 253 && std::regex_match(name, kSubdomain);
 }
 
+bool validServiceName(const std::string& name) {
+  static const std::regex kLabel("[a-z]([-a-z0-9]*[a-z0-9])?");
+  return name.size() <= 63 && std::regex_match(name, kLabel);
+}
+
 std::string mediaType(const std::string& content_type) {
   std::string type = content_type.substr(0, content_type.find(';'));
   type.erase(std::remove(type.begin(), type.end(), ' '), type.end());
@@ -366,6 +371,15 @@ ApiResult ObjectService::createLocked(const KindInfo& kind, const std::string& n
         "Invalid value: \"" + name +
             "\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
             "characters, '-' or '.', and must start and end with an alphanumeric character"));
+  }
+  // Services are named by DNS-1035 labels (ValidateServiceName): a letter
+  // first, no dots, at most 63 characters.
+  if (kind.kind == "Service" && !validServiceName(name)) {
+    return ApiResult::failure(invalid(
+        kind, name, "metadata.name",
+        "Invalid value: \"" + name +
+            "\": a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+            "start with an alphabetic character, and end with an alphanumeric character"));
   }
   std::vector<std::string> warnings;
   if (!options.admin) {

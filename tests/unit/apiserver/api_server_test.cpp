@@ -84,6 +84,25 @@ TEST(ApiServerTest, GenerateNameMakesAUniqueName) {
   EXPECT_NE(first.body["metadata"]["name"], second.body["metadata"]["name"]);
 }
 
+// Names are RFC 1123 subdomains, except a Service's: a DNS-1035 label, so a
+// name that starts with a digit makes a ConfigMap and not a Service.
+TEST(ApiServerTest, AServiceNameStartsWithALetter) {
+  ApiServer server;
+  ApiTestClient client(server);
+  EXPECT_EQ(client.post(kConfigMaps, configMap("70b-decode")).status, 201);
+  const Json service = {{"apiVersion", "v1"},
+                        {"kind", "Service"},
+                        {"metadata", {{"name", "70b-decode"}}},
+                        {"spec", {{"ports", {{{"port", 80}}}}}}};
+  JsonAnswer refused = client.post("/api/v1/namespaces/default/services", service);
+  EXPECT_EQ(refused.status, 422) << refused.text;
+  EXPECT_NE(refused.text.find("a DNS-1035 label must consist of"), std::string::npos)
+      << refused.text;
+  Json named = service;
+  named["metadata"]["name"] = "decode-70b";
+  EXPECT_EQ(client.post("/api/v1/namespaces/default/services", named).status, 201);
+}
+
 TEST(ApiServerTest, GenerationChangesWithSpecOnlyAndStatusIsASubresource) {
   ApiServer server;
   server.registerCrds(crdDirectory());

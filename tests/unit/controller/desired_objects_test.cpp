@@ -176,8 +176,9 @@ TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
       "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
               {"name": "HF_ENDPOINT", "value": "https://mirror.example"}],
       "terminationMessagePolicy": "FallbackToLogsOnError",
+      "resources": {"requests": {"ephemeral-storage": "40Gi"}},
       "volumeMounts": [{"name": "model-cache", "mountPath": "/model-cache"}]}])json");
-  EXPECT_EQ(pod["initContainers"], expected_init);
+  EXPECT_EQ(pod["initContainers"], expected_init) << "the download's disk is requested";
   EXPECT_EQ(pod["volumes"][1], json::parse(R"({"name": "model-cache",
       "emptyDir": {"sizeLimit": "40Gi"}})"));
   EXPECT_EQ(
@@ -190,7 +191,10 @@ TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
   const json& shared_pod = podSpec(shared_deployment);
   EXPECT_EQ(shared_pod["volumes"][1], json::parse(R"({"name": "model-cache",
       "persistentVolumeClaim": {"claimName": "models"}})"));
-  EXPECT_EQ(shared_pod["securityContext"], json::parse(R"({"fsGroup": 65532})"));
+  EXPECT_EQ(shared_pod["securityContext"],
+            json::parse(R"({"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"})"));
+  EXPECT_FALSE(shared_pod["initContainers"][0].contains("resources"))
+      << "a claim's disk is not the node's";
   // A public model: no token, no endpoint, and no empty env list, which the
   // API server would drop (the live init container would never match).
   EXPECT_FALSE(shared_pod["initContainers"][0].contains("env")) << shared_pod.dump();

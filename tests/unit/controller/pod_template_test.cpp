@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 namespace tandem::spec {
 namespace {
 
@@ -387,6 +389,28 @@ TEST(PodTemplateTest, MalformedEntriesAreListedAndUnused) {
       mergePodTemplate(kGenerated, json("spec"), "agent", kPoolOwned);
   EXPECT_EQ(not_an_object.ignored, Paths{"template"});
   EXPECT_EQ(not_an_object.pod_template, kGenerated);
+}
+
+// Server-side apply refuses a keyed list with two entries of one key: the
+// user's second entry of a name is listed and unused (the first stays).
+TEST(PodTemplateTest, ASecondEntryOfOneKeyIsListedAndUnused) {
+  const json fragment = json::parse(R"({"spec": {
+    "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "cache", "hostPath": {"path": "/x"}}],
+    "containers": [{"name": "agent",
+                    "env": [{"name": "A", "value": "1"}, {"name": "POD_IP", "value": "x"},
+                            {"name": "A", "value": "2"}]}]}})");
+  const TemplateMergeResult result = mergePodTemplate(kGenerated, fragment, "agent", kPoolOwned);
+  EXPECT_EQ(result.ignored,
+            (Paths{"template.spec.containers[agent].env[POD_IP]",  // the controller's
+                   "template.spec.containers[agent].env[2]", "template.spec.volumes[1]"}));
+  std::map<std::string, int> names;
+  for (const json& variable : agentOf(result.pod_template)["env"]) ++names[variable["name"]];
+  EXPECT_EQ(names, (std::map<std::string, int>{{"A", 1}, {"POD_IP", 1}, {"TANDEM_KV_SECRET", 1}}));
+  EXPECT_EQ(agentOf(result.pod_template)["env"][2]["value"], "1") << "the first entry stays";
+  int caches = 0;
+  for (const json& volume : result.pod_template["spec"]["volumes"])
+    caches += volume["name"] == "cache";
+  EXPECT_EQ(caches, 1);
 }
 
 TEST(PodTemplateTest, SameInputsGiveTheSameJson) {

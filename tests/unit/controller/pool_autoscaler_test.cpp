@@ -10,6 +10,7 @@
 #include "operator/controller/pool_autoscaler.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,7 +18,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <string>
+#include <thread>
 
 #include "operator/controller/controller.h"
 #include "operator/controller/workload_status.h"
@@ -358,6 +362,32 @@ TEST(PoolAutoscalerHelpers, PodMetricsAddressIsThePodIpAndItsHttpPort) {
   EXPECT_EQ(podMetricsAddress(pod), std::make_pair(std::string("10.1.2.3"), 8000));
   pod["status"].erase("podIP");
   EXPECT_EQ(podMetricsAddress(pod), std::nullopt) << "a Pending pod has no address";
+}
+
+// Pods of an IPv6 cluster have IPv6 addresses: the scrape reaches them.
+TEST(PoolAutoscalerHelpers, PodsAreScrapedAtIpv4AndIpv6Addresses) {
+  for (const std::string ip : {"127.0.0.1", "::1"}) {
+    httplib::Server agent;
+    agent.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content("tandem_num_requests_running 3\n", "text/plain");
+    });
+    const int port = agent.bind_to_any_port(ip);
+    ASSERT_GT(port, 0) << ip;
+    std::thread serving([&] { agent.listen_after_bind(); });
+    const json pod = {
+        {"metadata", {{"name", "decode-0"}}},
+        {"status", {{"podIP", ip}}},
+        {"spec",
+         {{"containers",
+           {{{"name", "agent"}, {"ports", {{{"name", "http"}, {"containerPort", port}}}}}}}}}};
+    const auto texts =
+        podScrapeSource()->scrape({pod}, planner::agentMetricNames(planner::PoolKind::kDecode));
+    EXPECT_EQ(texts,
+              (std::map<std::string, std::string>{{"decode-0", "tandem_num_requests_running 3\n"}}))
+        << ip;
+    agent.stop();
+    serving.join();
+  }
 }
 
 TEST(PoolAutoscalerHelpers, FederationIsAskedForTheSeriesReadAndSplitByPod) {

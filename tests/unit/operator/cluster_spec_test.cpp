@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "operator/spec/spec_reader.h"
 
 namespace tandem::spec {
 namespace {
@@ -276,10 +277,28 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({decode_spec + "  env: [{name: 1A}]\n"}),
        "spec.env[0].name must be letters, digits and '_', not starting with a digit, got \"1A\""},
       {documents({decode_spec + "  env: [{value: x}]\n"}), "spec.env[0].name is required"},
+      {documents({decode_spec + "  env: [{name: A, value: x}, {name: B}, {name: A}]\n"}),
+       "spec.env[2].name \"A\" is set already by spec.env[0]"},
+      {documents({decode_spec + "  env: [{name: POD_IP, value: 10.0.0.1}]\n"}),
+       "spec.env[0].name \"POD_IP\" is set by the controller (the pod's IP, for KV transfer); "
+       "leave it out of spec.env"},
+      {documents({decode_spec + "  kvTransfer: {secretRef: {name: kv, key: s}}\n"
+                                "  env: [{name: A}, {name: TANDEM_KV_SECRET, value: x}]\n"}),
+       "spec.env[1].name \"TANDEM_KV_SECRET\" is set by spec.kvTransfer.secretRef"},
+      {documents({decode_spec + "  apiKeySecretRef: {name: api}\n"
+                                "  env: [{name: TANDEM_API_KEY, value: x}]\n"}),
+       "spec.env[0].name \"TANDEM_API_KEY\" is set by spec.apiKeySecretRef"},
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
        "spec.extraArgs[0] must be a string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
-       "spec.resources.limits.cpu must be a quantity such as 1, 500m or 8Gi, got a list"},
+       "spec.resources.limits.cpu must be a quantity such as 1, 500m, 8Gi or 1e9, got a list"},
+      {documents({decode_spec + "  resources: {requests: {memory: 8GiB}}\n"}),
+       "spec.resources.requests.memory must be a quantity such as 1, 500m, 8Gi or 1e9, got "
+       "\"8GiB\""},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata: {name: d}\n"
+                  "spec: {model: {source: hf://org/m, cache: {sizeLimit: 40GiB}}}\n"}),
+       "spec.model.cache.sizeLimit must be a quantity such as 1, 500m, 8Gi or 1e9, got "
+       "\"40GiB\""},
       {documents({decode_spec + "  image: {}\n"}), "spec.image must be a non-empty string"},
       {documents({kPrefill, "apiVersion: tandem.dev/v1\nkind: DecodePool\n"}),
        "c.yaml: document 2: apiVersion must be tandem.dev/v1alpha1, got \"tandem.dev/v1\" "
@@ -292,6 +311,10 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
                   "metadata: {name: Decode}\nspec: {}\n"}),
        "metadata.name must be at most 56 lowercase letters, digits and '-'"},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+                  "metadata: {name: 70b-decode}\nspec: {}\n"}),
+       "starting with a letter and ending with a letter or digit (the name of its Service, a "
+       "DNS-1035 label), got \"70b-decode\""},
       {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
                   "metadata: {name: decode}\n"}),
        "c.yaml: document 1 (DecodePool \"decode\"): spec is required"},
@@ -714,6 +737,16 @@ TEST(ClusterSpecTest, GpuClusterExampleReadsItsHubSourceAndTemplate) {
     EXPECT_EQ(pool.pod_template["spec"]["tolerations"][0]["key"], "nvidia.com/gpu");
   }
   EXPECT_FALSE(cluster.router.model_path.has_value());
+}
+
+TEST(ClusterSpecTest, QuantitiesAreReadAsTheApiServerParsesThem) {
+  for (const char* good : {"1", "0.5", ".5", "5.", "-2", "+3", "500m", "8Gi", "1e3", "2E-2", "10Ki",
+                           "1.5T", "100n", "3u"}) {
+    EXPECT_TRUE(isQuantity(good)) << good;
+  }
+  for (const char* bad : {"", "8GiB", "lots", "1e", "Gi", "1 Gi", "1.2.3", "8gi", "1Ki2", "e3"}) {
+    EXPECT_FALSE(isQuantity(bad)) << bad;
+  }
 }
 
 TEST(ClusterSpecTest, ModelSourcesAreReadWithTheFieldsTheirKindTakes) {
