@@ -75,7 +75,7 @@ void OffloadConnector::store(const BlockHash& hash, BlockId block) {
     index_.insert(std::move(node));
     slots_[slot].hash = hash;
   }
-  std::memcpy(slotData(slot), cache_.blockData(block), block_bytes_);
+  cache_.copyBlockToHost(block, slotData(slot));  // a GPU's blocks through its backend
   pushFront(slot);
 }
 
@@ -114,7 +114,7 @@ LoadResult OffloadConnector::load(const ConnectorRequest& request, int64_t first
       result.failed_block_indices.push_back(index);
       continue;
     }
-    std::memcpy(cache_.blockData(block_ids[i]), slotData(it->second), block_bytes_);
+    cache_.copyBlockFromHost(block_ids[i], slotData(it->second));
     unlink(it->second);
     pushFront(it->second);
   }

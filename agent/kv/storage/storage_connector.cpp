@@ -139,13 +139,18 @@ std::string StorageConnector::loadBlock(const fs::path& path, BlockId block) {
       header.block_bytes != cache_.blockBytes()) {
     return "format";
   }
-  // Read into the block, then verify; a bad block is recomputed over anyway.
-  uint8_t* data = cache_.blockData(block);
+  // Read into the block (a GPU's: into host memory first), then verify; a
+  // bad block is recomputed over anyway.
+  const bool direct = cache_.hostAccessible();
+  if (!direct) host_block_.resize(cache_.blockBytes());
+  uint8_t* data = direct ? cache_.blockData(block) : host_block_.data();
   if (!in.read(reinterpret_cast<char*>(data), static_cast<std::streamsize>(header.block_bytes))) {
     return "truncated";
   }
   if (in.peek() != std::char_traits<char>::eof()) return "format";  // trailing bytes
-  return XXH3_64bits(data, header.block_bytes) == header.checksum ? "" : "checksum";
+  if (XXH3_64bits(data, header.block_bytes) != header.checksum) return "checksum";
+  if (!direct) cache_.copyBlockFromHost(block, data);
+  return "";
 }
 
 LoadResult StorageConnector::load(const ConnectorRequest& request, int64_t first_block,
@@ -186,6 +191,11 @@ void StorageConnector::save(const ConnectorRequest& request, int64_t first_block
     std::error_code error;
     fs::create_directories(path.parent_path(), error);
     const uint8_t* data = cache_.blockData(block_ids[i]);
+    if (!cache_.hostAccessible()) {  // a GPU's block: through host memory
+      host_block_.resize(cache_.blockBytes());
+      cache_.copyBlockToHost(block_ids[i], host_block_.data());
+      data = host_block_.data();
+    }
     FileHeader header{};
     std::memcpy(header.magic, kMagic, sizeof kMagic);
     header.version = kFormatVersion;

@@ -25,6 +25,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "agent/kv/connector.h"
 #include "common/lru_map.h"
@@ -66,6 +67,8 @@ class StorageConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
   engine::KvCache& cache_;
   std::filesystem::path root_;
   uint64_t temp_counter_ = 0;
+  // A block in host memory, for a cache the host cannot read (a GPU's).
+  std::vector<uint8_t> host_block_;
   int64_t capacity_blocks_ = 0;  // 0: unbounded (and nothing below is kept)
   // The known files by name, most recently used first.
   LruMap<std::string, std::filesystem::path> known_;

@@ -13,6 +13,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace tandem::kv::testing {
 
@@ -28,6 +29,26 @@ inline std::unique_ptr<engine::KvCache> makeCache(int64_t num_blocks = 16) {
   config.head_dim = 4;
   return std::make_unique<engine::KvCache>(config, std::make_unique<engine::HostSlabAllocator>());
 }
+
+// A CPU backend that says the host cannot address its memory, as a GPU's
+// backend does: a connector must move a cache's blocks through readBlocks
+// and writeBlocks (counted here), never through blockData pointers.
+class DeviceLikeBackend final : public kernels::cpu::CpuBackend {
+ public:
+  bool hostAccessible() const override { return false; }
+  void readBlocks(const kernels::KvCacheLayout& cache, const int32_t* blocks, int64_t count,
+                  void* host_dst) override {
+    reads += count;
+    CpuBackend::readBlocks(cache, blocks, count, host_dst);
+  }
+  void writeBlocks(const kernels::KvCacheLayout& cache, const int32_t* blocks, int64_t count,
+                   const void* host_src) override {
+    writes += count;
+    CpuBackend::writeBlocks(cache, blocks, count, host_src);
+  }
+  int64_t reads = 0;
+  int64_t writes = 0;
+};
 
 // Fills `block` with bytes derived from `seed`.
 inline void fillBlock(engine::KvCache& cache, BlockId block, uint32_t seed) {

@@ -63,6 +63,24 @@ TEST_F(OffloadTier, SavedBlocksLoadBackByteForByte) {
   EXPECT_TRUE(tier.failureCounts().empty());
 }
 
+// A GPU's KV cache: the tier copies its blocks through the backend.
+TEST_F(OffloadTier, ADeviceCachesBlocksGoThroughItsBackend) {
+  DeviceLikeBackend device;
+  cache_->attachBackend(&device);
+  OffloadConnector tier(offloadConfig({{"capacity_blocks", 8}}), *cache_);
+  TestRequest request("r", 13, 10);
+  for (BlockId block : {1, 2, 3}) fillBlock(*cache_, block, 100 + block);
+  const BlockId saved[] = {1, 2, 3};
+  tier.save(request.view(), 0, saved);
+  EXPECT_EQ(device.reads, 3);
+  const BlockId targets[] = {9, 10, 11};
+  EXPECT_TRUE(tier.load(request.view(), 0, targets).failed_block_indices.empty());
+  EXPECT_EQ(device.writes, 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(blockBytes(*cache_, targets[i]), blockBytes(*cache_, saved[i])) << "block " << i;
+  }
+}
+
 TEST_F(OffloadTier, LookupNeverReachesTheLastTokenAndStopsAtTheFirstMissingBlock) {
   OffloadConnector tier(offloadConfig({{"capacity_blocks", 8}}), *cache_);
   TestRequest exact("exact", 12, 10);  // 3 full blocks; the last token must be computed

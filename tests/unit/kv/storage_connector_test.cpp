@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include "tests/support/test_files.h"
 #include "tests/unit/kv/kv_test_support.h"
@@ -45,6 +47,39 @@ class StorageCapacity : public ::testing::Test {
   ::tandem::testing::TempDir dir_{"tandem-storage"};
   std::unique_ptr<engine::KvCache> cache_ = makeCache();
 };
+
+// A GPU's KV cache: block files are written from and read into it through
+// the backend, and a file that fails its checksum leaves the block alone.
+TEST_F(StorageCapacity, ADeviceCachesBlocksGoThroughItsBackend) {
+  DeviceLikeBackend device;
+  cache_->attachBackend(&device);
+  StorageConnector storage(storageConfig(dir_.path()), *cache_);
+  TestRequest request("r", 9, 10);
+  for (BlockId block : {1, 2}) fillBlock(*cache_, block, 50 + block);
+  const BlockId saved[] = {1, 2};
+  storage.save(request.view(), 0, saved);
+  EXPECT_EQ(device.reads, 2);
+  const BlockId targets[] = {9, 10};
+  EXPECT_TRUE(storage.load(request.view(), 0, targets).failed_block_indices.empty());
+  EXPECT_EQ(device.writes, 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(blockBytes(*cache_, targets[i]), blockBytes(*cache_, saved[i])) << "block " << i;
+  }
+  {
+    std::fstream file(storage.blockPath(request.hashes[1]),
+                      std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(file.get());
+    file.seekp(-1, std::ios::end);
+    file.put(static_cast<char>(~last));  // one bit pattern the checksum does not match
+  }
+  fillBlock(*cache_, 12, 7);
+  const std::vector<uint8_t> before = blockBytes(*cache_, 12);
+  const BlockId damaged[] = {12};
+  EXPECT_EQ(storage.load(request.view(), 1, damaged).failed_block_indices, std::vector<int64_t>{1});
+  EXPECT_EQ(blockBytes(*cache_, 12), before) << "a failed block is not written";
+  EXPECT_EQ(device.writes, 2);
+}
 
 TEST_F(StorageCapacity, RemovesTheLeastRecentlyUsedBlockFiles) {
   StorageConnector storage(storageConfig(dir_.path(), {{"capacity_blocks", 3}}), *cache_);
