@@ -1284,10 +1284,26 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
   kv::FinishDecision decision;
   const bool normal =
       out.finish_reason == FinishReason::kStop || out.finish_reason == FinishReason::kLength;
-  if (connector_source_ && normal && sequence->status == SequenceStatus::kRunning) {
-    decision = connector_source_->finished(*sequence);
-  } else if (connector_source_) {
-    connector_source_->abandoned(*sequence);
+  if (connector_source_) {
+    // The request's output state is gone already: a connector that throws
+    // here must not leave the sequence running without it. Its answer
+    // stands, without a descriptor (a router retries the hand-off), and its
+    // blocks go back.
+    try {
+      if (normal && sequence->status == SequenceStatus::kRunning) {
+        decision = connector_source_->finished(*sequence);
+      } else {
+        connector_source_->abandoned(*sequence);
+      }
+    } catch (const std::exception& error) {
+      TANDEM_LOG(kError) << "KV connector failed at the end of request " << id << ": "
+                         << error.what() << "; its blocks are not held";
+      decision = {};
+      try {
+        connector_source_->abandoned(*sequence);
+      } catch (const std::exception&) {
+      }
+    }
   }
   // A hand-over's descriptor is its drain hold's (Engine::handOver).
   if (!out.handed_over) out.kv_transfer_params = decision.kv_transfer_params;

@@ -398,8 +398,14 @@ std::vector<BlockId> UcxConnector::stageBlocks(std::span<const BlockId> blocks) 
   std::vector<BlockId> slots = takeSlots(static_cast<int64_t>(blocks.size()));
   if (slots.empty()) return slots;
   const size_t block_bytes = cache_.blockBytes();
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    cache_.copyBlockToHost(blocks[i], staging_base_ + static_cast<size_t>(slots[i]) * block_bytes);
+  try {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      cache_.copyBlockToHost(blocks[i],
+                             staging_base_ + static_cast<size_t>(slots[i]) * block_bytes);
+    }
+  } catch (...) {
+    freeSlots(slots);  // a failed device copy gives its slots back
+    throw;
   }
   return slots;
 }

@@ -1067,10 +1067,14 @@ class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::
     }
     return {};
   }
-  kv::FinishDecision requestFinished(const kv::ConnectorRequest&, std::span<const BlockId>,
+  kv::FinishDecision requestFinished(const kv::ConnectorRequest& request, std::span<const BlockId>,
                                      int64_t) override {
+    if (request.request_id.find("bad-finish") != std::string_view::npos) {
+      throw Error("holding failed for " + std::string(request.request_id));
+    }
     return {};
   }
+  void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
   kv::LoadResult load(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {
     return {};
   }
@@ -1079,6 +1083,7 @@ class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::
       throw Error("save failed for " + std::string(request.request_id));
     }
   }
+  std::vector<std::string> abandoned;  // engine thread; read once the engine is idle
 
  private:
   kv::KvTransferConfig config_;
@@ -1088,12 +1093,15 @@ class FailingSteps : public ::testing::Test {
  protected:
   Engine& start() {
     EngineConfig config = engineConfig();
-    config.connector_factory = [](KvCache&, const std::string&) {
-      return std::make_unique<ThrowingConnector>();
+    config.connector_factory = [this](KvCache&, const std::string&) {
+      auto connector = std::make_unique<ThrowingConnector>();
+      connector_ = connector.get();
+      return std::unique_ptr<kv::KvConnector>(std::move(connector));
     };
     engine_ = std::make_unique<Engine>(config);
     return *engine_;
   }
+  ThrowingConnector* connector_ = nullptr;  // the engine's
   std::unique_ptr<Engine> engine_;
 };
 
@@ -1124,6 +1132,33 @@ TEST_F(FailingSteps, AThrowingAdmissionFailsOnlyTheRequestBeingAdmitted) {
   EXPECT_TRUE(eventually([&] { return engine.stats().consecutive_step_failures == 0; }))
       << "good's later steps completed";
   EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+// A connector that throws when a finished request's blocks would be held: the
+// answer stands (its tokens, no descriptor), the connector is told the request
+// was abandoned, its blocks go back, and the requests beside it and after it
+// are served.
+TEST_F(FailingSteps, AConnectorThrowingAtTheFinishLosesNeitherTheAnswerNorTheBlocks) {
+  Engine& engine = start();
+  const std::vector<TokenId> prompt = randomTokens(30, 14);
+  const std::vector<TokenId> expected = generateWithoutConnector(prompt, 6);
+  Collector bad, beside;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("bad-finish-1", prompt, 6), bad.callback()).isOk());
+  ASSERT_TRUE(engine.addRequest(greedyRequest("beside", prompt, 6), beside.callback()).isOk());
+  ASSERT_TRUE(bad.waitFinished());
+  ASSERT_TRUE(beside.waitFinished());
+  EXPECT_EQ(bad.reason, FinishReason::kLength);
+  EXPECT_EQ(bad.tokens, expected);
+  EXPECT_EQ(beside.tokens, expected);
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+  Collector after;
+  ASSERT_TRUE(engine.addRequest(greedyRequest("after", prompt, 6), after.callback()).isOk());
+  ASSERT_TRUE(after.waitFinished());
+  EXPECT_EQ(after.tokens, expected);
+  EXPECT_EQ(engine.stats().num_step_failures, 0);
+  ASSERT_NE(connector_, nullptr);
+  EXPECT_EQ(std::count(connector_->abandoned.begin(), connector_->abandoned.end(), "bad-finish-1"),
+            1);
 }
 
 // A step that throws after its forward pass fails its whole batch (the
