@@ -162,6 +162,7 @@ TEST_P(KvStaging, AFullProducerStagingAreaOffersNothingAndTheReaderRecomputes) {
   ASSERT_TRUE(params.is_object());
   EXPECT_EQ(params["remote_block_ids"].size(), 0u) << "4 blocks do not fit 3 slots";
   EXPECT_EQ(prefiller.metric("tandem_kv_transfer_failures_total", "reason=\"staging_full\""), 1);
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 0) << "nothing offered, nothing held";
   EXPECT_EQ(tokenIds(decodeOn(decoder, prompt_, params)), expectedTokens());
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));

@@ -277,6 +277,7 @@ TEST_P(KvUcx, AProducerWithEveryHoldTicketTakenOffersNoBlocks) {
   EXPECT_EQ(second["remote_block_ids"].size(), 0u) << second.dump();
   EXPECT_FALSE(second.contains("remote_hold_ticket")) << second.dump();
   EXPECT_EQ(prefiller.metric("tandem_kv_transfer_failures_total", "reason=\"holds_full\""), 1);
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 5) << "only the first prompt's are held";
   EXPECT_EQ(tokenIds(decode(decoder, other, second)),
             tokenIds(colocated.post("/v1/completions", greedy(other, 8))));
   EXPECT_EQ(tokenIds(decode(decoder, prompt_, first)),

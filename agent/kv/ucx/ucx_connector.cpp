@@ -1310,7 +1310,10 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   }
   d.num_tokens = full_blocks * cache_.blockSize();
   d.hold_until_ms = unixMillis() + static_cast<int64_t>(config_.abort_timeout_s * 1000);
-  decision.hold = true;
+  // A descriptor that offers no block (no ticket or staging slot was free,
+  // or the prompt is shorter than a block) holds nothing: the blocks go back
+  // now, rather than when the reader's release or the timeout comes.
+  decision.hold = full_blocks > 0;
   decision.kv_transfer_params = {{"remote_engine_id", d.engine_id},
                                  {"remote_host", d.host},
                                  {"remote_port", d.port},
