@@ -1,6 +1,7 @@
 #include "agent/engine/scheduler.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/check.h"
 
@@ -288,7 +289,7 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
     }
     if (computed < 0) {
       failLoad(*sequence);
-      output.failed_loads.push_back(sequence);
+      pending_failed_loads_.push_back(sequence);  // reported at the end of this schedule()
       return Admission::kSkipped;
     }
   }
@@ -309,7 +310,6 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
 SchedulerOutput Scheduler::schedule() {
   admitting_ = nullptr;
   SchedulerOutput output;
-  output.failed_loads.swap(pending_failed_loads_);
   int64_t budget = config_.max_num_batched_tokens;
 
   // Running sequences first, oldest first; the newest are preempted when
@@ -370,6 +370,10 @@ SchedulerOutput Scheduler::schedule() {
       blocked = admitWaiting(budget, output);
     }
   }
+  // Failed loads leave the pending list only with an output that is
+  // returned: an admission that throws above drops this output, and they are
+  // reported by the next schedule() instead of never.
+  output.failed_loads = std::exchange(pending_failed_loads_, {});
   return output;
 }
 

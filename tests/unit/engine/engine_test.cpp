@@ -1057,13 +1057,20 @@ namespace {
 // "bad-save" (after the forward pass, the batch known).
 class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::KvConnectorWorker {
  public:
-  ThrowingConnector() { config_.connector = "throwing"; }
+  ThrowingConnector() {
+    config_.connector = "throwing";
+    config_.load_failure_policy = kv::LoadFailurePolicy::kFail;
+  }
   KvConnectorScheduler& scheduler() override { return *this; }
   KvConnectorWorker& worker() override { return *this; }
   const kv::KvTransferConfig& config() const override { return config_; }
   kv::LookupResult lookup(const kv::ConnectorRequest& request, int64_t) override {
     if (request.request_id.find("bad-lookup") != std::string_view::npos) {
       throw Error("lookup failed for " + std::string(request.request_id));
+    }
+    // "fail-load": its first block is offered, and its load fails at once.
+    if (request.request_id.find("fail-load") != std::string_view::npos) {
+      return {kv::LookupResult::State::kAvailable, EngineConfig{}.block_size};
     }
     return {};
   }
@@ -1075,8 +1082,13 @@ class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::
     return {};
   }
   void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
-  kv::LoadResult load(const kv::ConnectorRequest&, int64_t, std::span<const BlockId>) override {
-    return {};
+  kv::LoadResult load(const kv::ConnectorRequest&, int64_t first_block,
+                      std::span<const BlockId> ids) override {
+    kv::LoadResult result;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      result.failed_block_indices.push_back(first_block + static_cast<int64_t>(i));
+    }
+    return result;
   }
   void save(const kv::ConnectorRequest& request, int64_t, std::span<const BlockId>) override {
     if (request.request_id.find("bad-save") != std::string_view::npos) {
@@ -1131,6 +1143,26 @@ TEST_F(FailingSteps, AThrowingAdmissionFailsOnlyTheRequestBeingAdmitted) {
   EXPECT_EQ(engine.stats().num_step_failures, 1);
   EXPECT_TRUE(eventually([&] { return engine.stats().consecutive_step_failures == 0; }))
       << "good's later steps completed";
+  EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
+}
+
+// A load that failed (policy fail) in the same schedule() as an admission
+// that throws is still reported: its request ends with the load's error
+// instead of waiting forever, and every block returns to the pool.
+TEST_F(FailingSteps, AFailedLoadBesideAThrowingAdmissionStillEndsItsRequest) {
+  Engine& engine = start();
+  Collector failed, bad;
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("fail-load-1", randomTokens(20, 15), 4), failed.callback())
+          .isOk());
+  ASSERT_TRUE(
+      engine.addRequest(greedyRequest("bad-lookup-2", randomTokens(20, 16), 4), bad.callback())
+          .isOk());
+  ASSERT_TRUE(bad.waitFinished());
+  ASSERT_TRUE(failed.waitFinished()) << "the failed load was never reported";
+  EXPECT_EQ(failed.reason, FinishReason::kError);
+  EXPECT_NE(failed.error.find("kv_load_failure_policy is fail"), std::string::npos) << failed.error;
+  EXPECT_EQ(bad.reason, FinishReason::kError);
   EXPECT_TRUE(eventually([&] { return engine.stats().num_free_blocks == 64; }));
 }
 
