@@ -82,42 +82,53 @@ def is_range_for(header):
     return colon
 
 
-def operand_span(code, at):
-    """The text around the co_await at `at` at its own nesting level: back to
-    the start of its statement or enclosing bracket, forward to its end."""
-    depth, i = 0, at
-    while i > 0:
-        c = code[i - 1]
-        if c in ")]}":
-            depth += 1
-        elif c in "([{":
-            if depth == 0:
-                break
-            depth -= 1
-        elif depth == 0 and c in ";,":
-            break
-        i -= 1
-    depth, j = 0, at
-    while j < len(code):
-        c = code[j]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            if depth == 0:
-                break
-            depth -= 1
-        elif depth == 0 and c in ";,":
-            break
-        j += 1
-    # Only what sits at the co_await's own level: nested brackets blanked.
-    flat, depth = [], 0
-    for c in code[i:j]:
+def level_bounds(code, at):
+    """(start, end) of the text around position `at` at its own nesting
+    level: back to the start of its statement, a comma or the enclosing
+    bracket, forward likewise to its end."""
+    def scan(index, step, opening, closing):
+        depth = 0
+        while 0 <= index < len(code):
+            c = code[index]
+            if c in closing:
+                depth += 1
+            elif c in opening:
+                if depth == 0:
+                    return index
+                depth -= 1
+            elif depth == 0 and c in ";,":
+                return index
+            index += step
+        return index
+    start = scan(at - 1, -1, "([{", ")]}") + 1
+    end = scan(at, 1, ")]}", "([{")
+    return start, end
+
+
+def flat(text):
+    """`text` with the contents of nested brackets blanked."""
+    out, depth = [], 0
+    for c in text:
         if c in ")]}":
             depth -= 1
-        flat.append(c if depth == 0 else " ")
+        out.append(c if depth == 0 else " ")
         if c in "([{":
             depth += 1
-    return "".join(flat)
+    return "".join(out)
+
+
+def awaits_as_operand(code, at):
+    """Whether the co_await at `at`, or a bracketed expression around it
+    (up to its statement or a lambda's body), is an operand of ?:, && or
+    ||."""
+    while True:
+        start, end = level_bounds(code, at)
+        span = flat(code[start:end])
+        if "?" in span or LOGICAL.search(span):
+            return True
+        if start == 0 or code[start - 1] not in "([":
+            return False
+        at = start - 1  # the enclosing bracket, seen from the level above
 
 
 def findings(text):
@@ -136,8 +147,7 @@ def findings(text):
         if AWAIT.search(header):
             found.append((code.count("\n", 0, match.start()) + 1, "in a condition"))
     for match in AWAIT.finditer(code):
-        span = operand_span(code, match.start())
-        if "?" in span or LOGICAL.search(span):
+        if awaits_as_operand(code, match.start()):
             found.append((code.count("\n", 0, match.start()) + 1, "as an operand of ?:, && or ||"))
     return sorted(set(found))
 

@@ -51,12 +51,11 @@ class FindingsTest(unittest.TestCase):
                 "co_return a || co_await b();\n"
                 "const bool ok = http10 ? co_await raw(d)\n"
                 "                       : co_await chunk(d);\n"
-                "sink(c ? co_await a() : 0, 1);\n")
-        self.assertEqual(cc.findings(text), [(1, "as an operand of ?:, && or ||"),
-                                             (2, "as an operand of ?:, && or ||"),
-                                             (3, "as an operand of ?:, && or ||"),
-                                             (4, "as an operand of ?:, && or ||"),
-                                             (5, "as an operand of ?:, && or ||")])
+                "sink(c ? co_await a() : 0, 1);\n"
+                "co_return c && (co_await f());\n"
+                "co_return c && static_cast<bool>(co_await f());\n"
+                "x = c ? g(co_await a()) : b;\n")
+        self.assertEqual(lines(text), [1, 2, 3, 4, 5, 6, 7, 8])
 
     def test_operators_beside_an_await_but_not_around_it_are_fine(self):
         text = ("auto&& value = co_await make();\n"
@@ -65,7 +64,10 @@ class FindingsTest(unittest.TestCase):
                 "const bool ok = co_await send();\n"
                 "if (ok && more) co_await finish();\n"
                 "case 1: co_await one(); break;\n"
-                "x = c ? 1 : 2; co_await f();\n")
+                "x = c ? 1 : 2; co_await f();\n"
+                "const int n = std::max(co_await count(), limit);\n"
+                "run(a && b, [&]() -> awaitable<void> { co_await step(); });\n"
+                "if (ready) { co_await go(); }\n")
         self.assertEqual(lines(text), [])
 
     def test_comments_and_strings_do_not_count(self):

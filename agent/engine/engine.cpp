@@ -651,6 +651,12 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
       connector_->scheduler().requestFinished(request, blocks.blocks, held_tokens);
   if (!decision.hold) {
     block_manager_->free(blocks);
+    if (decision.kv_transfer_params.is_object()) {
+      // A connector that lends, with no room for this hold now.
+      return unavailable(
+          "no KV hold ticket or staging slot is free on this agent "
+          "(kv_connector_extra_config.hold_slots, staging_blocks); try again later");
+    }
     return failedPrecondition("this agent's KV connector does not lend blocks to readers");
   }
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
@@ -1134,8 +1140,11 @@ void Engine::releaseHeldBlocks() {
     return true;
   };
   for (auto& [id, promise] : explicit_releases) promise.set_value(release(id));
-  if (!connector_source_ || held_.empty()) return;
+  if (!connector_source_) return;
+  // Drained even with nothing held: releases of holds already gone (a
+  // timeout came first) must not pile up in the connector.
   for (const std::string& id : connector_source_->pollReleased()) release(id);
+  if (held_.empty()) return;
   const auto now = now_();
   for (auto it = held_.begin(); it != held_.end();) {
     if (now < it->second.deadline) {
@@ -1289,8 +1298,9 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
     // here must not leave the sequence running without it. Its answer
     // stands, without a descriptor (a router retries the hand-off), and its
     // blocks go back.
+    const bool finishing = normal && sequence->status == SequenceStatus::kRunning;
     try {
-      if (normal && sequence->status == SequenceStatus::kRunning) {
+      if (finishing) {
         decision = connector_source_->finished(*sequence);
       } else {
         connector_source_->abandoned(*sequence);
@@ -1299,9 +1309,14 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
       TANDEM_LOG(kError) << "KV connector failed at the end of request " << id << ": "
                          << error.what() << "; its blocks are not held";
       decision = {};
-      try {
-        connector_source_->abandoned(*sequence);
-      } catch (const std::exception&) {
+      if (finishing) {
+        // Whatever the connector took for a hold (a ticket, staging slots)
+        // goes back; then it forgets the request.
+        try {
+          connector_source_->holdEnded(id);
+          connector_source_->abandoned(*sequence);
+        } catch (const std::exception&) {
+        }
       }
     }
   }

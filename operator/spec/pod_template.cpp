@@ -144,12 +144,13 @@ class TemplateMerger {
 
   // Entries of `user` matched by `key` against the generated entries: a match
   // is merged by `merge_match`, any other entry appended as written. A second
-  // user entry of a key already appended is ignored (and reported): server-
-  // side apply refuses a keyed list with two entries of one key.
+  // user entry of one key is ignored (and reported): server-side apply
+  // refuses a keyed list with two entries of one key, and a second merge
+  // into a generated entry would silently overwrite the first.
   void mergeByKey(json& target, const json& user, const std::string& key, const std::string& path,
                   const FieldMerge& merge_match) {
     const size_t generated_count = target.is_array() ? target.size() : 0;
-    std::set<std::string> appended;
+    std::set<std::string> seen;  // the user's keys so far
     for (size_t index = 0; index < user.size(); ++index) {
       const json& item = user[index];
       const auto id = item.is_object() ? item.find(key) : item.end();
@@ -162,10 +163,10 @@ class TemplateMerger {
         json& entry = target[existing];
         if (entry.is_object() && entry.value(key, json()) == *id) match = &entry;
       }
-      if (match) {
-        merge_match(*match, item, keyedPath(path, id->get<std::string>()));
-      } else if (!appended.insert(id->get<std::string>()).second) {
+      if (!seen.insert(id->get<std::string>()).second) {
         ignored_.push_back(keyedPath(path, std::to_string(index)));
+      } else if (match) {
+        merge_match(*match, item, keyedPath(path, id->get<std::string>()));
       } else {
         target.push_back(item);
       }

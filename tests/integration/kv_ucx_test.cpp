@@ -278,6 +278,13 @@ TEST_P(KvUcx, AProducerWithEveryHoldTicketTakenOffersNoBlocks) {
   EXPECT_FALSE(second.contains("remote_hold_ticket")) << second.dump();
   EXPECT_EQ(prefiller.metric("tandem_kv_transfer_failures_total", "reason=\"holds_full\""), 1);
   EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 5) << "only the first prompt's are held";
+  // A lend asked for now has no ticket either: refused as for a while, not
+  // as if the agent could never lend.
+  int status = 0;
+  const json lend = prefiller.post("/v1/kv_transfer/hold", {{"token_ids", prompt_}}, &status);
+  EXPECT_EQ(status, 503) << lend.dump();
+  EXPECT_NE(lend.dump().find("no KV hold ticket or staging slot is free"), std::string::npos)
+      << lend.dump();
   EXPECT_EQ(tokenIds(decode(decoder, other, second)),
             tokenIds(colocated.post("/v1/completions", greedy(other, 8))));
   EXPECT_EQ(tokenIds(decode(decoder, prompt_, first)),

@@ -79,6 +79,8 @@ class OffloadConnector : public KvConnector, KvConnectorScheduler, KvConnectorWo
   size_t slab_bytes_ = 0;
   uint8_t* slab_ = nullptr;
   std::vector<Slot> slots_;
+  // A block of a cache the host cannot read (a GPU's), on its way in.
+  std::vector<uint8_t> host_block_;
   int32_t most_recent_ = kNone;
   int32_t least_recent_ = kNone;
   int32_t num_used_ = 0;  // slots [0, num_used_) hold a block; the rest never have

@@ -738,6 +738,11 @@ LookupResult UcxConnector::lookup(const ConnectorRequest& request, int64_t num_l
   const bool pull_back = source != request.kv_transfer_params;
   const std::string id(request.request_id);
   if (declined_.count(id) != 0) return result;
+  if (descriptor->block_ids.empty()) {
+    // It offers nothing and holds nothing: no read, and no release to send.
+    declined_.insert(id);
+    return result;
+  }
   const int64_t minimum = pull_back ? pull_threshold_blocks_ * block_size : 1;
   // The producer's KV is of its tokens: when this agent's own prompt
   // differs (its chat template rendered another date, another time zone),
@@ -1004,7 +1009,6 @@ LoadResult UcxConnector::load(const ConnectorRequest& request, int64_t first_blo
   if (!descriptor.isOk()) return fail_all(descriptor.status().message());
   LoadJob job;
   job.request_id = std::string(request.request_id);
-  offered_.erase(job.request_id);  // the job's read releases the owner
   job.first_block = first_block;
   for (size_t i = 0; i < block_ids.size(); ++i) {
     const size_t index = static_cast<size_t>(first_block) + i;
@@ -1014,6 +1018,7 @@ LoadResult UcxConnector::load(const ConnectorRequest& request, int64_t first_blo
     // In [0, remote_num_blocks), which fits a BlockId (parseDescriptor).
     job.pairs.push_back({static_cast<BlockId>(descriptor->block_ids[index]), block_ids[i]});
   }
+  offered_.erase(job.request_id);  // the job's read releases the owner
   job.source = std::move(descriptor).value();
   job.source.block_ids.clear();
   // The read runs on the loader thread: a slow or stalled peer never holds up

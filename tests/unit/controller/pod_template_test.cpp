@@ -395,14 +395,19 @@ TEST(PodTemplateTest, MalformedEntriesAreListedAndUnused) {
 // user's second entry of a name is listed and unused (the first stays).
 TEST(PodTemplateTest, ASecondEntryOfOneKeyIsListedAndUnused) {
   const json fragment = json::parse(R"({"spec": {
-    "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "cache", "hostPath": {"path": "/x"}}],
+    "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "cache", "hostPath": {"path": "/x"}},
+                {"name": "model", "hostPath": {"path": "/a"}},
+                {"name": "model", "hostPath": {"path": "/b"}}],
     "containers": [{"name": "agent",
                     "env": [{"name": "A", "value": "1"}, {"name": "POD_IP", "value": "x"},
                             {"name": "A", "value": "2"}]}]}})");
   const TemplateMergeResult result = mergePodTemplate(kGenerated, fragment, "agent", kPoolOwned);
   EXPECT_EQ(result.ignored,
             (Paths{"template.spec.containers[agent].env[POD_IP]",  // the controller's
-                   "template.spec.containers[agent].env[2]", "template.spec.volumes[1]"}));
+                   "template.spec.containers[agent].env[2]", "template.spec.volumes[1]",
+                   "template.spec.volumes[model]",  // the controller's
+                   "template.spec.volumes[3]"}))
+      << "a second entry matching a generated one is reported too, not merged over the first";
   std::map<std::string, int> names;
   for (const json& variable : agentOf(result.pod_template)["env"]) ++names[variable["name"]];
   EXPECT_EQ(names, (std::map<std::string, int>{{"A", 1}, {"POD_IP", 1}, {"TANDEM_KV_SECRET", 1}}));

@@ -1065,6 +1065,8 @@ class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::
   KvConnectorWorker& worker() override { return *this; }
   const kv::KvTransferConfig& config() const override { return config_; }
   kv::LookupResult lookup(const kv::ConnectorRequest& request, int64_t) override {
+    const bool gated = request.request_id.find("gated") != std::string_view::npos;
+    if (gated && !gate_open) return {kv::LookupResult::State::kPending, 0};
     if (request.request_id.find("bad-lookup") != std::string_view::npos) {
       throw Error("lookup failed for " + std::string(request.request_id));
     }
@@ -1082,6 +1084,7 @@ class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::
     return {};
   }
   void requestAbandoned(std::string_view id) override { abandoned.emplace_back(id); }
+  void holdEnded(std::string_view id) override { ended.emplace_back(id); }
   kv::LoadResult load(const kv::ConnectorRequest&, int64_t first_block,
                       std::span<const BlockId> ids) override {
     kv::LoadResult result;
@@ -1096,6 +1099,10 @@ class ThrowingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::
     }
   }
   std::vector<std::string> abandoned;  // engine thread; read once the engine is idle
+  std::vector<std::string> ended;      // the same
+  // While closed, requests whose id contains "gated" wait in their lookup
+  // (pending), so that a test can have them admitted in one step.
+  std::atomic<bool> gate_open{true};
 
  private:
   kv::KvTransferConfig config_;
@@ -1151,13 +1158,20 @@ TEST_F(FailingSteps, AThrowingAdmissionFailsOnlyTheRequestBeingAdmitted) {
 // instead of waiting forever, and every block returns to the pool.
 TEST_F(FailingSteps, AFailedLoadBesideAThrowingAdmissionStillEndsItsRequest) {
   Engine& engine = start();
+  connector_->gate_open = false;
   Collector failed, bad;
+  ASSERT_TRUE(engine
+                  .addRequest(greedyRequest("gated-fail-load-1", randomTokens(20, 15), 4),
+                              failed.callback())
+                  .isOk());
   ASSERT_TRUE(
-      engine.addRequest(greedyRequest("fail-load-1", randomTokens(20, 15), 4), failed.callback())
+      engine
+          .addRequest(greedyRequest("gated-bad-lookup-2", randomTokens(20, 16), 4), bad.callback())
           .isOk());
-  ASSERT_TRUE(
-      engine.addRequest(greedyRequest("bad-lookup-2", randomTokens(20, 16), 4), bad.callback())
-          .isOk());
+  // Both wait in their lookups; opened, they are admitted in one step: the
+  // load fails, then the other's lookup throws.
+  ASSERT_TRUE(eventually([&] { return engine.stats().num_waiting == 2; }));
+  connector_->gate_open = true;
   ASSERT_TRUE(bad.waitFinished());
   ASSERT_TRUE(failed.waitFinished()) << "the failed load was never reported";
   EXPECT_EQ(failed.reason, FinishReason::kError);
@@ -1191,6 +1205,8 @@ TEST_F(FailingSteps, AConnectorThrowingAtTheFinishLosesNeitherTheAnswerNorTheBlo
   ASSERT_NE(connector_, nullptr);
   EXPECT_EQ(std::count(connector_->abandoned.begin(), connector_->abandoned.end(), "bad-finish-1"),
             1);
+  EXPECT_EQ(std::count(connector_->ended.begin(), connector_->ended.end(), "bad-finish-1"), 1)
+      << "what the connector took for a hold goes back";
 }
 
 // A step that throws after its forward pass fails its whole batch (the

@@ -13,6 +13,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
+#include "common/status.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace tandem::kv::testing {
@@ -38,6 +39,7 @@ class DeviceLikeBackend final : public kernels::cpu::CpuBackend {
   bool hostAccessible() const override { return false; }
   void readBlocks(const kernels::KvCacheLayout& cache, const int32_t* blocks, int64_t count,
                   void* host_dst) override {
+    if (fail_reads) throw Error("injected: the device copy failed");
     reads += count;
     CpuBackend::readBlocks(cache, blocks, count, host_dst);
   }
@@ -48,6 +50,7 @@ class DeviceLikeBackend final : public kernels::cpu::CpuBackend {
   }
   int64_t reads = 0;
   int64_t writes = 0;
+  bool fail_reads = false;  // readBlocks throws, as a failing device copy does
 };
 
 // Fills `block` with bytes derived from `seed`.

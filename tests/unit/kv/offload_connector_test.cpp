@@ -81,6 +81,34 @@ TEST_F(OffloadTier, ADeviceCachesBlocksGoThroughItsBackend) {
   }
 }
 
+// A device copy that fails while the tier saves leaves the tier as it was
+// (full here: the save would have evicted a block), and the tier goes on.
+TEST_F(OffloadTier, AFailedDeviceCopyLeavesTheTierAsItWas) {
+  DeviceLikeBackend device;
+  cache_->attachBackend(&device);
+  OffloadConnector tier(offloadConfig({{"capacity_blocks", 3}}), *cache_);
+  TestRequest request("r", 13, 10);
+  for (BlockId block : {1, 2, 3}) fillBlock(*cache_, block, 100 + block);
+  const BlockId saved[] = {1, 2, 3};
+  tier.save(request.view(), 0, saved);
+  TestRequest other("o", 5, 500);
+  fillBlock(*cache_, 4, 7);
+  device.fail_reads = true;
+  EXPECT_THROW(saveOne(tier, other, 4), Error);
+  device.fail_reads = false;
+  EXPECT_EQ(tier.numStoredBlocks(), 3);
+  EXPECT_EQ(tier.lookup(other.view(), 0).state, LookupResult::State::kNone);
+  ASSERT_EQ(tier.lookup(request.view(), 0).num_tokens, 12) << "nothing was evicted";
+  const BlockId targets[] = {9, 10, 11};
+  EXPECT_TRUE(tier.load(request.view(), 0, targets).failed_block_indices.empty());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(blockBytes(*cache_, targets[i]), blockBytes(*cache_, saved[i])) << "block " << i;
+  }
+  saveOne(tier, other, 4);  // evicts the least recently used, as before
+  EXPECT_EQ(tier.numStoredBlocks(), 3);
+  EXPECT_EQ(tier.lookup(other.view(), 0).num_tokens, 4);
+}
+
 TEST_F(OffloadTier, LookupNeverReachesTheLastTokenAndStopsAtTheFirstMissingBlock) {
   OffloadConnector tier(offloadConfig({{"capacity_blocks", 8}}), *cache_);
   TestRequest exact("exact", 12, 10);  // 3 full blocks; the last token must be computed
