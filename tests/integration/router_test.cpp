@@ -164,6 +164,35 @@ json healthOnceTheModelIsNotLoaded(httplib::Client& router) {
   return health;
 }
 
+// A router polling one stand-in decode agent (an HTTP server whose routes the
+// test set) every 0.1 s, for what a real agent never answers.
+class RouterOverAFakeAgent {
+ public:
+  explicit RouterOverAFakeAgent(httplib::Server& fake) : fake_(fake) {
+    const int port = fake_.bind_to_any_port("127.0.0.1");
+    serving_ = std::thread([this] { fake_.listen_after_bind(); });
+    RouterConfig config;
+    config.port = 0;
+    config.poll_interval_s = 0.1;
+    config.decode.push_back({"decode-0", "127.0.0.1", port});
+    router_ = std::make_unique<Router>(config);
+    router_->start();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", router_->port());
+  }
+  ~RouterOverAFakeAgent() {
+    router_->stop();
+    fake_.stop();
+    serving_.join();
+  }
+  httplib::Client& client() { return *client_; }
+
+ private:
+  httplib::Server& fake_;
+  std::thread serving_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
 // A router that cannot read the model's tokenizer says so on /health,
 // rather than blaming decode agents that are healthy.
 TEST(RouterHealth, AModelItCannotLoadIsNamedNotBlamedOnTheAgents) {
@@ -209,15 +238,8 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
     res.set_content(shaped ? agent_models : R"({"object":"list","data":{"id":"tiny"}})",
                     "application/json");
   });
-  const int port = fake.bind_to_any_port("127.0.0.1");
-  std::thread serving([&] { fake.listen_after_bind(); });
-  RouterConfig config;
-  config.port = 0;
-  config.poll_interval_s = 0.1;
-  config.decode.push_back({"decode-0", "127.0.0.1", port});
-  Router router(config);
-  router.start();
-  httplib::Client client("127.0.0.1", router.port());
+  RouterOverAFakeAgent router(fake);
+  httplib::Client& client = router.client();
   const json health = healthOnceTheModelIsNotLoaded(client);
   EXPECT_EQ(health.value("status", ""), "model not loaded") << health.dump();
   EXPECT_NE(health.value("error", "").find("the /v1/models answer of decode-0 is not an agent's"),
@@ -228,9 +250,6 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
     auto res = client.Get("/health");
     return res && res->status == 200;
   })) << "the agent's polling ended";
-  router.stop();
-  fake.stop();
-  serving.join();
 }
 
 // Request counts an agent reports that are not counts (not a number,
@@ -252,15 +271,8 @@ TEST(RouterHealth, MetricsThatAreNotCountsAreReadSafely) {
   fake.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics[static_cast<size_t>(answer.load())], "text/plain");
   });
-  const int port = fake.bind_to_any_port("127.0.0.1");
-  std::thread serving([&] { fake.listen_after_bind(); });
-  RouterConfig config;
-  config.port = 0;
-  config.poll_interval_s = 0.1;
-  config.decode.push_back({"decode-0", "127.0.0.1", port});
-  Router router(config);
-  router.start();
-  httplib::Client client("127.0.0.1", router.port());
+  RouterOverAFakeAgent router(fake);
+  httplib::Client& client = router.client();
   const auto agentRequests = [&]() -> std::optional<double> {
     auto res = client.Get("/metrics");
     if (!res) return std::nullopt;
@@ -272,9 +284,6 @@ TEST(RouterHealth, MetricsThatAreNotCountsAreReadSafely) {
     EXPECT_TRUE(eventually([&] { return agentRequests() == expected[i]; }))
         << "answer " << i << ": " << agentRequests().value_or(-1);
   }
-  router.stop();
-  fake.stop();
-  serving.join();
 }
 
 // A draining router (SIGTERM with --drain-delay) is not ready but still
