@@ -4,6 +4,7 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -216,6 +218,8 @@ class Fetcher {
 
   // An error answer as a Status saying what was asked and what to do.
   Status answerError(const Reply& reply, const std::string& what) const;
+  // " (runs as uid U ...; D is owned by ...)" for a permission error; "".
+  std::string ownerHint(const std::error_code& error) const;
   StatusOr<std::string> resolveCommit();
   StatusOr<std::vector<HubFile>> listFiles(const std::string& commit);
   Status download(const HubFile& file);
@@ -609,6 +613,32 @@ Status Fetcher::keepLoadedWeights(std::vector<HubFile>& files) {
   return Status::ok();
 }
 
+// For a directory this process may not write: who it runs as, and who owns
+// the nearest existing directory above the target, with its mode (a shared
+// cache volume whose driver ignored the pod's fsGroup, say).
+std::string Fetcher::ownerHint(const std::error_code& error) const {
+  if (error != std::errc::permission_denied && error != std::errc::operation_not_permitted &&
+      error != std::errc::read_only_file_system) {
+    return "";
+  }
+  fs::path existing = state_;
+  std::error_code ignored;
+  while (existing.has_parent_path() && existing != existing.root_path() &&
+         !fs::exists(existing, ignored)) {
+    existing = existing.parent_path();
+  }
+  struct stat info {};
+  std::ostringstream hint;
+  hint << " (this process runs as uid " << ::geteuid() << ", gid " << ::getegid();
+  if (::stat(existing.c_str(), &info) == 0) {
+    hint << "; " << existing.string() << " is owned by uid " << info.st_uid << ", gid "
+         << info.st_gid << ", mode " << std::oct << std::setw(4) << std::setfill('0')
+         << (info.st_mode & 07777) << std::dec;
+  }
+  hint << ": the directory must be writable by this user or group)";
+  return hint.str();
+}
+
 StatusOr<HubFetchResult> Fetcher::run() {
   if (options_.repo.empty()) return invalidArgument("no repository to fetch");
   if (options_.directory.empty()) return invalidArgument("no directory to fetch into");
@@ -618,7 +648,7 @@ StatusOr<HubFetchResult> Fetcher::run() {
   }
   std::error_code error;
   fs::create_directories(state_, error);
-  if (error) return failedPrecondition(state_.string() + ": " + error.message());
+  if (error) return failedPrecondition(state_.string() + ": " + error.message() + ownerHint(error));
   DirectoryLock lock(state_ / kLockFile);
   if (!lock.held()) return failedPrecondition((state_ / kLockFile).string() + ": cannot lock");
 

@@ -4,13 +4,17 @@
 #include "common/model_source/hub_fetch.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "common/model_source/model_source.h"
+#include "common/subprocess.h"
 #include "tests/support/command.h"
 #include "tests/support/hub/hub_server.h"
 #include "tests/support/test_files.h"
@@ -124,6 +128,46 @@ class HubFetchTest : public ::testing::Test {
   HubServer hub_;
   std::string commit_;
 };
+
+// A cache directory the fetching user may not write (a shared volume whose
+// driver ignored the pod's fsGroup): the error says who the fetch runs as
+// and who owns the directory, with its mode. `tandem-model fetch` runs as
+// user and group 65534 when the test runs as root (which writes anything).
+TEST_F(HubFetchTest, AnUnwritableCacheNamesTheUserAndTheOwner) {
+  const bool root = ::geteuid() == 0;
+  const fs::path locked = out_.path() / "locked";
+  fs::create_directories(locked);
+  const auto readable = fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                        fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec;
+  fs::permissions(out_.path(), readable | fs::perms::owner_write);  // others may look in
+  fs::permissions(locked, readable);
+  std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-model",
+                                   "fetch",
+                                   "hf://tandem/tiny",
+                                   "--dir",
+                                   (locked / "model").string(),
+                                   "--endpoint",
+                                   hub_.endpoint()};
+  if (root) {
+    argv.insert(argv.begin(),
+                {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"});
+  }
+  const fs::path log = out_.path() / "fetch.stderr";
+  Subprocess fetch(argv, log);
+  const int status = fetch.wait(std::chrono::seconds(60));
+  fs::permissions(locked, fs::perms::owner_all);
+  const std::string message = fetch.stderrText();
+  EXPECT_NE(status, 0) << message;
+  EXPECT_NE(message.find("Permission denied"), std::string::npos) << message;
+  const std::string user = root ? "65534" : std::to_string(::geteuid());
+  const std::string group = root ? "65534" : std::to_string(::getegid());
+  EXPECT_NE(message.find("this process runs as uid " + user + ", gid " + group), std::string::npos)
+      << message;
+  EXPECT_NE(message.find(locked.string() + " is owned by uid " + std::to_string(::geteuid()) +
+                         ", gid " + std::to_string(::getegid()) + ", mode 0555"),
+            std::string::npos)
+      << message;
+}
 
 TEST_F(HubFetchTest, FetchesTheFilesTheAgentLoadsAndVerifiesThem) {
   hub_.setPageSize(2);  // the file list comes in pages
