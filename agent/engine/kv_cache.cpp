@@ -85,6 +85,13 @@ void KvCache::copyBlockFromHost(BlockId block, const void* host_src) {
   }
 }
 
+const uint8_t* KvCache::readableBlock(BlockId block, std::vector<uint8_t>& scratch) {
+  if (hostAccessible()) return blockData(block);
+  scratch.resize(block_bytes_);
+  copyBlockToHost(block, scratch.data());
+  return scratch.data();
+}
+
 std::unique_ptr<KvSlabAllocator> slabAllocatorFor(kernels::Backend& backend) {
   if (backend.hostAccessible()) return std::make_unique<HostSlabAllocator>();
   return std::make_unique<BackendSlabAllocator>(backend);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "agent/engine/model_config.h"
 #include "common/dtype.h"
@@ -116,6 +117,11 @@ class KvCache {
   // readBlocks/writeBlocks when there is one; engine thread only.
   void copyBlockToHost(BlockId block, void* host_dst);
   void copyBlockFromHost(BlockId block, const void* host_src);
+  // The block's bytes for the host to read: the slab itself where the host
+  // can read it, else a copy in `scratch` (resized; through the backend, so
+  // a failing device copy throws before the caller changes anything).
+  // Engine thread only.
+  const uint8_t* readableBlock(BlockId block, std::vector<uint8_t>& scratch);
 
  private:
   KvCacheConfig config_;

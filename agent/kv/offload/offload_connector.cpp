@@ -60,11 +60,7 @@ void OffloadConnector::pushFront(int32_t slot) {
 void OffloadConnector::store(const BlockHash& hash, BlockId block) {
   // A GPU's block comes to host memory before the tier changes: a device
   // copy that fails leaves the tier as it was.
-  const bool direct = cache_.hostAccessible();
-  if (!direct) {
-    host_block_.resize(block_bytes_);
-    cache_.copyBlockToHost(block, host_block_.data());
-  }
+  const uint8_t* bytes = cache_.readableBlock(block, host_block_);
   int32_t slot;
   if (num_used_ < capacity_blocks_) {
     slot = num_used_++;
@@ -82,11 +78,7 @@ void OffloadConnector::store(const BlockHash& hash, BlockId block) {
     index_.insert(std::move(node));
     slots_[slot].hash = hash;
   }
-  if (direct) {
-    cache_.copyBlockToHost(block, slotData(slot));
-  } else {
-    std::memcpy(slotData(slot), host_block_.data(), block_bytes_);
-  }
+  std::memcpy(slotData(slot), bytes, block_bytes_);
   pushFront(slot);
 }
 

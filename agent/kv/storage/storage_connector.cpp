@@ -190,12 +190,7 @@ void StorageConnector::save(const ConnectorRequest& request, int64_t first_block
     }
     std::error_code error;
     fs::create_directories(path.parent_path(), error);
-    const uint8_t* data = cache_.blockData(block_ids[i]);
-    if (!cache_.hostAccessible()) {  // a GPU's block: through host memory
-      host_block_.resize(cache_.blockBytes());
-      cache_.copyBlockToHost(block_ids[i], host_block_.data());
-      data = host_block_.data();
-    }
+    const uint8_t* data = cache_.readableBlock(block_ids[i], host_block_);
     FileHeader header{};
     std::memcpy(header.magic, kMagic, sizeof kMagic);
     header.version = kFormatVersion;

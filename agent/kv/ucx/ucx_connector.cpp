@@ -1237,17 +1237,19 @@ void UcxConnector::sendRelease(transport::UcxPeer& peer, const std::string& tran
   }
 }
 
+void UcxConnector::requestEnded(const std::string& request_id) {
+  releaseOffered(request_id);  // ended (finished, aborted, refused) without its load
+  declined_.erase(request_id);
+}
+
 void UcxConnector::requestAbandoned(std::string_view request_id) {
-  const std::string id(request_id);
-  releaseOffered(id);  // aborted, failed or refused before its load
-  declined_.erase(id);
+  requestEnded(std::string(request_id));
 }
 
 FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
                                              std::span<const BlockId> blocks,
                                              int64_t num_computed_tokens) {
-  releaseOffered(std::string(request.request_id));  // finished without loading
-  declined_.erase(std::string(request.request_id));
+  requestEnded(std::string(request.request_id));
   FinishDecision decision;
   const json* params = request.kv_transfer_params;
   if (!config_.produces() || params == nullptr || !params->is_object() ||

@@ -193,6 +193,9 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // Releases the transfer offered_ holds for the request, if any: whether
   // there was one.
   bool releaseOffered(const std::string& request_id);
+  // The request ended (finished or abandoned): what its lookup offered and
+  // it never loaded is released, and its decline forgotten.
+  void requestEnded(const std::string& request_id);
   // Loader thread: runs queued reads one after the other, and drops idle or
   // failed peers between them.
   void loaderLoop();
