@@ -647,8 +647,19 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   request.tokens = std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens));
   request.block_hashes = hashes;
   request.kv_transfer_params = &params;
-  kv::FinishDecision decision =
-      connector_->scheduler().requestFinished(request, blocks.blocks, held_tokens);
+  kv::FinishDecision decision;
+  try {
+    decision = connector_->scheduler().requestFinished(request, blocks.blocks, held_tokens);
+  } catch (const std::exception& error) {
+    // A device copy into a staging area failing: the connector gave back
+    // what it took for the hold; the blocks go back here. The engine thread
+    // goes on (a drain's hand-over, other holds).
+    block_manager_->free(blocks);
+    TANDEM_LOG(kError) << "KV connector failed holding " << held_tokens
+                       << " prompt tokens: " << error.what();
+    return internalError(std::string("the KV connector failed to hold the blocks: ") +
+                         error.what());
+  }
   if (!decision.hold) {
     block_manager_->free(blocks);
     if (decision.kv_transfer_params.is_object()) {

@@ -71,6 +71,14 @@ StatusOr<FaultInjection> FaultInjection::parse(const nlohmann::json& extra) {
         return invalidArgument(prefix + ".delay_notifications_ms must be a non-negative integer");
       }
       faults.delay_notifications_ms = value.get<int64_t>();
+    } else if (key == "fail_staging_copies") {
+      const std::string which = value.is_string() ? value.get<std::string>() : value.dump();
+      if (which != "out" && which != "in" && which != "both") {
+        return invalidArgument(prefix + ".fail_staging_copies must be out, in or both, got " +
+                               which);
+      }
+      faults.fail_copies_out = which != "in";
+      faults.fail_copies_in = which != "out";
     } else if (key == "throw_on_lookup") {
       if (!value.is_string()) {
         return invalidArgument(prefix + ".throw_on_lookup must be a string (part of request ids)");
@@ -79,7 +87,8 @@ StatusOr<FaultInjection> FaultInjection::parse(const nlohmann::json& extra) {
     } else {
       return invalidArgument(prefix + "." + key +
                              " is not a known fault (accepted: drop_blocks, fail_handshake, "
-                             "drop_notifications, delay_notifications_ms, throw_on_lookup)");
+                             "drop_notifications, delay_notifications_ms, fail_staging_copies, "
+                             "throw_on_lookup)");
     }
   }
   return faults;

@@ -8,6 +8,13 @@
 //                                              peer refused the connection
 //   {"drop_notifications": true}               ucx: no release message sent
 //   {"delay_notifications_ms": 200}            ucx: release sent late
+//   {"fail_staging_copies": "out"}             ucx, kv_buffer staging: each
+//                                              copy between the KV cache and
+//                                              the staging area throws, as a
+//                                              failing device copy would:
+//                                              "out" (cache to staging, a
+//                                              lender's), "in" (staging to
+//                                              cache, a reader's) or "both"
 //   {"throw_on_lookup": "boom"}                the lookup of a request whose
 //                                              id contains "boom" throws (as a
 //                                              broken connector or device
@@ -40,11 +47,14 @@ struct FaultInjection {
   bool fail_handshake = false;
   bool drop_notifications = false;
   int64_t delay_notifications_ms = 0;
+  bool fail_copies_out = false;                // KV cache -> staging area
+  bool fail_copies_in = false;                 // staging area -> KV cache
   std::optional<std::string> throw_on_lookup;  // a request id substring
 
   bool any() const {
     return drop != Drop::kNone || fail_handshake || drop_notifications ||
-           delay_notifications_ms > 0 || throw_on_lookup.has_value();
+           delay_notifications_ms > 0 || fail_copies_out || fail_copies_in ||
+           throw_on_lookup.has_value();
   }
   // Whether block `index` of a request whose loadable blocks are
   // [0, num_blocks) is dropped.

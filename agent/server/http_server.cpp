@@ -466,9 +466,9 @@ void HttpServer::stop() {
   if (http_) http_->stop();
 }
 
-bool HttpServer::releaseUndelivered(const engine::RequestOutput& total) {
-  if (!total.kv_transfer_params.is_object()) return false;
-  Status released = engine_.releaseTransfer(total.kv_transfer_params);
+bool HttpServer::releaseUndelivered(const nlohmann::json& kv_transfer_params) {
+  if (!kv_transfer_params.is_object()) return false;
+  Status released = engine_.releaseTransfer(kv_transfer_params);
   // Not found: the request's abort released them first.
   if (!released.isOk() && released.code() != StatusCode::kNotFound) {
     TANDEM_LOG(kWarn) << "releasing the KV of an undelivered answer: " << released.message();
@@ -557,7 +557,8 @@ void HttpServer::routes() {
         const bool delivered =
             co_await exchange.respond(wholeResponse(meta, total, chat, tokenizer));
         if (!delivered) {
-          co_await exchange.offloadWait<bool>([this, &total] { return releaseUndelivered(total); });
+          co_await exchange.offloadWait<bool>(
+              [this, &total] { return releaseUndelivered(total.kv_transfer_params); });
         }
         co_return;
       }
@@ -581,7 +582,7 @@ void HttpServer::routes() {
               // Nobody will read the blocks held for the next agent.
               const engine::RequestOutput* handed = &*output;
               co_await exchange.offloadWait<bool>(
-                  [this, handed] { return releaseUndelivered(*handed); });
+                  [this, handed] { return releaseUndelivered(handed->kv_transfer_params); });
             }
             co_return;
           }
@@ -594,7 +595,7 @@ void HttpServer::routes() {
             engine_.abort(id);
             if (finished) {
               co_await exchange.offloadWait<bool>(
-                  [this, &total] { return releaseUndelivered(total); });
+                  [this, &total] { return releaseUndelivered(total.kv_transfer_params); });
             }
             co_return;
           }
@@ -767,52 +768,66 @@ void HttpServer::routes() {
   // Pull-back: pins the cached leading blocks of a prompt for a prefill agent
   // to read (the router asks the decode agent that holds a conversation).
   // With a KV secret the body must be signed (kv_auth): nothing is looked at
-  // or pinned for anyone else.
-  http_->post(
-      "/v1/kv_transfer/hold",
-      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
-        auto parsed = kvTransferBody(req.body, "with token_ids");
-        if (!parsed.isOk()) return sendError(res, parsed.error());
-        const json& body = parsed.value();
-        if (Status allowed = engine_.authorizeKvRequest("/v1/kv_transfer/hold", body);
-            !allowed.isOk()) {
-          return sendError(res, fromStatus(allowed));
-        }
-        const auto ids = body.find("token_ids");
-        const int64_t vocab = engine_.model().config().vocab_size;
-        std::vector<TokenId> tokens;
-        bool valid = ids != body.end() && ids->is_array() && !ids->empty() &&
-                     static_cast<int64_t>(ids->size()) <= engine_.maxModelLen();
-        for (size_t i = 0; valid && i < ids->size(); ++i) {
-          const json& id = (*ids)[i];
-          valid = id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab;
-          if (valid) tokens.push_back(id.get<TokenId>());
-        }
-        if (!valid) {
-          return sendError(
-              res, invalidRequest("token_ids must be a non-empty array of at most " +
-                                      std::to_string(engine_.maxModelLen()) + " token ids in [0, " +
-                                      std::to_string(vocab) + ")",
-                                  "token_ids"));
-        }
-        std::string salt;
-        if (auto it = body.find("cache_salt"); it != body.end()) {
-          if (!it->is_string()) {
-            return sendError(res, invalidRequest("cache_salt must be a string", "cache_salt"));
+  // or pinned for anyone else. A hold whose answer does not reach its caller
+  // (it left while the hold waited for blocks being computed) is released
+  // at once: nobody knows where its blocks are.
+  http_->route(
+      "POST", "/v1/kv_transfer/hold",
+      [this, kvTransferBody](HttpExchange& exchange) -> boost::asio::awaitable<void> {
+        const std::string* text = &exchange.request().body;
+        json lent;  // the descriptor handed out, when the hold was taken
+        auto hold = [this, &kvTransferBody, text, &lent] {
+          HttpResponse res;
+          auto parsed = kvTransferBody(*text, "with token_ids");
+          if (!parsed.isOk()) return errorResponse(parsed.error());
+          const json& body = parsed.value();
+          if (Status allowed = engine_.authorizeKvRequest("/v1/kv_transfer/hold", body);
+              !allowed.isOk()) {
+            return errorResponse(fromStatus(allowed));
           }
-          salt = it->get<std::string>();
+          const auto ids = body.find("token_ids");
+          const int64_t vocab = engine_.model().config().vocab_size;
+          std::vector<TokenId> tokens;
+          bool valid = ids != body.end() && ids->is_array() && !ids->empty() &&
+                       static_cast<int64_t>(ids->size()) <= engine_.maxModelLen();
+          for (size_t i = 0; valid && i < ids->size(); ++i) {
+            const json& id = (*ids)[i];
+            valid = id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab;
+            if (valid) tokens.push_back(id.get<TokenId>());
+          }
+          if (!valid) {
+            return errorResponse(invalidRequest("token_ids must be a non-empty array of at most " +
+                                                    std::to_string(engine_.maxModelLen()) +
+                                                    " token ids in [0, " + std::to_string(vocab) +
+                                                    ")",
+                                                "token_ids"));
+          }
+          std::string salt;
+          if (auto it = body.find("cache_salt"); it != body.end()) {
+            if (!it->is_string()) {
+              return errorResponse(invalidRequest("cache_salt must be a string", "cache_salt"));
+            }
+            salt = it->get<std::string>();
+          }
+          auto held = engine_.holdPrefix(std::move(tokens), std::move(salt));
+          if (!held.isOk()) {
+            // Nothing cached is about the prompt; a refusal by a bound is not.
+            const bool about_prompt = held.status().code() == StatusCode::kNotFound;
+            return errorResponse(fromStatus(held.status(), about_prompt ? "token_ids" : ""));
+          }
+          lent = *held;
+          res.set_content(compactDump(json{{"kv_transfer_params", *held},
+                                           {"num_tokens", (*held)["remote_num_tokens"]}}),
+                          "application/json");
+          return res;
+        };
+        HttpResponse res = co_await exchange.offloadWait<HttpResponse>(hold);
+        const bool delivered = co_await exchange.respond(std::move(res));
+        if (!delivered && lent.is_object()) {
+          auto release = [this, &lent] { return releaseUndelivered(lent); };
+          co_await exchange.offloadWait<bool>(release);
         }
-        auto held = engine_.holdPrefix(std::move(tokens), std::move(salt));
-        if (!held.isOk()) {
-          // Nothing cached is about the prompt; a refusal by a bound is not.
-          const bool about_prompt = held.status().code() == StatusCode::kNotFound;
-          return sendError(res, fromStatus(held.status(), about_prompt ? "token_ids" : ""));
-        }
-        res.set_content(compactDump(json{{"kv_transfer_params", *held},
-                                         {"num_tokens", (*held)["remote_num_tokens"]}}),
-                        "application/json");
-      },
-      RouteWork::kWait);
+      });
 
   // Drain (as on SIGTERM): admit nothing more, hand running streams over,
   // exit when they have moved or the shutdown timeout passes. Signed like

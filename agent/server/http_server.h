@@ -76,10 +76,11 @@ class HttpServer {
 
  private:
   void routes();
-  // A finished request whose answer never reached its client: blocks held
-  // for a remote reader that will never learn where they are are freed now
+  // A finished request (or a pull-back lend) whose answer never reached its
+  // client: blocks held for a remote reader that will never learn where
+  // they are (`kv_transfer_params`, the answer's descriptor) are freed now
   // rather than at the hold timeout. Blocks on the engine: worker pool only.
-  bool releaseUndelivered(const engine::RequestOutput& total);
+  bool releaseUndelivered(const nlohmann::json& kv_transfer_params);
 
   engine::Engine& engine_;
   ServerConfig config_;

@@ -39,7 +39,7 @@ constexpr const char* kKvTransferFailureReasons[] = {
     "peer_restarted", "read_error",      "timeout",      "injected",    "injected_handshake",
     "missing",        "truncated",       "format",       "checksum",    "evicted",
     "staging_full",   "prefix_mismatch", "hold_expired", "peer_down",   "unreadable",
-    "hold_ended",     "holds_full"};
+    "hold_ended",     "holds_full",      "copy_error"};
 
 double secondsBetween(engine::Clock::time_point from, engine::Clock::time_point to) {
   if (from == engine::Clock::time_point{} || to == engine::Clock::time_point{} || to < from) {

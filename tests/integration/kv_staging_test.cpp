@@ -204,6 +204,58 @@ TEST_P(KvStaging, PullBackLendsThroughStaging) {
   }));
 }
 
+// Copies between the KV cache and the staging area are device copies on a
+// GPU agent, and can fail. A lender whose copies out fail answers its
+// prefill without a descriptor and refuses a lend with a 500, holding
+// nothing and still serving; a reader whose copies in fail recomputes the
+// blocks and gives every slot back.
+TEST_P(KvStaging, FailingStagingCopiesLoseNeitherAnswersNorBlocks) {
+  auto failing = [](const std::string& role, const std::string& which) {
+    return std::vector<std::string>{
+        "--enable-fault-injection", "--kv-transfer-config",
+        ucxConfig(role, {{"kv_buffer", "staging"},
+                         {"fault_injection", {{"fail_staging_copies", which}}}})};
+  };
+  Agent lender(failing("kv_both", "out"));
+  const json answer = lender.post("/v1/completions", [&] {
+    json body = greedy(prompt_, 8);
+    body["kv_transfer_params"] = {{"do_remote_decode", true}};
+    return body;
+  }());
+  EXPECT_EQ(tokenIds(answer), expectedTokens()) << answer.dump();
+  EXPECT_FALSE(answer.contains("kv_transfer_params") && answer["kv_transfer_params"].is_object() &&
+               answer["kv_transfer_params"].contains("remote_block_ids"))
+      << "nothing was staged, so nothing is offered: " << answer.dump();
+  EXPECT_EQ(lender.metric("tandem_kv_held_blocks"), 0);
+  EXPECT_EQ(health(lender)["staging_blocks_used"], 0);
+  // The prompt's blocks are cached: a lend of them fails at the copy.
+  int status = 0;
+  const json lend = lender.post("/v1/kv_transfer/hold", {{"token_ids", prompt_}}, &status);
+  EXPECT_EQ(status, 500) << lend.dump();
+  EXPECT_NE(lend.dump().find("the copy into the staging area failed"), std::string::npos)
+      << lend.dump();
+  EXPECT_EQ(lender.metric("tandem_kv_held_blocks"), 0);
+  EXPECT_EQ(health(lender)["staging_blocks_used"], 0);
+  EXPECT_EQ(health(lender)["status"], "ok");
+  EXPECT_EQ(tokenIds(lender.post("/v1/completions", greedy(prompt_, 8))), expectedTokens())
+      << "the engine goes on serving";
+
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer")});
+  Agent reader(failing("kv_consumer", "in"));
+  const json params = prefillOn(prefiller, prompt_);
+  ASSERT_TRUE(params.is_object());
+  ASSERT_EQ(params["remote_block_ids"].size(), 4u);
+  EXPECT_EQ(tokenIds(decodeOn(reader, prompt_, params)), expectedTokens());
+  EXPECT_EQ(reader.metric("tandem_kv_transfer_failures_total", "reason=\"copy_error\""), 1);
+  EXPECT_EQ(reader.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
+  EXPECT_EQ(reader.metric("tandem_kv_blocks_recomputed_total"), 4);
+  EXPECT_EQ(health(reader)["staging_blocks_used"], 0);
+  EXPECT_TRUE(eventually([&] {
+    return reader.metric("tandem_kv_cache_usage_ratio") == 0 &&
+           prefiller.metric("tandem_kv_held_blocks") == 0;
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, KvStaging, ::testing::Values("sm", "tcp"),
                          [](const auto& info) { return info.param; });
 

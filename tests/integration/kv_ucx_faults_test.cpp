@@ -311,6 +311,9 @@ TEST(KvUcxFaultConfig, FaultInjectionIsRefusedWithoutItsFlagAndNamesBadFields) {
            {{"--enable-fault-injection"},
             {{"throw_on_lookup", 1}},
             "fault_injection.throw_on_lookup must be a string"},
+           {{"--enable-fault-injection"},
+            {{"fail_staging_copies", "sideways"}},
+            "fault_injection.fail_staging_copies must be out, in or both, got sideways"},
            {{"--enable-fault-injection"}, {{"explode", true}}, "fault_injection.explode"}}) {
     std::vector<std::string> argv = {std::string(TANDEM_BIN_DIR) + "/tandem-agent",
                                      "serve",

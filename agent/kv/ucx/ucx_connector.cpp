@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <random>
@@ -394,14 +395,24 @@ void UcxConnector::freeExpiredHolds() {
   }
 }
 
+void UcxConnector::copyOutOfSlab(BlockId block, uint8_t* staging) {
+  if (faults_.fail_copies_out) throw Error("injected fault: the copy into the staging area failed");
+  cache_.copyBlockToHost(block, staging);
+}
+
+void UcxConnector::copyIntoSlab(BlockId block, const uint8_t* staging) {
+  if (faults_.fail_copies_in)
+    throw Error("injected fault: the copy out of the staging area failed");
+  cache_.copyBlockFromHost(block, staging);
+}
+
 std::vector<BlockId> UcxConnector::stageBlocks(std::span<const BlockId> blocks) {
   std::vector<BlockId> slots = takeSlots(static_cast<int64_t>(blocks.size()));
   if (slots.empty()) return slots;
   const size_t block_bytes = cache_.blockBytes();
   try {
     for (size_t i = 0; i < blocks.size(); ++i) {
-      cache_.copyBlockToHost(blocks[i],
-                             staging_base_ + static_cast<size_t>(slots[i]) * block_bytes);
+      copyOutOfSlab(blocks[i], staging_base_ + static_cast<size_t>(slots[i]) * block_bytes);
     }
   } catch (...) {
     freeSlots(slots);  // a failed device copy gives its slots back
@@ -1153,7 +1164,8 @@ UcxConnector::LoadOutcome UcxConnector::runLoad(const LoadJob& job) {
                                          read.failed_local_blocks.end());
       for (size_t i = 0; i < pairs.size(); ++i) {
         if (failed.count(pairs[i].local_block) == 0) {
-          outcome.staged.emplace_back(pairs[i].local_block, job.pairs[i].local_block);
+          outcome.staged.push_back({pairs[i].local_block, job.pairs[i].local_block,
+                                    job.first_block + static_cast<int64_t>(i)});
         }
       }
     }
@@ -1207,10 +1219,30 @@ std::vector<KvConnectorWorker::FinishedLoad> UcxConnector::poll() {
   if (!outcomes.empty() && buffer_path_ == KvBufferPath::kStaging) {
     // Engine thread: the backend is ours while we copy. The engine keeps the
     // destination blocks until this load is reported.
+    // A copy that fails (a device error) fails its block and the rest of
+    // the load's: they are recomputed (or the request fails, by policy);
+    // the slots go back either way, and the other loads are reported.
     const size_t block_bytes = cache_.blockBytes();
     for (LoadOutcome& outcome : outcomes) {
-      for (const auto& [slot, block] : outcome.staged) {
-        cache_.copyBlockFromHost(block, staging_base_ + static_cast<size_t>(slot) * block_bytes);
+      std::vector<int64_t>& failed = outcome.finished.failed_block_indices;
+      for (size_t i = 0; i < outcome.staged.size(); ++i) {
+        const LoadOutcome::Staged& staged = outcome.staged[i];
+        try {
+          copyIntoSlab(staged.block,
+                       staging_base_ + static_cast<size_t>(staged.slot) * block_bytes);
+        } catch (const std::exception& error) {
+          TANDEM_LOG(kError) << "ucx connector: request " << outcome.finished.request_id
+                             << ": copying " << outcome.staged.size() - i
+                             << " staged blocks into the KV cache failed: " << error.what()
+                             << "; they are not used";
+          failures_.add("copy_error");
+          for (size_t j = i; j < outcome.staged.size(); ++j) {
+            failed.push_back(outcome.staged[j].index);
+          }
+          std::sort(failed.begin(), failed.end());
+          failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
+          break;
+        }
       }
       if (!outcome.slots.empty()) freeSlots(outcome.slots);
     }

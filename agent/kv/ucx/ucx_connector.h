@@ -184,9 +184,18 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // staging slots into slab blocks (then frees the slots).
   struct LoadOutcome {
     FinishedLoad finished;
-    std::vector<std::pair<BlockId, BlockId>> staged;  // (slot, slab block) that arrived
-    std::vector<BlockId> slots;                       // every slot the load took
+    struct Staged {
+      BlockId slot;   // where the block arrived in the staging area
+      BlockId block;  // the slab block it is copied into
+      int64_t index;  // the block's index in the request (a failed one's)
+    };
+    std::vector<Staged> staged;  // blocks that arrived
+    std::vector<BlockId> slots;  // every slot the load took
   };
+  // Copies between a slab block and the staging area (engine thread),
+  // through the backend; they throw where the fault injection says.
+  void copyOutOfSlab(BlockId block, uint8_t* staging);
+  void copyIntoSlab(BlockId block, const uint8_t* staging);
   void enqueue(LoadJob job);
   // Queues a job that reads nothing and only lets the owner of `source` go.
   void enqueueRelease(const std::string& request_id, Descriptor source);
