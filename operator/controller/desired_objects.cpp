@@ -20,7 +20,8 @@ using spec::TemplateMergeResult;
 
 constexpr const char* kModelVolumeName = "model";
 constexpr const char* kModelCacheVolumeName = "model-cache";
-// The agent images' user, which must be able to write a fetch's cache claim.
+// The user and group the agent, router and init containers run as (the
+// agent images' user), which must be able to write a fetch's cache claim.
 constexpr int64_t kAgentGroupId = 65532;
 
 std::string numberText(double value) {
@@ -166,6 +167,27 @@ void addModelSource(const spec::ModelSourceSpec& model, const std::string& fetch
   }
 }
 
+// What every generated pod runs with unless spec.template says otherwise
+// (the fragment wins on each leaf): the Pod Security Standards' "restricted"
+// profile, so a namespace enforcing it admits the pods. The agents' images
+// run as 65532 already; it is set here so that a pod's user does not depend
+// on which image a pool names (and matches the model cache's fsGroup).
+void addRestrictedSecurityContext(json& pod_spec) {
+  json& pod = pod_spec["securityContext"];
+  if (!pod.is_object()) pod = json::object();
+  pod["runAsNonRoot"] = true;
+  pod["runAsUser"] = kAgentGroupId;
+  pod["runAsGroup"] = kAgentGroupId;
+  pod["seccompProfile"] = {{"type", "RuntimeDefault"}};
+  for (const char* list : {"initContainers", "containers"}) {
+    if (!pod_spec.contains(list)) continue;
+    for (json& container : pod_spec[list]) {
+      container["securityContext"] = {{"allowPrivilegeEscalation", false},
+                                      {"capabilities", {{"drop", json::array({"ALL"})}}}};
+    }
+  }
+}
+
 // The user's spec.template, merged into the generated pod template.
 struct TemplateOverlay {
   const json& fragment;
@@ -177,6 +199,7 @@ struct TemplateOverlay {
 json deployment(const Owner& owner, const std::string& name, const json& labels,
                 const json& selector, int64_t replicas, json pod_spec,
                 const TemplateOverlay& overlay, const spec::RolloutSpec& rollout = {}) {
+  addRestrictedSecurityContext(pod_spec);
   json object = {
       {"apiVersion", "apps/v1"},
       {"kind", "Deployment"},

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -751,6 +752,57 @@ spec:
   ASSERT_TRUE(eventually([&] { return modelReady().value("status", "") == "True"; }, 30s))
       << decodePool().value_or(json()).dump();
   EXPECT_EQ(modelReady()["reason"], "Fetched");
+}
+
+// A namespace enforcing the Pod Security Standards' restricted level (the
+// API stand-in admits pods as Pod Security Admission does) runs the
+// example pools and router: every generated pod meets it. A template that
+// asks for what the level forbids (IPC_LOCK) gets no pods, and the pool
+// says why in its Degraded condition.
+TEST_F(K8sControllerTest, ARestrictedNamespaceRunsThePoolsAndAForbiddenTemplateSaysWhy) {
+  const KubectlResult labelled = applyText(R"(apiVersion: v1
+kind: Namespace
+metadata:
+  name: default
+  labels: {pod-security.kubernetes.io/enforce: restricted}
+)");
+  ASSERT_EQ(labelled.exit_status, 0) << labelled.err;
+  applyExamples();
+  Controller controller(*server_, dir_, "controller-a", operatorToken());
+  ASSERT_TRUE(controller.started()) << controller.stderrText();
+  for (const auto& [kind, name] : std::vector<std::pair<std::string, std::string>>{
+           {"PrefillPool", "prefill"}, {"DecodePool", "decode"}}) {
+    EXPECT_TRUE(eventually([&] { return poolReady(kind, name); }, 30s))
+        << get("tandem.dev/v1alpha1", kind, name)->dump();
+  }
+  const KubectlResult pods = kubectl({"get", "pods", "-o", "json"});
+  ASSERT_EQ(pods.exit_status, 0) << pods.err;
+  std::set<std::string> owners;
+  const json listed = json::parse(pods.out);
+  for (const json& pod : listed["items"]) {
+    owners.insert(pod["metadata"]["ownerReferences"][0].value("name", ""));
+  }
+  EXPECT_EQ(owners, (std::set<std::string>{"prefill", "decode", "router"})) << pods.out;
+
+  const KubectlResult patched =
+      kubectl({"patch", "prefillpool/prefill", "--type", "merge", "-p",
+               R"({"spec": {"template": {"spec": {"containers": [{"name": "agent",
+                   "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}}}})"});
+  ASSERT_EQ(patched.exit_status, 0) << patched.err;
+  EXPECT_TRUE(eventually(
+      [&] {
+        const auto pool = prefillPool();
+        const auto degraded = pool ? condition(*pool, "Degraded") : std::nullopt;
+        const std::string message = degraded ? degraded->value("message", "") : "";
+        return degraded && degraded->value("status", "") == "True" &&
+               degraded->value("reason", "") == "ReplicaFailure" &&
+               message.find(
+                   "violates PodSecurity \"restricted:latest\": unrestricted "
+                   "capabilities (container \"agent\" must not include \"IPC_LOCK\" "
+                   "in securityContext.capabilities.add)") != std::string::npos;
+      },
+      30s))
+      << prefillPool()->dump();
 }
 
 }  // namespace

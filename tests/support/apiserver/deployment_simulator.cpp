@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "tests/support/apiserver/pod_security.h"
+
 namespace tandem::testing {
 namespace {
 
@@ -103,11 +105,35 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
     pod_ips = pod_ips_;
     kubelet = kubelet_;
   }
+  // New pods pass Pod Security Admission as the ReplicaSet controller's
+  // creates would (with the template's annotations, which the plugin reads).
+  std::optional<KindInfo> namespace_kind = registry_.byKind("v1", "Namespace");
+  const std::optional<Json> namespace_object = store_.get(resourceKey(*namespace_kind), "", ns);
+  const Json template_annotations =
+      pod_template.value("metadata", Json::object()).value("annotations", Json::object());
+  std::string create_failure;  // the first refusal's message
+  int64_t created = 0;         // current pods that exist (were not refused)
+  int64_t created_scheduled = 0;
   int64_t kubelet_ready = 0;  // pods the kubelet reports Ready
   for (int64_t i = 0; i < replicas; ++i) {
     const std::string pod_name = name + "-" + hash + "-" + std::to_string(i);
     std::optional<Json> existing = store_.get(resourceKey(*pod_kind), ns, pod_name);
     const bool scheduled = i < schedulable;
+    if (!existing) {
+      Json candidate = {{"metadata",
+                         {{"name", pod_name},
+                          {"namespace", ns},
+                          {"labels", labels},
+                          {"annotations", template_annotations}}},
+                        {"spec", pod_template.value("spec", Json::object())}};
+      PodSecurityDecision admission = admitPod(candidate, namespace_object);
+      if (admission.error) {
+        if (create_failure.empty()) create_failure = admission.error->message;
+        continue;
+      }
+    }
+    ++created;
+    if (scheduled) ++created_scheduled;
     Json status;
     if (kubelet && existing) {
       // Its status is the kubelet's.
@@ -164,26 +190,39 @@ void DeploymentSimulator::reconcile(const Json& deployment, bool ready) {
     if (existing && existing->value("status", Json::object()) == pod["status"]) continue;
     service_.put(pod);
   }
+  // Refused pods are not there: they count neither as replicas nor as ready.
   Json status = {{"observedGeneration", metadata.value("generation", int64_t{1})}};
   if (replicas > 0) {
-    status["replicas"] = replicas;
-    status["updatedReplicas"] = replicas;
-    const int64_t running = kubelet ? kubelet_ready : ready ? schedulable : 0;
+    if (created > 0) {
+      status["replicas"] = created;
+      status["updatedReplicas"] = created;
+    }
+    const int64_t running = kubelet ? kubelet_ready : ready ? created_scheduled : 0;
     if (running > 0) {
       status["readyReplicas"] = running;
       status["availableReplicas"] = running;
     }
     if (running < replicas) status["unavailableReplicas"] = replicas - running;
   }
+  const bool refused = !create_failure.empty();
   bool available =
-      (kubelet ? kubelet_ready == replicas : ready && schedulable == replicas) || replicas == 0;
+      !refused && ((kubelet ? kubelet_ready == replicas : ready && created_scheduled == replicas) ||
+                   replicas == 0);
+  const std::string replica_set = name + "-" + hash;
   status["conditions"] = Json::array(
       {condition("Available", available,
                  available ? "MinimumReplicasAvailable" : "MinimumReplicasUnavailable",
                  available ? "Deployment has minimum availability."
                            : "Deployment does not have minimum availability."),
-       condition("Progressing", true, "NewReplicaSetAvailable",
-                 "ReplicaSet \"" + name + "-" + hash + "\" has successfully progressed.")});
+       refused ? condition("Progressing", true, "NewReplicaSetCreated",
+                           "Created new replica set \"" + replica_set + "\"")
+               : condition("Progressing", true, "NewReplicaSetAvailable",
+                           "ReplicaSet \"" + replica_set + "\" has successfully progressed.")});
+  if (refused) {
+    // The ReplicaSet controller's condition, which the Deployment controller copies.
+    status["conditions"].push_back(
+        condition("ReplicaFailure", true, "FailedCreate", create_failure));
+  }
   std::optional<Json> latest =
       store_.get(resourceKey(*registry_.byKind("apps/v1", "Deployment")), ns, name);
   if (!latest) return;

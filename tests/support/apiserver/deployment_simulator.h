@@ -22,6 +22,16 @@
 // controller only: new pods are created Pending (PodScheduled True, no IP),
 // the kubelet writes their status from then on, and a Deployment's ready
 // replicas are its current pods whose Ready condition is True.
+//
+// Pod Security Admission (pod_security.h): each new pod is checked against
+// its namespace's enforce level before it is created, as the ReplicaSet
+// controller's create would be. A refused pod is not created (it is tried
+// again at the next reconcile) and counts neither in status.replicas nor as
+// ready; the Deployment is then not Available, Progressing says
+// NewReplicaSetCreated, and a condition ReplicaFailure True, reason
+// FailedCreate, carries the API server's message
+// (pods "<pod>" is forbidden: violates PodSecurity "restricted:latest": ...).
+// Pods of an older template are still deleted at once (no rolling update).
 // Thread-safe.
 #pragma once
 

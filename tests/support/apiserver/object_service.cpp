@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "tests/support/apiserver/json_patch.h"
+#include "tests/support/apiserver/pod_security.h"
 #include "tests/support/apiserver/schema.h"
 #include "tests/support/apiserver/yaml_json.h"
 
@@ -147,6 +148,48 @@ void builtinDefaults(const KindInfo& kind, Json& object, bool creating) {
       }
     }
   }
+}
+
+// Pod Security Admission (pod_security.h) of a create (`old` null) or an
+// update of the main resource: an error refusing it, or nothing (its
+// warnings appended). Pods are checked against their namespace's enforce
+// level (an update only when it changes an image or adds a container, as
+// the plugin); Deployments only get the warn level's warnings about their
+// template; Namespaces' pod-security labels must be valid, and tightening
+// the enforce level warns about the pods already there.
+std::optional<ApiError> admitPodSecurity(const Store& store, const KindRegistry& registry,
+                                         const KindInfo& kind, const Json& object, const Json* old,
+                                         std::vector<std::string>& warnings) {
+  if (!kind.builtin) return std::nullopt;
+  std::optional<KindInfo> namespace_kind = registry.byKind("v1", "Namespace");
+  auto namespaceOf = [&](const Json& namespaced) {
+    return store.get(resourceKey(*namespace_kind), "", metaString(namespaced, "namespace"));
+  };
+  if (kind.kind == "Pod" && kind.group.empty()) {
+    if (old != nullptr && !isSignificantPodUpdate(object, *old)) return std::nullopt;
+    PodSecurityDecision decision = admitPod(object, namespaceOf(object));
+    if (decision.error) return decision.error;
+    warnings.insert(warnings.end(), decision.warnings.begin(), decision.warnings.end());
+  } else if (kind.kind == "Deployment" && kind.group == "apps") {
+    auto spec = object.find("spec");
+    Json pod_template =
+        spec != object.end() && spec->is_object() ? spec->value("template", Json()) : Json();
+    std::vector<std::string> found = podTemplateWarnings(pod_template, namespaceOf(object));
+    warnings.insert(warnings.end(), found.begin(), found.end());
+  } else if (kind.kind == "Namespace" && kind.group.empty()) {
+    auto errors = podSecurityLabelErrors(object);
+    // An update may keep labels that were already invalid, as they were.
+    if (!errors.empty() && (old == nullptr || podSecurityLabelErrors(*old) != errors)) {
+      return invalidFields(kind, metaString(object, "name"), errors);
+    }
+    if (old != nullptr) {
+      std::optional<KindInfo> pod_kind = registry.byKind("v1", "Pod");
+      std::vector<Json> pods = store.list(resourceKey(*pod_kind), metaString(object, "name")).items;
+      std::vector<std::string> found = namespaceUpdateWarnings(object, *old, pods);
+      warnings.insert(warnings.end(), found.begin(), found.end());
+    }
+  }
+  return std::nullopt;
 }
 
 std::string continueToken(uint64_t version, const std::string& key) {
@@ -394,6 +437,13 @@ ApiResult ObjectService::createLocked(const KindInfo& kind, const std::string& n
   if (kind.kind == "CustomResourceDefinition" && kind.group == "apiextensions.k8s.io") {
     if (auto error = prepareCrd(kind, body)) return ApiResult::failure(*error);
   }
+  // Validating admission: after validation, before the object is stored
+  // (dry runs included); administrators' writes skip it.
+  if (!options.admin) {
+    if (auto error = admitPodSecurity(store_, registry_, kind, body, nullptr, warnings)) {
+      return ApiResult::failure(*error);
+    }
+  }
   const std::string object_ns = kind.namespaced ? metaString(body, "namespace") : "";
   if (store_.get(resourceKey(kind), object_ns, name)) {
     return ApiResult::failure(alreadyExists(kind, name));
@@ -507,6 +557,12 @@ ApiResult ObjectService::updateLocked(const KindInfo& kind, const Json& old,
   builtinDefaults(kind, updated, false);
   if (kind.kind == "CustomResourceDefinition" && kind.group == "apiextensions.k8s.io") {
     if (auto error = prepareCrd(kind, updated)) return ApiResult::failure(*error);
+  }
+  // Pod Security Admission looks at writes of the main resource only.
+  if (!options.admin && subresource.empty()) {
+    if (auto error = admitPodSecurity(store_, registry_, kind, updated, &old, warnings)) {
+      return ApiResult::failure(*error);
+    }
   }
   bool spec_changed =
       generationView(old, kind.has_status) != generationView(updated, kind.has_status);

@@ -573,6 +573,18 @@ bool PodRunner::start(Pod& pod, const json& container, const std::string& name) 
   for (const auto& [key, value] : container_security.items()) {
     security[key] = value;
   }
+  // The kubelet refuses a non-root policy it can see broken before the
+  // start (an image running as root by name is not looked at here).
+  if (security.value("runAsNonRoot", false) && security.value("runAsUser", int64_t{-1}) == 0) {
+    return fail("CreateContainerConfigError",
+                "container's runAsUser breaks non-root policy (pod: \"" + pod.name + "_" + pod.ns +
+                    "(" + pod.uid + ")\", container: " + container.value("name", "") + ")");
+  }
+  // RuntimeDefault (and no profile) is podman's default seccomp filter, the
+  // same lineage as containerd's and CRI-O's; Unconfined turns it off.
+  const json seccomp = security.value("seccompProfile", json::object());
+  if (seccomp.value("type", "") == "Unconfined")
+    args.push_back("--security-opt=seccomp=unconfined");
   if (security.contains("runAsUser")) {
     std::string user = std::to_string(security["runAsUser"].get<int64_t>());
     if (security.contains("runAsGroup")) {

@@ -20,7 +20,9 @@
 //    configMapKeyRef, a missing one being CreateContainerConfigError) and
 //    envFrom, KUBERNETES_SERVICE_HOST/PORT, the security context
 //    (runAsUser/runAsGroup, readOnlyRootFilesystem, capabilities,
-//    allowPrivilegeEscalation);
+//    allowPrivilegeEscalation, seccompProfile: RuntimeDefault is podman's
+//    default filter, Unconfined none; runAsNonRoot with runAsUser 0 is
+//    CreateContainerConfigError, as the kubelet says it);
 //  - volumes: emptyDir (a tmpfs with medium Memory, else a fresh directory),
 //    hostPath, persistentVolumeClaim (bound to a host directory the test
 //    names: a PersistentVolume stand-in; an unknown claim leaves the pod

@@ -176,6 +176,7 @@ TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
       "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
               {"name": "HF_ENDPOINT", "value": "https://mirror.example"}],
       "terminationMessagePolicy": "FallbackToLogsOnError",
+      "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
       "resources": {"requests": {"ephemeral-storage": "40Gi"}},
       "volumeMounts": [{"name": "model-cache", "mountPath": "/model-cache"}]}])json");
   EXPECT_EQ(pod["initContainers"], expected_init) << "the download's disk is requested";
@@ -191,8 +192,9 @@ TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
   const json& shared_pod = podSpec(shared_deployment);
   EXPECT_EQ(shared_pod["volumes"][1], json::parse(R"({"name": "model-cache",
       "persistentVolumeClaim": {"claimName": "models"}})"));
-  EXPECT_EQ(shared_pod["securityContext"],
-            json::parse(R"({"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"})"));
+  EXPECT_EQ(shared_pod["securityContext"], json::parse(R"({"fsGroup": 65532,
+      "fsGroupChangePolicy": "OnRootMismatch", "runAsNonRoot": true, "runAsUser": 65532,
+      "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}})"));
   EXPECT_FALSE(shared_pod["initContainers"][0].contains("resources"))
       << "a claim's disk is not the node's";
   // A public model: no token, no endpoint, and no empty env list, which the
@@ -265,6 +267,46 @@ TEST(DesiredObjectsTest, ARouterWithoutAModelPathFetchesItsPoolsTokenizer) {
   const auto args = pod["initContainers"][0]["args"].get<std::vector<std::string>>();
   EXPECT_NE(std::find(args.begin(), args.end(), "--tokenizer-only"), args.end());
   EXPECT_EQ(pod["volumes"][0], json::parse(R"({"name": "model-cache", "emptyDir": {}})"));
+}
+
+// Every generated pod meets the Pod Security Standards' restricted profile
+// (a namespace enforcing it admits it): every container, init containers
+// included, and the pod; a pool's spec.template wins on each leaf (an RDMA
+// pool running as root with IPC_LOCK, in a namespace that allows it).
+TEST(DesiredObjectsTest, GeneratedPodsAreRestrictedUnlessTheTemplateSaysOtherwise) {
+  const json pod_context = json::parse(R"({"runAsNonRoot": true, "runAsUser": 65532,
+      "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}})");
+  const json container_context =
+      json::parse(R"({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})");
+  const PoolSpec fetched = decodePoolWithModel("{source: hf://org/m}");
+  const PoolSpec copied = decodePoolWithModel("{source: oci://registry:5000/models/tiny:1}");
+  spec::RouterSpec router;
+  router.name = "router";
+  router.pools_model_source = fetched.model_source;
+  const Owner router_owner{"tandem.dev/v1alpha1", "Router", "serving", "router", "uid-r", 1};
+  for (const json& deployment :
+       {desiredPoolDeployment(ownerFor(fetched), fetched, defaults()),
+        desiredPoolDeployment(ownerFor(copied), copied, defaults()),
+        desiredRouterDeployment(router_owner, router, {}, {"decode"}, defaults(), nullptr)}) {
+    const json& pod = podSpec(deployment);
+    EXPECT_EQ(pod["securityContext"], pod_context) << pod.dump();
+    ASSERT_EQ(pod["initContainers"].size(), 1u) << pod.dump();
+    EXPECT_EQ(pod["initContainers"][0]["securityContext"], container_context) << pod.dump();
+    ASSERT_EQ(pod["containers"].size(), 1u);
+    EXPECT_EQ(pod["containers"][0]["securityContext"], container_context) << pod.dump();
+  }
+
+  const PoolSpec rdma = decodePoolWithModel(
+      "{source: hf://org/m}\n  template:\n    spec:\n      securityContext: {runAsUser: 0, "
+      "runAsNonRoot: false}\n      containers:\n      - name: agent\n        securityContext: "
+      "{capabilities: {add: [IPC_LOCK]}}");
+  const json rdma_deployment = desiredPoolDeployment(ownerFor(rdma), rdma, defaults());
+  const json& pod = podSpec(rdma_deployment);
+  EXPECT_EQ(pod["securityContext"], json::parse(R"({"runAsNonRoot": false, "runAsUser": 0,
+      "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}})"));
+  EXPECT_EQ(pod["containers"][0]["securityContext"], json::parse(R"({
+      "allowPrivilegeEscalation": false,
+      "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}})"));
 }
 
 TEST(DesiredObjectsTest, SecretRefListensEverywhereWithTheSecretFromTheSecret) {
