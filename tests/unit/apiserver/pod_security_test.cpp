@@ -71,6 +71,13 @@ Json namespaceObject(const std::string& name, const Json& labels = Json::object(
           {"metadata", {{"name", name}, {"labels", labels}}}};
 }
 
+// Creates namespace `name` enforcing the restricted level: the HTTP status.
+int createRestrictedNamespace(ApiTestClient& client, const std::string& name) {
+  return client
+      .post("/api/v1/namespaces", namespaceObject(name, {{kPodSecurityEnforceLabel, "restricted"}}))
+      .status;
+}
+
 // The plain pod's violations at the restricted level, in the plugin's order.
 const Violations kPlainRestricted = {
     {"allowPrivilegeEscalation != false",
@@ -381,11 +388,7 @@ TEST(PodSecurityTest, OnlyImageChangesAndNewContainersAreSignificantUpdates) {
 TEST(PodSecurityAdmissionTest, PodRefusedWhereTheNamespaceEnforcesRestricted) {
   ApiServer server;
   ApiTestClient client(server);
-  ASSERT_EQ(client
-                .post("/api/v1/namespaces",
-                      namespaceObject("secure", {{kPodSecurityEnforceLabel, "restricted"}}))
-                .status,
-            201);
+  ASSERT_EQ(createRestrictedNamespace(client, "secure"), 201);
   ASSERT_EQ(client.post("/api/v1/namespaces", namespaceObject("open")).status, 201);
 
   JsonAnswer refused = client.post("/api/v1/namespaces/secure/pods", pod("web", plainSpec()));
@@ -472,11 +475,7 @@ TEST(PodSecurityAdmissionTest, RefusedDeploymentPodsSurfaceAsReplicaFailure) {
   ApiServer server;
   server.setDeploymentControllerAuto(true);
   ApiTestClient client(server);
-  ASSERT_EQ(client
-                .post("/api/v1/namespaces",
-                      namespaceObject("secure", {{kPodSecurityEnforceLabel, "restricted"}}))
-                .status,
-            201);
+  ASSERT_EQ(createRestrictedNamespace(client, "secure"), 201);
   Json deployment = {
       {"apiVersion", "apps/v1"},
       {"kind", "Deployment"},
