@@ -22,22 +22,6 @@ bool isHubName(std::string_view part) {
          part.find("..") == std::string_view::npos;
 }
 
-// A DNS-1123 subdomain: what Kubernetes accepts as a claim's name.
-bool isDnsSubdomain(std::string_view name) {
-  if (name.empty() || name.size() > 253) return false;
-  for (char c : name) {
-    if (!(std::islower(static_cast<unsigned char>(c)) ||
-          std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '.')) {
-      return false;
-    }
-  }
-  auto alnum = [](char c) {
-    return std::islower(static_cast<unsigned char>(c)) ||
-           std::isdigit(static_cast<unsigned char>(c));
-  };
-  return alnum(name.front()) && alnum(name.back());
-}
-
 bool hasSpaceOrControl(std::string_view text) {
   for (char c : text) {
     if (std::isspace(static_cast<unsigned char>(c)) ||
@@ -67,6 +51,27 @@ Status malformed(std::string_view text, const char* accepted) {
 }
 
 }  // namespace
+
+bool isDnsSubdomain(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  auto alnum = [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) ||
+           std::isdigit(static_cast<unsigned char>(c));
+  };
+  // Labels separated by '.', each starting and ending with a letter or digit.
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('.', start);
+    if (end == std::string_view::npos) end = name.size();
+    const std::string_view label = name.substr(start, end - start);
+    if (label.empty() || !alnum(label.front()) || !alnum(label.back())) return false;
+    for (char c : label) {
+      if (!alnum(c) && c != '-') return false;
+    }
+    start = end + 1;
+  }
+  return true;
+}
 
 StatusOr<ModelSource> parseModelSource(std::string_view text) {
   ModelSource source;

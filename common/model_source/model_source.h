@@ -34,6 +34,12 @@ struct ModelSource {
 
 StatusOr<ModelSource> parseModelSource(std::string_view text);
 
+// A DNS-1123 subdomain, what Kubernetes accepts as most objects' names (a
+// claim's, a Secret's): at most 253 characters, '.'-separated labels of
+// lower-case letters, digits and '-', each starting and ending with a
+// letter or digit.
+bool isDnsSubdomain(std::string_view name);
+
 // The directory, under a cache root, that an hf:// source is fetched into:
 // "<root>/hf/models--<org>--<name>/<revision>" (the Hub cache's naming), with
 // a revision's "/" written as "--" (refs/pr/1 → refs--pr--1). Every pod of a pool computes the same

@@ -317,7 +317,7 @@ void readPoolModel(const YAML::Node& model, PoolSpec& pool, const DocumentContex
     requireMapping(*value, cache_path, context);
     MapReader cache(*value, cache_path, context);
     if (auto claim = cache.get("claimName")) {
-      fetch.cache_claim = readString(*claim, cache.pathOf("claimName"), context);
+      fetch.cache_claim = readObjectName(*claim, cache.pathOf("claimName"), context);
     }
     if (auto limit = cache.get("sizeLimit")) {
       fetch.cache_size_limit = readQuantity(*limit, cache.pathOf("sizeLimit"), context);

@@ -1,10 +1,12 @@
 #include "operator/spec/spec_reader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <regex>
 #include <sstream>
 
+#include "common/model_source/model_source.h"
 #include "common/status.h"
 
 namespace tandem::spec {
@@ -252,15 +254,49 @@ void checkResources(const YAML::Node& node, const std::string& path,
   resources.rejectUnknown();
 }
 
+std::string readObjectName(const YAML::Node& node, const std::string& path,
+                           const DocumentContext& context) {
+  const std::string name = readString(node, path, context);
+  if (!model_source::isDnsSubdomain(name)) {
+    fail(context, path,
+         "must be a Kubernetes object name (a DNS-1123 subdomain: lower-case letters, digits, "
+         "'-' and '.', starting and ending with a letter or digit, at most 253 characters), got " +
+             described(node),
+         node);
+  }
+  return name;
+}
+
+namespace {
+
+// A Secret's data key: letters, digits, '-', '_' and '.', at most 253.
+std::string readSecretDataKey(const YAML::Node& node, const std::string& path,
+                              const DocumentContext& context) {
+  const std::string key = readString(node, path, context);
+  const bool valid =
+      key.size() <= 253 && std::all_of(key.begin(), key.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+      });
+  if (!valid) {
+    fail(context, path,
+         "must be a Secret key (letters, digits, '-', '_' and '.', at most 253 characters), got " +
+             described(node),
+         node);
+  }
+  return key;
+}
+
+}  // namespace
+
 SecretKeyRef readSecretKeyRef(const YAML::Node& node, const std::string& path,
                               const DocumentContext& context, const std::string& default_key) {
   requireMapping(node, path, context);
   MapReader reader(node, path, context);
   SecretKeyRef ref;
-  ref.name = readString(reader.require("name"), reader.pathOf("name"), context);
+  ref.name = readObjectName(reader.require("name"), reader.pathOf("name"), context);
   std::optional<YAML::Node> key =
       default_key.empty() ? std::optional(reader.require("key")) : reader.get("key");
-  ref.key = key ? readString(*key, reader.pathOf("key"), context) : default_key;
+  ref.key = key ? readSecretDataKey(*key, reader.pathOf("key"), context) : default_key;
   reader.rejectUnknown();
   return ref;
 }
@@ -274,8 +310,8 @@ ModelVolumeSpec readModelVolume(const YAML::Node& node, const std::string& path,
     const std::string claim_path = reader.pathOf("persistentVolumeClaim");
     requireMapping(*claim, claim_path, context);
     MapReader claim_reader(*claim, claim_path, context);
-    volume.claim_name =
-        readString(claim_reader.require("claimName"), claim_reader.pathOf("claimName"), context);
+    volume.claim_name = readObjectName(claim_reader.require("claimName"),
+                                       claim_reader.pathOf("claimName"), context);
     if (auto read_only = claim_reader.get("readOnly")) {
       volume.claim_read_only = readBool(*read_only, claim_reader.pathOf("readOnly"), context);
     }

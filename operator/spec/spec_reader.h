@@ -149,8 +149,15 @@ nlohmann::json readPodTemplate(const YAML::Node& node, const std::string& path,
 // The Secret key spec.apiKeySecretRef reads when its key is not written.
 inline constexpr const char* kApiKeySecretKey = "api-key";
 
-// A {name, key} Secret key reference; `default_key` ("" = required) when
-// the key is not written.
+// The name of a Kubernetes object (a Secret, a PersistentVolumeClaim): a
+// DNS-1123 subdomain (model_source::isDnsSubdomain), as the API server
+// requires; a failure at `path` says what is accepted.
+std::string readObjectName(const YAML::Node& node, const std::string& path,
+                           const DocumentContext& context);
+
+// A {name, key} Secret key reference (name an object name, key letters,
+// digits, '-', '_' and '.'); `default_key` ("" = required) when the key is
+// not written.
 SecretKeyRef readSecretKeyRef(const YAML::Node& node, const std::string& path,
                               const DocumentContext& context, const std::string& default_key = "");
 

@@ -805,4 +805,42 @@ metadata:
       << prefillPool()->dump();
 }
 
+// The CRDs' patterns refuse at `kubectl apply` what the API server would
+// not accept in the objects the controller makes (a Secret or claim name,
+// a quantity): the user sees it at once, not later in a status condition.
+TEST_F(K8sControllerTest, KubectlApplyRefusesNamesAndQuantitiesTheClusterWouldNot) {
+  const KubectlResult refused = applyText(R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata: {name: decode, namespace: default}
+spec:
+  model:
+    source: hf://org/m
+    tokenSecretRef: {name: HF_Token}
+    cache: {sizeLimit: 40 GB}
+)");
+  EXPECT_NE(refused.exit_status, 0);
+  EXPECT_NE(refused.err.find("The DecodePool \"decode\" is invalid"), std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("spec.model.tokenSecretRef.name: Invalid value: \"HF_Token\": "
+                             "spec.model.tokenSecretRef.name in body should match"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("spec.model.cache.sizeLimit: Invalid value: \"40 GB\": "
+                             "spec.model.cache.sizeLimit in body should match"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_FALSE(get("tandem.dev/v1alpha1", "DecodePool", "decode").has_value());
+
+  const KubectlResult accepted = applyText(R"(apiVersion: tandem.dev/v1alpha1
+kind: DecodePool
+metadata: {name: decode, namespace: default}
+spec:
+  model:
+    source: hf://org/m
+    tokenSecretRef: {name: hf-token, key: HF_TOKEN}
+    cache: {sizeLimit: 40Gi}
+)");
+  EXPECT_EQ(accepted.exit_status, 0) << accepted.err;
+}
+
 }  // namespace

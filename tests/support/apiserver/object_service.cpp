@@ -86,6 +86,14 @@ std::optional<ApiError> prepareCrd(const KindInfo& kind, Json& crd) {
     return invalid(kind, name, "spec.versions",
                    "Invalid value: null: must have exactly one version marked as storage version");
   }
+  for (size_t i = 0; i < spec["versions"].size(); ++i) {
+    const Json& version = spec["versions"][i];
+    if (!version.is_object() || !version.contains("schema")) continue;
+    auto causes =
+        invalidSchemaPatterns(version["schema"].value("openAPIV3Schema", Json()),
+                              "spec.versions[" + std::to_string(i) + "].schema.openAPIV3Schema");
+    if (!causes.empty()) return invalidFields(kind, name, causes);
+  }
   Json accepted = names;
   if (!accepted.contains("singular")) {
     std::string singular = names.value("kind", "");

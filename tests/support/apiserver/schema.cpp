@@ -1,5 +1,10 @@
 #include "tests/support/apiserver/schema.h"
 
+#include <map>
+#include <mutex>
+#include <optional>
+#include <regex>
+
 namespace tandem::testing {
 namespace {
 
@@ -69,6 +74,65 @@ void unknown(Json& value, const Json& schema, const std::string& path, bool prun
   }
 }
 
+// A schema's `pattern`, compiled once per text (nullopt: not a regular
+// expression). The real server compiles it with Go's RE2; ECMAScript, which
+// this uses, reads the classes, anchors, groups and repetitions that CRD
+// patterns use the same way (RE2 has no backreferences or lookaround, so a
+// pattern with them is refused there and may be accepted here).
+const std::optional<std::regex>& compiledPattern(const std::string& text) {
+  static std::mutex mutex;
+  static std::map<std::string, std::optional<std::regex>> compiled;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = compiled.find(text);
+  if (it == compiled.end()) {
+    std::optional<std::regex> regex;
+    try {
+      regex.emplace(text, std::regex::ECMAScript);
+    } catch (const std::regex_error&) {
+    }
+    it = compiled.emplace(text, std::move(regex)).first;
+  }
+  return it->second;
+}
+
+// A string against the schema's pattern: unanchored, as the server's
+// MatchString (a pattern anchors itself with ^ and $).
+void checkPattern(const Json& value, const Json& schema, const std::string& path, Causes& causes) {
+  if (!value.is_string() || !schema.contains("pattern") || !schema["pattern"].is_string()) return;
+  const std::string pattern = schema["pattern"].get<std::string>();
+  const std::optional<std::regex>& regex = compiledPattern(pattern);
+  if (regex && !std::regex_search(value.get<std::string>(), *regex)) {
+    causes.emplace_back(path, "Invalid value: \"" + value.get<std::string>() + "\": " + path +
+                                  " in body should match '" + pattern + "'");
+  }
+}
+
+void findBadPatterns(const Json& schema, const std::string& path, Causes& causes) {
+  if (!schema.is_object()) return;
+  if (schema.contains("pattern")) {
+    const Json& pattern = schema["pattern"];
+    if (!pattern.is_string() || !compiledPattern(pattern.get<std::string>())) {
+      causes.emplace_back(path + ".pattern", "Invalid value: " + pattern.dump() +
+                                                 ": must be a valid regular expression");
+    }
+  }
+  for (const char* list : {"properties", "patternProperties"}) {
+    if (!schema.contains(list) || !schema[list].is_object()) continue;
+    for (const auto& [name, item] : schema[list].items()) {
+      findBadPatterns(item, path + "." + list + "[" + name + "]", causes);
+    }
+  }
+  for (const char* single : {"items", "additionalProperties", "not"}) {
+    if (schema.contains(single)) findBadPatterns(schema[single], path + "." + single, causes);
+  }
+  for (const char* list : {"anyOf", "allOf", "oneOf"}) {
+    if (!schema.contains(list) || !schema[list].is_array()) continue;
+    for (size_t i = 0; i < schema[list].size(); ++i) {
+      findBadPatterns(schema[list][i], path + "." + list + "[" + std::to_string(i) + "]", causes);
+    }
+  }
+}
+
 std::string shown(const Json& value) {
   if (!value.is_string()) return value.dump();
   std::string text = "\"";
@@ -103,6 +167,7 @@ void validate(const Json& value, const Json& schema, const std::string& path, Ca
       causes.emplace_back(path, "Invalid value: " + shown(value) + ": " + path +
                                     " in body must be of type integer-or-string");
     }
+    checkPattern(value, schema, path, causes);
     return;
   }
   if (!type.empty() && !hasType(value, type)) {
@@ -146,6 +211,7 @@ void validate(const Json& value, const Json& schema, const std::string& path, Ca
     if (schema.contains("maxLength") && length > schema["maxLength"].get<size_t>()) {
       causes.emplace_back(path, "Too long: may not be longer than " + schema["maxLength"].dump());
     }
+    checkPattern(value, schema, path, causes);
   }
   if (value.is_array()) {
     if (schema.contains("minItems") && value.size() < schema["minItems"].get<size_t>()) {
@@ -204,6 +270,13 @@ std::vector<std::pair<std::string, std::string>> validateAgainstSchema(
     const nlohmann::json& object, const nlohmann::json& schema) {
   Causes causes;
   validate(object, schema, "", causes);
+  return causes;
+}
+
+std::vector<std::pair<std::string, std::string>> invalidSchemaPatterns(const nlohmann::json& schema,
+                                                                       const std::string& path) {
+  Causes causes;
+  findBadPatterns(schema, path, causes);
   return causes;
 }
 

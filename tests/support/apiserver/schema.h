@@ -1,7 +1,7 @@
 // What the API server does with a CustomResourceDefinition's structural
 // schema (openAPIV3Schema) on every write of a custom object: fill in
 // `default` values, find (and prune) fields the schema does not know, and
-// validate types, required fields, bounds, lengths and enums. The root's
+// validate types, required fields, bounds, lengths, enums and patterns. The root's
 // apiVersion, kind and metadata are always known and never validated here.
 #pragma once
 
@@ -26,5 +26,10 @@ std::vector<std::string> unknownSchemaFields(nlohmann::json& object, const nlohm
 // 0").
 std::vector<std::pair<std::string, std::string>> validateAgainstSchema(
     const nlohmann::json& object, const nlohmann::json& schema);
+
+// The `pattern`s of a CRD's schema that are not regular expressions, as
+// (field under `path`, detail): the server refuses such a CRD.
+std::vector<std::pair<std::string, std::string>> invalidSchemaPatterns(const nlohmann::json& schema,
+                                                                       const std::string& path);
 
 }  // namespace tandem::testing

@@ -337,6 +337,31 @@ TEST(ApiServerTest, FieldValidationAndSchemaValidation) {
   EXPECT_EQ(invalid.body["reason"], "Invalid");
   EXPECT_NE(invalid.body["message"].get<std::string>().find("spec.replicas"), std::string::npos);
 
+  // Patterns: strings (an int-or-string's too) must match, unanchored as
+  // the server's MatchString; the message quotes the pattern.
+  Json sized = prefillPool("s");
+  sized["spec"]["model"] = {{"source", "hf://o/m"},
+                            {"cache", {{"sizeLimit", "40 GB"}}},
+                            {"tokenSecretRef", {{"name", "HF_Token"}}}};
+  sized["spec"]["engine"] = {{"kvCacheMemory", "lots"}};
+  JsonAnswer unmatched = client.post(kPools, sized);
+  EXPECT_EQ(unmatched.status, 422) << unmatched.text;
+  const std::string message = unmatched.body.value("message", "");
+  for (const std::string& expected :
+       {std::string("spec.model.cache.sizeLimit: Invalid value: \"40 GB\": "
+                    "spec.model.cache.sizeLimit in body should match '^(\\+|-)?"),
+        std::string("spec.model.tokenSecretRef.name: Invalid value: \"HF_Token\": "
+                    "spec.model.tokenSecretRef.name in body should match '^[a-z0-9]"),
+        std::string("spec.engine.kvCacheMemory: Invalid value: \"lots\": "
+                    "spec.engine.kvCacheMemory in body should match '^[0-9]+")}) {
+    EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
+  }
+  sized["spec"]["model"]["cache"]["sizeLimit"] = "40Gi";
+  sized["spec"]["model"]["tokenSecretRef"]["name"] = "hf-token";
+  sized["spec"]["engine"]["kvCacheMemory"] = 8589934592;  // an integer: no pattern
+  JsonAnswer matched = client.post(kPools, sized);
+  EXPECT_EQ(matched.status, 201) << matched.text;
+
   Json no_model = prefillPool("m");
   no_model["spec"].erase("model");
   JsonAnswer required = client.post(kPools, no_model);
@@ -578,6 +603,18 @@ TEST(ApiServerTest, CrdsPostedAtRunTimeAreServed) {
       200);
   EXPECT_EQ(client.get("/apis/example.com/v1/namespaces/default/widgets/w").status, 404);
   EXPECT_TRUE(server.list("example.com/v1", "Widget", "default").empty());
+
+  // A pattern that is not a regular expression refuses the CRD.
+  crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = {
+      {"type", "object"},
+      {"properties", {{"size", {{"type", "string"}, {"pattern", "^([0-9]+$"}}}}}};
+  JsonAnswer refused = client.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd);
+  EXPECT_EQ(refused.status, 422) << refused.text;
+  EXPECT_NE(refused.body.value("message", "")
+                .find("spec.versions[0].schema.openAPIV3Schema.properties[size].pattern: Invalid "
+                      "value: \"^([0-9]+$\": must be a valid regular expression"),
+            std::string::npos)
+      << refused.text;
 }
 
 TEST(ApiServerTest, TablesForGetAndList) {

@@ -66,8 +66,10 @@ TEST(ModelSourceTest, RefusesMalformedSourcesSayingWhatIsAccepted) {
         Case{"hf://org/", "hf://org/name[@revision]"},
         Case{"hf://org/a/b", "hf://org/name[@revision]"},
         Case{"hf://org/name@", "branch, tag or commit"}, Case{"hf://org/na me", "space"},
-        Case{"pvc://Models/x", "claim name"}, Case{"pvc://models/../etc", "without '.' or '..'"},
-        Case{"oci://", "oci://registry"}, Case{"", "empty"}}) {
+        Case{"pvc://Models/x", "claim name"}, Case{"pvc://models./x", "claim name"},
+        Case{"pvc://a..b/x", "claim name"}, Case{"pvc://a.-b", "claim name"},
+        Case{"pvc://models/../etc", "without '.' or '..'"}, Case{"oci://", "oci://registry"},
+        Case{"", "empty"}}) {
     StatusOr<ModelSource> source = parseModelSource(c.text);
     ASSERT_FALSE(source.isOk()) << c.text;
     EXPECT_EQ(source.status().code(), StatusCode::kInvalidArgument);

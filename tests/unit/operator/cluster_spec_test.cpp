@@ -808,6 +808,47 @@ TEST(ClusterSpecTest, ModelSourcesAreReadWithTheFieldsTheirKindTakes) {
       where + "spec.model.endpoint must be an http:// or https:// URL, got \"mirror\" (line 6)");
 }
 
+// Names of Secrets and claims, and Secret keys, are what the API server
+// accepts (the CRDs' patterns say the same to `kubectl apply`): a pool
+// naming another would never find its Secret or claim.
+TEST(ClusterSpecTest, SecretAndClaimNamesAreKubernetesNames) {
+  auto decodeWith = [](const std::string& spec) {
+    return std::string(
+               "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata:\n"
+               "  name: decode\nspec:\n") +
+           spec;
+  };
+  const std::string where = "c.yaml: document 1 (DecodePool \"decode\"): ";
+  const std::string name_rule =
+      " must be a Kubernetes object name (a DNS-1123 subdomain: lower-case letters, digits, '-' "
+      "and '.', starting and ending with a letter or digit, at most 253 characters), got ";
+  EXPECT_EQ(errorFor(decodeWith("  model: {source: hf://o/m, tokenSecretRef: {name: HF_Token}}\n")),
+            where + "spec.model.tokenSecretRef.name" + name_rule + "\"HF_Token\" (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("  model: {source: hf://o/m, cache: {claimName: cache.}}\n")),
+            where + "spec.model.cache.claimName" + name_rule + "\"cache.\" (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("  model: {path: /m, volume: {persistentVolumeClaim: {claimName: "
+                                "-models}}}\n")),
+            where + "spec.model.volume.persistentVolumeClaim.claimName" + name_rule +
+                "\"-models\" (line 6)");
+  EXPECT_EQ(errorFor(decodeWith("  model: {path: /m}\n  kvTransfer: {secretRef: {name: kv, key: "
+                                "\"a/b\"}}\n")),
+            where +
+                "spec.kvTransfer.secretRef.key must be a Secret key (letters, digits, '-', '_' "
+                "and '.', at most 253 characters), got the string \"a/b\" (line 7)");
+  EXPECT_EQ(errorFor(decodeWith(
+                "  model: {path: /m}\n  apiKeySecretRef: {name: " + std::string(254, 'a') + "}\n")),
+            where + "spec.apiKeySecretRef.name" + name_rule + "\"" + std::string(254, 'a') +
+                "\" (line 7)");
+  // What the API server accepts is accepted.
+  const PoolSpec pool =
+      parseClusterSpec(decodeWith("  model: {source: hf://o/m, tokenSecretRef: {name: hf.tokens-1, "
+                                  "key: HF_TOKEN.v2}, cache: {claimName: models}}\n"),
+                       "c.yaml")
+          .pools.at(0);
+  EXPECT_EQ(pool.model_source->token_secret_ref->name, "hf.tokens-1");
+  EXPECT_EQ(pool.model_source->token_secret_ref->key, "HF_TOKEN.v2");
+}
+
 TEST(ClusterSpecTest, KubernetesOnlyPoolFieldsAreRead) {
   const ClusterSpec cluster = parseClusterSpec(documents({R"(apiVersion: tandem.dev/v1alpha1
 kind: DecodePool
