@@ -109,6 +109,8 @@ class Agent {
         << metricsText();
   }
   int port() const { return port_; }
+  // What the agent has written to stderr (its log) so far.
+  std::string stderrText() const { return process_->stderrText(); }
   // The process id, for reading /proc (the process is left alone).
   int pid() const { return process_->pid(); }
   ChildProcess& process() {

@@ -279,6 +279,20 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
                             ? " (" + std::to_string(staging_capacity_) + " host block slots)"
                             : std::string())
                     << "; UCX memory types: " << json(ucx_memory_types_).dump();
+  // RDMA transports register the KV buffer: say now whether they can.
+  locked_memory_ = transport::lockedMemory();
+  const uint64_t buffer_bytes = registered->bytes();
+  if (!locked_memory_.canRegister(buffer_bytes)) {
+    TANDEM_LOG(kWarn) << "ucx connector: " << transport::describe(locked_memory_)
+                      << ": the KV buffer's " << buffer_bytes
+                      << " bytes cannot be registered for RDMA (UCX's rc, dc and ud transports); "
+                         "transfers over them fail and are recomputed. Raise the limit "
+                         "(LimitMEMLOCK=infinity for the container runtime, ulimit -l "
+                         "unlimited) or run the agent with CAP_IPC_LOCK as root "
+                         "(docs/kubernetes.md)";
+  } else {
+    TANDEM_LOG(kInfo) << "ucx connector: " << transport::describe(locked_memory_);
+  }
   auto local = registered->localSlab(cache.blockBytes());
   auto remote = registered->remoteSlab(cache.blockBytes());
   if (!local.isOk() || !remote.isOk()) {
@@ -329,7 +343,11 @@ UcxConnector::~UcxConnector() {
 
 json UcxConnector::info() const {
   json out = {{"kv_buffer", kvBufferPathName(buffer_path_)},
-              {"ucx_memory_types", ucx_memory_types_}};
+              {"ucx_memory_types", ucx_memory_types_},
+              {"memlock_limit_bytes",
+               locked_memory_.limit_bytes ? json(*locked_memory_.limit_bytes) : json("unlimited")},
+              {"ipc_lock", locked_memory_.ipc_lock},
+              {"rdma_devices", locked_memory_.rdma_devices}};
   if (buffer_path_ == KvBufferPath::kStaging) {
     std::lock_guard<std::mutex> lock(staging_mutex_);
     out["staging_blocks"] = staging_capacity_;

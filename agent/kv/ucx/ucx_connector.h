@@ -87,6 +87,7 @@
 #include "agent/kv/fault_injection.h"
 #include "agent/kv/ucx/hold_tickets.h"
 #include "agent/kv/ucx/kv_buffer.h"
+#include "agent/transport/locked_memory.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 #include "common/kv_auth.h"
@@ -297,6 +298,8 @@ class UcxConnector : public KvConnector, KvConnectorScheduler, KvConnectorWorker
   // KV buffer.
   KvBufferPath buffer_path_ = KvBufferPath::kSlab;
   std::vector<std::string> ucx_memory_types_;
+  // What registering the KV buffer for RDMA depends on (read at start).
+  transport::LockedMemory locked_memory_;
   std::unique_ptr<transport::UcxSlabAllocator> staging_allocator_;  // staging path only
   uint8_t* staging_base_ = nullptr;
   int64_t staging_capacity_ = 0;  // slots
