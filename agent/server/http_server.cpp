@@ -769,8 +769,8 @@ void HttpServer::routes() {
   // to read (the router asks the decode agent that holds a conversation).
   // With a KV secret the body must be signed (kv_auth): nothing is looked at
   // or pinned for anyone else. A hold whose answer does not reach its caller
-  // (it left while the hold waited for blocks being computed) is released
-  // at once: nobody knows where its blocks are.
+  // (it left, or reset, while the hold waited for blocks being computed) is
+  // released at once: nobody knows where its blocks are.
   http_->route(
       "POST", "/v1/kv_transfer/hold",
       [this, kvTransferBody](HttpExchange& exchange) -> boost::asio::awaitable<void> {
@@ -821,8 +821,13 @@ void HttpServer::routes() {
                           "application/json");
           return res;
         };
+        // Watched while the hold waits: a caller that closes its end (its
+        // call timed out) is gone even though a write to it could still
+        // succeed into the socket's buffer.
+        exchange.watchClient();
         HttpResponse res = co_await exchange.offloadWait<HttpResponse>(hold);
-        const bool delivered = co_await exchange.respond(std::move(res));
+        bool delivered = false;
+        if (!exchange.clientGone()) delivered = co_await exchange.respond(std::move(res));
         if (!delivered && lent.is_object()) {
           auto release = [this, &lent] { return releaseUndelivered(lent); };
           co_await exchange.offloadWait<bool>(release);

@@ -188,6 +188,40 @@ void addRestrictedSecurityContext(json& pod_spec) {
   }
 }
 
+// A container the fragment made privileged, or gave CAP_SYS_ADMIN, escalates
+// privileges by definition: the API server refuses such a container with
+// allowPrivilegeEscalation false ("cannot set `allowPrivilegeEscalation` to
+// false and `privileged` to true"), so the default gives way unless the
+// fragment itself set it.
+void yieldEscalationDefault(json& pod_spec, const json& fragment) {
+  const json fragment_spec =
+      fragment.is_object() && fragment.contains("spec") ? fragment["spec"] : json::object();
+  for (const char* list : {"initContainers", "containers"}) {
+    if (!pod_spec.contains(list)) continue;
+    for (json& container : pod_spec[list]) {
+      json* context =
+          container.contains("securityContext") ? &container["securityContext"] : nullptr;
+      if (context == nullptr || !context->is_object()) continue;
+      bool escalates = context->value("privileged", false);
+      if (context->contains("capabilities") && (*context)["capabilities"].is_object()) {
+        for (const json& cap : (*context)["capabilities"].value("add", json::array())) {
+          escalates = escalates || cap == "SYS_ADMIN" || cap == "CAP_SYS_ADMIN";
+        }
+      }
+      if (!escalates) continue;
+      bool written = false;  // by the fragment, for this container
+      for (const json& given : fragment_spec.value(list, json::array())) {
+        if (given.is_object() && given.value("name", "") == container.value("name", "") &&
+            given.contains("securityContext") && given["securityContext"].is_object() &&
+            given["securityContext"].contains("allowPrivilegeEscalation")) {
+          written = true;
+        }
+      }
+      if (!written) context->erase("allowPrivilegeEscalation");
+    }
+  }
+}
+
 // The user's spec.template, merged into the generated pod template.
 struct TemplateOverlay {
   const json& fragment;
@@ -221,6 +255,7 @@ json deployment(const Owner& owner, const std::string& name, const json& labels,
   TemplateMergeResult merged = mergePodTemplate(object["spec"]["template"], overlay.fragment,
                                                 overlay.main_container, overlay.owned_pod_fields);
   object["spec"]["template"] = std::move(merged.pod_template);
+  yieldEscalationDefault(object["spec"]["template"]["spec"], overlay.fragment);
   if (overlay.ignored != nullptr) *overlay.ignored = std::move(merged.ignored);
   stampDesiredHash(object);
   return object;

@@ -269,17 +269,20 @@ std::string readObjectName(const YAML::Node& node, const std::string& path,
 
 namespace {
 
-// A Secret's data key: letters, digits, '-', '_' and '.', at most 253.
+// A Secret's data key (IsConfigMapKey): letters, digits, '-', '_' and '.',
+// at most 253, not "." or "..", not starting with "..".
 std::string readSecretDataKey(const YAML::Node& node, const std::string& path,
                               const DocumentContext& context) {
   const std::string key = readString(node, path, context);
   const bool valid =
-      key.size() <= 253 && std::all_of(key.begin(), key.end(), [](char c) {
+      key.size() <= 253 && !key.starts_with("..") && key != "." &&
+      std::all_of(key.begin(), key.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
       });
   if (!valid) {
     fail(context, path,
-         "must be a Secret key (letters, digits, '-', '_' and '.', at most 253 characters), got " +
+         "must be a Secret key (letters, digits, '-', '_' and '.', at most 253 characters, not "
+         "\".\" or starting with \"..\"), got " +
              described(node),
          node);
   }

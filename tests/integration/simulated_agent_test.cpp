@@ -6,6 +6,7 @@
 // lasts at least the profile's modelled link time.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -493,29 +494,39 @@ TEST_P(SimulatedHandOff, APullBackOfALentPrefixLastsTheLinkTimeToo) {
 // out while the lender finished computing the prefix) is released at once,
 // not kept for nobody until abort_timeout_s (120 s here). The prefill lasts
 // 2.7 s (prefill_token_s 0.01): the hold is asked for while it runs, and the
-// caller resets its connection before the engine can answer.
+// caller closes (then resets) its connection before the engine can answer.
 TEST(SimulatedLend, AHoldWhoseAnswerIsNotDeliveredIsReleased) {
-  const std::vector<int> prompt = randomPrompt(kLinkPromptTokens, 36);
   const std::string profile =
       "name: test-slow-prefill\nbase_s: 0.0005\nprefill_token_s: 0.01\n"
       "decode_sequence_s: 0.0001\nmodel:\n  vocab_size: 512\n  max_position_embeddings: 512\n"
       "  kv_bytes_per_token: 131072\n";
   Agent lender({"--simulate", profileFile("slow-prefill.yaml", profile).string(),
                 "--kv-transfer-config", ucxConfig("kv_both")});
-  std::thread computing([&] { lender.post("/v1/completions", greedy(prompt, 1)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const int fd = tandem::connectLoopback(lender.port());
-  ASSERT_GE(fd, 0);
-  const std::string body = json{{"token_ids", prompt}}.dump();
-  ASSERT_TRUE(tandem::sendAll(fd,
-                              "POST /v1/kv_transfer/hold HTTP/1.1\r\nHost: localhost\r\n"
-                              "Content-Type: application/json\r\nContent-Length: " +
-                                  std::to_string(body.size()) + "\r\n\r\n" + body));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  tandem::resetAndClose(fd);
-  computing.join();
-  EXPECT_TRUE(eventually([&] { return lender.metric("tandem_kv_held_blocks") == 0; }))
-      << "the undelivered lend still pins " << lender.metric("tandem_kv_held_blocks") << " blocks";
+  // The router's call closes its connection at its timeout (a FIN); a
+  // client may reset it too. Either way the answer reaches nobody.
+  std::vector<int> prompt;
+  for (const bool reset : {false, true}) {
+    prompt = randomPrompt(kLinkPromptTokens, reset ? 37 : 36);
+    std::thread computing([&] { lender.post("/v1/completions", greedy(prompt, 1)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const int fd = tandem::connectLoopback(lender.port());
+    ASSERT_GE(fd, 0);
+    const std::string body = json{{"token_ids", prompt}}.dump();
+    ASSERT_TRUE(tandem::sendAll(fd,
+                                "POST /v1/kv_transfer/hold HTTP/1.1\r\nHost: localhost\r\n"
+                                "Content-Type: application/json\r\nContent-Length: " +
+                                    std::to_string(body.size()) + "\r\n\r\n" + body));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (reset) {
+      tandem::resetAndClose(fd);
+    } else {
+      ::close(fd);
+    }
+    computing.join();
+    EXPECT_TRUE(eventually([&] { return lender.metric("tandem_kv_held_blocks") == 0; }))
+        << (reset ? "reset" : "closed") << ": the undelivered lend still pins "
+        << lender.metric("tandem_kv_held_blocks") << " blocks";
+  }
   // The prefix is still cached and lendable to a caller who stays.
   int status = 0;
   const json hold = lender.post("/v1/kv_transfer/hold", {{"token_ids", prompt}}, &status);

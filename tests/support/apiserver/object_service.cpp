@@ -200,6 +200,50 @@ std::optional<ApiError> admitPodSecurity(const Store& store, const KindRegistry&
   return std::nullopt;
 }
 
+// The one rule of ValidateSecurityContext a pod template meets here: a
+// container may not both forbid privilege escalation and be privileged (or
+// add CAP_SYS_ADMIN, spelled so; the server compares that string). For a
+// Pod (spec) or a Deployment (spec.template.spec); nothing for others.
+std::optional<ApiError> checkSecurityContexts(const KindInfo& kind, const Json& object) {
+  std::string prefix;
+  const Json* pod_spec = nullptr;
+  const Json spec = object.value("spec", Json::object());
+  if (kind.kind == "Pod" && kind.group.empty()) {
+    prefix = "spec";
+    pod_spec = &spec;
+  } else if (kind.kind == "Deployment" && kind.group == "apps") {
+    prefix = "spec.template.spec";
+    if (spec.contains("template") && spec["template"].contains("spec")) {
+      pod_spec = &spec["template"]["spec"];
+    }
+  }
+  if (pod_spec == nullptr || !pod_spec->is_object()) return std::nullopt;
+  std::vector<std::pair<std::string, std::string>> causes;
+  for (const char* list : {"initContainers", "containers"}) {
+    const Json containers = pod_spec->value(list, Json::array());
+    for (size_t i = 0; i < containers.size(); ++i) {
+      const Json context = containers[i].value("securityContext", Json::object());
+      if (!context.is_object() || context.value("allowPrivilegeEscalation", true)) continue;
+      const std::string field = prefix + "." + list + "[" + std::to_string(i) + "].securityContext";
+      if (context.value("privileged", false)) {
+        causes.emplace_back(field, "Invalid value: " + context.dump() +
+                                       ": cannot set `allowPrivilegeEscalation` to false and "
+                                       "`privileged` to true");
+      }
+      const Json capabilities = context.value("capabilities", Json::object());
+      for (const Json& cap : capabilities.value("add", Json::array())) {
+        if (cap == "CAP_SYS_ADMIN") {
+          causes.emplace_back(field, "Invalid value: " + context.dump() +
+                                         ": cannot set `allowPrivilegeEscalation` to false and "
+                                         "`capabilities.Add` CAP_SYS_ADMIN");
+        }
+      }
+    }
+  }
+  if (causes.empty()) return std::nullopt;
+  return invalidFields(kind, metaString(object, "name"), causes);
+}
+
 std::string continueToken(uint64_t version, const std::string& key) {
   return base64Encode(Json{{"rv", version}, {"start", key}}.dump());
 }
@@ -442,6 +486,7 @@ ApiResult ObjectService::createLocked(const KindInfo& kind, const std::string& n
     applySchemaDefaults(body, kind.schema);
   }
   builtinDefaults(kind, body, true);
+  if (auto error = checkSecurityContexts(kind, body)) return ApiResult::failure(*error);
   if (kind.kind == "CustomResourceDefinition" && kind.group == "apiextensions.k8s.io") {
     if (auto error = prepareCrd(kind, body)) return ApiResult::failure(*error);
   }
@@ -563,6 +608,7 @@ ApiResult ObjectService::updateLocked(const KindInfo& kind, const Json& old,
     }
   }
   builtinDefaults(kind, updated, false);
+  if (auto error = checkSecurityContexts(kind, updated)) return ApiResult::failure(*error);
   if (kind.kind == "CustomResourceDefinition" && kind.group == "apiextensions.k8s.io") {
     if (auto error = prepareCrd(kind, updated)) return ApiResult::failure(*error);
   }

@@ -97,8 +97,11 @@ const std::optional<std::regex>& compiledPattern(const std::string& text) {
 
 // A string against the schema's pattern: unanchored, as the server's
 // MatchString (a pattern anchors itself with ^ and $).
+constexpr size_t kMaxPatternInput = 16 * 1024;
+
 void checkPattern(const Json& value, const Json& schema, const std::string& path, Causes& causes) {
   if (!value.is_string() || !schema.contains("pattern") || !schema["pattern"].is_string()) return;
+  if (value.get<std::string>().size() > kMaxPatternInput) return;
   const std::string pattern = schema["pattern"].get<std::string>();
   const std::optional<std::regex>& regex = compiledPattern(pattern);
   if (regex && !std::regex_search(value.get<std::string>(), *regex)) {
@@ -208,10 +211,14 @@ void validate(const Json& value, const Json& schema, const std::string& path, Ca
                                     " in body should be at least " + schema["minLength"].dump() +
                                     " chars long");
     }
-    if (schema.contains("maxLength") && length > schema["maxLength"].get<size_t>()) {
+    const bool too_long =
+        schema.contains("maxLength") && length > schema["maxLength"].get<size_t>();
+    if (too_long) {
       causes.emplace_back(path, "Too long: may not be longer than " + schema["maxLength"].dump());
     }
-    checkPattern(value, schema, path, causes);
+    // libstdc++'s matcher recurses per character: a string past the length
+    // bound, or of more than kMaxPatternInput bytes, is not matched here.
+    if (!too_long) checkPattern(value, schema, path, causes);
   }
   if (value.is_array()) {
     if (schema.contains("minItems") && value.size() < schema["minItems"].get<size_t>()) {

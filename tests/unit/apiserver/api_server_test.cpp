@@ -342,7 +342,7 @@ TEST(ApiServerTest, FieldValidationAndSchemaValidation) {
   Json sized = prefillPool("s");
   sized["spec"]["model"] = {{"source", "hf://o/m"},
                             {"cache", {{"sizeLimit", "40 GB"}}},
-                            {"tokenSecretRef", {{"name", "HF_Token"}}}};
+                            {"tokenSecretRef", {{"name", "HF_Token"}, {"key", "..data"}}}};
   sized["spec"]["engine"] = {{"kvCacheMemory", "lots"}};
   JsonAnswer unmatched = client.post(kPools, sized);
   EXPECT_EQ(unmatched.status, 422) << unmatched.text;
@@ -352,12 +352,14 @@ TEST(ApiServerTest, FieldValidationAndSchemaValidation) {
                     "spec.model.cache.sizeLimit in body should match '^(\\+|-)?"),
         std::string("spec.model.tokenSecretRef.name: Invalid value: \"HF_Token\": "
                     "spec.model.tokenSecretRef.name in body should match '^[a-z0-9]"),
+        std::string("spec.model.tokenSecretRef.key: Invalid value: \"..data\": "
+                    "spec.model.tokenSecretRef.key in body should match"),
         std::string("spec.engine.kvCacheMemory: Invalid value: \"lots\": "
                     "spec.engine.kvCacheMemory in body should match '^[0-9]+")}) {
     EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
   }
   sized["spec"]["model"]["cache"]["sizeLimit"] = "40Gi";
-  sized["spec"]["model"]["tokenSecretRef"]["name"] = "hf-token";
+  sized["spec"]["model"]["tokenSecretRef"] = {{"name", "hf-token"}, {"key", ".data"}};
   sized["spec"]["engine"]["kvCacheMemory"] = 8589934592;  // an integer: no pattern
   JsonAnswer matched = client.post(kPools, sized);
   EXPECT_EQ(matched.status, 201) << matched.text;
@@ -417,6 +419,45 @@ TEST(ApiServerTest, OrphanPropagationKeepsDependents) {
   JsonAnswer kept = client.get(std::string(kConfigMaps) + "/child");
   ASSERT_EQ(kept.status, 200);
   EXPECT_FALSE(kept.body["metadata"].contains("ownerReferences"));
+}
+
+// ValidateSecurityContext's rule: no privileged container (nor one adding
+// CAP_SYS_ADMIN) with allowPrivilegeEscalation false.
+TEST(ApiServerTest, APrivilegedContainerCannotForbidEscalation) {
+  ApiServer server;
+  ApiTestClient client(server);
+  auto deploymentWith = [](const Json& context) {
+    return Json{
+        {"apiVersion", "apps/v1"},
+        {"kind", "Deployment"},
+        {"metadata", {{"name", "agent"}}},
+        {"spec",
+         {{"selector", {{"matchLabels", {{"app", "agent"}}}}},
+          {"template",
+           {{"metadata", {{"labels", {{"app", "agent"}}}}},
+            {"spec",
+             {{"containers",
+               Json::array({{{"name", "a"}, {"image", "x"}, {"securityContext", context}}})}}}}}}}};
+  };
+  const std::string path = "/apis/apps/v1/namespaces/default/deployments";
+  JsonAnswer refused = client.post(
+      path, deploymentWith({{"privileged", true}, {"allowPrivilegeEscalation", false}}));
+  EXPECT_EQ(refused.status, 422) << refused.text;
+  EXPECT_NE(refused.body.value("message", "")
+                .find("spec.template.spec.containers[0].securityContext: Invalid value: "),
+            std::string::npos)
+      << refused.text;
+  EXPECT_NE(refused.body.value("message", "")
+                .find("cannot set `allowPrivilegeEscalation` to false and `privileged` to true"),
+            std::string::npos)
+      << refused.text;
+  refused = client.post(path, deploymentWith({{"capabilities", {{"add", {"CAP_SYS_ADMIN"}}}},
+                                              {"allowPrivilegeEscalation", false}}));
+  EXPECT_EQ(refused.status, 422) << refused.text;
+  EXPECT_NE(refused.body.value("message", "").find("`capabilities.Add` CAP_SYS_ADMIN"),
+            std::string::npos)
+      << refused.text;
+  EXPECT_EQ(client.post(path, deploymentWith({{"privileged", true}})).status, 201);
 }
 
 TEST(ApiServerTest, DeploymentControllerMakesPodsAndStatus) {

@@ -307,6 +307,37 @@ TEST(DesiredObjectsTest, GeneratedPodsAreRestrictedUnlessTheTemplateSaysOtherwis
   EXPECT_EQ(pod["containers"][0]["securityContext"], json::parse(R"({
       "allowPrivilegeEscalation": false,
       "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}})"));
+
+  // A privileged agent (or one with SYS_ADMIN) escalates by definition: the
+  // API server refuses it beside allowPrivilegeEscalation false, so the
+  // default gives way; one the fragment writes itself stays.
+  for (const std::string& context :
+       {std::string("{privileged: true}"), std::string("{capabilities: {add: [SYS_ADMIN]}}"),
+        std::string("{capabilities: {add: [CAP_SYS_ADMIN]}}")}) {
+    const PoolSpec escalating = decodePoolWithModel(
+        "{source: hf://org/m}\n  template:\n    spec:\n      containers:\n      - name: "
+        "agent\n        securityContext: " +
+        context);
+    const json escalating_deployment =
+        desiredPoolDeployment(ownerFor(escalating), escalating, defaults());
+    const json& escalating_pod = podSpec(escalating_deployment);
+    EXPECT_FALSE(
+        escalating_pod["containers"][0]["securityContext"].contains("allowPrivilegeEscalation"))
+        << context << ": " << escalating_pod["containers"][0].dump();
+    EXPECT_EQ(escalating_pod["containers"][0]["securityContext"]["capabilities"]["drop"],
+              json::array({"ALL"}));
+    EXPECT_EQ(escalating_pod["initContainers"][0]["securityContext"], container_context)
+        << "the fetch does not escalate";
+  }
+  const PoolSpec contradictory = decodePoolWithModel(
+      "{source: hf://org/m}\n  template:\n    spec:\n      containers:\n      - name: agent\n"
+      "        securityContext: {privileged: true, allowPrivilegeEscalation: false}");
+  const json contradictory_deployment =
+      desiredPoolDeployment(ownerFor(contradictory), contradictory, defaults());
+  EXPECT_EQ(podSpec(contradictory_deployment)["containers"][0]["securityContext"].value(
+                "allowPrivilegeEscalation", true),
+            false)
+      << "what the fragment writes is the API server's to judge";
 }
 
 TEST(DesiredObjectsTest, SecretRefListensEverywhereWithTheSecretFromTheSecret) {

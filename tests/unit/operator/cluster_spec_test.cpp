@@ -834,7 +834,15 @@ TEST(ClusterSpecTest, SecretAndClaimNamesAreKubernetesNames) {
                                 "\"a/b\"}}\n")),
             where +
                 "spec.kvTransfer.secretRef.key must be a Secret key (letters, digits, '-', '_' "
-                "and '.', at most 253 characters), got the string \"a/b\" (line 7)");
+                "and '.', at most 253 characters, not \".\" or starting with \"..\"), got the "
+                "string \"a/b\" (line 7)");
+  for (const char* key : {"\".\"", "\"..\"", "..data"}) {
+    EXPECT_NE(errorFor(decodeWith("  model: {source: hf://o/m, tokenSecretRef: {name: hf, key: " +
+                                  std::string(key) + "}}\n"))
+                  .find("spec.model.tokenSecretRef.key must be a Secret key"),
+              std::string::npos)
+        << key;
+  }
   EXPECT_EQ(errorFor(decodeWith(
                 "  model: {path: /m}\n  apiKeySecretRef: {name: " + std::string(254, 'a') + "}\n")),
             where + "spec.apiKeySecretRef.name" + name_rule + "\"" + std::string(254, 'a') +
