@@ -160,6 +160,11 @@ const std::vector<Row>& rows() {
       integer("kv_hold_max_total_blocks", 0, kMaxNumBlocks,
               "KV blocks all pull-back holds together may pin (0: half of the KV cache)",
               &ServeOptions::kv_hold_max_total_blocks),
+      seconds("kv_hold_yield_after",
+              "seconds a finished prefill's KV blocks stay held for a reader that has not come "
+              "before waiting requests that need them may take them (0: until the reader or the "
+              "connector's abort_timeout_s)",
+              &ServeOptions::kv_hold_yield_after_s),
       flag("enable_fault_injection",
            "accept kv_connector_extra_config.fault_injection (tests only)",
            &ServeOptions::enable_fault_injection),
@@ -480,6 +485,9 @@ void addServeFlags(CLI::App& command) {
   std::ostringstream shutdown_timeout;
   shutdown_timeout << defaults.shutdown_timeout_s;
   command.get_option("--shutdown-timeout")->default_str(shutdown_timeout.str());
+  std::ostringstream yield_after;
+  yield_after << defaults.kv_hold_yield_after_s;
+  command.get_option("--kv-hold-yield-after")->default_str(yield_after.str());
 }
 
 YAML::Node loadServeConfigFile(const std::string& path) {

@@ -148,6 +148,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.max_waiting_requests = o.max_waiting_requests;
   config.max_hold_blocks = o.kv_hold_max_blocks;
   config.max_total_hold_blocks = o.kv_hold_max_total_blocks;
+  config.hold_yield_after_s = o.kv_hold_yield_after_s;
   auto hash = parseHashAlgorithm(o.prefix_caching_hash);
   if (!hash.isOk()) throw Error("--prefix-caching-hash: " + hash.status().message());
   config.hash_algorithm = *hash;

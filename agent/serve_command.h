@@ -58,6 +58,7 @@ struct ServeOptions {
   // quarter and half of the KV cache).
   int64_t kv_hold_max_blocks = 0;
   int64_t kv_hold_max_total_blocks = 0;
+  double kv_hold_yield_after_s = 10.0;
   // kv_connector_extra_config.fault_injection is refused unless this is set.
   bool enable_fault_injection = false;
   int threads = 0;                // kernel threads; 0: all cores

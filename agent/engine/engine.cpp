@@ -326,6 +326,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                   })
             : nullptr);
     scheduler_->setExternalKvSource(connector_source_.get());
+    scheduler_->setHeldBlocksReclaimer([this] { return yieldOldestHold(); });
   }
   if (!connector_ || !connector_->verifiesRequests()) {
     const std::string secret =
@@ -801,6 +802,7 @@ void Engine::publishStats() {
   stats.kv_held_blocks = std::ssize(held_block_refs_);
   stats.num_handed_over = num_handed_over_;
   stats.num_handed_over_blocks = num_handed_over_blocks_;
+  stats.num_holds_yielded = num_holds_yielded_;
   std::lock_guard<std::mutex> lock(mutex_);
   stats.draining = draining_;
   stats_ = stats;
@@ -1171,6 +1173,7 @@ void Engine::releaseHeldBlocks() {
 void Engine::addHold(const std::string& id, Held held) {
   // requestFinished() for the new hold already ended the old one there.
   if (auto it = held_.find(id); it != held_.end()) dropHold(it, /*tell_connector=*/false);
+  held.since = now_();
   for (BlockId block : held.blocks.blocks) ++held_block_refs_[block];
   held_.emplace(id, std::move(held));
 }
@@ -1183,6 +1186,30 @@ Engine::HeldMap::iterator Engine::dropHold(HeldMap::iterator it, bool tell_conne
   }
   block_manager_->free(it->second.blocks);
   return held_.erase(it);
+}
+
+bool Engine::yieldOldestHold() {
+  if (config_.hold_yield_after_s <= 0) return false;
+  const auto now = now_();
+  const auto after = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(config_.hold_yield_after_s));
+  auto oldest = held_.end();
+  for (auto it = held_.begin(); it != held_.end(); ++it) {
+    // Only a finished request's: a lend never takes blocks from admission
+    // (holdPrefixNow's bounds) and a drain admits nothing.
+    const Held& held = it->second;
+    if (held.lent || !held.params.is_object() || now - held.since < after) continue;
+    if (oldest == held_.end() || held.since < oldest->second.since) oldest = it;
+  }
+  if (oldest == held_.end()) return false;
+  TANDEM_LOG(kWarn) << "KV blocks held " << std::ssize(oldest->second.blocks.blocks)
+                    << " for request " << oldest->first << " for "
+                    << std::chrono::duration<double>(now - oldest->second.since).count()
+                    << " s without a reader are freed: waiting requests need them "
+                       "(--kv-hold-yield-after); a reader that comes later computes the prompt";
+  dropHold(oldest);
+  ++num_holds_yielded_;
+  return true;
 }
 
 void Engine::saveComputedBlocks(const SchedulerOutput& output) {

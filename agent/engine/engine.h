@@ -86,6 +86,11 @@ struct EngineConfig {
   // cache.
   int64_t max_hold_blocks = 0;
   int64_t max_total_hold_blocks = 0;
+  // A finished request's blocks held this long for its remote reader give
+  // way when waiting requests cannot be admitted for lack of blocks and
+  // nothing runs (the reader, if it comes, finds the hold ended and
+  // computes the prompt); 0: they wait for the reader or abort_timeout_s.
+  double hold_yield_after_s = 10.0;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
   size_t kv_event_capacity = 65536;
   // Builds the KV connector over the engine's cache, given the model identity
@@ -153,6 +158,7 @@ struct EngineStats {
   bool draining = false;
   int64_t num_handed_over = 0;         // requests handed over on drain
   int64_t num_handed_over_blocks = 0;  // blocks held for their readers
+  int64_t num_holds_yielded = 0;       // finished requests' holds ended for admission
   std::string kv_connector;            // its name, empty without one
   // Loads by source (the connector's name, or a multi connector's member).
   std::map<std::string, KvSourceTotals> kv_sources;
@@ -369,12 +375,16 @@ class Engine {
     // A finished request's: the kv_transfer_params its answer carries,
     // with which an abort releases it (null for the others).
     nlohmann::json params;
+    Clock::time_point since{};  // when the hold was taken
   };
   using HeldMap = std::unordered_map<std::string, Held>;
   // Adds a hold; takes one away, freeing its blocks (the next entry).
   // Both keep held_block_refs_ in step with held_.
   void addHold(const std::string& id, Held held);
   HeldMap::iterator dropHold(HeldMap::iterator it, bool tell_connector = true);
+  // The scheduler's reclaimer: ends the oldest finished request's hold held
+  // past hold_yield_after_s; whether there was one.
+  bool yieldOldestHold();
   HeldMap held_;  // request id → blocks for a remote reader
   // Held block → how many holds pin it: its size is the distinct held
   // blocks (tandem_kv_held_blocks), kept up to date rather than recounted
@@ -428,6 +438,7 @@ class Engine {
   uint64_t num_holds_ = 0;              // engine thread only
   int64_t num_handed_over_ = 0;         // engine thread only
   int64_t num_handed_over_blocks_ = 0;  // engine thread only
+  int64_t num_holds_yielded_ = 0;       // engine thread only
   bool loop_exited_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   bool stopping_ = false;

@@ -364,9 +364,10 @@ SchedulerOutput Scheduler::schedule() {
   if (output.preempted.empty()) {
     Sequence* blocked = admitWaiting(budget, output);
     // Nothing runs, so no block will be freed by a running sequence: the
-    // blocks are held by waiting ones (loaded, not yet admitted).
+    // blocks are held by waiting ones (loaded, not yet admitted), or for
+    // remote readers (the engine's holds that may give way).
     while (blocked != nullptr && running_.empty() && output.chunks.empty() &&
-           reclaimWaitingBlocks(blocked)) {
+           (reclaimWaitingBlocks(blocked) || (reclaim_held_ && reclaim_held_()))) {
       blocked = admitWaiting(budget, output);
     }
   }

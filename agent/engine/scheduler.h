@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -153,6 +154,11 @@ class Scheduler {
   void add(std::unique_ptr<Sequence> sequence);
   // Optional; consulted when a sequence is admitted without blocks.
   void setExternalKvSource(ExternalKvSource* source) { external_ = source; }
+  // Optional; called when a waiting sequence cannot be admitted for lack of
+  // blocks while nothing runs (no running sequence will free any): frees
+  // blocks held outside the scheduler (KV holds for remote readers) and
+  // returns whether it freed anything, so admission is tried again.
+  void setHeldBlocksReclaimer(std::function<bool()> reclaim) { reclaim_held_ = std::move(reclaim); }
   SchedulerOutput schedule();
   // Call after the model computed a step: advances computed counts and
   // registers blocks that became full in the prefix cache.
@@ -237,6 +243,7 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   int64_t in_flight_prefix_waits_ = 0;
   ExternalKvSource* external_ = nullptr;
+  std::function<bool()> reclaim_held_;
   int64_t external_blocks_loaded_ = 0;
   int64_t external_blocks_failed_ = 0;
   std::vector<std::unique_ptr<Sequence>> abandoned_;  // aborted with a load in flight

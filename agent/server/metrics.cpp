@@ -208,6 +208,9 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                     "1 while the agent drains (SIGTERM or POST /admin/drain): it admits nothing.");
   handovers_ =
       counter("tandem_handovers_total", "Running requests handed over to another agent on drain.");
+  holds_yielded_ = counter("tandem_kv_holds_yielded_total",
+                           "Finished requests' KV holds ended before their reader came, for "
+                           "waiting requests that needed the blocks (--kv-hold-yield-after).");
   handover_blocks_ =
       counter("tandem_handover_blocks_total",
               "KV blocks held on drain for the agents resuming handed-over requests.");
@@ -265,6 +268,7 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
   advance(step_failures_, stats.num_step_failures, reported_.num_step_failures);
   advance(handovers_, stats.num_handed_over, reported_.num_handed_over);
   advance(handover_blocks_, stats.num_handed_over_blocks, reported_.num_handed_over_blocks);
+  advance(holds_yielded_, stats.num_holds_yielded, reported_.num_holds_yielded);
   if (!stats.kv_connector.empty()) {
     advance(kv_blocks_recomputed_, stats.kv_blocks_failed, reported_.kv_blocks_failed);
     // Series exist from the start for the connector's own name.

@@ -93,6 +93,7 @@ class AgentMetrics {
   prometheus::Gauge* draining_;
   prometheus::Counter* handovers_;
   prometheus::Counter* handover_blocks_;
+  prometheus::Counter* holds_yielded_;
   prometheus::Family<prometheus::Counter>* kv_transfer_bytes_;
   prometheus::Family<prometheus::Histogram>* kv_transfer_duration_;
   prometheus::Family<prometheus::Counter>* kv_transfer_failures_;

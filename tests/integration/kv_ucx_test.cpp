@@ -65,6 +65,46 @@ TEST_P(KvUcx, DecodeReadsThePrefilledBlocksAndMatchesAColocatedAgent) {
   }));
 }
 
+// Holds of finished prefills whose readers do not come give way, oldest
+// first, once they keep a waiting request out (no free block, nothing
+// running) and are older than --kv-hold-yield-after: the prefill agent goes
+// on serving instead of waiting abort_timeout_s (120 s here). A reader that
+// comes later for a yielded hold finds it ended and computes the prompt.
+TEST_P(KvUcx, FinishedPrefillHoldsGiveWayToRequestsThatNeedTheirBlocks) {
+  // 16 blocks: three held prefills of 5 blocks each leave one free.
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer"), "--num-blocks", "16",
+                   "--kv-hold-yield-after", "1"});
+  std::vector<std::vector<int>> prompts;
+  std::vector<json> held;
+  for (uint32_t seed : {61u, 62u, 63u}) {
+    prompts.push_back(randomPrompt(75, seed));
+    held.push_back(prefill(prefiller, prompts.back()));
+    ASSERT_EQ(held.back()["remote_block_ids"].size(), 4u) << held.back().dump();
+  }
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 15);
+  EXPECT_EQ(prefiller.metric("tandem_kv_holds_yielded_total"), 0);
+  // A fourth needs 5 blocks: the oldest hold gives way once it is 1 s old.
+  prompts.push_back(randomPrompt(75, 64));
+  held.push_back(prefill(prefiller, prompts.back()));
+  ASSERT_EQ(held.back()["remote_block_ids"].size(), 4u) << held.back().dump();
+  EXPECT_EQ(prefiller.metric("tandem_kv_holds_yielded_total"), 1);
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 15);
+
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer")});
+  Agent colocated;
+  for (size_t i : {size_t{0}, size_t{1}}) {
+    EXPECT_EQ(tokenIds(decode(decoder, prompts[i], held[i])),
+              tokenIds(colocated.post("/v1/completions", greedy(prompts[i], 8))))
+        << "prompt " << i;
+  }
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"hold_ended\""), 1)
+      << "the first prompt's hold had given way: its blocks are not used";
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4)
+      << "the second's were still held";
+  for (size_t i : {size_t{2}, size_t{3}}) releaseOn(prefiller, held[i]);
+  EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
+}
+
 TEST_P(KvUcx, DecodeKvBytesEqualThePrefillAgentsAndAColocatedAgents) {
   TempDir prefill_dir("tandem-kv-bytes-p"), decode_dir("tandem-kv-bytes-d"),
       colocated_dir("tandem-kv-bytes-c");
