@@ -66,20 +66,33 @@ size_t BlockManager::validMatchLength(const PrefixMatch& match) const {
   return length;
 }
 
+BlockManager::AllocationPlan BlockManager::plan(const SequenceBlocks& seq, const PrefixMatch* match,
+                                                int64_t num_tokens_total) const {
+  AllocationPlan plan;
+  plan.num_matched =
+      match != nullptr && config_.enable_prefix_caching ? validMatchLength(*match) : 0;
+  for (size_t i = 0; i < plan.num_matched; ++i) {
+    if (blocks_[match->blocks[i]].ref_count == 0) ++plan.matched_free;
+  }
+  const int64_t have = static_cast<int64_t>(seq.blocks.size() + plan.num_matched);
+  plan.num_new = std::max<int64_t>(0, blocksForTokens(num_tokens_total) - have);
+  return plan;
+}
+
+int64_t BlockManager::blocksShort(const SequenceBlocks& seq, const PrefixMatch* match,
+                                  int64_t num_tokens_total) const {
+  const AllocationPlan planned = plan(seq, match, num_tokens_total);
+  return std::max<int64_t>(0, planned.num_new - (num_free_ - planned.matched_free));
+}
+
 bool BlockManager::allocate(SequenceBlocks& seq, const PrefixMatch* match,
                             int64_t num_tokens_total) {
   TANDEM_CHECK(match == nullptr || seq.blocks.empty(),
                "a prefix match can only be applied to a sequence without blocks");
-  // Plan.
-  const size_t num_matched =
-      match != nullptr && config_.enable_prefix_caching ? validMatchLength(*match) : 0;
-  int64_t matched_free = 0;
-  for (size_t i = 0; i < num_matched; ++i) {
-    if (blocks_[match->blocks[i]].ref_count == 0) ++matched_free;
-  }
-  const int64_t have = static_cast<int64_t>(seq.blocks.size() + num_matched);
-  const int64_t num_new = std::max<int64_t>(0, blocksForTokens(num_tokens_total) - have);
-  if (num_new > num_free_ - matched_free) return false;
+  const AllocationPlan planned = plan(seq, match, num_tokens_total);
+  const size_t num_matched = planned.num_matched;
+  const int64_t num_new = planned.num_new;
+  if (num_new > num_free_ - planned.matched_free) return false;
 
   // Apply.
   for (size_t i = 0; i < num_matched; ++i) {

@@ -105,6 +105,10 @@ class BlockManager {
   // hash evicts it (one BlockRemoved event for all evicted hashes).
   // Returns false, changing nothing, when there are not enough free blocks.
   bool allocate(SequenceBlocks& seq, const PrefixMatch* match, int64_t num_tokens_total);
+  // How many more free blocks allocate() with these arguments would need
+  // (0: it would succeed).
+  int64_t blocksShort(const SequenceBlocks& seq, const PrefixMatch* match,
+                      int64_t num_tokens_total) const;
 
   // Registers the blocks of seq that are full within the first
   // num_computed_tokens of `tokens` (the sequence's tokens so far) and not
@@ -153,6 +157,15 @@ class BlockManager {
   int64_t prefixCacheHitTokens() const { return hit_tokens_; }
 
  private:
+  // What allocate() would do: the matched blocks it takes (and how many of
+  // them are free, cached and unreferenced), and the new blocks it needs.
+  struct AllocationPlan {
+    size_t num_matched = 0;
+    int64_t matched_free = 0;
+    int64_t num_new = 0;
+  };
+  AllocationPlan plan(const SequenceBlocks& seq, const PrefixMatch* match,
+                      int64_t num_tokens_total) const;
   static constexpr BlockId kNone = -1;
 
   struct BlockState {

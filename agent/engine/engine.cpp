@@ -326,7 +326,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                   })
             : nullptr);
     scheduler_->setExternalKvSource(connector_source_.get());
-    scheduler_->setHeldBlocksReclaimer([this] { return yieldOldestHold(); });
+    scheduler_->setHeldBlocksReclaimer(
+        [this](int64_t blocks_short) { return yieldHeldBlocks(blocks_short); });
   }
   if (!connector_ || !connector_->verifiesRequests()) {
     const std::string secret =
@@ -1181,34 +1182,66 @@ void Engine::addHold(const std::string& id, Held held) {
 Engine::HeldMap::iterator Engine::dropHold(HeldMap::iterator it, bool tell_connector) {
   // The connector ends the hold before its blocks can be reused.
   if (tell_connector && connector_source_) connector_source_->holdEnded(it->first);
-  for (BlockId block : it->second.blocks.blocks) {
-    if (auto ref = held_block_refs_.find(block); --ref->second == 0) held_block_refs_.erase(ref);
-  }
-  block_manager_->free(it->second.blocks);
+  freeHeldBlocks(it->second);
   return held_.erase(it);
 }
 
-bool Engine::yieldOldestHold() {
-  if (config_.hold_yield_after_s <= 0) return false;
+void Engine::freeHeldBlocks(Held& held) {
+  for (BlockId block : held.blocks.blocks) {
+    if (auto ref = held_block_refs_.find(block); --ref->second == 0) held_block_refs_.erase(ref);
+  }
+  block_manager_->free(held.blocks);
+  held.blocks = SequenceBlocks{};
+}
+
+bool Engine::yieldHeldBlocks(int64_t blocks_short) {
+  if (config_.hold_yield_after_s <= 0 || blocks_short <= 0) return false;
   const auto now = now_();
   const auto after = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(config_.hold_yield_after_s));
-  auto oldest = held_.end();
+  struct Candidate {
+    HeldMap::iterator it;
+    int64_t frees;  // blocks only this hold references
+  };
+  std::vector<Candidate> candidates;
+  int64_t can_free = 0;
   for (auto it = held_.begin(); it != held_.end(); ++it) {
     // Only a finished request's: a lend never takes blocks from admission
     // (holdPrefixNow's bounds) and a drain admits nothing.
     const Held& held = it->second;
-    if (held.lent || !held.params.is_object() || now - held.since < after) continue;
-    if (oldest == held_.end() || held.since < oldest->second.since) oldest = it;
+    if (held.lent || !held.params.is_object() || held.blocks.blocks.empty()) continue;
+    if (!held.copied && now - held.since < after) continue;
+    int64_t frees = 0;
+    for (BlockId block : held.blocks.blocks) frees += block_manager_->refCount(block) == 1;
+    if (frees == 0) continue;
+    candidates.push_back({it, frees});
+    can_free += frees;
   }
-  if (oldest == held_.end()) return false;
-  TANDEM_LOG(kWarn) << "KV blocks held " << std::ssize(oldest->second.blocks.blocks)
-                    << " for request " << oldest->first << " for "
-                    << std::chrono::duration<double>(now - oldest->second.since).count()
-                    << " s without a reader are freed: waiting requests need them "
-                       "(--kv-hold-yield-after); a reader that comes later computes the prompt";
-  dropHold(oldest);
-  ++num_holds_yielded_;
+  if (can_free < blocks_short) return false;
+  // Copies first (nothing is lost), then the oldest.
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.it->second.copied != b.it->second.copied) return a.it->second.copied;
+    return a.it->second.since < b.it->second.since;
+  });
+  int64_t freed = 0;
+  for (const Candidate& candidate : candidates) {
+    if (freed >= blocks_short) break;
+    freed += candidate.frees;
+    Held& held = candidate.it->second;
+    if (held.copied) {
+      // The reader reads the staging copy: the hold (ticket, slots) stays
+      // with the connector until its release or timeout; only the blocks go.
+      freeHeldBlocks(held);
+      continue;
+    }
+    TANDEM_LOG(kWarn) << "KV blocks held " << std::ssize(held.blocks.blocks) << " for request "
+                      << candidate.it->first << " for "
+                      << std::chrono::duration<double>(now - held.since).count()
+                      << " s without a reader are freed: waiting requests need them "
+                         "(--kv-hold-yield-after); a reader that comes later computes the prompt";
+    dropHold(candidate.it);
+    ++num_holds_yielded_;
+  }
   return true;
 }
 
@@ -1365,8 +1398,9 @@ void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
     // Kept for a remote reader until it releases them or the hold times out.
     const auto timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(connector_->config().abort_timeout_s));
-    addHold(id,
-            Held{std::move(owned->blocks), now_() + timeout, false, decision.kv_transfer_params});
+    Held held{std::move(owned->blocks), now_() + timeout, false, decision.kv_transfer_params};
+    held.copied = decision.copied;
+    addHold(id, std::move(held));
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

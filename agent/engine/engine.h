@@ -87,9 +87,11 @@ struct EngineConfig {
   int64_t max_hold_blocks = 0;
   int64_t max_total_hold_blocks = 0;
   // A finished request's blocks held this long for its remote reader give
-  // way when waiting requests cannot be admitted for lack of blocks and
-  // nothing runs (the reader, if it comes, finds the hold ended and
-  // computes the prompt); 0: they wait for the reader or abort_timeout_s.
+  // way to a request that lacks blocks (a waiting one, or a running one
+  // that would be preempted): the reader, if it comes, finds the hold ended
+  // and computes the prompt. A hold whose reader reads a copy (staging)
+  // gives its blocks at any age. 0: holds wait for the reader or
+  // abort_timeout_s.
   double hold_yield_after_s = 10.0;
   HashAlgorithm hash_algorithm = HashAlgorithm::kXxh3_128;
   size_t kv_event_capacity = 65536;
@@ -376,15 +378,23 @@ class Engine {
     // with which an abort releases it (null for the others).
     nlohmann::json params;
     Clock::time_point since{};  // when the hold was taken
+    // The reader reads the connector's copy (FinishDecision::copied): the
+    // blocks may go back while the hold lasts.
+    bool copied = false;
   };
   using HeldMap = std::unordered_map<std::string, Held>;
   // Adds a hold; takes one away, freeing its blocks (the next entry).
   // Both keep held_block_refs_ in step with held_.
   void addHold(const std::string& id, Held held);
   HeldMap::iterator dropHold(HeldMap::iterator it, bool tell_connector = true);
-  // The scheduler's reclaimer: ends the oldest finished request's hold held
-  // past hold_yield_after_s; whether there was one.
-  bool yieldOldestHold();
+  // Gives a hold's blocks back to the pool (the hold itself stays).
+  void freeHeldBlocks(Held& held);
+  // The scheduler's reclaimer: frees `blocks_short` blocks held for remote
+  // readers, or nothing when it cannot free that many. First holds whose
+  // reader reads a copy (their transfer goes on), then finished requests'
+  // holds held past hold_yield_after_s, oldest first (their readers will
+  // compute the prompt). Only blocks no one else holds count.
+  bool yieldHeldBlocks(int64_t blocks_short);
   HeldMap held_;  // request id → blocks for a remote reader
   // Held block → how many holds pin it: its size is the distinct held
   // blocks (tandem_kv_held_blocks), kept up to date rather than recounted

@@ -264,10 +264,13 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
   }
   const int64_t remaining = sequence->nextComputeLimit(local + external) - (local + external);
   const int64_t num_tokens = std::min(remaining, budget);
+  admission_blocks_short_ = 0;
   if (!config_.enable_chunked_prefill && num_tokens < remaining) return Admission::kNoRoom;
   if (num_tokens <= 0) return Admission::kNoRoom;
   if (!blocks_.allocate(sequence->blocks, looks_up ? &match : nullptr,
                         local + external + num_tokens)) {
+    admission_blocks_short_ = blocks_.blocksShort(sequence->blocks, looks_up ? &match : nullptr,
+                                                  local + external + num_tokens);
     return Admission::kNoRoom;
   }
   if (first_admission) {
@@ -325,6 +328,12 @@ SchedulerOutput Scheduler::schedule() {
     bool preempted_self = false;
     while (
         !blocks_.allocate(sequence->blocks, nullptr, sequence->num_computed_tokens + num_tokens)) {
+      // Holds whose readers have not come give way before live work does.
+      if (reclaim_held_ &&
+          reclaim_held_(blocks_.blocksShort(sequence->blocks, nullptr,
+                                            sequence->num_computed_tokens + num_tokens))) {
+        continue;
+      }
       Sequence* victim = running_.back().get();
       // Before a sequence preempts itself (all admitted after it are gone
       // already), waiting sequences give up the blocks they hold (loaded,
@@ -363,11 +372,15 @@ SchedulerOutput Scheduler::schedule() {
   // is no room to grow).
   if (output.preempted.empty()) {
     Sequence* blocked = admitWaiting(budget, output);
-    // Nothing runs, so no block will be freed by a running sequence: the
-    // blocks are held by waiting ones (loaded, not yet admitted), or for
-    // remote readers (the engine's holds that may give way).
-    while (blocked != nullptr && running_.empty() && output.chunks.empty() &&
-           (reclaimWaitingBlocks(blocked) || (reclaim_held_ && reclaim_held_()))) {
+    while (blocked != nullptr) {
+      // Holds whose readers have not come give way first; then, when
+      // nothing runs (no running sequence will free a block), the blocks
+      // that waiting ones hold (loaded, not yet admitted).
+      const bool reclaimed =
+          (admission_blocks_short_ > 0 && reclaim_held_ &&
+           reclaim_held_(admission_blocks_short_)) ||
+          (running_.empty() && output.chunks.empty() && reclaimWaitingBlocks(blocked));
+      if (!reclaimed) break;
       blocked = admitWaiting(budget, output);
     }
   }

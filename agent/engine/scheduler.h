@@ -154,11 +154,14 @@ class Scheduler {
   void add(std::unique_ptr<Sequence> sequence);
   // Optional; consulted when a sequence is admitted without blocks.
   void setExternalKvSource(ExternalKvSource* source) { external_ = source; }
-  // Optional; called when a waiting sequence cannot be admitted for lack of
-  // blocks while nothing runs (no running sequence will free any): frees
-  // blocks held outside the scheduler (KV holds for remote readers) and
-  // returns whether it freed anything, so admission is tried again.
-  void setHeldBlocksReclaimer(std::function<bool()> reclaim) { reclaim_held_ = std::move(reclaim); }
+  // Optional; called with the number of blocks missing when a sequence
+  // cannot grow (before a running one is preempted) or be admitted for lack
+  // of blocks: frees blocks held outside the scheduler (KV holds for remote
+  // readers that have not come) and returns whether it freed any, so the
+  // allocation is tried again. It frees nothing unless it can free them all.
+  void setHeldBlocksReclaimer(std::function<bool(int64_t blocks_short)> reclaim) {
+    reclaim_held_ = std::move(reclaim);
+  }
   SchedulerOutput schedule();
   // Call after the model computed a step: advances computed counts and
   // registers blocks that became full in the prefix cache.
@@ -243,7 +246,10 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   int64_t in_flight_prefix_waits_ = 0;
   ExternalKvSource* external_ = nullptr;
-  std::function<bool()> reclaim_held_;
+  std::function<bool(int64_t)> reclaim_held_;
+  // Blocks the last admission that found no room lacked (0: it lacked
+  // token budget, not blocks).
+  int64_t admission_blocks_short_ = 0;
   int64_t external_blocks_loaded_ = 0;
   int64_t external_blocks_failed_ = 0;
   std::vector<std::unique_ptr<Sequence>> abandoned_;  // aborted with a load in flight

@@ -107,6 +107,9 @@ struct FinishDecision {
   // transfer released (pollReleased) or the hold times out.
   bool hold = false;
   nlohmann::json kv_transfer_params;  // for the client's final response; null if none
+  // The reader reads a copy the connector made (a staging area), never
+  // these blocks: the engine may free them while the hold lasts.
+  bool copied = false;
 };
 
 class KvConnectorScheduler {

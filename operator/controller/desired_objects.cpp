@@ -196,28 +196,36 @@ void addRestrictedSecurityContext(json& pod_spec) {
 void yieldEscalationDefault(json& pod_spec, const json& fragment) {
   const json fragment_spec =
       fragment.is_object() && fragment.contains("spec") ? fragment["spec"] : json::object();
+  // What the template wrote is read as the API server would decode it: a
+  // value of another type is the server's to refuse, never a reason to throw.
+  auto listOf = [](const json& object, const char* key) {
+    const auto it = object.is_object() ? object.find(key) : object.end();
+    return object.is_object() && it != object.end() && it->is_array() ? *it : json::array();
+  };
   for (const char* list : {"initContainers", "containers"}) {
-    if (!pod_spec.contains(list)) continue;
+    if (!pod_spec.contains(list) || !pod_spec[list].is_array()) continue;
     for (json& container : pod_spec[list]) {
-      json* context =
-          container.contains("securityContext") ? &container["securityContext"] : nullptr;
-      if (context == nullptr || !context->is_object()) continue;
-      bool escalates = context->value("privileged", false);
-      if (context->contains("capabilities") && (*context)["capabilities"].is_object()) {
-        for (const json& cap : (*context)["capabilities"].value("add", json::array())) {
+      if (!container.is_object() || !container.contains("securityContext")) continue;
+      json& context = container["securityContext"];
+      if (!context.is_object()) continue;
+      bool escalates = context.contains("privileged") && context["privileged"] == true;
+      if (context.contains("capabilities")) {
+        for (const json& cap : listOf(context["capabilities"], "add")) {
           escalates = escalates || cap == "SYS_ADMIN" || cap == "CAP_SYS_ADMIN";
         }
       }
       if (!escalates) continue;
-      bool written = false;  // by the fragment, for this container
-      for (const json& given : fragment_spec.value(list, json::array())) {
-        if (given.is_object() && given.value("name", "") == container.value("name", "") &&
-            given.contains("securityContext") && given["securityContext"].is_object() &&
-            given["securityContext"].contains("allowPrivilegeEscalation")) {
-          written = true;
+      bool written = false;  // by the fragment, for this container (null: not written)
+      for (const json& given : listOf(fragment_spec, list)) {
+        if (!given.is_object() || !given.contains("name") || given["name"] != container["name"] ||
+            !given.contains("securityContext") || !given["securityContext"].is_object()) {
+          continue;
         }
+        const json& given_context = given["securityContext"];
+        written = written || (given_context.contains("allowPrivilegeEscalation") &&
+                              !given_context["allowPrivilegeEscalation"].is_null());
       }
-      if (!written) context->erase("allowPrivilegeEscalation");
+      if (!written) context.erase("allowPrivilegeEscalation");
     }
   }
 }

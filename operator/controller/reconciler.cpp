@@ -381,7 +381,10 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                          "controller's values: " +
                              fields);
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
+    // tandem::Error from the spec readers; anything else (a JSON type a
+    // template fragment carries where none was expected) is the spec's
+    // fault too, and must not take the controller and every pool down.
     observation.desired_replicas = specReplicas(object, 1);
     fail("InvalidSpec", e.what());
     events_.recordOnce(owner, kWarning, "InvalidSpec", e.what());

@@ -188,6 +188,38 @@ TEST_P(KvStaging, AFullConsumerStagingAreaFailsTheLoadWhichIsRecomputed) {
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// On the staging path readers read the staging copy, never the held slab
+// blocks: those give way at once when a waiting request needs them, and
+// every transfer still goes through (nothing counts as yielded).
+TEST_P(KvStaging, StagedHoldsGiveTheirBlocksToWaitingRequestsAndStillServeTheirReaders) {
+  Agent prefiller({"--kv-transfer-config", ucxConfig("kv_producer", {{"kv_buffer", "staging"}}),
+                   "--num-blocks", "16"});
+  Agent decoder({"--kv-transfer-config", ucxConfig("kv_consumer", {{"kv_buffer", "staging"}})});
+  Agent colocated;
+  std::vector<std::vector<int>> prompts;
+  std::vector<json> held;
+  for (uint32_t seed : {71u, 72u, 73u, 74u}) {
+    prompts.push_back(randomPrompt(75, seed));
+    held.push_back(prefillOn(prefiller, prompts.back()));
+    ASSERT_EQ(held.back()["remote_block_ids"].size(), 4u) << held.back().dump();
+  }
+  // Three holds pinned 15 of 16 blocks; the fourth took the oldest's.
+  EXPECT_EQ(prefiller.metric("tandem_kv_held_blocks"), 15);
+  EXPECT_EQ(health(prefiller)["staging_blocks_used"], 16) << "every copy stays";
+  EXPECT_EQ(prefiller.metric("tandem_kv_holds_yielded_total"), 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(tokenIds(decodeOn(decoder, prompts[i], held[i])),
+              tokenIds(colocated.post("/v1/completions", greedy(prompts[i], 8))))
+        << "prompt " << i;
+  }
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 16);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"hold_ended\""), 0);
+  EXPECT_TRUE(eventually([&] {
+    return prefiller.metric("tandem_kv_held_blocks") == 0 &&
+           health(prefiller)["staging_blocks_used"] == 0;
+  }));
+}
+
 TEST_P(KvStaging, PullBackLendsThroughStaging) {
   // A decode agent lends a prefix it holds (pull-back) from its staging area.
   Agent lender({"--kv-transfer-config", ucxConfig("kv_both", {{"kv_buffer", "staging"}})});

@@ -250,6 +250,27 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
       ";block_size=" + std::to_string(kv.block_size) + ";layers=" + std::to_string(kv.num_layers) +
       ";kv_heads=" + std::to_string(kv.num_kv_heads) + ";head_dim=" + std::to_string(kv.head_dim) +
       ";protocol=" + std::to_string(kProtocolVersion);
+  // RDMA transports register the KV buffer: say whether they can, before
+  // anything is allocated (an allocation that fails for it says the rest).
+  locked_memory_ = transport::lockedMemory();
+  // The KV buffer and the hold tickets' words; UCX registers receive pools
+  // of its own besides, so this is what is needed at least.
+  const uint64_t buffer_bytes =
+      (buffer_path_ == KvBufferPath::kStaging
+           ? static_cast<uint64_t>(buffer_options->staging_blocks) * cache.blockBytes()
+           : static_cast<uint64_t>(allocator->bytes())) +
+      (config_.produces() ? static_cast<uint64_t>(hold_slots) * 8 : 0);
+  if (!locked_memory_.canRegister(buffer_bytes)) {
+    TANDEM_LOG(kWarn) << "ucx connector: " << transport::describe(locked_memory_)
+                      << ": the KV buffer's " << buffer_bytes
+                      << " bytes cannot be registered for RDMA (UCX's rc, dc and ud transports); "
+                         "transfers over them fail and are recomputed. Raise the limit "
+                         "(LimitMEMLOCK=infinity for the container runtime, ulimit -l "
+                         "unlimited) or run the agent with CAP_IPC_LOCK as root "
+                         "(docs/kubernetes.md)";
+  } else {
+    TANDEM_LOG(kInfo) << "ucx connector: " << transport::describe(locked_memory_);
+  }
   const transport::UcxSlabAllocator* registered = allocator;
   if (buffer_path_ == KvBufferPath::kStaging) {
     staging_capacity_ = buffer_options->staging_blocks;
@@ -279,20 +300,6 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
                             ? " (" + std::to_string(staging_capacity_) + " host block slots)"
                             : std::string())
                     << "; UCX memory types: " << json(ucx_memory_types_).dump();
-  // RDMA transports register the KV buffer: say now whether they can.
-  locked_memory_ = transport::lockedMemory();
-  const uint64_t buffer_bytes = registered->bytes();
-  if (!locked_memory_.canRegister(buffer_bytes)) {
-    TANDEM_LOG(kWarn) << "ucx connector: " << transport::describe(locked_memory_)
-                      << ": the KV buffer's " << buffer_bytes
-                      << " bytes cannot be registered for RDMA (UCX's rc, dc and ud transports); "
-                         "transfers over them fail and are recomputed. Raise the limit "
-                         "(LimitMEMLOCK=infinity for the container runtime, ulimit -l "
-                         "unlimited) or run the agent with CAP_IPC_LOCK as root "
-                         "(docs/kubernetes.md)";
-  } else {
-    TANDEM_LOG(kInfo) << "ucx connector: " << transport::describe(locked_memory_);
-  }
   auto local = registered->localSlab(cache.blockBytes());
   auto remote = registered->remoteSlab(cache.blockBytes());
   if (!local.isOk() || !remote.isOk()) {
@@ -1371,6 +1378,7 @@ FinishDecision UcxConnector::requestFinished(const ConnectorRequest& request,
   // or the prompt is shorter than a block) holds nothing: the blocks go back
   // now, rather than when the reader's release or the timeout comes.
   decision.hold = full_blocks > 0;
+  decision.copied = decision.hold && buffer_path_ == KvBufferPath::kStaging;
   decision.kv_transfer_params = {{"remote_engine_id", d.engine_id},
                                  {"remote_host", d.host},
                                  {"remote_port", d.port},

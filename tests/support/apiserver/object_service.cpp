@@ -221,17 +221,24 @@ std::optional<ApiError> checkSecurityContexts(const KindInfo& kind, const Json& 
   std::vector<std::pair<std::string, std::string>> causes;
   for (const char* list : {"initContainers", "containers"}) {
     const Json containers = pod_spec->value(list, Json::array());
+    if (!containers.is_array()) continue;
     for (size_t i = 0; i < containers.size(); ++i) {
+      if (!containers[i].is_object()) continue;
       const Json context = containers[i].value("securityContext", Json::object());
-      if (!context.is_object() || context.value("allowPrivilegeEscalation", true)) continue;
+      if (!context.is_object() || !context.contains("allowPrivilegeEscalation") ||
+          context["allowPrivilegeEscalation"] != false) {
+        continue;
+      }
       const std::string field = prefix + "." + list + "[" + std::to_string(i) + "].securityContext";
-      if (context.value("privileged", false)) {
+      if (context.contains("privileged") && context["privileged"] == true) {
         causes.emplace_back(field, "Invalid value: " + context.dump() +
                                        ": cannot set `allowPrivilegeEscalation` to false and "
                                        "`privileged` to true");
       }
       const Json capabilities = context.value("capabilities", Json::object());
-      for (const Json& cap : capabilities.value("add", Json::array())) {
+      const Json added =
+          capabilities.is_object() ? capabilities.value("add", Json::array()) : Json::array();
+      for (const Json& cap : added.is_array() ? added : Json::array()) {
         if (cap == "CAP_SYS_ADMIN") {
           causes.emplace_back(field, "Invalid value: " + context.dump() +
                                          ": cannot set `allowPrivilegeEscalation` to false and "

@@ -338,6 +338,29 @@ TEST(DesiredObjectsTest, GeneratedPodsAreRestrictedUnlessTheTemplateSaysOtherwis
                 "allowPrivilegeEscalation", true),
             false)
       << "what the fragment writes is the API server's to judge";
+  // Values of other types are the API server's to refuse: the controller
+  // neither throws nor takes them for true; a null is "not written".
+  for (const std::string& context :
+       {std::string("{privileged: \"true\"}"), std::string("{privileged: 1}"),
+        std::string("{capabilities: {add: SYS_ADMIN}}"), std::string("{capabilities: 3}")}) {
+    const PoolSpec odd = decodePoolWithModel(
+        "{source: hf://org/m}\n  template:\n    spec:\n      containers:\n      - name: "
+        "agent\n        securityContext: " +
+        context);
+    json odd_deployment;
+    ASSERT_NO_THROW(odd_deployment = desiredPoolDeployment(ownerFor(odd), odd, defaults()))
+        << context;
+    EXPECT_EQ(podSpec(odd_deployment)["containers"][0]["securityContext"].value(
+                  "allowPrivilegeEscalation", true),
+              false)
+        << context;
+  }
+  const PoolSpec nulled = decodePoolWithModel(
+      "{source: hf://org/m}\n  template:\n    spec:\n      containers:\n      - name: agent\n"
+      "        securityContext: {privileged: true, allowPrivilegeEscalation: null}");
+  const json nulled_deployment = desiredPoolDeployment(ownerFor(nulled), nulled, defaults());
+  EXPECT_FALSE(podSpec(nulled_deployment)["containers"][0]["securityContext"].contains(
+      "allowPrivilegeEscalation"));
 }
 
 TEST(DesiredObjectsTest, SecretRefListensEverywhereWithTheSecretFromTheSecret) {

@@ -400,6 +400,53 @@ TEST(Scheduler, ARunningSequenceTakesTheBlocksWaitingOnesHoldBeforePreemptingIts
   EXPECT_EQ(h.blocks->numFreeBlocks(), 9) << "blocks leaked";
 }
 
+// Blocks held outside the scheduler (the engine's KV holds for remote
+// readers) give way through the reclaimer, asked for exactly what is
+// missing: before a running sequence preempts itself, and when a waiting
+// one cannot be admitted, in the same schedule(). A reclaimer that frees
+// nothing changes nothing.
+TEST(Scheduler, HeldBlocksAreAskedForWhatIsMissingBeforePreemptionAndAdmissionFail) {
+  Harness h(8);
+  SequenceBlocks held;  // 5 blocks pinned for a reader that does not come
+  ASSERT_TRUE(h.blocks->allocate(held, nullptr, 5 * 16));
+  std::vector<int64_t> asked;
+  bool give = false;
+  h.scheduler->setHeldBlocksReclaimer([&](int64_t blocks_short) {
+    asked.push_back(blocks_short);
+    if (!give || held.blocks.empty()) return false;
+    h.blocks->free(held);
+    held = SequenceBlocks{};
+    return true;
+  });
+  // A: 40 tokens (3 blocks), then decodes; its 4th block is not free.
+  Sequence* a = h.add("A", randomTokens(40, 7));
+  for (int i = 0; i < 100 && a->num_preemptions == 0; ++i) h.step();
+  ASSERT_EQ(a->num_preemptions, 1) << "nothing given: it preempts itself as before";
+  ASSERT_FALSE(asked.empty());
+  EXPECT_EQ(asked.front(), 1) << "one block missing";
+  give = true;
+  asked.clear();
+  for (int i = 0; i < 200 && a->numGenerated() < 30; ++i) h.step();
+  EXPECT_EQ(a->numGenerated(), 30);
+  EXPECT_EQ(a->num_preemptions, 1) << "the held blocks gave way; no second preemption";
+  EXPECT_EQ(asked, std::vector<int64_t>({1}));
+  EXPECT_TRUE(held.blocks.empty());
+  h.scheduler->finish(a);
+
+  // A waiting sequence: the reclaimer frees the held blocks inside the same
+  // schedule() and it is admitted at once.
+  ASSERT_TRUE(h.blocks->allocate(held, nullptr, 7 * 16));
+  asked.clear();
+  Sequence* b = h.add("B", randomTokens(40, 8));
+  SchedulerOutput output;
+  h.step(&output);
+  ASSERT_EQ(asked, std::vector<int64_t>({2})) << "3 blocks needed, 1 free";
+  ASSERT_EQ(output.chunks.size(), 1u);
+  EXPECT_EQ(output.chunks[0].sequence, b);
+  EXPECT_EQ(runToEnd(h, {b}, 4), 1u);
+  EXPECT_EQ(h.blocks->numFreeBlocks(), 8) << "blocks leaked";
+}
+
 // A load that failed under the fail policy is reported once and never
 // scheduled, even when a new lookup would find nothing to load (the engine
 // ends it with an error in that step; a chunk of it would be computed after
