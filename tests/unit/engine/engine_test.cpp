@@ -396,9 +396,11 @@ class HoldingConnector : public kv::KvConnector, kv::KvConnectorScheduler, kv::K
 
 class HeldBlocks : public ::testing::Test {
  protected:
-  Engine& start(int64_t num_blocks = 64, const std::string& stuck_id = "") {
+  Engine& start(int64_t num_blocks = 64, const std::string& stuck_id = "",
+                double hold_yield_after_s = 10.0) {
     EngineConfig config = engineConfig();
     config.num_blocks = num_blocks;
+    config.hold_yield_after_s = hold_yield_after_s;
     config.connector_factory = [this, stuck_id](KvCache&, const std::string&) {
       auto connector = std::make_unique<HoldingConnector>(stuck_id);
       connector_ = connector.get();
@@ -608,6 +610,51 @@ TEST_F(HeldBlocks, TheConnectorHearsOfEachHoldsEndOnce) {
   EXPECT_EQ(connector_->ended(), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(engine.stats().kv_held_blocks, 0);
   EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
+// Holds of finished requests whose readers have not come give way to a
+// request that cannot be admitted without their blocks once they are older
+// than hold_yield_after_s (10 s here), oldest first and only as many as it
+// lacks; with 0 they wait for their timeout (abort_timeout_s, 30 s).
+TEST_F(HeldBlocks, OldHoldsGiveWayToARequestThatNeedsTheirBlocks) {
+  for (const double yield_after : {10.0, 0.0}) {
+    now_seconds_ = 1000;
+    Engine& engine = start(9, "", yield_after);
+    for (const char* id : {"a", "b", "c"}) {
+      Collector finished;
+      ASSERT_TRUE(
+          engine.addRequest(greedyRequest(id, randomTokens(40, id[0]), 1), finished.callback())
+              .isOk());
+      ASSERT_TRUE(finished.waitFinished());
+      now_seconds_ += 1;  // a is the oldest
+    }
+    ASSERT_EQ(engine.stats().kv_held_blocks, 9);  // 3 blocks each, none free
+    Collector waiting;
+    ASSERT_TRUE(
+        engine.addRequest(greedyRequest("d", randomTokens(40, 9), 1), waiting.callback()).isOk());
+    now_seconds_ = 1009;  // a has been held 9 s
+    settle();
+    EXPECT_EQ(engine.stats().num_waiting, 1);
+    EXPECT_EQ(engine.stats().num_holds_yielded, 0);
+    now_seconds_ = 1010;
+    if (yield_after > 0) {
+      ASSERT_TRUE(waiting.waitFinished());
+      EXPECT_EQ(engine.stats().num_holds_yielded, 1);
+      EXPECT_EQ(connector_->ended(), std::vector<std::string>{"a"}) << "one hold was enough";
+      EXPECT_EQ(engine.stats().kv_held_blocks, 9) << "b, c and now d";
+    } else {
+      settle();
+      EXPECT_EQ(engine.stats().num_waiting, 1) << "holds wait for their timeout";
+      now_seconds_ = 1030;  // a's timeout (abort_timeout_s 30)
+      ASSERT_TRUE(waiting.waitFinished());
+      EXPECT_EQ(engine.stats().num_holds_yielded, 0);
+    }
+    now_seconds_ = 1100;  // every hold times out
+    settle();
+    EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+    EXPECT_EQ(engine.stats().num_free_blocks, 9);
+    engine_.reset();
+  }
 }
 
 TEST_F(HeldBlocks, AnExplicitReleaseFreesThemAtOnceAndOnlyOnce) {
