@@ -482,12 +482,13 @@ void addServeFlags(CLI::App& command) {
       ->default_str(std::to_string(defaults.max_waiting_requests));
   command.get_option("--role")->default_str(defaults.role);
   command.get_option("--prefix-caching-hash")->default_str(defaults.prefix_caching_hash);
-  std::ostringstream shutdown_timeout;
-  shutdown_timeout << defaults.shutdown_timeout_s;
-  command.get_option("--shutdown-timeout")->default_str(shutdown_timeout.str());
-  std::ostringstream yield_after;
-  yield_after << defaults.kv_hold_yield_after_s;
-  command.get_option("--kv-hold-yield-after")->default_str(yield_after.str());
+  auto seconds_default = [&](const char* flag, double seconds) {
+    std::ostringstream text;
+    text << seconds;
+    command.get_option(flag)->default_str(text.str());
+  };
+  seconds_default("--shutdown-timeout", defaults.shutdown_timeout_s);
+  seconds_default("--kv-hold-yield-after", defaults.kv_hold_yield_after_s);
 }
 
 YAML::Node loadServeConfigFile(const std::string& path) {

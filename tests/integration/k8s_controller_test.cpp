@@ -809,15 +809,15 @@ metadata:
 // not accept in the objects the controller makes (a Secret or claim name,
 // a quantity): the user sees it at once, not later in a status condition.
 TEST_F(K8sControllerTest, KubectlApplyRefusesNamesAndQuantitiesTheClusterWouldNot) {
-  const KubectlResult refused = applyText(R"(apiVersion: tandem.dev/v1alpha1
-kind: DecodePool
-metadata: {name: decode, namespace: default}
-spec:
-  model:
-    source: hf://org/m
-    tokenSecretRef: {name: HF_Token}
-    cache: {sizeLimit: 40 GB}
-)");
+  // A DecodePool "decode" whose hf:// model has this token Secret and cache.
+  auto applyPool = [&](const std::string& token_secret, const std::string& cache) {
+    return applyText(
+        "apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\n"
+        "metadata: {name: decode, namespace: default}\nspec:\n  model:\n"
+        "    source: hf://org/m\n    tokenSecretRef: " +
+        token_secret + "\n    cache: " + cache + "\n");
+  };
+  const KubectlResult refused = applyPool("{name: HF_Token}", "{sizeLimit: 40 GB}");
   EXPECT_NE(refused.exit_status, 0);
   EXPECT_NE(refused.err.find("The DecodePool \"decode\" is invalid"), std::string::npos)
       << refused.err;
@@ -831,15 +831,7 @@ spec:
       << refused.err;
   EXPECT_FALSE(get("tandem.dev/v1alpha1", "DecodePool", "decode").has_value());
 
-  const KubectlResult accepted = applyText(R"(apiVersion: tandem.dev/v1alpha1
-kind: DecodePool
-metadata: {name: decode, namespace: default}
-spec:
-  model:
-    source: hf://org/m
-    tokenSecretRef: {name: hf-token, key: HF_TOKEN}
-    cache: {sizeLimit: 40Gi}
-)");
+  const KubectlResult accepted = applyPool("{name: hf-token, key: HF_TOKEN}", "{sizeLimit: 40Gi}");
   EXPECT_EQ(accepted.exit_status, 0) << accepted.err;
 }
 

@@ -6,16 +6,15 @@
 // shared memory and over TCP.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tests/support/process_limits.h"
 #include "tests/support/ucx_agents.h"
 
 namespace {
@@ -300,29 +299,18 @@ INSTANTIATE_TEST_SUITE_P(Transports, KvStaging, ::testing::Values("sm", "tcp"),
 // at start: the soft RLIMIT_MEMLOCK it inherited (lowered here), whether it
 // has CAP_IPC_LOCK, the node's RDMA devices; and its log says the same.
 TEST(KvStagingStart, HealthSaysWhatRdmaRegistrationDependsOn) {
-  rlimit saved{};
-  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &saved), 0);
-  rlimit lowered = saved;
-  lowered.rlim_cur = std::min<rlim_t>(3 << 20, saved.rlim_max);
-  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &lowered), 0);
   std::unique_ptr<Agent> agent;
-  try {
+  rlim_t lowered = 0;
+  {
+    SoftMemlock memlock(3 << 20);
+    ASSERT_TRUE(memlock.ok());
+    lowered = memlock.bytes();
     agent = std::make_unique<Agent>(
         std::vector<std::string>{"--kv-transfer-config", ucxConfig("kv_producer")});
-  } catch (...) {
-    setrlimit(RLIMIT_MEMLOCK, &saved);
-    throw;
   }
-  setrlimit(RLIMIT_MEMLOCK, &saved);
   const json reported = health(*agent);
-  EXPECT_EQ(reported["memlock_limit_bytes"], lowered.rlim_cur) << reported.dump();
-  std::string status;
-  std::ifstream proc("/proc/self/status");
-  for (std::string line; std::getline(proc, line);) {
-    if (line.rfind("CapEff:", 0) == 0) status = line.substr(7);
-  }
-  EXPECT_EQ(reported["ipc_lock"], ((std::stoull(status, nullptr, 16) >> 14) & 1) == 1)
-      << reported.dump();
+  EXPECT_EQ(reported["memlock_limit_bytes"], lowered) << reported.dump();
+  EXPECT_EQ(reported["ipc_lock"], hasEffectiveCapability(14)) << reported.dump();
   std::vector<std::string> devices;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator("/sys/class/infiniband", error)) {
@@ -331,7 +319,7 @@ TEST(KvStagingStart, HealthSaysWhatRdmaRegistrationDependsOn) {
   std::sort(devices.begin(), devices.end());
   EXPECT_EQ(reported["rdma_devices"], json(devices)) << reported.dump();
   EXPECT_NE(agent->stderrText().find("ucx connector: locked-memory limit " +
-                                     std::to_string(lowered.rlim_cur) + " bytes"),
+                                     std::to_string(lowered) + " bytes"),
             std::string::npos)
       << agent->stderrText();
 }

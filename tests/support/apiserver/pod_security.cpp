@@ -135,6 +135,34 @@ bool windowsPod(const Json& spec) { return text(member(spec, "os"), "name") == "
 
 // --- Baseline checks (policy/check_*.go) ---
 
+// Who sets securityContext.<field> (a profile with a "type") to a type
+// `allowed` refuses: "pod" and/or "container(s) ..." as setters, and the
+// refused types. The AppArmor and the baseline seccomp checks read their
+// profiles alike.
+struct RefusedProfiles {
+  std::vector<std::string> setters;
+  std::set<std::string> types;
+};
+RefusedProfiles refusedProfileTypes(const Json& spec, const char* field,
+                                    bool (*allowed)(const std::string&)) {
+  RefusedProfiles refused;
+  const Json& pod_profile = member(securityContext(spec), field);
+  if (!pod_profile.is_null() && !allowed(text(pod_profile, "type"))) {
+    refused.setters.push_back("pod");
+    refused.types.insert(text(pod_profile, "type"));
+  }
+  std::vector<std::string> bad_containers;
+  for (const Json* container : containersOf(spec)) {
+    const Json& profile = member(securityContext(*container), field);
+    if (!profile.is_null() && !allowed(text(profile, "type"))) {
+      bad_containers.push_back(text(*container, "name"));
+      refused.types.insert(text(profile, "type"));
+    }
+  }
+  if (!bad_containers.empty()) refused.setters.push_back(containerList(bad_containers));
+  return refused;
+}
+
 bool allowedAppArmorType(const std::string& type) {
   return type == "RuntimeDefault" || type == "Localhost";
 }
@@ -145,22 +173,8 @@ bool allowedAppArmorAnnotation(const std::string& value) {
 
 // check_appArmorProfile.go (v1.0).
 Violation appArmorProfile(const Json& metadata, const Json& spec) {
-  std::vector<std::string> bad_setters;
-  std::set<std::string> bad_values;
-  const Json& pod_profile = member(securityContext(spec), "appArmorProfile");
-  if (!pod_profile.is_null() && !allowedAppArmorType(text(pod_profile, "type"))) {
-    bad_setters.push_back("pod");
-    bad_values.insert(text(pod_profile, "type"));
-  }
-  std::vector<std::string> bad_containers;
-  for (const Json* container : containersOf(spec)) {
-    const Json& profile = member(securityContext(*container), "appArmorProfile");
-    if (!profile.is_null() && !allowedAppArmorType(text(profile, "type"))) {
-      bad_containers.push_back(text(*container, "name"));
-      bad_values.insert(text(profile, "type"));
-    }
-  }
-  if (!bad_containers.empty()) bad_setters.push_back(containerList(bad_containers));
+  auto [bad_setters, bad_values] =
+      refusedProfileTypes(spec, "appArmorProfile", allowedAppArmorType);
   std::vector<std::string> forbidden_annotations;
   const Json& annotations = member(metadata, "annotations");
   if (annotations.is_object()) {
@@ -383,22 +397,8 @@ bool validSeccompType(const std::string& type) {
 
 // check_seccompProfile_baseline.go (v1.19): if set, RuntimeDefault or Localhost.
 Violation seccompProfileBaseline(const Json&, const Json& spec) {
-  std::vector<std::string> bad_setters;
-  std::set<std::string> bad_values;
-  const Json& pod_profile = member(securityContext(spec), "seccompProfile");
-  if (!pod_profile.is_null() && !validSeccompType(text(pod_profile, "type"))) {
-    bad_setters.push_back("pod");
-    bad_values.insert(text(pod_profile, "type"));
-  }
-  std::vector<std::string> bad_containers;
-  for (const Json* container : containersOf(spec)) {
-    const Json& profile = member(securityContext(*container), "seccompProfile");
-    if (!profile.is_null() && !validSeccompType(text(profile, "type"))) {
-      bad_containers.push_back(text(*container, "name"));
-      bad_values.insert(text(profile, "type"));
-    }
-  }
-  if (!bad_containers.empty()) bad_setters.push_back(containerList(bad_containers));
+  const auto [bad_setters, bad_values] =
+      refusedProfileTypes(spec, "seccompProfile", validSeccompType);
   if (bad_setters.empty()) return std::nullopt;
   return PodSecurityViolation{"seccompProfile",
                               join(bad_setters, " and ") +

@@ -427,17 +427,9 @@ TEST(ApiServerTest, APrivilegedContainerCannotForbidEscalation) {
   ApiServer server;
   ApiTestClient client(server);
   auto deploymentWith = [](const Json& context) {
-    return Json{
-        {"apiVersion", "apps/v1"},
-        {"kind", "Deployment"},
-        {"metadata", {{"name", "agent"}}},
-        {"spec",
-         {{"selector", {{"matchLabels", {{"app", "agent"}}}}},
-          {"template",
-           {{"metadata", {{"labels", {{"app", "agent"}}}}},
-            {"spec",
-             {{"containers",
-               Json::array({{{"name", "a"}, {"image", "x"}, {"securityContext", context}}})}}}}}}}};
+    return agentDeployment(
+        {{"containers",
+          Json::array({{{"name", "a"}, {"image", "x"}, {"securityContext", context}}})}});
   };
   const std::string path = "/apis/apps/v1/namespaces/default/deployments";
   JsonAnswer refused = client.post(
@@ -464,16 +456,8 @@ TEST(ApiServerTest, DeploymentControllerMakesPodsAndStatus) {
   ApiServer server;
   server.setDeploymentControllerAuto(true);
   ApiTestClient client(server);
-  Json deployment = {
-      {"apiVersion", "apps/v1"},
-      {"kind", "Deployment"},
-      {"metadata", {{"name", "agent"}}},
-      {"spec",
-       {{"replicas", 2},
-        {"selector", {{"matchLabels", {{"app", "agent"}}}}},
-        {"template",
-         {{"metadata", {{"labels", {{"app", "agent"}}}}},
-          {"spec", {{"containers", Json::array({{{"name", "a"}, {"image", "x"}}})}}}}}}}};
+  Json deployment =
+      agentDeployment({{"containers", Json::array({{{"name", "a"}, {"image", "x"}}})}});
   JsonAnswer created = client.post("/apis/apps/v1/namespaces/default/deployments", deployment);
   ASSERT_EQ(created.status, 201) << created.text;
   Json stored = server.get("apps/v1", "Deployment", "default", "agent").value();

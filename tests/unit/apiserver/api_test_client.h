@@ -159,6 +159,17 @@ inline nlohmann::json prefillPool(const std::string& name) {
           {"spec", {{"model", {{"path", "/models/llama"}}}}}};
 }
 
+// A Deployment "agent" of `replicas` pods labelled app=agent running `pod_spec`.
+inline nlohmann::json agentDeployment(const nlohmann::json& pod_spec, int64_t replicas = 2) {
+  return {{"apiVersion", "apps/v1"},
+          {"kind", "Deployment"},
+          {"metadata", {{"name", "agent"}}},
+          {"spec",
+           {{"replicas", replicas},
+            {"selector", {{"matchLabels", {{"app", "agent"}}}}},
+            {"template", {{"metadata", {{"labels", {{"app", "agent"}}}}}, {"spec", pod_spec}}}}}};
+}
+
 inline std::string crdDirectory() { return std::string(TANDEM_SOURCE_DIR) + "/crds"; }
 
 }  // namespace tandem::testing

@@ -476,14 +476,7 @@ TEST(PodSecurityAdmissionTest, RefusedDeploymentPodsSurfaceAsReplicaFailure) {
   server.setDeploymentControllerAuto(true);
   ApiTestClient client(server);
   ASSERT_EQ(createRestrictedNamespace(client, "secure"), 201);
-  Json deployment = {
-      {"apiVersion", "apps/v1"},
-      {"kind", "Deployment"},
-      {"metadata", {{"name", "agent"}}},
-      {"spec",
-       {{"replicas", 2},
-        {"selector", {{"matchLabels", {{"app", "agent"}}}}},
-        {"template", {{"metadata", {{"labels", {{"app", "agent"}}}}}, {"spec", plainSpec()}}}}}};
+  Json deployment = agentDeployment(plainSpec());
   const std::string path = "/apis/apps/v1/namespaces/secure/deployments";
   JsonAnswer created = client.post(path, deployment);
   ASSERT_EQ(created.status, 201) << created.text;

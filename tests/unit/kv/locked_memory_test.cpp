@@ -3,12 +3,12 @@
 #include "agent/transport/locked_memory.h"
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
+#include <vector>
 
+#include "tests/support/process_limits.h"
 #include "tests/support/test_files.h"
 
 namespace tandem::transport {
@@ -16,32 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// CAP_IPC_LOCK (bit 14) of this process's effective set, read independently.
-bool hasIpcLock() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("CapEff:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> 14) & 1;
-  }
-  return false;
-}
+using ::tandem::testing::SoftMemlock;
 
-// Lowers the soft limit for the test's life; the hard limit stays.
-class SoftMemlock {
- public:
-  explicit SoftMemlock(rlim_t bytes) {
-    getrlimit(RLIMIT_MEMLOCK, &saved_);
-    rlimit lowered = saved_;
-    lowered.rlim_cur = std::min<rlim_t>(bytes, saved_.rlim_max);
-    ok_ = setrlimit(RLIMIT_MEMLOCK, &lowered) == 0;
-  }
-  ~SoftMemlock() { setrlimit(RLIMIT_MEMLOCK, &saved_); }
-  bool ok() const { return ok_; }
-
- private:
-  rlimit saved_{};
-  bool ok_ = false;
-};
+bool hasIpcLock() { return ::tandem::testing::hasEffectiveCapability(14); }
 
 TEST(LockedMemoryTest, ReadsTheSoftLimitTheCapabilityAndTheRdmaDevices) {
   tandem::testing::TempDir sysfs("tandem-infiniband");
