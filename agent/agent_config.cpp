@@ -137,6 +137,10 @@ const std::vector<Row>& rows() {
               server::kMaxLargeRequestsRange.max,
               "large requests read and handled at once; one more gets 503",
               &ServeOptions::max_large_requests),
+      integer("max_connections", server::kMaxConnectionsRange.min, server::kMaxConnectionsRange.max,
+              "client connections open at once; one more closes the one idle longest, or gets "
+              "503 when none is idle (0: half the descriptor limit, at most 65536)",
+              &ServeOptions::max_connections),
       choice("role", {"prefill", "decode", "both"}, "metrics role label", &ServeOptions::role),
       choice("prefix_caching_hash", {"xxhash", "sha256"}, "block hash",
              &ServeOptions::prefix_caching_hash),

@@ -221,6 +221,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   http.write_timeout = std::chrono::seconds(o.write_timeout_s);
   http.large_body_bytes = static_cast<uint64_t>(o.large_body_bytes);
   http.max_large_requests = static_cast<int>(o.max_large_requests);
+  http.max_connections = o.max_connections;
   // Parsed once here: a template that does not parse stops the agent before
   // it serves, naming the file and line.
   auto chat_template = server::ChatTemplate::load(engine.tokenizer(), o.chat_template);

@@ -36,6 +36,7 @@ struct ServeOptions {
   int64_t write_timeout_s = 30;
   int64_t large_body_bytes = 1024 * 1024;
   int64_t max_large_requests = 2;
+  int64_t max_connections = 0;  // 0: half the descriptor limit, at most 65,536
   std::string served_model_name;
   // Clients send Authorization: Bearer <key> (common/http); empty: the
   // environment's TANDEM_API_KEY, or no key at all.

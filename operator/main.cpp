@@ -286,6 +286,7 @@ struct RouterFlags {
   int write_timeout_s = 0;
   int64_t large_body_bytes = 0;
   int max_large_requests = 0;
+  int64_t max_connections = 0;
   std::string model_dir;
   std::string chat_template;
   std::string api_key;
@@ -416,6 +417,12 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                    "large requests read and handled at once; one more gets 503 (default " +
                        std::to_string(defaults.http.max_large_requests) + ")")
       ->check(httpRange(tandem::server::kMaxLargeRequestsRange));
+  command
+      ->add_option("--max-connections", flags.max_connections,
+                   "client connections open at once; one more closes the one idle longest, or "
+                   "gets 503 when none is idle (default 0: half the descriptor limit, at most " +
+                       std::to_string(tandem::server::kAutoMaxConnections) + ")")
+      ->check(httpRange(tandem::server::kMaxConnectionsRange));
   command->add_option("--api-key", flags.api_key,
                       "clients must send Authorization: Bearer <key> (default: the "
                       "TANDEM_API_KEY environment variable; prefer it, a flag shows in ps)");
@@ -550,6 +557,7 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--large-body-bytes"))
     config.http.large_body_bytes = static_cast<uint64_t>(flags.large_body_bytes);
   if (given("--max-large-requests")) config.http.max_large_requests = flags.max_large_requests;
+  if (given("--max-connections")) config.http.max_connections = flags.max_connections;
   if (given("--model-dir")) config.model_dir = flags.model_dir;
   if (given("--chat-template")) config.chat_template = flags.chat_template;
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;

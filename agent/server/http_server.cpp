@@ -683,6 +683,7 @@ void HttpServer::routes() {
 
   http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     metrics_.setKvBuffer(engine_.kvConnectorInfo());
+    metrics_.observeHttpFront(http_->frontStats());
     res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4");
   });
 

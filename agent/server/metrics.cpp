@@ -10,6 +10,8 @@
 #include <chrono>
 #include <sstream>
 
+#include "common/http/http_metrics.h"
+
 namespace tandem::server {
 namespace {
 
@@ -126,6 +128,7 @@ void AgentMetrics::setKvBuffer(const nlohmann::json& info) {
 AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
     : model_(model), role_(role), registry_(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels = {{"model", model_}, {"role", role_}};
+  http_front_ = std::make_unique<HttpFrontMetrics>(*registry_, labels);
   auto histogram = [&](const char* name, const char* help,
                        const Histogram::BucketBoundaries& buckets) {
     return &BuildHistogram().Name(name).Help(help).Register(*registry_).Add(labels, buckets);
@@ -252,6 +255,11 @@ void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_
 void AgentMetrics::observeRejected(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}}).Increment();
+}
+
+void AgentMetrics::observeHttpFront(const HttpFrontStats& stats) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  http_front_->update(stats);
 }
 
 std::string AgentMetrics::render(const engine::EngineStats& stats) {

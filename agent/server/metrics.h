@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "agent/engine/engine.h"
+#include "common/http/http_limits.h"
 #include "common/protocol/request.h"
 
 namespace prometheus {
@@ -27,6 +29,8 @@ class Family;
 }  // namespace prometheus
 
 namespace tandem::server {
+
+class HttpFrontMetrics;
 
 class AgentMetrics {
  public:
@@ -51,6 +55,9 @@ class AgentMetrics {
   // staging path and tandem_kv_hold_slots / _used on a producer; `info` as
   // UcxConnector::info() (null: nothing is set).
   void setKvBuffer(const nlohmann::json& info);
+  // The HTTP front's connection series (common/http/http_metrics.h), as
+  // HttpService::frontStats() says now; call before render().
+  void observeHttpFront(const HttpFrontStats& stats);
 
   // Brings engine-kept figures up to date (counters and the KV load
   // histogram advance by what the engine counted since the last render)
@@ -62,6 +69,7 @@ class AgentMetrics {
   std::string model_;
   std::string role_;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<HttpFrontMetrics> http_front_;
   prometheus::Gauge* kv_buffer_info_ = nullptr;
   prometheus::Gauge* kv_staging_blocks_ = nullptr;
   prometheus::Gauge* kv_staging_used_ = nullptr;

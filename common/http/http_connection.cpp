@@ -71,6 +71,9 @@ std::string percentDecode(std::string_view text) {
 constexpr Clock::duration kTrimInterval = std::chrono::seconds(1);
 // How long a refused request's remaining bytes are read and dropped.
 constexpr std::chrono::seconds kLingerTimeout{2};
+// Connections over HttpLimits::max_connections answered 503 at once; more
+// are closed without an answer.
+constexpr int kMaxRefusing = 64;
 
 // A body over the large-body threshold, or of a length not known yet.
 bool isLarge(const http::request_parser<http::string_body>& parser, const HttpLimits& limits) {
@@ -222,7 +225,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         strand_(socket.get_executor()),
         socket_(std::move(socket)),
         deadline_(strand_),
-        signal_(strand_) {}
+        signal_(strand_),
+        idle_since_(idleTicks()) {}
 
   ~HttpConnection() {
     if (waker_) waker_->disable();
@@ -230,6 +234,43 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   using Strand = asio::strand<asio::any_io_executor>;
   const Strand& strand() const { return strand_; }
+
+  // Steady-clock ticks since this connection began waiting for a request
+  // with nothing buffered (a new one: since it was accepted); 0 while it is
+  // receiving or answering one.
+  int64_t idleSince() const { return idle_since_.load(std::memory_order_relaxed); }
+
+  // Closes the connection from any thread if, once on its strand, it is
+  // still waiting for a request and nothing of one has arrived; a request
+  // that got there first is served.
+  void closeIfIdle() {
+    closing_idle_.store(true);
+    asio::post(strand_, [self = shared_from_this()] {
+      boost::system::error_code ec;
+      if (self->idleSince() == 0 || self->socket_.available(ec) > 0 || ec) {
+        self->closing_idle_.store(false);
+        return;
+      }
+      self->socket_.close(ec);
+    });
+  }
+  // closeIfIdle() was called and has not found the connection busy.
+  bool closingIdle() const { return closing_idle_.load(); }
+
+  // A connection over HttpLimits::max_connections with none idle to close:
+  // answered 503 before any request is read, then closed.
+  awaitable<void> refuse() {
+    HttpResponse response = httpErrorResponse(
+        503,
+        "the server already has " + std::to_string(service_.maxConnections()) +
+            " connections open, its limit (max_connections), and none is idle; retry later",
+        "service_unavailable");
+    response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
+    const bool written = co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
+    if (written) co_await lingeringClose();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
 
   // Closes the socket from any thread; the session then ends.
   void close() {
@@ -249,8 +290,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       boost::system::error_code ec;
       if (buffer_.size() == 0) {
         arm(limits.idle_timeout);
+        idle_since_.store(idleTicks(), std::memory_order_relaxed);
         co_await socket_.async_wait(tcp::socket::wait_read,
                                     asio::redirect_error(use_awaitable, ec));
+        idle_since_.store(0, std::memory_order_relaxed);
         if (ec) break;
       }
       arm(limits.request_timeout);
@@ -479,6 +522,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     Strand strand_;
   };
 
+  // Now, as idle_since_ holds it (never 0).
+  static int64_t idleTicks() {
+    return std::max<int64_t>(1, Clock::now().time_since_epoch().count());
+  }
+
   // Closes the socket when the deadline passes (the pending operation then
   // fails); re-arming or disarming cancels the previous deadline.
   void arm(std::chrono::seconds timeout) {
@@ -550,6 +598,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool head_ = false;
   bool http10_ = false;  // the request's version is HTTP/1.0
   bool chunk_done_ = false;
+  std::atomic<int64_t> idle_since_{0};  // read by the accept loop (closeIdlest)
+  std::atomic<bool> closing_idle_{false};
 };
 
 // ---------------------------------------------------------------------------
@@ -648,9 +698,25 @@ OnClientGone::~OnClientGone() { exchange_.swapOnGone(std::move(previous_)); }
 // ---------------------------------------------------------------------------
 // HttpService
 
+namespace {
+
+// HttpLimits::max_connections, or for 0 half the soft descriptor limit (at
+// least 1, at most kAutoMaxConnections).
+int64_t connectionBound(const HttpLimits& limits) {
+  if (limits.max_connections > 0) return limits.max_connections;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return kAutoMaxConnections;
+  }
+  return std::clamp<int64_t>(static_cast<int64_t>(limit.rlim_cur / 2), 1, kAutoMaxConnections);
+}
+
+}  // namespace
+
 HttpService::HttpService(HttpLimits limits, int io_threads, int worker_threads)
     : limits_(limits),
       io_threads_(std::max(1, io_threads)),
+      max_connections_(connectionBound(limits)),
       workers_(static_cast<size_t>(std::max(1, worker_threads))),
       acceptor_(ioc_) {}
 
@@ -708,6 +774,7 @@ void raiseOpenFileLimit() {
 
 int HttpService::bind(const std::string& host, int port, int backlog) {
   raiseOpenFileLimit();
+  max_connections_ = connectionBound(limits_);
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(host, ec);
   if (ec)
@@ -791,6 +858,25 @@ awaitable<void> HttpService::acceptLoop() {
       co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
       continue;
     }
+    if (open_connections_.load() >= max_connections_.load() && !closeIdlest()) {
+      // Over the bound with every connection in use: answered 503 and
+      // closed, or, while kMaxRefusing are still being answered, closed at
+      // once, so that a flood of connections costs few descriptors.
+      const int64_t refused = connections_refused_.fetch_add(1);
+      if (refused % 100 == 0) {
+        TANDEM_LOG(kWarn) << "http: " << open_connections_.load()
+                          << " connections open, the limit (max_connections " << max_connections_
+                          << "), none idle: refusing new ones with 503 (said once per 100)";
+      }
+      if (refusing_.load() >= kMaxRefusing) {
+        socket.close(ec);
+        continue;
+      }
+      refusing_ += 1;
+      auto connection = std::make_shared<HttpConnection>(*this, std::move(socket));
+      asio::co_spawn(connection->strand(), refuseConnection(connection), asio::detached);
+      continue;
+    }
     auto connection = std::make_shared<HttpConnection>(*this, std::move(socket));
     {
       std::lock_guard<std::mutex> lock(connections_mutex_);
@@ -799,6 +885,53 @@ awaitable<void> HttpService::acceptLoop() {
     open_connections_ += 1;
     asio::co_spawn(connection->strand(), runConnection(connection), asio::detached);
   }
+}
+
+HttpFrontStats HttpService::frontStats() {
+  int64_t idle = 0;
+  {
+    std::lock_guard<std::mutex> lock(connections_mutex_);
+    for (const auto& entry : connections_) idle += entry.first->idleSince() != 0 ? 1 : 0;
+  }
+  return {.open_connections = open_connections_.load(),
+          .idle_connections = idle,
+          .max_connections = max_connections_.load(),
+          .idle_connections_closed = idle_closed_.load(),
+          .connections_refused = connections_refused_.load()};
+}
+
+bool HttpService::closeIdlest() {
+  std::shared_ptr<HttpConnection> idlest;
+  int64_t since = 0;
+  {
+    std::lock_guard<std::mutex> lock(connections_mutex_);
+    // An entry is erased (forget) before its connection can be destroyed.
+    for (const auto& [raw, weak] : connections_) {
+      const int64_t idle = raw->idleSince();
+      if (idle == 0 || raw->closingIdle() || (idlest && idle >= since)) continue;
+      if (auto connection = weak.lock()) {
+        idlest = std::move(connection);
+        since = idle;
+      }
+    }
+  }
+  if (!idlest) return false;
+  idlest->closeIfIdle();
+  if (idle_closed_.fetch_add(1) % 100 == 0) {
+    TANDEM_LOG(kInfo) << "http: " << open_connections_.load()
+                      << " connections open, the limit (max_connections " << max_connections_
+                      << "): closing the one idle longest for a new one (said once per 100)";
+  }
+  return true;
+}
+
+awaitable<void> HttpService::refuseConnection(std::shared_ptr<HttpConnection> connection) {
+  try {
+    co_await connection->refuse();
+  } catch (const std::exception& e) {
+    TANDEM_LOG(kError) << "http connection: " << e.what();
+  }
+  refusing_ -= 1;
 }
 
 awaitable<void> HttpService::runConnection(std::shared_ptr<HttpConnection> connection) {

@@ -23,6 +23,12 @@
 // error body has OpenAI's shape: {"error": {"message", "type", "param",
 // "code"}}.
 //
+// Connections: at most HttpLimits::max_connections are open at once (by
+// default half the descriptor limit, at most 65,536). One more closes the
+// connection that has waited longest between requests (a keep-alive client
+// reconnects, as after the idle timeout) or, with none idle, is answered 503
+// with Retry-After and closed.
+//
 // Large bodies: at most HttpLimits::max_large_requests requests whose body
 // is over large_body_bytes (or of unknown length) are read and handled at
 // once; one more is answered 503 with Retry-After before its body is read.
@@ -294,6 +300,15 @@ class HttpService {
   int64_t openConnections() const { return open_connections_.load(); }
   // Accepts that failed (e.g. the process ran out of file descriptors).
   int64_t acceptErrors() const { return accept_errors_.load(); }
+  // The bound on open connections (HttpLimits::max_connections, or the
+  // automatic one once bind() has raised the descriptor limit).
+  int64_t maxConnections() const { return max_connections_.load(); }
+  // Connections over that bound: idle ones closed to make room, new ones
+  // answered 503 because none was idle.
+  int64_t idleConnectionsClosed() const { return idle_closed_.load(); }
+  int64_t connectionsRefused() const { return connections_refused_.load(); }
+  // Counts idle connections: O(open connections), for a metrics scrape.
+  HttpFrontStats frontStats();
 
   const HttpLimits& limits() const { return limits_; }
   boost::asio::thread_pool& workers() { return workers_; }
@@ -320,6 +335,11 @@ class HttpService {
   boost::asio::awaitable<void> acceptLoop();
   boost::asio::awaitable<void> dispatch(HttpExchange& exchange);
   boost::asio::awaitable<void> runConnection(std::shared_ptr<HttpConnection> connection);
+  // At max_connections: closes the connection idle longest and admits the
+  // new one (true), or finds none idle (false). Holds connections_mutex_.
+  bool closeIdlest();
+  // Answers a connection over the bound 503 and closes it.
+  boost::asio::awaitable<void> refuseConnection(std::shared_ptr<HttpConnection> connection);
   std::string nextRequestId();
   void forget(HttpConnection* connection);
 
@@ -337,6 +357,10 @@ class HttpService {
   std::map<HttpConnection*, std::weak_ptr<HttpConnection>> connections_;
   std::atomic<int64_t> open_connections_{0};
   std::atomic<int64_t> accept_errors_{0};
+  std::atomic<int64_t> max_connections_;
+  std::atomic<int64_t> idle_closed_{0};
+  std::atomic<int64_t> connections_refused_{0};
+  std::atomic<int> refusing_{0};  // refused connections still being answered
   std::atomic<uint64_t> next_request_{1};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> accepting_stopped_{false};

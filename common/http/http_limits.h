@@ -24,6 +24,24 @@ struct HttpLimits {
   // answered 503 + Retry-After before its body is read.
   uint64_t large_body_bytes = 1024 * 1024;
   int max_large_requests = 2;
+  // Client connections open at once (0: half the process's descriptor
+  // limit, at most kAutoMaxConnections). One more closes the connection
+  // idle longest, or, when every connection is in use, is answered 503 +
+  // Retry-After and closed: the rest of the descriptors stay for the
+  // server's own connections (agents, peers, model files).
+  int64_t max_connections = 0;
+};
+
+inline constexpr int64_t kAutoMaxConnections = 65536;
+
+// What the front counted about its connections (HttpService::frontStats),
+// for the metrics of the process that serves with it (http_metrics.h).
+struct HttpFrontStats {
+  int64_t open_connections = 0;
+  int64_t idle_connections = 0;  // of those, waiting for a request
+  int64_t max_connections = 0;
+  int64_t idle_connections_closed = 0;  // to make room for new ones
+  int64_t connections_refused = 0;      // over the bound with none idle
 };
 
 // The values each limit accepts, inclusive: the agent's and the router's
@@ -39,6 +57,7 @@ inline constexpr HttpLimitRange kIdleTimeoutRange{1, 86400};
 inline constexpr HttpLimitRange kWriteTimeoutRange{1, 3600};
 inline constexpr HttpLimitRange kLargeBodyBytesRange{1024, int64_t{1} << 32};
 inline constexpr HttpLimitRange kMaxLargeRequestsRange{1, 1024};
+inline constexpr HttpLimitRange kMaxConnectionsRange{0, int64_t{1} << 20};
 
 // Paths served without the API key by default (HttpService::requireApiKey):
 // probes, metrics scrapers, and the KV transfer calls between agents (signed

@@ -226,6 +226,7 @@ class Router::Impl {
     });
     http_->get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
       metrics_.setAdmission(gate_.inflight(), gate_.queued());
+      metrics_.observeHttpFront(http_->frontStats());
       agents_.publishLedger([this](const AgentState& agent) { return flow_.ledgerCounts(agent); });
       res.set_content(metrics_.render(), "text/plain; version=0.0.4");
     });

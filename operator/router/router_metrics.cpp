@@ -8,6 +8,8 @@
 
 #include <sstream>
 
+#include "common/http/http_metrics.h"
+
 namespace tandem::router {
 namespace {
 
@@ -46,7 +48,9 @@ const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.0, 0.1, 0.2, 0.
 
 RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_removed_agents)
     : keep_errors_of_removed_agents_(keep_errors_of_removed_agents),
-      registry_(std::make_shared<prometheus::Registry>()) {
+      registry_(std::make_shared<prometheus::Registry>()),
+      http_front_(std::make_unique<server::HttpFrontMetrics>(
+          *registry_, std::map<std::string, std::string>{})) {
   auto histogram = [&](const char* name, const char* help,
                        const prometheus::Histogram::BucketBoundaries& buckets) {
     return &BuildHistogram().Name(name).Help(help).Register(*registry_).Add({}, buckets);
@@ -322,6 +326,11 @@ void RouterMetrics::observeTtftPrediction(double observed_s, double predicted_s)
   if (predicted_s <= 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   ttft_prediction_->Observe(observed_s / predicted_s);
+}
+
+void RouterMetrics::observeHttpFront(const server::HttpFrontStats& stats) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  http_front_->update(stats);
 }
 
 std::string RouterMetrics::render() {

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/http/http_limits.h"
+
 namespace prometheus {
 class Registry;
 class Counter;
@@ -20,6 +22,10 @@ class Histogram;
 template <typename T>
 class Family;
 }  // namespace prometheus
+
+namespace tandem::server {
+class HttpFrontMetrics;
+}  // namespace tandem::server
 
 namespace tandem::router {
 
@@ -62,6 +68,9 @@ class RouterMetrics {
   // prefill, decode (before the response headers), response.
   void countClientAbort(const std::string& stage);
   void setAdmission(int64_t inflight, int64_t queued);
+  // The HTTP front's connection series (common/http/http_metrics.h), as
+  // HttpService::frontStats() says now; call before render().
+  void observeHttpFront(const server::HttpFrontStats& stats);
   // How many agents of a role ("prefill", "decode") the router has.
   void setAgentCount(const std::string& role, int64_t count);
   // The agent left the router's list: its health and index series go away,
@@ -90,6 +99,7 @@ class RouterMetrics {
   // Removed agents' upstream-error series, by when they go.
   std::map<std::string, std::chrono::steady_clock::time_point> errors_to_drop_;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<server::HttpFrontMetrics> http_front_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* upstream_errors_;
   prometheus::Family<prometheus::Counter>* lends_;

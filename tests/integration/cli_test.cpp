@@ -210,8 +210,6 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
                                 "list\n");
 }
 
-// --device takes cpu, cuda or auto; cuda needs a CUDA build and a visible GPU,
-// and says which is missing.
 // The router's HTTP limits accept what the agent's flags of the same names
 // accept (one table, common/http/http_limits.h): a router with a 1-byte
 // header limit answered its own probes 431.
@@ -226,7 +224,8 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
            {"--max-header-bytes", "1", "1024 to 1048576"},
            {"--max-body-bytes", "0", "1024 to 4294967296"},
            {"--request-timeout", "7200", "1 to 3600"},
-           {"--max-large-requests", "2000", "1 to 1024"}}) {
+           {"--max-large-requests", "2000", "1 to 1024"},
+           {"--max-connections", "-1", "0 to 1048576"}}) {
     CommandResult refused = run(router + flag + " " + value);
     EXPECT_NE(refused.exit_code, 0) << flag;
     EXPECT_NE(refused.err.find(flag + ": Value " + value + " not in range " + range),
@@ -239,6 +238,8 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
   }
 }
 
+// --device takes cpu, cuda or auto; cuda needs a CUDA build and a visible GPU,
+// and says which is missing.
 TEST_F(CliTest, DeviceFlagNamesWhatIsAcceptedAndWhyCudaIsUnavailable) {
   const fs::path model = makeTinyModel("m", 4);
   const std::string serve =

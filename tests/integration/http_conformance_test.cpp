@@ -424,6 +424,56 @@ TEST(HttpConformance, ASlowHeaderStreamIsCutAtTheRequestTimeoutByBoth) {
   EXPECT_TRUE(eventually([&] { return router.healthy(); })) << router.stderrText();
 }
 
+// --max-connections on both: at the bound, a new connection (here a metrics
+// scrape) closes the connection idle longest, and the scrape already counts
+// it; the others stay open.
+TEST(HttpConformance, OverMaxConnectionsBothCloseTheConnectionIdleLongest) {
+  Agent agent({"--max-connections", "3"});
+  Agent behind_router;  // the router's polls are connections to it, not to `agent`
+  RouterProcess router(behind_router, {"--max-connections", "3"});
+  ASSERT_TRUE(eventually([&] { return router.healthy(); })) << router.stderrText();
+  for (const auto& [name, port] : {std::pair<std::string, int>{"agent", agent.port()},
+                                   std::pair<std::string, int>{"router", router.port()}}) {
+    auto scrape = [port = port] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(30, 0);
+      auto res = client.Get("/metrics");
+      return res && res->status == 200 ? res->body : std::string();
+    };
+    auto value = [](const std::string& text, const std::string& metric, const std::string& labels) {
+      return tandem::prometheusSample(text, metric, labels).value_or(-1);
+    };
+    // Only the scrape's own connection is open (earlier probes have closed).
+    std::string text;
+    ASSERT_TRUE(eventually([&] {
+      text = scrape();
+      return value(text, "tandem_http_connections", "state=\"active\"") == 1 &&
+             value(text, "tandem_http_connections", "state=\"idle\"") == 0;
+    })) << name
+        << ": " << text;
+    EXPECT_EQ(value(text, "tandem_http_max_connections", ""), 3) << name;
+    EXPECT_EQ(value(text, "tandem_http_connections_over_limit_total", "action=\"closed_idle\""), 0)
+        << name;
+    // Three keep-alive clients, answered once each, idle in this order.
+    std::vector<std::unique_ptr<RawConnection>> idle;
+    for (int i = 0; i < 3; ++i) {
+      idle.push_back(std::make_unique<RawConnection>(port));
+      ASSERT_TRUE(idle.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n")) << name;
+      ASSERT_TRUE(idle.back()->readResponse()) << name << " " << i;
+      // The server marks it idle once its answer is written, just after
+      // the client may have read it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    text = scrape();
+    EXPECT_EQ(value(text, "tandem_http_connections_over_limit_total", "action=\"closed_idle\""), 1)
+        << name << ": " << text;
+    EXPECT_EQ(value(text, "tandem_http_connections_over_limit_total", "action=\"refused\""), 0)
+        << name;
+    EXPECT_FALSE(idle[0]->readResponse(std::chrono::seconds(10))) << name << ": still open";
+    for (int i = 1; i < 3; ++i) EXPECT_TRUE(idle[i]->heldOpenByPeer()) << name << " " << i;
+  }
+}
+
 // /tokenize and /detokenize through the router are an agent's own answers;
 // the agents' KV transfer calls are not served by the router.
 TEST(HttpConformance, TheRouterForwardsTokenizeAndDetokenizeToAnAgent) {

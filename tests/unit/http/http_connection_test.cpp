@@ -140,6 +140,7 @@ class Service {
   }
   int port() const { return port_; }
   int64_t acceptErrors() const { return service_.acceptErrors(); }
+  HttpFrontStats frontStats() { return service_.frontStats(); }
   Gate& gate() { return gate_; }
   SlowWork& slow() { return slow_; }
   httplib::Client client() const {
@@ -349,6 +350,117 @@ TEST(HttpService, LargeRequestsBeyondTheLimitAreA503WithRetryAfterUntilOneEnds) 
     return true;
   }));
   EXPECT_EQ(again_body, large);
+}
+
+// One response from a keep-alive connection (Content-Length framed); "" when
+// the connection closes first or nothing comes within 10 s.
+std::string readResponse(int fd) {
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string text;
+  char buffer[4096];
+  for (;;) {
+    const size_t head_end = text.find("\r\n\r\n");
+    if (head_end != std::string::npos) {
+      const size_t field = text.find("Content-Length: ");
+      const size_t length = field < head_end ? std::stoul(text.substr(field + 16)) : 0;
+      if (text.size() >= head_end + 4 + length) return text;
+    }
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return "";
+    text.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+// The server closed `fd` (end of stream within 10 s, nothing else sent).
+bool closedByServer(int fd) {
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char byte;
+  return ::recv(fd, &byte, 1, 0) == 0;
+}
+
+constexpr const char* kNotFound = "GET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n";
+constexpr const char* kNotFoundThenClose =
+    "GET /nowhere HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+
+// At max_connections, a new connection closes the one that has waited
+// longest for a request, and the others stay; the newcomer is served.
+TEST(HttpService, OverTheConnectionBoundTheConnectionIdleLongestMakesRoom) {
+  HttpLimits limits;
+  limits.max_connections = 3;
+  Service service(limits);
+  ASSERT_EQ(service.frontStats().max_connections, 3);
+  std::vector<int> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(connectLoopback(service.port()));
+    ASSERT_TRUE(sendAll(clients.back(), kNotFound));
+    EXPECT_TRUE(readResponse(clients.back()).starts_with("HTTP/1.1 404")) << i;
+    // Idle in this order: the first longest.
+    ASSERT_TRUE(eventually([&] { return service.frontStats().idle_connections == i + 1; }));
+  }
+  const std::string answer = exchangeRaw(service.port(), kNotFoundThenClose);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 404")) << answer;
+  EXPECT_TRUE(closedByServer(clients[0]));
+  for (int i = 1; i < 3; ++i) {
+    ASSERT_TRUE(sendAll(clients[i], kNotFound)) << i;
+    EXPECT_TRUE(readResponse(clients[i]).starts_with("HTTP/1.1 404")) << i;
+  }
+  const HttpFrontStats stats = service.frontStats();
+  EXPECT_EQ(stats.idle_connections_closed, 1);
+  EXPECT_EQ(stats.connections_refused, 0);
+  for (int fd : clients) ::close(fd);
+}
+
+// At max_connections with every connection receiving or answering a
+// request, a new one is answered 503 + Retry-After before its request is
+// read, and closed; the busy ones are served.
+TEST(HttpService, OverTheConnectionBoundWithNoneIdleANewConnectionIsA503) {
+  HttpLimits limits;
+  limits.max_connections = 2;
+  Service service(limits);
+  std::vector<int> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.push_back(connectLoopback(service.port()));
+    ASSERT_TRUE(sendAll(busy.back(), "GET /nowhere HTTP/1.1\r\nHost"));  // a head not ended yet
+  }
+  ASSERT_TRUE(eventually([&] {
+    const HttpFrontStats stats = service.frontStats();
+    return stats.open_connections == 2 && stats.idle_connections == 0;
+  }));
+  const std::string refused = exchangeRaw(service.port(), kNotFoundThenClose);
+  ASSERT_TRUE(refused.starts_with("HTTP/1.1 503")) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1\r\n"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Connection: close\r\n"), std::string::npos) << refused;
+  const json error = json::parse(refused.substr(refused.find("\r\n\r\n") + 4))["error"];
+  EXPECT_EQ(error["type"], "service_unavailable");
+  EXPECT_NE(error["message"].get<std::string>().find(
+                "already has 2 connections open, its limit (max_connections)"),
+            std::string::npos)
+      << error;
+  HttpFrontStats stats = service.frontStats();
+  EXPECT_EQ(stats.connections_refused, 1);
+  EXPECT_EQ(stats.idle_connections_closed, 0);
+  EXPECT_EQ(stats.open_connections, 2);
+  for (int fd : busy) {
+    ASSERT_TRUE(sendAll(fd, ": t\r\n\r\n"));
+    EXPECT_TRUE(readResponse(fd).starts_with("HTTP/1.1 404"));
+    ::close(fd);
+  }
+  EXPECT_TRUE(exchangeRaw(service.port(), kNotFoundThenClose).starts_with("HTTP/1.1 404"));
+}
+
+// By default the bound is half the descriptor limit (which bind() raised to
+// the hard limit), at most 65,536.
+TEST(HttpService, TheDefaultConnectionBoundIsHalfTheDescriptorLimit) {
+  Service service;
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  const int64_t expected =
+      limit.rlim_cur == RLIM_INFINITY
+          ? kAutoMaxConnections
+          : std::min<int64_t>(kAutoMaxConnections, static_cast<int64_t>(limit.rlim_cur / 2));
+  EXPECT_EQ(service.frontStats().max_connections, expected);
 }
 
 TEST(HttpService, OffloadedWorkIsCancelledWhenItsClientLeaves) {
