@@ -521,7 +521,8 @@ TEST_F(HelmChartTest, DashboardConfigMapCarriesTheSidecarLabelAndThePanels) {
                                           "Router prefix overlap",
                                           "Router time to first token (client side)",
                                           "Router inter-token latency (client side)",
-                                          "Replicas desired vs ready"};
+                                          "Replicas desired vs ready",
+                                          "Client connections"};
   EXPECT_EQ(titles, expected);
 
   // The label, its value and the folder annotation are the user's.
@@ -607,9 +608,9 @@ TEST_F(HelmChartTest, PrometheusRuleOnlyWhenSwitchedOnWithTargetsFromValues) {
       alertRules(render({"--api-versions", "monitoring.coreos.com/v1"}));
   std::set<std::string> names;
   for (const auto& [name, rule] : rules) names.insert(name);
-  EXPECT_EQ(names,
-            (std::set<std::string>{"TandemTTFTHigh", "TandemITLHigh", "TandemKVTransferFailures",
-                                   "TandemPoolNoReadyAgent", "TandemOperatorNotLeading"}));
+  EXPECT_EQ(names, (std::set<std::string>{"TandemTTFTHigh", "TandemITLHigh",
+                                          "TandemKVTransferFailures", "TandemConnectionsRefused",
+                                          "TandemPoolNoReadyAgent", "TandemOperatorNotLeading"}));
   EXPECT_EQ(rules["TandemTTFTHigh"]["expr"],
             "histogram_quantile(0.95, sum by (namespace, pool, le) "
             "(rate(tandem_time_to_first_token_seconds_bucket{namespace=\"llm\", pool!=\"\"}[5m]))) "
@@ -620,6 +621,10 @@ TEST_F(HelmChartTest, PrometheusRuleOnlyWhenSwitchedOnWithTargetsFromValues) {
   EXPECT_NE(rules["TandemPoolNoReadyAgent"]["expr"].get<std::string>().find(
                 "tandem_operator_pool_replicas{namespace=\"llm\", state=\"ready\"}"),
             std::string::npos);
+  EXPECT_EQ(rules["TandemConnectionsRefused"]["expr"],
+            "sum by (namespace, pod) (increase(tandem_http_connections_over_limit_total"
+            "{namespace=\"llm\", action=\"refused\"}[5m])) > 0");
+  EXPECT_EQ(rules["TandemConnectionsRefused"]["labels"]["severity"], "warning");
   EXPECT_EQ(rules["TandemPoolNoReadyAgent"]["labels"]["severity"], "critical");
   EXPECT_NE(rules["TandemOperatorNotLeading"]["expr"].get<std::string>().find(
                 "absent(tandem_operator_is_leader{namespace=\"llm\"})"),
@@ -638,6 +643,7 @@ TEST_F(HelmChartTest, PrometheusRuleOnlyWhenSwitchedOnWithTargetsFromValues) {
     alerts:
       ttftHigh: {for: 1m, severity: page}
       kvTransferFailures: {for: 0s, severity: info, threshold: 10}
+      connectionsRefused: {for: 1m, severity: page, threshold: 3}
 )");
   rules = alertRules(render({"-f", values.string(), "--set", "rbac.scope=cluster"}));
   const std::string quantile =
@@ -658,6 +664,11 @@ TEST_F(HelmChartTest, PrometheusRuleOnlyWhenSwitchedOnWithTargetsFromValues) {
             "(increase(tandem_kv_transfer_failures_total{}[2m])) > 10");
   EXPECT_EQ(rules["TandemKVTransferFailures"]["for"], "0s");
   EXPECT_EQ(rules["TandemKVTransferFailures"]["labels"]["severity"], "info");
+  EXPECT_EQ(rules["TandemConnectionsRefused"]["expr"],
+            "sum by (namespace, pod) (increase(tandem_http_connections_over_limit_total"
+            "{action=\"refused\"}[2m])) > 3");
+  EXPECT_EQ(rules["TandemConnectionsRefused"]["for"], "1m");
+  EXPECT_EQ(rules["TandemConnectionsRefused"]["labels"]["severity"], "page");
   EXPECT_EQ(rules["TandemPoolNoReadyAgent"]["labels"]["team"], "serving");
 }
 

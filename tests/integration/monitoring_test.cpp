@@ -125,7 +125,7 @@ class MonitoringTest : public ::testing::Test {
     Subprocess check({promtool_, "check", "rules", path.string()}, dir_.path() / "promtool.err");
     const std::string out = check.readStdout(seconds(30));
     EXPECT_EQ(check.wait(seconds(5)), 0) << out << check.stderrText();
-    EXPECT_NE(out.find("SUCCESS: 5 rules found"), std::string::npos) << out;
+    EXPECT_NE(out.find("SUCCESS: 6 rules found"), std::string::npos) << out;
     return path;
   }
 
@@ -328,9 +328,9 @@ TEST_F(MonitoringTest, DashboardPanelsHaveDataAndAlertsEvaluate) {
 
   // Every rule of both files evaluates; TandemTTFTHigh fires for the prefill
   // pool under the tiny target only.
-  const std::set<std::string> alert_names = {"TandemTTFTHigh", "TandemITLHigh",
-                                             "TandemKVTransferFailures", "TandemPoolNoReadyAgent",
-                                             "TandemOperatorNotLeading"};
+  const std::set<std::string> alert_names = {
+      "TandemTTFTHigh",           "TandemITLHigh",          "TandemKVTransferFailures",
+      "TandemConnectionsRefused", "TandemPoolNoReadyAgent", "TandemOperatorNotLeading"};
   std::map<std::string, std::map<std::string, json>> rules_by_file;
   ASSERT_TRUE(eventually(
       [&] {
