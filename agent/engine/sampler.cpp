@@ -116,6 +116,24 @@ void Sampler::process(const SamplerInput& input) {
     }
   }
 
+  // vLLM's allowed_token_ids and bad_words: -inf, like the masks around
+  // them, so their place among the steps changes nothing.
+  if (!params.allowed_token_ids.empty()) {
+    auto allowed = params.allowed_token_ids.begin();
+    for (int64_t id = 0; id < vocab_size; ++id) {
+      while (allowed != params.allowed_token_ids.end() && *allowed < id) ++allowed;
+      if (allowed == params.allowed_token_ids.end() || *allowed != id) logits_[id] = kNegInf;
+    }
+  }
+  for (const std::vector<TokenId>& word : params.bad_words_ids) {
+    const size_t prefix = word.size() - 1;
+    if (prefix > input.output.size() || word.back() >= vocab_size) continue;
+    if (std::equal(word.begin(), word.end() - 1,
+                   input.output.end() - static_cast<ptrdiff_t>(prefix))) {
+      logits_[word.back()] = kNegInf;
+    }
+  }
+
   if (!input.allowed.empty()) {
     for (int64_t word = 0; word * 64 < vocab_size; ++word) {
       const uint64_t bits =
@@ -308,7 +326,8 @@ GeneratedToken Sampler::logprobsOf(std::span<const float> logits, TokenId token,
 bool samplesRawArgmax(const SamplingParams& params, bool masked) {
   return params.temperature < kGreedyTemperature && !masked && !params.logprobs &&
          params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
-         params.presence_penalty == 0.0f && params.logit_bias.empty();
+         params.presence_penalty == 0.0f && params.logit_bias.empty() &&
+         params.allowed_token_ids.empty() && params.bad_words_ids.empty();
 }
 
 GeneratedToken Sampler::sample(const SamplerInput& input) {

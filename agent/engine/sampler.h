@@ -9,8 +9,10 @@
 //      logit -= frequency_penalty * count + presence_penalty * (count > 0);
 //   4. while output.size() < min_tokens, the ids in `min_tokens_mask` (the
 //      caller's choice: stop_token_ids and, unless ignore_eos, the EOS ids)
-//      are set to -inf; so are the ids a structured output does not allow
-//      (`allowed`);
+//      are set to -inf; so are the ids outside allowed_token_ids, the last
+//      token of each of bad_words_ids whose other tokens end the output
+//      (vLLM's bad_words: the output only, not the prompt), and the ids a
+//      structured output does not allow (`allowed`);
 //   5. temperature < kGreedyTemperature (0 in practice): argmax, ties to the
 //      smallest id. Otherwise logits / temperature, then min-p (drop tokens
 //      whose probability is below min_p times the largest), top-k (exactly k
@@ -82,7 +84,8 @@ struct SamplerInput {
 
 // True when sample() would return exactly the argmax of the raw logits
 // (smallest id on a tie; 0 when no logit beats -inf, as Backend::argmaxRows)
-// and nothing else: greedy, no penalties, no logit_bias, no min_tokens mask
+// and nothing else: greedy, no penalties, no logit_bias, allowed_token_ids
+// or bad_words, no min_tokens mask
 // (`masked`), no logprobs. Such rows may take the argmax where the logits are computed.
 bool samplesRawArgmax(const SamplingParams& params, bool masked);
 

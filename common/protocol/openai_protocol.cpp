@@ -29,6 +29,10 @@ constexpr size_t kMaxStopStrings = 4;
 // Every sequence checks each sampled token against these: a bound keeps
 // that work small (vLLM sets none; a few dozen is the most seen in use).
 constexpr size_t kMaxStopTokenIds = 1024;
+// bad_words: every sampled token checks the output's end against each
+// word's tokens, so both are bounded.
+constexpr size_t kMaxBadWords = 128;
+constexpr size_t kMaxBadWordBytes = 1024;
 
 std::string jsonQuoted(std::string_view text) { return compactDump(json(std::string(text))); }
 
@@ -317,8 +321,101 @@ void askPromptLogprobs(FieldReader& fields, ParsedRequest& parsed, int64_t count
   asked = std::max<int32_t>(asked.value_or(0), static_cast<int32_t>(count));
 }
 
+// Python's str.lstrip(): leading characters for which str.isspace() holds
+// (ASCII whitespace, U+001C..U+001F, U+0085 and Unicode's space separators).
+std::string_view stripLeadingSpace(std::string_view text) {
+  static constexpr std::string_view kSpaces[] = {" ",
+                                                 "\t",
+                                                 "\n",
+                                                 "\v",
+                                                 "\f",
+                                                 "\r",
+                                                 "\x1c",
+                                                 "\x1d",
+                                                 "\x1e",
+                                                 "\x1f",
+                                                 "\xc2\x85",
+                                                 "\xc2\xa0",
+                                                 "\xe1\x9a\x80",
+                                                 "\xe2\x80\x80",
+                                                 "\xe2\x80\x81",
+                                                 "\xe2\x80\x82",
+                                                 "\xe2\x80\x83",
+                                                 "\xe2\x80\x84",
+                                                 "\xe2\x80\x85",
+                                                 "\xe2\x80\x86",
+                                                 "\xe2\x80\x87",
+                                                 "\xe2\x80\x88",
+                                                 "\xe2\x80\x89",
+                                                 "\xe2\x80\x8a",
+                                                 "\xe2\x80\xa8",
+                                                 "\xe2\x80\xa9",
+                                                 "\xe2\x80\xaf",
+                                                 "\xe2\x81\x9f",
+                                                 "\xe3\x80\x80"};
+  for (bool stripped = true; stripped && !text.empty();) {
+    stripped = false;
+    for (std::string_view space : kSpaces) {
+      if (text.starts_with(space)) {
+        text.remove_prefix(space.size());
+        stripped = true;
+        break;
+      }
+    }
+  }
+  return text;
+}
+
+// vLLM's bad_words: each word, leading whitespace stripped, as its tokens
+// without special tokens; and as the tokens of " " + word when that makes
+// as many tokens with another first one (the word met inside a text).
+void readBadWords(FieldReader& fields, const RequestJson& words, const Tokenizer& tokenizer,
+                  std::vector<std::vector<TokenId>>& out) {
+  if (!words.is_array()) {
+    fields.failType("bad_words", "an array of strings", words);
+    return;
+  }
+  if (words.size() > kMaxBadWords) {
+    fields.fail("bad_words must have at most " + std::to_string(kMaxBadWords) + " words, got " +
+                    std::to_string(words.size()),
+                "bad_words");
+    return;
+  }
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string name = "bad_words[" + std::to_string(i) + "]";
+    if (!words[i].is_string()) {
+      fields.failType(name, "a string", words[i]);
+      return;
+    }
+    const std::string_view word = stripLeadingSpace(words[i].get_ref<const std::string&>());
+    if (word.empty()) {
+      fields.fail(name + " must hold a word, not only whitespace", "bad_words");
+      return;
+    }
+    if (word.size() > kMaxBadWordBytes) {
+      fields.fail(name + " must be at most " + std::to_string(kMaxBadWordBytes) + " bytes, got " +
+                      std::to_string(word.size()),
+                  "bad_words");
+      return;
+    }
+    std::vector<TokenId> alone = tokenizer.encode(word, /*add_special_tokens=*/false);
+    if (alone.empty()) {
+      fields.fail(name + " makes no tokens", "bad_words");
+      return;
+    }
+    std::string spaced_word(1, ' ');
+    spaced_word.append(word);
+    std::vector<TokenId> spaced = tokenizer.encode(spaced_word, /*add_special_tokens=*/false);
+    const bool other_word =
+        !spaced.empty() && spaced[0] != alone[0] && spaced.size() == alone.size();
+    out.push_back(std::move(alone));
+    if (other_word) out.push_back(std::move(spaced));
+  }
+}
+
 // The fields shared by /v1/completions and /v1/chat/completions.
-void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedRequest& parsed) {
+void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tokenizer& tokenizer,
+                      ParsedRequest& parsed) {
   protocol::SamplingParams& sampling = parsed.request.sampling;
   limits.generation_defaults.applyTo(sampling);
   fields.readFloat("temperature", &sampling.temperature);
@@ -336,12 +433,35 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
   fields.readBool("ignore_eos", &sampling.ignore_eos);
   fields.readBool("skip_special_tokens", &sampling.skip_special_tokens);
   fields.readBool("include_stop_str_in_output", &sampling.include_stop_str_in_output);
-  // vLLM fields that would change the answer and are not implemented:
-  // refused, never ignored.
-  for (const char* unsupported : {"allowed_token_ids", "bad_words", "truncate_prompt_tokens"}) {
-    if (fields.find(unsupported) != nullptr) {
-      fields.fail(std::string(unsupported) + " is not supported; leave it out or send null",
-                  unsupported);
+  if (const RequestJson* ids = fields.find("allowed_token_ids")) {
+    if (!ids->is_array()) {
+      fields.failType("allowed_token_ids", "an array of token ids", *ids);
+    } else if (ids->empty()) {
+      fields.fail(
+          "allowed_token_ids must not be empty; leave it out or send null to allow every token",
+          "allowed_token_ids");
+    } else if (auto allowed = readTokenIds(fields, "allowed_token_ids", *ids, limits.vocab_size)) {
+      std::sort(allowed->begin(), allowed->end());
+      allowed->erase(std::unique(allowed->begin(), allowed->end()), allowed->end());
+      sampling.allowed_token_ids = std::move(*allowed);
+    }
+  }
+  if (const RequestJson* words = fields.find("bad_words")) {
+    readBadWords(fields, *words, tokenizer, sampling.bad_words_ids);
+  }
+  if (fields.readInt("truncate_prompt_tokens", -1, kInt64Max, &integer)) {
+    if (integer == 0) {
+      fields.fail(
+          "truncate_prompt_tokens must be -1 (keep the last max_model_len tokens) or at least 1, "
+          "got 0",
+          "truncate_prompt_tokens");
+    } else if (integer > limits.max_model_len) {
+      fields.fail("truncate_prompt_tokens (" + std::to_string(integer) +
+                      ") is greater than max_model_len (" + std::to_string(limits.max_model_len) +
+                      "); give at most that, or -1 for that",
+                  "truncate_prompt_tokens");
+    } else {
+      parsed.truncate_prompt_tokens = integer == -1 ? limits.max_model_len : integer;
     }
   }
 
@@ -406,13 +526,9 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, ParsedReq
     } else {
       FieldReader option_fields(*options, "stream_options.");
       option_fields.readBool("include_usage", &parsed.include_usage);
-      if (bool continuous = false;
-          option_fields.readBool("continuous_usage_stats", &continuous) && continuous) {
-        option_fields.fail(
-            "stream_options.continuous_usage_stats is not supported: usage comes in the last "
-            "chunk (include_usage); leave it out or send false",
-            "stream_options.continuous_usage_stats");
-      }
+      bool continuous = false;
+      option_fields.readBool("continuous_usage_stats", &continuous);
+      parsed.continuous_usage = continuous && parsed.include_usage;
       if (!option_fields.ok()) {
         fields.fail(option_fields.error().message, option_fields.error().param);
       }
@@ -619,6 +735,18 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
   return std::nullopt;
 }
 
+// truncate_prompt_tokens: the prompt's last tokens. Its text no longer
+// matches it, so an echo decodes the ids kept (vLLM echoes the text given).
+void truncatePrompt(ParsedRequest& parsed) {
+  std::vector<TokenId>& prompt = parsed.request.prompt;
+  if (!parsed.truncate_prompt_tokens ||
+      static_cast<int64_t>(prompt.size()) <= *parsed.truncate_prompt_tokens) {
+    return;
+  }
+  prompt.erase(prompt.begin(), prompt.end() - *parsed.truncate_prompt_tokens);
+  parsed.prompt_text.clear();
+}
+
 // The chat prompt: the model's template applied to the request's chat fields
 // (chat_request.h), object keys in the order sent, as templates see them.
 Result<std::string> renderMessages(const RequestJson& root, const ServerLimits& limits,
@@ -636,7 +764,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
     return *error;
   }
   FieldReader fields(root.value());
-  readCommonFields(fields, limits, parsed);
+  readCommonFields(fields, limits, tokenizer, parsed);
   // echo with max_tokens 0 scores the prompt (OpenAI's legacy completions,
   // which vLLM keeps): one token is computed and none reported.
   const RequestJson* max_tokens_field = fields.find("max_tokens");
@@ -685,6 +813,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
           readPrompt(fields, root.value(), limits, tokenizer, add_special_tokens, parsed)) {
     return *error;
   }
+  truncatePrompt(parsed);
   if (parsed.echo && parsed.request.resume_output.empty()) {
     parsed.echo_text = parsed.prompt_text.empty()
                            ? tokenizer.decode(parsed.request.prompt, /*skip_special_tokens=*/false)
@@ -729,7 +858,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
     return *error;
   }
   FieldReader fields(root.value());
-  readCommonFields(fields, limits, parsed);
+  readCommonFields(fields, limits, tokenizer, parsed);
   // max_completion_tokens replaced max_tokens in OpenAI's chat API; it wins
   // when both are given, as in vLLM.
   const char* max_tokens_name =
@@ -785,6 +914,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
     parsed.request.structured_output->after = "</think>";
   }
   parsed.request.prompt = tokenizer.encode(parsed.prompt_text, add_special_tokens);
+  truncatePrompt(parsed);
   if (auto error =
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
     return *error;

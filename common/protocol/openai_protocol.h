@@ -149,6 +149,12 @@ struct ParsedRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // stream_options.continuous_usage_stats with include_usage (as vLLM: it
+  // means nothing without): every chunk carries the usage so far.
+  bool continuous_usage = false;
+  // vLLM's truncate_prompt_tokens, resolved (-1 is max_model_len): the
+  // prompt was cut to its last this-many tokens. Unset: not cut.
+  std::optional<int64_t> truncate_prompt_tokens;
   // Choices to generate for the one prompt (OpenAI's n), each its own
   // engine request; with a seed, choice i samples with seed + i.
   int64_t n = 1;
@@ -208,6 +214,7 @@ struct ResponseMeta {
   bool chat = false;
   std::optional<int32_t> logprobs;
   bool include_usage = false;
+  bool continuous_usage = false;  // ParsedRequest::continuous_usage
   bool return_token_ids = false;
   bool skip_special_tokens = true;
   nlohmann::json kv_transfer_params;  // added to the final response when not null
@@ -283,7 +290,8 @@ struct StreamState {
 // "logprobs", "finish_reason"}]}. Chat: {"object": "chat.completion.chunk",
 // "choices": [{"index", "delta": {"role"?, "content"?}, "logprobs",
 // "finish_reason"}]}; the first chunk's delta has role "assistant". With
-// include_usage every chunk has "usage": null.
+// include_usage every chunk has "usage": null, or with continuous_usage the
+// usage so far (usageJson of the step).
 std::optional<ResponseJson> completionChunk(const ResponseMeta& meta,
                                             const protocol::RequestOutput& step,
                                             const Tokenizer& tokenizer, StreamState& state);

@@ -249,6 +249,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.chat = request.chat;
   meta.logprobs = request.request.sampling.logprobs;
   meta.include_usage = request.include_usage;
+  meta.continuous_usage = request.continuous_usage;
   meta.return_token_ids = request.return_token_ids;
   meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
   meta.kv_transfer_params = request.kv_transfer_params;
@@ -396,7 +397,7 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
                  {"stop_reason", stopReasonJson(step)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
-  if (meta.include_usage) chunk["usage"] = nullptr;
+  if (meta.include_usage) chunk["usage"] = meta.continuous_usage ? usageJson(step) : json(nullptr);
   return chunk;
 }
 
@@ -460,7 +461,7 @@ std::optional<json> chatCompletionChunk(const ResponseMeta& meta,
       {"stop_reason", stopReasonJson(step)}};
   if (meta.return_token_ids) choice["token_ids"] = tokenIdsJson(step.tokens);
   chunk["choices"] = json::array({std::move(choice)});
-  if (meta.include_usage) chunk["usage"] = nullptr;
+  if (meta.include_usage) chunk["usage"] = meta.continuous_usage ? usageJson(step) : json(nullptr);
   return chunk;
 }
 

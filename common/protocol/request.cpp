@@ -88,6 +88,21 @@ Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
                              formatNumber(bias) + " for token " + std::to_string(id));
     }
   }
+  for (TokenId id : params.allowed_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return invalidArgument("allowed_token_ids must be token ids in [0, " +
+                             std::to_string(vocab_size) + "), got " + std::to_string(id));
+    }
+  }
+  for (const std::vector<TokenId>& word : params.bad_words_ids) {
+    if (word.empty()) return invalidArgument("bad_words must not hold an empty word");
+    for (TokenId id : word) {
+      if (id < 0 || id >= vocab_size) {
+        return invalidArgument("bad_words must be made of token ids in [0, " +
+                               std::to_string(vocab_size) + "), got " + std::to_string(id));
+      }
+    }
+  }
   for (TokenId id : params.stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return invalidArgument("stop_token_ids must be token ids in [0, " +

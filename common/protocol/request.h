@@ -55,6 +55,13 @@ struct SamplingParams {
   // OpenAI's logit_bias: added to the token's logit before choosing (not to
   // the logits logprobs report); sorted by id, one entry per id.
   std::vector<std::pair<TokenId, float>> logit_bias;
+  // vLLM's allowed_token_ids: only these ids may be sampled (every other
+  // logit is -inf); sorted, distinct. Empty: all.
+  std::vector<TokenId> allowed_token_ids;
+  // vLLM's bad_words as token sequences: a sequence's last token is never
+  // sampled right after the output ends with the rest of it (a one-token
+  // sequence never). Each sequence has at least one id.
+  std::vector<std::vector<TokenId>> bad_words_ids;
   bool ignore_eos = false;
   bool skip_special_tokens = true;
 };

@@ -432,6 +432,26 @@ TEST_F(RouterTest, PromptLogprobsAndBestOfArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
 }
 
+// vLLM's allowed_token_ids, bad_words and truncate_prompt_tokens across the
+// hand-off (the router parses requests with the agents' parser, so its block
+// hashes are the truncated prompt's): the answer equals a colocated agent's.
+TEST_F(RouterTest, VllmsTokenFieldsCrossTheHandOffAsOnAColocatedAgent) {
+  start(1, 1);
+  Agent colocated;
+  json body = greedy(randomPrompt(90, 961), 6);
+  body["truncate_prompt_tokens"] = 70;
+  body["allowed_token_ids"] = {5, 9, 300, 301, 302, 400};
+  body["bad_words"] = {"the", "and"};
+  const json expected = colocated.post("/v1/completions", body);
+  ASSERT_EQ(expected["usage"]["prompt_tokens"], 70) << expected;
+  Answer answer = post(body);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "disaggregated");
+  EXPECT_EQ(answer.blocks_moved, 4);  // the 70 tokens' 4 whole blocks
+  EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
+  EXPECT_EQ(answer.body["usage"]["prompt_tokens"], 70);
+}
+
 TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   start(1, 1, Policy::kKv, /*disagg_threshold_tokens=*/64);
   Agent colocated;

@@ -63,6 +63,80 @@ TEST(Server, LogitBiasSteersGreedyDecoding) {
   EXPECT_EQ(error["error"]["param"], "logit_bias");
 }
 
+// The data events of a streamed answer, parsed ([DONE] left out).
+std::vector<json> streamedEvents(const Agent& agent, const json& body) {
+  auto res = agent.client()->Post("/v1/completions", body.dump(), "application/json");
+  std::vector<json> events;
+  if (!res) return events;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("data: {")) events.push_back(json::parse(line.substr(6)));
+  }
+  return events;
+}
+
+// vLLM's allowed_token_ids, bad_words, truncate_prompt_tokens and
+// stream_options.continuous_usage_stats over HTTP.
+TEST(Server, AllowedTokensBadWordsTruncationAndContinuousUsageAsVllm) {
+  Agent agent;
+  // allowed_token_ids: every token is one of them.
+  json body = greedy(randomPrompt(20, 43), 8);
+  body["allowed_token_ids"] = {300, 301, 302};
+  for (int id : tokenIds(agent.post("/v1/completions", body))) {
+    EXPECT_TRUE(id >= 300 && id <= 302) << id;
+  }
+
+  // bad_words: a one-token word a +100 bias would pick every step is never
+  // picked.
+  std::string word;
+  int word_id = -1;
+  for (const char* candidate : {"the", "a", "and", "of", "x"}) {
+    const json tokens =
+        agent.post("/tokenize", {{"prompt", candidate}, {"add_special_tokens", false}});
+    if (tokens["tokens"].size() == 1) {
+      word = candidate;
+      word_id = tokens["tokens"][0];
+      break;
+    }
+  }
+  ASSERT_GE(word_id, 0) << "no one-token word in this tokenizer";
+  body = greedy(randomPrompt(20, 44), 6);
+  body["logit_bias"] = {{std::to_string(word_id), 100}};
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", body)), std::vector<int>(6, word_id));
+  body["bad_words"] = {"  " + word};
+  const std::vector<int> without = tokenIds(agent.post("/v1/completions", body));
+  ASSERT_EQ(without.size(), 6u);
+  EXPECT_EQ(std::count(without.begin(), without.end(), word_id), 0) << word;
+
+  // truncate_prompt_tokens: the answer of the prompt's last 8 tokens.
+  const std::vector<int> prompt = randomPrompt(30, 45);
+  body = greedy(prompt, 6);
+  body["truncate_prompt_tokens"] = 8;
+  const json cut = agent.post("/v1/completions", body);
+  EXPECT_EQ(cut["usage"]["prompt_tokens"], 8) << cut;
+  const json last8 =
+      agent.post("/v1/completions", greedy(std::vector<int>(prompt.end() - 8, prompt.end()), 6));
+  EXPECT_EQ(tokenIds(cut), tokenIds(last8));
+
+  // continuous_usage_stats: every chunk counts the tokens so far.
+  body = greedy(prompt, 5);
+  body["stream"] = true;
+  body["return_token_ids"] = true;
+  body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  int64_t seen = 0;
+  const std::vector<json> events = streamedEvents(agent, body);
+  ASSERT_FALSE(events.empty());
+  for (const json& event : events) {
+    ASSERT_TRUE(event.contains("usage") && event["usage"].is_object()) << event;
+    EXPECT_EQ(event["usage"]["prompt_tokens"], 30) << event;
+    if (!event["choices"].empty()) seen += event["choices"][0]["token_ids"].size();
+    EXPECT_EQ(event["usage"]["completion_tokens"], seen) << event;
+    EXPECT_EQ(event["usage"]["total_tokens"], 30 + seen) << event;
+  }
+  EXPECT_EQ(seen, 5);
+  EXPECT_TRUE(events.back()["choices"].empty()) << "the last event is the usage chunk";
+}
+
 TEST(Server, PrefixCacheHitComputesOnlyTheRestAndMatchesAMiss) {
   Agent agent;
   std::vector<int> prefix = randomPrompt(160, 100);  // 10 blocks of 16

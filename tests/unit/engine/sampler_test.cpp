@@ -105,6 +105,58 @@ TEST(SamplerTest, LogitBiasMovesTheChoiceNotTheLogprobs) {
   EXPECT_EQ(drawCounts(logits, params, 500, 9)[1], 0);
 }
 
+// allowed_token_ids: only those ids are chosen, greedy or sampled; the
+// logprobs still report the model's distribution.
+TEST(SamplerTest, AllowedTokenIdsAreTheOnlyChoices) {
+  const std::vector<float> logits = {1.0f, 5.0f, 3.0f, 0.5f, 4.0f};
+  Sampler sampler;
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.allowed_token_ids = {0, 2, 3};
+  EXPECT_EQ(sampler.sample(makeInput(logits, params)).token, 2);
+  EXPECT_FALSE(samplesRawArgmax(params, false));
+  params.logprobs = 1;
+  const GeneratedToken chosen = sampler.sample(makeInput(logits, params));
+  EXPECT_NEAR(chosen.logprob, logSoftmax(logits)[2], 1e-6);
+  ASSERT_EQ(chosen.top.size(), 1u);
+  EXPECT_EQ(chosen.top[0].token, 1);
+  params = {};
+  params.allowed_token_ids = {3, 4};
+  const std::vector<int64_t> counts = drawCounts(logits, params, 500, 11);
+  EXPECT_EQ(counts[0] + counts[1] + counts[2], 0);
+  EXPECT_GT(counts[3], 0);
+  EXPECT_GT(counts[4], 0);
+}
+
+// bad_words: a word's last token is -inf right after the output ends with
+// the rest of it (a one-token word always); the prompt does not count.
+TEST(SamplerTest, BadWordsBanTheirLastTokenAfterTheRestOfTheWord) {
+  const std::vector<float> logits = {1.0f, 5.0f, 3.0f, 0.5f, 4.0f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.bad_words_ids = {{1}, {2, 3, 4}};
+  EXPECT_FALSE(samplesRawArgmax(params, false));
+  Sampler sampler;
+  auto processed = [&](const std::vector<TokenId>& prompt, const std::vector<TokenId>& output) {
+    SamplerInput input = makeInput(logits, params);
+    input.prompt = prompt;
+    input.output = output;
+    return sampler.processedLogits(input);
+  };
+  constexpr float kOff = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(processed({}, {}), (std::vector<float>{1.0f, kOff, 3.0f, 0.5f, 4.0f}));
+  // The prefix (2, 3) ends the output: 4 is banned; not when it ends the
+  // prompt, nor when only part of it ends the output.
+  EXPECT_EQ(processed({}, {0, 2, 3}), (std::vector<float>{1.0f, kOff, 3.0f, 0.5f, kOff}));
+  EXPECT_EQ(processed({2, 3}, {}), (std::vector<float>{1.0f, kOff, 3.0f, 0.5f, 4.0f}));
+  EXPECT_EQ(processed({2}, {3}), (std::vector<float>{1.0f, kOff, 3.0f, 0.5f, 4.0f}));
+  EXPECT_EQ(processed({}, {2, 3, 0}), (std::vector<float>{1.0f, kOff, 3.0f, 0.5f, 4.0f}));
+  SamplerInput input = makeInput(logits, params);
+  const std::vector<TokenId> output = {2, 3};
+  input.output = output;
+  EXPECT_EQ(sampler.sample(input).token, 2);
+}
+
 TEST(SamplerTest, TinyTemperatureBehavesLikeGreedy) {
   const std::vector<float> logits = {0.0f, 1.0f, 0.5f, 0.9f};
   Sampler sampler;

@@ -768,6 +768,66 @@ TEST_F(ProtocolTest, ForcedToolCallsAreConstrainedToTheParsersFormat) {
 
 // echo: the answer starts with the prompt's text, whole or streamed (the
 // first chunk), the token-id form decoded; a resumed stream does not repeat it.
+// vLLM's allowed_token_ids (sorted, distinct), bad_words (each word's tokens
+// alone, and after a space when that is another word of as many tokens) and
+// truncate_prompt_tokens (the prompt's last tokens; -1: max_model_len).
+TEST_F(ProtocolTest, AllowedTokenIdsBadWordsAndPromptTruncationAsVllmReadsThem) {
+  auto allowed = parseCompletionRequest(completion(R"("allowed_token_ids": [9, 3, 9, 0])"),
+                                        testLimits(), tokenizer());
+  ASSERT_TRUE(allowed.isOk()) << allowed.error().message;
+  EXPECT_EQ(allowed.value().request.sampling.allowed_token_ids, (std::vector<TokenId>{0, 3, 9}));
+
+  auto words = parseChatCompletionRequest(chat(R"("bad_words": ["  world", "Hello"])"),
+                                          testLimits(), tokenizer());
+  ASSERT_TRUE(words.isOk()) << words.error().message;
+  std::vector<std::vector<TokenId>> expected;
+  for (const std::string word : {"world", "Hello"}) {
+    const std::vector<TokenId> alone = tokenizer().encode(word);
+    const std::vector<TokenId> spaced = tokenizer().encode(" " + word);
+    expected.push_back(alone);
+    if (spaced.size() == alone.size() && spaced[0] != alone[0]) expected.push_back(spaced);
+  }
+  EXPECT_EQ(words.value().request.sampling.bad_words_ids, expected);
+  EXPECT_GT(expected.size(), 2u) << "no word of this tokenizer gets its spaced form";
+
+  const std::vector<TokenId> prompt = tokenizer().encode("Hello world, and more words here");
+  ASSERT_GT(prompt.size(), 4u);
+  const std::string ids = json(prompt).dump();
+  auto cut = parseCompletionRequest(
+      R"({"model": "tiny-model", "truncate_prompt_tokens": 4, "echo": true, "prompt": )" + ids +
+          "}",
+      testLimits(), tokenizer());
+  ASSERT_TRUE(cut.isOk()) << cut.error().message;
+  const std::vector<TokenId> last4(prompt.end() - 4, prompt.end());
+  EXPECT_EQ(cut.value().request.prompt, last4);
+  EXPECT_EQ(cut.value().echo_text, tokenizer().decode(last4, /*skip_special_tokens=*/false));
+  EXPECT_EQ(cut.value().request.sampling.max_tokens, kMaxModelLen - 4);
+  auto text = parseCompletionRequest(completion(R"("truncate_prompt_tokens": 1)"), testLimits(),
+                                     tokenizer());
+  ASSERT_TRUE(text.isOk()) << text.error().message;
+  EXPECT_EQ(text.value().request.prompt,
+            std::vector<TokenId>{tokenizer().encode("Hello world", true).back()});
+  // Shorter than the bound: whole; -1 is max_model_len, which leaves no room
+  // for a prompt of that length (the usual 400).
+  auto whole = parseChatCompletionRequest(chat(R"("truncate_prompt_tokens": 64)"), testLimits(),
+                                          tokenizer());
+  ASSERT_TRUE(whole.isOk()) << whole.error().message;
+  auto plain = parseChatCompletionRequest(chat(""), testLimits(), tokenizer());
+  EXPECT_EQ(whole.value().request.prompt, plain.value().request.prompt);
+  const std::string long_prompt = json(std::vector<TokenId>(80, 5)).dump();
+  auto full = parseCompletionRequest(
+      R"({"model": "tiny-model", "truncate_prompt_tokens": -1, "prompt": )" + long_prompt + "}",
+      testLimits(), tokenizer());
+  expectRefused(full, bad("", "prompt",
+                          "prompt is 64 tokens, but max_model_len is 64; at most 63 prompt tokens "
+                          "leave room for one generated token"));
+  auto fits = parseCompletionRequest(
+      R"({"model": "tiny-model", "truncate_prompt_tokens": 63, "prompt": )" + long_prompt + "}",
+      testLimits(), tokenizer());
+  ASSERT_TRUE(fits.isOk()) << fits.error().message;
+  EXPECT_EQ(fits.value().request.prompt, std::vector<TokenId>(63, 5));
+}
+
 TEST_F(ProtocolTest, EchoPutsThePromptBeforeTheOutput) {
   auto text = parseCompletionRequest(completion(R"("echo": true)"), testLimits(), tokenizer());
   ASSERT_TRUE(text.isOk()) << text.error().message;
@@ -1229,16 +1289,28 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chat(R"("logprobs": 1)"), "logprobs", "logprobs must be a boolean, got number"),
       bad(chat(R"("top_logprobs": 2)"), "top_logprobs",
           "top_logprobs requires logprobs to be true"),
-      bad(chat(R"("allowed_token_ids": [1, 2])"), "allowed_token_ids",
-          "allowed_token_ids is not supported; leave it out or send null"),
-      bad(chat(R"("bad_words": ["x"])"), "bad_words",
-          "bad_words is not supported; leave it out or send null"),
-      bad(chat(R"("truncate_prompt_tokens": 5)"), "truncate_prompt_tokens",
-          "truncate_prompt_tokens is not supported; leave it out or send null"),
-      bad(chat(R"("stream": true, "stream_options": {"continuous_usage_stats": true})"),
-          "stream_options.continuous_usage_stats",
-          "stream_options.continuous_usage_stats is not supported: usage comes in the last "
-          "chunk (include_usage); leave it out or send false"),
+      bad(chat(R"("allowed_token_ids": [])"), "allowed_token_ids",
+          "allowed_token_ids must not be empty; leave it out or send null to allow every token"),
+      bad(chat(R"("allowed_token_ids": 3)"), "allowed_token_ids",
+          "allowed_token_ids must be an array of token ids, got number"),
+      bad(chat(R"("allowed_token_ids": [1, 512])"), "allowed_token_ids[1]",
+          "allowed_token_ids[1] must be a token id between 0 and 511, got 512"),
+      bad(chat(R"("bad_words": "x")"), "bad_words",
+          "bad_words must be an array of strings, got string"),
+      bad(chat(R"("bad_words": ["x", 5])"), "bad_words[1]",
+          "bad_words[1] must be a string, got number"),
+      bad(chat(R"("bad_words": [" \t\u3000"])"), "bad_words",
+          "bad_words[0] must hold a word, not only whitespace"),
+      bad(chat(R"("bad_words": [")" + std::string(1025, 'a') + R"("])"), "bad_words",
+          "bad_words[0] must be at most 1024 bytes, got 1025"),
+      bad(chat(R"("truncate_prompt_tokens": 0)"), "truncate_prompt_tokens",
+          "truncate_prompt_tokens must be -1 (keep the last max_model_len tokens) or at least 1, "
+          "got 0"),
+      bad(chat(R"("truncate_prompt_tokens": -2)"), "truncate_prompt_tokens",
+          "truncate_prompt_tokens must be at least -1, got -2"),
+      bad(chat(R"("truncate_prompt_tokens": 65)"), "truncate_prompt_tokens",
+          "truncate_prompt_tokens (65) is greater than max_model_len (64); give at most that, or "
+          "-1 for that"),
       bad(chat(R"("logprobs": false, "top_logprobs": 1)"), "top_logprobs",
           "top_logprobs requires logprobs to be true"),
       bad(chat(R"("logprobs": true, "top_logprobs": 6)"), "top_logprobs",
@@ -1937,6 +2009,47 @@ TEST_F(ResponseTest, UsageChunk) {
       "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
       "prompt_tokens_details": {"cached_tokens": 8}}})"));
   EXPECT_EQ(usageChunk(meta(false, std::nullopt), last)["object"], "text_completion");
+}
+
+// stream_options.continuous_usage_stats (with include_usage, as vLLM reads
+// it): every chunk carries the usage so far, in both APIs.
+TEST_F(ResponseTest, ContinuousUsageStatsPutTheUsageSoFarInEveryChunk) {
+  const std::string options = R"("stream": true, "stream_options": {"include_usage": true,
+      "continuous_usage_stats": true})";
+  auto parsed = parseChatCompletionRequest(
+      R"({"model": "tiny-model", "messages": [{"role": "user", "content": "Hi"}], )" + options +
+          "}",
+      testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  EXPECT_TRUE(parsed.value().continuous_usage);
+  auto without_usage = parseCompletionRequest(
+      R"({"model": "tiny-model", "prompt": "Hi", "stream": true,
+          "stream_options": {"continuous_usage_stats": true}})",
+      testLimits(), tokenizer());
+  ASSERT_TRUE(without_usage.isOk()) << without_usage.error().message;
+  EXPECT_FALSE(without_usage.value().continuous_usage);
+  EXPECT_FALSE(without_usage.value().include_usage);
+
+  engine::RequestOutput step;
+  step.num_prompt_tokens = 10;
+  step.num_cached_tokens = 8;
+  step.num_generated_tokens = 3;
+  step.tokens = {token(tokenizer().encode("caf")[0], 0.0f)};
+  step.text = "c";
+  const json usage = json::parse(R"({"prompt_tokens": 10, "completion_tokens": 3,
+      "total_tokens": 13, "prompt_tokens_details": {"cached_tokens": 8}})");
+  for (const bool chat : {true, false}) {
+    ResponseMeta m = makeResponseMeta(parsed.value(), "req-1", 1);
+    m.chat = chat;
+    StreamState state;
+    auto chunk = streamChunk(m, step, tokenizer(), state);
+    ASSERT_TRUE(chunk.has_value());
+    EXPECT_EQ(json::parse(chunk->dump())["usage"], usage) << chat;
+    m.continuous_usage = false;
+    chunk = streamChunk(m, step, tokenizer(), state);
+    ASSERT_TRUE(chunk.has_value());
+    EXPECT_TRUE((*chunk)["usage"].is_null()) << chat;
+  }
 }
 
 TEST(Sse, FramingBytes) {
