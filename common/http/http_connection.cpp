@@ -74,6 +74,9 @@ constexpr std::chrono::seconds kLingerTimeout{2};
 // Connections over HttpLimits::max_connections answered 503 at once; more
 // are closed without an answer.
 constexpr int kMaxRefusing = 64;
+// At the connection bound, only connections idle this long are closed to
+// make room: one accepted or answered just now may have a request on the way.
+constexpr std::chrono::seconds kIdleBeforeClosing{1};
 
 // A body over the large-body threshold, or of a length not known yet.
 bool isLarge(const http::request_parser<http::string_body>& parser, const HttpLimits& limits) {
@@ -220,13 +223,15 @@ class LargeRequest {
 
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  HttpConnection(HttpService& service, tcp::socket socket)
+  // `over_bound`: accepted over HttpLimits::max_connections with none idle
+  // to close (session() serves only the paths exempt from the bound).
+  HttpConnection(HttpService& service, tcp::socket socket, bool over_bound)
       : service_(service),
         strand_(socket.get_executor()),
         socket_(std::move(socket)),
         deadline_(strand_),
         signal_(strand_),
-        idle_since_(idleTicks()) {}
+        over_bound_(over_bound) {}
 
   ~HttpConnection() {
     if (waker_) waker_->disable();
@@ -235,14 +240,17 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   using Strand = asio::strand<asio::any_io_executor>;
   const Strand& strand() const { return strand_; }
 
+  bool overBound() const { return over_bound_; }
+  // Over the bound, its request was one of the paths served there.
+  bool servedOverBound() const { return served_over_bound_; }
+
   // Steady-clock ticks since this connection began waiting for a request
-  // with nothing buffered (a new one: since it was accepted); 0 while it is
-  // receiving or answering one.
+  // with nothing buffered; 0 while it is receiving or answering one.
   int64_t idleSince() const { return idle_since_.load(std::memory_order_relaxed); }
 
   // Closes the connection from any thread if, once on its strand, it is
-  // still waiting for a request and nothing of one has arrived; a request
-  // that got there first is served.
+  // still waiting for a request and nothing of one has arrived (a request
+  // that got there first is served); counts it as closed for room.
   void closeIfIdle() {
     closing_idle_.store(true);
     asio::post(strand_, [self = shared_from_this()] {
@@ -252,25 +260,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         return;
       }
       self->socket_.close(ec);
+      self->service_.countIdleClosed();
     });
   }
   // closeIfIdle() was called and has not found the connection busy.
   bool closingIdle() const { return closing_idle_.load(); }
-
-  // A connection over HttpLimits::max_connections with none idle to close:
-  // answered 503 before any request is read, then closed.
-  awaitable<void> refuse() {
-    HttpResponse response = httpErrorResponse(
-        503,
-        "the server already has " + std::to_string(service_.maxConnections()) +
-            " connections open, its limit (max_connections), and none is idle; retry later",
-        "service_unavailable");
-    response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-    const bool written = co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
-    if (written) co_await lingeringClose();
-    boost::system::error_code ignored;
-    socket_.close(ignored);
-  }
 
   // Closes the socket from any thread; the session then ends.
   void close() {
@@ -288,17 +282,36 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
       parser.body_limit(limits.max_body_bytes);
       boost::system::error_code ec;
+      // Over the bound, the request's head must come at once.
+      const std::chrono::seconds head_timeout =
+          over_bound_ ? kLingerTimeout : limits.request_timeout;
       if (buffer_.size() == 0) {
-        arm(limits.idle_timeout);
-        idle_since_.store(idleTicks(), std::memory_order_relaxed);
+        arm(over_bound_ ? kLingerTimeout : limits.idle_timeout);
+        if (!over_bound_) setIdle(true);
         co_await socket_.async_wait(tcp::socket::wait_read,
                                     asio::redirect_error(use_awaitable, ec));
-        idle_since_.store(0, std::memory_order_relaxed);
+        setIdle(false);
         if (ec) break;
       }
-      arm(limits.request_timeout);
+      arm(head_timeout);
       co_await http::async_read_header(socket_, buffer_, parser,
                                        asio::redirect_error(use_awaitable, ec));
+      if (!ec && over_bound_)
+        served_over_bound_ = service_.servedOverBound(std::string(parser.get().target()));
+      if (!ec && over_bound_ && !served_over_bound_) {
+        // Answered before its body is read, as a large request over its bound.
+        disarm();
+        HttpResponse response = httpErrorResponse(
+            503,
+            "the server already has " + std::to_string(service_.maxConnections()) +
+                " connections open, its limit (max_connections), and none is idle; retry later",
+            "service_unavailable");
+        response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
+        const bool written = co_await write(std::move(response), /*keep_alive=*/false,
+                                            /*head=*/false);
+        if (written) co_await lingeringClose();
+        break;
+      }
       LargeRequest large(service_);
       if (!ec && !parser.is_done() && isLarge(parser, limits) && !large.enter()) {
         // Refused before its body is read (or, with Expect: 100-continue,
@@ -385,12 +398,14 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         if (!written) break;
       }
       co_await stopWatch();
-      if (exchange.broken_ || client_gone_ || !keep_alive_ || (exchange.started_ && !chunk_done_)) {
+      if (exchange.broken_ || client_gone_ || !keep_alive_ || over_bound_ ||
+          (exchange.started_ && !chunk_done_)) {
         break;
       }
       chunk_done_ = false;
     }
     disarm();
+    setIdle(false);
     co_await stopWatch();
     boost::system::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
@@ -522,9 +537,14 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     Strand strand_;
   };
 
-  // Now, as idle_since_ holds it (never 0).
-  static int64_t idleTicks() {
-    return std::max<int64_t>(1, Clock::now().time_since_epoch().count());
+  // Marks the connection waiting for a request, or not, here and in the
+  // service's list of idle connections (HttpService::closeIdlest).
+  void setIdle(bool idle) {
+    const int64_t since = idle_since_.load(std::memory_order_relaxed);
+    if (idle == (since != 0)) return;
+    const int64_t now = idle ? std::max<int64_t>(1, Clock::now().time_since_epoch().count()) : 0;
+    idle_since_.store(now, std::memory_order_relaxed);
+    service_.setIdle(this, idle ? now : since, idle);
   }
 
   // Closes the socket when the deadline passes (the pending operation then
@@ -600,6 +620,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool chunk_done_ = false;
   std::atomic<int64_t> idle_since_{0};  // read by the accept loop (closeIdlest)
   std::atomic<bool> closing_idle_{false};
+  const bool over_bound_;
+  bool served_over_bound_ = false;
 };
 
 // ---------------------------------------------------------------------------
@@ -858,31 +880,28 @@ awaitable<void> HttpService::acceptLoop() {
       co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
       continue;
     }
-    if (open_connections_.load() >= max_connections_.load() && !closeIdlest()) {
-      // Over the bound with every connection in use: answered 503 and
-      // closed, or, while kMaxRefusing are still being answered, closed at
-      // once, so that a flood of connections costs few descriptors.
-      const int64_t refused = connections_refused_.fetch_add(1);
-      if (refused % 100 == 0) {
-        TANDEM_LOG(kWarn) << "http: " << open_connections_.load()
-                          << " connections open, the limit (max_connections " << max_connections_
-                          << "), none idle: refusing new ones with 503 (said once per 100)";
-      }
+    // At the bound, the connection idle longest makes room; with none idle
+    // (or already kMaxRefusing over it) the new one is over the bound: it
+    // is served only a probe, a scrape or a KV transfer call, others get
+    // 503. While kMaxRefusing are being answered, more are closed at once,
+    // so that a flood of connections costs few descriptors.
+    const int64_t open = open_connections_.load();
+    const int64_t bound = max_connections_.load();
+    const bool over_bound = open >= bound && (open >= bound + kMaxRefusing || !closeIdlest());
+    if (over_bound) {
       if (refusing_.load() >= kMaxRefusing) {
         socket.close(ec);
+        countRefused();
         continue;
       }
       refusing_ += 1;
-      auto connection = std::make_shared<HttpConnection>(*this, std::move(socket));
-      asio::co_spawn(connection->strand(), refuseConnection(connection), asio::detached);
-      continue;
     }
-    auto connection = std::make_shared<HttpConnection>(*this, std::move(socket));
-    {
+    auto connection = std::make_shared<HttpConnection>(*this, std::move(socket), over_bound);
+    if (!over_bound) {
       std::lock_guard<std::mutex> lock(connections_mutex_);
       connections_[connection.get()] = connection;
+      open_connections_ += 1;
     }
-    open_connections_ += 1;
     asio::co_spawn(connection->strand(), runConnection(connection), asio::detached);
   }
 }
@@ -890,8 +909,8 @@ awaitable<void> HttpService::acceptLoop() {
 HttpFrontStats HttpService::frontStats() {
   int64_t idle = 0;
   {
-    std::lock_guard<std::mutex> lock(connections_mutex_);
-    for (const auto& entry : connections_) idle += entry.first->idleSince() != 0 ? 1 : 0;
+    std::lock_guard<std::mutex> lock(idle_mutex_);
+    idle = static_cast<int64_t>(idle_.size());
   }
   return {.open_connections = open_connections_.load(),
           .idle_connections = idle,
@@ -900,50 +919,92 @@ HttpFrontStats HttpService::frontStats() {
           .connections_refused = connections_refused_.load()};
 }
 
-bool HttpService::closeIdlest() {
-  std::shared_ptr<HttpConnection> idlest;
-  int64_t since = 0;
-  {
-    std::lock_guard<std::mutex> lock(connections_mutex_);
-    // An entry is erased (forget) before its connection can be destroyed.
-    for (const auto& [raw, weak] : connections_) {
-      const int64_t idle = raw->idleSince();
-      if (idle == 0 || raw->closingIdle() || (idlest && idle >= since)) continue;
-      if (auto connection = weak.lock()) {
-        idlest = std::move(connection);
-        since = idle;
-      }
-    }
+void HttpService::setIdle(HttpConnection* connection, int64_t since, bool idle) {
+  std::lock_guard<std::mutex> lock(idle_mutex_);
+  if (idle) {
+    idle_.emplace(since, connection);
+  } else {
+    idle_.erase({since, connection});
   }
-  if (!idlest) return false;
-  idlest->closeIfIdle();
+}
+
+void HttpService::countRefused() {
+  if (connections_refused_.fetch_add(1) % 100 == 0) {
+    TANDEM_LOG(kWarn) << "http: " << open_connections_.load()
+                      << " connections open, the limit (max_connections " << max_connections_
+                      << "), none idle for a second: refusing new ones with 503 (said once per "
+                         "100)";
+  }
+}
+
+void HttpService::countIdleClosed() {
   if (idle_closed_.fetch_add(1) % 100 == 0) {
     TANDEM_LOG(kInfo) << "http: " << open_connections_.load()
                       << " connections open, the limit (max_connections " << max_connections_
-                      << "): closing the one idle longest for a new one (said once per 100)";
+                      << "): closed the one idle longest for a new one (said once per 100)";
   }
-  return true;
 }
 
-awaitable<void> HttpService::refuseConnection(std::shared_ptr<HttpConnection> connection) {
-  try {
-    co_await connection->refuse();
-  } catch (const std::exception& e) {
-    TANDEM_LOG(kError) << "http connection: " << e.what();
+bool HttpService::servedOverBound(const std::string& target) const {
+  static const std::vector<std::string> kServed =
+      parseApiKeyExemptPaths(kDefaultApiKeyExemptPaths, "");
+  const std::string_view path = std::string_view(target).substr(0, target.find('?'));
+  return std::any_of(kServed.begin(), kServed.end(), [&](const std::string& served) {
+    return served.ends_with('/') ? path.starts_with(served) : path == served;
+  });
+}
+
+bool HttpService::closeIdlest() {
+  // Idle since before this: a connection that has just been accepted or
+  // answered may have its next request on the way.
+  const int64_t latest = (Clock::now() - kIdleBeforeClosing).time_since_epoch().count();
+  std::vector<HttpConnection*> candidates;
+  {
+    std::lock_guard<std::mutex> lock(idle_mutex_);
+    for (const auto& [since, raw] : idle_) {
+      if (since > latest || candidates.size() >= 8) break;
+      candidates.push_back(raw);
+    }
   }
-  refusing_ -= 1;
+  for (HttpConnection* raw : candidates) {
+    std::shared_ptr<HttpConnection> connection;
+    {
+      // Found by address only: an entry may be gone by now.
+      std::lock_guard<std::mutex> lock(connections_mutex_);
+      const auto it = connections_.find(raw);
+      if (it != connections_.end()) connection = it->second.lock();
+    }
+    if (connection == nullptr || connection->closingIdle()) continue;
+    connection->closeIfIdle();
+    return true;
+  }
+  return false;
 }
 
 awaitable<void> HttpService::runConnection(std::shared_ptr<HttpConnection> connection) {
+  // Whatever ends the session (an exception of any kind, the io context
+  // destroyed at shutdown), the connection leaves the service's books.
+  struct Leave {
+    HttpService& service;
+    HttpConnection* connection;
+    ~Leave() {
+      if (connection->overBound()) {
+        service.refusing_ -= 1;
+        if (!connection->servedOverBound()) service.countRefused();
+      } else {
+        service.forget(connection);
+      }
+    }
+  } leave{*this, connection.get()};
   try {
     co_await connection->session();
   } catch (const std::exception& e) {
     TANDEM_LOG(kError) << "http connection: " << e.what();
   }
-  forget(connection.get());
 }
 
 void HttpService::forget(HttpConnection* connection) {
+  if (const int64_t since = connection->idleSince(); since != 0) setIdle(connection, since, false);
   std::lock_guard<std::mutex> lock(connections_mutex_);
   connections_.erase(connection);
   open_connections_ -= 1;

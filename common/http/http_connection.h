@@ -25,9 +25,12 @@
 //
 // Connections: at most HttpLimits::max_connections are open at once (by
 // default half the descriptor limit, at most 65,536). One more closes the
-// connection that has waited longest between requests (a keep-alive client
-// reconnects, as after the idle timeout) or, with none idle, is answered 503
-// with Retry-After and closed.
+// connection that has waited longest for a request, if for a second at
+// least (a keep-alive client reconnects, as after the idle timeout), or,
+// with none such, is over the bound: its request head must come within 2 s,
+// and only probes, metrics scrapes and KV transfer calls are served to it
+// (one request); others get 503 with Retry-After, and the connection
+// closes. At most 64 are over the bound at once; more are closed at once.
 //
 // Large bodies: at most HttpLimits::max_large_requests requests whose body
 // is over large_body_bytes (or of unknown length) are read and handled at
@@ -51,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -304,7 +308,7 @@ class HttpService {
   // automatic one once bind() has raised the descriptor limit).
   int64_t maxConnections() const { return max_connections_.load(); }
   // Connections over that bound: idle ones closed to make room, new ones
-  // answered 503 because none was idle.
+  // not served (answered 503, or closed) because none was idle.
   int64_t idleConnectionsClosed() const { return idle_closed_.load(); }
   int64_t connectionsRefused() const { return connections_refused_.load(); }
   // Counts idle connections: O(open connections), for a metrics scrape.
@@ -335,11 +339,18 @@ class HttpService {
   boost::asio::awaitable<void> acceptLoop();
   boost::asio::awaitable<void> dispatch(HttpExchange& exchange);
   boost::asio::awaitable<void> runConnection(std::shared_ptr<HttpConnection> connection);
-  // At max_connections: closes the connection idle longest and admits the
-  // new one (true), or finds none idle (false). Holds connections_mutex_.
+  // At max_connections: asks the connection idle longest (for at least a
+  // second) to close, making room for the new one (true), or finds none
+  // (false).
   bool closeIdlest();
-  // Answers a connection over the bound 503 and closes it.
-  boost::asio::awaitable<void> refuseConnection(std::shared_ptr<HttpConnection> connection);
+  // A connection's entry in idle_ (HttpConnection::setIdle).
+  void setIdle(HttpConnection* connection, int64_t since, bool idle);
+  void countIdleClosed();
+  void countRefused();
+  // Paths served to a connection over the bound (probes, metrics scrapes,
+  // KV transfer calls between agents: kDefaultApiKeyExemptPaths); others
+  // get 503.
+  bool servedOverBound(const std::string& target) const;
   std::string nextRequestId();
   void forget(HttpConnection* connection);
 
@@ -360,7 +371,11 @@ class HttpService {
   std::atomic<int64_t> max_connections_;
   std::atomic<int64_t> idle_closed_{0};
   std::atomic<int64_t> connections_refused_{0};
-  std::atomic<int> refusing_{0};  // refused connections still being answered
+  std::atomic<int> refusing_{0};  // connections over the bound still open
+  std::mutex idle_mutex_;
+  // Connections waiting for a request, by the steady-clock ticks they began
+  // waiting at: the first is the one idle longest.
+  std::set<std::pair<int64_t, HttpConnection*>> idle_;
   std::atomic<uint64_t> next_request_{1};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> accepting_stopped_{false};

@@ -385,7 +385,8 @@ constexpr const char* kNotFoundThenClose =
     "GET /nowhere HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
 
 // At max_connections, a new connection closes the one that has waited
-// longest for a request, and the others stay; the newcomer is served.
+// longest for a request (a second at least), and the others stay; the
+// newcomer is served.
 TEST(HttpService, OverTheConnectionBoundTheConnectionIdleLongestMakesRoom) {
   HttpLimits limits;
   limits.max_connections = 3;
@@ -399,6 +400,12 @@ TEST(HttpService, OverTheConnectionBoundTheConnectionIdleLongestMakesRoom) {
     // Idle in this order: the first longest.
     ASSERT_TRUE(eventually([&] { return service.frontStats().idle_connections == i + 1; }));
   }
+  // Idle for less than a second, none is closed: the newcomer is over the
+  // bound (a 503), and the three stay.
+  const std::string early = exchangeRaw(service.port(), kNotFoundThenClose);
+  EXPECT_TRUE(early.starts_with("HTTP/1.1 503")) << early;
+  EXPECT_EQ(service.frontStats().idle_connections_closed, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   const std::string answer = exchangeRaw(service.port(), kNotFoundThenClose);
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 404")) << answer;
   EXPECT_TRUE(closedByServer(clients[0]));
@@ -408,13 +415,14 @@ TEST(HttpService, OverTheConnectionBoundTheConnectionIdleLongestMakesRoom) {
   }
   const HttpFrontStats stats = service.frontStats();
   EXPECT_EQ(stats.idle_connections_closed, 1);
-  EXPECT_EQ(stats.connections_refused, 0);
+  EXPECT_EQ(stats.connections_refused, 1);
   for (int fd : clients) ::close(fd);
 }
 
 // At max_connections with every connection receiving or answering a
-// request, a new one is answered 503 + Retry-After before its request is
-// read, and closed; the busy ones are served.
+// request, a new one is answered 503 + Retry-After before its request's
+// body is read, and closed, unless it asks for a path a probe, a scrape or
+// a KV transfer call uses; the busy ones are served.
 TEST(HttpService, OverTheConnectionBoundWithNoneIdleANewConnectionIsA503) {
   HttpLimits limits;
   limits.max_connections = 2;
@@ -438,6 +446,13 @@ TEST(HttpService, OverTheConnectionBoundWithNoneIdleANewConnectionIsA503) {
                 "already has 2 connections open, its limit (max_connections)"),
             std::string::npos)
       << error;
+  // A probe's path is served (this service has no /health route: a 404).
+  const std::string probe = exchangeRaw(service.port(), "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_TRUE(probe.starts_with("HTTP/1.1 404")) << probe;
+  const std::string transfer =
+      exchangeRaw(service.port(),
+                  "POST /v1/kv_transfer/x?a=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_TRUE(transfer.starts_with("HTTP/1.1 404")) << transfer;
   HttpFrontStats stats = service.frontStats();
   EXPECT_EQ(stats.connections_refused, 1);
   EXPECT_EQ(stats.idle_connections_closed, 0);
