@@ -465,6 +465,71 @@ TEST(HttpService, OverTheConnectionBoundWithNoneIdleANewConnectionIsA503) {
   EXPECT_TRUE(exchangeRaw(service.port(), kNotFoundThenClose).starts_with("HTTP/1.1 404"));
 }
 
+// A connection whose request is being answered is never closed for room,
+// however long it has waited; only an idle one is.
+TEST(HttpService, AtTheConnectionBoundAConnectionBeingAnsweredIsNeverClosed) {
+  HttpLimits limits;
+  limits.max_connections = 2;
+  Service service(limits);
+  int held_status = 0;
+  std::thread holder([&] {
+    auto held = service.client().Post("/hold", "x", "text/plain");
+    held_status = held ? held->status : -1;
+  });
+  struct Release {
+    Service& service;
+    std::thread& thread;
+    ~Release() {
+      service.gate().open();
+      if (thread.joinable()) thread.join();
+    }
+  } release{service, holder};
+  ASSERT_TRUE(eventually([&] { return service.gate().entered() == 1; }));
+  const int idle = connectLoopback(service.port());
+  ASSERT_TRUE(sendAll(idle, kNotFound));
+  EXPECT_TRUE(readResponse(idle).starts_with("HTTP/1.1 404"));
+  ASSERT_TRUE(eventually([&] { return service.frontStats().idle_connections == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_TRUE(exchangeRaw(service.port(), kNotFoundThenClose).starts_with("HTTP/1.1 404"));
+  EXPECT_TRUE(closedByServer(idle));
+  ::close(idle);
+  // Both waited over a second; the one being answered stayed.
+  service.gate().open();
+  holder.join();
+  EXPECT_EQ(held_status, 200);
+  EXPECT_EQ(service.frontStats().idle_connections_closed, 1);
+}
+
+// A flood over the bound: at most 64 connections wait for their head (2 s),
+// the rest are closed at once; all are counted, none is left open, and
+// afterwards a connection over the bound is answered again.
+TEST(HttpService, AFloodOverTheConnectionBoundIsCountedClosedAndForgotten) {
+  HttpLimits limits;
+  limits.max_connections = 1;
+  Service service(limits);
+  const int busy = connectLoopback(service.port());
+  ASSERT_TRUE(sendAll(busy, "GET /nowhere HTTP/1.1\r\nHost"));
+  ASSERT_TRUE(eventually([&] {
+    const HttpFrontStats stats = service.frontStats();
+    return stats.open_connections == 1 && stats.idle_connections == 0;
+  }));
+  std::vector<int> flood;
+  for (int i = 0; i < 80; ++i) flood.push_back(connectLoopback(service.port()));
+  EXPECT_TRUE(eventually([&] { return service.frontStats().connections_refused == 80; }))
+      << service.frontStats().connections_refused;
+  EXPECT_EQ(service.frontStats().open_connections, 1);
+  int closed = 0;
+  for (int fd : flood) {
+    closed += closedByServer(fd) ? 1 : 0;
+    ::close(fd);
+  }
+  EXPECT_EQ(closed, 80);
+  EXPECT_TRUE(exchangeRaw(service.port(), kNotFoundThenClose).starts_with("HTTP/1.1 503"));
+  ASSERT_TRUE(sendAll(busy, ": t\r\n\r\n"));
+  EXPECT_TRUE(readResponse(busy).starts_with("HTTP/1.1 404"));
+  ::close(busy);
+}
+
 // By default the bound is half the descriptor limit (which bind() raised to
 // the hard limit), at most 65,536.
 TEST(HttpService, TheDefaultConnectionBoundIsHalfTheDescriptorLimit) {
