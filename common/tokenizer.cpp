@@ -410,6 +410,19 @@ std::unique_ptr<Tokenizer> Tokenizer::fromDirectory(const std::filesystem::path&
   return tokenizer;
 }
 
+std::vector<TokenId> Tokenizer::encodeLast(std::string_view text, bool add_special_tokens,
+                                           int64_t max_ids, bool* cut) const {
+  std::vector<TokenId> ids = encode(text, /*add_special_tokens=*/false);
+  std::vector<TokenId> added;
+  if (add_special_tokens) impl_->post_processor.apply(added);
+  const int64_t keep = std::max<int64_t>(0, max_ids - static_cast<int64_t>(added.size()));
+  const bool cutting = static_cast<int64_t>(ids.size()) > keep;
+  if (cutting) ids.erase(ids.begin(), ids.end() - keep);
+  if (cut != nullptr) *cut = cutting;
+  if (add_special_tokens) impl_->post_processor.apply(ids);
+  return ids;
+}
+
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   const Impl& impl = *impl_;
   // The regex engine needs valid UTF-8; anything else is read the way

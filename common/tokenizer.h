@@ -44,6 +44,13 @@ class Tokenizer {
   // Input that is not valid UTF-8 is read with U+FFFD in place of the bad
   // bytes.
   std::vector<TokenId> encode(std::string_view text, bool add_special_tokens = false) const;
+  // encode() cut to at most `max_ids` ids from the left, as transformers'
+  // truncation with truncation_side "left" cuts (vLLM's
+  // truncate_prompt_tokens): the ids add_special_tokens adds stay (a BOS
+  // still leads), the text's first ids go. `cut` (optional) says whether
+  // any went.
+  std::vector<TokenId> encodeLast(std::string_view text, bool add_special_tokens, int64_t max_ids,
+                                  bool* cut = nullptr) const;
   // Concatenated text of the ids; special tokens are kept unless skipped.
   // Byte sequences that are not valid UTF-8 come out as U+FFFD. Ids outside
   // the vocabulary are skipped.

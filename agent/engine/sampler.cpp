@@ -119,11 +119,13 @@ void Sampler::process(const SamplerInput& input) {
   // vLLM's allowed_token_ids and bad_words: -inf, like the masks around
   // them, so their place among the steps changes nothing.
   if (!params.allowed_token_ids.empty()) {
-    auto allowed = params.allowed_token_ids.begin();
-    for (int64_t id = 0; id < vocab_size; ++id) {
-      while (allowed != params.allowed_token_ids.end() && *allowed < id) ++allowed;
-      if (allowed == params.allowed_token_ids.end() || *allowed != id) logits_[id] = kNegInf;
+    kept_.clear();
+    for (TokenId id : params.allowed_token_ids) {
+      if (id < vocab_size) kept_.push_back(logits_[id]);
     }
+    std::fill(logits_.begin(), logits_.end(), kNegInf);
+    // Sorted ids: those kept are the first kept_.size().
+    for (size_t i = 0; i < kept_.size(); ++i) logits_[params.allowed_token_ids[i]] = kept_[i];
   }
   for (const std::vector<TokenId>& word : params.bad_words_ids) {
     const size_t prefix = word.size() - 1;
@@ -344,8 +346,18 @@ GeneratedToken Sampler::sample(const SamplerInput& input) {
   }
   if (token < 0) {
     // Masking or NaN left nothing to choose from: better the model's own
-    // favourite than an arbitrary id.
+    // favourite than an arbitrary id, among allowed_token_ids when given
+    // (a hard bound; the other masks give way).
     token = std::max<TokenId>(argmaxFinite(input.logits), 0);
+    if (!params.allowed_token_ids.empty()) {
+      token = params.allowed_token_ids.front();
+      for (TokenId id : params.allowed_token_ids) {
+        if (id < static_cast<TokenId>(input.logits.size()) &&
+            sanitized(input.logits[id]) > sanitized(input.logits[token])) {
+          token = id;
+        }
+      }
+    }
   }
 
   GeneratedToken result;

@@ -39,8 +39,8 @@
 //
 // A Sampler keeps scratch buffers between calls, so it is not thread-safe:
 // use one per thread. It is cheap to build. Logits containing NaN are treated
-// as -inf; if masking leaves no finite logit, the mask is ignored and the
-// argmax of the raw logits is returned.
+// as -inf; if masking leaves no finite logit, the masks are ignored and the
+// argmax of the raw logits is returned, among allowed_token_ids when given.
 #pragma once
 
 #include <cstdint>
@@ -116,7 +116,9 @@ class Sampler {
   std::vector<uint8_t> in_history_;     // per id; all zero between calls
   std::vector<TokenId> touched_;
   std::vector<TokenId> candidates_;
-  std::vector<float> weights_;  // exp((logit - max) / temperature), up to a common factor
+  std::vector<float> weights_;
+  std::vector<float> kept_;  // allowed_token_ids' logits while the row is masked  // exp((logit -
+                             // max) / temperature), up to a common factor
 };
 
 }  // namespace tandem::engine

@@ -249,22 +249,17 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   int64_t idleSince() const { return idle_since_.load(std::memory_order_relaxed); }
 
   // Closes the connection from any thread if, once on its strand, it is
-  // still waiting for a request and nothing of one has arrived (a request
-  // that got there first is served); counts it as closed for room.
-  void closeIfIdle() {
-    closing_idle_.store(true);
-    asio::post(strand_, [self = shared_from_this()] {
+  // still in the wait for a request that began at `since` (not a later one)
+  // and nothing of one has arrived (a request that got there first is
+  // served); counts it as closed for room.
+  void closeIfIdle(int64_t since) {
+    asio::post(strand_, [self = shared_from_this(), since] {
       boost::system::error_code ec;
-      if (self->idleSince() == 0 || self->socket_.available(ec) > 0 || ec) {
-        self->closing_idle_.store(false);
-        return;
-      }
+      if (self->idleSince() != since || self->socket_.available(ec) > 0 || ec) return;
       self->socket_.close(ec);
       self->service_.countIdleClosed();
     });
   }
-  // closeIfIdle() was called and has not found the connection busy.
-  bool closingIdle() const { return closing_idle_.load(); }
 
   // Closes the socket from any thread; the session then ends.
   void close() {
@@ -296,37 +291,26 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       arm(head_timeout);
       co_await http::async_read_header(socket_, buffer_, parser,
                                        asio::redirect_error(use_awaitable, ec));
-      if (!ec && over_bound_)
+      if (!ec && over_bound_) {
         served_over_bound_ = service_.servedOverBound(std::string(parser.get().target()));
-      if (!ec && over_bound_ && !served_over_bound_) {
-        // Answered before its body is read, as a large request over its bound.
-        disarm();
-        HttpResponse response = httpErrorResponse(
-            503,
-            "the server already has " + std::to_string(service_.maxConnections()) +
-                " connections open, its limit (max_connections), and none is idle; retry later",
-            "service_unavailable");
-        response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-        const bool written = co_await write(std::move(response), /*keep_alive=*/false,
-                                            /*head=*/false);
-        if (written) co_await lingeringClose();
-        break;
+        if (!served_over_bound_) {
+          std::string message = "the server already has " +
+                                std::to_string(service_.maxConnections()) +
+                                " connections open, its limit (max_connections), and none is "
+                                "idle; retry later";
+          co_await refuseBeforeBody(std::move(message));
+          break;
+        }
+        // Served like any request (then closed, as its answer says).
+        arm(limits.request_timeout);
       }
       LargeRequest large(service_);
       if (!ec && !parser.is_done() && isLarge(parser, limits) && !large.enter()) {
-        // Refused before its body is read (or, with Expect: 100-continue,
-        // sent): the body never costs memory.
-        disarm();
-        HttpResponse response = httpErrorResponse(
-            503,
+        std::string message =
             "the server is already handling " + std::to_string(limits.max_large_requests) +
-                " requests with bodies over " + std::to_string(limits.large_body_bytes) +
-                " bytes (or of unknown length), its limit; retry later",
-            "service_unavailable");
-        response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-        const bool written = co_await write(std::move(response), /*keep_alive=*/false,
-                                            /*head=*/false);
-        if (written) co_await lingeringClose();
+            " requests with bodies over " + std::to_string(limits.large_body_bytes) +
+            " bytes (or of unknown length), its limit; retry later";
+        co_await refuseBeforeBody(std::move(message));
         break;
       }
       if (!ec && !parser.is_done() &&
@@ -371,7 +355,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
           given.find_first_not_of(kRequestIdChars) == std::string::npos) {
         request.id = given + "-" + request.id;
       }
-      keep_alive_ = message.keep_alive();
+      keep_alive_ = message.keep_alive() && !over_bound_;
       head_ = message.method() == http::verb::head;
       http10_ = message.version() < 11;
 
@@ -410,6 +394,17 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     boost::system::error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
+  }
+
+  // A 503 (`message`) for a request refused before its body is read (or,
+  // with Expect: 100-continue, sent): the body never costs memory. The
+  // connection is closed after it.
+  awaitable<void> refuseBeforeBody(std::string message) {
+    disarm();
+    HttpResponse response = httpErrorResponse(503, message, "service_unavailable");
+    response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
+    const bool written = co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
+    if (written) co_await lingeringClose();
   }
 
   // After answering a request whose rest was not read: the answer is sent,
@@ -619,7 +614,6 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool http10_ = false;  // the request's version is HTTP/1.0
   bool chunk_done_ = false;
   std::atomic<int64_t> idle_since_{0};  // read by the accept loop (closeIdlest)
-  std::atomic<bool> closing_idle_{false};
   const bool over_bound_;
   bool served_over_bound_ = false;
 };
@@ -897,10 +891,11 @@ awaitable<void> HttpService::acceptLoop() {
       refusing_ += 1;
     }
     auto connection = std::make_shared<HttpConnection>(*this, std::move(socket), over_bound);
-    if (!over_bound) {
+    {
+      // Over the bound too, so that stop() closes it.
       std::lock_guard<std::mutex> lock(connections_mutex_);
       connections_[connection.get()] = connection;
-      open_connections_ += 1;
+      if (!over_bound) open_connections_ += 1;
     }
     asio::co_spawn(connection->strand(), runConnection(connection), asio::detached);
   }
@@ -946,8 +941,11 @@ void HttpService::countIdleClosed() {
 }
 
 bool HttpService::servedOverBound(const std::string& target) const {
-  static const std::vector<std::string> kServed =
-      parseApiKeyExemptPaths(kDefaultApiKeyExemptPaths, "");
+  // Probes and scrapes (a pod at its bound is not restarted nor unseen), and
+  // the calls between agents and routers (KV transfers and releases, the
+  // router's KV event streams and model reads).
+  static const std::vector<std::string> kServed = {"/health", "/metrics", "/v1/models",
+                                                   "/v1/kv_events", "/v1/kv_transfer/"};
   const std::string_view path = std::string_view(target).substr(0, target.find('?'));
   return std::any_of(kServed.begin(), kServed.end(), [&](const std::string& served) {
     return served.ends_with('/') ? path.starts_with(served) : path == served;
@@ -958,24 +956,25 @@ bool HttpService::closeIdlest() {
   // Idle since before this: a connection that has just been accepted or
   // answered may have its next request on the way.
   const int64_t latest = (Clock::now() - kIdleBeforeClosing).time_since_epoch().count();
-  std::vector<HttpConnection*> candidates;
-  {
-    std::lock_guard<std::mutex> lock(idle_mutex_);
-    for (const auto& [since, raw] : idle_) {
-      if (since > latest || candidates.size() >= 8) break;
-      candidates.push_back(raw);
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::pair<int64_t, HttpConnection*> idlest;
+    {
+      // Taken off the list: the next accept asks another one.
+      std::lock_guard<std::mutex> lock(idle_mutex_);
+      if (idle_.empty() || idle_.begin()->first > latest) return false;
+      idlest = *idle_.begin();
+      idle_.erase(idle_.begin());
     }
-  }
-  for (HttpConnection* raw : candidates) {
     std::shared_ptr<HttpConnection> connection;
     {
-      // Found by address only: an entry may be gone by now.
+      // Found by address only: the entry's connection may be gone by now
+      // and its address reused (closeIfIdle then finds another wait).
       std::lock_guard<std::mutex> lock(connections_mutex_);
-      const auto it = connections_.find(raw);
+      const auto it = connections_.find(idlest.second);
       if (it != connections_.end()) connection = it->second.lock();
     }
-    if (connection == nullptr || connection->closingIdle()) continue;
-    connection->closeIfIdle();
+    if (connection == nullptr) continue;
+    connection->closeIfIdle(idlest.first);
     return true;
   }
   return false;
@@ -987,14 +986,7 @@ awaitable<void> HttpService::runConnection(std::shared_ptr<HttpConnection> conne
   struct Leave {
     HttpService& service;
     HttpConnection* connection;
-    ~Leave() {
-      if (connection->overBound()) {
-        service.refusing_ -= 1;
-        if (!connection->servedOverBound()) service.countRefused();
-      } else {
-        service.forget(connection);
-      }
-    }
+    ~Leave() { service.forget(connection); }
   } leave{*this, connection.get()};
   try {
     co_await connection->session();
@@ -1005,9 +997,16 @@ awaitable<void> HttpService::runConnection(std::shared_ptr<HttpConnection> conne
 
 void HttpService::forget(HttpConnection* connection) {
   if (const int64_t since = connection->idleSince(); since != 0) setIdle(connection, since, false);
-  std::lock_guard<std::mutex> lock(connections_mutex_);
-  connections_.erase(connection);
-  open_connections_ -= 1;
+  {
+    std::lock_guard<std::mutex> lock(connections_mutex_);
+    connections_.erase(connection);
+  }
+  if (!connection->overBound()) {
+    open_connections_ -= 1;
+    return;
+  }
+  refusing_ -= 1;
+  if (!connection->servedOverBound()) countRefused();
 }
 
 namespace {

@@ -28,9 +28,11 @@
 // connection that has waited longest for a request, if for a second at
 // least (a keep-alive client reconnects, as after the idle timeout), or,
 // with none such, is over the bound: its request head must come within 2 s,
-// and only probes, metrics scrapes and KV transfer calls are served to it
-// (one request); others get 503 with Retry-After, and the connection
-// closes. At most 64 are over the bound at once; more are closed at once.
+// and only probes, metrics scrapes and the calls between agents and routers
+// (KV transfers, KV events, models) are served to it (one request, answered
+// with Connection: close); others get 503 with Retry-After, and the
+// connection closes. At most 64 are over the bound at once; more are closed
+// at once.
 //
 // Large bodies: at most HttpLimits::max_large_requests requests whose body
 // is over large_body_bytes (or of unknown length) are read and handled at
@@ -348,8 +350,7 @@ class HttpService {
   void countIdleClosed();
   void countRefused();
   // Paths served to a connection over the bound (probes, metrics scrapes,
-  // KV transfer calls between agents: kDefaultApiKeyExemptPaths); others
-  // get 503.
+  // the calls between agents and routers); others get 503.
   bool servedOverBound(const std::string& target) const;
   std::string nextRequestId();
   void forget(HttpConnection* connection);

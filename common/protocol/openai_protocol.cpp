@@ -449,6 +449,18 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
   if (const RequestJson* words = fields.find("bad_words")) {
     readBadWords(fields, *words, tokenizer, sampling.bad_words_ids);
   }
+  if (!sampling.allowed_token_ids.empty() &&
+      std::all_of(sampling.allowed_token_ids.begin(), sampling.allowed_token_ids.end(),
+                  [&](TokenId id) {
+                    return std::any_of(
+                        sampling.bad_words_ids.begin(), sampling.bad_words_ids.end(),
+                        [&](const std::vector<TokenId>& word) { return word == std::vector{id}; });
+                  })) {
+    fields.fail(
+        "allowed_token_ids holds only tokens that bad_words bans (one-token words): nothing "
+        "could be generated",
+        "allowed_token_ids");
+  }
   if (fields.readInt("truncate_prompt_tokens", -1, kInt64Max, &integer)) {
     if (integer == 0) {
       fields.fail(
@@ -688,6 +700,19 @@ std::optional<ApiError> checkTextFits(std::string_view text, const ServerLimits&
                         param);
 }
 
+// The ids of parsed.prompt_text: encoded whole or, with
+// truncate_prompt_tokens, cut from the left as transformers cuts (the
+// special tokens stay). A cut prompt's text no longer matches it: an echo
+// decodes the ids kept (vLLM echoes the text given).
+void encodePrompt(ParsedRequest& parsed, const Tokenizer& tokenizer, bool add_special_tokens) {
+  bool cut = false;
+  parsed.request.prompt = parsed.truncate_prompt_tokens
+                              ? tokenizer.encodeLast(parsed.prompt_text, add_special_tokens,
+                                                     *parsed.truncate_prompt_tokens, &cut)
+                              : tokenizer.encode(parsed.prompt_text, add_special_tokens);
+  if (cut) parsed.prompt_text.clear();
+}
+
 // The prompt field of /v1/completions: a string, token ids, or an array of
 // exactly one of these.
 std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
@@ -721,7 +746,7 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
     if (text.empty()) return invalidRequest("prompt must not be empty", "prompt");
     if (auto error = checkTextFits(text, limits, tokenizer, name, name)) return error;
     parsed.prompt_text = text;
-    parsed.request.prompt = tokenizer.encode(text, add_special_tokens);
+    encodePrompt(parsed, tokenizer, add_special_tokens);
     return std::nullopt;
   }
   if (!prompt->is_array()) {
@@ -731,20 +756,13 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
   if (prompt->empty()) return invalidRequest("prompt must not be empty", "prompt");
   auto ids = readTokenIds(fields, name, *prompt, limits.vocab_size);
   if (!ids) return fields.error();
+  // Token ids are cut as given (vLLM's too).
+  if (parsed.truncate_prompt_tokens &&
+      static_cast<int64_t>(ids->size()) > *parsed.truncate_prompt_tokens) {
+    ids->erase(ids->begin(), ids->end() - *parsed.truncate_prompt_tokens);
+  }
   parsed.request.prompt = std::move(*ids);
   return std::nullopt;
-}
-
-// truncate_prompt_tokens: the prompt's last tokens. Its text no longer
-// matches it, so an echo decodes the ids kept (vLLM echoes the text given).
-void truncatePrompt(ParsedRequest& parsed) {
-  std::vector<TokenId>& prompt = parsed.request.prompt;
-  if (!parsed.truncate_prompt_tokens ||
-      static_cast<int64_t>(prompt.size()) <= *parsed.truncate_prompt_tokens) {
-    return;
-  }
-  prompt.erase(prompt.begin(), prompt.end() - *parsed.truncate_prompt_tokens);
-  parsed.prompt_text.clear();
 }
 
 // The chat prompt: the model's template applied to the request's chat fields
@@ -813,7 +831,6 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
           readPrompt(fields, root.value(), limits, tokenizer, add_special_tokens, parsed)) {
     return *error;
   }
-  truncatePrompt(parsed);
   if (parsed.echo && parsed.request.resume_output.empty()) {
     parsed.echo_text = parsed.prompt_text.empty()
                            ? tokenizer.decode(parsed.request.prompt, /*skip_special_tokens=*/false)
@@ -913,8 +930,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
       parsed.chat_output->reasoning_parser && !parsed.chat_output->reasoning_ended_in_prompt) {
     parsed.request.structured_output->after = "</think>";
   }
-  parsed.request.prompt = tokenizer.encode(parsed.prompt_text, add_special_tokens);
-  truncatePrompt(parsed);
+  encodePrompt(parsed, tokenizer, add_special_tokens);
   if (auto error =
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
     return *error;

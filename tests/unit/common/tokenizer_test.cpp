@@ -441,6 +441,27 @@ TEST_P(SmallTokenizerTest, MergesApplyInRankOrder) {
   EXPECT_EQ(tok->decode(std::vector<TokenId>{13, 18}), "hello world");
 }
 
+// encodeLast cuts from the left as transformers' truncation with
+// truncation_side "left" does: the template's <s> and </s> stay, the text's
+// first ids go.
+TEST_P(SmallTokenizerTest, EncodeLastKeepsTheSpecialTokensAndTheTextsLastIds) {
+  TempDir dir;
+  auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));
+  const std::string text = "hello world ello";
+  const std::vector<TokenId> whole = tok->encode(text);
+  ASSERT_EQ(whole, (std::vector<TokenId>{13, 18, 6, 3, 11, 5}));
+  bool cut = true;
+  EXPECT_EQ(tok->encodeLast(text, /*add_special_tokens=*/true, 10, &cut),
+            tok->encode(text, /*add_special_tokens=*/true));
+  EXPECT_FALSE(cut);
+  EXPECT_EQ(tok->encodeLast(text, true, 5, &cut), (std::vector<TokenId>{0, 3, 11, 5, 1}));
+  EXPECT_TRUE(cut);
+  EXPECT_EQ(tok->encodeLast(text, false, 3, &cut), (std::vector<TokenId>{3, 11, 5}));
+  EXPECT_TRUE(cut);
+  // No room for the text: the special tokens alone.
+  EXPECT_EQ(tok->encodeLast(text, true, 1), (std::vector<TokenId>{0, 1}));
+}
+
 TEST_P(SmallTokenizerTest, AddedTokensAreMatchedBeforePreTokenization) {
   TempDir dir;
   auto tok = Tokenizer::fromFile(dir.write("tokenizer.json", smallTokenizer(GetParam()).dump()));

@@ -120,6 +120,12 @@ TEST(SamplerTest, AllowedTokenIdsAreTheOnlyChoices) {
   EXPECT_NEAR(chosen.logprob, logSoftmax(logits)[2], 1e-6);
   ASSERT_EQ(chosen.top.size(), 1u);
   EXPECT_EQ(chosen.top[0].token, 1);
+  // A mask that leaves nothing gives way, except allowed_token_ids.
+  params = {};
+  params.temperature = 0.0f;
+  params.allowed_token_ids = {0, 3};
+  params.bad_words_ids = {{0}, {3}};
+  EXPECT_EQ(sampler.sample(makeInput(logits, params)).token, 0);
   params = {};
   params.allowed_token_ids = {3, 4};
   const std::vector<int64_t> counts = drawCounts(logits, params, 500, 11);

@@ -449,6 +449,7 @@ TEST(HttpService, OverTheConnectionBoundWithNoneIdleANewConnectionIsA503) {
   // A probe's path is served (this service has no /health route: a 404).
   const std::string probe = exchangeRaw(service.port(), "GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
   EXPECT_TRUE(probe.starts_with("HTTP/1.1 404")) << probe;
+  EXPECT_NE(probe.find("Connection: close\r\n"), std::string::npos) << probe;
   const std::string transfer =
       exchangeRaw(service.port(),
                   "POST /v1/kv_transfer/x?a=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n");

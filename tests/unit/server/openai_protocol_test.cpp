@@ -1295,6 +1295,11 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
           "allowed_token_ids must be an array of token ids, got number"),
       bad(chat(R"("allowed_token_ids": [1, 512])"), "allowed_token_ids[1]",
           "allowed_token_ids[1] must be a token id between 0 and 511, got 512"),
+      bad(chat(R"("allowed_token_ids": [)" + std::to_string(tokenizer().encode("x").at(0)) +
+               R"(], "bad_words": ["x"])"),
+          "allowed_token_ids",
+          "allowed_token_ids holds only tokens that bad_words bans (one-token words): nothing "
+          "could be generated"),
       bad(chat(R"("bad_words": "x")"), "bad_words",
           "bad_words must be an array of strings, got string"),
       bad(chat(R"("bad_words": ["x", 5])"), "bad_words[1]",
