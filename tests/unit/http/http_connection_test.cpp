@@ -157,6 +157,32 @@ class Service {
   std::thread thread_;
 };
 
+// A POST /hold on a thread of its own, held at the service's gate until the
+// test opens it (finish(), or whatever ends the test first).
+class HeldRequest {
+ public:
+  HeldRequest(Service& service, std::string body) : service_(service) {
+    thread_ = std::thread([this, body = std::move(body)] {
+      auto res = service_.client().Post("/hold", body, "text/plain");
+      status = res ? res->status : -1;
+      if (res) this->body = res->body;
+    });
+  }
+  ~HeldRequest() { finish(); }
+  // Opens the gate and waits for the answer.
+  void finish() {
+    service_.gate().open();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int status = 0;
+  std::string body;
+
+ private:
+  Service& service_;
+  std::thread thread_;
+};
+
 void expectCleanInternalError(const httplib::Result& res) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 500);
@@ -302,22 +328,7 @@ TEST(HttpService, LargeRequestsBeyondTheLimitAreA503WithRetryAfterUntilOneEnds) 
   limits.max_large_requests = 1;
   Service service(limits);
   const std::string large(2000, 'x');
-  int held_status = 0;
-  std::string held_body;
-  std::thread holder([&] {
-    auto held = service.client().Post("/hold", large, "text/plain");
-    if (!held) return;
-    held_status = held->status;
-    held_body = held->body;
-  });
-  struct Release {  // whatever fails below, the holder ends
-    Service& service;
-    std::thread& thread;
-    ~Release() {
-      service.gate().open();
-      if (thread.joinable()) thread.join();
-    }
-  } release{service, holder};
+  HeldRequest held(service, large);
   ASSERT_TRUE(eventually([&] { return service.gate().entered() == 1; }));
 
   // A second large body is refused before it is read; small ones pass.
@@ -335,10 +346,9 @@ TEST(HttpService, LargeRequestsBeyondTheLimitAreA503WithRetryAfterUntilOneEnds) 
   EXPECT_EQ(small->status, 200);
   EXPECT_EQ(small->body, "small");
 
-  service.gate().open();
-  holder.join();
-  EXPECT_EQ(held_status, 200);
-  EXPECT_EQ(held_body, "2000");
+  held.finish();
+  EXPECT_EQ(held.status, 200);
+  EXPECT_EQ(held.body, "2000");
   // The slot comes back once the answer is written (the server lets it go
   // after the last byte, which the client may read first): a large body is
   // then served again.
@@ -472,19 +482,7 @@ TEST(HttpService, AtTheConnectionBoundAConnectionBeingAnsweredIsNeverClosed) {
   HttpLimits limits;
   limits.max_connections = 2;
   Service service(limits);
-  int held_status = 0;
-  std::thread holder([&] {
-    auto held = service.client().Post("/hold", "x", "text/plain");
-    held_status = held ? held->status : -1;
-  });
-  struct Release {
-    Service& service;
-    std::thread& thread;
-    ~Release() {
-      service.gate().open();
-      if (thread.joinable()) thread.join();
-    }
-  } release{service, holder};
+  HeldRequest held(service, "x");
   ASSERT_TRUE(eventually([&] { return service.gate().entered() == 1; }));
   const int idle = connectLoopback(service.port());
   ASSERT_TRUE(sendAll(idle, kNotFound));
@@ -495,9 +493,8 @@ TEST(HttpService, AtTheConnectionBoundAConnectionBeingAnsweredIsNeverClosed) {
   EXPECT_TRUE(closedByServer(idle));
   ::close(idle);
   // Both waited over a second; the one being answered stayed.
-  service.gate().open();
-  holder.join();
-  EXPECT_EQ(held_status, 200);
+  held.finish();
+  EXPECT_EQ(held.status, 200);
   EXPECT_EQ(service.frontStats().idle_connections_closed, 1);
 }
 
