@@ -927,6 +927,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
     const bool finished = co_await exchange.finishChunked();
     if (!finished) co_return DecodeOutcome::kClientGoneMidway;
+    co_await awaitAgentClose(upstream);
   } catch (const std::exception& e) {
     broken = e.what();
     stalled = timedOut(e);

@@ -19,6 +19,17 @@ std::string hostHeader(const AgentEndpoint& endpoint) {
   return (ipv6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" + std::to_string(endpoint.port);
 }
 
+awaitable<void> awaitAgentClose(beast::tcp_stream& stream) {
+  stream.expires_after(std::chrono::seconds(1));
+  boost::system::error_code ec;
+  char byte;
+  while (!ec) {
+    co_await stream.async_read_some(asio::buffer(&byte, 1),
+                                    asio::redirect_error(use_awaitable, ec));
+  }
+  stream.socket().close(ec);
+}
+
 awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std::string target,
                                     std::string body, double timeout_s,
                                     server::HttpExchange* client, OnClientLeaving leaving) {
@@ -54,8 +65,7 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
     co_await http::async_read(stream, buffer, parser, use_awaitable);
     result.status = static_cast<int>(parser.get().result_int());
     result.body = std::move(parser.get().body());
-    boost::system::error_code ec;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    co_await awaitAgentClose(stream);
   } catch (const std::exception& e) {
     result.status = 0;
     result.error = e.what();

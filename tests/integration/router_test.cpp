@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -450,6 +451,51 @@ TEST_F(RouterTest, VllmsTokenFieldsCrossTheHandOffAsOnAColocatedAgent) {
   EXPECT_EQ(answer.blocks_moved, 4);  // the 70 tokens' 4 whole blocks
   EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
   EXPECT_EQ(answer.body["usage"]["prompt_tokens"], 70);
+}
+
+// The TCP connections in TIME_WAIT whose remote port is one of `ports`
+// (/proc/net/tcp and tcp6), as "local remote": those a client of these
+// listeners closed first.
+std::set<std::string> timeWaitsTowards(const std::set<int>& ports) {
+  std::set<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = remote.rfind(':');
+      if (state != "06" || colon == std::string::npos) continue;  // 06: TIME_WAIT
+      if (ports.count(std::stoi(remote.substr(colon + 1), nullptr, 16))) {
+        found.insert(local + " " + remote);
+      }
+    }
+  }
+  return found;
+}
+
+// The router's calls to its agents ask them to close first (Connection:
+// close) and wait for it: the TIME_WAIT each closed connection leaves is the
+// agents' (on their listening port), never the router's, whose ephemeral
+// ports to one agent would otherwise run out at some 470 calls a second.
+TEST_F(RouterTest, AgentsCloseTheRoutersConnectionsFirst) {
+  start(1, 1);
+  const std::set<int> agent_ports = {prefill_[0]->port(), decode_[0]->port()};
+  const std::set<std::string> before = timeWaitsTowards(agent_ports);
+  for (uint32_t seed = 0; seed < 10; ++seed) {
+    Answer answer = post(greedy(randomPrompt(40, 980 + seed), 4));
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decision, "disaggregated");
+  }
+  EXPECT_FALSE(streamedTokens(greedy(randomPrompt(40, 990), 4)).empty());
+  std::vector<std::string> new_ones;
+  for (const std::string& entry : timeWaitsTowards(agent_ports)) {
+    if (!before.count(entry)) new_ones.push_back(entry);
+  }
+  EXPECT_TRUE(new_ones.empty()) << new_ones.size() << " router-side TIME_WAITs, e.g. "
+                                << new_ones.front();
 }
 
 TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
