@@ -293,6 +293,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                                        asio::redirect_error(use_awaitable, ec));
       if (!ec && over_bound_) {
         served_over_bound_ = service_.servedOverBound(std::string(parser.get().target()));
+        // Served, it counts among the open connections (over the bound):
+        // a long one (a KV event stream) keeps no refusal slot.
+        if (served_over_bound_) service_.countOverBoundServed();
         if (!served_over_bound_) {
           std::string message = "the server already has " +
                                 std::to_string(service_.maxConnections()) +
@@ -923,6 +926,11 @@ void HttpService::setIdle(HttpConnection* connection, int64_t since, bool idle) 
   }
 }
 
+void HttpService::countOverBoundServed() {
+  refusing_ -= 1;
+  open_connections_ += 1;
+}
+
 void HttpService::countRefused() {
   if (connections_refused_.fetch_add(1) % 100 == 0) {
     TANDEM_LOG(kWarn) << "http: " << open_connections_.load()
@@ -1001,12 +1009,12 @@ void HttpService::forget(HttpConnection* connection) {
     std::lock_guard<std::mutex> lock(connections_mutex_);
     connections_.erase(connection);
   }
-  if (!connection->overBound()) {
+  if (!connection->overBound() || connection->servedOverBound()) {
     open_connections_ -= 1;
     return;
   }
   refusing_ -= 1;
-  if (!connection->servedOverBound()) countRefused();
+  countRefused();
 }
 
 namespace {

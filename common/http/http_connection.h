@@ -349,6 +349,9 @@ class HttpService {
   void setIdle(HttpConnection* connection, int64_t since, bool idle);
   void countIdleClosed();
   void countRefused();
+  // A connection over the bound asked for a path served there: it moves
+  // from refusing_ to open_connections_.
+  void countOverBoundServed();
   // Paths served to a connection over the bound (probes, metrics scrapes,
   // the calls between agents and routers); others get 503.
   bool servedOverBound(const std::string& target) const;

@@ -738,9 +738,22 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       {"x-tandem-kv-blocks-moved", std::to_string(blocksOffered(handoff.params))}};
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
   beast::tcp_stream upstream(co_await asio::this_coro::executor);
-  // A client leaving closes the upstream connection: the decode agent
-  // aborts the request and frees its blocks.
-  server::OnClientGone cancel(exchange, [&upstream] { upstream.close(); });
+  // Where the agent has said all it will (its answer complete, a refusal,
+  // a hand-over, an error event), the connection is left for it to close
+  // first (closeAfterAgent); elsewhere (a client gone, a broken stream) it
+  // is closed here.
+  struct LeaveToAgent {
+    beast::tcp_stream& stream;
+    bool answered = false;
+    ~LeaveToAgent() {
+      if (answered) closeAfterAgent(std::move(stream));
+    }
+  } leave_to_agent{upstream};
+  // A client leaving before that closes the upstream connection: the decode
+  // agent aborts the request and frees its blocks.
+  server::OnClientGone cancel(exchange, [&upstream, &leave_to_agent] {
+    if (!leave_to_agent.answered) upstream.close();
+  });
   beast::flat_buffer buffer;
   // One parser per message: interim 102 answers come before the real one.
   std::optional<http::response_parser<http::buffer_body>> parser_storage;
@@ -809,6 +822,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   const int status = static_cast<int>(parser->get().result_int());
   if (status >= 500 || status == 429) {
     metrics_.countUpstreamError(decode->endpoint.name);
+    leave_to_agent.answered = true;
     co_return DecodeOutcome::kFailedBeforeStart;
   }
   std::string content_type(parser->get()[http::field::content_type]);
@@ -907,9 +921,13 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       }
     }
     // A draining agent ends its part with the hand-over event.
-    if (spliced && splice->handedOver()) co_return DecodeOutcome::kHandedOver;
+    if (spliced && splice->handedOver()) {
+      leave_to_agent.answered = true;
+      co_return DecodeOutcome::kHandedOver;
+    }
     // The agent failed the request: another may not.
     if (spliced && !splice->upstreamError().empty()) {
+      leave_to_agent.answered = true;
       metrics_.countUpstreamError(decode->endpoint.name);
       TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name
                         << " ended with an error: " << splice->upstreamError();
@@ -925,9 +943,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     }
     // An agent that dies between events may still end the body cleanly.
     if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
+    leave_to_agent.answered = true;  // the client may leave now, the agent has said it all
     const bool finished = co_await exchange.finishChunked();
     if (!finished) co_return DecodeOutcome::kClientGoneMidway;
-    co_await awaitAgentClose(upstream);
   } catch (const std::exception& e) {
     broken = e.what();
     stalled = timedOut(e);

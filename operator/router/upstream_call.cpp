@@ -2,6 +2,7 @@
 
 #include <boost/beast/core.hpp>
 #include <chrono>
+#include <memory>
 #include <optional>
 
 namespace tandem::router {
@@ -19,15 +20,23 @@ std::string hostHeader(const AgentEndpoint& endpoint) {
   return (ipv6 ? "[" + endpoint.host + "]" : endpoint.host) + ":" + std::to_string(endpoint.port);
 }
 
-awaitable<void> awaitAgentClose(beast::tcp_stream& stream) {
-  stream.expires_after(std::chrono::seconds(1));
+namespace {
+
+awaitable<void> awaitAgentClose(std::shared_ptr<beast::tcp_stream> stream) {
+  stream->expires_after(std::chrono::seconds(1));
   boost::system::error_code ec;
-  char byte;
+  char rest[512];
   while (!ec) {
-    co_await stream.async_read_some(asio::buffer(&byte, 1),
-                                    asio::redirect_error(use_awaitable, ec));
+    co_await stream->async_read_some(asio::buffer(rest), asio::redirect_error(use_awaitable, ec));
   }
-  stream.socket().close(ec);
+  stream->socket().close(ec);
+}
+
+}  // namespace
+
+void closeAfterAgent(beast::tcp_stream&& stream) {
+  auto owned = std::make_shared<beast::tcp_stream>(std::move(stream));
+  asio::co_spawn(owned->get_executor(), awaitAgentClose(owned), asio::detached);
 }
 
 awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std::string target,
@@ -65,7 +74,8 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
     co_await http::async_read(stream, buffer, parser, use_awaitable);
     result.status = static_cast<int>(parser.get().result_int());
     result.body = std::move(parser.get().body());
-    co_await awaitAgentClose(stream);
+    cut.reset();
+    closeAfterAgent(std::move(stream));
   } catch (const std::exception& e) {
     result.status = 0;
     result.error = e.what();

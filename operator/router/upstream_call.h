@@ -60,13 +60,15 @@ enum class OnClientLeaving {
   kCut,
 };
 
-// After an agent's whole answer: waits (at most a second) for the agent to
-// close its end, then closes ours. The side that closes first keeps the
+// Once an agent's answer is complete (or refused): takes the connection
+// over, reads what is left of it and waits (at most a second) for the
+// agent to close its end, then closes ours, on the stream's executor, on
+// its own: the caller goes on at once. The side that closes first keeps the
 // connection in TIME_WAIT for a minute: an agent keeps it against its
 // listening port, where it costs nothing, while a router's would hold one
 // of its ephemeral ports to that agent (some 28,000: past about 470 calls a
 // second to one agent, connecting would fail).
-boost::asio::awaitable<void> awaitAgentClose(boost::beast::tcp_stream& stream);
+void closeAfterAgent(boost::beast::tcp_stream&& stream);
 
 // An HTTP call to an agent; not sent when `client` has already left. Runs
 // on `client`'s strand when one is given.
