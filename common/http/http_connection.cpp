@@ -879,9 +879,9 @@ awaitable<void> HttpService::acceptLoop() {
     }
     // At the bound, the connection idle longest makes room; with none idle
     // (or already kMaxRefusing over it) the new one is over the bound: it
-    // is served only a probe, a scrape or a KV transfer call, others get
-    // 503. While kMaxRefusing are being answered, more are closed at once,
-    // so that a flood of connections costs few descriptors.
+    // is served only the paths servedOverBound() names, others get 503.
+    // While kMaxRefusing are being answered, more are closed at once, so
+    // that a flood of connections costs few descriptors.
     const int64_t open = open_connections_.load();
     const int64_t bound = max_connections_.load();
     const bool over_bound = open >= bound && (open >= bound + kMaxRefusing || !closeIdlest());

@@ -39,7 +39,7 @@ std::string hostHeader(const AgentEndpoint& endpoint);
 
 // Host, Connection: close and, when the agent requires a key,
 // Authorization: every request to an agent carries them. Connection: close
-// makes the agent close first once its answer is sent (awaitAgentClose).
+// makes the agent close first once its answer is sent (closeAfterAgent).
 template <class Request>
 void setAgentHeaders(Request& request, const AgentEndpoint& endpoint) {
   request.set(boost::beast::http::field::host, hostHeader(endpoint));
