@@ -451,7 +451,7 @@ TEST(HttpConformance, OverMaxConnectionsBothCloseTheConnectionIdleLongest) {
       ASSERT_TRUE(idle.back()->readResponse()) << name << " " << i;
       // The server marks it idle once its answer is written, just after
       // the client may have read it.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     RawConnection fourth(port);
