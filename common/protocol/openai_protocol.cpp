@@ -449,13 +449,15 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
   if (const RequestJson* words = fields.find("bad_words")) {
     readBadWords(fields, *words, tokenizer, sampling.bad_words_ids);
   }
-  if (!sampling.allowed_token_ids.empty() &&
-      std::all_of(sampling.allowed_token_ids.begin(), sampling.allowed_token_ids.end(),
-                  [&](TokenId id) {
-                    return std::any_of(
-                        sampling.bad_words_ids.begin(), sampling.bad_words_ids.end(),
-                        [&](const std::vector<TokenId>& word) { return word == std::vector{id}; });
-                  })) {
+  // Every allowed id a one-token bad word: nothing could be generated.
+  std::vector<TokenId> banned;
+  for (const std::vector<TokenId>& word : sampling.bad_words_ids) {
+    if (word.size() == 1) banned.push_back(word[0]);
+  }
+  std::sort(banned.begin(), banned.end());
+  if (!sampling.allowed_token_ids.empty() && !banned.empty() &&
+      std::includes(banned.begin(), banned.end(), sampling.allowed_token_ids.begin(),
+                    sampling.allowed_token_ids.end())) {
     fields.fail(
         "allowed_token_ids holds only tokens that bad_words bans (one-token words): nothing "
         "could be generated",
