@@ -719,6 +719,14 @@ OnClientGone::~OnClientGone() { exchange_.swapOnGone(std::move(previous_)); }
 
 namespace {
 
+// Whether `path` is one of `paths`, an entry ending in '/' being a prefix
+// (the API key's exempt paths, those served over the connection bound).
+bool matchesPath(const std::vector<std::string>& paths, std::string_view path) {
+  return std::any_of(paths.begin(), paths.end(), [&](const std::string& entry) {
+    return entry.ends_with('/') ? path.starts_with(entry) : path == entry;
+  });
+}
+
 // HttpLimits::max_connections, or for 0 half the soft descriptor limit (at
 // least 1, at most kAutoMaxConnections).
 int64_t connectionBound(const HttpLimits& limits) {
@@ -954,10 +962,7 @@ bool HttpService::servedOverBound(const std::string& target) const {
   // router's KV event streams and model reads).
   static const std::vector<std::string> kServed = {"/health", "/metrics", "/v1/models",
                                                    "/v1/kv_events", "/v1/kv_transfer/"};
-  const std::string_view path = std::string_view(target).substr(0, target.find('?'));
-  return std::any_of(kServed.begin(), kServed.end(), [&](const std::string& served) {
-    return served.ends_with('/') ? path.starts_with(served) : path == served;
-  });
+  return matchesPath(kServed, std::string_view(target).substr(0, target.find('?')));
 }
 
 bool HttpService::closeIdlest() {
@@ -1030,9 +1035,7 @@ void HttpService::requireApiKey(std::string key, std::vector<std::string> exempt
 
 bool HttpService::authorized(const HttpRequest& request) const {
   if (api_key_.empty()) return true;
-  for (const std::string& path : api_key_exempt_) {
-    if (path.ends_with('/') ? request.path.starts_with(path) : request.path == path) return true;
-  }
+  if (matchesPath(api_key_exempt_, request.path)) return true;
   const std::string header = request.header("authorization");
   constexpr std::string_view kBearer = "Bearer ";
   if (header.size() < kBearer.size() ||

@@ -1,12 +1,24 @@
 #include "common/http/http_metrics.h"
 
 #include <prometheus/counter.h>
+#include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
 #include <algorithm>
 
 namespace tandem::server {
+namespace {
+
+// The series of `family` with `labels` and key=value besides.
+template <typename Metric>
+Metric* seriesWith(prometheus::Family<Metric>& family, std::map<std::string, std::string> labels,
+                   const char* key, const char* value) {
+  labels[key] = value;
+  return &family.Add(labels);
+}
+
+}  // namespace
 
 HttpFrontMetrics::HttpFrontMetrics(prometheus::Registry& registry,
                                    const std::map<std::string, std::string>& labels) {
@@ -16,13 +28,8 @@ HttpFrontMetrics::HttpFrontMetrics(prometheus::Registry& registry,
                        "Client connections open, by state: active (receiving or answering a "
                        "request) or idle (waiting for one)")
                    .Register(registry);
-  auto in = [&](const char* state) {
-    std::map<std::string, std::string> series = labels;
-    series["state"] = state;
-    return &open.Add(series);
-  };
-  active_ = in("active");
-  idle_ = in("idle");
+  active_ = seriesWith(open, labels, "state", "active");
+  idle_ = seriesWith(open, labels, "state", "idle");
   max_ = &prometheus::BuildGauge()
               .Name("tandem_http_max_connections")
               .Help("Client connections that may be open at once (max_connections)")
@@ -34,13 +41,8 @@ HttpFrontMetrics::HttpFrontMetrics(prometheus::Registry& registry,
                        "Connections over max_connections, by what was done: closed_idle (the "
                        "connection idle longest was closed for it) or refused (503, none idle)")
                    .Register(registry);
-  auto with = [&](const char* action) {
-    std::map<std::string, std::string> series = labels;
-    series["action"] = action;
-    return &over.Add(series);
-  };
-  closed_idle_ = with("closed_idle");
-  refused_ = with("refused");
+  closed_idle_ = seriesWith(over, labels, "action", "closed_idle");
+  refused_ = seriesWith(over, labels, "action", "refused");
 }
 
 void HttpFrontMetrics::update(const HttpFrontStats& stats) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/jinja/unicode.h"
 #include "common/json_parse.h"
 #include "common/protocol/chat_request.h"
 #include "common/protocol/structured_request.h"
@@ -321,49 +322,16 @@ void askPromptLogprobs(FieldReader& fields, ParsedRequest& parsed, int64_t count
   asked = std::max<int32_t>(asked.value_or(0), static_cast<int32_t>(count));
 }
 
-// Python's str.lstrip(): leading characters for which str.isspace() holds
-// (ASCII whitespace, U+001C..U+001F, U+0085 and Unicode's space separators).
+// Python's str.lstrip(): the leading code points str.isspace() holds for
+// (the request is valid UTF-8: parseJsonObject checked it).
 std::string_view stripLeadingSpace(std::string_view text) {
-  static constexpr std::string_view kSpaces[] = {" ",
-                                                 "\t",
-                                                 "\n",
-                                                 "\v",
-                                                 "\f",
-                                                 "\r",
-                                                 "\x1c",
-                                                 "\x1d",
-                                                 "\x1e",
-                                                 "\x1f",
-                                                 "\xc2\x85",
-                                                 "\xc2\xa0",
-                                                 "\xe1\x9a\x80",
-                                                 "\xe2\x80\x80",
-                                                 "\xe2\x80\x81",
-                                                 "\xe2\x80\x82",
-                                                 "\xe2\x80\x83",
-                                                 "\xe2\x80\x84",
-                                                 "\xe2\x80\x85",
-                                                 "\xe2\x80\x86",
-                                                 "\xe2\x80\x87",
-                                                 "\xe2\x80\x88",
-                                                 "\xe2\x80\x89",
-                                                 "\xe2\x80\x8a",
-                                                 "\xe2\x80\xa8",
-                                                 "\xe2\x80\xa9",
-                                                 "\xe2\x80\xaf",
-                                                 "\xe2\x81\x9f",
-                                                 "\xe3\x80\x80"};
-  for (bool stripped = true; stripped && !text.empty();) {
-    stripped = false;
-    for (std::string_view space : kSpaces) {
-      if (text.starts_with(space)) {
-        text.remove_prefix(space.size());
-        stripped = true;
-        break;
-      }
-    }
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t next = pos;
+    if (!jinja::isPythonSpace(tokenizer_internal::nextCodepoint(text, next))) break;
+    pos = next;
   }
-  return text;
+  return text.substr(pos);
 }
 
 // vLLM's bad_words: each word, leading whitespace stripped, as its tokens
