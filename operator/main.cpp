@@ -467,6 +467,13 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                     "with --discover: every pool of the namespace, found by the tandem.dev/role "
                     "label of its Service's EndpointSlices (instead of --prefill-pool and "
                     "--decode-pool): pools added or deleted later are followed");
+  // A flag given twice takes its last value, as the agent's: a Router's
+  // spec.extraArgs come after the flags the controller writes and win.
+  for (CLI::Option* option : command->get_options()) {
+    if (option->get_items_expected_max() == 1) {
+      option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
   return command;
 }
 

@@ -400,6 +400,7 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
   add("--drain-delay", numberText(kRouterDrainDelaySeconds));
   add("--shutdown-timeout",
       numberText(router.shutdown_timeout_s.value_or(kRouterShutdownTimeoutSeconds)));
+  args.insert(args.end(), router.extra_args.begin(), router.extra_args.end());
   return args;
 }
 

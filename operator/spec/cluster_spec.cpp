@@ -371,15 +371,7 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   const std::optional<YAML::Node> env = spec.get("env");
   if (env) pool.env = readEnv(*env, context);
   if (auto value = spec.get("extraArgs")) {
-    requireList(*value, "spec.extraArgs", context);
-    for (size_t i = 0; i < value->size(); ++i) {
-      const YAML::Node arg = (*value)[i];
-      if (!arg.IsScalar()) {
-        fail(context, "spec.extraArgs[" + std::to_string(i) + "]",
-             "must be a string, got " + described(arg), arg);
-      }
-      pool.extra_args.push_back(arg.Scalar());
-    }
+    pool.extra_args = readStringList(*value, "spec.extraArgs", context);
   }
   if (auto value = spec.get("autoscaling"))
     pool.autoscaling = readAutoscaling(*value, kind, context);
@@ -794,6 +786,7 @@ spec:
   decodePools: []
   kvSecretRef: {name: s, key: k}
   apiKeySecretRef: {name: s, key: k}
+  extraArgs: []
   disruptionBudget: {}
   template: {metadata: {}, spec: {containers: [{name: a}], initContainers: [{name: a}],
     volumes: [{name: a}], imagePullSecrets: [{name: a}], resourceClaims: [{name: a}]}}

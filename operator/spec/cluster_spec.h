@@ -225,6 +225,10 @@ struct RouterSpec {
   // Secret key with the API key, the router's TANDEM_API_KEY: clients must
   // send it, and the router sends it to the agents (give the pools the same).
   std::optional<SecretKeyRef> api_key_secret_ref;
+  // spec.extraArgs (Kubernetes only): appended to the router's command line
+  // (its flags take the last value given, so these win over the generated
+  // ones).
+  std::vector<std::string> extra_args;
   // spec.template (Kubernetes only): merged into the router's pods.
   nlohmann::json pod_template = nlohmann::json::object();
   // spec.disruptionBudget (Kubernetes only): the Router's

@@ -25,18 +25,6 @@ std::vector<AgentAddress> readAgentList(const YAML::Node& node, const std::strin
   return agents;
 }
 
-// A list of pool names (a Router's prefillPools / decodePools).
-std::vector<std::string> readNameList(const YAML::Node& node, const std::string& path,
-                                      const DocumentContext& context) {
-  requireList(node, path, context);
-  std::vector<std::string> names;
-  for (size_t i = 0; i < node.size(); ++i) {
-    const std::string item_path = path + "[" + std::to_string(i) + "]";
-    names.push_back(readString(node[i], item_path, context));
-  }
-  return names;
-}
-
 }  // namespace
 
 RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentContext& context) {
@@ -106,10 +94,10 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   if (auto value = spec.get("decode"))
     router.decode = readAgentList(*value, "spec.decode", context);
   if (auto value = spec.get("prefillPools")) {
-    router.prefill_pools = readNameList(*value, "spec.prefillPools", context);
+    router.prefill_pools = readStringList(*value, "spec.prefillPools", context);
   }
   if (auto value = spec.get("decodePools")) {
-    router.decode_pools = readNameList(*value, "spec.decodePools", context);
+    router.decode_pools = readStringList(*value, "spec.decodePools", context);
   }
   // Kubernetes only.
   if (auto value = spec.get("replicas")) {
@@ -154,6 +142,9 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   if (auto value = spec.get("apiKeySecretRef")) {
     router.api_key_secret_ref =
         readSecretKeyRef(*value, "spec.apiKeySecretRef", context, kApiKeySecretKey);
+  }
+  if (auto value = spec.get("extraArgs")) {
+    router.extra_args = readStringList(*value, "spec.extraArgs", context);
   }
   if (auto value = spec.get("disruptionBudget")) {
     router.disruption_budget = readDisruptionBudget(*value, context);

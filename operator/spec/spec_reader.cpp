@@ -150,6 +150,16 @@ std::string readString(const YAML::Node& node, const std::string& path,
   return node.Scalar();
 }
 
+std::vector<std::string> readStringList(const YAML::Node& node, const std::string& path,
+                                        const DocumentContext& context) {
+  requireList(node, path, context);
+  std::vector<std::string> items;
+  for (size_t i = 0; i < node.size(); ++i) {
+    items.push_back(readString(node[i], path + "[" + std::to_string(i) + "]", context));
+  }
+  return items;
+}
+
 std::string readEnum(const YAML::Node& node, const std::string& path,
                      const DocumentContext& context, const std::vector<std::string>& accepted) {
   const std::string value = node.IsScalar() ? node.Scalar() : "";

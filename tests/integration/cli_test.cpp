@@ -238,6 +238,20 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
   }
 }
 
+// A router flag given twice takes its last value, as the agent's: a Router's
+// spec.extraArgs come after the flags the controller writes.
+TEST_F(CliTest, ARouterFlagGivenTwiceTakesItsLastValue) {
+  const std::string router =
+      "timeout 3 " + bin("tandem-operator") + " router --decode 127.0.0.1:2 --port 0 ";
+  CommandResult last_good = run(router + "--host 999.1.1.1 --host 127.0.0.1");
+  EXPECT_EQ(last_good.exit_code, 124) << last_good.err;  // it ran until stopped
+  EXPECT_NE(last_good.out.find("router listening on 127.0.0.1:"), std::string::npos)
+      << last_good.out << last_good.err;
+  CommandResult last_bad = run(router + "--host 127.0.0.1 --host 999.1.1.1");
+  EXPECT_EQ(last_bad.exit_code, 1) << last_bad.err;
+  EXPECT_NE(last_bad.err.find("cannot listen on 999.1.1.1:0"), std::string::npos) << last_bad.err;
+}
+
 // --device takes cpu, cuda or auto; cuda needs a CUDA build and a visible GPU,
 // and says which is missing.
 TEST_F(CliTest, DeviceFlagNamesWhatIsAcceptedAndWhyCudaIsUnavailable) {

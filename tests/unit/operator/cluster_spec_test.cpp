@@ -129,6 +129,7 @@ spec:
   threads: 4
   modelPath: /models/llama
   pollIntervalSeconds: 0.25
+  extraArgs: [--max-connections, "4096"]
 )"});
   const ClusterSpec cluster = parseClusterSpec(text, "c.yaml");
   ASSERT_EQ(cluster.pools.size(), 2u);
@@ -184,6 +185,7 @@ spec:
   EXPECT_EQ(router.threads, 4);
   EXPECT_EQ(router.model_path, "/models/llama");
   EXPECT_EQ(router.poll_interval_s, 0.25);
+  EXPECT_EQ(router.extra_args, (std::vector<std::string>{"--max-connections", "4096"}));
 }
 
 TEST(ClusterSpecTest, Defaults) {
@@ -289,7 +291,7 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
                                 "  env: [{name: TANDEM_API_KEY, value: x}]\n"}),
        "spec.env[0].name \"TANDEM_API_KEY\" is set by spec.apiKeySecretRef"},
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
-       "spec.extraArgs[0] must be a string, got a mapping"},
+       "spec.extraArgs[0] must be a non-empty string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
        "spec.resources.limits.cpu must be a quantity such as 1, 500m, 8Gi or 1e9, got a list"},
       {documents({decode_spec + "  resources: {requests: {memory: 8GiB}}\n"}),
@@ -343,6 +345,12 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {policy: lru}\n"}),
        "document 2 (Router): spec.policy must be kv, round_robin, random, dynamo, llm_d or sglang, "
        "got \"lru\""},
+      {documents(
+           {kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: [\"\"]}\n"}),
+       "document 2 (Router): spec.extraArgs[0] must be a non-empty string, got the string \"\""},
+      {documents(
+           {kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: x}\n"}),
+       "document 2 (Router): spec.extraArgs must be a list, got \"x\""},
       {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {port: 70000}\n"}),
        "spec.port must be an integer between 0 and 65535, got \"70000\""},
       {documents({kDecode,
