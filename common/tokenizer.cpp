@@ -244,15 +244,15 @@ struct Tokenizer::Impl {
     } else {
       normalized_matcher->split(normalized, segments);
     }
-    std::vector<std::string> words;
+    const tokenizer_internal::WordSink tokenize = [&](std::string_view word) {
+      model.tokenize(word, ids);
+    };
     for (const AddedTokenMatcher::Segment& segment : segments) {
       if (segment.id >= 0) {
         ids.push_back(segment.id);
         continue;
       }
-      words.clear();
-      pre_tokenizer.apply(normalized.substr(segment.begin, segment.end - segment.begin), words);
-      for (const std::string& word : words) model.tokenize(word, ids);
+      pre_tokenizer.apply(normalized.substr(segment.begin, segment.end - segment.begin), tokenize);
     }
   }
 
@@ -417,7 +417,8 @@ std::vector<TokenId> Tokenizer::encodeLast(std::string_view text, bool add_speci
   if (add_special_tokens) impl_->post_processor.apply(added);
   const int64_t keep = std::max<int64_t>(0, max_ids - static_cast<int64_t>(added.size()));
   const bool cutting = static_cast<int64_t>(ids.size()) > keep;
-  if (cutting) ids.erase(ids.begin(), ids.end() - keep);
+  // A fresh vector: the whole text's capacity is not kept with the cut.
+  if (cutting) ids = std::vector<TokenId>(ids.end() - keep, ids.end());
   if (cut != nullptr) *cut = cutting;
   if (add_special_tokens) impl_->post_processor.apply(ids);
   return ids;

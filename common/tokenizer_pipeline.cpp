@@ -6,10 +6,10 @@
 #include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "common/status.h"
-#include "common/thread_scratch.h"
 #include "common/tokenizer_utf8.h"
 
 namespace tandem::tokenizer_internal {
@@ -209,83 +209,76 @@ void PreTokenizer::addSteps(const nlohmann::json& config, std::string_view sourc
 namespace {
 
 // Cuts `text` into pieces around the regex matches, following Hugging Face's
-// SplitDelimiterBehavior; empty pieces are dropped.
+// SplitDelimiterBehavior, and passes each non-empty piece to `emit` as soon
+// as no later span can extend it: nothing is listed, so a 60 MB prompt costs
+// no more than its ids. The spans are the matches and the text between them
+// (the gaps; `invert` swaps which is which); a behaviour joins a span with
+// at most its neighbour, so one pending piece is all there is to hold.
 void splitWords(std::string_view text, const Regex& regex, PreTokenizer::Behavior behavior,
-                bool invert, std::vector<std::string>& out) {
+                bool invert, const WordSink& emit) {
   using Behavior = PreTokenizer::Behavior;
   struct Span {
     size_t begin;
     size_t end;
     bool is_match;
   };
-  thread_local std::vector<std::pair<size_t, size_t>> matches;
-  thread_local std::vector<Span> spans;
-  thread_local std::vector<Span> pieces;
-  const ScratchTrim trim(matches, spans, pieces);
-  matches.clear();
-  spans.clear();
-  pieces.clear();
-  regex.findMatches(text, matches);
+  std::optional<Span> pending;  // the piece the next span may still extend
+  bool last_match = false;      // whether the last span taken was a match
+  auto emitSpan = [&](const Span& span) {
+    if (span.end > span.begin) emit(text.substr(span.begin, span.end - span.begin));
+  };
+  auto flush = [&] {
+    if (pending) emitSpan(*pending);
+    pending.reset();
+  };
+  auto take = [&](Span span) {
+    switch (behavior) {
+      case Behavior::kRemoved:
+        if (!span.is_match) emitSpan(span);
+        break;
+      case Behavior::kIsolated:
+        emitSpan(span);
+        break;
+      case Behavior::kMergedWithPrevious:
+        // A match joins the piece before it, unless that piece ends in one.
+        if (span.is_match && !last_match && pending) {
+          pending->end = span.end;
+        } else {
+          flush();
+          pending = span;
+        }
+        break;
+      case Behavior::kMergedWithNext:
+        // A match joins the gap after it; a match after a match does not.
+        if (!span.is_match && pending && last_match) {
+          pending->end = span.end;
+          flush();
+        } else {
+          flush();
+          pending = span;
+          if (!span.is_match) flush();
+        }
+        break;
+      case Behavior::kContiguous:
+        // Runs of matches, and runs of gaps, are one piece each.
+        if (pending && span.is_match == last_match) {
+          pending->end = span.end;
+        } else {
+          flush();
+          pending = span;
+        }
+        break;
+    }
+    last_match = span.is_match;
+  };
   size_t previous_end = 0;
-  for (const auto& [begin, end] : matches) {
-    if (begin > previous_end) spans.push_back({previous_end, begin, invert});
-    spans.push_back({begin, end, !invert});
+  regex.forEachMatch(text, [&](size_t begin, size_t end) {
+    if (begin > previous_end) take({previous_end, begin, invert});
+    take({begin, end, !invert});
     previous_end = end;
-  }
-  if (previous_end < text.size()) spans.push_back({previous_end, text.size(), invert});
-
-  switch (behavior) {
-    case Behavior::kRemoved:
-      for (const Span& span : spans) {
-        if (!span.is_match) pieces.push_back(span);
-      }
-      break;
-    case Behavior::kIsolated:
-      pieces.assign(spans.begin(), spans.end());
-      break;
-    case Behavior::kMergedWithPrevious: {
-      bool previous_match = false;
-      for (const Span& span : spans) {
-        if (span.is_match && !previous_match && !pieces.empty()) {
-          pieces.back().end = span.end;
-        } else {
-          pieces.push_back(span);
-        }
-        previous_match = span.is_match;
-      }
-      break;
-    }
-    case Behavior::kMergedWithNext: {
-      // Mirror image of kMergedWithPrevious: walk from the end.
-      bool previous_match = false;
-      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->is_match && !previous_match && !pieces.empty()) {
-          pieces.back().begin = it->begin;
-        } else {
-          pieces.push_back(*it);
-        }
-        previous_match = it->is_match;
-      }
-      std::reverse(pieces.begin(), pieces.end());
-      break;
-    }
-    case Behavior::kContiguous: {
-      bool previous_match = false;
-      for (const Span& span : spans) {
-        if (span.is_match == previous_match && !pieces.empty()) {
-          pieces.back().end = span.end;
-        } else {
-          pieces.push_back(span);
-        }
-        previous_match = span.is_match;
-      }
-      break;
-    }
-  }
-  for (const Span& piece : pieces) {
-    if (piece.end > piece.begin)
-      out.emplace_back(text.substr(piece.begin, piece.end - piece.begin));
-  }
+  });
+  if (previous_end < text.size()) take({previous_end, text.size(), invert});
+  flush();
 }
 
 }  // namespace
@@ -295,40 +288,46 @@ bool PreTokenizer::mayRemoveText() const {
                      [](const Step& step) { return step.behavior == Behavior::kRemoved; });
 }
 
-void PreTokenizer::apply(std::string_view text, std::vector<std::string>& words) const {
+void PreTokenizer::apply(std::string_view text, const WordSink& emit) const {
   if (text.empty()) return;
-  std::vector<std::string> current;
-  current.emplace_back(text);
-  std::vector<std::string> next;
-  for (const Step& step : steps_) {
-    next.clear();
-    for (const std::string& word : current) {
-      if (step.kind == Step::Kind::kSplit) {
-        splitWords(word, *step.regex, step.behavior, step.invert, next);
-        continue;
-      }
-      std::string prefixed;
-      std::string_view input = word;
-      if (step.add_prefix_space && (word.empty() || word[0] != ' ')) {
-        prefixed = " " + word;
-        input = prefixed;
-      }
-      const size_t first = next.size();
-      if (step.regex) {
-        splitWords(input, *step.regex, Behavior::kIsolated, false, next);
-      } else {
-        next.emplace_back(input);
-      }
-      for (size_t i = first; i < next.size(); ++i) {
-        std::string mapped;
-        mapped.reserve(next[i].size() * 2);
-        appendByteLevel(next[i], mapped);
-        next[i] = std::move(mapped);
-      }
-    }
-    std::swap(current, next);
+  applyFrom(0, text, emit);
+}
+
+void PreTokenizer::apply(std::string_view text, std::vector<std::string>& words) const {
+  apply(text, [&words](std::string_view word) { words.emplace_back(word); });
+}
+
+// Each step cuts each word of the step before on its own, so taking a word
+// through the remaining steps as soon as it is cut gives the words in the
+// same order as running each step over the whole list.
+void PreTokenizer::applyFrom(size_t step_index, std::string_view word, const WordSink& emit) const {
+  if (step_index == steps_.size()) {
+    emit(word);
+    return;
   }
-  for (std::string& word : current) words.push_back(std::move(word));
+  const Step& step = steps_[step_index];
+  const WordSink next = [&](std::string_view piece) { applyFrom(step_index + 1, piece, emit); };
+  if (step.kind == Step::Kind::kSplit) {
+    splitWords(word, *step.regex, step.behavior, step.invert, next);
+    return;
+  }
+  std::string prefixed;
+  std::string_view input = word;
+  if (step.add_prefix_space && (word.empty() || word[0] != ' ')) {
+    prefixed = " " + std::string(word);
+    input = prefixed;
+  }
+  const WordSink mapped = [&](std::string_view piece) {
+    std::string bytes;
+    bytes.reserve(piece.size() * 2);
+    appendByteLevel(piece, bytes);
+    next(bytes);
+  };
+  if (step.regex) {
+    splitWords(input, *step.regex, Behavior::kIsolated, false, mapped);
+  } else {
+    mapped(input);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 // threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -32,10 +33,16 @@ class Normalizer {
 // Splits text into the words the model encodes one by one: Split (regex or
 // literal, all five delimiter behaviours, invert), ByteLevel (prefix space,
 // GPT-2 regex, byte-to-character mapping), and Sequence of them.
+// Takes one word of a pre-tokenizer's output, valid for the call only.
+using WordSink = std::function<void(std::string_view word)>;
+
 class PreTokenizer {
  public:
   PreTokenizer(const nlohmann::json& config, std::string_view source);
-  // Appends the words of `text` (valid UTF-8) to `words`.
+  // Passes the words of `text` (valid UTF-8) to `emit`, in order, as each is
+  // cut (none is kept: tokenizing costs the ids, not a list of words).
+  void apply(std::string_view text, const WordSink& emit) const;
+  // Appends them to `words`.
   void apply(std::string_view text, std::vector<std::string>& words) const;
   // A Split step drops its delimiters (behavior "Removed"): text can vanish.
   bool mayRemoveText() const;
@@ -51,6 +58,7 @@ class PreTokenizer {
 
  private:
   void addSteps(const nlohmann::json& config, std::string_view source);
+  void applyFrom(size_t step_index, std::string_view word, const WordSink& emit) const;
   std::vector<Step> steps_;
 };
 

@@ -65,8 +65,8 @@ Regex::Regex(std::string_view pattern, bool literal, std::string_view source) {
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-void Regex::findMatches(std::string_view subject,
-                        std::vector<std::pair<size_t, size_t>>& out) const {
+void Regex::forEachMatch(std::string_view subject,
+                         const std::function<void(size_t begin, size_t end)>& on_match) const {
   ThreadMatchState& state = threadMatchState();
   auto* code = static_cast<pcre2_code*>(code_);
   const auto* data = reinterpret_cast<PCRE2_SPTR>(subject.data());
@@ -86,9 +86,10 @@ void Regex::findMatches(std::string_view subject,
       flags = 0;
       continue;
     }
+    // Read before on_match, whose own matching reuses the thread's state.
     const size_t start = ovector[0];
     const size_t end = ovector[1];
-    out.emplace_back(start, end);
+    on_match(start, end);
     offset = end;
     // An empty match must not repeat at the same place: look for a non-empty
     // one there first, as Perl and PCRE2's own demo do.

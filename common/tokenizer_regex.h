@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,10 +23,13 @@ class Regex {
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
-  // Byte ranges [first, second) of the matches in `subject`, left to right.
-  // `subject` must be valid UTF-8 (it is not checked again, for speed). Empty
-  // matches are reported too; the search then moves on by one character.
-  void findMatches(std::string_view subject, std::vector<std::pair<size_t, size_t>>& out) const;
+  // Calls on_match(begin, end) with the byte range of each match in
+  // `subject`, left to right, as it is found: a caller holds no list of
+  // them. `subject` must be valid UTF-8 (it is not checked again, for
+  // speed). Empty matches are reported too; the search then moves on by one
+  // character. on_match may itself match (this or another Regex).
+  void forEachMatch(std::string_view subject,
+                    const std::function<void(size_t begin, size_t end)>& on_match) const;
 
  private:
   void* code_;  // pcre2_code_8, kept opaque so the header needs no PCRE2.

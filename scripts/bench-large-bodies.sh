@@ -4,27 +4,31 @@
 # the same run (docs/benchmarks.md#large-request-bodies).
 #
 #   scripts/bench-large-bodies.sh [--mb MB] [--concurrency 1,4] [--model DIR] \
-#       [--json FILE] BUILD_DIR [BASELINE_BUILD_DIR]
+#       [--truncate N] [--json FILE] BUILD_DIR [BASELINE_BUILD_DIR]
 #
 # For each build: one agent (--model, default models/small) serving alone, then
 # the router of that build in front of it; `tandem-bench large-bodies` (from
-# BUILD_DIR) sends the prompts to each and reads the process's VmRSS.
+# BUILD_DIR) sends the prompts to each and reads the process's VmRSS. With
+# --truncate N each server gets the same prompts a second time with
+# truncate_prompt_tokens N: tokenized whole and served, not refused by size.
 set -euo pipefail
 
 mb=60
 concurrency=1,4
 model=models/small
 json_out=
+truncate=0
 while [[ $# -gt 0 && "$1" == --* ]]; do
   case "$1" in
     --mb) mb="$2"; shift 2 ;;
     --concurrency) concurrency="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
     --json) json_out="$2"; shift 2 ;;
+    --truncate) truncate="$2"; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-[[ $# -ge 1 ]] || { echo "usage: $0 [--mb MB] [--concurrency L] [--model DIR] [--json F] BUILD_DIR [BASELINE_BUILD_DIR]" >&2; exit 2; }
+[[ $# -ge 1 ]] || { echo "usage: $0 [--mb MB] [--concurrency L] [--model DIR] [--truncate N] [--json F] BUILD_DIR [BASELINE_BUILD_DIR]" >&2; exit 2; }
 builds=("$@")
 bench="${TANDEM_BENCH:-$(cd "$1" && pwd)/bin/tandem-bench}"
 [[ -x "$bench" ]] || { echo "no $bench" >&2; exit 1; }
@@ -75,11 +79,15 @@ for build in "${builds[@]}"; do
   done
   for who in agent router; do
     if [[ $who == agent ]]; then pid=$agent port=$agent_port; else pid=$router port=$router_port; fi
-    echo "---- $who (pid $pid)"
-    out="$work/$label-$who.json"
-    "$bench" large-bodies --url "http://127.0.0.1:$port" --pid "$pid" --mb "$mb" \
-      --concurrency "$concurrency" --json "$out"
-    results+=("$(jq -c --arg build "$label" --arg who "$who" '. + {build: $build, server: $who}' "$out")")
+    passes=(0)
+    [[ $truncate != 0 ]] && passes+=("$truncate")
+    for cut in "${passes[@]}"; do
+      echo "---- $who (pid $pid)$([[ $cut != 0 ]] && echo ", truncate_prompt_tokens $cut")"
+      out="$work/$label-$who-$cut.json"
+      "$bench" large-bodies --url "http://127.0.0.1:$port" --pid "$pid" --mb "$mb" \
+        --concurrency "$concurrency" --truncate "$cut" --json "$out"
+      results+=("$(jq -c --arg build "$label" --arg who "$who" '. + {build: $build, server: $who}' "$out")")
+    done
   done
   kill "$router" "$agent"
   wait "$router" "$agent" 2>/dev/null || true

@@ -652,8 +652,11 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
 
 // Refuses, before tokenizing it, a text too long for max_model_len whatever
 // its tokens: each token stands for at most maxTextBytesPerToken() bytes, so
-// a text of N bytes has at least N / that many. Tokenizing a text costs many
-// times its size in memory; this keeps a 60 MB prompt from costing that.
+// a text of N bytes has at least N / that many. This keeps a 60 MB prompt
+// from costing the second of CPU its tokens take. A request with
+// truncate_prompt_tokens is not checked: its text is tokenized whatever its
+// length (as vLLM's), which costs about its ids in memory (the pre-tokenizer
+// keeps no list of words) and the large-body limits bound how many at once.
 std::optional<ApiError> checkTextFits(std::string_view text, const ServerLimits& limits,
                                       const Tokenizer& tokenizer, const std::string& label,
                                       const std::string& param) {
@@ -670,17 +673,19 @@ std::optional<ApiError> checkTextFits(std::string_view text, const ServerLimits&
                         param);
 }
 
-// The ids of parsed.prompt_text: encoded whole or, with
+// parsed.request.prompt: the ids of `text`, encoded whole or, with
 // truncate_prompt_tokens, cut from the left as transformers cuts (the
-// special tokens stay). A cut prompt's text no longer matches it: an echo
-// decodes the ids kept (vLLM echoes the text given).
-void encodePrompt(ParsedRequest& parsed, const Tokenizer& tokenizer, bool add_special_tokens) {
+// special tokens stay). Returns whether it cut: the text then no longer
+// matches the prompt, and an echo decodes the ids kept (vLLM echoes the text
+// given).
+bool encodePrompt(std::string_view text, ParsedRequest& parsed, const Tokenizer& tokenizer,
+                  bool add_special_tokens) {
   bool cut = false;
-  parsed.request.prompt = parsed.truncate_prompt_tokens
-                              ? tokenizer.encodeLast(parsed.prompt_text, add_special_tokens,
-                                                     *parsed.truncate_prompt_tokens, &cut)
-                              : tokenizer.encode(parsed.prompt_text, add_special_tokens);
-  if (cut) parsed.prompt_text.clear();
+  parsed.request.prompt =
+      parsed.truncate_prompt_tokens
+          ? tokenizer.encodeLast(text, add_special_tokens, *parsed.truncate_prompt_tokens, &cut)
+          : tokenizer.encode(text, add_special_tokens);
+  return cut;
 }
 
 // The prompt field of /v1/completions: a string, token ids, or an array of
@@ -714,9 +719,11 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
   if (prompt->is_string()) {
     const auto& text = prompt->get_ref<const std::string&>();
     if (text.empty()) return invalidRequest("prompt must not be empty", "prompt");
-    if (auto error = checkTextFits(text, limits, tokenizer, name, name)) return error;
-    parsed.prompt_text = text;
-    encodePrompt(parsed, tokenizer, add_special_tokens);
+    if (!parsed.truncate_prompt_tokens) {
+      if (auto error = checkTextFits(text, limits, tokenizer, name, name)) return error;
+    }
+    // Kept only when whole: a cut text may be 60 MB.
+    if (!encodePrompt(text, parsed, tokenizer, add_special_tokens)) parsed.prompt_text = text;
     return std::nullopt;
   }
   if (!prompt->is_array()) {
@@ -810,6 +817,12 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
     return *error;
   }
   parsed.body = std::move(root).value();
+  if (parsed.truncate_prompt_tokens && parsed.prompt_text.empty()) {
+    // Cut: whoever this body is forwarded to (the agents behind a router, a
+    // decode agent) reads the ids kept, not the whole text again.
+    parsed.body["prompt"] = parsed.request.prompt;
+    parsed.body.erase("truncate_prompt_tokens");
+  }
   return parsed;
 }
 
@@ -887,9 +900,11 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
     return *error;
   }
   parsed.prompt_text = std::move(text).value();
-  if (auto error =
-          checkTextFits(parsed.prompt_text, limits, tokenizer, "the rendered chat", "messages")) {
-    return *error;
+  if (!parsed.truncate_prompt_tokens) {
+    if (auto error =
+            checkTextFits(parsed.prompt_text, limits, tokenizer, "the rendered chat", "messages")) {
+      return *error;
+    }
   }
   parsed.chat_output = chatOutputFor(root.value(), limits.chat_output, parsed.prompt_text);
   if (parsed.chat_output) parsed.chat_output->include_reasoning = include_reasoning;
@@ -900,7 +915,9 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
       parsed.chat_output->reasoning_parser && !parsed.chat_output->reasoning_ended_in_prompt) {
     parsed.request.structured_output->after = "</think>";
   }
-  encodePrompt(parsed, tokenizer, add_special_tokens);
+  if (encodePrompt(parsed.prompt_text, parsed, tokenizer, add_special_tokens)) {
+    std::string().swap(parsed.prompt_text);  // its memory too
+  }
   if (auto error =
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
     return *error;

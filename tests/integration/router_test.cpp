@@ -453,6 +453,35 @@ TEST_F(RouterTest, VllmsTokenFieldsCrossTheHandOffAsOnAColocatedAgent) {
   EXPECT_EQ(answer.body["usage"]["prompt_tokens"], 70);
 }
 
+// A text prompt cut by truncate_prompt_tokens goes on to the agents as the
+// ids the router kept: agents taking bodies of 64 KiB at most serve a 1 MiB
+// prompt cut to 70 tokens, as a colocated agent taking it whole does.
+TEST_F(RouterTest, ATruncatedTextPromptReachesTheAgentsAsTheIdsKept) {
+  RouterClusterOptions options;
+  options.agent_args = [](bool, int) {
+    return std::vector<std::string>{"--max-body-bytes", "65536"};
+  };
+  startCluster(options);
+  Agent colocated;
+  const char* const words[] = {"the", "river", "carried", "seven", "stones", "north,", "and"};
+  std::string text;
+  for (uint32_t i = 0; text.size() < (size_t{1} << 20); ++i) {
+    text += words[(i * 2654435761u >> 7) % 7];
+    text += ' ';
+  }
+  json body = greedy({1}, 6);
+  body["prompt"] = text;
+  body["truncate_prompt_tokens"] = 70;
+  const json expected = colocated.post("/v1/completions", body);
+  ASSERT_EQ(expected["usage"]["prompt_tokens"], 70) << expected;
+  Answer answer = post(body);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "disaggregated");
+  EXPECT_EQ(answer.blocks_moved, 4);
+  EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
+  EXPECT_EQ(answer.body["usage"]["prompt_tokens"], 70);
+}
+
 // The TCP connections whose remote port is one of `ports` (/proc/net/tcp
 // and tcp6), as "local remote", that a client of these listeners closed
 // first: in TIME_WAIT, or with `closing` also those on their way there

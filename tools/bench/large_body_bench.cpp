@@ -70,13 +70,21 @@ int runLargeBodyBench(const LargeBodyBenchOptions& options) {
   while (text.size() + 6 <= static_cast<size_t>(options.mb) * 1000000) text += "hello ";
   json body = json::parse(bodyFor(options.endpoint, text));
   if (body.contains("model")) body["model"] = model;
+  if (options.truncate != 0) {
+    if (options.endpoint == "/tokenize")
+      throw Error("--truncate is for completions, not /tokenize");
+    body["truncate_prompt_tokens"] = options.truncate;
+  }
   const std::string payload = body.dump();
   text.clear();
   text.shrink_to_fit();
 
-  std::printf("large bodies: %s%s, pid %d, %d MB prompts (%.1f MiB bodies)\n", base.c_str(),
+  std::printf("large bodies: %s%s, pid %d, %d MB prompts (%.1f MiB bodies)%s\n", base.c_str(),
               options.endpoint.c_str(), options.pid, options.mb,
-              mib(static_cast<int64_t>(payload.size())));
+              mib(static_cast<int64_t>(payload.size())),
+              options.truncate != 0
+                  ? (", truncate_prompt_tokens " + std::to_string(options.truncate)).c_str()
+                  : "");
   std::printf("%11s %12s %12s %12s %12s  %s\n", "concurrency", "before MiB", "peak MiB",
               "after MiB", "slowest s", "statuses");
   json levels = json::array();
@@ -134,6 +142,7 @@ int runLargeBodyBench(const LargeBodyBenchOptions& options) {
     std::ofstream(options.json_path) << json{{"url", base},
                                              {"endpoint", options.endpoint},
                                              {"prompt_mb", options.mb},
+                                             {"truncate_prompt_tokens", options.truncate},
                                              {"body_bytes", payload.size()},
                                              {"levels", levels}}
                                             .dump(2)

@@ -559,6 +559,12 @@ int main(int argc, char** argv) {
                    "seconds to wait before reading the memory left after a level")
       ->check(CLI::Range(0.0, 600.0))
       ->capture_default_str();
+  large
+      ->add_option("--truncate", large_options.truncate,
+                   "send truncate_prompt_tokens (-1 or at least 1; 0: none): the prompt is "
+                   "tokenized and its last tokens served instead of refused")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40))
+      ->capture_default_str();
   large->add_option("--json", large_options.json_path, "also write the figures as JSON here");
 
   auto* structured = app.add_subcommand(

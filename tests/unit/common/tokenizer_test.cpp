@@ -734,6 +734,31 @@ TEST(PreTokenizerTest, ASplitOnAStringIsLiteral) {
   EXPECT_EQ(words("Isolated", "abc"), (Words{"abc"}));
 }
 
+// Each SplitDelimiterBehavior cuts Hugging Face's documented example as its
+// documentation says; invert makes the matches the pieces kept and the text
+// between them the delimiters.
+TEST(PreTokenizerTest, EachSplitBehaviorCutsAsHuggingFaceDocumentsIt) {
+  auto words = [](const char* pattern, const char* behavior, bool invert) {
+    const tokenizer_internal::PreTokenizer split({{"type", "Split"},
+                                                  {"pattern", {{"Regex", pattern}}},
+                                                  {"behavior", behavior},
+                                                  {"invert", invert}},
+                                                 "t.json");
+    std::vector<std::string> out;
+    split.apply("the-final--countdown", out);
+    return out;
+  };
+  using Words = std::vector<std::string>;
+  EXPECT_EQ(words("-", "Removed", false), (Words{"the", "final", "countdown"}));
+  EXPECT_EQ(words("-", "Isolated", false), (Words{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(words("-", "MergedWithPrevious", false), (Words{"the-", "final-", "-", "countdown"}));
+  EXPECT_EQ(words("-", "MergedWithNext", false), (Words{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(words("-", "Contiguous", false), (Words{"the", "-", "final", "--", "countdown"}));
+  EXPECT_EQ(words("[a-z]+", "Removed", true), (Words{"the", "final", "countdown"}));
+  EXPECT_EQ(words("[a-z]+", "MergedWithNext", true), (Words{"the", "-final", "--countdown"}));
+  EXPECT_EQ(words("[a-z]+", "MergedWithPrevious", true), (Words{"the-", "final--", "countdown"}));
+}
+
 // A field of the wrong type is refused naming the file, the field and what
 // it must be, never a bare JSON library message nor a silent default.
 TEST(TokenizerLoadErrorTest, WrongFieldTypeNamesTheField) {

@@ -171,6 +171,37 @@ TEST_F(RequestBoundsTest, APromptThatCannotFitIsRefusedWithoutTokenizing) {
   EXPECT_NE(rendered.error().message.find("the rendered chat is"), std::string::npos);
 }
 
+// With truncate_prompt_tokens the same text is tokenized and cut (vLLM's):
+// the prompt is its last ids, not a 400, and the body passed on holds them.
+TEST_F(RequestBoundsTest, APromptTooLongToFitIsCutWithTruncatePromptTokens) {
+  const std::optional<int64_t> per_token = tokenizer().maxTextBytesPerToken();
+  ASSERT_TRUE(per_token.has_value());
+  std::string prompt;
+  while (prompt.size() < static_cast<size_t>(*per_token * kMaxModelLen * 4)) {
+    prompt += "Hello world, and " + std::to_string(prompt.size()) + " more ";
+  }
+  constexpr int64_t kKeep = 8;
+  const std::vector<TokenId> expected = tokenizer().encodeLast(prompt, true, kKeep);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kKeep));
+  auto parsed = parseCompletionRequest(
+      json{{"model", "tiny-model"}, {"prompt", prompt}, {"truncate_prompt_tokens", kKeep}}.dump(),
+      limits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  EXPECT_EQ(parsed.value().request.prompt, expected);
+  // Forwarded (router to agents, prefill to decode) as the ids kept.
+  EXPECT_EQ(parsed.value().body["prompt"], json(expected));
+  EXPECT_FALSE(parsed.value().body.contains("truncate_prompt_tokens"));
+
+  const std::string chat =
+      json{{"model", "tiny-model"},
+           {"truncate_prompt_tokens", kKeep},
+           {"messages", json::array({{{"role", "user"}, {"content", prompt}}})}}
+          .dump();
+  auto rendered = parseChatCompletionRequest(chat, limits(), tokenizer());
+  ASSERT_TRUE(rendered.isOk()) << rendered.error().message;
+  EXPECT_EQ(rendered.value().request.prompt.size(), static_cast<size_t>(kKeep));
+}
+
 TEST_F(RequestBoundsTest, DetokenizeTakesAtMostMaxModelLenIds) {
   json ids = json::array();
   for (int64_t i = 0; i < kMaxModelLen; ++i) ids.push_back(1);
