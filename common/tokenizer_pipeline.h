@@ -30,12 +30,12 @@ class Normalizer {
   std::vector<int> forms_;  // utf8proc option sets, applied in order.
 };
 
-// Splits text into the words the model encodes one by one: Split (regex or
-// literal, all five delimiter behaviours, invert), ByteLevel (prefix space,
-// GPT-2 regex, byte-to-character mapping), and Sequence of them.
 // Takes one word of a pre-tokenizer's output, valid for the call only.
 using WordSink = std::function<void(std::string_view word)>;
 
+// Splits text into the words the model encodes one by one: Split (regex or
+// literal, all five delimiter behaviours, invert), ByteLevel (prefix space,
+// GPT-2 regex, byte-to-character mapping), and Sequence of them.
 class PreTokenizer {
  public:
   PreTokenizer(const nlohmann::json& config, std::string_view source);

@@ -650,19 +650,34 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
   return std::nullopt;
 }
 
+// With truncate_prompt_tokens a text is tokenized whole and cut (vLLM's),
+// up to this many times what could fit max_model_len (below): still far
+// more text than any model's context, while the memory tokenizing takes
+// stays bounded (about 27 bytes per byte of the longest word the
+// pre-tokenizer leaves whole: a run of one letter, of spaces).
+constexpr int64_t kTruncatedTextFits = 4;
+
 // Refuses, before tokenizing it, a text too long for max_model_len whatever
 // its tokens: each token stands for at most maxTextBytesPerToken() bytes, so
 // a text of N bytes has at least N / that many. This keeps a 60 MB prompt
-// from costing the second of CPU its tokens take. A request with
-// truncate_prompt_tokens is not checked: its text is tokenized whatever its
-// length (as vLLM's), which costs about its ids in memory (the pre-tokenizer
-// keeps no list of words) and the large-body limits bound how many at once.
+// from costing the time and memory its tokens take. With `truncating`
+// (truncate_prompt_tokens) a text kTruncatedTextFits times as long passes.
 std::optional<ApiError> checkTextFits(std::string_view text, const ServerLimits& limits,
-                                      const Tokenizer& tokenizer, const std::string& label,
-                                      const std::string& param) {
+                                      const Tokenizer& tokenizer, bool truncating,
+                                      const std::string& label, const std::string& param) {
   const std::optional<int64_t> per_token = tokenizer.maxTextBytesPerToken();
   if (!per_token || limits.max_model_len <= 0) return std::nullopt;
   const auto bytes = static_cast<int64_t>(text.size());
+  if (truncating) {
+    const int64_t most = kTruncatedTextFits * limits.max_model_len * *per_token;
+    if (bytes <= most) return std::nullopt;
+    return invalidRequest(
+        label + " is " + std::to_string(bytes) + " bytes; with truncate_prompt_tokens at most " +
+            std::to_string(most) + " are tokenized (" + std::to_string(kTruncatedTextFits) +
+            " times max_model_len " + std::to_string(limits.max_model_len) + " tokens of " +
+            std::to_string(*per_token) + " bytes, the most a token of this model stands for)",
+        param);
+  }
   const int64_t min_tokens = (bytes + *per_token - 1) / *per_token;
   if (min_tokens < limits.max_model_len) return std::nullopt;
   return invalidRequest(label + " is " + std::to_string(bytes) + " bytes, at least " +
@@ -719,8 +734,9 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
   if (prompt->is_string()) {
     const auto& text = prompt->get_ref<const std::string&>();
     if (text.empty()) return invalidRequest("prompt must not be empty", "prompt");
-    if (!parsed.truncate_prompt_tokens) {
-      if (auto error = checkTextFits(text, limits, tokenizer, name, name)) return error;
+    if (auto error = checkTextFits(text, limits, tokenizer,
+                                   parsed.truncate_prompt_tokens.has_value(), name, name)) {
+      return error;
     }
     // Kept only when whole: a cut text may be 60 MB.
     if (!encodePrompt(text, parsed, tokenizer, add_special_tokens)) parsed.prompt_text = text;
@@ -900,11 +916,10 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
     return *error;
   }
   parsed.prompt_text = std::move(text).value();
-  if (!parsed.truncate_prompt_tokens) {
-    if (auto error =
-            checkTextFits(parsed.prompt_text, limits, tokenizer, "the rendered chat", "messages")) {
-      return *error;
-    }
+  if (auto error = checkTextFits(parsed.prompt_text, limits, tokenizer,
+                                 parsed.truncate_prompt_tokens.has_value(), "the rendered chat",
+                                 "messages")) {
+    return *error;
   }
   parsed.chat_output = chatOutputFor(root.value(), limits.chat_output, parsed.prompt_text);
   if (parsed.chat_output) parsed.chat_output->include_reasoning = include_reasoning;
@@ -960,9 +975,9 @@ Result<json> tokenize(std::string_view body, const ServerLimits& limits, const T
     if (!rendered.isOk()) return rendered.error();
     text = std::move(rendered).value();
   }
-  if (auto error =
-          checkTextFits(text, limits, tokenizer, has_prompt ? "prompt" : "the rendered chat",
-                        has_prompt ? "prompt" : "messages")) {
+  if (auto error = checkTextFits(text, limits, tokenizer, /*truncating=*/false,
+                                 has_prompt ? "prompt" : "the rendered chat",
+                                 has_prompt ? "prompt" : "messages")) {
     return *error;
   }
   const std::vector<TokenId> ids = tokenizer.encode(text, add_special_tokens);

@@ -371,7 +371,8 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   const std::optional<YAML::Node> env = spec.get("env");
   if (env) pool.env = readEnv(*env, context);
   if (auto value = spec.get("extraArgs")) {
-    pool.extra_args = readStringList(*value, "spec.extraArgs", context);
+    // An empty argument is a value ("--api-key-exempt-paths", "").
+    pool.extra_args = readStringList(*value, "spec.extraArgs", context, /*allow_empty=*/true);
   }
   if (auto value = spec.get("autoscaling"))
     pool.autoscaling = readAutoscaling(*value, kind, context);

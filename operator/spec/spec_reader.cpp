@@ -151,11 +151,18 @@ std::string readString(const YAML::Node& node, const std::string& path,
 }
 
 std::vector<std::string> readStringList(const YAML::Node& node, const std::string& path,
-                                        const DocumentContext& context) {
+                                        const DocumentContext& context, bool allow_empty) {
   requireList(node, path, context);
   std::vector<std::string> items;
   for (size_t i = 0; i < node.size(); ++i) {
-    items.push_back(readString(node[i], path + "[" + std::to_string(i) + "]", context));
+    const std::string item_path = path + "[" + std::to_string(i) + "]";
+    if (!allow_empty) {
+      items.push_back(readString(node[i], item_path, context));
+    } else if (node[i].IsScalar()) {
+      items.push_back(node[i].Scalar());
+    } else {
+      fail(context, item_path, "must be a string, got " + described(node[i]), node[i]);
+    }
   }
   return items;
 }

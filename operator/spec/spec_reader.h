@@ -112,9 +112,9 @@ bool readBool(const YAML::Node& node, const std::string& path, const DocumentCon
 // A non-empty scalar, quoted or not.
 std::string readString(const YAML::Node& node, const std::string& path,
                        const DocumentContext& context);
-// A list of non-empty strings (readString).
+// A list of strings, each non-empty (readString) unless `allow_empty`.
 std::vector<std::string> readStringList(const YAML::Node& node, const std::string& path,
-                                        const DocumentContext& context);
+                                        const DocumentContext& context, bool allow_empty = false);
 // One of `accepted`.
 std::string readEnum(const YAML::Node& node, const std::string& path,
                      const DocumentContext& context, const std::vector<std::string>& accepted);

@@ -27,6 +27,7 @@
 
 #include "common/block_hash.h"
 #include "common/loopback_socket.h"
+#include "common/tokenizer.h"
 #include "tests/support/drain_checks.h"
 #include "tests/support/router_cluster.h"
 
@@ -454,21 +455,28 @@ TEST_F(RouterTest, VllmsTokenFieldsCrossTheHandOffAsOnAColocatedAgent) {
 }
 
 // A text prompt cut by truncate_prompt_tokens goes on to the agents as the
-// ids the router kept: agents taking bodies of 64 KiB at most serve a 1 MiB
-// prompt cut to 70 tokens, as a colocated agent taking it whole does.
+// ids the router kept: agents taking bodies of 4 KiB at most serve a prompt
+// of twice what could fit max_model_len (the router's text bound is 4
+// times) cut to 70 tokens, as a colocated agent taking it whole does.
 TEST_F(RouterTest, ATruncatedTextPromptReachesTheAgentsAsTheIdsKept) {
   RouterClusterOptions options;
   options.agent_args = [](bool, int) {
-    return std::vector<std::string>{"--max-body-bytes", "65536"};
+    return std::vector<std::string>{"--max-body-bytes", "4096"};
   };
   startCluster(options);
   Agent colocated;
+  const auto per_token = tandem::Tokenizer::fromDirectory(tinyModelDir())->maxTextBytesPerToken();
+  ASSERT_TRUE(per_token.has_value());
+  const auto models = colocated.client()->Get("/v1/models");
+  ASSERT_TRUE(models);
+  const auto max_model_len = json::parse(models->body)["data"][0]["max_model_len"].get<int64_t>();
   const char* const words[] = {"the", "river", "carried", "seven", "stones", "north,", "and"};
   std::string text;
-  for (uint32_t i = 0; text.size() < (size_t{1} << 20); ++i) {
+  for (uint32_t i = 0; text.size() < 2 * static_cast<size_t>(*per_token * max_model_len); ++i) {
     text += words[(i * 2654435761u >> 7) % 7];
     text += ' ';
   }
+  ASSERT_GT(text.size(), 4096u);
   json body = greedy({1}, 6);
   body["prompt"] = text;
   body["truncate_prompt_tokens"] = 70;

@@ -433,12 +433,12 @@ spec:
     // spec.extraArgs come last: the router takes a flag's last value, so
     // they win over the controller's.
     spec::RouterSpec extra = router;
-    extra.extra_args = {"--shutdown-timeout", "30", "--max-connections", "4096"};
+    extra.extra_args = {"--policy", "kv", "--max-connections", "4096"};
     const json args = agentContainer(
         desiredRouterDeployment(owner, extra, {"prefill"}, {"decode-a"}, defaults()))["args"];
     ASSERT_GE(args.size(), 6u);
     EXPECT_EQ(json(std::vector<json>(args.end() - 6, args.end())),
-              json::parse(R"(["--shutdown-timeout", "120", "--shutdown-timeout", "30",
+              json::parse(R"(["--shutdown-timeout", "120", "--policy", "kv",
                   "--max-connections", "4096"])"))
         << args;
   }

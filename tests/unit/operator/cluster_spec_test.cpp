@@ -129,7 +129,7 @@ spec:
   threads: 4
   modelPath: /models/llama
   pollIntervalSeconds: 0.25
-  extraArgs: [--max-connections, "4096"]
+  extraArgs: [--max-connections, "4096", --api-key-exempt-paths, "", --portable]
 )"});
   const ClusterSpec cluster = parseClusterSpec(text, "c.yaml");
   ASSERT_EQ(cluster.pools.size(), 2u);
@@ -185,7 +185,9 @@ spec:
   EXPECT_EQ(router.threads, 4);
   EXPECT_EQ(router.model_path, "/models/llama");
   EXPECT_EQ(router.poll_interval_s, 0.25);
-  EXPECT_EQ(router.extra_args, (std::vector<std::string>{"--max-connections", "4096"}));
+  EXPECT_EQ(router.extra_args,
+            (std::vector<std::string>{"--max-connections", "4096", "--api-key-exempt-paths", "",
+                                      "--portable"}));
 }
 
 TEST(ClusterSpecTest, Defaults) {
@@ -291,7 +293,7 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
                                 "  env: [{name: TANDEM_API_KEY, value: x}]\n"}),
        "spec.env[0].name \"TANDEM_API_KEY\" is set by spec.apiKeySecretRef"},
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
-       "spec.extraArgs[0] must be a non-empty string, got a mapping"},
+       "spec.extraArgs[0] must be a string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
        "spec.resources.limits.cpu must be a quantity such as 1, 500m, 8Gi or 1e9, got a list"},
       {documents({decode_spec + "  resources: {requests: {memory: 8GiB}}\n"}),
@@ -345,9 +347,15 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {policy: lru}\n"}),
        "document 2 (Router): spec.policy must be kv, round_robin, random, dynamo, llm_d or sglang, "
        "got \"lru\""},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {extraArgs: [--max-connections, \"9\", --shutdown-timeout=600]}\n"}),
+       "document 2 (Router): spec.extraArgs[2] gives --shutdown-timeout, which the controller "
+       "sets: set spec.shutdownTimeoutSeconds (the pod's termination grace period follows it)"},
       {documents(
-           {kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: [\"\"]}\n"}),
-       "document 2 (Router): spec.extraArgs[0] must be a non-empty string, got the string \"\""},
+           {kDecode,
+            "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: [--port, \"9\"]}\n"}),
+       "document 2 (Router): spec.extraArgs[0] gives --port, which the controller sets"},
       {documents(
            {kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: x}\n"}),
        "document 2 (Router): spec.extraArgs must be a list, got \"x\""},

@@ -173,13 +173,17 @@ TEST_F(RequestBoundsTest, APromptThatCannotFitIsRefusedWithoutTokenizing) {
 
 // With truncate_prompt_tokens the same text is tokenized and cut (vLLM's):
 // the prompt is its last ids, not a 400, and the body passed on holds them.
+// Up to 4 times what could fit: a text longer than that is refused before
+// tokenizing, naming the bound.
 TEST_F(RequestBoundsTest, APromptTooLongToFitIsCutWithTruncatePromptTokens) {
   const std::optional<int64_t> per_token = tokenizer().maxTextBytesPerToken();
   ASSERT_TRUE(per_token.has_value());
+  const auto fits = static_cast<size_t>(*per_token * kMaxModelLen);
   std::string prompt;
-  while (prompt.size() < static_cast<size_t>(*per_token * kMaxModelLen * 4)) {
+  while (prompt.size() < 3 * fits) {
     prompt += "Hello world, and " + std::to_string(prompt.size()) + " more ";
   }
+  prompt.resize(4 * fits);
   constexpr int64_t kKeep = 8;
   const std::vector<TokenId> expected = tokenizer().encodeLast(prompt, true, kKeep);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kKeep));
@@ -195,11 +199,24 @@ TEST_F(RequestBoundsTest, APromptTooLongToFitIsCutWithTruncatePromptTokens) {
   const std::string chat =
       json{{"model", "tiny-model"},
            {"truncate_prompt_tokens", kKeep},
-           {"messages", json::array({{{"role", "user"}, {"content", prompt}}})}}
+           {"messages", json::array({{{"role", "user"}, {"content", prompt.substr(0, 3 * fits)}}})}}
           .dump();
   auto rendered = parseChatCompletionRequest(chat, limits(), tokenizer());
   ASSERT_TRUE(rendered.isOk()) << rendered.error().message;
   EXPECT_EQ(rendered.value().request.prompt.size(), static_cast<size_t>(kKeep));
+
+  const std::string longer = prompt + "x";
+  auto refused = parseCompletionRequest(
+      json{{"model", "tiny-model"}, {"prompt", longer}, {"truncate_prompt_tokens", kKeep}}.dump(),
+      limits(), tokenizer());
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().param, "prompt");
+  EXPECT_EQ(refused.error().message,
+            "prompt is " + std::to_string(longer.size()) +
+                " bytes; with truncate_prompt_tokens at most " + std::to_string(4 * fits) +
+                " are tokenized (4 times max_model_len " + std::to_string(kMaxModelLen) +
+                " tokens of " + std::to_string(*per_token) +
+                " bytes, the most a token of this model stands for)");
 }
 
 TEST_F(RequestBoundsTest, DetokenizeTakesAtMostMaxModelLenIds) {
