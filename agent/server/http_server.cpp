@@ -244,35 +244,50 @@ class SignsOfLife {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
-// n > 1 or best_of > n: one engine request per candidate ("<id>-<i>"; with
-// a seed, candidate i samples with seed + i). The first is sent alone; the
-// others once it has its first token, so they find the prompt's blocks in
-// the prefix cache and compute only its last partial block (and take its
-// prompt logprobs, which are the same). Whole: one answer with a choice per
-// request — with best_of > n, the n candidates with the largest sum of
-// token logprobs, best first. Streamed (best_of = n): each step's chunk
-// carries its choice's index, and the usage chunk and [DONE] follow the
-// last choice's end. An error in any candidate ends the answer with that
-// error; the client leaving aborts all.
+// One prompt's request and response details, for answerChoices.
+struct ChoiceGroup {
+  ParsedRequest request;
+  ResponseMeta meta;
+};
+
+// n > 1, best_of > n, or several prompts (a batch, one group each): one
+// engine request per candidate ("<id>-<i>", or "<id>-<prompt>-<i>" in a
+// batch; with a seed, candidate i samples with seed + i). A prompt's first
+// candidate is sent alone; its others once it has its first token, so they
+// find the prompt's blocks in the prefix cache and compute only its last
+// partial block (and take its prompt logprobs, which are the same). Whole:
+// one answer with a choice per request — with best_of > n, each prompt's n
+// candidates with the largest sum of token logprobs, best first; prompt
+// p's choices are indexed from p * n. Streamed (best_of = n): each step's
+// chunk carries its choice's index, and the usage chunk and [DONE] follow
+// the last choice's end. Usage: each prompt once, every candidate's tokens.
+// An error in any candidate ends the answer with that error; the client
+// leaving aborts all.
 boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engine& engine,
-                                           AgentMetrics& metrics, ParsedRequest request,
-                                           const ResponseMeta& meta, bool chat,
-                                           int retry_after_seconds) {
+                                           AgentMetrics& metrics, std::vector<ChoiceGroup> groups,
+                                           bool chat, int retry_after_seconds) {
   const Tokenizer& tokenizer = engine.tokenizer();
-  const auto n = static_cast<size_t>(request.best_of);  // candidates
-  const auto returned = static_cast<size_t>(request.n);
+  const ParsedRequest& head = groups.front().request;
+  const auto n = static_cast<size_t>(head.best_of);  // candidates per prompt
+  const auto returned = static_cast<size_t>(head.n);
   const bool ranked = n > returned;
-  const std::string id = request.request.id;
+  const bool stream = head.stream;
+  const size_t total_candidates = groups.size() * n;
+  const std::string id = head.request.id;
   auto channel = std::make_shared<OutputChannel>(exchange.waker());
+  // Candidate c is prompt c / n's candidate c % n.
   std::vector<std::string> ids;
   std::map<std::string, size_t> index_of;
-  for (size_t i = 0; i < n; ++i) {
-    ids.push_back(id + "-" + std::to_string(i));
-    index_of[ids.back()] = i;
+  for (size_t c = 0; c < total_candidates; ++c) {
+    ids.push_back(groups.size() == 1
+                      ? id + "-" + std::to_string(c)
+                      : id + "-" + std::to_string(c / n) + "-" + std::to_string(c % n));
+    index_of[ids.back()] = c;
   }
-  auto add = [&](size_t i) {
-    engine::Request child = request.request;
-    child.id = ids[i];
+  auto add = [&](size_t c) {
+    engine::Request child = groups[c / n].request.request;
+    const size_t i = c % n;
+    child.id = ids[c];
     child.hand_over_on_drain = false;  // several streams in one: not movable
     if (child.sampling.seed) child.sampling.seed = *child.sampling.seed + i;
     // The first computes the prompt's logprobs; the others read its blocks.
@@ -285,38 +300,45 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   auto abortAll = [&] {
     for (const std::string& child : ids) engine.abort(child);
   };
-  if (Status status = add(0); !status.isOk()) {
-    co_await exchange.respond(errorResponse(refusedByEngine(metrics, status), retry_after_seconds));
+  size_t added = 0;
+  std::optional<ApiError> failed;
+  for (size_t g = 0; g < groups.size() && !failed; ++g) {
+    if (Status status = add(g * n); !status.isOk()) {
+      failed = refusedByEngine(metrics, status);
+    } else {
+      ++added;
+    }
+  }
+  if (failed && added == 0) {
+    co_await exchange.respond(errorResponse(*failed, retry_after_seconds));
     co_return;
   }
-  std::vector<engine::RequestOutput> totals(n);
-  std::vector<StreamState> states(n);
-  std::deque<engine::RequestOutput> pending;            // outputs before the stream started
-  std::vector<engine::GeneratedToken> prompt_logprobs;  // the first candidate's
-  std::vector<bool> seen(n, false);
+  std::vector<engine::RequestOutput> totals(total_candidates);
+  std::vector<StreamState> states(total_candidates);
+  std::deque<engine::RequestOutput> pending;  // outputs before the stream started
+  std::vector<std::vector<engine::GeneratedToken>> prompt_logprobs(groups.size());
+  std::vector<bool> seen(total_candidates, false);
   SignsOfLife signs(exchange.request());
-  size_t added = 1;
   size_t finished = 0;
   bool started = false;
-  std::optional<ApiError> failed;
-  while (finished < n && !failed) {
+  while (finished < total_candidates && !failed) {
     while (auto output = channel->tryPop()) {
-      const size_t i = index_of.at(output->request_id);
-      if (!seen[i]) {
-        seen[i] = true;
-        if (i == 0) {
-          prompt_logprobs = output->prompt_logprobs;
-        } else {
-          output->prompt_logprobs = prompt_logprobs;
-        }
-      }
-      if (added == 1 && i == 0) {
-        // The prompt is computed and cached: the other choices now.
-        for (; added < n; ++added) {
-          if (Status status = add(added); !status.isOk()) {
-            failed = refusedByEngine(metrics, status);
-            break;
+      const size_t c = index_of.at(output->request_id);
+      const size_t g = c / n;
+      if (!seen[c]) {
+        seen[c] = true;
+        if (c % n == 0) {
+          prompt_logprobs[g] = output->prompt_logprobs;
+          // The prompt is computed and cached: its other choices now.
+          for (size_t i = 1; i < n && !failed; ++i) {
+            if (Status status = add(g * n + i); !status.isOk()) {
+              failed = refusedByEngine(metrics, status);
+            } else {
+              ++added;
+            }
           }
+        } else {
+          output->prompt_logprobs = prompt_logprobs[g];
         }
       }
       if (output->finished()) ++finished;
@@ -325,7 +347,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
       if (failed) break;
     }
     if (failed) break;
-    if (request.stream && added == n) {
+    if (stream && added == total_candidates) {
       if (!started) {
         const bool headers_sent =
             co_await exchange.startChunked(200, "text/event-stream", noCache());
@@ -338,10 +360,10 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
       std::string data;
       for (; !pending.empty(); pending.pop_front()) {
         const engine::RequestOutput& output = pending.front();
-        const size_t i = index_of.at(output.request_id);
-        appendOutput(totals[i], output);
-        if (auto chunk = streamChunk(meta, output, tokenizer, states[i])) {
-          (*chunk)["choices"][0]["index"] = i;
+        const size_t c = index_of.at(output.request_id);
+        appendOutput(totals[c], output);
+        if (auto chunk = streamChunk(groups[c / n].meta, output, tokenizer, states[c])) {
+          (*chunk)["choices"][0]["index"] = c;
           data += sseEvent(*chunk);
         }
       }
@@ -353,7 +375,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
         }
       }
     }
-    if (finished < n && !request.stream) {
+    if (finished < total_candidates && !stream) {
       const bool there =
           co_await signs.give(exchange, std::any_of(seen.begin(), seen.end(), std::identity()));
       if (!there) {
@@ -361,8 +383,8 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
         co_return;
       }
     }
-    if (finished < n) {
-      const bool there = co_await exchange.wait(request.stream ? std::nullopt : signs.interval());
+    if (finished < total_candidates) {
+      const bool there = co_await exchange.wait(stream ? std::nullopt : signs.interval());
       if (!there) {
         abortAll();
         co_return;
@@ -383,41 +405,54 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   for (; !pending.empty(); pending.pop_front()) {
     appendOutput(totals[index_of.at(pending.front().request_id)], pending.front());
   }
-  // Usage: the prompt once, every candidate's tokens.
+  // Usage: each prompt once (its first candidate's count), every
+  // candidate's tokens.
   engine::RequestOutput usage = totals[0];
-  for (size_t i = 1; i < n; ++i) usage.num_generated_tokens += totals[i].num_generated_tokens;
-  if (request.stream) {
+  usage.num_prompt_tokens = 0;
+  usage.num_cached_tokens = 0;
+  usage.num_generated_tokens = 0;
+  for (size_t c = 0; c < total_candidates; ++c) {
+    if (c % n == 0) {
+      usage.num_prompt_tokens += totals[c].num_prompt_tokens;
+      usage.num_cached_tokens += totals[c].num_cached_tokens;
+    }
+    usage.num_generated_tokens += totals[c].num_generated_tokens;
+  }
+  if (stream) {
     std::string data;
-    if (meta.include_usage) data += sseEvent(usageChunk(meta, usage));
+    if (head.include_usage) data += sseEvent(usageChunk(groups.front().meta, usage));
     data += kSseDone;
     const bool written = co_await exchange.writeChunk(std::move(data));
     if (written) co_await exchange.finishChunked();
     co_return;
   }
-  // Candidates in the order they are returned: best_of > n ranks them by
-  // the sum of their tokens' logprobs (raw, as reported), ties to the
-  // smaller index.
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  if (ranked) {
-    std::vector<double> score(n, 0.0);
-    for (size_t i = 0; i < n; ++i) {
-      for (const engine::GeneratedToken& token : totals[i].tokens) score[i] += token.logprob;
-    }
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return score[a] > score[b]; });
-  }
   ResponseJson body;
-  for (size_t i = 0; i < returned; ++i) {
-    ResponseJson one = chat ? chatCompletionResponse(meta, totals[order[i]], tokenizer)
-                            : completionResponse(meta, totals[order[i]], tokenizer);
-    ResponseJson choice = std::move(one["choices"][0]);
-    choice["index"] = i;
-    if (i == 0) {
-      body = std::move(one);
-      body["choices"] = ResponseJson::array();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // A prompt's candidates in the order they are returned: best_of > n
+    // ranks them by the sum of their tokens' logprobs (raw, as reported),
+    // ties to the smaller index.
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = g * n + i;
+    if (ranked) {
+      std::vector<double> score(total_candidates, 0.0);
+      for (size_t c : order) {
+        for (const engine::GeneratedToken& token : totals[c].tokens) score[c] += token.logprob;
+      }
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return score[a] > score[b]; });
     }
-    body["choices"].push_back(std::move(choice));
+    for (size_t i = 0; i < returned; ++i) {
+      const ResponseMeta& meta = groups[g].meta;
+      ResponseJson one = chat ? chatCompletionResponse(meta, totals[order[i]], tokenizer)
+                              : completionResponse(meta, totals[order[i]], tokenizer);
+      ResponseJson choice = std::move(one["choices"][0]);
+      choice["index"] = g * returned + i;
+      if (g == 0 && i == 0) {
+        body = std::move(one);
+        body["choices"] = ResponseJson::array();
+      }
+      body["choices"].push_back(std::move(choice));
+    }
   }
   body["usage"] = usageJson(usage);
   co_await exchange.respond(jsonResponse(body));
@@ -522,8 +557,19 @@ void HttpServer::routes() {
       // Responses carry the engine's transfer parameters, never an echo.
       meta.kv_transfer_params = nullptr;
 
-      if (request.best_of > 1) {
-        co_await answerChoices(exchange, engine_, metrics_, std::move(request), meta, chat,
+      if (request.best_of > 1 || !request.batch.empty()) {
+        std::vector<ChoiceGroup> groups;
+        std::vector<ParsedRequest> batch = std::move(request.batch);
+        request.batch.clear();
+        groups.push_back({std::move(request), meta});
+        for (ParsedRequest& other : batch) {
+          other.request.id = id;
+          other.request.arrival = groups.front().request.request.arrival;
+          ResponseMeta other_meta = makeResponseMeta(other, id, meta.created);
+          other_meta.kv_transfer_params = nullptr;
+          groups.push_back({std::move(other), std::move(other_meta)});
+        }
+        co_await answerChoices(exchange, engine_, metrics_, std::move(groups), chat,
                                config_.retry_after_seconds);
         co_return;
       }

@@ -703,51 +703,61 @@ bool encodePrompt(std::string_view text, ParsedRequest& parsed, const Tokenizer&
   return cut;
 }
 
-// The prompt field of /v1/completions: a string, token ids, or an array of
-// exactly one of these.
-std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& root,
-                                   const ServerLimits& limits, const Tokenizer& tokenizer,
-                                   bool add_special_tokens, ParsedRequest& parsed) {
-  constexpr const char* kAccepted = "a string, an array of token ids, or an array of one of these";
+// The prompts of /v1/completions' prompt field: a string, token ids, or an
+// array of these (a batch, as OpenAI's and vLLM's), each with its name for
+// messages ("prompt", or "prompt[i]" in an array).
+std::optional<ApiError> promptsOf(const RequestJson& root,
+                                  std::vector<std::pair<const RequestJson*, std::string>>& out) {
+  constexpr const char* kAccepted = "a string, an array of token ids, or an array of these";
   const auto it = root.find("prompt");
   if (it == root.end() || it->is_null()) {
     return invalidRequest(std::string("prompt is required (") + kAccepted + ")", "prompt");
   }
-  const RequestJson* prompt = &*it;
-  std::string name = "prompt";
-  if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
-    // A batch of prompts; only a batch of one is accepted.
-    if (prompt->size() != 1) {
-      return invalidRequest("prompt must be a single prompt, got an array of " +
-                                std::to_string(prompt->size()) +
-                                " prompts (batched prompts are not supported)",
-                            "prompt");
-    }
-    prompt = &(*prompt)[0];
-    name = "prompt[0]";
-    if (!prompt->is_string() && !prompt->is_array()) {
+  const RequestJson& prompt = *it;
+  if (!prompt.is_array() || prompt.empty() || prompt[0].is_number()) {
+    out.emplace_back(&prompt, "prompt");
+    return std::nullopt;
+  }
+  if (prompt.size() > static_cast<size_t>(kMaxBatchedPrompts)) {
+    return invalidRequest("prompt holds " + std::to_string(prompt.size()) + " prompts; at most " +
+                              std::to_string(kMaxBatchedPrompts) + " are accepted in one request",
+                          "prompt");
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string name = "prompt[" + std::to_string(i) + "]";
+    if (!prompt[i].is_string() && !prompt[i].is_array()) {
       return invalidRequest(
-          name + " must be a string or an array of token ids, got " + prompt->type_name(),
+          name + " must be a string or an array of token ids, got " + prompt[i].type_name(),
           "prompt");
     }
+    out.emplace_back(&prompt[i], name);
   }
-  if (prompt->is_string()) {
-    const auto& text = prompt->get_ref<const std::string&>();
-    if (text.empty()) return invalidRequest("prompt must not be empty", "prompt");
+  return std::nullopt;
+}
+
+// One prompt (promptsOf), tokenized and, with truncate_prompt_tokens, cut.
+std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& prompt,
+                                   const std::string& name, const ServerLimits& limits,
+                                   const Tokenizer& tokenizer, bool add_special_tokens,
+                                   ParsedRequest& parsed) {
+  if (prompt.is_string()) {
+    const auto& text = prompt.get_ref<const std::string&>();
+    if (text.empty()) return invalidRequest(name + " must not be empty", "prompt");
     if (auto error = checkTextFits(text, limits, tokenizer,
-                                   parsed.truncate_prompt_tokens.has_value(), name, name)) {
+                                   parsed.truncate_prompt_tokens.has_value(), name, "prompt")) {
       return error;
     }
     // Kept only when whole: a cut text may be 60 MB.
     if (!encodePrompt(text, parsed, tokenizer, add_special_tokens)) parsed.prompt_text = text;
     return std::nullopt;
   }
-  if (!prompt->is_array()) {
-    return invalidRequest(
-        std::string("prompt must be ") + kAccepted + ", got " + prompt->type_name(), "prompt");
+  if (!prompt.is_array()) {
+    return invalidRequest(name + " must be a string, an array of token ids, or an array of these" +
+                              ", got " + prompt.type_name(),
+                          "prompt");
   }
-  if (prompt->empty()) return invalidRequest("prompt must not be empty", "prompt");
-  auto ids = readTokenIds(fields, name, *prompt, limits.vocab_size);
+  if (prompt.empty()) return invalidRequest(name + " must not be empty", "prompt");
+  auto ids = readTokenIds(fields, name, prompt, limits.vocab_size);
   if (!ids) return fields.error();
   // Token ids are cut as given (vLLM's too).
   if (parsed.truncate_prompt_tokens &&
@@ -820,20 +830,46 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
     return *error;
   }
 
-  if (auto error =
-          readPrompt(fields, root.value(), limits, tokenizer, add_special_tokens, parsed)) {
-    return *error;
+  std::vector<std::pair<const RequestJson*, std::string>> prompts;
+  if (auto error = promptsOf(root.value(), prompts)) return *error;
+  if (prompts.size() > 1) {
+    // A batch: each prompt is its own request (n choices each), answered
+    // together by one agent.
+    if (!parsed.kv_transfer_params.is_null()) {
+      return invalidRequest(
+          "kv_transfer_params hands one request's KV over: prompt must be one "
+          "prompt, got " +
+              std::to_string(prompts.size()),
+          "kv_transfer_params");
+    }
+    if (!parsed.request.resume_output.empty()) {
+      return invalidRequest("resume_token_ids resumes one answer: prompt must be one prompt, got " +
+                                std::to_string(prompts.size()),
+                            "resume_token_ids");
+    }
   }
-  if (parsed.echo && parsed.request.resume_output.empty()) {
-    parsed.echo_text = parsed.prompt_text.empty()
-                           ? tokenizer.decode(parsed.request.prompt, /*skip_special_tokens=*/false)
-                           : parsed.prompt_text;
+  std::vector<ParsedRequest> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ParsedRequest one = i + 1 < prompts.size() ? parsed : std::move(parsed);
+    const auto& [prompt, name] = prompts[i];
+    if (auto error =
+            readPrompt(fields, *prompt, name, limits, tokenizer, add_special_tokens, one)) {
+      return *error;
+    }
+    if (one.echo && one.request.resume_output.empty()) {
+      one.echo_text = one.prompt_text.empty()
+                          ? tokenizer.decode(one.request.prompt, /*skip_special_tokens=*/false)
+                          : one.prompt_text;
+    }
+    if (auto error = finishRequest(one, limits, max_tokens, "max_tokens", name.c_str(), "prompt")) {
+      return *error;
+    }
+    batch.push_back(std::move(one));
   }
-  if (auto error = finishRequest(parsed, limits, max_tokens, "max_tokens", "prompt", "prompt")) {
-    return *error;
-  }
+  parsed = std::move(batch.front());
+  for (size_t i = 1; i < batch.size(); ++i) parsed.batch.push_back(std::move(batch[i]));
   parsed.body = std::move(root).value();
-  if (parsed.truncate_prompt_tokens && parsed.prompt_text.empty()) {
+  if (parsed.batch.empty() && parsed.truncate_prompt_tokens && parsed.prompt_text.empty()) {
     // Cut: whoever this body is forwarded to (the agents behind a router, a
     // decode agent) reads the ids kept, not the whole text again.
     parsed.body["prompt"] = parsed.request.prompt;

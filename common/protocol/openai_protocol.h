@@ -110,6 +110,8 @@ class Result {
 
 // Most choices one request may ask for (n).
 inline constexpr int64_t kMaxChoices = 16;
+// Prompts in one /v1/completions request (an array of prompts).
+inline constexpr int64_t kMaxBatchedPrompts = 256;
 
 // Values a request body may hold by default: the token ids of a 1M-token
 // prompt, or a conversation with tools far larger than any context window.
@@ -184,6 +186,11 @@ struct ParsedRequest {
   // "none"; reasoning_ended_in_prompt when chat_template_kwargs turned
   // thinking off). Unset when no parser applies.
   std::optional<protocol::ChatOutputOptions> chat_output;
+  // Completions given several prompts (an array of them): this request is
+  // the first prompt's and `batch` holds the others', each complete (same
+  // fields, its own prompt, echo text and max_tokens; no body). Answered
+  // as one: prompt i's choices are indexed from i * n.
+  std::vector<ParsedRequest> batch;
   // The request body as parsed, object keys in the client's order, for a
   // caller that forwards it (the router) without parsing it again; a chat
   // request's also carries chat_template_time, the time its template was

@@ -79,7 +79,8 @@ std::string exhaustedMessage(const std::string& agent, const std::string& agent_
           << migrations << " migrations)";
       break;
     case NoMove::kSeveralChoices:
-      why << "a stream of several choices (n > 1) is not moved to another agent";
+      why << "a stream of several choices (n > 1, or several prompts) is not moved to another "
+             "agent";
       break;
   }
   return midStreamFailure(agent, why.str());
@@ -314,6 +315,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  for (const server::ParsedRequest& other : parsed.value().batch) {
+    input.num_prompt_tokens += static_cast<int64_t>(other.request.prompt.size());
+  }
   input.max_tokens = request.sampling.max_tokens;
   input.block_size = model_.info().block_size;
   const std::unordered_map<std::string, int64_t> held = agents_.leadingBlocksForAll(hashes);
@@ -340,11 +344,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
     decision = chooser_.choose(input);
     // Several candidates share the prompt on one agent (it computes it once
-    // and each reads it from its prefix cache), and prompt logprobs need
+    // and each reads it from its prefix cache), a batch of prompts is
+    // answered as one by one agent (routed by its first prompt), and prompt
+    // logprobs need
     // every prompt position computed where they are asked for: a hand-off
     // or a lent prefix moves one request's KV computed elsewhere.
-    const bool prefill_here =
-        parsed.value().best_of > 1 || parsed.value().request.sampling.prompt_logprobs.has_value();
+    const bool prefill_here = parsed.value().best_of > 1 || !parsed.value().batch.empty() ||
+                              parsed.value().request.sampling.prompt_logprobs.has_value();
     if (prefill_here && decision.decode) {
       if (decision.kind != Decision::Kind::kLocalPrefill) {
         // The predictions were the chosen path's, not this one's: this
@@ -531,7 +537,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         lent = splice->handOverParams();
         lender = decode;
       }
-      const bool one_choice = parsed.value().n == 1;
+      const bool one_choice = parsed.value().n == 1 && parsed.value().batch.empty();
       if (splice && one_choice && splice->finished()) {
         // The agent broke after the answer's last chunk: only its usage
         // chunk and [DONE], or only the body's end, are missing (an agent

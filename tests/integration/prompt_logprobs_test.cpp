@@ -262,4 +262,80 @@ TEST(BestOf, ReturnsTheCandidatesWithTheLargestSumOfLogprobs) {
   EXPECT_NE(candidates[order[0]].second, candidates[order[1]].second);
 }
 
+// A batch of prompts (an array, as OpenAI's and vLLM's): prompt p's
+// choices come at indices p * n + i, each exactly the answer prompt p gets
+// alone with seed + i (text, echo and logprobs included); usage counts each
+// prompt once and every choice's tokens. Streamed, each index's chunks put
+// together are its whole choice. With best_of, each prompt's best
+// candidate is its choice.
+TEST(BatchedPrompts, EachPromptIsAnsweredAsAloneIndexedByPromptThenChoice) {
+  Agent agent;
+  const json prompts = {randomPrompt(30, 51), "the river carried seven stones",
+                        randomPrompt(9, 52)};
+  json body = greedy({1}, 6);
+  body["prompt"] = prompts;
+  body["temperature"] = 1.0;
+  body["seed"] = 11;
+  body["n"] = 2;
+  body["echo"] = true;
+  body["logprobs"] = 1;
+  const json answer = agent.post("/v1/completions", body);
+  ASSERT_EQ(answer["choices"].size(), 6u) << answer.dump();
+  int64_t prompt_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (size_t i = 0; i < 2; ++i) {
+      json single = body;
+      single["prompt"] = prompts[p];
+      single["n"] = 1;
+      single["seed"] = 11 + i;
+      const json alone = agent.post("/v1/completions", single);
+      if (i == 0) prompt_tokens += alone["usage"]["prompt_tokens"].get<int64_t>();
+      json expected = alone["choices"][0];
+      expected["index"] = p * 2 + i;
+      EXPECT_EQ(answer["choices"][p * 2 + i], expected) << "prompt " << p << " choice " << i;
+    }
+  }
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 6 * 6);
+
+  body.erase("echo");
+  body.erase("logprobs");
+  const json whole = agent.post("/v1/completions", body);
+  std::vector<std::vector<int>> streamed(6);
+  for (const json& chunk : streamChunks(agent, body)) {
+    for (const json& choice : chunk["choices"]) {
+      for (const json& token : choice["token_ids"]) {
+        streamed[choice["index"].get<size_t>()].push_back(token.get<int>());
+      }
+    }
+  }
+  for (size_t c = 0; c < 6; ++c) {
+    EXPECT_EQ(streamed[c], whole["choices"][c]["token_ids"].get<std::vector<int>>()) << c;
+  }
+
+  body["n"] = 1;
+  body["best_of"] = 3;
+  body["logprobs"] = 0;
+  const json best = agent.post("/v1/completions", body);
+  ASSERT_EQ(best["choices"].size(), 3u) << best.dump();
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    double best_sum = -1e300;
+    std::vector<int> best_tokens;
+    for (int i = 0; i < 3; ++i) {
+      json single = body;
+      single["prompt"] = prompts[p];
+      single.erase("best_of");
+      single["seed"] = 11 + i;
+      const json one = agent.post("/v1/completions", single);
+      double sum = 0;
+      for (const json& value : one["choices"][0]["logprobs"]["token_logprobs"]) {
+        sum += value.get<double>();
+      }
+      if (sum > best_sum) best_sum = sum, best_tokens = tokenIdsOf(one);
+    }
+    EXPECT_EQ(best["choices"][p]["index"], p);
+    EXPECT_EQ(best["choices"][p]["token_ids"].get<std::vector<int>>(), best_tokens) << p;
+  }
+}
+
 }  // namespace

@@ -406,8 +406,9 @@ TEST_F(RouterTest, SeveralChoicesArePrefilledOnTheDecodeAgent) {
 }
 
 // The prompt's logprobs (echo with logprobs, prompt_logprobs) are computed
-// where they are asked for, and best_of's candidates share the prompt: both
-// prefilled on the decode agent, equal to the colocated answer.
+// where they are asked for, best_of's candidates share the prompt, and a
+// batch of prompts is answered as one: all prefilled on the decode agent,
+// equal to the colocated answer.
 TEST_F(RouterTest, PromptLogprobsAndBestOfArePrefilledOnTheDecodeAgent) {
   start(1, 1);
   Agent colocated;
@@ -431,6 +432,17 @@ TEST_F(RouterTest, PromptLogprobsAndBestOfArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(answer.decision, "local_prefill");
   ASSERT_EQ(answer.body["choices"].size(), 2u);
   EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", ranked)["choices"]);
+
+  // A batch of prompts is answered as one, by the decode agent.
+  json batch = greedy({1}, 5);
+  batch["prompt"] = {randomPrompt(70, 953), randomPrompt(40, 954), "the river"};
+  answer = post(batch);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "local_prefill");
+  ASSERT_EQ(answer.body["choices"].size(), 3u);
+  const json alone = colocated.post("/v1/completions", batch);
+  EXPECT_EQ(answer.body["choices"], alone["choices"]);
+  EXPECT_EQ(answer.body["usage"], alone["usage"]);
   EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
 }
 
@@ -958,8 +970,9 @@ TEST_F(RouterTest, AStreamOfSeveralChoicesEndsWithAClearErrorWhenItsAgentDies) {
   killer.join();
   ASSERT_TRUE(res);
   const StreamedCompletion stream = parseStream(res->body);
-  EXPECT_NE(stream.errors.find("a stream of several choices (n > 1) is not moved to another agent"),
-            std::string::npos)
+  EXPECT_NE(
+      stream.errors.find("a stream of several choices (n > 1, or several prompts) is not moved"),
+      std::string::npos)
       << stream.errors;
   EXPECT_EQ(stream.done, 1);
   EXPECT_EQ(

@@ -296,17 +296,20 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
               "model \"gpt-4\" does not exist; this server serves \"tiny-model\""},
       // Prompt forms.
       bad(R"({"model": "tiny-model"})", "prompt",
-          "prompt is required (a string, an array of token ids, or an array of one of these)"),
+          "prompt is required (a string, an array of token ids, or an array of these)"),
       bad(R"({"model": "tiny-model", "prompt": ""})", "prompt", "prompt must not be empty"),
       bad(R"({"model": "tiny-model", "prompt": []})", "prompt", "prompt must not be empty"),
-      bad(R"({"model": "tiny-model", "prompt": [""]})", "prompt", "prompt must not be empty"),
-      bad(R"({"model": "tiny-model", "prompt": [[]]})", "prompt", "prompt must not be empty"),
-      bad(R"({"model": "tiny-model", "prompt": ["a", "b"]})", "prompt",
-          "prompt must be a single prompt, got an array of 2 prompts (batched prompts are not "
-          "supported)"),
-      bad(R"({"model": "tiny-model", "prompt": [[1, 2], [3]]})", "prompt",
-          "prompt must be a single prompt, got an array of 2 prompts (batched prompts are not "
-          "supported)"),
+      bad(R"({"model": "tiny-model", "prompt": [""]})", "prompt", "prompt[0] must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": [[]]})", "prompt", "prompt[0] must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": ["a", ""]})", "prompt",
+          "prompt[1] must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": [[1, 2], [3, 700]]})", "prompt[1][1]",
+          "prompt[1][1] must be a token id between 0 and 511, got 700"),
+      bad(R"({"model": "tiny-model", "prompt": [[1], ["a"]]})", "prompt[1][0]",
+          "prompt[1][0] must be a token id (an integer), got string"),
+      bad(R"({"model": "tiny-model", "prompt": ["a", "b"], "kv_transfer_params": {}})",
+          "kv_transfer_params",
+          "kv_transfer_params hands one request's KV over: prompt must be one prompt, got 2"),
       bad(R"({"model": "tiny-model", "prompt": [1, 512]})", "prompt[1]",
           "prompt[1] must be a token id between 0 and 511, got 512"),
       bad(R"({"model": "tiny-model", "prompt": [1, -1]})", "prompt[1]",
@@ -318,8 +321,7 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(R"({"model": "tiny-model", "prompt": [[1, 999]]})", "prompt[0][1]",
           "prompt[0][1] must be a token id between 0 and 511, got 999"),
       bad(R"({"model": "tiny-model", "prompt": 5})", "prompt",
-          "prompt must be a string, an array of token ids, or an array of one of these, got "
-          "number"),
+          "prompt must be a string, an array of token ids, or an array of these, got number"),
       bad(R"({"model": "tiny-model", "prompt": [{"text": "x"}]})", "prompt",
           "prompt[0] must be a string or an array of token ids, got object"),
       // Lengths.
@@ -826,6 +828,48 @@ TEST_F(ProtocolTest, AllowedTokenIdsBadWordsAndPromptTruncationAsVllmReadsThem) 
       testLimits(), tokenizer());
   ASSERT_TRUE(fits.isOk()) << fits.error().message;
   EXPECT_EQ(fits.value().request.prompt, std::vector<TokenId>(63, 5));
+}
+
+// An array of prompts is a batch: the first prompt's request, and one
+// complete request per other prompt (its own ids, echo text and default
+// max_tokens); the body is forwarded as sent. At most kMaxBatchedPrompts.
+TEST_F(ProtocolTest, AnArrayOfPromptsIsOneRequestPerPrompt) {
+  const std::vector<TokenId> ids = {5, 6, 7};
+  auto parsed = parseCompletionRequest(
+      R"({"model": "tiny-model", "prompt": ["Hello world", [5, 6, 7]], "echo": true, "n": 2})",
+      testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  const ParsedRequest& first = parsed.value();
+  EXPECT_EQ(first.request.prompt, tokenizer().encode("Hello world", true));
+  EXPECT_EQ(first.echo_text, "Hello world");
+  EXPECT_EQ(first.n, 2);
+  ASSERT_EQ(first.batch.size(), 1u);
+  const ParsedRequest& second = first.batch[0];
+  EXPECT_EQ(second.request.prompt, ids);
+  EXPECT_EQ(second.echo_text, tokenizer().decode(ids, /*skip_special_tokens=*/false));
+  EXPECT_EQ(second.n, 2);
+  EXPECT_EQ(second.request.sampling.max_tokens, kMaxModelLen - 3);
+  EXPECT_EQ(first.request.sampling.max_tokens,
+            kMaxModelLen - static_cast<int64_t>(first.request.prompt.size()));
+  EXPECT_TRUE(second.batch.empty());
+  EXPECT_EQ(first.body["prompt"].size(), 2u);
+
+  auto one = parseCompletionRequest(R"({"model": "tiny-model", "prompt": ["Hello world"]})",
+                                    testLimits(), tokenizer());
+  ASSERT_TRUE(one.isOk()) << one.error().message;
+  EXPECT_TRUE(one.value().batch.empty());
+
+  json many = json::parse(completion(""));
+  many["prompt"] = std::vector<std::string>(kMaxBatchedPrompts + 1, "x");
+  expectRefused(
+      parseCompletionRequest(many.dump(), testLimits(), tokenizer()),
+      bad("", "prompt", "prompt holds 257 prompts; at most 256 are accepted in one request"));
+  many["prompt"] = {"x", "y"};
+  many["stream"] = true;
+  many["resume_token_ids"] = {5};
+  expectRefused(parseCompletionRequest(many.dump(), testLimits(), tokenizer()),
+                bad("", "resume_token_ids",
+                    "resume_token_ids resumes one answer: prompt must be one prompt, got 2"));
 }
 
 TEST_F(ProtocolTest, EchoPutsThePromptBeforeTheOutput) {
