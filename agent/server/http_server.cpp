@@ -376,8 +376,10 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
       }
     }
     if (finished < total_candidates && !stream) {
-      const bool there =
-          co_await signs.give(exchange, std::any_of(seen.begin(), seen.end(), std::identity()));
+      // The first token is there once every prompt has its first.
+      bool first_tokens = true;
+      for (size_t c = 0; c < total_candidates; c += n) first_tokens = first_tokens && seen[c];
+      const bool there = co_await signs.give(exchange, first_tokens);
       if (!there) {
         abortAll();
         co_return;
@@ -558,6 +560,20 @@ void HttpServer::routes() {
       meta.kv_transfer_params = nullptr;
 
       if (request.best_of > 1 || !request.batch.empty()) {
+        // Every candidate waits in the engine at once: more than its queue
+        // holds could never be admitted (a 503 would be retried in vain).
+        const int64_t candidates =
+            request.best_of * (1 + static_cast<int64_t>(request.batch.size()));
+        if (const int64_t most = engine_.config().max_waiting_requests; candidates > most) {
+          metrics_.observeRejected("invalid");
+          co_await exchange.respond(errorResponse(invalidRequest(
+              "this request is " + std::to_string(candidates) +
+                  " engine requests (prompts x best_of), more than this agent's waiting queue "
+                  "holds (--max-waiting-requests " +
+                  std::to_string(most) + ")",
+              request.batch.empty() ? "best_of" : "prompt")));
+          co_return;
+        }
         std::vector<ChoiceGroup> groups;
         std::vector<ParsedRequest> batch = std::move(request.batch);
         request.batch.clear();

@@ -835,6 +835,15 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   if (prompts.size() > 1) {
     // A batch: each prompt is its own request (n choices each), answered
     // together by one agent.
+    const auto candidates = static_cast<int64_t>(prompts.size()) * parsed.best_of;
+    if (candidates > kMaxBatchedPrompts) {
+      return invalidRequest("prompt holds " + std::to_string(prompts.size()) + " prompts of " +
+                                std::to_string(parsed.best_of) +
+                                " candidates each (best_of, or n): " + std::to_string(candidates) +
+                                " engine requests; at most " + std::to_string(kMaxBatchedPrompts) +
+                                " are accepted in one request",
+                            "prompt");
+    }
     if (!parsed.kv_transfer_params.is_null()) {
       return invalidRequest(
           "kv_transfer_params hands one request's KV over: prompt must be one "

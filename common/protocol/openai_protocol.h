@@ -110,7 +110,8 @@ class Result {
 
 // Most choices one request may ask for (n).
 inline constexpr int64_t kMaxChoices = 16;
-// Prompts in one /v1/completions request (an array of prompts).
+// Prompts in one /v1/completions request (an array of prompts), counted
+// with their candidates (prompts x best_of): each is an engine request.
 inline constexpr int64_t kMaxBatchedPrompts = 256;
 
 // Values a request body may hold by default: the token ids of a 1M-token

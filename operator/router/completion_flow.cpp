@@ -315,10 +315,15 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
-  for (const server::ParsedRequest& other : parsed.value().batch) {
-    input.num_prompt_tokens += static_cast<int64_t>(other.request.prompt.size());
-  }
   input.max_tokens = request.sampling.max_tokens;
+  if (!parsed.value().batch.empty()) {
+    // A batch: every prompt's tokens, every candidate's output budget.
+    input.max_tokens *= parsed.value().best_of;
+    for (const server::ParsedRequest& other : parsed.value().batch) {
+      input.num_prompt_tokens += static_cast<int64_t>(other.request.prompt.size());
+      input.max_tokens += other.request.sampling.max_tokens * other.best_of;
+    }
+  }
   input.block_size = model_.info().block_size;
   const std::unordered_map<std::string, int64_t> held = agents_.leadingBlocksForAll(hashes);
   auto view = [&](const AgentPtr& agent) {
@@ -352,7 +357,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     const bool prefill_here = parsed.value().best_of > 1 || !parsed.value().batch.empty() ||
                               parsed.value().request.sampling.prompt_logprobs.has_value();
     if (prefill_here && decision.decode) {
-      if (decision.kind != Decision::Kind::kLocalPrefill) {
+      // A batch's first token waits for all its prompts, prefilled side by
+      // side: not the time the model predicts for one prompt of their sum.
+      if (decision.kind != Decision::Kind::kLocalPrefill || !parsed.value().batch.empty()) {
         // The predictions were the chosen path's, not this one's: this
         // request teaches the learned costs nothing.
         decision.predicted_ttft_s = 0;

@@ -338,4 +338,25 @@ TEST(BatchedPrompts, EachPromptIsAnsweredAsAloneIndexedByPromptThenChoice) {
   }
 }
 
+// Every candidate of a batch waits in the engine at once: a batch of more
+// than the agent's waiting queue holds is a 400 naming the limit (a 503
+// would be retried in vain), one that fits is served.
+TEST(BatchedPrompts, MoreCandidatesThanTheWaitingQueueHoldsIsA400) {
+  Agent agent({"--max-waiting-requests", "4"});
+  json body = greedy({1}, 3);
+  body["prompt"] = {randomPrompt(10, 61), randomPrompt(10, 62), randomPrompt(10, 63)};
+  body["n"] = 2;
+  int status = 0;
+  const json refused = agent.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 400) << refused.dump();
+  EXPECT_EQ(refused["error"]["param"], "prompt");
+  EXPECT_EQ(refused["error"]["message"],
+            "this request is 6 engine requests (prompts x best_of), more than this agent's "
+            "waiting queue holds (--max-waiting-requests 4)");
+  body["prompt"].erase(2);
+  const json served = agent.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 200) << served.dump();
+  EXPECT_EQ(served["choices"].size(), 4u);
+}
+
 }  // namespace

@@ -864,6 +864,13 @@ TEST_F(ProtocolTest, AnArrayOfPromptsIsOneRequestPerPrompt) {
   expectRefused(
       parseCompletionRequest(many.dump(), testLimits(), tokenizer()),
       bad("", "prompt", "prompt holds 257 prompts; at most 256 are accepted in one request"));
+  many["prompt"] = std::vector<std::string>(20, "x");
+  many["best_of"] = 16;
+  expectRefused(parseCompletionRequest(many.dump(), testLimits(), tokenizer()),
+                bad("", "prompt",
+                    "prompt holds 20 prompts of 16 candidates each (best_of, or n): 320 engine "
+                    "requests; at most 256 are accepted in one request"));
+  many.erase("best_of");
   many["prompt"] = {"x", "y"};
   many["stream"] = true;
   many["resume_token_ids"] = {5};
