@@ -844,6 +844,25 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
                                 " are accepted in one request",
                             "prompt");
     }
+    // Each engine request holds its own copy of the token lists.
+    const protocol::SamplingParams& sampling = parsed.request.sampling;
+    auto entries =
+        static_cast<int64_t>(sampling.logit_bias.size() + sampling.allowed_token_ids.size() +
+                             sampling.stop_token_ids.size());
+    for (const std::vector<TokenId>& word : sampling.bad_words_ids) {
+      entries += static_cast<int64_t>(word.size());
+    }
+    if (candidates * entries > kMaxBatchedTokenListEntries) {
+      return invalidRequest(
+          "prompt holds " + std::to_string(prompts.size()) +
+              " prompts: " + std::to_string(candidates) +
+              " engine requests, each with its own copy of " + std::to_string(entries) +
+              " entries of logit_bias, allowed_token_ids, stop_token_ids and bad_words, " +
+              std::to_string(candidates * entries) + " in all; at most " +
+              std::to_string(kMaxBatchedTokenListEntries) +
+              " are accepted in one request (send fewer prompts at once)",
+          "prompt");
+    }
     if (!parsed.kv_transfer_params.is_null()) {
       return invalidRequest(
           "kv_transfer_params hands one request's KV over: prompt must be one "

@@ -113,6 +113,10 @@ inline constexpr int64_t kMaxChoices = 16;
 // Prompts in one /v1/completions request (an array of prompts), counted
 // with their candidates (prompts x best_of): each is an engine request.
 inline constexpr int64_t kMaxBatchedPrompts = 256;
+// The token-list entries (logit_bias, allowed_token_ids, stop_token_ids,
+// bad_words' tokens) a batch's engine requests hold together: each holds
+// its own copy (32 MiB of them at most).
+inline constexpr int64_t kMaxBatchedTokenListEntries = int64_t{1} << 22;
 
 // Values a request body may hold by default: the token ids of a 1M-token
 // prompt, or a conversation with tools far larger than any context window.

@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -871,6 +872,31 @@ TEST_F(ProtocolTest, AnArrayOfPromptsIsOneRequestPerPrompt) {
                     "prompt holds 20 prompts of 16 candidates each (best_of, or n): 320 engine "
                     "requests; at most 256 are accepted in one request"));
   many.erase("best_of");
+  // 256 prompts with every id of the tiny vocabulary allowed: 131,072
+  // entries, within the bound; with logit_bias over them too, past it.
+  many["prompt"] = std::vector<std::string>(kMaxBatchedPrompts, "x");
+  std::vector<TokenId> every(512);
+  std::iota(every.begin(), every.end(), 0);
+  many["allowed_token_ids"] = every;
+  EXPECT_TRUE(parseCompletionRequest(many.dump(), testLimits(), tokenizer()).isOk());
+  json bias = json::object();
+  for (int id = 0; id < 512; ++id) bias[std::to_string(id)] = 1;
+  many["logit_bias"] = bias;
+  many["stop_token_ids"] = std::vector<TokenId>(400, 3);
+  many["bad_words"] = std::vector<std::string>(128, std::string(1000, 'x'));
+  auto lists = parseCompletionRequest(many.dump(), testLimits(), tokenizer());
+  ASSERT_FALSE(lists.isOk());
+  EXPECT_EQ(lists.error().param, "prompt");
+  EXPECT_TRUE(lists.error().message.starts_with(
+      "prompt holds 256 prompts: 256 engine requests, each with its own copy of "))
+      << lists.error().message;
+  EXPECT_TRUE(lists.error().message.ends_with(
+      " in all; at most 4194304 are accepted in one request (send fewer prompts at once)"))
+      << lists.error().message;
+  many.erase("allowed_token_ids");
+  many.erase("logit_bias");
+  many.erase("stop_token_ids");
+  many.erase("bad_words");
   many["prompt"] = {"x", "y"};
   many["stream"] = true;
   many["resume_token_ids"] = {5};
