@@ -350,6 +350,23 @@ void readPoolModel(const YAML::Node& model, PoolSpec& pool, const DocumentContex
   reader.rejectUnknown();
 }
 
+// The agent flags written from a pool's other fields (spec.extraArgs may not
+// give them again: the last value would win).
+const OwnedFlag kOwnedAgentFlags[] = {
+    {"--host",
+     "the agent listens where the controller (or local mode) puts it, where the "
+     "probes, the Service and the routers look"},
+    {"--port",
+     "the agent listens where the controller (or local mode) puts it, where the "
+     "probes, the Service and the routers look"},
+    {"--model", "set spec.model"},
+    {"--served-model-name", "set spec.model.name"},
+    {"--role", "the pool's kind sets it"},
+    {"--kv-transfer-config", "set spec.kvTransfer"},
+    {"--shutdown-timeout",
+     "set spec.engine.shutdownTimeoutSeconds (the pod's termination grace period follows it)"},
+};
+
 PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& context) {
   PoolSpec pool;
   pool.kind = kind;
@@ -373,6 +390,7 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   if (auto value = spec.get("extraArgs")) {
     // An empty argument is a value ("--api-key-exempt-paths", "").
     pool.extra_args = readStringList(*value, "spec.extraArgs", context, /*allow_empty=*/true);
+    refuseOwnedFlags(pool.extra_args, kOwnedAgentFlags, *value, context);
   }
   if (auto value = spec.get("autoscaling"))
     pool.autoscaling = readAutoscaling(*value, kind, context);

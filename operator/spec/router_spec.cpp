@@ -28,11 +28,7 @@ std::vector<AgentAddress> readAgentList(const YAML::Node& node, const std::strin
 // The router flags the controller writes from the Router's other fields or
 // owns: given again in spec.extraArgs they would win (a flag's last value
 // does) and break what the controller built around them.
-struct OwnedFlag {
-  const char* flag;
-  const char* instead;
-};
-constexpr OwnedFlag kControllerOwnedRouterFlags[] = {
+const OwnedFlag kControllerOwnedRouterFlags[] = {
     {"--host", "the router listens on 0.0.0.0:8000, where the Service and the probes point"},
     {"--port", "the router listens on 0.0.0.0:8000, where the Service and the probes point"},
     {"--shutdown-timeout",
@@ -47,22 +43,6 @@ constexpr OwnedFlag kControllerOwnedRouterFlags[] = {
     {"--model-dir", "set spec.modelPath"},
     {"--config", "the Router's own fields are its configuration"},
 };
-
-void checkRouterExtraArgs(const std::vector<std::string>& args, const YAML::Node& node,
-                          const DocumentContext& context) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    for (const OwnedFlag& owned : kControllerOwnedRouterFlags) {
-      const std::string_view flag = owned.flag;
-      const std::string_view arg = args[i];
-      if (arg == flag ||
-          (arg.starts_with(flag) && arg.size() > flag.size() && arg[flag.size()] == '=')) {
-        fail(context, "spec.extraArgs[" + std::to_string(i) + "]",
-             "gives " + std::string(flag) + ", which the controller sets: " + owned.instead,
-             node[i]);
-      }
-    }
-  }
-}
 
 }  // namespace
 
@@ -184,7 +164,7 @@ RouterSpec readRouter(const std::optional<YAML::Node>& node, const DocumentConte
   }
   if (auto value = spec.get("extraArgs")) {
     router.extra_args = readStringList(*value, "spec.extraArgs", context, /*allow_empty=*/true);
-    checkRouterExtraArgs(router.extra_args, *value, context);
+    refuseOwnedFlags(router.extra_args, kControllerOwnedRouterFlags, *value, context);
   }
   if (auto value = spec.get("disruptionBudget")) {
     router.disruption_budget = readDisruptionBudget(*value, context);

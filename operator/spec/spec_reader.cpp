@@ -167,6 +167,22 @@ std::vector<std::string> readStringList(const YAML::Node& node, const std::strin
   return items;
 }
 
+void refuseOwnedFlags(const std::vector<std::string>& args, std::span<const OwnedFlag> owned,
+                      const YAML::Node& node, const DocumentContext& context) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    for (const OwnedFlag& entry : owned) {
+      const std::string_view flag = entry.flag;
+      if (arg == flag ||
+          (arg.starts_with(flag) && arg.size() > flag.size() && arg[flag.size()] == '=')) {
+        fail(context, "spec.extraArgs[" + std::to_string(i) + "]",
+             "gives " + std::string(flag) + ", which Tandem sets itself: " + entry.instead,
+             node[i]);
+      }
+    }
+  }
+}
+
 std::string readEnum(const YAML::Node& node, const std::string& path,
                      const DocumentContext& context, const std::vector<std::string>& accepted) {
   const std::string value = node.IsScalar() ? node.Scalar() : "";

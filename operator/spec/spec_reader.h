@@ -16,6 +16,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +116,16 @@ std::string readString(const YAML::Node& node, const std::string& path,
 // A list of strings, each non-empty (readString) unless `allow_empty`.
 std::vector<std::string> readStringList(const YAML::Node& node, const std::string& path,
                                         const DocumentContext& context, bool allow_empty = false);
+// A flag Tandem writes on a command line itself, and what to do instead.
+struct OwnedFlag {
+  const char* flag;
+  const char* instead;
+};
+// Fails naming spec.extraArgs[i] when args[i] is one of `owned` ("--flag"
+// or "--flag=value"): given again there it would win (a flag's last value
+// does) and break what was built around it. `node`: the extraArgs list.
+void refuseOwnedFlags(const std::vector<std::string>& args, std::span<const OwnedFlag> owned,
+                      const YAML::Node& node, const DocumentContext& context);
 // One of `accepted`.
 std::string readEnum(const YAML::Node& node, const std::string& path,
                      const DocumentContext& context, const std::vector<std::string>& accepted);

@@ -350,12 +350,18 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({kDecode,
                   "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
                   "spec: {extraArgs: [--max-connections, \"9\", --shutdown-timeout=600]}\n"}),
-       "document 2 (Router): spec.extraArgs[2] gives --shutdown-timeout, which the controller "
-       "sets: set spec.shutdownTimeoutSeconds (the pod's termination grace period follows it)"},
+       "document 2 (Router): spec.extraArgs[2] gives --shutdown-timeout, which Tandem sets "
+       "itself: set spec.shutdownTimeoutSeconds (the pod's termination grace period follows it)"},
       {documents(
            {kDecode,
             "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: [--port, \"9\"]}\n"}),
-       "document 2 (Router): spec.extraArgs[0] gives --port, which the controller sets"},
+       "document 2 (Router): spec.extraArgs[0] gives --port, which Tandem sets itself"},
+      {documents(
+           {decode_spec + "  extraArgs: [--max-num-seqs, \"8\", \"--kv-transfer-config={}\"]\n"}),
+       "spec.extraArgs[2] gives --kv-transfer-config, which Tandem sets itself: set "
+       "spec.kvTransfer"},
+      {documents({decode_spec + "  extraArgs: [--port, \"9\"]\n"}),
+       "spec.extraArgs[0] gives --port, which Tandem sets itself"},
       {documents(
            {kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: x}\n"}),
        "document 2 (Router): spec.extraArgs must be a list, got \"x\""},
