@@ -365,6 +365,8 @@ const OwnedFlag kOwnedAgentFlags[] = {
     {"--kv-transfer-config", "set spec.kvTransfer"},
     {"--shutdown-timeout",
      "set spec.engine.shutdownTimeoutSeconds (the pod's termination grace period follows it)"},
+    {"--config", "set the pool's fields (a file would set what they leave out, unseen)"},
+    {"--api-key", "set spec.apiKeySecretRef (a key on the command line shows in ps)"},
 };
 
 PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& context) {
@@ -388,7 +390,7 @@ PoolSpec readPool(const YAML::Node& node, PoolKind kind, const DocumentContext& 
   const std::optional<YAML::Node> env = spec.get("env");
   if (env) pool.env = readEnv(*env, context);
   if (auto value = spec.get("extraArgs")) {
-    // An empty argument is a value ("--api-key-exempt-paths", "").
+    // An empty argument may be a flag's value.
     pool.extra_args = readStringList(*value, "spec.extraArgs", context, /*allow_empty=*/true);
     refuseOwnedFlags(pool.extra_args, kOwnedAgentFlags, *value, context);
   }

@@ -42,6 +42,10 @@ const OwnedFlag kControllerOwnedRouterFlags[] = {
     {"--all-pools", "leave spec.prefillPools and spec.decodePools unset for every pool"},
     {"--model-dir", "set spec.modelPath"},
     {"--config", "the Router's own fields are its configuration"},
+    {"--prefill", "the router finds its agents by discovery"},
+    {"--decode", "the router finds its agents by discovery"},
+    {"--api-key", "set spec.apiKeySecretRef (a key on the command line shows in ps)"},
+    {"--agent-api-key", "set spec.apiKeySecretRef, which the router also sends to the agents"},
 };
 
 }  // namespace

@@ -362,6 +362,14 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "spec.kvTransfer"},
       {documents({decode_spec + "  extraArgs: [--port, \"9\"]\n"}),
        "spec.extraArgs[0] gives --port, which Tandem sets itself"},
+      {documents({decode_spec + "  extraArgs: [--api-key=k]\n"}),
+       "spec.extraArgs[0] gives --api-key, which Tandem sets itself: set spec.apiKeySecretRef (a "
+       "key on the command line shows in ps)"},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {extraArgs: [--decode, \"10.0.0.1:8000\"]}\n"}),
+       "document 2 (Router): spec.extraArgs[0] gives --decode, which Tandem sets itself: the "
+       "router finds its agents by discovery"},
       {documents(
            {kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {extraArgs: x}\n"}),
        "document 2 (Router): spec.extraArgs must be a list, got \"x\""},
