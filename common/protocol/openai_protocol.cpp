@@ -521,7 +521,8 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
       parsed.request.cache_salt.empty()) {
     fields.fail("cache_salt must not be empty when given", "cache_salt");
   }
-  if (const RequestJson* params = fields.readObject("kv_transfer_params")) {
+  if (const RequestJson* params = fields.readObject("kv_transfer_params");
+      params != nullptr && !limits.ignore_kv_transfer_params) {
     if (parsed.n > 1) {
       fields.fail("kv_transfer_params hands one request's KV over: n must be 1",
                   "kv_transfer_params");

@@ -144,6 +144,9 @@ struct ServerLimits {
   // server decodes, such as tool call arguments, gets the same bound), and
   // array elements plus object members.
   JsonBounds json_bounds{kMaxJsonDepth, kMaxRequestJsonValues};
+  // The router's: a client's kv_transfer_params are not read (the router
+  // sets its own and drops the client's, so they refuse nothing).
+  bool ignore_kv_transfer_params = false;
 };
 
 struct ParsedRequest {

@@ -75,6 +75,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     limits_.served_model_name = info.served_name;
     limits_.max_model_len = info.max_model_len;
     limits_.vocab_size = vocab;
+    limits_.ignore_kv_transfer_params = true;  // dropped from what is forwarded
     limits_.chat_template = std::move(*chat_template);
     limits_.chat_output = chat_output;
     // The agents' request defaults: a request's max_tokens is theirs.

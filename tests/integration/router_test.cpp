@@ -433,10 +433,13 @@ TEST_F(RouterTest, PromptLogprobsAndBestOfArePrefilledOnTheDecodeAgent) {
   ASSERT_EQ(answer.body["choices"].size(), 2u);
   EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", ranked)["choices"]);
 
-  // A batch of prompts is answered as one, by the decode agent.
+  // A batch of prompts is answered as one, by the decode agent (a client's
+  // kv_transfer_params dropped, as for one prompt).
   json batch = greedy({1}, 5);
   batch["prompt"] = {randomPrompt(70, 953), randomPrompt(40, 954), "the river"};
-  answer = post(batch);
+  json spoofed = batch;
+  spoofed["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_block_ids", {1, 2}}};
+  answer = post(spoofed);
   ASSERT_EQ(answer.status, 200) << answer.body.dump();
   EXPECT_EQ(answer.decision, "local_prefill");
   ASSERT_EQ(answer.body["choices"].size(), 3u);
