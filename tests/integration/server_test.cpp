@@ -301,6 +301,36 @@ TEST(Server, ClientDisconnectMidStreamFreesEverything) {
   EXPECT_EQ(tokenIds(agent.post("/v1/completions", greedy(randomPrompt(10, 8), 3))).size(), 3u);
 }
 
+// A batch of prompts streamed (two prompts, two choices each) whose client
+// leaves: every candidate is aborted and every block freed.
+TEST(Server, ClientLeavingABatchedStreamFreesEveryCandidate) {
+  Agent agent({"--num-blocks", "128"}, smallModelDir());
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 128; }));
+  json body = greedy({1}, 900);
+  body["prompt"] = {randomPrompt(50, 9), randomPrompt(30, 10)};
+  body["n"] = 2;
+  body["temperature"] = 1.0;
+  body["seed"] = 3;
+  body["stream"] = true;
+  int chunks = 0;
+  auto client = agent.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  client->send(req);
+  client.reset();
+  EXPECT_GE(chunks, 3);
+  EXPECT_TRUE(eventually([&] {
+    return agent.metric("tandem_num_requests_running") == 0 &&
+           agent.metric("tandem_num_requests_waiting") == 0 &&
+           agent.metric("tandem_kv_cache_free_blocks") == 128;
+  })) << agent.metricsText();
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"abort\""), 4);
+}
+
 TEST(Server, CurlStreamIsStrictServerSentEvents) {
   Agent agent;
   TempDir dir("tandem-curl");
