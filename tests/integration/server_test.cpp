@@ -276,10 +276,9 @@ TEST(Server, OverloadIsRefusedWithRetryAfter) {
   EXPECT_EQ(ok + refused, 6);
 }
 
-TEST(Server, ClientDisconnectMidStreamFreesEverything) {
-  Agent agent({"--num-blocks", "64"}, smallModelDir());
-  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 64; }));
-  json body = greedy(randomPrompt(50, 7), 900);
+// Streams `body` from `agent` and goes away after its third chunk, as a
+// client that leaves does; returns the chunks read.
+int leaveAfterThreeChunks(const Agent& agent, json body) {
   body["stream"] = true;
   int chunks = 0;
   auto client = agent.client();
@@ -290,8 +289,14 @@ TEST(Server, ClientDisconnectMidStreamFreesEverything) {
   req.set_header("Content-Type", "application/json");
   req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
   client->send(req);  // returns once the receiver cancels
-  client.reset();     // closes the connection, as a client that goes away does
-  EXPECT_GE(chunks, 3);
+  client.reset();     // closes the connection
+  return chunks;
+}
+
+TEST(Server, ClientDisconnectMidStreamFreesEverything) {
+  Agent agent({"--num-blocks", "64"}, smallModelDir());
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 64; }));
+  EXPECT_GE(leaveAfterThreeChunks(agent, greedy(randomPrompt(50, 7), 900)), 3);
   EXPECT_TRUE(eventually([&] {
     return agent.metric("tandem_num_requests_running") == 0 &&
            agent.metric("tandem_kv_cache_free_blocks") == 64;
@@ -311,18 +316,7 @@ TEST(Server, ClientLeavingABatchedStreamFreesEveryCandidate) {
   body["n"] = 2;
   body["temperature"] = 1.0;
   body["seed"] = 3;
-  body["stream"] = true;
-  int chunks = 0;
-  auto client = agent.client();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
-  client->send(req);
-  client.reset();
-  EXPECT_GE(chunks, 3);
+  EXPECT_GE(leaveAfterThreeChunks(agent, body), 3);
   EXPECT_TRUE(eventually([&] {
     return agent.metric("tandem_num_requests_running") == 0 &&
            agent.metric("tandem_num_requests_waiting") == 0 &&
