@@ -87,9 +87,29 @@ void expectToolCalls(const json& records, const std::string& label, bool parsed_
   }
 }
 
+// A batch of 3 prompts with n = 2 read by the real client: 6 choices
+// indexed 0 to 5 in order, the streamed texts the whole answer's.
+void expectBatch(const json& record, const std::string& label) {
+  SCOPED_TRACE(label + " batch: " + record.dump());
+  EXPECT_TRUE(record.at("error").is_null());
+  const json& whole = record.at("whole");
+  ASSERT_TRUE(whole.is_array());
+  ASSERT_EQ(whole.size(), 6u);
+  const json& streamed = record.at("streamed");
+  ASSERT_TRUE(streamed.is_array());
+  ASSERT_EQ(streamed.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(whole[i].at("index"), i);
+    EXPECT_TRUE(whole[i].at("finish_reason") == "length" || whole[i].at("finish_reason") == "stop");
+    EXPECT_EQ(streamed[i].at("index"), i);
+    EXPECT_EQ(streamed[i].at("text"), whole[i].at("text"));
+  }
+}
+
 void expectValidAnswers(const std::string& out, const std::string& label) {
   const json result = json::parse(out, nullptr, false);
   ASSERT_TRUE(result.is_object()) << label << ": the client check printed no JSON: " << out;
+  expectBatch(result.at("batch"), label);
   expectParsedObjects(result.at("parse"), label);
   expectToolCalls(result.at("tools"), label + " create", false);
   expectToolCalls(result.at("parse_tools"), label + " zodFunction", true);
@@ -123,7 +143,7 @@ TEST_F(OpenAiClientTest, ParseAndForcedToolCallsThroughTheRouterEqualColocated) 
   // output, which holds no ids or timestamps: the same bytes.
   const json routed_result = json::parse(routed, nullptr, false);
   const json alone_result = json::parse(alone, nullptr, false);
-  for (const char* section : {"parse", "tools", "parse_tools"}) {
+  for (const char* section : {"parse", "tools", "parse_tools", "batch"}) {
     if (!routed_result.is_object() || !alone_result.is_object()) break;
     EXPECT_EQ(routed_result.value(section, json()).dump(2),
               alone_result.value(section, json()).dump(2))

@@ -14,6 +14,8 @@
 // timestamps):
 // {"parse": [{"case", "finish_reason", "content", "refusal", "parsed",
 //             "valid", "issues", "error"}],
+//  "batch": {"whole": [{"index", "text", "finish_reason"}], "streamed":
+//            [{"index", "text"}], "error"},
 //  "tools": [{"case", "finish_reason", "content", "tool_calls": [{"name",
 //             "arguments", "valid", "issues"}], "error"}],
 //  "parse_tools": [{... as "tools", each call also with "parsed_arguments"}]}
@@ -231,6 +233,42 @@ async function toolCases(client, withZod) {
   return records;
 }
 
+// A batch of prompts through `client.completions.create` (a list of
+// prompts, n = 2), whole and streamed: each choice's index, text and
+// finish_reason, in the order received (a stream's texts put together by
+// index).
+async function batchCases(client) {
+  const request = {
+    model: kModel,
+    prompt: ["The river carried", "Seven stones", [5, 6, 7, 8]],
+    n: 2,
+    max_tokens: 6,
+    temperature: 1.0,
+    seed: 5,
+  };
+  const record = { whole: null, streamed: null, error: null };
+  try {
+    const whole = await client.completions.create(request);
+    record.whole = whole.choices.map((c) => ({
+      index: c.index,
+      text: c.text,
+      finish_reason: c.finish_reason,
+    }));
+    const stream = await client.completions.create({ ...request, stream: true });
+    const texts = {};
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) texts[c.index] = (texts[c.index] || "") + c.text;
+    }
+    record.streamed = Object.keys(texts)
+      .map(Number)
+      .sort((a, b) => a - b)
+      .map((index) => ({ index, text: texts[index] }));
+  } catch (e) {
+    record.error = describeError(e);
+  }
+  return record;
+}
+
 async function main() {
   if (process.argv.length !== 3) {
     process.stderr.write("usage: node openai_client_check.cjs BASE_URL\n");
@@ -246,6 +284,7 @@ async function main() {
     parse: await parseCases(client),
     tools: await toolCases(client, false),
     parse_tools: await toolCases(client, true),
+    batch: await batchCases(client),
   };
   process.stdout.write(JSON.stringify(result) + "\n");
   return 0;
