@@ -116,9 +116,8 @@ class Sampler {
   std::vector<uint8_t> in_history_;     // per id; all zero between calls
   std::vector<TokenId> touched_;
   std::vector<TokenId> candidates_;
-  std::vector<float> weights_;
-  std::vector<float> kept_;  // allowed_token_ids' logits while the row is masked  // exp((logit -
-                             // max) / temperature), up to a common factor
+  std::vector<float> weights_;  // exp((logit - max) / temperature), up to a common factor
+  std::vector<float> kept_;     // allowed_token_ids' logits while the row is masked
 };
 
 }  // namespace tandem::engine

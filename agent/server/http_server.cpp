@@ -284,6 +284,9 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
                       : id + "-" + std::to_string(c / n) + "-" + std::to_string(c % n));
     index_of[ids.back()] = c;
   }
+  // Candidates sent to the engine; the first refusal ends the answer.
+  size_t added = 0;
+  std::optional<ApiError> failed;
   auto add = [&](size_t c) {
     engine::Request child = groups[c / n].request.request;
     const size_t i = c % n;
@@ -295,24 +298,16 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     // Ranking needs each token's logprob (reported only if asked for).
     if (ranked && !child.sampling.logprobs) child.sampling.logprobs = 0;
     auto callback = outputCallback(metrics, channel, child.arrival);
-    return engine.addRequest(std::move(child), std::move(callback));
-  };
-  auto abortAll = [&] {
-    for (const std::string& child : ids) engine.abort(child);
-  };
-  size_t added = 0;
-  std::optional<ApiError> failed;
-  for (size_t g = 0; g < groups.size() && !failed; ++g) {
-    if (Status status = add(g * n); !status.isOk()) {
+    if (Status status = engine.addRequest(std::move(child), std::move(callback)); !status.isOk()) {
       failed = refusedByEngine(metrics, status);
     } else {
       ++added;
     }
-  }
-  if (failed && added == 0) {
-    co_await exchange.respond(errorResponse(*failed, retry_after_seconds));
-    co_return;
-  }
+  };
+  auto abortAll = [&] {
+    for (const std::string& child : ids) engine.abort(child);
+  };
+  for (size_t g = 0; g < groups.size() && !failed; ++g) add(g * n);
   std::vector<engine::RequestOutput> totals(total_candidates);
   std::vector<StreamState> states(total_candidates);
   std::deque<engine::RequestOutput> pending;  // outputs before the stream started
@@ -330,13 +325,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
         if (c % n == 0) {
           prompt_logprobs[g] = output->prompt_logprobs;
           // The prompt is computed and cached: its other choices now.
-          for (size_t i = 1; i < n && !failed; ++i) {
-            if (Status status = add(g * n + i); !status.isOk()) {
-              failed = refusedByEngine(metrics, status);
-            } else {
-              ++added;
-            }
-          }
+          for (size_t i = 1; i < n && !failed; ++i) add(g * n + i);
         } else {
           output->prompt_logprobs = prompt_logprobs[g];
         }
@@ -428,18 +417,18 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     if (written) co_await exchange.finishChunked();
     co_return;
   }
+  // A prompt's candidates in the order they are returned: best_of > n
+  // ranks them by the sum of their tokens' logprobs (raw, as reported),
+  // ties to the smaller index.
+  std::vector<double> score(total_candidates, 0.0);
+  for (size_t c = 0; ranked && c < total_candidates; ++c) {
+    for (const engine::GeneratedToken& token : totals[c].tokens) score[c] += token.logprob;
+  }
   ResponseJson body;
   for (size_t g = 0; g < groups.size(); ++g) {
-    // A prompt's candidates in the order they are returned: best_of > n
-    // ranks them by the sum of their tokens' logprobs (raw, as reported),
-    // ties to the smaller index.
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = g * n + i;
     if (ranked) {
-      std::vector<double> score(total_candidates, 0.0);
-      for (size_t c : order) {
-        for (const engine::GeneratedToken& token : totals[c].tokens) score[c] += token.logprob;
-      }
       std::stable_sort(order.begin(), order.end(),
                        [&](size_t a, size_t b) { return score[a] > score[b]; });
     }

@@ -293,9 +293,6 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                                        asio::redirect_error(use_awaitable, ec));
       if (!ec && over_bound_) {
         served_over_bound_ = service_.servedOverBound(std::string(parser.get().target()));
-        // Served, it counts among the open connections (over the bound):
-        // a long one (a KV event stream) keeps no refusal slot.
-        if (served_over_bound_) service_.countOverBoundServed();
         if (!served_over_bound_) {
           std::string message = "the server already has " +
                                 std::to_string(service_.maxConnections()) +
@@ -304,7 +301,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
           co_await refuseBeforeBody(std::move(message));
           break;
         }
-        // Served like any request (then closed, as its answer says).
+        // Served like any request (then closed, as its answer says), it
+        // counts among the open connections (over the bound): a long one (a
+        // KV event stream) keeps no refusal slot.
+        service_.countOverBoundServed();
         arm(limits.request_timeout);
       }
       LargeRequest large(service_);

@@ -704,15 +704,17 @@ bool encodePrompt(std::string_view text, ParsedRequest& parsed, const Tokenizer&
   return cut;
 }
 
-// The prompts of /v1/completions' prompt field: a string, token ids, or an
-// array of these (a batch, as OpenAI's and vLLM's), each with its name for
+// What /v1/completions' prompt field may be.
+constexpr const char* kPromptForms = "a string, an array of token ids, or an array of these";
+
+// The prompts of /v1/completions' prompt field (kPromptForms; an array of
+// prompts is a batch, as OpenAI's and vLLM's), each with its name for
 // messages ("prompt", or "prompt[i]" in an array).
 std::optional<ApiError> promptsOf(const RequestJson& root,
                                   std::vector<std::pair<const RequestJson*, std::string>>& out) {
-  constexpr const char* kAccepted = "a string, an array of token ids, or an array of these";
   const auto it = root.find("prompt");
   if (it == root.end() || it->is_null()) {
-    return invalidRequest(std::string("prompt is required (") + kAccepted + ")", "prompt");
+    return invalidRequest(std::string("prompt is required (") + kPromptForms + ")", "prompt");
   }
   const RequestJson& prompt = *it;
   if (!prompt.is_array() || prompt.empty() || prompt[0].is_number()) {
@@ -753,8 +755,7 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& promp
     return std::nullopt;
   }
   if (!prompt.is_array()) {
-    return invalidRequest(name + " must be a string, an array of token ids, or an array of these" +
-                              ", got " + prompt.type_name(),
+    return invalidRequest(name + " must be " + kPromptForms + ", got " + prompt.type_name(),
                           "prompt");
   }
   if (prompt.empty()) return invalidRequest(name + " must not be empty", "prompt");

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <span>
 #include <string>
 
 namespace tandem::protocol {
@@ -11,6 +12,17 @@ std::string formatNumber(float x) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
   return ec == std::errc() ? std::string(buf, end) : std::to_string(x);
+}
+
+// Every id of `ids` in [0, vocab_size), else "<what> token ids in [0, V), got ID".
+Status checkIds(std::span<const TokenId> ids, int64_t vocab_size, const char* what) {
+  for (TokenId id : ids) {
+    if (id < 0 || id >= vocab_size) {
+      return invalidArgument(std::string(what) + " token ids in [0, " + std::to_string(vocab_size) +
+                             "), got " + std::to_string(id));
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -88,26 +100,19 @@ Status validateSamplingParams(const SamplingParams& params, int64_t vocab_size,
                              formatNumber(bias) + " for token " + std::to_string(id));
     }
   }
-  for (TokenId id : params.allowed_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return invalidArgument("allowed_token_ids must be token ids in [0, " +
-                             std::to_string(vocab_size) + "), got " + std::to_string(id));
-    }
+  if (Status status = checkIds(params.allowed_token_ids, vocab_size, "allowed_token_ids must be");
+      !status.isOk()) {
+    return status;
   }
   for (const std::vector<TokenId>& word : params.bad_words_ids) {
     if (word.empty()) return invalidArgument("bad_words must not hold an empty word");
-    for (TokenId id : word) {
-      if (id < 0 || id >= vocab_size) {
-        return invalidArgument("bad_words must be made of token ids in [0, " +
-                               std::to_string(vocab_size) + "), got " + std::to_string(id));
-      }
+    if (Status status = checkIds(word, vocab_size, "bad_words must be made of"); !status.isOk()) {
+      return status;
     }
   }
-  for (TokenId id : params.stop_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      return invalidArgument("stop_token_ids must be token ids in [0, " +
-                             std::to_string(vocab_size) + "), got " + std::to_string(id));
-    }
+  if (Status status = checkIds(params.stop_token_ids, vocab_size, "stop_token_ids must be");
+      !status.isOk()) {
+    return status;
   }
   // Written as a subtraction so a huge max_tokens cannot overflow the sum.
   if (prompt_len > max_model_len || params.max_tokens > max_model_len - prompt_len) {
