@@ -82,6 +82,10 @@ const std::vector<Row>& rows() {
       text("api_key_exempt_paths",
            "paths served without the API key, comma-separated (ending in '/': a prefix)",
            &ServeOptions::api_key_exempt_paths),
+      text("lora_modules",
+           "LoRA adapters served beside the model, NAME=PATH comma-separated: a request whose "
+           "model is NAME runs with the PEFT adapter in PATH (docs/lora.md; CPU engines)",
+           &ServeOptions::lora_modules),
       text("chat_template",
            "Jinja chat template file used instead of the model's (parsed at start-up)",
            &ServeOptions::chat_template),

@@ -133,6 +133,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.fuse_projections = o.fuse_projections;
   config.cuda_kernels =
       kernels::resolveCudaKernels(o.cuda_kernels, "--cuda-kernels", config.device);
+  config.lora_modules = engine::parseLoraModuleSpecs(o.lora_modules);
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");
@@ -209,6 +210,12 @@ int runServe(CLI::App& command, ServeOptions& o) {
   server_config.served_model_name = o.served_model_name.empty()
                                         ? std::filesystem::path(o.model).filename().string()
                                         : o.served_model_name;
+  for (const auto& adapter : engine.adapters()) {
+    if (adapter.name == server_config.served_model_name) {
+      throw Error("--lora-modules names " + adapter.name +
+                  ", the served model's own name: give the adapter another");
+    }
+  }
   server_config.role = o.role;
   server_config.api_key = server::apiKeyFrom(o.api_key);
   server_config.api_key_exempt =

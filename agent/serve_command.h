@@ -42,6 +42,9 @@ struct ServeOptions {
   // environment's TANDEM_API_KEY, or no key at all.
   std::string api_key;
   std::string api_key_exempt_paths = server::kDefaultApiKeyExemptPaths;
+  // LoRA adapters served beside the model: NAME=PATH, comma-separated
+  // (docs/lora.md).
+  std::string lora_modules;
   std::string chat_template;     // a Jinja file replacing the model's chat template
   std::string tool_call_parser;  // empty: none; else a toolCallParserNames() entry
   std::string reasoning_parser;  // empty: none; else a reasoningParserNames() entry

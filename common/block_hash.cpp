@@ -104,13 +104,15 @@ BlockHasher::BlockHasher(HashAlgorithm algorithm, std::string model_identity, in
 }
 
 void BlockHasher::encode(const BlockHash* parent, std::span<const TokenId> block_tokens,
-                         std::string_view cache_salt, std::string& out) const {
+                         std::string_view cache_salt, std::string_view model_identity,
+                         std::string& out) const {
+  if (model_identity.empty()) model_identity = model_identity_;
   TANDEM_CHECK(cache_salt.size() <= std::numeric_limits<uint32_t>::max() &&
-                   model_identity_.size() <= std::numeric_limits<uint32_t>::max(),
+                   model_identity.size() <= std::numeric_limits<uint32_t>::max(),
                "block hash extra longer than 4 GiB");
   // Sized once and written in place: a routing decision hashes every block of
   // a prompt, so this runs thousands of times per request.
-  out.resize(2 + 16 + 4 + 4 * block_tokens.size() + 4 + model_identity_.size() + 4 +
+  out.resize(2 + 16 + 4 + 4 * block_tokens.size() + 4 + model_identity.size() + 4 +
              cache_salt.size());
   char* p = out.data();
   *p++ = static_cast<char>(kFormatVersion);
@@ -124,7 +126,7 @@ void BlockHasher::encode(const BlockHash* parent, std::span<const TokenId> block
   } else {
     for (TokenId token : block_tokens) p = putU32Le(p, static_cast<uint32_t>(token));
   }
-  p = putString(p, model_identity_);
+  p = putString(p, model_identity);
   p = putString(p, cache_salt);
   TANDEM_CHECK(p == out.data() + out.size(), "block hash encoding size");
 }
@@ -149,23 +151,26 @@ BlockHash BlockHasher::digest(const std::string& bytes) const {
 }
 
 BlockHash BlockHasher::hashBlock(const BlockHash* parent, std::span<const TokenId> block_tokens,
-                                 std::string_view cache_salt) const {
+                                 std::string_view cache_salt,
+                                 std::string_view model_identity) const {
   TANDEM_CHECK(block_tokens.size() == static_cast<size_t>(block_size_),
                "hashBlock needs exactly block_size tokens");
   std::string bytes;
-  encode(parent, block_tokens, cache_salt, bytes);
+  encode(parent, block_tokens, cache_salt, model_identity, bytes);
   return digest(bytes);
 }
 
 std::vector<BlockHash> BlockHasher::hashFullBlocks(std::span<const TokenId> tokens,
-                                                   std::string_view cache_salt) const {
+                                                   std::string_view cache_salt,
+                                                   std::string_view model_identity) const {
   const size_t block = static_cast<size_t>(block_size_);
   const size_t num_blocks = tokens.size() / block;
   std::vector<BlockHash> hashes;
   hashes.reserve(num_blocks);
   std::string bytes;
   for (size_t i = 0; i < num_blocks; ++i) {
-    encode(i == 0 ? nullptr : &hashes.back(), tokens.subspan(i * block, block), cache_salt, bytes);
+    encode(i == 0 ? nullptr : &hashes.back(), tokens.subspan(i * block, block), cache_salt,
+           model_identity, bytes);
     hashes.push_back(digest(bytes));
   }
   return hashes;

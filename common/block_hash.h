@@ -80,18 +80,22 @@ class BlockHasher {
 
   // The hash of one full block. `parent` is the previous block's hash, or
   // nullptr for the first block. block_tokens.size() must equal blockSize().
+  // `model_identity` replaces the hasher's own in the encoding when not
+  // empty: a LoRA adapter's blocks are named by the adapter's identity
+  // (docs/lora.md), which the agent reports for it in /v1/models.
   BlockHash hashBlock(const BlockHash* parent, std::span<const TokenId> block_tokens,
-                      std::string_view cache_salt) const;
+                      std::string_view cache_salt, std::string_view model_identity = {}) const;
 
   // One hash per full block of `tokens`, chained from the first block; a
   // trailing partial block has none.
   std::vector<BlockHash> hashFullBlocks(std::span<const TokenId> tokens,
-                                        std::string_view cache_salt) const;
+                                        std::string_view cache_salt,
+                                        std::string_view model_identity = {}) const;
 
  private:
   BlockHash digest(const std::string& bytes) const;
   void encode(const BlockHash* parent, std::span<const TokenId> block_tokens,
-              std::string_view cache_salt, std::string& out) const;
+              std::string_view cache_salt, std::string_view model_identity, std::string& out) const;
 
   HashAlgorithm algorithm_;
   std::string model_identity_;

@@ -37,7 +37,8 @@ int64_t BlockManager::blocksForTokens(int64_t num_tokens) const {
 }
 
 PrefixMatch BlockManager::findCachedPrefix(std::span<const TokenId> tokens,
-                                           std::string_view cache_salt) const {
+                                           std::string_view cache_salt,
+                                           std::string_view model_identity) const {
   PrefixMatch match;
   if (!config_.enable_prefix_caching || tokens.empty()) return match;
   match.num_query_tokens = static_cast<int64_t>(tokens.size());
@@ -46,8 +47,8 @@ PrefixMatch BlockManager::findCachedPrefix(std::span<const TokenId> tokens,
   const size_t max_blocks = (tokens.size() - 1) / block_size;
   for (size_t i = 0; i < max_blocks; ++i) {
     const BlockHash* parent = i == 0 ? nullptr : &match.block_hashes.back();
-    const BlockHash hash =
-        hasher_.hashBlock(parent, tokens.subspan(i * block_size, block_size), cache_salt);
+    const BlockHash hash = hasher_.hashBlock(parent, tokens.subspan(i * block_size, block_size),
+                                             cache_salt, model_identity);
     auto it = cached_.find(hash);
     if (it == cached_.end()) break;
     match.blocks.push_back(it->second);
@@ -122,7 +123,8 @@ bool BlockManager::allocate(SequenceBlocks& seq, const PrefixMatch* match,
 }
 
 void BlockManager::cacheFullBlocks(SequenceBlocks& seq, std::span<const TokenId> tokens,
-                                   int64_t num_computed_tokens, std::string_view cache_salt) {
+                                   int64_t num_computed_tokens, std::string_view cache_salt,
+                                   std::string_view model_identity) {
   if (!config_.enable_prefix_caching) return;
   TANDEM_CHECK(num_computed_tokens >= 0 && num_computed_tokens <= std::ssize(tokens),
                "num_computed_tokens beyond the sequence's tokens");
@@ -142,8 +144,8 @@ void BlockManager::cacheFullBlocks(SequenceBlocks& seq, std::span<const TokenId>
   };
   for (size_t i = seq.block_hashes.size(); i < num_full; ++i) {
     const BlockHash* parent = i == 0 ? nullptr : &seq.block_hashes[i - 1];
-    const BlockHash hash =
-        hasher_.hashBlock(parent, tokens.subspan(i * block_size, block_size), cache_salt);
+    const BlockHash hash = hasher_.hashBlock(parent, tokens.subspan(i * block_size, block_size),
+                                             cache_salt, model_identity);
     if (run.block_hashes.empty() && parent != nullptr) run.parent_block_hash = *parent;
     seq.block_hashes.push_back(hash);
     const BlockId block = seq.blocks[i];

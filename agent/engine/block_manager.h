@@ -95,7 +95,9 @@ class BlockManager {
   // by a sequence or free but not yet evicted). At most (len-1)/block_size
   // blocks, so at least one prompt token is always left to compute. Empty
   // when prefix caching is off. Changes nothing.
-  PrefixMatch findCachedPrefix(std::span<const TokenId> tokens, std::string_view cache_salt) const;
+  // `model_identity`: BlockHasher::hashBlock's (empty: the base model's).
+  PrefixMatch findCachedPrefix(std::span<const TokenId> tokens, std::string_view cache_salt,
+                               std::string_view model_identity = {}) const;
 
   // Makes `seq` cover num_tokens_total positions. `match` may be given only
   // while seq holds no blocks: its blocks (the part still cached) become the
@@ -114,9 +116,11 @@ class BlockManager {
   // num_computed_tokens of `tokens` (the sequence's tokens so far) and not
   // registered yet, and emits BlockStored for them. A block whose hash is
   // already cached under another block, or that was invalidated, stays
-  // unregistered. `cache_salt` must be the one the prefix was looked up with.
+  // unregistered. `cache_salt` and `model_identity` must be the ones the
+  // prefix was looked up with.
   void cacheFullBlocks(SequenceBlocks& seq, std::span<const TokenId> tokens,
-                       int64_t num_computed_tokens, std::string_view cache_salt);
+                       int64_t num_computed_tokens, std::string_view cache_salt,
+                       std::string_view model_identity = {});
 
   // Marks blocks of seq (by index into seq.blocks) as holding bad data, e.g.
   // KV that failed to load from another agent: they are unregistered if they

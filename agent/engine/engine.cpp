@@ -152,7 +152,8 @@ class Engine::ConnectorSource : public ExternalKvSource {
   }
 
   kv::ConnectorRequest request(const Sequence& sequence) {
-    hashes_ = hasher_.hashFullBlocks(sequence.tokens, sequence.request.cache_salt);
+    hashes_ = hasher_.hashFullBlocks(sequence.tokens, sequence.request.cache_salt,
+                                     sequence.adapter_identity);
     kv::ConnectorRequest request;
     request.request_id = sequence.request.id;
     request.tokens = sequence.tokens;
@@ -308,6 +309,24 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     runner_options.fuse_projections = config_.fuse_projections;
     runner_ = std::make_unique<ModelRunner>(*model_, *cache_, *backend_, runner_options);
     runner_->setRecordDecode(!config_.enforce_eager);
+  }
+  for (const LoraModuleSpec& spec : config_.lora_modules) {
+    if (simulated) {
+      throw Error("LoRA adapter " + spec.name +
+                  ": a simulated agent computes no forward pass to adapt (docs/lora.md)");
+    }
+    if (adapterIndex(spec.name) >= 0) {
+      throw Error("--lora-modules names " + spec.name + " twice");
+    }
+    auto adapter = LoraAdapter::load(spec.name, spec.path, model_->config());
+    const int32_t index = runner_->addAdapter(*adapter);
+    TANDEM_CHECK(index == std::ssize(adapters_), "adapter indices out of step");
+    adapter_infos_.push_back(
+        {spec.name, spec.path, model_identity_ + "/lora-" + adapter->digest(), adapter->rank()});
+    TANDEM_LOG(kInfo) << "LoRA adapter " << spec.name << " from " << spec.path.string() << ": rank "
+                      << adapter->rank() << ", scale " << adapter->scale() << ", digest "
+                      << adapter->digest();
+    adapters_.push_back(std::move(adapter));
   }
   if (config_.connector_factory) {
     connector_ = config_.connector_factory(*cache_, model_identity_);
@@ -470,6 +489,10 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     Status transfer = connector_->scheduler().validate(request.kv_transfer_params);
     if (!transfer.isOk()) return transfer;
   }
+  const int32_t adapter = request.adapter.empty() ? -1 : adapterIndex(request.adapter);
+  if (!request.adapter.empty() && adapter < 0) {
+    return notFound("this agent serves no LoRA adapter named " + request.adapter);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (draining_) return unavailable("the agent is draining: it takes no new requests");
   if (stopping_) return unavailable("the engine is shutting down");
@@ -486,6 +509,10 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   live->timings.arrival = request.arrival;
   Pending pending;
   pending.sequence = std::make_unique<Sequence>(std::move(request));
+  if (adapter >= 0) {
+    pending.sequence->adapter = adapter;
+    pending.sequence->adapter_identity = adapter_infos_[adapter].identity;
+  }
   pending.live = std::move(live);
   inbox_.push_back(std::move(pending));
   wake_.notify_one();
@@ -531,11 +558,23 @@ nlohmann::json Engine::kvConnectorInfo() const {
   return connector_ ? connector_->info() : nlohmann::json();
 }
 
-StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::string cache_salt) {
+int32_t Engine::adapterIndex(std::string_view name) const {
+  for (size_t i = 0; i < adapter_infos_.size(); ++i) {
+    if (adapter_infos_[i].name == name) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::string cache_salt,
+                                            const std::string& adapter) {
   if (!connector_ || !connector_->config().produces()) {
     return failedPrecondition(
         "this agent lends no KV blocks: it needs a KV connector with kv_role kv_producer or "
         "kv_both");
+  }
+  const int32_t adapter_index = adapter.empty() ? -1 : adapterIndex(adapter);
+  if (!adapter.empty() && adapter_index < 0) {
+    return notFound("this agent serves no LoRA adapter named " + adapter);
   }
   std::future<StatusOr<nlohmann::json>> held;
   {
@@ -545,6 +584,7 @@ StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::st
     HoldRequest request;
     request.tokens = std::move(tokens);
     request.cache_salt = std::move(cache_salt);
+    if (adapter_index >= 0) request.model_identity = adapter_infos_[adapter_index].identity;
     hold_requests_.push_back(std::move(request));
     held = hold_requests_.back().promise.get_future();
     wake_.notify_one();
@@ -573,27 +613,31 @@ void Engine::holdPrefixes() {
       deferred_holds_.push_back(std::move(request));
       continue;
     }
-    request.promise.set_value(holdPrefixNow(request.tokens, request.cache_salt));
+    request.promise.set_value(
+        holdPrefixNow(request.tokens, request.cache_salt, request.model_identity));
   }
 }
 
 bool Engine::prefixIsComing(HoldRequest& request) {
   if (!block_manager_->config().enable_prefix_caching) return false;
   const int64_t block_size = config_.block_size;
-  const int64_t next =
-      std::ssize(block_manager_->findCachedPrefix(request.tokens, request.cache_salt).blocks);
+  const int64_t next = std::ssize(
+      block_manager_->findCachedPrefix(request.tokens, request.cache_salt, request.model_identity)
+          .blocks);
   if (next >= max_hold_blocks_ || (next + 1) * block_size >= std::ssize(request.tokens)) {
     return false;
   }
   if (request.hashes.empty()) {
-    request.hashes = block_manager_->hasher().hashFullBlocks(request.tokens, request.cache_salt);
+    request.hashes = block_manager_->hasher().hashFullBlocks(request.tokens, request.cache_salt,
+                                                             request.model_identity);
   }
   return scheduler_->prefixBlockComing(request.hashes, next, nullptr, /*waiting_to_run=*/true);
 }
 
 StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& tokens,
-                                               const std::string& cache_salt, bool hand_over) {
-  PrefixMatch match = block_manager_->findCachedPrefix(tokens, cache_salt);
+                                               const std::string& cache_salt,
+                                               const std::string& model_identity, bool hand_over) {
+  PrefixMatch match = block_manager_->findCachedPrefix(tokens, cache_salt, model_identity);
   if (match.blocks.empty()) {
     return notFound("no leading block of the prompt is cached on this agent");
   }
@@ -643,7 +687,8 @@ StatusOr<nlohmann::json> Engine::holdPrefixNow(const std::vector<TokenId>& token
   const std::string id = (hand_over ? "handover-" : "hold-") + std::to_string(++num_holds_);
   const nlohmann::json params = {{"do_remote_decode", true}};
   const std::vector<BlockHash> hashes = block_manager_->hasher().hashFullBlocks(
-      std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens)), cache_salt);
+      std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens)), cache_salt,
+      model_identity);
   kv::ConnectorRequest request;
   request.request_id = id;
   request.tokens = std::span<const TokenId>(tokens).first(static_cast<size_t>(held_tokens));
@@ -698,7 +743,8 @@ void Engine::handOver() {
       const std::vector<TokenId> computed(sequence->tokens.begin(),
                                           sequence->tokens.begin() + sequence->num_computed_tokens);
       StatusOr<nlohmann::json> held =
-          holdPrefixNow(computed, sequence->request.cache_salt, /*hand_over=*/true);
+          holdPrefixNow(computed, sequence->request.cache_salt, sequence->adapter_identity,
+                        /*hand_over=*/true);
       if (held.isOk()) {
         out.kv_transfer_params = std::move(*held);
       } else {
@@ -981,6 +1027,7 @@ void Engine::step() {
             .subspan(static_cast<size_t>(chunk.start), static_cast<size_t>(chunk.num_tokens));
     input.start_position = chunk.start;
     input.block_table = chunk.sequence->blocks.blocks;
+    input.adapter = chunk.sequence->adapter;
     // Prompt logprobs: position p's logits give prompt token p + 1's.
     if (chunk.sequence->needsPromptLogits()) {
       input.num_row_logits = std::max<int64_t>(

@@ -36,6 +36,7 @@
 #include "agent/engine/block_manager.h"
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/kv_events.h"
+#include "agent/engine/lora.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
 #include "agent/engine/sampler.h"
@@ -77,6 +78,9 @@ struct EngineConfig {
   // reused or transferred as the other's.
   DType compute_dtype = DType::kF32;
   SchedulerConfig scheduler;
+  // LoRA adapters served beside the model (--lora-modules, docs/lora.md):
+  // loaded at start, in this order; CPU engines only.
+  std::vector<LoraModuleSpec> lora_modules;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   // Requests queued beyond this are refused (ResourceExhausted).
   int64_t max_waiting_requests = 1024;
@@ -247,7 +251,10 @@ class Engine {
   // the bound) when the blocks it would newly pin would take the holds past
   // max_total_hold_blocks, or leave fewer free blocks than the waiting
   // requests need.
-  StatusOr<nlohmann::json> holdPrefix(std::vector<TokenId> tokens, std::string cache_salt);
+  // `adapter`: the LoRA adapter whose blocks are meant (its served name;
+  // empty: the base model's); an unknown one is NotFound.
+  StatusOr<nlohmann::json> holdPrefix(std::vector<TokenId> tokens, std::string cache_salt,
+                                      const std::string& adapter = {});
   // The resolved bounds of pull-back holds (config 0 replaced by its default).
   int64_t maxHoldBlocks() const { return max_hold_blocks_; }
   int64_t maxTotalHoldBlocks() const { return max_total_hold_blocks_; }
@@ -279,6 +286,18 @@ class Engine {
   KvEventLog& kvEvents() { return events_; }
   // The model identity mixed into block hashes (also what the router uses).
   const std::string& modelIdentity() const { return model_identity_; }
+  // The LoRA adapters served (EngineConfig::lora_modules, in order): what
+  // /v1/models lists for each. `identity` is what its blocks are hashed
+  // under: the model identity, then "/lora-" and the adapter's digest.
+  struct AdapterInfo {
+    std::string name;
+    std::filesystem::path path;
+    std::string identity;
+    int64_t rank = 0;
+  };
+  const std::vector<AdapterInfo>& adapters() const { return adapter_infos_; }
+  // The index of the adapter served as `name`; -1 when there is none.
+  int32_t adapterIndex(std::string_view name) const;
   // Token ids that end generation unless ignore_eos.
   const std::vector<TokenId>& eosTokenIds() const { return eos_token_ids_; }
   // The model directory's generation_config.json (empty without one).
@@ -347,7 +366,8 @@ class Engine {
   // `hand_over`: a drain's hold of a live request's blocks (every cached
   // one, no bound; awaited by shutdown like a finished request's blocks).
   StatusOr<nlohmann::json> holdPrefixNow(const std::vector<TokenId>& tokens,
-                                         const std::string& cache_salt, bool hand_over = false);
+                                         const std::string& cache_salt,
+                                         const std::string& model_identity, bool hand_over = false);
   // Hands over the live requests that allow it (drain()).
   void handOver();
   KvSnapshot takeSnapshot() const;
@@ -404,6 +424,8 @@ class Engine {
   Sampler sampler_;
   std::vector<Sampler> row_samplers_;  // prompt logprobs: one per kernel thread
   std::string model_identity_;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters_;
+  std::vector<AdapterInfo> adapter_infos_;
   std::vector<TokenId> eos_token_ids_;
   protocol::GenerationConfig generation_;
   // Structured outputs: grammars compiled for this model's vocabulary, made
@@ -431,6 +453,7 @@ class Engine {
   struct HoldRequest {
     std::vector<TokenId> tokens;
     std::string cache_salt;
+    std::string model_identity;  // a LoRA adapter's; empty: the base model's
     std::promise<StatusOr<nlohmann::json>> promise;
     // Engine thread: until when it may wait for blocks on their way into the
     // cache, and the prompt's block hashes (made once).

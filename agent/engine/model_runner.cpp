@@ -77,7 +77,9 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       last_(backend),
       logits_(backend),
       fused_(backend),
-      row_logits_(backend) {
+      row_logits_(backend),
+      lora_down_(backend),
+      lora_delta_(backend) {
   const ModelConfig& config = model_.config();
   const KvCacheConfig& kv = cache_.config();
   auto mismatch = [](const char* what, int64_t model_value, int64_t cache_value) {
@@ -263,6 +265,44 @@ const float* ModelRunner::resident(const std::vector<float>& host) {
   return used;
 }
 
+int32_t ModelRunner::addAdapter(const LoraAdapter& adapter) {
+  const ModelConfig& config = model_.config();
+  if (!backend_.hostAccessible() ||
+      backend_.stackedLayout() != kernels::Backend::StackedLayout::kPlain) {
+    throw Error("LoRA adapter " + adapter.name() + ": adapters run on the CPU backend only (" +
+                backend_.description() + " is not one; docs/lora.md)");
+  }
+  if (adapter.numLayers() != config.num_hidden_layers) {
+    throw Error("LoRA adapter " + adapter.name() + " has " + std::to_string(adapter.numLayers()) +
+                " layers, the model " + std::to_string(config.num_hidden_layers));
+  }
+  std::vector<std::array<ResidentLora, kLoraModules>> layers(adapter.numLayers());
+  for (int64_t layer = 0; layer < adapter.numLayers(); ++layer) {
+    for (int module = 0; module < kLoraModules; ++module) {
+      const LoraPair& pair = adapter.pair(layer, module);
+      if (pair.rank == 0) continue;
+      const kernels::WeightView a{pair.a.data(), DType::kF32, pair.rank, pair.in};
+      const kernels::WeightView b{pair.b_scaled.data(), DType::kF32, pair.out, pair.rank};
+      layers[layer][module] = {hold(a, backend_.residentWeight(a)),
+                               hold(b, backend_.residentWeight(b))};
+      max_lora_rank_ = std::max(max_lora_rank_, pair.rank);
+    }
+  }
+  adapters_.push_back(std::move(layers));
+  return static_cast<int32_t>(adapters_.size() - 1);
+}
+
+void ModelRunner::addLoraDeltas(int64_t layer, int module, const float* x, int64_t in, float* y,
+                                int64_t out) {
+  for (const LoraRun& run : lora_runs_) {
+    const ResidentLora& lora = adapters_[run.adapter][layer][module];
+    if (lora.a.data == nullptr) continue;
+    backend_.matmul(x + run.first_row * in, run.rows, in, lora.a, lora_down_.data());
+    backend_.matmul(lora_down_.data(), run.rows, lora.a.rows, lora.b, lora_delta_.data());
+    backend_.addInPlace(y + run.first_row * out, lora_delta_.data(), run.rows * out);
+  }
+}
+
 void ModelRunner::checkInput(const SequenceInput& sequence) const {
   const ModelConfig& config = model_.config();
   TANDEM_CHECK(!sequence.tokens.empty(), "a sequence in a forward batch has no new tokens");
@@ -279,6 +319,8 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
   for (TokenId token : sequence.tokens) {
     TANDEM_CHECK(token >= 0 && token < config.vocab_size, "token id outside the vocabulary");
   }
+  TANDEM_CHECK(sequence.adapter >= -1 && sequence.adapter < std::ssize(adapters_),
+               "unknown LoRA adapter index");
 }
 
 void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
@@ -348,8 +390,19 @@ const float* ModelRunner::compute(std::span<const SequenceInput> batch,
   token_ids_.clear();
   positions_.clear();
   attention_sequences_.clear();
+  lora_runs_.clear();
   for (const SequenceInput& sequence : batch) {
     checkInput(sequence);
+    if (sequence.adapter >= 0) {
+      const auto first_row = static_cast<int64_t>(token_ids_.size());
+      const auto rows = static_cast<int64_t>(sequence.tokens.size());
+      if (!lora_runs_.empty() && lora_runs_.back().adapter == sequence.adapter &&
+          lora_runs_.back().first_row + lora_runs_.back().rows == first_row) {
+        lora_runs_.back().rows += rows;
+      } else {
+        lora_runs_.push_back({first_row, rows, sequence.adapter});
+      }
+    }
     kernels::AttentionSequence entry;
     entry.block_table = sequence.block_table.data();
     entry.num_blocks = static_cast<int32_t>(sequence.block_table.size());
@@ -371,7 +424,9 @@ const float* ModelRunner::compute(std::span<const SequenceInput> batch,
   // attention skips them) and padded sequences have no rows. Kernels are
   // row-independent, so the real rows' results are unchanged by padding.
   const bool decode = real_rows == num_sequences;
-  const int64_t bucket = decode && record_decode_ ? backend_.decodeBucket(num_sequences) : 0;
+  // A recording holds one batch's kernels: never one with LoRA runs.
+  const int64_t bucket =
+      decode && record_decode_ && lora_runs_.empty() ? backend_.decodeBucket(num_sequences) : 0;
   for (int64_t pad = num_sequences; pad < bucket; ++pad) {
     kernels::AttentionSequence empty;
     empty.first_row = pad + 1;  // its "last row" (first_row - 1) is a padded row
@@ -432,6 +487,10 @@ void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
   last_.grow(sequences * hidden);
   if (!stacked_.empty()) fused_.grow(rows * std::max(q_width + 2 * kv_width, 2 * inter));
   if (!backend_.hostAccessible()) logits_.grow(sequences * config.vocab_size);
+  if (!adapters_.empty()) {
+    lora_down_.grow(rows * max_lora_rank_);
+    lora_delta_.grow(rows * std::max({q_width, hidden, inter}));
+  }
 }
 
 void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
@@ -454,7 +513,10 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // Attention block.
     b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
-    if (lw.qkv_rope) {
+    // With LoRA runs, fused steps are taken apart so the deltas go in
+    // between (the same bits for the other rows).
+    const bool lora = !lora_runs_.empty();
+    if (lw.qkv_rope && !lora) {
       kernels::Backend::QkvRope qkv;
       qkv.q = q_.data();
       qkv.k = k_.data();
@@ -484,6 +546,11 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
         b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
         b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
       }
+      if (lora) {
+        addLoraDeltas(layer, kLoraQ, normed_.data(), hidden, q_.data(), q_width);
+        addLoraDeltas(layer, kLoraK, normed_.data(), hidden, k_.data(), kv_width);
+        addLoraDeltas(layer, kLoraV, normed_.data(), hidden, v_.data(), kv_width);
+      }
       if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
       if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
       if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
@@ -497,24 +564,37 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
     }
     b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
                      attn_.data());
-    if (lw.fused) {
+    if (lw.fused && !lora) {
       b.matmulAdd(attn_.data(), rows, q_width, lw.o_proj, hidden_.data(), proj_.data());
     } else {
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+      if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
     }
 
     // MLP block.
     b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
-    if (lw.fused) {
+    if (lw.fused && !lora) {
       b.matmulSiluMul(normed_.data(), rows, hidden, lw.gate_up_proj, gate_.data(), fused_.data(),
                       up_.data());
       b.matmulAdd(gate_.data(), rows, inter, lw.down_proj, hidden_.data(), proj_.data());
     } else {
-      b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
-      b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
+      if (lw.fused) {
+        // matmulSiluMul's steps, in the kPlain layout addAdapter asks for.
+        b.matmul(normed_.data(), rows, hidden, lw.gate_up_proj, fused_.data());
+        b.copyColumns(fused_.data(), rows, 2 * inter, 0, inter, gate_.data());
+        b.copyColumns(fused_.data(), rows, 2 * inter, inter, inter, up_.data());
+      } else {
+        b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
+        b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
+      }
+      if (lora) {
+        addLoraDeltas(layer, kLoraGate, normed_.data(), hidden, gate_.data(), inter);
+        addLoraDeltas(layer, kLoraUp, normed_.data(), hidden, up_.data(), inter);
+      }
       b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
       b.matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
+      if (lora) addLoraDeltas(layer, kLoraDown, gate_.data(), inter, proj_.data(), hidden);
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
     }
   }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "agent/engine/kv_cache.h"
+#include "agent/engine/lora.h"
 #include "agent/engine/model.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
@@ -38,6 +39,9 @@ struct SequenceInput {
   // How many of the new tokens, from the first, also want their logits
   // (prompt logprobs): forward() hands them to its RowLogitsSink.
   int64_t num_row_logits = 0;
+  // The LoRA adapter the sequence runs with: an index ModelRunner::addAdapter
+  // returned; -1: the base model alone.
+  int32_t adapter = -1;
 };
 
 // Receives the logits of `count` consecutive new tokens of batch[sequence],
@@ -110,6 +114,20 @@ class ModelRunner {
   // graphs); false runs every step as issued (vLLM's --enforce-eager).
   void setRecordDecode(bool record) { record_decode_ = record; }
 
+  // Makes `adapter`'s matrices resident and returns the index sequences name
+  // it by (SequenceInput::adapter). A sequence with an adapter adds, to each
+  // projection the adapter adapts, B (A x) computed for its rows alone (two
+  // matmuls of the rows of the sequences next to each other in the batch
+  // that share the adapter, then addInPlace), before what follows the
+  // projection (bias, RoPE, SiLU, the residual add); fused projections are
+  // taken apart for such a batch (the same bits, ModelRunnerOptions). So a
+  // row's bits still depend only on the row: a sequence gives the same
+  // logits and KV alone or batched with others, whatever adapters they run
+  // with, chunked or not. Throws tandem::Error when the adapter does not fit
+  // the model, or the backend is not host memory (docs/lora.md: LoRA runs
+  // on the CPU backend). The adapter must outlive the runner.
+  int32_t addAdapter(const LoraAdapter& adapter);
+
   const Model& model() const { return model_; }
   // Bytes of the model's file mapping dropped from memory at construction:
   // the matrices the backend copied (bf16 compute's packing, a GPU upload).
@@ -153,6 +171,10 @@ class ModelRunner {
   // Every kernel of one forward over the batch beginBatch() set up; the
   // sequences' logits go to `logits` (backend memory).
   void issueStep(int64_t rows, int64_t sequences, float* logits);
+  // y[r, 0..out) += B (A x[r, 0..in)) for the rows of every LoRA run whose
+  // adapter adapts `module` of `layer` (x and y row-major, row strides in
+  // and out).
+  void addLoraDeltas(int64_t layer, int module, const float* x, int64_t in, float* y, int64_t out);
   // After a forward pass: the logits of the rows the batch asked for
   // (SequenceInput::num_row_logits), from the final hidden states.
   void computeRowLogits(std::span<const SequenceInput> batch, const RowLogitsSink& sink);
@@ -207,6 +229,25 @@ class ModelRunner {
   std::vector<int32_t> token_ids_, positions_;
   std::vector<float> host_logits_;  // forwardArgmax's logits on a host backend
   std::vector<kernels::AttentionSequence> attention_sequences_;
+
+  // LoRA adapters (addAdapter), each [layer][module]: A (rank x in) and B
+  // times the scale (out x rank) in the backend's memory; unset views for
+  // projections the adapter leaves as they are.
+  struct ResidentLora {
+    kernels::WeightView a, b;
+  };
+  std::vector<std::vector<std::array<ResidentLora, kLoraModules>>> adapters_;
+  int64_t max_lora_rank_ = 0;
+  // The batch's rows that run with an adapter: runs of consecutive rows
+  // sharing one (compute() fills it).
+  struct LoraRun {
+    int64_t first_row = 0;
+    int64_t rows = 0;
+    int32_t adapter = -1;
+  };
+  std::vector<LoraRun> lora_runs_;
+  BackendBuffer lora_down_;   // rows x rank: A x
+  BackendBuffer lora_delta_;  // rows x out: B (A x)
 };
 
 }  // namespace tandem::engine

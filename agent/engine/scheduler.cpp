@@ -200,7 +200,7 @@ const std::vector<BlockHash>& Scheduler::promptHashes(Sequence* sequence) {
   if (!sequence->prompt_hashed) {
     sequence->prompt_block_hashes = blocks_.hasher().hashFullBlocks(
         std::span<const TokenId>(sequence->tokens).first(sequence->num_prompt_tokens),
-        sequence->request.cache_salt);
+        sequence->request.cache_salt, sequence->adapter_identity);
     sequence->prompt_hashed = true;
   }
   return sequence->prompt_block_hashes;
@@ -248,7 +248,10 @@ Scheduler::Admission Scheduler::admit(Sequence* sequence, int64_t budget, Schedu
   sequence->skipPresentRanges();
   // A sequence computing its prompt logprobs computes every position.
   const bool looks_up = sequence->blocks.blocks.empty() && !sequence->needsPromptLogits();
-  if (looks_up) match = blocks_.findCachedPrefix(sequence->tokens, sequence->request.cache_salt);
+  if (looks_up) {
+    match = blocks_.findCachedPrefix(sequence->tokens, sequence->request.cache_salt,
+                                     sequence->adapter_identity);
+  }
   const int64_t matched_tokens = match.numCachedTokens(blocks_.blockSize());
   const int64_t local = sequence->num_computed_tokens + matched_tokens;
   int64_t external = 0;
@@ -427,7 +430,7 @@ void Scheduler::onStepComputed(const SchedulerOutput& output) {
     // Reaching a present range: its KV is already there, skip over it.
     sequence->skipPresentRanges();
     blocks_.cacheFullBlocks(sequence->blocks, sequence->tokens, sequence->num_computed_tokens,
-                            sequence->request.cache_salt);
+                            sequence->request.cache_salt, sequence->adapter_identity);
   }
 }
 

@@ -61,6 +61,11 @@ struct Sequence {
   explicit Sequence(Request r);
 
   Request request;
+  // The LoRA adapter it runs with (request.adapter, as the engine resolved
+  // it): the model runner's index (-1: the base model alone) and the model
+  // identity its blocks are hashed under (empty: the base model's).
+  int32_t adapter = -1;
+  std::string adapter_identity;
   SequenceStatus status = SequenceStatus::kWaiting;
   std::vector<TokenId> tokens;  // prompt, then generated tokens
   int64_t num_prompt_tokens = 0;

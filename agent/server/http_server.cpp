@@ -456,6 +456,7 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   http_ = std::make_unique<HttpService>(config_.http, config_.io_threads, config_.worker_threads);
   http_->requireApiKey(config_.api_key, config_.api_key_exempt);
   limits_.served_model_name = config_.served_model_name;
+  for (const auto& adapter : engine_.adapters()) limits_.lora_adapters.push_back(adapter.name);
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;
   limits_.chat_template = config_.chat_template;
@@ -694,8 +695,22 @@ void HttpServer::routes() {
          std::filesystem::absolute(engine_.model().directory()).lexically_normal().string()},
         {"max_model_len", engine_.maxModelLen()},
         {"device", kernels::deviceKindName(engine_.backend().kind())}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
-                    "application/json");
+    json data = json::array({model});
+    // LoRA adapters as vLLM lists them: their own id, the base model as
+    // parent, their directory as root; and what their blocks are hashed
+    // under (docs/lora.md).
+    for (const auto& adapter : engine_.adapters()) {
+      data.push_back(
+          {{"id", adapter.name},
+           {"object", "model"},
+           {"created", unixSeconds()},
+           {"owned_by", "tandem"},
+           {"parent", config_.served_model_name},
+           {"root", std::filesystem::absolute(adapter.path).lexically_normal().string()},
+           {"max_model_len", engine_.maxModelLen()},
+           {"tandem", {{"model_identity", adapter.identity}, {"lora_rank", adapter.rank}}}});
+    }
+    res.set_content(json{{"object", "list"}, {"data", std::move(data)}}.dump(), "application/json");
   });
 
   http_->get("/health", [this](const HttpRequest&, HttpResponse& res) {
@@ -861,7 +876,24 @@ void HttpServer::routes() {
             }
             salt = it->get<std::string>();
           }
-          auto held = engine_.holdPrefix(std::move(tokens), std::move(salt));
+          // A LoRA adapter's blocks: the request's `model` (the router
+          // sends it for an adapter only).
+          std::string adapter;
+          if (auto it = body.find("model"); it != body.end()) {
+            if (!it->is_string()) {
+              return errorResponse(invalidRequest("model must be a string", "model"));
+            }
+            adapter = it->get<std::string>();
+            if (adapter == config_.served_model_name) adapter.clear();
+            if (!adapter.empty() && engine_.adapterIndex(adapter) < 0) {
+              return errorResponse(ApiError{404,
+                                            "model \"" + adapter + "\"" +
+                                                " is neither this agent's model nor one of its "
+                                                "LoRA adapters",
+                                            "not_found_error", "model", "model_not_found"});
+            }
+          }
+          auto held = engine_.holdPrefix(std::move(tokens), std::move(salt), adapter);
           if (!held.isOk()) {
             // Nothing cached is about the prompt; a refusal by a bound is not.
             const bool about_prompt = held.status().code() == StatusCode::kNotFound;

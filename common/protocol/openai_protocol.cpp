@@ -218,13 +218,24 @@ std::optional<ApiError> checkModel(const RequestJson& root, const ServerLimits& 
     return invalidRequest(std::string("model must be a string, got ") + it->type_name(), "model");
   }
   *model = it->get<std::string>();
-  if (*model != limits.served_model_name) {
+  if (*model != limits.served_model_name &&
+      std::find(limits.lora_adapters.begin(), limits.lora_adapters.end(), *model) ==
+          limits.lora_adapters.end()) {
+    std::string served = jsonQuoted(limits.served_model_name);
+    for (size_t i = 0; i < limits.lora_adapters.size(); ++i) {
+      served += (i == 0 ? " and its LoRA adapters " : ", ") + jsonQuoted(limits.lora_adapters[i]);
+    }
     return ApiError{404,
-                    "model " + jsonQuoted(*model) + " does not exist; this server serves " +
-                        jsonQuoted(limits.served_model_name),
+                    "model " + jsonQuoted(*model) + " does not exist; this server serves " + served,
                     "not_found_error", "model", "model_not_found"};
   }
   return std::nullopt;
+}
+
+// The request's `model` (checkModel's) as Request::adapter: empty for the
+// base model.
+std::string adapterOf(const std::string& model, const ServerLimits& limits) {
+  return model == limits.served_model_name ? std::string() : model;
 }
 
 // A token id, element `name` of the field `param`: an integer in
@@ -786,6 +797,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   if (auto error = checkModel(root.value(), limits, /*required=*/true, &parsed.model)) {
     return *error;
   }
+  parsed.request.adapter = adapterOf(parsed.model, limits);
   FieldReader fields(root.value());
   readCommonFields(fields, limits, tokenizer, parsed);
   // echo with max_tokens 0 scores the prompt (OpenAI's legacy completions,
@@ -939,6 +951,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   if (auto error = checkModel(root.value(), limits, /*required=*/true, &parsed.model)) {
     return *error;
   }
+  parsed.request.adapter = adapterOf(parsed.model, limits);
   FieldReader fields(root.value());
   readCommonFields(fields, limits, tokenizer, parsed);
   // max_completion_tokens replaced max_tokens in OpenAI's chat API; it wins

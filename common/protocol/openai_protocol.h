@@ -124,6 +124,9 @@ inline constexpr size_t kMaxRequestJsonValues = size_t{1} << 20;
 
 struct ServerLimits {
   std::string served_model_name;
+  // LoRA adapters served beside the model (docs/lora.md): a request whose
+  // `model` names one runs with it (Request::adapter).
+  std::vector<std::string> lora_adapters;
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // the model's; token ids must be below it
   int32_t max_logprobs = 20;

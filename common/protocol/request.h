@@ -80,6 +80,9 @@ struct Request {
   // Mixed into block hashes: requests with different salts never share
   // cached blocks.
   std::string cache_salt;
+  // The LoRA adapter it runs with, by its served name (the request's
+  // `model` when that names one, docs/lora.md); empty: the base model.
+  std::string adapter;
   // Prefill/decode hand-off parameters (the router sets them); null if none.
   nlohmann::json kv_transfer_params;
   // Tokens this request already generated elsewhere (a stream migrated from

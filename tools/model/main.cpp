@@ -8,6 +8,9 @@
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
 //                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
 //                [--token-source TEXT] [--termination-log PATH] [--tokenizer-only]
+//   tandem-model lora --model DIR --out DIR [--rank N] [--alpha X] [--rslora] [--seed N]
+//                [--dtype f32|bf16|f16] [--modules q_proj,...] [--strength X]
+//   (a PEFT LoRA adapter with seeded random matrices for the model in DIR)
 //   (the token: HF_TOKEN, else HUGGING_FACE_HUB_TOKEN; the endpoint's default:
 //   HF_ENDPOINT, else https://huggingface.co)
 #include <CLI/CLI.hpp>
@@ -137,6 +140,27 @@ int main(int argc, char** argv) {
                           "only config, tokenizer and chat template files (a router's copy)");
   fetch_command->add_option("--termination-log", fetch.termination_log,
                             "a failure's message is written here when the file exists");
+  tandem::tools::TestLoraOptions lora;
+  std::string lora_model;
+  std::string lora_out;
+  std::string lora_dtype = "f32";
+  CLI::App* lora_command = app.add_subcommand(
+      "lora", "Writes a PEFT LoRA adapter with seeded random matrices for a model directory.");
+  lora_command->add_option("--model", lora_model, "the base model's directory")->required();
+  lora_command->add_option("--out", lora_out, "the adapter directory (created; files replaced)")
+      ->required();
+  lora_command->add_option("--rank", lora.rank, "r")->check(CLI::Range(1, 4096));
+  lora_command->add_option("--alpha", lora.alpha, "lora_alpha")->check(CLI::PositiveNumber);
+  lora_command->add_flag("--rslora", lora.rslora, "use_rslora: scale alpha / sqrt(r)");
+  lora_command->add_option("--seed", lora.seed, "matrix seed");
+  lora_command->add_option("--dtype", lora_dtype, "matrix dtype")
+      ->check(CLI::IsMember({"bf16", "f32", "f16"}));
+  lora_command->add_option("--modules", lora.modules, "projections adapted (default: all seven)")
+      ->delimiter(',');
+  lora_command
+      ->add_option("--strength", lora.strength,
+                   "each delta's size relative to its projection's output")
+      ->check(CLI::PositiveNumber);
   std::string preset;
   std::string out_dir;
   std::string dtype_name = "bf16";
@@ -159,6 +183,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (fetch_command->parsed()) return runFetch(fetch);
+  if (lora_command->parsed()) {
+    try {
+      lora.dtype = *tandem::dtypeFromShortName(lora_dtype);
+      const tandem::engine::ModelConfig base =
+          tandem::engine::ModelConfig::fromFile(std::filesystem::path(lora_model) / "config.json");
+      tandem::tools::writeTestLoraAdapter(lora, base, lora_out);
+      std::printf("wrote a rank-%lld LoRA adapter for %s (%s, seed %llu) to %s\n",
+                  static_cast<long long>(lora.rank), lora_model.c_str(), lora_dtype.c_str(),
+                  static_cast<unsigned long long>(lora.seed), lora_out.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tandem-model lora: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   if (preset.empty() || out_dir.empty()) {
     std::fprintf(stderr, "tandem-model: --preset and --out are required (see --help)\n");
     return 1;

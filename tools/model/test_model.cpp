@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <tuple>
 
 #include "agent/engine/safetensors.h"
 #include "common/status.h"
@@ -482,6 +483,72 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   writeFile(out_dir / "tokenizer_config.json", tokenizerConfigJson(tokenizer, config));
   writeWeights(config, options.dtype, options.seed, tokenizer.bpe.tokens,
                out_dir / "model.safetensors");
+}
+
+void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelConfig& base,
+                          const std::filesystem::path& out_dir) {
+  if (options.rank <= 0) throw Error("test LoRA adapter: rank must be positive");
+  const std::vector<std::string> all = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+  const std::vector<std::string>& modules = options.modules.empty() ? all : options.modules;
+  const int64_t hidden = base.hidden_size;
+  const int64_t q_size = base.num_attention_heads * base.head_dim;
+  const int64_t kv_size = base.num_key_value_heads * base.head_dim;
+  const int64_t inter = base.intermediate_size;
+  // in, out and the PEFT path of each module.
+  auto shape = [&](const std::string& module) -> std::tuple<int64_t, int64_t, std::string> {
+    if (module == "q_proj") return {hidden, q_size, "self_attn."};
+    if (module == "k_proj" || module == "v_proj") return {hidden, kv_size, "self_attn."};
+    if (module == "o_proj") return {q_size, hidden, "self_attn."};
+    if (module == "gate_proj" || module == "up_proj") return {hidden, inter, "mlp."};
+    if (module == "down_proj") return {inter, hidden, "mlp."};
+    throw Error("test LoRA adapter: unknown module " + module +
+                " (accepted: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  };
+  const double scale =
+      options.alpha / (options.rslora ? std::sqrt(static_cast<double>(options.rank))
+                                      : static_cast<double>(options.rank));
+  std::map<std::string, TensorSpec> tensors;
+  for (int64_t layer = 0; layer < base.num_hidden_layers; ++layer) {
+    for (const std::string& module : modules) {
+      const auto [in, out, path] = shape(module);
+      const std::string prefix =
+          "base_model.model.model.layers." + std::to_string(layer) + "." + path + module + ".";
+      // A x has the scale of one of x's entries (A's rows as a projection's);
+      // B then gives each output `strength` times that, after the scale.
+      tensors[prefix + "lora_A.weight"] = {
+          {options.rank, in}, 0.0f, std::sqrt(3.0f / static_cast<float>(in)), {}};
+      tensors[prefix + "lora_B.weight"] = {
+          {out, options.rank},
+          0.0f,
+          static_cast<float>(options.strength * std::sqrt(3.0 / static_cast<double>(options.rank)) /
+                             scale),
+          {}};
+    }
+  }
+  std::error_code error;
+  fs::create_directories(out_dir, error);
+  if (error || !fs::is_directory(out_dir)) {
+    throw Error(out_dir.string() + ": cannot create the adapter directory" +
+                (error ? ": " + error.message() : std::string()));
+  }
+  nlohmann::ordered_json config = {
+      {"base_model_name_or_path", nullptr},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"lora_alpha", options.alpha},
+      {"lora_dropout", 0.0},
+      {"modules_to_save", nullptr},
+      {"peft_type", "LORA"},
+      {"r", options.rank},
+      {"target_modules", modules},
+      {"task_type", "CAUSAL_LM"},
+      {"use_dora", false},
+      {"use_rslora", options.rslora},
+  };
+  writeFile(out_dir / "adapter_config.json", config.dump(2) + "\n");
+  writeSafetensorsStreaming(tensors, options.dtype, options.seed,
+                            out_dir / "adapter_model.safetensors");
 }
 
 }  // namespace tandem::tools

@@ -41,4 +41,23 @@ engine::ModelConfig presetConfig(const std::string& preset, const std::string& a
 // whatever the preset (llama3-8b writes 16 GB of bf16 weights).
 void writeTestModel(const TestModelOptions& options, const std::filesystem::path& out_dir);
 
+// A PEFT LoRA adapter for a model of `base`'s configuration
+// (agent/engine/lora.h): adapter_config.json and adapter_model.safetensors
+// with seeded random A and B for the chosen projections of every layer. B is
+// not zero (PEFT starts it at zero; a test adapter must change the
+// outputs): each delta is about `strength` times its projection's output.
+struct TestLoraOptions {
+  int64_t rank = 8;
+  double alpha = 16.0;
+  bool rslora = false;
+  uint64_t seed = 1;
+  DType dtype = DType::kF32;
+  double strength = 0.5;
+  // Module names as in PEFT's target_modules (q_proj ... down_proj); empty:
+  // all seven.
+  std::vector<std::string> modules;
+};
+void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelConfig& base,
+                          const std::filesystem::path& out_dir);
+
 }  // namespace tandem::tools

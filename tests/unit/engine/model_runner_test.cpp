@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -16,7 +17,9 @@
 #include <vector>
 
 #include "agent/engine/kv_cache.h"
+#include "agent/engine/lora.h"
 #include "agent/engine/model.h"
+#include "agent/engine/safetensors.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -98,7 +101,8 @@ std::vector<BlockId> iotaBlocks(int64_t n, BlockId first = 0) {
 // Runs `tokens` through the runner in chunks of `chunk` tokens (0: one shot)
 // and returns the logits after the last chunk.
 std::vector<float> prefillInChunks(ModelRunner& runner, const std::vector<TokenId>& tokens,
-                                   const std::vector<BlockId>& blocks, int64_t chunk) {
+                                   const std::vector<BlockId>& blocks, int64_t chunk,
+                                   int32_t adapter = -1) {
   std::vector<float> logits;
   const auto n = static_cast<int64_t>(tokens.size());
   if (chunk <= 0) chunk = n;
@@ -107,9 +111,43 @@ std::vector<float> prefillInChunks(ModelRunner& runner, const std::vector<TokenI
     input.tokens = std::span<const TokenId>(tokens).subspan(start, std::min(chunk, n - start));
     input.start_position = start;
     input.block_table = blocks;
+    input.adapter = adapter;
     runner.forward({&input, 1}, logits);
   }
   return logits;
+}
+
+// Two LoRA adapters for a tiny model, written once per model: "all" adapts
+// every projection (rank 8, lora_alpha 16: scale 2, f32 matrices); "qv" only
+// q and v (rank 4, rslora, lora_alpha 6: scale 3, not a power of two, bf16
+// matrices).
+struct TinyAdapter {
+  fs::path dir;
+  double scale = 1.0;
+  std::unique_ptr<LoraAdapter> adapter;
+};
+const TinyAdapter& tinyAdapter(const Model& model, const std::string& kind) {
+  static std::vector<std::unique_ptr<::tandem::testing::TempDir>> temp_dirs;
+  static std::map<std::pair<const Model*, std::string>, TinyAdapter> adapters;
+  auto it = adapters.find({&model, kind});
+  if (it != adapters.end()) return it->second;
+  temp_dirs.push_back(std::make_unique<::tandem::testing::TempDir>("tandem-runner-lora"));
+  tools::TestLoraOptions options;
+  if (kind == "qv") {
+    options.rank = 4;
+    options.alpha = 6.0;
+    options.rslora = true;
+    options.dtype = DType::kBF16;
+    options.modules = {"q_proj", "v_proj"};
+    options.seed = 7;
+  }
+  TinyAdapter entry;
+  entry.dir = temp_dirs.back()->path();
+  entry.scale = options.rslora ? options.alpha / std::sqrt(static_cast<double>(options.rank))
+                               : options.alpha / static_cast<double>(options.rank);
+  tools::writeTestLoraAdapter(options, model.config(), entry.dir);
+  entry.adapter = LoraAdapter::load(kind, entry.dir, model.config());
+  return adapters.emplace(std::make_pair(&model, kind), std::move(entry)).first->second;
 }
 
 // KV bytes of a sequence's logical blocks, gathered in table order.
@@ -175,8 +213,63 @@ void addBias(std::vector<double>& y, const std::vector<float>& bias) {
   for (size_t i = 0; i < bias.size(); ++i) y[i] += bias[i];
 }
 
-// Logits of the last token of `tokens`, computed densely over the whole prompt.
-std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& tokens) {
+// A LoRA adapter as the reference applies it, read here from the PEFT files
+// themselves: [layer][module] A (rank x in) and B (out x rank) as written,
+// and the scale from the adapter's r and lora_alpha.
+struct DenseLora {
+  struct Pair {
+    std::vector<float> a, b;
+    int64_t rank = 0, in = 0;
+  };
+  std::vector<std::array<Pair, kLoraModules>> layers;
+  double scale = 1.0;
+};
+
+DenseLora readDenseLora(const fs::path& dir, const ModelConfig& config, double scale) {
+  SafetensorsFile file(dir / "adapter_model.safetensors");
+  DenseLora lora;
+  lora.scale = scale;
+  lora.layers.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    for (int m = 0; m < kLoraModules; ++m) {
+      const std::string prefix = "base_model.model.model.layers." + std::to_string(l) + "." +
+                                 kLoraModuleNames[static_cast<size_t>(m)];
+      const TensorInfo* a = file.find(prefix + ".lora_A.weight");
+      const TensorInfo* b = file.find(prefix + ".lora_B.weight");
+      if (a == nullptr || b == nullptr) continue;
+      DenseLora::Pair& pair = lora.layers[static_cast<size_t>(l)][static_cast<size_t>(m)];
+      pair.rank = a->shape[0];
+      pair.in = a->shape[1];
+      pair.a = toFloat({a->data, a->dtype, a->shape[0], a->shape[1]});
+      pair.b = toFloat({b->data, b->dtype, b->shape[0], b->shape[1]});
+    }
+  }
+  return lora;
+}
+
+// y += scale * B (A x) for module m of layer l, when the adapter adapts it.
+void addDenseLora(const DenseLora* lora, int64_t l, int m, const std::vector<double>& x,
+                  std::vector<double>& y) {
+  if (lora == nullptr) return;
+  const DenseLora::Pair& pair = lora->layers[static_cast<size_t>(l)][static_cast<size_t>(m)];
+  if (pair.rank == 0) return;
+  std::vector<double> down(static_cast<size_t>(pair.rank), 0.0);
+  for (int64_t r = 0; r < pair.rank; ++r) {
+    for (int64_t c = 0; c < pair.in; ++c)
+      down[r] += static_cast<double>(pair.a[r * pair.in + c]) * x[c];
+  }
+  for (size_t o = 0; o < y.size(); ++o) {
+    double sum = 0.0;
+    for (int64_t r = 0; r < pair.rank; ++r)
+      sum += static_cast<double>(pair.b[o * pair.rank + r]) * down[r];
+    y[o] += lora->scale * sum;
+  }
+}
+
+// Logits of the last token of `tokens`, computed densely over the whole
+// prompt; with `lora`, each adapted projection adds its delta.
+std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& tokens,
+                                const DenseLora* lora = nullptr) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -199,6 +292,9 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       q[t] = denseMatVec(lw.q_proj, h);
       k[t] = denseMatVec(lw.k_proj, h);
       v[t] = denseMatVec(lw.v_proj, h);
+      addDenseLora(lora, l, kLoraQ, h, q[t]);
+      addDenseLora(lora, l, kLoraK, h, k[t]);
+      addDenseLora(lora, l, kLoraV, h, v[t]);
       addBias(q[t], lw.q_bias);
       addBias(k[t], lw.k_bias);
       addBias(v[t], lw.v_bias);
@@ -231,14 +327,18 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         }
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
+      addDenseLora(lora, l, kLoraO, attn, o);
       for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
       std::vector<double> h = x[t];
       denseRmsNorm(h, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
       std::vector<double> gate = denseMatVec(lw.gate_proj, h);
       std::vector<double> up = denseMatVec(lw.up_proj, h);
+      addDenseLora(lora, l, kLoraGate, h, gate);
+      addDenseLora(lora, l, kLoraUp, h, up);
       for (size_t i = 0; i < gate.size(); ++i)
         gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
       std::vector<double> down = denseMatVec(lw.down_proj, gate);
+      addDenseLora(lora, l, kLoraDown, gate, down);
       for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
     }
   }
@@ -397,6 +497,138 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
   EXPECT_GT(scale, 0.0) << "reference logits are all zero: the test model is degenerate";
   if (bf16_compute) {
     EXPECT_GT(worst, 1e-5 * scale) << "bf16 compute gave the exact path's accuracy: not applied";
+  }
+}
+
+TEST_P(ModelRunnerTest, LoraAdaptersMatchTheDenseReferenceWithTheirDeltas) {
+  const int64_t vocab = model().config().vocab_size;
+  const std::vector<TokenId> prompt = randomTokens(37, vocab, 9);
+  const std::vector<double> base = denseLogits(model(), prompt);
+  double scale = 0.0;
+  for (double v : base) scale = std::max(scale, std::abs(v));
+  // As MatchesDenseReferenceForwardPass.
+  const double relative_bound = GetParam().compute_dtype == DType::kBF16 ? 2e-2
+                                : GetParam().kv_dtype == DType::kBF16    ? 1e-2
+                                                                         : 1e-5;
+  const double tolerance = relative_bound * std::max(1.0, scale);
+  for (const char* kind : {"all", "qv"}) {
+    SCOPED_TRACE(kind);
+    const TinyAdapter& lora = tinyAdapter(model(), kind);
+    KvCache cache(cacheConfig(3), std::make_unique<HostSlabAllocator>());
+    ModelRunner runner(model(), cache, backend());
+    const int32_t index = runner.addAdapter(*lora.adapter);
+    const std::vector<float> logits = prefillInChunks(runner, prompt, iotaBlocks(3), 10, index);
+    const DenseLora dense = readDenseLora(lora.dir, model().config(), lora.scale);
+    const std::vector<double> expected = denseLogits(model(), prompt, &dense);
+    ASSERT_EQ(logits.size(), expected.size());
+    double worst = 0.0, moved = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(logits[i]) - expected[i]));
+      moved = std::max(moved, std::abs(expected[i] - base[i]));
+    }
+    EXPECT_LE(worst, tolerance) << "max |logit - reference with the adapter| (scale " << scale
+                                << ")";
+    // The adapter changes the answer far beyond the tolerance: a delta left
+    // out could not pass.
+    EXPECT_GT(moved, 20 * tolerance) << "the adapter hardly moves the reference logits";
+  }
+}
+
+TEST_P(ModelRunnerTest, LoraSequencesAreBitIdenticalAloneBatchedChunkedAndFused) {
+  const int64_t vocab = model().config().vocab_size;
+  // Sequences with adapter "all" twice (one run of rows), "qv" right after
+  // them, the base model, "all" again; each alone, then all five batched.
+  const std::vector<std::vector<TokenId>> prompts = {
+      randomTokens(21, vocab, 31), randomTokens(35, vocab, 32), randomTokens(40, vocab, 34),
+      randomTokens(18, vocab, 33), randomTokens(9, vocab, 35)};
+  const std::vector<std::string> kinds = {"all", "all", "qv", "", "all"};
+  const int64_t decode_steps = 3;
+  auto addAdapters = [&](ModelRunner& runner) {
+    EXPECT_EQ(runner.addAdapter(*tinyAdapter(model(), "all").adapter), 0);
+    EXPECT_EQ(runner.addAdapter(*tinyAdapter(model(), "qv").adapter), 1);
+  };
+  auto indexOf = [](const std::string& kind) { return kind.empty() ? -1 : kind == "all" ? 0 : 1; };
+
+  struct Lone {
+    std::vector<std::vector<float>> logits;  // prefill, then each decode step
+    std::vector<TokenId> generated;
+    std::vector<uint8_t> kv;
+  };
+  std::vector<Lone> lone(prompts.size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    KvCache cache(cacheConfig(4), std::make_unique<HostSlabAllocator>());
+    ModelRunner runner(model(), cache, backend());
+    addAdapters(runner);
+    const std::vector<BlockId> blocks = iotaBlocks(4);
+    std::vector<float> logits = prefillInChunks(runner, prompts[s], blocks, 0, indexOf(kinds[s]));
+    lone[s].logits.push_back(logits);
+    for (int64_t step = 0; step < decode_steps; ++step) {
+      lone[s].generated.push_back(static_cast<TokenId>(kernels::argmax(logits.data(), vocab)));
+      SequenceInput input{
+          {&lone[s].generated.back(), 1}, static_cast<int64_t>(prompts[s].size()) + step, blocks};
+      input.adapter = indexOf(kinds[s]);
+      runner.forward({&input, 1}, logits);
+      lone[s].logits.push_back(logits);
+    }
+    lone[s].kv = sequenceKvBytes(cache, blocks, 3);
+    if (s == 0) {
+      // In chunks of 7: the same logits and KV.
+      KvCache chunked_cache(cacheConfig(4), std::make_unique<HostSlabAllocator>());
+      ModelRunner chunked(model(), chunked_cache, backend());
+      addAdapters(chunked);
+      EXPECT_TRUE(bitEqual(prefillInChunks(chunked, prompts[s], blocks, 7, 0), lone[s].logits[0]))
+          << "chunked prefill with an adapter";
+      EXPECT_EQ(sequenceKvBytes(chunked_cache, blocks, 1), sequenceKvBytes(cache, blocks, 1));
+    }
+  }
+  EXPECT_FALSE(bitEqual(lone[0].logits[0],
+                        [&] {
+                          KvCache cache(cacheConfig(4), std::make_unique<HostSlabAllocator>());
+                          ModelRunner runner(model(), cache, backend());
+                          return prefillInChunks(runner, prompts[0], iotaBlocks(4), 0);
+                        }()))
+      << "the adapter changed nothing";
+
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused projections" : "separate projections");
+    KvCache cache(cacheConfig(16), std::make_unique<HostSlabAllocator>());
+    ModelRunnerOptions options;
+    options.fuse_projections = fused;
+    ModelRunner runner(model(), cache, backend(), options);
+    addAdapters(runner);
+    const std::vector<std::vector<BlockId>> blocks = {{9, 3}, {12, 2, 0}, {6, 7, 8}, {4, 5}, {13}};
+    std::vector<SequenceInput> batch;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      SequenceInput input{prompts[s], 0, blocks[s]};
+      input.adapter = indexOf(kinds[s]);
+      batch.push_back(input);
+    }
+    std::vector<float> logits;
+    for (int64_t step = 0; step <= decode_steps; ++step) {
+      if (step > 0) {
+        for (size_t s = 0; s < prompts.size(); ++s) {
+          batch[s].tokens = {&lone[s].generated[step - 1], 1};
+          batch[s].start_position = static_cast<int64_t>(prompts[s].size()) + step - 1;
+        }
+      }
+      runner.forward(batch, logits);
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        const std::vector<float> row(logits.begin() + static_cast<ptrdiff_t>(s * vocab),
+                                     logits.begin() + static_cast<ptrdiff_t>((s + 1) * vocab));
+        EXPECT_TRUE(bitEqual(row, lone[s].logits[step]))
+            << "sequence " << s << " (adapter \"" << kinds[s] << "\"), step " << step;
+      }
+    }
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      std::vector<uint8_t> kv;
+      for (int64_t b = 0; b < 3 && b < std::ssize(blocks[s]); ++b) {
+        const uint8_t* data = cache.blockData(blocks[s][b]);
+        kv.insert(kv.end(), data, data + cache.blockBytes());
+      }
+      const std::vector<uint8_t> expected(lone[s].kv.begin(),
+                                          lone[s].kv.begin() + static_cast<ptrdiff_t>(kv.size()));
+      EXPECT_EQ(kv, expected) << "KV bytes of sequence " << s;
+    }
   }
 }
 

@@ -1,0 +1,248 @@
+#include "agent/engine/lora.h"
+
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "agent/engine/safetensors.h"
+#include "common/dtype.h"
+#include "common/json_parse.h"
+#include "common/status.h"
+
+namespace tandem::engine {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+constexpr const char* kTensorPrefix = "base_model.model.model.layers.";
+// Ranks past this are not low-rank updates of any supported model.
+constexpr int64_t kMaxRank = 4096;
+
+// Where `name` (a tensor of the adapter) belongs: layer, module and whether
+// it is lora_A; false when it is not a projection's lora_A or lora_B.
+bool parseTensorName(const std::string& name, int64_t& layer, int& module, bool& is_a) {
+  const std::string prefix = kTensorPrefix;
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t pos = prefix.size();
+  size_t end = name.find('.', pos);
+  if (end == std::string::npos || end == pos || end - pos > 9) return false;
+  layer = 0;
+  for (size_t i = pos; i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  const std::string rest = name.substr(end + 1);
+  for (int m = 0; m < kLoraModules; ++m) {
+    const std::string module_name = kLoraModuleNames[static_cast<size_t>(m)];
+    for (const bool a : {true, false}) {
+      if (rest == module_name + (a ? ".lora_A.weight" : ".lora_B.weight")) {
+        module = m;
+        is_a = a;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path.string() + ": cannot read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs::path& dir,
+                                               const ModelConfig& model) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    throw Error("LoRA adapter " + name + ": " + dir.string() +
+                " is not a directory (expected one holding " + kConfigFile + " and " +
+                kWeightsFile + ")");
+  }
+  const fs::path config_path = dir / kConfigFile;
+  const std::string config_text = readFile(config_path);
+  JsonParseError parse_error;
+  const auto parsed = parseJson(config_text, parse_error);
+  if (!parsed || !parsed->is_object()) {
+    throw Error(config_path.string() + ": not a JSON object" +
+                (parsed ? std::string() : ": " + parse_error.detail));
+  }
+  const json& config = *parsed;
+  auto fail = [&](const std::string& field, const std::string& what) {
+    throw Error(config_path.string() + ": field \"" + field + "\" " + what);
+  };
+  // Set to anything but its "off" value (absent, null, false, empty).
+  auto set = [&](const char* field) {
+    const auto it = config.find(field);
+    if (it == config.end() || it->is_null()) return false;
+    if (it->is_boolean()) return it->get<bool>();
+    if (it->is_string()) return it->get<std::string>() != "none" && !it->get<std::string>().empty();
+    return !it->empty();
+  };
+
+  if (const auto it = config.find("peft_type");
+      it != config.end() && !(it->is_string() && it->get<std::string>() == "LORA")) {
+    fail("peft_type", "must be \"LORA\", got " + it->dump());
+  }
+  const auto rank_it = config.find("r");
+  if (rank_it == config.end() || !rank_it->is_number_integer() || rank_it->get<int64_t>() <= 0 ||
+      rank_it->get<int64_t>() > kMaxRank) {
+    fail("r", "must be a positive integer at most " + std::to_string(kMaxRank) + ", got " +
+                  (rank_it == config.end() ? std::string("nothing") : rank_it->dump()));
+  }
+  const auto alpha_it = config.find("lora_alpha");
+  if (alpha_it != config.end() &&
+      (!alpha_it->is_number() || !std::isfinite(alpha_it->get<double>()) ||
+       alpha_it->get<double>() <= 0)) {
+    fail("lora_alpha", "must be a positive number, got " + alpha_it->dump());
+  }
+  const auto rslora_it = config.find("use_rslora");
+  if (rslora_it != config.end() && !rslora_it->is_null() && !rslora_it->is_boolean()) {
+    fail("use_rslora", "must be true or false, got " + rslora_it->dump());
+  }
+  // What this engine does not apply: refused rather than served wrong.
+  for (const char* field : {"use_dora", "fan_in_fan_out", "modules_to_save", "rank_pattern",
+                            "alpha_pattern", "layer_replication"}) {
+    if (set(field)) {
+      fail(field, std::string("is set (") + config[field].dump() +
+                      "), which Tandem does not apply (accepted: absent, null, false or empty)");
+    }
+  }
+  if (set("bias")) fail("bias", "is " + config["bias"].dump() + " (accepted: \"none\")");
+
+  std::unique_ptr<LoraAdapter> adapter(new LoraAdapter());
+  adapter->name_ = name;
+  adapter->directory_ = dir;
+  adapter->rank_ = rank_it->get<int64_t>();
+  // PEFT's default lora_alpha is 8.
+  const double alpha = alpha_it == config.end() ? 8.0 : alpha_it->get<double>();
+  const bool rslora =
+      rslora_it != config.end() && rslora_it->is_boolean() && rslora_it->get<bool>();
+  adapter->scale_ = alpha / (rslora ? std::sqrt(static_cast<double>(adapter->rank_))
+                                    : static_cast<double>(adapter->rank_));
+
+  const fs::path weights_path = dir / kWeightsFile;
+  if (!fs::exists(weights_path, error)) {
+    throw Error("LoRA adapter " + name + ": " + dir.string() + " has no " + kWeightsFile +
+                " (adapter_model.bin is not read: convert it to safetensors)");
+  }
+  SafetensorsFile weights(weights_path);
+  const int64_t q_size = model.num_attention_heads * model.head_dim;
+  const int64_t kv_size = model.num_key_value_heads * model.head_dim;
+  // [in, out] of each module, in LoraModule order.
+  const std::array<std::pair<int64_t, int64_t>, kLoraModules> shapes = {{
+      {model.hidden_size, q_size},
+      {model.hidden_size, kv_size},
+      {model.hidden_size, kv_size},
+      {q_size, model.hidden_size},
+      {model.hidden_size, model.intermediate_size},
+      {model.hidden_size, model.intermediate_size},
+      {model.intermediate_size, model.hidden_size},
+  }};
+  adapter->layers_.resize(static_cast<size_t>(model.num_hidden_layers));
+  const std::string file = weights_path.string();
+  for (const auto& [tensor_name, tensor] : weights.tensors()) {
+    int64_t layer = 0;
+    int module = 0;
+    bool is_a = false;
+    if (!parseTensorName(tensor_name, layer, module, is_a)) {
+      throw Error(
+          "tensor " + tensor_name + " in " + file +
+          " is not a LoRA matrix of a projection Tandem adapts (accepted: " + kTensorPrefix +
+          "<layer>.<module>.lora_A.weight and lora_B.weight, module one of "
+          "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj)");
+    }
+    if (layer >= model.num_hidden_layers) {
+      throw Error("tensor " + tensor_name + " in " + file + " names layer " +
+                  std::to_string(layer) + ", but the model has " +
+                  std::to_string(model.num_hidden_layers) + " layers");
+    }
+    const auto [in, out] = shapes[static_cast<size_t>(module)];
+    const std::vector<int64_t> expected =
+        is_a ? std::vector<int64_t>{adapter->rank_, in} : std::vector<int64_t>{out, adapter->rank_};
+    if (tensor.shape != expected) {
+      throw Error("tensor " + tensor_name + " in " + file + " has shape " +
+                  shapeText(tensor.shape) + ", expected " + shapeText(expected) +
+                  " (r = " + std::to_string(adapter->rank_) + " from " + kConfigFile +
+                  ", the projection's sizes from the model)");
+    }
+    if (tensor.dtype != DType::kF32 && tensor.dtype != DType::kBF16 &&
+        tensor.dtype != DType::kF16) {
+      throw Error("tensor " + tensor_name + " in " + file + " has dtype " +
+                  dtypeSafetensorsName(tensor.dtype) + " (accepted: F32, BF16, F16)");
+    }
+    LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(module)];
+    pair.rank = adapter->rank_;
+    pair.in = in;
+    pair.out = out;
+    std::vector<float>& values = is_a ? pair.a : pair.b_scaled;
+    values.resize(static_cast<size_t>(expected[0] * expected[1]));
+    convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
+    for (const float value : values) {
+      if (!std::isfinite(value)) {
+        throw Error("tensor " + tensor_name + " in " + file + " holds a NaN or infinity");
+      }
+    }
+  }
+  bool adapted = false;
+  for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
+    for (int module = 0; module < kLoraModules; ++module) {
+      LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(module)];
+      if (pair.rank == 0) continue;
+      if (pair.a.empty() || pair.b_scaled.empty()) {
+        throw Error("tensor " + std::string(kTensorPrefix) + std::to_string(layer) + "." +
+                    kLoraModuleNames[static_cast<size_t>(module)] +
+                    (pair.a.empty() ? ".lora_A.weight" : ".lora_B.weight") + " missing from " +
+                    file + " (its pair is there)");
+      }
+      for (float& value : pair.b_scaled) {
+        value = static_cast<float>(static_cast<double>(value) * adapter->scale_);
+      }
+      adapted = true;
+    }
+  }
+  if (!adapted) throw Error(file + " holds no LoRA matrices");
+
+  const uint64_t parts[2] = {XXH3_64bits(config_text.data(), config_text.size()),
+                             weights.contentDigest()};
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(parts, sizeof parts)));
+  adapter->digest_ = text;
+  return adapter;
+}
+
+std::vector<LoraModuleSpec> parseLoraModuleSpecs(const std::string& text) {
+  std::vector<LoraModuleSpec> specs;
+  if (text.empty()) return specs;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string entry =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t equals = entry.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == entry.size()) {
+      throw Error("--lora-modules: \"" + entry +
+                  "\" is not NAME=PATH (the name requests give as \"model\", then the PEFT "
+                  "adapter directory; several comma-separated)");
+    }
+    specs.push_back({entry.substr(0, equals), fs::path(entry.substr(equals + 1))});
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return specs;
+}
+
+}  // namespace tandem::engine
