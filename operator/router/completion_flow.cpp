@@ -113,6 +113,7 @@ double secondsSince(Clock::time_point start) {
 std::string holdBody(const protocol::Request& request, const std::string& kv_secret) {
   json hold = {{"token_ids", request.prompt}};
   if (!request.cache_salt.empty()) hold["cache_salt"] = request.cache_salt;
+  if (!request.adapter.empty()) hold["model"] = request.adapter;
   if (!kv_secret.empty()) kv_auth::signRequest(hold, "/v1/kv_transfer/hold", kv_secret);
   return hold.dump();
 }
@@ -309,8 +310,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   const bool streaming = parsed.value().stream;
 
   const auto decide_start = Clock::now();
-  const std::vector<BlockHash> hashes =
-      model_.hasher().hashFullBlocks(request.prompt, request.cache_salt);
+  const std::vector<BlockHash> hashes = model_.hasher().hashFullBlocks(
+      request.prompt, request.cache_salt, model_.adapterIdentity(request.adapter));
   std::vector<AgentPtr> prefill_agents = agents_.agentsOf(true);
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
   DecisionInput input;

@@ -36,6 +36,13 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
       info.generation_defaults = protocol::GenerationDefaults::fromJson(*it);
     }
     info.block_size = tandem.value("block_size", 16);
+    for (size_t i = 1; i < body["data"].size(); ++i) {
+      const json& entry = body["data"][i];
+      if (entry.value("parent", std::string()) != info.served_name) continue;
+      info.lora_adapters.emplace_back(
+          entry.at("id").get<std::string>(),
+          entry.value("tandem", json::object()).value("model_identity", std::string()));
+    }
     auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
     if (hash.isOk()) info.hash = *hash;
     // The agents' output parsers: a forced tool call is written in the tool
@@ -73,6 +80,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     tokenizer_ = std::move(tokenizer);
     hasher_ = std::make_unique<BlockHasher>(info.hash, info.identity, info.block_size);
     limits_.served_model_name = info.served_name;
+    for (const auto& adapter : info.lora_adapters) limits_.lora_adapters.push_back(adapter.first);
     limits_.max_model_len = info.max_model_len;
     limits_.vocab_size = vocab;
     limits_.ignore_kv_transfer_params = true;  // dropped from what is forwarded
@@ -84,7 +92,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     ready_ = true;
     TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity
                       << ", block size " << info.block_size << ", tokenizer from " << dir.string()
-                      << ")";
+                      << ", " << info.lora_adapters.size() << " LoRA adapters)";
   } catch (const std::exception& e) {
     TANDEM_LOG(kWarn) << "router: cannot load the tokenizer from " << dir.string() << ": "
                       << e.what();

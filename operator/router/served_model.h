@@ -20,6 +20,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/block_hash.h"
 #include "common/protocol/openai_protocol.h"
@@ -38,6 +41,10 @@ struct ModelInfo {
   int64_t max_model_len = 0;
   // What the agents take for the fields a request leaves out.
   protocol::GenerationDefaults generation_defaults;
+  // The LoRA adapters the agents serve (the /v1/models entries whose parent
+  // is the model): each one's name and the identity its blocks are hashed
+  // under (docs/lora.md).
+  std::vector<std::pair<std::string, std::string>> lora_adapters;
 };
 
 class ServedModel {
@@ -64,6 +71,15 @@ class ServedModel {
   const ModelInfo& info() const { return info_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const BlockHasher& hasher() const { return *hasher_; }
+  // The identity `adapter`'s blocks are hashed under (BlockHasher's
+  // model_identity argument): empty for the base model (""), and for a name
+  // the agents did not list.
+  std::string_view adapterIdentity(const std::string& adapter) const {
+    for (const auto& [name, identity] : info_.lora_adapters) {
+      if (name == adapter) return identity;
+    }
+    return {};
+  }
   const server::ServerLimits& limits() const { return limits_; }
 
  private:

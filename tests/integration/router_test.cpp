@@ -1295,6 +1295,129 @@ TEST_F(RouterTest, TheGateAnswersBeforeTheRequestIsParsed) {
 // The router's hashes (common/block_hash.h with what /v1/models reports)
 // are the agent's: every hash the agent announces for random prompts, with
 // and without cache_salt, is one the router computes for them, and no other.
+// A LoRA adapter (every projection) for the tiny model.
+const fs::path& tinyLoraDir() {
+  static TempDir dir("tandem-router-lora");
+  static fs::path path = [] {
+    tandem::tools::writeTestLoraAdapter(
+        {}, tandem::engine::ModelConfig::fromFile(tinyModelDir() / "config.json"),
+        dir.path() / "sql");
+    return dir.path() / "sql";
+  }();
+  return path;
+}
+std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLoraDir().string()}; }
+
+// A request naming a LoRA adapter crosses the hand-off: the prefill agent
+// computes the adapter's KV, the decode agent reads it, and the tokens are a
+// colocated agent's with the adapter, whole and streamed. The base model's
+// request for the same prompt gets the base model's tokens: neither agent
+// takes the adapter's blocks for it.
+TEST_F(RouterTest, ALoraAdaptersRequestsCrossTheHandOffAsOnAColocatedAgent) {
+  RouterClusterOptions options;
+  options.agent_args = [](bool, int) { return loraArgs(); };
+  startCluster(options);
+  Agent colocated(loraArgs());
+  const std::vector<int> prompt = randomPrompt(70, 71);
+  json adapted = greedy(prompt, 8);
+  adapted["model"] = "sql";
+  const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", adapted));
+  const std::vector<int> base_expected =
+      tokenIds(colocated.post("/v1/completions", greedy(prompt, 8)));
+  ASSERT_EQ(expected.size(), 8u);
+  EXPECT_NE(expected, base_expected) << "the adapter changed nothing";
+
+  Answer answer = post(adapted);
+  ASSERT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decision, "disaggregated");
+  EXPECT_EQ(answer.blocks_moved, 4);
+  EXPECT_EQ(answer.body["model"], "sql");
+  EXPECT_EQ(tokenIds(answer.body), expected);
+  EXPECT_EQ(streamedTokens(adapted), expected);
+  EXPECT_GE(decode_[0]->metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
+
+  // The router hashes the adapter's prompts as the agents do: once its
+  // index holds decode-0's blocks of the prompt, the prompt with 6 more
+  // tokens leaves 12 uncached (under the threshold, 16) and is prefilled
+  // there. The same tokens for the base model match nothing.
+  ASSERT_TRUE(eventually(
+      [&] { return routerMetric("tandem_router_index_blocks", "agent=\"decode-0\"") >= 4; }));
+  std::vector<int> longer = prompt;
+  for (int id : randomPrompt(6, 72)) longer.push_back(id);
+  json adapted_longer = greedy(longer, 8);
+  adapted_longer["model"] = "sql";
+  Answer extended = post(adapted_longer);
+  ASSERT_EQ(extended.status, 200) << extended.body.dump();
+  EXPECT_EQ(extended.decision, "local_prefill");
+  EXPECT_EQ(tokenIds(extended.body), tokenIds(colocated.post("/v1/completions", adapted_longer)));
+  Answer base = post(greedy(longer, 8));
+  ASSERT_EQ(base.status, 200) << base.body.dump();
+  EXPECT_EQ(base.decision, "disaggregated");
+  EXPECT_EQ(tokenIds(base.body), tokenIds(colocated.post("/v1/completions", greedy(longer, 8))));
+  Answer base_prompt = post(greedy(prompt, 8));
+  ASSERT_EQ(base_prompt.status, 200) << base_prompt.body.dump();
+  EXPECT_EQ(tokenIds(base_prompt.body), base_expected);
+
+  // The router lists and checks the adapters as an agent does.
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json listed = json::parse(models->body);
+  ASSERT_EQ(listed["data"].size(), 2u);
+  EXPECT_EQ(listed["data"][1]["id"], "sql");
+  EXPECT_EQ(listed["data"][1]["parent"], "tiny");
+  json unknown = greedy(prompt, 8);
+  unknown["model"] = "sq";
+  Answer refused = post(unknown);
+  EXPECT_EQ(refused.status, 404);
+  EXPECT_EQ(
+      refused.body["error"]["message"],
+      "model \"sq\" does not exist; this server serves \"tiny\" and its LoRA adapters \"sql\"");
+  EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
+}
+
+// The router hashes an adapter's prompt under the identity the agent lists
+// for the adapter, and gets the hashes the agent announces for its blocks.
+TEST(RouterHashing, AnAdaptersBlocksAreHashedUnderTheIdentityTheAgentListsForIt) {
+  Agent agent(loraArgs());
+  json models = json::parse(agent.client()->Get("/v1/models")->body);
+  ASSERT_EQ(models["data"].size(), 2u);
+  const json& base_info = models["data"][0]["tandem"];
+  const std::string identity = models["data"][1]["tandem"]["model_identity"];
+  EXPECT_EQ(identity.rfind(base_info["model_identity"].get<std::string>() + "/lora-", 0), 0u);
+  tandem::BlockHasher hasher(
+      *tandem::parseHashAlgorithm(base_info["prefix_caching_hash"].get<std::string>()),
+      base_info["model_identity"].get<std::string>(), base_info["block_size"].get<int32_t>());
+  std::set<std::string> expected;
+  for (uint32_t seed = 80; seed < 84; ++seed) {
+    const std::vector<int> prompt = randomPrompt(40 + seed % 3 * 13, seed);
+    json body = greedy(prompt, 1);
+    body["model"] = "sql";
+    ASSERT_EQ(tokenIds(agent.post("/v1/completions", body)).size(), 1u);
+    const std::vector<tandem::TokenId> ids(prompt.begin(), prompt.end());
+    for (const auto& hash : hasher.hashFullBlocks(ids, "", identity)) {
+      expected.insert(hash.toHex());
+    }
+  }
+  std::set<std::string> announced;
+  std::string pending;
+  auto client = agent.client();
+  client->Get("/v1/kv_events?since=0", [&](const char* data, size_t size) {
+    pending.append(data, size);
+    size_t end;
+    while ((end = pending.find("\n\n")) != std::string::npos) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (!event.starts_with("data: ")) continue;
+      json parsed = json::parse(event.substr(6));
+      if (parsed["type"] == "BlockStored" || parsed["type"] == "Snapshot") {
+        for (const auto& hash : parsed["block_hashes"]) announced.insert(hash.get<std::string>());
+      }
+    }
+    return announced.size() < expected.size();
+  });
+  EXPECT_EQ(announced, expected);
+}
+
 TEST(RouterHashing, TheRouterComputesTheAgentsBlockHashesWithAndWithoutCacheSalt) {
   Agent agent;
   json models = json::parse(agent.client()->Get("/v1/models")->body);

@@ -197,6 +197,7 @@ struct Collector {
   std::vector<TokenId> tokens;
   FinishReason reason = FinishReason::kNone;
   std::string error;
+  int64_t cached_tokens = 0;
 
   Engine::OutputCallback callback() {
     return [this](const RequestOutput& out) {
@@ -205,6 +206,7 @@ struct Collector {
       if (out.finished()) {
         reason = out.finish_reason;
         error = out.error;
+        cached_tokens = out.num_cached_tokens;
         done.notify_all();
       }
     };
@@ -235,6 +237,17 @@ EngineConfig engineConfig() {
   config.model_dir = modelDir();
   config.num_blocks = 64;
   return config;
+}
+
+// A LoRA adapter (every projection) for modelDir()'s model.
+const std::filesystem::path& loraDir() {
+  static ::tandem::testing::TempDir dir("tandem-engine-lora");
+  static bool written = [] {
+    tools::writeTestLoraAdapter({}, ModelConfig::fromFile(modelDir() / "config.json"), dir.path());
+    return true;
+  }();
+  (void)written;
+  return dir.path();
 }
 
 std::vector<TokenId> generateWithoutConnector(const std::vector<TokenId>& prompt,
@@ -401,6 +414,7 @@ class HeldBlocks : public ::testing::Test {
     EngineConfig config = engineConfig();
     config.num_blocks = num_blocks;
     config.hold_yield_after_s = hold_yield_after_s;
+    config.lora_modules = lora_modules_;
     config.connector_factory = [this, stuck_id](KvCache&, const std::string&) {
       auto connector = std::make_unique<HoldingConnector>(stuck_id);
       connector_ = connector.get();
@@ -419,16 +433,20 @@ class HeldBlocks : public ::testing::Test {
 
   // Runs `prompt` to its end and lets its held blocks go: they stay cached,
   // unreferenced, for holdPrefix to find.
-  void cache(const std::string& id, const std::vector<TokenId>& prompt) {
+  void cache(const std::string& id, const std::vector<TokenId>& prompt,
+             const std::string& adapter = "") {
     Collector finished;
-    ASSERT_TRUE(engine_->addRequest(greedyRequest(id, prompt, 1), finished.callback()).isOk());
+    Request request = greedyRequest(id, prompt, 1);
+    request.adapter = adapter;
+    ASSERT_TRUE(engine_->addRequest(std::move(request), finished.callback()).isOk());
     ASSERT_TRUE(finished.waitFinished());
     ASSERT_TRUE(engine_->releaseTransfer({{"transfer_id", id}}).isOk());
     settle();
   }
 
   std::atomic<int64_t> now_seconds_{1000};
-  HoldingConnector* connector_ = nullptr;  // owned by engine_
+  std::vector<LoraModuleSpec> lora_modules_;  // given to the engine start() makes
+  HoldingConnector* connector_ = nullptr;     // owned by engine_
   std::unique_ptr<Engine> engine_;
 };
 
@@ -451,6 +469,29 @@ TEST_F(HeldBlocks, AnAbortOfAFinishedRequestReleasesItsHeldBlocks) {
   engine.abort("hold-1");  // a lend is not a request: an abort leaves it
   settle();
   EXPECT_EQ(engine.stats().kv_held_blocks, 2);
+  ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "hold-1"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 64);
+}
+
+// A pull-back hold names the adapter whose blocks it wants: the base
+// model's hold of the same tokens finds none of them.
+TEST_F(HeldBlocks, AHoldOfAnAdaptersPromptLendsOnlyThatAdaptersBlocks) {
+  lora_modules_ = {{"sql", loraDir()}};
+  Engine& engine = start();
+  const std::vector<TokenId> prompt = randomTokens(40, 25);
+  cache("lora", prompt, "sql");
+  const auto base = engine.holdPrefix(prompt, "");
+  ASSERT_FALSE(base.isOk());
+  EXPECT_EQ(base.status().code(), StatusCode::kNotFound) << base.status().message();
+  const auto held = engine.holdPrefix(prompt, "", "sql");
+  ASSERT_TRUE(held.isOk()) << held.status().message();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 2);
+  const auto unknown = engine.holdPrefix(prompt, "", "nope");
+  ASSERT_FALSE(unknown.isOk());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(unknown.status().message(), "this agent serves no LoRA adapter named nope");
   ASSERT_TRUE(engine.releaseTransfer({{"transfer_id", "hold-1"}}).isOk());
   settle();
   EXPECT_EQ(engine.stats().kv_held_blocks, 0);
@@ -872,6 +913,78 @@ TEST(EngineComputeDType, Bf16ComputeIsPartOfTheModelIdentity) {
 // migrated from a failed agent) continues exactly: the same tokens, the same
 // text after what the first run had emitted by then, and the whole answer
 // counted, whether greedy with penalties or sampled with a seed.
+// A request names its adapter: the adapter's tokens are its own, and its
+// blocks are cached under the adapter alone (the same prompt under the base
+// model computes its own, and each reuses its own). Serving an adapter
+// changes nothing for the base model's requests.
+TEST(EngineLora, AnAdaptersTokensAndCachedBlocksAreItsOwn) {
+  EngineConfig config = engineConfig();
+  config.lora_modules = {{"sql", loraDir()}};
+  Engine engine(config);
+  ASSERT_EQ(engine.adapters().size(), 1u);
+  EXPECT_EQ(engine.adapters()[0].name, "sql");
+  EXPECT_EQ(engine.adapters()[0].rank, 8);
+  EXPECT_EQ(engine.adapters()[0].identity.rfind(engine.modelIdentity() + "/lora-", 0), 0u)
+      << engine.adapters()[0].identity;
+  const std::vector<TokenId> prompt = randomTokens(40, 21);
+  struct Run {
+    std::vector<TokenId> tokens;
+    int64_t cached = 0;
+  };
+  auto run = [&](const std::string& id, const std::string& adapter) {
+    Collector collector;
+    Request request = greedyRequest(id, prompt, 8);
+    request.adapter = adapter;
+    EXPECT_TRUE(engine.addRequest(std::move(request), collector.callback()).isOk());
+    EXPECT_TRUE(collector.waitFinished());
+    EXPECT_EQ(collector.reason, FinishReason::kLength) << collector.error;
+    return Run{collector.tokens, collector.cached_tokens};
+  };
+  const Run adapted = run("a1", "sql");
+  EXPECT_EQ(adapted.cached, 0);
+  const Run base = run("b1", "");
+  EXPECT_EQ(base.cached, 0) << "the base model reused the adapter's blocks";
+  EXPECT_NE(base.tokens, adapted.tokens) << "the adapter changed nothing";
+  const Run adapted_again = run("a2", "sql");
+  EXPECT_EQ(adapted_again.cached, 32);
+  EXPECT_EQ(adapted_again.tokens, adapted.tokens);
+  const Run base_again = run("b2", "");
+  EXPECT_EQ(base_again.cached, 32);
+  EXPECT_EQ(base_again.tokens, base.tokens);
+  EXPECT_EQ(base.tokens, generateWithoutConnector(prompt));
+
+  Request unknown = greedyRequest("u", prompt, 8);
+  unknown.adapter = "nope";
+  const Status refused = engine.addRequest(std::move(unknown), [](const RequestOutput&) {});
+  EXPECT_EQ(refused.code(), StatusCode::kNotFound);
+  EXPECT_EQ(refused.message(), "this agent serves no LoRA adapter named nope");
+}
+
+TEST(EngineLora, AdaptersAreRefusedWhereTheyCannotRun) {
+  EngineConfig twice = engineConfig();
+  twice.lora_modules = {{"sql", loraDir()}, {"sql", loraDir()}};
+  try {
+    Engine engine(twice);
+    ADD_FAILURE() << "two adapters of one name were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--lora-modules names sql twice");
+  }
+  EngineConfig simulated = engineConfig();
+  simulated.lora_modules = {{"sql", loraDir()}};
+  StepProfile profile;
+  profile.name = "unit";
+  profile.model.max_position_embeddings = 4096;
+  simulated.simulate = profile;
+  try {
+    Engine engine(simulated);
+    ADD_FAILURE() << "a simulated engine accepted an adapter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a simulated agent computes no forward pass"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(EngineResume, AResumedRequestContinuesTheUninterruptedAnswer) {
   Engine engine(engineConfig());
   const std::vector<TokenId> prompt = randomTokens(37, 11);

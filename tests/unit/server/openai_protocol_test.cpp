@@ -834,6 +834,38 @@ TEST_F(ProtocolTest, AllowedTokenIdsBadWordsAndPromptTruncationAsVllmReadsThem) 
 // An array of prompts is a batch: the first prompt's request, and one
 // complete request per other prompt (its own ids, echo text and default
 // max_tokens); the body is forwarded as sent. At most kMaxBatchedPrompts.
+// A model field naming a LoRA adapter runs the request with it (every
+// prompt of a batch, chat too); the base model's name runs none; another
+// name is a 404 listing what is served.
+TEST_F(ProtocolTest, AModelNamingALoraAdapterRunsWithIt) {
+  ServerLimits limits = testLimits();
+  limits.lora_adapters = {"sql", "chat-tuned"};
+  auto adapted = parseCompletionRequest(R"({"model": "sql", "prompt": ["Hello", "world"]})", limits,
+                                        tokenizer());
+  ASSERT_TRUE(adapted.isOk()) << adapted.error().message;
+  EXPECT_EQ(adapted.value().model, "sql");
+  EXPECT_EQ(adapted.value().request.adapter, "sql");
+  ASSERT_EQ(adapted.value().batch.size(), 1u);
+  EXPECT_EQ(adapted.value().batch[0].request.adapter, "sql");
+  auto chat = parseChatCompletionRequest(
+      R"({"model": "chat-tuned", "messages": [{"role": "user", "content": "hi"}]})", limits,
+      tokenizer(), nullptr);
+  ASSERT_TRUE(chat.isOk()) << chat.error().message;
+  EXPECT_EQ(chat.value().request.adapter, "chat-tuned");
+  auto base =
+      parseCompletionRequest(R"({"model": "tiny-model", "prompt": "Hello"})", limits, tokenizer());
+  ASSERT_TRUE(base.isOk()) << base.error().message;
+  EXPECT_EQ(base.value().request.adapter, "");
+  auto unknown =
+      parseCompletionRequest(R"({"model": "sq", "prompt": "Hello"})", limits, tokenizer());
+  ASSERT_FALSE(unknown.isOk());
+  EXPECT_EQ(unknown.error().status, 404);
+  EXPECT_EQ(unknown.error().param, "model");
+  EXPECT_EQ(unknown.error().message,
+            "model \"sq\" does not exist; this server serves \"tiny-model\" and its LoRA adapters "
+            "\"sql\", \"chat-tuned\"");
+}
+
 TEST_F(ProtocolTest, AnArrayOfPromptsIsOneRequestPerPrompt) {
   const std::vector<TokenId> ids = {5, 6, 7};
   auto parsed = parseCompletionRequest(

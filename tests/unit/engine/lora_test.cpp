@@ -1,0 +1,248 @@
+// Loading PEFT LoRA adapters: the matrices, scale and digest of a good
+// adapter; every refusal names the file, field or tensor; --lora-modules'
+// NAME=PATH list.
+#include "agent/engine/lora.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "agent/engine/safetensors.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "tests/support/test_files.h"
+#include "tests/support/test_helpers.h"
+#include "tools/model/test_model.h"
+
+namespace tandem::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::tandem::testing::TempDir;
+
+const ModelConfig& tinyConfig() {
+  static const ModelConfig config = tools::presetConfig("tiny", "LlamaForCausalLM");
+  return config;
+}
+
+// A good adapter (tandem-model lora's) in a directory of its own.
+struct AdapterDir {
+  TempDir dir{"tandem-lora-test"};
+  explicit AdapterDir(const tools::TestLoraOptions& options = {}) {
+    tools::writeTestLoraAdapter(options, tinyConfig(), dir.path());
+  }
+  const fs::path& path() const { return dir.path(); }
+  json config() const {
+    return json::parse(::tandem::testing::readFile(path() / "adapter_config.json"));
+  }
+  void setConfig(const json& config) const {
+    ::tandem::testing::writeFile(path() / "adapter_config.json", config.dump());
+  }
+  // Replaces the weights with `tensors` (name -> shape), each filled with
+  // `value`.
+  void setTensors(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+                  float value = 0.25f) const {
+    SafetensorsWriter writer;
+    for (const auto& [name, shape] : tensors) {
+      int64_t count = 1;
+      for (int64_t d : shape) count *= d;
+      std::vector<float> values(static_cast<size_t>(count), value);
+      std::vector<uint8_t> bytes(values.size() * sizeof(float));
+      std::memcpy(bytes.data(), values.data(), bytes.size());
+      writer.add(name, DType::kF32, shape, std::move(bytes));
+    }
+    writer.write(path() / "adapter_model.safetensors");
+  }
+};
+
+std::string loadError(const fs::path& dir) {
+  try {
+    LoraAdapter::load("sql", dir, tinyConfig());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(loaded)";
+}
+
+const std::string kQ = "base_model.model.model.layers.0.self_attn.q_proj.";
+
+TEST(LoraAdapter, LoadsEveryProjectionScaledAsPeftDoes) {
+  const ModelConfig& config = tinyConfig();
+  AdapterDir written;
+  auto adapter = LoraAdapter::load("sql", written.path(), config);
+  EXPECT_EQ(adapter->name(), "sql");
+  EXPECT_EQ(adapter->rank(), 8);
+  EXPECT_DOUBLE_EQ(adapter->scale(), 2.0);  // lora_alpha 16 / r 8
+  ASSERT_EQ(adapter->numLayers(), config.num_hidden_layers);
+  const int64_t q_size = config.num_attention_heads * config.head_dim;
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    for (int module = 0; module < kLoraModules; ++module) {
+      EXPECT_EQ(adapter->pair(layer, module).rank, 8) << layer << " " << module;
+    }
+  }
+  const LoraPair& q = adapter->pair(0, kLoraQ);
+  EXPECT_EQ(q.in, config.hidden_size);
+  EXPECT_EQ(q.out, q_size);
+  ASSERT_EQ(q.a.size(), static_cast<size_t>(8 * config.hidden_size));
+  ASSERT_EQ(q.b_scaled.size(), static_cast<size_t>(q_size * 8));
+  // B as written, times the scale.
+  SafetensorsFile file(written.path() / "adapter_model.safetensors");
+  const TensorInfo* b = file.find(kQ + "lora_B.weight");
+  ASSERT_NE(b, nullptr);
+  const float* raw = static_cast<const float*>(b->data);
+  for (size_t i = 0; i < q.b_scaled.size(); ++i) ASSERT_EQ(q.b_scaled[i], raw[i] * 2.0f) << i;
+  const TensorInfo* a = file.find(kQ + "lora_A.weight");
+  EXPECT_EQ(std::memcmp(q.a.data(), a->data, a->num_bytes), 0);
+
+  // The digest follows the files, not the name or directory.
+  AdapterDir same;
+  EXPECT_EQ(LoraAdapter::load("other", same.path(), config)->digest(), adapter->digest());
+  tools::TestLoraOptions other_seed;
+  other_seed.seed = 2;
+  AdapterDir different(other_seed);
+  EXPECT_NE(LoraAdapter::load("sql", different.path(), config)->digest(), adapter->digest());
+}
+
+TEST(LoraAdapter, RsLoraScalesByTheRootOfTheRankAndUnadaptedModulesStayUnset) {
+  tools::TestLoraOptions options;
+  options.rank = 4;
+  options.alpha = 6.0;
+  options.rslora = true;
+  options.dtype = DType::kBF16;
+  options.modules = {"q_proj", "v_proj"};
+  AdapterDir written(options);
+  auto adapter = LoraAdapter::load("qv", written.path(), tinyConfig());
+  EXPECT_DOUBLE_EQ(adapter->scale(), 3.0);  // 6 / sqrt(4)
+  EXPECT_EQ(adapter->pair(0, kLoraQ).rank, 4);
+  EXPECT_EQ(adapter->pair(0, kLoraV).rank, 4);
+  for (int module : {kLoraK, kLoraO, kLoraGate, kLoraUp, kLoraDown}) {
+    EXPECT_EQ(adapter->pair(0, module).rank, 0) << module;
+    EXPECT_TRUE(adapter->pair(0, module).a.empty());
+  }
+}
+
+TEST(LoraAdapter, WhatCannotBeAppliedIsRefusedNamingTheField) {
+  struct Case {
+    const char* field;
+    json value;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"use_dora", true, "field \"use_dora\" is set (true), which Tandem does not apply"},
+      {"bias", "all", "field \"bias\" is \"all\" (accepted: \"none\")"},
+      {"modules_to_save", json::array({"lm_head"}), "field \"modules_to_save\" is set"},
+      {"rank_pattern", json{{"q_proj", 16}}, "field \"rank_pattern\" is set"},
+      {"fan_in_fan_out", true, "field \"fan_in_fan_out\" is set"},
+      {"peft_type", "IA3", "field \"peft_type\" must be \"LORA\", got \"IA3\""},
+      {"r", 0, "field \"r\" must be a positive integer at most 4096, got 0"},
+      {"r", "8", "field \"r\" must be a positive integer"},
+      {"lora_alpha", -1, "field \"lora_alpha\" must be a positive number, got -1"},
+      {"use_rslora", "yes", "field \"use_rslora\" must be true or false"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    AdapterDir written;
+    json config = written.config();
+    config[c.field] = c.value;
+    written.setConfig(config);
+    const std::string error = loadError(written.path());
+    EXPECT_NE(error.find("adapter_config.json"), std::string::npos) << error;
+    EXPECT_NE(error.find(c.expected), std::string::npos) << error;
+  }
+  // Harmless settings load: bias "none", empty modules_to_save, no DoRA.
+  AdapterDir plain;
+  json config = plain.config();
+  config["modules_to_save"] = json::array();
+  config["use_dora"] = false;
+  config["rank_pattern"] = json::object();
+  plain.setConfig(config);
+  EXPECT_EQ(loadError(plain.path()), "(loaded)");
+  config.erase("r");
+  plain.setConfig(config);
+  EXPECT_NE(loadError(plain.path())
+                .find("field \"r\" must be a positive integer at most 4096, got "
+                      "nothing"),
+            std::string::npos);
+}
+
+TEST(LoraAdapter, BadTensorsAreRefusedNamingTheTensor) {
+  const ModelConfig& c = tinyConfig();
+  const int64_t q_size = c.num_attention_heads * c.head_dim;
+  struct Case {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{{kQ + "lora_A.weight", {8, c.hidden_size}}, {kQ + "lora_B.weight", {q_size, 4}}},
+       "tensor " + kQ + "lora_B.weight in "},
+      {{{kQ + "lora_A.weight", {8, c.hidden_size}}},
+       "tensor " + kQ + "lora_B.weight missing from "},
+      {{{"base_model.model.lm_head.lora_A.weight", {8, c.hidden_size}}},
+       "tensor base_model.model.lm_head.lora_A.weight in "},
+      {{{"base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", {q_size}}},
+       "is not a LoRA matrix of a projection Tandem adapts"},
+      {{{"base_model.model.model.layers.99.self_attn.q_proj.lora_A.weight", {8, c.hidden_size}}},
+       "names layer 99, but the model has " + std::to_string(c.num_hidden_layers) + " layers"},
+      {{}, "holds no LoRA matrices"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.expected);
+    AdapterDir written;
+    written.setTensors(k.tensors);
+    const std::string error = loadError(written.path());
+    EXPECT_NE(error.find(k.expected), std::string::npos) << error;
+  }
+  // The shape mismatch says what was expected.
+  AdapterDir shaped;
+  shaped.setTensors(
+      {{kQ + "lora_A.weight", {8, c.hidden_size}}, {kQ + "lora_B.weight", {q_size, 4}}});
+  EXPECT_NE(loadError(shaped.path())
+                .find("has shape [" + std::to_string(q_size) + ", 4], expected [" +
+                      std::to_string(q_size) + ", 8]"),
+            std::string::npos);
+  AdapterDir poisoned;
+  poisoned.setTensors(
+      {{kQ + "lora_A.weight", {8, c.hidden_size}}, {kQ + "lora_B.weight", {q_size, 8}}},
+      std::numeric_limits<float>::quiet_NaN());
+  EXPECT_NE(loadError(poisoned.path()).find("holds a NaN or infinity"), std::string::npos);
+}
+
+TEST(LoraAdapter, MissingFilesAreNamed) {
+  TempDir empty("tandem-lora-empty");
+  EXPECT_NE(loadError(empty.path() / "absent").find("is not a directory"), std::string::npos);
+  EXPECT_NE(loadError(empty.path()).find("adapter_config.json: cannot read"), std::string::npos);
+  AdapterDir written;
+  fs::rename(written.path() / "adapter_model.safetensors", written.path() / "adapter_model.bin");
+  EXPECT_NE(loadError(written.path())
+                .find("has no adapter_model.safetensors (adapter_model.bin is "
+                      "not read: convert it to safetensors)"),
+            std::string::npos);
+}
+
+TEST(LoraModuleSpecs, AreNamePathPairsSeparatedByCommas) {
+  EXPECT_TRUE(parseLoraModuleSpecs("").empty());
+  const auto specs = parseLoraModuleSpecs("sql=/adapters/sql,chat=rel/chat");
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].name, "sql");
+  EXPECT_EQ(specs[0].path, "/adapters/sql");
+  EXPECT_EQ(specs[1].name, "chat");
+  EXPECT_EQ(specs[1].path, "rel/chat");
+  for (const char* bad : {"sql", "=/x", "sql=", "a=/x,", "a=/x,,b=/y"}) {
+    SCOPED_TRACE(bad);
+    try {
+      parseLoraModuleSpecs(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not NAME=PATH"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::engine
