@@ -457,6 +457,7 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   http_->requireApiKey(config_.api_key, config_.api_key_exempt);
   limits_.served_model_name = config_.served_model_name;
   for (const auto& adapter : engine_.adapters()) limits_.lora_adapters.push_back(adapter.name);
+  metrics_.setLoraAdapters(limits_.lora_adapters);
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;
   limits_.chat_template = config_.chat_template;
@@ -548,6 +549,7 @@ void HttpServer::routes() {
       ResponseMeta meta = makeResponseMeta(request, id, unixSeconds());
       // Responses carry the engine's transfer parameters, never an echo.
       meta.kv_transfer_params = nullptr;
+      if (!request.request.adapter.empty()) metrics_.observeLoraRequest(request.request.adapter);
 
       if (request.best_of > 1 || !request.batch.empty()) {
         // Every candidate waits in the engine at once: more than its queue

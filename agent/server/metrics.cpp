@@ -198,6 +198,10 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
        {"stop", "length", "abort", "error", "invalid", "rejected", "handed_over"}) {
     requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}});
   }
+  lora_requests_ = &BuildCounter()
+                        .Name("tandem_lora_requests_total")
+                        .Help("Requests that named a LoRA adapter as their model, by adapter.")
+                        .Register(*registry_);
   running_ = gauge("tandem_num_requests_running", "Requests being computed.");
   waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
   prefill_tokens_waiting_ =
@@ -255,6 +259,18 @@ void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_
 void AgentMetrics::observeRejected(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}}).Increment();
+}
+
+void AgentMetrics::setLoraAdapters(const std::vector<std::string>& adapters) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::string& adapter : adapters) {
+    lora_requests_->Add({{"model", model_}, {"role", role_}, {"adapter", adapter}});
+  }
+}
+
+void AgentMetrics::observeLoraRequest(const std::string& adapter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lora_requests_->Add({{"model", model_}, {"role", role_}, {"adapter", adapter}}).Increment();
 }
 
 void AgentMetrics::observeHttpFront(const HttpFrontStats& stats) {

@@ -44,6 +44,10 @@ class AgentMetrics {
   void observeFinished(const engine::RequestOutput& final_output, double e2e_seconds);
   // A request refused before it reached the engine (bad input, overload).
   void observeRejected(const std::string& reason);
+  // tandem_lora_requests_total{adapter}: a series at 0 for each adapter
+  // served (setLoraAdapters, at start), one more for each request naming it.
+  void setLoraAdapters(const std::vector<std::string>& adapters);
+  void observeLoraRequest(const std::string& adapter);
   // tandem_device_info{device, description} 1: the compute backend (device
   // "cpu" or "cuda"; description as Backend::description()).
   void setDevice(const std::string& device, const std::string& description);
@@ -92,6 +96,7 @@ class AgentMetrics {
   prometheus::Family<prometheus::Counter>* kv_blocks_loaded_;
   prometheus::Counter* kv_blocks_recomputed_;
   prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* lora_requests_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* prefill_tokens_waiting_;

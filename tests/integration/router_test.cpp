@@ -45,6 +45,19 @@ using tandem::router::Policy;
 using tandem::router::Router;
 using tandem::router::RouterConfig;
 
+// A LoRA adapter (every projection) for the tiny model.
+const fs::path& tinyLoraDir() {
+  static TempDir dir("tandem-router-lora");
+  static fs::path path = [] {
+    tandem::tools::writeTestLoraAdapter(
+        {}, tandem::engine::ModelConfig::fromFile(tinyModelDir() / "config.json"),
+        dir.path() / "sql");
+    return dir.path() / "sql";
+  }();
+  return path;
+}
+std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLoraDir().string()}; }
+
 class RouterTest : public RouterCluster {
  protected:
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
@@ -101,6 +114,7 @@ class RouterTest : public RouterCluster {
   double routerMetric(const std::string& name, const std::string& filter = "") {
     return prometheusSample(routerMetrics(), name, filter).value_or(0);
   }
+  void conversationFollowsItsKv(const std::string& adapter);
 };
 
 TEST_F(RouterTest, CompletionsThroughTheRouterEqualAColocatedAgentsStreamedAndNot) {
@@ -573,18 +587,30 @@ TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
 }
 
-TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
+// Turn 2 of a conversation goes to the decode agent holding turn 1, which
+// lends its blocks to the prefill agent (pull-back). With `adapter`, every
+// request names that LoRA adapter (the agents serve it): the router hashes,
+// holds and lends the adapter's blocks.
+void RouterTest::conversationFollowsItsKv(const std::string& adapter) {
   // What turn 1's transfer took on a loaded machine must not price turn 2's
   // pull-back out: the model's predictions alone decide here.
   RouterClusterOptions options;
   options.prefills = 2;
   options.decodes = 2;
   options.learn_costs = false;
+  std::vector<std::string> agent_args;
+  if (!adapter.empty()) agent_args = loraArgs();
+  options.agent_args = [agent_args](bool, int) { return agent_args; };
   startCluster(options);
-  Agent colocated;
+  Agent colocated(agent_args);
+  auto request = [&](const std::vector<int>& prompt, int max_tokens) {
+    json body = greedy(prompt, max_tokens);
+    if (!adapter.empty()) body["model"] = adapter;
+    return body;
+  };
   // Turn 1: 70 prompt tokens, 70 generated.
   std::vector<int> conversation = randomPrompt(70, 65);
-  Answer first = post(greedy(conversation, 70));
+  Answer first = post(request(conversation, 70));
   ASSERT_EQ(first.status, 200) << first.body.dump();
   ASSERT_EQ(first.decision, "disaggregated");
   const std::vector<int> reply = tokenIds(first.body);
@@ -602,12 +628,12 @@ TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
   }));
   // Turn 2 (180 tokens) goes to the decode agent holding turn 1 (8 blocks),
   // and since it holds 4 more blocks than the prefill agent, it lends them.
-  Answer second = post(greedy(conversation, 8));
+  Answer second = post(request(conversation, 8));
   ASSERT_EQ(second.status, 200) << second.body.dump();
   EXPECT_EQ(second.decode_agent, first.decode_agent);
   EXPECT_EQ(second.decision, "pull_back");
   EXPECT_EQ(tokenIds(second.body),
-            tokenIds(colocated.post("/v1/completions", greedy(conversation, 8))));
+            tokenIds(colocated.post("/v1/completions", request(conversation, 8))));
   EXPECT_TRUE(eventually(
       [&] { return routerMetric("tandem_router_requests_total", "decision=\"pull_back\"") == 1; }));
   double pulled = 0;
@@ -622,6 +648,12 @@ TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
     EXPECT_TRUE(eventually([&] { return agent->metric("tandem_kv_held_blocks") == 0; }));
   }
 }
+
+TEST_F(RouterTest, ConversationsFollowTheirKvAndPullBackLendsTheDecodePrefix) {
+  conversationFollowsItsKv("");
+}
+
+TEST_F(RouterTest, ALoraAdaptersConversationIsLentItsOwnBlocks) { conversationFollowsItsKv("sql"); }
 
 TEST_F(RouterTest, RoundRobinIgnoresWhereTheKvIs) {
   start(1, 2, Policy::kRoundRobin);
@@ -1295,18 +1327,6 @@ TEST_F(RouterTest, TheGateAnswersBeforeTheRequestIsParsed) {
 // The router's hashes (common/block_hash.h with what /v1/models reports)
 // are the agent's: every hash the agent announces for random prompts, with
 // and without cache_salt, is one the router computes for them, and no other.
-// A LoRA adapter (every projection) for the tiny model.
-const fs::path& tinyLoraDir() {
-  static TempDir dir("tandem-router-lora");
-  static fs::path path = [] {
-    tandem::tools::writeTestLoraAdapter(
-        {}, tandem::engine::ModelConfig::fromFile(tinyModelDir() / "config.json"),
-        dir.path() / "sql");
-    return dir.path() / "sql";
-  }();
-  return path;
-}
-std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLoraDir().string()}; }
 
 // A request naming a LoRA adapter crosses the hand-off: the prefill agent
 // computes the adapter's KV, the decode agent reads it, and the tokens are a
@@ -1357,6 +1377,11 @@ TEST_F(RouterTest, ALoraAdaptersRequestsCrossTheHandOffAsOnAColocatedAgent) {
   Answer base_prompt = post(greedy(prompt, 8));
   ASSERT_EQ(base_prompt.status, 200) << base_prompt.body.dump();
   EXPECT_EQ(tokenIds(base_prompt.body), base_expected);
+  // Each agent counted the requests that named the adapter: the prefill
+  // agent the two disaggregated ones, the decode agent those and the
+  // local prefill.
+  EXPECT_EQ(prefill_[0]->metric("tandem_lora_requests_total", "adapter=\"sql\""), 2);
+  EXPECT_EQ(decode_[0]->metric("tandem_lora_requests_total", "adapter=\"sql\""), 3);
 
   // The router lists and checks the adapters as an agent does.
   auto models = client_->Get("/v1/models");

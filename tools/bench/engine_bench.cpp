@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agent/engine/kv_cache.h"
+#include "agent/engine/lora.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
 #include "common/status.h"
@@ -375,9 +376,12 @@ int runEngineBench(const EngineBenchOptions& options) {
   std::vector<float> logits;
   engine::SequenceInput input;
   input.block_table = block_table;
+  // The LoRA adapter every sequence runs with (--lora, its second pass).
+  int32_t adapter = -1;
   auto prefill = [&] {
     input.tokens = prompt;
     input.start_position = 0;
+    input.adapter = adapter;
     runner.forward({&input, 1}, logits);
   };
   prefill();  // warm-up: page in weights, grow scratch buffers
@@ -408,6 +412,7 @@ int runEngineBench(const EngineBenchOptions& options) {
     for (int64_t i = 0; i < options.decode_tokens; ++i) {
       for (int64_t s = 0; s < options.batch; ++s) {
         batch[s] = {{&next[s], 1}, options.prompt_tokens + i, block_tables[s]};
+        batch[s].adapter = adapter;
       }
       runner.forward(batch, logits);
       for (int64_t s = 0; s < options.batch; ++s) {
@@ -522,6 +527,34 @@ int runEngineBench(const EngineBenchOptions& options) {
       static_cast<long long>(options.decode_tokens), bytes_per_step / 1e6, kv_bytes_per_step / 1e6,
       static_cast<long long>(options.copy_mib), static_cast<long long>(gemm_m), options.repeats);
 
+  // The same prefill and decode with every sequence running the adapter,
+  // measured after the figures above in the same run.
+  nlohmann::json lora_json;
+  if (!options.lora_dir.empty()) {
+    auto lora = engine::LoraAdapter::load("bench", options.lora_dir, config);
+    adapter = runner.addAdapter(*lora);
+    prefill();
+    const double lora_prefill_s = bestSeconds(options.repeats, prefill);
+    decode();
+    const double lora_decode_s = bestSeconds(options.repeats, decode);
+    adapter = -1;
+    const double lora_prefill_tps = static_cast<double>(options.prompt_tokens) / lora_prefill_s;
+    const double lora_decode_tps =
+        static_cast<double>(options.batch * options.decode_tokens) / lora_decode_s;
+    std::printf("\nLoRA adapter %s (rank %lld, every sequence runs it):\n",
+                options.lora_dir.c_str(), static_cast<long long>(lora->rank()));
+    std::printf("%-46s %12.1f\n", "prefill tokens/s with the adapter", lora_prefill_tps);
+    std::printf("%-46s %12.3f\n", "  / without", lora_prefill_tps / prefill_tps);
+    std::printf("%-46s %12.1f\n", "decode tokens/s with the adapter", lora_decode_tps);
+    std::printf("%-46s %12.3f\n", "  / without", lora_decode_tps / decode_tps);
+    lora_json = {{"dir", options.lora_dir},
+                 {"rank", lora->rank()},
+                 {"prefill_tokens_per_s", lora_prefill_tps},
+                 {"prefill_over_base", lora_prefill_tps / prefill_tps},
+                 {"decode_tokens_per_s", lora_decode_tps},
+                 {"decode_over_base", lora_decode_tps / decode_tps}};
+  }
+
   nlohmann::json ops_json;
   if (profiler) {
     ops_json["prefill"] = printOps("prefill calls (batch 1)", prefill_ops, 1, copy_traffic_gbps);
@@ -585,6 +618,7 @@ int runEngineBench(const EngineBenchOptions& options) {
       out["decode_recorded_logits_identical"] = replay_exact;
     }
     if (profiler) out["ops"] = ops_json;
+    if (!lora_json.is_null()) out["lora"] = lora_json;
     if (options.bf16_gemm_configs) out["bf16_gemm_configs"] = gemm_configs_json;
     std::ofstream file(options.json_path);
     if (!file) throw Error("cannot write --json file " + options.json_path);

@@ -42,6 +42,9 @@ struct EngineBenchOptions {
   // (CudaBackendOptions::bf16_gemm_config; the prefill's GEMMs above 256
   // rows), e.g. the fastest that --bf16-gemm-configs found with the same bits.
   int bf16_gemm_config = 0;
+  // A PEFT LoRA adapter directory: prefill and decode are measured again in
+  // the same run with every sequence running it, and compared.
+  std::string lora_dir;
 };
 
 int runEngineBench(const EngineBenchOptions& options);

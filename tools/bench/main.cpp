@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   engine->add_option("--json", options.json_path, "also write the figures as JSON here");
+  engine->add_option("--lora", options.lora_dir,
+                     "a PEFT LoRA adapter: prefill and decode measured again with every sequence "
+                     "running it, side by side");
   engine->add_flag("--fuse-projections", options.fuse_projections,
                    "Q/K/V and gate/up as one matmul each, and fewer launches on CUDA (the "
                    "same bits)");
