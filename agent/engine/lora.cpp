@@ -33,7 +33,11 @@ bool parseTensorName(const std::string& name, int64_t& layer, int& module, bool&
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   size_t pos = prefix.size();
   size_t end = name.find('.', pos);
-  if (end == std::string::npos || end == pos || end - pos > 9) return false;
+  // Decimal without leading zeros: one tensor has one name.
+  if (end == std::string::npos || end == pos || end - pos > 9 ||
+      (name[pos] == '0' && end - pos > 1)) {
+    return false;
+  }
   layer = 0;
   for (size_t i = pos; i < end; ++i) {
     if (name[i] < '0' || name[i] > '9') return false;
@@ -113,14 +117,32 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
     fail("use_rslora", "must be true or false, got " + rslora_it->dump());
   }
   // What this engine does not apply: refused rather than served wrong.
+  // alora_invocation_tokens (Activated LoRA) adapts only the tokens after
+  // an invocation sequence: applied to every token it would be another
+  // model.
   for (const char* field : {"use_dora", "fan_in_fan_out", "modules_to_save", "rank_pattern",
-                            "alpha_pattern", "layer_replication"}) {
+                            "alpha_pattern", "layer_replication", "alora_invocation_tokens"}) {
     if (set(field)) {
       fail(field, std::string("is set (") + config[field].dump() +
                       "), which Tandem does not apply (accepted: absent, null, false or empty)");
     }
   }
   if (set("bias")) fail("bias", "is " + config["bias"].dump() + " (accepted: \"none\")");
+  // PiSSA, OLoRA, CorDA and LoftQ change the base weights too: saved as
+  // they are, the adapter needs that changed model (PEFT converts them to
+  // plain LoRA, and writes init_lora_weights true, when saved with
+  // path_initial_model_for_weight_conversion).
+  if (const auto it = config.find("init_lora_weights"); it != config.end() && it->is_string()) {
+    const std::string init = it->get<std::string>();
+    for (const char* changes_base : {"pissa", "olora", "corda", "loftq"}) {
+      if (init.rfind(changes_base, 0) == 0) {
+        fail("init_lora_weights",
+             "is " + it->dump() +
+                 ", which changes the base model's weights as well: save the adapter converted "
+                 "to plain LoRA (PEFT's path_initial_model_for_weight_conversion)");
+      }
+    }
+  }
 
   std::unique_ptr<LoraAdapter> adapter(new LoraAdapter());
   adapter->name_ = name;
@@ -184,10 +206,10 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
                   dtypeSafetensorsName(tensor.dtype) + " (accepted: F32, BF16, F16)");
     }
     LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(module)];
+    std::vector<float>& values = is_a ? pair.a : pair.b_scaled;
     pair.rank = adapter->rank_;
     pair.in = in;
     pair.out = out;
-    std::vector<float>& values = is_a ? pair.a : pair.b_scaled;
     values.resize(static_cast<size_t>(expected[0] * expected[1]));
     convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
     for (const float value : values) {
@@ -233,10 +255,11 @@ std::vector<LoraModuleSpec> parseLoraModuleSpecs(const std::string& text) {
     const std::string entry =
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const size_t equals = entry.find('=');
-    if (equals == std::string::npos || equals == 0 || equals + 1 == entry.size()) {
+    const bool spaced = entry.find_first_of(" \t\n\r") < equals;
+    if (equals == std::string::npos || equals == 0 || equals + 1 == entry.size() || spaced) {
       throw Error("--lora-modules: \"" + entry +
                   "\" is not NAME=PATH (the name requests give as \"model\", then the PEFT "
-                  "adapter directory; several comma-separated)");
+                  "adapter directory; several comma-separated, no spaces)");
     }
     specs.push_back({entry.substr(0, equals), fs::path(entry.substr(equals + 1))});
     if (comma == std::string::npos) break;

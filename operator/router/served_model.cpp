@@ -39,9 +39,14 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     for (size_t i = 1; i < body["data"].size(); ++i) {
       const json& entry = body["data"][i];
       if (entry.value("parent", std::string()) != info.served_name) continue;
-      info.lora_adapters.emplace_back(
-          entry.at("id").get<std::string>(),
-          entry.value("tandem", json::object()).value("model_identity", std::string()));
+      // An adapter without its identity is not an agent's: its prompts
+      // would be hashed as the base model's.
+      const std::string name = entry.at("id").get<std::string>();
+      const json identity = entry.value("tandem", json::object()).value("model_identity", json());
+      if (!identity.is_string() || identity.get<std::string>().empty()) {
+        throw Error("LoRA adapter " + name + " has no tandem.model_identity");
+      }
+      info.lora_adapters.emplace_back(name, identity.get<std::string>());
     }
     auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
     if (hash.isOk()) info.hash = *hash;

@@ -242,7 +242,12 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
   Agent real({"--role", "decode"});
   httplib::Client real_client("127.0.0.1", real.port());
   const std::string agent_models = real_client.Get("/v1/models")->body;
-  std::atomic<bool> shaped{false};
+  // An answer whose LoRA adapter lacks the identity its blocks are hashed
+  // under is not an agent's either: its prompts would be hashed as the
+  // base model's.
+  json without_identity = json::parse(agent_models);
+  without_identity["data"].push_back({{"id", "sql"}, {"object", "model"}, {"parent", "tiny"}});
+  std::atomic<int> shape{0};  // 0: data not a list; 1: an adapter without identity; 2: shaped
   httplib::Server fake;
   fake.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
@@ -251,7 +256,9 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
     res.set_content("tandem_num_requests_running 0\n", "text/plain");
   });
   fake.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(shaped ? agent_models : R"({"object":"list","data":{"id":"tiny"}})",
+    res.set_content(shape == 2   ? agent_models
+                    : shape == 1 ? without_identity.dump()
+                                 : R"({"object":"list","data":{"id":"tiny"}})",
                     "application/json");
   });
   RouterOverAFakeAgent router(fake);
@@ -261,7 +268,13 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
   EXPECT_NE(health.value("error", "").find("the /v1/models answer of decode-0 is not an agent's"),
             std::string::npos)
       << health.dump();
-  shaped = true;
+  shape = 1;
+  EXPECT_TRUE(eventually([&] {
+    const json again = json::parse(client.Get("/health")->body, nullptr, false);
+    return again.value("error", "").find("model_identity") != std::string::npos;
+  })) << "an adapter without its identity was taken";
+  EXPECT_EQ(client.Get("/health")->status, 503);
+  shape = 2;
   EXPECT_TRUE(eventually([&] {
     auto res = client.Get("/health");
     return res && res->status == 200;

@@ -376,7 +376,14 @@ int runEngineBench(const EngineBenchOptions& options) {
   std::vector<float> logits;
   engine::SequenceInput input;
   input.block_table = block_table;
-  // The LoRA adapter every sequence runs with (--lora, its second pass).
+  // The LoRA adapter every sequence runs with in the second pass (--lora):
+  // loaded now, so a refusal comes before anything is measured.
+  std::unique_ptr<engine::LoraAdapter> lora;
+  int32_t lora_index = -1;
+  if (!options.lora_dir.empty()) {
+    lora = engine::LoraAdapter::load("bench", options.lora_dir, config);
+    lora_index = runner.addAdapter(*lora);
+  }
   int32_t adapter = -1;
   auto prefill = [&] {
     input.tokens = prompt;
@@ -530,9 +537,8 @@ int runEngineBench(const EngineBenchOptions& options) {
   // The same prefill and decode with every sequence running the adapter,
   // measured after the figures above in the same run.
   nlohmann::json lora_json;
-  if (!options.lora_dir.empty()) {
-    auto lora = engine::LoraAdapter::load("bench", options.lora_dir, config);
-    adapter = runner.addAdapter(*lora);
+  if (lora) {
+    adapter = lora_index;
     prefill();
     const double lora_prefill_s = bestSeconds(options.repeats, prefill);
     decode();

@@ -144,6 +144,11 @@ TEST(LoraAdapter, WhatCannotBeAppliedIsRefusedNamingTheField) {
       {"r", "8", "field \"r\" must be a positive integer"},
       {"lora_alpha", -1, "field \"lora_alpha\" must be a positive number, got -1"},
       {"use_rslora", "yes", "field \"use_rslora\" must be true or false"},
+      {"alora_invocation_tokens", json::array({5, 6}),
+       "field \"alora_invocation_tokens\" is set ([5,6])"},
+      {"init_lora_weights", "pissa_niter_4",
+       "field \"init_lora_weights\" is \"pissa_niter_4\", which changes the base model's weights"},
+      {"init_lora_weights", "loftq", "field \"init_lora_weights\" is \"loftq\""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
@@ -161,6 +166,8 @@ TEST(LoraAdapter, WhatCannotBeAppliedIsRefusedNamingTheField) {
   config["modules_to_save"] = json::array();
   config["use_dora"] = false;
   config["rank_pattern"] = json::object();
+  config["alora_invocation_tokens"] = nullptr;
+  config["init_lora_weights"] = "gaussian";  // how A was drawn: nothing to apply
   plain.setConfig(config);
   EXPECT_EQ(loadError(plain.path()), "(loaded)");
   config.erase("r");
@@ -190,6 +197,9 @@ TEST(LoraAdapter, BadTensorsAreRefusedNamingTheTensor) {
       {{{"base_model.model.model.layers.99.self_attn.q_proj.lora_A.weight", {8, c.hidden_size}}},
        "names layer 99, but the model has " + std::to_string(c.num_hidden_layers) + " layers"},
       {{}, "holds no LoRA matrices"},
+      // One tensor, one name: a layer with a leading zero is not one.
+      {{{"base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight", {8, c.hidden_size}}},
+       "tensor base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight in "},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.expected);
@@ -233,7 +243,7 @@ TEST(LoraModuleSpecs, AreNamePathPairsSeparatedByCommas) {
   EXPECT_EQ(specs[0].path, "/adapters/sql");
   EXPECT_EQ(specs[1].name, "chat");
   EXPECT_EQ(specs[1].path, "rel/chat");
-  for (const char* bad : {"sql", "=/x", "sql=", "a=/x,", "a=/x,,b=/y"}) {
+  for (const char* bad : {"sql", "=/x", "sql=", "a=/x,", "a=/x,,b=/y", "a=/x, b=/y", "a =/x"}) {
     SCOPED_TRACE(bad);
     try {
       parseLoraModuleSpecs(bad);
