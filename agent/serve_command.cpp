@@ -134,6 +134,21 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.cuda_kernels =
       kernels::resolveCudaKernels(o.cuda_kernels, "--cuda-kernels", config.device);
   config.lora_modules = engine::parseLoraModuleSpecs(o.lora_modules);
+  const std::string served_model_name = o.served_model_name.empty()
+                                            ? std::filesystem::path(o.model).filename().string()
+                                            : o.served_model_name;
+  for (size_t i = 0; i < config.lora_modules.size(); ++i) {
+    const std::string& name = config.lora_modules[i].name;
+    if (name == served_model_name) {
+      throw Error("--lora-modules names " + name +
+                  ", the served model's own name: give the adapter another");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (config.lora_modules[j].name == name) {
+        throw Error("--lora-modules names " + name + " twice");
+      }
+    }
+  }
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");
@@ -207,15 +222,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   server::ServerConfig server_config;
   server_config.host = o.host;
   server_config.port = o.port;
-  server_config.served_model_name = o.served_model_name.empty()
-                                        ? std::filesystem::path(o.model).filename().string()
-                                        : o.served_model_name;
-  for (const auto& adapter : engine.adapters()) {
-    if (adapter.name == server_config.served_model_name) {
-      throw Error("--lora-modules names " + adapter.name +
-                  ", the served model's own name: give the adapter another");
-    }
-  }
+  server_config.served_model_name = served_model_name;
   server_config.role = o.role;
   server_config.api_key = server::apiKeyFrom(o.api_key);
   server_config.api_key_exempt =

@@ -210,6 +210,45 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
                                 "list\n");
 }
 
+// --lora-modules refused at start, each with one line naming the problem:
+// not NAME=PATH, the served model's own name, an adapter the engine cannot
+// apply (naming the file and field), a name given twice.
+TEST_F(CliTest, ServeRefusesLoraAdaptersItCannotServe) {
+  const fs::path model = makeTinyModel("base", 3);
+  const fs::path adapter = dir_ / "adapter";
+  tandem::tools::writeTestLoraAdapter(
+      {}, tandem::engine::ModelConfig::fromFile(model / "config.json"), adapter);
+  const fs::path dora = dir_ / "dora";
+  tandem::tools::writeTestLoraAdapter(
+      {}, tandem::engine::ModelConfig::fromFile(model / "config.json"), dora);
+  nlohmann::json config = nlohmann::json::parse(readFile(dora / "adapter_config.json"));
+  config["use_dora"] = true;
+  std::ofstream(dora / "adapter_config.json") << config.dump();
+  const std::string serve =
+      "timeout 60 " + bin("tandem-agent") + " serve --model '" + model.string() + "' --port 0 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"sql", "tandem-agent: --lora-modules: \"sql\" is not NAME=PATH"},
+      {"sql=" + adapter.string() + ", chat=" + adapter.string(),
+       "tandem-agent: --lora-modules: \" chat=" + adapter.string() + "\" is not NAME=PATH"},
+      {"base=" + adapter.string(),
+       "tandem-agent: --lora-modules names base, the served model's own name"},
+      {"sql=" + adapter.string() + ",sql=" + adapter.string(),
+       "tandem-agent: --lora-modules names sql twice"},
+      {"sql=" + dora.string(), "tandem-agent: " + (dora / "adapter_config.json").string() +
+                                   ": field \"use_dora\" is set (true)"},
+  };
+  for (const auto& [value, message] : cases) {
+    SCOPED_TRACE(value);
+    CommandResult refused = run(serve + "--lora-modules '" + value + "'");
+    EXPECT_EQ(refused.exit_code, 1) << refused.err;
+    // The last line (an adapter's refusal follows the model's loading log).
+    const size_t last = refused.err.rfind('\n', refused.err.size() - 2);
+    const std::string line = refused.err.substr(last == std::string::npos ? 0 : last + 1);
+    EXPECT_TRUE(line.starts_with(message)) << refused.err;
+    EXPECT_EQ(line.back(), '\n');
+  }
+}
+
 // The router's HTTP limits accept what the agent's flags of the same names
 // accept (one table, common/http/http_limits.h): a router with a 1-byte
 // header limit answered its own probes 431.
