@@ -218,12 +218,13 @@ std::optional<ApiError> checkModel(const RequestJson& root, const ServerLimits& 
     return invalidRequest(std::string("model must be a string, got ") + it->type_name(), "model");
   }
   *model = it->get<std::string>();
-  if (*model != limits.served_model_name &&
-      std::find(limits.lora_adapters.begin(), limits.lora_adapters.end(), *model) ==
-          limits.lora_adapters.end()) {
+  if (*model == limits.served_model_name) return std::nullopt;
+  const std::vector<std::string> adapters =
+      limits.current_lora_adapters ? limits.current_lora_adapters() : limits.lora_adapters;
+  if (std::find(adapters.begin(), adapters.end(), *model) == adapters.end()) {
     std::string served = jsonQuoted(limits.served_model_name);
-    for (size_t i = 0; i < limits.lora_adapters.size(); ++i) {
-      served += (i == 0 ? " and its LoRA adapters " : ", ") + jsonQuoted(limits.lora_adapters[i]);
+    for (size_t i = 0; i < adapters.size(); ++i) {
+      served += (i == 0 ? " and its LoRA adapters " : ", ") + jsonQuoted(adapters[i]);
     }
     return ApiError{404,
                     "model " + jsonQuoted(*model) + " does not exist; this server serves " + served,

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -127,6 +128,9 @@ struct ServerLimits {
   // LoRA adapters served beside the model (docs/lora.md): a request whose
   // `model` names one runs with it (Request::adapter).
   std::vector<std::string> lora_adapters;
+  // Where the adapters change while serving (a router's: its agents'), the
+  // ones served now, asked for each request; set, it replaces lora_adapters.
+  std::function<std::vector<std::string>()> current_lora_adapters;
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // the model's; token ids must be below it
   int32_t max_logprobs = 20;

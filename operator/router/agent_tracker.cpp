@@ -4,7 +4,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -114,6 +116,36 @@ std::vector<AgentPtr> AgentTracker::agentsOf(bool prefill) {
   return out;
 }
 
+std::vector<std::string> AgentTracker::adapterNames() {
+  std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [name, agent] : agents_) {
+    std::lock_guard<std::mutex> adapters_lock(agent->adapters_mutex);
+    for (const AdapterInfo& adapter : agent->adapters) names.insert(adapter.name);
+  }
+  return {names.begin(), names.end()};
+}
+
+std::optional<std::string> AgentTracker::adapterIdentity(const std::string& adapter) {
+  std::map<std::string, int> votes;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [name, agent] : agents_) {
+    std::lock_guard<std::mutex> adapters_lock(agent->adapters_mutex);
+    for (const AdapterInfo& info : agent->adapters) {
+      if (info.name == adapter) ++votes[info.identity];
+    }
+  }
+  std::optional<std::string> best;
+  int most = 0;
+  for (const auto& [identity, count] : votes) {
+    if (count > most) {
+      most = count;
+      best = identity;
+    }
+  }
+  return best;
+}
+
 bool AgentTracker::anyHealthy(bool prefill) {
   for (const AgentPtr& agent : agentsOf(prefill)) {
     if (agent->healthy) return true;
@@ -195,6 +227,30 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
     setRequestsIfListed(agent);
   }
   if (!model_.ready()) co_await model_.learnFrom(agent.endpoint);
+  // Its adapters: when it turns healthy (a new agent, or one restarted,
+  // perhaps with others) and now and then.
+  if (!agent.healthy || ++agent.polls_since_models >= kAdapterRefreshPolls) {
+    agent.polls_since_models = 0;
+    UpstreamResult models = co_await callAgent(agent.endpoint, http::verb::get,
+                                               std::string("/v1/models"), std::string(), 5.0);
+    if (models.status == 200) {
+      std::vector<AdapterInfo> adapters;
+      try {
+        adapters = adaptersOf(parseJsonOrDiscarded(models.body));
+      } catch (const std::exception& error) {
+        // Not an agent's answer: what was known stays, the next read may do.
+        TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
+                          << " is not an agent's: " << error.what();
+        co_return true;
+      }
+      std::lock_guard<std::mutex> lock(agent.adapters_mutex);
+      if (adapters != agent.adapters) {
+        TANDEM_LOG(kInfo) << "router: agent " << agent.endpoint.name << " serves "
+                          << adapters.size() << " LoRA adapters";
+      }
+      agent.adapters = std::move(adapters);
+    }
+  }
   co_return true;
 }
 

@@ -15,6 +15,7 @@
 // clang-format off
 #include <utility>  // first: Boost 1.74's awaitable.hpp uses std::exchange unincluded
 // clang-format on
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -55,7 +57,22 @@ struct AgentState {
   // while the poll was under way: load another router or client sent.
   std::atomic<int64_t> external_requests{0};
   LedgerCounts ledger;  // guarded by the LoadLedger's mutex
+  // The LoRA adapters its /v1/models lists, read when it turns healthy and
+  // every kAdapterRefreshPolls polls after (guarded by adapters_mutex).
+  mutable std::mutex adapters_mutex;
+  std::vector<AdapterInfo> adapters;
+  int64_t polls_since_models = 0;  // its poll loop only
+  // Whether it serves `adapter` with blocks hashed under `identity`.
+  bool serves(const std::string& adapter, const std::string& identity) const {
+    std::lock_guard<std::mutex> lock(adapters_mutex);
+    return std::find(adapters.begin(), adapters.end(), AdapterInfo{adapter, identity}) !=
+           adapters.end();
+  }
 };
+// Polls between two reads of an agent's adapters (10 s at the default 0.5 s
+// interval): an agent restarted with other adapters under the same address
+// is seen within that.
+inline constexpr int64_t kAdapterRefreshPolls = 20;
 using AgentPtr = std::shared_ptr<AgentState>;
 
 class AgentTracker {
@@ -85,6 +102,14 @@ class AgentTracker {
 
   // The listed prefill (true) or decode (false) agents.
   std::vector<AgentPtr> agentsOf(bool prefill);
+  // The LoRA adapters the listed agents serve (docs/lora.md): the names
+  // (sorted, once each), and the identity `adapter`'s blocks are hashed
+  // under: the one most listed agents give it (the first of a tie in name
+  // order), nullopt when no listed agent serves it. An agent serving a name
+  // under another identity (other files) is not routed that adapter's
+  // requests (AgentState::serves).
+  std::vector<std::string> adapterNames();
+  std::optional<std::string> adapterIdentity(const std::string& adapter);
   bool anyHealthy(bool prefill);
   // Sets every listed agent's ledger gauges to `counts(agent)` (called
   // under the tracker's lock, so an unlisted agent's series stay gone).

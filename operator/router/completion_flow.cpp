@@ -310,10 +310,23 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   const bool streaming = parsed.value().stream;
 
   const auto decide_start = Clock::now();
-  const std::vector<BlockHash> hashes = model_.hasher().hashFullBlocks(
-      request.prompt, request.cache_salt, model_.adapterIdentity(request.adapter));
+  // A LoRA adapter's request goes only to the agents serving it under the
+  // identity its prompt is hashed with (docs/lora.md).
+  std::string adapter_identity;
+  if (!request.adapter.empty()) {
+    adapter_identity = agents_.adapterIdentity(request.adapter).value_or(std::string());
+  }
+  const std::vector<BlockHash> hashes =
+      model_.hasher().hashFullBlocks(request.prompt, request.cache_salt, adapter_identity);
   std::vector<AgentPtr> prefill_agents = agents_.agentsOf(true);
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
+  if (!request.adapter.empty()) {
+    auto lacks = [&](const AgentPtr& agent) {
+      return adapter_identity.empty() || !agent->serves(request.adapter, adapter_identity);
+    };
+    std::erase_if(prefill_agents, lacks);
+    std::erase_if(decode_agents, lacks);
+  }
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
   input.max_tokens = request.sampling.max_tokens;

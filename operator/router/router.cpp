@@ -152,6 +152,7 @@ class Router::Impl {
         agents_(http_->ioContext(), config_.poll_interval_s, stopping_, metrics_, model_),
         flow_(config_, agents_, model_, gate_, metrics_, stopping_) {
     returnLargeBlocksWhenFreed();
+    model_.setAdapterSource([this] { return agents_.adapterNames(); });
     http_->requireApiKey(config_.api_key, config_.api_key_exempt);
     routes();
   }

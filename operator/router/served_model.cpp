@@ -14,6 +14,24 @@ namespace tandem::router {
 
 using nlohmann::json;
 
+std::vector<AdapterInfo> adaptersOf(const json& models_answer) {
+  std::vector<AdapterInfo> adapters;
+  const json& data = models_answer.at("data");
+  const std::string base = data.at(0).value("id", std::string());
+  for (size_t i = 1; i < data.size(); ++i) {
+    const json& entry = data[i];
+    if (entry.value("parent", std::string()) != base) continue;
+    const json tandem = entry.value("tandem", json::object());
+    const auto identity = tandem.find("model_identity");
+    if (identity == tandem.end() || !identity->is_string() ||
+        identity->get<std::string>().empty()) {
+      continue;
+    }
+    adapters.push_back({entry.at("id").get<std::string>(), identity->get<std::string>()});
+  }
+  return adapters;
+}
+
 boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   UpstreamResult models = co_await callAgent(agent, boost::beast::http::verb::get,
                                              std::string("/v1/models"), std::string(), 5.0);
@@ -36,18 +54,6 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
       info.generation_defaults = protocol::GenerationDefaults::fromJson(*it);
     }
     info.block_size = tandem.value("block_size", 16);
-    for (size_t i = 1; i < body["data"].size(); ++i) {
-      const json& entry = body["data"][i];
-      if (entry.value("parent", std::string()) != info.served_name) continue;
-      // An adapter without its identity is not an agent's: its prompts
-      // would be hashed as the base model's.
-      const std::string name = entry.at("id").get<std::string>();
-      const json identity = entry.value("tandem", json::object()).value("model_identity", json());
-      if (!identity.is_string() || identity.get<std::string>().empty()) {
-        throw Error("LoRA adapter " + name + " has no tandem.model_identity");
-      }
-      info.lora_adapters.emplace_back(name, identity.get<std::string>());
-    }
     auto hash = parseHashAlgorithm(tandem.value("prefix_caching_hash", std::string("xxhash")));
     if (hash.isOk()) info.hash = *hash;
     // The agents' output parsers: a forced tool call is written in the tool
@@ -85,7 +91,6 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     tokenizer_ = std::move(tokenizer);
     hasher_ = std::make_unique<BlockHasher>(info.hash, info.identity, info.block_size);
     limits_.served_model_name = info.served_name;
-    for (const auto& adapter : info.lora_adapters) limits_.lora_adapters.push_back(adapter.first);
     limits_.max_model_len = info.max_model_len;
     limits_.vocab_size = vocab;
     limits_.ignore_kv_transfer_params = true;  // dropped from what is forwarded
@@ -97,7 +102,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     ready_ = true;
     TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity
                       << ", block size " << info.block_size << ", tokenizer from " << dir.string()
-                      << ", " << info.lora_adapters.size() << " LoRA adapters)";
+                      << ")";
   } catch (const std::exception& e) {
     TANDEM_LOG(kWarn) << "router: cannot load the tokenizer from " << dir.string() << ": "
                       << e.what();

@@ -17,10 +17,11 @@
 #include <boost/asio.hpp>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,11 +42,20 @@ struct ModelInfo {
   int64_t max_model_len = 0;
   // What the agents take for the fields a request leaves out.
   protocol::GenerationDefaults generation_defaults;
-  // The LoRA adapters the agents serve (the /v1/models entries whose parent
-  // is the model): each one's name and the identity its blocks are hashed
-  // under (docs/lora.md).
-  std::vector<std::pair<std::string, std::string>> lora_adapters;
 };
+
+// A LoRA adapter an agent serves: its name and the identity its blocks are
+// hashed under (docs/lora.md).
+struct AdapterInfo {
+  std::string name;
+  std::string identity;
+  bool operator==(const AdapterInfo&) const = default;
+};
+// The adapters an agent's /v1/models answer lists (the entries after the
+// first whose parent is the first's id); an entry without a string
+// tandem.model_identity is left out (its prompts could not be hashed as
+// the agent does). Throws on an answer not shaped as an agent's.
+std::vector<AdapterInfo> adaptersOf(const nlohmann::json& models_answer);
 
 class ServedModel {
  public:
@@ -71,14 +81,11 @@ class ServedModel {
   const ModelInfo& info() const { return info_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const BlockHasher& hasher() const { return *hasher_; }
-  // The identity `adapter`'s blocks are hashed under (BlockHasher's
-  // model_identity argument): empty for the base model (""), and for a name
-  // the agents did not list.
-  std::string_view adapterIdentity(const std::string& adapter) const {
-    for (const auto& [name, identity] : info_.lora_adapters) {
-      if (name == adapter) return identity;
-    }
-    return {};
+  // The LoRA adapters requests may name now (ServerLimits::
+  // current_lora_adapters): the router's agents', learned per agent. Set
+  // before the model is learned.
+  void setAdapterSource(std::function<std::vector<std::string>()> source) {
+    limits_.current_lora_adapters = std::move(source);
   }
   const server::ServerLimits& limits() const { return limits_; }
 

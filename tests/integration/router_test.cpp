@@ -242,9 +242,9 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
   Agent real({"--role", "decode"});
   httplib::Client real_client("127.0.0.1", real.port());
   const std::string agent_models = real_client.Get("/v1/models")->body;
-  // An answer whose LoRA adapter lacks the identity its blocks are hashed
-  // under is not an agent's either: its prompts would be hashed as the
-  // base model's.
+  // An adapter listed without the identity its blocks are hashed under is
+  // not taken (its prompts could not be hashed as the agent does): the
+  // router serves the model and answers 404 for the adapter.
   json without_identity = json::parse(agent_models);
   without_identity["data"].push_back({{"id", "sql"}, {"object", "model"}, {"parent", "tiny"}});
   std::atomic<int> shape{0};  // 0: data not a list; 1: an adapter without identity; 2: shaped
@@ -270,10 +270,13 @@ TEST(RouterHealth, AMisshapenModelsAnswerIsNamedAndPollingGoesOn) {
       << health.dump();
   shape = 1;
   EXPECT_TRUE(eventually([&] {
-    const json again = json::parse(client.Get("/health")->body, nullptr, false);
-    return again.value("error", "").find("model_identity") != std::string::npos;
-  })) << "an adapter without its identity was taken";
-  EXPECT_EQ(client.Get("/health")->status, 503);
+    auto res = client.Get("/health");
+    return res && res->status == 200;
+  })) << "the agent's polling ended";
+  const json body = {{"model", "sql"}, {"prompt", "Hello"}, {"max_tokens", 1}};
+  auto refused = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 404) << refused->body;
   shape = 2;
   EXPECT_TRUE(eventually([&] {
     auto res = client.Get("/health");
@@ -1411,6 +1414,47 @@ TEST_F(RouterTest, ALoraAdaptersRequestsCrossTheHandOffAsOnAColocatedAgent) {
       refused.body["error"]["message"],
       "model \"sq\" does not exist; this server serves \"tiny\" and its LoRA adapters \"sql\"");
   EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
+}
+
+// Agents may serve different adapters (llm-d's LoRA-aware routing): the
+// router learns each agent's, sends an adapter's requests only to agents
+// serving it — here decode-1 alone, so they are prefilled there, the
+// prefill agent lacking it — and the base model's anywhere.
+TEST_F(RouterTest, AnAdaptersRequestsGoOnlyToTheAgentsServingIt) {
+  RouterClusterOptions options;
+  options.decodes = 2;
+  options.agent_args = [](bool prefill, int index) {
+    return !prefill && index == 1 ? loraArgs() : std::vector<std::string>{};
+  };
+  startCluster(options);
+  Agent colocated(loraArgs());
+  json probe = greedy(randomPrompt(5, 90), 1);
+  probe["model"] = "sql";
+  ASSERT_TRUE(eventually([&] { return post(probe).status == 200; }))
+      << "the router never learned decode-1's adapter";
+  for (uint32_t seed : {91u, 92u, 93u, 94u}) {
+    SCOPED_TRACE(seed);
+    json adapted = greedy(randomPrompt(40 + seed % 3 * 20, seed), 6);
+    adapted["model"] = "sql";
+    Answer answer = post(adapted);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decode_agent, "decode-1");
+    EXPECT_EQ(answer.decision, "local_prefill");
+    EXPECT_EQ(tokenIds(answer.body), tokenIds(colocated.post("/v1/completions", adapted)));
+  }
+  EXPECT_EQ(decode_[0]->metric("tandem_lora_requests_total"), 0);
+  EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
+  // The base model is served everywhere: its requests still reach decode-0.
+  std::set<std::string> base_agents;
+  for (uint32_t seed = 95; seed < 101 && base_agents.size() < 2; ++seed) {
+    Answer answer = post(greedy(randomPrompt(70, seed), 2));
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    base_agents.insert(answer.decode_agent);
+  }
+  EXPECT_TRUE(base_agents.count("decode-0")) << "no base request went to decode-0";
+  json unknown = probe;
+  unknown["model"] = "chat";
+  EXPECT_EQ(post(unknown).status, 404);
 }
 
 // The router hashes an adapter's prompt under the identity the agent lists
