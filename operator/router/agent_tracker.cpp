@@ -120,6 +120,7 @@ std::vector<std::string> AgentTracker::adapterNames() {
   std::set<std::string> names;
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, agent] : agents_) {
+    if (agent->prefill) continue;  // a request needs a decode agent serving it
     std::lock_guard<std::mutex> adapters_lock(agent->adapters_mutex);
     for (const AdapterInfo& adapter : agent->adapters) names.insert(adapter.name);
   }
@@ -130,6 +131,7 @@ std::optional<std::string> AgentTracker::adapterIdentity(const std::string& adap
   std::map<std::string, int> votes;
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, agent] : agents_) {
+    if (agent->prefill || !agent->healthy) continue;
     std::lock_guard<std::mutex> adapters_lock(agent->adapters_mutex);
     for (const AdapterInfo& info : agent->adapters) {
       if (info.name == adapter) ++votes[info.identity];
@@ -229,27 +231,27 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
   if (!model_.ready()) co_await model_.learnFrom(agent.endpoint);
   // Its adapters: when it turns healthy (a new agent, or one restarted,
   // perhaps with others) and now and then.
+  // A read that fails is tried again at the next poll; what was known
+  // stays until one succeeds.
   if (!agent.healthy || ++agent.polls_since_models >= kAdapterRefreshPolls) {
-    agent.polls_since_models = 0;
     UpstreamResult models = co_await callAgent(agent.endpoint, http::verb::get,
                                                std::string("/v1/models"), std::string(), 5.0);
-    if (models.status == 200) {
-      std::vector<AdapterInfo> adapters;
-      try {
-        adapters = adaptersOf(parseJsonOrDiscarded(models.body));
-      } catch (const std::exception& error) {
-        // Not an agent's answer: what was known stays, the next read may do.
-        TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
-                          << " is not an agent's: " << error.what();
-        co_return true;
-      }
-      std::lock_guard<std::mutex> lock(agent.adapters_mutex);
-      if (adapters != agent.adapters) {
-        TANDEM_LOG(kInfo) << "router: agent " << agent.endpoint.name << " serves "
-                          << adapters.size() << " LoRA adapters";
-      }
-      agent.adapters = std::move(adapters);
+    if (models.status != 200) co_return true;
+    std::vector<AdapterInfo> adapters;
+    try {
+      adapters = adaptersOf(parseJsonOrDiscarded(models.body));
+    } catch (const std::exception& error) {
+      TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
+                        << " is not an agent's: " << error.what();
+      co_return true;
     }
+    agent.polls_since_models = 0;
+    std::lock_guard<std::mutex> lock(agent.adapters_mutex);
+    if (adapters != agent.adapters) {
+      TANDEM_LOG(kInfo) << "router: agent " << agent.endpoint.name << " serves " << adapters.size()
+                        << " LoRA adapters";
+    }
+    agent.adapters = std::move(adapters);
   }
   co_return true;
 }

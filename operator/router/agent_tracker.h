@@ -102,12 +102,13 @@ class AgentTracker {
 
   // The listed prefill (true) or decode (false) agents.
   std::vector<AgentPtr> agentsOf(bool prefill);
-  // The LoRA adapters the listed agents serve (docs/lora.md): the names
-  // (sorted, once each), and the identity `adapter`'s blocks are hashed
-  // under: the one most listed agents give it (the first of a tie in name
-  // order), nullopt when no listed agent serves it. An agent serving a name
-  // under another identity (other files) is not routed that adapter's
-  // requests (AgentState::serves).
+  // The LoRA adapters served (docs/lora.md): the names the listed decode
+  // agents serve (sorted, once each; an adapter no decode agent serves
+  // cannot be answered), and the identity `adapter`'s blocks are hashed
+  // under: the one most healthy decode agents give it (a tie: the smallest
+  // identity), nullopt when none serves it. An agent serving the name under
+  // another identity (other files) is not sent that adapter's requests
+  // (AgentState::serves).
   std::vector<std::string> adapterNames();
   std::optional<std::string> adapterIdentity(const std::string& adapter);
   bool anyHealthy(bool prefill);

@@ -546,9 +546,14 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                            : outcome == DecodeOutcome::kStalled       ? "stall"
                            : outcome == DecodeOutcome::kUpstreamError ? "error"
                                                                       : "failure";
-      // The next decode agent still healthy (a draining one says it is not).
+      // The next decode agent still healthy (a draining one says it is
+      // not) and, for an adapter's stream, still serving it.
       size_t next = attempt + 1;
-      while (next < decode_order.size() && !decode_agents[decode_order[next]]->healthy) ++next;
+      auto unfit = [&](const AgentPtr& agent) {
+        return !agent->healthy ||
+               (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
+      };
+      while (next < decode_order.size() && unfit(decode_agents[decode_order[next]])) ++next;
       if (!first_break) first_break = Clock::now();
       // What the last attempt was lent is done with; what a draining agent
       // holds for this stream is the lend now (read by the next agent, or

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 #include "common/http/http_connection.h"
+#include "common/json_parse.h"
 #include "common/logging.h"
 #include "operator/router/admission_gate.h"
 #include "operator/router/agent_tracker.h"
@@ -267,6 +269,19 @@ class Router::Impl {
     const http::verb verb = request.method == "POST" ? http::verb::post : http::verb::get;
     std::vector<AgentPtr> candidates = agents_.agentsOf(false);
     for (const AgentPtr& agent : agents_.agentsOf(true)) candidates.push_back(agent);
+    // A body naming a LoRA adapter (/tokenize's model) goes to an agent
+    // serving it.
+    if (request.method == "POST") {
+      const nlohmann::json body = parseJsonOrDiscarded(request.body);
+      const auto model = body.is_object() ? body.find("model") : body.end();
+      if (model != body.end() && model->is_string()) {
+        const std::string name = model->get<std::string>();
+        if (const auto identity = agents_.adapterIdentity(name)) {
+          std::erase_if(candidates,
+                        [&](const AgentPtr& agent) { return !agent->serves(name, *identity); });
+        }
+      }
+    }
     for (const AgentPtr& agent : candidates) {
       if (!agent->healthy) continue;
       UpstreamResult result =
