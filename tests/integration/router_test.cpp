@@ -1471,29 +1471,17 @@ TEST_F(RouterTest, AnAdaptersRequestsGoOnlyToTheAgentsServingIt) {
   EXPECT_EQ(tokenized->status, 200) << tokenized->body;
 }
 
-// The router hashes an adapter's prompt under the identity the agent lists
-// for the adapter, and gets the hashes the agent announces for its blocks.
-TEST(RouterHashing, AnAdaptersBlocksAreHashedUnderTheIdentityTheAgentListsForIt) {
-  Agent agent(loraArgs());
-  json models = json::parse(agent.client()->Get("/v1/models")->body);
-  ASSERT_EQ(models["data"].size(), 2u);
-  const json& base_info = models["data"][0]["tandem"];
-  const std::string identity = models["data"][1]["tandem"]["model_identity"];
-  EXPECT_EQ(identity.rfind(base_info["model_identity"].get<std::string>() + "/lora-", 0), 0u);
-  tandem::BlockHasher hasher(
-      *tandem::parseHashAlgorithm(base_info["prefix_caching_hash"].get<std::string>()),
-      base_info["model_identity"].get<std::string>(), base_info["block_size"].get<int32_t>());
-  std::set<std::string> expected;
-  for (uint32_t seed = 80; seed < 84; ++seed) {
-    const std::vector<int> prompt = randomPrompt(40 + seed % 3 * 13, seed);
-    json body = greedy(prompt, 1);
-    body["model"] = "sql";
-    ASSERT_EQ(tokenIds(agent.post("/v1/completions", body)).size(), 1u);
-    const std::vector<tandem::TokenId> ids(prompt.begin(), prompt.end());
-    for (const auto& hash : hasher.hashFullBlocks(ids, "", identity)) {
-      expected.insert(hash.toHex());
-    }
-  }
+// The block hasher an agent's /v1/models `tandem` section describes, as the
+// router builds it.
+tandem::BlockHasher hasherOf(const json& tandem_info) {
+  return tandem::BlockHasher(
+      *tandem::parseHashAlgorithm(tandem_info["prefix_caching_hash"].get<std::string>()),
+      tandem_info["model_identity"].get<std::string>(), tandem_info["block_size"].get<int32_t>());
+}
+
+// The block hashes `agent` announces on /v1/kv_events (stored blocks, or a
+// snapshot's), read until `count` have come (or the stream ends).
+std::set<std::string> announcedHashes(Agent& agent, size_t count) {
   std::set<std::string> announced;
   std::string pending;
   auto client = agent.client();
@@ -1509,18 +1497,40 @@ TEST(RouterHashing, AnAdaptersBlocksAreHashedUnderTheIdentityTheAgentListsForIt)
         for (const auto& hash : parsed["block_hashes"]) announced.insert(hash.get<std::string>());
       }
     }
-    return announced.size() < expected.size();
+    return announced.size() < count;
   });
-  EXPECT_EQ(announced, expected);
+  return announced;
+}
+
+// The router hashes an adapter's prompt under the identity the agent lists
+// for the adapter, and gets the hashes the agent announces for its blocks.
+TEST(RouterHashing, AnAdaptersBlocksAreHashedUnderTheIdentityTheAgentListsForIt) {
+  Agent agent(loraArgs());
+  json models = json::parse(agent.client()->Get("/v1/models")->body);
+  ASSERT_EQ(models["data"].size(), 2u);
+  const json& base_info = models["data"][0]["tandem"];
+  const std::string identity = models["data"][1]["tandem"]["model_identity"];
+  EXPECT_EQ(identity.rfind(base_info["model_identity"].get<std::string>() + "/lora-", 0), 0u);
+  const tandem::BlockHasher hasher = hasherOf(base_info);
+  std::set<std::string> expected;
+  for (uint32_t seed = 80; seed < 84; ++seed) {
+    const std::vector<int> prompt = randomPrompt(40 + seed % 3 * 13, seed);
+    json body = greedy(prompt, 1);
+    body["model"] = "sql";
+    ASSERT_EQ(tokenIds(agent.post("/v1/completions", body)).size(), 1u);
+    const std::vector<tandem::TokenId> ids(prompt.begin(), prompt.end());
+    for (const auto& hash : hasher.hashFullBlocks(ids, "", identity)) {
+      expected.insert(hash.toHex());
+    }
+  }
+  EXPECT_EQ(announcedHashes(agent, expected.size()), expected);
 }
 
 TEST(RouterHashing, TheRouterComputesTheAgentsBlockHashesWithAndWithoutCacheSalt) {
   Agent agent;
   json models = json::parse(agent.client()->Get("/v1/models")->body);
   const json& tandem_info = models["data"][0]["tandem"];
-  tandem::BlockHasher hasher(
-      *tandem::parseHashAlgorithm(tandem_info["prefix_caching_hash"].get<std::string>()),
-      tandem_info["model_identity"].get<std::string>(), tandem_info["block_size"].get<int32_t>());
+  const tandem::BlockHasher hasher = hasherOf(tandem_info);
   std::set<std::string> expected;
   for (uint32_t seed = 90; seed < 96; ++seed) {
     const std::vector<int> prompt = randomPrompt(40 + seed % 5 * 13, seed);
@@ -1534,24 +1544,7 @@ TEST(RouterHashing, TheRouterComputesTheAgentsBlockHashesWithAndWithoutCacheSalt
     const std::vector<tandem::TokenId> ids(prompt.begin(), prompt.end());
     for (const auto& hash : hasher.hashFullBlocks(ids, salt)) expected.insert(hash.toHex());
   }
-  std::set<std::string> announced;
-  std::string pending;
-  auto client = agent.client();
-  client->Get("/v1/kv_events?since=0", [&](const char* data, size_t size) {
-    pending.append(data, size);
-    size_t end;
-    while ((end = pending.find("\n\n")) != std::string::npos) {
-      const std::string event = pending.substr(0, end);
-      pending.erase(0, end + 2);
-      if (!event.starts_with("data: ")) continue;
-      json parsed = json::parse(event.substr(6));
-      if (parsed["type"] == "BlockStored" || parsed["type"] == "Snapshot") {
-        for (const auto& hash : parsed["block_hashes"]) announced.insert(hash.get<std::string>());
-      }
-    }
-    return announced.size() < expected.size();  // stop reading once all came
-  });
-  EXPECT_EQ(announced, expected);
+  EXPECT_EQ(announcedHashes(agent, expected.size()), expected);
 }
 
 }  // namespace
