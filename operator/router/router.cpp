@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <thread>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -244,8 +246,10 @@ class Router::Impl {
     http_->route("POST", "/v1/chat/completions",
                  [this](HttpExchange& exchange) { return complete(exchange, true); });
     // An agent's own answer, as a client of the agents would get it
-    // (docs/router.md): the router adds nothing to these.
-    http_->route("GET", "/v1/models", [this](HttpExchange& exchange) { return forward(exchange); });
+    // (docs/router.md); /v1/models also lists the LoRA adapters other
+    // agents serve.
+    http_->route("GET", "/v1/models",
+                 [this](HttpExchange& exchange) { return forward(exchange, true); });
     for (const char* path : {"/tokenize", "/detokenize"}) {
       http_->route("POST", path, [this](HttpExchange& exchange) { return forward(exchange); });
     }
@@ -262,7 +266,40 @@ class Router::Impl {
   // agent, decode agents first, and answers with that agent's status and
   // body; an agent that cannot be reached or answers 5xx is skipped. A
   // client leaving ends the call.
-  awaitable<void> forward(HttpExchange& exchange) {
+  // An agent's /v1/models answer with the LoRA adapters other agents serve
+  // appended (id, parent, tandem.model_identity), so a client of the router
+  // sees every model it accepts; an answer it cannot read goes as it is.
+  std::string withEveryAdapter(std::string answer) {
+    nlohmann::json models = parseJsonOrDiscarded(answer);
+    if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
+        models["data"].empty() || !models["data"][0].is_object()) {
+      return answer;
+    }
+    nlohmann::json& data = models["data"];
+    const std::string base = data[0].value("id", std::string());
+    std::set<std::string> listed;
+    for (const nlohmann::json& entry : data) {
+      if (entry.is_object()) listed.insert(entry.value("id", std::string()));
+    }
+    std::vector<std::string> missing;
+    for (const std::string& name : agents_.adapterNames()) {
+      if (listed.count(name) == 0) missing.push_back(name);
+    }
+    if (missing.empty()) return answer;  // the agent's bytes, as they came
+    for (const std::string& name : missing) {
+      const auto identity = agents_.adapterIdentity(name);
+      nlohmann::json entry = nlohmann::json::object();
+      entry["id"] = name;
+      entry["object"] = "model";
+      entry["owned_by"] = "tandem";
+      entry["parent"] = base;
+      entry["tandem"]["model_identity"] = identity.value_or(std::string());
+      data.push_back(std::move(entry));
+    }
+    return models.dump();
+  }
+
+  awaitable<void> forward(HttpExchange& exchange, bool list_every_adapter = false) {
     const HttpRequest& request = exchange.request();
     const std::string target =
         request.query.empty() ? request.path : request.path + "?" + request.query;
@@ -289,6 +326,9 @@ class Router::Impl {
                              config_.upstream_timeout_s, &exchange, OnClientLeaving::kCut);
       if (exchange.clientGone()) co_return;
       if (result.status != 0 && result.status < 500) {
+        if (list_every_adapter && result.status == 200) {
+          result.body = withEveryAdapter(std::move(result.body));
+        }
         co_await exchange.respond(server::httpJsonResponse(result.status, std::move(result.body)));
         co_return;
       }

@@ -1464,6 +1464,17 @@ TEST_F(RouterTest, AnAdaptersRequestsGoOnlyToTheAgentsServingIt) {
   json unknown = probe;
   unknown["model"] = "chat";
   EXPECT_EQ(post(unknown).status, 404);
+  // The router's /v1/models lists the adapter though decode-0 answers it.
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json listed = json::parse(models->body);
+  ASSERT_EQ(listed["data"].size(), 2u) << models->body;
+  EXPECT_EQ(listed["data"][1]["id"], "sql");
+  EXPECT_EQ(listed["data"][1]["parent"], "tiny");
+  EXPECT_EQ(
+      listed["data"][1]["tandem"]["model_identity"],
+      json::parse(
+          decode_[1]->client()->Get("/v1/models")->body)["data"][1]["tandem"]["model_identity"]);
   // /tokenize naming the adapter is forwarded to an agent serving it.
   auto tokenized = client_->Post(
       "/tokenize", json{{"model", "sql"}, {"prompt", "Hello world"}}.dump(), "application/json");
