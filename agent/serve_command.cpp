@@ -137,16 +137,11 @@ int runServe(CLI::App& command, ServeOptions& o) {
   const std::string served_model_name = o.served_model_name.empty()
                                             ? std::filesystem::path(o.model).filename().string()
                                             : o.served_model_name;
-  for (size_t i = 0; i < config.lora_modules.size(); ++i) {
-    const std::string& name = config.lora_modules[i].name;
-    if (name == served_model_name) {
-      throw Error("--lora-modules names " + name +
+  // (A name given twice the engine refuses before loading anything.)
+  for (const engine::LoraModuleSpec& spec : config.lora_modules) {
+    if (spec.name == served_model_name) {
+      throw Error("--lora-modules names " + spec.name +
                   ", the served model's own name: give the adapter another");
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (config.lora_modules[j].name == name) {
-        throw Error("--lora-modules names " + name + " twice");
-      }
     }
   }
   config.block_size = o.block_size;

@@ -203,6 +203,19 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
       now_(config.clock ? config.clock : [] { return Clock::now(); }),
       events_(config.kv_event_capacity) {
   const StepProfile* simulated = simulatedProfile();
+  // Adapters the engine cannot serve are refused before anything loads.
+  for (size_t i = 0; i < config_.lora_modules.size(); ++i) {
+    const LoraModuleSpec& spec = config_.lora_modules[i];
+    if (simulated) {
+      throw Error("LoRA adapter " + spec.name +
+                  ": a simulated agent computes no forward pass to adapt (docs/lora.md)");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (config_.lora_modules[j].name == spec.name) {
+        throw Error("--lora-modules names " + spec.name + " twice");
+      }
+    }
+  }
   if (simulated) {
     // Host memory whatever --device says: no kernel runs.
     backend_ = std::make_unique<SimulatedBackend>(simulated->name);
@@ -311,13 +324,6 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     runner_->setRecordDecode(!config_.enforce_eager);
   }
   for (const LoraModuleSpec& spec : config_.lora_modules) {
-    if (simulated) {
-      throw Error("LoRA adapter " + spec.name +
-                  ": a simulated agent computes no forward pass to adapt (docs/lora.md)");
-    }
-    if (adapterIndex(spec.name) >= 0) {
-      throw Error("--lora-modules names " + spec.name + " twice");
-    }
     auto adapter = LoraAdapter::load(spec.name, spec.path, model_->config());
     const int32_t index = runner_->addAdapter(*adapter);
     TANDEM_CHECK(index == std::ssize(adapters_), "adapter indices out of step");
@@ -489,10 +495,8 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     Status transfer = connector_->scheduler().validate(request.kv_transfer_params);
     if (!transfer.isOk()) return transfer;
   }
-  const int32_t adapter = request.adapter.empty() ? -1 : adapterIndex(request.adapter);
-  if (!request.adapter.empty() && adapter < 0) {
-    return notFound("this agent serves no LoRA adapter named " + request.adapter);
-  }
+  const StatusOr<int32_t> adapter = adapterFor(request.adapter);
+  if (!adapter.isOk()) return adapter.status();
   std::lock_guard<std::mutex> lock(mutex_);
   if (draining_) return unavailable("the agent is draining: it takes no new requests");
   if (stopping_) return unavailable("the engine is shutting down");
@@ -509,9 +513,9 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   live->timings.arrival = request.arrival;
   Pending pending;
   pending.sequence = std::make_unique<Sequence>(std::move(request));
-  if (adapter >= 0) {
-    pending.sequence->adapter = adapter;
-    pending.sequence->adapter_identity = adapter_infos_[adapter].identity;
+  if (*adapter >= 0) {
+    pending.sequence->adapter = *adapter;
+    pending.sequence->adapter_identity = adapter_infos_[*adapter].identity;
   }
   pending.live = std::move(live);
   inbox_.push_back(std::move(pending));
@@ -565,6 +569,13 @@ int32_t Engine::adapterIndex(std::string_view name) const {
   return -1;
 }
 
+StatusOr<int32_t> Engine::adapterFor(const std::string& name) const {
+  if (name.empty()) return -1;
+  const int32_t index = adapterIndex(name);
+  if (index < 0) return notFound("this agent serves no LoRA adapter named " + name);
+  return index;
+}
+
 StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::string cache_salt,
                                             const std::string& adapter) {
   if (!connector_ || !connector_->config().produces()) {
@@ -572,10 +583,8 @@ StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::st
         "this agent lends no KV blocks: it needs a KV connector with kv_role kv_producer or "
         "kv_both");
   }
-  const int32_t adapter_index = adapter.empty() ? -1 : adapterIndex(adapter);
-  if (!adapter.empty() && adapter_index < 0) {
-    return notFound("this agent serves no LoRA adapter named " + adapter);
-  }
+  const StatusOr<int32_t> adapter_index = adapterFor(adapter);
+  if (!adapter_index.isOk()) return adapter_index.status();
   std::future<StatusOr<nlohmann::json>> held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -584,7 +593,7 @@ StatusOr<nlohmann::json> Engine::holdPrefix(std::vector<TokenId> tokens, std::st
     HoldRequest request;
     request.tokens = std::move(tokens);
     request.cache_salt = std::move(cache_salt);
-    if (adapter_index >= 0) request.model_identity = adapter_infos_[adapter_index].identity;
+    if (*adapter_index >= 0) request.model_identity = adapter_infos_[*adapter_index].identity;
     hold_requests_.push_back(std::move(request));
     held = hold_requests_.back().promise.get_future();
     wake_.notify_one();

@@ -298,6 +298,9 @@ class Engine {
   const std::vector<AdapterInfo>& adapters() const { return adapter_infos_; }
   // The index of the adapter served as `name`; -1 when there is none.
   int32_t adapterIndex(std::string_view name) const;
+  // A request's adapter (Request::adapter) as its index: -1 for none (""),
+  // NotFound naming it when this engine does not serve it.
+  StatusOr<int32_t> adapterFor(const std::string& name) const;
   // Token ids that end generation unless ignore_eos.
   const std::vector<TokenId>& eosTokenIds() const { return eos_token_ids_; }
   // The model directory's generation_config.json (empty without one).

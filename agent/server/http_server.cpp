@@ -456,8 +456,10 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   http_ = std::make_unique<HttpService>(config_.http, config_.io_threads, config_.worker_threads);
   http_->requireApiKey(config_.api_key, config_.api_key_exempt);
   limits_.served_model_name = config_.served_model_name;
-  for (const auto& adapter : engine_.adapters()) limits_.lora_adapters.push_back(adapter.name);
-  metrics_.setLoraAdapters(limits_.lora_adapters);
+  std::vector<std::string> adapters;
+  for (const auto& adapter : engine_.adapters()) adapters.push_back(adapter.name);
+  metrics_.setLoraAdapters(adapters);
+  if (!adapters.empty()) limits_.lora_adapters = [adapters] { return adapters; };
   limits_.max_model_len = engine_.maxModelLen();
   limits_.vocab_size = engine_.model().config().vocab_size;
   limits_.chat_template = config_.chat_template;

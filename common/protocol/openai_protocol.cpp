@@ -220,7 +220,7 @@ std::optional<ApiError> checkModel(const RequestJson& root, const ServerLimits& 
   *model = it->get<std::string>();
   if (*model == limits.served_model_name) return std::nullopt;
   const std::vector<std::string> adapters =
-      limits.current_lora_adapters ? limits.current_lora_adapters() : limits.lora_adapters;
+      limits.lora_adapters ? limits.lora_adapters() : std::vector<std::string>();
   if (std::find(adapters.begin(), adapters.end(), *model) == adapters.end()) {
     std::string served = jsonQuoted(limits.served_model_name);
     for (size_t i = 0; i < adapters.size(); ++i) {

@@ -125,12 +125,11 @@ inline constexpr size_t kMaxRequestJsonValues = size_t{1} << 20;
 
 struct ServerLimits {
   std::string served_model_name;
-  // LoRA adapters served beside the model (docs/lora.md): a request whose
-  // `model` names one runs with it (Request::adapter).
-  std::vector<std::string> lora_adapters;
-  // Where the adapters change while serving (a router's: its agents'), the
-  // ones served now, asked for each request; set, it replaces lora_adapters.
-  std::function<std::vector<std::string>()> current_lora_adapters;
+  // The LoRA adapters served now (docs/lora.md), asked for each request
+  // naming another model than served_model_name: a request whose `model`
+  // names one runs with it (Request::adapter). An agent's are fixed at
+  // start, a router's its agents'. Unset: none.
+  std::function<std::vector<std::string>()> lora_adapters;
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // the model's; token ids must be below it
   int32_t max_logprobs = 20;

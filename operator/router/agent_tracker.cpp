@@ -230,9 +230,8 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
   }
   if (!model_.ready()) co_await model_.learnFrom(agent.endpoint);
   // Its adapters: when it turns healthy (a new agent, or one restarted,
-  // perhaps with others) and now and then.
-  // A read that fails is tried again at the next poll; what was known
-  // stays until one succeeds.
+  // perhaps with others) and now and then. A read that fails is tried
+  // again at the next poll; what was known stays until one succeeds.
   if (!agent.healthy || ++agent.polls_since_models >= kAdapterRefreshPolls) {
     UpstreamResult models = co_await callAgent(agent.endpoint, http::verb::get,
                                                std::string("/v1/models"), std::string(), 5.0);

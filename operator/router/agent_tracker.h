@@ -74,6 +74,14 @@ struct AgentState {
 // is seen within that.
 inline constexpr int64_t kAdapterRefreshPolls = 20;
 using AgentPtr = std::shared_ptr<AgentState>;
+// Leaves in `agents` those serving `adapter` with blocks hashed under
+// `identity` (AgentState::serves); an empty identity: none.
+inline void keepAgentsServing(std::vector<AgentPtr>& agents, const std::string& adapter,
+                              const std::string& identity) {
+  std::erase_if(agents, [&](const AgentPtr& agent) {
+    return identity.empty() || !agent->serves(adapter, identity);
+  });
+}
 
 class AgentTracker {
  public:

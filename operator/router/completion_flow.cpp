@@ -321,11 +321,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::vector<AgentPtr> prefill_agents = agents_.agentsOf(true);
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
   if (!request.adapter.empty()) {
-    auto lacks = [&](const AgentPtr& agent) {
-      return adapter_identity.empty() || !agent->serves(request.adapter, adapter_identity);
-    };
-    std::erase_if(prefill_agents, lacks);
-    std::erase_if(decode_agents, lacks);
+    keepAgentsServing(prefill_agents, request.adapter, adapter_identity);
+    keepAgentsServing(decode_agents, request.adapter, adapter_identity);
   }
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());

@@ -307,15 +307,14 @@ class Router::Impl {
     std::vector<AgentPtr> candidates = agents_.agentsOf(false);
     for (const AgentPtr& agent : agents_.agentsOf(true)) candidates.push_back(agent);
     // A body naming a LoRA adapter (/tokenize's model) goes to an agent
-    // serving it.
-    if (request.method == "POST") {
+    // serving it (read only where some agent serves one).
+    if (request.method == "POST" && !agents_.adapterNames().empty()) {
       const nlohmann::json body = parseJsonOrDiscarded(request.body);
       const auto model = body.is_object() ? body.find("model") : body.end();
       if (model != body.end() && model->is_string()) {
         const std::string name = model->get<std::string>();
         if (const auto identity = agents_.adapterIdentity(name)) {
-          std::erase_if(candidates,
-                        [&](const AgentPtr& agent) { return !agent->serves(name, *identity); });
+          keepAgentsServing(candidates, name, *identity);
         }
       }
     }

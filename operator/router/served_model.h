@@ -81,11 +81,11 @@ class ServedModel {
   const ModelInfo& info() const { return info_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const BlockHasher& hasher() const { return *hasher_; }
-  // The LoRA adapters requests may name now (ServerLimits::
-  // current_lora_adapters): the router's agents', learned per agent. Set
-  // before the model is learned.
+  // The LoRA adapters requests may name now (ServerLimits::lora_adapters):
+  // the router's agents', learned per agent. Set before the model is
+  // learned.
   void setAdapterSource(std::function<std::vector<std::string>()> source) {
-    limits_.current_lora_adapters = std::move(source);
+    limits_.lora_adapters = std::move(source);
   }
   const server::ServerLimits& limits() const { return limits_; }
 

@@ -839,7 +839,7 @@ TEST_F(ProtocolTest, AllowedTokenIdsBadWordsAndPromptTruncationAsVllmReadsThem) 
 // name is a 404 listing what is served.
 TEST_F(ProtocolTest, AModelNamingALoraAdapterRunsWithIt) {
   ServerLimits limits = testLimits();
-  limits.lora_adapters = {"sql", "chat-tuned"};
+  limits.lora_adapters = [] { return std::vector<std::string>{"sql", "chat-tuned"}; };
   auto adapted = parseCompletionRequest(R"({"model": "sql", "prompt": ["Hello", "world"]})", limits,
                                         tokenizer());
   ASSERT_TRUE(adapted.isOk()) << adapted.error().message;
