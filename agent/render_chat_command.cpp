@@ -7,6 +7,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "common/file_text.h"
 #include "common/json_parse.h"
 #include "common/protocol/chat_template.h"
 #include "common/status.h"
@@ -27,11 +28,9 @@ jinja::NaiveTime parseNow(const std::string& text) {
 }
 
 std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read the chat template file " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::optional<std::string> text = readFileText(path);
+  if (!text) throw Error("cannot read the chat template file " + path);
+  return std::move(*text);
 }
 
 // --template wins over the model's templates; --bos-token / --eos-token win

@@ -4,12 +4,11 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "agent/engine/safetensors.h"
 #include "common/dtype.h"
+#include "common/file_text.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 
@@ -57,14 +56,6 @@ bool parseTensorName(const std::string& name, int64_t& layer, int& module, bool&
   return false;
 }
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs::path& dir,
@@ -76,7 +67,9 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
                 kWeightsFile + ")");
   }
   const fs::path config_path = dir / kConfigFile;
-  const std::string config_text = readFile(config_path);
+  const std::optional<std::string> config_file = readFileText(config_path);
+  if (!config_file) throw Error(config_path.string() + ": cannot read");
+  const std::string& config_text = *config_file;
   JsonParseError parse_error;
   const auto parsed = parseJson(config_text, parse_error);
   if (!parsed || !parsed->is_object()) {

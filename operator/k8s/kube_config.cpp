@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/file_text.h"
 #include "common/status.h"
 
 namespace tandem::k8s {
@@ -16,12 +17,9 @@ namespace fs = std::filesystem;
 
 // Reads a whole file, or throws naming what it was for.
 std::string readFile(const fs::path& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(what + ": cannot read " + path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(what + ": cannot read " + path.string());
-  return text.str();
+  std::optional<std::string> text = readFileText(path);
+  if (!text) throw Error(what + ": cannot read " + path.string());
+  return std::move(*text);
 }
 
 int base64Value(char c) {

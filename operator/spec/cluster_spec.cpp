@@ -5,12 +5,12 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "common/file_text.h"
 #include "common/status.h"
 #include "operator/spec/router_spec.h"
 #include "operator/spec/spec_reader.h"
@@ -528,11 +528,9 @@ Document parseDocument(const YAML::Node& node, DocumentContext document_context)
 }
 
 std::string readWholeFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::optional<std::string> text = readFileText(path);
+  if (!text) throw Error(path.string() + ": cannot be read");
+  return std::move(*text);
 }
 
 // The pools must agree on what makes KV blocks interchangeable.

@@ -1,0 +1,17 @@
+#include "common/file_text.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace tandem {
+
+std::optional<std::string> readFileText(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return std::nullopt;
+  return text.str();
+}
+
+}  // namespace tandem
