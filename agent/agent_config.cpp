@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "agent/engine/speculative.h"
 #include "agent/kv/connector.h"
 #include "common/http/http_limits.h"
 #include "common/protocol/reasoning_parser.h"
@@ -158,6 +159,15 @@ const std::vector<Row>& rows() {
         "KV connector, e.g. {\"kv_connector\":\"storage\",\"kv_role\":\"kv_both\","
         "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}"},
        [](ServeOptions& o, const Value& v) { o.kv_transfer_config = v.text; }},
+      {{"speculative_config",
+        OptionKind::kJson,
+        0,
+        0,
+        {},
+        "speculative decoding by prompt lookup (docs/speculative-decoding.md), e.g. "
+        "{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_max\":4,"
+        "\"prompt_lookup_min\":2}"},
+       [](ServeOptions& o, const Value& v) { o.speculative_config = v.text; }},
       flag("insecure_kv",
            "let a ucx KV producer or consumer listen on a non-loopback address without a shared "
            "secret",
@@ -236,12 +246,17 @@ bool isInteger(const std::string& text) {
 }
 
 // The KV connector's own checks, named as the user wrote the option.
-void checkKvTransferConfig(const std::string& name, const std::string& json_text) {
-  auto parsed = kv::KvTransferConfig::parse(json_text);
-  if (parsed.isOk()) return;
-  constexpr std::string_view kPrefix = "kv-transfer-config";
-  std::string message = parsed.status().message();
-  if (message.starts_with(kPrefix)) message = message.substr(kPrefix.size());
+// A JSON option's value, checked by its own parser, whose messages start
+// with the flag's name; the error names the flag or the file and key.
+void checkJsonOption(const OptionSpec& spec, const std::string& name,
+                     const std::string& json_text) {
+  const Status status = spec.key == "speculative_config"
+                            ? engine::SpeculativeConfig::parse(json_text).status()
+                            : kv::KvTransferConfig::parse(json_text).status();
+  if (status.isOk()) return;
+  const std::string prefix = spec.flag().substr(2);
+  std::string message = status.message();
+  if (message.starts_with(prefix)) message = message.substr(prefix.size());
   throw Error(name + message);
 }
 
@@ -296,7 +311,7 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
     case OptionKind::kJson: {
       const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
       // The connector's parser reports where the JSON breaks.
-      if (json.is_discarded()) checkKvTransferConfig(name, text);
+      if (json.is_discarded()) checkJsonOption(spec, name, text);
       value.text = json.dump();
       return value;
     }
@@ -574,7 +589,7 @@ void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::s
     } else {
       continue;
     }
-    if (spec.kind == OptionKind::kJson) checkKvTransferConfig(name, value.text);
+    if (spec.kind == OptionKind::kJson) checkJsonOption(spec, name, value.text);
     row.set(options, value);
   }
 

@@ -156,6 +156,11 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   config.scheduler.max_num_seqs = o.max_num_seqs;
   config.max_model_len = o.max_model_len;
+  if (!o.speculative_config.empty()) {
+    auto speculative = engine::SpeculativeConfig::parse(o.speculative_config);
+    if (!speculative.isOk()) throw Error("--" + speculative.status().message());
+    config.speculative = *speculative;
+  }
   config.max_waiting_requests = o.max_waiting_requests;
   config.max_hold_blocks = o.kv_hold_max_blocks;
   config.max_total_hold_blocks = o.kv_hold_max_total_blocks;

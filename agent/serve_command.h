@@ -55,6 +55,8 @@ struct ServeOptions {
   std::string prefix_caching_hash = "xxhash";
   double shutdown_timeout_s = 30.0;
   std::string kv_transfer_config;  // JSON, vLLM's shape; empty: no connector
+  // JSON, vLLM's --speculative-config (its ngram method); empty: none.
+  std::string speculative_config;
   // A ucx KV producer or consumer on a non-loopback address needs a shared
   // secret unless this is set.
   bool insecure_kv = false;

@@ -216,6 +216,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
       }
     }
   }
+  if (simulated && config_.speculative.enabled()) {
+    throw Error(
+        "--speculative-config: a simulated agent computes no forward pass to verify drafts "
+        "(docs/speculative-decoding.md)");
+  }
   if (simulated) {
     // Host memory whatever --device says: no kernel runs.
     backend_ = std::make_unique<SimulatedBackend>(simulated->name);
@@ -317,6 +322,13 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_config.model_identity = model_identity_;
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
+  if (config_.speculative.enabled()) {
+    scheduler_->setDrafter([this](Sequence& sequence, int64_t max_drafts) {
+      return proposeDrafts(sequence, max_drafts);
+    });
+    spec_accepted_per_position_.assign(
+        static_cast<size_t>(config_.speculative.num_speculative_tokens), 0);
+  }
   if (!simulated) {
     ModelRunnerOptions runner_options;
     runner_options.fuse_projections = config_.fuse_projections;
@@ -859,6 +871,10 @@ void Engine::publishStats() {
   stats.num_handed_over = num_handed_over_;
   stats.num_handed_over_blocks = num_handed_over_blocks_;
   stats.num_holds_yielded = num_holds_yielded_;
+  stats.spec_decode_num_drafts = spec_num_drafts_;
+  stats.spec_decode_num_draft_tokens = spec_num_draft_tokens_;
+  stats.spec_decode_num_accepted_tokens = spec_num_accepted_;
+  stats.spec_decode_accepted_per_position = spec_accepted_per_position_;
   std::lock_guard<std::mutex> lock(mutex_);
   stats.draining = draining_;
   stats_ = stats;
@@ -1026,19 +1042,33 @@ void Engine::step() {
     simulateStep(output, Clock::now());
     return;
   }
+  const int64_t vocab = model_->config().vocab_size;
   std::vector<SequenceInput> inputs;
   inputs.reserve(output.chunks.size());
   bool wants_row_logits = false;
-  for (const ScheduledChunk& chunk : output.chunks) {
+  verify_tokens_.resize(output.chunks.size());
+  draft_logits_.resize(output.chunks.size());
+  for (size_t i = 0; i < output.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = output.chunks[i];
     SequenceInput input;
-    input.tokens =
-        std::span<const TokenId>(chunk.sequence->tokens)
-            .subspan(static_cast<size_t>(chunk.start), static_cast<size_t>(chunk.num_tokens));
+    input.tokens = std::span<const TokenId>(chunk.sequence->tokens)
+                       .subspan(static_cast<size_t>(chunk.start),
+                                static_cast<size_t>(chunk.num_tokens - chunk.num_draft_tokens));
     input.start_position = chunk.start;
     input.block_table = chunk.sequence->blocks.blocks;
     input.adapter = chunk.sequence->adapter;
-    // Prompt logprobs: position p's logits give prompt token p + 1's.
-    if (chunk.sequence->needsPromptLogits()) {
+    if (chunk.num_draft_tokens > 0) {
+      // The last token, then its drafts; each draft row's logits are
+      // sampled from if the row before it gave the draft.
+      std::vector<TokenId>& verify = verify_tokens_[i];
+      verify.assign(input.tokens.begin(), input.tokens.end());
+      verify.insert(verify.end(), chunk.sequence->draft.begin(), chunk.sequence->draft.end());
+      input.tokens = verify;
+      input.num_row_logits = chunk.num_draft_tokens;
+      draft_logits_[i].resize(static_cast<size_t>(chunk.num_draft_tokens * vocab));
+      wants_row_logits = true;
+    } else if (chunk.sequence->needsPromptLogits()) {
+      // Prompt logprobs: position p's logits give prompt token p + 1's.
       input.num_row_logits = std::max<int64_t>(
           0, std::min(chunk.start + chunk.num_tokens, chunk.sequence->num_prompt_tokens - 1) -
                  chunk.start);
@@ -1060,8 +1090,13 @@ void Engine::step() {
   }
   auto rowLogits = [&](size_t i, int64_t first, int64_t count, std::span<const float> logits) {
     const ScheduledChunk& chunk = output.chunks[i];
+    const auto vocab_size = static_cast<size_t>(vocab);
+    if (chunk.num_draft_tokens > 0) {
+      std::copy_n(logits.begin(), static_cast<size_t>(count) * vocab_size,
+                  draft_logits_[i].begin() + static_cast<std::ptrdiff_t>(first * vocab));
+      return;
+    }
     Sequence& sequence = *chunk.sequence;
-    const auto vocab_size = static_cast<size_t>(model_->config().vocab_size);
     // Row r predicts token chunk.start + first + r + 1; rows of positions
     // already known (recomputed after a preemption) are skipped.
     const int64_t known = static_cast<int64_t>(sequence.prompt_logprobs.size());
@@ -1085,8 +1120,7 @@ void Engine::step() {
     runner_->forward(inputs, logits_, wants_row_logits ? RowLogitsSink(rowLogits) : nullptr);
   }
 
-  const int64_t vocab = model_->config().vocab_size;
-  finishStep(output, [&](size_t i, Sequence& sequence, Live& live) {
+  finishStep(output, [&](size_t i, int64_t row, Sequence& sequence, Live& live) {
     if (device_argmax) {
       GeneratedToken token;
       token.token = argmax_ids_[i];
@@ -1094,8 +1128,11 @@ void Engine::step() {
     }
     const std::vector<TokenId> mask = minTokensMask(sequence);
     SamplerInput input;
-    input.logits = std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
-                                                           static_cast<size_t>(vocab));
+    input.logits = row < output.chunks[i].num_draft_tokens
+                       ? std::span<const float>(draft_logits_[i])
+                             .subspan(static_cast<size_t>(row * vocab), static_cast<size_t>(vocab))
+                       : std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
+                                                                 static_cast<size_t>(vocab));
     input.params = &sequence.request.sampling;
     input.prompt = std::span<const TokenId>(sequence.tokens)
                        .first(static_cast<size_t>(sequence.num_prompt_tokens));
@@ -1108,8 +1145,9 @@ void Engine::step() {
   });
 }
 
-void Engine::finishStep(const SchedulerOutput& output,
-                        const std::function<GeneratedToken(size_t, Sequence&, Live&)>& pick) {
+void Engine::finishStep(
+    const SchedulerOutput& output,
+    const std::function<GeneratedToken(size_t, int64_t, Sequence&, Live&)>& pick) {
   num_computed_tokens_ += output.num_tokens;
   ++num_steps_;
   scheduler_->onStepComputed(output);
@@ -1122,8 +1160,45 @@ void Engine::finishStep(const SchedulerOutput& output,
     if (live.timings.first_scheduled == Clock::time_point{}) {
       live.timings.first_scheduled = sequence->first_scheduled;
     }
-    emitToken(sequence, live, pick(i, *sequence, live));
+    const int64_t drafts = chunk.num_draft_tokens;
+    if (drafts > 0) {
+      ++spec_num_drafts_;
+      spec_num_draft_tokens_ += drafts;
+    }
+    // Row r samples the token after the last one and r drafts: what a plain
+    // decode step would sample there once those drafts are the tokens.
+    for (int64_t row = 0;; ++row) {
+      const GeneratedToken token = pick(i, row, *sequence, live);
+      const bool accepted =
+          row < drafts && token.token == sequence->draft[static_cast<size_t>(row)];
+      if (accepted) {
+        ++spec_num_accepted_;
+        ++spec_accepted_per_position_[static_cast<size_t>(row)];
+      }
+      if (emitToken(sequence, live, token) || !accepted) break;
+      // The draft is the token at its position: its KV, computed with it,
+      // is that token's.
+      scheduler_->acceptDraft(*sequence);
+      if (connector_source_) connector_source_->save(*sequence);
+    }
   }
+}
+
+int64_t Engine::proposeDrafts(Sequence& sequence, int64_t max_drafts) {
+  const SpeculativeConfig& speculative = config_.speculative;
+  if (speculative.disable_by_batch_size > 0 &&
+      scheduler_->numRunning() > speculative.disable_by_batch_size) {
+    return 0;
+  }
+  // Every draft accepted emits one token more than the drafts.
+  const int64_t room = std::min(sequence.request.sampling.max_tokens - sequence.numGenerated(),
+                                max_model_len_ - static_cast<int64_t>(sequence.tokens.size())) -
+                       1;
+  const int64_t most =
+      std::min({max_drafts, room, static_cast<int64_t>(speculative.num_speculative_tokens)});
+  if (most <= 0) return 0;
+  proposeNgramDraft(sequence.tokens, speculative, most, sequence.draft);
+  return static_cast<int64_t>(sequence.draft.size());
 }
 
 std::span<const uint64_t> Engine::allowedTokens(const SamplingParams& params,
@@ -1174,7 +1249,7 @@ void Engine::simulateStep(const SchedulerOutput& output, Clock::time_point step_
   // Clock is steady; a step whose bookkeeping already took longer does not wait.
   std::this_thread::sleep_until(step_start + std::chrono::duration_cast<Clock::duration>(
                                                  std::chrono::duration<double>(predicted)));
-  finishStep(output, [&](size_t, Sequence& sequence, Live& live) {
+  finishStep(output, [&](size_t, int64_t, Sequence& sequence, Live& live) {
     const SamplingParams& params = sequence.request.sampling;
     GeneratedToken token;
     token.token = simulated_tokens_->next(live.simulated, sequence.tokens, params.seed,
@@ -1306,7 +1381,7 @@ void Engine::saveComputedBlocks(const SchedulerOutput& output) {
   for (const ScheduledChunk& chunk : output.chunks) connector_source_->save(*chunk.sequence);
 }
 
-void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& token) {
+bool Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& token) {
   const SamplingParams& params = sequence->request.sampling;
   sequence->tokens.push_back(token.token);
   const int64_t generated = sequence->numGenerated();
@@ -1387,10 +1462,11 @@ void Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
   }
   if (reason == FinishReason::kNone) {
     live.callback(out);
-    return;
+    return false;
   }
   out.finish_reason = reason;
   deliverFinal(sequence, std::move(out));
+  return true;
 }
 
 RequestOutput Engine::finalOutput(const Sequence& sequence, FinishReason reason) {

@@ -43,6 +43,7 @@
 #include "agent/engine/scheduler.h"
 #include "agent/engine/simulation/simulated_tokens.h"
 #include "agent/engine/simulation/step_profile.h"
+#include "agent/engine/speculative.h"
 #include "agent/kv/connector.h"
 #include "common/block_hash.h"
 #include "common/kv_auth.h"
@@ -81,6 +82,9 @@ struct EngineConfig {
   // LoRA adapters served beside the model (--lora-modules, docs/lora.md):
   // loaded at start, in this order; CPU engines only.
   std::vector<LoraModuleSpec> lora_modules;
+  // Speculative decoding by prompt lookup (--speculative-config,
+  // docs/speculative-decoding.md); off unless num_speculative_tokens > 0.
+  SpeculativeConfig speculative;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   // Requests queued beyond this are refused (ResourceExhausted).
   int64_t max_waiting_requests = 1024;
@@ -165,7 +169,15 @@ struct EngineStats {
   int64_t num_handed_over = 0;         // requests handed over on drain
   int64_t num_handed_over_blocks = 0;  // blocks held for their readers
   int64_t num_holds_yielded = 0;       // finished requests' holds ended for admission
-  std::string kv_connector;            // its name, empty without one
+  // Speculative decoding: sequence steps that computed drafts, the drafts
+  // computed, and those accepted (the token sampled at their position was
+  // the draft), in total and by position in their step's drafts (0: the
+  // first; sized num_speculative_tokens, empty without speculation).
+  int64_t spec_decode_num_drafts = 0;
+  int64_t spec_decode_num_draft_tokens = 0;
+  int64_t spec_decode_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_decode_accepted_per_position;
+  std::string kv_connector;  // its name, empty without one
   // Loads by source (the connector's name, or a multi connector's member).
   std::map<std::string, KvSourceTotals> kv_sources;
   // Failed loads and refused transfers by reason (cumulative).
@@ -351,10 +363,19 @@ class Engine {
   std::vector<TokenId> minTokensMask(const Sequence& sequence) const;
   // What every computed step (real or simulated) does after its forward
   // pass: counters, the scheduler's and prefix cache's bookkeeping, then one
-  // token per sampling chunk, picked by `pick(chunk index, sequence, live)`.
+  // token per sampling chunk, picked by `pick(chunk index, row, sequence,
+  // live)` from the chunk's last row (row == its num_draft_tokens); in a
+  // chunk with drafts, first from draft rows 0, 1, ... while each token
+  // picked equals the draft at its row (docs/speculative-decoding.md).
   void finishStep(const SchedulerOutput& output,
-                  const std::function<GeneratedToken(size_t, Sequence&, Live&)>& pick);
-  void emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
+                  const std::function<GeneratedToken(size_t, int64_t, Sequence&, Live&)>& pick);
+  // Returns true when the token ended the request: its sequence and output
+  // state are gone.
+  bool emitToken(Sequence* sequence, Live& live, const GeneratedToken& token);
+  // The scheduler's drafter (speculative decoding): proposes at most
+  // `max_drafts` drafts for `sequence`, fewer where accepting them all
+  // would pass its max_tokens or max_model_len.
+  int64_t proposeDrafts(Sequence& sequence, int64_t max_drafts);
   // A request's final output with its counts (no tokens, no text).
   static RequestOutput finalOutput(const Sequence& sequence, FinishReason reason);
   void finishRequest(Sequence* sequence, FinishReason reason, const std::string& error = {});
@@ -491,6 +512,15 @@ class Engine {
   std::vector<TokenId> argmax_ids_;  // per sequence, when the argmax ran on the device
   int64_t num_computed_tokens_ = 0;
   int64_t num_steps_ = 0;
+  // Speculative decoding (engine thread): EngineStats' spec_decode figures,
+  // and per chunk of the step, its model input (the last token, then the
+  // drafts) and its draft rows' logits.
+  int64_t spec_num_drafts_ = 0;
+  int64_t spec_num_draft_tokens_ = 0;
+  int64_t spec_num_accepted_ = 0;
+  std::vector<int64_t> spec_accepted_per_position_;
+  std::vector<std::vector<TokenId>> verify_tokens_;
+  std::vector<std::vector<float>> draft_logits_;
   // The sequences of the step under way, once scheduled (step_batch_known_).
   std::vector<Sequence*> step_batch_;
   bool step_batch_known_ = false;

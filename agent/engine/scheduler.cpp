@@ -75,6 +75,7 @@ void Scheduler::dropBlocks(Sequence& sequence) {
   blocks_.free(sequence.blocks);
   sequence.num_computed_tokens = 0;
   sequence.present_ranges.clear();
+  sequence.draft.clear();
   sequence.status = SequenceStatus::kWaiting;
   ++sequence.num_preemptions;
   ++num_preemptions_;
@@ -317,6 +318,7 @@ SchedulerOutput Scheduler::schedule() {
   admitting_ = nullptr;
   SchedulerOutput output;
   int64_t budget = config_.max_num_batched_tokens;
+  for (const auto& sequence : running_) sequence->draft.clear();
 
   // Running sequences first, oldest first; the newest are preempted when
   // blocks run out.
@@ -365,9 +367,22 @@ SchedulerOutput Scheduler::schedule() {
     chunk.start = sequence->num_computed_tokens;
     chunk.num_tokens = num_tokens;
     chunk.samples = chunk.start + num_tokens == static_cast<int64_t>(sequence->tokens.size());
+    if (drafter_ && chunk.samples && num_tokens == 1 && budget > 1) {
+      // Drafts go into free blocks or, short of them, as far as the blocks
+      // the sequence holds reach: never a preemption for them.
+      int64_t drafts = drafter_(*sequence, budget - 1);
+      if (drafts > 0 && !blocks_.allocate(sequence->blocks, nullptr, chunk.start + 1 + drafts)) {
+        drafts = std::min(
+            drafts, std::ssize(sequence->blocks.blocks) * blocks_.blockSize() - (chunk.start + 1));
+      }
+      sequence->draft.resize(static_cast<size_t>(std::max<int64_t>(drafts, 0)));
+      chunk.num_draft_tokens = std::ssize(sequence->draft);
+      chunk.num_tokens += chunk.num_draft_tokens;
+    }
+    const int64_t num_scheduled = chunk.num_tokens;
     output.chunks.push_back(chunk);
-    output.num_tokens += num_tokens;
-    budget -= num_tokens;
+    output.num_tokens += num_scheduled;
+    budget -= num_scheduled;
     ++i;
   }
 
@@ -426,12 +441,21 @@ Sequence* Scheduler::admitWaiting(int64_t& budget, SchedulerOutput& output) {
 void Scheduler::onStepComputed(const SchedulerOutput& output) {
   for (const ScheduledChunk& chunk : output.chunks) {
     Sequence* sequence = chunk.sequence;
-    sequence->num_computed_tokens = chunk.start + chunk.num_tokens;
+    sequence->num_computed_tokens = chunk.start + chunk.num_tokens - chunk.num_draft_tokens;
     // Reaching a present range: its KV is already there, skip over it.
     sequence->skipPresentRanges();
     blocks_.cacheFullBlocks(sequence->blocks, sequence->tokens, sequence->num_computed_tokens,
                             sequence->request.cache_salt, sequence->adapter_identity);
   }
+}
+
+void Scheduler::acceptDraft(Sequence& sequence) {
+  ++sequence.num_computed_tokens;
+  // The draft's position now holds the token sampled there (equal to it).
+  TANDEM_CHECK(sequence.num_computed_tokens <= static_cast<int64_t>(sequence.tokens.size()),
+               "a draft accepted before the token at its position was sampled");
+  blocks_.cacheFullBlocks(sequence.blocks, sequence.tokens, sequence.num_computed_tokens,
+                          sequence.request.cache_salt, sequence.adapter_identity);
 }
 
 std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence, bool free_blocks) {

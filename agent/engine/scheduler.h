@@ -101,6 +101,10 @@ struct Sequence {
   // the first output. Until it is complete the sequence takes no prefix-cache
   // hit and no external KV: the model computes every prompt position.
   std::vector<GeneratedToken> prompt_logprobs;
+  // Speculative decoding: the tokens proposed to follow the last one in
+  // this step's chunk (ScheduledChunk::num_draft_tokens of them); empty when
+  // the sequence is not scheduled with drafts.
+  std::vector<TokenId> draft;
   bool needsPromptLogits() const {
     return request.sampling.prompt_logprobs &&
            static_cast<int64_t>(prompt_logprobs.size()) < num_prompt_tokens;
@@ -119,6 +123,10 @@ struct ScheduledChunk {
   int64_t num_tokens = 0;  // tokens [start, start + num_tokens)
   // The chunk ends at the last known token: its logits give the next token.
   bool samples = false;
+  // Of num_tokens, the last ones are the sequence's drafts (Sequence::draft)
+  // after its last known token. Their KV is computed but counts as computed
+  // only as the engine accepts them, one by one (Scheduler::acceptDraft).
+  int64_t num_draft_tokens = 0;
 };
 
 struct SchedulerOutput {
@@ -167,10 +175,22 @@ class Scheduler {
   void setHeldBlocksReclaimer(std::function<bool(int64_t blocks_short)> reclaim) {
     reclaim_held_ = std::move(reclaim);
   }
+  // Optional (speculative decoding): called for each running sequence whose
+  // chunk this step is its one last token, with the most drafts the step's
+  // token budget leaves room for; fills Sequence::draft (at most that many)
+  // and returns how many. The drafts join the chunk when free blocks hold
+  // them without preempting anything; else the chunk goes without.
+  void setDrafter(std::function<int64_t(Sequence&, int64_t max_drafts)> drafter) {
+    drafter_ = std::move(drafter);
+  }
   SchedulerOutput schedule();
-  // Call after the model computed a step: advances computed counts and
-  // registers blocks that became full in the prefix cache.
+  // Call after the model computed a step: advances computed counts (up to
+  // each chunk's last known token) and registers blocks that became full in
+  // the prefix cache.
   void onStepComputed(const SchedulerOutput& output);
+  // The next of the sequence's drafts was accepted (the token sampled before
+  // it equals it): its KV, computed in the step, now counts as computed.
+  void acceptDraft(Sequence& sequence);
   // Frees the sequence's blocks and forgets it. Returns the sequence so the
   // caller can report on it. A sequence whose load is in flight is forgotten
   // by the queues at once but keeps its blocks until loadFinished().
@@ -252,6 +272,7 @@ class Scheduler {
   int64_t in_flight_prefix_waits_ = 0;
   ExternalKvSource* external_ = nullptr;
   std::function<bool(int64_t)> reclaim_held_;
+  std::function<int64_t(Sequence&, int64_t)> drafter_;
   // Blocks the last admission that found no room lacked (0: it lacked
   // token budget, not blocks).
   int64_t admission_blocks_short_ = 0;

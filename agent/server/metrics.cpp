@@ -202,6 +202,19 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                         .Name("tandem_lora_requests_total")
                         .Help("Requests that named a LoRA adapter as their model, by adapter.")
                         .Register(*registry_);
+  auto family = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(*registry_);
+  };
+  spec_drafts_ = family("tandem_spec_decode_num_drafts_total",
+                        "Speculative decoding: sequence steps that computed drafts.");
+  spec_draft_tokens_ =
+      family("tandem_spec_decode_num_draft_tokens_total", "Speculative decoding: drafts computed.");
+  spec_accepted_ = family("tandem_spec_decode_num_accepted_tokens_total",
+                          "Speculative decoding: drafts accepted (the token sampled at their "
+                          "position was the draft).");
+  spec_accepted_per_position_ =
+      family("tandem_spec_decode_num_accepted_tokens_per_pos_total",
+             "Speculative decoding: drafts accepted, by position in their step's drafts.");
   running_ = gauge("tandem_num_requests_running", "Requests being computed.");
   waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
   prefill_tokens_waiting_ =
@@ -331,6 +344,22 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
     for (const auto& [reason, count] : stats.kv_transfer_failures) {
       advance(&kv_transfer_failures_->Add({{"model", model_}, {"role", role_}, {"reason", reason}}),
               count, reported_.kv_transfer_failures[reason]);
+    }
+  }
+  if (!stats.spec_decode_accepted_per_position.empty()) {
+    const prometheus::Labels labels{{"model", model_}, {"role", role_}};
+    advance(&spec_drafts_->Add(labels), stats.spec_decode_num_drafts,
+            reported_.spec_decode_num_drafts);
+    advance(&spec_draft_tokens_->Add(labels), stats.spec_decode_num_draft_tokens,
+            reported_.spec_decode_num_draft_tokens);
+    advance(&spec_accepted_->Add(labels), stats.spec_decode_num_accepted_tokens,
+            reported_.spec_decode_num_accepted_tokens);
+    std::vector<int64_t>& reported = reported_.spec_decode_accepted_per_position;
+    reported.resize(stats.spec_decode_accepted_per_position.size());
+    for (size_t position = 0; position < reported.size(); ++position) {
+      advance(&spec_accepted_per_position_->Add(
+                  {{"model", model_}, {"role", role_}, {"position", std::to_string(position)}}),
+              stats.spec_decode_accepted_per_position[position], reported[position]);
     }
   }
   running_->Set(static_cast<double>(stats.num_running));

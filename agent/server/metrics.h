@@ -97,6 +97,11 @@ class AgentMetrics {
   prometheus::Counter* kv_blocks_recomputed_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* lora_requests_;
+  // Speculative decoding's (series only on an agent that speculates).
+  prometheus::Family<prometheus::Counter>* spec_drafts_;
+  prometheus::Family<prometheus::Counter>* spec_draft_tokens_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_position_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* prefill_tokens_waiting_;

@@ -1205,6 +1205,237 @@ TEST(EnginePromptLogprobs, OutOfRangeIsRefused) {
   EXPECT_EQ(refused.message(), "prompt_logprobs must be between 0 and 20, got 21");
 }
 
+// Speculative decoding (docs/speculative-decoding.md): drafts change how many
+// steps an answer takes, never the answer.
+
+// Runs every request at once on one engine until each has finished.
+std::vector<FullRun> runAllToEnd(Engine& engine, const std::vector<Request>& requests) {
+  std::vector<FullRun> runs(requests.size());
+  std::mutex mutex;
+  std::condition_variable done;
+  size_t finished = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Status added = engine.addRequest(requests[i], [&, i](const RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(mutex);
+      FullRun& run = runs[i];
+      run.tokens.insert(run.tokens.end(), out.tokens.begin(), out.tokens.end());
+      if (out.finished()) {
+        run.num_cached_tokens = out.num_cached_tokens;
+        run.reason = out.finish_reason;
+        ++finished;
+        done.notify_all();
+      }
+    });
+    EXPECT_TRUE(added.isOk()) << added.message();
+  }
+  std::unique_lock<std::mutex> lock(mutex);
+  EXPECT_TRUE(
+      done.wait_for(lock, std::chrono::seconds(120), [&] { return finished == requests.size(); }));
+  return runs;
+}
+
+void expectSameRuns(const std::vector<FullRun>& plain, const std::vector<FullRun>& speculated,
+                    const std::vector<Request>& requests) {
+  ASSERT_EQ(plain.size(), speculated.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    SCOPED_TRACE(requests[i].id);
+    EXPECT_EQ(plain[i].reason, speculated[i].reason);
+    ASSERT_EQ(plain[i].tokens.size(), speculated[i].tokens.size());
+    for (size_t t = 0; t < plain[i].tokens.size(); ++t) {
+      SCOPED_TRACE(t);
+      expectSameLogprobs(plain[i].tokens[t], speculated[i].tokens[t]);
+    }
+  }
+}
+
+EngineConfig speculatingConfig(int32_t num_speculative_tokens) {
+  EngineConfig config = engineConfig();
+  config.num_blocks = 128;
+  config.speculative.num_speculative_tokens = num_speculative_tokens;
+  config.speculative.prompt_lookup_min = 1;
+  config.speculative.prompt_lookup_max = 4;
+  return config;
+}
+
+std::vector<std::string> cachedBlocks(Engine& engine) {
+  std::vector<std::string> hashes;
+  for (const BlockHash& hash : engine.kvSnapshot().block_hashes) hashes.push_back(hash.toHex());
+  std::sort(hashes.begin(), hashes.end());
+  return hashes;
+}
+
+// A prompt that repeats itself, so that its own n-grams predict it.
+std::vector<TokenId> repeatingPrompt(uint32_t seed) {
+  const std::vector<TokenId> part = randomTokens(12, seed);
+  std::vector<TokenId> prompt;
+  for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), part.begin(), part.end());
+  return prompt;
+}
+
+// Every sampling feature that reads the output so far, batched together:
+// the tokens and their logprobs are the same bits with and without drafts;
+// drafts were proposed, some accepted and some not; every block came back
+// and the prefix cache holds the same blocks (the accepted drafts' KV is
+// cached as computed tokens' is); a follow-up request reusing each answer's
+// cached blocks continues it alike.
+TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
+  std::vector<Request> requests;
+  {
+    Request greedy = greedyRequest("greedy", repeatingPrompt(1), 40);
+    greedy.sampling.logprobs = 3;
+    requests.push_back(greedy);
+    Request sampled = greedyRequest("sampled", repeatingPrompt(2), 40);
+    sampled.sampling.temperature = 0.9f;
+    sampled.sampling.top_p = 0.95f;
+    sampled.sampling.top_k = 40;
+    sampled.sampling.seed = 11;
+    sampled.sampling.logprobs = 2;
+    requests.push_back(sampled);
+    Request hot = greedyRequest("hot", repeatingPrompt(3), 37);
+    hot.sampling.temperature = 2.0f;
+    hot.sampling.seed = 5;
+    requests.push_back(hot);
+    Request penalized = greedyRequest("penalties", repeatingPrompt(4), 33);
+    penalized.sampling.frequency_penalty = 0.4f;
+    penalized.sampling.presence_penalty = 0.2f;
+    penalized.sampling.repetition_penalty = 1.1f;
+    requests.push_back(penalized);
+    Request masked = greedyRequest("bias-min-stop", repeatingPrompt(5), 31);
+    masked.sampling.logit_bias = {{repeatingPrompt(5)[3], 4.0f}};
+    masked.sampling.min_tokens = 9;
+    masked.sampling.stop_token_ids = {repeatingPrompt(5)[7]};
+    masked.sampling.ignore_eos = false;
+    requests.push_back(masked);
+    Request banned = greedyRequest("bad-words", repeatingPrompt(6), 29);
+    banned.sampling.bad_words_ids = {{repeatingPrompt(6)[1], repeatingPrompt(6)[2]}};
+    requests.push_back(banned);
+    Request regex = greedyRequest("regex", randomTokens(20, 7), 48);
+    regex.structured_output =
+        structured::Constraint{structured::ConstraintKind::kRegex, "(ab|ba|b ){10,}c", {}};
+    regex.structured_output_field = "structured_outputs.regex";
+    requests.push_back(regex);
+  }
+  Engine plain(speculatingConfig(0));
+  Engine speculating(speculatingConfig(4));
+  const std::vector<FullRun> expected = runAllToEnd(plain, requests);
+  const std::vector<FullRun> runs = runAllToEnd(speculating, requests);
+  expectSameRuns(expected, runs, requests);
+
+  const EngineStats stats = speculating.stats();
+  EXPECT_GT(stats.spec_decode_num_drafts, 0);
+  EXPECT_GT(stats.spec_decode_num_accepted_tokens, 0);
+  EXPECT_LT(stats.spec_decode_num_accepted_tokens, stats.spec_decode_num_draft_tokens);
+  ASSERT_EQ(stats.spec_decode_accepted_per_position.size(), 4u);
+  EXPECT_EQ(std::accumulate(stats.spec_decode_accepted_per_position.begin(),
+                            stats.spec_decode_accepted_per_position.end(), int64_t{0}),
+            stats.spec_decode_num_accepted_tokens);
+  EXPECT_GE(stats.spec_decode_accepted_per_position[0], stats.spec_decode_accepted_per_position[3]);
+  // The rejected drafts were computed too.
+  EXPECT_EQ(stats.num_computed_tokens, plain.stats().num_computed_tokens +
+                                           stats.spec_decode_num_draft_tokens -
+                                           stats.spec_decode_num_accepted_tokens);
+  EXPECT_EQ(plain.stats().spec_decode_num_drafts, 0);
+  EXPECT_TRUE(plain.stats().spec_decode_accepted_per_position.empty());
+  EXPECT_EQ(stats.num_free_blocks, stats.num_blocks);
+  EXPECT_EQ(cachedBlocks(speculating), cachedBlocks(plain));
+
+  std::vector<Request> follow_ups;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request next = greedyRequest(requests[i].id + "-next", requests[i].prompt, 6);
+    for (const GeneratedToken& token : expected[i].tokens) next.prompt.push_back(token.token);
+    next.sampling.logprobs = 2;
+    follow_ups.push_back(next);
+  }
+  const std::vector<FullRun> expected_next = runAllToEnd(plain, follow_ups);
+  const std::vector<FullRun> next = runAllToEnd(speculating, follow_ups);
+  expectSameRuns(expected_next, next, follow_ups);
+  for (size_t i = 0; i < next.size(); ++i) {
+    // Every full block of the answer's computed tokens (all but its last).
+    EXPECT_EQ(next[i].num_cached_tokens, (std::ssize(follow_ups[i].prompt) - 1) / 16 * 16)
+        << follow_ups[i].id;
+    EXPECT_EQ(next[i].num_cached_tokens, expected_next[i].num_cached_tokens) << follow_ups[i].id;
+  }
+}
+
+// An answer that ends inside a step's drafts (a stop string, max_tokens,
+// the end of max_model_len) ends where it ends without them, with the same
+// text; a sequence preempted for blocks keeps its tokens.
+TEST(EngineSpeculative, AnswersEndAndArePreemptedAsWithoutDrafts) {
+  Engine plain(speculatingConfig(0));
+  Engine speculating(speculatingConfig(6));
+  const std::vector<TokenId> prompt = repeatingPrompt(8);
+  const FullRun whole = runToEnd(plain, greedyRequest("whole", prompt, 40));
+  ASSERT_EQ(whole.tokens.size(), 40u);
+  // Alone, the answer takes fewer steps with drafts.
+  const int64_t plain_steps = plain.stats().num_steps;
+  expectSameRuns({whole}, {runToEnd(speculating, greedyRequest("whole", prompt, 40))},
+                 {greedyRequest("whole", prompt, 40)});
+  EXPECT_LT(speculating.stats().num_steps, plain_steps);
+  EXPECT_GT(speculating.stats().spec_decode_num_accepted_tokens, 0);
+
+  std::vector<Request> requests;
+  for (int64_t max_tokens : {1, 2, 5, 13}) {
+    requests.push_back(greedyRequest("max-" + std::to_string(max_tokens), prompt, max_tokens));
+  }
+  Request stopped = greedyRequest("stop-string", prompt, 40);
+  {
+    // A stop string from the middle of the answer's text.
+    const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::fromDirectory(modelDir());
+    std::vector<TokenId> ids;
+    for (size_t t = 17; t < 20; ++t) ids.push_back(whole.tokens[t].token);
+    const std::string text = tokenizer->decode(ids);
+    ASSERT_FALSE(text.empty());
+    stopped.sampling.stop = {text};
+  }
+  requests.push_back(stopped);
+  std::vector<FullRun> expected = runAllToEnd(plain, requests);
+  std::vector<FullRun> runs = runAllToEnd(speculating, requests);
+  expectSameRuns(expected, runs, requests);
+  EXPECT_EQ(runs.back().reason, FinishReason::kStop);
+  EXPECT_LT(runs.back().tokens.size(), 40u);
+
+  // The context's end: max_model_len 64 leaves 16 tokens after the prompt;
+  // no draft is computed past it.
+  EngineConfig short_context = speculatingConfig(6);
+  short_context.max_model_len = 64;
+  Engine short_speculating(short_context);
+  const FullRun at_end = runToEnd(short_speculating, greedyRequest("end", prompt, 16));
+  ASSERT_EQ(at_end.tokens.size(), 16u);
+  for (size_t t = 0; t < at_end.tokens.size(); ++t) {
+    EXPECT_EQ(at_end.tokens[t].token, whole.tokens[t].token) << t;
+  }
+  EXPECT_EQ(at_end.reason, FinishReason::kLength);
+
+  // Few blocks: sequences preempt each other and recompute.
+  EngineConfig tight = speculatingConfig(6);
+  tight.num_blocks = 14;
+  Engine tight_speculating(tight);
+  std::vector<Request> crowd;
+  for (uint32_t seed = 20; seed < 24; ++seed) {
+    crowd.push_back(greedyRequest("crowd-" + std::to_string(seed), repeatingPrompt(seed), 30));
+  }
+  expectSameRuns(runAllToEnd(plain, crowd), runAllToEnd(tight_speculating, crowd), crowd);
+  const EngineStats stats = tight_speculating.stats();
+  EXPECT_GT(stats.num_preemptions, 0);
+  EXPECT_GT(stats.spec_decode_num_accepted_tokens, 0);
+  EXPECT_EQ(stats.num_free_blocks, stats.num_blocks);
+}
+
+TEST(EngineSpeculative, ASimulatedAgentRefusesIt) {
+  EngineConfig config = speculatingConfig(4);
+  StepProfile profile;
+  profile.name = "test";
+  config.simulate = profile;
+  try {
+    Engine engine(config);
+    ADD_FAILURE() << "a simulated engine accepted speculative decoding";
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "--speculative-config: a simulated agent computes no forward pass to verify drafts "
+              "(docs/speculative-decoding.md)");
+  }
+}
+
 }  // namespace
 }  // namespace tandem::engine
 

@@ -478,6 +478,73 @@ TEST(Scheduler, AFailedLoadIsReportedAndNeverScheduled) {
 
 // The queued prefill backlog: every waiting prompt's tokens until it is
 // admitted, then nothing for it (a running prompt is no longer queued).
+// Speculative decoding: a decode chunk takes drafts up to the step's token
+// budget and only into blocks it holds or free ones (never preempting for
+// them); they count as computed only as they are accepted.
+TEST(Scheduler, DraftsJoinADecodeChunkWithinTheBudgetAndTheFreeBlocks) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 9;
+  Harness h(3, config);
+  int64_t offered = -1;
+  h.scheduler->setDrafter([&](Sequence& sequence, int64_t max_drafts) {
+    offered = max_drafts;
+    sequence.draft.assign(static_cast<size_t>(std::min<int64_t>(max_drafts, 5)), 7);
+    return static_cast<int64_t>(sequence.draft.size());
+  });
+  Sequence* a = h.add("a", randomTokens(14, 1));
+  // The prompt in chunks of 9 and 5: no drafts for a chunk of prompt.
+  for (int i = 0; i < 2; ++i) {
+    SchedulerOutput out = h.scheduler->schedule();
+    ASSERT_EQ(out.chunks.size(), 1u);
+    EXPECT_EQ(out.chunks[0].num_draft_tokens, 0);
+    h.scheduler->onStepComputed(out);
+  }
+  EXPECT_EQ(offered, -1);
+  a->tokens.push_back(3);  // the first token
+  SchedulerOutput out = h.scheduler->schedule();
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(offered, 8);  // the budget left after the token itself
+  EXPECT_EQ(out.chunks[0].start, 14);
+  EXPECT_EQ(out.chunks[0].num_tokens, 6);
+  EXPECT_EQ(out.chunks[0].num_draft_tokens, 5);
+  EXPECT_EQ(out.num_tokens, 6);
+  EXPECT_EQ(a->blocks.blocks.size(), 2u);  // positions 14..19
+  h.scheduler->onStepComputed(out);
+  EXPECT_EQ(a->num_computed_tokens, 15);  // the drafts wait to be accepted
+  a->tokens.push_back(7);                 // the first draft, sampled
+  h.scheduler->acceptDraft(*a);
+  EXPECT_EQ(a->num_computed_tokens, 16);
+  a->tokens.push_back(9);  // the second draft rejected: 9 sampled instead
+
+  // The budget left after a's chunk admits b, which takes the last block.
+  Sequence* b = h.add("b", randomTokens(3, 2));
+  out = h.scheduler->schedule();
+  ASSERT_EQ(out.chunks.size(), 2u);
+  EXPECT_EQ(out.chunks[0].num_draft_tokens, 5);
+  EXPECT_EQ(out.chunks[1].sequence, b);
+  EXPECT_EQ(out.chunks[1].num_tokens, 3);
+  h.scheduler->onStepComputed(out);
+  EXPECT_EQ(a->num_computed_tokens, 17);
+  b->tokens.push_back(1);
+  for (int i = 0; i < 12; ++i) {
+    a->tokens.push_back(1);
+    h.scheduler->acceptDraft(*a);
+  }
+  ASSERT_EQ(a->num_computed_tokens, 29);
+  a->tokens.push_back(1);  // 30 tokens, 29 computed
+  // a's drafts stop at the end of its two blocks (positions 30, 31): the
+  // third is b's, and b is not preempted for them.
+  out = h.scheduler->schedule();
+  ASSERT_EQ(out.chunks.size(), 2u);
+  EXPECT_EQ(out.chunks[0].sequence, a);
+  EXPECT_EQ(out.chunks[0].num_draft_tokens, 2);
+  EXPECT_EQ(a->draft.size(), 2u);
+  EXPECT_EQ(a->blocks.blocks.size(), 2u);
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(b->status, SequenceStatus::kRunning);
+  EXPECT_EQ(h.scheduler->numPreemptions(), 0);
+}
+
 TEST(Scheduler, PrefillTokensWaitingCountsQueuedPromptsUntilAdmitted) {
   SchedulerConfig config;
   config.max_num_batched_tokens = 20;
