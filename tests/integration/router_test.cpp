@@ -1425,6 +1425,59 @@ TEST_F(RouterTest, ALoraAdaptersRequestsCrossTheHandOffAsOnAColocatedAgent) {
   EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
 }
 
+// Speculative decoding on the decode pool (docs/speculative-decoding.md):
+// through the hand-off, a decode agent with drafts answers what a colocated
+// agent without them does, token and logprob for token and logprob, greedy
+// and seeded, whole and streamed; its drafts were computed and some
+// accepted, while the prefill agent, which computes one token, drafts none.
+TEST_F(RouterTest, ADecodePoolThatSpeculatesAnswersAsOneThatDoesNot) {
+  RouterClusterOptions options;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{}
+                   : std::vector<std::string>{
+                         "--speculative-config",
+                         R"({"method":"ngram","num_speculative_tokens":5,"prompt_lookup_min":1,)"
+                         R"("prompt_lookup_max":4})"};
+  };
+  startCluster(options);
+  Agent colocated;
+  // Prompts that repeat themselves, so that their own n-grams predict them.
+  auto repeating = [](uint32_t seed) {
+    std::vector<int> prompt;
+    const std::vector<int> part = randomPrompt(18, seed);
+    for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), part.begin(), part.end());
+    return prompt;
+  };
+  json greedy_body = greedy(repeating(81), 40);
+  greedy_body["logprobs"] = 2;
+  json sampled_body = greedy(repeating(82), 40);
+  sampled_body["temperature"] = 0.8;
+  sampled_body["seed"] = 17;
+  for (const json& body : {greedy_body, sampled_body}) {
+    const json expected = colocated.post("/v1/completions", body);
+    ASSERT_EQ(tokenIds(expected).size(), 40u) << expected.dump();
+    Answer answer = post(body);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decision, "disaggregated");
+    EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
+    EXPECT_EQ(answer.body["choices"][0]["logprobs"], expected["choices"][0]["logprobs"]);
+    EXPECT_EQ(answer.body["choices"][0]["text"], expected["choices"][0]["text"]);
+    EXPECT_EQ(streamedTokens(body), tokenIds(expected));
+  }
+  EXPECT_GT(decode_[0]->metric("tandem_spec_decode_num_drafts_total"), 0);
+  const double accepted = decode_[0]->metric("tandem_spec_decode_num_accepted_tokens_total");
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, decode_[0]->metric("tandem_spec_decode_num_draft_tokens_total"));
+  double by_position = 0;
+  for (int position = 0; position < 5; ++position) {
+    by_position += decode_[0]->metric("tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                                      "position=\"" + std::to_string(position) + "\"");
+  }
+  EXPECT_EQ(by_position, accepted);
+  EXPECT_EQ(prefill_[0]->metric("tandem_spec_decode_num_drafts_total"), 0);
+  EXPECT_EQ(colocated.metric("tandem_spec_decode_num_drafts_total"), 0);
+}
+
 // Agents may serve different adapters (llm-d's LoRA-aware routing): the
 // router learns each agent's, sends an adapter's requests only to agents
 // serving it — here decode-1 alone, so they are prefilled there, the

@@ -177,6 +177,28 @@ TEST(ServeOptions, InvalidJsonInTheFlagIsReportedWithItsPosition) {
             "--kv-transfer-config must be a JSON object, got: [1,2]");
 }
 
+// --speculative-config is checked at start by its own parser, from the flag
+// or from a YAML mapping, naming where the value came from.
+TEST(ServeOptions, SpeculativeConfigIsCheckedFromTheFlagOrAYamlMapping) {
+  ServeOptions options;
+  ASSERT_EQ(apply({},
+                  "speculative_config:\n  method: ngram\n  num_speculative_tokens: 4\n"
+                  "  prompt_lookup_max: 3\n",
+                  &options),
+            "");
+  EXPECT_EQ(json::parse(options.speculative_config),
+            (json{{"method", "ngram"}, {"num_speculative_tokens", 4}, {"prompt_lookup_max", 3}}));
+  EXPECT_EQ(apply({}, "speculative_config: {method: eagle, num_speculative_tokens: 4}\n"),
+            "agent.yaml: speculative_config: method \"eagle\" is not supported; accepted: ngram "
+            "(prompt lookup, no draft model)");
+  EXPECT_EQ(apply({"--speculative-config", R"({"method": "ngram"})"}, ""),
+            "--speculative-config needs num_speculative_tokens, the drafts per step (1 to 64)");
+  EXPECT_EQ(apply({"--speculative-config", "[1]"}, ""),
+            "--speculative-config must be a JSON object, got: [1]");
+  EXPECT_TRUE(apply({"--speculative-config", R"({"method": "ngram",})"}, "")
+                  .starts_with("--speculative-config is not valid JSON (byte 20)"));
+}
+
 TEST(ServeOptions, OptionsAddedOutsideTheTableTakeTheirYamlValueThroughCli11) {
   for (const auto& [yaml, expected] : std::vector<std::pair<std::string, std::string>>{
            {"connection_limit: 5", ""},
