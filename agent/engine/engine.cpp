@@ -1175,6 +1175,9 @@ void Engine::finishStep(
         ++spec_num_accepted_;
         ++spec_accepted_per_position_[static_cast<size_t>(row)];
       }
+      // Drafts the model does not follow cost rows for nothing: the next
+      // step takes at most one more than this one accepted.
+      if (drafts > 0 && !accepted) sequence->draft_limit = row + 1;
       if (emitToken(sequence, live, token) || !accepted) break;
       // The draft is the token at its position: its KV, computed with it,
       // is that token's.
@@ -1194,8 +1197,10 @@ int64_t Engine::proposeDrafts(Sequence& sequence, int64_t max_drafts) {
   const int64_t room = std::min(sequence.request.sampling.max_tokens - sequence.numGenerated(),
                                 max_model_len_ - static_cast<int64_t>(sequence.tokens.size())) -
                        1;
-  const int64_t most =
-      std::min({max_drafts, room, static_cast<int64_t>(speculative.num_speculative_tokens)});
+  const auto configured = static_cast<int64_t>(speculative.num_speculative_tokens);
+  const int64_t most = std::min(
+      {max_drafts, room,
+       sequence.draft_limit > 0 ? std::min(sequence.draft_limit, configured) : configured});
   if (most <= 0) return 0;
   proposeNgramDraft(sequence.tokens, speculative, most, sequence.draft);
   return static_cast<int64_t>(sequence.draft.size());

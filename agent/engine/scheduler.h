@@ -105,6 +105,9 @@ struct Sequence {
   // this step's chunk (ScheduledChunk::num_draft_tokens of them); empty when
   // the sequence is not scheduled with drafts.
   std::vector<TokenId> draft;
+  // The most drafts its next step may take: one more than its last step
+  // with drafts accepted (0: no step has drafted yet, the configured most).
+  int64_t draft_limit = 0;
   bool needsPromptLogits() const {
     return request.sampling.prompt_logprobs &&
            static_cast<int64_t>(prompt_logprobs.size()) < num_prompt_tokens;

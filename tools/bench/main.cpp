@@ -14,6 +14,7 @@
 #include "tools/bench/router_bench.h"
 #include "tools/bench/serve_bench.h"
 #include "tools/bench/soak_bench.h"
+#include "tools/bench/speculative_bench.h"
 #include "tools/bench/structured_bench.h"
 #include "tools/bench/transfer_bench.h"
 
@@ -599,6 +600,37 @@ int main(int argc, char** argv) {
   structured->add_option("--json", structured_options.json_path,
                          "also write the figures as JSON here");
 
+  auto* speculative = app.add_subcommand(
+      "speculative", "speculative decoding by prompt lookup: decode with drafts vs without");
+  tandem::bench::SpeculativeBenchOptions speculative_options;
+  speculative->add_option("--model", speculative_options.model_dir, "Hugging Face model directory")
+      ->required();
+  speculative->add_option("--threads", speculative_options.threads, "kernel threads (0: all cores)")
+      ->capture_default_str();
+  speculative
+      ->add_option("--speculative-config", speculative_options.speculative_config,
+                   "the speculating engine's --speculative-config")
+      ->capture_default_str();
+  speculative
+      ->add_option("--prompts", speculative_options.prompts,
+                   "repeat (a 32-token part repeated) or random tokens")
+      ->check(CLI::IsMember({"repeat", "random"}))
+      ->capture_default_str();
+  speculative->add_option("--prompt-tokens", speculative_options.prompt_tokens, "prompt length")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  speculative->add_option("--max-tokens", speculative_options.max_tokens, "tokens per request")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  speculative->add_option("--batch", speculative_options.batch, "requests decoding at once")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  speculative->add_option("--pairs", speculative_options.pairs, "alternating pairs of runs")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  speculative->add_option("--json", speculative_options.json_path,
+                          "also write the figures as JSON here");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
@@ -612,6 +644,7 @@ int main(int argc, char** argv) {
     if (planner->parsed()) return tandem::bench::runPlannerBench(planner_options);
     if (large->parsed()) return tandem::bench::runLargeBodyBench(large_options);
     if (structured->parsed()) return tandem::bench::runStructuredBench(structured_options);
+    if (speculative->parsed()) return tandem::bench::runSpeculativeBench(speculative_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-bench: %s\n", e.what());
     return 1;
