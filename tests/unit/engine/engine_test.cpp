@@ -1332,9 +1332,9 @@ TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
   EXPECT_GE(stats.spec_decode_accepted_per_position[0], stats.spec_decode_accepted_per_position[3]);
   // After its first step with drafts, a sequence drafts at most one token
   // more than its last such step accepted.
-  EXPECT_LE(stats.spec_decode_num_draft_tokens,
-            4 * std::ssize(requests) + stats.spec_decode_num_accepted_tokens +
-                stats.spec_decode_num_drafts);
+  EXPECT_LE(stats.spec_decode_num_draft_tokens, 4 * std::ssize(requests) +
+                                                    stats.spec_decode_num_accepted_tokens +
+                                                    stats.spec_decode_num_drafts);
   // The rejected drafts were computed too.
   EXPECT_EQ(stats.num_computed_tokens, plain.stats().num_computed_tokens +
                                            stats.spec_decode_num_draft_tokens -
