@@ -367,22 +367,9 @@ SchedulerOutput Scheduler::schedule() {
     chunk.start = sequence->num_computed_tokens;
     chunk.num_tokens = num_tokens;
     chunk.samples = chunk.start + num_tokens == static_cast<int64_t>(sequence->tokens.size());
-    if (drafter_ && chunk.samples && num_tokens == 1 && budget > 1) {
-      // Drafts go into free blocks or, short of them, as far as the blocks
-      // the sequence holds reach: never a preemption for them.
-      int64_t drafts = drafter_(*sequence, budget - 1);
-      if (drafts > 0 && !blocks_.allocate(sequence->blocks, nullptr, chunk.start + 1 + drafts)) {
-        drafts = std::min(
-            drafts, std::ssize(sequence->blocks.blocks) * blocks_.blockSize() - (chunk.start + 1));
-      }
-      sequence->draft.resize(static_cast<size_t>(std::max<int64_t>(drafts, 0)));
-      chunk.num_draft_tokens = std::ssize(sequence->draft);
-      chunk.num_tokens += chunk.num_draft_tokens;
-    }
-    const int64_t num_scheduled = chunk.num_tokens;
     output.chunks.push_back(chunk);
-    output.num_tokens += num_scheduled;
-    budget -= num_scheduled;
+    output.num_tokens += num_tokens;
+    budget -= num_tokens;
     ++i;
   }
 
@@ -402,6 +389,7 @@ SchedulerOutput Scheduler::schedule() {
       blocked = admitWaiting(budget, output);
     }
   }
+  if (drafter_) addDrafts(budget, output);
   // Failed loads leave the pending list only with an output that is
   // returned: an admission that throws above drops this output, and they are
   // reported by the next schedule() instead of never.
@@ -446,6 +434,26 @@ void Scheduler::onStepComputed(const SchedulerOutput& output) {
     sequence->skipPresentRanges();
     blocks_.cacheFullBlocks(sequence->blocks, sequence->tokens, sequence->num_computed_tokens,
                             sequence->request.cache_salt, sequence->adapter_identity);
+  }
+}
+
+void Scheduler::addDrafts(int64_t budget, SchedulerOutput& output) {
+  for (ScheduledChunk& chunk : output.chunks) {
+    if (budget <= 0) break;
+    Sequence* sequence = chunk.sequence;
+    if (!chunk.samples || chunk.num_tokens != 1) continue;
+    // Into free blocks or, short of them, as far as the blocks the sequence
+    // holds reach.
+    int64_t drafts = drafter_(*sequence, budget);
+    if (drafts > 0 && !blocks_.allocate(sequence->blocks, nullptr, chunk.start + 1 + drafts)) {
+      drafts = std::min(
+          drafts, std::ssize(sequence->blocks.blocks) * blocks_.blockSize() - (chunk.start + 1));
+    }
+    sequence->draft.resize(static_cast<size_t>(std::max<int64_t>(drafts, 0)));
+    chunk.num_draft_tokens = std::ssize(sequence->draft);
+    chunk.num_tokens += chunk.num_draft_tokens;
+    output.num_tokens += chunk.num_draft_tokens;
+    budget -= chunk.num_draft_tokens;
   }
 }
 

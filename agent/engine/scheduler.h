@@ -178,11 +178,12 @@ class Scheduler {
   void setHeldBlocksReclaimer(std::function<bool(int64_t blocks_short)> reclaim) {
     reclaim_held_ = std::move(reclaim);
   }
-  // Optional (speculative decoding): called for each running sequence whose
-  // chunk this step is its one last token, with the most drafts the step's
-  // token budget leaves room for; fills Sequence::draft (at most that many)
-  // and returns how many. The drafts join the chunk when free blocks hold
-  // them without preempting anything; else the chunk goes without.
+  // Optional (speculative decoding): once every running and admitted
+  // sequence has its chunk, called for each whose chunk is its one last
+  // token, with the token budget left; fills Sequence::draft (at most that
+  // many) and returns how many. The drafts join the chunk as far as free
+  // blocks and the blocks the sequence holds reach: they never take budget
+  // or blocks from another sequence's chunk, nor preempt one.
   void setDrafter(std::function<int64_t(Sequence&, int64_t max_drafts)> drafter) {
     drafter_ = std::move(drafter);
   }
@@ -245,6 +246,8 @@ class Scheduler {
   void dropBlocks(Sequence& sequence);
   // Frees a sequence's blocks after a load failed under the fail policy.
   void failLoad(Sequence& sequence);
+  // Gives decode chunks the drafts the drafter proposes, within `budget`.
+  void addDrafts(int64_t budget, SchedulerOutput& output);
   enum class Admission { kAdmitted, kNoRoom, kSkipped };
   // Admits waiting sequences in order while the budget and max_num_seqs
   // allow; returns the one that found no room (the queue stops there), or

@@ -478,9 +478,10 @@ TEST(Scheduler, AFailedLoadIsReportedAndNeverScheduled) {
 
 // The queued prefill backlog: every waiting prompt's tokens until it is
 // admitted, then nothing for it (a running prompt is no longer queued).
-// Speculative decoding: a decode chunk takes drafts up to the step's token
-// budget and only into blocks it holds or free ones (never preempting for
-// them); they count as computed only as they are accepted.
+// Speculative decoding: a decode chunk takes drafts from the token budget
+// and the free blocks left once every other chunk has its share, or as far
+// as its own blocks reach (never preempting for them, nor keeping a waiting
+// sequence out); they count as computed only as they are accepted.
 TEST(Scheduler, DraftsJoinADecodeChunkWithinTheBudgetAndTheFreeBlocks) {
   SchedulerConfig config;
   config.max_num_batched_tokens = 9;
@@ -516,31 +517,27 @@ TEST(Scheduler, DraftsJoinADecodeChunkWithinTheBudgetAndTheFreeBlocks) {
   EXPECT_EQ(a->num_computed_tokens, 16);
   a->tokens.push_back(9);  // the second draft rejected: 9 sampled instead
 
-  // The budget left after a's chunk admits b, which takes the last block.
-  Sequence* b = h.add("b", randomTokens(3, 2));
-  out = h.scheduler->schedule();
-  ASSERT_EQ(out.chunks.size(), 2u);
-  EXPECT_EQ(out.chunks[0].num_draft_tokens, 5);
-  EXPECT_EQ(out.chunks[1].sequence, b);
-  EXPECT_EQ(out.chunks[1].num_tokens, 3);
-  h.scheduler->onStepComputed(out);
-  EXPECT_EQ(a->num_computed_tokens, 17);
-  b->tokens.push_back(1);
-  for (int i = 0; i < 12; ++i) {
+  // a decodes on to the end of its second block (32 positions).
+  for (int i = 0; i < 14; ++i) {
     a->tokens.push_back(1);
     h.scheduler->acceptDraft(*a);
   }
-  ASSERT_EQ(a->num_computed_tokens, 29);
-  a->tokens.push_back(1);  // 30 tokens, 29 computed
-  // a's drafts stop at the end of its two blocks (positions 30, 31): the
-  // third is b's, and b is not preempted for them.
-  out = h.scheduler->schedule();
-  ASSERT_EQ(out.chunks.size(), 2u);
-  EXPECT_EQ(out.chunks[0].sequence, a);
-  EXPECT_EQ(out.chunks[0].num_draft_tokens, 2);
-  EXPECT_EQ(a->draft.size(), 2u);
+  ASSERT_EQ(a->num_computed_tokens, 30);  // 31 tokens
+  // b arrives needing the last free block. Drafts come after every other
+  // chunk: b is admitted with it, and a's drafts stop at the end of a's
+  // blocks (position 30 is its last token, 31 its one draft).
+  Sequence* b = h.add("b", randomTokens(3, 2));
+  SchedulerOutput with_b = h.scheduler->schedule();
+  ASSERT_EQ(with_b.chunks.size(), 2u);
+  EXPECT_EQ(with_b.chunks[0].sequence, a);
+  EXPECT_EQ(with_b.chunks[0].start, 30);
+  EXPECT_EQ(with_b.chunks[0].num_draft_tokens, 1);
+  EXPECT_EQ(a->draft.size(), 1u);
   EXPECT_EQ(a->blocks.blocks.size(), 2u);
-  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(with_b.chunks[1].sequence, b);
+  EXPECT_EQ(with_b.chunks[1].num_tokens, 3);
+  EXPECT_EQ(with_b.num_tokens, 1 + 1 + 3);
+  EXPECT_TRUE(with_b.preempted.empty());
   EXPECT_EQ(b->status, SequenceStatus::kRunning);
   EXPECT_EQ(h.scheduler->numPreemptions(), 0);
 }
