@@ -343,33 +343,62 @@ void ModelRunner::computeRowLogits(std::span<const SequenceInput> batch,
   // Rows per pass: 16 MB of logits at most (at least one row).
   const int64_t per_pass = std::max<int64_t>(1, (int64_t{4} << 20) / vocab);
   kernels::Backend& b = backend_;
-  int64_t first_row = 0;  // of the sequence, in the flattened batch
+  // The rows asked for, as runs of one sequence's consecutive rows: a run's
+  // sequence, its first row within the sequence and in the flattened
+  // batch, and its length.
+  struct Run {
+    size_t sequence;
+    int64_t first, row, count;
+  };
+  std::vector<Run> runs;
+  int64_t first_row = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
-    const SequenceInput& sequence = batch[s];
-    const auto num_new = static_cast<int64_t>(sequence.tokens.size());
-    const int64_t wanted = std::min(sequence.num_row_logits, num_new);
-    for (int64_t first = 0; first < wanted; first += per_pass) {
-      const int64_t count = std::min(per_pass, wanted - first);
-      // The final norm and the LM head, as issueStep applies them to a
-      // sequence's last row; normed_ is free once the pass has run.
-      b.rmsNorm(hidden_.data() + (first_row + first) * hidden, weights_.norm, count, hidden, eps,
-                normed_.data());
-      float* out = nullptr;
-      host_row_logits_.resize(static_cast<size_t>(count * vocab));
-      if (b.hostAccessible()) {
-        out = host_row_logits_.data();
-      } else {
-        row_logits_.grow(static_cast<size_t>(per_pass * vocab));
-        out = row_logits_.data();
-      }
-      b.matmul(normed_.data(), count, hidden, weights_.lm_head, out);
-      if (!b.hostAccessible()) {
-        b.copyToHost(host_row_logits_.data(), out,
-                     static_cast<size_t>(count * vocab) * sizeof(float));
-      }
-      sink(s, first, count, host_row_logits_);
-    }
+    const auto num_new = static_cast<int64_t>(batch[s].tokens.size());
+    const int64_t wanted = std::min(batch[s].num_row_logits, num_new);
+    if (wanted > 0) runs.push_back({s, 0, first_row, wanted});
     first_row += num_new;
+  }
+  // Each pass takes up to per_pass rows of several sequences: the final
+  // norm of each run into consecutive rows, then one LM-head matmul for all
+  // (the weights read once per pass, not once per sequence), as issueStep
+  // applies them to the last rows; normed_ is free once the pass has run.
+  size_t next = 0;
+  while (next < runs.size()) {
+    std::vector<Run> pass;
+    int64_t count = 0;
+    while (next < runs.size() && count < per_pass) {
+      Run& run = runs[next];
+      const int64_t take = std::min(run.count, per_pass - count);
+      pass.push_back({run.sequence, run.first, run.row, take});
+      b.rmsNorm(hidden_.data() + run.row * hidden, weights_.norm, take, hidden, eps,
+                normed_.data() + count * hidden);
+      count += take;
+      run.first += take;
+      run.row += take;
+      run.count -= take;
+      if (run.count == 0) ++next;
+    }
+    float* out = nullptr;
+    host_row_logits_.resize(static_cast<size_t>(count * vocab));
+    if (b.hostAccessible()) {
+      out = host_row_logits_.data();
+    } else {
+      row_logits_.grow(static_cast<size_t>(per_pass * vocab));
+      out = row_logits_.data();
+    }
+    b.matmul(normed_.data(), count, hidden, weights_.lm_head, out);
+    if (!b.hostAccessible()) {
+      b.copyToHost(host_row_logits_.data(), out,
+                   static_cast<size_t>(count * vocab) * sizeof(float));
+    }
+    int64_t offset = 0;
+    for (const Run& run : pass) {
+      sink(run.sequence, run.first, run.count,
+           std::span<const float>(host_row_logits_)
+               .subspan(static_cast<size_t>(offset * vocab),
+                        static_cast<size_t>(run.count * vocab)));
+      offset += run.count;
+    }
   }
 }
 
