@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -148,6 +152,74 @@ TEST(CudaFlashAttention, IsPartOfTheModelIdentity) {
   EXPECT_EQ(flash.modelIdentity(), fast.modelIdentity() + "/attention-flash");
   EXPECT_NE(flash.backend().description().find("flash attention"), std::string::npos)
       << flash.backend().description();
+}
+
+// Speculative decoding on CUDA (docs/speculative-decoding.md): the draft
+// rows go through the chunked-prefill kernels and the row-logits pass, and
+// the answers — greedy with logprobs, and seeded — are the bits decoding
+// without drafts gives; drafts were accepted.
+TEST(CudaSpeculative, DraftsChangeNoTokenNorLogprob) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  EngineConfig config;
+  config.model_dir = ::tandem::testing::tinyModelDir().string();
+  config.num_blocks = 128;
+  config.device = kernels::DeviceKind::kCuda;
+  std::vector<Request> requests;
+  for (uint32_t seed = 1; seed <= 4; ++seed) {
+    const std::vector<int> part = ::tandem::testing::randomPrompt(12, seed);
+    Request request;
+    request.id = "r" + std::to_string(seed);
+    for (int i = 0; i < 4; ++i)
+      request.prompt.insert(request.prompt.end(), part.begin(), part.end());
+    request.sampling.max_tokens = 40;
+    request.sampling.ignore_eos = true;
+    request.sampling.logprobs = 2;
+    request.sampling.temperature = seed % 2 == 0 ? 0.0f : 0.9f;
+    request.sampling.seed = seed;
+    requests.push_back(request);
+  }
+  auto run = [&](Engine& engine) {
+    std::vector<std::vector<std::pair<TokenId, float>>> answers(requests.size());
+    std::mutex mutex;
+    std::condition_variable done;
+    size_t finished = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(engine
+                      .addRequest(requests[i],
+                                  [&, i](const RequestOutput& out) {
+                                    std::lock_guard<std::mutex> lock(mutex);
+                                    for (const GeneratedToken& token : out.tokens) {
+                                      answers[i].emplace_back(token.token, token.logprob);
+                                    }
+                                    if (out.finished()) {
+                                      ++finished;
+                                      done.notify_all();
+                                    }
+                                  })
+                      .isOk());
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(120),
+                              [&] { return finished == requests.size(); }));
+    return answers;
+  };
+  Engine plain(config);
+  config.speculative.num_speculative_tokens = 4;
+  config.speculative.prompt_lookup_min = 1;
+  config.speculative.prompt_lookup_max = 4;
+  Engine speculating(config);
+  const auto expected = run(plain);
+  const auto answers = run(speculating);
+  ASSERT_EQ(answers.size(), expected.size());
+  for (size_t i = 0; i < answers.size(); ++i) {
+    ASSERT_EQ(answers[i].size(), 40u) << requests[i].id;
+    for (size_t t = 0; t < answers[i].size(); ++t) {
+      EXPECT_EQ(answers[i][t].first, expected[i][t].first) << requests[i].id << " token " << t;
+      EXPECT_EQ(std::memcmp(&answers[i][t].second, &expected[i][t].second, sizeof(float)), 0)
+          << requests[i].id << " token " << t;
+    }
+  }
+  EXPECT_GT(speculating.stats().spec_decode_num_accepted_tokens, 0);
 }
 
 // Prefill on one agent process, decode on another, both --device cuda on
