@@ -181,6 +181,30 @@ void BlockManager::invalidateBlocks(SequenceBlocks& seq, std::span<const int64_t
   if (!removed.empty()) emit(BlockRemoved{std::move(removed)});
 }
 
+int64_t BlockManager::freeBlocksWithoutEviction(int64_t limit) const {
+  int64_t count = 0;
+  for (BlockId block = free_head_; block != kNone && count < limit && !blocks_[block].has_hash;
+       block = blocks_[block].next) {
+    ++count;
+  }
+  return count;
+}
+
+void BlockManager::truncate(SequenceBlocks& seq, int64_t num_blocks) {
+  TANDEM_CHECK(num_blocks >= std::ssize(seq.block_hashes),
+               "truncating a sequence's blocks below its registered prefix");
+  while (std::ssize(seq.blocks) > num_blocks) {
+    const BlockId block = seq.blocks.back();
+    BlockState& state = blocks_[block];
+    TANDEM_CHECK(state.ref_count == 1 && !state.has_hash,
+                 "truncating a block that is shared or registered");
+    state.ref_count = 0;
+    state.invalid = false;
+    pushFreeFront(block);
+    seq.blocks.pop_back();
+  }
+}
+
 void BlockManager::free(SequenceBlocks& seq) {
   for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) {
     BlockState& state = blocks_[*it];

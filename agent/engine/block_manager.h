@@ -107,6 +107,13 @@ class BlockManager {
   // hash evicts it (one BlockRemoved event for all evicted hashes).
   // Returns false, changing nothing, when there are not enough free blocks.
   bool allocate(SequenceBlocks& seq, const PrefixMatch* match, int64_t num_tokens_total);
+  // Of the next `limit` blocks allocate() would take from the free list,
+  // how many hold no cached content (taking them evicts nothing): the length
+  // of the free list's leading run of blocks without a hash, up to `limit`.
+  int64_t freeBlocksWithoutEviction(int64_t limit) const;
+  // Gives back seq's blocks past its first `num_blocks`, which must hold
+  // nothing registered or shared (positions past what seq computed).
+  void truncate(SequenceBlocks& seq, int64_t num_blocks);
   // How many more free blocks allocate() with these arguments would need
   // (0: it would succeed).
   int64_t blocksShort(const SequenceBlocks& seq, const PrefixMatch* match,

@@ -323,9 +323,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   block_manager_ = std::make_unique<BlockManager>(block_config, &events_);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, *block_manager_);
   if (config_.speculative.enabled()) {
-    scheduler_->setDrafter([this](Sequence& sequence, int64_t max_drafts) {
-      return proposeDrafts(sequence, max_drafts);
-    });
+    scheduler_->setDrafter(
+        [this](Sequence& sequence, int64_t max_drafts) {
+          return proposeDrafts(sequence, max_drafts);
+        },
+        config_.speculative.disable_by_batch_size);
     spec_accepted_per_position_.assign(
         static_cast<size_t>(config_.speculative.num_speculative_tokens), 0);
   }
@@ -1178,7 +1180,11 @@ void Engine::finishStep(
       // Drafts the model does not follow cost rows for nothing: the next
       // step takes at most one more than this one accepted.
       if (drafts > 0 && !accepted) sequence->draft_limit = row + 1;
-      if (emitToken(sequence, live, token) || !accepted) break;
+      if (emitToken(sequence, live, token)) break;  // finished: the sequence is gone
+      if (!accepted) {
+        if (drafts > 0) scheduler_->releaseDraftBlocks(*sequence);
+        break;
+      }
       // The draft is the token at its position: its KV, computed with it,
       // is that token's.
       scheduler_->acceptDraft(*sequence);
@@ -1189,10 +1195,6 @@ void Engine::finishStep(
 
 int64_t Engine::proposeDrafts(Sequence& sequence, int64_t max_drafts) {
   const SpeculativeConfig& speculative = config_.speculative;
-  if (speculative.disable_by_batch_size > 0 &&
-      scheduler_->numRunning() > speculative.disable_by_batch_size) {
-    return 0;
-  }
   // Every draft accepted emits one token more than the drafts.
   const int64_t room = std::min(sequence.request.sampling.max_tokens - sequence.numGenerated(),
                                 max_model_len_ - static_cast<int64_t>(sequence.tokens.size())) -
@@ -1491,6 +1493,11 @@ void Engine::finishRequest(Sequence* sequence, FinishReason reason, const std::s
 }
 
 void Engine::deliverFinal(Sequence* sequence, RequestOutput out) {
+  // An answer ending inside its step's drafts: the blocks taken for the
+  // drafts past it go back before anything holds them.
+  if (sequence->status == SequenceStatus::kRunning && !sequence->draft.empty()) {
+    scheduler_->releaseDraftBlocks(*sequence);
+  }
   auto it = live_.find(sequence);
   TANDEM_CHECK(it != live_.end(), "finishing a request without output state");
   out.timings = it->second->timings;

@@ -389,7 +389,8 @@ SchedulerOutput Scheduler::schedule() {
       blocked = admitWaiting(budget, output);
     }
   }
-  if (drafter_) addDrafts(budget, output);
+  // Not in a step that preempted: its free blocks are the victims'.
+  if (drafter_ && output.preempted.empty()) addDrafts(budget, output);
   // Failed loads leave the pending list only with an output that is
   // returned: an admission that throws above drops this output, and they are
   // reported by the next schedule() instead of never.
@@ -438,18 +439,22 @@ void Scheduler::onStepComputed(const SchedulerOutput& output) {
 }
 
 void Scheduler::addDrafts(int64_t budget, SchedulerOutput& output) {
+  if (disable_drafts_at_ > 0 && std::ssize(running_) >= disable_drafts_at_) return;
   for (ScheduledChunk& chunk : output.chunks) {
     if (budget <= 0) break;
     Sequence* sequence = chunk.sequence;
     if (!chunk.samples || chunk.num_tokens != 1) continue;
-    // Into free blocks or, short of them, as far as the blocks the sequence
-    // holds reach.
+    // Into the blocks the sequence holds and free blocks whose taking
+    // evicts no cached prefix, as far as they reach.
     int64_t drafts = drafter_(*sequence, budget);
-    if (drafts > 0 && !blocks_.allocate(sequence->blocks, nullptr, chunk.start + 1 + drafts)) {
-      drafts = std::min(
-          drafts, std::ssize(sequence->blocks.blocks) * blocks_.blockSize() - (chunk.start + 1));
-    }
-    sequence->draft.resize(static_cast<size_t>(std::max<int64_t>(drafts, 0)));
+    const int64_t held = std::ssize(sequence->blocks.blocks);
+    const int64_t extra = blocks_.blocksForTokens(chunk.start + 1 + drafts) - held;
+    const int64_t reach =
+        (held + (extra > 0 ? blocks_.freeBlocksWithoutEviction(extra) : 0)) * blocks_.blockSize();
+    drafts = std::clamp<int64_t>(reach - (chunk.start + 1), 0, drafts);
+    TANDEM_CHECK(blocks_.allocate(sequence->blocks, nullptr, chunk.start + 1 + drafts),
+                 "free blocks counted for drafts could not be taken");
+    sequence->draft.resize(static_cast<size_t>(drafts));
     chunk.num_draft_tokens = std::ssize(sequence->draft);
     chunk.num_tokens += chunk.num_draft_tokens;
     output.num_tokens += chunk.num_draft_tokens;
@@ -464,6 +469,10 @@ void Scheduler::acceptDraft(Sequence& sequence) {
                "a draft accepted before the token at its position was sampled");
   blocks_.cacheFullBlocks(sequence.blocks, sequence.tokens, sequence.num_computed_tokens,
                           sequence.request.cache_salt, sequence.adapter_identity);
+}
+
+void Scheduler::releaseDraftBlocks(Sequence& sequence) {
+  blocks_.truncate(sequence.blocks, blocks_.blocksForTokens(sequence.num_computed_tokens));
 }
 
 std::unique_ptr<Sequence> Scheduler::finish(Sequence* sequence, bool free_blocks) {

@@ -179,13 +179,19 @@ class Scheduler {
     reclaim_held_ = std::move(reclaim);
   }
   // Optional (speculative decoding): once every running and admitted
-  // sequence has its chunk, called for each whose chunk is its one last
-  // token, with the token budget left; fills Sequence::draft (at most that
-  // many) and returns how many. The drafts join the chunk as far as free
-  // blocks and the blocks the sequence holds reach: they never take budget
-  // or blocks from another sequence's chunk, nor preempt one.
-  void setDrafter(std::function<int64_t(Sequence&, int64_t max_drafts)> drafter) {
+  // sequence has its chunk, and unless the step preempted, called for each
+  // sequence whose chunk is its one last token, with the token budget left;
+  // fills Sequence::draft (at most that many) and returns how many. The
+  // drafts join the chunk as far as the blocks the sequence holds and free
+  // blocks that hold no cached prefix reach: they never take budget or
+  // blocks from another sequence's chunk, preempt one, or evict a cached
+  // block; the engine gives the blocks of drafts not accepted back. With
+  // `disable_by_batch_size` > 0, no drafts in a step in which at least that
+  // many sequences run.
+  void setDrafter(std::function<int64_t(Sequence&, int64_t max_drafts)> drafter,
+                  int64_t disable_by_batch_size = 0) {
     drafter_ = std::move(drafter);
+    disable_drafts_at_ = disable_by_batch_size;
   }
   SchedulerOutput schedule();
   // Call after the model computed a step: advances computed counts (up to
@@ -195,6 +201,10 @@ class Scheduler {
   // The next of the sequence's drafts was accepted (the token sampled before
   // it equals it): its KV, computed in the step, now counts as computed.
   void acceptDraft(Sequence& sequence);
+  // After a step with drafts: gives back the blocks past those its computed
+  // positions fill (taken for drafts that were not accepted), so that the
+  // sequence holds what it would hold without drafts.
+  void releaseDraftBlocks(Sequence& sequence);
   // Frees the sequence's blocks and forgets it. Returns the sequence so the
   // caller can report on it. A sequence whose load is in flight is forgotten
   // by the queues at once but keeps its blocks until loadFinished().
@@ -279,6 +289,7 @@ class Scheduler {
   ExternalKvSource* external_ = nullptr;
   std::function<bool(int64_t)> reclaim_held_;
   std::function<int64_t(Sequence&, int64_t)> drafter_;
+  int64_t disable_drafts_at_ = 0;
   // Blocks the last admission that found no room lacked (0: it lacked
   // token budget, not blocks).
   int64_t admission_blocks_short_ = 0;

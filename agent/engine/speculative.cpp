@@ -76,7 +76,7 @@ SpeculativeConfig parseObject(const nlohmann::json& root) {
                 std::to_string(config.prompt_lookup_max));
   }
   config.disable_by_batch_size =
-      integerField(root, "disable_by_batch_size", 1, int64_t{1} << 30).value_or(0);
+      integerField(root, "disable_by_batch_size", 2, int64_t{1} << 30).value_or(0);
   return config;
 }
 

@@ -37,8 +37,8 @@ struct SpeculativeConfig {
   // [min, max] that occurred before.
   int32_t prompt_lookup_min = 5;
   int32_t prompt_lookup_max = 5;
-  // vLLM's: no drafts in a step while more than this many sequences run
-  // (a large batch already keeps the machine busy); 0: always.
+  // vLLM's: no drafts in a step while at least this many sequences run
+  // (a large batch already keeps the machine busy); at least 2; 0: always.
   int64_t disable_by_batch_size = 0;
 
   bool enabled() const { return num_speculative_tokens > 0; }

@@ -125,6 +125,39 @@ TEST(BlockManager, AllocatesAndFreesWholeBlocks) {
   EXPECT_DOUBLE_EQ(manager.usage(), 0.0);
 }
 
+// Speculative decoding's blocks: drafts take only free blocks that hold no
+// cached prefix (the free list's leading run without a hash), and the
+// blocks of drafts not accepted go back to the front of the free list.
+TEST(BlockManager, DraftBlocksEvictNothingAndGoBack) {
+  KvEventLog log;
+  BlockManager manager(makeConfig(6, 4), &log);
+  EXPECT_EQ(manager.freeBlocksWithoutEviction(10), 6);
+  EXPECT_EQ(manager.freeBlocksWithoutEviction(2), 2);
+  // Four blocks cached and freed: two free blocks are left without a hash.
+  SequenceBlocks cached;
+  ASSERT_TRUE(manager.allocate(cached, nullptr, 16));
+  manager.cacheFullBlocks(cached, iota(17, 1), 16, "");
+  manager.free(cached);
+  EXPECT_EQ(manager.numFreeBlocks(), 6);
+  EXPECT_EQ(manager.freeBlocksWithoutEviction(10), 2);
+
+  SequenceBlocks seq;
+  ASSERT_TRUE(manager.allocate(seq, nullptr, 3));
+  EXPECT_EQ(manager.freeBlocksWithoutEviction(10), 1);
+  const Snapshot before = snapshot(manager, log);
+  ASSERT_TRUE(manager.allocate(seq, nullptr, 7));  // a draft's block
+  EXPECT_EQ(manager.freeBlocksWithoutEviction(10), 0);
+  EXPECT_EQ(manager.cachedHashes().size(), 4u);  // nothing evicted
+  manager.truncate(seq, 1);
+  EXPECT_EQ(seq.blocks.size(), 1u);
+  EXPECT_EQ(snapshot(manager, log), before);
+  EXPECT_EQ(manager.freeBlocksWithoutEviction(10), 1);
+  // A registered block is never truncated away.
+  manager.cacheFullBlocks(seq, iota(4, 50), 4, "");
+  EXPECT_DEATH(manager.truncate(seq, 0), "below its registered prefix");
+  manager.free(seq);
+}
+
 TEST(BlockManager, SecondSequenceSharesTenBlockPrefix) {
   KvEventLog log;
   BlockManager manager(makeConfig(64, 16), &log);

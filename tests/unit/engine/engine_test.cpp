@@ -1411,19 +1411,98 @@ TEST(EngineSpeculative, AnswersEndAndArePreemptedAsWithoutDrafts) {
   }
   EXPECT_EQ(at_end.reason, FinishReason::kLength);
 
-  // Few blocks: sequences preempt each other and recompute.
+  // Few blocks: sequences preempt each other and recompute. (Which blocks
+  // stay cached, and when a sequence is preempted, follow the steps, which
+  // drafts make fewer: only the tokens are the same.)
   EngineConfig tight = speculatingConfig(6);
   tight.num_blocks = 14;
   Engine tight_speculating(tight);
+  tight.speculative = {};
+  Engine tight_plain(tight);
   std::vector<Request> crowd;
   for (uint32_t seed = 20; seed < 24; ++seed) {
     crowd.push_back(greedyRequest("crowd-" + std::to_string(seed), repeatingPrompt(seed), 30));
   }
-  expectSameRuns(runAllToEnd(plain, crowd), runAllToEnd(tight_speculating, crowd), crowd);
+  expectSameRuns(runAllToEnd(tight_plain, crowd), runAllToEnd(tight_speculating, crowd), crowd);
   const EngineStats stats = tight_speculating.stats();
   EXPECT_GT(stats.num_preemptions, 0);
   EXPECT_GT(stats.spec_decode_num_accepted_tokens, 0);
+  EXPECT_LT(stats.spec_decode_num_accepted_tokens, stats.spec_decode_num_draft_tokens);
   EXPECT_EQ(stats.num_free_blocks, stats.num_blocks);
+}
+
+// Blocks taken for drafts that were not accepted go back at the end of the
+// step: between steps a sequence holds only the blocks its computed
+// positions fill, as without drafts; and one whose answer ends inside its
+// drafts is held for its reader with only those.
+TEST(EngineSpeculative, BlocksOfDraftsNotAcceptedGoBack) {
+  {
+    Engine engine(speculatingConfig(6));
+    const std::vector<TokenId> prompt = repeatingPrompt(40);
+    int64_t received = 0;
+    int64_t over = 0;  // outputs that saw more blocks held than computed positions fill
+    std::mutex mutex;
+    std::condition_variable done;
+    bool finished = false;
+    // Each output sees the stats published after the step before its own.
+    ASSERT_TRUE(engine
+                    .addRequest(greedyRequest("long", prompt, 64),
+                                [&](const RequestOutput& out) {
+                                  const EngineStats stats = engine.stats();
+                                  std::lock_guard<std::mutex> lock(mutex);
+                                  const int64_t computed = std::ssize(prompt) + received - 1;
+                                  if (received > 0 && stats.num_blocks - stats.num_free_blocks >
+                                                          (computed + 15) / 16) {
+                                    ++over;
+                                  }
+                                  received += std::ssize(out.tokens);
+                                  if (out.finished()) {
+                                    finished = true;
+                                    done.notify_all();
+                                  }
+                                })
+                    .isOk());
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(done.wait_for(lock, std::chrono::seconds(60), [&] { return finished; }));
+    EXPECT_EQ(over, 0);
+    EXPECT_GT(engine.stats().spec_decode_num_draft_tokens,
+              engine.stats().spec_decode_num_accepted_tokens);
+  }
+  // Answers cut by stop strings at every point of a long answer, held by a
+  // connector for a reader: the same blocks held as without drafts.
+  auto holding = [](int32_t drafts) {
+    EngineConfig config = speculatingConfig(drafts);
+    config.connector_factory = [](KvCache&, const std::string&) {
+      return std::make_unique<HoldingConnector>();
+    };
+    return std::make_unique<Engine>(config);
+  };
+  std::unique_ptr<Engine> plain = holding(0);
+  std::unique_ptr<Engine> speculating = holding(6);
+  const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::fromDirectory(modelDir());
+  int64_t compared = 0;
+  for (uint32_t seed = 41; seed < 45; ++seed) {
+    const std::vector<TokenId> prompt = repeatingPrompt(seed);
+    const std::string whole_id = "whole-" + std::to_string(seed);
+    const FullRun whole = runToEnd(*plain, greedyRequest(whole_id, prompt, 48));
+    ASSERT_TRUE(plain->releaseTransfer({{"transfer_id", whole_id}}).isOk());
+    for (size_t cut = 2; cut < 46; ++cut) {
+      const std::string text = tokenizer->decode(std::vector<TokenId>{whole.tokens[cut].token});
+      if (text.empty()) continue;
+      const std::string id = "cut-" + std::to_string(seed) + "-" + std::to_string(cut);
+      Request request = greedyRequest(id, prompt, 48);
+      request.sampling.stop = {text};
+      const FullRun expected = runToEnd(*plain, request);
+      const FullRun got = runToEnd(*speculating, request);
+      ASSERT_EQ(got.tokens.size(), expected.tokens.size()) << id;
+      EXPECT_EQ(speculating->stats().kv_held_blocks, plain->stats().kv_held_blocks) << id;
+      EXPECT_GT(plain->stats().kv_held_blocks, 0) << id;
+      ASSERT_TRUE(plain->releaseTransfer({{"transfer_id", id}}).isOk());
+      ASSERT_TRUE(speculating->releaseTransfer({{"transfer_id", id}}).isOk());
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 40);
 }
 
 TEST(EngineSpeculative, ASimulatedAgentRefusesIt) {

@@ -476,12 +476,11 @@ TEST(Scheduler, AFailedLoadIsReportedAndNeverScheduled) {
   EXPECT_FALSE(h.scheduler->hasWork());
 }
 
-// The queued prefill backlog: every waiting prompt's tokens until it is
-// admitted, then nothing for it (a running prompt is no longer queued).
 // Speculative decoding: a decode chunk takes drafts from the token budget
 // and the free blocks left once every other chunk has its share, or as far
 // as its own blocks reach (never preempting for them, nor keeping a waiting
-// sequence out); they count as computed only as they are accepted.
+// sequence out); they count as computed only as they are accepted, and the
+// blocks of those not accepted go back.
 TEST(Scheduler, DraftsJoinADecodeChunkWithinTheBudgetAndTheFreeBlocks) {
   SchedulerConfig config;
   config.max_num_batched_tokens = 9;
@@ -516,6 +515,8 @@ TEST(Scheduler, DraftsJoinADecodeChunkWithinTheBudgetAndTheFreeBlocks) {
   h.scheduler->acceptDraft(*a);
   EXPECT_EQ(a->num_computed_tokens, 16);
   a->tokens.push_back(9);  // the second draft rejected: 9 sampled instead
+  h.scheduler->releaseDraftBlocks(*a);
+  EXPECT_EQ(a->blocks.blocks.size(), 1u);  // positions 0..15 computed
 
   // a decodes on to the end of its second block (32 positions).
   for (int i = 0; i < 14; ++i) {
@@ -542,6 +543,90 @@ TEST(Scheduler, DraftsJoinADecodeChunkWithinTheBudgetAndTheFreeBlocks) {
   EXPECT_EQ(h.scheduler->numPreemptions(), 0);
 }
 
+// Drafts take no free block that holds a cached prefix (evicting it), and
+// none at all in a step that preempted (its free blocks are the victim's).
+TEST(Scheduler, DraftsNeitherEvictCachedBlocksNorRunInAStepThatPreempted) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 64;
+  bool propose = true;
+  auto drafter = [&](Sequence& sequence, int64_t max_drafts) {
+    sequence.draft.assign(static_cast<size_t>(propose ? std::min<int64_t>(max_drafts, 5) : 0), 7);
+    return static_cast<int64_t>(sequence.draft.size());
+  };
+  {
+    Harness h(4, config);
+    h.scheduler->setDrafter(drafter);
+    // Two blocks of a finished prompt stay cached, free.
+    Sequence* cached = h.add("cached", randomTokens(33, 3));
+    h.step();
+    h.scheduler->finish(cached);
+    ASSERT_EQ(h.blocks->cachedHashes().size(), 2u);
+    Sequence* a = h.add("a", randomTokens(14, 1));
+    Sequence* b = h.add("b", randomTokens(3, 2));
+    h.step();  // both prompts: a and b take the two free blocks without a hash
+    SchedulerOutput out = h.scheduler->schedule();
+    ASSERT_EQ(out.chunks.size(), 2u);
+    // a's drafts stop at the end of its block (position 15): the next free
+    // blocks hold the cached prefix.
+    EXPECT_EQ(out.chunks[0].sequence, a);
+    EXPECT_EQ(out.chunks[0].num_draft_tokens, 1);
+    EXPECT_EQ(out.chunks[1].sequence, b);
+    EXPECT_EQ(out.chunks[1].num_draft_tokens, 5);  // b's block has room for 5
+    EXPECT_EQ(h.blocks->cachedHashes().size(), 2u);
+    EXPECT_EQ(h.blocks->numFreeBlocks(), 2);
+  }
+  {
+    Harness h(2, config);
+    h.scheduler->setDrafter(drafter);
+    propose = false;
+    Sequence* a = h.add("a", randomTokens(14, 1));
+    Sequence* b = h.add("b", randomTokens(14, 2));
+    while (a->num_computed_tokens < 16) h.step();
+    // a's next token needs a second block: b, the newest, is preempted for
+    // it. Drafts would fit in a's new block, but not in this step.
+    propose = true;
+    SchedulerOutput out = h.scheduler->schedule();
+    ASSERT_EQ(out.preempted.size(), 1u);
+    EXPECT_EQ(out.preempted[0], b);
+    ASSERT_EQ(out.chunks.size(), 1u);
+    EXPECT_EQ(out.chunks[0].sequence, a);
+    EXPECT_EQ(out.chunks[0].num_draft_tokens, 0);
+    EXPECT_TRUE(a->draft.empty());
+  }
+}
+
+// disable_by_batch_size: no drafts in a step in which that many sequences
+// run; drafts again once fewer do.
+TEST(Scheduler, NoDraftsWhileTheBatchIsAtTheBound) {
+  SchedulerConfig config;
+  config.max_num_batched_tokens = 64;
+  Harness h(8, config);
+  int calls = 0;
+  h.scheduler->setDrafter(
+      [&](Sequence& sequence, int64_t) {
+        ++calls;
+        sequence.draft.assign(2, 7);
+        return int64_t{2};
+      },
+      /*disable_by_batch_size=*/2);
+  Sequence* a = h.add("a", randomTokens(10, 1));
+  Sequence* b = h.add("b", randomTokens(10, 2));
+  h.step();  // both prompts
+  SchedulerOutput out = h.scheduler->schedule();
+  ASSERT_EQ(out.chunks.size(), 2u);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(out.chunks[0].num_draft_tokens + out.chunks[1].num_draft_tokens, 0);
+  h.scheduler->onStepComputed(out);
+  a->tokens.push_back(1);
+  h.scheduler->finish(b);
+  out = h.scheduler->schedule();
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(out.chunks[0].num_draft_tokens, 2);
+}
+
+// The queued prefill backlog: every waiting prompt's tokens until it is
+// admitted, then nothing for it (a running prompt is no longer queued).
 TEST(Scheduler, PrefillTokensWaitingCountsQueuedPromptsUntilAdmitted) {
   SchedulerConfig config;
   config.max_num_batched_tokens = 20;

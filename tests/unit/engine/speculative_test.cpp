@@ -108,9 +108,9 @@ TEST(SpeculativeConfig, RefusesWhatItCannotRunNamingTheField) {
                         "prompt_lookup_max": 65})"),
             "speculative-config: prompt_lookup_max must be an integer from 1 to 64, got 65");
   EXPECT_EQ(refused(R"({"method": "ngram", "num_speculative_tokens": 2,
-                        "disable_by_batch_size": 0})"),
-            "speculative-config: disable_by_batch_size must be an integer from 1 to 1073741824, "
-            "got 0");
+                        "disable_by_batch_size": 1})"),
+            "speculative-config: disable_by_batch_size must be an integer from 2 to 1073741824, "
+            "got 1");
   EXPECT_EQ(
       refused(
           R"({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1})"),
