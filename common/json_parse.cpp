@@ -259,6 +259,19 @@ std::optional<nlohmann::json> parseJson(std::string_view text, JsonParseError& e
   return parseAs<nlohmann::json>(text, error, bounds);
 }
 
+StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view what) {
+  JsonParseError error;
+  std::optional<nlohmann::json> parsed = parseJson(text, error);
+  if (!parsed) {
+    const std::string where = error.byte > 0 ? " (byte " + std::to_string(error.byte) + ")" : "";
+    return invalidArgument(std::string(what) + " is not valid JSON" + where + ": " + error.detail);
+  }
+  if (!parsed->is_object()) {
+    return invalidArgument(std::string(what) + " must be a JSON object, got: " + std::string(text));
+  }
+  return std::move(*parsed);
+}
+
 std::optional<nlohmann::ordered_json> parseOrderedJson(std::string_view text, JsonParseError& error,
                                                        JsonBounds bounds) {
   return parseAs<nlohmann::ordered_json>(text, error, bounds);

@@ -17,6 +17,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace tandem {
 
 // Levels of arrays and objects a JSON text may nest by default (a top-level
@@ -67,6 +69,11 @@ std::optional<nlohmann::json> parseJson(std::string_view text, JsonParseError& e
 // handed on to code that shows them, such as chat templates).
 std::optional<nlohmann::ordered_json> parseOrderedJson(std::string_view text, JsonParseError& error,
                                                        JsonBounds bounds = {});
+
+// A configuration option's JSON object (--kv-transfer-config, ...), named
+// `what` in the errors: InvalidArgument "<what> is not valid JSON (byte N):
+// <detail>" or "<what> must be a JSON object, got: <text>".
+StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view what);
 
 // For answers of peers the caller only inspects: the value, or a discarded
 // one (is_discarded()) when the text is not JSON or is outside `bounds`.

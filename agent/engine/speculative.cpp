@@ -83,19 +83,10 @@ SpeculativeConfig parseObject(const nlohmann::json& root) {
 }  // namespace
 
 StatusOr<SpeculativeConfig> SpeculativeConfig::parse(const std::string& json_text) {
-  JsonParseError parse_error;
-  std::optional<nlohmann::json> parsed = parseJson(json_text, parse_error);
-  if (!parsed) {
-    const std::string where =
-        parse_error.byte > 0 ? " (byte " + std::to_string(parse_error.byte) + ")" : "";
-    return invalidArgument("speculative-config is not valid JSON" + where + ": " +
-                           parse_error.detail);
-  }
-  if (!parsed->is_object()) {
-    return invalidArgument("speculative-config must be a JSON object, got: " + json_text);
-  }
+  StatusOr<nlohmann::json> root = parseJsonObject(json_text, "speculative-config");
+  if (!root.isOk()) return root.status();
   try {
-    return parseObject(*parsed);
+    return parseObject(*root);
   } catch (const Error& error) {
     return invalidArgument(error.what());
   }

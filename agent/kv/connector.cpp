@@ -115,19 +115,9 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
 }  // namespace
 
 StatusOr<KvTransferConfig> KvTransferConfig::parse(const std::string& json_text) {
-  JsonParseError parse_error;
-  std::optional<nlohmann::json> parsed = parseJson(json_text, parse_error);
-  if (!parsed) {
-    const std::string where =
-        parse_error.byte > 0 ? " (byte " + std::to_string(parse_error.byte) + ")" : "";
-    return invalidArgument("kv-transfer-config is not valid JSON" + where + ": " +
-                           parse_error.detail);
-  }
-  nlohmann::json root = std::move(*parsed);
-  if (!root.is_object()) {
-    return invalidArgument("kv-transfer-config must be a JSON object, got: " + json_text);
-  }
-  return parseObject(root, "");
+  StatusOr<nlohmann::json> root = parseJsonObject(json_text, "kv-transfer-config");
+  if (!root.isOk()) return root.status();
+  return parseObject(*root, "");
 }
 
 int64_t extraCapacityBlocks(const nlohmann::json& extra, const std::string& connector,

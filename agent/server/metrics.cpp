@@ -133,8 +133,12 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
                        const Histogram::BucketBoundaries& buckets) {
     return &BuildHistogram().Name(name).Help(help).Register(*registry_).Add(labels, buckets);
   };
+  // A family of counters, its series labelled further by the caller.
+  auto counters = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(*registry_);
+  };
   auto counter = [&](const char* name, const char* help) {
-    return &BuildCounter().Name(name).Help(help).Register(*registry_).Add(labels);
+    return &counters(name, help)->Add(labels);
   };
   auto gauge = [&](const char* name, const char* help) {
     return &BuildGauge().Name(name).Help(help).Register(*registry_).Add(labels);
@@ -167,30 +171,21 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   step_failures_ = counter("tandem_engine_step_failures_total",
                            "Engine steps that failed (a backend's or KV connector's error); "
                            "their requests ended with an error.");
-  kv_blocks_loaded_ = &BuildCounter()
-                           .Name("tandem_kv_blocks_loaded_total")
-                           .Help("KV blocks loaded through the KV connector, by source.")
-                           .Register(*registry_);
-  kv_transfer_bytes_ = &BuildCounter()
-                            .Name("tandem_kv_transfer_bytes_total")
-                            .Help("KV bytes loaded through the KV connector, by source.")
-                            .Register(*registry_);
+  kv_blocks_loaded_ = counters("tandem_kv_blocks_loaded_total",
+                               "KV blocks loaded through the KV connector, by source.");
+  kv_transfer_bytes_ = counters("tandem_kv_transfer_bytes_total",
+                                "KV bytes loaded through the KV connector, by source.");
   kv_transfer_duration_ = &BuildHistogram()
                                .Name("tandem_kv_transfer_duration_seconds")
                                .Help("Duration of one request's KV load, by source.")
                                .Register(*registry_);
   kv_transfer_failures_ =
-      &BuildCounter()
-           .Name("tandem_kv_transfer_failures_total")
-           .Help("KV transfers refused or loads failed through the KV connector, by reason.")
-           .Register(*registry_);
+      counters("tandem_kv_transfer_failures_total",
+               "KV transfers refused or loads failed through the KV connector, by reason.");
   kv_blocks_recomputed_ =
       counter("tandem_kv_blocks_recomputed_total",
               "KV blocks that failed to load through the connector and were recomputed or failed.");
-  requests_ = &BuildCounter()
-                   .Name("tandem_requests_total")
-                   .Help("Finished requests by finish reason.")
-                   .Register(*registry_);
+  requests_ = counters("tandem_requests_total", "Finished requests by finish reason.");
   // Every finish reason has a series from the start (at 0): the first
   // request of a reason then shows as an increase, and rates over the
   // reasons exist before any request.
@@ -198,23 +193,18 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
        {"stop", "length", "abort", "error", "invalid", "rejected", "handed_over"}) {
     requests_->Add({{"model", model_}, {"role", role_}, {"finish_reason", reason}});
   }
-  lora_requests_ = &BuildCounter()
-                        .Name("tandem_lora_requests_total")
-                        .Help("Requests that named a LoRA adapter as their model, by adapter.")
-                        .Register(*registry_);
-  auto family = [&](const char* name, const char* help) {
-    return &BuildCounter().Name(name).Help(help).Register(*registry_);
-  };
-  spec_drafts_ = family("tandem_spec_decode_num_drafts_total",
-                        "Speculative decoding: sequence steps that computed drafts.");
-  spec_draft_tokens_ =
-      family("tandem_spec_decode_num_draft_tokens_total", "Speculative decoding: drafts computed.");
-  spec_accepted_ = family("tandem_spec_decode_num_accepted_tokens_total",
-                          "Speculative decoding: drafts accepted (the token sampled at their "
-                          "position was the draft).");
+  lora_requests_ = counters("tandem_lora_requests_total",
+                            "Requests that named a LoRA adapter as their model, by adapter.");
+  spec_drafts_ = counters("tandem_spec_decode_num_drafts_total",
+                          "Speculative decoding: sequence steps that computed drafts.");
+  spec_draft_tokens_ = counters("tandem_spec_decode_num_draft_tokens_total",
+                                "Speculative decoding: drafts computed.");
+  spec_accepted_ = counters("tandem_spec_decode_num_accepted_tokens_total",
+                            "Speculative decoding: drafts accepted (the token sampled at their "
+                            "position was the draft).");
   spec_accepted_per_position_ =
-      family("tandem_spec_decode_num_accepted_tokens_per_pos_total",
-             "Speculative decoding: drafts accepted, by position in their step's drafts.");
+      counters("tandem_spec_decode_num_accepted_tokens_per_pos_total",
+               "Speculative decoding: drafts accepted, by position in their step's drafts.");
   running_ = gauge("tandem_num_requests_running", "Requests being computed.");
   waiting_ = gauge("tandem_num_requests_waiting", "Requests queued for computation.");
   prefill_tokens_waiting_ =
