@@ -925,23 +925,37 @@ void HttpServer::routes() {
   // Drain (as on SIGTERM): admit nothing more, hand running streams over,
   // exit when they have moved or the shutdown timeout passes. Signed like
   // the KV control calls when the agent has a KV secret.
-  http_->post(
-      "/admin/drain",
-      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
-        auto parsed = kvTransferBody(req.body.empty() ? std::string("{}") : req.body, "");
-        if (!parsed.isOk()) return sendError(res, parsed.error());
-        if (Status allowed = engine_.authorizeKvRequest("/admin/drain", parsed.value());
-            !allowed.isOk()) {
-          return sendError(res, fromStatus(allowed));
-        }
-        if (!config_.on_drain) {
-          return sendError(res, fromStatus(failedPrecondition("this agent cannot be drained")));
-        }
-        config_.on_drain();
-        res.status = 202;
-        res.set_content(R"({"draining":true})", "application/json");
-      },
-      RouteWork::kCompute);
+  http_->route("POST", "/admin/drain",
+               [this, kvTransferBody](HttpExchange& exchange) -> boost::asio::awaitable<void> {
+                 // In flight until its answer is written: the drain it begins lets
+                 // the handlers finish (waitForIdle) before the server stops, so the
+                 // 202 is never cut off by the stop it caused.
+                 ActiveRequest active(active_requests_);
+                 const std::string* body = &exchange.request().body;
+                 auto drain = [this, body, &kvTransferBody] {
+                   HttpResponse res;
+                   auto parsed = kvTransferBody(body->empty() ? std::string("{}") : *body, "");
+                   if (!parsed.isOk()) {
+                     sendError(res, parsed.error());
+                     return res;
+                   }
+                   if (Status allowed = engine_.authorizeKvRequest("/admin/drain", parsed.value());
+                       !allowed.isOk()) {
+                     sendError(res, fromStatus(allowed));
+                     return res;
+                   }
+                   if (!config_.on_drain) {
+                     sendError(res, fromStatus(failedPrecondition("this agent cannot be drained")));
+                     return res;
+                   }
+                   config_.on_drain();
+                   res.status = 202;
+                   res.set_content(R"({"draining":true})", "application/json");
+                   return res;
+                 };
+                 HttpResponse res = co_await exchange.offloadWait<HttpResponse>(drain);
+                 co_await exchange.respond(std::move(res));
+               });
 
   // The KV event stream: events after `since`, a snapshot when the reader
   // fell behind what is retained, a comment line after 10 s of silence (so a
