@@ -157,7 +157,8 @@ const std::vector<Row>& rows() {
         0,
         {},
         "KV connector, e.g. {\"kv_connector\":\"storage\",\"kv_role\":\"kv_both\","
-        "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}"},
+        "\"kv_connector_extra_config\":{\"shared_storage_path\":\"/tmp/kv\"}}",
+        [](const std::string& text) { return kv::KvTransferConfig::parse(text).status(); }},
        [](ServeOptions& o, const Value& v) { o.kv_transfer_config = v.text; }},
       {{"speculative_config",
         OptionKind::kJson,
@@ -166,7 +167,8 @@ const std::vector<Row>& rows() {
         {},
         "speculative decoding by prompt lookup (docs/speculative-decoding.md), e.g. "
         "{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_max\":4,"
-        "\"prompt_lookup_min\":2}"},
+        "\"prompt_lookup_min\":2}",
+        [](const std::string& text) { return engine::SpeculativeConfig::parse(text).status(); }},
        [](ServeOptions& o, const Value& v) { o.speculative_config = v.text; }},
       flag("insecure_kv",
            "let a ucx KV producer or consumer listen on a non-loopback address without a shared "
@@ -245,14 +247,11 @@ bool isInteger(const std::string& text) {
   throw Error(name + " must be " + spec.accepted() + ", got " + got);
 }
 
-// The KV connector's own checks, named as the user wrote the option.
-// A JSON option's value, checked by its own parser, whose messages start
-// with the flag's name; the error names the flag or the file and key.
+// A JSON option's value, checked by its own parser (OptionSpec::
+// check_json); the error names the flag or the file and key.
 void checkJsonOption(const OptionSpec& spec, const std::string& name,
                      const std::string& json_text) {
-  const Status status = spec.key == "speculative_config"
-                            ? engine::SpeculativeConfig::parse(json_text).status()
-                            : kv::KvTransferConfig::parse(json_text).status();
+  const Status status = spec.check_json(json_text);
   if (status.isOk()) return;
   const std::string prefix = spec.flag().substr(2);
   std::string message = status.message();
@@ -310,7 +309,7 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
       return value;
     case OptionKind::kJson: {
       const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      // The connector's parser reports where the JSON breaks.
+      // The option's own parser reports where the JSON breaks.
       if (json.is_discarded()) checkJsonOption(spec, name, text);
       value.text = json.dump();
       return value;

@@ -15,12 +15,14 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "agent/serve_command.h"
+#include "common/status.h"
 
 namespace CLI {
 class App;
@@ -56,6 +58,9 @@ struct OptionSpec {
   int64_t max = 0;
   std::vector<std::string> choices;
   std::string help;
+  // kJson: the value's own parser (its messages start with the flag's name
+  // without the dashes), run on every value the option is given.
+  std::function<Status(const std::string& json_text)> check_json = {};
 
   std::string flag() const;
   // "between 1 and 1024", "one of bf16, f32", ...: what a value must be.
