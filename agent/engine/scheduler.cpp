@@ -433,9 +433,13 @@ void Scheduler::onStepComputed(const SchedulerOutput& output) {
     sequence->num_computed_tokens = chunk.start + chunk.num_tokens - chunk.num_draft_tokens;
     // Reaching a present range: its KV is already there, skip over it.
     sequence->skipPresentRanges();
-    blocks_.cacheFullBlocks(sequence->blocks, sequence->tokens, sequence->num_computed_tokens,
-                            sequence->request.cache_salt, sequence->adapter_identity);
+    cacheComputedBlocks(*sequence);
   }
+}
+
+void Scheduler::cacheComputedBlocks(Sequence& sequence) {
+  blocks_.cacheFullBlocks(sequence.blocks, sequence.tokens, sequence.num_computed_tokens,
+                          sequence.request.cache_salt, sequence.adapter_identity);
 }
 
 void Scheduler::addDrafts(int64_t budget, SchedulerOutput& output) {
@@ -467,8 +471,7 @@ void Scheduler::acceptDraft(Sequence& sequence) {
   // The draft's position now holds the token sampled there (equal to it).
   TANDEM_CHECK(sequence.num_computed_tokens <= static_cast<int64_t>(sequence.tokens.size()),
                "a draft accepted before the token at its position was sampled");
-  blocks_.cacheFullBlocks(sequence.blocks, sequence.tokens, sequence.num_computed_tokens,
-                          sequence.request.cache_salt, sequence.adapter_identity);
+  cacheComputedBlocks(sequence);
 }
 
 void Scheduler::releaseDraftBlocks(Sequence& sequence) {

@@ -256,6 +256,9 @@ class Scheduler {
   void dropBlocks(Sequence& sequence);
   // Frees a sequence's blocks after a load failed under the fail policy.
   void failLoad(Sequence& sequence);
+  // Registers the sequence's full blocks within its computed tokens in the
+  // prefix cache (under its salt and adapter).
+  void cacheComputedBlocks(Sequence& sequence);
   // Gives decode chunks the drafts the drafter proposes, within `budget`.
   void addDrafts(int64_t budget, SchedulerOutput& output);
   enum class Admission { kAdmitted, kNoRoom, kSkipped };
