@@ -184,6 +184,12 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
                   std::to_string(layer) + ", but the model has " +
                   std::to_string(model.num_hidden_layers) + " layers");
     }
+    if (module >= kLoraGate && model.isMoeLayer(layer)) {
+      throw Error("tensor " + tensor_name + " in " + file + " adapts the MLP of layer " +
+                  std::to_string(layer) +
+                  ", a mixture of experts, whose experts adapters do not reach (accepted in "
+                  "such a layer: self_attn.q_proj/k_proj/v_proj/o_proj)");
+    }
     const auto [in, out] = shapes[static_cast<size_t>(module)];
     const std::vector<int64_t> expected =
         is_a ? std::vector<int64_t>{adapter->rank_, in} : std::vector<int64_t>{out, adapter->rank_};

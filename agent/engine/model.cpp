@@ -65,6 +65,12 @@ class TensorSource {
     return kernels::WeightView{tensor.data, tensor.dtype, rows, cols};
   }
 
+  // Whether the checkpoint holds a tensor of that name.
+  bool has(const std::string& name) const {
+    if (!index_path_.empty()) return weight_map_.count(name) > 0;
+    return files_.front()->find(name) != nullptr;
+  }
+
   std::vector<float> vector(const std::string& name, int64_t size) {
     const TensorInfo& tensor = lookup(name, {size});
     used_bytes += tensor.num_bytes;
@@ -144,7 +150,53 @@ class TensorSource {
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
 };
 
+// A mixture layer's router and experts, in the per-expert names of the
+// checkpoints published for the architecture: Mixtral's
+// block_sparse_moe.{gate, experts.<e>.w1 (gate), w3 (up), w2 (down)},
+// Qwen3-MoE's mlp.{gate, experts.<e>.gate_proj/up_proj/down_proj}.
+void loadExperts(TensorSource& source, const ModelConfig& c, const std::string& prefix,
+                 LayerWeights& layer) {
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+  const int64_t hidden = c.hidden_size;
+  const int64_t inter = c.moe_intermediate_size;
+  if (source.has(block + "experts.gate_up_proj")) {
+    // transformers 5 holds a layer's experts as stacked tensors in memory.
+    throw Error("tensor " + block + "experts.gate_up_proj: experts stacked in one tensor are not " +
+                "read (accepted: one tensor per expert, " + block + "experts.<e>." +
+                (mixtral ? "w1.weight" : "gate_proj.weight") +
+                " ..., as the published checkpoints hold them)");
+  }
+  layer.router = source.matrix(block + "gate.weight", c.num_experts, hidden);
+  layer.experts.resize(static_cast<size_t>(c.num_experts));
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::string expert = block + "experts." + std::to_string(e) + ".";
+    ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
+    w.gate_proj =
+        source.matrix(expert + (mixtral ? "w1.weight" : "gate_proj.weight"), inter, hidden);
+    w.up_proj = source.matrix(expert + (mixtral ? "w3.weight" : "up_proj.weight"), inter, hidden);
+    w.down_proj =
+        source.matrix(expert + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, inter);
+  }
+}
+
 }  // namespace
+
+std::vector<const kernels::WeightView*> LayerWeights::tokenMatrices(
+    int64_t experts_per_token) const {
+  std::vector<const kernels::WeightView*> result;
+  for (const kernels::WeightView* w : matrices()) {
+    if (w->data != nullptr) result.push_back(w);
+  }
+  if (!experts.empty()) {
+    result.push_back(&router);
+    for (int64_t e = 0; e < experts_per_token && e < std::ssize(experts); ++e) {
+      const ExpertWeights& expert = experts[static_cast<size_t>(e)];
+      result.insert(result.end(), {&expert.gate_proj, &expert.up_proj, &expert.down_proj});
+    }
+  }
+  return result;
+}
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   std::error_code error;
@@ -201,9 +253,13 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       layer.q_norm = source.vector(prefix + "self_attn.q_norm.weight", c.head_dim);
       layer.k_norm = source.vector(prefix + "self_attn.k_norm.weight", c.head_dim);
     }
-    layer.gate_proj = source.matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
-    layer.up_proj = source.matrix(prefix + "mlp.up_proj.weight", inter, hidden);
-    layer.down_proj = source.matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+    if (c.isMoeLayer(i)) {
+      loadExperts(source, c, prefix, layer);
+    } else {
+      layer.gate_proj = source.matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
+      layer.up_proj = source.matrix(prefix + "mlp.up_proj.weight", inter, hidden);
+      layer.down_proj = source.matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+    }
     layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
     layer.post_attention_layernorm =
         source.vector(prefix + "post_attention_layernorm.weight", hidden);

@@ -23,13 +23,29 @@
 
 namespace tandem::engine {
 
+// One expert of a mixture layer: an MLP as a dense layer's.
+struct ExpertWeights {
+  kernels::WeightView gate_proj, up_proj, down_proj;
+};
+
 struct LayerWeights {
   kernels::WeightView q_proj, k_proj, v_proj, o_proj;
+  // The dense MLP; unset (no data, no rows) in a mixture layer.
   kernels::WeightView gate_proj, up_proj, down_proj;
   // The seven projection matrices, in the order above.
   std::array<const kernels::WeightView*, 7> matrices() const {
     return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
   }
+  // A mixture layer's router (num_experts x hidden_size; Mixtral's
+  // block_sparse_moe.gate, Qwen3-MoE's mlp.gate) and experts; unset and
+  // empty in a dense layer.
+  kernels::WeightView router;
+  std::vector<ExpertWeights> experts;
+  // The matrices one token's forward pass reads in this layer: the
+  // projections, and in a mixture layer the router and
+  // num_experts_per_tok experts' (taken as the first ones: experts are
+  // equal in size).
+  std::vector<const kernels::WeightView*> tokenMatrices(int64_t experts_per_token) const;
   std::vector<float> input_layernorm, post_attention_layernorm;
   std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
   std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm

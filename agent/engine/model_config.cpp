@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -29,7 +30,11 @@ constexpr int64_t kMaxVocabSize = int64_t{1} << 31;
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "MixtralForCausalLM, Qwen3MoeForCausalLM";
+// More experts than this is a corrupt or hostile config (the largest
+// published mixtures have 512).
+constexpr int64_t kMaxExperts = 4096;
 
 // Reads typed fields of one JSON object; every error names the source file
 // and the field, and says what would have been accepted.
@@ -148,7 +153,57 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
   return scaling;
 }
 
+// The mixture-of-experts fields: Mixtral's num_local_experts (8 by
+// default) choosing 2 with renormalized weights, every layer a mixture of
+// intermediate_size experts; Qwen3-MoE's num_experts (128) choosing 8 of
+// moe_intermediate_size (768), renormalized when norm_topk_prob (false),
+// with decoder_sparse_step and mlp_only_layers naming the dense layers.
+void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
+                 ModelConfig& config) {
+  const char* experts_key = is_mixtral ? "num_local_experts" : "num_experts";
+  config.num_experts = reader.boundedInt(experts_key, is_mixtral ? 8 : 128, kMaxExperts);
+  config.num_experts_per_tok =
+      reader.boundedInt("num_experts_per_tok", is_mixtral ? 2 : 8, kMaxExperts);
+  if (config.num_experts_per_tok > config.num_experts) {
+    reader.fail("num_experts_per_tok", "must be at most " + std::string(experts_key) + " (" +
+                                           std::to_string(config.num_experts) + "), got " +
+                                           std::to_string(config.num_experts_per_tok));
+  }
+  if (is_mixtral) {
+    config.moe_intermediate_size = config.intermediate_size;
+    config.norm_topk_prob = true;
+    return;
+  }
+  config.moe_intermediate_size = reader.boundedInt("moe_intermediate_size", 768, kMaxDimension);
+  config.norm_topk_prob = reader.boolean("norm_topk_prob", false);
+  config.decoder_sparse_step =
+      reader.boundedInt("decoder_sparse_step", 1, config.num_hidden_layers);
+  if (reader.has("mlp_only_layers")) {
+    const json& layers = root.at("mlp_only_layers");
+    const std::string accepted =
+        "must be a list of layer indices from 0 to num_hidden_layers - 1 (" +
+        std::to_string(config.num_hidden_layers - 1) + "), got ";
+    if (!layers.is_array()) reader.fail("mlp_only_layers", accepted + layers.dump());
+    for (const json& layer : layers) {
+      if (!layer.is_number_integer() || layer.get<int64_t>() < 0 ||
+          layer.get<int64_t>() >= config.num_hidden_layers) {
+        reader.fail("mlp_only_layers", accepted + layer.dump());
+      }
+      config.mlp_only_layers.push_back(layer.get<int64_t>());
+    }
+    std::sort(config.mlp_only_layers.begin(), config.mlp_only_layers.end());
+    config.mlp_only_layers.erase(
+        std::unique(config.mlp_only_layers.begin(), config.mlp_only_layers.end()),
+        config.mlp_only_layers.end());
+  }
+}
+
 }  // namespace
+
+bool ModelConfig::isMoeLayer(int64_t layer) const {
+  return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0 &&
+         !std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer);
+}
 
 ModelConfig ModelConfig::fromFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -161,10 +216,9 @@ ModelConfig ModelConfig::fromFile(const std::filesystem::path& path) {
 
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {
   static constexpr std::pair<const char*, const char*> kArchitectures[] = {
-      {"LlamaForCausalLM", "llama"},
-      {"MistralForCausalLM", "mistral"},
-      {"Qwen2ForCausalLM", "qwen2"},
-      {"Qwen3ForCausalLM", "qwen3"},
+      {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
+      {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
+      {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -192,6 +246,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_qwen2 = config.architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = config.architecture == "Qwen3ForCausalLM";
   const bool is_mistral = config.architecture == "MistralForCausalLM";
+  const bool is_mixtral = config.architecture == "MixtralForCausalLM";
+  const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
   config.hidden_size = reader.requiredBoundedInt("hidden_size", kMaxDimension);
@@ -245,23 +301,27 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                             .positiveNumber("rope_theta", config.rope_theta);
   }
 
-  const int64_t default_max_positions = is_qwen2 || is_qwen3 ? 32768 : is_mistral ? 131072 : 2048;
+  const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe ? 32768
+                                        : is_mistral || is_mixtral           ? 131072
+                                                                             : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", false);
   // Qwen2's attention always has q/k/v biases whatever the config says;
   // Mistral's never has them.
-  config.attention_bias = is_qwen2     ? true
-                          : is_mistral ? false
-                                       : reader.boolean("attention_bias", false);
-  config.qk_norm = is_qwen3;
+  config.attention_bias = is_qwen2                   ? true
+                          : is_mistral || is_mixtral ? false
+                                                     : reader.boolean("attention_bias", false);
+  config.qk_norm = is_qwen3 || is_qwen3_moe;
+  if (is_mixtral || is_qwen3_moe) readExperts(reader, root, is_mixtral, config);
 
   if (reader.boolean("mlp_bias", false)) {
     reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
   }
-  // transformers' Mistral attends within sliding_window positions whenever
-  // it is set (Qwen2 only with use_sliding_window, refused below).
-  if (is_mistral) {
+  // transformers' Mistral and Mixtral attend within sliding_window
+  // positions whenever it is set (Qwen2 and Qwen3-MoE only with
+  // use_sliding_window, refused below).
+  if (is_mistral || is_mixtral) {
     config.sliding_window = reader.boundedInt("sliding_window", 0, kMaxPositionEmbeddings);
   }
   if (reader.boolean("use_sliding_window", false)) {
@@ -345,6 +405,17 @@ std::string ModelConfig::toJsonText() const {
   root["tie_word_embeddings"] = tie_word_embeddings;
   root["attention_bias"] = attention_bias;
   root["torch_dtype"] = dtypeTorchName(torch_dtype);
+  if (architecture == "MixtralForCausalLM") {
+    root["num_local_experts"] = num_experts;
+    root["num_experts_per_tok"] = num_experts_per_tok;
+  } else if (architecture == "Qwen3MoeForCausalLM") {
+    root["num_experts"] = num_experts;
+    root["num_experts_per_tok"] = num_experts_per_tok;
+    root["moe_intermediate_size"] = moe_intermediate_size;
+    root["norm_topk_prob"] = norm_topk_prob;
+    root["decoder_sparse_step"] = decoder_sparse_step;
+    root["mlp_only_layers"] = mlp_only_layers;
+  }
   root["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
   if (eos_token_ids.empty()) {
     root["eos_token_id"] = nullptr;
@@ -381,6 +452,16 @@ std::string ModelConfig::computeDigest() const {
       {"attention_bias", attention_bias},
       {"qk_norm", qk_norm},
   };
+  // Only mixtures name their experts: a dense model's digest is what it
+  // was before mixtures were read.
+  if (num_experts > 0) {
+    math["experts"] = {{"num_experts", num_experts},
+                       {"num_experts_per_tok", num_experts_per_tok},
+                       {"moe_intermediate_size", moe_intermediate_size},
+                       {"norm_topk_prob", norm_topk_prob},
+                       {"decoder_sparse_step", decoder_sparse_step},
+                       {"mlp_only_layers", mlp_only_layers}};
+  }
   const std::string text = math.dump();
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",

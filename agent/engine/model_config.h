@@ -1,8 +1,10 @@
 // The architecture of a Llama-family decoder, read from a Hugging Face config.json.
 //
 // Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM. Missing optional fields take the
-// defaults of the Hugging Face transformers class of that architecture.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixtures of experts
+// MixtralForCausalLM and Qwen3MoeForCausalLM (docs/engine.md#mixture-of-experts).
+// Missing optional fields take the defaults of the Hugging Face
+// transformers class of that architecture.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +49,20 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v projections have biases (always for Qwen2)
   bool qk_norm = false;         // per-head RMSNorm of q and k before RoPE (Qwen3)
   DType torch_dtype = DType::kBF16;
+  // Mixture of experts (Mixtral, Qwen3-MoE); num_experts 0: a dense model.
+  // A mixture layer's MLP is a router (num_experts x hidden_size) choosing
+  // num_experts_per_tok of num_experts MLPs of moe_intermediate_size for
+  // each token, weighted by the router's softmax over all experts,
+  // renormalized over the chosen ones when norm_topk_prob. Layers in
+  // mlp_only_layers, or whose index + 1 is not a multiple of
+  // decoder_sparse_step, keep a dense MLP of intermediate_size (Qwen3-MoE).
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  bool isMoeLayer(int64_t layer) const;
   std::vector<int64_t> eos_token_ids;  // from config.json "eos_token_id" (int or list)
   int64_t bos_token_id = -1;
 

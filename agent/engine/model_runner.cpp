@@ -79,7 +79,11 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       fused_(backend),
       row_logits_(backend),
       lora_down_(backend),
-      lora_delta_(backend) {
+      lora_delta_(backend),
+      router_logits_(backend),
+      expert_in_(backend),
+      expert_out_(backend),
+      expert_sum_(backend) {
   const ModelConfig& config = model_.config();
   const KvCacheConfig& kv = cache_.config();
   auto mismatch = [](const char* what, int64_t model_value, int64_t cache_value) {
@@ -94,6 +98,11 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     throw mismatch("num_kv_heads", config.num_key_value_heads, kv.num_kv_heads);
   }
   if (kv.head_dim != config.head_dim) throw mismatch("head_dim", config.head_dim, kv.head_dim);
+  if (config.num_experts > 0 && !backend_.hostAccessible()) {
+    throw Error("model " + model_.directory().string() + " (" + config.architecture +
+                ") is a mixture of experts, which runs on the CPU backend only (" +
+                backend_.description() + " is not one; docs/engine.md#mixture-of-experts)");
+  }
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
@@ -106,39 +115,30 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   weights_.layers.reserve(host.layers.size());
   for (const LayerWeights& lw : host.layers) {
     ResidentLayer layer;
-    auto stackable = [](std::initializer_list<const kernels::WeightView*> parts) {
-      for (const kernels::WeightView* part : parts) {
-        const kernels::WeightView& first = **parts.begin();
-        if (part->layout != kernels::WeightLayout::kRows || part->dtype != first.dtype ||
-            part->cols != first.cols) {
-          return false;
-        }
-      }
-      return true;
-    };
-    layer.fused = options_.fuse_projections && stackable({&lw.q_proj, &lw.k_proj, &lw.v_proj}) &&
-                  stackable({&lw.gate_proj, &lw.up_proj});
+    layer.fused = options_.fuse_projections && stackable({&lw.q_proj, &lw.k_proj, &lw.v_proj});
     if (layer.fused) {
-      // Rows in the order the backend's matmulSiluMul and matmulQkvRope
-      // read them. With q/k norm, RoPE follows the norm of the whole head:
-      // q/k/v are then taken apart as they are.
+      // Rows in the order the backend's matmulQkvRope reads them. With q/k
+      // norm, RoPE follows the norm of the whole head: q/k/v are then
+      // taken apart as they are.
       const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
       layer.qkv_rope = pairs && lw.q_norm.empty();
       layer.qkv_proj = stackedWeight(
           {&lw.q_proj, &lw.k_proj, &lw.v_proj},
           {layer.qkv_rope ? StackOrder::kRopePairs : StackOrder::kConcatenate, config.head_dim});
-      layer.gate_up_proj =
-          stackedWeight({&lw.gate_proj, &lw.up_proj},
-                        {pairs ? StackOrder::kInterleave : StackOrder::kConcatenate, 0});
     } else {
       layer.q_proj = matmulWeight(lw.q_proj);
       layer.k_proj = matmulWeight(lw.k_proj);
       layer.v_proj = matmulWeight(lw.v_proj);
-      layer.gate_proj = matmulWeight(lw.gate_proj);
-      layer.up_proj = matmulWeight(lw.up_proj);
     }
     layer.o_proj = matmulWeight(lw.o_proj);
-    layer.down_proj = matmulWeight(lw.down_proj);
+    if (lw.experts.empty()) {
+      layer.mlp = residentMlp(lw.gate_proj, lw.up_proj, lw.down_proj);
+    } else {
+      layer.router = matmulWeight(lw.router);
+      for (const ExpertWeights& expert : lw.experts) {
+        layer.experts.push_back(residentMlp(expert.gate_proj, expert.up_proj, expert.down_proj));
+      }
+    }
     layer.input_layernorm = resident(lw.input_layernorm);
     layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
     layer.q_bias = resident(lw.q_bias);
@@ -152,6 +152,35 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     TANDEM_LOG(kInfo) << "model runner: " << dropped_mapped_bytes_ / 1000000.0
                       << " MB of mapped weight pages dropped: the backend holds its own copy";
   }
+}
+
+bool ModelRunner::stackable(std::initializer_list<const kernels::WeightView*> parts) {
+  const kernels::WeightView& first = **parts.begin();
+  for (const kernels::WeightView* part : parts) {
+    if (part->layout != kernels::WeightLayout::kRows || part->dtype != first.dtype ||
+        part->cols != first.cols) {
+      return false;
+    }
+  }
+  return true;
+}
+
+ModelRunner::ResidentMlp ModelRunner::residentMlp(const kernels::WeightView& gate,
+                                                  const kernels::WeightView& up,
+                                                  const kernels::WeightView& down) {
+  ResidentMlp mlp;
+  mlp.fused = options_.fuse_projections && stackable({&gate, &up});
+  if (mlp.fused) {
+    // Rows in the order the backend's matmulSiluMul reads them.
+    const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
+    mlp.gate_up_proj = stackedWeight(
+        {&gate, &up}, {pairs ? StackOrder::kInterleave : StackOrder::kConcatenate, 0});
+  } else {
+    mlp.gate_proj = matmulWeight(gate);
+    mlp.up_proj = matmulWeight(up);
+  }
+  mlp.down_proj = matmulWeight(down);
+  return mlp;
 }
 
 class ModelRunner::StackedMatrix {
@@ -503,7 +532,7 @@ void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
   const int64_t hidden = config.hidden_size;
   const int64_t q_width = config.num_attention_heads * config.head_dim;
   const int64_t kv_width = config.num_key_value_heads * config.head_dim;
-  const int64_t inter = config.intermediate_size;
+  const int64_t inter = std::max(config.intermediate_size, config.moe_intermediate_size);
   hidden_.grow(rows * hidden);
   normed_.grow(rows * hidden);
   q_.grow(rows * q_width);
@@ -516,6 +545,12 @@ void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
   last_.grow(sequences * hidden);
   if (!stacked_.empty()) fused_.grow(rows * std::max(q_width + 2 * kv_width, 2 * inter));
   if (!backend_.hostAccessible()) logits_.grow(sequences * config.vocab_size);
+  if (config.num_experts > 0) {
+    router_logits_.grow(rows * config.num_experts);
+    expert_in_.grow(rows * hidden);
+    expert_out_.grow(rows * hidden);
+    expert_sum_.grow(rows * hidden);
+  }
   if (!adapters_.empty()) {
     lora_down_.grow(rows * max_lora_rank_);
     lora_delta_.grow(rows * std::max({q_width, hidden, inter}));
@@ -603,28 +638,10 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // MLP block.
     b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
-    if (lw.fused && !lora) {
-      b.matmulSiluMul(normed_.data(), rows, hidden, lw.gate_up_proj, gate_.data(), fused_.data(),
-                      up_.data());
-      b.matmulAdd(gate_.data(), rows, inter, lw.down_proj, hidden_.data(), proj_.data());
+    if (lw.experts.empty()) {
+      mlp(lw.mlp, normed_.data(), rows, inter, hidden_.data(), true, lora ? layer : -1);
     } else {
-      if (lw.fused) {
-        // matmulSiluMul's steps, in the kPlain layout addAdapter asks for.
-        b.matmul(normed_.data(), rows, hidden, lw.gate_up_proj, fused_.data());
-        b.copyColumns(fused_.data(), rows, 2 * inter, 0, inter, gate_.data());
-        b.copyColumns(fused_.data(), rows, 2 * inter, inter, inter, up_.data());
-      } else {
-        b.matmul(normed_.data(), rows, hidden, lw.gate_proj, gate_.data());
-        b.matmul(normed_.data(), rows, hidden, lw.up_proj, up_.data());
-      }
-      if (lora) {
-        addLoraDeltas(layer, kLoraGate, normed_.data(), hidden, gate_.data(), inter);
-        addLoraDeltas(layer, kLoraUp, normed_.data(), hidden, up_.data(), inter);
-      }
-      b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
-      b.matmul(gate_.data(), rows, inter, lw.down_proj, proj_.data());
-      if (lora) addLoraDeltas(layer, kLoraDown, gate_.data(), inter, proj_.data(), hidden);
-      b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+      mixture(lw, rows);
     }
   }
 
@@ -632,6 +649,78 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
   b.gatherLastRows(hidden_.data(), hidden, last_.data());
   b.rmsNorm(last_.data(), weights_.norm, sequences, hidden, eps, last_.data());
   b.matmul(last_.data(), sequences, hidden, weights_.lm_head, logits);
+}
+
+void ModelRunner::mlp(const ResidentMlp& weights, const float* x, int64_t rows, int64_t inter,
+                      float* out, bool accumulate, int64_t lora_layer) {
+  const int64_t hidden = model_.config().hidden_size;
+  const bool lora = lora_layer >= 0;
+  kernels::Backend& b = backend_;
+  if (weights.fused && !lora) {
+    b.matmulSiluMul(x, rows, hidden, weights.gate_up_proj, gate_.data(), fused_.data(), up_.data());
+    if (accumulate) {
+      b.matmulAdd(gate_.data(), rows, inter, weights.down_proj, out, proj_.data());
+    } else {
+      b.matmul(gate_.data(), rows, inter, weights.down_proj, out);
+    }
+    return;
+  }
+  if (weights.fused) {
+    // matmulSiluMul's steps, in the kPlain layout addAdapter asks for.
+    b.matmul(x, rows, hidden, weights.gate_up_proj, fused_.data());
+    b.copyColumns(fused_.data(), rows, 2 * inter, 0, inter, gate_.data());
+    b.copyColumns(fused_.data(), rows, 2 * inter, inter, inter, up_.data());
+  } else {
+    b.matmul(x, rows, hidden, weights.gate_proj, gate_.data());
+    b.matmul(x, rows, hidden, weights.up_proj, up_.data());
+  }
+  if (lora) {
+    addLoraDeltas(lora_layer, kLoraGate, x, hidden, gate_.data(), inter);
+    addLoraDeltas(lora_layer, kLoraUp, x, hidden, up_.data(), inter);
+  }
+  b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
+  float* down = accumulate ? proj_.data() : out;
+  b.matmul(gate_.data(), rows, inter, weights.down_proj, down);
+  if (lora) addLoraDeltas(lora_layer, kLoraDown, gate_.data(), inter, down, hidden);
+  if (accumulate) b.addInPlace(out, proj_.data(), rows * hidden);
+}
+
+void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
+  const ModelConfig& config = model_.config();
+  const int64_t hidden = config.hidden_size;
+  kernels::Backend& b = backend_;
+  // Host-accessible memory (the constructor refuses other backends): the
+  // routing, gathering and weighted sums run here, between kernels.
+  b.matmul(normed_.data(), rows, hidden, layer.router, router_logits_.data());
+  b.synchronize();
+  assignment_.route(router_logits_.data(), rows, config.num_experts, config.num_experts_per_tok,
+                    config.norm_topk_prob);
+  float* sum = expert_sum_.data();
+  std::fill_n(sum, rows * hidden, 0.0f);
+  const std::vector<int64_t>& routed_rows = assignment_.rows();
+  const std::vector<float>& weights = assignment_.weights();
+  const auto row_bytes = static_cast<size_t>(hidden) * sizeof(float);
+  for (int64_t e = 0; e < config.num_experts; ++e) {
+    const int64_t first = assignment_.offset(e);
+    const int64_t count = assignment_.offset(e + 1) - first;
+    if (count == 0) continue;
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(expert_in_.data() + i * hidden,
+                  normed_.data() + routed_rows[static_cast<size_t>(first + i)] * hidden, row_bytes);
+    }
+    mlp(layer.experts[static_cast<size_t>(e)], expert_in_.data(), count,
+        config.moe_intermediate_size, expert_out_.data(), false, -1);
+    b.synchronize();
+    // A product then a sum, each rounded (this library is built without
+    // contracting them into one fused multiply-add).
+    for (int64_t i = 0; i < count; ++i) {
+      const float weight = weights[static_cast<size_t>(first + i)];
+      float* to = sum + routed_rows[static_cast<size_t>(first + i)] * hidden;
+      const float* from = expert_out_.data() + i * hidden;
+      for (int64_t c = 0; c < hidden; ++c) to[c] += weight * from[c];
+    }
+  }
+  b.addInPlace(hidden_.data(), sum, rows * hidden);
 }
 
 }  // namespace tandem::engine

@@ -27,6 +27,7 @@
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/lora.h"
 #include "agent/engine/model.h"
+#include "agent/engine/moe.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
 
@@ -138,15 +139,26 @@ class ModelRunner {
  private:
   // One layer's weights in the backend's memory; vectors that the model
   // leaves empty (no bias, no qk-norm) are nullptr.
+  // An MLP (a dense layer's, or one expert of a mixture): with fused
+  // projections, gate and up stacked in the backend's stackedLayout()
+  // (gate_proj and up_proj then unset).
+  struct ResidentMlp {
+    kernels::WeightView gate_proj, up_proj, down_proj, gate_up_proj;
+    bool fused = false;
+  };
   struct ResidentLayer {
-    kernels::WeightView q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
-    // With fused projections (ModelRunnerOptions): [q; k; v], and gate and
-    // up in the backend's stackedLayout() (q_proj ... up_proj then unset).
+    kernels::WeightView q_proj, k_proj, v_proj, o_proj;
+    // With fused projections (ModelRunnerOptions): [q; k; v] (q_proj ...
+    // v_proj then unset), and o_proj's residual add as matmulAdd.
     bool fused = false;
     // q/k/v stacked in RoPE pairs, for Backend::matmulQkvRope (fused, a
     // kPairs backend, no q/k norm).
     bool qkv_rope = false;
-    kernels::WeightView qkv_proj, gate_up_proj;
+    kernels::WeightView qkv_proj;
+    ResidentMlp mlp;  // a dense layer's
+    // A mixture layer's router and experts (Model's LayerWeights).
+    kernels::WeightView router;
+    std::vector<ResidentMlp> experts;
     const float* input_layernorm = nullptr;
     const float* post_attention_layernorm = nullptr;
     const float* q_bias = nullptr;
@@ -175,6 +187,22 @@ class ModelRunner {
   // adapter adapts `module` of `layer` (x and y row-major, row strides in
   // and out).
   void addLoraDeltas(int64_t layer, int module, const float* x, int64_t in, float* y, int64_t out);
+  // The MLP block after the post-attention norm: out = down(silu(gate x)
+  // * up x) for `rows` rows of x (hidden floats each), added to out when
+  // `accumulate`; with LoRA deltas of `lora_layer` (-1: none).
+  void mlp(const ResidentMlp& weights, const float* x, int64_t rows, int64_t inter, float* out,
+           bool accumulate, int64_t lora_layer);
+  // A mixture layer's MLP block on normed_, added to hidden_: the router's
+  // logits, each row's experts (moe.h), each expert's MLP over the rows
+  // routed to it, and each row's weighted sum of its experts' outputs
+  // taken in expert order (as transformers adds them), so a row's bits
+  // depend on the row alone.
+  void mixture(const ResidentLayer& layer, int64_t rows);
+  ResidentMlp residentMlp(const kernels::WeightView& gate, const kernels::WeightView& up,
+                          const kernels::WeightView& down);
+  // Whether `parts` can be stacked into one matrix: rows of one dtype and
+  // width.
+  static bool stackable(std::initializer_list<const kernels::WeightView*> parts);
   // After a forward pass: the logits of the rows the batch asked for
   // (SequenceInput::num_row_logits), from the final hidden states.
   void computeRowLogits(std::span<const SequenceInput> batch, const RowLogitsSink& sink);
@@ -248,6 +276,11 @@ class ModelRunner {
   std::vector<LoraRun> lora_runs_;
   BackendBuffer lora_down_;   // rows x rank: A x
   BackendBuffer lora_delta_;  // rows x out: B (A x)
+
+  // Mixture layers: the router's logits (rows x num_experts), one expert's
+  // rows gathered and its outputs, and the rows' weighted sums.
+  BackendBuffer router_logits_, expert_in_, expert_out_, expert_sum_;
+  ExpertAssignment assignment_;
 };
 
 }  // namespace tandem::engine

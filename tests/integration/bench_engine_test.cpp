@@ -5,10 +5,12 @@
 // Nothing here depends on speed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "tests/support/bench_run.h"
 #include "tests/support/test_files.h"
+#include "tools/model/test_model.h"
 
 namespace {
 
@@ -80,6 +82,51 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
     EXPECT_EQ(r.at("compute_peak_gflops").get<double>(), expected_peak);
     EXPECT_NE(run.out.find("prefill GFLOP/s (matmul flops / prefill time)"), std::string::npos)
         << run.out;
+  }
+}
+
+// A mixture of experts (the tiny Mixtral: 4 experts choosing 2): a token's
+// flops are its chosen experts', and a decode step of b sequences reads the
+// router and E (1 - (1 - k/E)^b) experts' weights, k's at batch 1.
+TEST_F(BenchEngineTest, AMixtureCountsTheExpertsATokenReads) {
+  const std::filesystem::path model = dir() / "mixtral";
+  tandem::tools::TestModelOptions options;
+  options.architecture = "MixtralForCausalLM";
+  options.seed = 3;
+  tandem::tools::writeTestModel(options, model);
+  const nlohmann::json config =
+      nlohmann::json::parse(::tandem::testing::readFile(model / "config.json"));
+  const double hidden = config.at("hidden_size"), inter = config.at("intermediate_size");
+  const double layers = config.at("num_hidden_layers"), vocab = config.at("vocab_size");
+  const double q =
+      config.at("num_attention_heads").get<double>() * config.at("head_dim").get<double>();
+  const double kv =
+      config.at("num_key_value_heads").get<double>() * config.at("head_dim").get<double>();
+  const double experts = config.at("num_local_experts"), k = config.at("num_experts_per_tok");
+  ASSERT_EQ(experts, 4);
+  ASSERT_EQ(k, 2);
+  const double attention = hidden * q * 2 + hidden * kv * 2;  // q, o; k, v
+  const double expert = hidden * inter * 3;
+  const double router = hidden * experts;
+  for (int batch : {1, 3}) {
+    SCOPED_TRACE(batch);
+    const BenchRun run = ::tandem::testing::runBench(
+        dir(), "engine",
+        "--model '" + model.string() +
+            "' --device cpu --threads 2 --prompt-tokens 40 --decode-tokens 4 --repeats 1 "
+            "--copy-mib 8 --batch " +
+            std::to_string(batch));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto& r = run.report;
+    ASSERT_TRUE(r.is_object()) << run.out;
+    EXPECT_DOUBLE_EQ(
+        r.at("prefill_matmul_flops_per_token").get<double>(),
+        2.0 * layers * (attention + router + k * expert) + 2.0 * hidden * vocab / 40.0);
+    // bf16 weights: two bytes each.
+    const double chosen = experts * (1.0 - std::pow(1.0 - k / experts, batch));
+    EXPECT_DOUBLE_EQ(r.at("decode_weight_bytes_per_step").get<double>(),
+                     2.0 * (layers * (attention + router + chosen * expert) + hidden * vocab));
+    EXPECT_GT(r.at("decode_tokens_per_s").get<double>(), 0.0);
   }
 }
 

@@ -1478,6 +1478,47 @@ TEST_F(RouterTest, ADecodePoolThatSpeculatesAnswersAsOneThatDoesNot) {
   EXPECT_EQ(colocated.metric("tandem_spec_decode_num_drafts_total"), 0);
 }
 
+// A mixture of experts (the tiny Qwen3-MoE preset: 8 experts choosing 3,
+// a dense first layer) handed from prefill to decode answers as one agent
+// that did both: greedy with logprobs and seeded sampling, whole and
+// streamed. Its KV is attention's alone, moved as any model's.
+TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
+  static TempDir dir("tandem-router-moe");
+  static const fs::path model = [] {
+    tandem::tools::TestModelOptions options;
+    options.architecture = "Qwen3MoeForCausalLM";
+    options.seed = 23;
+    tandem::tools::writeTestModel(options, dir.path() / "moe");
+    return dir.path() / "moe";
+  }();
+  const std::vector<std::string> kv = {"--kv-cache-memory", "64MiB"};
+  RouterClusterOptions options;
+  options.model = model;
+  options.agent_args = [&](bool, int) { return kv; };
+  startCluster(options);
+  Agent colocated(kv, model);
+  json greedy_body = greedy(randomPrompt(70, 71), 24);
+  greedy_body["logprobs"] = 2;
+  json sampled_body = greedy(randomPrompt(90, 72), 24);
+  sampled_body["temperature"] = 0.8;
+  sampled_body["seed"] = 5;
+  for (const json& body : {greedy_body, sampled_body}) {
+    const json expected = colocated.post("/v1/completions", body);
+    ASSERT_EQ(tokenIds(expected).size(), 24u) << expected.dump();
+    Answer answer = post(body);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decision, "disaggregated");
+    EXPECT_GT(answer.blocks_moved, 0);
+    EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
+    EXPECT_EQ(answer.body["choices"][0]["logprobs"], expected["choices"][0]["logprobs"]);
+    EXPECT_EQ(streamedTokens(body), tokenIds(expected));
+  }
+  // Not the tiny dense model's answer: the mixture is what ran.
+  Agent dense;
+  EXPECT_NE(tokenIds(dense.post("/v1/completions", greedy_body)),
+            tokenIds(colocated.post("/v1/completions", greedy_body)));
+}
+
 // Agents may serve different adapters (llm-d's LoRA-aware routing): the
 // router learns each agent's, sends an adapter's requests only to agents
 // serving it — here decode-1 alone, so they are prefilled there, the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -38,13 +39,18 @@ double bestSeconds(int repeats, Fn&& fn) {
   return best;
 }
 
-// `measure` summed over the matrices of a forward pass: every layer's
-// projections, and the LM head counted `lm_head_share` times.
+// `measure` summed over the matrices of one token's forward pass: every
+// layer's projections (in a mixture layer, the router and
+// num_experts_per_tok experts), and the LM head counted `lm_head_share`
+// times.
 template <typename Measure>
 double sumOverMatmuls(const engine::Model& model, double lm_head_share, const Measure& measure) {
   double sum = lm_head_share * measure(model.weights().lm_head);
   for (const auto& layer : model.weights().layers) {
-    for (const kernels::WeightView* view : layer.matrices()) sum += measure(*view);
+    for (const kernels::WeightView* view :
+         layer.tokenMatrices(model.config().num_experts_per_tok)) {
+      sum += measure(*view);
+    }
   }
   return sum;
 }
@@ -58,11 +64,29 @@ double prefillMatmulFlopsPerToken(const engine::Model& model, int64_t prompt_tok
                         });
 }
 
-// Bytes of weights one decode step reads: every matrix once, plus lm_head.
-double decodeWeightBytes(const engine::Model& model) {
-  return sumOverMatmuls(model, 1.0, [](const kernels::WeightView& w) {
+// Bytes of weights one decode step of `batch` sequences reads: every matrix
+// once, plus lm_head. In a mixture layer, the router and the experts the
+// batch's tokens choose, counted as E (1 - (1 - k / E)^batch) of the E
+// experts: their expected number were each token's k choices uniform and
+// the tokens independent (k at batch 1, all E as the batch grows).
+double decodeWeightBytes(const engine::Model& model, int64_t batch) {
+  const engine::ModelConfig& config = model.config();
+  auto bytes = [](const kernels::WeightView& w) {
     return static_cast<double>(kernels::viewBytes(w));
-  });
+  };
+  double sum = bytes(model.weights().lm_head);
+  for (const auto& layer : model.weights().layers) {
+    for (const kernels::WeightView* view : layer.matrices()) sum += bytes(*view);
+    if (layer.experts.empty()) continue;
+    const engine::ExpertWeights& expert = layer.experts.front();
+    const double experts = static_cast<double>(config.num_experts);
+    const double chosen =
+        experts * (1.0 - std::pow(1.0 - static_cast<double>(config.num_experts_per_tok) / experts,
+                                  static_cast<double>(batch)));
+    sum += bytes(layer.router) +
+           chosen * (bytes(expert.gate_proj) + bytes(expert.up_proj) + bytes(expert.down_proj));
+  }
+  return sum;
 }
 
 double memcpyGBps(int repeats) {
@@ -114,7 +138,8 @@ double gemmGflops(int64_t m, const kernels::WeightView& w, int repeats) {
          seconds / 1e9;
 }
 
-// --bf16-gemm-configs: the seven matrices of `layer` multiplied by m rows of
+// --bf16-gemm-configs: the matrices of `layer` (a mixture's router and
+// first expert) multiplied by m rows of
 // random activations on a CUDA backend with the fast kernels and bf16
 // compute, once per configuration of the bf16 GEMM (the same bits in each:
 // checked here on the outputs), each configuration's layer timed over 10
@@ -123,7 +148,7 @@ nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int
   constexpr int kCalls = 10;
   const auto& shapes = kernels::kBf16GemmConfigShapes;
   double flops = 0.0;
-  for (const kernels::WeightView* w : layer.matrices()) {
+  for (const kernels::WeightView* w : layer.tokenMatrices(1)) {
     flops += 2.0 * static_cast<double>(m) * static_cast<double>(w->rows * w->cols);
   }
   std::vector<std::vector<float>> first_outputs;
@@ -155,7 +180,7 @@ nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int
     std::vector<Call> calls;
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    for (const kernels::WeightView* w : layer.matrices()) {
+    for (const kernels::WeightView* w : layer.tokenMatrices(1)) {
       Call call;
       call.w = backend->matmulWeight(*w);
       call.x_bytes = static_cast<size_t>(m * w->cols) * sizeof(float);
@@ -208,7 +233,7 @@ nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int
       backend->release(call.x, call.x_bytes);
       backend->release(call.y, call.y_bytes);
     }
-    for (const kernels::WeightView* w : layer.matrices()) backend->releaseWeight(*w);
+    for (const kernels::WeightView* w : layer.tokenMatrices(1)) backend->releaseWeight(*w);
   }
   return rows;
 }
@@ -464,8 +489,9 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double prefill_matmul_gflops = prefill_tps * prefill_flops_per_token / 1e9;
   const double step_s = decode_only_s / static_cast<double>(options.decode_tokens);
   const double decode_tps = static_cast<double>(options.batch) / step_s;
-  // Weight bytes one decode step reads, whatever the batch: each matrix once.
-  const double bytes_per_step = decodeWeightBytes(*model);
+  // Weight bytes one decode step reads: each matrix once (a mixture's
+  // experts as decodeWeightBytes counts them).
+  const double bytes_per_step = decodeWeightBytes(*model, options.batch);
   const double stream_gbps = bytes_per_step / step_s / 1e9;
   // KV bytes one decode step reads on average: every sequence's K and V rows
   // of every layer up to its position, positions prompt .. prompt+steps-1.

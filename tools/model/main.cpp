@@ -4,7 +4,7 @@
 // source; common/model_source/hub_fetch.h).
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
-//                [--arch llama|mistral|qwen2|qwen3]
+//                [--arch llama|mistral|qwen2|qwen3|mixtral|qwen3_moe]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
 //                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
 //                [--token-source TEXT] [--termination-log PATH] [--tokenizer-only]
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));
   app.add_option("--seed", seed, "weight seed");
   app.add_option("--arch", arch, "architecture")
-      ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3"}));
+      ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -204,10 +204,9 @@ int main(int argc, char** argv) {
   }
 
   const std::map<std::string, std::string> architectures = {
-      {"llama", "LlamaForCausalLM"},
-      {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"},
+      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
   };
   tandem::tools::TestModelOptions options;
   options.preset = preset;

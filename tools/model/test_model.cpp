@@ -235,7 +235,32 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
   config.rms_norm_eps = 1e-5;
   config.tie_word_embeddings = false;
   config.attention_bias = architecture == "Qwen2ForCausalLM";
-  config.qk_norm = architecture == "Qwen3ForCausalLM";
+  config.qk_norm = architecture == "Qwen3ForCausalLM" || architecture == "Qwen3MoeForCausalLM";
+  if (architecture == "MixtralForCausalLM") {
+    // Mixtral's routing (2 of 8, renormalized); every layer a mixture of
+    // intermediate_size experts.
+    config.num_experts = preset == "tiny" ? 4 : 8;
+    config.num_experts_per_tok = 2;
+    config.moe_intermediate_size = config.intermediate_size;
+    config.norm_topk_prob = true;
+  } else if (architecture == "Qwen3MoeForCausalLM") {
+    if (preset == "tiny") {
+      // An odd number of experts per token, weights left as the softmax
+      // gives them, and a dense first layer: what Mixtral's tiny does not
+      // exercise.
+      config.num_experts = 8;
+      config.num_experts_per_tok = 3;
+      config.moe_intermediate_size = 48;
+      config.norm_topk_prob = false;
+      config.mlp_only_layers = {0};
+    } else {
+      // Many narrow experts, as Qwen3-30B-A3B's 128 of 768 choosing 8.
+      config.num_experts = preset == "small" ? 32 : 128;
+      config.num_experts_per_tok = preset == "small" ? 4 : 8;
+      config.moe_intermediate_size = config.intermediate_size / 4;
+      config.norm_topk_prob = true;
+    }
+  }
   config.torch_dtype = DType::kBF16;
   config.bos_token_id = -1;
   return config;
@@ -431,9 +456,23 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       vector(prefix + "self_attn.q_norm.weight", config.head_dim, 1.0f, kNormNoise);
       vector(prefix + "self_attn.k_norm.weight", config.head_dim, 1.0f, kNormNoise);
     }
-    matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
-    matrix(prefix + "mlp.up_proj.weight", inter, hidden);
-    matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+    if (config.isMoeLayer(i)) {
+      // The per-expert names of published checkpoints (agent/engine/model.cpp).
+      const bool mixtral = config.architecture == "MixtralForCausalLM";
+      const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t expert_inter = config.moe_intermediate_size;
+      matrix(block + "gate.weight", config.num_experts, hidden);
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        const std::string expert = block + "experts." + std::to_string(e) + ".";
+        matrix(expert + (mixtral ? "w1.weight" : "gate_proj.weight"), expert_inter, hidden);
+        matrix(expert + (mixtral ? "w3.weight" : "up_proj.weight"), expert_inter, hidden);
+        matrix(expert + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, expert_inter);
+      }
+    } else {
+      matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
+      matrix(prefix + "mlp.up_proj.weight", inter, hidden);
+      matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+    }
     vector(prefix + "input_layernorm.weight", hidden, 1.0f, kNormNoise);
     vector(prefix + "post_attention_layernorm.weight", hidden, 1.0f, kNormNoise);
   }

@@ -24,9 +24,10 @@
 namespace tandem::tools {
 
 struct TestModelOptions {
-  std::string preset = "tiny";                    // "tiny", "small" or "llama3-8b"
-  std::string architecture = "LlamaForCausalLM";  // or Mistral/Qwen2/Qwen3ForCausalLM
-  DType dtype = DType::kBF16;                     // weight dtype: bf16, f16 or f32
+  std::string preset = "tiny";  // "tiny", "small" or "llama3-8b"
+  // Also Mistral/Qwen2/Qwen3/Mixtral/Qwen3MoeForCausalLM.
+  std::string architecture = "LlamaForCausalLM";
+  DType dtype = DType::kBF16;  // weight dtype: bf16, f16 or f32
   uint64_t seed = 0;
   int64_t layers = 0;  // num_hidden_layers; 0: the preset's
 };

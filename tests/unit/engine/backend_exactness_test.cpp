@@ -127,7 +127,8 @@ TEST(OpaqueCpuBackendTest, DevicePathsOfTheRunnerGiveTheHostPathsBits) {
 TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   kernels::cpu::CpuBackend backend;
   backend.setComputeDType(DType::kBF16);
-  for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM"}) {
+  for (const char* architecture :
+       {"LlamaForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -230,16 +231,55 @@ TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
       << result.message();
 }
 
+// A mixture of experts runs on the CPU backend; any other refuses it when
+// the runner is made, naming the model's architecture and the backend.
+class MixtureOfExpertsTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
+
+TEST_P(MixtureOfExpertsTest, RunsOnTheCpuAndIsRefusedElsewhere) {
+  const Model& model = ::tandem::testing::exactnessModel("MixtralForCausalLM", DType::kBF16);
+  kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
+  const std::unique_ptr<KvCache> cache =
+      ::tandem::testing::makeCacheOn(backend, model, DType::kF32, 4);
+  if (GetParam() == kernels::DeviceKind::kCpu) {
+    EXPECT_NO_THROW(ModelRunner(model, *cache, backend));
+    return;
+  }
+  try {
+    ModelRunner runner(model, *cache, backend);
+    ADD_FAILURE() << "a mixture of experts was accepted by " << backend.description();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(MixtralForCausalLM) is a mixture of experts, which runs "
+                                         "on the CPU backend only (" +
+                                         backend.description()),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, MixtureOfExpertsTest,
+                         ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
+                         [](const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
+                           return std::string(kernels::deviceKindName(info.param));
+                         });
+
 std::vector<Param> params() {
   const ModelVariant variants[] = {
       {"LlamaForCausalLM", DType::kBF16, DType::kF32},
       {"LlamaForCausalLM", DType::kBF16, DType::kBF16},
       {"Qwen2ForCausalLM", DType::kF16, DType::kF32},
       {"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
+      {"MixtralForCausalLM", DType::kBF16, DType::kF32},
+      {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };
   std::vector<Param> out;
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
-    for (const ModelVariant& variant : variants) out.emplace_back(kind, variant);
+    for (const ModelVariant& variant : variants) {
+      // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
+      const bool mixture = variant.architecture == "MixtralForCausalLM" ||
+                           variant.architecture == "Qwen3MoeForCausalLM";
+      if (mixture && kind != kernels::DeviceKind::kCpu) continue;
+      out.emplace_back(kind, variant);
+    }
   }
   return out;
 }

@@ -235,6 +235,37 @@ TEST(LoraAdapter, MissingFilesAreNamed) {
             std::string::npos);
 }
 
+// A mixture layer's experts are not adapted: an mlp module there is
+// refused naming the tensor; the attention of such a layer, and the MLP of
+// a dense layer of the same model (the tiny Qwen3-MoE's layer 0), load.
+TEST(LoraAdapter, AMixtureLayersMlpIsRefusedNamingTheTensor) {
+  const ModelConfig moe = tools::presetConfig("tiny", "Qwen3MoeForCausalLM");
+  ASSERT_FALSE(moe.isMoeLayer(0));
+  ASSERT_TRUE(moe.isMoeLayer(1));
+  TempDir all("tandem-lora-moe");
+  tools::writeTestLoraAdapter({}, moe, all.path());
+  std::string error = "(loaded)";
+  try {
+    LoraAdapter::load("sql", all.path(), moe);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("tensor base_model.model.model.layers.1.mlp."), std::string::npos) << error;
+  EXPECT_NE(error.find("adapts the MLP of layer 1, a mixture of experts, whose experts adapters "
+                       "do not reach (accepted in such a layer: "
+                       "self_attn.q_proj/k_proj/v_proj/o_proj)"),
+            std::string::npos)
+      << error;
+
+  TempDir attention("tandem-lora-moe-attention");
+  tools::TestLoraOptions options;
+  options.modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  tools::writeTestLoraAdapter(options, moe, attention.path());
+  std::unique_ptr<LoraAdapter> adapter = LoraAdapter::load("sql", attention.path(), moe);
+  EXPECT_GT(adapter->pair(1, kLoraQ).rank, 0);
+  EXPECT_EQ(adapter->pair(1, kLoraGate).rank, 0);
+}
+
 TEST(LoraModuleSpecs, AreNamePathPairsSeparatedByCommas) {
   EXPECT_TRUE(parseLoraModuleSpecs("").empty());
   const auto specs = parseLoraModuleSpecs("sql=/adapters/sql,chat=rel/chat");

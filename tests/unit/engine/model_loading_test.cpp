@@ -159,7 +159,8 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
-       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -179,12 +180,28 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
       ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_hidden_layers));
       EXPECT_EQ(w.norm.size(), static_cast<size_t>(c.hidden_size));
       const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM";
-      const bool qwen3 = std::string(architecture) == "Qwen3ForCausalLM";
+      const bool qwen3 = std::string(architecture).starts_with("Qwen3");
+      int64_t index = 0;
       for (const LayerWeights& layer : w.layers) {
         EXPECT_EQ(layer.q_proj.rows, c.num_attention_heads * c.head_dim);
         EXPECT_EQ(layer.k_proj.rows, c.num_key_value_heads * c.head_dim);
         EXPECT_EQ(layer.o_proj.cols, c.num_attention_heads * c.head_dim);
-        EXPECT_EQ(layer.down_proj.cols, c.intermediate_size);
+        if (c.isMoeLayer(index++)) {
+          EXPECT_EQ(layer.down_proj.data, nullptr);
+          EXPECT_EQ(layer.router.rows, c.num_experts);
+          EXPECT_EQ(layer.router.cols, c.hidden_size);
+          ASSERT_EQ(std::ssize(layer.experts), c.num_experts);
+          for (const ExpertWeights& expert : layer.experts) {
+            EXPECT_EQ(expert.gate_proj.rows, c.moe_intermediate_size);
+            EXPECT_EQ(expert.up_proj.rows, c.moe_intermediate_size);
+            EXPECT_EQ(expert.down_proj.cols, c.moe_intermediate_size);
+            EXPECT_EQ(expert.down_proj.rows, c.hidden_size);
+            EXPECT_EQ(expert.gate_proj.dtype, dtype);
+          }
+        } else {
+          EXPECT_EQ(layer.down_proj.cols, c.intermediate_size);
+          EXPECT_TRUE(layer.experts.empty());
+        }
         EXPECT_EQ(layer.q_bias.size(), qwen2 ? static_cast<size_t>(64) : 0u);
         EXPECT_EQ(layer.k_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
         EXPECT_EQ(layer.v_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
@@ -400,6 +417,55 @@ TEST(ModelLoadingErrors, MissingTensor) {
   const std::string message = loadError(dir.path());
   EXPECT_CONTAINS(message, "tensor model.layers.1.mlp.up_proj.weight missing from ");
   EXPECT_CONTAINS(message, "model.safetensors");
+}
+
+// A mixture layer's tensors are named by the architecture's own scheme;
+// a missing or misshapen expert is refused naming the tensor, and experts
+// stacked in one tensor (transformers 5's in-memory form) are refused
+// saying what is read.
+TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
+  {
+    TempDir dir;
+    writeTiny(dir.path(), "MixtralForCausalLM");
+    rewriteHeader(dir.path(),
+                  [](json& h) { h.erase("model.layers.1.block_sparse_moe.experts.3.w3.weight"); });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.1.block_sparse_moe.experts.3.w3.weight missing from ");
+  }
+  {
+    TempDir dir;
+    writeTiny(dir.path(), "Qwen3MoeForCausalLM");
+    rewriteHeader(dir.path(), [](json& h) {
+      h["model.layers.1.mlp.gate.weight"]["shape"] = {64, 8};
+    });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.1.mlp.gate.weight in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " has shape [64, 8], expected [8, 64] (from config.json)");
+  }
+  {
+    // Layer 0 of the tiny Qwen3-MoE is dense (mlp_only_layers): its MLP
+    // is read as one, and a config that makes it a mixture asks for experts.
+    TempDir dir;
+    writeTiny(dir.path(), "Qwen3MoeForCausalLM");
+    rewriteConfig(dir.path(), [](json& c) { c["mlp_only_layers"] = json::array(); });
+    EXPECT_CONTAINS(loadError(dir.path()), "tensor model.layers.0.mlp.gate.weight missing from ");
+  }
+  {
+    TempDir dir;
+    writeTiny(dir.path(), "Qwen3MoeForCausalLM");
+    rewriteHeader(dir.path(), [](json& h) {
+      // Renamed: the file keeps its layout, the name is the stacked one.
+      h["model.layers.1.mlp.experts.gate_up_proj"] =
+          h["model.layers.1.mlp.experts.0.up_proj.weight"];
+      h.erase("model.layers.1.mlp.experts.0.up_proj.weight");
+    });
+    const std::string message = loadError(dir.path());
+    EXPECT_CONTAINS(message,
+                    "tensor model.layers.1.mlp.experts.gate_up_proj: experts stacked in one "
+                    "tensor are not read");
+    EXPECT_CONTAINS(message, "model.layers.1.mlp.experts.<e>.gate_proj.weight");
+  }
 }
 
 TEST(ModelLoadingErrors, MissingBiasForQwen2) {
@@ -619,6 +685,97 @@ TEST(ModelConfigParsing, ArchitectureSpecifics) {
       0);
 }
 
+// The mixture fields as transformers' MixtralConfig and Qwen3MoeConfig
+// read them, with their defaults; dense architectures have no experts.
+TEST(ModelConfigParsing, MixtureOfExpertsFieldsAndDefaults) {
+  const std::string body = R"(, "hidden_size": 256, "intermediate_size": 512,
+      "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 1000)";
+  ModelConfig mixtral = ModelConfig::fromJsonText(
+      R"({"architectures": ["MixtralForCausalLM"])" + body + "}", "config.json");
+  EXPECT_EQ(mixtral.model_type, "mixtral");
+  EXPECT_EQ(mixtral.num_experts, 8);
+  EXPECT_EQ(mixtral.num_experts_per_tok, 2);
+  EXPECT_EQ(mixtral.moe_intermediate_size, 512);
+  EXPECT_TRUE(mixtral.norm_topk_prob);
+  EXPECT_FALSE(mixtral.attention_bias);
+  EXPECT_FALSE(mixtral.qk_norm);
+  EXPECT_EQ(mixtral.head_dim, 32);
+  EXPECT_EQ(mixtral.max_position_embeddings, 131072);
+  for (int64_t layer = 0; layer < 4; ++layer) EXPECT_TRUE(mixtral.isMoeLayer(layer));
+  mixtral = ModelConfig::fromJsonText(R"({"architectures": ["MixtralForCausalLM"],
+      "num_local_experts": 16, "num_experts_per_tok": 4, "sliding_window": 4096,
+      "norm_topk_prob": false)" + body + "}",
+                                      "config.json");
+  EXPECT_EQ(mixtral.num_experts, 16);
+  EXPECT_EQ(mixtral.num_experts_per_tok, 4);
+  EXPECT_EQ(mixtral.sliding_window, 4096);
+  EXPECT_TRUE(mixtral.norm_topk_prob) << "Mixtral always renormalizes its top k";
+
+  ModelConfig qwen = ModelConfig::fromJsonText(
+      R"({"architectures": ["Qwen3MoeForCausalLM"])" + body + "}", "config.json");
+  EXPECT_EQ(qwen.model_type, "qwen3_moe");
+  EXPECT_EQ(qwen.num_experts, 128);
+  EXPECT_EQ(qwen.num_experts_per_tok, 8);
+  EXPECT_EQ(qwen.moe_intermediate_size, 768);
+  EXPECT_FALSE(qwen.norm_topk_prob);
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_EQ(qwen.head_dim, 32) << "Qwen3MoeConfig has no head_dim of its own";
+  qwen = ModelConfig::fromJsonText(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "num_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 96,
+      "norm_topk_prob": true, "decoder_sparse_step": 2, "mlp_only_layers": [3, 1, 3])" +
+                                       body + "}",
+                                   "config.json");
+  EXPECT_EQ(qwen.num_experts, 64);
+  EXPECT_EQ(qwen.num_experts_per_tok, 6);
+  EXPECT_EQ(qwen.moe_intermediate_size, 96);
+  EXPECT_TRUE(qwen.norm_topk_prob);
+  EXPECT_EQ(qwen.mlp_only_layers, std::vector<int64_t>({1, 3}));
+  // Mixtures where (layer + 1) is a multiple of 2 and the layer is not
+  // listed: only layer 1 qualifies by step, and it is listed.
+  EXPECT_FALSE(qwen.isMoeLayer(0));
+  EXPECT_FALSE(qwen.isMoeLayer(1));
+  EXPECT_FALSE(qwen.isMoeLayer(2));
+  EXPECT_FALSE(qwen.isMoeLayer(3));
+  EXPECT_TRUE(ModelConfig::fromJsonText(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "decoder_sparse_step": 2)" + body + "}",
+                                        "config.json")
+                  .isMoeLayer(3));
+
+  ModelConfig llama = ModelConfig::fromJsonText(minimalLlama(R"(, "num_experts": 8)"), "c.json");
+  EXPECT_EQ(llama.num_experts, 0);
+  EXPECT_FALSE(llama.isMoeLayer(0));
+
+  // The experts are part of what the KV and logits depend on; a dense
+  // model's digest does not name them.
+  ModelConfig fewer = qwen;
+  fewer.num_experts_per_tok = 5;
+  EXPECT_NE(fewer.computeDigest(), qwen.computeDigest());
+  fewer = qwen;
+  fewer.norm_topk_prob = false;
+  EXPECT_NE(fewer.computeDigest(), qwen.computeDigest());
+  fewer = qwen;
+  fewer.mlp_only_layers = {1};
+  EXPECT_NE(fewer.computeDigest(), qwen.computeDigest());
+
+  std::string message = parseError(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "num_experts": 4, "num_experts_per_tok": 5)" +
+                                   body + "}");
+  EXPECT_CONTAINS(message,
+                  "dir/config.json: field \"num_experts_per_tok\" must be at most "
+                  "num_experts (4), got 5");
+  message = parseError(R"({"architectures": ["MixtralForCausalLM"], "num_local_experts": 0)" +
+                       body + "}");
+  EXPECT_CONTAINS(message, "field \"num_local_experts\" must be a positive integer at most 4096");
+  message = parseError(R"({"architectures": ["Qwen3MoeForCausalLM"], "mlp_only_layers": [0, 4])" +
+                       body + "}");
+  EXPECT_CONTAINS(message,
+                  "field \"mlp_only_layers\" must be a list of layer indices from 0 to "
+                  "num_hidden_layers - 1 (3), got 4");
+  message = parseError(R"({"architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 5)" +
+                       body + "}");
+  EXPECT_CONTAINS(message, "field \"decoder_sparse_step\" must be a positive integer at most 4");
+}
+
 TEST(ModelConfigParsing, RejectsBadValuesNamingTheField) {
   std::string message = parseError(minimalLlama(R"(, "num_key_value_heads": 3)"));
   EXPECT_CONTAINS(message, "dir/config.json: field \"num_key_value_heads\"");
@@ -719,7 +876,8 @@ TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
-         {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+         {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+          "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

@@ -13,6 +13,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,10 @@ const TinyAdapter& tinyAdapter(const Model& model, const std::string& kind) {
   if (it != adapters.end()) return it->second;
   temp_dirs.push_back(std::make_unique<::tandem::testing::TempDir>("tandem-runner-lora"));
   tools::TestLoraOptions options;
+  if (model.config().num_experts > 0) {
+    // Adapters reach a mixture layer's attention only (docs/lora.md).
+    options.modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  }
   if (kind == "qv") {
     options.rank = 4;
     options.alpha = 6.0;
@@ -266,10 +271,19 @@ void addDenseLora(const DenseLora* lora, int64_t l, int m, const std::vector<dou
   }
 }
 
+// What the reference's mixture layers chose: the narrowest gap between a
+// token's last chosen and first unchosen router logit (a gap near the
+// rounding of the engine's f32 logits could choose otherwise), and every
+// expert chosen.
+struct DenseRouting {
+  double narrowest_gap = 1e300;
+  std::set<int64_t> experts_used;
+};
+
 // Logits of the last token of `tokens`, computed densely over the whole
 // prompt; with `lora`, each adapted projection adds its delta.
 std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& tokens,
-                                const DenseLora* lora = nullptr) {
+                                const DenseLora* lora = nullptr, DenseRouting* routing = nullptr) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -331,6 +345,38 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
       std::vector<double> h = x[t];
       denseRmsNorm(h, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
+      if (!lw.experts.empty()) {
+        // transformers' sparse MoE block: softmax over the router's
+        // logits, the top num_experts_per_tok, renormalized when
+        // norm_topk_prob, each expert's MLP weighted and summed.
+        const std::vector<double> logits = denseMatVec(lw.router, h);
+        std::vector<int64_t> order(logits.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+        const int64_t k = c.num_experts_per_tok;
+        if (routing != nullptr) {
+          routing->narrowest_gap =
+              std::min(routing->narrowest_gap, logits[order[k - 1]] - logits[order[k]]);
+          for (int64_t j = 0; j < k; ++j) routing->experts_used.insert(order[j]);
+        }
+        const double max = logits[order[0]];
+        double total = 0.0, chosen = 0.0;
+        for (double logit : logits) total += std::exp(logit - max);
+        for (int64_t j = 0; j < k; ++j) chosen += std::exp(logits[order[j]] - max) / total;
+        for (int64_t j = 0; j < k; ++j) {
+          const ExpertWeights& expert = lw.experts[order[j]];
+          double weight = std::exp(logits[order[j]] - max) / total;
+          if (c.norm_topk_prob) weight /= chosen;
+          std::vector<double> gate = denseMatVec(expert.gate_proj, h);
+          const std::vector<double> up = denseMatVec(expert.up_proj, h);
+          for (size_t i = 0; i < gate.size(); ++i)
+            gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+          const std::vector<double> down = denseMatVec(expert.down_proj, gate);
+          for (int64_t i = 0; i < hidden; ++i) x[t][i] += weight * down[i];
+        }
+        continue;
+      }
       std::vector<double> gate = denseMatVec(lw.gate_proj, h);
       std::vector<double> up = denseMatVec(lw.up_proj, h);
       addDenseLora(lora, l, kLoraGate, h, gate);
@@ -473,8 +519,15 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
   ModelRunner runner(model(), cache, backend());
   // Chunked on purpose: the reference sees the whole prompt at once.
   const std::vector<float> logits = prefillInChunks(runner, prompt, iotaBlocks(3), 10);
-  const std::vector<double> expected = denseLogits(model(), prompt);
+  DenseRouting routing;
+  const std::vector<double> expected = denseLogits(model(), prompt, nullptr, &routing);
   ASSERT_EQ(logits.size(), expected.size());
+  if (model().config().num_experts > 0) {
+    // Every expert served some token, and no token's choice was a near tie
+    // the engine's rounding could break otherwise.
+    EXPECT_EQ(std::ssize(routing.experts_used), model().config().num_experts);
+    EXPECT_GT(routing.narrowest_gap, 1e-4);
+  }
   double scale = 0.0;
   for (double v : expected) scale = std::max(scale, std::abs(v));
   // fp32 kernels vs a double reference: observed errors are ~1e-6 of the
@@ -642,7 +695,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
                       Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16},
                       Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
-                      Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16}),
+                      Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+                      Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
+                      Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
+                      Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16}),
     [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
 
 // Resident bytes of this process's mappings of `file` (/proc/self/smaps).
