@@ -202,12 +202,28 @@ def read_weights(model_dir):
 
 
 class Reference:
-    """Hugging Face Llama forward pass in float64 (no KV cache: whole sequence)."""
+    """Hugging Face Llama, Mixtral or Qwen3-MoE forward pass in float64 (no KV
+    cache: whole sequence). A mixture layer is transformers' sparse MoE
+    block: softmax over the router's logits, the num_experts_per_tok largest,
+    renormalized (Mixtral; Qwen3-MoE with norm_topk_prob), each chosen
+    expert's SwiGLU MLP weighted and summed."""
 
     def __init__(self, model_dir):
         self.config = load(os.path.join(model_dir, "config.json"))
         self.w = read_weights(model_dir)
         c = self.config
+        self.arch = c["architectures"][0]
+        self.qk_norm = self.arch.startswith("Qwen3")
+        if self.arch == "MixtralForCausalLM":
+            self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
+            self.names, self.normalize = ("w1", "w3", "w2"), True
+        elif self.arch == "Qwen3MoeForCausalLM":
+            self.experts, self.block = c.get("num_experts", 128), "mlp."
+            self.names = ("gate_proj", "up_proj", "down_proj")
+            self.normalize = bool(c.get("norm_topk_prob", False))
+        else:
+            self.experts = 0
+        self.k = c.get("num_experts_per_tok", 0)
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
@@ -237,6 +253,39 @@ class Reference:
         a, b = x[..., :half], x[..., half:]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
+    def is_moe_layer(self, i):
+        c = self.config
+        return (self.experts > 0 and (i + 1) % c.get("decoder_sparse_step", 1) == 0
+                and i not in (c.get("mlp_only_layers") or []))
+
+    def mlp(self, h, p, i):
+        w = self.w
+        if not self.is_moe_layer(i):
+            gate = h @ w[p + "mlp.gate_proj.weight"].T
+            up = h @ w[p + "mlp.up_proj.weight"].T
+            return (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+        block = p + self.block
+        logits = h @ w[block + "gate.weight"].T
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        if self.normalize:
+            weights /= weights.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(h)
+        gate_name, up_name, down_name = self.names
+        for e in range(self.experts):
+            rows, slots = np.nonzero(chosen == e)
+            if len(rows) == 0:
+                continue
+            x = h[rows]
+            prefix = f"{block}experts.{e}."
+            gate = x @ w[prefix + gate_name + ".weight"].T
+            up = x @ w[prefix + up_name + ".weight"].T
+            y = (gate / (1 + np.exp(-gate)) * up) @ w[prefix + down_name + ".weight"].T
+            out[rows] += weights[rows, slots][:, None] * y
+        return out
+
     def last_logits(self, tokens):
         w, c = self.w, self.config
         n = len(tokens)
@@ -250,6 +299,9 @@ class Reference:
             q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, self.heads, self.head_dim)
             k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
             v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
+            if self.qk_norm:
+                q = self.rms(q, w[p + "self_attn.q_norm.weight"])
+                k = self.rms(k, w[p + "self_attn.k_norm.weight"])
             q, k = self.rope(q, positions), self.rope(k, positions)
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)
@@ -260,9 +312,7 @@ class Reference:
             attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, -1)
             x = x + attn @ w[p + "self_attn.o_proj.weight"].T
             h = self.rms(x, w[p + "post_attention_layernorm.weight"])
-            gate = h @ w[p + "mlp.gate_proj.weight"].T
-            up = h @ w[p + "mlp.up_proj.weight"].T
-            x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+            x = x + self.mlp(h, p, i)
         last = self.rms(x[-1], w["model.norm.weight"])
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         return head @ last

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Converts a Tandem (Hugging Face layout) Llama model directory to GGUF.
+"""Converts a Tandem (Hugging Face layout) Llama, Mixtral or Qwen3-MoE model directory to GGUF.
 
 Reads config.json, tokenizer.json and model.safetensors (header + data, no
-torch or safetensors package needed) and writes one GGUF file of architecture
-`llama` with llama.cpp's gguf-py (found through PYTHONPATH, or --gguf-py) as the
-writer library:
+torch or safetensors package needed) and writes one GGUF file with llama.cpp's
+gguf-py (found through PYTHONPATH, or --gguf-py) as the writer library:
+architecture `llama` for Llama and Mixtral (its experts stacked into
+ffn_gate_exps/ffn_up_exps/ffn_down_exps, its router as ffn_gate_inp), and
+`qwen3moe` for Qwen3-MoE (q/k norms; llama.cpp renormalizes the chosen
+experts' weights and has no dense layers in it, so norm_topk_prob must be
+true, mlp_only_layers empty and decoder_sparse_step 1):
 
   scripts/tandem-to-gguf.py --model models/small --out small-bf16.gguf --dtype bf16
   scripts/tandem-to-gguf.py --model models/small --f32-model-dir models/small-f32
@@ -15,9 +19,10 @@ always f32, as llama.cpp expects. --f32-model-dir instead writes a Tandem
 model directory whose weights are the same values widened to f32 (the f32
 side of a comparison on identical weights).
 
-q_proj and k_proj rows are permuted per head: Hugging Face rotates the two
-halves of a head (i, i + d/2) together, llama.cpp's `llama` rope rotates
-adjacent pairs (2i, 2i + 1), so row i + h·d/2 of a head goes to row 2i + h.
+q_proj and k_proj rows are permuted per head for `llama`: Hugging Face
+rotates the two halves of a head (i, i + d/2) together, llama.cpp's `llama`
+rope rotates adjacent pairs (2i, 2i + 1), so row i + h·d/2 of a head goes to
+row 2i + h. `qwen3moe` rotates halves as Hugging Face does: no permutation.
 """
 
 import argparse
@@ -151,10 +156,20 @@ def convert(model_dir, out_path, dtype):
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     archs = config.get("architectures", [])
-    if archs != ["LlamaForCausalLM"]:
-        sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: [\"LlamaForCausalLM\"]")
+    accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"]
+    if len(archs) != 1 or archs[0] not in accepted:
+        sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: one of {accepted}")
+    arch = archs[0]
     if config.get("attention_bias"):
         sys.exit("tandem-to-gguf: attention_bias is true; accepted: false")
+    qwen3moe = arch == "Qwen3MoeForCausalLM"
+    if qwen3moe and (not config.get("norm_topk_prob") or config.get("mlp_only_layers")
+                     or config.get("decoder_sparse_step", 1) != 1):
+        sys.exit("tandem-to-gguf: Qwen3-MoE with norm_topk_prob false, mlp_only_layers or "
+                 "decoder_sparse_step; accepted: norm_topk_prob true, every layer a mixture "
+                 "(llama.cpp's qwen3moe)")
+    experts = int(config.get("num_local_experts" if arch == "MixtralForCausalLM" else "num_experts", 0)
+                  if arch != "LlamaForCausalLM" else 0)
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -163,12 +178,17 @@ def convert(model_dir, out_path, dtype):
     layers = int(config["num_hidden_layers"])
 
     tmp = out_path + ".tmp"
-    writer = gguf.GGUFWriter(tmp, "llama")
+    writer = gguf.GGUFWriter(tmp, "qwen3moe" if qwen3moe else "llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
     writer.add_feed_forward_length(int(config["intermediate_size"]))
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+        if qwen3moe:
+            writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
@@ -204,6 +224,18 @@ def convert(model_dir, out_path, dtype):
         src_dtype, _, array = take(hf_name)
         writer.add_tensor(gguf_name, np.ascontiguousarray(to_f32(src_dtype, array)))
 
+    def add_experts(gguf_name, hf_names):
+        # One [experts, rows, cols] tensor of the experts' matrices in order.
+        parts = []
+        for hf_name in hf_names:
+            src_dtype, _, array = take(hf_name)
+            parts.append(to_bf16_bits(src_dtype, array) if dtype == "bf16" else to_f32(src_dtype, array))
+        data = np.ascontiguousarray(np.stack(parts))
+        if dtype == "bf16":
+            writer.add_tensor(gguf_name, data, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            writer.add_tensor(gguf_name, data)
+
     add_matrix("token_embd.weight", "model.embed_tokens.weight")
     scaling = config.get("rope_scaling")
     if scaling:
@@ -214,14 +246,28 @@ def convert(model_dir, out_path, dtype):
     for i in range(layers):
         p = f"model.layers.{i}."
         add_norm(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
-        add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight", heads)
-        add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight", kv_heads)
+        add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight",
+                   None if qwen3moe else heads)
+        add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight",
+                   None if qwen3moe else kv_heads)
         add_matrix(f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight")
         add_matrix(f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight")
+        if qwen3moe:
+            add_norm(f"blk.{i}.attn_q_norm.weight", p + "self_attn.q_norm.weight")
+            add_norm(f"blk.{i}.attn_k_norm.weight", p + "self_attn.k_norm.weight")
         add_norm(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight")
-        add_matrix(f"blk.{i}.ffn_gate.weight", p + "mlp.gate_proj.weight")
-        add_matrix(f"blk.{i}.ffn_up.weight", p + "mlp.up_proj.weight")
-        add_matrix(f"blk.{i}.ffn_down.weight", p + "mlp.down_proj.weight")
+        if experts:
+            block = p + ("mlp." if qwen3moe else "block_sparse_moe.")
+            names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if qwen3moe else \
+                {"gate": "w1", "up": "w3", "down": "w2"}
+            add_matrix(f"blk.{i}.ffn_gate_inp.weight", block + "gate.weight")
+            for part in ("gate", "up", "down"):
+                add_experts(f"blk.{i}.ffn_{part}_exps.weight",
+                            [f"{block}experts.{e}.{names[part]}.weight" for e in range(experts)])
+        else:
+            add_matrix(f"blk.{i}.ffn_gate.weight", p + "mlp.gate_proj.weight")
+            add_matrix(f"blk.{i}.ffn_up.weight", p + "mlp.up_proj.weight")
+            add_matrix(f"blk.{i}.ffn_down.weight", p + "mlp.down_proj.weight")
     add_norm("output_norm.weight", "model.norm.weight")
     if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
         add_matrix("output.weight", "model.embed_tokens.weight")

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""The float64 reference forward pass of llama_cpp_compare.py against a live agent.
+
+  test_reference_forward.py BIN_DIR
+
+For the tiny Llama, Mixtral and Qwen3-MoE test models (tandem-model, into a
+temporary directory), starts `tandem-agent serve` with an f32 KV cache and
+compares the ten largest log-probabilities of the next token of three
+prompts with the reference's, which is written from transformers' modeling
+(numpy, float64), apart from the engine and its C++ reference. Fails when the
+error exceeds 1e-4 of the largest reference logit (f32 arithmetic gives about
+1e-6), when the greedy token differs, or when a mixture's routing was a near
+tie the engine's rounding could break. Needs numpy: re-runs itself with a
+python3 that has it (make deps installs python3-numpy for /usr/bin/python3).
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+try:
+    import numpy as np
+except ImportError:
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(candidate) and os.path.realpath(candidate) != os.path.realpath(
+                sys.executable) and subprocess.run(
+                    [candidate, "-c", "import numpy"], capture_output=True).returncode == 0:
+            os.execv(candidate, [candidate] + sys.argv)
+    sys.exit("test_reference_forward: no python3 with numpy (make deps installs python3-numpy)")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+
+import llama_cpp_compare as lcc  # noqa: E402
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def completion(port, prompt):
+    body = {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 20,
+            "return_token_ids": True}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["choices"][0]
+
+
+class RoutingWatch(lcc.Reference):
+    """The reference, noting the narrowest gap between a token's last chosen
+    and first unchosen router logit."""
+
+    narrowest = float("inf")
+
+    def mlp(self, h, p, i):
+        if self.is_moe_layer(i):
+            logits = h @ self.w[p + self.block + "gate.weight"].T
+            ordered = np.sort(logits, axis=-1)[:, ::-1]
+            gaps = ordered[:, self.k - 1] - ordered[:, self.k]
+            self.narrowest = min(self.narrowest, float(gaps.min()))
+        return super().mlp(h, p, i)
+
+
+def check(bin_dir, work, arch):
+    model = os.path.join(work, arch)
+    subprocess.run([os.path.join(bin_dir, "tandem-model"), "--preset", "tiny", "--arch", arch,
+                    "--seed", "4", "--out", model], check=True, capture_output=True)
+    config = lcc.load(os.path.join(model, "config.json"))
+    assert config["architectures"] == [ARCHITECTURES[arch]], config["architectures"]
+    port = free_port()
+    log = open(os.path.join(work, arch + ".log"), "w")
+    agent = subprocess.Popen([os.path.join(bin_dir, "tandem-agent"), "serve", "--model", model,
+                              "--port", str(port), "--served-model-name", "m", "--kv-dtype",
+                              "f32", "--kv-cache-memory", "16MiB"], stdout=log,
+                             stderr=subprocess.STDOUT)
+    failures = []
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except OSError:
+                if agent.poll() is not None or time.time() > deadline:
+                    return [f"{arch}: the agent did not start (log {log.name})"]
+                time.sleep(0.2)
+        reference = RoutingWatch(model)
+        vocab = len(lcc.load(os.path.join(model, "tokenizer.json"))["model"]["vocab"])
+        rng = np.random.default_rng(8)
+        for length in (5, 40, 130):
+            prompt = [int(t) for t in rng.integers(0, vocab, size=length)]
+            choice = completion(port, prompt)
+            logits = reference.last_logits(prompt)
+            expected = np.sort(lcc.log_softmax(logits))[::-1][:10]
+            served = np.array(sorted(choice["logprobs"]["top_logprobs"][0].values(),
+                                     reverse=True)[:10])
+            error = float(np.max(np.abs(served - expected))) / float(np.abs(logits).max())
+            print(f"{arch}, {length}-token prompt: token {choice['token_ids'][0]} (reference "
+                  f"{int(np.argmax(logits))}), top-10 log-prob error {error:.2e} of the largest "
+                  f"logit")
+            if choice["token_ids"][0] != int(np.argmax(logits)):
+                failures.append(f"{arch}, {length} tokens: greedy token differs")
+            if not error < 1e-4:
+                failures.append(f"{arch}, {length} tokens: error {error:.2e} over 1e-4")
+        if reference.experts and not reference.narrowest > 1e-4:
+            failures.append(f"{arch}: a routing near tie ({reference.narrowest:.2e}): choose "
+                            "another seed")
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        log.close()
+    return failures
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__.split("\n\n")[1])
+    work = tempfile.mkdtemp(prefix="tandem-reference-forward-")
+    try:
+        failures = []
+        for arch in ARCHITECTURES:
+            failures += check(sys.argv[1], work, arch)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for failure in failures:
+        print("FAIL:", failure)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
