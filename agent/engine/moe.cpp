@@ -69,11 +69,11 @@ void ExpertAssignment::route(const float* logits, int64_t rows, int64_t num_expe
   std::partial_sum(offsets_.begin(), offsets_.end(), offsets_.begin());
   rows_.resize(chosen_.size());
   weights_.resize(chosen_.size());
-  std::vector<int64_t> next(offsets_.begin(), offsets_.end() - 1);
+  next_.assign(offsets_.begin(), offsets_.end() - 1);
   for (int64_t r = 0; r < rows; ++r) {
     for (size_t j = 0; j < k; ++j) {
       const size_t slot = static_cast<size_t>(r) * k + j;
-      const int64_t at = next[static_cast<size_t>(chosen_[slot])]++;
+      const int64_t at = next_[static_cast<size_t>(chosen_[slot])]++;
       rows_[static_cast<size_t>(at)] = r;
       weights_[static_cast<size_t>(at)] = chosen_weights_[slot];
     }

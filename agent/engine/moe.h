@@ -42,6 +42,7 @@ class ExpertAssignment {
   std::vector<int64_t> offsets_;  // num_experts + 1
   std::vector<int64_t> rows_;
   std::vector<float> weights_;
+  std::vector<int64_t> next_;  // the counting sort's next slot per expert
 };
 
 }  // namespace tandem::engine
