@@ -218,17 +218,19 @@ class Reference:
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
             self.names, self.normalize = ("w1", "w3", "w2"), True
         elif self.arch == "Qwen3MoeForCausalLM":
-            self.experts, self.block = c.get("num_experts", 128), "mlp."
-            self.names = ("gate_proj", "up_proj", "down_proj")
+            self.experts = c.get("num_experts", c.get("num_local_experts", 128))
+            self.block, self.names = "mlp.", ("gate_proj", "up_proj", "down_proj")
             self.normalize = bool(c.get("norm_topk_prob", False))
         else:
             self.experts = 0
-        self.k = c.get("num_experts_per_tok", 0)
+        # The engine's (transformers') defaults where the config is silent.
+        self.k = c.get("num_experts_per_tok", 2 if self.arch == "MixtralForCausalLM" else 8)
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         d = self.head_dim
-        inv_freq = 1.0 / (float(c.get("rope_theta", 10000.0)) ** (np.arange(0, d, 2) / d))
+        theta = c.get("rope_theta", 1e6 if self.arch == "MixtralForCausalLM" else 10000.0)
+        inv_freq = 1.0 / (float(theta) ** (np.arange(0, d, 2) / d))
         scaling = c.get("rope_scaling")
         if scaling:
             factor = scaling["factor"]
@@ -242,7 +244,7 @@ class Reference:
         self.inv_freq = inv_freq
 
     def rms(self, x, weight):
-        eps = self.config["rms_norm_eps"]
+        eps = self.config.get("rms_norm_eps", 1e-5 if self.arch == "MixtralForCausalLM" else 1e-6)
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
     def rope(self, x, positions):

@@ -168,8 +168,12 @@ def convert(model_dir, out_path, dtype):
         sys.exit("tandem-to-gguf: Qwen3-MoE with norm_topk_prob false, mlp_only_layers or "
                  "decoder_sparse_step; accepted: norm_topk_prob true, every layer a mixture "
                  "(llama.cpp's qwen3moe)")
-    experts = int(config.get("num_local_experts" if arch == "MixtralForCausalLM" else "num_experts", 0)
-                  if arch != "LlamaForCausalLM" else 0)
+    # The engine's (transformers') defaults where the config is silent.
+    mixtral = arch == "MixtralForCausalLM"
+    experts = (0 if arch == "LlamaForCausalLM" else
+               int(config.get("num_local_experts", 8)) if mixtral else
+               int(config.get("num_experts", config.get("num_local_experts", 128))))
+    experts_per_token = int(config.get("num_experts_per_tok", 2 if mixtral else 8))
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -186,16 +190,16 @@ def convert(model_dir, out_path, dtype):
     writer.add_feed_forward_length(int(config["intermediate_size"]))
     if experts:
         writer.add_expert_count(experts)
-        writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+        writer.add_expert_used_count(experts_per_token)
         if qwen3moe:
-            writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
+            writer.add_expert_feed_forward_length(int(config.get("moe_intermediate_size", 768)))
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    writer.add_rope_freq_base(float(config.get("rope_theta", 1e6 if mixtral else 10000.0)))
+    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-5 if mixtral else 1e-6)))
     writer.add_vocab_size(int(config["vocab_size"]))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16"
                          else gguf.LlamaFileType.ALL_F32)

@@ -53,16 +53,24 @@ class TensorSource {
 
   kernels::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const TensorInfo& tensor = lookup(name, {rows, cols});
-    if (!matrix_dtype) {
-      matrix_dtype = tensor.dtype;
-      first_matrix = name;
-    } else if (tensor.dtype != *matrix_dtype) {
-      throw Error("tensor " + name + " in " + fileOf(name) + " has dtype " +
-                  dtypeSafetensorsName(tensor.dtype) + ", but " + *first_matrix + " has " +
-                  dtypeSafetensorsName(*matrix_dtype) + "; all matrices must share one dtype");
-    }
+    checkMatrixDtype(name, tensor);
     used_bytes += tensor.num_bytes;
     return kernels::WeightView{tensor.data, tensor.dtype, rows, cols};
+  }
+
+  // The `count` matrices of a [count, rows, cols] tensor, each a view into it.
+  std::vector<kernels::WeightView> stackedMatrices(const std::string& name, int64_t count,
+                                                   int64_t rows, int64_t cols) {
+    const TensorInfo& tensor = lookup(name, {count, rows, cols});
+    checkMatrixDtype(name, tensor);
+    used_bytes += tensor.num_bytes;
+    std::vector<kernels::WeightView> views;
+    const size_t bytes = static_cast<size_t>(rows * cols) * dtypeSize(tensor.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      views.push_back({static_cast<const uint8_t*>(tensor.data) + static_cast<size_t>(i) * bytes,
+                       tensor.dtype, rows, cols});
+    }
+    return views;
   }
 
   // Whether the checkpoint holds a tensor of that name.
@@ -80,6 +88,17 @@ class TensorSource {
   }
 
  private:
+  void checkMatrixDtype(const std::string& name, const TensorInfo& tensor) {
+    if (!matrix_dtype) {
+      matrix_dtype = tensor.dtype;
+      first_matrix = name;
+    } else if (tensor.dtype != *matrix_dtype) {
+      throw Error("tensor " + name + " in " + fileOf(name) + " has dtype " +
+                  dtypeSafetensorsName(tensor.dtype) + ", but " + *first_matrix + " has " +
+                  dtypeSafetensorsName(*matrix_dtype) + "; all matrices must share one dtype");
+    }
+  }
+
   void readIndex(const fs::path& dir) {
     const std::string index_name = index_path_.string();
     std::ifstream in(index_path_, std::ios::binary);
@@ -150,25 +169,38 @@ class TensorSource {
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
 };
 
-// A mixture layer's router and experts, in the per-expert names of the
+// A mixture layer's router and experts. In the per-expert names of the
 // checkpoints published for the architecture: Mixtral's
 // block_sparse_moe.{gate, experts.<e>.w1 (gate), w3 (up), w2 (down)},
-// Qwen3-MoE's mlp.{gate, experts.<e>.gate_proj/up_proj/down_proj}.
+// Qwen3-MoE's mlp.{gate, experts.<e>.gate_proj/up_proj/down_proj}. Or
+// stacked as transformers 5 holds them (both architectures under mlp.):
+// mlp.experts.gate_up_proj [experts, 2 x width, hidden] (each expert's gate
+// rows, then its up rows) and mlp.experts.down_proj [experts, hidden,
+// width], each expert's matrices then views into them.
 void loadExperts(TensorSource& source, const ModelConfig& c, const std::string& prefix,
                  LayerWeights& layer) {
   const bool mixtral = c.architecture == "MixtralForCausalLM";
-  const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.moe_intermediate_size;
-  if (source.has(block + "experts.gate_up_proj")) {
-    // transformers 5 holds a layer's experts as stacked tensors in memory.
-    throw Error("tensor " + block + "experts.gate_up_proj: experts stacked in one tensor are not " +
-                "read (accepted: one tensor per expert, " + block + "experts.<e>." +
-                (mixtral ? "w1.weight" : "gate_proj.weight") +
-                " ..., as the published checkpoints hold them)");
-  }
-  layer.router = source.matrix(block + "gate.weight", c.num_experts, hidden);
   layer.experts.resize(static_cast<size_t>(c.num_experts));
+  const std::string stacked = prefix + "mlp.experts.";
+  if (source.has(stacked + "gate_up_proj")) {
+    layer.router = source.matrix(prefix + "mlp.gate.weight", c.num_experts, hidden);
+    const std::vector<kernels::WeightView> gate_up =
+        source.stackedMatrices(stacked + "gate_up_proj", c.num_experts, 2 * inter, hidden);
+    const std::vector<kernels::WeightView> down =
+        source.stackedMatrices(stacked + "down_proj", c.num_experts, hidden, inter);
+    const size_t half = static_cast<size_t>(inter * hidden) * dtypeSize(gate_up.front().dtype);
+    for (size_t e = 0; e < layer.experts.size(); ++e) {
+      const auto* first = static_cast<const uint8_t*>(gate_up[e].data);
+      layer.experts[e] = {{first, gate_up[e].dtype, inter, hidden},
+                          {first + half, gate_up[e].dtype, inter, hidden},
+                          down[e]};
+    }
+    return;
+  }
+  const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+  layer.router = source.matrix(block + "gate.weight", c.num_experts, hidden);
   for (int64_t e = 0; e < c.num_experts; ++e) {
     const std::string expert = block + "experts." + std::to_string(e) + ".";
     ExpertWeights& w = layer.experts[static_cast<size_t>(e)];

@@ -33,8 +33,9 @@ constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
-// published mixtures have 512).
+// published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxExpertsPerToken = 64;
 
 // Reads typed fields of one JSON object; every error names the source file
 // and the field, and says what would have been accepted.
@@ -160,10 +161,13 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
 // with decoder_sparse_step and mlp_only_layers naming the dense layers.
 void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
                  ModelConfig& config) {
-  const char* experts_key = is_mixtral ? "num_local_experts" : "num_experts";
+  // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts
+  // (its attribute_map): either is read.
+  const char* experts_key =
+      is_mixtral || !reader.has("num_experts") ? "num_local_experts" : "num_experts";
   config.num_experts = reader.boundedInt(experts_key, is_mixtral ? 8 : 128, kMaxExperts);
   config.num_experts_per_tok =
-      reader.boundedInt("num_experts_per_tok", is_mixtral ? 2 : 8, kMaxExperts);
+      reader.boundedInt("num_experts_per_tok", is_mixtral ? 2 : 8, kMaxExpertsPerToken);
   if (config.num_experts_per_tok > config.num_experts) {
     reader.fail("num_experts_per_tok", "must be at most " + std::string(experts_key) + " (" +
                                            std::to_string(config.num_experts) + "), got " +
@@ -282,8 +286,9 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                                            std::to_string(config.num_key_value_heads));
   }
 
-  config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", 1e-6);
-  config.rope_theta = reader.positiveNumber("rope_theta", 10000.0);
+  // MixtralConfig's own defaults differ from the others'.
+  config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", is_mixtral ? 1e-5 : 1e-6);
+  config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral ? 1e6 : 10000.0);
   if (reader.has("rope_scaling")) {
     const json& scaling = root["rope_scaling"];
     if (!scaling.is_object()) {

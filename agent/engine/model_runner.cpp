@@ -101,7 +101,8 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   if (config.num_experts > 0 && !backend_.hostAccessible()) {
     throw Error("model " + model_.directory().string() + " (" + config.architecture +
                 ") is a mixture of experts, which runs on the CPU backend only (" +
-                backend_.description() + " is not one; docs/engine.md#mixture-of-experts)");
+                backend_.description() +
+                " is not one: start it with --device cpu; docs/engine.md#mixture-of-experts)");
   }
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
@@ -711,8 +712,8 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
     mlp(layer.experts[static_cast<size_t>(e)], expert_in_.data(), count,
         config.moe_intermediate_size, expert_out_.data(), false, -1);
     b.synchronize();
-    // A product then a sum, each rounded (this library is built without
-    // contracting them into one fused multiply-add).
+    // A product then a sum, each rounded (this library is built with
+    // -ffp-contract=off: never one fused multiply-add).
     for (int64_t i = 0; i < count; ++i) {
       const float weight = weights[static_cast<size_t>(first + i)];
       float* to = sum + routed_rows[static_cast<size_t>(first + i)] * hidden;

@@ -39,16 +39,15 @@ void routeRow(const float* logits, int64_t num_experts, int64_t experts_per_toke
   for (int64_t e = 0; e < num_experts; ++e) {
     if (!std::isnan(logits[e])) sum += std::exp(static_cast<double>(logits[e]) - max);
   }
-  double chosen_sum = 0.0;
-  double chosen[64];
-  TANDEM_CHECK(experts_per_token <= 64, "at most 64 experts per token");
-  for (int64_t j = 0; j < experts_per_token; ++j) {
+  auto probability = [&](int64_t j) {
     const float logit = logits[experts[j]];
-    chosen[j] = std::isnan(logit) ? 0.0 : std::exp(static_cast<double>(logit) - max) / sum;
-    chosen_sum += chosen[j];
-  }
+    return std::isnan(logit) ? 0.0 : std::exp(static_cast<double>(logit) - max) / sum;
+  };
+  double chosen_sum = 0.0;
+  for (int64_t j = 0; j < experts_per_token; ++j) chosen_sum += probability(j);
   for (int64_t j = 0; j < experts_per_token; ++j) {
-    const double weight = normalize && chosen_sum > 0.0 ? chosen[j] / chosen_sum : chosen[j];
+    const double weight =
+        normalize && chosen_sum > 0.0 ? probability(j) / chosen_sum : probability(j);
     weights[j] = static_cast<float>(weight);
   }
 }

@@ -127,6 +127,9 @@ TEST_F(BenchEngineTest, AMixtureCountsTheExpertsATokenReads) {
     EXPECT_DOUBLE_EQ(r.at("decode_weight_bytes_per_step").get<double>(),
                      2.0 * (layers * (attention + router + chosen * expert) + hidden * vocab));
     EXPECT_GT(r.at("decode_tokens_per_s").get<double>(), 0.0);
+    // Layer 0's MLP GEMMs are its first expert's.
+    EXPECT_GT(r.at("gemm_up_gflops").get<double>(), 0.0);
+    EXPECT_GT(r.at("gemm_down_gflops").get<double>(), 0.0);
   }
 }
 

@@ -381,15 +381,20 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double memcpy_gbps = memcpyGBps(options.repeats);
   const double read_gbps = readGBps(kernels::numThreads(), options.repeats);
   const auto& layer0 = model->weights().layers.at(0);
+  // Layer 0's MLP: in a mixture layer, its first expert's.
+  const engine::ExpertWeights mlp0 =
+      layer0.experts.empty()
+          ? engine::ExpertWeights{layer0.gate_proj, layer0.up_proj, layer0.down_proj}
+          : layer0.experts.front();
   const int64_t gemm_m = options.prompt_tokens;
   // The host GEMM figures run the CPU kernels on the weights the way the CPU
   // backend hands them to matmul (bf16 compute can only be on the CPU).
   kernels::cpu::CpuBackend host_kernels;
   host_kernels.setComputeDType(compute);
-  const kernels::WeightView up_proj = host_kernels.matmulWeight(layer0.up_proj);
+  const kernels::WeightView up_proj = host_kernels.matmulWeight(mlp0.up_proj);
   const double gemm_up_gflops = gemmGflops(gemm_m, up_proj, options.repeats);
   const double gemm_down_gflops =
-      gemmGflops(gemm_m, host_kernels.matmulWeight(layer0.down_proj), options.repeats);
+      gemmGflops(gemm_m, host_kernels.matmulWeight(mlp0.down_proj), options.repeats);
   // The compute ceiling of the CPU kernels: fp32 FMAs, or bf16 dot products
   // where bf16 compute applies.
   const bool on_cpu = backend->kind() == kernels::DeviceKind::kCpu;

@@ -88,14 +88,17 @@ class PaddingCpuBackend final : public kernels::cpu::CpuBackend {
 
 TEST(PaddedDecodeTest, PaddingToBucketsKeepsEveryBitOnTheCpu) {
   PaddingCpuBackend backend;
-  for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
-    ExactnessChecks checks(::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16),
-                           backend, kv_dtype);
-    EXPECT_TRUE(checks.recordedMatchesEager()) << dtypeShortName(kv_dtype);
+  // A mixture routes the padded rows too, each on its own.
+  for (const char* architecture : {"LlamaForCausalLM", "MixtralForCausalLM"}) {
+    for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+      ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
+                             kv_dtype);
+      EXPECT_TRUE(checks.recordedMatchesEager()) << architecture << " " << dtypeShortName(kv_dtype);
+    }
   }
   // Every padded decode step went through replayStep (3 + 2 sequences, 5
-  // steps each, twice).
-  EXPECT_EQ(backend.steps(), 2 * 2 * ExactnessChecks::kDecodeSteps);
+  // steps each, twice, for two models).
+  EXPECT_EQ(backend.steps(), 2 * 2 * 2 * ExactnessChecks::kDecodeSteps);
 }
 
 // A CPU backend that says the host cannot address its memory, so the runner

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numbers>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -419,10 +421,100 @@ TEST(ModelLoadingErrors, MissingTensor) {
   EXPECT_CONTAINS(message, "model.safetensors");
 }
 
+// Rewrites a mixture's model.safetensors with each layer's experts stacked
+// as transformers 5 holds them: mlp.gate.weight, mlp.experts.gate_up_proj
+// [experts, 2 x width, hidden] (an expert's gate rows, then its up rows) and
+// mlp.experts.down_proj [experts, hidden, width]; other tensors as they are.
+void stackExperts(const fs::path& dir) {
+  const ModelConfig config = ModelConfig::fromFile(dir / "config.json");
+  const bool mixtral = config.architecture == "MixtralForCausalLM";
+  std::map<std::string, std::vector<uint8_t>> bytes;
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> kinds;
+  {
+    SafetensorsFile file(dir / "model.safetensors");
+    auto copy = [&](const std::string& name) {
+      const TensorInfo& t = *file.find(name);
+      return std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
+                                  static_cast<const uint8_t*>(t.data) + t.num_bytes);
+    };
+    std::set<std::string> moved;
+    for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+      if (!config.isMoeLayer(layer)) continue;
+      const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+      const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+      std::vector<uint8_t> gate_up, down;
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        const std::string expert = block + "experts." + std::to_string(e) + ".";
+        const std::string gate = expert + (mixtral ? "w1.weight" : "gate_proj.weight");
+        const std::string up = expert + (mixtral ? "w3.weight" : "up_proj.weight");
+        const std::string down_name = expert + (mixtral ? "w2.weight" : "down_proj.weight");
+        for (const std::string& name : {gate, up}) {
+          const std::vector<uint8_t> part = copy(name);
+          gate_up.insert(gate_up.end(), part.begin(), part.end());
+        }
+        const std::vector<uint8_t> part = copy(down_name);
+        down.insert(down.end(), part.begin(), part.end());
+        moved.insert({gate, up, down_name});
+      }
+      const DType dtype = file.find(block + "gate.weight")->dtype;
+      const int64_t inter = config.moe_intermediate_size;
+      bytes[prefix + "mlp.experts.gate_up_proj"] = std::move(gate_up);
+      kinds[prefix + "mlp.experts.gate_up_proj"] = {
+          dtype, {config.num_experts, 2 * inter, config.hidden_size}};
+      bytes[prefix + "mlp.experts.down_proj"] = std::move(down);
+      kinds[prefix + "mlp.experts.down_proj"] = {dtype,
+                                                 {config.num_experts, config.hidden_size, inter}};
+      bytes[prefix + "mlp.gate.weight"] = copy(block + "gate.weight");
+      kinds[prefix + "mlp.gate.weight"] = {dtype, file.find(block + "gate.weight")->shape};
+      moved.insert(block + "gate.weight");
+    }
+    for (const auto& [name, tensor] : file.tensors()) {
+      if (moved.count(name) != 0) continue;
+      bytes[name] = copy(name);
+      kinds[name] = {tensor.dtype, tensor.shape};
+    }
+  }
+  SafetensorsWriter writer;
+  for (auto& [name, data] : bytes) {
+    writer.add(name, kinds[name].first, kinds[name].second, std::move(data));
+  }
+  writer.write(dir / "model.safetensors");
+}
+
+// Experts stacked as transformers 5 holds them load as the same matrices,
+// byte for byte, as the per-expert tensors of published checkpoints.
+TEST(ModelLoading, StackedExpertsLoadAsThePerExpertOnes) {
+  for (const char* architecture : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    SCOPED_TRACE(architecture);
+    TempDir per_expert, stacked;
+    writeTiny(per_expert.path(), architecture);
+    writeTiny(stacked.path(), architecture);
+    stackExperts(stacked.path());
+    ASSERT_TRUE(SafetensorsFile(stacked.path() / "model.safetensors")
+                    .find("model.layers.1.mlp.experts.gate_up_proj") != nullptr);
+    const std::unique_ptr<Model> a = Model::load(per_expert.path());
+    const std::unique_ptr<Model> b = Model::load(stacked.path());
+    EXPECT_EQ(a->weightBytes(), b->weightBytes());
+    size_t experts = 0;
+    for (size_t l = 0; l < a->weights().layers.size(); ++l) {
+      const LayerWeights& x = a->weights().layers[l];
+      const LayerWeights& y = b->weights().layers[l];
+      ASSERT_EQ(x.experts.size(), y.experts.size());
+      if (x.experts.empty()) continue;
+      expectSameMatrix(x.router, y.router);
+      for (size_t e = 0; e < x.experts.size(); ++e) {
+        expectSameMatrix(x.experts[e].gate_proj, y.experts[e].gate_proj);
+        expectSameMatrix(x.experts[e].up_proj, y.experts[e].up_proj);
+        expectSameMatrix(x.experts[e].down_proj, y.experts[e].down_proj);
+        ++experts;
+      }
+    }
+    EXPECT_GT(experts, 0u);
+  }
+}
+
 // A mixture layer's tensors are named by the architecture's own scheme;
-// a missing or misshapen expert is refused naming the tensor, and experts
-// stacked in one tensor (transformers 5's in-memory form) are refused
-// saying what is read.
+// a missing or misshapen expert is refused naming the tensor.
 TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
   {
     TempDir dir;
@@ -452,19 +544,17 @@ TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
     EXPECT_CONTAINS(loadError(dir.path()), "tensor model.layers.0.mlp.gate.weight missing from ");
   }
   {
+    // Stacked experts (transformers 5's form) are checked as any tensor.
     TempDir dir;
     writeTiny(dir.path(), "Qwen3MoeForCausalLM");
+    stackExperts(dir.path());
     rewriteHeader(dir.path(), [](json& h) {
-      // Renamed: the file keeps its layout, the name is the stacked one.
-      h["model.layers.1.mlp.experts.gate_up_proj"] =
-          h["model.layers.1.mlp.experts.0.up_proj.weight"];
-      h.erase("model.layers.1.mlp.experts.0.up_proj.weight");
+      h["model.layers.1.mlp.experts.down_proj"]["shape"] = {8, 48, 64};
     });
-    const std::string message = loadError(dir.path());
-    EXPECT_CONTAINS(message,
-                    "tensor model.layers.1.mlp.experts.gate_up_proj: experts stacked in one "
-                    "tensor are not read");
-    EXPECT_CONTAINS(message, "model.layers.1.mlp.experts.<e>.gate_proj.weight");
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.1.mlp.experts.down_proj in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " has shape [8, 48, 64], expected [8, 64, 48] (from config.json)");
   }
 }
 
@@ -701,6 +791,9 @@ TEST(ModelConfigParsing, MixtureOfExpertsFieldsAndDefaults) {
   EXPECT_FALSE(mixtral.qk_norm);
   EXPECT_EQ(mixtral.head_dim, 32);
   EXPECT_EQ(mixtral.max_position_embeddings, 131072);
+  // MixtralConfig's own defaults.
+  EXPECT_EQ(mixtral.rope_theta, 1e6);
+  EXPECT_EQ(mixtral.rms_norm_eps, 1e-5);
   for (int64_t layer = 0; layer < 4; ++layer) EXPECT_TRUE(mixtral.isMoeLayer(layer));
   mixtral = ModelConfig::fromJsonText(R"({"architectures": ["MixtralForCausalLM"],
       "num_local_experts": 16, "num_experts_per_tok": 4, "sliding_window": 4096,
@@ -731,7 +824,7 @@ TEST(ModelConfigParsing, MixtureOfExpertsFieldsAndDefaults) {
   EXPECT_TRUE(qwen.norm_topk_prob);
   EXPECT_EQ(qwen.mlp_only_layers, std::vector<int64_t>({1, 3}));
   // Mixtures where (layer + 1) is a multiple of 2 and the layer is not
-  // listed: only layer 1 qualifies by step, and it is listed.
+  // listed: layers 1 and 3 qualify by step, and both are listed.
   EXPECT_FALSE(qwen.isMoeLayer(0));
   EXPECT_FALSE(qwen.isMoeLayer(1));
   EXPECT_FALSE(qwen.isMoeLayer(2));
@@ -740,6 +833,14 @@ TEST(ModelConfigParsing, MixtureOfExpertsFieldsAndDefaults) {
       "decoder_sparse_step": 2)" + body + "}",
                                         "config.json")
                   .isMoeLayer(3));
+
+  // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts.
+  EXPECT_EQ(ModelConfig::fromJsonText(R"({"architectures": ["Qwen3MoeForCausalLM"],
+      "num_local_experts": 16, "num_experts_per_tok": 2)" +
+                                          body + "}",
+                                      "config.json")
+                .num_experts,
+            16);
 
   ModelConfig llama = ModelConfig::fromJsonText(minimalLlama(R"(, "num_experts": 8)"), "c.json");
   EXPECT_EQ(llama.num_experts, 0);
@@ -763,6 +864,13 @@ TEST(ModelConfigParsing, MixtureOfExpertsFieldsAndDefaults) {
   EXPECT_CONTAINS(message,
                   "dir/config.json: field \"num_experts_per_tok\" must be at most "
                   "num_experts (4), got 5");
+  // More than 64 per token is refused at load, never met at the first step.
+  message = parseError(R"({"architectures": ["MixtralForCausalLM"], "num_local_experts": 128,
+      "num_experts_per_tok": 65)" +
+                       body + "}");
+  EXPECT_CONTAINS(message,
+                  "field \"num_experts_per_tok\" must be a positive integer at most 64, "
+                  "got 65");
   message = parseError(R"({"architectures": ["MixtralForCausalLM"], "num_local_experts": 0)" +
                        body + "}");
   EXPECT_CONTAINS(message, "field \"num_local_experts\" must be a positive integer at most 4096");
