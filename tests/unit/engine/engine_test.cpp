@@ -1362,6 +1362,71 @@ TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
   }
 }
 
+// A mixture of experts (the tiny Qwen3-MoE: 8 experts choosing 3, a dense
+// first layer) in the engine: each request alone, all of them batched, and
+// batched with drafts give the same tokens and logprob bits; follow-ups hit
+// every full block of prompt and answer in the prefix cache and continue
+// alike; every block comes back.
+TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
+  static ::tandem::testing::TempDir dir("tandem-engine-moe");
+  static const std::filesystem::path model = [] {
+    tools::TestModelOptions options;
+    options.architecture = "Qwen3MoeForCausalLM";
+    options.seed = 9;
+    tools::writeTestModel(options, dir.path());
+    return dir.path();
+  }();
+  auto config = [&](int32_t drafts) {
+    EngineConfig c = speculatingConfig(drafts);
+    c.model_dir = model;
+    return c;
+  };
+  std::vector<Request> requests;
+  Request greedy = greedyRequest("greedy", repeatingPrompt(21), 30);
+  greedy.sampling.logprobs = 3;
+  requests.push_back(greedy);
+  Request sampled = greedyRequest("sampled", repeatingPrompt(22), 30);
+  sampled.sampling.temperature = 0.9f;
+  sampled.sampling.seed = 3;
+  sampled.sampling.logprobs = 2;
+  requests.push_back(sampled);
+  requests.push_back(greedyRequest("long", randomTokens(70, 23), 25));
+
+  std::vector<FullRun> alone;
+  for (const Request& request : requests) {
+    Engine engine(config(0));
+    alone.push_back(runToEnd(engine, request));
+  }
+  Engine plain(config(0));
+  Engine speculating(config(4));
+  const std::vector<FullRun> batched = runAllToEnd(plain, requests);
+  expectSameRuns(alone, batched, requests);
+  expectSameRuns(alone, runAllToEnd(speculating, requests), requests);
+  EXPECT_GT(speculating.stats().spec_decode_num_accepted_tokens, 0);
+
+  std::vector<Request> follow_ups;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request next = greedyRequest(requests[i].id + "-next", requests[i].prompt, 5);
+    for (const GeneratedToken& token : alone[i].tokens) next.prompt.push_back(token.token);
+    next.sampling.logprobs = 2;
+    follow_ups.push_back(next);
+  }
+  std::vector<FullRun> cold;
+  for (const Request& request : follow_ups) {
+    Engine engine(config(0));
+    cold.push_back(runToEnd(engine, request));
+  }
+  const std::vector<FullRun> warm = runAllToEnd(plain, follow_ups);
+  expectSameRuns(cold, warm, follow_ups);
+  for (size_t i = 0; i < warm.size(); ++i) {
+    EXPECT_EQ(warm[i].num_cached_tokens, (std::ssize(follow_ups[i].prompt) - 1) / 16 * 16)
+        << follow_ups[i].id;
+    EXPECT_EQ(cold[i].num_cached_tokens, 0) << follow_ups[i].id;
+  }
+  EXPECT_EQ(plain.stats().num_free_blocks, plain.stats().num_blocks);
+  EXPECT_EQ(speculating.stats().num_free_blocks, speculating.stats().num_blocks);
+}
+
 // An answer that ends inside a step's drafts (a stop string, max_tokens,
 // the end of max_model_len) ends where it ends without them, with the same
 // text; a sequence preempted for blocks keeps its tokens.
