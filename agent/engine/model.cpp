@@ -170,16 +170,13 @@ class TensorSource {
 };
 
 // A mixture layer's router and experts. In the per-expert names of the
-// checkpoints published for the architecture: Mixtral's
-// block_sparse_moe.{gate, experts.<e>.w1 (gate), w3 (up), w2 (down)},
-// Qwen3-MoE's mlp.{gate, experts.<e>.gate_proj/up_proj/down_proj}. Or
+// checkpoints published for the architecture (ExpertTensorNames), or
 // stacked as transformers 5 holds them (both architectures under mlp.):
 // mlp.experts.gate_up_proj [experts, 2 x width, hidden] (each expert's gate
 // rows, then its up rows) and mlp.experts.down_proj [experts, hidden,
 // width], each expert's matrices then views into them.
-void loadExperts(TensorSource& source, const ModelConfig& c, const std::string& prefix,
-                 LayerWeights& layer) {
-  const bool mixtral = c.architecture == "MixtralForCausalLM";
+void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, LayerWeights& layer) {
+  const std::string prefix = "model.layers." + std::to_string(index) + ".";
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.moe_intermediate_size;
   layer.experts.resize(static_cast<size_t>(c.num_experts));
@@ -199,20 +196,23 @@ void loadExperts(TensorSource& source, const ModelConfig& c, const std::string& 
     }
     return;
   }
-  const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
-  layer.router = source.matrix(block + "gate.weight", c.num_experts, hidden);
+  const ExpertTensorNames names(c, index);
+  layer.router = source.matrix(names.router(), c.num_experts, hidden);
   for (int64_t e = 0; e < c.num_experts; ++e) {
-    const std::string expert = block + "experts." + std::to_string(e) + ".";
     ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
-    w.gate_proj =
-        source.matrix(expert + (mixtral ? "w1.weight" : "gate_proj.weight"), inter, hidden);
-    w.up_proj = source.matrix(expert + (mixtral ? "w3.weight" : "up_proj.weight"), inter, hidden);
-    w.down_proj =
-        source.matrix(expert + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, inter);
+    w.gate_proj = source.matrix(names.gate(e), inter, hidden);
+    w.up_proj = source.matrix(names.up(e), inter, hidden);
+    w.down_proj = source.matrix(names.down(e), hidden, inter);
   }
 }
 
 }  // namespace
+
+ExpertTensorNames::ExpertTensorNames(const ModelConfig& config, int64_t layer)
+    : mixtral_(config.architecture == "MixtralForCausalLM"),
+      block_("model.layers." + std::to_string(layer) + "." +
+             (mixtral_ ? "block_sparse_moe." : "mlp.")),
+      router_(block_ + "gate.weight") {}
 
 std::vector<const kernels::WeightView*> LayerWeights::tokenMatrices(
     int64_t experts_per_token) const {
@@ -286,7 +286,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       layer.k_norm = source.vector(prefix + "self_attn.k_norm.weight", c.head_dim);
     }
     if (c.isMoeLayer(i)) {
-      loadExperts(source, c, prefix, layer);
+      loadExperts(source, c, i, layer);
     } else {
       layer.gate_proj = source.matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
       layer.up_proj = source.matrix(prefix + "mlp.up_proj.weight", inter, hidden);

@@ -28,6 +28,27 @@ struct ExpertWeights {
   kernels::WeightView gate_proj, up_proj, down_proj;
 };
 
+// The names of a mixture layer's tensors in the per-expert form published
+// checkpoints hold: Mixtral's block_sparse_moe.{gate, experts.<e>.w1
+// (gate), w3 (up), w2 (down)}, Qwen3-MoE's mlp.{gate,
+// experts.<e>.gate_proj/up_proj/down_proj}, under model.layers.<layer>.
+class ExpertTensorNames {
+ public:
+  ExpertTensorNames(const ModelConfig& config, int64_t layer);
+  const std::string& router() const { return router_; }
+  std::string gate(int64_t expert) const { return name(expert, mixtral_ ? "w1" : "gate_proj"); }
+  std::string up(int64_t expert) const { return name(expert, mixtral_ ? "w3" : "up_proj"); }
+  std::string down(int64_t expert) const { return name(expert, mixtral_ ? "w2" : "down_proj"); }
+
+ private:
+  std::string name(int64_t expert, const char* matrix) const {
+    return block_ + "experts." + std::to_string(expert) + "." + matrix + ".weight";
+  }
+  bool mixtral_;
+  std::string block_;
+  std::string router_;
+};
+
 struct LayerWeights {
   kernels::WeightView q_proj, k_proj, v_proj, o_proj;
   // The dense MLP; unset (no data, no rows) in a mixture layer.

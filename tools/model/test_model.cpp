@@ -9,6 +9,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "agent/engine/model.h"
 #include "agent/engine/safetensors.h"
 #include "common/status.h"
 #include "tools/model/bpe_trainer.h"
@@ -457,16 +458,14 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       vector(prefix + "self_attn.k_norm.weight", config.head_dim, 1.0f, kNormNoise);
     }
     if (config.isMoeLayer(i)) {
-      // The per-expert names of published checkpoints (agent/engine/model.cpp).
-      const bool mixtral = config.architecture == "MixtralForCausalLM";
-      const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+      // The per-expert names of published checkpoints.
+      const engine::ExpertTensorNames names(config, i);
       const int64_t expert_inter = config.moe_intermediate_size;
-      matrix(block + "gate.weight", config.num_experts, hidden);
+      matrix(names.router(), config.num_experts, hidden);
       for (int64_t e = 0; e < config.num_experts; ++e) {
-        const std::string expert = block + "experts." + std::to_string(e) + ".";
-        matrix(expert + (mixtral ? "w1.weight" : "gate_proj.weight"), expert_inter, hidden);
-        matrix(expert + (mixtral ? "w3.weight" : "up_proj.weight"), expert_inter, hidden);
-        matrix(expert + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, expert_inter);
+        matrix(names.gate(e), expert_inter, hidden);
+        matrix(names.up(e), expert_inter, hidden);
+        matrix(names.down(e), hidden, expert_inter);
       }
     } else {
       matrix(prefix + "mlp.gate_proj.weight", inter, hidden);

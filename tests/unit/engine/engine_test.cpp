@@ -1264,6 +1264,31 @@ std::vector<std::string> cachedBlocks(Engine& engine) {
   return hashes;
 }
 
+// For each request, one that continues its answer (`runs[i]`, prompt and
+// answer as the new prompt) for `max_tokens` more, with 2 logprobs.
+std::vector<Request> followUps(const std::vector<Request>& requests,
+                               const std::vector<FullRun>& runs, int64_t max_tokens) {
+  std::vector<Request> follow_ups;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request next = greedyRequest(requests[i].id + "-next", requests[i].prompt, max_tokens);
+    for (const GeneratedToken& token : runs[i].tokens) next.prompt.push_back(token.token);
+    next.sampling.logprobs = 2;
+    follow_ups.push_back(next);
+  }
+  return follow_ups;
+}
+
+// Each request alone, in an engine of its own.
+std::vector<FullRun> runEachAlone(const EngineConfig& config,
+                                  const std::vector<Request>& requests) {
+  std::vector<FullRun> runs;
+  for (const Request& request : requests) {
+    Engine engine(config);
+    runs.push_back(runToEnd(engine, request));
+  }
+  return runs;
+}
+
 // A prompt that repeats itself, so that its own n-grams predict it.
 std::vector<TokenId> repeatingPrompt(uint32_t seed) {
   const std::vector<TokenId> part = randomTokens(12, seed);
@@ -1344,13 +1369,7 @@ TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
   EXPECT_EQ(stats.num_free_blocks, stats.num_blocks);
   EXPECT_EQ(cachedBlocks(speculating), cachedBlocks(plain));
 
-  std::vector<Request> follow_ups;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Request next = greedyRequest(requests[i].id + "-next", requests[i].prompt, 6);
-    for (const GeneratedToken& token : expected[i].tokens) next.prompt.push_back(token.token);
-    next.sampling.logprobs = 2;
-    follow_ups.push_back(next);
-  }
+  const std::vector<Request> follow_ups = followUps(requests, expected, 6);
   const std::vector<FullRun> expected_next = runAllToEnd(plain, follow_ups);
   const std::vector<FullRun> next = runAllToEnd(speculating, follow_ups);
   expectSameRuns(expected_next, next, follow_ups);
@@ -1392,11 +1411,7 @@ TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   requests.push_back(sampled);
   requests.push_back(greedyRequest("long", randomTokens(70, 23), 25));
 
-  std::vector<FullRun> alone;
-  for (const Request& request : requests) {
-    Engine engine(config(0));
-    alone.push_back(runToEnd(engine, request));
-  }
+  const std::vector<FullRun> alone = runEachAlone(config(0), requests);
   Engine plain(config(0));
   Engine speculating(config(4));
   const std::vector<FullRun> batched = runAllToEnd(plain, requests);
@@ -1404,18 +1419,8 @@ TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   expectSameRuns(alone, runAllToEnd(speculating, requests), requests);
   EXPECT_GT(speculating.stats().spec_decode_num_accepted_tokens, 0);
 
-  std::vector<Request> follow_ups;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Request next = greedyRequest(requests[i].id + "-next", requests[i].prompt, 5);
-    for (const GeneratedToken& token : alone[i].tokens) next.prompt.push_back(token.token);
-    next.sampling.logprobs = 2;
-    follow_ups.push_back(next);
-  }
-  std::vector<FullRun> cold;
-  for (const Request& request : follow_ups) {
-    Engine engine(config(0));
-    cold.push_back(runToEnd(engine, request));
-  }
+  const std::vector<Request> follow_ups = followUps(requests, alone, 5);
+  const std::vector<FullRun> cold = runEachAlone(config(0), follow_ups);
   const std::vector<FullRun> warm = runAllToEnd(plain, follow_ups);
   expectSameRuns(cold, warm, follow_ups);
   for (size_t i = 0; i < warm.size(); ++i) {

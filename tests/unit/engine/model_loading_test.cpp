@@ -427,56 +427,53 @@ TEST(ModelLoadingErrors, MissingTensor) {
 // mlp.experts.down_proj [experts, hidden, width]; other tensors as they are.
 void stackExperts(const fs::path& dir) {
   const ModelConfig config = ModelConfig::fromFile(dir / "config.json");
-  const bool mixtral = config.architecture == "MixtralForCausalLM";
-  std::map<std::string, std::vector<uint8_t>> bytes;
-  std::map<std::string, std::pair<DType, std::vector<int64_t>>> kinds;
+  struct Tensor {
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, Tensor> tensors;
   {
     SafetensorsFile file(dir / "model.safetensors");
-    auto copy = [&](const std::string& name) {
-      const TensorInfo& t = *file.find(name);
-      return std::vector<uint8_t>(static_cast<const uint8_t*>(t.data),
-                                  static_cast<const uint8_t*>(t.data) + t.num_bytes);
-    };
     std::set<std::string> moved;
+    // Appends the bytes of tensor `name` to `out`, which replaces it.
+    auto move = [&](const std::string& name, std::vector<uint8_t>& out) {
+      const TensorInfo& t = *file.find(name);
+      out.insert(out.end(), static_cast<const uint8_t*>(t.data),
+                 static_cast<const uint8_t*>(t.data) + t.num_bytes);
+      moved.insert(name);
+      return t.dtype;
+    };
     for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
       if (!config.isMoeLayer(layer)) continue;
       const std::string prefix = "model.layers." + std::to_string(layer) + ".";
-      const std::string block = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
-      std::vector<uint8_t> gate_up, down;
-      for (int64_t e = 0; e < config.num_experts; ++e) {
-        const std::string expert = block + "experts." + std::to_string(e) + ".";
-        const std::string gate = expert + (mixtral ? "w1.weight" : "gate_proj.weight");
-        const std::string up = expert + (mixtral ? "w3.weight" : "up_proj.weight");
-        const std::string down_name = expert + (mixtral ? "w2.weight" : "down_proj.weight");
-        for (const std::string& name : {gate, up}) {
-          const std::vector<uint8_t> part = copy(name);
-          gate_up.insert(gate_up.end(), part.begin(), part.end());
-        }
-        const std::vector<uint8_t> part = copy(down_name);
-        down.insert(down.end(), part.begin(), part.end());
-        moved.insert({gate, up, down_name});
-      }
-      const DType dtype = file.find(block + "gate.weight")->dtype;
+      const ExpertTensorNames names(config, layer);
       const int64_t inter = config.moe_intermediate_size;
-      bytes[prefix + "mlp.experts.gate_up_proj"] = std::move(gate_up);
-      kinds[prefix + "mlp.experts.gate_up_proj"] = {
-          dtype, {config.num_experts, 2 * inter, config.hidden_size}};
-      bytes[prefix + "mlp.experts.down_proj"] = std::move(down);
-      kinds[prefix + "mlp.experts.down_proj"] = {dtype,
-                                                 {config.num_experts, config.hidden_size, inter}};
-      bytes[prefix + "mlp.gate.weight"] = copy(block + "gate.weight");
-      kinds[prefix + "mlp.gate.weight"] = {dtype, file.find(block + "gate.weight")->shape};
-      moved.insert(block + "gate.weight");
+      Tensor gate_up{DType::kF32, {config.num_experts, 2 * inter, config.hidden_size}, {}};
+      Tensor down{DType::kF32, {config.num_experts, config.hidden_size, inter}, {}};
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        move(names.gate(e), gate_up.bytes);
+        gate_up.dtype = move(names.up(e), gate_up.bytes);
+        down.dtype = move(names.down(e), down.bytes);
+      }
+      Tensor router{DType::kF32, {config.num_experts, config.hidden_size}, {}};
+      router.dtype = move(names.router(), router.bytes);
+      tensors[prefix + "mlp.experts.gate_up_proj"] = std::move(gate_up);
+      tensors[prefix + "mlp.experts.down_proj"] = std::move(down);
+      tensors[prefix + "mlp.gate.weight"] = std::move(router);
     }
     for (const auto& [name, tensor] : file.tensors()) {
       if (moved.count(name) != 0) continue;
-      bytes[name] = copy(name);
-      kinds[name] = {tensor.dtype, tensor.shape};
+      Tensor& copy = tensors[name];
+      copy.dtype = tensor.dtype;
+      copy.shape = tensor.shape;
+      copy.bytes.assign(static_cast<const uint8_t*>(tensor.data),
+                        static_cast<const uint8_t*>(tensor.data) + tensor.num_bytes);
     }
   }
   SafetensorsWriter writer;
-  for (auto& [name, data] : bytes) {
-    writer.add(name, kinds[name].first, kinds[name].second, std::move(data));
+  for (auto& [name, tensor] : tensors) {
+    writer.add(name, tensor.dtype, tensor.shape, std::move(tensor.bytes));
   }
   writer.write(dir / "model.safetensors");
 }
