@@ -1,10 +1,22 @@
 #include "common/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tandem {
 
-size_t dtypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t dtypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+  }
+  return 0;
+}
 
 const char* dtypeSafetensorsName(DType dtype) {
   switch (dtype) {
@@ -14,6 +26,8 @@ const char* dtypeSafetensorsName(DType dtype) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
@@ -22,6 +36,7 @@ std::optional<DType> dtypeFromSafetensorsName(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -33,6 +48,8 @@ const char* dtypeTorchName(DType dtype) {
       return "bfloat16";
     case DType::kF16:
       return "float16";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
   }
   return "?";
 }
@@ -52,6 +69,8 @@ const char* dtypeShortName(DType dtype) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kF8E4M3:
+      return "f8e4m3";
   }
   return "?";
 }
@@ -112,6 +131,33 @@ uint16_t f32ToF16(float f) {
   return static_cast<uint16_t>(sign | (exponent << 10) | mantissa);
 }
 
+float f8e4m3ToF32(uint8_t b) {
+  if ((b & 0x7fu) == 0x7fu) return (b & 0x80u) ? -std::nanf("") : std::nanf("");
+  return f16ToF32(f8e4m3ToScaledF16(b)) * 256.0f;
+}
+
+uint8_t f32ToF8e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80u : 0x00u;
+  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7fu);
+  const float magnitude = std::fabs(f);
+  // The quantum is 2^(e - 3) for magnitudes in [2^e, 2^(e + 1)), e >= -6,
+  // and 2^-9 below 2^-6 (subnormals); nearbyint rounds ties to even.
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
+  const int e = std::max(exponent - 1, -6);
+  const float quantum = std::ldexp(1.0f, e - 3);
+  const float rounded = std::nearbyint(magnitude / quantum) * quantum;
+  if (rounded >= 448.0f) return static_cast<uint8_t>(sign | 0x7eu);
+  // rounded is now an exact f8e4m3 value: find its bits.
+  if (rounded < 0.015625f) {  // 2^-6: subnormal, mantissa counts 2^-9
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded * 512.0f));
+  }
+  int rounded_exponent = 0;
+  const float fraction = std::frexp(rounded, &rounded_exponent);  // [0.5, 1)
+  const auto mantissa = static_cast<uint8_t>(fraction * 16.0f) & 0x7u;
+  return static_cast<uint8_t>(sign | ((rounded_exponent - 1 + 7) << 3) | mantissa);
+}
+
 void convertToF32(DType dtype, const void* src, float* dst, size_t n) {
   switch (dtype) {
     case DType::kF32:
@@ -125,6 +171,11 @@ void convertToF32(DType dtype, const void* src, float* dst, size_t n) {
     case DType::kF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = f16ToF32(s[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f8e4m3ToF32(s[i]);
       return;
     }
   }
@@ -143,6 +194,11 @@ void convertFromF32(DType dtype, const float* src, void* dst, size_t n) {
     case DType::kF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32ToF16(src[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      auto* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32ToF8e4m3(src[i]);
       return;
     }
   }

@@ -2,6 +2,12 @@
 //
 // bf16 and f16 are stored as raw 16-bit patterns. Conversions to f32 are
 // exact; conversions from f32 round to nearest, ties to even (NaN stays NaN).
+//
+// f8e4m3 (safetensors F8_E4M3, torch float8_e4m3fn) is the 8-bit float of
+// fp8 checkpoints: sign, 4 exponent bits (bias 7), 3 mantissa bits, no
+// infinities, largest finite 448, NaN 0x7f/0xff. It holds quantized weight
+// matrices only (with their scales, docs/quantization.md); it has no flag or
+// config spelling, and KV caches never use it.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +18,7 @@
 
 namespace tandem {
 
-enum class DType : uint8_t { kF32, kBF16, kF16 };
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3 };
 
 size_t dtypeSize(DType dtype);
 // Safetensors spelling: "F32", "BF16", "F16".
@@ -42,6 +48,20 @@ inline uint16_t f32ToBf16(float f) {
 
 float f16ToF32(uint16_t h);
 uint16_t f32ToF16(float f);
+
+// The f16 whose value is an f8e4m3's times 2^-8, exactly (every f8e4m3
+// value, subnormals included, is an f16 value once scaled so): the sign
+// moved to bit 15, exponent and mantissa below it. The CPU kernels widen fp8
+// weights this way, as a vector shift and mask; NaN reads as 480 * 2^-8.
+inline uint16_t f8e4m3ToScaledF16(uint8_t b) {
+  return static_cast<uint16_t>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
+}
+// Exact; NaN stays NaN.
+float f8e4m3ToF32(uint8_t b);
+// Round to nearest, ties to even; beyond 448 (after rounding) saturates to
+// +-448, as torch's float8_e4m3fn conversion of a quantizer's clamped values
+// never needs to; NaN gives 0x7f with the sign.
+uint8_t f32ToF8e4m3(float f);
 
 // Converts n elements of `dtype` at `src` to f32.
 void convertToF32(DType dtype, const void* src, float* dst, size_t n);

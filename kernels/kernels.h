@@ -36,12 +36,27 @@ enum class WeightLayout {
 };
 
 // A matrix of `rows` x `cols` elements of `dtype`, laid out as `layout` says.
+//
+// kF8E4M3 (fp8 checkpoints, docs/quantization.md) also has scales: element
+// (r, c) is its fp8 value times scales[(r / scale_rows) * scaleGridCols() +
+// c / scale_cols], a grid of blocks of scale_rows x scale_cols elements
+// (the last ones cut short): one block for a per-tensor scale, blocks of 1 x
+// cols for per-channel scales, 128 x 128 for block-wise ones. Other dtypes
+// have none (scales nullptr).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   WeightLayout layout = WeightLayout::kRows;
+  const float* scales = nullptr;
+  int64_t scale_rows = 0;
+  int64_t scale_cols = 0;
+
+  int64_t scaleGridRows() const { return (rows + scale_rows - 1) / scale_rows; }
+  int64_t scaleGridCols() const { return (cols + scale_cols - 1) / scale_cols; }
+  // Floats of the scale grid (0 without scales).
+  int64_t scaleCount() const { return scales == nullptr ? 0 : scaleGridRows() * scaleGridCols(); }
 };
 
 // Bytes of a WeightLayout::kRows view's data.
@@ -70,6 +85,15 @@ std::string isaName();
 // instruction per pair for 16 outputs, twice the multiply-adds of an fp32
 // FMA. What is lost is the activations' low 16 bits
 // (docs/engine.md#compute-dtype). Both keep batch invariance.
+//
+// kRows with kF8E4M3 weights (whatever the compute dtype): each fp8 weight is
+// widened to its value times 2^-8, exactly, and multiplied with fp32
+// activations as above. Where a scale block spans whole rows (per-tensor or
+// per-channel scales), output (i, j) is that sum times (scale x 2^8), one
+// rounding. Where blocks split a row (block-wise scales), each activation is
+// first multiplied by the scale of its column block in output j's row block
+// (rounded to fp32), then summed as above, times 2^8. A result depends only
+// on its row of x, the weights and the scales: batch invariance holds.
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y);
 
 // Packs bf16 row-major weights for bf16 compute into `storage`, which must

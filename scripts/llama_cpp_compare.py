@@ -176,8 +176,50 @@ def cmd_summary(args):
 # ---- float64 reference forward pass -------------------------------------------------
 
 
+def f8e4m3_values():
+    """The 256 values of the float8 e4m3fn format, from its definition: sign,
+    4 exponent bits (bias 7, subnormals at 0), 3 mantissa bits, NaN at
+    S.1111.111, no infinities."""
+    values = np.empty(256)
+    for b in range(256):
+        sign, exponent, mantissa = b >> 7, (b >> 3) & 15, b & 7
+        if exponent == 15 and mantissa == 7:
+            value = math.nan
+        elif exponent == 0:
+            value = mantissa / 8 * 2.0 ** -6
+        else:
+            value = (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+        values[b] = -value if sign else value
+    return values
+
+
+def dequantize(weights, config):
+    """fp8 matrices times their scales, on the grid config.json's
+    quantization_config gives (per tensor, per output channel, or blocks)."""
+    q = config.get("quantization_config") or {}
+    block = q.get("weight_block_size")
+    for group in (q.get("config_groups") or {}).values():
+        structure = group.get("weights", {}).get("block_structure")
+        if group.get("weights", {}).get("strategy") == "block" and structure:
+            block = structure
+    for name in [n for n in weights if n.endswith(".weight_scale") or
+                 n.endswith(".weight_scale_inv")]:
+        matrix = name.rsplit(".", 1)[0] + ".weight"
+        w, scale = weights[matrix], weights.pop(name)
+        if scale.size == 1:
+            weights[matrix] = w * scale.reshape(())
+        elif scale.ndim == 2 and scale.shape[1] == 1 or scale.ndim == 1:
+            weights[matrix] = w * scale.reshape(-1, 1)
+        else:
+            rows, cols = block
+            grid = np.repeat(np.repeat(scale, rows, axis=0), cols, axis=1)
+            weights[matrix] = w * grid[: w.shape[0], : w.shape[1]]
+    return weights
+
+
 def read_weights(model_dir):
-    """All tensors of model.safetensors as float64 arrays."""
+    """All tensors of model.safetensors as float64 arrays, fp8 ones
+    dequantized."""
     path = os.path.join(model_dir, "model.safetensors")
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
@@ -195,10 +237,12 @@ def read_weights(model_dir):
             values = raw.view(np.float16)
         elif info["dtype"] == "F32":
             values = raw.view(np.float32)
+        elif info["dtype"] == "F8_E4M3":
+            values = f8e4m3_values()[np.asarray(raw)]
         else:
             sys.exit(f"llama_cpp_compare: tensor {name} has dtype {info['dtype']}")
         weights[name] = values.astype(np.float64).reshape(info["shape"])
-    return weights
+    return dequantize(weights, load(os.path.join(model_dir, "config.json")))
 
 
 class Reference:

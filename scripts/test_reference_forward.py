@@ -3,8 +3,9 @@
 
   test_reference_forward.py BIN_DIR
 
-For the tiny Llama, Mixtral and Qwen3-MoE test models (tandem-model, into a
-temporary directory), starts `tandem-agent serve` with an f32 KV cache and
+For the tiny Llama, Mixtral and Qwen3-MoE test models, and fp8 Llama and
+Qwen3-MoE ones (per-channel scales; blocks splitting rows and columns)
+(tandem-model, into a temporary directory), starts `tandem-agent serve` with an f32 KV cache and
 compares the ten largest log-probabilities of the next token of three
 prompts with the reference's, which is written from transformers' modeling
 (numpy, float64), apart from the engine and its C++ reference. Fails when the
@@ -41,6 +42,9 @@ import llama_cpp_compare as lcc  # noqa: E402
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM"}
+# (architecture, tandem-model --quantize or None)
+CASES = [("llama", None), ("mixtral", None), ("qwen3_moe", None),
+         ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32")]
 
 
 def free_port():
@@ -74,14 +78,18 @@ class RoutingWatch(lcc.Reference):
         return super().mlp(h, p, i)
 
 
-def check(bin_dir, work, arch):
-    model = os.path.join(work, arch)
+def check(bin_dir, work, arch, quantize):
+    label = arch + (f" {quantize}" if quantize else "")
+    model = os.path.join(work, label.replace(" ", "-").replace(":", "-").replace("=", "-"))
+    extra = ["--quantize", quantize] if quantize else []
     subprocess.run([os.path.join(bin_dir, "tandem-model"), "--preset", "tiny", "--arch", arch,
-                    "--seed", "4", "--out", model], check=True, capture_output=True)
+                    "--seed", "4", "--out", model] + extra, check=True, capture_output=True)
     config = lcc.load(os.path.join(model, "config.json"))
     assert config["architectures"] == [ARCHITECTURES[arch]], config["architectures"]
+    assert ("quantization_config" in config) == bool(quantize)
+    arch = label
     port = free_port()
-    log = open(os.path.join(work, arch + ".log"), "w")
+    log = open(model + ".log", "w")
     agent = subprocess.Popen([os.path.join(bin_dir, "tandem-agent"), "serve", "--model", model,
                               "--port", str(port), "--served-model-name", "m", "--kv-dtype",
                               "f32", "--kv-cache-memory", "16MiB"], stdout=log,
@@ -131,8 +139,8 @@ def main():
     work = tempfile.mkdtemp(prefix="tandem-reference-forward-")
     try:
         failures = []
-        for arch in ARCHITECTURES:
-            failures += check(sys.argv[1], work, arch)
+        for arch, quantize in CASES:
+            failures += check(sys.argv[1], work, arch, quantize)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for failure in failures:

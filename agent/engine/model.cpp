@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <future>
@@ -30,8 +32,9 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 // index, and checks each against what the config implies.
 class TensorSource {
  public:
-  TensorSource(const fs::path& dir, std::vector<std::unique_ptr<SafetensorsFile>>& files)
-      : files_(files) {
+  TensorSource(const fs::path& dir, std::vector<std::unique_ptr<SafetensorsFile>>& files,
+               const Fp8Quantization& quantization, std::vector<std::vector<float>>& scales)
+      : files_(files), quantization_(quantization), scales_(scales) {
     const fs::path single = dir / kSingleFile;
     const fs::path index = dir / kIndexFile;
     if (fs::exists(single)) {
@@ -51,8 +54,19 @@ class TensorSource {
   std::optional<std::string> first_matrix;
   size_t used_bytes = 0;
 
-  kernels::WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+  // quantizable: whether an fp8 checkpoint may hold it as F8_E4M3 (every
+  // matrix but the embedding table, which lookups read row by row).
+  kernels::WeightView matrix(const std::string& name, int64_t rows, int64_t cols,
+                             bool quantizable = true) {
     const TensorInfo& tensor = lookup(name, {rows, cols});
+    if (tensor.dtype == DType::kF8E4M3) {
+      if (!quantizable) {
+        throw Error("tensor " + name + " in " + fileOf(name) +
+                    " has dtype F8_E4M3, which it cannot have (accepted: F32, BF16, F16; fp8 "
+                    "checkpoints quantize the projections only)");
+      }
+      return quantizedMatrix(name, tensor, rows, cols);
+    }
     checkMatrixDtype(name, tensor);
     used_bytes += tensor.num_bytes;
     return kernels::WeightView{tensor.data, tensor.dtype, rows, cols};
@@ -62,6 +76,11 @@ class TensorSource {
   std::vector<kernels::WeightView> stackedMatrices(const std::string& name, int64_t count,
                                                    int64_t rows, int64_t cols) {
     const TensorInfo& tensor = lookup(name, {count, rows, cols});
+    if (tensor.dtype == DType::kF8E4M3) {
+      throw Error("tensor " + name + " in " + fileOf(name) +
+                  " holds fp8 experts stacked, which are not supported (accepted: fp8 experts "
+                  "as one tensor each, with their scales, as published checkpoints hold them)");
+    }
     checkMatrixDtype(name, tensor);
     used_bytes += tensor.num_bytes;
     std::vector<kernels::WeightView> views;
@@ -81,6 +100,11 @@ class TensorSource {
 
   std::vector<float> vector(const std::string& name, int64_t size) {
     const TensorInfo& tensor = lookup(name, {size});
+    if (tensor.dtype == DType::kF8E4M3) {
+      throw Error("tensor " + name + " in " + fileOf(name) +
+                  " has dtype F8_E4M3, accepted for weight matrices only (accepted here: F32, "
+                  "BF16, F16)");
+    }
     used_bytes += tensor.num_bytes;
     std::vector<float> values(static_cast<size_t>(size));
     convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
@@ -88,6 +112,75 @@ class TensorSource {
   }
 
  private:
+  // An F8_E4M3 matrix and its scales (docs/quantization.md).
+  kernels::WeightView quantizedMatrix(const std::string& name, const TensorInfo& tensor,
+                                      int64_t rows, int64_t cols) {
+    using Granularity = Fp8Quantization::Granularity;
+    if (quantization_.granularity == Granularity::kNone) {
+      throw Error("tensor " + name + " in " + fileOf(name) + " has dtype F8_E4M3, but " +
+                  kConfigFile +
+                  " has no quantization_config to give its scales (accepted: quant_method fp8 "
+                  "or compressed-tensors)");
+    }
+    const std::string suffix = ".weight";
+    const std::string scale_name =
+        (name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name) + "." +
+        quantization_.scale_name;
+    if (!has(scale_name)) {
+      throw Error("tensor " + scale_name + ", the scales of fp8 tensor " + name +
+                  ", is missing from " + fileOf(name));
+    }
+    const TensorInfo& scale = lookupAny(scale_name);
+    kernels::WeightView view{tensor.data, tensor.dtype, rows, cols};
+    std::vector<std::vector<int64_t>> accepted;
+    switch (quantization_.granularity) {
+      case Granularity::kTensor:
+        view.scale_rows = rows;
+        view.scale_cols = cols;
+        accepted = {{}, {1}};
+        break;
+      case Granularity::kChannel:
+        view.scale_rows = 1;
+        view.scale_cols = cols;
+        accepted = {{rows, 1}, {rows}};
+        break;
+      case Granularity::kBlock:
+        view.scale_rows = quantization_.block_rows;
+        view.scale_cols = quantization_.block_cols;
+        accepted = {{view.scaleGridRows(), view.scaleGridCols()}};
+        break;
+      case Granularity::kNone:
+        break;
+    }
+    if (std::find(accepted.begin(), accepted.end(), scale.shape) == accepted.end()) {
+      std::string expected;
+      for (const auto& shape : accepted) {
+        expected += (expected.empty() ? "" : " or ") + shapeText(shape);
+      }
+      throw Error("tensor " + scale_name + " in " + fileOf(scale_name) + " has shape " +
+                  shapeText(scale.shape) + ", expected " + expected + " (" +
+                  granularityName(quantization_.granularity) + " scales of " + name + " " +
+                  shapeText({rows, cols}) + ", from " + kConfigFile + ")");
+    }
+    if (scale.dtype == DType::kF8E4M3) {
+      throw Error("tensor " + scale_name + " in " + fileOf(scale_name) +
+                  " has dtype F8_E4M3 (accepted for scales: F32, BF16, F16)");
+    }
+    std::vector<float> values(static_cast<size_t>(view.scaleGridRows() * view.scaleGridCols()));
+    convertToF32(scale.dtype, scale.data, values.data(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i]) || values[i] < 0.0f) {
+        throw Error("tensor " + scale_name + " in " + fileOf(scale_name) + " holds " +
+                    std::to_string(values[i]) + " at element " + std::to_string(i) +
+                    " (accepted: finite scales, zero or greater)");
+      }
+    }
+    used_bytes += tensor.num_bytes + scale.num_bytes;
+    scales_.push_back(std::move(values));
+    view.scales = scales_.back().data();
+    return view;
+  }
+
   void checkMatrixDtype(const std::string& name, const TensorInfo& tensor) {
     if (!matrix_dtype) {
       matrix_dtype = tensor.dtype;
@@ -144,6 +237,16 @@ class TensorSource {
   }
 
   const TensorInfo& lookup(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorInfo& tensor = lookupAny(name);
+    if (tensor.shape != shape) {
+      throw Error("tensor " + name + " in " + fileOf(name) + " has shape " +
+                  shapeText(tensor.shape) + ", expected " + shapeText(shape) + " (from " +
+                  kConfigFile + ")");
+    }
+    return tensor;
+  }
+
+  const TensorInfo& lookupAny(const std::string& name) const {
     const SafetensorsFile* file = files_.front().get();
     if (!index_path_.empty()) {
       auto it = weight_map_.find(name);
@@ -156,15 +259,12 @@ class TensorSource {
     if (tensor == nullptr) {
       throw Error("tensor " + name + " missing from " + file->path().string());
     }
-    if (tensor->shape != shape) {
-      throw Error("tensor " + name + " in " + file->path().string() + " has shape " +
-                  shapeText(tensor->shape) + ", expected " + shapeText(shape) + " (from " +
-                  kConfigFile + ")");
-    }
     return *tensor;
   }
 
   std::vector<std::unique_ptr<SafetensorsFile>>& files_;
+  const Fp8Quantization& quantization_;
+  std::vector<std::vector<float>>& scales_;
   fs::path index_path_;                       // empty for a single file
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
 };
@@ -250,14 +350,15 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   model->config_ = ModelConfig::fromFile(config_path);
   const ModelConfig& c = model->config_;
 
-  TensorSource source(dir, model->files_);
+  TensorSource source(dir, model->files_, c.quantization, model->scales_);
   const int64_t hidden = c.hidden_size;
   const int64_t q_size = c.num_attention_heads * c.head_dim;
   const int64_t kv_size = c.num_key_value_heads * c.head_dim;
   const int64_t inter = c.intermediate_size;
 
   ModelWeights& w = model->weights_;
-  w.embed_tokens = source.matrix("model.embed_tokens.weight", c.vocab_size, hidden);
+  w.embed_tokens = source.matrix("model.embed_tokens.weight", c.vocab_size, hidden,
+                                 /*quantizable=*/false);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";

@@ -3,12 +3,13 @@
 //
 // Model::load reads a Hugging Face model directory: config.json, then
 // model.safetensors or the shards named by model.safetensors.index.json.
-// Every expected tensor must be present with the dtype family F32/BF16/F16 and
-// the shape the config implies; extra tensors (e.g. rotary_emb.inv_freq) are
-// ignored. Problems throw tandem::Error naming the file and tensor, e.g.
-// "tensor model.layers.3.mlp.up_proj.weight missing from model.safetensors".
-// Small vectors (norm weights, biases) are converted to fp32 at load; matrices
-// stay mapped. A Model is immutable after load and safe to share across threads.
+// Every expected tensor must be present with the dtype family F32/BF16/F16
+// (or, in an fp8 checkpoint, F8_E4M3 projection matrices with their scales:
+// docs/quantization.md) and the shape the config implies; extra tensors (e.g. rotary_emb.inv_freq)
+// are ignored. Problems throw tandem::Error naming the file and tensor, e.g. "tensor
+// model.layers.3.mlp.up_proj.weight missing from model.safetensors". Small vectors (norm weights,
+// biases) are converted to fp32 at load; matrices stay mapped. A Model is immutable after load and
+// safe to share across threads.
 #pragma once
 
 #include <array>
@@ -86,7 +87,8 @@ class Model {
   const std::filesystem::path& directory() const { return directory_; }
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
-  // The dtype of the matrices (from the files; all matrices share it).
+  // The dtype of the matrices (from the files; all matrices share it but
+  // the F8_E4M3 ones of a quantized model, whose embedding table has it).
   DType weightDType() const { return weight_dtype_; }
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
@@ -108,6 +110,8 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kBF16;
   size_t weight_bytes_ = 0;
+  // The scales of fp8 matrices (WeightView::scales point into them).
+  std::vector<std::vector<float>> scales_;
   mutable std::once_flag digest_once_;
   mutable std::string weights_digest_;
 };

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "common/json_parse.h"
 #include "common/status.h"
@@ -152,6 +154,113 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
                                         json(scaling.high_freq_factor).dump());
   }
   return scaling;
+}
+
+// Reads "quantization_config": fp8 weights as transformers' FP8 checkpoints
+// (quant_method "fp8": one scale per tensor, or per weight_block_size block
+// in weight_scale_inv) or compressed-tensors' float-quantized ones (8-bit
+// float weights, strategy tensor, channel or block, in weight_scale) hold
+// them. The activations' scheme is read past: activations stay fp32
+// (docs/quantization.md). Everything else is refused naming the field.
+Fp8Quantization parseQuantization(const json& object, const std::string& source) {
+  constexpr const char* kField = "quantization_config";
+  if (!object.is_object()) {
+    throw Error(source + ": field \"" + kField + "\" must be an object, got " + object.dump());
+  }
+  FieldReader reader(object, source, std::string(kField) + ".");
+  using Granularity = Fp8Quantization::Granularity;
+  Fp8Quantization q;
+  if (!reader.has("quant_method")) {
+    reader.fail("quant_method", "is missing (accepted: fp8, compressed-tensors)");
+  }
+  q.method = reader.string("quant_method", "");
+  auto positivePair = [](const FieldReader& r, const char* key) {
+    const json& value = r.get(key);
+    if (!value.is_array() || value.size() != 2 || !value[0].is_number_integer() ||
+        !value[1].is_number_integer() || value[0].get<int64_t>() <= 0 ||
+        value[1].get<int64_t>() <= 0 || value[0].get<int64_t>() > kMaxDimension ||
+        value[1].get<int64_t>() > kMaxDimension) {
+      r.fail(key, "must be [rows, columns], two positive integers at most " +
+                      std::to_string(kMaxDimension) + ", got " + value.dump());
+    }
+    return std::pair{value[0].get<int64_t>(), value[1].get<int64_t>()};
+  };
+  if (q.method == "fp8") {
+    const std::string fmt = reader.string("fmt", "e4m3");
+    if (fmt != "e4m3") {
+      reader.fail("fmt", "is \"" + fmt + "\", which is not supported (accepted: e4m3)");
+    }
+    if (reader.has("weight_block_size")) {
+      q.granularity = Granularity::kBlock;
+      std::tie(q.block_rows, q.block_cols) = positivePair(reader, "weight_block_size");
+      q.scale_name = "weight_scale_inv";
+    } else {
+      q.granularity = Granularity::kTensor;
+      q.scale_name = "weight_scale";
+    }
+    return q;
+  }
+  if (q.method != "compressed-tensors") {
+    reader.fail("quant_method",
+                "is \"" + q.method +
+                    "\", which is not supported (accepted: fp8, compressed-tensors with 8-bit "
+                    "float weights)");
+  }
+  const std::string format = reader.string("format", "float-quantized");
+  if (format != "float-quantized" && format != "naive-quantized") {
+    reader.fail("format", "is \"" + format +
+                              "\", which is not supported (accepted: float-quantized, "
+                              "naive-quantized with 8-bit float weights)");
+  }
+  if (!reader.has("config_groups") || !object["config_groups"].is_object() ||
+      object["config_groups"].empty()) {
+    reader.fail("config_groups", "must be an object of one or more quantization groups");
+  }
+  q.scale_name = "weight_scale";
+  for (const auto& [group_name, group] : object["config_groups"].items()) {
+    const std::string prefix = std::string(kField) + ".config_groups." + group_name + ".";
+    if (!group.is_object() || !group.contains("weights") || !group["weights"].is_object()) {
+      throw Error(source + ": field \"" + prefix + "weights\" must be an object");
+    }
+    FieldReader weights(group["weights"], source, prefix + "weights.");
+    const json& bits = weights.has("num_bits") ? weights.get("num_bits") : json(nullptr);
+    const std::string type = weights.string("type", "int");
+    if (!bits.is_number_integer() || bits.get<int64_t>() != 8 || type != "float") {
+      weights.fail("type", "with num_bits gives " + type + " " + bits.dump() +
+                               "-bit weights, which are not supported (accepted: type float, "
+                               "num_bits 8)");
+    }
+    if (weights.boolean("dynamic", false)) {
+      weights.fail("dynamic", "is true (accepted: false, scales stored with the weights)");
+    }
+    if (!weights.boolean("symmetric", true)) {
+      weights.fail("symmetric", "is false (accepted: true, no zero points)");
+    }
+    const std::string strategy = weights.string("strategy", "tensor");
+    Fp8Quantization group_q = q;
+    if (strategy == "tensor") {
+      group_q.granularity = Granularity::kTensor;
+    } else if (strategy == "channel") {
+      group_q.granularity = Granularity::kChannel;
+    } else if (strategy == "block") {
+      group_q.granularity = Granularity::kBlock;
+      if (!weights.has("block_structure")) {
+        weights.fail("block_structure", "is missing (required with strategy block)");
+      }
+      std::tie(group_q.block_rows, group_q.block_cols) = positivePair(weights, "block_structure");
+    } else {
+      weights.fail("strategy", "is \"" + strategy +
+                                   "\", which is not supported (accepted: tensor, channel, "
+                                   "block)");
+    }
+    if (q.granularity != Granularity::kNone && !(group_q == q)) {
+      throw Error(source + ": field \"" + prefix +
+                  "weights\" quantizes weights differently from another group (accepted: one "
+                  "weight scheme for all groups)");
+    }
+    q = group_q;
+  }
+  return q;
 }
 
 // The mixture-of-experts fields: Mixtral's num_local_experts (8 by
@@ -351,6 +460,10 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.torch_dtype = *dtype;
   }
 
+  if (reader.has("quantization_config")) {
+    config.quantization = parseQuantization(root["quantization_config"], source_name);
+  }
+
   if (reader.has("bos_token_id")) {
     config.bos_token_id = reader.tokenId("bos_token_id", root["bos_token_id"], config.vocab_size);
   }
@@ -377,6 +490,20 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     }
   }
   return config;
+}
+
+const char* granularityName(Fp8Quantization::Granularity granularity) {
+  switch (granularity) {
+    case Fp8Quantization::Granularity::kNone:
+      return "none";
+    case Fp8Quantization::Granularity::kTensor:
+      return "tensor";
+    case Fp8Quantization::Granularity::kChannel:
+      return "channel";
+    case Fp8Quantization::Granularity::kBlock:
+      return "block";
+  }
+  return "?";
 }
 
 std::string ModelConfig::toJsonText() const {
@@ -420,6 +547,37 @@ std::string ModelConfig::toJsonText() const {
     root["norm_topk_prob"] = norm_topk_prob;
     root["decoder_sparse_step"] = decoder_sparse_step;
     root["mlp_only_layers"] = mlp_only_layers;
+  }
+  if (quantized()) {
+    const bool block = quantization.granularity == Fp8Quantization::Granularity::kBlock;
+    if (quantization.method == "fp8") {
+      root["quantization_config"] = {
+          {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}};
+      if (block) {
+        root["quantization_config"]["weight_block_size"] = {quantization.block_rows,
+                                                            quantization.block_cols};
+      }
+    } else {
+      json weights = {{"num_bits", 8},
+                      {"type", "float"},
+                      {"symmetric", true},
+                      {"dynamic", false},
+                      {"strategy", granularityName(quantization.granularity)}};
+      if (block) weights["block_structure"] = {quantization.block_rows, quantization.block_cols};
+      root["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                     {"format", "float-quantized"},
+                                     {"ignore", {"lm_head"}},
+                                     {"config_groups",
+                                      {{"group_0",
+                                        {{"targets", {"Linear"}},
+                                         {"weights", weights},
+                                         {"input_activations",
+                                          {{"num_bits", 8},
+                                           {"type", "float"},
+                                           {"strategy", "token"},
+                                           {"dynamic", true},
+                                           {"symmetric", true}}}}}}}};
+    }
   }
   root["bos_token_id"] = bos_token_id >= 0 ? json(bos_token_id) : json(nullptr);
   if (eos_token_ids.empty()) {
@@ -466,6 +624,13 @@ std::string ModelConfig::computeDigest() const {
                        {"norm_topk_prob", norm_topk_prob},
                        {"decoder_sparse_step", decoder_sparse_step},
                        {"mlp_only_layers", mlp_only_layers}};
+  }
+  // Likewise only quantized models name how (the scales' granularity
+  // decides the order of the matmul's roundings).
+  if (quantized()) {
+    math["quantization"] = {{"granularity", granularityName(quantization.granularity)},
+                            {"block_rows", quantization.block_rows},
+                            {"block_cols", quantization.block_cols}};
   }
   const std::string text = math.dump();
   char hex[17];

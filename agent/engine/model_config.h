@@ -27,6 +27,25 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// The quantization_config of an fp8 checkpoint (docs/quantization.md): its
+// F8_E4M3 matrices each come with float scales of one granularity, in the
+// tensor named as the matrix with "weight" replaced by scale_name.
+struct Fp8Quantization {
+  enum class Granularity { kNone, kTensor, kChannel, kBlock };
+  Granularity granularity = Granularity::kNone;
+  std::string method;  // quant_method: "fp8" or "compressed-tensors"
+  // kBlock: each scale covers block_rows x block_cols weights.
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  // "weight_scale_inv" (fp8 with weight_block_size), else "weight_scale".
+  std::string scale_name;
+
+  bool operator==(const Fp8Quantization&) const = default;
+};
+
+// "tensor", "channel" or "block".
+const char* granularityName(Fp8Quantization::Granularity granularity);
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string model_type;    // e.g. "llama"
@@ -65,6 +84,9 @@ struct ModelConfig {
   bool isMoeLayer(int64_t layer) const;
   std::vector<int64_t> eos_token_ids;  // from config.json "eos_token_id" (int or list)
   int64_t bos_token_id = -1;
+  // No quantization (granularity kNone): every matrix is f32, bf16 or f16.
+  Fp8Quantization quantization;
+  bool quantized() const { return quantization.granularity != Fp8Quantization::Granularity::kNone; }
 
   // Parses and validates; throws tandem::Error naming the file and field.
   static ModelConfig fromFile(const std::filesystem::path& path);

@@ -104,6 +104,13 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
                 backend_.description() +
                 " is not one: start it with --device cpu; docs/engine.md#mixture-of-experts)");
   }
+  if (config.quantized() && !backend_.hostAccessible()) {
+    throw Error("model " + model_.directory().string() + " has fp8 weights (" +
+                config.quantization.method + ", " +
+                granularityName(config.quantization.granularity) +
+                " scales), which run on the CPU backend only (" + backend_.description() +
+                " is not one: start it with --device cpu; docs/quantization.md)");
+  }
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
@@ -158,8 +165,10 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
 bool ModelRunner::stackable(std::initializer_list<const kernels::WeightView*> parts) {
   const kernels::WeightView& first = **parts.begin();
   for (const kernels::WeightView* part : parts) {
+    // fp8 matrices are multiplied as they are, each with its scales
+    // (unfused: a fused matmul gives the unfused bits, so nothing changes).
     if (part->layout != kernels::WeightLayout::kRows || part->dtype != first.dtype ||
-        part->cols != first.cols) {
+        part->cols != first.cols || part->dtype == DType::kF8E4M3) {
       return false;
     }
   }

@@ -191,6 +191,55 @@ void matmulPacked(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t
                     });
 }
 
+// Per worker: activations times one row block's scales (fp8, block-wise).
+std::vector<float>& scaledXScratch() {
+  thread_local std::vector<float> scratch;
+  return scratch;
+}
+
+// fp8 weights (kernels.h): the ISA's matmul over the values times 2^-8, then
+// each output times its scale x 2^8. With block-wise scales a task runs
+// once per row block it covers, on its rows of x times that block's scales.
+void matmulFp8(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
+               const WeightView& w, float* y) {
+  TANDEM_CHECK(w.scales != nullptr && w.scale_rows > 0 && w.scale_cols > 0,
+               "matmul: fp8 weights need their scales");
+  const int64_t n = w.rows;
+  const int64_t grid_cols = w.scaleGridCols();
+  const bool blocked = grid_cols > 1;
+  forEachMatmulTask(m, n, k, k, isa.matmul_tile_rows, 4,
+                    [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+                      float* y_rows = y + m_begin * n;
+                      const float* x_rows = x + m_begin * k;
+                      for (int64_t j0 = n_begin; j0 < n_end;) {
+                        const int64_t block = j0 / w.scale_rows;
+                        const int64_t j1 =
+                            blocked ? std::min(n_end, (block + 1) * w.scale_rows) : n_end;
+                        const float* xs = x_rows;
+                        if (blocked) {
+                          std::vector<float>& scaled = scaledXScratch();
+                          scaled.resize(static_cast<size_t>(rows * k));
+                          const float* block_scales = w.scales + block * grid_cols;
+                          for (int64_t i = 0; i < rows; ++i) {
+                            for (int64_t c = 0; c < k; ++c) {
+                              scaled[static_cast<size_t>(i * k + c)] =
+                                  x_rows[i * k + c] * block_scales[c / w.scale_cols];
+                            }
+                          }
+                          xs = scaled.data();
+                        }
+                        isa.matmul(xs, rows, k, w, j0, j1, y_rows, n);
+                        for (int64_t i = 0; i < rows; ++i) {
+                          float* out = y_rows + i * n;
+                          for (int64_t j = j0; j < j1; ++j) {
+                            out[j] *= blocked ? 256.0f : w.scales[j / w.scale_rows] * 256.0f;
+                          }
+                        }
+                        j0 = j1;
+                      }
+                    });
+}
+
 }  // namespace
 
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
@@ -199,6 +248,7 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y)
   if (m <= 0 || n <= 0) return;
   const cpu::IsaKernels& isa = active();
   if (w.layout == WeightLayout::kBf16Pairs) return matmulPacked(isa, x, m, k, w, y);
+  if (w.dtype == DType::kF8E4M3) return matmulFp8(isa, x, m, k, w, y);
   forEachMatmulTask(m, n, k, k * static_cast<int64_t>(dtypeSize(w.dtype)), isa.matmul_tile_rows, 4,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);

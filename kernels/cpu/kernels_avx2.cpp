@@ -65,6 +65,25 @@ struct F16Loader {
   }
 };
 
+// f8e4m3 weights widened to their values times 2^-8 (see the AVX-512
+// file's F8Loader).
+struct F8Loader {
+  using Element = uint8_t;
+  static __m256 widen(__m128i bytes) {
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7),
+                                    _mm_set1_epi16(static_cast<int16_t>(0xbf80)));
+    return _mm256_cvtph_ps(h);
+  }
+  static __m256 load(const uint8_t* p) {
+    return widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256 loadPartial(const uint8_t* p, int64_t count) {
+    uint8_t buffer[kLanes] = {};
+    std::memcpy(buffer, p, static_cast<size_t>(count));
+    return load(buffer);
+  }
+};
+
 // Lane sum: ((v_i + v_i+4) + (.. + i+2)) + (.. + i+1).
 float reduceSum(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -201,6 +220,8 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n
       return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kF16:
       return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kF8E4M3:
+      return matmulTyped<F8Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
   }
 }
 

@@ -28,6 +28,12 @@ void loadRow(const WeightView& w, int64_t row, float* out) {
       convertToF32(DType::kF16, static_cast<const uint16_t*>(w.data) + offset, out,
                    static_cast<size_t>(k));
       return;
+    case DType::kF8E4M3: {
+      // The values times 2^-8, as the vector ISAs widen them (kernels.h).
+      const auto* src = static_cast<const uint8_t*>(w.data) + offset;
+      for (int64_t i = 0; i < k; ++i) out[i] = f16ToF32(f8e4m3ToScaledF16(src[i]));
+      return;
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 // shape can change a bit of it. Products use __fmul_rn/__fdiv_rn/__fadd_rn,
 // which the compiler never contracts into an fma, so the arithmetic is the
 // CPU's (kernels/cpu/, built with -ffp-contract=off) up to expf's rounding.
+#include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
 #include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
@@ -136,6 +137,10 @@ void launchEmbedding(cudaStream_t stream, const WeightView& table, const DeviceB
     case DType::kF16:
       embeddingKernel<F16Elements><<<grid, kThreads, 0, stream>>>(
           static_cast<const uint16_t*>(table.data), table.cols, batch.token_ids, out);
+      return;
+    case DType::kF8E4M3:
+      // The model runner refuses fp8 weights on this backend before any launch.
+      TANDEM_CHECK(false, "fp8 weights reached a CUDA kernel");
       return;
   }
 }

@@ -71,8 +71,10 @@ double prefillMatmulFlopsPerToken(const engine::Model& model, int64_t prompt_tok
 // the tokens independent (k at batch 1, all E as the batch grows).
 double decodeWeightBytes(const engine::Model& model, int64_t batch) {
   const engine::ModelConfig& config = model.config();
+  // An fp8 matrix reads its scales too.
   auto bytes = [](const kernels::WeightView& w) {
-    return static_cast<double>(kernels::viewBytes(w));
+    return static_cast<double>(kernels::viewBytes(w)) +
+           static_cast<double>(w.scaleCount()) * sizeof(float);
   };
   double sum = bytes(model.weights().lm_head);
   for (const auto& layer : model.weights().layers) {
@@ -512,10 +514,15 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double bandwidth_limit_tps =
       static_cast<double>(options.batch) * copy_traffic_gbps * 1e9 / bytes_per_step;
 
+  const engine::Fp8Quantization& quantization = model->config().quantization;
+  const std::string weights_text =
+      std::string(dtypeShortName(model->weightDType())) +
+      (model->config().quantized() ? std::string(", fp8 projections with ") +
+                                         granularityName(quantization.granularity) + " scales"
+                                   : "");
   std::printf("tandem-bench engine: %s (%s weights, KV %s), %s kernels, %d threads, on %s\n",
-              options.model_dir.c_str(), dtypeShortName(model->weightDType()),
-              options.kv_dtype.c_str(), kernels::isaName().c_str(), kernels::numThreads(),
-              backend->description().c_str());
+              options.model_dir.c_str(), weights_text.c_str(), options.kv_dtype.c_str(),
+              kernels::isaName().c_str(), kernels::numThreads(), backend->description().c_str());
   std::printf("%-46s %12s\n", "figure", "value");
   std::printf("%-46s %12.2f\n", "backend copy GB/s (bytes copied)", copy_gbps);
   std::printf("%-46s %12.2f\n", "backend copy traffic GB/s (read + write)", copy_traffic_gbps);
@@ -635,6 +642,7 @@ int runEngineBench(const EngineBenchOptions& options) {
     nlohmann::json out = {
         {"model", options.model_dir},
         {"weight_dtype", dtypeShortName(model->weightDType())},
+        {"fp8_scales", granularityName(quantization.granularity)},
         {"kv_dtype", options.kv_dtype},
         {"compute_dtype", options.compute_dtype},
         {"cuda_kernels", options.cuda_kernels},

@@ -5,6 +5,7 @@
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|qwen2|qwen3|mixtral|qwen3_moe]
+//                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
 //                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
 //                [--token-source TEXT] [--termination-log PATH] [--tokenizer-only]
@@ -172,6 +173,10 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_name, "weight dtype")
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));
   app.add_option("--seed", seed, "weight seed");
+  std::string quantize;
+  app.add_option("--quantize", quantize,
+                 "fp8 weights: fp8[:tensor|:block[=RxC]] or "
+                 "compressed-tensors[:tensor|:channel|:block[=RxC]] (docs/quantization.md)");
   app.add_option("--arch", arch, "architecture")
       ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"}));
   try {
@@ -215,13 +220,14 @@ int main(int argc, char** argv) {
   options.seed = seed;
 
   try {
+    if (!quantize.empty()) options.quantization = tandem::tools::parseQuantizationSpec(quantize);
     const auto start = std::chrono::steady_clock::now();
     tandem::tools::writeTestModel(options, out_dir);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("wrote %s %s model (%s, seed %llu) to %s in %.2f s:\n", preset.c_str(),
-                options.architecture.c_str(), dtype_name.c_str(),
-                static_cast<unsigned long long>(seed), out_dir.c_str(), seconds);
+    std::printf("wrote %s %s model (%s%s%s, seed %llu) to %s in %.2f s:\n", preset.c_str(),
+                options.architecture.c_str(), dtype_name.c_str(), quantize.empty() ? "" : ", ",
+                quantize.c_str(), static_cast<unsigned long long>(seed), out_dir.c_str(), seconds);
     for (const char* name : {"config.json", "generation_config.json", "model.safetensors",
                              "tokenizer.json", "tokenizer_config.json"}) {
       const std::filesystem::path path = std::filesystem::path(out_dir) / name;

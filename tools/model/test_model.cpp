@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <tuple>
@@ -118,22 +121,73 @@ struct TensorSpec {
   float center = 0.0f;
   float half_width = 0.0f;
   std::function<bool(int64_t row)> zero_row;  // empty: no zero rows
+  // Written as F8_E4M3 with its scales (a matrix of an fp8 model).
+  bool quantize = false;
 };
 
 int64_t rowsOf(const TensorSpec& spec) { return spec.shape[0]; }
 int64_t colsOf(const TensorSpec& spec) { return spec.shape.size() > 1 ? spec.shape[1] : 1; }
 
+// The scales of a quantized matrix (docs/quantization.md), as a quantizer
+// of its granularity lays them out: a grid of blocks, each scale between
+// one and two times half_width / 448 (drawn from a stream keyed by the
+// matrix's name), so no value saturates and neighbouring blocks differ.
+struct QuantizedLayout {
+  kernels::WeightView grid;  // the blocks only: rows, cols, scale_rows, scale_cols
+  std::vector<int64_t> shape;
+  std::vector<float> scales;
+
+  QuantizedLayout(const engine::Fp8Quantization& q, const std::string& name, int64_t rows,
+                  int64_t cols, float half_width, uint64_t seed) {
+    using Granularity = engine::Fp8Quantization::Granularity;
+    grid.rows = rows;
+    grid.cols = cols;
+    grid.scale_rows = q.granularity == Granularity::kTensor  ? rows
+                      : q.granularity == Granularity::kBlock ? q.block_rows
+                                                             : 1;
+    grid.scale_cols = q.granularity == Granularity::kBlock ? q.block_cols : cols;
+    shape = q.granularity == Granularity::kTensor ? std::vector<int64_t>{1}
+            : q.granularity == Granularity::kChannel
+                ? std::vector<int64_t>{rows, 1}
+                : std::vector<int64_t>{grid.scaleGridRows(), grid.scaleGridCols()};
+    SplitMix64 rng(fnv1a(name + "/scales") ^ (seed * 0x9e3779b97f4a7c15ull));
+    scales.resize(static_cast<size_t>(grid.scaleGridRows() * grid.scaleGridCols()));
+    for (float& scale : scales) {
+      const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
+      scale = half_width / 448.0f * (1.0f + unit);
+    }
+  }
+  float scaleOf(int64_t row, int64_t col) const {
+    return scales[static_cast<size_t>((row / grid.scale_rows) * grid.scaleGridCols() +
+                                      col / grid.scale_cols)];
+  }
+};
+
 // Writes model.safetensors with SafetensorsWriter, each tensor generated one
 // bounded chunk at a time while the file is written, so a 16 GB model needs
-// a few MB of memory.
+// a few MB of memory. Tensors marked quantize are written as F8_E4M3, each
+// generated value divided by its scale and rounded, with their scales.
 void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors, DType dtype,
-                               uint64_t seed, const fs::path& path) {
+                               uint64_t seed, const fs::path& path,
+                               const engine::Fp8Quantization& quantization = {}) {
   constexpr int64_t kChunkElements = int64_t{1} << 22;
-  const size_t element_bytes = dtypeSize(dtype);
   engine::SafetensorsWriter writer;
   for (const auto& [tensor_name, tensor_spec] : tensors) {
-    writer.addStreamed(tensor_name, dtype, tensor_spec.shape,
-                       [&, name = tensor_name, spec = tensor_spec](std::ostream& out) {
+    std::shared_ptr<const QuantizedLayout> layout;
+    if (tensor_spec.quantize) {
+      layout = std::make_shared<QuantizedLayout>(quantization, tensor_name, rowsOf(tensor_spec),
+                                                 colsOf(tensor_spec), tensor_spec.half_width, seed);
+      const std::string base = tensor_name.substr(0, tensor_name.size() - sizeof("weight") + 1);
+      std::vector<uint8_t> scale_bytes(layout->scales.size() * sizeof(float));
+      std::memcpy(scale_bytes.data(), layout->scales.data(), scale_bytes.size());
+      writer.add(base + quantization.scale_name, DType::kF32, layout->shape,
+                 std::move(scale_bytes));
+    }
+    const DType tensor_dtype = layout ? DType::kF8E4M3 : dtype;
+    const size_t element_bytes = dtypeSize(tensor_dtype);
+    writer.addStreamed(tensor_name, tensor_dtype, tensor_spec.shape,
+                       [&, name = tensor_name, spec = tensor_spec, layout, tensor_dtype,
+                        element_bytes](std::ostream& out) {
                          SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
                          const int64_t rows = rowsOf(spec), cols = colsOf(spec);
                          const int64_t chunk_rows = std::max<int64_t>(1, kChunkElements / cols);
@@ -148,8 +202,15 @@ void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors,
                              const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
                              value = spec.center + (2.0f * unit - 1.0f) * spec.half_width;
                            }
+                           if (layout) {
+                             for (size_t i = 0; i < count; ++i) {
+                               const auto r = first + static_cast<int64_t>(i) / cols;
+                               const auto c = static_cast<int64_t>(i) % cols;
+                               values[i] /= layout->scaleOf(r, c);
+                             }
+                           }
                            bytes.resize(count * element_bytes);
-                           convertFromF32(dtype, values.data(), bytes.data(), count);
+                           convertFromF32(tensor_dtype, values.data(), bytes.data(), count);
                            if (spec.zero_row) {
                              const size_t row_bytes = static_cast<size_t>(cols) * element_bytes;
                              for (int64_t r = 0; r < count_rows; ++r) {
@@ -425,11 +486,19 @@ std::string generationConfigJson(const TrainedTokenizer& tokenizer, const ModelC
 // Tensors in Hugging Face names and shapes. Matrices have standard deviation
 // 1/sqrt(fan_in) so activations keep their scale through the layers and the
 // logits vary with the context; norm weights sit near 1.
+//
+// An fp8 model (config.quantization) quantizes the projections, the
+// experts' included, as published fp8 checkpoints do; the embedding, the LM
+// head and a mixture's router stay in `dtype`.
 void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
                   const std::vector<std::string>& tokens, const fs::path& path) {
   std::map<std::string, TensorSpec> tensors;
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
     tensors[name] = {{rows, cols}, 0.0f, std::sqrt(3.0f / static_cast<float>(cols)), {}};
+  };
+  auto projection = [&](const std::string& name, int64_t rows, int64_t cols) {
+    matrix(name, rows, cols);
+    tensors[name].quantize = config.quantized();
   };
   auto vector = [&](const std::string& name, int64_t size, float center, float half_width) {
     tensors[name] = {{size}, center, half_width, {}};
@@ -444,10 +513,10 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
   matrix("model.embed_tokens.weight", config.vocab_size, hidden);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    matrix(prefix + "self_attn.q_proj.weight", q_size, hidden);
-    matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
-    matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
-    matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
+    projection(prefix + "self_attn.q_proj.weight", q_size, hidden);
+    projection(prefix + "self_attn.k_proj.weight", kv_size, hidden);
+    projection(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    projection(prefix + "self_attn.o_proj.weight", hidden, q_size);
     if (config.attention_bias) {
       vector(prefix + "self_attn.q_proj.bias", q_size, 0.0f, kBiasNoise);
       vector(prefix + "self_attn.k_proj.bias", kv_size, 0.0f, kBiasNoise);
@@ -463,14 +532,14 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       const int64_t expert_inter = config.moe_intermediate_size;
       matrix(names.router(), config.num_experts, hidden);
       for (int64_t e = 0; e < config.num_experts; ++e) {
-        matrix(names.gate(e), expert_inter, hidden);
-        matrix(names.up(e), expert_inter, hidden);
-        matrix(names.down(e), hidden, expert_inter);
+        projection(names.gate(e), expert_inter, hidden);
+        projection(names.up(e), expert_inter, hidden);
+        projection(names.down(e), hidden, expert_inter);
       }
     } else {
-      matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
-      matrix(prefix + "mlp.up_proj.weight", inter, hidden);
-      matrix(prefix + "mlp.down_proj.weight", hidden, inter);
+      projection(prefix + "mlp.gate_proj.weight", inter, hidden);
+      projection(prefix + "mlp.up_proj.weight", inter, hidden);
+      projection(prefix + "mlp.down_proj.weight", hidden, inter);
     }
     vector(prefix + "input_layernorm.weight", hidden, 1.0f, kNormNoise);
     vector(prefix + "post_attention_layernorm.weight", hidden, 1.0f, kNormNoise);
@@ -488,10 +557,53 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
              !isPlainText(tokens[static_cast<size_t>(id)]);
     };
   }
-  writeSafetensorsStreaming(tensors, dtype, seed, path);
+  writeSafetensorsStreaming(tensors, dtype, seed, path, config.quantization);
 }
 
 }  // namespace
+
+engine::Fp8Quantization parseQuantizationSpec(const std::string& spec) {
+  using Granularity = engine::Fp8Quantization::Granularity;
+  const std::string accepted =
+      " (accepted: fp8, fp8:tensor, fp8:block[=RxC], compressed-tensors, "
+      "compressed-tensors:tensor|channel|block[=RxC])";
+  const size_t colon = spec.find(':');
+  engine::Fp8Quantization q;
+  q.method = spec.substr(0, colon);
+  std::string granularity = colon == std::string::npos ? (q.method == "fp8" ? "block" : "channel")
+                                                       : spec.substr(colon + 1);
+  q.block_rows = 128;
+  q.block_cols = 128;
+  const size_t equals = granularity.find('=');
+  if (equals != std::string::npos) {
+    long long rows = 0, cols = 0;
+    char tail = 0;
+    if (std::sscanf(granularity.c_str() + equals + 1, "%lldx%lld%c", &rows, &cols, &tail) != 2 ||
+        rows <= 0 || cols <= 0) {
+      throw Error("quantization \"" + spec + "\": block size must be RxC" + accepted);
+    }
+    q.block_rows = rows;
+    q.block_cols = cols;
+    granularity.resize(equals);
+    if (granularity != "block") throw Error("quantization \"" + spec + "\"" + accepted);
+  }
+  if (granularity == "tensor") {
+    q.granularity = Granularity::kTensor;
+  } else if (granularity == "channel" && q.method == "compressed-tensors") {
+    q.granularity = Granularity::kChannel;
+  } else if (granularity == "block") {
+    q.granularity = Granularity::kBlock;
+  } else {
+    throw Error("quantization \"" + spec + "\"" + accepted);
+  }
+  if (q.method != "fp8" && q.method != "compressed-tensors") {
+    throw Error("quantization \"" + spec + "\"" + accepted);
+  }
+  if (q.granularity != Granularity::kBlock) q.block_rows = q.block_cols = 0;
+  q.scale_name = q.method == "fp8" && q.granularity == Granularity::kBlock ? "weight_scale_inv"
+                                                                           : "weight_scale";
+  return q;
+}
 
 std::vector<std::string> presetNames() { return {"tiny", "small", "llama3-8b"}; }
 
@@ -504,6 +616,7 @@ engine::ModelConfig presetConfig(const std::string& preset, const std::string& a
 void writeTestModel(const TestModelOptions& options, const std::filesystem::path& out_dir) {
   ModelConfig config = baseConfig(options.preset, options.architecture);
   config.torch_dtype = options.dtype;
+  config.quantization = options.quantization;
   if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
   if (options.layers > 0) config.num_hidden_layers = options.layers;
   const TrainedTokenizer tokenizer = trainTokenizer(config.vocab_size);

@@ -30,7 +30,18 @@ struct TestModelOptions {
   DType dtype = DType::kBF16;  // weight dtype: bf16, f16 or f32
   uint64_t seed = 0;
   int64_t layers = 0;  // num_hidden_layers; 0: the preset's
+  // fp8 weights (docs/quantization.md): the projections as F8_E4M3 with
+  // scales of this granularity, config.json's quantization_config as the
+  // method writes it. Default: none.
+  engine::Fp8Quantization quantization;
 };
+
+// The quantization a --quantize value names: METHOD:GRANULARITY[=RxC] with
+// METHOD fp8 (transformers' fp8: tensor, or block, 128x128 unless given) or
+// compressed-tensors (tensor, channel, or block); "fp8" alone is
+// fp8:block=128x128, "compressed-tensors" alone compressed-tensors:channel.
+// Throws tandem::Error naming what is accepted.
+engine::Fp8Quantization parseQuantizationSpec(const std::string& spec);
 
 // Preset names accepted by presetConfig.
 std::vector<std::string> presetNames();

@@ -59,6 +59,58 @@ TEST(DType, Names) {
   EXPECT_EQ(dtypeFromShortName("f32"), DType::kF32);
   EXPECT_STREQ(dtypeSafetensorsName(DType::kF16), "F16");
   EXPECT_EQ(dtypeSize(DType::kBF16), 2u);
+  // fp8: read from checkpoints only, never a flag or config dtype.
+  EXPECT_EQ(dtypeFromSafetensorsName("F8_E4M3"), DType::kF8E4M3);
+  EXPECT_STREQ(dtypeSafetensorsName(DType::kF8E4M3), "F8_E4M3");
+  EXPECT_EQ(dtypeSize(DType::kF8E4M3), 1u);
+  EXPECT_FALSE(dtypeFromShortName("f8e4m3").has_value());
+  EXPECT_FALSE(dtypeFromTorchName("float8_e4m3fn").has_value());
+}
+
+// The value of an f8e4m3 byte from the format's definition: sign, exponent
+// bias 7, subnormals at exponent 0, NaN at S.1111.111, no infinities.
+double f8Reference(int b) {
+  const int sign = b >> 7, exponent = (b >> 3) & 0xf, mantissa = b & 7;
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0, -6)
+                                         : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return sign ? -magnitude : magnitude;
+}
+
+TEST(DType, F8E4M3ReadsEveryPatternAndItsScaledF16Exactly) {
+  for (int b = 0; b < 256; ++b) {
+    SCOPED_TRACE(b);
+    const auto byte = static_cast<uint8_t>(b);
+    if ((b & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(f8e4m3ToF32(byte)));
+      continue;
+    }
+    EXPECT_EQ(double{f8e4m3ToF32(byte)}, f8Reference(b));
+    // What the kernels widen: the value times 2^-8, exactly, as an f16.
+    EXPECT_EQ(double{f16ToF32(f8e4m3ToScaledF16(byte))}, std::ldexp(f8Reference(b), -8));
+    // Every finite pattern comes back from its value (-0 included).
+    EXPECT_EQ(f32ToF8e4m3(f8e4m3ToF32(byte)), byte);
+  }
+  EXPECT_EQ(f8Reference(0x7e), 448.0);
+  EXPECT_EQ(f8Reference(0x01), std::ldexp(1.0, -9));
+}
+
+TEST(DType, F8E4M3RoundsToNearestEvenAndSaturates) {
+  // Between two neighbours: below the midpoint down, above it up, at it to
+  // the even mantissa.
+  for (int b = 0; b < 0x7e; ++b) {
+    SCOPED_TRACE(b);
+    const double low = f8Reference(b), high = f8Reference(b + 1);
+    const double mid = (low + high) / 2;
+    EXPECT_EQ(f32ToF8e4m3(static_cast<float>(mid + (high - low) / 8)), b + 1);
+    EXPECT_EQ(f32ToF8e4m3(static_cast<float>(mid - (high - low) / 8)), b);
+    EXPECT_EQ(f32ToF8e4m3(static_cast<float>(mid)), b % 2 == 0 ? b : b + 1);
+    EXPECT_EQ(f32ToF8e4m3(static_cast<float>(-mid)), 0x80 | (b % 2 == 0 ? b : b + 1));
+  }
+  EXPECT_EQ(f32ToF8e4m3(464.0f), 0x7e);  // the midpoint to 480, even: 448
+  EXPECT_EQ(f32ToF8e4m3(1e6f), 0x7e);
+  EXPECT_EQ(f32ToF8e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(f32ToF8e4m3(std::ldexp(1.0f, -11)), 0x00);  // a quarter quantum
+  EXPECT_EQ(f32ToF8e4m3(std::nanf("")) & 0x7f, 0x7f);
 }
 
 }  // namespace

@@ -643,6 +643,207 @@ TEST(ModelLoadingErrors, MixedMatrixDtypes) {
   EXPECT_CONTAINS(message, "all matrices must share one dtype");
 }
 
+fs::path writeTinyFp8(const fs::path& dir, const std::string& spec,
+                      const std::string& architecture = "LlamaForCausalLM") {
+  tools::TestModelOptions options;
+  options.preset = "tiny";
+  options.architecture = architecture;
+  options.seed = 7;
+  options.quantization = tools::parseQuantizationSpec(spec);
+  tools::writeTestModel(options, dir);
+  return dir;
+}
+
+// Rewrites model.safetensors with `edit` deciding each tensor's dtype and
+// bytes (it may change them, or return false to leave the tensor out).
+void rewriteTensors(
+    const fs::path& dir,
+    const std::function<bool(const std::string&, DType&, std::vector<uint8_t>&)>& edit) {
+  const fs::path path = dir / "model.safetensors";
+  SafetensorsWriter writer;
+  {
+    SafetensorsFile file(path);
+    for (const auto& [name, tensor] : file.tensors()) {
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      std::vector<uint8_t> data(bytes, bytes + tensor.num_bytes);
+      DType dtype = tensor.dtype;
+      if (edit(name, dtype, data)) writer.add(name, dtype, tensor.shape, std::move(data));
+    }
+  }
+  writer.write(path);
+}
+
+// Each fp8 checkpoint form loads its projections as F8_E4M3 views with the
+// file's scales on the grid its granularity gives; the embedding, LM head
+// and router stay bf16; the config names the quantization, and so does the
+// model's digest.
+TEST(ModelLoading, Fp8CheckpointsLoadTheirMatricesWithTheirScales) {
+  struct Case {
+    const char* spec;
+    const char* architecture;
+    const char* scale_name;
+    int64_t scale_rows, scale_cols;  // 0: the whole dimension
+  };
+  for (const Case& c :
+       {Case{"fp8:tensor", "LlamaForCausalLM", "weight_scale", 0, 0},
+        Case{"fp8:block=16x32", "Qwen3MoeForCausalLM", "weight_scale_inv", 16, 32},
+        Case{"fp8", "LlamaForCausalLM", "weight_scale_inv", 128, 128},
+        Case{"compressed-tensors", "MixtralForCausalLM", "weight_scale", 1, 0},
+        Case{"compressed-tensors:tensor", "Qwen3ForCausalLM", "weight_scale", 0, 0},
+        Case{"compressed-tensors:block=8x16", "LlamaForCausalLM", "weight_scale", 8, 16}}) {
+    SCOPED_TRACE(std::string(c.spec) + " " + c.architecture);
+    TempDir dir;
+    writeTinyFp8(dir.path(), c.spec, c.architecture);
+    const std::unique_ptr<Model> model = Model::load(dir.path());
+    ASSERT_TRUE(model->config().quantized());
+    EXPECT_EQ(model->config().quantization, tools::parseQuantizationSpec(c.spec));
+    EXPECT_EQ(model->weightDType(), DType::kBF16);
+    const ModelWeights& w = model->weights();
+    EXPECT_EQ(w.embed_tokens.dtype, DType::kBF16);
+    EXPECT_EQ(w.lm_head.dtype, DType::kBF16);
+    SafetensorsFile file(dir.path() / "model.safetensors");
+    int64_t checked = 0;
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+      const LayerWeights& layer = w.layers[i];
+      if (!layer.experts.empty()) {
+        EXPECT_EQ(layer.router.dtype, DType::kBF16);
+      }
+      std::vector<std::pair<std::string, const kernels::WeightView*>> named = {
+          {"self_attn.q_proj", &layer.q_proj}, {"self_attn.o_proj", &layer.o_proj}};
+      if (layer.experts.empty()) {
+        named.push_back({"mlp.down_proj", &layer.down_proj});
+      } else {
+        const ExpertTensorNames names(model->config(), static_cast<int64_t>(i));
+        const std::string up = names.up(1);
+        named.push_back(
+            {up.substr(0, up.size() - 7).substr(("model.layers." + std::to_string(i) + ".").size()),
+             &layer.experts[1].up_proj});
+      }
+      for (const auto& [module, view] : named) {
+        SCOPED_TRACE(module);
+        ASSERT_EQ(view->dtype, DType::kF8E4M3);
+        ASSERT_NE(view->scales, nullptr);
+        EXPECT_EQ(view->scale_rows, c.scale_rows ? c.scale_rows : view->rows);
+        EXPECT_EQ(view->scale_cols, c.scale_cols ? c.scale_cols : view->cols);
+        const std::string prefix = "model.layers." + std::to_string(i) + "." + module + ".";
+        const TensorInfo* weight = file.find(prefix + "weight");
+        const TensorInfo* scales = file.find(prefix + c.scale_name);
+        ASSERT_NE(weight, nullptr);
+        ASSERT_NE(scales, nullptr);
+        EXPECT_EQ(weight->dtype, DType::kF8E4M3);
+        ASSERT_EQ(scales->num_bytes, static_cast<uint64_t>(view->scaleCount()) * sizeof(float));
+        EXPECT_EQ(std::memcmp(view->scales, scales->data, scales->num_bytes), 0);
+        EXPECT_EQ(std::memcmp(view->data, weight->data, weight->num_bytes), 0);
+        ++checked;
+      }
+    }
+    EXPECT_EQ(checked, 3 * static_cast<int64_t>(w.layers.size()));
+    // The same model unquantized has another digest.
+    TempDir plain;
+    writeTiny(plain.path(), c.architecture);
+    EXPECT_NE(Model::load(plain.path())->config().computeDigest(), model->config().computeDigest());
+  }
+}
+
+// An fp8 checkpoint's problems are refused naming the tensor or the field.
+TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
+  const std::string q_proj = "model.layers.1.self_attn.q_proj.weight";
+  {
+    TempDir dir;
+    writeTinyFp8(dir.path(), "compressed-tensors");
+    rewriteConfig(dir.path(), [](json& c) { c.erase("quantization_config"); });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.0.self_attn.q_proj.weight in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " has dtype F8_E4M3, but config.json has no quantization_config");
+  }
+  {
+    TempDir dir;
+    writeTinyFp8(dir.path(), "compressed-tensors");
+    rewriteHeader(dir.path(), [](json& h) { h.erase("model.layers.1.mlp.up_proj.weight_scale"); });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.1.mlp.up_proj.weight_scale, the scales of fp8 tensor "
+                    "model.layers.1.mlp.up_proj.weight, is missing from ");
+  }
+  {
+    // Per-channel scales read as per-tensor ones would be a wrong model.
+    TempDir dir;
+    writeTinyFp8(dir.path(), "compressed-tensors");
+    rewriteConfig(dir.path(), [](json& c) {
+      c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "tensor";
+    });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.0.self_attn.q_proj.weight_scale in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " has shape [64, 1], expected [] or [1] (tensor scales of "
+                        "model.layers.0.self_attn.q_proj.weight [64, 64], from config.json)");
+  }
+  {
+    TempDir dir;
+    writeTinyFp8(dir.path(), "fp8:block=16x32");
+    rewriteConfig(dir.path(), [](json& c) {
+      c["quantization_config"]["weight_block_size"] = {32, 32};
+    });
+    EXPECT_CONTAINS(loadError(dir.path()), "has shape [4, 2], expected [2, 2] (block scales of ");
+  }
+  {
+    TempDir dir;
+    writeTinyFp8(dir.path(), "compressed-tensors");
+    rewriteTensors(dir.path(), [&](const std::string& name, DType&, std::vector<uint8_t>& data) {
+      if (name == "model.layers.1.self_attn.q_proj.weight_scale") {
+        const float negative = -0.5f;
+        std::memcpy(data.data() + 3 * sizeof(float), &negative, sizeof negative);
+      }
+      return true;
+    });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.1.self_attn.q_proj.weight_scale in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " holds -0.500000 at element 3 (accepted: finite scales, zero or greater)");
+  }
+  {
+    // The embedding table, and norm weights, never hold fp8.
+    TempDir dir;
+    writeTinyFp8(dir.path(), "compressed-tensors");
+    rewriteTensors(dir.path(),
+                   [](const std::string& name, DType& dtype, std::vector<uint8_t>& data) {
+                     if (name == "model.embed_tokens.weight" || name == "model.norm.weight") {
+                       std::vector<uint8_t> fp8(data.size() / 2);
+                       for (size_t i = 0; i < fp8.size(); ++i) {
+                         uint16_t h;
+                         std::memcpy(&h, data.data() + 2 * i, 2);
+                         fp8[i] = f32ToF8e4m3(bf16ToF32(h));
+                       }
+                       data = std::move(fp8);
+                       dtype = DType::kF8E4M3;
+                     }
+                     return true;
+                   });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.embed_tokens.weight in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " has dtype F8_E4M3, which it cannot have (accepted: F32, BF16, F16");
+  }
+  {
+    // Experts stacked in fp8 are not read.
+    TempDir dir;
+    writeTinyFp8(dir.path(), "compressed-tensors", "Qwen3MoeForCausalLM");
+    rewriteTensors(dir.path(),
+                   [](const std::string& name, DType& dtype, std::vector<uint8_t>& data) {
+                     if (name == "model.layers.0.self_attn.q_norm.weight") {
+                       std::vector<uint8_t> fp8(data.size() / 2, 0x38);
+                       data = std::move(fp8);
+                       dtype = DType::kF8E4M3;
+                     }
+                     return true;
+                   });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.0.self_attn.q_norm.weight in " +
+                        (dir.path() / "model.safetensors").string() +
+                        " has dtype F8_E4M3, accepted for weight matrices only");
+  }
+}
+
 TEST(ModelLoadingErrors, IndexPointsToMissingShard) {
   TempDir dir;
   writeTiny(dir.path());
@@ -1082,6 +1283,73 @@ TEST(RopeFrequencies, TinyPresetHasAllThreeRegimes) {
   for (size_t i = 3; i < 8; ++i) {
     EXPECT_FLOAT_EQ(inv_freq[i], static_cast<float>(std::pow(10.0, -0.5 * i) / 8));
   }
+}
+
+TEST(ModelConfigParsing, QuantizationConfigAcceptsFp8AndNamesWhatItRefuses) {
+  using Granularity = Fp8Quantization::Granularity;
+  ModelConfig config = ModelConfig::fromJsonText(
+      minimalLlama(R"(, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+          "activation_scheme": "dynamic", "weight_block_size": [128, 64]})"),
+      "dir/config.json");
+  EXPECT_EQ(config.quantization.granularity, Granularity::kBlock);
+  EXPECT_EQ(config.quantization.block_rows, 128);
+  EXPECT_EQ(config.quantization.block_cols, 64);
+  EXPECT_EQ(config.quantization.scale_name, "weight_scale_inv");
+  config =
+      ModelConfig::fromJsonText(minimalLlama(R"(, "quantization_config": {"quant_method": "fp8",
+          "activation_scheme": "static"})"),
+                                "dir/config.json");
+  EXPECT_EQ(config.quantization.granularity, Granularity::kTensor);
+  EXPECT_EQ(config.quantization.scale_name, "weight_scale");
+  // A compressed-tensors FP8-dynamic config as published.
+  config = ModelConfig::fromJsonText(minimalLlama(R"(, "quantization_config": {
+      "quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"group_0": {"targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true,
+                    "dynamic": false, "observer": "minmax"},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                              "dynamic": true}}},
+      "ignore": ["lm_head"], "kv_cache_scheme": null, "quantization_status": "compressed"})"),
+                                     "dir/config.json");
+  EXPECT_EQ(config.quantization.granularity, Granularity::kChannel);
+  EXPECT_EQ(config.quantization.method, "compressed-tensors");
+  EXPECT_FALSE(ModelConfig::fromJsonText(minimalLlama(), "dir/config.json").quantized());
+
+  std::string message =
+      parseError(minimalLlama(R"(, "quantization_config": {"quant_method": "awq", "bits": 4})"));
+  EXPECT_CONTAINS(message,
+                  "field \"quantization_config.quant_method\" is \"awq\", which is not "
+                  "supported (accepted: fp8, compressed-tensors with 8-bit float weights)");
+  message = parseError(
+      minimalLlama(R"(, "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"})"));
+  EXPECT_CONTAINS(message, "\"quantization_config.fmt\" is \"e5m2\"");
+  message = parseError(minimalLlama(
+      R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128]})"));
+  EXPECT_CONTAINS(message, "\"quantization_config.weight_block_size\" must be [rows, columns]");
+  message = parseError(minimalLlama(R"(, "quantization_config": {
+      "quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}})"));
+  EXPECT_CONTAINS(message, "\"quantization_config.format\" is \"pack-quantized\"");
+  message = parseError(minimalLlama(R"(, "quantization_config": {
+      "quant_method": "compressed-tensors", "format": "naive-quantized",
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "int"}}}})"));
+  EXPECT_CONTAINS(message,
+                  "\"quantization_config.config_groups.g.weights.type\" with num_bits "
+                  "gives int 8-bit weights");
+  message = parseError(minimalLlama(R"(, "quantization_config": {
+      "quant_method": "compressed-tensors",
+      "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float",
+                                          "strategy": "group", "group_size": 128}}}})"));
+  EXPECT_CONTAINS(message,
+                  "\"quantization_config.config_groups.g.weights.strategy\" is "
+                  "\"group\", which is not supported (accepted: tensor, channel, block)");
+  message = parseError(minimalLlama(R"(, "quantization_config": {
+      "quant_method": "compressed-tensors",
+      "config_groups": {"a": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}},
+                        "b": {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}})"));
+  EXPECT_CONTAINS(message, "quantizes weights differently from another group");
+  message = parseError(minimalLlama(R"(, "quantization_config": "fp8")"));
+  EXPECT_CONTAINS(message, "field \"quantization_config\" must be an object");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -51,22 +52,30 @@ struct Variant {
   DType weight_dtype;
   DType kv_dtype;
   DType compute_dtype = DType::kF32;
+  // fp8 projections (tools::parseQuantizationSpec); "" for none.
+  std::string quantization = "";
 };
 
 std::string variantName(const Variant& v) {
   std::string arch = v.architecture.substr(0, v.architecture.find("For"));
+  std::string quantization;
+  for (char c : v.quantization)
+    quantization += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
   return arch + "_w" + dtypeShortName(v.weight_dtype) + "_kv" + dtypeShortName(v.kv_dtype) +
          (v.compute_dtype == DType::kF32
               ? ""
-              : std::string("_compute") + dtypeShortName(v.compute_dtype));
+              : std::string("_compute") + dtypeShortName(v.compute_dtype)) +
+         (quantization.empty() ? "" : "_" + quantization);
 }
 
-// One generated tiny model per (architecture, weight dtype), shared by tests.
-const Model& tinyModel(const std::string& architecture, DType weight_dtype) {
+// One generated tiny model per (architecture, weight dtype, quantization),
+// shared by tests.
+const Model& tinyModel(const std::string& architecture, DType weight_dtype,
+                       const std::string& quantization = "") {
   // Removed when the test process exits.
   static std::vector<std::unique_ptr<::tandem::testing::TempDir>> temp_dirs;
   static std::map<std::string, std::unique_ptr<Model>> models;
-  std::string key = architecture + dtypeShortName(weight_dtype);
+  std::string key = architecture + dtypeShortName(weight_dtype) + quantization;
   auto it = models.find(key);
   if (it != models.end()) return *it->second;
   temp_dirs.push_back(std::make_unique<::tandem::testing::TempDir>("tandem-runner-test"));
@@ -76,6 +85,7 @@ const Model& tinyModel(const std::string& architecture, DType weight_dtype) {
   options.architecture = architecture;
   options.dtype = weight_dtype;
   options.seed = 11;
+  if (!quantization.empty()) options.quantization = tools::parseQuantizationSpec(quantization);
   tools::writeTestModel(options, dir);
   auto model = Model::load(dir);
   const Model& ref = *model;
@@ -178,13 +188,28 @@ std::vector<float> toFloat(const kernels::WeightView& view) {
   return out;
 }
 
+// The values a matrix stands for: an fp8 one's times their scales.
+std::vector<double> matrixValues(const kernels::WeightView& view) {
+  const std::vector<float> w = toFloat(view);
+  std::vector<double> values(w.begin(), w.end());
+  if (view.scales != nullptr) {
+    for (int64_t r = 0; r < view.rows; ++r) {
+      for (int64_t c = 0; c < view.cols; ++c) {
+        values[static_cast<size_t>(r * view.cols + c)] *=
+            view.scales[(r / view.scale_rows) * view.scaleGridCols() + c / view.scale_cols];
+      }
+    }
+  }
+  return values;
+}
+
 // y[n] = W[n, k] x[k]
 std::vector<double> denseMatVec(const kernels::WeightView& view, const std::vector<double>& x) {
-  std::vector<float> w = toFloat(view);
+  const std::vector<double> w = matrixValues(view);
   std::vector<double> y(view.rows, 0.0);
   for (int64_t r = 0; r < view.rows; ++r) {
     double sum = 0.0;
-    for (int64_t c = 0; c < view.cols; ++c) sum += static_cast<double>(w[r * view.cols + c]) * x[c];
+    for (int64_t c = 0; c < view.cols; ++c) sum += w[r * view.cols + c] * x[c];
     y[r] = sum;
   }
   return y;
@@ -399,7 +424,9 @@ void PrintTo(const Variant& variant, std::ostream* os) { *os << variantName(vari
 
 class ModelRunnerTest : public ::testing::TestWithParam<Variant> {
  protected:
-  const Model& model() { return tinyModel(GetParam().architecture, GetParam().weight_dtype); }
+  const Model& model() {
+    return tinyModel(GetParam().architecture, GetParam().weight_dtype, GetParam().quantization);
+  }
   KvCacheConfig cacheConfig(int64_t num_blocks) {
     return cacheConfigFor(model(), GetParam().kv_dtype, num_blocks);
   }
@@ -687,18 +714,29 @@ TEST_P(ModelRunnerTest, LoraSequencesAreBitIdenticalAloneBatchedChunkedAndFused)
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, ModelRunnerTest,
-    ::testing::Values(Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32},
-                      Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16},
-                      Variant{"LlamaForCausalLM", DType::kF32, DType::kF32},
-                      Variant{"LlamaForCausalLM", DType::kF16, DType::kF32},
-                      Variant{"Qwen2ForCausalLM", DType::kBF16, DType::kF32},
-                      Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
-                      Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16},
-                      Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
-                      Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
-                      Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
-                      Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
-                      Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16}),
+    ::testing::Values(
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16},
+        Variant{"LlamaForCausalLM", DType::kF32, DType::kF32},
+        Variant{"LlamaForCausalLM", DType::kF16, DType::kF32},
+        Variant{"Qwen2ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16},
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // fp8 checkpoints (docs/quantization.md): per-channel
+        // scales, blocks splitting rows and columns, and one
+        // scale per tensor under bf16 compute (fp8 matrices
+        // multiply fp32 activations whatever the compute
+        // dtype; the LM head follows it).
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kF32,
+                "compressed-tensors:channel"},
+        Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kF32, "fp8:block=16x32"},
+        Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32, DType::kF32, "fp8:block=16x32"},
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16, "fp8:tensor"}),
     [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
 
 // Resident bytes of this process's mappings of `file` (/proc/self/smaps).

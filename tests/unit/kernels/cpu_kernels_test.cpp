@@ -295,6 +295,122 @@ TEST_P(CpuKernels, MatmulRowsAreBatchInvariant) {
   }
 }
 
+// ------------------------------------------------------------ fp8 matmul --
+
+// fp8 weights with random scales on a grid of scale_rows x scale_cols
+// blocks, and the values they stand for (fp8 value x scale, in double).
+struct Fp8Weights {
+  int64_t rows, cols, scale_rows, scale_cols;
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  std::vector<double> values;
+
+  WeightView view() const {
+    WeightView w{bytes.data(), DType::kF8E4M3, rows, cols};
+    w.scales = scales.data();
+    w.scale_rows = scale_rows;
+    w.scale_cols = scale_cols;
+    return w;
+  }
+};
+
+Fp8Weights makeFp8Weights(int64_t rows, int64_t cols, int64_t scale_rows, int64_t scale_cols,
+                          uint32_t seed) {
+  Fp8Weights w{rows, cols, scale_rows, scale_cols, {}, {}, {}};
+  const WeightView grid = w.view();
+  w.scales = randomFloats(static_cast<size_t>(grid.scaleGridRows() * grid.scaleGridCols()),
+                          seed + 1, 1e-3f, 4e-3f);
+  // Values over the whole range, subnormals included.
+  const std::vector<float> source = randomFloats(static_cast<size_t>(rows * cols), seed, -448, 448);
+  w.bytes.resize(source.size());
+  w.values.resize(source.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto i = static_cast<size_t>(r * cols + c);
+      const float magnitude = std::ldexp(source[i], -static_cast<int>(i % 17));
+      w.bytes[i] = f32ToF8e4m3(magnitude);
+      w.values[i] =
+          double{f8e4m3ToF32(w.bytes[i])} *
+          w.scales[static_cast<size_t>((r / scale_rows) * grid.scaleGridCols() + c / scale_cols)];
+    }
+  }
+  return w;
+}
+
+std::vector<float> runFp8Matmul(const std::vector<float>& x, int64_t m, const Fp8Weights& w) {
+  std::vector<float> y(static_cast<size_t>(m * w.rows), std::nanf(""));
+  matmul(x.data(), m, w.cols, w.view(), y.data());
+  return y;
+}
+
+struct Fp8Grid {
+  const char* name;
+  int64_t scale_rows, scale_cols;  // 0: the whole dimension
+};
+const Fp8Grid kFp8Grids[] = {
+    {"tensor", 0, 0}, {"channel", 1, 0}, {"block 16x32", 16, 32}, {"block 5x7", 5, 7}};
+
+// Against the fp8 values times their scales, to the fp32 bound of
+// MatmulMatchesReference (block scales add one rounding per activation),
+// whatever the grid: per tensor, per row, or blocks splitting rows and
+// columns (partial ones at the edges included).
+TEST_P(CpuKernels, MatmulFp8MatchesItsScaledValues) {
+  struct Shape {
+    int64_t m, k, n;
+  };
+  for (const Fp8Grid& grid : kFp8Grids) {
+    for (const Shape& s : {Shape{1, 1, 1}, Shape{1, 17, 5}, Shape{7, 100, 13}, Shape{6, 64, 48},
+                           Shape{37, 257, 33}, Shape{2, 1040, 70}}) {
+      SCOPED_TRACE(std::string(grid.name) + " m=" + std::to_string(s.m) +
+                   " k=" + std::to_string(s.k) + " n=" + std::to_string(s.n));
+      const Fp8Weights w = makeFp8Weights(s.n, s.k, grid.scale_rows ? grid.scale_rows : s.n,
+                                          grid.scale_cols ? grid.scale_cols : s.k, 7);
+      const std::vector<float> x = randomFloats(static_cast<size_t>(s.m * s.k), 11);
+      const std::vector<float> y = runFp8Matmul(x, s.m, w);
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          double ref = 0.0;
+          double magnitude = 0.0;
+          for (int64_t kk = 0; kk < s.k; ++kk) {
+            const double term = double{x[i * s.k + kk]} * w.values[j * s.k + kk];
+            ref += term;
+            magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(y[i * s.n + j], ref, 1e-5 * magnitude + 1e-30) << "at " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+// A row's outputs are the same bits alone, in a batch of 512 on one or two
+// threads, and at any place of a batch of 37.
+TEST_P(CpuKernels, MatmulFp8RowsAreBatchInvariant) {
+  const int64_t k = 300, n = 133;
+  for (const Fp8Grid& grid : kFp8Grids) {
+    SCOPED_TRACE(grid.name);
+    const Fp8Weights w = makeFp8Weights(n, k, grid.scale_rows ? grid.scale_rows : n,
+                                        grid.scale_cols ? grid.scale_cols : k, 3);
+    const std::vector<float> x512 = randomFloats(static_cast<size_t>(512 * k), 5);
+    setNumThreads(2);
+    const std::vector<float> y512 = runFp8Matmul(x512, 512, w);
+    setNumThreads(1);
+    const std::vector<float> y512_one_thread = runFp8Matmul(x512, 512, w);
+    setNumThreads(2);
+    EXPECT_TRUE(sameBits(y512.data(), y512_one_thread.data(), y512.size()));
+    for (int64_t row : {0, 5, 6, 301, 511}) {
+      SCOPED_TRACE("row " + std::to_string(row));
+      const std::vector<float> x1(x512.begin() + row * k, x512.begin() + (row + 1) * k);
+      const std::vector<float> y1 = runFp8Matmul(x1, 1, w);
+      EXPECT_TRUE(sameBits(y1.data(), y512.data() + row * n, static_cast<size_t>(n)));
+      std::vector<float> x37 = randomFloats(static_cast<size_t>(37 * k), 9);
+      std::copy(x1.begin(), x1.end(), x37.begin() + 36 * k);
+      const std::vector<float> y37 = runFp8Matmul(x37, 37, w);
+      EXPECT_TRUE(sameBits(y37.data() + 36 * n, y512.data() + row * n, static_cast<size_t>(n)));
+    }
+  }
+}
+
 // ------------------------------------------------------------- elementwise --
 
 // Tolerance: the sum of squares is a fixed-order fp32 reduction (see the
