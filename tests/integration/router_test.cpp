@@ -60,6 +60,7 @@ std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLor
 
 class RouterTest : public RouterCluster {
  protected:
+  json expectDisaggregatedExactly(const fs::path& model);
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
   void start(int prefills, int decodes, Policy policy = Policy::kKv,
              int64_t disagg_threshold_tokens = 16, int64_t max_inflight = 256,
@@ -1482,15 +1483,11 @@ TEST_F(RouterTest, ADecodePoolThatSpeculatesAnswersAsOneThatDoesNot) {
 // a dense first layer) handed from prefill to decode answers as one agent
 // that did both: greedy with logprobs and seeded sampling, whole and
 // streamed. Its KV is attention's alone, moved as any model's.
-TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
-  static TempDir dir("tandem-router-moe");
-  static const fs::path model = [] {
-    tandem::tools::TestModelOptions options;
-    options.architecture = "Qwen3MoeForCausalLM";
-    options.seed = 23;
-    tandem::tools::writeTestModel(options, dir.path() / "moe");
-    return dir.path() / "moe";
-  }();
+// A model whose forward pass differs from the dense bf16 one's (a mixture,
+// fp8 weights) keeps the P->D hand-off exact: a greedy request with
+// logprobs and a seeded sampled one, disaggregated, answer as a colocated
+// agent does, whole and streamed. Returns the colocated greedy answer.
+json RouterTest::expectDisaggregatedExactly(const fs::path& model) {
   const std::vector<std::string> kv = {"--kv-cache-memory", "64MiB"};
   RouterClusterOptions options;
   options.model = model;
@@ -1504,19 +1501,50 @@ TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
   sampled_body["seed"] = 5;
   for (const json& body : {greedy_body, sampled_body}) {
     const json expected = colocated.post("/v1/completions", body);
-    ASSERT_EQ(tokenIds(expected).size(), 24u) << expected.dump();
+    EXPECT_EQ(tokenIds(expected).size(), 24u) << expected.dump();
     Answer answer = post(body);
-    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.status, 200) << answer.body.dump();
     EXPECT_EQ(answer.decision, "disaggregated");
     EXPECT_GT(answer.blocks_moved, 0);
     EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
     EXPECT_EQ(answer.body["choices"][0]["logprobs"], expected["choices"][0]["logprobs"]);
     EXPECT_EQ(streamedTokens(body), tokenIds(expected));
   }
+  return colocated.post("/v1/completions", greedy_body);
+}
+
+TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
+  static TempDir dir("tandem-router-moe");
+  tandem::tools::TestModelOptions options;
+  options.architecture = "Qwen3MoeForCausalLM";
+  options.seed = 23;
+  tandem::tools::writeTestModel(options, dir.path() / "moe");
+  const json answer = expectDisaggregatedExactly(dir.path() / "moe");
   // Not the tiny dense model's answer: the mixture is what ran.
   Agent dense;
-  EXPECT_NE(tokenIds(dense.post("/v1/completions", greedy_body)),
-            tokenIds(colocated.post("/v1/completions", greedy_body)));
+  json body = greedy(randomPrompt(70, 71), 24);
+  body["logprobs"] = 2;
+  EXPECT_NE(tokenIds(dense.post("/v1/completions", body)), tokenIds(answer));
+}
+
+// fp8 weights (docs/quantization.md), with block scales splitting rows and
+// columns: the prefill and decode agents' KV is the same bits.
+TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {
+  static TempDir dir("tandem-router-fp8");
+  tandem::tools::TestModelOptions options;
+  options.seed = 29;
+  options.quantization = tandem::tools::parseQuantizationSpec("fp8:block=16x32");
+  tandem::tools::writeTestModel(options, dir.path() / "fp8");
+  options.quantization = {};
+  tandem::tools::writeTestModel(options, dir.path() / "bf16");
+  const json answer = expectDisaggregatedExactly(dir.path() / "fp8");
+  // The same weights unquantized give other log-probabilities: the fp8
+  // matrices are what ran.
+  Agent unquantized({}, dir.path() / "bf16");
+  json body = greedy(randomPrompt(70, 71), 24);
+  body["logprobs"] = 2;
+  EXPECT_NE(unquantized.post("/v1/completions", body)["choices"][0]["logprobs"],
+            answer["choices"][0]["logprobs"]);
 }
 
 // Agents may serve different adapters (llm-d's LoRA-aware routing): the

@@ -98,10 +98,12 @@ inline std::vector<kernels::DeviceKind> availableDeviceKinds() {
 
 // A generated tiny model per (architecture, weight dtype), kept for the
 // process; its directory is removed when the process exits.
-inline const engine::Model& exactnessModel(const std::string& architecture, DType weight_dtype) {
+// quantization: a tools::parseQuantizationSpec value for fp8 weights, or "".
+inline const engine::Model& exactnessModel(const std::string& architecture, DType weight_dtype,
+                                           const std::string& quantization = "") {
   static std::vector<std::unique_ptr<TempDir>> dirs;
   static std::map<std::string, std::unique_ptr<engine::Model>> models;
-  const std::string key = architecture + dtypeShortName(weight_dtype);
+  const std::string key = architecture + dtypeShortName(weight_dtype) + quantization;
   auto it = models.find(key);
   if (it != models.end()) return *it->second;
   dirs.push_back(std::make_unique<TempDir>("tandem-exactness-model"));
@@ -110,6 +112,7 @@ inline const engine::Model& exactnessModel(const std::string& architecture, DTyp
   options.architecture = architecture;
   options.dtype = weight_dtype;
   options.seed = 17;
+  if (!quantization.empty()) options.quantization = tools::parseQuantizationSpec(quantization);
   tools::writeTestModel(options, dirs.back()->path());
   return *models.emplace(key, engine::Model::load(dirs.back()->path())).first->second;
 }

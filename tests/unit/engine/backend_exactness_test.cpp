@@ -234,32 +234,44 @@ TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
       << result.message();
 }
 
-// A mixture of experts runs on the CPU backend; any other refuses it when
-// the runner is made, naming the model's architecture and the backend.
-class MixtureOfExpertsTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
+// A mixture of experts, and a model with fp8 weights, run on the CPU
+// backend; any other refuses them when the runner is made, naming what the
+// model is and the backend.
+class CpuOnlyModelTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
 
-TEST_P(MixtureOfExpertsTest, RunsOnTheCpuAndIsRefusedElsewhere) {
-  const Model& model = ::tandem::testing::exactnessModel("MixtralForCausalLM", DType::kBF16);
+TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
+  struct Case {
+    const Model& model;
+    std::string refusal;
+  };
+  const Case cases[] = {
+      {::tandem::testing::exactnessModel("MixtralForCausalLM", DType::kBF16),
+       "(MixtralForCausalLM) is a mixture of experts, which runs on the CPU backend only ("},
+      {::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16,
+                                         "compressed-tensors:channel"),
+       "has fp8 weights (compressed-tensors, channel scales), which run on the CPU backend "
+       "only ("},
+  };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
-  const std::unique_ptr<KvCache> cache =
-      ::tandem::testing::makeCacheOn(backend, model, DType::kF32, 4);
-  if (GetParam() == kernels::DeviceKind::kCpu) {
-    EXPECT_NO_THROW(ModelRunner(model, *cache, backend));
-    return;
-  }
-  try {
-    ModelRunner runner(model, *cache, backend);
-    ADD_FAILURE() << "a mixture of experts was accepted by " << backend.description();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("(MixtralForCausalLM) is a mixture of experts, which runs "
-                                         "on the CPU backend only (" +
-                                         backend.description()),
-              std::string::npos)
-        << e.what();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.refusal);
+    const std::unique_ptr<KvCache> cache =
+        ::tandem::testing::makeCacheOn(backend, c.model, DType::kF32, 4);
+    if (GetParam() == kernels::DeviceKind::kCpu) {
+      EXPECT_NO_THROW(ModelRunner(c.model, *cache, backend));
+      continue;
+    }
+    try {
+      ModelRunner runner(c.model, *cache, backend);
+      ADD_FAILURE() << "accepted by " << backend.description();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.refusal + backend.description()), std::string::npos)
+          << e.what();
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, MixtureOfExpertsTest,
+INSTANTIATE_TEST_SUITE_P(Devices, CpuOnlyModelTest,
                          ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
                          [](const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
                            return std::string(kernels::deviceKindName(info.param));

@@ -124,6 +124,82 @@ TEST(TestModel, Bf16WeightsAreTheF32WeightsRounded) {
   }
 }
 
+// An fp8 model's projections are the f32 model's values divided by their
+// block's scale and rounded to f8e4m3; every other tensor is the f32 one
+// rounded to bf16, as without quantization.
+TEST(TestModel, Fp8WeightsAreTheF32WeightsOverTheirScalesRounded) {
+  TempDir f32_dir;
+  TempDir fp8_dir;
+  writeTestModel(tinyOptions("LlamaForCausalLM", DType::kF32, 5), f32_dir.path());
+  TestModelOptions options = tinyOptions("LlamaForCausalLM", DType::kBF16, 5);
+  options.quantization = parseQuantizationSpec("fp8:block=16x48");
+  writeTestModel(options, fp8_dir.path());
+  engine::SafetensorsFile f32_file(f32_dir.path() / "model.safetensors");
+  engine::SafetensorsFile fp8_file(fp8_dir.path() / "model.safetensors");
+  int quantized = 0;
+  for (const auto& [name, tensor] : f32_file.tensors()) {
+    SCOPED_TRACE(name);
+    const engine::TensorInfo* written = fp8_file.find(name);
+    ASSERT_NE(written, nullptr);
+    const auto* values = static_cast<const float*>(tensor.data);
+    const size_t count = tensor.num_bytes / 4;
+    if (written->dtype != DType::kF8E4M3) {
+      ASSERT_EQ(written->dtype, DType::kBF16);
+      EXPECT_EQ(name.find("_proj"), std::string::npos);
+      continue;
+    }
+    ++quantized;
+    const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
+    const engine::TensorInfo* scales =
+        fp8_file.find(name.substr(0, name.size() - 6) + "weight_scale_inv");
+    ASSERT_NE(scales, nullptr);
+    const int64_t grid_cols = (cols + 47) / 48;
+    ASSERT_EQ(scales->shape, (std::vector<int64_t>{(rows + 15) / 16, grid_cols}));
+    const auto* scale = static_cast<const float*>(scales->data);
+    const auto* bytes = static_cast<const uint8_t*>(written->data);
+    const float half_width = std::sqrt(3.0f / static_cast<float>(cols));
+    for (int64_t i = 0; i < (rows + 15) / 16 * grid_cols; ++i) {
+      EXPECT_GE(scale[i], half_width / 448.0f);
+      EXPECT_LE(scale[i], 2.0f * half_width / 448.0f);
+    }
+    size_t mismatches = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const auto r = static_cast<int64_t>(i) / cols, c = static_cast<int64_t>(i) % cols;
+      const float s = scale[(r / 16) * grid_cols + c / 48];
+      mismatches += bytes[i] != f32ToF8e4m3(values[i] / s);
+    }
+    EXPECT_EQ(mismatches, 0u);
+  }
+  EXPECT_EQ(quantized, 2 * 7);
+  EXPECT_EQ(json::parse(readFile(fp8_dir.path() / "config.json"))["quantization_config"],
+            json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [16, 48]})"));
+}
+
+TEST(TestModel, QuantizationSpecsAndTheirErrors) {
+  using Granularity = engine::Fp8Quantization::Granularity;
+  EXPECT_EQ(parseQuantizationSpec("fp8").granularity, Granularity::kBlock);
+  EXPECT_EQ(parseQuantizationSpec("fp8").block_rows, 128);
+  EXPECT_EQ(parseQuantizationSpec("fp8:tensor").scale_name, "weight_scale");
+  EXPECT_EQ(parseQuantizationSpec("compressed-tensors").granularity, Granularity::kChannel);
+  const engine::Fp8Quantization block = parseQuantizationSpec("compressed-tensors:block=8x24");
+  EXPECT_EQ(block.granularity, Granularity::kBlock);
+  EXPECT_EQ(block.block_rows, 8);
+  EXPECT_EQ(block.block_cols, 24);
+  EXPECT_EQ(block.scale_name, "weight_scale");
+  for (const char* bad : {"fp8:channel", "int8", "fp8:block=8", "fp8:block=0x4", "fp8:tensor=8x8",
+                          "compressed-tensors:group"}) {
+    SCOPED_TRACE(bad);
+    try {
+      parseQuantizationSpec(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("accepted: fp8, fp8:tensor"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // What a tiny model holds
 
