@@ -90,6 +90,8 @@ class Model {
   // The dtype of the matrices (from the files; all matrices share it but
   // the F8_E4M3 ones of a quantized model, whose embedding table has it).
   DType weightDType() const { return weight_dtype_; }
+  // How many matrices are F8_E4M3 (each with its scales).
+  size_t fp8Matrices() const { return scales_.size(); }
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
   // The weights' content, 16 hex digits: xxh3-64 over each weight file's

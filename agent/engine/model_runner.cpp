@@ -104,7 +104,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
                 backend_.description() +
                 " is not one: start it with --device cpu; docs/engine.md#mixture-of-experts)");
   }
-  if (config.quantized() && !backend_.hostAccessible()) {
+  if (model_.fp8Matrices() > 0 && !backend_.hostAccessible()) {
     throw Error("model " + model_.directory().string() + " has fp8 weights (" +
                 config.quantization.method + ", " +
                 granularityName(config.quantization.granularity) +

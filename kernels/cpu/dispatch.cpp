@@ -197,6 +197,19 @@ std::vector<float>& scaledXScratch() {
   return scratch;
 }
 
+// out[i, c] = x[i, c] * scales[c / scale_cols] for `rows` rows of k: one
+// column block at a time, a plain loop the compiler vectorizes.
+void scaleColumnBlocks(const float* x, int64_t rows, int64_t k, const float* scales,
+                       int64_t scale_cols, float* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t first = 0, b = 0; first < k; first += scale_cols, ++b) {
+      const float scale = scales[b];
+      const int64_t end = std::min(k, first + scale_cols);
+      for (int64_t c = first; c < end; ++c) out[i * k + c] = x[i * k + c] * scale;
+    }
+  }
+}
+
 // fp8 weights (kernels.h): the ISA's matmul over the values times 2^-8, then
 // each output times its scale x 2^8. With block-wise scales a task runs
 // once per row block it covers, on its rows of x times that block's scales.
@@ -207,37 +220,31 @@ void matmulFp8(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
   const int64_t n = w.rows;
   const int64_t grid_cols = w.scaleGridCols();
   const bool blocked = grid_cols > 1;
-  forEachMatmulTask(m, n, k, k, isa.matmul_tile_rows, 4,
-                    [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
-                      float* y_rows = y + m_begin * n;
-                      const float* x_rows = x + m_begin * k;
-                      for (int64_t j0 = n_begin; j0 < n_end;) {
-                        const int64_t block = j0 / w.scale_rows;
-                        const int64_t j1 =
-                            blocked ? std::min(n_end, (block + 1) * w.scale_rows) : n_end;
-                        const float* xs = x_rows;
-                        if (blocked) {
-                          std::vector<float>& scaled = scaledXScratch();
-                          scaled.resize(static_cast<size_t>(rows * k));
-                          const float* block_scales = w.scales + block * grid_cols;
-                          for (int64_t i = 0; i < rows; ++i) {
-                            for (int64_t c = 0; c < k; ++c) {
-                              scaled[static_cast<size_t>(i * k + c)] =
-                                  x_rows[i * k + c] * block_scales[c / w.scale_cols];
-                            }
-                          }
-                          xs = scaled.data();
-                        }
-                        isa.matmul(xs, rows, k, w, j0, j1, y_rows, n);
-                        for (int64_t i = 0; i < rows; ++i) {
-                          float* out = y_rows + i * n;
-                          for (int64_t j = j0; j < j1; ++j) {
-                            out[j] *= blocked ? 256.0f : w.scales[j / w.scale_rows] * 256.0f;
-                          }
-                        }
-                        j0 = j1;
-                      }
-                    });
+  auto task = [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+    float* y_rows = y + m_begin * n;
+    const float* x_rows = x + m_begin * k;
+    for (int64_t j0 = n_begin; j0 < n_end;) {
+      const int64_t block = j0 / w.scale_rows;
+      const int64_t j1 = blocked ? std::min(n_end, (block + 1) * w.scale_rows) : n_end;
+      const float* xs = x_rows;
+      if (blocked) {
+        std::vector<float>& scaled = scaledXScratch();
+        scaled.resize(static_cast<size_t>(rows * k));
+        scaleColumnBlocks(x_rows, rows, k, w.scales + block * grid_cols, w.scale_cols,
+                          scaled.data());
+        xs = scaled.data();
+      }
+      isa.matmul(xs, rows, k, w, j0, j1, y_rows, n);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* out = y_rows + i * n;
+        for (int64_t j = j0; j < j1; ++j) {
+          out[j] *= blocked ? 256.0f : w.scales[j / w.scale_rows] * 256.0f;
+        }
+      }
+      j0 = j1;
+    }
+  };
+  forEachMatmulTask(m, n, k, k, isa.matmul_tile_rows, 4, task);
 }
 
 }  // namespace

@@ -515,11 +515,12 @@ int runEngineBench(const EngineBenchOptions& options) {
       static_cast<double>(options.batch) * copy_traffic_gbps * 1e9 / bytes_per_step;
 
   const engine::Fp8Quantization& quantization = model->config().quantization;
-  const std::string weights_text =
-      std::string(dtypeShortName(model->weightDType())) +
-      (model->config().quantized() ? std::string(", fp8 projections with ") +
-                                         granularityName(quantization.granularity) + " scales"
-                                   : "");
+  // "bf16", or "fp8 (channel scales) and bf16" for a quantized model.
+  const std::string weights_text = model->config().quantized()
+                                       ? std::string("fp8 (") +
+                                             granularityName(quantization.granularity) +
+                                             " scales) and " + dtypeShortName(model->weightDType())
+                                       : std::string(dtypeShortName(model->weightDType()));
   std::printf("tandem-bench engine: %s (%s weights, KV %s), %s kernels, %d threads, on %s\n",
               options.model_dir.c_str(), weights_text.c_str(), options.kv_dtype.c_str(),
               kernels::isaName().c_str(), kernels::numThreads(), backend->description().c_str());

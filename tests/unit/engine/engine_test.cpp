@@ -1381,20 +1381,11 @@ TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
   }
 }
 
-// A mixture of experts (the tiny Qwen3-MoE: 8 experts choosing 3, a dense
-// first layer) in the engine: each request alone, all of them batched, and
+// A model in the engine: each request alone, all of them batched, and
 // batched with drafts give the same tokens and logprob bits; follow-ups hit
 // every full block of prompt and answer in the prefix cache and continue
 // alike; every block comes back.
-TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
-  static ::tandem::testing::TempDir dir("tandem-engine-moe");
-  static const std::filesystem::path model = [] {
-    tools::TestModelOptions options;
-    options.architecture = "Qwen3MoeForCausalLM";
-    options.seed = 9;
-    tools::writeTestModel(options, dir.path());
-    return dir.path();
-  }();
+void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& model) {
   auto config = [&](int32_t drafts) {
     EngineConfig c = speculatingConfig(drafts);
     c.model_dir = model;
@@ -1430,6 +1421,26 @@ TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   }
   EXPECT_EQ(plain.stats().num_free_blocks, plain.stats().num_blocks);
   EXPECT_EQ(speculating.stats().num_free_blocks, speculating.stats().num_blocks);
+}
+
+// The tiny Qwen3-MoE: 8 experts choosing 3, a dense first layer.
+TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
+  ::tandem::testing::TempDir dir("tandem-engine-moe");
+  tools::TestModelOptions options;
+  options.architecture = "Qwen3MoeForCausalLM";
+  options.seed = 9;
+  tools::writeTestModel(options, dir.path());
+  expectAloneBatchedSpeculatedAndCachedAlike(dir.path());
+}
+
+// fp8 weights with per-channel scales (docs/quantization.md).
+TEST(EngineFp8, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
+  ::tandem::testing::TempDir dir("tandem-engine-fp8");
+  tools::TestModelOptions options;
+  options.seed = 9;
+  options.quantization = tools::parseQuantizationSpec("compressed-tensors:channel");
+  tools::writeTestModel(options, dir.path());
+  expectAloneBatchedSpeculatedAndCachedAlike(dir.path());
 }
 
 // An answer that ends inside a step's drafts (a stop string, max_tokens,

@@ -741,7 +741,10 @@ TEST(ModelLoading, Fp8CheckpointsLoadTheirMatricesWithTheirScales) {
     // The same model unquantized has another digest.
     TempDir plain;
     writeTiny(plain.path(), c.architecture);
-    EXPECT_NE(Model::load(plain.path())->config().computeDigest(), model->config().computeDigest());
+    const std::unique_ptr<Model> unquantized = Model::load(plain.path());
+    EXPECT_NE(unquantized->config().computeDigest(), model->config().computeDigest());
+    EXPECT_EQ(unquantized->fp8Matrices(), 0u);
+    EXPECT_GE(model->fp8Matrices(), 7 * w.layers.size());
   }
 }
 
