@@ -235,6 +235,15 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     TANDEM_LOG(kWarn) << "compute dtype bf16 applies to bf16 weights only; this model's are "
                       << dtypeShortName(model_->weightDType()) << " and compute in f32";
   }
+  if (model_->fp8Matrices() > 0) {
+    const Fp8Quantization& q = model_->config().quantization;
+    TANDEM_LOG(kInfo) << "model: " << model_->fp8Matrices() << " fp8 matrices (" << q.method << ", "
+                      << granularityName(q.granularity)
+                      << " scales), multiplied by fp32 activations"
+                      << (config_.compute_dtype == DType::kBF16 ? " whatever --compute-dtype says"
+                                                                : "")
+                      << " (docs/quantization.md)";
+  }
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
   int64_t context_limit =

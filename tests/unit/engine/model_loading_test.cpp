@@ -1207,6 +1207,17 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
   ModelConfig reread = ModelConfig::fromJsonText(mistral.toJsonText(), "config.json");
   EXPECT_EQ(reread.sliding_window, 4096);
   EXPECT_EQ(reread, mistral);
+
+  // So is every quantization tandem-model writes.
+  for (const char* spec : {"fp8", "fp8:tensor", "fp8:block=64x32", "compressed-tensors",
+                           "compressed-tensors:tensor", "compressed-tensors:block=16x8"}) {
+    SCOPED_TRACE(spec);
+    ModelConfig quantized = tools::presetConfig("tiny", "LlamaForCausalLM");
+    quantized.quantization = tools::parseQuantizationSpec(spec);
+    const ModelConfig read = ModelConfig::fromJsonText(quantized.toJsonText(), "config.json");
+    EXPECT_EQ(read.quantization, quantized.quantization);
+    EXPECT_EQ(read, quantized);
+  }
 }
 
 TEST(RopeFrequencies, AThetaWhoseFrequenciesOverflowIsRefusedNamingIt) {
