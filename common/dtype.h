@@ -21,7 +21,7 @@ namespace tandem {
 enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3 };
 
 size_t dtypeSize(DType dtype);
-// Safetensors spelling: "F32", "BF16", "F16".
+// Safetensors spelling: "F32", "BF16", "F16", "F8_E4M3".
 const char* dtypeSafetensorsName(DType dtype);
 std::optional<DType> dtypeFromSafetensorsName(std::string_view name);
 // Hugging Face config spelling: "float32", "bfloat16", "float16".

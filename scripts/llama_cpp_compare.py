@@ -199,21 +199,24 @@ def dequantize(weights, config):
     q = config.get("quantization_config") or {}
     block = q.get("weight_block_size")
     for group in (q.get("config_groups") or {}).values():
-        structure = group.get("weights", {}).get("block_structure")
-        if group.get("weights", {}).get("strategy") == "block" and structure:
-            block = structure
+        group_weights = (group or {}).get("weights") or {}
+        if group_weights.get("strategy") == "block":
+            block = group_weights.get("block_structure")
     for name in [n for n in weights if n.endswith(".weight_scale") or
                  n.endswith(".weight_scale_inv")]:
         matrix = name.rsplit(".", 1)[0] + ".weight"
         w, scale = weights[matrix], weights.pop(name)
-        if scale.size == 1:
-            weights[matrix] = w * scale.reshape(())
-        elif scale.ndim == 2 and scale.shape[1] == 1 or scale.ndim == 1:
-            weights[matrix] = w * scale.reshape(-1, 1)
-        else:
+        if block:
+            # The config's blocks, whatever the grid's shape (one column of
+            # blocks is still blocks of rows).
             rows, cols = block
-            grid = np.repeat(np.repeat(scale, rows, axis=0), cols, axis=1)
+            grid = np.repeat(np.repeat(scale.reshape(-(-w.shape[0] // rows), -1), rows, axis=0),
+                             cols, axis=1)
             weights[matrix] = w * grid[: w.shape[0], : w.shape[1]]
+        elif scale.size == 1:
+            weights[matrix] = w * scale.reshape(())
+        else:
+            weights[matrix] = w * scale.reshape(-1, 1)
     return weights
 
 

@@ -3,8 +3,9 @@
 
   test_reference_forward.py BIN_DIR
 
-For the tiny Llama, Mixtral and Qwen3-MoE test models, and fp8 Llama and
-Qwen3-MoE ones (per-channel scales; blocks splitting rows and columns)
+For the tiny Llama, Mixtral and Qwen3-MoE test models, and fp8 Llama,
+Qwen3-MoE and Mixtral ones (per-channel scales; blocks splitting rows and
+columns; 128 x 128 blocks, wider than the tiny matrices' rows)
 (tandem-model, into a temporary directory), starts `tandem-agent serve` with an f32 KV cache and
 compares the ten largest log-probabilities of the next token of three
 prompts with the reference's, which is written from transformers' modeling
@@ -44,7 +45,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM"}
 # (architecture, tandem-model --quantize or None)
 CASES = [("llama", None), ("mixtral", None), ("qwen3_moe", None),
-         ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32")]
+         ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
+         ("mixtral", "fp8")]
 
 
 def free_port():

@@ -169,10 +169,12 @@ class TensorSource {
     std::vector<float> values(static_cast<size_t>(view.scaleGridRows() * view.scaleGridCols()));
     convertToF32(scale.dtype, scale.data, values.data(), values.size());
     for (size_t i = 0; i < values.size(); ++i) {
-      if (!std::isfinite(values[i]) || values[i] < 0.0f) {
+      // The kernels multiply by scale x 2^8 (kernels.h): that must stay
+      // finite. NaN fails both comparisons.
+      if (!(values[i] >= 0.0f && values[i] <= 1e36f)) {
         throw Error("tensor " + scale_name + " in " + fileOf(scale_name) + " holds " +
                     std::to_string(values[i]) + " at element " + std::to_string(i) +
-                    " (accepted: finite scales, zero or greater)");
+                    " (accepted: scales from 0 to 1e36)");
       }
     }
     used_bytes += tensor.num_bytes + scale.num_bytes;

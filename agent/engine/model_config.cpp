@@ -206,21 +206,31 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
                     "\", which is not supported (accepted: fp8, compressed-tensors with 8-bit "
                     "float weights)");
   }
+  if (reader.has("config_groups") && !object["config_groups"].is_object()) {
+    reader.fail("config_groups",
+                "must be an object of quantization groups, got " + object["config_groups"].dump());
+  }
+  // Groups that quantize no weights (activations or the KV cache only)
+  // leave every matrix as it is: such a config is no quantization here.
+  const json no_groups = json::object();
+  const json& groups = reader.has("config_groups") ? object["config_groups"] : no_groups;
+  const bool quantizes_weights = std::any_of(groups.begin(), groups.end(), [](const json& group) {
+    return group.is_object() && group.contains("weights") && !group["weights"].is_null();
+  });
+  if (!quantizes_weights) return q;
   const std::string format = reader.string("format", "float-quantized");
   if (format != "float-quantized" && format != "naive-quantized") {
     reader.fail("format", "is \"" + format +
                               "\", which is not supported (accepted: float-quantized, "
                               "naive-quantized with 8-bit float weights)");
   }
-  if (!reader.has("config_groups") || !object["config_groups"].is_object() ||
-      object["config_groups"].empty()) {
-    reader.fail("config_groups", "must be an object of one or more quantization groups");
-  }
   q.scale_name = "weight_scale";
-  for (const auto& [group_name, group] : object["config_groups"].items()) {
+  for (const auto& [group_name, group] : groups.items()) {
     const std::string prefix = std::string(kField) + ".config_groups." + group_name + ".";
-    if (!group.is_object() || !group.contains("weights") || !group["weights"].is_object()) {
-      throw Error(source + ": field \"" + prefix + "weights\" must be an object");
+    if (!group.is_object() || !group.contains("weights") || group["weights"].is_null()) continue;
+    if (!group["weights"].is_object()) {
+      throw Error(source + ": field \"" + prefix + "weights\" must be an object or null, got " +
+                  group["weights"].dump());
     }
     FieldReader weights(group["weights"], source, prefix + "weights.");
     const json& bits = weights.has("num_bits") ? weights.get("num_bits") : json(nullptr);

@@ -137,13 +137,14 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
 
       auto dtype_it = entry.find("dtype");
       if (dtype_it == entry.end() || !dtype_it->is_string()) {
-        throw Error(where + "\"dtype\" missing or not a string (accepted: F32, BF16, F16)");
+        throw Error(where +
+                    "\"dtype\" missing or not a string (accepted: F32, BF16, F16, F8_E4M3)");
       }
       const std::string dtype_name = dtype_it->get<std::string>();
       std::optional<DType> dtype = dtypeFromSafetensorsName(dtype_name);
       if (!dtype) {
         throw Error(where + "dtype \"" + dtype_name +
-                    "\" is not supported (accepted: F32, BF16, F16)");
+                    "\" is not supported (accepted: F32, BF16, F16, F8_E4M3)");
       }
 
       auto shape_it = entry.find("shape");
@@ -277,12 +278,21 @@ void SafetensorsWriter::addStreamed(const std::string& name, DType dtype,
 }
 
 void SafetensorsWriter::write(const std::filesystem::path& path) const {
-  // std::map iterates in name order and nlohmann::json sorts keys, so equal
-  // contents give equal bytes.
+  // Data in order of dtype size, widest first, then name (as the
+  // safetensors library lays tensors out), so that with the data area
+  // 8-byte aligned every tensor is aligned to its dtype; nlohmann::json
+  // sorts keys, so equal contents give equal bytes.
+  std::vector<std::pair<const std::string*, const Entry*>> order;
+  for (const auto& [name, entry] : entries_) order.emplace_back(&name, &entry);
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return dtypeSize(a.second->dtype) > dtypeSize(b.second->dtype);
+  });
   json header = json::object();
   header[kMetadataKey] = {{"format", "pt"}};
   uint64_t offset = 0;
-  for (const auto& [name, entry] : entries_) {
+  for (const auto& [name_pointer, entry_pointer] : order) {
+    const std::string& name = *name_pointer;
+    const Entry& entry = *entry_pointer;
     header[name] = {
         {"dtype", dtypeSafetensorsName(entry.dtype)},
         {"shape", entry.shape},
@@ -291,7 +301,7 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     offset += entry.size;
   }
   std::string header_text = header.dump();
-  // Aligns the data area so that every tensor of a 4-byte dtype is aligned too.
+  // Aligns the data area (and with the order above every tensor) to 8 bytes.
   header_text.append(
       (kHeaderLengthBytes - header_text.size() % kHeaderLengthBytes) % kHeaderLengthBytes, ' ');
   uint8_t length_bytes[kHeaderLengthBytes];
@@ -310,7 +320,9 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     out.write(reinterpret_cast<const char*>(length_bytes), sizeof length_bytes);
     out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
     try {
-      for (const auto& [name, entry] : entries_) {
+      for (const auto& [name_pointer, entry_pointer] : order) {
+        const std::string& name = *name_pointer;
+        const Entry& entry = *entry_pointer;
         if (!entry.source) {
           out.write(reinterpret_cast<const char*>(entry.bytes.data()),
                     static_cast<std::streamsize>(entry.bytes.size()));

@@ -212,7 +212,9 @@ void scaleColumnBlocks(const float* x, int64_t rows, int64_t k, const float* sca
 
 // fp8 weights (kernels.h): the ISA's matmul over the values times 2^-8, then
 // each output times its scale x 2^8. With block-wise scales a task runs
-// once per row block it covers, on its rows of x times that block's scales.
+// once per row block it covers, on its rows of x times that block's scales,
+// a few row tiles at a time (the scaled copy stays small whatever k), and
+// decode's tasks are whole row blocks, so each scales x once.
 void matmulFp8(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
                const WeightView& w, float* y) {
   TANDEM_CHECK(w.scales != nullptr && w.scale_rows > 0 && w.scale_cols > 0,
@@ -226,15 +228,19 @@ void matmulFp8(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
     for (int64_t j0 = n_begin; j0 < n_end;) {
       const int64_t block = j0 / w.scale_rows;
       const int64_t j1 = blocked ? std::min(n_end, (block + 1) * w.scale_rows) : n_end;
-      const float* xs = x_rows;
       if (blocked) {
+        const int64_t chunk = int64_t{8} * isa.matmul_tile_rows;
         std::vector<float>& scaled = scaledXScratch();
-        scaled.resize(static_cast<size_t>(rows * k));
-        scaleColumnBlocks(x_rows, rows, k, w.scales + block * grid_cols, w.scale_cols,
-                          scaled.data());
-        xs = scaled.data();
+        scaled.resize(static_cast<size_t>(std::min(rows, chunk) * k));
+        for (int64_t i = 0; i < rows; i += chunk) {
+          const int64_t count = std::min(chunk, rows - i);
+          scaleColumnBlocks(x_rows + i * k, count, k, w.scales + block * grid_cols, w.scale_cols,
+                            scaled.data());
+          isa.matmul(scaled.data(), count, k, w, j0, j1, y_rows + i * n, n);
+        }
+      } else {
+        isa.matmul(x_rows, rows, k, w, j0, j1, y_rows, n);
       }
-      isa.matmul(xs, rows, k, w, j0, j1, y_rows, n);
       for (int64_t i = 0; i < rows; ++i) {
         float* out = y_rows + i * n;
         for (int64_t j = j0; j < j1; ++j) {
@@ -244,7 +250,8 @@ void matmulFp8(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
       j0 = j1;
     }
   };
-  forEachMatmulTask(m, n, k, k, isa.matmul_tile_rows, 4, task);
+  const int64_t col_align = blocked && w.scale_rows <= 512 ? w.scale_rows : 4;
+  forEachMatmulTask(m, n, k, k, isa.matmul_tile_rows, col_align, task);
 }
 
 }  // namespace

@@ -579,7 +579,7 @@ engine::Fp8Quantization parseQuantizationSpec(const std::string& spec) {
     long long rows = 0, cols = 0;
     char tail = 0;
     if (std::sscanf(granularity.c_str() + equals + 1, "%lldx%lld%c", &rows, &cols, &tail) != 2 ||
-        rows <= 0 || cols <= 0) {
+        rows <= 0 || cols <= 0 || rows > (1 << 20) || cols > (1 << 20)) {
       throw Error("quantization \"" + spec + "\": block size must be RxC" + accepted);
     }
     q.block_rows = rows;

@@ -409,7 +409,7 @@ TEST(ModelLoadingErrors, SafetensorsUnknownDtype) {
   rewriteHeader(dir.path(), [](json& h) { h["model.norm.weight"]["dtype"] = "I64"; });
   const std::string message = loadError(dir.path());
   EXPECT_CONTAINS(message, "tensor model.norm.weight");
-  EXPECT_CONTAINS(message, "dtype \"I64\" is not supported (accepted: F32, BF16, F16)");
+  EXPECT_CONTAINS(message, "dtype \"I64\" is not supported (accepted: F32, BF16, F16, F8_E4M3)");
 }
 
 TEST(ModelLoadingErrors, MissingTensor) {
@@ -802,7 +802,22 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     EXPECT_CONTAINS(loadError(dir.path()),
                     "tensor model.layers.1.self_attn.q_proj.weight_scale in " +
                         (dir.path() / "model.safetensors").string() +
-                        " holds -0.500000 at element 3 (accepted: finite scales, zero or greater)");
+                        " holds -0.500000 at element 3 (accepted: scales from 0 to 1e36)");
+  }
+  {
+    // A scale the kernels' x 2^8 would make infinite.
+    TempDir dir;
+    writeTinyFp8(dir.path(), "fp8:block=16x32");
+    rewriteTensors(dir.path(), [&](const std::string& name, DType&, std::vector<uint8_t>& data) {
+      if (name == "model.layers.0.mlp.gate_proj.weight_scale_inv") {
+        const float huge = 1e37f;
+        std::memcpy(data.data(), &huge, sizeof huge);
+      }
+      return true;
+    });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.0.mlp.gate_proj.weight_scale_inv in " +
+                        (dir.path() / "model.safetensors").string() + " holds 99999999");
   }
   {
     // The embedding table, and norm weights, never hold fp8.
@@ -1328,6 +1343,20 @@ TEST(ModelConfigParsing, QuantizationConfigAcceptsFp8AndNamesWhatItRefuses) {
   EXPECT_EQ(config.quantization.granularity, Granularity::kChannel);
   EXPECT_EQ(config.quantization.method, "compressed-tensors");
   EXPECT_FALSE(ModelConfig::fromJsonText(minimalLlama(), "dir/config.json").quantized());
+  // Groups quantizing activations or the KV cache only leave the weights as
+  // they are: no quantization of the matrices.
+  EXPECT_FALSE(ModelConfig::fromJsonText(minimalLlama(R"(, "quantization_config": {
+      "quant_method": "compressed-tensors", "format": "int-quantized",
+      "config_groups": {"a": {"targets": ["Linear"], "weights": null,
+        "input_activations": {"num_bits": 8, "type": "int", "strategy": "token"}}},
+      "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}})"),
+                                         "dir/config.json")
+                   .quantized());
+  EXPECT_FALSE(ModelConfig::fromJsonText(
+                   minimalLlama(R"(, "quantization_config": {"quant_method": "compressed-tensors",
+                                   "config_groups": null, "kv_cache_scheme": {"num_bits": 8}})"),
+                   "dir/config.json")
+                   .quantized());
 
   std::string message =
       parseError(minimalLlama(R"(, "quantization_config": {"quant_method": "awq", "bits": 4})"));

@@ -171,6 +171,11 @@ TEST(TestModel, Fp8WeightsAreTheF32WeightsOverTheirScalesRounded) {
     EXPECT_EQ(mismatches, 0u);
   }
   EXPECT_EQ(quantized, 2 * 7);
+  // Every tensor is aligned to its dtype in the file (the scales after
+  // fp8 matrices of any size included): widest dtypes are written first.
+  for (const auto& [name, tensor] : fp8_file.tensors()) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(tensor.data) % dtypeSize(tensor.dtype), 0u) << name;
+  }
   EXPECT_EQ(json::parse(readFile(fp8_dir.path() / "config.json"))["quantization_config"],
             json::parse(R"({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                             "weight_block_size": [16, 48]})"));
