@@ -129,6 +129,25 @@ TEST_P(CpuKernels, ReportsSelectedIsa) {
 
 // ------------------------------------------------------------------ matmul --
 
+// y[m, n] against x · values^T in double, each output to 1e-5 of the sum
+// of its terms' magnitudes (the bound explained below).
+template <typename Value>
+void expectNearReference(const std::vector<float>& x, int64_t m, int64_t k, int64_t n,
+                         const std::vector<Value>& values, const std::vector<float>& y) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0.0;
+      double magnitude = 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double term = double{x[i * k + kk]} * static_cast<double>(values[j * k + kk]);
+        ref += term;
+        magnitude += std::fabs(term);
+      }
+      ASSERT_NEAR(y[i * n + j], ref, 1e-5 * magnitude + 1e-30) << "at " << i << "," << j;
+    }
+  }
+}
+
 // Tolerance: each output is a dot product of length k <= 2048 summed in fp32;
 // its rounding error is bounded by ~k * 2^-24 * sum|x_i w_i| and in practice
 // far smaller, so we allow 1e-5 * sum|x_i w_i| (relative to the magnitude of
@@ -145,19 +164,7 @@ TEST_P(CpuKernels, MatmulMatchesReference) {
                    " k=" + std::to_string(s.k) + " n=" + std::to_string(s.n));
       const TestWeights w = makeWeights(dtype, s.n, s.k, 7);
       const std::vector<float> x = randomFloats(static_cast<size_t>(s.m * s.k), 11);
-      const std::vector<float> y = runMatmul(x, s.m, w);
-      for (int64_t i = 0; i < s.m; ++i) {
-        for (int64_t j = 0; j < s.n; ++j) {
-          double ref = 0.0;
-          double magnitude = 0.0;
-          for (int64_t kk = 0; kk < s.k; ++kk) {
-            const double term = double{x[i * s.k + kk]} * w.values[j * s.k + kk];
-            ref += term;
-            magnitude += std::fabs(term);
-          }
-          ASSERT_NEAR(y[i * s.n + j], ref, 1e-5 * magnitude + 1e-30) << "at " << i << "," << j;
-        }
-      }
+      expectNearReference(x, s.m, s.k, s.n, w.values, runMatmul(x, s.m, w));
     }
   }
 }
@@ -366,19 +373,7 @@ TEST_P(CpuKernels, MatmulFp8MatchesItsScaledValues) {
       const Fp8Weights w = makeFp8Weights(s.n, s.k, grid.scale_rows ? grid.scale_rows : s.n,
                                           grid.scale_cols ? grid.scale_cols : s.k, 7);
       const std::vector<float> x = randomFloats(static_cast<size_t>(s.m * s.k), 11);
-      const std::vector<float> y = runFp8Matmul(x, s.m, w);
-      for (int64_t i = 0; i < s.m; ++i) {
-        for (int64_t j = 0; j < s.n; ++j) {
-          double ref = 0.0;
-          double magnitude = 0.0;
-          for (int64_t kk = 0; kk < s.k; ++kk) {
-            const double term = double{x[i * s.k + kk]} * w.values[j * s.k + kk];
-            ref += term;
-            magnitude += std::fabs(term);
-          }
-          ASSERT_NEAR(y[i * s.n + j], ref, 1e-5 * magnitude + 1e-30) << "at " << i << "," << j;
-        }
-      }
+      expectNearReference(x, s.m, s.k, s.n, w.values, runFp8Matmul(x, s.m, w));
     }
   }
 }
