@@ -217,7 +217,7 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
   const bool quantizes_weights = std::any_of(groups.begin(), groups.end(), [](const json& group) {
     return group.is_object() && group.contains("weights") && !group["weights"].is_null();
   });
-  if (!quantizes_weights) return q;
+  if (!quantizes_weights) return Fp8Quantization{};
   const std::string format = reader.string("format", "float-quantized");
   if (format != "float-quantized" && format != "naive-quantized") {
     reader.fail("format", "is \"" + format +

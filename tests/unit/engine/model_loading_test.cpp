@@ -1352,11 +1352,14 @@ TEST(ModelConfigParsing, QuantizationConfigAcceptsFp8AndNamesWhatItRefuses) {
       "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}})"),
                                          "dir/config.json")
                    .quantized());
-  EXPECT_FALSE(ModelConfig::fromJsonText(
-                   minimalLlama(R"(, "quantization_config": {"quant_method": "compressed-tensors",
-                                   "config_groups": null, "kv_cache_scheme": {"num_bits": 8}})"),
-                   "dir/config.json")
-                   .quantized());
+  // Nothing of it is kept: the configuration is the unquantized one, as
+  // its config.json text says.
+  const ModelConfig kv_only = ModelConfig::fromJsonText(
+      minimalLlama(R"(, "quantization_config": {"quant_method": "compressed-tensors",
+                      "config_groups": null, "kv_cache_scheme": {"num_bits": 8}})"),
+      "dir/config.json");
+  EXPECT_EQ(kv_only.quantization, Fp8Quantization{});
+  EXPECT_EQ(ModelConfig::fromJsonText(kv_only.toJsonText(), "config.json"), kv_only);
 
   std::string message =
       parseError(minimalLlama(R"(, "quantization_config": {"quant_method": "awq", "bits": 4})"));
