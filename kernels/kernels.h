@@ -58,6 +58,10 @@ struct WeightView {
   int64_t scaleGridCols() const { return (cols + scale_cols - 1) / scale_cols; }
   // Floats of the scale grid (0 without scales).
   int64_t scaleCount() const { return scales == nullptr ? 0 : scaleGridRows() * scaleGridCols(); }
+  // The scale of element (row, col).
+  float scaleAt(int64_t row, int64_t col) const {
+    return scales[(row / scale_rows) * scaleGridCols() + col / scale_cols];
+  }
 };
 
 // Bytes of a WeightLayout::kRows view's data.

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "common/json_parse.h"
 #include "common/status.h"
@@ -122,34 +123,26 @@ class TensorSource {
                   " has no quantization_config to give its scales (accepted: quant_method fp8 "
                   "or compressed-tensors)");
     }
-    const std::string suffix = ".weight";
-    const std::string scale_name =
-        (name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name) + "." +
-        quantization_.scale_name;
+    const std::string scale_name = quantization_.scaleTensorOf(name);
     if (!has(scale_name)) {
       throw Error("tensor " + scale_name + ", the scales of fp8 tensor " + name +
                   ", is missing from " + fileOf(name));
     }
     const TensorInfo& scale = lookupAny(scale_name);
     kernels::WeightView view{tensor.data, tensor.dtype, rows, cols};
+    std::tie(view.scale_rows, view.scale_cols) = quantization_.scaleBlock(rows, cols);
+    // The grid's shape, and the forms checkpoints also write it in.
     std::vector<std::vector<int64_t>> accepted;
     switch (quantization_.granularity) {
       case Granularity::kTensor:
-        view.scale_rows = rows;
-        view.scale_cols = cols;
         accepted = {{}, {1}};
         break;
       case Granularity::kChannel:
-        view.scale_rows = 1;
-        view.scale_cols = cols;
         accepted = {{rows, 1}, {rows}};
         break;
       case Granularity::kBlock:
-        view.scale_rows = quantization_.block_rows;
-        view.scale_cols = quantization_.block_cols;
-        accepted = {{view.scaleGridRows(), view.scaleGridCols()}};
-        break;
       case Granularity::kNone:
+        accepted = {{view.scaleGridRows(), view.scaleGridCols()}};
         break;
     }
     if (std::find(accepted.begin(), accepted.end(), scale.shape) == accepted.end()) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -193,10 +194,8 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
     if (reader.has("weight_block_size")) {
       q.granularity = Granularity::kBlock;
       std::tie(q.block_rows, q.block_cols) = positivePair(reader, "weight_block_size");
-      q.scale_name = "weight_scale_inv";
     } else {
       q.granularity = Granularity::kTensor;
-      q.scale_name = "weight_scale";
     }
     return q;
   }
@@ -224,7 +223,6 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
                               "\", which is not supported (accepted: float-quantized, "
                               "naive-quantized with 8-bit float weights)");
   }
-  q.scale_name = "weight_scale";
   for (const auto& [group_name, group] : groups.items()) {
     const std::string prefix = std::string(kField) + ".config_groups." + group_name + ".";
     if (!group.is_object() || !group.contains("weights") || group["weights"].is_null()) continue;
@@ -500,6 +498,33 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     }
   }
   return config;
+}
+
+const char* Fp8Quantization::scaleName() const {
+  return method == "fp8" && granularity == Granularity::kBlock ? "weight_scale_inv"
+                                                               : "weight_scale";
+}
+
+std::string Fp8Quantization::scaleTensorOf(const std::string& weight) const {
+  constexpr std::string_view kWeight = "weight";
+  const std::string_view stem =
+      std::string_view(weight).ends_with(kWeight)
+          ? std::string_view(weight).substr(0, weight.size() - kWeight.size())
+          : std::string_view(weight);
+  return std::string(stem) + scaleName();
+}
+
+std::pair<int64_t, int64_t> Fp8Quantization::scaleBlock(int64_t rows, int64_t cols) const {
+  switch (granularity) {
+    case Granularity::kChannel:
+      return {1, cols};
+    case Granularity::kBlock:
+      return {block_rows, block_cols};
+    case Granularity::kNone:
+    case Granularity::kTensor:
+      break;
+  }
+  return {rows, cols};
 }
 
 const char* granularityName(Fp8Quantization::Granularity granularity) {

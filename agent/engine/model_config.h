@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -29,7 +30,7 @@ struct RopeScaling {
 
 // The quantization_config of an fp8 checkpoint (docs/quantization.md): its
 // F8_E4M3 matrices each come with float scales of one granularity, in the
-// tensor named as the matrix with "weight" replaced by scale_name.
+// tensor named as the matrix with "weight" replaced by scaleName().
 struct Fp8Quantization {
   enum class Granularity { kNone, kTensor, kChannel, kBlock };
   Granularity granularity = Granularity::kNone;
@@ -37,8 +38,14 @@ struct Fp8Quantization {
   // kBlock: each scale covers block_rows x block_cols weights.
   int64_t block_rows = 0;
   int64_t block_cols = 0;
+
   // "weight_scale_inv" (fp8 with weight_block_size), else "weight_scale".
-  std::string scale_name;
+  const char* scaleName() const;
+  // The scales' tensor of the matrix tensor `weight` (named "...weight").
+  std::string scaleTensorOf(const std::string& weight) const;
+  // The rows and columns of a rows x cols matrix one scale covers: all of
+  // them (tensor), one row (channel), or a block.
+  std::pair<int64_t, int64_t> scaleBlock(int64_t rows, int64_t cols) const;
 
   bool operator==(const Fp8Quantization&) const = default;
 };

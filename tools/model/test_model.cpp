@@ -133,7 +133,7 @@ int64_t colsOf(const TensorSpec& spec) { return spec.shape.size() > 1 ? spec.sha
 // one and two times half_width / 448 (drawn from a stream keyed by the
 // matrix's name), so no value saturates and neighbouring blocks differ.
 struct QuantizedLayout {
-  kernels::WeightView grid;  // the blocks only: rows, cols, scale_rows, scale_cols
+  kernels::WeightView grid;  // the scales' grid only (no data)
   std::vector<int64_t> shape;
   std::vector<float> scales;
 
@@ -142,10 +142,7 @@ struct QuantizedLayout {
     using Granularity = engine::Fp8Quantization::Granularity;
     grid.rows = rows;
     grid.cols = cols;
-    grid.scale_rows = q.granularity == Granularity::kTensor  ? rows
-                      : q.granularity == Granularity::kBlock ? q.block_rows
-                                                             : 1;
-    grid.scale_cols = q.granularity == Granularity::kBlock ? q.block_cols : cols;
+    std::tie(grid.scale_rows, grid.scale_cols) = q.scaleBlock(rows, cols);
     shape = q.granularity == Granularity::kTensor ? std::vector<int64_t>{1}
             : q.granularity == Granularity::kChannel
                 ? std::vector<int64_t>{rows, 1}
@@ -156,10 +153,7 @@ struct QuantizedLayout {
       const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
       scale = half_width / 448.0f * (1.0f + unit);
     }
-  }
-  float scaleOf(int64_t row, int64_t col) const {
-    return scales[static_cast<size_t>((row / grid.scale_rows) * grid.scaleGridCols() +
-                                      col / grid.scale_cols)];
+    grid.scales = scales.data();
   }
 };
 
@@ -177,10 +171,9 @@ void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors,
     if (tensor_spec.quantize) {
       layout = std::make_shared<QuantizedLayout>(quantization, tensor_name, rowsOf(tensor_spec),
                                                  colsOf(tensor_spec), tensor_spec.half_width, seed);
-      const std::string base = tensor_name.substr(0, tensor_name.size() - sizeof("weight") + 1);
       std::vector<uint8_t> scale_bytes(layout->scales.size() * sizeof(float));
       std::memcpy(scale_bytes.data(), layout->scales.data(), scale_bytes.size());
-      writer.add(base + quantization.scale_name, DType::kF32, layout->shape,
+      writer.add(quantization.scaleTensorOf(tensor_name), DType::kF32, layout->shape,
                  std::move(scale_bytes));
     }
     const DType tensor_dtype = layout ? DType::kF8E4M3 : dtype;
@@ -206,7 +199,7 @@ void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors,
                              for (size_t i = 0; i < count; ++i) {
                                const auto r = first + static_cast<int64_t>(i) / cols;
                                const auto c = static_cast<int64_t>(i) % cols;
-                               values[i] /= layout->scaleOf(r, c);
+                               values[i] /= layout->grid.scaleAt(r, c);
                              }
                            }
                            bytes.resize(count * element_bytes);
@@ -600,8 +593,6 @@ engine::Fp8Quantization parseQuantizationSpec(const std::string& spec) {
     throw Error("quantization \"" + spec + "\"" + accepted);
   }
   if (q.granularity != Granularity::kBlock) q.block_rows = q.block_cols = 0;
-  q.scale_name = q.method == "fp8" && q.granularity == Granularity::kBlock ? "weight_scale_inv"
-                                                                           : "weight_scale";
   return q;
 }
 

@@ -1323,13 +1323,13 @@ TEST(ModelConfigParsing, QuantizationConfigAcceptsFp8AndNamesWhatItRefuses) {
   EXPECT_EQ(config.quantization.granularity, Granularity::kBlock);
   EXPECT_EQ(config.quantization.block_rows, 128);
   EXPECT_EQ(config.quantization.block_cols, 64);
-  EXPECT_EQ(config.quantization.scale_name, "weight_scale_inv");
+  EXPECT_STREQ(config.quantization.scaleName(), "weight_scale_inv");
   config =
       ModelConfig::fromJsonText(minimalLlama(R"(, "quantization_config": {"quant_method": "fp8",
           "activation_scheme": "static"})"),
                                 "dir/config.json");
   EXPECT_EQ(config.quantization.granularity, Granularity::kTensor);
-  EXPECT_EQ(config.quantization.scale_name, "weight_scale");
+  EXPECT_STREQ(config.quantization.scaleName(), "weight_scale");
   // A compressed-tensors FP8-dynamic config as published.
   config = ModelConfig::fromJsonText(minimalLlama(R"(, "quantization_config": {
       "quant_method": "compressed-tensors", "format": "float-quantized",

@@ -195,8 +195,7 @@ std::vector<double> matrixValues(const kernels::WeightView& view) {
   if (view.scales != nullptr) {
     for (int64_t r = 0; r < view.rows; ++r) {
       for (int64_t c = 0; c < view.cols; ++c) {
-        values[static_cast<size_t>(r * view.cols + c)] *=
-            view.scales[(r / view.scale_rows) * view.scaleGridCols() + c / view.scale_cols];
+        values[static_cast<size_t>(r * view.cols + c)] *= view.scaleAt(r, c);
       }
     }
   }

@@ -324,9 +324,10 @@ struct Fp8Weights {
 Fp8Weights makeFp8Weights(int64_t rows, int64_t cols, int64_t scale_rows, int64_t scale_cols,
                           uint32_t seed) {
   Fp8Weights w{rows, cols, scale_rows, scale_cols, {}, {}, {}};
-  const WeightView grid = w.view();
-  w.scales = randomFloats(static_cast<size_t>(grid.scaleGridRows() * grid.scaleGridCols()),
+  const WeightView shape = w.view();
+  w.scales = randomFloats(static_cast<size_t>(shape.scaleGridRows() * shape.scaleGridCols()),
                           seed + 1, 1e-3f, 4e-3f);
+  const WeightView grid = w.view();
   // Values over the whole range, subnormals included.
   const std::vector<float> source = randomFloats(static_cast<size_t>(rows * cols), seed, -448, 448);
   w.bytes.resize(source.size());
@@ -336,9 +337,7 @@ Fp8Weights makeFp8Weights(int64_t rows, int64_t cols, int64_t scale_rows, int64_
       const auto i = static_cast<size_t>(r * cols + c);
       const float magnitude = std::ldexp(source[i], -static_cast<int>(i % 17));
       w.bytes[i] = f32ToF8e4m3(magnitude);
-      w.values[i] =
-          double{f8e4m3ToF32(w.bytes[i])} *
-          w.scales[static_cast<size_t>((r / scale_rows) * grid.scaleGridCols() + c / scale_cols)];
+      w.values[i] = double{f8e4m3ToF32(w.bytes[i])} * grid.scaleAt(r, c);
     }
   }
   return w;

@@ -185,13 +185,13 @@ TEST(TestModel, QuantizationSpecsAndTheirErrors) {
   using Granularity = engine::Fp8Quantization::Granularity;
   EXPECT_EQ(parseQuantizationSpec("fp8").granularity, Granularity::kBlock);
   EXPECT_EQ(parseQuantizationSpec("fp8").block_rows, 128);
-  EXPECT_EQ(parseQuantizationSpec("fp8:tensor").scale_name, "weight_scale");
+  EXPECT_STREQ(parseQuantizationSpec("fp8:tensor").scaleName(), "weight_scale");
   EXPECT_EQ(parseQuantizationSpec("compressed-tensors").granularity, Granularity::kChannel);
   const engine::Fp8Quantization block = parseQuantizationSpec("compressed-tensors:block=8x24");
   EXPECT_EQ(block.granularity, Granularity::kBlock);
   EXPECT_EQ(block.block_rows, 8);
   EXPECT_EQ(block.block_cols, 24);
-  EXPECT_EQ(block.scale_name, "weight_scale");
+  EXPECT_STREQ(block.scaleName(), "weight_scale");
   for (const char* bad : {"fp8:channel", "int8", "fp8:block=8", "fp8:block=0x4", "fp8:tensor=8x8",
                           "compressed-tensors:group"}) {
     SCOPED_TRACE(bad);
