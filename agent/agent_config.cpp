@@ -110,7 +110,9 @@ const std::vector<Row>& rows() {
        [](ServeOptions& o, const Value& v) { o.kv_cache_memory = v.text; }},
       integer("num_blocks", 0, kMaxNumBlocks, "KV blocks (0: as many as --kv-cache-memory holds)",
               &ServeOptions::num_blocks),
-      choice("kv_dtype", {"bf16", "f32"}, "KV cache dtype", &ServeOptions::kv_dtype),
+      choice("kv_dtype", {"bf16", "f32", "fp8"},
+             "KV cache dtype (fp8: e4m3 with the checkpoint's K/V scales, CPU)",
+             &ServeOptions::kv_dtype),
       choice("compute_dtype", {"f32", "bf16"},
              "what the GEMMs multiply: f32 (exact products) or bf16 (activations rounded to "
              "bf16; CPU, bf16 weights)",

@@ -89,13 +89,10 @@ int runGenerate(const GenerateOptions& options) {
         std::to_string(config.max_position_embeddings) + "), got " +
         std::to_string(options.max_tokens));
   }
-  auto kv_dtype = tandem::dtypeFromShortName(options.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != tandem::DType::kF32 && *kv_dtype != tandem::DType::kBF16)) {
-    throw tandem::Error("--kv-dtype must be f32 or bf16, got " + options.kv_dtype);
-  }
+  const tandem::DType kv_dtype = tandem::engine::kvDtypeFromName(options.kv_dtype);
 
   tandem::engine::KvCacheConfig kv_config =
-      tandem::engine::KvCacheConfig::forModel(config, *kv_dtype, options.block_size);
+      tandem::engine::KvCacheConfig::forModel(*model, kv_dtype, options.block_size);
   kv_config.num_blocks = (total + options.block_size - 1) / options.block_size;
   std::unique_ptr<tandem::kernels::Backend> backend =
       tandem::kernels::makeBackend(tandem::kernels::resolveDevice(options.device));
@@ -188,7 +185,7 @@ int main(int argc, char** argv) {
   generate->add_option("--model", gen.model_dir, "Hugging Face model directory")->required();
   generate->add_option("--prompt", gen.prompt, "prompt text")->required();
   generate->add_option("--max-tokens", gen.max_tokens, "tokens to generate")->capture_default_str();
-  generate->add_option("--kv-dtype", gen.kv_dtype, "KV cache dtype: bf16 or f32")
+  generate->add_option("--kv-dtype", gen.kv_dtype, "KV cache dtype: bf16, f32 or fp8")
       ->capture_default_str();
   generate->add_option("--block-size", gen.block_size, "KV block size in tokens")
       ->check(CLI::Range(1, 1024))

@@ -147,11 +147,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.block_size = o.block_size;
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");
-  auto kv_dtype = dtypeFromShortName(o.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != DType::kF32 && *kv_dtype != DType::kBF16)) {
-    throw Error("--kv-dtype must be f32 or bf16, got " + o.kv_dtype);
-  }
-  config.kv_dtype = *kv_dtype;
+  config.kv_dtype = engine::kvDtypeFromName(o.kv_dtype);
   config.compute_dtype = kernels::parseComputeDType(o.compute_dtype, "--compute-dtype");
   config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   config.scheduler.max_num_seqs = o.max_num_seqs;

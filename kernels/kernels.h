@@ -143,7 +143,9 @@ void addInPlace(float* y, const float* x, int64_t n);
 // base + b * block_bytes and holds, for every layer, K then V of block_size
 // tokens: element (layer, kv, token, kv_head, d) sits at element offset
 // (((layer * 2 + kv) * block_size + token) * num_kv_heads + kv_head) * head_dim + d
-// where kv is 0 for K and 1 for V. Elements are `dtype` (f32 or bf16).
+// where kv is 0 for K and 1 for V. Elements are `dtype`: f32, bf16 or
+// f8e4m3. An f8e4m3 element holds its value divided by its layer's K or V
+// scale (vLLM's fp8 KV cache: the value is the byte's times the scale).
 struct KvCacheLayout {
   void* base = nullptr;
   DType dtype = DType::kF32;
@@ -152,6 +154,13 @@ struct KvCacheLayout {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  // f8e4m3 caches: 2 * num_layers scales, layer l's K scale at 2l and its V
+  // scale at 2l + 1; null means every scale is 1. Unused by other dtypes.
+  const float* scales = nullptr;
+
+  float scale(int32_t layer, int kv) const {
+    return dtype == DType::kF8E4M3 && scales != nullptr ? scales[2 * layer + kv] : 1.0f;
+  }
 
   int64_t blockBytes() const {
     return int64_t{2} * num_layers * block_size * num_kv_heads * head_dim *
@@ -173,7 +182,8 @@ struct AttentionSequence {
 
 // Writes K and V rows (rows x num_kv_heads*head_dim, fp32) of `layer` into the
 // cache: row r goes to the block/slot of position first_position + (r - first_row)
-// of its sequence. Converts to the cache dtype (round to nearest even).
+// of its sequence. Converts to the cache dtype (round to nearest even; an
+// f8e4m3 cache stores each value divided by its scale, saturating at ±448).
 void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v,
              const AttentionSequence* sequences, int64_t num_sequences);
 

@@ -268,7 +268,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                 " " + std::to_string(context_limit));
   }
 
-  KvCacheConfig kv = KvCacheConfig::forModel(mc, config_.kv_dtype, config_.block_size);
+  KvCacheConfig kv = KvCacheConfig::forModel(*model_, config_.kv_dtype, config_.block_size);
   if (config_.num_blocks > 0) {
     kv.num_blocks = config_.num_blocks;
   } else if (simulated) {
@@ -302,6 +302,16 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     allocator = slabAllocatorFor(*backend_);
   }
   cache_ = std::make_unique<KvCache>(kv, std::move(allocator));
+  if (kv.dtype == DType::kF8E4M3) {
+    if (kv.scales.empty()) {
+      TANDEM_LOG(kWarn) << "KV cache fp8 (e4m3): the checkpoint has no K/V scales, so every "
+                           "scale is 1 (K/V values beyond +-448 saturate; "
+                           "docs/quantization.md#fp8-kv-cache)";
+    } else {
+      TANDEM_LOG(kInfo) << "KV cache fp8 (e4m3) with the checkpoint's K/V scales, layer 0: "
+                        << kv.scales[0] << "/" << kv.scales[1];
+    }
+  }
   cache_->attachBackend(backend_.get());
   // A simulated agent's blocks hold no model's KV: never mistaken for a real
   // agent's (block hashes and connector handshakes compare identities).

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "common/check.h"
@@ -18,6 +19,18 @@ void* HostSlabAllocator::allocate(size_t bytes) {
   return data;
 }
 
+DType kvDtypeFromName(std::string_view name, std::string_view option) {
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f32") return DType::kF32;
+  if (name == "fp8") return DType::kF8E4M3;
+  throw Error(std::string(option) + " must be bf16, f32 or fp8 (e4m3), got \"" +
+              std::string(name) + "\"");
+}
+
+const char* kvDtypeName(DType dtype) {
+  return dtype == DType::kF8E4M3 ? "fp8" : dtypeShortName(dtype);
+}
+
 void HostSlabAllocator::release(void* data, size_t bytes) { ::munmap(data, bytes); }
 
 int64_t KvCacheConfig::blockBytes() const {
@@ -32,9 +45,25 @@ int64_t KvCacheConfig::blocksForBytes(int64_t bytes) const {
 
 KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> allocator)
     : config_(config), allocator_(std::move(allocator)) {
-  if (config_.dtype != DType::kF32 && config_.dtype != DType::kBF16) {
-    throw Error(std::string("KV cache dtype must be f32 or bf16, got ") +
+  if (config_.dtype != DType::kF32 && config_.dtype != DType::kBF16 &&
+      config_.dtype != DType::kF8E4M3) {
+    throw Error(std::string("KV cache dtype must be f32, bf16 or fp8, got ") +
                 dtypeShortName(config_.dtype));
+  }
+  if (config_.dtype == DType::kF8E4M3 && !config_.scales.empty()) {
+    if (config_.scales.size() != static_cast<size_t>(2) * config_.num_layers) {
+      throw Error("an fp8 KV cache of " + std::to_string(config_.num_layers) +
+                  " layers needs " + std::to_string(2 * config_.num_layers) +
+                  " K/V scales, got " + std::to_string(config_.scales.size()));
+    }
+    for (size_t i = 0; i < config_.scales.size(); ++i) {
+      // The kernels multiply by scale x 2^8 and divide by it: both finite.
+      if (!(config_.scales[i] > 0.0f && config_.scales[i] <= 1e36f)) {
+        throw Error("fp8 KV cache " + std::string(i % 2 == 0 ? "K" : "V") + " scale of layer " +
+                    std::to_string(i / 2) + " is " + std::to_string(config_.scales[i]) +
+                    " (accepted: above 0, at most 1e36)");
+      }
+    }
   }
   if (config_.num_blocks <= 0 || config_.block_size <= 0 || config_.num_layers <= 0 ||
       config_.num_kv_heads <= 0 || config_.head_dim <= 0) {
@@ -97,13 +126,15 @@ std::unique_ptr<KvSlabAllocator> slabAllocatorFor(kernels::Backend& backend) {
   return std::make_unique<BackendSlabAllocator>(backend);
 }
 
-KvCacheConfig KvCacheConfig::forModel(const ModelConfig& model, DType dtype, int32_t block_size) {
+KvCacheConfig KvCacheConfig::forModel(const Model& model, DType dtype, int32_t block_size) {
+  const ModelConfig& c = model.config();
   KvCacheConfig config;
   config.block_size = block_size;
   config.dtype = dtype;
-  config.num_layers = static_cast<int32_t>(model.num_hidden_layers);
-  config.num_kv_heads = static_cast<int32_t>(model.num_key_value_heads);
-  config.head_dim = static_cast<int32_t>(model.head_dim);
+  config.num_layers = static_cast<int32_t>(c.num_hidden_layers);
+  config.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
+  config.head_dim = static_cast<int32_t>(c.head_dim);
+  if (dtype == DType::kF8E4M3) config.scales = model.kvCacheScales();
   return config;
 }
 
@@ -116,6 +147,7 @@ kernels::KvCacheLayout KvCache::layout() {
   layout.num_layers = config_.num_layers;
   layout.num_kv_heads = config_.num_kv_heads;
   layout.head_dim = config_.head_dim;
+  layout.scales = config_.scales.empty() ? nullptr : config_.scales.data();
   return layout;
 }
 

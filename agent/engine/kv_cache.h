@@ -15,9 +15,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "agent/engine/model_config.h"
+#include "agent/engine/model.h"
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
@@ -40,6 +41,13 @@ class KvSlabAllocator {
   // (e.g. device memory it then registers with a transport). Default: none.
   virtual void bindBackend(kernels::Backend& backend) {}
 };
+
+// The KV cache dtype a --kv-dtype value names: "bf16", "f32" or "fp8"
+// (f8e4m3, as vLLM's --kv-cache-dtype fp8). Throws tandem::Error naming
+// `option` and the accepted values.
+DType kvDtypeFromName(std::string_view name, std::string_view option = "--kv-dtype");
+// The --kv-dtype value naming `dtype`.
+const char* kvDtypeName(DType dtype);
 
 // Anonymous private host mapping (zero-filled by the kernel, page-aligned).
 class HostSlabAllocator : public KvSlabAllocator {
@@ -72,13 +80,18 @@ std::unique_ptr<KvSlabAllocator> slabAllocatorFor(kernels::Backend& backend);
 struct KvCacheConfig {
   int64_t num_blocks = 0;
   int32_t block_size = 16;
-  DType dtype = DType::kBF16;  // f32 or bf16
+  DType dtype = DType::kBF16;  // f32, bf16 or f8e4m3
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  // An f8e4m3 cache's K and V scale per layer (kernels::KvCacheLayout::scales:
+  // 2 * num_layers, positive and finite); empty means every scale is 1.
+  // Ignored by other dtypes.
+  std::vector<float> scales;
 
-  // Layers, KV heads and head size from `model` (num_blocks left at 0).
-  static KvCacheConfig forModel(const ModelConfig& model, DType dtype, int32_t block_size);
+  // Layers, KV heads and head size from `model` (num_blocks left at 0); an
+  // f8e4m3 cache also takes the checkpoint's K/V scales (Model::kvCacheScales).
+  static KvCacheConfig forModel(const Model& model, DType dtype, int32_t block_size);
 
   int64_t blockBytes() const;
   // Largest block count whose slab fits in `bytes` (0 when not even one fits).

@@ -93,6 +93,33 @@ class TensorSource {
     return views;
   }
 
+  // The first of `names` the checkpoint holds, read as one positive scale
+  // ([] or [1], F32/BF16/F16); nullopt when it holds none of them.
+  std::optional<float> scale(std::initializer_list<std::string> names) {
+    for (const std::string& name : names) {
+      if (!has(name)) continue;
+      const TensorInfo& tensor = lookupAny(name);
+      if (tensor.shape != std::vector<int64_t>{} && tensor.shape != std::vector<int64_t>{1}) {
+        throw Error("tensor " + name + " in " + fileOf(name) + " has shape " +
+                    shapeText(tensor.shape) + ", expected [] or [1] (one KV cache scale)");
+      }
+      if (tensor.dtype == DType::kF8E4M3) {
+        throw Error("tensor " + name + " in " + fileOf(name) +
+                    " has dtype F8_E4M3 (accepted for scales: F32, BF16, F16)");
+      }
+      float value = 0.0f;
+      convertToF32(tensor.dtype, tensor.data, &value, 1);
+      // NaN fails the comparisons.
+      if (!(value > 0.0f && value <= 1e36f)) {
+        throw Error("tensor " + name + " in " + fileOf(name) + " holds " + std::to_string(value) +
+                    " (accepted: a KV cache scale above 0, at most 1e36)");
+      }
+      used_bytes += tensor.num_bytes;
+      return value;
+    }
+    return std::nullopt;
+  }
+
   // Whether the checkpoint holds a tensor of that name.
   bool has(const std::string& name) const {
     if (!index_path_.empty()) return weight_map_.count(name) > 0;
@@ -388,6 +415,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       layer.up_proj = source.matrix(prefix + "mlp.up_proj.weight", inter, hidden);
       layer.down_proj = source.matrix(prefix + "mlp.down_proj.weight", hidden, inter);
     }
+    const std::string attn = prefix + "self_attn.";
+    layer.k_cache_scale =
+        source.scale({attn + "k_scale", attn + "k_proj.output_scale", attn + "kv_scale"});
+    layer.v_cache_scale =
+        source.scale({attn + "v_scale", attn + "v_proj.output_scale", attn + "kv_scale"});
     layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
     layer.post_attention_layernorm =
         source.vector(prefix + "post_attention_layernorm.weight", hidden);
@@ -401,6 +433,18 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   model->weight_dtype_ = *source.matrix_dtype;
   model->weight_bytes_ = source.used_bytes;
   return model;
+}
+
+std::vector<float> Model::kvCacheScales() const {
+  std::vector<float> scales;
+  bool any = false;
+  for (const LayerWeights& layer : weights_.layers) {
+    scales.push_back(layer.k_cache_scale.value_or(1.0f));
+    scales.push_back(layer.v_cache_scale.value_or(1.0f));
+    any = any || layer.k_cache_scale || layer.v_cache_scale;
+  }
+  if (!any) scales.clear();
+  return scales;
 }
 
 const std::string& Model::weightsDigest() const {

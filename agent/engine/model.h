@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "agent/engine/model_config.h"
@@ -71,6 +72,9 @@ struct LayerWeights {
   std::vector<float> input_layernorm, post_attention_layernorm;
   std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
   std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm
+  // The K and V scales of an fp8 KV cache, when the checkpoint has them
+  // (Model::kvCacheScales).
+  std::optional<float> k_cache_scale, v_cache_scale;
 };
 
 struct ModelWeights {
@@ -92,6 +96,12 @@ class Model {
   DType weightDType() const { return weight_dtype_; }
   // How many matrices are F8_E4M3 (each with its scales).
   size_t fp8Matrices() const { return scales_.size(); }
+  // The checkpoint's fp8 KV cache scales, as kernels::KvCacheLayout::scales
+  // wants them (layer l's K scale at 2l, V at 2l + 1), 1 for a layer without
+  // them; empty when no layer has any. Read, as vLLM does, from
+  // model.layers.<l>.self_attn.{k_scale, v_scale}, else
+  // self_attn.{k_proj, v_proj}.output_scale, else the one self_attn.kv_scale.
+  std::vector<float> kvCacheScales() const;
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
   // The weights' content, 16 hex digits: xxh3-64 over each weight file's

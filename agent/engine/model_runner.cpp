@@ -111,6 +111,12 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
                 " scales), which run on the CPU backend only (" + backend_.description() +
                 " is not one: start it with --device cpu; docs/quantization.md)");
   }
+  if (kv.dtype == DType::kF8E4M3 && !backend_.hostAccessible()) {
+    throw Error("an fp8 KV cache (--kv-dtype fp8) runs on the CPU backend only (" +
+                backend_.description() +
+                " is not one: start it with --device cpu, or give it --kv-dtype bf16; "
+                "docs/quantization.md#fp8-kv-cache)");
+  }
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));

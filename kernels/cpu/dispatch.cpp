@@ -414,8 +414,9 @@ namespace {
 
 void checkSequences(const KvCacheLayout& cache, int32_t layer, const AttentionSequence* sequences,
                     int64_t num_sequences) {
-  TANDEM_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16,
-               "KV cache dtype must be f32 or bf16");
+  TANDEM_CHECK(
+      cache.dtype == DType::kF32 || cache.dtype == DType::kBF16 || cache.dtype == DType::kF8E4M3,
+      "KV cache dtype must be f32, bf16 or f8e4m3");
   TANDEM_CHECK(layer >= 0 && layer < cache.num_layers, "KV cache layer out of range");
   TANDEM_CHECK(cache.block_size > 0, "KV cache block_size must be positive");
   for (int64_t s = 0; s < num_sequences; ++s) {
@@ -436,6 +437,7 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
   const int64_t width = int64_t{cache.num_kv_heads} * cache.head_dim;
   const size_t element_bytes = dtypeSize(cache.dtype);
   const int64_t block_bytes = cache.blockBytes();
+  const float scales[2] = {cache.scale(layer, 0), cache.scale(layer, 1)};
   for (int64_t s = 0; s < num_sequences; ++s) {
     const AttentionSequence& seq = sequences[s];
     for (int64_t r = 0; r < seq.num_rows; ++r) {
@@ -447,9 +449,14 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
       const int64_t row = seq.first_row + r;
       for (int kv = 0; kv < 2; ++kv) {
         const int64_t element = ((int64_t{layer} * 2 + kv) * cache.block_size + slot) * width;
-        convertFromF32(cache.dtype, (kv == 0 ? k : v) + row * width,
-                       block_base + element * static_cast<int64_t>(element_bytes),
-                       static_cast<size_t>(width));
+        const float* src = (kv == 0 ? k : v) + row * width;
+        char* dst = block_base + element * static_cast<int64_t>(element_bytes);
+        if (cache.dtype == DType::kF8E4M3) {
+          auto* bytes = reinterpret_cast<uint8_t*>(dst);
+          for (int64_t i = 0; i < width; ++i) bytes[i] = f32ToF8e4m3(src[i] / scales[kv]);
+        } else {
+          convertFromF32(cache.dtype, src, dst, static_cast<size_t>(width));
+        }
       }
     }
   }
@@ -468,6 +475,10 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
   const int64_t group = num_heads / cache.num_kv_heads;
   const int64_t slot_stride = int64_t{cache.num_kv_heads} * head_dim;
   const int64_t layer_stride = int64_t{cache.block_size} * slot_stride;
+  // An f8e4m3 element is read as its value x 2^-8 (AttentionQuery).
+  const float unscale = cache.dtype == DType::kF8E4M3 ? 256.0f : 1.0f;
+  const float key_factor = unscale * cache.scale(layer, 0);
+  const float value_factor = unscale * cache.scale(layer, 1);
 
   // row_start[s]: index of sequence s's first row among all rows of the call.
   std::vector<int64_t> row_start(static_cast<size_t>(num_sequences) + 1, 0);
@@ -514,7 +525,8 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
     query.v_offset = (int64_t{layer} * 2 + 1) * layer_stride + kv_head * head_dim;
     query.slot_stride = slot_stride;
     query.position = seq.first_position + r;
-    query.scale = scale;
+    query.scale = scale * key_factor;
+    query.value_scale = value_factor;
     isa.attendQuery(query, scores.data());
   });
 }

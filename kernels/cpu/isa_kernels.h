@@ -47,7 +47,12 @@ struct AttentionQuery {
   int64_t v_offset = 0;
   int64_t slot_stride = 0;
   int64_t position = 0;
+  // Scores are q.k x scale; the output is the softmax-weighted sum of V
+  // rows x value_scale. With an f8e4m3 cache the loaders read each element
+  // as its value x 2^-8 (exact: kernels.h), and these factors carry the 2^8
+  // and the layer's K/V scales; other caches have value_scale 1.
   float scale = 1.0f;
+  float value_scale = 1.0f;
 };
 
 // Walks the K (kv = 0) or V (kv = 1) rows of positions 0, 1, 2, ... of one

@@ -338,7 +338,7 @@ void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, f
 
   alignas(32) float out[kMaxHeadDim + kValueChunksPerPass * kLanes];
   alignas(32) float value[kMaxHeadDim + kValueChunksPerPass * kLanes];
-  const __m256 divisor = _mm256_set1_ps(sum);
+  const __m256 divisor = _mm256_set1_ps(sum / a.value_scale);
   for (int64_t pass = 0; pass < passes; ++pass) {
     const int64_t c0 = pass * kValueChunksPerPass;
     __m256 acc[kValueChunksPerPass];
@@ -369,6 +369,8 @@ void attendQuery(const AttentionQuery& a, float* scores) {
     float* out = a.out + h * a.head_dim;
     if (a.cache_dtype == DType::kBF16) {
       attendHead<Bf16Loader>(a, q, out, scores);
+    } else if (a.cache_dtype == DType::kF8E4M3) {
+      attendHead<F8Loader>(a, q, out, scores);
     } else {
       attendHead<F32Loader>(a, q, out, scores);
     }

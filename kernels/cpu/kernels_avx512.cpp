@@ -544,7 +544,8 @@ void attendHeads(const AttentionQuery& a, float* scores) {
   __m512 divisor[Heads];
   for (int g = 0; g < Heads; ++g) {
     float* head_scores = scores + g * count;
-    divisor[g] = _mm512_set1_ps(expShiftAndSum(head_scores, count, maxOf(head_scores, count)));
+    divisor[g] = _mm512_set1_ps(expShiftAndSum(head_scores, count, maxOf(head_scores, count)) /
+                                a.value_scale);
   }
 
   // out = sum_t p_t v_t in t order, kValueChunksPerPass * 16 dims per pass
@@ -597,6 +598,8 @@ void attendTyped(const AttentionQuery& a, float* scores) {
 void attendQuery(const AttentionQuery& query, float* scores) {
   if (query.cache_dtype == DType::kBF16) {
     attendTyped<Bf16Loader>(query, scores);
+  } else if (query.cache_dtype == DType::kF8E4M3) {
+    attendTyped<F8Loader>(query, scores);
   } else {
     attendTyped<F32Loader>(query, scores);
   }

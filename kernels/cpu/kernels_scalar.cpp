@@ -90,6 +90,10 @@ void readRow(DType dtype, const void* src, float* out, int64_t n) {
   if (dtype == DType::kBF16) {
     const auto* s = static_cast<const uint16_t*>(src);
     for (int64_t i = 0; i < n; ++i) out[i] = bf16ToF32(s[i]);
+  } else if (dtype == DType::kF8E4M3) {
+    // As the vector kernels: the value x 2^-8 (AttentionQuery).
+    const auto* s = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n; ++i) out[i] = f16ToF32(f8e4m3ToScaledF16(s[i]));
   } else {
     std::copy_n(static_cast<const float*>(src), n, out);
   }
@@ -112,7 +116,8 @@ void attendHead(const AttentionQuery& a, const float* q, float* out, float* scor
     readRow(a.cache_dtype, values.next(), row, head_dim);
     for (int64_t d = 0; d < head_dim; ++d) acc[d] += scores[t] * row[d];
   }
-  for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d] / sum;
+  const float divisor = sum / a.value_scale;
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d] / divisor;
 }
 
 void attendQuery(const AttentionQuery& a, float* scores) {

@@ -73,7 +73,7 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
     fail(context, path, "sets both numBlocks and kvCacheMemory: set one", node);
   }
   if (auto value = reader.get("kvDtype")) {
-    engine.kv_dtype = readEnum(*value, reader.pathOf("kvDtype"), context, {"bf16", "f32"});
+    engine.kv_dtype = readEnum(*value, reader.pathOf("kvDtype"), context, {"bf16", "f32", "fp8"});
   }
   if (auto value = reader.get("computeDtype")) {
     engine.compute_dtype =

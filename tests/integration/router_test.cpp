@@ -60,7 +60,8 @@ std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLor
 
 class RouterTest : public RouterCluster {
  protected:
-  json expectDisaggregatedExactly(const fs::path& model);
+  json expectDisaggregatedExactly(const fs::path& model,
+                                  const std::vector<std::string>& agent_args = {});
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
   void start(int prefills, int decodes, Policy policy = Policy::kKv,
              int64_t disagg_threshold_tokens = 16, int64_t max_inflight = 256,
@@ -1487,8 +1488,10 @@ TEST_F(RouterTest, ADecodePoolThatSpeculatesAnswersAsOneThatDoesNot) {
 // fp8 weights) keeps the P->D hand-off exact: a greedy request with
 // logprobs and a seeded sampled one, disaggregated, answer as a colocated
 // agent does, whole and streamed. Returns the colocated greedy answer.
-json RouterTest::expectDisaggregatedExactly(const fs::path& model) {
-  const std::vector<std::string> kv = {"--kv-cache-memory", "64MiB"};
+json RouterTest::expectDisaggregatedExactly(const fs::path& model,
+                                            const std::vector<std::string>& agent_args) {
+  std::vector<std::string> kv = {"--kv-cache-memory", "64MiB"};
+  kv.insert(kv.end(), agent_args.begin(), agent_args.end());
   RouterClusterOptions options;
   options.model = model;
   options.agent_args = [&](bool, int) { return kv; };
@@ -1544,6 +1547,25 @@ TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {
   json body = greedy(randomPrompt(70, 71), 24);
   body["logprobs"] = 2;
   EXPECT_NE(unquantized.post("/v1/completions", body)["choices"][0]["logprobs"],
+            answer["choices"][0]["logprobs"]);
+}
+
+// An fp8 KV cache with the checkpoint's scales (docs/quantization.md): the
+// blocks that move are fp8 bytes, and the decode agent continues from them
+// with the bits a colocated agent has.
+TEST_F(RouterTest, AnFp8KvCacheIsDisaggregatedExactly) {
+  static TempDir dir("tandem-router-fp8-kv");
+  tandem::tools::TestModelOptions options;
+  options.seed = 31;
+  options.kv_cache_scales = true;
+  tandem::tools::writeTestModel(options, dir.path());
+  const json answer = expectDisaggregatedExactly(dir.path(), {"--kv-dtype", "fp8"});
+  // A bf16 cache of the same model gives other log-probabilities: the fp8
+  // cache is what ran.
+  Agent bf16({}, dir.path());
+  json body = greedy(randomPrompt(70, 71), 24);
+  body["logprobs"] = 2;
+  EXPECT_NE(bf16.post("/v1/completions", body)["choices"][0]["logprobs"],
             answer["choices"][0]["logprobs"]);
 }
 

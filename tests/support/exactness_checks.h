@@ -121,7 +121,7 @@ inline const engine::Model& exactnessModel(const std::string& architecture, DTyp
 inline std::unique_ptr<engine::KvCache> makeCacheOn(kernels::Backend& backend,
                                                     const engine::Model& model, DType kv_dtype,
                                                     int64_t num_blocks) {
-  engine::KvCacheConfig config = engine::KvCacheConfig::forModel(model.config(), kv_dtype, 16);
+  engine::KvCacheConfig config = engine::KvCacheConfig::forModel(model, kv_dtype, 16);
   config.num_blocks = num_blocks;
   return std::make_unique<engine::KvCache>(config, engine::slabAllocatorFor(backend));
 }

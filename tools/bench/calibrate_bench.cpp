@@ -110,10 +110,7 @@ int runCalibrateBench(const CalibrateBenchOptions& options) {
   if (options.block_size < 1) {
     throw Error("--block-size must be at least 1, got " + std::to_string(options.block_size));
   }
-  auto kv_dtype = dtypeFromShortName(options.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != DType::kF32 && *kv_dtype != DType::kBF16)) {
-    throw Error("--kv-dtype must be f32 or bf16, got " + options.kv_dtype);
-  }
+  const DType kv_dtype = engine::kvDtypeFromName(options.kv_dtype);
   if (options.threads > 0) kernels::setNumThreads(options.threads);
   std::unique_ptr<kernels::Backend> backend =
       kernels::makeBackend(kernels::resolveDevice(options.device));
@@ -141,7 +138,7 @@ int runCalibrateBench(const CalibrateBenchOptions& options) {
     }
     num_blocks = std::max(num_blocks, blocks);
   }
-  engine::KvCacheConfig kv = engine::KvCacheConfig::forModel(config, *kv_dtype, options.block_size);
+  engine::KvCacheConfig kv = engine::KvCacheConfig::forModel(*model, kv_dtype, options.block_size);
   kv.num_blocks = num_blocks;
   engine::KvCache cache(kv, engine::slabAllocatorFor(*backend));
   engine::ModelRunner runner(*model, cache, *backend);

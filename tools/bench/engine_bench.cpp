@@ -339,10 +339,7 @@ int runEngineBench(const EngineBenchOptions& options) {
     throw Error("--prompt-tokens plus --decode-tokens must not exceed the model's context of " +
                 std::to_string(config.max_position_embeddings));
   }
-  auto kv_dtype = dtypeFromShortName(options.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != DType::kF32 && *kv_dtype != DType::kBF16)) {
-    throw Error("--kv-dtype must be f32 or bf16, got " + options.kv_dtype);
-  }
+  const DType kv_dtype = engine::kvDtypeFromName(options.kv_dtype);
 
   if (options.batch < 1)
     throw Error("--batch must be at least 1, got " + std::to_string(options.batch));
@@ -350,7 +347,7 @@ int runEngineBench(const EngineBenchOptions& options) {
     throw Error("--copy-mib must be at least 1, got " + std::to_string(options.copy_mib));
   }
   const int64_t blocks_per_sequence = (options.prompt_tokens + options.decode_tokens + 15) / 16;
-  engine::KvCacheConfig kv = engine::KvCacheConfig::forModel(config, *kv_dtype, 16);
+  engine::KvCacheConfig kv = engine::KvCacheConfig::forModel(*model, kv_dtype, 16);
   kv.num_blocks = blocks_per_sequence * options.batch;
   engine::KvCache cache(kv, engine::slabAllocatorFor(*backend));
   // --profile-ops: the runner talks to the backend through a profiler, idle

@@ -437,10 +437,7 @@ void validate(const TransferBenchOptions& options) {
   if (options.repeats < 1 || options.repeats > 100) {
     throw Error("--repeats must be between 1 and 100, got " + std::to_string(options.repeats));
   }
-  const auto kv_dtype = dtypeFromShortName(options.kv_dtype);
-  if (!kv_dtype || (*kv_dtype != DType::kF32 && *kv_dtype != DType::kBF16)) {
-    throw Error("--kv-dtype must be bf16 or f32, got " + options.kv_dtype);
-  }
+  engine::kvDtypeFromName(options.kv_dtype);
 }
 
 std::string ratioText(double numerator, double denominator) {
@@ -474,7 +471,7 @@ int runTransferBench(const TransferBenchOptions& options) {
   const engine::ModelConfig config = engine::ModelConfig::fromFile(model_dir / "config.json");
   engine::KvCacheConfig kv;
   kv.block_size = options.block_size;
-  kv.dtype = *dtypeFromShortName(options.kv_dtype);
+  kv.dtype = engine::kvDtypeFromName(options.kv_dtype);
   kv.num_layers = static_cast<int32_t>(config.num_hidden_layers);
   kv.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
   kv.head_dim = static_cast<int32_t>(config.head_dim);

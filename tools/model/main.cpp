@@ -6,6 +6,7 @@
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|qwen2|qwen3|mixtral|qwen3_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
+//                [--kv-cache-scales]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
 //                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
 //                [--token-source TEXT] [--termination-log PATH] [--tokenizer-only]
@@ -174,9 +175,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));
   app.add_option("--seed", seed, "weight seed");
   std::string quantize;
+  bool kv_cache_scales = false;
   app.add_option("--quantize", quantize,
                  "fp8 weights: fp8[:tensor|:block[=RxC]] or "
                  "compressed-tensors[:tensor|:channel|:block[=RxC]] (docs/quantization.md)");
+  app.add_flag("--kv-cache-scales", kv_cache_scales,
+               "fp8 KV cache scales: self_attn.k_scale and v_scale per layer "
+               "(docs/quantization.md#fp8-kv-cache)");
   app.add_option("--arch", arch, "architecture")
       ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"}));
   try {
@@ -218,6 +223,7 @@ int main(int argc, char** argv) {
   options.architecture = architectures.at(arch);
   options.dtype = *tandem::dtypeFromShortName(dtype_name);
   options.seed = seed;
+  options.kv_cache_scales = kv_cache_scales;
 
   try {
     if (!quantize.empty()) options.quantization = tandem::tools::parseQuantizationSpec(quantize);

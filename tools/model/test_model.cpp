@@ -163,9 +163,15 @@ struct QuantizedLayout {
 // generated value divided by its scale and rounded, with their scales.
 void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors, DType dtype,
                                uint64_t seed, const fs::path& path,
-                               const engine::Fp8Quantization& quantization = {}) {
+                               const engine::Fp8Quantization& quantization = {},
+                               const std::map<std::string, float>& scalars = {}) {
   constexpr int64_t kChunkElements = int64_t{1} << 22;
   engine::SafetensorsWriter writer;
+  for (const auto& [name, value] : scalars) {
+    std::vector<uint8_t> bytes(sizeof(float));
+    std::memcpy(bytes.data(), &value, sizeof value);
+    writer.add(name, DType::kF32, {}, std::move(bytes));
+  }
   for (const auto& [tensor_name, tensor_spec] : tensors) {
     std::shared_ptr<const QuantizedLayout> layout;
     if (tensor_spec.quantize) {
@@ -484,8 +490,10 @@ std::string generationConfigJson(const TrainedTokenizer& tokenizer, const ModelC
 // experts' included, as published fp8 checkpoints do; the embedding, the LM
 // head and a mixture's router stay in `dtype`.
 void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
-                  const std::vector<std::string>& tokens, const fs::path& path) {
+                  const std::vector<std::string>& tokens, bool kv_cache_scales,
+                  const fs::path& path) {
   std::map<std::string, TensorSpec> tensors;
+  std::map<std::string, float> scalars;
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
     tensors[name] = {{rows, cols}, 0.0f, std::sqrt(3.0f / static_cast<float>(cols)), {}};
   };
@@ -534,6 +542,13 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       projection(prefix + "mlp.up_proj.weight", inter, hidden);
       projection(prefix + "mlp.down_proj.weight", hidden, inter);
     }
+    if (kv_cache_scales) {
+      SplitMix64 rng(fnv1a(prefix + "kv_cache_scales") ^ (seed * 0x9e3779b97f4a7c15ull));
+      for (const char* name : {"self_attn.k_scale", "self_attn.v_scale"}) {
+        const float unit = static_cast<float>(rng.next() >> 40) * 0x1p-24f;
+        scalars[prefix + name] = 6.0f / 448.0f * (1.0f + unit);
+      }
+    }
     vector(prefix + "input_layernorm.weight", hidden, 1.0f, kNormNoise);
     vector(prefix + "post_attention_layernorm.weight", hidden, 1.0f, kNormNoise);
   }
@@ -550,7 +565,7 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
              !isPlainText(tokens[static_cast<size_t>(id)]);
     };
   }
-  writeSafetensorsStreaming(tensors, dtype, seed, path, config.quantization);
+  writeSafetensorsStreaming(tensors, dtype, seed, path, config.quantization, scalars);
 }
 
 }  // namespace
@@ -624,7 +639,7 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   writeFile(out_dir / "tokenizer.json", tokenizerJson(tokenizer));
   writeFile(out_dir / "tokenizer_config.json", tokenizerConfigJson(tokenizer, config));
   writeWeights(config, options.dtype, options.seed, tokenizer.bpe.tokens,
-               out_dir / "model.safetensors");
+               options.kv_cache_scales, out_dir / "model.safetensors");
 }
 
 void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelConfig& base,

@@ -34,6 +34,11 @@ struct TestModelOptions {
   // scales of this granularity, config.json's quantization_config as the
   // method writes it. Default: none.
   engine::Fp8Quantization quantization;
+  // An fp8 KV cache's scales (docs/quantization.md#fp8-kv-cache), as
+  // llm-compressor writes them: model.layers.<l>.self_attn.k_scale and
+  // v_scale, F32 of shape [], drawn per layer between 6/448 and 12/448 (a
+  // K/V value up to 6 to 12 stays below fp8's largest, 448).
+  bool kv_cache_scales = false;
 };
 
 // The quantization a --quantize value names: METHOD:GRANULARITY[=RxC] with

@@ -65,7 +65,7 @@ TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
            {"shutdown_timeout", "1e308",
             "must be a number of seconds between 0 and 86400, got 1e308"},
            {"shutdown_timeout", "-1", "must be a number of seconds between 0 and 86400, got -1"},
-           {"kv_dtype", "f16", "must be one of bf16, f32, got \"f16\""},
+           {"kv_dtype", "f16", "must be one of bf16, f32, fp8, got \"f16\""},
            {"compute_dtype", "f16", "must be one of f32, bf16, got \"f16\""},
            {"cuda_kernels", "turbo", "must be one of auto, reference, fast, flash, got \"turbo\""},
            {"role", "reader", "must be one of prefill, decode, both, got \"reader\""},

@@ -234,15 +234,16 @@ TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
       << result.message();
 }
 
-// A mixture of experts, and a model with fp8 weights, run on the CPU
-// backend; any other refuses them when the runner is made, naming what the
-// model is and the backend.
+// A mixture of experts, a model with fp8 weights and an fp8 KV cache run
+// on the CPU backend; any other refuses them when the runner is made,
+// naming what the model or cache is and the backend.
 class CpuOnlyModelTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
 
 TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
   struct Case {
     const Model& model;
     std::string refusal;
+    DType kv_dtype = DType::kF32;
   };
   const Case cases[] = {
       {::tandem::testing::exactnessModel("MixtralForCausalLM", DType::kBF16),
@@ -251,12 +252,14 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
                                          "compressed-tensors:channel"),
        "has fp8 weights (compressed-tensors, channel scales), which run on the CPU backend "
        "only ("},
+      {::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16),
+       "an fp8 KV cache (--kv-dtype fp8) runs on the CPU backend only (", DType::kF8E4M3},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   for (const Case& c : cases) {
     SCOPED_TRACE(c.refusal);
     const std::unique_ptr<KvCache> cache =
-        ::tandem::testing::makeCacheOn(backend, c.model, DType::kF32, 4);
+        ::tandem::testing::makeCacheOn(backend, c.model, c.kv_dtype, 4);
     if (GetParam() == kernels::DeviceKind::kCpu) {
       EXPECT_NO_THROW(ModelRunner(c.model, *cache, backend));
       continue;

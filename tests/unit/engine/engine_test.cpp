@@ -1385,10 +1385,12 @@ TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
 // batched with drafts give the same tokens and logprob bits; follow-ups hit
 // every full block of prompt and answer in the prefix cache and continue
 // alike; every block comes back.
-void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& model) {
+void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& model,
+                                                 DType kv_dtype = DType::kBF16) {
   auto config = [&](int32_t drafts) {
     EngineConfig c = speculatingConfig(drafts);
     c.model_dir = model;
+    c.kv_dtype = kv_dtype;
     return c;
   };
   std::vector<Request> requests;
@@ -1441,6 +1443,17 @@ TEST(EngineFp8, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   options.quantization = tools::parseQuantizationSpec("compressed-tensors:channel");
   tools::writeTestModel(options, dir.path());
   expectAloneBatchedSpeculatedAndCachedAlike(dir.path());
+}
+
+// An fp8 KV cache with the checkpoint's K/V scales
+// (docs/quantization.md#fp8-kv-cache).
+TEST(EngineFp8KvCache, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
+  ::tandem::testing::TempDir dir("tandem-engine-fp8-kv");
+  tools::TestModelOptions options;
+  options.seed = 9;
+  options.kv_cache_scales = true;
+  tools::writeTestModel(options, dir.path());
+  expectAloneBatchedSpeculatedAndCachedAlike(dir.path(), DType::kF8E4M3);
 }
 
 // An answer that ends inside a step's drafts (a stop string, max_tokens,

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -90,7 +91,7 @@ TEST(KvCache, RefusesBadConfigurations) {
     KvCache cache(config, std::make_unique<HostSlabAllocator>());
     FAIL() << "f16 KV cache accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("must be f32 or bf16, got f16"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("must be f32, bf16 or fp8, got f16"), std::string::npos);
   }
   config = smallConfig();
   config.num_blocks = 0;
@@ -100,6 +101,72 @@ TEST(KvCache, RefusesBadConfigurations) {
     FAIL() << "failed allocation not reported";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("failing allocator"), std::string::npos) << e.what();
+  }
+}
+
+// An fp8 cache holds one byte per element and hands the kernels its
+// per-layer K/V scales; other dtypes ignore scales.
+TEST(KvCache, Fp8CachesHalveBf16BlocksAndCarryTheirScales) {
+  KvCacheConfig config = smallConfig();
+  const int64_t bf16_block = config.blockBytes();
+  config.dtype = DType::kF8E4M3;
+  EXPECT_EQ(config.blockBytes() * 2, bf16_block);
+  {
+    KvCache cache(config, std::make_unique<HostSlabAllocator>());
+    EXPECT_EQ(cache.layout().scales, nullptr);
+    EXPECT_EQ(cache.layout().scale(1, 1), 1.0f);
+  }
+  config.scales = {0.5f, 0.25f, 3.0f, 0.125f};
+  KvCache cache(config, std::make_unique<HostSlabAllocator>());
+  const kernels::KvCacheLayout layout = cache.layout();
+  EXPECT_EQ(layout.scale(0, 0), 0.5f);
+  EXPECT_EQ(layout.scale(0, 1), 0.25f);
+  EXPECT_EQ(layout.scale(1, 0), 3.0f);
+  EXPECT_EQ(layout.scale(1, 1), 0.125f);
+  config.dtype = DType::kBF16;
+  EXPECT_EQ(KvCache(config, std::make_unique<HostSlabAllocator>()).layout().scale(1, 0), 1.0f);
+}
+
+TEST(KvCache, RefusesFp8ScalesItCannotUse) {
+  struct Case {
+    std::vector<float> scales;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{0.5f, 0.5f}, "an fp8 KV cache of 2 layers needs 4 K/V scales, got 2"},
+      {{0.5f, 0.5f, 0.0f, 0.5f}, "fp8 KV cache K scale of layer 1 is 0.000000"},
+      {{0.5f, -1.0f, 0.5f, 0.5f}, "fp8 KV cache V scale of layer 0 is -1.000000"},
+      {{0.5f, 0.5f, 0.5f, std::nanf("")}, "V scale of layer 1 is nan"},
+      {{0.5f, 0.5f, 2e36f, 0.5f}, "(accepted: above 0, at most 1e36)"},
+  };
+  for (const Case& c : cases) {
+    KvCacheConfig config = smallConfig();
+    config.dtype = DType::kF8E4M3;
+    config.scales = c.scales;
+    try {
+      KvCache cache(config, std::make_unique<HostSlabAllocator>());
+      ADD_FAILURE() << "accepted scales for: " << c.message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(KvCache, KvDtypeNamesAreTheOptionsValues) {
+  EXPECT_EQ(kvDtypeFromName("bf16"), DType::kBF16);
+  EXPECT_EQ(kvDtypeFromName("f32"), DType::kF32);
+  EXPECT_EQ(kvDtypeFromName("fp8"), DType::kF8E4M3);
+  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF8E4M3}) {
+    EXPECT_EQ(kvDtypeFromName(kvDtypeName(dtype)), dtype);
+  }
+  for (const char* bad : {"f16", "f8e4m3", "fp8_e5m2", "FP8", ""}) {
+    try {
+      kvDtypeFromName(bad, "--kv-dtype");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("--kv-dtype must be bf16, f32 or fp8 (e4m3), got \"") +
+                                           bad + "\"");
+    }
   }
 }
 

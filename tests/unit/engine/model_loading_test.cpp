@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -656,18 +657,22 @@ fs::path writeTinyFp8(const fs::path& dir, const std::string& spec,
 
 // Rewrites model.safetensors with `edit` deciding each tensor's dtype and
 // bytes (it may change them, or return false to leave the tensor out).
-void rewriteTensors(
-    const fs::path& dir,
-    const std::function<bool(const std::string&, DType&, std::vector<uint8_t>&)>& edit) {
+// Rewrites model.safetensors tensor by tensor: `edit` may rename, retype,
+// reshape or refill a tensor, and drops it by returning false.
+void rewriteTensors(const fs::path& dir,
+                    const std::function<bool(std::string&, DType&, std::vector<int64_t>&,
+                                             std::vector<uint8_t>&)>& edit) {
   const fs::path path = dir / "model.safetensors";
   SafetensorsWriter writer;
   {
     SafetensorsFile file(path);
-    for (const auto& [name, tensor] : file.tensors()) {
+    for (const auto& [original, tensor] : file.tensors()) {
       const auto* bytes = static_cast<const uint8_t*>(tensor.data);
       std::vector<uint8_t> data(bytes, bytes + tensor.num_bytes);
+      std::string name = original;
       DType dtype = tensor.dtype;
-      if (edit(name, dtype, data)) writer.add(name, dtype, tensor.shape, std::move(data));
+      std::vector<int64_t> shape = tensor.shape;
+      if (edit(name, dtype, shape, data)) writer.add(name, dtype, shape, std::move(data));
     }
   }
   writer.write(path);
@@ -749,6 +754,119 @@ TEST(ModelLoading, Fp8CheckpointsLoadTheirMatricesWithTheirScales) {
 }
 
 // An fp8 checkpoint's problems are refused naming the tensor or the field.
+// An fp8 KV cache's scales (docs/quantization.md#fp8-kv-cache) in each
+// spelling checkpoints use, read per layer; a layer without them gets 1,
+// a model without any none at all.
+TEST(ModelLoading, KvCacheScalesAreReadInEachPublishedSpelling) {
+  TempDir dir;
+  tools::TestModelOptions options;
+  options.seed = 7;
+  options.kv_cache_scales = true;
+  tools::writeTestModel(options, dir.path());
+  const int64_t layers = Model::load(dir.path())->config().num_hidden_layers;
+  ASSERT_GE(layers, 2);
+  // What the file holds, layer by layer.
+  std::vector<float> written;
+  {
+    SafetensorsFile file(dir.path() / "model.safetensors");
+    for (int64_t l = 0; l < layers; ++l) {
+      for (const char* kv : {"k_scale", "v_scale"}) {
+        const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + kv;
+        const TensorInfo* tensor = file.find(name);
+        ASSERT_NE(tensor, nullptr) << name;
+        EXPECT_EQ(tensor->dtype, DType::kF32);
+        EXPECT_EQ(tensor->shape, std::vector<int64_t>{});
+        float value = 0.0f;
+        std::memcpy(&value, tensor->data, sizeof value);
+        EXPECT_GT(value, 6.0f / 448.0f * 0.999f);
+        EXPECT_LT(value, 12.0f / 448.0f);
+        written.push_back(value);
+      }
+    }
+  }
+  EXPECT_EQ(Model::load(dir.path())->kvCacheScales(), written);
+  EXPECT_NE(written[0], written[1]);
+  EXPECT_NE(written[0], written[2]);
+
+  // Renamed to the older k_proj/v_proj.output_scale, shape [1].
+  rewriteTensors(dir.path(), [](std::string& name, DType&, std::vector<int64_t>& shape,
+                                std::vector<uint8_t>&) {
+    for (const char* kv : {"k", "v"}) {
+      const std::string suffix = std::string("self_attn.") + kv + "_scale";
+      if (name.ends_with(suffix)) {
+        name = name.substr(0, name.size() - suffix.size()) + "self_attn." + kv +
+               "_proj.output_scale";
+        shape = {1};
+      }
+    }
+    return true;
+  });
+  EXPECT_EQ(Model::load(dir.path())->kvCacheScales(), written);
+
+  // One deprecated kv_scale (bf16) for layer 0; layer 1 without any.
+  rewriteTensors(dir.path(), [](std::string& name, DType& dtype, std::vector<int64_t>&,
+                                std::vector<uint8_t>& data) {
+    if (name == "model.layers.0.self_attn.k_proj.output_scale") {
+      name = "model.layers.0.self_attn.kv_scale";
+      dtype = DType::kBF16;
+      const uint16_t half = f32ToBf16(0.375f);
+      data.resize(sizeof half);
+      std::memcpy(data.data(), &half, sizeof half);
+      return true;
+    }
+    return !name.ends_with("output_scale");
+  });
+  std::vector<float> expected(2 * static_cast<size_t>(layers), 1.0f);
+  expected[0] = expected[1] = 0.375f;
+  EXPECT_EQ(Model::load(dir.path())->kvCacheScales(), expected);
+
+  EXPECT_TRUE(Model::load(writeTiny(TempDir().path()))->kvCacheScales().empty());
+}
+
+TEST(ModelLoadingErrors, KvCacheScalesAreNamed) {
+  struct Case {
+    std::function<void(DType&, std::vector<int64_t>&, std::vector<uint8_t>&)> edit;
+    std::string message;
+  };
+  const std::string name = "model.layers.1.self_attn.v_scale";
+  auto set = [](std::vector<uint8_t>& data, float value) {
+    std::memcpy(data.data(), &value, sizeof value);
+  };
+  const Case cases[] = {
+      {[](DType&, std::vector<int64_t>& shape, std::vector<uint8_t>& data) {
+         shape = {2};
+         data.resize(2 * sizeof(float));
+       },
+       " has shape [2], expected [] or [1] (one KV cache scale)"},
+      {[&](DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) { set(data, 0.0f); },
+       " holds 0.000000 (accepted: a KV cache scale above 0, at most 1e36)"},
+      {[&](DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) {
+         set(data, std::numeric_limits<float>::infinity());
+       },
+       " holds inf (accepted: a KV cache scale above 0, at most 1e36)"},
+      {[](DType& dtype, std::vector<int64_t>&, std::vector<uint8_t>& data) {
+         dtype = DType::kF8E4M3;
+         data.resize(1);
+       },
+       " has dtype F8_E4M3 (accepted for scales: F32, BF16, F16)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    TempDir dir;
+    tools::TestModelOptions options;
+    options.kv_cache_scales = true;
+    tools::writeTestModel(options, dir.path());
+    rewriteTensors(dir.path(), [&](std::string& tensor, DType& dtype, std::vector<int64_t>& shape,
+                                   std::vector<uint8_t>& data) {
+      if (tensor == name) c.edit(dtype, shape, data);
+      return true;
+    });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor " + name + " in " + (dir.path() / "model.safetensors").string() +
+                        c.message);
+  }
+}
+
 TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
   const std::string q_proj = "model.layers.1.self_attn.q_proj.weight";
   {
@@ -792,7 +910,7 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
   {
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors");
-    rewriteTensors(dir.path(), [&](const std::string& name, DType&, std::vector<uint8_t>& data) {
+    rewriteTensors(dir.path(), [&](std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) {
       if (name == "model.layers.1.self_attn.q_proj.weight_scale") {
         const float negative = -0.5f;
         std::memcpy(data.data() + 3 * sizeof(float), &negative, sizeof negative);
@@ -808,7 +926,7 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     // A scale the kernels' x 2^8 would make infinite.
     TempDir dir;
     writeTinyFp8(dir.path(), "fp8:block=16x32");
-    rewriteTensors(dir.path(), [&](const std::string& name, DType&, std::vector<uint8_t>& data) {
+    rewriteTensors(dir.path(), [&](std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) {
       if (name == "model.layers.0.mlp.gate_proj.weight_scale_inv") {
         const float huge = 1e37f;
         std::memcpy(data.data(), &huge, sizeof huge);
@@ -824,7 +942,7 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors");
     rewriteTensors(dir.path(),
-                   [](const std::string& name, DType& dtype, std::vector<uint8_t>& data) {
+                   [](std::string& name, DType& dtype, std::vector<int64_t>&, std::vector<uint8_t>& data) {
                      if (name == "model.embed_tokens.weight" || name == "model.norm.weight") {
                        std::vector<uint8_t> fp8(data.size() / 2);
                        for (size_t i = 0; i < fp8.size(); ++i) {
@@ -847,7 +965,7 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors", "Qwen3MoeForCausalLM");
     rewriteTensors(dir.path(),
-                   [](const std::string& name, DType& dtype, std::vector<uint8_t>& data) {
+                   [](std::string& name, DType& dtype, std::vector<int64_t>&, std::vector<uint8_t>& data) {
                      if (name == "model.layers.0.self_attn.q_norm.weight") {
                        std::vector<uint8_t> fp8(data.size() / 2, 0x38);
                        data = std::move(fp8);

@@ -54,6 +54,8 @@ struct Variant {
   DType compute_dtype = DType::kF32;
   // fp8 projections (tools::parseQuantizationSpec); "" for none.
   std::string quantization = "";
+  // The checkpoint's fp8 KV cache scales (tools::TestModelOptions).
+  bool kv_cache_scales = false;
 };
 
 std::string variantName(const Variant& v) {
@@ -65,17 +67,19 @@ std::string variantName(const Variant& v) {
          (v.compute_dtype == DType::kF32
               ? ""
               : std::string("_compute") + dtypeShortName(v.compute_dtype)) +
-         (quantization.empty() ? "" : "_" + quantization);
+         (quantization.empty() ? "" : "_" + quantization) +
+         (v.kv_cache_scales ? "_kv_cache_scales" : "");
 }
 
 // One generated tiny model per (architecture, weight dtype, quantization),
 // shared by tests.
 const Model& tinyModel(const std::string& architecture, DType weight_dtype,
-                       const std::string& quantization = "") {
+                       const std::string& quantization = "", bool kv_cache_scales = false) {
   // Removed when the test process exits.
   static std::vector<std::unique_ptr<::tandem::testing::TempDir>> temp_dirs;
   static std::map<std::string, std::unique_ptr<Model>> models;
-  std::string key = architecture + dtypeShortName(weight_dtype) + quantization;
+  std::string key = architecture + dtypeShortName(weight_dtype) + quantization +
+                    (kv_cache_scales ? "+kv_cache_scales" : "");
   auto it = models.find(key);
   if (it != models.end()) return *it->second;
   temp_dirs.push_back(std::make_unique<::tandem::testing::TempDir>("tandem-runner-test"));
@@ -86,6 +90,7 @@ const Model& tinyModel(const std::string& architecture, DType weight_dtype,
   options.dtype = weight_dtype;
   options.seed = 11;
   if (!quantization.empty()) options.quantization = tools::parseQuantizationSpec(quantization);
+  options.kv_cache_scales = kv_cache_scales;
   tools::writeTestModel(options, dir);
   auto model = Model::load(dir);
   const Model& ref = *model;
@@ -94,7 +99,7 @@ const Model& tinyModel(const std::string& architecture, DType weight_dtype,
 }
 
 KvCacheConfig cacheConfigFor(const Model& model, DType kv_dtype, int64_t num_blocks) {
-  KvCacheConfig config = KvCacheConfig::forModel(model.config(), kv_dtype, 16);
+  KvCacheConfig config = KvCacheConfig::forModel(model, kv_dtype, 16);
   config.num_blocks = num_blocks;
   return config;
 }
@@ -304,10 +309,21 @@ struct DenseRouting {
   std::set<int64_t> experts_used;
 };
 
+// K and V as an fp8 KV cache holds them: each value over its layer's scale
+// (Model::kvCacheScales, 1 without), rounded to e4m3, times the scale.
+void roundAsFp8Cache(std::vector<double>& values, float scale) {
+  for (double& value : values) {
+    value = double{f8e4m3ToF32(f32ToF8e4m3(static_cast<float>(value) / scale))} * scale;
+  }
+}
+
 // Logits of the last token of `tokens`, computed densely over the whole
-// prompt; with `lora`, each adapted projection adds its delta.
+// prompt; with `lora`, each adapted projection adds its delta; with an fp8
+// `kv_dtype`, K and V are rounded as the cache rounds them.
 std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& tokens,
-                                const DenseLora* lora = nullptr, DenseRouting* routing = nullptr) {
+                                const DenseLora* lora = nullptr, DenseRouting* routing = nullptr,
+                                DType kv_dtype = DType::kF32) {
+  const std::vector<float> kv_scales = model.kvCacheScales();
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -344,6 +360,10 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       }
       denseRope(q[t], nh, hd, t, inv_freq);
       denseRope(k[t], nkv, hd, t, inv_freq);
+      if (kv_dtype == DType::kF8E4M3) {
+        roundAsFp8Cache(k[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l]);
+        roundAsFp8Cache(v[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l + 1]);
+      }
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> attn(nh * hd, 0.0);
@@ -424,12 +444,28 @@ void PrintTo(const Variant& variant, std::ostream* os) { *os << variantName(vari
 class ModelRunnerTest : public ::testing::TestWithParam<Variant> {
  protected:
   const Model& model() {
-    return tinyModel(GetParam().architecture, GetParam().weight_dtype, GetParam().quantization);
+    return tinyModel(GetParam().architecture, GetParam().weight_dtype, GetParam().quantization,
+                     GetParam().kv_cache_scales);
   }
   KvCacheConfig cacheConfig(int64_t num_blocks) {
     return cacheConfigFor(model(), GetParam().kv_dtype, num_blocks);
   }
   kernels::Backend& backend() { return cpuBackend(GetParam().compute_dtype); }
+  // Largest |logit - dense reference| allowed, relative to the logit range.
+  // fp32 kernels vs a double reference: observed errors are ~1e-6 of the
+  // range, bound 1e-5. A bf16 KV cache rounds K and V to 8 mantissa bits:
+  // observed ~4e-3, bound 1e-2. bf16 compute rounds every GEMM's
+  // activations the same way: observed ~8e-3, bound 2e-2. An fp8 cache's
+  // rounding the reference repeats; what is left is the fp32 error (~4e-7
+  // of the range observed: no K or V value fell on the other side of a
+  // rounding boundary from the reference's) plus any value that does, which
+  // moves the logits by a fraction of fp8's 6% step: bound 1e-2, where the
+  // unrounded reference is 5-20% of the range away.
+  double relativeBound() const {
+    if (GetParam().compute_dtype == DType::kBF16) return 2e-2;
+    if (GetParam().kv_dtype == DType::kBF16 || GetParam().kv_dtype == DType::kF8E4M3) return 1e-2;
+    return 1e-5;
+  }
 };
 
 TEST_P(ModelRunnerTest, ChunkedPrefillIsBitIdenticalToOneShot) {
@@ -546,7 +582,8 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
   // Chunked on purpose: the reference sees the whole prompt at once.
   const std::vector<float> logits = prefillInChunks(runner, prompt, iotaBlocks(3), 10);
   DenseRouting routing;
-  const std::vector<double> expected = denseLogits(model(), prompt, nullptr, &routing);
+  const std::vector<double> expected =
+      denseLogits(model(), prompt, nullptr, &routing, GetParam().kv_dtype);
   ASSERT_EQ(logits.size(), expected.size());
   if (model().config().num_experts > 0) {
     // Every expert served some token, and no token's choice was a near tie
@@ -556,18 +593,22 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
   }
   double scale = 0.0;
   for (double v : expected) scale = std::max(scale, std::abs(v));
-  // fp32 kernels vs a double reference: observed errors are ~1e-6 of the
-  // logit range, bound 1e-5. A bf16 KV cache rounds K and V to 8 mantissa
-  // bits: observed ~4e-3 of the range, bound 1e-2. bf16 compute rounds every
-  // GEMM's activations the same way: observed ~8e-3, bound 2e-2.
   const bool bf16_compute = GetParam().compute_dtype == DType::kBF16;
-  const double relative_bound = bf16_compute                          ? 2e-2
-                                : GetParam().kv_dtype == DType::kBF16 ? 1e-2
-                                                                      : 1e-5;
-  const double tolerance = relative_bound * std::max(1.0, scale);
-  double worst = 0.0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    worst = std::max(worst, std::abs(static_cast<double>(logits[i]) - expected[i]));
+  const double tolerance = relativeBound() * std::max(1.0, scale);
+  auto worstError = [&](const std::vector<double>& reference) {
+    double worst = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(logits[i]) - reference[i]));
+    }
+    return worst;
+  };
+  const double worst = worstError(expected);
+  if (GetParam().kv_dtype == DType::kF8E4M3) {
+    // The reference without fp8's rounding is much further: the cache
+    // rounded as the reference does, with the scales it names.
+    const double unrounded = worstError(denseLogits(model(), prompt));
+    RecordProperty("max_abs_error_unrounded_kv", std::to_string(unrounded));
+    EXPECT_GT(unrounded, 4 * worst) << "fp8 KV: the unrounded reference is as close";
   }
   RecordProperty("max_abs_error", std::to_string(worst));
   RecordProperty("logit_scale", std::to_string(scale));
@@ -582,14 +623,11 @@ TEST_P(ModelRunnerTest, MatchesDenseReferenceForwardPass) {
 TEST_P(ModelRunnerTest, LoraAdaptersMatchTheDenseReferenceWithTheirDeltas) {
   const int64_t vocab = model().config().vocab_size;
   const std::vector<TokenId> prompt = randomTokens(37, vocab, 9);
-  const std::vector<double> base = denseLogits(model(), prompt);
+  const std::vector<double> base =
+      denseLogits(model(), prompt, nullptr, nullptr, GetParam().kv_dtype);
   double scale = 0.0;
   for (double v : base) scale = std::max(scale, std::abs(v));
-  // As MatchesDenseReferenceForwardPass.
-  const double relative_bound = GetParam().compute_dtype == DType::kBF16 ? 2e-2
-                                : GetParam().kv_dtype == DType::kBF16    ? 1e-2
-                                                                         : 1e-5;
-  const double tolerance = relative_bound * std::max(1.0, scale);
+  const double tolerance = relativeBound() * std::max(1.0, scale);
   for (const char* kind : {"all", "qv"}) {
     SCOPED_TRACE(kind);
     const TinyAdapter& lora = tinyAdapter(model(), kind);
@@ -598,7 +636,8 @@ TEST_P(ModelRunnerTest, LoraAdaptersMatchTheDenseReferenceWithTheirDeltas) {
     const int32_t index = runner.addAdapter(*lora.adapter);
     const std::vector<float> logits = prefillInChunks(runner, prompt, iotaBlocks(3), 10, index);
     const DenseLora dense = readDenseLora(lora.dir, model().config(), lora.scale);
-    const std::vector<double> expected = denseLogits(model(), prompt, &dense);
+    const std::vector<double> expected =
+        denseLogits(model(), prompt, &dense, nullptr, GetParam().kv_dtype);
     ASSERT_EQ(logits.size(), expected.size());
     double worst = 0.0, moved = 0.0;
     for (size_t i = 0; i < logits.size(); ++i) {
@@ -735,7 +774,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "compressed-tensors:channel"},
         Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kF32, "fp8:block=16x32"},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32, DType::kF32, "fp8:block=16x32"},
-        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16, "fp8:tensor"}),
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16, "fp8:tensor"},
+        // fp8 KV caches: with the checkpoint's per-layer scales; with none
+        // (every scale 1) under Qwen3's k_norm; with fp8 weights and experts.
+        Variant{"LlamaForCausalLM", DType::kBF16, DType::kF8E4M3, DType::kF32, "", true},
+        Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kF8E4M3},
+        Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF8E4M3, DType::kF32,
+                "fp8:block=16x32", true}),
     [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
 
 // Resident bytes of this process's mappings of `file` (/proc/self/smaps).

@@ -577,10 +577,13 @@ TEST_P(CpuKernels, AddInPlaceAdds) {
 
 // --------------------------------------------------------------- KV cache --
 
-// A cache with its memory, plus one query/key/value set per sequence.
+// A cache with its memory, plus one query/key/value set per sequence. An
+// fp8 cache gets a K and a V scale per layer, none a power of two and no two
+// alike, so a scale taken from the wrong layer or the wrong half shows.
 struct TestCache {
   KvCacheLayout layout;
   std::vector<char> memory;
+  std::vector<float> scales;
 
   TestCache(DType dtype, int64_t num_blocks, int32_t block_size, int32_t num_layers,
             int32_t num_kv_heads, int32_t head_dim) {
@@ -593,6 +596,10 @@ struct TestCache {
     // Poison so a read of an unwritten slot shows up as NaN.
     memory.assign(static_cast<size_t>(num_blocks * layout.blockBytes()), static_cast<char>(0xff));
     layout.base = memory.data();
+    if (dtype == DType::kF8E4M3) {
+      for (int32_t i = 0; i < 2 * num_layers; ++i) scales.push_back(0.0171f * (1.0f + 0.13f * i));
+      layout.scales = scales.data();
+    }
   }
 
   // The fp32 value of element (layer, kv, position, kv_head, d) of a sequence.
@@ -611,6 +618,9 @@ struct TestCache {
       std::memcpy(&h, p, sizeof h);
       return bf16ToF32(h);
     }
+    if (layout.dtype == DType::kF8E4M3) {
+      return f8e4m3ToF32(static_cast<uint8_t>(*p)) * layout.scale(layer, kv);
+    }
     float f;
     std::memcpy(&f, p, sizeof f);
     return f;
@@ -618,7 +628,8 @@ struct TestCache {
 };
 
 TEST_P(CpuKernels, WriteKvStoresRoundedValuesAtTheirSlots) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
+    SCOPED_TRACE(dtypeShortName(dtype));
     const int32_t block_size = 4;
     TestCache cache(dtype, 8, block_size, 2, 2, 6);
     const int64_t width = 12;
@@ -638,7 +649,12 @@ TEST_P(CpuKernels, WriteKvStoresRoundedValuesAtTheirSlots) {
         const int64_t d = e % 6;
         for (int kv = 0; kv < 2; ++kv) {
           const float written = (kv == 0 ? k : v)[row * width + e];
-          const float expected = dtype == DType::kBF16 ? bf16ToF32(f32ToBf16(written)) : written;
+          // fp8: the value over its layer's K or V scale, rounded.
+          const float scale = cache.layout.scale(1, kv);
+          const float expected = dtype == DType::kBF16 ? bf16ToF32(f32ToBf16(written))
+                                 : dtype == DType::kF8E4M3
+                                     ? f8e4m3ToF32(f32ToF8e4m3(written / scale)) * scale
+                                     : written;
           ASSERT_EQ(bitsOf(cache.at(table, 1, kv, position, kv_head, d)), bitsOf(expected));
         }
       }
@@ -666,6 +682,7 @@ const AttentionShape kAttentionShapes[] = {
     {DType::kF32, 16, 2, 4, 64},  {DType::kBF16, 16, 2, 4, 64},  {DType::kF32, 5, 1, 3, 20},
     {DType::kBF16, 7, 3, 3, 128}, {DType::kF32, 3, 1, 2, 256},   {DType::kBF16, 1, 2, 8, 80},
     {DType::kF32, 16, 2, 2, 7},   {DType::kBF16, 16, 2, 14, 64},  // groups of 7 heads
+    {DType::kF8E4M3, 16, 2, 4, 64}, {DType::kF8E4M3, 5, 1, 3, 20}, {DType::kF8E4M3, 3, 2, 14, 256},
 };
 
 // Block tables that scatter each sequence over the cache in a shuffled order.
