@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace tandem {
 
@@ -137,25 +138,27 @@ float f8e4m3ToF32(uint8_t b) {
 }
 
 uint8_t f32ToF8e4m3(float f) {
-  const uint8_t sign = std::signbit(f) ? 0x80u : 0x00u;
-  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7fu);
-  const float magnitude = std::fabs(f);
-  // The quantum is 2^(e - 3) for magnitudes in [2^e, 2^(e + 1)), e >= -6,
-  // and 2^-9 below 2^-6 (subnormals); nearbyint rounds ties to even.
-  int exponent = 0;
-  std::frexp(magnitude, &exponent);  // magnitude in [2^(exponent - 1), 2^exponent)
-  const int e = std::max(exponent - 1, -6);
-  const float quantum = std::ldexp(1.0f, e - 3);
-  const float rounded = std::nearbyint(magnitude / quantum) * quantum;
-  if (rounded >= 448.0f) return static_cast<uint8_t>(sign | 0x7eu);
-  // rounded is now an exact f8e4m3 value: find its bits.
-  if (rounded < 0.015625f) {  // 2^-6: subnormal, mantissa counts 2^-9
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(rounded * 512.0f));
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof bits);
+  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN
+  uint32_t code = 0;
+  if (abs < 0x3c800000u) {
+    // Below 2^-6 the quantum is 2^-9: the magnitude x 2^9 (exact) rounded to
+    // an integer 0..8, which is the code (8 is 2^-6, the smallest normal).
+    // Adding 2^23 rounds ties to even, as the default rounding mode does.
+    const float shifted = std::fabs(f) * 512.0f + 8388608.0f;
+    std::memcpy(&code, &shifted, sizeof code);
+    code -= 0x4b000000u;
+  } else {
+    // Keep the exponent and the top 3 mantissa bits, rounding the 20 below
+    // to nearest even (a carry moves into the exponent), then rebias the
+    // exponent from 127 to 7.
+    code = ((abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20) - ((127u - 7u) << 3);
   }
-  int rounded_exponent = 0;
-  const float fraction = std::frexp(rounded, &rounded_exponent);  // [0.5, 1)
-  const auto mantissa = static_cast<uint8_t>(fraction * 16.0f) & 0x7u;
-  return static_cast<uint8_t>(sign | ((rounded_exponent - 1 + 7) << 3) | mantissa);
+  // Whatever rounds past 448 (0x7e), infinity included, saturates.
+  return static_cast<uint8_t>(sign | std::min<uint32_t>(code, 0x7eu));
 }
 
 void convertToF32(DType dtype, const void* src, float* dst, size_t n) {

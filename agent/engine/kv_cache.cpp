@@ -2,7 +2,6 @@
 
 #include <sys/mman.h>
 
-#include <cmath>
 #include <cstring>
 
 #include "common/check.h"
@@ -23,8 +22,8 @@ DType kvDtypeFromName(std::string_view name, std::string_view option) {
   if (name == "bf16") return DType::kBF16;
   if (name == "f32") return DType::kF32;
   if (name == "fp8") return DType::kF8E4M3;
-  throw Error(std::string(option) + " must be bf16, f32 or fp8 (e4m3), got \"" +
-              std::string(name) + "\"");
+  throw Error(std::string(option) + " must be bf16, f32 or fp8 (e4m3), got \"" + std::string(name) +
+              "\"");
 }
 
 const char* kvDtypeName(DType dtype) {
@@ -52,9 +51,9 @@ KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> a
   }
   if (config_.dtype == DType::kF8E4M3 && !config_.scales.empty()) {
     if (config_.scales.size() != static_cast<size_t>(2) * config_.num_layers) {
-      throw Error("an fp8 KV cache of " + std::to_string(config_.num_layers) +
-                  " layers needs " + std::to_string(2 * config_.num_layers) +
-                  " K/V scales, got " + std::to_string(config_.scales.size()));
+      throw Error("an fp8 KV cache of " + std::to_string(config_.num_layers) + " layers needs " +
+                  std::to_string(2 * config_.num_layers) + " K/V scales, got " +
+                  std::to_string(config_.scales.size()));
     }
     for (size_t i = 0; i < config_.scales.size(); ++i) {
       // The kernels multiply by scale x 2^8 and divide by it: both finite.

@@ -289,7 +289,8 @@ int main(int argc, char** argv) {
   transfer->add_option("--block-size", transfer_options.block_size, "agents' KV block size")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  transfer->add_option("--kv-dtype", transfer_options.kv_dtype, "agents' KV dtype: bf16, f32 or fp8")
+  transfer
+      ->add_option("--kv-dtype", transfer_options.kv_dtype, "agents' KV dtype: bf16, f32 or fp8")
       ->capture_default_str();
   transfer->add_option("--agent-bin", transfer_options.agent_bin,
                        "tandem-agent executable (default: next to tandem-bench)");
@@ -462,8 +463,8 @@ int main(int argc, char** argv) {
   calibrate->add_option("--threads", calibrate_options.threads, "kernel threads (0: all cores)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  calibrate->add_option("--kv-dtype", calibrate_options.kv_dtype,
-                        "KV cache dtype: bf16, f32 or fp8")
+  calibrate
+      ->add_option("--kv-dtype", calibrate_options.kv_dtype, "KV cache dtype: bf16, f32 or fp8")
       ->capture_default_str();
   calibrate->add_option("--block-size", calibrate_options.block_size, "KV block size")
       ->check(CLI::Range(1, 1024))

@@ -437,7 +437,7 @@ void validate(const TransferBenchOptions& options) {
   if (options.repeats < 1 || options.repeats > 100) {
     throw Error("--repeats must be between 1 and 100, got " + std::to_string(options.repeats));
   }
-  engine::kvDtypeFromName(options.kv_dtype);
+  engine::kvDtypeFromName(options.kv_dtype);  // throws naming the accepted values
 }
 
 std::string ratioText(double numerator, double denominator) {

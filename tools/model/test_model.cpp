@@ -638,8 +638,8 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   writeFile(out_dir / "generation_config.json", generationConfigJson(tokenizer, config));
   writeFile(out_dir / "tokenizer.json", tokenizerJson(tokenizer));
   writeFile(out_dir / "tokenizer_config.json", tokenizerConfigJson(tokenizer, config));
-  writeWeights(config, options.dtype, options.seed, tokenizer.bpe.tokens,
-               options.kv_cache_scales, out_dir / "model.safetensors");
+  writeWeights(config, options.dtype, options.seed, tokenizer.bpe.tokens, options.kv_cache_scales,
+               out_dir / "model.safetensors");
 }
 
 void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelConfig& base,

@@ -1386,7 +1386,7 @@ TEST(EngineSpeculative, DraftsChangeNoTokenNorLogprobGreedyOrSampled) {
 // every full block of prompt and answer in the prefix cache and continue
 // alike; every block comes back.
 void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& model,
-                                                 DType kv_dtype = DType::kBF16) {
+                                                DType kv_dtype = DType::kBF16) {
   auto config = [&](int32_t drafts) {
     EngineConfig c = speculatingConfig(drafts);
     c.model_dir = model;

@@ -164,8 +164,8 @@ TEST(KvCache, KvDtypeNamesAreTheOptionsValues) {
       kvDtypeFromName(bad, "--kv-dtype");
       ADD_FAILURE() << "accepted " << bad;
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), std::string("--kv-dtype must be bf16, f32 or fp8 (e4m3), got \"") +
-                                           bad + "\"");
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--kv-dtype must be bf16, f32 or fp8 (e4m3), got \"") + bad + "\"");
     }
   }
 }

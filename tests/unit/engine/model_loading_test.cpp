@@ -789,18 +789,18 @@ TEST(ModelLoading, KvCacheScalesAreReadInEachPublishedSpelling) {
   EXPECT_NE(written[0], written[2]);
 
   // Renamed to the older k_proj/v_proj.output_scale, shape [1].
-  rewriteTensors(dir.path(), [](std::string& name, DType&, std::vector<int64_t>& shape,
-                                std::vector<uint8_t>&) {
-    for (const char* kv : {"k", "v"}) {
-      const std::string suffix = std::string("self_attn.") + kv + "_scale";
-      if (name.ends_with(suffix)) {
-        name = name.substr(0, name.size() - suffix.size()) + "self_attn." + kv +
-               "_proj.output_scale";
-        shape = {1};
-      }
-    }
-    return true;
-  });
+  rewriteTensors(dir.path(),
+                 [](std::string& name, DType&, std::vector<int64_t>& shape, std::vector<uint8_t>&) {
+                   for (const char* kv : {"k", "v"}) {
+                     const std::string suffix = std::string("self_attn.") + kv + "_scale";
+                     if (name.ends_with(suffix)) {
+                       name = name.substr(0, name.size() - suffix.size()) + "self_attn." + kv +
+                              "_proj.output_scale";
+                       shape = {1};
+                     }
+                   }
+                   return true;
+                 });
   EXPECT_EQ(Model::load(dir.path())->kvCacheScales(), written);
 
   // One deprecated kv_scale (bf16) for layer 0; layer 1 without any.
@@ -861,9 +861,9 @@ TEST(ModelLoadingErrors, KvCacheScalesAreNamed) {
       if (tensor == name) c.edit(dtype, shape, data);
       return true;
     });
-    EXPECT_CONTAINS(loadError(dir.path()),
-                    "tensor " + name + " in " + (dir.path() / "model.safetensors").string() +
-                        c.message);
+    EXPECT_CONTAINS(
+        loadError(dir.path()),
+        "tensor " + name + " in " + (dir.path() / "model.safetensors").string() + c.message);
   }
 }
 
@@ -910,7 +910,8 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
   {
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors");
-    rewriteTensors(dir.path(), [&](std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) {
+    rewriteTensors(dir.path(), [&](std::string& name, DType&, std::vector<int64_t>&,
+                                   std::vector<uint8_t>& data) {
       if (name == "model.layers.1.self_attn.q_proj.weight_scale") {
         const float negative = -0.5f;
         std::memcpy(data.data() + 3 * sizeof(float), &negative, sizeof negative);
@@ -926,7 +927,8 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     // A scale the kernels' x 2^8 would make infinite.
     TempDir dir;
     writeTinyFp8(dir.path(), "fp8:block=16x32");
-    rewriteTensors(dir.path(), [&](std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) {
+    rewriteTensors(dir.path(), [&](std::string& name, DType&, std::vector<int64_t>&,
+                                   std::vector<uint8_t>& data) {
       if (name == "model.layers.0.mlp.gate_proj.weight_scale_inv") {
         const float huge = 1e37f;
         std::memcpy(data.data(), &huge, sizeof huge);
@@ -941,20 +943,20 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     // The embedding table, and norm weights, never hold fp8.
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors");
-    rewriteTensors(dir.path(),
-                   [](std::string& name, DType& dtype, std::vector<int64_t>&, std::vector<uint8_t>& data) {
-                     if (name == "model.embed_tokens.weight" || name == "model.norm.weight") {
-                       std::vector<uint8_t> fp8(data.size() / 2);
-                       for (size_t i = 0; i < fp8.size(); ++i) {
-                         uint16_t h;
-                         std::memcpy(&h, data.data() + 2 * i, 2);
-                         fp8[i] = f32ToF8e4m3(bf16ToF32(h));
-                       }
-                       data = std::move(fp8);
-                       dtype = DType::kF8E4M3;
-                     }
-                     return true;
-                   });
+    rewriteTensors(dir.path(), [](std::string& name, DType& dtype, std::vector<int64_t>&,
+                                  std::vector<uint8_t>& data) {
+      if (name == "model.embed_tokens.weight" || name == "model.norm.weight") {
+        std::vector<uint8_t> fp8(data.size() / 2);
+        for (size_t i = 0; i < fp8.size(); ++i) {
+          uint16_t h;
+          std::memcpy(&h, data.data() + 2 * i, 2);
+          fp8[i] = f32ToF8e4m3(bf16ToF32(h));
+        }
+        data = std::move(fp8);
+        dtype = DType::kF8E4M3;
+      }
+      return true;
+    });
     EXPECT_CONTAINS(loadError(dir.path()),
                     "tensor model.embed_tokens.weight in " +
                         (dir.path() / "model.safetensors").string() +
@@ -964,15 +966,15 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
     // Experts stacked in fp8 are not read.
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors", "Qwen3MoeForCausalLM");
-    rewriteTensors(dir.path(),
-                   [](std::string& name, DType& dtype, std::vector<int64_t>&, std::vector<uint8_t>& data) {
-                     if (name == "model.layers.0.self_attn.q_norm.weight") {
-                       std::vector<uint8_t> fp8(data.size() / 2, 0x38);
-                       data = std::move(fp8);
-                       dtype = DType::kF8E4M3;
-                     }
-                     return true;
-                   });
+    rewriteTensors(dir.path(), [](std::string& name, DType& dtype, std::vector<int64_t>&,
+                                  std::vector<uint8_t>& data) {
+      if (name == "model.layers.0.self_attn.q_norm.weight") {
+        std::vector<uint8_t> fp8(data.size() / 2, 0x38);
+        data = std::move(fp8);
+        dtype = DType::kF8E4M3;
+      }
+      return true;
+    });
     EXPECT_CONTAINS(loadError(dir.path()),
                     "tensor model.layers.0.self_attn.q_norm.weight in " +
                         (dir.path() / "model.safetensors").string() +

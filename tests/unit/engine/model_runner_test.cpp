@@ -779,8 +779,8 @@ INSTANTIATE_TEST_SUITE_P(
         // (every scale 1) under Qwen3's k_norm; with fp8 weights and experts.
         Variant{"LlamaForCausalLM", DType::kBF16, DType::kF8E4M3, DType::kF32, "", true},
         Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kF8E4M3},
-        Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF8E4M3, DType::kF32,
-                "fp8:block=16x32", true}),
+        Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF8E4M3, DType::kF32, "fp8:block=16x32",
+                true}),
     [](const ::testing::TestParamInfo<Variant>& info) { return variantName(info.param); });
 
 // Resident bytes of this process's mappings of `file` (/proc/self/smaps).

@@ -679,9 +679,9 @@ std::string shapeName(const AttentionShape& s) {
 }
 
 const AttentionShape kAttentionShapes[] = {
-    {DType::kF32, 16, 2, 4, 64},  {DType::kBF16, 16, 2, 4, 64},  {DType::kF32, 5, 1, 3, 20},
-    {DType::kBF16, 7, 3, 3, 128}, {DType::kF32, 3, 1, 2, 256},   {DType::kBF16, 1, 2, 8, 80},
-    {DType::kF32, 16, 2, 2, 7},   {DType::kBF16, 16, 2, 14, 64},  // groups of 7 heads
+    {DType::kF32, 16, 2, 4, 64},    {DType::kBF16, 16, 2, 4, 64},  {DType::kF32, 5, 1, 3, 20},
+    {DType::kBF16, 7, 3, 3, 128},   {DType::kF32, 3, 1, 2, 256},   {DType::kBF16, 1, 2, 8, 80},
+    {DType::kF32, 16, 2, 2, 7},     {DType::kBF16, 16, 2, 14, 64},  // groups of 7 heads
     {DType::kF8E4M3, 16, 2, 4, 64}, {DType::kF8E4M3, 5, 1, 3, 20}, {DType::kF8E4M3, 3, 2, 14, 256},
 };
 
