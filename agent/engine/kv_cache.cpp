@@ -26,10 +26,6 @@ DType kvDtypeFromName(std::string_view name, std::string_view option) {
               "\"");
 }
 
-const char* kvDtypeName(DType dtype) {
-  return dtype == DType::kF8E4M3 ? "fp8" : dtypeShortName(dtype);
-}
-
 void HostSlabAllocator::release(void* data, size_t bytes) { ::munmap(data, bytes); }
 
 int64_t KvCacheConfig::blockBytes() const {

@@ -46,8 +46,6 @@ class KvSlabAllocator {
 // (f8e4m3, as vLLM's --kv-cache-dtype fp8). Throws tandem::Error naming
 // `option` and the accepted values.
 DType kvDtypeFromName(std::string_view name, std::string_view option = "--kv-dtype");
-// The --kv-dtype value naming `dtype`.
-const char* kvDtypeName(DType dtype);
 
 // Anonymous private host mapping (zero-filled by the kernel, page-aligned).
 class HostSlabAllocator : public KvSlabAllocator {
