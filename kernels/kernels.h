@@ -183,7 +183,9 @@ struct AttentionSequence {
 // Writes K and V rows (rows x num_kv_heads*head_dim, fp32) of `layer` into the
 // cache: row r goes to the block/slot of position first_position + (r - first_row)
 // of its sequence. Converts to the cache dtype (round to nearest even; an
-// f8e4m3 cache stores each value divided by its scale, saturating at ±448).
+// f8e4m3 cache stores each value divided by its scale, saturating at ±448:
+// an infinite K/V value is stored as ±448, a NaN as 0x7f, which attention
+// reads as 480, so neither spreads as it does through an f32 or bf16 cache).
 void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v,
              const AttentionSequence* sequences, int64_t num_sequences);
 

@@ -34,7 +34,8 @@ FIGURES = [
 
 
 # Bytes per cached K or V element, by the dtype names both engines report.
-KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp8": 1.0, "q8_0": 34 / 32,
+                    "q4_0": 18 / 32}
 
 
 def load(path):

@@ -52,11 +52,10 @@ KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> a
                   std::to_string(config_.scales.size()));
     }
     for (size_t i = 0; i < config_.scales.size(); ++i) {
-      // The kernels multiply by scale x 2^8 and divide by it: both finite.
-      if (!(config_.scales[i] > 0.0f && config_.scales[i] <= 1e36f)) {
+      if (!(config_.scales[i] >= kMinKvCacheScale && config_.scales[i] <= kMaxKvCacheScale)) {
         throw Error("fp8 KV cache " + std::string(i % 2 == 0 ? "K" : "V") + " scale of layer " +
                     std::to_string(i / 2) + " is " + std::to_string(config_.scales[i]) +
-                    " (accepted: above 0, at most 1e36)");
+                    " (accepted: from 1e-30 to 1e36)");
       }
     }
   }

@@ -101,7 +101,9 @@ class TensorSource {
       const TensorInfo& tensor = lookupAny(name);
       if (tensor.shape != std::vector<int64_t>{} && tensor.shape != std::vector<int64_t>{1}) {
         throw Error("tensor " + name + " in " + fileOf(name) + " has shape " +
-                    shapeText(tensor.shape) + ", expected [] or [1] (one KV cache scale)");
+                    shapeText(tensor.shape) +
+                    ", expected [] or [1] (one KV cache scale per layer; per-head scales are not "
+                    "supported)");
       }
       if (tensor.dtype == DType::kF8E4M3) {
         throw Error("tensor " + name + " in " + fileOf(name) +
@@ -110,9 +112,9 @@ class TensorSource {
       float value = 0.0f;
       convertToF32(tensor.dtype, tensor.data, &value, 1);
       // NaN fails the comparisons.
-      if (!(value > 0.0f && value <= 1e36f)) {
+      if (!(value >= kMinKvCacheScale && value <= kMaxKvCacheScale)) {
         throw Error("tensor " + name + " in " + fileOf(name) + " holds " + std::to_string(value) +
-                    " (accepted: a KV cache scale above 0, at most 1e36)");
+                    " (accepted: a KV cache scale from 1e-30 to 1e36)");
       }
       used_bytes += tensor.num_bytes;
       return value;
@@ -416,10 +418,16 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       layer.down_proj = source.matrix(prefix + "mlp.down_proj.weight", hidden, inter);
     }
     const std::string attn = prefix + "self_attn.";
-    layer.k_cache_scale =
-        source.scale({attn + "k_scale", attn + "k_proj.output_scale", attn + "kv_scale"});
-    layer.v_cache_scale =
-        source.scale({attn + "v_scale", attn + "v_proj.output_scale", attn + "kv_scale"});
+    try {
+      layer.k_cache_scale =
+          source.scale({attn + "k_scale", attn + "k_proj.output_scale", attn + "kv_scale"});
+      layer.v_cache_scale =
+          source.scale({attn + "v_scale", attn + "v_proj.output_scale", attn + "kv_scale"});
+    } catch (const Error& e) {
+      // Only an fp8 KV cache uses them (kvCacheScales refuses then); the
+      // model still serves a bf16 or f32 cache.
+      if (model->kv_cache_scales_error_.empty()) model->kv_cache_scales_error_ = e.what();
+    }
     layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
     layer.post_attention_layernorm =
         source.vector(prefix + "post_attention_layernorm.weight", hidden);
@@ -436,6 +444,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
 }
 
 std::vector<float> Model::kvCacheScales() const {
+  if (!kv_cache_scales_error_.empty()) {
+    throw Error(kv_cache_scales_error_ +
+                "; an fp8 KV cache needs usable K/V scales (--kv-dtype "
+                "bf16 or f32 does not read them)");
+  }
   std::vector<float> scales;
   bool any = false;
   for (const LayerWeights& layer : weights_.layers) {

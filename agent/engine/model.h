@@ -51,6 +51,11 @@ class ExpertTensorNames {
   std::string router_;
 };
 
+// The KV cache scales an fp8 cache accepts: the kernels multiply by 2^8 x a
+// scale and divide by it, and both must stay finite and nonzero.
+constexpr float kMinKvCacheScale = 1e-30f;
+constexpr float kMaxKvCacheScale = 1e36f;
+
 struct LayerWeights {
   kernels::WeightView q_proj, k_proj, v_proj, o_proj;
   // The dense MLP; unset (no data, no rows) in a mixture layer.
@@ -101,6 +106,9 @@ class Model {
   // them; empty when no layer has any. Read, as vLLM does, from
   // model.layers.<l>.self_attn.{k_scale, v_scale}, else
   // self_attn.{k_proj, v_proj}.output_scale, else the one self_attn.kv_scale.
+  // Throws tandem::Error naming the first tensor that cannot be used (shape,
+  // dtype, a value outside kMinKvCacheScale..kMaxKvCacheScale); such a model
+  // still loads, for a bf16 or f32 cache.
   std::vector<float> kvCacheScales() const;
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
@@ -122,6 +130,8 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kBF16;
   size_t weight_bytes_ = 0;
+  // Why the checkpoint's KV cache scales cannot be used ("" when they can).
+  std::string kv_cache_scales_error_;
   // The scales of fp8 matrices (WeightView::scales point into them).
   std::vector<std::vector<float>> scales_;
   mutable std::once_flag digest_once_;

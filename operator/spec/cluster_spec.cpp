@@ -98,6 +98,12 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
   if (auto value = reader.get("simulate")) {
     engine.simulate = readString(*value, reader.pathOf("simulate"), context);
   }
+  if (engine.kv_dtype == "fp8" && engine.device == "cuda") {
+    fail(context, path,
+         "sets kvDtype fp8 and device cuda: an fp8 KV cache runs on the CPU backend only (set "
+         "device cpu, or kvDtype bf16)",
+         node);
+  }
   reader.rejectUnknown();
   return engine;
 }

@@ -92,7 +92,9 @@ TEST_F(BenchCalibrateTest, RejectsBadOptionsNamingThem) {
 
   run = bench("--kv-dtype f16");
   EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.err.find("--kv-dtype must be f32 or bf16, got f16"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("--kv-dtype must be bf16, f32 or fp8 (e4m3), got \"f16\""),
+            std::string::npos)
+      << run.err;
 }
 
 }  // namespace

@@ -134,7 +134,8 @@ TEST_F(BenchTransferTest, BadOptionsAreRefusedNamingWhatIsAccepted) {
       << zero.err;
   BenchRun dtype = bench("--kv-dtype f16");
   EXPECT_EQ(dtype.exit_code, 1);
-  EXPECT_NE(dtype.err.find("--kv-dtype must be bf16 or f32, got f16"), std::string::npos)
+  EXPECT_NE(dtype.err.find("--kv-dtype must be bf16, f32 or fp8 (e4m3), got \"f16\""),
+            std::string::npos)
       << dtype.err;
 }
 

@@ -1454,6 +1454,21 @@ TEST(EngineFp8KvCache, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   options.kv_cache_scales = true;
   tools::writeTestModel(options, dir.path());
   expectAloneBatchedSpeculatedAndCachedAlike(dir.path(), DType::kF8E4M3);
+  // The fp8 cache is what ran: a bf16 cache gives other log-probabilities.
+  std::vector<float> logprobs[2];
+  for (DType kv_dtype : {DType::kF8E4M3, DType::kBF16}) {
+    EngineConfig config = engineConfig();
+    config.model_dir = dir.path();
+    config.kv_dtype = kv_dtype;
+    Engine engine(config);
+    Request request = greedyRequest("r", randomTokens(70, 23), 8);
+    request.sampling.logprobs = 1;
+    for (const GeneratedToken& token : runToEnd(engine, request).tokens) {
+      logprobs[kv_dtype == DType::kBF16].push_back(token.logprob);
+    }
+  }
+  ASSERT_EQ(logprobs[0].size(), 8u);
+  EXPECT_NE(logprobs[0], logprobs[1]);
 }
 
 // An answer that ends inside a step's drafts (a stop string, max_tokens,

@@ -137,7 +137,8 @@ TEST(KvCache, RefusesFp8ScalesItCannotUse) {
       {{0.5f, 0.5f, 0.0f, 0.5f}, "fp8 KV cache K scale of layer 1 is 0.000000"},
       {{0.5f, -1.0f, 0.5f, 0.5f}, "fp8 KV cache V scale of layer 0 is -1.000000"},
       {{0.5f, 0.5f, 0.5f, std::nanf("")}, "V scale of layer 1 is nan"},
-      {{0.5f, 0.5f, 2e36f, 0.5f}, "(accepted: above 0, at most 1e36)"},
+      {{0.5f, 0.5f, 2e36f, 0.5f}, "(accepted: from 1e-30 to 1e36)"},
+      {{0.5f, 1e-31f, 0.5f, 0.5f}, "V scale of layer 0 is 0.000000 (accepted: from 1e-30 to 1e36)"},
   };
   for (const Case& c : cases) {
     KvCacheConfig config = smallConfig();

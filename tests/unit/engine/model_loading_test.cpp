@@ -655,8 +655,6 @@ fs::path writeTinyFp8(const fs::path& dir, const std::string& spec,
   return dir;
 }
 
-// Rewrites model.safetensors with `edit` deciding each tensor's dtype and
-// bytes (it may change them, or return false to leave the tensor out).
 // Rewrites model.safetensors tensor by tensor: `edit` may rename, retype,
 // reshape or refill a tensor, and drops it by returning false.
 void rewriteTensors(const fs::path& dir,
@@ -753,7 +751,6 @@ TEST(ModelLoading, Fp8CheckpointsLoadTheirMatricesWithTheirScales) {
   }
 }
 
-// An fp8 checkpoint's problems are refused naming the tensor or the field.
 // An fp8 KV cache's scales (docs/quantization.md#fp8-kv-cache) in each
 // spelling checkpoints use, read per layer; a layer without them gets 1,
 // a model without any none at all.
@@ -821,8 +818,42 @@ TEST(ModelLoading, KvCacheScalesAreReadInEachPublishedSpelling) {
   EXPECT_EQ(Model::load(dir.path())->kvCacheScales(), expected);
 
   EXPECT_TRUE(Model::load(writeTiny(TempDir().path()))->kvCacheScales().empty());
+
+  // Where a layer holds two spellings, k_scale/v_scale win over
+  // output_scale, which wins over kv_scale.
+  rewriteTensors(dir.path(),
+                 [](std::string& name, DType&, std::vector<int64_t>&, std::vector<uint8_t>&) {
+                   return name != "model.layers.0.self_attn.kv_scale";
+                 });
+  {
+    SafetensorsWriter writer;
+    SafetensorsFile file(dir.path() / "model.safetensors");
+    for (const auto& [name, tensor] : file.tensors()) {
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      writer.add(name, tensor.dtype, tensor.shape,
+                 std::vector<uint8_t>(bytes, bytes + tensor.num_bytes));
+    }
+    auto scalar = [](float value) {
+      std::vector<uint8_t> data(sizeof value);
+      std::memcpy(data.data(), &value, sizeof value);
+      return data;
+    };
+    const std::string attn = "model.layers.0.self_attn.";
+    writer.add(attn + "k_scale", DType::kF32, {}, scalar(0.5f));
+    writer.add(attn + "k_proj.output_scale", DType::kF32, {}, scalar(0.25f));
+    writer.add(attn + "kv_scale", DType::kF32, {}, scalar(0.125f));
+    writer.add(attn + "v_proj.output_scale", DType::kF32, {1}, scalar(0.0625f));
+    writer.write(dir.path() / "model.safetensors.new");
+  }
+  fs::rename(dir.path() / "model.safetensors.new", dir.path() / "model.safetensors");
+  expected[0] = 0.5f;
+  expected[1] = 0.0625f;
+  EXPECT_EQ(Model::load(dir.path())->kvCacheScales(), expected);
 }
 
+// Scales an fp8 cache cannot use are refused naming the tensor when that
+// cache asks for them; the model still loads for a bf16 or f32 cache (a
+// checkpoint with per-head scales served as before).
 TEST(ModelLoadingErrors, KvCacheScalesAreNamed) {
   struct Case {
     std::function<void(DType&, std::vector<int64_t>&, std::vector<uint8_t>&)> edit;
@@ -837,13 +868,16 @@ TEST(ModelLoadingErrors, KvCacheScalesAreNamed) {
          shape = {2};
          data.resize(2 * sizeof(float));
        },
-       " has shape [2], expected [] or [1] (one KV cache scale)"},
+       " has shape [2], expected [] or [1] (one KV cache scale per layer; per-head scales are "
+       "not supported)"},
       {[&](DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) { set(data, 0.0f); },
-       " holds 0.000000 (accepted: a KV cache scale above 0, at most 1e36)"},
+       " holds 0.000000 (accepted: a KV cache scale from 1e-30 to 1e36)"},
+      {[&](DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) { set(data, 1e-31f); },
+       " holds 0.000000 (accepted: a KV cache scale from 1e-30 to 1e36)"},
       {[&](DType&, std::vector<int64_t>&, std::vector<uint8_t>& data) {
          set(data, std::numeric_limits<float>::infinity());
        },
-       " holds inf (accepted: a KV cache scale above 0, at most 1e36)"},
+       " holds inf (accepted: a KV cache scale from 1e-30 to 1e36)"},
       {[](DType& dtype, std::vector<int64_t>&, std::vector<uint8_t>& data) {
          dtype = DType::kF8E4M3;
          data.resize(1);
@@ -861,12 +895,19 @@ TEST(ModelLoadingErrors, KvCacheScalesAreNamed) {
       if (tensor == name) c.edit(dtype, shape, data);
       return true;
     });
-    EXPECT_CONTAINS(
-        loadError(dir.path()),
-        "tensor " + name + " in " + (dir.path() / "model.safetensors").string() + c.message);
+    const std::unique_ptr<Model> model = Model::load(dir.path());
+    try {
+      model->kvCacheScales();
+      ADD_FAILURE() << "scales accepted";
+    } catch (const Error& e) {
+      EXPECT_CONTAINS(e.what(), "tensor " + name + " in " +
+                                    (dir.path() / "model.safetensors").string() + c.message +
+                                    "; an fp8 KV cache needs usable K/V scales");
+    }
   }
 }
 
+// An fp8 checkpoint's problems are refused naming the tensor or the field.
 TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
   const std::string q_proj = "model.layers.1.self_attn.q_proj.weight";
   {

@@ -248,6 +248,9 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "spec.engine.maxNumSeqs must be a positive integer, got the string \"64\""},
       {documents({decode_spec + "  engine: {maxNumSeqs: 0}\n"}),
        "spec.engine.maxNumSeqs must be a positive integer, got \"0\""},
+      {documents({decode_spec + "  engine: {kvDtype: fp8, device: cuda}\n"}),
+       "spec.engine sets kvDtype fp8 and device cuda: an fp8 KV cache runs on the CPU backend "
+       "only (set device cpu, or kvDtype bf16)"},
       {documents({decode_spec + "  engine: {kvDtype: fp16}\n"}),
        "spec.engine.kvDtype must be bf16, f32 or fp8, got \"fp16\""},
       {documents({decode_spec + "  engine: {computeDtype: f16}\n"}),
