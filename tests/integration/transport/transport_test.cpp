@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -182,7 +183,18 @@ class TransportTest : public ::testing::Test {
     EXPECT_TRUE(result.status.code() == StatusCode::kUnavailable ||
                 result.status.code() == StatusCode::kDeadlineExceeded)
         << result.status.toString();
-    EXPECT_EQ(result.failed_local_blocks.size(), pairs.size()) << result.status.toString();
+    // Every local block is reported failed or holds the owner's bytes: over
+    // shared memory a read racing keepalive's verdict may finish its first
+    // run (blocks 0..7) and fail the next; over TCP nothing is read.
+    const auto& failed = result.failed_local_blocks;
+    EXPECT_FALSE(failed.empty()) << result.status.toString();
+    if (first_read_fails) EXPECT_EQ(failed.size(), pairs.size()) << result.status.toString();
+    for (const BlockPair& pair : pairs) {
+      if (!std::binary_search(failed.begin(), failed.end(), pair.local_block)) {
+        EXPECT_TRUE(holdsRemoteBlock(pair.local_block, pair.remote_block))
+            << "block " << pair.local_block << " is neither reported failed nor the owner's";
+      }
+    }
     EXPECT_FALSE(peer->health().isOk());
     // The peer stays failed: later calls fail at once.
     result = peer->readBlocks(local_, pairs, Clock::now() + 5s);
