@@ -120,14 +120,18 @@ std::unique_ptr<KvSlabAllocator> slabAllocatorFor(kernels::Backend& backend) {
   return std::make_unique<BackendSlabAllocator>(backend);
 }
 
-KvCacheConfig KvCacheConfig::forModel(const Model& model, DType dtype, int32_t block_size) {
-  const ModelConfig& c = model.config();
+KvCacheConfig KvCacheConfig::forModel(const ModelConfig& model, DType dtype, int32_t block_size) {
   KvCacheConfig config;
   config.block_size = block_size;
   config.dtype = dtype;
-  config.num_layers = static_cast<int32_t>(c.num_hidden_layers);
-  config.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
-  config.head_dim = static_cast<int32_t>(c.head_dim);
+  config.num_layers = static_cast<int32_t>(model.num_hidden_layers);
+  config.num_kv_heads = static_cast<int32_t>(model.num_key_value_heads);
+  config.head_dim = static_cast<int32_t>(model.head_dim);
+  return config;
+}
+
+KvCacheConfig KvCacheConfig::forModel(const Model& model, DType dtype, int32_t block_size) {
+  KvCacheConfig config = forModel(model.config(), dtype, block_size);
   if (dtype == DType::kF8E4M3) config.scales = model.kvCacheScales();
   return config;
 }

@@ -87,8 +87,10 @@ struct KvCacheConfig {
   // Ignored by other dtypes.
   std::vector<float> scales;
 
-  // Layers, KV heads and head size from `model` (num_blocks left at 0); an
-  // f8e4m3 cache also takes the checkpoint's K/V scales (Model::kvCacheScales).
+  // Layers, KV heads and head size from `model` (num_blocks left at 0).
+  static KvCacheConfig forModel(const ModelConfig& model, DType dtype, int32_t block_size);
+  // As above; an f8e4m3 cache also takes the checkpoint's K/V scales
+  // (Model::kvCacheScales).
   static KvCacheConfig forModel(const Model& model, DType dtype, int32_t block_size);
 
   int64_t blockBytes() const;

@@ -282,17 +282,16 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   // safetensors library lays tensors out), so that with the data area
   // 8-byte aligned every tensor is aligned to its dtype; nlohmann::json
   // sorts keys, so equal contents give equal bytes.
-  std::vector<std::pair<const std::string*, const Entry*>> order;
-  for (const auto& [name, entry] : entries_) order.emplace_back(&name, &entry);
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-    return dtypeSize(a.second->dtype) > dtypeSize(b.second->dtype);
+  std::vector<const std::pair<const std::string, Entry>*> order;
+  for (const auto& item : entries_) order.push_back(&item);
+  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    return dtypeSize(a->second.dtype) > dtypeSize(b->second.dtype);
   });
   json header = json::object();
   header[kMetadataKey] = {{"format", "pt"}};
   uint64_t offset = 0;
-  for (const auto& [name_pointer, entry_pointer] : order) {
-    const std::string& name = *name_pointer;
-    const Entry& entry = *entry_pointer;
+  for (const auto* item : order) {
+    const auto& [name, entry] = *item;
     header[name] = {
         {"dtype", dtypeSafetensorsName(entry.dtype)},
         {"shape", entry.shape},
@@ -320,9 +319,8 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
     out.write(reinterpret_cast<const char*>(length_bytes), sizeof length_bytes);
     out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
     try {
-      for (const auto& [name_pointer, entry_pointer] : order) {
-        const std::string& name = *name_pointer;
-        const Entry& entry = *entry_pointer;
+      for (const auto* item : order) {
+        const auto& [name, entry] = *item;
         if (!entry.source) {
           out.write(reinterpret_cast<const char*>(entry.bytes.data()),
                     static_cast<std::streamsize>(entry.bytes.size()));

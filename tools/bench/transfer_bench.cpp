@@ -469,13 +469,10 @@ int runTransferBench(const TransferBenchOptions& options) {
 
   // The KV layout the agents will have, to know what N blocks weigh.
   const engine::ModelConfig config = engine::ModelConfig::fromFile(model_dir / "config.json");
-  engine::KvCacheConfig kv;
-  kv.block_size = options.block_size;
-  kv.dtype = engine::kvDtypeFromName(options.kv_dtype);
-  kv.num_layers = static_cast<int32_t>(config.num_hidden_layers);
-  kv.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
-  kv.head_dim = static_cast<int32_t>(config.head_dim);
-  const int64_t block_bytes = kv.blockBytes();
+  const int64_t block_bytes =
+      engine::KvCacheConfig::forModel(config, engine::kvDtypeFromName(options.kv_dtype),
+                                      options.block_size)
+          .blockBytes();
   const int64_t max_model_len = config.max_position_embeddings;
   // A prompt of k·block_size + 1 tokens plus the one generated token must fit.
   const int64_t max_blocks_per_handoff = (max_model_len - 2) / options.block_size;
