@@ -120,6 +120,10 @@ const std::vector<Row>& rows() {
       integer("max_num_batched_tokens", 1, kMaxNumBatchedTokens, "tokens per step",
               &ServeOptions::max_num_batched_tokens),
       integer("max_num_seqs", 1, kMaxNumSeqs, "sequences per step", &ServeOptions::max_num_seqs),
+      choice("scheduling_policy", {"fcfs", "priority"},
+             "the order requests are served in: fcfs (first come, first served) or priority "
+             "(by each request's priority, lower first; a better one may preempt a worse one)",
+             &ServeOptions::scheduling_policy),
       integer("max_model_len", 0, kMaxModelLen, "context length (0: the model's)",
               &ServeOptions::max_model_len),
       integer("max_waiting_requests", 1, kMaxWaitingRequests, "queued requests before 503",
@@ -502,6 +506,7 @@ void addServeFlags(CLI::App& command) {
   command.get_option("--max-num-batched-tokens")
       ->default_str(std::to_string(defaults.max_num_batched_tokens));
   command.get_option("--max-num-seqs")->default_str(std::to_string(defaults.max_num_seqs));
+  command.get_option("--scheduling-policy")->default_str(defaults.scheduling_policy);
   command.get_option("--max-waiting-requests")
       ->default_str(std::to_string(defaults.max_waiting_requests));
   command.get_option("--role")->default_str(defaults.role);

@@ -151,6 +151,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.compute_dtype = kernels::parseComputeDType(o.compute_dtype, "--compute-dtype");
   config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   config.scheduler.max_num_seqs = o.max_num_seqs;
+  config.scheduler.policy = engine::schedulingPolicyFromName(o.scheduling_policy);
   config.max_model_len = o.max_model_len;
   if (!o.speculative_config.empty()) {
     auto speculative = engine::SpeculativeConfig::parse(o.speculative_config);

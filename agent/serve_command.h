@@ -25,6 +25,8 @@ struct ServeOptions {
   std::string compute_dtype = "f32";
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
+  // fcfs or priority (engine::SchedulingPolicy).
+  std::string scheduling_policy = "fcfs";
   int64_t max_model_len = 0;
   int64_t max_waiting_requests = 1024;
   // HTTP limits (common/http/http_connection.h), as the router's flags of the

@@ -485,6 +485,13 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
       validateSamplingParams(request.sampling, model_->config().vocab_size, max_model_len_,
                              static_cast<int64_t>(request.prompt.size()));
   if (!valid.isOk()) return valid;
+  if (request.priority != 0 && config_.scheduler.policy != SchedulingPolicy::kPriority) {
+    return invalidArgument("priority must be 0 on an agent that serves first come, first served, "
+                           "got " +
+                           std::to_string(request.priority) +
+                           " (start the agent with --scheduling-policy priority to serve "
+                           "requests by priority)");
+  }
   const int64_t blocks_needed = (static_cast<int64_t>(request.prompt.size()) +
                                  request.sampling.max_tokens + config_.block_size - 1) /
                                 config_.block_size;
@@ -875,6 +882,7 @@ void Engine::publishStats() {
   stats.num_blocks = cache_->numBlocks();
   stats.kv_cache_usage = block_manager_->usage();
   stats.num_preemptions = scheduler_->numPreemptions();
+  stats.num_priority_preemptions = scheduler_->numPriorityPreemptions();
   stats.num_prefix_waits = scheduler_->numInFlightPrefixWaits();
   stats.prefix_cache_queries = block_manager_->prefixCacheQueryTokens();
   stats.prefix_cache_hits = block_manager_->prefixCacheHitTokens();

@@ -156,6 +156,9 @@ struct EngineStats {
   int64_t num_blocks = 0;
   double kv_cache_usage = 0.0;
   int64_t num_preemptions = 0;
+  // Of those, running sequences preempted to admit a request of a better
+  // priority (--scheduling-policy priority).
+  int64_t num_priority_preemptions = 0;
   // Sequences whose admission waited for blocks another was computing.
   int64_t num_prefix_waits = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up

@@ -1,9 +1,12 @@
 #include "agent/engine/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
+#include <string>
 #include <utility>
 
 #include "common/check.h"
+#include "common/status.h"
 
 namespace tandem::engine {
 namespace {
@@ -12,6 +15,17 @@ namespace {
 constexpr int64_t kLoadPending = -2;
 
 }  // namespace
+
+SchedulingPolicy schedulingPolicyFromName(std::string_view name, std::string_view option) {
+  if (name == "fcfs") return SchedulingPolicy::kFcfs;
+  if (name == "priority") return SchedulingPolicy::kPriority;
+  throw Error(std::string(option) + " must be fcfs or priority, got \"" + std::string(name) +
+              "\"");
+}
+
+const char* schedulingPolicyName(SchedulingPolicy policy) {
+  return policy == SchedulingPolicy::kPriority ? "priority" : "fcfs";
+}
 
 Sequence::Sequence(Request r) : request(std::move(r)) {
   tokens = request.prompt;
@@ -48,7 +62,25 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks)
 
 void Scheduler::add(std::unique_ptr<Sequence> sequence) {
   sequence->status = SequenceStatus::kWaiting;
-  waiting_.push_back(std::move(sequence));
+  queueBehind(std::move(sequence));
+}
+
+int64_t Scheduler::rank(const Sequence& sequence) const {
+  return config_.policy == SchedulingPolicy::kPriority ? sequence.request.priority : 0;
+}
+
+void Scheduler::queueBehind(std::unique_ptr<Sequence> sequence) {
+  const int64_t own = rank(*sequence);
+  auto at = waiting_.end();
+  while (at != waiting_.begin() && rank(**std::prev(at)) > own) --at;
+  waiting_.insert(at, std::move(sequence));
+}
+
+void Scheduler::queueAhead(std::unique_ptr<Sequence> sequence) {
+  const int64_t own = rank(*sequence);
+  auto at = waiting_.begin();
+  while (at != waiting_.end() && rank(**at) < own) ++at;
+  waiting_.insert(at, std::move(sequence));
 }
 
 Sequence* Scheduler::find(const std::string& request_id) {
@@ -68,7 +100,7 @@ void Scheduler::preempt(Sequence* sequence) {
   std::unique_ptr<Sequence> owned = std::move(*it);
   running_.erase(it);
   dropBlocks(*owned);
-  waiting_.push_front(std::move(owned));
+  queueAhead(std::move(owned));
 }
 
 void Scheduler::dropBlocks(Sequence& sequence) {
@@ -157,7 +189,7 @@ bool Scheduler::loadFinished(const std::string& request_id, std::vector<int64_t>
   // reclaimWaitingBlocks).
   std::unique_ptr<Sequence> loaded = std::move(*it);
   waiting_.erase(it);
-  waiting_.push_front(std::move(loaded));
+  queueAhead(std::move(loaded));
   return true;
 }
 
@@ -320,9 +352,59 @@ SchedulerOutput Scheduler::schedule() {
   int64_t budget = config_.max_num_batched_tokens;
   for (const auto& sequence : running_) sequence->draft.clear();
 
-  // Running sequences first, oldest first; the newest are preempted when
+  // The priorities present, best first (one under kFcfs), served in turn:
+  // the running sequences of each, then its waiting ones.
+  std::vector<int64_t> ranks;
+  for (const auto& sequence : running_) ranks.push_back(rank(*sequence));
+  for (const auto& sequence : waiting_) ranks.push_back(rank(*sequence));
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  size_t next = 0;  // the first running sequence not yet served
+  // Growing a running sequence had to preempt: there is no room to admit.
+  bool grew_by_preempting = false;
+  // A waiting sequence found no room or seat: the queue stops there.
+  bool queue_stopped = false;
+  for (const int64_t served : ranks) {
+    if (budget <= 0) break;
+    const size_t preempted_before = output.preempted.size();
+    if (!scheduleRunning(served, &next, budget, output)) break;
+    grew_by_preempting = grew_by_preempting || output.preempted.size() > preempted_before;
+    if (grew_by_preempting || queue_stopped) continue;
+    Blocked blocked = admitWaiting(served, &next, budget, output);
+    while (blocked.sequence != nullptr) {
+      // Holds whose readers have not come give way first; then running
+      // sequences of a worse priority (kPriority); then, when nothing runs
+      // (no running sequence will free a block), the blocks that waiting
+      // ones hold (loaded, not yet admitted). A missing seat only the
+      // second can give.
+      const bool reclaimed =
+          blocked.no_seat
+              ? preemptForPriority(blocked, output)
+              : (admission_blocks_short_ > 0 && reclaim_held_ &&
+                 reclaim_held_(admission_blocks_short_)) ||
+                    preemptForPriority(blocked, output) ||
+                    (running_.empty() && output.chunks.empty() &&
+                     reclaimWaitingBlocks(blocked.sequence));
+      if (!reclaimed) break;
+      blocked = admitWaiting(served, &next, budget, output);
+    }
+    queue_stopped = blocked.sequence != nullptr;
+  }
+  // Not in a step that preempted: its free blocks are the victims'.
+  if (drafter_ && output.preempted.empty()) addDrafts(budget, output);
+  // Failed loads leave the pending list only with an output that is
+  // returned: an admission that throws above drops this output, and they are
+  // reported by the next schedule() instead of never.
+  output.failed_loads = std::exchange(pending_failed_loads_, {});
+  return output;
+}
+
+bool Scheduler::scheduleRunning(int64_t served, size_t* next, int64_t& budget,
+                                SchedulerOutput& output) {
+  // Oldest first; the newest of the worst priority are preempted when
   // blocks run out.
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+  size_t i = *next;
+  for (; i < running_.size() && rank(*running_[i]) == served && budget > 0;) {
     Sequence* sequence = running_[i].get();
     const int64_t limit = sequence->nextComputeLimit(sequence->num_computed_tokens);
     const int64_t num_tokens = std::min(limit - sequence->num_computed_tokens, budget);
@@ -361,7 +443,7 @@ SchedulerOutput Scheduler::schedule() {
         break;
       }
     }
-    if (preempted_self) break;  // everything after it was preempted too
+    if (preempted_self) return false;  // everything after it was preempted too
     ScheduledChunk chunk;
     chunk.sequence = sequence;
     chunk.start = sequence->num_computed_tokens;
@@ -372,59 +454,58 @@ SchedulerOutput Scheduler::schedule() {
     budget -= num_tokens;
     ++i;
   }
-
-  // Then waiting sequences in order, unless this step had to preempt (there
-  // is no room to grow).
-  if (output.preempted.empty()) {
-    Sequence* blocked = admitWaiting(budget, output);
-    while (blocked != nullptr) {
-      // Holds whose readers have not come give way first; then, when
-      // nothing runs (no running sequence will free a block), the blocks
-      // that waiting ones hold (loaded, not yet admitted).
-      const bool reclaimed =
-          (admission_blocks_short_ > 0 && reclaim_held_ &&
-           reclaim_held_(admission_blocks_short_)) ||
-          (running_.empty() && output.chunks.empty() && reclaimWaitingBlocks(blocked));
-      if (!reclaimed) break;
-      blocked = admitWaiting(budget, output);
-    }
-  }
-  // Not in a step that preempted: its free blocks are the victims'.
-  if (drafter_ && output.preempted.empty()) addDrafts(budget, output);
-  // Failed loads leave the pending list only with an output that is
-  // returned: an admission that throws above drops this output, and they are
-  // reported by the next schedule() instead of never.
-  output.failed_loads = std::exchange(pending_failed_loads_, {});
-  return output;
+  // Those of this priority the budget did not reach wait for a later step.
+  while (i < running_.size() && rank(*running_[i]) == served) ++i;
+  *next = i;
+  return true;
 }
 
-Sequence* Scheduler::admitWaiting(int64_t& budget, SchedulerOutput& output) {
+Scheduler::Blocked Scheduler::admitWaiting(int64_t served, size_t* next, int64_t& budget,
+                                           SchedulerOutput& output) {
   // Sequences waiting for remote KV are passed over, so they never block
   // the queue behind them.
   // Sequences parked on a load hold blocks: they count toward max_num_seqs.
   const int64_t parked = numWaitingForRemoteKv();
-  for (size_t i = 0; i < waiting_.size() && budget > 0 &&
-                     static_cast<int64_t>(running_.size()) + parked < config_.max_num_seqs;) {
+  size_t i = 0;
+  while (i < waiting_.size() && rank(*waiting_[i]) < served) ++i;  // passed over before
+  while (i < waiting_.size() && rank(*waiting_[i]) == served && budget > 0) {
     Sequence* sequence = waiting_[i].get();
     if (sequence->status == SequenceStatus::kWaitingForRemoteKv ||
         sequence->status == SequenceStatus::kLoadFailed) {
       ++i;
       continue;
     }
+    if (std::ssize(running_) + parked >= config_.max_num_seqs) {
+      return {.sequence = sequence, .no_seat = true};
+    }
     const int64_t before = output.num_tokens;
     admitting_ = sequence;
     const Admission admission = admit(sequence, budget, output);
     admitting_ = nullptr;
-    if (admission == Admission::kNoRoom) return sequence;
+    if (admission == Admission::kNoRoom) return {.sequence = sequence};
     if (admission == Admission::kSkipped) {
       ++i;
       continue;
     }
     budget -= output.num_tokens - before;
-    running_.push_back(std::move(waiting_[i]));
+    running_.insert(running_.begin() + static_cast<std::ptrdiff_t>(*next), std::move(waiting_[i]));
+    ++*next;
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
   }
-  return nullptr;
+  return {};
+}
+
+bool Scheduler::preemptForPriority(const Blocked& blocked, SchedulerOutput& output) {
+  if (config_.policy != SchedulingPolicy::kPriority || running_.empty()) return false;
+  // Lacking token budget (a prompt that may not be chunked), a victim
+  // would give nothing: it has no chunk in this step yet.
+  if (!blocked.no_seat && admission_blocks_short_ == 0) return false;
+  Sequence* victim = running_.back().get();
+  if (rank(*victim) <= rank(*blocked.sequence)) return false;
+  preempt(victim);
+  output.preempted.push_back(victim);
+  ++num_priority_preemptions_;
+  return true;
 }
 
 void Scheduler::onStepComputed(const SchedulerOutput& output) {

@@ -23,6 +23,19 @@
 // into a present range, and when the computed prefix reaches one it jumps to
 // its end.
 //
+// Priority (SchedulingPolicy::kPriority, vLLM's --scheduling-policy
+// priority): every sequence has its request's priority, lower first. The
+// queue and the running sequences are kept ordered by it, first come, first
+// served among equals (the rules above hold within each priority), and a
+// step serves the priorities in order: the running sequences of the first,
+// then its waiting ones, then the next priority's, so a request of a better
+// priority takes the step's tokens before those of a worse one. Blocks
+// running out preempt the newest sequence of the worst priority. A waiting
+// sequence that finds no blocks or no seat preempts running sequences of a
+// strictly worse priority, worst and newest first, until it fits (never one
+// of its own priority: equals never preempt each other). Under kFcfs every
+// sequence counts as priority 0 and all of this is the order above.
+//
 // Pure logic over sequence state and the block manager: no model, no
 // threads. Used by the engine loop thread only.
 #pragma once
@@ -32,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,7 +54,19 @@
 
 namespace tandem::engine {
 
+// The order requests are served in (vLLM's --scheduling-policy).
+enum class SchedulingPolicy {
+  kFcfs,      // first come, first served; a request's priority must be 0
+  kPriority,  // by the request's priority (lower first), then first come
+};
+// "fcfs" / "priority" (the option values); anything else throws an Error
+// naming `option` and the accepted values.
+SchedulingPolicy schedulingPolicyFromName(std::string_view name,
+                                          std::string_view option = "--scheduling-policy");
+const char* schedulingPolicyName(SchedulingPolicy policy);
+
 struct SchedulerConfig {
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
   // When false a prompt is only admitted if all of it fits in one step.
@@ -234,6 +260,9 @@ class Scheduler {
   int64_t numBlocksNeededByWaiting() const;
   bool hasWork() const { return !running_.empty() || !waiting_.empty() || !abandoned_.empty(); }
   int64_t numPreemptions() const { return num_preemptions_; }
+  // Of those, the running sequences preempted to admit a waiting one of a
+  // better priority.
+  int64_t numPriorityPreemptions() const { return num_priority_preemptions_; }
   // Sequences whose admission waited for another sequence to compute a
   // prompt block they share (each counted once).
   int64_t numInFlightPrefixWaits() const { return in_flight_prefix_waits_; }
@@ -262,10 +291,30 @@ class Scheduler {
   // Gives decode chunks the drafts the drafter proposes, within `budget`.
   void addDrafts(int64_t budget, SchedulerOutput& output);
   enum class Admission { kAdmitted, kNoRoom, kSkipped };
-  // Admits waiting sequences in order while the budget and max_num_seqs
-  // allow; returns the one that found no room (the queue stops there), or
-  // null.
-  Sequence* admitWaiting(int64_t& budget, SchedulerOutput& output);
+  // The priority a sequence is scheduled by (0 for all under kFcfs).
+  int64_t rank(const Sequence& sequence) const;
+  // Queues a sequence behind those of its priority (a new one), or before
+  // them (a preempted one, or one whose load finished: it goes first).
+  void queueBehind(std::unique_ptr<Sequence> sequence);
+  void queueAhead(std::unique_ptr<Sequence> sequence);
+  // Schedules the running sequences of priority `rank` from index `*next`
+  // on, growing them (and preempting when blocks run out); moves `*next`
+  // past them. False when a sequence had to preempt itself: the step ends.
+  bool scheduleRunning(int64_t rank, size_t* next, int64_t& budget, SchedulerOutput& output);
+  // Why the queue stopped at a sequence.
+  struct Blocked {
+    Sequence* sequence = nullptr;  // null: it did not stop
+    bool no_seat = false;          // max_num_seqs, not blocks or budget
+  };
+  // Admits waiting sequences of priority `rank` in order while the budget
+  // and max_num_seqs allow, each joining the running ones at `*next`
+  // (moved past it); returns the one that found no room or no seat (the
+  // queue stops there).
+  Blocked admitWaiting(int64_t rank, size_t* next, int64_t& budget, SchedulerOutput& output);
+  // kPriority: preempts the newest running sequence of the worst priority
+  // when that is strictly worse than `blocked`'s and `blocked` lacks a seat
+  // or blocks; false when there is none.
+  bool preemptForPriority(const Blocked& blocked, SchedulerOutput& output);
   // Frees the blocks of the newest waiting sequence other than `except` that
   // holds blocks and is not being loaded into; false when there is none.
   bool reclaimWaitingBlocks(const Sequence* except);
@@ -285,9 +334,13 @@ class Scheduler {
 
   SchedulerConfig config_;
   BlockManager& blocks_;
-  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  // Admission order (kPriority: by priority, then admission order).
+  std::vector<std::unique_ptr<Sequence>> running_;
+  // Arrival order, preempted and loaded sequences first (kPriority: by
+  // priority, then that order).
   std::deque<std::unique_ptr<Sequence>> waiting_;
   int64_t num_preemptions_ = 0;
+  int64_t num_priority_preemptions_ = 0;
   int64_t in_flight_prefix_waits_ = 0;
   ExternalKvSource* external_ = nullptr;
   std::function<bool(int64_t)> reclaim_held_;

@@ -163,6 +163,10 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   prefix_hits_ =
       counter("tandem_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.");
   preemptions_ = counter("tandem_preemptions_total", "Sequences preempted for recompute.");
+  priority_preemptions_ =
+      counter("tandem_priority_preemptions_total",
+              "Running sequences preempted to admit a request of a better priority "
+              "(--scheduling-policy priority); also counted in tandem_preemptions_total.");
   prefix_waits_ = counter("tandem_prefix_waits_total",
                           "Requests admitted only after another request computed prompt blocks "
                           "they share (instead of computing them twice).");
@@ -290,6 +294,8 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
   advance(prefix_queries_, stats.prefix_cache_queries, reported_.prefix_cache_queries);
   advance(prefix_hits_, stats.prefix_cache_hits, reported_.prefix_cache_hits);
   advance(preemptions_, stats.num_preemptions, reported_.num_preemptions);
+  advance(priority_preemptions_, stats.num_priority_preemptions,
+          reported_.num_priority_preemptions);
   advance(prefix_waits_, stats.num_prefix_waits, reported_.num_prefix_waits);
   advance(computed_tokens_, stats.num_computed_tokens, reported_.num_computed_tokens);
   advance(step_failures_, stats.num_step_failures, reported_.num_step_failures);

@@ -90,6 +90,7 @@ class AgentMetrics {
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* priority_preemptions_;
   prometheus::Counter* step_failures_;
   prometheus::Counter* prefix_waits_;
   prometheus::Counter* computed_tokens_;

@@ -529,6 +529,11 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
     }
   }
 
+  // vLLM's: lower is served earlier; any 64-bit integer. Whether this agent
+  // schedules by it is the engine's to say (Engine::addRequest).
+  if (fields.readInt("priority", kInt64Min, kInt64Max, &integer)) {
+    parsed.request.priority = integer;
+  }
   if (fields.readString("cache_salt", &parsed.request.cache_salt) &&
       parsed.request.cache_salt.empty()) {
     fields.fail("cache_salt must not be empty when given", "cache_salt");

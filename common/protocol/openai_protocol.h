@@ -7,7 +7,7 @@
 //
 // Requests follow OpenAI's /v1/completions and /v1/chat/completions with
 // vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens,
-// stop_token_ids, ignore_eos, skip_special_tokens, cache_salt,
+// stop_token_ids, ignore_eos, skip_special_tokens, cache_salt, priority,
 // kv_transfer_params) and vLLM's /tokenize and /detokenize. Unknown fields
 // are ignored; structured outputs (response_format, structured_outputs,
 // guided_*) are read by structured_request.h; fields that would change the

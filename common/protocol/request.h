@@ -77,6 +77,10 @@ struct Request {
   // The request field it came from ("structured_outputs.regex",
   // "response_format.json_schema.schema", ...), named by errors about it.
   std::string structured_output_field;
+  // vLLM's priority: under the priority scheduling policy a request of a
+  // lower value is served first (Scheduler); under first come, first served
+  // only 0 is accepted.
+  int64_t priority = 0;
   // Mixed into block hashes: requests with different salts never share
   // cached blocks.
   std::string cache_salt;

@@ -66,10 +66,11 @@ struct Harness {
     runner = std::make_unique<ModelRunner>(tinyModel(), *cache, cpuBackend());
   }
 
-  Sequence* add(const std::string& id, std::vector<TokenId> prompt) {
+  Sequence* add(const std::string& id, std::vector<TokenId> prompt, int64_t priority = 0) {
     Request request;
     request.id = id;
     request.prompt = std::move(prompt);
+    request.priority = priority;
     auto sequence = std::make_unique<Sequence>(std::move(request));
     Sequence* raw = sequence.get();
     scheduler->add(std::move(sequence));
@@ -639,6 +640,216 @@ TEST(Scheduler, PrefillTokensWaitingCountsQueuedPromptsUntilAdmitted) {
   h.step();  // a admitted (its first chunk); b still queued behind the sequence limit
   EXPECT_EQ(h.scheduler->numWaiting(), 1);
   EXPECT_EQ(h.scheduler->numPrefillTokensWaiting(), 12);
+}
+
+// Priority scheduling (SchedulingPolicy::kPriority).
+SchedulerConfig priorityConfig() {
+  SchedulerConfig config;
+  config.policy = SchedulingPolicy::kPriority;
+  return config;
+}
+
+// Runs one sequence at a time to its first token and returns the order in
+// which the sequences were served.
+std::vector<std::string> servedOneByOne(SchedulingPolicy policy) {
+  SchedulerConfig config;
+  config.policy = policy;
+  config.max_num_seqs = 1;
+  Harness h(32, config);
+  std::vector<Sequence*> all = {h.add("a", randomTokens(9, 11), 5), h.add("b", randomTokens(9, 12), 1),
+                                h.add("c", randomTokens(9, 13), 1), h.add("d", randomTokens(9, 14), -3),
+                                h.add("e", randomTokens(9, 15), 5)};
+  std::vector<std::string> order;
+  std::vector<std::unique_ptr<Sequence>> finished;
+  for (int guard = 0; guard < 20 && order.size() < all.size(); ++guard) {
+    SchedulerOutput out;
+    h.step(&out);
+    for (const ScheduledChunk& chunk : out.chunks) {
+      order.push_back(chunk.sequence->request.id);
+      finished.push_back(h.scheduler->finish(chunk.sequence));
+    }
+  }
+  EXPECT_EQ(h.scheduler->numPreemptions(), 0);
+  return order;
+}
+
+TEST(SchedulerPriority, TheQueueIsServedByPriorityThenByArrival) {
+  EXPECT_EQ(servedOneByOne(SchedulingPolicy::kPriority),
+            (std::vector<std::string>{"d", "b", "c", "a", "e"}));
+  // First come, first served takes no notice of priorities.
+  EXPECT_EQ(servedOneByOne(SchedulingPolicy::kFcfs),
+            (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+}
+
+TEST(SchedulerPriority, ABetterPriorityTakesTheStepsTokensBeforeAWorseRunningOne) {
+  for (const SchedulingPolicy policy : {SchedulingPolicy::kPriority, SchedulingPolicy::kFcfs}) {
+    SCOPED_TRACE(schedulingPolicyName(policy));
+    SchedulerConfig config;
+    config.policy = policy;
+    config.max_num_batched_tokens = 32;
+    Harness h(32, config);
+    Sequence* low = h.add("low", randomTokens(100, 16), 1);
+    h.step();  // low's first chunk
+    Sequence* high = h.add("high", randomTokens(20, 17), 0);
+    SchedulerOutput out;
+    h.step(&out);
+    ASSERT_FALSE(out.chunks.empty());
+    if (policy == SchedulingPolicy::kPriority) {
+      ASSERT_EQ(out.chunks.size(), 2u);
+      EXPECT_EQ(out.chunks[0].sequence, high);
+      EXPECT_EQ(out.chunks[0].num_tokens, 20);
+      EXPECT_TRUE(out.chunks[0].samples);
+      EXPECT_EQ(out.chunks[1].sequence, low);
+      EXPECT_EQ(out.chunks[1].num_tokens, 12) << "the worse one gets what the better one left";
+    } else {
+      ASSERT_EQ(out.chunks.size(), 1u);
+      EXPECT_EQ(out.chunks[0].sequence, low) << "the running prefill takes the whole budget";
+      EXPECT_EQ(out.chunks[0].num_tokens, 32);
+    }
+    EXPECT_EQ(h.scheduler->numPreemptions(), 0);
+  }
+}
+
+TEST(SchedulerPriority, AWaitingBetterPriorityTakesTheSeatOfTheWorstRunningOneNeverAnEqual) {
+  SchedulerConfig config = priorityConfig();
+  config.max_num_seqs = 2;
+  Harness h(32, config);
+  Sequence* one = h.add("one", randomTokens(10, 18), 1);
+  Sequence* two = h.add("two", randomTokens(10, 19), 2);
+  h.step();
+  ASSERT_EQ(h.scheduler->numRunning(), 2);
+  // An equal of the best running one finds no seat and preempts nobody.
+  Sequence* equal = h.add("equal", randomTokens(10, 20), 2);
+  SchedulerOutput out;
+  h.step(&out);
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(equal->status, SequenceStatus::kWaiting);
+  // A better one preempts the worst running one (two, not one).
+  Sequence* best = h.add("best", randomTokens(10, 21), 0);
+  h.step(&out);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0], two);
+  EXPECT_EQ(two->status, SequenceStatus::kWaiting);
+  EXPECT_EQ(best->status, SequenceStatus::kRunning);
+  EXPECT_EQ(one->status, SequenceStatus::kRunning);
+  EXPECT_EQ(h.scheduler->numPriorityPreemptions(), 1);
+  EXPECT_EQ(h.scheduler->numPreemptions(), 1);
+  // The victim waits ahead of the equal that came after it.
+  std::vector<std::unique_ptr<Sequence>> finished;
+  finished.push_back(h.scheduler->finish(best));
+  h.step(&out);
+  EXPECT_EQ(two->status, SequenceStatus::kRunning);
+  EXPECT_EQ(equal->status, SequenceStatus::kWaiting);
+}
+
+TEST(SchedulerPriority, BlocksRunningOutPreemptTheWorstPriorityNotTheNewest) {
+  SchedulerConfig config = priorityConfig();
+  Harness h(6, config);
+  // worse admitted first (2 blocks), better after it (2 blocks); both then
+  // decode until the 6 blocks run out.
+  Sequence* worse = h.add("worse", randomTokens(30, 22), 1);
+  h.step();
+  Sequence* better = h.add("better", randomTokens(30, 23), 0);
+  h.step();
+  ASSERT_EQ(h.scheduler->numRunning(), 2);
+  SchedulerOutput out;
+  for (int guard = 0; guard < 100 && out.preempted.empty(); ++guard) h.step(&out);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0], worse) << "the newest running one is better: the worse goes";
+  EXPECT_EQ(better->status, SequenceStatus::kRunning);
+  EXPECT_EQ(h.scheduler->numPriorityPreemptions(), 0) << "a growth preemption, not an admission";
+}
+
+TEST(SchedulerPriority, PreemptedForABetterPriorityEveryoneEndsWithTheTokensItWouldHaveAlone) {
+  const std::vector<TokenId> p1 = randomTokens(40, 24), p2 = randomTokens(33, 25),
+                             p3 = randomTokens(70, 26);
+  const int64_t num_new = 24;
+  Harness h(10, priorityConfig());
+  Sequence* s1 = h.add("s1", p1, 3);
+  Sequence* s2 = h.add("s2", p2, 2);
+  for (int i = 0; i < 4; ++i) h.step();  // both run; 6 blocks taken of 10
+  // s3 needs 5 blocks to start: s1, the worst, gives its 3 and waits.
+  // (s3 and s2 need all 10 at the end.)
+  Sequence* s3 = h.add("s3", p3, 0);
+  std::map<std::string, std::vector<TokenId>> results;
+  std::vector<std::unique_ptr<Sequence>> finished;
+  const int64_t free_at_start = 10;
+  for (int guard = 0; guard < 1000 && results.size() < 3; ++guard) {
+    h.step();
+    for (Sequence* s : {s1, s2, s3}) {
+      if (results.count(s->request.id) != 0) continue;
+      if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new) {
+        results[s->request.id] =
+            std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
+        finished.push_back(h.scheduler->finish(s));
+      }
+    }
+  }
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_GT(h.scheduler->numPreemptions(), 0) << "the test did not exercise preemption";
+  EXPECT_GT(h.scheduler->numPriorityPreemptions(), 0);
+  EXPECT_GT(s1->num_preemptions, 0) << "the worst priority gives way";
+  EXPECT_EQ(s2->num_preemptions, 0);
+  EXPECT_EQ(s3->num_preemptions, 0);
+  EXPECT_EQ(results["s1"], generateAlone(p1, num_new));
+  EXPECT_EQ(results["s2"], generateAlone(p2, num_new));
+  EXPECT_EQ(results["s3"], generateAlone(p3, num_new));
+  EXPECT_EQ(h.blocks->numFreeBlocks(), free_at_start) << "blocks leaked";
+}
+
+TEST(SchedulerPriority, AWaitingBetterPriorityPreemptsForBlocksWhatItNeedsAndNoMore) {
+  Harness h(10, priorityConfig());
+  // Three worse sequences take 9 of 10 blocks (3 each).
+  Sequence* a = h.add("a", randomTokens(40, 27), 5);
+  Sequence* b = h.add("b", randomTokens(40, 28), 5);
+  Sequence* c = h.add("c", randomTokens(40, 29), 6);
+  h.step();
+  ASSERT_EQ(h.scheduler->numRunning(), 3);
+  ASSERT_EQ(h.blocks->numFreeBlocks(), 1);
+  // A better one of 60 tokens needs 4 blocks: c (the worst) gives 3 and is
+  // enough; a and b (equals of each other, better than c) keep running.
+  Sequence* best = h.add("best", randomTokens(60, 30), 0);
+  SchedulerOutput out;
+  h.step(&out);
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0], c);
+  EXPECT_EQ(best->status, SequenceStatus::kRunning);
+  EXPECT_EQ(a->status, SequenceStatus::kRunning);
+  EXPECT_EQ(b->status, SequenceStatus::kRunning);
+  EXPECT_EQ(h.scheduler->numPriorityPreemptions(), 1);
+  EXPECT_TRUE(std::any_of(out.chunks.begin(), out.chunks.end(),
+                          [&](const ScheduledChunk& chunk) { return chunk.sequence == best; }));
+  EXPECT_EQ(c->status, SequenceStatus::kWaiting);
+}
+
+TEST(SchedulerPriority, ASequenceThatFindsNoRoomStopsTheQueueForWorsePriorities) {
+  Harness h(6, priorityConfig());
+  Sequence* running = h.add("running", randomTokens(60, 31), 0);  // 4 blocks of 6
+  h.step();
+  // big (priority 1) needs 3 blocks, 2 are free, and no worse sequence runs
+  // to give way; small (priority 2) would fit but does not pass it.
+  Sequence* big = h.add("big", randomTokens(40, 32), 1);
+  Sequence* small = h.add("small", randomTokens(10, 33), 2);
+  SchedulerOutput out;
+  h.step(&out);
+  EXPECT_EQ(big->status, SequenceStatus::kWaiting);
+  EXPECT_EQ(small->status, SequenceStatus::kWaiting);
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.chunks.size(), 1u);
+  EXPECT_EQ(out.chunks[0].sequence, running);
+}
+
+TEST(SchedulerPriority, PolicyNamesAreTheOptionValues) {
+  EXPECT_EQ(schedulingPolicyFromName("fcfs"), SchedulingPolicy::kFcfs);
+  EXPECT_EQ(schedulingPolicyFromName("priority"), SchedulingPolicy::kPriority);
+  EXPECT_STREQ(schedulingPolicyName(SchedulingPolicy::kPriority), "priority");
+  EXPECT_STREQ(schedulingPolicyName(SchedulingPolicy::kFcfs), "fcfs");
+  try {
+    schedulingPolicyFromName("lifo", "scheduling_policy");
+    FAIL() << "lifo was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "scheduling_policy must be fcfs or priority, got \"lifo\"");
+  }
 }
 
 }  // namespace
