@@ -8,10 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -1208,26 +1210,43 @@ TEST(EnginePromptLogprobs, OutOfRangeIsRefused) {
 // Speculative decoding (docs/speculative-decoding.md): drafts change how many
 // steps an answer takes, never the answer.
 
-// Runs every request at once on one engine until each has finished.
-std::vector<FullRun> runAllToEnd(Engine& engine, const std::vector<Request>& requests) {
+// Runs every request at once on one engine until each has finished. With
+// `first` > 0, the engine stops in the first request's first output until
+// the requests after the first `first` have been added: they reach the
+// scheduler together, when the first `first` have been queued or admitted.
+std::vector<FullRun> runAllToEnd(Engine& engine, const std::vector<Request>& requests,
+                                 size_t first = 0) {
   std::vector<FullRun> runs(requests.size());
   std::mutex mutex;
   std::condition_variable done;
   size_t finished = 0;
+  std::promise<void> gate_reached;
+  std::promise<void> rest_added;
+  std::shared_future<void> rest_added_future = rest_added.get_future().share();
   for (size_t i = 0; i < requests.size(); ++i) {
+    if (i == first && first > 0) gate_reached.get_future().wait();
     const Status added = engine.addRequest(requests[i], [&, i](const RequestOutput& out) {
-      std::lock_guard<std::mutex> lock(mutex);
-      FullRun& run = runs[i];
-      run.tokens.insert(run.tokens.end(), out.tokens.begin(), out.tokens.end());
-      if (out.finished()) {
-        run.num_cached_tokens = out.num_cached_tokens;
-        run.reason = out.finish_reason;
-        ++finished;
-        done.notify_all();
+      bool at_gate = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        FullRun& run = runs[i];
+        at_gate = i == 0 && first > 0 && run.tokens.empty() && !out.tokens.empty();
+        run.tokens.insert(run.tokens.end(), out.tokens.begin(), out.tokens.end());
+        if (out.finished()) {
+          run.num_cached_tokens = out.num_cached_tokens;
+          run.reason = out.finish_reason;
+          ++finished;
+          done.notify_all();
+        }
+      }
+      if (at_gate) {
+        gate_reached.set_value();
+        rest_added_future.wait();
       }
     });
     EXPECT_TRUE(added.isOk()) << added.message();
   }
+  if (first > 0) rest_added.set_value();
   std::unique_lock<std::mutex> lock(mutex);
   EXPECT_TRUE(
       done.wait_for(lock, std::chrono::seconds(120), [&] { return finished == requests.size(); }));
@@ -1538,6 +1557,50 @@ TEST(EngineSpeculative, AnswersEndAndArePreemptedAsWithoutDrafts) {
   EXPECT_GT(stats.spec_decode_num_accepted_tokens, 0);
   EXPECT_LT(stats.spec_decode_num_accepted_tokens, stats.spec_decode_num_draft_tokens);
   EXPECT_EQ(stats.num_free_blocks, stats.num_blocks);
+}
+
+// Priority scheduling (--scheduling-policy priority) changes the order in
+// which requests are served, never an answer.
+TEST(EnginePriority, AnswersAreTheBitsTheyHaveAloneWhateverTheirPriority) {
+  Engine alone(engineConfig());
+  EngineConfig tight = engineConfig();
+  tight.num_blocks = 14;
+  tight.scheduler.policy = SchedulingPolicy::kPriority;
+  tight.scheduler.max_num_seqs = 3;
+  Engine prioritized(tight);
+  // Three worse requests come first; three better ones come once the first
+  // has its first token, and take the seats and blocks of the worse.
+  std::vector<Request> crowd;
+  const int64_t priorities[] = {3, 3, 2, 1, 0, -1};
+  for (uint32_t i = 0; i < 6; ++i) {
+    Request request = greedyRequest("crowd-" + std::to_string(i), randomTokens(30 + 7 * i, 60 + i), 24);
+    request.sampling.logprobs = 2;
+    request.priority = priorities[i];
+    crowd.push_back(request);
+  }
+  std::vector<FullRun> expected;
+  for (Request request : crowd) {
+    request.priority = 0;
+    expected.push_back(runToEnd(alone, request));
+  }
+  expectSameRuns(expected, runAllToEnd(prioritized, crowd, 3), crowd);
+  const EngineStats stats = prioritized.stats();
+  EXPECT_GT(stats.num_priority_preemptions, 0) << "the test did not exercise priority preemption";
+  EXPECT_GE(stats.num_preemptions, stats.num_priority_preemptions);
+  EXPECT_EQ(stats.num_free_blocks, stats.num_blocks) << "blocks leaked";
+}
+
+TEST(EnginePriority, OnlyPriorityZeroIsAcceptedFirstComeFirstServed) {
+  Engine engine(engineConfig());
+  Request request = greedyRequest("prioritized", randomTokens(12, 70), 2);
+  request.priority = -5;
+  const Status refused = engine.addRequest(request, [](const RequestOutput&) {});
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(),
+            "priority must be 0 on an agent that serves first come, first served, got -5 (start "
+            "the agent with --scheduling-policy priority to serve requests by priority)");
+  request.priority = 0;
+  EXPECT_EQ(runToEnd(engine, request).tokens.size(), 2u);
 }
 
 // Blocks taken for drafts that were not accepted go back at the end of the
