@@ -199,6 +199,38 @@ TEST(Server, PreemptedRequestsRecomputeToIdenticalTokens) {
       << "blocks leaked";
 }
 
+// --scheduling-policy priority over HTTP: with both seats taken by worse
+// requests, a better one takes the seat of one of them (which recomputes
+// later) instead of waiting for it; every answer is the one it has alone.
+TEST(Server, ABetterPriorityTakesTheSeatOfAWorseRequestAndNoAnswerChanges) {
+  Agent agent({"--scheduling-policy", "priority", "--max-num-seqs", "2"}, smallModelDir());
+  std::vector<json> worse;
+  for (uint32_t i = 0; i < 2; ++i) {
+    worse.push_back(greedy(randomPrompt(30, 210 + i), 150));
+    worse.back()["priority"] = 10;
+  }
+  json better = greedy(randomPrompt(20, 212), 6);
+  better["priority"] = -1;
+  std::vector<std::vector<int>> solo;
+  for (const json& body : worse) solo.push_back(tokenIds(agent.post("/v1/completions", body)));
+  const std::vector<int> better_solo = tokenIds(agent.post("/v1/completions", better));
+  const double preempted_before = agent.metric("tandem_priority_preemptions_total");
+  std::vector<std::vector<int>> together(worse.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < worse.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { together[i] = tokenIds(agent.post("/v1/completions", worse[i])); });
+  }
+  // The small model takes long enough per token that both are still
+  // running when the better one comes.
+  EXPECT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 2; }));
+  EXPECT_EQ(tokenIds(agent.post("/v1/completions", better)), better_solo);
+  EXPECT_EQ(agent.metric("tandem_priority_preemptions_total") - preempted_before, 1)
+      << agent.metricsText();
+  for (auto& thread : threads) thread.join();
+  for (size_t i = 0; i < worse.size(); ++i) EXPECT_EQ(together[i], solo[i]) << "request " << i;
+}
+
 TEST(Server, SameSeedSameTokens) {
   Agent agent;
   json body = {{"model", "tiny"},
@@ -244,6 +276,11 @@ TEST(Server, BadInputGetsClearErrorsAndServingContinues) {
        "invalid_request_error", "max_tokens", "exceeds max_model_len (512)"},
       {"/v1/chat/completions", R"({"model":"tiny","messages":[]})", 400, "invalid_request_error",
        "messages", "messages"},
+      // A first-come-first-served agent takes priority 0 only.
+      {"/v1/completions", R"({"model":"tiny","prompt":"hi","priority":3})", 400,
+       "invalid_request_error", "priority",
+       "priority must be 0 on an agent that serves first come, first served, got 3 (start the "
+       "agent with --scheduling-policy priority"},
   };
   for (const BadCase& c : cases) {
     auto res = agent.client()->Post(c.path.c_str(), c.body, "application/json");

@@ -422,6 +422,9 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "cache_salt must not be empty when given"),
       bad(completion(R"("cache_salt": 5)"), "cache_salt",
           "cache_salt must be a string, got number"),
+      bad(completion(R"("priority": "high")"), "priority",
+          "priority must be an integer, got string"),
+      bad(completion(R"("priority": 1.5)"), "priority", "priority must be an integer, got 1.5"),
       bad(completion(R"("kv_transfer_params": "x")"), "kv_transfer_params",
           "kv_transfer_params must be an object, got string"),
       // Refused features.
@@ -1214,6 +1217,7 @@ TEST_F(ProtocolTest, CompletionDefaults) {
   EXPECT_TRUE(request.kv_transfer_params.is_null());
   EXPECT_TRUE(request.request.id.empty());
   EXPECT_TRUE(request.request.cache_salt.empty());
+  EXPECT_EQ(request.request.priority, 0);
   EXPECT_EQ(sampling.temperature, defaults.temperature);
   EXPECT_EQ(sampling.top_p, defaults.top_p);
   EXPECT_EQ(sampling.top_k, defaults.top_k);
@@ -1240,7 +1244,7 @@ TEST_F(ProtocolTest, CompletionEveryField) {
           "presence_penalty": -0.5, "repetition_penalty": 1.1, "n": 1, "best_of": 1,
           "stream": true, "stream_options": {"include_usage": true}, "skip_special_tokens": false,
           "user": "someone", "logit_bias": {"300": -100, "12": 2.5}, "response_format": {"type": "text"},
-          "logprobs": 3, "echo": false, "cache_salt": "tenant-7",
+          "logprobs": 3, "echo": false, "cache_salt": "tenant-7", "priority": -9000000000,
           "kv_transfer_params": {"do_remote_decode": true, "remote_port": 7000},
           "an_unknown_field": [1, 2, 3])"),
       testLimits(), tokenizer());
@@ -1268,6 +1272,7 @@ TEST_F(ProtocolTest, CompletionEveryField) {
   EXPECT_TRUE(request.stream);
   EXPECT_TRUE(request.include_usage);
   EXPECT_EQ(request.request.cache_salt, "tenant-7");
+  EXPECT_EQ(request.request.priority, -9000000000);
   EXPECT_EQ(request.kv_transfer_params, json::parse(R"({"do_remote_decode": true,
       "remote_port": 7000})"));
 }
@@ -1277,7 +1282,8 @@ TEST_F(ProtocolTest, CompletionNullMeansAbsent) {
       completion(R"("max_tokens": null, "temperature": null, "top_p": null, "seed": null,
           "stop": null, "stop_token_ids": null, "stream": null, "stream_options": null,
           "logprobs": null, "echo": null, "logit_bias": null, "response_format": null,
-          "suffix": null, "kv_transfer_params": null, "cache_salt": null, "n": null)"),
+          "suffix": null, "kv_transfer_params": null, "cache_salt": null, "n": null,
+          "priority": null)"),
       testLimits(), tokenizer());
   ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
   auto plain = parseCompletionRequest(completion(""), testLimits(), tokenizer());
@@ -1396,6 +1402,7 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
               "not_found_error", "model",
               "model \"other\" does not exist; this server serves \"tiny-model\""},
       bad(chat(R"("logprobs": 1)"), "logprobs", "logprobs must be a boolean, got number"),
+      bad(chat(R"("priority": [1])"), "priority", "priority must be an integer, got array"),
       bad(chat(R"("top_logprobs": 2)"), "top_logprobs",
           "top_logprobs requires logprobs to be true"),
       bad(chat(R"("allowed_token_ids": [])"), "allowed_token_ids",
