@@ -104,6 +104,7 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
   if (engine.device) add("--device", *engine.device);
   if (engine.simulate) add("--simulate", *engine.simulate);
   if (engine.max_num_seqs) add("--max-num-seqs", std::to_string(*engine.max_num_seqs));
+  if (engine.scheduling_policy) add("--scheduling-policy", *engine.scheduling_policy);
   if (engine.max_num_batched_tokens) {
     add("--max-num-batched-tokens", std::to_string(*engine.max_num_batched_tokens));
   }

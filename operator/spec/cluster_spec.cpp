@@ -80,6 +80,10 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
         readEnum(*value, reader.pathOf("computeDtype"), context, {"f32", "bf16"});
   }
   integer("maxNumSeqs", engine.max_num_seqs, 1);
+  if (auto value = reader.get("schedulingPolicy")) {
+    engine.scheduling_policy =
+        readEnum(*value, reader.pathOf("schedulingPolicy"), context, {"fcfs", "priority"});
+  }
   integer("maxNumBatchedTokens", engine.max_num_batched_tokens, 1);
   integer("maxModelLen", engine.max_model_len, 0);
   integer("maxWaitingRequests", engine.max_waiting_requests, 1);
@@ -539,7 +543,8 @@ std::string readWholeFile(const std::filesystem::path& path) {
   return std::move(*text);
 }
 
-// The pools must agree on what makes KV blocks interchangeable.
+// The pools must agree on what makes KV blocks interchangeable, and on how
+// a request is served by its prefill and its decode agent.
 void checkPoolsAgree(const std::vector<Document>& documents) {
   const Document* first = nullptr;
   for (const Document& document : documents) {
@@ -573,6 +578,9 @@ void checkPoolsAgree(const std::vector<Document>& documents) {
     mismatch("spec.engine.prefixCachingHash", pool.engine.prefix_caching_hash.value_or("xxhash"),
              reference.engine.prefix_caching_hash.value_or("xxhash"),
              "the router finds blocks by the agents' block hashes");
+    mismatch("spec.engine.schedulingPolicy", pool.engine.scheduling_policy.value_or("fcfs"),
+             reference.engine.scheduling_policy.value_or("fcfs"),
+             "a request's priority is read by its prefill agent and its decode agent alike");
   }
 }
 

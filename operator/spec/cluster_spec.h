@@ -41,6 +41,7 @@ struct EngineSpec {
   std::optional<std::string> kv_dtype;             // kvDtype → --kv-dtype
   std::optional<std::string> compute_dtype;        // computeDtype → --compute-dtype
   std::optional<int64_t> max_num_seqs;             // maxNumSeqs → --max-num-seqs
+  std::optional<std::string> scheduling_policy;    // schedulingPolicy → --scheduling-policy
   std::optional<int64_t> max_num_batched_tokens;   // maxNumBatchedTokens
   std::optional<int64_t> max_model_len;            // maxModelLen
   std::optional<int64_t> max_waiting_requests;     // maxWaitingRequests

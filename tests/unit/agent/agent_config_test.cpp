@@ -67,6 +67,7 @@ TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
            {"shutdown_timeout", "-1", "must be a number of seconds between 0 and 86400, got -1"},
            {"kv_dtype", "f16", "must be one of bf16, f32, fp8, got \"f16\""},
            {"compute_dtype", "f16", "must be one of f32, bf16, got \"f16\""},
+           {"scheduling_policy", "lifo", "must be one of fcfs, priority, got \"lifo\""},
            {"cuda_kernels", "turbo", "must be one of auto, reference, fast, flash, got \"turbo\""},
            {"role", "reader", "must be one of prefill, decode, both, got \"reader\""},
            {"prefix_caching_hash", "md5", "must be one of xxhash, sha256, got \"md5\""},
@@ -87,9 +88,11 @@ TEST(ServeOptions, AcceptedValuesReachTheOptionsAndFlagsWinOverTheFile) {
   ServeOptions options;
   ASSERT_EQ(apply({"--max-num-seqs", "8"},
                   "model: /models/m\nblock-size: 32\nmax_num_seqs: 128\nshutdown_timeout: 2.5\n"
-                  "kv_cache_memory: 512MiB\ninsecure_kv: true\nthreads: 3\nport: 0\n",
+                  "kv_cache_memory: 512MiB\ninsecure_kv: true\nthreads: 3\nport: 0\n"
+                  "scheduling_policy: priority\n",
                   &options),
             "");
+  EXPECT_EQ(options.scheduling_policy, "priority");
   EXPECT_EQ(options.model, "/models/m");
   EXPECT_EQ(options.block_size, 32);
   EXPECT_EQ(options.max_num_seqs, 8);

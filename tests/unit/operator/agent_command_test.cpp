@@ -46,6 +46,7 @@ TEST(AgentCommandTest, EveryEngineFieldIsItsFlag) {
   pool.engine.compute_dtype = "bf16";
   pool.engine.device = "cuda";
   pool.engine.max_num_seqs = 8;
+  pool.engine.scheduling_policy = "priority";
   pool.engine.max_num_batched_tokens = 512;
   pool.engine.max_model_len = 1024;
   pool.engine.max_waiting_requests = 100;
@@ -82,6 +83,8 @@ TEST(AgentCommandTest, EveryEngineFieldIsItsFlag) {
       "cuda",
       "--max-num-seqs",
       "8",
+      "--scheduling-policy",
+      "priority",
       "--max-num-batched-tokens",
       "512",
       "--max-model-len",

@@ -81,6 +81,7 @@ spec:
     computeDtype: bf16
     device: cuda
     maxNumSeqs: 128
+    schedulingPolicy: priority
     maxNumBatchedTokens: 4096
     maxModelLen: 8192
     maxWaitingRequests: 100
@@ -111,7 +112,8 @@ metadata:
 spec:
   replicas: 0
   model: {path: /models/llama, name: llama}
-  engine: {blockSize: 32, kvDtype: f32, computeDtype: bf16, prefixCachingHash: sha256, numBlocks: 4096}
+  engine: {blockSize: 32, kvDtype: f32, computeDtype: bf16, prefixCachingHash: sha256, numBlocks: 4096,
+           schedulingPolicy: priority}
 )",
                                       R"(apiVersion: tandem.dev/v1alpha1
 kind: Router
@@ -147,6 +149,7 @@ spec:
   EXPECT_EQ(prefill.engine.compute_dtype, "bf16");
   EXPECT_EQ(prefill.engine.device, "cuda");
   EXPECT_EQ(prefill.engine.max_num_seqs, 128);
+  EXPECT_EQ(prefill.engine.scheduling_policy, "priority");
   EXPECT_EQ(prefill.engine.max_num_batched_tokens, 4096);
   EXPECT_EQ(prefill.engine.max_model_len, 8192);
   EXPECT_EQ(prefill.engine.max_waiting_requests, 100);
@@ -253,6 +256,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "only (set device cpu, or kvDtype bf16)"},
       {documents({decode_spec + "  engine: {kvDtype: fp16}\n"}),
        "spec.engine.kvDtype must be bf16, f32 or fp8, got \"fp16\""},
+      {documents({decode_spec + "  engine: {schedulingPolicy: lifo}\n"}),
+       "spec.engine.schedulingPolicy must be fcfs or priority, got \"lifo\""},
       {documents({decode_spec + "  engine: {computeDtype: f16}\n"}),
        "spec.engine.computeDtype must be f32 or bf16, got \"f16\""},
       {documents({decode_spec + "  engine: {device: gpu}\n"}),
@@ -395,6 +400,10 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "spec.engine.kvDtype \"f32\" differs from \"bf16\""},
       {documents({kPrefill, decode_spec + "  engine: {kvDtype: fp8}\n"}),
        "spec.engine.kvDtype \"fp8\" differs from \"bf16\""},
+      {documents({kPrefill, decode_spec + "  engine: {schedulingPolicy: priority}\n"}),
+       "spec.engine.schedulingPolicy \"priority\" differs from \"fcfs\" in document 1 "
+       "(PrefillPool \"prefill\"): a request's priority is read by its prefill agent and its "
+       "decode agent alike"},
       {documents({kPrefill, decode_spec + "  engine: {computeDtype: bf16}\n"}),
        "spec.engine.computeDtype \"bf16\" differs from \"f32\""},
       {"apiVersion: [\n", "c.yaml: not valid YAML: "},
