@@ -520,7 +520,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     DecodeOutcome outcome =
         co_await decodeOn(exchange, body, streaming, decode, handoff, label, arrival,
                           decode_reservation, prediction, splice ? &*splice : nullptr, client);
-    if (outcome == DecodeOutcome::kDone) {
+    if (outcome == DecodeOutcome::kRefused) {
+      // Its answer went to the client as it came; the agent read no KV, so
+      // what was held for it is let go now, not at the holders' timeouts.
+      if (!handoff.params.is_null()) co_await release(handoff);
+      co_await releaseLend();
+    }
+    if (outcome == DecodeOutcome::kDone || outcome == DecodeOutcome::kRefused) {
       if (migrating) lent = nullptr;  // the resuming agent read the lend and let it go
       metrics_.countDecision(label);
       if (decision.affinity && !retried) metrics_.countDecision("affinity");
@@ -997,7 +1003,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     co_return DecodeOutcome::kBrokenAfterStart;
   }
   metrics_.observeE2e(secondsSince(arrival));
-  co_return DecodeOutcome::kDone;
+  co_return status >= 400 ? DecodeOutcome::kRefused : DecodeOutcome::kDone;
 }
 
 }  // namespace tandem::router

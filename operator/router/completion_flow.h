@@ -80,6 +80,7 @@ class CompletionFlow {
 
   enum class DecodeOutcome {
     kDone,
+    kRefused,            // the decode agent refused the request (4xx, passed through)
     kFailedBeforeStart,  // the decode agent failed; the client heard nothing
     kBrokenAfterStart,   // the decode agent failed mid-answer
     kStalled,            // mid-answer, nothing came for the upstream timeout

@@ -1569,6 +1569,36 @@ TEST_F(RouterTest, AnFp8KvCacheIsDisaggregatedExactly) {
             answer["choices"][0]["logprobs"]);
 }
 
+// A request's priority travels with it to both of its agents. Here the
+// prefill agent serves by priority and the decode agent first come, first
+// served (a cluster's pools must agree; local mode and the controller
+// refuse this one): priority 0 is disaggregated as ever, and a priority of 7,
+// which the prefill agent takes, is refused by the decode agent with its
+// own 400, passed through, and the prefilled blocks are let go.
+TEST_F(RouterTest, APriorityReachesThePrefillAndTheDecodeAgent) {
+  RouterClusterOptions options;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{"--scheduling-policy", "priority"}
+                   : std::vector<std::string>{};
+  };
+  startCluster(options);
+  json body = greedy(randomPrompt(70, 73), 4);
+  body["priority"] = 0;
+  const Answer plain = post(body);
+  EXPECT_EQ(plain.status, 200) << plain.body.dump();
+  EXPECT_EQ(plain.decision, "disaggregated");
+  EXPECT_GT(plain.blocks_moved, 0);
+  body["prompt"] = randomPrompt(70, 74);
+  body["priority"] = 7;
+  const Answer refused = post(body);
+  EXPECT_EQ(refused.status, 400) << refused.body.dump();
+  EXPECT_EQ(refused.body["error"]["param"], "priority");
+  EXPECT_EQ(refused.body["error"]["message"],
+            "priority must be 0 on an agent that serves first come, first served, got 7 (start "
+            "the agent with --scheduling-policy priority to serve requests by priority)");
+  EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
+}
+
 // Agents may serve different adapters (llm-d's LoRA-aware routing): the
 // router learns each agent's, sends an adapter's requests only to agents
 // serving it — here decode-1 alone, so they are prefilled there, the
