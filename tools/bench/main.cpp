@@ -260,6 +260,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve->add_option("--goodput", serve_options.goodput,
                     "SLOs for goodput, any of ttft:MS tpot:MS e2el:MS");
+  serve->add_option("--priority", serve_options.priority,
+                    "send every request with this priority (the server must schedule by "
+                    "priority unless it is 0)");
   serve
       ->add_option("--read-timeout", serve_options.read_timeout_s,
                    "seconds a request may wait for its next bytes")

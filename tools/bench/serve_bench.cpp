@@ -80,13 +80,14 @@ struct RequestPlan {
 // Sends one streaming completion and times it. Never throws: a failure of any
 // kind comes back as a record with success false and the reason.
 StreamedCompletion runRequest(const std::string& base_url, const std::string& model,
-                              const RequestPlan& plan, double read_timeout_s,
+                              const RequestPlan& plan, const ServeBenchOptions& options,
                               Clock::time_point start) {
   json body = {
       {"model", model},     {"prompt", plan.prompt}, {"max_tokens", plan.output_len},
       {"temperature", 0.0}, {"stream", true},        {"stream_options", {{"include_usage", true}}},
       {"ignore_eos", true}};
-  return streamCompletion(base_url, body.dump(), read_timeout_s, start);
+  if (options.priority) body["priority"] = *options.priority;
+  return streamCompletion(base_url, body.dump(), options.read_timeout_s, start);
 }
 
 std::vector<RequestPlan> planRequests(const ServeBenchOptions& options,
@@ -245,7 +246,7 @@ int runServeBench(const ServeBenchOptions& options) {
     };
     try {
       workers.emplace_back([&, i, finish] {
-        records[i] = runRequest(base_url, model, plans[i], options.read_timeout_s, start);
+        records[i] = runRequest(base_url, model, plans[i], options, start);
         finish();
       });
     } catch (const std::system_error& e) {
@@ -369,6 +370,7 @@ int runServeBench(const ServeBenchOptions& options) {
         {"output_len_range", options.output_len_range},
         {"seed", options.seed},
         {"vocab_range", {vocab.first, vocab.second}},
+        {"priority", options.priority ? json(*options.priority) : json(nullptr)},
         {"slo_ms",
          {{"ttft", optionalJson(slos.ttft_ms)},
           {"tpot", optionalJson(slos.tpot_ms)},

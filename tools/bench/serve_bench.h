@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct ServeBenchOptions {
   double output_len_range = 0.0;
   uint64_t seed = 0;
   std::string vocab_range = "100:5000";  // prompt token ids drawn from [LO, HI)
+  // Sent as every request's "priority" (vLLM's field; the server must
+  // schedule by priority unless it is 0); unset: not sent.
+  std::optional<int64_t> priority;
   std::vector<std::string> goodput;      // SLOs as "ttft:MS", "tpot:MS", "e2el:MS"
   double read_timeout_s = 600.0;         // longest wait for the next bytes of a response
   std::string json_path;                 // empty: no JSON file
