@@ -486,11 +486,12 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                              static_cast<int64_t>(request.prompt.size()));
   if (!valid.isOk()) return valid;
   if (request.priority != 0 && config_.scheduler.policy != SchedulingPolicy::kPriority) {
-    return invalidArgument("priority must be 0 on an agent that serves first come, first served, "
-                           "got " +
-                           std::to_string(request.priority) +
-                           " (start the agent with --scheduling-policy priority to serve "
-                           "requests by priority)");
+    return invalidArgument(
+        "priority must be 0 on an agent that serves first come, first served, "
+        "got " +
+        std::to_string(request.priority) +
+        " (start the agent with --scheduling-policy priority to serve "
+        "requests by priority)");
   }
   const int64_t blocks_needed = (static_cast<int64_t>(request.prompt.size()) +
                                  request.sampling.max_tokens + config_.block_size - 1) /

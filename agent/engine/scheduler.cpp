@@ -19,8 +19,7 @@ constexpr int64_t kLoadPending = -2;
 SchedulingPolicy schedulingPolicyFromName(std::string_view name, std::string_view option) {
   if (name == "fcfs") return SchedulingPolicy::kFcfs;
   if (name == "priority") return SchedulingPolicy::kPriority;
-  throw Error(std::string(option) + " must be fcfs or priority, got \"" + std::string(name) +
-              "\"");
+  throw Error(std::string(option) + " must be fcfs or priority, got \"" + std::string(name) + "\"");
 }
 
 const char* schedulingPolicyName(SchedulingPolicy policy) {
@@ -377,14 +376,12 @@ SchedulerOutput Scheduler::schedule() {
       // (no running sequence will free a block), the blocks that waiting
       // ones hold (loaded, not yet admitted). A missing seat only the
       // second can give.
-      const bool reclaimed =
-          blocked.no_seat
-              ? preemptForPriority(blocked, output)
-              : (admission_blocks_short_ > 0 && reclaim_held_ &&
-                 reclaim_held_(admission_blocks_short_)) ||
-                    preemptForPriority(blocked, output) ||
-                    (running_.empty() && output.chunks.empty() &&
-                     reclaimWaitingBlocks(blocked.sequence));
+      const bool reclaimed = blocked.no_seat ? preemptForPriority(blocked, output)
+                                             : (admission_blocks_short_ > 0 && reclaim_held_ &&
+                                                reclaim_held_(admission_blocks_short_)) ||
+                                                   preemptForPriority(blocked, output) ||
+                                                   (running_.empty() && output.chunks.empty() &&
+                                                    reclaimWaitingBlocks(blocked.sequence));
       if (!reclaimed) break;
       blocked = admitWaiting(served, &next, budget, output);
     }

@@ -155,6 +155,25 @@ TEST_F(BenchServeTest, RejectedRequestsAreCountedWithTheirReason) {
   EXPECT_NE(run.out.find("error: request 0: HTTP 404"), std::string::npos) << run.out;
 }
 
+// --priority is sent with every request: this agent serves first come,
+// first served, so it takes 0 and refuses 4 naming the field.
+TEST_F(BenchServeTest, APriorityIsSentWithEveryRequest) {
+  BenchRun zero = bench("--priority 0 --num-prompts 2 --input-len 8 --output-len 4");
+  ASSERT_EQ(zero.exit_code, 0) << zero.out << zero.err;
+  EXPECT_EQ(zero.report["priority"], 0);
+  EXPECT_EQ(zero.report["completed"], 2);
+  BenchRun four = bench("--priority 4 --num-prompts 2 --input-len 8 --output-len 4");
+  EXPECT_EQ(four.exit_code, 1);
+  EXPECT_EQ(four.report["priority"], 4);
+  EXPECT_EQ(four.report["failed"], 2);
+  ASSERT_FALSE(four.report["errors"].empty());
+  EXPECT_NE(four.report["errors"][0].get<std::string>().find("priority must be 0"),
+            std::string::npos)
+      << four.report["errors"];
+  BenchRun none = bench("--num-prompts 1 --input-len 8 --output-len 4");
+  EXPECT_TRUE(none.report["priority"].is_null());
+}
+
 TEST_F(BenchServeTest, BadOptionsAreRefusedNamingWhatIsAccepted) {
   BenchRun too_long = bench("--num-prompts 1 --input-len 500 --output-len 100");
   EXPECT_EQ(too_long.exit_code, 1);

@@ -35,9 +35,9 @@ struct ServeBenchOptions {
   // Sent as every request's "priority" (vLLM's field; the server must
   // schedule by priority unless it is 0); unset: not sent.
   std::optional<int64_t> priority;
-  std::vector<std::string> goodput;      // SLOs as "ttft:MS", "tpot:MS", "e2el:MS"
-  double read_timeout_s = 600.0;         // longest wait for the next bytes of a response
-  std::string json_path;                 // empty: no JSON file
+  std::vector<std::string> goodput;  // SLOs as "ttft:MS", "tpot:MS", "e2el:MS"
+  double read_timeout_s = 600.0;     // longest wait for the next bytes of a response
+  std::string json_path;             // empty: no JSON file
 };
 
 // Runs the benchmark against options.url. Returns 0 when every request

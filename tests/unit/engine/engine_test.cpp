@@ -1573,7 +1573,8 @@ TEST(EnginePriority, AnswersAreTheBitsTheyHaveAloneWhateverTheirPriority) {
   std::vector<Request> crowd;
   const int64_t priorities[] = {3, 3, 2, 1, 0, -1};
   for (uint32_t i = 0; i < 6; ++i) {
-    Request request = greedyRequest("crowd-" + std::to_string(i), randomTokens(30 + 7 * i, 60 + i), 24);
+    Request request =
+        greedyRequest("crowd-" + std::to_string(i), randomTokens(30 + 7 * i, 60 + i), 24);
     request.sampling.logprobs = 2;
     request.priority = priorities[i];
     crowd.push_back(request);

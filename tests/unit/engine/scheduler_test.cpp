@@ -656,9 +656,10 @@ std::vector<std::string> servedOneByOne(SchedulingPolicy policy) {
   config.policy = policy;
   config.max_num_seqs = 1;
   Harness h(32, config);
-  std::vector<Sequence*> all = {h.add("a", randomTokens(9, 11), 5), h.add("b", randomTokens(9, 12), 1),
-                                h.add("c", randomTokens(9, 13), 1), h.add("d", randomTokens(9, 14), -3),
-                                h.add("e", randomTokens(9, 15), 5)};
+  std::vector<Sequence*> all = {
+      h.add("a", randomTokens(9, 11), 5), h.add("b", randomTokens(9, 12), 1),
+      h.add("c", randomTokens(9, 13), 1), h.add("d", randomTokens(9, 14), -3),
+      h.add("e", randomTokens(9, 15), 5)};
   std::vector<std::string> order;
   std::vector<std::unique_ptr<Sequence>> finished;
   for (int guard = 0; guard < 20 && order.size() < all.size(); ++guard) {
