@@ -43,20 +43,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Waits for "listening on HOST:PORT" in a log; prints the port.
-port_of() {
-  local log="$1"
-  for _ in $(seq 1 600); do
-    if grep -q "listening on" "$log" 2>/dev/null; then
-      grep -m1 -o "listening on [^ ]*" "$log" | sed 's/.*://'
-      return 0
-    fi
-    sleep 0.1
-  done
-  echo "no 'listening on' in $log:" >&2
-  cat "$log" >&2
-  return 1
-}
+# port_of
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 
 results=()
 for build in "${builds[@]}"; do

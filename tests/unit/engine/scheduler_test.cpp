@@ -8,7 +8,6 @@
 #include <cstring>
 #include <map>
 #include <random>
-#include <set>
 
 #include "agent/engine/block_manager.h"
 #include "agent/engine/kv_cache.h"
@@ -124,6 +123,27 @@ std::vector<TokenId> generateAlone(const std::vector<TokenId>& prompt, int64_t n
   Sequence* sequence = h.add("alone", prompt);
   while (sequence->numGenerated() < num_new) h.step();
   return std::vector<TokenId>(sequence->tokens.begin() + prompt.size(), sequence->tokens.end());
+}
+
+// Steps until each sequence has generated `num_new` tokens, finishing it
+// then (into `finished`, which keeps it alive); returns the generated
+// tokens of each by request id (one that never got there is missing).
+std::map<std::string, std::vector<TokenId>> runUntilGenerated(
+    Harness& h, const std::vector<Sequence*>& sequences, int64_t num_new,
+    std::vector<std::unique_ptr<Sequence>>& finished) {
+  std::map<std::string, std::vector<TokenId>> results;
+  for (int guard = 0; guard < 2000 && results.size() < sequences.size(); ++guard) {
+    h.step();
+    for (Sequence* s : sequences) {
+      if (results.count(s->request.id) != 0) continue;
+      if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new) {
+        results[s->request.id] =
+            std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
+        finished.push_back(h.scheduler->finish(s));
+      }
+    }
+  }
+  return results;
 }
 
 TEST(Scheduler, RespectsTokenBudgetAndChunksPrefill) {
@@ -266,20 +286,10 @@ TEST(Scheduler, PreemptedSequencesRecomputeToIdenticalTokens) {
   Sequence* s1 = h.add("s1", p1);
   Sequence* s2 = h.add("s2", p2);
   Sequence* s3 = h.add("s3", p3);
-  std::map<std::string, std::vector<TokenId>> results;
-  std::vector<std::unique_ptr<Sequence>> finished;  // keeps finished sequences alive
   const int64_t free_at_start = h.blocks->numFreeBlocks();
-  for (int guard = 0; guard < 1000 && results.size() < 3; ++guard) {
-    h.step();
-    for (Sequence* s : {s1, s2, s3}) {
-      if (results.count(s->request.id) != 0) continue;
-      if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new) {
-        results[s->request.id] =
-            std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
-        finished.push_back(h.scheduler->finish(s));
-      }
-    }
-  }
+  std::vector<std::unique_ptr<Sequence>> finished;
+  std::map<std::string, std::vector<TokenId>> results =
+      runUntilGenerated(h, {s1, s2, s3}, num_new, finished);
   ASSERT_EQ(results.size(), 3u);
   EXPECT_GT(h.scheduler->numPreemptions(), 0) << "the test did not exercise preemption";
   EXPECT_EQ(results["s1"], generateAlone(p1, num_new));
@@ -341,18 +351,7 @@ struct ParkingSource : ExternalKvSource {
 // it); returns how many finished.
 size_t runToEnd(Harness& h, const std::vector<Sequence*>& sequences, int64_t num_new) {
   std::vector<std::unique_ptr<Sequence>> finished;
-  std::set<Sequence*> done;
-  for (int guard = 0; guard < 2000 && done.size() < sequences.size(); ++guard) {
-    h.step();
-    for (Sequence* s : sequences) {
-      if (done.count(s) == 0 && s->status == SequenceStatus::kRunning &&
-          s->numGenerated() >= num_new) {
-        done.insert(s);
-        finished.push_back(h.scheduler->finish(s));
-      }
-    }
-  }
-  return done.size();
+  return runUntilGenerated(h, sequences, num_new, finished).size();
 }
 
 // Sequences whose loads ended hold their blocks while they wait; they never
@@ -772,20 +771,9 @@ TEST(SchedulerPriority, PreemptedForABetterPriorityEveryoneEndsWithTheTokensItWo
   // s3 needs 5 blocks to start: s1, the worst, gives its 3 and waits.
   // (s3 and s2 need all 10 at the end.)
   Sequence* s3 = h.add("s3", p3, 0);
-  std::map<std::string, std::vector<TokenId>> results;
   std::vector<std::unique_ptr<Sequence>> finished;
-  const int64_t free_at_start = 10;
-  for (int guard = 0; guard < 1000 && results.size() < 3; ++guard) {
-    h.step();
-    for (Sequence* s : {s1, s2, s3}) {
-      if (results.count(s->request.id) != 0) continue;
-      if (s->status == SequenceStatus::kRunning && s->numGenerated() >= num_new) {
-        results[s->request.id] =
-            std::vector<TokenId>(s->tokens.begin() + s->num_prompt_tokens, s->tokens.end());
-        finished.push_back(h.scheduler->finish(s));
-      }
-    }
-  }
+  std::map<std::string, std::vector<TokenId>> results =
+      runUntilGenerated(h, {s1, s2, s3}, num_new, finished);
   ASSERT_EQ(results.size(), 3u);
   EXPECT_GT(h.scheduler->numPreemptions(), 0) << "the test did not exercise preemption";
   EXPECT_GT(h.scheduler->numPriorityPreemptions(), 0);
@@ -795,7 +783,7 @@ TEST(SchedulerPriority, PreemptedForABetterPriorityEveryoneEndsWithTheTokensItWo
   EXPECT_EQ(results["s1"], generateAlone(p1, num_new));
   EXPECT_EQ(results["s2"], generateAlone(p2, num_new));
   EXPECT_EQ(results["s3"], generateAlone(p3, num_new));
-  EXPECT_EQ(h.blocks->numFreeBlocks(), free_at_start) << "blocks leaked";
+  EXPECT_EQ(h.blocks->numFreeBlocks(), 10) << "blocks leaked";
 }
 
 TEST(SchedulerPriority, AWaitingBetterPriorityPreemptsForBlocksWhatItNeedsAndNoMore) {
