@@ -258,6 +258,9 @@ bool Scheduler::prefixBlockComing(const std::vector<BlockHash>& hashes, int64_t 
   if (at >= hashes.size()) return false;
   auto producing = [&](Sequence* other) {
     if (other == except) return false;
+    // A sequence never waits for one of a worse priority, which may be
+    // served after others between them (kPriority): it computes the block.
+    if (except != nullptr && rank(*other) > rank(*except)) return false;
     const std::vector<BlockHash>& theirs = promptHashes(other);
     return at < theirs.size() && theirs[at] == hashes[at] &&
            other->num_computed_tokens < (index + 1) * blocks_.blockSize();

@@ -276,6 +276,8 @@ class Scheduler {
   // `hashes` (hashes chain: equal at `index` means the same whole prefix) and
   // has not yet computed block `index`: that block is on its way into the
   // prefix cache. `waiting_to_run` counts sequences not yet admitted too.
+  // Under kPriority a sequence of a worse priority than `except` does not
+  // count.
   bool prefixBlockComing(const std::vector<BlockHash>& hashes, int64_t index,
                          const Sequence* except, bool waiting_to_run);
 

@@ -828,6 +828,36 @@ TEST(SchedulerPriority, ASequenceThatFindsNoRoomStopsTheQueueForWorsePriorities)
   EXPECT_EQ(out.chunks[0].sequence, running);
 }
 
+// A prompt waits for shared blocks another sequence is computing only when
+// that one is of its priority or better: a worse one may be served after
+// others between them.
+TEST(SchedulerPriority, ABetterPromptComputesSharedBlocksItselfRatherThanWaitForAWorseOne) {
+  const std::vector<TokenId> prefix = randomTokens(160, 44);  // 10 blocks
+  std::vector<TokenId> first = prefix, second = prefix;
+  for (TokenId t : randomTokens(7, 45)) first.push_back(t);
+  for (TokenId t : randomTokens(9, 46)) second.push_back(t);
+  SchedulerConfig config = priorityConfig();
+  config.max_num_batched_tokens = 64;  // the first prompt's 167 tokens take three steps
+  for (const int64_t priority : {0, 5}) {
+    SCOPED_TRACE(priority);
+    Harness h(64, config);
+    Sequence* producer = h.add("producer", first, 5);
+    h.step();
+    h.step();  // 128 tokens computed: 8 blocks cached, the last 39 to come
+    Sequence* sharer = h.add("sharer", second, priority);
+    h.step();
+    if (priority == 0) {
+      EXPECT_EQ(sharer->num_cached_tokens, 128) << "it takes what is cached, computes the rest";
+      EXPECT_FALSE(sharer->waited_for_in_flight) << "a better prompt does not wait";
+      EXPECT_EQ(sharer->status, SequenceStatus::kRunning);
+      EXPECT_LT(producer->num_computed_tokens, 167);
+    } else {
+      EXPECT_TRUE(sharer->waited_for_in_flight) << "an equal waits as first come, first served";
+      EXPECT_EQ(sharer->status, SequenceStatus::kWaiting);
+    }
+  }
+}
+
 TEST(SchedulerPriority, PolicyNamesAreTheOptionValues) {
   EXPECT_EQ(schedulingPolicyFromName("fcfs"), SchedulingPolicy::kFcfs);
   EXPECT_EQ(schedulingPolicyFromName("priority"), SchedulingPolicy::kPriority);
