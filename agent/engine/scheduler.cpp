@@ -46,6 +46,10 @@ int64_t Sequence::nextComputeLimit(int64_t from) const {
   return static_cast<int64_t>(tokens.size());
 }
 
+bool Sequence::decodesNext() const {
+  return numGenerated() > 0 && num_computed_tokens + 1 == std::ssize(tokens);
+}
+
 void Sequence::skipPresentRanges() {
   while (!present_ranges.empty() && present_ranges.front().first <= num_computed_tokens) {
     num_computed_tokens = std::max(num_computed_tokens, present_ranges.front().second);
@@ -366,29 +370,39 @@ SchedulerOutput Scheduler::schedule() {
   bool grew_by_preempting = false;
   // A waiting sequence found no room or seat: the queue stops there.
   bool queue_stopped = false;
+  // A better priority computes prompt tokens in this step: worse ones only
+  // decode in it, so that the step (the better prompt's time to its first
+  // token) is not lengthened by their prompts, which wait for the next.
+  bool decode_only = false;
   for (const int64_t served : ranks) {
     if (budget <= 0) break;
     const size_t preempted_before = output.preempted.size();
-    if (!scheduleRunning(served, &next, budget, output)) break;
+    if (!scheduleRunning(served, &next, budget, output, decode_only)) break;
     grew_by_preempting = grew_by_preempting || output.preempted.size() > preempted_before;
-    if (grew_by_preempting || queue_stopped) continue;
-    Blocked blocked = admitWaiting(served, &next, budget, output);
-    while (blocked.sequence != nullptr) {
-      // Holds whose readers have not come give way first; then running
-      // sequences of a worse priority (kPriority); then, when nothing runs
-      // (no running sequence will free a block), the blocks that waiting
-      // ones hold (loaded, not yet admitted). A missing seat only the
-      // second can give.
-      const bool reclaimed = blocked.no_seat ? preemptForPriority(blocked, output)
-                                             : (admission_blocks_short_ > 0 && reclaim_held_ &&
-                                                reclaim_held_(admission_blocks_short_)) ||
-                                                   preemptForPriority(blocked, output) ||
-                                                   (running_.empty() && output.chunks.empty() &&
-                                                    reclaimWaitingBlocks(blocked.sequence));
-      if (!reclaimed) break;
-      blocked = admitWaiting(served, &next, budget, output);
+    if (!grew_by_preempting && !queue_stopped && !decode_only) {
+      Blocked blocked = admitWaiting(served, &next, budget, output);
+      while (blocked.sequence != nullptr) {
+        // Holds whose readers have not come give way first; then running
+        // sequences of a worse priority (kPriority); then, when nothing runs
+        // (no running sequence will free a block), the blocks that waiting
+        // ones hold (loaded, not yet admitted). A missing seat only the
+        // second can give.
+        const bool reclaimed = blocked.no_seat ? preemptForPriority(blocked, output)
+                                               : (admission_blocks_short_ > 0 && reclaim_held_ &&
+                                                  reclaim_held_(admission_blocks_short_)) ||
+                                                     preemptForPriority(blocked, output) ||
+                                                     (running_.empty() && output.chunks.empty() &&
+                                                      reclaimWaitingBlocks(blocked.sequence));
+        if (!reclaimed) break;
+        blocked = admitWaiting(served, &next, budget, output);
+      }
+      queue_stopped = blocked.sequence != nullptr;
     }
-    queue_stopped = blocked.sequence != nullptr;
+    decode_only =
+        decode_only ||
+        std::any_of(output.chunks.begin(), output.chunks.end(), [&](const ScheduledChunk& chunk) {
+          return rank(*chunk.sequence) == served && !chunk.decodes();
+        });
   }
   // Not in a step that preempted: its free blocks are the victims'.
   if (drafter_ && output.preempted.empty()) addDrafts(budget, output);
@@ -400,7 +414,7 @@ SchedulerOutput Scheduler::schedule() {
 }
 
 bool Scheduler::scheduleRunning(int64_t served, size_t* next, int64_t& budget,
-                                SchedulerOutput& output) {
+                                SchedulerOutput& output, bool decode_only) {
   // Oldest first; the newest of the worst priority are preempted when
   // blocks run out.
   size_t i = *next;
@@ -408,7 +422,7 @@ bool Scheduler::scheduleRunning(int64_t served, size_t* next, int64_t& budget,
     Sequence* sequence = running_[i].get();
     const int64_t limit = sequence->nextComputeLimit(sequence->num_computed_tokens);
     const int64_t num_tokens = std::min(limit - sequence->num_computed_tokens, budget);
-    if (num_tokens <= 0) {
+    if (num_tokens <= 0 || (decode_only && !sequence->decodesNext())) {
       ++i;
       continue;
     }

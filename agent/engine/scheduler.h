@@ -29,7 +29,9 @@
 // served among equals (the rules above hold within each priority), and a
 // step serves the priorities in order: the running sequences of the first,
 // then its waiting ones, then the next priority's, so a request of a better
-// priority takes the step's tokens before those of a worse one. Blocks
+// priority takes the step's tokens before those of a worse one; once a
+// priority has computed prompt tokens in a step, worse priorities only
+// decode in it (their prompts would lengthen the step). Blocks
 // running out preempt the newest sequence of the worst priority. A waiting
 // sequence that finds no blocks or no seat preempts running sequences of a
 // strictly worse priority, worst and newest first, until it fits (never one
@@ -144,6 +146,10 @@ struct Sequence {
   int64_t nextComputeLimit(int64_t from) const;
   // Moves num_computed_tokens past present ranges it has reached.
   void skipPresentRanges();
+  // Its next chunk is a decode: one generated token, the last, is all it
+  // has left to compute (not a prompt, nor output recomputed after a
+  // preemption).
+  bool decodesNext() const;
 };
 
 struct ScheduledChunk {
@@ -156,6 +162,9 @@ struct ScheduledChunk {
   // after its last known token. Their KV is computed but counts as computed
   // only as the engine accepts them, one by one (Scheduler::acceptDraft).
   int64_t num_draft_tokens = 0;
+  // A decode: the sequence's last generated token alone (drafts are added
+  // after scheduling).
+  bool decodes() const { return num_tokens == 1 && samples && sequence->numGenerated() > 0; }
 };
 
 struct SchedulerOutput {
@@ -301,8 +310,10 @@ class Scheduler {
   void queueAhead(std::unique_ptr<Sequence> sequence);
   // Schedules the running sequences of priority `rank` from index `*next`
   // on, growing them (and preempting when blocks run out); moves `*next`
-  // past them. False when a sequence had to preempt itself: the step ends.
-  bool scheduleRunning(int64_t rank, size_t* next, int64_t& budget, SchedulerOutput& output);
+  // past them. With `decode_only`, only those whose next chunk decodes.
+  // False when a sequence had to preempt itself: the step ends.
+  bool scheduleRunning(int64_t rank, size_t* next, int64_t& budget, SchedulerOutput& output,
+                       bool decode_only);
   // Why the queue stopped at a sequence.
   struct Blocked {
     Sequence* sequence = nullptr;  // null: it did not stop

@@ -681,30 +681,44 @@ TEST(SchedulerPriority, TheQueueIsServedByPriorityThenByArrival) {
             (std::vector<std::string>{"a", "b", "c", "d", "e"}));
 }
 
-TEST(SchedulerPriority, ABetterPriorityTakesTheStepsTokensBeforeAWorseRunningOne) {
+TEST(SchedulerPriority, ABetterPromptTakesTheStepBeforeWorsePromptsWhichOnlyDecodeBesideIt) {
   for (const SchedulingPolicy policy : {SchedulingPolicy::kPriority, SchedulingPolicy::kFcfs}) {
     SCOPED_TRACE(schedulingPolicyName(policy));
     SchedulerConfig config;
     config.policy = policy;
     config.max_num_batched_tokens = 32;
     Harness h(32, config);
-    Sequence* low = h.add("low", randomTokens(100, 16), 1);
-    h.step();  // low's first chunk
-    Sequence* high = h.add("high", randomTokens(20, 17), 0);
+    Sequence* decoding = h.add("decoding", randomTokens(10, 15), 1);
+    h.step();  // its prompt and first token
+    Sequence* prefilling = h.add("prefilling", randomTokens(100, 16), 1);
+    h.step();  // decoding's token and prefilling's first chunk (31 tokens)
+    Sequence* better = h.add("better", randomTokens(20, 17), 0);
     SchedulerOutput out;
     h.step(&out);
-    ASSERT_FALSE(out.chunks.empty());
+    auto chunkOf = [&](const Sequence* sequence) -> const ScheduledChunk* {
+      for (const ScheduledChunk& chunk : out.chunks) {
+        if (chunk.sequence == sequence) return &chunk;
+      }
+      return nullptr;
+    };
+    ASSERT_NE(chunkOf(decoding), nullptr) << "a worse decode goes on beside the better prompt";
+    EXPECT_TRUE(chunkOf(decoding)->decodes());
     if (policy == SchedulingPolicy::kPriority) {
-      ASSERT_EQ(out.chunks.size(), 2u);
-      EXPECT_EQ(out.chunks[0].sequence, high);
-      EXPECT_EQ(out.chunks[0].num_tokens, 20);
-      EXPECT_TRUE(out.chunks[0].samples);
-      EXPECT_EQ(out.chunks[1].sequence, low);
-      EXPECT_EQ(out.chunks[1].num_tokens, 12) << "the worse one gets what the better one left";
+      ASSERT_NE(chunkOf(better), nullptr);
+      EXPECT_EQ(chunkOf(better)->num_tokens, 20);
+      EXPECT_TRUE(chunkOf(better)->samples);
+      EXPECT_EQ(out.chunks[0].sequence, better) << "the better one is served first";
+      EXPECT_EQ(chunkOf(prefilling), nullptr)
+          << "a worse prompt does not lengthen the better prompt's step";
+      EXPECT_EQ(out.num_tokens, 21);
+      // Once the better one decodes, the worse prompt has the budget again.
+      h.step(&out);
+      ASSERT_NE(chunkOf(prefilling), nullptr);
+      EXPECT_EQ(chunkOf(prefilling)->num_tokens, 30);
     } else {
-      ASSERT_EQ(out.chunks.size(), 1u);
-      EXPECT_EQ(out.chunks[0].sequence, low) << "the running prefill takes the whole budget";
-      EXPECT_EQ(out.chunks[0].num_tokens, 32);
+      EXPECT_EQ(chunkOf(better), nullptr) << "the running prefill takes what decoding left";
+      ASSERT_NE(chunkOf(prefilling), nullptr);
+      EXPECT_EQ(chunkOf(prefilling)->num_tokens, 31);
     }
     EXPECT_EQ(h.scheduler->numPreemptions(), 0);
   }
@@ -716,7 +730,8 @@ TEST(SchedulerPriority, AWaitingBetterPriorityTakesTheSeatOfTheWorstRunningOneNe
   Harness h(32, config);
   Sequence* one = h.add("one", randomTokens(10, 18), 1);
   Sequence* two = h.add("two", randomTokens(10, 19), 2);
-  h.step();
+  h.step();  // one's prompt (two's waits: it would lengthen the step)
+  h.step();  // one decodes, two's prompt
   ASSERT_EQ(h.scheduler->numRunning(), 2);
   // An equal of the best running one finds no seat and preempts nobody.
   Sequence* equal = h.add("equal", randomTokens(10, 20), 2);
@@ -792,7 +807,8 @@ TEST(SchedulerPriority, AWaitingBetterPriorityPreemptsForBlocksWhatItNeedsAndNoM
   Sequence* a = h.add("a", randomTokens(40, 27), 5);
   Sequence* b = h.add("b", randomTokens(40, 28), 5);
   Sequence* c = h.add("c", randomTokens(40, 29), 6);
-  h.step();
+  h.step();  // a's and b's prompts
+  h.step();  // a and b decode, c's prompt
   ASSERT_EQ(h.scheduler->numRunning(), 3);
   ASSERT_EQ(h.blocks->numFreeBlocks(), 1);
   // A better one of 60 tokens needs 4 blocks: c (the worst) gives 3 and is
