@@ -1,6 +1,7 @@
 #include "operator/controller/reconciler.h"
 
 #include <algorithm>
+#include <map>
 
 #include "common/logging.h"
 #include "common/status.h"
@@ -296,35 +297,55 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
           }
         }
       }
+      // The routed pools' specs (a pool that does not parse reports its own
+      // InvalidSpec), for the warnings below.
+      std::vector<std::pair<std::string, spec::PoolSpec>> routed;
+      for (auto [names, pool_kind] : {std::pair{&prefill_pools, spec::PoolKind::kPrefill},
+                                      std::pair{&decode_pools, spec::PoolKind::kDecode}}) {
+        for (const std::string& pool_name : *names) {
+          auto pool_object = writer_.client().get(
+              resourceOf(pool_kind == spec::PoolKind::kPrefill ? OwnerKind::kPrefillPool
+                                                               : OwnerKind::kDecodePool),
+              ns, pool_name);
+          if (!pool_object.isOk()) continue;
+          try {
+            routed.emplace_back(pool_name, spec::parsePoolObject(*pool_object, pool_kind,
+                                                                 describe(ownerOf(*pool_object))));
+          } catch (const Error&) {
+            continue;
+          }
+        }
+      }
       if (!router.kv_secret_ref) {
         // Agents with a KV secret refuse unsigned holds: without the same
         // secret the router's prefix lending (pull-back) is always refused.
-        bool warned = false;
-        for (auto [names, pool_kind] : {std::pair{&prefill_pools, spec::PoolKind::kPrefill},
-                                        std::pair{&decode_pools, spec::PoolKind::kDecode}}) {
-          for (const std::string& pool_name : *names) {
-            if (warned) break;
-            auto pool_object = writer_.client().get(
-                resourceOf(pool_kind == spec::PoolKind::kPrefill ? OwnerKind::kPrefillPool
-                                                                 : OwnerKind::kDecodePool),
-                ns, pool_name);
-            if (!pool_object.isOk()) continue;
-            try {
-              const spec::PoolSpec pool =
-                  spec::parsePoolObject(*pool_object, pool_kind, describe(ownerOf(*pool_object)));
-              if (!pool.kv_transfer.secret_ref) continue;
-              events_.recordOnce(owner, kWarning, "UnsignedHolds",
-                                 "pool " + pool_name +
-                                     " has kvTransfer.secretRef but this Router has no "
-                                     "spec.kvSecretRef: its agents refuse the router's unsigned "
-                                     "pull-back holds, so prefix lending is off; give the Router "
-                                     "the same Secret key");
-              warned = true;
-            } catch (const Error&) {
-              continue;  // that pool reports its own InvalidSpec
-            }
-          }
+        for (const auto& [pool_name, pool] : routed) {
+          if (!pool.kv_transfer.secret_ref) continue;
+          events_.recordOnce(owner, kWarning, "UnsignedHolds",
+                             "pool " + pool_name +
+                                 " has kvTransfer.secretRef but this Router has no "
+                                 "spec.kvSecretRef: its agents refuse the router's unsigned "
+                                 "pull-back holds, so prefix lending is off; give the Router "
+                                 "the same Secret key");
+          break;
         }
+      }
+      // A request's priority is read by its prefill agent and its decode
+      // agent: one that serves first come, first served refuses a priority
+      // other than 0 (local mode refuses such a file; here each pool is its
+      // own resource).
+      std::map<std::string, std::string> policies;  // policy → the first pool with it
+      for (const auto& [pool_name, pool] : routed) {
+        policies.emplace(pool.engine.scheduling_policy.value_or("fcfs"), pool_name);
+      }
+      if (policies.size() > 1) {
+        events_.recordOnce(owner, kWarning, "MixedSchedulingPolicy",
+                           "pool " + policies["priority"] +
+                               " serves requests by priority (engine.schedulingPolicy) and pool " +
+                               policies["fcfs"] +
+                               " first come, first served: a request with a priority other than "
+                               "0 is refused by the latter; give every pool of this Router the "
+                               "same engine.schedulingPolicy");
       }
       if (decode_pools.empty()) {
         fail("NoDecodePool", "namespace " + ns +

@@ -1571,8 +1571,8 @@ TEST_F(RouterTest, AnFp8KvCacheIsDisaggregatedExactly) {
 
 // A request's priority travels with it to both of its agents. Here the
 // prefill agent serves by priority and the decode agent first come, first
-// served (a cluster's pools must agree; local mode and the controller
-// refuse this one): priority 0 is disaggregated as ever, and a priority of 7,
+// served (a cluster's pools must agree: local mode refuses this one, the
+// controller warns): priority 0 is disaggregated as ever, and a priority of 7,
 // which the prefill agent takes, is refused by the decode agent with its
 // own 400, passed through, and the prefilled blocks are let go.
 TEST_F(RouterTest, APriorityReachesThePrefillAndTheDecodeAgent) {

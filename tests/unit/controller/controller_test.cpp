@@ -354,6 +354,40 @@ TEST_F(ControllerTest, ARouterWithoutThePoolsKvSecretIsWarned) {
   EXPECT_EQ(eventsWithReason("UnsignedHolds").size(), 1u);
 }
 
+// A request's priority is read by its prefill and its decode agent: a
+// Router whose pools schedule differently is warned (once); pools that
+// agree are not.
+TEST_F(ControllerTest, ARouterWhosePoolsScheduleDifferentlyIsWarned) {
+  json prefill = prefillPool();
+  prefill["spec"]["engine"] = {{"schedulingPolicy", "priority"}};
+  server_.put(prefill);
+  server_.put(decodePool(1));  // first come, first served (the default)
+  json router = {
+      {"apiVersion", "tandem.dev/v1alpha1"},
+      {"kind", "Router"},
+      {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+      {"spec",
+       {{"modelPath", "/models/small"}, {"kvSecretRef", {{"name", "kv"}, {"key", "secret"}}}}}};
+  server_.put(router);
+  Controller controller(*client_, options());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front").isOk());
+  const auto warned = eventsWithReason("MixedSchedulingPolicy");
+  ASSERT_EQ(warned.size(), 1u);
+  EXPECT_EQ(warned[0]["message"],
+            "pool prefill serves requests by priority (engine.schedulingPolicy) and pool decode "
+            "first come, first served: a request with a priority other than 0 is refused by the "
+            "latter; give every pool of this Router the same engine.schedulingPolicy");
+
+  json decode = decodePool(1);
+  decode["spec"]["engine"] = {{"schedulingPolicy", "priority"}};
+  server_.put(decode);
+  router["metadata"]["name"] = "agreeing";
+  server_.put(router);
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kRouter, kNamespace, "agreeing").isOk());
+  EXPECT_EQ(eventsWithReason("MixedSchedulingPolicy").size(), 1u);
+}
+
 // An owner being deleted (held by a finalizer, or in the foreground while
 // its children go) gets no children back: re-creating its Deployment would
 // start pods the deletion then removes.
