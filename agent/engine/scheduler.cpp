@@ -401,7 +401,9 @@ SchedulerOutput Scheduler::schedule() {
     decode_only =
         decode_only ||
         std::any_of(output.chunks.begin(), output.chunks.end(), [&](const ScheduledChunk& chunk) {
-          return rank(*chunk.sequence) == served && !chunk.decodes();
+          // (The step's chunks are not computed yet: decodesNext() says
+          // what each chunk is.)
+          return rank(*chunk.sequence) == served && !chunk.sequence->decodesNext();
         });
   }
   // Not in a step that preempted: its free blocks are the victims'.

@@ -162,9 +162,6 @@ struct ScheduledChunk {
   // after its last known token. Their KV is computed but counts as computed
   // only as the engine accepts them, one by one (Scheduler::acceptDraft).
   int64_t num_draft_tokens = 0;
-  // A decode: the sequence's last generated token alone (drafts are added
-  // after scheduling).
-  bool decodes() const { return num_tokens == 1 && samples && sequence->numGenerated() > 0; }
 };
 
 struct SchedulerOutput {

@@ -702,7 +702,8 @@ TEST(SchedulerPriority, ABetterPromptTakesTheStepBeforeWorsePromptsWhichOnlyDeco
       return nullptr;
     };
     ASSERT_NE(chunkOf(decoding), nullptr) << "a worse decode goes on beside the better prompt";
-    EXPECT_TRUE(chunkOf(decoding)->decodes());
+    EXPECT_EQ(chunkOf(decoding)->num_tokens, 1);
+    EXPECT_TRUE(chunkOf(decoding)->samples);
     if (policy == SchedulingPolicy::kPriority) {
       ASSERT_NE(chunkOf(better), nullptr);
       EXPECT_EQ(chunkOf(better)->num_tokens, 20);
