@@ -298,7 +298,7 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
         }
       }
       // The routed pools' specs (a pool that does not parse reports its own
-      // InvalidSpec), for the warnings below.
+      // InvalidSpec), for the warnings and the model directory below.
       std::vector<std::pair<std::string, spec::PoolSpec>> routed;
       for (auto [names, pool_kind] : {std::pair{&prefill_pools, spec::PoolKind::kPrefill},
                                       std::pair{&decode_pools, spec::PoolKind::kDecode}}) {
@@ -353,18 +353,14 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
                                  "DecodePool of the namespace)");
       }
       if (!router.model_path && !decode_pools.empty()) {
-        // The tokenizer from where the first decode pool gets its model.
-        auto pool_object =
-            writer_.client().get(resourceOf(OwnerKind::kDecodePool), ns, decode_pools.front());
-        if (pool_object.isOk()) {
-          try {
-            const spec::PoolSpec pool = spec::parsePoolObject(*pool_object, spec::PoolKind::kDecode,
-                                                              describe(ownerOf(*pool_object)));
-            router.pools_model_source = pool.model_source;
-            router.pools_image = pool.image;
-          } catch (const Error&) {
-            // That pool reports its own InvalidSpec; the router keeps no model directory.
-          }
+        // The tokenizer from where the first decode pool gets its model (a
+        // pool that does not parse keeps the router without a model
+        // directory).
+        for (const auto& [pool_name, pool] : routed) {
+          if (pool.kind != spec::PoolKind::kDecode || pool_name != decode_pools.front()) continue;
+          router.pools_model_source = pool.model_source;
+          router.pools_image = pool.image;
+          break;
         }
       }
       desired_deployment = desiredRouterDeployment(owner, router, prefill_pools, decode_pools,
