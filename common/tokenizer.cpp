@@ -20,6 +20,7 @@ namespace tandem {
 using tokenizer_internal::AddedToken;
 using tokenizer_internal::AddedTokenMatcher;
 using tokenizer_internal::BpeModel;
+using tokenizer_internal::Decoder;
 using tokenizer_internal::Normalizer;
 using tokenizer_internal::PostProcessor;
 using tokenizer_internal::PreTokenizer;
@@ -128,8 +129,8 @@ struct Tokenizer::Impl {
         normalizer(fieldOrNull(root, "normalizer"), source),
         pre_tokenizer(fieldOrNull(root, "pre_tokenizer"), source),
         post_processor(fieldOrNull(root, "post_processor"), source),
+        decoder(fieldOrNull(root, "decoder"), source),
         added_tokens(parseAddedTokens(root, source)) {
-    tokenizer_internal::checkDecoder(fieldOrNull(root, "decoder"), source);
     buildAddedTokenTables();
     post_processor.checkIds(vocab_size, source);
     buildTokenBytes();
@@ -140,12 +141,20 @@ struct Tokenizer::Impl {
     const bool swallows_whitespace =
         std::any_of(added_tokens.begin(), added_tokens.end(),
                     [](const AddedToken& token) { return token.lstrip || token.rstrip; });
-    if (model.fusesUnknown() || pre_tokenizer.mayRemoveText() || swallows_whitespace) return;
-    int64_t longest = 4;
-    for (const std::string& bytes : token_bytes) {
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(bytes.size()));
+    const std::optional<int64_t> shrink = normalizer.maxShrink();
+    if (model.fusesUnknown() || pre_tokenizer.mayRemoveText() || swallows_whitespace || !shrink) {
+      return;
     }
-    max_text_bytes_per_token = normalizer.isIdentity() ? longest : 4 * longest;
+    // A token stands for its decoded bytes, or its spelling in the
+    // normalized text ("▁the" for " the"), whichever is longer.
+    int64_t longest = 4;
+    for (TokenId id = 0; id < vocab_size; ++id) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(token_bytes[id].size()));
+      if (const auto token = model.idToToken(id)) {
+        longest = std::max<int64_t>(longest, static_cast<int64_t>(token->size()));
+      }
+    }
+    max_text_bytes_per_token = *shrink * longest;
   }
 
   void buildAddedTokenTables() {
@@ -203,6 +212,17 @@ struct Tokenizer::Impl {
     token_bytes.resize(static_cast<size_t>(vocab_size));
     special.assign(static_cast<size_t>(vocab_size), false);
     for (TokenId id = 0; id < vocab_size; ++id) {
+      if (!decoder.byteLevel()) {
+        // Every token goes through the decoder, added ones too (Gemma's
+        // added "▁▁" is two spaces), as Hugging Face's decode does.
+        if (auto it = added_by_id.find(id); it != added_by_id.end()) {
+          special[id] = it->second->special;
+          decoder.appendTokenBytes(it->second->content, false, token_bytes[id]);
+        } else if (const auto token = model.idToToken(id)) {
+          decoder.appendTokenBytes(*token, false, token_bytes[id]);
+        }
+        continue;
+      }
       if (auto it = added_by_id.find(id); it != added_by_id.end()) {
         // Added tokens are written as they read, not in the byte-level
         // alphabet, unless one repeats its vocabulary entry in that
@@ -220,18 +240,21 @@ struct Tokenizer::Impl {
           }
         }
       } else if (const auto token = model.idToToken(id)) {
-        // A token outside the byte-level alphabet is taken as is, as Hugging
-        // Face's ByteLevel decoder does.
-        if (!tokenizer_internal::appendFromByteLevel(*token, token_bytes[id])) {
-          token_bytes[id] = *token;
-        }
+        decoder.appendTokenBytes(*token, false, token_bytes[id]);
       }
     }
   }
 
+  // The token's text as the vocabulary or the added tokens spell it.
+  std::string_view spelling(TokenId id) const {
+    if (auto it = added_by_id.find(id); it != added_by_id.end()) return it->second->content;
+    if (const auto token = model.idToToken(id)) return *token;
+    return {};
+  }
+
   // Normalizes, pre-tokenizes and encodes a run of text without raw added
-  // tokens in it.
-  void encodeText(std::string_view text, std::vector<TokenId>& ids) const {
+  // tokens in it; `at_start`: nothing comes before it in the input.
+  void encodeText(std::string_view text, bool at_start, std::vector<TokenId>& ids) const {
     std::string normalized_storage;
     std::string_view normalized = text;
     if (!normalizer.isIdentity()) {
@@ -252,7 +275,8 @@ struct Tokenizer::Impl {
         ids.push_back(segment.id);
         continue;
       }
-      pre_tokenizer.apply(normalized.substr(segment.begin, segment.end - segment.begin), tokenize);
+      pre_tokenizer.apply(normalized.substr(segment.begin, segment.end - segment.begin), tokenize,
+                          at_start && segment.begin == 0);
     }
   }
 
@@ -261,6 +285,7 @@ struct Tokenizer::Impl {
   Normalizer normalizer;
   PreTokenizer pre_tokenizer;
   PostProcessor post_processor;
+  Decoder decoder;
   std::vector<AddedToken> added_tokens;
   StringIdTable added_by_content;
   std::unordered_map<TokenId, const AddedToken*> added_by_id;
@@ -436,7 +461,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
   std::vector<TokenId> ids;
   ids.reserve(text.size() / 3 + 4);
   if (impl.raw_matcher->empty()) {
-    impl.encodeText(text, ids);
+    impl.encodeText(text, /*at_start=*/true, ids);
   } else {
     std::vector<AddedTokenMatcher::Segment> segments;
     impl.raw_matcher->split(text, segments);
@@ -444,7 +469,8 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
       if (segment.id >= 0) {
         ids.push_back(segment.id);
       } else {
-        impl.encodeText(text.substr(segment.begin, segment.end - segment.begin), ids);
+        impl.encodeText(text.substr(segment.begin, segment.end - segment.begin), segment.begin == 0,
+                        ids);
       }
     }
   }
@@ -494,8 +520,38 @@ const std::string& Tokenizer::chatTemplate() const { return impl_->chat_template
 
 std::string Tokenizer::decodeAsTransformers(std::span<const TokenId> ids,
                                             bool skip_special_tokens) const {
-  std::string text = decode(ids, skip_special_tokens);
-  if (!impl_->clean_up_tokenization_spaces) return text;
+  const Impl& impl = *impl_;
+  std::string text;
+  if (impl.decoder.dropsFirstReplacement() || impl.decoder.stripCount() > 0) {
+    // What a decoder does at the text's start: a Metaspace decoder drops the
+    // first token's replacement characters, Strip removes leading ones.
+    std::string bytes;
+    bool first = true;
+    for (TokenId id : ids) {
+      if (id < 0 || id >= impl.vocab_size) continue;
+      if (skip_special_tokens && impl.special[id]) continue;
+      if (first && impl.decoder.dropsFirstReplacement()) {
+        impl.decoder.appendTokenBytes(impl.spelling(id), /*first=*/true, bytes);
+      } else {
+        bytes += impl.token_bytes[id];
+      }
+      first = false;
+    }
+    std::string strip;
+    tokenizer_internal::appendUtf8(impl.decoder.stripChar(), strip);
+    size_t start = 0;
+    for (int64_t i = 0; i < impl.decoder.stripCount() && !strip.empty() &&
+                        bytes.compare(start, strip.size(), strip) == 0;
+         ++i) {
+      start += strip.size();
+    }
+    bytes.erase(0, start);
+    text = tokenizer_internal::isValidUtf8(bytes) ? std::move(bytes)
+                                                  : tokenizer_internal::lossyUtf8(bytes);
+  } else {
+    text = decode(ids, skip_special_tokens);
+  }
+  if (!impl.clean_up_tokenization_spaces) return text;
   // transformers' clean_up_tokenization: these replacements, in this order.
   static constexpr std::pair<std::string_view, std::string_view> kCleanUps[] = {
       {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},

@@ -1,13 +1,17 @@
-// Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama 3, Qwen style).
+// Hugging Face tokenizer.json with a BPE model: byte-level (GPT-2, Llama 3,
+// Qwen style) and SentencePiece-style (Llama 2, Mistral, Mixtral, Gemma:
+// spaces written "▁", bytes of unknown characters as "<0xNN>" tokens).
 //
-// Supported pipeline pieces: normalizers NFC / NFD / NFKC / NFKD / Sequence;
-// pre-tokenizers Split (regex, PCRE2 with Unicode properties, or literal; all
-// five delimiter behaviours; invert), ByteLevel, Sequence; model BPE with
-// merges as "a b" strings or ["a", "b"] pairs, ignore_merges, unk_token,
-// byte_fallback; added tokens (special or not) matched before
-// pre-tokenization, honouring lstrip / rstrip / single_word / normalized;
-// decoder ByteLevel (or a Sequence of it); post-processors TemplateProcessing
-// (single template) / ByteLevel / Sequence for add_special_tokens.
+// Supported pipeline pieces: normalizers NFC / NFD / NFKC / NFKD / Prepend /
+// Replace / Sequence; pre-tokenizers Split (regex, PCRE2 with Unicode
+// properties, or literal; all five delimiter behaviours; invert), ByteLevel,
+// Metaspace, Sequence; model BPE with merges as "a b" strings or ["a", "b"]
+// pairs, ignore_merges, unk_token, fuse_unk, byte_fallback; added tokens
+// (special or not) matched before pre-tokenization, honouring lstrip /
+// rstrip / single_word / normalized; decoders ByteLevel, ByteFallback,
+// Replace, Metaspace, Fuse and Strip after Fuse (alone or in a Sequence);
+// post-processors TemplateProcessing (single template) / ByteLevel /
+// Sequence for add_special_tokens.
 // Unsupported pieces are refused at load with an error naming them and the
 // file. tokenizer.json's truncation and padding settings are ignored.
 //
@@ -55,9 +59,11 @@ class Tokenizer {
   // Byte sequences that are not valid UTF-8 come out as U+FFFD. Ids outside
   // the vocabulary are skipped.
   std::string decode(std::span<const TokenId> ids, bool skip_special_tokens = false) const;
-  // decode() as transformers' decode gives it: with tokenizer_config.json's
-  // clean_up_tokenization_spaces true (Llama 3), " ." becomes "." and the
-  // like. For /detokenize, as vLLM's; not for generated text, whose
+  // decode() as transformers' decode gives it: what the decoder does at
+  // the text's start (Llama 2's Strip drops the space its normalizer put in
+  // front of the text; a Metaspace decoder the first token's "▁"), and with
+  // tokenizer_config.json's clean_up_tokenization_spaces true (Llama 3),
+  // " ." becomes "." and the like. For /detokenize, as vLLM's; not for generated text, whose
   // streamed pieces must add up to it, nor for echoed prompts, whose
   // logprobs' text offsets count the tokens' own text.
   std::string decodeAsTransformers(std::span<const TokenId> ids,
@@ -102,8 +108,9 @@ class Tokenizer {
   // set (or sets to null) are absent. An empty object without the file.
   const nlohmann::ordered_json& specialTokensMap() const;
 
-  // The raw bytes a token stands for (byte-level decoded; special tokens give
-  // their content).
+  // The raw bytes a token stands for, as the decoder gives them token by
+  // token (byte-level decoded; "▁" as a space and "<0x0A>" as byte 0x0A in
+  // SentencePiece-style files; added tokens give their content).
   std::string tokenBytes(TokenId id) const;
 
   struct Impl;

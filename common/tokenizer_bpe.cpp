@@ -82,6 +82,15 @@ BpeModel::BpeModel(const nlohmann::json& model, std::string_view source) {
     if (pos == token.size() && cp < kSmallCharLimit) small_char_ids_[cp] = id;
   });
 
+  if (byte_fallback_) {
+    bytes_cover_all_ = true;
+    for (int byte = 0; byte < 256 && bytes_cover_all_; ++byte) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", byte);
+      bytes_cover_all_ = vocab_.find(name) != nullptr;
+    }
+  }
+
   const std::string unk = optionalString(model, "unk_token", source);
   if (!unk.empty()) {
     const TokenId* id = vocab_.find(unk);

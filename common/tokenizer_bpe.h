@@ -35,7 +35,9 @@ class BpeModel {
   // One past the largest id in the vocabulary.
   int64_t idLimit() const { return static_cast<int64_t>(id_to_token_.size()); }
   // fuse_unk: a run of unknown characters, however long, becomes one id.
-  bool fusesUnknown() const { return unk_id_.has_value() && fuse_unk_; }
+  // Never when byte_fallback has a token for every byte: no character is
+  // unknown then.
+  bool fusesUnknown() const { return unk_id_.has_value() && fuse_unk_ && !bytes_cover_all_; }
 
  private:
   struct Merge {
@@ -58,6 +60,7 @@ class BpeModel {
   std::optional<TokenId> unk_id_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
+  bool bytes_cover_all_ = false;  // byte_fallback with all 256 "<0xNN>" tokens
   bool ignore_merges_ = false;
   std::string continuing_subword_prefix_;
   std::string end_of_word_suffix_;

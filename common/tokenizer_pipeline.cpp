@@ -97,49 +97,176 @@ std::shared_ptr<const Regex> gpt2Regex() {
   return kRegex;
 }
 
+// Metaspace's prepend_scheme ("always", "first", "never"); files older
+// than it say add_prefix_space (true: always, false: never).
+PreTokenizer::Prepend prependScheme(const nlohmann::json& config, std::string_view source,
+                                    std::string_view what) {
+  const std::string scheme = optionalString(config, "prepend_scheme", "", source, what);
+  if (scheme.empty()) {
+    return optionalBool(config, "add_prefix_space", true, source, what)
+               ? PreTokenizer::Prepend::kAlways
+               : PreTokenizer::Prepend::kNever;
+  }
+  if (scheme == "always") return PreTokenizer::Prepend::kAlways;
+  if (scheme == "first") return PreTokenizer::Prepend::kFirst;
+  if (scheme == "never") return PreTokenizer::Prepend::kNever;
+  throw Error(std::string(source) + ": " + std::string(what) + ".prepend_scheme '" + scheme +
+              "' is not one of always, first, never");
+}
+
+// A string field every such component has; throws naming it otherwise.
+std::string requiredString(const nlohmann::json& object, const char* key, std::string_view source,
+                           std::string_view what) {
+  auto it = object.find(key);
+  if (it == object.end() || !it->is_string()) {
+    throw Error(std::string(source) + ": " + std::string(what) + " needs a \"" + key + "\" string");
+  }
+  return it->get<std::string>();
+}
+
+// A Replace component's pattern: {"String": literal} (first) or {"Regex":
+// pattern} (second).
+std::pair<std::string, std::shared_ptr<const Regex>> replacePattern(const nlohmann::json& config,
+                                                                    std::string_view source,
+                                                                    std::string_view what) {
+  auto pattern = config.find("pattern");
+  if (pattern != config.end() && pattern->is_object()) {
+    if (auto literal = pattern->find("String"); literal != pattern->end() && literal->is_string()) {
+      if (literal->get_ref<const std::string&>().empty()) {
+        throw Error(std::string(source) + ": " + std::string(what) +
+                    " pattern must not be an empty string");
+      }
+      return {literal->get<std::string>(), nullptr};
+    }
+    if (auto regex = pattern->find("Regex"); regex != pattern->end() && regex->is_string()) {
+      return {std::string(),
+              std::make_shared<const Regex>(regex->get<std::string>(), false, source)};
+    }
+  }
+  throw Error(std::string(source) + ": " + std::string(what) +
+              " pattern must be {\"String\": ...} or {\"Regex\": ...}, got " +
+              (pattern == config.end() ? std::string("nothing") : pattern->dump()));
+}
+
+// `text` with every occurrence of `from` (not empty) replaced by `to`, left
+// to right, not overlapping.
+std::string replaceAll(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(text.size());
+  size_t at = 0;
+  for (size_t found; (found = text.find(from, at)) != std::string_view::npos;
+       at = found + from.size()) {
+    out.append(text, at, found - at);
+    out.append(to);
+  }
+  out.append(text, at);
+  return out;
+}
+
+// `text` with every match of `regex` replaced by `to`.
+std::string replaceMatches(std::string_view text, const Regex& regex, std::string_view to) {
+  std::string out;
+  out.reserve(text.size());
+  size_t at = 0;
+  regex.forEachMatch(text, [&](size_t begin, size_t end) {
+    out.append(text, at, begin - at);
+    out.append(to);
+    at = end;
+  });
+  out.append(text, at);
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
 // Normalizer
 
 Normalizer::Normalizer(const nlohmann::json& config, std::string_view source) {
-  if (config.is_null()) return;
+  if (!config.is_null()) addSteps(config, source);
+}
+
+void Normalizer::addSteps(const nlohmann::json& config, std::string_view source) {
   const std::string type = componentType(config, source, "normalizer");
+  Step step;
   if (type == "Sequence") {
     for (const nlohmann::json& item : sequenceItems(config, "normalizers", source, "normalizer")) {
-      Normalizer inner(item, source);
-      forms_.insert(forms_.end(), inner.forms_.begin(), inner.forms_.end());
+      addSteps(item, source);
     }
+    return;
   } else if (type == "NFC") {
-    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    step.form_options = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
   } else if (type == "NFD") {
-    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+    step.form_options = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
   } else if (type == "NFKC") {
-    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    step.form_options = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
   } else if (type == "NFKD") {
-    forms_.push_back(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    step.form_options = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+  } else if (type == "Prepend") {
+    step.kind = Step::Kind::kPrepend;
+    step.text = requiredString(config, "prepend", source, "normalizer Prepend");
+  } else if (type == "Replace") {
+    step.kind = Step::Kind::kReplace;
+    step.text = requiredString(config, "content", source, "normalizer Replace");
+    auto [literal, regex] = replacePattern(config, source, "normalizer Replace");
+    step.pattern = std::move(literal);
+    step.regex = std::move(regex);
   } else {
-    throwUnsupported(source, "normalizer", type, "NFC, NFD, NFKC, NFKD, Sequence");
+    throwUnsupported(source, "normalizer", type,
+                     "NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence");
   }
+  steps_.push_back(std::move(step));
 }
 
 std::string Normalizer::apply(std::string_view text) const {
   std::string result(text);
-  // ASCII is unchanged by every normalization form.
-  if (forms_.empty() || isAscii(text)) return result;
-  for (int options : forms_) {
-    utf8proc_uint8_t* mapped = nullptr;
-    const utf8proc_ssize_t length =
-        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(result.data()),
-                     static_cast<utf8proc_ssize_t>(result.size()), &mapped,
-                     static_cast<utf8proc_option_t>(options));
-    // Input is valid UTF-8, so only allocation can fail; leave the text as
-    // it is rather than fail a request.
-    if (length < 0) continue;
-    result.assign(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
-    std::free(mapped);
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Step::Kind::kForm: {
+        // ASCII is unchanged by every normalization form.
+        if (isAscii(result)) break;
+        utf8proc_uint8_t* mapped = nullptr;
+        const utf8proc_ssize_t length =
+            utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(result.data()),
+                         static_cast<utf8proc_ssize_t>(result.size()), &mapped,
+                         static_cast<utf8proc_option_t>(step.form_options));
+        // Input is valid UTF-8, so only allocation can fail; leave the text
+        // as it is rather than fail a request.
+        if (length < 0) break;
+        result.assign(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+        std::free(mapped);
+        break;
+      }
+      case Step::Kind::kPrepend:
+        // As Hugging Face's: empty text stays empty.
+        if (!result.empty()) result.insert(0, step.text);
+        break;
+      case Step::Kind::kReplace:
+        result = step.regex ? replaceMatches(result, *step.regex, step.text)
+                            : replaceAll(result, step.pattern, step.text);
+        break;
+    }
   }
   return result;
+}
+
+std::optional<int64_t> Normalizer::maxShrink() const {
+  int64_t factor = 1;
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Step::Kind::kForm:
+        factor *= 4;
+        break;
+      case Step::Kind::kPrepend:
+        break;
+      case Step::Kind::kReplace:
+        if (step.regex || step.text.empty()) return std::nullopt;
+        factor *=
+            static_cast<int64_t>((step.pattern.size() + step.text.size() - 1) / step.text.size());
+        break;
+    }
+  }
+  return factor;
 }
 
 // ---------------------------------------------------------------------------
@@ -201,8 +328,24 @@ void PreTokenizer::addSteps(const nlohmann::json& config, std::string_view sourc
       step.regex = gpt2Regex();
     }
     steps_.push_back(std::move(step));
+  } else if (type == "Metaspace") {
+    Step step;
+    step.kind = Step::Kind::kMetaspace;
+    const char* what = "pre_tokenizer Metaspace";
+    step.replacement = optionalString(config, "replacement", "\u2581", source, what);
+    size_t end = 0;
+    if (step.replacement.empty() ||
+        (nextCodepoint(step.replacement, end), end != step.replacement.size())) {
+      throw Error(where + ": " + what + ".replacement must be one character, got '" +
+                  step.replacement + "'");
+    }
+    step.prepend = prependScheme(config, source, what);
+    if (optionalBool(config, "split", true, source, what)) {
+      step.regex = std::make_shared<const Regex>(step.replacement, /*literal=*/true, source);
+    }
+    steps_.push_back(std::move(step));
   } else {
-    throwUnsupported(source, "pre_tokenizer", type, "Split, ByteLevel, Sequence");
+    throwUnsupported(source, "pre_tokenizer", type, "Split, ByteLevel, Metaspace, Sequence");
   }
 }
 
@@ -288,27 +431,51 @@ bool PreTokenizer::mayRemoveText() const {
                      [](const Step& step) { return step.behavior == Behavior::kRemoved; });
 }
 
-void PreTokenizer::apply(std::string_view text, const WordSink& emit) const {
+void PreTokenizer::apply(std::string_view text, const WordSink& emit, bool at_start) const {
   if (text.empty()) return;
-  applyFrom(0, text, emit);
+  applyFrom(0, text, at_start, emit);
 }
 
-void PreTokenizer::apply(std::string_view text, std::vector<std::string>& words) const {
-  apply(text, [&words](std::string_view word) { words.emplace_back(word); });
+void PreTokenizer::apply(std::string_view text, std::vector<std::string>& words,
+                         bool at_start) const {
+  apply(
+      text, [&words](std::string_view word) { words.emplace_back(word); }, at_start);
 }
 
 // Each step cuts each word of the step before on its own, so taking a word
 // through the remaining steps as soon as it is cut gives the words in the
-// same order as running each step over the whole list.
-void PreTokenizer::applyFrom(size_t step_index, std::string_view word, const WordSink& emit) const {
+// same order as running each step over the whole list. A piece is at the
+// input's start when its word was and it begins that word (Hugging Face
+// asks whether its offset in the original text is 0).
+void PreTokenizer::applyFrom(size_t step_index, std::string_view word, bool at_start,
+                             const WordSink& emit) const {
   if (step_index == steps_.size()) {
     emit(word);
     return;
   }
   const Step& step = steps_[step_index];
-  const WordSink next = [&](std::string_view piece) { applyFrom(step_index + 1, piece, emit); };
   if (step.kind == Step::Kind::kSplit) {
-    splitWords(word, *step.regex, step.behavior, step.invert, next);
+    splitWords(word, *step.regex, step.behavior, step.invert, [&](std::string_view piece) {
+      applyFrom(step_index + 1, piece, at_start && piece.data() == word.data(), emit);
+    });
+    return;
+  }
+  if (step.kind == Step::Kind::kMetaspace) {
+    std::string replaced = replaceAll(word, " ", step.replacement);
+    const bool prepend =
+        step.prepend == Prepend::kAlways || (step.prepend == Prepend::kFirst && at_start);
+    if (prepend && replaced.compare(0, step.replacement.size(), step.replacement) != 0) {
+      replaced.insert(0, step.replacement);
+    }
+    const std::string_view text = replaced;
+    const WordSink next = [&](std::string_view piece) {
+      applyFrom(step_index + 1, piece, at_start && piece.data() == text.data(), emit);
+    };
+    if (step.regex) {
+      splitWords(text, *step.regex, Behavior::kMergedWithNext, false, next);
+    } else {
+      next(text);
+    }
     return;
   }
   std::string prefixed;
@@ -321,7 +488,7 @@ void PreTokenizer::applyFrom(size_t step_index, std::string_view word, const Wor
     std::string bytes;
     bytes.reserve(piece.size() * 2);
     appendByteLevel(piece, bytes);
-    next(bytes);
+    applyFrom(step_index + 1, bytes, at_start && piece.data() == input.data(), emit);
   };
   if (step.regex) {
     splitWords(input, *step.regex, Behavior::kIsolated, false, mapped);
@@ -432,19 +599,120 @@ void PostProcessor::apply(std::vector<TokenId>& ids) const {
 // ---------------------------------------------------------------------------
 // Decoder
 
-void checkDecoder(const nlohmann::json& config, std::string_view source) {
+Decoder::Decoder(const nlohmann::json& config, std::string_view source) {
   if (config.is_null()) {
     throw Error(std::string(source) +
-                ": decoder is missing; Tandem decodes with ByteLevel and needs it declared");
+                ": decoder is missing; Tandem decodes with the decoder the file declares");
   }
+  addSteps(config, source);
+}
+
+void Decoder::addSteps(const nlohmann::json& config, std::string_view source) {
+  const std::string where(source);
   const std::string type = componentType(config, source, "decoder");
   if (type == "Sequence") {
     for (const nlohmann::json& item : sequenceItems(config, "decoders", source, "decoder")) {
-      checkDecoder(item, source);
+      addSteps(item, source);
     }
-  } else if (type != "ByteLevel") {
-    throwUnsupported(source, "decoder", type, "ByteLevel, Sequence of ByteLevel");
+    return;
   }
+  if (type == "Fuse") {
+    fused_ = true;
+    return;
+  }
+  if (type == "Strip") {
+    // After Fuse the tokens are one text, whose start it strips; before, it
+    // would strip every token, and a strip of the end would change text a
+    // stream has already sent.
+    const char* what = "decoder Strip";
+    const int64_t stop = config.value("stop", int64_t{0});
+    if (!fused_ || stop != 0 || strip_count_ != 0) {
+      throw Error(where + ": " + what +
+                  " is supported once, after Fuse, stripping the start only (stop 0), got " +
+                  config.dump());
+    }
+    const std::string content = requiredString(config, "content", source, what);
+    size_t end = 0;
+    const char32_t c = content.empty() ? 0 : nextCodepoint(content, end);
+    if (content.empty() || end != content.size()) {
+      throw Error(where + ": " + what + ".content must be one character, got '" + content + "'");
+    }
+    strip_char_ = c;
+    strip_count_ = config.value("start", int64_t{0});
+    return;
+  }
+  if (fused_) {
+    throw Error(where + ": decoder " + type +
+                " after Fuse is not supported (only Strip may follow Fuse)");
+  }
+  Step step;
+  if (type == "ByteLevel") {
+    step.kind = Step::Kind::kByteLevel;
+    byte_level_ = true;
+  } else if (type == "ByteFallback") {
+    step.kind = Step::Kind::kByteFallback;
+  } else if (type == "Replace") {
+    step.kind = Step::Kind::kReplace;
+    auto [literal, regex] = replacePattern(config, source, "decoder Replace");
+    if (regex) throw Error(where + ": decoder Replace with a Regex pattern is not supported");
+    step.pattern = std::move(literal);
+    step.content = requiredString(config, "content", source, "decoder Replace");
+  } else if (type == "Metaspace") {
+    step.kind = Step::Kind::kMetaspace;
+    step.pattern = optionalString(config, "replacement", "\u2581", source, "decoder Metaspace");
+    step.drops_first =
+        prependScheme(config, source, "decoder Metaspace") != PreTokenizer::Prepend::kNever;
+    drops_first_replacement_ = drops_first_replacement_ || step.drops_first;
+  } else {
+    throwUnsupported(source, "decoder", type,
+                     "ByteLevel, ByteFallback, Replace, Metaspace, Fuse, Strip after Fuse, "
+                     "Sequence");
+  }
+  steps_.push_back(std::move(step));
+}
+
+namespace {
+
+// ByteFallback's token for one byte: exactly "<0x" two hex digits ">".
+std::optional<char> fallbackByte(std::string_view token) {
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return std::nullopt;
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const int high = digit(token[3]);
+  const int low = digit(token[4]);
+  if (high < 0 || low < 0) return std::nullopt;
+  return static_cast<char>(high * 16 + low);
+}
+
+}  // namespace
+
+void Decoder::appendTokenBytes(std::string_view token, bool first, std::string& out) const {
+  std::string text(token);
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Step::Kind::kByteLevel: {
+        // A token outside the byte-level alphabet is taken as is, as
+        // Hugging Face's ByteLevel decoder does.
+        std::string bytes;
+        if (appendFromByteLevel(text, bytes)) text = std::move(bytes);
+        break;
+      }
+      case Step::Kind::kByteFallback:
+        if (const std::optional<char> byte = fallbackByte(text)) text.assign(1, *byte);
+        break;
+      case Step::Kind::kReplace:
+        text = replaceAll(text, step.pattern, step.content);
+        break;
+      case Step::Kind::kMetaspace:
+        text = replaceAll(text, step.pattern, first && step.drops_first ? "" : " ");
+        break;
+    }
+  }
+  out += text;
 }
 
 }  // namespace tandem::tokenizer_internal

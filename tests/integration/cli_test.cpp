@@ -46,6 +46,10 @@ class CliTest : public ::testing::Test {
 
   std::string bin(const std::string& name) { return std::string(TANDEM_BIN_DIR) + "/" + name; }
 
+  // `tandem-agent tokenize` over the first 20 texts of a tokenizer case in
+  // `data` and one bad line: the reference's ids, then the error.
+  void checkTokenizeCommand(const std::string& data);
+
   fs::path makeTinyModel(const std::string& name, int seed) {
     fs::path model = dir_ / name;
     CommandResult r = run(bin("tandem-model") + " --preset tiny --seed " + std::to_string(seed) +
@@ -77,7 +81,13 @@ TEST_F(CliTest, TandemModelIsByteDeterministic) {
 }
 
 TEST_F(CliTest, TokenizeMatchesReferenceIdsAndReportsBadLines) {
-  const std::string data = std::string(TANDEM_TEST_DATA_DIR) + "/tokenizers/llama3";
+  for (const char* name : {"llama3", "mistral", "gemma3"}) {
+    SCOPED_TRACE(name);
+    checkTokenizeCommand(std::string(TANDEM_TEST_DATA_DIR) + "/tokenizers/" + name);
+  }
+}
+
+void CliTest::checkTokenizeCommand(const std::string& data) {
   std::ifstream expected_file(data + "/expected.jsonl");
   std::string input, line;
   std::vector<nlohmann::json> expected;

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/tokenizer.h"
 #include "tests/support/agent_process.h"
 #include "tests/support/agent_server.h"
 #include "tests/support/test_files.h"
@@ -898,6 +899,109 @@ TEST(Server, ReportsItsComputeDeviceInHealthModelsAndMetrics) {
 
   EXPECT_EQ(agent.metric("tandem_device_info", "device=\"cpu\""), 1);
   EXPECT_EQ(agent.metric("tandem_device_info", "description=\"" + description + "\""), 1);
+}
+
+// A model served with a real SentencePiece-style tokenizer (Mistral 7B's, in
+// the legacy Llama format; the small preset has its 32,000 ids): /tokenize
+// and /detokenize give the reference's ids and text; a chat prompt starts
+// with <s> and "▁[INST]" as Mistral's does; generated text is the generated
+// tokens' bytes, the first one's "▁" a space (as vLLM streams it after a
+// prompt), whole characters in every streamed piece (byte-fallback tokens
+// held back until their character is complete), the same streamed or not.
+TEST(Server, ASentencePieceTokenizerServesTheReferenceIdsAndText) {
+  const fs::path reference = fs::path(TANDEM_TEST_DATA_DIR) / "tokenizers" / "mistral";
+  TempDir dir("tandem-server-test-spm");
+  const fs::path model = dir.path() / "model";
+  fs::create_directories(model);
+  for (const auto& entry : fs::directory_iterator(smallModelDir())) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("tokenizer", 0) == 0 || name == "special_tokens_map.json") continue;
+    fs::copy_file(entry.path(), model / name);
+  }
+  fs::copy_file(reference / "tokenizer.json", model / "tokenizer.json");
+  fs::copy_file(reference / "tokenizer_config.json", model / "tokenizer_config.json");
+  fs::copy_file(fs::path(TANDEM_SOURCE_DIR) /
+                    "tests/data/chat_templates/templates/mistralai-Mistral-7B-Instruct-v0.2.jinja",
+                model / "chat_template.jinja");
+  Agent agent({}, model);
+
+  std::ifstream lines(reference / "expected.jsonl");
+  std::string line;
+  int index = 0;
+  int checked = 0;
+  while (std::getline(lines, line)) {
+    const json example = json::parse(line);
+    if (example["ids"].empty()) continue;
+    // Every fifth line: a spread of scripts, code, spaces and specials.
+    if (index++ % 5 != 0) continue;
+    ++checked;
+    SCOPED_TRACE(example["text"].dump());
+    int status = 0;
+    const json tokens = agent.post(
+        "/tokenize", {{"prompt", example["text"]}, {"add_special_tokens", false}}, &status);
+    ASSERT_EQ(status, 200) << tokens.dump();
+    EXPECT_EQ(tokens["tokens"], example["ids"]);
+    const json text = agent.post("/detokenize", {{"tokens", example["ids"]}}, &status);
+    ASSERT_EQ(status, 200) << text.dump();
+    EXPECT_EQ(text["prompt"], example["decoded"]);
+  }
+  EXPECT_GT(checked, 60);
+
+  const json messages = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const json chat_ids = agent.post("/tokenize", {{"messages", messages}})["tokens"];
+  ASSERT_GE(chat_ids.size(), 4u) << chat_ids.dump();
+  EXPECT_EQ(std::vector<int>(chat_ids.begin(), chat_ids.begin() + 4),
+            (std::vector<int>{1, 733, 16289, 28793}))
+      << chat_ids.dump();
+
+  const auto tokenizer = tandem::Tokenizer::fromDirectory(model);
+  json body = {{"model", "tiny"},  {"prompt", "Once upon a time"}, {"max_tokens", 48},
+               {"temperature", 0}, {"ignore_eos", true},           {"return_token_ids", true}};
+  int status = 0;
+  const json whole = agent.post("/v1/completions", body, &status);
+  ASSERT_EQ(status, 200) << whole.dump();
+  const std::vector<int> ids = tokenIds(whole);
+  ASSERT_EQ(ids.size(), 48u);
+  const std::string text = whole["choices"][0]["text"];
+  EXPECT_EQ(text, tokenizer->decode(std::vector<tandem::TokenId>(ids.begin(), ids.end())));
+  body["stream"] = true;
+  auto streamed = agent.client()->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  // (A piece that split a character would not parse: JSON text is UTF-8.)
+  const StreamedCompletion stream = parseStream(streamed->body);
+  EXPECT_EQ(stream.ids, ids);
+  EXPECT_EQ(stream.text, text);
+
+  // Only the byte tokens of "€" (E2 82 AC) may be chosen, sampled with a
+  // seed (here: some whole "€"s among broken sequences): characters split
+  // over tokens, whole or broken (U+FFFD), come out the same streamed or not.
+  json bytes_body = body;
+  bytes_body["stream"] = false;
+  bytes_body["max_tokens"] = 48;
+  bytes_body["temperature"] = 1;
+  bytes_body["seed"] = 1;
+  bytes_body["allowed_token_ids"] = json::array();
+  for (const char* byte : {"<0xE2>", "<0x82>", "<0xAC>"}) {
+    bytes_body["allowed_token_ids"].push_back(tokenizer->tokenToId(byte).value());
+  }
+  const json bytes_whole = agent.post("/v1/completions", bytes_body, &status);
+  ASSERT_EQ(status, 200) << bytes_whole.dump();
+  const std::vector<int> byte_ids = tokenIds(bytes_whole);
+  EXPECT_EQ(bytes_whole["choices"][0]["text"],
+            tokenizer->decode(std::vector<tandem::TokenId>(byte_ids.begin(), byte_ids.end())));
+  bytes_body["stream"] = true;
+  auto bytes_streamed =
+      agent.client()->Post("/v1/completions", bytes_body.dump(), "application/json");
+  ASSERT_TRUE(bytes_streamed);
+  const StreamedCompletion bytes_stream = parseStream(bytes_streamed->body);
+  EXPECT_EQ(bytes_stream.ids, byte_ids);
+  EXPECT_EQ(bytes_stream.text, bytes_whole["choices"][0]["text"]);
+
+  const json chat = agent.post(
+      "/v1/chat/completions",
+      {{"model", "tiny"}, {"messages", messages}, {"max_tokens", 8}, {"temperature", 0}}, &status);
+  EXPECT_EQ(status, 200) << chat.dump();
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], chat_ids.size());
 }
 
 TEST(Server, BurstOfConnectionsIsAccepted) {

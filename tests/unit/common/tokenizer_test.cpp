@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,6 +29,7 @@ const fs::path kDataDir = fs::path(TANDEM_TEST_DATA_DIR) / "tokenizers";
 struct Example {
   std::string text;
   std::vector<TokenId> ids;
+  std::optional<std::string> decoded;  // the reference's decode(ids), where recorded
 };
 
 std::vector<Example> readExamples(const fs::path& path) {
@@ -36,8 +40,10 @@ std::vector<Example> readExamples(const fs::path& path) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     const nlohmann::json entry = nlohmann::json::parse(line);
-    examples.push_back(
-        {entry["text"].get<std::string>(), entry["ids"].get<std::vector<TokenId>>()});
+    Example example{entry["text"].get<std::string>(), entry["ids"].get<std::vector<TokenId>>(),
+                    std::nullopt};
+    if (entry.contains("decoded")) example.decoded = entry["decoded"].get<std::string>();
+    examples.push_back(std::move(example));
   }
   return examples;
 }
@@ -120,6 +126,10 @@ using ::tandem::testing::TempDir;
 struct CorpusCase {
   const char* name;
   bool normalizes_nfc;
+  // decode(ids) gives the text back. Not for SentencePiece-style files,
+  // whose normalizer writes a "▁" in front (Llama 2, Mistral) that only
+  // transformers' decode strips again: their references record decode(ids).
+  bool round_trips = true;
 };
 
 class CorpusTest : public ::testing::TestWithParam<CorpusCase> {
@@ -156,10 +166,25 @@ TEST_P(CorpusTest, EncodeMatchesReference) {
 }
 
 TEST_P(CorpusTest, DecodeRoundTrips) {
+  if (!GetParam().round_trips) GTEST_SKIP() << "decoding is checked against the reference's";
   for (const Example& example : examples()) {
     const std::string expected = GetParam().normalizes_nfc ? nfc(example.text) : example.text;
     ASSERT_EQ(tok().decode(example.ids), expected) << nlohmann::json(example.text).dump();
   }
+}
+
+// decodeAsTransformers (what /detokenize answers) equals the reference's
+// decode wherever the case recorded it.
+TEST_P(CorpusTest, DecodeAsTransformersMatchesReference) {
+  size_t checked = 0;
+  for (const Example& example : examples()) {
+    if (!example.decoded) continue;
+    ++checked;
+    ASSERT_EQ(tok().decodeAsTransformers(example.ids), *example.decoded)
+        << nlohmann::json(example.text).dump();
+  }
+  if (checked == 0 && GetParam().round_trips) GTEST_SKIP() << "checked by DecodeRoundTrips";
+  if (checked == 0) GTEST_SKIP() << "no reference decode recorded (see tokenizer_reference.mjs)";
 }
 
 TEST_P(CorpusTest, IncrementalDetokenizerMatchesDecode) {
@@ -201,8 +226,15 @@ TEST_P(CorpusTest, ConcurrentEncodeMatchesSerial) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, CorpusTest,
-                         ::testing::Values(CorpusCase{"llama3", false}, CorpusCase{"qwen3", true}),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         ::testing::Values(CorpusCase{"llama3", false}, CorpusCase{"qwen3", true},
+                                           CorpusCase{"mistral", false, false},
+                                           CorpusCase{"mistral-metaspace", false, false},
+                                           CorpusCase{"gemma3", false, false}),
+                         [](const auto& info) {
+                           std::string name = info.param.name;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(TokenizerConfigTest, Llama3SpecialTokensAndTemplate) {
   auto tok = Tokenizer::fromDirectory(kDataDir / "llama3");
@@ -229,7 +261,7 @@ TEST(TokenizerConfigTest, Llama3SpecialTokensAndTemplate) {
 // that make tokens as long as they get (repeated runs, whitespace, CJK,
 // emoji, decomposed Hangul that an NFC normalizer composes).
 TEST(TokenizerBoundTest, NoTokenStandsForMoreTextThanTheBound) {
-  for (const char* name : {"llama3", "qwen3"}) {
+  for (const char* name : {"llama3", "qwen3", "mistral", "gemma3"}) {
     SCOPED_TRACE(name);
     auto tok = Tokenizer::fromDirectory(kDataDir / name);
     const std::optional<int64_t> bound = tok->maxTextBytesPerToken();
@@ -711,6 +743,207 @@ TEST(TokenizerLoadErrorTest, UnsupportedComponents) {
     nlohmann::json config = smallTokenizer(false);
     config[c.field] = c.value;
     const fs::path path = dir.write("tokenizer.json", config.dump());
+    const std::string message = loadError(path);
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    EXPECT_NE(message.find(c.expected), std::string::npos) << message;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// SentencePiece-style pieces: the behaviour the Rust tokenizers document.
+
+TEST(NormalizerTest, PrependAndReplaceAsHuggingFaceApplyThem) {
+  using tokenizer_internal::Normalizer;
+  const Normalizer llama2(
+      {{"type", "Sequence"},
+       {"normalizers",
+        {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}},
+      "t.json");
+  EXPECT_EQ(llama2.apply("Hey  friend"), "\u2581Hey\u2581\u2581friend");
+  EXPECT_EQ(llama2.apply(" x"), "\u2581\u2581x");
+  // Empty text stays empty: nothing to put a prefix on.
+  EXPECT_EQ(llama2.apply(""), "");
+  EXPECT_EQ(llama2.maxShrink(), 1);
+
+  const Normalizer regex({{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}},
+                         "t.json");
+  EXPECT_EQ(regex.apply("a  b    c d"), "a b c d");
+  // A regex can shorten text without bound.
+  EXPECT_EQ(regex.maxShrink(), std::nullopt);
+  const Normalizer shorter(
+      {{"type", "Replace"}, {"pattern", {{"String", "abc"}}}, {"content", "x"}}, "t.json");
+  EXPECT_EQ(shorter.apply("abcabcab"), "xxab");
+  EXPECT_EQ(shorter.maxShrink(), 3);
+  const Normalizer removing({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", ""}},
+                            "t.json");
+  EXPECT_EQ(removing.apply("banana"), "bnn");
+  EXPECT_EQ(removing.maxShrink(), std::nullopt);
+  EXPECT_EQ(Normalizer(nlohmann::json{{"type", "NFC"}}, "t.json").maxShrink(), 4);
+  EXPECT_THROW(
+      Normalizer({{"type", "Replace"}, {"pattern", {{"String", ""}}}, {"content", "x"}}, "t.json"),
+      Error);
+}
+
+// Metaspace: spaces become the replacement, which goes in front as the
+// prepend_scheme says (never twice), and splits before each one when
+// `split` (Hugging Face's own examples).
+TEST(PreTokenizerTest, MetaspacePrependsAndSplitsAsHuggingFaceDocumentsIt) {
+  auto words = [](nlohmann::json config, std::string_view text, bool at_start = true) {
+    config["type"] = "Metaspace";
+    config["replacement"] = "\u2581";
+    const tokenizer_internal::PreTokenizer metaspace(config, "t.json");
+    std::vector<std::string> out;
+    metaspace.apply(text, out, at_start);
+    return out;
+  };
+  using Words = std::vector<std::string>;
+  const std::string m = "\u2581";
+  EXPECT_EQ(words({{"prepend_scheme", "always"}}, "Hey friend!"),
+            (Words{m + "Hey", m + "friend!"}));
+  EXPECT_EQ(words({{"prepend_scheme", "always"}}, "Hey   friend!"),
+            (Words{m + "Hey", m, m, m + "friend!"}));
+  // A text that starts with a space already has its replacement.
+  EXPECT_EQ(words({{"prepend_scheme", "always"}}, " Hey"), (Words{m + "Hey"}));
+  EXPECT_EQ(words({{"prepend_scheme", "always"}}, "Hey", false), (Words{m + "Hey"}));
+  EXPECT_EQ(words({{"prepend_scheme", "first"}}, "Hey", true), (Words{m + "Hey"}));
+  EXPECT_EQ(words({{"prepend_scheme", "first"}}, "Hey", false), (Words{"Hey"}));
+  EXPECT_EQ(words({{"prepend_scheme", "never"}}, "Hey you"), (Words{"Hey", m + "you"}));
+  EXPECT_EQ(words({{"prepend_scheme", "first"}, {"split", false}}, "Hey  you"),
+            (Words{m + "Hey" + m + m + "you"}));
+  // Files older than prepend_scheme say add_prefix_space.
+  EXPECT_EQ(words({{"add_prefix_space", false}}, "Hey"), (Words{"Hey"}));
+  EXPECT_EQ(words({{"add_prefix_space", true}}, "Hey", false), (Words{m + "Hey"}));
+  EXPECT_THROW(words({{"prepend_scheme", "sometimes"}}, "Hey"), Error);
+}
+
+// A tokenizer of the SentencePiece kind over "▁▁", "▁a", "a", "b" and the
+// bytes of "é", whose normalizer, pre-tokenizer and decoder are given.
+nlohmann::json metaspaceTokenizer(const nlohmann::json& normalizer,
+                                  const nlohmann::json& pre_tokenizer,
+                                  const nlohmann::json& decoder) {
+  nlohmann::json vocab = {{"<unk>", 0},  {"<s>", 1},     {"\u2581", 2},
+                          {"a", 3},      {"b", 4},       {"<0xC3>", 5},
+                          {"<0xA9>", 6}, {"\u2581a", 7}, {"\u2581\u2581", 8}};
+  // The other bytes' tokens, as every such vocabulary has them.
+  int next_id = 9;
+  for (int byte = 0; byte < 256; ++byte) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", byte);
+    if (!vocab.contains(name)) vocab[name] = next_id++;
+  }
+  return {{"version", "1.0"},
+          {"added_tokens",
+           {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+            {{"id", 1}, {"content", "<s>"}, {"special", true}}}},
+          {"normalizer", normalizer},
+          {"pre_tokenizer", pre_tokenizer},
+          {"post_processor", nullptr},
+          {"decoder", decoder},
+          {"model",
+           {{"type", "BPE"},
+            {"unk_token", "<unk>"},
+            {"fuse_unk", true},
+            {"byte_fallback", true},
+            {"vocab", vocab},
+            {"merges", {"\u2581 a", "\u2581 \u2581"}}}}};
+}
+
+// Each token decodes to its bytes ("▁" a space, "<0xC3>" one byte), so a
+// stream's pieces add up to decode(); transformers' decode also drops what
+// the decoder drops at the start: Strip's leading space after Fuse, or,
+// with a Metaspace decoder, every "▁" of the first token, as the Rust
+// tokenizers do.
+TEST(TokenizerDecodeTest, SentencePieceTokensAndWhatTransformersDropsAtTheStart) {
+  TempDir dir;
+  const nlohmann::json replace = {
+      {"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}};
+  const nlohmann::json legacy_decoder = {
+      {"type", "Sequence"},
+      {"decoders",
+       {replace,
+        {{"type", "ByteFallback"}},
+        {{"type", "Fuse"}},
+        {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  const nlohmann::json legacy_normalizer = {
+      {"type", "Sequence"},
+      {"normalizers",
+       {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+        {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+  auto legacy = Tokenizer::fromFile(dir.write(
+      "legacy.json", metaspaceTokenizer(legacy_normalizer, nullptr, legacy_decoder).dump()));
+  // "a é" → "▁a▁é": é is not a piece, so its two bytes.
+  const std::vector<TokenId> ids = legacy->encode("a \xC3\xA9");
+  EXPECT_EQ(ids, (std::vector<TokenId>{7, 2, 5, 6}));
+  EXPECT_EQ(legacy->decode(ids), " a \xC3\xA9");
+  EXPECT_EQ(legacy->decodeAsTransformers(ids), "a \xC3\xA9");
+  EXPECT_EQ(legacy->tokenBytes(5), "\xC3");
+  // The stream holds the first byte back until the character is whole.
+  IncrementalDetokenizer stream(*legacy);
+  EXPECT_EQ(stream.push(7), " a");
+  EXPECT_EQ(stream.push(2), " ");
+  EXPECT_EQ(stream.push(5), "");
+  EXPECT_EQ(stream.push(6), "\xC3\xA9");
+  // Only one leading space is stripped: " b" is "▁▁b".
+  EXPECT_EQ(legacy->encode(" b"), (std::vector<TokenId>{8, 4}));
+  EXPECT_EQ(legacy->decodeAsTransformers(legacy->encode(" b")), " b");
+  // With every byte a token, nothing is unknown: the text bound holds even
+  // though fuse_unk is set; one byte short (Gemma 2 lacks one), a run of
+  // unknown characters can be one id, and there is none.
+  EXPECT_TRUE(legacy->maxTextBytesPerToken().has_value());
+  nlohmann::json short_of_a_byte = metaspaceTokenizer(legacy_normalizer, nullptr, legacy_decoder);
+  short_of_a_byte["model"]["vocab"].erase("<0x00>");
+  EXPECT_FALSE(Tokenizer::fromFile(dir.write("short.json", short_of_a_byte.dump()))
+                   ->maxTextBytesPerToken()
+                   .has_value());
+
+  auto metaspace = [&](const char* scheme) {
+    const nlohmann::json config = {
+        {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}};
+    return Tokenizer::fromFile(dir.write(std::string(scheme) + ".json",
+                                         metaspaceTokenizer(nullptr, config, config).dump()));
+  };
+  auto first = metaspace("first");
+  // "first": the replacement goes in front of the text's first piece only.
+  EXPECT_EQ(first->encode("a"), (std::vector<TokenId>{7}));
+  EXPECT_EQ(first->encode("<s>a"), (std::vector<TokenId>{1, 3}));
+  // The first token's "▁"s are all dropped; later ones are spaces.
+  EXPECT_EQ(first->decodeAsTransformers(std::vector<TokenId>{8, 4, 8, 7}), "b   a");
+  EXPECT_EQ(first->decode(std::vector<TokenId>{8, 4, 8, 7}), "  b   a");
+  // A skipped special token does not count as the first.
+  EXPECT_EQ(first->decodeAsTransformers(std::vector<TokenId>{1, 7}, true), "a");
+  EXPECT_EQ(first->decodeAsTransformers(std::vector<TokenId>{1, 7}), "<s> a");
+  auto never = metaspace("never");
+  EXPECT_EQ(never->encode("a"), (std::vector<TokenId>{3}));
+  EXPECT_EQ(never->decodeAsTransformers(std::vector<TokenId>{8, 4}), "  b");
+}
+
+TEST(TokenizerLoadErrorTest, DecodersThatDoNotWorkTokenByTokenAreRefused) {
+  TempDir dir;
+  const nlohmann::json fuse = {{"type", "Fuse"}};
+  auto strip = [](int start, int stop) {
+    return nlohmann::json{{"type", "Strip"}, {"content", " "}, {"start", start}, {"stop", stop}};
+  };
+  auto sequence = [](std::vector<nlohmann::json> steps) {
+    return nlohmann::json{{"type", "Sequence"}, {"decoders", steps}};
+  };
+  struct Case {
+    nlohmann::json decoder;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {strip(1, 0), "decoder Strip is supported once, after Fuse"},
+      {sequence({fuse, strip(0, 1)}), "stripping the start only (stop 0)"},
+      {sequence({fuse, {{"type", "ByteFallback"}}}), "decoder ByteFallback after Fuse"},
+      {{{"type", "Replace"}, {"pattern", {{"Regex", "a+"}}}, {"content", "b"}},
+       "decoder Replace with a Regex pattern is not supported"},
+      {{{"type", "CTC"}},
+       "decoder type 'CTC' is not supported (supported: ByteLevel, ByteFallback"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.decoder.dump());
+    const fs::path path =
+        dir.write("tokenizer.json", metaspaceTokenizer(nullptr, nullptr, c.decoder).dump());
     const std::string message = loadError(path);
     EXPECT_NE(message.find(path.string()), std::string::npos) << message;
     EXPECT_NE(message.find(c.expected), std::string::npos) << message;
