@@ -72,8 +72,11 @@ tandem_run() {  # dir input → seconds
   python3 -c "print($end - $start)"
 }
 
-printf 'input: %s texts, %.2f MB of UTF-8; CPU: %s\n' "$(wc -l < "$WORK/input.jsonl")" \
-  "$(python3 -c "print($BYTES / 1e6)")" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)"
+ISA=avx2
+grep -q avx512bw /proc/cpuinfo && ISA=avx512
+printf 'input: %s texts, %.2f MB of UTF-8; CPU: %s (%s, %s cores)\n' "$(wc -l < "$WORK/input.jsonl")" \
+  "$(python3 -c "print($BYTES / 1e6)")" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)" \
+  "$ISA" "$(nproc)"
 printf '%-18s %10s %12s %12s %12s %10s\n' tokenizer "load s" "Tandem MB/s" "ref MB/s" "ref load s" "ratio"
 : > "$WORK/rows.jsonl"
 : > "$WORK/empty.jsonl"
