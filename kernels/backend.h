@@ -121,6 +121,12 @@ class Backend {
   // x: batch rows x (num_heads * head_dim), in place, at the batch's positions.
   virtual void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
   virtual void siluMul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // kernels.h's geluTanhMul (Gemma 3's MLP). Only the CPU backend has it;
+  // the model runner refuses such models on the others first.
+  virtual void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
+    throw Error(std::string("GELU (tanh) is not supported by the ") + deviceKindName(kind()) +
+                " backend");
+  }
   virtual void addInPlace(float* y, const float* x, int64_t n) = 0;
   // dst[r, 0..width) = src[r, first..first + width) for r in [0, rows): a
   // block of columns of a matrix with row stride src_width, made contiguous
@@ -238,6 +244,14 @@ class Backend {
                        const float* v) = 0;
   virtual void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
                               int64_t num_heads, float scale, float* out) = 0;
+  // pagedAttention within a sliding window: a query at position p attends
+  // to max(0, p - window + 1)..p (kernels.h). Only the CPU backend has it;
+  // the model runner refuses models with windows on the others first.
+  virtual void slidingWindowAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
+                                      int64_t num_heads, float scale, int64_t window, float* out) {
+    throw Error(std::string("sliding-window attention is not supported by the ") +
+                deviceKindName(kind()) + " backend");
+  }
   // out[s, :] = x[last row of sequence s, :], width floats per row.
   virtual void gatherLastRows(const float* x, int64_t width, float* out) = 0;
   // host_out[r] = argmax of x[r, 0..width) as kernels.h's argmax (the

@@ -127,6 +127,12 @@ void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
 // out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
 void siluMul(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (PyTorch's
+// gelu(approximate="tanh"), transformers' gelu_pytorch_tanh: 0.5 x (1 +
+// tanh(sqrt(2 / pi) (x + 0.044715 x^3)))), in fp32, element by element.
+// out may alias gate or up.
+void geluTanhMul(const float* gate, const float* up, float* out, int64_t n);
+
 // In-place numerically stable softmax over n values.
 void softmax(float* x, int64_t n);
 
@@ -190,11 +196,13 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
              const AttentionSequence* sequences, int64_t num_sequences);
 
 // Causal attention of q (rows x num_heads*head_dim) against the cached K/V of
-// `layer`: a query at position p attends to positions 0..p. Grouped-query:
-// head h uses kv head h / (num_heads / num_kv_heads). Scores are scaled by
-// `scale`. out has the shape of q and must not alias it.
+// `layer`: a query at position p attends to positions 0..p, or, with a
+// sliding `window` > 0, to max(0, p - window + 1)..p (the keys before are
+// never read). Grouped-query: head h uses kv head h / (num_heads /
+// num_kv_heads). Scores are scaled by `scale`. out has the shape of q and
+// must not alias it.
 void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                     float scale, const AttentionSequence* sequences, int64_t num_sequences,
-                    float* out);
+                    float* out, int64_t window = 0);
 
 }  // namespace tandem::kernels

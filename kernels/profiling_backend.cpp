@@ -158,6 +158,14 @@ void ProfilingBackend::siluMul(const float* gate, const float* up, float* out, i
       0.0, [&] { inner_.siluMul(gate, up, out, n); });
 }
 
+void ProfilingBackend::geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
+  timed(
+      [&] {
+        return shape("geluTanhMul", {{"n", n}});
+      },
+      0.0, [&] { inner_.geluTanhMul(gate, up, out, n); });
+}
+
 void ProfilingBackend::addInPlace(float* y, const float* x, int64_t n) {
   timed([&] { return shape("addInPlace", {{"n", n}}); }, 0.0, [&] { inner_.addInPlace(y, x, n); });
 }
@@ -191,6 +199,23 @@ void ProfilingBackend::pagedAttention(const KvCacheLayout& cache, int32_t layer,
                      {{"rows", rows_}, {"sequences", sequences_}, {"heads", num_heads}});
       },
       kv_bytes, [&] { inner_.pagedAttention(cache, layer, q, num_heads, scale, out); });
+}
+
+void ProfilingBackend::slidingWindowAttention(const KvCacheLayout& cache, int32_t layer,
+                                              const float* q, int64_t num_heads, float scale,
+                                              int64_t window, float* out) {
+  // At most `window` K and V rows per query; counted as the whole context,
+  // an upper bound.
+  const double kv_bytes = static_cast<double>(context_tokens_) * 2.0 * cache.num_kv_heads *
+                          cache.head_dim * static_cast<double>(dtypeSize(cache.dtype));
+  timed(
+      [&] {
+        return shape(
+            "slidingWindowAttention",
+            {{"rows", rows_}, {"sequences", sequences_}, {"heads", num_heads}, {"window", window}});
+      },
+      kv_bytes,
+      [&] { inner_.slidingWindowAttention(cache, layer, q, num_heads, scale, window, out); });
 }
 
 void ProfilingBackend::gatherLastRows(const float* x, int64_t width, float* out) {

@@ -83,12 +83,15 @@ class ProfilingBackend final : public Backend {
   void addBias(float* y, const float* bias, int64_t rows, int64_t width) override;
   void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) override;
   void siluMul(const float* gate, const float* up, float* out, int64_t n) override;
+  void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) override;
   void addInPlace(float* y, const float* x, int64_t n) override;
   void copyColumns(const float* src, int64_t rows, int64_t src_width, int64_t first, int64_t width,
                    float* dst) override;
   void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v) override;
   void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                       float scale, float* out) override;
+  void slidingWindowAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
+                              int64_t num_heads, float scale, int64_t window, float* out) override;
   void gatherLastRows(const float* x, int64_t width, float* out) override;
   void argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) override;
 

@@ -249,19 +249,34 @@ def read_weights(model_dir):
     return dequantize(weights, load(os.path.join(model_dir, "config.json")))
 
 
+def round_bf16(x):
+    """float64 values rounded to bfloat16 (nearest, ties to even), as float64."""
+    bits = np.atleast_1d(np.asarray(x, dtype=np.float32)).view(np.uint32).astype(np.uint64)
+    bits = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) \
+        & np.uint64(0xFFFF0000)
+    out = bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    return out if np.ndim(x) else float(out[0])
+
+
 class Reference:
-    """Hugging Face Llama, Mixtral or Qwen3-MoE forward pass in float64 (no KV
-    cache: whole sequence). A mixture layer is transformers' sparse MoE
-    block: softmax over the router's logits, the num_experts_per_tok largest,
-    renormalized (Mixtral; Qwen3-MoE with norm_topk_prob), each chosen
-    expert's SwiGLU MLP weighted and summed."""
+    """Hugging Face Llama, Gemma 3, Mixtral or Qwen3-MoE forward pass in
+    float64 (no KV cache: whole sequence). A mixture layer is transformers'
+    sparse MoE block: softmax over the router's logits, the
+    num_experts_per_tok largest, renormalized (Mixtral; Qwen3-MoE with
+    norm_topk_prob), each chosen expert's SwiGLU MLP weighted and summed.
+    Gemma 3 is transformers' Gemma3ForCausalLM: the embedding times
+    sqrt(hidden_size) (in the weights' dtype: a bf16 product), RMSNorm by
+    (1 + w), sandwich norms, GELU (tanh), query_pre_attn_scalar, and
+    sliding layers attending to the last sliding_window positions with
+    their own rotary base."""
 
     def __init__(self, model_dir):
         self.config = load(os.path.join(model_dir, "config.json"))
         self.w = read_weights(model_dir)
         c = self.config
         self.arch = c["architectures"][0]
-        self.qk_norm = self.arch.startswith("Qwen3")
+        self.gemma = self.arch == "Gemma3ForCausalLM"
+        self.qk_norm = self.arch.startswith("Qwen3") or self.gemma
         if self.arch == "MixtralForCausalLM":
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
             self.names, self.normalize = ("w1", "w3", "w2"), True
@@ -277,10 +292,15 @@ class Reference:
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         d = self.head_dim
-        theta = c.get("rope_theta", 1e6 if self.arch == "MixtralForCausalLM" else 10000.0)
+        theta = c.get("rope_theta", 1e6 if self.arch in ("MixtralForCausalLM",
+                                                          "Gemma3ForCausalLM") else 10000.0)
         inv_freq = 1.0 / (float(theta) ** (np.arange(0, d, 2) / d))
         scaling = c.get("rope_scaling")
-        if scaling:
+        self.local_inv_freq = 1.0 / (float(c.get("rope_local_base_freq", 10000.0))
+                                     ** (np.arange(0, d, 2) / d))
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
+            inv_freq = inv_freq / scaling["factor"]
+        elif scaling:
             factor = scaling["factor"]
             low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
             original = scaling["original_max_position_embeddings"]
@@ -293,11 +313,21 @@ class Reference:
 
     def rms(self, x, weight):
         eps = self.config.get("rms_norm_eps", 1e-5 if self.arch == "MixtralForCausalLM" else 1e-6)
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+        scale = 1.0 + weight if self.gemma else weight
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
-    def rope(self, x, positions):
+    def sliding(self, i):
+        c = self.config
+        if not self.gemma:
+            return False
+        if c.get("layer_types"):
+            return c["layer_types"][i] == "sliding_attention"
+        return (i + 1) % c.get("sliding_window_pattern", 6) != 0
+
+    def rope(self, x, positions, inv_freq=None):
         # x: [n, heads, d]; rotate halves (i, i + d/2) together.
-        angles = positions[:, None] * self.inv_freq[None, :]
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        angles = positions[:, None] * inv_freq[None, :]
         cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
         half = self.head_dim // 2
         a, b = x[..., :half], x[..., half:]
@@ -313,7 +343,12 @@ class Reference:
         if not self.is_moe_layer(i):
             gate = h @ w[p + "mlp.gate_proj.weight"].T
             up = h @ w[p + "mlp.up_proj.weight"].T
-            return (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+            if self.gemma:
+                act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi)
+                                                * (gate + 0.044715 * gate ** 3)))
+            else:
+                act = gate / (1 + np.exp(-gate))
+            return (act * up) @ w[p + "mlp.down_proj.weight"].T
         block = p + self.block
         logits = h @ w[block + "gate.weight"].T
         probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
@@ -342,6 +377,17 @@ class Reference:
         x = w["model.embed_tokens.weight"][np.array(tokens)]
         positions = np.arange(n, dtype=np.float64)
         mask = np.triu(np.full((n, n), -np.inf), k=1)
+        scale = 1 / math.sqrt(self.head_dim)
+        if self.gemma:
+            bf16 = c.get("torch_dtype", c.get("dtype")) == "bfloat16"
+            normalizer = np.float32(math.sqrt(c["hidden_size"]))
+            x = x * (round_bf16(normalizer) if bf16 else float(normalizer))
+            if bf16:
+                x = round_bf16(x)
+            scale = c.get("query_pre_attn_scalar", 256) ** -0.5
+            window = c.get("sliding_window", 4096)
+            rows, cols = np.indices((n, n))
+            sliding_mask = np.where((cols <= rows) & (rows - cols < window), 0.0, -np.inf)
         group = self.heads // self.kv_heads
         for i in range(c["num_hidden_layers"]):
             p = f"model.layers.{i}."
@@ -352,15 +398,23 @@ class Reference:
             if self.qk_norm:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            inv_freq = self.local_inv_freq if self.sliding(i) else self.inv_freq
+            q, k = self.rope(q, positions, inv_freq), self.rope(k, positions, inv_freq)
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)
-            scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim) + mask
+            layer_mask = sliding_mask if self.sliding(i) else mask
+            scores = np.einsum("qhd,khd->hqk", q, k) * scale + layer_mask
             scores -= scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, -1)
-            x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+            out = attn @ w[p + "self_attn.o_proj.weight"].T
+            if self.gemma:
+                x = x + self.rms(out, w[p + "post_attention_layernorm.weight"])
+                h = self.rms(x, w[p + "pre_feedforward_layernorm.weight"])
+                x = x + self.rms(self.mlp(h, p, i), w[p + "post_feedforward_layernorm.weight"])
+                continue
+            x = x + out
             h = self.rms(x, w[p + "post_attention_layernorm.weight"])
             x = x + self.mlp(h, p, i)
         last = self.rms(x[-1], w["model.norm.weight"])

@@ -3,7 +3,7 @@
 
   test_reference_forward.py BIN_DIR
 
-For the tiny Llama, Mixtral and Qwen3-MoE test models, and fp8 Llama,
+For the tiny Llama, Gemma 3, Mixtral and Qwen3-MoE test models, and fp8 Llama,
 Qwen3-MoE and Mixtral ones (per-channel scales; blocks splitting rows and
 columns; 128 x 128 blocks, wider than the tiny matrices' rows)
 (tandem-model, into a temporary directory), starts `tandem-agent serve` with an f32 KV cache and
@@ -42,9 +42,9 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import llama_cpp_compare as lcc  # noqa: E402
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # (architecture, tandem-model --quantize or None)
-CASES = [("llama", None), ("mixtral", None), ("qwen3_moe", None),
+CASES = [("llama", None), ("gemma3", None), ("mixtral", None), ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 

@@ -251,9 +251,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   std::string context_origin =
       simulated ? "profile " + simulated->name + "'s model.max_position_embeddings"
                 : "the model's max_position_embeddings";
-  if (!simulated && mc.sliding_window > 0 && mc.sliding_window < context_limit) {
+  if (!simulated && mc.sliding_window > 0 && mc.sliding_layers.empty() &&
+      mc.sliding_window < context_limit) {
     // Full attention equals the model's windowed attention only within the
     // window (as vLLM without sliding-window kernels caps the length).
+    // Gemma 3's windows are applied (sliding_layers): no cap.
     context_limit = mc.sliding_window;
     context_origin =
         "the model's sliding_window (attention here is full, the same as the window's only for "

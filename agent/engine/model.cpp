@@ -330,6 +330,12 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
   }
 }
 
+// Gemma's RMSNorm scales by 1 + w, computed in fp32 as transformers does
+// (x * (1.0 + w.float())): stored so, the norm kernel is Llama's.
+void addOne(std::vector<float>& weights) {
+  for (float& w : weights) w = 1.0f + w;
+}
+
 }  // namespace
 
 ExpertTensorNames::ExpertTensorNames(const ModelConfig& config, int64_t layer)
@@ -431,8 +437,21 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
     layer.post_attention_layernorm =
         source.vector(prefix + "post_attention_layernorm.weight", hidden);
+    if (c.gemma) {
+      layer.pre_feedforward_layernorm =
+          source.vector(prefix + "pre_feedforward_layernorm.weight", hidden);
+      layer.post_feedforward_layernorm =
+          source.vector(prefix + "post_feedforward_layernorm.weight", hidden);
+      for (std::vector<float>* norm :
+           {&layer.input_layernorm, &layer.post_attention_layernorm,
+            &layer.pre_feedforward_layernorm, &layer.post_feedforward_layernorm, &layer.q_norm,
+            &layer.k_norm}) {
+        addOne(*norm);
+      }
+    }
   }
   w.norm = source.vector("model.norm.weight", hidden);
+  if (c.gemma) addOne(w.norm);
   // A tied checkpoint may still carry lm_head.weight; the embedding wins, as
   // in transformers.
   w.lm_head = c.tie_word_embeddings ? w.embed_tokens

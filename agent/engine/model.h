@@ -74,7 +74,12 @@ struct LayerWeights {
   // num_experts_per_tok experts' (taken as the first ones: experts are
   // equal in size).
   std::vector<const kernels::WeightView*> tokenMatrices(int64_t experts_per_token) const;
+  // Llama's two norms: before attention, and (its name notwithstanding)
+  // before the MLP. Gemma 3 (sandwich norms): post_attention_layernorm
+  // normalizes the attention's output, pre_ and post_feedforward_layernorm
+  // the MLP's input and output. Gemma's weights are stored here as 1 + w.
   std::vector<float> input_layernorm, post_attention_layernorm;
+  std::vector<float> pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 3 only
   std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
   std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm
   // The K and V scales of an fp8 KV cache, when the checkpoint has them

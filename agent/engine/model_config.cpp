@@ -34,7 +34,7 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-    "MixtralForCausalLM, Qwen3MoeForCausalLM";
+    "Gemma3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -138,9 +138,14 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
   }
   RopeScaling scaling;
   if (type == "default") return scaling;
+  if (type == "linear") {
+    scaling.type = RopeScaling::Type::kLinear;
+    scaling.factor = reader.requiredPositiveNumber("factor");
+    return scaling;
+  }
   if (type != "llama3") {
     throw Error(source + ": field \"" + field + "\" has rope type \"" + type +
-                "\", which is not supported (accepted: llama3, or null for no scaling)");
+                "\", which is not supported (accepted: llama3, linear, or null for no scaling)");
   }
   scaling.type = RopeScaling::Type::kLlama3;
   scaling.factor = reader.requiredPositiveNumber("factor");
@@ -319,6 +324,54 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
   }
 }
 
+// Gemma 3's own fields (Gemma3TextConfig's defaults): the sliding window
+// and which layers use it (layer_types, or, in older configs, every
+// sliding_window_pattern-th layer full), the query scale, the activation
+// (GELU, tanh approximation: transformers' gelu_pytorch_tanh) and no
+// soft-capping (Gemma 2's, which this is not).
+void readGemma3(const FieldReader& reader, const json& root, ModelConfig& config) {
+  config.gemma = true;
+  config.sliding_window = reader.boundedInt("sliding_window", 4096, kMaxPositionEmbeddings);
+  config.query_pre_attn_scalar = reader.positiveNumber("query_pre_attn_scalar", 256.0);
+  const char* activation_key = reader.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string activation = reader.string(activation_key, "gelu_pytorch_tanh");
+  if (activation != "gelu_pytorch_tanh") {
+    reader.fail(activation_key,
+                "is \"" + activation + "\", which is not supported (accepted: gelu_pytorch_tanh)");
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (reader.has(key)) {
+      reader.fail(key, "is " + root[key].dump() +
+                           "; soft-capping is not supported (accepted: null, as Gemma 3 sets it)");
+    }
+  }
+  const auto layers = static_cast<size_t>(config.num_hidden_layers);
+  config.sliding_layers.assign(layers, false);
+  if (reader.has("layer_types")) {
+    const json& types = root["layer_types"];
+    if (!types.is_array() || types.size() != layers) {
+      reader.fail("layer_types", "must list num_hidden_layers (" + std::to_string(layers) +
+                                     ") of \"sliding_attention\" and \"full_attention\", got " +
+                                     types.dump());
+    }
+    for (size_t i = 0; i < layers; ++i) {
+      if (types[i] == "sliding_attention") {
+        config.sliding_layers[i] = true;
+      } else if (types[i] != "full_attention") {
+        reader.fail("layer_types",
+                    "must hold only \"sliding_attention\" and "
+                    "\"full_attention\", got " +
+                        types[i].dump());
+      }
+    }
+  } else {
+    const int64_t pattern = reader.boundedInt("sliding_window_pattern", 6, kMaxDimension);
+    for (size_t i = 0; i < layers; ++i) {
+      config.sliding_layers[i] = (static_cast<int64_t>(i) + 1) % pattern != 0;
+    }
+  }
+}
+
 }  // namespace
 
 bool ModelConfig::isMoeLayer(int64_t layer) const {
@@ -337,9 +390,10 @@ ModelConfig ModelConfig::fromFile(const std::filesystem::path& path) {
 
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {
   static constexpr std::pair<const char*, const char*> kArchitectures[] = {
-      {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
-      {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
-      {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
+      {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
+      {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"Gemma3ForCausalLM", "gemma3_text"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -369,6 +423,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_mistral = config.architecture == "MistralForCausalLM";
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
+  const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
   config.hidden_size = reader.requiredBoundedInt("hidden_size", kMaxDimension);
@@ -384,6 +439,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   } else if (is_qwen3) {
     // Qwen3Config's own default; Qwen3 decouples head_dim from hidden_size.
     config.head_dim = 128;
+  } else if (is_gemma3) {
+    config.head_dim = 256;  // Gemma3TextConfig's default
   } else {
     if (config.hidden_size % config.num_attention_heads != 0) {
       reader.fail("head_dim", "is missing and hidden_size (" + std::to_string(config.hidden_size) +
@@ -405,8 +462,36 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
 
   // MixtralConfig's own defaults differ from the others'.
   config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", is_mixtral ? 1e-5 : 1e-6);
-  config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral ? 1e6 : 10000.0);
-  if (reader.has("rope_scaling")) {
+  config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6 : 10000.0);
+  if (is_gemma3) config.rope_local_base_freq = reader.positiveNumber("rope_local_base_freq", 1e4);
+  if (is_gemma3 && reader.has("rope_parameters") && root["rope_parameters"].is_object() &&
+      root["rope_parameters"].contains("full_attention")) {
+    // transformers 5 writes Gemma 3's rotary parameters per layer type.
+    const json& parameters = root["rope_parameters"];
+    for (const char* kind : {"full_attention", "sliding_attention"}) {
+      const std::string field = std::string("rope_parameters.") + kind;
+      if (!parameters.contains(kind) || !parameters[kind].is_object()) {
+        reader.fail("rope_parameters",
+                    std::string("must give an object for ") + kind + ", got " + parameters.dump());
+      }
+      const RopeScaling scaling = parseRopeScaling(parameters[kind], source_name, field);
+      const double theta = FieldReader(parameters[kind], source_name, field + ".")
+                               .positiveNumber("rope_theta", std::string(kind) == "full_attention"
+                                                                 ? config.rope_theta
+                                                                 : config.rope_local_base_freq);
+      if (std::string(kind) == "full_attention") {
+        config.rope_scaling = scaling;
+        config.rope_theta = theta;
+      } else {
+        if (scaling.type != RopeScaling::Type::kNone) {
+          throw Error(source_name + ": field \"" + field +
+                      "\" scales the sliding layers' rotary frequencies, which is not "
+                      "supported (accepted: rope_type default)");
+        }
+        config.rope_local_base_freq = theta;
+      }
+    }
+  } else if (reader.has("rope_scaling")) {
     const json& scaling = root["rope_scaling"];
     if (!scaling.is_object()) {
       reader.fail("rope_scaling", "must be null or an object with \"rope_type\": \"llama3\", got " +
@@ -423,18 +508,20 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                             .positiveNumber("rope_theta", config.rope_theta);
   }
 
-  const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe ? 32768
-                                        : is_mistral || is_mixtral           ? 131072
-                                                                             : 2048;
+  const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe    ? 32768
+                                        : is_mistral || is_mixtral || is_gemma3 ? 131072
+                                                                                : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
-  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", false);
+  // Gemma 3 ties its embeddings unless told otherwise.
+  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma3);
   // Qwen2's attention always has q/k/v biases whatever the config says;
   // Mistral's never has them.
   config.attention_bias = is_qwen2                   ? true
                           : is_mistral || is_mixtral ? false
                                                      : reader.boolean("attention_bias", false);
-  config.qk_norm = is_qwen3 || is_qwen3_moe;
+  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3;
+  if (is_gemma3) readGemma3(reader, root, config);
   if (is_mixtral || is_qwen3_moe) readExperts(reader, root, is_mixtral, config);
 
   if (reader.boolean("mlp_bias", false)) {
@@ -450,9 +537,12 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     reader.fail("use_sliding_window",
                 "is true; sliding-window attention is not supported (accepted: false)");
   }
-  const std::string hidden_act = reader.string("hidden_act", "silu");
-  if (hidden_act != "silu") {
-    reader.fail("hidden_act", "is \"" + hidden_act + "\", which is not supported (accepted: silu)");
+  if (!is_gemma3) {
+    const std::string hidden_act = reader.string("hidden_act", "silu");
+    if (hidden_act != "silu") {
+      reader.fail("hidden_act",
+                  "is \"" + hidden_act + "\", which is not supported (accepted: silu)");
+    }
   }
 
   // transformers renamed torch_dtype to dtype; accept either.
@@ -566,8 +656,24 @@ std::string ModelConfig::toJsonText() const {
   } else {
     root["rope_scaling"] = nullptr;
   }
+  if (rope_scaling.type == RopeScaling::Type::kLinear) {
+    root["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+  }
   root["max_position_embeddings"] = max_position_embeddings;
   if (sliding_window > 0) root["sliding_window"] = sliding_window;
+  if (gemma) {
+    root["model_type"] = "gemma3_text";
+    root.erase("hidden_act");
+    root["hidden_activation"] = "gelu_pytorch_tanh";
+    root["query_pre_attn_scalar"] = query_pre_attn_scalar;
+    root["rope_local_base_freq"] = rope_local_base_freq;
+    json types = json::array();
+    for (bool sliding : sliding_layers)
+      types.push_back(sliding ? "sliding_attention" : "full_attention");
+    root["layer_types"] = types;
+    root["attn_logit_softcapping"] = nullptr;
+    root["final_logit_softcapping"] = nullptr;
+  }
   root["vocab_size"] = vocab_size;
   root["tie_word_embeddings"] = tie_word_embeddings;
   root["attention_bias"] = attention_bias;
@@ -660,6 +766,16 @@ std::string ModelConfig::computeDigest() const {
                        {"decoder_sparse_step", decoder_sparse_step},
                        {"mlp_only_layers", mlp_only_layers}};
   }
+  // And only Gemma 3 its own arithmetic.
+  if (gemma) {
+    math["rope_scaling"] = rope_scaling.type == RopeScaling::Type::kLinear
+                               ? json{{"linear", rope_scaling.factor}}
+                               : math["rope_scaling"];
+    math["gemma"] = {{"query_pre_attn_scalar", query_pre_attn_scalar},
+                     {"rope_local_base_freq", rope_local_base_freq},
+                     {"sliding_window", sliding_window},
+                     {"sliding_layers", sliding_layers}};
+  }
   // Likewise only quantized models name how (the scales' granularity
   // decides the order of the matmul's roundings).
   if (quantized()) {
@@ -696,10 +812,19 @@ std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {
                               (scaling.high_freq_factor - scaling.low_freq_factor);
         inv_freq = (1.0 - smooth) * inv_freq / scaling.factor + smooth * inv_freq;
       }
+    } else if (scaling.type == RopeScaling::Type::kLinear) {
+      inv_freq = inv_freq / scaling.factor;
     }
     result[static_cast<size_t>(i)] = static_cast<float>(inv_freq);
   }
   return result;
+}
+
+std::vector<float> localRopeInverseFrequencies(const ModelConfig& config) {
+  ModelConfig local = config;
+  local.rope_theta = config.rope_local_base_freq;
+  local.rope_scaling = RopeScaling{};
+  return ropeInverseFrequencies(local);
 }
 
 }  // namespace tandem::engine

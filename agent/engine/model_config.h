@@ -1,8 +1,9 @@
 // The architecture of a Llama-family decoder, read from a Hugging Face config.json.
 //
 // Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixtures of experts
-// MixtralForCausalLM and Qwen3MoeForCausalLM (docs/engine.md#mixture-of-experts).
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (docs/engine.md#gemma-3),
+// and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
+// (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
 #pragma once
@@ -18,7 +19,9 @@
 namespace tandem::engine {
 
 struct RopeScaling {
-  enum class Type { kNone, kLlama3 };
+  // kLinear: every frequency divided by `factor` (Gemma 3's full-attention
+  // layers).
+  enum class Type { kNone, kLlama3, kLinear };
   Type type = Type::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
@@ -66,10 +69,28 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 2048;
-  // Mistral's attention window (0: none). Attention here is full, the same
-  // as the window's only for sequences no longer than it: the engine caps
-  // max_model_len at it.
+  // The attention window (0: none). Mistral's: attention here is full, the
+  // same as the window's only for sequences no longer than it, so the
+  // engine caps max_model_len at it. Gemma 3's: applied (sliding_layers).
   int64_t sliding_window = 0;
+  // Per layer, whether its attention is within sliding_window positions (a
+  // query at p attends to p - sliding_window + 1 .. p); empty when no layer's
+  // is (every model but Gemma 3).
+  std::vector<bool> sliding_layers;
+  bool slidingLayer(int64_t layer) const {
+    return !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
+  }
+  // Gemma 3's arithmetic, where it differs from Llama's: RMSNorm weights
+  // are offsets from 1 (scale x * (1 + w)), the embedding is multiplied by
+  // sqrt(hidden_size) (rounded to the table's dtype, the product too, as
+  // transformers computes it), each attention and MLP output is normalized
+  // again before its residual add (post_attention_layernorm, then
+  // pre_feedforward_layernorm before the MLP and post_feedforward_layernorm
+  // after it), the MLP's activation is GELU with the tanh approximation,
+  // and sliding layers rotate with rope_local_base_freq, unscaled.
+  bool gemma = false;
+  double query_pre_attn_scalar = 0;  // scores scaled by its -1/2 power; 0: head_dim's
+  double rope_local_base_freq = 10000.0;
   int64_t vocab_size = 0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have biases (always for Qwen2)
@@ -115,7 +136,9 @@ struct ModelConfig {
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name);
 
 // Inverse frequencies of rotary embedding, head_dim / 2 values, with llama3
-// scaling applied when configured (same formula as Hugging Face).
+// or linear scaling applied when configured (same formula as Hugging Face).
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config);
+// Those of a sliding layer of Gemma 3: rope_local_base_freq, no scaling.
+std::vector<float> localRopeInverseFrequencies(const ModelConfig& config);
 
 }  // namespace tandem::engine

@@ -36,6 +36,16 @@ void BackendBuffer::grow(size_t count) {
 
 namespace {
 
+// x rounded to `dtype` and read back as fp32 (f32: x itself).
+float roundToDType(float x, DType dtype) {
+  if (dtype == DType::kF32) return x;
+  uint8_t bytes[sizeof(float)];
+  convertFromF32(dtype, &x, bytes, 1);
+  float rounded = 0.0f;
+  convertToF32(dtype, bytes, &rounded, 1);
+  return rounded;
+}
+
 // A process-wide counter: every runner's recordings have their own owner.
 uint64_t nextRecordingOwner() {
   static std::atomic<uint64_t> next{1};
@@ -64,6 +74,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       backend_(backend),
       options_(options),
       inv_freq_(backend),
+      local_inv_freq_(backend),
       recording_owner_(nextRecordingOwner()),
       hidden_(backend),
       normed_(backend),
@@ -117,10 +128,27 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
                 " is not one: start it with --device cpu, or give it --kv-dtype bf16; "
                 "docs/quantization.md#fp8-kv-cache)");
   }
+  if (config.gemma && !backend_.hostAccessible()) {
+    throw Error("model " + model_.directory().string() + " (" + config.architecture +
+                ") runs on the CPU backend only (" + backend_.description() +
+                " is not one: start it with --device cpu; docs/engine.md#gemma-3)");
+  }
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
   attention_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)));
+  if (config.gemma) {
+    const std::vector<float> local = localRopeInverseFrequencies(config);
+    local_inv_freq_.grow(local.size());
+    backend_.copyFromHost(local_inv_freq_.data(), local.data(), local.size() * sizeof(float));
+    attention_scale_ =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.query_pre_attn_scalar)));
+    // transformers: torch.tensor(hidden_size ** 0.5) (fp32), then
+    // .to(embed_tokens.weight.dtype).
+    embedding_scale_ =
+        roundToDType(static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size))),
+                     model_.weights().embed_tokens.dtype);
+  }
 
   const ModelWeights& host = model_.weights();
   weights_.embed_tokens = hold(host.embed_tokens, backend_.residentWeight(host.embed_tokens));
@@ -155,6 +183,9 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     }
     layer.input_layernorm = resident(lw.input_layernorm);
     layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
+    layer.pre_feedforward_layernorm = resident(lw.pre_feedforward_layernorm);
+    layer.post_feedforward_layernorm = resident(lw.post_feedforward_layernorm);
+    layer.sliding = config.slidingLayer(static_cast<int64_t>(weights_.layers.size()));
     layer.q_bias = resident(lw.q_bias);
     layer.k_bias = resident(lw.k_bias);
     layer.v_bias = resident(lw.v_bias);
@@ -185,7 +216,8 @@ ModelRunner::ResidentMlp ModelRunner::residentMlp(const kernels::WeightView& gat
                                                   const kernels::WeightView& up,
                                                   const kernels::WeightView& down) {
   ResidentMlp mlp;
-  mlp.fused = options_.fuse_projections && stackable({&gate, &up});
+  // (Gemma's GELU has no fused matmul: its gate and up stay apart.)
+  mlp.fused = options_.fuse_projections && !model_.config().gemma && stackable({&gate, &up});
   if (mlp.fused) {
     // Rows in the order the backend's matmulSiluMul reads them.
     const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
@@ -587,9 +619,11 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
   kernels::Backend& b = backend_;
   const kernels::KvCacheLayout layout = cache_.layout();
   b.embedding(weights_.embed_tokens, hidden_.data());
+  if (embedding_scale_ != 0.0f) scaleEmbeddings(rows);
 
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const ResidentLayer& lw = weights_.layers[layer];
+    const float* inv_freq = lw.sliding ? local_inv_freq_.data() : inv_freq_.data();
 
     // Attention block.
     b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
@@ -607,7 +641,7 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       qkv.q_bias = lw.q_bias;
       qkv.k_bias = lw.k_bias;
       qkv.v_bias = lw.v_bias;
-      qkv.inv_freq = inv_freq_.data();
+      qkv.inv_freq = inv_freq;
       qkv.layer = static_cast<int32_t>(layer);
       b.matmulQkvRope(normed_.data(), rows, hidden, lw.qkv_proj, qkv, layout, fused_.data());
     } else {
@@ -638,12 +672,30 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
         b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
         b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
       }
-      b.applyRope(q_.data(), num_heads, head_dim, inv_freq_.data());
-      b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq_.data());
+      b.applyRope(q_.data(), num_heads, head_dim, inv_freq);
+      b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq);
       b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     }
-    b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
-                     attn_.data());
+    if (lw.sliding) {
+      b.slidingWindowAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads,
+                               attention_scale_, config.sliding_window, attn_.data());
+    } else {
+      b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
+                       attn_.data());
+    }
+    if (config.gemma) {
+      // Sandwich norms: the attention's output is normalized, then added;
+      // the MLP's input and output likewise.
+      b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+      if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
+      b.rmsNorm(proj_.data(), lw.post_attention_layernorm, rows, hidden, eps, proj_.data());
+      b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+      b.rmsNorm(hidden_.data(), lw.pre_feedforward_layernorm, rows, hidden, eps, normed_.data());
+      mlp(lw.mlp, normed_.data(), rows, inter, proj_.data(), false, lora ? layer : -1);
+      b.rmsNorm(proj_.data(), lw.post_feedforward_layernorm, rows, hidden, eps, proj_.data());
+      b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
+      continue;
+    }
     if (lw.fused && !lora) {
       b.matmulAdd(attn_.data(), rows, q_width, lw.o_proj, hidden_.data(), proj_.data());
     } else {
@@ -665,6 +717,20 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
   b.gatherLastRows(hidden_.data(), hidden, last_.data());
   b.rmsNorm(last_.data(), weights_.norm, sequences, hidden, eps, last_.data());
   b.matmul(last_.data(), sequences, hidden, weights_.lm_head, logits);
+}
+
+void ModelRunner::scaleEmbeddings(int64_t rows) {
+  // Host memory (the constructor refuses other backends for Gemma): the
+  // product rounded to the table's dtype, as transformers' bf16 multiply.
+  const int64_t n = rows * model_.config().hidden_size;
+  float* x = hidden_.data();
+  for (int64_t i = 0; i < n; ++i) x[i] *= embedding_scale_;
+  const DType dtype = model_.weights().embed_tokens.dtype;
+  if (dtype == DType::kF32) return;
+  thread_local std::vector<uint16_t> rounded;
+  rounded.resize(static_cast<size_t>(n));
+  convertFromF32(dtype, x, rounded.data(), static_cast<size_t>(n));
+  convertToF32(dtype, rounded.data(), x, static_cast<size_t>(n));
 }
 
 void ModelRunner::mlp(const ResidentMlp& weights, const float* x, int64_t rows, int64_t inter,
@@ -694,7 +760,11 @@ void ModelRunner::mlp(const ResidentMlp& weights, const float* x, int64_t rows, 
     addLoraDeltas(lora_layer, kLoraGate, x, hidden, gate_.data(), inter);
     addLoraDeltas(lora_layer, kLoraUp, x, hidden, up_.data(), inter);
   }
-  b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
+  if (model_.config().gemma) {
+    b.geluTanhMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
+  } else {
+    b.siluMul(gate_.data(), up_.data(), gate_.data(), rows * inter);
+  }
   float* down = accumulate ? proj_.data() : out;
   b.matmul(gate_.data(), rows, inter, weights.down_proj, down);
   if (lora) addLoraDeltas(lora_layer, kLoraDown, gate_.data(), inter, down, hidden);

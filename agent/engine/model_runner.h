@@ -161,6 +161,11 @@ class ModelRunner {
     std::vector<ResidentMlp> experts;
     const float* input_layernorm = nullptr;
     const float* post_attention_layernorm = nullptr;
+    // Gemma 3's sandwich norms (model.h's LayerWeights); null elsewhere.
+    const float* pre_feedforward_layernorm = nullptr;
+    const float* post_feedforward_layernorm = nullptr;
+    // Gemma 3: the layer's attention is within the model's sliding_window.
+    bool sliding = false;
     const float* q_bias = nullptr;
     const float* k_bias = nullptr;
     const float* v_bias = nullptr;
@@ -240,7 +245,15 @@ class ModelRunner {
   std::vector<std::unique_ptr<StackedMatrix>> stacked_;
   ResidentWeights weights_;
   BackendBuffer inv_freq_;
+  // Gemma 3's sliding layers' rotary frequencies (rope_local_base_freq).
+  BackendBuffer local_inv_freq_;
   float attention_scale_ = 1.0f;
+  // Gemma 3: hidden_ (rows x hidden_size) times embedding_scale_, rounded
+  // to the embedding table's dtype.
+  void scaleEmbeddings(int64_t rows);
+  // Gemma 3: the embedding's multiplier, sqrt(hidden_size) rounded to the
+  // table's dtype (0: none).
+  float embedding_scale_ = 0.0f;
   bool record_decode_ = true;
   size_t dropped_mapped_bytes_ = 0;
   // Host views whose backend copies this runner holds a use of

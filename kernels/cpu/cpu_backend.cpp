@@ -112,6 +112,10 @@ void CpuBackend::siluMul(const float* gate, const float* up, float* out, int64_t
   kernels::siluMul(gate, up, out, n);
 }
 
+void CpuBackend::geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
+  kernels::geluTanhMul(gate, up, out, n);
+}
+
 void CpuBackend::addInPlace(float* y, const float* x, int64_t n) { kernels::addInPlace(y, x, n); }
 
 void CpuBackend::writeKv(const KvCacheLayout& cache, int32_t layer, const float* k,
@@ -123,6 +127,13 @@ void CpuBackend::pagedAttention(const KvCacheLayout& cache, int32_t layer, const
                                 int64_t num_heads, float scale, float* out) {
   kernels::pagedAttention(cache, layer, q, num_heads, scale, sequences_.data(),
                           static_cast<int64_t>(sequences_.size()), out);
+}
+
+void CpuBackend::slidingWindowAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
+                                        int64_t num_heads, float scale, int64_t window,
+                                        float* out) {
+  kernels::pagedAttention(cache, layer, q, num_heads, scale, sequences_.data(),
+                          static_cast<int64_t>(sequences_.size()), out, window);
 }
 
 void CpuBackend::gatherLastRows(const float* x, int64_t width, float* out) {

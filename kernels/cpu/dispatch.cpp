@@ -381,6 +381,25 @@ void siluMul(const float* gate, const float* up, float* out, int64_t n) {
   });
 }
 
+void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
+  if (n <= 0) return;
+  pool().parallelFor(ceilDiv(n, kElementwiseChunk), [&](int64_t task, int) {
+    const int64_t begin = task * kElementwiseChunk;
+    const int64_t end = std::min(n, begin + kElementwiseChunk);
+    // PyTorch's order: inner = sqrt(2/pi) * (x + 0.044715 * x^3), then
+    // 0.5 * x * (1 + tanh(inner)), each step rounded to fp32.
+    const float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+    const float kKappa = 0.044715f;
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = gate[i];
+      const float cube = x * x * x;
+      const float inner = kBeta * (x + kKappa * cube);
+      const float gelu = 0.5f * x * (1.0f + std::tanh(inner));
+      out[i] = gelu * up[i];
+    }
+  });
+}
+
 void softmax(float* x, int64_t n) { active().softmax(x, n); }
 
 void embedding(const WeightView& table, const int32_t* ids, int64_t n, float* out) {
@@ -464,8 +483,9 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
 
 void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                     float scale, const AttentionSequence* sequences, int64_t num_sequences,
-                    float* out) {
+                    float* out, int64_t window) {
   checkSequences(cache, layer, sequences, num_sequences);
+  TANDEM_CHECK(window >= 0, "attention window must not be negative");
   TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= 256, "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
                "num_heads must be a multiple of num_kv_heads");
@@ -525,6 +545,7 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
     query.v_offset = (int64_t{layer} * 2 + 1) * layer_stride + kv_head * head_dim;
     query.slot_stride = slot_stride;
     query.position = seq.first_position + r;
+    query.first_position = window > 0 ? std::max<int64_t>(0, query.position - window + 1) : 0;
     query.scale = scale * key_factor;
     query.value_scale = value_factor;
     isa.attendQuery(query, scores.data());

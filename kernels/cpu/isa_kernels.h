@@ -47,6 +47,9 @@ struct AttentionQuery {
   int64_t v_offset = 0;
   int64_t slot_stride = 0;
   int64_t position = 0;
+  // The first position attended (a sliding window's start; 0 without one):
+  // positions first_position..position.
+  int64_t first_position = 0;
   // Scores are q.k x scale; the output is the softmax-weighted sum of V
   // rows x value_scale. With an f8e4m3 cache the loaders read each element
   // as its value x 2^-8 (exact: kernels.h), and these factors carry the 2^8
@@ -55,15 +58,23 @@ struct AttentionQuery {
   float value_scale = 1.0f;
 };
 
-// Walks the K (kv = 0) or V (kv = 1) rows of positions 0, 1, 2, ... of one
-// query without a division per row.
+// Walks the K (kv = 0) or V (kv = 1) rows of positions first_position,
+// first_position + 1, ... of one query without a division per row.
 class CacheRowCursor {
  public:
   CacheRowCursor(const AttentionQuery& query, int kv)
       : query_(query),
         element_bytes_(static_cast<int64_t>(dtypeSize(query.cache_dtype))),
         row_offset_((kv == 0 ? query.k_offset : query.v_offset) * element_bytes_),
-        slot_bytes_(query.slot_stride * element_bytes_) {}
+        slot_bytes_(query.slot_stride * element_bytes_),
+        block_index_(query.first_position / query.block_size),
+        slot_(static_cast<int32_t>(query.first_position % query.block_size)) {
+    // Mid-block: next() steps from the row before.
+    if (slot_ != 0) {
+      row_ = query_.cache_base + query_.block_table[block_index_] * query_.block_bytes +
+             row_offset_ + (slot_ - 1) * slot_bytes_;
+    }
+  }
 
   // The row of the next position.
   const void* next() {
@@ -118,6 +129,7 @@ struct IsaKernels {
   void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);
   void (*softmax)(float* x, int64_t n);
   // scores: scratch of at least num_heads * (position + 1) floats.
+  // Attends to positions first_position..position.
   void (*attendQuery)(const AttentionQuery& query, float* scores);
 };
 

@@ -307,7 +307,7 @@ void widenRow(const void* src, int64_t head_dim, int64_t padded, float* dst) {
 template <typename Loader>
 void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, float* scores) {
   const int64_t head_dim = a.head_dim;
-  const int64_t count = a.position + 1;
+  const int64_t count = a.position + 1 - a.first_position;
   const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
   const int64_t passes = (chunks + kValueChunksPerPass - 1) / kValueChunksPerPass;
   const int64_t padded = passes * kValueChunksPerPass * kLanes;

@@ -486,7 +486,7 @@ void attendHeads(const AttentionQuery& a, float* scores) {
   constexpr int kKeysPerStep = 4;
   constexpr int kValueChunksPerPass = 4;
   const int64_t head_dim = a.head_dim;
-  const int64_t count = a.position + 1;
+  const int64_t count = a.position + 1 - a.first_position;
   const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
   // Chunks past head_dim get an empty mask: their loads read nothing and
   // their stores write nothing, so the value pass below can always run a

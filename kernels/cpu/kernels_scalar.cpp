@@ -102,7 +102,7 @@ void readRow(DType dtype, const void* src, float* out, int64_t n) {
 // One head of `a` (q and out already offset to it).
 void attendHead(const AttentionQuery& a, const float* q, float* out, float* scores) {
   const int64_t head_dim = a.head_dim;
-  const int64_t count = a.position + 1;
+  const int64_t count = a.position + 1 - a.first_position;
   float row[kMaxHeadDim];
   CacheRowCursor keys(a, 0);
   for (int64_t t = 0; t < count; ++t) {

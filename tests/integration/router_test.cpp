@@ -1530,6 +1530,22 @@ TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
   EXPECT_NE(tokenIds(dense.post("/v1/completions", body)), tokenIds(answer));
 }
 
+// Gemma 3 (docs/engine.md#gemma-3): prompts of 70 and 90 tokens cross its
+// sliding layers' 24-token window on both agents; the decode agent goes on
+// from the moved blocks with a colocated agent's bits.
+TEST_F(RouterTest, Gemma3IsDisaggregatedExactly) {
+  static TempDir dir("tandem-router-gemma3");
+  tandem::tools::TestModelOptions options;
+  options.architecture = "Gemma3ForCausalLM";
+  options.seed = 37;
+  tandem::tools::writeTestModel(options, dir.path() / "gemma3");
+  const json answer = expectDisaggregatedExactly(dir.path() / "gemma3");
+  Agent llama;
+  json body = greedy(randomPrompt(70, 71), 24);
+  body["logprobs"] = 2;
+  EXPECT_NE(tokenIds(llama.post("/v1/completions", body)), tokenIds(answer));
+}
+
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
 // columns: the prefill and decode agents' KV is the same bits.
 TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {

@@ -322,6 +322,29 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
       config.norm_topk_prob = true;
     }
   }
+  if (architecture == "Gemma3ForCausalLM") {
+    // Gemma 3's shape of things at this preset's size: tied embeddings,
+    // q/k norms, a query scale other than head_dim's, sliding layers
+    // (every other one here, so tiny has one of each) whose window short
+    // prompts already cross, and linear rotary scaling on the full layers
+    // (as Gemma 3 4B and up).
+    config.model_type = "gemma3_text";
+    config.gemma = true;
+    config.qk_norm = true;
+    config.tie_word_embeddings = true;
+    config.rms_norm_eps = 1e-6;
+    config.rope_theta = 1e6;
+    config.rope_local_base_freq = 10000.0;
+    config.rope_scaling = RopeScaling{};
+    config.rope_scaling.type = RopeScaling::Type::kLinear;
+    config.rope_scaling.factor = 8.0;
+    config.query_pre_attn_scalar = 2.0 * static_cast<double>(config.head_dim);
+    config.sliding_window = preset == "tiny" ? 24 : 512;
+    config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
+    for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
+      config.sliding_layers[i] = i % 2 == 0;
+    }
+  }
   config.torch_dtype = DType::kBF16;
   config.bos_token_id = -1;
   return config;
@@ -524,8 +547,9 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       vector(prefix + "self_attn.v_proj.bias", kv_size, 0.0f, kBiasNoise);
     }
     if (config.qk_norm) {
-      vector(prefix + "self_attn.q_norm.weight", config.head_dim, 1.0f, kNormNoise);
-      vector(prefix + "self_attn.k_norm.weight", config.head_dim, 1.0f, kNormNoise);
+      const float center = config.gemma ? 0.0f : 1.0f;
+      vector(prefix + "self_attn.q_norm.weight", config.head_dim, center, kNormNoise);
+      vector(prefix + "self_attn.k_norm.weight", config.head_dim, center, kNormNoise);
     }
     if (config.isMoeLayer(i)) {
       // The per-expert names of published checkpoints.
@@ -549,10 +573,16 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
         scalars[prefix + name] = 6.0f / 448.0f * (1.0f + unit);
       }
     }
-    vector(prefix + "input_layernorm.weight", hidden, 1.0f, kNormNoise);
-    vector(prefix + "post_attention_layernorm.weight", hidden, 1.0f, kNormNoise);
+    // Gemma's norm weights are offsets from 1.
+    const float norm_center = config.gemma ? 0.0f : 1.0f;
+    vector(prefix + "input_layernorm.weight", hidden, norm_center, kNormNoise);
+    vector(prefix + "post_attention_layernorm.weight", hidden, norm_center, kNormNoise);
+    if (config.gemma) {
+      vector(prefix + "pre_feedforward_layernorm.weight", hidden, norm_center, kNormNoise);
+      vector(prefix + "post_feedforward_layernorm.weight", hidden, norm_center, kNormNoise);
+    }
   }
-  vector("model.norm.weight", hidden, 1.0f, kNormNoise);
+  vector("model.norm.weight", hidden, config.gemma ? 0.0f : 1.0f, kNormNoise);
   if (!config.tie_word_embeddings) {
     // Zero rows give a logit of 0, below the best of hundreds of random
     // logits. They go to the special tokens, to ids past the tokenizer's
@@ -624,7 +654,15 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   config.torch_dtype = options.dtype;
   config.quantization = options.quantization;
   if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
-  if (options.layers > 0) config.num_hidden_layers = options.layers;
+  if (options.layers > 0) {
+    config.num_hidden_layers = options.layers;
+    if (config.gemma) {
+      config.sliding_layers.resize(static_cast<size_t>(options.layers));
+      for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
+        config.sliding_layers[i] = i % 2 == 0;
+      }
+    }
+  }
   const TrainedTokenizer tokenizer = trainTokenizer(config.vocab_size);
   setTokenIds(config, tokenizer);
 

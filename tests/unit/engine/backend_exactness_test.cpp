@@ -130,8 +130,8 @@ TEST(OpaqueCpuBackendTest, DevicePathsOfTheRunnerGiveTheHostPathsBits) {
 TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   kernels::cpu::CpuBackend backend;
   backend.setComputeDType(DType::kBF16);
-  for (const char* architecture :
-       {"LlamaForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+  for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
+                                   "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -254,6 +254,8 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
        "only ("},
       {::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16),
        "an fp8 KV cache (--kv-dtype fp8) runs on the CPU backend only (", DType::kF8E4M3},
+      {::tandem::testing::exactnessModel("Gemma3ForCausalLM", DType::kBF16),
+       "(Gemma3ForCausalLM) runs on the CPU backend only ("},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   for (const Case& c : cases) {
@@ -286,6 +288,7 @@ std::vector<Param> params() {
       {"LlamaForCausalLM", DType::kBF16, DType::kBF16},
       {"Qwen2ForCausalLM", DType::kF16, DType::kF32},
       {"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
+      {"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };
@@ -293,9 +296,11 @@ std::vector<Param> params() {
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
     for (const ModelVariant& variant : variants) {
       // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
-      const bool mixture = variant.architecture == "MixtralForCausalLM" ||
-                           variant.architecture == "Qwen3MoeForCausalLM";
-      if (mixture && kind != kernels::DeviceKind::kCpu) continue;
+      // So does Gemma 3 (docs/engine.md#gemma-3).
+      const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
+                            variant.architecture == "Qwen3MoeForCausalLM" ||
+                            variant.architecture == "Gemma3ForCausalLM";
+      if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);
     }
   }

@@ -1358,11 +1358,120 @@ TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
   EXPECT_CONTAINS(message, "\"rope_scaling.factor\" is missing");
 }
 
+// Gemma 3 as transformers' Gemma3TextConfig reads it: its defaults, which
+// layers slide (layer_types, or the older sliding_window_pattern), the
+// per-layer-type rotary parameters transformers 5 writes; what it does not
+// compute is refused naming the field.
+TEST(ModelConfigParsing, Gemma3ReadsItsFieldsAndRefusesWhatItDoesNotCompute) {
+  auto gemma = [](const std::string& extra) {
+    return R"({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 6, "num_attention_heads": 4,
+               "num_key_value_heads": 1, "vocab_size": 1000)" +
+           extra + "}";
+  };
+  ModelConfig c = ModelConfig::fromJsonText(gemma(""), "config.json");
+  EXPECT_TRUE(c.gemma);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_local_base_freq, 1e4);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(c.sliding_window, 4096);
+  // sliding_window_pattern 6: the sixth layer is full, the others slide.
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, true, true, true, true, false}));
+  c = ModelConfig::fromJsonText(gemma(R"(, "sliding_window_pattern": 3, "sliding_window": 512)"),
+                                "config.json");
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, true, false, true, true, false}));
+  EXPECT_EQ(c.sliding_window, 512);
+  c = ModelConfig::fromJsonText(
+      gemma(R"(, "layer_types": ["full_attention", "sliding_attention", "full_attention",
+               "sliding_attention", "sliding_attention", "full_attention"],
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_theta": 1000000.0,
+               "query_pre_attn_scalar": 168)"),
+      "config.json");
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{false, true, false, true, true, false}));
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c.query_pre_attn_scalar, 168.0);
+  // Full layers: theta's frequencies over the factor; sliding layers: the
+  // local base, unscaled.
+  EXPECT_FLOAT_EQ(ropeInverseFrequencies(c)[1],
+                  static_cast<float>(std::pow(1e6, -2.0 / 256.0) / 8.0));
+  EXPECT_FLOAT_EQ(localRopeInverseFrequencies(c)[1],
+                  static_cast<float>(std::pow(1e4, -2.0 / 256.0)));
+  c = ModelConfig::fromJsonText(gemma(R"(, "rope_parameters": {
+          "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}})"),
+                                "config.json");
+  EXPECT_EQ(c.rope_scaling.factor, 4.0);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_local_base_freq, 20000.0);
+  // The arithmetic's fields are in the digest (P and D must agree on them).
+  EXPECT_NE(ModelConfig::fromJsonText(gemma(R"(, "sliding_window": 512)"), "c").computeDigest(),
+            ModelConfig::fromJsonText(gemma(R"(, "sliding_window": 1024)"), "c").computeDigest());
+  EXPECT_NE(
+      ModelConfig::fromJsonText(gemma(R"(, "sliding_window_pattern": 2)"), "c").computeDigest(),
+      ModelConfig::fromJsonText(gemma(""), "c").computeDigest());
+
+  EXPECT_CONTAINS(parseError(gemma(R"(, "final_logit_softcapping": 30.0)")),
+                  "\"final_logit_softcapping\" is 30.0; soft-capping is not supported");
+  EXPECT_CONTAINS(parseError(gemma(R"(, "attn_logit_softcapping": 50.0)")),
+                  "\"attn_logit_softcapping\"");
+  EXPECT_CONTAINS(parseError(gemma(R"(, "hidden_activation": "gelu")")),
+                  "\"hidden_activation\" is \"gelu\", which is not supported (accepted: "
+                  "gelu_pytorch_tanh)");
+  EXPECT_CONTAINS(parseError(gemma(R"(, "layer_types": ["full_attention"])")),
+                  "\"layer_types\" must list num_hidden_layers (6)");
+  EXPECT_CONTAINS(parseError(gemma(R"(, "layer_types": ["full_attention", "chunked_attention",
+                  "full_attention", "full_attention", "full_attention", "full_attention"])")),
+                  "\"chunked_attention\"");
+  EXPECT_CONTAINS(
+      parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
+          "sliding_attention": {"rope_type": "linear", "factor": 2.0}})")),
+      "scales the sliding layers' rotary frequencies");
+}
+
+// Gemma's norm weights are offsets from 1: loaded as 1 + w, so the norm
+// kernel is Llama's.
+TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
+  TempDir dir;
+  tools::TestModelOptions options;
+  options.architecture = "Gemma3ForCausalLM";
+  options.dtype = DType::kF32;
+  tools::writeTestModel(options, dir.path());
+  const std::unique_ptr<Model> model = Model::load(dir.path());
+  SafetensorsFile file(dir.path() / "model.safetensors");
+  auto raw = [&](const std::string& name) {
+    const TensorInfo* info = file.find(name);
+    EXPECT_NE(info, nullptr) << name;
+    if (info == nullptr) return std::vector<float>();
+    std::vector<float> values(static_cast<size_t>(info->shape[0]));
+    std::memcpy(values.data(), info->data, values.size() * sizeof(float));
+    return values;
+  };
+  const LayerWeights& layer = model->weights().layers[0];
+  const std::pair<const std::vector<float>*, const char*> norms[] = {
+      {&layer.input_layernorm, "model.layers.0.input_layernorm.weight"},
+      {&layer.post_attention_layernorm, "model.layers.0.post_attention_layernorm.weight"},
+      {&layer.pre_feedforward_layernorm, "model.layers.0.pre_feedforward_layernorm.weight"},
+      {&layer.post_feedforward_layernorm, "model.layers.0.post_feedforward_layernorm.weight"},
+      {&layer.q_norm, "model.layers.0.self_attn.q_norm.weight"},
+      {&model->weights().norm, "model.norm.weight"},
+  };
+  for (const auto& [loaded, name] : norms) {
+    SCOPED_TRACE(name);
+    const std::vector<float> stored = raw(name);
+    ASSERT_EQ(loaded->size(), stored.size());
+    for (size_t i = 0; i < stored.size(); ++i) EXPECT_EQ((*loaded)[i], 1.0f + stored[i]);
+  }
+  EXPECT_EQ(model->weights().lm_head.data, model->weights().embed_tokens.data);
+}
+
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-          "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

@@ -330,15 +330,37 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
   const int64_t hidden = c.hidden_size, hd = c.head_dim;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t group = nh / nkv;
-  const std::vector<float> inv_freq = ropeInverseFrequencies(c);
+  const std::vector<float> global_inv_freq = ropeInverseFrequencies(c);
+  const std::vector<float> local_inv_freq = localRopeInverseFrequencies(c);
   std::vector<float> embed = toFloat(w.embed_tokens);
+  // Gemma 3 (transformers' Gemma3ForCausalLM): the embedding times
+  // sqrt(hidden_size), both in the table's dtype; queries scaled by
+  // query_pre_attn_scalar; sliding layers; sandwich norms (the loaded norm
+  // weights are already 1 + w); GELU (tanh).
+  auto inDType = [&](double value) {
+    const auto f = static_cast<float>(value);
+    if (w.embed_tokens.dtype == DType::kF32) return static_cast<double>(f);
+    uint16_t bits = 0;
+    convertFromF32(w.embed_tokens.dtype, &f, &bits, 1);
+    float back = 0.0f;
+    convertToF32(w.embed_tokens.dtype, &bits, &back, 1);
+    return static_cast<double>(back);
+  };
+  const double embed_scale = c.gemma ? inDType(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0;
+  const double score_scale =
+      1.0 / std::sqrt(c.gemma ? c.query_pre_attn_scalar : static_cast<double>(hd));
 
   std::vector<std::vector<double>> x(n, std::vector<double>(hidden));
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < hidden; ++i) x[t][i] = embed[tokens[t] * hidden + i];
+    for (int64_t i = 0; i < hidden; ++i) {
+      x[t][i] = embed[tokens[t] * hidden + i];
+      if (c.gemma) x[t][i] = inDType(x[t][i] * embed_scale);
+    }
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    const std::vector<float>& inv_freq = c.slidingLayer(l) ? local_inv_freq : global_inv_freq;
+    const int64_t window = c.slidingLayer(l) ? c.sliding_window : 0;
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> h = x[t];
@@ -369,23 +391,44 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       std::vector<double> attn(nh * hd, 0.0);
       for (int64_t hh = 0; hh < nh; ++hh) {
         const int64_t kvh = hh / group;
-        std::vector<double> scores(t + 1);
+        const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+        std::vector<double> scores(t + 1 - first);
         double max_score = -1e300;
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) {
           double dot = 0.0;
           for (int64_t d = 0; d < hd; ++d) dot += q[t][hh * hd + d] * k[s][kvh * hd + d];
-          scores[s] = dot / std::sqrt(static_cast<double>(hd));
-          max_score = std::max(max_score, scores[s]);
+          scores[s - first] = dot * score_scale;
+          max_score = std::max(max_score, scores[s - first]);
         }
         double sum = 0.0;
         for (double& s : scores) sum += (s = std::exp(s - max_score));
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) {
           for (int64_t d = 0; d < hd; ++d)
-            attn[hh * hd + d] += scores[s] / sum * v[s][kvh * hd + d];
+            attn[hh * hd + d] += scores[s - first] / sum * v[s][kvh * hd + d];
         }
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
       addDenseLora(lora, l, kLoraO, attn, o);
+      if (c.gemma) {
+        denseRmsNorm(o, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
+        for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
+        std::vector<double> h = x[t];
+        denseRmsNorm(h, 0, hidden, lw.pre_feedforward_layernorm, c.rms_norm_eps);
+        std::vector<double> gate = denseMatVec(lw.gate_proj, h);
+        std::vector<double> up = denseMatVec(lw.up_proj, h);
+        addDenseLora(lora, l, kLoraGate, h, gate);
+        addDenseLora(lora, l, kLoraUp, h, up);
+        const double beta = std::sqrt(2.0 / std::acos(-1.0));
+        for (size_t i = 0; i < gate.size(); ++i) {
+          const double g = gate[i];
+          gate[i] = 0.5 * g * (1.0 + std::tanh(beta * (g + 0.044715 * g * g * g))) * up[i];
+        }
+        std::vector<double> down = denseMatVec(lw.down_proj, gate);
+        addDenseLora(lora, l, kLoraDown, gate, down);
+        denseRmsNorm(down, 0, hidden, lw.post_feedforward_layernorm, c.rms_norm_eps);
+        for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
+        continue;
+      }
       for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
       std::vector<double> h = x[t];
       denseRmsNorm(h, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
@@ -762,6 +805,9 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16},
         Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // Gemma 3: sliding layers whose window (24) the prompts cross.
+        Variant{"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Gemma3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},

@@ -707,73 +707,77 @@ std::vector<std::vector<int32_t>> scatteredTables(const std::vector<int64_t>& le
 // Tolerance: scores are fp32 dot products of length head_dim <= 256 (see the
 // matmul bound), exp is good to a few ulp, and the output is a convex
 // combination of values in [-1, 1] summed in fp32 over <= 100 positions:
-// 2e-5 absolute.
+// 2e-5 absolute. With a sliding window (13: not a block size's multiple,
+// and shorter than most of the positions) a query reads only the last 13
+// positions, starting mid-block.
 TEST_P(CpuKernels, PagedAttentionMatchesReference) {
-  for (const AttentionShape& shape : kAttentionShapes) {
-    SCOPED_TRACE(shapeName(shape));
-    const std::vector<int64_t> lengths = {1, 37, 100};
-    const std::vector<int64_t> new_rows = {1, 37, 9};  // decode, prefill, continued prefill
-    int64_t num_blocks = 0;
-    const auto tables = scatteredTables(lengths, shape.block_size, &num_blocks);
-    TestCache cache(shape.dtype, num_blocks, shape.block_size, 2, shape.num_kv_heads,
-                    shape.head_dim);
-    const int64_t kv_width = int64_t{shape.num_kv_heads} * shape.head_dim;
-    const int64_t q_width = shape.num_heads * shape.head_dim;
-    const int32_t layer = 1;
+  for (const int64_t window : {int64_t{0}, int64_t{13}})
+    for (const AttentionShape& shape : kAttentionShapes) {
+      SCOPED_TRACE(shapeName(shape) + " window " + std::to_string(window));
+      const std::vector<int64_t> lengths = {1, 37, 100};
+      const std::vector<int64_t> new_rows = {1, 37, 9};  // decode, prefill, continued prefill
+      int64_t num_blocks = 0;
+      const auto tables = scatteredTables(lengths, shape.block_size, &num_blocks);
+      TestCache cache(shape.dtype, num_blocks, shape.block_size, 2, shape.num_kv_heads,
+                      shape.head_dim);
+      const int64_t kv_width = int64_t{shape.num_kv_heads} * shape.head_dim;
+      const int64_t q_width = shape.num_heads * shape.head_dim;
+      const int32_t layer = 1;
 
-    // Fill every position of every sequence, one writeKv per sequence.
-    for (size_t s = 0; s < lengths.size(); ++s) {
-      const std::vector<float> k = randomFloats(lengths[s] * kv_width, 200 + s);
-      const std::vector<float> v = randomFloats(lengths[s] * kv_width, 300 + s);
-      const AttentionSequence seq{tables[s].data(), static_cast<int32_t>(tables[s].size()), 0,
-                                  lengths[s], 0};
-      writeKv(cache.layout, layer, k.data(), v.data(), &seq, 1);
-    }
-    std::vector<AttentionSequence> sequences;
-    int64_t rows = 0;
-    for (size_t s = 0; s < lengths.size(); ++s) {
-      sequences.push_back({tables[s].data(), static_cast<int32_t>(tables[s].size()), rows,
-                           new_rows[s], lengths[s] - new_rows[s]});
-      rows += new_rows[s];
-    }
-    const std::vector<float> q = randomFloats(rows * q_width, 400);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
-    std::vector<float> out(q.size(), std::nanf(""));
-    pagedAttention(cache.layout, layer, q.data(), shape.num_heads, scale, sequences.data(),
-                   static_cast<int64_t>(sequences.size()), out.data());
+      // Fill every position of every sequence, one writeKv per sequence.
+      for (size_t s = 0; s < lengths.size(); ++s) {
+        const std::vector<float> k = randomFloats(lengths[s] * kv_width, 200 + s);
+        const std::vector<float> v = randomFloats(lengths[s] * kv_width, 300 + s);
+        const AttentionSequence seq{tables[s].data(), static_cast<int32_t>(tables[s].size()), 0,
+                                    lengths[s], 0};
+        writeKv(cache.layout, layer, k.data(), v.data(), &seq, 1);
+      }
+      std::vector<AttentionSequence> sequences;
+      int64_t rows = 0;
+      for (size_t s = 0; s < lengths.size(); ++s) {
+        sequences.push_back({tables[s].data(), static_cast<int32_t>(tables[s].size()), rows,
+                             new_rows[s], lengths[s] - new_rows[s]});
+        rows += new_rows[s];
+      }
+      const std::vector<float> q = randomFloats(rows * q_width, 400);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+      std::vector<float> out(q.size(), std::nanf(""));
+      pagedAttention(cache.layout, layer, q.data(), shape.num_heads, scale, sequences.data(),
+                     static_cast<int64_t>(sequences.size()), out.data(), window);
 
-    const int64_t group = shape.num_heads / shape.num_kv_heads;
-    for (size_t s = 0; s < sequences.size(); ++s) {
-      for (int64_t r = 0; r < sequences[s].num_rows; ++r) {
-        const int64_t row = sequences[s].first_row + r;
-        const int64_t position = sequences[s].first_position + r;
-        for (int64_t h = 0; h < shape.num_heads; ++h) {
-          const float* qh = q.data() + row * q_width + h * shape.head_dim;
-          std::vector<double> p(position + 1);
-          double max = -INFINITY;
-          for (int64_t t = 0; t <= position; ++t) {
-            double dot = 0.0;
+      const int64_t group = shape.num_heads / shape.num_kv_heads;
+      for (size_t s = 0; s < sequences.size(); ++s) {
+        for (int64_t r = 0; r < sequences[s].num_rows; ++r) {
+          const int64_t row = sequences[s].first_row + r;
+          const int64_t position = sequences[s].first_position + r;
+          for (int64_t h = 0; h < shape.num_heads; ++h) {
+            const float* qh = q.data() + row * q_width + h * shape.head_dim;
+            const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+            std::vector<double> p(position + 1, 0.0);
+            double max = -INFINITY;
+            for (int64_t t = first; t <= position; ++t) {
+              double dot = 0.0;
+              for (int64_t d = 0; d < shape.head_dim; ++d) {
+                dot += double{qh[d]} * cache.at(tables[s], layer, 0, t, h / group, d);
+              }
+              p[t] = dot * scale;
+              max = std::max(max, p[t]);
+            }
+            double sum = 0.0;
+            for (int64_t t = first; t <= position; ++t) sum += (p[t] = std::exp(p[t] - max));
             for (int64_t d = 0; d < shape.head_dim; ++d) {
-              dot += double{qh[d]} * cache.at(tables[s], layer, 0, t, h / group, d);
+              double ref = 0.0;
+              for (int64_t t = first; t <= position; ++t) {
+                ref += p[t] * cache.at(tables[s], layer, 1, t, h / group, d);
+              }
+              ref /= sum;
+              ASSERT_NEAR(out[row * q_width + h * shape.head_dim + d], ref, 2e-5)
+                  << "sequence " << s << " row " << r << " head " << h << " dim " << d;
             }
-            p[t] = dot * scale;
-            max = std::max(max, p[t]);
-          }
-          double sum = 0.0;
-          for (double& e : p) sum += (e = std::exp(e - max));
-          for (int64_t d = 0; d < shape.head_dim; ++d) {
-            double ref = 0.0;
-            for (int64_t t = 0; t <= position; ++t) {
-              ref += p[t] * cache.at(tables[s], layer, 1, t, h / group, d);
-            }
-            ref /= sum;
-            ASSERT_NEAR(out[row * q_width + h * shape.head_dim + d], ref, 2e-5)
-                << "sequence " << s << " row " << r << " head " << h << " dim " << d;
           }
         }
       }
     }
-  }
 }
 
 // One sequence's prompt, its KV and queries.
@@ -884,6 +888,37 @@ TEST_P(CpuKernels, AttentionIsIndependentOfBatchAndThreads) {
 INSTANTIATE_TEST_SUITE_P(AllIsas, CpuKernels, ::testing::ValuesIn(availableIsas()), isaLabel);
 
 // -------------------------------------------------------------- thread pool --
+
+// Gemma 3's activation: PyTorch's gelu(approximate="tanh") times up, to
+// fp32 rounding, with the published values at +-1; in place as well; split
+// over tasks the same bits as one by one.
+TEST(GeluTanhMul, IsPyTorchsTanhApproximationTimesUp) {
+  std::vector<float> gate = {-20.0f, -6.0f, -3.0f, -1.0f, -0.5f, 0.0f, 0.25f, 1.0f, 2.5f, 8.0f};
+  const std::vector<float> extra = randomFloats(40000, 77);
+  gate.insert(gate.end(), extra.begin(), extra.end());
+  for (float& g : gate) g *= 4.0f;
+  const std::vector<float> up = randomFloats(gate.size(), 78);
+  std::vector<float> out(gate.size());
+  geluTanhMul(gate.data(), up.data(), out.data(), static_cast<int64_t>(gate.size()));
+  const double beta = std::sqrt(2.0 / std::acos(-1.0));
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    const double expected = 0.5 * g * (1.0 + std::tanh(beta * (g + 0.044715 * g * g * g))) * up[i];
+    ASSERT_NEAR(out[i], expected, 1e-6 * std::max(1.0, std::abs(expected))) << "gate " << g;
+  }
+  const float ones[2] = {1.0f, 1.0f};
+  const float at[2] = {1.0f, -1.0f};
+  float gelu[2];
+  geluTanhMul(at, ones, gelu, 2);
+  EXPECT_NEAR(gelu[0], 0.841192f, 1e-6f);
+  EXPECT_NEAR(gelu[1], -0.158808f, 1e-6f);
+  std::vector<float> in_place = gate;
+  geluTanhMul(in_place.data(), up.data(), in_place.data(), static_cast<int64_t>(gate.size()));
+  EXPECT_EQ(in_place, out);
+  std::vector<float> one_by_one(gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) geluTanhMul(&gate[i], &up[i], &one_by_one[i], 1);
+  EXPECT_EQ(one_by_one, out);
+}
 
 TEST(ThreadPool, RunsEveryTaskOnce) {
   for (int threads : {1, 2, 5}) {
