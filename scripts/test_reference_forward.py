@@ -3,9 +3,11 @@
 
   test_reference_forward.py BIN_DIR
 
-For the tiny Llama, Gemma 3, Mixtral and Qwen3-MoE test models, and fp8 Llama,
-Qwen3-MoE and Mixtral ones (per-channel scales; blocks splitting rows and
-columns; 128 x 128 blocks, wider than the tiny matrices' rows)
+For the tiny Llama, Gemma 3, Mixtral and Qwen3-MoE test models, Gemma 3
+rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
+with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
+(per-channel scales; blocks splitting rows and columns; 128 x 128 blocks,
+wider than the tiny matrices' rows)
 (tandem-model, into a temporary directory), starts `tandem-agent serve` with an f32 KV cache and
 compares the ten largest log-probabilities of the next token of three
 prompts with the reference's, which is written from transformers' modeling
@@ -43,8 +45,11 @@ import llama_cpp_compare as lcc  # noqa: E402
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
-# (architecture, tandem-model --quantize or None)
-CASES = [("llama", None), ("gemma3", None), ("mixtral", None), ("qwen3_moe", None),
+# (architecture, tandem-model --quantize or None; "vision-checkpoint": the
+# model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint)
+CASES = [("llama", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
+         ("gemma3", "vision-checkpoint:model.language_model."), ("mixtral", None),
+         ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 
@@ -80,15 +85,59 @@ class RoutingWatch(lcc.Reference):
         return super().mlp(h, p, i)
 
 
+def as_vision_checkpoint(model, out, prefix):
+    """The Gemma3ForCausalLM directory `model` rewritten as Gemma 3 4B and up
+    are published (Gemma3ForConditionalGeneration): config.json's fields
+    under text_config beside a vision_config, the language model's tensors
+    under `prefix` (language_model.model. as published, model.language_model.
+    as newer transformers save them) instead of model., and vision tensors
+    the agent must pass by."""
+    os.makedirs(out)
+    for name in os.listdir(model):
+        if name not in ("config.json", "model.safetensors"):
+            shutil.copy(os.path.join(model, name), out)
+    text = lcc.load(os.path.join(model, "config.json"))
+    top = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "torch_dtype": text.pop("torch_dtype"), "eos_token_id": text.pop("eos_token_id"),
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 4}}
+    del text["architectures"]
+    top["text_config"] = text
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(top, f)
+    with open(os.path.join(model, "model.safetensors"), "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        data = f.read()
+    renamed = {}
+    for name, info in header.items():
+        if name != "__metadata__":
+            renamed[prefix + name[len("model."):]] = info
+    vision = np.arange(16, dtype=np.float32).tobytes()
+    renamed["vision_tower.vision_model.embeddings.patch_embedding.weight"] = {
+        "dtype": "F32", "shape": [4, 4], "data_offsets": [len(data), len(data) + len(vision)]}
+    text_header = json.dumps(renamed).encode()
+    text_header += b" " * (-len(text_header) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(len(text_header).to_bytes(8, "little"))
+        f.write(text_header)
+        f.write(data + vision)
+
+
 def check(bin_dir, work, arch, quantize):
     label = arch + (f" {quantize}" if quantize else "")
     model = os.path.join(work, label.replace(" ", "-").replace(":", "-").replace("=", "-"))
-    extra = ["--quantize", quantize] if quantize else []
+    vision = bool(quantize) and quantize.startswith("vision-checkpoint")
+    extra = ["--quantize", quantize] if quantize and not vision else []
     subprocess.run([os.path.join(bin_dir, "tandem-model"), "--preset", "tiny", "--arch", arch,
                     "--seed", "4", "--out", model] + extra, check=True, capture_output=True)
     config = lcc.load(os.path.join(model, "config.json"))
     assert config["architectures"] == [ARCHITECTURES[arch]], config["architectures"]
-    assert ("quantization_config" in config) == bool(quantize)
+    assert ("quantization_config" in config) == bool(quantize and not vision)
+    reference_dir = model
+    if vision:
+        model = model + "-served"
+        as_vision_checkpoint(reference_dir, model,
+                             quantize.partition(":")[2] or "language_model.model.")
     arch = label
     port = free_port()
     log = open(model + ".log", "w")
@@ -107,7 +156,7 @@ def check(bin_dir, work, arch, quantize):
                 if agent.poll() is not None or time.time() > deadline:
                     return [f"{arch}: the agent did not start (log {log.name})"]
                 time.sleep(0.2)
-        reference = RoutingWatch(model)
+        reference = RoutingWatch(reference_dir)
         vocab = len(lcc.load(os.path.join(model, "tokenizer.json"))["model"]["vocab"])
         rng = np.random.default_rng(8)
         for length in (5, 40, 130):

@@ -386,12 +386,20 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   const int64_t kv_size = c.num_key_value_heads * c.head_dim;
   const int64_t inter = c.intermediate_size;
 
+  // Where the language model's tensors are: model.*, or in a Gemma 3
+  // checkpoint with a vision tower language_model.model.* (as published)
+  // or model.language_model.* (as transformers 4.52 and later save it).
+  std::string base = "model.";
+  if (c.architecture == "Gemma3ForConditionalGeneration") {
+    base = source.has("language_model.model.embed_tokens.weight") ? "language_model.model."
+                                                                  : "model.language_model.";
+  }
   ModelWeights& w = model->weights_;
-  w.embed_tokens = source.matrix("model.embed_tokens.weight", c.vocab_size, hidden,
-                                 /*quantizable=*/false);
+  w.embed_tokens =
+      source.matrix(base + "embed_tokens.weight", c.vocab_size, hidden, /*quantizable=*/false);
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    const std::string prefix = base + "layers." + std::to_string(i) + ".";
     LayerWeights& layer = w.layers[static_cast<size_t>(i)];
     layer.q_proj = source.matrix(prefix + "self_attn.q_proj.weight", q_size, hidden);
     layer.k_proj = source.matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
@@ -450,7 +458,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       }
     }
   }
-  w.norm = source.vector("model.norm.weight", hidden);
+  w.norm = source.vector(base + "norm.weight", hidden);
   if (c.gemma) addOne(w.norm);
   // A tied checkpoint may still carry lm_head.weight; the embedding wins, as
   // in transformers.

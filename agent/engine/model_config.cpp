@@ -34,7 +34,8 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-    "Gemma3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
+    "Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), MixtralForCausalLM, "
+    "Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -393,7 +394,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
       {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
       {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
-      {"Gemma3ForCausalLM", "gemma3_text"},
+      {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -418,21 +419,47 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   }
   config.architecture = root["architectures"][0].get<std::string>();
   const char* default_model_type = modelTypeOf(config.architecture, source_name);
+  if (config.architecture == "Gemma3ForConditionalGeneration") {
+    // The language model of Gemma 3 4B and up, as published with its
+    // vision tower: its fields are text_config's (the top level's dtype and
+    // token ids where text_config leaves them out); images are not read.
+    if (!reader.has("text_config") || !root["text_config"].is_object()) {
+      reader.fail("text_config", "must be an object (the language model's configuration)");
+    }
+    json text = root["text_config"];
+    for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id",
+                            "quantization_config", "tie_word_embeddings"}) {
+      if (root.contains(key) && !text.contains(key)) text[key] = root[key];
+    }
+    text["architectures"] = root["architectures"];
+    root = std::move(text);
+  }
   const bool is_qwen2 = config.architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = config.architecture == "Qwen3ForCausalLM";
   const bool is_mistral = config.architecture == "MistralForCausalLM";
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
-  const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM";
+  const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
+                         config.architecture == "Gemma3ForConditionalGeneration";
   config.model_type = reader.string("model_type", default_model_type);
 
-  config.hidden_size = reader.requiredBoundedInt("hidden_size", kMaxDimension);
-  config.intermediate_size = reader.requiredBoundedInt("intermediate_size", kMaxDimension);
-  config.num_hidden_layers = reader.requiredBoundedInt("num_hidden_layers", kMaxDimension);
-  config.num_attention_heads = reader.requiredBoundedInt("num_attention_heads", kMaxDimension);
-  config.num_key_value_heads =
-      reader.boundedInt("num_key_value_heads", config.num_attention_heads, kMaxDimension);
-  config.vocab_size = reader.requiredBoundedInt("vocab_size", kMaxVocabSize - 1);
+  if (is_gemma3) {
+    // Gemma3TextConfig's defaults: published configs leave some out.
+    config.hidden_size = reader.boundedInt("hidden_size", 2304, kMaxDimension);
+    config.intermediate_size = reader.boundedInt("intermediate_size", 9216, kMaxDimension);
+    config.num_hidden_layers = reader.boundedInt("num_hidden_layers", 26, kMaxDimension);
+    config.num_attention_heads = reader.boundedInt("num_attention_heads", 8, kMaxDimension);
+    config.num_key_value_heads = reader.boundedInt("num_key_value_heads", 4, kMaxDimension);
+    config.vocab_size = reader.boundedInt("vocab_size", 262208, kMaxVocabSize - 1);
+  } else {
+    config.hidden_size = reader.requiredBoundedInt("hidden_size", kMaxDimension);
+    config.intermediate_size = reader.requiredBoundedInt("intermediate_size", kMaxDimension);
+    config.num_hidden_layers = reader.requiredBoundedInt("num_hidden_layers", kMaxDimension);
+    config.num_attention_heads = reader.requiredBoundedInt("num_attention_heads", kMaxDimension);
+    config.num_key_value_heads =
+        reader.boundedInt("num_key_value_heads", config.num_attention_heads, kMaxDimension);
+    config.vocab_size = reader.requiredBoundedInt("vocab_size", kMaxVocabSize - 1);
+  }
 
   if (reader.has("head_dim")) {
     config.head_dim = reader.requiredBoundedInt("head_dim", kMaxDimension);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -1429,6 +1430,37 @@ TEST(ModelConfigParsing, Gemma3ReadsItsFieldsAndRefusesWhatItDoesNotCompute) {
       parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
           "sliding_attention": {"rope_type": "linear", "factor": 2.0}})")),
       "scales the sliding layers' rotary frequencies");
+}
+
+// Gemma 3 4B and up are published as Gemma3ForConditionalGeneration: the
+// language model's fields are text_config's, with Gemma3TextConfig's
+// defaults where it is silent (as published configs are) and the top
+// level's dtype and token ids.
+TEST(ModelConfigParsing, Gemma3WithAVisionTowerReadsItsTextConfig) {
+  const ModelConfig c = ModelConfig::fromJsonText(
+      R"({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+          "torch_dtype": "bfloat16", "eos_token_id": [1, 106], "mm_tokens_per_image": 256,
+          "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+            "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+          "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}})",
+      "config.json");
+  EXPECT_EQ(c.architecture, "Gemma3ForConditionalGeneration");
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_TRUE(c.gemma);
+  EXPECT_EQ(c.hidden_size, 2560);
+  EXPECT_EQ(c.num_hidden_layers, 34);
+  EXPECT_EQ(c.num_attention_heads, 8);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.sliding_window, 1024);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c.torch_dtype, DType::kBF16);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{1, 106}));
+  EXPECT_EQ(std::count(c.sliding_layers.begin(), c.sliding_layers.end(), false), 5);
+  EXPECT_CONTAINS(parseError(R"({"architectures": ["Gemma3ForConditionalGeneration"]})"),
+                  "\"text_config\" must be an object");
 }
 
 // Gemma's norm weights are offsets from 1: loaded as 1 + w, so the norm
