@@ -62,6 +62,9 @@ class RouterTest : public RouterCluster {
  protected:
   json expectDisaggregatedExactly(const fs::path& model,
                                   const std::vector<std::string>& agent_args = {});
+  // A tiny model of `architecture` is disaggregated exactly, and its answer
+  // is not the tiny dense Llama's: that architecture is what ran.
+  void expectArchitectureDisaggregatedExactly(const std::string& architecture, uint64_t seed);
   // Starts `prefills` + `decodes` agents (ucx, kv_both) and a router.
   void start(int prefills, int decodes, Policy policy = Policy::kKv,
              int64_t disagg_threshold_tokens = 16, int64_t max_inflight = 256,
@@ -1480,10 +1483,6 @@ TEST_F(RouterTest, ADecodePoolThatSpeculatesAnswersAsOneThatDoesNot) {
   EXPECT_EQ(colocated.metric("tandem_spec_decode_num_drafts_total"), 0);
 }
 
-// A mixture of experts (the tiny Qwen3-MoE preset: 8 experts choosing 3,
-// a dense first layer) handed from prefill to decode answers as one agent
-// that did both: greedy with logprobs and seeded sampling, whole and
-// streamed. Its KV is attention's alone, moved as any model's.
 // A model whose forward pass differs from the dense bf16 one's (a mixture,
 // fp8 weights) keeps the P->D hand-off exact: a greedy request with
 // logprobs and a seeded sampled one, disaggregated, answer as a colocated
@@ -1516,34 +1515,31 @@ json RouterTest::expectDisaggregatedExactly(const fs::path& model,
   return colocated.post("/v1/completions", greedy_body);
 }
 
-TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
-  static TempDir dir("tandem-router-moe");
+void RouterTest::expectArchitectureDisaggregatedExactly(const std::string& architecture,
+                                                        uint64_t seed) {
+  static TempDir dir("tandem-router-architectures");
   tandem::tools::TestModelOptions options;
-  options.architecture = "Qwen3MoeForCausalLM";
-  options.seed = 23;
-  tandem::tools::writeTestModel(options, dir.path() / "moe");
-  const json answer = expectDisaggregatedExactly(dir.path() / "moe");
-  // Not the tiny dense model's answer: the mixture is what ran.
-  Agent dense;
+  options.architecture = architecture;
+  options.seed = seed;
+  tandem::tools::writeTestModel(options, dir.path() / architecture);
+  const json answer = expectDisaggregatedExactly(dir.path() / architecture);
+  Agent llama;
   json body = greedy(randomPrompt(70, 71), 24);
   body["logprobs"] = 2;
-  EXPECT_NE(tokenIds(dense.post("/v1/completions", body)), tokenIds(answer));
+  EXPECT_NE(tokenIds(llama.post("/v1/completions", body)), tokenIds(answer));
+}
+
+// A mixture of experts (the tiny Qwen3-MoE preset: 8 experts choosing 3, a
+// dense first layer): its KV is attention's alone, moved as any model's.
+TEST_F(RouterTest, AMixtureOfExpertsIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Qwen3MoeForCausalLM", 23);
 }
 
 // Gemma 3 (docs/engine.md#gemma-3): prompts of 70 and 90 tokens cross its
 // sliding layers' 24-token window on both agents; the decode agent goes on
 // from the moved blocks with a colocated agent's bits.
 TEST_F(RouterTest, Gemma3IsDisaggregatedExactly) {
-  static TempDir dir("tandem-router-gemma3");
-  tandem::tools::TestModelOptions options;
-  options.architecture = "Gemma3ForCausalLM";
-  options.seed = 37;
-  tandem::tools::writeTestModel(options, dir.path() / "gemma3");
-  const json answer = expectDisaggregatedExactly(dir.path() / "gemma3");
-  Agent llama;
-  json body = greedy(randomPrompt(70, 71), 24);
-  body["logprobs"] = 2;
-  EXPECT_NE(tokenIds(llama.post("/v1/completions", body)), tokenIds(answer));
+  expectArchitectureDisaggregatedExactly("Gemma3ForCausalLM", 37);
 }
 
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
