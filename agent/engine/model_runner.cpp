@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/thread_scratch.h"
 
 namespace tandem::engine {
 BackendBuffer::~BackendBuffer() {
@@ -728,6 +729,7 @@ void ModelRunner::scaleEmbeddings(int64_t rows) {
   const DType dtype = model_.weights().embed_tokens.dtype;
   if (dtype == DType::kF32) return;
   thread_local std::vector<uint16_t> rounded;
+  const ScratchTrim trim(rounded);  // a long prompt's rows are not kept
   rounded.resize(static_cast<size_t>(n));
   convertFromF32(dtype, x, rounded.data(), static_cast<size_t>(n));
   convertToF32(dtype, rounded.data(), x, static_cast<size_t>(n));
