@@ -244,12 +244,19 @@ class Backend {
                        const float* v) = 0;
   virtual void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
                               int64_t num_heads, float scale, float* out) = 0;
-  // pagedAttention within a sliding window: a query at position p attends
-  // to max(0, p - window + 1)..p (kernels.h). Only the CPU backend has it;
-  // the model runner refuses models with windows on the others first.
-  virtual void slidingWindowAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
-                                      int64_t num_heads, float scale, int64_t window, float* out) {
-    throw Error(std::string("sliding-window attention is not supported by the ") +
+  // pagedAttention within a sliding window (a query at position p attends
+  // to max(0, p - window + 1)..p; 0: none) and with soft-capped scores
+  // (tanh(s / softcap) * softcap; 0: none), as kernels.h's. Only the CPU
+  // backend has it; the model runner refuses models that need it (Gemma) on
+  // the others first.
+  struct AttentionVariant {
+    int64_t window = 0;
+    float softcap = 0.0f;
+  };
+  virtual void pagedAttentionWith(const KvCacheLayout& cache, int32_t layer, const float* q,
+                                  int64_t num_heads, float scale, const AttentionVariant& variant,
+                                  float* out) {
+    throw Error(std::string("sliding-window and soft-capped attention are not supported by the ") +
                 deviceKindName(kind()) + " backend");
   }
   // out[s, :] = x[last row of sequence s, :], width floats per row.

@@ -199,10 +199,11 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
 // `layer`: a query at position p attends to positions 0..p, or, with a
 // sliding `window` > 0, to max(0, p - window + 1)..p (the keys before are
 // never read). Grouped-query: head h uses kv head h / (num_heads /
-// num_kv_heads). Scores are scaled by `scale`. out has the shape of q and
-// must not alias it.
+// num_kv_heads). Scores are scaled by `scale`, then, with `softcap` > 0,
+// soft-capped: tanh(s / softcap) * softcap (Gemma 2). out has the shape of
+// q and must not alias it.
 void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                     float scale, const AttentionSequence* sequences, int64_t num_sequences,
-                    float* out, int64_t window = 0);
+                    float* out, int64_t window = 0, float softcap = 0.0f);
 
 }  // namespace tandem::kernels

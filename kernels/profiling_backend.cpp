@@ -201,21 +201,22 @@ void ProfilingBackend::pagedAttention(const KvCacheLayout& cache, int32_t layer,
       kv_bytes, [&] { inner_.pagedAttention(cache, layer, q, num_heads, scale, out); });
 }
 
-void ProfilingBackend::slidingWindowAttention(const KvCacheLayout& cache, int32_t layer,
-                                              const float* q, int64_t num_heads, float scale,
-                                              int64_t window, float* out) {
-  // At most `window` K and V rows per query; counted as the whole context,
-  // an upper bound.
+void ProfilingBackend::pagedAttentionWith(const KvCacheLayout& cache, int32_t layer, const float* q,
+                                          int64_t num_heads, float scale,
+                                          const AttentionVariant& variant, float* out) {
+  // A window reads at most `window` K and V rows per query; counted as the
+  // whole context, an upper bound.
   const double kv_bytes = static_cast<double>(context_tokens_) * 2.0 * cache.num_kv_heads *
                           cache.head_dim * static_cast<double>(dtypeSize(cache.dtype));
   timed(
       [&] {
-        return shape(
-            "slidingWindowAttention",
-            {{"rows", rows_}, {"sequences", sequences_}, {"heads", num_heads}, {"window", window}});
+        return shape("pagedAttentionWith", {{"rows", rows_},
+                                            {"sequences", sequences_},
+                                            {"heads", num_heads},
+                                            {"window", variant.window}});
       },
       kv_bytes,
-      [&] { inner_.slidingWindowAttention(cache, layer, q, num_heads, scale, window, out); });
+      [&] { inner_.pagedAttentionWith(cache, layer, q, num_heads, scale, variant, out); });
 }
 
 void ProfilingBackend::gatherLastRows(const float* x, int64_t width, float* out) {

@@ -275,8 +275,9 @@ class Reference:
         self.w = read_weights(model_dir)
         c = self.config
         self.arch = c["architectures"][0]
-        self.gemma = self.arch == "Gemma3ForCausalLM"
-        self.qk_norm = self.arch.startswith("Qwen3") or self.gemma
+        self.gemma2 = self.arch == "Gemma2ForCausalLM"
+        self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
+        self.qk_norm = self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
         if self.arch == "MixtralForCausalLM":
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
             self.names, self.normalize = ("w1", "w3", "w2"), True
@@ -296,8 +297,8 @@ class Reference:
                                                           "Gemma3ForCausalLM") else 10000.0)
         inv_freq = 1.0 / (float(theta) ** (np.arange(0, d, 2) / d))
         scaling = c.get("rope_scaling")
-        self.local_inv_freq = 1.0 / (float(c.get("rope_local_base_freq", 10000.0))
-                                     ** (np.arange(0, d, 2) / d))
+        local_base = theta if self.gemma2 else c.get("rope_local_base_freq", 10000.0)
+        self.local_inv_freq = 1.0 / (float(local_base) ** (np.arange(0, d, 2) / d))
         if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
             inv_freq = inv_freq / scaling["factor"]
         elif scaling:
@@ -322,6 +323,8 @@ class Reference:
             return False
         if c.get("layer_types"):
             return c["layer_types"][i] == "sliding_attention"
+        if self.gemma2:
+            return i % 2 == 0
         return (i + 1) % c.get("sliding_window_pattern", 6) != 0
 
     def rope(self, x, positions, inv_freq=None):
@@ -403,7 +406,11 @@ class Reference:
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)
             layer_mask = sliding_mask if self.sliding(i) else mask
-            scores = np.einsum("qhd,khd->hqk", q, k) * scale + layer_mask
+            scores = np.einsum("qhd,khd->hqk", q, k) * scale
+            if self.gemma and c.get("attn_logit_softcapping"):
+                cap = c["attn_logit_softcapping"]
+                scores = np.tanh(scores / cap) * cap
+            scores = scores + layer_mask
             scores -= scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
@@ -419,7 +426,11 @@ class Reference:
             x = x + self.mlp(h, p, i)
         last = self.rms(x[-1], w["model.norm.weight"])
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-        return head @ last
+        logits = head @ last
+        if self.gemma and c.get("final_logit_softcapping"):
+            cap = c["final_logit_softcapping"]
+            logits = np.tanh(logits / cap) * cap
+        return logits
 
 
 def log_softmax(logits):

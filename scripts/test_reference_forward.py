@@ -3,7 +3,7 @@
 
   test_reference_forward.py BIN_DIR
 
-For the tiny Llama, Gemma 3, Mixtral and Qwen3-MoE test models, Gemma 3
+For the tiny Llama, Gemma 2, Gemma 3, Mixtral and Qwen3-MoE test models, Gemma 3
 rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
 with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
 (per-channel scales; blocks splitting rows and columns; 128 x 128 blocks,
@@ -44,10 +44,11 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import llama_cpp_compare as lcc  # noqa: E402
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM"}
 # (architecture, tandem-model --quantize or None; "vision-checkpoint": the
 # model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint)
-CASES = [("llama", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
+CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
          ("gemma3", "vision-checkpoint:model.language_model."), ("mixtral", None),
          ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),

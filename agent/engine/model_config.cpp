@@ -34,7 +34,8 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-    "Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), MixtralForCausalLM, "
+    "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
+    "MixtralForCausalLM, "
     "Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
@@ -325,12 +326,14 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
   }
 }
 
-// Gemma 3's own fields (Gemma3TextConfig's defaults): the sliding window
-// and which layers use it (layer_types, or, in older configs, every
-// sliding_window_pattern-th layer full), the query scale, the activation
-// (GELU, tanh approximation: transformers' gelu_pytorch_tanh) and no
-// soft-capping (Gemma 2's, which this is not).
-void readGemma3(const FieldReader& reader, const json& root, ModelConfig& config) {
+// Gemma's own fields (Gemma2Config's or Gemma3TextConfig's defaults): the
+// sliding window and which layers use it (layer_types; else Gemma 2's every
+// other layer from the first, Gemma 3's all but every
+// sliding_window_pattern-th), the query scale, the activation (GELU, tanh
+// approximation: transformers' gelu_pytorch_tanh) and soft-capping (Gemma
+// 2: 50 for attention scores and 30 for logits unless given; Gemma 3:
+// none unless given).
+void readGemma(const FieldReader& reader, const json& root, bool gemma2, ModelConfig& config) {
   config.gemma = true;
   config.sliding_window = reader.boundedInt("sliding_window", 4096, kMaxPositionEmbeddings);
   config.query_pre_attn_scalar = reader.positiveNumber("query_pre_attn_scalar", 256.0);
@@ -340,12 +343,11 @@ void readGemma3(const FieldReader& reader, const json& root, ModelConfig& config
     reader.fail(activation_key,
                 "is \"" + activation + "\", which is not supported (accepted: gelu_pytorch_tanh)");
   }
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (reader.has(key)) {
-      reader.fail(key, "is " + root[key].dump() +
-                           "; soft-capping is not supported (accepted: null, as Gemma 3 sets it)");
-    }
-  }
+  // (A key given as null means none, for Gemma 2 too.)
+  config.attn_logit_softcapping = reader.positiveNumber(
+      "attn_logit_softcapping", gemma2 && !root.contains("attn_logit_softcapping") ? 50.0 : 0.0);
+  config.final_logit_softcapping = reader.positiveNumber(
+      "final_logit_softcapping", gemma2 && !root.contains("final_logit_softcapping") ? 30.0 : 0.0);
   const auto layers = static_cast<size_t>(config.num_hidden_layers);
   config.sliding_layers.assign(layers, false);
   if (reader.has("layer_types")) {
@@ -365,6 +367,8 @@ void readGemma3(const FieldReader& reader, const json& root, ModelConfig& config
                         types[i].dump());
       }
     }
+  } else if (gemma2) {
+    for (size_t i = 0; i < layers; ++i) config.sliding_layers[i] = i % 2 == 0;
   } else {
     const int64_t pattern = reader.boundedInt("sliding_window_pattern", 6, kMaxDimension);
     for (size_t i = 0; i < layers; ++i) {
@@ -395,6 +399,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
       {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
+      {"Gemma2ForCausalLM", "gemma2"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -439,18 +444,22 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_mistral = config.architecture == "MistralForCausalLM";
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
+  const bool is_gemma2 = config.architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
                          config.architecture == "Gemma3ForConditionalGeneration";
+  const bool is_gemma = is_gemma2 || is_gemma3;
   config.model_type = reader.string("model_type", default_model_type);
 
-  if (is_gemma3) {
-    // Gemma3TextConfig's defaults: published configs leave some out.
+  if (is_gemma) {
+    // Gemma2Config's and Gemma3TextConfig's defaults: published configs
+    // leave some out.
     config.hidden_size = reader.boundedInt("hidden_size", 2304, kMaxDimension);
     config.intermediate_size = reader.boundedInt("intermediate_size", 9216, kMaxDimension);
     config.num_hidden_layers = reader.boundedInt("num_hidden_layers", 26, kMaxDimension);
     config.num_attention_heads = reader.boundedInt("num_attention_heads", 8, kMaxDimension);
     config.num_key_value_heads = reader.boundedInt("num_key_value_heads", 4, kMaxDimension);
-    config.vocab_size = reader.boundedInt("vocab_size", 262208, kMaxVocabSize - 1);
+    config.vocab_size =
+        reader.boundedInt("vocab_size", is_gemma2 ? 256000 : 262208, kMaxVocabSize - 1);
   } else {
     config.hidden_size = reader.requiredBoundedInt("hidden_size", kMaxDimension);
     config.intermediate_size = reader.requiredBoundedInt("intermediate_size", kMaxDimension);
@@ -466,7 +475,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   } else if (is_qwen3) {
     // Qwen3Config's own default; Qwen3 decouples head_dim from hidden_size.
     config.head_dim = 128;
-  } else if (is_gemma3) {
+  } else if (is_gemma) {
     config.head_dim = 256;  // Gemma3TextConfig's default
   } else {
     if (config.hidden_size % config.num_attention_heads != 0) {
@@ -535,20 +544,31 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                             .positiveNumber("rope_theta", config.rope_theta);
   }
 
+  if (is_gemma2) {
+    // Gemma 2 rotates every layer alike (the sliding layers' frequencies
+    // are the full ones).
+    if (config.rope_scaling.type != RopeScaling::Type::kNone) {
+      reader.fail("rope_scaling",
+                  "is set; Gemma2ForCausalLM's rotary scaling is not supported "
+                  "(accepted: null)");
+    }
+    config.rope_local_base_freq = config.rope_theta;
+  }
   const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe    ? 32768
                                         : is_mistral || is_mixtral || is_gemma3 ? 131072
+                                        : is_gemma2                             ? 8192
                                                                                 : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   // Gemma 3 ties its embeddings unless told otherwise.
-  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma3);
+  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma);
   // Qwen2's attention always has q/k/v biases whatever the config says;
   // Mistral's never has them.
   config.attention_bias = is_qwen2                   ? true
                           : is_mistral || is_mixtral ? false
                                                      : reader.boolean("attention_bias", false);
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3;
-  if (is_gemma3) readGemma3(reader, root, config);
+  if (is_gemma) readGemma(reader, root, is_gemma2, config);
   if (is_mixtral || is_qwen3_moe) readExperts(reader, root, is_mixtral, config);
 
   if (reader.boolean("mlp_bias", false)) {
@@ -564,7 +584,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     reader.fail("use_sliding_window",
                 "is true; sliding-window attention is not supported (accepted: false)");
   }
-  if (!is_gemma3) {
+  if (!is_gemma) {
     const std::string hidden_act = reader.string("hidden_act", "silu");
     if (hidden_act != "silu") {
       reader.fail("hidden_act",
@@ -689,7 +709,7 @@ std::string ModelConfig::toJsonText() const {
   root["max_position_embeddings"] = max_position_embeddings;
   if (sliding_window > 0) root["sliding_window"] = sliding_window;
   if (gemma) {
-    root["model_type"] = "gemma3_text";
+    root["model_type"] = model_type;
     root.erase("hidden_act");
     root["hidden_activation"] = "gelu_pytorch_tanh";
     root["query_pre_attn_scalar"] = query_pre_attn_scalar;
@@ -698,8 +718,11 @@ std::string ModelConfig::toJsonText() const {
     for (bool sliding : sliding_layers)
       types.push_back(sliding ? "sliding_attention" : "full_attention");
     root["layer_types"] = types;
-    root["attn_logit_softcapping"] = nullptr;
-    root["final_logit_softcapping"] = nullptr;
+    root["attn_logit_softcapping"] =
+        attn_logit_softcapping > 0 ? json(attn_logit_softcapping) : json(nullptr);
+    root["final_logit_softcapping"] =
+        final_logit_softcapping > 0 ? json(final_logit_softcapping) : json(nullptr);
+    if (architecture == "Gemma2ForCausalLM") root.erase("rope_local_base_freq");
   }
   root["vocab_size"] = vocab_size;
   root["tie_word_embeddings"] = tie_word_embeddings;
@@ -802,6 +825,9 @@ std::string ModelConfig::computeDigest() const {
                      {"rope_local_base_freq", rope_local_base_freq},
                      {"sliding_window", sliding_window},
                      {"sliding_layers", sliding_layers}};
+    if (attn_logit_softcapping > 0 || final_logit_softcapping > 0) {
+      math["gemma"]["softcapping"] = {attn_logit_softcapping, final_logit_softcapping};
+    }
   }
   // Likewise only quantized models name how (the scales' granularity
   // decides the order of the matmul's roundings).

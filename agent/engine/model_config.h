@@ -1,7 +1,8 @@
 // The architecture of a Llama-family decoder, read from a Hugging Face config.json.
 //
 // Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (docs/engine.md#gemma-3),
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
+// (docs/engine.md#gemma-3),
 // and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
@@ -88,9 +89,13 @@ struct ModelConfig {
   // pre_feedforward_layernorm before the MLP and post_feedforward_layernorm
   // after it), the MLP's activation is GELU with the tanh approximation,
   // and sliding layers rotate with rope_local_base_freq, unscaled.
+  // Gemma 2 also: no q/k norms, one rotary base for every layer, and
+  // soft-capped attention scores and logits (tanh(x / cap) * cap; 0: none).
   bool gemma = false;
   double query_pre_attn_scalar = 0;  // scores scaled by its -1/2 power; 0: head_dim's
   double rope_local_base_freq = 10000.0;
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
   int64_t vocab_size = 0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have biases (always for Qwen2)

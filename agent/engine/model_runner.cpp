@@ -465,6 +465,7 @@ void ModelRunner::computeRowLogits(std::span<const SequenceInput> batch,
       out = row_logits_.data();
     }
     b.matmul(normed_.data(), count, hidden, weights_.lm_head, out);
+    softcapLogits(out, count * vocab);
     if (!b.hostAccessible()) {
       b.copyToHost(host_row_logits_.data(), out,
                    static_cast<size_t>(count * vocab) * sizeof(float));
@@ -677,9 +678,12 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq);
       b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     }
-    if (lw.sliding) {
-      b.slidingWindowAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads,
-                               attention_scale_, config.sliding_window, attn_.data());
+    if (config.gemma) {
+      kernels::Backend::AttentionVariant variant;
+      variant.window = lw.sliding ? config.sliding_window : 0;
+      variant.softcap = static_cast<float>(config.attn_logit_softcapping);
+      b.pagedAttentionWith(layout, static_cast<int32_t>(layer), q_.data(), num_heads,
+                           attention_scale_, variant, attn_.data());
     } else {
       b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
                        attn_.data());
@@ -718,6 +722,15 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
   b.gatherLastRows(hidden_.data(), hidden, last_.data());
   b.rmsNorm(last_.data(), weights_.norm, sequences, hidden, eps, last_.data());
   b.matmul(last_.data(), sequences, hidden, weights_.lm_head, logits);
+  softcapLogits(logits, sequences * config.vocab_size);
+}
+
+void ModelRunner::softcapLogits(float* logits, int64_t n) const {
+  const auto cap = static_cast<float>(model_.config().final_logit_softcapping);
+  if (cap == 0.0f) return;
+  // Host memory: the constructor refuses other backends for Gemma. Each
+  // step rounded to fp32, as transformers' logits / cap, tanh, * cap.
+  for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / cap) * cap;
 }
 
 void ModelRunner::scaleEmbeddings(int64_t rows) {

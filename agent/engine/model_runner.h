@@ -251,6 +251,9 @@ class ModelRunner {
   // Gemma 3: hidden_ (rows x hidden_size) times embedding_scale_, rounded
   // to the embedding table's dtype.
   void scaleEmbeddings(int64_t rows);
+  // Gemma 2: the n logits at `logits` soft-capped by final_logit_softcapping
+  // (nothing for other models).
+  void softcapLogits(float* logits, int64_t n) const;
   // Gemma 3: the embedding's multiplier, sqrt(hidden_size) rounded to the
   // table's dtype (0: none).
   float embedding_scale_ = 0.0f;

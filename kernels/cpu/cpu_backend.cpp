@@ -129,11 +129,12 @@ void CpuBackend::pagedAttention(const KvCacheLayout& cache, int32_t layer, const
                           static_cast<int64_t>(sequences_.size()), out);
 }
 
-void CpuBackend::slidingWindowAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
-                                        int64_t num_heads, float scale, int64_t window,
-                                        float* out) {
+void CpuBackend::pagedAttentionWith(const KvCacheLayout& cache, int32_t layer, const float* q,
+                                    int64_t num_heads, float scale, const AttentionVariant& variant,
+                                    float* out) {
   kernels::pagedAttention(cache, layer, q, num_heads, scale, sequences_.data(),
-                          static_cast<int64_t>(sequences_.size()), out, window);
+                          static_cast<int64_t>(sequences_.size()), out, variant.window,
+                          variant.softcap);
 }
 
 void CpuBackend::gatherLastRows(const float* x, int64_t width, float* out) {

@@ -53,8 +53,9 @@ class CpuBackend : public Backend {
   void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v) override;
   void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                       float scale, float* out) override;
-  void slidingWindowAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
-                              int64_t num_heads, float scale, int64_t window, float* out) override;
+  void pagedAttentionWith(const KvCacheLayout& cache, int32_t layer, const float* q,
+                          int64_t num_heads, float scale, const AttentionVariant& variant,
+                          float* out) override;
   void gatherLastRows(const float* x, int64_t width, float* out) override;
   void argmaxRows(const float* x, int64_t rows, int64_t width, int32_t* host_out) override;
 

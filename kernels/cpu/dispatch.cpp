@@ -483,9 +483,10 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
 
 void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                     float scale, const AttentionSequence* sequences, int64_t num_sequences,
-                    float* out, int64_t window) {
+                    float* out, int64_t window, float softcap) {
   checkSequences(cache, layer, sequences, num_sequences);
   TANDEM_CHECK(window >= 0, "attention window must not be negative");
+  TANDEM_CHECK(softcap >= 0.0f, "attention softcap must not be negative");
   TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= 256, "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
                "num_heads must be a multiple of num_kv_heads");
@@ -546,6 +547,7 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
     query.slot_stride = slot_stride;
     query.position = seq.first_position + r;
     query.first_position = window > 0 ? std::max<int64_t>(0, query.position - window + 1) : 0;
+    query.softcap = softcap;
     query.scale = scale * key_factor;
     query.value_scale = value_factor;
     isa.attendQuery(query, scores.data());

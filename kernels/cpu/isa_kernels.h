@@ -12,6 +12,7 @@
 // and keep the batch-invariance contract of kernels.h.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/kernels.h"
@@ -50,6 +51,9 @@ struct AttentionQuery {
   // The first position attended (a sliding window's start; 0 without one):
   // positions first_position..position.
   int64_t first_position = 0;
+  // Soft-capping of the scores (Gemma 2): s = tanh(s / softcap) * softcap
+  // before the softmax; 0: none.
+  float softcap = 0.0f;
   // Scores are q.k x scale; the output is the softmax-weighted sum of V
   // rows x value_scale. With an f8e4m3 cache the loaders read each element
   // as its value x 2^-8 (exact: kernels.h), and these factors carry the 2^8
@@ -57,6 +61,13 @@ struct AttentionQuery {
   float scale = 1.0f;
   float value_scale = 1.0f;
 };
+
+// Scores soft-capped in place as Gemma 2's attention caps them (each step
+// rounded to fp32, the same on every ISA); nothing when softcap is 0.
+inline void softcapScores(float* scores, int64_t count, float softcap) {
+  if (softcap == 0.0f) return;
+  for (int64_t t = 0; t < count; ++t) scores[t] = std::tanh(scores[t] / softcap) * softcap;
+}
 
 // Walks the K (kv = 0) or V (kv = 1) rows of positions first_position,
 // first_position + 1, ... of one query without a division per row.

@@ -334,6 +334,7 @@ void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, f
     std::copy_n(dots, valid, scores + t);
   }
 
+  softcapScores(scores, count, a.softcap);
   const float sum = expShiftAndSum(scores, count, maxOf(scores, count));
 
   alignas(32) float out[kMaxHeadDim + kValueChunksPerPass * kLanes];

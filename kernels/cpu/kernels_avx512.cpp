@@ -544,6 +544,7 @@ void attendHeads(const AttentionQuery& a, float* scores) {
   __m512 divisor[Heads];
   for (int g = 0; g < Heads; ++g) {
     float* head_scores = scores + g * count;
+    softcapScores(head_scores, count, a.softcap);
     divisor[g] = _mm512_set1_ps(expShiftAndSum(head_scores, count, maxOf(head_scores, count)) /
                                 a.value_scale);
   }

@@ -109,6 +109,7 @@ void attendHead(const AttentionQuery& a, const float* q, float* out, float* scor
     readRow(a.cache_dtype, keys.next(), row, head_dim);
     scores[t] = dot(q, row, head_dim) * a.scale;
   }
+  softcapScores(scores, count, a.softcap);
   const float sum = expShiftAndSum(scores, count);
   float acc[kMaxHeadDim] = {};
   CacheRowCursor values(a, 1);

@@ -1542,6 +1542,11 @@ TEST_F(RouterTest, Gemma3IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Gemma3ForCausalLM", 37);
 }
 
+// Gemma 2: the same, with soft-capped scores and logits.
+TEST_F(RouterTest, Gemma2IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Gemma2ForCausalLM", 41);
+}
+
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
 // columns: the prefill and decode agents' KV is the same bits.
 TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {

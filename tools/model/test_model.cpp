@@ -345,6 +345,27 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
       config.sliding_layers[i] = i % 2 == 0;
     }
   }
+  if (architecture == "Gemma2ForCausalLM") {
+    // Gemma 2's: no q/k norms, one rotary base, every other layer sliding
+    // from the first, and soft-capping; at tiny, caps near the scores' and
+    // logits' own size so that the tanh bends them.
+    config.model_type = "gemma2";
+    config.gemma = true;
+    config.qk_norm = false;
+    config.tie_word_embeddings = true;
+    config.rms_norm_eps = 1e-6;
+    config.rope_theta = 10000.0;
+    config.rope_local_base_freq = config.rope_theta;
+    config.rope_scaling = RopeScaling{};
+    config.query_pre_attn_scalar = 2.0 * static_cast<double>(config.head_dim);
+    config.sliding_window = preset == "tiny" ? 24 : 512;
+    config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
+    for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
+      config.sliding_layers[i] = i % 2 == 0;
+    }
+    config.attn_logit_softcapping = preset == "tiny" ? 2.0 : 50.0;
+    config.final_logit_softcapping = preset == "tiny" ? 4.0 : 30.0;
+  }
   config.torch_dtype = DType::kBF16;
   config.bos_token_id = -1;
   return config;

@@ -256,6 +256,8 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
        "an fp8 KV cache (--kv-dtype fp8) runs on the CPU backend only (", DType::kF8E4M3},
       {::tandem::testing::exactnessModel("Gemma3ForCausalLM", DType::kBF16),
        "(Gemma3ForCausalLM) runs on the CPU backend only ("},
+      {::tandem::testing::exactnessModel("Gemma2ForCausalLM", DType::kBF16),
+       "(Gemma2ForCausalLM) runs on the CPU backend only ("},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   for (const Case& c : cases) {
@@ -288,6 +290,7 @@ std::vector<Param> params() {
       {"LlamaForCausalLM", DType::kBF16, DType::kBF16},
       {"Qwen2ForCausalLM", DType::kF16, DType::kF32},
       {"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
+      {"Gemma2ForCausalLM", DType::kBF16, DType::kF32},
       {"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
@@ -299,6 +302,7 @@ std::vector<Param> params() {
       // So does Gemma 3 (docs/engine.md#gemma-3).
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
                             variant.architecture == "Qwen3MoeForCausalLM" ||
+                            variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM";
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);

@@ -1414,10 +1414,13 @@ TEST(ModelConfigParsing, Gemma3ReadsItsFieldsAndRefusesWhatItDoesNotCompute) {
       ModelConfig::fromJsonText(gemma(R"(, "sliding_window_pattern": 2)"), "c").computeDigest(),
       ModelConfig::fromJsonText(gemma(""), "c").computeDigest());
 
-  EXPECT_CONTAINS(parseError(gemma(R"(, "final_logit_softcapping": 30.0)")),
-                  "\"final_logit_softcapping\" is 30.0; soft-capping is not supported");
-  EXPECT_CONTAINS(parseError(gemma(R"(, "attn_logit_softcapping": 50.0)")),
-                  "\"attn_logit_softcapping\"");
+  // Gemma 3 caps nothing unless told to.
+  EXPECT_EQ(ModelConfig::fromJsonText(gemma(""), "c").attn_logit_softcapping, 0.0);
+  EXPECT_EQ(ModelConfig::fromJsonText(gemma(R"(, "final_logit_softcapping": 30.0)"), "c")
+                .final_logit_softcapping,
+            30.0);
+  EXPECT_CONTAINS(parseError(gemma(R"(, "attn_logit_softcapping": -50.0)")),
+                  "\"attn_logit_softcapping\" must be a positive number");
   EXPECT_CONTAINS(parseError(gemma(R"(, "hidden_activation": "gelu")")),
                   "\"hidden_activation\" is \"gelu\", which is not supported (accepted: "
                   "gelu_pytorch_tanh)");
@@ -1430,6 +1433,39 @@ TEST(ModelConfigParsing, Gemma3ReadsItsFieldsAndRefusesWhatItDoesNotCompute) {
       parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
           "sliding_attention": {"rope_type": "linear", "factor": 2.0}})")),
       "scales the sliding layers' rotary frequencies");
+}
+
+// Gemma 2 as Gemma2Config reads it: every other layer sliding from the
+// first, one rotary base, soft-capping 50 / 30 unless given (null: none),
+// no q/k norms; rotary scaling refused.
+TEST(ModelConfigParsing, Gemma2ReadsItsDefaults) {
+  auto gemma2 = [](const std::string& extra) {
+    return R"({"architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4)" + extra + "}";
+  };
+  ModelConfig c = ModelConfig::fromJsonText(gemma2(""), "config.json");
+  EXPECT_TRUE(c.gemma);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.model_type, "gemma2");
+  EXPECT_EQ(c.vocab_size, 256000);
+  EXPECT_EQ(c.hidden_size, 2304);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rope_local_base_freq, 10000.0);
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, false, true, false}));
+  c = ModelConfig::fromJsonText(
+      gemma2(R"(, "attn_logit_softcapping": null, "final_logit_softcapping": 20.0,
+                "rope_theta": 20000.0, "query_pre_attn_scalar": 144)"),
+      "config.json");
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 20.0);
+  EXPECT_EQ(c.rope_local_base_freq, 20000.0);
+  EXPECT_EQ(c.query_pre_attn_scalar, 144.0);
+  EXPECT_NE(c.computeDigest(), ModelConfig::fromJsonText(gemma2(""), "c").computeDigest());
+  EXPECT_CONTAINS(parseError(gemma2(R"(, "rope_scaling": {"rope_type": "linear", "factor": 2.0})")),
+                  "\"rope_scaling\" is set; Gemma2ForCausalLM's rotary scaling is not supported");
 }
 
 // Gemma 3 4B and up are published as Gemma3ForConditionalGeneration: the
@@ -1503,7 +1539,7 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-          "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

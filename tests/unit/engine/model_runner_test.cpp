@@ -398,6 +398,10 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
           double dot = 0.0;
           for (int64_t d = 0; d < hd; ++d) dot += q[t][hh * hd + d] * k[s][kvh * hd + d];
           scores[s - first] = dot * score_scale;
+          if (c.attn_logit_softcapping > 0) {
+            scores[s - first] =
+                std::tanh(scores[s - first] / c.attn_logit_softcapping) * c.attn_logit_softcapping;
+          }
           max_score = std::max(max_score, scores[s - first]);
         }
         double sum = 0.0;
@@ -477,7 +481,13 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
   }
   std::vector<double> last = x[n - 1];
   denseRmsNorm(last, 0, hidden, w.norm, c.rms_norm_eps);
-  return denseMatVec(w.lm_head, last);
+  std::vector<double> logits = denseMatVec(w.lm_head, last);
+  if (c.final_logit_softcapping > 0) {
+    for (double& logit : logits) {
+      logit = std::tanh(logit / c.final_logit_softcapping) * c.final_logit_softcapping;
+    }
+  }
+  return logits;
 }
 
 // ---- Tests --------------------------------------------------------------------
@@ -805,7 +815,9 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"LlamaForCausalLM", DType::kBF16, DType::kF32, DType::kBF16},
         Variant{"LlamaForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"Qwen3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
-        // Gemma 3: sliding layers whose window (24) the prompts cross.
+        // Gemma 2 and 3: sliding layers whose window (24) the prompts
+        // cross; Gemma 2's soft-capped scores and logits.
+        Variant{"Gemma2ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Gemma3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},

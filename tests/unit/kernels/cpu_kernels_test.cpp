@@ -709,11 +709,14 @@ std::vector<std::vector<int32_t>> scatteredTables(const std::vector<int64_t>& le
 // combination of values in [-1, 1] summed in fp32 over <= 100 positions:
 // 2e-5 absolute. With a sliding window (13: not a block size's multiple,
 // and shorter than most of the positions) a query reads only the last 13
-// positions, starting mid-block.
+// positions, starting mid-block. Gemma 2's soft-capping (1.5: near the
+// scores' own size, so the tanh bends them), with and without a window.
 TEST_P(CpuKernels, PagedAttentionMatchesReference) {
-  for (const int64_t window : {int64_t{0}, int64_t{13}})
+  const std::pair<int64_t, float> variants[] = {{0, 0.0f}, {13, 0.0f}, {0, 1.5f}, {13, 1.5f}};
+  for (const auto& [window, softcap] : variants)
     for (const AttentionShape& shape : kAttentionShapes) {
-      SCOPED_TRACE(shapeName(shape) + " window " + std::to_string(window));
+      SCOPED_TRACE(shapeName(shape) + " window " + std::to_string(window) + " softcap " +
+                   std::to_string(softcap));
       const std::vector<int64_t> lengths = {1, 37, 100};
       const std::vector<int64_t> new_rows = {1, 37, 9};  // decode, prefill, continued prefill
       int64_t num_blocks = 0;
@@ -743,7 +746,7 @@ TEST_P(CpuKernels, PagedAttentionMatchesReference) {
       const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
       std::vector<float> out(q.size(), std::nanf(""));
       pagedAttention(cache.layout, layer, q.data(), shape.num_heads, scale, sequences.data(),
-                     static_cast<int64_t>(sequences.size()), out.data(), window);
+                     static_cast<int64_t>(sequences.size()), out.data(), window, softcap);
 
       const int64_t group = shape.num_heads / shape.num_kv_heads;
       for (size_t s = 0; s < sequences.size(); ++s) {
@@ -761,6 +764,7 @@ TEST_P(CpuKernels, PagedAttentionMatchesReference) {
                 dot += double{qh[d]} * cache.at(tables[s], layer, 0, t, h / group, d);
               }
               p[t] = dot * scale;
+              if (softcap > 0) p[t] = std::tanh(p[t] / softcap) * softcap;
               max = std::max(max, p[t]);
             }
             double sum = 0.0;
