@@ -322,40 +322,15 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
       config.norm_topk_prob = true;
     }
   }
-  if (architecture == "Gemma3ForCausalLM") {
-    // Gemma 3's shape of things at this preset's size: tied embeddings,
-    // q/k norms, a query scale other than head_dim's, sliding layers
-    // (every other one here, so tiny has one of each) whose window short
-    // prompts already cross, and linear rotary scaling on the full layers
-    // (as Gemma 3 4B and up).
-    config.model_type = "gemma3_text";
+  if (architecture == "Gemma3ForCausalLM" || architecture == "Gemma2ForCausalLM") {
+    // What Gemma 2 and 3 share at this preset's size: tied embeddings, a
+    // query scale other than head_dim's, and every other layer sliding from
+    // the first (so tiny has one of each) with a window short prompts
+    // already cross.
+    const bool gemma3 = architecture == "Gemma3ForCausalLM";
     config.gemma = true;
-    config.qk_norm = true;
     config.tie_word_embeddings = true;
     config.rms_norm_eps = 1e-6;
-    config.rope_theta = 1e6;
-    config.rope_local_base_freq = 10000.0;
-    config.rope_scaling = RopeScaling{};
-    config.rope_scaling.type = RopeScaling::Type::kLinear;
-    config.rope_scaling.factor = 8.0;
-    config.query_pre_attn_scalar = 2.0 * static_cast<double>(config.head_dim);
-    config.sliding_window = preset == "tiny" ? 24 : 512;
-    config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
-    for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
-      config.sliding_layers[i] = i % 2 == 0;
-    }
-  }
-  if (architecture == "Gemma2ForCausalLM") {
-    // Gemma 2's: no q/k norms, one rotary base, every other layer sliding
-    // from the first, and soft-capping; at tiny, caps near the scores' and
-    // logits' own size so that the tanh bends them.
-    config.model_type = "gemma2";
-    config.gemma = true;
-    config.qk_norm = false;
-    config.tie_word_embeddings = true;
-    config.rms_norm_eps = 1e-6;
-    config.rope_theta = 10000.0;
-    config.rope_local_base_freq = config.rope_theta;
     config.rope_scaling = RopeScaling{};
     config.query_pre_attn_scalar = 2.0 * static_cast<double>(config.head_dim);
     config.sliding_window = preset == "tiny" ? 24 : 512;
@@ -363,8 +338,24 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
       config.sliding_layers[i] = i % 2 == 0;
     }
-    config.attn_logit_softcapping = preset == "tiny" ? 2.0 : 50.0;
-    config.final_logit_softcapping = preset == "tiny" ? 4.0 : 30.0;
+    config.qk_norm = gemma3;
+    if (gemma3) {
+      // q/k norms, two rotary bases, and linear scaling on the full layers
+      // (as Gemma 3 4B and up).
+      config.model_type = "gemma3_text";
+      config.rope_theta = 1e6;
+      config.rope_local_base_freq = 10000.0;
+      config.rope_scaling.type = RopeScaling::Type::kLinear;
+      config.rope_scaling.factor = 8.0;
+    } else {
+      // One rotary base, and soft-capping; at tiny, caps near the scores'
+      // and logits' own size so that the tanh bends them.
+      config.model_type = "gemma2";
+      config.rope_theta = 10000.0;
+      config.rope_local_base_freq = config.rope_theta;
+      config.attn_logit_softcapping = preset == "tiny" ? 2.0 : 50.0;
+      config.final_logit_softcapping = preset == "tiny" ? 4.0 : 30.0;
+    }
   }
   config.torch_dtype = DType::kBF16;
   config.bos_token_id = -1;
