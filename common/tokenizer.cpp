@@ -245,11 +245,46 @@ struct Tokenizer::Impl {
     }
   }
 
-  // The token's text as the vocabulary or the added tokens spell it.
-  std::string_view spelling(TokenId id) const {
-    if (auto it = added_by_id.find(id); it != added_by_id.end()) return it->second->content;
-    if (const auto token = model.idToToken(id)) return *token;
-    return {};
+  // The token's text as the added tokens or the vocabulary spell it;
+  // nullopt for an id neither has.
+  std::optional<std::string_view> spelling(TokenId id) const {
+    if (auto it = added_by_id.find(id); it != added_by_id.end()) {
+      return std::string_view(it->second->content);
+    }
+    return model.idToToken(id);
+  }
+
+  // The bytes of `ids` (ids outside the vocabulary skipped, as Hugging Face
+  // does; special ones too when asked), as valid UTF-8 (U+FFFD for bytes
+  // that are not). With `decoder_start`, the first token's bytes are the
+  // decoder's for a text's first token, and Strip's leading characters are
+  // removed: what transformers' decode does at the start.
+  std::string decodeBytes(std::span<const TokenId> ids, bool skip_special_tokens,
+                          bool decoder_start) const {
+    std::string bytes;
+    bool first = true;
+    for (TokenId id : ids) {
+      if (id < 0 || id >= vocab_size) continue;
+      if (skip_special_tokens && special[id]) continue;
+      if (first && decoder_start && decoder.dropsFirstReplacement()) {
+        decoder.appendTokenBytes(spelling(id).value_or(""), /*first=*/true, bytes);
+      } else {
+        bytes += token_bytes[id];
+      }
+      first = false;
+    }
+    if (decoder_start && decoder.stripCount() > 0) {
+      std::string strip;
+      tokenizer_internal::appendUtf8(decoder.stripChar(), strip);
+      size_t start = 0;
+      for (int64_t i = 0;
+           i < decoder.stripCount() && bytes.compare(start, strip.size(), strip) == 0; ++i) {
+        start += strip.size();
+      }
+      bytes.erase(0, start);
+    }
+    if (tokenizer_internal::isValidUtf8(bytes)) return bytes;
+    return tokenizer_internal::lossyUtf8(bytes);
   }
 
   // Normalizes, pre-tokenizes and encodes a run of text without raw added
@@ -479,16 +514,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
-  const Impl& impl = *impl_;
-  std::string bytes;
-  for (TokenId id : ids) {
-    // Unknown ids are skipped, as Hugging Face does.
-    if (id < 0 || id >= impl.vocab_size) continue;
-    if (skip_special_tokens && impl.special[id]) continue;
-    bytes += impl.token_bytes[id];
-  }
-  if (tokenizer_internal::isValidUtf8(bytes)) return bytes;
-  return tokenizer_internal::lossyUtf8(bytes);
+  return impl_->decodeBytes(ids, skip_special_tokens, /*decoder_start=*/false);
 }
 
 int64_t Tokenizer::vocabSize() const { return impl_->vocab_size; }
@@ -498,10 +524,7 @@ std::optional<int64_t> Tokenizer::maxTextBytesPerToken() const {
 }
 
 std::optional<std::string> Tokenizer::idToToken(TokenId id) const {
-  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
-    return it->second->content;
-  }
-  if (const auto token = impl_->model.idToToken(id)) return std::string(*token);
+  if (const auto token = impl_->spelling(id)) return std::string(*token);
   return std::nullopt;
 }
 
@@ -521,36 +544,7 @@ const std::string& Tokenizer::chatTemplate() const { return impl_->chat_template
 std::string Tokenizer::decodeAsTransformers(std::span<const TokenId> ids,
                                             bool skip_special_tokens) const {
   const Impl& impl = *impl_;
-  std::string text;
-  if (impl.decoder.dropsFirstReplacement() || impl.decoder.stripCount() > 0) {
-    // What a decoder does at the text's start: a Metaspace decoder drops the
-    // first token's replacement characters, Strip removes leading ones.
-    std::string bytes;
-    bool first = true;
-    for (TokenId id : ids) {
-      if (id < 0 || id >= impl.vocab_size) continue;
-      if (skip_special_tokens && impl.special[id]) continue;
-      if (first && impl.decoder.dropsFirstReplacement()) {
-        impl.decoder.appendTokenBytes(impl.spelling(id), /*first=*/true, bytes);
-      } else {
-        bytes += impl.token_bytes[id];
-      }
-      first = false;
-    }
-    std::string strip;
-    tokenizer_internal::appendUtf8(impl.decoder.stripChar(), strip);
-    size_t start = 0;
-    for (int64_t i = 0; i < impl.decoder.stripCount() && !strip.empty() &&
-                        bytes.compare(start, strip.size(), strip) == 0;
-         ++i) {
-      start += strip.size();
-    }
-    bytes.erase(0, start);
-    text = tokenizer_internal::isValidUtf8(bytes) ? std::move(bytes)
-                                                  : tokenizer_internal::lossyUtf8(bytes);
-  } else {
-    text = decode(ids, skip_special_tokens);
-  }
+  std::string text = impl.decodeBytes(ids, skip_special_tokens, /*decoder_start=*/true);
   if (!impl.clean_up_tokenization_spaces) return text;
   // transformers' clean_up_tokenization: these replacements, in this order.
   static constexpr std::pair<std::string_view, std::string_view> kCleanUps[] = {

@@ -82,12 +82,14 @@ BpeModel::BpeModel(const nlohmann::json& model, std::string_view source) {
     if (pos == token.size() && cp < kSmallCharLimit) small_char_ids_[cp] = id;
   });
 
+  byte_ids_.fill(-1);
   if (byte_fallback_) {
     bytes_cover_all_ = true;
-    for (int byte = 0; byte < 256 && bytes_cover_all_; ++byte) {
+    for (int byte = 0; byte < 256; ++byte) {
       char name[8];
       std::snprintf(name, sizeof name, "<0x%02X>", byte);
-      bytes_cover_all_ = vocab_.find(name) != nullptr;
+      if (const TokenId* id = vocab_.find(name)) byte_ids_[static_cast<size_t>(byte)] = *id;
+      bytes_cover_all_ = bytes_cover_all_ && byte_ids_[static_cast<size_t>(byte)] >= 0;
     }
   }
 
@@ -208,14 +210,12 @@ void BpeModel::splitIntoSymbols(std::string_view word, std::vector<TokenId>& ids
       const size_t mark = ids.size();
       bool all_found = true;
       for (char c : piece) {
-        char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(c));
-        auto byte_id = tokenToId(name);
-        if (!byte_id) {
+        const TokenId byte_id = byte_ids_[static_cast<unsigned char>(c)];
+        if (byte_id < 0) {
           all_found = false;
           break;
         }
-        ids.push_back(*byte_id);
+        ids.push_back(byte_id);
       }
       if (all_found) {
         // The unk run ends before these bytes; emit it in front of them.

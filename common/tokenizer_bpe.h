@@ -60,7 +60,10 @@ class BpeModel {
   std::optional<TokenId> unk_id_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
-  bool bytes_cover_all_ = false;  // byte_fallback with all 256 "<0xNN>" tokens
+  // byte_fallback's "<0xNN>" token of each byte, -1 where the vocabulary
+  // has none; and whether it has all 256.
+  std::array<TokenId, 256> byte_ids_{};
+  bool bytes_cover_all_ = false;
   bool ignore_merges_ = false;
   std::string continuing_subword_prefix_;
   std::string end_of_word_suffix_;

@@ -114,6 +114,19 @@ PreTokenizer::Prepend prependScheme(const nlohmann::json& config, std::string_vi
               "' is not one of always, first, never");
 }
 
+// `text`'s one character; throws naming `what`.`field` when it is empty or
+// longer.
+char32_t singleCharacter(const std::string& text, std::string_view source, std::string_view what,
+                         const char* field) {
+  size_t end = 0;
+  const char32_t c = text.empty() ? 0 : nextCodepoint(text, end);
+  if (text.empty() || end != text.size()) {
+    throw Error(std::string(source) + ": " + std::string(what) + "." + field +
+                " must be one character, got '" + text + "'");
+  }
+  return c;
+}
+
 // A string field every such component has; throws naming it otherwise.
 std::string requiredString(const nlohmann::json& object, const char* key, std::string_view source,
                            std::string_view what) {
@@ -333,12 +346,7 @@ void PreTokenizer::addSteps(const nlohmann::json& config, std::string_view sourc
     step.kind = Step::Kind::kMetaspace;
     const char* what = "pre_tokenizer Metaspace";
     step.replacement = optionalString(config, "replacement", "\u2581", source, what);
-    size_t end = 0;
-    if (step.replacement.empty() ||
-        (nextCodepoint(step.replacement, end), end != step.replacement.size())) {
-      throw Error(where + ": " + what + ".replacement must be one character, got '" +
-                  step.replacement + "'");
-    }
+    singleCharacter(step.replacement, source, what, "replacement");
     step.prepend = prependScheme(config, source, what);
     if (optionalBool(config, "split", true, source, what)) {
       step.regex = std::make_shared<const Regex>(step.replacement, /*literal=*/true, source);
@@ -631,13 +639,8 @@ void Decoder::addSteps(const nlohmann::json& config, std::string_view source) {
                   " is supported once, after Fuse, stripping the start only (stop 0), got " +
                   config.dump());
     }
-    const std::string content = requiredString(config, "content", source, what);
-    size_t end = 0;
-    const char32_t c = content.empty() ? 0 : nextCodepoint(content, end);
-    if (content.empty() || end != content.size()) {
-      throw Error(where + ": " + what + ".content must be one character, got '" + content + "'");
-    }
-    strip_char_ = c;
+    strip_char_ =
+        singleCharacter(requiredString(config, "content", source, what), source, what, "content");
     strip_count_ = config.value("start", int64_t{0});
     return;
   }
