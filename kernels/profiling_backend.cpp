@@ -17,6 +17,12 @@ std::string shape(const char* op, std::initializer_list<std::pair<const char*, i
   return name;
 }
 
+// The bytes of `tokens` positions' K and V rows of one layer.
+double layerKvBytes(const KvCacheLayout& cache, int64_t tokens) {
+  return static_cast<double>(tokens) * 2.0 * cache.num_kv_heads * cache.head_dim *
+         static_cast<double>(dtypeSize(cache.dtype));
+}
+
 }  // namespace
 
 template <typename Name, typename Fn>
@@ -191,8 +197,7 @@ void ProfilingBackend::writeKv(const KvCacheLayout& cache, int32_t layer, const 
 void ProfilingBackend::pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
                                       int64_t num_heads, float scale, float* out) {
   // Each sequence's K and V rows of this layer, read at least once.
-  const double kv_bytes = static_cast<double>(context_tokens_) * 2.0 * cache.num_kv_heads *
-                          cache.head_dim * static_cast<double>(dtypeSize(cache.dtype));
+  const double kv_bytes = layerKvBytes(cache, context_tokens_);
   timed(
       [&] {
         return shape("pagedAttention",
@@ -206,8 +211,7 @@ void ProfilingBackend::pagedAttentionWith(const KvCacheLayout& cache, int32_t la
                                           const AttentionVariant& variant, float* out) {
   // A window reads at most `window` K and V rows per query; counted as the
   // whole context, an upper bound.
-  const double kv_bytes = static_cast<double>(context_tokens_) * 2.0 * cache.num_kv_heads *
-                          cache.head_dim * static_cast<double>(dtypeSize(cache.dtype));
+  const double kv_bytes = layerKvBytes(cache, context_tokens_);
   timed(
       [&] {
         return shape("pagedAttentionWith", {{"rows", rows_},
