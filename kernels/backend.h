@@ -120,6 +120,15 @@ class Backend {
   virtual void addBias(float* y, const float* bias, int64_t rows, int64_t width) = 0;
   // x: batch rows x (num_heads * head_dim), in place, at the batch's positions.
   virtual void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
+  // applyRope with kernels.h's RopeVariant (partial rotary dims, LongRoPE's
+  // attention factor: Phi-3, Phi-4). Only the CPU backend has it; the model
+  // runner refuses models that need it on the others first.
+  virtual void applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,
+                             const RopeVariant& variant) {
+    throw Error(std::string("partial rotary embedding and LongRoPE's attention factor are not "
+                            "supported by the ") +
+                deviceKindName(kind()) + " backend");
+  }
   virtual void siluMul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // kernels.h's geluTanhMul (Gemma 3's MLP). Only the CPU backend has it;
   // the model runner refuses such models on the others first.

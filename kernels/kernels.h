@@ -118,11 +118,25 @@ double peakGflops(DType compute, int repeats = 3);
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight. y may alias x.
 void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);
 
+// How a model's rotary embedding departs from rotating whole heads (Phi-3,
+// Phi-4): only the first rotary_dim of a head's head_dim values rotate, and
+// cos and sin are multiplied by attention_factor (LongRoPE's), as
+// transformers' partial_rotary_factor and attention_scaling do.
+struct RopeVariant {
+  int64_t rotary_dim = 0;  // 0: head_dim
+  float attention_factor = 1.0f;
+  bool operator==(const RopeVariant&) const = default;
+};
+
 // Rotary position embedding, Hugging Face "rotate_half" convention: within
-// each head the pairs are (i, i + head_dim/2), angle = position * inv_freq[i].
-// x: rows x (num_heads * head_dim), in place; positions[r] is row r's position.
+// each head the pairs are (i, i + rotary_dim/2) for i < rotary_dim/2
+// (rotary_dim: the variant's, else head_dim), angle = position *
+// inv_freq[i]; the values past rotary_dim are left as they are. cos and
+// sin are rounded to fp32, then multiplied by the attention factor (fp32),
+// then applied. x: rows x (num_heads * head_dim), in place; positions[r] is
+// row r's position.
 void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
-               const int32_t* positions, const float* inv_freq);
+               const int32_t* positions, const float* inv_freq, const RopeVariant& variant = {});
 
 // out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
 void siluMul(const float* gate, const float* up, float* out, int64_t n);

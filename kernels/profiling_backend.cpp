@@ -156,6 +156,15 @@ void ProfilingBackend::applyRope(float* x, int64_t num_heads, int64_t head_dim,
       0.0, [&] { inner_.applyRope(x, num_heads, head_dim, inv_freq); });
 }
 
+void ProfilingBackend::applyRopeWith(float* x, int64_t num_heads, int64_t head_dim,
+                                     const float* inv_freq, const RopeVariant& variant) {
+  timed(
+      [&] {
+        return shape("applyRope", {{"rows", rows_}, {"heads", num_heads}});
+      },
+      0.0, [&] { inner_.applyRopeWith(x, num_heads, head_dim, inv_freq, variant); });
+}
+
 void ProfilingBackend::siluMul(const float* gate, const float* up, float* out, int64_t n) {
   timed(
       [&] {

@@ -268,13 +268,19 @@ class Reference:
     sqrt(hidden_size) (in the weights' dtype: a bf16 product), RMSNorm by
     (1 + w), sandwich norms, GELU (tanh), query_pre_attn_scalar, and
     sliding layers attending to the last sliding_window positions with
-    their own rotary base."""
+    their own rotary base. Phi-3 is transformers' Phi3ForCausalLM: q/k/v and
+    gate/up stored as one matrix each, the first int(head_dim x
+    partial_rotary_factor) dims of a head rotating, LongRoPE (the long
+    factors when max_model_len exceeds original_max_position_embeddings, as
+    vLLM chooses once; cos and sin times the attention factor), and
+    sliding_window on every layer."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
         self.w = read_weights(model_dir)
         c = self.config
         self.arch = c["architectures"][0]
+        self.phi3 = self.arch == "Phi3ForCausalLM"
         self.gemma2 = self.arch == "Gemma2ForCausalLM"
         self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
         self.qk_norm = self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
@@ -292,14 +298,38 @@ class Reference:
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
-        d = self.head_dim
+        self.rotary_dim = self.head_dim
+        self.mscale = 1.0
+        if self.phi3:
+            self.rotary_dim = int(self.head_dim * c.get("partial_rotary_factor", 1.0))
+            q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            for i in range(c["num_hidden_layers"]):
+                p = f"model.layers.{i}."
+                qkv = self.w.pop(p + "self_attn.qkv_proj.weight")
+                self.w[p + "self_attn.q_proj.weight"] = qkv[:q]
+                self.w[p + "self_attn.k_proj.weight"] = qkv[q:q + kv]
+                self.w[p + "self_attn.v_proj.weight"] = qkv[q + kv:]
+                gate, up = np.split(self.w.pop(p + "mlp.gate_up_proj.weight"), 2)
+                self.w[p + "mlp.gate_proj.weight"], self.w[p + "mlp.up_proj.weight"] = gate, up
+        d = self.rotary_dim
         theta = c.get("rope_theta", 1e6 if self.arch in ("MixtralForCausalLM",
                                                           "Gemma3ForCausalLM") else 10000.0)
         inv_freq = 1.0 / (float(theta) ** (np.arange(0, d, 2) / d))
         scaling = c.get("rope_scaling")
         local_base = theta if self.gemma2 else c.get("rope_local_base_freq", 10000.0)
         self.local_inv_freq = 1.0 / (float(local_base) ** (np.arange(0, d, 2) / d))
-        if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
+        kind = scaling and scaling.get("rope_type", scaling.get("type"))
+        if kind in ("longrope", "su"):
+            positions = c.get("max_position_embeddings", 4096)
+            original = c.get("original_max_position_embeddings",
+                             scaling.get("original_max_position_embeddings", positions))
+            use_long = (max_model_len or positions) > original
+            factors = np.array(scaling["long_factor" if use_long else "short_factor"])
+            inv_freq = 1.0 / (factors * float(theta) ** (np.arange(0, d, 2) / d))
+            ratio = positions / original
+            default = 1.0 if ratio <= 1 else math.sqrt(1 + math.log(ratio) / math.log(original))
+            self.mscale = scaling.get("attention_factor") or default
+        elif kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
         elif scaling:
             factor = scaling["factor"]
@@ -313,12 +343,16 @@ class Reference:
         self.inv_freq = inv_freq
 
     def rms(self, x, weight):
-        eps = self.config.get("rms_norm_eps", 1e-5 if self.arch == "MixtralForCausalLM" else 1e-6)
+        eps = self.config.get("rms_norm_eps",
+                              1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM")
+                              else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
     def sliding(self, i):
         c = self.config
+        if self.phi3 or self.arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+            return bool(c.get("sliding_window"))
         if not self.gemma:
             return False
         if c.get("layer_types"):
@@ -328,13 +362,16 @@ class Reference:
         return (i + 1) % c.get("sliding_window_pattern", 6) != 0
 
     def rope(self, x, positions, inv_freq=None):
-        # x: [n, heads, d]; rotate halves (i, i + d/2) together.
+        # x: [n, heads, d]; rotate halves (i, i + r/2) of the first r =
+        # rotary_dim values together, the rest passed.
         inv_freq = self.inv_freq if inv_freq is None else inv_freq
         angles = positions[:, None] * inv_freq[None, :]
-        cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
-        half = self.head_dim // 2
-        a, b = x[..., :half], x[..., half:]
-        return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        cos = np.cos(angles)[:, None, :] * self.mscale
+        sin = np.sin(angles)[:, None, :] * self.mscale
+        half = self.rotary_dim // 2
+        a, b = x[..., :half], x[..., half:self.rotary_dim]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin, x[..., self.rotary_dim:]],
+                              axis=-1)
 
     def is_moe_layer(self, i):
         c = self.config
@@ -388,6 +425,7 @@ class Reference:
             if bf16:
                 x = round_bf16(x)
             scale = c.get("query_pre_attn_scalar", 256) ** -0.5
+        if self.gemma or c.get("sliding_window"):
             window = c.get("sliding_window", 4096)
             rows, cols = np.indices((n, n))
             sliding_mask = np.where((cols <= rows) & (rows - cols < window), 0.0, -np.inf)
@@ -401,7 +439,7 @@ class Reference:
             if self.qk_norm:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
-            inv_freq = self.local_inv_freq if self.sliding(i) else self.inv_freq
+            inv_freq = self.local_inv_freq if self.gemma and self.sliding(i) else self.inv_freq
             q, k = self.rope(q, positions, inv_freq), self.rope(k, positions, inv_freq)
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)

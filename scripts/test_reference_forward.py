@@ -3,7 +3,9 @@
 
   test_reference_forward.py BIN_DIR
 
-For the tiny Llama, Gemma 2, Gemma 3, Mixtral and Qwen3-MoE test models, Gemma 3
+For the tiny Llama, Gemma 2, Gemma 3, Phi-3 (partial rotary dims, LongRoPE's
+long factors and, served 128 tokens, its short ones, a window on every layer),
+Mistral given a 24-token window, Mixtral and Qwen3-MoE test models, Gemma 3
 rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
 with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
 (per-channel scales; blocks splitting rows and columns; 128 x 128 blocks,
@@ -43,13 +45,17 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 
 import llama_cpp_compare as lcc  # noqa: E402
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM",
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM"}
+                 "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM"}
 # (architecture, tandem-model --quantize or None; "vision-checkpoint": the
-# model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint)
+# model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint;
+# "max-model-len=N": the agent serves N tokens (Phi-3's LongRoPE then takes
+# its short factors); "sliding-window=N": config.json given that window)
 CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
-         ("gemma3", "vision-checkpoint:model.language_model."), ("mixtral", None),
+         ("gemma3", "vision-checkpoint:model.language_model."), ("phi3", None),
+         ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"), ("mixtral", None),
          ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
@@ -128,12 +134,21 @@ def check(bin_dir, work, arch, quantize):
     label = arch + (f" {quantize}" if quantize else "")
     model = os.path.join(work, label.replace(" ", "-").replace(":", "-").replace("=", "-"))
     vision = bool(quantize) and quantize.startswith("vision-checkpoint")
-    extra = ["--quantize", quantize] if quantize and not vision else []
+    max_model_len = window = None
+    if quantize and quantize.startswith("max-model-len="):
+        max_model_len = int(quantize.partition("=")[2])
+    if quantize and quantize.startswith("sliding-window="):
+        window = int(quantize.partition("=")[2])
+    extra = ["--quantize", quantize] if quantize and not (vision or max_model_len or window) else []
     subprocess.run([os.path.join(bin_dir, "tandem-model"), "--preset", "tiny", "--arch", arch,
                     "--seed", "4", "--out", model] + extra, check=True, capture_output=True)
     config = lcc.load(os.path.join(model, "config.json"))
+    if window:
+        config["sliding_window"] = window
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(config, f)
     assert config["architectures"] == [ARCHITECTURES[arch]], config["architectures"]
-    assert ("quantization_config" in config) == bool(quantize and not vision)
+    assert ("quantization_config" in config) == bool(extra)
     reference_dir = model
     if vision:
         model = model + "-served"
@@ -144,7 +159,9 @@ def check(bin_dir, work, arch, quantize):
     log = open(model + ".log", "w")
     agent = subprocess.Popen([os.path.join(bin_dir, "tandem-agent"), "serve", "--model", model,
                               "--port", str(port), "--served-model-name", "m", "--kv-dtype",
-                              "f32", "--kv-cache-memory", "16MiB"], stdout=log,
+                              "f32", "--kv-cache-memory", "16MiB"] +
+                             (["--max-model-len", str(max_model_len)] if max_model_len else []),
+                             stdout=log,
                              stderr=subprocess.STDOUT)
     failures = []
     try:
@@ -157,10 +174,10 @@ def check(bin_dir, work, arch, quantize):
                 if agent.poll() is not None or time.time() > deadline:
                     return [f"{arch}: the agent did not start (log {log.name})"]
                 time.sleep(0.2)
-        reference = RoutingWatch(reference_dir)
+        reference = RoutingWatch(reference_dir, max_model_len)
         vocab = len(lcc.load(os.path.join(model, "tokenizer.json"))["model"]["vocab"])
         rng = np.random.default_rng(8)
-        for length in (5, 40, 130):
+        for length in (5, 40, 130 if not max_model_len else max_model_len - 8):
             prompt = [int(t) for t in rng.integers(0, vocab, size=length)]
             choice = completion(port, prompt)
             logits = reference.last_logits(prompt)

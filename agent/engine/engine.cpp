@@ -251,15 +251,15 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   std::string context_origin =
       simulated ? "profile " + simulated->name + "'s model.max_position_embeddings"
                 : "the model's max_position_embeddings";
-  if (!simulated && mc.sliding_window > 0 && mc.sliding_layers.empty() &&
+  if (!simulated && mc.sliding_window > 0 && !backend_->hostAccessible() &&
       mc.sliding_window < context_limit) {
-    // Full attention equals the model's windowed attention only within the
-    // window (as vLLM without sliding-window kernels caps the length).
-    // Gemma 3's windows are applied (sliding_layers): no cap.
+    // A backend without windowed attention kernels computes full attention,
+    // equal to the model's windowed attention only within the window (as
+    // vLLM without sliding-window kernels caps the length). The CPU
+    // backend applies windows: no cap.
     context_limit = mc.sliding_window;
-    context_origin =
-        "the model's sliding_window (attention here is full, the same as the window's only for "
-        "sequences no longer than it)";
+    context_origin = "the model's sliding_window (attention on " + backend_->description() +
+                     " is full, the same as the window's only for sequences no longer than it)";
     if (config_.max_model_len == 0) {
       TANDEM_LOG(kInfo) << "max_model_len is the model's sliding_window, " << context_limit;
     }
@@ -269,6 +269,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     throw Error("max_model_len " + std::to_string(max_model_len_) + " exceeds " + context_origin +
                 " " + std::to_string(context_limit));
   }
+  model_->fitContext(max_model_len_);
 
   KvCacheConfig kv = KvCacheConfig::forModel(*model_, config_.kv_dtype, config_.block_size);
   if (config_.num_blocks > 0) {

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -25,8 +26,34 @@ constexpr const char* kTensorPrefix = "base_model.model.model.layers.";
 // Ranks past this are not low-rank updates of any supported model.
 constexpr int64_t kMaxRank = 4096;
 
-// Where `name` (a tensor of the adapter) belongs: layer, module and whether
-// it is lora_A; false when it is not a projection's lora_A or lora_B.
+// Phi-3's fused projections (Phi3ForCausalLM has no q_proj, gate_proj...):
+// an adapter of one holds one A for its parts and a B whose rows are theirs,
+// in the matrix's order. Their module numbers follow LoraModule's.
+struct FusedLoraModule {
+  const char* name;
+  std::vector<int> parts;
+};
+const std::array<FusedLoraModule, 2> kFusedLoraModules = {{
+    {"self_attn.qkv_proj", {kLoraQ, kLoraK, kLoraV}},
+    {"mlp.gate_up_proj", {kLoraGate, kLoraUp}},
+}};
+
+// The module of the model's checkpoint that adapter module `module` adapts:
+// Phi-3's fused one holding it, else its own.
+std::string checkpointModuleName(const ModelConfig& model, int module) {
+  if (model.phi3) {
+    for (const FusedLoraModule& fused : kFusedLoraModules) {
+      if (std::find(fused.parts.begin(), fused.parts.end(), module) != fused.parts.end()) {
+        return fused.name;
+      }
+    }
+  }
+  return kLoraModuleNames[static_cast<size_t>(module)];
+}
+
+// Where `name` (a tensor of the adapter) belongs: layer, module (LoraModule,
+// or kLoraModules + i for kFusedLoraModules[i]) and whether it is lora_A;
+// false when it is not a projection's lora_A or lora_B.
 bool parseTensorName(const std::string& name, int64_t& layer, int& module, bool& is_a) {
   const std::string prefix = kTensorPrefix;
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
@@ -43,8 +70,10 @@ bool parseTensorName(const std::string& name, int64_t& layer, int& module, bool&
     layer = layer * 10 + (name[i] - '0');
   }
   const std::string rest = name.substr(end + 1);
-  for (int m = 0; m < kLoraModules; ++m) {
-    const std::string module_name = kLoraModuleNames[static_cast<size_t>(m)];
+  for (int m = 0; m < kLoraModules + std::ssize(kFusedLoraModules); ++m) {
+    const std::string module_name =
+        m < kLoraModules ? kLoraModuleNames[static_cast<size_t>(m)]
+                         : kFusedLoraModules[static_cast<size_t>(m - kLoraModules)].name;
     for (const bool a : {true, false}) {
       if (rest == module_name + (a ? ".lora_A.weight" : ".lora_B.weight")) {
         module = m;
@@ -172,12 +201,20 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
     int64_t layer = 0;
     int module = 0;
     bool is_a = false;
-    if (!parseTensorName(tensor_name, layer, module, is_a)) {
-      throw Error(
-          "tensor " + tensor_name + " in " + file +
-          " is not a LoRA matrix of a projection Tandem adapts (accepted: " + kTensorPrefix +
-          "<layer>.<module>.lora_A.weight and lora_B.weight, module one of "
-          "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj)");
+    const std::string accepted_modules =
+        model.phi3 ? "self_attn.qkv_proj/o_proj, mlp.gate_up_proj/down_proj (Phi-3's)"
+                   : "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj";
+    const bool parsed = parseTensorName(tensor_name, layer, module, is_a);
+    const bool fused = parsed && module >= kLoraModules;
+    // Phi-3's adapters name its fused modules, others' the separate ones.
+    if (!parsed || (fused ? !model.phi3
+                          : checkpointModuleName(model, module) !=
+                                kLoraModuleNames[static_cast<size_t>(module)])) {
+      throw Error("tensor " + tensor_name + " in " + file +
+                  " is not a LoRA matrix of a projection Tandem adapts in " + model.architecture +
+                  " (accepted: " + kTensorPrefix +
+                  "<layer>.<module>.lora_A.weight and lora_B.weight, module one of " +
+                  accepted_modules + ")");
     }
     if (layer >= model.num_hidden_layers) {
       throw Error("tensor " + tensor_name + " in " + file + " names layer " +
@@ -190,7 +227,13 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
                   ", a mixture of experts, whose experts adapters do not reach (accepted in "
                   "such a layer: self_attn.q_proj/k_proj/v_proj/o_proj)");
     }
-    const auto [in, out] = shapes[static_cast<size_t>(module)];
+    // A fused module's parts: one A for all, B's rows split among them.
+    const std::vector<int> parts =
+        fused ? kFusedLoraModules[static_cast<size_t>(module - kLoraModules)].parts
+              : std::vector<int>{module};
+    const int64_t in = shapes[static_cast<size_t>(parts[0])].first;
+    int64_t out = 0;
+    for (int part : parts) out += shapes[static_cast<size_t>(part)].second;
     const std::vector<int64_t> expected =
         is_a ? std::vector<int64_t>{adapter->rank_, in} : std::vector<int64_t>{out, adapter->rank_};
     if (tensor.shape != expected) {
@@ -204,16 +247,25 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
       throw Error("tensor " + tensor_name + " in " + file + " has dtype " +
                   dtypeSafetensorsName(tensor.dtype) + " (accepted: F32, BF16, F16)");
     }
-    LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(module)];
-    std::vector<float>& values = is_a ? pair.a : pair.b_scaled;
-    pair.rank = adapter->rank_;
-    pair.in = in;
-    pair.out = out;
-    values.resize(static_cast<size_t>(expected[0] * expected[1]));
+    std::vector<float> values(static_cast<size_t>(expected[0] * expected[1]));
     convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
     for (const float value : values) {
       if (!std::isfinite(value)) {
         throw Error("tensor " + tensor_name + " in " + file + " holds a NaN or infinity");
+      }
+    }
+    size_t b_row = 0;
+    for (int part : parts) {
+      LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(part)];
+      pair.rank = adapter->rank_;
+      pair.in = in;
+      pair.out = shapes[static_cast<size_t>(part)].second;
+      if (is_a) {
+        pair.a = values;
+      } else {
+        const auto begin = values.begin() + static_cast<ptrdiff_t>(b_row * adapter->rank_);
+        pair.b_scaled.assign(begin, begin + static_cast<ptrdiff_t>(pair.out * adapter->rank_));
+        b_row += static_cast<size_t>(pair.out);
       }
     }
   }
@@ -224,7 +276,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
       if (pair.rank == 0) continue;
       if (pair.a.empty() || pair.b_scaled.empty()) {
         throw Error("tensor " + std::string(kTensorPrefix) + std::to_string(layer) + "." +
-                    kLoraModuleNames[static_cast<size_t>(module)] +
+                    checkpointModuleName(model, module) +
                     (pair.a.empty() ? ".lora_A.weight" : ".lora_B.weight") + " missing from " +
                     file + " (its pair is there)");
       }

@@ -73,6 +73,41 @@ class TensorSource {
     return kernels::WeightView{tensor.data, tensor.dtype, rows, cols};
   }
 
+  // A [sum of `rows`, cols] matrix read as consecutive row ranges of those
+  // sizes, each a view into it (Phi-3's qkv_proj and gate_up_proj). An fp8
+  // matrix's scales are sliced along: a range must start on a scale block's
+  // first row.
+  std::vector<kernels::WeightView> rowRanges(const std::string& name,
+                                             const std::vector<int64_t>& rows, int64_t cols) {
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    const kernels::WeightView whole = matrix(name, total, cols);
+    std::vector<kernels::WeightView> views;
+    int64_t begin = 0;
+    for (int64_t r : rows) {
+      kernels::WeightView view = whole;
+      view.data = static_cast<const uint8_t*>(whole.data) +
+                  static_cast<size_t>(begin * cols) * dtypeSize(whole.dtype);
+      view.rows = r;
+      if (whole.scales != nullptr) {
+        if (whole.scale_rows >= total) {
+          view.scale_rows = r;  // one scale for the whole tensor
+        } else if (begin % whole.scale_rows != 0) {
+          throw Error("tensor " + name + " in " + fileOf(name) + ": its rows " +
+                      std::to_string(begin) + ".." + std::to_string(begin + r - 1) +
+                      " (one of the matrices it holds) start inside a block of " +
+                      std::to_string(whole.scale_rows) +
+                      " rows sharing a scale (accepted: blocks that do not straddle them)");
+        } else {
+          view.scales = whole.scales + (begin / whole.scale_rows) * whole.scaleGridCols();
+        }
+      }
+      views.push_back(view);
+      begin += r;
+    }
+    return views;
+  }
+
   // The `count` matrices of a [count, rows, cols] tensor, each a view into it.
   std::vector<kernels::WeightView> stackedMatrices(const std::string& name, int64_t count,
                                                    int64_t rows, int64_t cols) {
@@ -401,9 +436,18 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string prefix = base + "layers." + std::to_string(i) + ".";
     LayerWeights& layer = w.layers[static_cast<size_t>(i)];
-    layer.q_proj = source.matrix(prefix + "self_attn.q_proj.weight", q_size, hidden);
-    layer.k_proj = source.matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
-    layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    if (c.phi3) {
+      // Phi-3 holds q, k and v as one matrix, in that order.
+      const std::vector<kernels::WeightView> qkv = source.rowRanges(
+          prefix + "self_attn.qkv_proj.weight", {q_size, kv_size, kv_size}, hidden);
+      layer.q_proj = qkv[0];
+      layer.k_proj = qkv[1];
+      layer.v_proj = qkv[2];
+    } else {
+      layer.q_proj = source.matrix(prefix + "self_attn.q_proj.weight", q_size, hidden);
+      layer.k_proj = source.matrix(prefix + "self_attn.k_proj.weight", kv_size, hidden);
+      layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    }
     layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
     if (c.attention_bias && c.architecture != "Qwen2ForCausalLM") {
       // transformers' Llama and Qwen3 give o_proj a bias too when
@@ -426,6 +470,13 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
     }
     if (c.isMoeLayer(i)) {
       loadExperts(source, c, i, layer);
+    } else if (c.phi3) {
+      // And gate and up as one, gate first (transformers' chunk(2)).
+      const std::vector<kernels::WeightView> gate_up =
+          source.rowRanges(prefix + "mlp.gate_up_proj.weight", {inter, inter}, hidden);
+      layer.gate_proj = gate_up[0];
+      layer.up_proj = gate_up[1];
+      layer.down_proj = source.matrix(prefix + "mlp.down_proj.weight", hidden, inter);
     } else {
       layer.gate_proj = source.matrix(prefix + "mlp.gate_proj.weight", inter, hidden);
       layer.up_proj = source.matrix(prefix + "mlp.up_proj.weight", inter, hidden);

@@ -100,6 +100,9 @@ class Model {
 
   const std::filesystem::path& directory() const { return directory_; }
   const ModelConfig& config() const { return config_; }
+  // ModelConfig::fitContext for the context the engine serves, before a
+  // runner is built from this model.
+  void fitContext(int64_t max_model_len) { config_.fitContext(max_model_len); }
   const ModelWeights& weights() const { return weights_; }
   // The dtype of the matrices (from the files; all matrices share it but
   // the F8_E4M3 ones of a quantized model, whose embedding table has it).

@@ -35,8 +35,7 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
-    "MixtralForCausalLM, "
-    "Qwen3MoeForCausalLM";
+    "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -54,6 +53,8 @@ class FieldReader {
     auto it = object_.find(key);
     return it != object_.end() && !it->is_null();
   }
+
+  const std::string& source() const { return source_; }
 
   [[noreturn]] void fail(const char* key, const std::string& what) const {
     throw Error(source_ + ": field \"" + prefix_ + key + "\" " + what);
@@ -86,6 +87,25 @@ class FieldReader {
 
   double positiveNumber(const char* key, double default_value) const {
     return has(key) ? positiveNumber(key) : default_value;
+  }
+
+  // A non-empty list of positive finite numbers.
+  std::vector<double> positiveNumbers(const char* key) const {
+    if (!has(key)) fail(key, "is missing (required: a list of positive numbers)");
+    const json& value = object_.at(key);
+    std::vector<double> numbers;
+    if (value.is_array()) {
+      for (const json& number : value) {
+        if (!number.is_number() || !(number.get<double>() > 0) ||
+            !std::isfinite(number.get<double>())) {
+          numbers.clear();
+          break;
+        }
+        numbers.push_back(number.get<double>());
+      }
+    }
+    if (numbers.empty()) fail(key, "must be a list of positive numbers, got " + value.dump());
+    return numbers;
   }
 
   bool boolean(const char* key, bool default_value) const {
@@ -145,9 +165,25 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
     scaling.factor = reader.requiredPositiveNumber("factor");
     return scaling;
   }
+  if (type == "longrope" || type == "su") {
+    // transformers reads Phi-3's older "su" as "longrope". The factors'
+    // count, original_max_position_embeddings and the attention factor are
+    // settled by the caller, which knows the rotary dims and the context.
+    scaling.type = RopeScaling::Type::kLongRope;
+    scaling.short_factor = reader.positiveNumbers("short_factor");
+    scaling.long_factor = reader.positiveNumbers("long_factor");
+    scaling.factor = reader.positiveNumber("factor", 1.0);  // not read: the context decides
+    scaling.original_max_position_embeddings =
+        reader.boundedInt("original_max_position_embeddings", 0, kMaxPositionEmbeddings);
+    const double attention_factor = reader.positiveNumber("attention_factor", 0.0);
+    scaling.short_mscale = reader.positiveNumber("short_mscale", attention_factor);
+    scaling.long_mscale = reader.positiveNumber("long_mscale", attention_factor);
+    return scaling;
+  }
   if (type != "llama3") {
     throw Error(source + ": field \"" + field + "\" has rope type \"" + type +
-                "\", which is not supported (accepted: llama3, linear, or null for no scaling)");
+                "\", which is not supported (accepted: llama3, linear, longrope, or null for no "
+                "scaling)");
   }
   scaling.type = RopeScaling::Type::kLlama3;
   scaling.factor = reader.requiredPositiveNumber("factor");
@@ -377,7 +413,53 @@ void readGemma(const FieldReader& reader, const json& root, bool gemma2, ModelCo
   }
 }
 
+// LongRoPE's fields that depend on the rest of the config, as transformers'
+// _compute_longrope_parameters settles them: one factor per rotary pair;
+// original_max_position_embeddings from the top level (Phi-3 keeps it
+// there), else rope_scaling's, else max_position_embeddings; the attention
+// factor given, else sqrt(1 + ln(s) / ln(original)) for s =
+// max_position_embeddings / original above 1, else 1.
+void readLongRope(const FieldReader& reader, ModelConfig& config) {
+  RopeScaling& scaling = config.rope_scaling;
+  const auto pairs = static_cast<size_t>(config.rotary_dim / 2);
+  for (const auto& [name, factors] :
+       {std::pair<const char*, const std::vector<double>*>{"short_factor", &scaling.short_factor},
+        {"long_factor", &scaling.long_factor}}) {
+    if (factors->size() != pairs) {
+      throw Error(reader.source() + ": field \"rope_scaling." + name +
+                  "\" must hold one factor per " + "rotary pair (rotary dims / 2 = " +
+                  std::to_string(pairs) + "), got " + std::to_string(factors->size()));
+    }
+  }
+  const int64_t original = reader.boundedInt("original_max_position_embeddings",
+                                             scaling.original_max_position_embeddings > 0
+                                                 ? scaling.original_max_position_embeddings
+                                                 : config.max_position_embeddings,
+                                             kMaxPositionEmbeddings);
+  scaling.original_max_position_embeddings = original;
+  const double ratio =
+      static_cast<double>(config.max_position_embeddings) / static_cast<double>(original);
+  const double default_mscale =
+      ratio <= 1.0 || original <= 1
+          ? 1.0
+          : std::sqrt(1.0 + std::log(ratio) / std::log(static_cast<double>(original)));
+  if (scaling.short_mscale == 0.0) scaling.short_mscale = default_mscale;
+  if (scaling.long_mscale == 0.0) scaling.long_mscale = default_mscale;
+  config.fitContext(config.max_position_embeddings);
+}
+
 }  // namespace
+
+void ModelConfig::fitContext(int64_t max_model_len) {
+  if (rope_scaling.type == RopeScaling::Type::kLongRope) {
+    rope_scaling.use_long = max_model_len > rope_scaling.original_max_position_embeddings;
+  }
+}
+
+double ModelConfig::ropeAttentionFactor() const {
+  if (rope_scaling.type != RopeScaling::Type::kLongRope) return 1.0;
+  return rope_scaling.use_long ? rope_scaling.long_mscale : rope_scaling.short_mscale;
+}
 
 bool ModelConfig::isMoeLayer(int64_t layer) const {
   return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0 &&
@@ -399,7 +481,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
       {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
-      {"Gemma2ForCausalLM", "gemma2"},
+      {"Gemma2ForCausalLM", "gemma2"},      {"Phi3ForCausalLM", "phi3"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -448,6 +530,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
                          config.architecture == "Gemma3ForConditionalGeneration";
   const bool is_gemma = is_gemma2 || is_gemma3;
+  const bool is_phi3 = config.architecture == "Phi3ForCausalLM";
+  config.phi3 = is_phi3;
   config.model_type = reader.string("model_type", default_model_type);
 
   if (is_gemma) {
@@ -496,8 +580,22 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                                            std::to_string(config.num_key_value_heads));
   }
 
-  // MixtralConfig's own defaults differ from the others'.
-  config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", is_mixtral ? 1e-5 : 1e-6);
+  config.rotary_dim = config.head_dim;
+  if (is_phi3) {
+    // transformers: int(head_dim * partial_rotary_factor).
+    const double partial = reader.positiveNumber("partial_rotary_factor", 1.0);
+    const auto rotary_dim = static_cast<int64_t>(static_cast<double>(config.head_dim) * partial);
+    if (!(partial <= 1.0) || rotary_dim < 2 || rotary_dim % 2 != 0) {
+      reader.fail("partial_rotary_factor",
+                  "must give an even number of rotary dims from 2 to head_dim (" +
+                      std::to_string(config.head_dim) + ") as int(head_dim x factor), got " +
+                      json(partial).dump() + " (" + std::to_string(rotary_dim) + " dims)");
+    }
+    config.rotary_dim = rotary_dim;
+  }
+
+  // MixtralConfig's and Phi3Config's own defaults differ from the others'.
+  config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", is_mixtral || is_phi3 ? 1e-5 : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6 : 10000.0);
   if (is_gemma3) config.rope_local_base_freq = reader.positiveNumber("rope_local_base_freq", 1e4);
   if (is_gemma3 && reader.has("rope_parameters") && root["rope_parameters"].is_object() &&
@@ -557,16 +655,21 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe    ? 32768
                                         : is_mistral || is_mixtral || is_gemma3 ? 131072
                                         : is_gemma2                             ? 8192
+                                        : is_phi3                               ? 4096
                                                                                 : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
+  if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    readLongRope(reader, config);
+  }
   // Gemma 3 ties its embeddings unless told otherwise.
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma);
   // Qwen2's attention always has q/k/v biases whatever the config says;
-  // Mistral's never has them.
-  config.attention_bias = is_qwen2                   ? true
-                          : is_mistral || is_mixtral ? false
-                                                     : reader.boolean("attention_bias", false);
+  // Mistral's and Phi-3's never have them.
+  config.attention_bias = is_qwen2 ? true
+                          : is_mistral || is_mixtral || is_phi3
+                              ? false
+                              : reader.boolean("attention_bias", false);
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3;
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
   if (is_mixtral || is_qwen3_moe) readExperts(reader, root, is_mixtral, config);
@@ -577,8 +680,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // transformers' Mistral and Mixtral attend within sliding_window
   // positions whenever it is set (Qwen2 and Qwen3-MoE only with
   // use_sliding_window, refused below).
-  if (is_mistral || is_mixtral) {
+  if (is_mistral || is_mixtral || is_phi3) {
     config.sliding_window = reader.boundedInt("sliding_window", 0, kMaxPositionEmbeddings);
+    if (config.sliding_window > 0) {
+      config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), true);
+    }
   }
   if (reader.boolean("use_sliding_window", false)) {
     reader.fail("use_sliding_window",
@@ -706,6 +812,17 @@ std::string ModelConfig::toJsonText() const {
   if (rope_scaling.type == RopeScaling::Type::kLinear) {
     root["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
   }
+  if (rope_scaling.type == RopeScaling::Type::kLongRope) {
+    // As Phi-3.5 and Phi-4-mini publish it: original_max_position_embeddings
+    // at the top level, the attention factor left to its default.
+    root["rope_scaling"] = {{"type", "longrope"},
+                            {"short_factor", rope_scaling.short_factor},
+                            {"long_factor", rope_scaling.long_factor}};
+    root["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+  }
+  if (phi3 && rotary_dim != head_dim) {
+    root["partial_rotary_factor"] = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
+  }
   root["max_position_embeddings"] = max_position_embeddings;
   if (sliding_window > 0) root["sliding_window"] = sliding_window;
   if (gemma) {
@@ -829,6 +946,19 @@ std::string ModelConfig::computeDigest() const {
       math["gemma"]["softcapping"] = {attn_logit_softcapping, final_logit_softcapping};
     }
   }
+  // And only Phi-3 its rotary dims and the LongRoPE factors in use.
+  if (phi3) {
+    json rope = nullptr;
+    if (rope_scaling.type == RopeScaling::Type::kLongRope) {
+      rope = {
+          {"factors", rope_scaling.use_long ? rope_scaling.long_factor : rope_scaling.short_factor},
+          {"attention_factor", ropeAttentionFactor()}};
+    }
+    math["phi3"] = {{"rotary_dim", rotary_dim}, {"longrope", rope}};
+  }
+  // A window on every layer (Mistral v0.1, Phi-3-mini-4k) changes what
+  // sequences longer than it compute.
+  if (!gemma && !sliding_layers.empty()) math["sliding_window"] = sliding_window;
   // Likewise only quantized models name how (the scales' granularity
   // decides the order of the matmul's roundings).
   if (quantized()) {
@@ -844,13 +974,15 @@ std::string ModelConfig::computeDigest() const {
 }
 
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {
-  const int64_t half = config.head_dim / 2;
+  const int64_t dim = config.rotary_dim > 0 ? config.rotary_dim : config.head_dim;
+  const int64_t half = dim / 2;
   std::vector<float> result(static_cast<size_t>(half));
   const RopeScaling& scaling = config.rope_scaling;
   const double pi = std::acos(-1.0);
   for (int64_t i = 0; i < half; ++i) {
-    double inv_freq = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
-                                                            static_cast<double>(config.head_dim));
+    const double power =
+        std::pow(config.rope_theta, static_cast<double>(2 * i) / static_cast<double>(dim));
+    double inv_freq = 1.0 / power;
     if (scaling.type == RopeScaling::Type::kLlama3) {
       // Hugging Face's _compute_llama3_parameters: long wavelengths are slowed
       // by `factor`, short ones kept, and the band between interpolated.
@@ -867,6 +999,10 @@ std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {
       }
     } else if (scaling.type == RopeScaling::Type::kLinear) {
       inv_freq = inv_freq / scaling.factor;
+    } else if (scaling.type == RopeScaling::Type::kLongRope) {
+      const std::vector<double>& factors =
+          scaling.use_long ? scaling.long_factor : scaling.short_factor;
+      inv_freq = 1.0 / (factors[static_cast<size_t>(i)] * power);
     }
     result[static_cast<size_t>(i)] = static_cast<float>(inv_freq);
   }

@@ -2,7 +2,7 @@
 //
 // Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
-// (docs/engine.md#gemma-3),
+// (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
 // and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
@@ -21,13 +21,25 @@ namespace tandem::engine {
 
 struct RopeScaling {
   // kLinear: every frequency divided by `factor` (Gemma 3's full-attention
-  // layers).
-  enum class Type { kNone, kLlama3, kLinear };
+  // layers). kLongRope (Phi-3, Phi-4): each frequency divided by its own
+  // factor, short_factor's or long_factor's, and cos/sin multiplied by an
+  // attention factor (short_mscale or long_mscale).
+  enum class Type { kNone, kLlama3, kLinear, kLongRope };
   Type type = Type::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  std::vector<double> short_factor;
+  std::vector<double> long_factor;
+  double short_mscale = 1.0;
+  double long_mscale = 1.0;
+  // Which LongRoPE factors the engine computes with: the long ones when the
+  // served context (max_model_len) exceeds original_max_position_embeddings,
+  // as vLLM decides once at start (transformers switches per forward pass
+  // on the sequence's length). ModelConfig::fitContext sets it; parsing
+  // assumes max_model_len = max_position_embeddings.
+  bool use_long = false;
 
   bool operator==(const RopeScaling&) const = default;
 };
@@ -66,17 +78,24 @@ struct ModelConfig {
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;
   int64_t head_dim = 0;  // hidden_size / num_attention_heads when absent
+  // The first rotary_dim of each head's values rotate, the rest pass as they
+  // are: head_dim, or head_dim x partial_rotary_factor (Phi-3's field;
+  // Phi-4-mini's 0.75).
+  int64_t rotary_dim = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 2048;
-  // The attention window (0: none). Mistral's: attention here is full, the
-  // same as the window's only for sequences no longer than it, so the
-  // engine caps max_model_len at it. Gemma 3's: applied (sliding_layers).
+  // The attention window (0: none), applied to the layers sliding_layers
+  // marks (Gemma's every other or five in six; every layer of Mistral's,
+  // Mixtral's and Phi-3's when they set one). A backend that cannot apply
+  // windows (CUDA) computes full attention instead, the same as the
+  // window's only for sequences no longer than it: the engine caps
+  // max_model_len at the window there, and refuses Gemma.
   int64_t sliding_window = 0;
   // Per layer, whether its attention is within sliding_window positions (a
   // query at p attends to p - sliding_window + 1 .. p); empty when no layer's
-  // is (every model but Gemma 3).
+  // is.
   std::vector<bool> sliding_layers;
   bool slidingLayer(int64_t layer) const {
     return !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
@@ -121,6 +140,18 @@ struct ModelConfig {
   Fp8Quantization quantization;
   bool quantized() const { return quantization.granularity != Fp8Quantization::Granularity::kNone; }
 
+  // Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4): Llama's arithmetic with q/k/v
+  // in one matrix (qkv_proj) and gate/up in one (gate_up_proj), partial
+  // rotary dims and LongRoPE.
+  bool phi3 = false;
+
+  // What depends on the context length the engine serves: LongRoPE's
+  // factors (RopeScaling::use_long). Changes computeDigest when it changes
+  // them.
+  void fitContext(int64_t max_model_len);
+  // The factor RoPE multiplies cos and sin by (LongRoPE's mscale, else 1).
+  double ropeAttentionFactor() const;
+
   // Parses and validates; throws tandem::Error naming the file and field.
   static ModelConfig fromFile(const std::filesystem::path& path);
   static ModelConfig fromJsonText(const std::string& text, const std::string& source_name);
@@ -140,8 +171,9 @@ struct ModelConfig {
 // the accepted architectures otherwise.
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name);
 
-// Inverse frequencies of rotary embedding, head_dim / 2 values, with llama3
-// or linear scaling applied when configured (same formula as Hugging Face).
+// Inverse frequencies of rotary embedding, rotary_dim / 2 values, with
+// llama3, linear or LongRoPE scaling applied when configured (same formula as
+// Hugging Face).
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config);
 // Those of a sliding layer of Gemma 3: rope_local_base_freq, no scaling.
 std::vector<float> localRopeInverseFrequencies(const ModelConfig& config);

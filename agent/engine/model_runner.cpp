@@ -134,6 +134,21 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
                 ") runs on the CPU backend only (" + backend_.description() +
                 " is not one: start it with --device cpu; docs/engine.md#gemma-3)");
   }
+  rope_variant_.rotary_dim = config.rotary_dim == config.head_dim ? 0 : config.rotary_dim;
+  rope_variant_.attention_factor = static_cast<float>(config.ropeAttentionFactor());
+  const bool plain_rope = rope_variant_ == kernels::RopeVariant{};
+  if (!plain_rope && !backend_.hostAccessible()) {
+    throw Error("model " + model_.directory().string() + " (" + config.architecture + ") " +
+                (rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
+                                              : "scales its rotary embedding (LongRoPE)") +
+                ", which runs on the CPU backend only (" + backend_.description() +
+                " is not one: start it with --device cpu; docs/engine.md#phi-3-and-phi-4)");
+  }
+  // A backend that cannot apply windows (not host-accessible) computes full
+  // attention: the engine capped max_model_len at the window, within which
+  // the two are one.
+  attention_variant_ = backend_.hostAccessible() &&
+                       (!config.sliding_layers.empty() || config.attn_logit_softcapping > 0);
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
@@ -164,7 +179,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       // norm, RoPE follows the norm of the whole head: q/k/v are then
       // taken apart as they are.
       const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
-      layer.qkv_rope = pairs && lw.q_norm.empty();
+      layer.qkv_rope = pairs && lw.q_norm.empty() && plain_rope;
       layer.qkv_proj = stackedWeight(
           {&lw.q_proj, &lw.k_proj, &lw.v_proj},
           {layer.qkv_rope ? StackOrder::kRopePairs : StackOrder::kConcatenate, config.head_dim});
@@ -625,7 +640,7 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const ResidentLayer& lw = weights_.layers[layer];
-    const float* inv_freq = lw.sliding ? local_inv_freq_.data() : inv_freq_.data();
+    const float* inv_freq = lw.sliding && config.gemma ? local_inv_freq_.data() : inv_freq_.data();
 
     // Attention block.
     b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
@@ -674,11 +689,16 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
         b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
         b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
       }
-      b.applyRope(q_.data(), num_heads, head_dim, inv_freq);
-      b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq);
+      if (rope_variant_ == kernels::RopeVariant{}) {
+        b.applyRope(q_.data(), num_heads, head_dim, inv_freq);
+        b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq);
+      } else {
+        b.applyRopeWith(q_.data(), num_heads, head_dim, inv_freq, rope_variant_);
+        b.applyRopeWith(k_.data(), num_kv_heads, head_dim, inv_freq, rope_variant_);
+      }
       b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     }
-    if (config.gemma) {
+    if (attention_variant_) {
       kernels::Backend::AttentionVariant variant;
       variant.window = lw.sliding ? config.sliding_window : 0;
       variant.softcap = static_cast<float>(config.attn_logit_softcapping);

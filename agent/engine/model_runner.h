@@ -248,6 +248,11 @@ class ModelRunner {
   // Gemma 3's sliding layers' rotary frequencies (rope_local_base_freq).
   BackendBuffer local_inv_freq_;
   float attention_scale_ = 1.0f;
+  // Partial rotary dims and LongRoPE's attention factor (Phi-3, Phi-4);
+  // default: whole heads, factor 1 (Backend::applyRope).
+  kernels::RopeVariant rope_variant_;
+  // Whether attention takes a variant (a window, a soft-cap).
+  bool attention_variant_ = false;
   // Gemma 3: hidden_ (rows x hidden_size) times embedding_scale_, rounded
   // to the embedding table's dtype.
   void scaleEmbeddings(int64_t rows);

@@ -108,6 +108,12 @@ void CpuBackend::applyRope(float* x, int64_t num_heads, int64_t head_dim, const 
                      positions_.data(), inv_freq);
 }
 
+void CpuBackend::applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,
+                               const RopeVariant& variant) {
+  kernels::applyRope(x, static_cast<int64_t>(positions_.size()), num_heads, head_dim,
+                     positions_.data(), inv_freq, variant);
+}
+
 void CpuBackend::siluMul(const float* gate, const float* up, float* out, int64_t n) {
   kernels::siluMul(gate, up, out, n);
 }

@@ -337,10 +337,13 @@ void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, flo
 // libm's double functions are correctly rounded in practice, so the table is
 // the same on every ISA and close to what PyTorch computes in fp32.
 void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
-               const int32_t* positions, const float* inv_freq) {
-  TANDEM_CHECK(head_dim % 2 == 0, "applyRope: head_dim must be even");
+               const int32_t* positions, const float* inv_freq, const RopeVariant& variant) {
+  const int64_t rotary_dim = variant.rotary_dim > 0 ? variant.rotary_dim : head_dim;
+  TANDEM_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim,
+               "applyRope: the rotary dims must be even and at most head_dim");
   if (rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
-  const int64_t half = head_dim / 2;
+  const int64_t half = rotary_dim / 2;
+  const float factor = variant.attention_factor;
   const int64_t width = num_heads * head_dim;
   const int64_t tasks = rows * width >= kMinParallelWork
                             ? std::min<int64_t>(rows, pool().numThreads() * kTasksPerThread)
@@ -358,6 +361,10 @@ void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
         const float angle = position * inv_freq[i];
         cos_table[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
         sin_table[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+        if (factor != 1.0f) {
+          cos_table[i] *= factor;
+          sin_table[i] *= factor;
+        }
       }
       for (int64_t h = 0; h < num_heads; ++h) {
         float* head = x + r * width + h * head_dim;

@@ -1547,6 +1547,13 @@ TEST_F(RouterTest, Gemma2IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Gemma2ForCausalLM", 41);
 }
 
+// Phi-3 (docs/engine.md#phi-3-and-phi-4): q/k/v and gate/up from one
+// matrix each, three quarters of each head rotating with LongRoPE, and a
+// 32-token window on every layer that the prompts cross.
+TEST_F(RouterTest, Phi3IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Phi3ForCausalLM", 43);
+}
+
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
 // columns: the prefill and decode agents' KV is the same bits.
 TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {

@@ -4,7 +4,7 @@
 // source; common/model_source/hub_fetch.h).
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
-//                [--arch llama|mistral|qwen2|qwen3|gemma2|gemma3|mixtral|qwen3_moe]
+//                [--arch llama|mistral|qwen2|qwen3|gemma2|gemma3|phi3|phi4|mixtral|qwen3_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -183,8 +183,8 @@ int main(int argc, char** argv) {
                "fp8 KV cache scales: self_attn.k_scale and v_scale per layer "
                "(docs/quantization.md#fp8-kv-cache)");
   app.add_option("--arch", arch, "architecture")
-      ->check(CLI::IsMember(
-          {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe"}));
+      ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+                             "phi4", "mixtral", "qwen3_moe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -219,10 +219,12 @@ int main(int argc, char** argv) {
       {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
       {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
       {"gemma3", "Gemma3ForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},       {"phi4", "Phi3ForCausalLM"},
   };
   tandem::tools::TestModelOptions options;
   options.preset = preset;
   options.architecture = architectures.at(arch);
+  options.phi4_rotary = arch == "phi4";
   options.dtype = *tandem::dtypeFromShortName(dtype_name);
   options.seed = seed;
   options.kv_cache_scales = kv_cache_scales;

@@ -357,6 +357,35 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
       config.final_logit_softcapping = preset == "tiny" ? 4.0 : 30.0;
     }
   }
+  if (architecture == "Phi3ForCausalLM") {
+    // Phi-4-mini's rotary embedding: three quarters of each head rotate,
+    // with LongRoPE (the long factors in use at the preset's full context,
+    // with the attention factor's default); at tiny, also Phi-3-mini's
+    // window on every layer, which short prompts already cross.
+    config.phi3 = true;
+    config.rotary_dim = config.head_dim * 3 / 4;
+    const auto pairs = static_cast<size_t>(config.rotary_dim / 2);
+    RopeScaling& scaling = config.rope_scaling;
+    scaling = RopeScaling{};
+    scaling.type = RopeScaling::Type::kLongRope;
+    for (size_t i = 0; i < pairs; ++i) {
+      const double x = static_cast<double>(i) / static_cast<double>(pairs - 1);
+      scaling.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
+      scaling.long_factor.push_back(1.0 + 30.0 * x * x);
+    }
+    scaling.original_max_position_embeddings = config.max_position_embeddings / 4;
+    const double ratio = 4.0;
+    scaling.short_mscale = scaling.long_mscale = std::sqrt(
+        1.0 +
+        std::log(ratio) / std::log(static_cast<double>(scaling.original_max_position_embeddings)));
+    scaling.use_long = true;
+    if (preset == "tiny") {
+      config.sliding_window = 32;
+      config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), true);
+    }
+  } else {
+    config.rotary_dim = config.head_dim;
+  }
   config.torch_dtype = DType::kBF16;
   config.bos_token_id = -1;
   return config;
@@ -549,9 +578,13 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
   matrix("model.embed_tokens.weight", config.vocab_size, hidden);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    projection(prefix + "self_attn.q_proj.weight", q_size, hidden);
-    projection(prefix + "self_attn.k_proj.weight", kv_size, hidden);
-    projection(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    if (config.phi3) {
+      projection(prefix + "self_attn.qkv_proj.weight", q_size + 2 * kv_size, hidden);
+    } else {
+      projection(prefix + "self_attn.q_proj.weight", q_size, hidden);
+      projection(prefix + "self_attn.k_proj.weight", kv_size, hidden);
+      projection(prefix + "self_attn.v_proj.weight", kv_size, hidden);
+    }
     projection(prefix + "self_attn.o_proj.weight", hidden, q_size);
     if (config.attention_bias) {
       vector(prefix + "self_attn.q_proj.bias", q_size, 0.0f, kBiasNoise);
@@ -573,6 +606,9 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
         projection(names.up(e), expert_inter, hidden);
         projection(names.down(e), hidden, expert_inter);
       }
+    } else if (config.phi3) {
+      projection(prefix + "mlp.gate_up_proj.weight", 2 * inter, hidden);
+      projection(prefix + "mlp.down_proj.weight", hidden, inter);
     } else {
       projection(prefix + "mlp.gate_proj.weight", inter, hidden);
       projection(prefix + "mlp.up_proj.weight", inter, hidden);
@@ -665,6 +701,13 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   ModelConfig config = baseConfig(options.preset, options.architecture);
   config.torch_dtype = options.dtype;
   config.quantization = options.quantization;
+  if (options.phi4_rotary) {
+    if (!config.phi3) throw Error("test model: Phi-4's rotary embedding is Phi3ForCausalLM's");
+    config.rotary_dim = config.head_dim;
+    config.rope_scaling = RopeScaling{};
+    config.sliding_window = 0;
+    config.sliding_layers.clear();
+  }
   if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
   if (options.layers > 0) {
     config.num_hidden_layers = options.layers;
@@ -673,6 +716,8 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
       for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
         config.sliding_layers[i] = i % 2 == 0;
       }
+    } else if (!config.sliding_layers.empty()) {
+      config.sliding_layers.assign(static_cast<size_t>(options.layers), true);
     }
   }
   const TrainedTokenizer tokenizer = trainTokenizer(config.vocab_size);
@@ -697,7 +742,20 @@ void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelCon
   if (options.rank <= 0) throw Error("test LoRA adapter: rank must be positive");
   const std::vector<std::string> all = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                         "gate_proj", "up_proj", "down_proj"};
-  const std::vector<std::string>& modules = options.modules.empty() ? all : options.modules;
+  std::vector<std::string> modules = options.modules.empty() ? all : options.modules;
+  if (base.phi3) {
+    // Phi-3's checkpoints fuse q/k/v and gate/up, and so do PEFT's
+    // adapters of them: a module of a fused one adapts all of it.
+    std::vector<std::string> fused;
+    for (const std::string& module : modules) {
+      const std::string name = module == "q_proj" || module == "k_proj" || module == "v_proj"
+                                   ? "qkv_proj"
+                               : module == "gate_proj" || module == "up_proj" ? "gate_up_proj"
+                                                                              : module;
+      if (std::find(fused.begin(), fused.end(), name) == fused.end()) fused.push_back(name);
+    }
+    modules = fused;
+  }
   const int64_t hidden = base.hidden_size;
   const int64_t q_size = base.num_attention_heads * base.head_dim;
   const int64_t kv_size = base.num_key_value_heads * base.head_dim;
@@ -709,6 +767,8 @@ void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelCon
     if (module == "o_proj") return {q_size, hidden, "self_attn."};
     if (module == "gate_proj" || module == "up_proj") return {hidden, inter, "mlp."};
     if (module == "down_proj") return {inter, hidden, "mlp."};
+    if (module == "qkv_proj") return {hidden, q_size + 2 * kv_size, "self_attn."};
+    if (module == "gate_up_proj") return {hidden, 2 * inter, "mlp."};
     throw Error("test LoRA adapter: unknown module " + module +
                 " (accepted: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
   };

@@ -39,6 +39,11 @@ struct TestModelOptions {
   // v_scale, F32 of shape [], drawn per layer between 6/448 and 12/448 (a
   // K/V value up to 6 to 12 stays below fp8's largest, 448).
   bool kv_cache_scales = false;
+  // Phi3ForCausalLM only: Phi-4 (14B)'s rotary embedding (whole heads, no
+  // LongRoPE) and no window, instead of Phi-4-mini's partial rotary dims and
+  // LongRoPE (and, at tiny, Phi-3-mini's window): a Phi-3 every backend
+  // runs.
+  bool phi4_rotary = false;
 };
 
 // The quantization a --quantize value names: METHOD:GRANULARITY[=RxC] with

@@ -24,6 +24,7 @@ struct ModelVariant {
   std::string architecture;
   DType weight_dtype;
   DType kv_dtype;
+  bool phi4_rotary = false;  // tools::TestModelOptions's
 };
 
 using Param = std::tuple<kernels::DeviceKind, ModelVariant>;
@@ -32,9 +33,9 @@ class BackendExactnessTest : public ::testing::TestWithParam<Param> {
  protected:
   ExactnessChecks checks() {
     const auto& [kind, variant] = GetParam();
-    return ExactnessChecks(
-        ::tandem::testing::exactnessModel(variant.architecture, variant.weight_dtype),
-        ::tandem::testing::sharedBackend(kind), variant.kv_dtype);
+    return ExactnessChecks(::tandem::testing::exactnessModel(
+                               variant.architecture, variant.weight_dtype, "", variant.phi4_rotary),
+                           ::tandem::testing::sharedBackend(kind), variant.kv_dtype);
   }
 };
 
@@ -130,8 +131,9 @@ TEST(OpaqueCpuBackendTest, DevicePathsOfTheRunnerGiveTheHostPathsBits) {
 TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   kernels::cpu::CpuBackend backend;
   backend.setComputeDType(DType::kBF16);
-  for (const char* architecture : {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
-                                   "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+  for (const char* architecture :
+       {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -202,9 +204,11 @@ TEST(PairedStackingCpuBackendTest, FusedProjectionsInPairsGiveTheBitsOfSeparateM
     PairedStackingCpuBackend backend;
     backend.setComputeDType(compute);
     // Llama: q/k/v in RoPE pairs; Qwen2: the same with biases; Qwen3 (q/k
-    // norm before RoPE): q/k/v taken apart as they are.
+    // norm before RoPE) and Phi-3 (partial rotary dims, LongRoPE's factor):
+    // q/k/v taken apart as they are.
     int64_t rope_calls = 0;
-    for (const char* architecture : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    for (const char* architecture :
+         {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"}) {
       ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                              DType::kBF16);
       EXPECT_TRUE(checks.fusedProjectionsMatchSeparate())
@@ -258,6 +262,9 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
        "(Gemma3ForCausalLM) runs on the CPU backend only ("},
       {::tandem::testing::exactnessModel("Gemma2ForCausalLM", DType::kBF16),
        "(Gemma2ForCausalLM) runs on the CPU backend only ("},
+      {::tandem::testing::exactnessModel("Phi3ForCausalLM", DType::kBF16),
+       "(Phi3ForCausalLM) rotates part of each head (partial_rotary_factor), which runs on the "
+       "CPU backend only ("},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   for (const Case& c : cases) {
@@ -292,6 +299,9 @@ std::vector<Param> params() {
       {"Qwen3ForCausalLM", DType::kBF16, DType::kBF16},
       {"Gemma2ForCausalLM", DType::kBF16, DType::kF32},
       {"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
+      {"Phi3ForCausalLM", DType::kBF16, DType::kF32},
+      // Phi-4 (14B): fused matrices, whole heads rotating; every backend.
+      {"Phi3ForCausalLM", DType::kBF16, DType::kF32, true},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };
@@ -299,11 +309,13 @@ std::vector<Param> params() {
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
     for (const ModelVariant& variant : variants) {
       // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
-      // So does Gemma 3 (docs/engine.md#gemma-3).
+      // So do Gemma (docs/engine.md#gemma-3) and the test models' Phi-3
+      // (partial rotary dims, LongRoPE: docs/engine.md#phi-3-and-phi-4).
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
-                            variant.architecture == "Gemma3ForCausalLM";
+                            variant.architecture == "Gemma3ForCausalLM" ||
+                            (variant.architecture == "Phi3ForCausalLM" && !variant.phi4_rotary);
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);
     }
@@ -314,8 +326,9 @@ std::vector<Param> params() {
 std::string paramName(const ::testing::TestParamInfo<Param>& info) {
   const auto& [kind, variant] = info.param;
   return std::string(kernels::deviceKindName(kind)) + "_" +
-         variant.architecture.substr(0, variant.architecture.find("For")) + "_w" +
-         dtypeShortName(variant.weight_dtype) + "_kv" + dtypeShortName(variant.kv_dtype);
+         variant.architecture.substr(0, variant.architecture.find("For")) +
+         (variant.phi4_rotary ? "_phi4" : "") + "_w" + dtypeShortName(variant.weight_dtype) +
+         "_kv" + dtypeShortName(variant.kv_dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendExactnessTest, ::testing::ValuesIn(params()), paramName);

@@ -223,6 +223,77 @@ TEST(LoraAdapter, BadTensorsAreRefusedNamingTheTensor) {
   EXPECT_NE(loadError(poisoned.path()).find("holds a NaN or infinity"), std::string::npos);
 }
 
+// Phi-3's adapters (PEFT on Phi3ForCausalLM) adapt its fused qkv_proj and
+// gate_up_proj: one A for the parts, B's rows split among them in the
+// matrix's order. Separate q_proj... names are refused for Phi-3, fused ones
+// for other models, each naming the modules accepted.
+TEST(LoraAdapter, Phi3FusedModulesAreSplitIntoTheirParts) {
+  const ModelConfig phi3 = tools::presetConfig("tiny", "Phi3ForCausalLM");
+  TempDir dir("tandem-lora-phi3");
+  tools::writeTestLoraAdapter({}, phi3, dir.path());
+  const std::unique_ptr<LoraAdapter> adapter = LoraAdapter::load("sql", dir.path(), phi3);
+  SafetensorsFile file(dir.path() / "adapter_model.safetensors");
+  const std::string layer = "base_model.model.model.layers.1.";
+  EXPECT_EQ(file.find(layer + "self_attn.q_proj.lora_A.weight"), nullptr);
+  auto values = [&](const std::string& name) {
+    const TensorInfo* info = file.find(name);
+    EXPECT_NE(info, nullptr) << name;
+    std::vector<float> out(info ? info->num_bytes / dtypeSize(info->dtype) : 0);
+    if (info) convertToF32(info->dtype, info->data, out.data(), out.size());
+    return out;
+  };
+  const int64_t q = phi3.num_attention_heads * phi3.head_dim;
+  const int64_t kv = phi3.num_key_value_heads * phi3.head_dim;
+  const int64_t inter = phi3.intermediate_size;
+  const std::pair<std::string, std::vector<std::pair<int, int64_t>>> fused[] = {
+      {"self_attn.qkv_proj", {{kLoraQ, q}, {kLoraK, kv}, {kLoraV, kv}}},
+      {"mlp.gate_up_proj", {{kLoraGate, inter}, {kLoraUp, inter}}}};
+  for (const auto& [name, parts] : fused) {
+    SCOPED_TRACE(name);
+    const std::vector<float> a = values(layer + name + ".lora_A.weight");
+    const std::vector<float> b = values(layer + name + ".lora_B.weight");
+    int64_t row = 0;
+    for (const auto& [module, rows] : parts) {
+      const LoraPair& pair = adapter->pair(1, module);
+      EXPECT_EQ(pair.a, a);
+      ASSERT_EQ(pair.out, rows);
+      ASSERT_EQ(pair.b_scaled.size(), static_cast<size_t>(rows * adapter->rank()));
+      for (int64_t i = 0; i < rows * adapter->rank(); ++i) {
+        ASSERT_EQ(pair.b_scaled[i],
+                  static_cast<float>(double{b[row * adapter->rank() + i]} * adapter->scale()));
+      }
+      row += rows;
+    }
+    EXPECT_EQ(row * adapter->rank(), std::ssize(b));
+  }
+  EXPECT_EQ(adapter->pair(1, kLoraO).out, phi3.hidden_size);
+
+  auto refusal = [](const ModelConfig& model, const std::string& tensor,
+                    std::vector<int64_t> a_shape) {
+    AdapterDir written;
+    written.setTensors({{tensor, a_shape}});
+    try {
+      LoraAdapter::load("sql", written.path(), model);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  EXPECT_NE(refusal(phi3, kQ + "lora_A.weight", {8, phi3.hidden_size})
+                .find("is not a LoRA matrix of a projection Tandem adapts in Phi3ForCausalLM "
+                      "(accepted: base_model.model.model.layers.<layer>.<module>.lora_A.weight "
+                      "and lora_B.weight, module one of self_attn.qkv_proj/o_proj, "
+                      "mlp.gate_up_proj/down_proj (Phi-3's))"),
+            std::string::npos);
+  EXPECT_NE(refusal(tinyConfig(), layer + "self_attn.qkv_proj.lora_A.weight",
+                    {8, tinyConfig().hidden_size})
+                .find("in LlamaForCausalLM (accepted: "),
+            std::string::npos);
+  EXPECT_NE(refusal(phi3, layer + "mlp.gate_up_proj.lora_A.weight", {8, phi3.hidden_size})
+                .find("tensor " + layer + "mlp.gate_up_proj.lora_B.weight missing from "),
+            std::string::npos);
+}
+
 TEST(LoraAdapter, MissingFilesAreNamed) {
   TempDir empty("tandem-lora-empty");
   EXPECT_NE(loadError(empty.path() / "absent").find("is not a directory"), std::string::npos);

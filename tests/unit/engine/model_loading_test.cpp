@@ -164,7 +164,7 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
        {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -1535,11 +1535,175 @@ TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
   EXPECT_EQ(model->weights().lm_head.data, model->weights().embed_tokens.data);
 }
 
+// Phi-3 holds q/k/v in one matrix and gate/up in another: the loaded
+// projections are views of their rows, in that order, without copies; an
+// fp8 one's scales are sliced with them.
+TEST(ModelLoading, Phi3FusedMatricesAreReadAsTheirRowRanges) {
+  for (const char* spec : {"", "compressed-tensors", "fp8:block=16x32", "fp8:tensor"}) {
+    SCOPED_TRACE(spec);
+    TempDir dir;
+    if (*spec == 0) {
+      writeTiny(dir.path(), "Phi3ForCausalLM", DType::kF32);
+    } else {
+      writeTinyFp8(dir.path(), spec, "Phi3ForCausalLM");
+    }
+    const std::unique_ptr<Model> model = Model::load(dir.path());
+    const ModelConfig& c = model->config();
+    SafetensorsFile file(dir.path() / "model.safetensors");
+    const LayerWeights& layer = model->weights().layers[1];
+    const TensorInfo* qkv = file.find("model.layers.1.self_attn.qkv_proj.weight");
+    const TensorInfo* gate_up = file.find("model.layers.1.mlp.gate_up_proj.weight");
+    ASSERT_NE(qkv, nullptr);
+    ASSERT_NE(gate_up, nullptr);
+    EXPECT_EQ(file.find("model.layers.1.self_attn.q_proj.weight"), nullptr);
+    const size_t row = static_cast<size_t>(c.hidden_size) * dtypeSize(qkv->dtype);
+    const auto* base = static_cast<const uint8_t*>(qkv->data);
+    const int64_t q_rows = c.num_attention_heads * c.head_dim;
+    const int64_t kv_rows = c.num_key_value_heads * c.head_dim;
+    // Views into the model's one mapping of each tensor, holding its rows.
+    auto at = [](const kernels::WeightView& view) {
+      return static_cast<const uint8_t*>(view.data);
+    };
+    EXPECT_EQ(at(layer.k_proj), at(layer.q_proj) + static_cast<size_t>(q_rows) * row);
+    EXPECT_EQ(at(layer.v_proj), at(layer.k_proj) + static_cast<size_t>(kv_rows) * row);
+    EXPECT_EQ(std::memcmp(at(layer.q_proj), base, qkv->num_bytes), 0);
+    EXPECT_EQ(layer.q_proj.rows, q_rows);
+    EXPECT_EQ(layer.k_proj.rows, kv_rows);
+    EXPECT_EQ(layer.v_proj.rows, kv_rows);
+    EXPECT_EQ(at(layer.up_proj),
+              at(layer.gate_proj) + static_cast<size_t>(c.intermediate_size) * row);
+    EXPECT_EQ(std::memcmp(at(layer.gate_proj), gate_up->data, gate_up->num_bytes), 0);
+    EXPECT_EQ(layer.gate_proj.rows, c.intermediate_size);
+    EXPECT_EQ(layer.up_proj.rows, c.intermediate_size);
+    if (*spec == 0) {
+      EXPECT_EQ(layer.q_proj.scales, nullptr);
+      continue;
+    }
+    // Each slice's element (r, k) has the scale the whole matrix's row
+    // (begin + r) has.
+    const std::string scale_name = c.quantization.scaleTensorOf(qkv->name);
+    const TensorInfo* scales = file.find(scale_name);
+    ASSERT_NE(scales, nullptr) << scale_name;
+    std::vector<float> grid(scales->num_bytes / dtypeSize(scales->dtype));
+    convertToF32(scales->dtype, scales->data, grid.data(), grid.size());
+    kernels::WeightView whole{qkv->data, qkv->dtype, q_rows + 2 * kv_rows, c.hidden_size};
+    std::tie(whole.scale_rows, whole.scale_cols) =
+        c.quantization.scaleBlock(whole.rows, whole.cols);
+    whole.scales = grid.data();
+    int64_t begin = 0;
+    for (const kernels::WeightView* part : {&layer.q_proj, &layer.k_proj, &layer.v_proj}) {
+      for (int64_t r = 0; r < part->rows; r += 7) {
+        for (int64_t k = 0; k < part->cols; k += 13) {
+          ASSERT_EQ(part->scaleAt(r, k), whole.scaleAt(begin + r, k)) << begin << " " << r;
+        }
+      }
+      begin += part->rows;
+    }
+  }
+  // Scale blocks straddling q, k and v cannot be sliced: named.
+  TempDir dir;
+  writeTinyFp8(dir.path(), "fp8:block=48x32", "Phi3ForCausalLM");
+  EXPECT_CONTAINS(loadError(dir.path()),
+                  "tensor model.layers.0.self_attn.qkv_proj.weight in " +
+                      (dir.path() / "model.safetensors").string() +
+                      ": its rows 64..95 (one of the matrices it holds) start inside a block of "
+                      "48 rows sharing a scale");
+}
+
+// Phi3Config's fields as Phi-3-mini-4k, Phi-3.5-mini and Phi-4-mini publish
+// them: partial rotary dims, LongRoPE (the long factors when the served
+// context exceeds original_max_position_embeddings, the attention factor's
+// default), a window on every layer; what cannot be computed is named.
+TEST(ModelConfigParsing, Phi3ReadsPartialRotaryLongRopeAndItsWindow) {
+  auto factors = [](int count, double step) {
+    std::string text = "[";
+    for (int i = 0; i < count; ++i) {
+      text += (i ? ", " : "") + json(1.0 + step * i).dump();
+    }
+    return text + "]";
+  };
+  auto phi = [&](const std::string& extra) {
+    return R"({"architectures": ["Phi3ForCausalLM"], "hidden_size": 3072,
+               "intermediate_size": 8192, "num_hidden_layers": 3, "num_attention_heads": 24,
+               "num_key_value_heads": 8, "vocab_size": 200064)" +
+           extra + "}";
+  };
+  const std::string mini4 =
+      R"(, "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+          "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+          "rope_scaling": {"type": "longrope", "short_factor": )" +
+      factors(48, 0.01) + R"(, "long_factor": )" + factors(48, 0.5) + "}";
+  ModelConfig c = ModelConfig::fromJsonText(phi(mini4), "config.json");
+  EXPECT_TRUE(c.phi3);
+  EXPECT_EQ(c.model_type, "phi3");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 96);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLongRope);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_TRUE(c.rope_scaling.use_long);
+  const double mscale = std::sqrt(1.0 + std::log(32.0) / std::log(4096.0));
+  EXPECT_DOUBLE_EQ(c.ropeAttentionFactor(), mscale);
+  std::vector<float> inv_freq = ropeInverseFrequencies(c);
+  ASSERT_EQ(inv_freq.size(), 48u);
+  EXPECT_FLOAT_EQ(inv_freq[5], static_cast<float>(1.0 / (3.5 * std::pow(1e4, 10.0 / 96.0))));
+  const std::string long_digest = c.computeDigest();
+  // Served within the original context: the short factors, another model.
+  c.fitContext(4096);
+  EXPECT_FALSE(c.rope_scaling.use_long);
+  inv_freq = ropeInverseFrequencies(c);
+  EXPECT_FLOAT_EQ(inv_freq[5], static_cast<float>(1.0 / (1.05 * std::pow(1e4, 10.0 / 96.0))));
+  EXPECT_NE(c.computeDigest(), long_digest);
+  c.fitContext(4097);
+  EXPECT_EQ(c.computeDigest(), long_digest);
+  EXPECT_TRUE(c.sliding_layers.empty());
+
+  // An attention factor given is taken; "su" is LongRoPE's older name.
+  c = ModelConfig::fromJsonText(
+      phi(R"(, "max_position_embeddings": 8192, "rope_scaling": {"type": "su",
+              "attention_factor": 1.5, "short_factor": )" +
+          factors(64, 0.0) + R"(, "long_factor": )" + factors(64, 1.0) + "}"),
+      "config.json");
+  EXPECT_EQ(c.rotary_dim, 128);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);  // none given: the context
+  EXPECT_FALSE(c.rope_scaling.use_long);
+  EXPECT_EQ(c.ropeAttentionFactor(), 1.5);
+
+  // Phi-3-mini-4k: a window on every layer; Phi-4: none of it.
+  c = ModelConfig::fromJsonText(phi(R"(, "sliding_window": 2047)"), "config.json");
+  EXPECT_EQ(c.sliding_window, 2047);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_NE(c.computeDigest(), ModelConfig::fromJsonText(phi(""), "c").computeDigest());
+  c = ModelConfig::fromJsonText(phi(""), "config.json");
+  EXPECT_EQ(c.rotary_dim, c.head_dim);
+  EXPECT_EQ(c.ropeAttentionFactor(), 1.0);
+  EXPECT_TRUE(c.sliding_layers.empty());
+
+  EXPECT_CONTAINS(
+      parseError(phi(R"(, "rope_scaling": {"type": "longrope", "short_factor": )" +
+                     factors(47, 0.1) + R"(, "long_factor": )" + factors(64, 0.1) + "}")),
+      "\"rope_scaling.short_factor\" must hold one factor per rotary pair (rotary "
+      "dims / 2 = 64), got 47");
+  EXPECT_CONTAINS(parseError(phi(R"(, "rope_scaling": {"type": "longrope", "short_factor": [1, -2],
+                                    "long_factor": [1, 2]})")),
+                  "\"rope_scaling.short_factor\" must be a list of positive numbers, got [1,-2]");
+  EXPECT_CONTAINS(parseError(phi(R"(, "head_dim": 10, "partial_rotary_factor": 0.3)")),
+                  "\"partial_rotary_factor\" must give an even number of rotary dims from 2 to "
+                  "head_dim (10) as int(head_dim x factor), got 0.3 (3 dims)");
+  EXPECT_CONTAINS(parseError(phi(R"(, "rope_scaling": {"type": "yarn", "factor": 4.0})")),
+                  "has rope type \"yarn\", which is not supported (accepted: llama3, linear, "
+                  "longrope, or null for no scaling)");
+  EXPECT_CONTAINS(parseError(phi(R"(, "hidden_act": "gelu_new")")),
+                  "\"hidden_act\" is \"gelu_new\", which is not supported (accepted: silu)");
+}
+
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
+          "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();
@@ -1557,6 +1721,7 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
   // Mistral's attention window is part of what it writes.
   ModelConfig mistral = tools::presetConfig(tools::presetNames().front(), "MistralForCausalLM");
   mistral.sliding_window = 4096;
+  mistral.sliding_layers.assign(static_cast<size_t>(mistral.num_hidden_layers), true);
   ModelConfig reread = ModelConfig::fromJsonText(mistral.toJsonText(), "config.json");
   EXPECT_EQ(reread.sliding_window, 4096);
   EXPECT_EQ(reread, mistral);

@@ -227,15 +227,17 @@ void denseRmsNorm(std::vector<double>& x, size_t offset, size_t dim, const std::
   for (size_t i = 0; i < dim; ++i) x[offset + i] = x[offset + i] * scale * w[i];
 }
 
+// Rotates the first rotary_dim values of each head (0: all of it), cos and
+// sin times `factor` (Phi-3's partial rotary dims and LongRoPE).
 void denseRope(std::vector<double>& x, int64_t heads, int64_t head_dim, int64_t position,
-               const std::vector<float>& inv_freq) {
-  const int64_t half = head_dim / 2;
+               const std::vector<float>& inv_freq, int64_t rotary_dim = 0, double factor = 1.0) {
+  const int64_t half = (rotary_dim > 0 ? rotary_dim : head_dim) / 2;
   for (int64_t h = 0; h < heads; ++h) {
     double* v = x.data() + h * head_dim;
     for (int64_t i = 0; i < half; ++i) {
       float angle = static_cast<float>(position) * inv_freq[i];
-      double c = std::cos(static_cast<double>(angle));
-      double s = std::sin(static_cast<double>(angle));
+      double c = std::cos(static_cast<double>(angle)) * factor;
+      double s = std::sin(static_cast<double>(angle)) * factor;
       double a = v[i], b = v[i + half];
       v[i] = a * c - b * s;
       v[i + half] = b * c + a * s;
@@ -265,9 +267,9 @@ DenseLora readDenseLora(const fs::path& dir, const ModelConfig& config, double s
   lora.scale = scale;
   lora.layers.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string layer = "base_model.model.model.layers." + std::to_string(l) + ".";
     for (int m = 0; m < kLoraModules; ++m) {
-      const std::string prefix = "base_model.model.model.layers." + std::to_string(l) + "." +
-                                 kLoraModuleNames[static_cast<size_t>(m)];
+      const std::string prefix = layer + kLoraModuleNames[static_cast<size_t>(m)];
       const TensorInfo* a = file.find(prefix + ".lora_A.weight");
       const TensorInfo* b = file.find(prefix + ".lora_B.weight");
       if (a == nullptr || b == nullptr) continue;
@@ -276,6 +278,28 @@ DenseLora readDenseLora(const fs::path& dir, const ModelConfig& config, double s
       pair.in = a->shape[1];
       pair.a = toFloat({a->data, a->dtype, a->shape[0], a->shape[1]});
       pair.b = toFloat({b->data, b->dtype, b->shape[0], b->shape[1]});
+    }
+    // Phi-3's fused modules: one A, B's rows q, k, v (gate, up) in turn.
+    const int64_t q = config.num_attention_heads * config.head_dim;
+    const int64_t kv = config.num_key_value_heads * config.head_dim;
+    const int64_t inter = config.intermediate_size;
+    const std::pair<const char*, std::vector<std::pair<int, int64_t>>> fused[] = {
+        {"self_attn.qkv_proj", {{kLoraQ, q}, {kLoraK, kv}, {kLoraV, kv}}},
+        {"mlp.gate_up_proj", {{kLoraGate, inter}, {kLoraUp, inter}}}};
+    for (const auto& [name, parts] : fused) {
+      const TensorInfo* a = file.find(layer + name + ".lora_A.weight");
+      const TensorInfo* b = file.find(layer + name + ".lora_B.weight");
+      if (a == nullptr || b == nullptr) continue;
+      const std::vector<float> all_b = toFloat({b->data, b->dtype, b->shape[0], b->shape[1]});
+      int64_t row = 0;
+      for (const auto& [module, rows] : parts) {
+        DenseLora::Pair& pair = lora.layers[static_cast<size_t>(l)][static_cast<size_t>(module)];
+        pair.rank = a->shape[0];
+        pair.in = a->shape[1];
+        pair.a = toFloat({a->data, a->dtype, a->shape[0], a->shape[1]});
+        pair.b.assign(all_b.begin() + row * pair.rank, all_b.begin() + (row + rows) * pair.rank);
+        row += rows;
+      }
     }
   }
   return lora;
@@ -359,7 +383,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
-    const std::vector<float>& inv_freq = c.slidingLayer(l) ? local_inv_freq : global_inv_freq;
+    const std::vector<float>& inv_freq =
+        c.gemma && c.slidingLayer(l) ? local_inv_freq : global_inv_freq;
     const int64_t window = c.slidingLayer(l) ? c.sliding_window : 0;
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
@@ -380,8 +405,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         for (int64_t hh = 0; hh < nkv; ++hh)
           denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
       }
-      denseRope(q[t], nh, hd, t, inv_freq);
-      denseRope(k[t], nkv, hd, t, inv_freq);
+      denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
+      denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
       if (kv_dtype == DType::kF8E4M3) {
         roundAsFp8Cache(k[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l]);
         roundAsFp8Cache(v[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l + 1]);
@@ -820,6 +845,10 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"Gemma2ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Gemma3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // Phi-3: q/k/v and gate/up read from one matrix each, three quarters
+        // of each head rotating with LongRoPE, a window (32) on every layer.
+        Variant{"Phi3ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Phi3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},

@@ -488,6 +488,53 @@ TEST_P(CpuKernels, RopeRotatesHalvesLikeHuggingFace) {
   EXPECT_FLOAT_EQ(x[3], 0.0f);
 }
 
+// Phi-4-mini's rotary embedding: 3/4 of each head rotates, as pairs (i, i +
+// rotary_dim/2); cos and sin carry LongRoPE's attention factor (rounded as
+// transformers rounds them: the fp32 cos times the fp32 factor); the last
+// quarter is left bit for bit.
+TEST_P(CpuKernels, PartialRopeRotatesTheFirstDimsWithTheAttentionFactor) {
+  const int64_t rows = 4;
+  const int64_t num_heads = 2;
+  const int64_t head_dim = 32;
+  const int64_t rotary_dim = 24;
+  const int64_t width = num_heads * head_dim;
+  const std::vector<int32_t> positions = {0, 3, 600, 70000};
+  std::vector<float> inv_freq(rotary_dim / 2);
+  for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / rotary_dim));
+  }
+  const float factor = 1.19f;
+  const std::vector<float> x = randomFloats(static_cast<size_t>(rows * width), 32);
+  std::vector<float> y = x;
+  applyRope(y.data(), rows, num_heads, head_dim, positions.data(), inv_freq.data(),
+            {.rotary_dim = rotary_dim, .attention_factor = factor});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* in = x.data() + r * width + h * head_dim;
+      const float* out = y.data() + r * width + h * head_dim;
+      for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+        const float angle = static_cast<float>(positions[r]) * inv_freq[i];
+        const float c = static_cast<float>(std::cos(double{angle})) * factor;
+        const float s = static_cast<float>(std::sin(double{angle})) * factor;
+        const float a = in[i];
+        const float b = in[i + rotary_dim / 2];
+        ASSERT_NEAR(out[i], double{a} * c - double{b} * s, 2e-6) << r << " " << h << " " << i;
+        ASSERT_NEAR(out[i + rotary_dim / 2], double{b} * c + double{a} * s, 2e-6);
+      }
+      EXPECT_TRUE(
+          sameBits(out + rotary_dim, in + rotary_dim, static_cast<size_t>(head_dim - rotary_dim)));
+    }
+  }
+  // Rotary dims equal to head_dim and a factor of 1 are the plain kernel.
+  std::vector<float> plain = x;
+  std::vector<float> whole = x;
+  std::vector<float> full_freq(head_dim / 2, 0.01f);
+  applyRope(plain.data(), rows, num_heads, head_dim, positions.data(), full_freq.data());
+  applyRope(whole.data(), rows, num_heads, head_dim, positions.data(), full_freq.data(),
+            {.rotary_dim = head_dim, .attention_factor = 1.0f});
+  EXPECT_TRUE(sameBits(plain.data(), whole.data(), plain.size()));
+}
+
 // Tolerance: e^x is a polynomial approximation good to a few ulp; with the
 // division and product: 4e-6 relative.
 TEST_P(CpuKernels, SiluMulMatchesReference) {
