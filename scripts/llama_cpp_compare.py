@@ -273,7 +273,11 @@ class Reference:
     partial_rotary_factor) dims of a head rotating, LongRoPE (the long
     factors when max_model_len exceeds original_max_position_embeddings, as
     vLLM chooses once; cos and sin times the attention factor), and
-    sliding_window on every layer."""
+    sliding_window on every layer. Granite is transformers'
+    GraniteForCausalLM: the embedding times embedding_multiplier (the
+    product in the weights' dtype), scores scaled by attention_multiplier,
+    each residual branch times residual_multiplier, the logits divided by
+    logits_scaling."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -281,6 +285,7 @@ class Reference:
         c = self.config
         self.arch = c["architectures"][0]
         self.phi3 = self.arch == "Phi3ForCausalLM"
+        self.granite = self.arch == "GraniteForCausalLM"
         self.gemma2 = self.arch == "Gemma2ForCausalLM"
         self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
         self.qk_norm = self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
@@ -425,6 +430,14 @@ class Reference:
             if bf16:
                 x = round_bf16(x)
             scale = c.get("query_pre_attn_scalar", 256) ** -0.5
+        residual = 1.0
+        if self.granite:
+            bf16 = c.get("torch_dtype", c.get("dtype")) == "bfloat16"
+            x = x * float(np.float32(c.get("embedding_multiplier", 1.0)))
+            if bf16:
+                x = round_bf16(x)
+            scale = c.get("attention_multiplier", 1.0)
+            residual = c.get("residual_multiplier", 1.0)
         if self.gemma or c.get("sliding_window"):
             window = c.get("sliding_window", 4096)
             rows, cols = np.indices((n, n))
@@ -459,12 +472,14 @@ class Reference:
                 h = self.rms(x, w[p + "pre_feedforward_layernorm.weight"])
                 x = x + self.rms(self.mlp(h, p, i), w[p + "post_feedforward_layernorm.weight"])
                 continue
-            x = x + out
+            x = x + out * residual
             h = self.rms(x, w[p + "post_attention_layernorm.weight"])
-            x = x + self.mlp(h, p, i)
+            x = x + self.mlp(h, p, i) * residual
         last = self.rms(x[-1], w["model.norm.weight"])
         head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         logits = head @ last
+        if self.granite:
+            logits = logits / c.get("logits_scaling", 1.0)
         if self.gemma and c.get("final_logit_softcapping"):
             cap = c["final_logit_softcapping"]
             logits = np.tanh(logits / cap) * cap

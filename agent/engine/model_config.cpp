@@ -35,7 +35,7 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
-    "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
+    "Phi3ForCausalLM, GraniteForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -482,6 +482,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"},      {"Phi3ForCausalLM", "phi3"},
+      {"GraniteForCausalLM", "granite"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -532,6 +533,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_gemma = is_gemma2 || is_gemma3;
   const bool is_phi3 = config.architecture == "Phi3ForCausalLM";
   config.phi3 = is_phi3;
+  config.granite = config.architecture == "GraniteForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
   if (is_gemma) {
@@ -672,6 +674,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                               : reader.boolean("attention_bias", false);
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3;
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
+  if (config.granite) {
+    // GraniteConfig's defaults: 1.0 each.
+    config.embedding_multiplier = reader.positiveNumber("embedding_multiplier", 1.0);
+    config.attention_multiplier = reader.positiveNumber("attention_multiplier", 1.0);
+    config.residual_multiplier = reader.positiveNumber("residual_multiplier", 1.0);
+    config.logits_scaling = reader.positiveNumber("logits_scaling", 1.0);
+  }
   if (is_mixtral || is_qwen3_moe) readExperts(reader, root, is_mixtral, config);
 
   if (reader.boolean("mlp_bias", false)) {
@@ -820,6 +829,12 @@ std::string ModelConfig::toJsonText() const {
                             {"long_factor", rope_scaling.long_factor}};
     root["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
   }
+  if (granite) {
+    root["embedding_multiplier"] = embedding_multiplier;
+    root["attention_multiplier"] = attention_multiplier;
+    root["residual_multiplier"] = residual_multiplier;
+    root["logits_scaling"] = logits_scaling;
+  }
   if (phi3 && rotary_dim != head_dim) {
     root["partial_rotary_factor"] = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
   }
@@ -955,6 +970,11 @@ std::string ModelConfig::computeDigest() const {
           {"attention_factor", ropeAttentionFactor()}};
     }
     math["phi3"] = {{"rotary_dim", rotary_dim}, {"longrope", rope}};
+  }
+  // And only Granite its four scalars.
+  if (granite) {
+    math["granite"] = {embedding_multiplier, attention_multiplier, residual_multiplier,
+                       logits_scaling};
   }
   // A window on every layer (Mistral v0.1, Phi-3-mini-4k) changes what
   // sequences longer than it compute.

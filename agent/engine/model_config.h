@@ -3,6 +3,7 @@
 // Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
 // (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
+// GraniteForCausalLM (docs/engine.md#granite),
 // and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
@@ -144,6 +145,16 @@ struct ModelConfig {
   // in one matrix (qkv_proj) and gate/up in one (gate_up_proj), partial
   // rotary dims and LongRoPE.
   bool phi3 = false;
+  // GraniteForCausalLM (IBM Granite 3): Llama's arithmetic with four
+  // scalars: the embedding times embedding_multiplier (the product in the
+  // table's dtype), scores scaled by attention_multiplier instead of
+  // head_dim^-1/2, each attention and MLP output times residual_multiplier
+  // before its residual add, and the logits divided by logits_scaling.
+  bool granite = false;
+  double embedding_multiplier = 1.0;
+  double attention_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double logits_scaling = 1.0;
 
   // What depends on the context length the engine serves: LongRoPE's
   // factors (RopeScaling::use_long). Changes computeDigest when it changes

@@ -129,6 +129,13 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
                 " is not one: start it with --device cpu, or give it --kv-dtype bf16; "
                 "docs/quantization.md#fp8-kv-cache)");
   }
+  if (config.granite && !backend_.hostAccessible()) {
+    throw Error("model " + model_.directory().string() + " (" + config.architecture +
+                ") scales its embedding, residual branches and logits, which runs on the CPU "
+                "backend only (" +
+                backend_.description() +
+                " is not one: start it with --device cpu; docs/engine.md#granite)");
+  }
   if (config.gemma && !backend_.hostAccessible()) {
     throw Error("model " + model_.directory().string() + " (" + config.architecture +
                 ") runs on the CPU backend only (" + backend_.description() +
@@ -164,6 +171,13 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     embedding_scale_ =
         roundToDType(static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size))),
                      model_.weights().embed_tokens.dtype);
+  }
+  if (config.granite) {
+    // transformers and vLLM: the table's rows times the Python float (fp32
+    // arithmetic), the product in the table's dtype; the multiplier itself
+    // is not rounded.
+    attention_scale_ = static_cast<float>(config.attention_multiplier);
+    embedding_scale_ = static_cast<float>(config.embedding_multiplier);
   }
 
   const ModelWeights& host = model_.weights();
@@ -480,7 +494,7 @@ void ModelRunner::computeRowLogits(std::span<const SequenceInput> batch,
       out = row_logits_.data();
     }
     b.matmul(normed_.data(), count, hidden, weights_.lm_head, out);
-    softcapLogits(out, count * vocab);
+    finishLogits(out, count * vocab);
     if (!b.hostAccessible()) {
       b.copyToHost(host_row_logits_.data(), out,
                    static_cast<size_t>(count * vocab) * sizeof(float));
@@ -721,7 +735,11 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
       continue;
     }
-    if (lw.fused && !lora) {
+    if (config.granite) {
+      b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+      if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
+      addScaledResidual(rows);
+    } else if (lw.fused && !lora) {
       b.matmulAdd(attn_.data(), rows, q_width, lw.o_proj, hidden_.data(), proj_.data());
     } else {
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
@@ -731,7 +749,10 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // MLP block.
     b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
-    if (lw.experts.empty()) {
+    if (config.granite) {
+      mlp(lw.mlp, normed_.data(), rows, inter, proj_.data(), false, lora ? layer : -1);
+      addScaledResidual(rows);
+    } else if (lw.experts.empty()) {
       mlp(lw.mlp, normed_.data(), rows, inter, hidden_.data(), true, lora ? layer : -1);
     } else {
       mixture(lw, rows);
@@ -742,15 +763,31 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
   b.gatherLastRows(hidden_.data(), hidden, last_.data());
   b.rmsNorm(last_.data(), weights_.norm, sequences, hidden, eps, last_.data());
   b.matmul(last_.data(), sequences, hidden, weights_.lm_head, logits);
-  softcapLogits(logits, sequences * config.vocab_size);
+  finishLogits(logits, sequences * config.vocab_size);
 }
 
-void ModelRunner::softcapLogits(float* logits, int64_t n) const {
-  const auto cap = static_cast<float>(model_.config().final_logit_softcapping);
+void ModelRunner::finishLogits(float* logits, int64_t n) const {
+  // Host memory: the constructor refuses other backends for Granite and
+  // Gemma. Each step rounded to fp32, as transformers' logits / scaling,
+  // and logits / cap, tanh, * cap.
+  const ModelConfig& config = model_.config();
+  if (config.granite) {
+    const auto scaling = static_cast<float>(config.logits_scaling);
+    for (int64_t i = 0; i < n; ++i) logits[i] /= scaling;
+  }
+  const auto cap = static_cast<float>(config.final_logit_softcapping);
   if (cap == 0.0f) return;
-  // Host memory: the constructor refuses other backends for Gemma. Each
-  // step rounded to fp32, as transformers' logits / cap, tanh, * cap.
   for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / cap) * cap;
+}
+
+void ModelRunner::addScaledResidual(int64_t rows) {
+  // Host memory (the constructor refuses other backends for Granite):
+  // transformers' residual + h * residual_multiplier, in fp32.
+  const int64_t n = rows * model_.config().hidden_size;
+  const auto multiplier = static_cast<float>(model_.config().residual_multiplier);
+  float* h = proj_.data();
+  for (int64_t i = 0; i < n; ++i) h[i] *= multiplier;
+  backend_.addInPlace(hidden_.data(), proj_.data(), n);
 }
 
 void ModelRunner::scaleEmbeddings(int64_t rows) {

@@ -253,14 +253,18 @@ class ModelRunner {
   kernels::RopeVariant rope_variant_;
   // Whether attention takes a variant (a window, a soft-cap).
   bool attention_variant_ = false;
-  // Gemma 3: hidden_ (rows x hidden_size) times embedding_scale_, rounded
-  // to the embedding table's dtype.
+  // Gemma 3, Granite: hidden_ (rows x hidden_size) times embedding_scale_,
+  // rounded to the embedding table's dtype.
   void scaleEmbeddings(int64_t rows);
-  // Gemma 2: the n logits at `logits` soft-capped by final_logit_softcapping
-  // (nothing for other models).
-  void softcapLogits(float* logits, int64_t n) const;
+  // What the model does to the n logits at `logits` after the LM head:
+  // Granite's division by logits_scaling, Gemma 2's soft-cap by
+  // final_logit_softcapping (nothing for other models).
+  void finishLogits(float* logits, int64_t n) const;
+  // Granite: a residual branch's output (proj_, rows x hidden_size) times
+  // residual_multiplier, then added to hidden_.
+  void addScaledResidual(int64_t rows);
   // Gemma 3: the embedding's multiplier, sqrt(hidden_size) rounded to the
-  // table's dtype (0: none).
+  // table's dtype; Granite: embedding_multiplier (0: none).
   float embedding_scale_ = 0.0f;
   bool record_decode_ = true;
   size_t dropped_mapped_bytes_ = 0;

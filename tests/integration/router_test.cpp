@@ -1554,6 +1554,12 @@ TEST_F(RouterTest, Phi3IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Phi3ForCausalLM", 43);
 }
 
+// Granite (docs/engine.md#granite): its embedding, score, residual and
+// logit scalars on both agents.
+TEST_F(RouterTest, GraniteIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("GraniteForCausalLM", 47);
+}
+
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
 // columns: the prefill and decode agents' KV is the same bits.
 TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {

@@ -386,6 +386,17 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
   } else {
     config.rotary_dim = config.head_dim;
   }
+  if (architecture == "GraniteForCausalLM") {
+    // Granite 3's four scalars, of their published sizes (the 8B's
+    // embedding 12, residual 0.22, scores by 1/head_dim), tied embeddings,
+    // and at tiny a logit divisor near the logits' own size.
+    config.granite = true;
+    config.tie_word_embeddings = true;
+    config.embedding_multiplier = 12.0;
+    config.attention_multiplier = 1.0 / static_cast<double>(config.head_dim);
+    config.residual_multiplier = 0.22;
+    config.logits_scaling = preset == "tiny" ? 4.0 : 16.0;
+  }
   config.torch_dtype = DType::kBF16;
   config.bos_token_id = -1;
   return config;

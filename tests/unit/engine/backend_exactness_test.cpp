@@ -133,7 +133,7 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   backend.setComputeDType(DType::kBF16);
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "GraniteForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -265,6 +265,9 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
       {::tandem::testing::exactnessModel("Phi3ForCausalLM", DType::kBF16),
        "(Phi3ForCausalLM) rotates part of each head (partial_rotary_factor), which runs on the "
        "CPU backend only ("},
+      {::tandem::testing::exactnessModel("GraniteForCausalLM", DType::kBF16),
+       "(GraniteForCausalLM) scales its embedding, residual branches and logits, which runs on "
+       "the CPU backend only ("},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   for (const Case& c : cases) {
@@ -302,6 +305,7 @@ std::vector<Param> params() {
       {"Phi3ForCausalLM", DType::kBF16, DType::kF32},
       // Phi-4 (14B): fused matrices, whole heads rotating; every backend.
       {"Phi3ForCausalLM", DType::kBF16, DType::kF32, true},
+      {"GraniteForCausalLM", DType::kBF16, DType::kF32},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };
@@ -315,6 +319,7 @@ std::vector<Param> params() {
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||
+                            variant.architecture == "GraniteForCausalLM" ||
                             (variant.architecture == "Phi3ForCausalLM" && !variant.phi4_rotary);
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);

@@ -164,7 +164,7 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
        {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Phi3ForCausalLM", "GraniteForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -180,7 +180,8 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
       EXPECT_EQ(w.embed_tokens.rows, c.vocab_size);
       EXPECT_EQ(w.embed_tokens.cols, c.hidden_size);
       EXPECT_EQ(w.lm_head.rows, c.vocab_size);
-      EXPECT_NE(w.lm_head.data, w.embed_tokens.data);
+      // Granite's test model ties them, as Granite 3 does.
+      EXPECT_EQ(w.lm_head.data == w.embed_tokens.data, c.tie_word_embeddings);
       ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_hidden_layers));
       EXPECT_EQ(w.norm.size(), static_cast<size_t>(c.hidden_size));
       const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM";
@@ -1698,12 +1699,53 @@ TEST(ModelConfigParsing, Phi3ReadsPartialRotaryLongRopeAndItsWindow) {
                   "\"hidden_act\" is \"gelu_new\", which is not supported (accepted: silu)");
 }
 
+// Granite 3's four scalars as GraniteConfig reads them (1.0 unless given),
+// each part of the digest; a non-positive one is refused naming it.
+TEST(ModelConfigParsing, GraniteReadsItsMultipliers) {
+  auto granite = [](const std::string& extra) {
+    return R"({"architectures": ["GraniteForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "vocab_size": 1000)" +
+           extra + "}";
+  };
+  ModelConfig c = ModelConfig::fromJsonText(granite(""), "config.json");
+  EXPECT_TRUE(c.granite);
+  EXPECT_EQ(c.model_type, "granite");
+  EXPECT_EQ(c.embedding_multiplier, 1.0);
+  EXPECT_EQ(c.attention_multiplier, 1.0);
+  EXPECT_EQ(c.residual_multiplier, 1.0);
+  EXPECT_EQ(c.logits_scaling, 1.0);
+  const std::string published =
+      R"(, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+          "residual_multiplier": 0.22, "logits_scaling": 16.0)";
+  c = ModelConfig::fromJsonText(granite(published), "config.json");
+  EXPECT_EQ(c.embedding_multiplier, 12.0);
+  EXPECT_EQ(c.attention_multiplier, 0.0078125);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.logits_scaling, 16.0);
+  for (const char* field :
+       {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"}) {
+    SCOPED_TRACE(field);
+    ModelConfig changed = c;
+    (std::string(field) == "embedding_multiplier"   ? changed.embedding_multiplier
+     : std::string(field) == "attention_multiplier" ? changed.attention_multiplier
+     : std::string(field) == "residual_multiplier"  ? changed.residual_multiplier
+                                                    : changed.logits_scaling) = 3.0;
+    EXPECT_NE(changed.computeDigest(), c.computeDigest());
+    EXPECT_CONTAINS(parseError(granite(std::string(R"(, ")") + field + R"(": 0)")),
+                    std::string("\"") + field + "\" must be a positive number, got 0");
+  }
+  // A Llama config's digest is what it was: the scalars are Granite's.
+  EXPECT_EQ(ModelConfig::fromJsonText(minimalLlama(published), "c").computeDigest(),
+            ModelConfig::fromJsonText(minimalLlama(), "c").computeDigest());
+}
+
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM",
-          "Qwen3MoeForCausalLM"}) {
+          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
+          "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

@@ -370,15 +370,23 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
     convertToF32(w.embed_tokens.dtype, &bits, &back, 1);
     return static_cast<double>(back);
   };
-  const double embed_scale = c.gemma ? inDType(std::sqrt(static_cast<double>(c.hidden_size))) : 1.0;
+  // Granite: the embedding times its multiplier (the product in the
+  // table's dtype), scores by attention_multiplier, residual branches times
+  // residual_multiplier, logits over logits_scaling.
+  const double embed_scale = c.gemma ? inDType(std::sqrt(static_cast<double>(c.hidden_size)))
+                             : c.granite
+                                 ? static_cast<double>(static_cast<float>(c.embedding_multiplier))
+                                 : 1.0;
   const double score_scale =
-      1.0 / std::sqrt(c.gemma ? c.query_pre_attn_scalar : static_cast<double>(hd));
+      c.granite ? c.attention_multiplier
+                : 1.0 / std::sqrt(c.gemma ? c.query_pre_attn_scalar : static_cast<double>(hd));
+  const double residual = c.granite ? c.residual_multiplier : 1.0;
 
   std::vector<std::vector<double>> x(n, std::vector<double>(hidden));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < hidden; ++i) {
       x[t][i] = embed[tokens[t] * hidden + i];
-      if (c.gemma) x[t][i] = inDType(x[t][i] * embed_scale);
+      if (c.gemma || c.granite) x[t][i] = inDType(x[t][i] * embed_scale);
     }
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -458,7 +466,7 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
         continue;
       }
-      for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
+      for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i] * residual;
       std::vector<double> h = x[t];
       denseRmsNorm(h, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
       if (!lw.experts.empty()) {
@@ -501,12 +509,15 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
       std::vector<double> down = denseMatVec(lw.down_proj, gate);
       addDenseLora(lora, l, kLoraDown, gate, down);
-      for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
+      for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i] * residual;
     }
   }
   std::vector<double> last = x[n - 1];
   denseRmsNorm(last, 0, hidden, w.norm, c.rms_norm_eps);
   std::vector<double> logits = denseMatVec(w.lm_head, last);
+  if (c.granite) {
+    for (double& logit : logits) logit /= c.logits_scaling;
+  }
   if (c.final_logit_softcapping > 0) {
     for (double& logit : logits) {
       logit = std::tanh(logit / c.final_logit_softcapping) * c.final_logit_softcapping;
@@ -849,6 +860,8 @@ INSTANTIATE_TEST_SUITE_P(
         // of each head rotating with LongRoPE, a window (32) on every layer.
         Variant{"Phi3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Phi3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // Granite: its four scalars.
+        Variant{"GraniteForCausalLM", DType::kBF16, DType::kF32},
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
