@@ -277,7 +277,9 @@ class Reference:
     GraniteForCausalLM: the embedding times embedding_multiplier (the
     product in the weights' dtype), scores scaled by attention_multiplier,
     each residual branch times residual_multiplier, the logits divided by
-    logits_scaling."""
+    logits_scaling. OLMo 2 is transformers' Olmo2ForCausalLM: no norm before
+    attention or the MLP, their outputs normalized before each residual
+    add, q and k normalized across all heads before RoPE."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -286,9 +288,11 @@ class Reference:
         self.arch = c["architectures"][0]
         self.phi3 = self.arch == "Phi3ForCausalLM"
         self.granite = self.arch == "GraniteForCausalLM"
+        self.olmo2 = self.arch == "Olmo2ForCausalLM"
         self.gemma2 = self.arch == "Gemma2ForCausalLM"
         self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
         self.qk_norm = self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
+        self.qk_norm_whole = self.olmo2
         if self.arch == "MixtralForCausalLM":
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
             self.names, self.normalize = ("w1", "w3", "w2"), True
@@ -349,7 +353,8 @@ class Reference:
 
     def rms(self, x, weight):
         eps = self.config.get("rms_norm_eps",
-                              1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM")
+                              1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM",
+                                                    "Olmo2ForCausalLM")
                               else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
@@ -445,11 +450,16 @@ class Reference:
         group = self.heads // self.kv_heads
         for i in range(c["num_hidden_layers"]):
             p = f"model.layers.{i}."
-            h = self.rms(x, w[p + "input_layernorm.weight"])
-            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, self.heads, self.head_dim)
-            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
+            h = x if self.olmo2 else self.rms(x, w[p + "input_layernorm.weight"])
+            q = h @ w[p + "self_attn.q_proj.weight"].T
+            k = h @ w[p + "self_attn.k_proj.weight"].T
+            if self.qk_norm_whole:
+                q = self.rms(q, w[p + "self_attn.q_norm.weight"])
+                k = self.rms(k, w[p + "self_attn.k_norm.weight"])
+            q = q.reshape(n, self.heads, self.head_dim)
+            k = k.reshape(n, self.kv_heads, self.head_dim)
             v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
-            if self.qk_norm:
+            if self.qk_norm and not self.qk_norm_whole:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
             inv_freq = self.local_inv_freq if self.gemma and self.sliding(i) else self.inv_freq
@@ -467,6 +477,10 @@ class Reference:
             probs /= probs.sum(axis=-1, keepdims=True)
             attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, -1)
             out = attn @ w[p + "self_attn.o_proj.weight"].T
+            if self.olmo2:
+                x = x + self.rms(out, w[p + "post_attention_layernorm.weight"])
+                x = x + self.rms(self.mlp(x, p, i), w[p + "post_feedforward_layernorm.weight"])
+                continue
             if self.gemma:
                 x = x + self.rms(out, w[p + "post_attention_layernorm.weight"])
                 h = self.rms(x, w[p + "pre_feedforward_layernorm.weight"])

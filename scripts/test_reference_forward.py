@@ -5,7 +5,8 @@
 
 For the tiny Llama, Gemma 2, Gemma 3, Phi-3 (partial rotary dims, LongRoPE's
 long factors and, served 128 tokens, its short ones, a window on every layer),
-Mistral given a 24-token window, Granite, Mixtral and Qwen3-MoE test models,
+Mistral given a 24-token window, Granite, OLMo 2, Mixtral and Qwen3-MoE test
+models,
 Gemma 3
 rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
 with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -50,7 +51,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
-                 "granite": "GraniteForCausalLM"}
+                 "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 # (architecture, tandem-model --quantize or None; "vision-checkpoint": the
 # model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint;
 # "max-model-len=N": the agent serves N tokens (Phi-3's LongRoPE then takes
@@ -58,6 +59,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
          ("gemma3", "vision-checkpoint:model.language_model."), ("phi3", None),
          ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"), ("granite", None),
+         ("olmo2", None),
          ("mixtral", None),
          ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),

@@ -465,8 +465,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       layer.v_bias = source.vector(prefix + "self_attn.v_proj.bias", kv_size);
     }
     if (c.qk_norm) {
-      layer.q_norm = source.vector(prefix + "self_attn.q_norm.weight", c.head_dim);
-      layer.k_norm = source.vector(prefix + "self_attn.k_norm.weight", c.head_dim);
+      // OLMo 2 normalizes all heads of q (of k) as one vector.
+      layer.q_norm =
+          source.vector(prefix + "self_attn.q_norm.weight", c.olmo2 ? q_size : c.head_dim);
+      layer.k_norm =
+          source.vector(prefix + "self_attn.k_norm.weight", c.olmo2 ? kv_size : c.head_dim);
     }
     if (c.isMoeLayer(i)) {
       loadExperts(source, c, i, layer);
@@ -493,9 +496,15 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       // model still serves a bf16 or f32 cache.
       if (model->kv_cache_scales_error_.empty()) model->kv_cache_scales_error_ = e.what();
     }
-    layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
+    if (!c.olmo2) {  // OLMo 2 normalizes the attention's output, not its input
+      layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
+    }
     layer.post_attention_layernorm =
         source.vector(prefix + "post_attention_layernorm.weight", hidden);
+    if (c.olmo2) {
+      layer.post_feedforward_layernorm =
+          source.vector(prefix + "post_feedforward_layernorm.weight", hidden);
+    }
     if (c.gemma) {
       layer.pre_feedforward_layernorm =
           source.vector(prefix + "pre_feedforward_layernorm.weight", hidden);

@@ -35,7 +35,8 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
-    "Phi3ForCausalLM, GraniteForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
+    "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, MixtralForCausalLM, "
+    "Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -482,7 +483,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"},      {"Phi3ForCausalLM", "phi3"},
-      {"GraniteForCausalLM", "granite"},
+      {"GraniteForCausalLM", "granite"},    {"Olmo2ForCausalLM", "olmo2"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -534,6 +535,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_phi3 = config.architecture == "Phi3ForCausalLM";
   config.phi3 = is_phi3;
   config.granite = config.architecture == "GraniteForCausalLM";
+  config.olmo2 = config.architecture == "Olmo2ForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
   if (is_gemma) {
@@ -596,8 +598,10 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.rotary_dim = rotary_dim;
   }
 
-  // MixtralConfig's and Phi3Config's own defaults differ from the others'.
-  config.rms_norm_eps = reader.positiveNumber("rms_norm_eps", is_mixtral || is_phi3 ? 1e-5 : 1e-6);
+  // MixtralConfig's, Phi3Config's and Olmo2Config's own defaults differ from
+  // the others'.
+  config.rms_norm_eps =
+      reader.positiveNumber("rms_norm_eps", is_mixtral || is_phi3 || config.olmo2 ? 1e-5 : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6 : 10000.0);
   if (is_gemma3) config.rope_local_base_freq = reader.positiveNumber("rope_local_base_freq", 1e4);
   if (is_gemma3 && reader.has("rope_parameters") && root["rope_parameters"].is_object() &&
@@ -672,7 +676,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                           : is_mistral || is_mixtral || is_phi3
                               ? false
                               : reader.boolean("attention_bias", false);
-  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3;
+  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2;
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
   if (config.granite) {
     // GraniteConfig's defaults: 1.0 each.
@@ -971,6 +975,9 @@ std::string ModelConfig::computeDigest() const {
     }
     math["phi3"] = {{"rotary_dim", rotary_dim}, {"longrope", rope}};
   }
+  // And only OLMo 2 its norms' places (its q/k norm is qk_norm's, across
+  // the heads).
+  if (olmo2) math["olmo2"] = true;
   // And only Granite its four scalars.
   if (granite) {
     math["granite"] = {embedding_multiplier, attention_multiplier, residual_multiplier,

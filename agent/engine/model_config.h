@@ -3,7 +3,8 @@
 // Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
 // (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
-// GraniteForCausalLM (docs/engine.md#granite),
+// GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
+// (docs/engine.md#olmo-2),
 // and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
@@ -151,6 +152,12 @@ struct ModelConfig {
   // head_dim^-1/2, each attention and MLP output times residual_multiplier
   // before its residual add, and the logits divided by logits_scaling.
   bool granite = false;
+  // Olmo2ForCausalLM (AllenAI OLMo 2): no norm before attention or the
+  // MLP; their outputs are normalized (post_attention_layernorm,
+  // post_feedforward_layernorm) before each residual add, and q and k are
+  // normalized across all their heads at once (q_norm of num_heads x
+  // head_dim weights) before RoPE.
+  bool olmo2 = false;
   double embedding_multiplier = 1.0;
   double attention_multiplier = 1.0;
   double residual_multiplier = 1.0;

@@ -656,8 +656,12 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
     const ResidentLayer& lw = weights_.layers[layer];
     const float* inv_freq = lw.sliding && config.gemma ? local_inv_freq_.data() : inv_freq_.data();
 
-    // Attention block.
-    b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
+    // Attention block (OLMo 2: on the residual stream as it is).
+    const float* attention_in = hidden_.data();
+    if (!config.olmo2) {
+      b.rmsNorm(hidden_.data(), lw.input_layernorm, rows, hidden, eps, normed_.data());
+      attention_in = normed_.data();
+    }
     // With LoRA runs, fused steps are taken apart so the deltas go in
     // between (the same bits for the other rows).
     const bool lora = !lora_runs_.empty();
@@ -674,7 +678,7 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       qkv.v_bias = lw.v_bias;
       qkv.inv_freq = inv_freq;
       qkv.layer = static_cast<int32_t>(layer);
-      b.matmulQkvRope(normed_.data(), rows, hidden, lw.qkv_proj, qkv, layout, fused_.data());
+      b.matmulQkvRope(attention_in, rows, hidden, lw.qkv_proj, qkv, layout, fused_.data());
     } else {
       if (lw.fused) {
         kernels::Backend::SplitOutputs qkv;
@@ -685,21 +689,25 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
         qkv.widths[1] = kv_width;
         qkv.widths[2] = kv_width;
         qkv.count = 3;
-        b.matmulSplit(normed_.data(), rows, hidden, lw.qkv_proj, qkv, fused_.data());
+        b.matmulSplit(attention_in, rows, hidden, lw.qkv_proj, qkv, fused_.data());
       } else {
-        b.matmul(normed_.data(), rows, hidden, lw.q_proj, q_.data());
-        b.matmul(normed_.data(), rows, hidden, lw.k_proj, k_.data());
-        b.matmul(normed_.data(), rows, hidden, lw.v_proj, v_.data());
+        b.matmul(attention_in, rows, hidden, lw.q_proj, q_.data());
+        b.matmul(attention_in, rows, hidden, lw.k_proj, k_.data());
+        b.matmul(attention_in, rows, hidden, lw.v_proj, v_.data());
       }
       if (lora) {
-        addLoraDeltas(layer, kLoraQ, normed_.data(), hidden, q_.data(), q_width);
-        addLoraDeltas(layer, kLoraK, normed_.data(), hidden, k_.data(), kv_width);
-        addLoraDeltas(layer, kLoraV, normed_.data(), hidden, v_.data(), kv_width);
+        addLoraDeltas(layer, kLoraQ, attention_in, hidden, q_.data(), q_width);
+        addLoraDeltas(layer, kLoraK, attention_in, hidden, k_.data(), kv_width);
+        addLoraDeltas(layer, kLoraV, attention_in, hidden, v_.data(), kv_width);
       }
       if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
       if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
       if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
-      if (lw.q_norm != nullptr) {
+      if (lw.q_norm != nullptr && config.olmo2) {
+        // Across all heads of a row at once.
+        b.rmsNorm(q_.data(), lw.q_norm, rows, q_width, eps, q_.data());
+        b.rmsNorm(k_.data(), lw.k_norm, rows, kv_width, eps, k_.data());
+      } else if (lw.q_norm != nullptr) {
         b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
         b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
       }
@@ -722,15 +730,20 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
                        attn_.data());
     }
-    if (config.gemma) {
+    if (config.gemma || config.olmo2) {
       // Sandwich norms: the attention's output is normalized, then added;
-      // the MLP's input and output likewise.
+      // the MLP's input (Gemma's; OLMo 2's is the residual stream as it is)
+      // and output likewise.
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
       if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
       b.rmsNorm(proj_.data(), lw.post_attention_layernorm, rows, hidden, eps, proj_.data());
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
-      b.rmsNorm(hidden_.data(), lw.pre_feedforward_layernorm, rows, hidden, eps, normed_.data());
-      mlp(lw.mlp, normed_.data(), rows, inter, proj_.data(), false, lora ? layer : -1);
+      const float* mlp_in = hidden_.data();
+      if (config.gemma) {
+        b.rmsNorm(hidden_.data(), lw.pre_feedforward_layernorm, rows, hidden, eps, normed_.data());
+        mlp_in = normed_.data();
+      }
+      mlp(lw.mlp, mlp_in, rows, inter, proj_.data(), false, lora ? layer : -1);
       b.rmsNorm(proj_.data(), lw.post_feedforward_layernorm, rows, hidden, eps, proj_.data());
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
       continue;

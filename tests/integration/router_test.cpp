@@ -1560,6 +1560,12 @@ TEST_F(RouterTest, GraniteIsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("GraniteForCausalLM", 47);
 }
 
+// OLMo 2 (docs/engine.md#olmo-2): norms after attention and the MLP, q/k
+// norms across heads.
+TEST_F(RouterTest, Olmo2IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Olmo2ForCausalLM", 53);
+}
+
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
 // columns: the prefill and decode agents' KV is the same bits.
 TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {

@@ -5,7 +5,7 @@
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch
-//                llama|mistral|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|mixtral|qwen3_moe]
+//                llama|mistral|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|olmo2|mixtral|qwen3_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
                "(docs/quantization.md#fp8-kv-cache)");
   app.add_option("--arch", arch, "architecture")
       ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
-                             "phi4", "granite", "mixtral", "qwen3_moe"}));
+                             "phi4", "granite", "olmo2", "mixtral", "qwen3_moe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
       {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
       {"gemma3", "Gemma3ForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
       {"phi3", "Phi3ForCausalLM"},       {"phi4", "Phi3ForCausalLM"},
-      {"granite", "GraniteForCausalLM"},
+      {"granite", "GraniteForCausalLM"}, {"olmo2", "Olmo2ForCausalLM"},
   };
   tandem::tools::TestModelOptions options;
   options.preset = preset;

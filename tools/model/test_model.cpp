@@ -386,6 +386,12 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
   } else {
     config.rotary_dim = config.head_dim;
   }
+  if (architecture == "Olmo2ForCausalLM") {
+    // OLMo 2's norms after attention and the MLP, and q/k norms across the
+    // heads.
+    config.olmo2 = true;
+    config.qk_norm = true;
+  }
   if (architecture == "GraniteForCausalLM") {
     // Granite 3's four scalars, of their published sizes (the 8B's
     // embedding 12, residual 0.22, scores by 1/head_dim), tied embeddings,
@@ -603,9 +609,12 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       vector(prefix + "self_attn.v_proj.bias", kv_size, 0.0f, kBiasNoise);
     }
     if (config.qk_norm) {
+      // OLMo 2's span all heads.
       const float center = config.gemma ? 0.0f : 1.0f;
-      vector(prefix + "self_attn.q_norm.weight", config.head_dim, center, kNormNoise);
-      vector(prefix + "self_attn.k_norm.weight", config.head_dim, center, kNormNoise);
+      vector(prefix + "self_attn.q_norm.weight", config.olmo2 ? q_size : config.head_dim, center,
+             kNormNoise);
+      vector(prefix + "self_attn.k_norm.weight", config.olmo2 ? kv_size : config.head_dim, center,
+             kNormNoise);
     }
     if (config.isMoeLayer(i)) {
       // The per-expert names of published checkpoints.
@@ -634,8 +643,11 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
     }
     // Gemma's norm weights are offsets from 1.
     const float norm_center = config.gemma ? 0.0f : 1.0f;
-    vector(prefix + "input_layernorm.weight", hidden, norm_center, kNormNoise);
+    if (!config.olmo2) vector(prefix + "input_layernorm.weight", hidden, norm_center, kNormNoise);
     vector(prefix + "post_attention_layernorm.weight", hidden, norm_center, kNormNoise);
+    if (config.olmo2) {
+      vector(prefix + "post_feedforward_layernorm.weight", hidden, norm_center, kNormNoise);
+    }
     if (config.gemma) {
       vector(prefix + "pre_feedforward_layernorm.weight", hidden, norm_center, kNormNoise);
       vector(prefix + "post_feedforward_layernorm.weight", hidden, norm_center, kNormNoise);

@@ -133,7 +133,7 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   backend.setComputeDType(DType::kBF16);
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-        "GraniteForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "GraniteForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -306,6 +306,8 @@ std::vector<Param> params() {
       // Phi-4 (14B): fused matrices, whole heads rotating; every backend.
       {"Phi3ForCausalLM", DType::kBF16, DType::kF32, true},
       {"GraniteForCausalLM", DType::kBF16, DType::kF32},
+      // OLMo 2: every backend (its norms are the backends' rmsNorm).
+      {"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };

@@ -164,7 +164,8 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
        {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "Phi3ForCausalLM", "GraniteForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM",
+        "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -210,8 +211,14 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         EXPECT_EQ(layer.q_bias.size(), qwen2 ? static_cast<size_t>(64) : 0u);
         EXPECT_EQ(layer.k_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
         EXPECT_EQ(layer.v_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
-        EXPECT_EQ(layer.q_norm.size(), qwen3 ? static_cast<size_t>(16) : 0u);
-        EXPECT_EQ(layer.k_norm.size(), qwen3 ? static_cast<size_t>(16) : 0u);
+        // OLMo 2's q/k norms span the heads (4 x 16 and 2 x 16); it has
+        // no input norm, and a norm after the MLP.
+        const bool olmo2 = std::string(architecture) == "Olmo2ForCausalLM";
+        EXPECT_EQ(layer.q_norm.size(), qwen3 ? 16u : olmo2 ? 64u : 0u);
+        EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : olmo2 ? 32u : 0u);
+        EXPECT_EQ(layer.input_layernorm.size(), olmo2 ? 0u : static_cast<size_t>(c.hidden_size));
+        EXPECT_EQ(layer.post_feedforward_layernorm.size(),
+                  olmo2 ? static_cast<size_t>(c.hidden_size) : 0u);
         for (float weight : layer.input_layernorm) EXPECT_NEAR(weight, 1.0f, 0.11f);
       }
 
@@ -1740,12 +1747,30 @@ TEST(ModelConfigParsing, GraniteReadsItsMultipliers) {
             ModelConfig::fromJsonText(minimalLlama(), "c").computeDigest());
 }
 
+// OLMo 2 as Olmo2Config reads it: q/k norms (across heads, loaded as
+// such), rms_norm_eps 1e-5 unless given, in the digest.
+TEST(ModelConfigParsing, Olmo2ReadsItsDefaults) {
+  const std::string olmo =
+      R"({"architectures": ["Olmo2ForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+          "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000})";
+  const ModelConfig c = ModelConfig::fromJsonText(olmo, "config.json");
+  EXPECT_TRUE(c.olmo2);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.model_type, "olmo2");
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  // The same numbers as a Llama-family model with q/k norms are another model.
+  ModelConfig qwen3_like = c;
+  qwen3_like.olmo2 = false;
+  EXPECT_NE(qwen3_like.computeDigest(), c.computeDigest());
+}
+
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-          "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

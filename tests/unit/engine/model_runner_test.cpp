@@ -396,8 +396,9 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
     const int64_t window = c.slidingLayer(l) ? c.sliding_window : 0;
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
+      // OLMo 2: no norm before attention; q and k normed across heads.
       std::vector<double> h = x[t];
-      denseRmsNorm(h, 0, hidden, lw.input_layernorm, c.rms_norm_eps);
+      if (!c.olmo2) denseRmsNorm(h, 0, hidden, lw.input_layernorm, c.rms_norm_eps);
       q[t] = denseMatVec(lw.q_proj, h);
       k[t] = denseMatVec(lw.k_proj, h);
       v[t] = denseMatVec(lw.v_proj, h);
@@ -407,7 +408,10 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       addBias(q[t], lw.q_bias);
       addBias(k[t], lw.k_bias);
       addBias(v[t], lw.v_bias);
-      if (!lw.q_norm.empty()) {
+      if (c.olmo2) {
+        denseRmsNorm(q[t], 0, nh * hd, lw.q_norm, c.rms_norm_eps);
+        denseRmsNorm(k[t], 0, nkv * hd, lw.k_norm, c.rms_norm_eps);
+      } else if (!lw.q_norm.empty()) {
         for (int64_t hh = 0; hh < nh; ++hh)
           denseRmsNorm(q[t], hh * hd, hd, lw.q_norm, c.rms_norm_eps);
         for (int64_t hh = 0; hh < nkv; ++hh)
@@ -446,11 +450,11 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
       addDenseLora(lora, l, kLoraO, attn, o);
-      if (c.gemma) {
+      if (c.gemma || c.olmo2) {
         denseRmsNorm(o, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
         for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
         std::vector<double> h = x[t];
-        denseRmsNorm(h, 0, hidden, lw.pre_feedforward_layernorm, c.rms_norm_eps);
+        if (c.gemma) denseRmsNorm(h, 0, hidden, lw.pre_feedforward_layernorm, c.rms_norm_eps);
         std::vector<double> gate = denseMatVec(lw.gate_proj, h);
         std::vector<double> up = denseMatVec(lw.up_proj, h);
         addDenseLora(lora, l, kLoraGate, h, gate);
@@ -458,7 +462,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         const double beta = std::sqrt(2.0 / std::acos(-1.0));
         for (size_t i = 0; i < gate.size(); ++i) {
           const double g = gate[i];
-          gate[i] = 0.5 * g * (1.0 + std::tanh(beta * (g + 0.044715 * g * g * g))) * up[i];
+          gate[i] = c.gemma ? 0.5 * g * (1.0 + std::tanh(beta * (g + 0.044715 * g * g * g))) * up[i]
+                            : g / (1.0 + std::exp(-g)) * up[i];  // OLMo 2: SiLU
         }
         std::vector<double> down = denseMatVec(lw.down_proj, gate);
         addDenseLora(lora, l, kLoraDown, gate, down);
@@ -862,6 +867,9 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"Phi3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         // Granite: its four scalars.
         Variant{"GraniteForCausalLM", DType::kBF16, DType::kF32},
+        // OLMo 2: norms after attention and the MLP, q/k norms across heads.
+        Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
