@@ -23,6 +23,19 @@ namespace {
 constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
 constexpr const char* kTensorPrefix = "base_model.model.model.layers.";
+
+// Where an adapter's layers are: PEFT names them after the model class's
+// modules, so an adapter of Gemma3ForConditionalGeneration (Gemma 3 4B and
+// up as published) has its language model's layers under
+// language_model.model. (transformers before 4.52) or
+// model.language_model. (4.52 and later), as the checkpoint's tensors are.
+std::vector<std::string> layerPrefixes(const ModelConfig& model) {
+  if (model.architecture == "Gemma3ForConditionalGeneration") {
+    return {"base_model.model.language_model.model.layers.",
+            "base_model.model.model.language_model.layers."};
+  }
+  return {kTensorPrefix};
+}
 // Ranks past this are not low-rank updates of any supported model.
 constexpr int64_t kMaxRank = 4096;
 
@@ -54,10 +67,13 @@ std::string checkpointModuleName(const ModelConfig& model, int module) {
 // Where `name` (a tensor of the adapter) belongs: layer, module (LoraModule,
 // or kLoraModules + i for kFusedLoraModules[i]) and whether it is lora_A;
 // false when it is not a projection's lora_A or lora_B.
-bool parseTensorName(const std::string& name, int64_t& layer, int& module, bool& is_a) {
-  const std::string prefix = kTensorPrefix;
-  if (name.compare(0, prefix.size(), prefix) != 0) return false;
-  size_t pos = prefix.size();
+bool parseTensorName(const std::string& name, const std::vector<std::string>& prefixes,
+                     int64_t& layer, int& module, bool& is_a) {
+  const auto prefix = std::find_if(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
+    return name.compare(0, p.size(), p) == 0;
+  });
+  if (prefix == prefixes.end()) return false;
+  size_t pos = prefix->size();
   size_t end = name.find('.', pos);
   // Decimal without leading zeros: one tensor has one name.
   if (end == std::string::npos || end == pos || end - pos > 9 ||
@@ -197,6 +213,12 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
   }};
   adapter->layers_.resize(static_cast<size_t>(model.num_hidden_layers));
   const std::string file = weights_path.string();
+  const std::vector<std::string> prefixes = layerPrefixes(model);
+  std::string accepted_prefixes;
+  for (const std::string& prefix : prefixes) {
+    accepted_prefixes += (accepted_prefixes.empty() ? "" : " or ") + prefix;
+  }
+  if (prefixes.size() > 1) accepted_prefixes += ", then ";
   for (const auto& [tensor_name, tensor] : weights.tensors()) {
     int64_t layer = 0;
     int module = 0;
@@ -204,7 +226,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
     const std::string accepted_modules =
         model.phi3 ? "self_attn.qkv_proj/o_proj, mlp.gate_up_proj/down_proj (Phi-3's)"
                    : "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj";
-    const bool parsed = parseTensorName(tensor_name, layer, module, is_a);
+    const bool parsed = parseTensorName(tensor_name, prefixes, layer, module, is_a);
     const bool fused = parsed && module >= kLoraModules;
     // Phi-3's adapters name its fused modules, others' the separate ones.
     if (!parsed || (fused ? !model.phi3
@@ -212,9 +234,10 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
                                 kLoraModuleNames[static_cast<size_t>(module)])) {
       throw Error("tensor " + tensor_name + " in " + file +
                   " is not a LoRA matrix of a projection Tandem adapts in " + model.architecture +
-                  " (accepted: " + kTensorPrefix +
+                  " (accepted: " + accepted_prefixes +
                   "<layer>.<module>.lora_A.weight and lora_B.weight, module one of " +
-                  accepted_modules + ")");
+                  accepted_modules +
+                  (prefixes.size() > 1 ? "; the vision tower is not adapted" : "") + ")");
     }
     if (layer >= model.num_hidden_layers) {
       throw Error("tensor " + tensor_name + " in " + file + " names layer " +
@@ -275,7 +298,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
       LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(module)];
       if (pair.rank == 0) continue;
       if (pair.a.empty() || pair.b_scaled.empty()) {
-        throw Error("tensor " + std::string(kTensorPrefix) + std::to_string(layer) + "." +
+        throw Error("tensor " + prefixes.front() + std::to_string(layer) + "." +
                     checkpointModuleName(model, module) +
                     (pair.a.empty() ? ".lora_A.weight" : ".lora_B.weight") + " missing from " +
                     file + " (its pair is there)");

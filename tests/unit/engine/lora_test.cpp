@@ -294,6 +294,82 @@ TEST(LoraAdapter, Phi3FusedModulesAreSplitIntoTheirParts) {
             std::string::npos);
 }
 
+// Gemma 3 4B and up are published as Gemma3ForConditionalGeneration, and
+// PEFT names their adapters' layers as the checkpoint's:
+// language_model.model.layers (transformers before 4.52) or
+// model.language_model.layers (4.52 and later). Either loads as the same
+// adapter of the language model; the vision tower's modules, and the plain
+// model.layers names, are refused naming what is accepted.
+TEST(LoraAdapter, Gemma3ConditionalCheckpointsAdaptersNameTheLanguageModel) {
+  const ModelConfig causal = tools::presetConfig("tiny", "Gemma3ForCausalLM");
+  json text = json::parse(causal.toJsonText());
+  json top = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+              {"model_type", "gemma3"},
+              {"vision_config", {{"hidden_size", 4}}}};
+  text.erase("architectures");
+  top["text_config"] = text;
+  const ModelConfig conditional = ModelConfig::fromJsonText(top.dump(), "config.json");
+  ASSERT_EQ(conditional.num_hidden_layers, causal.num_hidden_layers);
+
+  TempDir plain("tandem-lora-gemma3");
+  tools::writeTestLoraAdapter({}, causal, plain.path());
+  const std::unique_ptr<LoraAdapter> expected = LoraAdapter::load("sql", plain.path(), causal);
+  // The same tensors under `prefix` instead of base_model.model.model., and
+  // `extra` tensors.
+  auto renamed = [&](const TempDir& dir, const std::string& prefix,
+                     const std::vector<std::string>& extra = {}) {
+    fs::copy_file(plain.path() / "adapter_config.json", dir.path() / "adapter_config.json");
+    SafetensorsFile file(plain.path() / "adapter_model.safetensors");
+    SafetensorsWriter writer;
+    const std::string from = "base_model.model.model.";
+    for (const auto& [name, tensor] : file.tensors()) {
+      const auto* data = static_cast<const uint8_t*>(tensor.data);
+      writer.add(prefix + name.substr(from.size()), tensor.dtype, tensor.shape,
+                 std::vector<uint8_t>(data, data + tensor.num_bytes));
+    }
+    for (const std::string& name : extra) {
+      writer.add(name, DType::kF32, {8, 4}, std::vector<uint8_t>(8 * 4 * sizeof(float)));
+    }
+    writer.write(dir.path() / "adapter_model.safetensors");
+  };
+  for (const char* prefix :
+       {"base_model.model.language_model.model.", "base_model.model.model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    TempDir dir("tandem-lora-gemma3-conditional");
+    renamed(dir, prefix);
+    const std::unique_ptr<LoraAdapter> adapter = LoraAdapter::load("sql", dir.path(), conditional);
+    for (int64_t layer = 0; layer < causal.num_hidden_layers; ++layer) {
+      for (int module = 0; module < kLoraModules; ++module) {
+        EXPECT_EQ(adapter->pair(layer, module).a, expected->pair(layer, module).a);
+        EXPECT_EQ(adapter->pair(layer, module).b_scaled, expected->pair(layer, module).b_scaled);
+      }
+    }
+    EXPECT_EQ(adapter->pair(1, kLoraDown).out, causal.hidden_size);
+  }
+  auto refusal = [&](const std::string& prefix, const std::vector<std::string>& extra) {
+    TempDir dir("tandem-lora-gemma3-refused");
+    renamed(dir, prefix, extra);
+    try {
+      LoraAdapter::load("sql", dir.path(), conditional);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  const std::string vision =
+      "base_model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight";
+  EXPECT_NE(
+      refusal("base_model.model.language_model.model.", {vision}).find("tensor " + vision + " in "),
+      std::string::npos);
+  EXPECT_NE(refusal("base_model.model.model.", {})
+                .find("(accepted: base_model.model.language_model.model.layers. or "
+                      "base_model.model.model.language_model.layers., then "
+                      "<layer>.<module>.lora_A.weight and lora_B.weight, module one of "
+                      "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj; "
+                      "the vision tower is not adapted)"),
+            std::string::npos);
+}
+
 TEST(LoraAdapter, MissingFilesAreNamed) {
   TempDir empty("tandem-lora-empty");
   EXPECT_NE(loadError(empty.path() / "absent").find("is not a directory"), std::string::npos);
