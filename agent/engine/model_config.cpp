@@ -414,6 +414,17 @@ void readGemma(const FieldReader& reader, const json& root, bool gemma2, ModelCo
   }
 }
 
+// LongRoPE's attention factor when the config gives none, as transformers'
+// _compute_longrope_parameters computes it: sqrt(1 + ln(s) / ln(original))
+// for s = max_position_embeddings / original_max_position_embeddings above
+// 1, else 1.
+double longRopeDefaultMscale(const ModelConfig& config) {
+  const auto original = static_cast<double>(config.rope_scaling.original_max_position_embeddings);
+  const double ratio = static_cast<double>(config.max_position_embeddings) / original;
+  return ratio <= 1.0 || original <= 1.0 ? 1.0
+                                         : std::sqrt(1.0 + std::log(ratio) / std::log(original));
+}
+
 // LongRoPE's fields that depend on the rest of the config, as transformers'
 // _compute_longrope_parameters settles them: one factor per rotary pair;
 // original_max_position_embeddings from the top level (Phi-3 keeps it
@@ -438,12 +449,7 @@ void readLongRope(const FieldReader& reader, ModelConfig& config) {
                                                  : config.max_position_embeddings,
                                              kMaxPositionEmbeddings);
   scaling.original_max_position_embeddings = original;
-  const double ratio =
-      static_cast<double>(config.max_position_embeddings) / static_cast<double>(original);
-  const double default_mscale =
-      ratio <= 1.0 || original <= 1
-          ? 1.0
-          : std::sqrt(1.0 + std::log(ratio) / std::log(static_cast<double>(original)));
+  const double default_mscale = longRopeDefaultMscale(config);
   if (scaling.short_mscale == 0.0) scaling.short_mscale = default_mscale;
   if (scaling.long_mscale == 0.0) scaling.long_mscale = default_mscale;
   config.fitContext(config.max_position_embeddings);
@@ -832,6 +838,14 @@ std::string ModelConfig::toJsonText() const {
                             {"short_factor", rope_scaling.short_factor},
                             {"long_factor", rope_scaling.long_factor}};
     root["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+    // What a published config leaves to its default is left out; the rest
+    // is written as vLLM reads it.
+    if (rope_scaling.factor != 1.0) root["rope_scaling"]["factor"] = rope_scaling.factor;
+    const double mscale = longRopeDefaultMscale(*this);
+    if (rope_scaling.short_mscale != mscale || rope_scaling.long_mscale != mscale) {
+      root["rope_scaling"]["short_mscale"] = rope_scaling.short_mscale;
+      root["rope_scaling"]["long_mscale"] = rope_scaling.long_mscale;
+    }
   }
   if (granite) {
     root["embedding_multiplier"] = embedding_multiplier;
@@ -840,7 +854,12 @@ std::string ModelConfig::toJsonText() const {
     root["logits_scaling"] = logits_scaling;
   }
   if (phi3 && rotary_dim != head_dim) {
-    root["partial_rotary_factor"] = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
+    // The factor that int(head_dim x factor) reads back as rotary_dim.
+    double factor = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
+    while (static_cast<int64_t>(static_cast<double>(head_dim) * factor) < rotary_dim) {
+      factor = std::nextafter(factor, 2.0);
+    }
+    root["partial_rotary_factor"] = factor;
   }
   root["max_position_embeddings"] = max_position_embeddings;
   if (sliding_window > 0) root["sliding_window"] = sliding_window;

@@ -1676,6 +1676,13 @@ TEST(ModelConfigParsing, Phi3ReadsPartialRotaryLongRopeAndItsWindow) {
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);  // none given: the context
   EXPECT_FALSE(c.rope_scaling.use_long);
   EXPECT_EQ(c.ropeAttentionFactor(), 1.5);
+  // Written back as read: the attention factor given; 30 of 44 dims, whose
+  // factor 30 / 44 int() would read back as 29 unless rounded up.
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
+  c = ModelConfig::fromJsonText(phi(R"(, "head_dim": 44, "partial_rotary_factor": 0.6818182)"),
+                                "config.json");
+  EXPECT_EQ(c.rotary_dim, 30);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
 
   // Phi-3-mini-4k: a window on every layer; Phi-4: none of it.
   c = ModelConfig::fromJsonText(phi(R"(, "sliding_window": 2047)"), "config.json");
