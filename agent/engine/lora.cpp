@@ -219,13 +219,13 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
     accepted_prefixes += (accepted_prefixes.empty() ? "" : " or ") + prefix;
   }
   if (prefixes.size() > 1) accepted_prefixes += ", then ";
+  const std::string accepted_modules =
+      model.phi3 ? "self_attn.qkv_proj/o_proj, mlp.gate_up_proj/down_proj (Phi-3's)"
+                 : "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj";
   for (const auto& [tensor_name, tensor] : weights.tensors()) {
     int64_t layer = 0;
     int module = 0;
     bool is_a = false;
-    const std::string accepted_modules =
-        model.phi3 ? "self_attn.qkv_proj/o_proj, mlp.gate_up_proj/down_proj (Phi-3's)"
-                   : "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj";
     const bool parsed = parseTensorName(tensor_name, prefixes, layer, module, is_a);
     const bool fused = parsed && module >= kLoraModules;
     // Phi-3's adapters name its fused modules, others' the separate ones.

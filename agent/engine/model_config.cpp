@@ -55,8 +55,6 @@ class FieldReader {
     return it != object_.end() && !it->is_null();
   }
 
-  const std::string& source() const { return source_; }
-
   [[noreturn]] void fail(const char* key, const std::string& what) const {
     throw Error(source_ + ": field \"" + prefix_ + key + "\" " + what);
   }
@@ -429,18 +427,16 @@ double longRopeDefaultMscale(const ModelConfig& config) {
 // _compute_longrope_parameters settles them: one factor per rotary pair;
 // original_max_position_embeddings from the top level (Phi-3 keeps it
 // there), else rope_scaling's, else max_position_embeddings; the attention
-// factor given, else sqrt(1 + ln(s) / ln(original)) for s =
-// max_position_embeddings / original above 1, else 1.
+// factor given, else longRopeDefaultMscale's.
 void readLongRope(const FieldReader& reader, ModelConfig& config) {
   RopeScaling& scaling = config.rope_scaling;
   const auto pairs = static_cast<size_t>(config.rotary_dim / 2);
-  for (const auto& [name, factors] :
-       {std::pair<const char*, const std::vector<double>*>{"short_factor", &scaling.short_factor},
-        {"long_factor", &scaling.long_factor}}) {
+  for (const auto& [name, factors] : {std::pair<const char*, const std::vector<double>*>{
+                                          "rope_scaling.short_factor", &scaling.short_factor},
+                                      {"rope_scaling.long_factor", &scaling.long_factor}}) {
     if (factors->size() != pairs) {
-      throw Error(reader.source() + ": field \"rope_scaling." + name +
-                  "\" must hold one factor per " + "rotary pair (rotary dims / 2 = " +
-                  std::to_string(pairs) + "), got " + std::to_string(factors->size()));
+      reader.fail(name, "must hold one factor per rotary pair (rotary dims / 2 = " +
+                            std::to_string(pairs) + "), got " + std::to_string(factors->size()));
     }
   }
   const int64_t original = reader.boundedInt("original_max_position_embeddings",
@@ -833,7 +829,7 @@ std::string ModelConfig::toJsonText() const {
   }
   if (rope_scaling.type == RopeScaling::Type::kLongRope) {
     // As Phi-3.5 and Phi-4-mini publish it: original_max_position_embeddings
-    // at the top level, the attention factor left to its default.
+    // at the top level.
     root["rope_scaling"] = {{"type", "longrope"},
                             {"short_factor", rope_scaling.short_factor},
                             {"long_factor", rope_scaling.long_factor}};

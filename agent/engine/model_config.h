@@ -152,16 +152,16 @@ struct ModelConfig {
   // head_dim^-1/2, each attention and MLP output times residual_multiplier
   // before its residual add, and the logits divided by logits_scaling.
   bool granite = false;
+  double embedding_multiplier = 1.0;
+  double attention_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double logits_scaling = 1.0;
   // Olmo2ForCausalLM (AllenAI OLMo 2): no norm before attention or the
   // MLP; their outputs are normalized (post_attention_layernorm,
   // post_feedforward_layernorm) before each residual add, and q and k are
   // normalized across all their heads at once (q_norm of num_heads x
   // head_dim weights) before RoPE.
   bool olmo2 = false;
-  double embedding_multiplier = 1.0;
-  double attention_multiplier = 1.0;
-  double residual_multiplier = 1.0;
-  double logits_scaling = 1.0;
 
   // What depends on the context length the engine serves: LongRoPE's
   // factors (RopeScaling::use_long). Changes computeDigest when it changes

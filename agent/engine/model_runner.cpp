@@ -110,47 +110,39 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     throw mismatch("num_kv_heads", config.num_key_value_heads, kv.num_kv_heads);
   }
   if (kv.head_dim != config.head_dim) throw mismatch("head_dim", config.head_dim, kv.head_dim);
-  if (config.num_experts > 0 && !backend_.hostAccessible()) {
-    throw Error("model " + model_.directory().string() + " (" + config.architecture +
-                ") is a mixture of experts, which runs on the CPU backend only (" +
-                backend_.description() +
-                " is not one: start it with --device cpu; docs/engine.md#mixture-of-experts)");
-  }
-  if (model_.fp8Matrices() > 0 && !backend_.hostAccessible()) {
-    throw Error("model " + model_.directory().string() + " has fp8 weights (" +
-                config.quantization.method + ", " +
-                granularityName(config.quantization.granularity) +
-                " scales), which run on the CPU backend only (" + backend_.description() +
-                " is not one: start it with --device cpu; docs/quantization.md)");
-  }
-  if (kv.dtype == DType::kF8E4M3 && !backend_.hostAccessible()) {
-    throw Error("an fp8 KV cache (--kv-dtype fp8) runs on the CPU backend only (" +
-                backend_.description() +
-                " is not one: start it with --device cpu, or give it --kv-dtype bf16; "
-                "docs/quantization.md#fp8-kv-cache)");
-  }
-  if (config.granite && !backend_.hostAccessible()) {
-    throw Error("model " + model_.directory().string() + " (" + config.architecture +
-                ") scales its embedding, residual branches and logits, which runs on the CPU "
-                "backend only (" +
-                backend_.description() +
-                " is not one: start it with --device cpu; docs/engine.md#granite)");
-  }
-  if (config.gemma && !backend_.hostAccessible()) {
-    throw Error("model " + model_.directory().string() + " (" + config.architecture +
-                ") runs on the CPU backend only (" + backend_.description() +
-                " is not one: start it with --device cpu; docs/engine.md#gemma-3)");
-  }
+  // What only a host-accessible backend (the CPU's) computes is refused on
+  // the others, naming the model, the backend and what to start instead.
+  const std::string model_name =
+      "model " + model_.directory().string() + " (" + config.architecture + ")";
+  auto requireHost = [&](bool needed, const std::string& what, const char* remedy,
+                         const char* doc) {
+    if (!needed || backend_.hostAccessible()) return;
+    throw Error(what + " on the CPU backend only (" + backend_.description() +
+                " is not one: start it with --device cpu" + remedy + "; " + doc + ")");
+  };
+  requireHost(config.num_experts > 0, model_name + " is a mixture of experts, which runs", "",
+              "docs/engine.md#mixture-of-experts");
+  requireHost(model_.fp8Matrices() > 0,
+              "model " + model_.directory().string() + " has fp8 weights (" +
+                  config.quantization.method + ", " +
+                  granularityName(config.quantization.granularity) + " scales), which run",
+              "", "docs/quantization.md");
+  requireHost(kv.dtype == DType::kF8E4M3, "an fp8 KV cache (--kv-dtype fp8) runs",
+              ", or give it --kv-dtype bf16", "docs/quantization.md#fp8-kv-cache");
+  requireHost(config.granite,
+              model_name + " scales its embedding, residual branches and logits, which runs", "",
+              "docs/engine.md#granite");
+  requireHost(config.gemma, model_name + " runs", "", "docs/engine.md#gemma-3");
   rope_variant_.rotary_dim = config.rotary_dim == config.head_dim ? 0 : config.rotary_dim;
   rope_variant_.attention_factor = static_cast<float>(config.ropeAttentionFactor());
   const bool plain_rope = rope_variant_ == kernels::RopeVariant{};
-  if (!plain_rope && !backend_.hostAccessible()) {
-    throw Error("model " + model_.directory().string() + " (" + config.architecture + ") " +
-                (rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
-                                              : "scales its rotary embedding (LongRoPE)") +
-                ", which runs on the CPU backend only (" + backend_.description() +
-                " is not one: start it with --device cpu; docs/engine.md#phi-3-and-phi-4)");
-  }
+  requireHost(
+      !plain_rope,
+      model_name + " " +
+          (rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
+                                        : "scales its rotary embedding (LongRoPE)") +
+          ", which runs",
+      "", "docs/engine.md#phi-3-and-phi-4");
   // A backend that cannot apply windows (not host-accessible) computes full
   // attention: the engine capped max_model_len at the window, within which
   // the two are one.

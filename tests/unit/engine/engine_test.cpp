@@ -857,70 +857,6 @@ TEST(EngineControl, WithoutAConnectorTheKvSecretStillGuardsControlRequests) {
   EXPECT_EQ(engine.authorizeKvRequest("/admin/drain", body).code(), StatusCode::kPermissionDenied);
 }
 
-// A Mistral model's sliding_window is applied on every layer by the CPU
-// backend: max_model_len is the model's whole context, a prompt within the
-// window is computed as without one, a longer one otherwise, and the
-// window is part of the model identity. (A backend without window kernels
-// caps max_model_len at the window instead: docs/engine.md#models.)
-TEST(EngineContext, AMistralWindowIsAppliedOnTheCpu) {
-  ::tandem::testing::TempDir dir("tandem-mistral-window");
-  tools::TestModelOptions options;
-  options.architecture = "MistralForCausalLM";
-  tools::writeTestModel(options, dir.path() / "full");
-  tools::writeTestModel(options, dir.path() / "window");
-  nlohmann::json config =
-      nlohmann::json::parse(::tandem::testing::readFile(dir.path() / "window" / "config.json"));
-  config["sliding_window"] = 48;
-  ::tandem::testing::writeFile(dir.path() / "window" / "config.json", config.dump(2));
-  EngineConfig full_config = engineConfig();
-  full_config.model_dir = dir.path() / "full";
-  EngineConfig window_config = engineConfig();
-  window_config.model_dir = dir.path() / "window";
-  Engine full(full_config);
-  Engine window(window_config);
-  EXPECT_EQ(window.maxModelLen(), 512);
-  EXPECT_NE(window.modelIdentity(), full.modelIdentity());
-  // The tokens and the bits of their logprobs and 3 best alternatives.
-  auto logprobs = [](Engine& engine, int64_t length) {
-    Request request = greedyRequest("r", randomTokens(length, 4), 2);
-    request.sampling.logprobs = 3;
-    std::mutex mutex;
-    std::condition_variable done;
-    bool finished = false;
-    std::vector<int64_t> seen;
-    auto bits = [](float value) {
-      uint32_t b = 0;
-      std::memcpy(&b, &value, sizeof b);
-      return int64_t{b};
-    };
-    EXPECT_TRUE(engine
-                    .addRequest(std::move(request),
-                                [&](const RequestOutput& out) {
-                                  std::lock_guard<std::mutex> lock(mutex);
-                                  for (const GeneratedToken& token : out.tokens) {
-                                    seen.push_back(token.token);
-                                    seen.push_back(bits(token.logprob));
-                                    for (const auto& top : token.top) {
-                                      seen.push_back(top.token);
-                                      seen.push_back(bits(top.logprob));
-                                    }
-                                  }
-                                  if (out.finished()) {
-                                    finished = true;
-                                    done.notify_all();
-                                  }
-                                })
-                    .isOk());
-    std::unique_lock<std::mutex> lock(mutex);
-    EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(60), [&] { return finished; }));
-    return seen;
-  };
-  // Within the window (40 prompt tokens, 41 with the first generated one):
-  // the same bits; past it, other logits.
-  EXPECT_EQ(logprobs(window, 40), logprobs(full, 40));
-  EXPECT_NE(logprobs(window, 100), logprobs(full, 100));
-}
-
 // bf16 compute is an engine setting: the backend multiplies bf16-rounded
 // activations, and the model identity (what block hashes and connector
 // handshakes are made from) says so, so that KV is never reused or loaded
@@ -1160,6 +1096,46 @@ void expectSameLogprobs(const GeneratedToken& a, const GeneratedToken& b) {
     EXPECT_EQ(a.top[k].token, b.top[k].token) << k;
     EXPECT_EQ(bitsOf(a.top[k].logprob), bitsOf(b.top[k].logprob)) << k;
   }
+}
+
+// A Mistral model's sliding_window is applied on every layer by the CPU
+// backend: max_model_len is the model's whole context, a prompt within the
+// window is computed as without one, a longer one otherwise, and the
+// window is part of the model identity. (A backend without window kernels
+// caps max_model_len at the window instead: docs/engine.md#models.)
+TEST(EngineContext, AMistralWindowIsAppliedOnTheCpu) {
+  ::tandem::testing::TempDir dir("tandem-mistral-window");
+  tools::TestModelOptions options;
+  options.architecture = "MistralForCausalLM";
+  tools::writeTestModel(options, dir.path() / "full");
+  tools::writeTestModel(options, dir.path() / "window");
+  nlohmann::json config =
+      nlohmann::json::parse(::tandem::testing::readFile(dir.path() / "window" / "config.json"));
+  config["sliding_window"] = 48;
+  ::tandem::testing::writeFile(dir.path() / "window" / "config.json", config.dump(2));
+  EngineConfig full_config = engineConfig();
+  full_config.model_dir = dir.path() / "full";
+  EngineConfig window_config = engineConfig();
+  window_config.model_dir = dir.path() / "window";
+  Engine full(full_config);
+  Engine window(window_config);
+  EXPECT_EQ(window.maxModelLen(), 512);
+  EXPECT_NE(window.modelIdentity(), full.modelIdentity());
+  // The tokens and the bits of their logprobs and 3 best alternatives.
+  auto logprobs = [](Engine& engine, int64_t length) {
+    Request request = greedyRequest("r", randomTokens(length, 4), 2);
+    request.sampling.logprobs = 3;
+    std::vector<int64_t> seen;
+    for (const GeneratedToken& token : runToEnd(engine, std::move(request)).tokens) {
+      seen.insert(seen.end(), {token.token, bitsOf(token.logprob)});
+      for (const auto& top : token.top) seen.insert(seen.end(), {top.token, bitsOf(top.logprob)});
+    }
+    return seen;
+  };
+  // Within the window (40 prompt tokens, 41 with the first generated one):
+  // the same bits; past it, other logits.
+  EXPECT_EQ(logprobs(window, 40), logprobs(full, 40));
+  EXPECT_NE(logprobs(window, 100), logprobs(full, 100));
 }
 
 // Prompt logprobs are the model's own predictions: a prompt made of a
