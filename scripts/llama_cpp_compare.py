@@ -340,6 +340,34 @@ class Reference:
             self.mscale = scaling.get("attention_factor") or default
         elif kind == "linear":
             inv_freq = inv_freq / scaling["factor"]
+        elif kind == "yarn":
+            # transformers' _compute_yarn_parameters.
+            factor = scaling["factor"]
+            original = (scaling.get("original_max_position_embeddings")
+                        or c["max_position_embeddings"])
+
+            def get_mscale(scale, mscale=1.0):
+                return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+            self.mscale = scaling.get("attention_factor")
+            if self.mscale is None:
+                mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+                self.mscale = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+                               if mscale and mscale_all_dim else get_mscale(factor))
+
+            def correction_dim(rotations):
+                return (d * math.log(original / (rotations * 2 * math.pi))) / (
+                    2 * math.log(float(theta)))
+
+            low = correction_dim(scaling.get("beta_fast") or 32)
+            high = correction_dim(scaling.get("beta_slow") or 1)
+            if scaling.get("truncate", True):
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
+            if low == high:
+                high += 0.001
+            extrapolation = 1 - np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
+            inv_freq = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
         elif scaling:
             factor = scaling["factor"]
             low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)

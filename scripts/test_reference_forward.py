@@ -5,8 +5,9 @@
 
 For the tiny Llama, Gemma 2, Gemma 3, Phi-3 (partial rotary dims, LongRoPE's
 long factors and, served 128 tokens, its short ones, a window on every layer),
-Mistral given a 24-token window, Granite, OLMo 2, Mixtral and Qwen3-MoE test
-models,
+Mistral given a 24-token window, Qwen3 with YaRN (as tandem-model writes it,
+and on Llama with every YaRN option set otherwise), Granite, OLMo 2, Mixtral
+and Qwen3-MoE test models,
 Gemma 3
 rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
 with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -51,14 +52,24 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
-                 "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+                 "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+# config.json edits a "config=NAME" case applies: YaRN with each option off
+# its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
+# an original of 128, so the agent serves 1024 positions).
+CONFIG_EDITS = {"yarn-options": {"rope_scaling": {
+    "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128,
+    "beta_fast": 4, "beta_slow": 0.5, "truncate": False, "mscale": 2, "mscale_all_dim": 1}}}
 # (architecture, tandem-model --quantize or None; "vision-checkpoint": the
 # model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint;
 # "max-model-len=N": the agent serves N tokens (Phi-3's LongRoPE then takes
-# its short factors); "sliding-window=N": config.json given that window)
+# its short factors); "sliding-window=N": config.json given that window;
+# "rope-scaling=yarn": tandem-model --rope-scaling yarn; "config=NAME":
+# config.json edited by CONFIG_EDITS[NAME])
 CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
          ("gemma3", "vision-checkpoint:model.language_model."), ("phi3", None),
-         ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"), ("granite", None),
+         ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"),
+         ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("granite", None),
          ("olmo2", None),
          ("mixtral", None),
          ("qwen3_moe", None),
@@ -139,21 +150,30 @@ def check(bin_dir, work, arch, quantize):
     label = arch + (f" {quantize}" if quantize else "")
     model = os.path.join(work, label.replace(" ", "-").replace(":", "-").replace("=", "-"))
     vision = bool(quantize) and quantize.startswith("vision-checkpoint")
-    max_model_len = window = None
+    max_model_len = None
+    edits = {}
+    extra = []
     if quantize and quantize.startswith("max-model-len="):
         max_model_len = int(quantize.partition("=")[2])
-    if quantize and quantize.startswith("sliding-window="):
-        window = int(quantize.partition("=")[2])
-    extra = ["--quantize", quantize] if quantize and not (vision or max_model_len or window) else []
+    elif quantize and quantize.startswith("sliding-window="):
+        edits = {"sliding_window": int(quantize.partition("=")[2])}
+    elif quantize and quantize.startswith("config="):
+        edits = CONFIG_EDITS[quantize.partition("=")[2]]
+    elif quantize and quantize.startswith("rope-scaling="):
+        extra = ["--rope-scaling", quantize.partition("=")[2]]
+    elif quantize and not vision:
+        extra = ["--quantize", quantize]
     subprocess.run([os.path.join(bin_dir, "tandem-model"), "--preset", "tiny", "--arch", arch,
                     "--seed", "4", "--out", model] + extra, check=True, capture_output=True)
     config = lcc.load(os.path.join(model, "config.json"))
-    if window:
-        config["sliding_window"] = window
+    if edits:
+        config.update(edits)
         with open(os.path.join(model, "config.json"), "w") as f:
             json.dump(config, f)
     assert config["architectures"] == [ARCHITECTURES[arch]], config["architectures"]
-    assert ("quantization_config" in config) == bool(extra)
+    assert ("quantization_config" in config) == (extra[:1] == ["--quantize"])
+    if "yarn" in (quantize or ""):
+        assert config["rope_scaling"]["rope_type"] == "yarn", config["rope_scaling"]
     reference_dir = model
     if vision:
         model = model + "-served"

@@ -88,6 +88,16 @@ class FieldReader {
     return has(key) ? positiveNumber(key) : default_value;
   }
 
+  // A finite number of at least 0.
+  double nonNegativeNumber(const char* key, double default_value) const {
+    if (!has(key)) return default_value;
+    const json& value = object_.at(key);
+    if (!value.is_number() || !(value.get<double>() >= 0) || !std::isfinite(value.get<double>())) {
+      fail(key, "must be a number of at least 0, got " + value.dump());
+    }
+    return value.get<double>();
+  }
+
   // A non-empty list of positive finite numbers.
   std::vector<double> positiveNumbers(const char* key) const {
     if (!has(key)) fail(key, "is missing (required: a list of positive numbers)");
@@ -145,9 +155,15 @@ class FieldReader {
   std::string prefix_;
 };
 
+// YaRN's attention factor for a context `factor` times the original:
+// 0.1 x mscale x ln(factor) + 1, or 1 for factor at most 1 (transformers'
+// get_mscale).
+double yarnMscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
 // Reads "rope_scaling" (or, in newer transformers, "rope_parameters", which
-// also carries rope_theta). Only llama3 scaling changes the frequencies;
-// "default" is the same as no scaling.
+// also carries rope_theta). "default" is the same as no scaling.
 RopeScaling parseRopeScaling(const json& object, const std::string& source,
                              const std::string& field) {
   FieldReader reader(object, source, field + ".");
@@ -179,10 +195,34 @@ RopeScaling parseRopeScaling(const json& object, const std::string& source,
     scaling.long_mscale = reader.positiveNumber("long_mscale", attention_factor);
     return scaling;
   }
+  if (type == "yarn") {
+    // As transformers' _compute_yarn_parameters reads it; the original
+    // context (default max_position_embeddings) is settled by the caller.
+    scaling.type = RopeScaling::Type::kYarn;
+    scaling.factor = reader.requiredPositiveNumber("factor");
+    scaling.original_max_position_embeddings =
+        reader.boundedInt("original_max_position_embeddings", 0, kMaxPositionEmbeddings);
+    scaling.beta_fast = reader.positiveNumber("beta_fast", 32.0);
+    scaling.beta_slow = reader.positiveNumber("beta_slow", 1.0);
+    if (scaling.beta_fast < scaling.beta_slow) {
+      reader.fail("beta_fast", "must be at least beta_slow (" + json(scaling.beta_slow).dump() +
+                                   "), got " + json(scaling.beta_fast).dump());
+    }
+    scaling.truncate = reader.boolean("truncate", true);
+    // DeepSeek's pair: the ratio of the two, where both are given and not 0.
+    const double mscale = reader.nonNegativeNumber("mscale", 0.0);
+    const double mscale_all_dim = reader.nonNegativeNumber("mscale_all_dim", 0.0);
+    scaling.attention_factor = reader.positiveNumber(
+        "attention_factor",
+        mscale > 0 && mscale_all_dim > 0
+            ? yarnMscale(scaling.factor, mscale) / yarnMscale(scaling.factor, mscale_all_dim)
+            : yarnDefaultAttentionFactor(scaling.factor));
+    return scaling;
+  }
   if (type != "llama3") {
     throw Error(source + ": field \"" + field + "\" has rope type \"" + type +
-                "\", which is not supported (accepted: llama3, linear, longrope, or null for no "
-                "scaling)");
+                "\", which is not supported (accepted: llama3, linear, longrope, yarn, or null "
+                "for no scaling)");
   }
   scaling.type = RopeScaling::Type::kLlama3;
   scaling.factor = reader.requiredPositiveNumber("factor");
@@ -451,6 +491,23 @@ void readLongRope(const FieldReader& reader, ModelConfig& config) {
   config.fitContext(config.max_position_embeddings);
 }
 
+// YaRN's original context (transformers' default: max_position_embeddings)
+// and the context it serves: the original times `factor` where that is
+// more than max_position_embeddings, as vLLM derives max_model_len (Qwen3
+// configs say 40960 with factor 4 over 32768: 131072 is served).
+void settleYarnContext(ModelConfig& config) {
+  RopeScaling& scaling = config.rope_scaling;
+  if (scaling.original_max_position_embeddings == 0) {
+    scaling.original_max_position_embeddings = config.max_position_embeddings;
+  }
+  const double extended =
+      static_cast<double>(scaling.original_max_position_embeddings) * scaling.factor;
+  if (extended > static_cast<double>(config.max_position_embeddings)) {
+    config.max_position_embeddings =
+        static_cast<int64_t>(std::min(extended, static_cast<double>(kMaxPositionEmbeddings)));
+  }
+}
+
 }  // namespace
 
 void ModelConfig::fitContext(int64_t max_model_len) {
@@ -460,6 +517,7 @@ void ModelConfig::fitContext(int64_t max_model_len) {
 }
 
 double ModelConfig::ropeAttentionFactor() const {
+  if (rope_scaling.type == RopeScaling::Type::kYarn) return rope_scaling.attention_factor;
   if (rope_scaling.type != RopeScaling::Type::kLongRope) return 1.0;
   return rope_scaling.use_long ? rope_scaling.long_mscale : rope_scaling.short_mscale;
 }
@@ -660,6 +718,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     }
     config.rope_local_base_freq = config.rope_theta;
   }
+  if (is_gemma3 && (config.rope_scaling.type == RopeScaling::Type::kLongRope ||
+                    config.rope_scaling.type == RopeScaling::Type::kYarn)) {
+    // Their attention factor would reach the sliding layers too.
+    reader.fail(reader.has("rope_scaling") ? "rope_scaling" : "rope_parameters",
+                "scales Gemma3ForCausalLM's full layers by longrope or yarn, which is not "
+                "supported (accepted: linear, llama3, or null)");
+  }
   const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe    ? 32768
                                         : is_mistral || is_mixtral || is_gemma3 ? 131072
                                         : is_gemma2                             ? 8192
@@ -670,6 +735,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
     readLongRope(reader, config);
   }
+  if (config.rope_scaling.type == RopeScaling::Type::kYarn) settleYarnContext(config);
   // Gemma 3 ties its embeddings unless told otherwise.
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma);
   // Qwen2's attention always has q/k/v biases whatever the config says;
@@ -843,6 +909,20 @@ std::string ModelConfig::toJsonText() const {
       root["rope_scaling"]["long_mscale"] = rope_scaling.long_mscale;
     }
   }
+  if (rope_scaling.type == RopeScaling::Type::kYarn) {
+    // As Qwen's model cards give it; what is left to its default is left
+    // out.
+    root["rope_scaling"] = {
+        {"rope_type", "yarn"},
+        {"factor", rope_scaling.factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+    if (rope_scaling.beta_fast != 32.0) root["rope_scaling"]["beta_fast"] = rope_scaling.beta_fast;
+    if (rope_scaling.beta_slow != 1.0) root["rope_scaling"]["beta_slow"] = rope_scaling.beta_slow;
+    if (!rope_scaling.truncate) root["rope_scaling"]["truncate"] = false;
+    if (rope_scaling.attention_factor != yarnDefaultAttentionFactor(rope_scaling.factor)) {
+      root["rope_scaling"]["attention_factor"] = rope_scaling.attention_factor;
+    }
+  }
   if (granite) {
     root["embedding_multiplier"] = embedding_multiplier;
     root["attention_multiplier"] = attention_multiplier;
@@ -957,6 +1037,16 @@ std::string ModelConfig::computeDigest() const {
       {"attention_bias", attention_bias},
       {"qk_norm", qk_norm},
   };
+  if (rope_scaling.type == RopeScaling::Type::kYarn) {
+    math["rope_scaling"] = {
+        {"yarn",
+         {{"factor", rope_scaling.factor},
+          {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings},
+          {"beta_fast", rope_scaling.beta_fast},
+          {"beta_slow", rope_scaling.beta_slow},
+          {"truncate", rope_scaling.truncate},
+          {"attention_factor", rope_scaling.attention_factor}}}};
+  }
   // Only mixtures name their experts: a dense model's digest is what it
   // was before mixtures were read.
   if (num_experts > 0) {
@@ -1015,12 +1105,35 @@ std::string ModelConfig::computeDigest() const {
   return hex;
 }
 
+double yarnDefaultAttentionFactor(double factor) { return yarnMscale(factor, 1.0); }
+
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {
   const int64_t dim = config.rotary_dim > 0 ? config.rotary_dim : config.head_dim;
   const int64_t half = dim / 2;
   std::vector<float> result(static_cast<size_t>(half));
   const RopeScaling& scaling = config.rope_scaling;
   const double pi = std::acos(-1.0);
+  // YaRN's blend runs over the pairs from `low` to `high`: those that turn
+  // beta_fast and beta_slow times within the original context.
+  double low = 0.0;
+  double high = 0.0;
+  if (scaling.type == RopeScaling::Type::kYarn) {
+    const auto pairAt = [&](double rotations) {
+      return static_cast<double>(dim) *
+             std::log(static_cast<double>(scaling.original_max_position_embeddings) /
+                      (rotations * 2.0 * pi)) /
+             (2.0 * std::log(config.rope_theta));
+    };
+    low = pairAt(scaling.beta_fast);
+    high = pairAt(scaling.beta_slow);
+    if (scaling.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+  }
   for (int64_t i = 0; i < half; ++i) {
     const double power =
         std::pow(config.rope_theta, static_cast<double>(2 * i) / static_cast<double>(dim));
@@ -1045,6 +1158,11 @@ std::vector<float> ropeInverseFrequencies(const ModelConfig& config) {
       const std::vector<double>& factors =
           scaling.use_long ? scaling.long_factor : scaling.short_factor;
       inv_freq = 1.0 / (factors[static_cast<size_t>(i)] * power);
+    } else if (scaling.type == RopeScaling::Type::kYarn) {
+      // Hugging Face's _compute_yarn_parameters: kept below `low`, divided
+      // by `factor` above `high`, linear between.
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      inv_freq = inv_freq / scaling.factor * ramp + inv_freq * (1.0 - ramp);
     }
     result[static_cast<size_t>(i)] = static_cast<float>(inv_freq);
   }

@@ -25,8 +25,12 @@ struct RopeScaling {
   // kLinear: every frequency divided by `factor` (Gemma 3's full-attention
   // layers). kLongRope (Phi-3, Phi-4): each frequency divided by its own
   // factor, short_factor's or long_factor's, and cos/sin multiplied by an
-  // attention factor (short_mscale or long_mscale).
-  enum class Type { kNone, kLlama3, kLinear, kLongRope };
+  // attention factor (short_mscale or long_mscale). kYarn (Qwen2.5's and
+  // Qwen3's long contexts): frequencies blended between kept and divided
+  // by `factor` over the pairs that turn between beta_fast and beta_slow
+  // times within original_max_position_embeddings, and cos/sin multiplied
+  // by attention_factor.
+  enum class Type { kNone, kLlama3, kLinear, kLongRope, kYarn };
   Type type = Type::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;
@@ -42,6 +46,14 @@ struct RopeScaling {
   // on the sequence's length). ModelConfig::fitContext sets it; parsing
   // assumes max_model_len = max_position_embeddings.
   bool use_long = false;
+  // YaRN's: rotations per original context that bound the blend, whether
+  // its bounds are rounded outward to whole pairs, and the factor on
+  // cos/sin (given, else from mscale and mscale_all_dim, else
+  // 0.1 ln(factor) + 1).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 1.0;
 
   bool operator==(const RopeScaling&) const = default;
 };
@@ -167,7 +179,8 @@ struct ModelConfig {
   // factors (RopeScaling::use_long). Changes computeDigest when it changes
   // them.
   void fitContext(int64_t max_model_len);
-  // The factor RoPE multiplies cos and sin by (LongRoPE's mscale, else 1).
+  // The factor RoPE multiplies cos and sin by (LongRoPE's mscale, YaRN's
+  // attention factor, else 1).
   double ropeAttentionFactor() const;
 
   // Parses and validates; throws tandem::Error naming the file and field.
@@ -189,9 +202,14 @@ struct ModelConfig {
 // the accepted architectures otherwise.
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name);
 
+// YaRN's attention factor where the config gives neither attention_factor
+// nor mscale and mscale_all_dim: 0.1 ln(factor) + 1, or 1 for a factor of
+// at most 1.
+double yarnDefaultAttentionFactor(double factor);
+
 // Inverse frequencies of rotary embedding, rotary_dim / 2 values, with
-// llama3, linear or LongRoPE scaling applied when configured (same formula as
-// Hugging Face).
+// llama3, linear, LongRoPE or YaRN scaling applied when configured (same
+// formula as Hugging Face).
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config);
 // Those of a sliding layer of Gemma 3: rope_local_base_freq, no scaling.
 std::vector<float> localRopeInverseFrequencies(const ModelConfig& config);

@@ -136,13 +136,16 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   rope_variant_.rotary_dim = config.rotary_dim == config.head_dim ? 0 : config.rotary_dim;
   rope_variant_.attention_factor = static_cast<float>(config.ropeAttentionFactor());
   const bool plain_rope = rope_variant_ == kernels::RopeVariant{};
+  const bool yarn =
+      rope_variant_.rotary_dim == 0 && config.rope_scaling.type == RopeScaling::Type::kYarn;
   requireHost(
       !plain_rope,
       model_name + " " +
           (rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
-                                        : "scales its rotary embedding (LongRoPE)") +
+           : yarn ? "scales its rotary embedding's cos and sin (YaRN's attention factor)"
+                  : "scales its rotary embedding (LongRoPE)") +
           ", which runs",
-      "", "docs/engine.md#phi-3-and-phi-4");
+      "", yarn ? "docs/engine.md#yarn" : "docs/engine.md#phi-3-and-phi-4");
   // A backend that cannot apply windows (not host-accessible) computes full
   // attention: the engine capped max_model_len at the window, within which
   // the two are one.

@@ -99,14 +99,14 @@ inline std::vector<kernels::DeviceKind> availableDeviceKinds() {
 // A generated tiny model per (architecture, weight dtype), kept for the
 // process; its directory is removed when the process exits.
 // quantization: a tools::parseQuantizationSpec value for fp8 weights, or "".
-// phi4_rotary: tools::TestModelOptions's (Phi3ForCausalLM only).
+// rotary: "phi4" (tools::TestModelOptions::phi4_rotary, Phi3ForCausalLM
+// only), "yarn" (::yarn), or "" for the preset's.
 inline const engine::Model& exactnessModel(const std::string& architecture, DType weight_dtype,
                                            const std::string& quantization = "",
-                                           bool phi4_rotary = false) {
+                                           const std::string& rotary = "") {
   static std::vector<std::unique_ptr<TempDir>> dirs;
   static std::map<std::string, std::unique_ptr<engine::Model>> models;
-  const std::string key =
-      architecture + dtypeShortName(weight_dtype) + quantization + (phi4_rotary ? "phi4" : "");
+  const std::string key = architecture + dtypeShortName(weight_dtype) + quantization + rotary;
   auto it = models.find(key);
   if (it != models.end()) return *it->second;
   dirs.push_back(std::make_unique<TempDir>("tandem-exactness-model"));
@@ -115,7 +115,8 @@ inline const engine::Model& exactnessModel(const std::string& architecture, DTyp
   options.architecture = architecture;
   options.dtype = weight_dtype;
   options.seed = 17;
-  options.phi4_rotary = phi4_rotary;
+  options.phi4_rotary = rotary == "phi4";
+  options.yarn = rotary == "yarn";
   if (!quantization.empty()) options.quantization = tools::parseQuantizationSpec(quantization);
   tools::writeTestModel(options, dirs.back()->path());
   return *models.emplace(key, engine::Model::load(dirs.back()->path())).first->second;

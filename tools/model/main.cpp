@@ -7,7 +7,7 @@
 //                [--arch
 //                llama|mistral|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|olmo2|mixtral|qwen3_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
-//                [--kv-cache-scales]
+//                [--kv-cache-scales] [--rope-scaling yarn]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
 //                [--endpoint URL] [--parallel N] [--retries N] [--ca-file PEM]
 //                [--token-source TEXT] [--termination-log PATH] [--tokenizer-only]
@@ -183,6 +183,11 @@ int main(int argc, char** argv) {
   app.add_flag("--kv-cache-scales", kv_cache_scales,
                "fp8 KV cache scales: self_attn.k_scale and v_scale per layer "
                "(docs/quantization.md#fp8-kv-cache)");
+  std::string rope_scaling;
+  app.add_option("--rope-scaling", rope_scaling,
+                 "YaRN (factor 4 over a quarter of the preset's context) in place of the "
+                 "preset's rotary scaling (docs/engine.md#yarn)")
+      ->check(CLI::IsMember({"yarn"}));
   app.add_option("--arch", arch, "architecture")
       ->check(CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
                              "phi4", "granite", "olmo2", "mixtral", "qwen3_moe"}));
@@ -227,6 +232,7 @@ int main(int argc, char** argv) {
   options.preset = preset;
   options.architecture = architectures.at(arch);
   options.phi4_rotary = arch == "phi4";
+  options.yarn = rope_scaling == "yarn";
   options.dtype = *tandem::dtypeFromShortName(dtype_name);
   options.seed = seed;
   options.kv_cache_scales = kv_cache_scales;

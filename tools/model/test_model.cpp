@@ -731,6 +731,13 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
     config.sliding_window = 0;
     config.sliding_layers.clear();
   }
+  if (options.yarn) {
+    config.rope_scaling = RopeScaling{};
+    config.rope_scaling.type = RopeScaling::Type::kYarn;
+    config.rope_scaling.factor = 4.0;
+    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 4;
+    config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(4.0);
+  }
   if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
   if (options.layers > 0) {
     config.num_hidden_layers = options.layers;

@@ -44,6 +44,11 @@ struct TestModelOptions {
   // LongRoPE (and, at tiny, Phi-3-mini's window): a Phi-3 every backend
   // runs.
   bool phi4_rotary = false;
+  // YaRN in place of the preset's rotary scaling, as Qwen's model cards
+  // set it: factor 4 over a quarter of the preset's context (at tiny, 128
+  // of 512 positions; every pair's regime occurs), the attention factor's
+  // default.
+  bool yarn = false;
 };
 
 // The quantization a --quantize value names: METHOD:GRANULARITY[=RxC] with

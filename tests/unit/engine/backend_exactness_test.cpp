@@ -24,7 +24,7 @@ struct ModelVariant {
   std::string architecture;
   DType weight_dtype;
   DType kv_dtype;
-  bool phi4_rotary = false;  // tools::TestModelOptions's
+  std::string rotary = "";  // testing::exactnessModel's
 };
 
 using Param = std::tuple<kernels::DeviceKind, ModelVariant>;
@@ -34,7 +34,7 @@ class BackendExactnessTest : public ::testing::TestWithParam<Param> {
   ExactnessChecks checks() {
     const auto& [kind, variant] = GetParam();
     return ExactnessChecks(::tandem::testing::exactnessModel(
-                               variant.architecture, variant.weight_dtype, "", variant.phi4_rotary),
+                               variant.architecture, variant.weight_dtype, "", variant.rotary),
                            ::tandem::testing::sharedBackend(kind), variant.kv_dtype);
   }
 };
@@ -265,6 +265,9 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
       {::tandem::testing::exactnessModel("Phi3ForCausalLM", DType::kBF16),
        "(Phi3ForCausalLM) rotates part of each head (partial_rotary_factor), which runs on the "
        "CPU backend only ("},
+      {::tandem::testing::exactnessModel("Qwen3ForCausalLM", DType::kBF16, "", "yarn"),
+       "(Qwen3ForCausalLM) scales its rotary embedding's cos and sin (YaRN's attention factor), "
+       "which runs on the CPU backend only ("},
       {::tandem::testing::exactnessModel("GraniteForCausalLM", DType::kBF16),
        "(GraniteForCausalLM) scales its embedding, residual branches and logits, which runs on "
        "the CPU backend only ("},
@@ -304,7 +307,9 @@ std::vector<Param> params() {
       {"Gemma3ForCausalLM", DType::kBF16, DType::kF32},
       {"Phi3ForCausalLM", DType::kBF16, DType::kF32},
       // Phi-4 (14B): fused matrices, whole heads rotating; every backend.
-      {"Phi3ForCausalLM", DType::kBF16, DType::kF32, true},
+      {"Phi3ForCausalLM", DType::kBF16, DType::kF32, "phi4"},
+      // YaRN's attention factor: the CPU backend's.
+      {"Qwen3ForCausalLM", DType::kBF16, DType::kF32, "yarn"},
       {"GraniteForCausalLM", DType::kBF16, DType::kF32},
       // OLMo 2: every backend (its norms are the backends' rmsNorm).
       {"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
@@ -317,12 +322,14 @@ std::vector<Param> params() {
       // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
       // So do Gemma (docs/engine.md#gemma-3) and the test models' Phi-3
       // (partial rotary dims, LongRoPE: docs/engine.md#phi-3-and-phi-4).
-      const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
-                            variant.architecture == "Qwen3MoeForCausalLM" ||
-                            variant.architecture == "Gemma2ForCausalLM" ||
-                            variant.architecture == "Gemma3ForCausalLM" ||
-                            variant.architecture == "GraniteForCausalLM" ||
-                            (variant.architecture == "Phi3ForCausalLM" && !variant.phi4_rotary);
+      const bool cpu_only =
+          variant.architecture == "MixtralForCausalLM" ||
+          variant.architecture == "Qwen3MoeForCausalLM" ||
+          variant.architecture == "Gemma2ForCausalLM" ||
+          variant.architecture == "Gemma3ForCausalLM" ||
+          variant.architecture == "GraniteForCausalLM" ||
+          (variant.architecture == "Phi3ForCausalLM" && variant.rotary != "phi4") ||
+          variant.rotary == "yarn";
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);
     }
@@ -334,8 +341,8 @@ std::string paramName(const ::testing::TestParamInfo<Param>& info) {
   const auto& [kind, variant] = info.param;
   return std::string(kernels::deviceKindName(kind)) + "_" +
          variant.architecture.substr(0, variant.architecture.find("For")) +
-         (variant.phi4_rotary ? "_phi4" : "") + "_w" + dtypeShortName(variant.weight_dtype) +
-         "_kv" + dtypeShortName(variant.kv_dtype);
+         (variant.rotary.empty() ? "" : "_" + variant.rotary) + "_w" +
+         dtypeShortName(variant.weight_dtype) + "_kv" + dtypeShortName(variant.kv_dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendExactnessTest, ::testing::ValuesIn(params()), paramName);

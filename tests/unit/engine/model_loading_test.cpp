@@ -1357,14 +1357,95 @@ TEST(ModelConfigParsing, RopeScalingLlama3AndRefusals) {
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
 
   std::string message =
-      parseError(minimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"));
-  EXPECT_CONTAINS(message, "\"yarn\"");
-  EXPECT_CONTAINS(message, "accepted: llama3");
+      parseError(minimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0})"));
+  EXPECT_CONTAINS(message, "\"dynamic\"");
+  EXPECT_CONTAINS(message, "accepted: llama3, linear, longrope, yarn, or null for no scaling");
 
   message = parseError(minimalLlama(
       R"(, "rope_scaling": {"rope_type": "llama3", "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"));
   EXPECT_CONTAINS(message, "\"rope_scaling.factor\" is missing");
+}
+
+// YaRN as Qwen's model cards tell users to add it to Qwen3's config.json
+// (transformers' _compute_yarn_parameters; the literals are its formula in
+// Python floats).
+TEST(ModelConfigParsing, RopeScalingYarnAsQwen3PublishesIt) {
+  auto qwen3 = [](const std::string& extra, int positions = 40960) {
+    return R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096,
+               "intermediate_size": 12288, "num_hidden_layers": 2, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+               "rope_theta": 1000000, "max_position_embeddings": )" +
+           std::to_string(positions) + extra + "}";
+  };
+  const std::string yarn =
+      R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                            "original_max_position_embeddings": 32768})";
+  ModelConfig c = ModelConfig::fromJsonText(qwen3(yarn), "config.json");
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 32768);
+  // The context vLLM derives: the original times the factor.
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c.ropeAttentionFactor(), 0.1 * std::log(4.0) + 1.0);
+  std::vector<float> inv_freq = ropeInverseFrequencies(c);
+  ASSERT_EQ(inv_freq.size(), 64u);
+  // Pairs up to 23 kept, from 40 divided by 4, blended between.
+  for (size_t i = 0; i < 64; ++i) {
+    const double unscaled = 1.0 / std::pow(1e6, (2.0 * static_cast<double>(i)) / 128.0);
+    if (i <= 23) EXPECT_EQ(inv_freq[i], static_cast<float>(unscaled)) << i;
+    if (i >= 40) EXPECT_EQ(inv_freq[i], static_cast<float>(unscaled / 4.0)) << i;
+  }
+  EXPECT_FLOAT_EQ(inv_freq[20], 0.01333521432163324f);
+  EXPECT_FLOAT_EQ(inv_freq[30], 0.0010643609812470017f);
+  EXPECT_FLOAT_EQ(inv_freq[50], 5.133812566142866e-06f);
+  const std::string digest = c.computeDigest();
+  EXPECT_NE(digest, ModelConfig::fromJsonText(qwen3(""), "c").computeDigest());
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
+
+  // Its options: bounds not rounded, other rotation counts, DeepSeek's
+  // mscale pair (a ratio), an attention factor given (taken as it is).
+  c = ModelConfig::fromJsonText(
+      qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16,
+               "beta_slow": 2, "truncate": false, "original_max_position_embeddings": 32768})"),
+      "config.json");
+  EXPECT_FLOAT_EQ(ropeInverseFrequencies(c)[30], 0.001157093516936135f);
+  EXPECT_NE(c.computeDigest(), digest);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
+  c = ModelConfig::fromJsonText(
+      qwen3(R"(, "rope_scaling": {"type": "yarn", "factor": 8, "mscale": 2, "mscale_all_dim": 1})"),
+      "config.json");
+  EXPECT_DOUBLE_EQ(c.ropeAttentionFactor(), 1.1721471588322);
+  // No original given: max_position_embeddings, and the context grows by
+  // the factor.
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 40960);
+  EXPECT_EQ(c.max_position_embeddings, 327680);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
+  c = ModelConfig::fromJsonText(qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4,
+                                          "mscale": 0, "mscale_all_dim": 1,
+                                          "attention_factor": 1.0})"),
+                                "config.json");
+  EXPECT_EQ(c.ropeAttentionFactor(), 1.0);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
+  // A context larger than the config's already: kept.
+  c = ModelConfig::fromJsonText(qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 2,
+                                          "original_max_position_embeddings": 32768})",
+                                      262144),
+                                "config.json");
+  EXPECT_EQ(c.max_position_embeddings, 262144);
+
+  EXPECT_CONTAINS(parseError(qwen3(R"(, "rope_scaling": {"rope_type": "yarn"})")),
+                  "dir/config.json: field \"rope_scaling.factor\" is missing (required: a "
+                  "positive number)");
+  EXPECT_CONTAINS(
+      parseError(qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": 1,
+                          "beta_slow": 2})")),
+      "field \"rope_scaling.beta_fast\" must be at least beta_slow (2.0), got 1.0");
+  EXPECT_CONTAINS(
+      parseError(qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "mscale": -1})")),
+      "field \"rope_scaling.mscale\" must be a number of at least 0, got -1");
+  EXPECT_CONTAINS(
+      parseError(qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "truncate": 1})")),
+      "field \"rope_scaling.truncate\" must be true or false, got 1");
 }
 
 // Gemma 3 as transformers' Gemma3TextConfig reads it: its defaults, which
@@ -1441,6 +1522,14 @@ TEST(ModelConfigParsing, Gemma3ReadsItsFieldsAndRefusesWhatItDoesNotCompute) {
       parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
           "sliding_attention": {"rope_type": "linear", "factor": 2.0}})")),
       "scales the sliding layers' rotary frequencies");
+  // An attention factor on the full layers would reach the sliding ones.
+  EXPECT_CONTAINS(
+      parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "yarn",
+          "factor": 4.0}, "sliding_attention": {"rope_type": "default"}})")),
+      "field \"rope_parameters\" scales Gemma3ForCausalLM's full layers by longrope or yarn, "
+      "which is not supported (accepted: linear, llama3, or null)");
+  EXPECT_CONTAINS(parseError(gemma(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})")),
+                  "field \"rope_scaling\" scales Gemma3ForCausalLM's full layers");
 }
 
 // Gemma 2 as Gemma2Config reads it: every other layer sliding from the
@@ -1706,9 +1795,9 @@ TEST(ModelConfigParsing, Phi3ReadsPartialRotaryLongRopeAndItsWindow) {
   EXPECT_CONTAINS(parseError(phi(R"(, "head_dim": 10, "partial_rotary_factor": 0.3)")),
                   "\"partial_rotary_factor\" must give an even number of rotary dims from 2 to "
                   "head_dim (10) as int(head_dim x factor), got 0.3 (3 dims)");
-  EXPECT_CONTAINS(parseError(phi(R"(, "rope_scaling": {"type": "yarn", "factor": 4.0})")),
-                  "has rope type \"yarn\", which is not supported (accepted: llama3, linear, "
-                  "longrope, or null for no scaling)");
+  EXPECT_CONTAINS(parseError(phi(R"(, "rope_scaling": {"type": "dynamic", "factor": 4.0})")),
+                  "has rope type \"dynamic\", which is not supported (accepted: llama3, linear, "
+                  "longrope, yarn, or null for no scaling)");
   EXPECT_CONTAINS(parseError(phi(R"(, "hidden_act": "gelu_new")")),
                   "\"hidden_act\" is \"gelu_new\", which is not supported (accepted: silu)");
 }
