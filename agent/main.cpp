@@ -80,22 +80,24 @@ int runGenerate(const GenerateOptions& options) {
   if (options.prompt.empty()) throw tandem::Error("--prompt must not be empty");
   std::vector<TokenId> prompt = tokenizer->encode(options.prompt, /*add_special_tokens=*/true);
   if (prompt.empty()) throw tandem::Error("--prompt encodes to no tokens");
+  std::unique_ptr<tandem::kernels::Backend> backend =
+      tandem::kernels::makeBackend(tandem::kernels::resolveDevice(options.device));
+  // The context serve's default max_model_len would be on this backend.
+  const tandem::engine::ContextLimit limit = tandem::engine::contextLimit(config, *backend);
+  model->fitContext(limit.tokens);
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
-  if (options.max_tokens < 1 || total > config.max_position_embeddings) {
-    throw tandem::Error(
-        "--max-tokens must be between 1 and " +
-        std::to_string(config.max_position_embeddings - static_cast<int64_t>(prompt.size())) +
-        " for this prompt of " + std::to_string(prompt.size()) + " tokens (context " +
-        std::to_string(config.max_position_embeddings) + "), got " +
-        std::to_string(options.max_tokens));
+  if (options.max_tokens < 1 || total > limit.tokens) {
+    throw tandem::Error("--max-tokens must be between 1 and " +
+                        std::to_string(limit.tokens - static_cast<int64_t>(prompt.size())) +
+                        " for this prompt of " + std::to_string(prompt.size()) +
+                        " tokens (context " + std::to_string(limit.tokens) + ", " + limit.origin +
+                        "), got " + std::to_string(options.max_tokens));
   }
   const tandem::DType kv_dtype = tandem::engine::kvDtypeFromName(options.kv_dtype);
 
   tandem::engine::KvCacheConfig kv_config =
       tandem::engine::KvCacheConfig::forModel(*model, kv_dtype, options.block_size);
   kv_config.num_blocks = (total + options.block_size - 1) / options.block_size;
-  std::unique_ptr<tandem::kernels::Backend> backend =
-      tandem::kernels::makeBackend(tandem::kernels::resolveDevice(options.device));
   tandem::engine::KvCache cache(kv_config, tandem::engine::slabAllocatorFor(*backend));
   tandem::engine::ModelRunner runner(*model, cache, *backend);
   std::vector<tandem::engine::BlockId> block_table(kv_config.num_blocks);

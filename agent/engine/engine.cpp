@@ -246,28 +246,17 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   }
   tokenizer_ = Tokenizer::fromDirectory(config_.model_dir);
   const ModelConfig& mc = model_->config();
-  int64_t context_limit =
-      simulated ? simulated->model.max_position_embeddings : mc.max_position_embeddings;
-  std::string context_origin =
-      simulated ? "profile " + simulated->name + "'s model.max_position_embeddings"
-                : "the model's max_position_embeddings";
-  if (!simulated && mc.sliding_window > 0 && !backend_->hostAccessible() &&
-      mc.sliding_window < context_limit) {
-    // A backend without windowed attention kernels computes full attention,
-    // equal to the model's windowed attention only within the window (as
-    // vLLM without sliding-window kernels caps the length). The CPU
-    // backend applies windows: no cap.
-    context_limit = mc.sliding_window;
-    context_origin = "the model's sliding_window (attention on " + backend_->description() +
-                     " is full, the same as the window's only for sequences no longer than it)";
-    if (config_.max_model_len == 0) {
-      TANDEM_LOG(kInfo) << "max_model_len is the model's sliding_window, " << context_limit;
-    }
+  const ContextLimit limit =
+      simulated ? ContextLimit{simulated->model.max_position_embeddings,
+                               "profile " + simulated->name + "'s model.max_position_embeddings"}
+                : contextLimit(mc, *backend_);
+  if (!simulated && limit.tokens < mc.max_position_embeddings && config_.max_model_len == 0) {
+    TANDEM_LOG(kInfo) << "max_model_len is the model's sliding_window, " << limit.tokens;
   }
-  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : context_limit;
-  if (max_model_len_ > context_limit) {
-    throw Error("max_model_len " + std::to_string(max_model_len_) + " exceeds " + context_origin +
-                " " + std::to_string(context_limit));
+  max_model_len_ = config_.max_model_len > 0 ? config_.max_model_len : limit.tokens;
+  if (max_model_len_ > limit.tokens) {
+    throw Error("max_model_len " + std::to_string(max_model_len_) + " exceeds " + limit.origin +
+                " " + std::to_string(limit.tokens));
   }
   model_->fitContext(max_model_len_);
 

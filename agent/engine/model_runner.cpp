@@ -55,6 +55,16 @@ uint64_t nextRecordingOwner() {
 
 }  // namespace
 
+ContextLimit contextLimit(const ModelConfig& config, const kernels::Backend& backend) {
+  if (config.sliding_window > 0 && !backend.hostAccessible() &&
+      config.sliding_window < config.max_position_embeddings) {
+    return {config.sliding_window,
+            "the model's sliding_window (attention on " + backend.description() +
+                " is full, the same as the window's only for sequences no longer than it)"};
+  }
+  return {config.max_position_embeddings, "the model's max_position_embeddings"};
+}
+
 ModelRunner::~ModelRunner() {
   backend_.forgetRecordings();
   // The backend frees a copy when its last runner lets go, so a model loaded

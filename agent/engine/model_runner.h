@@ -52,6 +52,18 @@ struct SequenceInput {
 using RowLogitsSink = std::function<void(size_t sequence, int64_t first, int64_t count,
                                          std::span<const float> logits)>;
 
+// The longest sequence a runner on `backend` computes as the model does,
+// and what sets it (for messages): the model's max_position_embeddings, or
+// its sliding window on a backend without window kernels (one that is not
+// host-accessible), whose full attention equals the window's only for
+// sequences no longer than it (vLLM without sliding-window kernels caps
+// max_model_len likewise).
+struct ContextLimit {
+  int64_t tokens = 0;
+  std::string origin;
+};
+ContextLimit contextLimit(const ModelConfig& config, const kernels::Backend& backend);
+
 // Floats in a backend's memory, owned; grown on demand (contents are not
 // kept when it grows).
 class BackendBuffer {

@@ -291,11 +291,46 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
   }
 }
 
+std::string deviceName(const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
+  return kernels::deviceKindName(info.param);
+}
+
+// The context a runner computes as the model does (contextLimit, the
+// engine's default max_model_len and tandem-agent generate's bound): a
+// window on every layer caps it on a backend without window kernels, not
+// on the CPU's, which applies it.
+class ContextLimitTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
+
+TEST_P(ContextLimitTest, AWindowCapsItOnlyWithoutWindowKernels) {
+  kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
+  ModelConfig config = tools::presetConfig("tiny", "MistralForCausalLM");
+  ASSERT_EQ(config.max_position_embeddings, 512);
+  const ContextLimit whole = contextLimit(config, backend);
+  EXPECT_EQ(whole.tokens, 512);
+  EXPECT_EQ(whole.origin, "the model's max_position_embeddings");
+  config.sliding_window = 32;
+  config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), true);
+  const ContextLimit windowed = contextLimit(config, backend);
+  if (backend.hostAccessible()) {
+    EXPECT_EQ(windowed.tokens, 512);
+  } else {
+    EXPECT_EQ(windowed.tokens, 32);
+    EXPECT_EQ(windowed.origin, "the model's sliding_window (attention on " + backend.description() +
+                                   " is full, the same as the window's only for sequences no "
+                                   "longer than it)");
+  }
+  // A window no shorter than the context changes nothing.
+  config.sliding_window = 512;
+  EXPECT_EQ(contextLimit(config, backend).tokens, 512);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ContextLimitTest,
+                         ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
+                         deviceName);
+
 INSTANTIATE_TEST_SUITE_P(Devices, CpuOnlyModelTest,
                          ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
-                         [](const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
-                           return std::string(kernels::deviceKindName(info.param));
-                         });
+                         deviceName);
 
 std::vector<Param> params() {
   const ModelVariant variants[] = {
