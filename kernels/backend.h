@@ -123,6 +123,8 @@ class Backend {
   // applyRope with kernels.h's RopeVariant (partial rotary dims, LongRoPE's
   // attention factor: Phi-3, Phi-4). Only the CPU backend has it; the model
   // runner refuses models that need it on the others first.
+  // Whether applyRopeWith runs here (else it throws).
+  virtual bool appliesRopeVariants() const { return false; }
   virtual void applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,
                              const RopeVariant& variant) {
     throw Error(std::string("partial rotary embedding and LongRoPE's attention factor are not "
@@ -350,6 +352,9 @@ struct BackendOptions {
   // agent's --fuse-projections), the same bits
   // (CudaBackendOptions::fused_launches); nothing elsewhere.
   bool fused_launches = false;
+  // CUDA: Backend::applyRopeWith's kernel (CudaBackendOptions::
+  // rope_variants), off until it has run on a GPU; tests only.
+  bool rope_variants = false;
   // The bf16 prefill GEMM's configuration, for measuring (tandem-bench
   // engine --bf16-gemm-configs): CudaBackendOptions::bf16_gemm_config, one
   // of kBf16GemmConfigs below.

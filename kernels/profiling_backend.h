@@ -82,6 +82,7 @@ class ProfilingBackend final : public Backend {
                float* y) override;
   void addBias(float* y, const float* bias, int64_t rows, int64_t width) override;
   void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) override;
+  bool appliesRopeVariants() const override { return inner_.appliesRopeVariants(); }
   void applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,
                      const RopeVariant& variant) override;
   void siluMul(const float* gate, const float* up, float* out, int64_t n) override;

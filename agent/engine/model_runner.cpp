@@ -149,7 +149,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   const bool yarn =
       rope_variant_.rotary_dim == 0 && config.rope_scaling.type == RopeScaling::Type::kYarn;
   requireHost(
-      !plain_rope,
+      !plain_rope && !backend_.appliesRopeVariants(),
       model_name + " " +
           (rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
            : yarn ? "scales its rotary embedding's cos and sin (YaRN's attention factor)"

@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
         flash_attention_(options.fast_kernels && options.flash_attention),
         unordered_decode_(options.fast_kernels && options.unordered_decode),
         fused_launches_(options.fast_kernels && options.fused_launches),
+        rope_variants_(options.rope_variants),
         bf16_gemm_config_(options.bf16_gemm_config),
         gemv_scratch_cap_floats_(static_cast<int64_t>(options.gemv_scratch_bytes / sizeof(float))) {
     if (bf16_gemm_config_ < 0 || bf16_gemm_config_ >= kBf16GemmConfigs) {
@@ -383,6 +384,23 @@ class CudaBackend final : public Backend {
     activate();
     launchApplyRope(stream_, batch_, x, num_heads, head_dim, inv_freq);
     checkLaunch("applyRope");
+  }
+
+  bool appliesRopeVariants() const override { return rope_variants_; }
+
+  void applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,
+                     const RopeVariant& variant) override {
+    if (!rope_variants_) {
+      Backend::applyRopeWith(x, num_heads, head_dim, inv_freq, variant);
+      return;
+    }
+    const int64_t rotary_dim = variant.rotary_dim > 0 ? variant.rotary_dim : head_dim;
+    TANDEM_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim,
+                 "applyRopeWith: the rotary dims must be even and at most head_dim");
+    activate();
+    launchApplyRopeWith(stream_, batch_, x, num_heads, head_dim, inv_freq, rotary_dim,
+                        variant.attention_factor);
+    checkLaunch("applyRopeWith");
   }
 
   void siluMul(const float* gate, const float* up, float* out, int64_t n) override {
@@ -761,6 +779,7 @@ class CudaBackend final : public Backend {
   bool flash_attention_ = false;
   bool unordered_decode_ = false;  // CudaBackendOptions::unordered_decode
   bool fused_launches_ = false;    // CudaBackendOptions::fused_launches
+  bool rope_variants_ = false;     // CudaBackendOptions::rope_variants
   int bf16_gemm_config_ = 0;       // CudaBackendOptions::bf16_gemm_config
   uint64_t calls_ = 0;             // activate() calls so far
   // The last x written with its fragments (fragmentsFor), and the call

@@ -38,6 +38,11 @@ struct CudaBackendOptions {
   // bf16 fragments, so the matmul does not round x in a launch of its own.
   // The same bits either way (docs/cuda.md#fused-projections).
   bool fused_launches = false;
+  // applyRopeWith (partial rotary dims, LongRoPE's and YaRN's attention
+  // factor: norm_rope.cu's ropeKernel<true>). Never run on a GPU: off, so
+  // the runner refuses such models on CUDA, until it has passed the gpu
+  // tests there (docs/cuda.md#kernel-sets); the tests turn it on.
+  bool rope_variants = false;
   // The bf16 prefill GEMM's K step and pipeline depth (matmul_bf16_mma.cu's
   // pipelined configurations, 0 .. 3; 0 the one that ran on an H200), or 4
   // and 5: its wgmma twins, 128 x 128 and 128 x 256 tiles

@@ -12,7 +12,10 @@
 // ropeRotate (shared with the fused Q/K/V epilogue): the angle is position *
 // inv_freq[i] in fp32, its cos/sin evaluated in double and rounded to fp32,
 // as kernels/cpu/dispatch.cpp does; the rotation uses unfused multiplies and
-// adds, like the CPU's -ffp-contract=off build.
+// adds, like the CPU's -ffp-contract=off build. applyRopeWith's variant
+// (kVariant: the first rotary_dim values of each head rotate, and cos and
+// sin are multiplied by the attention factor once rounded, as the CPU's
+// applyRope with a RopeVariant) is the same per-row arithmetic.
 //
 // With fused launches (CudaBackendOptions::fused_launches) rmsNorm also
 // writes its output as the next bf16 decode matmul's x fragments
@@ -60,15 +63,21 @@ __global__ void __launch_bounds__(kNormThreads)
 constexpr int kRopeThreads = 256;
 
 // One block per row: the row's cos/sin table (half entries) first, then
-// every head's pairs.
+// every head's pairs. Without kVariant, rotary_dim is head_dim and
+// attention_factor unused.
+template <bool kVariant>
 __global__ void __launch_bounds__(kRopeThreads)
     ropeKernel(float* x, const int32_t* positions, int64_t num_heads, int64_t head_dim,
-               const float* inv_freq) {
+               const float* inv_freq, int64_t rotary_dim, float attention_factor) {
   extern __shared__ float table[];  // cos[half], then sin[half]
-  const int64_t half = head_dim / 2;
+  const int64_t half = (kVariant ? rotary_dim : head_dim) / 2;
   const int64_t row = blockIdx.x;
   for (int64_t i = threadIdx.x; i < half; i += kRopeThreads) {
     ropeCosSin(positions[row], inv_freq[i], table[i], table[half + i]);
+    if constexpr (kVariant) {
+      table[i] = __fmul_rn(table[i], attention_factor);
+      table[half + i] = __fmul_rn(table[half + i], attention_factor);
+    }
   }
   __syncthreads();
   float* base = x + row * num_heads * head_dim;
@@ -101,8 +110,17 @@ void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, in
                      int64_t head_dim, const float* inv_freq) {
   if (batch.rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
   const size_t shared = static_cast<size_t>(head_dim) * sizeof(float);
-  ropeKernel<<<static_cast<unsigned int>(batch.rows), kRopeThreads, shared, stream>>>(
-      x, batch.positions, num_heads, head_dim, inv_freq);
+  ropeKernel<false><<<static_cast<unsigned int>(batch.rows), kRopeThreads, shared, stream>>>(
+      x, batch.positions, num_heads, head_dim, inv_freq, head_dim, 1.0f);
+}
+
+void launchApplyRopeWith(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
+                         int64_t head_dim, const float* inv_freq, int64_t rotary_dim,
+                         float attention_factor) {
+  if (batch.rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
+  const size_t shared = static_cast<size_t>(rotary_dim) * sizeof(float);
+  ropeKernel<true><<<static_cast<unsigned int>(batch.rows), kRopeThreads, shared, stream>>>(
+      x, batch.positions, num_heads, head_dim, inv_freq, rotary_dim, attention_factor);
 }
 
 }  // namespace tandem::kernels::cuda

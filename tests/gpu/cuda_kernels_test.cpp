@@ -303,6 +303,57 @@ TEST_F(CudaKernelsTest, EmbeddingRopeAndGatherMatchCpu) {
   EXPECT_EQ(0, std::memcmp(gathered.data() + width, all.data() + 4 * width, width * sizeof(float)));
 }
 
+// applyRopeWith (CudaBackendOptions::rope_variants, off unless asked): the
+// first rotary_dim values of each head rotate as the CPU's kernel rotates
+// them, cos and sin times the attention factor; the rest keep their bits.
+TEST_F(CudaKernelsTest, RopeVariantsMatchTheCpuAndAreOffUnlessAsked) {
+  EXPECT_FALSE(backend_->appliesRopeVariants());
+  EXPECT_THROW(backend_->applyRopeWith(nullptr, 1, 16, nullptr, {12, 1.0f}), Error);
+  for (auto& [data, bytes] : allocations_) backend_->release(data, bytes);
+  allocations_.clear();
+  cuda::CudaBackendOptions options;
+  options.rope_variants = true;
+  backend_ = cuda::makeCudaBackend(0, options);
+  ASSERT_TRUE(backend_->appliesRopeVariants());
+
+  const int64_t num_heads = 3, head_dim = 64, width = num_heads * head_dim;
+  std::vector<int32_t> ids = {3, 49, 0, 7, 7};
+  std::vector<int32_t> positions = {0, 1, 2, 1000, 123456};
+  std::vector<int32_t> blocks = {0};
+  std::vector<AttentionSequence> sequences = {{blocks.data(), 1, 0, 2, 0},
+                                              {blocks.data(), 1, 2, 3, 0}};
+  const auto rows = static_cast<int64_t>(ids.size());
+  BatchLayout batch{ids.data(), positions.data(), rows, sequences.data(), 2};
+  backend_->beginBatch(batch);
+  // Phi-4-mini's three quarters with LongRoPE's factor, YaRN's factor over
+  // whole heads, a quarter unscaled.
+  for (const RopeVariant variant :
+       {RopeVariant{48, 1.1902381f}, RopeVariant{0, 1.1386294f}, RopeVariant{16, 1.0f}}) {
+    SCOPED_TRACE(variant.rotary_dim);
+    const int64_t rotary = variant.rotary_dim > 0 ? variant.rotary_dim : head_dim;
+    std::vector<float> inv_freq(static_cast<size_t>(rotary / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+      inv_freq[i] = 1.0f / std::pow(10000.0f, 2.0f * static_cast<float>(i) / rotary);
+    }
+    const auto input = randomFloats(rows * width, 14);
+    std::vector<float> expected = input;
+    applyRope(expected.data(), rows, num_heads, head_dim, positions.data(), inv_freq.data(),
+              variant);
+    float* x = upload(input);
+    backend_->applyRopeWith(x, num_heads, head_dim,
+                            backend_->residentFloats(inv_freq.data(), inv_freq.size()), variant);
+    const auto got = download(x, rows * width);
+    expectNear(expected, got, 1e-6f * variant.attention_factor);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const size_t at = static_cast<size_t>(r * width + h * head_dim + rotary);
+        EXPECT_EQ(0, std::memcmp(got.data() + at, input.data() + at,
+                                 static_cast<size_t>(head_dim - rotary) * sizeof(float)));
+      }
+    }
+  }
+}
+
 // One sequence of 300 tokens (two attention splits), GQA 8 heads over 2 kv heads.
 class CudaAttentionTest : public CudaKernelsTest {
  protected:

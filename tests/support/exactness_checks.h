@@ -80,9 +80,9 @@ inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
                                          ? cudaKernelsForTests()
                                          : kernels::CudaKernels::kReference;
     std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
-        kind,
-        {.cuda_kernels = set,
-         .fused_launches = kind == kernels::DeviceKind::kCuda && cudaFusedLaunchesForTests()});
+        kind, {.cuda_kernels = set,
+               .fused_launches = kind == kernels::DeviceKind::kCuda && cudaFusedLaunchesForTests(),
+               .rope_variants = true});
     if (kind == kernels::DeviceKind::kCuda) backend->setComputeDType(cudaComputeDTypeForTests());
     it = backends.emplace(kind, std::move(backend)).first;
   }

@@ -240,7 +240,10 @@ TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
 
 // A mixture of experts, a model with fp8 weights and an fp8 KV cache run
 // on the CPU backend; any other refuses them when the runner is made,
-// naming what the model or cache is and the backend.
+// naming what the model or cache is and the backend. Partial rotary dims
+// and an attention factor on cos/sin (rope_variant) run where the backend
+// applies them: on CUDA with CudaBackendOptions::rope_variants, which the
+// tests set and the agent does not yet (docs/cuda.md#kernel-sets).
 class CpuOnlyModelTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
 
 TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
@@ -248,6 +251,7 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
     const Model& model;
     std::string refusal;
     DType kv_dtype = DType::kF32;
+    bool rope_variant = false;
   };
   const Case cases[] = {
       {::tandem::testing::exactnessModel("MixtralForCausalLM", DType::kBF16),
@@ -264,30 +268,41 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
        "(Gemma2ForCausalLM) runs on the CPU backend only ("},
       {::tandem::testing::exactnessModel("Phi3ForCausalLM", DType::kBF16),
        "(Phi3ForCausalLM) rotates part of each head (partial_rotary_factor), which runs on the "
-       "CPU backend only ("},
+       "CPU backend only (",
+       DType::kF32, true},
       {::tandem::testing::exactnessModel("Qwen3ForCausalLM", DType::kBF16, "", "yarn"),
        "(Qwen3ForCausalLM) scales its rotary embedding's cos and sin (YaRN's attention factor), "
-       "which runs on the CPU backend only ("},
+       "which runs on the CPU backend only (",
+       DType::kF32, true},
       {::tandem::testing::exactnessModel("GraniteForCausalLM", DType::kBF16),
        "(GraniteForCausalLM) scales its embedding, residual branches and logits, which runs on "
        "the CPU backend only ("},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.refusal);
+  // As the agent makes it.
+  const std::unique_ptr<kernels::Backend> agents = kernels::makeBackend(GetParam(), {});
+  const auto expectRefused = [](const Case& c, kernels::Backend& on) {
     const std::unique_ptr<KvCache> cache =
-        ::tandem::testing::makeCacheOn(backend, c.model, c.kv_dtype, 4);
-    if (GetParam() == kernels::DeviceKind::kCpu) {
-      EXPECT_NO_THROW(ModelRunner(c.model, *cache, backend));
-      continue;
-    }
+        ::tandem::testing::makeCacheOn(on, c.model, c.kv_dtype, 4);
     try {
-      ModelRunner runner(c.model, *cache, backend);
-      ADD_FAILURE() << "accepted by " << backend.description();
+      ModelRunner runner(c.model, *cache, on);
+      ADD_FAILURE() << "accepted by " << on.description();
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.refusal + backend.description()), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(c.refusal + on.description()), std::string::npos)
           << e.what();
     }
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.refusal);
+    if (GetParam() == kernels::DeviceKind::kCpu || c.rope_variant) {
+      ASSERT_TRUE(backend.appliesRopeVariants());
+      const std::unique_ptr<KvCache> cache =
+          ::tandem::testing::makeCacheOn(backend, c.model, c.kv_dtype, 4);
+      EXPECT_NO_THROW(ModelRunner(c.model, *cache, backend));
+      if (GetParam() != kernels::DeviceKind::kCpu) expectRefused(c, *agents);
+      continue;
+    }
+    expectRefused(c, backend);
   }
 }
 
@@ -343,7 +358,7 @@ std::vector<Param> params() {
       {"Phi3ForCausalLM", DType::kBF16, DType::kF32},
       // Phi-4 (14B): fused matrices, whole heads rotating; every backend.
       {"Phi3ForCausalLM", DType::kBF16, DType::kF32, "phi4"},
-      // YaRN's attention factor: the CPU backend's.
+      // YaRN's attention factor.
       {"Qwen3ForCausalLM", DType::kBF16, DType::kF32, "yarn"},
       {"GraniteForCausalLM", DType::kBF16, DType::kF32},
       // OLMo 2: every backend (its norms are the backends' rmsNorm).
@@ -355,16 +370,14 @@ std::vector<Param> params() {
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
     for (const ModelVariant& variant : variants) {
       // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
-      // So do Gemma (docs/engine.md#gemma-3) and the test models' Phi-3
-      // (partial rotary dims, LongRoPE: docs/engine.md#phi-3-and-phi-4).
-      const bool cpu_only =
-          variant.architecture == "MixtralForCausalLM" ||
-          variant.architecture == "Qwen3MoeForCausalLM" ||
-          variant.architecture == "Gemma2ForCausalLM" ||
-          variant.architecture == "Gemma3ForCausalLM" ||
-          variant.architecture == "GraniteForCausalLM" ||
-          (variant.architecture == "Phi3ForCausalLM" && variant.rotary != "phi4") ||
-          variant.rotary == "yarn";
+      // So do Gemma (docs/engine.md#gemma-3) and Granite. The test models'
+      // Phi-3 (partial rotary dims, LongRoPE) and YaRN run on CUDA with the
+      // rope-variant kernel the tests turn on (CpuOnlyModelTest).
+      const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
+                            variant.architecture == "Qwen3MoeForCausalLM" ||
+                            variant.architecture == "Gemma2ForCausalLM" ||
+                            variant.architecture == "Gemma3ForCausalLM" ||
+                            variant.architecture == "GraniteForCausalLM";
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);
     }
