@@ -289,6 +289,14 @@ class Reference:
         self.phi3 = self.arch == "Phi3ForCausalLM"
         self.granite = self.arch == "GraniteForCausalLM"
         self.olmo2 = self.arch == "Olmo2ForCausalLM"
+        # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
+        # (no_rope_layer_interval) does not.
+        layers = c["num_hidden_layers"]
+        interval = c.get("no_rope_layer_interval", 4)
+        self.rotates = (c.get("no_rope_layers") or [int((i + 1) % interval != 0)
+                                                     for i in range(layers)])[:layers]
+        if self.arch != "SmolLM3ForCausalLM":
+            self.rotates = [1] * layers
         self.gemma2 = self.arch == "Gemma2ForCausalLM"
         self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
         self.qk_norm = self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
@@ -491,7 +499,8 @@ class Reference:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
             inv_freq = self.local_inv_freq if self.gemma and self.sliding(i) else self.inv_freq
-            q, k = self.rope(q, positions, inv_freq), self.rope(k, positions, inv_freq)
+            if self.rotates[i]:  # SmolLM3's NoPE layers leave q and k as they are
+                q, k = self.rope(q, positions, inv_freq), self.rope(k, positions, inv_freq)
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)
             layer_mask = sliding_mask if self.sliding(i) else mask

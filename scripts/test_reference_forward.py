@@ -6,8 +6,9 @@
 For the tiny Llama, Gemma 2, Gemma 3, Phi-3 (partial rotary dims, LongRoPE's
 long factors and, served 128 tokens, its short ones, a window on every layer),
 Mistral given a 24-token window, Qwen3 with YaRN (as tandem-model writes it,
-and on Llama with every YaRN option set otherwise), Granite, OLMo 2, Mixtral
-and Qwen3-MoE test models,
+and on Llama with every YaRN option set otherwise), SmolLM3 (its second
+layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
+Mixtral and Qwen3-MoE test models,
 Gemma 3
 rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
 with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -53,13 +54,16 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
 # an original of 128, so the agent serves 1024 positions).
 CONFIG_EDITS = {"yarn-options": {"rope_scaling": {
     "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128,
-    "beta_fast": 4, "beta_slow": 0.5, "truncate": False, "mscale": 2, "mscale_all_dim": 1}}}
+    "beta_fast": 4, "beta_slow": 0.5, "truncate": False, "mscale": 2, "mscale_all_dim": 1}},
+    # SmolLM3 with no no_rope_layers: every no_rope_layer_interval-th layer
+    # (here the first of two) goes without RoPE.
+    "nope-interval": {"no_rope_layers": None, "no_rope_layer_interval": 1}}
 # (architecture, tandem-model --quantize or None; "vision-checkpoint": the
 # model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint;
 # "max-model-len=N": the agent serves N tokens (Phi-3's LongRoPE then takes
@@ -69,7 +73,8 @@ CONFIG_EDITS = {"yarn-options": {"rope_scaling": {
 CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
          ("gemma3", "vision-checkpoint:model.language_model."), ("phi3", None),
          ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"),
-         ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("granite", None),
+         ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("smollm3", None),
+         ("smollm3", "config=nope-interval"), ("granite", None),
          ("olmo2", None),
          ("mixtral", None),
          ("qwen3_moe", None),

@@ -35,8 +35,8 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
-    "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, MixtralForCausalLM, "
-    "Qwen3MoeForCausalLM";
+    "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, "
+    "MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -452,6 +452,45 @@ void readGemma(const FieldReader& reader, const json& root, bool gemma2, ModelCo
   }
 }
 
+// SmolLM3Config's NoPE layers: no_rope_layers (1: the layer rotates, 0: it
+// does not; at least one entry per layer, the first num_hidden_layers
+// read), else every no_rope_layer_interval-th layer (default 4). Its
+// sliding NoPE layers (layer_types; use_sliding_window is refused for
+// every model) are refused.
+void readNopeLayers(const FieldReader& reader, const json& root, ModelConfig& config) {
+  const auto layers = static_cast<size_t>(config.num_hidden_layers);
+  config.nope_layers.assign(layers, false);
+  if (reader.has("no_rope_layers")) {
+    const json& flags = root["no_rope_layers"];
+    if (!flags.is_array() || flags.size() < layers ||
+        !std::all_of(flags.begin(), flags.begin() + static_cast<std::ptrdiff_t>(layers),
+                     [](const json& flag) { return flag == 0 || flag == 1; })) {
+      reader.fail("no_rope_layers", "must list 1 (RoPE) or 0 (none) for each of the " +
+                                        std::to_string(layers) + " layers, got " + flags.dump());
+    }
+    for (size_t i = 0; i < layers; ++i) config.nope_layers[i] = flags[i] == 0;
+  } else {
+    const int64_t interval = reader.boundedInt("no_rope_layer_interval", 4, kMaxDimension);
+    for (size_t i = 0; i < layers; ++i) {
+      config.nope_layers[i] = (static_cast<int64_t>(i) + 1) % interval == 0;
+    }
+  }
+  if (std::none_of(config.nope_layers.begin(), config.nope_layers.end(),
+                   [](bool nope) { return nope; })) {
+    config.nope_layers.clear();
+  }
+  if (reader.has("layer_types")) {
+    const json& types = root["layer_types"];
+    if (!types.is_array() || !std::all_of(types.begin(), types.end(), [](const json& type) {
+          return type == "full_attention";
+        })) {
+      reader.fail("layer_types",
+                  "must hold only \"full_attention\" (sliding layers are not supported), got " +
+                      types.dump());
+    }
+  }
+}
+
 // LongRoPE's attention factor when the config gives none, as transformers'
 // _compute_longrope_parameters computes it: sqrt(1 + ln(s) / ln(original))
 // for s = max_position_embeddings / original_max_position_embeddings above
@@ -544,6 +583,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"},      {"Phi3ForCausalLM", "phi3"},
       {"GraniteForCausalLM", "granite"},    {"Olmo2ForCausalLM", "olmo2"},
+      {"SmolLM3ForCausalLM", "smollm3"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -596,6 +636,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.phi3 = is_phi3;
   config.granite = config.architecture == "GraniteForCausalLM";
   config.olmo2 = config.architecture == "Olmo2ForCausalLM";
+  const bool is_smollm3 = config.architecture == "SmolLM3ForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
   if (is_gemma) {
@@ -662,7 +703,9 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // the others'.
   config.rms_norm_eps =
       reader.positiveNumber("rms_norm_eps", is_mixtral || is_phi3 || config.olmo2 ? 1e-5 : 1e-6);
-  config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6 : 10000.0);
+  config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6
+                                                          : is_smollm3            ? 2e6
+                                                                                  : 10000.0);
   if (is_gemma3) config.rope_local_base_freq = reader.positiveNumber("rope_local_base_freq", 1e4);
   if (is_gemma3 && reader.has("rope_parameters") && root["rope_parameters"].is_object() &&
       root["rope_parameters"].contains("full_attention")) {
@@ -725,19 +768,20 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                 "scales Gemma3ForCausalLM's full layers by longrope or yarn, which is not "
                 "supported (accepted: linear, llama3, or null)");
   }
-  const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe    ? 32768
-                                        : is_mistral || is_mixtral || is_gemma3 ? 131072
-                                        : is_gemma2                             ? 8192
-                                        : is_phi3                               ? 4096
-                                                                                : 2048;
+  const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 ? 32768
+                                        : is_mistral || is_mixtral || is_gemma3            ? 131072
+                                        : is_gemma2                                        ? 8192
+                                        : is_phi3                                          ? 4096
+                                                                                           : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
     readLongRope(reader, config);
   }
   if (config.rope_scaling.type == RopeScaling::Type::kYarn) settleYarnContext(config);
-  // Gemma 3 ties its embeddings unless told otherwise.
-  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma);
+  // Gemma and SmolLM3 tie their embeddings unless told otherwise.
+  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma || is_smollm3);
+  if (is_smollm3) readNopeLayers(reader, root, config);
   // Qwen2's attention always has q/k/v biases whatever the config says;
   // Mistral's and Phi-3's never have them.
   config.attention_bias = is_qwen2 ? true
@@ -923,6 +967,11 @@ std::string ModelConfig::toJsonText() const {
       root["rope_scaling"]["attention_factor"] = rope_scaling.attention_factor;
     }
   }
+  if (architecture == "SmolLM3ForCausalLM") {
+    json flags = json::array();
+    for (int64_t i = 0; i < num_hidden_layers; ++i) flags.push_back(nopeLayer(i) ? 0 : 1);
+    root["no_rope_layers"] = flags;
+  }
   if (granite) {
     root["embedding_multiplier"] = embedding_multiplier;
     root["attention_multiplier"] = attention_multiplier;
@@ -1083,6 +1132,8 @@ std::string ModelConfig::computeDigest() const {
   // And only OLMo 2 its norms' places (its q/k norm is qk_norm's, across
   // the heads).
   if (olmo2) math["olmo2"] = true;
+  // And only SmolLM3 the layers it does not rotate.
+  if (!nope_layers.empty()) math["nope_layers"] = nope_layers;
   // And only Granite its four scalars.
   if (granite) {
     math["granite"] = {embedding_multiplier, attention_multiplier, residual_multiplier,

@@ -4,7 +4,7 @@
 // Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
 // (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
-// (docs/engine.md#olmo-2),
+// (docs/engine.md#olmo-2), SmolLM3ForCausalLM (docs/engine.md#smollm3),
 // and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
@@ -111,6 +111,13 @@ struct ModelConfig {
   // query at p attends to p - sliding_window + 1 .. p); empty when no layer's
   // is.
   std::vector<bool> sliding_layers;
+  // SmolLM3ForCausalLM: the layers that skip RoPE (NoPE: no_rope_layers'
+  // zeros, else every no_rope_layer_interval-th); empty when every layer
+  // rotates.
+  std::vector<bool> nope_layers;
+  bool nopeLayer(int64_t layer) const {
+    return !nope_layers.empty() && nope_layers[static_cast<size_t>(layer)];
+  }
   bool slidingLayer(int64_t layer) const {
     return !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
   }

@@ -192,13 +192,14 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   weights_.layers.reserve(host.layers.size());
   for (const LayerWeights& lw : host.layers) {
     ResidentLayer layer;
+    layer.rope = !config.nopeLayer(static_cast<int64_t>(weights_.layers.size()));
     layer.fused = options_.fuse_projections && stackable({&lw.q_proj, &lw.k_proj, &lw.v_proj});
     if (layer.fused) {
       // Rows in the order the backend's matmulQkvRope reads them. With q/k
       // norm, RoPE follows the norm of the whole head: q/k/v are then
       // taken apart as they are.
       const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
-      layer.qkv_rope = pairs && lw.q_norm.empty() && plain_rope;
+      layer.qkv_rope = pairs && lw.q_norm.empty() && plain_rope && layer.rope;
       layer.qkv_proj = stackedWeight(
           {&lw.q_proj, &lw.k_proj, &lw.v_proj},
           {layer.qkv_rope ? StackOrder::kRopePairs : StackOrder::kConcatenate, config.head_dim});
@@ -716,7 +717,9 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
         b.rmsNorm(q_.data(), lw.q_norm, rows * num_heads, head_dim, eps, q_.data());
         b.rmsNorm(k_.data(), lw.k_norm, rows * num_kv_heads, head_dim, eps, k_.data());
       }
-      if (rope_variant_ == kernels::RopeVariant{}) {
+      if (!lw.rope) {
+        // SmolLM3's NoPE layers: q and k as projected.
+      } else if (rope_variant_ == kernels::RopeVariant{}) {
         b.applyRope(q_.data(), num_heads, head_dim, inv_freq);
         b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq);
       } else {

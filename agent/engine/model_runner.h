@@ -178,6 +178,8 @@ class ModelRunner {
     const float* post_feedforward_layernorm = nullptr;
     // Gemma 3: the layer's attention is within the model's sliding_window.
     bool sliding = false;
+    // False for SmolLM3's NoPE layers: q and k are not rotated.
+    bool rope = true;
     const float* q_bias = nullptr;
     const float* k_bias = nullptr;
     const float* v_bias = nullptr;

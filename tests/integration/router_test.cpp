@@ -1566,6 +1566,12 @@ TEST_F(RouterTest, Olmo2IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Olmo2ForCausalLM", 53);
 }
 
+// SmolLM3 (docs/engine.md#smollm3): a layer without RoPE, whose K the
+// decode agent receives as the prefill agent computed it.
+TEST_F(RouterTest, SmolLM3IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("SmolLM3ForCausalLM", 59);
+}
+
 // fp8 weights (docs/quantization.md), with block scales splitting rows and
 // columns: the prefill and decode agents' KV is the same bits.
 TEST_F(RouterTest, AnFp8CheckpointIsDisaggregatedExactly) {

@@ -245,6 +245,15 @@ TrainedTokenizer trainTokenizer(int64_t vocab_size) {
   return result;
 }
 
+// SmolLM3's NoPE pattern for a test model: every 4th layer, every 2nd at
+// tiny (two layers).
+std::vector<bool> smolLm3NopeLayers(int64_t layers, const std::string& preset) {
+  const int64_t interval = preset == "tiny" ? 2 : 4;
+  std::vector<bool> nope(static_cast<size_t>(layers));
+  for (size_t i = 0; i < nope.size(); ++i) nope[i] = (static_cast<int64_t>(i) + 1) % interval == 0;
+  return nope;
+}
+
 ModelConfig baseConfig(const std::string& preset, const std::string& architecture) {
   ModelConfig config;
   config.model_type = engine::modelTypeOf(architecture, "test model");
@@ -391,6 +400,12 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     // heads.
     config.olmo2 = true;
     config.qk_norm = true;
+  }
+  if (architecture == "SmolLM3ForCausalLM") {
+    // SmolLM3's NoPE layers (every 4th; at tiny, the second of its two)
+    // and tied embeddings.
+    config.tie_word_embeddings = true;
+    config.nope_layers = smolLm3NopeLayers(config.num_hidden_layers, preset);
   }
   if (architecture == "GraniteForCausalLM") {
     // Granite 3's four scalars, of their published sizes (the 8B's
@@ -748,6 +763,9 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
       }
     } else if (!config.sliding_layers.empty()) {
       config.sliding_layers.assign(static_cast<size_t>(options.layers), true);
+    }
+    if (!config.nope_layers.empty()) {
+      config.nope_layers = smolLm3NopeLayers(options.layers, options.preset);
     }
   }
   const TrainedTokenizer tokenizer = trainTokenizer(config.vocab_size);

@@ -133,7 +133,8 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   backend.setComputeDType(DType::kBF16);
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-        "GraniteForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "GraniteForCausalLM", "Olmo2ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM",
+        "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -203,12 +204,13 @@ TEST(PairedStackingCpuBackendTest, FusedProjectionsInPairsGiveTheBitsOfSeparateM
   for (DType compute : {DType::kF32, DType::kBF16}) {
     PairedStackingCpuBackend backend;
     backend.setComputeDType(compute);
-    // Llama: q/k/v in RoPE pairs; Qwen2: the same with biases; Qwen3 (q/k
+    // Llama: q/k/v in RoPE pairs; SmolLM3: the same on its first layer, its
+    // second (no RoPE) taken apart; Qwen2: pairs with biases; Qwen3 (q/k
     // norm before RoPE) and Phi-3 (partial rotary dims, LongRoPE's factor):
     // q/k/v taken apart as they are.
     int64_t rope_calls = 0;
-    for (const char* architecture :
-         {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"}) {
+    for (const char* architecture : {"LlamaForCausalLM", "SmolLM3ForCausalLM", "Qwen2ForCausalLM",
+                                     "Qwen3ForCausalLM", "Phi3ForCausalLM"}) {
       ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                              DType::kBF16);
       EXPECT_TRUE(checks.fusedProjectionsMatchSeparate())
@@ -363,6 +365,9 @@ std::vector<Param> params() {
       {"GraniteForCausalLM", DType::kBF16, DType::kF32},
       // OLMo 2: every backend (its norms are the backends' rmsNorm).
       {"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
+      // SmolLM3: a layer without RoPE (the fused Q/K/V+RoPE step skipped
+      // there); every backend.
+      {"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };

@@ -164,8 +164,8 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
        {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM",
-        "Qwen3MoeForCausalLM"}) {
+        "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "SmolLM3ForCausalLM",
+        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -1861,12 +1861,62 @@ TEST(ModelConfigParsing, Olmo2ReadsItsDefaults) {
   EXPECT_NE(qwen3_like.computeDigest(), c.computeDigest());
 }
 
+// SmolLM3 as SmolLM3Config reads it: every 4th layer without RoPE unless
+// no_rope_layers says which (1 rotates; its first num_hidden_layers
+// entries), tied embeddings, rope_theta 2e6; the NoPE layers in the digest.
+TEST(ModelConfigParsing, SmolLM3ReadsItsNopeLayers) {
+  auto smol = [](const std::string& extra) {
+    return R"({"architectures": ["SmolLM3ForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "vocab_size": 1000)" +
+           extra + "}";
+  };
+  ModelConfig c = ModelConfig::fromJsonText(smol(""), "config.json");
+  EXPECT_EQ(c.model_type, "smollm3");
+  EXPECT_EQ(c.nope_layers,
+            (std::vector<bool>{false, false, false, true, false, false, false, true}));
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.rope_theta, 2e6);
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "again"), c);
+  const std::string digest = c.computeDigest();
+
+  // As SmolLM3-3B publishes it: a list, longer than the layers.
+  c = ModelConfig::fromJsonText(
+      smol(R"(, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0, 1, 1], "rope_theta": 5000000.0,
+              "tie_word_embeddings": false)"),
+      "config.json");
+  EXPECT_EQ(c.nope_layers,
+            (std::vector<bool>{false, false, false, true, false, false, false, true}));
+  EXPECT_FALSE(c.tie_word_embeddings);
+  c = ModelConfig::fromJsonText(smol(R"(, "no_rope_layer_interval": 2)"), "config.json");
+  EXPECT_EQ(c.nope_layers, (std::vector<bool>{false, true, false, true, false, true, false, true}));
+  EXPECT_NE(c.computeDigest(), digest);
+  // Every layer rotating: Llama's arithmetic, nothing recorded.
+  c = ModelConfig::fromJsonText(smol(R"(, "no_rope_layer_interval": 9)"), "config.json");
+  EXPECT_TRUE(c.nope_layers.empty());
+  EXPECT_NE(c.computeDigest(), digest);
+
+  EXPECT_CONTAINS(parseError(smol(R"(, "no_rope_layers": [1, 1, 0])")),
+                  "field \"no_rope_layers\" must list 1 (RoPE) or 0 (none) for each of the 8 "
+                  "layers, got [1,1,0]");
+  EXPECT_CONTAINS(parseError(smol(R"(, "no_rope_layers": [1, 1, 1, 2, 1, 1, 1, 0])")),
+                  "field \"no_rope_layers\" must list 1 (RoPE) or 0 (none)");
+  EXPECT_CONTAINS(parseError(smol(R"(, "no_rope_layer_interval": 0)")),
+                  "field \"no_rope_layer_interval\" must be a positive integer");
+  EXPECT_CONTAINS(parseError(smol(R"(, "use_sliding_window": true, "sliding_window": 4096)")),
+                  "field \"use_sliding_window\" is true; sliding-window attention is not "
+                  "supported (accepted: false)");
+  EXPECT_CONTAINS(parseError(smol(R"(, "layer_types": ["full_attention", "sliding_attention"])")),
+                  "field \"layer_types\" must hold only \"full_attention\"");
+}
+
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-          "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "Olmo2ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

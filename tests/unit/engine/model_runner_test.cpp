@@ -417,8 +417,10 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         for (int64_t hh = 0; hh < nkv; ++hh)
           denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
       }
-      denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
-      denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
+      if (!c.nopeLayer(l)) {  // SmolLM3's NoPE layers leave q and k as they are
+        denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
+        denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
+      }
       if (kv_dtype == DType::kF8E4M3) {
         roundAsFp8Cache(k[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l]);
         roundAsFp8Cache(v[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l + 1]);
@@ -870,6 +872,9 @@ INSTANTIATE_TEST_SUITE_P(
         // OLMo 2: norms after attention and the MLP, q/k norms across heads.
         Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // SmolLM3: its second layer without RoPE, tied embeddings.
+        Variant{"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"SmolLM3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
