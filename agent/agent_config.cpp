@@ -15,6 +15,7 @@
 #include "agent/engine/speculative.h"
 #include "agent/kv/connector.h"
 #include "common/http/http_limits.h"
+#include "common/json_parse.h"
 #include "common/protocol/reasoning_parser.h"
 #include "common/protocol/tool_call_parser.h"
 #include "common/status.h"
@@ -176,6 +177,16 @@ const std::vector<Row>& rows() {
         "\"prompt_lookup_min\":2}",
         [](const std::string& text) { return engine::SpeculativeConfig::parse(text).status(); }},
        [](ServeOptions& o, const Value& v) { o.speculative_config = v.text; }},
+      {{"hf_overrides",
+        OptionKind::kJson,
+        0,
+        0,
+        {},
+        "config.json fields replaced before the model is read (vLLM's --hf-overrides), e.g. "
+        "{\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+        "\"original_max_position_embeddings\":32768}}",
+        [](const std::string& text) { return parseJsonObject(text, "hf-overrides").status(); }},
+       [](ServeOptions& o, const Value& v) { o.hf_overrides = v.text; }},
       flag("insecure_kv",
            "let a ucx KV producer or consumer listen on a non-loopback address without a shared "
            "secret",

@@ -69,11 +69,12 @@ struct GenerateOptions {
   int32_t block_size = 16;
   std::string device = "auto";
   bool ignore_eos = false;
+  std::string hf_overrides;  // serve's --hf-overrides
 };
 
 int runGenerate(const GenerateOptions& options) {
   using Clock = std::chrono::steady_clock;
-  auto model = tandem::engine::Model::load(options.model_dir);
+  auto model = tandem::engine::Model::load(options.model_dir, options.hf_overrides);
   auto tokenizer = tandem::Tokenizer::fromDirectory(options.model_dir);
   const auto& config = model->config();
 
@@ -195,6 +196,9 @@ int main(int argc, char** argv) {
   generate->add_option("--device", gen.device, "compute backend: cpu, cuda or auto")
       ->capture_default_str();
   generate->add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-sequence");
+  generate->add_option("--hf-overrides", gen.hf_overrides,
+                       "config.json fields replaced before the model is read (a JSON object, as "
+                       "serve's)");
 
   tandem::agent::ServeOptions serve_options;
   CLI::App* serve = tandem::agent::addServeCommand(app, serve_options);

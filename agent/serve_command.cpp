@@ -153,6 +153,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.scheduler.max_num_seqs = o.max_num_seqs;
   config.scheduler.policy = engine::schedulingPolicyFromName(o.scheduling_policy);
   config.max_model_len = o.max_model_len;
+  config.hf_overrides = o.hf_overrides;
   if (!o.speculative_config.empty()) {
     auto speculative = engine::SpeculativeConfig::parse(o.speculative_config);
     if (!speculative.isOk()) throw Error("--" + speculative.status().message());

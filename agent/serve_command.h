@@ -59,6 +59,9 @@ struct ServeOptions {
   std::string kv_transfer_config;  // JSON, vLLM's shape; empty: no connector
   // JSON, vLLM's --speculative-config (its ngram method); empty: none.
   std::string speculative_config;
+  // JSON object, vLLM's --hf-overrides: config.json fields replaced before
+  // the model is read; empty: none.
+  std::string hf_overrides;
   // A ucx KV producer or consumer on a non-loopback address needs a shared
   // secret unless this is set.
   bool insecure_kv = false;

@@ -229,7 +229,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
                                                      .fused_launches = config_.fuse_projections});
     backend_->setComputeDType(config_.compute_dtype);
   }
-  model_ = Model::load(config_.model_dir);
+  model_ = Model::load(config_.model_dir, config_.hf_overrides);
   if (!simulated && config_.compute_dtype == DType::kBF16 &&
       model_->weightDType() != DType::kBF16) {
     TANDEM_LOG(kWarn) << "compute dtype bf16 applies to bf16 weights only; this model's are "

@@ -57,6 +57,9 @@ namespace tandem::engine {
 
 struct EngineConfig {
   std::filesystem::path model_dir;
+  // --hf-overrides: config.json fields replaced before the model is read
+  // (a JSON object's text, ModelConfig::fromFile's); empty: none.
+  std::string hf_overrides;
   // Where the forward pass runs; the engine creates and owns the backend.
   kernels::DeviceKind device = kernels::DeviceKind::kCpu;
   // Run every decode step as issued, never recorded and replayed (CUDA

@@ -395,7 +395,8 @@ std::vector<const kernels::WeightView*> LayerWeights::tokenMatrices(
   return result;
 }
 
-std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
+                                   const std::string& hf_overrides) {
   std::error_code error;
   if (!fs::exists(dir, error)) {
     throw Error("model directory " + dir.string() + " does not exist");
@@ -412,7 +413,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
 
   std::unique_ptr<Model> model(new Model());
   model->directory_ = dir;
-  model->config_ = ModelConfig::fromFile(config_path);
+  model->config_ = ModelConfig::fromFile(config_path, hf_overrides);
   const ModelConfig& c = model->config_;
 
   TensorSource source(dir, model->files_, c.quantization, model->scales_);

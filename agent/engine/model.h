@@ -96,7 +96,9 @@ struct ModelWeights {
 
 class Model {
  public:
-  static std::unique_ptr<Model> load(const std::filesystem::path& dir);
+  // hf_overrides: ModelConfig::fromFile's (vLLM's --hf-overrides).
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir,
+                                     const std::string& hf_overrides = "");
 
   const std::filesystem::path& directory() const { return directory_; }
   const ModelConfig& config() const { return config_; }

@@ -566,13 +566,14 @@ bool ModelConfig::isMoeLayer(int64_t layer) const {
          !std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer);
 }
 
-ModelConfig ModelConfig::fromFile(const std::filesystem::path& path) {
+ModelConfig ModelConfig::fromFile(const std::filesystem::path& path,
+                                  const std::string& hf_overrides) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path.string() + ": cannot read the model configuration");
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw Error(path.string() + ": read error");
-  return fromJsonText(text.str(), path.string());
+  return fromJsonText(text.str(), path.string(), hf_overrides);
 }
 
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {
@@ -592,12 +593,27 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
               "\" is not supported (accepted: " + kAcceptedArchitectures + ")");
 }
 
-ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string& source_name) {
+ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string& source_file,
+                                      const std::string& hf_overrides) {
   JsonParseError parse_error;
   std::optional<json> parsed = parseJson(text, parse_error);
-  if (!parsed) throw Error(source_name + ": not valid JSON: " + parse_error.detail);
+  if (!parsed) throw Error(source_file + ": not valid JSON: " + parse_error.detail);
   json root = std::move(*parsed);
-  if (!root.is_object()) throw Error(source_name + ": not a JSON object");
+  if (!root.is_object()) throw Error(source_file + ": not a JSON object");
+  std::string source_name = source_file;
+  if (!hf_overrides.empty()) {
+    StatusOr<json> overrides = parseJsonObject(hf_overrides, "--hf-overrides");
+    if (!overrides.isOk()) throw Error(overrides.status().message());
+    for (const auto& [key, value] : overrides->items()) {
+      if (key == "text_config" && value.is_object() && root.contains(key) &&
+          root[key].is_object()) {
+        for (const auto& [field, field_value] : value.items()) root[key][field] = field_value;
+      } else {
+        root[key] = value;
+      }
+    }
+    source_name += " with --hf-overrides";
+  }
   FieldReader reader(root, source_name, "");
 
   ModelConfig config;

@@ -191,8 +191,14 @@ struct ModelConfig {
   double ropeAttentionFactor() const;
 
   // Parses and validates; throws tandem::Error naming the file and field.
-  static ModelConfig fromFile(const std::filesystem::path& path);
-  static ModelConfig fromJsonText(const std::string& text, const std::string& source_name);
+  // hf_overrides: a JSON object's text (vLLM's --hf-overrides; empty:
+  // none) whose keys replace the file's before it is read (text_config's
+  // keys merge into the file's text_config, a nested configuration); errors
+  // then name the file "with --hf-overrides".
+  static ModelConfig fromFile(const std::filesystem::path& path,
+                              const std::string& hf_overrides = "");
+  static ModelConfig fromJsonText(const std::string& text, const std::string& source_file,
+                                  const std::string& hf_overrides = "");
   // The config.json text for this configuration (used by tandem-model).
   std::string toJsonText() const;
   // 16 hex digits (xxh3-64) of every field the forward pass's arithmetic

@@ -877,6 +877,33 @@ TEST(Server, YamlConfigAppliesAndFlagsOverrideIt) {
   EXPECT_TRUE(eventually([&] { return agent.metric("tandem_kv_cache_free_blocks") == 40; }));
 }
 
+// --hf-overrides: the model is read as if its config.json said so. YaRN
+// over an original 128 of the tiny model's 512 positions, factor 8: 1,024
+// positions served, and another model identity than without it.
+TEST(Server, HfOverridesChangeTheModelAsItsConfigWould) {
+  Agent plain;
+  Agent yarn({"--hf-overrides", R"({"rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                    "original_max_position_embeddings": 128}})"});
+  auto identity = [](Agent& agent) {
+    auto res = agent.client()->Get("/v1/models");
+    EXPECT_TRUE(res);
+    return res ? json::parse(res->body)["data"][0] : json();
+  };
+  const json with = identity(yarn);
+  const json without = identity(plain);
+  EXPECT_EQ(without["max_model_len"], 512);
+  EXPECT_EQ(with["max_model_len"], 1024);
+  EXPECT_NE(with["tandem"]["model_identity"], without["tandem"]["model_identity"]);
+  // A prompt past the file's 512 positions is served.
+  json body = {{"model", "tiny"},
+               {"prompt", std::vector<int>(600, 7)},
+               {"max_tokens", 2},
+               {"temperature", 0}};
+  auto res = yarn.client()->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+}
+
 TEST(Server, ReportsItsComputeDeviceInHealthModelsAndMetrics) {
   TempDir dir("tandem-device");
   dir.write("agent.yaml", "device: cpu\n");

@@ -202,6 +202,27 @@ TEST(ServeOptions, SpeculativeConfigIsCheckedFromTheFlagOrAYamlMapping) {
                   .starts_with("--speculative-config is not valid JSON (byte 20)"));
 }
 
+// --hf-overrides: a JSON object (in YAML a mapping) whose fields the model
+// reads in place of its config.json's (ModelConfig checks them at load).
+TEST(ServeOptions, HfOverridesAreAJsonObjectFromTheFlagOrAYamlMapping) {
+  ServeOptions options;
+  ASSERT_EQ(apply({},
+                  "hf_overrides:\n  rope_scaling:\n    rope_type: yarn\n    factor: 4.0\n"
+                  "    original_max_position_embeddings: 32768\n",
+                  &options),
+            "");
+  EXPECT_EQ(json::parse(options.hf_overrides),
+            (json{{"rope_scaling",
+                   {{"rope_type", "yarn"},
+                    {"factor", 4.0},
+                    {"original_max_position_embeddings", 32768}}}}));
+  ASSERT_EQ(apply({"--hf-overrides", R"({"max_position_embeddings": 8192})"}, "", &options), "");
+  EXPECT_EQ(json::parse(options.hf_overrides), (json{{"max_position_embeddings", 8192}}));
+  EXPECT_EQ(apply({"--hf-overrides", "[1]"}, ""), "--hf-overrides must be a JSON object, got: [1]");
+  EXPECT_TRUE(apply({"--hf-overrides", R"({"rope_scaling": })"}, "")
+                  .starts_with("--hf-overrides is not valid JSON (byte 18)"));
+}
+
 TEST(ServeOptions, OptionsAddedOutsideTheTableTakeTheirYamlValueThroughCli11) {
   for (const auto& [yaml, expected] : std::vector<std::pair<std::string, std::string>>{
            {"connection_limit: 5", ""},

@@ -1911,6 +1911,59 @@ TEST(ModelConfigParsing, SmolLM3ReadsItsNopeLayers) {
                   "field \"layer_types\" must hold only \"full_attention\"");
 }
 
+// --hf-overrides (vLLM's): keys replace config.json's before anything is
+// read; text_config's merge into the file's text_config; errors say the
+// field came with the overrides.
+TEST(ModelConfigParsing, HfOverridesReplaceFieldsBeforeTheyAreRead) {
+  const std::string qwen3 =
+      R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+          "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 1000,
+          "max_position_embeddings": 40960, "rope_theta": 1000000,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})";
+  ModelConfig c = ModelConfig::fromJsonText(qwen3, "config.json",
+                                            R"({"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 32768}})");
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  // A whole value replaced: rope_scaling null is none.
+  c = ModelConfig::fromJsonText(qwen3, "config.json", R"({"rope_scaling": null})");
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c.computeDigest(), ModelConfig::fromJsonText(
+                                   R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 256,
+                    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+                    "vocab_size": 1000, "rope_theta": 1000000})",
+                                   "c")
+                                   .computeDigest());
+  EXPECT_EQ(ModelConfig::fromJsonText(qwen3, "config.json", "").rope_scaling.type,
+            RopeScaling::Type::kLlama3);
+
+  // Gemma 3 4B and up: text_config's fields merge.
+  const std::string gemma =
+      R"({"architectures": ["Gemma3ForConditionalGeneration"],
+          "text_config": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6,
+                          "num_attention_heads": 4, "num_key_value_heads": 1,
+                          "vocab_size": 1000, "sliding_window": 1024}})";
+  c = ModelConfig::fromJsonText(gemma, "config.json",
+                                R"({"text_config": {"sliding_window": 512}})");
+  EXPECT_EQ(c.sliding_window, 512);
+  EXPECT_EQ(c.hidden_size, 256);
+
+  EXPECT_CONTAINS(
+      [&] {
+        try {
+          ModelConfig::fromJsonText(qwen3, "dir/config.json",
+                                    R"({"rope_scaling": {"rope_type": "dynamic", "factor": 2}})");
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string("no error");
+      }(),
+      "dir/config.json with --hf-overrides: field \"rope_scaling\" has rope type \"dynamic\"");
+  EXPECT_THROW(ModelConfig::fromJsonText(qwen3, "c", "[1]"), Error);
+}
+
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
