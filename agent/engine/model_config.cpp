@@ -794,7 +794,14 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
     readLongRope(reader, config);
   }
-  if (config.rope_scaling.type == RopeScaling::Type::kYarn) settleYarnContext(config);
+  if (config.rope_scaling.type == RopeScaling::Type::kYarn) {
+    // Its blend divides by ln(rope_theta).
+    if (!(config.rope_theta > 1.0)) {
+      reader.fail("rope_theta", "must be greater than 1 with yarn scaling, got " +
+                                    json(config.rope_theta).dump());
+    }
+    settleYarnContext(config);
+  }
   // Gemma and SmolLM3 tie their embeddings unless told otherwise.
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma || is_smollm3);
   if (is_smollm3) readNopeLayers(reader, root, config);

@@ -317,14 +317,10 @@ TEST_F(CudaKernelsTest, RopeVariantsMatchTheCpuAndAreOffUnlessAsked) {
   ASSERT_TRUE(backend_->appliesRopeVariants());
 
   const int64_t num_heads = 3, head_dim = 64, width = num_heads * head_dim;
-  std::vector<int32_t> ids = {3, 49, 0, 7, 7};
-  std::vector<int32_t> positions = {0, 1, 2, 1000, 123456};
-  std::vector<int32_t> blocks = {0};
-  std::vector<AttentionSequence> sequences = {{blocks.data(), 1, 0, 2, 0},
-                                              {blocks.data(), 1, 2, 3, 0}};
-  const auto rows = static_cast<int64_t>(ids.size());
-  BatchLayout batch{ids.data(), positions.data(), rows, sequences.data(), 2};
-  backend_->beginBatch(batch);
+  std::vector<int32_t> ids;
+  const std::vector<int32_t> positions = {0, 1, 2, 1000, 123456};
+  const auto rows = static_cast<int64_t>(positions.size());
+  beginRowsOn(*backend_, ids, positions, {});
   // Phi-4-mini's three quarters with LongRoPE's factor, YaRN's factor over
   // whole heads, a quarter unscaled.
   for (const RopeVariant variant :

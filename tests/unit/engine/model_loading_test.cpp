@@ -1446,6 +1446,11 @@ TEST(ModelConfigParsing, RopeScalingYarnAsQwen3PublishesIt) {
   EXPECT_CONTAINS(
       parseError(qwen3(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "truncate": 1})")),
       "field \"rope_scaling.truncate\" must be true or false, got 1");
+  EXPECT_CONTAINS(parseError(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                                 "intermediate_size": 512, "num_hidden_layers": 2,
+                                 "num_attention_heads": 8, "vocab_size": 1000, "rope_theta": 1,
+                                 "rope_scaling": {"rope_type": "yarn", "factor": 4}})"),
+                  "field \"rope_theta\" must be greater than 1 with yarn scaling, got 1.0");
 }
 
 // Gemma 3 as transformers' Gemma3TextConfig reads it: its defaults, which
