@@ -1566,6 +1566,25 @@ TEST_F(RouterTest, Olmo2IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Olmo2ForCausalLM", 53);
 }
 
+// YaRN given by --hf-overrides to every agent (docs/engine.md#yarn): the
+// prefill and decode agents read the same model, its KV moves exactly, and
+// it answers otherwise than the file alone.
+TEST_F(RouterTest, YarnGivenByHfOverridesIsDisaggregatedExactly) {
+  static TempDir dir("tandem-router-yarn");
+  tandem::tools::TestModelOptions options;
+  options.architecture = "Qwen3ForCausalLM";
+  options.seed = 61;
+  tandem::tools::writeTestModel(options, dir.path());
+  const json answer = expectDisaggregatedExactly(
+      dir.path(), {"--hf-overrides", R"({"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                          "original_max_position_embeddings": 128}})"});
+  Agent plain({"--kv-cache-memory", "64MiB"}, dir.path());
+  json body = greedy(randomPrompt(70, 71), 24);
+  body["logprobs"] = 2;
+  EXPECT_NE(plain.post("/v1/completions", body)["choices"][0]["logprobs"],
+            answer["choices"][0]["logprobs"]);
+}
+
 // SmolLM3 (docs/engine.md#smollm3): a layer without RoPE, whose K the
 // decode agent receives as the prefill agent computed it.
 TEST_F(RouterTest, SmolLM3IsDisaggregatedExactly) {
