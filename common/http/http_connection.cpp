@@ -256,8 +256,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     asio::post(strand_, [self = shared_from_this(), since] {
       boost::system::error_code ec;
       if (self->idleSince() != since || self->socket_.available(ec) > 0 || ec) return;
-      self->socket_.close(ec);
+      // Counted first: a client that sees the close finds it counted.
       self->service_.countIdleClosed();
+      self->socket_.close(ec);
     });
   }
 
