@@ -279,7 +279,11 @@ class Reference:
     each residual branch times residual_multiplier, the logits divided by
     logits_scaling. OLMo 2 is transformers' Olmo2ForCausalLM: no norm before
     attention or the MLP, their outputs normalized before each residual
-    add, q and k normalized across all heads before RoPE."""
+    add, q and k normalized across all heads before RoPE. OLMo 3 is OLMo 2
+    with sliding_window on the layers layer_types marks (else all but every
+    4th), which rotate unscaled: rope_scaling (YaRN) is the full layers'
+    only, as OLMo-core and vLLM compute it. Gemma's sliding layers
+    likewise take no attention factor."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -288,7 +292,8 @@ class Reference:
         self.arch = c["architectures"][0]
         self.phi3 = self.arch == "Phi3ForCausalLM"
         self.granite = self.arch == "GraniteForCausalLM"
-        self.olmo2 = self.arch == "Olmo2ForCausalLM"
+        self.olmo3 = self.arch == "Olmo3ForCausalLM"
+        self.olmo2 = self.arch == "Olmo2ForCausalLM" or self.olmo3
         # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
         # (no_rope_layer_interval) does not.
         layers = c["num_hidden_layers"]
@@ -333,7 +338,8 @@ class Reference:
                                                           "Gemma3ForCausalLM") else 10000.0)
         inv_freq = 1.0 / (float(theta) ** (np.arange(0, d, 2) / d))
         scaling = c.get("rope_scaling")
-        local_base = theta if self.gemma2 else c.get("rope_local_base_freq", 10000.0)
+        local_base = theta if self.gemma2 or self.olmo3 else c.get("rope_local_base_freq",
+                                                                    10000.0)
         self.local_inv_freq = 1.0 / (float(local_base) ** (np.arange(0, d, 2) / d))
         kind = scaling and scaling.get("rope_type", scaling.get("type"))
         if kind in ("longrope", "su"):
@@ -390,7 +396,7 @@ class Reference:
     def rms(self, x, weight):
         eps = self.config.get("rms_norm_eps",
                               1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM",
-                                                    "Olmo2ForCausalLM")
+                                                    "Olmo2ForCausalLM", "Olmo3ForCausalLM")
                               else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
@@ -399,21 +405,25 @@ class Reference:
         c = self.config
         if self.phi3 or self.arch in ("MistralForCausalLM", "MixtralForCausalLM"):
             return bool(c.get("sliding_window"))
-        if not self.gemma:
+        if not self.gemma and not self.olmo3:
             return False
         if c.get("layer_types"):
             return c["layer_types"][i] == "sliding_attention"
+        if self.olmo3:
+            return (i + 1) % 4 != 0
         if self.gemma2:
             return i % 2 == 0
         return (i + 1) % c.get("sliding_window_pattern", 6) != 0
 
-    def rope(self, x, positions, inv_freq=None):
+    def rope(self, x, positions, local=False):
         # x: [n, heads, d]; rotate halves (i, i + r/2) of the first r =
-        # rotary_dim values together, the rest passed.
-        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        # rotary_dim values together, the rest passed. A local layer (Gemma's
+        # or OLMo 3's sliding one) takes its own frequencies, unscaled.
+        inv_freq = self.local_inv_freq if local else self.inv_freq
+        mscale = 1.0 if local else self.mscale
         angles = positions[:, None] * inv_freq[None, :]
-        cos = np.cos(angles)[:, None, :] * self.mscale
-        sin = np.sin(angles)[:, None, :] * self.mscale
+        cos = np.cos(angles)[:, None, :] * mscale
+        sin = np.sin(angles)[:, None, :] * mscale
         half = self.rotary_dim // 2
         a, b = x[..., :half], x[..., half:self.rotary_dim]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin, x[..., self.rotary_dim:]],
@@ -479,7 +489,7 @@ class Reference:
                 x = round_bf16(x)
             scale = c.get("attention_multiplier", 1.0)
             residual = c.get("residual_multiplier", 1.0)
-        if self.gemma or c.get("sliding_window"):
+        if self.gemma or self.olmo3 or c.get("sliding_window"):
             window = c.get("sliding_window", 4096)
             rows, cols = np.indices((n, n))
             sliding_mask = np.where((cols <= rows) & (rows - cols < window), 0.0, -np.inf)
@@ -498,9 +508,9 @@ class Reference:
             if self.qk_norm and not self.qk_norm_whole:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
-            inv_freq = self.local_inv_freq if self.gemma and self.sliding(i) else self.inv_freq
+            local = (self.gemma or self.olmo3) and self.sliding(i)
             if self.rotates[i]:  # SmolLM3's NoPE layers leave q and k as they are
-                q, k = self.rope(q, positions, inv_freq), self.rope(k, positions, inv_freq)
+                q, k = self.rope(q, positions, local), self.rope(k, positions, local)
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)
             layer_mask = sliding_mask if self.sliding(i) else mask

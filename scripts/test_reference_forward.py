@@ -8,8 +8,8 @@ long factors and, served 128 tokens, its short ones, a window on every layer),
 Mistral given a 24-token window, Qwen3 with YaRN (as tandem-model writes it,
 and on Llama with every YaRN option set otherwise), SmolLM3 (its second
 layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
-Mixtral and Qwen3-MoE test models,
-Gemma 3
+OLMo 3 (a sliding layer rotating unscaled, YaRN on the full one), Gemma 3
+with YaRN on its full layers, Mixtral and Qwen3-MoE test models, Gemma 3
 rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
 with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
 (per-channel scales; blocks splitting rows and columns; 128 x 128 blocks,
@@ -54,6 +54,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                 "olmo3": "Olmo3ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
@@ -75,7 +76,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"),
          ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("smollm3", None),
          ("smollm3", "config=nope-interval"), ("granite", None),
-         ("olmo2", None),
+         ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),
          ("mixtral", None),
          ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),

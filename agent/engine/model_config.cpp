@@ -35,7 +35,7 @@ constexpr int64_t kMaxDimension = int64_t{1} << 20;
 constexpr const char* kAcceptedArchitectures =
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
-    "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, SmolLM3ForCausalLM, "
+    "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
     "MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
@@ -401,6 +401,32 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
   }
 }
 
+// Sizes config.sliding_layers to the layers, all false, and reads
+// layer_types into it where given ("sliding_attention" or
+// "full_attention" for each layer); returns whether it was.
+bool readLayerTypes(const FieldReader& reader, const json& root, ModelConfig& config) {
+  const auto layers = static_cast<size_t>(config.num_hidden_layers);
+  config.sliding_layers.assign(layers, false);
+  if (!reader.has("layer_types")) return false;
+  const json& types = root["layer_types"];
+  if (!types.is_array() || types.size() != layers) {
+    reader.fail("layer_types", "must list num_hidden_layers (" + std::to_string(layers) +
+                                   ") of \"sliding_attention\" and \"full_attention\", got " +
+                                   types.dump());
+  }
+  for (size_t i = 0; i < layers; ++i) {
+    if (types[i] == "sliding_attention") {
+      config.sliding_layers[i] = true;
+    } else if (types[i] != "full_attention") {
+      reader.fail("layer_types",
+                  "must hold only \"sliding_attention\" and "
+                  "\"full_attention\", got " +
+                      types[i].dump());
+    }
+  }
+  return true;
+}
+
 // Gemma's own fields (Gemma2Config's or Gemma3TextConfig's defaults): the
 // sliding window and which layers use it (layer_types; else Gemma 2's every
 // other layer from the first, Gemma 3's all but every
@@ -423,32 +449,32 @@ void readGemma(const FieldReader& reader, const json& root, bool gemma2, ModelCo
       "attn_logit_softcapping", gemma2 && !root.contains("attn_logit_softcapping") ? 50.0 : 0.0);
   config.final_logit_softcapping = reader.positiveNumber(
       "final_logit_softcapping", gemma2 && !root.contains("final_logit_softcapping") ? 30.0 : 0.0);
+  if (readLayerTypes(reader, root, config)) return;
   const auto layers = static_cast<size_t>(config.num_hidden_layers);
-  config.sliding_layers.assign(layers, false);
-  if (reader.has("layer_types")) {
-    const json& types = root["layer_types"];
-    if (!types.is_array() || types.size() != layers) {
-      reader.fail("layer_types", "must list num_hidden_layers (" + std::to_string(layers) +
-                                     ") of \"sliding_attention\" and \"full_attention\", got " +
-                                     types.dump());
-    }
-    for (size_t i = 0; i < layers; ++i) {
-      if (types[i] == "sliding_attention") {
-        config.sliding_layers[i] = true;
-      } else if (types[i] != "full_attention") {
-        reader.fail("layer_types",
-                    "must hold only \"sliding_attention\" and "
-                    "\"full_attention\", got " +
-                        types[i].dump());
-      }
-    }
-  } else if (gemma2) {
+  if (gemma2) {
     for (size_t i = 0; i < layers; ++i) config.sliding_layers[i] = i % 2 == 0;
   } else {
     const int64_t pattern = reader.boundedInt("sliding_window_pattern", 6, kMaxDimension);
     for (size_t i = 0; i < layers; ++i) {
       config.sliding_layers[i] = (static_cast<int64_t>(i) + 1) % pattern != 0;
     }
+  }
+}
+
+// OLMo 3's (Olmo3Config's): a window of 4096 unless given, on the layers
+// layer_types marks, else on all but every 4th. With no sliding layer, no
+// window.
+void readOlmo3(const FieldReader& reader, const json& root, ModelConfig& config) {
+  config.sliding_window = reader.boundedInt("sliding_window", 4096, kMaxPositionEmbeddings);
+  if (!readLayerTypes(reader, root, config)) {
+    for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
+      config.sliding_layers[i] = (static_cast<int64_t>(i) + 1) % 4 != 0;
+    }
+  }
+  if (std::none_of(config.sliding_layers.begin(), config.sliding_layers.end(),
+                   [](bool sliding) { return sliding; })) {
+    config.sliding_layers.clear();
+    config.sliding_window = 0;
   }
 }
 
@@ -584,7 +610,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"},      {"Phi3ForCausalLM", "phi3"},
       {"GraniteForCausalLM", "granite"},    {"Olmo2ForCausalLM", "olmo2"},
-      {"SmolLM3ForCausalLM", "smollm3"},
+      {"Olmo3ForCausalLM", "olmo3"},        {"SmolLM3ForCausalLM", "smollm3"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -651,7 +677,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_phi3 = config.architecture == "Phi3ForCausalLM";
   config.phi3 = is_phi3;
   config.granite = config.architecture == "GraniteForCausalLM";
-  config.olmo2 = config.architecture == "Olmo2ForCausalLM";
+  config.olmo3 = config.architecture == "Olmo3ForCausalLM";
+  config.olmo2 = config.architecture == "Olmo2ForCausalLM" || config.olmo3;
   const bool is_smollm3 = config.architecture == "SmolLM3ForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
 
@@ -777,13 +804,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     }
     config.rope_local_base_freq = config.rope_theta;
   }
-  if (is_gemma3 && (config.rope_scaling.type == RopeScaling::Type::kLongRope ||
-                    config.rope_scaling.type == RopeScaling::Type::kYarn)) {
-    // Their attention factor would reach the sliding layers too.
-    reader.fail(reader.has("rope_scaling") ? "rope_scaling" : "rope_parameters",
-                "scales Gemma3ForCausalLM's full layers by longrope or yarn, which is not "
-                "supported (accepted: linear, llama3, or null)");
-  }
+  // OLMo 3's sliding layers rotate as its full ones would unscaled.
+  if (config.olmo3) config.rope_local_base_freq = config.rope_theta;
   const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 ? 32768
                                         : is_mistral || is_mixtral || is_gemma3            ? 131072
                                         : is_gemma2                                        ? 8192
@@ -813,6 +835,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                               : reader.boolean("attention_bias", false);
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2;
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
+  if (config.olmo3) readOlmo3(reader, root, config);
   if (config.granite) {
     // GraniteConfig's defaults: 1.0 each.
     config.embedding_multiplier = reader.positiveNumber("embedding_multiplier", 1.0);
@@ -1011,16 +1034,21 @@ std::string ModelConfig::toJsonText() const {
   }
   root["max_position_embeddings"] = max_position_embeddings;
   if (sliding_window > 0) root["sliding_window"] = sliding_window;
+  if (gemma || (olmo3 && !sliding_layers.empty())) {
+    json types = json::array();
+    for (bool sliding : sliding_layers)
+      types.push_back(sliding ? "sliding_attention" : "full_attention");
+    root["layer_types"] = types;
+  } else if (olmo3) {
+    root["layer_types"] = json::array();
+    for (int64_t i = 0; i < num_hidden_layers; ++i) root["layer_types"].push_back("full_attention");
+  }
   if (gemma) {
     root["model_type"] = model_type;
     root.erase("hidden_act");
     root["hidden_activation"] = "gelu_pytorch_tanh";
     root["query_pre_attn_scalar"] = query_pre_attn_scalar;
     root["rope_local_base_freq"] = rope_local_base_freq;
-    json types = json::array();
-    for (bool sliding : sliding_layers)
-      types.push_back(sliding ? "sliding_attention" : "full_attention");
-    root["layer_types"] = types;
     root["attn_logit_softcapping"] =
         attn_logit_softcapping > 0 ? json(attn_logit_softcapping) : json(nullptr);
     root["final_logit_softcapping"] =
@@ -1163,8 +1191,14 @@ std::string ModelConfig::computeDigest() const {
                        logits_scaling};
   }
   // A window on every layer (Mistral v0.1, Phi-3-mini-4k) changes what
-  // sequences longer than it compute.
-  if (!gemma && !sliding_layers.empty()) math["sliding_window"] = sliding_window;
+  // sequences longer than it compute; on some layers (OLMo 3), which ones
+  // too.
+  if (!gemma && !sliding_layers.empty()) {
+    math["sliding_window"] = sliding_window;
+    if (std::find(sliding_layers.begin(), sliding_layers.end(), false) != sliding_layers.end()) {
+      math["sliding_layers"] = sliding_layers;
+    }
+  }
   // Likewise only quantized models name how (the scales' granularity
   // decides the order of the matmul's roundings).
   if (quantized()) {

@@ -4,7 +4,8 @@
 // Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
 // (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
-// (docs/engine.md#olmo-2), SmolLM3ForCausalLM (docs/engine.md#smollm3),
+// (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
+// SmolLM3ForCausalLM (docs/engine.md#smollm3),
 // and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
@@ -101,8 +102,8 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   int64_t max_position_embeddings = 2048;
   // The attention window (0: none), applied to the layers sliding_layers
-  // marks (Gemma's every other or five in six; every layer of Mistral's,
-  // Mixtral's and Phi-3's when they set one). A backend that cannot apply
+  // marks (Gemma's every other or five in six, OLMo 3's three in four;
+  // every layer of Mistral's, Mixtral's and Phi-3's when they set one). A backend that cannot apply
   // windows (CUDA) computes full attention instead, the same as the
   // window's only for sequences no longer than it: the engine caps
   // max_model_len at the window there, and refuses Gemma.
@@ -121,6 +122,10 @@ struct ModelConfig {
   bool slidingLayer(int64_t layer) const {
     return !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
   }
+  // Whether the layer rotates with rope_local_base_freq, unscaled and
+  // without an attention factor (localRopeInverseFrequencies): Gemma's and
+  // OLMo 3's sliding layers. rope_scaling is the other layers' only.
+  bool localRopeLayer(int64_t layer) const { return (gemma || olmo3) && slidingLayer(layer); }
   // Gemma 3's arithmetic, where it differs from Llama's: RMSNorm weights
   // are offsets from 1 (scale x * (1 + w)), the embedding is multiplied by
   // sqrt(hidden_size) (rounded to the table's dtype, the product too, as
@@ -181,6 +186,13 @@ struct ModelConfig {
   // normalized across all their heads at once (q_norm of num_heads x
   // head_dim weights) before RoPE.
   bool olmo2 = false;
+  // Olmo3ForCausalLM (AllenAI OLMo 3): OLMo 2's arithmetic (olmo2 is set
+  // too) with a window on the layers layer_types marks (Olmo3Config's
+  // default: all but every 4th), which rotate unscaled (their
+  // rope_local_base_freq is rope_theta): the published configs' YaRN
+  // scales the full layers only, as OLMo-core trained them and vLLM runs
+  // them.
+  bool olmo3 = false;
 
   // What depends on the context length the engine serves: LongRoPE's
   // factors (RopeScaling::use_long). Changes computeDigest when it changes
@@ -224,7 +236,8 @@ double yarnDefaultAttentionFactor(double factor);
 // llama3, linear, LongRoPE or YaRN scaling applied when configured (same
 // formula as Hugging Face).
 std::vector<float> ropeInverseFrequencies(const ModelConfig& config);
-// Those of a sliding layer of Gemma 3: rope_local_base_freq, no scaling.
+// Those of a localRopeLayer (Gemma's and OLMo 3's sliding layers):
+// rope_local_base_freq, no scaling.
 std::vector<float> localRopeInverseFrequencies(const ModelConfig& config);
 
 }  // namespace tandem::engine

@@ -145,6 +145,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   requireHost(config.gemma, model_name + " runs", "", "docs/engine.md#gemma-3");
   rope_variant_.rotary_dim = config.rotary_dim == config.head_dim ? 0 : config.rotary_dim;
   rope_variant_.attention_factor = static_cast<float>(config.ropeAttentionFactor());
+  local_rope_variant_.rotary_dim = rope_variant_.rotary_dim;
   const bool plain_rope = rope_variant_ == kernels::RopeVariant{};
   const bool yarn =
       rope_variant_.rotary_dim == 0 && config.rope_scaling.type == RopeScaling::Type::kYarn;
@@ -165,10 +166,12 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
   attention_scale_ = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)));
-  if (config.gemma) {
+  if (config.gemma || config.olmo3) {
     const std::vector<float> local = localRopeInverseFrequencies(config);
     local_inv_freq_.grow(local.size());
     backend_.copyFromHost(local_inv_freq_.data(), local.data(), local.size() * sizeof(float));
+  }
+  if (config.gemma) {
     attention_scale_ =
         static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.query_pre_attn_scalar)));
     // transformers: torch.tensor(hidden_size ** 0.5) (fp32), then
@@ -222,6 +225,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     layer.pre_feedforward_layernorm = resident(lw.pre_feedforward_layernorm);
     layer.post_feedforward_layernorm = resident(lw.post_feedforward_layernorm);
     layer.sliding = config.slidingLayer(static_cast<int64_t>(weights_.layers.size()));
+    layer.local_rope = config.localRopeLayer(static_cast<int64_t>(weights_.layers.size()));
     layer.q_bias = resident(lw.q_bias);
     layer.k_bias = resident(lw.k_bias);
     layer.v_bias = resident(lw.v_bias);
@@ -660,7 +664,8 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const ResidentLayer& lw = weights_.layers[layer];
-    const float* inv_freq = lw.sliding && config.gemma ? local_inv_freq_.data() : inv_freq_.data();
+    const float* inv_freq = lw.local_rope ? local_inv_freq_.data() : inv_freq_.data();
+    const kernels::RopeVariant& rope_variant = lw.local_rope ? local_rope_variant_ : rope_variant_;
 
     // Attention block (OLMo 2: on the residual stream as it is).
     const float* attention_in = hidden_.data();
@@ -719,12 +724,12 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       }
       if (!lw.rope) {
         // SmolLM3's NoPE layers: q and k as projected.
-      } else if (rope_variant_ == kernels::RopeVariant{}) {
+      } else if (rope_variant == kernels::RopeVariant{}) {
         b.applyRope(q_.data(), num_heads, head_dim, inv_freq);
         b.applyRope(k_.data(), num_kv_heads, head_dim, inv_freq);
       } else {
-        b.applyRopeWith(q_.data(), num_heads, head_dim, inv_freq, rope_variant_);
-        b.applyRopeWith(k_.data(), num_kv_heads, head_dim, inv_freq, rope_variant_);
+        b.applyRopeWith(q_.data(), num_heads, head_dim, inv_freq, rope_variant);
+        b.applyRopeWith(k_.data(), num_kv_heads, head_dim, inv_freq, rope_variant);
       }
       b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     }

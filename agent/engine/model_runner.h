@@ -176,8 +176,11 @@ class ModelRunner {
     // Gemma 3's sandwich norms (model.h's LayerWeights); null elsewhere.
     const float* pre_feedforward_layernorm = nullptr;
     const float* post_feedforward_layernorm = nullptr;
-    // Gemma 3: the layer's attention is within the model's sliding_window.
+    // The layer's attention is within the model's sliding_window.
     bool sliding = false;
+    // Gemma's and OLMo 3's sliding layers (ModelConfig::localRopeLayer):
+    // rotated by local_inv_freq_ and local_rope_variant_.
+    bool local_rope = false;
     // False for SmolLM3's NoPE layers: q and k are not rotated.
     bool rope = true;
     const float* q_bias = nullptr;
@@ -259,12 +262,15 @@ class ModelRunner {
   std::vector<std::unique_ptr<StackedMatrix>> stacked_;
   ResidentWeights weights_;
   BackendBuffer inv_freq_;
-  // Gemma 3's sliding layers' rotary frequencies (rope_local_base_freq).
+  // Gemma's and OLMo 3's sliding layers' rotary frequencies
+  // (rope_local_base_freq, unscaled).
   BackendBuffer local_inv_freq_;
   float attention_scale_ = 1.0f;
-  // Partial rotary dims and LongRoPE's attention factor (Phi-3, Phi-4);
-  // default: whole heads, factor 1 (Backend::applyRope).
+  // Partial rotary dims and LongRoPE's or YaRN's attention factor (Phi-3,
+  // Phi-4, YaRN); default: whole heads, factor 1 (Backend::applyRope).
   kernels::RopeVariant rope_variant_;
+  // The local-rope layers': rope_variant_'s dims, factor 1.
+  kernels::RopeVariant local_rope_variant_;
   // Whether attention takes a variant (a window, a soft-cap).
   bool attention_variant_ = false;
   // Gemma 3, Granite: hidden_ (rows x hidden_size) times embedding_scale_,

@@ -1566,6 +1566,13 @@ TEST_F(RouterTest, Olmo2IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Olmo2ForCausalLM", 53);
 }
 
+// OLMo 3 (docs/engine.md#olmo-3): a 24-token window on its sliding layer,
+// which rotates unscaled, and YaRN on its full one; the prompts cross the
+// window.
+TEST_F(RouterTest, Olmo3IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Olmo3ForCausalLM", 61);
+}
+
 // YaRN given by --hf-overrides to every agent (docs/engine.md#yarn): the
 // prefill and decode agents read the same model, its KV moves exactly, and
 // it answers otherwise than the file alone.

@@ -245,6 +245,17 @@ TrainedTokenizer trainTokenizer(int64_t vocab_size) {
   return result;
 }
 
+// OLMo 3's sliding layers for a test model: all but every 4th, every 2nd
+// at tiny (two layers: one of each).
+std::vector<bool> olmo3SlidingLayers(int64_t layers, const std::string& preset) {
+  const int64_t interval = preset == "tiny" ? 2 : 4;
+  std::vector<bool> sliding(static_cast<size_t>(layers));
+  for (size_t i = 0; i < sliding.size(); ++i) {
+    sliding[i] = (static_cast<int64_t>(i) + 1) % interval != 0;
+  }
+  return sliding;
+}
+
 // SmolLM3's NoPE pattern for a test model: every 4th layer, every 2nd at
 // tiny (two layers).
 std::vector<bool> smolLm3NopeLayers(int64_t layers, const std::string& preset) {
@@ -395,11 +406,26 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
   } else {
     config.rotary_dim = config.head_dim;
   }
-  if (architecture == "Olmo2ForCausalLM") {
+  if (architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM") {
     // OLMo 2's norms after attention and the MLP, and q/k norms across the
     // heads.
     config.olmo2 = true;
     config.qk_norm = true;
+  }
+  if (architecture == "Olmo3ForCausalLM") {
+    // OLMo 3's sliding layers (a window short prompts already cross at
+    // tiny) rotating unscaled, and YaRN on the full ones as the published
+    // configs set it: factor 8 over an eighth of the context, the
+    // attention factor's default.
+    config.olmo3 = true;
+    config.sliding_window = preset == "tiny" ? 24 : 512;
+    config.sliding_layers = olmo3SlidingLayers(config.num_hidden_layers, preset);
+    config.rope_local_base_freq = config.rope_theta;
+    config.rope_scaling = RopeScaling{};
+    config.rope_scaling.type = RopeScaling::Type::kYarn;
+    config.rope_scaling.factor = 8.0;
+    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 8;
+    config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(8.0);
   }
   if (architecture == "SmolLM3ForCausalLM") {
     // SmolLM3's NoPE layers (every 4th; at tiny, the second of its two)
@@ -761,6 +787,8 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
       for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
         config.sliding_layers[i] = i % 2 == 0;
       }
+    } else if (config.olmo3) {
+      config.sliding_layers = olmo3SlidingLayers(options.layers, options.preset);
     } else if (!config.sliding_layers.empty()) {
       config.sliding_layers.assign(static_cast<size_t>(options.layers), true);
     }

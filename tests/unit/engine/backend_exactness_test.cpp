@@ -133,8 +133,8 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   backend.setComputeDType(DType::kBF16);
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-        "GraniteForCausalLM", "Olmo2ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM",
-        "Qwen3MoeForCausalLM"}) {
+        "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
+        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -276,6 +276,10 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
        "(Qwen3ForCausalLM) scales its rotary embedding's cos and sin (YaRN's attention factor), "
        "which runs on the CPU backend only (",
        DType::kF32, true},
+      {::tandem::testing::exactnessModel("Olmo3ForCausalLM", DType::kBF16),
+       "(Olmo3ForCausalLM) scales its rotary embedding's cos and sin (YaRN's attention factor), "
+       "which runs on the CPU backend only (",
+       DType::kF32, true},
       {::tandem::testing::exactnessModel("GraniteForCausalLM", DType::kBF16),
        "(GraniteForCausalLM) scales its embedding, residual branches and logits, which runs on "
        "the CPU backend only ("},
@@ -365,6 +369,10 @@ std::vector<Param> params() {
       {"GraniteForCausalLM", DType::kBF16, DType::kF32},
       // OLMo 2: every backend (its norms are the backends' rmsNorm).
       {"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
+      // OLMo 3: a sliding layer rotating unscaled, a full one with YaRN
+      // (on CUDA, with the rope-variant kernel the tests turn on, within
+      // the window the engine caps its context at there).
+      {"Olmo3ForCausalLM", DType::kBF16, DType::kF32},
       // SmolLM3: a layer without RoPE (the fused Q/K/V+RoPE step skipped
       // there); every backend.
       {"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},

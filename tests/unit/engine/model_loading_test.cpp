@@ -164,8 +164,8 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
        {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "SmolLM3ForCausalLM",
-        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+        "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -213,7 +213,7 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         EXPECT_EQ(layer.v_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
         // OLMo 2's q/k norms span the heads (4 x 16 and 2 x 16); it has
         // no input norm, and a norm after the MLP.
-        const bool olmo2 = std::string(architecture) == "Olmo2ForCausalLM";
+        const bool olmo2 = std::string(architecture).starts_with("Olmo");
         EXPECT_EQ(layer.q_norm.size(), qwen3 ? 16u : olmo2 ? 64u : 0u);
         EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : olmo2 ? 32u : 0u);
         EXPECT_EQ(layer.input_layernorm.size(), olmo2 ? 0u : static_cast<size_t>(c.hidden_size));
@@ -1527,14 +1527,23 @@ TEST(ModelConfigParsing, Gemma3ReadsItsFieldsAndRefusesWhatItDoesNotCompute) {
       parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
           "sliding_attention": {"rope_type": "linear", "factor": 2.0}})")),
       "scales the sliding layers' rotary frequencies");
-  // An attention factor on the full layers would reach the sliding ones.
-  EXPECT_CONTAINS(
-      parseError(gemma(R"(, "rope_parameters": {"full_attention": {"rope_type": "yarn",
-          "factor": 4.0}, "sliding_attention": {"rope_type": "default"}})")),
-      "field \"rope_parameters\" scales Gemma3ForCausalLM's full layers by longrope or yarn, "
-      "which is not supported (accepted: linear, llama3, or null)");
-  EXPECT_CONTAINS(parseError(gemma(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})")),
-                  "field \"rope_scaling\" scales Gemma3ForCausalLM's full layers");
+  // YaRN on the full layers (either spelling): its frequencies and
+  // attention factor are theirs; the sliding layers rotate unscaled.
+  for (const std::string& yarn :
+       {std::string(R"(, "rope_parameters": {"full_attention": {"rope_type": "yarn",
+          "factor": 4.0}, "sliding_attention": {"rope_type": "default"}})"),
+        std::string(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+          "original_max_position_embeddings": 8192})")}) {
+    SCOPED_TRACE(yarn);
+    c = ModelConfig::fromJsonText(gemma(yarn), "config.json");
+    EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+    EXPECT_EQ(c.ropeAttentionFactor(), yarnDefaultAttentionFactor(4.0));
+    EXPECT_TRUE(c.localRopeLayer(0));
+    EXPECT_FALSE(c.localRopeLayer(5));
+    EXPECT_FLOAT_EQ(localRopeInverseFrequencies(c)[1],
+                    static_cast<float>(std::pow(1e4, -2.0 / 256.0)));
+    EXPECT_NE(ropeInverseFrequencies(c).back(), static_cast<float>(std::pow(1e6, -254.0 / 256.0)));
+  }
 }
 
 // Gemma 2 as Gemma2Config reads it: every other layer sliding from the
@@ -1866,6 +1875,85 @@ TEST(ModelConfigParsing, Olmo2ReadsItsDefaults) {
   EXPECT_NE(qwen3_like.computeDigest(), c.computeDigest());
 }
 
+// OLMo 3 as Olmo3Config reads it: OLMo 2's arithmetic, a window of 4096
+// on all but every 4th layer unless layer_types says which; its sliding
+// layers rotate unscaled (rope_theta's frequencies, no attention factor),
+// the full ones with the published YaRN; all in the digest.
+TEST(ModelConfigParsing, Olmo3ReadsItsSlidingLayersAndRotatesThemUnscaled) {
+  auto olmo = [](const std::string& extra) {
+    return R"({"architectures": ["Olmo3ForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+               "vocab_size": 1000)" +
+           extra + "}";
+  };
+  ModelConfig c = ModelConfig::fromJsonText(olmo(""), "config.json");
+  EXPECT_TRUE(c.olmo3);
+  EXPECT_TRUE(c.olmo2);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.model_type, "olmo3");
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.sliding_layers,
+            (std::vector<bool>{true, true, true, false, true, true, true, false}));
+  EXPECT_TRUE(c.localRopeLayer(0));
+  EXPECT_FALSE(c.localRopeLayer(3));
+  // As Olmo-3-7B-Instruct publishes it.
+  const std::string published =
+      R"(, "rope_theta": 500000, "max_position_embeddings": 65536, "sliding_window": 4096,
+          "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32,
+          "beta_slow": 1, "factor": 8.0, "original_max_position_embeddings": 8192,
+          "rope_type": "yarn"})";
+  c = ModelConfig::fromJsonText(olmo(published), "config.json");
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.max_position_embeddings, 65536);
+  EXPECT_EQ(c.rope_local_base_freq, 500000.0);
+  EXPECT_DOUBLE_EQ(c.ropeAttentionFactor(), 1.2079441541679836);
+  // Sliding layers: theta's own frequencies; full ones: YaRN's, the
+  // lowest divided by the factor.
+  const std::vector<float> local = localRopeInverseFrequencies(c);
+  const std::vector<float> full = ropeInverseFrequencies(c);
+  for (size_t i = 0; i < local.size(); ++i) {
+    EXPECT_FLOAT_EQ(local[i], static_cast<float>(std::pow(500000.0, -2.0 * i / 32.0))) << i;
+  }
+  EXPECT_FLOAT_EQ(full[0], local[0]);
+  EXPECT_FLOAT_EQ(full.back(), local.back() / 8.0f);
+  c = ModelConfig::fromJsonText(
+      olmo(R"(, "sliding_window": 512, "layer_types": ["full_attention", "sliding_attention",
+          "sliding_attention", "sliding_attention", "full_attention", "full_attention",
+          "sliding_attention", "full_attention"])"),
+      "config.json");
+  EXPECT_EQ(c.sliding_window, 512);
+  EXPECT_EQ(c.sliding_layers,
+            (std::vector<bool>{false, true, true, true, false, false, true, false}));
+  // No sliding layer: no window.
+  c = ModelConfig::fromJsonText(olmo(R"(, "layer_types": ["full_attention", "full_attention",
+          "full_attention", "full_attention", "full_attention", "full_attention",
+          "full_attention", "full_attention"])"),
+                                "config.json");
+  EXPECT_TRUE(c.sliding_layers.empty());
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+  EXPECT_CONTAINS(parseError(olmo(R"(, "layer_types": ["sliding_attention"])")),
+                  "field \"layer_types\" must list num_hidden_layers (8)");
+  EXPECT_CONTAINS(parseError(olmo(R"(, "sliding_window": 0)")),
+                  "field \"sliding_window\" must be a positive integer");
+  // The window, which layers slide, and the architecture (whose sliding
+  // layers rotate unscaled) are in the digest.
+  const std::string digest = ModelConfig::fromJsonText(olmo(published), "c").computeDigest();
+  EXPECT_NE(ModelConfig::fromJsonText(olmo(published + R"(, "sliding_window": 2048)"), "c")
+                .computeDigest(),
+            digest);
+  EXPECT_NE(ModelConfig::fromJsonText(olmo(published + R"(, "layer_types": ["sliding_attention",
+          "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+          "full_attention", "sliding_attention", "full_attention"])"),
+                                      "c")
+                .computeDigest(),
+            digest);
+  ModelConfig olmo2_like = ModelConfig::fromJsonText(olmo(published), "c");
+  olmo2_like.architecture = "Olmo2ForCausalLM";
+  EXPECT_NE(olmo2_like.computeDigest(), digest);
+}
+
 // SmolLM3 as SmolLM3Config reads it: every 4th layer without RoPE unless
 // no_rope_layers says which (1 rotates; its first num_hidden_layers
 // entries), tied embeddings, rope_theta 2e6; the NoPE layers in the digest.
@@ -1974,7 +2062,8 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
     for (const char* architecture :
          {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-          "Olmo2ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM",
+          "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

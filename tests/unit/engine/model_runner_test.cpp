@@ -391,8 +391,10 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
-    const std::vector<float>& inv_freq =
-        c.gemma && c.slidingLayer(l) ? local_inv_freq : global_inv_freq;
+    // Gemma's and OLMo 3's sliding layers: their own frequencies, no
+    // attention factor.
+    const std::vector<float>& inv_freq = c.localRopeLayer(l) ? local_inv_freq : global_inv_freq;
+    const double rope_factor = c.localRopeLayer(l) ? 1.0 : c.ropeAttentionFactor();
     const int64_t window = c.slidingLayer(l) ? c.sliding_window : 0;
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
@@ -418,8 +420,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
           denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
       }
       if (!c.nopeLayer(l)) {  // SmolLM3's NoPE layers leave q and k as they are
-        denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
-        denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, c.ropeAttentionFactor());
+        denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, rope_factor);
+        denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, rope_factor);
       }
       if (kv_dtype == DType::kF8E4M3) {
         roundAsFp8Cache(k[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l]);
@@ -872,6 +874,9 @@ INSTANTIATE_TEST_SUITE_P(
         // OLMo 2: norms after attention and the MLP, q/k norms across heads.
         Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // OLMo 3: a sliding layer rotating unscaled, a full one with YaRN.
+        Variant{"Olmo3ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Olmo3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         // SmolLM3: its second layer without RoPE, tied embeddings.
         Variant{"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"SmolLM3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
