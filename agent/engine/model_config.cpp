@@ -1147,6 +1147,18 @@ std::string ModelConfig::computeDigest() const {
           {"truncate", rope_scaling.truncate},
           {"attention_factor", rope_scaling.attention_factor}}}};
   }
+  // Linear scaling's factor, and LongRoPE's factors in use with their
+  // attention factor, on any architecture (Phi-3's LongRoPE is in its own
+  // entry below).
+  if (rope_scaling.type == RopeScaling::Type::kLinear) {
+    math["rope_scaling"] = {{"linear", rope_scaling.factor}};
+  }
+  if (rope_scaling.type == RopeScaling::Type::kLongRope && !phi3) {
+    math["rope_scaling"] = {
+        {"longrope",
+         {{"factors", rope_scaling.use_long ? rope_scaling.long_factor : rope_scaling.short_factor},
+          {"attention_factor", ropeAttentionFactor()}}}};
+  }
   // Only mixtures name their experts: a dense model's digest is what it
   // was before mixtures were read.
   if (num_experts > 0) {
@@ -1159,9 +1171,6 @@ std::string ModelConfig::computeDigest() const {
   }
   // And only Gemma 3 its own arithmetic.
   if (gemma) {
-    math["rope_scaling"] = rope_scaling.type == RopeScaling::Type::kLinear
-                               ? json{{"linear", rope_scaling.factor}}
-                               : math["rope_scaling"];
     math["gemma"] = {{"query_pre_attn_scalar", query_pre_attn_scalar},
                      {"rope_local_base_freq", rope_local_base_freq},
                      {"sliding_window", sliding_window},

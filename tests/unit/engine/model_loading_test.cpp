@@ -1090,6 +1090,45 @@ std::string parseError(const std::string& text) {
   return "";
 }
 
+// Every rotary scaling a config can give changes the model's arithmetic,
+// so each enters the digest, on any architecture: two configs that differ
+// only in it are two models to the router and to P->D hand-offs.
+TEST(ModelConfigParsing, EveryRotaryScalingEntersTheDigest) {
+  // LongRoPE's 16 factors (head_dim 32), from `first` by 0.25.
+  const auto factors = [](double first) {
+    std::string list;
+    for (int i = 0; i < 16; ++i) list += (i ? ", " : "") + std::to_string(first + 0.25 * i);
+    return "[" + list + "]";
+  };
+  const std::string longrope = R"(, "max_position_embeddings": 4096,
+      "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 1024,
+      "short_factor": )" + factors(1.0) + R"(, "long_factor": )";
+  const std::vector<std::string> scalings = {
+      "",
+      R"(, "rope_scaling": {"rope_type": "linear", "factor": 2.0})",
+      R"(, "rope_scaling": {"rope_type": "linear", "factor": 4.0})",
+      R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})",
+      R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})",
+      longrope + factors(2.0) + "}",
+      longrope + factors(3.0) + "}",
+  };
+  std::set<std::string> digests;
+  for (const std::string& scaling : scalings) {
+    SCOPED_TRACE(scaling);
+    const ModelConfig c = ModelConfig::fromJsonText(minimalLlama(scaling), "c");
+    EXPECT_EQ(c.rope_scaling.type == RopeScaling::Type::kNone, scaling.empty());
+    EXPECT_TRUE(digests.insert(c.computeDigest()).second);
+  }
+  // LongRoPE's factors in use: the long ones at the whole context, the
+  // short ones within the original.
+  ModelConfig c = ModelConfig::fromJsonText(minimalLlama(scalings[5]), "c");
+  c.fitContext(1024);
+  EXPECT_TRUE(digests.insert(c.computeDigest()).second);
+  c.fitContext(4096);
+  EXPECT_FALSE(digests.insert(c.computeDigest()).second);
+}
+
 TEST(ModelConfigParsing, DefaultsFollowTransformers) {
   ModelConfig c = ModelConfig::fromJsonText(minimalLlama(), "config.json");
   EXPECT_EQ(c.model_type, "llama");
