@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -458,14 +459,30 @@ std::unique_ptr<Tokenizer> Tokenizer::fromDirectory(const std::filesystem::path&
   // tokenizer_config.json's default, as in transformers (a checkpoint saved
   // by a newer version may keep a stale copy in the config); the config's
   // other named templates stay.
+  // A checkpoint with a vision tower (Mistral Small 3.1) may keep it in
+  // its processor's chat_template.json instead ({"chat_template": "..."}),
+  // which vLLM prefers over the tokenizer's, as the .jinja file.
   const std::filesystem::path jinja_path = dir / "chat_template.jinja";
+  const std::filesystem::path json_path = dir / "chat_template.json";
+  std::optional<std::pair<std::string, std::filesystem::path>> file_template;
   if (std::filesystem::exists(jinja_path, ec)) {
-    impl.chat_template = readFile(jinja_path);
+    file_template.emplace(readFile(jinja_path), jinja_path);
+  } else if (std::filesystem::exists(json_path, ec)) {
+    const nlohmann::json processor = parseJsonFile(json_path);
+    if (!processor.is_object() || !processor.contains("chat_template") ||
+        !processor["chat_template"].is_string()) {
+      throw Error(json_path.string() +
+                  ": field \"chat_template\" must be a string (the chat template's text)");
+    }
+    file_template.emplace(processor["chat_template"].get<std::string>(), json_path);
+  }
+  if (file_template) {
+    impl.chat_template = file_template->first;
     std::erase_if(impl.chat_templates, [](const Tokenizer::NamedChatTemplate& named) {
       return named.name == "default";
     });
     impl.chat_templates.insert(impl.chat_templates.begin(),
-                               {"default", impl.chat_template, jinja_path.string()});
+                               {"default", impl.chat_template, file_template->second.string()});
   }
   return tokenizer;
 }

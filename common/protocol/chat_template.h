@@ -4,8 +4,9 @@
 // A ChatTemplate holds a model's Jinja template(s), parsed once at start-up
 // (common/jinja/template.h), and the tokenizer's special tokens. It is built
 // from `--chat-template FILE` when given, else from the model directory
-// (tokenizer_config.json "chat_template", a string or a list of named
-// templates, else chat_template.jinja). A template that does not parse is a
+// (chat_template.jinja, else chat_template.json's "chat_template", else
+// tokenizer_config.json "chat_template", a string or a list of named
+// templates, whose default the file's replaces). A template that does not parse is a
 // start-up error naming the file and the template line.
 //
 // render() takes the conversation as transformers does (messages passed to

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -319,6 +320,40 @@ TEST(ChatTemplate, TheJinjaFileWinsOverTheConfigsDefault) {
   ASSERT_TRUE(plain.isOk());
   input.tools = nullptr;
   EXPECT_EQ(renderOk(**plain, input), "FILEhi");
+}
+
+// A processor's chat_template.json (Mistral Small 3.1 keeps its template
+// there) wins over tokenizer_config.json's default the same way, and
+// loses to chat_template.jinja; one whose template is not a string is
+// refused naming the file.
+TEST(ChatTemplate, AProcessorsJsonFileWinsOverTheConfigsDefault) {
+  TempDir dir("chat-template-processor");
+  tools::writeTestModel(tools::TestModelOptions{}, dir.path());
+  ordered_json config = ordered_json::parse(readText(dir.path() / "tokenizer_config.json"));
+  config["chat_template"] = "CONFIG";
+  writeFile(dir.path() / "tokenizer_config.json", config.dump());
+  writeFile(dir.path() / "chat_template.json",
+            R"({"chat_template": "JSON{{ messages[0].content }}"})");
+  ChatTemplateInput input;
+  input.messages = userMessage("hi");
+  auto loaded = ChatTemplate::load(*Tokenizer::fromDirectory(dir.path()));
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  EXPECT_EQ(renderOk(**loaded, input), "JSONhi");
+  writeFile(dir.path() / "chat_template.jinja", "FILE{{ messages[0].content }}");
+  loaded = ChatTemplate::load(*Tokenizer::fromDirectory(dir.path()));
+  ASSERT_TRUE(loaded.isOk()) << loaded.status().toString();
+  EXPECT_EQ(renderOk(**loaded, input), "FILEhi");
+  std::filesystem::remove(dir.path() / "chat_template.jinja");
+  writeFile(dir.path() / "chat_template.json", R"({"chat_template": ["JSON"]})");
+  try {
+    Tokenizer::fromDirectory(dir.path());
+    ADD_FAILURE() << "a chat_template.json without a string template was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir.path() / "chat_template.json").string() +
+                                         ": field \"chat_template\" must be a string"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // special_tokens_map.json names special tokens (older checkpoints keep them
