@@ -10,8 +10,9 @@ and on Llama with every YaRN option set otherwise), SmolLM3 (its second
 layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
 OLMo 3 (a sliding layer rotating unscaled, YaRN on the full one), Gemma 3
 with YaRN on its full layers, Mixtral and Qwen3-MoE test models, Gemma 3
-rewritten as its larger sizes are published (Gemma3ForConditionalGeneration,
-with a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
+and Mistral rewritten as Gemma 3 4B and up and Mistral Small 3.1 are
+published (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration:
+a nested config, prefixed tensors, a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
 (per-channel scales; blocks splitting rows and columns; 128 x 128 blocks,
 wider than the tiny matrices' rows)
 (tandem-model, into a temporary directory), starts `tandem-agent serve` with an f32 KV cache and
@@ -66,7 +67,8 @@ CONFIG_EDITS = {"yarn-options": {"rope_scaling": {
     # (here the first of two) goes without RoPE.
     "nope-interval": {"no_rope_layers": None, "no_rope_layer_interval": 1}}
 # (architecture, tandem-model --quantize or None; "vision-checkpoint": the
-# model rewritten as Gemma 3 4B and up are published, see as_vision_checkpoint;
+# model rewritten as Gemma 3 4B and up or Mistral Small 3.1 are published, see
+# as_vision_checkpoint;
 # "max-model-len=N": the agent serves N tokens (Phi-3's LongRoPE then takes
 # its short factors); "sliding-window=N": config.json given that window;
 # "rope-scaling=yarn": tandem-model --rope-scaling yarn; "config=NAME":
@@ -74,6 +76,7 @@ CONFIG_EDITS = {"yarn-options": {"rope_scaling": {
 CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision-checkpoint"),
          ("gemma3", "vision-checkpoint:model.language_model."), ("phi3", None),
          ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"),
+         ("mistral", "vision-checkpoint"), ("mistral", "vision-checkpoint:model.language_model."),
          ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("smollm3", None),
          ("smollm3", "config=nope-interval"), ("granite", None),
          ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),
@@ -114,21 +117,33 @@ class RoutingWatch(lcc.Reference):
         return super().mlp(h, p, i)
 
 
+# The architecture a causal model's vision checkpoint names, its model_type,
+# and a vision tensor of its tower.
+VISION_CHECKPOINTS = {
+    "Gemma3ForCausalLM": ("Gemma3ForConditionalGeneration", "gemma3",
+                          "vision_tower.vision_model.embeddings.patch_embedding.weight"),
+    "MistralForCausalLM": ("Mistral3ForConditionalGeneration", "mistral3",
+                           "vision_tower.patch_conv.weight")}
+
+
 def as_vision_checkpoint(model, out, prefix):
-    """The Gemma3ForCausalLM directory `model` rewritten as Gemma 3 4B and up
-    are published (Gemma3ForConditionalGeneration): config.json's fields
-    under text_config beside a vision_config, the language model's tensors
-    under `prefix` (language_model.model. as published, model.language_model.
-    as newer transformers save them) instead of model., and vision tensors
-    the agent must pass by."""
+    """The Gemma3ForCausalLM or MistralForCausalLM directory `model`
+    rewritten as Gemma 3 4B and up and Mistral Small 3.1 are published
+    (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration):
+    config.json's fields under text_config beside a vision_config, the
+    language model's tensors under `prefix` (language_model.model. as
+    published, model.language_model. as newer transformers save them)
+    instead of model., an untied lm_head under language_model. with the
+    former, and vision tensors the agent must pass by."""
     os.makedirs(out)
     for name in os.listdir(model):
         if name not in ("config.json", "model.safetensors"):
             shutil.copy(os.path.join(model, name), out)
     text = lcc.load(os.path.join(model, "config.json"))
-    top = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    architecture, model_type, vision_name = VISION_CHECKPOINTS[text["architectures"][0]]
+    top = {"architectures": [architecture], "model_type": model_type,
            "torch_dtype": text.pop("torch_dtype"), "eos_token_id": text.pop("eos_token_id"),
-           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 4}}
+           "vision_config": {"hidden_size": 4}}
     del text["architectures"]
     top["text_config"] = text
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -139,10 +154,14 @@ def as_vision_checkpoint(model, out, prefix):
         data = f.read()
     renamed = {}
     for name, info in header.items():
-        if name != "__metadata__":
+        if name == "lm_head.weight" and prefix == "language_model.model.":
+            renamed["language_model.lm_head.weight"] = info
+        elif name.startswith("model."):
             renamed[prefix + name[len("model."):]] = info
+        elif name != "__metadata__":
+            renamed[name] = info
     vision = np.arange(16, dtype=np.float32).tobytes()
-    renamed["vision_tower.vision_model.embeddings.patch_embedding.weight"] = {
+    renamed[vision_name] = {
         "dtype": "F32", "shape": [4, 4], "data_offsets": [len(data), len(data) + len(vision)]}
     text_header = json.dumps(renamed).encode()
     text_header += b" " * (-len(text_header) % 8)

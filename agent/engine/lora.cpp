@@ -25,12 +25,13 @@ constexpr const char* kWeightsFile = "adapter_model.safetensors";
 constexpr const char* kTensorPrefix = "base_model.model.model.layers.";
 
 // Where an adapter's layers are: PEFT names them after the model class's
-// modules, so an adapter of Gemma3ForConditionalGeneration (Gemma 3 4B and
-// up as published) has its language model's layers under
-// language_model.model. (transformers before 4.52) or
-// model.language_model. (4.52 and later), as the checkpoint's tensors are.
+// modules, so an adapter of a checkpoint with a vision tower
+// (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration) has
+// its language model's layers under language_model.model. (transformers
+// before 4.52) or model.language_model. (4.52 and later), as the
+// checkpoint's tensors are.
 std::vector<std::string> layerPrefixes(const ModelConfig& model) {
-  if (model.architecture == "Gemma3ForConditionalGeneration") {
+  if (model.conditionalGeneration()) {
     return {"base_model.model.language_model.model.layers.",
             "base_model.model.model.language_model.layers."};
   }

@@ -422,11 +422,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   const int64_t kv_size = c.num_key_value_heads * c.head_dim;
   const int64_t inter = c.intermediate_size;
 
-  // Where the language model's tensors are: model.*, or in a Gemma 3
-  // checkpoint with a vision tower language_model.model.* (as published)
-  // or model.language_model.* (as transformers 4.52 and later save it).
+  // Where the language model's tensors are: model.*, or in a checkpoint
+  // with a vision tower (Gemma 3, Mistral 3) language_model.model.* (as
+  // published) or model.language_model.* (as transformers 4.52 and later
+  // save it).
   std::string base = "model.";
-  if (c.architecture == "Gemma3ForConditionalGeneration") {
+  if (c.conditionalGeneration()) {
     base = source.has("language_model.model.embed_tokens.weight") ? "language_model.model."
                                                                   : "model.language_model.";
   }
@@ -522,9 +523,12 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   w.norm = source.vector(base + "norm.weight", hidden);
   if (c.gemma) addOne(w.norm);
   // A tied checkpoint may still carry lm_head.weight; the embedding wins, as
-  // in transformers.
+  // in transformers. A checkpoint with a vision tower saved before
+  // transformers 4.52 has it under language_model.
+  const std::string lm_head =
+      base == "language_model.model." ? "language_model.lm_head.weight" : "lm_head.weight";
   w.lm_head = c.tie_word_embeddings ? w.embed_tokens
-                                    : source.matrix("lm_head.weight", c.vocab_size, hidden);
+                                    : source.matrix(lm_head, c.vocab_size, hidden);
 
   model->weight_dtype_ = *source.matrix_dtype;
   model->weight_bytes_ = source.used_bytes;

@@ -33,7 +33,8 @@ constexpr int64_t kMaxVocabSize = int64_t{1} << 31;
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "LlamaForCausalLM, MistralForCausalLM, Mistral3ForConditionalGeneration (text only), "
+    "Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
     "MixtralForCausalLM, Qwen3MoeForCausalLM";
@@ -605,6 +606,7 @@ ModelConfig ModelConfig::fromFile(const std::filesystem::path& path,
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {
   static constexpr std::pair<const char*, const char*> kArchitectures[] = {
       {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
+      {"Mistral3ForConditionalGeneration", "mistral"},
       {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
       {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
@@ -650,16 +652,25 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   }
   config.architecture = root["architectures"][0].get<std::string>();
   const char* default_model_type = modelTypeOf(config.architecture, source_name);
-  if (config.architecture == "Gemma3ForConditionalGeneration") {
-    // The language model of Gemma 3 4B and up, as published with its
-    // vision tower: its fields are text_config's (the top level's dtype and
-    // token ids where text_config leaves them out); images are not read.
+  if (config.conditionalGeneration()) {
+    // The language model of a checkpoint published with a vision tower
+    // (Gemma 3 4B and up, Mistral Small 3.1 and 3.2): its fields are
+    // text_config's (the top level's dtype and token ids where text_config
+    // leaves them out; Gemma's tied embeddings too, while Mistral 3's are
+    // its text_config's, as vLLM reads them); images are not read.
+    const bool gemma3 = config.architecture == "Gemma3ForConditionalGeneration";
     if (!reader.has("text_config") || !root["text_config"].is_object()) {
       reader.fail("text_config", "must be an object (the language model's configuration)");
     }
     json text = root["text_config"];
+    if (!gemma3 && text.contains("model_type") && text["model_type"] != "mistral") {
+      reader.fail("text_config",
+                  "has model_type " + text["model_type"].dump() + ", which is not supported with " +
+                      config.architecture + " (accepted: \"mistral\")");
+    }
     for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id",
                             "quantization_config", "tie_word_embeddings"}) {
+      if (!gemma3 && std::string(key) == "tie_word_embeddings") continue;
       if (root.contains(key) && !text.contains(key)) text[key] = root[key];
     }
     text["architectures"] = root["architectures"];
@@ -667,7 +678,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   }
   const bool is_qwen2 = config.architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = config.architecture == "Qwen3ForCausalLM";
-  const bool is_mistral = config.architecture == "MistralForCausalLM";
+  const bool is_mistral = config.architecture == "MistralForCausalLM" ||
+                          config.architecture == "Mistral3ForConditionalGeneration";
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
   const bool is_gemma2 = config.architecture == "Gemma2ForCausalLM";

@@ -1,12 +1,13 @@
 // The architecture of a Llama-family decoder, read from a Hugging Face config.json.
 //
-// Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
+// Accepted architectures: LlamaForCausalLM, MistralForCausalLM and
+// Mistral3ForConditionalGeneration (its language model), Qwen2ForCausalLM,
+// Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
 // (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
 // (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
-// SmolLM3ForCausalLM (docs/engine.md#smollm3),
-// and the mixtures of experts MixtralForCausalLM and Qwen3MoeForCausalLM
+// SmolLM3ForCausalLM (docs/engine.md#smollm3), and the mixtures of experts
+// MixtralForCausalLM and Qwen3MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
@@ -193,6 +194,11 @@ struct ModelConfig {
   // scales the full layers only, as OLMo-core trained them and vLLM runs
   // them.
   bool olmo3 = false;
+
+  // A checkpoint published with a vision tower (Gemma 3 4B and up,
+  // Mistral 3): its language model's fields are config.json's text_config,
+  // its tensors under language_model.model. or model.language_model.
+  bool conditionalGeneration() const { return architecture.ends_with("ForConditionalGeneration"); }
 
   // What depends on the context length the engine serves: LongRoPE's
   // factors (RopeScaling::use_long). Changes computeDigest when it changes

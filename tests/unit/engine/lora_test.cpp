@@ -294,24 +294,28 @@ TEST(LoraAdapter, Phi3FusedModulesAreSplitIntoTheirParts) {
             std::string::npos);
 }
 
-// Gemma 3 4B and up are published as Gemma3ForConditionalGeneration, and
-// PEFT names their adapters' layers as the checkpoint's:
+// Gemma 3 4B and up are published as Gemma3ForConditionalGeneration, Mistral
+// Small 3.1 and 3.2 as Mistral3ForConditionalGeneration, and PEFT names
+// their adapters' layers as the checkpoint's:
 // language_model.model.layers (transformers before 4.52) or
 // model.language_model.layers (4.52 and later). Either loads as the same
 // adapter of the language model; the vision tower's modules, and the plain
 // model.layers names, are refused naming what is accepted.
-TEST(LoraAdapter, Gemma3ConditionalCheckpointsAdaptersNameTheLanguageModel) {
-  const ModelConfig causal = tools::presetConfig("tiny", "Gemma3ForCausalLM");
+class ConditionalLoraTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {
+};
+
+TEST_P(ConditionalLoraTest, AdaptersNameTheLanguageModel) {
+  const auto& [causal_architecture, conditional_architecture] = GetParam();
+  const ModelConfig causal = tools::presetConfig("tiny", causal_architecture);
   json text = json::parse(causal.toJsonText());
-  json top = {{"architectures", {"Gemma3ForConditionalGeneration"}},
-              {"model_type", "gemma3"},
+  json top = {{"architectures", {conditional_architecture}},
               {"vision_config", {{"hidden_size", 4}}}};
   text.erase("architectures");
   top["text_config"] = text;
   const ModelConfig conditional = ModelConfig::fromJsonText(top.dump(), "config.json");
   ASSERT_EQ(conditional.num_hidden_layers, causal.num_hidden_layers);
 
-  TempDir plain("tandem-lora-gemma3");
+  TempDir plain("tandem-lora-causal");
   tools::writeTestLoraAdapter({}, causal, plain.path());
   const std::unique_ptr<LoraAdapter> expected = LoraAdapter::load("sql", plain.path(), causal);
   // The same tensors under `prefix` instead of base_model.model.model., and
@@ -335,7 +339,7 @@ TEST(LoraAdapter, Gemma3ConditionalCheckpointsAdaptersNameTheLanguageModel) {
   for (const char* prefix :
        {"base_model.model.language_model.model.", "base_model.model.model.language_model."}) {
     SCOPED_TRACE(prefix);
-    TempDir dir("tandem-lora-gemma3-conditional");
+    TempDir dir("tandem-lora-conditional");
     renamed(dir, prefix);
     const std::unique_ptr<LoraAdapter> adapter = LoraAdapter::load("sql", dir.path(), conditional);
     for (int64_t layer = 0; layer < causal.num_hidden_layers; ++layer) {
@@ -347,7 +351,7 @@ TEST(LoraAdapter, Gemma3ConditionalCheckpointsAdaptersNameTheLanguageModel) {
     EXPECT_EQ(adapter->pair(1, kLoraDown).out, causal.hidden_size);
   }
   auto refusal = [&](const std::string& prefix, const std::vector<std::string>& extra) {
-    TempDir dir("tandem-lora-gemma3-refused");
+    TempDir dir("tandem-lora-conditional-refused");
     renamed(dir, prefix, extra);
     try {
       LoraAdapter::load("sql", dir.path(), conditional);
@@ -369,6 +373,14 @@ TEST(LoraAdapter, Gemma3ConditionalCheckpointsAdaptersNameTheLanguageModel) {
                       "the vision tower is not adapted)"),
             std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    VisionCheckpoints, ConditionalLoraTest,
+    ::testing::Values(std::pair{"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"},
+                      std::pair{"MistralForCausalLM", "Mistral3ForConditionalGeneration"}),
+    [](const ::testing::TestParamInfo<std::pair<const char*, const char*>>& info) {
+      return std::string(info.param.second);
+    });
 
 TEST(LoraAdapter, MissingFilesAreNamed) {
   TempDir empty("tandem-lora-empty");

@@ -1649,6 +1649,105 @@ TEST(ModelConfigParsing, Gemma3WithAVisionTowerReadsItsTextConfig) {
                   "\"text_config\" must be an object");
 }
 
+// Mistral Small 3.1 and 3.2 are published as
+// Mistral3ForConditionalGeneration: the language model is text_config's
+// MistralConfig (with its untied embeddings whatever the top level says,
+// as vLLM reads it); another text model is refused naming the field.
+TEST(ModelConfigParsing, Mistral3WithAVisionTowerReadsItsTextConfig) {
+  const auto mistral3 = [](const std::string& text_model_type, const std::string& top) {
+    return R"({"architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10,
+          "model_type": "mistral3", "multimodal_projector_bias": false,
+          "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+          "text_config": {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu",
+            "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 32768,
+            "max_position_embeddings": 131072, "model_type": )" +
+           text_model_type + R"(, "num_attention_heads": 32,
+            "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000000.0, "sliding_window": null, "use_cache": true,
+            "vocab_size": 131072},
+          "torch_dtype": "bfloat16", "vision_config": {"hidden_size": 1024,
+            "model_type": "pixtral"}, "vision_feature_layer": -1)" +
+           top + "}";
+  };
+  const ModelConfig c =
+      ModelConfig::fromJsonText(mistral3("\"mistral\"", R"(, "tie_word_embeddings": true)"),
+                                "config.json");
+  EXPECT_EQ(c.architecture, "Mistral3ForConditionalGeneration");
+  EXPECT_TRUE(c.conditionalGeneration());
+  EXPECT_EQ(c.model_type, "mistral");
+  EXPECT_EQ(c.hidden_size, 5120);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_hidden_layers, 40);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.vocab_size, 131072);
+  EXPECT_EQ(c.rope_theta, 1e9);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.torch_dtype, DType::kBF16);
+  // The same language model as a MistralForCausalLM of these fields.
+  ModelConfig causal = c;
+  causal.architecture = "MistralForCausalLM";
+  const json text = json::parse(mistral3("\"mistral\"", ""))["text_config"];
+  json flat = text;
+  flat["architectures"] = {"MistralForCausalLM"};
+  flat["torch_dtype"] = "bfloat16";
+  EXPECT_EQ(ModelConfig::fromJsonText(flat.dump(), "config.json"), causal);
+  EXPECT_CONTAINS(parseError(mistral3("\"llama\"", "")),
+                  "field \"text_config\" has model_type \"llama\", which is not supported with "
+                  "Mistral3ForConditionalGeneration (accepted: \"mistral\")");
+  EXPECT_CONTAINS(parseError(R"({"architectures": ["Mistral3ForConditionalGeneration"]})"),
+                  "\"text_config\" must be an object");
+}
+
+// Its tensors as published (language_model.model.*, the LM head under
+// language_model.) or as transformers 4.52 and later save them
+// (model.language_model.*, lm_head.weight): the same weights as the
+// MistralForCausalLM they were renamed from, vision tensors passed by.
+TEST(ModelLoading, Mistral3CheckpointsLoadTheirLanguageModel) {
+  TempDir causal_dir;
+  writeTiny(causal_dir.path(), "MistralForCausalLM", DType::kBF16);
+  const std::unique_ptr<Model> causal = Model::load(causal_dir.path());
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    TempDir dir;
+    json text = json::parse(readFile(causal_dir.path() / "config.json"));
+    json top = {{"architectures", {"Mistral3ForConditionalGeneration"}},
+                {"model_type", "mistral3"},
+                {"torch_dtype", text["torch_dtype"]},
+                {"vision_config", {{"hidden_size", 4}}}};
+    text.erase("architectures");
+    top["text_config"] = text;
+    writeFile(dir.path() / "config.json", top.dump());
+    SafetensorsFile file(causal_dir.path() / "model.safetensors");
+    SafetensorsWriter writer;
+    for (const auto& [name, tensor] : file.tensors()) {
+      std::string renamed = name;
+      if (name.starts_with("model.")) {
+        renamed = prefix + name.substr(6);
+      } else if (name == "lm_head.weight" && prefix == "language_model.model.") {
+        renamed = "language_model.lm_head.weight";
+      }
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      writer.add(renamed, tensor.dtype, tensor.shape,
+                 std::vector<uint8_t>(bytes, bytes + tensor.num_bytes));
+    }
+    writer.add("vision_tower.patch_conv.weight", DType::kF32, {4, 4},
+               std::vector<uint8_t>(16 * sizeof(float)));
+    writer.write(dir.path() / "model.safetensors");
+    for (const fs::path& other : fs::directory_iterator(causal_dir.path())) {
+      if (!fs::exists(dir.path() / other.filename())) {
+        fs::copy_file(other, dir.path() / other.filename());
+      }
+    }
+    const std::unique_ptr<Model> model = Model::load(dir.path());
+    EXPECT_FALSE(model->config().tie_word_embeddings);
+    expectSameWeights(model->weights(), causal->weights());
+  }
+}
+
 // Gemma's norm weights are offsets from 1: loaded as 1 + w, so the norm
 // kernel is Llama's.
 TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
