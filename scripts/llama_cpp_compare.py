@@ -283,7 +283,10 @@ class Reference:
     with sliding_window on the layers layer_types marks (else all but every
     4th), which rotate unscaled: rope_scaling (YaRN) is the full layers'
     only, as OLMo-core and vLLM compute it. Gemma's sliding layers
-    likewise take no attention factor."""
+    likewise take no attention factor. Ministral 3 is transformers'
+    Ministral3ForCausalLM: Mistral with the rotated queries of position p
+    times 1 + llama_4_scaling_beta * ln(1 + floor(p /
+    original_max_position_embeddings))."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -293,6 +296,7 @@ class Reference:
         self.phi3 = self.arch == "Phi3ForCausalLM"
         self.granite = self.arch == "GraniteForCausalLM"
         self.olmo3 = self.arch == "Olmo3ForCausalLM"
+        self.ministral3 = self.arch == "Ministral3ForCausalLM"
         self.olmo2 = self.arch == "Olmo2ForCausalLM" or self.olmo3
         # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
         # (no_rope_layer_interval) does not.
@@ -392,18 +396,25 @@ class Reference:
             mid = (wavelen >= original / high) & (wavelen <= original / low)
             inv_freq = np.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
         self.inv_freq = inv_freq
+        # Ministral 3's query scale per position (1 without one).
+        beta = (scaling or {}).get("llama_4_scaling_beta") if self.ministral3 else None
+        self.query_scale = (lambda p: 1 + beta * np.log(
+            1 + np.floor(p / scaling["original_max_position_embeddings"]))) if beta else (
+                lambda p: np.ones_like(p))
 
     def rms(self, x, weight):
         eps = self.config.get("rms_norm_eps",
                               1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM",
-                                                    "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+                                                    "Olmo2ForCausalLM", "Olmo3ForCausalLM",
+                                                    "Ministral3ForCausalLM")
                               else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
     def sliding(self, i):
         c = self.config
-        if self.phi3 or self.arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+        if self.phi3 or self.arch in ("MistralForCausalLM", "MixtralForCausalLM",
+                                      "Ministral3ForCausalLM"):
             return bool(c.get("sliding_window"))
         if not self.gemma and not self.olmo3:
             return False
@@ -511,6 +522,7 @@ class Reference:
             local = (self.gemma or self.olmo3) and self.sliding(i)
             if self.rotates[i]:  # SmolLM3's NoPE layers leave q and k as they are
                 q, k = self.rope(q, positions, local), self.rope(k, positions, local)
+            q = q * self.query_scale(positions)[:, None, None]
             k = np.repeat(k, group, axis=1)
             v = np.repeat(v, group, axis=1)
             layer_mask = sliding_mask if self.sliding(i) else mask

@@ -5,7 +5,8 @@
 
 For the tiny Llama, Gemma 2, Gemma 3, Phi-3 (partial rotary dims, LongRoPE's
 long factors and, served 128 tokens, its short ones, a window on every layer),
-Mistral given a 24-token window, Qwen3 with YaRN (as tandem-model writes it,
+Mistral given a 24-token window, Ministral 3 (YaRN, its query scale from
+position 32 on), Qwen3 with YaRN (as tandem-model writes it,
 and on Llama with every YaRN option set otherwise), SmolLM3 (its second
 layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
 OLMo 3 (a sliding layer rotating unscaled, YaRN on the full one), Gemma 3
@@ -51,6 +52,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import llama_cpp_compare as lcc  # noqa: E402
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "ministral3": "Ministral3ForCausalLM",
                  "mixtral": "MixtralForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
@@ -77,6 +79,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("gemma3", "vision-checkpoint:model.language_model."), ("phi3", None),
          ("phi3", "max-model-len=128"), ("mistral", "sliding-window=24"),
          ("mistral", "vision-checkpoint"), ("mistral", "vision-checkpoint:model.language_model."),
+         ("ministral3", None),
          ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("smollm3", None),
          ("smollm3", "config=nope-interval"), ("granite", None),
          ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),

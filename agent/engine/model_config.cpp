@@ -33,7 +33,8 @@ constexpr int64_t kMaxVocabSize = int64_t{1} << 31;
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 constexpr const char* kAcceptedArchitectures =
-    "LlamaForCausalLM, MistralForCausalLM, Mistral3ForConditionalGeneration (text only), "
+    "LlamaForCausalLM, MistralForCausalLM, Ministral3ForCausalLM, "
+    "Mistral3ForConditionalGeneration (text only), "
     "Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
@@ -141,6 +142,9 @@ class FieldReader {
     }
     return value.get<int64_t>();
   }
+
+  // The file errors name.
+  const std::string& source() const { return source_; }
 
  private:
   double positiveNumber(const char* key) const {
@@ -402,6 +406,21 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
   }
 }
 
+// Ministral 3's query scale, from the rotary parameters' object
+// (rope_parameters, else rope_scaling): llama_4_scaling_beta (at least 0;
+// none: 0) and, with a beta above 0, the object's
+// original_max_position_embeddings (required, as transformers reads it).
+void readLlama4Scaling(const FieldReader& reader, const json& root, ModelConfig& config) {
+  const char* key = reader.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (!reader.has(key) || !root[key].is_object()) return;
+  const FieldReader rope(root[key], reader.source(), std::string(key) + ".");
+  config.llama4_scaling_beta = rope.nonNegativeNumber("llama_4_scaling_beta", 0.0);
+  if (config.llama4_scaling_beta > 0) {
+    config.llama4_scaling_original =
+        rope.requiredBoundedInt("original_max_position_embeddings", kMaxPositionEmbeddings);
+  }
+}
+
 // Sizes config.sliding_layers to the layers, all false, and reads
 // layer_types into it where given ("sliding_attention" or
 // "full_attention" for each layer); returns whether it was.
@@ -582,6 +601,13 @@ void ModelConfig::fitContext(int64_t max_model_len) {
   }
 }
 
+float ModelConfig::queryScale(int64_t position) const {
+  if (llama4_scaling_beta <= 0 || position < llama4_scaling_original) return 1.0f;
+  // In double, rounded once; floor(p / original) is the integer quotient.
+  const auto periods = static_cast<double>(position / llama4_scaling_original);
+  return static_cast<float>(1.0 + llama4_scaling_beta * std::log(1.0 + periods));
+}
+
 double ModelConfig::ropeAttentionFactor() const {
   if (rope_scaling.type == RopeScaling::Type::kYarn) return rope_scaling.attention_factor;
   if (rope_scaling.type != RopeScaling::Type::kLongRope) return 1.0;
@@ -605,14 +631,22 @@ ModelConfig ModelConfig::fromFile(const std::filesystem::path& path,
 
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {
   static constexpr std::pair<const char*, const char*> kArchitectures[] = {
-      {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
+      {"LlamaForCausalLM", "llama"},
+      {"MistralForCausalLM", "mistral"},
       {"Mistral3ForConditionalGeneration", "mistral"},
-      {"Qwen2ForCausalLM", "qwen2"},        {"Qwen3ForCausalLM", "qwen3"},
-      {"MixtralForCausalLM", "mixtral"},    {"Qwen3MoeForCausalLM", "qwen3_moe"},
-      {"Gemma3ForCausalLM", "gemma3_text"}, {"Gemma3ForConditionalGeneration", "gemma3"},
-      {"Gemma2ForCausalLM", "gemma2"},      {"Phi3ForCausalLM", "phi3"},
-      {"GraniteForCausalLM", "granite"},    {"Olmo2ForCausalLM", "olmo2"},
-      {"Olmo3ForCausalLM", "olmo3"},        {"SmolLM3ForCausalLM", "smollm3"},
+      {"Ministral3ForCausalLM", "ministral3"},
+      {"Qwen2ForCausalLM", "qwen2"},
+      {"Qwen3ForCausalLM", "qwen3"},
+      {"MixtralForCausalLM", "mixtral"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"Gemma3ForCausalLM", "gemma3_text"},
+      {"Gemma3ForConditionalGeneration", "gemma3"},
+      {"Gemma2ForCausalLM", "gemma2"},
+      {"Phi3ForCausalLM", "phi3"},
+      {"GraniteForCausalLM", "granite"},
+      {"Olmo2ForCausalLM", "olmo2"},
+      {"Olmo3ForCausalLM", "olmo3"},
+      {"SmolLM3ForCausalLM", "smollm3"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -663,10 +697,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
       reader.fail("text_config", "must be an object (the language model's configuration)");
     }
     json text = root["text_config"];
-    if (!gemma3 && text.contains("model_type") && text["model_type"] != "mistral") {
-      reader.fail("text_config",
-                  "has model_type " + text["model_type"].dump() + ", which is not supported with " +
-                      config.architecture + " (accepted: \"mistral\")");
+    if (!gemma3 && text.contains("model_type") && text["model_type"] != "mistral" &&
+        text["model_type"] != "ministral3") {
+      reader.fail("text_config", "has model_type " + text["model_type"].dump() +
+                                     ", which is not supported with " + config.architecture +
+                                     " (accepted: \"mistral\", \"ministral3\")");
     }
     for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id",
                             "quantization_config", "tie_word_embeddings"}) {
@@ -679,6 +714,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_qwen2 = config.architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = config.architecture == "Qwen3ForCausalLM";
   const bool is_mistral = config.architecture == "MistralForCausalLM" ||
+                          config.architecture == "Ministral3ForCausalLM" ||
                           config.architecture == "Mistral3ForConditionalGeneration";
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
@@ -693,6 +729,23 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.olmo2 = config.architecture == "Olmo2ForCausalLM" || config.olmo3;
   const bool is_smollm3 = config.architecture == "SmolLM3ForCausalLM";
   config.model_type = reader.string("model_type", default_model_type);
+  // Ministral 3: Mistral's computation with its query scale; without
+  // rotary parameters, Ministral3Config's (YaRN over 16,384 positions,
+  // 262,144 served, the query scale's beta 0.1).
+  const bool is_ministral3 = config.architecture == "Ministral3ForCausalLM" ||
+                             (config.architecture == "Mistral3ForConditionalGeneration" &&
+                              config.model_type == "ministral3");
+  if (is_ministral3 && !reader.has("rope_parameters") && !reader.has("rope_scaling")) {
+    root["rope_parameters"] = {{"rope_type", "yarn"},
+                               {"rope_theta", 1e6},
+                               {"factor", 16.0},
+                               {"original_max_position_embeddings", 16384},
+                               {"beta_fast", 32.0},
+                               {"beta_slow", 1.0},
+                               {"mscale", 1.0},
+                               {"mscale_all_dim", 1.0},
+                               {"llama_4_scaling_beta", 0.1}};
+  }
 
   if (is_gemma) {
     // Gemma2Config's and Gemma3TextConfig's defaults: published configs
@@ -716,8 +769,9 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
 
   if (reader.has("head_dim")) {
     config.head_dim = reader.requiredBoundedInt("head_dim", kMaxDimension);
-  } else if (is_qwen3) {
-    // Qwen3Config's own default; Qwen3 decouples head_dim from hidden_size.
+  } else if (is_qwen3 || is_ministral3) {
+    // Qwen3Config's and Ministral3Config's own default, decoupled from
+    // hidden_size.
     config.head_dim = 128;
   } else if (is_gemma) {
     config.head_dim = 256;  // Gemma3TextConfig's default
@@ -756,8 +810,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
 
   // MixtralConfig's, Phi3Config's and Olmo2Config's own defaults differ from
   // the others'.
-  config.rms_norm_eps =
-      reader.positiveNumber("rms_norm_eps", is_mixtral || is_phi3 || config.olmo2 ? 1e-5 : 1e-6);
+  config.rms_norm_eps = reader.positiveNumber(
+      "rms_norm_eps", is_mixtral || is_phi3 || config.olmo2 || is_ministral3 ? 1e-5 : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6
                                                           : is_smollm3            ? 2e6
                                                                                   : 10000.0);
@@ -818,11 +872,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   }
   // OLMo 3's sliding layers rotate as its full ones would unscaled.
   if (config.olmo3) config.rope_local_base_freq = config.rope_theta;
-  const int64_t default_max_positions = is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 ? 32768
-                                        : is_mistral || is_mixtral || is_gemma3            ? 131072
-                                        : is_gemma2                                        ? 8192
-                                        : is_phi3                                          ? 4096
-                                                                                           : 2048;
+  if (is_ministral3) readLlama4Scaling(reader, root, config);
+  const int64_t default_max_positions = is_ministral3 ? 262144
+                                        : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 ? 32768
+                                        : is_mistral || is_mixtral || is_gemma3 ? 131072
+                                        : is_gemma2                             ? 8192
+                                        : is_phi3                               ? 4096
+                                                                                : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
@@ -1025,6 +1081,13 @@ std::string ModelConfig::toJsonText() const {
       root["rope_scaling"]["attention_factor"] = rope_scaling.attention_factor;
     }
   }
+  if (llama4_scaling_beta > 0) {
+    // In the rotary parameters' object, whose original context it shares
+    // with YaRN's.
+    if (!root.contains("rope_scaling")) root["rope_scaling"] = {{"rope_type", "default"}};
+    root["rope_scaling"]["llama_4_scaling_beta"] = llama4_scaling_beta;
+    root["rope_scaling"]["original_max_position_embeddings"] = llama4_scaling_original;
+  }
   if (architecture == "SmolLM3ForCausalLM") {
     json flags = json::array();
     for (int64_t i = 0; i < num_hidden_layers; ++i) flags.push_back(nopeLayer(i) ? 0 : 1);
@@ -1204,6 +1267,10 @@ std::string ModelConfig::computeDigest() const {
   // And only OLMo 2 its norms' places (its q/k norm is qk_norm's, across
   // the heads).
   if (olmo2) math["olmo2"] = true;
+  // And only Ministral 3 its query scale.
+  if (llama4_scaling_beta > 0) {
+    math["llama4_scaling"] = {llama4_scaling_beta, llama4_scaling_original};
+  }
   // And only SmolLM3 the layers it does not rotate.
   if (!nope_layers.empty()) math["nope_layers"] = nope_layers;
   // And only Granite its four scalars.

@@ -1,7 +1,8 @@
 // The architecture of a Llama-family decoder, read from a Hugging Face config.json.
 //
-// Accepted architectures: LlamaForCausalLM, MistralForCausalLM and
-// Mistral3ForConditionalGeneration (its language model), Qwen2ForCausalLM,
+// Accepted architectures: LlamaForCausalLM, MistralForCausalLM,
+// Ministral3ForCausalLM and Mistral3ForConditionalGeneration (its language
+// model: docs/engine.md#mistral-small-3-and-ministral-3), Qwen2ForCausalLM,
 // Qwen3ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM
 // (docs/engine.md#gemma-3), Phi3ForCausalLM (docs/engine.md#phi-3-and-phi-4),
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
@@ -194,6 +195,13 @@ struct ModelConfig {
   // scales the full layers only, as OLMo-core trained them and vLLM runs
   // them.
   bool olmo3 = false;
+  // Ministral 3's query scale (rope_parameters' llama_4_scaling_beta; 0:
+  // none): after RoPE, the queries of the token at position p are
+  // multiplied by queryScale(p), 1 + beta ln(1 + floor(p /
+  // llama4_scaling_original)), exactly 1 below llama4_scaling_original.
+  double llama4_scaling_beta = 0;
+  int64_t llama4_scaling_original = 0;
+  float queryScale(int64_t position) const;
 
   // A checkpoint published with a vision tower (Gemma 3 4B and up,
   // Mistral 3): its language model's fields are config.json's text_config,

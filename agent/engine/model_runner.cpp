@@ -56,13 +56,19 @@ uint64_t nextRecordingOwner() {
 }  // namespace
 
 ContextLimit contextLimit(const ModelConfig& config, const kernels::Backend& backend) {
-  if (config.sliding_window > 0 && !backend.hostAccessible() &&
-      config.sliding_window < config.max_position_embeddings) {
-    return {config.sliding_window,
-            "the model's sliding_window (attention on " + backend.description() +
-                " is full, the same as the window's only for sequences no longer than it)"};
+  ContextLimit limit{config.max_position_embeddings, "the model's max_position_embeddings"};
+  if (backend.hostAccessible()) return limit;
+  if (config.sliding_window > 0 && config.sliding_window < limit.tokens) {
+    limit = {config.sliding_window,
+             "the model's sliding_window (attention on " + backend.description() +
+                 " is full, the same as the window's only for sequences no longer than it)"};
   }
-  return {config.max_position_embeddings, "the model's max_position_embeddings"};
+  if (config.llama4_scaling_beta > 0 && config.llama4_scaling_original < limit.tokens) {
+    limit = {config.llama4_scaling_original,
+             "the positions the model's query scale (llama_4_scaling_beta) leaves at 1 (" +
+                 backend.description() + " does not apply it)"};
+  }
+  return limit;
 }
 
 ModelRunner::~ModelRunner() {
@@ -180,6 +186,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
         roundToDType(static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size))),
                      model_.weights().embed_tokens.dtype);
   }
+  scale_queries_ = config.llama4_scaling_beta > 0 && backend_.hostAccessible();
   if (config.granite) {
     // transformers and vLLM: the table's rows times the Python float (fp32
     // arithmetic), the product in the table's dtype; the multiplier itself
@@ -426,6 +433,9 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
   TANDEM_CHECK(sequence.start_position >= 0, "negative start position");
   const int64_t end = sequence.start_position + static_cast<int64_t>(sequence.tokens.size());
   TANDEM_CHECK(end <= config.max_position_embeddings, "position beyond max_position_embeddings");
+  TANDEM_CHECK(
+      scale_queries_ || config.llama4_scaling_beta <= 0 || end <= config.llama4_scaling_original,
+      "position the query scale changes on a backend that does not apply it");
   const int64_t blocks_needed = (end + cache_.blockSize() - 1) / cache_.blockSize();
   TANDEM_CHECK(static_cast<int64_t>(sequence.block_table.size()) >= blocks_needed,
                "block table shorter than the sequence");
@@ -733,6 +743,7 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       }
       b.writeKv(layout, static_cast<int32_t>(layer), k_.data(), v_.data());
     }
+    if (scale_queries_) scaleQueries(rows);
     if (attention_variant_) {
       kernels::Backend::AttentionVariant variant;
       variant.window = lw.sliding ? config.sliding_window : 0;
@@ -814,6 +825,19 @@ void ModelRunner::addScaledResidual(int64_t rows) {
   float* h = proj_.data();
   for (int64_t i = 0; i < n; ++i) h[i] *= multiplier;
   backend_.addInPlace(hidden_.data(), proj_.data(), n);
+}
+
+void ModelRunner::scaleQueries(int64_t rows) {
+  // transformers: the rotated queries times the scale (in the queries'
+  // dtype, f32 here); K is not scaled.
+  const ModelConfig& config = model_.config();
+  const int64_t width = config.num_attention_heads * config.head_dim;
+  float* q = q_.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = config.queryScale(positions_[static_cast<size_t>(r)]);
+    if (scale == 1.0f) continue;
+    for (int64_t i = 0; i < width; ++i) q[r * width + i] *= scale;
+  }
 }
 
 void ModelRunner::scaleEmbeddings(int64_t rows) {

@@ -57,7 +57,8 @@ using RowLogitsSink = std::function<void(size_t sequence, int64_t first, int64_t
 // its sliding window on a backend without window kernels (one that is not
 // host-accessible), whose full attention equals the window's only for
 // sequences no longer than it (vLLM without sliding-window kernels caps
-// max_model_len likewise).
+// max_model_len likewise), or there the positions Ministral 3's query scale
+// leaves at 1.
 struct ContextLimit {
   int64_t tokens = 0;
   std::string origin;
@@ -276,6 +277,11 @@ class ModelRunner {
   // Gemma 3, Granite: hidden_ (rows x hidden_size) times embedding_scale_,
   // rounded to the embedding table's dtype.
   void scaleEmbeddings(int64_t rows);
+  // Ministral 3: each row of q_ times ModelConfig::queryScale of its
+  // position, on a host-accessible backend (contextLimit keeps the others'
+  // sequences below the positions it scales; checkInput enforces it).
+  bool scale_queries_ = false;
+  void scaleQueries(int64_t rows);
   // What the model does to the n logits at `logits` after the LM head:
   // Granite's division by logits_scaling, Gemma 2's soft-cap by
   // final_logit_softcapping (nothing for other models).

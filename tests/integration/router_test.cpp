@@ -1566,6 +1566,12 @@ TEST_F(RouterTest, Olmo2IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Olmo2ForCausalLM", 53);
 }
 
+// Ministral 3 (docs/engine.md#mistral-small-3-and-ministral-3): YaRN and
+// queries scaled from position 32 on, which the prompts cross.
+TEST_F(RouterTest, Ministral3IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Ministral3ForCausalLM", 67);
+}
+
 // OLMo 3 (docs/engine.md#olmo-3): a 24-token window on its sliding layer,
 // which rotates unscaled, and YaRN on its full one; the prompts cross the
 // window.

@@ -4,8 +4,8 @@
 // source; common/model_source/hub_fetch.h).
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
-//                [--arch llama|mistral|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|olmo2|olmo3|
-//                smollm3|mixtral|qwen3_moe]
+//                [--arch llama|mistral|ministral3|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|
+//                olmo2|olmo3|smollm3|mixtral|qwen3_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales] [--rope-scaling yarn]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -189,9 +189,9 @@ int main(int argc, char** argv) {
                  "preset's rotary scaling (docs/engine.md#yarn)")
       ->check(CLI::IsMember({"yarn"}));
   app.add_option("--arch", arch, "architecture")
-      ->check(
-          CLI::IsMember({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi4",
-                         "granite", "olmo2", "olmo3", "smollm3", "mixtral", "qwen3_moe"}));
+      ->check(CLI::IsMember({"llama", "mistral", "ministral3", "qwen2", "qwen3", "gemma2", "gemma3",
+                             "phi3", "phi4", "granite", "olmo2", "olmo3", "smollm3", "mixtral",
+                             "qwen3_moe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -222,13 +222,21 @@ int main(int argc, char** argv) {
   }
 
   const std::map<std::string, std::string> architectures = {
-      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
-      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
-      {"gemma3", "Gemma3ForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"},       {"phi4", "Phi3ForCausalLM"},
-      {"granite", "GraniteForCausalLM"}, {"olmo2", "Olmo2ForCausalLM"},
-      {"olmo3", "Olmo3ForCausalLM"},     {"smollm3", "SmolLM3ForCausalLM"},
+      {"llama", "LlamaForCausalLM"},
+      {"mistral", "MistralForCausalLM"},
+      {"ministral3", "Ministral3ForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"},
+      {"gemma3", "Gemma3ForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},
+      {"phi4", "Phi3ForCausalLM"},
+      {"granite", "GraniteForCausalLM"},
+      {"olmo2", "Olmo2ForCausalLM"},
+      {"olmo3", "Olmo3ForCausalLM"},
+      {"smollm3", "SmolLM3ForCausalLM"},
   };
   tandem::tools::TestModelOptions options;
   options.preset = preset;

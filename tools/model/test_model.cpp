@@ -427,6 +427,20 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 8;
     config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(8.0);
   }
+  if (architecture == "Ministral3ForCausalLM") {
+    // Ministral 3's rotary parameters as published: YaRN factor 16 over a
+    // sixteenth of the context with DeepSeek's mscale pair at 1 (no
+    // attention factor), and the query scale's beta 0.1 from that original
+    // context on (at tiny, 32 positions: prompts cross it).
+    config.rope_theta = 1e6;
+    config.rope_scaling = RopeScaling{};
+    config.rope_scaling.type = RopeScaling::Type::kYarn;
+    config.rope_scaling.factor = 16.0;
+    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 16;
+    config.rope_scaling.attention_factor = 1.0;
+    config.llama4_scaling_beta = 0.1;
+    config.llama4_scaling_original = config.rope_scaling.original_max_position_embeddings;
+  }
   if (architecture == "SmolLM3ForCausalLM") {
     // SmolLM3's NoPE layers (every 4th; at tiny, the second of its two)
     // and tied embeddings.
@@ -778,6 +792,10 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
     config.rope_scaling.factor = 4.0;
     config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 4;
     config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(4.0);
+    // Ministral 3's query scale shares YaRN's original context.
+    if (config.llama4_scaling_beta > 0) {
+      config.llama4_scaling_original = config.rope_scaling.original_max_position_embeddings;
+    }
   }
   if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
   if (options.layers > 0) {

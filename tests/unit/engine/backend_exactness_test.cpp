@@ -134,7 +134,7 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Ministral3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -343,6 +343,21 @@ TEST_P(ContextLimitTest, AWindowCapsItOnlyWithoutWindowKernels) {
   // A window no shorter than the context changes nothing.
   config.sliding_window = 512;
   EXPECT_EQ(contextLimit(config, backend).tokens, 512);
+
+  // Ministral 3's query scale, 1 below position 32 of the tiny model's 512:
+  // applied on the host, else the context stops where it begins.
+  config = tools::presetConfig("tiny", "Ministral3ForCausalLM");
+  ASSERT_EQ(config.llama4_scaling_original, 32);
+  const ContextLimit scaled = contextLimit(config, backend);
+  if (backend.hostAccessible()) {
+    EXPECT_EQ(scaled.tokens, 512);
+  } else {
+    EXPECT_EQ(scaled.tokens, 32);
+    EXPECT_EQ(scaled.origin,
+              "the positions the model's query scale (llama_4_scaling_beta) leaves "
+              "at 1 (" +
+                  backend.description() + " does not apply it)");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, ContextLimitTest,
@@ -373,6 +388,9 @@ std::vector<Param> params() {
       // (on CUDA, with the rope-variant kernel the tests turn on, within
       // the window the engine caps its context at there).
       {"Olmo3ForCausalLM", DType::kBF16, DType::kF32},
+      // Ministral 3: queries scaled by position (a host step, CPU only:
+      // CUDA's context ends where the scale begins, ContextLimitTest).
+      {"Ministral3ForCausalLM", DType::kBF16, DType::kF32},
       // SmolLM3: a layer without RoPE (the fused Q/K/V+RoPE step skipped
       // there); every backend.
       {"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
@@ -390,7 +408,8 @@ std::vector<Param> params() {
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||
-                            variant.architecture == "GraniteForCausalLM";
+                            variant.architecture == "GraniteForCausalLM" ||
+                            variant.architecture == "Ministral3ForCausalLM";
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);
     }

@@ -163,9 +163,9 @@ void expectSameWeights(const ModelWeights& a, const ModelWeights& b) {
 
 TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
-       {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-        "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-        "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+       {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
+        "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -1102,7 +1102,8 @@ TEST(ModelConfigParsing, EveryRotaryScalingEntersTheDigest) {
   };
   const std::string longrope = R"(, "max_position_embeddings": 4096,
       "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 1024,
-      "short_factor": )" + factors(1.0) + R"(, "long_factor": )";
+      "short_factor": )" + factors(1.0) +
+                               R"(, "long_factor": )";
   const std::vector<std::string> scalings = {
       "",
       R"(, "rope_scaling": {"rope_type": "linear", "factor": 2.0})",
@@ -1669,9 +1670,8 @@ TEST(ModelConfigParsing, Mistral3WithAVisionTowerReadsItsTextConfig) {
             "model_type": "pixtral"}, "vision_feature_layer": -1)" +
            top + "}";
   };
-  const ModelConfig c =
-      ModelConfig::fromJsonText(mistral3("\"mistral\"", R"(, "tie_word_embeddings": true)"),
-                                "config.json");
+  const ModelConfig c = ModelConfig::fromJsonText(
+      mistral3("\"mistral\"", R"(, "tie_word_embeddings": true)"), "config.json");
   EXPECT_EQ(c.architecture, "Mistral3ForConditionalGeneration");
   EXPECT_TRUE(c.conditionalGeneration());
   EXPECT_EQ(c.model_type, "mistral");
@@ -1697,9 +1697,77 @@ TEST(ModelConfigParsing, Mistral3WithAVisionTowerReadsItsTextConfig) {
   EXPECT_EQ(ModelConfig::fromJsonText(flat.dump(), "config.json"), causal);
   EXPECT_CONTAINS(parseError(mistral3("\"llama\"", "")),
                   "field \"text_config\" has model_type \"llama\", which is not supported with "
-                  "Mistral3ForConditionalGeneration (accepted: \"mistral\")");
+                  "Mistral3ForConditionalGeneration (accepted: \"mistral\", \"ministral3\")");
   EXPECT_CONTAINS(parseError(R"({"architectures": ["Mistral3ForConditionalGeneration"]})"),
                   "\"text_config\" must be an object");
+}
+
+// Ministral 3 as Ministral3Config reads it: Mistral with YaRN and the
+// query scale in rope_parameters (Ministral3Config's own when absent),
+// 1 + beta ln(1 + floor(p / original)); alone or as Mistral 3's
+// text_config; in the digest; written back where it was read from.
+TEST(ModelConfigParsing, Ministral3ReadsItsQueryScale) {
+  const auto ministral = [](const std::string& extra) {
+    return R"({"architectures": ["Ministral3ForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "vocab_size": 1000)" +
+           extra + "}";
+  };
+  // Ministral3Config's defaults.
+  ModelConfig c = ModelConfig::fromJsonText(ministral(""), "config.json");
+  EXPECT_EQ(c.model_type, "ministral3");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope_scaling.factor, 16.0);
+  EXPECT_EQ(c.ropeAttentionFactor(), 1.0);  // mscale and mscale_all_dim both 1
+  EXPECT_EQ(c.max_position_embeddings, 262144);
+  EXPECT_EQ(c.llama4_scaling_beta, 0.1);
+  EXPECT_EQ(c.llama4_scaling_original, 16384);
+  EXPECT_EQ(c.queryScale(0), 1.0f);
+  EXPECT_EQ(c.queryScale(16383), 1.0f);
+  EXPECT_EQ(c.queryScale(16384), static_cast<float>(1.0 + 0.1 * std::log(2.0)));
+  EXPECT_EQ(c.queryScale(32767), static_cast<float>(1.0 + 0.1 * std::log(2.0)));
+  EXPECT_EQ(c.queryScale(131072), static_cast<float>(1.0 + 0.1 * std::log(9.0)));
+  // As given, and as Mistral 3's language model.
+  const std::string rope =
+      R"(, "max_position_embeddings": 131072, "rope_parameters": {"type": "yarn",
+          "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 16384,
+          "max_position_embeddings": 131072, "beta_fast": 32.0, "beta_slow": 1.0,
+          "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.2})";
+  c = ModelConfig::fromJsonText(ministral(rope), "config.json");
+  EXPECT_EQ(c.llama4_scaling_beta, 0.2);
+  EXPECT_EQ(c.queryScale(16384 * 3), static_cast<float>(1.0 + 0.2 * std::log(4.0)));
+  json text = json::parse(ministral(rope));
+  text.erase("architectures");
+  text["model_type"] = "ministral3";
+  const ModelConfig conditional =
+      ModelConfig::fromJsonText(json({{"architectures", {"Mistral3ForConditionalGeneration"}},
+                                      {"text_config", text},
+                                      {"torch_dtype", "bfloat16"}})
+                                    .dump(),
+                                "config.json");
+  EXPECT_EQ(conditional.llama4_scaling_beta, 0.2);
+  EXPECT_EQ(conditional.rope_scaling, c.rope_scaling);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+  // Without a beta, no scale; the digest tells the two apart.
+  ModelConfig unscaled = ModelConfig::fromJsonText(
+      ministral(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"),
+      "config.json");
+  EXPECT_EQ(unscaled.llama4_scaling_beta, 0.0);
+  EXPECT_EQ(unscaled.queryScale(1 << 20), 1.0f);
+  ModelConfig scaled = unscaled;
+  scaled.llama4_scaling_beta = 0.1;
+  scaled.llama4_scaling_original = 16384;
+  EXPECT_NE(scaled.computeDigest(), unscaled.computeDigest());
+  EXPECT_EQ(ModelConfig::fromJsonText(scaled.toJsonText(), "config.json"), scaled);
+  EXPECT_CONTAINS(parseError(ministral(R"(, "rope_parameters": {"rope_type": "default",
+          "llama_4_scaling_beta": -1})")),
+                  "field \"rope_parameters.llama_4_scaling_beta\" must be a number of at least 0");
+  EXPECT_CONTAINS(parseError(ministral(R"(, "rope_parameters": {"rope_type": "default",
+          "llama_4_scaling_beta": 0.1})")),
+                  "field \"rope_parameters.original_max_position_embeddings\" is missing");
 }
 
 // Its tensors as published (language_model.model.*, the LM head under
@@ -2198,10 +2266,10 @@ TEST(ModelConfigParsing, HfOverridesReplaceFieldsBeforeTheyAreRead) {
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
-         {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM",
-          "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM",
-          "Qwen3MoeForCausalLM"}) {
+         {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
+          "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+          "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
+          "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

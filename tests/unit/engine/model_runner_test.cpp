@@ -423,6 +423,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, rope_factor);
         denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, rope_factor);
       }
+      // Ministral 3: the rotated queries times the position's scale.
+      for (double& value : q[t]) value *= c.queryScale(t);
       if (kv_dtype == DType::kF8E4M3) {
         roundAsFp8Cache(k[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l]);
         roundAsFp8Cache(v[t], kv_scales.empty() ? 1.0f : kv_scales[2 * l + 1]);
@@ -874,6 +876,9 @@ INSTANTIATE_TEST_SUITE_P(
         // OLMo 2: norms after attention and the MLP, q/k norms across heads.
         Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Olmo2ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // Ministral 3: YaRN, and queries scaled from position 32 on.
+        Variant{"Ministral3ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Ministral3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         // OLMo 3: a sliding layer rotating unscaled, a full one with YaRN.
         Variant{"Olmo3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Olmo3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
