@@ -732,9 +732,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // Ministral 3: Mistral's computation with its query scale; without
   // rotary parameters, Ministral3Config's (YaRN over 16,384 positions,
   // 262,144 served, the query scale's beta 0.1).
-  const bool is_ministral3 = config.architecture == "Ministral3ForCausalLM" ||
-                             (config.architecture == "Mistral3ForConditionalGeneration" &&
-                              config.model_type == "ministral3");
+  const bool is_ministral3 = config.ministral3();
   if (is_ministral3 && !reader.has("rope_parameters") && !reader.has("rope_scaling")) {
     root["rope_parameters"] = {{"rope_type", "yarn"},
                                {"rope_theta", 1e6},
@@ -1081,10 +1079,14 @@ std::string ModelConfig::toJsonText() const {
       root["rope_scaling"]["attention_factor"] = rope_scaling.attention_factor;
     }
   }
+  // Ministral 3 without rotary parameters would read as Ministral3Config's
+  // defaults, so they are written even when plain.
+  if ((ministral3() || llama4_scaling_beta > 0) && root["rope_scaling"].is_null()) {
+    root["rope_scaling"] = {{"rope_type", "default"}};
+  }
   if (llama4_scaling_beta > 0) {
     // In the rotary parameters' object, whose original context it shares
     // with YaRN's.
-    if (!root.contains("rope_scaling")) root["rope_scaling"] = {{"rope_type", "default"}};
     root["rope_scaling"]["llama_4_scaling_beta"] = llama4_scaling_beta;
     root["rope_scaling"]["original_max_position_embeddings"] = llama4_scaling_original;
   }
@@ -1183,6 +1185,16 @@ std::string ModelConfig::toJsonText() const {
     root["eos_token_id"] = eos_token_ids[0];
   } else {
     root["eos_token_id"] = eos_token_ids;
+  }
+  if (conditionalGeneration()) {
+    // As the checkpoints publish it: the language model's fields in
+    // text_config, the architecture and the outer model type above it.
+    json text = std::move(root);
+    text.erase("architectures");
+    root = {
+        {"architectures", json::array({architecture})},
+        {"model_type", architecture == "Gemma3ForConditionalGeneration" ? "gemma3" : "mistral3"},
+        {"text_config", std::move(text)}};
   }
   return root.dump(2) + "\n";
 }

@@ -208,6 +208,13 @@ struct ModelConfig {
   // its tensors under language_model.model. or model.language_model.
   bool conditionalGeneration() const { return architecture.ends_with("ForConditionalGeneration"); }
 
+  // Ministral 3, alone or as Mistral 3's language model: Ministral3Config's
+  // defaults apply where the rotary parameters are left out.
+  bool ministral3() const {
+    return architecture == "Ministral3ForCausalLM" ||
+           (architecture == "Mistral3ForConditionalGeneration" && model_type == "ministral3");
+  }
+
   // What depends on the context length the engine serves: LongRoPE's
   // factors (RopeScaling::use_long). Changes computeDigest when it changes
   // them.

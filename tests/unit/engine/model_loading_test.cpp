@@ -1646,6 +1646,11 @@ TEST(ModelConfigParsing, Gemma3WithAVisionTowerReadsItsTextConfig) {
   EXPECT_EQ(c.torch_dtype, DType::kBF16);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{1, 106}));
   EXPECT_EQ(std::count(c.sliding_layers.begin(), c.sliding_layers.end(), false), 5);
+  // What it writes nests the language model in text_config again.
+  const json written = json::parse(c.toJsonText());
+  EXPECT_EQ(written["model_type"], "gemma3");
+  EXPECT_EQ(written["text_config"]["model_type"], "gemma3_text");
+  EXPECT_EQ(ModelConfig::fromJsonText(written.dump(), "config.json"), c);
   EXPECT_CONTAINS(parseError(R"({"architectures": ["Gemma3ForConditionalGeneration"]})"),
                   "\"text_config\" must be an object");
 }
@@ -1687,6 +1692,11 @@ TEST(ModelConfigParsing, Mistral3WithAVisionTowerReadsItsTextConfig) {
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
   EXPECT_EQ(c.torch_dtype, DType::kBF16);
+  const json written = json::parse(c.toJsonText());
+  EXPECT_EQ(written["model_type"], "mistral3");
+  EXPECT_EQ(written["text_config"]["model_type"], "mistral");
+  EXPECT_FALSE(written.contains("hidden_size"));
+  EXPECT_EQ(ModelConfig::fromJsonText(written.dump(), "config.json"), c);
   // The same language model as a MistralForCausalLM of these fields.
   ModelConfig causal = c;
   causal.architecture = "MistralForCausalLM";
@@ -1750,6 +1760,7 @@ TEST(ModelConfigParsing, Ministral3ReadsItsQueryScale) {
                                 "config.json");
   EXPECT_EQ(conditional.llama4_scaling_beta, 0.2);
   EXPECT_EQ(conditional.rope_scaling, c.rope_scaling);
+  EXPECT_EQ(ModelConfig::fromJsonText(conditional.toJsonText(), "config.json"), conditional);
   EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
   // Without a beta, no scale; the digest tells the two apart.
   ModelConfig unscaled = ModelConfig::fromJsonText(
@@ -1757,11 +1768,14 @@ TEST(ModelConfigParsing, Ministral3ReadsItsQueryScale) {
       "config.json");
   EXPECT_EQ(unscaled.llama4_scaling_beta, 0.0);
   EXPECT_EQ(unscaled.queryScale(1 << 20), 1.0f);
+  // Written with its plain rotary parameters, not read back as the defaults.
+  EXPECT_EQ(ModelConfig::fromJsonText(unscaled.toJsonText(), "config.json"), unscaled);
   ModelConfig scaled = unscaled;
   scaled.llama4_scaling_beta = 0.1;
   scaled.llama4_scaling_original = 16384;
   EXPECT_NE(scaled.computeDigest(), unscaled.computeDigest());
   EXPECT_EQ(ModelConfig::fromJsonText(scaled.toJsonText(), "config.json"), scaled);
+  EXPECT_EQ(json::parse(scaled.toJsonText())["rope_scaling"]["rope_type"], "default");
   EXPECT_CONTAINS(parseError(ministral(R"(, "rope_parameters": {"rope_type": "default",
           "llama_4_scaling_beta": -1})")),
                   "field \"rope_parameters.llama_4_scaling_beta\" must be a number of at least 0");
