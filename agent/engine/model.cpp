@@ -527,8 +527,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   // transformers 4.52 has it under language_model.
   const std::string lm_head =
       base == "language_model.model." ? "language_model.lm_head.weight" : "lm_head.weight";
-  w.lm_head = c.tie_word_embeddings ? w.embed_tokens
-                                    : source.matrix(lm_head, c.vocab_size, hidden);
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : source.matrix(lm_head, c.vocab_size, hidden);
 
   model->weight_dtype_ = *source.matrix_dtype;
   model->weight_bytes_ = source.used_bytes;

@@ -82,7 +82,8 @@ StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::load(
 
 std::string ChatTemplate::noTemplateMessage() {
   return "this model has no chat template (tokenizer_config.json has no chat_template and the "
-         "model directory has no chat_template.jinja or chat_template.json); start the server with --chat-template "
+         "model directory has no chat_template.jinja or chat_template.json); start the server with "
+         "--chat-template "
          "FILE, or use /v1/completions with a prompt";
 }
 

@@ -301,8 +301,7 @@ TEST(LoraAdapter, Phi3FusedModulesAreSplitIntoTheirParts) {
 // model.language_model.layers (4.52 and later). Either loads as the same
 // adapter of the language model; the vision tower's modules, and the plain
 // model.layers names, are refused naming what is accepted.
-class ConditionalLoraTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {
-};
+class ConditionalLoraTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
 
 TEST_P(ConditionalLoraTest, AdaptersNameTheLanguageModel) {
   const auto& [causal_architecture, conditional_architecture] = GetParam();
