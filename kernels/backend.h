@@ -121,8 +121,9 @@ class Backend {
   // x: batch rows x (num_heads * head_dim), in place, at the batch's positions.
   virtual void applyRope(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
   // applyRope with kernels.h's RopeVariant (partial rotary dims, LongRoPE's
-  // attention factor: Phi-3, Phi-4). Only the CPU backend has it; the model
-  // runner refuses models that need it on the others first.
+  // attention factor: Phi-3, Phi-4; interleaved pairs: GLM). Only the CPU
+  // backend has it; the model runner refuses models that need it on the
+  // others first.
   // Whether applyRopeWith runs here (else it throws).
   virtual bool appliesRopeVariants() const { return false; }
   virtual void applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,

@@ -119,19 +119,23 @@ double peakGflops(DType compute, int repeats = 3);
 void rmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);
 
 // How a model's rotary embedding departs from rotating whole heads (Phi-3,
-// Phi-4): only the first rotary_dim of a head's head_dim values rotate, and
+// Phi-4, GLM): only the first rotary_dim of a head's head_dim values rotate,
 // cos and sin are multiplied by attention_factor (LongRoPE's), as
-// transformers' partial_rotary_factor and attention_scaling do.
+// transformers' partial_rotary_factor and attention_scaling do, and with
+// interleaved the pairs are neighbours (2i, 2i + 1) instead of halves (GLM's
+// rotate_half over x[0::2] and x[1::2]; vLLM's is_neox_style false).
 struct RopeVariant {
   int64_t rotary_dim = 0;  // 0: head_dim
   float attention_factor = 1.0f;
+  bool interleaved = false;
   bool operator==(const RopeVariant&) const = default;
 };
 
 // Rotary position embedding, Hugging Face "rotate_half" convention: within
 // each head the pairs are (i, i + rotary_dim/2) for i < rotary_dim/2
-// (rotary_dim: the variant's, else head_dim), angle = position *
-// inv_freq[i]; the values past rotary_dim are left as they are. cos and
+// (rotary_dim: the variant's, else head_dim; interleaved: (2i, 2i + 1)),
+// angle = position * inv_freq[i]; the values past rotary_dim are left as
+// they are. cos and
 // sin are rounded to fp32, then multiplied by the attention factor (fp32),
 // then applied. x: rows x (num_heads * head_dim), in place; positions[r] is
 // row r's position.

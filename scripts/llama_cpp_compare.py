@@ -286,7 +286,12 @@ class Reference:
     likewise take no attention factor. Ministral 3 is transformers'
     Ministral3ForCausalLM: Mistral with the rotated queries of position p
     times 1 + llama_4_scaling_beta * ln(1 + floor(p /
-    original_max_position_embeddings))."""
+    original_max_position_embeddings)). GLM is transformers'
+    GlmForCausalLM: q/k/v biases, gate/up stored as one matrix, the first
+    int(head_dim x partial_rotary_factor) dims of a head (GlmConfig's 0.5)
+    rotating with cos and sin repeated pairwise and rotate_half over
+    x[0::2] and x[1::2]; GLM-4 (Glm4ForCausalLM) adds post_self_attn_layernorm
+    and post_mlp_layernorm on the attention's and the MLP's outputs."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -298,6 +303,8 @@ class Reference:
         self.olmo3 = self.arch == "Olmo3ForCausalLM"
         self.ministral3 = self.arch == "Ministral3ForCausalLM"
         self.olmo2 = self.arch == "Olmo2ForCausalLM" or self.olmo3
+        self.glm4 = self.arch == "Glm4ForCausalLM"
+        self.glm = self.arch == "GlmForCausalLM" or self.glm4
         # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
         # (no_rope_layer_interval) does not.
         layers = c["num_hidden_layers"]
@@ -323,9 +330,17 @@ class Reference:
         self.k = c.get("num_experts_per_tok", 2 if self.arch == "MixtralForCausalLM" else 8)
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
-        self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
+        self.head_dim = c.get("head_dim") or (128 if self.glm else c["hidden_size"] // self.heads)
         self.rotary_dim = self.head_dim
         self.mscale = 1.0
+        if self.glm:
+            partial = c.get("partial_rotary_factor",
+                            (c.get("rope_parameters") or {}).get("partial_rotary_factor", 0.5))
+            self.rotary_dim = int(self.head_dim * partial)
+            for i in range(c["num_hidden_layers"]):
+                p = f"model.layers.{i}."
+                gate, up = np.split(self.w.pop(p + "mlp.gate_up_proj.weight"), 2)
+                self.w[p + "mlp.gate_proj.weight"], self.w[p + "mlp.up_proj.weight"] = gate, up
         if self.phi3:
             self.rotary_dim = int(self.head_dim * c.get("partial_rotary_factor", 1.0))
             q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -407,7 +422,7 @@ class Reference:
                               1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM",
                                                     "Olmo2ForCausalLM", "Olmo3ForCausalLM",
                                                     "Ministral3ForCausalLM")
-                              else 1e-6)
+                              else 1.5625e-7 if self.glm else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
@@ -436,6 +451,13 @@ class Reference:
         cos = np.cos(angles)[:, None, :] * mscale
         sin = np.sin(angles)[:, None, :] * mscale
         half = self.rotary_dim // 2
+        if self.glm:
+            # GLM: cos and sin repeated pairwise over the rotary dims,
+            # rotate_half(x) = stack(-x[1::2], x[0::2]) interleaved.
+            cos2, sin2 = np.repeat(cos, 2, axis=-1), np.repeat(sin, 2, axis=-1)
+            r = x[..., :self.rotary_dim]
+            turned = np.stack([-r[..., 1::2], r[..., 0::2]], axis=-1).reshape(r.shape)
+            return np.concatenate([r * cos2 + turned * sin2, x[..., self.rotary_dim:]], axis=-1)
         a, b = x[..., :half], x[..., half:self.rotary_dim]
         return np.concatenate([a * cos - b * sin, b * cos + a * sin, x[..., self.rotary_dim:]],
                               axis=-1)
@@ -510,12 +532,17 @@ class Reference:
             h = x if self.olmo2 else self.rms(x, w[p + "input_layernorm.weight"])
             q = h @ w[p + "self_attn.q_proj.weight"].T
             k = h @ w[p + "self_attn.k_proj.weight"].T
+            v = h @ w[p + "self_attn.v_proj.weight"].T
+            if p + "self_attn.q_proj.bias" in w:  # Qwen2's and GLM's q/k/v biases
+                q = q + w[p + "self_attn.q_proj.bias"]
+                k = k + w[p + "self_attn.k_proj.bias"]
+                v = v + w[p + "self_attn.v_proj.bias"]
             if self.qk_norm_whole:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
             q = q.reshape(n, self.heads, self.head_dim)
             k = k.reshape(n, self.kv_heads, self.head_dim)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, self.kv_heads, self.head_dim)
+            v = v.reshape(n, self.kv_heads, self.head_dim)
             if self.qk_norm and not self.qk_norm_whole:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
@@ -539,6 +566,11 @@ class Reference:
             if self.olmo2:
                 x = x + self.rms(out, w[p + "post_attention_layernorm.weight"])
                 x = x + self.rms(self.mlp(x, p, i), w[p + "post_feedforward_layernorm.weight"])
+                continue
+            if self.glm4:
+                x = x + self.rms(out, w[p + "post_self_attn_layernorm.weight"])
+                h = self.rms(x, w[p + "post_attention_layernorm.weight"])
+                x = x + self.rms(self.mlp(h, p, i), w[p + "post_mlp_layernorm.weight"])
                 continue
             if self.gemma:
                 x = x + self.rms(out, w[p + "post_attention_layernorm.weight"])

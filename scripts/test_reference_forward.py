@@ -10,7 +10,8 @@ position 32 on), Qwen3 with YaRN (as tandem-model writes it,
 and on Llama with every YaRN option set otherwise), SmolLM3 (its second
 layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
 OLMo 3 (a sliding layer rotating unscaled, YaRN on the full one), Gemma 3
-with YaRN on its full layers, Mixtral and Qwen3-MoE test models, Gemma 3
+with YaRN on its full layers, GLM and GLM-4 (half of each head rotating as
+neighbour pairs, q/k/v biases; GLM-4's sandwich norms), Mixtral and Qwen3-MoE test models, Gemma 3
 and Mistral rewritten as Gemma 3 4B and up and Mistral Small 3.1 are
 published (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration:
 a nested config, prefixed tensors, a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -58,7 +59,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "olmo3": "Olmo3ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                 "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
 # an original of 128, so the agent serves 1024 positions).
@@ -83,6 +85,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("qwen3", "rope-scaling=yarn"), ("llama", "config=yarn-options"), ("smollm3", None),
          ("smollm3", "config=nope-interval"), ("granite", None),
          ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),
+         ("glm", None), ("glm4", None),
          ("mixtral", None),
          ("qwen3_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),

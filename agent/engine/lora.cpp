@@ -40,26 +40,27 @@ std::vector<std::string> layerPrefixes(const ModelConfig& model) {
 // Ranks past this are not low-rank updates of any supported model.
 constexpr int64_t kMaxRank = 4096;
 
-// Phi-3's fused projections (Phi3ForCausalLM has no q_proj, gate_proj...):
-// an adapter of one holds one A for its parts and a B whose rows are theirs,
-// in the matrix's order. Their module numbers follow LoraModule's.
+// Fused projections (Phi3ForCausalLM has no q_proj or gate_proj, GLM no
+// gate_proj): an adapter of one holds one A for its parts and a B whose rows
+// are theirs, in the matrix's order. Their module numbers follow
+// LoraModule's.
 struct FusedLoraModule {
   const char* name;
   std::vector<int> parts;
+  bool (ModelConfig::*fused_in)() const;  // whether the model's checkpoint fuses them
 };
 const std::array<FusedLoraModule, 2> kFusedLoraModules = {{
-    {"self_attn.qkv_proj", {kLoraQ, kLoraK, kLoraV}},
-    {"mlp.gate_up_proj", {kLoraGate, kLoraUp}},
+    {"self_attn.qkv_proj", {kLoraQ, kLoraK, kLoraV}, &ModelConfig::fusedQkv},
+    {"mlp.gate_up_proj", {kLoraGate, kLoraUp}, &ModelConfig::fusedGateUp},
 }};
 
 // The module of the model's checkpoint that adapter module `module` adapts:
-// Phi-3's fused one holding it, else its own.
+// the fused one holding it, else its own.
 std::string checkpointModuleName(const ModelConfig& model, int module) {
-  if (model.phi3) {
-    for (const FusedLoraModule& fused : kFusedLoraModules) {
-      if (std::find(fused.parts.begin(), fused.parts.end(), module) != fused.parts.end()) {
-        return fused.name;
-      }
+  for (const FusedLoraModule& fused : kFusedLoraModules) {
+    if ((model.*fused.fused_in)() &&
+        std::find(fused.parts.begin(), fused.parts.end(), module) != fused.parts.end()) {
+      return fused.name;
     }
   }
   return kLoraModuleNames[static_cast<size_t>(module)];
@@ -220,19 +221,33 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
     accepted_prefixes += (accepted_prefixes.empty() ? "" : " or ") + prefix;
   }
   if (prefixes.size() > 1) accepted_prefixes += ", then ";
-  const std::string accepted_modules =
-      model.phi3 ? "self_attn.qkv_proj/o_proj, mlp.gate_up_proj/down_proj (Phi-3's)"
-                 : "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_proj/up_proj/down_proj";
+  // The checkpoint's own module names, each once, by block:
+  // "self_attn.q_proj/k_proj/v_proj/o_proj, mlp.gate_up_proj/down_proj".
+  std::vector<std::string> names;
+  for (int m = 0; m < kLoraModules; ++m) {
+    const std::string name = checkpointModuleName(model, m);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  std::string accepted_modules;
+  std::string block;
+  for (const std::string& name : names) {
+    const size_t dot = name.find('.');
+    const std::string name_block = name.substr(0, dot + 1);
+    accepted_modules += name_block == block ? "/" + name.substr(dot + 1)
+                                            : (accepted_modules.empty() ? "" : ", ") + name;
+    block = name_block;
+  }
   for (const auto& [tensor_name, tensor] : weights.tensors()) {
     int64_t layer = 0;
     int module = 0;
     bool is_a = false;
     const bool parsed = parseTensorName(tensor_name, prefixes, layer, module, is_a);
     const bool fused = parsed && module >= kLoraModules;
-    // Phi-3's adapters name its fused modules, others' the separate ones.
-    if (!parsed || (fused ? !model.phi3
-                          : checkpointModuleName(model, module) !=
-                                kLoraModuleNames[static_cast<size_t>(module)])) {
+    // Adapters name the checkpoint's modules, fused or not.
+    if (!parsed ||
+        (fused ? !(model.*kFusedLoraModules[static_cast<size_t>(module - kLoraModules)].fused_in)()
+               : checkpointModuleName(model, module) !=
+                     kLoraModuleNames[static_cast<size_t>(module)])) {
       throw Error("tensor " + tensor_name + " in " + file +
                   " is not a LoRA matrix of a projection Tandem adapts in " + model.architecture +
                   " (accepted: " + accepted_prefixes +

@@ -438,7 +438,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string prefix = base + "layers." + std::to_string(i) + ".";
     LayerWeights& layer = w.layers[static_cast<size_t>(i)];
-    if (c.phi3) {
+    if (c.fusedQkv()) {
       // Phi-3 holds q, k and v as one matrix, in that order.
       const std::vector<kernels::WeightView> qkv = source.rowRanges(
           prefix + "self_attn.qkv_proj.weight", {q_size, kv_size, kv_size}, hidden);
@@ -451,15 +451,16 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
       layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
     }
     layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
-    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM") {
+    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM" && !c.glm) {
       // transformers' Llama and Qwen3 give o_proj a bias too when
-      // attention_bias is set (Qwen2's q/k/v biases leave it without one);
-      // that addition is not implemented, and leaving it out would change
-      // every output.
+      // attention_bias is set (Qwen2's and GLM's q/k/v biases leave it
+      // without one); that addition is not implemented, and leaving it out
+      // would change every output.
       throw Error("tensor " + prefix + "self_attn.o_proj.bias: " + kConfigFile +
                   " sets attention_bias, which gives " + c.architecture +
                   "'s o_proj a bias; biases after o_proj are not supported (accepted: "
-                  "attention_bias false, or Qwen2ForCausalLM's q/k/v biases)");
+                  "attention_bias false, or the q/k/v biases of Qwen2ForCausalLM, "
+                  "GlmForCausalLM and Glm4ForCausalLM)");
     }
     if (c.attention_bias) {
       layer.q_bias = source.vector(prefix + "self_attn.q_proj.bias", q_size);
@@ -475,8 +476,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
     }
     if (c.isMoeLayer(i)) {
       loadExperts(source, c, i, layer);
-    } else if (c.phi3) {
-      // And gate and up as one, gate first (transformers' chunk(2)).
+    } else if (c.fusedGateUp()) {
+      // Phi-3 and GLM hold gate and up as one, gate first (transformers'
+      // chunk(2)).
       const std::vector<kernels::WeightView> gate_up =
           source.rowRanges(prefix + "mlp.gate_up_proj.weight", {inter, inter}, hidden);
       layer.gate_proj = gate_up[0];
@@ -501,8 +503,20 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
     if (!c.olmo2) {  // OLMo 2 normalizes the attention's output, not its input
       layer.input_layernorm = source.vector(prefix + "input_layernorm.weight", hidden);
     }
-    layer.post_attention_layernorm =
-        source.vector(prefix + "post_attention_layernorm.weight", hidden);
+    if (c.glm4) {
+      // GLM-4's names for the sandwich's places: post_self_attn_layernorm
+      // after attention, post_attention_layernorm (Llama's name) before
+      // the MLP, post_mlp_layernorm after it.
+      layer.post_attention_layernorm =
+          source.vector(prefix + "post_self_attn_layernorm.weight", hidden);
+      layer.pre_feedforward_layernorm =
+          source.vector(prefix + "post_attention_layernorm.weight", hidden);
+      layer.post_feedforward_layernorm =
+          source.vector(prefix + "post_mlp_layernorm.weight", hidden);
+    } else {
+      layer.post_attention_layernorm =
+          source.vector(prefix + "post_attention_layernorm.weight", hidden);
+    }
     if (c.olmo2) {
       layer.post_feedforward_layernorm =
           source.vector(prefix + "post_feedforward_layernorm.weight", hidden);

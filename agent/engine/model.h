@@ -78,8 +78,10 @@ struct LayerWeights {
   // before the MLP. Gemma 3 (sandwich norms): post_attention_layernorm
   // normalizes the attention's output, pre_ and post_feedforward_layernorm
   // the MLP's input and output. Gemma's weights are stored here as 1 + w.
+  // GLM-4's sandwich is loaded into the same places (model.cpp names its
+  // tensors); OLMo 2 has no input_layernorm or pre_feedforward_layernorm.
   std::vector<float> input_layernorm, post_attention_layernorm;
-  std::vector<float> pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 3 only
+  std::vector<float> pre_feedforward_layernorm, post_feedforward_layernorm;  // sandwiches only
   std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
   std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm
   // The K and V scales of an fp8 KV cache, when the checkpoint has them

@@ -38,7 +38,7 @@ constexpr const char* kAcceptedArchitectures =
     "Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
-    "MixtralForCausalLM, Qwen3MoeForCausalLM";
+    "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -647,6 +647,8 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Olmo2ForCausalLM", "olmo2"},
       {"Olmo3ForCausalLM", "olmo3"},
       {"SmolLM3ForCausalLM", "smollm3"},
+      {"GlmForCausalLM", "glm"},
+      {"Glm4ForCausalLM", "glm4"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -728,6 +730,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.olmo3 = config.architecture == "Olmo3ForCausalLM";
   config.olmo2 = config.architecture == "Olmo2ForCausalLM" || config.olmo3;
   const bool is_smollm3 = config.architecture == "SmolLM3ForCausalLM";
+  config.glm4 = config.architecture == "Glm4ForCausalLM";
+  config.glm = config.architecture == "GlmForCausalLM" || config.glm4;
   config.model_type = reader.string("model_type", default_model_type);
   // Ministral 3: Mistral's computation with its query scale; without
   // rotary parameters, Ministral3Config's (YaRN over 16,384 positions,
@@ -760,16 +764,17 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.intermediate_size = reader.requiredBoundedInt("intermediate_size", kMaxDimension);
     config.num_hidden_layers = reader.requiredBoundedInt("num_hidden_layers", kMaxDimension);
     config.num_attention_heads = reader.requiredBoundedInt("num_attention_heads", kMaxDimension);
-    config.num_key_value_heads =
-        reader.boundedInt("num_key_value_heads", config.num_attention_heads, kMaxDimension);
+    // GlmConfig's default is its own (GLM-4-9B's 2).
+    config.num_key_value_heads = reader.boundedInt(
+        "num_key_value_heads", config.glm ? 2 : config.num_attention_heads, kMaxDimension);
     config.vocab_size = reader.requiredBoundedInt("vocab_size", kMaxVocabSize - 1);
   }
 
   if (reader.has("head_dim")) {
     config.head_dim = reader.requiredBoundedInt("head_dim", kMaxDimension);
-  } else if (is_qwen3 || is_ministral3) {
-    // Qwen3Config's and Ministral3Config's own default, decoupled from
-    // hidden_size.
+  } else if (is_qwen3 || is_ministral3 || config.glm) {
+    // Qwen3Config's, Ministral3Config's and GlmConfig's own default,
+    // decoupled from hidden_size.
     config.head_dim = 128;
   } else if (is_gemma) {
     config.head_dim = 256;  // Gemma3TextConfig's default
@@ -793,9 +798,20 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   }
 
   config.rotary_dim = config.head_dim;
-  if (is_phi3) {
-    // transformers: int(head_dim * partial_rotary_factor).
-    const double partial = reader.positiveNumber("partial_rotary_factor", 1.0);
+  if (is_phi3 || config.glm) {
+    // transformers: int(head_dim * partial_rotary_factor), at the top level
+    // or (as transformers 5 writes it) in rope_parameters; GlmConfig's
+    // default is 0.5.
+    const double default_partial = config.glm ? 0.5 : 1.0;
+    double partial = 0;
+    if (!reader.has("partial_rotary_factor") && reader.has("rope_parameters") &&
+        root["rope_parameters"].is_object() &&
+        root["rope_parameters"].contains("partial_rotary_factor")) {
+      partial = FieldReader(root["rope_parameters"], source_name, "rope_parameters.")
+                    .positiveNumber("partial_rotary_factor", default_partial);
+    } else {
+      partial = reader.positiveNumber("partial_rotary_factor", default_partial);
+    }
     const auto rotary_dim = static_cast<int64_t>(static_cast<double>(config.head_dim) * partial);
     if (!(partial <= 1.0) || rotary_dim < 2 || rotary_dim % 2 != 0) {
       reader.fail("partial_rotary_factor",
@@ -809,7 +825,9 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // MixtralConfig's, Phi3Config's and Olmo2Config's own defaults differ from
   // the others'.
   config.rms_norm_eps = reader.positiveNumber(
-      "rms_norm_eps", is_mixtral || is_phi3 || config.olmo2 || is_ministral3 ? 1e-5 : 1e-6);
+      "rms_norm_eps", config.glm                                               ? 1.5625e-7
+                      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 ? 1e-5
+                                                                               : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6
                                                           : is_smollm3            ? 2e6
                                                                                   : 10000.0);
@@ -873,10 +891,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   if (is_ministral3) readLlama4Scaling(reader, root, config);
   const int64_t default_max_positions = is_ministral3 ? 262144
                                         : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 ? 32768
-                                        : is_mistral || is_mixtral || is_gemma3 ? 131072
-                                        : is_gemma2                             ? 8192
-                                        : is_phi3                               ? 4096
-                                                                                : 2048;
+                                        : is_mistral || is_mixtral || is_gemma3 || config.glm
+                                            ? 131072
+                                        : is_gemma2 ? 8192
+                                        : is_phi3   ? 4096
+                                                    : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
@@ -894,11 +913,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma || is_smollm3);
   if (is_smollm3) readNopeLayers(reader, root, config);
   // Qwen2's attention always has q/k/v biases whatever the config says;
-  // Mistral's and Phi-3's never have them.
+  // Mistral's and Phi-3's never have them; GLM's by default.
   config.attention_bias = is_qwen2 ? true
                           : is_mistral || is_mixtral || is_phi3
                               ? false
-                              : reader.boolean("attention_bias", false);
+                              : reader.boolean("attention_bias", config.glm);
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2;
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
   if (config.olmo3) readOlmo3(reader, root, config);
@@ -1101,7 +1120,7 @@ std::string ModelConfig::toJsonText() const {
     root["residual_multiplier"] = residual_multiplier;
     root["logits_scaling"] = logits_scaling;
   }
-  if (phi3 && rotary_dim != head_dim) {
+  if ((phi3 && rotary_dim != head_dim) || glm) {
     // The factor that int(head_dim x factor) reads back as rotary_dim.
     double factor = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
     while (static_cast<int64_t>(static_cast<double>(head_dim) * factor) < rotary_dim) {
@@ -1279,6 +1298,8 @@ std::string ModelConfig::computeDigest() const {
   // And only OLMo 2 its norms' places (its q/k norm is qk_norm's, across
   // the heads).
   if (olmo2) math["olmo2"] = true;
+  // And only GLM its rotary dims and pairs, and GLM-4 its sandwich norms.
+  if (glm) math["glm"] = {{"rotary_dim", rotary_dim}, {"interleaved", true}, {"sandwich", glm4}};
   // And only Ministral 3 its query scale.
   if (llama4_scaling_beta > 0) {
     math["llama4_scaling"] = {llama4_scaling_beta, llama4_scaling_original};

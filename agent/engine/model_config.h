@@ -195,6 +195,26 @@ struct ModelConfig {
   // scales the full layers only, as OLMo-core trained them and vLLM runs
   // them.
   bool olmo3 = false;
+  // GlmForCausalLM (GLM-4-9B-Chat) and Glm4ForCausalLM (GLM-4-0414,
+  // GLM-Z1): Llama's arithmetic with q/k/v biases (no o_proj bias), gate
+  // and up in one matrix (gate_up_proj), and the first rotary_dim values of
+  // each head (partial_rotary_factor, GlmConfig's default 0.5) rotating as
+  // neighbour pairs (2i, 2i + 1) instead of halves.
+  bool glm = false;
+  // Glm4ForCausalLM also normalizes the attention's and the MLP's outputs
+  // before each residual add (post_self_attn_layernorm, post_mlp_layernorm),
+  // besides the norms before them (input_layernorm, post_attention_layernorm):
+  // Gemma 3's sandwich with Llama's RMSNorm.
+  bool glm4 = false;
+  // The checkpoint holds gate and up as one matrix (Phi-3's and GLM's
+  // mlp.gate_up_proj); q/k/v as one (self_attn.qkv_proj) is Phi-3's alone.
+  bool fusedGateUp() const { return phi3 || glm; }
+  bool fusedQkv() const { return phi3; }
+  // The attention's and the MLP's outputs are normalized before their
+  // residual adds (Gemma, OLMo 2, GLM-4); the MLP's input is normalized too
+  // in Gemma and GLM-4 (OLMo 2 takes the residual stream as it is).
+  bool sandwichNorms() const { return gemma || olmo2 || glm4; }
+  bool preFeedforwardNorm() const { return gemma || glm4; }
   // Ministral 3's query scale (rope_parameters' llama_4_scaling_beta; 0:
   // none): after RoPE, the queries of the token at position p are
   // multiplied by queryScale(p), 1 + beta ln(1 + floor(p /

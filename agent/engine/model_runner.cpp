@@ -151,7 +151,12 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   requireHost(config.gemma, model_name + " runs", "", "docs/engine.md#gemma-3");
   rope_variant_.rotary_dim = config.rotary_dim == config.head_dim ? 0 : config.rotary_dim;
   rope_variant_.attention_factor = static_cast<float>(config.ropeAttentionFactor());
+  rope_variant_.interleaved = config.glm;
   local_rope_variant_.rotary_dim = rope_variant_.rotary_dim;
+  local_rope_variant_.interleaved = rope_variant_.interleaved;
+  requireHost(config.glm,
+              model_name + " rotates neighbour pairs (GLM's rotary embedding), which runs", "",
+              "docs/engine.md#glm-4");
   const bool plain_rope = rope_variant_ == kernels::RopeVariant{};
   const bool yarn =
       rope_variant_.rotary_dim == 0 && config.rope_scaling.type == RopeScaling::Type::kYarn;
@@ -754,16 +759,16 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.pagedAttention(layout, static_cast<int32_t>(layer), q_.data(), num_heads, attention_scale_,
                        attn_.data());
     }
-    if (config.gemma || config.olmo2) {
+    if (config.sandwichNorms()) {
       // Sandwich norms: the attention's output is normalized, then added;
-      // the MLP's input (Gemma's; OLMo 2's is the residual stream as it is)
-      // and output likewise.
+      // the MLP's input (Gemma's and GLM-4's; OLMo 2's is the residual
+      // stream as it is) and output likewise.
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
       if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
       b.rmsNorm(proj_.data(), lw.post_attention_layernorm, rows, hidden, eps, proj_.data());
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
       const float* mlp_in = hidden_.data();
-      if (config.gemma) {
+      if (config.preFeedforwardNorm()) {
         b.rmsNorm(hidden_.data(), lw.pre_feedforward_layernorm, rows, hidden, eps, normed_.data());
         mlp_in = normed_.data();
       }

@@ -344,6 +344,9 @@ void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
   if (rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
   const int64_t half = rotary_dim / 2;
   const float factor = variant.attention_factor;
+  // Pair i's two values: halves apart, or neighbours when interleaved.
+  const int64_t stride = variant.interleaved ? 2 : 1;
+  const int64_t offset = variant.interleaved ? 1 : half;
   const int64_t width = num_heads * head_dim;
   const int64_t tasks = rows * width >= kMinParallelWork
                             ? std::min<int64_t>(rows, pool().numThreads() * kTasksPerThread)
@@ -369,10 +372,12 @@ void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
       for (int64_t h = 0; h < num_heads; ++h) {
         float* head = x + r * width + h * head_dim;
         for (int64_t i = 0; i < half; ++i) {
-          const float first = head[i];
-          const float second = head[i + half];
-          head[i] = first * cos_table[i] - second * sin_table[i];
-          head[i + half] = second * cos_table[i] + first * sin_table[i];
+          float& first = head[i * stride];
+          float& second = head[i * stride + offset];
+          const float a = first;
+          const float b = second;
+          first = a * cos_table[i] - b * sin_table[i];
+          second = b * cos_table[i] + a * sin_table[i];
         }
       }
     }

@@ -1579,6 +1579,12 @@ TEST_F(RouterTest, Olmo3IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Olmo3ForCausalLM", 61);
 }
 
+// GLM-4 (docs/engine.md#glm-4): half of each head rotating as neighbour
+// pairs, q/k/v biases, sandwich norms; its KV moves P->D exactly.
+TEST_F(RouterTest, Glm4IsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Glm4ForCausalLM", 67);
+}
+
 // YaRN given by --hf-overrides to every agent (docs/engine.md#yarn): the
 // prefill and decode agents read the same model, its KV moves exactly, and
 // it answers otherwise than the file alone.

@@ -5,7 +5,7 @@
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|ministral3|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|
-//                olmo2|olmo3|smollm3|mixtral|qwen3_moe]
+//                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen3_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales] [--rope-scaling yarn]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"yarn"}));
   app.add_option("--arch", arch, "architecture")
       ->check(CLI::IsMember({"llama", "mistral", "ministral3", "qwen2", "qwen3", "gemma2", "gemma3",
-                             "phi3", "phi4", "granite", "olmo2", "olmo3", "smollm3", "mixtral",
-                             "qwen3_moe"}));
+                             "phi3", "phi4", "granite", "olmo2", "olmo3", "smollm3", "glm", "glm4",
+                             "mixtral", "qwen3_moe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -237,6 +237,8 @@ int main(int argc, char** argv) {
       {"olmo2", "Olmo2ForCausalLM"},
       {"olmo3", "Olmo3ForCausalLM"},
       {"smollm3", "SmolLM3ForCausalLM"},
+      {"glm", "GlmForCausalLM"},
+      {"glm4", "Glm4ForCausalLM"},
   };
   tandem::tools::TestModelOptions options;
   options.preset = preset;

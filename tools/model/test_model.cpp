@@ -406,6 +406,17 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
   } else {
     config.rotary_dim = config.head_dim;
   }
+  if (architecture == "GlmForCausalLM" || architecture == "Glm4ForCausalLM") {
+    // GLM's rotary embedding (half of each head, neighbour pairs), its q/k/v
+    // biases and its norms' epsilon; GLM-4's sandwich norms.
+    config.glm = true;
+    config.glm4 = architecture == "Glm4ForCausalLM";
+    config.model_type = config.glm4 ? "glm4" : "glm";
+    config.rotary_dim = config.head_dim / 2;
+    config.rope_scaling = RopeScaling{};  // as GLM-4's configs: none
+    config.attention_bias = true;
+    config.rms_norm_eps = 1.5625e-7;
+  }
   if (architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM") {
     // OLMo 2's norms after attention and the MLP, and q/k norms across the
     // heads.
@@ -650,7 +661,7 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
   matrix("model.embed_tokens.weight", config.vocab_size, hidden);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    if (config.phi3) {
+    if (config.fusedQkv()) {
       projection(prefix + "self_attn.qkv_proj.weight", q_size + 2 * kv_size, hidden);
     } else {
       projection(prefix + "self_attn.q_proj.weight", q_size, hidden);
@@ -681,7 +692,7 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
         projection(names.up(e), expert_inter, hidden);
         projection(names.down(e), hidden, expert_inter);
       }
-    } else if (config.phi3) {
+    } else if (config.fusedGateUp()) {
       projection(prefix + "mlp.gate_up_proj.weight", 2 * inter, hidden);
       projection(prefix + "mlp.down_proj.weight", hidden, inter);
     } else {
@@ -700,6 +711,10 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
     const float norm_center = config.gemma ? 0.0f : 1.0f;
     if (!config.olmo2) vector(prefix + "input_layernorm.weight", hidden, norm_center, kNormNoise);
     vector(prefix + "post_attention_layernorm.weight", hidden, norm_center, kNormNoise);
+    if (config.glm4) {
+      vector(prefix + "post_self_attn_layernorm.weight", hidden, norm_center, kNormNoise);
+      vector(prefix + "post_mlp_layernorm.weight", hidden, norm_center, kNormNoise);
+    }
     if (config.olmo2) {
       vector(prefix + "post_feedforward_layernorm.weight", hidden, norm_center, kNormNoise);
     }
@@ -837,15 +852,16 @@ void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelCon
   const std::vector<std::string> all = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                         "gate_proj", "up_proj", "down_proj"};
   std::vector<std::string> modules = options.modules.empty() ? all : options.modules;
-  if (base.phi3) {
-    // Phi-3's checkpoints fuse q/k/v and gate/up, and so do PEFT's
-    // adapters of them: a module of a fused one adapts all of it.
+  if (base.fusedQkv() || base.fusedGateUp()) {
+    // Phi-3's checkpoints fuse q/k/v and gate/up, GLM's gate/up, and so do
+    // PEFT's adapters of them: a module of a fused one adapts all of it.
     std::vector<std::string> fused;
     for (const std::string& module : modules) {
-      const std::string name = module == "q_proj" || module == "k_proj" || module == "v_proj"
-                                   ? "qkv_proj"
-                               : module == "gate_proj" || module == "up_proj" ? "gate_up_proj"
-                                                                              : module;
+      const bool qkv = module == "q_proj" || module == "k_proj" || module == "v_proj";
+      const bool gate_up = module == "gate_proj" || module == "up_proj";
+      const std::string name = qkv && base.fusedQkv()          ? "qkv_proj"
+                               : gate_up && base.fusedGateUp() ? "gate_up_proj"
+                                                               : module;
       if (std::find(fused.begin(), fused.end(), name) == fused.end()) fused.push_back(name);
     }
     modules = fused;

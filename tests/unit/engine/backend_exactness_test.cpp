@@ -134,7 +134,7 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-        "Ministral3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -206,11 +206,11 @@ TEST(PairedStackingCpuBackendTest, FusedProjectionsInPairsGiveTheBitsOfSeparateM
     backend.setComputeDType(compute);
     // Llama: q/k/v in RoPE pairs; SmolLM3: the same on its first layer, its
     // second (no RoPE) taken apart; Qwen2: pairs with biases; Qwen3 (q/k
-    // norm before RoPE) and Phi-3 (partial rotary dims, LongRoPE's factor):
-    // q/k/v taken apart as they are.
+    // norm before RoPE), Phi-3 (partial rotary dims, LongRoPE's factor) and
+    // GLM (neighbour pairs, biases): q/k/v taken apart as they are.
     int64_t rope_calls = 0;
     for (const char* architecture : {"LlamaForCausalLM", "SmolLM3ForCausalLM", "Qwen2ForCausalLM",
-                                     "Qwen3ForCausalLM", "Phi3ForCausalLM"}) {
+                                     "Qwen3ForCausalLM", "Phi3ForCausalLM", "GlmForCausalLM"}) {
       ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                              DType::kBF16);
       EXPECT_TRUE(checks.fusedProjectionsMatchSeparate())
@@ -283,6 +283,10 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
       {::tandem::testing::exactnessModel("GraniteForCausalLM", DType::kBF16),
        "(GraniteForCausalLM) scales its embedding, residual branches and logits, which runs on "
        "the CPU backend only ("},
+      // Refused with the rope-variant kernel too: it rotates halves only.
+      {::tandem::testing::exactnessModel("Glm4ForCausalLM", DType::kBF16),
+       "(Glm4ForCausalLM) rotates neighbour pairs (GLM's rotary embedding), which runs on the "
+       "CPU backend only ("},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   // As the agent makes it.
@@ -394,6 +398,10 @@ std::vector<Param> params() {
       // SmolLM3: a layer without RoPE (the fused Q/K/V+RoPE step skipped
       // there); every backend.
       {"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
+      // GLM: neighbour-pair rotation of half of each head, q/k/v biases;
+      // GLM-4 with its sandwich norms. CPU only.
+      {"GlmForCausalLM", DType::kBF16, DType::kF32},
+      {"Glm4ForCausalLM", DType::kBF16, DType::kBF16},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
   };
@@ -401,7 +409,7 @@ std::vector<Param> params() {
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
     for (const ModelVariant& variant : variants) {
       // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
-      // So do Gemma (docs/engine.md#gemma-3) and Granite. The test models'
+      // So do Gemma (docs/engine.md#gemma-3), Granite and GLM. The test models'
       // Phi-3 (partial rotary dims, LongRoPE) and YaRN run on CUDA with the
       // rope-variant kernel the tests turn on (CpuOnlyModelTest).
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
@@ -409,6 +417,8 @@ std::vector<Param> params() {
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||
                             variant.architecture == "GraniteForCausalLM" ||
+                            variant.architecture == "GlmForCausalLM" ||
+                            variant.architecture == "Glm4ForCausalLM" ||
                             variant.architecture == "Ministral3ForCausalLM";
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);

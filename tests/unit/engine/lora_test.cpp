@@ -283,7 +283,7 @@ TEST(LoraAdapter, Phi3FusedModulesAreSplitIntoTheirParts) {
                 .find("is not a LoRA matrix of a projection Tandem adapts in Phi3ForCausalLM "
                       "(accepted: base_model.model.model.layers.<layer>.<module>.lora_A.weight "
                       "and lora_B.weight, module one of self_attn.qkv_proj/o_proj, "
-                      "mlp.gate_up_proj/down_proj (Phi-3's))"),
+                      "mlp.gate_up_proj/down_proj)"),
             std::string::npos);
   EXPECT_NE(refusal(tinyConfig(), layer + "self_attn.qkv_proj.lora_A.weight",
                     {8, tinyConfig().hidden_size})
@@ -291,6 +291,30 @@ TEST(LoraAdapter, Phi3FusedModulesAreSplitIntoTheirParts) {
             std::string::npos);
   EXPECT_NE(refusal(phi3, layer + "mlp.gate_up_proj.lora_A.weight", {8, phi3.hidden_size})
                 .find("tensor " + layer + "mlp.gate_up_proj.lora_B.weight missing from "),
+            std::string::npos);
+
+  // GLM fuses gate and up only: its adapters name q_proj, k_proj, v_proj
+  // and gate_up_proj (PEFT's target_modules for GLM-4).
+  const ModelConfig glm4 = tools::presetConfig("tiny", "Glm4ForCausalLM");
+  TempDir glm_dir("tandem-lora-glm4");
+  tools::writeTestLoraAdapter({}, glm4, glm_dir.path());
+  const std::unique_ptr<LoraAdapter> glm_adapter = LoraAdapter::load("sql", glm_dir.path(), glm4);
+  SafetensorsFile glm_file(glm_dir.path() / "adapter_model.safetensors");
+  EXPECT_NE(glm_file.find(layer + "self_attn.q_proj.lora_A.weight"), nullptr);
+  EXPECT_NE(glm_file.find(layer + "mlp.gate_up_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(glm_file.find(layer + "mlp.gate_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(glm_adapter->pair(1, kLoraQ).out, glm4.num_attention_heads * glm4.head_dim);
+  EXPECT_EQ(glm_adapter->pair(1, kLoraGate).out, glm4.intermediate_size);
+  EXPECT_EQ(glm_adapter->pair(1, kLoraUp).out, glm4.intermediate_size);
+  EXPECT_EQ(glm_adapter->pair(1, kLoraGate).a, glm_adapter->pair(1, kLoraUp).a);
+  EXPECT_NE(refusal(glm4, layer + "mlp.gate_proj.lora_A.weight", {8, glm4.hidden_size})
+                .find("in Glm4ForCausalLM (accepted: "
+                      "base_model.model.model.layers.<layer>.<module>.lora_A.weight and "
+                      "lora_B.weight, module one of self_attn.q_proj/k_proj/v_proj/o_proj, "
+                      "mlp.gate_up_proj/down_proj)"),
+            std::string::npos);
+  EXPECT_NE(refusal(glm4, layer + "self_attn.qkv_proj.lora_A.weight", {8, glm4.hidden_size})
+                .find("in Glm4ForCausalLM (accepted: "),
             std::string::npos);
 }
 

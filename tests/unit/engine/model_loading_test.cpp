@@ -165,7 +165,8 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
   for (const char* architecture :
        {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
         "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
-        "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
+        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -185,7 +186,9 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
       EXPECT_EQ(w.lm_head.data == w.embed_tokens.data, c.tie_word_embeddings);
       ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_hidden_layers));
       EXPECT_EQ(w.norm.size(), static_cast<size_t>(c.hidden_size));
-      const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM";
+      // GLM has q/k/v biases as Qwen2 does.
+      const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM" ||
+                         std::string(architecture).starts_with("Glm");
       const bool qwen3 = std::string(architecture).starts_with("Qwen3");
       int64_t index = 0;
       for (const LayerWeights& layer : w.layers) {
@@ -217,8 +220,11 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         EXPECT_EQ(layer.q_norm.size(), qwen3 ? 16u : olmo2 ? 64u : 0u);
         EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : olmo2 ? 32u : 0u);
         EXPECT_EQ(layer.input_layernorm.size(), olmo2 ? 0u : static_cast<size_t>(c.hidden_size));
+        // GLM-4's sandwich: a norm before the MLP and one after it.
         EXPECT_EQ(layer.post_feedforward_layernorm.size(),
-                  olmo2 ? static_cast<size_t>(c.hidden_size) : 0u);
+                  olmo2 || c.glm4 ? static_cast<size_t>(c.hidden_size) : 0u);
+        EXPECT_EQ(layer.pre_feedforward_layernorm.size(),
+                  c.glm4 ? static_cast<size_t>(c.hidden_size) : 0u);
         for (float weight : layer.input_layernorm) EXPECT_NEAR(weight, 1.0f, 0.11f);
       }
 
@@ -1866,6 +1872,56 @@ TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
   EXPECT_EQ(model->weights().lm_head.data, model->weights().embed_tokens.data);
 }
 
+// GLM-4's four norms are read into the sandwich's places by their names
+// (its post_attention_layernorm is the one before the MLP), as stored (no
+// offset), and its gate_up_proj as gate's rows, then up's.
+TEST(ModelLoading, Glm4SandwichNormsAndFusedGateUpAreReadIntoTheirPlaces) {
+  TempDir dir;
+  tools::TestModelOptions options;
+  options.architecture = "Glm4ForCausalLM";
+  options.dtype = DType::kF32;
+  tools::writeTestModel(options, dir.path());
+  const std::unique_ptr<Model> model = Model::load(dir.path());
+  SafetensorsFile file(dir.path() / "model.safetensors");
+  auto raw = [&](const std::string& name) {
+    const TensorInfo* info = file.find(name);
+    EXPECT_NE(info, nullptr) << name;
+    if (info == nullptr) return std::vector<float>();
+    std::vector<float> values(static_cast<size_t>(info->num_bytes / sizeof(float)));
+    std::memcpy(values.data(), info->data, info->num_bytes);
+    return values;
+  };
+  const LayerWeights& layer = model->weights().layers[1];
+  const std::pair<const std::vector<float>*, const char*> norms[] = {
+      {&layer.input_layernorm, "model.layers.1.input_layernorm.weight"},
+      {&layer.post_attention_layernorm, "model.layers.1.post_self_attn_layernorm.weight"},
+      {&layer.pre_feedforward_layernorm, "model.layers.1.post_attention_layernorm.weight"},
+      {&layer.post_feedforward_layernorm, "model.layers.1.post_mlp_layernorm.weight"},
+  };
+  for (const auto& [loaded, name] : norms) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(*loaded, raw(name));
+  }
+  EXPECT_TRUE(layer.q_norm.empty());
+  ASSERT_EQ(layer.q_bias.size(),
+            static_cast<size_t>(model->config().num_attention_heads * model->config().head_dim));
+  EXPECT_EQ(layer.q_bias, raw("model.layers.1.self_attn.q_proj.bias"));
+  const TensorInfo* gate_up = file.find("model.layers.1.mlp.gate_up_proj.weight");
+  ASSERT_NE(gate_up, nullptr);
+  const int64_t inter = model->config().intermediate_size;
+  const size_t half_bytes =
+      static_cast<size_t>(inter * model->config().hidden_size) * sizeof(float);
+  ASSERT_EQ(gate_up->num_bytes, 2 * half_bytes);
+  const auto* base = static_cast<const uint8_t*>(gate_up->data);
+  EXPECT_EQ(layer.gate_proj.rows, inter);
+  EXPECT_EQ(layer.up_proj.rows, inter);
+  EXPECT_EQ(std::memcmp(layer.gate_proj.data, base, half_bytes), 0);
+  EXPECT_EQ(std::memcmp(layer.up_proj.data, base + half_bytes, half_bytes), 0);
+  // Views of the one mapped tensor, not copies: up's rows follow gate's.
+  EXPECT_EQ(static_cast<const uint8_t*>(layer.up_proj.data),
+            static_cast<const uint8_t*>(layer.gate_proj.data) + half_bytes);
+}
+
 // Phi-3 holds q/k/v in one matrix and gate/up in another: the loaded
 // projections are views of their rows, in that order, without copies; an
 // fp8 one's scales are sliced with them.
@@ -2174,6 +2230,94 @@ TEST(ModelConfigParsing, Olmo3ReadsItsSlidingLayersAndRotatesThemUnscaled) {
   EXPECT_NE(olmo2_like.computeDigest(), digest);
 }
 
+// GLM and GLM-4 as GlmConfig and Glm4Config read them: half of each head
+// rotating (partial_rotary_factor, at the top level or in transformers 5's
+// rope_parameters) as neighbour pairs, q/k/v biases, GlmConfig's own
+// defaults; GLM-4's sandwich norms. Rotary dims, pairs and sandwich enter
+// the digest.
+TEST(ModelConfigParsing, GlmReadsItsPartialInterleavedRotaryAndDefaults) {
+  // GLM-4-9B-0414's shape, as its config.json gives it.
+  const std::string published =
+      R"({"architectures": ["Glm4ForCausalLM"], "attention_bias": true,
+          "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+          "hidden_size": 4096, "intermediate_size": 13696, "max_position_embeddings": 32768,
+          "model_type": "glm4", "num_attention_heads": 32, "num_hidden_layers": 40,
+          "num_key_value_heads": 2, "pad_token_id": 151329, "partial_rotary_factor": 0.5,
+          "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false,
+          "torch_dtype": "bfloat16", "vocab_size": 151552})";
+  const ModelConfig c = ModelConfig::fromJsonText(published, "config.json");
+  EXPECT_TRUE(c.glm);
+  EXPECT_TRUE(c.glm4);
+  EXPECT_TRUE(c.sandwichNorms());
+  EXPECT_TRUE(c.preFeedforwardNorm());
+  EXPECT_TRUE(c.fusedGateUp());
+  EXPECT_FALSE(c.fusedQkv());
+  EXPECT_EQ(c.model_type, "glm4");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151329, 151336, 151338}));
+  // One frequency per rotating pair: theta^(-2i/64) over 32 pairs.
+  const std::vector<float> frequencies = ropeInverseFrequencies(c);
+  ASSERT_EQ(frequencies.size(), 32u);
+  for (size_t i = 0; i < frequencies.size(); ++i) {
+    EXPECT_FLOAT_EQ(frequencies[i], static_cast<float>(std::pow(10000.0, -2.0 * i / 64.0))) << i;
+  }
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+
+  // What GlmConfig gives where a config is silent.
+  auto glm = [](const std::string& architecture, const std::string& extra) {
+    return R"({"architectures": [")" + architecture +
+           R"("], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "vocab_size": 1000)" +
+           extra + "}";
+  };
+  const ModelConfig defaults = ModelConfig::fromJsonText(glm("GlmForCausalLM", ""), "config.json");
+  EXPECT_TRUE(defaults.glm);
+  EXPECT_FALSE(defaults.glm4);
+  EXPECT_FALSE(defaults.sandwichNorms());
+  EXPECT_TRUE(defaults.fusedGateUp());
+  EXPECT_EQ(defaults.model_type, "glm");
+  EXPECT_EQ(defaults.head_dim, 128);
+  EXPECT_EQ(defaults.rotary_dim, 64);
+  EXPECT_EQ(defaults.num_key_value_heads, 2);
+  EXPECT_EQ(defaults.rms_norm_eps, 1.5625e-7);
+  EXPECT_TRUE(defaults.attention_bias);
+  EXPECT_EQ(defaults.max_position_embeddings, 131072);
+  EXPECT_EQ(ModelConfig::fromJsonText(defaults.toJsonText(), "config.json"), defaults);
+  // transformers 5 writes the factor into rope_parameters; the top level's
+  // wins where both are given.
+  const ModelConfig three_quarters = ModelConfig::fromJsonText(
+      glm("Glm4ForCausalLM", R"(, "rope_parameters": {"rope_type": "default",
+          "rope_theta": 10000.0, "partial_rotary_factor": 0.75})"),
+      "config.json");
+  EXPECT_EQ(three_quarters.rotary_dim, 96);
+  EXPECT_EQ(ModelConfig::fromJsonText(glm("Glm4ForCausalLM", R"(, "partial_rotary_factor": 0.25,
+                    "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75})"),
+                                      "config.json")
+                .rotary_dim,
+            32);
+  EXPECT_EQ(ModelConfig::fromJsonText(three_quarters.toJsonText(), "config.json"), three_quarters);
+
+  // GLM and GLM-4 of one shape, and other rotary dims, are other models.
+  const ModelConfig glm4 = ModelConfig::fromJsonText(glm("Glm4ForCausalLM", ""), "config.json");
+  EXPECT_NE(glm4.computeDigest(), defaults.computeDigest());
+  EXPECT_NE(three_quarters.computeDigest(), glm4.computeDigest());
+  ModelConfig halves = glm4;
+  halves.glm = false;  // the same fields rotating halves
+  EXPECT_NE(halves.computeDigest(), glm4.computeDigest());
+
+  EXPECT_CONTAINS(parseError(glm("GlmForCausalLM", R"(, "partial_rotary_factor": 0.001)")),
+                  "field \"partial_rotary_factor\" must give an even number of rotary dims from 2 "
+                  "to head_dim (128)");
+  EXPECT_CONTAINS(parseError(glm("Glm4ForCausalLM", R"(, "partial_rotary_factor": "half")")),
+                  "partial_rotary_factor");
+}
+
 // SmolLM3 as SmolLM3Config reads it: every 4th layer without RoPE unless
 // no_rope_layers says which (1 rotates; its first num_hidden_layers
 // entries), tied embeddings, rope_theta 2e6; the NoPE layers in the digest.
@@ -2283,7 +2427,7 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
          {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
           "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
           "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-          "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

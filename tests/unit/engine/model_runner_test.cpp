@@ -229,8 +229,10 @@ void denseRmsNorm(std::vector<double>& x, size_t offset, size_t dim, const std::
 
 // Rotates the first rotary_dim values of each head (0: all of it), cos and
 // sin times `factor` (Phi-3's partial rotary dims and LongRoPE).
+// interleaved: GLM's pairs (2i, 2i + 1) instead of (i, i + half).
 void denseRope(std::vector<double>& x, int64_t heads, int64_t head_dim, int64_t position,
-               const std::vector<float>& inv_freq, int64_t rotary_dim = 0, double factor = 1.0) {
+               const std::vector<float>& inv_freq, int64_t rotary_dim = 0, double factor = 1.0,
+               bool interleaved = false) {
   const int64_t half = (rotary_dim > 0 ? rotary_dim : head_dim) / 2;
   for (int64_t h = 0; h < heads; ++h) {
     double* v = x.data() + h * head_dim;
@@ -238,9 +240,11 @@ void denseRope(std::vector<double>& x, int64_t heads, int64_t head_dim, int64_t 
       float angle = static_cast<float>(position) * inv_freq[i];
       double c = std::cos(static_cast<double>(angle)) * factor;
       double s = std::sin(static_cast<double>(angle)) * factor;
-      double a = v[i], b = v[i + half];
-      v[i] = a * c - b * s;
-      v[i + half] = b * c + a * s;
+      double& first = v[interleaved ? 2 * i : i];
+      double& second = v[interleaved ? 2 * i + 1 : i + half];
+      const double a = first, b = second;
+      first = a * c - b * s;
+      second = b * c + a * s;
     }
   }
 }
@@ -279,7 +283,8 @@ DenseLora readDenseLora(const fs::path& dir, const ModelConfig& config, double s
       pair.a = toFloat({a->data, a->dtype, a->shape[0], a->shape[1]});
       pair.b = toFloat({b->data, b->dtype, b->shape[0], b->shape[1]});
     }
-    // Phi-3's fused modules: one A, B's rows q, k, v (gate, up) in turn.
+    // Fused modules (Phi-3's q/k/v and gate/up, GLM's gate/up): one A, B's rows
+    // q, k, v (gate, up) in turn.
     const int64_t q = config.num_attention_heads * config.head_dim;
     const int64_t kv = config.num_key_value_heads * config.head_dim;
     const int64_t inter = config.intermediate_size;
@@ -420,8 +425,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
           denseRmsNorm(k[t], hh * hd, hd, lw.k_norm, c.rms_norm_eps);
       }
       if (!c.nopeLayer(l)) {  // SmolLM3's NoPE layers leave q and k as they are
-        denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, rope_factor);
-        denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, rope_factor);
+        denseRope(q[t], nh, hd, t, inv_freq, c.rotary_dim, rope_factor, c.glm);
+        denseRope(k[t], nkv, hd, t, inv_freq, c.rotary_dim, rope_factor, c.glm);
       }
       // Ministral 3: the rotated queries times the position's scale.
       for (double& value : q[t]) value *= c.queryScale(t);
@@ -456,11 +461,13 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
       addDenseLora(lora, l, kLoraO, attn, o);
-      if (c.gemma || c.olmo2) {
+      if (c.gemma || c.olmo2 || c.glm4) {
         denseRmsNorm(o, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
         for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
         std::vector<double> h = x[t];
-        if (c.gemma) denseRmsNorm(h, 0, hidden, lw.pre_feedforward_layernorm, c.rms_norm_eps);
+        if (c.gemma || c.glm4) {
+          denseRmsNorm(h, 0, hidden, lw.pre_feedforward_layernorm, c.rms_norm_eps);
+        }
         std::vector<double> gate = denseMatVec(lw.gate_proj, h);
         std::vector<double> up = denseMatVec(lw.up_proj, h);
         addDenseLora(lora, l, kLoraGate, h, gate);
@@ -469,7 +476,7 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         for (size_t i = 0; i < gate.size(); ++i) {
           const double g = gate[i];
           gate[i] = c.gemma ? 0.5 * g * (1.0 + std::tanh(beta * (g + 0.044715 * g * g * g))) * up[i]
-                            : g / (1.0 + std::exp(-g)) * up[i];  // OLMo 2: SiLU
+                            : g / (1.0 + std::exp(-g)) * up[i];  // OLMo 2, GLM-4: SiLU
         }
         std::vector<double> down = denseMatVec(lw.down_proj, gate);
         addDenseLora(lora, l, kLoraDown, gate, down);
@@ -882,6 +889,11 @@ INSTANTIATE_TEST_SUITE_P(
         // OLMo 3: a sliding layer rotating unscaled, a full one with YaRN.
         Variant{"Olmo3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Olmo3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // GLM: half of each head rotating as neighbour pairs, q/k/v biases,
+        // gate/up fused in the checkpoint; GLM-4 with its sandwich norms.
+        Variant{"GlmForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Glm4ForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Glm4ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         // SmolLM3: its second layer without RoPE, tied embeddings.
         Variant{"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
         Variant{"SmolLM3ForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},

@@ -535,6 +535,61 @@ TEST_P(CpuKernels, PartialRopeRotatesTheFirstDimsWithTheAttentionFactor) {
   EXPECT_TRUE(sameBits(plain.data(), whole.data(), plain.size()));
 }
 
+// GLM's rotary embedding: the first half of each head rotates as neighbour
+// pairs (2i, 2i + 1). Pair i takes the same arithmetic as the halves
+// convention's pair (i, i + rotary_dim/2): the interleaved head, its rotated
+// values gathered into halves, gives the halves kernel's bits; the rest is
+// left bit for bit.
+TEST_P(CpuKernels, InterleavedRopeRotatesNeighbourPairsWithTheHalvesArithmetic) {
+  const int64_t rows = 5;
+  const int64_t num_heads = 3;
+  const int64_t head_dim = 32;
+  const int64_t rotary_dim = 16;
+  const int64_t half = rotary_dim / 2;
+  const int64_t width = num_heads * head_dim;
+  const std::vector<int32_t> positions = {0, 1, 9, 513, 131071};
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / rotary_dim));
+  }
+  const std::vector<float> x = randomFloats(static_cast<size_t>(rows * width), 33);
+  // x with each head's rotated dims regrouped: (2i, 2i + 1) -> (i, i + half).
+  std::vector<float> halves = x;
+  for (int64_t r = 0; r < rows * num_heads; ++r) {
+    for (int64_t i = 0; i < half; ++i) {
+      halves[r * head_dim + i] = x[r * head_dim + 2 * i];
+      halves[r * head_dim + i + half] = x[r * head_dim + 2 * i + 1];
+    }
+  }
+  for (const float factor : {1.0f, 1.19f}) {
+    std::vector<float> y = x;
+    applyRope(y.data(), rows, num_heads, head_dim, positions.data(), inv_freq.data(),
+              {.rotary_dim = rotary_dim, .attention_factor = factor, .interleaved = true});
+    std::vector<float> expected = halves;
+    applyRope(expected.data(), rows, num_heads, head_dim, positions.data(), inv_freq.data(),
+              {.rotary_dim = rotary_dim, .attention_factor = factor});
+    for (int64_t r = 0; r < rows * num_heads; ++r) {
+      const float* out = y.data() + r * head_dim;
+      const float* want = expected.data() + r * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        ASSERT_TRUE(sameBits(&out[2 * i], &want[i], 1)) << r << " " << i;
+        ASSERT_TRUE(sameBits(&out[2 * i + 1], &want[i + half], 1)) << r << " " << i;
+      }
+      EXPECT_TRUE(sameBits(out + rotary_dim, x.data() + r * head_dim + rotary_dim,
+                           static_cast<size_t>(head_dim - rotary_dim)));
+    }
+  }
+  // One head of 4, whole: position 1 turns pair (0, 1) by 1 radian.
+  std::vector<float> one = {1.0f, 0.0f, 0.0f, 0.0f};
+  const int32_t position = 1;
+  const float freq[] = {1.0f, 0.5f};
+  applyRope(one.data(), 1, 1, 4, &position, freq, {.interleaved = true});
+  EXPECT_FLOAT_EQ(one[0], std::cos(1.0f));
+  EXPECT_FLOAT_EQ(one[1], std::sin(1.0f));
+  EXPECT_FLOAT_EQ(one[2], 0.0f);
+  EXPECT_FLOAT_EQ(one[3], 0.0f);
+}
+
 // Tolerance: e^x is a polynomial approximation good to a few ulp; with the
 // division and product: 4e-6 relative.
 TEST_P(CpuKernels, SiluMulMatchesReference) {
