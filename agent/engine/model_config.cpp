@@ -812,12 +812,16 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     } else {
       partial = reader.positiveNumber("partial_rotary_factor", default_partial);
     }
-    const auto rotary_dim = static_cast<int64_t>(static_cast<double>(config.head_dim) * partial);
+    // A factor above 1 is refused before the product is made an integer
+    // (a huge one does not fit in one).
+    const int64_t rotary_dim =
+        partial <= 1.0 ? static_cast<int64_t>(static_cast<double>(config.head_dim) * partial) : 0;
     if (!(partial <= 1.0) || rotary_dim < 2 || rotary_dim % 2 != 0) {
       reader.fail("partial_rotary_factor",
                   "must give an even number of rotary dims from 2 to head_dim (" +
                       std::to_string(config.head_dim) + ") as int(head_dim x factor), got " +
-                      json(partial).dump() + " (" + std::to_string(rotary_dim) + " dims)");
+                      json(partial).dump() +
+                      (partial <= 1.0 ? " (" + std::to_string(rotary_dim) + " dims)" : ""));
     }
     config.rotary_dim = rotary_dim;
   }

@@ -2316,6 +2316,11 @@ TEST(ModelConfigParsing, GlmReadsItsPartialInterleavedRotaryAndDefaults) {
                   "to head_dim (128)");
   EXPECT_CONTAINS(parseError(glm("Glm4ForCausalLM", R"(, "partial_rotary_factor": "half")")),
                   "partial_rotary_factor");
+  // A factor past any integer's range is refused as any above 1 (a fuzz
+  // finding: the product was once made an integer first).
+  EXPECT_CONTAINS(parseError(glm("GlmForCausalLM", R"(, "partial_rotary_factor": 1.8e20)")),
+                  "field \"partial_rotary_factor\" must give an even number of rotary dims from 2 "
+                  "to head_dim (128) as int(head_dim x factor), got 1.8e+20");
 }
 
 // SmolLM3 as SmolLM3Config reads it: every 4th layer without RoPE unless
