@@ -154,20 +154,21 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   rope_variant_.interleaved = config.glm;
   local_rope_variant_.rotary_dim = rope_variant_.rotary_dim;
   local_rope_variant_.interleaved = rope_variant_.interleaved;
-  requireHost(config.glm,
-              model_name + " rotates neighbour pairs (GLM's rotary embedding), which runs", "",
-              "docs/engine.md#glm-4");
   const bool plain_rope = rope_variant_ == kernels::RopeVariant{};
   const bool yarn =
       rope_variant_.rotary_dim == 0 && config.rope_scaling.type == RopeScaling::Type::kYarn;
   requireHost(
       !plain_rope && !backend_.appliesRopeVariants(),
       model_name + " " +
-          (rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
+          (rope_variant_.interleaved      ? "rotates neighbour pairs (GLM's rotary embedding)"
+           : rope_variant_.rotary_dim > 0 ? "rotates part of each head (partial_rotary_factor)"
            : yarn ? "scales its rotary embedding's cos and sin (YaRN's attention factor)"
                   : "scales its rotary embedding (LongRoPE)") +
           ", which runs",
-      "", yarn ? "docs/engine.md#yarn" : "docs/engine.md#phi-3-and-phi-4");
+      "",
+      rope_variant_.interleaved ? "docs/engine.md#glm-4"
+      : yarn                    ? "docs/engine.md#yarn"
+                                : "docs/engine.md#phi-3-and-phi-4");
   // A backend that cannot apply windows (not host-accessible) computes full
   // attention: the engine capped max_model_len at the window, within which
   // the two are one.

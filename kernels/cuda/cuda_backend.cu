@@ -397,12 +397,9 @@ class CudaBackend final : public Backend {
     const int64_t rotary_dim = variant.rotary_dim > 0 ? variant.rotary_dim : head_dim;
     TANDEM_CHECK(rotary_dim % 2 == 0 && rotary_dim <= head_dim,
                  "applyRopeWith: the rotary dims must be even and at most head_dim");
-    if (variant.interleaved) {
-      throw Error("interleaved rotary pairs (GLM's) are not supported by the cuda backend");
-    }
     activate();
     launchApplyRopeWith(stream_, batch_, x, num_heads, head_dim, inv_freq, rotary_dim,
-                        variant.attention_factor);
+                        variant.attention_factor, variant.interleaved);
     checkLaunch("applyRopeWith");
   }
 

@@ -55,10 +55,11 @@ void launchRmsNorm(cudaStream_t stream, const float* x, const float* weight, int
 void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
                      int64_t head_dim, const float* inv_freq);
 // The first rotary_dim (even, at most head_dim) values of each head rotate,
-// cos and sin multiplied by attention_factor (Backend::applyRopeWith).
+// as halves or (interleaved) neighbour pairs, cos and sin multiplied by
+// attention_factor (Backend::applyRopeWith).
 void launchApplyRopeWith(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
                          int64_t head_dim, const float* inv_freq, int64_t rotary_dim,
-                         float attention_factor);
+                         float attention_factor, bool interleaved);
 
 // matmul.cu
 void launchMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k, const WeightView& w,

@@ -13,9 +13,11 @@
 // inv_freq[i] in fp32, its cos/sin evaluated in double and rounded to fp32,
 // as kernels/cpu/dispatch.cpp does; the rotation uses unfused multiplies and
 // adds, like the CPU's -ffp-contract=off build. applyRopeWith's variant
-// (kVariant: the first rotary_dim values of each head rotate, and cos and
-// sin are multiplied by the attention factor once rounded, as the CPU's
-// applyRope with a RopeVariant) is the same per-row arithmetic.
+// (kVariant: the first rotary_dim values of each head rotate, as halves or
+// as neighbour pairs (GLM's), and cos and sin are multiplied by the
+// attention factor once rounded, as the CPU's applyRope with a RopeVariant)
+// is the same per-row arithmetic; only which two values pair i rotates
+// differs.
 //
 // With fused launches (CudaBackendOptions::fused_launches) rmsNorm also
 // writes its output as the next bf16 decode matmul's x fragments
@@ -63,12 +65,13 @@ __global__ void __launch_bounds__(kNormThreads)
 constexpr int kRopeThreads = 256;
 
 // One block per row: the row's cos/sin table (half entries) first, then
-// every head's pairs. Without kVariant, rotary_dim is head_dim and
-// attention_factor unused.
+// every head's pairs. Without kVariant, rotary_dim is head_dim, pairs are
+// halves apart and attention_factor is unused.
 template <bool kVariant>
 __global__ void __launch_bounds__(kRopeThreads)
     ropeKernel(float* x, const int32_t* positions, int64_t num_heads, int64_t head_dim,
-               const float* inv_freq, int64_t rotary_dim, float attention_factor) {
+               const float* inv_freq, int64_t rotary_dim, float attention_factor,
+               bool interleaved) {
   extern __shared__ float table[];  // cos[half], then sin[half]
   const int64_t half = (kVariant ? rotary_dim : head_dim) / 2;
   const int64_t row = blockIdx.x;
@@ -85,11 +88,15 @@ __global__ void __launch_bounds__(kRopeThreads)
     const int64_t h = p / half;
     const int64_t i = p % half;
     float* head = base + h * head_dim;
-    float first = head[i];
-    float second = head[i + half];
+    // Pair i: (i, i + half), or with kVariant and interleaved (2i, 2i + 1).
+    const bool neighbours = kVariant && interleaved;
+    float* a = head + (neighbours ? 2 * i : i);
+    float* b = head + (neighbours ? 2 * i + 1 : i + half);
+    float first = *a;
+    float second = *b;
     ropeRotate(first, second, table[i], table[half + i]);
-    head[i] = first;
-    head[i + half] = second;
+    *a = first;
+    *b = second;
   }
 }
 
@@ -111,16 +118,16 @@ void launchApplyRope(cudaStream_t stream, const DeviceBatch& batch, float* x, in
   if (batch.rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
   const size_t shared = static_cast<size_t>(head_dim) * sizeof(float);
   ropeKernel<false><<<static_cast<unsigned int>(batch.rows), kRopeThreads, shared, stream>>>(
-      x, batch.positions, num_heads, head_dim, inv_freq, head_dim, 1.0f);
+      x, batch.positions, num_heads, head_dim, inv_freq, head_dim, 1.0f, false);
 }
 
 void launchApplyRopeWith(cudaStream_t stream, const DeviceBatch& batch, float* x, int64_t num_heads,
                          int64_t head_dim, const float* inv_freq, int64_t rotary_dim,
-                         float attention_factor) {
+                         float attention_factor, bool interleaved) {
   if (batch.rows <= 0 || num_heads <= 0 || head_dim <= 0) return;
   const size_t shared = static_cast<size_t>(rotary_dim) * sizeof(float);
   ropeKernel<true><<<static_cast<unsigned int>(batch.rows), kRopeThreads, shared, stream>>>(
-      x, batch.positions, num_heads, head_dim, inv_freq, rotary_dim, attention_factor);
+      x, batch.positions, num_heads, head_dim, inv_freq, rotary_dim, attention_factor, interleaved);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -305,7 +305,8 @@ TEST_F(CudaKernelsTest, EmbeddingRopeAndGatherMatchCpu) {
 
 // applyRopeWith (CudaBackendOptions::rope_variants, off unless asked): the
 // first rotary_dim values of each head rotate as the CPU's kernel rotates
-// them, cos and sin times the attention factor; the rest keep their bits.
+// them (as halves, or as GLM's neighbour pairs), cos and sin times the
+// attention factor; the rest keep their bits.
 TEST_F(CudaKernelsTest, RopeVariantsMatchTheCpuAndAreOffUnlessAsked) {
   EXPECT_FALSE(backend_->appliesRopeVariants());
   EXPECT_THROW(backend_->applyRopeWith(nullptr, 1, 16, nullptr, {12, 1.0f}), Error);
@@ -322,10 +323,12 @@ TEST_F(CudaKernelsTest, RopeVariantsMatchTheCpuAndAreOffUnlessAsked) {
   const auto rows = static_cast<int64_t>(positions.size());
   beginRowsOn(*backend_, ids, positions, {});
   // Phi-4-mini's three quarters with LongRoPE's factor, YaRN's factor over
-  // whole heads, a quarter unscaled.
+  // whole heads, a quarter unscaled, GLM's half as neighbour pairs (and
+  // whole heads so, with a factor).
   for (const RopeVariant variant :
-       {RopeVariant{48, 1.1902381f}, RopeVariant{0, 1.1386294f}, RopeVariant{16, 1.0f}}) {
-    SCOPED_TRACE(variant.rotary_dim);
+       {RopeVariant{48, 1.1902381f}, RopeVariant{0, 1.1386294f}, RopeVariant{16, 1.0f},
+        RopeVariant{32, 1.0f, true}, RopeVariant{0, 1.1386294f, true}}) {
+    SCOPED_TRACE(std::to_string(variant.rotary_dim) + (variant.interleaved ? " interleaved" : ""));
     const int64_t rotary = variant.rotary_dim > 0 ? variant.rotary_dim : head_dim;
     std::vector<float> inv_freq(static_cast<size_t>(rotary / 2));
     for (size_t i = 0; i < inv_freq.size(); ++i) {

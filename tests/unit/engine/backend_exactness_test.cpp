@@ -242,8 +242,8 @@ TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
 
 // A mixture of experts, a model with fp8 weights and an fp8 KV cache run
 // on the CPU backend; any other refuses them when the runner is made,
-// naming what the model or cache is and the backend. Partial rotary dims
-// and an attention factor on cos/sin (rope_variant) run where the backend
+// naming what the model or cache is and the backend. Partial rotary dims,
+// neighbour pairs and an attention factor on cos/sin (rope_variant) run where the backend
 // applies them: on CUDA with CudaBackendOptions::rope_variants, which the
 // tests set and the agent does not yet (docs/cuda.md#kernel-sets).
 class CpuOnlyModelTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
@@ -283,10 +283,10 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
       {::tandem::testing::exactnessModel("GraniteForCausalLM", DType::kBF16),
        "(GraniteForCausalLM) scales its embedding, residual branches and logits, which runs on "
        "the CPU backend only ("},
-      // Refused with the rope-variant kernel too: it rotates halves only.
       {::tandem::testing::exactnessModel("Glm4ForCausalLM", DType::kBF16),
        "(Glm4ForCausalLM) rotates neighbour pairs (GLM's rotary embedding), which runs on the "
-       "CPU backend only ("},
+       "CPU backend only (",
+       DType::kF32, true},
   };
   kernels::Backend& backend = ::tandem::testing::sharedBackend(GetParam());
   // As the agent makes it.
@@ -399,7 +399,8 @@ std::vector<Param> params() {
       // there); every backend.
       {"SmolLM3ForCausalLM", DType::kBF16, DType::kF32},
       // GLM: neighbour-pair rotation of half of each head, q/k/v biases;
-      // GLM-4 with its sandwich norms. CPU only.
+      // GLM-4 with its sandwich norms (on CUDA, with the rope-variant
+      // kernel the tests turn on).
       {"GlmForCausalLM", DType::kBF16, DType::kF32},
       {"Glm4ForCausalLM", DType::kBF16, DType::kBF16},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
@@ -409,16 +410,14 @@ std::vector<Param> params() {
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
     for (const ModelVariant& variant : variants) {
       // Mixtures run on the CPU backend only (docs/engine.md#mixture-of-experts).
-      // So do Gemma (docs/engine.md#gemma-3), Granite and GLM. The test models'
-      // Phi-3 (partial rotary dims, LongRoPE) and YaRN run on CUDA with the
+      // So do Gemma (docs/engine.md#gemma-3) and Granite. The test models'
+      // Phi-3 (partial rotary dims, LongRoPE), YaRN and GLM run on CUDA with the
       // rope-variant kernel the tests turn on (CpuOnlyModelTest).
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||
                             variant.architecture == "GraniteForCausalLM" ||
-                            variant.architecture == "GlmForCausalLM" ||
-                            variant.architecture == "Glm4ForCausalLM" ||
                             variant.architecture == "Ministral3ForCausalLM";
       if (cpu_only && kind != kernels::DeviceKind::kCpu) continue;
       out.emplace_back(kind, variant);

@@ -1836,24 +1836,37 @@ TEST(ModelLoading, Mistral3CheckpointsLoadTheirLanguageModel) {
   }
 }
 
+// A tiny test model of `architecture` written in f32 and loaded, and its
+// file open beside it to read tensors as stored.
+struct LoadedF32TestModel {
+  explicit LoadedF32TestModel(const std::string& architecture) {
+    tools::TestModelOptions options;
+    options.architecture = architecture;
+    options.dtype = DType::kF32;
+    tools::writeTestModel(options, dir.path());
+    model = Model::load(dir.path());
+    file = std::make_unique<SafetensorsFile>(dir.path() / "model.safetensors");
+  }
+  // A tensor's values as the file holds them (empty, and a failure, when
+  // it is missing).
+  std::vector<float> raw(const std::string& name) const {
+    const TensorInfo* info = file->find(name);
+    EXPECT_NE(info, nullptr) << name;
+    if (info == nullptr) return {};
+    std::vector<float> values(info->num_bytes / sizeof(float));
+    std::memcpy(values.data(), info->data, info->num_bytes);
+    return values;
+  }
+  TempDir dir;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<SafetensorsFile> file;
+};
+
 // Gemma's norm weights are offsets from 1: loaded as 1 + w, so the norm
 // kernel is Llama's.
 TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
-  TempDir dir;
-  tools::TestModelOptions options;
-  options.architecture = "Gemma3ForCausalLM";
-  options.dtype = DType::kF32;
-  tools::writeTestModel(options, dir.path());
-  const std::unique_ptr<Model> model = Model::load(dir.path());
-  SafetensorsFile file(dir.path() / "model.safetensors");
-  auto raw = [&](const std::string& name) {
-    const TensorInfo* info = file.find(name);
-    EXPECT_NE(info, nullptr) << name;
-    if (info == nullptr) return std::vector<float>();
-    std::vector<float> values(static_cast<size_t>(info->shape[0]));
-    std::memcpy(values.data(), info->data, values.size() * sizeof(float));
-    return values;
-  };
+  const LoadedF32TestModel loaded("Gemma3ForCausalLM");
+  const std::unique_ptr<Model>& model = loaded.model;
   const LayerWeights& layer = model->weights().layers[0];
   const std::pair<const std::vector<float>*, const char*> norms[] = {
       {&layer.input_layernorm, "model.layers.0.input_layernorm.weight"},
@@ -1863,11 +1876,11 @@ TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
       {&layer.q_norm, "model.layers.0.self_attn.q_norm.weight"},
       {&model->weights().norm, "model.norm.weight"},
   };
-  for (const auto& [loaded, name] : norms) {
+  for (const auto& [weights, name] : norms) {
     SCOPED_TRACE(name);
-    const std::vector<float> stored = raw(name);
-    ASSERT_EQ(loaded->size(), stored.size());
-    for (size_t i = 0; i < stored.size(); ++i) EXPECT_EQ((*loaded)[i], 1.0f + stored[i]);
+    const std::vector<float> stored = loaded.raw(name);
+    ASSERT_EQ(weights->size(), stored.size());
+    for (size_t i = 0; i < stored.size(); ++i) EXPECT_EQ((*weights)[i], 1.0f + stored[i]);
   }
   EXPECT_EQ(model->weights().lm_head.data, model->weights().embed_tokens.data);
 }
@@ -1876,21 +1889,8 @@ TEST(ModelLoading, Gemma3NormWeightsAreLoadedAsOnePlusTheirValues) {
 // (its post_attention_layernorm is the one before the MLP), as stored (no
 // offset), and its gate_up_proj as gate's rows, then up's.
 TEST(ModelLoading, Glm4SandwichNormsAndFusedGateUpAreReadIntoTheirPlaces) {
-  TempDir dir;
-  tools::TestModelOptions options;
-  options.architecture = "Glm4ForCausalLM";
-  options.dtype = DType::kF32;
-  tools::writeTestModel(options, dir.path());
-  const std::unique_ptr<Model> model = Model::load(dir.path());
-  SafetensorsFile file(dir.path() / "model.safetensors");
-  auto raw = [&](const std::string& name) {
-    const TensorInfo* info = file.find(name);
-    EXPECT_NE(info, nullptr) << name;
-    if (info == nullptr) return std::vector<float>();
-    std::vector<float> values(static_cast<size_t>(info->num_bytes / sizeof(float)));
-    std::memcpy(values.data(), info->data, info->num_bytes);
-    return values;
-  };
+  const LoadedF32TestModel loaded("Glm4ForCausalLM");
+  const std::unique_ptr<Model>& model = loaded.model;
   const LayerWeights& layer = model->weights().layers[1];
   const std::pair<const std::vector<float>*, const char*> norms[] = {
       {&layer.input_layernorm, "model.layers.1.input_layernorm.weight"},
@@ -1898,15 +1898,15 @@ TEST(ModelLoading, Glm4SandwichNormsAndFusedGateUpAreReadIntoTheirPlaces) {
       {&layer.pre_feedforward_layernorm, "model.layers.1.post_attention_layernorm.weight"},
       {&layer.post_feedforward_layernorm, "model.layers.1.post_mlp_layernorm.weight"},
   };
-  for (const auto& [loaded, name] : norms) {
+  for (const auto& [weights, name] : norms) {
     SCOPED_TRACE(name);
-    EXPECT_EQ(*loaded, raw(name));
+    EXPECT_EQ(*weights, loaded.raw(name));
   }
   EXPECT_TRUE(layer.q_norm.empty());
   ASSERT_EQ(layer.q_bias.size(),
             static_cast<size_t>(model->config().num_attention_heads * model->config().head_dim));
-  EXPECT_EQ(layer.q_bias, raw("model.layers.1.self_attn.q_proj.bias"));
-  const TensorInfo* gate_up = file.find("model.layers.1.mlp.gate_up_proj.weight");
+  EXPECT_EQ(layer.q_bias, loaded.raw("model.layers.1.self_attn.q_proj.bias"));
+  const TensorInfo* gate_up = loaded.file->find("model.layers.1.mlp.gate_up_proj.weight");
   ASSERT_NE(gate_up, nullptr);
   const int64_t inter = model->config().intermediate_size;
   const size_t half_bytes =
