@@ -826,8 +826,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.rotary_dim = rotary_dim;
   }
 
-  // MixtralConfig's, Phi3Config's and Olmo2Config's own defaults differ from
-  // the others'.
+  // GlmConfig's, MixtralConfig's, Phi3Config's and Olmo2Config's own
+  // defaults differ from the others'.
   config.rms_norm_eps = reader.positiveNumber(
       "rms_norm_eps", config.glm                                               ? 1.5625e-7
                       : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 ? 1e-5

@@ -461,11 +461,11 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
       addDenseLora(lora, l, kLoraO, attn, o);
-      if (c.gemma || c.olmo2 || c.glm4) {
+      if (c.sandwichNorms()) {
         denseRmsNorm(o, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
         for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
         std::vector<double> h = x[t];
-        if (c.gemma || c.glm4) {
+        if (c.preFeedforwardNorm()) {
           denseRmsNorm(h, 0, hidden, lw.pre_feedforward_layernorm, c.rms_norm_eps);
         }
         std::vector<double> gate = denseMatVec(lw.gate_proj, h);
