@@ -291,7 +291,17 @@ class Reference:
     int(head_dim x partial_rotary_factor) dims of a head (GlmConfig's 0.5)
     rotating with cos and sin repeated pairwise and rotate_half over
     x[0::2] and x[1::2]; GLM-4 (Glm4ForCausalLM) adds post_self_attn_layernorm
-    and post_mlp_layernorm on the attention's and the MLP's outputs."""
+    and post_mlp_layernorm on the attention's and the MLP's outputs. GLM-4.5
+    is transformers' Glm4MoeForCausalLM: the first int(head_dim x
+    partial_rotary_factor) dims of a head rotating as halves, q/k/v biases
+    with attention_bias, per-head q/k norms with use_qk_norm, the first
+    first_k_dense_replace layers dense, and DeepSeek-V3's routing: the
+    router's sigmoid plus e_score_correction_bias ranks the experts within
+    the topk_group best of n_group groups (a group's rank: its two best
+    biased scores summed; the others' experts out of the choice, as vLLM's
+    grouped_topk has them), the chosen sigmoids renormalized (sum + 1e-20)
+    with norm_topk_prob and times routed_scaling_factor, the shared experts'
+    SwiGLU added."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -305,6 +315,8 @@ class Reference:
         self.olmo2 = self.arch == "Olmo2ForCausalLM" or self.olmo3
         self.glm4 = self.arch == "Glm4ForCausalLM"
         self.glm = self.arch == "GlmForCausalLM" or self.glm4
+        self.glm4_moe = self.arch == "Glm4MoeForCausalLM"
+        self.sigmoid = self.glm4_moe
         # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
         # (no_rope_layer_interval) does not.
         layers = c["num_hidden_layers"]
@@ -315,7 +327,8 @@ class Reference:
             self.rotates = [1] * layers
         self.gemma2 = self.arch == "Gemma2ForCausalLM"
         self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
-        self.qk_norm = self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
+        self.qk_norm = (self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
+                        or (self.glm4_moe and c.get("use_qk_norm", False)))
         self.qk_norm_whole = self.olmo2
         if self.arch == "MixtralForCausalLM":
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
@@ -324,6 +337,10 @@ class Reference:
             self.experts = c.get("num_experts", c.get("num_local_experts", 128))
             self.block, self.names = "mlp.", ("gate_proj", "up_proj", "down_proj")
             self.normalize = bool(c.get("norm_topk_prob", False))
+        elif self.glm4_moe:
+            self.experts = c.get("n_routed_experts", c.get("num_local_experts", 128))
+            self.block, self.names = "mlp.", ("gate_proj", "up_proj", "down_proj")
+            self.normalize = bool(c.get("norm_topk_prob", True))
         else:
             self.experts = 0
         # The engine's (transformers') defaults where the config is silent.
@@ -341,6 +358,8 @@ class Reference:
                 p = f"model.layers.{i}."
                 gate, up = np.split(self.w.pop(p + "mlp.gate_up_proj.weight"), 2)
                 self.w[p + "mlp.gate_proj.weight"], self.w[p + "mlp.up_proj.weight"] = gate, up
+        if self.glm4_moe:
+            self.rotary_dim = int(self.head_dim * c.get("partial_rotary_factor", 0.5))
         if self.phi3:
             self.rotary_dim = int(self.head_dim * c.get("partial_rotary_factor", 1.0))
             q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -421,7 +440,8 @@ class Reference:
         eps = self.config.get("rms_norm_eps",
                               1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM",
                                                     "Olmo2ForCausalLM", "Olmo3ForCausalLM",
-                                                    "Ministral3ForCausalLM")
+                                                    "Ministral3ForCausalLM",
+                                                    "Glm4MoeForCausalLM")
                               else 1.5625e-7 if self.glm else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
@@ -464,8 +484,51 @@ class Reference:
 
     def is_moe_layer(self, i):
         c = self.config
-        return (self.experts > 0 and (i + 1) % c.get("decoder_sparse_step", 1) == 0
+        first_moe = c.get("first_k_dense_replace", 1) if self.glm4_moe else 0
+        return (self.experts > 0 and i >= first_moe
+                and (i + 1) % c.get("decoder_sparse_step", 1) == 0
                 and i not in (c.get("mlp_only_layers") or []))
+
+    def route(self, h, p):
+        """The experts each row of h chooses, best first, with their weights,
+        and the narrowest gap a choice was made by (between the last chosen
+        and the first left out: the experts' ranks, and with groups the
+        groups')."""
+        w, c = self.w, self.config
+        block = p + self.block
+        logits = h @ w[block + "gate.weight"].T
+        if not self.sigmoid:
+            probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
+            weights = np.take_along_axis(probs, chosen, axis=-1)
+            if self.normalize:
+                weights /= weights.sum(axis=-1, keepdims=True)
+            ordered = np.sort(logits, axis=-1)[:, ::-1]
+            return chosen, weights, float((ordered[:, self.k - 1] - ordered[:, self.k]).min())
+        scores = 1 / (1 + np.exp(-logits))
+        biased = scores + w[block + "gate.e_score_correction_bias"]
+        groups, chosen_groups = c.get("n_group", 1), c.get("topk_group", 1)
+        gap = float("inf")
+        if groups > 1:
+            grouped = biased.reshape(len(h), groups, -1)
+            group_scores = np.sort(grouped, axis=-1)[..., ::-1][..., :2].sum(axis=-1)
+            order = np.argsort(-group_scores, axis=-1, kind="stable")
+            if chosen_groups < groups:
+                ranked = np.take_along_axis(group_scores, order, axis=-1)
+                gap = float((ranked[:, chosen_groups - 1] - ranked[:, chosen_groups]).min())
+            allowed = np.zeros((len(h), groups), dtype=bool)
+            np.put_along_axis(allowed, order[:, :chosen_groups], True, axis=-1)
+            biased = np.where(np.repeat(allowed, biased.shape[1] // groups, axis=1), biased,
+                              -np.inf)
+        chosen = np.argsort(-biased, axis=-1, kind="stable")[:, : self.k]
+        ordered = np.sort(biased, axis=-1)[:, ::-1]
+        if self.k < np.isfinite(biased).sum(axis=-1).min():
+            gap = min(gap, float((ordered[:, self.k - 1] - ordered[:, self.k]).min()))
+        weights = np.take_along_axis(scores, chosen, axis=-1)
+        if self.normalize:
+            weights /= weights.sum(axis=-1, keepdims=True) + 1e-20
+        return chosen, weights * c.get("routed_scaling_factor", 1.0), gap
 
     def mlp(self, h, p, i):
         w = self.w
@@ -479,13 +542,7 @@ class Reference:
                 act = gate / (1 + np.exp(-gate))
             return (act * up) @ w[p + "mlp.down_proj.weight"].T
         block = p + self.block
-        logits = h @ w[block + "gate.weight"].T
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
-        weights = np.take_along_axis(probs, chosen, axis=-1)
-        if self.normalize:
-            weights /= weights.sum(axis=-1, keepdims=True)
+        chosen, weights, _ = self.route(h, p)
         out = np.zeros_like(h)
         gate_name, up_name, down_name = self.names
         for e in range(self.experts):
@@ -498,6 +555,11 @@ class Reference:
             up = x @ w[prefix + up_name + ".weight"].T
             y = (gate / (1 + np.exp(-gate)) * up) @ w[prefix + down_name + ".weight"].T
             out[rows] += weights[rows, slots][:, None] * y
+        if block + "shared_experts.gate_proj.weight" in w:
+            prefix = block + "shared_experts."
+            gate = h @ w[prefix + "gate_proj.weight"].T
+            up = h @ w[prefix + "up_proj.weight"].T
+            out += (gate / (1 + np.exp(-gate)) * up) @ w[prefix + "down_proj.weight"].T
         return out
 
     def last_logits(self, tokens):

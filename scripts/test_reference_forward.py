@@ -11,7 +11,9 @@ and on Llama with every YaRN option set otherwise), SmolLM3 (its second
 layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
 OLMo 3 (a sliding layer rotating unscaled, YaRN on the full one), Gemma 3
 with YaRN on its full layers, GLM and GLM-4 (half of each head rotating as
-neighbour pairs, q/k/v biases; GLM-4's sandwich norms), Mixtral and Qwen3-MoE test models, Gemma 3
+neighbour pairs, q/k/v biases; GLM-4's sandwich norms), Mixtral, Qwen3-MoE and
+GLM-4.5 (sigmoid routing with a correction bias in groups, a routed scale, a
+shared expert, a dense first layer, q/k norms) test models, Gemma 3
 and Mistral rewritten as Gemma 3 4B and up and Mistral Small 3.1 are
 published (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration:
 a nested config, prefixed tensors, a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -60,7 +62,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "olmo3": "Olmo3ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                 "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM"}
+                 "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
+                 "glm4_moe": "Glm4MoeForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
 # an original of 128, so the agent serves 1024 positions).
@@ -87,7 +90,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),
          ("glm", None), ("glm4", None),
          ("mixtral", None),
-         ("qwen3_moe", None),
+         ("qwen3_moe", None), ("glm4_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 
@@ -116,10 +119,7 @@ class RoutingWatch(lcc.Reference):
 
     def mlp(self, h, p, i):
         if self.is_moe_layer(i):
-            logits = h @ self.w[p + self.block + "gate.weight"].T
-            ordered = np.sort(logits, axis=-1)[:, ::-1]
-            gaps = ordered[:, self.k - 1] - ordered[:, self.k]
-            self.narrowest = min(self.narrowest, float(gaps.min()))
+            self.narrowest = min(self.narrowest, self.route(h, p)[2])
         return super().mlp(h, p, i)
 
 

@@ -328,6 +328,19 @@ class TensorSource {
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
 };
 
+// Sigmoid routing's router bias and the shared experts (GLM-4.5), named
+// alike in the per-expert and the stacked forms.
+void readRoutingExtras(TensorSource& source, const ModelConfig& c, const ExpertTensorNames& names,
+                       LayerWeights& layer) {
+  if (c.sigmoid_routing) layer.router_bias = source.vector(names.correctionBias(), c.num_experts);
+  if (c.n_shared_experts > 0) {
+    const int64_t hidden = c.hidden_size, width = c.sharedExpertWidth();
+    layer.shared_expert.gate_proj = source.matrix(names.shared("gate_proj"), width, hidden);
+    layer.shared_expert.up_proj = source.matrix(names.shared("up_proj"), width, hidden);
+    layer.shared_expert.down_proj = source.matrix(names.shared("down_proj"), hidden, width);
+  }
+}
+
 // A mixture layer's router and experts. In the per-expert names of the
 // checkpoints published for the architecture (ExpertTensorNames), or
 // stacked as transformers 5 holds them (both architectures under mlp.):
@@ -341,6 +354,7 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
   layer.experts.resize(static_cast<size_t>(c.num_experts));
   const std::string stacked = prefix + "mlp.experts.";
   if (source.has(stacked + "gate_up_proj")) {
+    readRoutingExtras(source, c, ExpertTensorNames(c, index), layer);
     layer.router = source.matrix(prefix + "mlp.gate.weight", c.num_experts, hidden);
     const std::vector<kernels::WeightView> gate_up =
         source.stackedMatrices(stacked + "gate_up_proj", c.num_experts, 2 * inter, hidden);
@@ -356,6 +370,7 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
     return;
   }
   const ExpertTensorNames names(c, index);
+  readRoutingExtras(source, c, names, layer);
   layer.router = source.matrix(names.router(), c.num_experts, hidden);
   for (int64_t e = 0; e < c.num_experts; ++e) {
     ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
@@ -387,6 +402,10 @@ std::vector<const kernels::WeightView*> LayerWeights::tokenMatrices(
   }
   if (!experts.empty()) {
     result.push_back(&router);
+    if (shared_expert.gate_proj.data != nullptr) {
+      result.insert(result.end(),
+                    {&shared_expert.gate_proj, &shared_expert.up_proj, &shared_expert.down_proj});
+    }
     for (int64_t e = 0; e < experts_per_token && e < std::ssize(experts); ++e) {
       const ExpertWeights& expert = experts[static_cast<size_t>(e)];
       result.insert(result.end(), {&expert.gate_proj, &expert.up_proj, &expert.down_proj});
@@ -451,7 +470,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
       layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
     }
     layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
-    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM" && !c.glm) {
+    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM" && !c.glm && !c.glm4Moe()) {
       // transformers' Llama and Qwen3 give o_proj a bias too when
       // attention_bias is set (Qwen2's and GLM's q/k/v biases leave it
       // without one); that addition is not implemented, and leaving it out
@@ -460,7 +479,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
                   " sets attention_bias, which gives " + c.architecture +
                   "'s o_proj a bias; biases after o_proj are not supported (accepted: "
                   "attention_bias false, or the q/k/v biases of Qwen2ForCausalLM, "
-                  "GlmForCausalLM and Glm4ForCausalLM)");
+                  "GlmForCausalLM, Glm4ForCausalLM and Glm4MoeForCausalLM)");
     }
     if (c.attention_bias) {
       layer.q_bias = source.vector(prefix + "self_attn.q_proj.bias", q_size);

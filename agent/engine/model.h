@@ -32,12 +32,19 @@ struct ExpertWeights {
 
 // The names of a mixture layer's tensors in the per-expert form published
 // checkpoints hold: Mixtral's block_sparse_moe.{gate, experts.<e>.w1
-// (gate), w3 (up), w2 (down)}, Qwen3-MoE's mlp.{gate,
-// experts.<e>.gate_proj/up_proj/down_proj}, under model.layers.<layer>.
+// (gate), w3 (up), w2 (down)}, Qwen3-MoE's and GLM-4.5's mlp.{gate,
+// experts.<e>.gate_proj/up_proj/down_proj}, under model.layers.<layer>;
+// GLM-4.5's also mlp.gate.e_score_correction_bias and
+// mlp.shared_experts.gate_proj/up_proj/down_proj.
 class ExpertTensorNames {
  public:
   ExpertTensorNames(const ModelConfig& config, int64_t layer);
   const std::string& router() const { return router_; }
+  std::string correctionBias() const { return block_ + "gate.e_score_correction_bias"; }
+  // "gate_proj", "up_proj" or "down_proj" of the shared experts.
+  std::string shared(const char* matrix) const {
+    return block_ + "shared_experts." + matrix + ".weight";
+  }
   std::string gate(int64_t expert) const { return name(expert, mixtral_ ? "w1" : "gate_proj"); }
   std::string up(int64_t expert) const { return name(expert, mixtral_ ? "w3" : "up_proj"); }
   std::string down(int64_t expert) const { return name(expert, mixtral_ ? "w2" : "down_proj"); }
@@ -69,8 +76,13 @@ struct LayerWeights {
   // empty in a dense layer.
   kernels::WeightView router;
   std::vector<ExpertWeights> experts;
+  // Sigmoid routing (GLM-4.5): the router's e_score_correction_bias
+  // (num_experts; empty: none), and the shared experts as one MLP
+  // (ModelConfig::sharedExpertWidth() wide; unset without them).
+  std::vector<float> router_bias;
+  ExpertWeights shared_expert;
   // The matrices one token's forward pass reads in this layer: the
-  // projections, and in a mixture layer the router and
+  // projections, and in a mixture layer the router, the shared experts and
   // num_experts_per_tok experts' (taken as the first ones: experts are
   // equal in size).
   std::vector<const kernels::WeightView*> tokenMatrices(int64_t experts_per_token) const;

@@ -38,7 +38,8 @@ constexpr const char* kAcceptedArchitectures =
     "Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
-    "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
+    "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+    "Glm4MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -70,6 +71,16 @@ class FieldReader {
     if (!value.is_number_integer() || value.get<int64_t>() <= 0 || value.get<int64_t>() > max) {
       fail(key,
            "must be a positive integer at most " + std::to_string(max) + ", got " + value.dump());
+    }
+    return value.get<int64_t>();
+  }
+
+  // An integer from 0 to `max`.
+  int64_t countInt(const char* key, int64_t default_value, int64_t max) const {
+    if (!has(key)) return default_value;
+    const json& value = object_.at(key);
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > max) {
+      fail(key, "must be an integer from 0 to " + std::to_string(max) + ", got " + value.dump());
     }
     return value.get<int64_t>();
   }
@@ -362,13 +373,23 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
 // default) choosing 2 with renormalized weights, every layer a mixture of
 // intermediate_size experts; Qwen3-MoE's num_experts (128) choosing 8 of
 // moe_intermediate_size (768), renormalized when norm_topk_prob (false),
-// with decoder_sparse_step and mlp_only_layers naming the dense layers.
-void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
+// with decoder_sparse_step and mlp_only_layers naming the dense layers;
+// GLM-4.5's (Glm4MoeConfig's defaults) n_routed_experts (128) choosing 8
+// of 1408 wide by sigmoid routing, renormalized (norm_topk_prob true), in
+// n_group groups (1) of which topk_group (1) are candidates, weights times
+// routed_scaling_factor (1), n_shared_experts (1) shared, the first
+// first_k_dense_replace (1) layers dense.
+void readExperts(const FieldReader& reader, const json& root, bool is_mixtral, bool is_glm4_moe,
                  ModelConfig& config) {
   // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts
-  // (its attribute_map): either is read.
+  // (its attribute_map), and GLM-4.5's n_routed_experts likewise: either
+  // is read.
   const char* experts_key =
-      is_mixtral || !reader.has("num_experts") ? "num_local_experts" : "num_experts";
+      is_glm4_moe ? (reader.has("num_local_experts") && !reader.has("n_routed_experts")
+                         ? "num_local_experts"
+                         : "n_routed_experts")
+      : is_mixtral || !reader.has("num_experts") ? "num_local_experts"
+                                                 : "num_experts";
   config.num_experts = reader.boundedInt(experts_key, is_mixtral ? 8 : 128, kMaxExperts);
   config.num_experts_per_tok =
       reader.boundedInt("num_experts_per_tok", is_mixtral ? 2 : 8, kMaxExpertsPerToken);
@@ -382,8 +403,36 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral,
     config.norm_topk_prob = true;
     return;
   }
-  config.moe_intermediate_size = reader.boundedInt("moe_intermediate_size", 768, kMaxDimension);
-  config.norm_topk_prob = reader.boolean("norm_topk_prob", false);
+  config.moe_intermediate_size =
+      reader.boundedInt("moe_intermediate_size", is_glm4_moe ? 1408 : 768, kMaxDimension);
+  config.norm_topk_prob = reader.boolean("norm_topk_prob", is_glm4_moe);
+  if (is_glm4_moe) {
+    config.sigmoid_routing = true;
+    config.n_shared_experts = reader.countInt("n_shared_experts", 1, kMaxExpertsPerToken);
+    config.routed_scaling_factor = reader.positiveNumber("routed_scaling_factor", 1.0);
+    config.first_k_dense_replace =
+        reader.countInt("first_k_dense_replace", 1, config.num_hidden_layers);
+    config.n_group = reader.boundedInt("n_group", 1, config.num_experts);
+    if (config.n_group < 1 || config.num_experts % config.n_group != 0 ||
+        (config.n_group > 1 && config.num_experts / config.n_group < 2)) {
+      reader.fail("n_group", "must divide " + std::string(experts_key) + " (" +
+                                 std::to_string(config.num_experts) +
+                                 ") into groups of two or more experts, or be 1, got " +
+                                 std::to_string(config.n_group));
+    }
+    config.topk_group = reader.boundedInt("topk_group", 1, config.n_group);
+    if (config.topk_group < 1) {
+      reader.fail("topk_group", "must be from 1 to n_group (" + std::to_string(config.n_group) +
+                                    "), got " + std::to_string(config.topk_group));
+    }
+    const int64_t candidates = config.topk_group * (config.num_experts / config.n_group);
+    if (config.num_experts_per_tok > candidates) {
+      reader.fail("num_experts_per_tok", "must be at most the experts of topk_group groups (" +
+                                             std::to_string(candidates) + "), got " +
+                                             std::to_string(config.num_experts_per_tok));
+    }
+    return;
+  }
   config.decoder_sparse_step =
       reader.boundedInt("decoder_sparse_step", 1, config.num_hidden_layers);
   if (reader.has("mlp_only_layers")) {
@@ -615,7 +664,8 @@ double ModelConfig::ropeAttentionFactor() const {
 }
 
 bool ModelConfig::isMoeLayer(int64_t layer) const {
-  return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0 &&
+  return num_experts > 0 && layer >= first_k_dense_replace &&
+         (layer + 1) % decoder_sparse_step == 0 &&
          !std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer);
 }
 
@@ -649,6 +699,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"SmolLM3ForCausalLM", "smollm3"},
       {"GlmForCausalLM", "glm"},
       {"Glm4ForCausalLM", "glm4"},
+      {"Glm4MoeForCausalLM", "glm4_moe"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -720,6 +771,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                           config.architecture == "Mistral3ForConditionalGeneration";
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
+  const bool is_glm4_moe = config.glm4Moe();
   const bool is_gemma2 = config.architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
                          config.architecture == "Gemma3ForConditionalGeneration";
@@ -798,11 +850,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   }
 
   config.rotary_dim = config.head_dim;
-  if (is_phi3 || config.glm) {
+  if (is_phi3 || config.glm || is_glm4_moe) {
     // transformers: int(head_dim * partial_rotary_factor), at the top level
-    // or (as transformers 5 writes it) in rope_parameters; GlmConfig's
-    // default is 0.5.
-    const double default_partial = config.glm ? 0.5 : 1.0;
+    // or (as transformers 5 writes it) in rope_parameters; GlmConfig's and
+    // Glm4MoeConfig's default is 0.5.
+    const double default_partial = config.glm || is_glm4_moe ? 0.5 : 1.0;
     double partial = 0;
     if (!reader.has("partial_rotary_factor") && reader.has("rope_parameters") &&
         root["rope_parameters"].is_object() &&
@@ -826,12 +878,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.rotary_dim = rotary_dim;
   }
 
-  // GlmConfig's, MixtralConfig's, Phi3Config's and Olmo2Config's own
-  // defaults differ from the others'.
+  // GlmConfig's, MixtralConfig's, Phi3Config's, Olmo2Config's and
+  // Glm4MoeConfig's own defaults differ from the others'.
   config.rms_norm_eps = reader.positiveNumber(
-      "rms_norm_eps", config.glm                                               ? 1.5625e-7
-                      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 ? 1e-5
-                                                                               : 1e-6);
+      "rms_norm_eps", config.glm ? 1.5625e-7
+                      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 || is_glm4_moe
+                          ? 1e-5
+                          : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6
                                                           : is_smollm3            ? 2e6
                                                                                   : 10000.0);
@@ -893,13 +946,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // OLMo 3's sliding layers rotate as its full ones would unscaled.
   if (config.olmo3) config.rope_local_base_freq = config.rope_theta;
   if (is_ministral3) readLlama4Scaling(reader, root, config);
-  const int64_t default_max_positions = is_ministral3 ? 262144
-                                        : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 ? 32768
-                                        : is_mistral || is_mixtral || is_gemma3 || config.glm
-                                            ? 131072
-                                        : is_gemma2 ? 8192
-                                        : is_phi3   ? 4096
-                                                    : 2048;
+  const int64_t default_max_positions =
+      is_ministral3                                                        ? 262144
+      : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3                 ? 32768
+      : is_mistral || is_mixtral || is_gemma3 || config.glm || is_glm4_moe ? 131072
+      : is_gemma2                                                          ? 8192
+      : is_phi3                                                            ? 4096
+                                                                           : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
@@ -922,7 +975,10 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                           : is_mistral || is_mixtral || is_phi3
                               ? false
                               : reader.boolean("attention_bias", config.glm);
-  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2;
+  // GLM-4.5's per-head q/k norms are optional (GLM-4.5 and 4.6 have them,
+  // GLM-4.5-Air not).
+  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2 ||
+                   (is_glm4_moe && reader.boolean("use_qk_norm", false));
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
   if (config.olmo3) readOlmo3(reader, root, config);
   if (config.granite) {
@@ -932,7 +988,9 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.residual_multiplier = reader.positiveNumber("residual_multiplier", 1.0);
     config.logits_scaling = reader.positiveNumber("logits_scaling", 1.0);
   }
-  if (is_mixtral || is_qwen3_moe) readExperts(reader, root, is_mixtral, config);
+  if (is_mixtral || is_qwen3_moe || is_glm4_moe) {
+    readExperts(reader, root, is_mixtral, is_glm4_moe, config);
+  }
 
   if (reader.boolean("mlp_bias", false)) {
     reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
@@ -1124,7 +1182,7 @@ std::string ModelConfig::toJsonText() const {
     root["residual_multiplier"] = residual_multiplier;
     root["logits_scaling"] = logits_scaling;
   }
-  if ((phi3 && rotary_dim != head_dim) || glm) {
+  if ((phi3 && rotary_dim != head_dim) || glm || glm4Moe()) {
     // The factor that int(head_dim x factor) reads back as rotary_dim.
     double factor = static_cast<double>(rotary_dim) / static_cast<double>(head_dim);
     while (static_cast<int64_t>(static_cast<double>(head_dim) * factor) < rotary_dim) {
@@ -1169,6 +1227,17 @@ std::string ModelConfig::toJsonText() const {
     root["norm_topk_prob"] = norm_topk_prob;
     root["decoder_sparse_step"] = decoder_sparse_step;
     root["mlp_only_layers"] = mlp_only_layers;
+  } else if (glm4Moe()) {
+    root["n_routed_experts"] = num_experts;
+    root["num_experts_per_tok"] = num_experts_per_tok;
+    root["moe_intermediate_size"] = moe_intermediate_size;
+    root["norm_topk_prob"] = norm_topk_prob;
+    root["n_shared_experts"] = n_shared_experts;
+    root["routed_scaling_factor"] = routed_scaling_factor;
+    root["n_group"] = n_group;
+    root["topk_group"] = topk_group;
+    root["first_k_dense_replace"] = first_k_dense_replace;
+    root["use_qk_norm"] = qk_norm;
   }
   if (quantized()) {
     const bool block = quantization.granularity == Fp8Quantization::Granularity::kBlock;
@@ -1278,7 +1347,18 @@ std::string ModelConfig::computeDigest() const {
                        {"norm_topk_prob", norm_topk_prob},
                        {"decoder_sparse_step", decoder_sparse_step},
                        {"mlp_only_layers", mlp_only_layers}};
+    // And only sigmoid routing its groups, scale, shared experts and dense
+    // layers (the softmax mixtures' digests are unchanged by it).
+    if (sigmoid_routing) {
+      math["experts"]["sigmoid_routing"] = {{"n_group", n_group},
+                                            {"topk_group", topk_group},
+                                            {"routed_scaling_factor", routed_scaling_factor},
+                                            {"n_shared_experts", n_shared_experts},
+                                            {"first_k_dense_replace", first_k_dense_replace}};
+    }
   }
+  // And GLM-4.5 its rotary dims (its pairs are the halves).
+  if (glm4Moe()) math["glm4_moe"] = {{"rotary_dim", rotary_dim}};
   // And only Gemma 3 its own arithmetic.
   if (gemma) {
     math["gemma"] = {{"query_pre_attn_scalar", query_pre_attn_scalar},

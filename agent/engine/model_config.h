@@ -8,7 +8,7 @@
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
 // (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
 // SmolLM3ForCausalLM (docs/engine.md#smollm3), and the mixtures of experts
-// MixtralForCausalLM and Qwen3MoeForCausalLM
+// MixtralForCausalLM, Qwen3MoeForCausalLM and Glm4MoeForCausalLM
 // (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
@@ -161,6 +161,22 @@ struct ModelConfig {
   bool norm_topk_prob = false;
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
+  // Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air, GLM-4.6; DeepSeek-V3's routing):
+  // the router's logits pass a sigmoid; the choice ranks sigmoid +
+  // e_score_correction_bias (a per-layer vector of the checkpoint) within
+  // the best topk_group of n_group expert groups; the weights are the
+  // chosen sigmoids (renormalized when norm_topk_prob) times
+  // routed_scaling_factor. n_shared_experts x moe_intermediate_size wide
+  // shared experts (mlp.shared_experts, one MLP) see every token, their
+  // output added to the routed ones'; the first first_k_dense_replace
+  // layers are dense.
+  bool sigmoid_routing = false;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  int64_t n_shared_experts = 0;
+  int64_t first_k_dense_replace = 0;
+  int64_t sharedExpertWidth() const { return n_shared_experts * moe_intermediate_size; }
   bool isMoeLayer(int64_t layer) const;
   std::vector<int64_t> eos_token_ids;  // from config.json "eos_token_id" (int or list)
   int64_t bos_token_id = -1;
@@ -201,6 +217,11 @@ struct ModelConfig {
   // each head (partial_rotary_factor, GlmConfig's default 0.5) rotating as
   // neighbour pairs (2i, 2i + 1) instead of halves.
   bool glm = false;
+  // Glm4MoeForCausalLM's attention is GLM's with halves instead of
+  // neighbour pairs (partial_rotary_factor 0.5, rotate_half), q/k/v biases
+  // when attention_bias, and per-head q/k norms when use_qk_norm; its MLPs
+  // are separate gate/up/down, a mixture's as sigmoid_routing describes.
+  bool glm4Moe() const { return architecture == "Glm4MoeForCausalLM"; }
   // Glm4ForCausalLM also normalizes the attention's and the MLP's outputs
   // before each residual add (post_self_attn_layernorm, post_mlp_layernorm),
   // besides the norms before them (input_layernorm, post_attention_layernorm):

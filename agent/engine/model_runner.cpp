@@ -228,9 +228,15 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     if (lw.experts.empty()) {
       layer.mlp = residentMlp(lw.gate_proj, lw.up_proj, lw.down_proj);
     } else {
-      layer.router = matmulWeight(lw.router);
+      layer.router = config.sigmoid_routing ? lw.router : matmulWeight(lw.router);
       for (const ExpertWeights& expert : lw.experts) {
         layer.experts.push_back(residentMlp(expert.gate_proj, expert.up_proj, expert.down_proj));
+      }
+      layer.router_bias = resident(lw.router_bias);
+      layer.shared = lw.shared_expert.gate_proj.data != nullptr;
+      if (layer.shared) {
+        const ExpertWeights& shared = lw.shared_expert;
+        layer.shared_expert = residentMlp(shared.gate_proj, shared.up_proj, shared.down_proj);
       }
     }
     layer.input_layernorm = resident(lw.input_layernorm);
@@ -637,7 +643,8 @@ void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
   const int64_t hidden = config.hidden_size;
   const int64_t q_width = config.num_attention_heads * config.head_dim;
   const int64_t kv_width = config.num_key_value_heads * config.head_dim;
-  const int64_t inter = std::max(config.intermediate_size, config.moe_intermediate_size);
+  const int64_t inter = std::max(
+      {config.intermediate_size, config.moe_intermediate_size, config.sharedExpertWidth()});
   hidden_.grow(rows * hidden);
   normed_.grow(rows * hidden);
   q_.grow(rows * q_width);
@@ -907,8 +914,16 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
   // routing, gathering and weighted sums run here, between kernels.
   b.matmul(normed_.data(), rows, hidden, layer.router, router_logits_.data());
   b.synchronize();
-  assignment_.route(router_logits_.data(), rows, config.num_experts, config.num_experts_per_tok,
-                    config.norm_topk_prob);
+  Routing routing;
+  routing.num_experts = config.num_experts;
+  routing.experts_per_token = config.num_experts_per_tok;
+  routing.normalize = config.norm_topk_prob;
+  routing.sigmoid = config.sigmoid_routing;
+  routing.correction_bias = layer.router_bias;
+  routing.groups = config.n_group;
+  routing.groups_chosen = config.topk_group;
+  routing.scale = config.routed_scaling_factor;
+  assignment_.route(router_logits_.data(), rows, routing);
   float* sum = expert_sum_.data();
   std::fill_n(sum, rows * hidden, 0.0f);
   const std::vector<int64_t>& routed_rows = assignment_.rows();
@@ -933,6 +948,15 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
       const float* from = expert_out_.data() + i * hidden;
       for (int64_t c = 0; c < hidden; ++c) to[c] += weight * from[c];
     }
+  }
+  if (layer.shared) {
+    // transformers: the routed experts' sum + the shared experts' output,
+    // then the residual add.
+    mlp(layer.shared_expert, normed_.data(), rows, config.sharedExpertWidth(), expert_out_.data(),
+        false, -1);
+    b.synchronize();
+    const float* from = expert_out_.data();
+    for (int64_t i = 0; i < rows * hidden; ++i) sum[i] += from[i];
   }
   b.addInPlace(hidden_.data(), sum, rows * hidden);
 }

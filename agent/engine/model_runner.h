@@ -169,9 +169,15 @@ class ModelRunner {
     bool qkv_rope = false;
     kernels::WeightView qkv_proj;
     ResidentMlp mlp;  // a dense layer's
-    // A mixture layer's router and experts (Model's LayerWeights).
+    // A mixture layer's router and experts (Model's LayerWeights); with
+    // sigmoid routing the router is the checkpoint's matrix as it is (f32
+    // arithmetic in every compute dtype, as transformers' and vLLM's f32
+    // gate), its correction bias, and the shared experts.
     kernels::WeightView router;
     std::vector<ResidentMlp> experts;
+    const float* router_bias = nullptr;
+    ResidentMlp shared_expert;
+    bool shared = false;
     const float* input_layernorm = nullptr;
     const float* post_attention_layernorm = nullptr;
     // Gemma 3's sandwich norms (model.h's LayerWeights); null elsewhere.
@@ -218,8 +224,8 @@ class ModelRunner {
   // A mixture layer's MLP block on normed_, added to hidden_: the router's
   // logits, each row's experts (moe.h), each expert's MLP over the rows
   // routed to it, and each row's weighted sum of its experts' outputs
-  // taken in expert order (as transformers adds them), so a row's bits
-  // depend on the row alone.
+  // taken in expert order (as transformers adds them), then the shared
+  // experts' output added to it, so a row's bits depend on the row alone.
   void mixture(const ResidentLayer& layer, int64_t rows);
   ResidentMlp residentMlp(const kernels::WeightView& gate, const kernels::WeightView& up,
                           const kernels::WeightView& down);

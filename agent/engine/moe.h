@@ -13,14 +13,40 @@
 
 namespace tandem::engine {
 
+// How a mixture layer turns a row's router logits into experts and weights
+// (ModelConfig's mixture fields).
+struct Routing {
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  // The chosen weights divided by their sum (Mixtral always; Qwen3-MoE and
+  // GLM-4.5 with norm_topk_prob).
+  bool normalize = false;
+  // DeepSeek-V3's routing (GLM-4.5): each expert's score is the sigmoid of
+  // its logit; the choice ranks score + correction_bias[e] (the
+  // checkpoint's e_score_correction_bias; nullptr: none) but the weights
+  // are the scores alone. With groups > 1 the experts form `groups` equal
+  // groups in index order, each ranked by the sum of its two best biased
+  // scores, and only the best groups_chosen groups' experts may be chosen.
+  // The weights, normalized or not, are multiplied by `scale`
+  // (routed_scaling_factor).
+  bool sigmoid = false;
+  const float* correction_bias = nullptr;
+  int64_t groups = 1;
+  int64_t groups_chosen = 1;
+  double scale = 1.0;
+};
+
 // One row's routing: `experts_per_token` expert indices in descending order
-// of their logit (a tie goes to the smaller index; NaN loses to every
-// number) and their weights, the softmax over all experts' logits of the
-// chosen ones (in double: the maximum subtracted, the sum taken in index
-// order), divided by their sum when `normalize` (Mixtral always; Qwen3-MoE
-// with norm_topk_prob), rounded to float once.
-void routeRow(const float* logits, int64_t num_experts, int64_t experts_per_token, bool normalize,
-              int32_t* experts, float* weights);
+// of their rank (the logit; with sigmoid routing the biased score) — a tie
+// goes to the smaller index, NaN loses to every number — and their weights.
+// Softmax routing: the softmax over all experts' logits of the chosen ones
+// (in double: the maximum subtracted, the sum taken in index order).
+// Sigmoid routing: each chosen expert's score (the sigmoid in double,
+// rounded to float as transformers' float32 sigmoid gives it). Either is
+// divided by the chosen ones' sum when `normalize` (sigmoid: the sum plus
+// 1e-20, as transformers and DeepSeek's reference add), multiplied by
+// `scale`, and rounded to float once.
+void routeRow(const float* logits, const Routing& routing, int32_t* experts, float* weights);
 
 // The rows of a batch grouped by expert: for each expert in index order,
 // the rows routed to it in row order with their weights. Built from
@@ -28,8 +54,7 @@ void routeRow(const float* logits, int64_t num_experts, int64_t experts_per_toke
 class ExpertAssignment {
  public:
   // logits: rows x num_experts.
-  void route(const float* logits, int64_t rows, int64_t num_experts, int64_t experts_per_token,
-             bool normalize);
+  void route(const float* logits, int64_t rows, const Routing& routing);
   int64_t numExperts() const { return static_cast<int64_t>(offsets_.size()) - 1; }
   // Expert e's rows are rows()[offset(e) .. offset(e + 1)), weights alike.
   int64_t offset(int64_t expert) const { return offsets_[static_cast<size_t>(expert)]; }

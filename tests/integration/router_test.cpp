@@ -1585,6 +1585,13 @@ TEST_F(RouterTest, Glm4IsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Glm4ForCausalLM", 67);
 }
 
+// GLM-4.5 (docs/engine.md#mixture-of-experts): sigmoid routing in groups
+// with a correction bias and a routed scale, a shared expert, a dense first
+// layer, half of each head rotating as halves; its KV moves P->D exactly.
+TEST_F(RouterTest, Glm4MoeIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Glm4MoeForCausalLM", 29);
+}
+
 // YaRN given by --hf-overrides to every agent (docs/engine.md#yarn): the
 // prefill and decode agents read the same model, its KV moves exactly, and
 // it answers otherwise than the file alone.

@@ -417,6 +417,36 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.attention_bias = true;
     config.rms_norm_eps = 1.5625e-7;
   }
+  if (architecture == "Glm4MoeForCausalLM") {
+    // GLM-4.5's attention (half of each head rotating as halves, q/k/v
+    // biases), and its mixture: sigmoid routing with a correction bias, one
+    // shared expert, the first layer dense. At tiny, also DeepSeek's groups
+    // (one of two chosen, so a token's three experts come from one group),
+    // q/k norms (GLM-4.5's; GLM-4.5-Air has none) and a routed scale above
+    // 1 (GLM-4.5's 2.5); at small, GLM-4.5-Air's routing (no groups, scale
+    // 1, no q/k norms).
+    config.rotary_dim = config.head_dim / 2;
+    config.rope_scaling = RopeScaling{};  // as GLM-4.5's configs: none
+    config.attention_bias = true;
+    config.rms_norm_eps = 1e-5;
+    config.sigmoid_routing = true;
+    config.norm_topk_prob = true;
+    config.n_shared_experts = 1;
+    config.first_k_dense_replace = 1;
+    if (preset == "tiny") {
+      config.num_experts = 8;
+      config.num_experts_per_tok = 3;
+      config.moe_intermediate_size = 48;
+      config.n_group = 2;
+      config.topk_group = 1;
+      config.routed_scaling_factor = 2.5;
+      config.qk_norm = true;
+    } else {
+      config.num_experts = preset == "small" ? 32 : 128;
+      config.num_experts_per_tok = preset == "small" ? 4 : 8;
+      config.moe_intermediate_size = config.intermediate_size / 4;
+    }
+  }
   if (architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM") {
     // OLMo 2's norms after attention and the MLP, and q/k norms across the
     // heads.
@@ -691,6 +721,16 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
         projection(names.gate(e), expert_inter, hidden);
         projection(names.up(e), expert_inter, hidden);
         projection(names.down(e), hidden, expert_inter);
+      }
+      // Sigmoid routing's correction bias, of a size that moves some
+      // choices (the scores of these routers spread over about 0.3 to
+      // 0.7), and the shared experts.
+      if (config.sigmoid_routing) vector(names.correctionBias(), config.num_experts, 0.0f, 0.25f);
+      if (config.n_shared_experts > 0) {
+        const int64_t width = config.sharedExpertWidth();
+        projection(names.shared("gate_proj"), width, hidden);
+        projection(names.shared("up_proj"), width, hidden);
+        projection(names.shared("down_proj"), hidden, width);
       }
     } else if (config.fusedGateUp()) {
       projection(prefix + "mlp.gate_up_proj.weight", 2 * inter, hidden);

@@ -25,7 +25,8 @@ namespace tandem::tools {
 
 struct TestModelOptions {
   std::string preset = "tiny";  // "tiny", "small" or "llama3-8b"
-  // Also Mistral/Qwen2/Qwen3/Mixtral/Qwen3MoeForCausalLM.
+  // Also Mistral/Qwen2/Qwen3/Mixtral/Qwen3Moe/Glm4MoeForCausalLM and the others
+  // tandem-model --arch names.
   std::string architecture = "LlamaForCausalLM";
   DType dtype = DType::kBF16;  // weight dtype: bf16, f16 or f32
   uint64_t seed = 0;

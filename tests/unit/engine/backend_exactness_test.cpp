@@ -134,7 +134,8 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-        "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+        "Glm4MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -405,6 +406,9 @@ std::vector<Param> params() {
       {"Glm4ForCausalLM", DType::kBF16, DType::kBF16},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
+      // GLM-4.5: sigmoid routing in groups, a shared expert, a dense
+      // first layer.
+      {"Glm4MoeForCausalLM", DType::kBF16, DType::kF32},
   };
   std::vector<Param> out;
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
@@ -415,6 +419,7 @@ std::vector<Param> params() {
       // rope-variant kernel the tests turn on (CpuOnlyModelTest).
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
                             variant.architecture == "Qwen3MoeForCausalLM" ||
+                            variant.architecture == "Glm4MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||
                             variant.architecture == "GraniteForCausalLM" ||

@@ -1459,14 +1459,18 @@ void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& mod
   EXPECT_EQ(speculating.stats().num_free_blocks, speculating.stats().num_blocks);
 }
 
-// The tiny Qwen3-MoE: 8 experts choosing 3, a dense first layer.
+// The tiny Qwen3-MoE: 8 experts choosing 3, a dense first layer; the tiny
+// GLM-4.5: the same with sigmoid routing in groups and a shared expert.
 TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
-  ::tandem::testing::TempDir dir("tandem-engine-moe");
-  tools::TestModelOptions options;
-  options.architecture = "Qwen3MoeForCausalLM";
-  options.seed = 9;
-  tools::writeTestModel(options, dir.path());
-  expectAloneBatchedSpeculatedAndCachedAlike(dir.path());
+  for (const char* architecture : {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+    SCOPED_TRACE(architecture);
+    ::tandem::testing::TempDir dir("tandem-engine-moe");
+    tools::TestModelOptions options;
+    options.architecture = architecture;
+    options.seed = 9;
+    tools::writeTestModel(options, dir.path());
+    expectAloneBatchedSpeculatedAndCachedAlike(dir.path());
+  }
 }
 
 // fp8 weights with per-channel scales (docs/quantization.md).

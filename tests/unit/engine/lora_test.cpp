@@ -417,11 +417,8 @@ TEST(LoraAdapter, MissingFilesAreNamed) {
             std::string::npos);
 }
 
-// A mixture layer's experts are not adapted: an mlp module there is
-// refused naming the tensor; the attention of such a layer, and the MLP of
-// a dense layer of the same model (the tiny Qwen3-MoE's layer 0), load.
-TEST(LoraAdapter, AMixtureLayersMlpIsRefusedNamingTheTensor) {
-  const ModelConfig moe = tools::presetConfig("tiny", "Qwen3MoeForCausalLM");
+// LoraAdapter.AMixtureLayersMlpIsRefusedNamingTheTensor for one mixture.
+void expectMixtureMlpRefused(const ModelConfig& moe) {
   ASSERT_FALSE(moe.isMoeLayer(0));
   ASSERT_TRUE(moe.isMoeLayer(1));
   TempDir all("tandem-lora-moe");
@@ -446,6 +443,17 @@ TEST(LoraAdapter, AMixtureLayersMlpIsRefusedNamingTheTensor) {
   std::unique_ptr<LoraAdapter> adapter = LoraAdapter::load("sql", attention.path(), moe);
   EXPECT_GT(adapter->pair(1, kLoraQ).rank, 0);
   EXPECT_EQ(adapter->pair(1, kLoraGate).rank, 0);
+}
+
+// A mixture layer's experts are not adapted: an mlp module there is
+// refused naming the tensor; the attention of such a layer, and the MLP of
+// a dense layer of the same model (the tiny Qwen3-MoE's and GLM-4.5's
+// layer 0), load.
+TEST(LoraAdapter, AMixtureLayersMlpIsRefusedNamingTheTensor) {
+  for (const char* architecture : {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+    SCOPED_TRACE(architecture);
+    expectMixtureMlpRefused(tools::presetConfig("tiny", architecture));
+  }
 }
 
 TEST(LoraModuleSpecs, AreNamePathPairsSeparatedByCommas) {

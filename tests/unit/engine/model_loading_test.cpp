@@ -166,7 +166,7 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
        {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
         "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
         "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
-        "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+        "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -189,7 +189,8 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
       // GLM has q/k/v biases as Qwen2 does.
       const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM" ||
                          std::string(architecture).starts_with("Glm");
-      const bool qwen3 = std::string(architecture).starts_with("Qwen3");
+      // GLM-4.5's test model has per-head q/k norms as Qwen3 (as GLM-4.5).
+      const bool qwen3 = std::string(architecture).starts_with("Qwen3") || c.glm4Moe();
       int64_t index = 0;
       for (const LayerWeights& layer : w.layers) {
         EXPECT_EQ(layer.q_proj.rows, c.num_attention_heads * c.head_dim);
@@ -207,6 +208,11 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
             EXPECT_EQ(expert.down_proj.rows, c.hidden_size);
             EXPECT_EQ(expert.gate_proj.dtype, dtype);
           }
+          // GLM-4.5's router bias and shared expert.
+          EXPECT_EQ(std::ssize(layer.router_bias), c.sigmoid_routing ? c.num_experts : 0);
+          EXPECT_EQ(layer.shared_expert.gate_proj.rows, c.sharedExpertWidth());
+          EXPECT_EQ(layer.shared_expert.down_proj.cols, c.sharedExpertWidth());
+          EXPECT_EQ(layer.shared_expert.down_proj.rows, c.n_shared_experts > 0 ? c.hidden_size : 0);
         } else {
           EXPECT_EQ(layer.down_proj.cols, c.intermediate_size);
           EXPECT_TRUE(layer.experts.empty());
@@ -497,7 +503,8 @@ void stackExperts(const fs::path& dir) {
 // Experts stacked as transformers 5 holds them load as the same matrices,
 // byte for byte, as the per-expert tensors of published checkpoints.
 TEST(ModelLoading, StackedExpertsLoadAsThePerExpertOnes) {
-  for (const char* architecture : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+  for (const char* architecture :
+       {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
     SCOPED_TRACE(architecture);
     TempDir per_expert, stacked;
     writeTiny(per_expert.path(), architecture);
@@ -515,6 +522,11 @@ TEST(ModelLoading, StackedExpertsLoadAsThePerExpertOnes) {
       ASSERT_EQ(x.experts.size(), y.experts.size());
       if (x.experts.empty()) continue;
       expectSameMatrix(x.router, y.router);
+      EXPECT_EQ(x.router_bias, y.router_bias);
+      if (x.shared_expert.gate_proj.data != nullptr) {
+        expectSameMatrix(x.shared_expert.gate_proj, y.shared_expert.gate_proj);
+        expectSameMatrix(x.shared_expert.down_proj, y.shared_expert.down_proj);
+      }
       for (size_t e = 0; e < x.experts.size(); ++e) {
         expectSameMatrix(x.experts[e].gate_proj, y.experts[e].gate_proj);
         expectSameMatrix(x.experts[e].up_proj, y.experts[e].up_proj);
@@ -568,6 +580,73 @@ TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
                     "tensor model.layers.1.mlp.experts.down_proj in " +
                         (dir.path() / "model.safetensors").string() +
                         " has shape [8, 48, 64], expected [8, 64, 48] (from config.json)");
+  }
+}
+
+// GLM-4.5's mixture tensors: the router's correction bias and the shared
+// experts are read from their published names (a missing or misshapen one
+// is refused naming it); the multi-token-prediction layer published after
+// the last (model.layers.<num_hidden_layers>.*, num_nextn_predict_layers)
+// is not read, as vLLM and transformers pass it by.
+TEST(ModelLoading, Glm4MoeRoutingTensorsAreReadAndItsPredictionLayerPassedBy) {
+  {
+    TempDir dir;
+    writeTiny(dir.path(), "Glm4MoeForCausalLM", DType::kF32);
+    const std::unique_ptr<Model> model = Model::load(dir.path());
+    const LayerWeights& mixture = model->weights().layers[1];
+    SafetensorsFile file(dir.path() / "model.safetensors");
+    const TensorInfo* bias = file.find("model.layers.1.mlp.gate.e_score_correction_bias");
+    ASSERT_NE(bias, nullptr);
+    ASSERT_EQ(mixture.router_bias.size(), 8u);
+    EXPECT_EQ(std::memcmp(mixture.router_bias.data(), bias->data, bias->num_bytes), 0);
+    const TensorInfo* shared_up = file.find("model.layers.1.mlp.shared_experts.up_proj.weight");
+    ASSERT_NE(shared_up, nullptr);
+    ASSERT_EQ(mixture.shared_expert.up_proj.rows * mixture.shared_expert.up_proj.cols * 4,
+              static_cast<int64_t>(shared_up->num_bytes));
+    EXPECT_EQ(
+        std::memcmp(mixture.shared_expert.up_proj.data, shared_up->data, shared_up->num_bytes), 0);
+    EXPECT_TRUE(model->weights().layers[0].router_bias.empty()) << "layer 0 is dense";
+    EXPECT_EQ(model->weights().layers[0].down_proj.cols, model->config().intermediate_size);
+  }
+  {
+    // A three-layer checkpoint served as two layers: the third is what
+    // GLM-4.5's prediction layer is to the agent, tensors it does not read.
+    TempDir two, three;
+    writeTiny(two.path(), "Glm4MoeForCausalLM");
+    tools::TestModelOptions options;
+    options.architecture = "Glm4MoeForCausalLM";
+    options.seed = 7;
+    options.layers = 3;
+    tools::writeTestModel(options, three.path());
+    rewriteConfig(three.path(), [](json& c) {
+      c["num_hidden_layers"] = 2;
+      c["num_nextn_predict_layers"] = 1;
+    });
+    ASSERT_NE(SafetensorsFile(three.path() / "model.safetensors")
+                  .find("model.layers.2.mlp.shared_experts.gate_proj.weight"),
+              nullptr);
+    const std::unique_ptr<Model> served = Model::load(three.path());
+    EXPECT_EQ(served->weights().layers.size(), 2u);
+    EXPECT_EQ(served->weightBytes(), Model::load(two.path())->weightBytes());
+  }
+  const std::string file_name = "model.safetensors";
+  for (const std::string missing : {"model.layers.1.mlp.gate.e_score_correction_bias",
+                                    "model.layers.1.mlp.shared_experts.down_proj.weight"}) {
+    TempDir dir;
+    writeTiny(dir.path(), "Glm4MoeForCausalLM");
+    rewriteHeader(dir.path(), [&](json& h) { h.erase(missing); });
+    EXPECT_CONTAINS(loadError(dir.path()), "tensor " + missing + " missing from ");
+  }
+  {
+    TempDir dir;
+    writeTiny(dir.path(), "Glm4MoeForCausalLM");
+    rewriteHeader(dir.path(), [](json& h) {
+      h["model.layers.1.mlp.shared_experts.gate_proj.weight"]["shape"] = {64, 48};
+    });
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "tensor model.layers.1.mlp.shared_experts.gate_proj.weight in " +
+                        (dir.path() / file_name).string() +
+                        " has shape [64, 48], expected [48, 64] (from config.json)");
   }
 }
 
@@ -2323,6 +2402,151 @@ TEST(ModelConfigParsing, GlmReadsItsPartialInterleavedRotaryAndDefaults) {
                   "to head_dim (128) as int(head_dim x factor), got 1.8e+20");
 }
 
+// GLM-4.5 (Glm4MoeForCausalLM) as its published configs and Glm4MoeConfig
+// give it: GLM's partial rotary dims rotating as halves, DeepSeek-V3's
+// sigmoid routing in groups with a routed scale, shared experts, dense
+// first layers; every routing field in the digest, every bad one named.
+TEST(ModelConfigParsing, Glm4MoeReadsItsRoutingSharedExpertsAndDenseLayers) {
+  // GLM-4.5-Air's config.json.
+  const std::string air =
+      R"({"architectures": ["Glm4MoeForCausalLM"], "attention_bias": true,
+          "attention_dropout": 0.0, "pad_token_id": 151329,
+          "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+          "hidden_size": 4096, "partial_rotary_factor": 0.5, "initializer_range": 0.02,
+          "intermediate_size": 10944, "max_position_embeddings": 131072,
+          "model_type": "glm4_moe", "moe_intermediate_size": 1408, "norm_topk_prob": true,
+          "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+          "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8,
+          "first_k_dense_replace": 1, "num_hidden_layers": 46, "num_key_value_heads": 8,
+          "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 1000000,
+          "num_nextn_predict_layers": 1, "tie_word_embeddings": false,
+          "torch_dtype": "bfloat16", "use_cache": true, "use_qk_norm": false,
+          "vocab_size": 151552})";
+  const ModelConfig c = ModelConfig::fromJsonText(air, "config.json");
+  EXPECT_TRUE(c.glm4Moe());
+  EXPECT_FALSE(c.glm) << "GLM-4.5 rotates halves, not GLM's neighbour pairs";
+  EXPECT_FALSE(c.fusedGateUp());
+  EXPECT_FALSE(c.sandwichNorms());
+  EXPECT_EQ(c.model_type, "glm4_moe");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 1408);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_TRUE(c.sigmoid_routing);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_EQ(c.routed_scaling_factor, 1.0);
+  EXPECT_EQ(c.n_shared_experts, 1);
+  EXPECT_EQ(c.sharedExpertWidth(), 1408);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_FALSE(c.isMoeLayer(0));
+  for (int64_t layer = 1; layer < 46; ++layer) EXPECT_TRUE(c.isMoeLayer(layer)) << layer;
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151329, 151336, 151338}));
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+
+  // GLM-4.5's: q/k norms, a routed scale of 2.5, three dense layers.
+  std::string big = air;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {R"("use_qk_norm": false)", R"("use_qk_norm": true)"},
+           {R"("routed_scaling_factor": 1.0)", R"("routed_scaling_factor": 2.5)"},
+           {R"("first_k_dense_replace": 1)", R"("first_k_dense_replace": 3)"},
+           {R"("n_routed_experts": 128)", R"("n_routed_experts": 160)"}}) {
+    ASSERT_NE(big.find(from), std::string::npos) << from;
+    big.replace(big.find(from), from.size(), to);
+  }
+  const ModelConfig glm45 = ModelConfig::fromJsonText(big, "config.json");
+  EXPECT_TRUE(glm45.qk_norm);
+  EXPECT_EQ(glm45.routed_scaling_factor, 2.5);
+  EXPECT_EQ(glm45.num_experts, 160);
+  EXPECT_FALSE(glm45.isMoeLayer(2));
+  EXPECT_TRUE(glm45.isMoeLayer(3));
+  EXPECT_EQ(ModelConfig::fromJsonText(glm45.toJsonText(), "config.json"), glm45);
+
+  // Glm4MoeConfig's defaults where a config is silent (no head_dim of its
+  // own: hidden / heads), n_routed_experts also as transformers 5's
+  // num_local_experts, the factor in rope_parameters.
+  auto moe = [](const std::string& extra) {
+    return R"({"architectures": ["Glm4MoeForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+               "vocab_size": 1000)" +
+           extra + "}";
+  };
+  const ModelConfig defaults = ModelConfig::fromJsonText(moe(""), "config.json");
+  EXPECT_EQ(defaults.head_dim, 64);
+  EXPECT_EQ(defaults.rotary_dim, 32);
+  EXPECT_EQ(defaults.num_key_value_heads, 4);
+  EXPECT_FALSE(defaults.attention_bias);
+  EXPECT_FALSE(defaults.qk_norm);
+  EXPECT_EQ(defaults.rms_norm_eps, 1e-5);
+  EXPECT_EQ(defaults.rope_theta, 10000.0);
+  EXPECT_EQ(defaults.max_position_embeddings, 131072);
+  EXPECT_EQ(defaults.num_experts, 128);
+  EXPECT_EQ(defaults.num_experts_per_tok, 8);
+  EXPECT_EQ(defaults.moe_intermediate_size, 1408);
+  EXPECT_TRUE(defaults.norm_topk_prob);
+  EXPECT_EQ(defaults.n_shared_experts, 1);
+  EXPECT_EQ(defaults.routed_scaling_factor, 1.0);
+  EXPECT_EQ(defaults.n_group, 1);
+  EXPECT_EQ(defaults.topk_group, 1);
+  EXPECT_EQ(defaults.first_k_dense_replace, 1);
+  EXPECT_EQ(ModelConfig::fromJsonText(defaults.toJsonText(), "config.json"), defaults);
+  EXPECT_EQ(ModelConfig::fromJsonText(moe(R"(, "num_local_experts": 64)"), "c.json").num_experts,
+            64);
+  EXPECT_EQ(ModelConfig::fromJsonText(moe(R"(, "rope_parameters": {"rope_type": "default",
+                "rope_theta": 1000000, "partial_rotary_factor": 0.25})"),
+                                      "c.json")
+                .rotary_dim,
+            16);
+  // No shared experts, and no dense layers, are configurations too.
+  const ModelConfig bare = ModelConfig::fromJsonText(
+      moe(R"(, "n_shared_experts": 0, "first_k_dense_replace": 0)"), "c.json");
+  EXPECT_EQ(bare.sharedExpertWidth(), 0);
+  EXPECT_TRUE(bare.isMoeLayer(0));
+  EXPECT_EQ(ModelConfig::fromJsonText(bare.toJsonText(), "config.json"), bare);
+
+  // Every routing field changes what the layers compute.
+  const ModelConfig grouped = ModelConfig::fromJsonText(
+      moe(R"(, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5)"), "c.json");
+  EXPECT_EQ(ModelConfig::fromJsonText(grouped.toJsonText(), "config.json"), grouped);
+  const std::string digest = grouped.computeDigest();
+  for (const auto& change : std::vector<std::function<void(ModelConfig&)>>{
+           [](ModelConfig& m) { m.n_group = 4; }, [](ModelConfig& m) { m.topk_group = 3; },
+           [](ModelConfig& m) { m.routed_scaling_factor = 2.0; },
+           [](ModelConfig& m) { m.n_shared_experts = 2; },
+           [](ModelConfig& m) { m.first_k_dense_replace = 2; },
+           [](ModelConfig& m) { m.sigmoid_routing = false; },
+           [](ModelConfig& m) { m.rotary_dim = 64; }}) {
+    ModelConfig other = grouped;
+    change(other);
+    EXPECT_NE(other.computeDigest(), digest);
+  }
+
+  EXPECT_CONTAINS(parseError(moe(R"(, "n_group": 3)")),
+                  "field \"n_group\" must divide n_routed_experts (128) into groups of two or "
+                  "more experts, or be 1, got 3");
+  EXPECT_CONTAINS(parseError(moe(R"(, "n_routed_experts": 8, "n_group": 8)")),
+                  "field \"n_group\" must divide n_routed_experts (8) into groups of two");
+  EXPECT_CONTAINS(parseError(moe(R"(, "n_group": 4, "topk_group": 5)")),
+                  "field \"topk_group\" must be a positive integer at most 4, got 5");
+  EXPECT_CONTAINS(parseError(moe(R"(, "n_group": 32, "topk_group": 1)")),
+                  "field \"num_experts_per_tok\" must be at most the experts of topk_group "
+                  "groups (4), got 8");
+  EXPECT_CONTAINS(parseError(moe(R"(, "routed_scaling_factor": 0)")),
+                  "field \"routed_scaling_factor\" must be a positive number, got 0");
+  EXPECT_CONTAINS(parseError(moe(R"(, "first_k_dense_replace": 5)")),
+                  "field \"first_k_dense_replace\" must be an integer from 0 to 4, got 5");
+  EXPECT_CONTAINS(parseError(moe(R"(, "n_shared_experts": -1)")),
+                  "field \"n_shared_experts\" must be an integer from 0 to 64, got -1");
+  EXPECT_CONTAINS(parseError(moe(R"(, "num_experts_per_tok": 129)")),
+                  "field \"num_experts_per_tok\" must be a positive integer at most 64");
+}
+
 // SmolLM3 as SmolLM3Config reads it: every 4th layer without RoPE unless
 // no_rope_layers says which (1 rotates; its first num_hidden_layers
 // entries), tied embeddings, rope_theta 2e6; the NoPE layers in the digest.
@@ -2432,7 +2656,8 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
          {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
           "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
           "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-          "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+          "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+          "Glm4MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

@@ -490,32 +490,80 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       if (!lw.experts.empty()) {
         // transformers' sparse MoE block: softmax over the router's
         // logits, the top num_experts_per_tok, renormalized when
-        // norm_topk_prob, each expert's MLP weighted and summed.
+        // norm_topk_prob, each expert's MLP weighted and summed. GLM-4.5
+        // (Glm4MoeForCausalLM, DeepSeek-V3's routing): the router's
+        // sigmoids plus the correction bias rank the experts within the
+        // topk_group best of n_group groups (a group ranked by its two best
+        // ranks summed), weighted by their sigmoids (renormalized with
+        // norm_topk_prob, sum + 1e-20) times routed_scaling_factor; the
+        // shared experts' MLP added.
         const std::vector<double> logits = denseMatVec(lw.router, h);
-        std::vector<int64_t> order(logits.size());
-        std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+        const int64_t n_experts = c.num_experts;
+        std::vector<double> rank = logits, probability(logits.size());
+        if (c.sigmoid_routing) {
+          for (int64_t e = 0; e < n_experts; ++e) {
+            probability[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+            rank[e] = probability[e] + lw.router_bias[e];
+          }
+        } else {
+          const double max = *std::max_element(logits.begin(), logits.end());
+          double total = 0.0;
+          for (double logit : logits) total += std::exp(logit - max);
+          for (int64_t e = 0; e < n_experts; ++e)
+            probability[e] = std::exp(logits[e] - max) / total;
+        }
+        auto descending = [](const std::vector<double>& values) {
+          std::vector<int64_t> order(values.size());
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+          return order;
+        };
+        double gap = 1e300;
+        int64_t candidates = n_experts;
+        if (c.n_group > 1) {
+          const int64_t size = n_experts / c.n_group;
+          std::vector<double> group_rank(c.n_group);
+          for (int64_t g = 0; g < c.n_group; ++g) {
+            std::vector<double> members(rank.begin() + g * size, rank.begin() + (g + 1) * size);
+            std::sort(members.rbegin(), members.rend());
+            group_rank[g] = members[0] + members[1];
+          }
+          const std::vector<int64_t> groups = descending(group_rank);
+          if (c.topk_group < c.n_group) {
+            gap = group_rank[groups[c.topk_group - 1]] - group_rank[groups[c.topk_group]];
+          }
+          for (int64_t g = c.topk_group; g < c.n_group; ++g) {
+            for (int64_t e = groups[g] * size; e < (groups[g] + 1) * size; ++e) rank[e] = -1e300;
+          }
+          candidates = c.topk_group * size;
+        }
+        const std::vector<int64_t> order = descending(rank);
         const int64_t k = c.num_experts_per_tok;
+        if (k < candidates) gap = std::min(gap, rank[order[k - 1]] - rank[order[k]]);
         if (routing != nullptr) {
-          routing->narrowest_gap =
-              std::min(routing->narrowest_gap, logits[order[k - 1]] - logits[order[k]]);
+          routing->narrowest_gap = std::min(routing->narrowest_gap, gap);
           for (int64_t j = 0; j < k; ++j) routing->experts_used.insert(order[j]);
         }
-        const double max = logits[order[0]];
-        double total = 0.0, chosen = 0.0;
-        for (double logit : logits) total += std::exp(logit - max);
-        for (int64_t j = 0; j < k; ++j) chosen += std::exp(logits[order[j]] - max) / total;
-        for (int64_t j = 0; j < k; ++j) {
-          const ExpertWeights& expert = lw.experts[order[j]];
-          double weight = std::exp(logits[order[j]] - max) / total;
-          if (c.norm_topk_prob) weight /= chosen;
+        double chosen = 0.0;
+        for (int64_t j = 0; j < k; ++j) chosen += probability[order[j]];
+        auto swiglu = [&](const ExpertWeights& expert) {
           std::vector<double> gate = denseMatVec(expert.gate_proj, h);
           const std::vector<double> up = denseMatVec(expert.up_proj, h);
           for (size_t i = 0; i < gate.size(); ++i)
             gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
-          const std::vector<double> down = denseMatVec(expert.down_proj, gate);
+          return denseMatVec(expert.down_proj, gate);
+        };
+        for (int64_t j = 0; j < k; ++j) {
+          double weight = probability[order[j]];
+          if (c.norm_topk_prob) weight /= chosen + (c.sigmoid_routing ? 1e-20 : 0.0);
+          weight *= c.routed_scaling_factor;
+          const std::vector<double> down = swiglu(lw.experts[order[j]]);
           for (int64_t i = 0; i < hidden; ++i) x[t][i] += weight * down[i];
+        }
+        if (lw.shared_expert.gate_proj.data != nullptr) {
+          const std::vector<double> down = swiglu(lw.shared_expert);
+          for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
         }
         continue;
       }
@@ -900,6 +948,12 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // GLM-4.5: sigmoid routing with a correction bias in two groups (one
+        // chosen), a routed scale, a shared expert, a dense first layer,
+        // q/k norms, half of each head rotating as halves.
+        Variant{"Glm4MoeForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Glm4MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        Variant{"Glm4MoeForCausalLM", DType::kBF16, DType::kF32, DType::kF32, "fp8:block=16x32"},
         // fp8 checkpoints (docs/quantization.md): per-channel
         // scales, blocks splitting rows and columns, and one
         // scale per tensor under bf16 compute (fp8 matrices
