@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts a Tandem (Hugging Face layout) Llama, Mixtral or Qwen3-MoE model directory to GGUF.
+"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen3-MoE or GLM-4.5 model directory to GGUF.
 
 Reads config.json, tokenizer.json and model.safetensors (header + data, no
 torch or safetensors package needed) and writes one GGUF file with llama.cpp's
@@ -8,7 +8,12 @@ architecture `llama` for Llama and Mixtral (its experts stacked into
 ffn_gate_exps/ffn_up_exps/ffn_down_exps, its router as ffn_gate_inp), and
 `qwen3moe` for Qwen3-MoE (q/k norms; llama.cpp renormalizes the chosen
 experts' weights and has no dense layers in it, so norm_topk_prob must be
-true, mlp_only_layers empty and decoder_sparse_step 1):
+true, mlp_only_layers empty and decoder_sparse_step 1), and `glm4moe` for
+GLM-4.5 (Glm4MoeForCausalLM: q/k/v biases, optional q/k norms, partial
+rotary dims as the rope dimension count, sigmoid routing with the
+correction bias as exp_probs_b, expert groups, the routed scale, shared
+experts as ffn_*_shexp, the first first_k_dense_replace layers dense; no
+multi-token-prediction layer is written):
 
   scripts/tandem-to-gguf.py --model models/small --out small-bf16.gguf --dtype bf16
   scripts/tandem-to-gguf.py --model models/small --f32-model-dir models/small-f32
@@ -22,7 +27,8 @@ side of a comparison on identical weights).
 q_proj and k_proj rows are permuted per head for `llama`: Hugging Face
 rotates the two halves of a head (i, i + d/2) together, llama.cpp's `llama`
 rope rotates adjacent pairs (2i, 2i + 1), so row i + h·d/2 of a head goes to
-row 2i + h. `qwen3moe` rotates halves as Hugging Face does: no permutation.
+row 2i + h. `qwen3moe` and `glm4moe` rotate halves as Hugging Face does: no
+permutation.
 """
 
 import argparse
@@ -156,12 +162,14 @@ def convert(model_dir, out_path, dtype):
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     archs = config.get("architectures", [])
-    accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"]
+    accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                "Glm4MoeForCausalLM"]
     if len(archs) != 1 or archs[0] not in accepted:
         sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: one of {accepted}")
     arch = archs[0]
-    if config.get("attention_bias"):
-        sys.exit("tandem-to-gguf: attention_bias is true; accepted: false")
+    glm4moe = arch == "Glm4MoeForCausalLM"
+    if config.get("attention_bias") and not glm4moe:
+        sys.exit("tandem-to-gguf: attention_bias is true; accepted: false (GLM-4.5: true)")
     qwen3moe = arch == "Qwen3MoeForCausalLM"
     if qwen3moe and (not config.get("norm_topk_prob") or config.get("mlp_only_layers")
                      or config.get("decoder_sparse_step", 1) != 1):
@@ -172,6 +180,8 @@ def convert(model_dir, out_path, dtype):
     mixtral = arch == "MixtralForCausalLM"
     experts = (0 if arch == "LlamaForCausalLM" else
                int(config.get("num_local_experts", 8)) if mixtral else
+               int(config.get("n_routed_experts", config.get("num_local_experts", 128)))
+               if glm4moe else
                int(config.get("num_experts", config.get("num_local_experts", 128))))
     experts_per_token = int(config.get("num_experts_per_tok", 2 if mixtral else 8))
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
@@ -180,9 +190,16 @@ def convert(model_dir, out_path, dtype):
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_dim = int(config.get("head_dim") or hidden // heads)
     layers = int(config["num_hidden_layers"])
+    # GLM-4.5 (Glm4MoeConfig's defaults): part of each head rotates; the first
+    # layers are dense.
+    rotary_dim = int(head_dim * config.get(
+        "partial_rotary_factor",
+        (config.get("rope_parameters") or {}).get("partial_rotary_factor", 0.5))) \
+        if glm4moe else head_dim
+    dense_layers = int(config.get("first_k_dense_replace", 1)) if glm4moe else 0
 
     tmp = out_path + ".tmp"
-    writer = gguf.GGUFWriter(tmp, "qwen3moe" if qwen3moe else "llama")
+    writer = gguf.GGUFWriter(tmp, "glm4moe" if glm4moe else "qwen3moe" if qwen3moe else "llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
@@ -193,13 +210,23 @@ def convert(model_dir, out_path, dtype):
         writer.add_expert_used_count(experts_per_token)
         if qwen3moe:
             writer.add_expert_feed_forward_length(int(config.get("moe_intermediate_size", 768)))
+        if glm4moe:
+            writer.add_expert_feed_forward_length(int(config.get("moe_intermediate_size", 1408)))
+            writer.add_expert_shared_count(int(config.get("n_shared_experts", 1)))
+            writer.add_leading_dense_block_count(dense_layers)
+            writer.add_expert_weights_scale(float(config.get("routed_scaling_factor", 1.0)))
+            writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", True)))
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            writer.add_expert_group_count(int(config.get("n_group", 1)))
+            writer.add_expert_group_used_count(int(config.get("topk_group", 1)))
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(rotary_dim)
     writer.add_rope_freq_base(float(config.get("rope_theta", 1e6 if mixtral else 10000.0)))
-    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-5 if mixtral else 1e-6)))
+    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps",
+                                                   1e-5 if mixtral or glm4moe else 1e-6)))
     writer.add_vocab_size(int(config["vocab_size"]))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16"
                          else gguf.LlamaFileType.ALL_F32)
@@ -224,7 +251,9 @@ def convert(model_dir, out_path, dtype):
                 data = permute_rope_rows(data, rope_heads)
             writer.add_tensor(gguf_name, np.ascontiguousarray(data))
 
-    def add_norm(gguf_name, hf_name):
+    def add_f32(gguf_name, hf_name):
+        # Norm weights, biases and GLM-4.5's router: f32, as llama.cpp's own
+        # converter writes them.
         src_dtype, _, array = take(hf_name)
         writer.add_tensor(gguf_name, np.ascontiguousarray(to_f32(src_dtype, array)))
 
@@ -249,30 +278,43 @@ def convert(model_dir, out_path, dtype):
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config, head_dim))
     for i in range(layers):
         p = f"model.layers.{i}."
-        add_norm(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
+        add_f32(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
+        halves = qwen3moe or glm4moe
         add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight",
-                   None if qwen3moe else heads)
+                   None if halves else heads)
         add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight",
-                   None if qwen3moe else kv_heads)
+                   None if halves else kv_heads)
         add_matrix(f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight")
         add_matrix(f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight")
-        if qwen3moe:
-            add_norm(f"blk.{i}.attn_q_norm.weight", p + "self_attn.q_norm.weight")
-            add_norm(f"blk.{i}.attn_k_norm.weight", p + "self_attn.k_norm.weight")
-        add_norm(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight")
-        if experts:
-            block = p + ("mlp." if qwen3moe else "block_sparse_moe.")
-            names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if qwen3moe else \
+        if glm4moe and config.get("attention_bias"):
+            for part in ("q", "k", "v"):
+                add_f32(f"blk.{i}.attn_{part}.bias", p + f"self_attn.{part}_proj.bias")
+        if qwen3moe or (glm4moe and config.get("use_qk_norm")):
+            add_f32(f"blk.{i}.attn_q_norm.weight", p + "self_attn.q_norm.weight")
+            add_f32(f"blk.{i}.attn_k_norm.weight", p + "self_attn.k_norm.weight")
+        # llama.cpp's glm4moe names the norm before the MLP post_attention_norm.
+        add_f32(f"blk.{i}.{'post_attention_norm' if glm4moe else 'ffn_norm'}.weight",
+                 p + "post_attention_layernorm.weight")
+        if experts and i >= dense_layers:
+            block = p + ("mlp." if halves else "block_sparse_moe.")
+            names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if halves else \
                 {"gate": "w1", "up": "w3", "down": "w2"}
-            add_matrix(f"blk.{i}.ffn_gate_inp.weight", block + "gate.weight")
+            (add_f32 if glm4moe else add_matrix)(f"blk.{i}.ffn_gate_inp.weight",
+                                                  block + "gate.weight")
             for part in ("gate", "up", "down"):
                 add_experts(f"blk.{i}.ffn_{part}_exps.weight",
                             [f"{block}experts.{e}.{names[part]}.weight" for e in range(experts)])
+            if glm4moe:
+                add_f32(f"blk.{i}.exp_probs_b.bias", block + "gate.e_score_correction_bias")
+                if int(config.get("n_shared_experts", 1)) > 0:
+                    for part in ("gate", "up", "down"):
+                        add_matrix(f"blk.{i}.ffn_{part}_shexp.weight",
+                                   f"{block}shared_experts.{part}_proj.weight")
         else:
             add_matrix(f"blk.{i}.ffn_gate.weight", p + "mlp.gate_proj.weight")
             add_matrix(f"blk.{i}.ffn_up.weight", p + "mlp.up_proj.weight")
             add_matrix(f"blk.{i}.ffn_down.weight", p + "mlp.down_proj.weight")
-    add_norm("output_norm.weight", "model.norm.weight")
+    add_f32("output_norm.weight", "model.norm.weight")
     if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
         add_matrix("output.weight", "model.embed_tokens.weight")
     else:
