@@ -301,7 +301,9 @@ class Reference:
     biased scores summed; the others' experts out of the choice, as vLLM's
     grouped_topk has them), the chosen sigmoids renormalized (sum + 1e-20)
     with norm_topk_prob and times routed_scaling_factor, the shared experts'
-    SwiGLU added."""
+    SwiGLU added. Qwen2-MoE is transformers' Qwen2MoeForCausalLM: Qwen2's
+    q/k/v biases, Qwen3-MoE's softmax routing and dense layers, and the
+    shared expert's SwiGLU times sigmoid(shared_expert_gate x) added."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -333,8 +335,9 @@ class Reference:
         if self.arch == "MixtralForCausalLM":
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
             self.names, self.normalize = ("w1", "w3", "w2"), True
-        elif self.arch == "Qwen3MoeForCausalLM":
-            self.experts = c.get("num_experts", c.get("num_local_experts", 128))
+        elif self.arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+            self.experts = c.get("num_experts", c.get("num_local_experts",
+                                                     60 if self.arch.startswith("Qwen2") else 128))
             self.block, self.names = "mlp.", ("gate_proj", "up_proj", "down_proj")
             self.normalize = bool(c.get("norm_topk_prob", False))
         elif self.glm4_moe:
@@ -344,7 +347,8 @@ class Reference:
         else:
             self.experts = 0
         # The engine's (transformers') defaults where the config is silent.
-        self.k = c.get("num_experts_per_tok", 2 if self.arch == "MixtralForCausalLM" else 8)
+        self.k = c.get("num_experts_per_tok", {"MixtralForCausalLM": 2,
+                                               "Qwen2MoeForCausalLM": 4}.get(self.arch, 8))
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or (128 if self.glm else c["hidden_size"] // self.heads)
@@ -555,11 +559,17 @@ class Reference:
             up = x @ w[prefix + up_name + ".weight"].T
             y = (gate / (1 + np.exp(-gate)) * up) @ w[prefix + down_name + ".weight"].T
             out[rows] += weights[rows, slots][:, None] * y
-        if block + "shared_experts.gate_proj.weight" in w:
-            prefix = block + "shared_experts."
+        # GLM-4.5's shared experts; Qwen2-MoE's shared expert, weighed by
+        # the sigmoid of its gate.
+        for prefix in (block + "shared_experts.", block + "shared_expert."):
+            if prefix + "gate_proj.weight" not in w:
+                continue
             gate = h @ w[prefix + "gate_proj.weight"].T
             up = h @ w[prefix + "up_proj.weight"].T
-            out += (gate / (1 + np.exp(-gate)) * up) @ w[prefix + "down_proj.weight"].T
+            y = (gate / (1 + np.exp(-gate)) * up) @ w[prefix + "down_proj.weight"].T
+            if block + "shared_expert_gate.weight" in w:
+                y = y / (1 + np.exp(-(h @ w[block + "shared_expert_gate.weight"].T)))
+            out += y
         return out
 
     def last_logits(self, tokens):

@@ -11,7 +11,9 @@ and on Llama with every YaRN option set otherwise), SmolLM3 (its second
 layer without RoPE; every layer without it, by interval), Granite, OLMo 2,
 OLMo 3 (a sliding layer rotating unscaled, YaRN on the full one), Gemma 3
 with YaRN on its full layers, GLM and GLM-4 (half of each head rotating as
-neighbour pairs, q/k/v biases; GLM-4's sandwich norms), Mixtral, Qwen3-MoE and
+neighbour pairs, q/k/v biases; GLM-4's sandwich norms), Mixtral, Qwen3-MoE,
+Qwen2-MoE (a shared expert weighed by its sigmoid gate, every second layer a
+mixture) and
 GLM-4.5 (sigmoid routing with a correction bias in groups, a routed scale, a
 shared expert, a dense first layer, q/k norms) test models, Gemma 3
 and Mistral rewritten as Gemma 3 4B and up and Mistral Small 3.1 are
@@ -57,7 +59,8 @@ import llama_cpp_compare as lcc  # noqa: E402
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "ministral3": "Ministral3ForCausalLM",
                  "mixtral": "MixtralForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM",
                  "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "olmo3": "Olmo3ForCausalLM",
@@ -90,7 +93,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),
          ("glm", None), ("glm4", None),
          ("mixtral", None),
-         ("qwen3_moe", None), ("glm4_moe", None),
+         ("qwen3_moe", None), ("qwen2_moe", None), ("glm4_moe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 

@@ -328,16 +328,18 @@ class TensorSource {
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
 };
 
-// Sigmoid routing's router bias and the shared experts (GLM-4.5), named
-// alike in the per-expert and the stacked forms.
+// Sigmoid routing's router bias and the shared experts (GLM-4.5's;
+// Qwen2-MoE's with their gate), named alike in the per-expert and the
+// stacked forms.
 void readRoutingExtras(TensorSource& source, const ModelConfig& c, const ExpertTensorNames& names,
                        LayerWeights& layer) {
   if (c.sigmoid_routing) layer.router_bias = source.vector(names.correctionBias(), c.num_experts);
-  if (c.n_shared_experts > 0) {
+  if (c.sharedExpertWidth() > 0) {
     const int64_t hidden = c.hidden_size, width = c.sharedExpertWidth();
     layer.shared_expert.gate_proj = source.matrix(names.shared("gate_proj"), width, hidden);
     layer.shared_expert.up_proj = source.matrix(names.shared("up_proj"), width, hidden);
     layer.shared_expert.down_proj = source.matrix(names.shared("down_proj"), hidden, width);
+    if (c.qwen2Moe()) layer.shared_expert_gate = source.matrix(names.sharedGate(), 1, hidden);
   }
 }
 
@@ -390,6 +392,7 @@ void addOne(std::vector<float>& weights) {
 
 ExpertTensorNames::ExpertTensorNames(const ModelConfig& config, int64_t layer)
     : mixtral_(config.architecture == "MixtralForCausalLM"),
+      qwen2_moe_(config.qwen2Moe()),
       block_("model.layers." + std::to_string(layer) + "." +
              (mixtral_ ? "block_sparse_moe." : "mlp.")),
       router_(block_ + "gate.weight") {}
@@ -406,6 +409,7 @@ std::vector<const kernels::WeightView*> LayerWeights::tokenMatrices(
       result.insert(result.end(),
                     {&shared_expert.gate_proj, &shared_expert.up_proj, &shared_expert.down_proj});
     }
+    if (shared_expert_gate.data != nullptr) result.push_back(&shared_expert_gate);
     for (int64_t e = 0; e < experts_per_token && e < std::ssize(experts); ++e) {
       const ExpertWeights& expert = experts[static_cast<size_t>(e)];
       result.insert(result.end(), {&expert.gate_proj, &expert.up_proj, &expert.down_proj});
@@ -470,7 +474,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
       layer.v_proj = source.matrix(prefix + "self_attn.v_proj.weight", kv_size, hidden);
     }
     layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
-    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM" && !c.glm && !c.glm4Moe()) {
+    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM" && !c.qwen2Moe() && !c.glm &&
+        !c.glm4Moe()) {
       // transformers' Llama and Qwen3 give o_proj a bias too when
       // attention_bias is set (Qwen2's and GLM's q/k/v biases leave it
       // without one); that addition is not implemented, and leaving it out
@@ -479,7 +484,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
                   " sets attention_bias, which gives " + c.architecture +
                   "'s o_proj a bias; biases after o_proj are not supported (accepted: "
                   "attention_bias false, or the q/k/v biases of Qwen2ForCausalLM, "
-                  "GlmForCausalLM, Glm4ForCausalLM and Glm4MoeForCausalLM)");
+                  "Qwen2MoeForCausalLM, GlmForCausalLM, Glm4ForCausalLM and "
+                  "Glm4MoeForCausalLM)");
     }
     if (c.attention_bias) {
       layer.q_bias = source.vector(prefix + "self_attn.q_proj.bias", q_size);

@@ -35,7 +35,8 @@ struct ExpertWeights {
 // (gate), w3 (up), w2 (down)}, Qwen3-MoE's and GLM-4.5's mlp.{gate,
 // experts.<e>.gate_proj/up_proj/down_proj}, under model.layers.<layer>;
 // GLM-4.5's also mlp.gate.e_score_correction_bias and
-// mlp.shared_experts.gate_proj/up_proj/down_proj.
+// mlp.shared_experts.gate_proj/up_proj/down_proj; Qwen2-MoE's
+// mlp.shared_expert.gate_proj/up_proj/down_proj and mlp.shared_expert_gate.
 class ExpertTensorNames {
  public:
   ExpertTensorNames(const ModelConfig& config, int64_t layer);
@@ -43,8 +44,9 @@ class ExpertTensorNames {
   std::string correctionBias() const { return block_ + "gate.e_score_correction_bias"; }
   // "gate_proj", "up_proj" or "down_proj" of the shared experts.
   std::string shared(const char* matrix) const {
-    return block_ + "shared_experts." + matrix + ".weight";
+    return block_ + (qwen2_moe_ ? "shared_expert." : "shared_experts.") + matrix + ".weight";
   }
+  std::string sharedGate() const { return block_ + "shared_expert_gate.weight"; }
   std::string gate(int64_t expert) const { return name(expert, mixtral_ ? "w1" : "gate_proj"); }
   std::string up(int64_t expert) const { return name(expert, mixtral_ ? "w3" : "up_proj"); }
   std::string down(int64_t expert) const { return name(expert, mixtral_ ? "w2" : "down_proj"); }
@@ -54,6 +56,7 @@ class ExpertTensorNames {
     return block_ + "experts." + std::to_string(expert) + "." + matrix + ".weight";
   }
   bool mixtral_;
+  bool qwen2_moe_;
   std::string block_;
   std::string router_;
 };
@@ -81,6 +84,8 @@ struct LayerWeights {
   // (ModelConfig::sharedExpertWidth() wide; unset without them).
   std::vector<float> router_bias;
   ExpertWeights shared_expert;
+  // Qwen2-MoE: the shared expert's gate (1 x hidden_size); unset elsewhere.
+  kernels::WeightView shared_expert_gate;
   // The matrices one token's forward pass reads in this layer: the
   // projections, and in a mixture layer the router, the shared experts and
   // num_experts_per_tok experts' (taken as the first ones: experts are

@@ -38,8 +38,8 @@ constexpr const char* kAcceptedArchitectures =
     "Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
-    "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-    "Glm4MoeForCausalLM";
+    "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -374,13 +374,19 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
 // intermediate_size experts; Qwen3-MoE's num_experts (128) choosing 8 of
 // moe_intermediate_size (768), renormalized when norm_topk_prob (false),
 // with decoder_sparse_step and mlp_only_layers naming the dense layers;
-// GLM-4.5's (Glm4MoeConfig's defaults) n_routed_experts (128) choosing 8
-// of 1408 wide by sigmoid routing, renormalized (norm_topk_prob true), in
-// n_group groups (1) of which topk_group (1) are candidates, weights times
+// Qwen2-MoE's (Qwen2MoeConfig's defaults) num_experts (60) choosing 4 of
+// 1408 wide, norm_topk_prob (false), decoder_sparse_step and
+// mlp_only_layers as Qwen3-MoE's, and a gated shared expert of
+// shared_expert_intermediate_size (5632; 0: none); GLM-4.5's
+// (Glm4MoeConfig's defaults) n_routed_experts (128) choosing 8 of 1408 wide
+// by sigmoid routing, renormalized (norm_topk_prob true), in n_group groups
+// (1) of which topk_group (1) are candidates, weights times
 // routed_scaling_factor (1), n_shared_experts (1) shared, the first
 // first_k_dense_replace (1) layers dense.
-void readExperts(const FieldReader& reader, const json& root, bool is_mixtral, bool is_glm4_moe,
-                 ModelConfig& config) {
+void readExperts(const FieldReader& reader, const json& root, ModelConfig& config) {
+  const bool is_mixtral = config.architecture == "MixtralForCausalLM";
+  const bool is_glm4_moe = config.glm4Moe();
+  const bool is_qwen2_moe = config.qwen2Moe();
   // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts
   // (its attribute_map), and GLM-4.5's n_routed_experts likewise: either
   // is read.
@@ -390,9 +396,16 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral, b
                          : "n_routed_experts")
       : is_mixtral || !reader.has("num_experts") ? "num_local_experts"
                                                  : "num_experts";
-  config.num_experts = reader.boundedInt(experts_key, is_mixtral ? 8 : 128, kMaxExperts);
-  config.num_experts_per_tok =
-      reader.boundedInt("num_experts_per_tok", is_mixtral ? 2 : 8, kMaxExpertsPerToken);
+  config.num_experts = reader.boundedInt(experts_key,
+                                         is_mixtral     ? 8
+                                         : is_qwen2_moe ? 60
+                                                        : 128,
+                                         kMaxExperts);
+  config.num_experts_per_tok = reader.boundedInt("num_experts_per_tok",
+                                                 is_mixtral     ? 2
+                                                 : is_qwen2_moe ? 4
+                                                                : 8,
+                                                 kMaxExpertsPerToken);
   if (config.num_experts_per_tok > config.num_experts) {
     reader.fail("num_experts_per_tok", "must be at most " + std::string(experts_key) + " (" +
                                            std::to_string(config.num_experts) + "), got " +
@@ -403,8 +416,8 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral, b
     config.norm_topk_prob = true;
     return;
   }
-  config.moe_intermediate_size =
-      reader.boundedInt("moe_intermediate_size", is_glm4_moe ? 1408 : 768, kMaxDimension);
+  config.moe_intermediate_size = reader.boundedInt(
+      "moe_intermediate_size", is_glm4_moe || is_qwen2_moe ? 1408 : 768, kMaxDimension);
   config.norm_topk_prob = reader.boolean("norm_topk_prob", is_glm4_moe);
   if (is_glm4_moe) {
     config.sigmoid_routing = true;
@@ -432,6 +445,10 @@ void readExperts(const FieldReader& reader, const json& root, bool is_mixtral, b
                                              std::to_string(config.num_experts_per_tok));
     }
     return;
+  }
+  if (is_qwen2_moe) {
+    config.shared_expert_intermediate_size =
+        reader.countInt("shared_expert_intermediate_size", 5632, kMaxDimension);
   }
   config.decoder_sparse_step =
       reader.boundedInt("decoder_sparse_step", 1, config.num_hidden_layers);
@@ -689,6 +706,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Qwen3ForCausalLM", "qwen3"},
       {"MixtralForCausalLM", "mixtral"},
       {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"Qwen2MoeForCausalLM", "qwen2_moe"},
       {"Gemma3ForCausalLM", "gemma3_text"},
       {"Gemma3ForConditionalGeneration", "gemma3"},
       {"Gemma2ForCausalLM", "gemma2"},
@@ -772,6 +790,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
   const bool is_glm4_moe = config.glm4Moe();
+  const bool is_qwen2_moe = config.qwen2Moe();
   const bool is_gemma2 = config.architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
                          config.architecture == "Gemma3ForConditionalGeneration";
@@ -948,7 +967,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   if (is_ministral3) readLlama4Scaling(reader, root, config);
   const int64_t default_max_positions =
       is_ministral3                                                        ? 262144
-      : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3                 ? 32768
+      : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 || is_qwen2_moe ? 32768
       : is_mistral || is_mixtral || is_gemma3 || config.glm || is_glm4_moe ? 131072
       : is_gemma2                                                          ? 8192
       : is_phi3                                                            ? 4096
@@ -970,8 +989,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", is_gemma || is_smollm3);
   if (is_smollm3) readNopeLayers(reader, root, config);
   // Qwen2's attention always has q/k/v biases whatever the config says;
-  // Mistral's and Phi-3's never have them; GLM's by default.
-  config.attention_bias = is_qwen2 ? true
+  // Qwen2-MoE's unless qkv_bias says otherwise (transformers 5's field;
+  // earlier configs have none and always biases); Mistral's and Phi-3's
+  // never have them; GLM's by default.
+  config.attention_bias = is_qwen2       ? true
+                          : is_qwen2_moe ? reader.boolean("qkv_bias", true)
                           : is_mistral || is_mixtral || is_phi3
                               ? false
                               : reader.boolean("attention_bias", config.glm);
@@ -988,9 +1010,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.residual_multiplier = reader.positiveNumber("residual_multiplier", 1.0);
     config.logits_scaling = reader.positiveNumber("logits_scaling", 1.0);
   }
-  if (is_mixtral || is_qwen3_moe || is_glm4_moe) {
-    readExperts(reader, root, is_mixtral, is_glm4_moe, config);
-  }
+  if (is_mixtral || is_qwen3_moe || is_glm4_moe || is_qwen2_moe) readExperts(reader, root, config);
 
   if (reader.boolean("mlp_bias", false)) {
     reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
@@ -1220,7 +1240,11 @@ std::string ModelConfig::toJsonText() const {
   if (architecture == "MixtralForCausalLM") {
     root["num_local_experts"] = num_experts;
     root["num_experts_per_tok"] = num_experts_per_tok;
-  } else if (architecture == "Qwen3MoeForCausalLM") {
+  } else if (architecture == "Qwen3MoeForCausalLM" || qwen2Moe()) {
+    if (qwen2Moe()) {
+      root["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+      root["qkv_bias"] = attention_bias;
+    }
     root["num_experts"] = num_experts;
     root["num_experts_per_tok"] = num_experts_per_tok;
     root["moe_intermediate_size"] = moe_intermediate_size;
@@ -1347,6 +1371,8 @@ std::string ModelConfig::computeDigest() const {
                        {"norm_topk_prob", norm_topk_prob},
                        {"decoder_sparse_step", decoder_sparse_step},
                        {"mlp_only_layers", mlp_only_layers}};
+    // And only Qwen2-MoE its gated shared expert.
+    if (qwen2Moe()) math["experts"]["gated_shared_expert"] = shared_expert_intermediate_size;
     // And only sigmoid routing its groups, scale, shared experts and dense
     // layers (the softmax mixtures' digests are unchanged by it).
     if (sigmoid_routing) {

@@ -8,8 +8,8 @@
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
 // (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
 // SmolLM3ForCausalLM (docs/engine.md#smollm3), and the mixtures of experts
-// MixtralForCausalLM, Qwen3MoeForCausalLM and Glm4MoeForCausalLM
-// (docs/engine.md#mixture-of-experts).
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and
+// Glm4MoeForCausalLM (docs/engine.md#mixture-of-experts).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
 #pragma once
@@ -176,7 +176,17 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int64_t n_shared_experts = 0;
   int64_t first_k_dense_replace = 0;
-  int64_t sharedExpertWidth() const { return n_shared_experts * moe_intermediate_size; }
+  // Qwen2MoeForCausalLM (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen3-MoE's softmax
+  // routing and dense layers, Qwen2's q/k/v biases (qkv_bias), and one
+  // shared expert of shared_expert_intermediate_size (0: none) whose output
+  // each token weighs by sigmoid(shared_expert_gate x) before it is added.
+  bool qwen2Moe() const { return architecture == "Qwen2MoeForCausalLM"; }
+  int64_t shared_expert_intermediate_size = 0;
+  // The shared experts' MLP width (0: none): GLM-4.5's n_shared_experts x
+  // moe_intermediate_size, Qwen2-MoE's shared_expert_intermediate_size.
+  int64_t sharedExpertWidth() const {
+    return qwen2Moe() ? shared_expert_intermediate_size : n_shared_experts * moe_intermediate_size;
+  }
   bool isMoeLayer(int64_t layer) const;
   std::vector<int64_t> eos_token_ids;  // from config.json "eos_token_id" (int or list)
   int64_t bos_token_id = -1;

@@ -238,6 +238,9 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
         const ExpertWeights& shared = lw.shared_expert;
         layer.shared_expert = residentMlp(shared.gate_proj, shared.up_proj, shared.down_proj);
       }
+      if (lw.shared_expert_gate.data != nullptr) {
+        layer.shared_expert_gate = matmulWeight(lw.shared_expert_gate);
+      }
     }
     layer.input_layernorm = resident(lw.input_layernorm);
     layer.post_attention_layernorm = resident(lw.post_attention_layernorm);
@@ -950,13 +953,31 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
     }
   }
   if (layer.shared) {
-    // transformers: the routed experts' sum + the shared experts' output,
-    // then the residual add.
+    // transformers: the routed experts' sum + the shared experts' output
+    // (Qwen2-MoE's times sigmoid(shared_expert_gate x), the product rounded
+    // to f32), then the residual add.
     mlp(layer.shared_expert, normed_.data(), rows, config.sharedExpertWidth(), expert_out_.data(),
         false, -1);
+    float* gate = nullptr;
+    if (layer.shared_expert_gate.data != nullptr) {
+      gate = router_logits_.data();  // the routing is done with the router's logits
+      b.matmul(normed_.data(), rows, hidden, layer.shared_expert_gate, gate);
+    }
     b.synchronize();
     const float* from = expert_out_.data();
-    for (int64_t i = 0; i < rows * hidden; ++i) sum[i] += from[i];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float weight =
+          gate == nullptr
+              ? 1.0f
+              : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(gate[r]))));
+      float* to = sum + r * hidden;
+      const float* row = from + r * hidden;
+      if (gate == nullptr) {
+        for (int64_t c = 0; c < hidden; ++c) to[c] += row[c];
+      } else {
+        for (int64_t c = 0; c < hidden; ++c) to[c] += weight * row[c];
+      }
+    }
   }
   b.addInPlace(hidden_.data(), sum, rows * hidden);
 }

@@ -178,6 +178,8 @@ class ModelRunner {
     const float* router_bias = nullptr;
     ResidentMlp shared_expert;
     bool shared = false;
+    // Qwen2-MoE's shared expert gate (1 x hidden); unset elsewhere.
+    kernels::WeightView shared_expert_gate;
     const float* input_layernorm = nullptr;
     const float* post_attention_layernorm = nullptr;
     // Gemma 3's sandwich norms (model.h's LayerWeights); null elsewhere.

@@ -1592,6 +1592,12 @@ TEST_F(RouterTest, Glm4MoeIsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Glm4MoeForCausalLM", 29);
 }
 
+// Qwen2-MoE: q/k/v biases, a shared expert weighed by its sigmoid gate,
+// every second layer a mixture; its KV moves P->D exactly.
+TEST_F(RouterTest, Qwen2MoeIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("Qwen2MoeForCausalLM", 31);
+}
+
 // YaRN given by --hf-overrides to every agent (docs/engine.md#yarn): the
 // prefill and decode agents read the same model, its KV moves exactly, and
 // it answers otherwise than the file alone.

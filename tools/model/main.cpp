@@ -5,7 +5,7 @@
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|ministral3|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|
-//                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen3_moe|glm4_moe]
+//                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen2_moe|qwen3_moe|glm4_moe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales] [--rope-scaling yarn]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
   app.add_option("--arch", arch, "architecture")
       ->check(CLI::IsMember({"llama", "mistral", "ministral3", "qwen2", "qwen3", "gemma2", "gemma3",
                              "phi3", "phi4", "granite", "olmo2", "olmo3", "smollm3", "glm", "glm4",
-                             "mixtral", "qwen3_moe", "glm4_moe"}));
+                             "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -228,6 +228,7 @@ int main(int argc, char** argv) {
       {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},
       {"mixtral", "MixtralForCausalLM"},
+      {"qwen2_moe", "Qwen2MoeForCausalLM"},
       {"qwen3_moe", "Qwen3MoeForCausalLM"},
       {"glm4_moe", "Glm4MoeForCausalLM"},
       {"gemma3", "Gemma3ForCausalLM"},

@@ -315,7 +315,8 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
   config.rope_theta = preset == "llama3-8b" ? 500000.0 : 10000.0;
   config.rms_norm_eps = 1e-5;
   config.tie_word_embeddings = false;
-  config.attention_bias = architecture == "Qwen2ForCausalLM";
+  config.attention_bias =
+      architecture == "Qwen2ForCausalLM" || architecture == "Qwen2MoeForCausalLM";
   config.qk_norm = architecture == "Qwen3ForCausalLM" || architecture == "Qwen3MoeForCausalLM";
   if (architecture == "MixtralForCausalLM") {
     // Mixtral's routing (2 of 8, renormalized); every layer a mixture of
@@ -416,6 +417,17 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.rope_scaling = RopeScaling{};  // as GLM-4's configs: none
     config.attention_bias = true;
     config.rms_norm_eps = 1.5625e-7;
+  }
+  if (architecture == "Qwen2MoeForCausalLM") {
+    // Qwen2-MoE's softmax routing with the softmax's weights as they are,
+    // and its shared expert with a sigmoid gate; at tiny, every second
+    // layer a mixture (decoder_sparse_step 2: the first is dense).
+    config.num_experts = preset == "tiny" ? 8 : 32;
+    config.num_experts_per_tok = preset == "tiny" ? 2 : 4;
+    config.moe_intermediate_size = preset == "tiny" ? 48 : config.intermediate_size / 4;
+    config.shared_expert_intermediate_size = preset == "tiny" ? 96 : config.intermediate_size;
+    config.norm_topk_prob = false;
+    config.decoder_sparse_step = preset == "tiny" ? 2 : 1;
   }
   if (architecture == "Glm4MoeForCausalLM") {
     // GLM-4.5's attention (half of each head rotating as halves, q/k/v
@@ -726,11 +738,12 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       // choices (the scores of these routers spread over about 0.3 to
       // 0.7), and the shared experts.
       if (config.sigmoid_routing) vector(names.correctionBias(), config.num_experts, 0.0f, 0.25f);
-      if (config.n_shared_experts > 0) {
+      if (config.sharedExpertWidth() > 0) {
         const int64_t width = config.sharedExpertWidth();
         projection(names.shared("gate_proj"), width, hidden);
         projection(names.shared("up_proj"), width, hidden);
         projection(names.shared("down_proj"), hidden, width);
+        if (config.qwen2Moe()) matrix(names.sharedGate(), 1, hidden);
       }
     } else if (config.fusedGateUp()) {
       projection(prefix + "mlp.gate_up_proj.weight", 2 * inter, hidden);

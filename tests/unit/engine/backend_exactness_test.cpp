@@ -134,8 +134,8 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
   for (const char* architecture :
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-        "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-        "Glm4MoeForCausalLM"}) {
+        "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -406,8 +406,9 @@ std::vector<Param> params() {
       {"Glm4ForCausalLM", DType::kBF16, DType::kBF16},
       {"MixtralForCausalLM", DType::kBF16, DType::kF32},
       {"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16},
-      // GLM-4.5: sigmoid routing in groups, a shared expert, a dense
-      // first layer.
+      // Qwen2-MoE: a gated shared expert. GLM-4.5: sigmoid routing in
+      // groups, a shared expert, a dense first layer.
+      {"Qwen2MoeForCausalLM", DType::kBF16, DType::kBF16},
       {"Glm4MoeForCausalLM", DType::kBF16, DType::kF32},
   };
   std::vector<Param> out;
@@ -420,6 +421,7 @@ std::vector<Param> params() {
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Glm4MoeForCausalLM" ||
+                            variant.architecture == "Qwen2MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||
                             variant.architecture == "GraniteForCausalLM" ||

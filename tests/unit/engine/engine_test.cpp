@@ -1460,9 +1460,11 @@ void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& mod
 }
 
 // The tiny Qwen3-MoE: 8 experts choosing 3, a dense first layer; the tiny
-// GLM-4.5: the same with sigmoid routing in groups and a shared expert.
+// GLM-4.5: the same with sigmoid routing in groups and a shared expert; the
+// tiny Qwen2-MoE: a shared expert with its gate.
 TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
-  for (const char* architecture : {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+  for (const char* architecture :
+       {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     SCOPED_TRACE(architecture);
     ::tandem::testing::TempDir dir("tandem-engine-moe");
     tools::TestModelOptions options;

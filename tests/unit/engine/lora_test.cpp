@@ -447,10 +447,11 @@ void expectMixtureMlpRefused(const ModelConfig& moe) {
 
 // A mixture layer's experts are not adapted: an mlp module there is
 // refused naming the tensor; the attention of such a layer, and the MLP of
-// a dense layer of the same model (the tiny Qwen3-MoE's and GLM-4.5's
-// layer 0), load.
+// a dense layer of the same model (the tiny Qwen3-MoE's, GLM-4.5's and
+// Qwen2-MoE's layer 0), load.
 TEST(LoraAdapter, AMixtureLayersMlpIsRefusedNamingTheTensor) {
-  for (const char* architecture : {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+  for (const char* architecture :
+       {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Qwen2MoeForCausalLM"}) {
     SCOPED_TRACE(architecture);
     expectMixtureMlpRefused(tools::presetConfig("tiny", architecture));
   }

@@ -166,7 +166,7 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
        {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
         "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
         "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
-        "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -187,7 +187,7 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
       ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_hidden_layers));
       EXPECT_EQ(w.norm.size(), static_cast<size_t>(c.hidden_size));
       // GLM has q/k/v biases as Qwen2 does.
-      const bool qwen2 = std::string(architecture) == "Qwen2ForCausalLM" ||
+      const bool qwen2 = std::string(architecture).starts_with("Qwen2") ||
                          std::string(architecture).starts_with("Glm");
       // GLM-4.5's test model has per-head q/k norms as Qwen3 (as GLM-4.5).
       const bool qwen3 = std::string(architecture).starts_with("Qwen3") || c.glm4Moe();
@@ -212,7 +212,11 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
           EXPECT_EQ(std::ssize(layer.router_bias), c.sigmoid_routing ? c.num_experts : 0);
           EXPECT_EQ(layer.shared_expert.gate_proj.rows, c.sharedExpertWidth());
           EXPECT_EQ(layer.shared_expert.down_proj.cols, c.sharedExpertWidth());
-          EXPECT_EQ(layer.shared_expert.down_proj.rows, c.n_shared_experts > 0 ? c.hidden_size : 0);
+          EXPECT_EQ(layer.shared_expert.down_proj.rows,
+                    c.sharedExpertWidth() > 0 ? c.hidden_size : 0);
+          // Qwen2-MoE's shared expert gate.
+          EXPECT_EQ(layer.shared_expert_gate.rows, c.qwen2Moe() ? 1 : 0);
+          EXPECT_EQ(layer.shared_expert_gate.cols, c.qwen2Moe() ? c.hidden_size : 0);
         } else {
           EXPECT_EQ(layer.down_proj.cols, c.intermediate_size);
           EXPECT_TRUE(layer.experts.empty());
@@ -504,7 +508,7 @@ void stackExperts(const fs::path& dir) {
 // byte for byte, as the per-expert tensors of published checkpoints.
 TEST(ModelLoading, StackedExpertsLoadAsThePerExpertOnes) {
   for (const char* architecture :
-       {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+       {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
     SCOPED_TRACE(architecture);
     TempDir per_expert, stacked;
     writeTiny(per_expert.path(), architecture);
@@ -526,6 +530,9 @@ TEST(ModelLoading, StackedExpertsLoadAsThePerExpertOnes) {
       if (x.shared_expert.gate_proj.data != nullptr) {
         expectSameMatrix(x.shared_expert.gate_proj, y.shared_expert.gate_proj);
         expectSameMatrix(x.shared_expert.down_proj, y.shared_expert.down_proj);
+      }
+      if (x.shared_expert_gate.data != nullptr) {
+        expectSameMatrix(x.shared_expert_gate, y.shared_expert_gate);
       }
       for (size_t e = 0; e < x.experts.size(); ++e) {
         expectSameMatrix(x.experts[e].gate_proj, y.experts[e].gate_proj);
@@ -2402,6 +2409,81 @@ TEST(ModelConfigParsing, GlmReadsItsPartialInterleavedRotaryAndDefaults) {
                   "to head_dim (128) as int(head_dim x factor), got 1.8e+20");
 }
 
+// Qwen2-MoE (Qwen2MoeForCausalLM) as Qwen1.5-MoE-A2.7B's config and
+// Qwen2MoeConfig give it: Qwen3-MoE's routing fields with their own
+// defaults, q/k/v biases unless qkv_bias is false, a gated shared expert of
+// shared_expert_intermediate_size (in the digest; 0: none).
+TEST(ModelConfigParsing, Qwen2MoeReadsItsSharedExpertAndBiases) {
+  const std::string published =
+      R"({"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0,
+          "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+          "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5632,
+          "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
+          "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 16,
+          "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+          "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+          "use_sliding_window": false, "vocab_size": 151936, "decoder_sparse_step": 1,
+          "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+          "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": false,
+          "output_router_logits": false, "router_aux_loss_coef": 0.001})";
+  const ModelConfig c = ModelConfig::fromJsonText(published, "config.json");
+  EXPECT_TRUE(c.qwen2Moe());
+  EXPECT_EQ(c.model_type, "qwen2_moe");
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 128);
+  EXPECT_EQ(c.sliding_window, 0) << "use_sliding_window is false";
+  EXPECT_EQ(c.num_experts, 60);
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_EQ(c.moe_intermediate_size, 1408);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_FALSE(c.sigmoid_routing);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 5632);
+  EXPECT_EQ(c.sharedExpertWidth(), 5632);
+  for (int64_t layer = 0; layer < 24; ++layer) EXPECT_TRUE(c.isMoeLayer(layer)) << layer;
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+
+  auto moe = [](const std::string& extra) {
+    return R"({"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+               "vocab_size": 1000)" +
+           extra + "}";
+  };
+  // Qwen2MoeConfig's defaults.
+  const ModelConfig defaults = ModelConfig::fromJsonText(moe(""), "config.json");
+  EXPECT_EQ(defaults.num_experts, 60);
+  EXPECT_EQ(defaults.num_experts_per_tok, 4);
+  EXPECT_EQ(defaults.moe_intermediate_size, 1408);
+  EXPECT_EQ(defaults.shared_expert_intermediate_size, 5632);
+  EXPECT_TRUE(defaults.attention_bias);
+  EXPECT_EQ(defaults.max_position_embeddings, 32768);
+  EXPECT_EQ(defaults.rms_norm_eps, 1e-6);
+  const ModelConfig sparse = ModelConfig::fromJsonText(
+      moe(R"(, "qkv_bias": false, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+             "shared_expert_intermediate_size": 0)"),
+      "c.json");
+  EXPECT_FALSE(sparse.attention_bias);
+  EXPECT_EQ(sparse.sharedExpertWidth(), 0);
+  EXPECT_FALSE(sparse.isMoeLayer(0));
+  EXPECT_TRUE(sparse.isMoeLayer(1));
+  EXPECT_FALSE(sparse.isMoeLayer(3));
+  EXPECT_EQ(ModelConfig::fromJsonText(sparse.toJsonText(), "config.json"), sparse);
+
+  // The shared expert's width is the model's; Qwen3-MoE of the same fields
+  // is another model.
+  ModelConfig wider = defaults;
+  wider.shared_expert_intermediate_size = 2816;
+  EXPECT_NE(wider.computeDigest(), defaults.computeDigest());
+  ModelConfig qwen3 = defaults;
+  qwen3.architecture = "Qwen3MoeForCausalLM";
+  EXPECT_NE(qwen3.computeDigest(), defaults.computeDigest());
+  EXPECT_CONTAINS(parseError(moe(R"(, "shared_expert_intermediate_size": -4)")),
+                  "field \"shared_expert_intermediate_size\" must be an integer from 0 to");
+  EXPECT_CONTAINS(parseError(moe(R"(, "use_sliding_window": true)")),
+                  "field \"use_sliding_window\" is true");
+}
+
 // GLM-4.5 (Glm4MoeForCausalLM) as its published configs and Glm4MoeConfig
 // give it: GLM's partial rotary dims rotating as halves, DeepSeek-V3's
 // sigmoid routing in groups with a routed scale, shared experts, dense
@@ -2656,8 +2738,8 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
          {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
           "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
           "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-          "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-          "Glm4MoeForCausalLM"}) {
+          "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+          "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

@@ -562,8 +562,13 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
           for (int64_t i = 0; i < hidden; ++i) x[t][i] += weight * down[i];
         }
         if (lw.shared_expert.gate_proj.data != nullptr) {
+          // Qwen2-MoE weighs its shared expert by sigmoid(shared_expert_gate h).
           const std::vector<double> down = swiglu(lw.shared_expert);
-          for (int64_t i = 0; i < hidden; ++i) x[t][i] += down[i];
+          const double weight =
+              lw.shared_expert_gate.data == nullptr
+                  ? 1.0
+                  : 1.0 / (1.0 + std::exp(-denseMatVec(lw.shared_expert_gate, h)[0]));
+          for (int64_t i = 0; i < hidden; ++i) x[t][i] += weight * down[i];
         }
         continue;
       }
@@ -948,6 +953,10 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"MixtralForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Qwen3MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        // Qwen2-MoE: q/k/v biases, a shared expert weighed by its sigmoid
+        // gate, every second layer a mixture.
+        Variant{"Qwen2MoeForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"Qwen2MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         // GLM-4.5: sigmoid routing with a correction bias in two groups (one
         // chosen), a routed scale, a shared expert, a dense first layer,
         // q/k norms, half of each head rotating as halves.
