@@ -1172,6 +1172,15 @@ std::string minimalLlama(const std::string& extra = "") {
          extra + "}";
 }
 
+// A config.json of `architecture` in a small shape (hidden 256, 4 layers
+// of 4 heads, 1000 ids) with `extra` fields (", \"key\": value" ...).
+std::string smallConfig(const std::string& architecture, const std::string& extra = "") {
+  return R"({"architectures": [")" + architecture +
+         R"("], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "vocab_size": 1000)" +
+         extra + "}";
+}
+
 std::string parseError(const std::string& text) {
   try {
     ModelConfig::fromJsonText(text, "dir/config.json");
@@ -2444,12 +2453,7 @@ TEST(ModelConfigParsing, Qwen2MoeReadsItsSharedExpertAndBiases) {
   for (int64_t layer = 0; layer < 24; ++layer) EXPECT_TRUE(c.isMoeLayer(layer)) << layer;
   EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
 
-  auto moe = [](const std::string& extra) {
-    return R"({"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 256,
-               "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-               "vocab_size": 1000)" +
-           extra + "}";
-  };
+  auto moe = [](const std::string& extra) { return smallConfig("Qwen2MoeForCausalLM", extra); };
   // Qwen2MoeConfig's defaults.
   const ModelConfig defaults = ModelConfig::fromJsonText(moe(""), "config.json");
   EXPECT_EQ(defaults.num_experts, 60);
@@ -2553,12 +2557,7 @@ TEST(ModelConfigParsing, Glm4MoeReadsItsRoutingSharedExpertsAndDenseLayers) {
   // Glm4MoeConfig's defaults where a config is silent (no head_dim of its
   // own: hidden / heads), n_routed_experts also as transformers 5's
   // num_local_experts, the factor in rope_parameters.
-  auto moe = [](const std::string& extra) {
-    return R"({"architectures": ["Glm4MoeForCausalLM"], "hidden_size": 256,
-               "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-               "vocab_size": 1000)" +
-           extra + "}";
-  };
+  auto moe = [](const std::string& extra) { return smallConfig("Glm4MoeForCausalLM", extra); };
   const ModelConfig defaults = ModelConfig::fromJsonText(moe(""), "config.json");
   EXPECT_EQ(defaults.head_dim, 64);
   EXPECT_EQ(defaults.rotary_dim, 32);
