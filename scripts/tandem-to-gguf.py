@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen3-MoE or GLM-4.5 model directory to GGUF.
+"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE or GLM-4.5 model directory to GGUF.
 
 Reads config.json, tokenizer.json and model.safetensors (header + data, no
 torch or safetensors package needed) and writes one GGUF file with llama.cpp's
@@ -13,7 +13,11 @@ GLM-4.5 (Glm4MoeForCausalLM: q/k/v biases, optional q/k norms, partial
 rotary dims as the rope dimension count, sigmoid routing with the
 correction bias as exp_probs_b, expert groups, the routed scale, shared
 experts as ffn_*_shexp, the first first_k_dense_replace layers dense; no
-multi-token-prediction layer is written):
+multi-token-prediction layer is written), and `qwen2moe` for Qwen2-MoE
+(q/k/v biases, the shared expert as ffn_*_shexp with its gate as
+ffn_gate_inp_shexp; llama.cpp neither renormalizes nor has dense layers
+there, so norm_topk_prob must be false, mlp_only_layers empty and
+decoder_sparse_step 1):
 
   scripts/tandem-to-gguf.py --model models/small --out small-bf16.gguf --dtype bf16
   scripts/tandem-to-gguf.py --model models/small --f32-model-dir models/small-f32
@@ -27,8 +31,8 @@ side of a comparison on identical weights).
 q_proj and k_proj rows are permuted per head for `llama`: Hugging Face
 rotates the two halves of a head (i, i + d/2) together, llama.cpp's `llama`
 rope rotates adjacent pairs (2i, 2i + 1), so row i + h·d/2 of a head goes to
-row 2i + h. `qwen3moe` and `glm4moe` rotate halves as Hugging Face does: no
-permutation.
+row 2i + h. `qwen2moe`, `qwen3moe` and `glm4moe` rotate halves as Hugging
+Face does: no permutation.
 """
 
 import argparse
@@ -162,14 +166,25 @@ def convert(model_dir, out_path, dtype):
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     archs = config.get("architectures", [])
-    accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-                "Glm4MoeForCausalLM"]
+    accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"]
     if len(archs) != 1 or archs[0] not in accepted:
         sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: one of {accepted}")
     arch = archs[0]
     glm4moe = arch == "Glm4MoeForCausalLM"
-    if config.get("attention_bias") and not glm4moe:
-        sys.exit("tandem-to-gguf: attention_bias is true; accepted: false (GLM-4.5: true)")
+    qwen2moe = arch == "Qwen2MoeForCausalLM"
+    if config.get("attention_bias") and not (glm4moe or qwen2moe):
+        sys.exit("tandem-to-gguf: attention_bias is true; accepted: false (GLM-4.5, "
+                 "Qwen2-MoE: true)")
+    # Qwen2-MoE's q/k/v biases (qkv_bias, true when absent); GLM-4.5's with
+    # attention_bias.
+    qkv_bias = (qwen2moe and config.get("qkv_bias", True)) or (glm4moe and
+                                                                config.get("attention_bias"))
+    if qwen2moe and (config.get("norm_topk_prob") or config.get("mlp_only_layers")
+                     or config.get("decoder_sparse_step", 1) != 1):
+        sys.exit("tandem-to-gguf: Qwen2-MoE with norm_topk_prob, mlp_only_layers or "
+                 "decoder_sparse_step; accepted: norm_topk_prob false, every layer a mixture "
+                 "(llama.cpp's qwen2moe)")
     qwen3moe = arch == "Qwen3MoeForCausalLM"
     if qwen3moe and (not config.get("norm_topk_prob") or config.get("mlp_only_layers")
                      or config.get("decoder_sparse_step", 1) != 1):
@@ -182,8 +197,10 @@ def convert(model_dir, out_path, dtype):
                int(config.get("num_local_experts", 8)) if mixtral else
                int(config.get("n_routed_experts", config.get("num_local_experts", 128)))
                if glm4moe else
-               int(config.get("num_experts", config.get("num_local_experts", 128))))
-    experts_per_token = int(config.get("num_experts_per_tok", 2 if mixtral else 8))
+               int(config.get("num_experts", config.get("num_local_experts",
+                                                        60 if qwen2moe else 128))))
+    experts_per_token = int(config.get("num_experts_per_tok",
+                                       2 if mixtral else 4 if qwen2moe else 8))
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -199,7 +216,8 @@ def convert(model_dir, out_path, dtype):
     dense_layers = int(config.get("first_k_dense_replace", 1)) if glm4moe else 0
 
     tmp = out_path + ".tmp"
-    writer = gguf.GGUFWriter(tmp, "glm4moe" if glm4moe else "qwen3moe" if qwen3moe else "llama")
+    writer = gguf.GGUFWriter(tmp, "glm4moe" if glm4moe else "qwen3moe" if qwen3moe else
+                             "qwen2moe" if qwen2moe else "llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
@@ -210,6 +228,10 @@ def convert(model_dir, out_path, dtype):
         writer.add_expert_used_count(experts_per_token)
         if qwen3moe:
             writer.add_expert_feed_forward_length(int(config.get("moe_intermediate_size", 768)))
+        if qwen2moe:
+            writer.add_expert_feed_forward_length(int(config.get("moe_intermediate_size", 1408)))
+            writer.add_expert_shared_feed_forward_length(
+                int(config.get("shared_expert_intermediate_size", 5632)))
         if glm4moe:
             writer.add_expert_feed_forward_length(int(config.get("moe_intermediate_size", 1408)))
             writer.add_expert_shared_count(int(config.get("n_shared_experts", 1)))
@@ -251,11 +273,13 @@ def convert(model_dir, out_path, dtype):
                 data = permute_rope_rows(data, rope_heads)
             writer.add_tensor(gguf_name, np.ascontiguousarray(data))
 
-    def add_f32(gguf_name, hf_name):
-        # Norm weights, biases and GLM-4.5's router: f32, as llama.cpp's own
-        # converter writes them.
+    def add_f32(gguf_name, hf_name, flatten=False):
+        # Norm weights, biases, GLM-4.5's router and Qwen2-MoE's shared
+        # expert gate (a [1, hidden] matrix llama.cpp reads as a vector):
+        # f32, as llama.cpp's own converter writes them.
         src_dtype, _, array = take(hf_name)
-        writer.add_tensor(gguf_name, np.ascontiguousarray(to_f32(src_dtype, array)))
+        data = to_f32(src_dtype, array)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(data.reshape(-1) if flatten else data))
 
     def add_experts(gguf_name, hf_names):
         # One [experts, rows, cols] tensor of the experts' matrices in order.
@@ -279,14 +303,14 @@ def convert(model_dir, out_path, dtype):
     for i in range(layers):
         p = f"model.layers.{i}."
         add_f32(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
-        halves = qwen3moe or glm4moe
+        halves = qwen3moe or glm4moe or qwen2moe
         add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight",
                    None if halves else heads)
         add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight",
                    None if halves else kv_heads)
         add_matrix(f"blk.{i}.attn_v.weight", p + "self_attn.v_proj.weight")
         add_matrix(f"blk.{i}.attn_output.weight", p + "self_attn.o_proj.weight")
-        if glm4moe and config.get("attention_bias"):
+        if qkv_bias:
             for part in ("q", "k", "v"):
                 add_f32(f"blk.{i}.attn_{part}.bias", p + f"self_attn.{part}_proj.bias")
         if qwen3moe or (glm4moe and config.get("use_qk_norm")):
@@ -304,6 +328,12 @@ def convert(model_dir, out_path, dtype):
             for part in ("gate", "up", "down"):
                 add_experts(f"blk.{i}.ffn_{part}_exps.weight",
                             [f"{block}experts.{e}.{names[part]}.weight" for e in range(experts)])
+            if qwen2moe:
+                add_f32(f"blk.{i}.ffn_gate_inp_shexp.weight", block + "shared_expert_gate.weight",
+                        flatten=True)
+                for part in ("gate", "up", "down"):
+                    add_matrix(f"blk.{i}.ffn_{part}_shexp.weight",
+                               f"{block}shared_expert.{part}_proj.weight")
             if glm4moe:
                 add_f32(f"blk.{i}.exp_probs_b.bias", block + "gate.e_score_correction_bias")
                 if int(config.get("n_shared_experts", 1)) > 0:
