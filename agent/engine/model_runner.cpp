@@ -966,17 +966,14 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
     b.synchronize();
     const float* from = expert_out_.data();
     for (int64_t r = 0; r < rows; ++r) {
-      const float weight =
-          gate == nullptr
-              ? 1.0f
-              : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(gate[r]))));
       float* to = sum + r * hidden;
       const float* row = from + r * hidden;
       if (gate == nullptr) {
         for (int64_t c = 0; c < hidden; ++c) to[c] += row[c];
-      } else {
-        for (int64_t c = 0; c < hidden; ++c) to[c] += weight * row[c];
+        continue;
       }
+      const auto weight = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(gate[r]))));
+      for (int64_t c = 0; c < hidden; ++c) to[c] += weight * row[c];
     }
   }
   b.addInPlace(hidden_.data(), sum, rows * hidden);
