@@ -426,7 +426,7 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
     config.first_k_dense_replace =
         reader.countInt("first_k_dense_replace", 1, config.num_hidden_layers);
     config.n_group = reader.boundedInt("n_group", 1, config.num_experts);
-    if (config.n_group < 1 || config.num_experts % config.n_group != 0 ||
+    if (config.num_experts % config.n_group != 0 ||
         (config.n_group > 1 && config.num_experts / config.n_group < 2)) {
       reader.fail("n_group", "must divide " + std::string(experts_key) + " (" +
                                  std::to_string(config.num_experts) +
@@ -434,10 +434,6 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
                                  std::to_string(config.n_group));
     }
     config.topk_group = reader.boundedInt("topk_group", 1, config.n_group);
-    if (config.topk_group < 1) {
-      reader.fail("topk_group", "must be from 1 to n_group (" + std::to_string(config.n_group) +
-                                    "), got " + std::to_string(config.topk_group));
-    }
     const int64_t candidates = config.topk_group * (config.num_experts / config.n_group);
     if (config.num_experts_per_tok > candidates) {
       reader.fail("num_experts_per_tok", "must be at most the experts of topk_group groups (" +

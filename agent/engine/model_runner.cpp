@@ -233,8 +233,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
         layer.experts.push_back(residentMlp(expert.gate_proj, expert.up_proj, expert.down_proj));
       }
       layer.router_bias = resident(lw.router_bias);
-      layer.shared = lw.shared_expert.gate_proj.data != nullptr;
-      if (layer.shared) {
+      if (lw.shared_expert.gate_proj.data != nullptr) {
         const ExpertWeights& shared = lw.shared_expert;
         layer.shared_expert = residentMlp(shared.gate_proj, shared.up_proj, shared.down_proj);
       }
@@ -952,7 +951,7 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
       for (int64_t c = 0; c < hidden; ++c) to[c] += weight * from[c];
     }
   }
-  if (layer.shared) {
+  if (layer.shared_expert.down_proj.data != nullptr) {
     // transformers: the routed experts' sum + the shared experts' output
     // (Qwen2-MoE's times sigmoid(shared_expert_gate x), the product rounded
     // to f32), then the residual add.

@@ -176,8 +176,7 @@ class ModelRunner {
     kernels::WeightView router;
     std::vector<ResidentMlp> experts;
     const float* router_bias = nullptr;
-    ResidentMlp shared_expert;
-    bool shared = false;
+    ResidentMlp shared_expert;  // down_proj unset without shared experts
     // Qwen2-MoE's shared expert gate (1 x hidden); unset elsewhere.
     kernels::WeightView shared_expert_gate;
     const float* input_layernorm = nullptr;
