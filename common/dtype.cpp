@@ -14,6 +14,7 @@ size_t dtypeSize(DType dtype) {
     case DType::kF16:
       return 2;
     case DType::kF8E4M3:
+    case DType::kU8:
       return 1;
   }
   return 0;
@@ -29,6 +30,8 @@ const char* dtypeSafetensorsName(DType dtype) {
       return "F16";
     case DType::kF8E4M3:
       return "F8_E4M3";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -38,6 +41,7 @@ std::optional<DType> dtypeFromSafetensorsName(std::string_view name) {
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
   if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "U8") return DType::kU8;
   return std::nullopt;
 }
 
@@ -51,6 +55,8 @@ const char* dtypeTorchName(DType dtype) {
       return "float16";
     case DType::kF8E4M3:
       return "float8_e4m3fn";
+    case DType::kU8:
+      return "uint8";
   }
   return "?";
 }
@@ -72,6 +78,8 @@ const char* dtypeShortName(DType dtype) {
       return "f16";
     case DType::kF8E4M3:
       return "f8e4m3";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -181,6 +189,11 @@ void convertToF32(DType dtype, const void* src, float* dst, size_t n) {
       for (size_t i = 0; i < n; ++i) dst[i] = f8e4m3ToF32(s[i]);
       return;
     }
+    case DType::kU8: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
   }
 }
 
@@ -202,6 +215,15 @@ void convertFromF32(DType dtype, const float* src, void* dst, size_t n) {
     case DType::kF8E4M3: {
       auto* d = static_cast<uint8_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32ToF8e4m3(src[i]);
+      return;
+    }
+    case DType::kU8: {
+      // Rounded to the nearest byte value, clamped to 0..255; NaN is 0.
+      auto* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = std::isnan(src[i]) ? 0.0f : std::clamp(src[i], 0.0f, 255.0f);
+        d[i] = static_cast<uint8_t>(std::nearbyint(v));
+      }
       return;
     }
   }

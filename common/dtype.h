@@ -8,6 +8,12 @@
 // infinities, largest finite 448, NaN 0x7f/0xff. It holds quantized weight
 // matrices only (with their scales, docs/quantization.md); it has no flag or
 // config spelling, and KV caches never use it.
+//
+// u8 (safetensors U8) holds bytes that are not numbers of their own: the
+// packed MXFP4 blocks and E8M0 scales of GPT-OSS's experts, which loading
+// turns into bf16 (docs/quantization.md#mxfp4). No kernel reads it, no
+// weight view or KV cache has it; converted to f32, a byte is its unsigned
+// value.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +24,7 @@
 
 namespace tandem {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3 };
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kU8 };
 
 size_t dtypeSize(DType dtype);
 // Safetensors spelling: "F32", "BF16", "F16", "F8_E4M3".

@@ -257,13 +257,16 @@ class Backend {
   virtual void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q,
                               int64_t num_heads, float scale, float* out) = 0;
   // pagedAttention within a sliding window (a query at position p attends
-  // to max(0, p - window + 1)..p; 0: none) and with soft-capped scores
-  // (tanh(s / softcap) * softcap; 0: none), as kernels.h's. Only the CPU
-  // backend has it; the model runner refuses models that need it (Gemma) on
-  // the others first.
+  // to max(0, p - window + 1)..p; 0: none), with soft-capped scores
+  // (tanh(s / softcap) * softcap; 0: none) and with attention sinks
+  // (num_heads logits in this backend's memory, one more softmax term per
+  // head; nullptr: none), as kernels.h's. Only the CPU backend has it; the
+  // model runner refuses models that need it (Gemma, GPT-OSS) on the
+  // others first.
   struct AttentionVariant {
     int64_t window = 0;
     float softcap = 0.0f;
+    const float* sinks = nullptr;
   };
   virtual void pagedAttentionWith(const KvCacheLayout& cache, int32_t layer, const float* q,
                                   int64_t num_heads, float scale, const AttentionVariant& variant,

@@ -218,10 +218,14 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
 // sliding `window` > 0, to max(0, p - window + 1)..p (the keys before are
 // never read). Grouped-query: head h uses kv head h / (num_heads /
 // num_kv_heads). Scores are scaled by `scale`, then, with `softcap` > 0,
-// soft-capped: tanh(s / softcap) * softcap (Gemma 2). out has the shape of
-// q and must not alias it.
+// soft-capped: tanh(s / softcap) * softcap (Gemma 2). With `sinks`
+// (num_heads logits; nullptr: none), head h's softmax has one more term
+// that weighs no value, e^(sinks[h] - max) in its sum, the maximum taken
+// over the scores and the sink (GPT-OSS's attention sinks). out has the
+// shape of q and must not alias it.
 void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                     float scale, const AttentionSequence* sequences, int64_t num_sequences,
-                    float* out, int64_t window = 0, float softcap = 0.0f);
+                    float* out, int64_t window = 0, float softcap = 0.0f,
+                    const float* sinks = nullptr);
 
 }  // namespace tandem::kernels

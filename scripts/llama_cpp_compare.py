@@ -194,9 +194,28 @@ def f8e4m3_values():
     return values
 
 
+def mxfp4_matrices(blocks, scales):
+    """MXFP4 blocks [..., rows, cols / 32, 16] (U8: two FP4 E2M1 values a
+    byte, the low nibble first) and scales [..., rows, cols / 32] (U8, E8M0:
+    2^(s - 127)) as the float64 matrices [..., rows, cols] they hold, from
+    the OCP Microscaling format's definition."""
+    fp4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    fp4 = np.concatenate([fp4, -fp4])
+    b = blocks.astype(np.int64)
+    values = np.stack([fp4[b & 15], fp4[b >> 4]], axis=-1).reshape(*b.shape[:-1], 32)
+    values = values * np.exp2(scales.astype(np.float64) - 127)[..., None]
+    return values.reshape(*values.shape[:-2], -1)
+
+
 def dequantize(weights, config):
     """fp8 matrices times their scales, on the grid config.json's
-    quantization_config gives (per tensor, per output channel, or blocks)."""
+    quantization_config gives (per tensor, per output channel, or blocks);
+    GPT-OSS's MXFP4 experts as the [experts, in, out] matrices transformers
+    holds them as."""
+    for name in [n for n in weights if n.endswith("_blocks")]:
+        stem = name[: -len("_blocks")]
+        matrices = mxfp4_matrices(weights.pop(name), weights.pop(stem + "_scales"))
+        weights[stem] = matrices.transpose(0, 2, 1)
     q = config.get("quantization_config") or {}
     block = q.get("weight_block_size")
     for group in (q.get("config_groups") or {}).values():
@@ -243,6 +262,8 @@ def read_weights(model_dir):
             values = raw.view(np.float32)
         elif info["dtype"] == "F8_E4M3":
             values = f8e4m3_values()[np.asarray(raw)]
+        elif info["dtype"] == "U8":
+            values = np.asarray(raw)
         else:
             sys.exit(f"llama_cpp_compare: tensor {name} has dtype {info['dtype']}")
         weights[name] = values.astype(np.float64).reshape(info["shape"])
@@ -303,7 +324,14 @@ class Reference:
     with norm_topk_prob and times routed_scaling_factor, the shared experts'
     SwiGLU added. Qwen2-MoE is transformers' Qwen2MoeForCausalLM: Qwen2's
     q/k/v biases, Qwen3-MoE's softmax routing and dense layers, and the
-    shared expert's SwiGLU times sigmoid(shared_expert_gate x) added."""
+    shared expert's SwiGLU times sigmoid(shared_expert_gate x) added.
+    GPT-OSS is transformers' GptOssForCausalLM: q/k/v and o_proj biases,
+    a sink logit per head joining each softmax (its weight dropped), every
+    other layer sliding (layer_types), YaRN; its router a linear layer with
+    a bias, the softmax over its num_experts_per_tok largest logits, each
+    expert x @ gate_up_proj + bias with gate and up interleaved, gate
+    clamped above and up on both sides at swiglu_limit, (up + 1) * gate *
+    sigmoid(1.702 gate) @ down_proj + bias."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -319,6 +347,7 @@ class Reference:
         self.glm = self.arch == "GlmForCausalLM" or self.glm4
         self.glm4_moe = self.arch == "Glm4MoeForCausalLM"
         self.sigmoid = self.glm4_moe
+        self.gpt_oss = self.arch == "GptOssForCausalLM"
         # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
         # (no_rope_layer_interval) does not.
         layers = c["num_hidden_layers"]
@@ -344,14 +373,17 @@ class Reference:
             self.experts = c.get("n_routed_experts", c.get("num_local_experts", 128))
             self.block, self.names = "mlp.", ("gate_proj", "up_proj", "down_proj")
             self.normalize = bool(c.get("norm_topk_prob", True))
+        elif self.gpt_oss:
+            self.experts, self.block, self.normalize = c.get("num_local_experts", 128), "mlp.", True
         else:
             self.experts = 0
         # The engine's (transformers') defaults where the config is silent.
-        self.k = c.get("num_experts_per_tok", {"MixtralForCausalLM": 2,
+        self.k = c.get("num_experts_per_tok", {"MixtralForCausalLM": 2, "GptOssForCausalLM": 4,
                                                "Qwen2MoeForCausalLM": 4}.get(self.arch, 8))
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
-        self.head_dim = c.get("head_dim") or (128 if self.glm else c["hidden_size"] // self.heads)
+        self.head_dim = c.get("head_dim") or (128 if self.glm else 64 if self.gpt_oss
+                                              else c["hidden_size"] // self.heads)
         self.rotary_dim = self.head_dim
         self.mscale = 1.0
         if self.glm:
@@ -445,7 +477,7 @@ class Reference:
                               1e-5 if self.arch in ("MixtralForCausalLM", "Phi3ForCausalLM",
                                                     "Olmo2ForCausalLM", "Olmo3ForCausalLM",
                                                     "Ministral3ForCausalLM",
-                                                    "Glm4MoeForCausalLM")
+                                                    "Glm4MoeForCausalLM", "GptOssForCausalLM")
                               else 1.5625e-7 if self.glm else 1e-6)
         scale = 1.0 + weight if self.gemma else weight
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
@@ -455,10 +487,12 @@ class Reference:
         if self.phi3 or self.arch in ("MistralForCausalLM", "MixtralForCausalLM",
                                       "Ministral3ForCausalLM"):
             return bool(c.get("sliding_window"))
-        if not self.gemma and not self.olmo3:
+        if not self.gemma and not self.olmo3 and not self.gpt_oss:
             return False
         if c.get("layer_types"):
             return c["layer_types"][i] == "sliding_attention"
+        if self.gpt_oss:
+            return i % 2 == 0
         if self.olmo3:
             return (i + 1) % 4 != 0
         if self.gemma2:
@@ -500,6 +534,14 @@ class Reference:
         groups')."""
         w, c = self.w, self.config
         block = p + self.block
+        if self.gpt_oss:
+            logits = h @ w[block + "router.weight"].T + w[block + "router.bias"]
+            chosen = np.argsort(-logits, axis=-1, kind="stable")[:, : self.k]
+            top = np.take_along_axis(logits, chosen, axis=-1)
+            weights = np.exp(top - top.max(axis=-1, keepdims=True))
+            weights /= weights.sum(axis=-1, keepdims=True)
+            ordered = np.sort(logits, axis=-1)[:, ::-1]
+            return chosen, weights, float((ordered[:, self.k - 1] - ordered[:, self.k]).min())
         logits = h @ w[block + "gate.weight"].T
         if not self.sigmoid:
             probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
@@ -548,6 +590,21 @@ class Reference:
         block = p + self.block
         chosen, weights, _ = self.route(h, p)
         out = np.zeros_like(h)
+        if self.gpt_oss:
+            limit = self.config.get("swiglu_limit", 7.0)
+            experts = block + "experts."
+            for e in range(self.experts):
+                rows, slots = np.nonzero(chosen == e)
+                if len(rows) == 0:
+                    continue
+                gate_up = (h[rows] @ w[experts + "gate_up_proj"][e]
+                           + w[experts + "gate_up_proj_bias"][e])
+                gate = np.minimum(gate_up[:, ::2], limit)
+                up = np.clip(gate_up[:, 1::2], -limit, limit)
+                glu = gate / (1 + np.exp(-1.702 * gate))
+                y = ((up + 1) * glu) @ w[experts + "down_proj"][e] + w[experts + "down_proj_bias"][e]
+                out[rows] += weights[rows, slots][:, None] * y
+            return out
         gate_name, up_name, down_name = self.names
         for e in range(self.experts):
             rows, slots = np.nonzero(chosen == e)
@@ -594,7 +651,7 @@ class Reference:
                 x = round_bf16(x)
             scale = c.get("attention_multiplier", 1.0)
             residual = c.get("residual_multiplier", 1.0)
-        if self.gemma or self.olmo3 or c.get("sliding_window"):
+        if self.gemma or self.olmo3 or self.gpt_oss or c.get("sliding_window"):
             window = c.get("sliding_window", 4096)
             rows, cols = np.indices((n, n))
             sliding_mask = np.where((cols <= rows) & (rows - cols < window), 0.0, -np.inf)
@@ -630,11 +687,21 @@ class Reference:
                 cap = c["attn_logit_softcapping"]
                 scores = np.tanh(scores / cap) * cap
             scores = scores + layer_mask
+            sinks = w.get(p + "self_attn.sinks")
+            if sinks is not None:
+                # GPT-OSS: one more column per head, softmaxed with the
+                # scores, then dropped.
+                scores = np.concatenate(
+                    [scores, np.broadcast_to(sinks[:, None, None], (self.heads, n, 1))], axis=-1)
             scores -= scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
+            if sinks is not None:
+                probs = probs[..., :-1]
             attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, -1)
             out = attn @ w[p + "self_attn.o_proj.weight"].T
+            if p + "self_attn.o_proj.bias" in w:
+                out = out + w[p + "self_attn.o_proj.bias"]
             if self.olmo2:
                 x = x + self.rms(out, w[p + "post_attention_layernorm.weight"])
                 x = x + self.rms(self.mlp(x, p, i), w[p + "post_feedforward_layernorm.weight"])

@@ -66,7 +66,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "olmo3": "Olmo3ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
-                 "glm4_moe": "Glm4MoeForCausalLM"}
+                 "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
 # an original of 128, so the agent serves 1024 positions).
@@ -93,7 +93,8 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("olmo2", None), ("olmo3", None), ("gemma3", "config=yarn-options"),
          ("glm", None), ("glm4", None),
          ("mixtral", None),
-         ("qwen3_moe", None), ("qwen2_moe", None), ("glm4_moe", None),
+         ("qwen3_moe", None), ("qwen2_moe", None), ("glm4_moe", None), ("gpt_oss", None),
+         ("gpt_oss", "mxfp4"),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 

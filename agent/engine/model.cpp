@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <map>
@@ -34,8 +35,9 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 class TensorSource {
  public:
   TensorSource(const fs::path& dir, std::vector<std::unique_ptr<SafetensorsFile>>& files,
-               const Fp8Quantization& quantization, std::vector<std::vector<float>>& scales)
-      : files_(files), quantization_(quantization), scales_(scales) {
+               const Fp8Quantization& quantization, std::vector<std::vector<float>>& scales,
+               std::vector<std::vector<uint8_t>>& converted)
+      : files_(files), quantization_(quantization), scales_(scales), converted_(converted) {
     const fs::path single = dir / kSingleFile;
     const fs::path index = dir / kIndexFile;
     if (fs::exists(single)) {
@@ -163,17 +165,56 @@ class TensorSource {
     return files_.front()->find(name) != nullptr;
   }
 
-  std::vector<float> vector(const std::string& name, int64_t size) {
-    const TensorInfo& tensor = lookup(name, {size});
-    if (tensor.dtype == DType::kF8E4M3) {
-      throw Error("tensor " + name + " in " + fileOf(name) +
-                  " has dtype F8_E4M3, accepted for weight matrices only (accepted here: F32, "
-                  "BF16, F16)");
+  std::vector<float> vector(const std::string& name, int64_t size) { return values(name, {size}); }
+
+  // A tensor of that shape (norm weights, biases) as floats, row-major.
+  std::vector<float> values(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo& tensor = lookup(name, shape);
+    if (tensor.dtype == DType::kF8E4M3 || tensor.dtype == DType::kU8) {
+      throw Error("tensor " + name + " in " + fileOf(name) + " has dtype " +
+                  dtypeSafetensorsName(tensor.dtype) +
+                  ", accepted for weight matrices only (accepted here: F32, BF16, F16)");
     }
     used_bytes += tensor.num_bytes;
-    std::vector<float> values(static_cast<size_t>(size));
-    convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
-    return values;
+    std::vector<float> result(tensor.num_bytes / dtypeSize(tensor.dtype));
+    convertToF32(tensor.dtype, tensor.data, result.data(), result.size());
+    return result;
+  }
+
+  // A tensor of that shape in the matrices' dtype, as it is (GPT-OSS's
+  // experts as transformers holds them).
+  const TensorInfo& matrixTensor(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo& tensor = lookup(name, shape);
+    if (tensor.dtype == DType::kF8E4M3) {
+      throw Error("tensor " + name + " in " + fileOf(name) +
+                  " has dtype F8_E4M3, which it cannot have (accepted: F32, BF16, F16, or "
+                  "MXFP4 blocks and scales)");
+    }
+    checkMatrixDtype(name, tensor);
+    used_bytes += tensor.num_bytes;
+    return tensor;
+  }
+
+  // The bytes of a U8 tensor of that shape (MXFP4 blocks and scales).
+  const uint8_t* bytes(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo& tensor = lookup(name, shape);
+    if (tensor.dtype != DType::kU8) {
+      throw Error("tensor " + name + " in " + fileOf(name) + " has dtype " +
+                  dtypeSafetensorsName(tensor.dtype) + " (accepted: U8, MXFP4 bytes)");
+    }
+    used_bytes += tensor.num_bytes;
+    return static_cast<const uint8_t*>(tensor.data);
+  }
+
+  // Zeroed storage, kept by the model, for a matrix made at load.
+  uint8_t* convertedStorage(size_t bytes) {
+    converted_.emplace_back(bytes);
+    return converted_.back().data();
+  }
+
+  // "tensor <name> in <file>", as errors name a tensor.
+  std::string where(const std::string& name) const {
+    return "tensor " + name + " in " + fileOf(name);
   }
 
  private:
@@ -241,6 +282,11 @@ class TensorSource {
   }
 
   void checkMatrixDtype(const std::string& name, const TensorInfo& tensor) {
+    if (tensor.dtype == DType::kU8) {
+      throw Error("tensor " + name + " in " + fileOf(name) +
+                  " has dtype U8, which a matrix cannot have (accepted: F32, BF16, F16; U8 "
+                  "only for GPT-OSS's MXFP4 expert blocks and scales)");
+    }
     if (!matrix_dtype) {
       matrix_dtype = tensor.dtype;
       first_matrix = name;
@@ -324,6 +370,7 @@ class TensorSource {
   std::vector<std::unique_ptr<SafetensorsFile>>& files_;
   const Fp8Quantization& quantization_;
   std::vector<std::vector<float>>& scales_;
+  std::vector<std::vector<uint8_t>>& converted_;
   fs::path index_path_;                       // empty for a single file
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
 };
@@ -365,9 +412,10 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
     const size_t half = static_cast<size_t>(inter * hidden) * dtypeSize(gate_up.front().dtype);
     for (size_t e = 0; e < layer.experts.size(); ++e) {
       const auto* first = static_cast<const uint8_t*>(gate_up[e].data);
-      layer.experts[e] = {{first, gate_up[e].dtype, inter, hidden},
-                          {first + half, gate_up[e].dtype, inter, hidden},
-                          down[e]};
+      ExpertWeights& w = layer.experts[e];
+      w.gate_proj = {first, gate_up[e].dtype, inter, hidden};
+      w.up_proj = {first + half, gate_up[e].dtype, inter, hidden};
+      w.down_proj = down[e];
     }
     return;
   }
@@ -379,6 +427,147 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
     w.gate_proj = source.matrix(names.gate(e), inter, hidden);
     w.up_proj = source.matrix(names.up(e), inter, hidden);
     w.down_proj = source.matrix(names.down(e), hidden, inter);
+  }
+}
+
+// The FP4 (E2M1) values of MXFP4's nibbles: sign bit, 2 exponent bits, 1
+// mantissa bit.
+constexpr float kFp4Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// One row of an MXFP4 matrix into `dtype` (F32 or BF16, which hold every
+// value exactly: at most 6 x 2^127 rounds to infinity in both, as
+// transformers' ldexp gives it): cols / 32 blocks of 16 bytes, each byte
+// two values, the low nibble first, every value of block b times
+// 2^(scales[b] - 127). A scale of 255 (E8M0's NaN) is refused naming the
+// tensor and the element.
+void dequantizeMxfp4Row(const uint8_t* blocks, const uint8_t* scales, int64_t cols, DType dtype,
+                        uint8_t* out, const std::string& scales_name, int64_t first_scale) {
+  constexpr int64_t kBlock = 32;
+  float values[kBlock];
+  for (int64_t b = 0; b < cols / kBlock; ++b) {
+    if (scales[b] == 0xff) {
+      throw Error(scales_name + " holds 255 (E8M0's NaN) at element " +
+                  std::to_string(first_scale + b) + " (accepted: 0 to 254)");
+    }
+    const int exponent = static_cast<int>(scales[b]) - 127;
+    for (int64_t j = 0; j < kBlock / 2; ++j) {
+      const uint8_t byte = blocks[b * (kBlock / 2) + j];
+      values[2 * j] = std::ldexp(kFp4Values[byte & 0x0f], exponent);
+      values[2 * j + 1] = std::ldexp(kFp4Values[byte >> 4], exponent);
+    }
+    convertFromF32(dtype, values, out + static_cast<size_t>(b * kBlock) * dtypeSize(dtype), kBlock);
+  }
+}
+
+// GPT-OSS's router and experts (mlp.router, mlp.experts), the experts made
+// the row-major gate, up and down matrices of every other mixture, exactly.
+// As transformers holds them: gate_up_proj [experts, hidden, 2 x width] and
+// down_proj [experts, width, hidden], input-major (x @ W), gate and up
+// interleaved in the columns (gate the even ones: transformers'
+// gate_up[..., ::2]). As published (quant_method mxfp4):
+// gate_up_proj_blocks [experts, 2 x width, hidden / 32, 16] and
+// gate_up_proj_scales [experts, 2 x width, hidden / 32], output-major (rows
+// interleaved alike), down_proj_blocks and down_proj_scales likewise,
+// dequantized into the other matrices' dtype (BF16 or F32). Biases:
+// gate_up_proj_bias [experts, 2 x width] (interleaved) and down_proj_bias
+// [experts, hidden].
+void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::string& prefix,
+                       LayerWeights& layer) {
+  const int64_t experts = c.num_experts, hidden = c.hidden_size, width = c.moe_intermediate_size;
+  const std::string base = prefix + "mlp.experts.";
+  layer.router = source.matrix(prefix + "mlp.router.weight", experts, hidden);
+  layer.router_logit_bias = source.vector(prefix + "mlp.router.bias", experts);
+  const std::vector<float> gate_up_bias =
+      source.values(base + "gate_up_proj_bias", {experts, 2 * width});
+  const std::vector<float> down_bias = source.values(base + "down_proj_bias", {experts, hidden});
+
+  const DType dtype = *source.matrix_dtype;  // the embedding table's, read first
+  const size_t element = dtypeSize(dtype);
+  const auto matrix_bytes = static_cast<size_t>(width * hidden) * element;
+  uint8_t* gate = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
+  uint8_t* up = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
+  uint8_t* down = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
+  // Row r of expert e's gate (up) matrix, r of its down matrix.
+  auto gateRow = [&](int64_t e, int64_t r, bool is_up) {
+    return (is_up ? up : gate) + static_cast<size_t>(e) * matrix_bytes +
+           static_cast<size_t>(r * hidden) * element;
+  };
+  auto downRow = [&](int64_t e, int64_t r) {
+    return down + static_cast<size_t>(e) * matrix_bytes + static_cast<size_t>(r * width) * element;
+  };
+
+  if (source.has(base + "gate_up_proj_blocks")) {
+    for (const auto& [name, cols] : {std::pair{base + "gate_up_proj_blocks", hidden},
+                                     std::pair{base + "down_proj_blocks", width}}) {
+      if (cols % 32 != 0) {
+        throw Error(source.where(name) +
+                    ": MXFP4 needs rows of whole 32-value blocks, but a row "
+                    "has " +
+                    std::to_string(cols) + " values (from " + kConfigFile + ")");
+      }
+    }
+    if (dtype != DType::kBF16 && dtype != DType::kF32) {
+      throw Error(source.where(base + "gate_up_proj_blocks") +
+                  ": MXFP4 experts are dequantized into the other matrices' dtype, which is " +
+                  dtypeSafetensorsName(dtype) + " (accepted: BF16, F32)");
+    }
+    const std::string gate_up_scales = base + "gate_up_proj_scales";
+    const std::string down_scales = base + "down_proj_scales";
+    const uint8_t* gate_up_blocks =
+        source.bytes(base + "gate_up_proj_blocks", {experts, 2 * width, hidden / 32, 16});
+    const uint8_t* gate_up_scale = source.bytes(gate_up_scales, {experts, 2 * width, hidden / 32});
+    const uint8_t* down_blocks =
+        source.bytes(base + "down_proj_blocks", {experts, hidden, width / 32, 16});
+    const uint8_t* down_scale = source.bytes(down_scales, {experts, hidden, width / 32});
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t r = 0; r < 2 * width; ++r) {
+        const int64_t row = e * 2 * width + r;
+        dequantizeMxfp4Row(gate_up_blocks + row * (hidden / 2), gate_up_scale + row * (hidden / 32),
+                           hidden, dtype, gateRow(e, r / 2, r % 2 == 1),
+                           source.where(gate_up_scales), row * (hidden / 32));
+      }
+      for (int64_t r = 0; r < hidden; ++r) {
+        const int64_t row = e * hidden + r;
+        dequantizeMxfp4Row(down_blocks + row * (width / 2), down_scale + row * (width / 32), width,
+                           dtype, downRow(e, r), source.where(down_scales), row * (width / 32));
+      }
+    }
+  } else {
+    const auto* gate_up = static_cast<const uint8_t*>(
+        source.matrixTensor(base + "gate_up_proj", {experts, hidden, 2 * width}).data);
+    const auto* down_in = static_cast<const uint8_t*>(
+        source.matrixTensor(base + "down_proj", {experts, width, hidden}).data);
+    for (int64_t e = 0; e < experts; ++e) {
+      // Column j of gate_up (row h: x's element h) is row j / 2 of gate or up.
+      for (int64_t h = 0; h < hidden; ++h) {
+        const uint8_t* from = gate_up + static_cast<size_t>((e * hidden + h) * 2 * width) * element;
+        for (int64_t j = 0; j < 2 * width; ++j) {
+          std::memcpy(gateRow(e, j / 2, j % 2 == 1) + static_cast<size_t>(h) * element,
+                      from + static_cast<size_t>(j) * element, element);
+        }
+      }
+      for (int64_t i = 0; i < width; ++i) {
+        const uint8_t* from = down_in + static_cast<size_t>((e * width + i) * hidden) * element;
+        for (int64_t h = 0; h < hidden; ++h) {
+          std::memcpy(downRow(e, h) + static_cast<size_t>(i) * element,
+                      from + static_cast<size_t>(h) * element, element);
+        }
+      }
+    }
+  }
+  layer.experts.resize(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
+    w.gate_proj = {gateRow(e, 0, false), dtype, width, hidden};
+    w.up_proj = {gateRow(e, 0, true), dtype, width, hidden};
+    w.down_proj = {downRow(e, 0), dtype, hidden, width};
+    const float* bias = gate_up_bias.data() + e * 2 * width;
+    for (int64_t j = 0; j < width; ++j) {
+      w.gate_bias.push_back(bias[2 * j]);
+      w.up_bias.push_back(bias[2 * j + 1]);
+    }
+    w.down_bias.assign(down_bias.begin() + e * hidden, down_bias.begin() + (e + 1) * hidden);
   }
 }
 
@@ -439,7 +628,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   model->config_ = ModelConfig::fromFile(config_path, hf_overrides);
   const ModelConfig& c = model->config_;
 
-  TensorSource source(dir, model->files_, c.quantization, model->scales_);
+  TensorSource source(dir, model->files_, c.quantization, model->scales_, model->converted_);
   const int64_t hidden = c.hidden_size;
   const int64_t q_size = c.num_attention_heads * c.head_dim;
   const int64_t kv_size = c.num_key_value_heads * c.head_dim;
@@ -475,7 +664,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
     }
     layer.o_proj = source.matrix(prefix + "self_attn.o_proj.weight", hidden, q_size);
     if (c.attention_bias && c.architecture != "Qwen2ForCausalLM" && !c.qwen2Moe() && !c.glm &&
-        !c.glm4Moe()) {
+        !c.glm4Moe() && !c.gptOss()) {
       // transformers' Llama and Qwen3 give o_proj a bias too when
       // attention_bias is set (Qwen2's and GLM's q/k/v biases leave it
       // without one); that addition is not implemented, and leaving it out
@@ -485,13 +674,15 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
                   "'s o_proj a bias; biases after o_proj are not supported (accepted: "
                   "attention_bias false, or the q/k/v biases of Qwen2ForCausalLM, "
                   "Qwen2MoeForCausalLM, GlmForCausalLM, Glm4ForCausalLM and "
-                  "Glm4MoeForCausalLM)");
+                  "Glm4MoeForCausalLM, or GptOssForCausalLM's, with o_proj's)");
     }
     if (c.attention_bias) {
       layer.q_bias = source.vector(prefix + "self_attn.q_proj.bias", q_size);
       layer.k_bias = source.vector(prefix + "self_attn.k_proj.bias", kv_size);
       layer.v_bias = source.vector(prefix + "self_attn.v_proj.bias", kv_size);
+      if (c.gptOss()) layer.o_bias = source.vector(prefix + "self_attn.o_proj.bias", hidden);
     }
+    if (c.gptOss()) layer.sinks = source.vector(prefix + "self_attn.sinks", c.num_attention_heads);
     if (c.qk_norm) {
       // OLMo 2 normalizes all heads of q (of k) as one vector.
       layer.q_norm =
@@ -499,7 +690,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
       layer.k_norm =
           source.vector(prefix + "self_attn.k_norm.weight", c.olmo2 ? kv_size : c.head_dim);
     }
-    if (c.isMoeLayer(i)) {
+    if (c.gptOss()) {
+      loadGptOssExperts(source, c, prefix, layer);
+    } else if (c.isMoeLayer(i)) {
       loadExperts(source, c, i, layer);
     } else if (c.fusedGateUp()) {
       // Phi-3 and GLM hold gate and up as one, gate first (transformers'

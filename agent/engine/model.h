@@ -5,11 +5,11 @@
 // model.safetensors or the shards named by model.safetensors.index.json.
 // Every expected tensor must be present with the dtype family F32/BF16/F16
 // (or, in an fp8 checkpoint, F8_E4M3 projection matrices with their scales:
-// docs/quantization.md) and the shape the config implies; extra tensors (e.g. rotary_emb.inv_freq)
-// are ignored. Problems throw tandem::Error naming the file and tensor, e.g. "tensor
-// model.layers.3.mlp.up_proj.weight missing from model.safetensors". Small vectors (norm weights,
-// biases) are converted to fp32 at load; matrices stay mapped. A Model is immutable after load and
-// safe to share across threads.
+// docs/quantization.md; in GPT-OSS's, MXFP4 experts, made bf16 here) and the shape the config
+// implies; extra tensors (e.g. rotary_emb.inv_freq) are ignored. Problems throw tandem::Error
+// naming the file and tensor, e.g. "tensor model.layers.3.mlp.up_proj.weight missing from
+// model.safetensors". Small vectors (norm weights, biases) are converted to fp32 at load; matrices
+// stay mapped. A Model is immutable after load and safe to share across threads.
 #pragma once
 
 #include <array>
@@ -25,9 +25,11 @@
 
 namespace tandem::engine {
 
-// One expert of a mixture layer: an MLP as a dense layer's.
+// One expert of a mixture layer: an MLP as a dense layer's. GPT-OSS's
+// experts also have biases after each projection (empty elsewhere).
 struct ExpertWeights {
   kernels::WeightView gate_proj, up_proj, down_proj;
+  std::vector<float> gate_bias, up_bias, down_bias;
 };
 
 // The names of a mixture layer's tensors in the per-expert form published
@@ -83,6 +85,9 @@ struct LayerWeights {
   // (num_experts; empty: none), and the shared experts as one MLP
   // (ModelConfig::sharedExpertWidth() wide; unset without them).
   std::vector<float> router_bias;
+  // GPT-OSS: the router's bias (mlp.router.bias, num_experts), added to its
+  // logits; empty elsewhere.
+  std::vector<float> router_logit_bias;
   ExpertWeights shared_expert;
   // Qwen2-MoE: the shared expert's gate (1 x hidden_size); unset elsewhere.
   kernels::WeightView shared_expert_gate;
@@ -100,7 +105,10 @@ struct LayerWeights {
   std::vector<float> input_layernorm, post_attention_layernorm;
   std::vector<float> pre_feedforward_layernorm, post_feedforward_layernorm;  // sandwiches only
   std::vector<float> q_bias, k_bias, v_bias;  // empty without attention bias
-  std::vector<float> q_norm, k_norm;          // head_dim each; empty without qk_norm
+  // GPT-OSS: o_proj's bias (hidden_size) and the attention sinks
+  // (self_attn.sinks, num_attention_heads logits); empty elsewhere.
+  std::vector<float> o_bias, sinks;
+  std::vector<float> q_norm, k_norm;  // head_dim each; empty without qk_norm
   // The K and V scales of an fp8 KV cache, when the checkpoint has them
   // (Model::kvCacheScales).
   std::optional<float> k_cache_scale, v_cache_scale;
@@ -163,6 +171,10 @@ class Model {
   std::string kv_cache_scales_error_;
   // The scales of fp8 matrices (WeightView::scales point into them).
   std::vector<std::vector<float>> scales_;
+  // Matrices made at load, in the layout the kernels read (GPT-OSS's
+  // experts: transposed, de-interleaved, MXFP4 dequantized); views point
+  // into them.
+  std::vector<std::vector<uint8_t>> converted_;
   mutable std::once_flag digest_once_;
   mutable std::string weights_digest_;
 };

@@ -39,7 +39,7 @@ constexpr const char* kAcceptedArchitectures =
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
     "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM";
+    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -270,9 +270,13 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
   using Granularity = Fp8Quantization::Granularity;
   Fp8Quantization q;
   if (!reader.has("quant_method")) {
-    reader.fail("quant_method", "is missing (accepted: fp8, compressed-tensors)");
+    reader.fail("quant_method", "is missing (accepted: fp8, compressed-tensors, mxfp4)");
   }
   q.method = reader.string("quant_method", "");
+  // MXFP4 (GPT-OSS): the experts' blocks and scales, named by their
+  // tensors; the rest (modules_to_not_convert) stays as it is. Whether the
+  // architecture has such experts is decided by the caller.
+  if (q.method == "mxfp4") return q;
   auto positivePair = [](const FieldReader& r, const char* key) {
     const json& value = r.get(key);
     if (!value.is_array() || value.size() != 2 || !value[0].is_number_integer() ||
@@ -301,7 +305,7 @@ Fp8Quantization parseQuantization(const json& object, const std::string& source)
     reader.fail("quant_method",
                 "is \"" + q.method +
                     "\", which is not supported (accepted: fp8, compressed-tensors with 8-bit "
-                    "float weights)");
+                    "float weights, mxfp4 for GptOssForCausalLM)");
   }
   if (reader.has("config_groups") && !object["config_groups"].is_object()) {
     reader.fail("config_groups",
@@ -387,6 +391,7 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
   const bool is_mixtral = config.architecture == "MixtralForCausalLM";
   const bool is_glm4_moe = config.glm4Moe();
   const bool is_qwen2_moe = config.qwen2Moe();
+  const bool is_gpt_oss = config.gptOss();
   // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts
   // (its attribute_map), and GLM-4.5's n_routed_experts likewise: either
   // is read.
@@ -394,26 +399,29 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
       is_glm4_moe ? (reader.has("num_local_experts") && !reader.has("n_routed_experts")
                          ? "num_local_experts"
                          : "n_routed_experts")
-      : is_mixtral || !reader.has("num_experts") ? "num_local_experts"
-                                                 : "num_experts";
+      : is_mixtral || is_gpt_oss || !reader.has("num_experts") ? "num_local_experts"
+                                                               : "num_experts";
   config.num_experts = reader.boundedInt(experts_key,
                                          is_mixtral     ? 8
                                          : is_qwen2_moe ? 60
                                                         : 128,
                                          kMaxExperts);
   config.num_experts_per_tok = reader.boundedInt("num_experts_per_tok",
-                                                 is_mixtral     ? 2
-                                                 : is_qwen2_moe ? 4
-                                                                : 8,
+                                                 is_mixtral                   ? 2
+                                                 : is_qwen2_moe || is_gpt_oss ? 4
+                                                                              : 8,
                                                  kMaxExpertsPerToken);
   if (config.num_experts_per_tok > config.num_experts) {
     reader.fail("num_experts_per_tok", "must be at most " + std::string(experts_key) + " (" +
                                            std::to_string(config.num_experts) + "), got " +
                                            std::to_string(config.num_experts_per_tok));
   }
-  if (is_mixtral) {
+  if (is_mixtral || is_gpt_oss) {
+    // GPT-OSS's softmax over the chosen logits is the renormalized softmax
+    // over all of them.
     config.moe_intermediate_size = config.intermediate_size;
     config.norm_topk_prob = true;
+    if (is_gpt_oss) config.swiglu_limit = reader.positiveNumber("swiglu_limit", 7.0);
     return;
   }
   config.moe_intermediate_size = reader.boundedInt(
@@ -552,6 +560,21 @@ void readOlmo3(const FieldReader& reader, const json& root, ModelConfig& config)
     for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
       config.sliding_layers[i] = (static_cast<int64_t>(i) + 1) % 4 != 0;
     }
+  }
+  if (std::none_of(config.sliding_layers.begin(), config.sliding_layers.end(),
+                   [](bool sliding) { return sliding; })) {
+    config.sliding_layers.clear();
+    config.sliding_window = 0;
+  }
+}
+
+// GPT-OSS's (GptOssConfig's): a window of 128 unless given, on the layers
+// layer_types marks, else on every other layer from the first. With no
+// sliding layer, no window.
+void readGptOssWindow(const FieldReader& reader, const json& root, ModelConfig& config) {
+  config.sliding_window = reader.boundedInt("sliding_window", 128, kMaxPositionEmbeddings);
+  if (!readLayerTypes(reader, root, config)) {
+    for (size_t i = 0; i < config.sliding_layers.size(); ++i) config.sliding_layers[i] = i % 2 == 0;
   }
   if (std::none_of(config.sliding_layers.begin(), config.sliding_layers.end(),
                    [](bool sliding) { return sliding; })) {
@@ -714,6 +737,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"GlmForCausalLM", "glm"},
       {"Glm4ForCausalLM", "glm4"},
       {"Glm4MoeForCausalLM", "glm4_moe"},
+      {"GptOssForCausalLM", "gpt_oss"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -787,6 +811,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_qwen3_moe = config.architecture == "Qwen3MoeForCausalLM";
   const bool is_glm4_moe = config.glm4Moe();
   const bool is_qwen2_moe = config.qwen2Moe();
+  const bool is_gpt_oss = config.gptOss();
   const bool is_gemma2 = config.architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
                          config.architecture == "Gemma3ForConditionalGeneration";
@@ -814,6 +839,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                                {"mscale", 1.0},
                                {"mscale_all_dim", 1.0},
                                {"llama_4_scaling_beta", 0.1}};
+  }
+  // GPT-OSS without rotary parameters: GptOssConfig's (YaRN, 32 times
+  // 4,096 positions, bounds not rounded).
+  if (is_gpt_oss && !reader.has("rope_parameters") && !reader.has("rope_scaling")) {
+    root["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0},
+                            {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                            {"truncate", false},   {"original_max_position_embeddings", 4096}};
   }
 
   if (is_gemma) {
@@ -845,6 +877,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.head_dim = 128;
   } else if (is_gemma) {
     config.head_dim = 256;  // Gemma3TextConfig's default
+  } else if (is_gpt_oss) {
+    config.head_dim = 64;  // GptOssConfig's default
   } else {
     if (config.hidden_size % config.num_attention_heads != 0) {
       reader.fail("head_dim", "is missing and hidden_size (" + std::to_string(config.hidden_size) +
@@ -896,12 +930,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // GlmConfig's, MixtralConfig's, Phi3Config's, Olmo2Config's and
   // Glm4MoeConfig's own defaults differ from the others'.
   config.rms_norm_eps = reader.positiveNumber(
-      "rms_norm_eps", config.glm ? 1.5625e-7
-                      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 || is_glm4_moe
-                          ? 1e-5
-                          : 1e-6);
+      "rms_norm_eps",
+      config.glm ? 1.5625e-7
+      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 || is_glm4_moe || is_gpt_oss ? 1e-5
+                                                                                            : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6
                                                           : is_smollm3            ? 2e6
+                                                          : is_gpt_oss            ? 150000.0
                                                                                   : 10000.0);
   if (is_gemma3) config.rope_local_base_freq = reader.positiveNumber("rope_local_base_freq", 1e4);
   if (is_gemma3 && reader.has("rope_parameters") && root["rope_parameters"].is_object() &&
@@ -962,12 +997,12 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   if (config.olmo3) config.rope_local_base_freq = config.rope_theta;
   if (is_ministral3) readLlama4Scaling(reader, root, config);
   const int64_t default_max_positions =
-      is_ministral3                                                        ? 262144
-      : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 || is_qwen2_moe ? 32768
-      : is_mistral || is_mixtral || is_gemma3 || config.glm || is_glm4_moe ? 131072
-      : is_gemma2                                                          ? 8192
-      : is_phi3                                                            ? 4096
-                                                                           : 2048;
+      is_ministral3                                                                      ? 262144
+      : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 || is_qwen2_moe               ? 32768
+      : is_mistral || is_mixtral || is_gemma3 || config.glm || is_glm4_moe || is_gpt_oss ? 131072
+      : is_gemma2                                                                        ? 8192
+      : is_phi3                                                                          ? 4096
+                                                                                         : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
   if (config.rope_scaling.type == RopeScaling::Type::kLongRope) {
@@ -992,7 +1027,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                           : is_qwen2_moe ? reader.boolean("qkv_bias", true)
                           : is_mistral || is_mixtral || is_phi3
                               ? false
-                              : reader.boolean("attention_bias", config.glm);
+                              : reader.boolean("attention_bias", config.glm || is_gpt_oss);
   // GLM-4.5's per-head q/k norms are optional (GLM-4.5 and 4.6 have them,
   // GLM-4.5-Air not).
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2 ||
@@ -1006,7 +1041,10 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.residual_multiplier = reader.positiveNumber("residual_multiplier", 1.0);
     config.logits_scaling = reader.positiveNumber("logits_scaling", 1.0);
   }
-  if (is_mixtral || is_qwen3_moe || is_glm4_moe || is_qwen2_moe) readExperts(reader, root, config);
+  if (is_mixtral || is_qwen3_moe || is_glm4_moe || is_qwen2_moe || is_gpt_oss) {
+    readExperts(reader, root, config);
+  }
+  if (is_gpt_oss) readGptOssWindow(reader, root, config);
 
   if (reader.boolean("mlp_bias", false)) {
     reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
@@ -1047,6 +1085,12 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
 
   if (reader.has("quantization_config")) {
     config.quantization = parseQuantization(root["quantization_config"], source_name);
+    if (config.mxfp4() && !is_gpt_oss) {
+      throw Error(source_name +
+                  ": field \"quantization_config.quant_method\" is \"mxfp4\", which is "
+                  "supported for GptOssForCausalLM's experts only (accepted for " +
+                  config.architecture + ": fp8, compressed-tensors)");
+    }
   }
 
   if (reader.has("bos_token_id")) {
@@ -1208,12 +1252,12 @@ std::string ModelConfig::toJsonText() const {
   }
   root["max_position_embeddings"] = max_position_embeddings;
   if (sliding_window > 0) root["sliding_window"] = sliding_window;
-  if (gemma || (olmo3 && !sliding_layers.empty())) {
+  if (gemma || ((olmo3 || gptOss()) && !sliding_layers.empty())) {
     json types = json::array();
     for (bool sliding : sliding_layers)
       types.push_back(sliding ? "sliding_attention" : "full_attention");
     root["layer_types"] = types;
-  } else if (olmo3) {
+  } else if (olmo3 || gptOss()) {
     root["layer_types"] = json::array();
     for (int64_t i = 0; i < num_hidden_layers; ++i) root["layer_types"].push_back("full_attention");
   }
@@ -1233,9 +1277,10 @@ std::string ModelConfig::toJsonText() const {
   root["tie_word_embeddings"] = tie_word_embeddings;
   root["attention_bias"] = attention_bias;
   root["torch_dtype"] = dtypeTorchName(torch_dtype);
-  if (architecture == "MixtralForCausalLM") {
+  if (architecture == "MixtralForCausalLM" || gptOss()) {
     root["num_local_experts"] = num_experts;
     root["num_experts_per_tok"] = num_experts_per_tok;
+    if (gptOss()) root["swiglu_limit"] = swiglu_limit;
   } else if (architecture == "Qwen3MoeForCausalLM" || qwen2Moe()) {
     if (qwen2Moe()) {
       root["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
@@ -1258,6 +1303,13 @@ std::string ModelConfig::toJsonText() const {
     root["topk_group"] = topk_group;
     root["first_k_dense_replace"] = first_k_dense_replace;
     root["use_qk_norm"] = qk_norm;
+  }
+  if (mxfp4()) {
+    // As the published checkpoints give it.
+    root["quantization_config"] = {{"quant_method", "mxfp4"},
+                                   {"modules_to_not_convert",
+                                    {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                     "model.embed_tokens", "lm_head"}}};
   }
   if (quantized()) {
     const bool block = quantization.granularity == Fp8Quantization::Granularity::kBlock;
@@ -1379,6 +1431,9 @@ std::string ModelConfig::computeDigest() const {
                                             {"first_k_dense_replace", first_k_dense_replace}};
     }
   }
+  // And only GPT-OSS its activation's limit, its sinks, its router's and
+  // experts' and o_proj's biases.
+  if (gptOss()) math["gpt_oss"] = {{"swiglu_limit", swiglu_limit}};
   // And GLM-4.5 its rotary dims (its pairs are the halves).
   if (glm4Moe()) math["glm4_moe"] = {{"rotary_dim", rotary_dim}};
   // And only Gemma 3 its own arithmetic.

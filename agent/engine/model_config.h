@@ -8,8 +8,9 @@
 // GraniteForCausalLM (docs/engine.md#granite), Olmo2ForCausalLM
 // (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
 // SmolLM3ForCausalLM (docs/engine.md#smollm3), and the mixtures of experts
-// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and
-// Glm4MoeForCausalLM (docs/engine.md#mixture-of-experts).
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
+// Glm4MoeForCausalLM and GptOssForCausalLM
+// (docs/engine.md#mixture-of-experts, docs/engine.md#gpt-oss).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
 #pragma once
@@ -184,6 +185,20 @@ struct ModelConfig {
   int64_t shared_expert_intermediate_size = 0;
   // The shared experts' MLP width (0: none): GLM-4.5's n_shared_experts x
   // moe_intermediate_size, Qwen2-MoE's shared_expert_intermediate_size.
+  // GptOssForCausalLM (gpt-oss-20b, gpt-oss-120b): every layer a mixture
+  // of num_local_experts experts of intermediate_size, chosen by the
+  // router's logits (a linear layer with a bias) and weighted by the
+  // softmax over the chosen ones' logits (norm_topk_prob); an expert's
+  // gate and up projections have biases, its activation is
+  // (clamp(up, -swiglu_limit, swiglu_limit) + 1) x g x sigmoid(1.702 g) for
+  // g = min(gate, swiglu_limit), and its down projection a bias too. The
+  // attention has q/k/v and o_proj biases (attention_bias) and one sink
+  // logit per head (self_attn.sinks: one more softmax term that weighs no
+  // value); layer_types marks the sliding layers (every other one from the
+  // first by default), all layers rotate alike (YaRN in the published
+  // configs).
+  bool gptOss() const { return architecture == "GptOssForCausalLM"; }
+  double swiglu_limit = 7.0;
   int64_t sharedExpertWidth() const {
     return qwen2Moe() ? shared_expert_intermediate_size : n_shared_experts * moe_intermediate_size;
   }
@@ -191,7 +206,11 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  // from config.json "eos_token_id" (int or list)
   int64_t bos_token_id = -1;
   // No quantization (granularity kNone): every matrix is f32, bf16 or f16.
+  // quant_method "mxfp4" (GPT-OSS's published checkpoints) is granularity
+  // kNone too: its MXFP4 experts are bf16 once loaded
+  // (docs/quantization.md#mxfp4).
   Fp8Quantization quantization;
+  bool mxfp4() const { return quantization.method == "mxfp4"; }
   bool quantized() const { return quantization.granularity != Fp8Quantization::Granularity::kNone; }
 
   // Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4): Llama's arithmetic with q/k/v

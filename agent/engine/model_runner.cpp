@@ -172,8 +172,9 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
   // A backend that cannot apply windows (not host-accessible) computes full
   // attention: the engine capped max_model_len at the window, within which
   // the two are one.
-  attention_variant_ = backend_.hostAccessible() &&
-                       (!config.sliding_layers.empty() || config.attn_logit_softcapping > 0);
+  attention_variant_ =
+      backend_.hostAccessible() &&
+      (!config.sliding_layers.empty() || config.attn_logit_softcapping > 0 || config.gptOss());
   const std::vector<float> inv_freq = ropeInverseFrequencies(config);
   inv_freq_.grow(inv_freq.size());
   backend_.copyFromHost(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float));
@@ -231,8 +232,12 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       layer.router = config.sigmoid_routing ? lw.router : matmulWeight(lw.router);
       for (const ExpertWeights& expert : lw.experts) {
         layer.experts.push_back(residentMlp(expert.gate_proj, expert.up_proj, expert.down_proj));
+        layer.experts.back().gate_bias = resident(expert.gate_bias);
+        layer.experts.back().up_bias = resident(expert.up_bias);
+        layer.experts.back().down_bias = resident(expert.down_bias);
       }
       layer.router_bias = resident(lw.router_bias);
+      layer.router_logit_bias = resident(lw.router_logit_bias);
       if (lw.shared_expert.gate_proj.data != nullptr) {
         const ExpertWeights& shared = lw.shared_expert;
         layer.shared_expert = residentMlp(shared.gate_proj, shared.up_proj, shared.down_proj);
@@ -252,6 +257,8 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
     layer.v_bias = resident(lw.v_bias);
     layer.q_norm = resident(lw.q_norm);
     layer.k_norm = resident(lw.k_norm);
+    layer.o_bias = resident(lw.o_bias);
+    layer.sinks = resident(lw.sinks);
     weights_.layers.push_back(layer);
   }
   if (dropped_mapped_bytes_ > 0) {
@@ -277,8 +284,10 @@ ModelRunner::ResidentMlp ModelRunner::residentMlp(const kernels::WeightView& gat
                                                   const kernels::WeightView& up,
                                                   const kernels::WeightView& down) {
   ResidentMlp mlp;
-  // (Gemma's GELU has no fused matmul: its gate and up stay apart.)
-  mlp.fused = options_.fuse_projections && !model_.config().gemma && stackable({&gate, &up});
+  // (Gemma's GELU and GPT-OSS's clamped activation with biases have no
+  // fused matmul: their gate and up stay apart.)
+  mlp.fused = options_.fuse_projections && !model_.config().gemma && !model_.config().gptOss() &&
+              stackable({&gate, &up});
   if (mlp.fused) {
     // Rows in the order the backend's matmulSiluMul reads them.
     const bool pairs = backend_.stackedLayout() == kernels::Backend::StackedLayout::kPairs;
@@ -763,6 +772,7 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       kernels::Backend::AttentionVariant variant;
       variant.window = lw.sliding ? config.sliding_window : 0;
       variant.softcap = static_cast<float>(config.attn_logit_softcapping);
+      variant.sinks = lw.sinks;
       b.pagedAttentionWith(layout, static_cast<int32_t>(layer), q_.data(), num_heads,
                            attention_scale_, variant, attn_.data());
     } else {
@@ -791,6 +801,12 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
       if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
       addScaledResidual(rows);
+    } else if (lw.o_bias != nullptr) {
+      // GPT-OSS: o_proj's bias, then the residual add.
+      b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+      if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
+      b.addBias(proj_.data(), lw.o_bias, rows, hidden);
+      b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
     } else if (lw.fused && !lora) {
       b.matmulAdd(attn_.data(), rows, q_width, lw.o_proj, hidden_.data(), proj_.data());
     } else {
@@ -908,6 +924,34 @@ void ModelRunner::mlp(const ResidentMlp& weights, const float* x, int64_t rows, 
   if (accumulate) b.addInPlace(out, proj_.data(), rows * hidden);
 }
 
+void ModelRunner::gptOssExpert(const ResidentMlp& expert, int64_t rows) {
+  const ModelConfig& config = model_.config();
+  const int64_t hidden = config.hidden_size;
+  const int64_t width = config.moe_intermediate_size;
+  kernels::Backend& b = backend_;
+  b.matmul(expert_in_.data(), rows, hidden, expert.gate_proj, gate_.data());
+  b.addBias(gate_.data(), expert.gate_bias, rows, width);
+  b.matmul(expert_in_.data(), rows, hidden, expert.up_proj, up_.data());
+  b.addBias(up_.data(), expert.up_bias, rows, width);
+  b.synchronize();
+  // Host memory (mixtures run on the CPU backend only): transformers'
+  // GptOssExperts in fp32, each step rounded: g = min(gate, limit), u =
+  // clamp(up, -limit, limit), (u + 1) * (g * sigmoid(g * 1.702)). NaN
+  // passes the clamps as torch.clamp passes it.
+  const auto limit = static_cast<float>(config.swiglu_limit);
+  constexpr float kAlpha = 1.702f;
+  float* gate = gate_.data();
+  const float* up = up_.data();
+  for (int64_t i = 0; i < rows * width; ++i) {
+    const float g = std::isnan(gate[i]) ? gate[i] : std::min(gate[i], limit);
+    const float u = std::isnan(up[i]) ? up[i] : std::clamp(up[i], -limit, limit);
+    const float glu = g * (1.0f / (1.0f + std::exp(-(g * kAlpha))));
+    gate[i] = (u + 1.0f) * glu;
+  }
+  b.matmul(gate_.data(), rows, width, expert.down_proj, expert_out_.data());
+  b.addBias(expert_out_.data(), expert.down_bias, rows, hidden);
+}
+
 void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
   const ModelConfig& config = model_.config();
   const int64_t hidden = config.hidden_size;
@@ -915,6 +959,9 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
   // Host-accessible memory (the constructor refuses other backends): the
   // routing, gathering and weighted sums run here, between kernels.
   b.matmul(normed_.data(), rows, hidden, layer.router, router_logits_.data());
+  if (layer.router_logit_bias != nullptr) {
+    b.addBias(router_logits_.data(), layer.router_logit_bias, rows, config.num_experts);
+  }
   b.synchronize();
   Routing routing;
   routing.num_experts = config.num_experts;
@@ -939,8 +986,12 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
       std::memcpy(expert_in_.data() + i * hidden,
                   normed_.data() + routed_rows[static_cast<size_t>(first + i)] * hidden, row_bytes);
     }
-    mlp(layer.experts[static_cast<size_t>(e)], expert_in_.data(), count,
-        config.moe_intermediate_size, expert_out_.data(), false, -1);
+    if (config.gptOss()) {
+      gptOssExpert(layer.experts[static_cast<size_t>(e)], count);
+    } else {
+      mlp(layer.experts[static_cast<size_t>(e)], expert_in_.data(), count,
+          config.moe_intermediate_size, expert_out_.data(), false, -1);
+    }
     b.synchronize();
     // A product then a sum, each rounded (this library is built with
     // -ffp-contract=off: never one fused multiply-add).

@@ -158,6 +158,10 @@ class ModelRunner {
   struct ResidentMlp {
     kernels::WeightView gate_proj, up_proj, down_proj, gate_up_proj;
     bool fused = false;
+    // GPT-OSS's experts' biases (null elsewhere).
+    const float* gate_bias = nullptr;
+    const float* up_bias = nullptr;
+    const float* down_bias = nullptr;
   };
   struct ResidentLayer {
     kernels::WeightView q_proj, k_proj, v_proj, o_proj;
@@ -176,7 +180,8 @@ class ModelRunner {
     kernels::WeightView router;
     std::vector<ResidentMlp> experts;
     const float* router_bias = nullptr;
-    ResidentMlp shared_expert;  // down_proj unset without shared experts
+    const float* router_logit_bias = nullptr;  // GPT-OSS's
+    ResidentMlp shared_expert;                 // down_proj unset without shared experts
     // Qwen2-MoE's shared expert gate (1 x hidden); unset elsewhere.
     kernels::WeightView shared_expert_gate;
     const float* input_layernorm = nullptr;
@@ -196,6 +201,9 @@ class ModelRunner {
     const float* v_bias = nullptr;
     const float* q_norm = nullptr;
     const float* k_norm = nullptr;
+    // GPT-OSS's o_proj bias and attention sinks (null elsewhere).
+    const float* o_bias = nullptr;
+    const float* sinks = nullptr;
   };
   struct ResidentWeights {
     kernels::WeightView embed_tokens, lm_head;
@@ -227,6 +235,10 @@ class ModelRunner {
   // routed to it, and each row's weighted sum of its experts' outputs
   // taken in expert order (as transformers adds them), then the shared
   // experts' output added to it, so a row's bits depend on the row alone.
+  // One GPT-OSS expert on expert_in_'s first `rows` rows, into
+  // expert_out_: gate and up with their biases, the clamped activation,
+  // down with its bias.
+  void gptOssExpert(const ResidentMlp& expert, int64_t rows);
   void mixture(const ResidentLayer& layer, int64_t rows);
   ResidentMlp residentMlp(const kernels::WeightView& gate, const kernels::WeightView& up,
                           const kernels::WeightView& down);

@@ -140,7 +140,7 @@ void CpuBackend::pagedAttentionWith(const KvCacheLayout& cache, int32_t layer, c
                                     float* out) {
   kernels::pagedAttention(cache, layer, q, num_heads, scale, sequences_.data(),
                           static_cast<int64_t>(sequences_.size()), out, variant.window,
-                          variant.softcap);
+                          variant.softcap, variant.sinks);
 }
 
 void CpuBackend::gatherLastRows(const float* x, int64_t width, float* out) {

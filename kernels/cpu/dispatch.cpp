@@ -495,7 +495,7 @@ void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const fl
 
 void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, int64_t num_heads,
                     float scale, const AttentionSequence* sequences, int64_t num_sequences,
-                    float* out, int64_t window, float softcap) {
+                    float* out, int64_t window, float softcap, const float* sinks) {
   checkSequences(cache, layer, sequences, num_sequences);
   TANDEM_CHECK(window >= 0, "attention window must not be negative");
   TANDEM_CHECK(softcap >= 0.0f, "attention softcap must not be negative");
@@ -560,6 +560,7 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
     query.position = seq.first_position + r;
     query.first_position = window > 0 ? std::max<int64_t>(0, query.position - window + 1) : 0;
     query.softcap = softcap;
+    query.sinks = sinks == nullptr ? nullptr : sinks + head;
     query.scale = scale * key_factor;
     query.value_scale = value_factor;
     isa.attendQuery(query, scores.data());

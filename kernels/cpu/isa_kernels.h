@@ -12,6 +12,7 @@
 // and keep the batch-invariance contract of kernels.h.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -54,6 +55,10 @@ struct AttentionQuery {
   // Soft-capping of the scores (Gemma 2): s = tanh(s / softcap) * softcap
   // before the softmax; 0: none.
   float softcap = 0.0f;
+  // The heads' sink logits (GPT-OSS: num_heads values from this query's
+  // first head on; nullptr: none), each one more softmax term that weighs
+  // no value (softmaxSum).
+  const float* sinks = nullptr;
   // Scores are q.k x scale; the output is the softmax-weighted sum of V
   // rows x value_scale. With an f8e4m3 cache the loaders read each element
   // as its value x 2^-8 (exact: kernels.h), and these factors carry the 2^8
@@ -67,6 +72,20 @@ struct AttentionQuery {
 inline void softcapScores(float* scores, int64_t count, float softcap) {
   if (softcap == 0.0f) return;
   for (int64_t t = 0; t < count; ++t) scores[t] = std::tanh(scores[t] / softcap) * softcap;
+}
+
+// The softmax of one head's scores, in place: each score becomes e^(s -
+// max), max taken over the scores and the head's sink when there is one;
+// returns the sum that divides them, the sink's e^(sink - max) added last
+// (after the ISA's own sum of the scores). expShiftAndSum(x, n, max) is
+// the ISA's.
+template <typename ExpShiftAndSum>
+float softmaxSum(float* scores, int64_t count, float max, const float* sink,
+                 ExpShiftAndSum expShiftAndSum) {
+  if (sink != nullptr) max = std::max(max, *sink);
+  float sum = expShiftAndSum(scores, count, max);
+  if (sink != nullptr) sum += std::exp(*sink - max);
+  return sum;
 }
 
 // Walks the K (kv = 0) or V (kv = 1) rows of positions first_position,

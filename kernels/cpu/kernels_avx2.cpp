@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/check.h"
 #include "kernels/cpu/isa_kernels.h"
 
 namespace tandem::kernels::cpu {
@@ -222,6 +223,9 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n
       return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kF8E4M3:
       return matmulTyped<F8Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kU8:
+      TANDEM_CHECK(false, "u8 bytes reached a matmul (MXFP4 is dequantized at load)");
+      return;
   }
 }
 
@@ -335,7 +339,7 @@ void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, f
   }
 
   softcapScores(scores, count, a.softcap);
-  const float sum = expShiftAndSum(scores, count, maxOf(scores, count));
+  const float sum = softmaxSum(scores, count, maxOf(scores, count), a.sinks, expShiftAndSum);
 
   alignas(32) float out[kMaxHeadDim + kValueChunksPerPass * kLanes];
   alignas(32) float value[kMaxHeadDim + kValueChunksPerPass * kLanes];
@@ -364,10 +368,12 @@ void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, f
   std::copy_n(out, head_dim, out_head);
 }
 
-void attendQuery(const AttentionQuery& a, float* scores) {
-  for (int32_t h = 0; h < a.num_heads; ++h) {
-    const float* q = a.q + h * a.head_dim;
-    float* out = a.out + h * a.head_dim;
+void attendQuery(const AttentionQuery& query, float* scores) {
+  for (int32_t h = 0; h < query.num_heads; ++h) {
+    const float* q = query.q + h * query.head_dim;
+    float* out = query.out + h * query.head_dim;
+    AttentionQuery a = query;
+    if (query.sinks != nullptr) a.sinks = query.sinks + h;
     if (a.cache_dtype == DType::kBF16) {
       attendHead<Bf16Loader>(a, q, out, scores);
     } else if (a.cache_dtype == DType::kF8E4M3) {

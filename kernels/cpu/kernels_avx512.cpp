@@ -23,6 +23,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/check.h"
 #include "kernels/cpu/isa_kernels.h"
 
 namespace tandem::kernels::cpu {
@@ -267,6 +268,9 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n
       return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
     case DType::kF8E4M3:
       return matmulTyped<F8Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+    case DType::kU8:
+      TANDEM_CHECK(false, "u8 bytes reached a matmul (MXFP4 is dequantized at load)");
+      return;
   }
 }
 
@@ -545,8 +549,10 @@ void attendHeads(const AttentionQuery& a, float* scores) {
   for (int g = 0; g < Heads; ++g) {
     float* head_scores = scores + g * count;
     softcapScores(head_scores, count, a.softcap);
-    divisor[g] = _mm512_set1_ps(expShiftAndSum(head_scores, count, maxOf(head_scores, count)) /
-                                a.value_scale);
+    const float* sink = a.sinks == nullptr ? nullptr : a.sinks + g;
+    divisor[g] = _mm512_set1_ps(
+        softmaxSum(head_scores, count, maxOf(head_scores, count), sink, expShiftAndSum) /
+        a.value_scale);
   }
 
   // out = sum_t p_t v_t in t order, kValueChunksPerPass * 16 dims per pass

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/check.h"
 #include "kernels/cpu/isa_kernels.h"
 
 namespace tandem::kernels::cpu {
@@ -34,6 +35,9 @@ void loadRow(const WeightView& w, int64_t row, float* out) {
       for (int64_t i = 0; i < k; ++i) out[i] = f16ToF32(f8e4m3ToScaledF16(src[i]));
       return;
     }
+    case DType::kU8:
+      TANDEM_CHECK(false, "u8 bytes reached a matmul (MXFP4 is dequantized at load)");
+      return;
   }
 }
 
@@ -66,10 +70,14 @@ void siluMul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
-// x[i] = e^(x[i] - max) in place, returning their sum in index order.
-float expShiftAndSum(float* x, int64_t n) {
+float maxOf(const float* x, int64_t n) {
   float max = -INFINITY;
   for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  return max;
+}
+
+// x[i] = e^(x[i] - max) in place, returning their sum in index order.
+float expShiftAndSum(float* x, int64_t n, float max) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     x[i] = std::exp(x[i] - max);
@@ -80,7 +88,7 @@ float expShiftAndSum(float* x, int64_t n) {
 
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
-  const float sum = expShiftAndSum(x, n);
+  const float sum = expShiftAndSum(x, n, maxOf(x, n));
   for (int64_t i = 0; i < n; ++i) x[i] /= sum;
 }
 
@@ -110,7 +118,7 @@ void attendHead(const AttentionQuery& a, const float* q, float* out, float* scor
     scores[t] = dot(q, row, head_dim) * a.scale;
   }
   softcapScores(scores, count, a.softcap);
-  const float sum = expShiftAndSum(scores, count);
+  const float sum = softmaxSum(scores, count, maxOf(scores, count), a.sinks, expShiftAndSum);
   float acc[kMaxHeadDim] = {};
   CacheRowCursor values(a, 1);
   for (int64_t t = 0; t < count; ++t) {
@@ -123,7 +131,9 @@ void attendHead(const AttentionQuery& a, const float* q, float* out, float* scor
 
 void attendQuery(const AttentionQuery& a, float* scores) {
   for (int32_t h = 0; h < a.num_heads; ++h) {
-    attendHead(a, a.q + h * a.head_dim, a.out + h * a.head_dim, scores);
+    AttentionQuery head = a;
+    if (a.sinks != nullptr) head.sinks = a.sinks + h;
+    attendHead(head, a.q + h * a.head_dim, a.out + h * a.head_dim, scores);
   }
 }
 

@@ -5,7 +5,8 @@
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|ministral3|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|
-//                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen2_moe|qwen3_moe|glm4_moe]
+//                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen2_moe|qwen3_moe|glm4_moe|
+//                gpt_oss]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales] [--rope-scaling yarn]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -179,7 +180,8 @@ int main(int argc, char** argv) {
   bool kv_cache_scales = false;
   app.add_option("--quantize", quantize,
                  "fp8 weights: fp8[:tensor|:block[=RxC]] or "
-                 "compressed-tensors[:tensor|:channel|:block[=RxC]] (docs/quantization.md)");
+                 "compressed-tensors[:tensor|:channel|:block[=RxC]], or mxfp4 (GPT-OSS's "
+                 "experts) (docs/quantization.md)");
   app.add_flag("--kv-cache-scales", kv_cache_scales,
                "fp8 KV cache scales: self_attn.k_scale and v_scale per layer "
                "(docs/quantization.md#fp8-kv-cache)");
@@ -189,9 +191,10 @@ int main(int argc, char** argv) {
                  "preset's rotary scaling (docs/engine.md#yarn)")
       ->check(CLI::IsMember({"yarn"}));
   app.add_option("--arch", arch, "architecture")
-      ->check(CLI::IsMember({"llama", "mistral", "ministral3", "qwen2", "qwen3", "gemma2", "gemma3",
-                             "phi3", "phi4", "granite", "olmo2", "olmo3", "smollm3", "glm", "glm4",
-                             "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe"}));
+      ->check(CLI::IsMember({"llama",   "mistral",   "ministral3", "qwen2",    "qwen3",
+                             "gemma2",  "gemma3",    "phi3",       "phi4",     "granite",
+                             "olmo2",   "olmo3",     "smollm3",    "glm",      "glm4",
+                             "mixtral", "qwen2_moe", "qwen3_moe",  "glm4_moe", "gpt_oss"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -231,6 +234,7 @@ int main(int argc, char** argv) {
       {"qwen2_moe", "Qwen2MoeForCausalLM"},
       {"qwen3_moe", "Qwen3MoeForCausalLM"},
       {"glm4_moe", "Glm4MoeForCausalLM"},
+      {"gpt_oss", "GptOssForCausalLM"},
       {"gemma3", "Gemma3ForCausalLM"},
       {"gemma2", "Gemma2ForCausalLM"},
       {"phi3", "Phi3ForCausalLM"},

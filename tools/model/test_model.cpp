@@ -123,6 +123,12 @@ struct TensorSpec {
   std::function<bool(int64_t row)> zero_row;  // empty: no zero rows
   // Written as F8_E4M3 with its scales (a matrix of an fp8 model).
   bool quantize = false;
+  // The shape in the file, when it has more than two dimensions (as many
+  // elements as `shape`'s rows x cols, row-major alike); empty: `shape`.
+  std::vector<int64_t> file_shape = {};
+  // Set: written as U8, each byte drawn as byte(the next random 64 bits)
+  // (MXFP4 blocks and scales); center and half_width are not used.
+  std::function<uint8_t(uint64_t random)> byte = {};
 };
 
 int64_t rowsOf(const TensorSpec& spec) { return spec.shape[0]; }
@@ -182,9 +188,10 @@ void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors,
       writer.add(quantization.scaleTensorOf(tensor_name), DType::kF32, layout->shape,
                  std::move(scale_bytes));
     }
-    const DType tensor_dtype = layout ? DType::kF8E4M3 : dtype;
+    const DType tensor_dtype = layout ? DType::kF8E4M3 : tensor_spec.byte ? DType::kU8 : dtype;
     const size_t element_bytes = dtypeSize(tensor_dtype);
-    writer.addStreamed(tensor_name, tensor_dtype, tensor_spec.shape,
+    writer.addStreamed(tensor_name, tensor_dtype,
+                       tensor_spec.file_shape.empty() ? tensor_spec.shape : tensor_spec.file_shape,
                        [&, name = tensor_name, spec = tensor_spec, layout, tensor_dtype,
                         element_bytes](std::ostream& out) {
                          SplitMix64 rng(fnv1a(name) ^ (seed * 0x9e3779b97f4a7c15ull));
@@ -195,6 +202,13 @@ void writeSafetensorsStreaming(const std::map<std::string, TensorSpec>& tensors,
                          for (int64_t first = 0; first < rows; first += chunk_rows) {
                            const int64_t count_rows = std::min(chunk_rows, rows - first);
                            const auto count = static_cast<size_t>(count_rows * cols);
+                           if (spec.byte) {
+                             bytes.resize(count);
+                             for (uint8_t& byte : bytes) byte = spec.byte(rng.next());
+                             out.write(reinterpret_cast<const char*>(bytes.data()),
+                                       static_cast<std::streamsize>(bytes.size()));
+                             continue;
+                           }
                            values.resize(count);
                            for (float& value : values) {
                              // The top 24 bits give a float in [0, 1) without rounding.
@@ -459,6 +473,33 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
       config.moe_intermediate_size = config.intermediate_size / 4;
     }
   }
+  if (architecture == "GptOssForCausalLM") {
+    // GPT-OSS's attention (q/k/v and o_proj biases, one sink per head, every
+    // other layer sliding from the first; at tiny a window short prompts
+    // already cross) and YaRN as published (factor 32 over a thirty-second
+    // of the context, bounds not rounded). Its mixture: the router's
+    // softmax over its 4 best logits (with the router's bias), experts with
+    // biases and the clamped activation, of a width MXFP4's 32-value blocks
+    // divide; at tiny a limit of 0.75, which these activations cross, at
+    // small the published 7.
+    config.rope_theta = 150000.0;
+    config.rope_scaling = RopeScaling{};
+    config.rope_scaling.type = RopeScaling::Type::kYarn;
+    config.rope_scaling.factor = 32.0;
+    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 32;
+    config.rope_scaling.truncate = false;
+    config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(32.0);
+    config.attention_bias = true;
+    config.sliding_window = preset == "tiny" ? 24 : 128;
+    config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
+    for (size_t i = 0; i < config.sliding_layers.size(); ++i) config.sliding_layers[i] = i % 2 == 0;
+    if (preset == "tiny") config.intermediate_size = 96;
+    config.num_experts = preset == "tiny" ? 8 : preset == "small" ? 32 : 128;
+    config.num_experts_per_tok = 4;
+    config.moe_intermediate_size = config.intermediate_size;
+    config.norm_topk_prob = true;
+    config.swiglu_limit = preset == "tiny" ? 0.75 : 7.0;
+  }
   if (architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM") {
     // OLMo 2's norms after attention and the MLP, and q/k norms across the
     // heads.
@@ -671,6 +712,45 @@ std::string generationConfigJson(const TrainedTokenizer& tokenizer, const ModelC
   return root.dump(2) + "\n";
 }
 
+// GPT-OSS's router (with a bias that moves some choices) and experts, as
+// transformers holds them (gate_up_proj [experts, hidden, 2 x width], gate
+// and up interleaved in its columns; down_proj [experts, width, hidden]) or,
+// in an mxfp4 model, as the published checkpoints do: uniform random FP4
+// nibbles, and per 32-value block a power of two putting the largest (6)
+// near the matrix's range or half of it.
+void gptOssExperts(const ModelConfig& config, const std::string& prefix,
+                   std::map<std::string, TensorSpec>& tensors) {
+  const int64_t experts = config.num_experts, hidden = config.hidden_size;
+  const int64_t width = config.moe_intermediate_size;
+  const std::string base = prefix + "mlp.experts.";
+  auto range = [](int64_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
+  tensors[prefix + "mlp.router.weight"] = {{experts, hidden}, 0.0f, range(hidden), {}};
+  tensors[prefix + "mlp.router.bias"] = {{experts}, 0.0f, 0.25f, {}};
+  tensors[base + "gate_up_proj_bias"] = {{experts, 2 * width}, 0.0f, 0.05f, {}};
+  tensors[base + "down_proj_bias"] = {{experts, hidden}, 0.0f, 0.05f, {}};
+  if (!config.mxfp4()) {
+    TensorSpec gate_up{{experts * hidden, 2 * width}, 0.0f, range(hidden), {}};
+    gate_up.file_shape = {experts, hidden, 2 * width};
+    tensors[base + "gate_up_proj"] = gate_up;
+    TensorSpec down{{experts * width, hidden}, 0.0f, range(width), {}};
+    down.file_shape = {experts, width, hidden};
+    tensors[base + "down_proj"] = down;
+    return;
+  }
+  for (const auto& [name, rows, cols] : {std::tuple{std::string("gate_up_proj"), 2 * width, hidden},
+                                         std::tuple{std::string("down_proj"), hidden, width}}) {
+    TensorSpec blocks{{experts * rows * (cols / 32), 16}, 0.0f, 0.0f, {}};
+    blocks.file_shape = {experts, rows, cols / 32, 16};
+    blocks.byte = [](uint64_t random) { return static_cast<uint8_t>(random >> 56); };
+    tensors[base + name + "_blocks"] = blocks;
+    const auto top = static_cast<uint8_t>(127 + std::floor(std::log2(range(cols) / 6.0f)));
+    TensorSpec scales{{experts * rows, cols / 32}, 0.0f, 0.0f, {}};
+    scales.file_shape = {experts, rows, cols / 32};
+    scales.byte = [top](uint64_t random) { return static_cast<uint8_t>(top - (random >> 63)); };
+    tensors[base + name + "_scales"] = scales;
+  }
+}
+
 // Tensors in Hugging Face names and shapes. Matrices have standard deviation
 // 1/sqrt(fan_in) so activations keep their scale through the layers and the
 // logits vary with the context; norm weights sit near 1.
@@ -715,6 +795,11 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       vector(prefix + "self_attn.q_proj.bias", q_size, 0.0f, kBiasNoise);
       vector(prefix + "self_attn.k_proj.bias", kv_size, 0.0f, kBiasNoise);
       vector(prefix + "self_attn.v_proj.bias", kv_size, 0.0f, kBiasNoise);
+      if (config.gptOss()) vector(prefix + "self_attn.o_proj.bias", hidden, 0.0f, kBiasNoise);
+    }
+    // GPT-OSS's sinks, from below these scores to above them.
+    if (config.gptOss()) {
+      vector(prefix + "self_attn.sinks", config.num_attention_heads, 0.5f, 1.5f);
     }
     if (config.qk_norm) {
       // OLMo 2's span all heads.
@@ -724,7 +809,9 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
       vector(prefix + "self_attn.k_norm.weight", config.olmo2 ? kv_size : config.head_dim, center,
              kNormNoise);
     }
-    if (config.isMoeLayer(i)) {
+    if (config.gptOss()) {
+      gptOssExperts(config, prefix, tensors);
+    } else if (config.isMoeLayer(i)) {
       // The per-expert names of published checkpoints.
       const engine::ExpertTensorNames names(config, i);
       const int64_t expert_inter = config.moe_intermediate_size;
@@ -798,9 +885,13 @@ engine::Fp8Quantization parseQuantizationSpec(const std::string& spec) {
   using Granularity = engine::Fp8Quantization::Granularity;
   const std::string accepted =
       " (accepted: fp8, fp8:tensor, fp8:block[=RxC], compressed-tensors, "
-      "compressed-tensors:tensor|channel|block[=RxC])";
+      "compressed-tensors:tensor|channel|block[=RxC], mxfp4)";
   const size_t colon = spec.find(':');
   engine::Fp8Quantization q;
+  if (spec == "mxfp4") {
+    q.method = spec;
+    return q;
+  }
   q.method = spec.substr(0, colon);
   std::string granularity = colon == std::string::npos ? (q.method == "fp8" ? "block" : "channel")
                                                        : spec.substr(colon + 1);
@@ -847,6 +938,11 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   ModelConfig config = baseConfig(options.preset, options.architecture);
   config.torch_dtype = options.dtype;
   config.quantization = options.quantization;
+  if (config.mxfp4() != config.gptOss() && (config.mxfp4() || config.quantized())) {
+    throw Error(config.mxfp4() ? "test model: mxfp4 weights are GptOssForCausalLM's experts only"
+                               : "test model: fp8 weights are not written for GptOssForCausalLM "
+                                 "(accepted: mxfp4)");
+  }
   if (options.phi4_rotary) {
     if (!config.phi3) throw Error("test model: Phi-4's rotary embedding is Phi3ForCausalLM's");
     config.rotary_dim = config.head_dim;
@@ -875,6 +971,11 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
       }
     } else if (config.olmo3) {
       config.sliding_layers = olmo3SlidingLayers(options.layers, options.preset);
+    } else if (config.gptOss()) {
+      config.sliding_layers.resize(static_cast<size_t>(options.layers));
+      for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
+        config.sliding_layers[i] = i % 2 == 0;
+      }
     } else if (!config.sliding_layers.empty()) {
       config.sliding_layers.assign(static_cast<size_t>(options.layers), true);
     }

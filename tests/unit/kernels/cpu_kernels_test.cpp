@@ -813,12 +813,21 @@ std::vector<std::vector<int32_t>> scatteredTables(const std::vector<int64_t>& le
 // and shorter than most of the positions) a query reads only the last 13
 // positions, starting mid-block. Gemma 2's soft-capping (1.5: near the
 // scores' own size, so the tanh bends them), with and without a window.
+// GPT-OSS's sinks, with and without a window: one logit per head, from
+// below the scores to far above them (8: the sink holds the maximum and
+// takes most of the weight).
 TEST_P(CpuKernels, PagedAttentionMatchesReference) {
-  const std::pair<int64_t, float> variants[] = {{0, 0.0f}, {13, 0.0f}, {0, 1.5f}, {13, 1.5f}};
-  for (const auto& [window, softcap] : variants)
+  struct Variant {
+    int64_t window;
+    float softcap;
+    bool sinks;
+  };
+  const Variant variants[] = {{0, 0.0f, false},  {13, 0.0f, false}, {0, 1.5f, false},
+                              {13, 1.5f, false}, {0, 0.0f, true},   {13, 0.0f, true}};
+  for (const auto& [window, softcap, with_sinks] : variants)
     for (const AttentionShape& shape : kAttentionShapes) {
       SCOPED_TRACE(shapeName(shape) + " window " + std::to_string(window) + " softcap " +
-                   std::to_string(softcap));
+                   std::to_string(softcap) + (with_sinks ? " sinks" : ""));
       const std::vector<int64_t> lengths = {1, 37, 100};
       const std::vector<int64_t> new_rows = {1, 37, 9};  // decode, prefill, continued prefill
       int64_t num_blocks = 0;
@@ -846,9 +855,15 @@ TEST_P(CpuKernels, PagedAttentionMatchesReference) {
       }
       const std::vector<float> q = randomFloats(rows * q_width, 400);
       const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+      std::vector<float> sinks;
+      for (int64_t h = 0; h < shape.num_heads; ++h) {
+        const float cycle[] = {-2.0f, 0.25f, 8.0f, 1.0f};
+        sinks.push_back(cycle[h % 4]);
+      }
       std::vector<float> out(q.size(), std::nanf(""));
       pagedAttention(cache.layout, layer, q.data(), shape.num_heads, scale, sequences.data(),
-                     static_cast<int64_t>(sequences.size()), out.data(), window, softcap);
+                     static_cast<int64_t>(sequences.size()), out.data(), window, softcap,
+                     with_sinks ? sinks.data() : nullptr);
 
       const int64_t group = shape.num_heads / shape.num_kv_heads;
       for (size_t s = 0; s < sequences.size(); ++s) {
@@ -869,8 +884,10 @@ TEST_P(CpuKernels, PagedAttentionMatchesReference) {
               if (softcap > 0) p[t] = std::tanh(p[t] / softcap) * softcap;
               max = std::max(max, p[t]);
             }
+            if (with_sinks) max = std::max(max, double{sinks[h]});
             double sum = 0.0;
             for (int64_t t = first; t <= position; ++t) sum += (p[t] = std::exp(p[t] - max));
+            if (with_sinks) sum += std::exp(sinks[h] - max);
             for (int64_t d = 0; d < shape.head_dim; ++d) {
               double ref = 0.0;
               for (int64_t t = first; t <= position; ++t) {

@@ -175,7 +175,8 @@ float widen(DType dtype, const uint8_t* p) {
       std::memcpy(&bits, p, 2);
       return f16ToF32(static_cast<uint16_t>(bits));
     case DType::kF8E4M3:
-      break;  // no CUDA kernel reads fp8 weights (docs/quantization.md)
+    case DType::kU8:
+      break;  // no CUDA kernel reads fp8 weights or bytes (docs/quantization.md)
   }
   return 0.0f;
 }
