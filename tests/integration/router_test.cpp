@@ -1592,6 +1592,13 @@ TEST_F(RouterTest, Glm4MoeIsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("Glm4MoeForCausalLM", 29);
 }
 
+// GPT-OSS (docs/engine.md#gpt-oss): sinks, a window on every other layer,
+// YaRN, biased router and experts with the clamped activation; its KV moves
+// P->D exactly.
+TEST_F(RouterTest, GptOssIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("GptOssForCausalLM", 31);
+}
+
 // Qwen2-MoE: q/k/v biases, a shared expert weighed by its sigmoid gate,
 // every second layer a mixture; its KV moves P->D exactly.
 TEST_F(RouterTest, Qwen2MoeIsDisaggregatedExactly) {

@@ -712,7 +712,10 @@ std::string generationConfigJson(const TrainedTokenizer& tokenizer, const ModelC
   return root.dump(2) + "\n";
 }
 
-// GPT-OSS's router (with a bias that moves some choices) and experts, as
+// GPT-OSS's router (with a bias that moves some choices; its logits spread
+// four times a matrix's usual range, as a trained router's do, so that
+// 16-bit rounding of the activations flips no choice of the test prompts)
+// and experts, as
 // transformers holds them (gate_up_proj [experts, hidden, 2 x width], gate
 // and up interleaved in its columns; down_proj [experts, width, hidden]) or,
 // in an mxfp4 model, as the published checkpoints do: uniform random FP4
@@ -724,7 +727,7 @@ void gptOssExperts(const ModelConfig& config, const std::string& prefix,
   const int64_t width = config.moe_intermediate_size;
   const std::string base = prefix + "mlp.experts.";
   auto range = [](int64_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
-  tensors[prefix + "mlp.router.weight"] = {{experts, hidden}, 0.0f, range(hidden), {}};
+  tensors[prefix + "mlp.router.weight"] = {{experts, hidden}, 0.0f, 4.0f * range(hidden), {}};
   tensors[prefix + "mlp.router.bias"] = {{experts}, 0.0f, 0.25f, {}};
   tensors[base + "gate_up_proj_bias"] = {{experts, 2 * width}, 0.0f, 0.05f, {}};
   tensors[base + "down_proj_bias"] = {{experts, hidden}, 0.0f, 0.05f, {}};

@@ -65,6 +65,26 @@ TEST(DType, Names) {
   EXPECT_EQ(dtypeSize(DType::kF8E4M3), 1u);
   EXPECT_FALSE(dtypeFromShortName("f8e4m3").has_value());
   EXPECT_FALSE(dtypeFromTorchName("float8_e4m3fn").has_value());
+  // u8: MXFP4's bytes, read from checkpoints only; converted, a byte is its
+  // unsigned value (rounded and clamped back).
+  EXPECT_EQ(dtypeFromSafetensorsName("U8"), DType::kU8);
+  EXPECT_STREQ(dtypeSafetensorsName(DType::kU8), "U8");
+  EXPECT_EQ(dtypeSize(DType::kU8), 1u);
+  EXPECT_FALSE(dtypeFromShortName("u8").has_value());
+  EXPECT_FALSE(dtypeFromTorchName("uint8").has_value());
+  const uint8_t bytes[3] = {0, 127, 255};
+  float values[3];
+  convertToF32(DType::kU8, bytes, values, 3);
+  EXPECT_EQ(values[0], 0.0f);
+  EXPECT_EQ(values[1], 127.0f);
+  EXPECT_EQ(values[2], 255.0f);
+  const float back[4] = {-3.0f, 1.6f, 300.0f, std::nanf("")};
+  uint8_t rounded[4];
+  convertFromF32(DType::kU8, back, rounded, 4);
+  EXPECT_EQ(rounded[0], 0);
+  EXPECT_EQ(rounded[1], 2);
+  EXPECT_EQ(rounded[2], 255);
+  EXPECT_EQ(rounded[3], 0);
 }
 
 // The value of an f8e4m3 byte from the format's definition: sign, exponent

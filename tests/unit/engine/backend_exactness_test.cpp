@@ -135,7 +135,7 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
         "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -410,6 +410,8 @@ std::vector<Param> params() {
       // groups, a shared expert, a dense first layer.
       {"Qwen2MoeForCausalLM", DType::kBF16, DType::kBF16},
       {"Glm4MoeForCausalLM", DType::kBF16, DType::kF32},
+      // GPT-OSS: sinks, windows, biases, the clamped activation.
+      {"GptOssForCausalLM", DType::kBF16, DType::kBF16},
   };
   std::vector<Param> out;
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
@@ -421,6 +423,7 @@ std::vector<Param> params() {
       const bool cpu_only = variant.architecture == "MixtralForCausalLM" ||
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Glm4MoeForCausalLM" ||
+                            variant.architecture == "GptOssForCausalLM" ||
                             variant.architecture == "Qwen2MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||

@@ -166,7 +166,8 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
        {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
         "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
         "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
-        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
+        "GptOssForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -186,9 +187,10 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
       EXPECT_EQ(w.lm_head.data == w.embed_tokens.data, c.tie_word_embeddings);
       ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.num_hidden_layers));
       EXPECT_EQ(w.norm.size(), static_cast<size_t>(c.hidden_size));
-      // GLM has q/k/v biases as Qwen2 does.
+      // GLM and GPT-OSS have q/k/v biases as Qwen2 does (GPT-OSS o_proj's
+      // too).
       const bool qwen2 = std::string(architecture).starts_with("Qwen2") ||
-                         std::string(architecture).starts_with("Glm");
+                         std::string(architecture).starts_with("Glm") || c.gptOss();
       // GLM-4.5's test model has per-head q/k norms as Qwen3 (as GLM-4.5).
       const bool qwen3 = std::string(architecture).starts_with("Qwen3") || c.glm4Moe();
       int64_t index = 0;
@@ -224,6 +226,8 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         EXPECT_EQ(layer.q_bias.size(), qwen2 ? static_cast<size_t>(64) : 0u);
         EXPECT_EQ(layer.k_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
         EXPECT_EQ(layer.v_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
+        EXPECT_EQ(layer.o_bias.size(), c.gptOss() ? static_cast<size_t>(c.hidden_size) : 0u);
+        EXPECT_EQ(layer.sinks.size(), c.gptOss() ? static_cast<size_t>(4) : 0u);
         // OLMo 2's q/k norms span the heads (4 x 16 and 2 x 16); it has
         // no input norm, and a norm after the MLP.
         const bool olmo2 = std::string(architecture).starts_with("Olmo");
@@ -595,6 +599,164 @@ TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
 // is refused naming it); the multi-token-prediction layer published after
 // the last (model.layers.<num_hidden_layers>.*, num_nextn_predict_layers)
 // is not read, as vLLM and transformers pass it by.
+// GPT-OSS's experts as published (MXFP4 blocks and scales) and as
+// transformers holds them (input-major, gate and up interleaved): a
+// checkpoint rewritten from the one into the other, the blocks decoded here
+// from the format's definition, loads to the same matrices byte for byte,
+// and both to the row-major gate, up and down every mixture has.
+TEST(ModelLoading, GptOssMxfp4AndTransposedExpertsLoadToTheSameMatrices) {
+  TempDir published, rewritten;
+  tools::TestModelOptions options;
+  options.architecture = "GptOssForCausalLM";
+  options.seed = 7;
+  options.quantization.method = "mxfp4";
+  tools::writeTestModel(options, published.path());
+  const std::unique_ptr<Model> mxfp4 = Model::load(published.path());
+  const ModelConfig& c = mxfp4->config();
+  ASSERT_TRUE(c.mxfp4());
+  const int64_t experts = c.num_experts, hidden = c.hidden_size;
+  const int64_t width = c.moe_intermediate_size;
+
+  // The OCP Microscaling format: a byte holds two E2M1 values, the low
+  // nibble first; a block's 32 values share the power of two 2^(scale - 127).
+  auto decode = [](const uint8_t* blocks, const uint8_t* scales, int64_t row, int64_t cols,
+                   int64_t col) {
+    const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const uint8_t byte = blocks[row * (cols / 2) + col / 2];
+    const uint8_t nibble = col % 2 == 0 ? byte & 15 : byte >> 4;
+    const float magnitude =
+        e2m1[nibble & 7] * std::exp2f(scales[row * (cols / 32) + col / 32] - 127.0f);
+    return nibble & 8 ? -magnitude : magnitude;
+  };
+  {
+    SafetensorsFile file(published.path() / "model.safetensors");
+    SafetensorsWriter writer;
+    for (const auto& [name, tensor] : file.tensors()) {
+      if (name.ends_with("_blocks") || name.ends_with("_scales")) continue;
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      writer.add(name, tensor.dtype, tensor.shape,
+                 std::vector<uint8_t>(bytes, bytes + tensor.num_bytes));
+    }
+    for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+      const std::string base = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+      for (const auto& [name, rows, cols] :
+           {std::tuple{std::string("gate_up_proj"), 2 * width, hidden},
+            std::tuple{std::string("down_proj"), hidden, width}}) {
+        const auto* blocks = static_cast<const uint8_t*>(file.find(base + name + "_blocks")->data);
+        const auto* scales = static_cast<const uint8_t*>(file.find(base + name + "_scales")->data);
+        // [experts, cols, rows]: each expert's matrix transposed.
+        std::vector<uint8_t> out(static_cast<size_t>(experts * rows * cols) * 2);
+        for (int64_t e = 0; e < experts; ++e) {
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t col = 0; col < cols; ++col) {
+              const float value = decode(blocks, scales, e * rows + r, cols, col);
+              convertFromF32(DType::kBF16, &value, out.data() + ((e * cols + col) * rows + r) * 2,
+                             1);
+            }
+          }
+        }
+        writer.add(base + name, DType::kBF16, {experts, cols, rows}, std::move(out));
+      }
+    }
+    fs::copy(published.path(), rewritten.path(),
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    writer.write(rewritten.path() / "model.safetensors");
+    rewriteConfig(rewritten.path(), [](json& config) { config.erase("quantization_config"); });
+  }
+  const std::unique_ptr<Model> transposed = Model::load(rewritten.path());
+  EXPECT_FALSE(transposed->config().mxfp4());
+  EXPECT_EQ(mxfp4->weightDType(), DType::kBF16);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const LayerWeights& a = mxfp4->weights().layers[static_cast<size_t>(layer)];
+    const LayerWeights& b = transposed->weights().layers[static_cast<size_t>(layer)];
+    ASSERT_EQ(std::ssize(a.experts), experts);
+    ASSERT_EQ(std::ssize(b.experts), experts);
+    EXPECT_EQ(a.router_logit_bias.size(), static_cast<size_t>(experts));
+    EXPECT_EQ(a.sinks.size(), static_cast<size_t>(c.num_attention_heads));
+    EXPECT_EQ(a.o_bias.size(), static_cast<size_t>(hidden));
+    for (int64_t e = 0; e < experts; ++e) {
+      const ExpertWeights& x = a.experts[static_cast<size_t>(e)];
+      const ExpertWeights& y = b.experts[static_cast<size_t>(e)];
+      for (const auto& [p, q] :
+           {std::pair{&x.gate_proj, &y.gate_proj}, std::pair{&x.up_proj, &y.up_proj},
+            std::pair{&x.down_proj, &y.down_proj}}) {
+        ASSERT_EQ(p->dtype, DType::kBF16);
+        ASSERT_EQ(q->dtype, DType::kBF16);
+        ASSERT_EQ(p->rows, q->rows);
+        ASSERT_EQ(p->cols, q->cols);
+        EXPECT_EQ(std::memcmp(p->data, q->data, static_cast<size_t>(p->rows * p->cols) * 2), 0)
+            << "layer " << layer << " expert " << e;
+      }
+      EXPECT_EQ(x.gate_proj.rows, width);
+      EXPECT_EQ(x.down_proj.rows, hidden);
+      EXPECT_EQ(x.gate_bias, y.gate_bias);
+      EXPECT_EQ(x.up_bias, y.up_bias);
+      EXPECT_EQ(x.down_bias, y.down_bias);
+      EXPECT_EQ(x.gate_bias.size(), static_cast<size_t>(width));
+      EXPECT_NE(x.gate_bias, x.up_bias) << "gate and up are apart";
+    }
+  }
+  // Gate row 0 is the published gate_up row 0 (gate and up interleave by
+  // rows), up row 0 its row 1.
+  SafetensorsFile file(published.path() / "model.safetensors");
+  const auto* blocks = static_cast<const uint8_t*>(
+      file.find("model.layers.0.mlp.experts.gate_up_proj_blocks")->data);
+  const auto* scales = static_cast<const uint8_t*>(
+      file.find("model.layers.0.mlp.experts.gate_up_proj_scales")->data);
+  const ExpertWeights& first = mxfp4->weights().layers[0].experts[0];
+  for (int64_t col = 0; col < hidden; ++col) {
+    float gate = 0.0f, up = 0.0f;
+    convertToF32(DType::kBF16, static_cast<const uint16_t*>(first.gate_proj.data) + col, &gate, 1);
+    convertToF32(DType::kBF16, static_cast<const uint16_t*>(first.up_proj.data) + col, &up, 1);
+    EXPECT_EQ(gate, decode(blocks, scales, 0, hidden, col)) << col;
+    EXPECT_EQ(up, decode(blocks, scales, 1, hidden, col)) << col;
+  }
+}
+
+// What GPT-OSS's loading refuses, naming the tensor: E8M0's NaN as a
+// scale, MXFP4 into f16 matrices, a missing sink or router bias.
+TEST(ModelLoading, GptOssRefusalsNameTheTensor) {
+  const std::string file_name = "model.safetensors";
+  auto write = [](const fs::path& dir, DType dtype) {
+    tools::TestModelOptions options;
+    options.architecture = "GptOssForCausalLM";
+    options.seed = 7;
+    options.dtype = dtype;
+    options.quantization.method = "mxfp4";
+    tools::writeTestModel(options, dir);
+  };
+  {
+    TempDir dir;
+    write(dir.path(), DType::kBF16);
+    RawSafetensors raw = RawSafetensors::read(dir.path() / file_name);
+    const std::string scales = "model.layers.1.mlp.experts.down_proj_scales";
+    const int64_t begin = raw.header[scales]["data_offsets"][0].get<int64_t>();
+    raw.data[static_cast<size_t>(begin + 5)] = static_cast<char>(0xff);
+    raw.write(dir.path() / file_name);
+    EXPECT_CONTAINS(loadError(dir.path()), "tensor " + scales + " in " +
+                                               (dir.path() / file_name).string() +
+                                               " holds 255 (E8M0's NaN) at element 5 "
+                                               "(accepted: 0 to 254)");
+  }
+  {
+    TempDir dir;
+    write(dir.path(), DType::kF16);
+    EXPECT_CONTAINS(loadError(dir.path()),
+                    "model.layers.0.mlp.experts.gate_up_proj_blocks in " +
+                        (dir.path() / file_name).string() +
+                        ": MXFP4 experts are dequantized into the other matrices' dtype, which is "
+                        "F16 (accepted: BF16, F32)");
+  }
+  for (const std::string missing :
+       {"model.layers.1.self_attn.sinks", "model.layers.0.mlp.router.bias",
+        "model.layers.0.self_attn.o_proj.bias", "model.layers.1.mlp.experts.down_proj_bias"}) {
+    TempDir dir;
+    write(dir.path(), DType::kBF16);
+    rewriteHeader(dir.path(), [&](json& h) { h.erase(missing); });
+    EXPECT_CONTAINS(loadError(dir.path()), "tensor " + missing + " missing from ");
+  }
+}
+
 TEST(ModelLoading, Glm4MoeRoutingTensorsAreReadAndItsPredictionLayerPassedBy) {
   {
     TempDir dir;
@@ -2422,6 +2584,121 @@ TEST(ModelConfigParsing, GlmReadsItsPartialInterleavedRotaryAndDefaults) {
 // Qwen2MoeConfig give it: Qwen3-MoE's routing fields with their own
 // defaults, q/k/v biases unless qkv_bias is false, a gated shared expert of
 // shared_expert_intermediate_size (in the digest; 0: none).
+// gpt-oss-20b's config.json (gpt-oss-120b's differs in layers and experts).
+std::string gptOss20b() {
+  std::string layer_types;
+  for (int i = 0; i < 24; ++i) {
+    layer_types += std::string(i == 0 ? "" : ", ") +
+                   (i % 2 == 0 ? R"("sliding_attention")" : R"("full_attention")");
+  }
+  return R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true,
+             "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4,
+             "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+             "initial_context_length": 4096, "initializer_range": 0.02,
+             "intermediate_size": 2880, "layer_types": [)" +
+         layer_types + R"(], "max_position_embeddings": 131072, "model_type": "gpt_oss",
+             "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+             "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+             "pad_token_id": 199999,
+             "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+                 "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+                 "quant_method": "mxfp4"},
+             "rms_norm_eps": 1e-05,
+             "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                 "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                 "truncate": false},
+             "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+             "swiglu_limit": 7.0, "tie_word_embeddings": false,
+             "transformers_version": "4.55.0.dev0", "use_cache": true, "vocab_size": 201088})";
+}
+
+TEST(ModelConfigParsing, GptOssReadsItsMixtureSinksWindowsAndMxfp4) {
+  const ModelConfig c = ModelConfig::fromJsonText(gptOss20b(), "config.json");
+  EXPECT_TRUE(c.gptOss());
+  EXPECT_EQ(c.model_type, "gpt_oss");
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_EQ(c.moe_intermediate_size, 2880);
+  EXPECT_TRUE(c.norm_topk_prob) << "the softmax over the chosen logits";
+  EXPECT_FALSE(c.sigmoid_routing);
+  EXPECT_EQ(c.sharedExpertWidth(), 0);
+  EXPECT_EQ(c.swiglu_limit, 7.0);
+  for (int64_t layer = 0; layer < 24; ++layer) {
+    EXPECT_TRUE(c.isMoeLayer(layer)) << layer;
+    EXPECT_EQ(c.slidingLayer(layer), layer % 2 == 0) << layer;
+    EXPECT_FALSE(c.localRopeLayer(layer)) << "every layer rotates alike";
+  }
+  EXPECT_EQ(c.sliding_window, 128);
+  EXPECT_EQ(c.rope_theta, 150000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c.ropeAttentionFactor(), 0.1 * std::log(32.0) + 1.0);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_TRUE(c.mxfp4());
+  EXPECT_FALSE(c.quantized()) << "MXFP4 experts are bf16 once loaded";
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{200002}));
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+
+  // The limit is in the digest; MXFP4 is not (the loaded weights are what
+  // they are).
+  std::string limit = gptOss20b();
+  limit.replace(limit.find(R"("swiglu_limit": 7.0)"), 19, R"("swiglu_limit": 8.0)");
+  const ModelConfig eight = ModelConfig::fromJsonText(limit, "config.json");
+  EXPECT_EQ(eight.swiglu_limit, 8.0);
+  EXPECT_NE(eight.computeDigest(), c.computeDigest());
+  json bf16 = json::parse(gptOss20b());
+  bf16.erase("quantization_config");
+  const ModelConfig unquantized = ModelConfig::fromJsonText(bf16.dump(), "config.json");
+  EXPECT_FALSE(unquantized.mxfp4());
+  EXPECT_EQ(unquantized.computeDigest(), c.computeDigest());
+  EXPECT_EQ(ModelConfig::fromJsonText(unquantized.toJsonText(), "config.json"), unquantized);
+
+  // GptOssConfig's defaults where a config is silent: 128 experts choosing
+  // 4, head_dim 64, YaRN over 4,096 positions unrounded, every other layer
+  // sliding from the first within 128, biases, limit 7.
+  const ModelConfig defaults =
+      ModelConfig::fromJsonText(smallConfig("GptOssForCausalLM"), "config.json");
+  EXPECT_EQ(defaults.num_experts, 128);
+  EXPECT_EQ(defaults.num_experts_per_tok, 4);
+  EXPECT_EQ(defaults.moe_intermediate_size, 512);
+  EXPECT_EQ(defaults.head_dim, 64);
+  EXPECT_TRUE(defaults.attention_bias);
+  EXPECT_EQ(defaults.rms_norm_eps, 1e-5);
+  EXPECT_EQ(defaults.rope_theta, 150000.0);
+  EXPECT_EQ(defaults.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_FALSE(defaults.rope_scaling.truncate);
+  EXPECT_EQ(defaults.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(defaults.max_position_embeddings, 131072);
+  EXPECT_EQ(defaults.sliding_window, 128);
+  EXPECT_EQ(defaults.sliding_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(defaults.swiglu_limit, 7.0);
+  EXPECT_EQ(ModelConfig::fromJsonText(defaults.toJsonText(), "config.json"), defaults);
+  // No sliding layer: no window.
+  const ModelConfig full = ModelConfig::fromJsonText(
+      smallConfig("GptOssForCausalLM", R"(, "layer_types": ["full_attention", "full_attention",
+                                          "full_attention", "full_attention"])"),
+      "config.json");
+  EXPECT_TRUE(full.sliding_layers.empty());
+  EXPECT_EQ(full.sliding_window, 0);
+  EXPECT_EQ(ModelConfig::fromJsonText(full.toJsonText(), "config.json"), full);
+
+  EXPECT_CONTAINS(parseError(smallConfig("GptOssForCausalLM", R"(, "swiglu_limit": 0)")),
+                  "dir/config.json: field \"swiglu_limit\"");
+  EXPECT_CONTAINS(
+      parseError(
+          smallConfig("LlamaForCausalLM", R"(, "quantization_config": {"quant_method": "mxfp4"})")),
+      "dir/config.json: field \"quantization_config.quant_method\" is \"mxfp4\", which is "
+      "supported for GptOssForCausalLM's experts only (accepted for LlamaForCausalLM: fp8, "
+      "compressed-tensors)");
+}
+
 TEST(ModelConfigParsing, Qwen2MoeReadsItsSharedExpertAndBiases) {
   const std::string published =
       R"({"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0,
@@ -2738,7 +3015,7 @@ TEST(ModelConfigParsing, JsonTextRoundTrips) {
           "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
           "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
           "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-          "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+          "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();
@@ -2901,9 +3178,11 @@ TEST(ModelConfigParsing, QuantizationConfigAcceptsFp8AndNamesWhatItRefuses) {
 
   std::string message =
       parseError(minimalLlama(R"(, "quantization_config": {"quant_method": "awq", "bits": 4})"));
-  EXPECT_CONTAINS(message,
-                  "field \"quantization_config.quant_method\" is \"awq\", which is not "
-                  "supported (accepted: fp8, compressed-tensors with 8-bit float weights)");
+  EXPECT_CONTAINS(
+      message,
+      "field \"quantization_config.quant_method\" is \"awq\", which is not "
+      "supported (accepted: fp8, compressed-tensors with 8-bit float weights, mxfp4 for "
+      "GptOssForCausalLM)");
   message = parseError(
       minimalLlama(R"(, "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"})"));
   EXPECT_CONTAINS(message, "\"quantization_config.fmt\" is \"e5m2\"");

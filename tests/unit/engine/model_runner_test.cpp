@@ -452,8 +452,11 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
           }
           max_score = std::max(max_score, scores[s - first]);
         }
+        // GPT-OSS's sink: one more softmax term that weighs no value.
+        if (!lw.sinks.empty()) max_score = std::max(max_score, double{lw.sinks[hh]});
         double sum = 0.0;
         for (double& s : scores) sum += (s = std::exp(s - max_score));
+        if (!lw.sinks.empty()) sum += std::exp(lw.sinks[hh] - max_score);
         for (int64_t s = first; s <= t; ++s) {
           for (int64_t d = 0; d < hd; ++d)
             attn[hh * hd + d] += scores[s - first] / sum * v[s][kvh * hd + d];
@@ -461,6 +464,7 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       }
       std::vector<double> o = denseMatVec(lw.o_proj, attn);
       addDenseLora(lora, l, kLoraO, attn, o);
+      addBias(o, lw.o_bias);
       if (c.sandwichNorms()) {
         denseRmsNorm(o, 0, hidden, lw.post_attention_layernorm, c.rms_norm_eps);
         for (int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
@@ -497,7 +501,11 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         // ranks summed), weighted by their sigmoids (renormalized with
         // norm_topk_prob, sum + 1e-20) times routed_scaling_factor; the
         // shared experts' MLP added.
-        const std::vector<double> logits = denseMatVec(lw.router, h);
+        // GPT-OSS: the router's bias on its logits (the softmax over the
+        // chosen ones is the renormalized one), experts with biases and
+        // the clamped activation.
+        std::vector<double> logits = denseMatVec(lw.router, h);
+        addBias(logits, lw.router_logit_bias);
         const int64_t n_experts = c.num_experts;
         std::vector<double> rank = logits, probability(logits.size());
         if (c.sigmoid_routing) {
@@ -549,10 +557,21 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
         for (int64_t j = 0; j < k; ++j) chosen += probability[order[j]];
         auto swiglu = [&](const ExpertWeights& expert) {
           std::vector<double> gate = denseMatVec(expert.gate_proj, h);
-          const std::vector<double> up = denseMatVec(expert.up_proj, h);
-          for (size_t i = 0; i < gate.size(); ++i)
-            gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
-          return denseMatVec(expert.down_proj, gate);
+          std::vector<double> up = denseMatVec(expert.up_proj, h);
+          addBias(gate, expert.gate_bias);
+          addBias(up, expert.up_bias);
+          const double limit = c.swiglu_limit;
+          for (size_t i = 0; i < gate.size(); ++i) {
+            if (c.gptOss()) {
+              const double g = std::min(gate[i], limit);
+              gate[i] = (std::clamp(up[i], -limit, limit) + 1.0) * g / (1.0 + std::exp(-1.702 * g));
+            } else {
+              gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+            }
+          }
+          std::vector<double> down = denseMatVec(expert.down_proj, gate);
+          addBias(down, expert.down_bias);
+          return down;
         };
         for (int64_t j = 0; j < k; ++j) {
           double weight = probability[order[j]];
@@ -963,6 +982,13 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"Glm4MoeForCausalLM", DType::kBF16, DType::kF32},
         Variant{"Glm4MoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"Glm4MoeForCausalLM", DType::kBF16, DType::kF32, DType::kF32, "fp8:block=16x32"},
+        // GPT-OSS: sinks, a window on every other layer, YaRN unrounded,
+        // o_proj and router biases, experts with biases and the clamped
+        // activation; as transformers holds the experts and as published
+        // (MXFP4).
+        Variant{"GptOssForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"GptOssForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
+        Variant{"GptOssForCausalLM", DType::kBF16, DType::kF32, DType::kF32, "mxfp4"},
         // fp8 checkpoints (docs/quantization.md): per-channel
         // scales, blocks splitting rows and columns, and one
         // scale per tensor under bf16 compute (fp8 matrices
