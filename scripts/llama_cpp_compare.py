@@ -331,7 +331,12 @@ class Reference:
     a bias, the softmax over its num_experts_per_tok largest logits, each
     expert x @ gate_up_proj + bias with gate and up interleaved, gate
     clamped above and up on both sides at swiglu_limit, (up + 1) * gate *
-    sigmoid(1.702 gate) @ down_proj + bias."""
+    sigmoid(1.702 gate) @ down_proj + bias. Granite MoE is transformers'
+    GraniteMoeForCausalLM: Granite's scalars (the mixture's output times
+    residual_multiplier) with GPT-OSS's routing without the bias
+    (block_sparse_moe.router.layer), the experts stacked in
+    block_sparse_moe.input_linear (gate rows, then up rows) and
+    output_linear."""
 
     def __init__(self, model_dir, max_model_len=None):
         self.config = load(os.path.join(model_dir, "config.json"))
@@ -339,7 +344,8 @@ class Reference:
         c = self.config
         self.arch = c["architectures"][0]
         self.phi3 = self.arch == "Phi3ForCausalLM"
-        self.granite = self.arch == "GraniteForCausalLM"
+        self.granite_moe = self.arch == "GraniteMoeForCausalLM"
+        self.granite = self.arch == "GraniteForCausalLM" or self.granite_moe
         self.olmo3 = self.arch == "Olmo3ForCausalLM"
         self.ministral3 = self.arch == "Ministral3ForCausalLM"
         self.olmo2 = self.arch == "Olmo2ForCausalLM" or self.olmo3
@@ -375,10 +381,14 @@ class Reference:
             self.normalize = bool(c.get("norm_topk_prob", True))
         elif self.gpt_oss:
             self.experts, self.block, self.normalize = c.get("num_local_experts", 128), "mlp.", True
+        elif self.granite_moe:
+            self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
+            self.normalize = True
         else:
             self.experts = 0
         # The engine's (transformers') defaults where the config is silent.
         self.k = c.get("num_experts_per_tok", {"MixtralForCausalLM": 2, "GptOssForCausalLM": 4,
+                                               "GraniteMoeForCausalLM": 2,
                                                "Qwen2MoeForCausalLM": 4}.get(self.arch, 8))
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
@@ -534,8 +544,10 @@ class Reference:
         groups')."""
         w, c = self.w, self.config
         block = p + self.block
-        if self.gpt_oss:
-            logits = h @ w[block + "router.weight"].T + w[block + "router.bias"]
+        if self.gpt_oss or self.granite_moe:
+            # GPT-OSS's router has a bias; Granite MoE's is router.layer.
+            logits = (h @ w[block + "router.weight"].T + w[block + "router.bias"] if self.gpt_oss
+                      else h @ w[block + "router.layer.weight"].T)
             chosen = np.argsort(-logits, axis=-1, kind="stable")[:, : self.k]
             top = np.take_along_axis(logits, chosen, axis=-1)
             weights = np.exp(top - top.max(axis=-1, keepdims=True))
@@ -603,6 +615,17 @@ class Reference:
                 up = np.clip(gate_up[:, 1::2], -limit, limit)
                 glu = gate / (1 + np.exp(-1.702 * gate))
                 y = ((up + 1) * glu) @ w[experts + "down_proj"][e] + w[experts + "down_proj_bias"][e]
+                out[rows] += weights[rows, slots][:, None] * y
+            return out
+        if self.granite_moe:
+            # transformers' GraniteMoeParallelExperts: input_linear's first
+            # half the gate, the second the up.
+            for e in range(self.experts):
+                rows, slots = np.nonzero(chosen == e)
+                if len(rows) == 0:
+                    continue
+                gate, up = np.split(h[rows] @ w[block + "input_linear.weight"][e].T, 2, axis=-1)
+                y = (gate / (1 + np.exp(-gate)) * up) @ w[block + "output_linear.weight"][e].T
                 out[rows] += weights[rows, slots][:, None] * y
             return out
         gate_name, up_name, down_name = self.names

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE or GLM-4.5 model directory to GGUF.
+"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5 or GPT-OSS model directory to GGUF.
 
 Reads config.json, tokenizer.json and model.safetensors (header + data, no
 torch or safetensors package needed) and writes one GGUF file with llama.cpp's
@@ -17,7 +17,12 @@ multi-token-prediction layer is written), and `qwen2moe` for Qwen2-MoE
 (q/k/v biases, the shared expert as ffn_*_shexp with its gate as
 ffn_gate_inp_shexp; llama.cpp neither renormalizes nor has dense layers
 there, so norm_topk_prob must be false, mlp_only_layers empty and
-decoder_sparse_step 1):
+decoder_sparse_step 1), and `gpt-oss` for GPT-OSS (its experts as
+transformers holds them in bf16 or f32, split into gate and up and
+transposed, with their biases; the router's bias; q/k/v and o_proj biases;
+the sinks as attn_sinks; llama.cpp's swiglu limit is 7 and its windows are
+on every other layer from the first, so swiglu_limit must be 7 and
+layer_types alternate so; MXFP4 experts are not written):
 
   scripts/tandem-to-gguf.py --model models/small --out small-bf16.gguf --dtype bf16
   scripts/tandem-to-gguf.py --model models/small --f32-model-dir models/small-f32
@@ -167,19 +172,30 @@ def convert(model_dir, out_path, dtype):
         config = json.load(f)
     archs = config.get("architectures", [])
     accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"]
+                "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"]
     if len(archs) != 1 or archs[0] not in accepted:
         sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: one of {accepted}")
     arch = archs[0]
     glm4moe = arch == "Glm4MoeForCausalLM"
     qwen2moe = arch == "Qwen2MoeForCausalLM"
-    if config.get("attention_bias") and not (glm4moe or qwen2moe):
+    gptoss = arch == "GptOssForCausalLM"
+    if config.get("attention_bias") and not (glm4moe or qwen2moe or gptoss):
         sys.exit("tandem-to-gguf: attention_bias is true; accepted: false (GLM-4.5, "
-                 "Qwen2-MoE: true)")
+                 "Qwen2-MoE, GPT-OSS: true)")
     # Qwen2-MoE's q/k/v biases (qkv_bias, true when absent); GLM-4.5's with
-    # attention_bias.
-    qkv_bias = (qwen2moe and config.get("qkv_bias", True)) or (glm4moe and
-                                                                config.get("attention_bias"))
+    # attention_bias; GPT-OSS's (o_proj's too) unless attention_bias is false.
+    qkv_bias = ((qwen2moe and config.get("qkv_bias", True))
+                or (glm4moe and config.get("attention_bias"))
+                or (gptoss and config.get("attention_bias", True)))
+    layers = int(config["num_hidden_layers"])
+    if gptoss:
+        alternating = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                       for i in range(layers)]
+        if float(config.get("swiglu_limit", 7.0)) != 7.0 or \
+                config.get("layer_types", alternating) != alternating:
+            sys.exit("tandem-to-gguf: GPT-OSS with another swiglu_limit or layer_types; "
+                     "accepted: 7, and every other layer sliding from the first (llama.cpp's "
+                     "gpt-oss)")
     if qwen2moe and (config.get("norm_topk_prob") or config.get("mlp_only_layers")
                      or config.get("decoder_sparse_step", 1) != 1):
         sys.exit("tandem-to-gguf: Qwen2-MoE with norm_topk_prob, mlp_only_layers or "
@@ -195,18 +211,18 @@ def convert(model_dir, out_path, dtype):
     mixtral = arch == "MixtralForCausalLM"
     experts = (0 if arch == "LlamaForCausalLM" else
                int(config.get("num_local_experts", 8)) if mixtral else
+               int(config.get("num_local_experts", 128)) if gptoss else
                int(config.get("n_routed_experts", config.get("num_local_experts", 128)))
                if glm4moe else
                int(config.get("num_experts", config.get("num_local_experts",
                                                         60 if qwen2moe else 128))))
     experts_per_token = int(config.get("num_experts_per_tok",
-                                       2 if mixtral else 4 if qwen2moe else 8))
+                                       2 if mixtral else 4 if qwen2moe or gptoss else 8))
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads", heads))
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    layers = int(config["num_hidden_layers"])
+    head_dim = int(config.get("head_dim") or (64 if gptoss else hidden // heads))
     # GLM-4.5 (Glm4MoeConfig's defaults): part of each head rotates; the first
     # layers are dense.
     rotary_dim = int(head_dim * config.get(
@@ -217,7 +233,7 @@ def convert(model_dir, out_path, dtype):
 
     tmp = out_path + ".tmp"
     writer = gguf.GGUFWriter(tmp, "glm4moe" if glm4moe else "qwen3moe" if qwen3moe else
-                             "qwen2moe" if qwen2moe else "llama")
+                             "qwen2moe" if qwen2moe else "gpt-oss" if gptoss else "llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
@@ -241,14 +257,20 @@ def convert(model_dir, out_path, dtype):
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
             writer.add_expert_group_count(int(config.get("n_group", 1)))
             writer.add_expert_group_used_count(int(config.get("topk_group", 1)))
+        if gptoss:
+            writer.add_expert_feed_forward_length(int(config["intermediate_size"]))
+    if gptoss:
+        writer.add_sliding_window(int(config.get("sliding_window", 128)))
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(rotary_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 1e6 if mixtral else 10000.0)))
+    writer.add_rope_freq_base(float(config.get(
+        "rope_theta", 1e6 if mixtral else 150000.0 if gptoss else 10000.0)))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps",
-                                                   1e-5 if mixtral or glm4moe else 1e-6)))
+                                                   1e-5 if mixtral or glm4moe or gptoss
+                                                   else 1e-6)))
     writer.add_vocab_size(int(config["vocab_size"]))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16"
                          else gguf.LlamaFileType.ALL_F32)
@@ -293,9 +315,47 @@ def convert(model_dir, out_path, dtype):
         else:
             writer.add_tensor(gguf_name, data)
 
+    def gpt_oss_experts(i, block):
+        # transformers' [experts, in, out] matrices, gate and up interleaved
+        # in the columns (gate the even ones), as [experts, out, in] each.
+        if block + "experts.gate_up_proj_blocks" in tensors:
+            sys.exit("tandem-to-gguf: MXFP4 experts; accepted: bf16 or f32 experts "
+                     "(tandem-model without --quantize mxfp4)")
+        add_matrix(f"blk.{i}.ffn_gate_inp.weight", block + "router.weight")
+        add_f32(f"blk.{i}.ffn_gate_inp.bias", block + "router.bias")
+        src_dtype, _, gate_up = take(block + "experts.gate_up_proj")
+        _, _, down = take(block + "experts.down_proj")
+        parts = {"gate": gate_up.transpose(0, 2, 1)[:, 0::2, :],
+                 "up": gate_up.transpose(0, 2, 1)[:, 1::2, :],
+                 "down": down.transpose(0, 2, 1)}
+        for part, data in parts.items():
+            data = to_bf16_bits(src_dtype, data) if dtype == "bf16" else to_f32(src_dtype, data)
+            if dtype == "bf16":
+                writer.add_tensor(f"blk.{i}.ffn_{part}_exps.weight", np.ascontiguousarray(data),
+                                  raw_dtype=gguf.GGMLQuantizationType.BF16)
+            else:
+                writer.add_tensor(f"blk.{i}.ffn_{part}_exps.weight", np.ascontiguousarray(data))
+        bias_dtype, _, gate_up_bias = take(block + "experts.gate_up_proj_bias")
+        bias = to_f32(bias_dtype, gate_up_bias)
+        writer.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(bias[:, 0::2]))
+        writer.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(bias[:, 1::2]))
+        add_f32(f"blk.{i}.ffn_down_exps.bias", block + "experts.down_proj_bias")
+
     add_matrix("token_embd.weight", "model.embed_tokens.weight")
     scaling = config.get("rope_scaling")
-    if scaling:
+    if scaling and gptoss:
+        # YaRN, as llama.cpp's converter writes GPT-OSS's (its beta_fast and
+        # beta_slow are llama.cpp's defaults, 32 and 1; llama.cpp rounds the
+        # blend's bounds whatever truncate says).
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "yarn" or scaling.get("beta_fast", 32) != 32 or \
+                scaling.get("beta_slow", 1) != 1 or "attention_factor" in scaling:
+            sys.exit("tandem-to-gguf: GPT-OSS rope_scaling; accepted: yarn with beta_fast 32, "
+                     "beta_slow 1 and the default attention factor")
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+    elif scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind != "llama3":
             sys.exit(f"tandem-to-gguf: rope_scaling type {kind}; accepted: llama3 or none")
@@ -303,7 +363,7 @@ def convert(model_dir, out_path, dtype):
     for i in range(layers):
         p = f"model.layers.{i}."
         add_f32(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
-        halves = qwen3moe or glm4moe or qwen2moe
+        halves = qwen3moe or glm4moe or qwen2moe or gptoss
         add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight",
                    None if halves else heads)
         add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight",
@@ -313,13 +373,19 @@ def convert(model_dir, out_path, dtype):
         if qkv_bias:
             for part in ("q", "k", "v"):
                 add_f32(f"blk.{i}.attn_{part}.bias", p + f"self_attn.{part}_proj.bias")
+        if gptoss:
+            if qkv_bias:
+                add_f32(f"blk.{i}.attn_output.bias", p + "self_attn.o_proj.bias")
+            add_f32(f"blk.{i}.attn_sinks.weight", p + "self_attn.sinks")
         if qwen3moe or (glm4moe and config.get("use_qk_norm")):
             add_f32(f"blk.{i}.attn_q_norm.weight", p + "self_attn.q_norm.weight")
             add_f32(f"blk.{i}.attn_k_norm.weight", p + "self_attn.k_norm.weight")
         # llama.cpp's glm4moe names the norm before the MLP post_attention_norm.
-        add_f32(f"blk.{i}.{'post_attention_norm' if glm4moe else 'ffn_norm'}.weight",
+        add_f32(f"blk.{i}.{'post_attention_norm' if glm4moe or gptoss else 'ffn_norm'}.weight",
                  p + "post_attention_layernorm.weight")
-        if experts and i >= dense_layers:
+        if gptoss:
+            gpt_oss_experts(i, p + "mlp.")
+        elif experts and i >= dense_layers:
             block = p + ("mlp." if halves else "block_sparse_moe.")
             names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if halves else \
                 {"gate": "w1", "up": "w3", "down": "w2"}

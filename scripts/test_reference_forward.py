@@ -15,7 +15,10 @@ neighbour pairs, q/k/v biases; GLM-4's sandwich norms), Mixtral, Qwen3-MoE,
 Qwen2-MoE (a shared expert weighed by its sigmoid gate, every second layer a
 mixture) and
 GLM-4.5 (sigmoid routing with a correction bias in groups, a routed scale, a
-shared expert, a dense first layer, q/k norms) test models, Gemma 3
+shared expert, a dense first layer, q/k norms) and GPT-OSS (sinks, biased
+router and experts with the clamped activation; bf16 experts as
+transformers holds them and MXFP4 as published) and Granite MoE (Granite's
+scalars, stacked experts, softmax over the chosen logits) test models, Gemma 3
 and Mistral rewritten as Gemma 3 4B and up and Mistral Small 3.1 are
 published (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration:
 a nested config, prefixed tensors, a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -66,7 +69,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "olmo3": "Olmo3ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
-                 "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+                 "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                 "granitemoe": "GraniteMoeForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
 # an original of 128, so the agent serves 1024 positions).
@@ -94,7 +98,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("glm", None), ("glm4", None),
          ("mixtral", None),
          ("qwen3_moe", None), ("qwen2_moe", None), ("glm4_moe", None), ("gpt_oss", None),
-         ("gpt_oss", "mxfp4"),
+         ("gpt_oss", "mxfp4"), ("granitemoe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 

@@ -392,7 +392,9 @@ void readRoutingExtras(TensorSource& source, const ModelConfig& c, const ExpertT
 
 // A mixture layer's router and experts. In the per-expert names of the
 // checkpoints published for the architecture (ExpertTensorNames), or
-// stacked as transformers 5 holds them (both architectures under mlp.):
+// stacked as transformers 5 holds them (under mlp.; Granite MoE's as
+// published: block_sparse_moe.input_linear.weight and output_linear.weight
+// in these shapes, its router block_sparse_moe.router.layer.weight):
 // mlp.experts.gate_up_proj [experts, 2 x width, hidden] (each expert's gate
 // rows, then its up rows) and mlp.experts.down_proj [experts, hidden,
 // width], each expert's matrices then views into them.
@@ -401,14 +403,19 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
   const int64_t hidden = c.hidden_size;
   const int64_t inter = c.moe_intermediate_size;
   layer.experts.resize(static_cast<size_t>(c.num_experts));
-  const std::string stacked = prefix + "mlp.experts.";
-  if (source.has(stacked + "gate_up_proj")) {
+  // Granite MoE's are stacked as published, under its own names.
+  const std::string stacked = prefix + (c.graniteMoe() ? "block_sparse_moe." : "mlp.experts.");
+  const std::string gate_up_name = c.graniteMoe() ? "input_linear.weight" : "gate_up_proj";
+  const std::string down_name = c.graniteMoe() ? "output_linear.weight" : "down_proj";
+  if (c.graniteMoe() || source.has(stacked + gate_up_name)) {
     readRoutingExtras(source, c, ExpertTensorNames(c, index), layer);
-    layer.router = source.matrix(prefix + "mlp.gate.weight", c.num_experts, hidden);
+    layer.router = source.matrix(
+        prefix + (c.graniteMoe() ? "block_sparse_moe.router.layer.weight" : "mlp.gate.weight"),
+        c.num_experts, hidden);
     const std::vector<kernels::WeightView> gate_up =
-        source.stackedMatrices(stacked + "gate_up_proj", c.num_experts, 2 * inter, hidden);
+        source.stackedMatrices(stacked + gate_up_name, c.num_experts, 2 * inter, hidden);
     const std::vector<kernels::WeightView> down =
-        source.stackedMatrices(stacked + "down_proj", c.num_experts, hidden, inter);
+        source.stackedMatrices(stacked + down_name, c.num_experts, hidden, inter);
     const size_t half = static_cast<size_t>(inter * hidden) * dtypeSize(gate_up.front().dtype);
     for (size_t e = 0; e < layer.experts.size(); ++e) {
       const auto* first = static_cast<const uint8_t*>(gate_up[e].data);

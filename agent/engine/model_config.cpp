@@ -39,7 +39,7 @@ constexpr const char* kAcceptedArchitectures =
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
     "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM";
+    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GraniteMoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -392,6 +392,7 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
   const bool is_glm4_moe = config.glm4Moe();
   const bool is_qwen2_moe = config.qwen2Moe();
   const bool is_gpt_oss = config.gptOss();
+  const bool is_granite_moe = config.graniteMoe();
   // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts
   // (its attribute_map), and GLM-4.5's n_routed_experts likewise: either
   // is read.
@@ -399,15 +400,16 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
       is_glm4_moe ? (reader.has("num_local_experts") && !reader.has("n_routed_experts")
                          ? "num_local_experts"
                          : "n_routed_experts")
-      : is_mixtral || is_gpt_oss || !reader.has("num_experts") ? "num_local_experts"
-                                                               : "num_experts";
+      : is_mixtral || is_gpt_oss || is_granite_moe || !reader.has("num_experts")
+          ? "num_local_experts"
+          : "num_experts";
   config.num_experts = reader.boundedInt(experts_key,
-                                         is_mixtral     ? 8
-                                         : is_qwen2_moe ? 60
-                                                        : 128,
+                                         is_mixtral || is_granite_moe ? 8
+                                         : is_qwen2_moe               ? 60
+                                                                      : 128,
                                          kMaxExperts);
   config.num_experts_per_tok = reader.boundedInt("num_experts_per_tok",
-                                                 is_mixtral                   ? 2
+                                                 is_mixtral || is_granite_moe ? 2
                                                  : is_qwen2_moe || is_gpt_oss ? 4
                                                                               : 8,
                                                  kMaxExpertsPerToken);
@@ -416,9 +418,9 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
                                            std::to_string(config.num_experts) + "), got " +
                                            std::to_string(config.num_experts_per_tok));
   }
-  if (is_mixtral || is_gpt_oss) {
-    // GPT-OSS's softmax over the chosen logits is the renormalized softmax
-    // over all of them.
+  if (is_mixtral || is_gpt_oss || is_granite_moe) {
+    // GPT-OSS's and Granite MoE's softmax over the chosen logits is the
+    // renormalized softmax over all of them.
     config.moe_intermediate_size = config.intermediate_size;
     config.norm_topk_prob = true;
     if (is_gpt_oss) config.swiglu_limit = reader.positiveNumber("swiglu_limit", 7.0);
@@ -731,6 +733,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Gemma2ForCausalLM", "gemma2"},
       {"Phi3ForCausalLM", "phi3"},
       {"GraniteForCausalLM", "granite"},
+      {"GraniteMoeForCausalLM", "granitemoe"},
       {"Olmo2ForCausalLM", "olmo2"},
       {"Olmo3ForCausalLM", "olmo3"},
       {"SmolLM3ForCausalLM", "smollm3"},
@@ -818,7 +821,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_gemma = is_gemma2 || is_gemma3;
   const bool is_phi3 = config.architecture == "Phi3ForCausalLM";
   config.phi3 = is_phi3;
-  config.granite = config.architecture == "GraniteForCausalLM";
+  config.granite = config.architecture == "GraniteForCausalLM" || config.graniteMoe();
   config.olmo3 = config.architecture == "Olmo3ForCausalLM";
   config.olmo2 = config.architecture == "Olmo2ForCausalLM" || config.olmo3;
   const bool is_smollm3 = config.architecture == "SmolLM3ForCausalLM";
@@ -1041,7 +1044,8 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.residual_multiplier = reader.positiveNumber("residual_multiplier", 1.0);
     config.logits_scaling = reader.positiveNumber("logits_scaling", 1.0);
   }
-  if (is_mixtral || is_qwen3_moe || is_glm4_moe || is_qwen2_moe || is_gpt_oss) {
+  if (is_mixtral || is_qwen3_moe || is_glm4_moe || is_qwen2_moe || is_gpt_oss ||
+      config.graniteMoe()) {
     readExperts(reader, root, config);
   }
   if (is_gpt_oss) readGptOssWindow(reader, root, config);
@@ -1277,7 +1281,7 @@ std::string ModelConfig::toJsonText() const {
   root["tie_word_embeddings"] = tie_word_embeddings;
   root["attention_bias"] = attention_bias;
   root["torch_dtype"] = dtypeTorchName(torch_dtype);
-  if (architecture == "MixtralForCausalLM" || gptOss()) {
+  if (architecture == "MixtralForCausalLM" || gptOss() || graniteMoe()) {
     root["num_local_experts"] = num_experts;
     root["num_experts_per_tok"] = num_experts_per_tok;
     if (gptOss()) root["swiglu_limit"] = swiglu_limit;

@@ -9,7 +9,7 @@
 // (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
 // SmolLM3ForCausalLM (docs/engine.md#smollm3), and the mixtures of experts
 // MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
-// Glm4MoeForCausalLM and GptOssForCausalLM
+// Glm4MoeForCausalLM, GptOssForCausalLM and GraniteMoeForCausalLM
 // (docs/engine.md#mixture-of-experts, docs/engine.md#gpt-oss).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
@@ -198,6 +198,13 @@ struct ModelConfig {
   // first by default), all layers rotate alike (YaRN in the published
   // configs).
   bool gptOss() const { return architecture == "GptOssForCausalLM"; }
+  // GraniteMoeForCausalLM (IBM Granite 3.0/3.1 MoE, 1B-A400M and 3B-A800M):
+  // Granite's four scalars (granite is set too) with every layer a mixture
+  // of num_local_experts experts of intermediate_size, weighted by the
+  // softmax over the num_experts_per_tok largest router logits; its experts
+  // are stacked (block_sparse_moe.input_linear: gate rows then up rows;
+  // output_linear) and its router is block_sparse_moe.router.layer.
+  bool graniteMoe() const { return architecture == "GraniteMoeForCausalLM"; }
   double swiglu_limit = 7.0;
   int64_t sharedExpertWidth() const {
     return qwen2Moe() ? shared_expert_intermediate_size : n_shared_experts * moe_intermediate_size;

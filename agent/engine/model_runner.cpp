@@ -797,6 +797,16 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
       continue;
     }
+    if (config.granite && !lw.experts.empty()) {
+      // Granite MoE: the attention's residual branch scaled, then the
+      // mixture's (mixture() scales it).
+      b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
+      if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
+      addScaledResidual(rows);
+      b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
+      mixture(lw, rows);
+      continue;
+    }
     if (config.granite) {
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
       if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
@@ -1025,6 +1035,11 @@ void ModelRunner::mixture(const ResidentLayer& layer, int64_t rows) {
       const auto weight = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(gate[r]))));
       for (int64_t c = 0; c < hidden; ++c) to[c] += weight * row[c];
     }
+  }
+  if (config.granite) {
+    // Granite MoE: residual + moe(x) * residual_multiplier, in fp32.
+    const auto multiplier = static_cast<float>(config.residual_multiplier);
+    for (int64_t i = 0; i < rows * hidden; ++i) sum[i] *= multiplier;
   }
   b.addInPlace(hidden_.data(), sum, rows * hidden);
 }

@@ -1599,6 +1599,12 @@ TEST_F(RouterTest, GptOssIsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("GptOssForCausalLM", 31);
 }
 
+// Granite MoE (docs/engine.md#granite): Granite's scalars around a mixture
+// of stacked experts; its KV moves P->D exactly.
+TEST_F(RouterTest, GraniteMoeIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("GraniteMoeForCausalLM", 37);
+}
+
 // Qwen2-MoE: q/k/v biases, a shared expert weighed by its sigmoid gate,
 // every second layer a mixture; its KV moves P->D exactly.
 TEST_F(RouterTest, Qwen2MoeIsDisaggregatedExactly) {

@@ -541,11 +541,19 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.tie_word_embeddings = true;
     config.nope_layers = smolLm3NopeLayers(config.num_hidden_layers, preset);
   }
-  if (architecture == "GraniteForCausalLM") {
+  if (architecture == "GraniteForCausalLM" || architecture == "GraniteMoeForCausalLM") {
     // Granite 3's four scalars, of their published sizes (the 8B's
     // embedding 12, residual 0.22, scores by 1/head_dim), tied embeddings,
-    // and at tiny a logit divisor near the logits' own size.
+    // and at tiny a logit divisor near the logits' own size. Granite MoE's
+    // mixture: at tiny 8 experts choosing 2, at small 32 choosing 8 (as
+    // granite-3.1-1b-a400m), softmax over the chosen logits.
     config.granite = true;
+    if (architecture == "GraniteMoeForCausalLM") {
+      config.num_experts = preset == "tiny" ? 8 : 32;
+      config.num_experts_per_tok = preset == "tiny" ? 2 : 8;
+      config.moe_intermediate_size = config.intermediate_size;
+      config.norm_topk_prob = true;
+    }
     config.tie_word_embeddings = true;
     config.embedding_multiplier = 12.0;
     config.attention_multiplier = 1.0 / static_cast<double>(config.head_dim);
@@ -814,6 +822,16 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
     }
     if (config.gptOss()) {
       gptOssExperts(config, prefix, tensors);
+    } else if (config.graniteMoe()) {
+      // Granite MoE's experts stacked as published: input_linear's gate
+      // rows then up rows, output_linear.
+      const std::string block = prefix + "block_sparse_moe.";
+      const int64_t experts = config.num_experts, width = config.moe_intermediate_size;
+      matrix(block + "router.layer.weight", experts, hidden);
+      matrix(block + "input_linear.weight", experts * 2 * width, hidden);
+      tensors[block + "input_linear.weight"].file_shape = {experts, 2 * width, hidden};
+      matrix(block + "output_linear.weight", experts * hidden, width);
+      tensors[block + "output_linear.weight"].file_shape = {experts, hidden, width};
     } else if (config.isMoeLayer(i)) {
       // The per-expert names of published checkpoints.
       const engine::ExpertTensorNames names(config, i);

@@ -25,7 +25,7 @@ namespace tandem::tools {
 
 struct TestModelOptions {
   std::string preset = "tiny";  // "tiny", "small" or "llama3-8b"
-  // Also Mistral/Qwen2/Qwen3/Mixtral/Qwen3Moe/Glm4MoeForCausalLM and the others
+  // Also Mistral/Qwen2/Qwen3/Mixtral/Qwen3Moe/Glm4Moe/GptOssForCausalLM and the others
   // tandem-model --arch names.
   std::string architecture = "LlamaForCausalLM";
   DType dtype = DType::kBF16;  // weight dtype: bf16, f16 or f32
@@ -33,7 +33,8 @@ struct TestModelOptions {
   int64_t layers = 0;  // num_hidden_layers; 0: the preset's
   // fp8 weights (docs/quantization.md): the projections as F8_E4M3 with
   // scales of this granularity, config.json's quantization_config as the
-  // method writes it. Default: none.
+  // method writes it; method "mxfp4" (GptOssForCausalLM only): the experts
+  // as MXFP4 blocks and scales, as published. Default: none.
   engine::Fp8Quantization quantization;
   // An fp8 KV cache's scales (docs/quantization.md#fp8-kv-cache), as
   // llm-compressor writes them: model.layers.<l>.self_attn.k_scale and

@@ -135,7 +135,8 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
         "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"}) {
+        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
+        "GraniteMoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -412,6 +413,8 @@ std::vector<Param> params() {
       {"Glm4MoeForCausalLM", DType::kBF16, DType::kF32},
       // GPT-OSS: sinks, windows, biases, the clamped activation.
       {"GptOssForCausalLM", DType::kBF16, DType::kBF16},
+      // Granite MoE: Granite's scalars around a mixture.
+      {"GraniteMoeForCausalLM", DType::kBF16, DType::kF32},
   };
   std::vector<Param> out;
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
@@ -424,6 +427,7 @@ std::vector<Param> params() {
                             variant.architecture == "Qwen3MoeForCausalLM" ||
                             variant.architecture == "Glm4MoeForCausalLM" ||
                             variant.architecture == "GptOssForCausalLM" ||
+                            variant.architecture == "GraniteMoeForCausalLM" ||
                             variant.architecture == "Qwen2MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||

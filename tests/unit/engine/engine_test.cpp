@@ -1462,10 +1462,12 @@ void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& mod
 // The tiny Qwen3-MoE: 8 experts choosing 3, a dense first layer; the tiny
 // GLM-4.5: the same with sigmoid routing in groups and a shared expert; the
 // tiny Qwen2-MoE: a shared expert with its gate; the tiny GPT-OSS: sinks, a
-// window on every other layer, biased router and experts.
+// window on every other layer, biased router and experts; the tiny Granite
+// MoE: Granite's scalars around a mixture.
 TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   for (const char* architecture :
-       {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM"}) {
+       {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
+        "GraniteMoeForCausalLM"}) {
     SCOPED_TRACE(architecture);
     ::tandem::testing::TempDir dir("tandem-engine-moe");
     tools::TestModelOptions options;

@@ -167,7 +167,7 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
         "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
         "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
-        "GptOssForCausalLM"}) {
+        "GptOssForCausalLM", "GraniteMoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -599,6 +599,43 @@ TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
 // is refused naming it); the multi-token-prediction layer published after
 // the last (model.layers.<num_hidden_layers>.*, num_nextn_predict_layers)
 // is not read, as vLLM and transformers pass it by.
+// Granite MoE's experts are stacked as published: each expert's gate is
+// the first half of its input_linear rows, up the second, down its
+// output_linear (the same bytes); a missing one is named.
+TEST(ModelLoading, GraniteMoeStackedExpertsAreViewsOfItsTensors) {
+  TempDir dir;
+  writeTiny(dir.path(), "GraniteMoeForCausalLM", DType::kF32);
+  const std::unique_ptr<Model> model = Model::load(dir.path());
+  const ModelConfig& c = model->config();
+  SafetensorsFile file(dir.path() / "model.safetensors");
+  const TensorInfo* input = file.find("model.layers.1.block_sparse_moe.input_linear.weight");
+  const TensorInfo* output = file.find("model.layers.1.block_sparse_moe.output_linear.weight");
+  ASSERT_NE(input, nullptr);
+  ASSERT_NE(output, nullptr);
+  const int64_t width = c.moe_intermediate_size, hidden = c.hidden_size;
+  const auto* in = static_cast<const char*>(input->data);
+  const auto* out = static_cast<const char*>(output->data);
+  const LayerWeights& layer = model->weights().layers[1];
+  ASSERT_EQ(std::ssize(layer.experts), c.num_experts);
+  const auto bytes = static_cast<size_t>(width * hidden * 4);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const ExpertWeights& x = layer.experts[static_cast<size_t>(e)];
+    EXPECT_EQ(x.gate_proj.rows, width);
+    EXPECT_EQ(x.down_proj.rows, hidden);
+    EXPECT_EQ(std::memcmp(x.gate_proj.data, in + e * 2 * bytes, bytes), 0) << e;
+    EXPECT_EQ(std::memcmp(x.up_proj.data, in + (e * 2 + 1) * bytes, bytes), 0) << e;
+    EXPECT_EQ(std::memcmp(x.down_proj.data, out + e * bytes, bytes), 0) << e;
+    EXPECT_NE(std::memcmp(x.gate_proj.data, x.up_proj.data, bytes), 0) << e;
+  }
+  const TensorInfo* router = file.find("model.layers.1.block_sparse_moe.router.layer.weight");
+  ASSERT_NE(router, nullptr);
+  EXPECT_EQ(std::memcmp(layer.router.data, router->data, router->num_bytes), 0);
+  rewriteHeader(dir.path(),
+                [](json& h) { h.erase("model.layers.0.block_sparse_moe.output_linear.weight"); });
+  EXPECT_CONTAINS(loadError(dir.path()),
+                  "tensor model.layers.0.block_sparse_moe.output_linear.weight missing from ");
+}
+
 // GPT-OSS's experts as published (MXFP4 blocks and scales) and as
 // transformers holds them (input-major, gate and up interleaved): a
 // checkpoint rewritten from the one into the other, the blocks decoded here
@@ -2584,6 +2621,52 @@ TEST(ModelConfigParsing, GlmReadsItsPartialInterleavedRotaryAndDefaults) {
 // Qwen2MoeConfig give it: Qwen3-MoE's routing fields with their own
 // defaults, q/k/v biases unless qkv_bias is false, a gated shared expert of
 // shared_expert_intermediate_size (in the digest; 0: none).
+// IBM's granite-3.1-1b-a400m-instruct config.json.
+TEST(ModelConfigParsing, GraniteMoeReadsItsScalarsAndMixture) {
+  const std::string published =
+      R"({"architectures": ["GraniteMoeForCausalLM"], "attention_bias": false,
+          "attention_dropout": 0.1, "attention_multiplier": 0.015625, "bos_token_id": 0,
+          "embedding_multiplier": 12.0, "eos_token_id": 0, "hidden_act": "silu",
+          "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 512,
+          "logits_scaling": 6.0, "max_position_embeddings": 131072, "model_type": "granitemoe",
+          "num_attention_heads": 16, "num_experts_per_tok": 8, "num_hidden_layers": 24,
+          "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+          "pad_token_id": 0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-06,
+          "rope_scaling": null, "rope_theta": 10000000.0, "router_aux_loss_coef": 0.0,
+          "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+          "vocab_size": 49155})";
+  const ModelConfig c = ModelConfig::fromJsonText(published, "config.json");
+  EXPECT_TRUE(c.graniteMoe());
+  EXPECT_TRUE(c.granite) << "Granite's scalars";
+  EXPECT_EQ(c.model_type, "granitemoe");
+  EXPECT_EQ(c.embedding_multiplier, 12.0);
+  EXPECT_EQ(c.attention_multiplier, 0.015625);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.logits_scaling, 6.0);
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 512);
+  EXPECT_TRUE(c.norm_topk_prob) << "the softmax over the chosen logits";
+  EXPECT_FALSE(c.sigmoid_routing);
+  for (int64_t layer = 0; layer < 24; ++layer) EXPECT_TRUE(c.isMoeLayer(layer)) << layer;
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rope_theta, 1e7);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+  // GraniteMoeConfig's defaults: 8 experts choosing 2.
+  const ModelConfig defaults =
+      ModelConfig::fromJsonText(smallConfig("GraniteMoeForCausalLM"), "config.json");
+  EXPECT_EQ(defaults.num_experts, 8);
+  EXPECT_EQ(defaults.num_experts_per_tok, 2);
+  EXPECT_EQ(defaults.moe_intermediate_size, 512);
+  EXPECT_NE(
+      defaults.computeDigest(),
+      ModelConfig::fromJsonText(smallConfig("GraniteForCausalLM"), "config.json").computeDigest());
+  EXPECT_CONTAINS(parseError(smallConfig("GraniteMoeForCausalLM", R"(, "num_experts_per_tok": 9)")),
+                  "dir/config.json: field \"num_experts_per_tok\" must be at most "
+                  "num_local_experts (8), got 9");
+}
+
 // gpt-oss-20b's config.json (gpt-oss-120b's differs in layers and experts).
 std::string gptOss20b() {
   std::string layer_types;
@@ -3011,11 +3094,13 @@ TEST(ModelConfigParsing, HfOverridesReplaceFieldsBeforeTheyAreRead) {
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
-         {"LlamaForCausalLM", "MistralForCausalLM", "Ministral3ForCausalLM", "Qwen2ForCausalLM",
-          "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-          "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-          "GlmForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-          "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"}) {
+         {"LlamaForCausalLM",    "MistralForCausalLM",   "Ministral3ForCausalLM",
+          "Qwen2ForCausalLM",    "Qwen3ForCausalLM",     "Gemma2ForCausalLM",
+          "Gemma3ForCausalLM",   "Phi3ForCausalLM",      "GraniteForCausalLM",
+          "Olmo2ForCausalLM",    "Olmo3ForCausalLM",     "SmolLM3ForCausalLM",
+          "GlmForCausalLM",      "Glm4ForCausalLM",      "MixtralForCausalLM",
+          "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",  "Glm4MoeForCausalLM",
+          "GptOssForCausalLM",   "GraniteMoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

@@ -578,7 +578,8 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
           if (c.norm_topk_prob) weight /= chosen + (c.sigmoid_routing ? 1e-20 : 0.0);
           weight *= c.routed_scaling_factor;
           const std::vector<double> down = swiglu(lw.experts[order[j]]);
-          for (int64_t i = 0; i < hidden; ++i) x[t][i] += weight * down[i];
+          // Granite MoE: the mixture's output times residual_multiplier.
+          for (int64_t i = 0; i < hidden; ++i) x[t][i] += residual * weight * down[i];
         }
         if (lw.shared_expert.gate_proj.data != nullptr) {
           // Qwen2-MoE weighs its shared expert by sigmoid(shared_expert_gate h).
@@ -989,6 +990,10 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"GptOssForCausalLM", DType::kBF16, DType::kF32},
         Variant{"GptOssForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         Variant{"GptOssForCausalLM", DType::kBF16, DType::kF32, DType::kF32, "mxfp4"},
+        // Granite MoE: Granite's scalars around a mixture of stacked experts.
+        // (As Granite's, f32 only: its scalars shrink an adapter's effect
+        // below bf16's tolerance.)
+        Variant{"GraniteMoeForCausalLM", DType::kBF16, DType::kF32},
         // fp8 checkpoints (docs/quantization.md): per-channel
         // scales, blocks splitting rows and columns, and one
         // scale per tensor under bf16 compute (fp8 matrices
