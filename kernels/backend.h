@@ -133,6 +133,13 @@ class Backend {
                 deviceKindName(kind()) + " backend");
   }
   virtual void siluMul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // kernels.h's clampedSwiglu (GPT-OSS's experts). Only the CPU backend
+  // has it; mixtures run there only.
+  virtual void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                             float limit) {
+    throw Error(std::string("GPT-OSS's clamped SwiGLU is not supported by the ") +
+                deviceKindName(kind()) + " backend");
+  }
   // kernels.h's geluTanhMul (Gemma 3's MLP). Only the CPU backend has it;
   // the model runner refuses such models on the others first.
   virtual void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {

@@ -145,6 +145,13 @@ void applyRope(float* x, int64_t rows, int64_t num_heads, int64_t head_dim,
 // out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
 void siluMul(const float* gate, const float* up, float* out, int64_t n);
 
+// GPT-OSS's expert activation: out[i] = (u + 1) * g / (1 + e^(-alpha g)) for
+// g = min(gate[i], limit) and u = clamp(up[i], -limit, limit), in fp32; a
+// NaN passes the clamps (as torch.clamp passes it). out may alias gate or
+// up. Element by element: batch invariance holds.
+void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                   float limit);
+
 // out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (PyTorch's
 // gelu(approximate="tanh"), transformers' gelu_pytorch_tanh: 0.5 x (1 +
 // tanh(sqrt(2 / pi) (x + 0.044715 x^3)))), in fp32, element by element.

@@ -173,6 +173,15 @@ void ProfilingBackend::siluMul(const float* gate, const float* up, float* out, i
       0.0, [&] { inner_.siluMul(gate, up, out, n); });
 }
 
+void ProfilingBackend::clampedSwiglu(const float* gate, const float* up, float* out, int64_t n,
+                                     float alpha, float limit) {
+  timed(
+      [&] {
+        return shape("clampedSwiglu", {{"n", n}});
+      },
+      0.0, [&] { inner_.clampedSwiglu(gate, up, out, n, alpha, limit); });
+}
+
 void ProfilingBackend::geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
   timed(
       [&] {

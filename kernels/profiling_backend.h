@@ -87,6 +87,8 @@ class ProfilingBackend final : public Backend {
                      const RopeVariant& variant) override;
   void siluMul(const float* gate, const float* up, float* out, int64_t n) override;
   void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) override;
+  void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                     float limit) override;
   void addInPlace(float* y, const float* x, int64_t n) override;
   void copyColumns(const float* src, int64_t rows, int64_t src_width, int64_t first, int64_t width,
                    float* dst) override;

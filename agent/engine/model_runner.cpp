@@ -943,21 +943,11 @@ void ModelRunner::gptOssExpert(const ResidentMlp& expert, int64_t rows) {
   b.addBias(gate_.data(), expert.gate_bias, rows, width);
   b.matmul(expert_in_.data(), rows, hidden, expert.up_proj, up_.data());
   b.addBias(up_.data(), expert.up_bias, rows, width);
-  b.synchronize();
-  // Host memory (mixtures run on the CPU backend only): transformers'
-  // GptOssExperts in fp32, each step rounded: g = min(gate, limit), u =
-  // clamp(up, -limit, limit), (u + 1) * (g * sigmoid(g * 1.702)). NaN
-  // passes the clamps as torch.clamp passes it.
-  const auto limit = static_cast<float>(config.swiglu_limit);
+  // transformers' GptOssExperts: g = min(gate, limit), u = clamp(up,
+  // -limit, limit), (u + 1) * g * sigmoid(1.702 g).
   constexpr float kAlpha = 1.702f;
-  float* gate = gate_.data();
-  const float* up = up_.data();
-  for (int64_t i = 0; i < rows * width; ++i) {
-    const float g = std::isnan(gate[i]) ? gate[i] : std::min(gate[i], limit);
-    const float u = std::isnan(up[i]) ? up[i] : std::clamp(up[i], -limit, limit);
-    const float glu = g * (1.0f / (1.0f + std::exp(-(g * kAlpha))));
-    gate[i] = (u + 1.0f) * glu;
-  }
+  b.clampedSwiglu(gate_.data(), up_.data(), gate_.data(), rows * width, kAlpha,
+                  static_cast<float>(config.swiglu_limit));
   b.matmul(gate_.data(), rows, width, expert.down_proj, expert_out_.data());
   b.addBias(expert_out_.data(), expert.down_bias, rows, hidden);
 }

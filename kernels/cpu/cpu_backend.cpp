@@ -118,6 +118,11 @@ void CpuBackend::siluMul(const float* gate, const float* up, float* out, int64_t
   kernels::siluMul(gate, up, out, n);
 }
 
+void CpuBackend::clampedSwiglu(const float* gate, const float* up, float* out, int64_t n,
+                               float alpha, float limit) {
+  kernels::clampedSwiglu(gate, up, out, n, alpha, limit);
+}
+
 void CpuBackend::geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
   kernels::geluTanhMul(gate, up, out, n);
 }

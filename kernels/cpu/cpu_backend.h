@@ -51,6 +51,8 @@ class CpuBackend : public Backend {
   void applyRopeWith(float* x, int64_t num_heads, int64_t head_dim, const float* inv_freq,
                      const RopeVariant& variant) override;
   void siluMul(const float* gate, const float* up, float* out, int64_t n) override;
+  void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                     float limit) override;
   void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) override;
   void addInPlace(float* y, const float* x, int64_t n) override;
   void writeKv(const KvCacheLayout& cache, int32_t layer, const float* k, const float* v) override;

@@ -393,6 +393,17 @@ void siluMul(const float* gate, const float* up, float* out, int64_t n) {
   });
 }
 
+void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                   float limit) {
+  if (n <= 0) return;
+  const cpu::IsaKernels& isa = active();
+  pool().parallelFor(ceilDiv(n, kElementwiseChunk), [&](int64_t task, int) {
+    const int64_t begin = task * kElementwiseChunk;
+    isa.clampedSwiglu(gate + begin, up + begin, out + begin, std::min(kElementwiseChunk, n - begin),
+                      alpha, limit);
+  });
+}
+
 void geluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
   if (n <= 0) return;
   pool().parallelFor(ceilDiv(n, kElementwiseChunk), [&](int64_t task, int) {

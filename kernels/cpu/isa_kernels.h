@@ -157,6 +157,9 @@ struct IsaKernels {
   // One row of rmsNorm; y may alias x.
   void (*rmsNormRow)(const float* x, const float* weight, int64_t dim, float eps, float* y);
   void (*siluMul)(const float* gate, const float* up, float* out, int64_t n);
+  // kernels.h's clampedSwiglu over one chunk.
+  void (*clampedSwiglu)(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                        float limit);
   void (*softmax)(float* x, int64_t n);
   // scores: scratch of at least num_heads * (position + 1) floats.
   // Attends to positions first_position..position.

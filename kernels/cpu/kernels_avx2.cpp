@@ -258,6 +258,22 @@ void siluMul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                   float limit) {
+  const __m256 one = _mm256_set1_ps(1.0f), a = _mm256_set1_ps(alpha);
+  const __m256 high = _mm256_set1_ps(limit), low = _mm256_set1_ps(-limit);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t count = std::min(kLanes, n - i);
+    // min/max return their second operand when either is NaN: a NaN
+    // passes.
+    const __m256 g = _mm256_min_ps(high, loadPartial(gate + i, count));
+    const __m256 u = _mm256_max_ps(low, _mm256_min_ps(high, loadPartial(up + i, count)));
+    const __m256 e = expPs(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(g, a)));
+    const __m256 glu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    storePartial(out + i, _mm256_mul_ps(_mm256_add_ps(u, one), glu), count);
+  }
+}
+
 float maxOf(const float* x, int64_t n) {
   float best = -INFINITY;
   for (int64_t i = 0; i < n; ++i) best = std::max(best, x[i]);
@@ -417,6 +433,7 @@ const IsaKernels& avx2Kernels() {
       .bf16_dot_probe = nullptr,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,
+      .clampedSwiglu = clampedSwiglu,
       .softmax = softmax,
       .attendQuery = attendQuery,
   };

@@ -427,6 +427,22 @@ void rmsNormRow(const float* x, const float* weight, int64_t dim, float eps, flo
   }
 }
 
+void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                   float limit) {
+  const __m512 one = _mm512_set1_ps(1.0f), a = _mm512_set1_ps(alpha);
+  const __m512 high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = laneMask(std::min(kLanes, n - i));
+    // min/max return their second operand when either is NaN: a NaN
+    // passes.
+    const __m512 g = _mm512_min_ps(high, _mm512_maskz_loadu_ps(mask, gate + i));
+    const __m512 u = _mm512_max_ps(low, _mm512_min_ps(high, _mm512_maskz_loadu_ps(mask, up + i)));
+    const __m512 e = expPs(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(g, a)));
+    const __m512 glu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(_mm512_add_ps(u, one), glu));
+  }
+}
+
 void siluMul(const float* gate, const float* up, float* out, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += kLanes) {
@@ -626,6 +642,7 @@ const IsaKernels& avx512Kernels() {
       .bf16_dot_probe = bf16DotProbe,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,
+      .clampedSwiglu = clampedSwiglu,
       .softmax = softmax,
       .attendQuery = attendQuery,
   };

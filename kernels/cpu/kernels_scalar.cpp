@@ -76,6 +76,15 @@ float maxOf(const float* x, int64_t n) {
   return max;
 }
 
+void clampedSwiglu(const float* gate, const float* up, float* out, int64_t n, float alpha,
+                   float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::isnan(gate[i]) ? gate[i] : std::min(gate[i], limit);
+    const float u = std::isnan(up[i]) ? up[i] : std::clamp(up[i], -limit, limit);
+    out[i] = (u + 1.0f) * (g / (1.0f + std::exp(-(g * alpha))));
+  }
+}
+
 // x[i] = e^(x[i] - max) in place, returning their sum in index order.
 float expShiftAndSum(float* x, int64_t n, float max) {
   float sum = 0.0f;
@@ -185,6 +194,7 @@ const IsaKernels& scalarKernels() {
       .bf16_dot_probe = nullptr,
       .rmsNormRow = rmsNormRow,
       .siluMul = siluMul,
+      .clampedSwiglu = clampedSwiglu,
       .softmax = softmax,
       .attendQuery = attendQuery,
   };

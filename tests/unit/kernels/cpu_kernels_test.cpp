@@ -612,6 +612,45 @@ TEST_P(CpuKernels, SiluMulMatchesReference) {
   EXPECT_TRUE(sameBits(aliased.data(), out.data(), out.size()));
 }
 
+// GPT-OSS's activation: gate clamped above, up on both sides, at the
+// limit; values on both sides of it, large ones where the exponential
+// saturates, and NaN passing through. Same tolerance as siluMul's.
+TEST_P(CpuKernels, ClampedSwigluMatchesReference) {
+  const float limit = 7.0f, alpha = 1.702f;
+  std::vector<float> gate = randomFloats(1003, 45, -12.0f, 12.0f);
+  std::vector<float> up = randomFloats(gate.size(), 46, -12.0f, 12.0f);
+  gate[0] = -100.0f;
+  gate[1] = 100.0f;
+  gate[2] = 7.0f;
+  up[3] = -7.5f;
+  up[4] = 7.5f;
+  gate[5] = std::nanf("");
+  up[6] = std::nanf("");
+  std::vector<float> out(gate.size());
+  clampedSwiglu(gate.data(), up.data(), out.data(), static_cast<int64_t>(gate.size()), alpha,
+                limit);
+  for (size_t i = 0; i < gate.size(); ++i) {
+    if (i == 5 || i == 6) {
+      EXPECT_TRUE(std::isnan(out[i])) << i;
+      continue;
+    }
+    const double g = std::min(double{gate[i]}, double{limit});
+    const double u = std::clamp(double{up[i]}, -double{limit}, double{limit});
+    const double ref = (u + 1.0) * g / (1.0 + std::exp(-double{alpha} * g));
+    ASSERT_NEAR(out[i], ref, 4e-6 * std::fabs(ref) + 1e-30)
+        << "gate " << gate[i] << " up " << up[i];
+  }
+  EXPECT_EQ(out[1], static_cast<float>((up[1] + 1.0) * 7.0 / (1.0 + std::exp(-1.702 * 7.0))))
+      << "a gate above the limit computes as the limit";
+  std::vector<float> aliased = gate;
+  clampedSwiglu(aliased.data(), up.data(), aliased.data(), static_cast<int64_t>(gate.size()), alpha,
+                limit);
+  EXPECT_TRUE(sameBits(aliased.data(), out.data(), out.size()));
+  std::vector<float> piece(77);
+  clampedSwiglu(gate.data() + 501, up.data() + 501, piece.data(), 77, alpha, limit);
+  EXPECT_TRUE(sameBits(piece.data(), out.data() + 501, 77)) << "independent of chunking";
+}
+
 TEST_P(CpuKernels, SiluMulIsIndependentOfChunking) {
   const int64_t n = 100000;  // several parallel chunks
   const std::vector<float> gate = randomFloats(n, 43, -10.0f, 10.0f);
