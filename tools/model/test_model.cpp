@@ -279,6 +279,18 @@ std::vector<bool> smolLm3NopeLayers(int64_t layers, const std::string& preset) {
   return nope;
 }
 
+// YaRN by `factor` over a factor-th of the context, with the attention
+// factor's default.
+RopeScaling yarnOver(const ModelConfig& config, double factor) {
+  RopeScaling scaling;
+  scaling.type = RopeScaling::Type::kYarn;
+  scaling.factor = factor;
+  scaling.original_max_position_embeddings =
+      config.max_position_embeddings / static_cast<int64_t>(factor);
+  scaling.attention_factor = engine::yarnDefaultAttentionFactor(factor);
+  return scaling;
+}
+
 ModelConfig baseConfig(const std::string& preset, const std::string& architecture) {
   ModelConfig config;
   config.model_type = engine::modelTypeOf(architecture, "test model");
@@ -483,12 +495,8 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     // divide; at tiny a limit of 0.75, which these activations cross, at
     // small the published 7.
     config.rope_theta = 150000.0;
-    config.rope_scaling = RopeScaling{};
-    config.rope_scaling.type = RopeScaling::Type::kYarn;
-    config.rope_scaling.factor = 32.0;
-    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 32;
+    config.rope_scaling = yarnOver(config, 32.0);
     config.rope_scaling.truncate = false;
-    config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(32.0);
     config.attention_bias = true;
     config.sliding_window = preset == "tiny" ? 24 : 128;
     config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
@@ -515,11 +523,7 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.sliding_window = preset == "tiny" ? 24 : 512;
     config.sliding_layers = olmo3SlidingLayers(config.num_hidden_layers, preset);
     config.rope_local_base_freq = config.rope_theta;
-    config.rope_scaling = RopeScaling{};
-    config.rope_scaling.type = RopeScaling::Type::kYarn;
-    config.rope_scaling.factor = 8.0;
-    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 8;
-    config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(8.0);
+    config.rope_scaling = yarnOver(config, 8.0);
   }
   if (architecture == "Ministral3ForCausalLM") {
     // Ministral 3's rotary parameters as published: YaRN factor 16 over a
@@ -527,10 +531,7 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     // attention factor), and the query scale's beta 0.1 from that original
     // context on (at tiny, 32 positions: prompts cross it).
     config.rope_theta = 1e6;
-    config.rope_scaling = RopeScaling{};
-    config.rope_scaling.type = RopeScaling::Type::kYarn;
-    config.rope_scaling.factor = 16.0;
-    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 16;
+    config.rope_scaling = yarnOver(config, 16.0);
     config.rope_scaling.attention_factor = 1.0;
     config.llama4_scaling_beta = 0.1;
     config.llama4_scaling_original = config.rope_scaling.original_max_position_embeddings;
@@ -972,11 +973,7 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
     config.sliding_layers.clear();
   }
   if (options.yarn) {
-    config.rope_scaling = RopeScaling{};
-    config.rope_scaling.type = RopeScaling::Type::kYarn;
-    config.rope_scaling.factor = 4.0;
-    config.rope_scaling.original_max_position_embeddings = config.max_position_embeddings / 4;
-    config.rope_scaling.attention_factor = engine::yarnDefaultAttentionFactor(4.0);
+    config.rope_scaling = yarnOver(config, 4.0);
     // Ministral 3's query scale shares YaRN's original context.
     if (config.llama4_scaling_beta > 0) {
       config.llama4_scaling_original = config.rope_scaling.original_max_position_embeddings;
