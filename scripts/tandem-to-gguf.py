@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5 or GPT-OSS model directory to GGUF.
+"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS or Granite MoE model directory to GGUF.
 
 Reads config.json, tokenizer.json and model.safetensors (header + data, no
 torch or safetensors package needed) and writes one GGUF file with llama.cpp's
@@ -22,7 +22,10 @@ transformers holds them in bf16 or f32, split into gate and up and
 transposed, with their biases; the router's bias; q/k/v and o_proj biases;
 the sinks as attn_sinks; llama.cpp's swiglu limit is 7 and its windows are
 on every other layer from the first, so swiglu_limit must be 7 and
-layer_types alternate so; MXFP4 experts are not written):
+layer_types alternate so; MXFP4 experts are not written), and `granitemoe`
+for Granite MoE (Granite's four scalars as attention.scale,
+embedding_scale, residual_scale and logit_scale; its stacked input_linear
+split into gate and up; q/k rows permuted as Llama's):
 
   scripts/tandem-to-gguf.py --model models/small --out small-bf16.gguf --dtype bf16
   scripts/tandem-to-gguf.py --model models/small --f32-model-dir models/small-f32
@@ -172,13 +175,15 @@ def convert(model_dir, out_path, dtype):
         config = json.load(f)
     archs = config.get("architectures", [])
     accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"]
+                "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
+                "GraniteMoeForCausalLM"]
     if len(archs) != 1 or archs[0] not in accepted:
         sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: one of {accepted}")
     arch = archs[0]
     glm4moe = arch == "Glm4MoeForCausalLM"
     qwen2moe = arch == "Qwen2MoeForCausalLM"
     gptoss = arch == "GptOssForCausalLM"
+    granitemoe = arch == "GraniteMoeForCausalLM"
     if config.get("attention_bias") and not (glm4moe or qwen2moe or gptoss):
         sys.exit("tandem-to-gguf: attention_bias is true; accepted: false (GLM-4.5, "
                  "Qwen2-MoE, GPT-OSS: true)")
@@ -212,12 +217,14 @@ def convert(model_dir, out_path, dtype):
     experts = (0 if arch == "LlamaForCausalLM" else
                int(config.get("num_local_experts", 8)) if mixtral else
                int(config.get("num_local_experts", 128)) if gptoss else
+               int(config.get("num_local_experts", 8)) if granitemoe else
                int(config.get("n_routed_experts", config.get("num_local_experts", 128)))
                if glm4moe else
                int(config.get("num_experts", config.get("num_local_experts",
                                                         60 if qwen2moe else 128))))
     experts_per_token = int(config.get("num_experts_per_tok",
-                                       2 if mixtral else 4 if qwen2moe or gptoss else 8))
+                                       2 if mixtral or granitemoe else
+                                       4 if qwen2moe or gptoss else 8))
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
@@ -233,7 +240,8 @@ def convert(model_dir, out_path, dtype):
 
     tmp = out_path + ".tmp"
     writer = gguf.GGUFWriter(tmp, "glm4moe" if glm4moe else "qwen3moe" if qwen3moe else
-                             "qwen2moe" if qwen2moe else "gpt-oss" if gptoss else "llama")
+                             "qwen2moe" if qwen2moe else "gpt-oss" if gptoss else
+                             "granitemoe" if granitemoe else "llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
@@ -261,6 +269,12 @@ def convert(model_dir, out_path, dtype):
             writer.add_expert_feed_forward_length(int(config["intermediate_size"]))
     if gptoss:
         writer.add_sliding_window(int(config.get("sliding_window", 128)))
+    if granitemoe:
+        # GraniteMoeConfig's defaults: 1 each.
+        writer.add_attention_scale(float(config.get("attention_multiplier", 1.0)))
+        writer.add_embedding_scale(float(config.get("embedding_multiplier", 1.0)))
+        writer.add_residual_scale(float(config.get("residual_multiplier", 1.0)))
+        writer.add_logit_scale(float(config.get("logits_scaling", 1.0)))
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
@@ -303,17 +317,19 @@ def convert(model_dir, out_path, dtype):
         data = to_f32(src_dtype, array)
         writer.add_tensor(gguf_name, np.ascontiguousarray(data.reshape(-1) if flatten else data))
 
-    def add_experts(gguf_name, hf_names):
-        # One [experts, rows, cols] tensor of the experts' matrices in order.
-        parts = []
-        for hf_name in hf_names:
-            src_dtype, _, array = take(hf_name)
-            parts.append(to_bf16_bits(src_dtype, array) if dtype == "bf16" else to_f32(src_dtype, array))
-        data = np.ascontiguousarray(np.stack(parts))
+    def add_stacked(gguf_name, src_dtype, array):
+        # One [experts, rows, cols] tensor in the file's dtype.
+        data = np.ascontiguousarray(to_bf16_bits(src_dtype, array) if dtype == "bf16"
+                                    else to_f32(src_dtype, array))
         if dtype == "bf16":
             writer.add_tensor(gguf_name, data, raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
             writer.add_tensor(gguf_name, data)
+
+    def add_experts(gguf_name, hf_names):
+        # One [experts, rows, cols] tensor of the experts' matrices in order.
+        parts = [take(hf_name) for hf_name in hf_names]
+        add_stacked(gguf_name, parts[0][0], np.stack([array for _, _, array in parts]))
 
     def gpt_oss_experts(i, block):
         # transformers' [experts, in, out] matrices, gate and up interleaved
@@ -329,17 +345,23 @@ def convert(model_dir, out_path, dtype):
                  "up": gate_up.transpose(0, 2, 1)[:, 1::2, :],
                  "down": down.transpose(0, 2, 1)}
         for part, data in parts.items():
-            data = to_bf16_bits(src_dtype, data) if dtype == "bf16" else to_f32(src_dtype, data)
-            if dtype == "bf16":
-                writer.add_tensor(f"blk.{i}.ffn_{part}_exps.weight", np.ascontiguousarray(data),
-                                  raw_dtype=gguf.GGMLQuantizationType.BF16)
-            else:
-                writer.add_tensor(f"blk.{i}.ffn_{part}_exps.weight", np.ascontiguousarray(data))
+            add_stacked(f"blk.{i}.ffn_{part}_exps.weight", src_dtype, data)
         bias_dtype, _, gate_up_bias = take(block + "experts.gate_up_proj_bias")
         bias = to_f32(bias_dtype, gate_up_bias)
         writer.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(bias[:, 0::2]))
         writer.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(bias[:, 1::2]))
         add_f32(f"blk.{i}.ffn_down_exps.bias", block + "experts.down_proj_bias")
+
+    def granite_moe_experts(i, block):
+        # input_linear [experts, 2 x width, hidden]: each expert's gate rows,
+        # then its up rows; output_linear [experts, hidden, width].
+        add_matrix(f"blk.{i}.ffn_gate_inp.weight", block + "router.layer.weight")
+        src_dtype, _, gate_up = take(block + "input_linear.weight")
+        _, _, down = take(block + "output_linear.weight")
+        width = gate_up.shape[1] // 2
+        for part, data in (("gate", gate_up[:, :width, :]), ("up", gate_up[:, width:, :]),
+                           ("down", down)):
+            add_stacked(f"blk.{i}.ffn_{part}_exps.weight", src_dtype, data)
 
     add_matrix("token_embd.weight", "model.embed_tokens.weight")
     scaling = config.get("rope_scaling")
@@ -385,6 +407,8 @@ def convert(model_dir, out_path, dtype):
                  p + "post_attention_layernorm.weight")
         if gptoss:
             gpt_oss_experts(i, p + "mlp.")
+        elif granitemoe:
+            granite_moe_experts(i, p + "block_sparse_moe.")
         elif experts and i >= dense_layers:
             block = p + ("mlp." if halves else "block_sparse_moe.")
             names = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if halves else \
