@@ -790,6 +790,12 @@ def llama_generate(base, prompt, max_tokens, top):
     body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "ignore_eos": True,
             "return_tokens": True, "n_probs": top, "cache_prompt": False, "seed": 0}
     reply = post(base + "/completion", body)
+    if "completion_probabilities" not in reply:
+        # llama-server holds a token's probabilities back until its text is
+        # whole UTF-8: an answer of lone bytes carries none.
+        sys.exit(f"llama_cpp_compare: llama-server answered a {len(prompt)}-token prompt "
+                 f"without log-probabilities (tokens {reply.get('tokens', [])[:8]}: text that "
+                 f"is not whole UTF-8 has none): {json.dumps(reply)[:300]}")
     first_top = sorted((p["logprob"] for p in reply["completion_probabilities"][0]["top_logprobs"]),
                        reverse=True)
     return reply["tokens"], first_top
