@@ -792,10 +792,9 @@ def llama_generate(base, prompt, max_tokens, top):
     reply = post(base + "/completion", body)
     if "completion_probabilities" not in reply:
         # llama-server holds a token's probabilities back until its text is
-        # whole UTF-8: an answer of lone bytes carries none.
-        sys.exit(f"llama_cpp_compare: llama-server answered a {len(prompt)}-token prompt "
-                 f"without log-probabilities (tokens {reply.get('tokens', [])[:8]}: text that "
-                 f"is not whole UTF-8 has none): {json.dumps(reply)[:300]}")
+        # whole UTF-8: an answer of lone bytes carries none (None: the
+        # tokens still compare).
+        return reply["tokens"], None
     first_top = sorted((p["logprob"] for p in reply["completion_probabilities"][0]["top_logprobs"]),
                        reverse=True)
     return reply["tokens"], first_top
@@ -822,11 +821,13 @@ def cmd_correctness(args):
         scale = float(np.abs(ref_logits).max())
         # The ten largest log-probabilities, each side sorted: Tandem's
         # /v1/completions keys them by token text, so ids are not compared.
-        k = min(10, len(t_top), len(l_top))
+        k = min(10, len(t_top), len(l_top) if l_top is not None else 10)
         t_err = float(np.max(np.abs(np.array(t_top[:k]) - ref_top[:k])))
-        l_err = float(np.max(np.abs(np.array(l_top[:k]) - ref_top[:k])))
+        l_err = (None if l_top is None else
+                 float(np.max(np.abs(np.array(l_top[:k]) - ref_top[:k]))))
         errors["tandem"].append(t_err / scale)
-        errors["llama_cpp"].append(l_err / scale)
+        if l_err is not None:
+            errors["llama_cpp"].append(l_err / scale)
         same = 0
         for a, b in zip(t_tokens, l_tokens):
             if a != b:
@@ -839,7 +840,8 @@ def cmd_correctness(args):
                  "agreeing_positions": agree, "first_divergence": None,
                  "tandem_top10_logprob_abs_err": t_err, "llama_cpp_top10_logprob_abs_err": l_err,
                  "reference_max_abs_logit": scale,
-                 "tandem_rel_err": t_err / scale, "llama_cpp_rel_err": l_err / scale}
+                 "tandem_rel_err": t_err / scale,
+                 "llama_cpp_rel_err": None if l_err is None else l_err / scale}
         if same < min(len(t_tokens), len(l_tokens)):
             context = prompt + t_tokens[:same]
             logits = reference.last_logits(context)
@@ -852,12 +854,13 @@ def cmd_correctness(args):
                                     "llama_cpp" if int(order[0]) == l_tokens[same] else "neither"),
             }
         results.append(entry)
-    worst = {k: max(v) for k, v in errors.items()}
+    worst = {k: max(v) if v else None for k, v in errors.items()}
     # A divergence is a near-tie when the two engines picked the reference's
     # top two tokens and the reference's gap between them is below what the
     # less exact engine's error could flip (twice its largest absolute
     # log-probability error seen on these prompts).
-    largest_abs = max(max(r["tandem_top10_logprob_abs_err"], r["llama_cpp_top10_logprob_abs_err"])
+    largest_abs = max(max(r["tandem_top10_logprob_abs_err"], r["llama_cpp_top10_logprob_abs_err"]
+                          if r["llama_cpp_top10_logprob_abs_err"] is not None else 0.0)
                       for r in results)
     for r in results:
         d = r["first_divergence"]
@@ -871,6 +874,10 @@ def cmd_correctness(args):
            "per_prompt": results}
     print(f"correctness {args.dtype}: {agree_tokens}/{total_tokens} greedy tokens agree "
           f"({len(prompts)} prompts of {args.lengths} tokens, {args.max_tokens} generated each)")
+    def error(value):
+        # None: llama-server gave no log-probabilities (text not whole UTF-8).
+        return "none given" if value is None else f"{value:.2e}"
+
     for i, r in enumerate(results):
         d = r["first_divergence"]
         where = "identical" if d is None else (
@@ -880,10 +887,10 @@ def cmd_correctness(args):
             f"reference picks {d['reference_picks']})")
         print(f"  prompt {i} ({r['prompt_tokens']} tokens): {r['agreeing_positions']}/"
               f"{r['generated']} agree, {where}; last-position top-10 log-prob error vs float64: "
-              f"Tandem {r['tandem_top10_logprob_abs_err']:.2e}, llama.cpp "
-              f"{r['llama_cpp_top10_logprob_abs_err']:.2e}")
+              f"Tandem {error(r['tandem_top10_logprob_abs_err'])}, llama.cpp "
+              f"{error(r['llama_cpp_top10_logprob_abs_err'])}")
     print(f"  max relative error vs float64 (top-10 log-prob error / max |reference logit|): "
-          f"Tandem {worst['tandem']:.2e}, llama.cpp {worst['llama_cpp']:.2e}")
+          f"Tandem {error(worst['tandem'])}, llama.cpp {error(worst['llama_cpp'])}")
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=2)
 
