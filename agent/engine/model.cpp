@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "common/json_parse.h"
@@ -446,17 +447,12 @@ constexpr float kFp4Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f
 // value exactly: at most 6 x 2^127 rounds to infinity in both, as
 // transformers' ldexp gives it): cols / 32 blocks of 16 bytes, each byte
 // two values, the low nibble first, every value of block b times
-// 2^(scales[b] - 127). A scale of 255 (E8M0's NaN) is refused naming the
-// tensor and the element.
+// 2^(scales[b] - 127) (no scale is 255, E8M0's NaN: checked before).
 void dequantizeMxfp4Row(const uint8_t* blocks, const uint8_t* scales, int64_t cols, DType dtype,
-                        uint8_t* out, const std::string& scales_name, int64_t first_scale) {
+                        uint8_t* out) {
   constexpr int64_t kBlock = 32;
   float values[kBlock];
   for (int64_t b = 0; b < cols / kBlock; ++b) {
-    if (scales[b] == 0xff) {
-      throw Error(scales_name + " holds 255 (E8M0's NaN) at element " +
-                  std::to_string(first_scale + b) + " (accepted: 0 to 254)");
-    }
     const int exponent = static_cast<int>(scales[b]) - 127;
     for (int64_t j = 0; j < kBlock / 2; ++j) {
       const uint8_t byte = blocks[b * (kBlock / 2) + j];
@@ -527,19 +523,38 @@ void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::st
     const uint8_t* down_blocks =
         source.bytes(base + "down_proj_blocks", {experts, hidden, width / 32, 16});
     const uint8_t* down_scale = source.bytes(down_scales, {experts, hidden, width / 32});
-    for (int64_t e = 0; e < experts; ++e) {
-      for (int64_t r = 0; r < 2 * width; ++r) {
-        const int64_t row = e * 2 * width + r;
-        dequantizeMxfp4Row(gate_up_blocks + row * (hidden / 2), gate_up_scale + row * (hidden / 32),
-                           hidden, dtype, gateRow(e, r / 2, r % 2 == 1),
-                           source.where(gate_up_scales), row * (hidden / 32));
-      }
-      for (int64_t r = 0; r < hidden; ++r) {
-        const int64_t row = e * hidden + r;
-        dequantizeMxfp4Row(down_blocks + row * (width / 2), down_scale + row * (width / 32), width,
-                           dtype, downRow(e, r), source.where(down_scales), row * (width / 32));
+    for (const auto& [scales, count, name] :
+         {std::tuple{gate_up_scale, experts * 2 * width * (hidden / 32), gate_up_scales},
+          std::tuple{down_scale, experts * hidden * (width / 32), down_scales}}) {
+      const uint8_t* nan = std::find(scales, scales + count, uint8_t{0xff});
+      if (nan != scales + count) {
+        throw Error(source.where(name) + " holds 255 (E8M0's NaN) at element " +
+                    std::to_string(nan - scales) + " (accepted: 0 to 254)");
       }
     }
+    // The experts decoded on every core, each expert by one thread: every
+    // row is decoded alone, so the bytes are the same whatever the split.
+    const int64_t workers =
+        std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1, experts);
+    std::vector<std::future<void>> decoders;
+    for (int64_t worker = 0; worker < workers; ++worker) {
+      decoders.push_back(std::async(std::launch::async, [&, worker] {
+        for (int64_t e = worker; e < experts; e += workers) {
+          for (int64_t r = 0; r < 2 * width; ++r) {
+            const int64_t row = e * 2 * width + r;
+            dequantizeMxfp4Row(gate_up_blocks + row * (hidden / 2),
+                               gate_up_scale + row * (hidden / 32), hidden, dtype,
+                               gateRow(e, r / 2, r % 2 == 1));
+          }
+          for (int64_t r = 0; r < hidden; ++r) {
+            const int64_t row = e * hidden + r;
+            dequantizeMxfp4Row(down_blocks + row * (width / 2), down_scale + row * (width / 32),
+                               width, dtype, downRow(e, r));
+          }
+        }
+      }));
+    }
+    for (std::future<void>& decoder : decoders) decoder.get();
   } else {
     const auto* gate_up = static_cast<const uint8_t*>(
         source.matrixTensor(base + "gate_up_proj", {experts, hidden, 2 * width}).data);
