@@ -553,33 +553,22 @@ void readGemma(const FieldReader& reader, const json& root, bool gemma2, ModelCo
   }
 }
 
-// OLMo 3's (Olmo3Config's): a window of 4096 unless given, on the layers
-// layer_types marks, else on all but every 4th. With no sliding layer, no
-// window.
-void readOlmo3(const FieldReader& reader, const json& root, ModelConfig& config) {
-  config.sliding_window = reader.boundedInt("sliding_window", 4096, kMaxPositionEmbeddings);
+// A window of `default_window` unless sliding_window is given, on the
+// layers layer_types marks, else on those `sliding(layer)` names; with no
+// sliding layer, no window. OLMo 3's (Olmo3Config's: 4096, all but every
+// 4th layer) and GPT-OSS's (GptOssConfig's: 128, every other layer from the
+// first).
+void readLayerWindows(const FieldReader& reader, const json& root, int64_t default_window,
+                      bool (*sliding)(int64_t layer), ModelConfig& config) {
+  config.sliding_window =
+      reader.boundedInt("sliding_window", default_window, kMaxPositionEmbeddings);
   if (!readLayerTypes(reader, root, config)) {
     for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
-      config.sliding_layers[i] = (static_cast<int64_t>(i) + 1) % 4 != 0;
+      config.sliding_layers[i] = sliding(static_cast<int64_t>(i));
     }
   }
   if (std::none_of(config.sliding_layers.begin(), config.sliding_layers.end(),
-                   [](bool sliding) { return sliding; })) {
-    config.sliding_layers.clear();
-    config.sliding_window = 0;
-  }
-}
-
-// GPT-OSS's (GptOssConfig's): a window of 128 unless given, on the layers
-// layer_types marks, else on every other layer from the first. With no
-// sliding layer, no window.
-void readGptOssWindow(const FieldReader& reader, const json& root, ModelConfig& config) {
-  config.sliding_window = reader.boundedInt("sliding_window", 128, kMaxPositionEmbeddings);
-  if (!readLayerTypes(reader, root, config)) {
-    for (size_t i = 0; i < config.sliding_layers.size(); ++i) config.sliding_layers[i] = i % 2 == 0;
-  }
-  if (std::none_of(config.sliding_layers.begin(), config.sliding_layers.end(),
-                   [](bool sliding) { return sliding; })) {
+                   [](bool sliding_layer) { return sliding_layer; })) {
     config.sliding_layers.clear();
     config.sliding_window = 0;
   }
@@ -1036,7 +1025,10 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2 ||
                    (is_glm4_moe && reader.boolean("use_qk_norm", false));
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
-  if (config.olmo3) readOlmo3(reader, root, config);
+  if (config.olmo3) {
+    readLayerWindows(
+        reader, root, 4096, [](int64_t layer) { return (layer + 1) % 4 != 0; }, config);
+  }
   if (config.granite) {
     // GraniteConfig's defaults: 1.0 each.
     config.embedding_multiplier = reader.positiveNumber("embedding_multiplier", 1.0);
@@ -1048,7 +1040,10 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
       config.graniteMoe()) {
     readExperts(reader, root, config);
   }
-  if (is_gpt_oss) readGptOssWindow(reader, root, config);
+  if (is_gpt_oss) {
+    readLayerWindows(
+        reader, root, 128, [](int64_t layer) { return layer % 2 == 0; }, config);
+  }
 
   if (reader.boolean("mlp_bias", false)) {
     reader.fail("mlp_bias", "is true; MLP biases are not supported (accepted: false)");
@@ -1435,8 +1430,8 @@ std::string ModelConfig::computeDigest() const {
                                             {"first_k_dense_replace", first_k_dense_replace}};
     }
   }
-  // And only GPT-OSS its activation's limit, its sinks, its router's and
-  // experts' and o_proj's biases.
+  // And only GPT-OSS its activation's limit (its sinks and biases come with
+  // the architecture's name).
   if (gptOss()) math["gpt_oss"] = {{"swiglu_limit", swiglu_limit}};
   // And GLM-4.5 its rotary dims (its pairs are the halves).
   if (glm4Moe()) math["glm4_moe"] = {{"rotary_dim", rotary_dim}};

@@ -797,16 +797,6 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       b.addInPlace(hidden_.data(), proj_.data(), rows * hidden);
       continue;
     }
-    if (config.granite && !lw.experts.empty()) {
-      // Granite MoE: the attention's residual branch scaled, then the
-      // mixture's (mixture() scales it).
-      b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
-      if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
-      addScaledResidual(rows);
-      b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
-      mixture(lw, rows);
-      continue;
-    }
     if (config.granite) {
       b.matmul(attn_.data(), rows, q_width, lw.o_proj, proj_.data());
       if (lora) addLoraDeltas(layer, kLoraO, attn_.data(), q_width, proj_.data(), hidden);
@@ -827,13 +817,13 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
 
     // MLP block.
     b.rmsNorm(hidden_.data(), lw.post_attention_layernorm, rows, hidden, eps, normed_.data());
-    if (config.granite) {
+    if (!lw.experts.empty()) {
+      mixture(lw, rows);  // Granite MoE's residual scale is applied there
+    } else if (config.granite) {
       mlp(lw.mlp, normed_.data(), rows, inter, proj_.data(), false, lora ? layer : -1);
       addScaledResidual(rows);
-    } else if (lw.experts.empty()) {
-      mlp(lw.mlp, normed_.data(), rows, inter, hidden_.data(), true, lora ? layer : -1);
     } else {
-      mixture(lw, rows);
+      mlp(lw.mlp, normed_.data(), rows, inter, hidden_.data(), true, lora ? layer : -1);
     }
   }
 

@@ -279,6 +279,13 @@ std::vector<bool> smolLm3NopeLayers(int64_t layers, const std::string& preset) {
   return nope;
 }
 
+// Gemma's and GPT-OSS's sliding layers: every other one from the first.
+std::vector<bool> everyOtherLayer(int64_t layers) {
+  std::vector<bool> sliding(static_cast<size_t>(layers));
+  for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = i % 2 == 0;
+  return sliding;
+}
+
 // YaRN by `factor` over a factor-th of the context, with the attention
 // factor's default.
 RopeScaling yarnOver(const ModelConfig& config, double factor) {
@@ -381,10 +388,7 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.rope_scaling = RopeScaling{};
     config.query_pre_attn_scalar = 2.0 * static_cast<double>(config.head_dim);
     config.sliding_window = preset == "tiny" ? 24 : 512;
-    config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
-    for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
-      config.sliding_layers[i] = i % 2 == 0;
-    }
+    config.sliding_layers = everyOtherLayer(config.num_hidden_layers);
     config.qk_norm = gemma3;
     if (gemma3) {
       // q/k norms, two rotary bases, and linear scaling on the full layers
@@ -499,8 +503,7 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.rope_scaling.truncate = false;
     config.attention_bias = true;
     config.sliding_window = preset == "tiny" ? 24 : 128;
-    config.sliding_layers.assign(static_cast<size_t>(config.num_hidden_layers), false);
-    for (size_t i = 0; i < config.sliding_layers.size(); ++i) config.sliding_layers[i] = i % 2 == 0;
+    config.sliding_layers = everyOtherLayer(config.num_hidden_layers);
     if (preset == "tiny") config.intermediate_size = 96;
     config.num_experts = preset == "tiny" ? 8 : preset == "small" ? 32 : 128;
     config.num_experts_per_tok = 4;
@@ -960,10 +963,11 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   ModelConfig config = baseConfig(options.preset, options.architecture);
   config.torch_dtype = options.dtype;
   config.quantization = options.quantization;
-  if (config.mxfp4() != config.gptOss() && (config.mxfp4() || config.quantized())) {
-    throw Error(config.mxfp4() ? "test model: mxfp4 weights are GptOssForCausalLM's experts only"
-                               : "test model: fp8 weights are not written for GptOssForCausalLM "
-                                 "(accepted: mxfp4)");
+  if (config.mxfp4() && !config.gptOss()) {
+    throw Error("test model: mxfp4 weights are GptOssForCausalLM's experts only");
+  }
+  if (config.quantized() && config.gptOss()) {
+    throw Error("test model: fp8 weights are not written for GptOssForCausalLM (accepted: mxfp4)");
   }
   if (options.phi4_rotary) {
     if (!config.phi3) throw Error("test model: Phi-4's rotary embedding is Phi3ForCausalLM's");
@@ -982,18 +986,10 @@ void writeTestModel(const TestModelOptions& options, const std::filesystem::path
   if (options.layers < 0) throw Error("test model: layers must be positive (0: the preset's)");
   if (options.layers > 0) {
     config.num_hidden_layers = options.layers;
-    if (config.gemma) {
-      config.sliding_layers.resize(static_cast<size_t>(options.layers));
-      for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
-        config.sliding_layers[i] = i % 2 == 0;
-      }
+    if (config.gemma || config.gptOss()) {
+      config.sliding_layers = everyOtherLayer(options.layers);
     } else if (config.olmo3) {
       config.sliding_layers = olmo3SlidingLayers(options.layers, options.preset);
-    } else if (config.gptOss()) {
-      config.sliding_layers.resize(static_cast<size_t>(options.layers));
-      for (size_t i = 0; i < config.sliding_layers.size(); ++i) {
-        config.sliding_layers[i] = i % 2 == 0;
-      }
     } else if (!config.sliding_layers.empty()) {
       config.sliding_layers.assign(static_cast<size_t>(options.layers), true);
     }
