@@ -10,10 +10,10 @@
 // config spelling, and KV caches never use it.
 //
 // u8 (safetensors U8) holds bytes that are not numbers of their own: the
-// packed MXFP4 blocks and E8M0 scales of GPT-OSS's experts, which loading
-// turns into bf16 (docs/quantization.md#mxfp4). No kernel reads it, no
-// weight view or KV cache has it; converted to f32, a byte is its unsigned
-// value.
+// packed MXFP4 blocks and E8M0 scales of GPT-OSS's experts, which the
+// kernels read as they lie (kernels.h, WeightLayout::kMxfp4;
+// docs/quantization.md#mxfp4). No KV cache has it; converted to f32, a byte
+// is its unsigned value.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +68,23 @@ float f8e4m3ToF32(uint8_t b);
 // +-448, as torch's float8_e4m3fn conversion of a quantizer's clamped values
 // never needs to; NaN gives 0x7f with the sign.
 uint8_t f32ToF8e4m3(float f);
+
+// MXFP4 (OCP Microscaling FP4): the value of an FP4 E2M1 nibble (sign, 2
+// exponent bits, 1 mantissa bit: +-0, 0.5, 1, 1.5, 2, 3, 4, 6), and the power
+// of two 2^(e - 127) of an E8M0 block exponent (e < 255; 2^-127 is an f32
+// subnormal). Both exact; their product is the element's value, exact too
+// where it is below 2^128 (beyond, it rounds to infinity).
+inline float fp4E2m1ToF32(uint8_t nibble) {
+  constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float magnitude = kMagnitudes[nibble & 7u];
+  return (nibble & 8u) != 0 ? -magnitude : magnitude;
+}
+inline float e8m0ToF32(uint8_t e) {
+  const uint32_t bits = e == 0 ? 0x00400000u : static_cast<uint32_t>(e) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // Converts n elements of `dtype` at `src` to f32.
 void convertToF32(DType dtype, const void* src, float* dst, size_t n);

@@ -34,6 +34,7 @@ namespace tandem::kernels {
 enum class WeightLayout {
   kRows,       // row-major, row stride `cols`: the checkpoint's own layout
   kBf16Pairs,  // bf16 packed by packBf16Pairs for bf16 compute
+  kMxfp4,      // MXFP4 (GPT-OSS's experts as published): see WeightView
 };
 
 // A matrix of `rows` x `cols` elements of `dtype`, laid out as `layout` says.
@@ -44,6 +45,14 @@ enum class WeightLayout {
 // (the last ones cut short): one block for a per-tensor scale, blocks of 1 x
 // cols for per-channel scales, 128 x 128 for block-wise ones. Other dtypes
 // have none (scales nullptr).
+//
+// kMxfp4 (OCP Microscaling FP4, docs/quantization.md#mxfp4; dtype kU8, cols
+// a multiple of 32): row r's cols / 2 bytes lie at data + r * row_step *
+// cols / 2, each byte two FP4 E2M1 values (sign, 2 exponent bits, 1 mantissa
+// bit), the low nibble first; the E8M0 exponents of its cols / 32 blocks at
+// exponents + r * row_step * cols / 32, block b's values times 2^(e - 127)
+// (no exponent is 255, E8M0's NaN). row_step 2 views every other row of a
+// stored matrix (GPT-OSS's gate and up rows, interleaved as published).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
@@ -53,6 +62,8 @@ struct WeightView {
   const float* scales = nullptr;
   int64_t scale_rows = 0;
   int64_t scale_cols = 0;
+  const uint8_t* exponents = nullptr;
+  int64_t row_step = 1;
 
   int64_t scaleGridRows() const { return (rows + scale_rows - 1) / scale_rows; }
   int64_t scaleGridCols() const { return (cols + scale_cols - 1) / scale_cols; }
@@ -64,10 +75,18 @@ struct WeightView {
   }
 };
 
-// Bytes of a WeightLayout::kRows view's data.
+// Bytes of a WeightLayout::kRows view's data; of a kMxfp4 view, the bytes
+// a matmul reads (values and exponents).
 inline size_t viewBytes(const WeightView& w) {
+  if (w.layout == WeightLayout::kMxfp4)
+    return static_cast<size_t>(w.rows * (w.cols / 2 + w.cols / 32));
   return static_cast<size_t>(w.rows * w.cols) * dtypeSize(w.dtype);
 }
+
+// The value of an MXFP4 element (kMxfp4 above) as fp32: exact (at most two
+// significant bits times a power of two), but for 2 x 2^127 and beyond,
+// which round to infinity as transformers' ldexp gives them.
+float mxfp4Value(const WeightView& w, int64_t row, int64_t col);
 
 // Threads used by the kernels (default: hardware concurrency).
 void setNumThreads(int num_threads);
@@ -99,6 +118,10 @@ std::string isaName();
 // first multiplied by the scale of its column block in output j's row block
 // (rounded to fp32), then summed as above, times 2^8. A result depends only
 // on its row of x, the weights and the scales: batch invariance holds.
+//
+// kMxfp4 (whatever the compute dtype): each weight widened to its fp32 value
+// exactly (mxfp4Value) and multiplied as kRows' bf16 weights are, in the same
+// order: the bits of the same matrix decoded into bf16 rows.
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y);
 
 // Packs bf16 row-major weights for bf16 compute into `storage`, which must

@@ -14,7 +14,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <tuple>
 
 #include "common/json_parse.h"
@@ -438,43 +437,18 @@ void loadExperts(TensorSource& source, const ModelConfig& c, int64_t index, Laye
   }
 }
 
-// The FP4 (E2M1) values of MXFP4's nibbles: sign bit, 2 exponent bits, 1
-// mantissa bit.
-constexpr float kFp4Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-// One row of an MXFP4 matrix into `dtype` (F32 or BF16, which hold every
-// value exactly: at most 6 x 2^127 rounds to infinity in both, as
-// transformers' ldexp gives it): cols / 32 blocks of 16 bytes, each byte
-// two values, the low nibble first, every value of block b times
-// 2^(scales[b] - 127) (no scale is 255, E8M0's NaN: checked before).
-void dequantizeMxfp4Row(const uint8_t* blocks, const uint8_t* scales, int64_t cols, DType dtype,
-                        uint8_t* out) {
-  constexpr int64_t kBlock = 32;
-  float values[kBlock];
-  for (int64_t b = 0; b < cols / kBlock; ++b) {
-    const int exponent = static_cast<int>(scales[b]) - 127;
-    for (int64_t j = 0; j < kBlock / 2; ++j) {
-      const uint8_t byte = blocks[b * (kBlock / 2) + j];
-      values[2 * j] = std::ldexp(kFp4Values[byte & 0x0f], exponent);
-      values[2 * j + 1] = std::ldexp(kFp4Values[byte >> 4], exponent);
-    }
-    convertFromF32(dtype, values, out + static_cast<size_t>(b * kBlock) * dtypeSize(dtype), kBlock);
-  }
-}
-
 // GPT-OSS's router and experts (mlp.router, mlp.experts), the experts made
-// the row-major gate, up and down matrices of every other mixture, exactly.
-// As transformers holds them: gate_up_proj [experts, hidden, 2 x width] and
+// the row-major gate, up and down matrices of every other mixture. As
+// published (quant_method mxfp4): gate_up_proj_blocks [experts, 2 x width,
+// hidden / 32, 16] and gate_up_proj_scales [experts, 2 x width, hidden / 32],
+// output-major, gate and up rows interleaved (gate the even ones), and
+// down_proj_blocks and down_proj_scales likewise: kept as they lie, MXFP4
+// views into the file (gate and up every other row of gate_up). As
+// transformers holds them: gate_up_proj [experts, hidden, 2 x width] and
 // down_proj [experts, width, hidden], input-major (x @ W), gate and up
-// interleaved in the columns (gate the even ones: transformers'
-// gate_up[..., ::2]). As published (quant_method mxfp4):
-// gate_up_proj_blocks [experts, 2 x width, hidden / 32, 16] and
-// gate_up_proj_scales [experts, 2 x width, hidden / 32], output-major (rows
-// interleaved alike), down_proj_blocks and down_proj_scales likewise,
-// dequantized into the other matrices' dtype (BF16 or F32). Biases:
-// gate_up_proj_bias [experts, 2 x width] (interleaved) and down_proj_bias
-// [experts, hidden].
+// interleaved in the columns (transformers' gate_up[..., ::2]): transposed
+// into the file's dtype, exactly. Biases: gate_up_proj_bias [experts, 2 x
+// width] (interleaved) and down_proj_bias [experts, hidden].
 void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::string& prefix,
                        LayerWeights& layer) {
   const int64_t experts = c.num_experts, hidden = c.hidden_size, width = c.moe_intermediate_size;
@@ -485,20 +459,16 @@ void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::st
       source.values(base + "gate_up_proj_bias", {experts, 2 * width});
   const std::vector<float> down_bias = source.values(base + "down_proj_bias", {experts, hidden});
 
-  const DType dtype = *source.matrix_dtype;  // the embedding table's, read first
-  const size_t element = dtypeSize(dtype);
-  const auto matrix_bytes = static_cast<size_t>(width * hidden) * element;
-  uint8_t* gate = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
-  uint8_t* up = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
-  uint8_t* down = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
-  // Row r of expert e's gate (up) matrix, r of its down matrix.
-  auto gateRow = [&](int64_t e, int64_t r, bool is_up) {
-    return (is_up ? up : gate) + static_cast<size_t>(e) * matrix_bytes +
-           static_cast<size_t>(r * hidden) * element;
-  };
-  auto downRow = [&](int64_t e, int64_t r) {
-    return down + static_cast<size_t>(e) * matrix_bytes + static_cast<size_t>(r * width) * element;
-  };
+  layer.experts.resize(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
+    const float* bias = gate_up_bias.data() + e * 2 * width;
+    for (int64_t j = 0; j < width; ++j) {
+      w.gate_bias.push_back(bias[2 * j]);
+      w.up_bias.push_back(bias[2 * j + 1]);
+    }
+    w.down_bias.assign(down_bias.begin() + e * hidden, down_bias.begin() + (e + 1) * hidden);
+  }
 
   if (source.has(base + "gate_up_proj_blocks")) {
     for (const auto& [name, cols] : {std::pair{base + "gate_up_proj_blocks", hidden},
@@ -509,11 +479,6 @@ void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::st
                     "has " +
                     std::to_string(cols) + " values (from " + kConfigFile + ")");
       }
-    }
-    if (dtype != DType::kBF16 && dtype != DType::kF32) {
-      throw Error(source.where(base + "gate_up_proj_blocks") +
-                  ": MXFP4 experts are dequantized into the other matrices' dtype, which is " +
-                  dtypeSafetensorsName(dtype) + " (accepted: BF16, F32)");
     }
     const std::string gate_up_scales = base + "gate_up_proj_scales";
     const std::string down_scales = base + "down_proj_scales";
@@ -532,64 +497,60 @@ void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::st
                     std::to_string(nan - scales) + " (accepted: 0 to 254)");
       }
     }
-    // The experts decoded on every core, each expert by one thread: every
-    // row is decoded alone, so the bytes are the same whatever the split.
-    const int64_t workers =
-        std::clamp<int64_t>(static_cast<int64_t>(std::thread::hardware_concurrency()), 1, experts);
-    std::vector<std::future<void>> decoders;
-    for (int64_t worker = 0; worker < workers; ++worker) {
-      decoders.push_back(std::async(std::launch::async, [&, worker] {
-        for (int64_t e = worker; e < experts; e += workers) {
-          for (int64_t r = 0; r < 2 * width; ++r) {
-            const int64_t row = e * 2 * width + r;
-            dequantizeMxfp4Row(gate_up_blocks + row * (hidden / 2),
-                               gate_up_scale + row * (hidden / 32), hidden, dtype,
-                               gateRow(e, r / 2, r % 2 == 1));
-          }
-          for (int64_t r = 0; r < hidden; ++r) {
-            const int64_t row = e * hidden + r;
-            dequantizeMxfp4Row(down_blocks + row * (width / 2), down_scale + row * (width / 32),
-                               width, dtype, downRow(e, r));
-          }
-        }
-      }));
-    }
-    for (std::future<void>& decoder : decoders) decoder.get();
-  } else {
-    const auto* gate_up = static_cast<const uint8_t*>(
-        source.matrixTensor(base + "gate_up_proj", {experts, hidden, 2 * width}).data);
-    const auto* down_in = static_cast<const uint8_t*>(
-        source.matrixTensor(base + "down_proj", {experts, width, hidden}).data);
+    auto mxfp4 = [](const uint8_t* values, const uint8_t* exponents, int64_t rows, int64_t cols,
+                    int64_t row_step) {
+      kernels::WeightView view{values, DType::kU8, rows, cols, kernels::WeightLayout::kMxfp4};
+      view.exponents = exponents;
+      view.row_step = row_step;
+      return view;
+    };
     for (int64_t e = 0; e < experts; ++e) {
-      // Column j of gate_up (row h: x's element h) is row j / 2 of gate or up.
-      for (int64_t h = 0; h < hidden; ++h) {
-        const uint8_t* from = gate_up + static_cast<size_t>((e * hidden + h) * 2 * width) * element;
-        for (int64_t j = 0; j < 2 * width; ++j) {
-          std::memcpy(gateRow(e, j / 2, j % 2 == 1) + static_cast<size_t>(h) * element,
-                      from + static_cast<size_t>(j) * element, element);
-        }
-      }
-      for (int64_t i = 0; i < width; ++i) {
-        const uint8_t* from = down_in + static_cast<size_t>((e * width + i) * hidden) * element;
-        for (int64_t h = 0; h < hidden; ++h) {
-          std::memcpy(downRow(e, h) + static_cast<size_t>(i) * element,
-                      from + static_cast<size_t>(h) * element, element);
-        }
-      }
+      ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
+      const int64_t gate_row = e * 2 * width;
+      w.gate_proj = mxfp4(gate_up_blocks + gate_row * (hidden / 2),
+                          gate_up_scale + gate_row * (hidden / 32), width, hidden, 2);
+      w.up_proj = mxfp4(gate_up_blocks + (gate_row + 1) * (hidden / 2),
+                        gate_up_scale + (gate_row + 1) * (hidden / 32), width, hidden, 2);
+      w.down_proj = mxfp4(down_blocks + e * hidden * (width / 2),
+                          down_scale + e * hidden * (width / 32), hidden, width, 1);
     }
+    return;
   }
-  layer.experts.resize(static_cast<size_t>(experts));
+
+  const auto* gate_up = static_cast<const uint8_t*>(
+      source.matrixTensor(base + "gate_up_proj", {experts, hidden, 2 * width}).data);
+  const auto* down_in = static_cast<const uint8_t*>(
+      source.matrixTensor(base + "down_proj", {experts, width, hidden}).data);
+  const DType dtype = *source.matrix_dtype;  // the embedding table's, read first
+  const size_t element = dtypeSize(dtype);
+  const auto matrix_bytes = static_cast<size_t>(width * hidden) * element;
+  uint8_t* gate = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
+  uint8_t* up = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
+  uint8_t* down = source.convertedStorage(static_cast<size_t>(experts) * matrix_bytes);
   for (int64_t e = 0; e < experts; ++e) {
-    ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
-    w.gate_proj = {gateRow(e, 0, false), dtype, width, hidden};
-    w.up_proj = {gateRow(e, 0, true), dtype, width, hidden};
-    w.down_proj = {downRow(e, 0), dtype, hidden, width};
-    const float* bias = gate_up_bias.data() + e * 2 * width;
-    for (int64_t j = 0; j < width; ++j) {
-      w.gate_bias.push_back(bias[2 * j]);
-      w.up_bias.push_back(bias[2 * j + 1]);
+    uint8_t* gate_e = gate + static_cast<size_t>(e) * matrix_bytes;
+    uint8_t* up_e = up + static_cast<size_t>(e) * matrix_bytes;
+    uint8_t* down_e = down + static_cast<size_t>(e) * matrix_bytes;
+    // Column j of gate_up (row h: x's element h) is row j / 2 of gate or up.
+    for (int64_t h = 0; h < hidden; ++h) {
+      const uint8_t* from = gate_up + static_cast<size_t>((e * hidden + h) * 2 * width) * element;
+      for (int64_t j = 0; j < 2 * width; ++j) {
+        std::memcpy(
+            (j % 2 == 1 ? up_e : gate_e) + static_cast<size_t>(j / 2 * hidden + h) * element,
+            from + static_cast<size_t>(j) * element, element);
+      }
     }
-    w.down_bias.assign(down_bias.begin() + e * hidden, down_bias.begin() + (e + 1) * hidden);
+    for (int64_t i = 0; i < width; ++i) {
+      const uint8_t* from = down_in + static_cast<size_t>((e * width + i) * hidden) * element;
+      for (int64_t h = 0; h < hidden; ++h) {
+        std::memcpy(down_e + static_cast<size_t>(h * width + i) * element,
+                    from + static_cast<size_t>(h) * element, element);
+      }
+    }
+    ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
+    w.gate_proj = {gate_e, dtype, width, hidden};
+    w.up_proj = {up_e, dtype, width, hidden};
+    w.down_proj = {down_e, dtype, hidden, width};
   }
 }
 
@@ -824,6 +785,9 @@ const std::string& Model::weightsDigest() const {
 }
 
 size_t Model::dropMappedPages(const kernels::WeightView& w) const {
+  // MXFP4 matrices are only ever read from the mapping (no backend copies
+  // them; a view may be every other row).
+  if (w.layout == kernels::WeightLayout::kMxfp4) return 0;
   size_t dropped = 0;
   for (const auto& file : files_) dropped += file->dropPages(w.data, kernels::viewBytes(w));
   return dropped;

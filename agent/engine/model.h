@@ -5,7 +5,7 @@
 // model.safetensors or the shards named by model.safetensors.index.json.
 // Every expected tensor must be present with the dtype family F32/BF16/F16
 // (or, in an fp8 checkpoint, F8_E4M3 projection matrices with their scales:
-// docs/quantization.md; in GPT-OSS's, MXFP4 experts, made bf16 here) and the shape the config
+// docs/quantization.md; in GPT-OSS's, MXFP4 experts, read as they lie) and the shape the config
 // implies; extra tensors (e.g. rotary_emb.inv_freq) are ignored. Problems throw tandem::Error
 // naming the file and tensor, e.g. "tensor model.layers.3.mlp.up_proj.weight missing from
 // model.safetensors". Small vectors (norm weights, biases) are converted to fp32 at load; matrices
@@ -172,7 +172,7 @@ class Model {
   // The scales of fp8 matrices (WeightView::scales point into them).
   std::vector<std::vector<float>> scales_;
   // Matrices made at load, in the layout the kernels read (GPT-OSS's
-  // experts: transposed, de-interleaved, MXFP4 dequantized); views point
+  // experts as transformers holds them: transposed, de-interleaved); views point
   // into them.
   std::vector<std::vector<uint8_t>> converted_;
   mutable std::once_flag digest_once_;

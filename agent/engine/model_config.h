@@ -214,7 +214,7 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   // No quantization (granularity kNone): every matrix is f32, bf16 or f16.
   // quant_method "mxfp4" (GPT-OSS's published checkpoints) is granularity
-  // kNone too: its MXFP4 experts are bf16 once loaded
+  // kNone too: its MXFP4 experts have no fp8 scales
   // (docs/quantization.md#mxfp4).
   Fp8Quantization quantization;
   bool mxfp4() const { return quantization.method == "mxfp4"; }

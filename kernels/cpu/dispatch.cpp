@@ -263,10 +263,23 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y)
   const cpu::IsaKernels& isa = active();
   if (w.layout == WeightLayout::kBf16Pairs) return matmulPacked(isa, x, m, k, w, y);
   if (w.dtype == DType::kF8E4M3) return matmulFp8(isa, x, m, k, w, y);
-  forEachMatmulTask(m, n, k, k * static_cast<int64_t>(dtypeSize(w.dtype)), isa.matmul_tile_rows, 4,
+  const bool mxfp4 = w.layout == WeightLayout::kMxfp4;
+  // MXFP4 rows are whole 32-value blocks (the kernels read no tail).
+  TANDEM_CHECK(!mxfp4 || (k % 32 == 0 && w.exponents != nullptr && w.row_step >= 1),
+               "matmul: an MXFP4 matrix needs whole 32-value blocks and their exponents");
+  const int64_t row_bytes = mxfp4 ? k / 2 + k / 32 : k * static_cast<int64_t>(dtypeSize(w.dtype));
+  forEachMatmulTask(m, n, k, row_bytes, isa.matmul_tile_rows, 4,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
                     });
+}
+
+float mxfp4Value(const WeightView& w, int64_t row, int64_t col) {
+  TANDEM_CHECK(w.layout == WeightLayout::kMxfp4, "mxfp4Value: not an MXFP4 view");
+  const uint8_t byte =
+      static_cast<const uint8_t*>(w.data)[row * w.row_step * (w.cols / 2) + col / 2];
+  const auto nibble = static_cast<uint8_t>(col % 2 == 0 ? byte & 0x0f : byte >> 4);
+  return fp4E2m1ToF32(nibble) * e8m0ToF32(w.exponents[row * w.row_step * (w.cols / 32) + col / 32]);
 }
 
 WeightView packBf16Pairs(const WeightView& w, std::vector<uint16_t>& storage) {

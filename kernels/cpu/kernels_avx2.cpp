@@ -137,9 +137,80 @@ __m256 expPs(__m256 x) {
 
 // ---------------------------------------------------------------- matmul --
 
-template <int Rows, typename Loader>
-inline void matmulTile(const float* x, int64_t k, const typename Loader::Element* const* w,
-                       float* y, int64_t ldy, int64_t valid_cols) {
+// How the matmul reads a weight matrix (see the AVX-512 file): row-major
+// rows of a Loader's element, or MXFP4.
+template <typename Loader>
+struct RowMajorMatrix {
+  using Element = typename Loader::Element;
+  using Row = const Element*;
+  static constexpr int64_t kPrefetchColumns = kLanes;
+
+  const Element* data;
+  int64_t k;
+
+  explicit RowMajorMatrix(const WeightView& w)
+      : data(static_cast<const Element*>(w.data)), k(w.cols) {}
+  Row row(int64_t r) const { return data + r * k; }
+  static __m256 load(Row row, int64_t kk) { return Loader::load(row + kk); }
+  static __m256 loadPartial(Row row, int64_t kk, int64_t count) {
+    return Loader::loadPartial(row + kk, count);
+  }
+  const void* ahead(Row row, int64_t rows, int64_t kk) const { return row + rows * k + kk; }
+};
+
+// 8 MXFP4 values are 4 bytes of nibbles: each nibble's magnitude looked up
+// in an 8-lane table (vpermps reads an index's low 3 bits), its bit 3 made
+// the sign, times the block's power of two: exact.
+struct Mxfp4Matrix {
+  struct Row {
+    const uint8_t* values;
+    const uint8_t* exponents;
+  };
+  // One 64-byte line holds 128 values.
+  static constexpr int64_t kPrefetchColumns = 128;
+
+  const uint8_t* values;
+  const uint8_t* exponents;
+  int64_t value_pitch;
+  int64_t exponent_pitch;
+
+  explicit Mxfp4Matrix(const WeightView& w)
+      : values(static_cast<const uint8_t*>(w.data)),
+        exponents(w.exponents),
+        value_pitch(w.row_step * w.cols / 2),
+        exponent_pitch(w.row_step * w.cols / 32) {}
+  Row row(int64_t r) const { return {values + r * value_pitch, exponents + r * exponent_pitch}; }
+  static __m256 decode(const uint8_t* bytes, uint8_t exponent) {
+    int32_t word;
+    std::memcpy(&word, bytes, sizeof word);
+    const __m128i packed = _mm_cvtsi32_si128(word);
+    const __m128i low_bits = _mm_set1_epi8(0x0f);
+    const __m256i nibbles = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(
+        _mm_and_si128(packed, low_bits), _mm_and_si128(_mm_srli_epi16(packed, 4), low_bits)));
+    const __m256 magnitudes = _mm256_permutevar8x32_ps(
+        _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), nibbles);
+    const __m256i signs = _mm256_slli_epi32(_mm256_srli_epi32(nibbles, 3), 31);
+    return _mm256_mul_ps(_mm256_or_ps(magnitudes, _mm256_castsi256_ps(signs)),
+                         _mm256_set1_ps(e8m0ToF32(exponent)));
+  }
+  static __m256 load(Row row, int64_t kk) {
+    return decode(row.values + kk / 2, row.exponents[kk / 32]);
+  }
+  static __m256 loadPartial(Row row, int64_t kk, int64_t count) {
+    // (Rows are whole 32-value blocks: dispatch never leaves a tail.)
+    uint8_t bytes[kLanes / 2] = {};
+    std::memcpy(bytes, row.values + kk / 2, static_cast<size_t>((count + 1) / 2));
+    return _mm256_and_ps(decode(bytes, row.exponents[kk / 32]),
+                         _mm256_castsi256_ps(laneMask(count)));
+  }
+  const void* ahead(Row row, int64_t rows, int64_t kk) const {
+    return row.values + rows * value_pitch + kk / 2;
+  }
+};
+
+template <int Rows, typename Matrix>
+inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
+                       const typename Matrix::Row* w, float* y, int64_t ldy, int64_t valid_cols) {
   __m256 acc[Rows][kTileCols];
   for (int i = 0; i < Rows; ++i) {
     for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -149,12 +220,15 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
     if constexpr (Rows <= 2) {
       // Decode: keep the weight rows two tiles ahead in flight, into L2
       // (see the AVX-512 file for why not L1).
-      for (int j = 0; j < kTileCols; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[j] + 2 * kTileCols * k + kk), _MM_HINT_T1);
+      if (kk % Matrix::kPrefetchColumns == 0) {
+        for (int j = 0; j < kTileCols; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(matrix.ahead(w[j], 2 * kTileCols, kk)),
+                       _MM_HINT_T1);
+        }
       }
     }
     __m256 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::load(w[j] + kk);
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::load(w[j], kk);
     for (int i = 0; i < Rows; ++i) {
       const __m256 xv = _mm256_loadu_ps(x + i * k + kk);
       for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -163,7 +237,7 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
   if (kk < k) {
     const int64_t rest = k - kk;
     __m256 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::loadPartial(w[j] + kk, rest);
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::loadPartial(w[j], kk, rest);
     for (int i = 0; i < Rows; ++i) {
       const __m256 xv = loadPartial(x + i * k + kk, rest);
       for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -181,31 +255,31 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
   }
 }
 
-template <int Rows, typename Loader>
-void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
-                   int64_t n_end, float* y, int64_t ldy) {
+template <int Rows, typename Matrix>
+void matmulRowTile(const float* x, int64_t k, const Matrix& matrix, int64_t n_begin, int64_t n_end,
+                   float* y, int64_t ldy) {
   for (int64_t j = n_begin; j < n_end; j += kTileCols) {
     const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
-    const typename Loader::Element* rows[kTileCols];
-    for (int c = 0; c < kTileCols; ++c) rows[c] = w + (j + std::min<int64_t>(c, valid - 1)) * k;
-    matmulTile<Rows, Loader>(x, k, rows, y + j, ldy, valid);
+    typename Matrix::Row rows[kTileCols];
+    for (int c = 0; c < kTileCols; ++c) rows[c] = matrix.row(j + std::min<int64_t>(c, valid - 1));
+    matmulTile<Rows>(x, k, matrix, rows, y + j, ldy, valid);
   }
 }
 
-template <typename Loader>
-void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64_t n_begin,
+template <typename Matrix>
+void matmulTyped(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
                  int64_t n_end, float* y, int64_t ldy) {
-  const auto* w = static_cast<const typename Loader::Element*>(w_data);
+  const Matrix matrix(w);
   int64_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows) {
-    matmulRowTile<kTileRows, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy);
+    matmulRowTile<kTileRows>(x + i * k, k, matrix, n_begin, n_end, y + i * ldy, ldy);
   }
   switch (m - i) {
     case 1:
-      matmulRowTile<1, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy);
+      matmulRowTile<1>(x + i * k, k, matrix, n_begin, n_end, y + i * ldy, ldy);
       break;
     case 2:
-      matmulRowTile<2, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy);
+      matmulRowTile<2>(x + i * k, k, matrix, n_begin, n_end, y + i * ldy, ldy);
       break;
     default:
       break;
@@ -214,17 +288,20 @@ void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64
 
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
             int64_t n_end, float* y, int64_t ldy) {
+  if (w.layout == WeightLayout::kMxfp4) {
+    return matmulTyped<Mxfp4Matrix>(x, m, k, w, n_begin, n_end, y, ldy);
+  }
   switch (w.dtype) {
     case DType::kF32:
-      return matmulTyped<F32Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<F32Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kBF16:
-      return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<Bf16Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kF16:
-      return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<F16Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kF8E4M3:
-      return matmulTyped<F8Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<F8Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kU8:
-      TANDEM_CHECK(false, "u8 bytes reached a matmul (MXFP4 is dequantized at load)");
+      TANDEM_CHECK(false, "u8 bytes reached a matmul outside an MXFP4 view");
       return;
   }
 }

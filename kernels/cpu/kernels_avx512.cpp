@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -146,12 +147,93 @@ __m512 expPs(__m512 x) {
 
 // ---------------------------------------------------------------- matmul --
 
+// How the matmul reads a weight matrix: a handle to a row, 16 of its
+// elements from column kk (a multiple of 16) widened to fp32 exactly, and
+// what to prefetch. Row-major matrices of a Loader's element:
+template <typename Loader>
+struct RowMajorMatrix {
+  using Element = typename Loader::Element;
+  using Row = const Element*;
+  // Prefetch once per this many columns (a weight row's cache line or less).
+  static constexpr int64_t kPrefetchColumns = kLanes;
+
+  const Element* data;
+  int64_t k;
+
+  explicit RowMajorMatrix(const WeightView& w)
+      : data(static_cast<const Element*>(w.data)), k(w.cols) {}
+  Row row(int64_t r) const { return data + r * k; }
+  static __m512 load(Row row, int64_t kk) { return Loader::load(row + kk); }
+  static __m512 loadMasked(Row row, int64_t kk, __mmask16 mask) {
+    return Loader::loadMasked(row + kk, mask);
+  }
+  // Column kk of the row `rows` below `row`.
+  const void* ahead(Row row, int64_t rows, int64_t kk) const { return row + rows * k + kk; }
+  // The bytes rows [first, end) span.
+  const char* begin(int64_t first) const { return reinterpret_cast<const char*>(row(first)); }
+  const char* end(int64_t end_row) const { return reinterpret_cast<const char*>(row(end_row)); }
+};
+
+// MXFP4 (kernels.h, WeightLayout::kMxfp4): 16 values are 8 bytes of nibbles,
+// each nibble looked up in a 16-lane table of the E2M1 values (vpermps reads
+// an index's low 4 bits, so neither nibble needs masking), then times the
+// block's power of two: exact, as bf16's widening is.
+struct Mxfp4Matrix {
+  struct Row {
+    const uint8_t* values;
+    const uint8_t* exponents;
+  };
+  // One 64-byte line holds 128 values.
+  static constexpr int64_t kPrefetchColumns = 2 * kCacheLine;
+
+  const uint8_t* values;
+  const uint8_t* exponents;
+  int64_t value_pitch;
+  int64_t exponent_pitch;
+  int64_t k;
+
+  explicit Mxfp4Matrix(const WeightView& w)
+      : values(static_cast<const uint8_t*>(w.data)),
+        exponents(w.exponents),
+        value_pitch(w.row_step * w.cols / 2),
+        exponent_pitch(w.row_step * w.cols / 32),
+        k(w.cols) {}
+  Row row(int64_t r) const { return {values + r * value_pitch, exponents + r * exponent_pitch}; }
+  static __m512 decode(__m128i bytes, uint8_t exponent) {
+    const __m512i nibbles =
+        _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
+                                        -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    return _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table),
+                         _mm512_set1_ps(e8m0ToF32(exponent)));
+  }
+  static __m512 load(Row row, int64_t kk) {
+    return decode(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.values + kk / 2)),
+                  row.exponents[kk / 32]);
+  }
+  static __m512 loadMasked(Row row, int64_t kk, __mmask16 mask) {
+    // (Rows are whole 32-value blocks: dispatch never leaves a tail.)
+    const auto byte_mask = static_cast<__mmask16>((1u << ((std::popcount(mask) + 1) / 2)) - 1u);
+    return _mm512_maskz_mov_ps(
+        mask, decode(_mm_maskz_loadu_epi8(byte_mask, row.values + kk / 2), row.exponents[kk / 32]));
+  }
+  const void* ahead(Row row, int64_t rows, int64_t kk) const {
+    return row.values + rows * value_pitch + kk / 2;
+  }
+  const char* begin(int64_t first) const {
+    return reinterpret_cast<const char*>(values + first * value_pitch);
+  }
+  const char* end(int64_t end_row) const {
+    return reinterpret_cast<const char*>(values + (end_row - 1) * value_pitch + k / 2);
+  }
+};
+
 // One register tile: rows x[0..Rows) against four weight rows (edge tiles
 // repeat a row and drop its outputs through store_mask). Prefetch: this pass
 // is the first over these weight rows, which come from memory.
-template <int Rows, typename Loader, bool Prefetch>
-inline void matmulTile(const float* x, int64_t k, const typename Loader::Element* const* w,
-                       float* y, int64_t ldy, __mmask8 store_mask) {
+template <int Rows, typename Matrix, bool Prefetch>
+inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
+                       const typename Matrix::Row* w, float* y, int64_t ldy, __mmask8 store_mask) {
   __m512 acc[Rows][kTileCols];
   for (int i = 0; i < Rows; ++i) {
     for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -164,13 +246,16 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
       // miss buffers, and on a Zen 4 host they held a decode stream at about
       // 10 GB/s per core where L2 prefetches reach the memory read rate.
       // Prefetches past the end are harmless.
-      for (int j = 0; j < kTileCols; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kPrefetchTiles * kTileCols * k + kk),
-                     _MM_HINT_T1);
+      if (kk % Matrix::kPrefetchColumns == 0) {
+        for (int j = 0; j < kTileCols; ++j) {
+          _mm_prefetch(
+              reinterpret_cast<const char*>(matrix.ahead(w[j], kPrefetchTiles * kTileCols, kk)),
+              _MM_HINT_T1);
+        }
       }
     }
     __m512 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::load(w[j] + kk);
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::load(w[j], kk);
     for (int i = 0; i < Rows; ++i) {
       const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
       for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -179,7 +264,7 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
   if (kk < k) {
     const __mmask16 mask = laneMask(k - kk);
     __m512 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Loader::loadMasked(w[j] + kk, mask);
+    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::loadMasked(w[j], kk, mask);
     for (int i = 0; i < Rows; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * k + kk);
       for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -193,45 +278,44 @@ inline void matmulTile(const float* x, int64_t k, const typename Loader::Element
 
 // Rows x[0..Rows) against weight rows [n_begin, n_end): x stays in L1 while
 // the weight block streams from L2 (from memory on the first row tile).
-template <int Rows, typename Loader, bool Prefetch>
-void matmulRowTile(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
-                   int64_t n_end, float* y, int64_t ldy) {
+template <int Rows, typename Matrix, bool Prefetch>
+void matmulRowTile(const float* x, int64_t k, const Matrix& matrix, int64_t n_begin, int64_t n_end,
+                   float* y, int64_t ldy) {
   if constexpr (Prefetch) {
     // The tiles the loop below will not have prefetched: all their lines at
     // once, so they arrive in parallel rather than one demand miss at a time.
-    const auto* begin = reinterpret_cast<const char*>(w + n_begin * k);
-    const auto* end = reinterpret_cast<const char*>(
-        w + std::min<int64_t>(n_end, n_begin + kPrefetchTiles * kTileCols) * k);
+    const char* begin = matrix.begin(n_begin);
+    const char* end = matrix.end(std::min<int64_t>(n_end, n_begin + kPrefetchTiles * kTileCols));
     for (const char* line = begin; line < end; line += kCacheLine) {
       _mm_prefetch(line, _MM_HINT_T1);
     }
   }
   for (int64_t j = n_begin; j < n_end; j += kTileCols) {
     const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
-    const typename Loader::Element* rows[kTileCols];
-    for (int c = 0; c < kTileCols; ++c) rows[c] = w + (j + std::min<int64_t>(c, valid - 1)) * k;
-    matmulTile<Rows, Loader, Prefetch>(x, k, rows, y + j, ldy,
+    typename Matrix::Row rows[kTileCols];
+    for (int c = 0; c < kTileCols; ++c) rows[c] = matrix.row(j + std::min<int64_t>(c, valid - 1));
+    matmulTile<Rows, Matrix, Prefetch>(x, k, matrix, rows, y + j, ldy,
                                        static_cast<__mmask8>((1u << valid) - 1u));
   }
 }
 
-template <int Rows, typename Loader>
-void matmulRows(const float* x, int64_t k, const typename Loader::Element* w, int64_t n_begin,
-                int64_t n_end, float* y, int64_t ldy, bool first) {
+template <int Rows, typename Matrix>
+void matmulRows(const float* x, int64_t k, const Matrix& matrix, int64_t n_begin, int64_t n_end,
+                float* y, int64_t ldy, bool first) {
   if (first) {
-    matmulRowTile<Rows, Loader, true>(x, k, w, n_begin, n_end, y, ldy);
+    matmulRowTile<Rows, Matrix, true>(x, k, matrix, n_begin, n_end, y, ldy);
   } else {
-    matmulRowTile<Rows, Loader, false>(x, k, w, n_begin, n_end, y, ldy);
+    matmulRowTile<Rows, Matrix, false>(x, k, matrix, n_begin, n_end, y, ldy);
   }
 }
 
-template <typename Loader>
-void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64_t n_begin,
+template <typename Matrix>
+void matmulTyped(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
                  int64_t n_end, float* y, int64_t ldy) {
-  const auto* w = static_cast<const typename Loader::Element*>(w_data);
+  const Matrix matrix(w);
   int64_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows) {
-    matmulRows<kTileRows, Loader>(x + i * k, k, w, n_begin, n_end, y + i * ldy, ldy, i == 0);
+    matmulRows<kTileRows>(x + i * k, k, matrix, n_begin, n_end, y + i * ldy, ldy, i == 0);
   }
   const float* xr = x + i * k;
   float* yr = y + i * ldy;
@@ -240,36 +324,39 @@ void matmulTyped(const float* x, int64_t m, int64_t k, const void* w_data, int64
     case 0:
       break;
     case 1:
-      matmulRows<1, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<1>(xr, k, matrix, n_begin, n_end, yr, ldy, first);
       break;
     case 2:
-      matmulRows<2, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<2>(xr, k, matrix, n_begin, n_end, yr, ldy, first);
       break;
     case 3:
-      matmulRows<3, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<3>(xr, k, matrix, n_begin, n_end, yr, ldy, first);
       break;
     case 4:
-      matmulRows<4, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<4>(xr, k, matrix, n_begin, n_end, yr, ldy, first);
       break;
     case 5:
-      matmulRows<5, Loader>(xr, k, w, n_begin, n_end, yr, ldy, first);
+      matmulRows<5>(xr, k, matrix, n_begin, n_end, yr, ldy, first);
       break;
   }
 }
 
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
             int64_t n_end, float* y, int64_t ldy) {
+  if (w.layout == WeightLayout::kMxfp4) {
+    return matmulTyped<Mxfp4Matrix>(x, m, k, w, n_begin, n_end, y, ldy);
+  }
   switch (w.dtype) {
     case DType::kF32:
-      return matmulTyped<F32Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<F32Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kBF16:
-      return matmulTyped<Bf16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<Bf16Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kF16:
-      return matmulTyped<F16Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<F16Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kF8E4M3:
-      return matmulTyped<F8Loader>(x, m, k, w.data, n_begin, n_end, y, ldy);
+      return matmulTyped<RowMajorMatrix<F8Loader>>(x, m, k, w, n_begin, n_end, y, ldy);
     case DType::kU8:
-      TANDEM_CHECK(false, "u8 bytes reached a matmul (MXFP4 is dequantized at load)");
+      TANDEM_CHECK(false, "u8 bytes reached a matmul outside an MXFP4 view");
       return;
   }
 }

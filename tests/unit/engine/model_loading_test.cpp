@@ -18,10 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_config.h"
+#include "agent/engine/model_runner.h"
 #include "agent/engine/safetensors.h"
 #include "common/status.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/support/test_files.h"
 #include "tools/model/test_model.h"
 
@@ -639,9 +642,11 @@ TEST(ModelLoading, GraniteMoeStackedExpertsAreViewsOfItsTensors) {
 // GPT-OSS's experts as published (MXFP4 blocks and scales) and as
 // transformers holds them (input-major, gate and up interleaved): a
 // checkpoint rewritten from the one into the other, the blocks decoded here
-// from the format's definition, loads to the same matrices byte for byte,
-// and both to the row-major gate, up and down every mixture has.
-TEST(ModelLoading, GptOssMxfp4AndTransposedExpertsLoadToTheSameMatrices) {
+// from the format's definition, loads to the same values element for
+// element — the published one as MXFP4 views of its bytes (gate and up every
+// other row), the rewritten one as bf16 rows — both the gate, up and down
+// every mixture has.
+TEST(ModelLoading, GptOssMxfp4AndTransposedExpertsLoadToTheSameValues) {
   TempDir published, rewritten;
   tools::TestModelOptions options;
   options.architecture = "GptOssForCausalLM";
@@ -717,13 +722,25 @@ TEST(ModelLoading, GptOssMxfp4AndTransposedExpertsLoadToTheSameMatrices) {
       for (const auto& [p, q] :
            {std::pair{&x.gate_proj, &y.gate_proj}, std::pair{&x.up_proj, &y.up_proj},
             std::pair{&x.down_proj, &y.down_proj}}) {
-        ASSERT_EQ(p->dtype, DType::kBF16);
+        ASSERT_EQ(p->layout, kernels::WeightLayout::kMxfp4);
+        ASSERT_EQ(q->layout, kernels::WeightLayout::kRows);
         ASSERT_EQ(q->dtype, DType::kBF16);
         ASSERT_EQ(p->rows, q->rows);
         ASSERT_EQ(p->cols, q->cols);
-        EXPECT_EQ(std::memcmp(p->data, q->data, static_cast<size_t>(p->rows * p->cols) * 2), 0)
-            << "layer " << layer << " expert " << e;
+        const auto* bf16 = static_cast<const uint16_t*>(q->data);
+        int64_t differing = 0;
+        for (int64_t r = 0; r < p->rows; ++r) {
+          for (int64_t col = 0; col < p->cols; ++col) {
+            const float value = kernels::mxfp4Value(*p, r, col);
+            const float expected = bf16ToF32(bf16[r * q->cols + col]);
+            differing += std::memcmp(&value, &expected, sizeof value) != 0 ? 1 : 0;
+          }
+        }
+        EXPECT_EQ(differing, 0) << "layer " << layer << " expert " << e;
       }
+      EXPECT_EQ(x.gate_proj.row_step, 2);
+      EXPECT_EQ(x.up_proj.row_step, 2);
+      EXPECT_EQ(x.down_proj.row_step, 1);
       EXPECT_EQ(x.gate_proj.rows, width);
       EXPECT_EQ(x.down_proj.rows, hidden);
       EXPECT_EQ(x.gate_bias, y.gate_bias);
@@ -741,17 +758,46 @@ TEST(ModelLoading, GptOssMxfp4AndTransposedExpertsLoadToTheSameMatrices) {
   const auto* scales = static_cast<const uint8_t*>(
       file.find("model.layers.0.mlp.experts.gate_up_proj_scales")->data);
   const ExpertWeights& first = mxfp4->weights().layers[0].experts[0];
+  // And run to the same logits, bit for bit (f32 compute: the MXFP4 matmul
+  // widens each value as the bf16 one does, in the same order).
+  auto logitsOf = [&](const Model& model) {
+    KvCacheConfig cache_config = KvCacheConfig::forModel(model, DType::kF32, 16);
+    cache_config.num_blocks = 4;
+    KvCache cache(cache_config, std::make_unique<HostSlabAllocator>());
+    kernels::cpu::CpuBackend backend;
+    ModelRunner runner(model, cache, backend);
+    std::vector<TokenId> prompt;
+    for (TokenId t = 0; t < 37; ++t) prompt.push_back((t * 7919 + 3) % 256);
+    const std::vector<BlockId> blocks = {0, 1, 2, 3};
+    SequenceInput input;
+    input.tokens = prompt;
+    input.block_table = blocks;
+    std::vector<float> logits;
+    runner.forward({&input, 1}, logits);
+    return logits;
+  };
+  const std::vector<float> published_logits = logitsOf(*mxfp4);
+  const std::vector<float> rewritten_logits = logitsOf(*transposed);
+  ASSERT_EQ(published_logits.size(), rewritten_logits.size());
+  EXPECT_EQ(std::memcmp(published_logits.data(), rewritten_logits.data(),
+                        published_logits.size() * sizeof(float)),
+            0);
+
   for (int64_t col = 0; col < hidden; ++col) {
-    float gate = 0.0f, up = 0.0f;
-    convertToF32(DType::kBF16, static_cast<const uint16_t*>(first.gate_proj.data) + col, &gate, 1);
-    convertToF32(DType::kBF16, static_cast<const uint16_t*>(first.up_proj.data) + col, &up, 1);
-    EXPECT_EQ(gate, decode(blocks, scales, 0, hidden, col)) << col;
-    EXPECT_EQ(up, decode(blocks, scales, 1, hidden, col)) << col;
+    for (int64_t r = 0; r < 3; ++r) {
+      EXPECT_EQ(kernels::mxfp4Value(first.gate_proj, r, col),
+                decode(blocks, scales, 2 * r, hidden, col))
+          << r << " " << col;
+      EXPECT_EQ(kernels::mxfp4Value(first.up_proj, r, col),
+                decode(blocks, scales, 2 * r + 1, hidden, col))
+          << r << " " << col;
+    }
   }
 }
 
 // What GPT-OSS's loading refuses, naming the tensor: E8M0's NaN as a
-// scale, MXFP4 into f16 matrices, a missing sink or router bias.
+// scale, a missing sink or router bias. MXFP4 experts beside f16 matrices
+// load (the kernels widen MXFP4 to f32 whatever the other matrices are).
 TEST(ModelLoading, GptOssRefusalsNameTheTensor) {
   const std::string file_name = "model.safetensors";
   auto write = [](const fs::path& dir, DType dtype) {
@@ -778,11 +824,10 @@ TEST(ModelLoading, GptOssRefusalsNameTheTensor) {
   {
     TempDir dir;
     write(dir.path(), DType::kF16);
-    EXPECT_CONTAINS(loadError(dir.path()),
-                    "model.layers.0.mlp.experts.gate_up_proj_blocks in " +
-                        (dir.path() / file_name).string() +
-                        ": MXFP4 experts are dequantized into the other matrices' dtype, which is "
-                        "F16 (accepted: BF16, F32)");
+    const std::unique_ptr<Model> model = Model::load(dir.path());
+    EXPECT_EQ(model->weightDType(), DType::kF16);
+    EXPECT_EQ(model->weights().layers[0].experts[0].down_proj.layout,
+              kernels::WeightLayout::kMxfp4);
   }
   for (const std::string missing :
        {"model.layers.1.self_attn.sinks", "model.layers.0.mlp.router.bias",

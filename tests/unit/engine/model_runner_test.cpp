@@ -189,6 +189,14 @@ bool bitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::vector<float> toFloat(const kernels::WeightView& view) {
   std::vector<float> out(static_cast<size_t>(view.rows * view.cols));
+  if (view.layout == kernels::WeightLayout::kMxfp4) {
+    for (int64_t r = 0; r < view.rows; ++r) {
+      for (int64_t c = 0; c < view.cols; ++c) {
+        out[static_cast<size_t>(r * view.cols + c)] = kernels::mxfp4Value(view, r, c);
+      }
+    }
+    return out;
+  }
   convertToF32(view.dtype, view.data, out.data(), out.size());
   return out;
 }

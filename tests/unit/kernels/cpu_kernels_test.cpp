@@ -405,6 +405,103 @@ TEST_P(CpuKernels, MatmulFp8RowsAreBatchInvariant) {
   }
 }
 
+// ---------------------------------------------------------- MXFP4 matmul --
+
+// A random MXFP4 matrix (kernels.h, WeightLayout::kMxfp4): nibbles uniform,
+// block exponents around 127 (the values near 1), and views of it: every
+// row, or every other row from the first or the second (GPT-OSS's gate and
+// up rows, interleaved).
+struct Mxfp4Weights {
+  int64_t stored_rows, cols;
+  std::vector<uint8_t> values, exponents;
+
+  WeightView view(int64_t first, int64_t row_step) const {
+    WeightView w{values.data() + first * (cols / 2), DType::kU8,
+                 (stored_rows - first + row_step - 1) / row_step, cols, WeightLayout::kMxfp4};
+    w.exponents = exponents.data() + first * (cols / 32);
+    w.row_step = row_step;
+    return w;
+  }
+};
+
+Mxfp4Weights makeMxfp4Weights(int64_t rows, int64_t cols, uint32_t seed, int exponent_lo = 120,
+                              int exponent_hi = 130) {
+  Mxfp4Weights w{rows, cols, {}, {}};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255), exponent(exponent_lo, exponent_hi);
+  w.values.resize(static_cast<size_t>(rows * cols / 2));
+  for (uint8_t& b : w.values) b = static_cast<uint8_t>(byte(rng));
+  w.exponents.resize(static_cast<size_t>(rows * cols / 32));
+  for (uint8_t& e : w.exponents) e = static_cast<uint8_t>(exponent(rng));
+  return w;
+}
+
+// The view's values as row-major bf16 weights (which hold each exactly).
+TestWeights decodedToBf16(const WeightView& view) {
+  TestWeights w{DType::kBF16, view.rows, view.cols, {}, {}, {}};
+  for (int64_t r = 0; r < view.rows; ++r) {
+    for (int64_t c = 0; c < view.cols; ++c) {
+      const float value = mxfp4Value(view, r, c);
+      w.half.push_back(f32ToBf16(value));
+      w.values.push_back(value);
+      EXPECT_EQ(bitsOf(bf16ToF32(w.half.back())), bitsOf(value)) << r << " " << c;
+    }
+  }
+  return w;
+}
+
+// What an element is: its E2M1 nibble (the low one first in a byte) times
+// 2^(exponent - 127), from the OCP Microscaling definition, at every nibble
+// and at E8M0's ends (2^-127, an f32 subnormal; beyond 2^128, infinity).
+TEST(Mxfp4, ValuesAreTheFormatsDefinition) {
+  const double magnitudes[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  for (int exponent : {0, 1, 2, 100, 127, 128, 200, 253, 254}) {
+    for (int nibble = 0; nibble < 16; ++nibble) {
+      for (int high = 0; high < 2; ++high) {
+        const uint8_t byte = static_cast<uint8_t>(high ? nibble << 4 : nibble);
+        const uint8_t exponents[1] = {static_cast<uint8_t>(exponent)};
+        std::vector<uint8_t> values(16, 0);
+        values[3] = byte;
+        WeightView w{values.data(), DType::kU8, 1, 32, WeightLayout::kMxfp4};
+        w.exponents = exponents;
+        const double magnitude = std::ldexp(magnitudes[nibble & 7], exponent - 127);
+        const auto expected = static_cast<float>((nibble & 8) != 0 ? -magnitude : magnitude);
+        EXPECT_EQ(bitsOf(mxfp4Value(w, 0, 6 + high)), bitsOf(expected))
+            << "nibble " << nibble << " exponent " << exponent;
+        EXPECT_EQ(bitsOf(mxfp4Value(w, 0, 7 - high)), bitsOf(0.0f));
+      }
+    }
+  }
+}
+
+// An MXFP4 matrix multiplies to the bits of its values decoded into bf16
+// rows, for any number of rows (register tiles, a prefill split over row
+// blocks), every view (every other row included), at E8M0's ends too.
+TEST_P(CpuKernels, MatmulMxfp4GivesTheBitsOfItsBf16Decoding) {
+  struct Shape {
+    int64_t k, stored_rows;
+    int exponent_lo, exponent_hi;
+  };
+  for (const Shape& s : {Shape{32, 9, 120, 130}, Shape{320, 67, 110, 135},
+                         Shape{1056, 34, 120, 130}, Shape{64, 24, 0, 254}}) {
+    const Mxfp4Weights weights =
+        makeMxfp4Weights(s.stored_rows, s.k, 13, s.exponent_lo, s.exponent_hi);
+    for (const auto& [first, step] : {std::pair{0, 1}, std::pair{0, 2}, std::pair{1, 2}}) {
+      const WeightView view = weights.view(first, step);
+      const TestWeights bf16 = decodedToBf16(view);
+      for (int64_t m : {1, 2, 3, 6, 7, 13, 300}) {
+        SCOPED_TRACE("k=" + std::to_string(s.k) + " view " + std::to_string(first) + "/" +
+                     std::to_string(step) + " m=" + std::to_string(m));
+        const std::vector<float> x = randomFloats(static_cast<size_t>(m * s.k), 17);
+        std::vector<float> y(static_cast<size_t>(m * view.rows), std::nanf(""));
+        matmul(x.data(), m, s.k, view, y.data());
+        const std::vector<float> expected = runMatmul(x, m, bf16);
+        EXPECT_TRUE(sameBits(y.data(), expected.data(), y.size()));
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------- elementwise --
 
 // Tolerance: the sum of squares is a fixed-order fp32 reduction (see the
