@@ -97,7 +97,8 @@ void ProfilingBackend::timedMatmul(const char* op, int64_t m, int64_t k, const W
                                    Call&& call) {
   timed(
       [&] {
-        return shape(op, {{"m", m}, {"k", k}, {"n", w.rows}}) + ' ' + dtypeShortName(w.dtype);
+        return shape(op, {{"m", m}, {"k", k}, {"n", w.rows}}) + ' ' +
+               (w.layout == WeightLayout::kMxfp4 ? "mxfp4" : dtypeShortName(w.dtype));
       },
       static_cast<double>(viewBytes(w)), call,
       2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(w.rows));

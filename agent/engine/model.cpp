@@ -507,6 +507,8 @@ void loadGptOssExperts(TensorSource& source, const ModelConfig& c, const std::st
     for (int64_t e = 0; e < experts; ++e) {
       ExpertWeights& w = layer.experts[static_cast<size_t>(e)];
       const int64_t gate_row = e * 2 * width;
+      w.gate_up_interleaved = mxfp4(gate_up_blocks + gate_row * (hidden / 2),
+                                    gate_up_scale + gate_row * (hidden / 32), 2 * width, hidden, 1);
       w.gate_proj = mxfp4(gate_up_blocks + gate_row * (hidden / 2),
                           gate_up_scale + gate_row * (hidden / 32), width, hidden, 2);
       w.up_proj = mxfp4(gate_up_blocks + (gate_row + 1) * (hidden / 2),

@@ -29,6 +29,10 @@ namespace tandem::engine {
 // experts also have biases after each projection (empty elsewhere).
 struct ExpertWeights {
   kernels::WeightView gate_proj, up_proj, down_proj;
+  // GPT-OSS's MXFP4 experts: gate_up as published, gate and up rows
+  // interleaved (gate_proj and up_proj are every other row of it), for one
+  // matmul that reads each byte once. Unset elsewhere.
+  kernels::WeightView gate_up_interleaved;
   std::vector<float> gate_bias, up_bias, down_bias;
 };
 

@@ -232,6 +232,10 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       layer.router = config.sigmoid_routing ? lw.router : matmulWeight(lw.router);
       for (const ExpertWeights& expert : lw.experts) {
         layer.experts.push_back(residentMlp(expert.gate_proj, expert.up_proj, expert.down_proj));
+        if (expert.gate_up_interleaved.data != nullptr) {
+          layer.experts.back().gate_up_interleaved = matmulWeight(expert.gate_up_interleaved);
+          interleaved_experts_ = true;
+        }
         layer.experts.back().gate_bias = resident(expert.gate_bias);
         layer.experts.back().up_bias = resident(expert.up_bias);
         layer.experts.back().down_bias = resident(expert.down_bias);
@@ -666,7 +670,9 @@ void ModelRunner::growScratch(int64_t rows, int64_t sequences) {
   gate_.grow(rows * inter);
   up_.grow(rows * inter);
   last_.grow(sequences * hidden);
-  if (!stacked_.empty()) fused_.grow(rows * std::max(q_width + 2 * kv_width, 2 * inter));
+  if (!stacked_.empty() || interleaved_experts_) {
+    fused_.grow(rows * std::max(q_width + 2 * kv_width, 2 * inter));
+  }
   if (!backend_.hostAccessible()) logits_.grow(sequences * config.vocab_size);
   if (config.num_experts > 0) {
     router_logits_.grow(rows * config.num_experts);
@@ -929,9 +935,23 @@ void ModelRunner::gptOssExpert(const ResidentMlp& expert, int64_t rows) {
   const int64_t hidden = config.hidden_size;
   const int64_t width = config.moe_intermediate_size;
   kernels::Backend& b = backend_;
-  b.matmul(expert_in_.data(), rows, hidden, expert.gate_proj, gate_.data());
+  if (expert.gate_up_interleaved.data != nullptr) {
+    // Gate the even outputs, up the odd ones (host memory: mixtures run on
+    // host-accessible backends only).
+    b.matmul(expert_in_.data(), rows, hidden, expert.gate_up_interleaved, fused_.data());
+    b.synchronize();
+    const float* both = fused_.data();
+    float* gate = gate_.data();
+    float* up = up_.data();
+    for (int64_t i = 0; i < rows * width; ++i) {
+      gate[i] = both[2 * i];
+      up[i] = both[2 * i + 1];
+    }
+  } else {
+    b.matmul(expert_in_.data(), rows, hidden, expert.gate_proj, gate_.data());
+    b.matmul(expert_in_.data(), rows, hidden, expert.up_proj, up_.data());
+  }
   b.addBias(gate_.data(), expert.gate_bias, rows, width);
-  b.matmul(expert_in_.data(), rows, hidden, expert.up_proj, up_.data());
   b.addBias(up_.data(), expert.up_bias, rows, width);
   // transformers' GptOssExperts: g = min(gate, limit), u = clamp(up,
   // -limit, limit), (u + 1) * g * sigmoid(1.702 g).

@@ -158,6 +158,10 @@ class ModelRunner {
   struct ResidentMlp {
     kernels::WeightView gate_proj, up_proj, down_proj, gate_up_proj;
     bool fused = false;
+    // GPT-OSS's MXFP4 experts' gate_up as published (ExpertWeights'),
+    // multiplied whole and taken apart (the same bits as gate_proj and
+    // up_proj, each byte read once).
+    kernels::WeightView gate_up_interleaved;
     // GPT-OSS's experts' biases (null elsewhere).
     const float* gate_bias = nullptr;
     const float* up_bias = nullptr;
@@ -280,6 +284,8 @@ class ModelRunner {
   // Destroyed after the destructor's body has released the backend's
   // copies of them.
   std::vector<std::unique_ptr<StackedMatrix>> stacked_;
+  // Some expert has gate_up_interleaved (which needs fused_).
+  bool interleaved_experts_ = false;
   ResidentWeights weights_;
   BackendBuffer inv_freq_;
   // Gemma's and OLMo 3's sliding layers' rotary frequencies

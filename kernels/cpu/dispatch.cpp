@@ -254,6 +254,42 @@ void matmulFp8(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
   forEachMatmulTask(m, n, k, k, isa.matmul_tile_rows, col_align, task);
 }
 
+// Per worker: a task's MXFP4 weight rows as bf16.
+std::vector<uint16_t>& widenedScratch() {
+  thread_local std::vector<uint16_t> scratch;
+  return scratch;
+}
+
+// MXFP4 weights (kernels.h). Up to one register tile of rows (decode), the
+// ISA's matmul widens each weight as it reads it; with more, each row tile
+// would widen the same weights again, so a task writes its weight rows once
+// as bf16 (exact: bf16 holds every MXFP4 value) and multiplies those, in
+// the blocks bf16 rows get. The bf16 and MXFP4 kernels widen to the same
+// fp32 values and are the same tiles in the same order: the same bits.
+void matmulMxfp4(const cpu::IsaKernels& isa, const float* x, int64_t m, int64_t k,
+                 const WeightView& w, float* y) {
+  // MXFP4 rows are whole 32-value blocks (the kernels read no tail).
+  TANDEM_CHECK(k % 32 == 0 && w.exponents != nullptr && w.row_step >= 1,
+               "matmul: an MXFP4 matrix needs whole 32-value blocks and their exponents");
+  const int64_t n = w.rows;
+  if (m <= isa.matmul_tile_rows) {
+    forEachMatmulTask(m, n, k, k / 2 + k / 32, isa.matmul_tile_rows, 4,
+                      [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+                        isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
+                      });
+    return;
+  }
+  forEachMatmulTask(m, n, k, k * static_cast<int64_t>(sizeof(uint16_t)), isa.matmul_tile_rows, 4,
+                    [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
+                      std::vector<uint16_t>& widened = widenedScratch();
+                      widened.resize(static_cast<size_t>((n_end - n_begin) * k));
+                      isa.mxfp4_to_bf16(w, n_begin, n_end, widened.data());
+                      const WeightView bf16{widened.data(), DType::kBF16, n_end - n_begin, k};
+                      isa.matmul(x + m_begin * k, rows, k, bf16, 0, n_end - n_begin,
+                                 y + m_begin * n + n_begin, n);
+                    });
+}
+
 }  // namespace
 
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y) {
@@ -263,12 +299,8 @@ void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, float* y)
   const cpu::IsaKernels& isa = active();
   if (w.layout == WeightLayout::kBf16Pairs) return matmulPacked(isa, x, m, k, w, y);
   if (w.dtype == DType::kF8E4M3) return matmulFp8(isa, x, m, k, w, y);
-  const bool mxfp4 = w.layout == WeightLayout::kMxfp4;
-  // MXFP4 rows are whole 32-value blocks (the kernels read no tail).
-  TANDEM_CHECK(!mxfp4 || (k % 32 == 0 && w.exponents != nullptr && w.row_step >= 1),
-               "matmul: an MXFP4 matrix needs whole 32-value blocks and their exponents");
-  const int64_t row_bytes = mxfp4 ? k / 2 + k / 32 : k * static_cast<int64_t>(dtypeSize(w.dtype));
-  forEachMatmulTask(m, n, k, row_bytes, isa.matmul_tile_rows, 4,
+  if (w.layout == WeightLayout::kMxfp4) return matmulMxfp4(isa, x, m, k, w, y);
+  forEachMatmulTask(m, n, k, k * static_cast<int64_t>(dtypeSize(w.dtype)), isa.matmul_tile_rows, 4,
                     [&](int64_t m_begin, int64_t rows, int64_t n_begin, int64_t n_end) {
                       isa.matmul(x + m_begin * k, rows, k, w, n_begin, n_end, y + m_begin * n, n);
                     });

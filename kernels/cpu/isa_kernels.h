@@ -13,6 +13,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -24,6 +26,16 @@ enum class Isa { kScalar, kAvx2, kAvx512 };
 
 // Output rows per panel of weights packed by packBf16Pairs (kernels.h).
 constexpr int64_t kBf16PanelRows = 16;
+
+// E8M0 exponents' powers of two 2^(e - 127) as fp32 (common/dtype.h's
+// e8m0ToF32, one load in the MXFP4 kernels' inner loops).
+inline constexpr std::array<float, 256> kE8m0Powers = [] {
+  std::array<float, 256> powers{};
+  for (uint32_t e = 0; e < 256; ++e) {
+    powers[e] = std::bit_cast<float>(e == 0 ? 0x00400000u : e << 23);
+  }
+  return powers;
+}();
 
 // Most query heads one attention call handles together.
 constexpr int kMaxAttentionHeads = 4;
@@ -139,6 +151,9 @@ struct IsaKernels {
                  int64_t n_end, float* y, int64_t ldy);
   // Rows of the matmul micro-kernel; dispatch aligns row blocks to it.
   int matmul_tile_rows;
+  // Rows [n_begin, n_end) of an MXFP4 matrix (kernels.h) as row-major bf16,
+  // which holds each value exactly: what the matmul widens them to.
+  void (*mxfp4_to_bf16)(const WeightView& w, int64_t n_begin, int64_t n_end, uint16_t* out);
   // y[i, j] against weights packed by packBf16Pairs (kernels.h): x is m rows
   // of 2 * kp bf16 activations (kp = ceil(k / 2), zero-padded), n_begin a
   // multiple of 16. Each output adds its activation/weight pairs t = 0 ..

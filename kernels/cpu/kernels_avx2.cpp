@@ -191,7 +191,7 @@ struct Mxfp4Matrix {
         _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), nibbles);
     const __m256i signs = _mm256_slli_epi32(_mm256_srli_epi32(nibbles, 3), 31);
     return _mm256_mul_ps(_mm256_or_ps(magnitudes, _mm256_castsi256_ps(signs)),
-                         _mm256_set1_ps(e8m0ToF32(exponent)));
+                         _mm256_set1_ps(kE8m0Powers[exponent]));
   }
   static __m256 load(Row row, int64_t kk) {
     return decode(row.values + kk / 2, row.exponents[kk / 32]);
@@ -286,6 +286,20 @@ void matmulTyped(const float* x, int64_t m, int64_t k, const WeightView& w, int6
   }
 }
 
+// The values' top halves: exact, bf16 holding every MXFP4 value.
+void mxfp4ToBf16(const WeightView& w, int64_t n_begin, int64_t n_end, uint16_t* out) {
+  const Mxfp4Matrix matrix(w);
+  for (int64_t r = n_begin; r < n_end; ++r) {
+    const Mxfp4Matrix::Row row = matrix.row(r);
+    for (int64_t kk = 0; kk < w.cols; kk += kLanes) {
+      const __m256i halves = _mm256_srli_epi32(_mm256_castps_si256(Mxfp4Matrix::load(row, kk)), 16);
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(out + kk),
+          _mm_packus_epi32(_mm256_castsi256_si128(halves), _mm256_extracti128_si256(halves, 1)));
+    }
+    out += w.cols;
+  }
+}
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
             int64_t n_end, float* y, int64_t ldy) {
   if (w.layout == WeightLayout::kMxfp4) {
@@ -503,6 +517,7 @@ const IsaKernels& avx2Kernels() {
       .name = "avx2",
       .matmul = matmul,
       .matmul_tile_rows = kTileRows,
+      .mxfp4_to_bf16 = mxfp4ToBf16,
       .matmul_bf16_pairs = matmulBf16PairsGeneric,
       .bf16_pairs_tile_rows = 1,
       .to_bf16 = toBf16Generic,

@@ -163,7 +163,10 @@ struct RowMajorMatrix {
   explicit RowMajorMatrix(const WeightView& w)
       : data(static_cast<const Element*>(w.data)), k(w.cols) {}
   Row row(int64_t r) const { return data + r * k; }
+  // Vectors one loadGroup() gives (the tile loop's step is kGroup x 16).
+  static constexpr int kGroup = 1;
   static __m512 load(Row row, int64_t kk) { return Loader::load(row + kk); }
+  static void loadGroup(Row row, int64_t kk, __m512* out) { out[0] = load(row, kk); }
   static __m512 loadMasked(Row row, int64_t kk, __mmask16 mask) {
     return Loader::loadMasked(row + kk, mask);
   }
@@ -199,13 +202,27 @@ struct Mxfp4Matrix {
         exponent_pitch(w.row_step * w.cols / 32),
         k(w.cols) {}
   Row row(int64_t r) const { return {values + r * value_pitch, exponents + r * exponent_pitch}; }
+  static __m512 table() {
+    return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f,
+                          -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  }
   static __m512 decode(__m128i bytes, uint8_t exponent) {
     const __m512i nibbles =
         _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
-    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
-                                        -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-    return _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table),
-                         _mm512_set1_ps(e8m0ToF32(exponent)));
+    return _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table()),
+                         _mm512_set1_ps(kE8m0Powers[exponent]));
+  }
+  // A whole block (kk a multiple of 32) at once: 16 bytes, the table
+  // scaled once by the block's power of two (each entry the product the
+  // lookup-then-multiply gives: the same bits).
+  static constexpr int kGroup = 2;
+  static void loadGroup(Row row, int64_t kk, __m512* out) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.values + kk / 2));
+    const __m128i high = _mm_srli_epi16(bytes, 4);
+    const __m512 scaled =
+        _mm512_mul_ps(table(), _mm512_set1_ps(kE8m0Powers[row.exponents[kk / 32]]));
+    out[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, high)), scaled);
+    out[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(bytes, high)), scaled);
   }
   static __m512 load(Row row, int64_t kk) {
     return decode(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.values + kk / 2)),
@@ -238,8 +255,12 @@ inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
   for (int i = 0; i < Rows; ++i) {
     for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_setzero_ps();
   }
+  // Steps of kGroup vectors (up to four rows: more would not leave the
+  // weights their registers), then of one; each accumulator takes its
+  // products in column order either way.
+  constexpr int kGroup = Rows <= 4 ? Matrix::kGroup : 1;
   int64_t kk = 0;
-  for (; kk + kLanes <= k; kk += kLanes) {
+  for (; kk + kGroup * kLanes <= k; kk += kGroup * kLanes) {
     if constexpr (Prefetch) {
       // Fetch the weight rows kPrefetchTiles tiles ahead into L2 while this
       // one computes. Into L2, not L1: L1 prefetches compete for the few L1
@@ -254,11 +275,29 @@ inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
         }
       }
     }
-    __m512 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::load(w[j], kk);
-    for (int i = 0; i < Rows; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    __m512 wv[kTileCols][kGroup];
+    for (int j = 0; j < kTileCols; ++j) {
+      if constexpr (kGroup == 1) {
+        wv[j][0] = Matrix::load(w[j], kk);
+      } else {
+        Matrix::loadGroup(w[j], kk, wv[j]);
+      }
+    }
+    for (int g = 0; g < kGroup; ++g) {
+      for (int i = 0; i < Rows; ++i) {
+        const __m512 xv = _mm512_loadu_ps(x + i * k + kk + g * kLanes);
+        for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j][g], acc[i][j]);
+      }
+    }
+  }
+  if constexpr (kGroup > 1) {
+    for (; kk + kLanes <= k; kk += kLanes) {
+      __m512 wv[kTileCols];
+      for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::load(w[j], kk);
+      for (int i = 0; i < Rows; ++i) {
+        const __m512 xv = _mm512_loadu_ps(x + i * k + kk);
+        for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
     }
   }
   if (kk < k) {
@@ -341,6 +380,19 @@ void matmulTyped(const float* x, int64_t m, int64_t k, const WeightView& w, int6
   }
 }
 
+// The values' top halves: exact, bf16 holding every MXFP4 value.
+void mxfp4ToBf16(const WeightView& w, int64_t n_begin, int64_t n_end, uint16_t* out) {
+  const Mxfp4Matrix matrix(w);
+  for (int64_t r = n_begin; r < n_end; ++r) {
+    const Mxfp4Matrix::Row row = matrix.row(r);
+    for (int64_t kk = 0; kk < w.cols; kk += kLanes) {
+      const __m512i bits = _mm512_castps_si512(Mxfp4Matrix::load(row, kk));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kk),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    }
+    out += w.cols;
+  }
+}
 void matmul(const float* x, int64_t m, int64_t k, const WeightView& w, int64_t n_begin,
             int64_t n_end, float* y, int64_t ldy) {
   if (w.layout == WeightLayout::kMxfp4) {
@@ -722,6 +774,7 @@ const IsaKernels& avx512Kernels() {
       .name = "avx512",
       .matmul = matmul,
       .matmul_tile_rows = kTileRows,
+      .mxfp4_to_bf16 = mxfp4ToBf16,
       .matmul_bf16_pairs = matmulBf16Pairs,
       .bf16_pairs_tile_rows = kPairTileRows,
       .to_bf16 = toBf16,

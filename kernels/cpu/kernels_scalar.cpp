@@ -51,6 +51,14 @@ void loadRow(const WeightView& w, int64_t row, float* out) {
   }
 }
 
+void mxfp4ToBf16(const WeightView& w, int64_t n_begin, int64_t n_end, uint16_t* out) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = n_begin; r < n_end; ++r) {
+    loadRow(w, r, row.data());
+    for (float value : row) *out++ = f32ToBf16(value);
+  }
+}
+
 float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
@@ -197,6 +205,7 @@ const IsaKernels& scalarKernels() {
       .name = "scalar",
       .matmul = matmul,
       .matmul_tile_rows = 1,
+      .mxfp4_to_bf16 = mxfp4ToBf16,
       .matmul_bf16_pairs = matmulBf16PairsGeneric,
       .bf16_pairs_tile_rows = 1,
       .to_bf16 = toBf16Generic,

@@ -381,10 +381,14 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double read_gbps = readGBps(kernels::numThreads(), options.repeats);
   const auto& layer0 = model->weights().layers.at(0);
   // Layer 0's MLP: in a mixture layer, its first expert's.
-  const engine::ExpertWeights mlp0 =
-      layer0.experts.empty()
-          ? engine::ExpertWeights{layer0.gate_proj, layer0.up_proj, layer0.down_proj}
-          : layer0.experts.front();
+  engine::ExpertWeights mlp0;
+  if (layer0.experts.empty()) {
+    mlp0.gate_proj = layer0.gate_proj;
+    mlp0.up_proj = layer0.up_proj;
+    mlp0.down_proj = layer0.down_proj;
+  } else {
+    mlp0 = layer0.experts.front();
+  }
   const int64_t gemm_m = options.prompt_tokens;
   // The host GEMM figures run the CPU kernels on the weights the way the CPU
   // backend hands them to matmul (bf16 compute can only be on the CPU).

@@ -1777,8 +1777,12 @@ TEST(ModelConfigParsing, RopeScalingYarnAsQwen3PublishesIt) {
   // Pairs up to 23 kept, from 40 divided by 4, blended between.
   for (size_t i = 0; i < 64; ++i) {
     const double unscaled = 1.0 / std::pow(1e6, (2.0 * static_cast<double>(i)) / 128.0);
-    if (i <= 23) EXPECT_EQ(inv_freq[i], static_cast<float>(unscaled)) << i;
-    if (i >= 40) EXPECT_EQ(inv_freq[i], static_cast<float>(unscaled / 4.0)) << i;
+    if (i <= 23) {
+      EXPECT_EQ(inv_freq[i], static_cast<float>(unscaled)) << i;
+    }
+    if (i >= 40) {
+      EXPECT_EQ(inv_freq[i], static_cast<float>(unscaled / 4.0)) << i;
+    }
   }
   EXPECT_FLOAT_EQ(inv_freq[20], 0.01333521432163324f);
   EXPECT_FLOAT_EQ(inv_freq[30], 0.0010643609812470017f);
