@@ -1,9 +1,9 @@
 // Compute kernels of the engine, CPU implementation behind one interface.
 //
-// All activations are fp32, row-major. Weights may be f32, bf16, f16 or fp8
-// (e4m3, with scales) and are used where they lie (memory-mapped from the
-// checkpoint), never copied; only bf16 compute packs bf16 weights once, at
-// load (packBf16Pairs).
+// All activations are fp32, row-major. Weights may be f32, bf16, f16, fp8
+// (e4m3, with scales) or MXFP4 (GPT-OSS's experts) and are used where they
+// lie (memory-mapped from the checkpoint), never copied; only bf16 compute
+// packs bf16 weights once, at load (packBf16Pairs).
 //
 // Batch invariance (the contract every kernel keeps): the result for one row
 // depends only on that row's inputs, never on how many rows are in the call,

@@ -143,7 +143,7 @@ void launchEmbedding(cudaStream_t stream, const WeightView& table, const DeviceB
       TANDEM_CHECK(false, "fp8 weights reached a CUDA kernel");
       return;
     case DType::kU8:
-      TANDEM_CHECK(false, "u8 bytes reached a CUDA kernel (MXFP4 is dequantized at load)");
+      TANDEM_CHECK(false, "u8 bytes reached a CUDA kernel (MXFP4 runs on the CPU backend only)");
       return;
   }
 }

@@ -366,7 +366,7 @@ void launchFastGemv(cudaStream_t stream, const float* x, int64_t m, int64_t k,
       TANDEM_CHECK(false, "fp8 weights reached a CUDA kernel");
       return;
     case DType::kU8:
-      TANDEM_CHECK(false, "u8 bytes reached a CUDA kernel (MXFP4 is dequantized at load)");
+      TANDEM_CHECK(false, "u8 bytes reached a CUDA kernel (MXFP4 runs on the CPU backend only)");
       return;
   }
 }
