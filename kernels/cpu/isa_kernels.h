@@ -27,6 +27,48 @@ enum class Isa { kScalar, kAvx2, kAvx512 };
 // Output rows per panel of weights packed by packBf16Pairs (kernels.h).
 constexpr int64_t kBf16PanelRows = 16;
 
+// The matmul tiles' view of a weight matrix's rows (each ISA file adds the
+// vector loads): row-major rows of Element, or MXFP4's values and exponents
+// (kernels.h), row_step rows of the stored matrix apart.
+template <typename Element>
+struct RowMajorRows {
+  using Row = const Element*;
+  const Element* data;
+  int64_t k;
+
+  explicit RowMajorRows(const WeightView& w)
+      : data(static_cast<const Element*>(w.data)), k(w.cols) {}
+  Row row(int64_t r) const { return data + r * k; }
+  // Column kk of the row `rows` below `row` (for prefetching).
+  const void* ahead(Row row, int64_t rows, int64_t kk) const { return row + rows * k + kk; }
+};
+
+struct Mxfp4Rows {
+  struct Row {
+    const uint8_t* values;
+    const uint8_t* exponents;
+  };
+  // One 64-byte line holds 128 values.
+  static constexpr int64_t kPrefetchColumns = 128;
+
+  const uint8_t* values;
+  const uint8_t* exponents;
+  int64_t value_pitch;
+  int64_t exponent_pitch;
+  int64_t k;
+
+  explicit Mxfp4Rows(const WeightView& w)
+      : values(static_cast<const uint8_t*>(w.data)),
+        exponents(w.exponents),
+        value_pitch(w.row_step * w.cols / 2),
+        exponent_pitch(w.row_step * w.cols / 32),
+        k(w.cols) {}
+  Row row(int64_t r) const { return {values + r * value_pitch, exponents + r * exponent_pitch}; }
+  const void* ahead(Row row, int64_t rows, int64_t kk) const {
+    return row.values + rows * value_pitch + kk / 2;
+  }
+};
+
 // E8M0 exponents' powers of two 2^(e - 127) as fp32 (common/dtype.h's
 // e8m0ToF32, one load in the MXFP4 kernels' inner loops).
 inline constexpr std::array<float, 256> kE8m0Powers = [] {

@@ -140,46 +140,21 @@ __m256 expPs(__m256 x) {
 // How the matmul reads a weight matrix (see the AVX-512 file): row-major
 // rows of a Loader's element, or MXFP4.
 template <typename Loader>
-struct RowMajorMatrix {
-  using Element = typename Loader::Element;
-  using Row = const Element*;
+struct RowMajorMatrix : RowMajorRows<typename Loader::Element> {
+  using Row = const typename Loader::Element*;
   static constexpr int64_t kPrefetchColumns = kLanes;
-
-  const Element* data;
-  int64_t k;
-
-  explicit RowMajorMatrix(const WeightView& w)
-      : data(static_cast<const Element*>(w.data)), k(w.cols) {}
-  Row row(int64_t r) const { return data + r * k; }
+  using RowMajorRows<typename Loader::Element>::RowMajorRows;
   static __m256 load(Row row, int64_t kk) { return Loader::load(row + kk); }
   static __m256 loadPartial(Row row, int64_t kk, int64_t count) {
     return Loader::loadPartial(row + kk, count);
   }
-  const void* ahead(Row row, int64_t rows, int64_t kk) const { return row + rows * k + kk; }
 };
 
 // 8 MXFP4 values are 4 bytes of nibbles: each nibble's magnitude looked up
 // in an 8-lane table (vpermps reads an index's low 3 bits), its bit 3 made
 // the sign, times the block's power of two: exact.
-struct Mxfp4Matrix {
-  struct Row {
-    const uint8_t* values;
-    const uint8_t* exponents;
-  };
-  // One 64-byte line holds 128 values.
-  static constexpr int64_t kPrefetchColumns = 128;
-
-  const uint8_t* values;
-  const uint8_t* exponents;
-  int64_t value_pitch;
-  int64_t exponent_pitch;
-
-  explicit Mxfp4Matrix(const WeightView& w)
-      : values(static_cast<const uint8_t*>(w.data)),
-        exponents(w.exponents),
-        value_pitch(w.row_step * w.cols / 2),
-        exponent_pitch(w.row_step * w.cols / 32) {}
-  Row row(int64_t r) const { return {values + r * value_pitch, exponents + r * exponent_pitch}; }
+struct Mxfp4Matrix : Mxfp4Rows {
+  using Mxfp4Rows::Mxfp4Rows;
   static __m256 decode(const uint8_t* bytes, uint8_t exponent) {
     int32_t word;
     std::memcpy(&word, bytes, sizeof word);
@@ -202,9 +177,6 @@ struct Mxfp4Matrix {
     std::memcpy(bytes, row.values + kk / 2, static_cast<size_t>((count + 1) / 2));
     return _mm256_and_ps(decode(bytes, row.exponents[kk / 32]),
                          _mm256_castsi256_ps(laneMask(count)));
-  }
-  const void* ahead(Row row, int64_t rows, int64_t kk) const {
-    return row.values + rows * value_pitch + kk / 2;
   }
 };
 

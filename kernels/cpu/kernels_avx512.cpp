@@ -151,57 +151,31 @@ __m512 expPs(__m512 x) {
 // elements from column kk (a multiple of 16) widened to fp32 exactly, and
 // what to prefetch. Row-major matrices of a Loader's element:
 template <typename Loader>
-struct RowMajorMatrix {
-  using Element = typename Loader::Element;
-  using Row = const Element*;
+struct RowMajorMatrix : RowMajorRows<typename Loader::Element> {
+  using Row = const typename Loader::Element*;
   // Prefetch once per this many columns (a weight row's cache line or less).
   static constexpr int64_t kPrefetchColumns = kLanes;
-
-  const Element* data;
-  int64_t k;
-
-  explicit RowMajorMatrix(const WeightView& w)
-      : data(static_cast<const Element*>(w.data)), k(w.cols) {}
-  Row row(int64_t r) const { return data + r * k; }
   // Vectors one loadGroup() gives (the tile loop's step is kGroup x 16).
   static constexpr int kGroup = 1;
+  using RowMajorRows<typename Loader::Element>::RowMajorRows;
   static __m512 load(Row row, int64_t kk) { return Loader::load(row + kk); }
   static void loadGroup(Row row, int64_t kk, __m512* out) { out[0] = load(row, kk); }
   static __m512 loadMasked(Row row, int64_t kk, __mmask16 mask) {
     return Loader::loadMasked(row + kk, mask);
   }
-  // Column kk of the row `rows` below `row`.
-  const void* ahead(Row row, int64_t rows, int64_t kk) const { return row + rows * k + kk; }
   // The bytes rows [first, end) span.
-  const char* begin(int64_t first) const { return reinterpret_cast<const char*>(row(first)); }
-  const char* end(int64_t end_row) const { return reinterpret_cast<const char*>(row(end_row)); }
+  const char* begin(int64_t first) const { return reinterpret_cast<const char*>(this->row(first)); }
+  const char* end(int64_t end_row) const {
+    return reinterpret_cast<const char*>(this->row(end_row));
+  }
 };
 
 // MXFP4 (kernels.h, WeightLayout::kMxfp4): 16 values are 8 bytes of nibbles,
 // each nibble looked up in a 16-lane table of the E2M1 values (vpermps reads
 // an index's low 4 bits, so neither nibble needs masking), then times the
 // block's power of two: exact, as bf16's widening is.
-struct Mxfp4Matrix {
-  struct Row {
-    const uint8_t* values;
-    const uint8_t* exponents;
-  };
-  // One 64-byte line holds 128 values.
-  static constexpr int64_t kPrefetchColumns = 2 * kCacheLine;
-
-  const uint8_t* values;
-  const uint8_t* exponents;
-  int64_t value_pitch;
-  int64_t exponent_pitch;
-  int64_t k;
-
-  explicit Mxfp4Matrix(const WeightView& w)
-      : values(static_cast<const uint8_t*>(w.data)),
-        exponents(w.exponents),
-        value_pitch(w.row_step * w.cols / 2),
-        exponent_pitch(w.row_step * w.cols / 32),
-        k(w.cols) {}
-  Row row(int64_t r) const { return {values + r * value_pitch, exponents + r * exponent_pitch}; }
+struct Mxfp4Matrix : Mxfp4Rows {
+  using Mxfp4Rows::Mxfp4Rows;
   static __m512 table() {
     return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f,
                           -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
@@ -233,9 +207,6 @@ struct Mxfp4Matrix {
     const auto byte_mask = static_cast<__mmask16>((1u << ((std::popcount(mask) + 1) / 2)) - 1u);
     return _mm512_maskz_mov_ps(
         mask, decode(_mm_maskz_loadu_epi8(byte_mask, row.values + kk / 2), row.exponents[kk / 32]));
-  }
-  const void* ahead(Row row, int64_t rows, int64_t kk) const {
-    return row.values + rows * value_pitch + kk / 2;
   }
   const char* begin(int64_t first) const {
     return reinterpret_cast<const char*>(values + first * value_pitch);
