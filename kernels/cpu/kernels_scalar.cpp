@@ -16,13 +16,7 @@ namespace {
 void loadRow(const WeightView& w, int64_t row, float* out) {
   const int64_t k = w.cols;
   if (w.layout == WeightLayout::kMxfp4) {
-    const auto* values = static_cast<const uint8_t*>(w.data) + row * w.row_step * (k / 2);
-    const uint8_t* exponents = w.exponents + row * w.row_step * (k / 32);
-    for (int64_t i = 0; i < k; ++i) {
-      const uint8_t byte = values[i / 2];
-      out[i] = fp4E2m1ToF32(static_cast<uint8_t>(i % 2 == 0 ? byte & 0x0f : byte >> 4)) *
-               e8m0ToF32(exponents[i / 32]);
-    }
+    for (int64_t i = 0; i < k; ++i) out[i] = mxfp4Value(w, row, i);
     return;
   }
   const size_t offset = static_cast<size_t>(row * k);
