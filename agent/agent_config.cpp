@@ -95,7 +95,8 @@ const std::vector<Row>& rows() {
              "turn tool calls in chat output into tool_calls (needs tools in the request)",
              &ServeOptions::tool_call_parser),
       choice("reasoning_parser", protocol::reasoningParserNames(),
-             "split <think>...</think> in chat output into reasoning_content",
+             "split chat output into reasoning_content and content: <think>...</think>, or "
+             "gpt-oss's harmony channels (openai_gptoss; the default for gpt-oss)",
              &ServeOptions::reasoning_parser),
       choice("generation_config", {"auto", "vllm"},
              "request defaults: auto (the model's generation_config.json temperature, top_p, "

@@ -23,6 +23,7 @@
 #include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
+#include "common/protocol/chat_output.h"
 #include "common/protocol/reasoning_parser.h"
 #include "common/protocol/tool_call_parser.h"
 #include "common/status.h"
@@ -248,6 +249,19 @@ int runServe(CLI::App& command, ServeOptions& o) {
     auto kind = protocol::reasoningParserFromName(o.reasoning_parser);
     if (!kind.isOk()) throw Error(kind.status().message());
     server_config.chat_output.reasoning_parser = *kind;
+  }
+  // gpt-oss writes the harmony format whatever the flags say: unparsed, its
+  // channels' markers would be dropped and their texts run together. As
+  // vLLM does for gpt-oss, its output is read by default (docs/chat.md).
+  if (o.reasoning_parser.empty() && o.tool_call_parser.empty() &&
+      engine.model().config().gptOss()) {
+    server_config.chat_output.reasoning_parser = protocol::ReasoningParserKind::kOpenAiGptOss;
+    server_config.chat_output.tool_call_parser = protocol::ToolCallParserKind::kOpenAi;
+    TANDEM_LOG(kInfo) << "gpt-oss: chat output read as harmony (--reasoning-parser "
+                         "openai_gptoss, --tool-call-parser openai)";
+  }
+  if (Status paired = protocol::pairChatOutputParsers(server_config.chat_output); !paired.isOk()) {
+    throw Error(paired.message());
   }
   const protocol::GenerationDefaults& defaults = engine.generationConfig().defaults;
   if (o.generation_config == "auto" && !defaults.empty()) {

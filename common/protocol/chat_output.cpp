@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/json_parse.h"
+
 namespace tandem::protocol {
 namespace {
 
@@ -14,12 +16,62 @@ ReasoningOptions reasoningOptions(const ChatOutputOptions& options) {
   return reasoning;
 }
 
+// A harmony message to functions.NAME as an OpenAI tool call.
+ToolCall toolCallOf(HarmonyCall call, const ToolCallIdGenerator& next_id) {
+  ToolCall tool_call;
+  tool_call.id = next_id ? next_id() : randomToolCallId();
+  tool_call.name = std::move(call.name);
+  tool_call.arguments = std::move(call.arguments);
+  if (call.content_type.empty() || call.content_type.find("json") != std::string::npos) {
+    JsonParseError error;
+    if (auto json = parseOrderedJson(tool_call.arguments, error)) {
+      tool_call.arguments = json->dump(-1, ' ', /*ensure_ascii=*/false,
+                                       nlohmann::ordered_json::error_handler_t::replace);
+    }
+  }
+  return tool_call;
+}
+
+std::vector<ToolCall> toolCallsOf(std::vector<HarmonyCall> calls,
+                                  const ChatOutputOptions& options) {
+  std::vector<ToolCall> out;
+  if (!options.tool_call_parser) return out;  // no tools offered: calls are dropped
+  for (HarmonyCall& call : calls)
+    out.push_back(toolCallOf(std::move(call), options.next_tool_call_id));
+  return out;
+}
+
 }  // namespace
+
+Status pairChatOutputParsers(ChatOutputOptions& options) {
+  const bool harmony_tools = options.tool_call_parser == ToolCallParserKind::kOpenAi;
+  if (harmony_tools && !options.reasoning_parser) {
+    options.reasoning_parser = ReasoningParserKind::kOpenAiGptOss;
+  }
+  const bool harmony_reasoning = options.reasoning_parser == ReasoningParserKind::kOpenAiGptOss;
+  if (options.tool_call_parser && harmony_tools != harmony_reasoning) {
+    return invalidArgument(
+        std::string("--tool-call-parser ") + toolCallParserName(*options.tool_call_parser) +
+        " and --reasoning-parser " + reasoningParserName(*options.reasoning_parser) +
+        " read different output formats: gpt-oss's harmony format is read by --tool-call-parser "
+        "openai with --reasoning-parser openai_gptoss (or neither)");
+  }
+  return Status::ok();
+}
 
 ChatOutput parseChatOutput(const ChatOutputOptions& options, std::string_view text) {
   // Absent and empty content are the same here; the message reports both as
   // absent.
   ChatOutput output;
+  if (options.harmony()) {
+    HarmonyPieces pieces = parseHarmony(text);
+    if (options.include_reasoning && !pieces.reasoning.empty()) {
+      output.reasoning_content = std::move(pieces.reasoning);
+    }
+    if (!pieces.content.empty()) output.content = std::move(pieces.content);
+    output.tool_calls = toolCallsOf(std::move(pieces.calls), options);
+    return output;
+  }
   std::string content(text);
   if (options.reasoning_parser) {
     ReasoningSplit split = parseReasoning(reasoningOptions(options), text);
@@ -81,6 +133,10 @@ json chatStreamDeltaJson(const ChatStreamDelta& delta) {
 }
 
 ChatOutputStream::ChatOutputStream(ChatOutputOptions options) : options_(std::move(options)) {
+  if (options_.harmony()) {
+    harmony_.emplace();
+    return;
+  }
   if (options_.reasoning_parser) reasoning_.emplace(reasoningOptions(options_));
   if (options_.tool_call_parser) {
     tools_.emplace(*options_.tool_call_parser, options_.next_tool_call_id);
@@ -89,7 +145,9 @@ ChatOutputStream::ChatOutputStream(ChatOutputOptions options) : options_(std::mo
 
 ChatStreamDelta ChatOutputStream::feed(std::string_view text) {
   ChatStreamDelta out;
-  if (reasoning_) {
+  if (harmony_) {
+    routeHarmony(harmony_->feed(text), /*at_end=*/false, out);
+  } else if (reasoning_) {
     const ReasoningPieces pieces = reasoning_->feed(text);
     route(pieces.reasoning, pieces.content, /*at_end=*/false, out);
   } else {
@@ -100,7 +158,9 @@ ChatStreamDelta ChatOutputStream::feed(std::string_view text) {
 
 ChatStreamDelta ChatOutputStream::finish() {
   ChatStreamDelta out;
-  if (reasoning_) {
+  if (harmony_) {
+    routeHarmony(harmony_->finish(), /*at_end=*/true, out);
+  } else if (reasoning_) {
     const ReasoningPieces pieces = reasoning_->finish();
     route(pieces.reasoning, pieces.content, /*at_end=*/true, out);
   } else {
@@ -109,9 +169,13 @@ ChatStreamDelta ChatOutputStream::finish() {
   return out;
 }
 
+void ChatOutputStream::routeHarmony(HarmonyPieces pieces, bool at_end, ChatStreamDelta& out) {
+  deliver(pieces.reasoning, pieces.content, toolCallsOf(std::move(pieces.calls), options_), at_end,
+          out);
+}
+
 void ChatOutputStream::route(std::string_view reasoning, std::string_view content, bool at_end,
                              ChatStreamDelta& out) {
-  out.reasoning_content = reasoning_carry_.take(reasoning);
   std::string content_text;
   std::vector<ToolCall> calls;
   if (tools_) {
@@ -125,7 +189,13 @@ void ChatOutputStream::route(std::string_view reasoning, std::string_view conten
   } else {
     content_text = std::string(content);
   }
-  out.content = content_carry_.take(content_text);
+  deliver(reasoning, content_text, std::move(calls), at_end, out);
+}
+
+void ChatOutputStream::deliver(std::string_view reasoning, std::string_view content,
+                               std::vector<ToolCall> calls, bool at_end, ChatStreamDelta& out) {
+  out.reasoning_content = reasoning_carry_.take(reasoning);
+  out.content = content_carry_.take(content);
   if (at_end) {
     out.reasoning_content += reasoning_carry_.flush();
     out.content += content_carry_.flush();

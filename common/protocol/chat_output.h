@@ -3,7 +3,14 @@
 // tool_calls), whole or as stream deltas. It runs the reasoning parser first
 // (reasoning_parser.h) and the tool-call parser on the content it leaves
 // (tool_call_parser.h); either may be off. See those headers for each
-// parser's format and choices.
+// parser's format and choices. gpt-oss's parsers (reasoning openai_gptoss,
+// tool calls openai) are one: the harmony parser (harmony.h) reads its
+// messages into reasoning, content and calls at once. A message addressed to
+// `functions.NAME` becomes a tool call only when the request's tool parser
+// is on (tools offered, tool_choice not "none"); its arguments, when the
+// message's content type is JSON or not given, are re-serialised as compact
+// JSON keeping the model's key order (as the other parsers do), and kept as
+// written when they are not valid JSON (vLLM's openai parser keeps them).
 //
 // Contract of the streaming side: ChatOutputStream is fed the decoded text in
 // arbitrary byte pieces (a tag or a UTF-8 character may be cut anywhere) and
@@ -32,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/protocol/harmony.h"
 #include "common/protocol/reasoning_parser.h"
 #include "common/protocol/stream_text.h"
 #include "common/protocol/tool_call_parser.h"
@@ -49,7 +57,18 @@ struct ChatOutputOptions {
   bool include_reasoning = true;
   // Tool call ids; empty: randomToolCallId.
   ToolCallIdGenerator next_tool_call_id;
+
+  // The output is in the harmony format (gpt-oss): special tokens are kept
+  // in its text (the markers) and the harmony parser reads it.
+  bool harmony() const { return reasoning_parser == ReasoningParserKind::kOpenAiGptOss; }
 };
+
+// The server's parsers, checked as a pair: the openai tool-call parser reads
+// the harmony format, so it brings the openai_gptoss reasoning parser when
+// none is given. InvalidArgument naming both flags when one of them reads
+// harmony and the other another format (`--tool-call-parser hermes` with
+// `--reasoning-parser openai_gptoss`).
+Status pairChatOutputParsers(ChatOutputOptions& options);
 
 // The assistant message of a non-streamed chat completion.
 struct ChatOutput {
@@ -105,8 +124,15 @@ class ChatOutputStream {
   // UTF-8 carries into `out`.
   void route(std::string_view reasoning, std::string_view content, bool at_end,
              ChatStreamDelta& out);
+  // What the harmony parser decided, into `out`.
+  void routeHarmony(HarmonyPieces pieces, bool at_end, ChatStreamDelta& out);
+  // Reasoning and content through the UTF-8 carries, and whole calls, into
+  // `out`.
+  void deliver(std::string_view reasoning, std::string_view content, std::vector<ToolCall> calls,
+               bool at_end, ChatStreamDelta& out);
 
   ChatOutputOptions options_;
+  std::optional<HarmonyStream> harmony_;
   std::optional<ReasoningStream> reasoning_;
   std::optional<ToolCallStream> tools_;
   Utf8Carry reasoning_carry_;

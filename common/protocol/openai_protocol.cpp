@@ -1008,10 +1008,16 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   }
   parsed.chat_output = chatOutputFor(root.value(), limits.chat_output, parsed.prompt_text);
   if (parsed.chat_output) parsed.chat_output->include_reasoning = include_reasoning;
+  // The harmony parser reads the markers, which are special tokens: they
+  // stay in the text (the parser takes them out of what the client sees).
+  const bool harmony = parsed.chat_output && parsed.chat_output->harmony();
+  if (harmony) parsed.request.sampling.skip_special_tokens = false;
   // A reasoning model thinks first: the constraint (a schema, a forced tool
   // call) starts where its reasoning ends, as vLLM's, so the reasoning
-  // parser finds the structure in the content.
-  if (parsed.request.structured_output && parsed.chat_output &&
+  // parser finds the structure in the content. Harmony's reasoning ends
+  // with special tokens no grammar writes: there the constraint holds from
+  // the first token, and the output, without a header, is content.
+  if (parsed.request.structured_output && parsed.chat_output && !harmony &&
       parsed.chat_output->reasoning_parser && !parsed.chat_output->reasoning_ended_in_prompt) {
     parsed.request.structured_output->after = "</think>";
   }

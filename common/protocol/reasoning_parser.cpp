@@ -20,17 +20,26 @@ std::string_view dropLeadingThinkStart(std::string_view text) {
 }  // namespace
 
 const std::vector<std::string>& reasoningParserNames() {
-  static const std::vector<std::string> kNames = {"deepseek_r1", "qwen3"};
+  static const std::vector<std::string> kNames = {"deepseek_r1", "qwen3", "openai_gptoss"};
   return kNames;
 }
 
 const char* reasoningParserName(ReasoningParserKind kind) {
-  return kind == ReasoningParserKind::kQwen3 ? "qwen3" : "deepseek_r1";
+  switch (kind) {
+    case ReasoningParserKind::kDeepSeekR1:
+      return "deepseek_r1";
+    case ReasoningParserKind::kQwen3:
+      return "qwen3";
+    case ReasoningParserKind::kOpenAiGptOss:
+      return "openai_gptoss";
+  }
+  return "deepseek_r1";
 }
 
 StatusOr<ReasoningParserKind> reasoningParserFromName(std::string_view name) {
   if (name == "deepseek_r1") return ReasoningParserKind::kDeepSeekR1;
   if (name == "qwen3") return ReasoningParserKind::kQwen3;
+  if (name == "openai_gptoss") return ReasoningParserKind::kOpenAiGptOss;
   std::string accepted;
   for (const std::string& known : reasoningParserNames()) {
     accepted += (accepted.empty() ? "" : ", ") + known;
@@ -50,7 +59,7 @@ ReasoningSplit parseReasoning(const ReasoningOptions& options, std::string_view 
   const size_t end = body.find(kThinkEnd);
   if (end == std::string_view::npos) {
     // An output that opened its reasoning is reasoning until it closes it.
-    if (options.kind == ReasoningParserKind::kDeepSeekR1 || opened) {
+    if (options.kind != ReasoningParserKind::kQwen3 || opened) {
       split.reasoning = nonEmpty(body);
     } else {
       split.content = nonEmpty(body);

@@ -15,6 +15,10 @@
 //                text after it content; without `</think>` all of the output
 //                is content: this is Qwen3 with enable_thinking=false.
 //
+//   openai_gptoss  gpt-oss: the output is in OpenAI's harmony format, read
+//                by the harmony parser (harmony.h; chat_output.h runs it in
+//                place of the functions here, which treat it as deepseek_r1).
+//
 // Empty reasoning or empty content is reported as absent (nullopt), never "".
 // Tags are matched byte for byte; nothing else (white space after
 // `</think>` included) is changed.
@@ -52,14 +56,14 @@
 
 namespace tandem::protocol {
 
-enum class ReasoningParserKind { kDeepSeekR1, kQwen3 };
+enum class ReasoningParserKind { kDeepSeekR1, kQwen3, kOpenAiGptOss };
 
 // Accepted names, in the order error messages list them.
 const std::vector<std::string>& reasoningParserNames();
-// "deepseek_r1" / "qwen3".
+// "deepseek_r1" / "qwen3" / "openai_gptoss".
 const char* reasoningParserName(ReasoningParserKind kind);
 // The parser of that name, or InvalidArgument naming the accepted names:
-// `unknown reasoning parser "x" (--reasoning-parser); accepted: deepseek_r1, qwen3`.
+// `unknown reasoning parser "x" (--reasoning-parser); accepted: deepseek_r1, qwen3, openai_gptoss`.
 StatusOr<ReasoningParserKind> reasoningParserFromName(std::string_view name);
 
 struct ReasoningOptions {

@@ -181,7 +181,11 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
                                            std::vector<Found>& found) {
   const auto choice = root.find("tool_choice");
   const bool optional = autoStrictTools(root);
-  if (optional && (!parser || !found.empty())) return std::nullopt;
+  // Harmony's calls are written with special tokens, which no grammar
+  // writes: a strict function under "auto" is not enforced (as vLLM's openai
+  // parser), a forced call is refused below.
+  const bool harmony = parser == protocol::ToolCallParserKind::kOpenAi;
+  if (optional && (!parser || harmony || !found.empty())) return std::nullopt;
   if (!optional &&
       (choice == root.end() || choice->is_null() || *choice == "auto" || *choice == "none")) {
     return std::nullopt;
@@ -196,6 +200,14 @@ std::optional<ApiError> readForcedToolCall(const ordered_json& root,
     return invalidRequest(forced +
                               " needs the server's tool-call parser (--tool-call-parser "
                               "hermes|llama3_json): it gives the model's tool-call format",
+                          "tool_choice");
+  }
+  if (harmony) {
+    return invalidRequest(forced +
+                              " is not supported with the openai tool-call parser (gpt-oss): "
+                              "its calls are harmony messages written with special tokens, "
+                              "which a constraint cannot force; accepted: tool_choice \"auto\" "
+                              "or \"none\"",
                           "tool_choice");
   }
   const std::string named =

@@ -156,17 +156,26 @@ std::optional<std::vector<ToolCall>> llamaCalls(std::string_view text, size_t at
 }  // namespace
 
 const std::vector<std::string>& toolCallParserNames() {
-  static const std::vector<std::string> kNames = {"hermes", "llama3_json"};
+  static const std::vector<std::string> kNames = {"hermes", "llama3_json", "openai"};
   return kNames;
 }
 
 const char* toolCallParserName(ToolCallParserKind kind) {
-  return kind == ToolCallParserKind::kLlama3Json ? "llama3_json" : "hermes";
+  switch (kind) {
+    case ToolCallParserKind::kHermes:
+      return "hermes";
+    case ToolCallParserKind::kLlama3Json:
+      return "llama3_json";
+    case ToolCallParserKind::kOpenAi:
+      return "openai";
+  }
+  return "hermes";
 }
 
 StatusOr<ToolCallParserKind> toolCallParserFromName(std::string_view name) {
   if (name == "hermes") return ToolCallParserKind::kHermes;
   if (name == "llama3_json") return ToolCallParserKind::kLlama3Json;
+  if (name == "openai") return ToolCallParserKind::kOpenAi;
   std::string accepted;
   for (const std::string& known : toolCallParserNames()) {
     accepted += (accepted.empty() ? "" : ", ") + known;
@@ -197,7 +206,7 @@ ToolCallSplit parseToolCalls(ToolCallParserKind kind, std::string_view text,
       calls = hermesCalls(text);
       content = text.substr(0, start);
     }
-  } else {
+  } else if (kind == ToolCallParserKind::kLlama3Json) {
     bool undecided = false;
     const size_t start = llamaCallsStart(text, /*complete=*/true, &undecided);
     if (start != std::string_view::npos) {
@@ -218,7 +227,7 @@ ToolCallSplit parseToolCalls(ToolCallParserKind kind, std::string_view text,
 ToolCallStream::ToolCallStream(ToolCallParserKind kind, ToolCallIdGenerator next_id)
     : kind_(kind),
       next_id_(std::move(next_id)),
-      state_(kind == ToolCallParserKind::kHermes ? State::kContent : State::kStart) {}
+      state_(kind == ToolCallParserKind::kLlama3Json ? State::kStart : State::kContent) {}
 
 ToolCallPieces ToolCallStream::feed(std::string_view text) {
   ToolCallPieces out;
@@ -266,7 +275,7 @@ void ToolCallStream::drain(ToolCallPieces& out, bool at_end) {
     held_.erase(0, held_.size() - keep);
     return;
   }
-  out.content.append(held_);
+  out.content.append(held_);  // llama3_json past its start; openai: no calls here
   held_.clear();
 }
 

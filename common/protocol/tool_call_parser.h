@@ -16,6 +16,11 @@
 //                space are allowed). Such output has no content. Any other
 //                output is all content.
 //
+//   openai       gpt-oss: calls are harmony messages to `functions.NAME`,
+//                read with the reasoning by the harmony parser (harmony.h;
+//                chat_output.h runs it). The functions here see no calls in
+//                any text for it: all of it is content.
+//
 // Every call must have a string "name"; its arguments (any JSON value) are
 // re-serialised as compact JSON keeping the model's key order; a call without
 // arguments gets "{}" (vLLM would refuse it; an argument-less function is
@@ -50,14 +55,14 @@
 
 namespace tandem::protocol {
 
-enum class ToolCallParserKind { kHermes, kLlama3Json };
+enum class ToolCallParserKind { kHermes, kLlama3Json, kOpenAi };
 
 // Accepted names, in the order error messages list them.
 const std::vector<std::string>& toolCallParserNames();
-// "hermes" / "llama3_json".
+// "hermes" / "llama3_json" / "openai".
 const char* toolCallParserName(ToolCallParserKind kind);
 // The parser of that name, or InvalidArgument naming the accepted names:
-// `unknown tool call parser "x" (--tool-call-parser); accepted: hermes, llama3_json`.
+// `unknown tool call parser "x" (--tool-call-parser); accepted: hermes, llama3_json, openai`.
 StatusOr<ToolCallParserKind> toolCallParserFromName(std::string_view name);
 
 // Returns a fresh tool call id each call.

@@ -70,6 +70,25 @@ const std::vector<std::string>& corpus() {
       "<think>maybe <tool_call> here</think>real <tool_call>{\"name\":\"f\"}</tool_call>",
       "日本<tool_call>{\"name\": \"名前\", \"arguments\": {\"都市\": \"東京\"}}</tool_call>",
       "<think>思考</think>{\"name\": \"ñ\", \"parameters\": {\"v\": \"€\"}}",
+      // gpt-oss's harmony format (the prompt ended with <|start|>assistant).
+      "<|channel|>analysis<|message|>The user asks 2+2.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>4",
+      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+      "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", "
+      "\"unit\": \"C\"}",
+      " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"東京\"}<|call|>",
+      "<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant to=functions.search"
+      "<|channel|>commentary json<|message|>{bad json",
+      "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b"
+      "<|end|><|start|>assistant<|channel|>final<|message|>x<|end|><|start|>assistant<|channel|>"
+      "final<|message|>y<|return|>",
+      "<|channel|>commentary to=python code<|message|>print(1)<|call|>",
+      "<|channel|>analys",
+      "<|channel|>final<|message|>partial <|e",
+      "<|channel|>final<|message|>a<|start|>assistant<|channel|>final<|message|>b",
+      "<|channel|>analysis<|message|>日本語 🙂<|end|><|start|>assistant<|channel|>final"
+      "<|message|>ünï",
+      "{\"answer\": 4}",
   };
   return kOutputs;
 }
@@ -86,6 +105,10 @@ std::vector<ChatOutputOptions> allConfigurations() {
       configurations.push_back(makeOptions(reasoning, tool, /*ended=*/true));
     }
   }
+  // Harmony (gpt-oss), with and without tools offered.
+  configurations.push_back(makeOptions(ReasoningParserKind::kOpenAiGptOss, std::nullopt));
+  configurations.push_back(
+      makeOptions(ReasoningParserKind::kOpenAiGptOss, ToolCallParserKind::kOpenAi));
   return configurations;
 }
 
@@ -247,7 +270,19 @@ TEST(ChatOutputStreamProperty, RandomOutputsFromTagFragments) {
                                               "🙂",
                                               "text",
                                               "{",
-                                              "}"};
+                                              "}",
+                                              "<|channel|>",
+                                              "<|message|>",
+                                              "<|start|>",
+                                              "<|end|>",
+                                              "<|call|>",
+                                              "<|return|>",
+                                              "<|constrain|>",
+                                              "<|",
+                                              "analysis",
+                                              "final",
+                                              " to=functions.f",
+                                              " json"};
   std::mt19937 rng(7);
   const std::vector<ChatOutputOptions> configurations = allConfigurations();
   for (int sample = 0; sample < 300; ++sample) {

@@ -250,6 +250,62 @@ TEST_F(ChatResponseTest, StreamedDeltasJoinToTheNonStreamedMessage) {
   EXPECT_EQ(content, whole["choices"][0]["message"].value("content", ""));
 }
 
+// gpt-oss (harmony): the markers are special tokens, so the request keeps
+// them in its text whatever the client asked; the channels become
+// reasoning, content and calls; a schema holds from the first token (no
+// grammar writes the special tokens that end harmony's reasoning) and a
+// forced call is refused naming tool_choice.
+TEST_F(ChatResponseTest, HarmonyKeepsSpecialTokensAndReadsTheChannels) {
+  ServerLimits harmony = limits(false);
+  harmony.chat_output.reasoning_parser = protocol::ReasoningParserKind::kOpenAiGptOss;
+  harmony.chat_output.tool_call_parser = protocol::ToolCallParserKind::kOpenAi;
+  const ParsedRequest parsed =
+      parse(body({{"tools", weatherTools()}, {"skip_special_tokens", true}}), harmony);
+  EXPECT_FALSE(parsed.request.sampling.skip_special_tokens);
+  ASSERT_TRUE(parsed.chat_output.has_value());
+  EXPECT_TRUE(parsed.chat_output->harmony());
+  EXPECT_TRUE(
+      parse(body({{"skip_special_tokens", true}}), limits()).request.sampling.skip_special_tokens);
+  // Without tools offered the channels are still read.
+  const ParsedRequest no_tools = parse(body(), harmony);
+  ASSERT_TRUE(no_tools.chat_output.has_value());
+  EXPECT_TRUE(no_tools.chat_output->harmony());
+  EXPECT_FALSE(no_tools.chat_output->tool_call_parser.has_value());
+  EXPECT_FALSE(no_tools.request.sampling.skip_special_tokens);
+
+  const std::string text =
+      "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>"
+      "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+  const json response = chatCompletionResponse(
+      makeResponseMeta(parsed, "h1", 0), output(text, protocol::FinishReason::kStop), *tokenizer_);
+  const json& choice = response["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << response.dump();
+  EXPECT_EQ(choice["message"]["reasoning_content"], "Weather needed.");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["id"], "chatcmpl-tool-0");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+
+  const json schema = {{"type", "json_schema"},
+                       {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
+  const ParsedRequest constrained = parse(body({{"response_format", schema}}), harmony);
+  ASSERT_TRUE(constrained.request.structured_output.has_value());
+  EXPECT_EQ(constrained.request.structured_output->after, "");
+
+  for (const json& choice_value :
+       {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    auto refused = parseChatCompletionRequest(
+        body({{"tools", weatherTools()}, {"tool_choice", choice_value}}).dump(), harmony,
+        *tokenizer_);
+    ASSERT_FALSE(refused.isOk()) << choice_value.dump();
+    EXPECT_EQ(refused.error().param, "tool_choice");
+    EXPECT_NE(refused.error().message.find("not supported with the openai tool-call parser"),
+              std::string::npos)
+        << refused.error().message;
+  }
+}
+
 // Real models' tokenizers and templates (tests/data/tokenizers): the chat
 // prompt is the rendered text encoded without added special tokens, so the
 // template's own BOS appears once and its special tokens are single ids.

@@ -21,7 +21,8 @@ constexpr auto kR1 = ReasoningParserKind::kDeepSeekR1;
 constexpr auto kQwen3 = ReasoningParserKind::kQwen3;
 
 TEST(ReasoningParserRegistry, KnownNamesResolve) {
-  EXPECT_EQ(reasoningParserNames(), (std::vector<std::string>{"deepseek_r1", "qwen3"}));
+  EXPECT_EQ(reasoningParserNames(),
+            (std::vector<std::string>{"deepseek_r1", "qwen3", "openai_gptoss"}));
   for (const std::string& name : reasoningParserNames()) {
     StatusOr<ReasoningParserKind> kind = reasoningParserFromName(name);
     ASSERT_TRUE(kind.isOk()) << name;
@@ -35,7 +36,7 @@ TEST(ReasoningParserRegistry, UnknownNameNamesTheAcceptedOnes) {
   EXPECT_EQ(kind.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(kind.status().message(),
             "unknown reasoning parser \"deepseek\" (--reasoning-parser); accepted: deepseek_r1, "
-            "qwen3");
+            "qwen3, openai_gptoss");
 }
 
 TEST(DeepSeekR1Reasoning, ThinkStartInPromptSplitsAtThinkEnd) {

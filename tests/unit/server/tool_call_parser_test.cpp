@@ -23,7 +23,7 @@ ToolCallSplit parse(ToolCallParserKind kind, std::string_view text) {
 }
 
 TEST(ToolCallParserRegistry, KnownNamesResolve) {
-  EXPECT_EQ(toolCallParserNames(), (std::vector<std::string>{"hermes", "llama3_json"}));
+  EXPECT_EQ(toolCallParserNames(), (std::vector<std::string>{"hermes", "llama3_json", "openai"}));
   for (const std::string& name : toolCallParserNames()) {
     StatusOr<ToolCallParserKind> kind = toolCallParserFromName(name);
     ASSERT_TRUE(kind.isOk()) << name;
@@ -37,7 +37,7 @@ TEST(ToolCallParserRegistry, UnknownNameNamesTheAcceptedOnes) {
   EXPECT_EQ(kind.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(kind.status().message(),
             "unknown tool call parser \"llama3\" (--tool-call-parser); accepted: hermes, "
-            "llama3_json");
+            "llama3_json, openai");
 }
 
 TEST(ToolCallIds, RandomIdsHaveTheOpenAiShape) {
