@@ -928,6 +928,73 @@ TEST(Server, ReportsItsComputeDeviceInHealthModelsAndMetrics) {
   EXPECT_EQ(agent.metric("tandem_device_info", "description=\"" + description + "\""), 1);
 }
 
+// gpt-oss writes OpenAI's harmony format: the agent reads its chat output
+// with the harmony parsers unless told otherwise, and says so in
+// /v1/models (the router takes them from there). The test model's greedy
+// output is plain text, outside the format: all of it is the message's
+// content, the same text /v1/completions gives for the rendered prompt. A
+// forced tool call is refused naming tool_choice; parsers of two formats
+// stop the agent at start naming both flags.
+TEST(Server, GptOssChatIsReadAsHarmonyByDefault) {
+  TempDir dir("tandem-server-gpt-oss");
+  tandem::tools::TestModelOptions options;
+  options.architecture = "GptOssForCausalLM";
+  tandem::tools::writeTestModel(options, dir.path());
+  Agent agent({}, dir.path());
+  auto models = agent.client()->Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json tandem = json::parse(models->body)["data"][0]["tandem"];
+  EXPECT_EQ(tandem["reasoning_parser"], "openai_gptoss");
+  EXPECT_EQ(tandem["tool_call_parser"], "openai");
+
+  const json tools = json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
+  const json messages = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+  int status = 0;
+  const json chat = agent.post("/v1/chat/completions",
+                               {{"model", "tiny"},
+                                {"messages", messages},
+                                {"tools", tools},
+                                {"max_tokens", 12},
+                                {"temperature", 0}},
+                               &status);
+  ASSERT_EQ(status, 200) << chat.dump();
+  const json& message = chat["choices"][0]["message"];
+  EXPECT_FALSE(message.contains("reasoning_content")) << message.dump();
+  EXPECT_FALSE(message.contains("tool_calls")) << message.dump();
+  const json tokens = agent.post(
+      "/tokenize", {{"model", "tiny"}, {"messages", messages}, {"add_generation_prompt", true}},
+      &status);
+  ASSERT_EQ(status, 200) << tokens.dump();
+  const json completion = agent.post(
+      "/v1/completions",
+      {{"model", "tiny"}, {"prompt", tokens["tokens"]}, {"max_tokens", 12}, {"temperature", 0}},
+      &status);
+  ASSERT_EQ(status, 200) << completion.dump();
+  EXPECT_EQ(message["content"], completion["choices"][0]["text"]);
+
+  const json refused = agent.post("/v1/chat/completions",
+                                  {{"model", "tiny"},
+                                   {"messages", messages},
+                                   {"tools", tools},
+                                   {"tool_choice", "required"},
+                                   {"max_tokens", 4}},
+                                  &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "tool_choice") << refused.dump();
+
+  try {
+    Agent mixed({"--reasoning-parser", "qwen3", "--tool-call-parser", "openai"}, dir.path());
+    ADD_FAILURE() << "an agent with parsers of two formats started";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("--tool-call-parser openai and --reasoning-parser qwen3 read different "
+                        "output formats"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 // A model served with a real SentencePiece-style tokenizer (Mistral 7B's, in
 // the legacy Llama format; the small preset has its 32,000 ids): /tokenize
 // and /detokenize give the reference's ids and text; a chat prompt starts
