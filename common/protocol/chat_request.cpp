@@ -94,7 +94,8 @@ Result<ordered_json> readToolCalls(const std::string& name, ordered_json calls) 
   return calls;
 }
 
-Result<ordered_json> readMessages(const ordered_json& root, ChatContentFormat format) {
+Result<ordered_json> readMessages(const ordered_json& root, ChatContentFormat format,
+                                  bool reasoning_as_thinking) {
   const ordered_json* messages = given(root, "messages");
   if (messages == nullptr) {
     return invalidRequest("messages is required (a non-empty array of {role, content} objects)",
@@ -126,6 +127,15 @@ Result<ordered_json> readMessages(const ordered_json& root, ChatContentFormat fo
       }
     } else if (calls == nullptr) {
       message.erase("tool_calls");  // null
+    }
+    if (assistant && reasoning_as_thinking && given(message, "thinking") == nullptr) {
+      for (const char* key : {"reasoning_content", "reasoning"}) {
+        const ordered_json* reasoning = given(message, key);
+        if (reasoning == nullptr) continue;
+        if (!reasoning->is_string()) return wrongType(name + "." + key, "a string", *reasoning);
+        if (!reasoning->get_ref<const std::string&>().empty()) message["thinking"] = *reasoning;
+        break;
+      }
     }
     const std::string content_name = name + ".content";
     const ordered_json* content = given(message, "content");
@@ -254,15 +264,15 @@ Result<bool> readBool(const ordered_json& root, const char* key, bool fallback) 
 
 }  // namespace
 
-Result<ChatTemplateInput> readChatInput(const ordered_json& root,
-                                        const ChatTemplate& chat_template) {
+Result<ChatTemplateInput> readChatInput(const ordered_json& root, const ChatTemplate& chat_template,
+                                        bool reasoning_as_thinking) {
   if (given(root, "chat_template") != nullptr) {
     return invalidRequest(
         "chat_template in the request is not supported; the model's own template is used",
         "chat_template");
   }
   ChatTemplateInput input;
-  auto messages = readMessages(root, chat_template.contentFormat());
+  auto messages = readMessages(root, chat_template.contentFormat(), reasoning_as_thinking);
   if (!messages.isOk()) return messages.error();
   input.messages = std::move(messages).value();
 
@@ -301,11 +311,12 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root,
 }
 
 Result<std::string> renderChatRequest(const ordered_json& root, const ChatTemplate* chat_template,
-                                      const std::atomic<bool>* cancel, std::string* template_time) {
+                                      const std::atomic<bool>* cancel, std::string* template_time,
+                                      bool reasoning_as_thinking) {
   if (chat_template == nullptr || !chat_template->hasTemplate()) {
     return invalidRequest(ChatTemplate::noTemplateMessage(), "messages");
   }
-  auto input = readChatInput(root, *chat_template);
+  auto input = readChatInput(root, *chat_template, reasoning_as_thinking);
   if (!input.isOk()) return input.error();
   jinja::RenderOptions options;
   options.cancel = cancel;

@@ -26,8 +26,16 @@ namespace tandem::server {
 
 // The template input for the request object `root` (parsed keeping key
 // order); `chat_template` decides how content parts are passed.
+// `reasoning_as_thinking` (the server reads gpt-oss's harmony output): an
+// assistant message's reasoning_content (or vLLM's newer name, reasoning),
+// a string, also reaches the template as `thinking`, the field gpt-oss's
+// template writes into the analysis channel, unless the message has one, as
+// vLLM's harmony input turns it into the analysis message. Other templates
+// see messages as sent (LFM2.5's reads `thinking` too, and transformers
+// does not map it).
 Result<ChatTemplateInput> readChatInput(const nlohmann::ordered_json& root,
-                                        const ChatTemplate& chat_template);
+                                        const ChatTemplate& chat_template,
+                                        bool reasoning_as_thinking = false);
 
 // The rendered prompt text for `root`. A null or empty `chat_template` (the
 // model has none) and a template failure are 400s; a template failure's
@@ -39,9 +47,11 @@ Result<ChatTemplateInput> readChatInput(const nlohmann::ordered_json& root,
 // naive: no zone) when given, else the clock's local time to the second;
 // `template_time`, when not null, receives the time shown in that form, so
 // that another server rendering the same request shows the same time.
+// `reasoning_as_thinking` as readChatInput's.
 Result<std::string> renderChatRequest(const nlohmann::ordered_json& root,
                                       const ChatTemplate* chat_template,
                                       const std::atomic<bool>* cancel = nullptr,
-                                      std::string* template_time = nullptr);
+                                      std::string* template_time = nullptr,
+                                      bool reasoning_as_thinking = false);
 
 }  // namespace tandem::server

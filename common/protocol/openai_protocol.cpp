@@ -792,7 +792,8 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& promp
 Result<std::string> renderMessages(const RequestJson& root, const ServerLimits& limits,
                                    const std::atomic<bool>* cancel,
                                    std::string* template_time = nullptr) {
-  return renderChatRequest(root, limits.chat_template.get(), cancel, template_time);
+  return renderChatRequest(root, limits.chat_template.get(), cancel, template_time,
+                           /*reasoning_as_thinking=*/limits.chat_output.harmony());
 }
 
 Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits& limits,

@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "common/protocol/chat_output.h"
+#include "common/protocol/chat_request.h"
 #include "common/protocol/chat_template.h"
 
 namespace tandem::protocol {
@@ -209,7 +210,7 @@ TEST(HarmonyChatOutput, ParsersArePairedOrRefused) {
 // have generated, and the parser must give the turn back.
 class HarmonyTemplateRoundTrip : public ::testing::Test {
  protected:
-  static std::string render(const ordered_json& messages, bool add_generation_prompt) {
+  static std::shared_ptr<const server::ChatTemplate> chatTemplate() {
     const std::filesystem::path file =
         std::filesystem::path(TANDEM_SOURCE_DIR) /
         "tests/data/chat_templates/templates/openai-gpt-oss-120b.jinja";
@@ -220,11 +221,16 @@ class HarmonyTemplateRoundTrip : public ::testing::Test {
         {{"default", text.str(), file.string()}},
         ordered_json{{"bos_token", "<|startoftext|>"}, {"eos_token", "<|return|>"}});
     EXPECT_TRUE(created.isOk()) << created.status().toString();
-    if (!created.isOk()) return "";
+    return created.isOk() ? *created : nullptr;
+  }
+
+  static std::string render(const ordered_json& messages, bool add_generation_prompt) {
+    const auto chat_template = chatTemplate();
+    if (chat_template == nullptr) return "";
     server::ChatTemplateInput input;
     input.messages = messages;
     input.add_generation_prompt = add_generation_prompt;
-    auto rendered = (*created)->render(input);
+    auto rendered = chat_template->render(input);
     if (auto* error = std::get_if<jinja::TemplateError>(&rendered)) {
       ADD_FAILURE() << error->describe();
       return "";
@@ -267,6 +273,43 @@ TEST_F(HarmonyTemplateRoundTrip, ToolCall) {
   ASSERT_EQ(output.tool_calls.size(), 1u) << text;
   EXPECT_EQ(output.tool_calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(output.tool_calls[0].arguments), json(arguments));
+}
+
+// A tool-calling loop: the client sends back the assistant turn it got
+// (content null, the reasoning as reasoning_content) and the tool's result.
+// Under harmony the reasoning reaches the template as `thinking`, so the
+// prompt holds the analysis that led to the call, as vLLM's harmony input
+// writes it; otherwise the message goes to the template as sent.
+TEST_F(HarmonyTemplateRoundTrip, ReasoningContentSentBackIsTheAnalysisBeforeTheCall) {
+  const ordered_json request = {
+      {"messages",
+       {{{"role", "user"}, {"content", "Weather in Paris?"}},
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"reasoning_content", "Need get_weather."},
+         {"tool_calls",
+          {{{"id", "call-0"},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "call-0"}, {"content", "18 C"}}}}};
+  const auto chat_template = chatTemplate();
+  ASSERT_NE(chat_template, nullptr);
+  const std::string analysis = "<|channel|>analysis<|message|>Need get_weather.<|end|>";
+  auto harmony = server::renderChatRequest(request, chat_template.get(), nullptr, nullptr,
+                                           /*reasoning_as_thinking=*/true);
+  ASSERT_TRUE(harmony.isOk()) << harmony.error().message;
+  EXPECT_NE(harmony.value().find(analysis + "<|start|>assistant to=functions.get_weather"),
+            std::string::npos)
+      << harmony.value();
+  auto plain = server::renderChatRequest(request, chat_template.get());
+  ASSERT_TRUE(plain.isOk()) << plain.error().message;
+  EXPECT_EQ(plain.value().find(analysis), std::string::npos) << plain.value();
+
+  ordered_json wrong = request;
+  wrong["messages"][1]["reasoning_content"] = 7;
+  auto refused = server::renderChatRequest(wrong, chat_template.get(), nullptr, nullptr, true);
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().param, "messages[1].reasoning_content");
 }
 
 }  // namespace
