@@ -19,10 +19,11 @@ ffn_gate_inp_shexp; llama.cpp neither renormalizes nor has dense layers
 there, so norm_topk_prob must be false, mlp_only_layers empty and
 decoder_sparse_step 1), and `gpt-oss` for GPT-OSS (its experts as
 transformers holds them in bf16 or f32, split into gate and up and
-transposed, with their biases; the router's bias; q/k/v and o_proj biases;
-the sinks as attn_sinks; llama.cpp's swiglu limit is 7 and its windows are
-on every other layer from the first, so swiglu_limit must be 7 and
-layer_types alternate so; MXFP4 experts are not written), and `granitemoe`
+transposed, or as published in MXFP4, split into gate and up and written as
+ggml's MXFP4 blocks, the same values; with their biases; the router's bias;
+q/k/v and o_proj biases; the sinks as attn_sinks; llama.cpp's swiglu limit
+is 7 and its windows are on every other layer from the first, so
+swiglu_limit must be 7 and layer_types alternate so), and `granitemoe`
 for Granite MoE (Granite's four scalars as attention.scale,
 embedding_scale, residual_scale and logit_scale; its stacked input_linear
 split into gate and up; q/k rows permuted as Llama's):
@@ -53,7 +54,8 @@ import sys
 
 import numpy as np
 
-SAFETENSORS_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4)}
+SAFETENSORS_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4),
+                      "U8": (np.uint8, 1)}
 
 
 def read_safetensors(path):
@@ -68,7 +70,8 @@ def read_safetensors(path):
             continue
         dtype = info["dtype"]
         if dtype not in SAFETENSORS_DTYPES:
-            sys.exit(f"tandem-to-gguf: tensor {name} has dtype {dtype}; accepted: BF16, F16, F32")
+            sys.exit(f"tandem-to-gguf: tensor {name} has dtype {dtype}; accepted: BF16, F16, F32, "
+                     "U8 (MXFP4 blocks and scales)")
         np_dtype, size = SAFETENSORS_DTYPES[dtype]
         begin, end = info["data_offsets"]
         shape = tuple(info["shape"])
@@ -92,6 +95,19 @@ def to_bf16_bits(dtype, array):
     bits = to_f32(dtype, array).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return rounded.astype(np.uint16)
+
+
+def ggml_mxfp4(blocks, scales):
+    """MXFP4 as published ([..., blocks, 16] bytes, element 2b in byte b's
+    low nibble and 2b + 1 in its high one; [..., blocks] E8M0 scales) as
+    ggml's block_mxfp4 rows: per block the scale byte, then 16 bytes whose
+    byte j holds element j (low nibble) and element j + 16 (high). Both give
+    an element the value E2M1(nibble) * 2^(scale - 127) (ggml doubles the
+    E2M1 table and halves the scale), so the matrix is the same."""
+    nibbles = np.stack((blocks & 0x0F, blocks >> 4), axis=-1).reshape(*blocks.shape[:-1], 32)
+    qs = nibbles[..., :16] | (nibbles[..., 16:] << 4)
+    packed = np.concatenate((scales[..., None], qs), axis=-1)
+    return np.ascontiguousarray(packed.reshape(*blocks.shape[:-2], blocks.shape[-2] * 17))
 
 
 def permute_rope_rows(matrix, num_heads):
@@ -333,19 +349,30 @@ def convert(model_dir, out_path, dtype):
 
     def gpt_oss_experts(i, block):
         # transformers' [experts, in, out] matrices, gate and up interleaved
-        # in the columns (gate the even ones), as [experts, out, in] each.
-        if block + "experts.gate_up_proj_blocks" in tensors:
-            sys.exit("tandem-to-gguf: MXFP4 experts; accepted: bf16 or f32 experts "
-                     "(tandem-model without --quantize mxfp4)")
+        # in the columns (gate the even ones), as [experts, out, in] each; or
+        # the published MXFP4 [experts, out, in / 32, 16] blocks, gate and up
+        # interleaved in the rows, as ggml MXFP4 rows.
         add_matrix(f"blk.{i}.ffn_gate_inp.weight", block + "router.weight")
         add_f32(f"blk.{i}.ffn_gate_inp.bias", block + "router.bias")
-        src_dtype, _, gate_up = take(block + "experts.gate_up_proj")
-        _, _, down = take(block + "experts.down_proj")
-        parts = {"gate": gate_up.transpose(0, 2, 1)[:, 0::2, :],
-                 "up": gate_up.transpose(0, 2, 1)[:, 1::2, :],
-                 "down": down.transpose(0, 2, 1)}
-        for part, data in parts.items():
-            add_stacked(f"blk.{i}.ffn_{part}_exps.weight", src_dtype, data)
+        if block + "experts.gate_up_proj_blocks" in tensors:
+            _, _, gate_up = take(block + "experts.gate_up_proj_blocks")
+            _, _, gate_up_scales = take(block + "experts.gate_up_proj_scales")
+            _, _, down = take(block + "experts.down_proj_blocks")
+            _, _, down_scales = take(block + "experts.down_proj_scales")
+            parts = {"gate": (gate_up[:, 0::2], gate_up_scales[:, 0::2]),
+                     "up": (gate_up[:, 1::2], gate_up_scales[:, 1::2]),
+                     "down": (down, down_scales)}
+            for part, (blocks, scales) in parts.items():
+                writer.add_tensor(f"blk.{i}.ffn_{part}_exps.weight", ggml_mxfp4(blocks, scales),
+                                  raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        else:
+            src_dtype, _, gate_up = take(block + "experts.gate_up_proj")
+            _, _, down = take(block + "experts.down_proj")
+            parts = {"gate": gate_up.transpose(0, 2, 1)[:, 0::2, :],
+                     "up": gate_up.transpose(0, 2, 1)[:, 1::2, :],
+                     "down": down.transpose(0, 2, 1)}
+            for part, data in parts.items():
+                add_stacked(f"blk.{i}.ffn_{part}_exps.weight", src_dtype, data)
         bias_dtype, _, gate_up_bias = take(block + "experts.gate_up_proj_bias")
         bias = to_f32(bias_dtype, gate_up_bias)
         writer.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(bias[:, 0::2]))
@@ -450,6 +477,10 @@ def convert(model_dir, out_path, dtype):
 def write_f32_model(model_dir, out_dir):
     """A Tandem model directory with the same weights widened to f32."""
     tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    packed = [name for name, (dtype, _, _) in tensors.items() if dtype == "U8"]
+    if packed:
+        sys.exit(f"tandem-to-gguf: {packed[0]} is MXFP4 (U8 blocks), which an f32 copy cannot "
+                 "hold as it is; accepted for --f32-model-dir: bf16, f16 or f32 weights")
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(model_dir):
         if name != "model.safetensors" and os.path.isfile(os.path.join(model_dir, name)):

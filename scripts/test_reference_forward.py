@@ -44,18 +44,13 @@ import tempfile
 import time
 import urllib.request
 
-try:
-    import numpy as np
-except ImportError:
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(candidate) and os.path.realpath(candidate) != os.path.realpath(
-                sys.executable) and subprocess.run(
-                    [candidate, "-c", "import numpy"], capture_output=True).returncode == 0:
-            os.execv(candidate, [candidate] + sys.argv)
-    sys.exit("test_reference_forward: no python3 with numpy (make deps installs python3-numpy)")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+
+import numpy_python  # noqa: E402
+
+numpy_python.ensure_numpy("test_reference_forward")
+import numpy as np  # noqa: E402
 
 import llama_cpp_compare as lcc  # noqa: E402
 
