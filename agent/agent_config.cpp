@@ -203,6 +203,10 @@ const std::vector<Row>& rows() {
               "before waiting requests that need them may take them (0: until the reader or the "
               "connector's abort_timeout_s)",
               &ServeOptions::kv_hold_yield_after_s),
+      flag("return_tokens_as_token_ids",
+           "logprobs name each token token_id:<id> rather than its text, unless the request's "
+           "return_tokens_as_token_ids says otherwise",
+           &ServeOptions::return_tokens_as_token_ids),
       flag("enable_fault_injection",
            "accept kv_connector_extra_config.fault_injection (tests only)",
            &ServeOptions::enable_fault_injection),

@@ -263,6 +263,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   if (Status paired = protocol::pairChatOutputParsers(server_config.chat_output); !paired.isOk()) {
     throw Error(paired.message());
   }
+  server_config.return_tokens_as_token_ids = o.return_tokens_as_token_ids;
   const protocol::GenerationDefaults& defaults = engine.generationConfig().defaults;
   if (o.generation_config == "auto" && !defaults.empty()) {
     server_config.generation_defaults = defaults;

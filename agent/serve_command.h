@@ -72,6 +72,9 @@ struct ServeOptions {
   double kv_hold_yield_after_s = 10.0;
   // kv_connector_extra_config.fault_injection is refused unless this is set.
   bool enable_fault_injection = false;
+  // vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:<id>"
+  // unless a request's return_tokens_as_token_ids says otherwise.
+  bool return_tokens_as_token_ids = false;
   int threads = 0;                // kernel threads; 0: all cores
   std::string device = "auto";    // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
   bool enforce_eager = false;     // never record decode steps (CUDA graphs)

@@ -465,6 +465,7 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   limits_.chat_template = config_.chat_template;
   limits_.chat_output = config_.chat_output;
   limits_.generation_defaults = config_.generation_defaults;
+  limits_.return_tokens_as_token_ids = config_.return_tokens_as_token_ids;
   metrics_.setDevice(kernels::deviceKindName(engine_.backend().kind()),
                      engine_.backend().description());
   if (const engine::StepProfile* profile = engine_.simulatedProfile()) {

@@ -49,6 +49,8 @@ struct ServerConfig {
   protocol::ChatOutputOptions chat_output;
   // What a request leaves out is taken from here (--generation-config).
   protocol::GenerationDefaults generation_defaults;
+  // --return-tokens-as-token-ids (ServerLimits::return_tokens_as_token_ids).
+  bool return_tokens_as_token_ids = false;
   // Begins the agent's drain (POST /admin/drain); null: the route answers
   // 400. Called on a worker thread; must return at once.
   std::function<void()> on_drain;

@@ -514,6 +514,8 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
 
   fields.readBool("stream", &parsed.stream);
   fields.readBool("return_token_ids", &parsed.return_token_ids);
+  parsed.return_tokens_as_token_ids = limits.return_tokens_as_token_ids;
+  fields.readBool("return_tokens_as_token_ids", &parsed.return_tokens_as_token_ids);
   if (const RequestJson* options = fields.readObject("stream_options")) {
     if (!parsed.stream) {
       fields.fail("stream_options is only allowed when stream is true", "stream_options");

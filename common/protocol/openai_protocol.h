@@ -153,6 +153,9 @@ struct ServerLimits {
   // The router's: a client's kv_transfer_params are not read (the router
   // sets its own and drops the client's, so they refuse nothing).
   bool ignore_kv_transfer_params = false;
+  // vLLM's --return-tokens-as-token-ids: the default of the request field
+  // return_tokens_as_token_ids.
+  bool return_tokens_as_token_ids = false;
 };
 
 struct ParsedRequest {
@@ -191,6 +194,10 @@ struct ParsedRequest {
   // Tandem extension (as vLLM's return_token_ids): each choice and stream
   // chunk also carries the generated token ids.
   bool return_token_ids = false;
+  // vLLM's return_tokens_as_token_ids (request field, else the server's
+  // default): logprobs name each token "token_id:<id>" instead of its text,
+  // so a token that is not text on its own (part of a character) is known.
+  bool return_tokens_as_token_ids = false;
   // The prompt as text: the string prompt or the rendered chat; empty when
   // the prompt was given as token ids.
   std::string prompt_text;
@@ -237,6 +244,7 @@ struct ResponseMeta {
   bool include_usage = false;
   bool continuous_usage = false;  // ParsedRequest::continuous_usage
   bool return_token_ids = false;
+  bool return_tokens_as_token_ids = false;  // ParsedRequest's
   bool skip_special_tokens = true;
   nlohmann::json kv_transfer_params;  // added to the final response when not null
   std::optional<protocol::ChatOutputOptions> chat_output;  // ParsedRequest::chat_output

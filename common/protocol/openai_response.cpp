@@ -71,6 +71,13 @@ json byteList(const std::string& bytes) {
   return list;
 }
 
+// A token as logprobs name it: its text (logprobTokenText), or
+// "token_id:<id>" under return_tokens_as_token_ids (vLLM's form).
+std::string tokenName(const ResponseMeta& meta, const Tokenizer& tokenizer, TokenId id) {
+  if (meta.return_tokens_as_token_ids) return "token_id:" + std::to_string(id);
+  return logprobTokenText(tokenizer, id);
+}
+
 // Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
 json chatLogprobs(const ResponseMeta& meta, const std::vector<protocol::GeneratedToken>& tokens,
                   const Tokenizer& tokenizer) {
@@ -79,11 +86,11 @@ json chatLogprobs(const ResponseMeta& meta, const std::vector<protocol::Generate
   for (const protocol::GeneratedToken& token : tokens) {
     json top = json::array();
     for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
-      top.push_back({{"token", logprobTokenText(tokenizer, token.top[i].token)},
+      top.push_back({{"token", tokenName(meta, tokenizer, token.top[i].token)},
                      {"logprob", reportedLogprob(token.top[i].logprob)},
                      {"bytes", byteList(tokenizer.tokenBytes(token.top[i].token))}});
     }
-    content.push_back({{"token", logprobTokenText(tokenizer, token.token)},
+    content.push_back({{"token", tokenName(meta, tokenizer, token.token)},
                        {"logprob", reportedLogprob(token.logprob)},
                        {"bytes", byteList(tokenizer.tokenBytes(token.token))},
                        {"top_logprobs", std::move(top)}});
@@ -150,10 +157,10 @@ json completionLogprobs(const ResponseMeta& meta,
                    {"text_offset", json::array()}};
   const auto num_top = static_cast<size_t>(meta.logprobs.value_or(0));
   for (const protocol::GeneratedToken& token : tokens) {
-    const std::string text = logprobTokenText(tokenizer, token.token);
+    const std::string text = tokenName(meta, tokenizer, token.token);
     json top = json::object();
     for (size_t i = 0; i < token.top.size() && i < num_top; ++i) {
-      const std::string key = logprobTokenText(tokenizer, token.top[i].token);
+      const std::string key = tokenName(meta, tokenizer, token.top[i].token);
       if (!top.contains(key)) top[key] = reportedLogprob(token.top[i].logprob);
     }
     if (!top.contains(text)) top[text] = reportedLogprob(token.logprob);
@@ -251,6 +258,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.include_usage = request.include_usage;
   meta.continuous_usage = request.continuous_usage;
   meta.return_token_ids = request.return_token_ids;
+  meta.return_tokens_as_token_ids = request.return_tokens_as_token_ids;
   meta.skip_special_tokens = request.request.sampling.skip_special_tokens;
   meta.kv_transfer_params = request.kv_transfer_params;
   meta.chat_output = request.chat_output;

@@ -657,6 +657,64 @@ TEST(Server, LogprobsMatchTheGreedyChoice) {
   }
 }
 
+// vLLM's return_tokens_as_token_ids (request field) and
+// --return-tokens-as-token-ids (the server's default): logprobs name each
+// token "token_id:<id>", the sampled one's id being the token_ids entry;
+// the values are those of the text form. A request's false overrides the
+// server's default.
+TEST(Server, ReturnTokensAsTokenIdsNamesTokensByTheirIds) {
+  Agent plain;
+  Agent by_id({"--return-tokens-as-token-ids"});
+  json body = greedy(randomPrompt(12, 21), 4);
+  body["logprobs"] = 2;
+  const json as_text = plain.post("/v1/completions", body);
+  body["return_tokens_as_token_ids"] = true;
+  const json asked = plain.post("/v1/completions", body);
+  body.erase("return_tokens_as_token_ids");
+  const json by_default = by_id.post("/v1/completions", body);
+  for (const json* out : {&asked, &by_default}) {
+    const json& choice = (*out)["choices"][0];
+    const std::vector<int> ids = tokenIds(*out);
+    ASSERT_EQ(ids, tokenIds(as_text));
+    ASSERT_EQ(choice["logprobs"]["tokens"].size(), ids.size()) << out->dump();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(choice["logprobs"]["tokens"][i], "token_id:" + std::to_string(ids[i]));
+      EXPECT_EQ(choice["logprobs"]["token_logprobs"][i],
+                as_text["choices"][0]["logprobs"]["token_logprobs"][i]);
+      for (const auto& [name, value] : choice["logprobs"]["top_logprobs"][i].items()) {
+        EXPECT_TRUE(std::regex_match(name, std::regex("token_id:[0-9]+"))) << name;
+      }
+    }
+  }
+  body["return_tokens_as_token_ids"] = false;
+  EXPECT_EQ(by_id.post("/v1/completions", body)["choices"][0]["logprobs"]["tokens"],
+            as_text["choices"][0]["logprobs"]["tokens"]);
+
+  const json chat =
+      by_id.post("/v1/chat/completions", {{"model", "tiny"},
+                                          {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                          {"max_tokens", 3},
+                                          {"temperature", 0},
+                                          {"logprobs", true},
+                                          {"top_logprobs", 2},
+                                          {"return_token_ids", true}});
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  const std::vector<int> ids = tokenIds(chat);
+  ASSERT_EQ(content.size(), ids.size()) << chat.dump();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(content[i]["token"], "token_id:" + std::to_string(ids[i]));
+    for (const json& top : content[i]["top_logprobs"]) {
+      EXPECT_TRUE(std::regex_match(top["token"].get<std::string>(), std::regex("token_id:[0-9]+")))
+          << top.dump();
+    }
+  }
+  int status = 0;
+  body["return_tokens_as_token_ids"] = "yes";
+  const json refused = plain.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "return_tokens_as_token_ids") << refused.dump();
+}
+
 TEST(Server, ChatCompletionsWholeAndStreamedAgree) {
   Agent agent;
   json body = {{"model", "tiny"},
