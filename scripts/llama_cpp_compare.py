@@ -354,6 +354,7 @@ class Reference:
         self.glm4_moe = self.arch == "Glm4MoeForCausalLM"
         self.sigmoid = self.glm4_moe
         self.gpt_oss = self.arch == "GptOssForCausalLM"
+        self.olmoe = self.arch == "OlmoeForCausalLM"
         # SmolLM3Config: no_rope_layers (1 rotates), else every 4th layer
         # (no_rope_layer_interval) does not.
         layers = c["num_hidden_layers"]
@@ -366,13 +367,14 @@ class Reference:
         self.gemma = self.arch == "Gemma3ForCausalLM" or self.gemma2
         self.qk_norm = (self.arch.startswith("Qwen3") or (self.gemma and not self.gemma2)
                         or (self.glm4_moe and c.get("use_qk_norm", False)))
-        self.qk_norm_whole = self.olmo2
+        self.qk_norm_whole = self.olmo2 or self.olmoe
         if self.arch == "MixtralForCausalLM":
             self.experts, self.block = c.get("num_local_experts", 8), "block_sparse_moe."
             self.names, self.normalize = ("w1", "w3", "w2"), True
-        elif self.arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+        elif self.arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "OlmoeForCausalLM"):
             self.experts = c.get("num_experts", c.get("num_local_experts",
-                                                     60 if self.arch.startswith("Qwen2") else 128))
+                                                     60 if self.arch.startswith("Qwen2")
+                                                     else 64 if self.olmoe else 128))
             self.block, self.names = "mlp.", ("gate_proj", "up_proj", "down_proj")
             self.normalize = bool(c.get("norm_topk_prob", False))
         elif self.glm4_moe:

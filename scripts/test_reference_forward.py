@@ -18,7 +18,9 @@ GLM-4.5 (sigmoid routing with a correction bias in groups, a routed scale, a
 shared expert, a dense first layer, q/k norms) and GPT-OSS (sinks, biased
 router and experts with the clamped activation; bf16 experts as
 transformers holds them and MXFP4 as published) and Granite MoE (Granite's
-scalars, stacked experts, softmax over the chosen logits) test models, Gemma 3
+scalars, stacked experts, softmax over the chosen logits) and OLMoE (q/k
+norms across the heads, 3 of 8 experts on every layer, not renormalized)
+test models, Gemma 3
 and Mistral rewritten as Gemma 3 4B and up and Mistral Small 3.1 are
 published (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration:
 a nested config, prefixed tensors, a vision tower to pass by), and fp8 Llama, Qwen3-MoE and Mixtral ones
@@ -65,7 +67,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                  "glm": "GlmForCausalLM", "glm4": "Glm4ForCausalLM",
                  "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
-                 "granitemoe": "GraniteMoeForCausalLM"}
+                 "granitemoe": "GraniteMoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 # config.json edits a "config=NAME" case applies: YaRN with each option off
 # its default (bounds not rounded, DeepSeek's mscale pair, a context 8 times
 # an original of 128, so the agent serves 1024 positions).
@@ -93,7 +95,7 @@ CASES = [("llama", None), ("gemma2", None), ("gemma3", None), ("gemma3", "vision
          ("glm", None), ("glm4", None),
          ("mixtral", None),
          ("qwen3_moe", None), ("qwen2_moe", None), ("glm4_moe", None), ("gpt_oss", None),
-         ("gpt_oss", "mxfp4"), ("granitemoe", None),
+         ("gpt_oss", "mxfp4"), ("granitemoe", None), ("olmoe", None),
          ("llama", "compressed-tensors:channel"), ("qwen3_moe", "fp8:block=16x32"),
          ("mixtral", "fp8")]
 

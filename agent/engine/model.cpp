@@ -669,11 +669,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
     }
     if (c.gptOss()) layer.sinks = source.vector(prefix + "self_attn.sinks", c.num_attention_heads);
     if (c.qk_norm) {
-      // OLMo 2 normalizes all heads of q (of k) as one vector.
+      // OLMo 2 and OLMoE normalize all heads of q (of k) as one vector.
       layer.q_norm =
-          source.vector(prefix + "self_attn.q_norm.weight", c.olmo2 ? q_size : c.head_dim);
+          source.vector(prefix + "self_attn.q_norm.weight", c.fullQkNorm() ? q_size : c.head_dim);
       layer.k_norm =
-          source.vector(prefix + "self_attn.k_norm.weight", c.olmo2 ? kv_size : c.head_dim);
+          source.vector(prefix + "self_attn.k_norm.weight", c.fullQkNorm() ? kv_size : c.head_dim);
     }
     if (c.gptOss()) {
       loadGptOssExperts(source, c, prefix, layer);

@@ -39,7 +39,8 @@ constexpr const char* kAcceptedArchitectures =
     "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text only), "
     "Phi3ForCausalLM, GraniteForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
     "GlmForCausalLM, Glm4ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GraniteMoeForCausalLM";
+    "Qwen3MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM, GraniteMoeForCausalLM, "
+    "OlmoeForCausalLM";
 // More experts than this is a corrupt or hostile config (the largest
 // published mixtures have 512, choosing at most 16 per token).
 constexpr int64_t kMaxExperts = 4096;
@@ -393,6 +394,7 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
   const bool is_qwen2_moe = config.qwen2Moe();
   const bool is_gpt_oss = config.gptOss();
   const bool is_granite_moe = config.graniteMoe();
+  const bool is_olmoe = config.olmoe();
   // transformers 5 writes Qwen3-MoE's num_experts as num_local_experts
   // (its attribute_map), and GLM-4.5's n_routed_experts likewise: either
   // is read.
@@ -406,6 +408,7 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
   config.num_experts = reader.boundedInt(experts_key,
                                          is_mixtral || is_granite_moe ? 8
                                          : is_qwen2_moe               ? 60
+                                         : is_olmoe                   ? 64
                                                                       : 128,
                                          kMaxExperts);
   config.num_experts_per_tok = reader.boundedInt("num_experts_per_tok",
@@ -424,6 +427,13 @@ void readExperts(const FieldReader& reader, const json& root, ModelConfig& confi
     config.moe_intermediate_size = config.intermediate_size;
     config.norm_topk_prob = true;
     if (is_gpt_oss) config.swiglu_limit = reader.positiveNumber("swiglu_limit", 7.0);
+    return;
+  }
+  if (is_olmoe) {
+    // Every layer a mixture of intermediate_size experts; OlmoeConfig's
+    // norm_topk_prob is false.
+    config.moe_intermediate_size = config.intermediate_size;
+    config.norm_topk_prob = reader.boolean("norm_topk_prob", false);
     return;
   }
   config.moe_intermediate_size = reader.boundedInt(
@@ -730,6 +740,7 @@ const char* modelTypeOf(const std::string& architecture, const std::string& sour
       {"Glm4ForCausalLM", "glm4"},
       {"Glm4MoeForCausalLM", "glm4_moe"},
       {"GptOssForCausalLM", "gpt_oss"},
+      {"OlmoeForCausalLM", "olmoe"},
   };
   for (const auto& [name, model_type] : kArchitectures) {
     if (architecture == name) return model_type;
@@ -804,6 +815,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   const bool is_glm4_moe = config.glm4Moe();
   const bool is_qwen2_moe = config.qwen2Moe();
   const bool is_gpt_oss = config.gptOss();
+  const bool is_olmoe = config.olmoe();
   const bool is_gemma2 = config.architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = config.architecture == "Gemma3ForCausalLM" ||
                          config.architecture == "Gemma3ForConditionalGeneration";
@@ -922,10 +934,11 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
   // GlmConfig's, MixtralConfig's, Phi3Config's, Olmo2Config's and
   // Glm4MoeConfig's own defaults differ from the others'.
   config.rms_norm_eps = reader.positiveNumber(
-      "rms_norm_eps",
-      config.glm ? 1.5625e-7
-      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 || is_glm4_moe || is_gpt_oss ? 1e-5
-                                                                                            : 1e-6);
+      "rms_norm_eps", config.glm ? 1.5625e-7
+                      : is_mixtral || is_phi3 || config.olmo2 || is_ministral3 || is_glm4_moe ||
+                              is_gpt_oss || is_olmoe
+                          ? 1e-5
+                          : 1e-6);
   config.rope_theta = reader.positiveNumber("rope_theta", is_mixtral || is_gemma3 ? 1e6
                                                           : is_smollm3            ? 2e6
                                                           : is_gpt_oss            ? 150000.0
@@ -993,7 +1006,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
       : is_qwen2 || is_qwen3 || is_qwen3_moe || is_smollm3 || is_qwen2_moe               ? 32768
       : is_mistral || is_mixtral || is_gemma3 || config.glm || is_glm4_moe || is_gpt_oss ? 131072
       : is_gemma2                                                                        ? 8192
-      : is_phi3                                                                          ? 4096
+      : is_phi3 || is_olmoe                                                              ? 4096
                                                                                          : 2048;
   config.max_position_embeddings =
       reader.boundedInt("max_position_embeddings", default_max_positions, kMaxPositionEmbeddings);
@@ -1022,7 +1035,7 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
                               : reader.boolean("attention_bias", config.glm || is_gpt_oss);
   // GLM-4.5's per-head q/k norms are optional (GLM-4.5 and 4.6 have them,
   // GLM-4.5-Air not).
-  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.olmo2 ||
+  config.qk_norm = is_qwen3 || is_qwen3_moe || is_gemma3 || config.fullQkNorm() ||
                    (is_glm4_moe && reader.boolean("use_qk_norm", false));
   if (is_gemma) readGemma(reader, root, is_gemma2, config);
   if (config.olmo3) {
@@ -1037,8 +1050,13 @@ ModelConfig ModelConfig::fromJsonText(const std::string& text, const std::string
     config.logits_scaling = reader.positiveNumber("logits_scaling", 1.0);
   }
   if (is_mixtral || is_qwen3_moe || is_glm4_moe || is_qwen2_moe || is_gpt_oss ||
-      config.graniteMoe()) {
+      config.graniteMoe() || is_olmoe) {
     readExperts(reader, root, config);
+  }
+  // OLMoE's (and OLMo's) clip_qkv clamps q, k and v; the published OLMoE
+  // configs leave it null.
+  if (is_olmoe && reader.has("clip_qkv") && !root["clip_qkv"].is_null()) {
+    reader.fail("clip_qkv", "is set; clipping q/k/v is not supported (accepted: null)");
   }
   if (is_gpt_oss) {
     readLayerWindows(
@@ -1302,6 +1320,12 @@ std::string ModelConfig::toJsonText() const {
     root["topk_group"] = topk_group;
     root["first_k_dense_replace"] = first_k_dense_replace;
     root["use_qk_norm"] = qk_norm;
+  } else if (olmoe()) {
+    // Experts of intermediate_size on every layer, as OlmoeConfig holds them.
+    root["num_experts"] = num_experts;
+    root["num_experts_per_tok"] = num_experts_per_tok;
+    root["norm_topk_prob"] = norm_topk_prob;
+    root["clip_qkv"] = nullptr;
   }
   if (mxfp4()) {
     // As the published checkpoints give it.

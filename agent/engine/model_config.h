@@ -9,8 +9,9 @@
 // (docs/engine.md#olmo-2), Olmo3ForCausalLM (docs/engine.md#olmo-3),
 // SmolLM3ForCausalLM (docs/engine.md#smollm3), and the mixtures of experts
 // MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
-// Glm4MoeForCausalLM, GptOssForCausalLM and GraniteMoeForCausalLM
-// (docs/engine.md#mixture-of-experts, docs/engine.md#gpt-oss).
+// Glm4MoeForCausalLM, GptOssForCausalLM, GraniteMoeForCausalLM and
+// OlmoeForCausalLM (docs/engine.md#mixture-of-experts,
+// docs/engine.md#gpt-oss, docs/engine.md#olmoe).
 // Missing optional fields take the defaults of the Hugging Face
 // transformers class of that architecture.
 #pragma once
@@ -205,6 +206,13 @@ struct ModelConfig {
   // are stacked (block_sparse_moe.input_linear: gate rows then up rows;
   // output_linear) and its router is block_sparse_moe.router.layer.
   bool graniteMoe() const { return architecture == "GraniteMoeForCausalLM"; }
+  // OlmoeForCausalLM (AllenAI OLMoE-1B-7B): Llama's pre-norm layers with q
+  // and k normalized across all their heads at once (as OLMo 2's,
+  // fullQkNorm), every layer a mixture of num_experts experts of
+  // intermediate_size weighted by the softmax over all router logits
+  // (renormalized over the chosen ones only when norm_topk_prob, false by
+  // default), Qwen3-MoE's tensor names.
+  bool olmoe() const { return architecture == "OlmoeForCausalLM"; }
   double swiglu_limit = 7.0;
   int64_t sharedExpertWidth() const {
     return qwen2Moe() ? shared_expert_intermediate_size : n_shared_experts * moe_intermediate_size;
@@ -240,6 +248,9 @@ struct ModelConfig {
   // normalized across all their heads at once (q_norm of num_heads x
   // head_dim weights) before RoPE.
   bool olmo2 = false;
+  // q_norm and k_norm span all heads of q (of k) as one vector: OLMo 2's,
+  // OLMo 3's and OLMoE's (qk_norm is set too).
+  bool fullQkNorm() const { return olmo2 || olmoe(); }
   // Olmo3ForCausalLM (AllenAI OLMo 3): OLMo 2's arithmetic (olmo2 is set
   // too) with a window on the layers layer_types marks (Olmo3Config's
   // default: all but every 4th), which rotate unscaled (their

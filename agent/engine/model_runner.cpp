@@ -754,7 +754,7 @@ void ModelRunner::issueStep(int64_t rows, int64_t sequences, float* logits) {
       if (lw.q_bias != nullptr) b.addBias(q_.data(), lw.q_bias, rows, q_width);
       if (lw.k_bias != nullptr) b.addBias(k_.data(), lw.k_bias, rows, kv_width);
       if (lw.v_bias != nullptr) b.addBias(v_.data(), lw.v_bias, rows, kv_width);
-      if (lw.q_norm != nullptr && config.olmo2) {
+      if (lw.q_norm != nullptr && config.fullQkNorm()) {
         // Across all heads of a row at once.
         b.rmsNorm(q_.data(), lw.q_norm, rows, q_width, eps, q_.data());
         b.rmsNorm(k_.data(), lw.k_norm, rows, kv_width, eps, k_.data());

@@ -1605,6 +1605,12 @@ TEST_F(RouterTest, GraniteMoeIsDisaggregatedExactly) {
   expectArchitectureDisaggregatedExactly("GraniteMoeForCausalLM", 37);
 }
 
+// OLMoE (docs/engine.md#olmoe): q/k norms across the heads, a mixture on
+// every layer; its KV moves P->D exactly.
+TEST_F(RouterTest, OlmoeIsDisaggregatedExactly) {
+  expectArchitectureDisaggregatedExactly("OlmoeForCausalLM", 41);
+}
+
 // Qwen2-MoE: q/k/v biases, a shared expert weighed by its sigmoid gate,
 // every second layer a mixture; its KV moves P->D exactly.
 TEST_F(RouterTest, Qwen2MoeIsDisaggregatedExactly) {

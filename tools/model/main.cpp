@@ -6,7 +6,7 @@
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
 //                [--arch llama|mistral|ministral3|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|
 //                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen2_moe|qwen3_moe|glm4_moe|
-//                gpt_oss|granitemoe]
+//                gpt_oss|granitemoe|olmoe]
 //                [--quantize fp8[:tensor|:block[=RxC]]|compressed-tensors[:...]]
 //                [--kv-cache-scales] [--rope-scaling yarn]
 //   tandem-model fetch hf://org/name[@revision] (--dir DIR | --cache-dir ROOT)
@@ -191,10 +191,11 @@ int main(int argc, char** argv) {
                  "preset's rotary scaling (docs/engine.md#yarn)")
       ->check(CLI::IsMember({"yarn"}));
   app.add_option("--arch", arch, "architecture")
-      ->check(CLI::IsMember(
-          {"llama", "mistral", "ministral3", "qwen2",     "qwen3",    "gemma2",  "gemma3",
-           "phi3",  "phi4",    "granite",    "olmo2",     "olmo3",    "smollm3", "glm",
-           "glm4",  "mixtral", "qwen2_moe",  "qwen3_moe", "glm4_moe", "gpt_oss", "granitemoe"}));
+      ->check(
+          CLI::IsMember({"llama",    "mistral", "ministral3", "qwen2",   "qwen3",     "gemma2",
+                         "gemma3",   "phi3",    "phi4",       "granite", "olmo2",     "olmo3",
+                         "smollm3",  "glm",     "glm4",       "mixtral", "qwen2_moe", "qwen3_moe",
+                         "glm4_moe", "gpt_oss", "granitemoe", "olmoe"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -236,6 +237,7 @@ int main(int argc, char** argv) {
       {"glm4_moe", "Glm4MoeForCausalLM"},
       {"gpt_oss", "GptOssForCausalLM"},
       {"granitemoe", "GraniteMoeForCausalLM"},
+      {"olmoe", "OlmoeForCausalLM"},
       {"gemma3", "Gemma3ForCausalLM"},
       {"gemma2", "Gemma2ForCausalLM"},
       {"phi3", "Phi3ForCausalLM"},

@@ -511,6 +511,19 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     config.norm_topk_prob = true;
     config.swiglu_limit = preset == "tiny" ? 0.75 : 7.0;
   }
+  if (architecture == "OlmoeForCausalLM") {
+    // OLMoE: pre-norm layers with q/k norms across the heads, every layer
+    // a mixture of intermediate_size experts weighted by the softmax over
+    // all router logits, not renormalized (OLMoE-1B-7B's 64 choosing 8,
+    // narrower here, half the hidden size's width as OLMoE's 1,024 of 2,048
+    // at small).
+    config.qk_norm = true;
+    config.intermediate_size = preset == "tiny" ? 48 : config.intermediate_size / 4;
+    config.num_experts = preset == "tiny" ? 8 : preset == "small" ? 32 : 64;
+    config.num_experts_per_tok = preset == "tiny" ? 3 : 8;
+    config.moe_intermediate_size = config.intermediate_size;
+    config.norm_topk_prob = false;
+  }
   if (architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM") {
     // OLMo 2's norms after attention and the MLP, and q/k norms across the
     // heads.
@@ -819,10 +832,10 @@ void writeWeights(const ModelConfig& config, DType dtype, uint64_t seed,
     if (config.qk_norm) {
       // OLMo 2's span all heads.
       const float center = config.gemma ? 0.0f : 1.0f;
-      vector(prefix + "self_attn.q_norm.weight", config.olmo2 ? q_size : config.head_dim, center,
-             kNormNoise);
-      vector(prefix + "self_attn.k_norm.weight", config.olmo2 ? kv_size : config.head_dim, center,
-             kNormNoise);
+      vector(prefix + "self_attn.q_norm.weight", config.fullQkNorm() ? q_size : config.head_dim,
+             center, kNormNoise);
+      vector(prefix + "self_attn.k_norm.weight", config.fullQkNorm() ? kv_size : config.head_dim,
+             center, kNormNoise);
     }
     if (config.gptOss()) {
       gptOssExperts(config, prefix, tensors);

@@ -135,8 +135,8 @@ TEST(Bf16ComputeCpuBackendTest, FusedProjectionsGiveTheBitsOfSeparateMatmuls) {
        {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
         "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
         "Ministral3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
-        "GraniteMoeForCausalLM"}) {
+        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM", "GraniteMoeForCausalLM",
+        "OlmoeForCausalLM"}) {
     ExactnessChecks checks(::tandem::testing::exactnessModel(architecture, DType::kBF16), backend,
                            DType::kBF16);
     EXPECT_TRUE(checks.fusedProjectionsMatchSeparate()) << architecture;
@@ -415,6 +415,8 @@ std::vector<Param> params() {
       {"GptOssForCausalLM", DType::kBF16, DType::kBF16},
       // Granite MoE: Granite's scalars around a mixture.
       {"GraniteMoeForCausalLM", DType::kBF16, DType::kF32},
+      // OLMoE: q/k norms across the heads, a mixture on every layer.
+      {"OlmoeForCausalLM", DType::kBF16, DType::kBF16},
   };
   std::vector<Param> out;
   for (kernels::DeviceKind kind : ::tandem::testing::availableDeviceKinds()) {
@@ -428,6 +430,7 @@ std::vector<Param> params() {
                             variant.architecture == "Glm4MoeForCausalLM" ||
                             variant.architecture == "GptOssForCausalLM" ||
                             variant.architecture == "GraniteMoeForCausalLM" ||
+                            variant.architecture == "OlmoeForCausalLM" ||
                             variant.architecture == "Qwen2MoeForCausalLM" ||
                             variant.architecture == "Gemma2ForCausalLM" ||
                             variant.architecture == "Gemma3ForCausalLM" ||

@@ -1467,7 +1467,7 @@ void expectAloneBatchedSpeculatedAndCachedAlike(const std::filesystem::path& mod
 TEST(EngineMixture, AloneBatchedSpeculatedAndCachedGiveTheSameBits) {
   for (const char* architecture :
        {"Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
-        "GraniteMoeForCausalLM"}) {
+        "GraniteMoeForCausalLM", "OlmoeForCausalLM"}) {
     SCOPED_TRACE(architecture);
     ::tandem::testing::TempDir dir("tandem-engine-moe");
     tools::TestModelOptions options;

@@ -170,7 +170,7 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         "Qwen3ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "Olmo2ForCausalLM",
         "Olmo3ForCausalLM", "SmolLM3ForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
         "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
-        "GptOssForCausalLM", "GraniteMoeForCausalLM"}) {
+        "GptOssForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM"}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(std::string(architecture) + " " + dtypeShortName(dtype));
       TempDir dir;
@@ -231,11 +231,11 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         EXPECT_EQ(layer.v_bias.size(), qwen2 ? static_cast<size_t>(32) : 0u);
         EXPECT_EQ(layer.o_bias.size(), c.gptOss() ? static_cast<size_t>(c.hidden_size) : 0u);
         EXPECT_EQ(layer.sinks.size(), c.gptOss() ? static_cast<size_t>(4) : 0u);
-        // OLMo 2's q/k norms span the heads (4 x 16 and 2 x 16); it has
-        // no input norm, and a norm after the MLP.
-        const bool olmo2 = std::string(architecture).starts_with("Olmo");
-        EXPECT_EQ(layer.q_norm.size(), qwen3 ? 16u : olmo2 ? 64u : 0u);
-        EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : olmo2 ? 32u : 0u);
+        // OLMo 2's and OLMoE's q/k norms span the heads (4 x 16 and 2 x
+        // 16); OLMo 2 has no input norm, and a norm after the MLP.
+        const bool olmo2 = c.olmo2;
+        EXPECT_EQ(layer.q_norm.size(), qwen3 ? 16u : c.fullQkNorm() ? 64u : 0u);
+        EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : c.fullQkNorm() ? 32u : 0u);
         EXPECT_EQ(layer.input_layernorm.size(), olmo2 ? 0u : static_cast<size_t>(c.hidden_size));
         // GLM-4's sandwich: a norm before the MLP and one after it.
         EXPECT_EQ(layer.post_feedforward_layernorm.size(),
@@ -2716,6 +2716,51 @@ TEST(ModelConfigParsing, GraniteMoeReadsItsScalarsAndMixture) {
                   "num_local_experts (8), got 9");
 }
 
+// AllenAI's OLMoE-1B-7B-0924 config.json: every layer a mixture of 64
+// experts of intermediate_size choosing 8, not renormalized; q/k norms
+// across the heads (fullQkNorm) with Llama's pre-norm layers (not OLMo 2's
+// norm places). clip_qkv other than null is refused naming the field.
+TEST(ModelConfigParsing, OlmoeReadsItsMixtureAndWholeQkNorms) {
+  const std::string published =
+      R"({"architectures": ["OlmoeForCausalLM"], "attention_bias": false,
+          "attention_dropout": 0.0, "clip_qkv": null, "eos_token_id": 50279,
+          "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+          "intermediate_size": 1024, "max_position_embeddings": 4096, "model_type": "olmoe",
+          "norm_topk_prob": false, "num_attention_heads": 16, "num_experts": 64,
+          "num_experts_per_tok": 8, "num_hidden_layers": 16, "num_key_value_heads": 16,
+          "output_router_logits": false, "pad_token_id": 1, "rms_norm_eps": 1e-05,
+          "rope_scaling": null, "rope_theta": 10000.0, "router_aux_loss_coef": 0.01,
+          "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+          "vocab_size": 50304})";
+  const ModelConfig c = ModelConfig::fromJsonText(published, "config.json");
+  EXPECT_TRUE(c.olmoe());
+  EXPECT_EQ(c.model_type, "olmoe");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.fullQkNorm());
+  EXPECT_FALSE(c.olmo2) << "Llama's norm places";
+  EXPECT_FALSE(c.sandwichNorms());
+  EXPECT_EQ(c.num_experts, 64);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 1024);
+  EXPECT_FALSE(c.norm_topk_prob);
+  for (int64_t layer = 0; layer < 16; ++layer) EXPECT_TRUE(c.isMoeLayer(layer)) << layer;
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(ModelConfig::fromJsonText(c.toJsonText(), "config.json"), c);
+  // OlmoeConfig's defaults: 64 experts choosing 8.
+  const ModelConfig defaults =
+      ModelConfig::fromJsonText(smallConfig("OlmoeForCausalLM"), "config.json");
+  EXPECT_EQ(defaults.num_experts, 64);
+  EXPECT_EQ(defaults.num_experts_per_tok, 8);
+  EXPECT_NE(
+      defaults.computeDigest(),
+      ModelConfig::fromJsonText(smallConfig("Qwen3MoeForCausalLM"), "config.json").computeDigest());
+  EXPECT_CONTAINS(parseError(smallConfig("OlmoeForCausalLM", R"(, "clip_qkv": 8.0)")),
+                  "dir/config.json: field \"clip_qkv\" is set; clipping q/k/v is not supported "
+                  "(accepted: null)");
+}
+
 // gpt-oss-20b's config.json (gpt-oss-120b's differs in layers and experts).
 std::string gptOss20b() {
   std::string layer_types;
@@ -3143,13 +3188,13 @@ TEST(ModelConfigParsing, HfOverridesReplaceFieldsBeforeTheyAreRead) {
 TEST(ModelConfigParsing, JsonTextRoundTrips) {
   for (const std::string& preset : tools::presetNames()) {
     for (const char* architecture :
-         {"LlamaForCausalLM",    "MistralForCausalLM",   "Ministral3ForCausalLM",
-          "Qwen2ForCausalLM",    "Qwen3ForCausalLM",     "Gemma2ForCausalLM",
-          "Gemma3ForCausalLM",   "Phi3ForCausalLM",      "GraniteForCausalLM",
-          "Olmo2ForCausalLM",    "Olmo3ForCausalLM",     "SmolLM3ForCausalLM",
-          "GlmForCausalLM",      "Glm4ForCausalLM",      "MixtralForCausalLM",
-          "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",  "Glm4MoeForCausalLM",
-          "GptOssForCausalLM",   "GraniteMoeForCausalLM"}) {
+         {"LlamaForCausalLM",    "MistralForCausalLM",    "Ministral3ForCausalLM",
+          "Qwen2ForCausalLM",    "Qwen3ForCausalLM",      "Gemma2ForCausalLM",
+          "Gemma3ForCausalLM",   "Phi3ForCausalLM",       "GraniteForCausalLM",
+          "Olmo2ForCausalLM",    "Olmo3ForCausalLM",      "SmolLM3ForCausalLM",
+          "GlmForCausalLM",      "Glm4ForCausalLM",       "MixtralForCausalLM",
+          "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",   "Glm4MoeForCausalLM",
+          "GptOssForCausalLM",   "GraniteMoeForCausalLM", "OlmoeForCausalLM"}) {
       SCOPED_TRACE(preset + " " + architecture);
       ModelConfig config = tools::presetConfig(preset, architecture);
       const std::string text = config.toJsonText();

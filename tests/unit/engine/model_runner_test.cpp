@@ -423,7 +423,7 @@ std::vector<double> denseLogits(const Model& model, const std::vector<TokenId>& 
       addBias(q[t], lw.q_bias);
       addBias(k[t], lw.k_bias);
       addBias(v[t], lw.v_bias);
-      if (c.olmo2) {
+      if (c.fullQkNorm()) {
         denseRmsNorm(q[t], 0, nh * hd, lw.q_norm, c.rms_norm_eps);
         denseRmsNorm(k[t], 0, nkv * hd, lw.k_norm, c.rms_norm_eps);
       } else if (!lw.q_norm.empty()) {
@@ -1002,6 +1002,10 @@ INSTANTIATE_TEST_SUITE_P(
         // (As Granite's, f32 only: its scalars shrink an adapter's effect
         // below bf16's tolerance.)
         Variant{"GraniteMoeForCausalLM", DType::kBF16, DType::kF32},
+        // OLMoE: q/k norms across the heads before a mixture on every
+        // layer, weights not renormalized.
+        Variant{"OlmoeForCausalLM", DType::kBF16, DType::kF32},
+        Variant{"OlmoeForCausalLM", DType::kBF16, DType::kBF16, DType::kBF16},
         // fp8 checkpoints (docs/quantization.md): per-channel
         // scales, blocks splitting rows and columns, and one
         // scale per tensor under bf16 compute (fp8 matrices
