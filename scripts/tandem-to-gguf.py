@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS or Granite MoE model directory to GGUF.
+"""Converts a Tandem (Hugging Face layout) Llama, Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS, Granite MoE or OLMoE model directory to GGUF.
 
 Reads config.json, tokenizer.json and model.safetensors (header + data, no
 torch or safetensors package needed) and writes one GGUF file with llama.cpp's
@@ -23,7 +23,11 @@ transposed, or as published in MXFP4, split into gate and up and written as
 ggml's MXFP4 blocks, the same values; with their biases; the router's bias;
 q/k/v and o_proj biases; the sinks as attn_sinks; llama.cpp's swiglu limit
 is 7 and its windows are on every other layer from the first, so
-swiglu_limit must be 7 and layer_types alternate so), and `granitemoe`
+swiglu_limit must be 7 and layer_types alternate so), `olmoe` for OLMoE
+(q/k norms across the heads, halves rotating as Hugging Face does; llama.cpp
+neither renormalizes nor scales the rotary frequencies there, and its k norm
+spans all query heads, so norm_topk_prob must be false, rope_scaling null
+and num_key_value_heads num_attention_heads, as published), and `granitemoe`
 for Granite MoE (Granite's four scalars as attention.scale,
 embedding_scale, residual_scale and logit_scale; its stacked input_linear
 split into gate and up; q/k rows permuted as Llama's):
@@ -192,7 +196,7 @@ def convert(model_dir, out_path, dtype):
     archs = config.get("architectures", [])
     accepted = ["LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
                 "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM",
-                "GraniteMoeForCausalLM"]
+                "GraniteMoeForCausalLM", "OlmoeForCausalLM"]
     if len(archs) != 1 or archs[0] not in accepted:
         sys.exit(f"tandem-to-gguf: architectures {archs}; accepted: one of {accepted}")
     arch = archs[0]
@@ -200,6 +204,14 @@ def convert(model_dir, out_path, dtype):
     qwen2moe = arch == "Qwen2MoeForCausalLM"
     gptoss = arch == "GptOssForCausalLM"
     granitemoe = arch == "GraniteMoeForCausalLM"
+    olmoe = arch == "OlmoeForCausalLM"
+    if olmoe and (config.get("norm_topk_prob") or config.get("rope_scaling")
+                  or config.get("clip_qkv") is not None
+                  or config.get("num_key_value_heads", config["num_attention_heads"])
+                  != config["num_attention_heads"]):
+        sys.exit("tandem-to-gguf: OLMoE with norm_topk_prob, rope_scaling, clip_qkv or grouped "
+                 "KV heads; accepted: norm_topk_prob false, rope_scaling and clip_qkv null, "
+                 "num_key_value_heads = num_attention_heads (llama.cpp's olmoe)")
     if config.get("attention_bias") and not (glm4moe or qwen2moe or gptoss):
         sys.exit("tandem-to-gguf: attention_bias is true; accepted: false (GLM-4.5, "
                  "Qwen2-MoE, GPT-OSS: true)")
@@ -234,6 +246,7 @@ def convert(model_dir, out_path, dtype):
                int(config.get("num_local_experts", 8)) if mixtral else
                int(config.get("num_local_experts", 128)) if gptoss else
                int(config.get("num_local_experts", 8)) if granitemoe else
+               int(config.get("num_experts", 64)) if olmoe else
                int(config.get("n_routed_experts", config.get("num_local_experts", 128)))
                if glm4moe else
                int(config.get("num_experts", config.get("num_local_experts",
@@ -257,7 +270,7 @@ def convert(model_dir, out_path, dtype):
     tmp = out_path + ".tmp"
     writer = gguf.GGUFWriter(tmp, "glm4moe" if glm4moe else "qwen3moe" if qwen3moe else
                              "qwen2moe" if qwen2moe else "gpt-oss" if gptoss else
-                             "granitemoe" if granitemoe else "llama")
+                             "granitemoe" if granitemoe else "olmoe" if olmoe else "llama")
     writer.add_name(os.path.basename(os.path.normpath(model_dir)))
     writer.add_context_length(int(config["max_position_embeddings"]))
     writer.add_embedding_length(hidden)
@@ -299,7 +312,7 @@ def convert(model_dir, out_path, dtype):
     writer.add_rope_freq_base(float(config.get(
         "rope_theta", 1e6 if mixtral else 150000.0 if gptoss else 10000.0)))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps",
-                                                   1e-5 if mixtral or glm4moe or gptoss
+                                                   1e-5 if mixtral or glm4moe or gptoss or olmoe
                                                    else 1e-6)))
     writer.add_vocab_size(int(config["vocab_size"]))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if dtype == "bf16"
@@ -412,7 +425,7 @@ def convert(model_dir, out_path, dtype):
     for i in range(layers):
         p = f"model.layers.{i}."
         add_f32(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight")
-        halves = qwen3moe or glm4moe or qwen2moe or gptoss
+        halves = qwen3moe or glm4moe or qwen2moe or gptoss or olmoe
         add_matrix(f"blk.{i}.attn_q.weight", p + "self_attn.q_proj.weight",
                    None if halves else heads)
         add_matrix(f"blk.{i}.attn_k.weight", p + "self_attn.k_proj.weight",
@@ -426,7 +439,7 @@ def convert(model_dir, out_path, dtype):
             if qkv_bias:
                 add_f32(f"blk.{i}.attn_output.bias", p + "self_attn.o_proj.bias")
             add_f32(f"blk.{i}.attn_sinks.weight", p + "self_attn.sinks")
-        if qwen3moe or (glm4moe and config.get("use_qk_norm")):
+        if qwen3moe or olmoe or (glm4moe and config.get("use_qk_norm")):
             add_f32(f"blk.{i}.attn_q_norm.weight", p + "self_attn.q_norm.weight")
             add_f32(f"blk.{i}.attn_k_norm.weight", p + "self_attn.k_norm.weight")
         # llama.cpp's glm4moe names the norm before the MLP post_attention_norm.

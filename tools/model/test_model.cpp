@@ -516,8 +516,9 @@ ModelConfig baseConfig(const std::string& preset, const std::string& architectur
     // a mixture of intermediate_size experts weighted by the softmax over
     // all router logits, not renormalized (OLMoE-1B-7B's 64 choosing 8,
     // narrower here, half the hidden size's width as OLMoE's 1,024 of 2,048
-    // at small).
+    // at small); no grouped KV heads, as published.
     config.qk_norm = true;
+    config.num_key_value_heads = config.num_attention_heads;
     config.intermediate_size = preset == "tiny" ? 48 : config.intermediate_size / 4;
     config.num_experts = preset == "tiny" ? 8 : preset == "small" ? 32 : 64;
     config.num_experts_per_tok = preset == "tiny" ? 3 : 8;

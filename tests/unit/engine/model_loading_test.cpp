@@ -234,8 +234,9 @@ TEST(ModelLoading, LoadsTinyForEveryArchitectureAndDtype) {
         // OLMo 2's and OLMoE's q/k norms span the heads (4 x 16 and 2 x
         // 16); OLMo 2 has no input norm, and a norm after the MLP.
         const bool olmo2 = c.olmo2;
+        // (OLMoE's 4 x 16 each: no grouped KV heads, as published.)
         EXPECT_EQ(layer.q_norm.size(), qwen3 ? 16u : c.fullQkNorm() ? 64u : 0u);
-        EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : c.fullQkNorm() ? 32u : 0u);
+        EXPECT_EQ(layer.k_norm.size(), qwen3 ? 16u : c.olmoe() ? 64u : c.fullQkNorm() ? 32u : 0u);
         EXPECT_EQ(layer.input_layernorm.size(), olmo2 ? 0u : static_cast<size_t>(c.hidden_size));
         // GLM-4's sandwich: a norm before the MLP and one after it.
         EXPECT_EQ(layer.post_feedforward_layernorm.size(),
