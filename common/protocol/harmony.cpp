@@ -1,7 +1,6 @@
 #include "common/protocol/harmony.h"
 
 #include <algorithm>
-#include <initializer_list>
 
 #include "common/protocol/stream_text.h"
 
@@ -23,11 +22,8 @@ constexpr std::string_view kFunctions = "functions.";
 constexpr std::string_view kHeaderOpeners[] = {kChannel, kConstrain, kMessage, " to="};
 // What ends a message body; `<|start|>` also begins the next message.
 constexpr std::string_view kBodyEnds[] = {kEnd, kCall, kReturn, kStartMarker};
-
-bool startsWithAny(std::string_view text, std::initializer_list<std::string_view> tags) {
-  return std::any_of(tags.begin(), tags.end(),
-                     [text](std::string_view tag) { return startsWith(text, tag); });
-}
+// The markers that end a message without beginning another.
+constexpr std::string_view kMessageEnds[] = {kEnd, kCall, kReturn};
 
 // Whether `text` is a proper prefix of one of `tags` (more bytes may make it
 // one of them).
@@ -174,7 +170,7 @@ void HarmonyStream::drain(HarmonyPieces& out, bool at_end) {
         }
         // A stop marker kept in the text (include_stop_str_in_output) after
         // an `<|end|>`: nothing to add.
-        if (state_ == State::kBetween && startsWithAny(held_, {kEnd, kCall, kReturn})) {
+        if (state_ == State::kBetween && startsWithOne(held_, kMessageEnds)) {
           held_.erase(0, held_.find("|>") + 2);
           continue;
         }
