@@ -2,8 +2,6 @@
 
 #include <utility>
 
-#include "common/json_parse.h"
-
 namespace tandem::protocol {
 namespace {
 
@@ -23,11 +21,7 @@ ToolCall toolCallOf(HarmonyCall call, const ToolCallIdGenerator& next_id) {
   tool_call.name = std::move(call.name);
   tool_call.arguments = std::move(call.arguments);
   if (call.content_type.empty() || call.content_type.find("json") != std::string::npos) {
-    JsonParseError error;
-    if (auto json = parseOrderedJson(tool_call.arguments, error)) {
-      tool_call.arguments = json->dump(-1, ' ', /*ensure_ascii=*/false,
-                                       nlohmann::ordered_json::error_handler_t::replace);
-    }
+    if (auto compact = compactArguments(tool_call.arguments)) tool_call.arguments = *compact;
   }
   return tool_call;
 }

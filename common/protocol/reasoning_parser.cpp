@@ -1,5 +1,6 @@
 #include "common/protocol/reasoning_parser.h"
 
+#include "common/protocol/parser_registry.h"
 #include "common/protocol/stream_text.h"
 
 namespace tandem::protocol {
@@ -17,35 +18,24 @@ std::string_view dropLeadingThinkStart(std::string_view text) {
   return startsWith(text, kThinkStart) ? text.substr(kThinkStart.size()) : text;
 }
 
+// Every parser and its name, in the order error messages list them.
+constexpr ParserTable<ReasoningParserKind, 3> kParsers = {
+    {ReasoningParserKind::kDeepSeekR1, "deepseek_r1"},
+    {ReasoningParserKind::kQwen3, "qwen3"},
+    {ReasoningParserKind::kOpenAiGptOss, "openai_gptoss"},
+};
+
 }  // namespace
 
 const std::vector<std::string>& reasoningParserNames() {
-  static const std::vector<std::string> kNames = {"deepseek_r1", "qwen3", "openai_gptoss"};
+  static const std::vector<std::string> kNames = parserNames(kParsers);
   return kNames;
 }
 
-const char* reasoningParserName(ReasoningParserKind kind) {
-  switch (kind) {
-    case ReasoningParserKind::kDeepSeekR1:
-      return "deepseek_r1";
-    case ReasoningParserKind::kQwen3:
-      return "qwen3";
-    case ReasoningParserKind::kOpenAiGptOss:
-      return "openai_gptoss";
-  }
-  return "deepseek_r1";
-}
+const char* reasoningParserName(ReasoningParserKind kind) { return parserName(kParsers, kind); }
 
 StatusOr<ReasoningParserKind> reasoningParserFromName(std::string_view name) {
-  if (name == "deepseek_r1") return ReasoningParserKind::kDeepSeekR1;
-  if (name == "qwen3") return ReasoningParserKind::kQwen3;
-  if (name == "openai_gptoss") return ReasoningParserKind::kOpenAiGptOss;
-  std::string accepted;
-  for (const std::string& known : reasoningParserNames()) {
-    accepted += (accepted.empty() ? "" : ", ") + known;
-  }
-  return invalidArgument("unknown reasoning parser \"" + std::string(name) +
-                         "\" (--reasoning-parser); accepted: " + accepted);
+  return parserFromName(kParsers, name, "reasoning parser", "--reasoning-parser");
 }
 
 ReasoningSplit parseReasoning(const ReasoningOptions& options, std::string_view text) {

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "common/json_parse.h"
+#include "common/protocol/parser_registry.h"
 #include "common/protocol/stream_text.h"
 
 namespace tandem::protocol {
@@ -27,6 +28,12 @@ std::optional<ordered_json> parseOrderedJson(std::string_view text) {
   return tandem::parseOrderedJson(text, error);
 }
 
+// Arguments as every parser writes them: compact JSON, the model's key
+// order kept, invalid UTF-8 replaced.
+std::string argumentsText(const ordered_json& arguments) {
+  return arguments.dump(-1, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::replace);
+}
+
 // The call an object describes, or nullopt when it is not one: an object
 // with a string "name" and arguments under one of `argument_keys`; without
 // them, a call with {} when `arguments_optional` (hermes: the <tool_call> tag
@@ -44,8 +51,7 @@ std::optional<ToolCall> toolCallFromJson(const ordered_json& call,
   for (const char* key : argument_keys) {
     const auto arguments = call.find(key);
     if (arguments != call.end()) {
-      tool_call.arguments =
-          arguments->dump(-1, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::replace);
+      tool_call.arguments = argumentsText(*arguments);
       return tool_call;
     }
   }
@@ -153,35 +159,30 @@ std::optional<std::vector<ToolCall>> llamaCalls(std::string_view text, size_t at
   return calls;
 }
 
+// Every parser and its name, in the order error messages list them.
+constexpr ParserTable<ToolCallParserKind, 3> kParsers = {
+    {ToolCallParserKind::kHermes, "hermes"},
+    {ToolCallParserKind::kLlama3Json, "llama3_json"},
+    {ToolCallParserKind::kOpenAi, "openai"},
+};
+
 }  // namespace
 
 const std::vector<std::string>& toolCallParserNames() {
-  static const std::vector<std::string> kNames = {"hermes", "llama3_json", "openai"};
+  static const std::vector<std::string> kNames = parserNames(kParsers);
   return kNames;
 }
 
-const char* toolCallParserName(ToolCallParserKind kind) {
-  switch (kind) {
-    case ToolCallParserKind::kHermes:
-      return "hermes";
-    case ToolCallParserKind::kLlama3Json:
-      return "llama3_json";
-    case ToolCallParserKind::kOpenAi:
-      return "openai";
-  }
-  return "hermes";
-}
+const char* toolCallParserName(ToolCallParserKind kind) { return parserName(kParsers, kind); }
 
 StatusOr<ToolCallParserKind> toolCallParserFromName(std::string_view name) {
-  if (name == "hermes") return ToolCallParserKind::kHermes;
-  if (name == "llama3_json") return ToolCallParserKind::kLlama3Json;
-  if (name == "openai") return ToolCallParserKind::kOpenAi;
-  std::string accepted;
-  for (const std::string& known : toolCallParserNames()) {
-    accepted += (accepted.empty() ? "" : ", ") + known;
-  }
-  return invalidArgument("unknown tool call parser \"" + std::string(name) +
-                         "\" (--tool-call-parser); accepted: " + accepted);
+  return parserFromName(kParsers, name, "tool call parser", "--tool-call-parser");
+}
+
+std::optional<std::string> compactArguments(std::string_view text) {
+  std::optional<ordered_json> json = parseOrderedJson(text);
+  if (!json) return std::nullopt;
+  return argumentsText(*json);
 }
 
 std::string randomToolCallId() {

@@ -65,6 +65,10 @@ const char* toolCallParserName(ToolCallParserKind kind);
 // `unknown tool call parser "x" (--tool-call-parser); accepted: hermes, llama3_json, openai`.
 StatusOr<ToolCallParserKind> toolCallParserFromName(std::string_view name);
 
+// `text` re-serialised as the parsers write arguments (compact JSON, key
+// order kept); nullopt when it is not valid JSON or nests past the bound.
+std::optional<std::string> compactArguments(std::string_view text);
+
 // Returns a fresh tool call id each call.
 using ToolCallIdGenerator = std::function<std::string()>;
 // "chatcmpl-tool-" + 32 random lowercase hex digits.
