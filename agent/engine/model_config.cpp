@@ -1201,6 +1201,10 @@ std::string ModelConfig::toJsonText() const {
         {"high_freq_factor", rope_scaling.high_freq_factor},
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings},
     };
+  } else if (gptOss() || ministral3()) {
+    // Their readers give a missing (or null) rope_scaling their own YaRN
+    // defaults, so unscaled rotation is written as the explicit "default".
+    root["rope_scaling"] = {{"rope_type", "default"}};
   } else {
     root["rope_scaling"] = nullptr;
   }

@@ -2866,6 +2866,15 @@ TEST(ModelConfigParsing, GptOssReadsItsMixtureSinksWindowsAndMxfp4) {
   EXPECT_TRUE(full.sliding_layers.empty());
   EXPECT_EQ(full.sliding_window, 0);
   EXPECT_EQ(ModelConfig::fromJsonText(full.toJsonText(), "config.json"), full);
+  // Unscaled rotation stays unscaled through what tandem-model writes (a
+  // missing rope_scaling reads as the YaRN defaults).
+  for (const char* architecture : {"GptOssForCausalLM", "Ministral3ForCausalLM"}) {
+    const ModelConfig unscaled = ModelConfig::fromJsonText(
+        smallConfig(architecture, R"(, "rope_scaling": {"rope_type": "default"})"), "config.json");
+    EXPECT_EQ(unscaled.rope_scaling.type, RopeScaling::Type::kNone) << architecture;
+    EXPECT_EQ(ModelConfig::fromJsonText(unscaled.toJsonText(), "config.json"), unscaled)
+        << architecture;
+  }
 
   EXPECT_CONTAINS(parseError(smallConfig("GptOssForCausalLM", R"(, "swiglu_limit": 0)")),
                   "dir/config.json: field \"swiglu_limit\"");
