@@ -115,9 +115,10 @@ const std::vector<Row>& rows() {
       choice("kv_dtype", {"bf16", "f32", "fp8"},
              "KV cache dtype (fp8: e4m3 with the checkpoint's K/V scales, CPU)",
              &ServeOptions::kv_dtype),
-      choice("compute_dtype", {"f32", "bf16"},
+      choice("compute_dtype", {"auto", "f32", "bf16"},
              "what the GEMMs multiply: f32 (exact products) or bf16 (activations rounded to "
-             "bf16; CPU, bf16 weights)",
+             "bf16, for bf16 weights); auto: bf16 on CUDA (its tensor-core kernels), f32 on the "
+             "CPU",
              &ServeOptions::compute_dtype),
       integer("max_num_batched_tokens", 1, kMaxNumBatchedTokens, "tokens per step",
               &ServeOptions::max_num_batched_tokens),
@@ -216,16 +217,16 @@ const std::vector<Row>& rows() {
              &ServeOptions::device),
       flag("enforce_eager", "run every decode step as issued (no CUDA graphs)",
            &ServeOptions::enforce_eager),
-      flag("fuse_projections",
-           "compute Q/K/V and gate/up as one matmul each, with the CUDA fast kernels each "
-           "matmul's next step in its epilogue and its input made by the kernel before (the "
-           "same bits, fewer and wider launches)",
-           &ServeOptions::fuse_projections),
+      choice("fuse_projections", {"auto", "true", "false"},
+             "compute Q/K/V and gate/up as one matmul each, with the CUDA fast kernels each "
+             "matmul's next step in its epilogue and its input made by the kernel before (the "
+             "same bits, fewer and wider launches); auto: true on CUDA, false on the CPU",
+             &ServeOptions::fuse_projections),
       choice("cuda_kernels", {"auto", "reference", "fast", "flash"},
-             "CUDA kernels: auto (fast on CUDA), reference (the plain kernels the fast ones are "
-             "checked against), fast (same bits; decode GEMV, grouped attention, and the bf16 "
-             "tensor-core GEMMs --compute-dtype bf16 needs) or flash (fast, with tensor-core "
-             "attention over bf16 KV caches: its own bits, not yet run on a GPU)",
+             "CUDA kernels: auto (flash on CUDA), reference (the plain kernels the fast ones "
+             "are checked against), fast (same bits; decode GEMV, grouped attention, and the "
+             "bf16 tensor-core GEMMs --compute-dtype bf16 needs) or flash (fast, with "
+             "tensor-core attention over bf16 KV caches: its own bits)",
              &ServeOptions::cuda_kernels),
       text("simulate",
            "step profile YAML: simulate the forward pass, each step lasting what the profile "

@@ -131,7 +131,9 @@ int runServe(CLI::App& command, ServeOptions& o) {
   // --device says.
   config.device = o.simulate.empty() ? kernels::resolveDevice(o.device) : kernels::DeviceKind::kCpu;
   config.enforce_eager = o.enforce_eager;
-  config.fuse_projections = o.fuse_projections;
+  config.fuse_projections = o.fuse_projections == "auto"
+                                ? config.device == kernels::DeviceKind::kCuda
+                                : o.fuse_projections == "true";
   config.cuda_kernels =
       kernels::resolveCudaKernels(o.cuda_kernels, "--cuda-kernels", config.device);
   config.lora_modules = engine::parseLoraModuleSpecs(o.lora_modules);
@@ -149,7 +151,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
   config.num_blocks = o.num_blocks;
   config.kv_cache_memory_bytes = parseByteSize(o.kv_cache_memory, "--kv-cache-memory");
   config.kv_dtype = engine::kvDtypeFromName(o.kv_dtype);
-  config.compute_dtype = kernels::parseComputeDType(o.compute_dtype, "--compute-dtype");
+  config.compute_dtype = kernels::resolveComputeDType(o.compute_dtype, "--compute-dtype",
+                                                      config.device, config.cuda_kernels);
   config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   config.scheduler.max_num_seqs = o.max_num_seqs;
   config.scheduler.policy = engine::schedulingPolicyFromName(o.scheduling_policy);

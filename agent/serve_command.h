@@ -22,7 +22,7 @@ struct ServeOptions {
   std::string kv_cache_memory = "1GiB";
   int64_t num_blocks = 0;
   std::string kv_dtype = "bf16";
-  std::string compute_dtype = "f32";
+  std::string compute_dtype = "auto";  // auto (bf16 on CUDA, f32 on the CPU), f32, bf16
   int64_t max_num_batched_tokens = 2048;
   int64_t max_num_seqs = 64;
   // fcfs or priority (engine::SchedulingPolicy).
@@ -75,12 +75,13 @@ struct ServeOptions {
   // vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:<id>"
   // unless a request's return_tokens_as_token_ids says otherwise.
   bool return_tokens_as_token_ids = false;
-  int threads = 0;                // kernel threads; 0: all cores
-  std::string device = "auto";    // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
-  bool enforce_eager = false;     // never record decode steps (CUDA graphs)
-  bool fuse_projections = false;  // ModelRunnerOptions::fuse_projections
+  int threads = 0;              // kernel threads; 0: all cores
+  std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
+  bool enforce_eager = false;   // never record decode steps (CUDA graphs)
+  // ModelRunnerOptions::fuse_projections: auto (true on CUDA), true, false.
+  std::string fuse_projections = "auto";
   std::string cuda_kernels =
-      "auto";  // CUDA kernel set: auto (fast on CUDA), reference, fast, flash
+      "auto";  // CUDA kernel set: auto (flash on CUDA), reference, fast, flash
   // A step profile YAML: serve as a simulated agent (docs/simulation.md).
   std::string simulate;
   std::string config_path;

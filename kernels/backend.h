@@ -344,11 +344,12 @@ DeviceKind resolveDevice(const std::string& flag);
 // adds the decode GEMV over re-laid weights, grouped attention and the bf16
 // tensor-core GEMMs (needed for --compute-dtype bf16 on CUDA). f32 results
 // are the same bits either way (docs/cuda.md#kernel-sets). kFlash is kFast
-// with tensor-core (flash-style) attention over bf16 caches: its own bits,
-// the same invariance; not yet run on a GPU, so never the default.
+// with tensor-core (flash-style) attention over bf16 caches: its own bits
+// (part of the model identity), the same invariance; the default on CUDA
+// since it passed the gpu tests on an H200.
 enum class CudaKernels { kReference, kFast, kFlash };
 // Parses --cuda-kernels for a backend of `kind`: "auto" (the flags'
-// default: kFast on CUDA, kReference, which runs nothing, on the CPU),
+// default: kFlash on CUDA, kReference, which runs nothing, on the CPU),
 // "reference", "fast" or "flash" (an explicit "fast" or "flash" with the CPU
 // is then refused by makeBackend). Throws tandem::Error naming `flag` and
 // the accepted values.
@@ -364,20 +365,22 @@ struct BackendOptions {
   // (CudaBackendOptions::fused_launches); nothing elsewhere.
   bool fused_launches = false;
   // CUDA: Backend::applyRopeWith's kernel (CudaBackendOptions::
-  // rope_variants), off until it has run on a GPU; tests only.
-  bool rope_variants = false;
-  // The bf16 prefill GEMM's configuration, for measuring (tandem-bench
-  // engine --bf16-gemm-configs): CudaBackendOptions::bf16_gemm_config, one
-  // of kBf16GemmConfigs below.
-  int bf16_gemm_config = 0;
+  // rope_variants).
+  bool rope_variants = true;
+  // The bf16 prefill GEMM's configuration: CudaBackendOptions::
+  // bf16_gemm_config, one of kBf16GemmConfigs below; the others for
+  // measuring (tandem-bench engine --bf16-gemm-configs).
+  int bf16_gemm_config = 1;  // kBf16GemmServing
 };
 
 // The CUDA bf16 prefill GEMM's configurations (BackendOptions::
 // bf16_gemm_config): the pipelined mma.sync kernel's K step and depth
 // (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a). The same mma
-// chain in each; 0 is the one that serves.
+// chain, so the same bits, in each (an H200 compared them: docs/cuda.md);
+// kBf16GemmServing, the fastest there, is the one that serves.
 inline constexpr int kBf16GemmConfigs = 6;
 inline constexpr int kBf16GemmWgmma = 4;
+inline constexpr int kBf16GemmServing = 1;
 inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
     "K step 32, 3 stages", "K step 64, 3 stages",        "K step 64, 4 stages",
     "K step 32, 4 stages", "wgmma 128 x 128, K step 64", "wgmma 128 x 256, K step 64, overlapped"};
@@ -388,5 +391,11 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, const BackendOptions& opti
 // Parses a compute dtype flag ("f32" or "bf16", see Backend::setComputeDType);
 // throws tandem::Error naming `flag` and the accepted values.
 DType parseComputeDType(const std::string& text, const std::string& flag);
+// The agent's --compute-dtype: "auto" (its default) is bf16 where the CUDA
+// backend runs its tensor-core kernels (any set but kReference), f32
+// elsewhere (the CPU, whose bf16 compute is opt-in); otherwise as
+// parseComputeDType (docs/cuda.md#default-compute-dtype).
+DType resolveComputeDType(const std::string& text, const std::string& flag, DeviceKind kind,
+                          CudaKernels cuda_kernels);
 
 }  // namespace tandem::kernels

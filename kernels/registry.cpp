@@ -83,7 +83,7 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, const BackendOptions& back
 
 CudaKernels resolveCudaKernels(const std::string& text, const std::string& flag, DeviceKind kind) {
   if (text == "auto")
-    return kind == DeviceKind::kCuda ? CudaKernels::kFast : CudaKernels::kReference;
+    return kind == DeviceKind::kCuda ? CudaKernels::kFlash : CudaKernels::kReference;
   if (text == "reference") return CudaKernels::kReference;
   if (text == "fast") return CudaKernels::kFast;
   if (text == "flash") return CudaKernels::kFlash;
@@ -94,6 +94,16 @@ DType parseComputeDType(const std::string& text, const std::string& flag) {
   if (text == "f32") return DType::kF32;
   if (text == "bf16") return DType::kBF16;
   throw Error(flag + ": expected f32 or bf16, got '" + text + "'");
+}
+
+DType resolveComputeDType(const std::string& text, const std::string& flag, DeviceKind kind,
+                          CudaKernels cuda_kernels) {
+  if (text == "auto") {
+    return kind == DeviceKind::kCuda && cuda_kernels != CudaKernels::kReference ? DType::kBF16
+                                                                                : DType::kF32;
+  }
+  if (text == "f32" || text == "bf16") return parseComputeDType(text, flag);
+  throw Error(flag + ": expected auto, f32 or bf16, got '" + text + "'");
 }
 
 }  // namespace tandem::kernels

@@ -104,7 +104,7 @@ class CudaBackend final : public Backend {
     if (fast_kernels_)
       description_ += flash_attention_ ? ", fast kernels, flash attention" : ", fast kernels";
     if (fused_launches_) description_ += ", fused launches";
-    if (bf16_gemm_config_ != 0) {
+    if (bf16_gemm_config_ != kBf16GemmServing) {
       description_ += ", bf16 GEMM configuration " + std::to_string(bf16_gemm_config_);
       if (bf16_gemm_config_ >= kBf16GemmWgmma) description_ += " (wgmma)";
     }
@@ -780,7 +780,7 @@ class CudaBackend final : public Backend {
   bool unordered_decode_ = false;  // CudaBackendOptions::unordered_decode
   bool fused_launches_ = false;    // CudaBackendOptions::fused_launches
   bool rope_variants_ = false;     // CudaBackendOptions::rope_variants
-  int bf16_gemm_config_ = 0;       // CudaBackendOptions::bf16_gemm_config
+  int bf16_gemm_config_ = kBf16GemmServing;  // CudaBackendOptions::bf16_gemm_config
   uint64_t calls_ = 0;             // activate() calls so far
   // The last x written with its fragments (fragmentsFor), and the call
   // that wrote it or last read it.

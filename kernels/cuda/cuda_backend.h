@@ -39,18 +39,19 @@ struct CudaBackendOptions {
   // The same bits either way (docs/cuda.md#fused-projections).
   bool fused_launches = false;
   // applyRopeWith (partial rotary dims, LongRoPE's and YaRN's attention
-  // factor: norm_rope.cu's ropeKernel<true>). Never run on a GPU: off, so
-  // the runner refuses such models on CUDA, until it has passed the gpu
-  // tests there (docs/cuda.md#kernel-sets); the tests turn it on.
-  bool rope_variants = false;
+  // factor, GLM's neighbour pairs: norm_rope.cu's ropeKernel<true>). On
+  // since it passed the gpu tests on an H200 (docs/cuda.md#kernel-sets);
+  // off, the runner refuses such models on CUDA.
+  bool rope_variants = true;
   // The bf16 prefill GEMM's K step and pipeline depth (matmul_bf16_mma.cu's
-  // pipelined configurations, 0 .. 3; 0 the one that ran on an H200), or 4
+  // pipelined configurations, 0 .. 3; kBf16GemmServing, 1, the fastest on
+  // an H200, serves), or 4
   // and 5: its wgmma twins, 128 x 128 and 128 x 256 tiles
   // (matmul_bf16_wgmma.cu; compute capability 9.0 and a build for sm_90
   // only, refused otherwise). Every configuration runs the
   // same mma chain; tandem-bench engine --bf16-gemm-configs measures them
   // side by side and compares their bits.
-  int bf16_gemm_config = 0;
+  int bf16_gemm_config = 1;  // kBf16GemmServing
   // The most scratch the fast GEMV keeps for its chunk partials; a matmul
   // needing more runs its columns in slices, one launch pair each.
   size_t gemv_scratch_bytes = size_t{32} << 20;

@@ -571,8 +571,8 @@ void checkPoolsAgree(const std::vector<Document>& documents) {
     mismatch("spec.engine.kvDtype", pool.engine.kv_dtype.value_or("bf16"),
              reference.engine.kv_dtype.value_or("bf16"),
              "KV blocks move between pools of the same KV dtype only");
-    mismatch("spec.engine.computeDtype", pool.engine.compute_dtype.value_or("f32"),
-             reference.engine.compute_dtype.value_or("f32"),
+    mismatch("spec.engine.computeDtype", pool.engine.compute_dtype.value_or("auto"),
+             reference.engine.compute_dtype.value_or("auto"),
              "KV blocks move between pools of the same compute dtype only (it is part of the "
              "model identity)");
     mismatch("spec.engine.prefixCachingHash", pool.engine.prefix_caching_hash.value_or("xxhash"),

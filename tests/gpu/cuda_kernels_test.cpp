@@ -303,18 +303,18 @@ TEST_F(CudaKernelsTest, EmbeddingRopeAndGatherMatchCpu) {
   EXPECT_EQ(0, std::memcmp(gathered.data() + width, all.data() + 4 * width, width * sizeof(float)));
 }
 
-// applyRopeWith (CudaBackendOptions::rope_variants, off unless asked): the
-// first rotary_dim values of each head rotate as the CPU's kernel rotates
-// them (as halves, or as GLM's neighbour pairs), cos and sin times the
-// attention factor; the rest keep their bits.
-TEST_F(CudaKernelsTest, RopeVariantsMatchTheCpuAndAreOffUnlessAsked) {
-  EXPECT_FALSE(backend_->appliesRopeVariants());
-  EXPECT_THROW(backend_->applyRopeWith(nullptr, 1, 16, nullptr, {12, 1.0f}), Error);
-  for (auto& [data, bytes] : allocations_) backend_->release(data, bytes);
-  allocations_.clear();
-  cuda::CudaBackendOptions options;
-  options.rope_variants = true;
-  backend_ = cuda::makeCudaBackend(0, options);
+// applyRopeWith (CudaBackendOptions::rope_variants, on unless turned off):
+// the first rotary_dim values of each head rotate as the CPU's kernel
+// rotates them (as halves, or as GLM's neighbour pairs), cos and sin times
+// the attention factor; the rest keep their bits.
+TEST_F(CudaKernelsTest, RopeVariantsMatchTheCpuAndAreOnUnlessTurnedOff) {
+  {
+    cuda::CudaBackendOptions off;
+    off.rope_variants = false;
+    const std::unique_ptr<Backend> plain = cuda::makeCudaBackend(0, off);
+    EXPECT_FALSE(plain->appliesRopeVariants());
+    EXPECT_THROW(plain->applyRopeWith(nullptr, 1, 16, nullptr, {12, 1.0f}), Error);
+  }
   ASSERT_TRUE(backend_->appliesRopeVariants());
 
   const int64_t num_heads = 3, head_dim = 64, width = num_heads * head_dim;
@@ -644,10 +644,13 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       const auto part = run(*bf16_backend, x, m, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
     }
-    // The pipelined kernel's other configurations (K step 64, four stages:
-    // CudaBackendOptions::bf16_gemm_config): the same rows, bit for bit.
-    // (The wgmma twins, 4 and 5, have a test of their own below.)
-    for (int config = 1; config < kBf16GemmWgmma; ++config) {
+    // The pipelined kernel's other configurations (K step 32 or 64, three or
+    // four stages: CudaBackendOptions::bf16_gemm_config; the default is the
+    // serving one, which the description leaves unnamed): the same rows,
+    // bit for bit. (The wgmma twins, 4 and 5, have a test of their own below.)
+    EXPECT_EQ(bf16_backend->description().find("bf16 GEMM configuration"), std::string::npos);
+    for (int config = 0; config < kBf16GemmWgmma; ++config) {
+      if (config == kBf16GemmServing) continue;
       options.bf16_gemm_config = config;
       configs_.push_back(cuda::makeCudaBackend(0, options));
       Backend& other = *configs_.back();
@@ -661,7 +664,7 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     }
     options.bf16_gemm_config = 6;
     EXPECT_THROW(cuda::makeCudaBackend(0, options), Error) << "no configuration 6";
-    options.bf16_gemm_config = 0;
+    options.bf16_gemm_config = kBf16GemmServing;
     for (const int64_t row : {int64_t{40}, int64_t{2047}}) {
       const std::vector<float> one(x.begin() + row * k, x.begin() + (row + 1) * k);
       const auto alone = run(*bf16_backend, one, 1, k, w);

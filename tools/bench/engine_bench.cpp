@@ -316,8 +316,9 @@ int runEngineBench(const EngineBenchOptions& options) {
   const kernels::DeviceKind device = kernels::resolveDevice(options.device);
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
   // The bf16 GEMM configurations are the CUDA backend's bf16 kernels.
-  for (const auto& [used, flag] : {std::pair{options.bf16_gemm_config != 0, "--bf16-gemm-config"},
-                                   std::pair{options.bf16_gemm_configs, "--bf16-gemm-configs"}}) {
+  for (const auto& [used, flag] :
+       {std::pair{options.bf16_gemm_config != kernels::kBf16GemmServing, "--bf16-gemm-config"},
+        std::pair{options.bf16_gemm_configs, "--bf16-gemm-configs"}}) {
     if (used && (device != kernels::DeviceKind::kCuda || compute != DType::kBF16)) {
       throw Error(std::string(flag) + ": only with --device cuda and --compute-dtype bf16");
     }

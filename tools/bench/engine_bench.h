@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/backend.h"
+
 namespace tandem::bench {
 
 struct EngineBenchOptions {
@@ -41,7 +43,7 @@ struct EngineBenchOptions {
   // CUDA, bf16 compute: the whole run with this bf16 GEMM configuration
   // (CudaBackendOptions::bf16_gemm_config; the prefill's GEMMs above 256
   // rows), e.g. the fastest that --bf16-gemm-configs found with the same bits.
-  int bf16_gemm_config = 0;
+  int bf16_gemm_config = kernels::kBf16GemmServing;
   // A PEFT LoRA adapter directory: prefill and decode are measured again in
   // the same run with every sequence running it, and compared.
   std::string lora_dir;

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
                    "configuration, side by side (CUDA, bf16 compute; the same bits in each)");
   engine
       ->add_option("--bf16-gemm-config", options.bf16_gemm_config,
-                   "the bf16 GEMM configuration of the whole run (CUDA, bf16 compute; 0 the "
+                   "the bf16 GEMM configuration of the whole run (CUDA, bf16 compute; 1 the "
                    "serving one, the others for measuring: docs/cuda.md)")
       ->check(CLI::Range(0, tandem::kernels::kBf16GemmConfigs - 1))
       ->capture_default_str();

@@ -246,8 +246,8 @@ TEST_P(BackendExactnessTest, ComparisonReportsADifferentPrompt) {
 // on the CPU backend; any other refuses them when the runner is made,
 // naming what the model or cache is and the backend. Partial rotary dims,
 // neighbour pairs and an attention factor on cos/sin (rope_variant) run where the backend
-// applies them: on CUDA with CudaBackendOptions::rope_variants, which the
-// tests set and the agent does not yet (docs/cuda.md#kernel-sets).
+// applies them: on CUDA with CudaBackendOptions::rope_variants, on as the
+// agent makes the backend (docs/cuda.md#kernel-sets).
 class CpuOnlyModelTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
 
 TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
@@ -311,7 +311,10 @@ TEST_P(CpuOnlyModelTest, RunsOnTheCpuAndIsRefusedElsewhere) {
       const std::unique_ptr<KvCache> cache =
           ::tandem::testing::makeCacheOn(backend, c.model, c.kv_dtype, 4);
       EXPECT_NO_THROW(ModelRunner(c.model, *cache, backend));
-      if (GetParam() != kernels::DeviceKind::kCpu) expectRefused(c, *agents);
+      // The agent's backend runs them too.
+      const std::unique_ptr<KvCache> agents_cache =
+          ::tandem::testing::makeCacheOn(*agents, c.model, c.kv_dtype, 4);
+      EXPECT_NO_THROW(ModelRunner(c.model, *agents_cache, *agents));
       continue;
     }
     expectRefused(c, backend);

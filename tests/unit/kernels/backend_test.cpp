@@ -80,11 +80,11 @@ TEST(Registry, MakesTheCpuBackend) {
             "cpu " + isaName() + ", " + std::to_string(numThreads()) + threads);
 }
 
-// --cuda-kernels: auto (the default: fast on CUDA, none on the CPU),
+// --cuda-kernels: auto (the default: flash on CUDA, none on the CPU),
 // reference, fast or flash; fast and flash are refused by name for the CPU
 // backend, which runs no CUDA kernels.
 TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
-  EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCuda), CudaKernels::kFast);
+  EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCuda), CudaKernels::kFlash);
   EXPECT_EQ(resolveCudaKernels("auto", "--cuda-kernels", DeviceKind::kCpu),
             CudaKernels::kReference);
   EXPECT_EQ(resolveCudaKernels("reference", "--cuda-kernels", DeviceKind::kCuda),
@@ -127,6 +127,33 @@ TEST(Registry, CudaKernelsFlagAndFastRefusedOnTheCpu) {
                 "--unordered-decode: only with --device cuda and the fast kernels (it replaces "
                 "the fast decode matmul)");
     }
+  }
+}
+
+// The agent's --compute-dtype: auto is bf16 where the CUDA backend runs its
+// tensor-core kernels, f32 on the CPU and with the reference kernels (which
+// multiply in f32); f32 and bf16 as written; anything else refused by name.
+TEST(Registry, ComputeDTypeAutoIsBf16OnCudaOnly) {
+  EXPECT_EQ(resolveComputeDType("auto", "--compute-dtype", DeviceKind::kCuda, CudaKernels::kFlash),
+            DType::kBF16);
+  EXPECT_EQ(resolveComputeDType("auto", "--compute-dtype", DeviceKind::kCuda, CudaKernels::kFast),
+            DType::kBF16);
+  EXPECT_EQ(
+      resolveComputeDType("auto", "--compute-dtype", DeviceKind::kCuda, CudaKernels::kReference),
+      DType::kF32);
+  EXPECT_EQ(
+      resolveComputeDType("auto", "--compute-dtype", DeviceKind::kCpu, CudaKernels::kReference),
+      DType::kF32);
+  EXPECT_EQ(resolveComputeDType("f32", "--compute-dtype", DeviceKind::kCuda, CudaKernels::kFlash),
+            DType::kF32);
+  EXPECT_EQ(
+      resolveComputeDType("bf16", "--compute-dtype", DeviceKind::kCpu, CudaKernels::kReference),
+      DType::kBF16);
+  try {
+    resolveComputeDType("f16", "--compute-dtype", DeviceKind::kCuda, CudaKernels::kFlash);
+    FAIL() << "expected an error for f16";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--compute-dtype: expected auto, f32 or bf16, got 'f16'");
   }
 }
 

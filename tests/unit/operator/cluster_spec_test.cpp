@@ -405,7 +405,7 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "(PrefillPool \"prefill\"): a request's priority is read by its prefill agent and its "
        "decode agent alike"},
       {documents({kPrefill, decode_spec + "  engine: {computeDtype: bf16}\n"}),
-       "spec.engine.computeDtype \"bf16\" differs from \"f32\""},
+       "spec.engine.computeDtype \"bf16\" differs from \"auto\""},
       {"apiVersion: [\n", "c.yaml: not valid YAML: "},
   };
   for (const Case& c : cases) {
