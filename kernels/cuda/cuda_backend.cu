@@ -777,11 +777,11 @@ class CudaBackend final : public Backend {
   int device_;
   bool fast_kernels_ = false;
   bool flash_attention_ = false;
-  bool unordered_decode_ = false;  // CudaBackendOptions::unordered_decode
-  bool fused_launches_ = false;    // CudaBackendOptions::fused_launches
-  bool rope_variants_ = false;     // CudaBackendOptions::rope_variants
+  bool unordered_decode_ = false;            // CudaBackendOptions::unordered_decode
+  bool fused_launches_ = false;              // CudaBackendOptions::fused_launches
+  bool rope_variants_ = false;               // CudaBackendOptions::rope_variants
   int bf16_gemm_config_ = kBf16GemmServing;  // CudaBackendOptions::bf16_gemm_config
-  uint64_t calls_ = 0;             // activate() calls so far
+  uint64_t calls_ = 0;                       // activate() calls so far
   // The last x written with its fragments (fragmentsFor), and the call
   // that wrote it or last read it.
   struct Produced {
