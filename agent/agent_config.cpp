@@ -354,8 +354,13 @@ Value checkYaml(const OptionSpec& spec, const std::string& name, const YAML::Nod
   }
   if (!node.IsScalar()) refuse(spec, name, nodeKind(node));
   std::string text = node.Scalar();
-  // YAML 1.2 spells booleans true/True/TRUE.
-  if (spec.kind == OptionKind::kFlag && node.Tag() != "!") {
+  // YAML 1.2 spells booleans true/True/TRUE (a flag's values, and those of
+  // a choice such as auto|true|false).
+  const bool boolean_values =
+      spec.kind == OptionKind::kFlag ||
+      (spec.kind == OptionKind::kChoice &&
+       std::find(spec.choices.begin(), spec.choices.end(), "true") != spec.choices.end());
+  if (boolean_values && node.Tag() != "!") {
     std::string lower = text;
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });

@@ -66,7 +66,8 @@ TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
             "must be a number of seconds between 0 and 86400, got 1e308"},
            {"shutdown_timeout", "-1", "must be a number of seconds between 0 and 86400, got -1"},
            {"kv_dtype", "f16", "must be one of bf16, f32, fp8, got \"f16\""},
-           {"compute_dtype", "f16", "must be one of f32, bf16, got \"f16\""},
+           {"compute_dtype", "f16", "must be one of auto, f32, bf16, got \"f16\""},
+           {"fuse_projections", "yes", "must be one of auto, true, false, got \"yes\""},
            {"scheduling_policy", "lifo", "must be one of fcfs, priority, got \"lifo\""},
            {"cuda_kernels", "turbo", "must be one of auto, reference, fast, flash, got \"turbo\""},
            {"role", "reader", "must be one of prefill, decode, both, got \"reader\""},
@@ -89,10 +90,18 @@ TEST(ServeOptions, AcceptedValuesReachTheOptionsAndFlagsWinOverTheFile) {
   ASSERT_EQ(apply({"--max-num-seqs", "8"},
                   "model: /models/m\nblock-size: 32\nmax_num_seqs: 128\nshutdown_timeout: 2.5\n"
                   "kv_cache_memory: 512MiB\ninsecure_kv: true\nthreads: 3\nport: 0\n"
-                  "scheduling_policy: priority\n",
+                  "scheduling_policy: priority\nfuse_projections: True\n",
                   &options),
             "");
   EXPECT_EQ(options.scheduling_policy, "priority");
+  // A YAML boolean is a boolean choice's value, however it is spelled.
+  EXPECT_EQ(options.fuse_projections, "true");
+  ServeOptions unfused, defaults;
+  ASSERT_EQ(apply({"--fuse-projections", "false"}, "", &unfused), "");
+  EXPECT_EQ(unfused.fuse_projections, "false");
+  ASSERT_EQ(apply({}, "", &defaults), "");
+  EXPECT_EQ(defaults.fuse_projections, "auto");
+  EXPECT_EQ(defaults.compute_dtype, "auto");
   EXPECT_EQ(options.model, "/models/m");
   EXPECT_EQ(options.block_size, 32);
   EXPECT_EQ(options.max_num_seqs, 8);
