@@ -360,6 +360,8 @@ struct BackendOptions {
   // CUDA fast kernels only; tandem-bench's measure of what batch invariance
   // costs, never serving: CudaBackendOptions::unordered_decode.
   bool unordered_decode = false;
+  // CUDA fast kernels: CudaBackendOptions::deep_skinny (the same bits).
+  bool deep_skinny = false;
   // Fewer launches per decode layer where the CUDA fast kernels run (the
   // agent's --fuse-projections), the same bits
   // (CudaBackendOptions::fused_launches); nothing elsewhere.

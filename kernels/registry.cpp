@@ -68,6 +68,7 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, const BackendOptions& back
       options.fast_kernels = cuda_kernels != CudaKernels::kReference;
       options.flash_attention = cuda_kernels == CudaKernels::kFlash;
       options.unordered_decode = unordered_decode;
+      options.deep_skinny = backend_options.deep_skinny;
       options.fused_launches = backend_options.fused_launches;
       options.rope_variants = backend_options.rope_variants;
       options.bf16_gemm_config = backend_options.bf16_gemm_config;

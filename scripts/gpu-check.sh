@@ -247,7 +247,7 @@ print(min(same, key=lambda r: r["layer_ms"])["config"] if same else 0)
 PY
 }
 for model in "${models[@]}"; do
-  gemm_config=0
+  gemm_config=""
   # 2048-token prompts, or as long as the model's context leaves room for the
   # 64 decode steps (the small model's context is 2048).
   context=$(grep -o '"max_position_embeddings": *[0-9]*' "${scratch}/${model}/config.json" |
@@ -270,14 +270,17 @@ for model in "${models[@]}"; do
       # batch-invariant: what the fixed order costs, printed below); then
       # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
       # The flash attention kernel last, with bf16 compute and fused
-      # projections (the fastest configuration).
+      # projections (the serving defaults), then the same with three batches
+      # of decode loads in flight (--deep-skinny: the same bits; compared
+      # below).
       variants=()
       [[ "${f32_bench}" == "1" ]] && variants+=("--cuda-kernels fast")
       variants+=("--cuda-kernels fast --compute-dtype bf16"
         "--cuda-kernels fast --compute-dtype bf16 --unordered-decode"
         "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
-        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections")
+        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections"
+          "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
         # The plain bf16 run at batch 1 also times the bf16 GEMM's
@@ -286,15 +289,17 @@ for model in "${models[@]}"; do
         if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
           extra+=(--bf16-gemm-configs)
         fi
-        # The flash run, the fastest configuration, also takes the fastest
-        # bf16 GEMM configuration that gave configuration 0's bits there.
-        if [[ "${variant}" == *flash* && "${gemm_config}" != "0" ]]; then
+        # The flash runs also take the fastest bf16 GEMM configuration that
+        # gave configuration 0's bits there (the serving one unless another
+        # is faster on this GPU).
+        if [[ "${variant}" == *flash* && -n "${gemm_config}" ]]; then
           extra+=(--bf16-gemm-config "${gemm_config}")
         fi
         name="$([[ "${variant}" == *flash* ]] && echo flash || echo fast)"
         name="${name}$([[ "${variant}" == *bf16* ]] && echo -bf16 || true)"
         name="${name}$([[ "${variant}" == *fuse* ]] && echo -fused || true)"
         name="${name}$([[ "${variant}" == *unordered* ]] && echo -unordered || true)"
+        name="${name}$([[ "${variant}" == *deep* ]] && echo -deep || true)"
         echo "== tandem-bench ${args[*]} ${variant}"
         if ! limited "${bench}" "${args[@]}" "${extra[@]}" \
           --json "${json_dir}/engine-${model}-batch${batch}-${name}.json"; then
@@ -323,6 +328,22 @@ for model in "${models[@]}"; do
     awk -v m="${model}" -v b="${batch}" -v o="${ordered_ms}" -v u="${unordered_ms}" 'BEGIN {
       printf "== cost of batch invariance, %s batch %s: bf16 decode step %.3f ms fixed order, " \
         "%.3f ms unordered split-K: %.3f\n", m, b, o * 1e3, u * 1e3, o / u }'
+  done
+done
+
+# ---- three batches of decode loads in flight (--deep-skinny, docs/cuda.md) ----------------
+# Not yet a default: its rows' bits are checked by gpu_cuda_kernels_test
+# (Bf16MmaRowsAreBitwiseEqualForAnyRowCount); here its decode step over the
+# serving configuration's, from the two flash runs above.
+for model in "${models[@]}"; do
+  for batch in "${batches[@]}"; do
+    run="${json_dir}/engine-${model}-batch${batch}-flash-bf16-fused"
+    [[ -f "${run}.json" && -f "${run}-deep.json" ]] || continue
+    plain_s=$(grep -o '"decode_step_s": *[0-9.e+-]*' "${run}.json" | grep -o '[0-9.e+-]*$')
+    deep_s=$(grep -o '"decode_step_s": *[0-9.e+-]*' "${run}-deep.json" | grep -o '[0-9.e+-]*$')
+    awk -v m="${model}" -v b="${batch}" -v p="${plain_s}" -v d="${deep_s}" 'BEGIN {
+      printf "== deep decode loads, %s batch %s: decode step %.3f ms two batches, %.3f ms " \
+        "three: %.3f\n", m, b, p * 1e3, d * 1e3, p / d }'
   done
 done
 

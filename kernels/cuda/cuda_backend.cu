@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
         fast_kernels_(options.fast_kernels),
         flash_attention_(options.fast_kernels && options.flash_attention),
         unordered_decode_(options.fast_kernels && options.unordered_decode),
+        deep_skinny_(options.fast_kernels && options.deep_skinny),
         fused_launches_(options.fast_kernels && options.fused_launches),
         rope_variants_(options.rope_variants),
         bf16_gemm_config_(options.bf16_gemm_config),
@@ -109,6 +110,7 @@ class CudaBackend final : public Backend {
       if (bf16_gemm_config_ >= kBf16GemmWgmma) description_ += " (wgmma)";
     }
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
+    if (deep_skinny_) description_ += ", deep decode loads";
     sm_count_ = props.multiProcessorCount;
   }
 
@@ -639,7 +641,8 @@ class CudaBackend final : public Backend {
         const int64_t inter = w.rows / 2;
         if (out.kind == MatmulEpilogue::kSiluPairs) epilogue.next = fragmentsFor(m, inter);
         launchBf16MmaSkinny(stream_, x, m, k, it->second, w.rows, epilogue,
-                            ready != nullptr ? ready : gemv_scratch_, ready != nullptr);
+                            ready != nullptr ? ready : gemv_scratch_, ready != nullptr,
+                            deep_skinny_);
         checkLaunch("matmul (bf16 tensor cores, decode)");
         if (epilogue.next.data != nullptr) produced(out.y, m, inter, epilogue.next);
         return true;
@@ -778,6 +781,7 @@ class CudaBackend final : public Backend {
   bool fast_kernels_ = false;
   bool flash_attention_ = false;
   bool unordered_decode_ = false;            // CudaBackendOptions::unordered_decode
+  bool deep_skinny_ = false;                 // CudaBackendOptions::deep_skinny
   bool fused_launches_ = false;              // CudaBackendOptions::fused_launches
   bool rope_variants_ = false;               // CudaBackendOptions::rope_variants
   int bf16_gemm_config_ = kBf16GemmServing;  // CudaBackendOptions::bf16_gemm_config

@@ -31,6 +31,11 @@ struct CudaBackendOptions {
   // measuring what the fixed order costs (tandem-bench engine
   // --unordered-decode); the agent never sets it.
   bool unordered_decode = false;
+  // Under bf16 compute, decode matmuls of at most kDeepSkinnyColumns
+  // outputs keep three batches of loads in flight per warp (launch.h): the
+  // same bits. Not yet run on a GPU: off unless asked (tandem-bench engine
+  // --deep-skinny).
+  bool deep_skinny = false;
   // Fewer launches (with fast_kernels; the agent's --fuse-projections sets
   // it): the fast GEMV folds its partials in the partial kernel, and under
   // bf16 compute the kernels that compute a decode matmul's x (rmsNorm,

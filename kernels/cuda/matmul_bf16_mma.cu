@@ -508,9 +508,34 @@ __device__ __forceinline__ void multiplyPairs(const uint4* __restrict__ column,
   }
 }
 
+// The same chain with three batches: the loads of the next two are in
+// flight while the tensor cores multiply this one (half as many bytes again
+// in flight per warp, for launches with few warps per SM). The same mma, in
+// the same order: only when each pair's registers are loaded changes.
+template <int kRowGroups, int kPairs, int kMTiles>
+__device__ __forceinline__ void multiplyPairsDeep(const uint4* __restrict__ column,
+                                                  const uint4* __restrict__ xs, int64_t pairs,
+                                                  int64_t begin, int64_t end, int64_t k,
+                                                  float (&acc)[kMTiles][1][4]) {
+  Batch<kRowGroups, kPairs> first;
+  Batch<kRowGroups, kPairs> second;
+  Batch<kRowGroups, kPairs> third;
+  loadBatch(column, xs, pairs, begin, end, first);
+  if (begin + kPairs < end) loadBatch(column, xs, pairs, begin + kPairs, end, second);
+  for (int64_t p0 = begin; p0 < end; p0 += 3 * kPairs) {
+    if (p0 + 2 * kPairs < end) loadBatch(column, xs, pairs, p0 + 2 * kPairs, end, third);
+    multiplyBatch(first, end, p0, k, acc);
+    if (p0 + 3 * kPairs < end) loadBatch(column, xs, pairs, p0 + 3 * kPairs, end, first);
+    if (p0 + kPairs < end) multiplyBatch(second, end, p0 + kPairs, k, acc);
+    if (p0 + 4 * kPairs < end) loadBatch(column, xs, pairs, p0 + 4 * kPairs, end, second);
+    if (p0 + 2 * kPairs < end) multiplyBatch(third, end, p0 + 2 * kPairs, k, acc);
+  }
+}
+
 // A warp owns one tile column (8 outputs) and streams its whole k; loads of
-// the next kPairs pairs are in flight while the tensor cores multiply these.
-template <int kRowGroups, int kPairs>
+// the next kPairs pairs (kDeep: the next 2 kPairs) are in flight while the
+// tensor cores multiply these.
+template <int kRowGroups, int kPairs, bool kDeep = false>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaSkinnyKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
                         const uint4* __restrict__ fragments, int64_t n, MatmulEpilogue out) {
@@ -530,7 +555,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  multiplyPairs<kRowGroups, kPairs>(column, xs, pairs, 0, pairs, k, acc);
+  if constexpr (kDeep) {
+    multiplyPairsDeep<kRowGroups, kPairs>(column, xs, pairs, 0, pairs, k, acc);
+  } else {
+    multiplyPairs<kRowGroups, kPairs>(column, xs, pairs, 0, pairs, k, acc);
+  }
   storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
 }
 
@@ -581,17 +610,22 @@ __global__ void __launch_bounds__(kThreads)
 // variant, adding into out.y.
 // x_ready: x_fragments already hold x (written by x's producer, epilogue.h
 // NextFragments), so x is not rounded again.
+// deep: the ordered kernel with three batches in flight where n is at most
+// kDeepSkinnyColumns (launch.h).
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
-                int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits,
-                bool x_ready) {
+                int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits, bool x_ready,
+                bool deep) {
   const int64_t rows = 8 * kRowGroups;
   const int64_t vectors = MmaFragmentTiling{rows, k}.elements() / 8;
   const auto blocks = static_cast<unsigned int>(std::min<int64_t>(ceilDiv(vectors, 256), 1024));
   if (!x_ready) xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
-  if (splits == 0) {
+  if (splits == 0 && deep && n <= kDeepSkinnyColumns) {
+    bf16MmaSkinnyKernel<kRowGroups, kPairs, true>
+        <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);
+  } else if (splits == 0) {
     bf16MmaSkinnyKernel<kRowGroups, kPairs>
         <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);
   } else {
@@ -602,8 +636,8 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
 }
 
 void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, const void* fragments,
-                  int64_t n, const MatmulEpilogue& out, void* x_fragments, int splits,
-                  bool x_ready) {
+                  int64_t n, const MatmulEpilogue& out, void* x_fragments, int splits, bool x_ready,
+                  bool deep) {
   TANDEM_CHECK(m >= 1 && m <= kBf16MmaSkinnyRows, "bf16 skinny matmul: m must be in 1..64");
   TANDEM_CHECK(reinterpret_cast<uintptr_t>(x_fragments) % 16 == 0,
                "bf16 skinny matmul: the x scratch must be 16-byte aligned");
@@ -613,16 +647,16 @@ void launchSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k, con
   // registers of loads whatever the row groups.
   switch (rowGroupsFor(m)) {
     case 1:
-      launchWith<1, 8>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
+      launchWith<1, 8>(stream, x, m, k, frags, n, out, xs, splits, x_ready, deep);
       break;
     case 2:
-      launchWith<2, 4>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
+      launchWith<2, 4>(stream, x, m, k, frags, n, out, xs, splits, x_ready, deep);
       break;
     case 4:
-      launchWith<4, 2>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
+      launchWith<4, 2>(stream, x, m, k, frags, n, out, xs, splits, x_ready, deep);
       break;
     default:
-      launchWith<8, 1>(stream, x, m, k, frags, n, out, xs, splits, x_ready);
+      launchWith<8, 1>(stream, x, m, k, frags, n, out, xs, splits, x_ready, deep);
       break;
   }
 }
@@ -637,8 +671,8 @@ int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k) {
 
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const void* fragments, int64_t n, const MatmulEpilogue& out,
-                         void* x_fragments, bool x_ready) {
-  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, 0, x_ready);
+                         void* x_fragments, bool x_ready, bool deep) {
+  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, 0, x_ready, deep);
 }
 
 void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m, int64_t k,
@@ -656,7 +690,7 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
                      cudaSuccess,
                  "unordered bf16 skinny matmul: cudaMemsetAsync");
   }
-  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, splits, false);
+  skinny::launchSkinny(stream, x, m, k, fragments, n, out, x_fragments, splits, false, false);
 }
 
 #if !defined(TANDEM_HAVE_WGMMA)

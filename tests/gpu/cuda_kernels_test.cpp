@@ -644,6 +644,22 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       const auto part = run(*bf16_backend, x, m, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
     }
+    // Three batches of loads in flight (CudaBackendOptions::deep_skinny; n
+    // is below kDeepSkinnyColumns): the same rows for every row-group count.
+    {
+      cuda::CudaBackendOptions deep_options = options;
+      deep_options.deep_skinny = true;
+      configs_.push_back(cuda::makeCudaBackend(0, deep_options));
+      Backend& deep = *configs_.back();
+      deep.setComputeDType(DType::kBF16);
+      EXPECT_NE(deep.description().find(", deep decode loads"), std::string::npos);
+      for (const int64_t m :
+           {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{17}, int64_t{33}, int64_t{64}}) {
+        const auto part = run(deep, x, m, k, w);
+        EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float)))
+            << "deep, m " << m;
+      }
+    }
     // The pipelined kernel's other configurations (K step 32 or 64, three or
     // four stages: CudaBackendOptions::bf16_gemm_config; the default is the
     // serving one, which the description leaves unnamed): the same rows,

@@ -198,14 +198,19 @@ TEST_F(BenchEngineTest, RefusesBf16GemmConfigsWithoutCudaAndBf16Compute) {
   EXPECT_TRUE(run.report.is_null());
 }
 
-// So is running the whole bench with one of them.
+// So is running the whole bench with one of them, or with the deep decode
+// loads of the bf16 skinny kernel.
 TEST_F(BenchEngineTest, RefusesABf16GemmConfigWithoutCudaAndBf16Compute) {
-  const BenchRun run = bench("--bf16-gemm-config 4 --compute-dtype bf16");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.err.find("--bf16-gemm-config: only with --device cuda and --compute-dtype bf16"),
-            std::string::npos)
-      << run.err;
-  EXPECT_TRUE(run.report.is_null());
+  for (const auto& [flags, flag] :
+       {std::pair<std::string, std::string>{"--bf16-gemm-config 4", "--bf16-gemm-config"},
+        std::pair<std::string, std::string>{"--deep-skinny", "--deep-skinny"}}) {
+    const BenchRun run = bench(flags + " --compute-dtype bf16");
+    EXPECT_NE(run.exit_code, 0) << flags;
+    EXPECT_NE(run.err.find(flag + ": only with --device cuda and --compute-dtype bf16"),
+              std::string::npos)
+        << run.err;
+    EXPECT_TRUE(run.report.is_null()) << flags;
+  }
 }
 
 }  // namespace

@@ -315,10 +315,12 @@ int runEngineBench(const EngineBenchOptions& options) {
   if (options.threads > 0) kernels::setNumThreads(options.threads);
   const kernels::DeviceKind device = kernels::resolveDevice(options.device);
   const DType compute = kernels::parseComputeDType(options.compute_dtype, "--compute-dtype");
-  // The bf16 GEMM configurations are the CUDA backend's bf16 kernels.
+  // The bf16 GEMM configurations and the deep decode loads are the CUDA
+  // backend's bf16 kernels.
   for (const auto& [used, flag] :
        {std::pair{options.bf16_gemm_config != kernels::kBf16GemmServing, "--bf16-gemm-config"},
-        std::pair{options.bf16_gemm_configs, "--bf16-gemm-configs"}}) {
+        std::pair{options.bf16_gemm_configs, "--bf16-gemm-configs"},
+        std::pair{options.deep_skinny, "--deep-skinny"}}) {
     if (used && (device != kernels::DeviceKind::kCuda || compute != DType::kBF16)) {
       throw Error(std::string(flag) + ": only with --device cuda and --compute-dtype bf16");
     }
@@ -327,6 +329,7 @@ int runEngineBench(const EngineBenchOptions& options) {
       device,
       {.cuda_kernels = kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device),
        .unordered_decode = options.unordered_decode,
+       .deep_skinny = options.deep_skinny,
        .fused_launches = options.fuse_projections,
        .bf16_gemm_config = options.bf16_gemm_config});
   if (options.unordered_decode && compute != DType::kBF16) {
@@ -651,6 +654,7 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"cuda_kernels", options.cuda_kernels},
         {"fuse_projections", options.fuse_projections},
         {"unordered_decode", options.unordered_decode},
+        {"deep_skinny", options.deep_skinny},
         {"bf16_gemm_config", options.bf16_gemm_config},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},

@@ -36,6 +36,9 @@ struct EngineBenchOptions {
   // CudaBackendOptions::unordered_decode: not batch-invariant, for measuring
   // what the fixed order costs.
   bool unordered_decode = false;
+  // CudaBackendOptions::deep_skinny: three batches of loads in flight in
+  // the bf16 decode matmuls of few columns (the same bits).
+  bool deep_skinny = false;
   // CUDA, bf16 compute: layer 0's matmuls at prompt_tokens rows timed with
   // each of the bf16 GEMM's configurations (CudaBackendOptions::
   // bf16_gemm_config), side by side, their outputs compared bit for bit.

@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   engine->add_flag("--unordered-decode", options.unordered_decode,
                    "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
                    "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");
+  engine->add_flag("--deep-skinny", options.deep_skinny,
+                   "bf16 decode matmuls of at most 16,384 columns keep three batches of loads in "
+                   "flight per warp (CUDA, fast kernels, bf16 compute; the same bits)");
   engine->add_flag("--profile-ops", options.profile_ops,
                    "also time each backend call of one prefill and one decode, alone "
                    "(eager, synchronized around every call), and print them per step");
