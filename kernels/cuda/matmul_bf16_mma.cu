@@ -491,44 +491,31 @@ __device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& b
   }
 }
 
-// The chain over pairs [begin, end), two batches in flight.
-template <int kRowGroups, int kPairs, int kMTiles>
+// The chain over pairs [begin, end) with kDepth batches in registers: the
+// loads of the next kDepth - 1 are in flight while the tensor cores
+// multiply this one (2: the serving kernel; 3: deep_skinny, half as many
+// bytes again in flight per warp for launches with few warps per SM). The
+// same mma in the same order whatever kDepth: only when each pair's
+// registers are loaded changes. Every batch index is a compile-time
+// constant (the loops unroll), so the batches stay in registers.
+template <int kRowGroups, int kPairs, int kDepth, int kMTiles>
 __device__ __forceinline__ void multiplyPairs(const uint4* __restrict__ column,
                                               const uint4* __restrict__ xs, int64_t pairs,
                                               int64_t begin, int64_t end, int64_t k,
                                               float (&acc)[kMTiles][1][4]) {
-  Batch<kRowGroups, kPairs> even;
-  Batch<kRowGroups, kPairs> odd;
-  loadBatch(column, xs, pairs, begin, end, even);
-  for (int64_t p0 = begin; p0 < end; p0 += 2 * kPairs) {
-    if (p0 + kPairs < end) loadBatch(column, xs, pairs, p0 + kPairs, end, odd);
-    multiplyBatch(even, end, p0, k, acc);
-    if (p0 + 2 * kPairs < end) loadBatch(column, xs, pairs, p0 + 2 * kPairs, end, even);
-    if (p0 + kPairs < end) multiplyBatch(odd, end, p0 + kPairs, k, acc);
+  Batch<kRowGroups, kPairs> batches[kDepth];
+#pragma unroll
+  for (int s = 0; s + 1 < kDepth; ++s) {
+    if (begin + s * kPairs < end) loadBatch(column, xs, pairs, begin + s * kPairs, end, batches[s]);
   }
-}
-
-// The same chain with three batches: the loads of the next two are in
-// flight while the tensor cores multiply this one (half as many bytes again
-// in flight per warp, for launches with few warps per SM). The same mma, in
-// the same order: only when each pair's registers are loaded changes.
-template <int kRowGroups, int kPairs, int kMTiles>
-__device__ __forceinline__ void multiplyPairsDeep(const uint4* __restrict__ column,
-                                                  const uint4* __restrict__ xs, int64_t pairs,
-                                                  int64_t begin, int64_t end, int64_t k,
-                                                  float (&acc)[kMTiles][1][4]) {
-  Batch<kRowGroups, kPairs> first;
-  Batch<kRowGroups, kPairs> second;
-  Batch<kRowGroups, kPairs> third;
-  loadBatch(column, xs, pairs, begin, end, first);
-  if (begin + kPairs < end) loadBatch(column, xs, pairs, begin + kPairs, end, second);
-  for (int64_t p0 = begin; p0 < end; p0 += 3 * kPairs) {
-    if (p0 + 2 * kPairs < end) loadBatch(column, xs, pairs, p0 + 2 * kPairs, end, third);
-    multiplyBatch(first, end, p0, k, acc);
-    if (p0 + 3 * kPairs < end) loadBatch(column, xs, pairs, p0 + 3 * kPairs, end, first);
-    if (p0 + kPairs < end) multiplyBatch(second, end, p0 + kPairs, k, acc);
-    if (p0 + 4 * kPairs < end) loadBatch(column, xs, pairs, p0 + 4 * kPairs, end, second);
-    if (p0 + 2 * kPairs < end) multiplyBatch(third, end, p0 + 2 * kPairs, k, acc);
+  for (int64_t p0 = begin; p0 < end; p0 += kDepth * kPairs) {
+#pragma unroll
+    for (int s = 0; s < kDepth; ++s) {
+      const int64_t at = p0 + s * kPairs;
+      const int64_t ahead = at + (kDepth - 1) * kPairs;
+      if (ahead < end) loadBatch(column, xs, pairs, ahead, end, batches[(s + kDepth - 1) % kDepth]);
+      if (at < end) multiplyBatch(batches[s], end, at, k, acc);
+    }
   }
 }
 
@@ -555,11 +542,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  if constexpr (kDeep) {
-    multiplyPairsDeep<kRowGroups, kPairs>(column, xs, pairs, 0, pairs, k, acc);
-  } else {
-    multiplyPairs<kRowGroups, kPairs>(column, xs, pairs, 0, pairs, k, acc);
-  }
+  multiplyPairs<kRowGroups, kPairs, kDeep ? 3 : 2>(column, xs, pairs, 0, pairs, k, acc);
   storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
 }
 
@@ -592,8 +575,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  multiplyPairs<kRowGroups, kPairs>(fragments + tile * pairs * 32 + lane, x_fragments + lane, pairs,
-                                    begin, end, k, acc);
+  multiplyPairs<kRowGroups, kPairs, 2>(fragments + tile * pairs * 32 + lane, x_fragments + lane,
+                                       pairs, begin, end, k, acc);
   const int64_t column = tile * 8 + lane % 4 * 2;
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i) {
