@@ -331,6 +331,24 @@ class Backend {
 
 // --- Registry (kernels/registry.cpp: the one place that knows CUDA exists) ---
 
+// The CUDA bf16 prefill GEMM's configurations (BackendOptions::
+// bf16_gemm_config): the pipelined mma.sync kernel's K step and depth
+// (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a; 6 fed by tensor
+// copies). The same mma chain, so the same bits, in each (an H200 compared
+// 0-5: docs/cuda.md); kBf16GemmServing, the fastest there, is the one that
+// serves.
+inline constexpr int kBf16GemmConfigs = 7;
+inline constexpr int kBf16GemmWgmma = 4;
+inline constexpr int kBf16GemmServing = 1;
+inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
+    "K step 32, 3 stages",
+    "K step 64, 3 stages",
+    "K step 64, 4 stages",
+    "K step 32, 4 stages",
+    "wgmma 128 x 128, K step 64",
+    "wgmma 128 x 256, K step 64, overlapped",
+    "wgmma 128 x 256, tensor copies, 4 stages, producer warpgroup"};
+
 // True when this build has the CUDA backend.
 bool cudaBuilt();
 // CUDA devices visible now; 0 without the CUDA backend or a driver.
@@ -372,20 +390,9 @@ struct BackendOptions {
   // The bf16 prefill GEMM's configuration: CudaBackendOptions::
   // bf16_gemm_config, one of kBf16GemmConfigs below; the others for
   // measuring (tandem-bench engine --bf16-gemm-configs).
-  int bf16_gemm_config = 1;  // kBf16GemmServing
+  int bf16_gemm_config = kBf16GemmServing;
 };
 
-// The CUDA bf16 prefill GEMM's configurations (BackendOptions::
-// bf16_gemm_config): the pipelined mma.sync kernel's K step and depth
-// (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a). The same mma
-// chain, so the same bits, in each (an H200 compared them: docs/cuda.md);
-// kBf16GemmServing, the fastest there, is the one that serves.
-inline constexpr int kBf16GemmConfigs = 6;
-inline constexpr int kBf16GemmWgmma = 4;
-inline constexpr int kBf16GemmServing = 1;
-inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
-    "K step 32, 3 stages", "K step 64, 3 stages",        "K step 64, 4 stages",
-    "K step 32, 4 stages", "wgmma 128 x 128, K step 64", "wgmma 128 x 256, K step 64, overlapped"};
 // Throws tandem::Error when the backend cannot be created, and when
 // `cuda_kernels` is kFast or kFlash for a backend other than CUDA (the CPU
 // has none).

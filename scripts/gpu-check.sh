@@ -115,13 +115,13 @@ fi
 # A failure is reported at the end; the figures still come (one GPU window).
 echo "== gpu tests (reference kernels)"
 reference_failed=0
-gpu_tests '-CudaFastKernelsTest*:*Warpgroup*' 'CudaFastKernelsTest|Warpgroup' || reference_failed=1
+gpu_tests '-CudaFastKernelsTest*:*Warpgroup*:*TensorCopy*' 'CudaFastKernelsTest|Warpgroup|TensorCopy' || reference_failed=1
 if [[ "${fast}" == "1" ]]; then
   # Every gpu test, the exactness checks' CUDA backend built with the fast
   # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
   echo "== gpu tests and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
-  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*:*Warpgroup*:*Wgmma*' \
-    'FlashAttention|Warpgroup|Wgmma' || fast_failed=1
+  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*:*Warpgroup*:*Wgmma*:*TensorCopy*' \
+    'FlashAttention|Warpgroup|Wgmma|TensorCopy' || fast_failed=1
   if [[ "${prebuilt}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast limited "${build}/tests/engine_backend_exactness_test" \
       --gtest_brief=1 || fast_failed=1
@@ -154,19 +154,20 @@ if [[ "${fast}" == "1" ]]; then
         ctest --test-dir "${build}" -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
     fi
   done
-  # The wgmma twins of the bf16 GEMM (configurations 4 and 5, compute
-  # capability 9.0 only): the instruction probe (descriptors and the
-  # accumulator layout; a failure is a fault of that code) and their rows
+  # The wgmma twins of the bf16 GEMM (configurations 4 to 6, compute
+  # capability 9.0 only): the instruction probes (descriptors and the
+  # accumulator layout; tensor copies, their swizzle and barriers; a
+  # failure is a fault of that code) and their rows
   # against configuration 0's (a difference says HGMMA rounds a k16 step
   # otherwise than HMMA). Reported apart: no serving path runs them.
-  echo "== wgmma: the instruction probe, and bf16 GEMM configurations 4 and 5 against 0"
+  echo "== wgmma: the instruction probes, and bf16 GEMM configurations 4 to 6 against 0"
   if [[ "${prebuilt}" == "1" ]]; then
     for test in gpu_instructions_test gpu_cuda_kernels_test; do
-      limited "${build}/tests/${test}" --gtest_filter='*Warpgroup*:*Wgmma*' --gtest_brief=1 ||
+      limited "${build}/tests/${test}" --gtest_filter='*Warpgroup*:*Wgmma*:*TensorCopy*' --gtest_brief=1 ||
         wgmma_failed=1
     done
   else
-    ctest --test-dir "${build}" -L gpu -R 'Warpgroup|Wgmma' --output-on-failure || wgmma_failed=1
+    ctest --test-dir "${build}" -L gpu -R 'Warpgroup|Wgmma|TensorCopy' --output-on-failure || wgmma_failed=1
   fi
   # The flash attention kernel (--cuda-kernels flash): its kernel test
   # (near the reference, chunked = one-shot to the bit) and its place in the
@@ -447,7 +448,7 @@ if [[ "${reference_failed}" != "0" ]]; then
   exit 1
 fi
 if [[ "${wgmma_failed}" != "0" ]]; then
-  echo "== wgmma (bf16 GEMM configurations 4, 5; no serving path): the probe failed or the rows" \
+  echo "== wgmma (bf16 GEMM configurations 4 to 6; no serving path): a probe failed or the rows" \
     "differ from configuration 0's (see above)"
 fi
 if [[ "${fast_failed}" != "0" ]]; then

@@ -1,5 +1,5 @@
 // The bf16 GEMM of matmul_bf16_mma.cu on Hopper's warpgroup MMA (wgmma,
-// HGMMA in SASS): bf16 GEMM configurations 4 and 5 (CudaBackendOptions::
+// HGMMA in SASS): bf16 GEMM configurations 4 to 6 (CudaBackendOptions::
 // bf16_gemm_config), twins of the pipelined kernel for m > 256 with k a
 // multiple of 8 and 16-byte aligned operands, over x already rounded to
 // bf16. Compiled for sm_90a alone (kernels/CMakeLists.txt); the backend
@@ -32,12 +32,29 @@
 // cp.async fill one core matrix (128 contiguous bytes, no bank conflict).
 // Each step waits for its copies, fences them into the async proxy (wgmma
 // reads through it) and meets the block at a barrier before multiplying.
+//
+// Configuration 6: the same 128 x 256 tiles and the same multiplies in the
+// same order, fed by the tensor copy engine (tma.h) through four stages of
+// 48 KB, each a barrier pair: `full` (the producer's arrival announcing the
+// stage's bytes, completed when both boxes have landed) and `empty` (one
+// arrival per consumer warpgroup once its multiplies of the stage are
+// done). Three warpgroups: the first produces (one thread issues two box
+// copies per K step; its registers lowered to 40), the other two multiply
+// (raised to 232), 64 rows each. A consumer waits for a stage's `full`,
+// issues its four slices, commits, waits until only this group is in
+// flight and releases the stage before (so the multiplies of one step
+// overlap the wait for the next). Operands stored with the 128-byte swizzle
+// (rows of 128 bytes, no bank conflicts for the copy engine or wgmma);
+// rows and k past the matrix land as zeros, and slices wholly past k are
+// not issued, as in configurations 4 and 5.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "common/check.h"
 #include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/ptx.h"
+#include "kernels/cuda/tma.h"
 #include "kernels/cuda/wgmma.h"
 
 namespace tandem::kernels::cuda {
@@ -215,18 +232,150 @@ void launchShape(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t
   bf16WgmmaKernel<S><<<tiles, kThreads, S::kSmemBytes, stream>>>(x_bf16, m, k, weights, n, out);
 }
 
+// Configuration 6 (the file's header): tensor copies, a producer
+// warpgroup and two consumer warpgroups.
+namespace copied {
+
+constexpr int kTileN = 256;
+constexpr int kStages = 4;
+constexpr int kThreads = 384;
+constexpr int kBTileBytes = kTileN * kTileK * 2;
+constexpr int kStageBytes = kATileBytes + kBTileBytes;
+constexpr int kAtomBytes = 1024;  // the swizzle's period: stages start at a multiple
+constexpr size_t kSmemBytes =
+    static_cast<size_t>(kStages) * kStageBytes + kAtomBytes + 2 * kStages * sizeof(uint64_t);
+
+// acc += slice `slice` of a stage's tiles, rows 64 · consumer on.
+__device__ __forceinline__ void multiply(float (&acc)[kTileN / 8][4], const uint8_t* stage,
+                                         int consumer, int slice) {
+  const uint8_t* a = stage + consumer * 64 * 128 + slice * kSliceK * 2;
+  const uint8_t* b = stage + kATileBytes + slice * kSliceK * 2;
+  wgmmaBf16M64N256(acc, wgmmaSwizzledDescriptor(a), wgmmaSwizzledDescriptor(b));
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    bf16CopiedKernel(const __grid_constant__ CUtensorMap x_map,
+                     const __grid_constant__ CUtensorMap w_map, int64_t m, int64_t k, int64_t n,
+                     MatmulEpilogue out) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  uint8_t* stages = raw + (kAtomBytes - sharedAddress(raw) % kAtomBytes) % kAtomBytes;
+  auto* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const auto m0 = static_cast<int32_t>(blockIdx.y * kTileM);
+  const auto n0 = static_cast<int32_t>(blockIdx.x * kTileN);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      initBarrier(&full[s], 1);
+      initBarrier(&empty[s], 2);
+    }
+    fenceBarrierInit();
+  }
+  __syncthreads();
+  const int64_t steps = (k + kTileK - 1) / kTileK;
+
+  if (warpgroup == 0) {
+    lowerRegisters<40>();
+    if (threadIdx.x == 0) {
+      for (int64_t step = 0; step < steps; ++step) {
+        const auto s = static_cast<int>(step % kStages);
+        const auto round = static_cast<uint32_t>(step / kStages);
+        // The stage's multiplies of `kStages` steps ago are done (a fresh
+        // barrier's parity-1 phase counts as done).
+        waitBarrier(&empty[s], (round & 1) ^ 1);
+        uint8_t* stage = stages + s * kStageBytes;
+        arriveExpectingBytes(&full[s], kStageBytes);
+        const auto column = static_cast<int32_t>(step * kTileK);
+        copyTileAsync(stage, &x_map, column, m0, &full[s]);
+        copyTileAsync(stage + kATileBytes, &w_map, column, n0, &full[s]);
+      }
+    }
+    return;
+  }
+
+  raiseRegisters<232>();
+  const int consumer = warpgroup - 1;
+  const int warp = static_cast<int>(threadIdx.x) / 32 % 4;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const bool releases = threadIdx.x % 128 == 0;
+  float acc[1][kTileN / 8][4];
+#pragma unroll
+  for (int j = 0; j < kTileN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.0f;
+  }
+  // The zeros stay before the first multiplies' fence (set between a fence
+  // and its wgmma they would serialize every multiply).
+  wgmmaFenceRegisters(acc[0]);
+  // Whole K steps, then the partial one: two loops, so that a whole step's
+  // four multiplies have no branch between them.
+  const int64_t whole = k / kTileK;
+  for (int64_t step = 0; step < whole; ++step) {
+    const auto s = static_cast<int>(step % kStages);
+    waitBarrier(&full[s], static_cast<uint32_t>(step / kStages) & 1);
+    const uint8_t* stage = stages + s * kStageBytes;
+    wgmmaFence();
+#pragma unroll
+    for (int slice = 0; slice < kTileK / kSliceK; ++slice) multiply(acc[0], stage, consumer, slice);
+    wgmmaCommit();
+    // The step before is done: its stage is free.
+    wgmmaWait<1>();
+    if (step > 0 && releases) arriveAtBarrier(&empty[(step - 1) % kStages]);
+  }
+  if (whole < steps) {
+    const auto s = static_cast<int>(whole % kStages);
+    waitBarrier(&full[s], static_cast<uint32_t>(whole / kStages) & 1);
+    const uint8_t* stage = stages + s * kStageBytes;
+    wgmmaFence();
+    // Slices past k issue no instruction, whatever m is.
+    for (int slice = 0; whole * kTileK + slice * kSliceK < k; ++slice) {
+      multiply(acc[0], stage, consumer, slice);
+    }
+    wgmmaCommit();
+  }
+  wgmmaWait<0>();
+  wgmmaFenceRegisters(acc[0]);
+  storeTiles(acc, m0 + consumer * 64 + warp * 16 + lane / 4, n0 + lane % 4 * 2, m, n, out);
+}
+
+void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
+            const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
+  static const cudaError_t opted_in = cudaFuncSetAttribute(
+      bf16CopiedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  TANDEM_CHECK(opted_in == cudaSuccess,
+               "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
+  TANDEM_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
+               "bf16 wgmma matmul: a tensor copy's coordinates are 32-bit");
+  const CUtensorMap x_map = bf16RowsTensorMap(x_bf16, m, k, kTileM);
+  const CUtensorMap w_map = bf16RowsTensorMap(weights, n, k, kTileN);
+  const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, kTileN)),
+                   static_cast<unsigned int>(ceilDiv(m, kTileM)));
+  bf16CopiedKernel<<<tiles, kThreads, kSmemBytes, stream>>>(x_map, w_map, m, k, n, out);
+}
+
+}  // namespace copied
+
 }  // namespace
 
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
-                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, bool wide) {
+                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config) {
   TANDEM_CHECK(k % 8 == 0 && reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(weights) % 16 == 0,
                "bf16 wgmma matmul: k must be a multiple of 8 and the operands 16-byte aligned");
   TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "bf16 wgmma matmul: too many rows for one launch");
-  if (wide) {
-    launchShape<Shape5>(stream, x_bf16, m, k, weights, n, out);
-  } else {
-    launchShape<Shape4>(stream, x_bf16, m, k, weights, n, out);
+  switch (config) {
+    case kBf16GemmWgmma:
+      launchShape<Shape4>(stream, x_bf16, m, k, weights, n, out);
+      return;
+    case kBf16GemmWgmma + 1:
+      launchShape<Shape5>(stream, x_bf16, m, k, weights, n, out);
+      return;
+    case kBf16GemmWgmma + 2:
+      copied::launch(stream, x_bf16, m, k, weights, n, out);
+      return;
+    default:
+      TANDEM_CHECK(false, "bf16 wgmma matmul: configuration " + std::to_string(config) +
+                              " is not a wgmma configuration");
   }
 }
 

@@ -39,6 +39,19 @@ __device__ __forceinline__ uint64_t wgmmaDescriptor(const void* shared, uint32_t
          (static_cast<uint64_t>((stride >> 4) & 0x3fff) << 32);
 }
 
+// The descriptor of a k-major operand stored with the 128-byte swizzle
+// (tma.h): rows of 128 bytes (64 bf16 of k), 8-row atoms of 1024 bytes one
+// after another from a 1024-byte aligned address. `shared` is the first
+// atom plus 32 bytes per 16-wide slice of k before the one multiplied (the
+// swizzle applies to the address bits, so the slice's chunks are found
+// where the copy put them). Stride 1024 bytes between 8-row groups; the
+// leading offset is unused with this swizzle (1 by convention); swizzle
+// mode 1 (128 bytes) in bits 62-63.
+__device__ __forceinline__ uint64_t wgmmaSwizzledDescriptor(const void* shared) {
+  return (static_cast<uint64_t>(sharedAddress(shared) >> 4) & 0x3fff) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
 #if !defined(TANDEM_CUDA_EMULATION)
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -134,6 +147,18 @@ __device__ __forceinline__ void wgmmaBf16M64N256(float (&d)[32][4], uint64_t a, 
         "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]),
         "+f"(d[31][3])
       : "l"(a), "l"(b), "r"(1));
+}
+
+// The warpgroup's registers per thread from here on: raised to or lowered
+// to kRegisters (setmaxnreg; every warp of the warpgroup executes it, in a
+// kernel with a register cap at entry, __launch_bounds__(threads, 1)).
+template <uint32_t kRegisters>
+__device__ __forceinline__ void raiseRegisters() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <uint32_t kRegisters>
+__device__ __forceinline__ void lowerRegisters() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
 // Closes the group of this thread's wgmma issued since the last commit.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,7 +25,7 @@ constexpr size_t kStackBytes = 256 * 1024;
 constexpr int kWarpSize = 32;
 constexpr size_t kMaxExchangeBytes = 64;
 
-enum class Wait { kRunning, kBarrier, kWarp, kDone };
+enum class Wait { kRunning, kBarrier, kWarp, kMbarrier, kDone };
 
 struct Copy {
   void* dst;
@@ -82,6 +83,23 @@ struct WarpgroupMma {
   uint64_t b = 0;
 };
 
+// A tensor copy issued and not landed yet.
+struct TensorCopy {
+  uint32_t dst = 0;  // shared offset
+  TensorMapFields map;
+  int32_t column = 0;
+  int32_t row = 0;
+};
+
+// An mbarrier's state (device.h).
+struct Barrier {
+  uint32_t expected = 0;
+  uint32_t pending = 0;
+  int64_t bytes = 0;  // transaction bytes announced and not landed
+  uint32_t phase = 0;
+  std::vector<TensorCopy> landing;  // issued, to land at the next wait
+};
+
 // A thread's asynchronous operations of one kind (cp.async, wgmma) in
 // commit groups: those issued since the last commit, then the committed
 // groups, oldest first.
@@ -117,6 +135,7 @@ struct Fiber {
   int warp = 0;
   int lane = 0;
   Wait wait = Wait::kRunning;
+  uint32_t barrier = 0;             // the mbarrier waited on (Wait::kMbarrier)
   CommitGroups<Copy> copies;        // cp.async
   CommitGroups<WarpgroupMma> mmas;  // wgmma
 };
@@ -147,6 +166,7 @@ struct Block {
   void* dynamic_shared = nullptr;
   size_t dynamic_bytes = 0;
   std::vector<const void*> shared_seen;  // static __shared__ objects this block has reached
+  std::map<uint32_t, Barrier> barriers;  // by shared offset, initialized in this block
 };
 
 Block* g_block = nullptr;
@@ -268,9 +288,11 @@ void threadMain() {
 
 std::string describeWaits(const Block& block) {
   int barrier = 0, warp = 0, done = 0;
+  std::map<uint32_t, int> mbarriers;
   std::string ops;
   for (const Fiber& fiber : block.fibers) {
     if (fiber.wait == Wait::kBarrier) ++barrier;
+    if (fiber.wait == Wait::kMbarrier) ++mbarriers[fiber.barrier];
     if (fiber.wait == Wait::kDone) ++done;
     if (fiber.wait == Wait::kWarp) {
       ++warp;
@@ -279,6 +301,18 @@ std::string describeWaits(const Block& block) {
         ops += " warp " + std::to_string(fiber.warp) + " at " + w.what + " (" +
                std::to_string(w.arrived) + " of " + std::to_string(w.live) + " lanes);";
       }
+    }
+  }
+  for (const auto& [offset, threads] : mbarriers) {
+    const auto state = block.barriers.find(offset);
+    char text[160];
+    std::snprintf(text, sizeof text, " %d at the mbarrier at shared byte %u", threads, offset);
+    ops += text;
+    if (state != block.barriers.end()) {
+      std::snprintf(text, sizeof text, " (phase %u, %u arrivals and %lld bytes to come);",
+                    state->second.phase, state->second.pending,
+                    static_cast<long long>(state->second.bytes));
+      ops += text;
     }
   }
   return std::to_string(barrier) + " threads at __syncthreads, " + std::to_string(warp) +
@@ -362,6 +396,7 @@ void runGrid(const LaunchShape& shape, void (*run_thread)(const void*), const vo
       for (unsigned x = 0; x < shape.grid.x; ++x, ++linear) {
         std::memset(dynamic, 0xff, shape.shared_bytes);
         block.shared_seen.clear();
+        block.barriers.clear();
         block.live = static_cast<int>(threads);
         block.at_barrier = 0;
         for (size_t w = 0; w < block.warps.size(); ++w) {
@@ -647,15 +682,25 @@ uint32_t sharedOffset(const void* p) {
 
 namespace {
 
-// A wgmma operand's element (row, k) through its descriptor: the no-swizzle
-// k-major layout (kernels/cuda/wgmma.h), inside the dynamic shared memory.
+// The 128-byte swizzle of a shared address: its 16-byte chunk (bits 4-6)
+// exclusive-ored with bits 7-9, the row of 128 bytes within 1024.
+uint64_t swizzle128(uint64_t address) { return address ^ (((address >> 7) & 7) << 4); }
+
+// A wgmma operand's element (row, k) through its descriptor, inside the
+// dynamic shared memory: the no-swizzle k-major layout or the 128-byte
+// swizzled one (kernels/cuda/wgmma.h: rows of 128 bytes, 8-row groups
+// `stride` apart, the address's bits swizzled).
 double operandElement(uint64_t descriptor, int row, int k) {
   const uint64_t address = (descriptor & 0x3fff) << 4;
   const uint64_t leading = ((descriptor >> 16) & 0x3fff) << 4;
   const uint64_t stride = ((descriptor >> 32) & 0x3fff) << 4;
-  const uint64_t at = address + static_cast<uint64_t>(row / 8) * stride +
-                      static_cast<uint64_t>(k / 8) * leading + static_cast<uint64_t>(row % 8) * 16 +
-                      static_cast<uint64_t>(k % 8) * 2;
+  const uint64_t at =
+      (descriptor >> 62) == 1
+          ? swizzle128(address + static_cast<uint64_t>(row / 8) * stride +
+                       static_cast<uint64_t>(row % 8) * 128 + static_cast<uint64_t>(k) * 2)
+          : address + static_cast<uint64_t>(row / 8) * stride +
+                static_cast<uint64_t>(k / 8) * leading + static_cast<uint64_t>(row % 8) * 16 +
+                static_cast<uint64_t>(k % 8) * 2;
   if (at + 2 > g_block->dynamic_bytes) {
     fault("wgmma operand element (%d, %d) at shared byte %llu, past the block's %zu", row, k,
           static_cast<unsigned long long>(at), g_block->dynamic_bytes);
@@ -692,9 +737,17 @@ void warpgroupMma(float* d, int n, uint64_t a, uint64_t b) {
           shape.z);
   }
   for (uint64_t descriptor : {a, b}) {
-    if ((descriptor >> 62) != 0 || ((descriptor >> 49) & 7) != 0) {
-      fault("wgmma descriptor %#llx: only the no-swizzle layout with base offset 0 is emulated",
-            static_cast<unsigned long long>(descriptor));
+    const uint64_t swizzle = descriptor >> 62;
+    const uint64_t address = (descriptor & 0x3fff) << 4;
+    // The swizzled layout as kernels use it: the slice's 32 bytes within the
+    // first 128-byte row of a 1024-byte aligned atom.
+    const bool emulated = ((descriptor >> 49) & 7) == 0 &&
+                          (swizzle == 0 || (swizzle == 1 && address % 1024 + 32 <= 128));
+    if (!emulated) {
+      fault(
+          "wgmma descriptor %#llx: the emulator takes base offset 0 and either no swizzle or "
+          "the 128-byte swizzle from a 1024-byte aligned atom",
+          static_cast<unsigned long long>(descriptor));
     }
   }
   // The two ends of what the PTX ISA allows, paired with cp.async's the
@@ -719,6 +772,147 @@ void warpgroupCommit() {
 void warpgroupWait(int pending_groups) {
   Fiber& fiber = current();
   fiber.mmas.wait(pending_groups, [&](const WarpgroupMma& mma) { multiplyWarpgroup(fiber, mma); });
+}
+
+namespace {
+
+// The barrier at `barrier` (an 8-byte object of the dynamic shared memory)
+// and its offset, which `what` needs initialized.
+Barrier& barrierAt(uint64_t* barrier, const char* what, uint32_t* offset) {
+  *offset = sharedOffset(barrier);
+  if (*offset % 8 != 0) fault("%s at shared byte %u: not 8-byte aligned", what, *offset);
+  const auto found = g_block->barriers.find(*offset);
+  if (found == g_block->barriers.end()) {
+    fault("%s at shared byte %u: no mbarrier.init in this block", what, *offset);
+  }
+  return found->second;
+}
+
+// Lets the threads waiting on the barrier at `offset` look again.
+void wakeWaiters(uint32_t offset) {
+  for (Fiber& fiber : g_block->fibers) {
+    if (fiber.wait == Wait::kMbarrier && fiber.barrier == offset) fiber.wait = Wait::kRunning;
+  }
+}
+
+// The phase completes once every expected arrival has come and every
+// announced byte has landed.
+void completeIfDone(Barrier& barrier, uint32_t offset) {
+  if (barrier.pending != 0 || barrier.bytes != 0) return;
+  ++barrier.phase;
+  barrier.pending = barrier.expected;
+  wakeWaiters(offset);
+}
+
+// The box of `copy.map` at (copy.row, copy.column) into shared memory:
+// rows of box[0] elements one after another, 128-byte swizzled where the
+// map says, zeros outside the matrix.
+void landTensorCopy(const TensorCopy& copy) {
+  const TensorMapFields& map = copy.map;
+  auto* shared = static_cast<unsigned char*>(g_block->dynamic_shared);
+  const uint64_t row_bytes = uint64_t{map.box[0]} * map.element_bytes;
+  for (uint32_t r = 0; r < map.box[1]; ++r) {
+    const int64_t y = int64_t{copy.row} + r;
+    for (uint32_t e = 0; e < map.box[0]; ++e) {
+      const int64_t x = int64_t{copy.column} + e;
+      uint64_t at = copy.dst + r * row_bytes + uint64_t{e} * map.element_bytes;
+      if (map.swizzle_bytes == 128) at = swizzle128(at);
+      if (at + map.element_bytes > g_block->dynamic_bytes) {
+        fault("tensor copy element (%u, %u) at shared byte %llu, past the block's %zu", r, e,
+              static_cast<unsigned long long>(at), g_block->dynamic_bytes);
+      }
+      const bool inside = x >= 0 && y >= 0 && static_cast<uint64_t>(x) < map.dims[0] &&
+                          static_cast<uint64_t>(y) < map.dims[1];
+      if (inside) {
+        std::memcpy(shared + at,
+                    map.address + static_cast<uint64_t>(y) * map.row_bytes +
+                        static_cast<uint64_t>(x) * map.element_bytes,
+                    map.element_bytes);
+      } else {
+        std::memset(shared + at, 0, map.element_bytes);
+      }
+    }
+  }
+}
+
+uint32_t boxBytes(const TensorMapFields& map) {
+  return map.box[0] * map.box[1] * map.element_bytes;
+}
+
+// Lands the copies still in flight on `barrier`, in issue order.
+void landCopies(Barrier& barrier, uint32_t offset) {
+  std::vector<TensorCopy> landing;
+  landing.swap(barrier.landing);
+  for (const TensorCopy& copy : landing) {
+    landTensorCopy(copy);
+    barrier.bytes -= boxBytes(copy.map);
+  }
+  if (!landing.empty()) completeIfDone(barrier, offset);
+}
+
+}  // namespace
+
+void barrierInit(uint64_t* barrier, uint32_t arrivals) {
+  current();
+  const uint32_t offset = sharedOffset(barrier);
+  if (offset % 8 != 0) fault("mbarrier.init at shared byte %u: not 8-byte aligned", offset);
+  if (arrivals == 0 || arrivals >= (1u << 20)) {
+    fault("mbarrier.init with %u arrivals (1 to 2^20 - 1 accepted)", arrivals);
+  }
+  Barrier& state = g_block->barriers[offset];
+  if (!state.landing.empty())
+    fault("mbarrier.init at shared byte %u with copies in flight", offset);
+  state = Barrier{arrivals, arrivals, 0, 0, {}};
+}
+
+void barrierArrive(uint64_t* barrier, uint32_t expect_bytes) {
+  current();
+  uint32_t offset = 0;
+  Barrier& state = barrierAt(barrier, "mbarrier.arrive", &offset);
+  if (state.pending == 0) fault("mbarrier.arrive at shared byte %u: no arrival pending", offset);
+  state.bytes += expect_bytes;
+  --state.pending;
+  completeIfDone(state, offset);
+}
+
+void barrierWait(uint64_t* barrier, uint32_t parity) {
+  Fiber& fiber = current();
+  if (parity > 1) fault("mbarrier.try_wait.parity with parity %u", parity);
+  for (;;) {
+    uint32_t offset = 0;
+    Barrier& state = barrierAt(barrier, "mbarrier.try_wait", &offset);
+    landCopies(state, offset);
+    if ((state.phase & 1) != parity) return;
+    fiber.wait = Wait::kMbarrier;
+    fiber.barrier = offset;
+    passTurn(fiber);
+  }
+}
+
+void tensorCopy(void* shared, const void* map, int32_t column, int32_t row, uint64_t* barrier) {
+  current();
+  TensorCopy copy;
+  std::memcpy(&copy.map, map, sizeof(copy.map));
+  if (copy.map.magic != kTensorMapMagic) {
+    fault("cp.async.bulk.tensor through %p: not a tensor map cuTensorMapEncodeTiled made", map);
+  }
+  copy.dst = sharedOffset(shared);
+  copy.column = column;
+  copy.row = row;
+  const uint32_t alignment = copy.map.swizzle_bytes == 128 ? 1024 : 128;
+  if (copy.dst % alignment != 0) {
+    fault("cp.async.bulk.tensor into shared byte %u: not %u-byte aligned", copy.dst, alignment);
+  }
+  uint32_t offset = 0;
+  Barrier& state = barrierAt(barrier, "cp.async.bulk.tensor's mbarrier", &offset);
+  if (g_block->descending) {
+    landTensorCopy(copy);
+    state.bytes -= boxBytes(copy.map);
+    completeIfDone(state, offset);
+  } else {
+    state.landing.push_back(copy);
+    wakeWaiters(offset);  // they land it as they look again
+  }
 }
 
 }  // namespace tandem::cuda_emu

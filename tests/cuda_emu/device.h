@@ -37,12 +37,14 @@
 #undef __shared__
 #undef __forceinline__
 #undef __launch_bounds__
+#undef __grid_constant__
 #define __global__
 #define __device__
 #define __host__
 #define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 
 #define TANDEM_CUDA_EMULATION 1
 
@@ -87,6 +89,22 @@ void warpgroupMma(float* d, int n, uint64_t a, uint64_t b);
 void warpgroupCommit();
 void warpgroupWait(int pending_groups);
 uint32_t sharedOffset(const void* p);
+
+// mbarrier and the tensor copies (kernels/cuda/tma.h). A barrier is an
+// 8-byte object in the block's dynamic shared memory; its state (expected
+// and pending arrivals, transaction bytes, phase) is kept beside it, so a
+// wait on one never initialized in this block stops the program. A waiting
+// thread gives its turn until the phase of the parity it waits for has
+// completed; when no thread can go on, the block stops with where each
+// waits. A tensor copy (cp.async.bulk.tensor.2d through a map the emulated
+// cuTensorMapEncodeTiled made) lands at once in odd blocks and in even ones
+// when a thread waits on its barrier (the two ends the PTX ISA allows;
+// wgmma, paired the other way round, reads its operands late in odd blocks
+// and at once in even ones), then counts its bytes off the barrier.
+void barrierInit(uint64_t* barrier, uint32_t arrivals);
+void barrierArrive(uint64_t* barrier, uint32_t expect_bytes);
+void barrierWait(uint64_t* barrier, uint32_t parity);
+void tensorCopy(void* shared, const void* map, int32_t column, int32_t row, uint64_t* barrier);
 
 // A static __shared__ object reached by a thread of the running block
 // (translate.cmake adds the call after each declaration): the first thread

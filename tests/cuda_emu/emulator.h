@@ -34,6 +34,22 @@ constexpr int kMultiprocessors = 4;
 constexpr size_t kSharedPerBlockOptin = 232448;
 constexpr size_t kSharedPerBlockDefault = 48 * 1024;
 
+// What the emulated cuTensorMapEncodeTiled (runtime.cpp) writes into a
+// CUtensorMap's 128 opaque bytes and a tensor copy (device.cpp) reads: a
+// two-dimensional map, elements `element_bytes` wide, dims[0] of them
+// contiguous per row, rows `row_bytes` apart; boxes of box[0] x box[1];
+// swizzle_bytes 0 (none) or 128.
+struct TensorMapFields {
+  uint64_t magic = 0;
+  const unsigned char* address = nullptr;
+  uint64_t dims[2] = {0, 0};
+  uint64_t row_bytes = 0;
+  uint32_t box[2] = {0, 0};
+  uint32_t element_bytes = 0;
+  uint32_t swizzle_bytes = 0;
+};
+inline constexpr uint64_t kTensorMapMagic = 0x54414e44454d4d41ull;
+
 // fault (device.h): aborts the program with a message, where a GPU would
 // report an illegal instruction or address, or hang.
 

@@ -196,6 +196,23 @@ std::vector<float> warpgroupMma(const std::vector<uint16_t>& a, const std::vecto
   return out;
 }
 
+std::vector<uint8_t> tensorCopy(const std::vector<uint16_t>& matrix, int64_t rows, int64_t k,
+                                int32_t column, int32_t row) {
+  auto* out = deviceBuffer<uint8_t>(4096);
+  uint16_t* dm = toDevice(matrix);
+#if defined(TANDEM_HAVE_WGMMA)
+  launchTensorCopyProbe(dm, rows, k, column, row, out);
+#else
+  (void)rows, (void)k, (void)column, (void)row;
+  std::fprintf(stderr, "tensorCopy: this build has no sm_90a probe\n");
+  std::abort();
+#endif
+  check(cudaGetLastError(), "tensorCopyProbeKernel");
+  auto bytes = fromDevice(out, 4096);
+  cudaFree(dm);
+  return bytes;
+}
+
 std::vector<uint32_t> loadMatrices(const std::vector<uint16_t>& tile, bool transposed) {
   auto* out = deviceBuffer<uint32_t>(128);
   uint16_t* dt = toDevice(tile);

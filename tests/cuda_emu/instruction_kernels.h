@@ -28,6 +28,14 @@ bool wgmmaAvailable();
 std::vector<float> warpgroupMma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
                                 const std::vector<float>& c);
 
+// The two 16 x 64 boxes at (row, column) and (row, column + 64) of a rows x k
+// bf16 matrix (bits, row-major), copied by kernels/cuda/tma.h's tensor
+// copies through bf16RowsTensorMap (128-byte swizzle) on one mbarrier's
+// phases 0 and 1 (wgmmaAvailable() must hold): the 4,096 bytes of shared
+// memory they landed in, as they lie.
+std::vector<uint8_t> tensorCopy(const std::vector<uint16_t>& matrix, int64_t rows, int64_t k,
+                                int32_t column, int32_t row);
+
 // loadMatrices (loadMatricesTransposed where `transposed`) over a 32 x 8
 // bf16 tile in shared memory (matrix i is rows 8i..8i + 7): out[4 · lane +
 // i] is lane's r[i].

@@ -5,6 +5,8 @@
 // Force-included after device.h.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -63,6 +65,28 @@ void wgmmaWait() {
 }
 template <int kBlocks>
 void wgmmaFenceRegisters(float (&)[kBlocks][4]) {}
+// Register budgets mean nothing here.
+template <uint32_t kRegisters>
+void raiseRegisters() {}
+template <uint32_t kRegisters>
+void lowerRegisters() {}
+
+// tma.h's instructions.
+inline void initBarrier(uint64_t* barrier, uint32_t arrivals) {
+  ::tandem::cuda_emu::barrierInit(barrier, arrivals);
+}
+inline void fenceBarrierInit() {}
+inline void arriveExpectingBytes(uint64_t* barrier, uint32_t bytes) {
+  ::tandem::cuda_emu::barrierArrive(barrier, bytes);
+}
+inline void arriveAtBarrier(uint64_t* barrier) { ::tandem::cuda_emu::barrierArrive(barrier, 0); }
+inline void waitBarrier(uint64_t* barrier, uint32_t parity) {
+  ::tandem::cuda_emu::barrierWait(barrier, parity);
+}
+inline void copyTileAsync(void* shared, const CUtensorMap* map, int32_t column, int32_t row,
+                          uint64_t* barrier) {
+  ::tandem::cuda_emu::tensorCopy(shared, map, column, row, barrier);
+}
 
 inline uint4 loadStreaming(const uint4* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {

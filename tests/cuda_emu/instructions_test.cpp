@@ -109,6 +109,41 @@ TEST_F(InstructionsTest, LoadMatricesGivesEachLaneItsPairAsStoredOrTransposed) {
   }
 }
 
+// Tensor copies (sm_90, kernels/cuda/tma.h): two 16 x 64 boxes of a 20 x 136
+// bf16 matrix from row 8, columns 64 and 128, on one barrier's two phases.
+// Rows 20 on and columns 136 on are outside: zeros. Each box row's 16-byte
+// chunk c lands at chunk c ^ row % 8 (the 128-byte swizzle from a
+// 1024-byte aligned box), the layout wgmma's swizzled descriptors read.
+TEST_F(InstructionsTest, TensorCopyLandsSwizzledBoxesWithZerosOutside) {
+  if (!wgmmaAvailable()) {
+    GTEST_SKIP() << "tensor copies need compute capability 9.0 and a build for sm_90";
+  }
+  const int64_t rows = 20, k = 136;
+  std::vector<uint16_t> matrix(static_cast<size_t>(rows * k));
+  for (size_t i = 0; i < matrix.size(); ++i) matrix[i] = static_cast<uint16_t>(i + 1);
+  const std::vector<uint8_t> out = tensorCopy(matrix, rows, k, 64, 8);
+  ASSERT_EQ(out.size(), 4096u);
+  int64_t wrong = 0;
+  for (int box = 0; box < 2; ++box) {
+    for (int r = 0; r < 16; ++r) {
+      for (int e = 0; e < 64; ++e) {
+        const int64_t row = 8 + r, column = 64 + 64 * box + e;
+        const uint16_t expected =
+            row < rows && column < k ? matrix[static_cast<size_t>(row * k + column)] : 0;
+        const size_t at =
+            static_cast<size_t>(box * 2048 + r * 128 + (e / 8 ^ r % 8) * 16 + e % 8 * 2);
+        uint16_t landed;
+        std::memcpy(&landed, out.data() + at, 2);
+        if (landed != expected && ++wrong <= 8) {
+          ADD_FAILURE() << "box " << box << ", row " << r << ", element " << e << ": " << landed
+                        << " at byte " << at << ", expected " << expected;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
 TEST_F(InstructionsTest, ShuffleXorExchangesLanes) {
   for (int mask : {1, 2, 16, 31}) {
     const std::vector<int> out = shuffleXor(mask);

@@ -7,6 +7,8 @@
 // or synchronizing during a capture is refused and invalidates it. Device memory comes
 // back filled with all-ones bytes (cudaMalloc does not clear), and copies
 // and memsets through device memory are checked against the allocations.
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -185,6 +187,93 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   }
   std::lock_guard lock(tandem::cuda_emu::g_mutex);
   tandem::cuda_emu::functionLimits()[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+namespace tandem::cuda_emu {
+namespace {
+
+size_t elementBytes(CUtensorMapDataType type) {
+  switch (type) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+      return 1;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+      return 2;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+    case CU_TENSOR_MAP_DATA_TYPE_INT32:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+      return 4;
+    default:
+      return 0;  // not emulated
+  }
+}
+
+// cuTensorMapEncodeTiled (CUDA Driver API reference), for what the
+// emulator's tensor copies do: rank 2, no interleave, element strides 1, no
+// swizzle or the 128-byte one with 128-byte box rows. The driver's checks
+// on those arguments are made (address 16-byte aligned; dims 1 to 2^32;
+// the row stride a multiple of 16 below 2^40; box dims 1 to 256, a box row
+// a multiple of 16 bytes, at most the swizzle's span); anything else
+// returns CUDA_ERROR_INVALID_VALUE, as the driver does for what it refuses.
+CUresult encodeTiled(CUtensorMap* tensor_map, CUtensorMapDataType type, cuuint32_t rank,
+                     void* address, const cuuint64_t* dims, const cuuint64_t* strides,
+                     const cuuint32_t* box, const cuuint32_t* element_strides,
+                     CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill fill) {
+  const size_t element = elementBytes(type);
+  if (tensor_map == nullptr || element == 0 || rank != 2 ||
+      reinterpret_cast<uintptr_t>(address) % 16 != 0 ||
+      interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (int d = 0; d < 2; ++d) {
+    if (dims[d] == 0 || dims[d] > (uint64_t{1} << 32) || box[d] == 0 || box[d] > 256 ||
+        element_strides[d] != 1) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  const uint64_t box_row = uint64_t{box[0]} * element;
+  if (strides[0] % 16 != 0 || strides[0] >= (uint64_t{1} << 40) || box_row % 16 != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE &&
+      (swizzle != CU_TENSOR_MAP_SWIZZLE_128B || box_row != 128)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  TensorMapFields fields;
+  fields.magic = kTensorMapMagic;
+  fields.address = static_cast<const unsigned char*>(address);
+  fields.dims[0] = dims[0];
+  fields.dims[1] = dims[1];
+  fields.row_bytes = strides[0];
+  fields.box[0] = box[0];
+  fields.box[1] = box[1];
+  fields.element_bytes = static_cast<uint32_t>(element);
+  fields.swizzle_bytes = swizzle == CU_TENSOR_MAP_SWIZZLE_128B ? 128 : 0;
+  static_assert(sizeof(fields) <= sizeof(CUtensorMap), "a tensor map holds the fields");
+  std::memset(tensor_map, 0, sizeof(*tensor_map));
+  std::memcpy(tensor_map, &fields, sizeof(fields));
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+}  // namespace tandem::cuda_emu
+
+// The driver functions the backend asks the runtime for: the emulated
+// cuTensorMapEncodeTiled; any other symbol is not found.
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function, unsigned int,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (symbol == nullptr || function == nullptr) return fail(cudaErrorInvalidValue);
+  if (std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0) {
+    *function = reinterpret_cast<void*>(&tandem::cuda_emu::encodeTiled);
+    if (status != nullptr) *status = cudaDriverEntryPointSuccess;
+    return cudaSuccess;
+  }
+  *function = nullptr;
+  if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 

@@ -1,8 +1,10 @@
-// The wgmma probe's kernel (instruction_kernels.h warpgroupMma), in a file
-// of its own: wgmma exists in sm_90a code only, so on a GPU build this file
+// The wgmma probe's kernel (instruction_kernels.h warpgroupMma) and the
+// tensor copy probe's (tensorCopy), in a file of their own: wgmma exists in
+// sm_90a code only and tensor copies in sm_90, so on a GPU build this file
 // alone is compiled for sm_90a (tests/cuda_emu/CMakeLists.txt).
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/tma.h"
 #include "kernels/cuda/wgmma.h"
 #include "tests/cuda_emu/wgmma_probe.h"
 
@@ -64,7 +66,42 @@ __global__ void wgmmaProbeKernel(const uint16_t* a, const uint16_t* b, const flo
   }
 }
 
+constexpr int kBoxRows = 16;
+constexpr int kBoxBytes = kBoxRows * 64 * 2;
+
+// Two boxes, side by side in k, through one barrier's phases 0 and 1.
+__global__ void tensorCopyProbeKernel(const __grid_constant__ CUtensorMap map, int32_t column,
+                                      int32_t row, uint8_t* out) {
+  using namespace kernels::cuda;
+  extern __shared__ __align__(1024) uint8_t raw[];
+  uint8_t* boxes = raw + (1024 - sharedAddress(raw) % 1024) % 1024;
+  auto* barrier = reinterpret_cast<uint64_t*>(boxes + 2 * kBoxBytes);
+  if (threadIdx.x == 0) {
+    initBarrier(barrier, 1);
+    fenceBarrierInit();
+  }
+  __syncthreads();
+  for (uint32_t phase = 0; phase < 2; ++phase) {
+    if (threadIdx.x == 0) {
+      arriveExpectingBytes(barrier, kBoxBytes);
+      copyTileAsync(boxes + phase * kBoxBytes, &map, column + static_cast<int32_t>(phase) * 64, row,
+                    barrier);
+    }
+    waitBarrier(barrier, phase);
+    // Every thread past this phase before the next can complete (a wait
+    // for parity 0 would otherwise take phase 2 for phase 0).
+    __syncthreads();
+  }
+  for (int i = static_cast<int>(threadIdx.x); i < 2 * kBoxBytes; i += 128) out[i] = boxes[i];
+}
+
 }  // namespace
+
+void launchTensorCopyProbe(const uint16_t* matrix, int64_t rows, int64_t k, int32_t column,
+                           int32_t row, uint8_t* out) {
+  const CUtensorMap map = kernels::cuda::bf16RowsTensorMap(matrix, rows, k, kBoxRows);
+  tensorCopyProbeKernel<<<1, 128, 2 * kBoxBytes + 1024 + 8>>>(map, column, row, out);
+}
 
 void launchWgmmaProbe(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
   wgmmaProbeKernel<<<1, 128, kABytes + 128 * 16 * 2>>>(a, b, c, d);

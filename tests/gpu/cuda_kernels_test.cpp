@@ -663,7 +663,7 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     // The pipelined kernel's other configurations (K step 32 or 64, three or
     // four stages: CudaBackendOptions::bf16_gemm_config; the default is the
     // serving one, which the description leaves unnamed): the same rows,
-    // bit for bit. (The wgmma twins, 4 and 5, have a test of their own below.)
+    // bit for bit. (The wgmma twins, 4 to 6, have a test of their own below.)
     EXPECT_EQ(bf16_backend->description().find("bf16 GEMM configuration"), std::string::npos);
     for (int config = 0; config < kBf16GemmWgmma; ++config) {
       if (config == kBf16GemmServing) continue;
@@ -678,8 +678,9 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       EXPECT_EQ(0, std::memcmp(all.data(), rows.data(), rows.size() * sizeof(float)))
           << "configuration " << config << ", m " << m;
     }
-    options.bf16_gemm_config = 6;
-    EXPECT_THROW(cuda::makeCudaBackend(0, options), Error) << "no configuration 6";
+    options.bf16_gemm_config = kBf16GemmConfigs;
+    EXPECT_THROW(cuda::makeCudaBackend(0, options), Error)
+        << "no configuration " << kBf16GemmConfigs;
     options.bf16_gemm_config = kBf16GemmServing;
     for (const int64_t row : {int64_t{40}, int64_t{2047}}) {
       const std::vector<float> one(x.begin() + row * k, x.begin() + (row + 1) * k);
@@ -707,8 +708,8 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
   }
 }
 
-// The wgmma twins of the pipelined kernel (bf16 GEMM configurations 4 and
-// 5; compute capability 9.0 only, the emulator's device is one): the same
+// The wgmma twins of the pipelined kernel (bf16 GEMM configurations 4 to
+// 6; compute capability 9.0 only, the emulator's device is one): the same
 // mma chain on another instruction, so equal rows mean that HGMMA rounds a
 // k16 step as HMMA does (docs/cuda.md "The wgmma configurations"). A test
 // of its own, so that a difference here is told apart from a fault of the
