@@ -333,11 +333,11 @@ class Backend {
 
 // The CUDA bf16 prefill GEMM's configurations (BackendOptions::
 // bf16_gemm_config): the pipelined mma.sync kernel's K step and depth
-// (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a; 6 fed by tensor
-// copies). The same mma chain, so the same bits, in each (an H200 compared
+// (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a; 6 and 7 fed by
+// tensor copies). The same mma chain, so the same bits, in each (an H200 compared
 // 0-5: docs/cuda.md); kBf16GemmServing, the fastest there, is the one that
 // serves.
-inline constexpr int kBf16GemmConfigs = 7;
+inline constexpr int kBf16GemmConfigs = 8;
 inline constexpr int kBf16GemmWgmma = 4;
 inline constexpr int kBf16GemmServing = 1;
 inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
@@ -347,7 +347,8 @@ inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
     "K step 32, 4 stages",
     "wgmma 128 x 128, K step 64",
     "wgmma 128 x 256, K step 64, overlapped",
-    "wgmma 128 x 256, tensor copies, 4 stages, producer warpgroup"};
+    "wgmma 128 x 256, tensor copies, 4 stages, producer warpgroup",
+    "wgmma 128 x 256, tensor copies, persistent (a block per SM)"};
 
 // True when this build has the CUDA backend.
 bool cudaBuilt();

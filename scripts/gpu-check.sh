@@ -154,13 +154,13 @@ if [[ "${fast}" == "1" ]]; then
         ctest --test-dir "${build}" -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
     fi
   done
-  # The wgmma twins of the bf16 GEMM (configurations 4 to 6, compute
+  # The wgmma twins of the bf16 GEMM (configurations 4 to 7, compute
   # capability 9.0 only): the instruction probes (descriptors and the
   # accumulator layout; tensor copies, their swizzle and barriers; a
   # failure is a fault of that code) and their rows
   # against configuration 0's (a difference says HGMMA rounds a k16 step
   # otherwise than HMMA). Reported apart: no serving path runs them.
-  echo "== wgmma: the instruction probes, and bf16 GEMM configurations 4 to 6 against 0"
+  echo "== wgmma: the instruction probes, and bf16 GEMM configurations 4 to 7 against 0"
   if [[ "${prebuilt}" == "1" ]]; then
     for test in gpu_instructions_test gpu_cuda_kernels_test; do
       limited "${build}/tests/${test}" --gtest_filter='*Warpgroup*:*Wgmma*:*TensorCopy*' --gtest_brief=1 ||
@@ -448,7 +448,7 @@ if [[ "${reference_failed}" != "0" ]]; then
   exit 1
 fi
 if [[ "${wgmma_failed}" != "0" ]]; then
-  echo "== wgmma (bf16 GEMM configurations 4 to 6; no serving path): a probe failed or the rows" \
+  echo "== wgmma (bf16 GEMM configurations 4 to 7; no serving path): a probe failed or the rows" \
     "differ from configuration 0's (see above)"
 fi
 if [[ "${fast_failed}" != "0" ]]; then

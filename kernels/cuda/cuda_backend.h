@@ -50,11 +50,11 @@ struct CudaBackendOptions {
   bool rope_variants = true;
   // The bf16 prefill GEMM's K step and pipeline depth (matmul_bf16_mma.cu's
   // pipelined configurations, 0 .. 3; kBf16GemmServing, 1, the fastest on
-  // an H200, serves), or 4 to 6: its wgmma twins, 128 x 128 and 128 x 256
-  // tiles, 6 fed by tensor copies (matmul_bf16_wgmma.cu; compute capability
-  // 9.0 and a build for sm_90 only, refused otherwise). Every configuration
-  // runs the same mma chain; tandem-bench engine --bf16-gemm-configs
-  // measures them side by side and compares their bits.
+  // an H200, serves), or 4 to 7: its wgmma twins, 128 x 128 and 128 x 256
+  // tiles, 6 and 7 fed by tensor copies (7 on a persistent grid) (matmul_bf16_wgmma.cu; compute
+  // capability 9.0 and a build for sm_90 only, refused otherwise). Every configuration runs the
+  // same mma chain; tandem-bench engine --bf16-gemm-configs measures them side by side and compares
+  // their bits.
   int bf16_gemm_config = kBf16GemmServing;
   // The most scratch the fast GEMV keeps for its chunk partials; a matmul
   // needing more runs its columns in slices, one launch pair each.

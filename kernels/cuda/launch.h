@@ -124,7 +124,7 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
 
 // matmul_bf16_wgmma.cu (sm_90a only): wgmma configuration `config`'s kernel
 // (4: 128 x 128 tiles; 5: 128 x 256, overlapped steps; 6: 128 x 256 fed by
-// tensor copies) over x already rounded to bf16 (k a multiple of 8,
+// tensor copies; 7: 6 on a persistent grid) over x already rounded to bf16 (k a multiple of 8,
 // 16-byte aligned operands).
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
                      const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config);

@@ -49,7 +49,7 @@
 // On sm_90 these are HMMA, not Hopper's wgmma (HGMMA): a faster kernel keeps
 // this order only if it keeps one k16 mma chain per output, and gives these
 // bits only if an HGMMA k16 step rounds as an HMMA one does. Configurations
-// 4 to 6 (matmul_bf16_wgmma.cu) are that kernel, to be compared on a GPU.
+// 4 to 7 (matmul_bf16_wgmma.cu) are that kernel, to be compared on a GPU.
 // All three store through an epilogue (epilogue.h): a lane's C fragment
 // holds outputs in column pairs (2j, 2j + 1), so SiLU·up over gate/up pairs
 // is computed where they are stored; the epilogue runs after the chain, so
@@ -720,6 +720,7 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
       case kBf16GemmWgmma:
       case kBf16GemmWgmma + 1:
       case kBf16GemmWgmma + 2:
+      case kBf16GemmWgmma + 3:
         launchBf16Wgmma(stream, x_bf16, m, k, weights, n, out, config);
         return;
       case 1:

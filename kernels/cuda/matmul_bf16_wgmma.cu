@@ -1,5 +1,5 @@
 // The bf16 GEMM of matmul_bf16_mma.cu on Hopper's warpgroup MMA (wgmma,
-// HGMMA in SASS): bf16 GEMM configurations 4 to 6 (CudaBackendOptions::
+// HGMMA in SASS): bf16 GEMM configurations 4 to 7 (CudaBackendOptions::
 // bf16_gemm_config), twins of the pipelined kernel for m > 256 with k a
 // multiple of 8 and 16-byte aligned operands, over x already rounded to
 // bf16. Compiled for sm_90a alone (kernels/CMakeLists.txt); the backend
@@ -46,9 +46,14 @@
 // overlap the wait for the next). Operands stored with the 128-byte swizzle
 // (rows of 128 bytes, no bank conflicts for the copy engine or wgmma);
 // rows and k past the matrix land as zeros, and slices wholly past k are
-// not issued, as in configurations 4 and 5.
+// not issued, as in configurations 4 and 5. Configuration 7: the same
+// kernel on a persistent grid, one block per SM walking the output tiles,
+// the barriers' phases running on from tile to tile, so the next tile's
+// copies land while this one's outputs are stored.
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "common/check.h"
 #include "kernels/cuda/epilogue.h"
@@ -253,6 +258,15 @@ __device__ __forceinline__ void multiply(float (&acc)[kTileN / 8][4], const uint
   wgmmaBf16M64N256(acc, wgmmaSwizzledDescriptor(a), wgmmaSwizzledDescriptor(b));
 }
 
+// Output tile t: rows t % m_tiles · 128 on, columns t / m_tiles · 256 on
+// (tiles that follow each other share a weight tile). Without kPersistent a
+// block multiplies one tile, (blockIdx.x, blockIdx.y) its (column, row)
+// tile (configuration 6); with it (configuration 7) the grid is one block
+// per SM and block b multiplies tiles b, b + gridDim.x, ... The barriers'
+// phases run on across a block's tiles (K step `at` of the block uses stage
+// at % kStages in its at / kStages-th round), so the producer fills the
+// next tile's first stages while the consumers store this one's outputs.
+template <bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1)
     bf16CopiedKernel(const __grid_constant__ CUtensorMap x_map,
                      const __grid_constant__ CUtensorMap w_map, int64_t m, int64_t k, int64_t n,
@@ -262,8 +276,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
-  const auto m0 = static_cast<int32_t>(blockIdx.y * kTileM);
-  const auto n0 = static_cast<int32_t>(blockIdx.x * kTileN);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       initBarrier(&full[s], 1);
@@ -272,22 +284,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     fenceBarrierInit();
   }
   __syncthreads();
+  const int64_t m_tiles = (m + kTileM - 1) / kTileM;
+  const int64_t tiles = m_tiles * ((n + kTileN - 1) / kTileN);
+  const int64_t first =
+      kPersistent ? int64_t{blockIdx.x} : int64_t{blockIdx.x} * m_tiles + blockIdx.y;
+  const int64_t stride = kPersistent ? int64_t{gridDim.x} : tiles;
   const int64_t steps = (k + kTileK - 1) / kTileK;
 
   if (warpgroup == 0) {
     lowerRegisters<40>();
     if (threadIdx.x == 0) {
-      for (int64_t step = 0; step < steps; ++step) {
-        const auto s = static_cast<int>(step % kStages);
-        const auto round = static_cast<uint32_t>(step / kStages);
-        // The stage's multiplies of `kStages` steps ago are done (a fresh
-        // barrier's parity-1 phase counts as done).
-        waitBarrier(&empty[s], (round & 1) ^ 1);
-        uint8_t* stage = stages + s * kStageBytes;
-        arriveExpectingBytes(&full[s], kStageBytes);
-        const auto column = static_cast<int32_t>(step * kTileK);
-        copyTileAsync(stage, &x_map, column, m0, &full[s]);
-        copyTileAsync(stage + kATileBytes, &w_map, column, n0, &full[s]);
+      int64_t at = 0;  // the block's K steps issued so far
+      for (int64_t t = first; t < tiles; t += stride) {
+        const auto m0 = static_cast<int32_t>(t % m_tiles * kTileM);
+        const auto n0 = static_cast<int32_t>(t / m_tiles * kTileN);
+        for (int64_t step = 0; step < steps; ++step, ++at) {
+          const auto s = static_cast<int>(at % kStages);
+          // The stage's multiplies of kStages steps ago are done (a fresh
+          // barrier's parity-1 phase counts as done).
+          waitBarrier(&empty[s], (static_cast<uint32_t>(at / kStages) & 1) ^ 1);
+          uint8_t* stage = stages + s * kStageBytes;
+          arriveExpectingBytes(&full[s], kStageBytes);
+          const auto column = static_cast<int32_t>(step * kTileK);
+          copyTileAsync(stage, &x_map, column, m0, &full[s]);
+          copyTileAsync(stage + kATileBytes, &w_map, column, n0, &full[s]);
+        }
       }
     }
     return;
@@ -298,59 +319,88 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = static_cast<int>(threadIdx.x) / 32 % 4;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const bool releases = threadIdx.x % 128 == 0;
-  float acc[1][kTileN / 8][4];
-#pragma unroll
-  for (int j = 0; j < kTileN / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.0f;
-  }
-  // The zeros stay before the first multiplies' fence (set between a fence
-  // and its wgmma they would serialize every multiply).
-  wgmmaFenceRegisters(acc[0]);
-  // Whole K steps, then the partial one: two loops, so that a whole step's
-  // four multiplies have no branch between them.
   const int64_t whole = k / kTileK;
-  for (int64_t step = 0; step < whole; ++step) {
-    const auto s = static_cast<int>(step % kStages);
-    waitBarrier(&full[s], static_cast<uint32_t>(step / kStages) & 1);
-    const uint8_t* stage = stages + s * kStageBytes;
-    wgmmaFence();
+  int64_t used = 0;  // the block's K steps consumed before this tile
+  for (int64_t t = first; t < tiles; t += stride, used += steps) {
+    float acc[1][kTileN / 8][4];
 #pragma unroll
-    for (int slice = 0; slice < kTileK / kSliceK; ++slice) multiply(acc[0], stage, consumer, slice);
-    wgmmaCommit();
-    // The step before is done: its stage is free.
-    wgmmaWait<1>();
-    if (step > 0 && releases) arriveAtBarrier(&empty[(step - 1) % kStages]);
-  }
-  if (whole < steps) {
-    const auto s = static_cast<int>(whole % kStages);
-    waitBarrier(&full[s], static_cast<uint32_t>(whole / kStages) & 1);
-    const uint8_t* stage = stages + s * kStageBytes;
-    wgmmaFence();
-    // Slices past k issue no instruction, whatever m is.
-    for (int slice = 0; whole * kTileK + slice * kSliceK < k; ++slice) {
-      multiply(acc[0], stage, consumer, slice);
+    for (int j = 0; j < kTileN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.0f;
     }
-    wgmmaCommit();
+    // The zeros stay before the first multiplies' fence (set between a
+    // fence and its wgmma they would serialize every multiply).
+    wgmmaFenceRegisters(acc[0]);
+    // Whole K steps, then the partial one: two loops, so that a whole
+    // step's four multiplies have no branch between them. After each, the
+    // step before is done (one group left in flight): its stage is free.
+    for (int64_t step = 0; step < whole; ++step) {
+      const int64_t at = used + step;
+      const auto s = static_cast<int>(at % kStages);
+      waitBarrier(&full[s], static_cast<uint32_t>(at / kStages) & 1);
+      const uint8_t* stage = stages + s * kStageBytes;
+      wgmmaFence();
+#pragma unroll
+      for (int slice = 0; slice < kTileK / kSliceK; ++slice) {
+        multiply(acc[0], stage, consumer, slice);
+      }
+      wgmmaCommit();
+      wgmmaWait<1>();
+      if (step > 0 && releases) arriveAtBarrier(&empty[(at - 1) % kStages]);
+    }
+    if (whole < steps) {
+      const int64_t at = used + whole;
+      const auto s = static_cast<int>(at % kStages);
+      waitBarrier(&full[s], static_cast<uint32_t>(at / kStages) & 1);
+      const uint8_t* stage = stages + s * kStageBytes;
+      wgmmaFence();
+      // Slices past k issue no instruction, whatever m is.
+      for (int slice = 0; whole * kTileK + slice * kSliceK < k; ++slice) {
+        multiply(acc[0], stage, consumer, slice);
+      }
+      wgmmaCommit();
+      wgmmaWait<1>();
+      if (whole > 0 && releases) arriveAtBarrier(&empty[(at - 1) % kStages]);
+    }
+    wgmmaWait<0>();
+    wgmmaFenceRegisters(acc[0]);
+    // The tile's last stage is free as well: the producer fills it with the
+    // next tile's step while these outputs are stored.
+    if (releases) arriveAtBarrier(&empty[(used + steps - 1) % kStages]);
+    storeTiles(acc, t % m_tiles * kTileM + consumer * 64 + warp * 16 + lane / 4,
+               t / m_tiles * kTileN + lane % 4 * 2, m, n, out);
   }
-  wgmmaWait<0>();
-  wgmmaFenceRegisters(acc[0]);
-  storeTiles(acc, m0 + consumer * 64 + warp * 16 + lane / 4, n0 + lane % 4 * 2, m, n, out);
 }
 
+// The device's multiprocessors (the persistent grid's size).
+int multiprocessors() {
+  int device = 0;
+  cudaDeviceProp props{};
+  TANDEM_CHECK(cudaGetDevice(&device) == cudaSuccess &&
+                   cudaGetDeviceProperties(&props, device) == cudaSuccess,
+               "bf16 wgmma matmul: cannot read the device's multiprocessor count");
+  return props.multiProcessorCount;
+}
+
+template <bool kPersistent>
 void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
             const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
   static const cudaError_t opted_in = cudaFuncSetAttribute(
-      bf16CopiedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+      bf16CopiedKernel<kPersistent>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kSmemBytes));
   TANDEM_CHECK(opted_in == cudaSuccess,
                "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
   TANDEM_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
                "bf16 wgmma matmul: a tensor copy's coordinates are 32-bit");
   const CUtensorMap x_map = bf16RowsTensorMap(x_bf16, m, k, kTileM);
   const CUtensorMap w_map = bf16RowsTensorMap(weights, n, k, kTileN);
-  const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, kTileN)),
-                   static_cast<unsigned int>(ceilDiv(m, kTileM)));
-  bf16CopiedKernel<<<tiles, kThreads, kSmemBytes, stream>>>(x_map, w_map, m, k, n, out);
+  const int64_t m_tiles = ceilDiv(m, kTileM), n_tiles = ceilDiv(n, kTileN);
+  dim3 grid(static_cast<unsigned int>(n_tiles), static_cast<unsigned int>(m_tiles));
+  if (kPersistent) {
+    static const int sms = multiprocessors();
+    grid = dim3(static_cast<unsigned int>(std::min<int64_t>(m_tiles * n_tiles, sms)));
+  }
+  bf16CopiedKernel<kPersistent><<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, m, k, n, out);
 }
 
 }  // namespace copied
@@ -371,7 +421,10 @@ void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int
       launchShape<Shape5>(stream, x_bf16, m, k, weights, n, out);
       return;
     case kBf16GemmWgmma + 2:
-      copied::launch(stream, x_bf16, m, k, weights, n, out);
+      copied::launch<false>(stream, x_bf16, m, k, weights, n, out);
+      return;
+    case kBf16GemmWgmma + 3:
+      copied::launch<true>(stream, x_bf16, m, k, weights, n, out);
       return;
     default:
       TANDEM_CHECK(false, "bf16 wgmma matmul: configuration " + std::to_string(config) +

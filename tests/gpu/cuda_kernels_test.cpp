@@ -663,7 +663,7 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     // The pipelined kernel's other configurations (K step 32 or 64, three or
     // four stages: CudaBackendOptions::bf16_gemm_config; the default is the
     // serving one, which the description leaves unnamed): the same rows,
-    // bit for bit. (The wgmma twins, 4 to 6, have a test of their own below.)
+    // bit for bit. (The wgmma twins, 4 to 7, have a test of their own below.)
     EXPECT_EQ(bf16_backend->description().find("bf16 GEMM configuration"), std::string::npos);
     for (int config = 0; config < kBf16GemmWgmma; ++config) {
       if (config == kBf16GemmServing) continue;
@@ -709,7 +709,7 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
 }
 
 // The wgmma twins of the pipelined kernel (bf16 GEMM configurations 4 to
-// 6; compute capability 9.0 only, the emulator's device is one): the same
+// 7; compute capability 9.0 only, the emulator's device is one): the same
 // mma chain on another instruction, so equal rows mean that HGMMA rounds a
 // k16 step as HMMA does (docs/cuda.md "The wgmma configurations"). A test
 // of its own, so that a difference here is told apart from a fault of the

@@ -706,7 +706,7 @@ int runEngineBench(const EngineBenchOptions& options) {
   // A bf16 GEMM configuration whose outputs differ from configuration 0's
   // breaks the promise they all keep.
   for (const auto& row : gemm_configs_json) {
-    // A row not run compares nothing; the wgmma twins (4 to 6) may round a
+    // A row not run compares nothing; the wgmma twins (4 to 7) may round a
     // k16 step otherwise than HMMA: what they print is the finding.
     if (row.at("config").get<int>() < kernels::kBf16GemmWgmma &&
         !row.value("same_bits_as_config0", true)) {
