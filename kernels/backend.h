@@ -381,6 +381,9 @@ struct BackendOptions {
   bool unordered_decode = false;
   // CUDA fast kernels: CudaBackendOptions::deep_skinny (the same bits).
   bool deep_skinny = false;
+  // CUDA flash kernels: CudaBackendOptions::compact_attention (the same
+  // bits).
+  bool compact_attention = false;
   // Fewer launches per decode layer where the CUDA fast kernels run (the
   // agent's --fuse-projections), the same bits
   // (CudaBackendOptions::fused_launches); nothing elsewhere.

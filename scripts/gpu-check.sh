@@ -271,9 +271,11 @@ for model in "${models[@]}"; do
       # batch-invariant: what the fixed order costs, printed below); then
       # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
       # The flash attention kernel last, with bf16 compute and fused
-      # projections (the serving defaults), then the same with three batches
-      # of decode loads in flight (--deep-skinny: the same bits; compared
-      # below).
+      # projections (the serving defaults), then the same with the
+      # candidates for the next defaults: three batches of decode loads in
+      # flight (--deep-skinny) and a block per query tile of a prefill's
+      # flash attention (--compact-attention), each the same bits; compared
+      # below (decode steps are recorded, where the tiles are not used).
       variants=()
       [[ "${f32_bench}" == "1" ]] && variants+=("--cuda-kernels fast")
       variants+=("--cuda-kernels fast --compute-dtype bf16"
@@ -281,7 +283,7 @@ for model in "${models[@]}"; do
         "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
         variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections"
-          "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny")
+          "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
         # The plain bf16 run at batch 1 also times the bf16 GEMM's
@@ -332,10 +334,12 @@ for model in "${models[@]}"; do
   done
 done
 
-# ---- three batches of decode loads in flight (--deep-skinny, docs/cuda.md) ----------------
-# Not yet a default: its rows' bits are checked by gpu_cuda_kernels_test
-# (Bf16MmaRowsAreBitwiseEqualForAnyRowCount); here its decode step over the
-# serving configuration's, from the two flash runs above.
+# ---- the candidates: deep decode loads, compact attention grid (docs/cuda.md) -------------
+# Not yet defaults: their bits are checked by gpu_cuda_kernels_test
+# (Bf16MmaRowsAreBitwiseEqualForAnyRowCount, FlashAttentionIsNearThe
+# ReferenceAndInvariant); here the decode step (deep loads) and the prefill
+# (compact grid) over the serving configuration's, from the two flash runs
+# above.
 for model in "${models[@]}"; do
   for batch in "${batches[@]}"; do
     run="${json_dir}/engine-${model}-batch${batch}-flash-bf16-fused"
@@ -345,6 +349,11 @@ for model in "${models[@]}"; do
     awk -v m="${model}" -v b="${batch}" -v p="${plain_s}" -v d="${deep_s}" 'BEGIN {
       printf "== deep decode loads, %s batch %s: decode step %.3f ms two batches, %.3f ms " \
         "three: %.3f\n", m, b, p * 1e3, d * 1e3, p / d }'
+    plain_p=$(grep -o '"prefill_tokens_per_s": *[0-9.e+-]*' "${run}.json" | grep -o '[0-9.e+-]*$')
+    tiled_p=$(grep -o '"prefill_tokens_per_s": *[0-9.e+-]*' "${run}-deep.json" | grep -o '[0-9.e+-]*$')
+    awk -v m="${model}" -v b="${batch}" -v p="${plain_p}" -v t="${tiled_p}" 'BEGIN {
+      printf "== compact attention grid, %s batch %s: prefill %.1f tok/s a block per row, " \
+        "%.1f a block per tile: %.3f\n", m, b, p, t, t / p }'
   done
 done
 

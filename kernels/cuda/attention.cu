@@ -389,8 +389,9 @@ constexpr int kFlashPositions = 64;
 constexpr int kFlashPad = 8;  // bf16 per shared-memory row beyond head_dim
 
 // Whether batch row `row` begins a tile: an active row at a multiple of 16,
-// or one the previous row does not precede in the same sequence.
-__device__ __forceinline__ bool flashTileStart(const RowKv* row_kv, int64_t row) {
+// or one the previous row does not precede in the same sequence. On the
+// device, and on the host for flashTiles.
+__host__ __device__ __forceinline__ bool flashTileStart(const RowKv* row_kv, int64_t row) {
   const RowKv info = row_kv[row];
   if (info.active == 0) return false;
   if (row == 0 || info.position % kFlashRows == 0) return true;
@@ -401,9 +402,10 @@ __device__ __forceinline__ bool flashTileStart(const RowKv* row_kv, int64_t row)
 
 template <int kHeadDim>
 __global__ void __launch_bounds__(kMaxGroup * 32)
-    attentionFlashKernel(const RowKv* row_kv, int64_t rows, const int32_t* block_tables,
-                         CacheGeometry g, const float* q, int64_t num_heads, int64_t group,
-                         float scale, int64_t max_splits, float* max_and_sum, float* acc) {
+    attentionFlashKernel(const RowKv* row_kv, int64_t rows, const FlashTile* tiles,
+                         const int32_t* block_tables, CacheGeometry g, const float* q,
+                         int64_t num_heads, int64_t group, float scale, int64_t max_splits,
+                         float* max_and_sum, float* acc) {
   constexpr int kStride = kHeadDim + kFlashPad;
   constexpr int kSlices = kHeadDim / 16;               // k slices of the score mma
   constexpr int kDimTiles = kHeadDim / 8;              // n tiles of the output mma
@@ -412,15 +414,21 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   __shared__ __align__(16) uint16_t k_tile[kFlashPositions][kStride];
   __shared__ __align__(16) uint16_t v_tile[kFlashPositions][kStride];
 
-  const int64_t first = blockIdx.x;
-  // Uniform per block: every thread reads the same rows.
-  if (!flashTileStart(row_kv, first)) return;
-  const RowKv info = row_kv[first];
+  // The block's tile: given (a block per tile), or found from its row (a
+  // block per row; uniform per block: every thread reads the same rows).
+  int64_t first = blockIdx.x;
   int64_t count = 1;
-  while (count < kFlashRows && first + count < rows && row_kv[first + count].active != 0 &&
-         !flashTileStart(row_kv, first + count)) {
-    ++count;
+  if (tiles != nullptr) {
+    first = tiles[blockIdx.x].first_row;
+    count = tiles[blockIdx.x].rows;
+  } else {
+    if (!flashTileStart(row_kv, first)) return;
+    while (count < kFlashRows && first + count < rows && row_kv[first + count].active != 0 &&
+           !flashTileStart(row_kv, first + count)) {
+      ++count;
+    }
   }
+  const RowKv info = row_kv[first];
   const int64_t position0 = info.position;
   const int64_t start = static_cast<int64_t>(blockIdx.z) * kAttentionSplit;
   const int64_t last = position0 + count - 1;  // the block's last attended position
@@ -611,6 +619,20 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
 
 }  // namespace
 
+std::vector<FlashTile> flashTiles(const RowKv* row_kv, int64_t rows) {
+  std::vector<FlashTile> tiles;
+  for (int64_t row = 0; row < rows; ++row) {
+    if (!flashTileStart(row_kv, row)) continue;
+    FlashTile tile{static_cast<int32_t>(row), 1};
+    while (tile.rows < kFlashRows && row + tile.rows < rows &&
+           row_kv[row + tile.rows].active != 0 && !flashTileStart(row_kv, row + tile.rows)) {
+      ++tile.rows;
+    }
+    tiles.push_back(tile);
+  }
+  return tiles;
+}
+
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
                    int32_t layer, const float* k, const float* v) {
   if (batch.rows <= 0) return;
@@ -661,11 +683,15 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
   const auto rows = static_cast<unsigned int>(batch.rows);
   const auto split_count = static_cast<unsigned int>(splits);
   if (kernel == AttentionKernel::kFlash && flashAttentionSupported(cache, num_heads)) {
-    const dim3 grid(rows, static_cast<unsigned int>(cache.num_kv_heads), split_count);
+    // A block per query tile where the backend gave them, else per row.
+    const bool per_tile = batch.flash_tiles != nullptr && batch.flash_tile_count > 0;
+    const dim3 grid(per_tile ? static_cast<unsigned int>(batch.flash_tile_count) : rows,
+                    static_cast<unsigned int>(cache.num_kv_heads), split_count);
     const auto threads = static_cast<unsigned int>(group * 32);
     auto flash = [&](auto instance) {
-      instance<<<grid, threads, 0, stream>>>(batch.row_kv, batch.rows, batch.block_tables, g, q,
-                                             num_heads, group, scale, splits, max_and_sum, acc);
+      instance<<<grid, threads, 0, stream>>>(
+          batch.row_kv, batch.rows, per_tile ? batch.flash_tiles : nullptr, batch.block_tables, g,
+          q, num_heads, group, scale, splits, max_and_sum, acc);
     };
     switch (cache.head_dim) {
       case 16:

@@ -70,6 +70,8 @@ class CudaBackend final : public Backend {
         flash_attention_(options.fast_kernels && options.flash_attention),
         unordered_decode_(options.fast_kernels && options.unordered_decode),
         deep_skinny_(options.fast_kernels && options.deep_skinny),
+        compact_attention_(options.fast_kernels && options.flash_attention &&
+                           options.compact_attention),
         fused_launches_(options.fast_kernels && options.fused_launches),
         rope_variants_(options.rope_variants),
         bf16_gemm_config_(options.bf16_gemm_config),
@@ -111,6 +113,7 @@ class CudaBackend final : public Backend {
     }
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     if (deep_skinny_) description_ += ", deep decode loads";
+    if (compact_attention_) description_ += ", compact attention grid";
     sm_count_ = props.multiProcessorCount;
   }
 
@@ -782,6 +785,7 @@ class CudaBackend final : public Backend {
   bool flash_attention_ = false;
   bool unordered_decode_ = false;            // CudaBackendOptions::unordered_decode
   bool deep_skinny_ = false;                 // CudaBackendOptions::deep_skinny
+  bool compact_attention_ = false;           // CudaBackendOptions::compact_attention
   bool fused_launches_ = false;              // CudaBackendOptions::fused_launches
   bool rope_variants_ = false;               // CudaBackendOptions::rope_variants
   int bf16_gemm_config_ = kBf16GemmServing;  // CudaBackendOptions::bf16_gemm_config
@@ -877,14 +881,24 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
     }
   }
 
+  // A padded decode batch (decodeBucket) may be recorded; its attention runs
+  // over a power-of-two number of splits so one recording serves many
+  // context lengths. Any other step's flash attention may run a block per
+  // query tile (compact_attention), the tiles listed here.
+  const bool recordable = one_row_each && bucketOf(num_sequences) == num_sequences;
+  const std::vector<FlashTile> tiles = compact_attention_ && !recordable
+                                           ? flashTiles(host_row_kv_.data(), rows)
+                                           : std::vector<FlashTile>{};
+
   // Packed layout, every section 16-byte aligned.
   const size_t ids_at = 0;
   const size_t positions_at = alignUp(ids_at + rows * sizeof(int32_t), 16);
   const size_t row_kv_at = alignUp(positions_at + rows * sizeof(int32_t), 16);
   const size_t last_rows_at = alignUp(row_kv_at + rows * sizeof(RowKv), 16);
   const size_t tables_at = alignUp(last_rows_at + num_sequences * sizeof(int64_t), 16);
+  const size_t tiles_at = alignUp(tables_at + host_block_tables_.size() * sizeof(int32_t), 16);
   const size_t total =
-      std::max<size_t>(alignUp(tables_at + host_block_tables_.size() * sizeof(int32_t), 16), 16);
+      std::max<size_t>(alignUp(tiles_at + tiles.size() * sizeof(FlashTile), 16), 16);
 
   // The staging buffer may still feed the previous batch's upload.
   throwIfFailed(cudaEventSynchronize(batch_uploaded_), "cudaEventSynchronize");
@@ -916,6 +930,9 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
     std::memcpy(staging_ + tables_at, host_block_tables_.data(),
                 host_block_tables_.size() * sizeof(int32_t));
   }
+  if (!tiles.empty()) {
+    std::memcpy(staging_ + tiles_at, tiles.data(), tiles.size() * sizeof(FlashTile));
+  }
   throwIfFailed(cudaMemcpyAsync(batch_device_, staging_, total, cudaMemcpyHostToDevice, stream_),
                 "cudaMemcpyAsync batch");
   throwIfFailed(cudaEventRecord(batch_uploaded_, stream_), "cudaEventRecord");
@@ -929,10 +946,10 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
   batch_.rows = rows;
   batch_.num_sequences = num_sequences;
   batch_.max_position = max_position;
-  // A padded decode batch (decodeBucket) may be recorded; its attention runs
-  // over a power-of-two number of splits so one recording serves many
-  // context lengths.
-  step_recordable_ = one_row_each && bucketOf(num_sequences) == num_sequences;
+  batch_.flash_tiles =
+      tiles.empty() ? nullptr : reinterpret_cast<const FlashTile*>(device + tiles_at);
+  batch_.flash_tile_count = static_cast<int64_t>(tiles.size());
+  step_recordable_ = recordable;
   const int64_t splits = max_position / kAttentionSplit + 1;
   batch_.attention_splits = splits;
   if (step_recordable_) {

@@ -36,6 +36,13 @@ struct CudaBackendOptions {
   // same bits. Not yet run on a GPU: off unless asked (tandem-bench engine
   // --deep-skinny).
   bool deep_skinny = false;
+  // With flash_attention: the flash kernel launched with one block per
+  // query tile of a step that is not recorded (prefill, chunked prefill),
+  // the tiles listed on the host with the batch, instead of one block per
+  // row of which only a tile's first works (15 of 16 in a prefill exit at
+  // once). The same blocks do the same work, so the same bits. Not yet run
+  // on a GPU: off unless asked (tandem-bench engine --compact-attention).
+  bool compact_attention = false;
   // Fewer launches (with fast_kernels; the agent's --fuse-projections sets
   // it): the fast GEMV folds its partials in the partial kernel, and under
   // bf16 compute the kernels that compute a decode matmul's x (rmsNorm,

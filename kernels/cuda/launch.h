@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/epilogue.h"
@@ -16,6 +17,13 @@
 namespace tandem::kernels::cuda {
 
 // The batch of beginBatch() in device memory.
+// One query tile of the flash attention kernel (attention.cu): `rows` rows
+// from batch row `first_row`, of one sequence at consecutive positions.
+struct FlashTile {
+  int32_t first_row = 0;
+  int32_t rows = 0;
+};
+
 struct DeviceBatch {
   const int32_t* token_ids = nullptr;  // rows
   const int32_t* positions = nullptr;  // rows (for RoPE)
@@ -29,6 +37,12 @@ struct DeviceBatch {
   // least max_position / kAttentionSplit + 1 (more for a recorded step; the
   // extra ones exit at once).
   int64_t attention_splits = 1;
+  // The flash kernel's query tiles (flashTiles), one block each, where the
+  // backend launches it over them (CudaBackendOptions::compact_attention,
+  // a step that is not recorded); nullptr: one block per row, those that
+  // start no tile exiting at once.
+  const FlashTile* flash_tiles = nullptr;
+  int64_t flash_tile_count = 0;
 };
 
 // Positions one attention work item covers. A fixed size, never derived from
@@ -137,6 +151,11 @@ int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int6
 // `grouped`: the fast kernels' partial kernel (one block per KV head, K and
 // V staged through shared memory), where it supports the shape; the same
 // bits as the reference either way.
+// The flash kernel's query tiles of a batch whose rows are `row_kv` (host
+// memory), in row order: each active row that starts a tile (a position
+// that is a multiple of 16, or one the row before does not precede in the
+// same sequence) with the active rows after it that start none, 16 at most.
+std::vector<FlashTile> flashTiles(const RowKv* row_kv, int64_t rows);
 // Which partial kernel pagedAttention runs (attention.cu's header): the
 // reference, the grouped one (its bits), or the tensor-core flash kernel
 // (its own bits) where flashAttentionSupported, else the grouped one.

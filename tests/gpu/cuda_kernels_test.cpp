@@ -1300,13 +1300,18 @@ TEST_F(CudaFastKernelsTest, GroupedAttentionEqualsTheReferenceBitwise) {
 // (q and the softmax weights are rounded to bf16), and invariant to the bit:
 // prefill in chunks that start anywhere (mid tile, mid split, a row alone),
 // beside the other sequence or not, gives every row the one-shot batch's
-// output, and the cache the same bytes.
+// output, and the cache the same bytes. Launched with a block per query
+// tile (compact_attention) it gives every one of those runs the same bits.
 TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
   cuda::CudaBackendOptions options;
   options.fast_kernels = true;
   options.flash_attention = true;
   const std::unique_ptr<Backend> flash = cuda::makeCudaBackend(0, options);
   EXPECT_NE(flash->description().find("flash attention"), std::string::npos);
+  EXPECT_EQ(flash->description().find("compact attention grid"), std::string::npos);
+  options.compact_attention = true;
+  const std::unique_ptr<Backend> compact = cuda::makeCudaBackend(0, options);
+  EXPECT_NE(compact->description().find("compact attention grid"), std::string::npos);
   const std::vector<AttentionCase::Step> chunked = {
       {0, 100, 0, 0},   {100, 157, 0, 20}, {257, 0, 20, 17},
       {257, 342, 0, 0}, {599, 1, 0, 0},    {kLongRows, 1, kShortRows, 1}};
@@ -1326,6 +1331,13 @@ TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
     EXPECT_EQ(0, std::memcmp(one_shot.data(), pieces.data(), one_shot.size() * sizeof(float)));
     EXPECT_EQ(one_shot_cache, pieces_cache);
     expectFiniteAndNonZero(one_shot);
+    for (const auto& steps : {AttentionCase::oneShot(), chunked}) {
+      const auto [tiled, tiled_cache] = attention.run(*compact, steps);
+      ASSERT_EQ(one_shot.size(), tiled.size());
+      EXPECT_EQ(0, std::memcmp(one_shot.data(), tiled.data(), one_shot.size() * sizeof(float)))
+          << "a block per tile, " << steps.size() << " steps";
+      EXPECT_EQ(one_shot_cache, tiled_cache);
+    }
   }
 }
 

@@ -213,4 +213,14 @@ TEST_F(BenchEngineTest, RefusesABf16GemmConfigWithoutCudaAndBf16Compute) {
   }
 }
 
+// And the compact attention grid, a launch of the CUDA flash kernel.
+TEST_F(BenchEngineTest, RefusesTheCompactAttentionGridWithoutCudaFlash) {
+  const BenchRun run = bench("--compact-attention");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--compact-attention: only with --device cuda and --cuda-kernels flash"),
+            std::string::npos)
+      << run.err;
+  EXPECT_TRUE(run.report.is_null());
+}
+
 }  // namespace

@@ -325,13 +325,19 @@ int runEngineBench(const EngineBenchOptions& options) {
       throw Error(std::string(flag) + ": only with --device cuda and --compute-dtype bf16");
     }
   }
-  std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
-      device,
-      {.cuda_kernels = kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device),
-       .unordered_decode = options.unordered_decode,
-       .deep_skinny = options.deep_skinny,
-       .fused_launches = options.fuse_projections,
-       .bf16_gemm_config = options.bf16_gemm_config});
+  const kernels::CudaKernels cuda_kernels =
+      kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device);
+  if (options.compact_attention &&
+      (device != kernels::DeviceKind::kCuda || cuda_kernels != kernels::CudaKernels::kFlash)) {
+    throw Error("--compact-attention: only with --device cuda and --cuda-kernels flash");
+  }
+  std::unique_ptr<kernels::Backend> backend =
+      kernels::makeBackend(device, {.cuda_kernels = cuda_kernels,
+                                    .unordered_decode = options.unordered_decode,
+                                    .deep_skinny = options.deep_skinny,
+                                    .compact_attention = options.compact_attention,
+                                    .fused_launches = options.fuse_projections,
+                                    .bf16_gemm_config = options.bf16_gemm_config});
   if (options.unordered_decode && compute != DType::kBF16) {
     throw Error(
         "--unordered-decode: only with --compute-dtype bf16 (it replaces the bf16 decode matmul)");
@@ -655,6 +661,7 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"fuse_projections", options.fuse_projections},
         {"unordered_decode", options.unordered_decode},
         {"deep_skinny", options.deep_skinny},
+        {"compact_attention", options.compact_attention},
         {"bf16_gemm_config", options.bf16_gemm_config},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},

@@ -39,6 +39,9 @@ struct EngineBenchOptions {
   // CudaBackendOptions::deep_skinny: three batches of loads in flight in
   // the bf16 decode matmuls of few columns (the same bits).
   bool deep_skinny = false;
+  // CudaBackendOptions::compact_attention: the flash kernel launched with a
+  // block per query tile of a prefill (the same bits).
+  bool compact_attention = false;
   // CUDA, bf16 compute: layer 0's matmuls at prompt_tokens rows timed with
   // each of the bf16 GEMM's configurations (CudaBackendOptions::
   // bf16_gemm_config), side by side, their outputs compared bit for bit.

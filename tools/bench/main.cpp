@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   engine->add_flag("--deep-skinny", options.deep_skinny,
                    "bf16 decode matmuls of at most 16,384 columns keep three batches of loads in "
                    "flight per warp (CUDA, fast kernels, bf16 compute; the same bits)");
+  engine->add_flag("--compact-attention", options.compact_attention,
+                   "the flash attention kernel launched with one block per query tile of a "
+                   "prefill, not one per row (CUDA, --cuda-kernels flash; the same bits)");
   engine->add_flag("--profile-ops", options.profile_ops,
                    "also time each backend call of one prefill and one decode, alone "
                    "(eager, synchronized around every call), and print them per step");
