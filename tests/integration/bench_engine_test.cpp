@@ -176,51 +176,33 @@ TEST_F(BenchEngineTest, RefusesAnUnknownComputeDtypeByName) {
   EXPECT_TRUE(run.report.is_null());
 }
 
-// The unordered decode variant replaces a fast CUDA kernel: on the CPU it
-// would measure nothing, so it is refused by name.
-TEST_F(BenchEngineTest, RefusesUnorderedDecodeWithoutTheCudaFastKernels) {
-  const BenchRun run = bench("--unordered-decode --compute-dtype bf16");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.err.find("--unordered-decode: only with --device cuda and the fast kernels"),
-            std::string::npos)
-      << run.err;
-  EXPECT_TRUE(run.report.is_null());
-}
-
-// The bf16 GEMM configurations are the CUDA backend's: refused elsewhere,
-// before the model is loaded.
-TEST_F(BenchEngineTest, RefusesBf16GemmConfigsWithoutCudaAndBf16Compute) {
-  const BenchRun run = bench("--bf16-gemm-configs --compute-dtype bf16");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.err.find("--bf16-gemm-configs: only with --device cuda and --compute-dtype bf16"),
-            std::string::npos)
-      << run.err;
-  EXPECT_TRUE(run.report.is_null());
-}
-
-// So is running the whole bench with one of them, or with the deep decode
-// loads of the bf16 skinny kernel.
-TEST_F(BenchEngineTest, RefusesABf16GemmConfigWithoutCudaAndBf16Compute) {
-  for (const auto& [flags, flag] :
-       {std::pair<std::string, std::string>{"--bf16-gemm-config 4", "--bf16-gemm-config"},
-        std::pair<std::string, std::string>{"--deep-skinny", "--deep-skinny"}}) {
-    const BenchRun run = bench(flags + " --compute-dtype bf16");
+// The CUDA backend's own variants measure nothing on the CPU: each is
+// refused by name, before the model is loaded. The unordered decode variant
+// replaces a fast CUDA kernel; the bf16 GEMM configurations (timed side by
+// side, or one for the whole run) and the deep decode loads are the bf16
+// kernels'; the compact attention grid is a launch of the flash kernel.
+TEST_F(BenchEngineTest, RefusesTheCudaVariantsOnTheCpuByName) {
+  for (const auto& [flags, message] :
+       {std::pair<std::string, std::string>{
+            "--unordered-decode --compute-dtype bf16",
+            "--unordered-decode: only with --device cuda and the fast kernels"},
+        std::pair<std::string, std::string>{
+            "--bf16-gemm-configs --compute-dtype bf16",
+            "--bf16-gemm-configs: only with --device cuda and --compute-dtype bf16"},
+        std::pair<std::string, std::string>{
+            "--bf16-gemm-config 4 --compute-dtype bf16",
+            "--bf16-gemm-config: only with --device cuda and --compute-dtype bf16"},
+        std::pair<std::string, std::string>{
+            "--deep-skinny --compute-dtype bf16",
+            "--deep-skinny: only with --device cuda and --compute-dtype bf16"},
+        std::pair<std::string, std::string>{
+            "--compact-attention",
+            "--compact-attention: only with --device cuda and --cuda-kernels flash"}}) {
+    const BenchRun run = bench(flags);
     EXPECT_NE(run.exit_code, 0) << flags;
-    EXPECT_NE(run.err.find(flag + ": only with --device cuda and --compute-dtype bf16"),
-              std::string::npos)
-        << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << flags << ": " << run.err;
     EXPECT_TRUE(run.report.is_null()) << flags;
   }
-}
-
-// And the compact attention grid, a launch of the CUDA flash kernel.
-TEST_F(BenchEngineTest, RefusesTheCompactAttentionGridWithoutCudaFlash) {
-  const BenchRun run = bench("--compact-attention");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.err.find("--compact-attention: only with --device cuda and --cuda-kernels flash"),
-            std::string::npos)
-      << run.err;
-  EXPECT_TRUE(run.report.is_null());
 }
 
 }  // namespace
