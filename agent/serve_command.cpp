@@ -131,9 +131,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
   // --device says.
   config.device = o.simulate.empty() ? kernels::resolveDevice(o.device) : kernels::DeviceKind::kCpu;
   config.enforce_eager = o.enforce_eager;
-  config.fuse_projections = o.fuse_projections == "auto"
-                                ? config.device == kernels::DeviceKind::kCuda
-                                : o.fuse_projections == "true";
+  config.fuse_projections =
+      kernels::resolveFuseProjections(o.fuse_projections, "--fuse-projections", config.device);
   config.cuda_kernels =
       kernels::resolveCudaKernels(o.cuda_kernels, "--cuda-kernels", config.device);
   config.lora_modules = engine::parseLoraModuleSpecs(o.lora_modules);

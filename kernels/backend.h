@@ -410,5 +410,12 @@ DType parseComputeDType(const std::string& text, const std::string& flag);
 // parseComputeDType (docs/cuda.md#default-compute-dtype).
 DType resolveComputeDType(const std::string& text, const std::string& flag, DeviceKind kind,
                           CudaKernels cuda_kernels);
+// The agent's --fuse-projections: "auto" (its default) is on where the CUDA
+// backend runs (its fused launches and epilogues: the same bits, fewer
+// launches), off on the CPU (it changes little there, and the stacked copy
+// replaces weights agents on one machine share through the page cache;
+// docs/configuration.md); "true" or "false" as given. Throws tandem::Error
+// naming `flag` and the accepted values.
+bool resolveFuseProjections(const std::string& text, const std::string& flag, DeviceKind kind);
 
 }  // namespace tandem::kernels

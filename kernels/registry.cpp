@@ -108,4 +108,10 @@ DType resolveComputeDType(const std::string& text, const std::string& flag, Devi
   throw Error(flag + ": expected auto, f32 or bf16, got '" + text + "'");
 }
 
+bool resolveFuseProjections(const std::string& text, const std::string& flag, DeviceKind kind) {
+  if (text == "auto") return kind == DeviceKind::kCuda;
+  if (text == "true" || text == "false") return text == "true";
+  throw Error(flag + ": expected auto, true or false, got '" + text + "'");
+}
+
 }  // namespace tandem::kernels

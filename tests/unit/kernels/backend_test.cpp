@@ -157,6 +157,19 @@ TEST(Registry, ComputeDTypeAutoIsBf16OnCudaOnly) {
   }
 }
 
+TEST(Registry, FuseProjectionsAutoIsOnOnCudaOnly) {
+  EXPECT_TRUE(resolveFuseProjections("auto", "--fuse-projections", DeviceKind::kCuda));
+  EXPECT_FALSE(resolveFuseProjections("auto", "--fuse-projections", DeviceKind::kCpu));
+  EXPECT_TRUE(resolveFuseProjections("true", "--fuse-projections", DeviceKind::kCpu));
+  EXPECT_FALSE(resolveFuseProjections("false", "--fuse-projections", DeviceKind::kCuda));
+  try {
+    resolveFuseProjections("yes", "--fuse-projections", DeviceKind::kCuda);
+    FAIL() << "expected an error for yes";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--fuse-projections: expected auto, true or false, got 'yes'");
+  }
+}
+
 // bf16 compute is the weights' layout: once asked for, the CPU backend hands
 // matmul a packed copy of each bf16 weight (one per host matrix, kept), and
 // the view itself for other dtypes or with the default f32 compute. Other
