@@ -658,7 +658,7 @@ class CudaBackend final : public Backend {
       growGemvScratch((elements + 1) / 2);
       launchBf16MmaMatmul(stream_, x, m, k, w, out,
                           elements > 0 ? reinterpret_cast<uint16_t*>(gemv_scratch_) : nullptr,
-                          bf16_gemm_config_);
+                          bf16_gemm_config_, sm_count_);
       checkLaunch("matmul (bf16 tensor cores)");
       return true;
     }

@@ -127,21 +127,23 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
                                   const void* fragments, int64_t n, const MatmulEpilogue& out,
                                   void* x_fragments, int sm_count);
 // `config`: one of kernels/backend.h's kBf16GemmConfigs
-// (CudaBackendOptions::bf16_gemm_config).
+// (CudaBackendOptions::bf16_gemm_config); `sm_count`, the device's
+// multiprocessors (configuration 7's persistent grid).
 // Whether this build holds the wgmma kernel (compiled for sm_90a when the
 // architectures include 90; kernels/CMakeLists.txt).
 bool bf16WgmmaBuilt();
 int64_t bf16MmaScratchElements(int64_t m, int64_t k);
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16,
-                         int config = 0);
+                         int config = 0, int sm_count = 1);
 
 // matmul_bf16_wgmma.cu (sm_90a only): wgmma configuration `config`'s kernel
 // (4: 128 x 128 tiles; 5: 128 x 256, overlapped steps; 6: 128 x 256 fed by
-// tensor copies; 7: 6 on a persistent grid) over x already rounded to bf16 (k a multiple of 8,
-// 16-byte aligned operands).
+// tensor copies; 7: 6 on a persistent grid of `sm_count` blocks) over x
+// already rounded to bf16 (k a multiple of 8, 16-byte aligned operands).
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
-                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config);
+                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config,
+                     int sm_count);
 
 // attention.cu
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,

@@ -680,7 +680,7 @@ void launchBf16MmaSkinnyUnordered(cudaStream_t stream, const float* x, int64_t m
 // Without sm_90 in the build: configuration 4 is refused by the backend,
 // and this stands in for the kernel it never launches.
 void launchBf16Wgmma(cudaStream_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
-                     const MatmulEpilogue&, int) {
+                     const MatmulEpilogue&, int, int) {
   TANDEM_CHECK(false, "bf16 matmul: this build has no wgmma kernel");
 }
 #endif
@@ -699,7 +699,7 @@ int64_t bf16MmaScratchElements(int64_t m, int64_t k) {
 
 void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const WeightView& w, const MatmulEpilogue& out, uint16_t* x_bf16,
-                         int config) {
+                         int config, int sm_count) {
   TANDEM_CHECK(config >= 0 && config < kBf16GemmConfigs, "bf16 matmul: no such configuration");
   TANDEM_CHECK(w.cols == k, "bf16 matmul: weight columns must equal k");
   TANDEM_CHECK(w.dtype == DType::kBF16 && w.layout == WeightLayout::kRows,
@@ -721,7 +721,7 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
       case kBf16GemmWgmma + 1:
       case kBf16GemmWgmma + 2:
       case kBf16GemmWgmma + 3:
-        launchBf16Wgmma(stream, x_bf16, m, k, weights, n, out, config);
+        launchBf16Wgmma(stream, x_bf16, m, k, weights, n, out, config, sm_count);
         return;
       case 1:
         pipelined::launchPipelined<pipelined::Config1>(stream, x_bf16, m, k, weights, n, out);

@@ -246,9 +246,8 @@ constexpr int kStages = 4;
 constexpr int kThreads = 384;
 constexpr int kBTileBytes = kTileN * kTileK * 2;
 constexpr int kStageBytes = kATileBytes + kBTileBytes;
-constexpr int kAtomBytes = 1024;  // the swizzle's period: stages start at a multiple
 constexpr size_t kSmemBytes =
-    static_cast<size_t>(kStages) * kStageBytes + kAtomBytes + 2 * kStages * sizeof(uint64_t);
+    static_cast<size_t>(kStages) * kStageBytes + kSwizzleAtomBytes + 2 * kStages * sizeof(uint64_t);
 
 // acc += slice `slice` of a stage's tiles, rows 64 · consumer on.
 __device__ __forceinline__ void multiply(float (&acc)[kTileN / 8][4], const uint8_t* stage,
@@ -272,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      const __grid_constant__ CUtensorMap w_map, int64_t m, int64_t k, int64_t n,
                      MatmulEpilogue out) {
   extern __shared__ __align__(1024) uint8_t raw[];
-  uint8_t* stages = raw + (kAtomBytes - sharedAddress(raw) % kAtomBytes) % kAtomBytes;
+  uint8_t* stages = swizzleAligned(raw);
   auto* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -372,19 +371,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// The device's multiprocessors (the persistent grid's size).
-int multiprocessors() {
-  int device = 0;
-  cudaDeviceProp props{};
-  TANDEM_CHECK(cudaGetDevice(&device) == cudaSuccess &&
-                   cudaGetDeviceProperties(&props, device) == cudaSuccess,
-               "bf16 wgmma matmul: cannot read the device's multiprocessor count");
-  return props.multiProcessorCount;
-}
-
+// kPersistent: a grid of at most `sm_count` blocks.
 template <bool kPersistent>
 void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
-            const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
+            const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int sm_count) {
   static const cudaError_t opted_in = cudaFuncSetAttribute(
       bf16CopiedKernel<kPersistent>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(kSmemBytes));
@@ -397,8 +387,7 @@ void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
   const int64_t m_tiles = ceilDiv(m, kTileM), n_tiles = ceilDiv(n, kTileN);
   dim3 grid(static_cast<unsigned int>(n_tiles), static_cast<unsigned int>(m_tiles));
   if (kPersistent) {
-    static const int sms = multiprocessors();
-    grid = dim3(static_cast<unsigned int>(std::min<int64_t>(m_tiles * n_tiles, sms)));
+    grid = dim3(static_cast<unsigned int>(std::clamp<int64_t>(sm_count, 1, m_tiles * n_tiles)));
   }
   bf16CopiedKernel<kPersistent><<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, m, k, n, out);
 }
@@ -408,7 +397,8 @@ void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
 }  // namespace
 
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
-                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config) {
+                     const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config,
+                     int sm_count) {
   TANDEM_CHECK(k % 8 == 0 && reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(weights) % 16 == 0,
                "bf16 wgmma matmul: k must be a multiple of 8 and the operands 16-byte aligned");
@@ -421,10 +411,10 @@ void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int
       launchShape<Shape5>(stream, x_bf16, m, k, weights, n, out);
       return;
     case kBf16GemmWgmma + 2:
-      copied::launch<false>(stream, x_bf16, m, k, weights, n, out);
+      copied::launch<false>(stream, x_bf16, m, k, weights, n, out, sm_count);
       return;
     case kBf16GemmWgmma + 3:
-      copied::launch<true>(stream, x_bf16, m, k, weights, n, out);
+      copied::launch<true>(stream, x_bf16, m, k, weights, n, out, sm_count);
       return;
     default:
       TANDEM_CHECK(false, "bf16 wgmma matmul: configuration " + std::to_string(config) +

@@ -70,6 +70,17 @@ inline CUtensorMap bf16RowsTensorMap(const void* data, int64_t rows, int64_t k, 
   return map;
 }
 
+// Bytes in one period of the 128-byte swizzle: a swizzled box and the
+// wgmma descriptors that read it start at a multiple.
+constexpr uint32_t kSwizzleAtomBytes = 1024;
+
+// The first kSwizzleAtomBytes-aligned shared address at or after `shared`
+// (give a kernel's dynamic shared memory that much more).
+__device__ __forceinline__ uint8_t* swizzleAligned(uint8_t* shared) {
+  return shared +
+         (kSwizzleAtomBytes - sharedAddress(shared) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+}
+
 #if !defined(TANDEM_CUDA_EMULATION)
 
 // A barrier in shared memory expecting `arrivals` arrivals per phase.

@@ -905,12 +905,10 @@ void tensorCopy(void* shared, const void* map, int32_t column, int32_t row, uint
   }
   uint32_t offset = 0;
   Barrier& state = barrierAt(barrier, "cp.async.bulk.tensor's mbarrier", &offset);
+  state.landing.push_back(copy);
   if (g_block->descending) {
-    landTensorCopy(copy);
-    state.bytes -= boxBytes(copy.map);
-    completeIfDone(state, offset);
+    landCopies(state, offset);
   } else {
-    state.landing.push_back(copy);
     wakeWaiters(offset);  // they land it as they look again
   }
 }

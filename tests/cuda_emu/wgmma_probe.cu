@@ -74,7 +74,7 @@ __global__ void tensorCopyProbeKernel(const __grid_constant__ CUtensorMap map, i
                                       int32_t row, uint8_t* out) {
   using namespace kernels::cuda;
   extern __shared__ __align__(1024) uint8_t raw[];
-  uint8_t* boxes = raw + (1024 - sharedAddress(raw) % 1024) % 1024;
+  uint8_t* boxes = swizzleAligned(raw);
   auto* barrier = reinterpret_cast<uint64_t*>(boxes + 2 * kBoxBytes);
   if (threadIdx.x == 0) {
     initBarrier(barrier, 1);
@@ -100,7 +100,8 @@ __global__ void tensorCopyProbeKernel(const __grid_constant__ CUtensorMap map, i
 void launchTensorCopyProbe(const uint16_t* matrix, int64_t rows, int64_t k, int32_t column,
                            int32_t row, uint8_t* out) {
   const CUtensorMap map = kernels::cuda::bf16RowsTensorMap(matrix, rows, k, kBoxRows);
-  tensorCopyProbeKernel<<<1, 128, 2 * kBoxBytes + 1024 + 8>>>(map, column, row, out);
+  tensorCopyProbeKernel<<<1, 128, 2 * kBoxBytes + kernels::cuda::kSwizzleAtomBytes + 8>>>(
+      map, column, row, out);
 }
 
 void launchWgmmaProbe(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
