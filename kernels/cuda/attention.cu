@@ -400,6 +400,18 @@ __host__ __device__ __forceinline__ bool flashTileStart(const RowKv* row_kv, int
          previous.position + 1 != info.position;
 }
 
+// The rows of the tile that starts at batch row `first` (of `rows`): it and
+// the active rows after it that start none, kFlashRows at most.
+__host__ __device__ __forceinline__ int64_t flashTileRows(const RowKv* row_kv, int64_t rows,
+                                                          int64_t first) {
+  int64_t count = 1;
+  while (count < kFlashRows && first + count < rows && row_kv[first + count].active != 0 &&
+         !flashTileStart(row_kv, first + count)) {
+    ++count;
+  }
+  return count;
+}
+
 template <int kHeadDim>
 __global__ void __launch_bounds__(kMaxGroup * 32)
     attentionFlashKernel(const RowKv* row_kv, int64_t rows, const FlashTile* tiles,
@@ -423,10 +435,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     count = tiles[blockIdx.x].rows;
   } else {
     if (!flashTileStart(row_kv, first)) return;
-    while (count < kFlashRows && first + count < rows && row_kv[first + count].active != 0 &&
-           !flashTileStart(row_kv, first + count)) {
-      ++count;
-    }
+    count = flashTileRows(row_kv, rows, first);
   }
   const RowKv info = row_kv[first];
   const int64_t position0 = info.position;
@@ -623,12 +632,8 @@ std::vector<FlashTile> flashTiles(const RowKv* row_kv, int64_t rows) {
   std::vector<FlashTile> tiles;
   for (int64_t row = 0; row < rows; ++row) {
     if (!flashTileStart(row_kv, row)) continue;
-    FlashTile tile{static_cast<int32_t>(row), 1};
-    while (tile.rows < kFlashRows && row + tile.rows < rows &&
-           row_kv[row + tile.rows].active != 0 && !flashTileStart(row_kv, row + tile.rows)) {
-      ++tile.rows;
-    }
-    tiles.push_back(tile);
+    tiles.push_back(FlashTile{static_cast<int32_t>(row),
+                              static_cast<int32_t>(flashTileRows(row_kv, rows, row))});
   }
   return tiles;
 }
