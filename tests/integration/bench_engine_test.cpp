@@ -146,11 +146,12 @@ TEST_F(BenchEngineTest, ProfileOpsReportsEveryCallOfAStepPerStep) {
   for (const char* phase : {"prefill", "decode"}) {
     SCOPED_TRACE(phase);
     const nlohmann::json& ops = run.report.at("ops").at(phase);
-    double matmuls = 0.0, attention = 0.0, sum = 0.0;
+    double matmuls = 0.0, attention = 0.0, argmax = 0.0, sum = 0.0;
     for (const nlohmann::json& call : ops.at("calls")) {
       const std::string name = call.at("call");
       const double per_step = call.at("calls_per_step");
       sum += call.at("seconds_per_step").get<double>();
+      if (name.starts_with("argmaxRows")) argmax += per_step;
       if (name.starts_with("matmul")) {
         matmuls += per_step;
         EXPECT_GT(call.at("flops_per_step").get<double>(), 0.0) << name;
@@ -160,6 +161,9 @@ TEST_F(BenchEngineTest, ProfileOpsReportsEveryCallOfAStepPerStep) {
     }
     EXPECT_DOUBLE_EQ(matmuls, 7.0 * layers + 1.0);
     EXPECT_DOUBLE_EQ(attention, layers);
+    // Decode steps pick their tokens as the engine serves greedy requests:
+    // by the backend's argmax, once a step (the prefill's logits are kept).
+    EXPECT_DOUBLE_EQ(argmax, std::string(phase) == "decode" ? 1.0 : 0.0);
     EXPECT_NEAR(ops.at("seconds_per_step").get<double>(), sum, 1e-9 * sum);
   }
   // Without the flag there is no such table.

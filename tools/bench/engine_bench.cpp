@@ -457,12 +457,20 @@ int runEngineBench(const EngineBenchOptions& options) {
   }
   std::vector<TokenId> next(options.batch);
   std::vector<engine::SequenceInput> batch(options.batch);
-  auto decode = [&] {
+  // Greedy decode as the engine serves it (Engine::step's device argmax):
+  // each step's next tokens picked where the logits are, only the ids
+  // copied back. With `keep_logits` the steps copy every row's logits back
+  // and pick on the host instead, for the replay check below.
+  auto decodeSteps = [&](bool keep_logits) {
     next = first_tokens;
     for (int64_t i = 0; i < options.decode_tokens; ++i) {
       for (int64_t s = 0; s < options.batch; ++s) {
         batch[s] = {{&next[s], 1}, options.prompt_tokens + i, block_tables[s]};
         batch[s].adapter = adapter;
+      }
+      if (!keep_logits) {
+        runner.forwardArgmax(batch, next);
+        continue;
       }
       runner.forward(batch, logits);
       for (int64_t s = 0; s < options.batch; ++s) {
@@ -471,8 +479,10 @@ int runEngineBench(const EngineBenchOptions& options) {
       }
     }
   };
+  auto decode = [&] { decodeSteps(false); };
   decode();  // warm-up: scratch buffers at the batch's size, steps recorded
   const double decode_only_s = bestSeconds(options.repeats, decode);
+  const std::vector<TokenId> decoded = next;
   // Where the backend records decode steps (CUDA graphs), the same decode
   // run eagerly, in the same run: the figure for what recording saves, and a
   // check that replayed steps give the same logits bit for bit.
@@ -480,10 +490,11 @@ int runEngineBench(const EngineBenchOptions& options) {
   double eager_s = 0.0;
   bool replay_exact = true;
   if (records) {
+    decodeSteps(true);
     const std::vector<float> recorded_logits = logits;
     runner.setRecordDecode(false);
-    decode();
-    replay_exact = logits == recorded_logits;
+    decodeSteps(true);
+    replay_exact = logits == recorded_logits && next == decoded;
     eager_s = bestSeconds(options.repeats, decode);
     runner.setRecordDecode(true);
   }
