@@ -37,7 +37,9 @@
 #              FAST=0 leaves out the second pass of the gpu tests and the
 #              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets);
 #              FLASH=0 leaves out the flash attention kernel's checks and
-#              benchmark runs (--cuda-kernels flash, not yet a default);
+#              benchmark runs (--cuda-kernels flash, the default on CUDA);
+#              FUSED_FAST=1 adds the benchmark runs of the fast kernels
+#              with --fuse-projections alone;
 #              F32_BENCH=0 leaves out the benchmark runs with f32 compute
 #              (--cuda-kernels reference, and fast without bf16 compute:
 #              the slowest runs, their kernels unchanged since a figure of
@@ -279,19 +281,22 @@ for model in "${models[@]}"; do
     if [[ "${fast}" == "1" ]]; then
       # The same run with the fast kernels, then also with bf16 compute; then
       # with the decode matmuls unordered (split-K with atomics, NOT
-      # batch-invariant: what the fixed order costs, printed below); then
-      # with Q/K/V and gate/up fused too (--fuse-projections: the same bits).
+      # batch-invariant: what the fixed order costs, printed below).
       # The flash attention kernel last, with bf16 compute and fused
       # projections (the serving defaults), then the same with the
       # candidates for the next defaults: three batches of decode loads in
       # flight (--deep-skinny) and a block per query tile of a prefill's
       # flash attention (--compact-attention), each the same bits; compared
       # below (decode steps are recorded, where the tiles are not used).
+      # The fast kernels with fused projections alone (measured on the H200
+      # of 2026-12-04, docs/cuda.md) run only with FUSED_FAST=1: their
+      # minute goes to the candidates.
       variants=()
       [[ "${f32_bench}" == "1" ]] && variants+=("--cuda-kernels fast")
       variants+=("--cuda-kernels fast --compute-dtype bf16"
-        "--cuda-kernels fast --compute-dtype bf16 --unordered-decode"
-        "--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
+        "--cuda-kernels fast --compute-dtype bf16 --unordered-decode")
+      [[ "${FUSED_FAST:-0}" == "1" ]] &&
+        variants+=("--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
         variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections"
           "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention")
