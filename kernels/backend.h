@@ -384,6 +384,8 @@ struct BackendOptions {
   // CUDA flash kernels: CudaBackendOptions::compact_attention (the same
   // bits).
   bool compact_attention = false;
+  // CUDA flash kernels: CudaBackendOptions::deep_attention (the same bits).
+  bool deep_attention = false;
   // Fewer launches per decode layer where the CUDA fast kernels run (the
   // agent's --fuse-projections), the same bits
   // (CudaBackendOptions::fused_launches); nothing elsewhere.

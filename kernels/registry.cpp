@@ -70,6 +70,7 @@ std::unique_ptr<Backend> makeBackend(DeviceKind kind, const BackendOptions& back
       options.unordered_decode = unordered_decode;
       options.deep_skinny = backend_options.deep_skinny;
       options.compact_attention = backend_options.compact_attention;
+      options.deep_attention = backend_options.deep_attention;
       options.fused_launches = backend_options.fused_launches;
       options.rope_variants = backend_options.rope_variants;
       options.bf16_gemm_config = backend_options.bf16_gemm_config;

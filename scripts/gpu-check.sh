@@ -285,9 +285,12 @@ for model in "${models[@]}"; do
       # The flash attention kernel last, with bf16 compute and fused
       # projections (the serving defaults), then the same with the
       # candidates for the next defaults: three batches of decode loads in
-      # flight (--deep-skinny) and a block per query tile of a prefill's
-      # flash attention (--compact-attention), each the same bits; compared
-      # below (decode steps are recorded, where the tiles are not used).
+      # flight (--deep-skinny), a block per query tile of a prefill's
+      # flash attention (--compact-attention) and a decode step's flash
+      # attention with a whole split's K and V in flight (--deep-attention),
+      # each the same bits; compared below (decode steps are recorded, where
+      # the tiles are not used; the decode's attention and matmul calls are
+      # compared apart from --profile-ops).
       # The fast kernels with fused projections alone (measured on the H200
       # of 2026-12-04, docs/cuda.md) run only with FUSED_FAST=1: their
       # minute goes to the candidates.
@@ -299,7 +302,7 @@ for model in "${models[@]}"; do
         variants+=("--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
         variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections"
-          "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention")
+          "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention --deep-attention")
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
         # The plain bf16 run at batch 1 also times the bf16 GEMM's
@@ -354,12 +357,12 @@ for model in "${models[@]}"; do
   done
 done
 
-# ---- the candidates: deep decode loads, compact attention grid (docs/cuda.md) -------------
+# ---- the candidates: deep decode and attention loads, compact attention grid (docs/cuda.md) -
 # Not yet defaults: their bits are checked by gpu_cuda_kernels_test
 # (Bf16MmaRowsAreBitwiseEqualForAnyRowCount, FlashAttentionIsNearThe
-# ReferenceAndInvariant); here the decode step (deep loads) and the prefill
-# (compact grid) over the serving configuration's, from the two flash runs
-# above.
+# ReferenceAndInvariant); here the decode step (deep loads), the prefill
+# (compact grid) and the decode's attention and matmul calls over the
+# serving configuration's, from the two flash runs above.
 for model in "${models[@]}"; do
   for batch in "${batches[@]}"; do
     run="${json_dir}/engine-${model}-batch${batch}-flash-bf16-fused"
@@ -374,6 +377,19 @@ for model in "${models[@]}"; do
     awk -v m="${model}" -v b="${batch}" -v p="${plain_p}" -v t="${tiled_p}" 'BEGIN {
       printf "== compact attention grid, %s batch %s: prefill %.1f tok/s a block per row, " \
         "%.1f a block per tile: %.3f\n", m, b, p, t, t / p }'
+    # The decode calls timed alone (--profile-ops): attention (deep attention
+    # loads) and the matmuls (deep decode loads), ms per step each.
+    python3 - "${run}.json" "${run}-deep.json" "${model}" "${batch}" <<'PY' || true
+import json, sys
+def split(path):
+    calls = json.load(open(path))["ops"]["decode"]["calls"]
+    pick = lambda prefix: sum(c["seconds_per_step"] for c in calls if c["call"].startswith(prefix))
+    return pick("pagedAttention") * 1e3, pick("matmul") * 1e3
+(pa, pm), (da, dm) = split(sys.argv[1]), split(sys.argv[2])
+print(f"== decode calls timed alone, {sys.argv[3]} batch {sys.argv[4]}: attention {pa:.3f} ms "
+      f"per step, {da:.3f} with whole splits in flight ({pa / da:.3f}); matmuls {pm:.3f} ms, "
+      f"{dm:.3f} with deep loads ({pm / dm:.3f})")
+PY
   done
 done
 

@@ -37,7 +37,8 @@ VARIANTS = [
     ("-fast-bf16-fused", "fast, bf16 compute, fused projections"),
     ("-flash-bf16-fused", "flash, bf16 compute, fused projections"),
     ("-flash-bf16-fused-deep",
-     "flash, bf16 compute, fused projections, deep decode loads, compact attention grid"),
+     "flash, bf16 compute, fused projections, deep decode and attention loads, compact "
+     "attention grid"),
 ]
 # The unordered split-K run (-fast-bf16-unordered) measures what batch
 # invariance costs and never serves: it is not a variant here.

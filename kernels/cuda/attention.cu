@@ -412,19 +412,38 @@ __host__ __device__ __forceinline__ int64_t flashTileRows(const RowKv* row_kv, i
   return count;
 }
 
-template <int kHeadDim>
+// Position tiles in flight (kStages): 1, the next tile's K and V copied
+// while this one's are used, in static shared memory; or all of a split's
+// four at once (launchFlash's deep attention loads, for decode steps), in
+// dynamic shared memory: the same operations on the same values, only the
+// copies issued sooner. Slot s of the ring holds a tile's K in rows
+// [2s·64, +64) and its V in the next 64.
+constexpr int kFlashSplitTiles = static_cast<int>(kAttentionSplit / kFlashPositions);
+template <int kHeadDim, int kStages>
+constexpr size_t flashSharedBytes() {
+  return kStages == 1 ? 0
+                      : static_cast<size_t>(kStages) * 2 * kFlashPositions *
+                            (kHeadDim + kFlashPad) * sizeof(uint16_t);
+}
+
+template <int kHeadDim, int kStages>
 __global__ void __launch_bounds__(kMaxGroup * 32)
     attentionFlashKernel(const RowKv* row_kv, int64_t rows, const FlashTile* tiles,
                          const int32_t* block_tables, CacheGeometry g, const float* q,
                          int64_t num_heads, int64_t group, float scale, int64_t max_splits,
                          float* max_and_sum, float* acc) {
+  static_assert(kStages == 1 || kStages == kFlashSplitTiles, "one tile ahead, or a whole split");
   constexpr int kStride = kHeadDim + kFlashPad;
-  constexpr int kSlices = kHeadDim / 16;               // k slices of the score mma
-  constexpr int kDimTiles = kHeadDim / 8;              // n tiles of the output mma
-  constexpr int kPositionTiles = kFlashPositions / 8;  // n tiles of the score mma
-  constexpr int kVectors = kHeadDim / 8;               // 16-byte vectors per row
-  __shared__ __align__(16) uint16_t k_tile[kFlashPositions][kStride];
-  __shared__ __align__(16) uint16_t v_tile[kFlashPositions][kStride];
+  constexpr int kSlices = kHeadDim / 16;                          // k slices of the score mma
+  constexpr int kDimTiles = kHeadDim / 8;                         // n tiles of the output mma
+  constexpr int kPositionTiles = kFlashPositions / 8;             // n tiles of the score mma
+  constexpr int kVectors = kHeadDim / 8;                          // 16-byte vectors per row
+  constexpr int64_t kAhead = int64_t{kStages} * kFlashPositions;  // positions in flight
+  constexpr int kFixedRows = kStages == 1 ? kFlashPositions : 1;
+  __shared__ __align__(16) uint16_t fixed_k[kFixedRows][kStride];
+  __shared__ __align__(16) uint16_t fixed_v[kFixedRows][kStride];
+  extern __shared__ __align__(16) uint16_t staged_tiles[];
+  uint16_t(*const ring)[kStride] = reinterpret_cast<uint16_t(*)[kStride]>(staged_tiles);
 
   // The block's tile: given (a block per tile), or found from its row (a
   // block per row; uniform per block: every thread reads the same rows).
@@ -505,14 +524,31 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   };
   const int64_t k_offset = g.k_offset + kv_head * kHeadDim;
   const int64_t v_offset = g.v_offset + kv_head * kHeadDim;
-  copyTile(k_tile, start, k_offset, true);
-  copyTile(v_tile, start, v_offset, true);
+  // The split's tile t in ring slot t % kStages; the groups are K, V of
+  // tiles 0 .. kStages - 1, then one K and one V per tile used (K of tile
+  // t + kStages after tile t's scores, its V after tile t's outputs), empty
+  // where there is no such tile: tile t's K is group 2t and its V 2t + 1, so
+  // before either, 2·kStages - 1 groups may still be in flight.
+  auto kTile = [&](int t) {
+    return kStages == 1 ? fixed_k : ring + (t % kStages) * 2 * kFlashPositions;
+  };
+  auto vTile = [&](int t) {
+    return kStages == 1 ? fixed_v : ring + (t % kStages) * 2 * kFlashPositions + kFlashPositions;
+  };
+#pragma unroll
+  for (int slot = 0; slot < kStages; ++slot) {
+    const int64_t t0 = start + int64_t{slot} * kFlashPositions;
+    copyTile(kTile(slot), t0, k_offset, slot == 0 || t0 < end);  // tile 0: start <= last
+    copyTile(vTile(slot), t0, v_offset, slot == 0 || t0 < end);
+  }
 
-  // The next tile's K lands while this one's softmax and outputs run, its V
-  // while the next scores run.
-  for (int64_t t0 = start; t0 < end; t0 += kFlashPositions) {
-    const bool more = t0 + kFlashPositions < end;
-    waitCopies<1>();  // this tile's K (its V may still be in flight)
+  // Tiles ahead land while this one's scores, softmax and outputs run.
+  int tile = 0;
+  for (int64_t t0 = start; t0 < end; t0 += kFlashPositions, ++tile) {
+    const bool more = t0 + kAhead < end;
+    uint16_t(*const k_tile)[kStride] = kTile(tile);
+    uint16_t(*const v_tile)[kStride] = vTile(tile);
+    waitCopies<2 * kStages - 1>();  // this tile's K (its V may still be in flight)
     __syncthreads();
 
     // Scores: position tile j holds positions t0 + 8j .. t0 + 8j + 7.
@@ -535,7 +571,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     }
 
     __syncthreads();  // every warp has read k_tile
-    copyTile(k_tile, t0 + kFlashPositions, k_offset, more);
+    copyTile(k_tile, t0 + kAhead, k_offset, more);
 
     // Per row: mask, max, weights (rounded to bf16), their sum, rescaling.
     uint32_t pa[kFlashPositions / 16][4];
@@ -587,7 +623,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
       pa[kk][2] = packBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = packBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    waitCopies<1>();  // this tile's V (the next K may still be in flight)
+    waitCopies<2 * kStages - 1>();  // this tile's V (later tiles may still be in flight)
     __syncthreads();
     // Outputs: B fragments (k = position, n = d) are V's rows transposed.
 #pragma unroll
@@ -603,7 +639,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
       }
     }
     __syncthreads();  // every warp has read v_tile
-    copyTile(v_tile, t0 + kFlashPositions, v_offset, more);
+    copyTile(v_tile, t0 + kAhead, v_offset, more);
   }
   waitCopies<0>();  // the last, empty groups
 
@@ -626,6 +662,41 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   }
 }
 
+// The flash kernel at head_dim kHeadDim with kStages tiles in flight. More
+// dynamic shared memory than the 48 KB default is asked for once per
+// process and instance (the attribute is per function, for every device).
+template <int kHeadDim, int kStages>
+void launchFlash(cudaStream_t stream, dim3 grid, unsigned int threads, const DeviceBatch& batch,
+                 const FlashTile* tiles, const CacheGeometry& g, const float* q, int64_t num_heads,
+                 int64_t group, float scale, int64_t splits, float* max_and_sum, float* acc) {
+  constexpr size_t kShared = flashSharedBytes<kHeadDim, kStages>();
+  if constexpr (kShared > 0) {
+    static const cudaError_t opted_in = cudaFuncSetAttribute(
+        attentionFlashKernel<kHeadDim, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kShared));
+    // The backend refuses deep_attention on a device that offers less.
+    TANDEM_CHECK(opted_in == cudaSuccess,
+                 "flash attention: cudaFuncSetAttribute refused the deep loads' shared memory");
+  }
+  attentionFlashKernel<kHeadDim, kStages>
+      <<<grid, threads, kShared, stream>>>(batch.row_kv, batch.rows, tiles, batch.block_tables, g,
+                                           q, num_heads, group, scale, splits, max_and_sum, acc);
+}
+
+template <int kHeadDim>
+void launchFlashStages(cudaStream_t stream, dim3 grid, unsigned int threads,
+                       const DeviceBatch& batch, const FlashTile* tiles, const CacheGeometry& g,
+                       const float* q, int64_t num_heads, int64_t group, float scale,
+                       int64_t splits, float* max_and_sum, float* acc) {
+  if (batch.flash_whole_splits) {
+    launchFlash<kHeadDim, kFlashSplitTiles>(stream, grid, threads, batch, tiles, g, q, num_heads,
+                                            group, scale, splits, max_and_sum, acc);
+  } else {
+    launchFlash<kHeadDim, 1>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
+                             splits, max_and_sum, acc);
+  }
+}
+
 }  // namespace
 
 std::vector<FlashTile> flashTiles(const RowKv* row_kv, int64_t rows) {
@@ -636,6 +707,19 @@ std::vector<FlashTile> flashTiles(const RowKv* row_kv, int64_t rows) {
                               static_cast<int32_t>(flashTileRows(row_kv, rows, row))});
   }
   return tiles;
+}
+
+size_t flashWholeSplitSharedBytes(int64_t head_dim) {
+  switch (head_dim) {
+    case 16:
+      return flashSharedBytes<16, kFlashSplitTiles>();
+    case 32:
+      return flashSharedBytes<32, kFlashSplitTiles>();
+    case 64:
+      return flashSharedBytes<64, kFlashSplitTiles>();
+    default:
+      return flashSharedBytes<128, kFlashSplitTiles>();
+  }
 }
 
 void launchWriteKv(cudaStream_t stream, const DeviceBatch& batch, const KvCacheLayout& cache,
@@ -693,23 +777,23 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
     const dim3 grid(per_tile ? static_cast<unsigned int>(batch.flash_tile_count) : rows,
                     static_cast<unsigned int>(cache.num_kv_heads), split_count);
     const auto threads = static_cast<unsigned int>(group * 32);
-    auto flash = [&](auto instance) {
-      instance<<<grid, threads, 0, stream>>>(
-          batch.row_kv, batch.rows, per_tile ? batch.flash_tiles : nullptr, batch.block_tables, g,
-          q, num_heads, group, scale, splits, max_and_sum, acc);
-    };
+    const FlashTile* tiles = per_tile ? batch.flash_tiles : nullptr;
     switch (cache.head_dim) {
       case 16:
-        flash(attentionFlashKernel<16>);
+        launchFlashStages<16>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
+                              splits, max_and_sum, acc);
         break;
       case 32:
-        flash(attentionFlashKernel<32>);
+        launchFlashStages<32>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
+                              splits, max_and_sum, acc);
         break;
       case 64:
-        flash(attentionFlashKernel<64>);
+        launchFlashStages<64>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
+                              splits, max_and_sum, acc);
         break;
       default:
-        flash(attentionFlashKernel<128>);
+        launchFlashStages<128>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
+                               splits, max_and_sum, acc);
         break;
     }
   } else if (kernel != AttentionKernel::kReference && group <= kMaxGroup &&

@@ -72,6 +72,7 @@ class CudaBackend final : public Backend {
         deep_skinny_(options.fast_kernels && options.deep_skinny),
         compact_attention_(options.fast_kernels && options.flash_attention &&
                            options.compact_attention),
+        deep_attention_(options.fast_kernels && options.flash_attention && options.deep_attention),
         fused_launches_(options.fast_kernels && options.fused_launches),
         rope_variants_(options.rope_variants),
         bf16_gemm_config_(options.bf16_gemm_config),
@@ -114,6 +115,16 @@ class CudaBackend final : public Backend {
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     if (deep_skinny_) description_ += ", deep decode loads";
     if (compact_attention_) description_ += ", compact attention grid";
+    if (deep_attention_) {
+      // At head_dim 128, the largest the flash kernel serves.
+      const size_t needed = flashWholeSplitSharedBytes(128);
+      if (props.sharedMemPerBlockOptin < needed) {
+        throw Error("deep attention loads need " + std::to_string(needed) +
+                    " bytes of shared memory per block; device " + std::to_string(device_) +
+                    " offers " + std::to_string(props.sharedMemPerBlockOptin));
+      }
+      description_ += ", deep attention loads";
+    }
     sm_count_ = props.multiProcessorCount;
   }
 
@@ -786,6 +797,7 @@ class CudaBackend final : public Backend {
   bool unordered_decode_ = false;            // CudaBackendOptions::unordered_decode
   bool deep_skinny_ = false;                 // CudaBackendOptions::deep_skinny
   bool compact_attention_ = false;           // CudaBackendOptions::compact_attention
+  bool deep_attention_ = false;              // CudaBackendOptions::deep_attention
   bool fused_launches_ = false;              // CudaBackendOptions::fused_launches
   bool rope_variants_ = false;               // CudaBackendOptions::rope_variants
   int bf16_gemm_config_ = kBf16GemmServing;  // CudaBackendOptions::bf16_gemm_config
@@ -949,6 +961,7 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
   batch_.flash_tiles =
       tiles.empty() ? nullptr : reinterpret_cast<const FlashTile*>(device + tiles_at);
   batch_.flash_tile_count = static_cast<int64_t>(tiles.size());
+  batch_.flash_whole_splits = deep_attention_ && one_row_each;
   step_recordable_ = recordable;
   const int64_t splits = max_position / kAttentionSplit + 1;
   batch_.attention_splits = splits;

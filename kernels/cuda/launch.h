@@ -43,6 +43,10 @@ struct DeviceBatch {
   // start no tile exiting at once.
   const FlashTile* flash_tiles = nullptr;
   int64_t flash_tile_count = 0;
+  // The flash kernel copies all of a split's K and V tiles into shared
+  // memory at once instead of one tile ahead (CudaBackendOptions::
+  // deep_attention, a decode step): the same bits.
+  bool flash_whole_splits = false;
 };
 
 // Positions one attention work item covers. A fixed size, never derived from
@@ -158,6 +162,9 @@ int64_t attentionScratchFloats(const DeviceBatch& batch, int64_t num_heads, int6
 // that is a multiple of 16, or one the row before does not precede in the
 // same sequence) with the active rows after it that start none, 16 at most.
 std::vector<FlashTile> flashTiles(const RowKv* row_kv, int64_t rows);
+// The dynamic shared memory a block of the flash kernel needs at `head_dim`
+// with a whole split's tiles in flight (DeviceBatch::flash_whole_splits).
+size_t flashWholeSplitSharedBytes(int64_t head_dim);
 // Which partial kernel pagedAttention runs (attention.cu's header): the
 // reference, the grouped one (its bits), or the tensor-core flash kernel
 // (its own bits) where flashAttentionSupported, else the grouped one.

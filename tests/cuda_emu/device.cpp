@@ -376,7 +376,7 @@ const char* checkShape(const void* kernel, const LaunchShape& shape, cudaError_t
 }
 
 void runGrid(const LaunchShape& shape, void (*run_thread)(const void*), const void* call) {
-  countKernel();
+  countKernel(shape.shared_bytes);
   const size_t threads = static_cast<size_t>(shape.block.x) * shape.block.y * shape.block.z;
   // Shared memory starts as whatever was there: all ones (NaN as bf16 or f32).
   std::unique_ptr<unsigned char[]> shared(new unsigned char[shape.shared_bytes + 128]);

@@ -15,14 +15,17 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 
 // What the emulated device has run so far, issued one by one or replayed
 // from a graph alike: kernel grids, and stream operations (grids, copies,
-// memsets). Tests count a decode step's launches with it.
+// memsets), and the grids' dynamic shared memory. Tests count a decode
+// step's launches with it, and tell which of a kernel's launches ran.
 struct DeviceCounts {
   int64_t kernels = 0;
   int64_t operations = 0;
+  int64_t dynamic_shared_bytes = 0;  // summed over grids
 };
 DeviceCounts deviceCounts();
-// A grid is about to run (device.cpp).
-void countKernel();
+// A grid with `shared_bytes` of dynamic shared memory is about to run
+// (device.cpp).
+void countKernel(size_t shared_bytes);
 // The sticky error cudaGetLastError returns (and clears).
 void setLastError(cudaError_t error);
 // Dynamic shared memory a kernel may use: 48 KiB, or what

@@ -122,7 +122,10 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
   }
 }
 
-void countKernel() { ++g_counts.kernels; }
+void countKernel(size_t shared_bytes) {
+  ++g_counts.kernels;
+  g_counts.dynamic_shared_bytes += static_cast<int64_t>(shared_bytes);
+}
 
 DeviceCounts deviceCounts() { return g_counts; }
 

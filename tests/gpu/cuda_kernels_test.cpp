@@ -55,6 +55,20 @@ int64_t kernelsRunBy(Work&& work) {
 #endif
 }
 
+// The dynamic shared memory of the grids `work` runs, summed, where the
+// emulator counts it; -1 on a GPU.
+template <typename Work>
+int64_t dynamicSharedBytesOf(Work&& work) {
+#if defined(TANDEM_CUDA_EMULATOR)
+  const int64_t before = cuda_emu::deviceCounts().dynamic_shared_bytes;
+  work();
+  return cuda_emu::deviceCounts().dynamic_shared_bytes - before;
+#else
+  work();
+  return -1;
+#endif
+}
+
 std::vector<float> randomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-scale, scale);
@@ -1312,6 +1326,13 @@ TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
   options.compact_attention = true;
   const std::unique_ptr<Backend> compact = cuda::makeCudaBackend(0, options);
   EXPECT_NE(compact->description().find("compact attention grid"), std::string::npos);
+  EXPECT_EQ(compact->description().find("deep attention loads"), std::string::npos);
+  // Decode steps (one row per sequence: the last step of each run below, and
+  // the chunked run's single rows) with a whole split's tiles in flight.
+  options.compact_attention = false;
+  options.deep_attention = true;
+  const std::unique_ptr<Backend> deep = cuda::makeCudaBackend(0, options);
+  EXPECT_NE(deep->description().find("deep attention loads"), std::string::npos);
   const std::vector<AttentionCase::Step> chunked = {
       {0, 100, 0, 0},   {100, 157, 0, 20}, {257, 0, 20, 17},
       {257, 342, 0, 0}, {599, 1, 0, 0},    {kLongRows, 1, kShortRows, 1}};
@@ -1337,6 +1358,23 @@ TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
       EXPECT_EQ(0, std::memcmp(one_shot.data(), tiled.data(), one_shot.size() * sizeof(float)))
           << "a block per tile, " << steps.size() << " steps";
       EXPECT_EQ(one_shot_cache, tiled_cache);
+      // Each decode step's flash kernel asks for four tiles of K and V
+      // (rows of head_dim + 8 bf16); no other step's launches take dynamic
+      // shared memory.
+      std::pair<std::vector<float>, std::vector<char>> staged_run;
+      const int64_t shared =
+          dynamicSharedBytesOf([&] { staged_run = attention.run(*deep, steps); });
+      const auto& [staged, staged_cache] = staged_run;
+      const auto decode_steps = std::count_if(steps.begin(), steps.end(), [](const auto& step) {
+        return step.long_count <= 1 && step.short_count <= 1;
+      });
+      if (kEmulated) {
+        EXPECT_EQ(shared, decode_steps * 4 * 2 * 64 * (shape.head_dim + 8) * 2);
+      }
+      ASSERT_EQ(one_shot.size(), staged.size());
+      EXPECT_EQ(0, std::memcmp(one_shot.data(), staged.data(), one_shot.size() * sizeof(float)))
+          << "whole splits in flight, " << steps.size() << " steps";
+      EXPECT_EQ(one_shot_cache, staged_cache);
     }
   }
 }

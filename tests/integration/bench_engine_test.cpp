@@ -184,7 +184,8 @@ TEST_F(BenchEngineTest, RefusesAnUnknownComputeDtypeByName) {
 // refused by name, before the model is loaded. The unordered decode variant
 // replaces a fast CUDA kernel; the bf16 GEMM configurations (timed side by
 // side, or one for the whole run) and the deep decode loads are the bf16
-// kernels'; the compact attention grid is a launch of the flash kernel.
+// kernels'; the compact attention grid and the deep attention loads are
+// launches of the flash kernel.
 TEST_F(BenchEngineTest, RefusesTheCudaVariantsOnTheCpuByName) {
   for (const auto& [flags, message] :
        {std::pair<std::string, std::string>{
@@ -201,7 +202,10 @@ TEST_F(BenchEngineTest, RefusesTheCudaVariantsOnTheCpuByName) {
             "--deep-skinny: only with --device cuda and --compute-dtype bf16"},
         std::pair<std::string, std::string>{
             "--compact-attention",
-            "--compact-attention: only with --device cuda and --cuda-kernels flash"}}) {
+            "--compact-attention: only with --device cuda and --cuda-kernels flash"},
+        std::pair<std::string, std::string>{
+            "--deep-attention",
+            "--deep-attention: only with --device cuda and --cuda-kernels flash"}}) {
     const BenchRun run = bench(flags);
     EXPECT_NE(run.exit_code, 0) << flags;
     EXPECT_NE(run.err.find(message), std::string::npos) << flags << ": " << run.err;

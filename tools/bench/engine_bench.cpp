@@ -327,15 +327,19 @@ int runEngineBench(const EngineBenchOptions& options) {
   }
   const kernels::CudaKernels cuda_kernels =
       kernels::resolveCudaKernels(options.cuda_kernels, "--cuda-kernels", device);
-  if (options.compact_attention &&
-      (device != kernels::DeviceKind::kCuda || cuda_kernels != kernels::CudaKernels::kFlash)) {
-    throw Error("--compact-attention: only with --device cuda and --cuda-kernels flash");
+  for (const auto& [asked, flag] : {std::pair{options.compact_attention, "--compact-attention"},
+                                    std::pair{options.deep_attention, "--deep-attention"}}) {
+    if (asked &&
+        (device != kernels::DeviceKind::kCuda || cuda_kernels != kernels::CudaKernels::kFlash)) {
+      throw Error(std::string(flag) + ": only with --device cuda and --cuda-kernels flash");
+    }
   }
   std::unique_ptr<kernels::Backend> backend =
       kernels::makeBackend(device, {.cuda_kernels = cuda_kernels,
                                     .unordered_decode = options.unordered_decode,
                                     .deep_skinny = options.deep_skinny,
                                     .compact_attention = options.compact_attention,
+                                    .deep_attention = options.deep_attention,
                                     .fused_launches = options.fuse_projections,
                                     .bf16_gemm_config = options.bf16_gemm_config});
   if (options.unordered_decode && compute != DType::kBF16) {
@@ -673,6 +677,7 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"unordered_decode", options.unordered_decode},
         {"deep_skinny", options.deep_skinny},
         {"compact_attention", options.compact_attention},
+        {"deep_attention", options.deep_attention},
         {"bf16_gemm_config", options.bf16_gemm_config},
         {"isa", kernels::isaName()},
         {"threads", kernels::numThreads()},

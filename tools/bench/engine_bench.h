@@ -42,6 +42,9 @@ struct EngineBenchOptions {
   // CudaBackendOptions::compact_attention: the flash kernel launched with a
   // block per query tile of a prefill (the same bits).
   bool compact_attention = false;
+  // CudaBackendOptions::deep_attention: a decode step's flash kernel copies
+  // a whole split's K and V at once (the same bits).
+  bool deep_attention = false;
   // CUDA, bf16 compute: layer 0's matmuls at prompt_tokens rows timed with
   // each of the bf16 GEMM's configurations (CudaBackendOptions::
   // bf16_gemm_config), side by side, their outputs compared bit for bit.

@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   engine->add_flag("--compact-attention", options.compact_attention,
                    "the flash attention kernel launched with one block per query tile of a "
                    "prefill, not one per row (CUDA, --cuda-kernels flash; the same bits)");
+  engine->add_flag("--deep-attention", options.deep_attention,
+                   "a decode step's flash attention copies all of a 256-position split's K and V "
+                   "into shared memory at once (CUDA, --cuda-kernels flash; the same bits)");
   engine->add_flag("--profile-ops", options.profile_ops,
                    "also time each backend call of one prefill and one decode, alone "
                    "(eager, synchronized around every call), and print them per step");
