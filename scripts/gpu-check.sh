@@ -284,8 +284,8 @@ for model in "${models[@]}"; do
       # batch-invariant: what the fixed order costs, printed below).
       # The flash attention kernel last, with bf16 compute and fused
       # projections (the serving defaults), then the same with the
-      # candidates for the next defaults: three batches of decode loads in
-      # flight (--deep-skinny), a block per query tile of a prefill's
+      # candidates for the next defaults: decode matmuls with their weights
+      # staged through shared memory (--deep-skinny), a block per query tile of a prefill's
       # flash attention (--compact-attention) and a decode step's flash
       # attention with a whole split's K and V in flight (--deep-attention),
       # each the same bits; compared below (decode steps are recorded, where
@@ -370,8 +370,8 @@ for model in "${models[@]}"; do
     plain_s=$(grep -o '"decode_step_s": *[0-9.e+-]*' "${run}.json" | grep -o '[0-9.e+-]*$')
     deep_s=$(grep -o '"decode_step_s": *[0-9.e+-]*' "${run}-deep.json" | grep -o '[0-9.e+-]*$')
     awk -v m="${model}" -v b="${batch}" -v p="${plain_s}" -v d="${deep_s}" 'BEGIN {
-      printf "== deep decode loads, %s batch %s: decode step %.3f ms two batches, %.3f ms " \
-        "three: %.3f\n", m, b, p * 1e3, d * 1e3, p / d }'
+      printf "== deep decode and attention loads, %s batch %s: decode step %.3f ms serving, " \
+        "%.3f ms deep: %.3f\n", m, b, p * 1e3, d * 1e3, p / d }'
     plain_p=$(grep -o '"prefill_tokens_per_s": *[0-9.e+-]*' "${run}.json" | grep -o '[0-9.e+-]*$')
     tiled_p=$(grep -o '"prefill_tokens_per_s": *[0-9.e+-]*' "${run}-deep.json" | grep -o '[0-9.e+-]*$')
     awk -v m="${model}" -v b="${batch}" -v p="${plain_p}" -v t="${tiled_p}" 'BEGIN {

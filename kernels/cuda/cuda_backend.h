@@ -31,10 +31,12 @@ struct CudaBackendOptions {
   // measuring what the fixed order costs (tandem-bench engine
   // --unordered-decode); the agent never sets it.
   bool unordered_decode = false;
-  // Under bf16 compute, decode matmuls of at most kDeepSkinnyColumns
-  // outputs keep three batches of loads in flight per warp (launch.h): the
-  // same bits. Not yet run on a GPU: off unless asked (tandem-bench engine
-  // --deep-skinny).
+  // Under bf16 compute, decode matmuls stream each warp's weights through a
+  // ring of batches in shared memory by cp.async (matmul_bf16_mma.cu,
+  // bf16MmaSkinnyStagedKernel): 16 KB of weights in flight per warp for up
+  // to 16 rows, 8 KB and 4 KB for up to 32 and 64, where the serving kernel
+  // has one batch in registers (4 KB to 512 bytes). The same bits. Not yet
+  // run on a GPU: off unless asked (tandem-bench engine --deep-skinny).
   bool deep_skinny = false;
   // With flash_attention: the flash kernel launched with one block per
   // query tile of a step that is not recorded (prefill, chunked prefill),

@@ -113,12 +113,11 @@ constexpr int64_t kBf16MmaSmallRows = 256;
 // x rounded to bf16 in fragment order: bf16MmaSkinnyScratchBytes(m, k).
 // x_ready: x_fragments already hold x so (written by x's producer,
 // epilogue.h NextFragments); else the call rounds x into them first.
-// deep (CudaBackendOptions::deep_skinny): where n is at most
-// kDeepSkinnyColumns (few warps per SM: Llama-3.1-8B's o_proj, down_proj
-// and Q/K/V), each warp keeps three batches of loads in flight instead of
-// two; the same mma in the same order, so the same bits.
+// deep (CudaBackendOptions::deep_skinny): each warp streams its weights
+// through a ring of batches in shared memory by cp.async, several batches
+// in flight instead of one; the same mma in the same order, so the same
+// bits.
 constexpr int64_t kBf16MmaSkinnyRows = 64;
-constexpr int64_t kDeepSkinnyColumns = 16384;
 int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k);
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,
                          const void* fragments, int64_t n, const MatmulEpilogue& out,

@@ -465,6 +465,19 @@ __device__ __forceinline__ void loadBatch(const uint4* __restrict__ column,
   }
 }
 
+// x's fragments of a batch alone (the staged kernel's weights come from
+// shared memory).
+template <int kRowGroups, int kPairs>
+__device__ __forceinline__ void loadXs(const uint4* __restrict__ xs, int64_t pairs, int64_t p0,
+                                       int64_t end, Batch<kRowGroups, kPairs>& batch) {
+#pragma unroll
+  for (int u = 0; u < kPairs; ++u) {
+    if (p0 + u >= end) break;
+#pragma unroll
+    for (int r = 0; r < kRowGroups; ++r) batch.x[u][r] = __ldg(xs + (r * pairs + p0 + u) * 32);
+  }
+}
+
 // The batch's mma, pair by pair and slice by slice in ascending k: m16n8k16
 // tile i takes row groups 2i (rows 16i + g: a0, a2) and 2i + 1 (rows
 // 16i + 8 + g: a1, a3; zero past the launch's groups).
@@ -493,11 +506,10 @@ __device__ __forceinline__ void multiplyBatch(const Batch<kRowGroups, kPairs>& b
 
 // The chain over pairs [begin, end) with kDepth batches in registers: the
 // loads of the next kDepth - 1 are in flight while the tensor cores
-// multiply this one (2: the serving kernel; 3: deep_skinny, half as many
-// bytes again in flight per warp for launches with few warps per SM). The
-// same mma in the same order whatever kDepth: only when each pair's
-// registers are loaded changes. Every batch index is a compile-time
-// constant (the loops unroll), so the batches stay in registers.
+// multiply this one (2: the serving and the unordered kernels). The same
+// mma in the same order whatever kDepth: only when each pair's registers
+// are loaded changes. Every batch index is a compile-time constant (the
+// loops unroll), so the batches stay in registers.
 template <int kRowGroups, int kPairs, int kDepth, int kMTiles>
 __device__ __forceinline__ void multiplyPairs(const uint4* __restrict__ column,
                                               const uint4* __restrict__ xs, int64_t pairs,
@@ -520,9 +532,8 @@ __device__ __forceinline__ void multiplyPairs(const uint4* __restrict__ column,
 }
 
 // A warp owns one tile column (8 outputs) and streams its whole k; loads of
-// the next kPairs pairs (kDeep: the next 2 kPairs) are in flight while the
-// tensor cores multiply these.
-template <int kRowGroups, int kPairs, bool kDeep = false>
+// the next kPairs pairs are in flight while the tensor cores multiply these.
+template <int kRowGroups, int kPairs>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaSkinnyKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
                         const uint4* __restrict__ fragments, int64_t n, MatmulEpilogue out) {
@@ -542,7 +553,89 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
   }
-  multiplyPairs<kRowGroups, kPairs, kDeep ? 3 : 2>(column, xs, pairs, 0, pairs, k, acc);
+  multiplyPairs<kRowGroups, kPairs, 2>(column, xs, pairs, 0, pairs, k, acc);
+  storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
+}
+
+// The deep decode loads (CudaBackendOptions::deep_skinny): the kernel above
+// with each warp's weights streamed through a ring of kStages batches in
+// shared memory by 16-byte cp.async (L2 only, so x stays in L1), so that
+// kStages - 1 batches of weights are in flight instead of one, without
+// registers for them: 16 KB a warp for m <= 16, 8 KB and 4 KB for m <= 32 and
+// 64 (where a batch is 2 and 1 pairs), against 4 KB, 2 KB, 1 KB and 512 bytes
+// in the kernel above. x's fragments of the next batch are loaded into
+// registers while this one is multiplied, as there. Each lane reads back
+// only the 16 bytes it copied, so a wait on its own groups is all it needs
+// (no barrier); a slot is refilled only after the batch read from it was
+// multiplied. The same mma in the same order, so the same bits.
+template <int kPairs>
+constexpr int kSkinnyStages = kPairs >= 8 ? 4 : 8;
+template <int kPairs>
+constexpr size_t kSkinnyStagedBytes = static_cast<size_t>(kWarps) * kSkinnyStages<kPairs>* kPairs *
+                                      32 * sizeof(uint4);
+
+template <int kRowGroups, int kPairs>
+__global__ void __launch_bounds__(kThreads)
+    bf16MmaSkinnyStagedKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
+                              const uint4* __restrict__ fragments, int64_t n, MatmulEpilogue out) {
+  constexpr int kMTiles = (kRowGroups + 1) / 2;
+  constexpr int kStages = kSkinnyStages<kPairs>;
+  extern __shared__ __align__(16) uint4 staged_weights[];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const MmaFragmentTiling t{n, k};
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (tile >= t.tileColumns()) return;  // no barrier in this kernel
+  const int64_t pairs = t.pairs();
+  const int64_t batches = (pairs + kPairs - 1) / kPairs;
+  const uint4* column = fragments + tile * pairs * 32 + lane;
+  const uint4* xs = x_fragments + lane;
+  // This lane's pair u of ring slot s: ring[(s · kPairs + u) · 32].
+  uint4* ring = staged_weights + warp * kStages * kPairs * 32 + lane;
+
+  // Batch b's weights into slot b % kStages, one commit group per batch
+  // (empty past the last): batch b is group b.
+  auto issue = [&](int64_t b) {
+    if (b < batches) {
+      uint4* slot = ring + (b % kStages) * kPairs * 32;
+#pragma unroll
+      for (int u = 0; u < kPairs; ++u) {
+        if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, column + (b * kPairs + u) * 32);
+      }
+    }
+    commitCopies();
+  };
+
+  float acc[kMTiles][1][4];
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
+  }
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) issue(s);
+  Batch<kRowGroups, kPairs> ready[2];  // batch b's x (and then weights) in ready[b % 2]
+  loadXs(xs, pairs, 0, pairs, ready[0]);
+  for (int64_t b0 = 0; b0 < batches; b0 += 2) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t b = b0 + h;
+      if (b >= batches) break;
+      // Into the slot batch b - 1 was read from (and multiplied).
+      issue(b + kStages - 1);
+      if (b + 1 < batches) loadXs(xs, pairs, (b + 1) * kPairs, pairs, ready[1 - h]);
+      // Groups 0 .. b + kStages - 1 are committed: batch b's has landed
+      // when at most kStages - 1 are in flight.
+      waitCopies<kStages - 1>();
+      const uint4* slot = ring + (b % kStages) * kPairs * 32;
+#pragma unroll
+      for (int u = 0; u < kPairs; ++u) {
+        if (b * kPairs + u < pairs) ready[h].w[u] = slot[u * 32];
+      }
+      multiplyBatch(ready[h], pairs, b * kPairs, k, acc);
+    }
+  }
+  waitCopies<0>();  // the last, empty groups
   storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
 }
 
@@ -593,8 +686,10 @@ __global__ void __launch_bounds__(kThreads)
 // variant, adding into out.y.
 // x_ready: x_fragments already hold x (written by x's producer, epilogue.h
 // NextFragments), so x is not rounded again.
-// deep: the ordered kernel with three batches in flight where n is at most
-// kDeepSkinnyColumns (launch.h).
+// deep: the ordered kernel with its weights staged through shared memory
+// (bf16MmaSkinnyStagedKernel). More dynamic shared memory than the 48 KB
+// default is asked for once per process and instance (the attribute is per
+// function, for every device).
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
                 int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits, bool x_ready,
@@ -605,9 +700,16 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   if (!x_ready) xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
-  if (splits == 0 && deep && n <= kDeepSkinnyColumns) {
-    bf16MmaSkinnyKernel<kRowGroups, kPairs, true>
-        <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);
+  if (splits == 0 && deep) {
+    constexpr size_t kShared = kSkinnyStagedBytes<kPairs>;
+    static const cudaError_t opted_in = cudaFuncSetAttribute(
+        bf16MmaSkinnyStagedKernel<kRowGroups, kPairs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(kShared));
+    TANDEM_CHECK(opted_in == cudaSuccess,
+                 "bf16 skinny matmul: cudaFuncSetAttribute refused the staged kernel's shared "
+                 "memory");
+    bf16MmaSkinnyStagedKernel<kRowGroups, kPairs>
+        <<<tiles, kThreads, kShared, stream>>>(x_fragments, m, k, fragments, n, out);
   } else if (splits == 0) {
     bf16MmaSkinnyKernel<kRowGroups, kPairs>
         <<<tiles, kThreads, 0, stream>>>(x_fragments, m, k, fragments, n, out);

@@ -36,8 +36,9 @@ struct EngineBenchOptions {
   // CudaBackendOptions::unordered_decode: not batch-invariant, for measuring
   // what the fixed order costs.
   bool unordered_decode = false;
-  // CudaBackendOptions::deep_skinny: three batches of loads in flight in
-  // the bf16 decode matmuls of few columns (the same bits).
+  // CudaBackendOptions::deep_skinny: the bf16 decode matmuls' weights
+  // streamed through shared memory, several batches in flight (the same
+  // bits).
   bool deep_skinny = false;
   // CudaBackendOptions::compact_attention: the flash kernel launched with a
   // block per query tile of a prefill (the same bits).

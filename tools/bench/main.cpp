@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
                    "NOT batch-invariant: bf16 decode matmuls split k and add with atomics, to "
                    "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");
   engine->add_flag("--deep-skinny", options.deep_skinny,
-                   "bf16 decode matmuls of at most 16,384 columns keep three batches of loads in "
-                   "flight per warp (CUDA, fast kernels, bf16 compute; the same bits)");
+                   "bf16 decode matmuls stream their weights through shared memory, several "
+                   "batches in flight per warp (CUDA, fast kernels, bf16 compute; the same bits)");
   engine->add_flag("--compact-attention", options.compact_attention,
                    "the flash attention kernel launched with one block per query tile of a "
                    "prefill, not one per row (CUDA, --cuda-kernels flash; the same bits)");
