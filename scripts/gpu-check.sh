@@ -54,6 +54,7 @@ fast="${FAST:-1}"
 fast_failed=0
 flash="${FLASH:-${fast}}"
 flash_failed=0
+candidates_failed=0  # a candidate's kernel test or benchmark run failed (no serving path)
 wgmma_failed=0
 wgmma_stuck=0  # the wgmma step hung or crashed: its configurations are not timed
 f32_bench="${F32_BENCH:-1}"
@@ -124,8 +125,8 @@ if [[ "${fast}" == "1" ]]; then
   # Every gpu test, the exactness checks' CUDA backend built with the fast
   # kernels (TANDEM_CUDA_KERNELS), and the unit test's CUDA variants.
   echo "== gpu tests and engine_backend_exactness_test, TANDEM_CUDA_KERNELS=fast"
-  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*:*Warpgroup*:*Wgmma*:*TensorCopy*' \
-    'FlashAttention|Warpgroup|Wgmma|TensorCopy' || fast_failed=1
+  TANDEM_CUDA_KERNELS=fast gpu_tests '-*FlashAttention*:*Warpgroup*:*Wgmma*:*TensorCopy*:*Candidate*' \
+    'FlashAttention|Warpgroup|Wgmma|TensorCopy|Candidate' || fast_failed=1
   if [[ "${prebuilt}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast limited "${build}/tests/engine_backend_exactness_test" \
       --gtest_brief=1 || fast_failed=1
@@ -199,6 +200,17 @@ if [[ "${fast}" == "1" ]]; then
         --gtest_brief=1 || flash_failed=1
     done
   fi
+  # The candidates for the next defaults (deep decode and attention loads,
+  # the compact attention grid: opt-in, docs/cuda.md): their kernel tests,
+  # reported apart, so that a fault of theirs never counts against the
+  # kernels that serve; their benchmark run below is left out if they fail.
+  echo "== candidates: their kernel tests (deep decode and attention loads, compact attention grid)"
+  if [[ "${prebuilt}" == "1" ]]; then
+    limited "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='*Candidate*' --gtest_brief=1 ||
+      candidates_failed=1
+  else
+    ctest --test-dir "${build}" -L gpu -R 'Candidate' --output-on-failure || candidates_failed=1
+  fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
   # (out-of-bounds and misaligned accesses; the tool runs on some GPU
   # machines only, docs/cuda.md).
@@ -211,7 +223,7 @@ if [[ "${fast}" == "1" ]]; then
     else
       echo "== compute-sanitizer memcheck: CudaFastKernelsTest"
       limited "${sanitizer}" --tool memcheck --error-exitcode 1 \
-        "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='CudaFastKernelsTest*' \
+        "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='CudaFastKernelsTest*:-*Candidate*' \
         --gtest_brief=1 || fast_failed=1
     fi
   fi
@@ -301,8 +313,13 @@ for model in "${models[@]}"; do
       [[ "${FUSED_FAST:-0}" == "1" ]] &&
         variants+=("--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
-        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections"
-          "--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention --deep-attention")
+        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections")
+      if [[ "${flash}" == "1" && "${candidates_failed}" == "0" ]]; then
+        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention --deep-attention")
+      elif [[ "${flash}" == "1" ]]; then
+        echo "== the candidates' benchmark run left out: their kernel tests or an earlier run" \
+          "of theirs failed (above)"
+      fi
       for variant in "${variants[@]}"; do
         read -r -a extra <<<"${variant}"
         # The plain bf16 run at batch 1 also times the bf16 GEMM's
@@ -329,7 +346,13 @@ for model in "${models[@]}"; do
         echo "== tandem-bench ${args[*]} ${variant}"
         if ! limited "${bench}" "${args[@]}" "${extra[@]}" \
           --json "${json_dir}/engine-${model}-batch${batch}-${name}.json"; then
-          if [[ "${variant}" == *flash* ]]; then flash_failed=1; else fast_failed=1; fi
+          if [[ "${variant}" == *deep* ]]; then
+            candidates_failed=1
+          elif [[ "${variant}" == *flash* ]]; then
+            flash_failed=1
+          else
+            fast_failed=1
+          fi
         fi
         if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
           gemm_config="$(fastest_gemm_config "${json_dir}/engine-${model}-batch1-fast-bf16.json")"
@@ -358,9 +381,8 @@ for model in "${models[@]}"; do
 done
 
 # ---- the candidates: deep decode and attention loads, compact attention grid (docs/cuda.md) -
-# Not yet defaults: their bits are checked by gpu_cuda_kernels_test
-# (Bf16MmaRowsAreBitwiseEqualForAnyRowCount, FlashAttentionIsNearThe
-# ReferenceAndInvariant); here the decode step (deep loads), the prefill
+# Not yet defaults: their bits are checked by gpu_cuda_kernels_test's
+# Candidate tests (the candidates step above); here the decode step (deep loads), the prefill
 # (compact grid) and the decode's attention and matmul calls over the
 # serving configuration's, from the two flash runs above.
 for model in "${models[@]}"; do
@@ -475,6 +497,7 @@ excluded=()
 [[ "${reference_failed}" != "0" ]] && excluded+=(reference)
 [[ "${fast_failed}" != "0" ]] && excluded+=(fast)
 [[ "${flash_failed}" != "0" ]] && excluded+=(flash)
+[[ "${candidates_failed}" != "0" ]] && excluded+=(candidates)
 for model in "${models[@]}"; do
   echo "== goals: ${model}"
   env -u LD_LIBRARY_PATH python3 "${root}/scripts/gpu_goals.py" "${json_dir}" --model "${model}" \
@@ -495,6 +518,10 @@ fi
 if [[ "${wgmma_failed}" != "0" ]]; then
   echo "== wgmma (bf16 GEMM configurations 4 to 7; no serving path): a probe failed or the rows" \
     "differ from configuration 0's (see above)"
+fi
+if [[ "${candidates_failed}" != "0" ]]; then
+  echo "== candidates (deep decode and attention loads, compact attention grid; no serving" \
+    "path): a kernel test or their benchmark run FAILED (see above)"
 fi
 if [[ "${fast_failed}" != "0" ]]; then
   echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"

@@ -75,7 +75,11 @@ def decode_over_copy(run):
 
 
 def family(suffix):
-    """"fast", "flash" or "reference": a variant's kernel set, by its suffix."""
+    """"fast", "flash", "reference", or "candidates" (the run with the
+    candidates for the next defaults, -deep): a variant's kernel set, by its
+    suffix."""
+    if suffix.endswith("-deep"):
+        return "candidates"
     return suffix.split("-")[1] if suffix else "reference"
 
 
@@ -173,7 +177,7 @@ def main(argv=None):
     parser.add_argument("--model", default="llama3-8b")
     parser.add_argument("--exclude", default="",
                         help="comma-separated kernel sets whose checks failed "
-                        "(reference, fast, flash)")
+                        "(reference, fast, flash, candidates)")
     args = parser.parse_args(argv)
     excluded = [e for e in args.exclude.split(",") if e]
     variants, goals = goal_rows(args.json_dir, args.model, excluded)

@@ -658,28 +658,6 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
       const auto part = run(*bf16_backend, x, m, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
     }
-    // The weights staged through shared memory (CudaBackendOptions::
-    // deep_skinny): the same rows for every row-group count, from that
-    // kernel (the emulator sums each grid's dynamic shared memory: the
-    // staged kernel is the only one here that takes any).
-    {
-      cuda::CudaBackendOptions deep_options = options;
-      deep_options.deep_skinny = true;
-      configs_.push_back(cuda::makeCudaBackend(0, deep_options));
-      Backend& deep = *configs_.back();
-      deep.setComputeDType(DType::kBF16);
-      EXPECT_NE(deep.description().find(", deep decode loads"), std::string::npos);
-      for (const int64_t m :
-           {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{17}, int64_t{33}, int64_t{64}}) {
-        std::vector<float> part;
-        const int64_t shared = dynamicSharedBytesOf([&] { part = run(deep, x, m, k, w); });
-        if (kEmulated) {
-          EXPECT_GT(shared, 0) << "deep, m " << m;
-        }
-        EXPECT_EQ(0, std::memcmp(all.data(), part.data(), part.size() * sizeof(float)))
-            << "deep, m " << m;
-      }
-    }
     // The pipelined kernel's other configurations (K step 32 or 64, three or
     // four stages: CudaBackendOptions::bf16_gemm_config; the default is the
     // serving one, which the description leaves unnamed): the same rows,
@@ -1316,12 +1294,68 @@ TEST_F(CudaFastKernelsTest, GroupedAttentionEqualsTheReferenceBitwise) {
   }
 }
 
+// A candidate for the bf16 decode matmul's next default (opt-in until a GPU
+// has passed this test; scripts/gpu-check.sh runs the Candidate tests in a
+// step of their own): the weights staged through shared memory
+// (deep_skinny) give the serving skinny kernel's rows, bit for bit, for
+// every row-group count and for 16-byte and element loads of x (k = 1000,
+// 333); the emulator sums each grid's dynamic shared memory, so there it
+// also checks that the staged kernel ran.
+TEST_F(CudaFastKernelsTest, CandidateDeepDecodeLoadsGiveTheSameRows) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  // Fixture-owned: run() leaves its buffers to TearDown().
+  configs_.push_back(cuda::makeCudaBackend(0, options));
+  Backend* serving = configs_.back().get();
+  serving->setComputeDType(DType::kBF16);
+  options.deep_skinny = true;
+  configs_.push_back(cuda::makeCudaBackend(0, options));
+  Backend* deep = configs_.back().get();
+  deep->setComputeDType(DType::kBF16);
+  EXPECT_EQ(serving->description().find(", deep decode loads"), std::string::npos);
+  EXPECT_NE(deep->description().find(", deep decode loads"), std::string::npos);
+  const int64_t n = 300;
+  for (const int64_t k : {int64_t{1000}, int64_t{333}}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    const auto x = randomFloats(static_cast<size_t>(64 * k), 24);
+    const auto w32 = randomFloats(static_cast<size_t>(n * k), 25);
+    const auto bf16 = toHalfBits(w32, DType::kBF16);
+    const WeightView w{bf16.data(), DType::kBF16, n, k};
+    for (const int64_t m :
+         {int64_t{1}, int64_t{7}, int64_t{9}, int64_t{17}, int64_t{33}, int64_t{64}}) {
+      const auto rows = run(*serving, x, m, k, w);
+      std::vector<float> part;
+      const int64_t shared = dynamicSharedBytesOf([&] { part = run(*deep, x, m, k, w); });
+      if (kEmulated) {
+        EXPECT_GT(shared, 0) << "m " << m;
+      }
+      expectFiniteAndNonZero(part);
+      ASSERT_EQ(rows.size(), part.size());
+      EXPECT_EQ(0, std::memcmp(rows.data(), part.data(), part.size() * sizeof(float))) << "m " << m;
+    }
+  }
+}
+
+// The flash kernel's test batches: the shapes (bf16 caches; GQA groups of
+// 1, 2, 4 and 8) and a prefill in chunks that start anywhere (mid tile, mid
+// split, a row alone, beside the other sequence or not), ending on decode
+// rows.
+std::vector<AttentionShape> flashShapes() {
+  std::vector<AttentionShape> shapes = {
+      AttentionShape{8, 8, 64, DType::kBF16}, AttentionShape{32, 8, 128, DType::kBF16},
+      AttentionShape{4, 2, 16, DType::kBF16}, AttentionShape{16, 2, 32, DType::kBF16}};
+  if (!kEmulated) shapes.push_back(AttentionShape{8, 2, 128, DType::kBF16});
+  return shapes;
+}
+std::vector<AttentionCase::Step> chunkedFlashSteps() {
+  return {{0, 100, 0, 0},   {100, 157, 0, 20}, {257, 0, 20, 17},
+          {257, 342, 0, 0}, {599, 1, 0, 0},    {kLongRows, 1, kShortRows, 1}};
+}
+
 // The tensor-core flash kernel (--cuda-kernels flash): near the reference
 // (q and the softmax weights are rounded to bf16), and invariant to the bit:
-// prefill in chunks that start anywhere (mid tile, mid split, a row alone),
-// beside the other sequence or not, gives every row the one-shot batch's
-// output, and the cache the same bytes. Launched with a block per query
-// tile (compact_attention) it gives every one of those runs the same bits.
+// the chunked prefill gives every row the one-shot batch's output, and the
+// cache the same bytes.
 TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
   cuda::CudaBackendOptions options;
   options.fast_kernels = true;
@@ -1329,42 +1363,54 @@ TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
   const std::unique_ptr<Backend> flash = cuda::makeCudaBackend(0, options);
   EXPECT_NE(flash->description().find("flash attention"), std::string::npos);
   EXPECT_EQ(flash->description().find("compact attention grid"), std::string::npos);
-  options.compact_attention = true;
-  const std::unique_ptr<Backend> compact = cuda::makeCudaBackend(0, options);
-  EXPECT_NE(compact->description().find("compact attention grid"), std::string::npos);
-  EXPECT_EQ(compact->description().find("deep attention loads"), std::string::npos);
-  // Decode steps (one row per sequence: the last step of each run below, and
-  // the chunked run's single rows) with a whole split's tiles in flight.
-  options.compact_attention = false;
-  options.deep_attention = true;
-  const std::unique_ptr<Backend> deep = cuda::makeCudaBackend(0, options);
-  EXPECT_NE(deep->description().find("deep attention loads"), std::string::npos);
-  const std::vector<AttentionCase::Step> chunked = {
-      {0, 100, 0, 0},   {100, 157, 0, 20}, {257, 0, 20, 17},
-      {257, 342, 0, 0}, {599, 1, 0, 0},    {kLongRows, 1, kShortRows, 1}};
-  std::vector<AttentionShape> shapes = {
-      AttentionShape{8, 8, 64, DType::kBF16}, AttentionShape{32, 8, 128, DType::kBF16},
-      AttentionShape{4, 2, 16, DType::kBF16}, AttentionShape{16, 2, 32, DType::kBF16}};
-  if (!kEmulated) shapes.push_back(AttentionShape{8, 2, 128, DType::kBF16});
-  for (const AttentionShape& shape : shapes) {
+  EXPECT_EQ(flash->description().find("deep attention loads"), std::string::npos);
+  for (const AttentionShape& shape : flashShapes()) {
     SCOPED_TRACE(shape.name());
     const AttentionCase attention(shape);
     const auto [reference, reference_cache] = attention.run(*backend_, AttentionCase::oneShot());
     const auto [one_shot, one_shot_cache] = attention.run(*flash, AttentionCase::oneShot());
-    const auto [pieces, pieces_cache] = attention.run(*flash, chunked);
+    const auto [pieces, pieces_cache] = attention.run(*flash, chunkedFlashSteps());
     expectNear(reference, one_shot, 2e-2f);
     EXPECT_EQ(reference_cache, one_shot_cache);
     ASSERT_EQ(one_shot.size(), pieces.size());
     EXPECT_EQ(0, std::memcmp(one_shot.data(), pieces.data(), one_shot.size() * sizeof(float)));
     EXPECT_EQ(one_shot_cache, pieces_cache);
     expectFiniteAndNonZero(one_shot);
-    for (const auto& steps : {AttentionCase::oneShot(), chunked}) {
+  }
+}
+
+// Candidates for the flash kernel's next defaults (opt-in until a GPU has
+// passed this test; scripts/gpu-check.sh runs the Candidate tests in a step
+// of their own): launched with a block per query tile (compact_attention),
+// and a decode step's blocks with their whole split in flight
+// (deep_attention), the one-shot and chunked runs give every row the plain
+// one-shot run's bits and the cache the same bytes.
+TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  options.flash_attention = true;
+  const std::unique_ptr<Backend> flash = cuda::makeCudaBackend(0, options);
+  options.compact_attention = true;
+  const std::unique_ptr<Backend> compact = cuda::makeCudaBackend(0, options);
+  EXPECT_NE(compact->description().find("compact attention grid"), std::string::npos);
+  EXPECT_EQ(compact->description().find("deep attention loads"), std::string::npos);
+  options.compact_attention = false;
+  options.deep_attention = true;
+  const std::unique_ptr<Backend> deep = cuda::makeCudaBackend(0, options);
+  EXPECT_NE(deep->description().find("deep attention loads"), std::string::npos);
+  for (const AttentionShape& shape : flashShapes()) {
+    SCOPED_TRACE(shape.name());
+    const AttentionCase attention(shape);
+    const auto [one_shot, one_shot_cache] = attention.run(*flash, AttentionCase::oneShot());
+    expectFiniteAndNonZero(one_shot);
+    for (const auto& steps : {AttentionCase::oneShot(), chunkedFlashSteps()}) {
       const auto [tiled, tiled_cache] = attention.run(*compact, steps);
       ASSERT_EQ(one_shot.size(), tiled.size());
       EXPECT_EQ(0, std::memcmp(one_shot.data(), tiled.data(), one_shot.size() * sizeof(float)))
           << "a block per tile, " << steps.size() << " steps";
       EXPECT_EQ(one_shot_cache, tiled_cache);
-      // Each decode step's flash kernel asks for four tiles of K and V
+      // Each decode step (one row per sequence: the last step of each run,
+      // and the chunked run's single rows) asks for four tiles of K and V
       // (rows of head_dim + 8 bf16); no other step's launches take dynamic
       // shared memory.
       std::pair<std::vector<float>, std::vector<char>> staged_run;
