@@ -561,9 +561,9 @@ __global__ void __launch_bounds__(kThreads)
 // with each warp's weights streamed through a ring of kStages batches in
 // shared memory by 16-byte cp.async (L2 only, so x stays in L1), so that
 // kStages - 1 batches of weights are in flight instead of one, without
-// registers for them: 16 KB a warp for m <= 16, 8 KB and 4 KB for m <= 32 and
-// 64 (where a batch is 2 and 1 pairs), against 4 KB, 2 KB, 1 KB and 512 bytes
-// in the kernel above. x's fragments of the next batch are loaded into
+// registers for them: a ring of 16 KB a warp for m <= 16, 8 KB and 4 KB for
+// m <= 32 and 64 (where a batch is 2 and 1 pairs), against batches of 4 KB,
+// 2 KB, 1 KB and 512 bytes in the kernel above. x's fragments of the next batch are loaded into
 // registers while this one is multiplied, as there. Each lane reads back
 // only the 16 bytes it copied, so a wait on its own groups is all it needs
 // (no barrier); a slot is refilled only after the batch read from it was
@@ -571,8 +571,10 @@ __global__ void __launch_bounds__(kThreads)
 template <int kPairs>
 constexpr int kSkinnyStages = kPairs >= 8 ? 4 : 8;
 template <int kPairs>
-constexpr size_t kSkinnyStagedBytes = static_cast<size_t>(kWarps) * kSkinnyStages<kPairs>* kPairs *
-                                      32 * sizeof(uint4);
+constexpr size_t skinnyStagedBytes() {
+  const size_t ring_pairs = static_cast<size_t>(kSkinnyStages<kPairs>) * kPairs;
+  return kWarps * ring_pairs * 32 * sizeof(uint4);
+}
 
 template <int kRowGroups, int kPairs>
 __global__ void __launch_bounds__(kThreads)
@@ -701,7 +703,7 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
   if (splits == 0 && deep) {
-    constexpr size_t kShared = kSkinnyStagedBytes<kPairs>;
+    constexpr size_t kShared = skinnyStagedBytes<kPairs>();
     static const cudaError_t opted_in = cudaFuncSetAttribute(
         bf16MmaSkinnyStagedKernel<kRowGroups, kPairs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(kShared));
