@@ -13,6 +13,9 @@ scripts/torch_compare.py's torch-MODEL.json, and prints one table:
 - prefill tok/s / PyTorch's and batch-1 decode ms/token / PyTorch's, same
   run (goals >= 0.8 and <= 0.8; against each PyTorch variant printed, the
   goal judged on the least favourable one);
+- the two PyTorch ratios again for the candidates' run (the next defaults
+  on trial, -flash-bf16-fused-deep), where it ran: what the goals would
+  read if the candidates served;
 - greedy tokens against PyTorch's at positions with a clear margin (goal:
   all agree).
 
@@ -141,6 +144,7 @@ def goal_rows(json_dir, model, excluded=()):
     goals.append({"figure": "batch-1 decode ms/token / PyTorch (same run)" + note, "value": value,
                   "goal": f"<= {DECODE_MS_GOAL}",
                   "met": judged(value, value is not None and value <= DECODE_MS_GOAL)})
+    goals += candidate_goals(json_dir, model, figures, "candidates" not in excluded)
     rule = ((torch.get("exactness") or {}).get("margin_rule")) or {}
     clear, agreeing = rule.get("clear"), rule.get("agreeing")
     value = None if not clear else agreeing / clear
@@ -148,6 +152,36 @@ def goal_rows(json_dir, model, excluded=()):
                   "goal": "100 %", "met": None if value is None else agreeing == clear,
                   "detail": None if not clear else f"{agreeing}/{clear}"})
     return variants, goals
+
+
+def candidate_goals(json_dir, model, figures, counts):
+    """The two PyTorch goals again for the candidates' run (-flash-bf16-fused-deep):
+    its prefill tok/s and batch-1 decode ms over PyTorch's figures of the
+    same run (the least favourable PyTorch variant), what the goals would
+    read if the candidates served. None where a side is missing; not judged
+    when the candidates' checks failed."""
+    run = read_json(os.path.join(json_dir, f"engine-{model}-batch1-flash-bf16-fused-deep.json"))
+    if run is None:
+        return []
+
+    def torch_values(key):
+        return [r.get("torch") for r in figures if r.get("figure") == key and r.get("torch")]
+
+    rows = []
+    prefill = run.get("prefill_tokens_per_s")
+    fastest = best(torch_values("prefill_tokens_per_s"))
+    value = prefill / fastest if prefill and fastest else None
+    rows.append(("prefill tok/s / PyTorch (same run), the candidates' run", value,
+                 f">= {PREFILL_GOAL}", value is not None and value >= PREFILL_GOAL))
+    step = run.get("decode_step_s")
+    fastest = best(torch_values("decode_ms_per_token"), higher_is_better=False)
+    value = step * 1e3 / fastest if step and fastest else None
+    rows.append(("batch-1 decode ms/token / PyTorch (same run), the candidates' run", value,
+                 f"<= {DECODE_MS_GOAL}", value is not None and value <= DECODE_MS_GOAL))
+    note = "" if counts else " (candidates' checks failed)"
+    return [{"figure": figure + note, "value": value, "goal": goal,
+             "met": met if value is not None and counts else None}
+            for figure, value, goal, met in rows]
 
 
 def _figure(value, digits=2):

@@ -73,6 +73,28 @@ class GoalsTest(unittest.TestCase):
         self.assertEqual([v["counts"] for v in variants], [True, False])
         self.assertEqual(goals["batch-1 decode: weights + KV / copy traffic"]["value"], 0.5)
 
+    def test_the_candidates_run_is_set_against_the_same_pytorch_figures(self):
+        self.write("engine-llama3-8b-batch1-flash-bf16-fused.json", bench(13000.0, 0.5))
+        deep = bench(26000.0, 0.6)
+        deep["decode_step_s"] = 0.0070
+        self.write("engine-llama3-8b-batch1-flash-bf16-fused-deep.json", deep)
+        self.write("torch-llama3-8b.json", {"figures": [
+            {"figure": "prefill_tokens_per_s", "torch": 34000.0, "ratio": 0.38},
+            {"figure": "decode_ms_per_token", "torch": 23.0, "ratio": 0.3},   # eager
+            {"figure": "decode_ms_per_token", "torch": 9.0, "ratio": 0.85}],  # CUDA graphs
+            "tandem_bench": {"cuda_kernels": "flash"}})
+        _, goals = self.goals()
+        prefill = goals["prefill tok/s / PyTorch (same run), the candidates' run"]
+        self.assertAlmostEqual(prefill["value"], 26000.0 / 34000.0)
+        self.assertFalse(prefill["met"])
+        decode = goals["batch-1 decode ms/token / PyTorch (same run), the candidates' run"]
+        self.assertAlmostEqual(decode["value"], 7.0 / 9.0)  # against the faster PyTorch
+        self.assertTrue(decode["met"])
+        _, goals = self.goals(excluded=["candidates"])
+        decode = goals["batch-1 decode ms/token / PyTorch (same run), the candidates' run "
+                       "(candidates' checks failed)"]
+        self.assertIsNone(decode["met"])
+
     def test_a_failed_reference_does_not_count(self):
         self.write("engine-llama3-8b-batch1.json", bench(626.0, 0.9))
         _, goals = self.goals(excluded=["reference"])
