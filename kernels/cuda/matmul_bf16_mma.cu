@@ -531,6 +531,40 @@ __device__ __forceinline__ void multiplyPairs(const uint4* __restrict__ column,
   }
 }
 
+// What each skinny kernel's warp starts from: its tile column (8 outputs;
+// `active` false past the last, where the warp returns: these kernels have
+// no barrier), the k pairs, and where its lane's weight and x fragments
+// start.
+struct SkinnyWarp {
+  bool active;
+  int lane;
+  int64_t tile, pairs;
+  const uint4* column;
+  const uint4* xs;
+};
+__device__ __forceinline__ SkinnyWarp skinnyWarp(const uint4* __restrict__ x_fragments, int64_t k,
+                                                 const uint4* __restrict__ fragments, int64_t n) {
+  SkinnyWarp w;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  w.lane = static_cast<int>(threadIdx.x) % 32;
+  const MmaFragmentTiling t{n, k};
+  w.tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  w.active = w.tile < t.tileColumns();
+  w.pairs = t.pairs();
+  w.column = fragments + w.tile * w.pairs * 32 + w.lane;
+  w.xs = x_fragments + w.lane;
+  return w;
+}
+
+template <int kMTiles>
+__device__ __forceinline__ void zeroAccumulators(float (&acc)[kMTiles][1][4]) {
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
+  }
+}
+
 // A warp owns one tile column (8 outputs) and streams its whole k; loads of
 // the next kPairs pairs are in flight while the tensor cores multiply these.
 template <int kRowGroups, int kPairs>
@@ -538,23 +572,12 @@ __global__ void __launch_bounds__(kThreads)
     bf16MmaSkinnyKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
                         const uint4* __restrict__ fragments, int64_t n, MatmulEpilogue out) {
   constexpr int kMTiles = (kRowGroups + 1) / 2;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const MmaFragmentTiling t{n, k};
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (tile >= t.tileColumns()) return;  // no barrier in this kernel
-  const int64_t pairs = t.pairs();
-  const uint4* column = fragments + tile * pairs * 32 + lane;
-  const uint4* xs = x_fragments + lane;
-
+  const SkinnyWarp w = skinnyWarp(x_fragments, k, fragments, n);
+  if (!w.active) return;
   float acc[kMTiles][1][4];
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
-  }
-  multiplyPairs<kRowGroups, kPairs, 2>(column, xs, pairs, 0, pairs, k, acc);
-  storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
+  zeroAccumulators(acc);
+  multiplyPairs<kRowGroups, kPairs, 2>(w.column, w.xs, w.pairs, 0, w.pairs, k, acc);
+  storeTiles(acc, w.lane / 4, w.tile * 8 + w.lane % 4 * 2, m, n, out);
 }
 
 // The deep decode loads (CudaBackendOptions::deep_skinny): the kernel above
@@ -583,17 +606,12 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kMTiles = (kRowGroups + 1) / 2;
   constexpr int kStages = kSkinnyStages<kPairs>;
   extern __shared__ __align__(16) uint4 staged_weights[];
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const MmaFragmentTiling t{n, k};
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (tile >= t.tileColumns()) return;  // no barrier in this kernel
-  const int64_t pairs = t.pairs();
+  const SkinnyWarp w = skinnyWarp(x_fragments, k, fragments, n);
+  if (!w.active) return;
+  const int64_t pairs = w.pairs;
   const int64_t batches = (pairs + kPairs - 1) / kPairs;
-  const uint4* column = fragments + tile * pairs * 32 + lane;
-  const uint4* xs = x_fragments + lane;
   // This lane's pair u of ring slot s: ring[(s · kPairs + u) · 32].
-  uint4* ring = staged_weights + warp * kStages * kPairs * 32 + lane;
+  uint4* ring = staged_weights + (threadIdx.x / 32) * kStages * kPairs * 32 + w.lane;
 
   // Batch b's weights into slot b % kStages, one commit group per batch
   // (empty past the last): batch b is group b.
@@ -602,22 +620,18 @@ __global__ void __launch_bounds__(kThreads)
       uint4* slot = ring + (b % kStages) * kPairs * 32;
 #pragma unroll
       for (int u = 0; u < kPairs; ++u) {
-        if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, column + (b * kPairs + u) * 32);
+        if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, w.column + (b * kPairs + u) * 32);
       }
     }
     commitCopies();
   };
 
   float acc[kMTiles][1][4];
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
-  }
+  zeroAccumulators(acc);
 #pragma unroll
   for (int s = 0; s + 1 < kStages; ++s) issue(s);
   Batch<kRowGroups, kPairs> ready[2];  // batch b's x (and then weights) in ready[b % 2]
-  loadXs(xs, pairs, 0, pairs, ready[0]);
+  loadXs(w.xs, pairs, 0, pairs, ready[0]);
   for (int64_t b0 = 0; b0 < batches; b0 += 2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -625,7 +639,7 @@ __global__ void __launch_bounds__(kThreads)
       if (b >= batches) break;
       // Into the slot batch b - 1 was read from (and multiplied).
       issue(b + kStages - 1);
-      if (b + 1 < batches) loadXs(xs, pairs, (b + 1) * kPairs, pairs, ready[1 - h]);
+      if (b + 1 < batches) loadXs(w.xs, pairs, (b + 1) * kPairs, pairs, ready[1 - h]);
       // Groups 0 .. b + kStages - 1 are committed: batch b's has landed
       // when at most kStages - 1 are in flight.
       waitCopies<kStages - 1>();
@@ -638,7 +652,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   waitCopies<0>();  // the last, empty groups
-  storeTiles(acc, lane / 4, tile * 8 + lane % 4 * 2, m, n, out);
+  storeTiles(acc, w.lane / 4, w.tile * 8 + w.lane % 4 * 2, m, n, out);
 }
 
 // NOT batch-invariant: the unconstrained variant of the kernel above, for
@@ -654,30 +668,22 @@ __global__ void __launch_bounds__(kThreads)
     bf16MmaSkinnySplitKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
                              const uint4* __restrict__ fragments, int64_t n, float* y) {
   constexpr int kMTiles = (kRowGroups + 1) / 2;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const MmaFragmentTiling t{n, k};
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (tile >= t.tileColumns()) return;
-  const int64_t pairs = t.pairs();
+  const SkinnyWarp w = skinnyWarp(x_fragments, k, fragments, n);
+  if (!w.active) return;
+  const int64_t pairs = w.pairs;
   const int64_t per_split = (pairs + gridDim.y - 1) / gridDim.y;
   const int64_t begin = blockIdx.y * per_split;
   const int64_t end = begin + per_split < pairs ? begin + per_split : pairs;
   if (begin >= end) return;
   float acc[kMTiles][1][4];
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
-  }
-  multiplyPairs<kRowGroups, kPairs, 2>(fragments + tile * pairs * 32 + lane, x_fragments + lane,
-                                       pairs, begin, end, k, acc);
-  const int64_t column = tile * 8 + lane % 4 * 2;
+  zeroAccumulators(acc);
+  multiplyPairs<kRowGroups, kPairs, 2>(w.column, w.xs, pairs, begin, end, k, acc);
+  const int64_t column = w.tile * 8 + w.lane % 4 * 2;
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t row = i * 16 + e / 2 * 8 + lane / 4;
+      const int64_t row = i * 16 + e / 2 * 8 + w.lane / 4;
       const int64_t c = column + e % 2;
       if (row < m && c < n) atomicAdd(y + row * n + c, acc[i][0][e]);
     }
