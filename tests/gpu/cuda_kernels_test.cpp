@@ -42,31 +42,37 @@ constexpr bool kEmulated = true;
 constexpr bool kEmulated = false;
 #endif
 
+// What the emulated device ran during `work` (emulator.h DeviceCounts):
+// kernel grids and their dynamic shared memory, summed; -1 each on a GPU,
+// which does not count them.
+struct RunCounts {
+  int64_t kernels = -1;
+  int64_t dynamic_shared_bytes = -1;
+};
+template <typename Work>
+RunCounts countsOf(Work&& work) {
+#if defined(TANDEM_CUDA_EMULATOR)
+  const cuda_emu::DeviceCounts before = cuda_emu::deviceCounts();
+  work();
+  const cuda_emu::DeviceCounts after = cuda_emu::deviceCounts();
+  return {after.kernels - before.kernels, after.dynamic_shared_bytes - before.dynamic_shared_bytes};
+#else
+  work();
+  return {};
+#endif
+}
+
 // The kernels `work` runs, where the emulator counts them; -1 on a GPU.
 template <typename Work>
 int64_t kernelsRunBy(Work&& work) {
-#if defined(TANDEM_CUDA_EMULATOR)
-  const int64_t before = cuda_emu::deviceCounts().kernels;
-  work();
-  return cuda_emu::deviceCounts().kernels - before;
-#else
-  work();
-  return -1;
-#endif
+  return countsOf(std::forward<Work>(work)).kernels;
 }
 
 // The dynamic shared memory of the grids `work` runs, summed, where the
 // emulator counts it; -1 on a GPU.
 template <typename Work>
 int64_t dynamicSharedBytesOf(Work&& work) {
-#if defined(TANDEM_CUDA_EMULATOR)
-  const int64_t before = cuda_emu::deviceCounts().dynamic_shared_bytes;
-  work();
-  return cuda_emu::deviceCounts().dynamic_shared_bytes - before;
-#else
-  work();
-  return -1;
-#endif
+  return countsOf(std::forward<Work>(work)).dynamic_shared_bytes;
 }
 
 std::vector<float> randomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
