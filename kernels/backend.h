@@ -381,8 +381,8 @@ struct BackendOptions {
   bool unordered_decode = false;
   // CUDA fast kernels: CudaBackendOptions::deep_skinny (the same bits).
   bool deep_skinny = false;
-  // CUDA flash kernels: CudaBackendOptions::compact_attention (the same
-  // bits).
+  // CUDA flash kernels: CudaBackendOptions::compact_attention (a block per
+  // query tile through a run of splits; the same bits).
   bool compact_attention = false;
   // CUDA flash kernels: CudaBackendOptions::deep_attention (the same bits).
   bool deep_attention = false;

@@ -400,17 +400,22 @@ for model in "${models[@]}"; do
       printf "== compact attention grid, %s batch %s: prefill %.1f tok/s a block per row, " \
         "%.1f a block per tile: %.3f\n", m, b, p, t, t / p }'
     # The decode calls timed alone (--profile-ops): attention (deep attention
-    # loads) and the matmuls (deep decode loads), ms per step each.
+    # loads) and the matmuls (deep decode loads), ms per step each; and the
+    # prefill's attention calls (compact grid).
     python3 - "${run}.json" "${run}-deep.json" "${model}" "${batch}" <<'PY' || true
 import json, sys
-def split(path):
-    calls = json.load(open(path))["ops"]["decode"]["calls"]
+def split(path, phase="decode"):
+    calls = json.load(open(path))["ops"][phase]["calls"]
     pick = lambda prefix: sum(c["seconds_per_step"] for c in calls if c["call"].startswith(prefix))
     return pick("pagedAttention") * 1e3, pick("matmul") * 1e3
 (pa, pm), (da, dm) = split(sys.argv[1]), split(sys.argv[2])
 print(f"== decode calls timed alone, {sys.argv[3]} batch {sys.argv[4]}: attention {pa:.3f} ms "
       f"per step, {da:.3f} with whole splits in flight ({pa / da:.3f}); matmuls {pm:.3f} ms, "
       f"{dm:.3f} with deep loads ({pm / dm:.3f})")
+(pa, _), (ta, _) = split(sys.argv[1], "prefill"), split(sys.argv[2], "prefill")
+print(f"== prefill attention timed alone, {sys.argv[3]} batch {sys.argv[4]}'s prompt: {pa:.3f} ms "
+      f"per prefill a block per row "
+      f"and split, {ta:.3f} a block per tile through runs of splits ({pa / ta:.3f})")
 PY
   done
 done

@@ -426,13 +426,18 @@ constexpr size_t flashSharedBytes() {
                             (kHeadDim + kFlashPad) * sizeof(uint16_t);
 }
 
-template <int kHeadDim, int kStages>
+// kRuns: a block goes through a run of `splits_per_block` splits (a grid of
+// tiles, launchPagedAttention's compact attention grid), each from scratch,
+// so that its q fragments are loaded once and its copies run on from split
+// to split; else through split blockIdx.z alone.
+template <int kHeadDim, int kStages, bool kRuns>
 __global__ void __launch_bounds__(kMaxGroup * 32)
     attentionFlashKernel(const RowKv* row_kv, int64_t rows, const FlashTile* tiles,
                          const int32_t* block_tables, CacheGeometry g, const float* q,
                          int64_t num_heads, int64_t group, float scale, int64_t max_splits,
-                         float* max_and_sum, float* acc) {
+                         int64_t splits_per_block, float* max_and_sum, float* acc) {
   static_assert(kStages == 1 || kStages == kFlashSplitTiles, "one tile ahead, or a whole split");
+  static_assert(kStages == 1 || !kRuns, "a decode step's whole-split loads take a split a block");
   constexpr int kStride = kHeadDim + kFlashPad;
   constexpr int kSlices = kHeadDim / 16;                          // k slices of the score mma
   constexpr int kDimTiles = kHeadDim / 8;                         // n tiles of the output mma
@@ -445,23 +450,30 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   extern __shared__ __align__(16) uint16_t staged_tiles[];
   uint16_t(*const ring)[kStride] = reinterpret_cast<uint16_t(*)[kStride]>(staged_tiles);
 
-  // The block's tile: given (a block per tile), or found from its row (a
-  // block per row; uniform per block: every thread reads the same rows).
+  // The block's tile: given (a block per tile; with runs of splits the last
+  // tiles first, as a sequence's later tiles attend to more positions), or
+  // found from its row (a block per row; uniform per block: every thread
+  // reads the same rows).
   int64_t first = blockIdx.x;
   int64_t count = 1;
   if (tiles != nullptr) {
-    first = tiles[blockIdx.x].first_row;
-    count = tiles[blockIdx.x].rows;
+    const FlashTile given = tiles[kRuns ? gridDim.x - 1 - blockIdx.x : blockIdx.x];
+    first = given.first_row;
+    count = given.rows;
   } else {
     if (!flashTileStart(row_kv, first)) return;
     count = flashTileRows(row_kv, rows, first);
   }
   const RowKv info = row_kv[first];
   const int64_t position0 = info.position;
-  const int64_t start = static_cast<int64_t>(blockIdx.z) * kAttentionSplit;
+  // The block's splits: per_block from split blockIdx.z · per_block, up to
+  // the one holding its last attended position. A 64-position tile never
+  // straddles two splits, so `t0 + p < end` below is the split's own bound.
+  const int64_t per_block = kRuns ? splits_per_block : 1;
+  const int64_t start = static_cast<int64_t>(blockIdx.z) * per_block * kAttentionSplit;
   const int64_t last = position0 + count - 1;  // the block's last attended position
   if (start > last) return;
-  const int64_t end = min(start + kAttentionSplit, last + 1);
+  const int64_t end = min(start + per_block * kAttentionSplit, last + 1);
   const int64_t kv_head = blockIdx.y;
   const int32_t* table = block_tables + info.table_offset;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -497,14 +509,42 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     }
   }
 
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.0f, 0.0f};
+  // A split's statistics, from scratch at each split's first tile.
+  float m[2];
+  float l[2];
   float o[kDimTiles][4];
+  auto beginSplit = [&] {
 #pragma unroll
-  for (int t = 0; t < kDimTiles; ++t) {
+    for (int half = 0; half < 2; ++half) {
+      m[half] = -INFINITY;
+      l[half] = 0.0f;
+    }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[t][e] = 0.0f;
-  }
+    for (int t = 0; t < kDimTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[t][e] = 0.0f;
+    }
+  };
+  // Split `split`'s statistics and outputs of each row that attends into it.
+  auto writeSplit = [&](int64_t split) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (own[half] < split * kAttentionSplit) continue;
+      const int64_t row = first + quad_row + 8 * half;
+      const int64_t item = (row * num_heads + head) * max_splits + split;
+      if (quad == 0) {
+        max_and_sum[2 * item] = m[half];
+        max_and_sum[2 * item + 1] = l[half];
+      }
+#pragma unroll
+      for (int t = 0; t < kDimTiles; ++t) {
+        const int d = t * 8 + quad * 2;
+        acc[item * kHeadDim + d] = o[t][half * 2];
+        acc[item * kHeadDim + d + 1] = o[t][half * 2 + 1];
+      }
+    }
+  };
+  beginSplit();
 
   // One tile's K (or V) rows into `tile` by 16-byte cp.async, zeros past
   // `end`; committed as one group whether or not it copied anything, so
@@ -640,61 +680,73 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
     }
     __syncthreads();  // every warp has read v_tile
     copyTile(v_tile, t0 + kAhead, v_offset, more);
+    if constexpr (kRuns) {
+      // A split ends with its fourth tile or the block's last: the next
+      // tile (already in flight) starts the next split from scratch.
+      const int64_t next_t0 = t0 + kFlashPositions;
+      if (next_t0 >= end || next_t0 % kAttentionSplit == 0) {
+        writeSplit(t0 / kAttentionSplit);
+        beginSplit();
+      }
+    }
   }
   waitCopies<0>();  // the last, empty groups
-
-  // The split's statistics and outputs of each row that attends into it.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (own[half] < start) continue;
-    const int64_t row = first + quad_row + 8 * half;
-    const int64_t item = (row * num_heads + head) * max_splits + blockIdx.z;
-    if (quad == 0) {
-      max_and_sum[2 * item] = m[half];
-      max_and_sum[2 * item + 1] = l[half];
-    }
-#pragma unroll
-    for (int t = 0; t < kDimTiles; ++t) {
-      const int d = t * 8 + quad * 2;
-      acc[item * kHeadDim + d] = o[t][half * 2];
-      acc[item * kHeadDim + d + 1] = o[t][half * 2 + 1];
-    }
-  }
+  if constexpr (!kRuns) writeSplit(blockIdx.z);
 }
 
 // The flash kernel at head_dim kHeadDim with kStages tiles in flight. More
 // dynamic shared memory than the 48 KB default is asked for once per
 // process and instance (the attribute is per function, for every device).
-template <int kHeadDim, int kStages>
+template <int kHeadDim, int kStages, bool kRuns>
 void launchFlash(cudaStream_t stream, dim3 grid, unsigned int threads, const DeviceBatch& batch,
                  const FlashTile* tiles, const CacheGeometry& g, const float* q, int64_t num_heads,
-                 int64_t group, float scale, int64_t splits, float* max_and_sum, float* acc) {
+                 int64_t group, float scale, int64_t splits, int64_t per_block, float* max_and_sum,
+                 float* acc) {
   constexpr size_t kShared = flashSharedBytes<kHeadDim, kStages>();
   if constexpr (kShared > 0) {
     static const cudaError_t opted_in = cudaFuncSetAttribute(
-        attentionFlashKernel<kHeadDim, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        attentionFlashKernel<kHeadDim, kStages, kRuns>, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(kShared));
     // The backend refuses deep_attention on a device that offers less.
     TANDEM_CHECK(opted_in == cudaSuccess,
                  "flash attention: cudaFuncSetAttribute refused the deep loads' shared memory");
   }
-  attentionFlashKernel<kHeadDim, kStages>
-      <<<grid, threads, kShared, stream>>>(batch.row_kv, batch.rows, tiles, batch.block_tables, g,
-                                           q, num_heads, group, scale, splits, max_and_sum, acc);
+  attentionFlashKernel<kHeadDim, kStages, kRuns><<<grid, threads, kShared, stream>>>(
+      batch.row_kv, batch.rows, tiles, batch.block_tables, g, q, num_heads, group, scale, splits,
+      per_block, max_and_sum, acc);
 }
 
 template <int kHeadDim>
 void launchFlashStages(cudaStream_t stream, dim3 grid, unsigned int threads,
                        const DeviceBatch& batch, const FlashTile* tiles, const CacheGeometry& g,
                        const float* q, int64_t num_heads, int64_t group, float scale,
-                       int64_t splits, float* max_and_sum, float* acc) {
+                       int64_t splits, int64_t per_block, float* max_and_sum, float* acc) {
   if (batch.flash_whole_splits) {
-    launchFlash<kHeadDim, kFlashSplitTiles>(stream, grid, threads, batch, tiles, g, q, num_heads,
-                                            group, scale, splits, max_and_sum, acc);
+    launchFlash<kHeadDim, kFlashSplitTiles, false>(stream, grid, threads, batch, tiles, g, q,
+                                                   num_heads, group, scale, splits, per_block,
+                                                   max_and_sum, acc);
+  } else if (tiles != nullptr) {
+    launchFlash<kHeadDim, 1, true>(stream, grid, threads, batch, tiles, g, q, num_heads, group,
+                                   scale, splits, per_block, max_and_sum, acc);
   } else {
-    launchFlash<kHeadDim, 1>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
-                             splits, max_and_sum, acc);
+    launchFlash<kHeadDim, 1, false>(stream, grid, threads, batch, tiles, g, q, num_heads, group,
+                                    scale, splits, per_block, max_and_sum, acc);
   }
+}
+
+// Splits one block of the flash kernel goes through, on a grid of `pairs`
+// (query tile, KV head) pairs: all of them while that still leaves
+// kFlashLoopBlocksPerSm blocks per SM, else halved until it does (at least
+// one). A block's later splits then reuse its q fragments and its copies
+// run on from split to split with no new block to start and fill.
+constexpr int64_t kFlashLoopBlocksPerSm = 4;
+int64_t flashSplitsPerBlock(int64_t pairs, int64_t splits, int64_t sm_count) {
+  const int64_t target = kFlashLoopBlocksPerSm * std::max<int64_t>(sm_count, 1);
+  int64_t per_block = splits;
+  while (per_block > 1 && pairs * ceilDiv(splits, per_block) < target) {
+    per_block = ceilDiv(per_block, 2);
+  }
+  return per_block;
 }
 
 }  // namespace
@@ -772,28 +824,35 @@ void launchPagedAttention(cudaStream_t stream, const DeviceBatch& batch, const K
   const auto rows = static_cast<unsigned int>(batch.rows);
   const auto split_count = static_cast<unsigned int>(splits);
   if (kernel == AttentionKernel::kFlash && flashAttentionSupported(cache, num_heads)) {
-    // A block per query tile where the backend gave them, else per row.
+    // A block per query tile where the backend gave them, each through a
+    // run of splits (flashSplitsPerBlock) unless the step takes whole-split
+    // loads, else a block per row and split.
     const bool per_tile = batch.flash_tiles != nullptr && batch.flash_tile_count > 0;
+    const int64_t per_block = per_tile && !batch.flash_whole_splits
+                                  ? flashSplitsPerBlock(batch.flash_tile_count * cache.num_kv_heads,
+                                                        splits, batch.sm_count)
+                                  : 1;
     const dim3 grid(per_tile ? static_cast<unsigned int>(batch.flash_tile_count) : rows,
-                    static_cast<unsigned int>(cache.num_kv_heads), split_count);
+                    static_cast<unsigned int>(cache.num_kv_heads),
+                    static_cast<unsigned int>(ceilDiv(splits, per_block)));
     const auto threads = static_cast<unsigned int>(group * 32);
     const FlashTile* tiles = per_tile ? batch.flash_tiles : nullptr;
     switch (cache.head_dim) {
       case 16:
         launchFlashStages<16>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
-                              splits, max_and_sum, acc);
+                              splits, per_block, max_and_sum, acc);
         break;
       case 32:
         launchFlashStages<32>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
-                              splits, max_and_sum, acc);
+                              splits, per_block, max_and_sum, acc);
         break;
       case 64:
         launchFlashStages<64>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
-                              splits, max_and_sum, acc);
+                              splits, per_block, max_and_sum, acc);
         break;
       default:
         launchFlashStages<128>(stream, grid, threads, batch, tiles, g, q, num_heads, group, scale,
-                               splits, max_and_sum, acc);
+                               splits, per_block, max_and_sum, acc);
         break;
     }
   } else if (kernel != AttentionKernel::kReference && group <= kMaxGroup &&

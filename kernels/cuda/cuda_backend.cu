@@ -961,6 +961,7 @@ void CudaBackend::beginBatch(const BatchLayout& batch) {
   batch_.flash_tiles =
       tiles.empty() ? nullptr : reinterpret_cast<const FlashTile*>(device + tiles_at);
   batch_.flash_tile_count = static_cast<int64_t>(tiles.size());
+  batch_.sm_count = sm_count_;
   batch_.flash_whole_splits = deep_attention_ && one_row_each;
   step_recordable_ = recordable;
   const int64_t splits = max_position / kAttentionSplit + 1;

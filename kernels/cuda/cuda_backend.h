@@ -39,11 +39,15 @@ struct CudaBackendOptions {
   // run on a GPU: off unless asked (tandem-bench engine --deep-skinny).
   bool deep_skinny = false;
   // With flash_attention: the flash kernel launched with one block per
-  // query tile of a step that is not recorded (prefill, chunked prefill),
-  // the tiles listed on the host with the batch, instead of one block per
-  // row of which only a tile's first works (15 of 16 in a prefill exit at
-  // once). The same blocks do the same work, so the same bits. Not yet run
-  // on a GPU: off unless asked (tandem-bench engine --compact-attention).
+  // query tile and KV head of a step that is not recorded (prefill, chunked
+  // prefill), the tiles listed on the host with the batch, instead of one
+  // block per row of which only a tile's first works (15 of 16 in a prefill
+  // exit at once); each block goes through a run of splits (all of its
+  // tile's where the grid keeps 4 blocks per SM: a 2,048-token prefill),
+  // each split from scratch, so its q fragments are loaded once and its
+  // copies run on from split to split. The same operations on the same
+  // values per split, so the same bits. Not yet run on a GPU: off unless
+  // asked (tandem-bench engine --compact-attention).
   bool compact_attention = false;
   // With flash_attention: a decode step's flash kernel (every sequence one
   // row) copies all four 64-position tiles of its 256-position split into

@@ -37,12 +37,16 @@ struct DeviceBatch {
   // least max_position / kAttentionSplit + 1 (more for a recorded step; the
   // extra ones exit at once).
   int64_t attention_splits = 1;
-  // The flash kernel's query tiles (flashTiles), one block each, where the
-  // backend launches it over them (CudaBackendOptions::compact_attention,
-  // a step that is not recorded); nullptr: one block per row, those that
-  // start no tile exiting at once.
+  // The flash kernel's query tiles (flashTiles), where the backend launches
+  // it over them (CudaBackendOptions::compact_attention, a step that is not
+  // recorded): a block per tile and KV head, each through a run of splits;
+  // nullptr: one block per row and split, those that start no tile exiting
+  // at once.
   const FlashTile* flash_tiles = nullptr;
   int64_t flash_tile_count = 0;
+  // The device's multiprocessors (how many splits a block of the flash
+  // kernel goes through on a grid of tiles: attention.cu).
+  int64_t sm_count = 1;
   // The flash kernel copies all of a split's K and V tiles into shared
   // memory at once instead of one tile ahead (CudaBackendOptions::
   // deep_attention, a decode step): the same bits.

@@ -1387,52 +1387,62 @@ TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
 
 // Candidates for the flash kernel's next defaults (opt-in until a GPU has
 // passed this test; scripts/gpu-check.sh runs the Candidate tests in a step
-// of their own): launched with a block per query tile (compact_attention),
-// and a decode step's blocks with their whole split in flight
-// (deep_attention), the one-shot and chunked runs give every row the plain
-// one-shot run's bits and the cache the same bytes.
+// of their own): launched with a block per query tile and KV head going
+// through a run of splits (compact_attention; on the emulator's 4 SMs every
+// prefill here runs more than one split per block), a decode step's blocks
+// with their whole split in flight (deep_attention), and both together (as
+// the candidates' bench run has them), the one-shot and chunked runs give
+// every row the plain one-shot run's bits and the cache the same bytes.
 TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
   cuda::CudaBackendOptions options;
   options.fast_kernels = true;
   options.flash_attention = true;
   const std::unique_ptr<Backend> flash = cuda::makeCudaBackend(0, options);
-  options.compact_attention = true;
-  const std::unique_ptr<Backend> compact = cuda::makeCudaBackend(0, options);
-  EXPECT_NE(compact->description().find("compact attention grid"), std::string::npos);
-  EXPECT_EQ(compact->description().find("deep attention loads"), std::string::npos);
-  options.compact_attention = false;
-  options.deep_attention = true;
-  const std::unique_ptr<Backend> deep = cuda::makeCudaBackend(0, options);
-  EXPECT_NE(deep->description().find("deep attention loads"), std::string::npos);
+  struct Candidate {
+    const char* name;
+    bool compact;
+    bool deep;
+    std::unique_ptr<Backend> backend;
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& [name, compact, deep] :
+       {std::tuple{"a block per tile", true, false},
+        std::tuple{"whole splits in flight", false, true}, std::tuple{"both", true, true}}) {
+    options.compact_attention = compact;
+    options.deep_attention = deep;
+    candidates.push_back({name, compact, deep, cuda::makeCudaBackend(0, options)});
+    const std::string description = candidates.back().backend->description();
+    EXPECT_EQ(description.find("compact attention grid") != std::string::npos, compact) << name;
+    EXPECT_EQ(description.find("deep attention loads") != std::string::npos, deep) << name;
+  }
   for (const AttentionShape& shape : flashShapes()) {
     SCOPED_TRACE(shape.name());
     const AttentionCase attention(shape);
     const auto [one_shot, one_shot_cache] = attention.run(*flash, AttentionCase::oneShot());
     expectFiniteAndNonZero(one_shot);
     for (const auto& steps : {AttentionCase::oneShot(), chunkedFlashSteps()}) {
-      const auto [tiled, tiled_cache] = attention.run(*compact, steps);
-      ASSERT_EQ(one_shot.size(), tiled.size());
-      EXPECT_EQ(0, std::memcmp(one_shot.data(), tiled.data(), one_shot.size() * sizeof(float)))
-          << "a block per tile, " << steps.size() << " steps";
-      EXPECT_EQ(one_shot_cache, tiled_cache);
       // Each decode step (one row per sequence: the last step of each run,
       // and the chunked run's single rows) asks for four tiles of K and V
-      // (rows of head_dim + 8 bf16); no other step's launches take dynamic
-      // shared memory.
-      std::pair<std::vector<float>, std::vector<char>> staged_run;
-      const int64_t shared =
-          dynamicSharedBytesOf([&] { staged_run = attention.run(*deep, steps); });
-      const auto& [staged, staged_cache] = staged_run;
+      // (rows of head_dim + 8 bf16) where deep_attention is on; no other
+      // step's launches take dynamic shared memory.
       const auto decode_steps = std::count_if(steps.begin(), steps.end(), [](const auto& step) {
         return step.long_count <= 1 && step.short_count <= 1;
       });
-      if (kEmulated) {
-        EXPECT_EQ(shared, decode_steps * 4 * 2 * 64 * (shape.head_dim + 8) * 2);
+      for (const Candidate& candidate : candidates) {
+        std::pair<std::vector<float>, std::vector<char>> result;
+        const int64_t shared =
+            dynamicSharedBytesOf([&] { result = attention.run(*candidate.backend, steps); });
+        const auto& [outputs, cache] = result;
+        if (kEmulated) {
+          EXPECT_EQ(shared,
+                    candidate.deep ? decode_steps * 4 * 2 * 64 * (shape.head_dim + 8) * 2 : 0)
+              << candidate.name;
+        }
+        ASSERT_EQ(one_shot.size(), outputs.size());
+        EXPECT_EQ(0, std::memcmp(one_shot.data(), outputs.data(), one_shot.size() * sizeof(float)))
+            << candidate.name << ", " << steps.size() << " steps";
+        EXPECT_EQ(one_shot_cache, cache) << candidate.name;
       }
-      ASSERT_EQ(one_shot.size(), staged.size());
-      EXPECT_EQ(0, std::memcmp(one_shot.data(), staged.data(), one_shot.size() * sizeof(float)))
-          << "whole splits in flight, " << steps.size() << " steps";
-      EXPECT_EQ(one_shot_cache, staged_cache);
     }
   }
 }

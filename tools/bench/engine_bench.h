@@ -41,7 +41,8 @@ struct EngineBenchOptions {
   // bits).
   bool deep_skinny = false;
   // CudaBackendOptions::compact_attention: the flash kernel launched with a
-  // block per query tile of a prefill (the same bits).
+  // block per query tile of a prefill, each through a run of splits (the
+  // same bits).
   bool compact_attention = false;
   // CudaBackendOptions::deep_attention: a decode step's flash kernel copies
   // a whole split's K and V at once (the same bits).

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
                    "batches in flight per warp (CUDA, fast kernels, bf16 compute; the same bits)");
   engine->add_flag("--compact-attention", options.compact_attention,
                    "the flash attention kernel launched with one block per query tile of a "
-                   "prefill, not one per row (CUDA, --cuda-kernels flash; the same bits)");
+                   "prefill, not one per row, each through a run of splits (CUDA, "
+                   "--cuda-kernels flash; the same bits)");
   engine->add_flag("--deep-attention", options.deep_attention,
                    "a decode step's flash attention copies all of a 256-position split's K and V "
                    "into shared memory at once (CUDA, --cuda-kernels flash; the same bits)");
