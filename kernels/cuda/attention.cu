@@ -413,12 +413,15 @@ __host__ __device__ __forceinline__ int64_t flashTileRows(const RowKv* row_kv, i
 }
 
 // Position tiles in flight (kStages): 1, the next tile's K and V copied
-// while this one's are used, in static shared memory; or all of a split's
-// four at once (launchFlash's deep attention loads, for decode steps), in
-// dynamic shared memory: the same operations on the same values, only the
-// copies issued sooner. Slot s of the ring holds a tile's K in rows
-// [2s·64, +64) and its V in the next 64.
+// while this one's are used, in static shared memory; or, for the deep
+// attention loads of a decode step (launchFlashStages), in dynamic shared
+// memory, all of a split's four at once where the grid has at most a block
+// per SM, else three (kFlashDeepStages: 102 KB a block at head_dim 128, so
+// that two blocks still fit an SM, as many as the registers allow). The
+// same operations on the same values, only the copies issued sooner. Slot
+// s of the ring holds a tile's K in rows [2s·64, +64) and its V in the next 64.
 constexpr int kFlashSplitTiles = static_cast<int>(kAttentionSplit / kFlashPositions);
+constexpr int kFlashDeepStages = 3;
 template <int kHeadDim, int kStages>
 constexpr size_t flashSharedBytes() {
   return kStages == 1 ? 0
@@ -436,7 +439,7 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
                          const int32_t* block_tables, CacheGeometry g, const float* q,
                          int64_t num_heads, int64_t group, float scale, int64_t max_splits,
                          int64_t splits_per_block, float* max_and_sum, float* acc) {
-  static_assert(kStages == 1 || kStages == kFlashSplitTiles, "one tile ahead, or a whole split");
+  static_assert(kStages >= 1 && kStages <= kFlashSplitTiles, "at most a whole split ahead");
   static_assert(kStages == 1 || !kRuns, "a decode step's whole-split loads take a split a block");
   constexpr int kStride = kHeadDim + kFlashPad;
   constexpr int kSlices = kHeadDim / 16;                          // k slices of the score mma
@@ -716,13 +719,23 @@ void launchFlash(cudaStream_t stream, dim3 grid, unsigned int threads, const Dev
       per_block, max_and_sum, acc);
 }
 
+// The flash kernel's instance for a launch: a decode step's deep attention
+// loads with a whole split in flight where the grid has at most a block per
+// SM (a decode of a few sequences), else three tiles (two blocks per SM);
+// a block per tile going through runs of splits (compact grid); or the
+// serving kernel, a block per row and split with one tile ahead. The choice
+// depends on the grid alone, so a recorded step keeps it.
 template <int kHeadDim>
 void launchFlashStages(cudaStream_t stream, dim3 grid, unsigned int threads,
                        const DeviceBatch& batch, const FlashTile* tiles, const CacheGeometry& g,
                        const float* q, int64_t num_heads, int64_t group, float scale,
                        int64_t splits, int64_t per_block, float* max_and_sum, float* acc) {
-  if (batch.flash_whole_splits) {
+  if (batch.flash_whole_splits && int64_t{grid.x} * grid.y * grid.z <= batch.sm_count) {
     launchFlash<kHeadDim, kFlashSplitTiles, false>(stream, grid, threads, batch, tiles, g, q,
+                                                   num_heads, group, scale, splits, per_block,
+                                                   max_and_sum, acc);
+  } else if (batch.flash_whole_splits) {
+    launchFlash<kHeadDim, kFlashDeepStages, false>(stream, grid, threads, batch, tiles, g, q,
                                                    num_heads, group, scale, splits, per_block,
                                                    max_and_sum, acc);
   } else if (tiles != nullptr) {

@@ -51,12 +51,13 @@ struct CudaBackendOptions {
   bool compact_attention = false;
   // With flash_attention: a decode step's flash kernel (every sequence one
   // row) copies all four 64-position tiles of its 256-position split into
-  // shared memory at once, not one tile ahead: the same operations on the
-  // same values, so the same bits, with a split's whole K and V in flight
-  // (a decode of one sequence launches KV heads x splits blocks, 64 at 2,048
-  // positions on the 8B shape, fewer than the SMs). 136 KB of shared memory
-  // a block at head_dim 128, refused on a device that offers less. Not yet
-  // run on a GPU: off unless asked (tandem-bench engine --deep-attention).
+  // shared memory at once where its grid has at most a block per SM (a
+  // decode of one sequence launches KV heads x splits blocks, 64 at 2,048
+  // positions on the 8B shape), else three, not one tile ahead: the same
+  // operations on the same values, so the same bits. 136 KB of shared
+  // memory a block at head_dim 128 (three tiles: 102 KB, two blocks per
+  // SM), refused on a device that offers less. Not yet run on a GPU: off
+  // unless asked (tandem-bench engine --deep-attention).
   bool deep_attention = false;
   // Fewer launches (with fast_kernels; the agent's --fuse-projections sets
   // it): the fast GEMV folds its partials in the partial kernel, and under

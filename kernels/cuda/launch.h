@@ -45,11 +45,13 @@ struct DeviceBatch {
   const FlashTile* flash_tiles = nullptr;
   int64_t flash_tile_count = 0;
   // The device's multiprocessors (how many splits a block of the flash
-  // kernel goes through on a grid of tiles: attention.cu).
+  // kernel goes through on a grid of tiles, and whether a grid is small
+  // enough for whole splits in flight: attention.cu).
   int64_t sm_count = 1;
   // The flash kernel copies all of a split's K and V tiles into shared
-  // memory at once instead of one tile ahead (CudaBackendOptions::
-  // deep_attention, a decode step): the same bits.
+  // memory at once (three of its four where the grid has more blocks than
+  // SMs) instead of one tile ahead (CudaBackendOptions::deep_attention, a
+  // decode step): the same bits.
   bool flash_whole_splits = false;
 };
 

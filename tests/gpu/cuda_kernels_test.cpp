@@ -1390,9 +1390,12 @@ TEST_F(CudaFastKernelsTest, FlashAttentionIsNearTheReferenceAndInvariant) {
 // of their own): launched with a block per query tile and KV head going
 // through a run of splits (compact_attention; on the emulator's 4 SMs every
 // prefill here runs more than one split per block), a decode step's blocks
-// with their whole split in flight (deep_attention), and both together (as
-// the candidates' bench run has them), the one-shot and chunked runs give
-// every row the plain one-shot run's bits and the cache the same bytes.
+// with three tiles or their whole split in flight (deep_attention: whole
+// splits where the grid has at most a block per SM, here a decode of the
+// short sequence alone over 2 KV heads), and both together (as the
+// candidates' bench run has them), the one-shot and chunked runs, and one
+// that decodes the sequences apart, give every row the plain one-shot
+// run's bits and the cache the same bytes.
 TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
   cuda::CudaBackendOptions options;
   options.fast_kernels = true;
@@ -1415,28 +1418,38 @@ TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
     EXPECT_EQ(description.find("compact attention grid") != std::string::npos, compact) << name;
     EXPECT_EQ(description.find("deep attention loads") != std::string::npos, deep) << name;
   }
+  int64_t whole_split_steps = 0, three_tile_steps = 0;
   for (const AttentionShape& shape : flashShapes()) {
     SCOPED_TRACE(shape.name());
     const AttentionCase attention(shape);
     const auto [one_shot, one_shot_cache] = attention.run(*flash, AttentionCase::oneShot());
     expectFiniteAndNonZero(one_shot);
-    for (const auto& steps : {AttentionCase::oneShot(), chunkedFlashSteps()}) {
+    const std::vector<AttentionCase::Step> decode_apart = {
+        {0, kLongRows, 0, kShortRows}, {kLongRows, 0, kShortRows, 1}, {kLongRows, 1, 0, 0}};
+    for (const auto& steps : {AttentionCase::oneShot(), chunkedFlashSteps(), decode_apart}) {
       // Each decode step (one row per sequence: the last step of each run,
-      // and the chunked run's single rows) asks for four tiles of K and V
-      // (rows of head_dim + 8 bf16) where deep_attention is on; no other
-      // step's launches take dynamic shared memory.
-      const auto decode_steps = std::count_if(steps.begin(), steps.end(), [](const auto& step) {
+      // and the chunked run's single rows) asks for three or four tiles of
+      // K and V (rows of head_dim + 8 bf16) where deep_attention is on; no
+      // other step's launches take dynamic shared memory.
+      const int64_t decode_steps = std::count_if(steps.begin(), steps.end(), [](const auto& step) {
         return step.long_count <= 1 && step.short_count <= 1;
       });
+      const int64_t tile_bytes = 2 * 64 * (shape.head_dim + 8) * 2;
       for (const Candidate& candidate : candidates) {
         std::pair<std::vector<float>, std::vector<char>> result;
         const int64_t shared =
             dynamicSharedBytesOf([&] { result = attention.run(*candidate.backend, steps); });
         const auto& [outputs, cache] = result;
-        if (kEmulated) {
-          EXPECT_EQ(shared,
-                    candidate.deep ? decode_steps * 4 * 2 * 64 * (shape.head_dim + 8) * 2 : 0)
-              << candidate.name;
+        if (kEmulated && candidate.deep) {
+          // Three tiles a step, and one more for each step with whole splits.
+          EXPECT_EQ(shared % tile_bytes, 0) << candidate.name;
+          const int64_t whole = shared / tile_bytes - 3 * decode_steps;
+          EXPECT_GE(whole, 0) << candidate.name;
+          EXPECT_LE(whole, decode_steps) << candidate.name;
+          whole_split_steps += whole;
+          three_tile_steps += decode_steps - whole;
+        } else if (kEmulated) {
+          EXPECT_EQ(shared, 0) << candidate.name;
         }
         ASSERT_EQ(one_shot.size(), outputs.size());
         EXPECT_EQ(0, std::memcmp(one_shot.data(), outputs.data(), one_shot.size() * sizeof(float)))
@@ -1444,6 +1457,10 @@ TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
         EXPECT_EQ(one_shot_cache, cache) << candidate.name;
       }
     }
+  }
+  if (kEmulated) {
+    EXPECT_GT(whole_split_steps, 0) << "no decode step had its whole split in flight";
+    EXPECT_GT(three_tile_steps, 0) << "no decode step had three tiles in flight";
   }
 }
 

@@ -45,7 +45,8 @@ struct EngineBenchOptions {
   // same bits).
   bool compact_attention = false;
   // CudaBackendOptions::deep_attention: a decode step's flash kernel copies
-  // a whole split's K and V at once (the same bits).
+  // a whole split's K and V at once, or three of its four tiles past a
+  // block per SM (the same bits).
   bool deep_attention = false;
   // CUDA, bf16 compute: layer 0's matmuls at prompt_tokens rows timed with
   // each of the bf16 GEMM's configurations (CudaBackendOptions::

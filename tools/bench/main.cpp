@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
                    "--cuda-kernels flash; the same bits)");
   engine->add_flag("--deep-attention", options.deep_attention,
                    "a decode step's flash attention copies all of a 256-position split's K and V "
-                   "into shared memory at once (CUDA, --cuda-kernels flash; the same bits)");
+                   "into shared memory at once (three of its four tiles past a block per SM; "
+                   "CUDA, --cuda-kernels flash; the same bits)");
   engine->add_flag("--profile-ops", options.profile_ops,
                    "also time each backend call of one prefill and one decode, alone "
                    "(eager, synchronized around every call), and print them per step");
