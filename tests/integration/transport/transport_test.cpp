@@ -188,7 +188,9 @@ class TransportTest : public ::testing::Test {
     // run (blocks 0..7) and fail the next; over TCP nothing is read.
     const auto& failed = result.failed_local_blocks;
     EXPECT_FALSE(failed.empty()) << result.status.toString();
-    if (first_read_fails) EXPECT_EQ(failed.size(), pairs.size()) << result.status.toString();
+    if (first_read_fails) {
+      EXPECT_EQ(failed.size(), pairs.size()) << result.status.toString();
+    }
     for (const BlockPair& pair : pairs) {
       if (!std::binary_search(failed.begin(), failed.end(), pair.local_block)) {
         EXPECT_TRUE(holdsRemoteBlock(pair.local_block, pair.remote_block))
