@@ -202,14 +202,23 @@ if [[ "${fast}" == "1" ]]; then
   fi
   # The candidates for the next defaults (deep decode and attention loads,
   # the compact attention grid: opt-in, docs/cuda.md): their kernel tests,
+  # then the engine's exactness checks with all of them on the flash kernels
+  # under bf16 compute with fused launches (the candidates' benchmark run),
   # reported apart, so that a fault of theirs never counts against the
   # kernels that serve; their benchmark run below is left out if they fail.
-  echo "== candidates: their kernel tests (deep decode and attention loads, compact attention grid)"
+  echo "== candidates: their kernel tests (deep decode and attention loads, compact attention grid)" \
+    "and the exactness checks with them"
   if [[ "${prebuilt}" == "1" ]]; then
     limited "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='*Candidate*' --gtest_brief=1 ||
       candidates_failed=1
+    TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
+      TANDEM_CUDA_CANDIDATES=1 limited "${build}/tests/gpu_engine_exactness_test" \
+      --gtest_filter='*CudaExactnessTest*' --gtest_brief=1 || candidates_failed=1
   else
     ctest --test-dir "${build}" -L gpu -R 'Candidate' --output-on-failure || candidates_failed=1
+    TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
+      TANDEM_CUDA_CANDIDATES=1 ctest --test-dir "${build}" -R 'CudaExactnessTest' \
+      --output-on-failure || candidates_failed=1
   fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
   # (out-of-bounds and misaligned accesses; the tool runs on some GPU

@@ -70,6 +70,16 @@ inline bool cudaFusedLaunchesForTests() {
   return text != nullptr && std::string(text) == "1";
 }
 
+// Whether the CUDA backend of these tests runs the candidates for the next
+// defaults (deep decode loads, the compact attention grid, deep attention
+// loads: docs/cuda.md's kernel table): TANDEM_CUDA_CANDIDATES=1 (with
+// TANDEM_CUDA_KERNELS=flash and bf16 compute, scripts/gpu-check.sh's
+// candidates step); off when unset or 0.
+inline bool cudaCandidatesForTests() {
+  const char* text = std::getenv("TANDEM_CUDA_CANDIDATES");
+  return text != nullptr && std::string(text) == "1";
+}
+
 // One backend of each kind for the whole test process (weights made resident
 // once per backend). Throws tandem::Error when the kind cannot be had.
 inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
@@ -79,10 +89,15 @@ inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
     const kernels::CudaKernels set = kind == kernels::DeviceKind::kCuda
                                          ? cudaKernelsForTests()
                                          : kernels::CudaKernels::kReference;
-    std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
-        kind, {.cuda_kernels = set,
-               .fused_launches = kind == kernels::DeviceKind::kCuda && cudaFusedLaunchesForTests(),
-               .rope_variants = true});
+    const bool cuda = kind == kernels::DeviceKind::kCuda;
+    const bool candidates = cuda && cudaCandidatesForTests();
+    std::unique_ptr<kernels::Backend> backend =
+        kernels::makeBackend(kind, {.cuda_kernels = set,
+                                    .deep_skinny = candidates,
+                                    .compact_attention = candidates,
+                                    .deep_attention = candidates,
+                                    .fused_launches = cuda && cudaFusedLaunchesForTests(),
+                                    .rope_variants = true});
     if (kind == kernels::DeviceKind::kCuda) backend->setComputeDType(cudaComputeDTypeForTests());
     it = backends.emplace(kind, std::move(backend)).first;
   }

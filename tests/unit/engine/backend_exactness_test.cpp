@@ -369,6 +369,33 @@ TEST_P(ContextLimitTest, AWindowCapsItOnlyWithoutWindowKernels) {
   }
 }
 
+// The shared backend of these checks runs what the environment asks for:
+// on CUDA with TANDEM_CUDA_CANDIDATES=1 (and the flash kernels), the
+// candidates for the next defaults, named in its description, so that the
+// candidates' run of these checks (tests/cuda_emu, scripts/gpu-check.sh)
+// cannot pass without them; else none of them, anywhere.
+class TestBackendTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
+
+TEST_P(TestBackendTest, RunsTheCandidatesExactlyWhereAsked) {
+  const std::string description = ::tandem::testing::sharedBackend(GetParam()).description();
+  const bool asked =
+      GetParam() == kernels::DeviceKind::kCuda && ::tandem::testing::cudaCandidatesForTests();
+  const kernels::CudaKernels set = ::tandem::testing::cudaKernelsForTests();
+  // Deep decode loads with any fast set; the other two with the flash one.
+  const bool fast = set == kernels::CudaKernels::kFast || set == kernels::CudaKernels::kFlash;
+  const bool flash = set == kernels::CudaKernels::kFlash;
+  for (const auto& [candidate, runs] : {std::pair{"deep decode loads", asked && fast},
+                                        std::pair{"compact attention grid", asked && flash},
+                                        std::pair{"deep attention loads", asked && flash}}) {
+    EXPECT_EQ(description.find(candidate) != std::string::npos, runs)
+        << candidate << " in " << description;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, TestBackendTest,
+                         ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
+                         deviceName);
+
 INSTANTIATE_TEST_SUITE_P(Devices, ContextLimitTest,
                          ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
                          deviceName);
