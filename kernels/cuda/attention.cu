@@ -621,14 +621,30 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float tile_max = -INFINITY;
+      // With runs of splits (a prefill's blocks), a row whose own position
+      // and the split's end lie past the whole tile (every tile of a row's
+      // block but its last) masks nothing, so its scores skip the tests:
+      // the same values in the same order.
+      if (kRuns && t0 + kFlashPositions - 1 <= own[half] && t0 + kFlashPositions <= end) {
 #pragma unroll
-      for (int j = 0; j < kPositionTiles; ++j) {
+        for (int j = 0; j < kPositionTiles; ++j) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t position = t0 + j * 8 + quad * 2 + c;
-          float& score = s[j][half * 2 + c];
-          score = position <= own[half] && position < end ? __fmul_rn(score, scale) : -INFINITY;
-          tile_max = fmaxf(tile_max, score);
+          for (int c = 0; c < 2; ++c) {
+            float& score = s[j][half * 2 + c];
+            score = __fmul_rn(score, scale);
+            tile_max = fmaxf(tile_max, score);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPositionTiles; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int64_t position = t0 + j * 8 + quad * 2 + c;
+            float& score = s[j][half * 2 + c];
+            score = position <= own[half] && position < end ? __fmul_rn(score, scale) : -INFINITY;
+            tile_max = fmaxf(tile_max, score);
+          }
         }
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
