@@ -422,6 +422,22 @@ __host__ __device__ __forceinline__ int64_t flashTileRows(const RowKv* row_kv, i
 // s of the ring holds a tile's K in rows [2s·64, +64) and its V in the next 64.
 constexpr int kFlashSplitTiles = static_cast<int>(kAttentionSplit / kFlashPositions);
 constexpr int kFlashDeepStages = 3;
+// cacheRow's bf16 address with 32-bit position arithmetic (positions stay
+// below 2^31, block sizes at most 1,024): a shift and a mask where the block
+// size is a power of two, else one 32-bit division, where cacheRow divides
+// in 64 bits, once per 16-byte copy.
+__device__ __forceinline__ const uint16_t* flashCacheRow(const CacheGeometry& g,
+                                                         const int32_t* table, int64_t position,
+                                                         int64_t offset) {
+  const auto narrow = static_cast<uint32_t>(position);
+  const auto size = static_cast<uint32_t>(g.block_size);
+  const uint32_t index = g.block_shift >= 0 ? narrow >> g.block_shift : narrow / size;
+  const uint32_t slot = narrow - index * size;
+  const int64_t block = table[index];
+  return reinterpret_cast<const uint16_t*>(g.base + block * g.block_bytes) + offset +
+         int64_t{slot} * g.slot_stride;
+}
+
 template <int kHeadDim, int kStages>
 constexpr size_t flashSharedBytes() {
   return kStages == 1 ? 0
@@ -552,6 +568,8 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   // One tile's K (or V) rows into `tile` by 16-byte cp.async, zeros past
   // `end`; committed as one group whether or not it copied anything, so
   // every thread's groups are K, V, K, V, ... in tile order.
+  // The candidates' instances (runs of splits, deep loads) find a cache row
+  // by flashCacheRow; the serving one as every attention kernel does.
   auto copyTile = [&](uint16_t(*tile)[kStride], int64_t t0, int64_t offset, bool copy) {
     if (copy) {
       for (int i = static_cast<int>(threadIdx.x); i < kFlashPositions * kVectors;
@@ -559,7 +577,10 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
         const int p = i / kVectors;
         const int v = i % kVectors;
         const bool valid = t0 + p < end;
-        const uint16_t* row = cacheRow<Bf16Elements>(g, table, valid ? t0 + p : start, offset);
+        const int64_t position = valid ? t0 + p : start;
+        const uint16_t* row = kRuns || kStages > 1
+                                  ? flashCacheRow(g, table, position, offset)
+                                  : cacheRow<Bf16Elements>(g, table, position, offset);
         copyAsync16(&tile[p][v * 8], row + v * 8, valid);
       }
     }

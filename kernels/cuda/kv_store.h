@@ -31,7 +31,8 @@ struct CacheGeometry {
   const char* base = nullptr;
   int64_t block_bytes = 0;
   int32_t block_size = 0;
-  int64_t slot_stride = 0;  // num_kv_heads * head_dim
+  int32_t block_shift = -1;  // log2(block_size) where it is a power of two, else -1
+  int64_t slot_stride = 0;   // num_kv_heads * head_dim
   int64_t head_dim = 0;
   int64_t k_offset = 0;  // (layer * 2) * block_size * slot_stride
   int64_t v_offset = 0;  // (layer * 2 + 1) * block_size * slot_stride
@@ -43,6 +44,9 @@ inline CacheGeometry geometryOf(const KvCacheLayout& cache, int32_t layer) {
   g.base = static_cast<const char*>(cache.base);
   g.block_bytes = cache.blockBytes();
   g.block_size = cache.block_size;
+  for (int32_t shift = 0; shift < 31; ++shift) {
+    if (int32_t{1} << shift == cache.block_size) g.block_shift = shift;
+  }
   g.slot_stride = int64_t{cache.num_kv_heads} * cache.head_dim;
   g.head_dim = cache.head_dim;
   const int64_t layer_stride = int64_t{cache.block_size} * g.slot_stride;

@@ -1039,7 +1039,9 @@ constexpr int64_t kAttentionRows = kLongRows + kShortRows + 2;
 
 class AttentionCase {
  public:
-  explicit AttentionCase(const AttentionShape& shape)
+  // `block_size`: the cache's positions per block (the tables cover both
+  // sequences and a block to spare).
+  explicit AttentionCase(const AttentionShape& shape, int32_t block_size = 16)
       : shape_(shape),
         width_(shape.heads * shape.head_dim),
         kv_width_(shape.kv_heads * shape.head_dim),
@@ -1047,12 +1049,15 @@ class AttentionCase {
         k_(randomFloats(static_cast<size_t>(kAttentionRows * kv_width_), 32)),
         v_(randomFloats(static_cast<size_t>(kAttentionRows * kv_width_), 33)) {
     layout_.dtype = shape.dtype;
-    layout_.block_size = 16;
+    layout_.block_size = block_size;
     layout_.num_layers = 2;
     layout_.num_kv_heads = static_cast<int32_t>(shape.kv_heads);
     layout_.head_dim = static_cast<int32_t>(shape.head_dim);
-    layout_.num_blocks = 48;
-    for (int32_t b = 0; b < 39; ++b) long_table_.push_back(47 - b);
+    const auto long_blocks = static_cast<int32_t>((kLongRows + block_size) / block_size + 1);
+    const auto short_blocks = static_cast<int32_t>((kShortRows + block_size) / block_size);
+    layout_.num_blocks = long_blocks + short_blocks + 6;
+    for (int32_t b = 0; b < long_blocks; ++b) long_table_.push_back(layout_.num_blocks - 1 - b);
+    for (int32_t b = 0; b < short_blocks; ++b) short_table_.push_back(b);
   }
 
   // One batch: positions [long_first, long_first + long_count) of the long
@@ -1137,7 +1142,7 @@ class AttentionCase {
   int64_t width_, kv_width_;
   std::vector<float> q_, k_, v_;
   KvCacheLayout layout_;
-  std::vector<int32_t> long_table_, short_table_ = {0, 1, 2};
+  std::vector<int32_t> long_table_, short_table_;
 };
 
 // Not a degenerate comparison: the outputs are finite and not all zero.
@@ -1419,9 +1424,15 @@ TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
     EXPECT_EQ(description.find("deep attention loads") != std::string::npos, deep) << name;
   }
   int64_t whole_split_steps = 0, three_tile_steps = 0;
-  for (const AttentionShape& shape : flashShapes()) {
-    SCOPED_TRACE(shape.name());
-    const AttentionCase attention(shape);
+  // Cache blocks of 16 positions, and of 12 once (the candidates find a
+  // row by a shift where the block size is a power of two, else by a
+  // division).
+  std::vector<std::pair<AttentionShape, int32_t>> cases;
+  for (const AttentionShape& shape : flashShapes()) cases.emplace_back(shape, 16);
+  cases.emplace_back(AttentionShape{16, 2, 32, DType::kBF16}, 12);
+  for (const auto& [shape, block_size] : cases) {
+    SCOPED_TRACE(shape.name() + ", blocks of " + std::to_string(block_size));
+    const AttentionCase attention(shape, block_size);
     const auto [one_shot, one_shot_cache] = attention.run(*flash, AttentionCase::oneShot());
     expectFiniteAndNonZero(one_shot);
     const std::vector<AttentionCase::Step> decode_apart = {
