@@ -244,6 +244,13 @@ namespace copied {
 constexpr int kTileN = 256;
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
+// Registers a thread of the producer and of a consumer warpgroup keeps
+// (setmaxnreg); together no more than the 168 a thread starts with at
+// __launch_bounds__(384, 1), or a consumer's raise would wait forever.
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kEntryRegisters = (128 * kProducerRegisters + 256 * kConsumerRegisters) / kThreads;
+static_assert(kEntryRegisters == 168, "the warpgroups share what the block starts with");
 constexpr int kBTileBytes = kTileN * kTileK * 2;
 constexpr int kStageBytes = kATileBytes + kBTileBytes;
 constexpr size_t kSmemBytes =
@@ -270,7 +277,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     bf16CopiedKernel(const __grid_constant__ CUtensorMap x_map,
                      const __grid_constant__ CUtensorMap w_map, int64_t m, int64_t k, int64_t n,
                      MatmulEpilogue out) {
-  extern __shared__ __align__(1024) uint8_t raw[];
+  // Declared 128-byte aligned only, so that the compiler cannot fold
+  // swizzleAligned away: the stages' 1024-byte alignment is computed here,
+  // from the slack kSmemBytes holds, whatever the loader places.
+  extern __shared__ __align__(128) uint8_t raw[];
   uint8_t* stages = swizzleAligned(raw);
   auto* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
@@ -291,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t steps = (k + kTileK - 1) / kTileK;
 
   if (warpgroup == 0) {
-    lowerRegisters<40>();
+    lowerRegisters<kProducerRegisters>();
     if (threadIdx.x == 0) {
       int64_t at = 0;  // the block's K steps issued so far
       for (int64_t t = first; t < tiles; t += stride) {
@@ -313,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  raiseRegisters<232>();
+  raiseRegisters<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
   const int warp = static_cast<int>(threadIdx.x) / 32 % 4;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -380,6 +390,21 @@ void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
       static_cast<int>(kSmemBytes));
   TANDEM_CHECK(opted_in == cudaSuccess,
                "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
+#if !defined(TANDEM_CUDA_EMULATION)
+  // A compiler that started the kernel with fewer registers would leave the
+  // consumers' setmaxnreg.inc waiting for registers that never come: a hang,
+  // refused here instead (168 with the CUDA 13 ptxas).
+  static const int entry_registers = [] {
+    cudaFuncAttributes attributes{};
+    return cudaFuncGetAttributes(&attributes, bf16CopiedKernel<kPersistent>) == cudaSuccess
+               ? attributes.numRegs
+               : 0;
+  }();
+  TANDEM_CHECK(entry_registers >= kEntryRegisters,
+               "bf16 wgmma matmul: the kernel starts with " + std::to_string(entry_registers) +
+                   " registers a thread, fewer than the " + std::to_string(kEntryRegisters) +
+                   " its warpgroups divide");
+#endif
   TANDEM_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
                "bf16 wgmma matmul: a tensor copy's coordinates are 32-bit");
   const CUtensorMap x_map = bf16RowsTensorMap(x_bf16, m, k, kTileM);
