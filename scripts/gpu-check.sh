@@ -211,14 +211,20 @@ if [[ "${fast}" == "1" ]]; then
   if [[ "${prebuilt}" == "1" ]]; then
     limited "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='*Candidate*' --gtest_brief=1 ||
       candidates_failed=1
-    TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
-      TANDEM_CUDA_CANDIDATES=1 limited "${build}/tests/gpu_engine_exactness_test" \
-      --gtest_filter='*CudaExactnessTest*' --gtest_brief=1 || candidates_failed=1
+    # engine_backend_exactness_test's CUDA checks include TestBackendTest,
+    # which fails unless the backend names the candidates.
+    for run in "gpu_engine_exactness_test *CudaExactnessTest*" \
+      "engine_backend_exactness_test *cuda*"; do
+      TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
+        TANDEM_CUDA_CANDIDATES=1 limited "${build}/tests/${run%% *}" \
+        --gtest_filter="${run#* }" --gtest_brief=1 || candidates_failed=1
+    done
   else
     ctest --test-dir "${build}" -L gpu -R 'Candidate' --output-on-failure || candidates_failed=1
     TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
-      TANDEM_CUDA_CANDIDATES=1 ctest --test-dir "${build}" -R 'CudaExactnessTest' \
-      --output-on-failure || candidates_failed=1
+      TANDEM_CUDA_CANDIDATES=1 ctest --test-dir "${build}" \
+      -R 'CudaExactnessTest|^engine_backend_exactness_test.*cuda' --output-on-failure ||
+      candidates_failed=1
   fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
   # (out-of-bounds and misaligned accesses; the tool runs on some GPU
