@@ -736,7 +736,8 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
 
 // The flash kernel at head_dim kHeadDim with kStages tiles in flight. More
 // dynamic shared memory than the 48 KB default is asked for once per
-// process and instance (the attribute is per function, for every device).
+// process and instance (the attribute is set for the current device: one device per process, as
+// the agent runs; a process driving several would have to ask per device).
 template <int kHeadDim, int kStages, bool kRuns>
 void launchFlash(cudaStream_t stream, dim3 grid, unsigned int threads, const DeviceBatch& batch,
                  const FlashTile* tiles, const CacheGeometry& g, const float* q, int64_t num_heads,

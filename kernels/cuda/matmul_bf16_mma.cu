@@ -377,7 +377,8 @@ template <typename C>
 void launchPipelined(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
                      const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
   // More shared memory than the 48 KB default: asked for once per process
-  // and configuration (the attribute is per function, for every device).
+  // and configuration (the attribute is set for the current device: one device per process, as
+  // the agent runs; a process driving several would have to ask per device).
   static const cudaError_t opted_in =
       cudaFuncSetAttribute(bf16MmaPipelinedKernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(C::kSmemBytes));
@@ -696,8 +697,9 @@ __global__ void __launch_bounds__(kThreads)
 // NextFragments), so x is not rounded again.
 // deep: the ordered kernel with its weights staged through shared memory
 // (bf16MmaSkinnyStagedKernel). More dynamic shared memory than the 48 KB
-// default is asked for once per process and instance (the attribute is per
-// function, for every device).
+// default is asked for once per process and instance (the attribute is set
+// for the current device: one device per process, as the agent runs;
+// several would need it per device).
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
                 int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits, bool x_ready,
