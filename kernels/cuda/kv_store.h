@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cstdint>
 
 #include "kernels/cuda/device_dtype.h"
@@ -44,9 +45,8 @@ inline CacheGeometry geometryOf(const KvCacheLayout& cache, int32_t layer) {
   g.base = static_cast<const char*>(cache.base);
   g.block_bytes = cache.blockBytes();
   g.block_size = cache.block_size;
-  for (int32_t shift = 0; shift < 31; ++shift) {
-    if (int32_t{1} << shift == cache.block_size) g.block_shift = shift;
-  }
+  const auto size = static_cast<uint32_t>(cache.block_size);
+  if (std::has_single_bit(size)) g.block_shift = std::countr_zero(size);
   g.slot_stride = int64_t{cache.num_kv_heads} * cache.head_dim;
   g.head_dim = cache.head_dim;
   const int64_t layer_stride = int64_t{cache.block_size} * g.slot_stride;
