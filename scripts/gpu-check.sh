@@ -43,7 +43,14 @@
 #              F32_BENCH=0 leaves out the benchmark runs with f32 compute
 #              (--cuda-kernels reference, and fast without bf16 compute:
 #              the slowest runs, their kernels unchanged since a figure of
-#              theirs was taken), so a short window goes to the bf16 ones.
+#              theirs was taken), so a short window goes to the bf16 ones;
+#              UNORDERED=0 leaves out the runs with --unordered-decode (the
+#              cost of batch invariance, measured on the H200 of 2026-12-04);
+#              PROFILE=1 ends with Nsight Compute's counters of the matmul
+#              and attention kernels of a 2-layer llama3-8b-shaped model
+#              (docs/cuda.md#kernel-profile), PROFILE_TIMEOUT=S (default
+#              60) per ncu run, PROFILE_RUNS="batch1 batch32
+#              batch1-candidates batch32-candidates" (the default) which.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -278,13 +285,15 @@ for model in "${models[@]}"; do
 done
 # The fastest bf16 GEMM configuration of a run's --bf16-gemm-configs rows
 # whose outputs equal configuration 0's (0 when none is faster, or the file
-# cannot be read).
+# cannot be read); with a second argument, the fastest from that
+# configuration on (nothing when none gave configuration 0's bits).
 fastest_gemm_config() {
-  python3 - "$1" <<'PY' 2>/dev/null || echo 0
+  python3 - "$1" "${2:-}" <<'PY' 2>/dev/null || { [[ -n "${2:-}" ]] || echo 0; }
 import json, sys
 rows = json.load(open(sys.argv[1])).get("bf16_gemm_configs", [])
-same = [r for r in rows if r.get("same_bits_as_config0") and "layer_ms" in r]
-print(min(same, key=lambda r: r["layer_ms"])["config"] if same else 0)
+low = int(sys.argv[2]) if sys.argv[2] else 0
+same = [r for r in rows if r.get("same_bits_as_config0") and "layer_ms" in r and r["config"] >= low]
+print(min(same, key=lambda r: r["layer_ms"])["config"] if same else (0 if not low else ""))
 PY
 }
 for model in "${models[@]}"; do
@@ -323,8 +332,9 @@ for model in "${models[@]}"; do
       # minute goes to the candidates.
       variants=()
       [[ "${f32_bench}" == "1" ]] && variants+=("--cuda-kernels fast")
-      variants+=("--cuda-kernels fast --compute-dtype bf16"
-        "--cuda-kernels fast --compute-dtype bf16 --unordered-decode")
+      variants+=("--cuda-kernels fast --compute-dtype bf16")
+      [[ "${UNORDERED:-1}" == "1" ]] &&
+        variants+=("--cuda-kernels fast --compute-dtype bf16 --unordered-decode")
       [[ "${FUSED_FAST:-0}" == "1" ]] &&
         variants+=("--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
@@ -372,6 +382,12 @@ for model in "${models[@]}"; do
         if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
           gemm_config="$(fastest_gemm_config "${json_dir}/engine-${model}-batch1-fast-bf16.json")"
           echo "== bf16 GEMM configuration for the flash runs: ${gemm_config}"
+          # The kernel profile (PROFILE=1, below) takes the 8B shape's.
+          if [[ "${model}" == "llama3-8b" ]]; then
+            profile_gemm="${gemm_config}"
+            profile_gemm_tma="$(fastest_gemm_config \
+              "${json_dir}/engine-${model}-batch1-fast-bf16.json" 6)"
+          fi
         fi
       done
     fi
@@ -526,6 +542,66 @@ for model in "${models[@]}"; do
       echo "${excluded[*]}"
     )" || echo "(gpu_goals.py failed; the figures are in ${json_dir})"
 done
+
+# ---- kernel profile (PROFILE=1, docs/cuda.md#kernel-profile) ----------------------------------
+# Nsight Compute's counters (ncu, where the machine's runtime lets it read
+# them) for the matmul and attention launches of a 2-layer model of the
+# llama3-8b shape: a 2048-token prefill and two decode steps at batch 1, two
+# at batch 32 after 512-token prompts, the first two launches of each kernel
+# and launch configuration (so a decode layer's O and down projections, the
+# same grid, are both seen); the serving flash configuration, then
+# the candidates (with the fastest TMA configuration, 6 or 7, where it gave
+# configuration 0's bits in the --bf16-gemm-configs run above). One line per
+# launch (scripts/ncu_summary.py): DRAM bytes and rate, each unit's share of
+# its peak, occupancy, L2 bytes per DRAM byte, the largest warp stalls. The
+# reports and their raw pages stay in the JSON folder. Last, so that a slow
+# or failing profiler costs nothing above.
+if [[ "${PROFILE:-0}" == "1" ]]; then
+  ncu_bin="$(command -v ncu || true)"
+  for candidate in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    [[ -z "${ncu_bin}" && -x "${candidate}" ]] && ncu_bin="${candidate}"
+  done
+  if [[ -z "${ncu_bin}" ]]; then
+    echo "== ncu not found: the kernel profile left out"
+  else
+    profiled="${scratch}/llama3-8b-2"
+    "${build}/bin/tandem-model" --preset llama3-8b --layers 2 --out "${profiled}" >/dev/null
+    serving=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections)
+    [[ -n "${profile_gemm:-}" ]] && serving+=(--bf16-gemm-config "${profile_gemm}")
+    candidates=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny
+      --compact-attention --deep-attention)
+    [[ -n "${profile_gemm_tma:-}" ]] && candidates+=(--bf16-gemm-config "${profile_gemm_tma}")
+    read -r -a profile_runs <<<"${PROFILE_RUNS:-batch1 batch32 batch1-candidates batch32-candidates}"
+    for run in "${profile_runs[@]}"; do
+      shape=(--prompt-tokens 2048)
+      [[ "${run}" == batch32* ]] && shape=(--prompt-tokens 512 --batch 32)
+      flags=("${serving[@]}")
+      [[ "${run}" == *candidates ]] && flags=("${candidates[@]}")
+      report="${json_dir}/ncu-${run}"
+      echo "== ncu: tandem-bench engine ${shape[*]} --decode-tokens 2 ${flags[*]}"
+      # ncu runs with the machine's own libraries, the program it starts
+      # with the packed ones.
+      if ! STEP_TIMEOUT="${PROFILE_TIMEOUT:-60}" limited env -u LD_LIBRARY_PATH \
+        "${ncu_bin}" --clock-control none \
+        --kernel-name "regex:bf16Mma|bf16Wgmma|bf16Copied|attentionFlash|attentionCombine" \
+        --filter-mode per-launch-config --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --metrics dram__bytes.sum,lts__t_bytes.sum --export "${report}" --force-overwrite \
+        env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" \
+        "${bench}" engine --device cuda --model "${profiled}" "${shape[@]}" --decode-tokens 2 \
+        --repeats 1 "${flags[@]}" >"${report}.log" 2>&1; then
+        echo "== ncu failed or was stopped (${report}.log):"
+        tail -n 5 "${report}.log"
+      fi
+      if [[ -f "${report}.ncu-rep" ]] &&
+        env -u LD_LIBRARY_PATH "${ncu_bin}" --import "${report}.ncu-rep" --csv \
+        --page raw --print-units base >"${report}-raw.csv" 2>/dev/null; then
+        env -u LD_LIBRARY_PATH python3 "${root}/scripts/ncu_summary.py" "${report}-raw.csv" \
+          --json "${report}.json" || true
+      fi
+    done
+  fi
+fi
 
 if ((${#torch_failed[@]} > 0)); then
   echo "== PyTorch comparison FAILED for: ${torch_failed[*]}"

@@ -80,6 +80,33 @@ TEST_F(CliTest, TandemModelIsByteDeterministic) {
       << "a different seed gave the same weights";
 }
 
+// --layers keeps the preset's shapes and writes that many decoder layers:
+// config.json says so and the safetensors header names layers 0..N-1 only.
+TEST_F(CliTest, TandemModelLayersSetsTheDecoderLayers) {
+  const fs::path model = dir_ / "three";
+  CommandResult r =
+      run(bin("tandem-model") + " --preset tiny --layers 3 --out '" + model.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json config = nlohmann::json::parse(readFile(model / "config.json"));
+  EXPECT_EQ(config["num_hidden_layers"], 3);
+  const nlohmann::json tiny =
+      nlohmann::json::parse(readFile(makeTinyModel("tiny", 0) / "config.json"));
+  EXPECT_EQ(config["hidden_size"], tiny["hidden_size"]);
+  EXPECT_EQ(config["intermediate_size"], tiny["intermediate_size"]);
+  const std::string weights = readFile(model / "model.safetensors");
+  ASSERT_GE(weights.size(), 8u);
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | static_cast<uint8_t>(weights[i]);
+  const nlohmann::json header = nlohmann::json::parse(weights.substr(8, header_bytes));
+  EXPECT_TRUE(header.contains("model.layers.2.self_attn.q_proj.weight"));
+  EXPECT_FALSE(header.contains("model.layers.3.self_attn.q_proj.weight"));
+
+  r = run(bin("tandem-model") + " --preset tiny --layers 0 --out '" + (dir_ / "none").string() +
+          "'");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--layers"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, TokenizeMatchesReferenceIdsAndReportsBadLines) {
   for (const char* name : {"llama3", "mistral", "gemma3"}) {
     SCOPED_TRACE(name);

@@ -4,6 +4,7 @@
 // source; common/model_source/hub_fetch.h).
 //
 //   tandem-model --preset tiny|small|llama3-8b --out DIR [--dtype bf16|f32|f16] [--seed N]
+//                [--layers N]
 //                [--arch llama|mistral|ministral3|qwen2|qwen3|gemma2|gemma3|phi3|phi4|granite|
 //                olmo2|olmo3|smollm3|glm|glm4|mixtral|qwen2_moe|qwen3_moe|glm4_moe|
 //                gpt_oss|granitemoe|olmoe]
@@ -176,6 +177,11 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_name, "weight dtype")
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));
   app.add_option("--seed", seed, "weight seed");
+  int64_t layers = 0;
+  app.add_option("--layers", layers,
+                 "decoder layers (num_hidden_layers) in place of the preset's, every other "
+                 "shape kept (e.g. a few layers of the llama3-8b shape for a kernel profile)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
   std::string quantize;
   bool kv_cache_scales = false;
   app.add_option("--quantize", quantize,
@@ -256,6 +262,7 @@ int main(int argc, char** argv) {
   options.yarn = rope_scaling == "yarn";
   options.dtype = *tandem::dtypeFromShortName(dtype_name);
   options.seed = seed;
+  options.layers = layers;
   options.kv_cache_scales = kv_cache_scales;
 
   try {
