@@ -146,11 +146,11 @@ if [[ "${fast}" == "1" ]]; then
   echo "== gpu exactness tests, TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16"
   if [[ "${prebuilt}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 limited \
-      "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \
+      "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*:*CudaLongPrompt*' \
       --gtest_brief=1 || fast_failed=1
   else
     TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 ctest --test-dir "${build}" \
-      -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
+      -R 'CudaExactnessTest|CudaLongPrompt' --output-on-failure || fast_failed=1
   fi
   # Fused launches (--fuse-projections: the GEMV's fold in its partial
   # kernel, x's bf16 fragments written by x's producer): the exactness
@@ -159,11 +159,11 @@ if [[ "${fast}" == "1" ]]; then
   for compute in f32 bf16; do
     if [[ "${prebuilt}" == "1" ]]; then
       TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE="${compute}" TANDEM_CUDA_FUSED_LAUNCHES=1 \
-        limited "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \
+        limited "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*:*CudaLongPrompt*' \
         --gtest_brief=1 || fast_failed=1
     else
       TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE="${compute}" TANDEM_CUDA_FUSED_LAUNCHES=1 \
-        ctest --test-dir "${build}" -R 'CudaExactnessTest' --output-on-failure || fast_failed=1
+        ctest --test-dir "${build}" -R 'CudaExactnessTest|CudaLongPrompt' --output-on-failure || fast_failed=1
     fi
   done
   # The wgmma twins of the bf16 GEMM (configurations 4 to 7, compute
@@ -203,7 +203,7 @@ if [[ "${fast}" == "1" ]]; then
     done
     for compute in f32 bf16; do
       TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE="${compute}" limited \
-        "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*' \
+        "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*:*CudaLongPrompt*' \
         --gtest_brief=1 || flash_failed=1
     done
   fi
@@ -220,7 +220,7 @@ if [[ "${fast}" == "1" ]]; then
       candidates_failed=1
     # engine_backend_exactness_test's CUDA checks include TestBackendTest,
     # which fails unless the backend names the candidates.
-    for run in "gpu_engine_exactness_test *CudaExactnessTest*" \
+    for run in "gpu_engine_exactness_test *CudaExactnessTest*:*CudaLongPrompt*" \
       "engine_backend_exactness_test *cuda*"; do
       TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
         TANDEM_CUDA_CANDIDATES=1 limited "${build}/tests/${run%% *}" \
@@ -230,7 +230,7 @@ if [[ "${fast}" == "1" ]]; then
     ctest --test-dir "${build}" -L gpu -R 'Candidate' --output-on-failure || candidates_failed=1
     TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
       TANDEM_CUDA_CANDIDATES=1 ctest --test-dir "${build}" \
-      -R 'CudaExactnessTest|^engine_backend_exactness_test.*cuda' --output-on-failure ||
+      -R 'CudaExactnessTest|CudaLongPrompt|^engine_backend_exactness_test.*cuda' --output-on-failure ||
       candidates_failed=1
   fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck

@@ -42,7 +42,8 @@ METRICS = {
     "shared_bytes": "launch__shared_mem_per_block_dynamic",
 }
 
-STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
+STALL = re.compile(
+    r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
 
 
 def number(text, unit):

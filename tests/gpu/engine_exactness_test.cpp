@@ -81,6 +81,16 @@ TEST_P(CudaExactnessTest, RecordedDecodeStepsAreBitIdenticalToEager) {
   EXPECT_TRUE(checks().recordedMatchesEager());
 }
 
+// A prompt across two attention splits: one shot, chunked across the split
+// boundary and batched with a short sequence (exactness_checks.h).
+TEST(CudaLongPrompt, PrefillAcrossAttentionSplitsIsBitIdentical) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  ExactnessChecks checks(::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16),
+                         ::tandem::testing::sharedBackend(kernels::DeviceKind::kCuda),
+                         DType::kBF16);
+  EXPECT_TRUE(checks.longPromptMatchesAcrossSplits());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Variants, CudaExactnessTest,
     ::testing::Values(ModelVariant{"LlamaForCausalLM", DType::kBF16, DType::kF32},

@@ -457,6 +457,39 @@ class ExactnessChecks {
     return ::testing::AssertionSuccess();
   }
 
+  // A prompt longer than one attention split (256 positions, docs/cuda.md):
+  // prefilled one shot, in chunks of 100 (the third straddles the split
+  // boundary) and of 128, and one shot in a batch after a short sequence
+  // (a mixed batch: rows of one and of two splits in one launch), on
+  // scattered blocks, then decoded (every step's row in the second split).
+  // The same logits, greedy tokens and KV bytes each time.
+  ::testing::AssertionResult longPromptMatchesAcrossSplits() {
+    constexpr size_t kLong = 300;
+    const std::vector<TokenId> tokens = prompt(kLong, 12);
+    const SequenceRun expected = alone(tokens, 0);
+    for (int64_t chunk : {100, 128}) {
+      auto result = sameRun("a 300-token prefill in chunks of " + std::to_string(chunk), expected,
+                            alone(tokens, chunk));
+      if (!result) return result;
+    }
+    const std::vector<TokenId> other = prompt(24, 13);
+    const int64_t long_blocks = blocksFor(kLong);
+    auto cache = makeCacheOn(backend_, model_, kv_dtype_, long_blocks + 2);
+    engine::ModelRunner runner(model_, *cache, backend_, runner_options_);
+    // The long sequence on the blocks after the short one's, last first.
+    std::vector<BlockId> blocks = iota(long_blocks, 2);
+    std::reverse(blocks.begin(), blocks.end());
+    const std::vector<BlockId> other_blocks = {1, 0};
+    std::vector<engine::SequenceInput> batch = {{other, 0, other_blocks}, {tokens, 0, blocks}};
+    std::vector<float> logits;
+    runner.forward(batch, logits);
+    SequenceRun batched;
+    batched.logits.push_back(row(logits, 1));
+    decodeAlone(runner, static_cast<int64_t>(kLong), blocks, batched);
+    batched.kv = readKvBytes(backend_, *cache, blocks);
+    return sameRun("a 300-token prefill batched after a short one", expected, batched);
+  }
+
   // Prefix hit: another request computed the 3 shared prefix blocks; A reuses
   // them and computes only its own suffix. Miss: A computes everything.
   ::testing::AssertionResult prefixHitMatchesMiss() {

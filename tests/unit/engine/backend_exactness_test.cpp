@@ -369,6 +369,18 @@ TEST_P(ContextLimitTest, AWindowCapsItOnlyWithoutWindowKernels) {
   }
 }
 
+// A prompt across two attention splits (exactness_checks.h): one shot,
+// chunked across the split boundary and batched with a short sequence give
+// the same bits, on every device (on CUDA: its kernel set, and the
+// candidates where TANDEM_CUDA_CANDIDATES asks).
+class LongPromptTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
+
+TEST_P(LongPromptTest, PrefillAcrossAttentionSplitsIsBitIdentical) {
+  ExactnessChecks checks(::tandem::testing::exactnessModel("LlamaForCausalLM", DType::kBF16),
+                         ::tandem::testing::sharedBackend(GetParam()), DType::kBF16);
+  EXPECT_TRUE(checks.longPromptMatchesAcrossSplits());
+}
+
 // The shared backend of these checks runs what the environment asks for:
 // on CUDA with TANDEM_CUDA_CANDIDATES=1 (and the flash kernels), the
 // candidates for the next defaults, named in its description, so that the
@@ -393,6 +405,10 @@ TEST_P(TestBackendTest, RunsTheCandidatesExactlyWhereAsked) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, TestBackendTest,
+                         ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
+                         deviceName);
+
+INSTANTIATE_TEST_SUITE_P(Devices, LongPromptTest,
                          ::testing::ValuesIn(::tandem::testing::availableDeviceKinds()),
                          deviceName);
 
