@@ -35,8 +35,10 @@ struct CudaBackendOptions {
   // ring of batches in shared memory by cp.async (matmul_bf16_mma.cu,
   // bf16MmaSkinnyStagedKernel): 16 KB of weights in flight per warp for up
   // to 16 rows, 8 KB and 4 KB for up to 32 and 64, where the serving kernel
-  // has one batch in registers (4 KB to 512 bytes). The same bits. Not yet
-  // run on a GPU: off unless asked (tandem-bench engine --deep-skinny).
+  // has one batch in registers (4 KB to 512 bytes); past 16 rows x's
+  // fragments are shared by the block through shared memory too
+  // (bf16MmaSkinnySharedKernel). The same bits. Not yet run on a GPU: off
+  // unless asked (tandem-bench engine --deep-skinny).
   bool deep_skinny = false;
   // With flash_attention: the flash kernel launched with one block per
   // query tile and KV head of a step that is not recorded (prefill, chunked

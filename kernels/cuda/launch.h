@@ -121,8 +121,9 @@ constexpr int64_t kBf16MmaSmallRows = 256;
 // epilogue.h NextFragments); else the call rounds x into them first.
 // deep (CudaBackendOptions::deep_skinny): each warp streams its weights
 // through a ring of batches in shared memory by cp.async, several batches
-// in flight instead of one; the same mma in the same order, so the same
-// bits.
+// in flight instead of one, and past 16 rows the block shares x's
+// fragments through shared memory too; the same mma in the same order, so
+// the same bits.
 constexpr int64_t kBf16MmaSkinnyRows = 64;
 int64_t bf16MmaSkinnyScratchBytes(int64_t m, int64_t k);
 void launchBf16MmaSkinny(cudaStream_t stream, const float* x, int64_t m, int64_t k,

@@ -656,6 +656,108 @@ __global__ void __launch_bounds__(kThreads)
   storeTiles(acc, w.lane / 4, w.tile * 8 + w.lane % 4 * 2, m, n, out);
 }
 
+// The deep decode loads at four and eight row groups (17 to 64 rows): the
+// kernel above with x's fragments shared by the block's warps as well.
+// There each warp reads the whole of x for its 8 outputs, four and eight
+// times the bytes of its weights (a 32-row x of the 8B shape's gate/up is
+// 256 KB, more than an SM's L1 beside its shared memory, so the block's
+// four warps and the SM's other blocks read it again from L2). Here the
+// block copies x once, a chunk of kStages batches at a time, into one of two
+// shared slots (64 KB in all), and its warps read their fragments from
+// there; the weights go through each warp's ring as above. Chunk c + 1 is
+// copied into the slot chunk c - 1 used, after a barrier at chunk c's first
+// batch that every thread reaches having waited for its own copies of chunk
+// c (so all of chunk c is there, and no warp still reads chunk c - 1); its
+// copies are committed with the next batch's weights, kStages batches
+// before chunk c + 1 begins, so that batch's wait covers them. A warp past
+// the last tile column copies its share of x and meets every barrier, and
+// streams no weights. The same mma in the same order, so the same bits.
+template <int kPairs>
+constexpr int64_t kSkinnyChunkPairs = int64_t{kSkinnyStages<kPairs>} * kPairs;
+template <int kRowGroups, int kPairs>
+constexpr size_t skinnySharedBytes() {
+  return skinnyStagedBytes<kPairs>() +
+         2 * static_cast<size_t>(kRowGroups) * kSkinnyChunkPairs<kPairs> * 32 * sizeof(uint4);
+}
+
+template <int kRowGroups, int kPairs>
+__global__ void __launch_bounds__(kThreads)
+    bf16MmaSkinnySharedKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
+                              const uint4* __restrict__ fragments, int64_t n, MatmulEpilogue out) {
+  static_assert(kRowGroups >= 4, "up to 16 rows, x is as many bytes as the weights or fewer");
+  constexpr int kMTiles = (kRowGroups + 1) / 2;
+  constexpr int kStages = kSkinnyStages<kPairs>;
+  constexpr int64_t kChunkPairs = kSkinnyChunkPairs<kPairs>;
+  constexpr int kSlotVectors = kRowGroups * static_cast<int>(kChunkPairs) * 32;
+  extern __shared__ __align__(16) uint4 staged[];
+  const SkinnyWarp w = skinnyWarp(x_fragments, k, fragments, n);
+  const int64_t pairs = w.pairs;
+  const int64_t batches = (pairs + kPairs - 1) / kPairs;
+  // x's slots (vector (r · kChunkPairs + p) · 32 + lane: pair p of the
+  // chunk, row group r), then the warps' weight rings as above.
+  uint4* x_slots = staged;
+  uint4* ring = staged + 2 * kSlotVectors + (threadIdx.x / 32) * kStages * kPairs * 32 + w.lane;
+
+  // Chunk c's x into slot c % 2, by the whole block; not committed here.
+  auto copyX = [&](int64_t c) {
+    const int64_t p0 = c * kChunkPairs;
+    if (p0 >= pairs) return;
+    uint4* slot = x_slots + (c % 2) * kSlotVectors;
+    for (int i = static_cast<int>(threadIdx.x); i < kSlotVectors; i += kThreads) {
+      const int64_t p = i / 32 % kChunkPairs;
+      const int64_t r = i / 32 / kChunkPairs;
+      if (p0 + p < pairs) copyAsync16(slot + i, x_fragments + (r * pairs + p0 + p) * 32 + i % 32);
+    }
+  };
+  // Batch b's weights into ring slot b % kStages, and whatever copyX left,
+  // as commit group b (empty past the last batch, and for a warp past the
+  // last column).
+  auto issue = [&](int64_t b) {
+    if (w.active && b < batches) {
+      uint4* slot = ring + (b % kStages) * kPairs * 32;
+#pragma unroll
+      for (int u = 0; u < kPairs; ++u) {
+        if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, w.column + (b * kPairs + u) * 32);
+      }
+    }
+    commitCopies();
+  };
+
+  float acc[kMTiles][1][4];
+  zeroAccumulators(acc);
+  copyX(0);  // in group 0
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) issue(s);
+  Batch<kRowGroups, kPairs> ready;
+  for (int64_t b = 0; b < batches; ++b) {
+    issue(b + kStages - 1);
+    // Groups 0 .. b landed: batch b's weights, and at a chunk's first batch
+    // this thread's copies of the chunk's x (group b - kStages + 1 or 0).
+    waitCopies<kStages - 1>();
+    const int64_t chunk = b * kPairs / kChunkPairs;
+    if (b * kPairs % kChunkPairs == 0) {
+      __syncthreads();
+      copyX(chunk + 1);  // committed with batch b + kStages's weights
+    }
+    if (!w.active) continue;
+    const uint4* slot = ring + (b % kStages) * kPairs * 32;
+    const uint4* xs = x_slots + (chunk % 2) * kSlotVectors + w.lane;
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      const int64_t p = b * kPairs + u;
+      if (p >= pairs) break;
+      ready.w[u] = slot[u * 32];
+#pragma unroll
+      for (int r = 0; r < kRowGroups; ++r) {
+        ready.x[u][r] = xs[(r * kChunkPairs + p - chunk * kChunkPairs) * 32];
+      }
+    }
+    multiplyBatch(ready, pairs, b * kPairs, k, acc);
+  }
+  waitCopies<0>();  // the last, empty groups
+  if (w.active) storeTiles(acc, w.lane / 4, w.tile * 8 + w.lane % 4 * 2, m, n, out);
+}
+
 // NOT batch-invariant: the unconstrained variant of the kernel above, for
 // measuring what its fixed order costs (tandem-bench engine
 // --unordered-decode, docs/cuda.md "The cost of batch invariance"), never
@@ -710,6 +812,20 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   if (!x_ready) xToFragmentsKernel<<<blocks, 256, 0, stream>>>(x, m, k, rows, x_fragments);
   const auto tiles =
       static_cast<unsigned int>(ceilDiv(MmaFragmentTiling{n, k}.tileColumns(), kWarps));
+  if constexpr (kRowGroups >= 4) {
+    if (splits == 0 && deep) {
+      constexpr size_t kShared = skinnySharedBytes<kRowGroups, kPairs>();
+      static const cudaError_t opted_in = cudaFuncSetAttribute(
+          bf16MmaSkinnySharedKernel<kRowGroups, kPairs>,
+          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
+      TANDEM_CHECK(opted_in == cudaSuccess,
+                   "bf16 skinny matmul: cudaFuncSetAttribute refused the shared-x kernel's shared "
+                   "memory");
+      bf16MmaSkinnySharedKernel<kRowGroups, kPairs>
+          <<<tiles, kThreads, kShared, stream>>>(x_fragments, m, k, fragments, n, out);
+      return;
+    }
+  }
   if (splits == 0 && deep) {
     constexpr size_t kShared = skinnyStagedBytes<kPairs>();
     static const cudaError_t opted_in = cudaFuncSetAttribute(

@@ -1310,8 +1310,12 @@ TEST_F(CudaFastKernelsTest, GroupedAttentionEqualsTheReferenceBitwise) {
 // step of their own): the weights staged through shared memory
 // (deep_skinny) give the serving skinny kernel's rows, bit for bit, for
 // every row-group count and for 16-byte and element loads of x (k = 1000,
-// 333); the emulator sums each grid's dynamic shared memory, so there it
-// also checks that the staged kernel ran.
+// 333), and past 16 rows with x shared by the block through chunks of
+// shared memory too (k = 2000: full chunks and a part one; n = 300 leaves
+// two warps of the last block past the last column, which must still copy
+// x and meet the barriers); the emulator sums each grid's dynamic shared
+// memory, so there it also checks which kernel ran (x's chunks take the
+// grid past 64 KiB).
 TEST_F(CudaFastKernelsTest, CandidateDeepDecodeLoadsGiveTheSameRows) {
   cuda::CudaBackendOptions options;
   options.fast_kernels = true;
@@ -1326,7 +1330,7 @@ TEST_F(CudaFastKernelsTest, CandidateDeepDecodeLoadsGiveTheSameRows) {
   EXPECT_EQ(serving->description().find(", deep decode loads"), std::string::npos);
   EXPECT_NE(deep->description().find(", deep decode loads"), std::string::npos);
   const int64_t n = 300;
-  for (const int64_t k : {int64_t{1000}, int64_t{333}}) {
+  for (const int64_t k : {int64_t{1000}, int64_t{333}, int64_t{2000}}) {
     SCOPED_TRACE("k " + std::to_string(k));
     const auto x = randomFloats(static_cast<size_t>(64 * k), 24);
     const auto w32 = randomFloats(static_cast<size_t>(n * k), 25);
@@ -1339,6 +1343,7 @@ TEST_F(CudaFastKernelsTest, CandidateDeepDecodeLoadsGiveTheSameRows) {
       const int64_t shared = dynamicSharedBytesOf([&] { part = run(*deep, x, m, k, w); });
       if (kEmulated) {
         EXPECT_GT(shared, 0) << "m " << m;
+        EXPECT_EQ(shared > (int64_t{64} << 10), m > 16) << "m " << m << ": " << shared;
       }
       expectFiniteAndNonZero(part);
       ASSERT_EQ(rows.size(), part.size());

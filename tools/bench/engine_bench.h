@@ -37,8 +37,8 @@ struct EngineBenchOptions {
   // what the fixed order costs.
   bool unordered_decode = false;
   // CudaBackendOptions::deep_skinny: the bf16 decode matmuls' weights
-  // streamed through shared memory, several batches in flight (the same
-  // bits).
+  // streamed through shared memory, several batches in flight, and past 16
+  // rows x's fragments shared per block there (the same bits).
   bool deep_skinny = false;
   // CudaBackendOptions::compact_attention: the flash kernel launched with a
   // block per query tile of a prefill, each through a run of splits (the

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
                    "measure what the fixed order costs (CUDA, fast kernels, bf16 compute)");
   engine->add_flag("--deep-skinny", options.deep_skinny,
                    "bf16 decode matmuls stream their weights through shared memory, several "
-                   "batches in flight per warp (CUDA, fast kernels, bf16 compute; the same bits)");
+                   "batches in flight per warp, and past 16 rows share x there per block (CUDA, "
+                   "fast kernels, bf16 compute; the same bits)");
   engine->add_flag("--compact-attention", options.compact_attention,
                    "the flash attention kernel launched with one block per query tile of a "
                    "prefill, not one per row, each through a run of splits (CUDA, "
