@@ -571,6 +571,13 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
     candidates=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny
       --compact-attention --deep-attention)
     [[ -n "${profile_gemm_tma:-}" ]] && candidates+=(--bf16-gemm-config "${profile_gemm_tma}")
+    # The DRAM and L2 bytes, and the warp stall reasons by name (whatever
+    # WarpStateStats shows of them).
+    profile_metrics="dram__bytes.sum,lts__t_bytes.sum"
+    for stall in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle \
+      lg_throttle not_selected no_instruction dispatch_stall; do
+      profile_metrics+=",smsp__average_warps_issue_stalled_${stall}_per_issue_active.ratio"
+    done
     read -r -a profile_runs <<<"${PROFILE_RUNS:-batch1 batch32 batch1-candidates batch32-candidates}"
     for run in "${profile_runs[@]}"; do
       shape=(--prompt-tokens 2048)
@@ -586,7 +593,7 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
         --kernel-name "regex:bf16Mma|bf16Wgmma|bf16Copied|attentionFlash|attentionCombine" \
         --filter-mode per-launch-config --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section LaunchStats --section WarpStateStats \
-        --metrics dram__bytes.sum,lts__t_bytes.sum --export "${report}" --force-overwrite \
+        --metrics "${profile_metrics}" --export "${report}" --force-overwrite \
         env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" \
         "${bench}" engine --device cuda --model "${profiled}" "${shape[@]}" --decode-tokens 2 \
         --repeats 1 "${flags[@]}" >"${report}.log" 2>&1; then
