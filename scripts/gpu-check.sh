@@ -21,7 +21,8 @@
 #                Needs about 16.2 GB free: the llama3-8b-shaped model is
 #                16.06 GB of bf16 weights, the small one 0.11 GB. Removed at
 #                the end unless KEEP_MODELS=1.
-# Environment: SKIP_8B=1 leaves the llama3-8b-shaped model out;
+# Environment: SKIP_8B=1 leaves the llama3-8b-shaped model out, SKIP_SMALL=1
+#              the small one (its benchmark runs and PyTorch comparison);
 #              BENCH_JSON_DIR=DIR keeps each run's --json (and the PyTorch
 #              comparison's JSON) there;
 #              TORCH_COMPARE=0 leaves the PyTorch comparison out;
@@ -257,8 +258,11 @@ if [[ "${KEEP_MODELS:-0}" != "1" ]]; then
   trap 'rm -rf "${scratch}"' EXIT
 fi
 echo "== models in ${scratch} ($(df -h --output=avail "${scratch}" | tail -1 | tr -d ' ') free)"
-"${build}/bin/tandem-model" --preset small --out "${scratch}/small"
-models=(small)
+models=()
+if [[ "${SKIP_SMALL:-0}" != "1" ]]; then
+  "${build}/bin/tandem-model" --preset small --out "${scratch}/small"
+  models+=(small)
+fi
 if [[ "${SKIP_8B:-0}" != "1" ]]; then
   "${build}/bin/tandem-model" --preset llama3-8b --out "${scratch}/llama3-8b"
   models+=(llama3-8b)
