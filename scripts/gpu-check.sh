@@ -288,16 +288,16 @@ for model in "${models[@]}"; do
     "${json_dir}/tandem-tokens-${model}.json"
 done
 # The fastest bf16 GEMM configuration of a run's --bf16-gemm-configs rows
-# whose outputs equal configuration 0's (0 when none is faster, or the file
-# cannot be read); with a second argument, the fastest from that
-# configuration on (nothing when none gave configuration 0's bits).
+# whose outputs equal configuration 0's; with a second argument, the fastest
+# from that configuration on. Nothing (the serving configuration) when no
+# row qualifies or the file cannot be read.
 fastest_gemm_config() {
-  python3 - "$1" "${2:-}" <<'PY' 2>/dev/null || { [[ -n "${2:-}" ]] || echo 0; }
+  python3 - "$1" "${2:-0}" <<'PY' 2>/dev/null || true
 import json, sys
 rows = json.load(open(sys.argv[1])).get("bf16_gemm_configs", [])
-low = int(sys.argv[2]) if sys.argv[2] else 0
+low = int(sys.argv[2])
 same = [r for r in rows if r.get("same_bits_as_config0") and "layer_ms" in r and r["config"] >= low]
-print(min(same, key=lambda r: r["layer_ms"])["config"] if same else (0 if not low else ""))
+print(min(same, key=lambda r: r["layer_ms"])["config"] if same else "")
 PY
 }
 for model in "${models[@]}"; do
@@ -385,7 +385,7 @@ for model in "${models[@]}"; do
         fi
         if [[ "${variant}" == "--cuda-kernels fast --compute-dtype bf16" && "${batch}" == "1" ]]; then
           gemm_config="$(fastest_gemm_config "${json_dir}/engine-${model}-batch1-fast-bf16.json")"
-          echo "== bf16 GEMM configuration for the flash runs: ${gemm_config}"
+          echo "== bf16 GEMM configuration for the flash runs: ${gemm_config:-the serving one}"
           # The kernel profile (PROFILE=1, below) takes the 8B shape's.
           if [[ "${model}" == "llama3-8b" ]]; then
             profile_gemm="${gemm_config}"
@@ -561,15 +561,23 @@ done
 # reports and their raw pages stay in the JSON folder. Last, so that a slow
 # or failing profiler costs nothing above.
 if [[ "${PROFILE:-0}" == "1" ]]; then
-  ncu_bin="$(command -v ncu || true)"
-  for candidate in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
-    [[ -z "${ncu_bin}" && -x "${candidate}" ]] && ncu_bin="${candidate}"
+  # Nsight Compute's ncu (not another program of that name), the newest
+  # installed where the PATH has none.
+  ncu_bin=""
+  for candidate in "$(command -v ncu || true)" /usr/local/cuda/bin/ncu \
+    $(ls -d /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | sort -rV); do
+    if [[ -z "${ncu_bin}" && -x "${candidate}" ]] &&
+      env -u LD_LIBRARY_PATH "${candidate}" --version 2>/dev/null | grep -q "Nsight Compute"; then
+      ncu_bin="${candidate}"
+    fi
   done
+  profiled="${scratch}/llama3-8b-2"
   if [[ -z "${ncu_bin}" ]]; then
     echo "== ncu not found: the kernel profile left out"
+  elif ! "${build}/bin/tandem-model" --preset llama3-8b --layers 2 --out "${profiled}" \
+    >/dev/null; then
+    echo "== the profile's 2-layer model could not be written: the kernel profile left out"
   else
-    profiled="${scratch}/llama3-8b-2"
-    "${build}/bin/tandem-model" --preset llama3-8b --layers 2 --out "${profiled}" >/dev/null
     serving=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections)
     [[ -n "${profile_gemm:-}" ]] && serving+=(--bf16-gemm-config "${profile_gemm}")
     candidates=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny
@@ -589,6 +597,8 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
       flags=("${serving[@]}")
       [[ "${run}" == *candidates ]] && flags=("${candidates[@]}")
       report="${json_dir}/ncu-${run}"
+      # An earlier run's report would be read as this one's.
+      rm -f "${report}".* "${report}-raw.csv"
       echo "== ncu: tandem-bench engine ${shape[*]} --decode-tokens 2 ${flags[*]}"
       # ncu runs with the machine's own libraries, the program it starts
       # with the packed ones.
@@ -605,8 +615,8 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
         tail -n 5 "${report}.log"
       fi
       if [[ -f "${report}.ncu-rep" ]] &&
-        env -u LD_LIBRARY_PATH "${ncu_bin}" --import "${report}.ncu-rep" --csv \
-        --page raw --print-units base >"${report}-raw.csv" 2>/dev/null; then
+        env -u LD_LIBRARY_PATH LC_ALL=C "${ncu_bin}" --import "${report}.ncu-rep" --csv \
+        --page raw --print-units base >"${report}-raw.csv" 2>>"${report}.log"; then
         env -u LD_LIBRARY_PATH python3 "${root}/scripts/ncu_summary.py" "${report}-raw.csv" \
           --json "${report}.json" || true
       fi

@@ -24,6 +24,7 @@ import sys
 UNITS = {
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
     "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
+    "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0,
 }
 
 METRICS = {
@@ -31,7 +32,8 @@ METRICS = {
     "dram_bytes": "dram__bytes.sum",
     "dram_read_bytes": "dram__bytes_read.sum",
     "l2_bytes": "lts__t_bytes.sum",
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                 "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
     "l2_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
     "l1_pct": "l1tex__throughput.avg.pct_of_peak_sustained_active",
     "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -61,6 +63,7 @@ def number(text, unit):
 def short_name(name):
     """`void ns::(anonymous namespace)::f<4, 2>(const uint4 *, ...)` → `f<4, 2>`."""
     name = re.sub(r"^void ", "", name.strip())
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     depth, cut = 0, len(name)
     for i, c in enumerate(name):  # the parameter list: the first "(" outside <>
         if c == "<":
@@ -82,11 +85,15 @@ def read(path):
         rows = list(csv.reader(f))
     if len(rows) < 2:
         return []
-    header = rows[0]
+    # The header is the first row that starts with "ID" (ncu may print
+    # lines of its own before it).
+    start = next((i for i, r in enumerate(rows) if r and r[0].strip() == "ID"), None)
+    if start is None or start + 1 >= len(rows):
+        return []
+    header, rows = rows[start], rows[start:]
     # The units row follows the header; its ID cell is empty, where every
     # launch's holds a number.
-    id_column = header.index("ID") if "ID" in header else 0
-    has_units = len(rows[1]) > id_column and not rows[1][id_column].strip()
+    has_units = bool(rows[1]) and not rows[1][0].strip()
     units = rows[1] if has_units else [""] * len(header)
     data = rows[2:] if has_units else rows[1:]
     launches = []
@@ -97,10 +104,19 @@ def read(path):
         unit = dict(zip(header, units))
         launch = {"kernel": short_name(cell.get("Kernel Name", "?")),
                   "id": cell.get("ID", "")}
-        for key, metric in METRICS.items():
-            # Without a unit: ncu's base unit (nanoseconds for times).
-            base = "nsecond" if metric.startswith("gpu__time") else ""
-            launch[key] = number(cell.get(metric), unit.get(metric) or base)
+        for key, names in METRICS.items():
+            # The first of a metric's names the report has.
+            metric = next((m for m in (names if isinstance(names, tuple) else (names,))
+                           if m in cell), None)
+            if metric is None:
+                launch[key] = None
+                continue
+            # Times in a unit not known above (or none): nanoseconds, ncu's
+            # base unit.
+            given = unit.get(metric, "")
+            if metric.startswith("gpu__time") and given not in UNITS:
+                given = "ns"
+            launch[key] = number(cell.get(metric), given)
         if launch["grid"] is None and cell.get("Grid Size"):
             launch["grid_text"] = cell["Grid Size"]
         stalls = []

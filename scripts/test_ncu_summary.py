@@ -76,11 +76,28 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(len(launches), 2)
         self.assertAlmostEqual(launches[1]["seconds"], 141e-9 * 1000)
 
+    def test_short_units_the_sol_dram_name_and_lines_before_the_header(self):
+        header = list(HEADER)
+        header[HEADER.index("dram__throughput.avg.pct_of_peak_sustained_elapsed")] = \
+            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"
+        units = list(UNITS)
+        units[HEADER.index("gpu__time_duration.sum")] = "us"
+        row = list(SKINNY)
+        row[HEADER.index("gpu__time_duration.sum")] = "141"
+        [launch] = ns.read(self.write([["==PROF== Disconnected"], header, units, row]))
+        self.assertAlmostEqual(launch["seconds"], 141e-6)
+        self.assertEqual(launch["dram_pct"], 20.5)
+        units[HEADER.index("gpu__time_duration.sum")] = "ns"
+        row[HEADER.index("gpu__time_duration.sum")] = "141,000"
+        [launch] = ns.read(self.write([header, units, row]))
+        self.assertAlmostEqual(launch["seconds"], 141e-6)
+
     def test_short_names(self):
         self.assertEqual(ns.short_name("void a::(anonymous namespace)::k<128, 1, true>(int *)"),
                          "k<128, 1, true>")
         self.assertEqual(ns.short_name("attentionFlashKernel"), "attentionFlashKernel")
         self.assertEqual(ns.short_name("void f::g(float, int)"), "g")
+        self.assertEqual(ns.short_name("void a::<unnamed>::k<4, 2>(int)"), "k<4, 2>")
 
     def test_an_empty_report_fails_with_a_message(self):
         out = io.StringIO()

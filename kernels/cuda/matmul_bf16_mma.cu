@@ -732,7 +732,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t b = 0; b < batches; ++b) {
     issue(b + kStages - 1);
     // Groups 0 .. b landed: batch b's weights, and at a chunk's first batch
-    // this thread's copies of the chunk's x (group b - kStages + 1 or 0).
+    // this thread's copies of the chunk's x (group b itself, closed at batch
+    // b - kStages + 1; group 0 for chunk 0).
     waitCopies<kStages - 1>();
     const int64_t chunk = b * kPairs / kChunkPairs;
     if (b * kPairs % kChunkPairs == 0) {
