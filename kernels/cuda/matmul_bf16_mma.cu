@@ -600,6 +600,23 @@ constexpr size_t skinnyStagedBytes() {
   return kWarps * ring_pairs * 32 * sizeof(uint4);
 }
 
+// Batch b's weights (kPairs pairs of this lane's column) into ring slot
+// b % kStages, then one commit group for them and any copy issued before
+// (empty past the last batch, or where `copy` is false): batch b is group b
+// of the kernels below.
+template <int kPairs, int kStages>
+__device__ __forceinline__ void issueWeights(uint4* ring, const uint4* __restrict__ column,
+                                             int64_t pairs, int64_t batches, int64_t b, bool copy) {
+  if (copy && b < batches) {
+    uint4* slot = ring + (b % kStages) * kPairs * 32;
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, column + (b * kPairs + u) * 32);
+    }
+  }
+  commitCopies();
+}
+
 template <int kRowGroups, int kPairs>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaSkinnyStagedKernel(const uint4* __restrict__ x_fragments, int64_t m, int64_t k,
@@ -614,17 +631,8 @@ __global__ void __launch_bounds__(kThreads)
   // This lane's pair u of ring slot s: ring[(s · kPairs + u) · 32].
   uint4* ring = staged_weights + (threadIdx.x / 32) * kStages * kPairs * 32 + w.lane;
 
-  // Batch b's weights into slot b % kStages, one commit group per batch
-  // (empty past the last): batch b is group b.
   auto issue = [&](int64_t b) {
-    if (b < batches) {
-      uint4* slot = ring + (b % kStages) * kPairs * 32;
-#pragma unroll
-      for (int u = 0; u < kPairs; ++u) {
-        if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, w.column + (b * kPairs + u) * 32);
-      }
-    }
-    commitCopies();
+    issueWeights<kPairs, kStages>(ring, w.column, pairs, batches, b, true);
   };
 
   float acc[kMTiles][1][4];
@@ -709,18 +717,10 @@ __global__ void __launch_bounds__(kThreads)
       if (p0 + p < pairs) copyAsync16(slot + i, x_fragments + (r * pairs + p0 + p) * 32 + i % 32);
     }
   };
-  // Batch b's weights into ring slot b % kStages, and whatever copyX left,
-  // as commit group b (empty past the last batch, and for a warp past the
-  // last column).
+  // Batch b's weights, with whatever copyX left, as group b (no weights for
+  // a warp past the last column).
   auto issue = [&](int64_t b) {
-    if (w.active && b < batches) {
-      uint4* slot = ring + (b % kStages) * kPairs * 32;
-#pragma unroll
-      for (int u = 0; u < kPairs; ++u) {
-        if (b * kPairs + u < pairs) copyAsync16(slot + u * 32, w.column + (b * kPairs + u) * 32);
-      }
-    }
-    commitCopies();
+    issueWeights<kPairs, kStages>(ring, w.column, pairs, batches, b, w.active);
   };
 
   float acc[kMTiles][1][4];
