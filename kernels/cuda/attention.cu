@@ -734,10 +734,9 @@ __global__ void __launch_bounds__(kMaxGroup * 32)
   if constexpr (!kRuns) writeSplit(blockIdx.z);
 }
 
-// The flash kernel at head_dim kHeadDim with kStages tiles in flight. More
-// dynamic shared memory than the 48 KB default is asked for once per
-// process and instance (the attribute is set for the current device: one device per process, as
-// the agent runs; a process driving several would have to ask per device).
+// The flash kernel at head_dim kHeadDim with kStages tiles in flight, with
+// more dynamic shared memory than the 48 KB default where it needs it
+// (optInSharedMemory).
 template <int kHeadDim, int kStages, bool kRuns>
 void launchFlash(cudaStream_t stream, dim3 grid, unsigned int threads, const DeviceBatch& batch,
                  const FlashTile* tiles, const CacheGeometry& g, const float* q, int64_t num_heads,
@@ -745,12 +744,9 @@ void launchFlash(cudaStream_t stream, dim3 grid, unsigned int threads, const Dev
                  float* acc) {
   constexpr size_t kShared = flashSharedBytes<kHeadDim, kStages>();
   if constexpr (kShared > 0) {
-    static const cudaError_t opted_in = cudaFuncSetAttribute(
-        attentionFlashKernel<kHeadDim, kStages, kRuns>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kShared));
     // The backend refuses deep_attention on a device that offers less.
-    TANDEM_CHECK(opted_in == cudaSuccess,
-                 "flash attention: cudaFuncSetAttribute refused the deep loads' shared memory");
+    optInSharedMemory<attentionFlashKernel<kHeadDim, kStages, kRuns>>(
+        kShared, "flash attention: cudaFuncSetAttribute refused the deep loads' shared memory");
   }
   attentionFlashKernel<kHeadDim, kStages, kRuns><<<grid, threads, kShared, stream>>>(
       batch.row_kv, batch.rows, tiles, batch.block_tables, g, q, num_heads, group, scale, splits,

@@ -9,12 +9,26 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/check.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/epilogue.h"
 #include "kernels/cuda/kv_store.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels::cuda {
+
+// Lets kKernel launch with `bytes` of dynamic shared memory, past the 48 KB
+// default: asked for once per process and kernel (the attribute is set for
+// the current device: one device per process, as the agent runs; a process
+// driving several would have to ask per device). Aborts with `refusal`
+// where the device offers less. Every caller passes its kernel's one
+// constant size.
+template <auto kKernel>
+void optInSharedMemory(size_t bytes, const char* refusal) {
+  static const cudaError_t opted_in = cudaFuncSetAttribute(
+      kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  TANDEM_CHECK(opted_in == cudaSuccess, refusal);
+}
 
 // The batch of beginBatch() in device memory.
 // One query tile of the flash attention kernel (attention.cu): `rows` rows

@@ -376,14 +376,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename C>
 void launchPipelined(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
                      const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
-  // More shared memory than the 48 KB default: asked for once per process
-  // and configuration (the attribute is set for the current device: one device per process, as
-  // the agent runs; a process driving several would have to ask per device).
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(bf16MmaPipelinedKernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(C::kSmemBytes));
-  TANDEM_CHECK(opted_in == cudaSuccess,
-               "bf16 matmul: cudaFuncSetAttribute refused the pipelined kernel's shared memory");
+  optInSharedMemory<bf16MmaPipelinedKernel<C>>(
+      C::kSmemBytes,
+      "bf16 matmul: cudaFuncSetAttribute refused the pipelined kernel's shared memory");
   const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, kTileN)),
                    static_cast<unsigned int>(ceilDiv(m, kTileM)));
   bf16MmaPipelinedKernel<C>
@@ -735,8 +730,8 @@ __global__ void __launch_bounds__(kThreads)
     // this thread's copies of the chunk's x (group b itself, closed at batch
     // b - kStages + 1; group 0 for chunk 0).
     waitCopies<kStages - 1>();
-    const int64_t chunk = b * kPairs / kChunkPairs;
-    if (b * kPairs % kChunkPairs == 0) {
+    const int64_t chunk = b / kStages;  // kChunkPairs = kStages batches
+    if (b % kStages == 0) {
       __syncthreads();
       copyX(chunk + 1);  // committed with batch b + kStages's weights
     }
@@ -799,10 +794,8 @@ __global__ void __launch_bounds__(kThreads)
 // x_ready: x_fragments already hold x (written by x's producer, epilogue.h
 // NextFragments), so x is not rounded again.
 // deep: the ordered kernel with its weights staged through shared memory
-// (bf16MmaSkinnyStagedKernel). More dynamic shared memory than the 48 KB
-// default is asked for once per process and instance (the attribute is set
-// for the current device: one device per process, as the agent runs;
-// several would need it per device).
+// (bf16MmaSkinnyStagedKernel; past 16 rows bf16MmaSkinnySharedKernel), with
+// more dynamic shared memory than the 48 KB default (optInSharedMemory).
 template <int kRowGroups, int kPairs>
 void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const uint4* fragments,
                 int64_t n, const MatmulEpilogue& out, uint4* x_fragments, int splits, bool x_ready,
@@ -816,12 +809,9 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   if constexpr (kRowGroups >= 4) {
     if (splits == 0 && deep) {
       constexpr size_t kShared = skinnySharedBytes<kRowGroups, kPairs>();
-      static const cudaError_t opted_in = cudaFuncSetAttribute(
-          bf16MmaSkinnySharedKernel<kRowGroups, kPairs>,
-          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
-      TANDEM_CHECK(opted_in == cudaSuccess,
-                   "bf16 skinny matmul: cudaFuncSetAttribute refused the shared-x kernel's shared "
-                   "memory");
+      optInSharedMemory<bf16MmaSkinnySharedKernel<kRowGroups, kPairs>>(
+          kShared,
+          "bf16 skinny matmul: cudaFuncSetAttribute refused the shared-x kernel's shared memory");
       bf16MmaSkinnySharedKernel<kRowGroups, kPairs>
           <<<tiles, kThreads, kShared, stream>>>(x_fragments, m, k, fragments, n, out);
       return;
@@ -829,12 +819,9 @@ void launchWith(cudaStream_t stream, const float* x, int64_t m, int64_t k, const
   }
   if (splits == 0 && deep) {
     constexpr size_t kShared = skinnyStagedBytes<kPairs>();
-    static const cudaError_t opted_in = cudaFuncSetAttribute(
-        bf16MmaSkinnyStagedKernel<kRowGroups, kPairs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kShared));
-    TANDEM_CHECK(opted_in == cudaSuccess,
-                 "bf16 skinny matmul: cudaFuncSetAttribute refused the staged kernel's shared "
-                 "memory");
+    optInSharedMemory<bf16MmaSkinnyStagedKernel<kRowGroups, kPairs>>(
+        kShared,
+        "bf16 skinny matmul: cudaFuncSetAttribute refused the staged kernel's shared memory");
     bf16MmaSkinnyStagedKernel<kRowGroups, kPairs>
         <<<tiles, kThreads, kShared, stream>>>(x_fragments, m, k, fragments, n, out);
   } else if (splits == 0) {

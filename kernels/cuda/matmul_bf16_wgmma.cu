@@ -227,11 +227,8 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 template <typename S>
 void launchShape(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
                  const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(bf16WgmmaKernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(S::kSmemBytes));
-  TANDEM_CHECK(opted_in == cudaSuccess,
-               "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
+  optInSharedMemory<bf16WgmmaKernel<S>>(
+      S::kSmemBytes, "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
   const dim3 tiles(static_cast<unsigned int>(ceilDiv(n, S::kTileN)),
                    static_cast<unsigned int>(ceilDiv(m, kTileM)));
   bf16WgmmaKernel<S><<<tiles, kThreads, S::kSmemBytes, stream>>>(x_bf16, m, k, weights, n, out);
@@ -385,11 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool kPersistent>
 void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
             const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int sm_count) {
-  static const cudaError_t opted_in = cudaFuncSetAttribute(
-      bf16CopiedKernel<kPersistent>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kSmemBytes));
-  TANDEM_CHECK(opted_in == cudaSuccess,
-               "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
+  optInSharedMemory<bf16CopiedKernel<kPersistent>>(
+      kSmemBytes, "bf16 wgmma matmul: cudaFuncSetAttribute refused the kernel's shared memory");
 #if !defined(TANDEM_CUDA_EMULATION)
   // A compiler that started the kernel with fewer registers would leave the
   // consumers' setmaxnreg.inc waiting for registers that never come: a hang,
