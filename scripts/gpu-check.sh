@@ -66,6 +66,14 @@ candidates_failed=0  # a candidate's kernel test or benchmark run failed (no ser
 wgmma_failed=0
 wgmma_stuck=0  # the wgmma step hung or crashed: its configurations are not timed
 f32_bench="${F32_BENCH:-1}"
+# gpu_engine_exactness_test's exactness checks: the gtest filter and the
+# ctest regex that pick them.
+exactness_filter='*CudaExactnessTest*:*CudaLongPrompt*'
+exactness_regex='CudaExactnessTest|CudaLongPrompt'
+# The serving flash configuration's flags, and the candidates' (the next
+# defaults once a GPU has passed them): the benchmark runs and the profile.
+serving_flags="--cuda-kernels flash --compute-dtype bf16 --fuse-projections"
+candidate_flags="${serving_flags} --deep-skinny --compact-attention --deep-attention"
 
 echo "== GPU"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -147,11 +155,11 @@ if [[ "${fast}" == "1" ]]; then
   echo "== gpu exactness tests, TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16"
   if [[ "${prebuilt}" == "1" ]]; then
     TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 limited \
-      "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*:*CudaLongPrompt*' \
+      "${build}/tests/gpu_engine_exactness_test" --gtest_filter="${exactness_filter}" \
       --gtest_brief=1 || fast_failed=1
   else
     TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE=bf16 ctest --test-dir "${build}" \
-      -R 'CudaExactnessTest|CudaLongPrompt' --output-on-failure || fast_failed=1
+      -R "${exactness_regex}" --output-on-failure || fast_failed=1
   fi
   # Fused launches (--fuse-projections: the GEMV's fold in its partial
   # kernel, x's bf16 fragments written by x's producer): the exactness
@@ -160,11 +168,11 @@ if [[ "${fast}" == "1" ]]; then
   for compute in f32 bf16; do
     if [[ "${prebuilt}" == "1" ]]; then
       TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE="${compute}" TANDEM_CUDA_FUSED_LAUNCHES=1 \
-        limited "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*:*CudaLongPrompt*' \
+        limited "${build}/tests/gpu_engine_exactness_test" --gtest_filter="${exactness_filter}" \
         --gtest_brief=1 || fast_failed=1
     else
       TANDEM_CUDA_KERNELS=fast TANDEM_CUDA_COMPUTE_DTYPE="${compute}" TANDEM_CUDA_FUSED_LAUNCHES=1 \
-        ctest --test-dir "${build}" -R 'CudaExactnessTest|CudaLongPrompt' --output-on-failure || fast_failed=1
+        ctest --test-dir "${build}" -R "${exactness_regex}" --output-on-failure || fast_failed=1
     fi
   done
   # The wgmma twins of the bf16 GEMM (configurations 4 to 7, compute
@@ -204,7 +212,7 @@ if [[ "${fast}" == "1" ]]; then
     done
     for compute in f32 bf16; do
       TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE="${compute}" limited \
-        "${build}/tests/gpu_engine_exactness_test" --gtest_filter='*CudaExactnessTest*:*CudaLongPrompt*' \
+        "${build}/tests/gpu_engine_exactness_test" --gtest_filter="${exactness_filter}" \
         --gtest_brief=1 || flash_failed=1
     done
   fi
@@ -221,7 +229,7 @@ if [[ "${fast}" == "1" ]]; then
       candidates_failed=1
     # engine_backend_exactness_test's CUDA checks include TestBackendTest,
     # which fails unless the backend names the candidates.
-    for run in "gpu_engine_exactness_test *CudaExactnessTest*:*CudaLongPrompt*" \
+    for run in "gpu_engine_exactness_test ${exactness_filter}" \
       "engine_backend_exactness_test *cuda*"; do
       TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
         TANDEM_CUDA_CANDIDATES=1 limited "${build}/tests/${run%% *}" \
@@ -231,7 +239,7 @@ if [[ "${fast}" == "1" ]]; then
     ctest --test-dir "${build}" -L gpu -R 'Candidate' --output-on-failure || candidates_failed=1
     TANDEM_CUDA_KERNELS=flash TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_FUSED_LAUNCHES=1 \
       TANDEM_CUDA_CANDIDATES=1 ctest --test-dir "${build}" \
-      -R 'CudaExactnessTest|CudaLongPrompt|^engine_backend_exactness_test.*cuda' --output-on-failure ||
+      -R "${exactness_regex}|^engine_backend_exactness_test.*cuda" --output-on-failure ||
       candidates_failed=1
   fi
   # SANITIZE=1: the fast kernels' own tests under compute-sanitizer memcheck
@@ -342,9 +350,9 @@ for model in "${models[@]}"; do
       [[ "${FUSED_FAST:-0}" == "1" ]] &&
         variants+=("--cuda-kernels fast --compute-dtype bf16 --fuse-projections")
       [[ "${flash}" == "1" ]] &&
-        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections")
+        variants+=("${serving_flags}")
       if [[ "${flash}" == "1" && "${candidates_failed}" == "0" ]]; then
-        variants+=("--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny --compact-attention --deep-attention")
+        variants+=("${candidate_flags}")
       elif [[ "${flash}" == "1" ]]; then
         echo "== the candidates' benchmark run left out: their kernel tests or an earlier run" \
           "of theirs failed (above)"
@@ -578,10 +586,9 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
     >/dev/null; then
     echo "== the profile's 2-layer model could not be written: the kernel profile left out"
   else
-    serving=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections)
+    read -r -a serving <<<"${serving_flags}"
     [[ -n "${profile_gemm:-}" ]] && serving+=(--bf16-gemm-config "${profile_gemm}")
-    candidates=(--cuda-kernels flash --compute-dtype bf16 --fuse-projections --deep-skinny
-      --compact-attention --deep-attention)
+    read -r -a candidates <<<"${candidate_flags}"
     [[ -n "${profile_gemm_tma:-}" ]] && candidates+=(--bf16-gemm-config "${profile_gemm_tma}")
     # The DRAM and L2 bytes, and the warp stall reasons by name (whatever
     # WarpStateStats shows of them).
