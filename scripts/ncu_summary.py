@@ -18,30 +18,31 @@ import json
 import re
 import sys
 
-# Column → (key, scale to the printed unit) for the base units ncu prints
-# with --print-units base (bytes, nanoseconds, percent); a report printed in
-# other units is scaled by UNITS below.
+# A unit ncu prints → its factor to seconds or bytes (shares and counts
+# have none, and are read as they are).
 UNITS = {
     "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
     "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
     "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0,
 }
 
+# Each figure → the raw-page columns that may hold it, the first present
+# read (ncu versions name SpeedOfLight's DRAM share differently).
 METRICS = {
-    "seconds": "gpu__time_duration.sum",
-    "dram_bytes": "dram__bytes.sum",
-    "dram_read_bytes": "dram__bytes_read.sum",
-    "l2_bytes": "lts__t_bytes.sum",
+    "seconds": ("gpu__time_duration.sum",),
+    "dram_bytes": ("dram__bytes.sum",),
+    "dram_read_bytes": ("dram__bytes_read.sum",),
+    "l2_bytes": ("lts__t_bytes.sum",),
     "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
                  "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-    "l2_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-    "l1_pct": "l1tex__throughput.avg.pct_of_peak_sustained_active",
-    "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "registers": "launch__registers_per_thread",
-    "grid": "launch__grid_size",
-    "block": "launch__block_size",
-    "shared_bytes": "launch__shared_mem_per_block_dynamic",
+    "l2_pct": ("lts__throughput.avg.pct_of_peak_sustained_elapsed",),
+    "l1_pct": ("l1tex__throughput.avg.pct_of_peak_sustained_active",),
+    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed",),
+    "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "registers": ("launch__registers_per_thread",),
+    "grid": ("launch__grid_size",),
+    "block": ("launch__block_size",),
+    "shared_bytes": ("launch__shared_mem_per_block_dynamic",),
 }
 
 STALL = re.compile(
@@ -106,8 +107,7 @@ def read(path):
                   "id": cell.get("ID", "")}
         for key, names in METRICS.items():
             # The first of a metric's names the report has.
-            metric = next((m for m in (names if isinstance(names, tuple) else (names,))
-                           if m in cell), None)
+            metric = next((m for m in names if m in cell), None)
             if metric is None:
                 launch[key] = None
                 continue
