@@ -333,12 +333,15 @@ class Backend {
 
 // The CUDA bf16 prefill GEMM's configurations (BackendOptions::
 // bf16_gemm_config): the pipelined mma.sync kernel's K step and depth
-// (0 .. kBf16GemmWgmma - 1), then its wgmma twins (sm_90a; 6 and 7 fed by
-// tensor copies). The same mma chain, so the same bits, in each (an H200 compared
-// 0-5: docs/cuda.md); kBf16GemmServing, the fastest there, is the one that
+// (0 .. kBf16GemmWgmma - 1), its wgmma twins (sm_90a; 6 and 7 fed by tensor
+// copies), then the wide mma.sync kernel (kBf16GemmWide on: row-grouped
+// tile order, fragments loaded a slice ahead; 9 with 128 x 256 tiles). The
+// same mma chain, so the same bits, in each (an H200 compared 0-5:
+// docs/cuda.md); kBf16GemmServing, the fastest there, is the one that
 // serves.
-inline constexpr int kBf16GemmConfigs = 8;
+inline constexpr int kBf16GemmConfigs = 10;
 inline constexpr int kBf16GemmWgmma = 4;
+inline constexpr int kBf16GemmWide = 8;
 inline constexpr int kBf16GemmServing = 1;
 inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
     "K step 32, 3 stages",
@@ -348,7 +351,13 @@ inline constexpr const char* kBf16GemmConfigShapes[kBf16GemmConfigs] = {
     "wgmma 128 x 128, K step 64",
     "wgmma 128 x 256, K step 64, overlapped",
     "wgmma 128 x 256, tensor copies, 4 stages, producer warpgroup",
-    "wgmma 128 x 256, tensor copies, persistent (a block per SM)"};
+    "wgmma 128 x 256, tensor copies, persistent (a block per SM)",
+    "K step 64, 3 stages, row-grouped tiles, fragments a slice ahead",
+    "128 x 256 (64 x 64 a warp), K step 64, 3 stages, row-grouped, fragments ahead"};
+// Configurations 4 to 7 run wgmma (HGMMA), the others mma.sync (HMMA).
+constexpr bool bf16GemmIsWgmma(int config) {
+  return config >= kBf16GemmWgmma && config < kBf16GemmWide;
+}
 
 // True when this build has the CUDA backend.
 bool cudaBuilt();

@@ -397,7 +397,7 @@ for model in "${models[@]}"; do
           # The kernel profile (PROFILE=1, below) takes the 8B shape's.
           if [[ "${model}" == "llama3-8b" ]]; then
             profile_gemm="${gemm_config}"
-            profile_gemm_tma="$(fastest_gemm_config \
+            profile_gemm_candidate="$(fastest_gemm_config \
               "${json_dir}/engine-${model}-batch1-fast-bf16.json" 6)"
           fi
         fi
@@ -562,7 +562,7 @@ done
 # at batch 32 after 512-token prompts, the first two launches of each kernel
 # and launch configuration (so a decode layer's O and down projections, the
 # same grid, are both seen); the serving flash configuration, then
-# the candidates (with the fastest TMA configuration, 6 or 7, where it gave
+# the candidates (with the fastest candidate GEMM configuration, 6 to 9, that gave
 # configuration 0's bits in the --bf16-gemm-configs run above). One line per
 # launch (scripts/ncu_summary.py): DRAM bytes and rate, each unit's share of
 # its peak, occupancy, L2 bytes per DRAM byte, the largest warp stalls. The
@@ -589,7 +589,7 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
     read -r -a serving <<<"${serving_flags}"
     [[ -n "${profile_gemm:-}" ]] && serving+=(--bf16-gemm-config "${profile_gemm}")
     read -r -a candidates <<<"${candidate_flags}"
-    [[ -n "${profile_gemm_tma:-}" ]] && candidates+=(--bf16-gemm-config "${profile_gemm_tma}")
+    [[ -n "${profile_gemm_candidate:-}" ]] && candidates+=(--bf16-gemm-config "${profile_gemm_candidate}")
     # The DRAM and L2 bytes, and the warp stall reasons by name (whatever
     # WarpStateStats shows of them).
     profile_metrics="dram__bytes.sum,lts__t_bytes.sum"

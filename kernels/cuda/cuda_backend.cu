@@ -91,7 +91,7 @@ class CudaBackend final : public Backend {
     std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB)", props.name, props.major, props.minor,
                   static_cast<double>(props.totalGlobalMem) / (1024.0 * 1024 * 1024));
     description_ = text;
-    if (bf16_gemm_config_ >= kBf16GemmWgmma) {
+    if (bf16GemmIsWgmma(bf16_gemm_config_)) {
       const std::string which =
           "bf16 GEMM configuration " + std::to_string(bf16_gemm_config_) + " (wgmma)";
       if (!bf16WgmmaBuilt()) {
@@ -110,7 +110,7 @@ class CudaBackend final : public Backend {
     if (fused_launches_) description_ += ", fused launches";
     if (bf16_gemm_config_ != kBf16GemmServing) {
       description_ += ", bf16 GEMM configuration " + std::to_string(bf16_gemm_config_);
-      if (bf16_gemm_config_ >= kBf16GemmWgmma) description_ += " (wgmma)";
+      if (bf16GemmIsWgmma(bf16_gemm_config_)) description_ += " (wgmma)";
     }
     if (unordered_decode_) description_ += ", unordered decode matmuls (not batch-invariant)";
     if (deep_skinny_) description_ += ", deep decode loads";

@@ -57,6 +57,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/check.h"
 #include "kernels/cuda/device_dtype.h"
@@ -243,40 +244,48 @@ constexpr int kWarpTileN = 32;
 constexpr int kMmaTilesM = kWarpTileM / 16;  // 4
 constexpr int kMmaTilesN = kWarpTileN / 8;   // 4
 static_assert((kTileM / kWarpTileM) * kWarpsN * 32 == kThreads, "warps cover the tile");
+// The wide kernel's warp tile: 64 x 64 outputs.
+constexpr int kWarpWide = 64;
+// The wide kernel's groups of row tiles (gemmTileOf): 16 x 128 rows of x,
+// 16 MB at k = 4,096, stay in L2 while the group's weight tiles pass.
+constexpr int64_t kGroupRows = 16;
 
 // The K step and the pipeline's depth. Every configuration runs the same
 // mma chain (one per 16-wide slice, ascending k) and gives the same bits;
 // they differ in how many slices share a barrier and how many K steps are
 // in flight. Config 0 (32, 3) is the one that ran on an H200; the others
-// are for measuring (CudaBackendOptions::bf16_gemm_config).
-template <int kTileKValue, int kStagesValue>
+// are for measuring (CudaBackendOptions::bf16_gemm_config). kTileNValue,
+// the output tile's columns: 128 here, 256 for the wide kernel's
+// configuration 9 (below).
+template <int kTileKValue, int kStagesValue, int kTileNValue = kTileN>
 struct Config {
   static constexpr int kTileK = kTileKValue;
   static constexpr int kStages = kStagesValue;
+  static constexpr int kTileN = kTileNValue;
   // Rows padded by 16 bytes: the 8 rows an ldmatrix reads fall in 8
   // different 16-byte bank groups (80- or 144-byte rows).
   static constexpr int kRowStride = kTileK + 8;
   static constexpr int kStageElements = (kTileM + kTileN) * kRowStride;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kStages) * kStageElements * sizeof(uint16_t);
-  // 16-byte vectors of one operand's tile per K step, and per thread.
-  static constexpr int kVectors = kTileM * kTileK / 8;
-  static constexpr int kVectorsPerThread = kVectors / kThreads;
-  static_assert(kTileM == kTileN && kVectorsPerThread * kThreads == kVectors, "loads cover tiles");
 };
 using Config0 = Config<32, 3>;
 using Config1 = Config<64, 3>;
 using Config2 = Config<64, 4>;
 using Config3 = Config<32, 4>;
 
-// K step `step` of rows [row0, row0 + 128) of a (rows x k, bf16, row-major)
-// into a stage's 128 x kTileK tile.
-template <typename C>
+// K step `step` of rows [row0, row0 + kRows) of a (rows x k, bf16,
+// row-major) into a stage's kRows x kTileK tile.
+template <typename C, int kRows = kTileM, int kLoadThreads = kThreads>
 __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64_t rows, int64_t k,
                                          int64_t row0, int64_t step, uint16_t* tile) {
+  // 16-byte vectors of the tile per K step, and per thread.
+  constexpr int kVectors = kRows * C::kTileK / 8;
+  constexpr int kVectorsPerThread = kVectors / kLoadThreads;
+  static_assert(kVectorsPerThread * kLoadThreads == kVectors, "loads cover the tile");
 #pragma unroll
-  for (int i = 0; i < C::kVectorsPerThread; ++i) {
-    const int index = static_cast<int>(threadIdx.x) + i * kThreads;
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int index = static_cast<int>(threadIdx.x) + i * kLoadThreads;
     const int r = index / (C::kTileK / 8);
     const int kk = (index % (C::kTileK / 8)) * 8;
     const int64_t row = row0 + r;
@@ -383,6 +392,166 @@ void launchPipelined(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int
                    static_cast<unsigned int>(ceilDiv(m, kTileM)));
   bf16MmaPipelinedKernel<C>
       <<<tiles, kThreads, C::kSmemBytes, stream>>>(x_bf16, m, k, weights, n, out);
+}
+
+// ---- the wide kernel (configurations 8 and 9; candidates) ----
+//
+// The pipelined kernel's mma chain, so its bits, fed for a higher rate.
+// Three changes, each leaving every output's chain as it is:
+// - Output tiles in the order of gemmTileOf (weight_layout.h): row tiles
+//   fastest within groups of kGroupRows, so the blocks in flight together
+//   share their weight tiles. The pipelined kernel's grid runs column tiles
+//   fastest: at 2,048 rows a wave of blocks spans 1.2 row tiles and every
+//   one of gate/up's 224 weight tiles, so the weights come from memory
+//   again for each of 13 waves.
+// - The fragments of the next 16-wide slice are loaded (ldmatrix) while
+//   the tensor cores multiply this one's, across the K step's end too: the
+//   last slice of a step first waits for the next step's copies, passes the
+//   barrier and issues the copies kStages - 1 steps ahead into the stage
+//   just read (every read of it issued: its last slice's fragments are in
+//   registers), then loads the next step's first fragments. The pipelined
+//   kernel loads a slice's fragments and then waits on them, and its
+//   `break` past k inside the slice loop keeps the compiler from hoisting
+//   the next slice's loads; here a partial last step only skips the
+//   multiplies of its slices past k.
+// - A warp owns 64 x 64 outputs (the pipelined kernel's 64 x 32): per
+//   16-wide slice it issues 8 ldmatrix.x4 for 32 mma, where the 64 x 32
+//   warp issues 6 for 16. Shared memory moves 128 bytes a cycle; with the
+//   stage's copies a block of the pipelined kernel moves 32 KB of it per
+//   slice for its 128 mma (2 cycles an mma, more than the ~1.6 an SM takes
+//   per mma.sync on Hopper, where published microbenchmarks put mma.sync
+//   at about 0.6 of the wgmma rate), configuration 8 (128 x 128 outputs, 4 warps, two blocks an SM)
+//   24 KB for 128 (1.5 cycles), configuration 9 (128 x 256, 8 warps, one
+//   block an SM) 44 KB for 256 (1.4 cycles).
+// A warp's 128 accumulators and two slices' fragments (64 registers) take
+// most of its 255 registers, hence one block of 8 warps or two of 4 per SM.
+
+// The wide kernel's threads for configuration C: a warp per 64 x 64 outputs.
+template <typename C>
+constexpr int kWideThreads = (kTileM / kWarpWide) * (C::kTileN / kWarpWide) * 32;
+
+template <typename C>
+__global__ void __launch_bounds__(kWideThreads<C>, kWideThreads<C> == kThreads ? 1 : 2)
+    bf16MmaWideKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
+                      const uint16_t* __restrict__ w, int64_t n, MatmulEpilogue out) {
+  constexpr int kTileK = C::kTileK;
+  constexpr int kStages = C::kStages;
+  constexpr int kRowStride = C::kRowStride;
+  constexpr int kWideTileN = C::kTileN;
+  constexpr int kWarpsWideN = kWideTileN / kWarpWide;
+  constexpr int kTilesN = kWarpWide / 8;  // 8
+  constexpr int kSlices = kTileK / kMmaK;
+  static_assert(kSlices % 2 == 0, "a step's last slice leaves the next step's first to buffer 0");
+  extern __shared__ __align__(16) uint16_t stages[];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp_m = warp / kWarpsWideN * kWarpTileM;
+  const int warp_n = warp % kWarpsWideN * kWarpWide;
+  const GemmTile tile =
+      gemmTileOf(blockIdx.x, ceilDivDevice(m, kTileM), ceilDivDevice(n, kWideTileN), kGroupRows);
+  const int64_t m0 = tile.row * kTileM;
+  const int64_t n0 = tile.column * kWideTileN;
+  auto a_tile = [&](int64_t step) { return stages + step % kStages * C::kStageElements; };
+  auto b_tile = [&](int64_t step) { return a_tile(step) + kTileM * kRowStride; };
+
+  float acc[kMmaTilesM][kTilesN][4];
+#pragma unroll
+  for (int i = 0; i < kMmaTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+
+  const int64_t steps = (k + kTileK - 1) / kTileK;
+  auto issue = [&](int64_t step) {
+    if (step < steps) {
+      loadTile<C, kTileM, kWideThreads<C>>(xb, m, k, m0, step, a_tile(step));
+      loadTile<C, kWideTileN, kWideThreads<C>>(w, n, k, n0, step, b_tile(step));
+    }
+    commitCopies();
+  };
+  // Step `step`'s copies are in and every thread is past its reads of the
+  // stage the copies kStages - 1 steps on land in.
+  auto advance = [&](int64_t step) {
+    waitCopies<kStages - 2>();
+    __syncthreads();
+    issue(step + kStages - 1);
+  };
+  // ldmatrix row and column of this lane, as in the pipelined kernel.
+  const int a_row = lane % 16;
+  const int a_col = lane / 16 * 8;
+  const int b_row = lane / 16 * 8 + lane % 8;
+  const int b_col = lane / 8 % 2 * 8;
+  uint32_t af[2][kMmaTilesM][4];
+  uint32_t bf[2][kTilesN / 2][4];
+  auto fragments = [&](int64_t step, int slice, int buffer) {
+    const uint16_t* a = a_tile(step) + slice * kMmaK;
+    const uint16_t* b = b_tile(step) + slice * kMmaK;
+#pragma unroll
+    for (int i = 0; i < kMmaTilesM; ++i) {
+      loadMatrices(af[buffer][i], a + (warp_m + i * 16 + a_row) * kRowStride + a_col);
+    }
+#pragma unroll
+    for (int j = 0; j < kTilesN / 2; ++j) {
+      loadMatrices(bf[buffer][j], b + (warp_n + j * 16 + b_row) * kRowStride + b_col);
+    }
+  };
+
+#pragma unroll
+  for (int step = 0; step < kStages - 1; ++step) issue(step);
+  advance(0);
+  fragments(0, 0, 0);
+  for (int64_t step = 0; step < steps; ++step) {
+    // Slices inside k: all of a whole step's, those a partial last one
+    // reaches (past k: no instruction, whatever m is).
+    const int64_t left = k - step * kTileK;
+    const int slices = left >= kTileK ? kSlices : static_cast<int>((left + kMmaK - 1) / kMmaK);
+#pragma unroll
+    for (int slice = 0; slice < kSlices; ++slice) {
+      const int buffer = slice % 2;
+      if (slice + 1 < kSlices) {
+        fragments(step, slice + 1, 1 - buffer);
+      } else if (step + 1 < steps) {
+        advance(step + 1);
+        fragments(step + 1, 0, 1 - buffer);
+      }
+      if (slice < slices) {
+#pragma unroll
+        for (int j = 0; j < kTilesN; j += 2) {
+          const uint32_t b0[2] = {bf[buffer][j / 2][0], bf[buffer][j / 2][1]};
+          const uint32_t b1[2] = {bf[buffer][j / 2][2], bf[buffer][j / 2][3]};
+#pragma unroll
+          for (int i = 0; i < kMmaTilesM; ++i) {
+            mmaBf16(acc[i][j], af[buffer][i], b0);
+            mmaBf16(acc[i][j + 1], af[buffer][i], b1);
+          }
+        }
+      }
+    }
+  }
+  waitCopies<0>();
+
+  storeTiles(acc, m0 + warp_m + lane / 4, n0 + warp_n + lane % 4 * 2, m, n, out);
+}
+
+// Configuration 8: the pipelined kernel's 128 x 128 tiles and configuration
+// 1's K step and depth; 9: 128 x 256 tiles.
+using Config8 = Config<64, 3>;
+using Config9 = Config<64, 3, 256>;
+
+template <typename C>
+void launchWide(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
+                const uint16_t* weights, int64_t n, const MatmulEpilogue& out) {
+  optInSharedMemory<bf16MmaWideKernel<C>>(
+      C::kSmemBytes, "bf16 matmul: cudaFuncSetAttribute refused the wide kernel's shared memory");
+  const int64_t tiles = ceilDiv(m, kTileM) * ceilDiv(n, C::kTileN);
+  TANDEM_CHECK(tiles <= std::numeric_limits<int32_t>::max(),
+               "bf16 matmul: too many output tiles for one launch");
+  bf16MmaWideKernel<C>
+      <<<static_cast<unsigned int>(tiles), kWideThreads<C>, C::kSmemBytes, stream>>>(
+          x_bf16, m, k, weights, n, out);
 }
 
 // x rounded to bf16 as bf16MmaKernel's storeStep rounds it.
@@ -941,6 +1110,12 @@ void launchBf16MmaMatmul(cudaStream_t stream, const float* x, int64_t m, int64_t
         return;
       case 1:
         pipelined::launchPipelined<pipelined::Config1>(stream, x_bf16, m, k, weights, n, out);
+        return;
+      case kBf16GemmWide:
+        pipelined::launchWide<pipelined::Config8>(stream, x_bf16, m, k, weights, n, out);
+        return;
+      case kBf16GemmWide + 1:
+        pipelined::launchWide<pipelined::Config9>(stream, x_bf16, m, k, weights, n, out);
         return;
       case 2:
         pipelined::launchPipelined<pipelined::Config2>(stream, x_bf16, m, k, weights, n, out);

@@ -1,6 +1,7 @@
 // The weight layout of the CUDA backend's fast decode GEMV (gemv_fast.cu),
 // and its index arithmetic, shared by the kernel and its host emulation in
-// tests/unit/kernels/weight_layout_test.cpp. Plain C++: compiled into
+// tests/unit/kernels/weight_layout_test.cpp (with the bf16 decode kernel's
+// fragment layout and the wide bf16 GEMM's tile order, below). Plain C++: compiled into
 // tandem_kernels with or without CUDA.
 //
 // The reference kernels (matmul.cu) give output y[i, j] one sum order, fixed
@@ -185,6 +186,31 @@ struct MmaFragmentTiling {
     return offset(column / 8, kk / 32, lane, r / 8 * 2 + r % 2);
   }
 };
+
+// --- The order of the wide bf16 GEMM's output tiles (matmul_bf16_mma.cu) ---
+//
+// Block b of a one-dimensional grid of m_tiles x n_tiles blocks multiplies
+// output tile (row tile, column tile) = gemmTileOf(b, ...): the row tiles
+// are taken in groups of `group_rows` (the last group holds what is left),
+// and inside a group the row tile runs fastest. Blocks in flight together
+// then share their weight tiles and one group's rows of x, so the weights
+// are read from memory about once per group rather than once for every few
+// row tiles (where a column-fastest grid brings every weight tile back for
+// each wave). A bijection from [0, m_tiles * n_tiles) onto the tiles (the
+// unit test checks it); which tile a block takes never changes an output's
+// bits.
+struct GemmTile {
+  int64_t row = 0;
+  int64_t column = 0;
+};
+TANDEM_HOST_DEVICE inline GemmTile gemmTileOf(int64_t b, int64_t m_tiles, int64_t n_tiles,
+                                              int64_t group_rows) {
+  const int64_t per_group = group_rows * n_tiles;
+  const int64_t first = b / per_group * group_rows;
+  const int64_t rows = m_tiles - first < group_rows ? m_tiles - first : group_rows;
+  const int64_t local = b % per_group;
+  return {first + local % rows, local / rows};
+}
 
 // Re-lays row-major bf16 `src` (n x k) as above; MmaFragmentTiling{n,
 // k}.bytes() bytes. Throws tandem::Error for a non-positive shape.

@@ -666,11 +666,12 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     }
     // The pipelined kernel's other configurations (K step 32 or 64, three or
     // four stages: CudaBackendOptions::bf16_gemm_config; the default is the
-    // serving one, which the description leaves unnamed): the same rows,
-    // bit for bit. (The wgmma twins, 4 to 7, have a test of their own below.)
+    // serving one, which the description leaves unnamed) and the wide
+    // kernel's (8, 9): the same rows, bit for bit. (The wgmma twins, 4 to 7,
+    // have a test of their own below.)
     EXPECT_EQ(bf16_backend->description().find("bf16 GEMM configuration"), std::string::npos);
-    for (int config = 0; config < kBf16GemmWgmma; ++config) {
-      if (config == kBf16GemmServing) continue;
+    for (int config = 0; config < kBf16GemmConfigs; ++config) {
+      if (config == kBf16GemmServing || bf16GemmIsWgmma(config)) continue;
       options.bf16_gemm_config = config;
       configs_.push_back(cuda::makeCudaBackend(0, options));
       Backend& other = *configs_.back();
@@ -742,7 +743,7 @@ TEST_F(CudaFastKernelsTest, Bf16WgmmaRowsEqualTheMmaSyncRows) {
     for (int64_t i = 0; i < n * k; ++i) w_norms[i / k] += double{w32[i]} * w32[i];
     for (double& v : x_norms) v = std::sqrt(v);
     for (double& v : w_norms) v = std::sqrt(v);
-    for (int config = kBf16GemmWgmma; config < kBf16GemmConfigs; ++config) {
+    for (int config = kBf16GemmWgmma; bf16GemmIsWgmma(config); ++config) {
       options.bf16_gemm_config = config;
       std::unique_ptr<Backend> made;
       try {

@@ -222,7 +222,7 @@ nlohmann::json bf16GemmConfigs(const engine::LayerWeights& layer, int64_t m, int
     std::printf("  %d (%s): %9.3f ms per layer, %7.1f TFLOP/s, %5.2fx configuration 0%s\n", config,
                 shapes[config], seconds * 1e3, tflops, seconds0 / seconds,
                 same_bits ? ""
-                : config < kernels::kBf16GemmWgmma
+                : !kernels::bf16GemmIsWgmma(config)
                     ? ", OUTPUTS DIFFER"
                     : ", outputs differ (HGMMA rounds a k16 step otherwise than HMMA)");
     rows.push_back({{"config", config},
@@ -731,7 +731,7 @@ int runEngineBench(const EngineBenchOptions& options) {
   for (const auto& row : gemm_configs_json) {
     // A row not run compares nothing; the wgmma twins (4 to 7) may round a
     // k16 step otherwise than HMMA: what they print is the finding.
-    if (row.at("config").get<int>() < kernels::kBf16GemmWgmma &&
+    if (!kernels::bf16GemmIsWgmma(row.at("config").get<int>()) &&
         !row.value("same_bits_as_config0", true)) {
       return 1;
     }

@@ -157,6 +157,48 @@ TEST(MmaWeightLayout, FragmentsHoldWhatEachLanePassesAndTheInverseRestoresAll) {
   EXPECT_THROW(restoreFromMma(relaid.data(), relaid.size() - 2, 1, 1, &out), Error);
 }
 
+// --- The wide bf16 GEMM's tile order ---
+
+// Every block takes one tile and every tile is taken once, for row counts
+// below, at and past a group (the last group short or whole); inside a
+// group the row tile runs fastest, and no block of a later group takes a
+// row tile of an earlier one.
+TEST(GemmTileOrder, EveryTileOnceRowTilesFastestInsideAGroup) {
+  for (const int64_t group : {int64_t{1}, int64_t{4}, int64_t{16}}) {
+    for (const int64_t m_tiles : {int64_t{1}, int64_t{3}, int64_t{16}, int64_t{17}, int64_t{35}}) {
+      for (const int64_t n_tiles : {int64_t{1}, int64_t{5}, int64_t{224}}) {
+        SCOPED_TRACE(std::to_string(group) + " " + std::to_string(m_tiles) + " " +
+                     std::to_string(n_tiles));
+        std::vector<int> taken(static_cast<size_t>(m_tiles * n_tiles), 0);
+        int64_t group_of_last = 0;
+        for (int64_t b = 0; b < m_tiles * n_tiles; ++b) {
+          const GemmTile t = gemmTileOf(b, m_tiles, n_tiles, group);
+          ASSERT_GE(t.row, 0);
+          ASSERT_LT(t.row, m_tiles);
+          ASSERT_GE(t.column, 0);
+          ASSERT_LT(t.column, n_tiles);
+          ++taken[static_cast<size_t>(t.row * n_tiles + t.column)];
+          ASSERT_GE(t.row / group, group_of_last) << "block " << b;
+          group_of_last = t.row / group;
+          if (b > 0) {
+            const GemmTile before = gemmTileOf(b - 1, m_tiles, n_tiles, group);
+            if (before.row / group == t.row / group && before.column == t.column) {
+              ASSERT_EQ(t.row, before.row + 1) << "block " << b;
+            }
+          }
+        }
+        EXPECT_TRUE(std::all_of(taken.begin(), taken.end(), [](int c) { return c == 1; }));
+      }
+    }
+  }
+  // 2,048 rows and gate/up's 28,672 columns in 128 x 128 tiles, groups of
+  // 16: the first 264 blocks (two per SM of an H200) take 17 weight tiles
+  // between them, where a column-fastest grid takes 224.
+  int64_t last_column = 0;
+  for (int64_t b = 0; b < 264; ++b) last_column = gemmTileOf(b, 16, 224, 16).column;
+  EXPECT_EQ(last_column, 16);
+}
+
 // --- The kernels' order, emulated ---
 
 // A weight as the kernel widens it to fp32.
