@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,14 +42,37 @@ namespace tandem::testing {
 
 using engine::BlockId;
 
+// A setting of the CUDA backend of these tests: the environment variable
+// `name`, else its `name=value` entry in TANDEM_CUDA_TEST_SETTINGS (entries
+// separated by commas), else nullopt. The one variable is for ctest, where
+// gtest_discover_tests keeps only the first of several ENVIRONMENT entries
+// (tests/cuda_emu/CMakeLists.txt); scripts/gpu-check.sh sets the
+// variables themselves.
+inline std::optional<std::string> cudaTestSetting(const std::string& name) {
+  if (const char* text = std::getenv(name.c_str())) return std::string(text);
+  const char* all = std::getenv("TANDEM_CUDA_TEST_SETTINGS");
+  if (all == nullptr) return std::nullopt;
+  const std::string settings = all;
+  const std::string key = name + "=";
+  for (size_t start = 0; start <= settings.size();) {
+    size_t end = settings.find(',', start);
+    if (end == std::string::npos) end = settings.size();
+    if (settings.compare(start, key.size(), key) == 0) {
+      return settings.substr(start + key.size(), end - start - key.size());
+    }
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
 // The CUDA kernel set the CUDA backend of these tests runs:
 // TANDEM_CUDA_KERNELS=reference (the default) or fast (scripts/gpu-check.sh
 // runs the gpu tests with each).
 inline kernels::CudaKernels cudaKernelsForTests() {
-  const char* text = std::getenv("TANDEM_CUDA_KERNELS");
-  return text == nullptr
-             ? kernels::CudaKernels::kReference
-             : kernels::resolveCudaKernels(text, "TANDEM_CUDA_KERNELS", kernels::DeviceKind::kCuda);
+  const auto text = cudaTestSetting("TANDEM_CUDA_KERNELS");
+  return !text ? kernels::CudaKernels::kReference
+               : kernels::resolveCudaKernels(*text, "TANDEM_CUDA_KERNELS",
+                                             kernels::DeviceKind::kCuda);
 }
 
 // What the CUDA backend of these tests multiplies in:
@@ -57,28 +81,24 @@ inline kernels::CudaKernels cudaKernelsForTests() {
 // tests so too). Every check compares the backend with itself, so each holds
 // in either.
 inline DType cudaComputeDTypeForTests() {
-  const char* text = std::getenv("TANDEM_CUDA_COMPUTE_DTYPE");
-  return text == nullptr ? DType::kF32
-                         : kernels::parseComputeDType(text, "TANDEM_CUDA_COMPUTE_DTYPE");
+  const auto text = cudaTestSetting("TANDEM_CUDA_COMPUTE_DTYPE");
+  return !text ? DType::kF32 : kernels::parseComputeDType(*text, "TANDEM_CUDA_COMPUTE_DTYPE");
 }
 
 // Whether the CUDA backend of these tests fuses launches
 // (CudaBackendOptions::fused_launches): TANDEM_CUDA_FUSED_LAUNCHES=1; off
 // when unset or 0.
 inline bool cudaFusedLaunchesForTests() {
-  const char* text = std::getenv("TANDEM_CUDA_FUSED_LAUNCHES");
-  return text != nullptr && std::string(text) == "1";
+  return cudaTestSetting("TANDEM_CUDA_FUSED_LAUNCHES") == "1";
 }
 
 // Whether the CUDA backend of these tests runs the candidates for the next
 // defaults (deep decode loads, the compact attention grid, deep attention
-// loads: docs/cuda.md's kernel table): TANDEM_CUDA_CANDIDATES=1 (with
+// loads, the wide bf16 GEMM's configuration 9 for prefills past 256 rows:
+// docs/cuda.md's kernel table): TANDEM_CUDA_CANDIDATES=1 (with
 // TANDEM_CUDA_KERNELS=flash and bf16 compute, scripts/gpu-check.sh's
 // candidates step); off when unset or 0.
-inline bool cudaCandidatesForTests() {
-  const char* text = std::getenv("TANDEM_CUDA_CANDIDATES");
-  return text != nullptr && std::string(text) == "1";
-}
+inline bool cudaCandidatesForTests() { return cudaTestSetting("TANDEM_CUDA_CANDIDATES") == "1"; }
 
 // One backend of each kind for the whole test process (weights made resident
 // once per backend). Throws tandem::Error when the kind cannot be had.
@@ -91,13 +111,15 @@ inline kernels::Backend& sharedBackend(kernels::DeviceKind kind) {
                                          : kernels::CudaKernels::kReference;
     const bool cuda = kind == kernels::DeviceKind::kCuda;
     const bool candidates = cuda && cudaCandidatesForTests();
-    std::unique_ptr<kernels::Backend> backend =
-        kernels::makeBackend(kind, {.cuda_kernels = set,
-                                    .deep_skinny = candidates,
-                                    .compact_attention = candidates,
-                                    .deep_attention = candidates,
-                                    .fused_launches = cuda && cudaFusedLaunchesForTests(),
-                                    .rope_variants = true});
+    std::unique_ptr<kernels::Backend> backend = kernels::makeBackend(
+        kind,
+        {.cuda_kernels = set,
+         .deep_skinny = candidates,
+         .compact_attention = candidates,
+         .deep_attention = candidates,
+         .fused_launches = cuda && cudaFusedLaunchesForTests(),
+         .rope_variants = true,
+         .bf16_gemm_config = candidates ? kernels::kBf16GemmWide + 1 : kernels::kBf16GemmServing});
     if (kind == kernels::DeviceKind::kCuda) backend->setComputeDType(cudaComputeDTypeForTests());
     it = backends.emplace(kind, std::move(backend)).first;
   }

@@ -393,10 +393,13 @@ TEST_P(TestBackendTest, RunsTheCandidatesExactlyWhereAsked) {
   const bool asked =
       GetParam() == kernels::DeviceKind::kCuda && ::tandem::testing::cudaCandidatesForTests();
   const kernels::CudaKernels set = ::tandem::testing::cudaKernelsForTests();
-  // Deep decode loads with any fast set; the other two with the flash one.
+  // Deep decode loads with any fast set; the wide bf16 GEMM's configuration
+  // wherever asked (the description names it whatever the set); the other
+  // two with the flash one.
   const bool fast = set == kernels::CudaKernels::kFast || set == kernels::CudaKernels::kFlash;
   const bool flash = set == kernels::CudaKernels::kFlash;
   for (const auto& [candidate, runs] : {std::pair{"deep decode loads", asked && fast},
+                                        std::pair{"bf16 GEMM configuration 9", asked},
                                         std::pair{"compact attention grid", asked && flash},
                                         std::pair{"deep attention loads", asked && flash}}) {
     EXPECT_EQ(description.find(candidate) != std::string::npos, runs)
