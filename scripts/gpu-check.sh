@@ -217,13 +217,15 @@ if [[ "${fast}" == "1" ]]; then
     done
   fi
   # The candidates for the next defaults (deep decode and attention loads,
-  # the compact attention grid: opt-in, docs/cuda.md): their kernel tests,
+  # the compact attention grid, and in the exactness checks the wide bf16
+  # GEMM's configuration 9 for prefills past 256 rows: opt-in,
+  # docs/cuda.md): their kernel tests,
   # then the engine's exactness checks with all of them on the flash kernels
   # under bf16 compute with fused launches (the candidates' benchmark run),
   # reported apart, so that a fault of theirs never counts against the
   # kernels that serve; their benchmark run below is left out if they fail.
   echo "== candidates: their kernel tests (deep decode and attention loads, compact attention grid)" \
-    "and the exactness checks with them"
+    "and the exactness checks with them (and the wide bf16 GEMM, configuration 9)"
   if [[ "${prebuilt}" == "1" ]]; then
     limited "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='*Candidate*' --gtest_brief=1 ||
       candidates_failed=1
