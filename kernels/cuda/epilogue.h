@@ -205,6 +205,20 @@ struct MatmulEpilogue {
   }
 };
 
+// A warp's m16n8 accumulator tiles, each output +0: where every output's
+// mma chain starts.
+template <int kTilesM, int kTilesN>
+__device__ __forceinline__ void zeroTiles(float (&acc)[kTilesM][kTilesN][4]) {
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+}
+
 // A warp's tensor-core accumulators through an epilogue: mma tile (i, j)
 // (an m16n8 C fragment, or 16 x 8 of a wgmma accumulator) covers rows
 // row0 + 16i (+ 8) and columns column0 + 8j (+ 1), as the m16n8 C fragment

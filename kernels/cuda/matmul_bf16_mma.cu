@@ -180,14 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
 
   float acc[kMmaTilesM][kMmaTilesN][4];
-#pragma unroll
-  for (int i = 0; i < kMmaTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kMmaTilesN; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    }
-  }
+  zeroTiles(acc);
 
   Staged staged;
   loadStep<kVector>(x, m, k, w, n, m0, n0, 0, staged);
@@ -315,14 +308,7 @@ __global__ void __launch_bounds__(kThreads)
   auto b_tile = [&](int stage) { return stages + stage * C::kStageElements + kTileM * kRowStride; };
 
   float acc[kMmaTilesM][kMmaTilesN][4];
-#pragma unroll
-  for (int i = 0; i < kMmaTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kMmaTilesN; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    }
-  }
+  zeroTiles(acc);
 
   const int64_t steps = (k + kTileK - 1) / kTileK;
 #pragma unroll
@@ -455,14 +441,7 @@ __global__ void __launch_bounds__(kWideThreads<C>, kWideThreads<C> == kThreads ?
   auto b_tile = [&](int64_t step) { return a_tile(step) + kTileM * kRowStride; };
 
   float acc[kMmaTilesM][kTilesN][4];
-#pragma unroll
-  for (int i = 0; i < kMmaTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kTilesN; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    }
-  }
+  zeroTiles(acc);
 
   const int64_t steps = (k + kTileK - 1) / kTileK;
   auto issue = [&](int64_t step) {
@@ -721,15 +700,6 @@ __device__ __forceinline__ SkinnyWarp skinnyWarp(const uint4* __restrict__ x_fra
   return w;
 }
 
-template <int kMTiles>
-__device__ __forceinline__ void zeroAccumulators(float (&acc)[kMTiles][1][4]) {
-#pragma unroll
-  for (int i = 0; i < kMTiles; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][0][e] = 0.0f;
-  }
-}
-
 // A warp owns one tile column (8 outputs) and streams its whole k; loads of
 // the next kPairs pairs are in flight while the tensor cores multiply these.
 template <int kRowGroups, int kPairs>
@@ -740,7 +710,7 @@ __global__ void __launch_bounds__(kThreads)
   const SkinnyWarp w = skinnyWarp(x_fragments, k, fragments, n);
   if (!w.active) return;
   float acc[kMTiles][1][4];
-  zeroAccumulators(acc);
+  zeroTiles(acc);
   multiplyPairs<kRowGroups, kPairs, 2>(w.column, w.xs, w.pairs, 0, w.pairs, k, acc);
   storeTiles(acc, w.lane / 4, w.tile * 8 + w.lane % 4 * 2, m, n, out);
 }
@@ -800,7 +770,7 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   float acc[kMTiles][1][4];
-  zeroAccumulators(acc);
+  zeroTiles(acc);
 #pragma unroll
   for (int s = 0; s + 1 < kStages; ++s) issue(s);
   Batch<kRowGroups, kPairs> ready[2];  // batch b's x (and then weights) in ready[b % 2]
@@ -888,7 +858,7 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   float acc[kMTiles][1][4];
-  zeroAccumulators(acc);
+  zeroTiles(acc);
   copyX(0);  // in group 0
 #pragma unroll
   for (int s = 0; s + 1 < kStages; ++s) issue(s);
@@ -944,7 +914,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = begin + per_split < pairs ? begin + per_split : pairs;
   if (begin >= end) return;
   float acc[kMTiles][1][4];
-  zeroAccumulators(acc);
+  zeroTiles(acc);
   multiplyPairs<kRowGroups, kPairs, 2>(w.column, w.xs, pairs, begin, end, k, acc);
   const int64_t column = w.tile * 8 + w.lane % 4 * 2;
 #pragma unroll

@@ -532,6 +532,17 @@ class CudaFastKernelsTest : public CudaKernelsTest {
   static bool same(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
+  // A bf16-compute backend with `options` but bf16 GEMM configuration
+  // `config`, kept in configs_; its description names the configuration.
+  Backend& bf16ConfigBackend(cuda::CudaBackendOptions options, int config) {
+    options.bf16_gemm_config = config;
+    configs_.push_back(cuda::makeCudaBackend(0, options));
+    Backend& backend = *configs_.back();
+    backend.setComputeDType(DType::kBF16);
+    EXPECT_NE(backend.description().find("bf16 GEMM configuration " + std::to_string(config)),
+              std::string::npos);
+    return backend;
+  }
 
   std::unique_ptr<Backend> fast_;
   std::unique_ptr<Backend> sliced_;
@@ -672,12 +683,7 @@ TEST_F(CudaFastKernelsTest, Bf16MmaRowsAreBitwiseEqualForAnyRowCount) {
     EXPECT_EQ(bf16_backend->description().find("bf16 GEMM configuration"), std::string::npos);
     for (int config = 0; config < kBf16GemmWgmma; ++config) {
       if (config == kBf16GemmServing) continue;
-      options.bf16_gemm_config = config;
-      configs_.push_back(cuda::makeCudaBackend(0, options));
-      Backend& other = *configs_.back();
-      other.setComputeDType(DType::kBF16);
-      EXPECT_NE(other.description().find("bf16 GEMM configuration " + std::to_string(config)),
-                std::string::npos);
+      Backend& other = bf16ConfigBackend(options, config);
       const int64_t m = kEmulated ? 257 : 2048;
       const auto rows = run(other, x, m, k, w);
       EXPECT_EQ(0, std::memcmp(all.data(), rows.data(), rows.size() * sizeof(float)))
@@ -742,13 +748,7 @@ TEST_F(CudaFastKernelsTest, CandidateWideGemmRowsEqualTheServingRows) {
     const WeightView w{bf16.data(), DType::kBF16, n, k};
     const auto serving = run(*bf16_, x, m, k, w);
     for (int config = kBf16GemmWide; config < kBf16GemmConfigs; ++config) {
-      options.bf16_gemm_config = config;
-      configs_.push_back(cuda::makeCudaBackend(0, options));
-      Backend& wide = *configs_.back();
-      wide.setComputeDType(DType::kBF16);
-      EXPECT_NE(wide.description().find("bf16 GEMM configuration " + std::to_string(config)),
-                std::string::npos);
-      const auto rows = run(wide, x, m, k, w);
+      const auto rows = run(bf16ConfigBackend(options, config), x, m, k, w);
       EXPECT_EQ(0, std::memcmp(serving.data(), rows.data(), rows.size() * sizeof(float)))
           << "configuration " << config;
     }
