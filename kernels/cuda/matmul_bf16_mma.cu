@@ -288,6 +288,16 @@ __device__ __forceinline__ void loadTile(const uint16_t* __restrict__ src, int64
   }
 }
 
+// The row and column in a stage's tile of what `lane` points ldmatrix.x4
+// at: A takes (rows 0-15, k 0-7) then (rows 0-15, k 8-15); B takes (n 0-7,
+// k 0-7), (n 0-7, k 8-15), then the next 8 columns of n the same way.
+struct FragmentLanes {
+  int a_row, a_col, b_row, b_col;
+};
+__device__ __forceinline__ FragmentLanes fragmentLanes(int lane) {
+  return {lane % 16, lane / 16 * 8, lane / 16 * 8 + lane % 8, lane / 8 % 2 * 8};
+}
+
 template <typename C>
 __global__ void __launch_bounds__(kThreads)
     bf16MmaPipelinedKernel(const uint16_t* __restrict__ xb, int64_t m, int64_t k,
@@ -320,13 +330,7 @@ __global__ void __launch_bounds__(kThreads)
     commitCopies();
   }
 
-  // ldmatrix row and column of this lane: A takes (rows 0-15, k 0-7) then
-  // (rows 0-15, k 8-15); B takes (n 0-7, k 0-7), (n 0-7, k 8-15), then the
-  // next 8 columns of n the same way.
-  const int a_row = lane % 16;
-  const int a_col = lane / 16 * 8;
-  const int b_row = lane / 16 * 8 + lane % 8;
-  const int b_col = lane / 8 % 2 * 8;
+  const auto [a_row, a_col, b_row, b_col] = fragmentLanes(lane);
 
   for (int64_t step = 0; step < steps; ++step) {
     waitCopies<kStages - 2>();
@@ -458,11 +462,7 @@ __global__ void __launch_bounds__(kWideThreads<C>, kWideThreads<C> == kThreads ?
     __syncthreads();
     issue(step + kStages - 1);
   };
-  // ldmatrix row and column of this lane, as in the pipelined kernel.
-  const int a_row = lane % 16;
-  const int a_col = lane / 16 * 8;
-  const int b_row = lane / 16 * 8 + lane % 8;
-  const int b_col = lane / 8 % 2 * 8;
+  const auto [a_row, a_col, b_row, b_col] = fragmentLanes(lane);
   uint32_t af[2][kMmaTilesM][4];
   uint32_t bf[2][kTilesN / 2][4];
   auto fragments = [&](int64_t step, int slice, int buffer) {
