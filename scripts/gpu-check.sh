@@ -99,8 +99,16 @@ else
 fi
 
 # limited CMD...: CMD, stopped after STEP_TIMEOUT seconds (default 300), so a
-# kernel that hangs costs one step of a short GPU window, not all of it.
-limited() { timeout --kill-after=10 "${STEP_TIMEOUT:-300}" "$@"; }
+# kernel that hangs costs one step of a short GPU window, not all of it;
+# then the step's seconds and the check's so far, on the script's own
+# output (fd 3) wherever CMD's goes: what the next window is sized by.
+exec 3>&1
+limited() {
+  local start="${SECONDS}" status=0
+  timeout --kill-after=10 "${STEP_TIMEOUT:-300}" "$@" || status=$?
+  echo "-- ${1##*/}: $((SECONDS - start)) s, exit ${status} (${SECONDS} s into the check)" >&3
+  return "${status}"
+}
 
 # gpu_tests [gtest filter] [ctest -E regex]: the gpu-labelled tests, through
 # ctest in a build directory, or the test binaries themselves when prebuilt.
@@ -277,6 +285,8 @@ if [[ "${SKIP_8B:-0}" != "1" ]]; then
   "${build}/bin/tandem-model" --preset llama3-8b --out "${scratch}/llama3-8b"
   models+=(llama3-8b)
 fi
+
+echo "-- models written (${SECONDS} s into the check)"
 
 bench="${build}/bin/tandem-bench"
 if ! "${bench}" engine --help 2>&1 | grep -- "--batch" >/dev/null; then
@@ -535,6 +545,7 @@ else
     fi
     torch_py "${root}/scripts/torch_compare.py" "${compare[@]}" ||
       torch_failed+=("${model}")
+    echo "-- PyTorch side by side, ${model}: done (${SECONDS} s into the check)"
   done
 fi
 # ---- end of side by side with PyTorch ------------------------------------------------------
@@ -633,6 +644,7 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
   fi
 fi
 
+echo "== the check took ${SECONDS} s"
 if ((${#torch_failed[@]} > 0)); then
   echo "== PyTorch comparison FAILED for: ${torch_failed[*]}"
   exit 1

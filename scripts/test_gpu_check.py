@@ -225,6 +225,14 @@ class GpuCheckTest(unittest.TestCase):
                          ["ncu ncu-batch1", "ncu ncu-batch32", "ncu ncu-batch1-candidates",
                           "ncu ncu-batch32-candidates"])
         self.assertNotIn("FAILED", out)
+        # Every bench run and test binary says how long it took.
+        benches = [line for line in lines if line.startswith("bench ")]
+        self.assertEqual(len(re.findall(r"^-- tandem-bench: \d+ s, exit 0 \(\d+ s into the "
+                                        r"check\)$", out, re.M)), len(benches) - 4, out)
+        self.assertEqual(len(re.findall(r"^-- env: \d+ s, exit 0 ", out, re.M)), 4, out)
+        self.assertEqual(len(re.findall(r"^-- gpu_\w+_test: \d+ s, exit 0 ", out, re.M)),
+                         len([line for line in lines if line.startswith("test gpu_")]), out)
+        self.assertRegex(out, r"\n== the check took \d+ s\n")
 
     def test_a_failing_candidate_leaves_its_runs_out_and_fails_nothing_that_serves(self):
         status, out, lines = self.check(fail=r"^test gpu_cuda_kernels_test \*Candidate\*",
@@ -270,6 +278,7 @@ class GpuCheckTest(unittest.TestCase):
                                         PROFILE="0")
         self.assertEqual(status, 0, out)
         self.assertIn("== bf16 GEMM configurations not timed: the wgmma step hung", out)
+        self.assertRegex(out, r"\n-- gpu_instructions_test: [23] s, exit 124 ")
         self.assertRan(lines, r"--bf16-gemm-configs", 0)
         # The flash runs take the serving configuration (no flag).
         self.assertRan(lines, r"^bench .*--bf16-gemm-config ", 0)
