@@ -644,6 +644,24 @@ void loadMatrixLanes(const void* inputs, void* outputs, int warp_lanes) {
       fault("ldmatrix row address %p is not 16-byte aligned", static_cast<const void*>(rows[i]));
     }
   }
+  // Shared memory serves 128 bytes a wavefront, 32 banks of 4 bytes: a
+  // matrix's 8 rows of 16 bytes take one when they fall in 8 distinct
+  // groups of 4 banks (address / 16 % 8; a row given twice is read once),
+  // else one more per further distinct row of the fullest group. Host
+  // addresses stand in for shared ones: both are 16-byte aligned, and one
+  // shift for all rows of an array keeps which of them share a group.
+  int64_t conflicts = 0;
+  for (int matrix = 0; matrix < 4; ++matrix) {
+    const uint16_t* const* matrix_rows = rows + matrix * 8;
+    int per_group[8] = {};
+    for (int row = 0; row < 8; ++row) {
+      if (std::find(matrix_rows, matrix_rows + row, matrix_rows[row]) != matrix_rows + row)
+        continue;
+      ++per_group[reinterpret_cast<uintptr_t>(matrix_rows[row]) / 16 % 8];
+    }
+    conflicts += *std::max_element(per_group, per_group + 8) - 1;
+  }
+  countMatrixLoads(4, conflicts);
   auto* words = static_cast<uint32_t*>(outputs);
   for (int lane = 0; lane < kWarpSize; ++lane) {
     for (int matrix = 0; matrix < 4; ++matrix) {

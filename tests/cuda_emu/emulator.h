@@ -17,15 +17,23 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 // from a graph alike: kernel grids, and stream operations (grids, copies,
 // memsets), and the grids' dynamic shared memory. Tests count a decode
 // step's launches with it, and tell which of a kernel's launches ran.
+// And the 8 x 8 matrices ldmatrix read, with the shared-memory wavefronts
+// their bank conflicts cost beyond one a matrix (device.cpp
+// loadMatrixLanes): what Nsight Compute counts as shared-load bank
+// conflicts on a GPU.
 struct DeviceCounts {
   int64_t kernels = 0;
   int64_t operations = 0;
   int64_t dynamic_shared_bytes = 0;  // summed over grids
+  int64_t matrix_loads = 0;
+  int64_t matrix_load_conflicts = 0;
 };
 DeviceCounts deviceCounts();
 // A grid with `shared_bytes` of dynamic shared memory is about to run
 // (device.cpp).
 void countKernel(size_t shared_bytes);
+// An ldmatrix read `matrices` matrices with `conflicts` extra wavefronts.
+void countMatrixLoads(int64_t matrices, int64_t conflicts);
 // The sticky error cudaGetLastError returns (and clears).
 void setLastError(cudaError_t error);
 // Dynamic shared memory a kernel may use: 48 KiB, or what

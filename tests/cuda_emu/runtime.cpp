@@ -127,6 +127,11 @@ void countKernel(size_t shared_bytes) {
   g_counts.dynamic_shared_bytes += static_cast<int64_t>(shared_bytes);
 }
 
+void countMatrixLoads(int64_t matrices, int64_t conflicts) {
+  g_counts.matrix_loads += matrices;
+  g_counts.matrix_load_conflicts += conflicts;
+}
+
 DeviceCounts deviceCounts() { return g_counts; }
 
 void setLastError(cudaError_t error) { g_last_error = error; }

@@ -48,6 +48,8 @@ constexpr bool kEmulated = false;
 struct RunCounts {
   int64_t kernels = -1;
   int64_t dynamic_shared_bytes = -1;
+  int64_t matrix_loads = -1;           // 8 x 8 matrices read by ldmatrix
+  int64_t matrix_load_conflicts = -1;  // their bank conflicts' extra wavefronts
 };
 template <typename Work>
 RunCounts countsOf(Work&& work) {
@@ -55,7 +57,9 @@ RunCounts countsOf(Work&& work) {
   const cuda_emu::DeviceCounts before = cuda_emu::deviceCounts();
   work();
   const cuda_emu::DeviceCounts after = cuda_emu::deviceCounts();
-  return {after.kernels - before.kernels, after.dynamic_shared_bytes - before.dynamic_shared_bytes};
+  return {after.kernels - before.kernels, after.dynamic_shared_bytes - before.dynamic_shared_bytes,
+          after.matrix_loads - before.matrix_loads,
+          after.matrix_load_conflicts - before.matrix_load_conflicts};
 #else
   work();
   return {};
@@ -1520,6 +1524,49 @@ TEST_F(CudaFastKernelsTest, CandidateFlashLaunchesGiveTheOneShotBits) {
   if (kEmulated) {
     EXPECT_GT(whole_split_steps, 0) << "no decode step had its whole split in flight";
     EXPECT_GT(three_tile_steps, 0) << "no decode step had three tiles in flight";
+  }
+}
+
+// Every ldmatrix of the bf16 GEMM's mma.sync configurations (0 to 3, and
+// the wide candidates 8 and 9: tile rows padded by 8 bf16) and of the flash
+// attention kernel (K's tiles as stored, V's transposed, rows padded by 8
+// bf16, at each head_dim; with the compact grid and the deep loads too)
+// reads each 8 x 8 matrix in one shared-memory wavefront: no bank
+// conflicts. The emulator counts them (emulator.h DeviceCounts); on a GPU
+// the kernel profile does (scripts/gpu-check.sh PROFILE=1), so the test
+// skips there.
+TEST_F(CudaFastKernelsTest, MatrixLoadsAreFreeOfBankConflicts) {
+  if (!kEmulated) GTEST_SKIP() << "bank conflicts are counted by the emulator (on a GPU, by ncu)";
+  cuda::CudaBackendOptions options;
+  options.fast_kernels = true;
+  bf16_ = cuda::makeCudaBackend(0, options);
+  bf16_->setComputeDType(DType::kBF16);
+  const int64_t m = 257, n = 64, k = 200;
+  const auto x = randomFloats(static_cast<size_t>(m * k), 30);
+  const auto bf16 = toHalfBits(randomFloats(static_cast<size_t>(n * k), 31), DType::kBF16);
+  const WeightView w{bf16.data(), DType::kBF16, n, k};
+  for (int config = 0; config < kBf16GemmConfigs; ++config) {
+    if (bf16GemmIsWgmma(config)) continue;  // wgmma reads its operands itself
+    Backend& backend = config == kBf16GemmServing ? *bf16_ : bf16ConfigBackend(options, config);
+    const RunCounts counts = countsOf([&] { run(backend, x, m, k, w); });
+    EXPECT_GT(counts.matrix_loads, 0) << "configuration " << config;
+    EXPECT_EQ(counts.matrix_load_conflicts, 0) << "configuration " << config;
+  }
+  options.flash_attention = true;
+  std::vector<std::pair<std::string, std::unique_ptr<Backend>>> flash;
+  for (const auto& [name, compact, deep] :
+       {std::tuple{"flash", false, false}, std::tuple{"compact grid, deep loads", true, true}}) {
+    options.compact_attention = compact;
+    options.deep_attention = deep;
+    flash.emplace_back(name, cuda::makeCudaBackend(0, options));
+  }
+  for (const AttentionShape& shape : flashShapes()) {
+    const AttentionCase attention(shape);
+    for (const auto& [name, backend] : flash) {
+      const RunCounts counts = countsOf([&] { attention.run(*backend, chunkedFlashSteps()); });
+      EXPECT_GT(counts.matrix_loads, 0) << name << ", " << shape.name();
+      EXPECT_EQ(counts.matrix_load_conflicts, 0) << name << ", " << shape.name();
+    }
   }
 }
 
