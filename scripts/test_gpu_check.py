@@ -173,6 +173,14 @@ class GpuCheckTest(unittest.TestCase):
             lines = f.read().splitlines()
         return result.returncode, result.stdout, lines
 
+    def check_one_model(self, expected_status, **case):
+        """check() of the 8B shape's runs alone, without the profile; the
+        script must exit with `expected_status`. Returns (output, log)."""
+        case = {"SKIP_SMALL": "1", "PROFILE": "0", **case}
+        status, out, lines = self.check(**case)
+        self.assertEqual(status, expected_status, out)
+        return out, lines
+
     def assertRan(self, lines, pattern, count=None):
         found = [line for line in lines if re.search(pattern, line)]
         if count is None:
@@ -235,9 +243,7 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRegex(out, r"\n== the check took \d+ s\n")
 
     def test_a_failing_candidate_leaves_its_runs_out_and_fails_nothing_that_serves(self):
-        status, out, lines = self.check(fail=r"^test gpu_cuda_kernels_test \*Candidate\*",
-                                        SKIP_SMALL="1", PROFILE="0")
-        self.assertEqual(status, 0, out)
+        out, lines = self.check_one_model(0, fail=r"^test gpu_cuda_kernels_test \*Candidate\*")
         self.assertRan(lines, r"^bench .*--deep-skinny", 0)
         self.assertRan(lines, r"^bench .*--cuda-kernels flash", 2)
         self.assertIn("== the candidates' benchmark run left out", out)
@@ -246,9 +252,7 @@ class GpuCheckTest(unittest.TestCase):
         self.assertNotIn(", deep decode and attention loads, compact attention grid |", out)
 
     def test_a_failing_candidate_run_fails_only_the_candidates(self):
-        status, out, lines = self.check(fail=r"^bench .*--deep-skinny", SKIP_SMALL="1",
-                                        PROFILE="0")
-        self.assertEqual(status, 0, out)
+        out, lines = self.check_one_model(0, fail=r"^bench .*--deep-skinny")
         self.assertIn("a kernel test or their benchmark run FAILED", out)
         # Batch 1's run failed: batch 32's is not tried (a kernel that faults
         # costs one step of the GPU window, not two).
@@ -257,26 +261,21 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRan(lines, r"^bench .*--batch 32 .*--cuda-kernels flash", 1)
 
     def test_a_failing_flash_check_fails_the_script(self):
-        status, out, lines = self.check(
-            fail=r"^test gpu_engine_exactness_test \S*CudaExactnessTest\S* "
-                 r"TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_KERNELS=flash $",
-            SKIP_SMALL="1", PROFILE="0")
-        self.assertEqual(status, 1, out)
+        out, lines = self.check_one_model(
+            1, fail=r"^test gpu_engine_exactness_test \S*CudaExactnessTest\S* "
+                    r"TANDEM_CUDA_COMPUTE_DTYPE=bf16 TANDEM_CUDA_KERNELS=flash $")
         self.assertIn("== --cuda-kernels flash: a test or benchmark run FAILED", out)
         # The figures still come, and the flash family does not count.
         self.assertRan(lines, r"^bench .*--cuda-kernels flash", 4)
         self.assertNotIn("| flash, bf16 compute, fused projections |", out)
 
     def test_a_failing_reference_test_fails_the_script(self):
-        status, out, _ = self.check(fail=r"^test gpu_cuda_kernels_test -CudaFastKernelsTest",
-                                    SKIP_SMALL="1", PROFILE="0", FAST="0")
-        self.assertEqual(status, 1, out)
+        out, _ = self.check_one_model(1, fail=r"^test gpu_cuda_kernels_test -CudaFastKernelsTest",
+                                      FAST="0")
         self.assertIn("== reference kernels: a gpu test or benchmark run FAILED", out)
 
     def test_a_hanging_wgmma_step_keeps_the_configurations_out_of_the_timing(self):
-        status, out, lines = self.check(hang=r"^test \S+ \*Warpgroup\*", SKIP_SMALL="1",
-                                        PROFILE="0")
-        self.assertEqual(status, 0, out)
+        out, lines = self.check_one_model(0, hang=r"^test \S+ \*Warpgroup\*")
         self.assertIn("== bf16 GEMM configurations not timed: the wgmma step hung", out)
         self.assertRegex(out, r"\n-- gpu_instructions_test: [23] s, exit 124 ")
         self.assertRan(lines, r"--bf16-gemm-configs", 0)
@@ -288,8 +287,7 @@ class GpuCheckTest(unittest.TestCase):
     def test_no_configuration_with_the_same_bits_leaves_the_serving_one(self):
         rows = gemm_rows([10.0] * 10, differ=range(1, 10))
         rows[0]["same_bits_as_config0"] = True
-        status, out, lines = self.check(rows=rows, SKIP_SMALL="1")
-        self.assertEqual(status, 0, out)
+        out, lines = self.check_one_model(0, rows=rows, PROFILE="1")
         # Configuration 0 itself qualifies for the flash runs; from 6 on none
         # does, so the candidates' profile takes the serving one (no flag).
         self.assertRan(lines, r"^bench .*/llama3-8b .*--cuda-kernels flash .*--bf16-gemm-config 0",
