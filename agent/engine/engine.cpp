@@ -1139,7 +1139,7 @@ void Engine::step() {
   if (device_argmax) {
     runner_->forwardArgmax(inputs, argmax_ids_);
   } else {
-    runner_->forward(inputs, logits_, wants_row_logits ? RowLogitsSink(rowLogits) : nullptr);
+    logits_ = runner_->forward(inputs, wants_row_logits ? RowLogitsSink(rowLogits) : nullptr);
   }
 
   finishStep(output, [&](size_t i, int64_t row, Sequence& sequence, Live& live) {
@@ -1150,11 +1150,11 @@ void Engine::step() {
     }
     const std::vector<TokenId> mask = minTokensMask(sequence);
     SamplerInput input;
-    input.logits = row < output.chunks[i].num_draft_tokens
-                       ? std::span<const float>(draft_logits_[i])
-                             .subspan(static_cast<size_t>(row * vocab), static_cast<size_t>(vocab))
-                       : std::span<const float>(logits_).subspan(static_cast<size_t>(i * vocab),
-                                                                 static_cast<size_t>(vocab));
+    input.logits =
+        row < output.chunks[i].num_draft_tokens
+            ? std::span<const float>(draft_logits_[i])
+                  .subspan(static_cast<size_t>(row * vocab), static_cast<size_t>(vocab))
+            : logits_.subspan(static_cast<size_t>(i * vocab), static_cast<size_t>(vocab));
     input.params = &sequence.request.sampling;
     input.prompt = std::span<const TokenId>(sequence.tokens)
                        .first(static_cast<size_t>(sequence.num_prompt_tokens));

@@ -514,7 +514,9 @@ class Engine {
 
   // Engine thread only.
   std::unordered_map<Sequence*, std::unique_ptr<Live>> live_;
-  std::vector<float> logits_;
+  // The step's logits, in the runner's memory (page-locked on a GPU) until
+  // its next forward pass.
+  std::span<const float> logits_;
   std::vector<TokenId> argmax_ids_;  // per sequence, when the argmax ran on the device
   int64_t num_computed_tokens_ = 0;
   int64_t num_steps_ = 0;

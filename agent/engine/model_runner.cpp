@@ -18,6 +18,21 @@ BackendBuffer::~BackendBuffer() {
   if (data_ != nullptr) backend_->release(data_, count_ * sizeof(float));
 }
 
+std::span<float> PinnedHostFloats::take(size_t count) {
+  if (count > capacity_) {
+    unpin();
+    capacity_ = std::max(count, 2 * capacity_);
+    data_ = std::make_unique_for_overwrite<float[]>(capacity_);
+    pinned_ = backend_->pinHost(data_.get(), capacity_ * sizeof(float));
+  }
+  return {data_.get(), count};
+}
+
+void PinnedHostFloats::unpin() {
+  if (pinned_) backend_->unpinHost(data_.get());
+  pinned_ = false;
+}
+
 void BackendBuffer::grow(size_t count) {
   if (count <= count_) return;
   void* fresh = backend_->allocate(count * sizeof(float));
@@ -106,6 +121,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, kernels::Backend& b
       logits_(backend),
       fused_(backend),
       row_logits_(backend),
+      pinned_logits_(backend),
       lora_down_(backend),
       lora_delta_(backend),
       router_logits_(backend),
@@ -479,13 +495,25 @@ void ModelRunner::checkInput(const SequenceInput& sequence) const {
 
 void ModelRunner::forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
                           const RowLogitsSink& row_logits) {
-  const float* computed = compute(batch, logits);
-  const int64_t logit_count = static_cast<int64_t>(batch.size()) * model_.config().vocab_size;
-  logits.resize(static_cast<size_t>(logit_count));
-  if (computed != nullptr && !backend_.hostAccessible()) {
-    backend_.copyToHost(logits.data(), computed, static_cast<size_t>(logit_count) * sizeof(float));
+  const std::span<const float> computed = forward(batch, row_logits);
+  logits.assign(computed.begin(), computed.end());
+}
+
+std::span<const float> ModelRunner::forward(std::span<const SequenceInput> batch,
+                                            const RowLogitsSink& row_logits) {
+  const float* computed = compute(batch, host_logits_);
+  const auto count = batch.size() * static_cast<size_t>(model_.config().vocab_size);
+  std::span<const float> logits;
+  if (computed == nullptr || backend_.hostAccessible()) {
+    host_logits_.resize(count);
+    logits = host_logits_;
+  } else {
+    const std::span<float> pinned = pinned_logits_.take(count);
+    backend_.copyToHost(pinned.data(), computed, count * sizeof(float));
+    logits = pinned;
   }
   if (row_logits) computeRowLogits(batch, row_logits);
+  return logits;
 }
 
 void ModelRunner::computeRowLogits(std::span<const SequenceInput> batch,

@@ -1,6 +1,7 @@
 // How many launches a decode layer takes on the CUDA backend, counted on the
 // CUDA emulator (docs/cuda.md#fused-projections), and that taking fewer
-// changes no bit. With the fast kernels, fused projections and fused
+// changes no bit; and that a step's logits come back to page-locked host
+// memory. With the fast kernels, fused projections and fused
 // launches (the agent's --fuse-projections), a Llama decode layer is 8
 // kernels and no copies, under f32 and under bf16 compute; the model's
 // logits, greedy tokens and KV bytes equal those of the same kernels
@@ -162,6 +163,53 @@ TEST(DecodeLaunchesTest, FusedLaunchesChangeNoBit) {
       EXPECT_EQ(a.kv, b.kv);
     }
   }
+}
+
+// A forward pass on the CUDA backend leaves its logits in page-locked host
+// memory (ModelRunner::forward returning them, as the engine's steps run
+// it): no byte of a step crosses to or from pageable host memory, where a
+// GPU's driver would stage it, also after the logits' storage has grown
+// and been registered again; and the logits are the vector overload's, bit
+// for bit. A copy into a plain vector is counted as pageable (the counter
+// sees what it should).
+TEST(PageLockedCopiesTest, AStepsLogitsComeBackToPageLockedMemory) {
+  const Model& model = modelWith("LlamaForCausalLM", 2);
+  auto backend = kernels::makeBackend(kernels::DeviceKind::kCuda,
+                                      {.cuda_kernels = kernels::CudaKernels::kFast});
+  auto cache = ::tandem::testing::makeCacheOn(*backend, model, DType::kBF16, 8);
+  const auto vocab = static_cast<size_t>(model.config().vocab_size);
+  const auto last = static_cast<int32_t>(vocab - 1);
+  const std::vector<TokenId> first = ::tandem::testing::randomTokenIds(20, 5, 3, last);
+  const std::vector<TokenId> second = ::tandem::testing::randomTokenIds(9, 6, 3, last);
+  const std::vector<BlockId> first_blocks = {2, 0}, second_blocks = {5};
+  const SequenceInput alone{first, 0, first_blocks};
+  const SequenceInput both[] = {alone, {second, 0, second_blocks}};
+  ModelRunner runner(model, *cache, *backend);
+  std::vector<std::vector<float>> kept;
+  for (const std::span<const SequenceInput> batch :
+       {std::span<const SequenceInput>(&alone, 1), std::span<const SequenceInput>(both)}) {
+    const cuda_emu::DeviceCounts before = cuda_emu::deviceCounts();
+    const std::span<const float> logits = runner.forward(batch);
+    const cuda_emu::DeviceCounts after = cuda_emu::deviceCounts();
+    EXPECT_GT(after.operations, before.operations);
+    EXPECT_EQ(after.pageable_copy_bytes, before.pageable_copy_bytes)
+        << batch.size() << " sequence(s)";
+    ASSERT_EQ(logits.size(), batch.size() * vocab);
+    kept.emplace_back(logits.begin(), logits.end());
+  }
+  ModelRunner other(model, *cache, *backend);
+  std::vector<float> copied;
+  other.forward(both, copied);
+  ASSERT_EQ(copied.size(), kept[1].size());
+  EXPECT_EQ(0, std::memcmp(copied.data(), kept[1].data(), copied.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(copied.data(), kept[0].data(), vocab * sizeof(float)));
+
+  const cuda_emu::DeviceCounts before = cuda_emu::deviceCounts();
+  void* device = backend->allocate(64);
+  std::vector<char> pageable(64);
+  backend->copyToHost(pageable.data(), device, pageable.size());
+  backend->release(device, 64);
+  EXPECT_EQ(cuda_emu::deviceCounts().pageable_copy_bytes - before.pageable_copy_bytes, 64);
 }
 
 }  // namespace

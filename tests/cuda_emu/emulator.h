@@ -20,13 +20,17 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 // And the 8 x 8 matrices ldmatrix read, with the shared-memory wavefronts
 // their bank conflicts cost beyond one a matrix (device.cpp
 // loadMatrixLanes): what Nsight Compute counts as shared-load bank
-// conflicts on a GPU.
+// conflicts on a GPU. And the bytes cudaMemcpy(Async) moved between the
+// device and host memory that is not page-locked (neither cudaMallocHost's
+// nor cudaHostRegister'ed), which a GPU copies through the driver's
+// staging at a fraction of the link's rate.
 struct DeviceCounts {
   int64_t kernels = 0;
   int64_t operations = 0;
   int64_t dynamic_shared_bytes = 0;  // summed over grids
   int64_t matrix_loads = 0;
   int64_t matrix_load_conflicts = 0;
+  int64_t pageable_copy_bytes = 0;
 };
 DeviceCounts deviceCounts();
 // A grid with `shared_bytes` of dynamic shared memory is about to run
@@ -34,6 +38,8 @@ DeviceCounts deviceCounts();
 void countKernel(size_t shared_bytes);
 // An ldmatrix read `matrices` matrices with `conflicts` extra wavefronts.
 void countMatrixLoads(int64_t matrices, int64_t conflicts);
+// A copy moved `bytes` to or from host memory that is not page-locked.
+void countPageableCopy(size_t bytes);
 // The sticky error cudaGetLastError returns (and clears).
 void setLastError(cudaError_t error);
 // Dynamic shared memory a kernel may use: 48 KiB, or what

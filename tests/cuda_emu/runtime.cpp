@@ -57,15 +57,25 @@ CUstream_st* streamOf(cudaStream_t stream) {
   return stream == nullptr ? &g_default_stream : stream;
 }
 
-// Whether [p, p + bytes) lies inside one device allocation.
-bool insideAllocation(const void* p, size_t bytes) {
+// Page-locked host memory by start address: cudaMallocHost's blocks and
+// cudaHostRegister's ranges.
+std::map<uintptr_t, size_t>& pageLocked() {
+  static auto* all = new std::map<uintptr_t, size_t>;
+  return *all;
+}
+
+// Whether [p, p + bytes) lies inside one range of `ranges`.
+bool insideOne(const std::map<uintptr_t, size_t>& ranges, const void* p, size_t bytes) {
   std::lock_guard lock(g_mutex);
   const auto address = reinterpret_cast<uintptr_t>(p);
-  auto it = allocations().upper_bound(address);
-  if (it == allocations().begin()) return false;
+  auto it = ranges.upper_bound(address);
+  if (it == ranges.begin()) return false;
   --it;
   return address + bytes <= it->first + it->second;
 }
+
+// Whether [p, p + bytes) lies inside one device allocation.
+bool insideAllocation(const void* p, size_t bytes) { return insideOne(allocations(), p, bytes); }
 
 bool checkDevice(const void* p, size_t bytes, const char* what) {
   if (bytes == 0 || insideAllocation(p, bytes)) return true;
@@ -76,6 +86,15 @@ bool checkDevice(const void* p, size_t bytes, const char* what) {
 
 // Whether a copy's device ends (as `kind` names them) lie inside device
 // allocations: `dst_span` bytes at dst, `src_span` at src.
+// The bytes of a copy between the device and host memory that is not
+// page-locked (DeviceCounts::pageable_copy_bytes): 0 for any other copy.
+size_t pageableBytes(const void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const void* host = kind == cudaMemcpyDeviceToHost   ? dst
+                     : kind == cudaMemcpyHostToDevice ? src
+                                                      : nullptr;
+  return host != nullptr && bytes > 0 && !insideOne(pageLocked(), host, bytes) ? bytes : 0;
+}
+
 bool checkCopyEnds(void* dst, size_t dst_span, const void* src, size_t src_span,
                    cudaMemcpyKind kind, const char* what) {
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
@@ -125,6 +144,10 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
 void countKernel(size_t shared_bytes) {
   ++g_counts.kernels;
   g_counts.dynamic_shared_bytes += static_cast<int64_t>(shared_bytes);
+}
+
+void countPageableCopy(size_t bytes) {
+  g_counts.pageable_copy_bytes += static_cast<int64_t>(bytes);
 }
 
 void countMatrixLoads(int64_t matrices, int64_t conflicts) {
@@ -317,6 +340,10 @@ const ErrorText& errorText(cudaError_t error) {
        "operation not permitted when stream is capturing"},
       {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
        "operation failed due to a previous error during capture"},
+      {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered",
+       "part or all of the requested memory range is already mapped"},
+      {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
+       "pointer does not correspond to a registered memory region"},
       {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
   };
   for (const ErrorText& entry : known) {
@@ -361,7 +388,10 @@ cudaError_t cudaFree(void* ptr) {
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
   *ptr = std::aligned_alloc(256, (size + 255) / 256 * 256 + 256);
-  return *ptr == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+  if (*ptr == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard lock(tandem::cuda_emu::g_mutex);
+  tandem::cuda_emu::pageLocked()[reinterpret_cast<uintptr_t>(*ptr)] = size;
+  return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
@@ -369,19 +399,52 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard lock(tandem::cuda_emu::g_mutex);
+    if (tandem::cuda_emu::pageLocked().erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+      return fail(cudaErrorInvalidValue);
+    }
+  }
   std::free(ptr);
   return cudaSuccess;
 }
 
-cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }
-cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
+// A range is page-locked once: one that overlaps a page-locked range is
+// refused, as the runtime refuses it, and unregistering needs the start
+// of a registered range.
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+  if (ptr == nullptr || size == 0) return fail(cudaErrorInvalidValue);
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(tandem::cuda_emu::g_mutex);
+  auto& ranges = tandem::cuda_emu::pageLocked();
+  auto after = ranges.lower_bound(start);
+  const bool overlaps_next = after != ranges.end() && after->first < start + size;
+  const bool overlaps_previous =
+      after != ranges.begin() && std::prev(after)->first + std::prev(after)->second > start;
+  if (overlaps_next || overlaps_previous) return fail(cudaErrorHostMemoryAlreadyRegistered);
+  ranges[start] = size;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* ptr) {
+  std::lock_guard lock(tandem::cuda_emu::g_mutex);
+  if (tandem::cuda_emu::pageLocked().erase(reinterpret_cast<uintptr_t>(ptr)) == 0) {
+    return fail(cudaErrorHostMemoryNotRegistered);
+  }
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (!checkCopyEnds(dst, count, src, count, kind, "cudaMemcpyAsync")) {
     return fail(cudaErrorInvalidValue);
   }
-  enqueue(stream, [=] { std::memmove(dst, src, count); });
+  const size_t pageable = tandem::cuda_emu::pageableBytes(dst, src, count, kind);
+  enqueue(stream, [=] {
+    tandem::cuda_emu::countPageableCopy(pageable);
+    std::memmove(dst, src, count);
+  });
   return cudaSuccess;
 }
 
