@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -272,6 +273,31 @@ double backendCopyGBps(kernels::Backend& backend, size_t bytes, int repeats) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
+// A step's logits (`floats` of them) copied back from a device backend, as a
+// step sampled on the host takes them: into a pageable vector and into the
+// page-locked buffer the model runner keeps (engine::PinnedHostFloats), ms
+// each, best of `repeats`, one after the other.
+struct LogitsCopyBack {
+  double pageable_ms = 0.0;
+  double page_locked_ms = 0.0;
+};
+LogitsCopyBack logitsCopyBack(kernels::Backend& backend, size_t floats, int repeats) {
+  const size_t bytes = floats * sizeof(float);
+  void* logits = backend.allocate(bytes);
+  if (logits == nullptr) throw Error("the backend cannot hold " + std::to_string(bytes) + " bytes");
+  std::vector<float> pageable(floats);
+  engine::PinnedHostFloats page_locked(backend);
+  float* locked = page_locked.take(floats).data();
+  LogitsCopyBack result;
+  for (auto [host, ms] : {std::pair{pageable.data(), &result.pageable_ms},
+                          std::pair{locked, &result.page_locked_ms}}) {
+    backend.copyToHost(host, logits, bytes);  // warm-up
+    *ms = bestSeconds(repeats, [&] { backend.copyToHost(host, logits, bytes); }) * 1e3;
+  }
+  backend.release(logits, bytes);
+  return result;
+}
+
 // One pass's calls, as `tandem-bench engine --profile-ops` prints them: per
 // step (the pass's calls divided by `steps`), slowest first, with the bytes
 // each must read as GB/s and as a share of the device's copy traffic.
@@ -391,6 +417,13 @@ int runEngineBench(const EngineBenchOptions& options) {
   const double copy_gbps =
       backendCopyGBps(*backend, static_cast<size_t>(options.copy_mib) << 20, options.repeats);
 
+  // Where the logits live on the device: what a step sampled on the host
+  // pays to bring them back.
+  std::optional<LogitsCopyBack> copy_back;
+  if (!backend->hostAccessible()) {
+    copy_back = logitsCopyBack(*backend, static_cast<size_t>(options.batch * config.vocab_size),
+                               options.repeats);
+  }
   const double memcpy_gbps = memcpyGBps(options.repeats);
   const double read_gbps = readGBps(kernels::numThreads(), options.repeats);
   const auto& layer0 = model->weights().layers.at(0);
@@ -579,6 +612,12 @@ int runEngineBench(const EngineBenchOptions& options) {
                 : options.unordered_decode ? "differ (unordered)"
                                            : "DIFFER");
   }
+  if (copy_back) {
+    std::printf("%-46s %12.3f\n", "logits copy back ms, into pageable memory",
+                copy_back->pageable_ms);
+    std::printf("%-46s %12.3f\n", "logits copy back ms, into page-locked memory",
+                copy_back->page_locked_ms);
+  }
   std::printf("%-46s %12.2f\n", "decode weight stream GB/s", stream_gbps);
   std::printf("%-46s %12.2f\n", "decode stream / backend copy", stream_gbps / copy_gbps);
   std::printf("%-46s %12.2f\n", "decode stream / backend copy traffic",
@@ -722,6 +761,10 @@ int runEngineBench(const EngineBenchOptions& options) {
     if (profiler) out["ops"] = ops_json;
     if (!lora_json.is_null()) out["lora"] = lora_json;
     if (options.bf16_gemm_configs) out["bf16_gemm_configs"] = gemm_configs_json;
+    if (copy_back) {
+      out["logits_copy_pageable_ms"] = copy_back->pageable_ms;
+      out["logits_copy_page_locked_ms"] = copy_back->page_locked_ms;
+    }
     std::ofstream file(options.json_path);
     if (!file) throw Error("cannot write --json file " + options.json_path);
     file << out.dump(2) << '\n';
