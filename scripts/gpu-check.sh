@@ -435,6 +435,24 @@ for model in "${models[@]}"; do
   done
 done
 
+# ---- a host-sampled step's logits copied back (docs/cuda.md#memory-and-batches) -----------
+# Into pageable memory and into the model runner's page-locked buffer, from
+# the serving flash run's figures.
+for model in "${models[@]}"; do
+  for batch in "${batches[@]}"; do
+    run="${json_dir}/engine-${model}-batch${batch}-flash-bf16-fused.json"
+    [[ -f "${run}" ]] || continue
+    python3 - "${run}" "${model}" "${batch}" <<'PY' || true
+import json, sys
+run = json.load(open(sys.argv[1]))
+if "logits_copy_page_locked_ms" in run:
+    pageable, locked = run["logits_copy_pageable_ms"], run["logits_copy_page_locked_ms"]
+    print(f"== logits copy back, {sys.argv[2]} batch {sys.argv[3]}: {pageable:.3f} ms into "
+          f"pageable memory, {locked:.3f} ms page-locked ({pageable / locked:.3f})")
+PY
+  done
+done
+
 # ---- the candidates: deep decode and attention loads, compact attention grid (docs/cuda.md) -
 # Not yet defaults: their bits are checked by gpu_cuda_kernels_test's
 # Candidate tests (the candidates step above); here the decode step (deep loads), the prefill
