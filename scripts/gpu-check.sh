@@ -630,6 +630,10 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
     done
     read -r -a profile_runs <<<"${PROFILE_RUNS:-batch1 batch32 batch1-candidates batch32-candidates}"
     for run in "${profile_runs[@]}"; do
+      if [[ "${run}" == *candidates && "${candidates_failed}" != "0" ]]; then
+        echo "== ncu: ${run} left out: the candidates' checks or runs failed (above)"
+        continue
+      fi
       shape=(--prompt-tokens 2048)
       [[ "${run}" == batch32* ]] && shape=(--prompt-tokens 512 --batch 32)
       flags=("${serving[@]}")

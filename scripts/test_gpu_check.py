@@ -248,13 +248,18 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRegex(out, r"\n== the check took \d+ s\n")
 
     def test_a_failing_candidate_leaves_its_runs_out_and_fails_nothing_that_serves(self):
-        out, lines = self.check_one_model(0, fail=r"^test gpu_cuda_kernels_test \*Candidate\*")
+        out, lines = self.check_one_model(0, fail=r"^test gpu_cuda_kernels_test \*Candidate\*",
+                                          PROFILE="1")
         self.assertRan(lines, r"^bench .*--deep-skinny", 0)
-        self.assertRan(lines, r"^bench .*--cuda-kernels flash", 2)
+        self.assertRan(lines, r"^bench .*--decode-tokens 64 .*--cuda-kernels flash", 2)
         self.assertIn("== the candidates' benchmark run left out", out)
         self.assertIn("== candidates (deep decode and attention loads, compact attention grid; "
                       "no serving path): a kernel test or their benchmark run FAILED", out)
         self.assertNotIn(", deep decode and attention loads, compact attention grid |", out)
+        # Nor are they profiled: the serving runs are.
+        self.assertEqual([line for line in lines if line.startswith("ncu ")],
+                         ["ncu ncu-batch1", "ncu ncu-batch32"])
+        self.assertIn("== ncu: batch1-candidates left out", out)
 
     def test_a_failing_candidate_run_fails_only_the_candidates(self):
         out, lines = self.check_one_model(0, fail=r"^bench .*--deep-skinny")
