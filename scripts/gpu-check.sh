@@ -309,14 +309,22 @@ for model in "${models[@]}"; do
 done
 # The fastest bf16 GEMM configuration of a run's --bf16-gemm-configs rows
 # whose outputs equal configuration 0's; with a second argument, the fastest
-# from that configuration on. Nothing (the serving configuration) when no
-# row qualifies or the file cannot be read.
+# from that configuration on. Never one whose own checks failed above: the
+# wgmma configurations (4 to 7) after a failed wgmma step, the wide ones (8
+# and 9) after a failed candidates' step (its row test and exactness checks
+# hold theirs). Nothing (the serving configuration) when no row qualifies
+# or the file cannot be read.
 fastest_gemm_config() {
-  python3 - "$1" "${2:-0}" <<'PY' 2>/dev/null || true
+  local failed=()
+  [[ "${wgmma_failed}" != "0" ]] && failed+=(4 5 6 7)
+  [[ "${candidates_failed}" != "0" ]] && failed+=(8 9)
+  python3 - "$1" "${2:-0}" "${failed[*]:-}" <<'PY' 2>/dev/null || true
 import json, sys
 rows = json.load(open(sys.argv[1])).get("bf16_gemm_configs", [])
 low = int(sys.argv[2])
-same = [r for r in rows if r.get("same_bits_as_config0") and "layer_ms" in r and r["config"] >= low]
+failed = {int(c) for c in sys.argv[3].split()}
+same = [r for r in rows if r.get("same_bits_as_config0") and "layer_ms" in r and r["config"] >= low
+        and r["config"] not in failed]
 print(min(same, key=lambda r: r["layer_ms"])["config"] if same else "")
 PY
 }

@@ -248,8 +248,12 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRegex(out, r"\n== the check took \d+ s\n")
 
     def test_a_failing_candidate_leaves_its_runs_out_and_fails_nothing_that_serves(self):
+        # Configuration 8, the fastest with configuration 0's bits, is a
+        # candidate: the flash runs take 1, the fastest of the others.
+        rows = gemm_rows([10.0, 5.0, 9.0, 9.0, 9.0, 9.0, 7.0, 6.0, 3.0, 4.0])
         out, lines = self.check_one_model(0, fail=r"^test gpu_cuda_kernels_test \*Candidate\*",
-                                          PROFILE="1")
+                                          PROFILE="1", rows=rows)
+        self.assertRan(lines, r"^bench .*--cuda-kernels flash .*--bf16-gemm-config 1", 4)
         self.assertRan(lines, r"^bench .*--deep-skinny", 0)
         self.assertRan(lines, r"^bench .*--decode-tokens 64 .*--cuda-kernels flash", 2)
         self.assertIn("== the candidates' benchmark run left out", out)
@@ -293,6 +297,18 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRan(lines, r"^bench .*--bf16-gemm-config ", 0)
         self.assertIn("== wgmma (bf16 GEMM configurations 4 to 7; no serving path): a probe "
                       "failed", out)
+
+    def test_a_failing_wgmma_step_keeps_its_configurations_out_of_the_flash_runs(self):
+        # Configuration 6 is the fastest with configuration 0's bits at the
+        # 8B shape, but a wgmma probe or row test failed: the flash runs take
+        # 8, the fastest of the others; the configurations are still timed.
+        rows = gemm_rows([10.0, 5.0, 9.0, 9.0, 9.0, 9.0, 2.0, 6.0, 3.0, 4.0], differ=(9,))
+        out, lines = self.check_one_model(0, fail=r"^test gpu_instructions_test \*Warpgroup\*",
+                                          rows=rows)
+        self.assertIn("== wgmma (bf16 GEMM configurations 4 to 7; no serving path): a probe "
+                      "failed", out)
+        self.assertRan(lines, r"--bf16-gemm-configs", 1)
+        self.assertRan(lines, r"^bench .*--cuda-kernels flash .*--bf16-gemm-config 8", 4)
 
     def test_no_configuration_with_the_same_bits_leaves_the_serving_one(self):
         rows = gemm_rows([10.0] * 10, differ=range(1, 10))
