@@ -84,8 +84,6 @@ bool checkDevice(const void* p, size_t bytes, const char* what) {
   return false;
 }
 
-// Whether a copy's device ends (as `kind` names them) lie inside device
-// allocations: `dst_span` bytes at dst, `src_span` at src.
 // The bytes of a copy between the device and host memory that is not
 // page-locked (DeviceCounts::pageable_copy_bytes): 0 for any other copy.
 size_t pageableBytes(const void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -95,6 +93,8 @@ size_t pageableBytes(const void* dst, const void* src, size_t bytes, cudaMemcpyK
   return host != nullptr && bytes > 0 && !insideOne(pageLocked(), host, bytes) ? bytes : 0;
 }
 
+// Whether a copy's device ends (as `kind` names them) lie inside device
+// allocations: `dst_span` bytes at dst, `src_span` at src.
 bool checkCopyEnds(void* dst, size_t dst_span, const void* src, size_t src_span,
                    cudaMemcpyKind kind, const char* what) {
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
