@@ -444,8 +444,9 @@ for model in "${models[@]}"; do
 done
 
 # ---- a host-sampled step's logits copied back (docs/cuda.md#memory-and-batches) -----------
-# Into pageable memory and into the model runner's page-locked buffer, from
-# the serving flash run's figures.
+# Into pageable memory and into the model runner's page-locked buffer, and
+# the decode step with the logits brought to the host over the greedy step,
+# from the serving flash run's figures.
 for model in "${models[@]}"; do
   for batch in "${batches[@]}"; do
     run="${json_dir}/engine-${model}-batch${batch}-flash-bf16-fused.json"
@@ -457,6 +458,10 @@ if "logits_copy_page_locked_ms" in run:
     pageable, locked = run["logits_copy_pageable_ms"], run["logits_copy_page_locked_ms"]
     print(f"== logits copy back, {sys.argv[2]} batch {sys.argv[3]}: {pageable:.3f} ms into "
           f"pageable memory, {locked:.3f} ms page-locked ({pageable / locked:.3f})")
+if "decode_step_host_logits_s" in run:
+    greedy, host = run["decode_step_s"] * 1e3, run["decode_step_host_logits_s"] * 1e3
+    print(f"== decode step with the logits on the host (sampled requests), {sys.argv[2]} batch "
+          f"{sys.argv[3]}: {host:.3f} ms, greedy {greedy:.3f} ms ({host / greedy:.3f})")
 PY
   done
 done

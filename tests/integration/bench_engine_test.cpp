@@ -44,9 +44,13 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
     for (const char* key :
          {"prefill_tokens_per_s", "decode_tokens_per_s", "read_gbps", "decode_stream_over_read",
           "decode_weight_bytes_per_step", "prefill_matmul_flops_per_token", "prefill_matmul_gflops",
-          "fma_peak_gflops", "compute_peak_gflops"}) {
+          "fma_peak_gflops", "compute_peak_gflops", "decode_step_host_logits_s"}) {
       EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
     }
+    // The steps with the logits brought to the host pick the greedy tokens.
+    EXPECT_TRUE(r.at("decode_host_tokens_identical").get<bool>());
+    // The logits' copy back is timed where they live apart from the host.
+    EXPECT_FALSE(r.contains("logits_copy_page_locked_ms"));
     // Matmul flops per prompt token from the model's config: every
     // projection for each token, the LM head for the last of the 40.
     const nlohmann::json config =
