@@ -102,7 +102,6 @@ class PinnedHostFloats {
 
   // `count` floats (their contents are not kept when the storage grows).
   std::span<float> take(size_t count);
-  bool pinned() const { return pinned_; }
 
  private:
   void unpin();
