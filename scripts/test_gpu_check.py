@@ -137,10 +137,10 @@ class GpuCheckTest(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="gpu-check-test-")
         cls.cache = os.path.join(cls.dir, "cache")
-        os.makedirs(cls.cache)
         build = os.path.join(cls.dir, "build")
-        for sub in ("bin", "tests", "lib", "ucx", "path"):
-            os.makedirs(os.path.join(build if sub != "path" else cls.dir, sub), exist_ok=True)
+        for folder in (cls.cache, os.path.join(cls.dir, "path"),
+                       *(os.path.join(build, sub) for sub in ("bin", "tests", "lib", "ucx"))):
+            os.makedirs(folder)
         for name in ("gpu_instructions_test", "gpu_cuda_kernels_test",
                      "gpu_engine_exactness_test", "engine_backend_exactness_test"):
             write(os.path.join(build, "tests", name), TEST_STAND_IN)
