@@ -51,7 +51,11 @@
 #              and attention kernels of a 2-layer llama3-8b-shaped model
 #              (docs/cuda.md#kernel-profile), PROFILE_TIMEOUT=S (default
 #              60) per ncu run, PROFILE_RUNS="batch1 batch32
-#              batch1-candidates batch32-candidates" (the default) which.
+#              batch1-candidates batch32-candidates" (the default) which;
+#              CHECK_BUDGET=S the seconds the whole check may take (a GPU
+#              window's limit less a margin): an ncu run that could end
+#              past it is left out, so that the check ends on its own
+#              summary instead of being stopped inside the profiler.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -647,6 +651,11 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
         echo "== ncu: ${run} left out: the candidates' checks or runs failed (above)"
         continue
       fi
+      if [[ -n "${CHECK_BUDGET:-}" ]] && ((SECONDS + ${PROFILE_TIMEOUT:-60} > CHECK_BUDGET)); then
+        echo "== ncu: ${run} left out: it could end past CHECK_BUDGET=${CHECK_BUDGET} s" \
+          "(${SECONDS} s into the check)"
+        continue
+      fi
       shape=(--prompt-tokens 2048)
       [[ "${run}" == batch32* ]] && shape=(--prompt-tokens 512 --batch 32)
       flags=("${serving[@]}")
@@ -679,7 +688,7 @@ if [[ "${PROFILE:-0}" == "1" ]]; then
   fi
 fi
 
-echo "== the check took ${SECONDS} s"
+echo "== the check took ${SECONDS} s${CHECK_BUDGET:+ (CHECK_BUDGET=${CHECK_BUDGET} s)}"
 if ((${#torch_failed[@]} > 0)); then
   echo "== PyTorch comparison FAILED for: ${torch_failed[*]}"
   exit 1

@@ -314,6 +314,20 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRan(lines, r"--bf16-gemm-configs", 1)
         self.assertRan(lines, r"^bench .*--cuda-kernels flash .*--bf16-gemm-config 8", 4)
 
+    def test_a_spent_budget_leaves_the_profile_out_and_the_check_ends_on_its_summary(self):
+        # Every ncu run could take PROFILE_TIMEOUT, past the budget's end
+        # (not yet reached): none starts; everything before the profile ran.
+        out, lines = self.check_one_model(0, PROFILE="1", PROFILE_TIMEOUT="90000",
+                                          CHECK_BUDGET="50000")
+        self.assertRan(lines, r"^ncu ", 0)
+        self.assertRan(lines, r"^bench .*--decode-tokens 2 ", 0)
+        for run in ("batch1", "batch32", "batch1-candidates", "batch32-candidates"):
+            self.assertRegex(out, rf"\n== ncu: {run} left out: it could end past "
+                             r"CHECK_BUDGET=50000 s \(\d+ s into the check\)\n")
+        self.assertRan(lines, r"^bench .*--decode-tokens 64 .*--cuda-kernels flash", 4)
+        self.assertIn("== goals: llama3-8b", out)
+        self.assertRegex(out, r"\n== the check took \d+ s \(CHECK_BUDGET=50000 s\)\n")
+
     def test_no_configuration_with_the_same_bits_leaves_the_serving_one(self):
         rows = gemm_rows([10.0] * 10, differ=range(1, 10))
         rows[0]["same_bits_as_config0"] = True
