@@ -423,7 +423,8 @@ __host__ __device__ __forceinline__ int64_t flashTileRows(const RowKv* row_kv, i
 constexpr int kFlashSplitTiles = static_cast<int>(kAttentionSplit / kFlashPositions);
 constexpr int kFlashDeepStages = 3;
 // cacheRow's bf16 address with 32-bit position arithmetic (positions stay
-// below 2^31, block sizes at most 1,024): a shift and a mask where the block
+// below 2^24: launchPagedAttention checks splits > max_position / 256 and
+// splits <= 65,535; block sizes at most 1,024): a shift and a mask where the block
 // size is a power of two, else one 32-bit division, where cacheRow divides
 // in 64 bits, once per 16-byte copy.
 __device__ __forceinline__ const uint16_t* flashCacheRow(const CacheGeometry& g,
