@@ -37,19 +37,17 @@
 // same order, fed by the tensor copy engine (tma.h) through four stages of
 // 48 KB, each a barrier pair: `full` (the producer's arrival announcing the
 // stage's bytes, completed when both boxes have landed) and `empty` (one
-// arrival per consumer warpgroup once its multiplies of the stage are
-// done). Three warpgroups: the first produces (one thread issues two box
-// copies per K step; its registers lowered to 40), the other two multiply
-// (raised to 232), 64 rows each. A consumer waits for a stage's `full`,
-// issues its four slices, commits, waits until only this group is in
-// flight and releases the stage before (so the multiplies of one step
-// overlap the wait for the next). Operands stored with the 128-byte swizzle
-// (rows of 128 bytes, no bank conflicts for the copy engine or wgmma);
-// rows and k past the matrix land as zeros, and slices wholly past k are
-// not issued, as in configurations 4 and 5. Configuration 7: the same
-// kernel on a persistent grid, one block per SM walking the output tiles,
-// the barriers' phases running on from tile to tile, so the next tile's
-// copies land while this one's outputs are stored.
+// arrival per consumer thread once its multiplies of the stage are done:
+// wgmma.wait_group speaks for the groups of the threads that execute it,
+// so no thread answers for another's). Three warpgroups: the first produces (one thread issues two
+// box copies per K step; its registers lowered to 40), the other two multiply (raised to 232), 64
+// rows each. A consumer waits for a stage's `full`, issues its four slices, commits, waits until
+// only this group is in flight and releases the stage before (so the multiplies of one step overlap
+// the wait for the next). Operands stored with the 128-byte swizzle (rows of 128 bytes, no bank
+// conflicts for the copy engine or wgmma); rows and k past the matrix land as zeros, and slices
+// wholly past k are not issued, as in configurations 4 and 5. Configuration 7: the same kernel on a
+// persistent grid, one block per SM walking the output tiles, the barriers' phases running on from
+// tile to tile, so the next tile's copies land while this one's outputs are stored.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -241,6 +239,7 @@ namespace copied {
 constexpr int kTileN = 256;
 constexpr int kStages = 4;
 constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;  // the arrivals that free a stage
 // Registers a thread of the producer and of a consumer warpgroup keeps
 // (setmaxnreg); together no more than the 168 a thread starts with at
 // __launch_bounds__(384, 1), or a consumer's raise would wait forever.
@@ -285,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       initBarrier(&full[s], 1);
-      initBarrier(&empty[s], 2);
+      initBarrier(&empty[s], kConsumerThreads);
     }
     fenceBarrierInit();
   }
@@ -324,7 +323,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int consumer = warpgroup - 1;
   const int warp = static_cast<int>(threadIdx.x) / 32 % 4;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const bool releases = threadIdx.x % 128 == 0;
   const int64_t whole = k / kTileK;
   int64_t used = 0;  // the block's K steps consumed before this tile
   for (int64_t t = first; t < tiles; t += stride, used += steps) {
@@ -352,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmmaCommit();
       wgmmaWait<1>();
-      if (step > 0 && releases) arriveAtBarrier(&empty[(at - 1) % kStages]);
+      if (step > 0) arriveAtBarrier(&empty[(at - 1) % kStages]);
     }
     if (whole < steps) {
       const int64_t at = used + whole;
@@ -366,13 +364,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmmaCommit();
       wgmmaWait<1>();
-      if (whole > 0 && releases) arriveAtBarrier(&empty[(at - 1) % kStages]);
+      if (whole > 0) arriveAtBarrier(&empty[(at - 1) % kStages]);
     }
     wgmmaWait<0>();
     wgmmaFenceRegisters(acc[0]);
     // The tile's last stage is free as well: the producer fills it with the
     // next tile's step while these outputs are stored.
-    if (releases) arriveAtBarrier(&empty[(used + steps - 1) % kStages]);
+    arriveAtBarrier(&empty[(used + steps - 1) % kStages]);
     storeTiles(acc, t % m_tiles * kTileM + consumer * 64 + warp * 16 + lane / 4,
                t / m_tiles * kTileN + lane % 4 * 2, m, n, out);
   }
@@ -390,9 +388,11 @@ void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
   // refused here instead (168 with the CUDA 13 ptxas).
   static const int entry_registers = [] {
     cudaFuncAttributes attributes{};
-    return cudaFuncGetAttributes(&attributes, bf16CopiedKernel<kPersistent>) == cudaSuccess
-               ? attributes.numRegs
-               : 0;
+    const cudaError_t error = cudaFuncGetAttributes(&attributes, bf16CopiedKernel<kPersistent>);
+    TANDEM_CHECK(error == cudaSuccess, std::string("bf16 wgmma matmul: cudaFuncGetAttributes: ") +
+                                           cudaGetErrorString(error) +
+                                           " (is the device's compute capability 9.0?)");
+    return attributes.numRegs;
   }();
   TANDEM_CHECK(entry_registers >= kEntryRegisters,
                "bf16 wgmma matmul: the kernel starts with " + std::to_string(entry_registers) +
@@ -418,9 +418,10 @@ void launch(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
 void launchBf16Wgmma(cudaStream_t stream, const uint16_t* x_bf16, int64_t m, int64_t k,
                      const uint16_t* weights, int64_t n, const MatmulEpilogue& out, int config,
                      int sm_count) {
-  TANDEM_CHECK(k % 8 == 0 && reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0 &&
+  TANDEM_CHECK(k > 0 && k % 8 == 0 && reinterpret_cast<uintptr_t>(x_bf16) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(weights) % 16 == 0,
-               "bf16 wgmma matmul: k must be a multiple of 8 and the operands 16-byte aligned");
+               "bf16 wgmma matmul: k must be a positive multiple of 8 and the operands 16-byte "
+               "aligned");
   TANDEM_CHECK(ceilDiv(m, kTileM) <= 65535, "bf16 wgmma matmul: too many rows for one launch");
   switch (config) {
     case kBf16GemmWgmma:

@@ -806,20 +806,26 @@ Barrier& barrierAt(uint64_t* barrier, const char* what, uint32_t* offset) {
   return found->second;
 }
 
-// Lets the threads waiting on the barrier at `offset` look again.
-void wakeWaiters(uint32_t offset) {
+// Lets the threads waiting on the barrier at `offset` look again; returns
+// the first of them in the block's order (nullptr if none waited).
+Fiber* wakeWaiters(uint32_t offset) {
+  Fiber* first = nullptr;
   for (Fiber& fiber : g_block->fibers) {
-    if (fiber.wait == Wait::kMbarrier && fiber.barrier == offset) fiber.wait = Wait::kRunning;
+    if (fiber.wait == Wait::kMbarrier && fiber.barrier == offset) {
+      fiber.wait = Wait::kRunning;
+      if (first == nullptr) first = &fiber;
+    }
   }
+  return first;
 }
 
 // The phase completes once every expected arrival has come and every
-// announced byte has landed.
-void completeIfDone(Barrier& barrier, uint32_t offset) {
-  if (barrier.pending != 0 || barrier.bytes != 0) return;
+// announced byte has landed; returns a thread that waited for it, if any.
+Fiber* completeIfDone(Barrier& barrier, uint32_t offset) {
+  if (barrier.pending != 0 || barrier.bytes != 0) return nullptr;
   ++barrier.phase;
   barrier.pending = barrier.expected;
-  wakeWaiters(offset);
+  return wakeWaiters(offset);
 }
 
 // The box of `copy.map` at (copy.row, copy.column) into shared memory:
@@ -884,13 +890,21 @@ void barrierInit(uint64_t* barrier, uint32_t arrivals) {
 }
 
 void barrierArrive(uint64_t* barrier, uint32_t expect_bytes) {
-  current();
+  Fiber& fiber = current();
   uint32_t offset = 0;
   Barrier& state = barrierAt(barrier, "mbarrier.arrive", &offset);
   if (state.pending == 0) fault("mbarrier.arrive at shared byte %u: no arrival pending", offset);
   state.bytes += expect_bytes;
   --state.pending;
-  completeIfDone(state, offset);
+  // The arrival that completes a phase hands the turn to a thread waiting
+  // for it at once (this one runs on later), as a GPU may run the waiter
+  // before the arriving thread's next instruction: so a thread that frees
+  // a stage on behalf of others before they are done with it has the
+  // stage refilled under their late reads (odd blocks).
+  if (Fiber* waiter = completeIfDone(state, offset)) {
+    g_block->running = waiter;
+    switchContext(fiber.context, waiter->context);
+  }
 }
 
 void barrierWait(uint64_t* barrier, uint32_t parity) {

@@ -95,8 +95,9 @@ uint32_t sharedOffset(const void* p);
 // and pending arrivals, transaction bytes, phase) is kept beside it, so a
 // wait on one never initialized in this block stops the program. A waiting
 // thread gives its turn until the phase of the parity it waits for has
-// completed; when no thread can go on, the block stops with where each
-// waits. A tensor copy (cp.async.bulk.tensor.2d through a map the emulated
+// completed, and the arrival that completes a phase hands the turn to a
+// thread waiting for it at once; when no thread can go on, the block stops
+// with where each waits. A tensor copy (cp.async.bulk.tensor.2d through a map the emulated
 // cuTensorMapEncodeTiled made) lands at once in odd blocks and in even ones
 // when a thread waits on its barrier (the two ends the PTX ISA allows;
 // wgmma, paired the other way round, reads its operands late in odd blocks

@@ -767,17 +767,29 @@ TEST_F(CudaFastKernelsTest, CandidateWideGemmRowsEqualTheServingRows) {
 // kernels that serve; and within it, a wrong product (beyond rounding) from
 // a product rounded otherwise. On the emulator both instructions round
 // alike by construction, so there the bits must agree. k = 1000 ends in a partial K step (three
-// slices, the last half padding); n = 300 in partial column tiles of 128 and 256.
+// slices, the last half padding), k = 40 has nothing but one (its third
+// slice half padding); n = 300 in partial column tiles of 128 and 256, m =
+// 257 and 4,100 in a partial row tile. 4,100 x 2,100 is 297 output tiles,
+// more than twice a Hopper GPU's SMs (114 to 132): configuration 7's
+// blocks take two or three tiles each, so its barrier phases run on from
+// tile to tile, as on the emulator's 4 SMs at 257 x 300 (six tiles).
 TEST_F(CudaFastKernelsTest, Bf16WgmmaRowsEqualTheMmaSyncRows) {
   cuda::CudaBackendOptions options;
   options.fast_kernels = true;
   configs_.push_back(cuda::makeCudaBackend(0, options));
   Backend& mma = *configs_.back();
   mma.setComputeDType(DType::kBF16);
-  const int64_t n = 300;
-  const int64_t m = kEmulated ? 257 : 2048;
-  for (const int64_t k : {int64_t{1000}, int64_t{1024}}) {
-    SCOPED_TRACE("k " + std::to_string(k));
+  struct Shape {
+    int64_t m, n, k;
+  };
+  std::vector<Shape> shapes = {{257, 300, 1000}, {257, 300, 1024}, {257, 300, 40}};
+  if (!kEmulated) {
+    shapes = {{2048, 300, 1000}, {2048, 300, 1024}, {2048, 300, 40}, {4100, 2100, 1000}};
+  }
+  for (const Shape& shape : shapes) {
+    const auto [m, n, k] = shape;
+    SCOPED_TRACE("m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " +
+                 std::to_string(k));
     const auto x = randomFloats(static_cast<size_t>(m * k), 26);
     const auto w32 = randomFloats(static_cast<size_t>(n * k), 27);
     const auto bf16 = toHalfBits(w32, DType::kBF16);
