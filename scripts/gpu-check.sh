@@ -489,6 +489,25 @@ for model in "${models[@]}"; do
     awk -v m="${model}" -v b="${batch}" -v p="${plain_p}" -v t="${tiled_p}" 'BEGIN {
       printf "== compact attention grid, %s batch %s: prefill %.1f tok/s a block per row, " \
         "%.1f a block per tile: %.3f\n", m, b, p, t, t / p }'
+    # The candidates keep the serving kernels' bits: the prompt's logits and
+    # every row's at the last decode step, digest for digest (a difference
+    # fails them: the goals, the profile and the summary count them out).
+    if ! python3 - "${run}.json" "${run}-deep.json" "${model}" "${batch}" <<'PY'; then
+import json, sys
+serving, deep = (json.load(open(path)) for path in sys.argv[1:3])
+keys = ("prompt_logits_xxh3", "decode_logits_xxh3")
+if not all(k in serving and k in deep for k in keys):
+    print(f"== candidates' logits, {sys.argv[3]} batch {sys.argv[4]}: not compared (no digests)")
+    sys.exit(0)
+same = all(serving[k] == deep[k] for k in keys)
+print(f"== candidates' logits, {sys.argv[3]} batch {sys.argv[4]}: prompt "
+      f"{deep[keys[0]]}, last decode step {deep[keys[1]]}: "
+      + ("equal to the serving run's" if same else
+         f"DIFFER from the serving run's ({serving[keys[0]]}, {serving[keys[1]]})"))
+sys.exit(0 if same else 1)
+PY
+      candidates_failed=1
+    fi
     # The decode calls timed alone (--profile-ops): attention (deep attention
     # loads) and the matmuls (deep decode loads), ms per step each; and the
     # prefill's attention calls (compact grid).
@@ -703,7 +722,8 @@ if [[ "${wgmma_failed}" != "0" ]]; then
 fi
 if [[ "${candidates_failed}" != "0" ]]; then
   echo "== candidates (deep decode and attention loads, compact attention grid; no serving" \
-    "path): a kernel test or their benchmark run FAILED (see above)"
+    "path): a kernel test or their benchmark run FAILED, or their logits differ from the" \
+    "serving run's (see above)"
 fi
 if [[ "${fast_failed}" != "0" ]]; then
   echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"

@@ -46,7 +46,9 @@ exit 0
 # with the CUDA flags' fields; --deep-skinny runs report a decode step 0.9
 # times the cached one, --compact-attention a prefill 1.25 times as fast;
 # every run reports a logits copy back of 1.7 ms pageable, 0.4 page-locked,
-# and a decode step with the logits on the host 1.5 times the greedy one.
+# and a decode step with the logits on the host 1.5 times the greedy one;
+# the logits digests are the CPU run's, another last step's in --deep-skinny
+# runs where DRY_DEEP_DIGEST is set (a candidate that changed the bits).
 BENCH_STAND_IN = r"""#!/usr/bin/env python3
 import json, os, re, subprocess, sys
 args = sys.argv[1:]
@@ -72,6 +74,8 @@ run.update({"logits_copy_pageable_ms": 1.7, "logits_copy_page_locked_ms": 0.4,
             "decode_step_host_logits_s": run["decode_step_s"] * 1.5})
 if "--deep-skinny" in args:
     run["decode_step_s"] *= 0.9
+    if os.environ.get("DRY_DEEP_DIGEST"):
+        run["decode_logits_xxh3"] = "0123456789abcdef"
 if "--compact-attention" in args:
     run["prefill_tokens_per_s"] *= 1.25
 if "--bf16-gemm-configs" in args:
@@ -223,6 +227,9 @@ class GpuCheckTest(unittest.TestCase):
                                  r" .* ms deep: 1\.111\n")
                 self.assertRegex(out, rf"compact attention grid, {model} batch {batch}: .*: "
                                  r"1\.250\n")
+                self.assertRegex(out, rf"\n== candidates' logits, {model} batch {batch}: prompt "
+                                 r"[0-9a-f]{16}, last decode step [0-9a-f]{16}: equal to the "
+                                 r"serving run's\n")
             self.assertIn(f"== goals: {model}", out)
             for batch in (1, 32):
                 self.assertIn(f"== logits copy back, {model} batch {batch}: 1.700 ms into "
@@ -277,6 +284,20 @@ class GpuCheckTest(unittest.TestCase):
         self.assertRan(lines, r"^bench .*--deep-skinny", 1)
         self.assertIn("== the candidates' benchmark run left out", out)
         self.assertRan(lines, r"^bench .*--batch 32 .*--cuda-kernels flash", 1)
+
+    def test_candidates_whose_logits_differ_fail_and_are_counted_out(self):
+        out, lines = self.check_one_model(0, PROFILE="1", DRY_DEEP_DIGEST="1")
+        for batch in (1, 32):
+            self.assertRegex(out, rf"\n== candidates' logits, llama3-8b batch {batch}: prompt "
+                             r"[0-9a-f]{16}, last decode step 0123456789abcdef: DIFFER from the "
+                             r"serving run's \([0-9a-f]{16}, [0-9a-f]{16}\)\n")
+        self.assertIn("a kernel test or their benchmark run FAILED, or their logits differ from "
+                      "the serving run's", out)
+        # Neither profiled nor counted for the goals; the serving runs are.
+        self.assertEqual([line for line in lines if line.startswith("ncu ")],
+                         ["ncu ncu-batch1", "ncu ncu-batch32"])
+        self.assertNotIn(", deep decode and attention loads, compact attention grid |", out)
+        self.assertIn("| flash, bf16 compute, fused projections |", out)
 
     def test_a_failing_flash_check_fails_the_script(self):
         out, lines = self.check_one_model(

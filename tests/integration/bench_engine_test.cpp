@@ -22,10 +22,11 @@ class BenchEngineTest : public ::tandem::testing::TinyModelBenchTest<BenchEngine
   static constexpr uint64_t kSeed = 13;
 
  protected:
-  static BenchRun bench(const std::string& args) {
-    return TinyModelBenchTest::bench(
-        "--device cpu --threads 2 --prompt-tokens 40 --decode-tokens 8 --repeats 1 --copy-mib 8 " +
-        args);
+  static BenchRun bench(const std::string& args, int threads = 2) {
+    return TinyModelBenchTest::bench("--device cpu --threads " + std::to_string(threads) +
+                                     " --prompt-tokens 40 --decode-tokens 8 --repeats 1 "
+                                     "--copy-mib 8 " +
+                                     args);
   }
 };
 
@@ -87,6 +88,32 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
     EXPECT_NE(run.out.find("prefill GFLOP/s (matmul flops / prefill time)"), std::string::npos)
         << run.out;
   }
+}
+
+// The logits digests name a run's bits: the same whatever the kernel
+// threads, the prompt's the same whatever the batch that decodes after it
+// (its prefill runs alone), the last step's another with another row in
+// it, and both others under bf16 compute.
+TEST_F(BenchEngineTest, LogitsDigestsNameTheBitsOfARun) {
+  const auto digests = [](const BenchRun& run) {
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    const std::string prompt = run.report.at("prompt_logits_xxh3");
+    const std::string decode = run.report.at("decode_logits_xxh3");
+    for (const std::string& digest : {prompt, decode}) {
+      EXPECT_EQ(digest.size(), 16u) << digest;
+      EXPECT_EQ(digest.find_first_not_of("0123456789abcdef"), std::string::npos) << digest;
+      EXPECT_NE(run.out.find(digest), std::string::npos) << run.out;
+    }
+    return std::pair{prompt, decode};
+  };
+  const auto plain = digests(bench(""));
+  EXPECT_EQ(digests(bench("", 1)), plain);
+  const auto batched = digests(bench("--batch 2"));
+  EXPECT_EQ(batched.first, plain.first);
+  EXPECT_NE(batched.second, plain.second);
+  const auto bf16 = digests(bench("--compute-dtype bf16"));
+  EXPECT_NE(bf16.first, plain.first);
+  EXPECT_NE(bf16.second, plain.second);
 }
 
 // A mixture of experts (the tiny Mixtral: 4 experts choosing 2): a token's

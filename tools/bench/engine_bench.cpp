@@ -1,5 +1,7 @@
 #include "tools/bench/engine_bench.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +13,8 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -38,6 +42,16 @@ double bestSeconds(int repeats, Fn&& fn) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
   }
   return best;
+}
+
+// XXH3-64 of logits' bits, 16 hex digits: two runs (kernel sets, the
+// candidates for the next defaults) with equal digests gave equal logits
+// bit for bit.
+std::string logitsDigest(std::span<const float> logits) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(logits.data(), logits.size_bytes())));
+  return hex;
 }
 
 // `measure` summed over the matrices of one token's forward pass: every
@@ -532,6 +546,10 @@ int runEngineBench(const EngineBenchOptions& options) {
   decodeSteps(true);  // warm-up: the host buffer at the batch's size
   const double host_logits_s = bestSeconds(options.repeats, [&] { decodeSteps(true); });
   const bool host_tokens_equal = next == decoded;
+  // The prompt's last logits and every row's at the last decode step (which
+  // depend on every KV byte the prefills and steps wrote).
+  const std::string prompt_digest = logitsDigest(first_logits);
+  const std::string decode_digest = logitsDigest(logits);
   // Where the backend records decode steps (CUDA graphs), the same decode
   // run eagerly, in the same run: the figure for what recording saves, and a
   // check that replayed steps give the same logits bit for bit.
@@ -631,6 +649,8 @@ int runEngineBench(const EngineBenchOptions& options) {
               host_tokens_equal          ? "identical"
               : options.unordered_decode ? "differ (unordered)"
                                          : "DIFFER");
+  std::printf("%-46s %16s\n", "prompt logits XXH3-64", prompt_digest.c_str());
+  std::printf("%-46s %16s\n", "last decode step's logits XXH3-64", decode_digest.c_str());
   if (copy_back) {
     std::printf("%-46s %12.3f\n", "logits copy back ms, into pageable memory",
                 copy_back->pageable_ms);
@@ -772,6 +792,8 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"decode_steps_recorded", records},
         {"decode_step_host_logits_s", host_logits_s / static_cast<double>(options.decode_tokens)},
         {"decode_host_tokens_identical", host_tokens_equal},
+        {"prompt_logits_xxh3", prompt_digest},
+        {"decode_logits_xxh3", decode_digest},
     };
     if (records) {
       out["decode_eager_tokens_per_s"] =
