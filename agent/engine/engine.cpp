@@ -1125,14 +1125,13 @@ void Engine::step() {
     TANDEM_CHECK(known >= chunk.start + first + 1, "prompt logprobs: a position was skipped");
     const int64_t skip = std::clamp<int64_t>(known - (chunk.start + first + 1), 0, count);
     std::vector<GeneratedToken> rows(static_cast<size_t>(count - skip));
-    // A vocabulary-wide pass per row: on the kernels' threads, a sampler each.
-    row_samplers_.resize(static_cast<size_t>(kernels::numThreads()));
-    kernels::parallelFor(count - skip, [&](int64_t task, int worker) {
+    // A vocabulary-wide pass per row: on the kernels' threads.
+    sampler_pool_.forEach(count - skip, [&](int64_t task, Sampler& sampler) {
       const int64_t row = skip + task;
-      rows[static_cast<size_t>(task)] = row_samplers_[static_cast<size_t>(worker)].logprobsOf(
-          logits.subspan(static_cast<size_t>(row) * vocab_size, vocab_size),
-          sequence.tokens[static_cast<size_t>(chunk.start + first + row + 1)],
-          *sequence.request.sampling.prompt_logprobs);
+      rows[static_cast<size_t>(task)] =
+          sampler.logprobsOf(logits.subspan(static_cast<size_t>(row) * vocab_size, vocab_size),
+                             sequence.tokens[static_cast<size_t>(chunk.start + first + row + 1)],
+                             *sequence.request.sampling.prompt_logprobs);
     });
     for (GeneratedToken& row : rows) sequence.prompt_logprobs.push_back(std::move(row));
   };
@@ -1142,13 +1141,11 @@ void Engine::step() {
     logits_ = runner_->forward(inputs, wants_row_logits ? RowLogitsSink(rowLogits) : nullptr);
   }
 
-  finishStep(output, [&](size_t i, int64_t row, Sequence& sequence, Live& live) {
-    if (device_argmax) {
-      GeneratedToken token;
-      token.token = argmax_ids_[i];
-      return token;
-    }
-    const std::vector<TokenId> mask = minTokensMask(sequence);
+  // Chunk i's row `row` as the sampler reads it; `mask` holds the
+  // min_tokens mask it borrows.
+  auto samplerInput = [&](size_t i, int64_t row, Sequence& sequence, Live& live,
+                          std::vector<TokenId>& mask) {
+    mask = minTokensMask(sequence);
     SamplerInput input;
     input.logits =
         row < output.chunks[i].num_draft_tokens
@@ -1163,7 +1160,40 @@ void Engine::step() {
     input.min_tokens_mask = mask;
     if (live.matcher) input.allowed = allowedTokens(sequence.request.sampling, *live.matcher);
     input.rng = live.rng;
-    return sampler_.sample(input);
+    return input;
+  };
+  // Every chunk's first row, sampled side by side on the kernels' threads
+  // before the tokens are emitted: its inputs are the sequence as the step
+  // left it, which emitting another sequence's token does not change.
+  // Later rows (drafts accepted) read the tokens accepted before them, and
+  // a structured output's mask comes from its matcher (one at a time), so
+  // those are sampled in turn as they come.
+  first_rows_.assign(output.chunks.size(), -1);
+  if (!device_argmax) {
+    std::vector<SamplerInput> firsts;
+    first_masks_.resize(output.chunks.size());
+    for (size_t i = 0; i < output.chunks.size(); ++i) {
+      const ScheduledChunk& chunk = output.chunks[i];
+      if (!chunk.samples) continue;
+      Live& live = *live_.at(chunk.sequence);
+      if (live.matcher) continue;
+      first_rows_[i] = static_cast<int64_t>(firsts.size());
+      firsts.push_back(samplerInput(i, 0, *chunk.sequence, live, first_masks_[i]));
+    }
+    first_tokens_ = sampler_pool_.sampleRows(firsts);
+  }
+
+  finishStep(output, [&](size_t i, int64_t row, Sequence& sequence, Live& live) {
+    if (device_argmax) {
+      GeneratedToken token;
+      token.token = argmax_ids_[i];
+      return token;
+    }
+    if (row == 0 && first_rows_[i] >= 0) {
+      return std::move(first_tokens_[static_cast<size_t>(first_rows_[i])]);
+    }
+    std::vector<TokenId> mask;
+    return sampler_.sample(samplerInput(i, row, sequence, live, mask));
   });
 }
 

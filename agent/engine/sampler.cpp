@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 
@@ -366,10 +368,28 @@ GeneratedToken Sampler::sample(const SamplerInput& input) {
   return result;
 }
 
-std::vector<GeneratedToken> Sampler::sampleBatch(std::span<const SamplerInput> inputs) {
-  std::vector<GeneratedToken> results;
-  results.reserve(inputs.size());
-  for (const SamplerInput& input : inputs) results.push_back(sample(input));
+void SamplerPool::forEach(int64_t num_tasks, const std::function<void(int64_t, Sampler&)>& fn) {
+  samplers_.resize(static_cast<size_t>(kernels::numThreads()));
+  // A task that throws on a worker thread would end the process: the first
+  // error is thrown again here, on the caller's thread, once all have run.
+  std::mutex mutex;
+  std::exception_ptr error;
+  kernels::parallelFor(num_tasks, [&](int64_t task, int worker) {
+    try {
+      fn(task, samplers_[static_cast<size_t>(worker)]);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (!error) error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+std::vector<GeneratedToken> SamplerPool::sampleRows(std::span<const SamplerInput> inputs) {
+  std::vector<GeneratedToken> results(inputs.size());
+  forEach(static_cast<int64_t>(inputs.size()), [&](int64_t i, Sampler& sampler) {
+    results[static_cast<size_t>(i)] = sampler.sample(inputs[static_cast<size_t>(i)]);
+  });
   return results;
 }
 

@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -93,9 +94,6 @@ class Sampler {
  public:
   GeneratedToken sample(const SamplerInput& input);
 
-  // Rows are independent; the result equals calling sample() on each row.
-  std::vector<GeneratedToken> sampleBatch(std::span<const SamplerInput> inputs);
-
   // The logprob of `token` in a raw logits row, its rank (1 + the ids with a
   // larger logit) and the `num_top` best alternatives, as sample() reports
   // them: a prompt token's logprobs (SamplingParams::prompt_logprobs).
@@ -118,6 +116,25 @@ class Sampler {
   std::vector<TokenId> candidates_;
   std::vector<float> weights_;  // exp((logit - max) / temperature), up to a common factor
   std::vector<float> kept_;     // allowed_token_ids' logits while the row is masked
+};
+
+// Rows side by side on the kernels' threads (kernels::parallelFor), a
+// Sampler per thread: a step's sampled rows (or a prompt's logprob rows)
+// take a vocabulary-wide pass each (with top-p, a sort of the nucleus),
+// which one thread would pay once per row between two forward passes (the
+// pool is idle then). A row's result does not
+// depend on the thread that took it: rows are independent and a draw is a
+// pure function of its request's seed and step.
+class SamplerPool {
+ public:
+  // fn(task, sampler) for every task in [0, num_tasks), each task on some
+  // thread's sampler; returns when all have run.
+  void forEach(int64_t num_tasks, const std::function<void(int64_t, Sampler&)>& fn);
+  // sample() of every row: results[i] is inputs[i]'s.
+  std::vector<GeneratedToken> sampleRows(std::span<const SamplerInput> inputs);
+
+ private:
+  std::vector<Sampler> samplers_;
 };
 
 }  // namespace tandem::engine

@@ -45,11 +45,15 @@ TEST_F(BenchEngineTest, ReportsTheFiguresTheComparisonReads) {
     for (const char* key :
          {"prefill_tokens_per_s", "decode_tokens_per_s", "read_gbps", "decode_stream_over_read",
           "decode_weight_bytes_per_step", "prefill_matmul_flops_per_token", "prefill_matmul_gflops",
-          "fma_peak_gflops", "compute_peak_gflops", "decode_step_host_logits_s"}) {
+          "fma_peak_gflops", "compute_peak_gflops", "decode_step_host_logits_s", "sampling_step_s",
+          "sampling_step_one_thread_s"}) {
       EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
     }
     // The steps with the logits brought to the host pick the greedy tokens.
     EXPECT_TRUE(r.at("decode_host_tokens_identical").get<bool>());
+    // The last step's rows sampled on the kernels' threads and on one pick
+    // the same tokens.
+    EXPECT_TRUE(r.at("sampling_tokens_identical").get<bool>());
     // The logits' copy back is timed where they live apart from the host.
     EXPECT_FALSE(r.contains("logits_copy_page_locked_ms"));
     // Matmul flops per prompt token from the model's config: every

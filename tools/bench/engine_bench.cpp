@@ -22,6 +22,7 @@
 #include "agent/engine/lora.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
+#include "agent/engine/sampler.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -42,6 +43,38 @@ double bestSeconds(int repeats, Fn&& fn) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
   }
   return best;
+}
+
+// The last step's rows sampled with temperature 0.6 and top-p 0.9 (a seed
+// per row), on the kernels' threads and on one: each best of `repeats`.
+struct SampledRows {
+  double pool_s = 0.0;
+  double one_thread_s = 0.0;
+  bool identical = true;
+};
+SampledRows sampleLastStep(std::span<const float> logits, int64_t rows, int64_t vocab_size,
+                           int repeats) {
+  protocol::SamplingParams params;
+  params.temperature = 0.6f;
+  params.top_p = 0.9f;
+  std::vector<engine::SamplerInput> inputs(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    engine::SamplerInput& input = inputs[static_cast<size_t>(r)];
+    input.logits =
+        logits.subspan(static_cast<size_t>(r * vocab_size), static_cast<size_t>(vocab_size));
+    input.params = &params;
+    input.rng = engine::SamplerRng{static_cast<uint64_t>(r) + 1};
+  }
+  engine::SamplerPool pool;
+  engine::Sampler one;
+  std::vector<protocol::GeneratedToken> pooled, alone(inputs.size());
+  SampledRows out;
+  out.pool_s = bestSeconds(repeats, [&] { pooled = pool.sampleRows(inputs); });
+  out.one_thread_s = bestSeconds(repeats, [&] {
+    for (size_t r = 0; r < inputs.size(); ++r) alone[r] = one.sample(inputs[r]);
+  });
+  for (size_t r = 0; r < inputs.size(); ++r) out.identical &= pooled[r].token == alone[r].token;
+  return out;
 }
 
 // XXH3-64 of logits' bits, 16 hex digits: two runs (kernel sets, the
@@ -550,6 +583,14 @@ int runEngineBench(const EngineBenchOptions& options) {
   // depend on every KV byte the prefills and steps wrote).
   const std::string prompt_digest = logitsDigest(first_logits);
   const std::string decode_digest = logitsDigest(logits);
+  // A step's rows sampled on the host as the engine samples requests with
+  // temperature and top-p (Llama 3.1's generation_config: 0.6 and 0.9), on
+  // the kernels' threads (engine::SamplerPool, what the engine runs) and on
+  // one, from the last step's logits: what a sampled batch adds to a step
+  // between two forward passes. The same tokens either way, or the bench
+  // fails.
+  const SampledRows sampled =
+      sampleLastStep(logits, options.batch, config.vocab_size, options.repeats);
   // Where the backend records decode steps (CUDA graphs), the same decode
   // run eagerly, in the same run: the figure for what recording saves, and a
   // check that replayed steps give the same logits bit for bit.
@@ -649,6 +690,11 @@ int runEngineBench(const EngineBenchOptions& options) {
               host_tokens_equal          ? "identical"
               : options.unordered_decode ? "differ (unordered)"
                                          : "DIFFER");
+  std::printf("%-46s %12.3f\n", "sampling ms a step (T 0.6, top-p 0.9)", sampled.pool_s * 1e3);
+  std::printf("%-46s %12.3f\n", "  on one thread", sampled.one_thread_s * 1e3);
+  std::printf("%-46s %12.3f\n", "  over the greedy step", sampled.pool_s / step_s);
+  std::printf("%-46s %12s\n", "  tokens, pool vs one thread",
+              sampled.identical ? "identical" : "DIFFER");
   std::printf("%-46s %16s\n", "prompt logits XXH3-64", prompt_digest.c_str());
   std::printf("%-46s %16s\n", "last decode step's logits XXH3-64", decode_digest.c_str());
   if (copy_back) {
@@ -792,6 +838,9 @@ int runEngineBench(const EngineBenchOptions& options) {
         {"decode_steps_recorded", records},
         {"decode_step_host_logits_s", host_logits_s / static_cast<double>(options.decode_tokens)},
         {"decode_host_tokens_identical", host_tokens_equal},
+        {"sampling_step_s", sampled.pool_s},
+        {"sampling_step_one_thread_s", sampled.one_thread_s},
+        {"sampling_tokens_identical", sampled.identical},
         {"prompt_logits_xxh3", prompt_digest},
         {"decode_logits_xxh3", decode_digest},
     };
@@ -823,6 +872,7 @@ int runEngineBench(const EngineBenchOptions& options) {
     }
   }
   // Unordered decode matmuls make no promise of the same bits twice.
+  if (!sampled.identical) return 1;
   return (replay_exact && host_tokens_equal) || options.unordered_decode ? 0 : 1;
 }
 

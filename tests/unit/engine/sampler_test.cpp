@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/kernels.h"
+
 namespace tandem::engine {
 namespace {
 
@@ -483,20 +485,39 @@ TEST(SamplerTest, SameSeedGivesTheSameTokens) {
   EXPECT_GT(differing, 50);
 }
 
-TEST(SamplerTest, BatchRowsAreIndependentOfOrderAndCompany) {
-  SamplingParams params;
+// The pool's rows, on whichever kernel thread took each, are sample()'s:
+// in either order, with top-p and without, on two threads and on one.
+TEST(SamplerTest, PoolRowsAreIndependentOfOrderCompanyAndThread) {
+  SamplingParams plain, nucleus;
+  nucleus.temperature = 0.6f;
+  nucleus.top_p = 0.9f;
+  nucleus.logprobs = 2;
   std::vector<std::vector<float>> rows;
   std::vector<SamplerInput> inputs;
-  for (uint32_t i = 0; i < 8; ++i) rows.push_back(randomLogits(500, 300 + i));
-  for (uint32_t i = 0; i < 8; ++i) inputs.push_back(makeInput(rows[i], params, 11 * i));
-  Sampler sampler;
-  const std::vector<GeneratedToken> forward = sampler.sampleBatch(inputs);
-  std::vector<SamplerInput> reversed(inputs.rbegin(), inputs.rend());
-  const std::vector<GeneratedToken> backward = sampler.sampleBatch(reversed);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    EXPECT_EQ(forward[i].token, backward[inputs.size() - 1 - i].token);
-    EXPECT_EQ(forward[i].token, Sampler().sample(inputs[i]).token);
+  for (uint32_t i = 0; i < 64; ++i) rows.push_back(randomLogits(500, 300 + i));
+  for (uint32_t i = 0; i < 64; ++i) {
+    inputs.push_back(makeInput(rows[i], i % 2 == 0 ? plain : nucleus, 11 * i));
   }
+  const int threads = kernels::numThreads();
+  for (const int pool_threads : {2, 1}) {
+    kernels::setNumThreads(pool_threads);
+    SamplerPool pool;
+    const std::vector<GeneratedToken> forward = pool.sampleRows(inputs);
+    std::vector<SamplerInput> reversed(inputs.rbegin(), inputs.rend());
+    const std::vector<GeneratedToken> backward = pool.sampleRows(reversed);
+    ASSERT_EQ(forward.size(), inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const GeneratedToken alone = Sampler().sample(inputs[i]);
+      EXPECT_EQ(forward[i].token, backward[inputs.size() - 1 - i].token);
+      EXPECT_EQ(forward[i].token, alone.token) << "row " << i;
+      EXPECT_EQ(forward[i].logprob, alone.logprob) << "row " << i;
+      ASSERT_EQ(forward[i].top.size(), alone.top.size());
+      for (size_t t = 0; t < alone.top.size(); ++t) {
+        EXPECT_EQ(forward[i].top[t].token, alone.top[t].token);
+      }
+    }
+  }
+  kernels::setNumThreads(threads);
 }
 
 TEST(SamplerTest, RngIsAPureFunctionOfSeedAndStep) {
