@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -248,30 +250,23 @@ TokenId Sampler::drawFiltered(const SamplingParams& params, double u) {
   if (use_top_p) {
     double total = 0.0;
     for (TokenId id : candidates_) total += weights_[id];
-    const double target = params.top_p * total;
-    // The nucleus is usually small: sort a growing prefix rather than the
-    // whole vocabulary.
-    size_t sorted = std::min<size_t>(candidates_.size(), 64);
-    size_t keep = 0;
-    while (true) {
-      std::partial_sort(candidates_.begin(), candidates_.begin() + sorted, candidates_.end(),
-                        better);
-      double mass_before = 0.0;
-      keep = 0;
-      while (keep < sorted && (keep == 0 || mass_before < target)) {
-        mass_before += weights_[candidates_[keep]];
-        ++keep;
-      }
-      if (keep < sorted || sorted == candidates_.size()) break;
-      sorted = std::min(candidates_.size(), sorted * 4);
-    }
-    candidates_.resize(keep);
+    topPNucleus(candidates_, logits_, weights_, params.top_p * total);
     reordered = true;
   }
 
   // Walk in id order so the draw does not depend on how filtering permuted
-  // the candidates (top_k = vocab_size and top_k = 0 then agree exactly).
-  if (reordered) std::sort(candidates_.begin(), candidates_.end());
+  // the candidates (top_k = vocab_size and top_k = 0 then agree exactly): a
+  // sort, or for a large share of the vocabulary a pass over it.
+  if (reordered && candidates_.size() * 16 > vocab_size) {
+    in_nucleus_.assign(vocab_size, 0);
+    for (TokenId id : candidates_) in_nucleus_[static_cast<size_t>(id)] = 1;
+    candidates_.clear();
+    for (size_t i = 0; i < vocab_size; ++i) {
+      if (in_nucleus_[i] != 0) candidates_.push_back(static_cast<TokenId>(i));
+    }
+  } else if (reordered) {
+    std::sort(candidates_.begin(), candidates_.end());
+  }
   double total = 0.0;
   for (TokenId id : candidates_) total += weights_[id];
   const double target = u * total;
@@ -325,6 +320,72 @@ GeneratedToken Sampler::logprobsOf(std::span<const float> logits, TokenId token,
   result.rank =
       1 + std::count_if(logits.begin(), logits.end(), [&](float x) { return sanitized(x) > own; });
   return result;
+}
+
+size_t topPNucleus(std::vector<TokenId>& candidates, std::span<const float> logits,
+                   std::span<const float> weights, double target) {
+  if (candidates.empty()) return 0;
+  // A candidate's place in the order as one integer, larger first: the
+  // logit's bits made monotone (logits here are finite; -0 as +0, which
+  // compare equal), then the id reversed, so ties go to the smaller id.
+  auto rank = [&](TokenId id) {
+    uint32_t bits = std::bit_cast<uint32_t>(logits[static_cast<size_t>(id)] + 0.0f);
+    bits = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+    return uint64_t{bits} << 32 | (0xffffffffu - static_cast<uint32_t>(id));
+  };
+  // Weight buckets by the float's exponent and top three mantissa bits (the
+  // weights are finite and non-negative, so larger bits, larger weight):
+  // their masses, largest bucket first, find the bucket where the nucleus
+  // ends, to rounding.
+  constexpr int kBuckets = 1 << 11;
+  auto bucketOf = [&](TokenId id) {
+    return static_cast<int>(std::bit_cast<uint32_t>(weights[static_cast<size_t>(id)]) >> 20);
+  };
+  std::vector<double> mass(kBuckets, 0.0);
+  for (TokenId id : candidates) {
+    mass[static_cast<size_t>(bucketOf(id))] += weights[static_cast<size_t>(id)];
+  }
+  int bucket = kBuckets - 1;
+  double above = 0.0;
+  while (bucket > 0 && (mass[static_cast<size_t>(bucket)] == 0.0 ||
+                        above + mass[static_cast<size_t>(bucket)] < target)) {
+    above += mass[static_cast<size_t>(bucket--)];
+  }
+  std::vector<uint64_t> ranks;
+  while (true) {
+    // Every candidate ranked at or above the lowest logit in buckets >=
+    // `bucket`: a prefix of the order (weights need not grow with the logit
+    // to the last bit; a logit bound does), sorted, then walked as the
+    // whole order would be.
+    uint64_t bound = ~uint64_t{0};
+    for (TokenId id : candidates) {
+      if (bucketOf(id) >= bucket) bound = std::min(bound, rank(id) | 0xffffffffu);
+    }
+    bound &= ~uint64_t{0xffffffffu};
+    ranks.clear();
+    for (TokenId id : candidates) {
+      const uint64_t r = rank(id);
+      if (r >= bound) ranks.push_back(r);
+    }
+    std::sort(ranks.begin(), ranks.end(), std::greater<>());
+    double mass_before = 0.0;
+    size_t keep = 0;
+    while (keep < ranks.size() && (keep == 0 || mass_before < target)) {
+      mass_before += weights[0xffffffffu - static_cast<uint32_t>(ranks[keep])];
+      ++keep;
+    }
+    const bool reached = keep < ranks.size() || mass_before >= target;
+    if (reached || ranks.size() == candidates.size() || bucket == 0) {
+      candidates.resize(keep);
+      for (size_t i = 0; i < keep; ++i) {
+        candidates[i] = static_cast<TokenId>(0xffffffffu - static_cast<uint32_t>(ranks[i]));
+      }
+      return keep;
+    }
+    // The masses were added in another order: one bucket more, and again.
+    --bucket;
+    while (bucket > 0 && mass[static_cast<size_t>(bucket)] == 0.0) --bucket;
+  }
 }
 
 bool samplesRawArgmax(const SamplingParams& params, bool masked) {

@@ -83,6 +83,18 @@ struct SamplerInput {
   SamplerRng rng;
 };
 
+// Top-p's survivors among `candidates` (ids of finite logits): leaves in
+// `candidates` the `keep` best by logit (ties: smaller id first), in that
+// order, and returns keep: the smallest k >= 1 whose weights, added up in
+// that order in double, reach `target`, or all of them when none does. The
+// same as sorting every candidate and walking them, without sorting the
+// ones past the nucleus: a pass of
+// weight-bucket masses bounds the nucleus from above by a logit, and only
+// the candidates at or above that logit are sorted (again with a lower
+// bound in the rare case their exact walk falls short of `target`).
+size_t topPNucleus(std::vector<TokenId>& candidates, std::span<const float> logits,
+                   std::span<const float> weights, double target);
+
 // True when sample() would return exactly the argmax of the raw logits
 // (smallest id on a tie; 0 when no logit beats -inf, as Backend::argmaxRows)
 // and nothing else: greedy, no penalties, no logit_bias, allowed_token_ids
@@ -114,8 +126,9 @@ class Sampler {
   std::vector<uint8_t> in_history_;     // per id; all zero between calls
   std::vector<TokenId> touched_;
   std::vector<TokenId> candidates_;
-  std::vector<float> weights_;  // exp((logit - max) / temperature), up to a common factor
-  std::vector<float> kept_;     // allowed_token_ids' logits while the row is masked
+  std::vector<float> weights_;       // exp((logit - max) / temperature), up to a common factor
+  std::vector<float> kept_;          // allowed_token_ids' logits while the row is masked
+  std::vector<uint8_t> in_nucleus_;  // per id, for the draw's id order
 };
 
 // Rows side by side on the kernels' threads (kernels::parallelFor), a

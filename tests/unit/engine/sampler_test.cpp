@@ -520,6 +520,63 @@ TEST(SamplerTest, PoolRowsAreIndependentOfOrderCompanyAndThread) {
   kernels::setNumThreads(threads);
 }
 
+// topPNucleus against the plain way: every candidate sorted (logit
+// descending, smaller id first on ties), walked until the weights added in
+// that order reach the target. The same keep and the same ids in order, on
+// flat rows (a nucleus of most of the vocabulary), peaked ones, logits
+// with many ties, weights that underflow to zero, weights that do not grow
+// with the logit, a subset
+// of candidates, and targets at, just past and beyond the total.
+TEST(SamplerTest, TopPNucleusIsTheSortedWalksPrefix) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 120; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int kind = trial % 6;
+    const size_t vocab = trial % 3 == 0 ? 32000 : 1 + rng() % 3000;
+    std::vector<float> logits(vocab), weights(vocab);
+    std::normal_distribution<float> normal(0.0f, kind == 1 ? 8.0f : 1.0f);
+    for (size_t i = 0; i < vocab; ++i) {
+      logits[i] = normal(rng);
+      if (kind == 2) logits[i] = std::round(logits[i] * 4.0f) / 4.0f;  // ties
+    }
+    const float max_logit = *std::max_element(logits.begin(), logits.end());
+    for (size_t i = 0; i < vocab; ++i) {
+      const float scale = kind == 3 ? 60.0f : 1.0f;  // many weights underflow to 0
+      weights[i] = std::exp((logits[i] - max_logit) * scale);
+      // Not monotone in the logit: the order is the logits', whatever the
+      // weights (a vectorized exp's may differ in the last bits; here by
+      // more, so that buckets of weight and ranges of logit disagree).
+      if (kind == 4 && i % 2 == 0) weights[i] *= 0.6f;
+    }
+    std::vector<TokenId> candidates;
+    for (size_t i = 0; i < vocab; ++i) {
+      if (kind != 5 || i % 3 != 0) candidates.push_back(static_cast<TokenId>(i));
+    }
+    double total = 0.0;
+    for (TokenId id : candidates) total += weights[static_cast<size_t>(id)];
+    const double fractions[] = {0.0, 0.1, 0.5, 0.9, 0.999, 1.0, 1.0 + 1e-12, 2.0};
+    for (const double fraction : fractions) {
+      SCOPED_TRACE("target " + std::to_string(fraction) + " of the total");
+      const double target = fraction * total;
+      std::vector<TokenId> sorted = candidates;
+      std::sort(sorted.begin(), sorted.end(), [&](TokenId a, TokenId b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
+      size_t expected = 0;
+      double mass = 0.0;
+      while (expected < sorted.size() && (expected == 0 || mass < target)) {
+        mass += weights[static_cast<size_t>(sorted[expected])];
+        ++expected;
+      }
+      std::vector<TokenId> nucleus = candidates;
+      const size_t keep = topPNucleus(nucleus, logits, weights, target);
+      ASSERT_EQ(keep, expected);
+      sorted.resize(expected);
+      EXPECT_EQ(nucleus, sorted);
+    }
+  }
+}
+
 TEST(SamplerTest, RngIsAPureFunctionOfSeedAndStep) {
   const SamplerRng rng{99};
   for (int64_t step = 0; step < 1000; ++step) {
