@@ -448,9 +448,10 @@ for model in "${models[@]}"; do
 done
 
 # ---- a host-sampled step's logits copied back (docs/cuda.md#memory-and-batches) -----------
-# Into pageable memory and into the model runner's page-locked buffer, and
-# the decode step with the logits brought to the host over the greedy step,
-# from the serving flash run's figures.
+# Into pageable memory and into the model runner's page-locked buffer, the
+# decode step with the logits brought to the host over the greedy step, and
+# the step's rows sampled with temperature and top-p on the host's threads
+# and on one (docs/engine.md#sampling), from the serving flash run's figures.
 for model in "${models[@]}"; do
   for batch in "${batches[@]}"; do
     run="${json_dir}/engine-${model}-batch${batch}-flash-bf16-fused.json"
@@ -466,6 +467,12 @@ if "decode_step_host_logits_s" in run:
     greedy, host = run["decode_step_s"] * 1e3, run["decode_step_host_logits_s"] * 1e3
     print(f"== decode step with the logits on the host (sampled requests), {sys.argv[2]} batch "
           f"{sys.argv[3]}: {host:.3f} ms, greedy {greedy:.3f} ms ({host / greedy:.3f})")
+if "sampling_step_s" in run:
+    greedy = run["decode_step_s"] * 1e3
+    pool, one = run["sampling_step_s"] * 1e3, run["sampling_step_one_thread_s"] * 1e3
+    print(f"== a step's rows sampled on the host (T 0.6, top-p 0.9), {sys.argv[2]} batch "
+          f"{sys.argv[3]}: {pool:.3f} ms on the kernels' threads, {one:.3f} on one "
+          f"({one / pool:.3f}); {pool / greedy:.3f} of the greedy step")
 PY
   done
 done

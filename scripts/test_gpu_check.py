@@ -236,6 +236,10 @@ class GpuCheckTest(unittest.TestCase):
                               "pageable memory, 0.400 ms page-locked (4.250)\n", out)
                 self.assertRegex(out, rf"== decode step with the logits on the host \(sampled "
                                  rf"requests\), {model} batch {batch}: .* \(1\.500\)\n")
+                self.assertRegex(out, rf"== a step's rows sampled on the host \(T 0\.6, top-p "
+                                 rf"0\.9\), {model} batch {batch}: [0-9.]+ ms on the kernels' "
+                                 r"threads, [0-9.]+ on one \([0-9.]+\); [0-9.]+ of the greedy "
+                                 r"step\n")
         self.assertIn("flash, bf16 compute, fused projections, deep decode and attention loads",
                       out)
         # The profile: the serving flags with configuration 1, the
