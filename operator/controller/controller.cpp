@@ -275,8 +275,9 @@ void Controller::setLeading(bool leading) {
   }
   // What this replica last saw is not exported as if it were current once
   // it stops leading (the leader's series are): cleared before the leader
-  // gauge says so.
-  if (!leading) pool_replicas_.clear();
+  // gauge says so, and kept empty until it leads again, whatever a
+  // reconcile begun before that finishes writing.
+  pool_replicas_.setOpen(leading);
   metrics_.setLeader(leading);
   if (leading) {
     TANDEM_LOG(kInfo) << "controller: leading as " << options_.identity;

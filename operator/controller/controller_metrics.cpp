@@ -37,7 +37,7 @@ int64_t countOf(const PoolReplicas& replicas, const std::string& state) {
 
 void PoolReplicaTable::set(const PoolKey& pool, const PoolReplicas& replicas) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pools_[pool] = replicas;
+  if (open_) pools_[pool] = replicas;
 }
 
 void PoolReplicaTable::remove(const PoolKey& pool) {
@@ -45,9 +45,10 @@ void PoolReplicaTable::remove(const PoolKey& pool) {
   pools_.erase(pool);
 }
 
-void PoolReplicaTable::clear() {
+void PoolReplicaTable::setOpen(bool open) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pools_.clear();
+  open_ = open;
+  if (!open) pools_.clear();
 }
 
 std::map<PoolKey, PoolReplicas> PoolReplicaTable::snapshot() const {

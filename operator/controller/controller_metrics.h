@@ -61,13 +61,17 @@ using PoolKey = std::tuple<std::string, std::string, std::string>;
 // between its reconcilers and its metrics.
 class PoolReplicaTable {
  public:
+  // Ignored while the table is closed.
   void set(const PoolKey& pool, const PoolReplicas& replicas);
   void remove(const PoolKey& pool);
-  void clear();
+  // Closed: empty, and a set() of a reconcile still running (begun while
+  // this replica led) no longer brings a pool back; open again: sets count.
+  void setOpen(bool open);
   std::map<PoolKey, PoolReplicas> snapshot() const;
 
  private:
   mutable std::mutex mutex_;
+  bool open_ = true;
   std::map<PoolKey, PoolReplicas> pools_;
 };
 

@@ -41,6 +41,23 @@ double replicas(const std::string& text, const std::string& kind, const std::str
       .value_or(-1);
 }
 
+// A replica that stops leading closes its table: a reconcile begun while
+// it led and finishing after cannot bring a pool's series back (they would
+// stay, stale, until it led again); opened again, counts are written.
+TEST(PoolReplicaMetricsTest, AClosedTableIgnoresLateCounts) {
+  PoolReplicaTable table;
+  ControllerMetrics metrics(table);
+  table.set({kNamespace, "DecodePool", "decode"}, {3, 2, 1, 1});
+  EXPECT_EQ(replicas(metrics.render(), "DecodePool", "decode", "desired"), 3);
+  table.setOpen(false);
+  EXPECT_EQ(metrics.render().find("tandem_operator_pool_replicas{"), std::string::npos);
+  table.set({kNamespace, "DecodePool", "decode"}, {3, 3, 3, 3});
+  EXPECT_EQ(metrics.render().find("tandem_operator_pool_replicas{"), std::string::npos);
+  table.setOpen(true);
+  table.set({kNamespace, "DecodePool", "decode"}, {3, 3, 3, 3});
+  EXPECT_EQ(replicas(metrics.render(), "DecodePool", "decode", "ready"), 3);
+}
+
 TEST(PoolReplicaMetricsTest, TableCountsAreRenderedAndRemoved) {
   PoolReplicaTable table;
   ControllerMetrics metrics(table);
