@@ -93,7 +93,10 @@ void setNumThreads(int num_threads);
 int numThreads();
 // Runs fn(task, worker) for every task in [0, num_tasks) on the kernels'
 // threads (worker < numThreads()), returning when all have run. For host
-// work between kernels (the pool is idle then); not reentrant.
+// work between kernels (the pool is idle then); not reentrant. A task that
+// throws does not end the process from a worker thread: the first
+// exception is thrown again here, on the caller's thread, once all have
+// run.
 void parallelFor(int64_t num_tasks, const std::function<void(int64_t task, int worker)>& fn);
 // "avx512", "avx2" or "scalar".
 std::string isaName();

@@ -4,10 +4,8 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
-#include <exception>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <random>
 #include <string>
 
@@ -431,19 +429,9 @@ GeneratedToken Sampler::sample(const SamplerInput& input) {
 
 void SamplerPool::forEach(int64_t num_tasks, const std::function<void(int64_t, Sampler&)>& fn) {
   samplers_.resize(static_cast<size_t>(kernels::numThreads()));
-  // A task that throws on a worker thread would end the process: the first
-  // error is thrown again here, on the caller's thread, once all have run.
-  std::mutex mutex;
-  std::exception_ptr error;
   kernels::parallelFor(num_tasks, [&](int64_t task, int worker) {
-    try {
-      fn(task, samplers_[static_cast<size_t>(worker)]);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(mutex);
-      if (!error) error = std::current_exception();
-    }
+    fn(task, samplers_[static_cast<size_t>(worker)]);
   });
-  if (error) std::rethrow_exception(error);
 }
 
 std::vector<GeneratedToken> SamplerPool::sampleRows(std::span<const SamplerInput> inputs) {

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -122,7 +124,17 @@ void setNumThreads(int num_threads) { pool().setNumThreads(num_threads); }
 int numThreads() { return pool().numThreads(); }
 
 void parallelFor(int64_t num_tasks, const std::function<void(int64_t task, int worker)>& fn) {
-  pool().parallelFor(num_tasks, [&](int64_t task, int worker) { fn(task, worker); });
+  std::mutex mutex;
+  std::exception_ptr error;
+  pool().parallelFor(num_tasks, [&](int64_t task, int worker) {
+    try {
+      fn(task, worker);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (!error) error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
 }
 
 std::string isaName() { return active().name; }

@@ -1216,6 +1216,28 @@ TEST(ThreadPool, ConcurrentCallersEachRunTheirOwnTasks) {
   EXPECT_FALSE(wrong_sum.load());
 }
 
+// kernels::parallelFor (host work): a throwing task reaches the caller as
+// its exception, after every other task has run, and the pool goes on.
+TEST(ThreadPool, AThrowingHostTaskIsThrownOnTheCallersThread) {
+  const int threads = numThreads();
+  setNumThreads(2);
+  std::atomic<int> ran{0};
+  try {
+    parallelFor(64, [&](int64_t task, int) {
+      ran.fetch_add(1);
+      if (task == 5) throw Error("task 5 failed");
+    });
+    ADD_FAILURE() << "the task's exception did not reach the caller";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("task 5 failed"), std::string::npos);
+  }
+  EXPECT_EQ(ran.load(), 64);
+  std::atomic<int> after{0};
+  parallelFor(10, [&](int64_t, int) { after.fetch_add(1); });
+  EXPECT_EQ(after.load(), 10);
+  setNumThreads(threads);
+}
+
 TEST(ThreadPool, ChangesThreadCount) {
   cpu::ThreadPool pool(1);
   pool.setNumThreads(4);
