@@ -4,9 +4,41 @@ namespace tandem::controller {
 
 using nlohmann::json;
 
-ApiWriter::ApiWriter(k8s::ApiClient& client, std::function<bool()> may_write,
-                     std::function<void()> on_write)
-    : client_(client), may_write_(std::move(may_write)), on_write_(std::move(on_write)) {}
+ApiWriter::ApiWriter(k8s::ApiClient& client, bool open, std::function<void()> on_write)
+    : client_(client), on_write_(std::move(on_write)), open_(open) {}
+
+bool ApiWriter::mayWrite() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return open_;
+}
+
+void ApiWriter::open() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  open_ = true;
+}
+
+void ApiWriter::close() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  open_ = false;
+  drained_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+int ApiWriter::writesInFlight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_flight_;
+}
+
+ApiWriter::InFlight::InFlight(ApiWriter& writer) : writer_(writer) {
+  std::lock_guard<std::mutex> lock(writer_.mutex_);
+  entered_ = writer_.open_;
+  if (entered_) ++writer_.in_flight_;
+}
+
+ApiWriter::InFlight::~InFlight() {
+  if (!entered_) return;
+  std::lock_guard<std::mutex> lock(writer_.mutex_);
+  if (--writer_.in_flight_ == 0) writer_.drained_.notify_all();
+}
 
 k8s::ApiError ApiWriter::notLeader() const {
   return k8s::ApiError{0, "NotLeader", "this replica does not hold the leader Lease"};
@@ -36,13 +68,15 @@ k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, cons
                                              const std::string& name,
                                              const std::function<bool(json&)>& mutate,
                                              const std::string& subresource) {
-  if (!may_write_()) return notLeader();
+  // In flight from the read to the last retry's write: close() waits for it.
+  InFlight in_flight(*this);
+  if (!in_flight) return notLeader();
   bool lost_leadership = false;
   bool changed = false;
   auto result = client_.readModifyWrite(
       type, ns, name,
       [&](json& object) {
-        if (!may_write_()) {
+        if (!mayWrite()) {
           lost_leadership = true;
           return false;
         }

@@ -1,13 +1,23 @@
 // The controller's only way to write to the API: every write is refused
-// (ApiError reason "NotLeader") unless `may_write()` says this process leads,
-// checked right before the call, so a replica that lost its Lease stops
-// writing at once; successful writes are counted (the
+// (ApiError reason "NotLeader") while the writer is closed, checked right
+// before the call; successful writes are counted (the
 // tandem_operator_api_writes_total metric).
+//
+// A fence, for leader election: close() refuses new writes at once, then
+// waits until every write begun before it has been answered (its retries
+// included; each call's request timeout bounds the wait). A replica that
+// lost its Lease says so (the leader gauge, the log) only once close() has
+// returned, so none of its writes lands after it says it stopped. What the
+// Kubernetes API cannot give, a fencing token that the server checks, is
+// not attempted: the renew deadline ending before the lease duration (as in
+// client-go) keeps a write begun in time from meeting the next leader's.
 //
 // Thread-safe as ApiClient is.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -17,11 +27,16 @@ namespace tandem::controller {
 
 class ApiWriter {
  public:
-  ApiWriter(k8s::ApiClient& client, std::function<bool()> may_write,
-            std::function<void()> on_write);
+  // Open (writing) or closed from the start.
+  ApiWriter(k8s::ApiClient& client, bool open, std::function<void()> on_write);
 
   k8s::ApiClient& client() { return client_; }
-  bool mayWrite() const { return may_write_(); }
+  bool mayWrite() const;
+  void open();
+  // Refuses new writes, then returns once no write is in flight.
+  void close();
+  // Writes begun and not yet answered.
+  int writesInFlight() const;
 
   k8s::Result<nlohmann::json> create(const k8s::ResourceType& type, const std::string& ns,
                                      const nlohmann::json& object);
@@ -40,19 +55,37 @@ class ApiWriter {
                                               const std::string& subresource = "");
 
  private:
+  // A write in flight while it lives; false when the writer is closed.
+  class InFlight {
+   public:
+    explicit InFlight(ApiWriter& writer);
+    ~InFlight();
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+    explicit operator bool() const { return entered_; }
+
+   private:
+    ApiWriter& writer_;
+    bool entered_;
+  };
+
   k8s::ApiError notLeader() const;
-  // `call()` (a k8s::Result) if this process leads, counted when it succeeds.
+  // `call()` (a k8s::Result) if the writer is open, counted when it succeeds.
   template <typename Call>
   auto guarded(const Call& call) -> decltype(call()) {
-    if (!may_write_()) return notLeader();
+    InFlight in_flight(*this);
+    if (!in_flight) return notLeader();
     auto result = call();
     if (result.isOk()) on_write_();
     return result;
   }
 
   k8s::ApiClient& client_;
-  std::function<bool()> may_write_;
   std::function<void()> on_write_;
+  mutable std::mutex mutex_;
+  std::condition_variable drained_;
+  bool open_;
+  int in_flight_ = 0;
 };
 
 }  // namespace tandem::controller

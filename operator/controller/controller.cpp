@@ -66,8 +66,8 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
         return std::move(options);
       }()),
       metrics_(pool_replicas_),
-      writer_(
-          client, [this] { return leading_.load(); }, [this] { metrics_.apiWrite(); }),
+      // Without election this replica is the only writer.
+      writer_(client, !options_.leader_elect, [this] { metrics_.apiWrite(); }),
       events_(writer_, options_.identity),
       reconciler_(writer_, events_, reconcilerOptions()),
       cache_reconciler_(
@@ -268,16 +268,28 @@ void Controller::onChildEvent(const json& object) {
 }
 
 void Controller::setLeading(bool leading) {
+  // Writes are fenced before this replica says it stopped leading: once
+  // the gauge reads 0, every write it began has been answered. What it last
+  // saw of the pools is not exported as if it were current either (the
+  // leader's series are): the table is emptied before the gauge says so,
+  // and kept empty until it leads again, whatever a reconcile begun before
+  // that finishes.
+  if (leading) {
+    writer_.open();
+  } else {
+    const int in_flight = writer_.writesInFlight();
+    if (in_flight > 0) {
+      TANDEM_LOG(kWarn) << "controller: lost the Lease; waiting for " << in_flight
+                        << " write(s) in flight to be answered";
+    }
+    writer_.close();
+  }
+  pool_replicas_.setOpen(leading);
   {
     std::lock_guard<std::mutex> lock(leading_mutex_);
     leading_ = leading;
     leading_changed_.notify_all();
   }
-  // What this replica last saw is not exported as if it were current once
-  // it stops leading (the leader's series are): cleared before the leader
-  // gauge says so, and kept empty until it leads again, whatever a
-  // reconcile begun before that finishes writing.
-  pool_replicas_.setOpen(leading);
   metrics_.setLeader(leading);
   if (leading) {
     TANDEM_LOG(kInfo) << "controller: leading as " << options_.identity;

@@ -1,0 +1,110 @@
+// ApiWriter's fence against the test API server: a closed writer refuses
+// every write before it reaches the server, and close() returns only once
+// each write begun before it has been answered, so a replica that says it
+// stopped leading has no write left to land.
+#include "operator/controller/api_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+
+#include "tests/support/apiserver/api_server.h"
+#include "tests/unit/controller/controller_test_support.h"
+
+namespace tandem::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kNamespace[] = "serving";
+const k8s::ResourceType kConfigMaps{"", "v1", "configmaps", "ConfigMap"};
+
+json configMap(const std::string& name) {
+  return json{{"apiVersion", "v1"},
+              {"kind", "ConfigMap"},
+              {"metadata", {{"name", name}, {"namespace", kNamespace}}},
+              {"data", {{"a", "1"}}}};
+}
+
+size_t postsSeen(const testing::ApiServer& server) {
+  size_t posts = 0;
+  for (const std::string& line : server.requestLog()) {
+    if (line.rfind("POST /api/v1/namespaces/serving/configmaps", 0) == 0) ++posts;
+  }
+  return posts;
+}
+
+size_t postsAnswered(const testing::ApiServer& server) {
+  size_t posts = 0;
+  for (const testing::RequestRecord& record : server.answeredRequests()) {
+    if (record.method == "POST" && record.target.find("/configmaps") != std::string::npos) ++posts;
+  }
+  return posts;
+}
+
+TEST(ApiWriterTest, AClosedWriterRefusesWritesBeforeTheyReachTheServer) {
+  testing::ApiServer server;
+  k8s::ApiClient client(testClusterConfig(server, kNamespace));
+  int counted = 0;
+  ApiWriter writer(client, /*open=*/false, [&] { ++counted; });
+  EXPECT_FALSE(writer.mayWrite());
+
+  auto refused = writer.create(kConfigMaps, kNamespace, configMap("a"));
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().reason, "NotLeader");
+  auto changed = writer.readModifyWrite(kConfigMaps, kNamespace, "a", [](json&) { return true; });
+  ASSERT_FALSE(changed.isOk());
+  EXPECT_EQ(changed.error().reason, "NotLeader");
+  EXPECT_EQ(postsSeen(server), 0u);
+  EXPECT_EQ(server.requestLog().size(), 0u) << "not even the read of a read-modify-write";
+
+  writer.open();
+  ASSERT_TRUE(writer.create(kConfigMaps, kNamespace, configMap("a")).isOk());
+  EXPECT_EQ(counted, 1);
+  writer.close();
+  EXPECT_FALSE(writer.create(kConfigMaps, kNamespace, configMap("b")).isOk());
+  EXPECT_EQ(counted, 1);
+  EXPECT_EQ(writer.writesInFlight(), 0);
+}
+
+TEST(ApiWriterTest, CloseReturnsOnlyOnceTheWriteInFlightIsAnswered) {
+  testing::ApiServer server;
+  k8s::ApiClient client(testClusterConfig(server, kNamespace));
+  ApiWriter writer(client, /*open=*/true, [] {});
+
+  // The server holds the request it has read until unstalled.
+  server.setStalled(true);
+  auto write = std::async(std::launch::async, [&] {
+    return writer.create(kConfigMaps, kNamespace, configMap("late"));
+  });
+  ASSERT_TRUE(waitUntil([&] { return postsSeen(server) == 1; }));
+  EXPECT_EQ(writer.writesInFlight(), 1);
+
+  size_t answered_when_closed = 0;
+  auto closing = std::async(std::launch::async, [&] {
+    writer.close();
+    answered_when_closed = postsAnswered(server);
+  });
+  // New writes are refused at once, while the old one is still held.
+  ASSERT_TRUE(waitUntil([&] { return !writer.mayWrite(); }));
+  auto refused = writer.create(kConfigMaps, kNamespace, configMap("refused"));
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().reason, "NotLeader");
+  // close() cannot have returned: the write it waits for is unanswered.
+  EXPECT_EQ(closing.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  EXPECT_EQ(postsAnswered(server), 0u);
+
+  server.setStalled(false);
+  closing.get();
+  EXPECT_EQ(answered_when_closed, 1u) << "the write landed before close() returned";
+  auto written = write.get();
+  ASSERT_TRUE(written.isOk()) << written.error().toString();
+  EXPECT_TRUE(server.get("v1", "ConfigMap", kNamespace, "late").has_value());
+  EXPECT_FALSE(server.get("v1", "ConfigMap", kNamespace, "refused").has_value());
+  EXPECT_EQ(postsSeen(server), 1u);
+}
+
+}  // namespace
+}  // namespace tandem::controller
