@@ -119,6 +119,9 @@ class RouterTest : public RouterCluster {
   double routerMetric(const std::string& name, const std::string& filter = "") {
     return prometheusSample(routerMetrics(), name, filter).value_or(0);
   }
+  // signalRunningDecodeAgent, once the router has seen the first token of
+  // an answer begun after this call.
+  std::thread signalDecodeAgentMidAnswer(int signal, Agent** signalled = nullptr);
   void conversationFollowsItsKv(const std::string& adapter);
 };
 
@@ -777,10 +780,15 @@ TEST_F(RouterTest, AChatTemplateReadingTheClockRendersOnePromptOnBothAgents) {
 
 // Sends `signal` to the first decode agent seen running a request (all are
 // watched at once: a dead one answers nothing and must not delay the rest)
-// and sets `signalled` to it (left null when none was seen).
+// and sets `signalled` to it (left null when none was seen). Not before
+// `answer_started` holds: an agent killed before the router saw the
+// answer's first token fails a request the client heard nothing of, which
+// the router sends again as a new one instead of moving it.
 std::thread signalRunningDecodeAgent(std::vector<std::unique_ptr<Agent>>& agents, int signal,
+                                     std::function<bool()> answer_started,
                                      Agent** signalled = nullptr) {
-  return std::thread([&agents, signal, signalled] {
+  return std::thread([&agents, signal, answer_started = std::move(answer_started), signalled] {
+    if (!eventually(answer_started, std::chrono::seconds(20))) return;
     eventually(
         [&] {
           for (auto& agent : agents) {
@@ -794,6 +802,13 @@ std::thread signalRunningDecodeAgent(std::vector<std::unique_ptr<Agent>>& agents
         },
         std::chrono::seconds(4));
   });
+}
+
+std::thread RouterTest::signalDecodeAgentMidAnswer(int signal, Agent** signalled) {
+  const std::string ttfts = "tandem_router_time_to_first_token_seconds_count";
+  const double before = routerMetric(ttfts);
+  return signalRunningDecodeAgent(
+      decode_, signal, [this, ttfts, before] { return routerMetric(ttfts) > before; }, signalled);
 }
 
 // A stream that moved (or not) is the undisturbed one: no error event, one
@@ -827,7 +842,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   const StreamedCompletion undisturbed = parseStream(
       colocated.client()->Post("/v1/completions", long_body.dump(), "application/json")->body);
   ASSERT_EQ(undisturbed.ids.size(), 600u);
-  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  std::thread killer = signalDecodeAgentMidAnswer(SIGKILL);
   auto res = client_->Post("/v1/completions", long_body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
@@ -844,7 +859,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   json whole_body = long_body;
   whole_body.erase("stream");
   const double ttfts_before = routerMetric("tandem_router_time_to_first_token_seconds_count");
-  std::thread whole_killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  std::thread whole_killer = signalDecodeAgentMidAnswer(SIGKILL);
   Answer whole = post(whole_body);
   whole_killer.join();
   ASSERT_EQ(whole.status, 200) << whole.body.dump();
@@ -858,7 +873,7 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
 
   // The last decode agent killed mid-stream: nowhere to move, so the client
   // gets an error event and the end of the stream.
-  std::thread last_killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  std::thread last_killer = signalDecodeAgentMidAnswer(SIGKILL);
   auto cut = client_->Post("/v1/completions", long_body.dump(), "application/json");
   last_killer.join();
   ASSERT_TRUE(cut);
@@ -1028,7 +1043,7 @@ TEST_F(RouterTest, AStreamOfSeveralChoicesEndsWithAClearErrorWhenItsAgentDies) {
   json body = greedy(randomPrompt(30, 72), 600);
   body["stream"] = true;
   body["n"] = 2;
-  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  std::thread killer = signalDecodeAgentMidAnswer(SIGKILL);
   auto res = client_->Post("/v1/completions", body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
@@ -1083,7 +1098,7 @@ TEST_F(RouterTest, ASeededChatStreamMovesToAnotherDecodeAgentUnchanged) {
       colocated.client()->Post("/v1/chat/completions", body.dump(), "application/json")->body,
       expected_usage, expected_done, errors);
   ASSERT_EQ(expected_usage["completion_tokens"], 500);
-  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  std::thread killer = signalDecodeAgentMidAnswer(SIGKILL);
   auto res = client_->Post("/v1/chat/completions", body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
@@ -1120,7 +1135,7 @@ TEST_F(RouterTest, AStalledDecodeAgentsStreamMovesAfterTheUpstreamTimeout) {
       colocated.client()->Post("/v1/completions", body.dump(), "application/json")->body);
   ASSERT_EQ(undisturbed.ids.size(), 300u);
   Agent* stopped = nullptr;
-  std::thread stopper = signalRunningDecodeAgent(decode_, SIGSTOP, &stopped);
+  std::thread stopper = signalDecodeAgentMidAnswer(SIGSTOP, &stopped);
   auto res = client_->Post("/v1/completions", body.dump(), "application/json");
   stopper.join();
   ASSERT_NE(stopped, nullptr);
@@ -1243,7 +1258,7 @@ TEST_F(RouterTest, AStreamMovesNoMoreThanTheMigrationBudgetAllows) {
   startCluster(options);
   json body = greedy(randomPrompt(30, 74), 300);
   body["stream"] = true;
-  std::thread killer = signalRunningDecodeAgent(decode_, SIGKILL);
+  std::thread killer = signalDecodeAgentMidAnswer(SIGKILL);
   auto res = client_->Post("/v1/completions", body.dump(), "application/json");
   killer.join();
   ASSERT_TRUE(res);
