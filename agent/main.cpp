@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();
   int threads = 0;
-  app.add_option("--threads", threads, "kernel threads (default: all cores)")
+  app.add_option("--threads", threads, "kernel threads (default: every CPU it may use)")
       ->check(CLI::Range(0, 1024));
 
   auto* tokenize = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin to {\"ids\"}");

@@ -20,6 +20,7 @@
 #include "agent/server/http_server.h"
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
+#include "common/available_cpus.h"
 #include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
@@ -119,7 +120,13 @@ int runServe(CLI::App& command, ServeOptions& o) {
   YAML::Node file;
   if (!o.config_path.empty()) file = loadServeConfigFile(o.config_path);
   applyServeOptions(command, file, o.config_path, o);
-  if (o.threads > 0) kernels::setNumThreads(o.threads);
+  if (o.threads > 0) {
+    kernels::setNumThreads(o.threads);
+  } else if (const AvailableCpus cpus = availableCpus(); cpus.cgroup_limit) {
+    TANDEM_LOG(kInfo) << "kernel threads: " << cpus.cpus << ", the CPUs it may use ("
+                      << cpus.affinity << " in its affinity mask, a cgroup CPU limit of "
+                      << *cpus.cgroup_limit << ")";
+  }
   if (o.model.empty()) throw Error("--model is required (or model: in --config)");
   // A directory that a fetch is still filling (or that one left half done)
   // is never loaded: its weights may be partly written.

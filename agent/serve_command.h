@@ -75,7 +75,7 @@ struct ServeOptions {
   // vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:<id>"
   // unless a request's return_tokens_as_token_ids says otherwise.
   bool return_tokens_as_token_ids = false;
-  int threads = 0;              // kernel threads; 0: all cores
+  int threads = 0;              // kernel threads; 0: every CPU it may use
   std::string device = "auto";  // compute backend: cpu, cuda or auto (cuda when a GPU is visible)
   bool enforce_eager = false;   // never record decode steps (CUDA graphs)
   // ModelRunnerOptions::fuse_projections: auto (true on CUDA), true, false.

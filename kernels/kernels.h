@@ -88,7 +88,8 @@ inline size_t viewBytes(const WeightView& w) {
 // which round to infinity as transformers' ldexp gives them.
 float mxfp4Value(const WeightView& w, int64_t row, int64_t col);
 
-// Threads used by the kernels (default: hardware concurrency).
+// Threads used by the kernels (default, or 0: the CPUs this process can
+// keep busy, common/available_cpus.h).
 void setNumThreads(int num_threads);
 int numThreads();
 // Runs fn(task, worker) for every task in [0, num_tasks) on the kernels'

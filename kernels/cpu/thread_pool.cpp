@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/available_cpus.h"
+
 namespace tandem::kernels::cpu {
 namespace {
 
@@ -13,10 +15,12 @@ namespace {
 // core while the engine is idle.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
 
+// 0: the CPUs this process can keep busy (its affinity, capped by its
+// cgroup's CPU limit): spinning workers beyond a pod's CPU limit would be
+// throttled for most of each scheduling period.
 int resolveThreadCount(int num_threads) {
   if (num_threads >= 1) return num_threads;
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return hardware == 0 ? 1 : static_cast<int>(hardware);
+  return availableCpus().cpus;
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ struct CalibrateBenchOptions {
   std::string out_path;        // profile YAML; empty: printed to stdout only
   std::string name;            // profile name; empty: "<device>-<model directory name>"
   int samples = 3;             // timed runs per shape (median kept), >= 1
-  int threads = 0;             // kernel threads (0: all cores)
+  int threads = 0;             // kernel threads (0: every CPU it may use)
   std::string kv_dtype = "bf16";
   int block_size = 16;
   // Positions the grid spans (prefill starts, decode contexts); 0: the

@@ -19,7 +19,7 @@ namespace tandem::bench {
 
 struct EngineBenchOptions {
   std::string model_dir;
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: every CPU it may use
   int64_t prompt_tokens = 512;
   int64_t decode_tokens = 128;  // decode steps (each step: one token per sequence)
   int64_t batch = 1;            // sequences decoding together, each with its own prompt

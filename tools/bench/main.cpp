@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   auto* engine = app.add_subcommand("engine", "prefill/decode/GEMM throughput of one engine");
   tandem::bench::EngineBenchOptions options;
   engine->add_option("--model", options.model_dir, "Hugging Face model directory")->required();
-  engine->add_option("--threads", options.threads, "kernel threads (0: all cores)")
+  engine->add_option("--threads", options.threads, "kernel threads (0: every CPU it may use)")
       ->capture_default_str();
   engine->add_option("--prompt-tokens", options.prompt_tokens, "prefill prompt length")
       ->check(CLI::Range(1, 1 << 20))
@@ -475,7 +475,9 @@ int main(int argc, char** argv) {
   calibrate->add_option("--samples", calibrate_options.samples, "timed runs per shape (median)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  calibrate->add_option("--threads", calibrate_options.threads, "kernel threads (0: all cores)")
+  calibrate
+      ->add_option("--threads", calibrate_options.threads,
+                   "kernel threads (0: every CPU it may use)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   calibrate
@@ -622,7 +624,9 @@ int main(int argc, char** argv) {
   tandem::bench::SpeculativeBenchOptions speculative_options;
   speculative->add_option("--model", speculative_options.model_dir, "Hugging Face model directory")
       ->required();
-  speculative->add_option("--threads", speculative_options.threads, "kernel threads (0: all cores)")
+  speculative
+      ->add_option("--threads", speculative_options.threads,
+                   "kernel threads (0: every CPU it may use)")
       ->capture_default_str();
   speculative
       ->add_option("--speculative-config", speculative_options.speculative_config,

@@ -19,7 +19,7 @@ namespace tandem::bench {
 
 struct SpeculativeBenchOptions {
   std::string model_dir;
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: every CPU it may use
   std::string speculative_config =
       R"({"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":2,"prompt_lookup_max":4})";
   // "repeat": each prompt is a random 32-token part repeated; "random":
