@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "agent/engine/safetensors.h"
 #include "common/dtype.h"
 #include "common/file_text.h"
+#include "common/hex.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 
@@ -329,10 +329,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
 
   const uint64_t parts[2] = {XXH3_64bits(config_text.data(), config_text.size()),
                              weights.contentDigest()};
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(parts, sizeof parts)));
-  adapter->digest_ = text;
+  adapter->digest_ = hex64(XXH3_64bits(parts, sizeof parts));
   return adapter;
 }
 

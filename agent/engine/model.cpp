@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -16,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/hex.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 
@@ -777,11 +777,7 @@ const std::string& Model::weightsDigest() const {
     }
     std::vector<uint64_t> parts;
     for (auto& digest : digests) parts.push_back(digest.get());
-    char text[17];
-    std::snprintf(text, sizeof text, "%016llx",
-                  static_cast<unsigned long long>(
-                      XXH3_64bits(parts.data(), parts.size() * sizeof(uint64_t))));
-    weights_digest_ = text;
+    weights_digest_ = hex64(XXH3_64bits(parts.data(), parts.size() * sizeof(uint64_t)));
   });
   return weights_digest_;
 }

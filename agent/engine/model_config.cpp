@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +11,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/hex.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 
@@ -1516,10 +1516,7 @@ std::string ModelConfig::computeDigest() const {
                             {"block_cols", quantization.block_cols}};
   }
   const std::string text = math.dump();
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
-  return hex;
+  return hex64(XXH3_64bits(text.data(), text.size()));
 }
 
 double yarnDefaultAttentionFactor(double factor) { return yarnMscale(factor, 1.0); }

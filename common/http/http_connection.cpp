@@ -10,7 +10,6 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <nlohmann/json.hpp>
@@ -21,6 +20,7 @@
 #include <sys/resource.h>
 
 #include "common/check.h"
+#include "common/hex.h"
 #include "common/hmac.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -1117,10 +1117,7 @@ void HttpService::removeCancel(std::atomic<bool>* cancel) {
 
 std::string HttpService::nextRequestId() {
   static const uint64_t process_salt = std::random_device{}();
-  char text[33];
-  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(process_salt),
-                static_cast<unsigned long long>(next_request_.fetch_add(1)));
-  return text;
+  return hex64(process_salt) + hex64(next_request_.fetch_add(1));
 }
 
 }  // namespace tandem::server

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "common/hex.h"
 #include "common/logging.h"
 #include "operator/controller/desired_objects.h"
 #include "operator/controller/object_meta.h"
@@ -54,9 +55,7 @@ std::string defaultIdentity() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
   std::mt19937_64 generator{std::random_device{}()};
-  char suffix[17];
-  std::snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(generator()));
-  return std::string(host) + "_" + suffix;
+  return std::string(host) + "_" + hex64(generator());
 }
 
 Controller::Controller(k8s::ApiClient& client, ControllerOptions options)

@@ -1,8 +1,8 @@
 #include "operator/controller/event_recorder.h"
 
-#include <cstdio>
 #include <random>
 
+#include "common/hex.h"
 #include "common/logging.h"
 #include "operator/k8s/resource.h"
 
@@ -11,9 +11,7 @@ namespace {
 
 std::string randomHex() {
   thread_local std::mt19937_64 generator{std::random_device{}()};
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(generator()));
-  return text;
+  return hex64(generator());
 }
 
 }  // namespace

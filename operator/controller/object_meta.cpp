@@ -1,8 +1,9 @@
 #include "operator/controller/object_meta.h"
 
 #include <chrono>
-#include <cstdio>
 #include <ctime>
+
+#include "common/hex.h"
 
 namespace tandem::controller {
 
@@ -70,9 +71,7 @@ void stampDesiredHash(json& object) {
     hash ^= c;
     hash *= 1099511628211ull;
   }
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(hash));
-  object["metadata"]["annotations"][kSpecHashAnnotation] = text;
+  object["metadata"]["annotations"][kSpecHashAnnotation] = hex64(hash);
 }
 
 std::string nowRfc3339() {

@@ -23,6 +23,7 @@
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
 #include "agent/engine/sampler.h"
+#include "common/hex.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -81,10 +82,7 @@ SampledRows sampleLastStep(std::span<const float> logits, int64_t rows, int64_t 
 // candidates for the next defaults) with equal digests gave equal logits
 // bit for bit.
 std::string logitsDigest(std::span<const float> logits) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(logits.data(), logits.size_bytes())));
-  return hex;
+  return hex64(XXH3_64bits(logits.data(), logits.size_bytes()));
 }
 
 // `measure` summed over the matrices of one token's forward pass: every
