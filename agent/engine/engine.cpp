@@ -1167,20 +1167,23 @@ void Engine::step() {
   // left it, which emitting another sequence's token does not change.
   // Later rows (drafts accepted) read the tokens accepted before them, and
   // a structured output's mask comes from its matcher (one at a time), so
-  // those are sampled in turn as they come.
-  first_rows_.assign(output.chunks.size(), -1);
+  // those are sampled in turn as they come. Chunk i's first row is
+  // first_tokens[first_rows[i]] (-1: sampled in turn), its min_tokens mask
+  // first_masks[i].
+  std::vector<int64_t> first_rows(output.chunks.size(), -1);
+  std::vector<std::vector<TokenId>> first_masks(output.chunks.size());
+  std::vector<GeneratedToken> first_tokens;
   if (!device_argmax) {
     std::vector<SamplerInput> firsts;
-    first_masks_.resize(output.chunks.size());
     for (size_t i = 0; i < output.chunks.size(); ++i) {
       const ScheduledChunk& chunk = output.chunks[i];
       if (!chunk.samples) continue;
       Live& live = *live_.at(chunk.sequence);
       if (live.matcher) continue;
-      first_rows_[i] = static_cast<int64_t>(firsts.size());
-      firsts.push_back(samplerInput(i, 0, *chunk.sequence, live, first_masks_[i]));
+      first_rows[i] = static_cast<int64_t>(firsts.size());
+      firsts.push_back(samplerInput(i, 0, *chunk.sequence, live, first_masks[i]));
     }
-    first_tokens_ = sampler_pool_.sampleRows(firsts);
+    first_tokens = sampler_pool_.sampleRows(firsts);
   }
 
   finishStep(output, [&](size_t i, int64_t row, Sequence& sequence, Live& live) {
@@ -1189,8 +1192,8 @@ void Engine::step() {
       token.token = argmax_ids_[i];
       return token;
     }
-    if (row == 0 && first_rows_[i] >= 0) {
-      return std::move(first_tokens_[static_cast<size_t>(first_rows_[i])]);
+    if (row == 0 && first_rows[i] >= 0) {
+      return std::move(first_tokens[static_cast<size_t>(first_rows[i])]);
     }
     std::vector<TokenId> mask;
     return sampler_.sample(samplerInput(i, row, sequence, live, mask));

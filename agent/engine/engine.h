@@ -453,12 +453,6 @@ class Engine {
   std::map<std::string, KvSourceTotals> kv_sources_;  // engine thread only
   Sampler sampler_;
   SamplerPool sampler_pool_;  // a step's first rows and prompt logprobs
-  // The step's first rows, sampled together: chunk i's is
-  // first_tokens_[first_rows_[i]] (-1: sampled in turn), its min_tokens
-  // mask first_masks_[i].
-  std::vector<int64_t> first_rows_;
-  std::vector<std::vector<TokenId>> first_masks_;
-  std::vector<GeneratedToken> first_tokens_;
   std::string model_identity_;
   std::vector<std::unique_ptr<LoraAdapter>> adapters_;
   std::vector<AdapterInfo> adapter_infos_;
