@@ -34,7 +34,10 @@
 #              after S seconds (default 300); WGMMA_TIMEOUT=S (default 60)
 #              the wgmma step's two test binaries;
 #              SANITIZE=1 also runs the fast kernels' tests under
-#              compute-sanitizer memcheck;
+#              compute-sanitizer memcheck, and the candidates' and the
+#              wgmma configurations' row tests under racecheck and
+#              synccheck (at the emulator's shapes: the tools run kernels
+#              far slower), a hazard failing them alone;
 #              FAST=0 leaves out the second pass of the gpu tests and the
 #              benchmark runs with --cuda-kernels fast (docs/cuda.md#kernel-sets);
 #              FLASH=0 leaves out the flash attention kernel's checks and
@@ -270,6 +273,18 @@ if [[ "${fast}" == "1" ]]; then
       limited "${sanitizer}" --tool memcheck --error-exitcode 1 \
         "${build}/tests/gpu_cuda_kernels_test" --gtest_filter='CudaFastKernelsTest*:-*Candidate*' \
         --gtest_brief=1 || fast_failed=1
+      # Shared-memory hazards (racecheck) and barrier misuse (synccheck)
+      # in the kernels with asynchronous copies and mbarriers that no GPU
+      # has passed yet: what the emulator, one fiber at a time, cannot show.
+      for tool in racecheck synccheck; do
+        echo "== compute-sanitizer ${tool}: the candidates' kernel tests, the wgmma rows"
+        TANDEM_GPU_TEST_SMALL_SHAPES=1 limited "${sanitizer}" --tool "${tool}" \
+          --error-exitcode 1 "${build}/tests/gpu_cuda_kernels_test" \
+          --gtest_filter='*Candidate*' --gtest_brief=1 || candidates_failed=1
+        TANDEM_GPU_TEST_SMALL_SHAPES=1 limited "${sanitizer}" --tool "${tool}" \
+          --error-exitcode 1 "${build}/tests/gpu_cuda_kernels_test" \
+          --gtest_filter='*Bf16WgmmaRows*' --gtest_brief=1 || wgmma_failed=1
+      done
     fi
   fi
 fi
@@ -724,13 +739,13 @@ if [[ "${reference_failed}" != "0" ]]; then
   exit 1
 fi
 if [[ "${wgmma_failed}" != "0" ]]; then
-  echo "== wgmma (bf16 GEMM configurations 4 to 7; no serving path): a probe failed or the rows" \
-    "differ from configuration 0's (see above)"
+  echo "== wgmma (bf16 GEMM configurations 4 to 7; no serving path): a probe failed, the rows" \
+    "differ from configuration 0's or compute-sanitizer found a hazard (see above)"
 fi
 if [[ "${candidates_failed}" != "0" ]]; then
   echo "== candidates (deep decode and attention loads, compact attention grid; no serving" \
     "path): a kernel test or their benchmark run FAILED, or their logits differ from the" \
-    "serving run's (see above)"
+    "serving run's, or compute-sanitizer found a hazard (see above)"
 fi
 if [[ "${fast_failed}" != "0" ]]; then
   echo "== --cuda-kernels fast: a test or benchmark run FAILED (see above)"

@@ -118,6 +118,28 @@ exit "${status}"
 """
 
 
+# compute-sanitizer: logs "sanitizer TOOL PROGRAM FILTER small=SETTING" (the
+# TANDEM_GPU_TEST_SMALL_SHAPES it was given), fails where DRY_FAIL matches
+# that line, else runs the program.
+SANITIZER_STAND_IN = r"""#!/usr/bin/env bash
+tool=""
+while (($#)); do
+  case "$1" in
+    --tool) tool="$2"; shift 2 ;;
+    --error-exitcode) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+filter="*"
+for arg in "$@"; do [[ "${arg}" == --gtest_filter=* ]] && filter="${arg#--gtest_filter=}"; done
+line="sanitizer ${tool} $(basename "$1") ${filter} small=${TANDEM_GPU_TEST_SMALL_SHAPES:-}"
+echo "${line}" >> "${DRY_LOG}"
+if [[ -n "${DRY_FAIL:-}" ]] && grep -qE -- "${DRY_FAIL}" <<<"${line}"; then exit 1; fi
+exec "$@"
+"""
+
+
 def gemm_rows(layer_ms, differ=()):
     """--bf16-gemm-configs rows: configuration c takes layer_ms[c]."""
     return [{"config": c, "shape": "-", "layer_ms": ms, "tflops": 1.0,
@@ -151,6 +173,7 @@ class GpuCheckTest(unittest.TestCase):
         write(os.path.join(build, "bin", "tandem-bench"), BENCH_STAND_IN)
         write(os.path.join(build, "bin", "tandem-model"), MODEL_STAND_IN)
         write(os.path.join(cls.dir, "path", "ncu"), NCU_STAND_IN)
+        write(os.path.join(cls.dir, "path", "compute-sanitizer"), SANITIZER_STAND_IN)
         cls.build = build
 
     @classmethod
@@ -302,6 +325,34 @@ class GpuCheckTest(unittest.TestCase):
                          ["ncu ncu-batch1", "ncu ncu-batch32"])
         self.assertNotIn(", deep decode and attention loads, compact attention grid |", out)
         self.assertIn("| flash, bf16 compute, fused projections |", out)
+
+    def test_sanitize_runs_each_tool_and_a_hazard_fails_only_the_kernels_it_was_in(self):
+        out, lines = self.check_one_model(
+            0, SANITIZE="1", fail=r"^sanitizer racecheck \S+ \*Candidate\* ")
+        self.assertRan(lines, r"^sanitizer memcheck gpu_cuda_kernels_test "
+                              r"CudaFastKernelsTest\*:-\*Candidate\* small=$", 1)
+        # racecheck and synccheck at the emulator's shapes, on the candidates'
+        # tests and on the wgmma rows, each apart.
+        for tool in ("racecheck", "synccheck"):
+            for tests in (r"\*Candidate\*", r"\*Bf16WgmmaRows\*"):
+                self.assertRan(lines, rf"^sanitizer {tool} gpu_cuda_kernels_test {tests} small=1$",
+                               1)
+        self.assertIn("their logits differ from the serving run's, or compute-sanitizer found a "
+                      "hazard", out)
+        self.assertRan(lines, r"^bench .*--deep-skinny", 0)
+        self.assertNotIn("== wgmma (", out)
+        self.assertRan(lines, r"^bench .*--batch 32 .*--cuda-kernels flash", 1)
+
+    def test_a_hazard_in_the_wgmma_rows_fails_the_wgmma_configurations_alone(self):
+        rows = gemm_rows([10.0, 5.0, 9.0, 9.0, 9.0, 9.0, 2.0, 6.0, 3.0, 4.0], differ=(9,))
+        out, lines = self.check_one_model(
+            0, SANITIZE="1", rows=rows, fail=r"^sanitizer synccheck \S+ \*Bf16WgmmaRows\* ")
+        self.assertIn("a probe failed, the rows differ from configuration 0's or "
+                      "compute-sanitizer found a hazard", out)
+        self.assertNotIn("compute-sanitizer found a hazard (see above)\n== candidates", out)
+        self.assertNotIn("== candidates (deep decode", out)
+        # The flash runs leave configuration 6 out: 8 is the fastest of the others.
+        self.assertRan(lines, r"^bench .*--cuda-kernels flash .*--bf16-gemm-config 8", 4)
 
     def test_a_failing_flash_check_fails_the_script(self):
         out, lines = self.check_one_model(
