@@ -71,6 +71,7 @@ k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, cons
   // In flight from the read to the last retry's write: close() waits for it.
   InFlight in_flight(*this);
   if (!in_flight) return notLeader();
+  k8s::RetryGate gate([this] { return mayWrite(); });
   bool lost_leadership = false;
   bool changed = false;
   auto result = client_.readModifyWrite(

@@ -3,14 +3,17 @@
 // before the call; successful writes are counted (the
 // tandem_operator_api_writes_total metric).
 //
-// A fence, for leader election: close() refuses new writes at once, then
-// waits until every write begun before it has been answered (its retries
-// included; each call's request timeout bounds the wait). A replica that
-// lost its Lease says so (the leader gauge, the log) only once close() has
-// returned, so none of its writes lands after it says it stopped. What the
-// Kubernetes API cannot give, a fencing token that the server checks, is
-// not attempted: the renew deadline ending before the lease duration (as in
-// client-go) keeps a write begun in time from meeting the next leader's.
+// A fence, for leader election: close() refuses new writes at once, and
+// each write begun before it makes no new try (a k8s::RetryGate on its
+// thread: neither a transient failure's retry nor a conflict's); close()
+// then waits for the tries already sent to be answered (one request timeout
+// each at most). A replica that lost its Lease says so (the leader gauge,
+// the log) only once close() has returned, so none of its writes lands
+// after it says it stopped. The API server takes no fencing token, so a
+// try sent just before the renew deadline can still land after another
+// replica has begun leading, when it takes longer than the margin between
+// the renew deadline and the lease duration (5 s by default); as with
+// client-go, keeping that margin above a write's answer time is the guard.
 //
 // Thread-safe as ApiClient is.
 #pragma once
@@ -75,6 +78,9 @@ class ApiWriter {
   auto guarded(const Call& call) -> decltype(call()) {
     InFlight in_flight(*this);
     if (!in_flight) return notLeader();
+    // No retry once close() began: a try already sent is waited for, no
+    // new one is made.
+    k8s::RetryGate gate([this] { return mayWrite(); });
     auto result = call();
     if (result.isOk()) on_write_();
     return result;

@@ -83,6 +83,7 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
       });
   // Without election this replica is the only writer.
   leading_ = !options_.leader_elect;
+  reconciling_ = leading_.load();
   metrics_.setLeader(leading_.load());
 }
 
@@ -151,7 +152,7 @@ void Controller::start() {
   }
   if (options_.planner_interval.count() > 0)
     planner_thread_ = std::thread([this] { plannerLoop(); });
-  if (leading_) enqueueAll();
+  if (reconciling_) enqueueAll();
 }
 
 void Controller::stop() {
@@ -267,37 +268,47 @@ void Controller::onChildEvent(const json& object) {
 }
 
 void Controller::setLeading(bool leading) {
-  // Writes are fenced before this replica says it stopped leading: once
-  // the gauge reads 0, every write it began has been answered. What it last
-  // saw of the pools is not exported as if it were current either (the
-  // leader's series are): the table is emptied before the gauge says so,
-  // and kept empty until it leads again, whatever a reconcile begun before
-  // that finishes.
   if (leading) {
     writer_.open();
-  } else {
-    const int in_flight = writer_.writesInFlight();
-    if (in_flight > 0) {
-      TANDEM_LOG(kWarn) << "controller: lost the Lease; waiting for " << in_flight
-                        << " write(s) in flight to be answered";
+    pool_replicas_.setOpen(true);
+    {
+      std::lock_guard<std::mutex> lock(leading_mutex_);
+      leading_ = true;
+      reconciling_ = true;
+      leading_changed_.notify_all();
     }
-    writer_.close();
-  }
-  pool_replicas_.setOpen(leading);
-  {
-    std::lock_guard<std::mutex> lock(leading_mutex_);
-    leading_ = leading;
-    leading_changed_.notify_all();
-  }
-  metrics_.setLeader(leading);
-  if (leading) {
+    metrics_.setLeader(true);
     TANDEM_LOG(kInfo) << "controller: leading as " << options_.identity;
     std::printf("leading\n");
     std::fflush(stdout);
     enqueueAll();
-  } else {
-    TANDEM_LOG(kWarn) << "controller: stopped leading; writes stop until the Lease is won again";
+    return;
   }
+  // Workers and the planner stop at once; what this replica last saw of
+  // the pools is not exported as if it were current (the leader's series
+  // are): the table is emptied, and kept empty until it leads again,
+  // whatever a reconcile begun before finishes. Then writes are fenced
+  // before it says it stopped leading: once the gauge reads 0, every write
+  // it began has been answered and none will try again.
+  {
+    std::lock_guard<std::mutex> lock(leading_mutex_);
+    reconciling_ = false;
+    leading_changed_.notify_all();
+  }
+  pool_replicas_.setOpen(false);
+  const int in_flight = writer_.writesInFlight();
+  if (in_flight > 0) {
+    TANDEM_LOG(kWarn) << "controller: lost the Lease; waiting for " << in_flight
+                      << " write(s) in flight to be answered";
+  }
+  writer_.close();
+  {
+    std::lock_guard<std::mutex> lock(leading_mutex_);
+    leading_ = false;
+    leading_changed_.notify_all();
+  }
+  metrics_.setLeader(false);
+  TANDEM_LOG(kWarn) << "controller: stopped leading; writes stop until the Lease is won again";
 }
 
 void Controller::workerLoop() {
@@ -308,11 +319,11 @@ void Controller::workerLoop() {
   while (!stopping_.load()) {
     {
       std::unique_lock<std::mutex> lock(leading_mutex_);
-      leading_changed_.wait(lock, [this] { return leading_.load() || stopping_.load(); });
+      leading_changed_.wait(lock, [this] { return reconciling_.load() || stopping_.load(); });
     }
     std::optional<std::string> key = queue_.get();
     if (!key) return;
-    if (!leading_.load()) {
+    if (!reconciling_.load()) {
       // Dropped: becoming leader again enqueues every owner.
       queue_.done(*key);
       continue;
@@ -373,8 +384,8 @@ void Controller::plannerLoop() {
     // what would be stale) and writes nothing; it forgets its pools' planner
     // state and series, and plans afresh if it leads again (the other
     // leader's writes are not a manual change).
-    if (!stopping_.load() && !leading_.load()) autoscaler_->round(0, {});
-    if (stopping_.load() || !leading_.load() || !synced()) continue;
+    if (!stopping_.load() && !reconciling_.load()) autoscaler_->round(0, {});
+    if (stopping_.load() || !reconciling_.load() || !synced()) continue;
     plannerRound(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }

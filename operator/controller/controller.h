@@ -108,7 +108,12 @@ class Controller {
   ControllerOptions options_;
   PoolReplicaTable pool_replicas_;  // before metrics_, which reads it
   ControllerMetrics metrics_;
+  // leading_: this replica holds the Lease or may still write (the leader
+  // gauge); reconciling_: its workers and planner act. Both are set when it
+  // leads; reconciling_ is cleared first when it stops, leading_ once its
+  // writes in flight are answered.
   std::atomic<bool> leading_{false};
+  std::atomic<bool> reconciling_{false};
   std::atomic<bool> started_{false};
   std::atomic<bool> stopping_{false};
   ApiWriter writer_;

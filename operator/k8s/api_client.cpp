@@ -111,6 +111,24 @@ std::chrono::milliseconds backoffDelay(int attempt, std::chrono::milliseconds in
   return std::chrono::milliseconds(jitter(random_engine));
 }
 
+namespace {
+thread_local const RetryGate* innermost_gate = nullptr;
+}  // namespace
+
+RetryGate::RetryGate(std::function<bool()> keep_trying)
+    : keep_trying_(std::move(keep_trying)), outer_(innermost_gate) {
+  innermost_gate = this;
+}
+
+RetryGate::~RetryGate() { innermost_gate = outer_; }
+
+bool RetryGate::open() {
+  for (const RetryGate* gate = innermost_gate; gate != nullptr; gate = gate->outer_) {
+    if (!gate->keep_trying_()) return false;
+  }
+  return true;
+}
+
 class ApiClient::Impl {
  public:
   Impl(const ClusterConfig& config, const RetryPolicy& retry, std::atomic<uint64_t>& request_count)
@@ -147,10 +165,11 @@ class ApiClient::Impl {
         error = errorFromAnswer(answer.value(), description);
         if (answer->status == 429) retry_after = parseRetryAfter(answer->retry_after);
       }
-      if (!error.isTransient() || attempt + 1 >= attempts) return error;
+      if (!error.isTransient() || attempt + 1 >= attempts || !RetryGate::open()) return error;
       auto delay = backoffDelay(attempt, retry_.initial_backoff, retry_.max_backoff);
       if (retry_after) delay = std::min(*retry_after, retry_.max_backoff);
       std::this_thread::sleep_for(delay);
+      if (!RetryGate::open()) return error;
     }
   }
 
@@ -346,8 +365,12 @@ Result<json> ApiClient::readModifyWrite(const ResourceType& type, const std::str
     json changed = current.value();
     if (!mutate(changed)) return current;
     auto written = update(type, ns, changed, subresource);
-    if (written.isOk() || !written.error().isConflict() || attempt + 1 >= attempts) return written;
+    if (written.isOk() || !written.error().isConflict() || attempt + 1 >= attempts ||
+        !RetryGate::open()) {
+      return written;
+    }
     std::this_thread::sleep_for(backoffDelay(attempt, retry_.initial_backoff, retry_.max_backoff));
+    if (!RetryGate::open()) return written;
   }
 }
 

@@ -68,6 +68,25 @@ struct RetryPolicy {
   std::chrono::milliseconds max_backoff{5000};
 };
 
+// While one lives, the calls its thread makes send no new try once
+// `keep_trying()` is false: a retry (of a transient failure, or of a
+// read-modify-write's conflict) returns the last try's error instead. The
+// controller's write fence (ApiWriter) holds one during each write, so a
+// replica that lost its Lease sends no write after it refused new ones.
+class RetryGate {
+ public:
+  explicit RetryGate(std::function<bool()> keep_trying);
+  ~RetryGate();
+  RetryGate(const RetryGate&) = delete;
+  RetryGate& operator=(const RetryGate&) = delete;
+  // Whether this thread's calls may try again: every gate it holds says so.
+  static bool open();
+
+ private:
+  std::function<bool()> keep_trying_;
+  const RetryGate* outer_;
+};
+
 class ApiClient {
  public:
   explicit ApiClient(ClusterConfig config, RetryPolicy retry = {});

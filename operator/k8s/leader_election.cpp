@@ -132,8 +132,10 @@ void LeaderElector::stop() {
   if (loop_ != nullptr) loop_->stop();
   std::lock_guard<std::mutex> lock(step_mutex_);
   if (!leader_.load()) return;
-  releaseLocked();
+  // Stopped leading (its callback may wait for its writes) before the
+  // Lease is released: nothing of this replica's lands after another leads.
   stopLeadingLocked();
+  releaseLocked();
 }
 
 bool LeaderElector::tryAcquireOrRenew() {

@@ -14,8 +14,10 @@
 // renewTime) are the wall clock, RFC 3339 with microseconds.
 //
 // Callbacks run on the thread that changed the state (the loop's, or the
-// caller of tryAcquireOrRenew()/stop()); they must not block and must not
-// call stop() or tryAcquireOrRenew().
+// caller of tryAcquireOrRenew()/stop()) and must not call stop() or
+// tryAcquireOrRenew(). on_stopped_leading may wait for the caller's writes
+// in flight (the controller's write fence): the election waits with it, and
+// on stop() the Lease is released only after it returns.
 #pragma once
 
 #include <atomic>
@@ -51,8 +53,8 @@ class LeaderElector {
 
   // Starts the election loop on its own thread.
   void start();
-  // Stops the loop; when leading, releases the Lease (holderIdentity cleared)
-  // and calls on_stopped_leading.
+  // Stops the loop; when leading, calls on_stopped_leading, then releases
+  // the Lease (holderIdentity cleared).
   void stop();
   // True only while this candidate holds a Lease it renewed within renew_deadline.
   bool isLeader() const { return leader_.load(); }

@@ -74,16 +74,22 @@ TEST(ApiWriterTest, CloseReturnsOnlyOnceTheWriteInFlightIsAnswered) {
   k8s::ApiClient client(testClusterConfig(server, kNamespace));
   ApiWriter writer(client, /*open=*/true, [] {});
 
-  // The server holds the request it has read until unstalled.
+  // The server holds the request it has read until unstalled (by the
+  // guard too, before the futures wait, should an assertion end the test).
+  std::future<k8s::Result<json>> write;
+  std::future<void> closing;
   server.setStalled(true);
-  auto write = std::async(std::launch::async, [&] {
-    return writer.create(kConfigMaps, kNamespace, configMap("late"));
-  });
+  struct Unstall {
+    testing::ApiServer& server;
+    ~Unstall() { server.setStalled(false); }
+  } unstall{server};
+  write = std::async(std::launch::async,
+                     [&] { return writer.create(kConfigMaps, kNamespace, configMap("late")); });
   ASSERT_TRUE(waitUntil([&] { return postsSeen(server) == 1; }));
   EXPECT_EQ(writer.writesInFlight(), 1);
 
   size_t answered_when_closed = 0;
-  auto closing = std::async(std::launch::async, [&] {
+  closing = std::async(std::launch::async, [&] {
     writer.close();
     answered_when_closed = postsAnswered(server);
   });

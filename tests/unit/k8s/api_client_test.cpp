@@ -693,6 +693,30 @@ TEST(ApiClientScriptedTest, ServerErrorsGiveUpAfterTheAttemptsWithTheLastStatus)
   EXPECT_EQ(server.requests().size(), 2u);
 }
 
+// A RetryGate that closes stops the retries of its thread's calls: the
+// controller's write fence sends no new try once a replica lost its Lease.
+TEST(ApiClientScriptedTest, AClosedRetryGateStopsTheRetries) {
+  std::atomic<int> calls{0};
+  ScriptedServer server([&](const auto&) {
+    ++calls;
+    return ScriptedReply{answer(
+        503, "Service Unavailable",
+        R"({"kind":"Status","code":503,"reason":"ServiceUnavailable","message":"etcd busy"})")};
+  });
+  ApiClient client(plainConfig(server.url()), quickRetries(4));
+  {
+    // Open for the first try's retry only.
+    RetryGate gate([&] { return calls.load() < 2; });
+    auto result = client.getPath("/version");
+    ASSERT_FALSE(result.isOk());
+    EXPECT_EQ(result.error().code, 503);
+    EXPECT_EQ(server.requests().size(), 2u);
+  }
+  // Without a gate (the thread's gate gone with its scope): every attempt.
+  ASSERT_FALSE(client.getPath("/version").isOk());
+  EXPECT_EQ(server.requests().size(), 6u);
+}
+
 TEST(ApiClientScriptedTest, TooManyRequestsHonoursRetryAfter) {
   std::atomic<int> calls{0};
   ScriptedServer server([&](const auto&) {
