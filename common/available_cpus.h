@@ -6,10 +6,10 @@
 // to 4 CPUs on a 64-core node, 64 spinning kernel threads would share 4
 // CPUs' time and be throttled by the kernel for most of each period.
 //
-// As the Go runtime (1.25) and the JVM do, a fractional limit is rounded
-// up, and the limit is the least along the cgroup's path to the mount's
-// root (a parent's quota binds its children too). Linux only; elsewhere,
-// or when nothing can be read, the affinity (or the cores) alone counts.
+// A fractional limit is rounded up (as the JVM counts a container's CPUs),
+// and the limit is the least along the cgroup's path to the mount's root (a
+// parent's quota binds its children too). Linux only; elsewhere, or when
+// nothing can be read, the affinity (or the cores) alone counts.
 #pragma once
 
 #include <filesystem>

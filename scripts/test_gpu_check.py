@@ -354,6 +354,13 @@ class GpuCheckTest(unittest.TestCase):
         # The flash runs leave configuration 6 out: 8 is the fastest of the others.
         self.assertRan(lines, r"^bench .*--cuda-kernels flash .*--bf16-gemm-config 8", 4)
 
+    def test_after_a_hanging_wgmma_step_the_sanitizer_leaves_the_wgmma_rows_out(self):
+        out, lines = self.check_one_model(0, SANITIZE="1", hang=r"^test \S+ \*Warpgroup\*")
+        self.assertRan(lines, r"^sanitizer \S+ \S+ \*Bf16WgmmaRows\*", 0)
+        self.assertRan(lines, r"^sanitizer (racecheck|synccheck) \S+ \*Candidate\* small=1$", 2)
+        self.assertIn("== compute-sanitizer racecheck: the wgmma rows left out (the wgmma step "
+                      "hung)", out)
+
     def test_a_failing_flash_check_fails_the_script(self):
         out, lines = self.check_one_model(
             1, fail=r"^test gpu_engine_exactness_test \S*CudaExactnessTest\S* "
