@@ -155,25 +155,29 @@ std::optional<double> cgroupCpuLimit(std::string_view mountinfo, std::string_vie
   return least;
 }
 
-AvailableCpus availableCpus() {
+AvailableCpus availableCpusOf(int affinity, std::optional<double> cgroup_limit) {
   AvailableCpus available;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    available.affinity = CPU_COUNT(&set);
-  } else {
-    available.affinity = static_cast<int>(std::thread::hardware_concurrency());
-  }
-  available.affinity = std::max(available.affinity, 1);
-  const std::optional<std::string> mountinfo = readFileText("/proc/self/mountinfo");
-  const std::optional<std::string> self_cgroup = readFileText("/proc/self/cgroup");
-  if (mountinfo && self_cgroup) available.cgroup_limit = cgroupCpuLimit(*mountinfo, *self_cgroup);
+  available.affinity = std::max(affinity, 1);
+  available.cgroup_limit = cgroup_limit;
   available.cpus = available.affinity;
-  if (available.cgroup_limit) {
-    const double whole = std::ceil(*available.cgroup_limit);
+  if (cgroup_limit) {
+    const double whole = std::ceil(*cgroup_limit);
     if (whole < available.cpus) available.cpus = std::max(1, static_cast<int>(whole));
   }
   return available;
+}
+
+AvailableCpus availableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int affinity = sched_getaffinity(0, sizeof set, &set) == 0
+                           ? CPU_COUNT(&set)
+                           : static_cast<int>(std::thread::hardware_concurrency());
+  const std::optional<std::string> mountinfo = readFileText("/proc/self/mountinfo");
+  const std::optional<std::string> self_cgroup = readFileText("/proc/self/cgroup");
+  std::optional<double> limit;
+  if (mountinfo && self_cgroup) limit = cgroupCpuLimit(*mountinfo, *self_cgroup);
+  return availableCpusOf(affinity, limit);
 }
 
 }  // namespace tandem

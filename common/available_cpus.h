@@ -32,6 +32,10 @@ struct AvailableCpus {
   std::optional<double> cgroup_limit;  // nullopt: none
 };
 
+// The count from an affinity and a limit: ⌈limit⌉ where it is below the
+// affinity, at least 1.
+AvailableCpus availableCpusOf(int affinity, std::optional<double> cgroup_limit);
+
 // This process's, read now.
 AvailableCpus availableCpus();
 

@@ -7,7 +7,6 @@
 #include <sched.h>
 #include <stdlib.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -130,18 +129,26 @@ TEST_F(CgroupTree, NothingReadableOrMalformedIsNoLimit) {
 }
 
 TEST(AvailableCpusTest, TheAffinityCappedByTheLimitRoundedUp) {
+  EXPECT_EQ(availableCpusOf(64, std::nullopt).cpus, 64);
+  EXPECT_EQ(availableCpusOf(64, 4.0).cpus, 4);
+  EXPECT_EQ(availableCpusOf(64, 2.5).cpus, 3);
+  EXPECT_EQ(availableCpusOf(64, 0.5).cpus, 1);
+  EXPECT_EQ(availableCpusOf(64, 0.001).cpus, 1);
+  EXPECT_EQ(availableCpusOf(2, 8.0).cpus, 2) << "a limit above the affinity does not raise it";
+  EXPECT_EQ(availableCpusOf(0, std::nullopt).cpus, 1);
+  const AvailableCpus capped = availableCpusOf(16, 1.5);
+  EXPECT_EQ(capped.affinity, 16);
+  EXPECT_EQ(capped.cgroup_limit, 1.5);
+}
+
+TEST(AvailableCpusTest, ThisProcesssAffinityIsRead) {
   const AvailableCpus available = availableCpus();
   cpu_set_t set;
   CPU_ZERO(&set);
   ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
   EXPECT_EQ(available.affinity, CPU_COUNT(&set));
-  int expected = available.affinity;
-  if (available.cgroup_limit) {
-    expected =
-        std::min(expected, std::max(1, static_cast<int>(std::ceil(*available.cgroup_limit))));
-  }
-  EXPECT_EQ(available.cpus, expected);
   EXPECT_GE(available.cpus, 1);
+  EXPECT_LE(available.cpus, available.affinity);
 }
 
 }  // namespace

@@ -112,5 +112,59 @@ TEST(ApiWriterTest, CloseReturnsOnlyOnceTheWriteInFlightIsAnswered) {
   EXPECT_EQ(postsSeen(server), 1u);
 }
 
+// A read-modify-write is in flight from its read: close() waits for the
+// read held by the server, and the write it would have made is not made.
+TEST(ApiWriterTest, AReadModifyWriteClosedDuringItsReadWritesNothing) {
+  testing::ApiServer server;
+  k8s::ApiClient client(testClusterConfig(server, kNamespace));
+  ApiWriter writer(client, /*open=*/true, [] {});
+  ASSERT_TRUE(writer.create(kConfigMaps, kNamespace, configMap("settings")).isOk());
+  auto readsSeen = [&] {
+    size_t reads = 0;
+    for (const std::string& line : server.requestLog()) {
+      if (line.rfind("GET /api/v1/namespaces/serving/configmaps/settings", 0) == 0) ++reads;
+    }
+    return reads;
+  };
+  auto putsSeen = [&] {
+    size_t puts = 0;
+    for (const std::string& line : server.requestLog()) {
+      if (line.rfind("PUT ", 0) == 0) ++puts;
+    }
+    return puts;
+  };
+
+  std::future<k8s::Result<json>> changed;
+  std::future<void> closing;
+  server.setStalled(true);
+  struct Unstall {
+    testing::ApiServer& server;
+    ~Unstall() { server.setStalled(false); }
+  } unstall{server};
+  bool mutated = false;
+  changed = std::async(std::launch::async, [&] {
+    return writer.readModifyWrite(kConfigMaps, kNamespace, "settings", [&](json& object) {
+      mutated = true;
+      object["data"]["a"] = "2";
+      return true;
+    });
+  });
+  ASSERT_TRUE(waitUntil([&] { return readsSeen() == 1; }));
+  EXPECT_EQ(writer.writesInFlight(), 1);
+  closing = std::async(std::launch::async, [&] { writer.close(); });
+  ASSERT_TRUE(waitUntil([&] { return !writer.mayWrite(); }));
+  EXPECT_EQ(closing.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "close() returned while the read-modify-write's read was held";
+
+  server.setStalled(false);
+  closing.get();
+  auto result = changed.get();
+  ASSERT_FALSE(result.isOk());
+  EXPECT_EQ(result.error().reason, "NotLeader");
+  EXPECT_FALSE(mutated);
+  EXPECT_EQ(putsSeen(), 0u);
+  EXPECT_EQ(server.get("v1", "ConfigMap", kNamespace, "settings")->at("data")["a"], "1");
+}
+
 }  // namespace
 }  // namespace tandem::controller
