@@ -85,7 +85,7 @@ k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, cons
         return changed;
       },
       subresource);
-  if (lost_leadership) return notLeader();
+  if (lost_leadership || (!result.isOk() && !mayWrite())) return notLeader();
   if (result.isOk() && changed) on_write_();
   return result;
 }

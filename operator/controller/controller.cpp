@@ -84,6 +84,7 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
   // Without election this replica is the only writer.
   leading_ = !options_.leader_elect;
   reconciling_ = leading_.load();
+  pool_replicas_.setOpen(leading_.load());
   metrics_.setLeader(leading_.load());
 }
 
@@ -195,8 +196,9 @@ bool Controller::waitForSync(std::chrono::milliseconds timeout) const {
 }
 
 std::string Controller::renderMetrics() {
+  // The leader gauge is set where leading_ changes (setLeading): set here
+  // from a separate read, a scrape could put back the value just replaced.
   metrics_.setQueueDepth(queue_.depth());
-  metrics_.setLeader(leading_.load());
   for (const auto* informers : {&owner_informers_, &child_informers_}) {
     for (const auto& informer : *informers) {
       metrics_.setWatchTotals(informer->type().plural, informer->watchRestarts(),
@@ -284,7 +286,8 @@ void Controller::setLeading(bool leading) {
     enqueueAll();
     return;
   }
-  // Workers and the planner stop at once; what this replica last saw of
+  // Workers stop at once, the planner at its next round (one begun runs
+  // on, its writes refused); what this replica last saw of
   // the pools is not exported as if it were current (the leader's series
   // are): the table is emptied, and kept empty until it leads again,
   // whatever a reconcile begun before finishes. Then writes are fenced

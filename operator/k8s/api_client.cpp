@@ -154,7 +154,8 @@ class ApiClient::Impl {
       } else if (answer->status >= 200 && answer->status < 300) {
         return answer;
       } else {
-        if (answer->status == 401 && !config_.token_file.empty() && !token_reread) {
+        if (answer->status == 401 && !config_.token_file.empty() && !token_reread &&
+            RetryGate::open()) {
           // The token may have been rotated since it was read: read it again, once.
           token_reread = true;
           auto reread = currentToken(true);

@@ -76,6 +76,9 @@ TEST(ApiWriterTest, CloseReturnsOnlyOnceTheWriteInFlightIsAnswered) {
 
   // The server holds the request it has read until unstalled (by the
   // guard too, before the futures wait, should an assertion end the test).
+  // Written by the futures' threads: declared before them, so that they
+  // outlive the threads however the test ends.
+  size_t answered_when_closed = 0;
   std::future<k8s::Result<json>> write;
   std::future<void> closing;
   server.setStalled(true);
@@ -88,7 +91,6 @@ TEST(ApiWriterTest, CloseReturnsOnlyOnceTheWriteInFlightIsAnswered) {
   ASSERT_TRUE(waitUntil([&] { return postsSeen(server) == 1; }));
   EXPECT_EQ(writer.writesInFlight(), 1);
 
-  size_t answered_when_closed = 0;
   closing = std::async(std::launch::async, [&] {
     writer.close();
     answered_when_closed = postsAnswered(server);
@@ -134,6 +136,7 @@ TEST(ApiWriterTest, AReadModifyWriteClosedDuringItsReadWritesNothing) {
     return puts;
   };
 
+  bool mutated = false;  // before the futures, as above
   std::future<k8s::Result<json>> changed;
   std::future<void> closing;
   server.setStalled(true);
@@ -141,7 +144,6 @@ TEST(ApiWriterTest, AReadModifyWriteClosedDuringItsReadWritesNothing) {
     testing::ApiServer& server;
     ~Unstall() { server.setStalled(false); }
   } unstall{server};
-  bool mutated = false;
   changed = std::async(std::launch::async, [&] {
     return writer.readModifyWrite(kConfigMaps, kNamespace, "settings", [&](json& object) {
       mutated = true;

@@ -216,6 +216,18 @@ TEST_F(LeaderElectionTest, ReleaseOnStopLetsTheOtherAcquireAtOnce) {
   EXPECT_EQ(leaseSpec()["holderIdentity"], "b");
 }
 
+// On stop, on_stopped_leading runs while the Lease is still held (the
+// controller waits there for its writes in flight), then it is released.
+TEST_F(LeaderElectionTest, OnStopTheLeaseIsReleasedAfterTheStoppedLeadingCallback) {
+  std::string holder_when_stopped = "(not called)";
+  LeaderElector elector(
+      client_, config("a"), [] {}, [&] { holder_when_stopped = leaseSpec()["holderIdentity"]; });
+  ASSERT_TRUE(elector.tryAcquireOrRenew());
+  elector.stop();
+  EXPECT_EQ(holder_when_stopped, "a");
+  EXPECT_EQ(leaseSpec()["holderIdentity"], "");
+}
+
 TEST_F(LeaderElectionTest, LeaderThatCannotRenewWithinTheDeadlineStopsLeading) {
   Candidate a;
   makeElector(a, config("a"));
