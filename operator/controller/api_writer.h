@@ -6,14 +6,16 @@
 // A fence, for leader election: close() refuses new writes at once, and
 // each write begun before it makes no new try (a k8s::RetryGate on its
 // thread: neither a transient failure's retry nor a conflict's); close()
-// then waits for the tries already sent to be answered (one request timeout
-// each at most, or the end of a retry's backoff sleep under way). A write
-// that failed once the writer closed fails as NotLeader. A replica that lost its Lease says so (the
-// leader gauge, the log) only once close() has returned, so none of its writes lands after it says
-// it stopped. The API server takes no fencing token, so a try sent just before the renew deadline
-// can still land after another replica has begun leading, when it takes longer than the margin
-// between the renew deadline and the lease duration (5 s by default); as with client-go, keeping
-// that margin above a write's answer time is the guard.
+// then waits for the tries already sent to be answered (one request
+// timeout each at most, or the end of a retry's backoff sleep under way). A
+// write that failed once the writer closed fails as NotLeader. A replica
+// that lost its Lease says so (the leader gauge, the log) only once close()
+// has returned, so none of its writes lands after it says it stopped. The
+// API server takes no fencing token, so a try sent just before the renew
+// deadline can still land after another replica has begun leading, when it
+// takes longer than the margin between the renew deadline and the lease
+// duration (5 s by default); as with client-go, keeping that margin above a
+// write's answer time is the guard.
 //
 // Thread-safe as ApiClient is.
 #pragma once

@@ -65,7 +65,6 @@ Controller::Controller(k8s::ApiClient& client, ControllerOptions options)
         return std::move(options);
       }()),
       metrics_(pool_replicas_),
-      // Without election this replica is the only writer.
       writer_(client, !options_.leader_elect, [this] { metrics_.apiWrite(); }),
       events_(writer_, options_.identity),
       reconciler_(writer_, events_, reconcilerOptions()),
@@ -287,12 +286,12 @@ void Controller::setLeading(bool leading) {
     return;
   }
   // Workers stop at once, the planner at its next round (one begun runs
-  // on, its writes refused); what this replica last saw of
-  // the pools is not exported as if it were current (the leader's series
-  // are): the table is emptied, and kept empty until it leads again,
-  // whatever a reconcile begun before finishes. Then writes are fenced
-  // before it says it stopped leading: once the gauge reads 0, every write
-  // it began has been answered and none will try again.
+  // on, its writes refused); what this replica last saw of the pools is
+  // not exported as if it were current (the leader's series are): the
+  // table is emptied, and kept empty until it leads again, whatever a
+  // reconcile begun before finishes. Then writes are fenced before it says
+  // it stopped leading: once the gauge reads 0, every write it began has
+  // been answered and none will try again.
   {
     std::lock_guard<std::mutex> lock(leading_mutex_);
     reconciling_ = false;
