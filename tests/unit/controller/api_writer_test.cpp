@@ -44,6 +44,20 @@ size_t postsAnswered(const testing::ApiServer& server) {
   return posts;
 }
 
+// The server reads each request, then holds its answer, while one lives.
+// Declared after the futures of a test, it lets the held requests go
+// before they are waited for, however the test ends.
+class HeldAnswers {
+ public:
+  explicit HeldAnswers(testing::ApiServer& server) : server_(server) { server_.setStalled(true); }
+  ~HeldAnswers() { server_.setStalled(false); }
+  HeldAnswers(const HeldAnswers&) = delete;
+  HeldAnswers& operator=(const HeldAnswers&) = delete;
+
+ private:
+  testing::ApiServer& server_;
+};
+
 TEST(ApiWriterTest, AClosedWriterRefusesWritesBeforeTheyReachTheServer) {
   testing::ApiServer server;
   k8s::ApiClient client(testClusterConfig(server, kNamespace));
@@ -74,18 +88,12 @@ TEST(ApiWriterTest, CloseReturnsOnlyOnceTheWriteInFlightIsAnswered) {
   k8s::ApiClient client(testClusterConfig(server, kNamespace));
   ApiWriter writer(client, /*open=*/true, [] {});
 
-  // The server holds the request it has read until unstalled (by the
-  // guard too, before the futures wait, should an assertion end the test).
-  // Written by the futures' threads: declared before them, so that they
-  // outlive the threads however the test ends.
+  // Written by the futures' threads: declared before them, so that it
+  // outlives the threads however the test ends.
   size_t answered_when_closed = 0;
   std::future<k8s::Result<json>> write;
   std::future<void> closing;
-  server.setStalled(true);
-  struct Unstall {
-    testing::ApiServer& server;
-    ~Unstall() { server.setStalled(false); }
-  } unstall{server};
+  const HeldAnswers held(server);
   write = std::async(std::launch::async,
                      [&] { return writer.create(kConfigMaps, kNamespace, configMap("late")); });
   ASSERT_TRUE(waitUntil([&] { return postsSeen(server) == 1; }));
@@ -139,11 +147,7 @@ TEST(ApiWriterTest, AReadModifyWriteClosedDuringItsReadWritesNothing) {
   bool mutated = false;  // before the futures, as above
   std::future<k8s::Result<json>> changed;
   std::future<void> closing;
-  server.setStalled(true);
-  struct Unstall {
-    testing::ApiServer& server;
-    ~Unstall() { server.setStalled(false); }
-  } unstall{server};
+  const HeldAnswers held(server);
   changed = std::async(std::launch::async, [&] {
     return writer.readModifyWrite(kConfigMaps, kNamespace, "settings", [&](json& object) {
       mutated = true;
