@@ -69,24 +69,24 @@ k8s::Result<json> ApiWriter::readModifyWrite(const k8s::ResourceType& type, cons
                                              const std::function<bool(json&)>& mutate,
                                              const std::string& subresource) {
   // In flight from the read to the last retry's write: close() waits for it.
-  InFlight in_flight(*this);
-  if (!in_flight) return notLeader();
-  k8s::RetryGate gate([this] { return mayWrite(); });
   bool lost_leadership = false;
   bool changed = false;
-  auto result = client_.readModifyWrite(
-      type, ns, name,
-      [&](json& object) {
-        if (!mayWrite()) {
-          lost_leadership = true;
-          return false;
-        }
-        changed = mutate(object);
-        return changed;
+  auto result = guarded(
+      [&] {
+        return client_.readModifyWrite(
+            type, ns, name,
+            [&](json& object) {
+              if (!mayWrite()) {
+                lost_leadership = true;
+                return false;
+              }
+              changed = mutate(object);
+              return changed;
+            },
+            subresource);
       },
-      subresource);
-  if (lost_leadership || (!result.isOk() && !mayWrite())) return notLeader();
-  if (result.isOk() && changed) on_write_();
+      [&] { return changed && !lost_leadership; });
+  if (lost_leadership) return notLeader();
   return result;
 }
 

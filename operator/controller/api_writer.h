@@ -75,16 +75,18 @@ class ApiWriter {
   };
 
   k8s::ApiError notLeader() const;
-  // `call()` (a k8s::Result) if the writer is open, counted when it succeeds.
-  template <typename Call>
-  auto guarded(const Call& call) -> decltype(call()) {
+  // `call()` (a k8s::Result) if the writer is open, counted when it
+  // succeeds and `wrote()` says it wrote something.
+  template <typename Call, typename Wrote = bool (*)()>
+  auto guarded(
+      const Call& call, const Wrote& wrote = [] { return true; }) -> decltype(call()) {
     InFlight in_flight(*this);
     if (!in_flight) return notLeader();
     // No retry once close() began: a try already sent is waited for, no
     // new one is made.
     k8s::RetryGate gate([this] { return mayWrite(); });
     auto result = call();
-    if (result.isOk()) on_write_();
+    if (result.isOk() && wrote()) on_write_();
     // A failure the closed gate did not retry is the lost Lease's doing.
     if (!result.isOk() && !mayWrite()) return notLeader();
     return result;
