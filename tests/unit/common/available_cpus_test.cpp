@@ -5,11 +5,12 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include "tests/support/test_files.h"
 
 namespace tandem {
 namespace {
@@ -29,23 +30,17 @@ constexpr char kV2Mounts[] =
 
 class CgroupTree : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::path(::testing::TempDir()) / "cgroups-XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(root_); }
   // Writes `text` to the file at absolute `path` under the tree's root.
   void write(const std::string& path, const std::string& text) {
-    const fs::path file = root_ / path.substr(1);
+    const fs::path file = root_.path() / path.substr(1);
     fs::create_directories(file.parent_path());
     std::ofstream(file) << text;
   }
   std::optional<double> limit(const std::string& mounts, const std::string& self) {
-    return cgroupCpuLimit(mounts, self, root_);
+    return cgroupCpuLimit(mounts, self, root_.path());
   }
 
-  fs::path root_;
+  testing::TempDir root_{"cgroups"};
 };
 
 TEST_F(CgroupTree, V1TheLeastQuotaAlongThePathCounts) {
