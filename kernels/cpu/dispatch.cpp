@@ -581,41 +581,46 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
   const float key_factor = unscale * cache.scale(layer, 0);
   const float value_factor = unscale * cache.scale(layer, 1);
 
-  // row_start[s]: index of sequence s's first row among all rows of the call.
-  std::vector<int64_t> row_start(static_cast<size_t>(num_sequences) + 1, 0);
+  // One task per (run of up to `rows_per_task` rows of a sequence, kv head,
+  // run of up to kMaxAttentionQueries query heads), rows_per_task as many
+  // rows as the heads leave room for: the causal cost grows along a
+  // sequence, and fine tasks handed out dynamically keep both threads busy
+  // to the end. Grouping rows changes no row's bits (AttentionQuery).
+  const int64_t heads_per_run = std::min<int64_t>(group, cpu::kMaxAttentionQueries);
+  const int64_t runs_per_kv_head = ceilDiv(group, heads_per_run);
+  const int64_t rows_per_task = cpu::kMaxAttentionQueries / heads_per_run;
+  // task_start[s]: index of sequence s's first row run among all of the call's.
+  std::vector<int64_t> task_start(static_cast<size_t>(num_sequences) + 1, 0);
   int64_t max_position = 0;
   for (int64_t s = 0; s < num_sequences; ++s) {
-    row_start[s + 1] = row_start[s] + sequences[s].num_rows;
+    task_start[s + 1] = task_start[s] + ceilDiv(sequences[s].num_rows, rows_per_task);
     if (sequences[s].num_rows > 0) {
       max_position =
           std::max(max_position, sequences[s].first_position + sequences[s].num_rows - 1);
     }
   }
 
-  // One task per (row, kv head, run of up to kMaxAttentionHeads query
-  // heads): the causal cost grows along a sequence, and fine tasks handed
-  // out dynamically keep both threads busy to the end.
-  const int64_t runs_per_kv_head = ceilDiv(group, cpu::kMaxAttentionHeads);
-  const int64_t tasks_per_row = int64_t{cache.num_kv_heads} * runs_per_kv_head;
-  pool().parallelFor(row_start.back() * tasks_per_row, [&](int64_t item, int) {
-    const size_t scratch = static_cast<size_t>(cpu::kMaxAttentionHeads * (max_position + 1));
+  const int64_t tasks_per_run = int64_t{cache.num_kv_heads} * runs_per_kv_head;
+  pool().parallelFor(task_start.back() * tasks_per_run, [&](int64_t item, int) {
+    const size_t scratch = static_cast<size_t>(cpu::kMaxAttentionQueries * (max_position + 1));
     thread_local std::vector<float> scores;
     if (scores.size() < scratch) scores.resize(scratch);
-    const int64_t index = item / tasks_per_row;
-    const int64_t kv_head = item % tasks_per_row / runs_per_kv_head;
+    const int64_t index = item / tasks_per_run;
+    const int64_t kv_head = item % tasks_per_run / runs_per_kv_head;
     const int64_t run = item % runs_per_kv_head;
-    const int64_t head = kv_head * group + run * cpu::kMaxAttentionHeads;
+    const int64_t head = kv_head * group + run * heads_per_run;
     const int64_t s =
-        std::upper_bound(row_start.begin(), row_start.end(), index) - row_start.begin() - 1;
+        std::upper_bound(task_start.begin(), task_start.end(), index) - task_start.begin() - 1;
     const AttentionSequence& seq = sequences[s];
-    const int64_t r = index - row_start[s];
+    const int64_t r = (index - task_start[s]) * rows_per_task;
     const int64_t row = seq.first_row + r;
 
     cpu::AttentionQuery query;
     query.q = q + row * width + head * head_dim;
     query.out = out + row * width + head * head_dim;
-    query.num_heads = static_cast<int32_t>(
-        std::min<int64_t>(cpu::kMaxAttentionHeads, group - run * cpu::kMaxAttentionHeads));
+    query.num_heads = static_cast<int32_t>(std::min(heads_per_run, group - run * heads_per_run));
+    query.num_rows = static_cast<int32_t>(std::min(rows_per_task, seq.num_rows - r));
+    query.row_stride = width;
     query.cache_base = static_cast<const char*>(cache.base);
     query.cache_dtype = cache.dtype;
     query.block_bytes = cache.blockBytes();
@@ -627,6 +632,7 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
     query.slot_stride = slot_stride;
     query.position = seq.first_position + r;
     query.first_position = window > 0 ? std::max<int64_t>(0, query.position - window + 1) : 0;
+    query.window = window;
     query.softcap = softcap;
     query.sinks = sinks == nullptr ? nullptr : sinks + head;
     query.scale = scale * key_factor;

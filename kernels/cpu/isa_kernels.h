@@ -79,18 +79,23 @@ inline constexpr std::array<float, 256> kE8m0Powers = [] {
   return powers;
 }();
 
-// Most query heads one attention call handles together.
-constexpr int kMaxAttentionHeads = 4;
+// Most query vectors (rows x heads) one attention call handles together.
+constexpr int kMaxAttentionQueries = 4;
 
-// One query row's heads h0 .. h0 + num_heads - 1, all of one kv head (a
-// grouped-query group or part of one): each attends to cached positions
-// 0..position. Doing them together loads each K/V row once for all of them
-// and gives the value accumulation enough independent chains; every head's
-// result is still computed exactly as if it were alone.
+// Heads h0 .. h0 + num_heads - 1 of query rows 0 .. num_rows - 1, all of one
+// kv head (a grouped-query group or part of one) and of one sequence, row i
+// at position + i: row i attends to cached positions
+// rowFirstPosition(i) .. position + i. Doing them together loads each K/V
+// row once for all of them and gives the accumulations enough independent
+// chains; every row's and head's result is still computed exactly as if it
+// were alone (a decode step, a chunk of one row).
 struct AttentionQuery {
-  const float* q = nullptr;  // num_heads * head_dim values, head after head
-  float* out = nullptr;      // num_heads * head_dim values
-  int32_t num_heads = 1;     // 1 .. kMaxAttentionHeads
+  const float* q = nullptr;  // num_heads * head_dim values per row, head after head
+  float* out = nullptr;      // the same layout
+  int32_t num_heads = 1;     // num_heads * num_rows <= kMaxAttentionQueries
+  int32_t num_rows = 1;
+  // Elements between consecutive rows' q (and out).
+  int64_t row_stride = 0;
   const char* cache_base = nullptr;
   DType cache_dtype = DType::kF32;
   int64_t block_bytes = 0;
@@ -103,9 +108,12 @@ struct AttentionQuery {
   int64_t v_offset = 0;
   int64_t slot_stride = 0;
   int64_t position = 0;
-  // The first position attended (a sliding window's start; 0 without one):
-  // positions first_position..position.
+  // The first position row 0 attends (a sliding window's start; 0 without
+  // one): positions first_position..position.
   int64_t first_position = 0;
+  // The sliding window (0: none): row i attends to its last `window`
+  // positions.
+  int64_t window = 0;
   // Soft-capping of the scores (Gemma 2): s = tanh(s / softcap) * softcap
   // before the softmax; 0: none.
   float softcap = 0.0f;
@@ -119,6 +127,22 @@ struct AttentionQuery {
   // and the layer's K/V scales; other caches have value_scale 1.
   float scale = 1.0f;
   float value_scale = 1.0f;
+
+  // The first position row i attends.
+  int64_t rowFirstPosition(int32_t i) const {
+    return window > 0 ? std::max<int64_t>(first_position, position + i - window + 1)
+                      : first_position;
+  }
+  // Row i as a query of its own.
+  AttentionQuery row(int32_t i) const {
+    AttentionQuery one = *this;
+    one.q = q + i * row_stride;
+    one.out = out + i * row_stride;
+    one.num_rows = 1;
+    one.position = position + i;
+    one.first_position = rowFirstPosition(i);
+    return one;
+  }
 };
 
 // Scores soft-capped in place as Gemma 2's attention caps them (each step
@@ -218,8 +242,8 @@ struct IsaKernels {
   void (*clampedSwiglu)(const float* gate, const float* up, float* out, int64_t n, float alpha,
                         float limit);
   void (*softmax)(float* x, int64_t n);
-  // scores: scratch of at least num_heads * (position + 1) floats.
-  // Attends to positions first_position..position.
+  // scores: scratch of at least kMaxAttentionQueries * (position +
+  // num_rows) floats.
   void (*attendQuery)(const AttentionQuery& query, float* scores);
 };
 

@@ -386,80 +386,128 @@ void widenRow(const void* src, int64_t head_dim, int64_t padded, float* dst) {
   for (; d < padded; d += kLanes) _mm256_storeu_ps(dst + d, _mm256_setzero_ps());
 }
 
-// One head of `a` (q and out already offset to it).
+// Every head of every row of `a` (AttentionQuery): query vector v = i *
+// num_heads + g is row i's head g, its scores at scores + v * span indexed
+// by position - first_position. Each K row is widened once for all query
+// vectors and each V row once per pair of them; every query vector's
+// operations are exactly those of a lone head of a lone row (its own dot
+// products, reduced on their own; its softmax over its own positions; its
+// value sums in position order from its own first position). The score
+// loop computes a few dot products no row keeps (keys before a row's window
+// or past its position), in slots that row never reads.
 template <typename Loader>
-void attendHead(const AttentionQuery& a, const float* q_head, float* out_head, float* scores) {
+void attendRows(const AttentionQuery& a, float* scores) {
+  constexpr int64_t kPadded = kMaxHeadDim + kValueChunksPerPass * kLanes;
   const int64_t head_dim = a.head_dim;
-  const int64_t count = a.position + 1 - a.first_position;
+  const int rows = a.num_rows;
+  const int heads = a.num_heads;
+  const int queries = rows * heads;
+  const int64_t span = a.position + rows - a.first_position;
   const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
   const int64_t passes = (chunks + kValueChunksPerPass - 1) / kValueChunksPerPass;
   const int64_t padded = passes * kValueChunksPerPass * kLanes;
-  alignas(32) float q[kMaxHeadDim + kValueChunksPerPass * kLanes];
-  alignas(32) float keys[4][kMaxHeadDim + kValueChunksPerPass * kLanes];
-  widenRow<F32Loader>(q_head, head_dim, padded, q);
+  // Row i's positions as offsets into the span: [lo[i], hi[i]].
+  int64_t lo[kMaxAttentionQueries], hi[kMaxAttentionQueries];
+  alignas(32) float q[kMaxAttentionQueries][kPadded];
+  for (int i = 0; i < rows; ++i) {
+    lo[i] = a.rowFirstPosition(i) - a.first_position;
+    hi[i] = a.position + i - a.first_position;
+    for (int g = 0; g < heads; ++g) {
+      widenRow<F32Loader>(a.q + i * a.row_stride + g * head_dim, head_dim, padded,
+                          q[i * heads + g]);
+    }
+  }
 
+  alignas(32) float keys[4][kPadded];
   CacheRowCursor key_rows(a, 0);
-  for (int64_t t = 0; t < count; t += 4) {
-    const int64_t valid = std::min<int64_t>(4, count - t);
+  for (int64_t t = 0; t < span; t += 4) {
+    const int64_t valid = std::min<int64_t>(4, span - t);
     for (int j = 0; j < valid; ++j) widenRow<Loader>(key_rows.next(), head_dim, padded, keys[j]);
     for (int64_t j = valid; j < 4; ++j) std::copy_n(keys[j - 1], padded, keys[j]);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m256 qv = _mm256_load_ps(q + c * kLanes);
-      for (int j = 0; j < 4; ++j) {
-        acc[j] = _mm256_fmadd_ps(qv, _mm256_load_ps(keys[j] + c * kLanes), acc[j]);
+    for (int v = 0; v < queries; ++v) {
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps()};
+      for (int64_t c = 0; c < chunks; ++c) {
+        const __m256 qv = _mm256_load_ps(q[v] + c * kLanes);
+        for (int j = 0; j < 4; ++j) {
+          acc[j] = _mm256_fmadd_ps(qv, _mm256_load_ps(keys[j] + c * kLanes), acc[j]);
+        }
       }
+      float dots[4];
+      _mm_storeu_ps(dots,
+                    _mm_mul_ps(reduceSum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(a.scale)));
+      std::copy_n(dots, valid, scores + v * span + t);
     }
-    float dots[4];
-    _mm_storeu_ps(dots,
-                  _mm_mul_ps(reduceSum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(a.scale)));
-    std::copy_n(dots, valid, scores + t);
   }
 
-  softcapScores(scores, count, a.softcap);
-  const float sum = softmaxSum(scores, count, maxOf(scores, count), a.sinks, expShiftAndSum);
+  float divisor[kMaxAttentionQueries];
+  for (int v = 0; v < queries; ++v) {
+    const int i = v / heads;
+    float* own = scores + v * span + lo[i];
+    const int64_t count = hi[i] + 1 - lo[i];
+    softcapScores(own, count, a.softcap);
+    const float* sink = a.sinks == nullptr ? nullptr : a.sinks + v % heads;
+    divisor[v] = softmaxSum(own, count, maxOf(own, count), sink, expShiftAndSum) / a.value_scale;
+  }
 
-  alignas(32) float out[kMaxHeadDim + kValueChunksPerPass * kLanes];
-  alignas(32) float value[kMaxHeadDim + kValueChunksPerPass * kLanes];
-  const __m256 divisor = _mm256_set1_ps(sum / a.value_scale);
+  // Two query vectors at a time keep their accumulators in registers.
+  alignas(32) float value[kValueChunksPerPass * kLanes];
+  alignas(32) float out[kValueChunksPerPass * kLanes];
   for (int64_t pass = 0; pass < passes; ++pass) {
     const int64_t c0 = pass * kValueChunksPerPass;
-    __m256 acc[kValueChunksPerPass];
-    for (int64_t g = 0; g < kValueChunksPerPass; ++g) acc[g] = _mm256_setzero_ps();
-    CacheRowCursor value_rows(a, 1);
-    for (int64_t t = 0; t < count; ++t) {
-      // Only this pass's dims are widened: a whole row per pass would redo
-      // the work for every pass.
-      const int64_t begin = c0 * kLanes;
-      const int64_t len = std::clamp<int64_t>(head_dim - begin, 0, kValueChunksPerPass * kLanes);
-      const auto* src = static_cast<const typename Loader::Element*>(value_rows.next()) + begin;
-      widenRow<Loader>(src, len, kValueChunksPerPass * kLanes, value);
-      const __m256 p = _mm256_set1_ps(scores[t]);
+    // Only this pass's dims are widened: a whole row per pass would redo
+    // the work for every pass.
+    const int64_t begin = c0 * kLanes;
+    const int64_t len = std::clamp<int64_t>(head_dim - begin, 0, kValueChunksPerPass * kLanes);
+    for (int v0 = 0; v0 < queries; v0 += 2) {
+      // The pair's second query vector is v0 again when there is none (its
+      // sums then go nowhere).
+      const int v1 = std::min(v0 + 1, queries - 1);
+      const int64_t lo0 = lo[v0 / heads], hi0 = hi[v0 / heads];
+      const int64_t lo1 = lo[v1 / heads], hi1 = hi[v1 / heads];
+      const float* p0 = scores + v0 * span;
+      const float* p1 = scores + v1 * span;
+      __m256 acc0[kValueChunksPerPass], acc1[kValueChunksPerPass];
       for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
-        acc[g] = _mm256_fmadd_ps(p, _mm256_load_ps(value + g * kLanes), acc[g]);
+        acc0[g] = _mm256_setzero_ps();
+        acc1[g] = _mm256_setzero_ps();
+      }
+      CacheRowCursor value_rows(a, 1);
+      for (int64_t t = 0; t < span; ++t) {
+        const auto* src = static_cast<const typename Loader::Element*>(value_rows.next()) + begin;
+        widenRow<Loader>(src, len, kValueChunksPerPass * kLanes, value);
+        if (t >= lo0 && t <= hi0) {
+          const __m256 p = _mm256_set1_ps(p0[t]);
+          for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
+            acc0[g] = _mm256_fmadd_ps(p, _mm256_load_ps(value + g * kLanes), acc0[g]);
+          }
+        }
+        if (t >= lo1 && t <= hi1) {
+          const __m256 p = _mm256_set1_ps(p1[t]);
+          for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
+            acc1[g] = _mm256_fmadd_ps(p, _mm256_load_ps(value + g * kLanes), acc1[g]);
+          }
+        }
+      }
+      for (int u = 0; u < 2 && v0 + u <= v1; ++u) {
+        const int v = v0 + u;
+        const __m256 d = _mm256_set1_ps(divisor[v]);
+        for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
+          _mm256_store_ps(out + g * kLanes, _mm256_div_ps(u == 0 ? acc0[g] : acc1[g], d));
+        }
+        std::copy_n(out, len, a.out + v / heads * a.row_stride + v % heads * head_dim + begin);
       }
     }
-    for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
-      _mm256_store_ps(out + (c0 + g) * kLanes, _mm256_div_ps(acc[g], divisor));
-    }
   }
-  std::copy_n(out, head_dim, out_head);
 }
 
 void attendQuery(const AttentionQuery& query, float* scores) {
-  for (int32_t h = 0; h < query.num_heads; ++h) {
-    const float* q = query.q + h * query.head_dim;
-    float* out = query.out + h * query.head_dim;
-    AttentionQuery a = query;
-    if (query.sinks != nullptr) a.sinks = query.sinks + h;
-    if (a.cache_dtype == DType::kBF16) {
-      attendHead<Bf16Loader>(a, q, out, scores);
-    } else if (a.cache_dtype == DType::kF8E4M3) {
-      attendHead<F8Loader>(a, q, out, scores);
-    } else {
-      attendHead<F32Loader>(a, q, out, scores);
-    }
+  if (query.cache_dtype == DType::kBF16) {
+    attendRows<Bf16Loader>(query, scores);
+  } else if (query.cache_dtype == DType::kF8E4M3) {
+    attendRows<F8Loader>(query, scores);
+  } else {
+    attendRows<F32Loader>(query, scores);
   }
 }
 

@@ -607,16 +607,26 @@ constexpr int64_t kMaxHeadChunks = 256 / kLanes;
 // after a 512-token context was about 12% slower on a Zen 4 host).
 constexpr int64_t kPrefetchRows = 64;
 
-// Heads query heads of `a` at once; head g's scores live at
-// scores + g * (position + 1). Each head's operations are exactly those of
-// a lone head: sharing only saves loading and widening K/V rows per head.
-template <typename Loader, int Heads>
-void attendHeads(const AttentionQuery& a, float* scores) {
+// Heads query heads of Rows consecutive rows of `a` at once (Heads * Rows
+// query vectors, query vector i * Heads + g being row i's head g); its
+// scores live at scores + (i * Heads + g) * span, indexed by position -
+// first_position, span covering the first row's first position to the last
+// row's position. Each query vector's operations are exactly those of a
+// lone head of a lone row: its dot products (each reduced on its own),
+// its softmax over its own positions and its value sums in position order
+// from its own first position; sharing only saves loading and widening K/V
+// rows per query vector. The score loop computes a few dot products no row
+// keeps (keys before a row's window or past its position); they are
+// written to slots that row's softmax and sums never read.
+template <typename Loader, int Heads, int Rows>
+void attendRows(const AttentionQuery& a, float* scores) {
   using Element = typename Loader::Element;
+  constexpr int kQueries = Heads * Rows;
+  static_assert(kQueries <= kMaxAttentionQueries);
   constexpr int kKeysPerStep = 4;
   constexpr int kValueChunksPerPass = 4;
   const int64_t head_dim = a.head_dim;
-  const int64_t count = a.position + 1 - a.first_position;
+  const int64_t span = a.position + Rows - a.first_position;
   const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
   // Chunks past head_dim get an empty mask: their loads read nothing and
   // their stores write nothing, so the value pass below can always run a
@@ -624,13 +634,23 @@ void attendHeads(const AttentionQuery& a, float* scores) {
   __mmask16 masks[kMaxHeadChunks + kValueChunksPerPass] = {};
   for (int64_t c = 0; c < chunks; ++c) masks[c] = laneMask(std::min(kLanes, head_dim - c * kLanes));
 
+  // Row i's positions as offsets into the span: [lo[i], hi[i]], both
+  // non-decreasing in i.
+  int64_t lo[Rows], hi[Rows];
+  const float* q[kQueries];
+  for (int i = 0; i < Rows; ++i) {
+    lo[i] = a.rowFirstPosition(i) - a.first_position;
+    hi[i] = a.position + i - a.first_position;
+    for (int g = 0; g < Heads; ++g) q[i * Heads + g] = a.q + i * a.row_stride + g * head_dim;
+  }
+
   // Cache rows are strided (one slot holds every kv head) and defeat the
   // hardware prefetcher; fetch them kPrefetchRows ahead, into L2 for the
   // reason given in matmulTile.
   const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(Element));
   int64_t prefetched = 0;
   auto prefetchUpTo = [&](CacheRowCursor& cursor, int64_t end) {
-    for (end = std::min(end, count); prefetched < end; ++prefetched) {
+    for (end = std::min(end, span); prefetched < end; ++prefetched) {
       const char* row = static_cast<const char*>(cursor.next());
       for (int64_t offset = 0; offset < row_bytes; offset += 64) {
         _mm_prefetch(row + offset, _MM_HINT_T1);
@@ -642,56 +662,60 @@ void attendHeads(const AttentionQuery& a, float* scores) {
   const __m128 scale = _mm_set1_ps(a.scale);
   CacheRowCursor keys(a, 0);
   CacheRowCursor key_prefetch(a, 0);
-  for (int64_t t = 0; t < count; t += kKeysPerStep) {
+  for (int64_t t = 0; t < span; t += kKeysPerStep) {
     prefetchUpTo(key_prefetch, t + kKeysPerStep + kPrefetchRows);
-    const int64_t valid = std::min<int64_t>(kKeysPerStep, count - t);
+    const int64_t valid = std::min<int64_t>(kKeysPerStep, span - t);
     const Element* key[kKeysPerStep];
     key[0] = static_cast<const Element*>(keys.next());
     for (int j = 1; j < kKeysPerStep; ++j) {
       key[j] = j < valid ? static_cast<const Element*>(keys.next()) : key[j - 1];
     }
-    __m512 acc[Heads][kKeysPerStep];
-    for (int g = 0; g < Heads; ++g) {
-      for (int j = 0; j < kKeysPerStep; ++j) acc[g][j] = _mm512_setzero_ps();
+    __m512 acc[kQueries][kKeysPerStep];
+    for (int v = 0; v < kQueries; ++v) {
+      for (int j = 0; j < kKeysPerStep; ++j) acc[v][j] = _mm512_setzero_ps();
     }
     for (int64_t c = 0; c < chunks; ++c) {
       __m512 kv[kKeysPerStep];
       for (int j = 0; j < kKeysPerStep; ++j) {
         kv[j] = Loader::loadMasked(key[j] + c * kLanes, masks[c]);
       }
-      for (int g = 0; g < Heads; ++g) {
-        const __m512 qv = _mm512_maskz_loadu_ps(masks[c], a.q + g * head_dim + c * kLanes);
-        for (int j = 0; j < kKeysPerStep; ++j) acc[g][j] = _mm512_fmadd_ps(qv, kv[j], acc[g][j]);
+      for (int v = 0; v < kQueries; ++v) {
+        const __m512 qv = _mm512_maskz_loadu_ps(masks[c], q[v] + c * kLanes);
+        for (int j = 0; j < kKeysPerStep; ++j) acc[v][j] = _mm512_fmadd_ps(qv, kv[j], acc[v][j]);
       }
     }
-    for (int g = 0; g < Heads; ++g) {
-      const __m128 dots = reduceSum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-      _mm_mask_storeu_ps(scores + g * count + t, static_cast<__mmask8>((1u << valid) - 1u),
+    for (int v = 0; v < kQueries; ++v) {
+      const __m128 dots = reduceSum4(acc[v][0], acc[v][1], acc[v][2], acc[v][3]);
+      _mm_mask_storeu_ps(scores + v * span + t, static_cast<__mmask8>((1u << valid) - 1u),
                          _mm_mul_ps(dots, scale));
     }
   }
 
-  __m512 divisor[Heads];
-  for (int g = 0; g < Heads; ++g) {
-    float* head_scores = scores + g * count;
-    softcapScores(head_scores, count, a.softcap);
-    const float* sink = a.sinks == nullptr ? nullptr : a.sinks + g;
-    divisor[g] = _mm512_set1_ps(
-        softmaxSum(head_scores, count, maxOf(head_scores, count), sink, expShiftAndSum) /
-        a.value_scale);
+  __m512 divisor[kQueries];
+  for (int i = 0; i < Rows; ++i) {
+    for (int g = 0; g < Heads; ++g) {
+      const int v = i * Heads + g;
+      float* own = scores + v * span + lo[i];
+      const int64_t count = hi[i] + 1 - lo[i];
+      softcapScores(own, count, a.softcap);
+      const float* sink = a.sinks == nullptr ? nullptr : a.sinks + g;
+      divisor[v] = _mm512_set1_ps(softmaxSum(own, count, maxOf(own, count), sink, expShiftAndSum) /
+                                  a.value_scale);
+    }
   }
 
   // out = sum_t p_t v_t in t order, kValueChunksPerPass * 16 dims per pass
   // to keep the accumulators in registers; then one division by the sum.
+  // A position adds only to the rows that attend it.
   for (int64_t c0 = 0; c0 < chunks; c0 += kValueChunksPerPass) {
-    __m512 acc[Heads][kValueChunksPerPass];
-    for (int g = 0; g < Heads; ++g) {
-      for (int c = 0; c < kValueChunksPerPass; ++c) acc[g][c] = _mm512_setzero_ps();
+    __m512 acc[kQueries][kValueChunksPerPass];
+    for (int v = 0; v < kQueries; ++v) {
+      for (int c = 0; c < kValueChunksPerPass; ++c) acc[v][c] = _mm512_setzero_ps();
     }
     CacheRowCursor values(a, 1);
     CacheRowCursor value_prefetch(a, 1);
     prefetched = 0;
-    for (int64_t t = 0; t < count; ++t) {
+    for (int64_t t = 0; t < span; ++t) {
       // Later passes find the rows in cache.
       if (c0 == 0) prefetchUpTo(value_prefetch, t + kPrefetchRows);
       const auto* value = static_cast<const Element*>(values.next()) + c0 * kLanes;
@@ -699,18 +723,44 @@ void attendHeads(const AttentionQuery& a, float* scores) {
       for (int c = 0; c < kValueChunksPerPass; ++c) {
         vv[c] = Loader::loadMasked(value + c * kLanes, masks[c0 + c]);
       }
-      for (int g = 0; g < Heads; ++g) {
-        const __m512 p = _mm512_set1_ps(scores[g * count + t]);
-        for (int c = 0; c < kValueChunksPerPass; ++c)
-          acc[g][c] = _mm512_fmadd_ps(p, vv[c], acc[g][c]);
+      for (int i = 0; i < Rows; ++i) {
+        if (Rows > 1 && (t < lo[i] || t > hi[i])) continue;
+        for (int g = 0; g < Heads; ++g) {
+          const int v = i * Heads + g;
+          const __m512 p = _mm512_set1_ps(scores[v * span + t]);
+          for (int c = 0; c < kValueChunksPerPass; ++c)
+            acc[v][c] = _mm512_fmadd_ps(p, vv[c], acc[v][c]);
+        }
       }
     }
-    for (int g = 0; g < Heads; ++g) {
+    for (int v = 0; v < kQueries; ++v) {
+      float* out = a.out + v / Heads * a.row_stride + v % Heads * head_dim;
       for (int c = 0; c < kValueChunksPerPass; ++c) {
-        _mm512_mask_storeu_ps(a.out + g * head_dim + (c0 + c) * kLanes, masks[c0 + c],
-                              _mm512_div_ps(acc[g][c], divisor[g]));
+        _mm512_mask_storeu_ps(out + (c0 + c) * kLanes, masks[c0 + c],
+                              _mm512_div_ps(acc[v][c], divisor[v]));
       }
     }
+  }
+}
+
+template <typename Loader, int Heads>
+void attendHeads(const AttentionQuery& a, float* scores) {
+  if constexpr (Heads == 1) {
+    switch (a.num_rows) {
+      case 1:
+        return attendRows<Loader, 1, 1>(a, scores);
+      case 2:
+        return attendRows<Loader, 1, 2>(a, scores);
+      case 3:
+        return attendRows<Loader, 1, 3>(a, scores);
+      default:
+        return attendRows<Loader, 1, 4>(a, scores);
+    }
+  } else if constexpr (Heads == 2) {
+    if (a.num_rows == 1) return attendRows<Loader, 2, 1>(a, scores);
+    return attendRows<Loader, 2, 2>(a, scores);
+  } else {
+    return attendRows<Loader, Heads, 1>(a, scores);
   }
 }
 

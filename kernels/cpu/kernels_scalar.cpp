@@ -150,11 +150,14 @@ void attendHead(const AttentionQuery& a, const float* q, float* out, float* scor
   for (int64_t d = 0; d < head_dim; ++d) out[d] = acc[d] / divisor;
 }
 
-void attendQuery(const AttentionQuery& a, float* scores) {
-  for (int32_t h = 0; h < a.num_heads; ++h) {
-    AttentionQuery head = a;
-    if (a.sinks != nullptr) head.sinks = a.sinks + h;
-    attendHead(head, a.q + h * a.head_dim, a.out + h * a.head_dim, scores);
+void attendQuery(const AttentionQuery& query, float* scores) {
+  for (int32_t i = 0; i < query.num_rows; ++i) {
+    const AttentionQuery a = query.row(i);
+    for (int32_t h = 0; h < a.num_heads; ++h) {
+      AttentionQuery head = a;
+      if (a.sinks != nullptr) head.sinks = a.sinks + h;
+      attendHead(head, a.q + h * a.head_dim, a.out + h * a.head_dim, scores);
+    }
   }
 }
 

@@ -1052,10 +1052,17 @@ Prompt makePrompt(const AttentionShape& shape, int64_t length, uint32_t seed) {
                 randomFloats(length * kv_width, seed + 2)};
 }
 
+// The attention variants a model may ask for (PagedAttentionMatchesReference).
+struct AttentionVariant {
+  int64_t window = 0;
+  float softcap = 0.0f;
+  const float* sinks = nullptr;
+};
+
 // Runs `prompt` through writeKv + pagedAttention in chunks of `chunk` rows
 // (the whole prompt at once when chunk >= length) and returns all outputs.
-std::vector<float> prefillInChunks(const AttentionShape& shape, const Prompt& prompt,
-                                   int64_t chunk) {
+std::vector<float> prefillInChunks(const AttentionShape& shape, const Prompt& prompt, int64_t chunk,
+                                   const AttentionVariant& variant = {}) {
   int64_t num_blocks = 0;
   const auto tables = scatteredTables({prompt.length}, shape.block_size, &num_blocks);
   TestCache cache(shape.dtype, num_blocks, shape.block_size, 1, shape.num_kv_heads, shape.head_dim);
@@ -1069,22 +1076,34 @@ std::vector<float> prefillInChunks(const AttentionShape& shape, const Prompt& pr
     writeKv(cache.layout, 0, prompt.k.data() + start * kv_width, prompt.v.data() + start * kv_width,
             &seq, 1);
     pagedAttention(cache.layout, 0, prompt.q.data() + start * q_width, shape.num_heads, 0.125f,
-                   &seq, 1, out.data() + start * q_width);
+                   &seq, 1, out.data() + start * q_width, variant.window, variant.softcap,
+                   variant.sinks);
   }
   return out;
 }
 
+// Chunks of 1 row are decode steps, each row alone; a whole prompt's rows
+// share their K/V loads in runs of up to four (pagedAttention), and chunks
+// of 2, 3, 7 and 16 rows end those runs early. Sliding windows (3, shorter
+// than a run; 13, starting mid-block) start each row of a run at another
+// position, and soft-capping and sinks take their own paths.
 TEST_P(CpuKernels, AttentionIsIndependentOfChunking) {
-  for (const AttentionShape& shape : kAttentionShapes) {
-    SCOPED_TRACE(shapeName(shape));
-    const Prompt prompt = makePrompt(shape, 45, 500);
-    const std::vector<float> whole = prefillInChunks(shape, prompt, prompt.length);
-    for (int64_t chunk : {1, 7, 16}) {
-      SCOPED_TRACE("chunk " + std::to_string(chunk));
-      const std::vector<float> chunked = prefillInChunks(shape, prompt, chunk);
-      EXPECT_TRUE(sameBits(chunked.data(), whole.data(), whole.size()));
+  std::vector<float> sinks;
+  for (int h = 0; h < 14; ++h) sinks.push_back(h % 3 == 0 ? 8.0f : -1.0f + 0.5f * h);
+  const AttentionVariant variants[] = {
+      {}, {3, 0.0f, nullptr}, {13, 0.0f, nullptr}, {0, 1.5f, nullptr}, {13, 0.0f, sinks.data()}};
+  for (const AttentionVariant& variant : variants)
+    for (const AttentionShape& shape : kAttentionShapes) {
+      SCOPED_TRACE(shapeName(shape) + " window " + std::to_string(variant.window) + " softcap " +
+                   std::to_string(variant.softcap) + (variant.sinks ? " sinks" : ""));
+      const Prompt prompt = makePrompt(shape, 45, 500);
+      const std::vector<float> whole = prefillInChunks(shape, prompt, prompt.length, variant);
+      for (int64_t chunk : {1, 2, 3, 7, 16}) {
+        SCOPED_TRACE("chunk " + std::to_string(chunk));
+        const std::vector<float> chunked = prefillInChunks(shape, prompt, chunk, variant);
+        EXPECT_TRUE(sameBits(chunked.data(), whole.data(), whole.size()));
+      }
     }
-  }
 }
 
 // A sequence's outputs must not change when other sequences of other lengths
