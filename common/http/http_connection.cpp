@@ -84,6 +84,32 @@ bool isLarge(const http::request_parser<http::string_body>& parser, const HttpLi
   return !length || *length > limits.large_body_bytes;
 }
 
+// What is wrong with a parsed request's head that the parser lets through
+// (RFC 9112 section 3.2: a Host header, once, on every HTTP/1.1 request);
+// empty when nothing is.
+std::string headProblem(const http::request<http::string_body>& message) {
+  const size_t hosts = message.count(http::field::host);
+  if (hosts > 1) return "more than one Host header";
+  if (hosts == 0 && message.version() >= 11) return "an HTTP/1.1 request must have a Host header";
+  return {};
+}
+
+// The path and query of a request target: an absolute-form target
+// ("http://host:port/path?query", which RFC 9112 section 3.2.2 says a
+// server must accept) loses its scheme and authority; others are as sent.
+std::string originForm(std::string_view target) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (target.size() < scheme.size() || !equalsIgnoreCase(target.substr(0, scheme.size()), scheme))
+      continue;
+    const std::string_view rest = target.substr(scheme.size());
+    const size_t end = rest.find_first_of("/?");
+    if (end == std::string_view::npos) return "/";
+    if (rest[end] == '?') return "/" + std::string(rest.substr(end));
+    return std::string(rest.substr(end));
+  }
+  return std::string(target);
+}
+
 // What to answer a request the parser refused.
 HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpLimits& limits) {
   if (ec == http::error::body_limit) {
@@ -290,10 +316,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         if (ec) break;
       }
       arm(head_timeout);
-      co_await http::async_read_header(socket_, buffer_, parser,
-                                       asio::redirect_error(use_awaitable, ec));
+      const size_t head_bytes = co_await http::async_read_header(
+          socket_, buffer_, parser, asio::redirect_error(use_awaitable, ec));
+      // The parser's own bound holds only for some ways a head arrives (one
+      // that came in pieces of some sizes passed it); the bytes it took for
+      // the head are the measure.
+      if (!ec && head_bytes > limits.max_header_bytes) ec = http::error::header_limit;
       if (!ec && over_bound_) {
-        served_over_bound_ = service_.servedOverBound(std::string(parser.get().target()));
+        served_over_bound_ =
+            service_.servedOverBound(originForm(std::string(parser.get().target())));
         if (!served_over_bound_) {
           std::string message = "the server already has " +
                                 std::to_string(service_.maxConnections()) +
@@ -342,9 +373,18 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         break;
       }
       http::request<http::string_body> message = parser.release();
+      if (std::string problem = headProblem(message); !problem.empty()) {
+        HttpResponse response =
+            httpErrorResponse(400, "malformed HTTP request: " + problem, "invalid_request_error");
+        response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
+        const bool written =
+            co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
+        if (written) co_await lingeringClose();
+        break;
+      }
       HttpRequest request;
       request.method = std::string(message.method_string());
-      const std::string target(message.target());
+      const std::string target = originForm(std::string(message.target()));
       const size_t question = target.find('?');
       request.path = std::string(target.substr(0, question));
       if (question != std::string_view::npos)

@@ -300,6 +300,71 @@ std::string exchangeRaw(int port, const std::string& bytes) {
   return answer;
 }
 
+// The head's bound (request line and headers, 16 KiB by default) holds
+// however the head is laid out: exactly at the bound a request is served,
+// one byte over it, or far over it with any padding before, it is a 431
+// (Beast's parser alone let some layouts of 160 KB through).
+TEST(HttpService, AHeadOverItsBoundIsA431WhateverItsLayout) {
+  HttpLimits limits;
+  Service service(limits);
+  const std::string body = "hi";
+  auto request = [&](const std::string& host, const std::string& fields) {
+    return "POST /echo HTTP/1.1\r\nHost: " + host + "\r\n" + fields +
+           "Content-Length: 2\r\nConnection: close\r\n\r\n" + body;
+  };
+  // A head of exactly `bytes` bytes: one X-Pad header filling the rest.
+  auto headOf = [&](size_t bytes) {
+    const size_t bare = request("t", "X-Pad: \r\n").size() - body.size();
+    return request("t", "X-Pad: " + std::string(bytes - bare, 'p') + "\r\n");
+  };
+  const std::string at = exchangeRaw(service.port(), headOf(limits.max_header_bytes));
+  EXPECT_TRUE(at.starts_with("HTTP/1.1 200")) << at.substr(0, 200);
+  const std::string over = exchangeRaw(service.port(), headOf(limits.max_header_bytes + 1));
+  EXPECT_TRUE(over.starts_with("HTTP/1.1 431")) << over.substr(0, 200);
+
+  std::string many;
+  for (int i = 0; i < 20000; ++i) many += "X-A: a\r\n";
+  for (int pad = 0; pad <= 8; ++pad) {
+    const std::string answer =
+        exchangeRaw(service.port(), request("x" + std::string(pad, 'x'), many));
+    EXPECT_TRUE(answer.starts_with("HTTP/1.1 431"))
+        << "padding " << pad << ": " << answer.substr(0, 200);
+    EXPECT_NE(answer.find("larger than the limit of 16384 bytes"), std::string::npos) << answer;
+  }
+  // The service goes on serving.
+  const std::string after = exchangeRaw(service.port(), request("t", ""));
+  EXPECT_TRUE(after.ends_with("\r\n\r\nhi")) << after;
+}
+
+// RFC 9112 section 3.2: an HTTP/1.1 request without a Host header, or any
+// with two, is a 400 naming it; an HTTP/1.0 request may leave it out. An
+// absolute-form target (section 3.2.2: "http://host/path", which a server
+// must accept) is routed by its path and query.
+TEST(HttpService, HostIsRequiredOnceAndAbsoluteFormTargetsAreRouted) {
+  Service service;
+  const std::string none =
+      exchangeRaw(service.port(), "POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi");
+  EXPECT_TRUE(none.starts_with("HTTP/1.1 400")) << none;
+  EXPECT_NE(none.find("an HTTP/1.1 request must have a Host header"), std::string::npos) << none;
+  const std::string two = exchangeRaw(
+      service.port(), "POST /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 2\r\n\r\nhi");
+  EXPECT_TRUE(two.starts_with("HTTP/1.1 400")) << two;
+  EXPECT_NE(two.find("more than one Host header"), std::string::npos) << two;
+  const std::string old =
+      exchangeRaw(service.port(), "POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi");
+  EXPECT_TRUE(old.starts_with("HTTP/1.1 200") && old.ends_with("\r\n\r\nhi")) << old;
+
+  const std::string absolute = exchangeRaw(
+      service.port(),
+      "POST hTTp://t:8000/echo HTTP/1.1\r\nHost: t:8000\r\nContent-Length: 2\r\nConnection: "
+      "close\r\n\r\nhi");
+  EXPECT_TRUE(absolute.starts_with("HTTP/1.1 200") && absolute.ends_with("\r\n\r\nhi")) << absolute;
+  const std::string bare = exchangeRaw(
+      service.port(), "GET https://t?x=1 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(bare.starts_with("HTTP/1.1 404")) << bare;
+  EXPECT_NE(bare.find("no route for GET /\""), std::string::npos) << bare;
+}
+
 // A streamed answer to an HTTP/1.0 client is not chunked (RFC 9112 allows no
 // Transfer-Encoding for it): its body ends with the connection. A HEAD of a
 // streamed GET gets the head and no body.
