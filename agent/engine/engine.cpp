@@ -449,21 +449,22 @@ StatusOr<std::unique_ptr<Engine::Live>> Engine::resumedLive(const Request& reque
   const std::vector<TokenId>& resumed = request.resume_output;
   if (resumed.empty()) return live;
   const SamplingParams& params = request.sampling;
+  // Messages name the field as clients send it (resume_token_ids, api.md).
   if (static_cast<int64_t>(resumed.size()) >= params.max_tokens) {
-    return invalidArgument("resume_output holds " + std::to_string(resumed.size()) +
-                           " tokens, leaving nothing to generate within max_tokens " +
+    return invalidArgument("resume_token_ids must leave a token to generate: it holds " +
+                           std::to_string(resumed.size()) + " tokens and max_tokens is " +
                            std::to_string(params.max_tokens));
   }
-  if (Status known = checkVocabulary(resumed, "resume_output"); !known.isOk()) return known;
+  if (Status known = checkVocabulary(resumed, "resume_token_ids"); !known.isOk()) return known;
   for (size_t i = 0; i < resumed.size(); ++i) {
     const TokenId token = resumed[i];
     const bool may_stop = static_cast<int64_t>(i) + 1 > params.min_tokens;
     const StopStringMatcher::Update pushed =
         live->stop.push(live->detokenizer.push(token), may_stop);
     if (isStopToken(token, params) || pushed.stopped) {
-      return invalidArgument("resume_output ends the request at token " + std::to_string(i) +
-                             " (an end-of-sequence or stop token, or a stop string): a finished "
-                             "answer has nothing to resume");
+      return invalidArgument("resume_token_ids must not hold a finished answer: token " +
+                             std::to_string(i) +
+                             " is an end-of-sequence or stop token, or ends a stop string");
     }
     live->resumed_text += pushed.text;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -90,6 +91,10 @@ class FieldReader {
     return true;
   }
 
+  // A number as a float. One beyond a float's range is refused here, where
+  // its value can still be quoted (as a float it reads "inf"); a nonzero
+  // one too small for a float becomes the float of its sign nearest zero,
+  // so that bounds such as top_p > 0 or min_p >= 0 judge it by its sign.
   bool readFloat(std::string_view name, float* out) {
     const RequestJson* value = find(name);
     if (value == nullptr) return false;
@@ -97,7 +102,20 @@ class FieldReader {
       failType(name, "a number", *value);
       return false;
     }
-    *out = static_cast<float>(value->get<double>());
+    const double number = value->get<double>();
+    constexpr float kMax = std::numeric_limits<float>::max();
+    if (!(std::fabs(number) <= kMax)) {
+      char text[32];
+      const auto end = std::to_chars(text, text + sizeof text, number).ptr;
+      fail(param(name) + " must be a number a float holds (magnitude at most 3.4028235e38), got " +
+               std::string(text, end),
+           param(name));
+      return false;
+    }
+    *out = static_cast<float>(number);
+    if (*out == 0.0f && number != 0.0) {
+      *out = std::copysign(std::numeric_limits<float>::denorm_min(), static_cast<float>(number));
+    }
     return true;
   }
 
@@ -301,9 +319,8 @@ void readLogitBias(FieldReader& fields, const RequestJson& object, int64_t vocab
       return;
     }
     if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
-      fields.fail("logit_bias[\"" + key + "\"] must be a number between -100 and 100, got " +
-                      compactDump(value),
-                  "logit_bias");
+      const std::string name = "logit_bias[\"" + key + "\"]";
+      fields.fail(name + " must be a number between -100 and 100, got " + compactDump(value), name);
       return;
     }
     out.emplace_back(static_cast<TokenId>(id), value.get<float>());
@@ -369,18 +386,18 @@ void readBadWords(FieldReader& fields, const RequestJson& words, const Tokenizer
     }
     const std::string_view word = stripLeadingSpace(words[i].get_ref<const std::string&>());
     if (word.empty()) {
-      fields.fail(name + " must hold a word, not only whitespace", "bad_words");
+      fields.fail(name + " must hold a word, not only whitespace", name);
       return;
     }
     if (word.size() > kMaxBadWordBytes) {
       fields.fail(name + " must be at most " + std::to_string(kMaxBadWordBytes) + " bytes, got " +
                       std::to_string(word.size()),
-                  "bad_words");
+                  name);
       return;
     }
     std::vector<TokenId> alone = tokenizer.encode(word, /*add_special_tokens=*/false);
     if (alone.empty()) {
-      fields.fail(name + " makes no tokens", "bad_words");
+      fields.fail(name + " makes no tokens", name);
       return;
     }
     std::string spaced_word(1, ' ');
@@ -488,9 +505,9 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
         const RequestJson& item = (*stop)[i];
         const std::string name = "stop[" + std::to_string(i) + "]";
         if (!item.is_string()) {
-          fields.fail(name + " must be a string, got " + item.type_name(), "stop");
+          fields.fail(name + " must be a string, got " + item.type_name(), name);
         } else if (item.get<std::string>().empty()) {
-          fields.fail(name + " must not be empty", "stop");
+          fields.fail(name + " must not be empty", name);
         } else {
           sampling.stop.push_back(item.get<std::string>());
         }
@@ -749,8 +766,7 @@ std::optional<ApiError> promptsOf(const RequestJson& root,
     const std::string name = "prompt[" + std::to_string(i) + "]";
     if (!prompt[i].is_string() && !prompt[i].is_array()) {
       return invalidRequest(
-          name + " must be a string or an array of token ids, got " + prompt[i].type_name(),
-          "prompt");
+          name + " must be a string or an array of token ids, got " + prompt[i].type_name(), name);
     }
     out.emplace_back(&prompt[i], name);
   }
@@ -764,9 +780,9 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& promp
                                    ParsedRequest& parsed) {
   if (prompt.is_string()) {
     const auto& text = prompt.get_ref<const std::string&>();
-    if (text.empty()) return invalidRequest(name + " must not be empty", "prompt");
+    if (text.empty()) return invalidRequest(name + " must not be empty", name);
     if (auto error = checkTextFits(text, limits, tokenizer,
-                                   parsed.truncate_prompt_tokens.has_value(), name, "prompt")) {
+                                   parsed.truncate_prompt_tokens.has_value(), name, name)) {
       return error;
     }
     // Kept only when whole: a cut text may be 60 MB.
@@ -774,10 +790,9 @@ std::optional<ApiError> readPrompt(FieldReader& fields, const RequestJson& promp
     return std::nullopt;
   }
   if (!prompt.is_array()) {
-    return invalidRequest(name + " must be " + kPromptForms + ", got " + prompt.type_name(),
-                          "prompt");
+    return invalidRequest(name + " must be " + kPromptForms + ", got " + prompt.type_name(), name);
   }
-  if (prompt.empty()) return invalidRequest(name + " must not be empty", "prompt");
+  if (prompt.empty()) return invalidRequest(name + " must not be empty", name);
   auto ids = readTokenIds(fields, name, prompt, limits.vocab_size);
   if (!ids) return fields.error();
   // Token ids are cut as given (vLLM's too).
@@ -912,7 +927,8 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
                           ? tokenizer.decode(one.request.prompt, /*skip_special_tokens=*/false)
                           : one.prompt_text;
     }
-    if (auto error = finishRequest(one, limits, max_tokens, "max_tokens", name.c_str(), "prompt")) {
+    if (auto error =
+            finishRequest(one, limits, max_tokens, "max_tokens", name.c_str(), name.c_str())) {
       return *error;
     }
     batch.push_back(std::move(one));

@@ -30,8 +30,18 @@ std::optional<ApiError> readSchema(const ordered_json& value, const std::string&
     JsonParseError error;
     const auto parsed = parseOrderedJson(value.get<std::string>(), error,
                                          JsonBounds{kMaxJsonDepth, kMaxRequestJsonValues});
-    if (!parsed || !(parsed->is_object() || parsed->is_boolean())) {
-      return invalidRequest(field + " must be a JSON schema (an object, or a string holding one)",
+    if (!parsed) {
+      return invalidRequest(field +
+                                " must be a JSON schema (an object, or a string holding one); "
+                                "its text is not JSON that can be read: " +
+                                error.detail,
+                            field);
+    }
+    if (!(parsed->is_object() || parsed->is_boolean())) {
+      return invalidRequest(field +
+                                " must be a JSON schema (an object, or a string holding one), "
+                                "got a string holding " +
+                                parsed->type_name(),
                             field);
     }
     *spec = parsed->dump(-1, ' ', false, ordered_json::error_handler_t::replace);

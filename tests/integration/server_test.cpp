@@ -79,7 +79,7 @@ TEST(Server, LogitBiasSteersGreedyDecoding) {
   body["logit_bias"] = {{"300", 250}};
   const json error = agent.post("/v1/completions", body, &status);
   EXPECT_EQ(status, 400);
-  EXPECT_EQ(error["error"]["param"], "logit_bias");
+  EXPECT_EQ(error["error"]["param"], "logit_bias[\"300\"]");
 }
 
 // The data events of a streamed answer, parsed ([DONE] left out).
@@ -867,6 +867,16 @@ TEST(Server, AResumedStreamContinuesTheUninterruptedOne) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(refused["error"]["message"], "resume_token_ids continues a stream: set stream to true");
   EXPECT_EQ(refused["error"]["param"], "resume_token_ids");
+  // The engine's refusals name the field as sent.
+  json full = greedy(prompt, 3);
+  full["stream"] = true;
+  full["resume_token_ids"] = {5, 6, 7};
+  const json no_room = agent.post("/v1/completions", full, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(
+      no_room["error"]["message"],
+      "resume_token_ids must leave a token to generate: it holds 3 tokens and max_tokens is 3");
+  EXPECT_EQ(no_room["error"]["param"], "resume_token_ids");
 }
 
 TEST(Server, KvEventsStreamReportsStoredBlocksAndResynchronises) {

@@ -1029,22 +1029,25 @@ TEST(EngineResume, ResumedOutputThatCannotBeResumedIsRefusedNamingWhy) {
   full.resume_output = {5, 6, 7, 8};
   const Status no_room = engine.addRequest(full, [](const RequestOutput&) {});
   EXPECT_EQ(no_room.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(no_room.message().find("leaving nothing to generate within max_tokens 4"),
-            std::string::npos)
+  EXPECT_NE(
+      no_room.message().find(
+          "resume_token_ids must leave a token to generate: it holds 4 tokens and max_tokens is 4"),
+      std::string::npos)
       << no_room.message();
 
   Request ended = greedyRequest("ended", randomTokens(20, 3), 8);
   ended.sampling.ignore_eos = false;
   ended.resume_output = {5, engine.eosTokenIds().at(0), 6};
   const Status finished = engine.addRequest(ended, [](const RequestOutput&) {});
-  EXPECT_NE(finished.message().find("resume_output ends the request at token 1"), std::string::npos)
+  EXPECT_NE(finished.message().find("resume_token_ids must not hold a finished answer: token 1 is"),
+            std::string::npos)
       << finished.message();
 
   Request outside = greedyRequest("outside", randomTokens(20, 3), 8);
   outside.resume_output = {1 << 30};
   EXPECT_NE(engine.addRequest(outside, [](const RequestOutput&) {})
                 .message()
-                .find("resume_output token id 1073741824 is outside the vocabulary"),
+                .find("resume_token_ids token id 1073741824 is outside the vocabulary"),
             std::string::npos);
 }
 

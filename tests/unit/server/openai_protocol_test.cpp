@@ -300,9 +300,9 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "prompt is required (a string, an array of token ids, or an array of these)"),
       bad(R"({"model": "tiny-model", "prompt": ""})", "prompt", "prompt must not be empty"),
       bad(R"({"model": "tiny-model", "prompt": []})", "prompt", "prompt must not be empty"),
-      bad(R"({"model": "tiny-model", "prompt": [""]})", "prompt", "prompt[0] must not be empty"),
-      bad(R"({"model": "tiny-model", "prompt": [[]]})", "prompt", "prompt[0] must not be empty"),
-      bad(R"({"model": "tiny-model", "prompt": ["a", ""]})", "prompt",
+      bad(R"({"model": "tiny-model", "prompt": [""]})", "prompt[0]", "prompt[0] must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": [[]]})", "prompt[0]", "prompt[0] must not be empty"),
+      bad(R"({"model": "tiny-model", "prompt": ["a", ""]})", "prompt[1]",
           "prompt[1] must not be empty"),
       bad(R"({"model": "tiny-model", "prompt": [[1, 2], [3, 700]]})", "prompt[1][1]",
           "prompt[1][1] must be a token id between 0 and 511, got 700"),
@@ -323,7 +323,7 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "prompt[0][1] must be a token id between 0 and 511, got 999"),
       bad(R"({"model": "tiny-model", "prompt": 5})", "prompt",
           "prompt must be a string, an array of token ids, or an array of these, got number"),
-      bad(R"({"model": "tiny-model", "prompt": [{"text": "x"}]})", "prompt",
+      bad(R"({"model": "tiny-model", "prompt": [{"text": "x"}]})", "prompt[0]",
           "prompt[0] must be a string or an array of token ids, got object"),
       // Lengths.
       bad(R"({"model": "tiny-model", "prompt": )" + ids_64 + "}", "prompt",
@@ -366,6 +366,14 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "presence_penalty must be between -2 and 2, got -3"),
       bad(completion(R"("repetition_penalty": 0)"), "repetition_penalty",
           "repetition_penalty must be greater than 0 and finite, got 0"),
+      // Beyond a float: refused quoting the value sent; a nonzero value too
+      // small for one keeps its sign (1e-50 is a valid top_p, below).
+      bad(completion(R"("temperature": 3.5e38)"), "temperature",
+          "temperature must be a number a float holds (magnitude at most 3.4028235e38), got "
+          "3.5e+38"),
+      bad(completion(R"("min_p": -1e300)"), "min_p",
+          "min_p must be a number a float holds (magnitude at most 3.4028235e38), got -1e+300"),
+      bad(completion(R"("min_p": -1e-50)"), "min_p", "min_p must be between 0 and 1, got -1e-45"),
       bad(completion(R"("repetition_penalty": "1")"), "repetition_penalty",
           "repetition_penalty must be a number, got string"),
       bad(completion(R"("seed": "x")"), "seed", "seed must be an integer, got string"),
@@ -391,8 +399,8 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("stop": "")"), "stop", "stop must not be empty"),
       bad(completion(R"("stop": ["a", "b", "c", "d", "e"])"), "stop",
           "stop must have at most 4 strings, got 5"),
-      bad(completion(R"("stop": ["a", 1])"), "stop", "stop[1] must be a string, got number"),
-      bad(completion(R"("stop": ["a", ""])"), "stop", "stop[1] must not be empty"),
+      bad(completion(R"("stop": ["a", 1])"), "stop[1]", "stop[1] must be a string, got number"),
+      bad(completion(R"("stop": ["a", ""])"), "stop[1]", "stop[1] must not be empty"),
       bad(completion(R"("stop_token_ids": [3, 512])"), "stop_token_ids[1]",
           "stop_token_ids[1] must be a token id between 0 and 511, got 512"),
       bad(completion(R"("stop_token_ids": "x")"), "stop_token_ids",
@@ -440,11 +448,11 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "logit_bias keys must be token ids in [0, 512) written as decimal strings, got \"512\""),
       bad(completion(R"("logit_bias": {"-1": 5})"), "logit_bias",
           "logit_bias keys must be token ids in [0, 512) written as decimal strings, got \"-1\""),
-      bad(completion(R"("logit_bias": {"7": 100.5})"), "logit_bias",
+      bad(completion(R"("logit_bias": {"7": 100.5})"), "logit_bias[\"7\"]",
           "logit_bias[\"7\"] must be a number between -100 and 100, got 100.5"),
       bad(completion(R"("logit_bias": {"97": 60, "097": 60})"), "logit_bias",
           "logit_bias names token 97 twice (keys must be distinct token ids)"),
-      bad(completion(R"("logit_bias": {"7": "up"})"), "logit_bias",
+      bad(completion(R"("logit_bias": {"7": "up"})"), "logit_bias[\"7\"]",
           "logit_bias[\"7\"] must be a number between -100 and 100, got \"up\""),
       // Structured outputs.
       bad(completion(R"("response_format": {"type": "yaml"})"), "response_format",
@@ -465,6 +473,20 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "structured_outputs.whitespace_pattern",
           "structured_outputs.whitespace_pattern is not supported; structured_outputs takes one "
           "of json, regex, choice, grammar, json_object"),
+      // A schema as text says why its text is not one.
+      bad(completion(R"("guided_json": "[1")"), "guided_json",
+          "guided_json must be a JSON schema (an object, or a string holding one); its text is "
+          "not JSON that can be read: parse error at line 1, column 3: syntax error while "
+          "parsing array - unexpected end of input; expected ']'"),
+      bad(completion("\"guided_json\": " +
+                     json(std::string(200, '[') + std::string(200, ']')).dump()),
+          "guided_json",
+          "guided_json must be a JSON schema (an object, or a string holding one); its text is "
+          "not JSON that can be read: nesting deeper than 128 levels at "
+          "[0][0][0][0][0][0]…"),
+      bad(completion(R"("structured_outputs": {"json": "[1]"})"), "structured_outputs.json",
+          "structured_outputs.json must be a JSON schema (an object, or a string holding one), "
+          "got a string holding array"),
       bad(completion(R"("guided_json": {}, "guided_whitespace_pattern": " ")"),
           "guided_whitespace_pattern",
           "guided_whitespace_pattern is not supported; JSON outputs are written without white "
@@ -1236,6 +1258,27 @@ TEST_F(ProtocolTest, CompletionDefaults) {
   EXPECT_TRUE(sampling.skip_special_tokens);
 }
 
+// A number too small for a float is no reason to refuse it: top_p 1e-50 is
+// in (0, 1] (the smallest positive float: only the likeliest token is
+// kept), as is a repetition penalty of 1e-300; 3.4e38 still fits.
+TEST_F(ProtocolTest, TinyNumbersKeepTheirSign) {
+  auto parsed = parseCompletionRequest(
+      completion(R"("top_p": 1e-50, "repetition_penalty": 1e-300, "min_p": 0.0,
+          "temperature": 1e-320, "presence_penalty": -1e-40)"),
+      testLimits(), tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  const engine::SamplingParams& sampling = parsed.value().request.sampling;
+  EXPECT_EQ(sampling.top_p, std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(sampling.repetition_penalty, std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(sampling.temperature, std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(sampling.min_p, 0.0f);
+  EXPECT_LT(sampling.presence_penalty, 0.0f);
+  auto largest = parseCompletionRequest(completion(R"("repetition_penalty": 3.4e38)"), testLimits(),
+                                        tokenizer());
+  ASSERT_TRUE(largest.isOk()) << largest.error().message;
+  EXPECT_EQ(largest.value().request.sampling.repetition_penalty, 3.4e38f);
+}
+
 TEST_F(ProtocolTest, CompletionEveryField) {
   auto parsed = parseCompletionRequest(
       completion(R"("max_tokens": 8, "min_tokens": 2, "temperature": 0.5, "top_p": 0.9,
@@ -1420,9 +1463,9 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
           "bad_words must be an array of strings, got string"),
       bad(chat(R"("bad_words": ["x", 5])"), "bad_words[1]",
           "bad_words[1] must be a string, got number"),
-      bad(chat(R"("bad_words": [" \t\u3000"])"), "bad_words",
+      bad(chat(R"("bad_words": [" \t\u3000"])"), "bad_words[0]",
           "bad_words[0] must hold a word, not only whitespace"),
-      bad(chat(R"("bad_words": [")" + std::string(1025, 'a') + R"("])"), "bad_words",
+      bad(chat(R"("bad_words": [")" + std::string(1025, 'a') + R"("])"), "bad_words[0]",
           "bad_words[0] must be at most 1024 bytes, got 1025"),
       bad(chat(R"("truncate_prompt_tokens": 0)"), "truncate_prompt_tokens",
           "truncate_prompt_tokens must be -1 (keep the last max_model_len tokens) or at least 1, "
