@@ -87,7 +87,7 @@ bool isLarge(const http::request_parser<http::string_body>& parser, const HttpLi
 // What is wrong with a parsed request's head that the parser lets through
 // (RFC 9112 section 3.2: a Host header, once, on every HTTP/1.1 request);
 // empty when nothing is.
-std::string headProblem(const http::request<http::string_body>& message) {
+std::string headProblem(const http::request_header<>& message) {
   const size_t hosts = message.count(http::field::host);
   if (hosts > 1) return "more than one Host header";
   if (hosts == 0 && message.version() >= 11) return "an HTTP/1.1 request must have a Host header";
@@ -316,12 +316,19 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         if (ec) break;
       }
       arm(head_timeout);
-      const size_t head_bytes = co_await http::async_read_header(
-          socket_, buffer_, parser, asio::redirect_error(use_awaitable, ec));
-      // The parser's own bound holds only for some ways a head arrives (one
-      // that came in pieces of some sizes passed it); the bytes it took for
-      // the head are the measure.
-      if (!ec && head_bytes > limits.max_header_bytes) ec = http::error::header_limit;
+      co_await readHead(parser, limits.max_header_bytes, ec);
+      if (!ec) {
+        if (std::string problem = headProblem(parser.get()); !problem.empty()) {
+          HttpResponse response =
+              httpErrorResponse(400, "malformed HTTP request: " + problem, "invalid_request_error");
+          response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
+          disarm();
+          const bool written =
+              co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
+          if (written) co_await lingeringClose();
+          break;
+        }
+      }
       if (!ec && over_bound_) {
         served_over_bound_ =
             service_.servedOverBound(originForm(std::string(parser.get().target())));
@@ -373,15 +380,6 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         break;
       }
       http::request<http::string_body> message = parser.release();
-      if (std::string problem = headProblem(message); !problem.empty()) {
-        HttpResponse response =
-            httpErrorResponse(400, "malformed HTTP request: " + problem, "invalid_request_error");
-        response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-        const bool written =
-            co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
-        if (written) co_await lingeringClose();
-        break;
-      }
       HttpRequest request;
       request.method = std::string(message.method_string());
       const std::string target = originForm(std::string(message.target()));
@@ -455,6 +453,52 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   // then what the client still sends is read and dropped for a moment, so
   // that closing with unread bytes does not reset the connection before
   // the client has read the answer.
+  // Reads a request's head into `parser`, never holding more than
+  // `max_bytes` of it. Beast's own bound counts only the bytes of one read
+  // it has not parsed yet, while the fields it has parsed pile up in the
+  // message: a head sent in pieces that each end inside a line grew without
+  // bound until its end, and was refused only then. Here the bytes taken
+  // and those waiting are counted as they come. `ec` as async_read_header
+  // sets it: end_of_stream when the connection closed before a byte,
+  // partial_message when it closed mid-head, header_limit past the bound.
+  awaitable<void> readHead(http::request_parser<http::string_body>& parser, size_t max_bytes,
+                           boost::system::error_code& ec) {
+    size_t taken = 0;
+    for (;;) {
+      if (buffer_.size() > 0) {
+        const size_t used = parser.put(buffer_.data(), ec);
+        buffer_.consume(used);
+        taken += used;
+        if (!ec && parser.is_header_done()) {
+          if (taken > max_bytes) ec = http::error::header_limit;
+          co_return;
+        }
+        if (ec && ec != http::error::need_more) co_return;
+        ec = {};
+      }
+      // An unfinished head is longer than what it has sent so far.
+      if (taken + buffer_.size() >= max_bytes) {
+        ec = http::error::header_limit;
+        co_return;
+      }
+      const size_t room = std::min<size_t>(max_bytes - taken - buffer_.size() + 1, 65536);
+      const size_t got = co_await socket_.async_read_some(buffer_.prepare(room),
+                                                          asio::redirect_error(use_awaitable, ec));
+      buffer_.commit(got);
+      if (ec == asio::error::eof) {
+        if (parser.got_some() || buffer_.size() > 0) {
+          ec = {};
+          parser.put_eof(ec);
+          if (!ec) ec = http::error::partial_message;
+        } else {
+          ec = http::error::end_of_stream;
+        }
+        co_return;
+      }
+      if (ec) co_return;
+    }
+  }
+
   awaitable<void> lingeringClose() {
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);

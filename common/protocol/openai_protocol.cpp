@@ -91,7 +91,8 @@ class FieldReader {
     return true;
   }
 
-  // A number as a float. One beyond a float's range is refused here, where
+  // A number as a float. One beyond a float's range (that rounds to
+  // infinity) is refused here, where
   // its value can still be quoted (as a float it reads "inf"); a nonzero
   // one too small for a float becomes the float of its sign nearest zero,
   // so that bounds such as top_p > 0 or min_p >= 0 judge it by its sign.
@@ -103,8 +104,7 @@ class FieldReader {
       return false;
     }
     const double number = value->get<double>();
-    constexpr float kMax = std::numeric_limits<float>::max();
-    if (!(std::fabs(number) <= kMax)) {
+    if (std::isinf(static_cast<float>(number))) {
       char text[32];
       const auto end = std::to_chars(text, text + sizeof text, number).ptr;
       fail(param(name) + " must be a number a float holds (magnitude at most 3.4028235e38), got " +

@@ -1260,11 +1260,13 @@ TEST_F(ProtocolTest, CompletionDefaults) {
 
 // A number too small for a float is no reason to refuse it: top_p 1e-50 is
 // in (0, 1] (the smallest positive float: only the likeliest token is
-// kept), as is a repetition penalty of 1e-300; 3.4e38 still fits.
+// kept), as is a repetition penalty of 1e-300; a negative one keeps its
+// sign. 3.4028235e38, the largest float as printed (a double a little above
+// it), still fits.
 TEST_F(ProtocolTest, TinyNumbersKeepTheirSign) {
   auto parsed = parseCompletionRequest(
       completion(R"("top_p": 1e-50, "repetition_penalty": 1e-300, "min_p": 0.0,
-          "temperature": 1e-320, "presence_penalty": -1e-40)"),
+          "temperature": 1e-320, "presence_penalty": -1e-50)"),
       testLimits(), tokenizer());
   ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
   const engine::SamplingParams& sampling = parsed.value().request.sampling;
@@ -1272,11 +1274,11 @@ TEST_F(ProtocolTest, TinyNumbersKeepTheirSign) {
   EXPECT_EQ(sampling.repetition_penalty, std::numeric_limits<float>::denorm_min());
   EXPECT_EQ(sampling.temperature, std::numeric_limits<float>::denorm_min());
   EXPECT_EQ(sampling.min_p, 0.0f);
-  EXPECT_LT(sampling.presence_penalty, 0.0f);
-  auto largest = parseCompletionRequest(completion(R"("repetition_penalty": 3.4e38)"), testLimits(),
-                                        tokenizer());
+  EXPECT_EQ(sampling.presence_penalty, -std::numeric_limits<float>::denorm_min());
+  auto largest = parseCompletionRequest(completion(R"("repetition_penalty": 3.4028235e38)"),
+                                        testLimits(), tokenizer());
   ASSERT_TRUE(largest.isOk()) << largest.error().message;
-  EXPECT_EQ(largest.value().request.sampling.repetition_penalty, 3.4e38f);
+  EXPECT_EQ(largest.value().request.sampling.repetition_penalty, std::numeric_limits<float>::max());
 }
 
 TEST_F(ProtocolTest, CompletionEveryField) {
