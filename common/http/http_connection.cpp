@@ -111,7 +111,9 @@ std::string originForm(std::string_view target) {
 }
 
 // What to answer a request the parser refused.
-HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpLimits& limits) {
+// `buffer_max`: what the connection's buffer holds at most.
+HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpLimits& limits,
+                                size_t buffer_max) {
   if (ec == http::error::body_limit) {
     return httpErrorResponse(413,
                              "the request body is larger than the limit of " +
@@ -125,7 +127,10 @@ HttpResponse parseErrorResponse(const boost::system::error_code& ec, const HttpL
                              "invalid_request_error");
   }
   std::string what;
-  if (ec == http::error::bad_content_length) {
+  if (ec == http::error::buffer_overflow) {
+    what = "a chunk's size line or the trailer is longer than this server reads (" +
+           std::to_string(buffer_max) + " bytes)";
+  } else if (ec == http::error::bad_content_length) {
     what = "invalid or conflicting Content-Length headers";
   } else if (ec == http::error::bad_field || ec == http::error::bad_value) {
     what = "a header line is not \"name: value\"";
@@ -257,7 +262,17 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         socket_(std::move(socket)),
         deadline_(strand_),
         signal_(strand_),
-        over_bound_(over_bound) {}
+        over_bound_(over_bound) {
+    // What the buffer may hold: the read-ahead while a request is answered
+    // (startWatch), a head up to its bound (readHead), and room for a
+    // body's reads. Beast's body reading keeps a chunk's size line
+    // (extensions) and the trailer in it until they end, so without a bound
+    // a client could grow it for as long as the request timeout lets it.
+    const HttpLimits& limits = service.limits();
+    buffer_.max_size(std::max({limits.max_pipelined_bytes + 4096, limits.max_header_bytes + 1,
+                               size_t{1} << 20}) +
+                     65536);
+  }
 
   ~HttpConnection() {
     if (waker_) waker_->disable();
@@ -371,7 +386,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         // connection is just closed.
         if (ec.category() == http::make_error_code(http::error::end_of_stream).category() &&
             ec != http::error::end_of_stream && ec != http::error::partial_message) {
-          HttpResponse response = parseErrorResponse(ec, limits);
+          HttpResponse response = parseErrorResponse(ec, limits, buffer_.max_size());
           response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
           const bool written = co_await write(std::move(response), /*keep_alive=*/false,
                                               /*head=*/false);
@@ -449,10 +464,6 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (written) co_await lingeringClose();
   }
 
-  // After answering a request whose rest was not read: the answer is sent,
-  // then what the client still sends is read and dropped for a moment, so
-  // that closing with unread bytes does not reset the connection before
-  // the client has read the answer.
   // Reads a request's head into `parser`, never holding more than
   // `max_bytes` of it. Beast's own bound counts only the bytes of one read
   // it has not parsed yet, while the fields it has parsed pile up in the
@@ -463,6 +474,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   // partial_message when it closed mid-head, header_limit past the bound.
   awaitable<void> readHead(http::request_parser<http::string_body>& parser, size_t max_bytes,
                            boost::system::error_code& ec) {
+    parser.eager(false);
     size_t taken = 0;
     for (;;) {
       if (buffer_.size() > 0) {
@@ -481,12 +493,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         ec = http::error::header_limit;
         co_return;
       }
-      const size_t room = std::min<size_t>(max_bytes - taken - buffer_.size() + 1, 65536);
+      const size_t room = std::min<size_t>(max_bytes - taken - buffer_.size(), 65535) + 1;
       const size_t got = co_await socket_.async_read_some(buffer_.prepare(room),
                                                           asio::redirect_error(use_awaitable, ec));
       buffer_.commit(got);
       if (ec == asio::error::eof) {
-        if (parser.got_some() || buffer_.size() > 0) {
+        if (parser.got_some()) {
           ec = {};
           parser.put_eof(ec);
           if (!ec) ec = http::error::partial_message;
@@ -499,6 +511,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     }
   }
 
+  // After answering a request whose rest was not read: the answer is sent,
+  // then what the client still sends is read and dropped for a moment, so
+  // that closing with unread bytes does not reset the connection before
+  // the client has read the answer.
   awaitable<void> lingeringClose() {
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);

@@ -378,6 +378,27 @@ TEST(HttpService, AHeadSentInPiecesIsRefusedAtItsBoundNotAtItsEnd) {
   EXPECT_NE(both.find("\r\n\r\nhiHTTP/1.1 431"), std::string::npos) << both.substr(0, 400);
 }
 
+// A chunked body's size line (its extensions) and its trailer are kept by
+// the parser until they end; the connection's buffer is bounded, so one
+// that never ends is a 400 once it fills the buffer, not kept until the
+// request timeout (30 s, past the client's 10 s wait).
+TEST(HttpService, AChunkSizeLineOrTrailerThatNeverEndsIsRefused) {
+  Service service;
+  const std::string head = "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (const std::string& endless :
+       {"1;" + std::string(3 << 20, 'e'), "2\r\nhi\r\n0\r\nX-T: " + std::string(3 << 20, 't')}) {
+    const std::string answer = exchangeRaw(service.port(), head + endless);
+    EXPECT_TRUE(answer.starts_with("HTTP/1.1 400")) << answer.substr(0, 200);
+    EXPECT_NE(answer.find("a chunk's size line or the trailer is longer than this server reads"),
+              std::string::npos)
+        << answer.substr(0, 400);
+  }
+  const std::string closing =
+      "POST /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string after = exchangeRaw(service.port(), closing + "2\r\nhi\r\n0\r\nX-T: t\r\n\r\n");
+  EXPECT_TRUE(after.starts_with("HTTP/1.1 200") && after.ends_with("\r\n\r\nhi")) << after;
+}
+
 // RFC 9112 section 3.2: an HTTP/1.1 request without a Host header, or any
 // with two, is a 400 naming it; an HTTP/1.0 request may leave it out. An
 // absolute-form target (section 3.2.2: "http://host/path", which a server
