@@ -334,13 +334,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       co_await readHead(parser, limits.max_header_bytes, ec);
       if (!ec) {
         if (std::string problem = headProblem(parser.get()); !problem.empty()) {
-          HttpResponse response =
-              httpErrorResponse(400, "malformed HTTP request: " + problem, "invalid_request_error");
-          response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-          disarm();
-          const bool written =
-              co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
-          if (written) co_await lingeringClose();
+          co_await refuse(httpErrorResponse(400, "malformed HTTP request: " + problem,
+                                            "invalid_request_error"));
           break;
         }
       }
@@ -386,11 +381,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         // connection is just closed.
         if (ec.category() == http::make_error_code(http::error::end_of_stream).category() &&
             ec != http::error::end_of_stream && ec != http::error::partial_message) {
-          HttpResponse response = parseErrorResponse(ec, limits, buffer_.max_size());
-          response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
-          const bool written = co_await write(std::move(response), /*keep_alive=*/false,
-                                              /*head=*/false);
-          if (written) co_await lingeringClose();
+          co_await refuse(parseErrorResponse(ec, limits, buffer_.max_size()));
         }
         break;
       }
@@ -457,8 +448,13 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   // with Expect: 100-continue, sent): the body never costs memory. The
   // connection is closed after it.
   awaitable<void> refuseBeforeBody(std::string message) {
+    co_await refuse(httpErrorResponse(503, message, "service_unavailable"));
+  }
+
+  // Answers a refused request (`response`, given a request id here), then
+  // closes the connection once the client has had time to read it.
+  awaitable<void> refuse(HttpResponse response) {
     disarm();
-    HttpResponse response = httpErrorResponse(503, message, "service_unavailable");
     response.headers.emplace_back(kRequestIdHeader, service_.nextRequestId());
     const bool written = co_await write(std::move(response), /*keep_alive=*/false, /*head=*/false);
     if (written) co_await lingeringClose();

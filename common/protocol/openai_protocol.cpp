@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -92,8 +91,8 @@ class FieldReader {
   }
 
   // A number as a float. One beyond a float's range (that rounds to
-  // infinity) is refused here, where
-  // its value can still be quoted (as a float it reads "inf"); a nonzero
+  // infinity) is refused here, where its value can still be quoted (as a
+  // float it reads "inf"); a nonzero
   // one too small for a float becomes the float of its sign nearest zero,
   // so that bounds such as top_p > 0 or min_p >= 0 judge it by its sign.
   bool readFloat(std::string_view name, float* out) {
@@ -105,10 +104,8 @@ class FieldReader {
     }
     const double number = value->get<double>();
     if (std::isinf(static_cast<float>(number))) {
-      char text[32];
-      const auto end = std::to_chars(text, text + sizeof text, number).ptr;
       fail(param(name) + " must be a number a float holds (magnitude at most 3.4028235e38), got " +
-               std::string(text, end),
+               compactDump(*value),
            param(name));
       return false;
     }

@@ -637,6 +637,10 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
     query.sinks = sinks == nullptr ? nullptr : sinks + head;
     query.scale = scale * key_factor;
     query.value_scale = value_factor;
+    // The ISA kernels size their per-vector arrays by kMaxAttentionQueries.
+    TANDEM_CHECK(query.num_heads >= 1 && query.num_rows >= 1 &&
+                     query.num_heads * query.num_rows <= cpu::kMaxAttentionQueries,
+                 "attention query of more heads x rows than kMaxAttentionQueries");
     isa.attendQuery(query, scores.data());
   });
 }

@@ -92,7 +92,7 @@ constexpr int kMaxAttentionQueries = 4;
 struct AttentionQuery {
   const float* q = nullptr;  // num_heads * head_dim values per row, head after head
   float* out = nullptr;      // the same layout
-  int32_t num_heads = 1;     // num_heads * num_rows <= kMaxAttentionQueries
+  int32_t num_heads = 1;     // num_heads * num_rows <= kMaxAttentionQueries (pagedAttention checks)
   int32_t num_rows = 1;
   // Elements between consecutive rows' q (and out).
   int64_t row_stride = 0;

@@ -779,9 +779,6 @@ void attendTyped(const AttentionQuery& a, float* scores) {
 }
 
 void attendQuery(const AttentionQuery& query, float* scores) {
-  TANDEM_CHECK(query.num_heads >= 1 && query.num_rows >= 1 &&
-                   query.num_heads * query.num_rows <= kMaxAttentionQueries,
-               "attention query of more heads x rows than kMaxAttentionQueries");
   if (query.cache_dtype == DType::kBF16) {
     attendTyped<Bf16Loader>(query, scores);
   } else if (query.cache_dtype == DType::kF8E4M3) {
