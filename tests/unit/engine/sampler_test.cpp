@@ -396,6 +396,49 @@ TEST(SamplerTest, EachPenaltyAlone) {
   EXPECT_EQ(sampler.processedLogits(input), (std::vector<float>{2.0f, -3.0f, 0.5f}));
 }
 
+// The smallest penalty a request can send (a float's nearest to zero: the
+// API turns 1e-50 into it) divides positive repeated logits to +inf.
+// Every sampling path then picks the smallest id among them, as greedy
+// does, and logprobs stay those of the raw logits.
+TEST(SamplerTest, PenaltiesThatOverflowToInfinityPickTheSmallestSuchId) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, -1.0f, 5.0f};
+  const std::vector<TokenId> prompt = {2, 1, 3};
+  SamplingParams params;
+  params.repetition_penalty = std::numeric_limits<float>::denorm_min();
+  params.logprobs = 2;
+  SamplerInput input = makeInput(logits, params);
+  input.prompt = prompt;
+  Sampler sampler;
+  const std::vector<float> processed = sampler.processedLogits(input);
+  EXPECT_EQ(processed[1], kInf);
+  EXPECT_EQ(processed[2], kInf);
+  EXPECT_EQ(processed[4], 5.0f);
+
+  const std::vector<double> reference = logSoftmax(logits);
+  auto expectInfinityWins = [&] {
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      input.rng = SamplerRng{seed};
+      const GeneratedToken token = sampler.sample(input);
+      ASSERT_EQ(token.token, 1) << "seed " << seed;
+      EXPECT_NEAR(token.logprob, reference[1], 1e-5);
+      ASSERT_EQ(token.top.size(), 2u);
+      EXPECT_EQ(token.top[0].token, 4);
+    }
+  };
+  params.temperature = 0.0f;
+  expectInfinityWins();
+  params.temperature = 1.0f;
+  expectInfinityWins();
+  params.top_k = 2;
+  expectInfinityWins();
+  params.top_k = 0;
+  params.top_p = 0.5f;
+  expectInfinityWins();
+  params.top_p = 1.0f;
+  params.min_p = 0.1f;
+  expectInfinityWins();
+}
+
 TEST(SamplerTest, MinTokensMasksTheGivenIdsUntilReached) {
   const std::vector<float> logits = {0.0f, 1.0f, 0.5f, 9.0f};
   const std::vector<TokenId> eos = {3};
