@@ -17,10 +17,14 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr int64_t kLanes = 8;
-// Register tile: 3 x rows by 4 weight rows = 12 ymm accumulators, leaving
-// four for the weight vectors out of sixteen.
-constexpr int kTileRows = 3;
-constexpr int kTileCols = 4;
+// Register tile: Rows x rows by tileCols<Rows> weight rows. Sixteen ymm
+// registers hold the accumulators, one vector per weight row and the x
+// vector: 4 x 3 = 12 + 3 + 1 in prefill. (A 3 x 4 tile needs 17, and the
+// spills halved its rate.) One or two rows take four weight rows, for
+// more streams in flight in decode.
+constexpr int kTileRows = 4;
+template <int Rows>
+constexpr int tileCols = Rows >= 3 ? 3 : 4;
 
 __m256i laneMask(int64_t count) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
@@ -183,9 +187,10 @@ struct Mxfp4Matrix : Mxfp4Rows {
 template <int Rows, typename Matrix>
 inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
                        const typename Matrix::Row* w, float* y, int64_t ldy, int64_t valid_cols) {
-  __m256 acc[Rows][kTileCols];
+  constexpr int kCols = tileCols<Rows>;
+  __m256 acc[Rows][kCols];
   for (int i = 0; i < Rows; ++i) {
-    for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int j = 0; j < kCols; ++j) acc[i][j] = _mm256_setzero_ps();
   }
   int64_t kk = 0;
   for (; kk + kLanes <= k; kk += kLanes) {
@@ -193,47 +198,47 @@ inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
       // Decode: keep the weight rows two tiles ahead in flight, into L2
       // (see the AVX-512 file for why not L1).
       if (kk % Matrix::kPrefetchColumns == 0) {
-        for (int j = 0; j < kTileCols; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(matrix.ahead(w[j], 2 * kTileCols, kk)),
+        for (int j = 0; j < kCols; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(matrix.ahead(w[j], 2 * kCols, kk)),
                        _MM_HINT_T1);
         }
       }
     }
-    __m256 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::load(w[j], kk);
+    __m256 wv[kCols];
+    for (int j = 0; j < kCols; ++j) wv[j] = Matrix::load(w[j], kk);
     for (int i = 0; i < Rows; ++i) {
       const __m256 xv = _mm256_loadu_ps(x + i * k + kk);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (kk < k) {
     const int64_t rest = k - kk;
-    __m256 wv[kTileCols];
-    for (int j = 0; j < kTileCols; ++j) wv[j] = Matrix::loadPartial(w[j], kk, rest);
+    __m256 wv[kCols];
+    for (int j = 0; j < kCols; ++j) wv[j] = Matrix::loadPartial(w[j], kk, rest);
     for (int i = 0; i < Rows; ++i) {
       const __m256 xv = loadPartial(x + i * k + kk, rest);
-      for (int j = 0; j < kTileCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  // Three columns reduce as four with the last repeated: each lane's tree
+  // is its own, so the repeat changes nothing and is not stored.
+  const __m128i store_mask =
+      _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(valid_cols)), _mm_setr_epi32(0, 1, 2, 3));
   for (int i = 0; i < Rows; ++i) {
-    const __m128 sums = reduceSum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-    if (valid_cols == kTileCols) {
-      _mm_storeu_ps(y + i * ldy, sums);
-    } else {
-      float lanes[kTileCols];
-      _mm_storeu_ps(lanes, sums);
-      std::copy_n(lanes, valid_cols, y + i * ldy);
-    }
+    const __m128 sums =
+        reduceSum4(acc[i][0], acc[i][1], acc[i][std::min(2, kCols - 1)], acc[i][kCols - 1]);
+    _mm_maskstore_ps(y + i * ldy, store_mask, sums);
   }
 }
 
 template <int Rows, typename Matrix>
 void matmulRowTile(const float* x, int64_t k, const Matrix& matrix, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy) {
-  for (int64_t j = n_begin; j < n_end; j += kTileCols) {
-    const int64_t valid = std::min<int64_t>(kTileCols, n_end - j);
-    typename Matrix::Row rows[kTileCols];
-    for (int c = 0; c < kTileCols; ++c) rows[c] = matrix.row(j + std::min<int64_t>(c, valid - 1));
+  constexpr int kCols = tileCols<Rows>;
+  for (int64_t j = n_begin; j < n_end; j += kCols) {
+    const int64_t valid = std::min<int64_t>(kCols, n_end - j);
+    typename Matrix::Row rows[kCols];
+    for (int c = 0; c < kCols; ++c) rows[c] = matrix.row(j + std::min<int64_t>(c, valid - 1));
     matmulTile<Rows>(x, k, matrix, rows, y + j, ldy, valid);
   }
 }
@@ -252,6 +257,9 @@ void matmulTyped(const float* x, int64_t m, int64_t k, const WeightView& w, int6
       break;
     case 2:
       matmulRowTile<2>(x + i * k, k, matrix, n_begin, n_end, y + i * ldy, ldy);
+      break;
+    case 3:
+      matmulRowTile<3>(x + i * k, k, matrix, n_begin, n_end, y + i * ldy, ldy);
       break;
     default:
       break;
@@ -370,73 +378,133 @@ void softmax(float* x, int64_t n) {
 // -------------------------------------------------------------- attention --
 
 constexpr int64_t kMaxHeadDim = 256;
-constexpr int64_t kValueChunksPerPass = 4;
 
 // Copies row `src` (head_dim elements) to fp32 `dst` padded with zeros to a
 // whole number of vectors, so the loops below need no partial loads.
 template <typename Loader>
-void widenRow(const void* src, int64_t head_dim, int64_t padded, float* dst) {
+void widenRow(const void* src, int64_t head_dim, float* dst) {
   const auto* s = static_cast<const typename Loader::Element*>(src);
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) _mm256_storeu_ps(dst + d, Loader::load(s + d));
-  if (d < head_dim) {
-    _mm256_storeu_ps(dst + d, Loader::loadPartial(s + d, head_dim - d));
-    d += kLanes;
+  if (d < head_dim) _mm256_storeu_ps(dst + d, Loader::loadPartial(s + d, head_dim - d));
+}
+
+// Value sums over chunks [c0, c0 + Chunks) of the head for the query
+// vectors vs[0..Queries), the last `Queries - distinct` repeats whose sums
+// are not stored: each V chunk is widened once, in registers, for all of
+// them (Queries x Chunks accumulators, Chunks value vectors and one weight
+// in sixteen registers). Each vector adds its positions in order from its
+// own first one, as it would alone.
+template <typename Loader, int Queries, int Chunks>
+void valueSums(const AttentionQuery& a, const float* scores, int64_t span, const int* vs,
+               int distinct, const int64_t* lo, const int64_t* hi, const float* divisor,
+               int64_t c0) {
+  const int64_t head_dim = a.head_dim;
+  const int heads = a.num_heads;
+  int64_t first[Queries], last[Queries];
+  const float* weights[Queries];
+  __m256 acc[Queries][Chunks];
+  for (int u = 0; u < Queries; ++u) {
+    first[u] = lo[vs[u] / heads];
+    last[u] = hi[vs[u] / heads];
+    weights[u] = scores + vs[u] * span;
+    for (int g = 0; g < Chunks; ++g) acc[u][g] = _mm256_setzero_ps();
   }
-  for (; d < padded; d += kLanes) _mm256_storeu_ps(dst + d, _mm256_setzero_ps());
+  CacheRowCursor value_rows(a, 1);
+  for (int64_t t = 0; t < span; ++t) {
+    const auto* src = static_cast<const typename Loader::Element*>(value_rows.next());
+    __m256 value[Chunks];
+    for (int g = 0; g < Chunks; ++g) {
+      const int64_t d = (c0 + g) * kLanes;
+      value[g] = d + kLanes <= head_dim ? Loader::load(src + d)
+                 : d < head_dim         ? Loader::loadPartial(src + d, head_dim - d)
+                                        : _mm256_setzero_ps();
+    }
+    for (int u = 0; u < Queries; ++u) {
+      if (t < first[u] || t > last[u]) continue;
+      const __m256 p = _mm256_set1_ps(weights[u][t]);
+      for (int g = 0; g < Chunks; ++g) acc[u][g] = _mm256_fmadd_ps(p, value[g], acc[u][g]);
+    }
+  }
+  for (int u = 0; u < distinct; ++u) {
+    const int v = vs[u];
+    const __m256 d = _mm256_set1_ps(divisor[v]);
+    float* out = a.out + v / heads * a.row_stride + v % heads * head_dim;
+    for (int g = 0; g < Chunks; ++g) {
+      const int64_t begin = (c0 + g) * kLanes;
+      if (begin >= head_dim) break;
+      const __m256 result = _mm256_div_ps(acc[u][g], d);
+      if (begin + kLanes <= head_dim) {
+        _mm256_storeu_ps(out + begin, result);
+      } else {
+        storePartial(out + begin, result, head_dim - begin);
+      }
+    }
+  }
 }
 
 // Every head of every row of `a` (AttentionQuery): query vector v = i *
 // num_heads + g is row i's head g, its scores at scores + v * span indexed
 // by position - first_position. Each K row is widened once for all query
-// vectors and each V row once per pair of them; every query vector's
-// operations are exactly those of a lone head of a lone row (its own dot
-// products, reduced on their own; its softmax over its own positions; its
-// value sums in position order from its own first position). The score
-// loop computes a few dot products no row keeps (keys before a row's window
-// or past its position), in slots that row never reads.
+// vectors and each V chunk once per pass over the values; every query
+// vector's operations are exactly those of a lone head of a lone row (its
+// own dot products, reduced on their own; its softmax over its own
+// positions; its value sums in position order from its own first
+// position). The score loop computes a few dot products no row keeps (keys
+// before a row's window or past its position), in slots that row never
+// reads.
 template <typename Loader>
 void attendRows(const AttentionQuery& a, float* scores) {
-  constexpr int64_t kPadded = kMaxHeadDim + kValueChunksPerPass * kLanes;
   const int64_t head_dim = a.head_dim;
   const int rows = a.num_rows;
   const int heads = a.num_heads;
   const int queries = rows * heads;
   const int64_t span = a.position + rows - a.first_position;
   const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
-  const int64_t passes = (chunks + kValueChunksPerPass - 1) / kValueChunksPerPass;
-  const int64_t padded = passes * kValueChunksPerPass * kLanes;
   // Row i's positions as offsets into the span: [lo[i], hi[i]].
   int64_t lo[kMaxAttentionQueries], hi[kMaxAttentionQueries];
-  alignas(32) float q[kMaxAttentionQueries][kPadded];
+  alignas(32) float q[kMaxAttentionQueries][kMaxHeadDim];
   for (int i = 0; i < rows; ++i) {
     lo[i] = a.rowFirstPosition(i) - a.first_position;
     hi[i] = a.position + i - a.first_position;
     for (int g = 0; g < heads; ++g) {
-      widenRow<F32Loader>(a.q + i * a.row_stride + g * head_dim, head_dim, padded,
-                          q[i * heads + g]);
+      widenRow<F32Loader>(a.q + i * a.row_stride + g * head_dim, head_dim, q[i * heads + g]);
     }
   }
 
-  alignas(32) float keys[4][kPadded];
+  // Four keys against two query vectors at a time: each key chunk is loaded
+  // once for both, into 8 accumulators.
+  alignas(32) float keys[4][kMaxHeadDim];
   CacheRowCursor key_rows(a, 0);
   for (int64_t t = 0; t < span; t += 4) {
     const int64_t valid = std::min<int64_t>(4, span - t);
-    for (int j = 0; j < valid; ++j) widenRow<Loader>(key_rows.next(), head_dim, padded, keys[j]);
-    for (int64_t j = valid; j < 4; ++j) std::copy_n(keys[j - 1], padded, keys[j]);
-    for (int v = 0; v < queries; ++v) {
-      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                       _mm256_setzero_ps()};
+    for (int j = 0; j < valid; ++j) widenRow<Loader>(key_rows.next(), head_dim, keys[j]);
+    for (int64_t j = valid; j < 4; ++j) std::copy_n(keys[j - 1], chunks * kLanes, keys[j]);
+    for (int v0 = 0; v0 < queries; v0 += 2) {
+      const int v1 = std::min(v0 + 1, queries - 1);
+      __m256 acc0[4], acc1[4];
+      for (int j = 0; j < 4; ++j) {
+        acc0[j] = _mm256_setzero_ps();
+        acc1[j] = _mm256_setzero_ps();
+      }
       for (int64_t c = 0; c < chunks; ++c) {
-        const __m256 qv = _mm256_load_ps(q[v] + c * kLanes);
+        const __m256 q0 = _mm256_load_ps(q[v0] + c * kLanes);
+        const __m256 q1 = _mm256_load_ps(q[v1] + c * kLanes);
         for (int j = 0; j < 4; ++j) {
-          acc[j] = _mm256_fmadd_ps(qv, _mm256_load_ps(keys[j] + c * kLanes), acc[j]);
+          const __m256 key = _mm256_load_ps(keys[j] + c * kLanes);
+          acc0[j] = _mm256_fmadd_ps(q0, key, acc0[j]);
+          acc1[j] = _mm256_fmadd_ps(q1, key, acc1[j]);
         }
       }
       float dots[4];
-      _mm_storeu_ps(dots,
-                    _mm_mul_ps(reduceSum4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(a.scale)));
-      std::copy_n(dots, valid, scores + v * span + t);
+      _mm_storeu_ps(
+          dots, _mm_mul_ps(reduceSum4(acc0[0], acc0[1], acc0[2], acc0[3]), _mm_set1_ps(a.scale)));
+      std::copy_n(dots, valid, scores + v0 * span + t);
+      if (v1 != v0) {
+        _mm_storeu_ps(
+            dots, _mm_mul_ps(reduceSum4(acc1[0], acc1[1], acc1[2], acc1[3]), _mm_set1_ps(a.scale)));
+        std::copy_n(dots, valid, scores + v1 * span + t);
+      }
     }
   }
 
@@ -450,53 +518,23 @@ void attendRows(const AttentionQuery& a, float* scores) {
     divisor[v] = softmaxSum(own, count, maxOf(own, count), sink, expShiftAndSum) / a.value_scale;
   }
 
-  // Two query vectors at a time keep their accumulators in registers.
-  alignas(32) float value[kValueChunksPerPass * kLanes];
-  alignas(32) float out[kValueChunksPerPass * kLanes];
-  for (int64_t pass = 0; pass < passes; ++pass) {
-    const int64_t c0 = pass * kValueChunksPerPass;
-    // Only this pass's dims are widened: a whole row per pass would redo
-    // the work for every pass.
-    const int64_t begin = c0 * kLanes;
-    const int64_t len = std::clamp<int64_t>(head_dim - begin, 0, kValueChunksPerPass * kLanes);
-    for (int v0 = 0; v0 < queries; v0 += 2) {
-      // The pair's second query vector is v0 again when there is none (its
-      // sums then go nowhere).
-      const int v1 = std::min(v0 + 1, queries - 1);
-      const int64_t lo0 = lo[v0 / heads], hi0 = hi[v0 / heads];
-      const int64_t lo1 = lo[v1 / heads], hi1 = hi[v1 / heads];
-      const float* p0 = scores + v0 * span;
-      const float* p1 = scores + v1 * span;
-      __m256 acc0[kValueChunksPerPass], acc1[kValueChunksPerPass];
-      for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
-        acc0[g] = _mm256_setzero_ps();
-        acc1[g] = _mm256_setzero_ps();
-      }
-      CacheRowCursor value_rows(a, 1);
-      for (int64_t t = 0; t < span; ++t) {
-        const auto* src = static_cast<const typename Loader::Element*>(value_rows.next()) + begin;
-        widenRow<Loader>(src, len, kValueChunksPerPass * kLanes, value);
-        if (t >= lo0 && t <= hi0) {
-          const __m256 p = _mm256_set1_ps(p0[t]);
-          for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
-            acc0[g] = _mm256_fmadd_ps(p, _mm256_load_ps(value + g * kLanes), acc0[g]);
-          }
-        }
-        if (t >= lo1 && t <= hi1) {
-          const __m256 p = _mm256_set1_ps(p1[t]);
-          for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
-            acc1[g] = _mm256_fmadd_ps(p, _mm256_load_ps(value + g * kLanes), acc1[g]);
-          }
-        }
-      }
-      for (int u = 0; u < 2 && v0 + u <= v1; ++u) {
-        const int v = v0 + u;
-        const __m256 d = _mm256_set1_ps(divisor[v]);
-        for (int64_t g = 0; g < kValueChunksPerPass; ++g) {
-          _mm256_store_ps(out + g * kLanes, _mm256_div_ps(u == 0 ? acc0[g] : acc1[g], d));
-        }
-        std::copy_n(out, len, a.out + v / heads * a.row_stride + v % heads * head_dim + begin);
-      }
+  // Every query vector in one pass over the values where their
+  // accumulators fit the registers: four vectors (the last repeated when
+  // there are three) two chunks at a time, else four chunks at a time.
+  if (queries >= 3) {
+    const int vs[4] = {0, 1, 2, std::min(3, queries - 1)};
+    for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
+      valueSums<Loader, 4, 2>(a, scores, span, vs, queries, lo, hi, divisor, c0);
+    }
+  } else if (queries == 2) {
+    const int vs[2] = {0, 1};
+    for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
+      valueSums<Loader, 2, 4>(a, scores, span, vs, 2, lo, hi, divisor, c0);
+    }
+  } else {
+    const int vs[1] = {0};
+    for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
+      valueSums<Loader, 1, 4>(a, scores, span, vs, 1, lo, hi, divisor, c0);
     }
   }
 }
