@@ -389,6 +389,66 @@ void widenRow(const void* src, int64_t head_dim, float* dst) {
   if (d < head_dim) _mm256_storeu_ps(dst + d, Loader::loadPartial(s + d, head_dim - d));
 }
 
+// One chunk of a cache row, widened: zeros past head_dim.
+template <typename Loader>
+__m256 loadChunk(const typename Loader::Element* row, int64_t d, int64_t head_dim) {
+  return d + kLanes <= head_dim ? Loader::load(row + d)
+         : d < head_dim         ? Loader::loadPartial(row + d, head_dim - d)
+                                : _mm256_setzero_ps();
+}
+
+// The scores of query vectors 0..Queries) (rows of q, zero-padded to whole
+// chunks; vectors past the query's own are zeros and not stored) against
+// every key of the span, Keys keys a step: each key chunk is widened once,
+// in registers, for all of them. Each dot product is reduceSum's tree over
+// its own 8-lane sum of chunks in order, times the scale.
+template <typename Loader, int Queries, int Keys>
+void scoreKeys(const AttentionQuery& a, const float (*q)[kMaxHeadDim], int64_t span,
+               float* scores) {
+  constexpr int kSums = Queries * Keys;
+  static_assert(kSums <= 8 && kSums % 4 == 0);
+  using Element = typename Loader::Element;
+  const int64_t head_dim = a.head_dim;
+  const int64_t chunks = (head_dim + kLanes - 1) / kLanes;
+  const int queries = a.num_rows * a.num_heads;
+  const __m128 scale = _mm_set1_ps(a.scale);
+  CacheRowCursor key_rows(a, 0);
+  for (int64_t t = 0; t < span; t += Keys) {
+    // The last step repeats its final key; those sums go nowhere.
+    const int64_t valid = std::min<int64_t>(Keys, span - t);
+    const Element* key[Keys];
+    for (int j = 0; j < Keys; ++j) {
+      key[j] = j < valid ? static_cast<const Element*>(key_rows.next()) : key[j - 1];
+    }
+    __m256 acc[Queries][Keys];
+    for (int u = 0; u < Queries; ++u) {
+      for (int j = 0; j < Keys; ++j) acc[u][j] = _mm256_setzero_ps();
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      __m256 kv[Keys];
+      for (int j = 0; j < Keys; ++j) kv[j] = loadChunk<Loader>(key[j], c * kLanes, head_dim);
+      for (int u = 0; u < Queries; ++u) {
+        const __m256 qv = _mm256_load_ps(q[u] + c * kLanes);
+        for (int j = 0; j < Keys; ++j) acc[u][j] = _mm256_fmadd_ps(qv, kv[j], acc[u][j]);
+      }
+    }
+    // Four sums per reduction, each lane its own tree.
+    for (int s0 = 0; s0 < kSums; s0 += 4) {
+      alignas(16) float dots[4];
+      _mm_store_ps(dots, _mm_mul_ps(reduceSum4(acc[s0 / Keys][s0 % Keys],
+                                               acc[(s0 + 1) / Keys][(s0 + 1) % Keys],
+                                               acc[(s0 + 2) / Keys][(s0 + 2) % Keys],
+                                               acc[(s0 + 3) / Keys][(s0 + 3) % Keys]),
+                                    scale));
+      for (int i = 0; i < 4; ++i) {
+        const int u = (s0 + i) / Keys;
+        const int j = (s0 + i) % Keys;
+        if (u < queries && j < valid) scores[u * span + t + j] = dots[i];
+      }
+    }
+  }
+}
+
 // Value sums over chunks [c0, c0 + Chunks) of the head for the query
 // vectors vs[0..Queries), the last `Queries - distinct` repeats whose sums
 // are not stored: each V chunk is widened once, in registers, for all of
@@ -411,21 +471,23 @@ void valueSums(const AttentionQuery& a, const float* scores, int64_t span, const
     for (int g = 0; g < Chunks; ++g) acc[u][g] = _mm256_setzero_ps();
   }
   CacheRowCursor value_rows(a, 1);
-  for (int64_t t = 0; t < span; ++t) {
+  auto add = [&]<bool kChecked>(int64_t t) {
     const auto* src = static_cast<const typename Loader::Element*>(value_rows.next());
     __m256 value[Chunks];
-    for (int g = 0; g < Chunks; ++g) {
-      const int64_t d = (c0 + g) * kLanes;
-      value[g] = d + kLanes <= head_dim ? Loader::load(src + d)
-                 : d < head_dim         ? Loader::loadPartial(src + d, head_dim - d)
-                                        : _mm256_setzero_ps();
-    }
+    for (int g = 0; g < Chunks; ++g) value[g] = loadChunk<Loader>(src, (c0 + g) * kLanes, head_dim);
     for (int u = 0; u < Queries; ++u) {
-      if (t < first[u] || t > last[u]) continue;
+      if (kChecked && (t < first[u] || t > last[u])) continue;
       const __m256 p = _mm256_set1_ps(weights[u][t]);
       for (int g = 0; g < Chunks; ++g) acc[u][g] = _mm256_fmadd_ps(p, value[g], acc[u][g]);
     }
-  }
+  };
+  // The positions every vector takes need no check.
+  const int64_t all_first = *std::max_element(first, first + Queries);
+  const int64_t all_last = *std::min_element(last, last + Queries);
+  int64_t t = 0;
+  for (; t < std::min(all_first, span); ++t) add.template operator()<true>(t);
+  for (; t <= all_last; ++t) add.template operator()<false>(t);
+  for (; t < span; ++t) add.template operator()<true>(t);
   for (int u = 0; u < distinct; ++u) {
     const int v = vs[u];
     const __m256 d = _mm256_set1_ps(divisor[v]);
@@ -464,6 +526,7 @@ void attendRows(const AttentionQuery& a, float* scores) {
   // Row i's positions as offsets into the span: [lo[i], hi[i]].
   int64_t lo[kMaxAttentionQueries], hi[kMaxAttentionQueries];
   alignas(32) float q[kMaxAttentionQueries][kMaxHeadDim];
+  for (int v = queries; v < kMaxAttentionQueries; ++v) std::fill_n(q[v], chunks * kLanes, 0.0f);
   for (int i = 0; i < rows; ++i) {
     lo[i] = a.rowFirstPosition(i) - a.first_position;
     hi[i] = a.position + i - a.first_position;
@@ -472,40 +535,14 @@ void attendRows(const AttentionQuery& a, float* scores) {
     }
   }
 
-  // Four keys against two query vectors at a time: each key chunk is loaded
-  // once for both, into 8 accumulators.
-  alignas(32) float keys[4][kMaxHeadDim];
-  CacheRowCursor key_rows(a, 0);
-  for (int64_t t = 0; t < span; t += 4) {
-    const int64_t valid = std::min<int64_t>(4, span - t);
-    for (int j = 0; j < valid; ++j) widenRow<Loader>(key_rows.next(), head_dim, keys[j]);
-    for (int64_t j = valid; j < 4; ++j) std::copy_n(keys[j - 1], chunks * kLanes, keys[j]);
-    for (int v0 = 0; v0 < queries; v0 += 2) {
-      const int v1 = std::min(v0 + 1, queries - 1);
-      __m256 acc0[4], acc1[4];
-      for (int j = 0; j < 4; ++j) {
-        acc0[j] = _mm256_setzero_ps();
-        acc1[j] = _mm256_setzero_ps();
-      }
-      for (int64_t c = 0; c < chunks; ++c) {
-        const __m256 q0 = _mm256_load_ps(q[v0] + c * kLanes);
-        const __m256 q1 = _mm256_load_ps(q[v1] + c * kLanes);
-        for (int j = 0; j < 4; ++j) {
-          const __m256 key = _mm256_load_ps(keys[j] + c * kLanes);
-          acc0[j] = _mm256_fmadd_ps(q0, key, acc0[j]);
-          acc1[j] = _mm256_fmadd_ps(q1, key, acc1[j]);
-        }
-      }
-      float dots[4];
-      _mm_storeu_ps(
-          dots, _mm_mul_ps(reduceSum4(acc0[0], acc0[1], acc0[2], acc0[3]), _mm_set1_ps(a.scale)));
-      std::copy_n(dots, valid, scores + v0 * span + t);
-      if (v1 != v0) {
-        _mm_storeu_ps(
-            dots, _mm_mul_ps(reduceSum4(acc1[0], acc1[1], acc1[2], acc1[3]), _mm_set1_ps(a.scale)));
-        std::copy_n(dots, valid, scores + v1 * span + t);
-      }
-    }
+  // Scores, every query vector at once: two keys a step for three or four
+  // vectors, four for one or two (at most 8 accumulators).
+  if (queries >= 3) {
+    scoreKeys<Loader, 4, 2>(a, q, span, scores);
+  } else if (queries == 2) {
+    scoreKeys<Loader, 2, 4>(a, q, span, scores);
+  } else {
+    scoreKeys<Loader, 1, 4>(a, q, span, scores);
   }
 
   float divisor[kMaxAttentionQueries];
