@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/kv_auth.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
 #include "common/status.h"
@@ -48,7 +49,9 @@ std::optional<std::string> readText(const std::filesystem::path& path) {
 }  // namespace
 
 LocalMode::LocalMode(LocalModeOptions options, RouterFactory router_factory)
-    : options_(std::move(options)), router_factory_(std::move(router_factory)) {
+    : options_(std::move(options)),
+      router_factory_(std::move(router_factory)),
+      generated_kv_secret_(kv_auth::randomNonce() + kv_auth::randomNonce()) {
   if (!options_.supervisor.output) {
     options_.supervisor.output = [](const std::string& line) {
       std::string text = line + "\n";
@@ -234,6 +237,13 @@ void LocalMode::fetchModelSources(std::vector<PoolSpec>& pools, const std::strin
   }
 }
 
+void LocalMode::secureKvTransfer(std::vector<PoolSpec>& pools) const {
+  const bool any = std::any_of(pools.begin(), pools.end(),
+                               [](const PoolSpec& pool) { return !poolKvSecret(pool).empty(); });
+  if (any) return;
+  for (PoolSpec& pool : pools) pool.env.emplace_back("TANDEM_KV_SECRET", generated_kv_secret_);
+}
+
 void LocalMode::adoptPools(const std::vector<PoolSpec>& file_pools) {
   std::vector<PoolSpec> pools = file_pools;
   for (PoolSpec& pool : pools) {
@@ -378,6 +388,7 @@ void LocalMode::run() {
   file_text_ = *text;
   ClusterSpec cluster = parseClusterSpec(file_text_, source);
   fetchModelSources(cluster.pools, source);
+  secureKvTransfer(cluster.pools);
   const RouterSpec router_spec = routerSpecFor(cluster);
 
   // Bound before any agent starts, so that a taken port costs nothing; served
@@ -464,6 +475,7 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   try {
     cluster = parseClusterSpec(*text, source);
     fetchModelSources(cluster.pools, source);
+    secureKvTransfer(cluster.pools);
   } catch (const Error& e) {
     TANDEM_LOG(kError) << "local: " << e.what() << "; keeping the running cluster";
     std::lock_guard<std::mutex> lock(mutex_);

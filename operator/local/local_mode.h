@@ -147,6 +147,12 @@ class LocalMode {
   // tandem::Error naming the pool and the reason (a pvc:// or oci:// source,
   // which needs Kubernetes; a failed fetch).
   void fetchModelSources(std::vector<spec::PoolSpec>& pools, const std::string& file) const;
+  // When no pool has a KV secret (kvTransfer.extraConfig.secret,
+  // TANDEM_KV_SECRET in its env or in this process's environment), gives
+  // every pool this run's own random one as TANDEM_KV_SECRET in its env, so
+  // that agents follow only the descriptors their peers and the router
+  // signed. The same secret for the whole run, reloads included.
+  void secureKvTransfer(std::vector<spec::PoolSpec>& pools) const;
   void runPlanner(AgentSupervisor& supervisor);
   // Binds the metrics port (throws tandem::Error when it cannot) and serves
   // it on a thread until stopMetricsServer().
@@ -158,7 +164,8 @@ class LocalMode {
   // The Router document's shutdownTimeoutSeconds: the router's grace when
   // local mode ends (else the supervisor's stop timeout).
   std::optional<double> router_shutdown_timeout_s_;
-  std::string file_text_;  // the last text read, applied or not
+  std::string file_text_;                  // the last text read, applied or not
+  const std::string generated_kv_secret_;  // see secureKvTransfer
   // Owner thread only: the pools given to the supervisor, each pool's
   // replicas as the file last said, and pools whose file replicas changed
   // since the planner's last round.

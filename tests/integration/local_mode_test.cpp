@@ -360,6 +360,70 @@ TEST_F(LocalModeTest, TheRouterSignsWithTheDecodePoolsKvSecret) {
   EXPECT_EQ(run_error_, "");
 }
 
+// Local mode's agents listen on loopback, where anyone on the host reaches
+// them: without a secret a decode agent would follow any descriptor a
+// client hands it, reading whatever blocks it names into its prefix cache.
+// With none given, the run makes its own, which every agent and the router
+// share: descriptors the prefill agent signs are followed, a client's are
+// refused.
+TEST_F(LocalModeTest, WithoutAKvSecretTheRunMakesOneThatAgentsAndRouterShare) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  std::string secret;
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    secret = log_->spec.kv_secret;
+  }
+  EXPECT_EQ(secret.size(), 64u);
+  EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos) << secret;
+  for (const char* name : {"prefill-0", "decode-0"}) {
+    const auto status = agent(mode, name);
+    ASSERT_TRUE(status.has_value()) << name;
+    EXPECT_NE(readProcFile("/proc/" + std::to_string(status->pid) + "/environ")
+                  .find(std::string("TANDEM_KV_SECRET=") + secret + '\0'),
+              std::string::npos)
+        << name;
+  }
+
+  httplib::Client prefill("127.0.0.1", agent(mode, "prefill-0")->port);
+  httplib::Client decode("127.0.0.1", agent(mode, "decode-0")->port);
+  prefill.set_read_timeout(60, 0);
+  decode.set_read_timeout(60, 0);
+  const std::vector<int> prompt = testing::randomPrompt(70, 31);
+  nlohmann::json produce = testing::greedy(prompt, 1);
+  produce["kv_transfer_params"] = {{"do_remote_decode", true}};
+  auto produced = prefill.Post("/v1/completions", produce.dump(), "application/json");
+  ASSERT_TRUE(produced && produced->status == 200) << (produced ? produced->body : "");
+  nlohmann::json params = nlohmann::json::parse(produced->body)["kv_transfer_params"];
+  ASSERT_TRUE(params.contains("signature")) << params.dump();
+  params["do_remote_prefill"] = true;
+
+  // A client's descriptor: the producer's with its signature gone.
+  nlohmann::json forged = testing::greedy(prompt, 4);
+  forged["kv_transfer_params"] = params;
+  forged["kv_transfer_params"].erase("signature");
+  auto refused = decode.Post("/v1/completions", forged.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 403) << refused->body;
+  EXPECT_NE(refused->body.find("kv_transfer_params.signature"), std::string::npos) << refused->body;
+
+  nlohmann::json signed_body = testing::greedy(prompt, 4);
+  signed_body["kv_transfer_params"] = params;
+  auto served = decode.Post("/v1/completions", signed_body.dump(), "application/json");
+  ASSERT_TRUE(served && served->status == 200) << (served ? served->body : "");
+  auto metrics = decode.Get("/metrics");
+  ASSERT_TRUE(metrics && metrics->status == 200);
+  EXPECT_EQ(prometheusSample(metrics->body, "tandem_kv_blocks_loaded_total", "source=\"ucx\"")
+                .value_or(-1),
+            4)
+      << metrics->body;
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+}
+
 TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
   const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
   LocalMode mode(options(file), fakeRouter());
