@@ -3,12 +3,14 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "common/file_text.h"
 #include "common/status.h"
@@ -36,21 +38,29 @@ void checkName(const std::string& name, const YAML::Node& node, const DocumentCo
 // Kubernetes quantities "2Gi", "512Mi", "64Ki"; returns the agent's form.
 std::string readByteSize(const YAML::Node& node, const std::string& path,
                          const DocumentContext& context) {
-  static const std::regex kSize(
-      R"(([0-9]+(\.[0-9]+)?([eE][0-9]+)?)(B|K|M|G|KB|MB|GB|KiB|MiB|GiB|Ki|Mi|Gi)?)");
+  // digits [. digits] [e|E digits], then one unit or none.
   const std::string text = node.IsScalar() ? node.Scalar() : "";
-  std::smatch match;
-  const bool matched = std::regex_match(text, match, kSize);
+  const size_t end =
+      !text.empty() && text[0] >= '0' && text[0] <= '9'
+          ? scanDecimal(
+                text, 0,
+                DecimalForm{.signed_ = false, .fraction_digits = true, .exponent_sign = false})
+          : std::string::npos;
+  static constexpr std::string_view kUnits[] = {"",   "B",   "K",   "M",   "G",  "KB", "MB",
+                                                "GB", "KiB", "MiB", "GiB", "Ki", "Mi", "Gi"};
+  const std::string number = end == std::string::npos ? "" : text.substr(0, end);
+  const std::string unit = end == std::string::npos ? "" : text.substr(end);
+  const bool matched = end != std::string::npos &&
+                       std::find(std::begin(kUnits), std::end(kUnits), unit) != std::end(kUnits);
   // strtod, not stod: a number past the double range (1e400) is refused here
   // instead of escaping as std::out_of_range.
-  const double value = matched ? std::strtod(match[1].str().c_str(), nullptr) : 0;
+  const double value = matched ? std::strtod(number.c_str(), nullptr) : 0;
   if (!matched || !(value > 0) || !std::isfinite(value)) {
     fail(context, path,
          "must be a positive size such as 8GiB, 8Gi, 512MiB or 1073741824, got " + described(node),
          node);
   }
-  const std::string unit = match[4].str();
-  if (unit == "Ki" || unit == "Mi" || unit == "Gi") return match[1].str() + unit + "B";
+  if (unit == "Ki" || unit == "Mi" || unit == "Gi") return number + unit + "B";
   return text;
 }
 
@@ -142,7 +152,6 @@ KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,
 
 std::vector<std::pair<std::string, std::string>> readEnv(const YAML::Node& node,
                                                          const DocumentContext& context) {
-  static const std::regex kEnvName("[A-Za-z_][A-Za-z0-9_]*");
   requireList(node, "spec.env", context);
   std::vector<std::pair<std::string, std::string>> env;
   for (size_t i = 0; i < node.size(); ++i) {
@@ -151,7 +160,12 @@ std::vector<std::pair<std::string, std::string>> readEnv(const YAML::Node& node,
     MapReader item(node[i], path, context);
     const YAML::Node name_node = item.require("name");
     const std::string name = readString(name_node, item.pathOf("name"), context);
-    if (!std::regex_match(name, kEnvName)) {
+    auto letter = [](char c) {
+      return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+    };
+    if (name.empty() || !letter(name[0]) || !std::all_of(name.begin(), name.end(), [&](char c) {
+          return letter(c) || (c >= '0' && c <= '9');
+        })) {
       fail(context, item.pathOf("name"),
            "must be letters, digits and '_', not starting with a digit, got \"" + name + "\"",
            name_node);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <regex>
 #include <sstream>
 
 #include "common/model_source/model_source.h"
@@ -215,18 +214,17 @@ nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
     case YAML::NodeType::Scalar: {
       const std::string& text = node.Scalar();
       if (node.Tag() == "!") return text;
-      static const std::regex kInteger("[-+]?[0-9]+");
-      static const std::regex kFloat(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
       if (text == "true" || text == "True" || text == "TRUE") return true;
       if (text == "false" || text == "False" || text == "FALSE") return false;
       if (text == "null" || text == "Null" || text == "NULL" || text == "~") return nullptr;
-      if (std::regex_match(text, kInteger)) {
+      const bool integer = isDecimalInteger(text);
+      if (integer) {
         try {
           return std::stoll(text);
         } catch (const std::out_of_range&) {
         }
       }
-      if (std::regex_match(text, kInteger) || std::regex_match(text, kFloat)) {
+      if (integer || scanDecimal(text, 0, DecimalForm{}) == text.size()) {
         // A number past the double range (1e400) stays text, so that the
         // field's own check names it instead of std::stod throwing.
         const double value = std::strtod(text.c_str(), nullptr);
@@ -253,10 +251,56 @@ void requireNamedList(const YAML::Node& list, const std::string& path,
   }
 }
 
+size_t scanDecimal(std::string_view text, size_t at, DecimalForm form) {
+  auto digits = [&](size_t i) {
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i;
+  };
+  size_t i = at;
+  if (form.signed_ && i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+  const size_t whole_end = digits(i);
+  const bool whole = whole_end > i;
+  i = whole_end;
+  if (i < text.size() && text[i] == '.') {
+    const size_t fraction_end = digits(i + 1);
+    const bool fraction = fraction_end > i + 1;
+    if (fraction || (whole && !form.fraction_digits)) {
+      i = fraction_end;
+    } else if (!whole) {
+      return std::string_view::npos;
+    }
+  } else if (!whole) {
+    return std::string_view::npos;
+  }
+  if (form.exponent && i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    size_t j = i + 1;
+    if (form.exponent_sign && j < text.size() && (text[j] == '+' || text[j] == '-')) ++j;
+    const size_t exponent_end = digits(j);
+    if (exponent_end > j) i = exponent_end;
+  }
+  return i;
+}
+
+bool isDecimalInteger(std::string_view text) {
+  return scanDecimal(text, 0, DecimalForm{.exponent = false}) == text.size() &&
+         text.find('.') == std::string_view::npos;
+}
+
 bool isQuantity(const std::string& text) {
-  static const std::regex kQuantity(
-      R"([+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?)");
-  return std::regex_match(text, kQuantity);
+  // A number without its exponent, then one suffix or an exponent.
+  const size_t end = scanDecimal(text, 0, DecimalForm{.exponent = false});
+  if (end == std::string_view::npos) return false;
+  const std::string_view suffix = std::string_view(text).substr(end);
+  static constexpr std::string_view kSuffixes[] = {"",  "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n",
+                                                   "u", "m",  "k",  "M",  "G",  "T",  "P",  "E"};
+  if (std::find(std::begin(kSuffixes), std::end(kSuffixes), suffix) != std::end(kSuffixes)) {
+    return true;
+  }
+  if (suffix[0] != 'e' && suffix[0] != 'E') return false;
+  size_t i = 1;
+  if (i < suffix.size() && (suffix[i] == '+' || suffix[i] == '-')) ++i;
+  return i < suffix.size() && std::all_of(suffix.begin() + static_cast<ptrdiff_t>(i), suffix.end(),
+                                          [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::string readQuantity(const YAML::Node& node, const std::string& path,

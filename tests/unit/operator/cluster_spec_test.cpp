@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -791,6 +793,69 @@ TEST(ClusterSpecTest, QuantitiesAreReadAsTheApiServerParsesThem) {
   for (const char* bad : {"", "8GiB", "lots", "1e", "Gi", "1 Gi", "1.2.3", "8gi", "1Ki2", "e3"}) {
     EXPECT_FALSE(isQuantity(bad)) << bad;
   }
+}
+
+// The scanners that replaced std::regex (whose matching recursed once per
+// character) accept exactly what the patterns did: every string of up to
+// four characters of the alphabet the patterns care about.
+TEST(ClusterSpecTest, ScannersAcceptWhatThePatternsDid) {
+  const std::regex quantity(
+      R"([+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?)");
+  const std::regex integer("[-+]?[0-9]+");
+  const std::regex number(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+  const std::regex size(R"(([0-9]+(\.[0-9]+)?([eE][0-9]+)?)(B|K|M|G|KB|MB|GB|KiB|MiB|GiB|Ki|Mi|Gi)?)");
+  const std::string alphabet = "07.eE+-KiMGB";
+  int64_t strings = 0;
+  std::string text;
+  std::function<void(size_t)> each = [&](size_t length) {
+    if (text.size() == length) {
+      ++strings;
+      EXPECT_EQ(isQuantity(text), std::regex_match(text, quantity)) << text;
+      EXPECT_EQ(isDecimalInteger(text), std::regex_match(text, integer)) << text;
+      EXPECT_EQ(scanDecimal(text, 0, DecimalForm{}) == text.size(), std::regex_match(text, number))
+          << text;
+      const size_t end = !text.empty() && text[0] >= '0' && text[0] <= '9'
+                             ? scanDecimal(text, 0,
+                                           DecimalForm{.signed_ = false, .fraction_digits = true,
+                                                       .exponent_sign = false})
+                             : std::string::npos;
+      const std::string unit = end == std::string::npos ? "" : text.substr(end);
+      const bool units = unit.empty() || unit == "B" || unit == "K" || unit == "M" ||
+                         unit == "G" || unit == "KB" || unit == "MB" || unit == "GB" ||
+                         unit == "KiB" || unit == "MiB" || unit == "GiB" || unit == "Ki" ||
+                         unit == "Mi" || unit == "Gi";
+      EXPECT_EQ(end != std::string::npos && units, std::regex_match(text, size)) << text;
+      return;
+    }
+    for (char c : alphabet) {
+      text.push_back(c);
+      each(length);
+      text.pop_back();
+    }
+  };
+  for (size_t length = 0; length <= 4; ++length) each(length);
+  EXPECT_EQ(strings, 1 + 12 + 144 + 1728 + 20736);
+}
+
+// A CRD pattern without maxLength lets a real API server store values of
+// any length; the controller reads them like any other (it crashed here,
+// in std::regex, on a 200,000-digit cpu limit).
+TEST(ClusterSpecTest, ValuesHundredsOfKilobytesLongAreReadLikeShortOnes) {
+  const std::string digits(200000, '1');
+  const std::string name(100000, 'A');
+  const ClusterSpec spec = parseClusterSpec(
+      std::string(kDecode) + "  resources:\n    limits:\n      cpu: \"" + digits +
+          "\"\n  env:\n    - name: " + name + "\n      value: x\n",
+      "c.yaml");
+  ASSERT_EQ(spec.pools.size(), 1u);
+  ASSERT_EQ(spec.pools[0].env.size(), 1u);
+  EXPECT_EQ(spec.pools[0].env[0].first, name);
+  EXPECT_NE(errorFor(std::string(kDecode) + "  engine:\n    kvCacheMemory: \"" + digits + "\"\n")
+                .find("spec.engine.kvCacheMemory must be a positive size"),
+            std::string::npos);
+  EXPECT_NE(errorFor(std::string(kDecode) + "  env:\n    - name: " + name + "-\n      value: x\n")
+                .find("spec.env[0].name must be letters, digits and '_'"),
+            std::string::npos);
 }
 
 TEST(ClusterSpecTest, ModelSourcesAreReadWithTheFieldsTheirKindTakes) {
