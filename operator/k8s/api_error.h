@@ -28,6 +28,12 @@ struct ApiError {
   bool isAlreadyExists() const { return code == 409 && reason == "AlreadyExists"; }
   // 410 Gone / reason "Expired" or "Gone": a watch or list resourceVersion too old.
   bool isGone() const { return code == 410 || reason == "Expired" || reason == "Gone"; }
+  // "Too large resource version: N, current: M" (504 Timeout): a watch or
+  // list from a version the server has not reached, as after it restarted
+  // with a fresh history; client-go relists from the newest state, as a 410.
+  bool isResourceVersionTooLarge() const {
+    return message.find("Too large resource version") != std::string::npos;
+  }
   // Worth retrying after a backoff: no answer, 429, 5xx.
   bool isTransient() const { return code == 0 || code == 429 || code >= 500; }
   // "409 Conflict: Operation cannot be fulfilled ..." (code omitted when 0).

@@ -101,7 +101,9 @@ class Informer::Loop {
     while (true) {
       Result<std::optional<WatchEvent>> next = stream.next();
       if (!next.isOk()) {
-        if (next.error().isGone()) return WatchEnd::kGone;
+        if (next.error().isGone() || next.error().isResourceVersionTooLarge()) {
+          return WatchEnd::kGone;
+        }
         if (!stopping()) {
           TANDEM_LOG(kWarn) << "informer " << informer_.type_.plural
                             << ": watch failed: " << next.error().toString();
@@ -118,7 +120,7 @@ class Informer::Loop {
           error.reason = stringField(event.object, "reason");
           error.message = stringField(event.object, "message");
         }
-        if (error.isGone()) return WatchEnd::kGone;
+        if (error.isGone() || error.isResourceVersionTooLarge()) return WatchEnd::kGone;
         TANDEM_LOG(kWarn) << "informer " << informer_.type_.plural
                           << ": watch error event: " << error.toString();
         return WatchEnd::kFailed;
@@ -139,6 +141,16 @@ class Informer::Loop {
     std::string resource_version;
     bool need_list = true;
     int failures = 0;
+    // 410s in a row with no event between: the first relists at once (a
+    // compacted history), the next ones back off as failures do, so a
+    // server that keeps answering 410 is not listed in a loop.
+    int gone_streak = 0;
+    auto gone = [&] {
+      need_list = true;
+      informer_.relists_++;
+      if (gone_streak > 0) backOff(gone_streak - 1);
+      ++gone_streak;
+    };
     while (!stopping()) {
       if (need_list) {
         if (!relist(resource_version)) {
@@ -158,9 +170,8 @@ class Informer::Loop {
       Result<std::unique_ptr<WatchStream>> opened =
           informer_.client_.watch(informer_.type_, informer_.options_.ns, options);
       if (!opened.isOk()) {
-        if (opened.error().isGone()) {
-          need_list = true;
-          informer_.relists_++;
+        if (opened.error().isGone() || opened.error().isResourceVersionTooLarge()) {
+          gone();
           continue;
         }
         TANDEM_LOG(kWarn) << "informer " << informer_.type_.plural
@@ -182,7 +193,7 @@ class Informer::Loop {
         stream_ = nullptr;
       }
       if (stopping()) break;
-      if (got_events) failures = 0;
+      if (got_events) failures = gone_streak = 0;
       switch (end) {
         case WatchEnd::kClosed:
           informer_.watch_restarts_++;
@@ -191,8 +202,7 @@ class Informer::Loop {
           if (!got_events) backOff(failures++);
           break;
         case WatchEnd::kGone:
-          need_list = true;
-          informer_.relists_++;
+          gone();
           break;
         case WatchEnd::kFailed:
           backOff(failures++);

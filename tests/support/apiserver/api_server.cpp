@@ -173,6 +173,10 @@ void ApiServer::compactHistory() { impl_->state.store.compact(); }
 
 void ApiServer::closeWatches() { impl_->state.store.closeWatches(); }
 
+void ApiServer::injectWatchesGone(int count) { impl_->state.watches_gone = count; }
+
+void ApiServer::restartEmpty() { impl_->state.store.clear(); }
+
 void ApiServer::setStalled(bool stalled) { impl_->http->setStalled(stalled); }
 
 void ApiServer::setDeploymentControllerAuto(bool ready) { impl_->state.deployments.setAuto(ready); }

@@ -126,6 +126,12 @@ class ApiServer {
   void compactHistory();
   // Ends every open watch stream (as a server restart or timeout would).
   void closeWatches();
+  // The next `count` watch requests get 410 Expired, whatever their version.
+  void injectWatchesGone(int count);
+  // Loses every object and all history, as a server restarted on a fresh
+  // store does: watches end, and versions start again from 1, so a client's
+  // last version is one this server has not reached.
+  void restartEmpty();
   // Stops answering: accepted connections are held without an answer until
   // resumed (to test client timeouts).
   void setStalled(bool stalled);

@@ -93,6 +93,16 @@ ApiError expired(const std::string& message) { return make(410, "Expired", messa
 
 ApiError gone(const std::string& message) { return make(410, "Gone", message); }
 
+ApiError tooLargeResourceVersion(uint64_t asked, uint64_t current) {
+  return make(
+      504, "Timeout",
+      "Timeout: Too large resource version: " + std::to_string(asked) +
+          ", current: " + std::to_string(current),
+      {{"retryAfterSeconds", 1},
+       {"causes",
+        {{{"reason", "ResourceVersionTooLarge"}, {"message", "Too large resource version"}}}}});
+}
+
 ApiError unauthorized() { return make(401, "Unauthorized", "Unauthorized"); }
 
 ApiError unsupportedMediaType(const std::string& content_type) {

@@ -40,6 +40,10 @@ ApiError badRequest(const std::string& message);
 ApiError methodNotAllowed(const std::string& message);
 ApiError expired(const std::string& message);  // 410 reason Expired
 ApiError gone(const std::string& message);     // 410 reason Gone
+// 504 reason Timeout, "Timeout: Too large resource version: N, current: M",
+// with the ResourceVersionTooLarge cause: a list or watch from a
+// resourceVersion this server has not reached.
+ApiError tooLargeResourceVersion(uint64_t asked, uint64_t current);
 ApiError unauthorized();
 ApiError unsupportedMediaType(const std::string& content_type);
 ApiError notFoundPath(const std::string& path);

@@ -1,6 +1,7 @@
 #include "tests/support/apiserver/request_router.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <optional>
 
@@ -322,6 +323,17 @@ void serveWatch(ServerState& state, const HttpRequest& request, const ResourcePa
                                           "\": must be a number the server sent"));
     }
   }
+  for (int left = state.watches_gone.load(); left > 0;) {
+    if (state.watches_gone.compare_exchange_weak(left, left - 1)) {
+      return sendError(writer, expired("too old resource version: " + version + " (injected)"));
+    }
+  }
+  // A version this server has not reached (a client that watched a server
+  // since restarted with a fresh history): the real one waits up to 3 s for
+  // its cache to catch up, then answers this.
+  if (from && *from > state.store.resourceVersion()) {
+    return sendError(writer, tooLargeResourceVersion(*from, state.store.resourceVersion()));
+  }
   const std::string ns = resource.kind.namespaced ? resource.ns : "";
   auto matches = [ns, list_options](const Json& object) {
     if (!ns.empty() && object["metadata"].value("namespace", "") != ns) return false;
@@ -470,6 +482,16 @@ void serveResource(ServerState& state, const HttpRequest& request, const Resourc
         }
       }
       options.continue_token = request.param("continue");
+      // resourceVersion N (N > 0): a state not older than N, which a server
+      // that has not reached N cannot give.
+      const std::string version = request.param("resourceVersion");
+      uint64_t asked = 0;
+      if (!version.empty() &&
+          std::from_chars(version.data(), version.data() + version.size(), asked).ec ==
+              std::errc() &&
+          asked > state.store.resourceVersion()) {
+        return fail(tooLargeResourceVersion(asked, state.store.resourceVersion()));
+      }
       result = state.service.list(kind, resource.ns, options);
     } else if (resource.subresource == "scale") {
       result = state.service.getScale(kind, resource.ns, resource.name);

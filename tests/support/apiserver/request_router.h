@@ -38,6 +38,8 @@ struct ServerState {
   ServiceAccountTokens service_account_tokens{store};
   RbacAuthorizer authorizer{store};
   std::atomic<bool> stopping{false};
+  // Watch requests still to answer with 410 Expired (injectWatchesGone).
+  std::atomic<int> watches_gone{0};
 
   mutable std::mutex mutex;  // guards the members below
   std::vector<std::string> tokens;

@@ -201,6 +201,20 @@ void Store::compact() {
   changed_.notify_all();
 }
 
+void Store::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  objects_.clear();
+  history_.clear();
+  version_ = 1;
+  compacted_ = 0;
+  for (const auto& watcher : watchers_) {
+    watcher->closed_ = true;
+    watcher->events_.clear();
+  }
+  watchers_.clear();
+  changed_.notify_all();
+}
+
 void Store::closeWatches() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& watcher : watchers_) {

@@ -88,6 +88,8 @@ class Store {
   void compact();
   // Ends every open watcher (kClosed).
   void closeWatches();
+  // Every object and all history gone, versions from 1 again; watches end.
+  void clear();
 
  private:
   struct Change {

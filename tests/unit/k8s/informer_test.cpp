@@ -323,5 +323,53 @@ TEST_F(InformerTest, RelistAfterGoneReportsExactlyWhatChanged) {
   EXPECT_EQ(cacheVersions(informer), serverVersions());
 }
 
+// A server restarted on a fresh store has not reached the informer's last
+// version: it answers the watch "Too large resource version" (504), and the
+// informer lists again from its newest state, as client-go's reflector does;
+// retrying the watch from that version would keep a stale cache for good.
+TEST_F(InformerTest, AServerRestartedWithAFreshHistoryIsListedAgain) {
+  for (const char* name : {"a", "b", "c", "d"}) server_.put(configMap(name, "1"));
+  Informer informer(client_, kConfigMaps, informerOptions(), recorder_.handler());
+  informer.start();
+  ASSERT_TRUE(informer.waitForSync(milliseconds(20000)));
+  const std::string key = std::string(kNamespace) + "/";
+
+  server_.restartEmpty();
+  server_.put({{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", kNamespace}}}});
+  server_.put(configMap("fresh", "1"));
+  ASSERT_TRUE(waitUntil([&] { return cacheVersions(informer) == serverVersions(); }))
+      << requestLogText();
+  EXPECT_GE(informer.relists(), 1u);
+  for (const char* name : {"a", "b", "c", "d"}) {
+    EXPECT_TRUE(recorder_.sawEvent(EventType::kDeleted, key + name)) << name;
+  }
+  EXPECT_TRUE(recorder_.sawEvent(EventType::kAdded, key + "fresh"));
+}
+
+// A server that answers every watch 410 is listed again at once the first
+// time (a compacted history is routine), then after back-offs that double:
+// four 410s in a row take at least 250 + 500 + 1000 ms of waiting (the lower
+// ends of the jittered delays), which a slow machine can only lengthen.
+TEST_F(InformerTest, WatchesAnsweredGoneAgainAndAgainBackOffBeforeListingAgain) {
+  server_.put(configMap("a", "1"));
+  Informer informer(client_, kConfigMaps, informerOptions(), recorder_.handler());
+  informer.start();
+  ASSERT_TRUE(informer.waitForSync(milliseconds(20000)));
+  ASSERT_TRUE(waitUntil([&] { return openedWatches() == 1; }));
+  const size_t lists_before = listRequests();
+  server_.injectWatchesGone(4);
+  const auto start = std::chrono::steady_clock::now();
+  server_.closeWatches();
+  ASSERT_TRUE(waitUntil([&] { return informer.relists() >= 4 && openedWatches() >= 2; }))
+      << requestLogText();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(1750));
+  EXPECT_EQ(listRequests(), lists_before + 4);
+  // Events flow again, and a 410 after them is relisted at once.
+  server_.put(configMap("a", "2"));
+  ASSERT_TRUE(waitUntil([&] {
+    return recorder_.sawEvent(EventType::kModified, std::string(kNamespace) + "/a", "2");
+  }));
+}
+
 }  // namespace
 }  // namespace tandem::k8s
