@@ -90,11 +90,13 @@ ControllerMetrics::ControllerMetrics(PoolReplicaTable& pools)
            .Help("1 while this replica holds the leader Lease (always 1 without election).")
            .Register(*registry_)
            .Add({});
-  api_writes_ = &BuildCounter()
-                     .Name("tandem_operator_api_writes_total")
-                     .Help("Successful writes to the Kubernetes API (create, apply, update).")
-                     .Register(*registry_)
-                     .Add({});
+  api_writes_ =
+      &BuildCounter()
+           .Name("tandem_operator_api_writes_total")
+           .Help(
+               "Writes the Kubernetes API server accepted (create, apply, patch, update, delete).")
+           .Register(*registry_)
+           .Add({});
   pool_replicas_ = &BuildGauge()
                         .Name("tandem_operator_pool_replicas")
                         .Help(

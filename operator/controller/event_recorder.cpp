@@ -16,6 +16,13 @@ std::string randomHex() {
 
 }  // namespace
 
+std::string eventName(const std::string& object, const std::string& suffix) {
+  constexpr size_t kMaxName = 253;
+  std::string prefix = object.substr(0, kMaxName - 1 - suffix.size());
+  while (!prefix.empty() && (prefix.back() == '-' || prefix.back() == '.')) prefix.pop_back();
+  return prefix + "." + suffix;
+}
+
 EventRecorder::EventRecorder(ApiWriter& writer, std::string instance)
     : writer_(writer), instance_(std::move(instance)) {}
 
@@ -25,7 +32,7 @@ void EventRecorder::record(const Owner& owner, const std::string& type, const st
   const nlohmann::json event = {
       {"apiVersion", "v1"},
       {"kind", "Event"},
-      {"metadata", {{"name", owner.name + "." + randomHex()}, {"namespace", owner.ns}}},
+      {"metadata", {{"name", eventName(owner.name, randomHex())}, {"namespace", owner.ns}}},
       {"involvedObject",
        {{"apiVersion", owner.api_version},
         {"kind", owner.kind},

@@ -1,7 +1,7 @@
 // core/v1 Events about PrefillPools, DecodePools and Routers (what `kubectl
 // describe` shows): involvedObject, reason, message, type Normal or Warning,
 // source.component and reportingComponent "tandem-operator", first/last
-// timestamp and count 1, named "<object>.<16 random hex digits>".
+// timestamp and count 1, named "<object>.<16 random hex digits>" (eventName).
 //
 // Recording never fails the caller: an Event that cannot be written is
 // logged and dropped. recordOnce() writes a given (object uid, reason,
@@ -25,6 +25,12 @@ namespace tandem::controller {
 
 inline constexpr const char* kNormal = "Normal";
 inline constexpr const char* kWarning = "Warning";
+
+// "<object>.<suffix>", the object's name cut so that the whole stays a
+// DNS subdomain of at most 253 characters (no '-' or '.' left before the
+// dot): an object named with 237 characters or more would otherwise never
+// have an Event, as the API server refuses the name.
+std::string eventName(const std::string& object, const std::string& suffix);
 
 class EventRecorder {
  public:

@@ -275,7 +275,15 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
       // second is Degraded, NameConflict), and a router given the name as
       // both refuses to start: the name goes to the pool that is not in
       // conflict, or (undecided, or both listed by the Router) to neither.
+      // A name in both lists with a pool of one kind only is no conflict:
+      // the other list names a pool that does not exist (PoolNotFound below).
+      const std::vector<std::string> prefill_names = poolNames(ns, OwnerKind::kPrefillPool);
+      const std::vector<std::string> decode_names = poolNames(ns, OwnerKind::kDecodePool);
+      auto exists = [](const std::vector<std::string>& names, const std::string& name) {
+        return std::find(names.begin(), names.end(), name) != names.end();
+      };
       for (const std::string& shared : sharedNames(prefill_pools, decode_pools)) {
+        if (!exists(prefill_names, shared) || !exists(decode_names, shared)) continue;
         const bool prefill_conflicted = inNameConflict(OwnerKind::kPrefillPool, ns, shared);
         const bool decode_conflicted = inNameConflict(OwnerKind::kDecodePool, ns, shared);
         const bool listed = router.prefill_pools && router.decode_pools;

@@ -203,7 +203,11 @@ json computeWorkloadStatus(const json& previous, const WorkloadObservation& obse
   // Progressing: some replica may still run an older spec.
   std::string progressing_reason;
   std::string progressing_message;
-  if (!observation.deployment) {
+  // No Deployment of ours because the reconcile failed (an invalid spec, a
+  // foreign Deployment holding the name): nothing is on its way.
+  const bool blocked = !observation.deployment && observation.failure.has_value();
+  if (blocked) {
+  } else if (!observation.deployment) {
     progressing_reason = "DeploymentMissing";
     progressing_message = "the Deployment does not exist yet";
   } else if (!spec_current) {
@@ -224,9 +228,14 @@ json computeWorkloadStatus(const json& previous, const WorkloadObservation& obse
   const bool progressing = !progressing_reason.empty();
   json conditions = json::array();
   conditions.push_back(
-      condition("Progressing", progressing, progressing ? progressing_reason : "RolloutComplete",
+      condition("Progressing", progressing,
+                progressing ? progressing_reason
+                : blocked   ? "Blocked"
+                            : "RolloutComplete",
                 progressing ? progressing_message
-                            : "all " + std::to_string(desired) + " replicas run the current spec",
+                : blocked   ? "no Deployment is written while the failure in Degraded (" +
+                                observation.failure->first + ") stands"
+                          : "all " + std::to_string(desired) + " replicas run the current spec",
                 observation.generation));
 
   const bool all_ready =

@@ -329,6 +329,53 @@ TEST_F(ControllerTest, ARouterLeavesOutThePoolThatLostItsNameToAPoolOfTheOtherKi
   EXPECT_EQ(status["prefillPools"], json::array({"shared"})) << status;
 }
 
+// Event names are "<object>.<16 hex>": an object of a long name (a CR name
+// may have 253 characters) gets its Events under the name cut short, with
+// no '-' or '.' before the dot.
+TEST_F(ControllerTest, AnObjectOfALongNameGetsItsEvents) {
+  EXPECT_EQ(eventName("decode", "0123456789abcdef"), "decode.0123456789abcdef");
+  const std::string cut = eventName(std::string(235, 'a') + "-b", "0123456789abcdef");
+  EXPECT_EQ(cut, std::string(235, 'a') + ".0123456789abcdef");
+  const std::string name = "d" + std::string(252, 'a');
+  server_.put(decodePool(1, name));
+  Controller controller(*client_, options());
+  (void)controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, name);
+  const std::vector<json> events = eventsWithReason("InvalidSpec");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["involvedObject"]["name"], name);
+  EXPECT_EQ(events[0]["metadata"]["name"].get<std::string>().size(), 253u);
+}
+
+// A name in both of a Router's lists, of a PrefillPool only: the decode
+// list names a pool that does not exist (PoolNotFound naming the field),
+// and the PrefillPool keeps its place in the prefill list.
+TEST_F(ControllerTest, ANameInBothListsWithAPoolOfOneKindIsNotANameConflict) {
+  server_.put(prefillPool("prefill"));
+  server_.put(decodePool(1, "decode"));
+  server_.put({{"apiVersion", "tandem.dev/v1alpha1"},
+               {"kind", "Router"},
+               {"metadata", {{"name", "front"}, {"namespace", kNamespace}}},
+               {"spec",
+                {{"modelPath", "/models/small"},
+                 {"prefillPools", {"prefill"}},
+                 {"decodePools", {"decode", "prefill"}}}}});
+  Controller controller(*client_, options());
+  (void)controller.reconcileNow(OwnerKind::kRouter, kNamespace, "front");
+  const json router = *get("tandem.dev/v1alpha1", "Router", "front");
+  const json degraded = findCondition(router["status"], "Degraded");
+  EXPECT_EQ(degraded["reason"], "PoolNotFound") << router.dump();
+  EXPECT_NE(degraded["message"].get<std::string>().find(
+                "spec.decodePools names \"prefill\", which is not a DecodePool"),
+            std::string::npos)
+      << degraded.dump();
+  EXPECT_TRUE(eventsWithReason("NameConflict").empty());
+  const auto deployment = this->deployment("front");
+  ASSERT_TRUE(deployment.has_value());
+  const std::string args =
+      (*deployment)["spec"]["template"]["spec"]["containers"][0]["args"].dump();
+  EXPECT_NE(args.find("\"--prefill-pool\",\"prefill\""), std::string::npos) << args;
+}
+
 // Pools with a KV secret refuse unsigned holds: a Router without the same
 // secret is warned (once) that its prefix lending is off; with it, not.
 TEST_F(ControllerTest, ARouterWithoutThePoolsKvSecretIsWarned) {

@@ -149,9 +149,17 @@ TEST(WorkloadStatusTest, UnschedulablePodAndDeploymentFailuresAreDegraded) {
   conflict.deployment.reset();
   conflict.spec_applied = false;
   conflict.failure = std::make_pair("NameConflict", "Deployment decode exists");
-  degraded = findCondition(computeWorkloadStatus(nullptr, conflict, "T1"), "Degraded");
+  const json conflicted = computeWorkloadStatus(nullptr, conflict, "T1");
+  degraded = findCondition(conflicted, "Degraded");
   EXPECT_EQ(degraded["reason"], "NameConflict");
   EXPECT_EQ(degraded["message"], "Deployment decode exists");
+  // Nothing is on its way while the failure stands: not "does not exist yet".
+  const json progressing = findCondition(conflicted, "Progressing");
+  EXPECT_EQ(progressing["status"], "False");
+  EXPECT_EQ(progressing["reason"], "Blocked");
+  EXPECT_EQ(progressing["message"],
+            "no Deployment is written while the failure in Degraded (NameConflict) stands");
+  EXPECT_EQ(findCondition(conflicted, "Ready")["reason"], "ReplicasNotReady");
 }
 
 TEST(WorkloadStatusTest, LastTransitionTimeIsKeptUntilTheStatusChanges) {
