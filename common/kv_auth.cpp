@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <random>
 
 #include "common/hmac.h"
@@ -90,22 +91,25 @@ Status RequestVerifier::verify(std::string_view path, const json& body) {
   if (signature == auth->end() || !signature->is_string()) {
     return denied(field + ".signature is missing" + why);
   }
-  const int64_t when =
-      timestamp->is_number_unsigned()
-          ? static_cast<int64_t>(std::min<uint64_t>(timestamp->get<uint64_t>(), uint64_t{1} << 62))
-          : timestamp->get<int64_t>();
+  // The window first: it is checked on the value sent (a timestamp past
+  // int64 is outside it), and says more than a signature that, over such a
+  // timestamp, could not match anyway.
+  const bool beyond =
+      timestamp->is_number_unsigned() &&
+      timestamp->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  const int64_t when = beyond ? std::numeric_limits<int64_t>::max() : timestamp->get<int64_t>();
+  const int64_t now = clock_();
+  if (beyond || when < now - kMaxClockSkewSeconds || when > now + kMaxClockSkewSeconds) {
+    return denied(field + ".timestamp " + timestamp->dump() + " is more than " +
+                  std::to_string(kMaxClockSkewSeconds) + " s from this agent's clock (" +
+                  std::to_string(now) + "): a request is accepted only within that window");
+  }
   const std::string& nonce_text = nonce->get_ref<const std::string&>();
   if (!constantTimeEquals(signature->get_ref<const std::string&>(),
                           hmacSha256Hex(secret_, requestCanonical(path, when, nonce_text, body)))) {
     return denied(field +
                   ".signature does not match: the request was not signed with this agent's KV "
                   "secret, or was altered");
-  }
-  const int64_t now = clock_();
-  if (when < now - kMaxClockSkewSeconds || when > now + kMaxClockSkewSeconds) {
-    return denied(field + ".timestamp " + std::to_string(when) + " is more than " +
-                  std::to_string(kMaxClockSkewSeconds) + " s from this agent's clock (" +
-                  std::to_string(now) + "): a request is accepted only within that window");
   }
   const XXH128_hash_t hash = XXH3_128bits(nonce_text.data(), nonce_text.size());
   const NonceDigest digest{hash.low64, hash.high64};

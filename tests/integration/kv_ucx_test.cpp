@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -388,10 +389,17 @@ TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
       {[](json& p) { p["do_remote_prefill"] = "yes"; }, 400,
        "kv_transfer_params.do_remote_prefill must be true or false"},
       {[](json& p) { p.erase("remote_hold_ticket"); }, 400,
-       "kv_transfer_params.remote_hold_slot and remote_hold_ticket must come with "
-       "remote_block_ids"},
+       "kv_transfer_params.remote_hold_ticket is missing: remote_hold_slot and remote_hold_ticket "
+       "must come with remote_block_ids"},
       {[](json& p) { p["remote_hold_ticket"] = "0102030405060708090a"; }, 400,
        "kv_transfer_params.remote_hold_ticket must be a string of 16 lower-case hex characters"},
+      {[](json& p) { p["transfer_id"] = std::string(600, 't'); }, 400,
+       "kv_transfer_params.transfer_id must be at most 512 characters, got 600"},
+      {[](json& p) { p["remote_engine_id"] = std::string(513, 'e'); }, 400,
+       "kv_transfer_params.remote_engine_id must be at most 512 characters, got 513"},
+      {[](json& p) { p["remote_block_ids"][1] = 18446744073709551616.0; }, 400,
+       "kv_transfer_params.remote_block_ids[1] = 1.8446744073709552e+19 is outside the other "
+       "agent's"},
       {[](json& p) { p["remote_hold_slot"] = -1; }, 400,
        "kv_transfer_params.remote_hold_slot must be an integer between 0 and 16777215"},
       {[](json& p) {
@@ -412,12 +420,18 @@ TEST_P(KvUcx, MalformedBogusOrIncompatibleParametersAreRefusedNamingTheField) {
     EXPECT_EQ(status, c.status) << c.message << ": " << error.dump();
     EXPECT_NE(error.dump().find(c.message), std::string::npos) << error.dump();
   }
-  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 15);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"bad_params\""), 18);
   EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 1);
   EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 0);
   // The decode agent keeps serving; the refused transfer's blocks are given
   // back by an explicit release (the router's job when it gives up).
-  EXPECT_EQ(tokenIds(decode(decoder, prompt_, params)).size(), 8u);
+  // An end of the hold as far off as an int64 allows is read as any later
+  // end is (its time left once overflowed into a "hold ends too soon").
+  json lasting = params;
+  lasting["remote_hold_until_ms"] = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(tokenIds(decode(decoder, prompt_, lasting)).size(), 8u);
+  EXPECT_EQ(decoder.metric("tandem_kv_transfer_failures_total", "reason=\"hold_expired\""), 0);
+  EXPECT_EQ(decoder.metric("tandem_kv_blocks_loaded_total", "source=\"ucx\""), 4);
   EXPECT_TRUE(eventually([&] { return prefiller.metric("tandem_kv_held_blocks") == 0; }));
 }
 

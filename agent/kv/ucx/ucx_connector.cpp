@@ -4,10 +4,12 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 
 #include "common/hmac.h"
@@ -38,6 +40,8 @@ constexpr char kHandshakePath[] = "/v1/kv_transfer/handshake";
 // Larger handshake answers are not ours (ours are a few hundred bytes).
 constexpr size_t kMaxHandshakeBytes = 1 << 20;
 constexpr size_t kMaxHostChars = 253;
+constexpr size_t kMaxIdChars = 512;
+constexpr size_t kMaxCompatibilityChars = 16384;
 
 // The first "key=value" field that differs between two compatibility strings.
 std::string firstDifference(const std::string& ours, const std::string& theirs) {
@@ -556,6 +560,17 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
         std::pair{"remote_host", &d.host}, std::pair{"compatibility", &d.compatibility}}) {
     if (Status status = text(name, *out); !status.isOk()) return status;
   }
+  // Ours are a few dozen characters (a transfer id is a request id, at most
+  // 256 of the client's plus ours); longer ones would only fill logs.
+  for (auto [name, value, most] :
+       {std::tuple{"transfer_id", &d.transfer_id, kMaxIdChars},
+        std::tuple{"remote_engine_id", &d.engine_id, kMaxIdChars},
+        std::tuple{"compatibility", &d.compatibility, kMaxCompatibilityChars}}) {
+    if (value->size() > most) {
+      return invalidArgument(field + "." + name + " must be at most " + std::to_string(most) +
+                             " characters, got " + std::to_string(value->size()));
+    }
+  }
   if (!isHostName(d.host) || isWildcardHost(d.host)) {
     return invalidArgument(field + ".remote_host must be " + kHostAccepted + "; at most " +
                            std::to_string(kMaxHostChars) + " characters and not a wildcard; got " +
@@ -595,7 +610,10 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
   for (size_t i = 0; i < ids->size(); ++i) {
     const json& id = (*ids)[i];
     const std::string name = field + ".remote_block_ids[" + std::to_string(i) + "]";
-    if (!id.is_number_integer()) {
+    // A whole number past 2^64 arrives as a float: outside, as any other.
+    const bool beyond = id.is_number_float() && std::fabs(id.get<double>()) >= 0x1p63 &&
+                        std::isfinite(id.get<double>());
+    if (!id.is_number_integer() && !beyond) {
       return invalidArgument(name + " must be an integer, got " + id.dump());
     }
     std::optional<int64_t> value = integerValue(id);
@@ -673,8 +691,8 @@ Status UcxConnector::checkDescriptor(const Descriptor& d, const std::string& fie
                               firstDifference(compatibility_, d.compatibility) + ")");
   }
   if (!d.block_ids.empty() && (d.hold_slot < 0 || d.hold_ticket.empty())) {
-    return invalidArgument(field +
-                           ".remote_hold_slot and remote_hold_ticket must come with "
+    return invalidArgument(field + (d.hold_slot < 0 ? ".remote_hold_slot" : ".remote_hold_ticket") +
+                           " is missing: remote_hold_slot and remote_hold_ticket must come with "
                            "remote_block_ids: a reader checks with them that the producer still "
                            "held the blocks it read");
   }
@@ -842,7 +860,11 @@ void UcxConnector::lookupNotTaken(std::string_view request_id) {
 
 std::optional<transport::Clock::duration> UcxConnector::timeLeftToRead(const Descriptor& d) {
   if (d.hold_until_ms <= 0) return std::nullopt;
-  const auto left = std::chrono::milliseconds(d.hold_until_ms - unixMillis()) - kHoldMargin;
+  // At most a day: a later end is as good as none, and nanoseconds of
+  // anything past 292 years would not fit the clock's duration.
+  constexpr int64_t kDayMs = 24 * 3600 * 1000;
+  const auto left =
+      std::chrono::milliseconds(std::min(d.hold_until_ms - unixMillis(), kDayMs)) - kHoldMargin;
   return std::chrono::duration_cast<transport::Clock::duration>(left);
 }
 
