@@ -338,6 +338,27 @@ std::string poolModelInitContainer(const PoolSpec& pool) {
   return pool.model_source ? modelInitContainer(*pool.model_source) : "";
 }
 
+namespace {
+
+// Kubernetes expands "$(VAR)" in a container's args from its environment
+// ("$$" stands for "$"): arguments made from the spec's values (a model
+// path, a served name, a JSON config) are escaped so that they reach the
+// program as written, as local mode passes them. `first_extra` on are the
+// spec's extraArgs, passed as written: there "$(POD_IP)" means what it
+// means in any container's args.
+void escapeExpansions(std::vector<std::string>& args, size_t first_extra) {
+  for (size_t i = 0; i < first_extra && i < args.size(); ++i) {
+    std::string escaped;
+    for (char c : args[i]) {
+      if (c == '$') escaped.push_back('$');
+      escaped.push_back(c);
+    }
+    args[i] = std::move(escaped);
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
   // With a shared secret the agent may listen everywhere; without one it
   // listens on the pod's own address only (and must be told that this is
@@ -346,9 +367,17 @@ std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
   const std::string host = pool.kv_transfer.secret_ref ? "0.0.0.0" : "$(POD_IP)";
   PoolSpec in_pod = pool;
   in_pod.model_path = poolModelPath(pool);
+  // The host goes through escaping as a placeholder: "$(POD_IP)" is the one
+  // expansion meant.
+  constexpr char kHostPlaceholder[] = "tandem-pod-host";
   std::vector<std::string> argv =
-      spec::agentArguments(in_pod, "tandem-agent", host, kContainerPort, insecure);
+      spec::agentArguments(in_pod, "tandem-agent", kHostPlaceholder, kContainerPort, insecure);
   argv.erase(argv.begin());
+  const size_t first_extra = argv.size() - pool.extra_args.size();
+  escapeExpansions(argv, first_extra);
+  for (size_t i = 0; i < first_extra; ++i) {
+    if (argv[i] == kHostPlaceholder) argv[i] = host;
+  }
   return argv;
 }
 
@@ -400,6 +429,7 @@ std::vector<std::string> routerContainerArguments(const RouterSpec& router, cons
   add("--drain-delay", numberText(kRouterDrainDelaySeconds));
   add("--shutdown-timeout",
       numberText(router.shutdown_timeout_s.value_or(kRouterShutdownTimeoutSeconds)));
+  escapeExpansions(args, args.size());
   args.insert(args.end(), router.extra_args.begin(), router.extra_args.end());
   return args;
 }

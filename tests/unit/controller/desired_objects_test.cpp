@@ -158,6 +158,34 @@ std::string argAfter(const json& container, const std::string& flag) {
 // hf://: an init container of the agent's image fetches into the cache volume
 // (an emptyDir, or the claim the pool's pods share) with the token from the
 // Secret; the agent reads the fetched directory, read-only.
+// Kubernetes expands "$(VAR)" in args from the container's environment:
+// what the controller makes from spec values reaches the agent as written
+// ("$" doubled), the host stays the one meant expansion, and extraArgs are
+// passed as written, where "$(POD_IP)" is the container's variable.
+TEST(DesiredObjectsTest, ArgumentsFromSpecValuesAreNotExpandedByKubernetes) {
+  PoolSpec pool = exampleCluster().pools.at(0);
+  pool.model_path = "/models/$(POD_IP)/m$";
+  pool.served_model_name = "cost-$(HOME)";
+  pool.extra_args = {"--api-key-file", "/keys/$(POD_IP)"};
+  const json container = agentContainer(desiredPoolDeployment(ownerFor(pool), pool, defaults()));
+  const auto args = container["args"].get<std::vector<std::string>>();
+  auto after = [&](const std::string& flag) {
+    const auto it = std::find(args.begin(), args.end(), flag);
+    return it == args.end() || it + 1 == args.end() ? std::string() : *(it + 1);
+  };
+  EXPECT_EQ(after("--model"), "/models/$$(POD_IP)/m$$");
+  EXPECT_EQ(after("--served-model-name"), "cost-$$(HOME)");
+  EXPECT_EQ(after("--host"), "$(POD_IP)");
+  EXPECT_EQ(after("--api-key-file"), "/keys/$(POD_IP)");
+
+  spec::RouterSpec router;
+  router.model_path = "/models/$(X)";
+  router.extra_args = {"--note", "$(Y)"};
+  const auto router_args = routerContainerArguments(router, "serving", {"p"}, {"d"});
+  EXPECT_NE(std::find(router_args.begin(), router_args.end(), "/models/$$(X)"), router_args.end());
+  EXPECT_EQ(router_args.back(), "$(Y)");
+}
+
 TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
   const PoolSpec pool = decodePoolWithModel(
       "{source: hf://meta-llama/Llama-3.1-8B@v2, tokenSecretRef: {name: hf}, "
