@@ -184,10 +184,9 @@ struct Mxfp4Matrix : Mxfp4Rows {
   }
 };
 
-template <int Rows, typename Matrix>
+template <int Rows, int kCols, typename Matrix>
 inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
                        const typename Matrix::Row* w, float* y, int64_t ldy, int64_t valid_cols) {
-  constexpr int kCols = tileCols<Rows>;
   __m256 acc[Rows][kCols];
   for (int i = 0; i < Rows; ++i) {
     for (int j = 0; j < kCols; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -220,13 +219,13 @@ inline void matmulTile(const float* x, int64_t k, const Matrix& matrix,
       for (int j = 0; j < kCols; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  // Three columns reduce as four with the last repeated: each lane's tree
-  // is its own, so the repeat changes nothing and is not stored.
+  // Fewer than four columns reduce as four with the last repeated: each
+  // lane's tree is its own, so the repeat changes nothing and is not stored.
   const __m128i store_mask =
       _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(valid_cols)), _mm_setr_epi32(0, 1, 2, 3));
   for (int i = 0; i < Rows; ++i) {
-    const __m128 sums =
-        reduceSum4(acc[i][0], acc[i][1], acc[i][std::min(2, kCols - 1)], acc[i][kCols - 1]);
+    const __m128 sums = reduceSum4(acc[i][0], acc[i][std::min(1, kCols - 1)],
+                                   acc[i][std::min(2, kCols - 1)], acc[i][kCols - 1]);
     _mm_maskstore_ps(y + i * ldy, store_mask, sums);
   }
 }
@@ -235,11 +234,23 @@ template <int Rows, typename Matrix>
 void matmulRowTile(const float* x, int64_t k, const Matrix& matrix, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy) {
   constexpr int kCols = tileCols<Rows>;
-  for (int64_t j = n_begin; j < n_end; j += kCols) {
-    const int64_t valid = std::min<int64_t>(kCols, n_end - j);
+  int64_t j = n_begin;
+  for (; j + kCols <= n_end; j += kCols) {
     typename Matrix::Row rows[kCols];
-    for (int c = 0; c < kCols; ++c) rows[c] = matrix.row(j + std::min<int64_t>(c, valid - 1));
-    matmulTile<Rows>(x, k, matrix, rows, y + j, ldy, valid);
+    for (int c = 0; c < kCols; ++c) rows[c] = matrix.row(j + c);
+    matmulTile<Rows, kCols>(x, k, matrix, rows, y + j, ldy, kCols);
+  }
+  const int64_t rest = n_end - j;
+  if (rest == 0) return;
+  typename Matrix::Row rows[kCols];
+  for (int c = 0; c < kCols; ++c) rows[c] = matrix.row(j + std::min<int64_t>(c, rest - 1));
+  if constexpr (kCols == 3) {
+    // The last one or two columns of a block (blocks are multiples of 16)
+    // as a narrower tile, not a whole one repeating a row.
+    if (rest == 1) return matmulTile<Rows, 1>(x, k, matrix, rows, y + j, ldy, 1);
+    return matmulTile<Rows, 2>(x, k, matrix, rows, y + j, ldy, 2);
+  } else {
+    matmulTile<Rows, kCols>(x, k, matrix, rows, y + j, ldy, rest);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/check.h"
 #include "common/status.h"
 #include "operator/spec/agent_command.h"
 #include "operator/spec/pod_template.h"
@@ -12,6 +13,24 @@ namespace {
 
 using nlohmann::json;
 using spec::mergePodTemplate;
+
+// Kubernetes expands "$(VAR)" in a container's args from its environment
+// ("$$" stands for "$"): arguments made from the spec's values (a model
+// path, a served name, a JSON config) are escaped so that they reach the
+// program as written, as local mode passes them. `first_extra` on are the
+// spec's extraArgs, passed as written: there "$(POD_IP)" means what it
+// means in any container's args.
+void escapeExpansions(std::vector<std::string>& args, size_t first_extra) {
+  for (size_t i = 0; i < first_extra && i < args.size(); ++i) {
+    std::string escaped;
+    for (char c : args[i]) {
+      if (c == '$') escaped.push_back('$');
+      escaped.push_back(c);
+    }
+    args[i] = std::move(escaped);
+  }
+}
+
 using spec::ModelVolumeSpec;
 using spec::PoolKind;
 using spec::PoolSpec;
@@ -104,11 +123,13 @@ void addModelSource(const spec::ModelSourceSpec& model, const std::string& fetch
       if (!model.endpoint.empty()) {
         env.push_back({{"name", "HF_ENDPOINT"}, {"value", model.endpoint}});
       }
+      std::vector<std::string> fetch_args = args.get<std::vector<std::string>>();
+      escapeExpansions(fetch_args, fetch_args.size());
       json fetch = {
           {"name", modelInitContainer(model)},
           {"image", fetch_image},
           {"command", json::array({"tandem-model"})},
-          {"args", args},
+          {"args", fetch_args},
           {"terminationMessagePolicy", "FallbackToLogsOnError"},
           {"volumeMounts",
            json::array({{{"name", kModelCacheVolumeName}, {"mountPath", kModelCacheMount}}})}};
@@ -338,27 +359,6 @@ std::string poolModelInitContainer(const PoolSpec& pool) {
   return pool.model_source ? modelInitContainer(*pool.model_source) : "";
 }
 
-namespace {
-
-// Kubernetes expands "$(VAR)" in a container's args from its environment
-// ("$$" stands for "$"): arguments made from the spec's values (a model
-// path, a served name, a JSON config) are escaped so that they reach the
-// program as written, as local mode passes them. `first_extra` on are the
-// spec's extraArgs, passed as written: there "$(POD_IP)" means what it
-// means in any container's args.
-void escapeExpansions(std::vector<std::string>& args, size_t first_extra) {
-  for (size_t i = 0; i < first_extra && i < args.size(); ++i) {
-    std::string escaped;
-    for (char c : args[i]) {
-      if (c == '$') escaped.push_back('$');
-      escaped.push_back(c);
-    }
-    args[i] = std::move(escaped);
-  }
-}
-
-}  // namespace
-
 std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
   // With a shared secret the agent may listen everywhere; without one it
   // listens on the pod's own address only (and must be told that this is
@@ -367,17 +367,16 @@ std::vector<std::string> agentContainerArguments(const PoolSpec& pool) {
   const std::string host = pool.kv_transfer.secret_ref ? "0.0.0.0" : "$(POD_IP)";
   PoolSpec in_pod = pool;
   in_pod.model_path = poolModelPath(pool);
-  // The host goes through escaping as a placeholder: "$(POD_IP)" is the one
-  // expansion meant.
-  constexpr char kHostPlaceholder[] = "tandem-pod-host";
   std::vector<std::string> argv =
-      spec::agentArguments(in_pod, "tandem-agent", kHostPlaceholder, kContainerPort, insecure);
+      spec::agentArguments(in_pod, "tandem-agent", host, kContainerPort, insecure);
   argv.erase(argv.begin());
+  // The value after --host is the one expansion meant ("$(POD_IP)").
   const size_t first_extra = argv.size() - pool.extra_args.size();
+  const auto host_flag = std::find(argv.begin(), argv.begin() + first_extra, "--host");
+  TANDEM_CHECK(host_flag + 1 < argv.begin() + first_extra, "agent arguments without --host");
+  const size_t host_at = static_cast<size_t>(host_flag + 1 - argv.begin());
   escapeExpansions(argv, first_extra);
-  for (size_t i = 0; i < first_extra; ++i) {
-    if (argv[i] == kHostPlaceholder) argv[i] = host;
-  }
+  argv[host_at] = host;
   return argv;
 }
 

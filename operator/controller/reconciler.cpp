@@ -283,7 +283,19 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
         return std::find(names.begin(), names.end(), name) != names.end();
       };
       for (const std::string& shared : sharedNames(prefill_pools, decode_pools)) {
-        if (!exists(prefill_names, shared) || !exists(decode_names, shared)) continue;
+        if (!exists(prefill_names, shared) || !exists(decode_names, shared)) {
+          // The list of the kind that has no such pool loses it (a router
+          // given a name as both kinds would not start).
+          const bool prefill_missing = !exists(prefill_names, shared);
+          fail("PoolNotFound",
+               std::string(prefill_missing ? "spec.prefillPools" : "spec.decodePools") +
+                   " names \"" + shared + "\", which is not a " +
+                   ownerKindName(prefill_missing ? OwnerKind::kPrefillPool
+                                                 : OwnerKind::kDecodePool) +
+                   " of namespace " + ns);
+          std::erase(prefill_missing ? prefill_pools : decode_pools, shared);
+          continue;
+        }
         const bool prefill_conflicted = inNameConflict(OwnerKind::kPrefillPool, ns, shared);
         const bool decode_conflicted = inNameConflict(OwnerKind::kDecodePool, ns, shared);
         const bool listed = router.prefill_pools && router.decode_pools;

@@ -239,7 +239,7 @@ json computeWorkloadStatus(const json& previous, const WorkloadObservation& obse
                 observation.generation));
 
   const bool all_ready =
-      !progressing && updated == desired && ready == desired && replicas == desired;
+      !blocked && !progressing && updated == desired && ready == desired && replicas == desired;
   std::string ready_message =
       std::to_string(ready) + " of " + std::to_string(desired) + " replicas ready";
   conditions.insert(conditions.begin(), condition("Ready", all_ready,

@@ -112,7 +112,6 @@ class Informer::Loop {
       }
       if (!next->has_value()) return WatchEnd::kClosed;
       WatchEvent& event = **next;
-      got_events = true;
       if (event.type == "ERROR") {
         ApiError error;
         if (event.object.is_object()) {
@@ -125,6 +124,8 @@ class Informer::Loop {
                           << ": watch error event: " << error.toString();
         return WatchEnd::kFailed;
       }
+      // Progress: an event other than an error (bookmarks included).
+      got_events = true;
       std::string version = resourceVersionOf(event.object);
       if (!version.empty()) resource_version = version;
       if (event.type == "BOOKMARK") continue;

@@ -238,10 +238,12 @@ void LocalMode::fetchModelSources(std::vector<PoolSpec>& pools, const std::strin
 }
 
 void LocalMode::secureKvTransfer(std::vector<PoolSpec>& pools) const {
-  const bool any = std::any_of(pools.begin(), pools.end(),
-                               [](const PoolSpec& pool) { return !poolKvSecret(pool).empty(); });
-  if (any) return;
-  for (PoolSpec& pool : pools) pool.env.emplace_back("TANDEM_KV_SECRET", generated_kv_secret_);
+  for (PoolSpec& pool : pools) {
+    if (!poolKvSecret(pool).empty()) continue;
+    // An empty TANDEM_KV_SECRET in spec.env is no secret: replaced.
+    std::erase_if(pool.env, [](const auto& entry) { return entry.first == "TANDEM_KV_SECRET"; });
+    pool.env.emplace_back("TANDEM_KV_SECRET", generated_kv_secret_);
+  }
 }
 
 void LocalMode::adoptPools(const std::vector<PoolSpec>& file_pools) {
@@ -488,7 +490,8 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   }
   TANDEM_LOG(kInfo) << "local: " << source << " changed: applying it";
   if (routerSpecFor(cluster) != running_router) {
-    TANDEM_LOG(kWarn) << "local: the Router document changed; restart tandem-operator to apply "
+    TANDEM_LOG(kWarn) << "local: the Router document, or the decode pools' KV secret it signs "
+                         "with, changed; restart tandem-operator to apply "
                          "it (pools are applied now)";
   }
   adoptPools(cluster.pools);

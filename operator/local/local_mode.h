@@ -147,11 +147,12 @@ class LocalMode {
   // tandem::Error naming the pool and the reason (a pvc:// or oci:// source,
   // which needs Kubernetes; a failed fetch).
   void fetchModelSources(std::vector<spec::PoolSpec>& pools, const std::string& file) const;
-  // When no pool has a KV secret (kvTransfer.extraConfig.secret,
-  // TANDEM_KV_SECRET in its env or in this process's environment), gives
-  // every pool this run's own random one as TANDEM_KV_SECRET in its env, so
-  // that agents follow only the descriptors their peers and the router
-  // signed. The same secret for the whole run, reloads included.
+  // Gives every pool without a KV secret of its own
+  // (kvTransfer.extraConfig.secret, a non-empty TANDEM_KV_SECRET in its env
+  // or in this process's environment) this run's random one as
+  // TANDEM_KV_SECRET in its env, so that agents follow only the descriptors
+  // their peers and the router signed. The same secret for the whole run,
+  // reloads included.
   void secureKvTransfer(std::vector<spec::PoolSpec>& pools) const;
   void runPlanner(AgentSupervisor& supervisor);
   // Binds the metrics port (throws tandem::Error when it cannot) and serves

@@ -320,7 +320,7 @@ int runChaosBench(const ChaosBenchOptions& options) {
         if (action == "kill") {
           ::kill(victim.pid, SIGKILL);
         } else {
-          event.accepted = postDrain(victim);
+          event.accepted = postDrain(victim, cluster->kvSecret());
         }
         event.recovery_s = probeUntilSuccess(url, model, at, options.recovery_timeout_s, hang_s,
                                              event.probes, static_cast<uint32_t>(rng()));

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <system_error>
 
+#include "common/kv_auth.h"
 #include "common/prometheus_text.h"
 #include "common/status.h"
 #include "operator/spec/cluster_spec.h"
@@ -221,7 +223,13 @@ LocalCluster::LocalCluster(const LocalClusterOptions& options, std::chrono::seco
   std::vector<std::string> argv = {binary.string(),        "local",  "-f",
                                    cluster_file_.string(), "--port", "0"};
   argv.insert(argv.end(), options.operator_args.begin(), options.operator_args.end());
-  operator_ = std::make_unique<Subprocess>(argv, work_dir_ / "operator.stderr");
+  const char* secret = std::getenv("TANDEM_KV_SECRET");
+  kv_secret_ = secret != nullptr && *secret != '\0'
+                   ? std::string(secret)
+                   : kv_auth::randomNonce() + kv_auth::randomNonce();
+  operator_ = std::make_unique<Subprocess>(
+      argv, work_dir_ / "operator.stderr",
+      std::vector<std::pair<std::string, std::string>>{{"TANDEM_KV_SECRET", kv_secret_}});
   drain_thread_ = std::thread([this] { drainOutput(); });
   try {
     waitUntilServing(startup_timeout);

@@ -152,6 +152,12 @@ class LocalCluster {
   int64_t maxInflightRequests() const { return max_inflight_; }
   int64_t maxQueuedRequests() const { return max_queued_; }
   size_t expectedAgents() const { return expected_agents_; }
+  // The KV secret the operator's pools take (TANDEM_KV_SECRET in its
+  // environment): the bench's own TANDEM_KV_SECRET, else one made for the
+  // run. Agents take their pool's own secret instead when the file gives
+  // one. Control requests the bench sends to agents (POST /admin/drain) are
+  // signed with it.
+  const std::string& kvSecret() const { return kv_secret_; }
 
   // The agents the operator last reported ready, by name.
   std::vector<ClusterAgent> agents();
@@ -189,6 +195,7 @@ class LocalCluster {
   size_t expected_agents_ = 0;
   int64_t max_inflight_ = 256;
   int64_t max_queued_ = 1024;
+  std::string kv_secret_;
   std::unique_ptr<Subprocess> operator_;
 
   std::mutex mutex_;

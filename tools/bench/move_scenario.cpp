@@ -7,9 +7,11 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
+#include "common/kv_auth.h"
 #include "tools/bench/openai_client.h"
 
 namespace tandem::bench {
@@ -46,13 +48,15 @@ std::optional<ClusterAgent> servingAgent(LocalCluster& cluster,
 
 }  // namespace
 
-bool postDrain(const ClusterAgent& agent) {
+bool postDrain(const ClusterAgent& agent, const std::string& kv_secret) {
   httplib::Client client(agent.host, agent.port);
   // Generous: on a loaded machine an agent busy handing over answers late
   // (a drain that was refused is what this reports, not a slow answer).
   client.set_connection_timeout(10, 0);
   client.set_read_timeout(30, 0);
-  auto result = client.Post("/admin/drain", "{}", "application/json");
+  nlohmann::json body = nlohmann::json::object();
+  if (!kv_secret.empty()) kv_auth::signRequest(body, "/admin/drain", kv_secret);
+  auto result = client.Post("/admin/drain", body.dump(), "application/json");
   return result && result->status == 202;
 }
 
@@ -93,7 +97,7 @@ MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const st
     if (victim) {
       round.agent = victim->name;
       if (round.action == "drain") {
-        postDrain(*victim);
+        postDrain(*victim, cluster.kvSecret());
       } else {
         ::kill(victim->pid, SIGKILL);
       }

@@ -52,7 +52,8 @@ struct MoveResult {
 MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const std::string& model,
                          const MoveOptions& options);
 
-// Asks an agent to drain (as SIGTERM does); whether it accepted (202).
-bool postDrain(const ClusterAgent& agent);
+// Asks an agent to drain (as SIGTERM does), signed with `kv_secret` when
+// there is one (LocalCluster::kvSecret); whether it accepted (202).
+bool postDrain(const ClusterAgent& agent, const std::string& kv_secret);
 
 }  // namespace tandem::bench

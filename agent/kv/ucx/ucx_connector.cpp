@@ -610,7 +610,8 @@ StatusOr<UcxConnector::Descriptor> UcxConnector::parseDescriptor(const json& par
   for (size_t i = 0; i < ids->size(); ++i) {
     const json& id = (*ids)[i];
     const std::string name = field + ".remote_block_ids[" + std::to_string(i) + "]";
-    // A whole number past 2^64 arrives as a float: outside, as any other.
+    // A whole number past 2^64 arrives as a float (from 2^63 on, none is
+    // an int64): outside, as any other.
     const bool beyond = id.is_number_float() && std::fabs(id.get<double>()) >= 0x1p63 &&
                         std::isfinite(id.get<double>());
     if (!id.is_number_integer() && !beyond) {

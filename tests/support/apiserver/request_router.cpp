@@ -323,16 +323,23 @@ void serveWatch(ServerState& state, const HttpRequest& request, const ResourcePa
                                           "\": must be a number the server sent"));
     }
   }
+  // A watch the server cannot serve from its version, answered as the real
+  // one's watch cache answers it: 200 and one ERROR event with the Status.
+  auto errorEvent = [&](const ApiError& error) {
+    if (!writer.startChunked(200, "application/json")) return;
+    writer.writeChunk(Json{{"type", "ERROR"}, {"object", statusObject(error)}}.dump() + "\n");
+    writer.finishChunked();
+  };
   for (int left = state.watches_gone.load(); left > 0;) {
     if (state.watches_gone.compare_exchange_weak(left, left - 1)) {
-      return sendError(writer, expired("too old resource version: " + version + " (injected)"));
+      return errorEvent(expired("too old resource version: " + version + " (injected)"));
     }
   }
   // A version this server has not reached (a client that watched a server
   // since restarted with a fresh history): the real one waits up to 3 s for
   // its cache to catch up, then answers this.
   if (from && *from > state.store.resourceVersion()) {
-    return sendError(writer, tooLargeResourceVersion(*from, state.store.resourceVersion()));
+    return errorEvent(tooLargeResourceVersion(*from, state.store.resourceVersion()));
   }
   const std::string ns = resource.kind.namespaced ? resource.ns : "";
   auto matches = [ns, list_options](const Json& object) {

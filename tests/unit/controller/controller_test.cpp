@@ -374,6 +374,9 @@ TEST_F(ControllerTest, ANameInBothListsWithAPoolOfOneKindIsNotANameConflict) {
   const std::string args =
       (*deployment)["spec"]["template"]["spec"]["containers"][0]["args"].dump();
   EXPECT_NE(args.find("\"--prefill-pool\",\"prefill\""), std::string::npos) << args;
+  // A router given the name as both kinds would refuse to start.
+  EXPECT_EQ(args.find("\"--decode-pool\",\"prefill\""), std::string::npos) << args;
+  EXPECT_NE(args.find("\"--decode-pool\",\"decode\""), std::string::npos) << args;
 }
 
 // Pools with a KV secret refuse unsigned holds: a Router without the same

@@ -155,9 +155,6 @@ std::string argAfter(const json& container, const std::string& flag) {
   return it == args.end() || it + 1 == args.end() ? "" : *(it + 1);
 }
 
-// hf://: an init container of the agent's image fetches into the cache volume
-// (an emptyDir, or the claim the pool's pods share) with the token from the
-// Secret; the agent reads the fetched directory, read-only.
 // Kubernetes expands "$(VAR)" in args from the container's environment:
 // what the controller makes from spec values reaches the agent as written
 // ("$" doubled), the host stays the one meant expansion, and extraArgs are
@@ -184,8 +181,19 @@ TEST(DesiredObjectsTest, ArgumentsFromSpecValuesAreNotExpandedByKubernetes) {
   const auto router_args = routerContainerArguments(router, "serving", {"p"}, {"d"});
   EXPECT_NE(std::find(router_args.begin(), router_args.end(), "/models/$$(X)"), router_args.end());
   EXPECT_EQ(router_args.back(), "$(Y)");
+
+  // The fetch's source: a revision is any text the Hub takes, and the
+  // fetch's container has HF_TOKEN from the Secret.
+  const PoolSpec fetched =
+      decodePoolWithModel("{source: hf://org/m@$(HF_TOKEN), tokenSecretRef: {name: hf}}");
+  const json fetch =
+      podSpec(desiredPoolDeployment(ownerFor(fetched), fetched, defaults()))["initContainers"][0];
+  EXPECT_EQ(fetch["args"][1], "hf://org/m@$$(HF_TOKEN)") << fetch.dump();
 }
 
+// hf://: an init container of the agent's image fetches into the cache volume
+// (an emptyDir, or the claim the pool's pods share) with the token from the
+// Secret; the agent reads the fetched directory, read-only.
 TEST(DesiredObjectsTest, AnHfSourceIsFetchedByAnInitContainerIntoTheCache) {
   const PoolSpec pool = decodePoolWithModel(
       "{source: hf://meta-llama/Llama-3.1-8B@v2, tokenSecretRef: {name: hf}, "

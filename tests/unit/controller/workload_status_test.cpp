@@ -160,6 +160,11 @@ TEST(WorkloadStatusTest, UnschedulablePodAndDeploymentFailuresAreDegraded) {
   EXPECT_EQ(progressing["message"],
             "no Deployment is written while the failure in Degraded (NameConflict) stands");
   EXPECT_EQ(findCondition(conflicted, "Ready")["reason"], "ReplicasNotReady");
+  // Not ready either with no replica wanted: there is no Deployment.
+  conflict.desired_replicas = 0;
+  const json scaled_to_zero = computeWorkloadStatus(nullptr, conflict, "T1");
+  EXPECT_EQ(findCondition(scaled_to_zero, "Ready")["status"], "False");
+  EXPECT_EQ(findCondition(scaled_to_zero, "Progressing")["reason"], "Blocked");
 }
 
 TEST(WorkloadStatusTest, LastTransitionTimeIsKeptUntilTheStatusChanges) {
