@@ -803,7 +803,8 @@ TEST(ClusterSpecTest, ScannersAcceptWhatThePatternsDid) {
       R"([+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?)");
   const std::regex integer("[-+]?[0-9]+");
   const std::regex number(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
-  const std::regex size(R"(([0-9]+(\.[0-9]+)?([eE][0-9]+)?)(B|K|M|G|KB|MB|GB|KiB|MiB|GiB|Ki|Mi|Gi)?)");
+  const std::regex size(
+      R"(([0-9]+(\.[0-9]+)?([eE][0-9]+)?)(B|K|M|G|KB|MB|GB|KiB|MiB|GiB|Ki|Mi|Gi)?)");
   const std::string alphabet = "07.eE+-KiMGB";
   int64_t strings = 0;
   std::string text;
@@ -814,16 +815,17 @@ TEST(ClusterSpecTest, ScannersAcceptWhatThePatternsDid) {
       EXPECT_EQ(isDecimalInteger(text), std::regex_match(text, integer)) << text;
       EXPECT_EQ(scanDecimal(text, 0, DecimalForm{}) == text.size(), std::regex_match(text, number))
           << text;
-      const size_t end = !text.empty() && text[0] >= '0' && text[0] <= '9'
-                             ? scanDecimal(text, 0,
-                                           DecimalForm{.signed_ = false, .fraction_digits = true,
-                                                       .exponent_sign = false})
-                             : std::string::npos;
+      const size_t end =
+          !text.empty() && text[0] >= '0' && text[0] <= '9'
+              ? scanDecimal(
+                    text, 0,
+                    DecimalForm{.signed_ = false, .fraction_digits = true, .exponent_sign = false})
+              : std::string::npos;
       const std::string unit = end == std::string::npos ? "" : text.substr(end);
-      const bool units = unit.empty() || unit == "B" || unit == "K" || unit == "M" ||
-                         unit == "G" || unit == "KB" || unit == "MB" || unit == "GB" ||
-                         unit == "KiB" || unit == "MiB" || unit == "GiB" || unit == "Ki" ||
-                         unit == "Mi" || unit == "Gi";
+      const bool units = unit.empty() || unit == "B" || unit == "K" || unit == "M" || unit == "G" ||
+                         unit == "KB" || unit == "MB" || unit == "GB" || unit == "KiB" ||
+                         unit == "MiB" || unit == "GiB" || unit == "Ki" || unit == "Mi" ||
+                         unit == "Gi";
       EXPECT_EQ(end != std::string::npos && units, std::regex_match(text, size)) << text;
       return;
     }
@@ -843,10 +845,10 @@ TEST(ClusterSpecTest, ScannersAcceptWhatThePatternsDid) {
 TEST(ClusterSpecTest, ValuesHundredsOfKilobytesLongAreReadLikeShortOnes) {
   const std::string digits(200000, '1');
   const std::string name(100000, 'A');
-  const ClusterSpec spec = parseClusterSpec(
-      std::string(kDecode) + "  resources:\n    limits:\n      cpu: \"" + digits +
-          "\"\n  env:\n    - name: " + name + "\n      value: x\n",
-      "c.yaml");
+  const ClusterSpec spec =
+      parseClusterSpec(std::string(kDecode) + "  resources:\n    limits:\n      cpu: \"" + digits +
+                           "\"\n  env:\n    - name: " + name + "\n      value: x\n",
+                       "c.yaml");
   ASSERT_EQ(spec.pools.size(), 1u);
   ASSERT_EQ(spec.pools[0].env.size(), 1u);
   EXPECT_EQ(spec.pools[0].env[0].first, name);
