@@ -424,6 +424,38 @@ TEST_F(LocalModeTest, WithoutAKvSecretTheRunMakesOneThatAgentsAndRouterShare) {
   EXPECT_EQ(run_error_, "");
 }
 
+// A pool with a secret of its own keeps it; a pool without one still gets
+// the run's (an empty TANDEM_KV_SECRET in its env is none, and replaced),
+// so no agent of the cluster follows unsigned descriptors.
+TEST_F(LocalModeTest, APoolWithoutASecretOfItsOwnGetsTheRunsBesideOneWithIts) {
+  std::string text = clusterYaml(1, 1);
+  const size_t prefill_end = text.find("    shutdownTimeoutSeconds: 5\n") + 30;
+  text.insert(prefill_end, "  kvTransfer:\n    extraConfig:\n      secret: alpha\n");
+  const size_t decode_end = text.find("    shutdownTimeoutSeconds: 5\n", prefill_end) + 30;
+  text.insert(decode_end, "  env:\n    - name: TANDEM_KV_SECRET\n      value: \"\"\n");
+  const fs::path file = dir_.write("cluster.yaml", text);
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  std::string secret;
+  {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    secret = log_->spec.kv_secret;  // the decode pool's, which is the run's
+  }
+  ASSERT_EQ(secret.size(), 64u);
+  auto environment = [&](const char* name) {
+    return readProcFile("/proc/" + std::to_string(agent(mode, name)->pid) + "/environ");
+  };
+  EXPECT_NE(environment("prefill-0").find(std::string("TANDEM_KV_SECRET=alpha") + '\0'),
+            std::string::npos);
+  const std::string decode = environment("decode-0");
+  EXPECT_NE(decode.find("TANDEM_KV_SECRET=" + secret + '\0'), std::string::npos);
+  EXPECT_EQ(decode.find(std::string("TANDEM_KV_SECRET=") + '\0'), std::string::npos);
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+}
+
 TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
   const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
   LocalMode mode(options(file), fakeRouter());
