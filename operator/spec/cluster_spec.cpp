@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "common/file_text.h"
 #include "common/status.h"
@@ -621,7 +622,45 @@ void checkRoutedPoolsExist(const Document& router,
 
 // An API object as a YAML node: JSON is YAML, and JSON strings come back
 // quoted, so "1" stays a string where the schema wants a number.
+// The path ("spec.template.spec.a[0]") of the first value nested deeper
+// than `limit` objects and arrays, or "" when none is.
+std::string tooDeep(const nlohmann::json& root, size_t limit) {
+  struct Frame {
+    const nlohmann::json* value;
+    std::string path;
+  };
+  std::vector<Frame> stack = {{&root, ""}};
+  std::vector<size_t> depths = {0};
+  while (!stack.empty()) {
+    Frame frame = std::move(stack.back());
+    const size_t depth = depths.back();
+    stack.pop_back();
+    depths.pop_back();
+    if (!frame.value->is_structured()) continue;
+    if (depth >= limit) return frame.path;
+    if (frame.value->is_object()) {
+      for (const auto& [key, child] : frame.value->items()) {
+        stack.push_back({&child, frame.path.empty() ? key : frame.path + "." + key});
+        depths.push_back(depth + 1);
+      }
+    } else {
+      for (size_t i = 0; i < frame.value->size(); ++i) {
+        stack.push_back({&(*frame.value)[i], frame.path + "[" + std::to_string(i) + "]"});
+        depths.push_back(depth + 1);
+      }
+    }
+  }
+  return "";
+}
+
 YAML::Node objectNode(const nlohmann::json& object, const std::string& source) {
+  // Pod specs nest a dozen levels; the YAML reader gives up, with no useful
+  // reason, a few hundred levels down.
+  constexpr size_t kMaxDepth = 64;
+  if (const std::string path = tooDeep(object, kMaxDepth); !path.empty()) {
+    throw Error(source + ": " + path + " is nested deeper than " + std::to_string(kMaxDepth) +
+                " objects and lists, which no field of these kinds needs");
+  }
   try {
     return YAML::Load(object.dump());
   } catch (const YAML::Exception& e) {

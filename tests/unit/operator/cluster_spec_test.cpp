@@ -1144,6 +1144,28 @@ TEST(ClusterSpecTest, ApiObjectsParseWithTheSameChecks) {
   }
   EXPECT_THROW(parsePoolObject(object, PoolKind::kDecode, "x"), Error);
 
+  // A template nested past any field's depth (preserve-unknown-fields lets
+  // the API server keep up to its own bound of 10,000 levels) is named.
+  nlohmann::json deep = object;
+  nlohmann::json inner = 1;
+  for (int i = 0; i < 5000; ++i) inner = nlohmann::json{{"a", std::move(inner)}};
+  deep["spec"]["template"] = {{"spec", {{"affinity", std::move(inner)}}}};
+  try {
+    parsePoolObject(deep, PoolKind::kPrefill, "PrefillPool serving/prefill");
+    FAIL() << "a 5,000-level template was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(
+        std::string(e.what()),
+        "PrefillPool serving/prefill: spec.template.spec.affinity" +
+            [] {
+              std::string path;
+              for (int i = 0; i < 60; ++i) path += ".a";
+              return path;
+            }() +
+            " is nested deeper than 64 objects and lists, which no field of these kinds "
+            "needs");
+  }
+
   const nlohmann::json router = nlohmann::json::parse(R"({
     "apiVersion": "tandem.dev/v1alpha1", "kind": "Router",
     "metadata": {"name": "front", "namespace": "serving"},
