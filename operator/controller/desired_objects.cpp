@@ -13,6 +13,11 @@ namespace {
 
 using nlohmann::json;
 using spec::mergePodTemplate;
+using spec::ModelVolumeSpec;
+using spec::PoolKind;
+using spec::PoolSpec;
+using spec::RouterSpec;
+using spec::TemplateMergeResult;
 
 // Kubernetes expands "$(VAR)" in a container's args from its environment
 // ("$$" stands for "$"): arguments made from the spec's values (a model
@@ -30,12 +35,6 @@ void escapeExpansions(std::vector<std::string>& args, size_t first_extra) {
     args[i] = std::move(escaped);
   }
 }
-
-using spec::ModelVolumeSpec;
-using spec::PoolKind;
-using spec::PoolSpec;
-using spec::RouterSpec;
-using spec::TemplateMergeResult;
 
 constexpr const char* kModelVolumeName = "model";
 constexpr const char* kModelCacheVolumeName = "model-cache";
