@@ -269,31 +269,33 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
       spec::RouterSpec router = spec::parseRouterObject(object, source);
       match_labels = routerSelector(name);
       observation.desired_replicas = router.replicas;
-      prefill_pools = router.prefill_pools.value_or(poolNames(ns, OwnerKind::kPrefillPool));
-      decode_pools = router.decode_pools.value_or(poolNames(ns, OwnerKind::kDecodePool));
+      const std::vector<std::string> prefill_names = poolNames(ns, OwnerKind::kPrefillPool);
+      const std::vector<std::string> decode_names = poolNames(ns, OwnerKind::kDecodePool);
+      prefill_pools = router.prefill_pools.value_or(prefill_names);
+      decode_pools = router.decode_pools.value_or(decode_names);
+      auto exists = [](const std::vector<std::string>& names, const std::string& name) {
+        return std::find(names.begin(), names.end(), name) != names.end();
+      };
+      auto notFound = [&](const char* field, const std::string& pool, OwnerKind pool_kind) {
+        fail("PoolNotFound", std::string(field) + " names \"" + pool + "\", which is not a " +
+                                 ownerKindName(pool_kind) + " of namespace " + ns);
+      };
       // A PrefillPool and a DecodePool of one name would share children (the
       // second is Degraded, NameConflict), and a router given the name as
       // both refuses to start: the name goes to the pool that is not in
       // conflict, or (undecided, or both listed by the Router) to neither.
       // A name in both lists with a pool of one kind only is no conflict:
-      // the other list names a pool that does not exist (PoolNotFound below).
-      const std::vector<std::string> prefill_names = poolNames(ns, OwnerKind::kPrefillPool);
-      const std::vector<std::string> decode_names = poolNames(ns, OwnerKind::kDecodePool);
-      auto exists = [](const std::vector<std::string>& names, const std::string& name) {
-        return std::find(names.begin(), names.end(), name) != names.end();
-      };
+      // the list of the other kind names a pool that does not exist, and
+      // loses the name.
       for (const std::string& shared : sharedNames(prefill_pools, decode_pools)) {
-        if (!exists(prefill_names, shared) || !exists(decode_names, shared)) {
-          // The list of the kind that has no such pool loses it (a router
-          // given a name as both kinds would not start).
-          const bool prefill_missing = !exists(prefill_names, shared);
-          fail("PoolNotFound",
-               std::string(prefill_missing ? "spec.prefillPools" : "spec.decodePools") +
-                   " names \"" + shared + "\", which is not a " +
-                   ownerKindName(prefill_missing ? OwnerKind::kPrefillPool
-                                                 : OwnerKind::kDecodePool) +
-                   " of namespace " + ns);
-          std::erase(prefill_missing ? prefill_pools : decode_pools, shared);
+        if (!exists(prefill_names, shared)) {
+          notFound("spec.prefillPools", shared, OwnerKind::kPrefillPool);
+          std::erase(prefill_pools, shared);
+          continue;
+        }
+        if (!exists(decode_names, shared)) {
+          notFound("spec.decodePools", shared, OwnerKind::kDecodePool);
+          std::erase(decode_pools, shared);
           continue;
         }
         const bool prefill_conflicted = inNameConflict(OwnerKind::kPrefillPool, ns, shared);
@@ -306,16 +308,12 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
         if (listed || prefill_conflicted || !decode_conflicted) std::erase(prefill_pools, shared);
         if (listed || decode_conflicted || !prefill_conflicted) std::erase(decode_pools, shared);
       }
-      for (auto [names, pool_kind, field] :
-           {std::tuple{&prefill_pools, OwnerKind::kPrefillPool, "spec.prefillPools"},
-            std::tuple{&decode_pools, OwnerKind::kDecodePool, "spec.decodePools"}}) {
-        const std::vector<std::string> existing = poolNames(ns, pool_kind);
-        for (const std::string& pool : *names) {
-          if (std::find(existing.begin(), existing.end(), pool) == existing.end()) {
-            fail("PoolNotFound", std::string(field) + " names \"" + pool + "\", which is not a " +
-                                     ownerKindName(pool_kind) + " of namespace " + ns);
-          }
-        }
+      for (const std::string& pool : prefill_pools) {
+        if (!exists(prefill_names, pool))
+          notFound("spec.prefillPools", pool, OwnerKind::kPrefillPool);
+      }
+      for (const std::string& pool : decode_pools) {
+        if (!exists(decode_names, pool)) notFound("spec.decodePools", pool, OwnerKind::kDecodePool);
       }
       // The routed pools' specs (a pool that does not parse reports its own
       // InvalidSpec), for the warnings and the model directory below.

@@ -10,7 +10,6 @@
 #include <regex>
 #include <set>
 #include <sstream>
-#include <string_view>
 #include <vector>
 
 #include "common/file_text.h"
@@ -39,29 +38,19 @@ void checkName(const std::string& name, const YAML::Node& node, const DocumentCo
 // Kubernetes quantities "2Gi", "512Mi", "64Ki"; returns the agent's form.
 std::string readByteSize(const YAML::Node& node, const std::string& path,
                          const DocumentContext& context) {
-  // digits [. digits] [e|E digits], then one unit or none.
   const std::string text = node.IsScalar() ? node.Scalar() : "";
-  const size_t end =
-      !text.empty() && text[0] >= '0' && text[0] <= '9'
-          ? scanDecimal(
-                text, 0,
-                DecimalForm{.signed_ = false, .fraction_digits = true, .exponent_sign = false})
-          : std::string::npos;
-  static constexpr std::string_view kUnits[] = {"",   "B",   "K",   "M",   "G",  "KB", "MB",
-                                                "GB", "KiB", "MiB", "GiB", "Ki", "Mi", "Gi"};
-  const std::string number = end == std::string::npos ? "" : text.substr(0, end);
-  const std::string unit = end == std::string::npos ? "" : text.substr(end);
-  const bool matched = end != std::string::npos &&
-                       std::find(std::begin(kUnits), std::end(kUnits), unit) != std::end(kUnits);
+  const std::optional<ByteSizeText> size = splitByteSize(text);
   // strtod, not stod: a number past the double range (1e400) is refused here
   // instead of escaping as std::out_of_range.
-  const double value = matched ? std::strtod(number.c_str(), nullptr) : 0;
-  if (!matched || !(value > 0) || !std::isfinite(value)) {
+  const double value = size ? std::strtod(size->number.c_str(), nullptr) : 0;
+  if (!size || !(value > 0) || !std::isfinite(value)) {
     fail(context, path,
          "must be a positive size such as 8GiB, 8Gi, 512MiB or 1073741824, got " + described(node),
          node);
   }
-  if (unit == "Ki" || unit == "Mi" || unit == "Gi") return number + unit + "B";
+  if (size->unit == "Ki" || size->unit == "Mi" || size->unit == "Gi") {
+    return size->number + size->unit + "B";
+  }
   return text;
 }
 
@@ -628,25 +617,23 @@ std::string tooDeep(const nlohmann::json& root, size_t limit) {
   struct Frame {
     const nlohmann::json* value;
     std::string path;
+    size_t depth;
   };
-  std::vector<Frame> stack = {{&root, ""}};
-  std::vector<size_t> depths = {0};
+  std::vector<Frame> stack = {{&root, "", 0}};
   while (!stack.empty()) {
     Frame frame = std::move(stack.back());
-    const size_t depth = depths.back();
     stack.pop_back();
-    depths.pop_back();
     if (!frame.value->is_structured()) continue;
-    if (depth >= limit) return frame.path;
+    if (frame.depth >= limit) return frame.path;
     if (frame.value->is_object()) {
       for (const auto& [key, child] : frame.value->items()) {
-        stack.push_back({&child, frame.path.empty() ? key : frame.path + "." + key});
-        depths.push_back(depth + 1);
+        stack.push_back(
+            {&child, frame.path.empty() ? key : frame.path + "." + key, frame.depth + 1});
       }
     } else {
       for (size_t i = 0; i < frame.value->size(); ++i) {
-        stack.push_back({&(*frame.value)[i], frame.path + "[" + std::to_string(i) + "]"});
-        depths.push_back(depth + 1);
+        stack.push_back(
+            {&(*frame.value)[i], frame.path + "[" + std::to_string(i) + "]", frame.depth + 1});
       }
     }
   }

@@ -281,26 +281,33 @@ size_t scanDecimal(std::string_view text, size_t at, DecimalForm form) {
   return i;
 }
 
+std::optional<ByteSizeText> splitByteSize(std::string_view text) {
+  if (text.empty() || text[0] < '0' || text[0] > '9') return std::nullopt;
+  const size_t end = scanDecimal(
+      text, 0, DecimalForm{.signed_ = false, .fraction_digits = true, .exponent_sign = false});
+  static constexpr std::string_view kUnits[] = {"",   "B",   "K",   "M",   "G",  "KB", "MB",
+                                                "GB", "KiB", "MiB", "GiB", "Ki", "Mi", "Gi"};
+  const std::string_view unit = text.substr(end);
+  if (std::find(std::begin(kUnits), std::end(kUnits), unit) == std::end(kUnits)) {
+    return std::nullopt;
+  }
+  return ByteSizeText{std::string(text.substr(0, end)), std::string(unit)};
+}
+
 bool isDecimalInteger(std::string_view text) {
   return scanDecimal(text, 0, DecimalForm{.exponent = false}) == text.size() &&
          text.find('.') == std::string_view::npos;
 }
 
 bool isQuantity(const std::string& text) {
-  // A number without its exponent, then one suffix or an exponent.
+  // A number and its exponent, or a number without one and one suffix.
+  if (scanDecimal(text, 0, DecimalForm{}) == text.size()) return true;
   const size_t end = scanDecimal(text, 0, DecimalForm{.exponent = false});
   if (end == std::string_view::npos) return false;
   const std::string_view suffix = std::string_view(text).substr(end);
   static constexpr std::string_view kSuffixes[] = {"",  "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n",
                                                    "u", "m",  "k",  "M",  "G",  "T",  "P",  "E"};
-  if (std::find(std::begin(kSuffixes), std::end(kSuffixes), suffix) != std::end(kSuffixes)) {
-    return true;
-  }
-  if (suffix[0] != 'e' && suffix[0] != 'E') return false;
-  size_t i = 1;
-  if (i < suffix.size() && (suffix[i] == '+' || suffix[i] == '-')) ++i;
-  return i < suffix.size() && std::all_of(suffix.begin() + static_cast<ptrdiff_t>(i), suffix.end(),
-                                          [](char c) { return c >= '0' && c <= '9'; });
+  return std::find(std::begin(kSuffixes), std::end(kSuffixes), suffix) != std::end(kSuffixes);
 }
 
 std::string readQuantity(const YAML::Node& node, const std::string& path,

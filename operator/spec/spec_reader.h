@@ -152,6 +152,14 @@ struct DecimalForm {
 size_t scanDecimal(std::string_view text, size_t at, DecimalForm form);
 // "[-+]?[0-9]+"
 bool isDecimalInteger(std::string_view text);
+// A size in the agent's syntax or a Kubernetes binary quantity: digits
+// [. digits] [e|E digits], then one of B K M G KB MB GB KiB MiB GiB Ki Mi
+// Gi or none. Its number and unit, or nullopt when `text` is not one.
+struct ByteSizeText {
+  std::string number;
+  std::string unit;
+};
+std::optional<ByteSizeText> splitByteSize(std::string_view text);
 
 // A Kubernetes quantity as the API server parses it: a number ("1", "0.5",
 // ".5", "-2") and one suffix, binary (Ki Mi Gi Ti Pi Ei), decimal (n u m k M
