@@ -390,22 +390,22 @@ void softmax(float* x, int64_t n) {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-// Copies row `src` (head_dim elements) to fp32 `dst` padded with zeros to a
-// whole number of vectors, so the loops below need no partial loads.
-template <typename Loader>
-void widenRow(const void* src, int64_t head_dim, float* dst) {
-  const auto* s = static_cast<const typename Loader::Element*>(src);
-  int64_t d = 0;
-  for (; d + kLanes <= head_dim; d += kLanes) _mm256_storeu_ps(dst + d, Loader::load(s + d));
-  if (d < head_dim) _mm256_storeu_ps(dst + d, Loader::loadPartial(s + d, head_dim - d));
-}
-
-// One chunk of a cache row, widened: zeros past head_dim.
+// One chunk of a row of head_dim elements, widened: zeros past head_dim.
 template <typename Loader>
 __m256 loadChunk(const typename Loader::Element* row, int64_t d, int64_t head_dim) {
   return d + kLanes <= head_dim ? Loader::load(row + d)
          : d < head_dim         ? Loader::loadPartial(row + d, head_dim - d)
                                 : _mm256_setzero_ps();
+}
+
+// Copies row `src` (head_dim elements) to fp32 `dst` padded with zeros to a
+// whole number of vectors, so the loops below need no partial loads.
+template <typename Loader>
+void widenRow(const void* src, int64_t head_dim, float* dst) {
+  const auto* s = static_cast<const typename Loader::Element*>(src);
+  for (int64_t d = 0; d < head_dim; d += kLanes) {
+    _mm256_storeu_ps(dst + d, loadChunk<Loader>(s, d, head_dim));
+  }
 }
 
 // The scores of query vectors 0..Queries) (rows of q, zero-padded to whole
@@ -460,25 +460,26 @@ void scoreKeys(const AttentionQuery& a, const float (*q)[kMaxHeadDim], int64_t s
   }
 }
 
-// Value sums over chunks [c0, c0 + Chunks) of the head for the query
-// vectors vs[0..Queries), the last `Queries - distinct` repeats whose sums
-// are not stored: each V chunk is widened once, in registers, for all of
-// them (Queries x Chunks accumulators, Chunks value vectors and one weight
-// in sixteen registers). Each vector adds its positions in order from its
-// own first one, as it would alone.
+// Value sums over chunks [c0, c0 + Chunks) of the head for the task's query
+// vectors, Queries at a time (past the task's own, its last again, whose
+// sums are not stored): each V chunk is widened once, in registers, for all
+// of them (Queries x Chunks accumulators, Chunks value vectors and one
+// weight in sixteen registers). Each vector adds its positions in order
+// from its own first one, as it would alone.
 template <typename Loader, int Queries, int Chunks>
-void valueSums(const AttentionQuery& a, const float* scores, int64_t span, const int* vs,
-               int distinct, const int64_t* lo, const int64_t* hi, const float* divisor,
-               int64_t c0) {
+void valueSums(const AttentionQuery& a, const float* scores, int64_t span, const int64_t* lo,
+               const int64_t* hi, const float* divisor, int64_t c0) {
   const int64_t head_dim = a.head_dim;
   const int heads = a.num_heads;
+  const int queries = a.num_rows * heads;
   int64_t first[Queries], last[Queries];
   const float* weights[Queries];
   __m256 acc[Queries][Chunks];
   for (int u = 0; u < Queries; ++u) {
-    first[u] = lo[vs[u] / heads];
-    last[u] = hi[vs[u] / heads];
-    weights[u] = scores + vs[u] * span;
+    const int v = std::min(u, queries - 1);
+    first[u] = lo[v / heads];
+    last[u] = hi[v / heads];
+    weights[u] = scores + v * span;
     for (int g = 0; g < Chunks; ++g) acc[u][g] = _mm256_setzero_ps();
   }
   CacheRowCursor value_rows(a, 1);
@@ -499,14 +500,13 @@ void valueSums(const AttentionQuery& a, const float* scores, int64_t span, const
   for (; t < std::min(all_first, span); ++t) add.template operator()<true>(t);
   for (; t <= all_last; ++t) add.template operator()<false>(t);
   for (; t < span; ++t) add.template operator()<true>(t);
-  for (int u = 0; u < distinct; ++u) {
-    const int v = vs[u];
+  for (int v = 0; v < std::min(Queries, queries); ++v) {
     const __m256 d = _mm256_set1_ps(divisor[v]);
     float* out = a.out + v / heads * a.row_stride + v % heads * head_dim;
     for (int g = 0; g < Chunks; ++g) {
       const int64_t begin = (c0 + g) * kLanes;
       if (begin >= head_dim) break;
-      const __m256 result = _mm256_div_ps(acc[u][g], d);
+      const __m256 result = _mm256_div_ps(acc[v][g], d);
       if (begin + kLanes <= head_dim) {
         _mm256_storeu_ps(out + begin, result);
       } else {
@@ -570,19 +570,16 @@ void attendRows(const AttentionQuery& a, float* scores) {
   // accumulators fit the registers: four vectors (the last repeated when
   // there are three) two chunks at a time, else four chunks at a time.
   if (queries >= 3) {
-    const int vs[4] = {0, 1, 2, std::min(3, queries - 1)};
     for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
-      valueSums<Loader, 4, 2>(a, scores, span, vs, queries, lo, hi, divisor, c0);
+      valueSums<Loader, 4, 2>(a, scores, span, lo, hi, divisor, c0);
     }
   } else if (queries == 2) {
-    const int vs[2] = {0, 1};
     for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
-      valueSums<Loader, 2, 4>(a, scores, span, vs, 2, lo, hi, divisor, c0);
+      valueSums<Loader, 2, 4>(a, scores, span, lo, hi, divisor, c0);
     }
   } else {
-    const int vs[1] = {0};
     for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
-      valueSums<Loader, 1, 4>(a, scores, span, vs, 1, lo, hi, divisor, c0);
+      valueSums<Loader, 1, 4>(a, scores, span, lo, hi, divisor, c0);
     }
   }
 }
