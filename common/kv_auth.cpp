@@ -55,6 +55,8 @@ std::string randomNonce() {
   return nonce;
 }
 
+std::string randomSecret() { return randomNonce() + randomNonce(); }
+
 bool isNonce(std::string_view text) {
   return text.size() >= kMinNonceChars && text.size() <= kMaxNonceChars &&
          std::all_of(text.begin(), text.end(), [](char c) {

@@ -61,6 +61,9 @@ inline constexpr size_t kMinNonceChars = 16;
 inline constexpr size_t kMaxNonceChars = 128;
 std::string randomNonce();
 bool isNonce(std::string_view text);
+// A shared secret for a cluster that has none of its own: 64 random hex
+// characters (256 bits).
+std::string randomSecret();
 
 // Checks signed requests with one secret (non-empty).
 class RequestVerifier {

@@ -51,7 +51,7 @@ std::optional<std::string> readText(const std::filesystem::path& path) {
 LocalMode::LocalMode(LocalModeOptions options, RouterFactory router_factory)
     : options_(std::move(options)),
       router_factory_(std::move(router_factory)),
-      generated_kv_secret_(kv_auth::randomNonce() + kv_auth::randomNonce()) {
+      generated_kv_secret_(kv_auth::randomSecret()) {
   if (!options_.supervisor.output) {
     options_.supervisor.output = [](const std::string& line) {
       std::string text = line + "\n";

@@ -224,9 +224,7 @@ LocalCluster::LocalCluster(const LocalClusterOptions& options, std::chrono::seco
                                    cluster_file_.string(), "--port", "0"};
   argv.insert(argv.end(), options.operator_args.begin(), options.operator_args.end());
   const char* secret = std::getenv("TANDEM_KV_SECRET");
-  kv_secret_ = secret != nullptr && *secret != '\0'
-                   ? std::string(secret)
-                   : kv_auth::randomNonce() + kv_auth::randomNonce();
+  kv_secret_ = secret != nullptr && *secret != '\0' ? std::string(secret) : kv_auth::randomSecret();
   operator_ = std::make_unique<Subprocess>(
       argv, work_dir_ / "operator.stderr",
       std::vector<std::pair<std::string, std::string>>{{"TANDEM_KV_SECRET", kv_secret_}});

@@ -126,7 +126,8 @@ class ApiServer {
   void compactHistory();
   // Ends every open watch stream (as a server restart or timeout would).
   void closeWatches();
-  // The next `count` watch requests get 410 Expired, whatever their version.
+  // The next `count` watch requests get 200 and one ERROR event with a 410
+  // Expired Status, whatever their version.
   void injectWatchesGone(int count);
   // Loses every object and all history, as a server restarted on a fresh
   // store does: watches end, and versions start again from 1, so a client's

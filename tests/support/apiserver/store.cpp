@@ -188,17 +188,21 @@ void Store::unwatch(const std::shared_ptr<Watcher>& watcher) {
 
 void Store::wakeAll() { changed_.notify_all(); }
 
-void Store::compact() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  history_.clear();
-  compacted_ = version_;
+void Store::endWatches(bool expired) {
   for (const auto& watcher : watchers_) {
     watcher->closed_ = true;
-    watcher->expired_ = true;
+    watcher->expired_ = expired;
     watcher->events_.clear();
   }
   watchers_.clear();
   changed_.notify_all();
+}
+
+void Store::compact() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  history_.clear();
+  compacted_ = version_;
+  endWatches(/*expired=*/true);
 }
 
 void Store::clear() {
@@ -207,22 +211,12 @@ void Store::clear() {
   history_.clear();
   version_ = 1;
   compacted_ = 0;
-  for (const auto& watcher : watchers_) {
-    watcher->closed_ = true;
-    watcher->events_.clear();
-  }
-  watchers_.clear();
-  changed_.notify_all();
+  endWatches(/*expired=*/false);
 }
 
 void Store::closeWatches() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& watcher : watchers_) {
-    watcher->closed_ = true;
-    watcher->events_.clear();
-  }
-  watchers_.clear();
-  changed_.notify_all();
+  endWatches(/*expired=*/false);
 }
 
 }  // namespace tandem::testing

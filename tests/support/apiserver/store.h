@@ -100,6 +100,9 @@ class Store {
     nlohmann::json old_object;  // null for ADDED
   };
   void record(Change change);  // with mutex_ held
+  // Ends every open watcher (kExpired when `expired`, else kClosed); with
+  // mutex_ held.
+  void endWatches(bool expired);
   static void deliver(Watcher& watcher, const Change& change);
 
   mutable std::mutex mutex_;
