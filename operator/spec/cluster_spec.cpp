@@ -93,7 +93,7 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
   }
   if (auto value = reader.get("shutdownTimeoutSeconds")) {
     engine.shutdown_timeout_s =
-        readNumber(*value, reader.pathOf("shutdownTimeoutSeconds"), context, 0, false);
+        readNumber(*value, reader.pathOf("shutdownTimeoutSeconds"), context, 0, false, kMaxSeconds);
   }
   integer("threads", engine.threads, 0, 1024);
   if (auto value = reader.get("device")) {

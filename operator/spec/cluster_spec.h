@@ -24,6 +24,14 @@
 
 namespace tandem::spec {
 
+// Seconds fields (and flags) are at most a day: a deadline one past a
+// clock's range would overflow it, and a longer wait is no wait at all.
+inline constexpr double kMaxSeconds = 86400;
+
+// What a number field or flag accepts, for its refusal: "a number greater
+// than 0 and at most 86400" (no upper part for an infinite max).
+std::string numberRangeText(double min, bool min_exclusive, double max);
+
 inline constexpr const char* kApiVersion = "tandem.dev/v1alpha1";
 
 enum class PoolKind { kPrefill, kDecode };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "common/model_source/model_source.h"
@@ -113,24 +114,33 @@ int64_t readInteger(const YAML::Node& node, const std::string& path, const Docum
   int64_t value = 0;
   bool ok = isPlain(node) && YAML::convert<int64_t>::decode(node, value);
   if (!ok || value < min || value > max) {
-    fail(context, path, "must be " + rangeText(min, max) + ", got " + described(node), node);
+    std::string accepted = rangeText(min, max);
+    // An integer past int64 reads as no integer at all: say which ones are.
+    if (!ok && max == kNoMax && isPlain(node) && isDecimalInteger(node.Scalar())) {
+      accepted += " (at most " + std::to_string(kNoMax) + ")";
+    }
+    fail(context, path, "must be " + accepted + ", got " + described(node), node);
   }
   return value;
 }
 
 double readNumber(const YAML::Node& node, const std::string& path, const DocumentContext& context,
-                  double min, bool min_exclusive) {
+                  double min, bool min_exclusive, double max) {
   double value = 0;
   bool ok = isPlain(node) && YAML::convert<double>::decode(node, value) && std::isfinite(value);
-  if (!ok || value < min || (min_exclusive && value == min)) {
-    std::ostringstream bound;
-    bound << min;
+  if (!ok || value < min || (min_exclusive && value == min) || value > max) {
     fail(context, path,
-         std::string("must be a number ") + (min_exclusive ? "greater than " : "of at least ") +
-             bound.str() + ", got " + described(node),
-         node);
+         "must be " + numberRangeText(min, min_exclusive, max) + ", got " + described(node), node);
   }
   return value;
+}
+
+std::string numberRangeText(double min, bool min_exclusive, double max) {
+  std::ostringstream text;
+  text << std::setprecision(15) << "a number " << (min_exclusive ? "greater than " : "of at least ")
+       << min;
+  if (std::isfinite(max)) text << " and at most " << max;
+  return text.str();
 }
 
 bool readBool(const YAML::Node& node, const std::string& path, const DocumentContext& context) {

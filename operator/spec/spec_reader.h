@@ -107,9 +107,10 @@ void requireList(const YAML::Node& node, const std::string& path, const Document
 // A plain integer in [min, max].
 int64_t readInteger(const YAML::Node& node, const std::string& path, const DocumentContext& context,
                     int64_t min, int64_t max = kNoMax);
-// A finite number; `min_exclusive` makes the lower bound strict.
+// A finite number in [min, max]; `min_exclusive` makes the lower bound strict.
 double readNumber(const YAML::Node& node, const std::string& path, const DocumentContext& context,
-                  double min, bool min_exclusive);
+                  double min, bool min_exclusive,
+                  double max = std::numeric_limits<double>::infinity());
 bool readBool(const YAML::Node& node, const std::string& path, const DocumentContext& context);
 // A non-empty scalar, quoted or not.
 std::string readString(const YAML::Node& node, const std::string& path,

@@ -277,7 +277,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({decode_spec + "  engine: {kvCacheMemory: 1GiB, numBlocks: 10}\n"}),
        "spec.engine sets both numBlocks and kvCacheMemory: set one"},
       {documents({decode_spec + "  engine: {shutdownTimeoutSeconds: -1}\n"}),
-       "spec.engine.shutdownTimeoutSeconds must be a number of at least 0, got \"-1\""},
+       "spec.engine.shutdownTimeoutSeconds must be a number of at least 0 and at most 86400, "
+       "got \"-1\""},
       {documents({decode_spec + "  kvTransfer: {role: kv_producer}\n"}),
        "document 1 (DecodePool \"decode\"): spec.kvTransfer.role must be kv_consumer or kv_both, "
        "got \"kv_producer\""},
@@ -354,6 +355,26 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
                   "    - {name: d, host: h, port: 1}\n"}),
        "c.yaml: document 2 (Router): spec.decode lists agents, which local mode starts from the "
        "pools: remove it"},
+      // Seconds past a day overflowed the router's deadlines: every call failed at once.
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {upstreamTimeoutSeconds: 1e10}\n"}),
+       "spec.upstreamTimeoutSeconds must be a number greater than 0 and at most 86400, got "
+       "\"1e10\""},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {pollIntervalSeconds: 86400.5}\n"}),
+       "spec.pollIntervalSeconds must be a number greater than 0 and at most 86400, got "
+       "\"86400.5\""},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {itlTargetMs: 1e20}\n"}),
+       "spec.itlTargetMs must be a number greater than 0 and at most 86400000, got \"1e20\""},
+      {documents({kDecode,
+                  "apiVersion: tandem.dev/v1alpha1\nkind: Router\n"
+                  "spec: {disaggThresholdTokens: 99999999999999999999}\n"}),
+       "spec.disaggThresholdTokens must be a non-negative integer (at most 9223372036854775807), "
+       "got \"99999999999999999999\""},
       {documents({kDecode, "apiVersion: tandem.dev/v1alpha1\nkind: Router\nspec: {policy: lru}\n"}),
        "document 2 (Router): spec.policy must be kv, round_robin, random, dynamo, llm_d or sglang, "
        "got \"lru\""},
