@@ -140,11 +140,16 @@ Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std:
     if (sample && is_bucket) {
       if (std::optional<std::string> le = sample->label("le")) bound = prometheusValue(*le);
     }
-    if (!sample || (is_bucket && !bound)) {
+    // A count or gauge that is no finite number of at least 0 (NaN, +Inf,
+    // -3) reads as unreadable metrics, not as a value: a histogram of NaN
+    // counts counted as no requests and shrank the pool to minReplicas.
+    if (!sample || (is_bucket && (!bound || std::isnan(*bound))) || !std::isfinite(sample->value) ||
+        sample->value < 0) {
       return invalidArgument("metrics of pod " + pod + ", line " + std::to_string(line_number) +
                              ": cannot read a sample from \"" + std::string(line.substr(0, 120)) +
                              "\" (expected name{labels} value" +
-                             (is_bucket ? std::string(" with a numeric le label)") : ")"));
+                             (is_bucket ? std::string(" with a numeric le label") : "") +
+                             ", the value a finite number of at least 0)");
     }
     if (is_bucket) {
       snapshot.buckets[*bound] += sample->value;
@@ -155,6 +160,10 @@ Status MetricWindow::addScrape(const std::string& pod, double time_seconds, std:
     } else {
       snapshot.gauges[*gauge] += sample->value;
     }
+  }
+  if (!snapshot.buckets.empty() && snapshot.buckets.rbegin()->first != kInf) {
+    return invalidArgument("metrics of pod " + pod + ": " + bucket_name +
+                           " has no le=\"+Inf\" bucket, which counts every observation");
   }
   scrapes.push_back(std::move(snapshot));
   newest_time_ = std::max(newest_time_, time_seconds);

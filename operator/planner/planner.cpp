@@ -27,11 +27,20 @@ std::string percentile(double quantile) {
   return text;
 }
 
+// ceil(x) as a replica count, saturated: a latency 1e10 times its target
+// asks for as many replicas as there may be, where the int cast overflowed
+// to a negative count that lost to every other signal. A tiny epsilon keeps
+// 3 * (4/3) from rounding up to 5.
+int ceilReplicas(double x) {
+  constexpr double kMost = 1 << 30;  // far above any maxReplicas
+  if (!(x < kMost)) return static_cast<int>(kMost);
+  return static_cast<int>(std::ceil(x - 1e-9));
+}
+
 // ceil(current * ratio), or current when the ratio is within the tolerance.
 int proportional(int current, double ratio) {
   if (std::abs(ratio - 1) <= kTolerance) return current;
-  // A tiny epsilon keeps 3 * (4/3) from rounding up to 5.
-  return static_cast<int>(std::ceil(std::max(current, 1) * ratio - 1e-9));
+  return ceilReplicas(std::max(current, 1) * ratio);
 }
 
 // The quantile of a window's latencies taken as the service time, the latency
@@ -69,7 +78,7 @@ std::optional<int> queueingFloor(int current, int proportional_replicas, double 
 }
 
 int perReplica(double total, double target_per_replica) {
-  return static_cast<int>(std::ceil(total / target_per_replica - 1e-9));
+  return ceilReplicas(total / target_per_replica);
 }
 
 }  // namespace
@@ -280,6 +289,29 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
     decision.recommended_replicas = recommended;
     if (changed_by_others) decision.event = PlannerEvent{"Normal", "ManualScaleRespected", message};
     return decision;
+  }
+  // Below minReplicas (replicas set to 0, or under the floor by hand): no
+  // metric is needed to know the pool is too small, and a pool without pods
+  // would never have one.
+  if (!have_metrics && current < spec_.min_replicas) {
+    const int desired = std::min(spec_.min_replicas, current + spec_.max_step);
+    std::string message = name + ": replicas " + std::to_string(current) +
+                          " are below minReplicas " + std::to_string(spec_.min_replicas) +
+                          "; replicas " + std::to_string(current) + " -> " +
+                          std::to_string(desired);
+    Decision decision = hold(pool, metrics, "ScaledUp", "");
+    if (manual_) {
+      decision.reason = "ManualScaleOverwritten";
+      message += "; the manual change to " + std::to_string(manual_->replicas) +
+                 " was respected for the " + fixed(manualWindowSeconds()) +
+                 " s stabilisation window and is now overwritten";
+    }
+    decision.message = message;
+    decision.desired_replicas = desired;
+    decision.recommended_replicas = spec_.min_replicas;
+    decision.event = PlannerEvent{"Normal", decision.reason, message};
+    manual_.reset();
+    return wrote(decision);
   }
   if (unmeasured) {
     return hold(pool, metrics, "MetricsUnavailable",

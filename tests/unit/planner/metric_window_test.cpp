@@ -177,13 +177,43 @@ TEST(MetricWindowTest, BadLinesOfReadSeriesAreErrorsAndOthersAreIgnored) {
   EXPECT_EQ(bad_le.message(),
             "metrics of pod a, line 1: cannot read a sample from "
             "\"tandem_time_to_first_token_seconds_bucket{le=\"fast\"} 3\" (expected name{labels} "
-            "value with a numeric le label)");
+            "value with a numeric le label, the value a finite number of at least 0)");
   const Status bad_value =
       window.addScrape("a", 1, "# TYPE x gauge\ntandem_num_requests_running{model=\"m\"} many\n");
   EXPECT_EQ(bad_value.message(),
             "metrics of pod a, line 2: cannot read a sample from "
-            "\"tandem_num_requests_running{model=\"m\"} many\" (expected name{labels} value)");
+            "\"tandem_num_requests_running{model=\"m\"} many\" (expected name{labels} value, the "
+            "value a finite number of at least 0)");
   EXPECT_EQ(window.values(1, 0.9).pods, 1);  // only the first, good scrape
+}
+
+TEST(MetricWindowTest, CountsAndGaugesThatAreNoFiniteCountAreUnreadable) {
+  // A histogram of NaN (or negative) counts, or one without its +Inf
+  // bucket, read as no requests and shrank the pool to minReplicas; a NaN
+  // or infinite gauge dropped its signal. Each is now an unreadable scrape,
+  // which leaves the pod out as garbage does.
+  MetricWindow window = prefillWindow();
+  ASSERT_TRUE(window.addScrape("a", 0, ttftScrape(1, 2, 3, 4)).isOk());
+  const std::string bucket = "tandem_time_to_first_token_seconds_bucket{le=";
+  for (const std::string& text : {bucket + "\"1\"} NaN\n" + bucket + "\"+Inf\"} 5\n",
+                                  bucket + "\"1\"} -3\n" + bucket + "\"+Inf\"} 5\n",
+                                  bucket + "\"NaN\"} 3\n" + bucket + "\"+Inf\"} 5\n",
+                                  bucket + "\"1\"} +Inf\n" + bucket + "\"+Inf\"} 5\n",
+                                  std::string("tandem_num_requests_running NaN\n"),
+                                  std::string("tandem_num_prefill_tokens_waiting +Inf\n"),
+                                  std::string("tandem_kv_cache_usage_ratio -0.5\n")}) {
+    EXPECT_EQ(window.addScrape("a", 1, text).code(), StatusCode::kInvalidArgument) << text;
+  }
+  const Status no_inf = window.addScrape("a", 1, bucket + "\"1\"} 3\n" + bucket + "\"2\"} 5\n");
+  EXPECT_EQ(no_inf.message(),
+            "metrics of pod a: tandem_time_to_first_token_seconds_bucket has no le=\"+Inf\" "
+            "bucket, which counts every observation");
+  // Only the first scrape was taken: nothing is measured, nothing is zero.
+  const WindowedValues values = window.values(1, 0.9);
+  EXPECT_FALSE(values.latency_measured);
+  EXPECT_FALSE(values.running_sequences.has_value());
+  // Large finite values are values.
+  EXPECT_TRUE(window.addScrape("a", 2, "tandem_num_requests_running 1e300\n").isOk());
 }
 
 TEST(MetricWindowTest, ScrapesOfAPodMustComeInOrder) {

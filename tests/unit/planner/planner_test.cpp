@@ -281,6 +281,54 @@ TEST(PoolPlannerTest, LoadSignalsPerReplica) {
   EXPECT_EQ(decode.decide(pool(1, 5), busy).recommended_replicas, 8);  // ceil(5 * 1.5)
 }
 
+TEST(PoolPlannerTest, SignalsFarPastAnIntsRangeAskForMaxReplicas) {
+  // ceil(2 * 9e299 / 1) and 8e9 running sequences at 1 per replica
+  // overflowed an int to a negative count, which lost to every other
+  // signal: the pool stayed or even shrank.
+  AutoscalingSpec prefill_spec = prefillSpec();
+  prefill_spec.max_step = 100;
+  PoolPlanner prefill("p", PoolKind::kPrefill, prefill_spec);
+  const Decision far = prefill.decide(pool(0, 2), latency(9e299));
+  EXPECT_EQ(far.recommended_replicas, 10);
+  EXPECT_EQ(far.desired_replicas, 10);
+
+  AutoscalingSpec decode_spec = decodeSpec();
+  decode_spec.target_running_sequences_per_replica = 1e-9;
+  decode_spec.target_kv_cache_usage = 0.6;
+  PoolPlanner decode("d", PoolKind::kDecode, decode_spec);
+  WindowedValues busy = latency(0.05);
+  busy.running_sequences = 8;  // 8e9 replicas' worth
+  busy.kv_cache_usage = 0.3;   // would halve the pool
+  EXPECT_EQ(decode.decide(pool(0, 4), busy).recommended_replicas, 10);
+}
+
+TEST(PoolPlannerTest, BelowMinReplicasWithoutMetricsIsRaisedToTheMinimum) {
+  // Replicas 0 (or under the floor) have no pods and so no metrics: held
+  // as MetricsUnavailable, the pool stayed below minReplicas for ever.
+  AutoscalingSpec spec = prefillSpec();
+  spec.min_replicas = 2;
+  spec.max_step = 1;
+  PoolPlanner prefill("p", PoolKind::kPrefill, spec);
+  Decision decision = prefill.decide(pool(0, 0), WindowedValues{});
+  EXPECT_EQ(decision.reason, "ScaledUp");
+  EXPECT_EQ(decision.desired_replicas, 1);  // maxStep 1
+  EXPECT_TRUE(decision.write);
+  EXPECT_EQ(decision.message,
+            "prefill pool p: replicas 0 are below minReplicas 2; replicas 0 -> 1");
+  decision = prefill.decide(pool(1, 1), WindowedValues{});
+  EXPECT_EQ(decision.desired_replicas, 2);
+  // At the minimum, no metrics hold the replicas as before.
+  EXPECT_EQ(prefill.decide(pool(2, 2), WindowedValues{}).reason, "MetricsUnavailable");
+  // A manual scale below the minimum is respected for the window, then
+  // overwritten.
+  PoolPlanner manual("p", PoolKind::kPrefill, spec);
+  manual.decide(pool(0, 2), latency(1.0));
+  EXPECT_EQ(manual.decide(pool(10, 0), WindowedValues{}).reason, "ManualScaleRespected");
+  const Decision later = manual.decide(pool(100000, 0), {});  // past any window
+  EXPECT_EQ(later.reason, "ManualScaleOverwritten");
+  EXPECT_EQ(later.desired_replicas, 1);
+}
+
 TEST(PoolPlannerTest, HpaPresentIsAConflictAndNothingIsWritten) {
   PoolPlanner prefill("p", PoolKind::kPrefill, prefillSpec());
   PoolObservation observed = pool(0, 2);
