@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -474,6 +475,59 @@ TEST_F(HelmChartTest, SchemaRejectsBadValuesNamingTheField) {
   result = helm({"template", "tandem", kChartDir.string(), "-f", unknown.string()});
   EXPECT_NE(result.exit_status, 0);
   EXPECT_NE(result.err.find("replicaCount"), std::string::npos) << result.err;
+}
+
+// Every release name Helm allows (up to 53 characters, dots included) gives
+// Services Kubernetes accepts: DNS-1035 labels of at most 63 characters. A
+// 40-character name made a 77-character metrics Service, and `my.rel` one
+// with dots. A name that cannot start one is refused naming the cause.
+TEST_F(HelmChartTest, EveryReleaseNameGivesValidServiceNames) {
+  const std::regex dns1035("[a-z]([-a-z0-9]*[a-z0-9])?");
+  for (const std::string release :
+       {"abcdefghij-abcdefghij-abcdefghij-abcdefghij-abcdefghi", "my.rel", "t"}) {
+    const HelmResult result =
+        helm({"template", release, kChartDir.string(), "--namespace", kNamespace, "--set",
+              "monitoring.serviceMonitor.enabled=true", "--set", "examples.enabled=true"});
+    ASSERT_EQ(result.exit_status, 0) << result.err;
+    const std::vector<json> objects = testing::yamlDocumentsToJson(result.out);
+    int services = 0;
+    for (const json& service : objectsOf(objects, "Service")) {
+      const std::string name = service["metadata"]["name"];
+      EXPECT_LE(name.size(), 63u) << name;
+      EXPECT_TRUE(std::regex_match(name, dns1035)) << name;
+      ++services;
+    }
+    EXPECT_GE(services, 1) << release;
+  }
+  const HelmResult digit = helm({"template", "1rel", kChartDir.string()});
+  EXPECT_NE(digit.exit_status, 0);
+  EXPECT_NE(digit.err.find("\"1rel-tandem\" must start with a lowercase letter"), std::string::npos)
+      << digit.err;
+}
+
+// A repository pinned by digest is used as it is, not given a tag after it.
+TEST_F(HelmChartTest, AnImagePinnedByDigestHasNoTagAppended) {
+  const std::string pinned = "ghcr.io/t/operator@sha256:" + std::string(64, 'a');
+  const std::vector<json> objects = render({"--set", "operator.image.repository=" + pinned});
+  EXPECT_EQ(operatorContainer(objects)["image"], pinned);
+  EXPECT_EQ(flagValue(argsOf(operatorContainer(objects)), "--default-operator-image"), pinned);
+}
+
+// Names, label keys and selectors that Kubernetes would refuse are refused
+// by the schema, naming the value, rather than rendered.
+TEST_F(HelmChartTest, SchemaRefusesNamesAndSelectorsKubernetesWould) {
+  for (const auto& [value, path] : std::vector<std::pair<std::string, std::string>>{
+           {"nameOverride=Foo_Bar", "/nameOverride"},
+           {"fullnameOverride=MyTandem", "/fullnameOverride"},
+           {"operator.serviceAccount.name=Bad Name", "/operator/serviceAccount/name"},
+           {"router.serviceAccount.name=a:b", "/router/serviceAccount/name"},
+           {"operator.workers=65", "/operator/workers"},
+           {"monitoring.namespaceSelector.foo=bar", "/monitoring/namespaceSelector"},
+           {"monitoring.dashboard.labelKey=a: b", "/monitoring/dashboard/labelKey"}}) {
+    const HelmResult result = helm({"template", "tandem", kChartDir.string(), "--set", value});
+    EXPECT_NE(result.exit_status, 0) << value;
+    EXPECT_NE(result.err.find(path), std::string::npos) << value << ": " << result.err;
+  }
 }
 
 // --- Monitoring: the Grafana dashboard, the PodMonitor and the PrometheusRule ---

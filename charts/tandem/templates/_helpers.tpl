@@ -9,19 +9,28 @@ Shared names and labels of the tandem chart.
 
 {{/*
 The release's full name: fullnameOverride, else "<release>" when the release
-name already contains the chart name, else "<release>-<chart>".
+name already contains the chart name, else "<release>-<chart>". It names
+Services, which are DNS-1035 labels of at most 63 characters, with suffixes
+of up to 17 ("-operator-metrics"): so dots become dashes and it is cut to
+46 characters. One that does not start with a letter is refused.
 */}}
 {{- define "tandem.fullname" -}}
+{{- $full := "" }}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- $full = .Values.fullnameOverride }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- $full = .Release.Name }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- $full = printf "%s-%s" .Release.Name $name }}
 {{- end }}
 {{- end }}
+{{- $full = $full | replace "." "-" | trunc 46 | trimSuffix "-" }}
+{{- if not (regexMatch "^[a-z]" $full) }}
+{{- fail (printf "the release's full name %q must start with a lowercase letter: it names the chart's Services (DNS-1035 labels); choose another release name or set fullnameOverride" $full) }}
+{{- end }}
+{{- $full }}
 {{- end }}
 
 {{/* "<chart>-<version>" for the helm.sh/chart label. */}}
@@ -53,14 +62,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.router.serviceAccount.name }}
 {{- end }}
 
-{{/* "repository:tag", the tag defaulting to the chart's appVersion. */}}
+{{/* "repository:tag", the tag defaulting to the chart's appVersion; a repository pinned by digest ("repo@sha256:...") is used as it is. */}}
 {{- define "tandem.image" -}}
 {{- $repository := .repository }}
 {{- if .registry }}
 {{- /* A first component with a dot or a colon, or localhost, is a registry (as the OCI distribution reference grammar reads it). */}}
 {{- $repository = printf "%s/%s" .registry (regexReplaceAll "^(localhost|[^/]*[.:][^/]*)/" .repository "") }}
 {{- end }}
+{{- if contains "@" $repository }}
+{{- $repository }}
+{{- else }}
 {{- printf "%s:%s" $repository (default .appVersion .tag) }}
+{{- end }}
 {{- end }}
 
 {{/* Whether to render the ServiceMonitor: true, false, or "auto" (when the CRD is served). */}}
