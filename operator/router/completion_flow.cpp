@@ -693,7 +693,7 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     UpstreamResult result = co_await callAgent(prefill->endpoint, http::verb::post, target,
                                                prefill_body, upstream_timeout_s_, &exchange);
     reservation.release();  // answered (or failed): its prefill is no longer queued there
-    if (result.status >= 400 && result.status < 500 && result.status != 429) {
+    if (result.status >= 400 && !agentFailed(result.status)) {
       handoff.client_error = true;
       handoff.status = result.status;
       handoff.body = result.body;
@@ -855,7 +855,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   }
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
   const int status = static_cast<int>(parser->get().result_int());
-  if (status >= 500 || status == 429) {
+  if (agentFailed(status)) {
     metrics_.countUpstreamError(decode->endpoint.name);
     leave_to_agent.answered = true;
     co_return DecodeOutcome::kFailedBeforeStart;

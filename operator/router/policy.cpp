@@ -298,10 +298,10 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
         }
       }
     }
-    const bool local_allowed = (!options_.disagg_threshold_tokens ||
-                                prompt - dt.held < *options_.disagg_threshold_tokens) &&
-                               model.stepWithPrefillSeconds(dt.step, local_compute) <=
-                                   options_.itl_target_s;
+    const bool local_allowed =
+        (!options_.disagg_threshold_tokens ||
+         prompt - dt.held < *options_.disagg_threshold_tokens) &&
+        model.stepWithPrefillSeconds(dt.step, local_compute) <= options_.itl_target_s;
     // The decode agent reads what it does not hold.
     const double handoff = dt.link + learned_.afterHandoff(dt.blocks_read);
     bool any_prefill = false;

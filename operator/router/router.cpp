@@ -1,5 +1,6 @@
 #include "operator/router/router.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/http.hpp>
@@ -264,7 +265,8 @@ class Router::Impl {
 
   // Sends the request as it came (method, path, query, body) to a healthy
   // agent, decode agents first, and answers with that agent's status and
-  // body; an agent that cannot be reached or answers 5xx is skipped. A
+  // body; an agent that cannot be reached, fails (agentFailed) or does not
+  // answer within forward_timeout_s is skipped. A
   // client leaving ends the call.
   // An agent's /v1/models answer with the LoRA adapters other agents serve
   // appended (id, parent, tandem.model_identity), so a client of the router
@@ -307,14 +309,16 @@ class Router::Impl {
     std::vector<AgentPtr> candidates = agents_.agentsOf(false);
     for (const AgentPtr& agent : agents_.agentsOf(true)) candidates.push_back(agent);
     // A body naming a LoRA adapter (/tokenize's model) goes to an agent
-    // serving it (read only where some agent serves one).
-    if (request.method == "POST" && !agents_.adapterNames().empty()) {
+    // serving it (read only where some agent serves one); none healthy: 503,
+    // as a completion naming it gets, not another agent's 404.
+    const std::vector<std::string> adapters = agents_.adapterNames();
+    if (request.method == "POST" && !adapters.empty()) {
       const nlohmann::json body = parseJsonOrDiscarded(request.body);
       const auto model = body.is_object() ? body.find("model") : body.end();
       if (model != body.end() && model->is_string()) {
         const std::string name = model->get<std::string>();
-        if (const auto identity = agents_.adapterIdentity(name)) {
-          keepAgentsServing(candidates, name, *identity);
+        if (std::find(adapters.begin(), adapters.end(), name) != adapters.end()) {
+          keepAgentsServing(candidates, name, agents_.adapterIdentity(name).value_or(""));
         }
       }
     }
@@ -322,9 +326,10 @@ class Router::Impl {
       if (!agent->healthy) continue;
       UpstreamResult result =
           co_await callAgent(agent->endpoint, verb, target, request.body,
-                             config_.upstream_timeout_s, &exchange, OnClientLeaving::kCut);
+                             std::min(config_.forward_timeout_s, config_.upstream_timeout_s),
+                             &exchange, OnClientLeaving::kCut);
       if (exchange.clientGone()) co_return;
-      if (result.status != 0 && result.status < 500) {
+      if (result.status != 0 && !agentFailed(result.status)) {
         if (list_every_adapter && result.status == 200) {
           result.body = withEveryAdapter(std::move(result.body));
         }

@@ -88,6 +88,10 @@ struct RouterConfig {
   int64_t max_inflight_requests = 256;
   int64_t max_queued_requests = 1024;
   double upstream_timeout_s = 600;
+  // A forwarded call (/v1/models, /tokenize, /detokenize: quick ones) that
+  // gets no answer within this (or upstream_timeout_s, when shorter) goes
+  // to the next agent: an agent that hangs is one that cannot be reached.
+  double forward_timeout_s = 30;
   // A stream moves to another decode agent at most this many times, and
   // only until this many seconds after it first broke; then its client
   // gets an error event.

@@ -177,8 +177,8 @@ RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_
                           .Register(*registry_);
   ttft_prediction_ =
       histogram("tandem_router_ttft_prediction_ratio",
-                "Observed time to first token of a streamed request divided by the kv policy's "
-                "prediction when it was placed.",
+                "Observed time to first token (a whole answer's: when its agent said the first "
+                "token was out) divided by the kv policy's prediction when it was placed.",
                 kPredictionBuckets);
   decision_seconds_ = histogram(
       "tandem_router_decision_seconds",
@@ -189,7 +189,8 @@ RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_
                        "Fraction of a prompt's full blocks the chosen agents already held.",
                        kRatioBuckets);
   ttft_ = histogram("tandem_router_time_to_first_token_seconds",
-                    "Client-side time to the first streamed token.", kTtftBuckets);
+                    "Time to the first token: a stream's first event as the client gets it, a whole "
+                    "answer's from its agent's first-token 102.", kTtftBuckets);
   itl_ = histogram("tandem_router_inter_token_latency_seconds",
                    "Client-side time between streamed tokens.", kItlBuckets);
   e2e_ = histogram("tandem_router_e2e_request_latency_seconds",

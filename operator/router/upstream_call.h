@@ -34,6 +34,13 @@ struct UpstreamResult {
   std::string error;  // transport failure, when status is 0
 };
 
+// Whether an agent's status is the agent failing, so that the request is
+// tried on another agent: 5xx, and 429 (busy). Any other is its answer to
+// the request, which every agent would give alike and the client gets:
+// 2xx, 4xx, and 501 (what the request asks for is not implemented there,
+// as a simulated agent answers prompt logprobs).
+inline bool agentFailed(int status) { return (status >= 500 && status != 501) || status == 429; }
+
 // The Host header for an agent: an IPv6 literal goes in brackets.
 std::string hostHeader(const AgentEndpoint& endpoint);
 

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -188,34 +189,166 @@ json healthOnceTheModelIsNotLoaded(httplib::Client& router) {
   return health;
 }
 
-// A router polling one stand-in decode agent (an HTTP server whose routes the
-// test set) every 0.1 s, for what a real agent never answers.
+// A router polling stand-in decode agents (HTTP servers whose routes the
+// test set; decode-0, decode-1, ...) every 0.1 s, for what a real agent never
+// answers. `configure` may change the router's configuration.
 class RouterOverAFakeAgent {
  public:
-  explicit RouterOverAFakeAgent(httplib::Server& fake) : fake_(fake) {
-    const int port = fake_.bind_to_any_port("127.0.0.1");
-    serving_ = std::thread([this] { fake_.listen_after_bind(); });
+  explicit RouterOverAFakeAgent(httplib::Server& fake,
+                                const std::function<void(RouterConfig&)>& configure = {})
+      : RouterOverAFakeAgent(std::vector<httplib::Server*>{&fake}, configure) {}
+  RouterOverAFakeAgent(std::vector<httplib::Server*> fakes,
+                       const std::function<void(RouterConfig&)>& configure = {})
+      : fakes_(std::move(fakes)) {
     RouterConfig config;
     config.port = 0;
     config.poll_interval_s = 0.1;
-    config.decode.push_back({"decode-0", "127.0.0.1", port});
+    for (httplib::Server* fake : fakes_) {
+      const int port = fake->bind_to_any_port("127.0.0.1");
+      serving_.emplace_back([fake] { fake->listen_after_bind(); });
+      config.decode.push_back(
+          {"decode-" + std::to_string(config.decode.size()), "127.0.0.1", port});
+    }
+    if (configure) configure(config);
     router_ = std::make_unique<Router>(config);
     router_->start();
     client_ = std::make_unique<httplib::Client>("127.0.0.1", router_->port());
   }
   ~RouterOverAFakeAgent() {
     router_->stop();
-    fake_.stop();
-    serving_.join();
+    for (httplib::Server* fake : fakes_) fake->stop();
+    for (std::thread& thread : serving_) thread.join();
   }
   httplib::Client& client() { return *client_; }
 
  private:
-  httplib::Server& fake_;
-  std::thread serving_;
+  std::vector<httplib::Server*> fakes_;
+  std::vector<std::thread> serving_;
   std::unique_ptr<Router> router_;
   std::unique_ptr<httplib::Client> client_;
 };
+
+// The routes of a healthy stand-in agent serving the real agent's models
+// answer `models`.
+void serveAsAnAgent(httplib::Server& fake, const std::string& models,
+                    std::atomic<bool>* healthy = nullptr) {
+  fake.Get("/health", [healthy](const httplib::Request&, httplib::Response& res) {
+    if (healthy != nullptr && !*healthy) {
+      res.status = 503;
+      return;
+    }
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  fake.Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("tandem_num_requests_running 0\n", "text/plain");
+  });
+  fake.Get("/v1/models", [models](const httplib::Request&, httplib::Response& res) {
+    res.set_content(models, "application/json");
+  });
+}
+
+// An agent's 501 (a simulated agent's answer to prompt logprobs or
+// structured outputs) is its answer to the request, which every agent
+// would give alike: the client gets it, where the router took it for the
+// agent failing, tried every agent and answered 503.
+TEST(RouterForwarding, AnAgentsNotImplementedAnswerReachesTheClient) {
+  Agent real({"--role", "decode"});
+  httplib::Client real_client("127.0.0.1", real.port());
+  const std::string models = real_client.Get("/v1/models")->body;
+  const std::string not_implemented =
+      R"({"error":{"message":"prompt_logprobs are not simulated","type":"not_implemented_error","param":"prompt_logprobs","code":null}})";
+  httplib::Server fake;
+  serveAsAnAgent(fake, models);
+  std::atomic<int> completions{0};
+  fake.Post("/v1/completions", [&](const httplib::Request&, httplib::Response& res) {
+    ++completions;
+    res.status = 501;
+    res.set_content(not_implemented, "application/json");
+  });
+  RouterOverAFakeAgent router(fake);
+  httplib::Client& client = router.client();
+  ASSERT_TRUE(eventually([&] {
+    auto res = client.Get("/health");
+    return res && res->status == 200;
+  }));
+  const json body = {
+      {"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 2}, {"prompt_logprobs", 1}};
+  auto res = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 501) << res->body;
+  EXPECT_EQ(json::parse(res->body), json::parse(not_implemented));
+  EXPECT_EQ(completions, 1);
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(prometheusSum(metrics->body, "tandem_router_upstream_errors_total").value_or(0), 0);
+}
+
+// A forwarded call (/tokenize here) to an agent that does not answer goes
+// no further than forward_timeout_s: it waited for --upstream-timeout (600 s
+// by default) even after the agent was marked unhealthy.
+TEST(RouterForwarding, AForwardedCallAnAgentDoesNotAnswerEndsAtTheForwardTimeout) {
+  httplib::Server fake;
+  serveAsAnAgent(fake, R"({"object":"list","data":[]})");
+  fake.Post("/tokenize", [](const httplib::Request&, httplib::Response& res) {
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    res.set_content(R"({"tokens":[1],"count":1})", "application/json");
+  });
+  RouterOverAFakeAgent router(fake, [](RouterConfig& config) { config.forward_timeout_s = 0.5; });
+  httplib::Client& client = router.client();
+  client.set_read_timeout(std::chrono::seconds(30));
+  ASSERT_TRUE(eventually([&] {
+    auto res = client.Get("/metrics");
+    return res &&
+           prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"decode-0\"") == 1.0;
+  }));
+  auto res = client.Post("/tokenize", R"({"prompt":"hi"})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503) << res->body;
+  EXPECT_EQ(json::parse(res->body)["error"]["message"], "no healthy agent");
+}
+
+// A /tokenize naming a LoRA adapter whose agents are all unhealthy gets 503,
+// as a completion naming it does, not another agent's 404 for the name.
+TEST(RouterForwarding, AnAdapterWhoseAgentsAreDownIsNotAskedOfOthers) {
+  Agent real({"--role", "decode"});
+  httplib::Client real_client("127.0.0.1", real.port());
+  const std::string plain_models = real_client.Get("/v1/models")->body;
+  json with_adapter = json::parse(plain_models);
+  with_adapter["data"].push_back({{"id", "sql"},
+                                  {"object", "model"},
+                                  {"parent", "tiny"},
+                                  {"tandem", {{"model_identity", "sql-identity"}}}});
+  httplib::Server plain, serving;
+  std::atomic<bool> serving_healthy{true};
+  serveAsAnAgent(plain, plain_models);
+  serveAsAnAgent(serving, with_adapter.dump(), &serving_healthy);
+  std::atomic<int> plain_tokenized{0};
+  plain.Post("/tokenize", [&](const httplib::Request&, httplib::Response& res) {
+    ++plain_tokenized;
+    res.status = 404;
+    res.set_content(R"({"error":{"message":"model \"sql\" does not exist"}})", "application/json");
+  });
+  serving.Post("/tokenize", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"tokens":[7],"count":1})", "application/json");
+  });
+  RouterOverAFakeAgent router({&plain, &serving});
+  httplib::Client& client = router.client();
+  const std::string body = R"({"model":"sql","prompt":"hello"})";
+  ASSERT_TRUE(eventually([&] {
+    auto res = client.Post("/tokenize", body, "application/json");
+    return res && res->status == 200;
+  })) << "the adapter was never seen";
+  serving_healthy = false;
+  ASSERT_TRUE(eventually([&] {
+    auto res = client.Get("/metrics");
+    return res &&
+           prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"decode-1\"") == 0.0;
+  }));
+  auto res = client.Post("/tokenize", body, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503) << res->body;
+  EXPECT_EQ(plain_tokenized, 0);
+}
 
 // A router that cannot read the model's tokenizer says so on /health,
 // rather than blaming decode agents that are healthy.
