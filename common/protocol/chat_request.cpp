@@ -295,6 +295,14 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root, const ChatTemp
     if (!kwargs->is_object()) return wrongType("chat_template_kwargs", "an object", *kwargs);
     input.kwargs = *kwargs;
   }
+  // OpenAI's reasoning_effort reaches the template as the variable of that
+  // name (gpt-oss's template reads it), as vLLM passes it; a
+  // chat_template_kwargs entry of that name wins.
+  if (const ordered_json* effort = given(root, "reasoning_effort")) {
+    if (!effort->is_string()) return wrongType("reasoning_effort", "a string", *effort);
+    if (!input.kwargs.is_object()) input.kwargs = ordered_json::object();
+    if (!input.kwargs.contains("reasoning_effort")) input.kwargs["reasoning_effort"] = *effort;
+  }
   auto add_generation_prompt = readBool(root, "add_generation_prompt", true);
   if (!add_generation_prompt.isOk()) return add_generation_prompt.error();
   auto continue_final = readBool(root, "continue_final_message", false);

@@ -408,6 +408,48 @@ void readBadWords(FieldReader& fields, const RequestJson& words, const Tokenizer
 }
 
 // The fields shared by /v1/completions and /v1/chat/completions.
+// Fields of OpenAI's or vLLM's API that would change the answer and that
+// this server does not do: refused naming the field, never ignored. Their
+// neutral values (false, null, [], ["text"], true for detokenize) pass.
+void refuseWhatIsNotDone(FieldReader& fields) {
+  const auto given = [&](std::string_view name) -> const RequestJson* {
+    const RequestJson* value = fields.find(name);
+    return value == nullptr || value->is_null() ? nullptr : value;
+  };
+  if (const RequestJson* beam = given("use_beam_search"); beam && *beam != RequestJson(false)) {
+    fields.fail(
+        "use_beam_search is not supported; send false or leave it out (n and best_of "
+        "sample several answers)",
+        "use_beam_search");
+  }
+  if (const RequestJson* processors = given("logits_processors");
+      processors && !(processors->is_array() && processors->empty())) {
+    fields.fail("logits_processors are not supported; leave it out", "logits_processors");
+  }
+  if (const RequestJson* detokenize = given("detokenize"); detokenize && *detokenize != true) {
+    fields.fail(
+        "detokenize must be true: answers always carry text (return_token_ids adds the "
+        "token ids)",
+        "detokenize");
+  }
+  if (const RequestJson* modalities = given("modalities");
+      modalities && *modalities != RequestJson::array({"text"})) {
+    fields.fail("modalities must be [\"text\"]: only text is generated", "modalities");
+  }
+  for (const char* name : {"audio", "web_search_options"}) {
+    if (given(name)) {
+      fields.fail(std::string(name) + " is not supported; leave it out or send null", name);
+    }
+  }
+  for (const char* name : {"functions", "function_call"}) {
+    if (given(name)) {
+      fields.fail(std::string(name) +
+                      " is the deprecated form of tools; send tools and tool_choice instead",
+                  name);
+    }
+  }
+}
+
 void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tokenizer& tokenizer,
                       ParsedRequest& parsed) {
   protocol::SamplingParams& sampling = parsed.request.sampling;
@@ -599,9 +641,17 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
       askPromptLogprobs(fields, parsed, integer, "prompt_logprobs");
     }
   }
+  refuseWhatIsNotDone(fields);
 }
 
-// Reads max_tokens (or max_completion_tokens for chat): at least 1; the upper
+// Which field bounds the output: max_completion_tokens, which replaced
+// max_tokens in OpenAI's chat API, wins when both are given, as in vLLM
+// (read on both endpoints).
+const char* maxTokensName(const FieldReader& fields) {
+  return fields.find("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+}
+
+// Reads max_tokens (or max_completion_tokens): at least 1; the upper
 // bound depends on the prompt and is checked in finishRequest.
 std::optional<int64_t> readMaxTokens(FieldReader& fields, const char* name) {
   int64_t max_tokens = 0;
@@ -823,12 +873,13 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
   readCommonFields(fields, limits, tokenizer, parsed);
   // echo with max_tokens 0 scores the prompt (OpenAI's legacy completions,
   // which vLLM keeps): one token is computed and none reported.
-  const RequestJson* max_tokens_field = fields.find("max_tokens");
+  const char* max_tokens_name = maxTokensName(fields);
+  const RequestJson* max_tokens_field = fields.find(max_tokens_name);
   const bool echo_only = parsed.echo && max_tokens_field != nullptr &&
                          max_tokens_field->is_number_integer() &&
                          max_tokens_field->get<int64_t>() == 0;
   const auto max_tokens =
-      echo_only ? std::optional<int64_t>(1) : readMaxTokens(fields, "max_tokens");
+      echo_only ? std::optional<int64_t>(1) : readMaxTokens(fields, max_tokens_name);
   parsed.request.report_no_output = echo_only;
   int64_t logprobs = 0;
   if (fields.readInt("logprobs", 0, limits.max_logprobs, &logprobs)) {
@@ -925,7 +976,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
                           : one.prompt_text;
     }
     if (auto error =
-            finishRequest(one, limits, max_tokens, "max_tokens", name.c_str(), name.c_str())) {
+            finishRequest(one, limits, max_tokens, max_tokens_name, name.c_str(), name.c_str())) {
       return *error;
     }
     batch.push_back(std::move(one));
@@ -976,10 +1027,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   parsed.request.adapter = adapterOf(parsed.model, limits);
   FieldReader fields(root.value());
   readCommonFields(fields, limits, tokenizer, parsed);
-  // max_completion_tokens replaced max_tokens in OpenAI's chat API; it wins
-  // when both are given, as in vLLM.
-  const char* max_tokens_name =
-      fields.find("max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+  const char* max_tokens_name = maxTokensName(fields);
   const auto max_tokens = readMaxTokens(fields, max_tokens_name);
 
   // Completions' best_of has no chat counterpart (OpenAI's chat API has

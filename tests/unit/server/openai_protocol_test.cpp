@@ -497,6 +497,15 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
 
       bad(completion(R"("suffix": "end")"), "suffix",
           "suffix is not supported yet; leave it out or send null"),
+      // Fields that would change the answer, not done here: refused.
+      bad(completion(R"("use_beam_search": true)"), "use_beam_search",
+          "use_beam_search is not supported; send false or leave it out (n and best_of sample "
+          "several answers)"),
+      bad(completion(R"("logits_processors": ["x"])"), "logits_processors",
+          "logits_processors are not supported; leave it out"),
+      bad(completion(R"("detokenize": false)"), "detokenize",
+          "detokenize must be true: answers always carry text (return_token_ids adds the token "
+          "ids)"),
       bad(completion(R"("prompt_logprobs": 6)"), "prompt_logprobs",
           "prompt_logprobs must be between 0 and 5, got 6"),
       bad(completion(R"("prompt_logprobs": "1")"), "prompt_logprobs",
@@ -1447,6 +1456,16 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
               "not_found_error", "model",
               "model \"other\" does not exist; this server serves \"tiny-model\""},
       bad(chat(R"("logprobs": 1)"), "logprobs", "logprobs must be a boolean, got number"),
+      bad(chat(R"("functions": [{"name": "f"}])"), "functions",
+          "functions is the deprecated form of tools; send tools and tool_choice instead"),
+      bad(chat(R"("function_call": "auto")"), "function_call",
+          "function_call is the deprecated form of tools; send tools and tool_choice instead"),
+      bad(chat(R"("modalities": ["text", "audio"])"), "modalities",
+          "modalities must be [\"text\"]: only text is generated"),
+      bad(chat(R"("audio": {"voice": "alloy"})"), "audio",
+          "audio is not supported; leave it out or send null"),
+      bad(chat(R"("web_search_options": {})"), "web_search_options",
+          "web_search_options is not supported; leave it out or send null"),
       bad(chat(R"("priority": [1])"), "priority", "priority must be an integer, got array"),
       bad(chat(R"("top_logprobs": 2)"), "top_logprobs",
           "top_logprobs requires logprobs to be true"),
@@ -1669,6 +1688,45 @@ TEST_F(ProtocolTest, ChatTemplateVariables) {
     ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
     EXPECT_EQ(parsed.value().prompt_text, c.text);
   }
+}
+
+// OpenAI's reasoning_effort reaches the template as the variable of that
+// name (gpt-oss's template reads it); chat_template_kwargs win over it.
+TEST_F(ProtocolTest, ReasoningEffortReachesTheTemplate) {
+  const ServerLimits limits = limitsWithTemplate("{{ reasoning_effort | default('unset') }}");
+  const std::pair<std::string, std::string> cases[] = {
+      {chat(""), "unset"},
+      {chat(R"("reasoning_effort": "high")"), "high"},
+      {chat(R"("reasoning_effort": null)"), "unset"},
+      {chat(R"("reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"})"),
+       "low"}};
+  for (const auto& [body, text] : cases) {
+    auto parsed = parseChatCompletionRequest(body, limits, tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    EXPECT_EQ(parsed.value().prompt_text, text) << body;
+  }
+  auto refused = parseChatCompletionRequest(chat(R"("reasoning_effort": 3)"), limits, tokenizer());
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().param, "reasoning_effort");
+}
+
+// max_completion_tokens bounds a completion too (api.md lists it for both
+// endpoints; it was ignored on /v1/completions), and the neutral values of
+// the fields refused when set pass.
+TEST_F(ProtocolTest, CompletionsTakeMaxCompletionTokensAndNeutralValues) {
+  auto parsed = parseCompletionRequest(completion(R"("max_completion_tokens": 3)"), testLimits(),
+                                       tokenizer());
+  ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+  EXPECT_EQ(parsed.value().request.sampling.max_tokens, 3);
+  auto refused = parseCompletionRequest(completion(R"("max_completion_tokens": -1)"), testLimits(),
+                                        tokenizer());
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().param, "max_completion_tokens");
+  auto neutral = parseChatCompletionRequest(
+      chat(R"("use_beam_search": false, "logits_processors": [], "detokenize": true,
+          "modalities": ["text"], "audio": null, "functions": null, "prediction": {"type": "content", "content": "x"})"),
+      testLimits(), tokenizer());
+  EXPECT_TRUE(neutral.isOk()) << neutral.error().message;
 }
 
 // A template that loops over content gets the parts as a list (vLLM's
