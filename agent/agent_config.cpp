@@ -305,7 +305,11 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
     case OptionKind::kSeconds: {
       char* end = nullptr;
       const double parsed = text.empty() ? NAN : std::strtod(text.c_str(), &end);
-      if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(parsed) ||
+      // Decimal only: strtod also reads hex ("0x10"), "inf" and spaces.
+      const bool decimal =
+          !text.empty() && (text[0] == '-' ? plainDecimalLength(text.substr(1)) + 1
+                                           : plainDecimalLength(text)) == text.size();
+      if (!decimal || end != text.c_str() + text.size() || !std::isfinite(parsed) ||
           parsed < static_cast<double>(spec.min) || parsed > static_cast<double>(spec.max)) {
         refuse(spec, name, shown(text, end != text.c_str() + text.size()));
       }

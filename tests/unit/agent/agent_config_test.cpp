@@ -65,6 +65,9 @@ TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
            {"shutdown_timeout", "1e308",
             "must be a number of seconds between 0 and 86400, got 1e308"},
            {"shutdown_timeout", "-1", "must be a number of seconds between 0 and 86400, got -1"},
+           // Decimal only: strtod reads hex.
+           {"shutdown_timeout", "0x10",
+            "must be a number of seconds between 0 and 86400, got 0x10"},
            {"kv_dtype", "f16", "must be one of bf16, f32, fp8, got \"f16\""},
            {"compute_dtype", "f16", "must be one of auto, f32, bf16, got \"f16\""},
            {"fuse_projections", "yes", "must be one of auto, true, false, got \"yes\""},
@@ -77,6 +80,19 @@ TEST(ServeOptions, FlagsAndYamlRefuseTheSameValuesWithTheSameMessage) {
            {"kv_cache_memory", "1e300",
             "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got "
             "\"1e300\""},
+           // Not decimal sizes: std::stod read them, and cut "1.5" bytes to 1.
+           {"kv_cache_memory", "1.5",
+            "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got "
+            "\"1.5\""},
+           {"kv_cache_memory", "0x4000000",
+            "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got "
+            "\"0x4000000\""},
+           {"kv_cache_memory", "inf",
+            "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got "
+            "\"inf\""},
+           {"kv_cache_memory", "1.1PiB",
+            "must be a size between 1 byte and 1PiB such as 2GiB, 512MiB or 1073741824, got "
+            "\"1.1PiB\""},
        }) {
     std::string flag = "--" + c.key;
     std::replace(flag.begin(), flag.end(), '_', '-');
@@ -120,6 +136,23 @@ TEST(ServeOptions, AcceptedValuesReachTheOptionsAndFlagsWinOverTheFile) {
   app.parse(std::vector<std::string>{"serve", "7", "--threads"});
   applyServeOptions(*serve, YAML::Load("threads: 3"), "agent.yaml", outer);
   EXPECT_EQ(outer.threads, 7);
+}
+
+// Sizes up to the documented 1 PiB, in every unit the table names; a
+// larger unit's fraction rounds down to a whole byte.
+TEST(ServeOptions, SizesReadEveryDocumentedUnit) {
+  EXPECT_EQ(parseByteSize("1PiB", "s"), int64_t{1} << 50);
+  EXPECT_EQ(parseByteSize("2TiB", "s"), int64_t{2} << 40);
+  EXPECT_EQ(parseByteSize("1.5GiB", "s"), int64_t{3} << 29);
+  EXPECT_EQ(parseByteSize("2e9", "s"), int64_t{2000000000});
+  EXPECT_EQ(parseByteSize("0.1KB", "s"), 100);
+  EXPECT_EQ(parseByteSize("1073741824", "s"), int64_t{1} << 30);
+  EXPECT_EQ(parseByteSize("4TB", "s"), int64_t{4000000000000});
+  for (const char* bad : {"", " 64MiB", "64 MiB", "-1", "+5", "1e", ".", "1.5", "5XB", "1e400"}) {
+    EXPECT_THROW(parseByteSize(bad, "s"), Error) << bad;
+  }
+  ServeOptions options;
+  EXPECT_EQ(apply({"--kv-cache-memory", "1PiB"}, "", &options), "");
 }
 
 TEST(ServeOptions, UnknownYamlKeysAreRefusedWithTheAcceptedOnes) {
