@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -92,7 +93,11 @@ size_t decisionsWanted(const std::string& query) {
       size_t value = 0;
       const auto digits = pair.substr(2);
       auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-      if (ec == std::errc() && ptr == digits.data() + digits.size()) wanted = value;
+      if (ptr == digits.data() + digits.size() && !digits.empty()) {
+        if (ec == std::errc()) wanted = value;
+        // Past size_t: all kept, as any count larger than what is kept.
+        if (ec == std::errc::result_out_of_range) wanted = std::numeric_limits<size_t>::max();
+      }
     }
     start = end + 1;
   }

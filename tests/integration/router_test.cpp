@@ -466,6 +466,35 @@ TEST(RouterHealth, MetricsThatAreNotCountsAreReadSafely) {
   }
 }
 
+// GET /debug/decisions?n=N returns the last N decisions kept, oldest first
+// (the default 20; a count past size_t all kept; 0 none), each naming its
+// agents and predictions.
+TEST_F(RouterTest, DebugDecisionsListTheRecentDecisions) {
+  start(1, 1);
+  // More than the default 20.
+  for (int i = 0; i < 22; ++i) {
+    ASSERT_EQ(post(greedy(randomPrompt(40, 100 + i), 1)).status, 200);
+  }
+  const auto decisions = [&](const std::string& query) {
+    auto res = client_->Get("/debug/decisions" + query);
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? json::parse(res->body) : json();
+  };
+  const json all = decisions("?n=99999999999999999999999");
+  ASSERT_TRUE(all.is_array()) << all;
+  ASSERT_EQ(all.size(), 22u);
+  EXPECT_EQ(decisions("?n=1000"), all);
+  EXPECT_EQ(decisions("?n=2"), json({all[20], all[21]}));
+  const json last_20(all.begin() + 2, all.end());
+  EXPECT_EQ(decisions(""), last_20);
+  EXPECT_EQ(decisions("?n=abc"), last_20);
+  EXPECT_EQ(decisions("?n=0"), json::array());
+  for (const json& decision : all) {
+    EXPECT_EQ(decision.value("policy", ""), "kv") << decision;
+    EXPECT_TRUE(decision.contains("candidates")) << decision;
+  }
+}
+
 // A draining router (SIGTERM with --drain-delay) is not ready but still
 // serves what load balancers send before they notice.
 TEST_F(RouterTest, ADrainingRouterIsNotReadyButStillServes) {
