@@ -94,6 +94,31 @@ std::string headProblem(const http::request_header<>& message) {
   return {};
 }
 
+// A transfer coding of the request other than chunked, which is all this
+// server decodes (RFC 9112 section 6.1: a server that does not understand a
+// coding answers 501); empty when there is none. Beast read "gzip,
+// chunked" as plain chunked and handed on a body still gzipped.
+std::string unknownTransferCoding(const http::request_header<>& message) {
+  const auto [first, last] = message.equal_range(http::field::transfer_encoding);
+  for (auto field = first; field != last; ++field) {
+    std::string_view codings(field->value().data(), field->value().size());
+    while (!codings.empty()) {
+      const size_t comma = codings.find(',');
+      std::string_view coding = codings.substr(0, comma);
+      codings = comma == std::string_view::npos ? std::string_view() : codings.substr(comma + 1);
+      coding = coding.substr(0, coding.find(';'));  // its parameters
+      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
+        coding.remove_prefix(1);
+      }
+      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
+        coding.remove_suffix(1);
+      }
+      if (!coding.empty() && !equalsIgnoreCase(coding, "chunked")) return std::string(coding);
+    }
+  }
+  return {};
+}
+
 // The path and query of a request target: an absolute-form target
 // ("http://host:port/path?query", which RFC 9112 section 3.2.2 says a
 // server must accept) loses its scheme and authority; others are as sent.
@@ -336,6 +361,14 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         if (std::string problem = headProblem(parser.get()); !problem.empty()) {
           co_await refuse(httpErrorResponse(400, "malformed HTTP request: " + problem,
                                             "invalid_request_error"));
+          break;
+        }
+        if (std::string coding = unknownTransferCoding(parser.get()); !coding.empty()) {
+          co_await refuse(httpErrorResponse(
+              501,
+              "the transfer coding \"" + coding +
+                  "\" is not implemented; send the body with Content-Length or chunked",
+              "not_implemented_error"));
           break;
         }
       }

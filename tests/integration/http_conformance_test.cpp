@@ -371,6 +371,12 @@ TEST(HttpConformance, MalformedRequestsGetTheSameAnswerFromTheAgentAndTheRouter)
        "POST /tokenize HTTP/1.1\r\nHost: agent\r\nContent-Length: 5\r\n"
        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
        400},
+      // RFC 9112 section 6.1: a coding the server does not decode is 501;
+      // it was read as plain chunked, the body still gzipped.
+      {"Transfer-Encoding: gzip, chunked",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+       "5\r\nabcde\r\n0\r\n\r\n",
+       501},
       {"a header line without a colon",
        "POST /tokenize HTTP/1.1\r\nHost: agent\r\nX-Broken header line\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body,
