@@ -86,12 +86,18 @@ YAML::Node MapReader::require(const std::string& key) {
 }
 
 void MapReader::rejectUnknown() const {
+  std::vector<std::string> seen;
   for (const auto& entry : node_) {
     if (!entry.first.IsScalar()) {
       fail(context_, path_.empty() ? context_.kind : path_,
            "has a key that is not a plain name (got " + described(entry.first) + ")", entry.first);
     }
     const std::string key = entry.first.as<std::string>();
+    // YAML forbids it, yaml-cpp takes one of the two: which was meant?
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      fail(context_, pathOf(key), "is given twice", entry.first);
+    }
+    seen.push_back(key);
     if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
     fail(context_, pathOf(key),
          "is not a field of " + (path_.empty() ? context_.kind : path_) +

@@ -303,6 +303,8 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({decode_spec + "  apiKeySecretRef: {name: api}\n"
                                 "  env: [{name: TANDEM_API_KEY, value: x}]\n"}),
        "spec.env[0].name \"TANDEM_API_KEY\" is set by spec.apiKeySecretRef"},
+      {documents({decode_spec + "  replicas: 2\n  replicas: 3\n"}),
+       "c.yaml: document 1 (DecodePool \"decode\"): spec.replicas is given twice (line 7)"},
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
        "spec.extraArgs[0] must be a string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
