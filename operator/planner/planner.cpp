@@ -315,10 +315,11 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
   }
   if (unmeasured) {
     return hold(pool, metrics, "MetricsUnavailable",
-                "no pod of " + name + " has two scrapes in the last " +
+                "no pod of " + name + " has two scrapes with a latency histogram in the last " +
                     fixed(spec_.window_seconds) +
-                    " s to measure latency from (windowSeconds must be longer than the "
-                    "planner's interval); replicas left as they are");
+                    " s to measure latency from, and no load target has a value (the pods' "
+                    "/metrics lack the series, or windowSeconds is no longer than the planner's "
+                    "interval); replicas left as they are");
   }
   if (!have_metrics) {
     return hold(pool, metrics, "MetricsUnavailable",
