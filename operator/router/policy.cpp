@@ -35,14 +35,6 @@ class TimeModel {
             profile_.prefill_context_s * u * static_cast<double>(cached + uncached));
   }
 
-  // A decode step of `step` seconds that also computes a prefill of
-  // `prefill` seconds (prefillSeconds): one step, so its fixed cost
-  // (base_s) is paid once, not once per part.
-  double stepWithPrefillSeconds(double step, double prefill) const {
-    if (prefill <= 0) return step;
-    return step + prefill - profile_.scale * profile_.base_s;
-  }
-
   // Seconds to move the blocks of `tokens` tokens of KV between agents:
   // what a simulated agent's hand-off takes.
   double transferSeconds(int64_t tokens) const {
@@ -298,10 +290,9 @@ Decision Chooser::chooseKv(const DecisionInput& input) {
         }
       }
     }
-    const bool local_allowed =
-        (!options_.disagg_threshold_tokens ||
-         prompt - dt.held < *options_.disagg_threshold_tokens) &&
-        model.stepWithPrefillSeconds(dt.step, local_compute) <= options_.itl_target_s;
+    const bool local_allowed = (!options_.disagg_threshold_tokens ||
+                                prompt - dt.held < *options_.disagg_threshold_tokens) &&
+                               dt.step + local_compute <= options_.itl_target_s;
     // The decode agent reads what it does not hold.
     const double handoff = dt.link + learned_.afterHandoff(dt.blocks_read);
     bool any_prefill = false;
