@@ -14,6 +14,7 @@
 
 #include "agent/engine/speculative.h"
 #include "agent/kv/connector.h"
+#include "common/decimal_text.h"
 #include "common/http/http_limits.h"
 #include "common/json_parse.h"
 #include "common/protocol/reasoning_parser.h"
@@ -306,9 +307,7 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
       char* end = nullptr;
       const double parsed = text.empty() ? NAN : std::strtod(text.c_str(), &end);
       // Decimal only: strtod also reads hex ("0x10"), "inf" and spaces.
-      const bool decimal =
-          !text.empty() && (text[0] == '-' ? plainDecimalLength(text.substr(1)) + 1
-                                           : plainDecimalLength(text)) == text.size();
+      const bool decimal = scanDecimal(text, 0, DecimalForm{}) == text.size();
       if (!decimal || end != text.c_str() + text.size() || !std::isfinite(parsed) ||
           parsed < static_cast<double>(spec.min) || parsed > static_cast<double>(spec.max)) {
         refuse(spec, name, shown(text, end != text.c_str() + text.size()));

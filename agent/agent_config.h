@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "agent/serve_command.h"
+#include "common/decimal_text.h"
 #include "common/status.h"
 
 namespace CLI {
@@ -38,8 +39,8 @@ inline constexpr int64_t kMaxNumSeqs = 4096;
 inline constexpr int64_t kMaxModelLen = int64_t{1} << 24;
 inline constexpr int64_t kMaxWaitingRequests = 1000000;
 inline constexpr int64_t kMaxThreads = 1024;
-inline constexpr double kMaxTimeoutSeconds = 86400;             // one day
-inline constexpr int64_t kMaxKvCacheMemory = int64_t{1} << 50;  // 1 PiB
+inline constexpr double kMaxTimeoutSeconds = 86400;         // one day
+inline constexpr int64_t kMaxKvCacheMemory = kMaxByteSize;  // 1 PiB
 
 enum class OptionKind {
   kString,   // any scalar, non-empty

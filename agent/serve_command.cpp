@@ -21,6 +21,7 @@
 #include "agent/transport/ucx_allocator.h"
 #include "agent/transport/ucx_transport.h"
 #include "common/available_cpus.h"
+#include "common/decimal_text.h"
 #include "common/http/http_connection.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
@@ -75,56 +76,14 @@ bool resolveKvBuffers(kv::KvTransferConfig& config, bool slab_host_accessible,
 
 }  // namespace
 
-size_t plainDecimalLength(std::string_view text) {
-  size_t end = 0;
-  const auto digits = [&] {
-    const size_t start = end;
-    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
-    return end > start;
-  };
-  bool number = digits();
-  if (end < text.size() && text[end] == '.') {
-    ++end;
-    number = digits() || number;
-  }
-  if (!number) return 0;
-  if (end < text.size() && (text[end] == 'e' || text[end] == 'E')) {
-    const size_t exponent = end++;
-    if (end < text.size() && (text[end] == '+' || text[end] == '-')) ++end;
-    if (!digits()) end = exponent;
-  }
-  return end;
-}
-
 int64_t parseByteSize(const std::string& text, const std::string& what) {
-  // A plain decimal number, then a unit: std::stod took " 64MiB",
-  // "0x4000000" and "inf".
-  const size_t end = plainDecimalLength(text);
-  const bool number = end > 0;
-  const std::string suffix = text.substr(end);
-  struct Unit {
-    const char* name;
-    double scale;
-  };
-  static constexpr Unit kUnits[] = {
-      {"", 1},         {"B", 1},        {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
-      {"TiB", 0x1p40}, {"PiB", 0x1p50}, {"K", 0x1p10},   {"M", 0x1p20},   {"G", 0x1p30},
-      {"T", 0x1p40},   {"P", 0x1p50},   {"KB", 1e3},     {"MB", 1e6},     {"GB", 1e9},
-      {"TB", 1e12},    {"PB", 1e15}};
-  double scale = 0;
-  for (const Unit& unit : kUnits) {
-    if (suffix == unit.name) scale = unit.scale;
-  }
-  const double value = number ? std::strtod(text.substr(0, end).c_str(), nullptr) : 0;
-  const double bytes = value * scale;
-  // A count of bytes is whole; a larger unit's fraction rounds down.
-  const bool whole = scale != 1 || value == std::floor(value);
-  if (!number || scale == 0 || !(bytes >= 1) || !whole || !(bytes <= 0x1p62)) {
+  const std::optional<int64_t> bytes = byteSizeOf(text);
+  if (!bytes) {
     throw Error(what +
                 " must be a size from 1 byte to 1PiB such as 2GiB, 512MiB or 1073741824, got \"" +
                 text + "\"");
   }
-  return static_cast<int64_t>(bytes);
+  return *bytes;
 }
 
 CLI::App* addServeCommand(CLI::App& app, ServeOptions& o) {

@@ -95,8 +95,5 @@ int runServe(CLI::App& command, ServeOptions& options);
 
 // "2GiB", "512MiB", "1e9", "1073741824" → bytes; throws tandem::Error.
 int64_t parseByteSize(const std::string& text, const std::string& what);
-// The length of the plain decimal number `text` starts with: digits, a
-// fraction, an exponent (no sign, spaces, hex, inf or nan); 0 when none.
-size_t plainDecimalLength(std::string_view text);
 
 }  // namespace tandem::agent

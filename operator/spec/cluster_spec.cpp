@@ -34,24 +34,20 @@ void checkName(const std::string& name, const YAML::Node& node, const DocumentCo
   }
 }
 
-// kvCacheMemory in the agent's syntax ("2GiB", "512MiB", "1e9", bytes), also
-// Kubernetes quantities "2Gi", "512Mi", "64Ki"; returns the agent's form.
+// kvCacheMemory as the agent reads it (byteSizeOf: "2GiB", "512MiB", "1e9",
+// bytes, Kubernetes' "2Gi"), refused here when the agent would refuse it;
+// returned in the agent's own spelling ("2Gi" as "2GiB", which agents of
+// earlier versions read too).
 std::string readByteSize(const YAML::Node& node, const std::string& path,
                          const DocumentContext& context) {
   const std::string text = node.IsScalar() ? node.Scalar() : "";
-  const std::optional<ByteSizeText> size = splitByteSize(text);
-  // strtod, not stod: a number past the double range (1e400) is refused here
-  // instead of escaping as std::out_of_range.
-  const double value = size ? std::strtod(size->number.c_str(), nullptr) : 0;
-  if (!size || !(value > 0) || !std::isfinite(value)) {
+  if (!byteSizeOf(text)) {
     fail(context, path,
-         "must be a positive size such as 8GiB, 8Gi, 512MiB or 1073741824, got " + described(node),
+         "must be a size from 1 byte to 1PiB such as 8GiB, 8Gi, 512MiB or 1073741824, got " +
+             described(node),
          node);
   }
-  if (size->unit == "Ki" || size->unit == "Mi" || size->unit == "Gi") {
-    return size->number + size->unit + "B";
-  }
-  return text;
+  return text.ends_with('i') ? text + "B" : text;
 }
 
 EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {

@@ -267,49 +267,6 @@ void requireNamedList(const YAML::Node& list, const std::string& path,
   }
 }
 
-size_t scanDecimal(std::string_view text, size_t at, DecimalForm form) {
-  auto digits = [&](size_t i) {
-    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
-    return i;
-  };
-  size_t i = at;
-  if (form.signed_ && i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
-  const size_t whole_end = digits(i);
-  const bool whole = whole_end > i;
-  i = whole_end;
-  if (i < text.size() && text[i] == '.') {
-    const size_t fraction_end = digits(i + 1);
-    const bool fraction = fraction_end > i + 1;
-    if (fraction || (whole && !form.fraction_digits)) {
-      i = fraction_end;
-    } else if (!whole) {
-      return std::string_view::npos;
-    }
-  } else if (!whole) {
-    return std::string_view::npos;
-  }
-  if (form.exponent && i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
-    size_t j = i + 1;
-    if (form.exponent_sign && j < text.size() && (text[j] == '+' || text[j] == '-')) ++j;
-    const size_t exponent_end = digits(j);
-    if (exponent_end > j) i = exponent_end;
-  }
-  return i;
-}
-
-std::optional<ByteSizeText> splitByteSize(std::string_view text) {
-  if (text.empty() || text[0] < '0' || text[0] > '9') return std::nullopt;
-  const size_t end = scanDecimal(
-      text, 0, DecimalForm{.signed_ = false, .fraction_digits = true, .exponent_sign = false});
-  static constexpr std::string_view kUnits[] = {"",   "B",   "K",   "M",   "G",  "KB", "MB",
-                                                "GB", "KiB", "MiB", "GiB", "Ki", "Mi", "Gi"};
-  const std::string_view unit = text.substr(end);
-  if (std::find(std::begin(kUnits), std::end(kUnits), unit) == std::end(kUnits)) {
-    return std::nullopt;
-  }
-  return ByteSizeText{std::string(text.substr(0, end)), std::string(unit)};
-}
-
 bool isDecimalInteger(std::string_view text) {
   return scanDecimal(text, 0, DecimalForm{.exponent = false}) == text.size() &&
          text.find('.') == std::string_view::npos;

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/decimal_text.h"
 #include "operator/spec/cluster_spec.h"
 
 namespace tandem::spec {
@@ -136,31 +137,8 @@ std::string readEnum(const YAML::Node& node, const std::string& path,
 nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
                       const std::string& path);
 
-// Decimal numbers in text, scanned without std::regex (whose matching
-// recurses once per character: a string of a few ten thousand digits, which
-// a CRD pattern without maxLength lets through, overflows the stack):
-// `text` from `at` on as digits [. digits] [e|E [sign] digits], with a
-// sign in front when `signed_`; a fraction needs its digits when
-// `fraction_digits`, and the exponent its sign only when `exponent_sign`.
-// The end of the longest such number, or npos when none starts at `at`
-// (digits, or a '.' and digits, must come first).
-struct DecimalForm {
-  bool signed_ = true;
-  bool fraction_digits = false;
-  bool exponent = true;
-  bool exponent_sign = true;
-};
-size_t scanDecimal(std::string_view text, size_t at, DecimalForm form);
 // "[-+]?[0-9]+"
 bool isDecimalInteger(std::string_view text);
-// A size in the agent's syntax or a Kubernetes binary quantity: digits
-// [. digits] [e|E digits], then one of B K M G KB MB GB KiB MiB GiB Ki Mi
-// Gi or none. Its number and unit, or nullopt when `text` is not one.
-struct ByteSizeText {
-  std::string number;
-  std::string unit;
-};
-std::optional<ByteSizeText> splitByteSize(std::string_view text);
 
 // A Kubernetes quantity as the API server parses it: a number ("1", "0.5",
 // ".5", "-2") and one suffix, binary (Ki Mi Gi Ti Pi Ei), decimal (n u m k M
