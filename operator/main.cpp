@@ -30,6 +30,7 @@
 #include "common/http/http_limits.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "operator/cli_number.h"
 #include "operator/controller/controller_command.h"
 #include "operator/k8s/api_client.h"
 #include "operator/k8s/kube_config.h"
@@ -51,26 +52,6 @@ using tandem::spec::RouterSpec;
 CLI::Range httpRange(const tandem::server::HttpLimitRange& range) {
   return CLI::Range(range.min, range.max);
 }
-
-// A number flag in (or from) min to max, refused in the words the files'
-// fields use (CLI11's Range prints its bounds with six decimals).
-CLI::Validator numberIn(double min, bool min_exclusive, double max) {
-  const std::string accepted =
-      "must be " + tandem::spec::numberRangeText(min, min_exclusive, max) + ", got ";
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        double value = 0;
-        if (!CLI::detail::lexical_cast(text, value) ||
-            !((min_exclusive ? value > min : value >= min) && value <= max)) {
-          return accepted + text;
-        }
-        return {};
-      },
-      "");
-}
-
-// A seconds flag: positive and at most a day, as the files' seconds fields.
-const CLI::Validator kPositiveSeconds = numberIn(0, true, tandem::spec::kMaxSeconds);
 
 std::vector<AgentEndpoint> toEndpoints(const std::vector<AgentAddress>& agents) {
   std::vector<AgentEndpoint> endpoints;
@@ -202,22 +183,22 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
       ->add_option("--stop-timeout", flags.stop_timeout_s,
                    "seconds the router's in-flight requests get on stop, then seconds "
                    "between an agent's SIGTERM and SIGKILL")
-      ->check(kPositiveSeconds)
+      ->check(tandem::positiveSeconds())
       ->capture_default_str();
   local
       ->add_option("--startup-timeout", flags.startup_timeout_s,
                    "seconds an agent may take to become healthy")
-      ->check(kPositiveSeconds)
+      ->check(tandem::positiveSeconds())
       ->capture_default_str();
   local
       ->add_option("--restart-backoff", flags.restart_backoff_s,
                    "first delay before restarting a crashed agent (doubles each crash)")
-      ->check(kPositiveSeconds)
+      ->check(tandem::positiveSeconds())
       ->capture_default_str();
   local
       ->add_option("--max-restart-backoff", flags.max_restart_backoff_s,
                    "longest delay before restarting a crashed agent")
-      ->check(kPositiveSeconds)
+      ->check(tandem::positiveSeconds())
       ->capture_default_str();
   local
       ->add_option("--planner-interval", flags.planner_interval_s,
@@ -349,7 +330,7 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                    "the kv policy prefills on a decode agent only while its predicted step stays "
                    "within this (default " +
                        std::to_string(static_cast<int>(defaults.itl_target_s * 1000)) + ")")
-      ->check(numberIn(0, true, tandem::spec::kMaxSeconds * 1000));
+      ->check(tandem::numberIn(0, true, tandem::spec::kMaxSeconds * 1000));
   command->add_option("--seed", flags.seed,
                       "seed of the policies' random tie-breaking (default 1)");
   command
@@ -383,7 +364,7 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
   command
       ->add_option("--upstream-timeout", flags.upstream_timeout_s,
                    "seconds an upstream call may take (default 600)")
-      ->check(kPositiveSeconds);
+      ->check(tandem::positiveSeconds());
   command
       ->add_option("--max-migrations", flags.max_migrations,
                    "times one stream may move to another decode agent (default 3; 0: never)")
@@ -392,7 +373,7 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->add_option("--migration-timeout", flags.migration_timeout_s,
                    "seconds after a stream first broke during which it may still move (default "
                    "60)")
-      ->check(kPositiveSeconds);
+      ->check(tandem::positiveSeconds());
   command->add_option("--threads", flags.threads, "I/O threads (default 2)")
       ->check(CLI::Range(1, 256));
   command
@@ -460,11 +441,11 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
   command
       ->add_option("--poll-interval", flags.poll_interval_s,
                    "seconds between agent health/load polls (default 0.5)")
-      ->check(kPositiveSeconds);
+      ->check(tandem::positiveSeconds());
   command
       ->add_option("--shutdown-timeout", flags.shutdown_timeout_s,
                    "seconds in-flight requests get after SIGTERM (after --drain-delay)")
-      ->check(numberIn(0, false, 3600))
+      ->check(tandem::numberIn(0, false, 3600))
       ->capture_default_str();
   command
       ->add_option("--drain-delay", flags.drain_delay_s,

@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "common/status.h"
+#include "operator/cli_number.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/controller_metrics.h"
 #include "operator/k8s/kube_config.h"
@@ -37,17 +38,17 @@ CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags) {
   command
       ->add_option("--leader-elect-lease-duration", flags.lease_duration_s,
                    "seconds a candidate waits after the Lease last changed before taking it")
-      ->check(CLI::PositiveNumber)
+      ->check(positiveSeconds())
       ->capture_default_str();
   command
       ->add_option("--leader-elect-renew-deadline", flags.renew_deadline_s,
                    "seconds the leader may fail to renew before it stops leading")
-      ->check(CLI::PositiveNumber)
+      ->check(positiveSeconds())
       ->capture_default_str();
   command
       ->add_option("--leader-elect-retry-period", flags.retry_period_s,
                    "seconds between attempts to acquire or renew the Lease")
-      ->check(CLI::PositiveNumber)
+      ->check(positiveSeconds())
       ->capture_default_str();
   command
       ->add_option("--metrics-host", flags.metrics_host, "address of /metrics, /healthz, /readyz")
@@ -66,13 +67,13 @@ CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags) {
   command
       ->add_option("--sync-timeout", flags.sync_timeout_s,
                    "seconds the first list of every watched resource may take")
-      ->check(CLI::PositiveNumber)
+      ->check(positiveSeconds())
       ->capture_default_str();
   command
       ->add_option("--planner-interval", flags.planner_interval_s,
                    "seconds between the SLA planner's rounds for pools with spec.autoscaling "
                    "(0: off)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(numberIn(0, false, 3600))
       ->capture_default_str();
   command->add_option("--prometheus-url", flags.prometheus_url,
                       "the planner reads agents' metrics from this Prometheus (its /federate) "
