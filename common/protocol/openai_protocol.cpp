@@ -410,7 +410,8 @@ void readBadWords(FieldReader& fields, const RequestJson& words, const Tokenizer
 // The fields shared by /v1/completions and /v1/chat/completions.
 // Fields of OpenAI's or vLLM's API that would change the answer and that
 // this server does not do: refused naming the field, never ignored. Their
-// neutral values (false, null, [], ["text"], true for detokenize) pass.
+// neutral values (false, null, [], ["text"], true for detokenize, "none"
+// for function_call) pass.
 void refuseWhatIsNotDone(FieldReader& fields) {
   const auto given = [&](std::string_view name) -> const RequestJson* {
     const RequestJson* value = fields.find(name);
@@ -441,12 +442,16 @@ void refuseWhatIsNotDone(FieldReader& fields) {
       fields.fail(std::string(name) + " is not supported; leave it out or send null", name);
     }
   }
-  for (const char* name : {"functions", "function_call"}) {
-    if (given(name)) {
-      fields.fail(std::string(name) +
-                      " is the deprecated form of tools; send tools and tool_choice instead",
-                  name);
-    }
+  const RequestJson* functions = given("functions");
+  const RequestJson* function_call = given("function_call");
+  if ((functions && !(functions->is_array() && functions->empty())) ||
+      (function_call && *function_call != "none")) {
+    const char* name = functions && !(functions->is_array() && functions->empty())
+                           ? "functions"
+                           : "function_call";
+    fields.fail(std::string(name) +
+                    " is the deprecated form of tools; send tools and tool_choice instead",
+                name);
   }
 }
 

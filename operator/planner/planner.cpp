@@ -189,6 +189,26 @@ Decision PoolPlanner::hold(const PoolObservation& pool, const WindowedValues& me
   return decision;
 }
 
+void PoolPlanner::describeScale(Decision& decision, const std::string& name, const std::string& why,
+                                int current) const {
+  const int desired = decision.desired_replicas;
+  const int recommended = decision.recommended_replicas;
+  std::string message = name + ": " + why + "; recommends " + std::to_string(recommended) +
+                        "; replicas " + std::to_string(current) + " -> " + std::to_string(desired);
+  if (std::abs(desired - recommended) > 0 && std::abs(desired - current) == spec_.max_step) {
+    message += " (maxStep " + std::to_string(spec_.max_step) + ")";
+  }
+  decision.reason = desired > current ? "ScaledUp" : "ScaledDown";
+  if (manual_) {
+    decision.reason = "ManualScaleOverwritten";
+    message += "; the manual change to " + std::to_string(manual_->replicas) +
+               " was respected for the " + fixed(manualWindowSeconds()) +
+               " s stabilisation window and is now overwritten";
+  }
+  decision.message = message;
+  decision.event = PlannerEvent{"Normal", decision.reason, message};
+}
+
 Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& metrics) {
   const double now = pool.now_seconds;
   const int current = pool.spec_replicas;
@@ -294,22 +314,13 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
   // metric is needed to know the pool is too small, and a pool without pods
   // would never have one.
   if (!have_metrics && current < spec_.min_replicas) {
-    const int desired = std::min(spec_.min_replicas, current + spec_.max_step);
-    std::string message = name + ": replicas " + std::to_string(current) +
-                          " are below minReplicas " + std::to_string(spec_.min_replicas) +
-                          "; replicas " + std::to_string(current) + " -> " +
-                          std::to_string(desired);
-    Decision decision = hold(pool, metrics, "ScaledUp", "");
-    if (manual_) {
-      decision.reason = "ManualScaleOverwritten";
-      message += "; the manual change to " + std::to_string(manual_->replicas) +
-                 " was respected for the " + fixed(manualWindowSeconds()) +
-                 " s stabilisation window and is now overwritten";
-    }
-    decision.message = message;
-    decision.desired_replicas = desired;
+    Decision decision = hold(pool, metrics, "", "");
     decision.recommended_replicas = spec_.min_replicas;
-    decision.event = PlannerEvent{"Normal", decision.reason, message};
+    decision.desired_replicas = std::min(spec_.min_replicas, current + spec_.max_step);
+    describeScale(decision, name,
+                  "replicas " + std::to_string(current) + " are below minReplicas " +
+                      std::to_string(spec_.min_replicas),
+                  current);
     manual_.reset();
     return wrote(decision);
   }
@@ -353,23 +364,7 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
                                  " s window observed at " + std::to_string(current) + " replicas)"
                            : " (stabilisation window)");
   }
-  if (desired != current) {
-    std::string message = name + ": " + why + "; recommends " + std::to_string(recommended) +
-                          "; replicas " + std::to_string(current) + " -> " +
-                          std::to_string(desired);
-    if (std::abs(desired - recommended) > 0 && std::abs(desired - current) == spec_.max_step) {
-      message += " (maxStep " + std::to_string(spec_.max_step) + ")";
-    }
-    decision.reason = desired > current ? "ScaledUp" : "ScaledDown";
-    if (manual_) {
-      decision.reason = "ManualScaleOverwritten";
-      message += "; the manual change to " + std::to_string(manual_->replicas) +
-                 " was respected for the " + fixed(manualWindowSeconds()) +
-                 " s stabilisation window and is now overwritten";
-    }
-    decision.message = message;
-    decision.event = PlannerEvent{"Normal", decision.reason, message};
-  }
+  if (desired != current) describeScale(decision, name, why, current);
   manual_.reset();
   return wrote(decision);
 }

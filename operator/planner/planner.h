@@ -125,6 +125,12 @@ class PoolPlanner {
   int recommend(int current, const WindowedValues& metrics, std::string& why) const;
   int stabilize(int current, double now) const;
   double manualWindowSeconds() const;
+  // Fills `decision` (its desired and recommended replicas set) as a change
+  // from `current`: ScaledUp or ScaledDown, or ManualScaleOverwritten after
+  // a manual change's window, its message (`why`, the maxStep that bounded
+  // it) and its Event.
+  void describeScale(Decision& decision, const std::string& name, const std::string& why,
+                     int current) const;
   Decision hold(const PoolObservation& pool, const WindowedValues& metrics, std::string reason,
                 std::string message) const;
 

@@ -327,6 +327,8 @@ class Router::Impl {
         }
       }
     }
+    // Every agent busy (429): the client is told so, not that none is healthy.
+    std::optional<UpstreamResult> busy;
     for (const AgentPtr& agent : candidates) {
       if (!agent->healthy) continue;
       UpstreamResult result =
@@ -341,7 +343,12 @@ class Router::Impl {
         co_await exchange.respond(server::httpJsonResponse(result.status, std::move(result.body)));
         co_return;
       }
+      if (result.status == 429) busy = std::move(result);
       metrics_.countUpstreamError(agent->endpoint.name);
+    }
+    if (busy) {
+      co_await exchange.respond(server::httpJsonResponse(429, std::move(busy->body)));
+      co_return;
     }
     co_await exchange.respond(
         server::httpErrorResponse(503, "no healthy agent", "service_unavailable"));

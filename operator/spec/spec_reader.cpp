@@ -122,7 +122,8 @@ int64_t readInteger(const YAML::Node& node, const std::string& path, const Docum
   if (!ok || value < min || value > max) {
     std::string accepted = rangeText(min, max);
     // An integer past int64 reads as no integer at all: say which ones are.
-    if (!ok && max == kNoMax && isPlain(node) && isDecimalInteger(node.Scalar())) {
+    if (!ok && max == kNoMax && isPlain(node) && isDecimalInteger(node.Scalar()) &&
+        !node.Scalar().starts_with('-')) {
       accepted += " (at most " + std::to_string(kNoMax) + ")";
     }
     fail(context, path, "must be " + accepted + ", got " + described(node), node);

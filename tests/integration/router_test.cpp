@@ -307,6 +307,29 @@ TEST(RouterForwarding, AForwardedCallAnAgentDoesNotAnswerEndsAtTheForwardTimeout
   EXPECT_EQ(json::parse(res->body)["error"]["message"], "no healthy agent");
 }
 
+// Every agent busy (429) on a forwarded call: the client gets the agent's
+// 429, not 503 "no healthy agent".
+TEST(RouterForwarding, BusyAgentsAnswerBusy) {
+  httplib::Server fake;
+  serveAsAnAgent(fake, R"({"object":"list","data":[]})");
+  const std::string busy = R"({"error":{"message":"too many requests","type":"rate_limit_error"}})";
+  fake.Post("/tokenize", [&](const httplib::Request&, httplib::Response& res) {
+    res.status = 429;
+    res.set_content(busy, "application/json");
+  });
+  RouterOverAFakeAgent router(fake);
+  httplib::Client& client = router.client();
+  ASSERT_TRUE(eventually([&] {
+    auto res = client.Get("/metrics");
+    return res &&
+           prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"decode-0\"") == 1.0;
+  }));
+  auto res = client.Post("/tokenize", R"({"prompt":"hi"})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429) << res->body;
+  EXPECT_EQ(res->body, busy);
+}
+
 // A /tokenize naming a LoRA adapter whose agents are all unhealthy gets 503,
 // as a completion naming it does, not another agent's 404 for the name.
 TEST(RouterForwarding, AnAdapterWhoseAgentsAreDownIsNotAskedOfOthers) {
@@ -338,6 +361,7 @@ TEST(RouterForwarding, AnAdapterWhoseAgentsAreDownIsNotAskedOfOthers) {
     auto res = client.Post("/tokenize", body, "application/json");
     return res && res->status == 200;
   })) << "the adapter was never seen";
+  plain_tokenized = 0;  // asked before the router knew the adapter
   serving_healthy = false;
   ASSERT_TRUE(eventually([&] {
     auto res = client.Get("/metrics");

@@ -314,7 +314,8 @@ TEST(PoolPlannerTest, BelowMinReplicasWithoutMetricsIsRaisedToTheMinimum) {
   EXPECT_EQ(decision.desired_replicas, 1);  // maxStep 1
   EXPECT_TRUE(decision.write);
   EXPECT_EQ(decision.message,
-            "prefill pool p: replicas 0 are below minReplicas 2; replicas 0 -> 1");
+            "prefill pool p: replicas 0 are below minReplicas 2; recommends 2; replicas 0 -> 1 "
+            "(maxStep 1)");
   decision = prefill.decide(pool(1, 1), WindowedValues{});
   EXPECT_EQ(decision.desired_replicas, 2);
   // At the minimum, no metrics hold the replicas as before.

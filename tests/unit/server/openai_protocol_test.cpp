@@ -1724,7 +1724,8 @@ TEST_F(ProtocolTest, CompletionsTakeMaxCompletionTokensAndNeutralValues) {
   EXPECT_EQ(refused.error().param, "max_completion_tokens");
   auto neutral = parseChatCompletionRequest(
       chat(R"("use_beam_search": false, "logits_processors": [], "detokenize": true,
-          "modalities": ["text"], "audio": null, "functions": null, "prediction": {"type": "content", "content": "x"})"),
+          "modalities": ["text"], "audio": null, "functions": [], "function_call": "none",
+          "prediction": {"type": "content", "content": "x"})"),
       testLimits(), tokenizer());
   EXPECT_TRUE(neutral.isOk()) << neutral.error().message;
 }
