@@ -446,12 +446,11 @@ void refuseWhatIsNotDone(FieldReader& fields) {
   const RequestJson* function_call = given("function_call");
   if ((functions && !(functions->is_array() && functions->empty())) ||
       (function_call && *function_call != "none")) {
-    const char* name = functions && !(functions->is_array() && functions->empty())
-                           ? "functions"
-                           : "function_call";
-    fields.fail(std::string(name) +
-                    " is the deprecated form of tools; send tools and tool_choice instead",
-                name);
+    const char* name =
+        functions && !(functions->is_array() && functions->empty()) ? "functions" : "function_call";
+    fields.fail(
+        std::string(name) + " is the deprecated form of tools; send tools and tool_choice instead",
+        name);
   }
 }
 

@@ -188,9 +188,11 @@ RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_
   overlap_ = histogram("tandem_router_prefix_overlap_ratio",
                        "Fraction of a prompt's full blocks the chosen agents already held.",
                        kRatioBuckets);
-  ttft_ = histogram("tandem_router_time_to_first_token_seconds",
-                    "Time to the first token: a stream's first event as the client gets it, a whole "
-                    "answer's from its agent's first-token 102.", kTtftBuckets);
+  ttft_ =
+      histogram("tandem_router_time_to_first_token_seconds",
+                "Time to the first token: a stream's first event as the client gets it, a whole "
+                "answer's from its agent's first-token 102.",
+                kTtftBuckets);
   itl_ = histogram("tandem_router_inter_token_latency_seconds",
                    "Client-side time between streamed tokens.", kItlBuckets);
   e2e_ = histogram("tandem_router_e2e_request_latency_seconds",

@@ -228,6 +228,13 @@ class RouterOverAFakeAgent {
   std::unique_ptr<httplib::Client> client_;
 };
 
+// The router's tandem_router_agent_healthy of `agent`: 1, 0, or none.
+std::optional<double> agentHealthy(httplib::Client& client, const std::string& agent) {
+  auto res = client.Get("/metrics");
+  if (!res) return std::nullopt;
+  return prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"" + agent + "\"");
+}
+
 // The routes of a healthy stand-in agent serving the real agent's models
 // answer `models`.
 void serveAsAnAgent(httplib::Server& fake, const std::string& models,
@@ -296,11 +303,7 @@ TEST(RouterForwarding, AForwardedCallAnAgentDoesNotAnswerEndsAtTheForwardTimeout
   RouterOverAFakeAgent router(fake, [](RouterConfig& config) { config.forward_timeout_s = 0.5; });
   httplib::Client& client = router.client();
   client.set_read_timeout(std::chrono::seconds(30));
-  ASSERT_TRUE(eventually([&] {
-    auto res = client.Get("/metrics");
-    return res &&
-           prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"decode-0\"") == 1.0;
-  }));
+  ASSERT_TRUE(eventually([&] { return agentHealthy(client, "decode-0") == 1.0; }));
   auto res = client.Post("/tokenize", R"({"prompt":"hi"})", "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 503) << res->body;
@@ -319,11 +322,7 @@ TEST(RouterForwarding, BusyAgentsAnswerBusy) {
   });
   RouterOverAFakeAgent router(fake);
   httplib::Client& client = router.client();
-  ASSERT_TRUE(eventually([&] {
-    auto res = client.Get("/metrics");
-    return res &&
-           prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"decode-0\"") == 1.0;
-  }));
+  ASSERT_TRUE(eventually([&] { return agentHealthy(client, "decode-0") == 1.0; }));
   auto res = client.Post("/tokenize", R"({"prompt":"hi"})", "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 429) << res->body;
@@ -363,11 +362,7 @@ TEST(RouterForwarding, AnAdapterWhoseAgentsAreDownIsNotAskedOfOthers) {
   })) << "the adapter was never seen";
   plain_tokenized = 0;  // asked before the router knew the adapter
   serving_healthy = false;
-  ASSERT_TRUE(eventually([&] {
-    auto res = client.Get("/metrics");
-    return res &&
-           prometheusSample(res->body, "tandem_router_agent_healthy", "agent=\"decode-1\"") == 0.0;
-  }));
+  ASSERT_TRUE(eventually([&] { return agentHealthy(client, "decode-1") == 0.0; }));
   auto res = client.Post("/tokenize", body, "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 503) << res->body;
