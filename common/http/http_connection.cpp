@@ -101,19 +101,9 @@ std::string headProblem(const http::request_header<>& message) {
 std::string unknownTransferCoding(const http::request_header<>& message) {
   const auto [first, last] = message.equal_range(http::field::transfer_encoding);
   for (auto field = first; field != last; ++field) {
-    std::string_view codings(field->value().data(), field->value().size());
-    while (!codings.empty()) {
-      const size_t comma = codings.find(',');
-      std::string_view coding = codings.substr(0, comma);
-      codings = comma == std::string_view::npos ? std::string_view() : codings.substr(comma + 1);
-      coding = coding.substr(0, coding.find(';'));  // its parameters
-      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
-        coding.remove_prefix(1);
-      }
-      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
-        coding.remove_suffix(1);
-      }
-      if (!coding.empty() && !equalsIgnoreCase(coding, "chunked")) return std::string(coding);
+    // Beast's own reading of the list: codings, their parameters apart.
+    for (const auto& coding : http::ext_list{field->value()}) {
+      if (!boost::beast::iequals(coding.first, "chunked")) return std::string(coding.first);
     }
   }
   return {};

@@ -300,7 +300,6 @@ Result<ChatTemplateInput> readChatInput(const ordered_json& root, const ChatTemp
   // chat_template_kwargs entry of that name wins.
   if (const ordered_json* effort = given(root, "reasoning_effort")) {
     if (!effort->is_string()) return wrongType("reasoning_effort", "a string", *effort);
-    if (!input.kwargs.is_object()) input.kwargs = ordered_json::object();
     if (!input.kwargs.contains("reasoning_effort")) input.kwargs["reasoning_effort"] = *effort;
   }
   auto add_generation_prompt = readBool(root, "add_generation_prompt", true);

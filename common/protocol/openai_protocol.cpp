@@ -407,53 +407,50 @@ void readBadWords(FieldReader& fields, const RequestJson& words, const Tokenizer
   }
 }
 
-// The fields shared by /v1/completions and /v1/chat/completions.
 // Fields of OpenAI's or vLLM's API that would change the answer and that
 // this server does not do: refused naming the field, never ignored. Their
 // neutral values (false, null, [], ["text"], true for detokenize, "none"
 // for function_call) pass.
 void refuseWhatIsNotDone(FieldReader& fields) {
-  const auto given = [&](std::string_view name) -> const RequestJson* {
-    const RequestJson* value = fields.find(name);
-    return value == nullptr || value->is_null() ? nullptr : value;
-  };
-  if (const RequestJson* beam = given("use_beam_search"); beam && *beam != RequestJson(false)) {
+  if (const RequestJson* beam = fields.find("use_beam_search");
+      beam && *beam != RequestJson(false)) {
     fields.fail(
         "use_beam_search is not supported; send false or leave it out (n and best_of "
         "sample several answers)",
         "use_beam_search");
   }
-  if (const RequestJson* processors = given("logits_processors");
+  if (const RequestJson* processors = fields.find("logits_processors");
       processors && !(processors->is_array() && processors->empty())) {
     fields.fail("logits_processors are not supported; leave it out", "logits_processors");
   }
-  if (const RequestJson* detokenize = given("detokenize"); detokenize && *detokenize != true) {
+  if (const RequestJson* detokenize = fields.find("detokenize");
+      detokenize && *detokenize != true) {
     fields.fail(
         "detokenize must be true: answers always carry text (return_token_ids adds the "
         "token ids)",
         "detokenize");
   }
-  if (const RequestJson* modalities = given("modalities");
+  if (const RequestJson* modalities = fields.find("modalities");
       modalities && *modalities != RequestJson::array({"text"})) {
     fields.fail("modalities must be [\"text\"]: only text is generated", "modalities");
   }
   for (const char* name : {"audio", "web_search_options"}) {
-    if (given(name)) {
+    if (fields.find(name)) {
       fields.fail(std::string(name) + " is not supported; leave it out or send null", name);
     }
   }
-  const RequestJson* functions = given("functions");
-  const RequestJson* function_call = given("function_call");
-  if ((functions && !(functions->is_array() && functions->empty())) ||
-      (function_call && *function_call != "none")) {
-    const char* name =
-        functions && !(functions->is_array() && functions->empty()) ? "functions" : "function_call";
+  const RequestJson* functions = fields.find("functions");
+  const RequestJson* function_call = fields.find("function_call");
+  const bool asks_functions = functions && !(functions->is_array() && functions->empty());
+  if (asks_functions || (function_call && *function_call != "none")) {
+    const char* name = asks_functions ? "functions" : "function_call";
     fields.fail(
         std::string(name) + " is the deprecated form of tools; send tools and tool_choice instead",
         name);
   }
 }
 
+// The fields shared by /v1/completions and /v1/chat/completions.
 void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tokenizer& tokenizer,
                       ParsedRequest& parsed) {
   protocol::SamplingParams& sampling = parsed.request.sampling;
