@@ -559,6 +559,15 @@ YAML::Node loadServeConfigFile(const std::string& path) {
   return root;
 }
 
+int64_t checkedIntegerOption(std::string_view key, const std::string& text) {
+  for (const OptionSpec& spec : serveOptionSpecs()) {
+    if (spec.key == key && spec.kind == OptionKind::kInteger) {
+      return checkText(spec, spec.flag(), text).integer;
+    }
+  }
+  throw Error("no integer option " + std::string(key));
+}
+
 void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::string& config_path,
                        ServeOptions& options) {
   // The YAML entries by option key; snake_case and kebab-case name the same

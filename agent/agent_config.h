@@ -83,6 +83,11 @@ void addServeFlags(CLI::App& command);
 void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::string& config_path,
                        ServeOptions& options);
 
+// The integer `text` given for the table's integer option `key` (as
+// "threads"), checked as serve checks it; the error names the flag and what
+// it accepts. For the options the program also takes before its subcommand.
+int64_t checkedIntegerOption(std::string_view key, const std::string& text);
+
 // Reads the YAML file given with --config; the error names the file.
 YAML::Node loadServeConfigFile(const std::string& path);
 

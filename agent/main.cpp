@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_config.h"
 #include "agent/engine/kv_cache.h"
 #include "agent/engine/model.h"
 #include "agent/engine/model_runner.h"
@@ -171,9 +172,10 @@ int main(int argc, char** argv) {
   CLI::App app{"tandem-agent: LLM engine with paged KV cache"};
   app.require_subcommand(1);
   app.fallthrough();
-  int threads = 0;
-  app.add_option("--threads", threads, "kernel threads (default: every CPU it may use)")
-      ->check(CLI::Range(0, 1024));
+  // Checked as serve checks it (agent_config), so that its error reads the
+  // same before and after the subcommand.
+  std::string threads;
+  app.add_option("--threads", threads, "kernel threads (default: every CPU it may use)");
 
   auto* tokenize = app.add_subcommand("tokenize", "JSON lines {\"text\"} on stdin to {\"ids\"}");
   std::string tokenizer_path;
@@ -212,7 +214,11 @@ int main(int argc, char** argv) {
     // kernel threads after blocking the termination signals, so that every
     // thread inherits the mask and SIGTERM reaches the drain.
     if (serve->parsed()) return tandem::agent::runServe(*serve, serve_options);
-    if (threads > 0) tandem::kernels::setNumThreads(threads);
+    if (!threads.empty()) {
+      if (const int64_t n = tandem::agent::checkedIntegerOption("threads", threads); n > 0) {
+        tandem::kernels::setNumThreads(static_cast<int>(n));
+      }
+    }
     if (tokenize->parsed()) return runTokenize(tokenizer_path, add_special_tokens);
     if (generate->parsed()) return runGenerate(gen);
     if (render_chat->parsed()) {

@@ -228,6 +228,23 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
               "tandem-agent: " + flag + (c.message.starts_with(":") ? "" : " ") + c.message + "\n");
   }
 
+  // --threads also goes before the subcommand, for every subcommand: the
+  // same check and message there.
+  for (const std::string& command :
+       {bin("tandem-agent") + " --threads abc serve --model '" + model.string() + "' --port 0",
+        bin("tandem-agent") + " --threads 2000 generate --model '" + model.string() +
+            "' --prompt hi --max-tokens 1"}) {
+    CommandResult refused = run("timeout 60 " + command);
+    EXPECT_EQ(refused.exit_code, 1) << command << ": " << refused.err;
+    EXPECT_TRUE(refused.err.starts_with(
+        "tandem-agent: --threads must be an integer between 0 and 1024, got "))
+        << refused.err;
+  }
+  EXPECT_EQ(run("timeout 60 " + bin("tandem-agent") + " --threads 1 generate --model '" +
+                model.string() + "' --prompt hi --max-tokens 1")
+                .exit_code,
+            0);
+
   const fs::path typo = dir_ / "typo.yaml";
   std::ofstream(typo) << "max_num_seq: 8\n";
   CommandResult unknown = run(serve + "--config '" + typo.string() + "'");

@@ -530,6 +530,46 @@ TEST_F(HelmChartTest, SchemaRefusesNamesAndSelectorsKubernetesWould) {
   }
 }
 
+// A value set to null (`--set router=null`, or `router: null` in a values
+// file) takes its key out of the values: for every key of values.yaml, the
+// chart then renders or the schema refuses it naming the key, never a
+// template failing on a nil pointer.
+TEST_F(HelmChartTest, EveryValueSetToNullRendersOrIsRefusedNamingIt) {
+  std::ifstream in(kChartDir / "values.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::vector<json> documents = testing::yamlDocumentsToJson(text.str());
+  ASSERT_EQ(documents.size(), 1u);
+  std::vector<std::pair<std::string, std::string>> keys;  // --set path, schema location
+  auto walk = [&](auto&& self, const json& node, const std::string& path,
+                  const std::string& location) -> void {
+    for (const auto& [key, value] : node.items()) {
+      // --set cannot name a key with a dot (label keys such as
+      // kubernetes.io/metadata.name).
+      if (key.find('.') != std::string::npos) continue;
+      keys.emplace_back(path + key, location);
+      if (value.is_object()) self(self, value, path + key + ".", location + "/" + key);
+    }
+  };
+  walk(walk, documents[0], "", "");
+  ASSERT_GT(keys.size(), 50u);
+  int refused = 0;
+  for (const auto& [path, location] : keys) {
+    const std::string leaf = path.substr(path.rfind('.') + 1);
+    const HelmResult result = helm({"template", "tandem", kChartDir.string(), "--set",
+                                    "examples.enabled=true", "--set", path + "=null"});
+    if (result.exit_status == 0) continue;
+    ++refused;
+    EXPECT_NE(result.err.find("don't meet the specifications of the schema"), std::string::npos)
+        << path << ": " << result.err;
+    EXPECT_NE(result.err.find("at '" + location + "': missing property '" + leaf + "'"),
+              std::string::npos)
+        << path << ": " << result.err;
+  }
+  // The sections themselves are among them.
+  EXPECT_GE(refused, 9);
+}
+
 // --- Monitoring: the Grafana dashboard, the PodMonitor and the PrometheusRule ---
 
 TEST_F(HelmChartTest, DashboardConfigMapCarriesTheSidecarLabelAndThePanels) {
