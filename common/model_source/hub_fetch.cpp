@@ -196,7 +196,28 @@ std::string hubErrorText(const Reply& reply) {
   std::string text = std::to_string(reply.status);
   if (!code.empty()) text += " " + code;
   if (!message.empty()) text += ": " + message;
+  // One line of a readable length whatever the server sent: control
+  // characters (newlines, terminal escapes) become spaces, and the advice
+  // that may follow must fit a termination message (4,096 bytes).
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  constexpr size_t kMaxText = 1024;
+  if (text.size() > kMaxText) text = text.substr(0, kMaxText) + "...";
   return text;
+}
+
+// A name with a byte a file name should not hold: a control character
+// (NUL would cut the path short).
+bool hasControlCharacter(std::string_view text) {
+  return std::any_of(text.begin(), text.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+
+// A string member of a JSON object, "" when absent or of another type.
+std::string stringMember(const nlohmann::json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
 class Fetcher {
@@ -315,21 +336,33 @@ StatusOr<std::vector<HubFile>> Fetcher::listFiles(const std::string& commit) {
         nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
     if (!entries.is_array()) return unavailable(name_ + ": the file list is not a JSON array");
     for (const nlohmann::json& entry : entries) {
-      if (!entry.is_object() || entry.value("type", "") != "file") continue;
+      if (!entry.is_object() || stringMember(entry, "type") != "file") continue;
       HubFile file;
-      file.path = entry.value("path", "");
+      file.path = stringMember(entry, "path");
       const bool wanted =
           options_.tokenizer_only ? isTokenizerFile(file.path) : isModelFile(file.path);
       if (file.path.find('/') != std::string::npos || !wanted) continue;
-      if (!entry.contains("size") || !entry["size"].is_number_integer()) {
-        return unavailable(name_ + ": the file list gives " + file.path + " no size");
+      if (hasControlCharacter(file.path)) {
+        return unavailable(name_ + ": the file list names a file with a control character");
       }
-      file.size = entry["size"].get<int64_t>();
-      file.git_oid = entry.value("oid", "");
+      auto size_of = [](const nlohmann::json& object) -> std::optional<int64_t> {
+        auto size = object.find("size");
+        if (size == object.end() || !size->is_number_integer() || size->get<int64_t>() < 0) {
+          return std::nullopt;
+        }
+        return size->get<int64_t>();
+      };
+      std::optional<int64_t> size = size_of(entry);
+      file.git_oid = stringMember(entry, "oid");
       if (auto lfs = entry.find("lfs"); lfs != entry.end() && lfs->is_object()) {
-        file.sha256 = lfs->value("oid", "");
-        file.size = lfs->value("size", file.size);
+        file.sha256 = stringMember(*lfs, "oid");
+        if (lfs->contains("size")) size = size_of(*lfs);
       }
+      if (!size) {
+        return unavailable(name_ + ": the file list gives " + file.path +
+                           " no size (a whole number of bytes)");
+      }
+      file.size = *size;
       if (file.sha256.empty() && file.git_oid.empty()) {
         return unavailable(name_ + ": the file list gives " + file.path + " no hash to verify");
       }
@@ -339,6 +372,12 @@ StatusOr<std::vector<HubFile>> Fetcher::listFiles(const std::string& commit) {
   }
   std::sort(files.begin(), files.end(),
             [](const HubFile& a, const HubFile& b) { return a.path < b.path; });
+  if (auto twice =
+          std::adjacent_find(files.begin(), files.end(),
+                             [](const HubFile& a, const HubFile& b) { return a.path == b.path; });
+      twice != files.end()) {
+    return unavailable(name_ + ": the file list names " + twice->path + " twice");
+  }
   auto has = [&](auto predicate) { return std::any_of(files.begin(), files.end(), predicate); };
   if (!has([](const HubFile& f) { return f.path == "config.json"; })) {
     return notFound(name_ + " (commit " + commit + ") has no config.json");
@@ -404,19 +443,28 @@ Status Fetcher::download(const HubFile& file) {
       fs::remove(part, error);
       offset = 0;
     }
-    if (offset == file.size) break;
     const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) return failedPrecondition(part.string() + ": cannot be written");
+    if (offset == file.size) {  // whole (an empty file is created whole)
+      ::close(fd);
+      break;
+    }
     httplib::Headers headers = {{"Accept-Encoding", "identity"}};
     if (offset > 0) headers.emplace("Range", "bytes=" + std::to_string(offset) + "-");
     int64_t done = offset;
     bool write_failed = false;
+    bool too_long = false;  // more bytes than the file list gives the file
+    std::string bad_range;  // a 206 whose Content-Range does not start at `offset`
     BodySink sink;
     sink.begin = [&](const Reply& reply) {
       if (reply.status == 206) {
         // "bytes START-END/SIZE" must start where the part ends.
         const std::string range = reply.header("Content-Range");
-        return range.starts_with("bytes " + std::to_string(offset) + "-");
+        if (!range.starts_with("bytes " + std::to_string(offset) + "-")) {
+          bad_range = range;
+          return false;
+        }
+        return true;
       }
       if (offset > 0 && ::ftruncate(fd, 0) != 0) return false;  // the whole file is coming
       done = 0;
@@ -424,6 +472,10 @@ Status Fetcher::download(const HubFile& file) {
     };
     sink.write = [&](const char* data, size_t size) {
       if (stop_) return false;
+      if (static_cast<uint64_t>(file.size - done) < size) {
+        too_long = true;  // written no further: a body without end fills no volume
+        return false;
+      }
       while (size > 0) {
         const ssize_t written = ::write(fd, data, size);
         if (written <= 0) {
@@ -443,6 +495,18 @@ Status Fetcher::download(const HubFile& file) {
     ::close(fd);
     if (write_failed || !synced) {
       return failedPrecondition(part.string() + ": writing failed (is the volume full?)");
+    }
+    if (too_long) {
+      fs::remove(part, error);
+      return dataLoss(name_ + ": " + file.path + ": the Hub sent more than the " +
+                      std::to_string(file.size) +
+                      " bytes its file list gives it; the part was removed");
+    }
+    if (!bad_range.empty()) {  // start again from the first byte
+      fs::remove(part, error);
+      last_failure = "GET " + url + ": asked for bytes from " + std::to_string(offset) +
+                     ", the answer's Content-Range is \"" + bad_range + "\"";
+      continue;
     }
     if (!reply.isOk()) {
       last_failure = reply.status().message();
@@ -800,7 +864,21 @@ std::string gitBlobId(const fs::path& file) {
 std::string fileSha256(const fs::path& file) { return digestFile(file, EVP_sha256(), ""); }
 
 StatusOr<HubFetchResult> fetchHubModel(const HubFetchOptions& options) {
-  Fetcher fetcher(options);
+  // As the Hub's own client takes a token: line breaks out, blanks around
+  // it off (a Secret made from a file often ends in a newline, which would
+  // break the Authorization header).
+  HubFetchOptions cleaned = options;
+  std::erase_if(cleaned.token, [](char c) { return c == '\r' || c == '\n'; });
+  const size_t first = cleaned.token.find_first_not_of(" \t");
+  cleaned.token =
+      first == std::string::npos
+          ? std::string()
+          : cleaned.token.substr(first, cleaned.token.find_last_not_of(" \t") - first + 1);
+  if (hasControlCharacter(cleaned.token)) {
+    return invalidArgument(options.token_source +
+                           " holds a control character; a Hub token has none");
+  }
+  Fetcher fetcher(cleaned);
   return fetcher.run();
 }
 

@@ -87,8 +87,12 @@ StatusOr<ModelSource> parseModelSource(std::string_view text) {
     if (size_t at = rest.find('@'); at != std::string_view::npos) {
       revision = rest.substr(at + 1);
       rest = rest.substr(0, at);
+      // As git's ref names: no empty component, none starting with '.'
+      // (".", which named the directory above every revision's, or "a/.b").
       if (revision.empty() || revision.find("..") != std::string_view::npos ||
-          revision.front() == '/' || revision.back() == '/') {
+          revision.front() == '/' || revision.back() == '/' || revision.front() == '.' ||
+          revision.find("/.") != std::string_view::npos ||
+          revision.find("//") != std::string_view::npos) {
         return malformed(text, "expected hf://org/name@revision with a branch, tag or commit");
       }
     }

@@ -160,6 +160,10 @@ class HubServer::Impl {
     std::lock_guard<std::mutex> lock(mutex_);
     corrupt_.insert(file);
   }
+  void lengthen(const std::string& file, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lengthen_[file] = bytes;
+  }
   std::vector<Request> requests() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return requests_;
@@ -314,6 +318,11 @@ class HubServer::Impl {
       (*changed)[changed->size() / 2] ^= 0x5a;
       bytes = changed;
     }
+    if (auto extra = lengthen_.find(file.path); extra != lengthen_.end()) {
+      auto longer = std::make_shared<std::string>(*bytes);
+      longer->append(static_cast<size_t>(extra->second), 'x');
+      bytes = longer;
+    }
     int64_t cut = -1;
     if (auto fault = cuts_.find(file.path); fault != cuts_.end() && fault->second.second > 0) {
       cut = fault->second.first;
@@ -368,6 +377,7 @@ class HubServer::Impl {
   int page_size_ = 50;
   std::map<std::string, std::pair<int64_t, int>> cuts_;
   std::set<std::string> corrupt_;
+  std::map<std::string, int64_t> lengthen_;
   std::vector<Request> requests_;
 };
 
@@ -386,6 +396,7 @@ void HubServer::cutAfter(const std::string& file, int64_t bytes, int times) {
   impl_->cutAfter(file, bytes, times);
 }
 void HubServer::corrupt(const std::string& file) { impl_->corrupt(file); }
+void HubServer::lengthen(const std::string& file, int64_t bytes) { impl_->lengthen(file, bytes); }
 std::vector<HubServer::Request> HubServer::requests() const { return impl_->requests(); }
 
 }  // namespace tandem::testing

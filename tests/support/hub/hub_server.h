@@ -75,6 +75,9 @@ class HubServer {
   void cutAfter(const std::string& file, int64_t bytes, int times = 1);
   // `file` is served with one byte changed from now on.
   void corrupt(const std::string& file);
+  // `file` is served with `bytes` more bytes than its listing gives it from
+  // now on.
+  void lengthen(const std::string& file, int64_t bytes);
 
   std::vector<Request> requests() const;
 

@@ -66,10 +66,13 @@ TEST(ModelSourceTest, RefusesMalformedSourcesSayingWhatIsAccepted) {
         Case{"hf://org/", "hf://org/name[@revision]"},
         Case{"hf://org/a/b", "hf://org/name[@revision]"},
         Case{"hf://org/name@", "branch, tag or commit"}, Case{"hf://org/na me", "space"},
-        Case{"pvc://Models/x", "claim name"}, Case{"pvc://models./x", "claim name"},
-        Case{"pvc://a..b/x", "claim name"}, Case{"pvc://a.-b", "claim name"},
-        Case{"pvc://models/../etc", "without '.' or '..'"}, Case{"oci://", "oci://registry"},
-        Case{"", "empty"}}) {
+        // "." named the directory above every revision's.
+        Case{"hf://org/name@.", "branch, tag or commit"},
+        Case{"hf://org/name@a/.b", "branch, tag or commit"},
+        Case{"hf://org/name@a//b", "branch, tag or commit"}, Case{"pvc://Models/x", "claim name"},
+        Case{"pvc://models./x", "claim name"}, Case{"pvc://a..b/x", "claim name"},
+        Case{"pvc://a.-b", "claim name"}, Case{"pvc://models/../etc", "without '.' or '..'"},
+        Case{"oci://", "oci://registry"}, Case{"", "empty"}}) {
     StatusOr<ModelSource> source = parseModelSource(c.text);
     ASSERT_FALSE(source.isOk()) << c.text;
     EXPECT_EQ(source.status().code(), StatusCode::kInvalidArgument);
@@ -315,6 +318,43 @@ TEST_F(HubFetchTest, RefusesAFileWhoseBytesDoNotMatchItsHashNamingIt) {
       << plain.status().message();
 }
 
+// A body longer than the file list gives the file is cut where the list
+// ends it, and refused: a server sending without end fills no volume.
+TEST_F(HubFetchTest, ABodyLongerThanTheListSaysIsRefusedAndNotWrittenPastIt) {
+  hub_.lengthen("model.safetensors", 4 << 20);
+  StatusOr<HubFetchResult> result = fetchHubModel(options());
+  ASSERT_FALSE(result.isOk());
+  EXPECT_EQ(result.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(result.status().message().find(
+                "model.safetensors: the Hub sent more than the " +
+                std::to_string(fs::file_size(model_.path() / "model.safetensors")) +
+                " bytes its file list gives it"),
+            std::string::npos)
+      << result.status().message();
+  EXPECT_FALSE(fs::exists(fetched(".tandem-fetch/model.safetensors.part")));
+  EXPECT_FALSE(fs::exists(fetched("model.safetensors")));
+}
+
+// An empty file (a chat template left empty) is fetched as one, and a file
+// list naming a file with a control character (a NUL cut the file's path
+// short, onto the fetch's own state files) is refused.
+TEST_F(HubFetchTest, AnEmptyFileIsFetchedAndControlCharactersInNamesAreRefused) {
+  hub_.publish("tandem/tiny", model_.path(), {{"chat_template.jinja", ""}});
+  StatusOr<HubFetchResult> result = fetchHubModel(options());
+  ASSERT_TRUE(result.isOk()) << result.status().message();
+  ASSERT_TRUE(fs::exists(fetched("chat_template.jinja")));
+  EXPECT_EQ(fs::file_size(fetched("chat_template.jinja")), 0u);
+
+  hub_.publish("tandem/tiny", model_.path(), {{std::string("lock\0.safetensors", 17), "weights"}});
+  HubFetchOptions other = options();
+  other.directory = out_.path() / "other";
+  StatusOr<HubFetchResult> refused = fetchHubModel(other);
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_NE(refused.status().message().find("the file list names a file with a control character"),
+            std::string::npos)
+      << refused.status().message();
+}
+
 TEST_F(HubFetchTest, AGatedRepositoryNeedsItsTokenAndTheTokenNeverReachesTheCdn) {
   hub_.publish("tandem/gated", model_.path(), {}, "main", "hf_secret");
   HubFetchOptions gated = options();
@@ -338,7 +378,15 @@ TEST_F(HubFetchTest, AGatedRepositoryNeedsItsTokenAndTheTokenNeverReachesTheCdn)
             std::string::npos)
       << wrong.status().message();
 
-  gated.token = "hf_secret";
+  // A token with a control character inside is refused before anything is
+  // asked; a Secret made from a file ending in a newline works.
+  gated.token = "hf_se\x1b[31mcret";
+  StatusOr<HubFetchResult> control = fetchHubModel(gated);
+  ASSERT_FALSE(control.isOk());
+  EXPECT_EQ(control.status().message(),
+            "the Secret hf-token (key token) holds a control character; a Hub token has none");
+
+  gated.token = "hf_secret\r\n";
   StatusOr<HubFetchResult> granted = fetchHubModel(gated);
   ASSERT_TRUE(granted.isOk()) << granted.status().message();
   int hub_with_token = 0;
