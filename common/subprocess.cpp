@@ -33,7 +33,8 @@ std::chrono::milliseconds leftUntil(Clock::time_point deadline) {
 
 Subprocess::Subprocess(const std::vector<std::string>& argv,
                        const std::filesystem::path& stderr_path,
-                       const std::vector<std::pair<std::string, std::string>>& env)
+                       const std::vector<std::pair<std::string, std::string>>& env,
+                       bool own_process_group)
     : stderr_path_(stderr_path) {
   if (argv.empty()) throw Error("Subprocess needs a program to run");
   // Everything the child needs is built here: between fork and exec only
@@ -75,6 +76,13 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
     throw Error(std::string("cannot start ") + argv[0] + ": fork failed: " + std::strerror(error));
   }
   if (pid_ == 0) {
+    if (own_process_group) {
+      // A background group that read the terminal would be stopped
+      // (SIGTTIN): stdin is /dev/null.
+      ::setpgid(0, 0);
+      const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (null >= 0) ::dup2(null, STDIN_FILENO);
+    }
     ::dup2(out[1], STDOUT_FILENO);
     if (!stderr_file.empty()) {
       const int err = ::open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -91,6 +99,10 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
     ::execvpe(args[0], args.data(), envp.data());
     ::_exit(127);
   }
+  // Also here, so that the group exists before the constructor returns
+  // whichever of parent and child runs first (an error once the child has
+  // exec'd is that it already did).
+  if (own_process_group) ::setpgid(pid_, pid_);
   ::close(out[1]);
   stdout_fd_ = out[0];
 }

@@ -31,9 +31,13 @@ class Subprocess {
  public:
   // argv[0] is a path, or a name looked up in PATH. `env` is set (replacing
   // inherited values) in the child's environment only. stderr goes to
-  // stderr_path (created or truncated); an empty path inherits ours.
+  // stderr_path (created or truncated); an empty path inherits ours. With
+  // `own_process_group` the child leads a process group of its own, with
+  // stdin from /dev/null: a signal to our group (Ctrl-C in a terminal sends
+  // SIGINT to the foreground group) does not reach it, only what we send it.
   Subprocess(const std::vector<std::string>& argv, const std::filesystem::path& stderr_path,
-             const std::vector<std::pair<std::string, std::string>>& env = {});
+             const std::vector<std::pair<std::string, std::string>>& env = {},
+             bool own_process_group = false);
   ~Subprocess();
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;

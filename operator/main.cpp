@@ -9,6 +9,7 @@
 // serve; controller prints "controller started". All stop cleanly on SIGINT
 // or SIGTERM.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -256,9 +257,29 @@ int runLocal(CLI::App& command, const LocalFlags& flags) {
         config.decode = toEndpoints(decode);
         return std::make_unique<InProcessRouter>(std::move(config));
       });
-  SignalWatcher signals([&mode](int signal_number) {
-    TANDEM_LOG(kInfo) << "local: signal " << signal_number << ": stopping";
-    mode.requestStop();
+  // The first SIGINT or SIGTERM stops in order (the router's grace, then
+  // the agents' drain); a second one, as a second Ctrl-C, stops at once:
+  // every agent is killed and tandem-operator exits 130, leaving nothing.
+  std::atomic<int> signals_seen = 0;
+  SignalWatcher signals([&mode, &signals_seen](int signal_number) {
+    if (signals_seen.fetch_add(1) == 0) {
+      TANDEM_LOG(kInfo) << "local: signal " << signal_number
+                        << ": stopping (again to stop at once, killing the agents)";
+      mode.requestStop();
+      return;
+    }
+    TANDEM_LOG(kWarn) << "local: signal " << signal_number
+                      << " again: killing every agent and exiting now";
+    const std::vector<tandem::local::AgentStatus> agents = mode.agents();
+    for (const tandem::local::AgentStatus& agent : agents) {
+      if (agent.pid > 0) ::kill(agent.pid, SIGKILL);
+    }
+    // Reaped here (unless the supervisor already did), not left to become
+    // zombies of whoever inherits them.
+    for (const tandem::local::AgentStatus& agent : agents) {
+      if (agent.pid > 0) ::waitpid(agent.pid, nullptr, 0);
+    }
+    std::_Exit(130);
   });
   mode.run();
   return 0;

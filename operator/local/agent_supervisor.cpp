@@ -206,7 +206,12 @@ void AgentSupervisor::start(Agent& agent) {
   agent.partial_line.clear();
   agent.state = AgentState::kStarting;
   try {
-    agent.process = std::make_unique<Subprocess>(argv, std::filesystem::path(), agent.env);
+    // A group of its own: Ctrl-C in the terminal (SIGINT to the foreground
+    // group) reaches tandem-operator alone, which stops the agents in order
+    // (docs/local-mode.md, Life cycle), instead of every agent draining at
+    // once under the router.
+    agent.process = std::make_unique<Subprocess>(argv, std::filesystem::path(), agent.env,
+                                                 /*own_process_group=*/true);
   } catch (const Error& e) {
     // Out of processes or pipes: try again after the backoff like a crash.
     TANDEM_LOG(kError) << "local: " << agent.name << ": " << e.what();

@@ -465,6 +465,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   bool migrating = false;  // this attempt resumes a stream another agent began
   std::optional<Clock::time_point> first_break;  // when the stream first broke
   AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
+  // A decode agent this request may not go to: unhealthy (a draining agent
+  // says it is), or not serving the request's adapter.
+  auto unfit = [&](const AgentPtr& agent) {
+    return !agent->healthy ||
+           (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
+  };
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
     if (attempt == 1 && !migrating) {
@@ -517,9 +523,17 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       prediction.observed_prefill_s = prefill_answered_s;
     }
     prediction.logged = logged;
-    DecodeOutcome outcome =
-        co_await decodeOn(exchange, body, streaming, decode, handoff, label, arrival,
-                          decode_reservation, prediction, splice ? &*splice : nullptr, client);
+    // The stream is handed over when this agent drains only if another
+    // agent could resume it: a lone decode agent (or the last one fit, or a
+    // stream out of moves) finishes its streams as it drains instead, within
+    // its --shutdown-timeout, rather than handing them to nobody.
+    const bool movable =
+        splice && splice->continuations() < max_migrations_ &&
+        std::any_of(decode_order.begin() + static_cast<std::ptrdiff_t>(attempt) + 1,
+                    decode_order.end(), [&](size_t other) { return !unfit(decode_agents[other]); });
+    DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
+                                              arrival, decode_reservation, prediction,
+                                              splice ? &*splice : nullptr, movable, client);
     if (outcome == DecodeOutcome::kRefused) {
       // Its answer went to the client as it came; the agent read no KV, so
       // what was held for it is let go now, not at the holders' timeouts.
@@ -549,13 +563,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                            : outcome == DecodeOutcome::kStalled       ? "stall"
                            : outcome == DecodeOutcome::kUpstreamError ? "error"
                                                                       : "failure";
-      // The next decode agent still healthy (a draining one says it is
-      // not) and, for an adapter's stream, still serving it.
+      // The next decode agent still fit for it.
       size_t next = attempt + 1;
-      auto unfit = [&](const AgentPtr& agent) {
-        return !agent->healthy ||
-               (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
-      };
       while (next < decode_order.size() && unfit(decode_agents[decode_order[next]])) ++next;
       if (!first_break) first_break = Clock::now();
       // What the last attempt was lent is done with; what a draining agent
@@ -762,7 +771,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     HttpExchange& exchange, Body body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
     LoadLedger::Reservation& reservation, const Prediction& prediction, StreamSplice* splice,
-    ClientStream& client) {
+    bool movable, ClientStream& client) {
   const std::string request_body = decodeBody(body, handoff.params);
   const std::string target = targetOf(body);
   std::vector<std::pair<std::string, std::string>> headers = {
@@ -815,7 +824,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     request.set(http::field::content_type, "application/json");
     // A stream this router can move is handed over, not finished, when the
     // agent drains.
-    if (splice != nullptr && streaming) request.set(server::kHandOverHeader, "drain");
+    if (splice != nullptr && streaming && movable) request.set(server::kHandOverHeader, "drain");
     // A whole answer is silent until complete: the agent says it is alive
     // (102 Processing) four times per silence timeout meanwhile.
     if (whole) {

@@ -475,10 +475,11 @@ class OperatorBinaryTest : public ::testing::Test {
   TempDir dir_{"tandem-operator-test"};
 };
 
-TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
+TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnCtrlC) {
   const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  // In a group of its own, as a shell runs a foreground command.
   Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
-                dir_.path() / "stderr");
+                dir_.path() / "stderr", {}, /*own_process_group=*/true);
   const std::string line = op.waitForLine("router listening on ", seconds(120));
   ASSERT_FALSE(line.empty()) << op.stderrText();
   const int port = std::stoi(line.substr(line.rfind(':') + 1));
@@ -500,8 +501,13 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
 
   const std::vector<pid_t> agents = childPids(op.pid());
   ASSERT_EQ(agents.size(), 2u);
+  // Each agent leads a group of its own: Ctrl-C in a terminal (SIGINT to
+  // the foreground group) reaches tandem-operator alone, which stops the
+  // router first and then the agents; sent to the agents too, it drained
+  // them all at once under the router's streams.
+  for (pid_t pid : agents) EXPECT_EQ(::getpgid(pid), pid) << pid;
   op.readStdout(milliseconds(10));  // its pipe must not fill
-  op.signal(SIGTERM);
+  ASSERT_EQ(::kill(-op.pid(), SIGINT), 0);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
   for (pid_t pid : agents) EXPECT_FALSE(processExists(pid)) << pid;
   const std::string output = op.readStdout(seconds(1));
@@ -514,6 +520,31 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnSigterm) {
   }
   EXPECT_EQ(log.find("was killed by signal"), std::string::npos) << log;
   EXPECT_NE(log.find("local: stopped"), std::string::npos) << log;
+}
+
+// A second SIGTERM (or Ctrl-C) while the first stop waits stops at once:
+// every agent is killed and tandem-operator exits 130. Here one agent is
+// stopped (SIGSTOP) and cannot drain, so the first stop alone would wait
+// --stop-timeout (10 s) for it.
+TEST_F(OperatorBinaryTest, ASecondSignalStopsAtOnceLeavingNoAgent) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  ASSERT_FALSE(op.waitForLine("router listening on ", seconds(120)).empty()) << op.stderrText();
+  const std::vector<pid_t> agents = childPids(op.pid());
+  ASSERT_EQ(agents.size(), 2u);
+  ASSERT_EQ(::kill(agents[0], SIGSTOP), 0);
+  op.signal(SIGTERM);
+  ASSERT_TRUE(eventually([&] {
+    return op.stderrText().find("local: stopping the agents") != std::string::npos;
+  })) << op.stderrText();
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(5)), 130) << op.stderrText();
+  for (pid_t pid : agents) {
+    EXPECT_TRUE(eventually([&] { return !processExists(pid); })) << pid;
+  }
+  EXPECT_NE(op.stderrText().find("again: killing every agent and exiting now"), std::string::npos)
+      << op.stderrText();
 }
 
 // A pool whose model comes from the Hub: local mode fetches it (with the

@@ -1385,6 +1385,51 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
   expectDrainMigrations(routerMetrics(), 2, streams_s);
 }
 
+// The only decode agent, drained while streams run on it: nobody could
+// resume them, so the router does not ask for them to be handed over and
+// the agent finishes them before it exits (its --shutdown-timeout), each
+// equal to an undisturbed stream. Asked to hand them over, it gave them to
+// nobody and every client got an error event.
+TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
+  start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
+  std::vector<json> bodies;
+  for (int i = 0; i < 3; ++i) {
+    json body = greedy(randomPrompt(40 + i, 500 + i), 120);
+    body["stream"] = true;
+    bodies.push_back(body);
+  }
+  std::vector<StreamedCompletion> undisturbed;
+  {
+    Agent colocated({}, smallModelDir());
+    for (auto& client : streamConcurrently(colocated.port(), bodies, undisturbed)) client.join();
+  }
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  Agent& decode = *decode_[0];
+  bool drained = false;
+  std::thread drainer([&] {
+    if (!eventually([&] { return decode.metric("tandem_num_requests_running") >= 2; },
+                    std::chrono::seconds(20))) {
+      return;
+    }
+    auto res = decode.client()->Post("/admin/drain", "{}", "application/json");
+    drained = res && res->status == 202;
+  });
+  for (auto& client : clients) client.join();
+  drainer.join();
+  ASSERT_TRUE(drained) << "the agent never ran two streams at once, or refused the drain";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(streams[i], undisturbed[i]);
+  }
+  ChildProcess& process = decode.process();
+  EXPECT_EQ(process.wait(std::chrono::seconds(30)), 0) << process.stderrText();
+  EXPECT_EQ(process.stderrText().find("drain: handed over"), std::string::npos)
+      << process.stderrText();
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
+}
+
 // A decode agent that fails a stream with an error event (here: the
 // prompt's KV fails to load and its policy is to fail) does not end the
 // client's stream: the router moves it to the other decode agent, and the
