@@ -6,6 +6,10 @@
 namespace tandem {
 
 std::optional<std::string> readFileText(const std::filesystem::path& path) {
+  // A directory opens, and reads as nothing: the caller would take it for
+  // an empty file.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   std::ostringstream text;

@@ -8,7 +8,8 @@
 
 namespace tandem {
 
-// The file's bytes; nullopt when it cannot be opened or a read fails.
+// The file's bytes; nullopt when it cannot be opened or a read fails (a
+// directory included).
 std::optional<std::string> readFileText(const std::filesystem::path& path);
 
 }  // namespace tandem

@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/file_text.h"
 #include "common/kv_auth.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
@@ -36,14 +37,6 @@ constexpr milliseconds kLoopInterval{20};
 
 double steadySeconds() {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
-std::optional<std::string> readText(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace
@@ -385,7 +378,7 @@ RouterSpec LocalMode::routerSpecFor(const ClusterSpec& cluster) const {
 
 void LocalMode::run() {
   const std::string source = options_.cluster_file.string();
-  std::optional<std::string> text = readText(options_.cluster_file);
+  std::optional<std::string> text = readFileText(options_.cluster_file);
   if (!text) throw Error(source + ": cannot be read");
   file_text_ = *text;
   ClusterSpec cluster = parseClusterSpec(file_text_, source);
@@ -468,7 +461,7 @@ void LocalMode::run() {
 
 void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& running_router) {
   const std::string source = options_.cluster_file.string();
-  std::optional<std::string> text = readText(options_.cluster_file);
+  std::optional<std::string> text = readFileText(options_.cluster_file);
   if (!text || *text == file_text_) return;
   // An editor may be half-way through writing: a bad text is reported once,
   // and the next change is read again.

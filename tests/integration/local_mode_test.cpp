@@ -895,6 +895,17 @@ TEST_F(OperatorBinaryTest, ABadFileIsOneLineNamingTheField) {
   EXPECT_EQ(op.stderrText(), "tandem-operator: " + file.string() +
                                  ": document 1 (PrefillPool \"prefill\"): spec.engine.threads "
                                  "must be an integer between 0 and 1024, got \"many\" (line 12)\n");
+
+  // A directory given as the file is not read as an empty one.
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{binary_.string(), "local", "-f", dir_.path().string()},
+        std::vector<std::string>{binary_.string(), "router", "--config", dir_.path().string()}}) {
+    Subprocess refused(command, dir_.path() / "stderr-dir");
+    EXPECT_EQ(refused.wait(seconds(30)), 1) << command[1];
+    EXPECT_EQ(refused.stderrText(),
+              "tandem-operator: " + dir_.path().string() + ": cannot be read\n")
+        << command[1];
+  }
 }
 
 TEST_F(OperatorBinaryTest, RouterCommandTakesAgentsFromItsFileOrItsFlags) {
