@@ -160,6 +160,8 @@ struct LocalFlags {
   std::string agent_binary;
   double stop_timeout_s = 10;
   double startup_timeout_s = 300;
+  double liveness_period_s = 10;
+  int liveness_failures = 3;
   double restart_backoff_s = 1;
   double max_restart_backoff_s = 30;
   double planner_interval_s = 2;
@@ -190,6 +192,17 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
       ->add_option("--startup-timeout", flags.startup_timeout_s,
                    "seconds an agent may take to become healthy")
       ->check(tandem::positiveSeconds())
+      ->capture_default_str();
+  local
+      ->add_option("--liveness-period", flags.liveness_period_s,
+                   "seconds between the /health probes of a ready agent")
+      ->check(tandem::positiveSeconds())
+      ->capture_default_str();
+  local
+      ->add_option("--liveness-failures", flags.liveness_failures,
+                   "probes in a row without an answer after which a ready agent is killed and "
+                   "restarted (0: never)")
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   local
       ->add_option("--restart-backoff", flags.restart_backoff_s,
@@ -234,6 +247,8 @@ int runLocal(CLI::App& command, const LocalFlags& flags) {
   options.supervisor.agent_binary = agent_binary;
   options.supervisor.stop_timeout = millisecondsOf(flags.stop_timeout_s);
   options.supervisor.startup_timeout = millisecondsOf(flags.startup_timeout_s);
+  options.supervisor.liveness_period = millisecondsOf(flags.liveness_period_s);
+  options.supervisor.liveness_failures = flags.liveness_failures;
   options.planner_interval = millisecondsOf(flags.planner_interval_s);
   if (command.get_option("--metrics-port")->count() > 0) options.metrics_port = flags.metrics_port;
   options.supervisor.initial_backoff = millisecondsOf(flags.restart_backoff_s);

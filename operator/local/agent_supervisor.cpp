@@ -34,12 +34,13 @@ void writeStdout(const std::string& line) {
   std::fflush(stdout);
 }
 
-bool isHealthy(const std::string& host, int port) {
+// /health's status, 0 when it gives no answer within a second.
+int healthStatus(const std::string& host, int port) {
   httplib::Client client(host, port);
   client.set_connection_timeout(0, 200000);
   client.set_read_timeout(1, 0);
   auto response = client.Get("/health");
-  return response && response->status == 200;
+  return response ? response->status : 0;
 }
 
 std::string exitText(int status) {
@@ -86,6 +87,7 @@ struct AgentSupervisor::Agent {
   Clock::time_point restart_at;
   Clock::time_point kill_at;
   Clock::time_point next_health_check;
+  int unanswered = 0;        // liveness probes in a row without an answer
   bool killed = false;       // SIGKILL sent to the current process
   bool timed_out = false;    // killed for not getting ready in time
   bool removed = false;      // no longer wanted: stop, then forget
@@ -316,9 +318,11 @@ void AgentSupervisor::poll() {
         if (!agent.process) break;
         if (agent.port != 0 && now >= agent.next_health_check) {
           agent.next_health_check = now + kHealthInterval;
-          if (isHealthy(options_.host, agent.port)) {
+          if (healthStatus(options_.host, agent.port) == 200) {
             agent.state = AgentState::kReady;
             agent.ready_at = Clock::now();
+            agent.unanswered = 0;
+            agent.next_health_check = agent.ready_at + options_.liveness_period;
             TANDEM_LOG(kInfo) << "local: " << agent.name << " ready on " << options_.host << ":"
                               << agent.port << " (pid " << agent.process->pid() << ")";
             break;
@@ -345,6 +349,20 @@ void AgentSupervisor::poll() {
         }
         break;
       case AgentState::kReady:
+        if (options_.liveness_failures > 0 && agent.process && !agent.killed &&
+            now >= agent.next_health_check) {
+          agent.next_health_check = now + options_.liveness_period;
+          agent.unanswered =
+              healthStatus(options_.host, agent.port) == 0 ? agent.unanswered + 1 : 0;
+          if (agent.unanswered >= options_.liveness_failures) {
+            TANDEM_LOG(kWarn) << "local: " << agent.name << " (pid " << agent.process->pid()
+                              << ") gave no answer to /health " << agent.unanswered
+                              << " times in a row, " << secondsText(options_.liveness_period)
+                              << " apart: SIGKILL";
+            agent.killed = true;
+            agent.process->signal(SIGKILL);
+          }
+        }
         break;
     }
   }

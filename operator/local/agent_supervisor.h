@@ -37,6 +37,13 @@ struct SupervisorOptions {
   std::chrono::milliseconds startup_timeout{300000};
   // SIGTERM, then SIGKILL after this long.
   std::chrono::milliseconds stop_timeout{10000};
+  // Liveness, as a pod's livenessProbe: a ready agent's /health is asked
+  // every liveness_period (1 s to answer); one that gives no answer
+  // liveness_failures times in a row (hung, stopped) is killed and
+  // restarted with the backoff. Any answer counts, a draining agent's 503
+  // too. 0 failures: never.
+  std::chrono::milliseconds liveness_period{10000};
+  int liveness_failures = 3;
   // Receives each line of the agents' output, prefixed; default: stdout.
   std::function<void(const std::string& line)> output;
 };

@@ -304,6 +304,33 @@ TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
   for (pid_t pid : agents) EXPECT_FALSE(processExists(pid)) << pid;
 }
 
+// A ready agent that stops answering (hung; here SIGSTOPped) is killed and
+// started again, as a pod's liveness probe would have it; the agent that
+// answers is left alone.
+TEST_F(LocalModeTest, AnAgentThatStopsAnsweringIsKilledAndStartedAgain) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  LocalModeOptions hung_options = options(file);
+  hung_options.supervisor.liveness_period = milliseconds(200);
+  LocalMode mode(std::move(hung_options), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  const AgentStatus prefill = *agent(mode, "prefill-0");
+  const AgentStatus decode = *agent(mode, "decode-0");
+  ASSERT_EQ(::kill(decode.pid, SIGSTOP), 0);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto now = agent(mode, "decode-0");
+        return now && now->state == AgentState::kReady && now->pid != decode.pid;
+      },
+      seconds(60)));
+  EXPECT_EQ(agent(mode, "decode-0")->restarts, 1);
+  EXPECT_TRUE(eventually([&] { return !processExists(decode.pid); }));
+  EXPECT_EQ(agent(mode, "prefill-0")->pid, prefill.pid);
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+}
+
 TEST_F(LocalModeTest, ABadFileStartsNothing) {
   std::string text = clusterYaml(1, 1);
   text.replace(text.rfind("numBlocks: 128"), 14, "numBlocks: lots");
