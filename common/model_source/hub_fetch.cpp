@@ -259,7 +259,9 @@ class Fetcher {
   fs::path state_;
   std::string commit_;  // what the revision resolved to
   std::atomic<int64_t> downloaded_{0};
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false};  // another file failed
+  // stop_, or the caller cancelled.
+  bool stopping() const { return stop_ || (options_.cancel != nullptr && options_.cancel->load()); }
   std::mutex progress_mutex_;
 };
 
@@ -433,7 +435,7 @@ Status Fetcher::download(const HubFile& file) {
                           commit_ + "/" + percentEncode(file.path, true);
   double delay = options_.retry_delay_s;
   std::string last_failure;
-  for (int attempt = 0; attempt <= options_.retries && !stop_; ++attempt) {
+  for (int attempt = 0; attempt <= options_.retries && !stopping(); ++attempt) {
     if (attempt > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(delay));
       delay *= 2;
@@ -471,7 +473,7 @@ Status Fetcher::download(const HubFile& file) {
       return true;
     };
     sink.write = [&](const char* data, size_t size) {
-      if (stop_) return false;
+      if (stopping()) return false;
       if (static_cast<uint64_t>(file.size - done) < size) {
         too_long = true;  // written no further: a body without end fills no volume
         return false;
@@ -530,7 +532,7 @@ Status Fetcher::download(const HubFile& file) {
     }
     return answerError(*reply, file.path);
   }
-  if (stop_) return Status(StatusCode::kAborted, "stopped");
+  if (stopping()) return Status(StatusCode::kAborted, "stopped");
   const int64_t have =
       fs::exists(part, error) ? static_cast<int64_t>(fs::file_size(part, error)) : 0;
   if (have != file.size) {
@@ -754,6 +756,7 @@ StatusOr<HubFetchResult> Fetcher::run() {
   commit_ = *commit;
   StatusOr<std::vector<HubFile>> files = listFiles(*commit);
   if (!files.isOk()) return files.status();
+  if (stopping()) return Status(StatusCode::kAborted, "stopped");
   // From here the directory changes: it is incomplete until the marker is back.
   fs::remove(state_ / kCompleteFile, error);
   syncDirectory(state_);
@@ -765,7 +768,7 @@ StatusOr<HubFetchResult> Fetcher::run() {
   std::mutex failure_mutex;
   std::optional<Status> failure;
   auto worker = [&] {
-    for (size_t i = next++; i < files->size() && !stop_; i = next++) {
+    for (size_t i = next++; i < files->size() && !stopping(); i = next++) {
       Status status = download((*files)[i]);
       if (!status.isOk()) {
         std::lock_guard<std::mutex> guard(failure_mutex);

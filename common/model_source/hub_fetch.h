@@ -32,6 +32,7 @@
 // one downloads and the others then find it complete.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -63,6 +64,9 @@ struct HubFetchOptions {
   bool tokenizer_only = false;
   // Called from the downloading threads (serialised) as bytes arrive.
   std::function<void(const std::string& file, int64_t done, int64_t size)> progress;
+  // Once set, the fetch stops as soon as it can (between a download's
+  // chunks; a metadata call runs to its answer or timeout): Aborted.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct HubFile {

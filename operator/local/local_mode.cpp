@@ -180,7 +180,14 @@ std::filesystem::path defaultModelCache() {
   return std::filesystem::temp_directory_path() / "tandem-models";
 }
 
-void LocalMode::fetchModelSources(std::vector<PoolSpec>& pools, const std::string& file) const {
+namespace {
+
+// Fetches each pool's hf:// source into `cache` (a call to the Hub even when
+// the cache is complete: a branch may have moved) and points the pool at it;
+// throws tandem::Error naming the pool and the reason (a pvc:// or oci://
+// source, which needs Kubernetes; a failed or cancelled fetch).
+void fetchModelSources(std::vector<PoolSpec>& pools, const std::string& file,
+                       const std::filesystem::path& cache, const std::atomic<bool>& cancel) {
   using model_source::SourceKind;
   std::map<std::string, std::string> fetched;  // source text → directory
   for (PoolSpec& pool : pools) {
@@ -209,8 +216,7 @@ void LocalMode::fetchModelSources(std::vector<PoolSpec>& pools, const std::strin
     if (fetch.endpoint.empty()) fetch.endpoint = "https://huggingface.co";
     if (const char* token = std::getenv("HF_TOKEN")) fetch.token = token;
     fetch.token_source = "HF_TOKEN in tandem-operator's environment";
-    const std::filesystem::path cache =
-        options_.model_cache.empty() ? defaultModelCache() : options_.model_cache;
+    fetch.cancel = &cancel;
     fetch.directory = model_source::hubCacheDirectory(cache.string(), source);
     TANDEM_LOG(kInfo) << "local: fetching " << source.text << " from " << fetch.endpoint << " into "
                       << fetch.directory.string();
@@ -229,6 +235,8 @@ void LocalMode::fetchModelSources(std::vector<PoolSpec>& pools, const std::strin
     fetched[source.text] = pool.model_path;
   }
 }
+
+}  // namespace
 
 void LocalMode::secureKvTransfer(std::vector<PoolSpec>& pools) const {
   for (PoolSpec& pool : pools) {
@@ -382,7 +390,18 @@ void LocalMode::run() {
   if (!text) throw Error(source + ": cannot be read");
   file_text_ = *text;
   ClusterSpec cluster = parseClusterSpec(file_text_, source);
-  fetchModelSources(cluster.pools, source);
+  {
+    std::shared_ptr<PendingFetch> fetch = startFetch(std::move(cluster), source);
+    while (!fetch->done) {
+      if (waitForStop(milliseconds(100))) {
+        fetch->cancel = true;
+        TANDEM_LOG(kInfo) << "local: stopped while fetching the pools' models";
+        return;
+      }
+    }
+    if (!fetch->error.empty()) throw Error(fetch->error);
+    cluster = std::move(fetch->cluster);
+  }
   secureKvTransfer(cluster.pools);
   const RouterSpec router_spec = routerSpecFor(cluster);
 
@@ -459,8 +478,38 @@ void LocalMode::run() {
   shutdown(supervisor, router.get());
 }
 
+std::shared_ptr<LocalMode::PendingFetch> LocalMode::startFetch(ClusterSpec cluster,
+                                                               const std::string& file) const {
+  auto fetch = std::make_shared<PendingFetch>();
+  fetch->cluster = std::move(cluster);
+  const std::filesystem::path cache =
+      options_.model_cache.empty() ? defaultModelCache() : options_.model_cache;
+  std::thread([fetch, file, cache] {
+    try {
+      fetchModelSources(fetch->cluster.pools, file, cache, fetch->cancel);
+    } catch (const std::exception& e) {
+      fetch->error = e.what();
+    }
+    fetch->done = true;
+  }).detach();
+  return fetch;
+}
+
 void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& running_router) {
   const std::string source = options_.cluster_file.string();
+  auto refuse = [&](const std::string& why) {
+    TANDEM_LOG(kError) << "local: " << why << "; keeping the running cluster";
+    std::lock_guard<std::mutex> lock(mutex_);
+    file_error_ = why;
+  };
+  if (pending_fetch_) {
+    // The file is read again once its last change is applied.
+    if (!pending_fetch_->done) return;
+    std::shared_ptr<PendingFetch> fetch = std::move(pending_fetch_);
+    if (!fetch->error.empty()) return refuse(fetch->error);
+    applyCluster(supervisor, running_router, std::move(fetch->cluster));
+    return;
+  }
   std::optional<std::string> text = readFileText(options_.cluster_file);
   if (!text || *text == file_text_) return;
   // An editor may be half-way through writing: a bad text is reported once,
@@ -469,14 +518,24 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   ClusterSpec cluster;
   try {
     cluster = parseClusterSpec(*text, source);
-    fetchModelSources(cluster.pools, source);
-    secureKvTransfer(cluster.pools);
   } catch (const Error& e) {
-    TANDEM_LOG(kError) << "local: " << e.what() << "; keeping the running cluster";
-    std::lock_guard<std::mutex> lock(mutex_);
-    file_error_ = e.what();
+    return refuse(e.what());
+  }
+  const bool fetches = std::any_of(cluster.pools.begin(), cluster.pools.end(),
+                                   [](const PoolSpec& pool) { return pool.model_source; });
+  if (fetches) {
+    TANDEM_LOG(kInfo) << "local: " << source
+                      << " changed: fetching its pools' models before applying it";
+    pending_fetch_ = startFetch(std::move(cluster), source);
     return;
   }
+  applyCluster(supervisor, running_router, std::move(cluster));
+}
+
+void LocalMode::applyCluster(AgentSupervisor& supervisor, const RouterSpec& running_router,
+                             ClusterSpec cluster) {
+  const std::string source = options_.cluster_file.string();
+  secureKvTransfer(cluster.pools);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     file_error_.clear();
@@ -493,6 +552,10 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
 }
 
 void LocalMode::shutdown(AgentSupervisor& supervisor, RouterHandle* router) {
+  if (pending_fetch_) {
+    pending_fetch_->cancel = true;
+    pending_fetch_.reset();
+  }
   const double grace_s = router_shutdown_timeout_s_.value_or(
       std::chrono::duration<double>(options_.supervisor.stop_timeout).count());
   if (router != nullptr) {

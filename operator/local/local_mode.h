@@ -136,17 +136,27 @@ class LocalMode {
  private:
   void publish(const AgentSupervisor& supervisor);
   bool waitForStop(std::chrono::milliseconds timeout);
+  // A file's pools with their hf:// sources fetched, on a thread of its own
+  // that shares only this: a download takes minutes, and the owner's loop
+  // keeps supervising the agents, serving the router and hearing a stop
+  // meanwhile. On a stop the fetch is cancelled and left to end by itself
+  // (a call to the Hub ends at its answer or timeout).
+  struct PendingFetch {
+    std::atomic<bool> done{false};
+    std::atomic<bool> cancel{false};
+    spec::ClusterSpec cluster;  // its pools pointed at what was fetched, once done
+    std::string error;          // why the fetch failed, once done
+  };
+  std::shared_ptr<PendingFetch> startFetch(spec::ClusterSpec cluster,
+                                           const std::string& file) const;
   void reloadIfChanged(AgentSupervisor& supervisor, const spec::RouterSpec& running_router);
+  void applyCluster(AgentSupervisor& supervisor, const spec::RouterSpec& running_router,
+                    spec::ClusterSpec cluster);
   spec::RouterSpec routerSpecFor(const spec::ClusterSpec& cluster) const;
   void shutdown(AgentSupervisor& supervisor, RouterHandle* router);
   // The file's pools as local mode runs them: autoscaled pools keep the
   // planner's replicas unless the file changed theirs.
   void adoptPools(const std::vector<spec::PoolSpec>& file_pools);
-  // Fetches each pool's hf:// source (a call to the Hub even when the cache
-  // is complete: a branch may have moved) and points the pool at it; throws
-  // tandem::Error naming the pool and the reason (a pvc:// or oci:// source,
-  // which needs Kubernetes; a failed fetch).
-  void fetchModelSources(std::vector<spec::PoolSpec>& pools, const std::string& file) const;
   // Gives every pool without a KV secret of its own
   // (kvTransfer.extraConfig.secret, a non-empty TANDEM_KV_SECRET in its env
   // or in this process's environment) this run's random one as
@@ -188,6 +198,7 @@ class LocalMode {
   std::atomic<int> metrics_port_{0};
   std::atomic<int> router_port_{0};
   std::atomic<int> router_updates_{0};
+  std::shared_ptr<PendingFetch> pending_fetch_;  // an edit's fetch; owner thread only
 };
 
 }  // namespace tandem::local

@@ -4,8 +4,11 @@
 // itself serves through its router and stops everything on SIGTERM.
 #include "operator/local/local_mode.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -911,6 +914,75 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
   EXPECT_GT(loaded, 0);
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+// A Hub that takes connections and never answers (a proxy gone quiet): its
+// fetch runs off local mode's loop, so a SIGTERM at start stops at once and,
+// on an edit that points a pool at it, a killed agent is still started
+// again. Before, local mode waited for the fetch's 60 s read timeout either
+// way.
+TEST_F(OperatorBinaryTest, AHubThatDoesNotAnswerHoldsNeitherTheStopNorTheAgents) {
+  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(silent, 16), 0);  // never accepted: connections wait in the backlog
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string endpoint = "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  const std::string text = clusterYaml(1, 1);
+  const std::string path_line =
+      "    path: " + testing::tinyModelDir().string() + "\n    name: tiny\n";
+  std::string hub_text = text;
+  hub_text.replace(
+      hub_text.rfind(path_line), path_line.size(),
+      "    source: hf://tandem/tiny\n    endpoint: " + endpoint + "\n    name: tiny\n");
+  const fs::path cache = dir_.path() / "cache";
+
+  // At start.
+  const fs::path at_start = dir_.write("at-start.yaml", hub_text);
+  Subprocess starting({binary_.string(), "local", "-f", at_start.string(), "--port", "0",
+                       "--model-cache", cache.string()},
+                      dir_.path() / "starting.stderr");
+  ASSERT_TRUE(eventually([&] {
+    return starting.stderrText().find("local: fetching hf://tandem/tiny") != std::string::npos;
+  })) << starting.stderrText();
+  starting.signal(SIGTERM);
+  EXPECT_EQ(starting.wait(seconds(10)), 0) << starting.stderrText();
+
+  // On an edit.
+  const fs::path file = dir_.write("cluster.yaml", text);
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0", "--model-cache",
+                 cache.string(), "--restart-backoff", "0.1"},
+                dir_.path() / "stderr");
+  ASSERT_FALSE(op.waitForLine("router listening on ", seconds(120)).empty()) << op.stderrText();
+  auto decodePid = [&]() -> pid_t {
+    for (pid_t pid : childPids(op.pid())) {
+      if (commandLine(pid).find("--role decode") != std::string::npos) return pid;
+    }
+    return 0;
+  };
+  const pid_t decode = decodePid();
+  ASSERT_NE(decode, 0);
+  std::ofstream(file) << hub_text;
+  ASSERT_TRUE(eventually([&] {
+    return op.stderrText().find("fetching its pools' models before applying it") !=
+           std::string::npos;
+  })) << op.stderrText();
+  ASSERT_EQ(::kill(decode, SIGKILL), 0);
+  EXPECT_TRUE(eventually(
+      [&] {
+        const pid_t now = decodePid();
+        return now != 0 && now != decode;
+      },
+      seconds(15)))
+      << op.stderrText();
+  op.readStdout(milliseconds(10));
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(15)), 0) << op.stderrText();
+  ::close(silent);
 }
 
 TEST_F(OperatorBinaryTest, ABadFileIsOneLineNamingTheField) {
