@@ -337,6 +337,7 @@ void AgentSupervisor::poll() {
       case AgentState::kBackoff:
         if (!stopping_all_ && now >= agent.restart_at) {
           ++agent.restarts;
+          ++restarts_by_pool_[agent.pool];
           start(agent);
         }
         break;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,10 @@ class AgentSupervisor {
   bool stopped() const;
 
   std::vector<AgentStatus> agents() const;
+  // Restarts after a crash (or a kill for not answering) by pool, since the
+  // supervisor began: counts that never go down, agents scaled away
+  // included.
+  const std::map<std::string, int64_t>& restartsByPool() const { return restarts_by_pool_; }
   // The ready agents of one kind, in pool then index order.
   std::vector<spec::AgentAddress> readyEndpoints(spec::PoolKind kind) const;
   // Every agent apply() asked for is ready.
@@ -106,6 +111,7 @@ class AgentSupervisor {
   std::vector<std::unique_ptr<Agent>> agents_;
   bool stopping_all_ = false;
   std::optional<std::string> start_failure_;
+  std::map<std::string, int64_t> restarts_by_pool_;
 };
 
 }  // namespace tandem::local

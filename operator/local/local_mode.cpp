@@ -92,10 +92,12 @@ std::string LocalMode::plannerMetrics() const { return plannerMetricsText(planne
 std::string LocalMode::localModeMetrics() const {
   std::vector<PoolSpec> pools;
   std::vector<AgentStatus> agents;
+  std::map<std::string, int64_t> restarts;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pools = published_pools_;
     agents = agents_;
+    restarts = restarts_by_pool_;
   }
   std::ostringstream out;
   out << plannerMetrics();
@@ -119,6 +121,14 @@ std::string LocalMode::localModeMetrics() const {
       out << "tandem_local_agents{" << labels(pool.name, pool.kind) << ",state=\""
           << agentStateName(state) << "\"} " << count << "\n";
     }
+  }
+  out << "# HELP tandem_local_agent_restarts_total Agents of the pool started again after a "
+         "crash or a kill for not answering /health.\n"
+         "# TYPE tandem_local_agent_restarts_total counter\n";
+  for (const PoolSpec& pool : pools) {
+    const auto found = restarts.find(pool.name);
+    out << "tandem_local_agent_restarts_total{" << labels(pool.name, pool.kind) << "} "
+        << (found == restarts.end() ? 0 : found->second) << "\n";
   }
   return out.str();
 }
@@ -335,6 +345,7 @@ void LocalMode::publish(const AgentSupervisor& supervisor) {
   std::vector<AgentStatus> agents = supervisor.agents();
   std::lock_guard<std::mutex> lock(mutex_);
   agents_ = std::move(agents);
+  restarts_by_pool_ = supervisor.restartsByPool();
   published_pools_ = pools_;
 }
 

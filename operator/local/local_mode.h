@@ -189,6 +189,7 @@ class LocalMode {
   std::condition_variable stop_requested_cv_;
   bool stop_requested_ = false;
   std::vector<AgentStatus> agents_;
+  std::map<std::string, int64_t> restarts_by_pool_;
   std::string file_error_;
   std::vector<PoolPlannerStatus> planner_status_;
   std::deque<PlannerEventRecord> planner_events_;

@@ -261,6 +261,12 @@ TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
       seconds(60)));
   const AgentStatus restarted = *agent(mode, "decode-0");
   EXPECT_EQ(restarted.restarts, 1);
+  EXPECT_EQ(prometheusSample(mode.localModeMetrics(), "tandem_local_agent_restarts_total",
+                             "pool=\"decode\",kind=\"DecodePool\""),
+            1);
+  EXPECT_EQ(prometheusSample(mode.localModeMetrics(), "tandem_local_agent_restarts_total",
+                             "pool=\"prefill\",kind=\"PrefillPool\""),
+            0);
   EXPECT_TRUE(healthy(restarted.port));
   EXPECT_FALSE(processExists(decode.pid));
   EXPECT_TRUE(eventually([&] {
