@@ -294,7 +294,7 @@ StatusOr<std::string> Fetcher::resolveCommit() {
   const std::string url = endpoint_ + "/api/models/" + percentEncode(options_.repo, true) +
                           "/revision/" + percentEncode(options_.revision, false);
   StatusOr<Reply> reply = http_.get(url, {{"Accept", "application/json"}});
-  if (!reply.isOk()) return reply.status();
+  if (!reply.isOk()) return Status(reply.status().code(), name_ + ": " + reply.status().message());
   if (reply->status != 200) return answerError(*reply, "the revision's metadata");
   nlohmann::json body = nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
   if (!body.is_object() || !body.contains("sha") || !body["sha"].is_string()) {
@@ -332,7 +332,8 @@ StatusOr<std::vector<HubFile>> Fetcher::listFiles(const std::string& commit) {
   for (int page = 0; !url.empty(); ++page) {
     if (page >= 1000) return unavailable(name_ + ": the file list has more than 1,000 pages");
     StatusOr<Reply> reply = http_.get(url, {{"Accept", "application/json"}});
-    if (!reply.isOk()) return reply.status();
+    if (!reply.isOk())
+      return Status(reply.status().code(), name_ + ": " + reply.status().message());
     if (reply->status != 200) return answerError(*reply, "the file list");
     nlohmann::json entries =
         nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);

@@ -452,6 +452,14 @@ TEST_F(HubFetchTest, AFetchOfACompleteDirectoryDownloadsOnlyWhatANewCommitChange
   ASSERT_TRUE(kept.isOk()) << kept.status().message();
   EXPECT_EQ(kept->commit, commit);
   EXPECT_FALSE(kept->offline.empty());
+
+  // Without one, the error names the source, as every other does.
+  offline.directory = out_.path() / "elsewhere";
+  StatusOr<HubFetchResult> unreachable = fetchHubModel(offline);
+  ASSERT_FALSE(unreachable.isOk());
+  EXPECT_EQ(unreachable.status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(unreachable.status().message().starts_with("hf://tandem/tiny@main: GET "))
+      << unreachable.status().message();
 }
 
 // A router's copy: config, tokenizer and chat template only; a whole-model
