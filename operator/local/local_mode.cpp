@@ -486,7 +486,7 @@ void LocalMode::run() {
       next_plan = Clock::now() + options_.planner_interval;
     }
   }
-  shutdown(supervisor, router.get());
+  shutdown(supervisor, std::move(router));
 }
 
 std::shared_ptr<LocalMode::PendingFetch> LocalMode::startFetch(ClusterSpec cluster,
@@ -562,7 +562,7 @@ void LocalMode::applyCluster(AgentSupervisor& supervisor, const RouterSpec& runn
   publish(supervisor);
 }
 
-void LocalMode::shutdown(AgentSupervisor& supervisor, RouterHandle* router) {
+void LocalMode::shutdown(AgentSupervisor& supervisor, std::unique_ptr<RouterHandle> router) {
   if (pending_fetch_) {
     pending_fetch_->cancel = true;
     pending_fetch_.reset();
@@ -573,6 +573,9 @@ void LocalMode::shutdown(AgentSupervisor& supervisor, RouterHandle* router) {
     TANDEM_LOG(kInfo) << "local: stopping the router";
     router->stop(grace_s);
     router_port_ = 0;
+    // Its calls to the agents close with it: they abort what they were
+    // still computing for clients the stop cut, instead of draining it.
+    router.reset();
   }
   TANDEM_LOG(kInfo) << "local: stopping the agents";
   supervisor.beginStop();

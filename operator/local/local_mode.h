@@ -153,7 +153,10 @@ class LocalMode {
   void applyCluster(AgentSupervisor& supervisor, const spec::RouterSpec& running_router,
                     spec::ClusterSpec cluster);
   spec::RouterSpec routerSpecFor(const spec::ClusterSpec& cluster) const;
-  void shutdown(AgentSupervisor& supervisor, RouterHandle* router);
+  // Stops the router (its grace for in-flight requests) and destroys it, so
+  // that its connections to the agents close and they abort what nobody
+  // reads any more, then stops the agents.
+  void shutdown(AgentSupervisor& supervisor, std::unique_ptr<RouterHandle> router);
   // The file's pools as local mode runs them: autoscaled pools keep the
   // planner's replicas unless the file changed theirs.
   void adoptPools(const std::vector<spec::PoolSpec>& file_pools);
