@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,6 +65,7 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
                          ? static_cast<int>(std::min<rlim_t>(limit.rlim_cur, 1 << 20))
                          : 1 << 16;
 
+  const pid_t parent = ::getpid();
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
     throw Error(std::string("cannot start ") + argv[0] + ": pipe failed: " + std::strerror(errno));
@@ -77,6 +79,10 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
   }
   if (pid_ == 0) {
     if (own_process_group) {
+      // Out of our group, so nothing of the terminal's reaches it: it ends
+      // with us instead (and at once if we already ended).
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(127);
       // A background group that read the terminal would be stopped
       // (SIGTTIN): stdin is /dev/null.
       ::setpgid(0, 0);

@@ -34,7 +34,10 @@ class Subprocess {
   // stderr_path (created or truncated); an empty path inherits ours. With
   // `own_process_group` the child leads a process group of its own, with
   // stdin from /dev/null: a signal to our group (Ctrl-C in a terminal sends
-  // SIGINT to the foreground group) does not reach it, only what we send it.
+  // SIGINT to the foreground group, a hang-up SIGHUP) does not reach it,
+  // only what we send it; and it gets SIGTERM when the thread that started
+  // it ends (PR_SET_PDEATHSIG: this process killed, say), so that it never
+  // outlives us.
   Subprocess(const std::vector<std::string>& argv, const std::filesystem::path& stderr_path,
              const std::vector<std::pair<std::string, std::string>>& env = {},
              bool own_process_group = false);

@@ -143,6 +143,9 @@ class SignalWatcher {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    // The terminal closed (or the ssh session dropped): a stop too, so that
+    // local mode's agents, in groups of their own, are stopped with it.
+    sigaddset(&set, SIGHUP);
     return set;
   }
   std::atomic<bool> done_{false};
@@ -297,6 +300,10 @@ int runLocal(CLI::App& command, const LocalFlags& flags) {
     std::_Exit(130);
   });
   mode.run();
+  if (mode.fetchStillRunning()) {
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   return 0;
 }
 

@@ -34,12 +34,14 @@ void writeStdout(const std::string& line) {
   std::fflush(stdout);
 }
 
-// /health's status, 0 when it gives no answer within a second.
-int healthStatus(const std::string& host, int port) {
+// /health's status, 0 when it gives no answer within a second; `body` is
+// set to its body when given.
+int healthStatus(const std::string& host, int port, std::string* body = nullptr) {
   httplib::Client client(host, port);
   client.set_connection_timeout(0, 200000);
   client.set_read_timeout(1, 0);
   auto response = client.Get("/health");
+  if (response && body != nullptr) *body = response->body;
   return response ? response->status : 0;
 }
 
@@ -87,7 +89,7 @@ struct AgentSupervisor::Agent {
   Clock::time_point restart_at;
   Clock::time_point kill_at;
   Clock::time_point next_health_check;
-  int unanswered = 0;        // liveness probes in a row without an answer
+  int unanswered = 0;        // liveness probes failed in a row
   bool killed = false;       // SIGKILL sent to the current process
   bool timed_out = false;    // killed for not getting ready in time
   bool removed = false;      // no longer wanted: stop, then forget
@@ -335,7 +337,7 @@ void AgentSupervisor::poll() {
         }
         break;
       case AgentState::kBackoff:
-        if (!stopping_all_ && now >= agent.restart_at) {
+        if (!stopping_all_ && now >= agent.restart_at && held_pools_.count(agent.pool) == 0) {
           ++agent.restarts;
           ++restarts_by_pool_[agent.pool];
           start(agent);
@@ -353,13 +355,17 @@ void AgentSupervisor::poll() {
         if (options_.liveness_failures > 0 && agent.process && !agent.killed &&
             now >= agent.next_health_check) {
           agent.next_health_check = now + options_.liveness_period;
-          agent.unanswered =
-              healthStatus(options_.host, agent.port) == 0 ? agent.unanswered + 1 : 0;
+          // Alive: 200, or the 503 of a drain (which ends by itself); a 503
+          // of a failing engine, or no answer, is not.
+          std::string body;
+          const int status = healthStatus(options_.host, agent.port, &body);
+          const bool alive =
+              status == 200 || (status == 503 && body.find("\"draining\"") != std::string::npos);
+          agent.unanswered = alive ? 0 : agent.unanswered + 1;
           if (agent.unanswered >= options_.liveness_failures) {
             TANDEM_LOG(kWarn) << "local: " << agent.name << " (pid " << agent.process->pid()
-                              << ") gave no answer to /health " << agent.unanswered
-                              << " times in a row, " << secondsText(options_.liveness_period)
-                              << " apart: SIGKILL";
+                              << ") failed /health " << agent.unanswered << " times in a row, "
+                              << secondsText(options_.liveness_period) << " apart: SIGKILL";
             agent.killed = true;
             agent.process->signal(SIGKILL);
           }

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,10 @@ struct SupervisorOptions {
   // SIGTERM, then SIGKILL after this long.
   std::chrono::milliseconds stop_timeout{10000};
   // Liveness, as a pod's livenessProbe: a ready agent's /health is asked
-  // every liveness_period (1 s to answer); one that gives no answer
-  // liveness_failures times in a row (hung, stopped) is killed and
-  // restarted with the backoff. Any answer counts, a draining agent's 503
-  // too. 0 failures: never.
+  // every liveness_period (1 s to answer); one that fails it
+  // liveness_failures times in a row (no answer: hung, stopped; or a 503
+  // other than a drain's: a failing engine) is killed and restarted with
+  // the backoff. 0 failures: never.
   std::chrono::milliseconds liveness_period{10000};
   int liveness_failures = 3;
   // Receives each line of the agents' output, prefixed; default: stdout.
@@ -91,6 +92,11 @@ class AgentSupervisor {
   // supervisor began: counts that never go down, agents scaled away
   // included.
   const std::map<std::string, int64_t>& restartsByPool() const { return restarts_by_pool_; }
+  // Crashed agents of these pools wait in their backoff until the set no
+  // longer names them (their model directory is being fetched again: an
+  // agent started meanwhile could read half of one commit and half of the
+  // next).
+  void holdRestarts(std::set<std::string> pools) { held_pools_ = std::move(pools); }
   // The ready agents of one kind, in pool then index order.
   std::vector<spec::AgentAddress> readyEndpoints(spec::PoolKind kind) const;
   // Every agent apply() asked for is ready.
@@ -112,6 +118,7 @@ class AgentSupervisor {
   bool stopping_all_ = false;
   std::optional<std::string> start_failure_;
   std::map<std::string, int64_t> restarts_by_pool_;
+  std::set<std::string> held_pools_;
 };
 
 }  // namespace tandem::local

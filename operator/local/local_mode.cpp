@@ -406,6 +406,7 @@ void LocalMode::run() {
     while (!fetch->done) {
       if (waitForStop(milliseconds(100))) {
         fetch->cancel = true;
+        cancelled_fetch_ = fetch;
         TANDEM_LOG(kInfo) << "local: stopped while fetching the pools' models";
         return;
       }
@@ -513,16 +514,26 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
     std::lock_guard<std::mutex> lock(mutex_);
     file_error_ = why;
   };
-  if (pending_fetch_) {
-    // The file is read again once its last change is applied.
-    if (!pending_fetch_->done) return;
-    std::shared_ptr<PendingFetch> fetch = std::move(pending_fetch_);
-    if (!fetch->error.empty()) return refuse(fetch->error);
-    applyCluster(supervisor, running_router, std::move(fetch->cluster));
-    return;
-  }
   std::optional<std::string> text = readFileText(options_.cluster_file);
-  if (!text || *text == file_text_) return;
+  const bool changed = text && *text != file_text_;
+  if (pending_fetch_) {
+    if (changed) {
+      // Edited again while fetching: the newer text wins, whatever the
+      // older one's fetch would have given (a wrong repository corrected).
+      TANDEM_LOG(kInfo) << "local: " << source << " changed again: cancelling its last fetch";
+      pending_fetch_->cancel = true;
+      pending_fetch_.reset();
+    } else {
+      if (!pending_fetch_->done) return;
+      std::shared_ptr<PendingFetch> fetch = std::move(pending_fetch_);
+      supervisor.holdRestarts({});
+      if (!fetch->error.empty()) return refuse(fetch->error);
+      applyCluster(supervisor, running_router, std::move(fetch->cluster));
+      return;
+    }
+  }
+  supervisor.holdRestarts({});
+  if (!changed) return;
   // An editor may be half-way through writing: a bad text is reported once,
   // and the next change is read again.
   file_text_ = *text;
@@ -537,6 +548,13 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   if (fetches) {
     TANDEM_LOG(kInfo) << "local: " << source
                       << " changed: fetching its pools' models before applying it";
+    // The running pools fetched from the Hub restart no agent meanwhile:
+    // their directory may be the one the fetch rewrites.
+    std::set<std::string> fetched_pools;
+    for (const PoolSpec& pool : pools_) {
+      if (pool.model_source) fetched_pools.insert(pool.name);
+    }
+    supervisor.holdRestarts(std::move(fetched_pools));
     pending_fetch_ = startFetch(std::move(cluster), source);
     return;
   }
@@ -565,7 +583,7 @@ void LocalMode::applyCluster(AgentSupervisor& supervisor, const RouterSpec& runn
 void LocalMode::shutdown(AgentSupervisor& supervisor, std::unique_ptr<RouterHandle> router) {
   if (pending_fetch_) {
     pending_fetch_->cancel = true;
-    pending_fetch_.reset();
+    cancelled_fetch_ = std::move(pending_fetch_);
   }
   const double grace_s = router_shutdown_timeout_s_.value_or(
       std::chrono::duration<double>(options_.supervisor.stop_timeout).count());

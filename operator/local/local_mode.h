@@ -132,6 +132,11 @@ class LocalMode {
   std::string localModeMetrics() const;
   // The bound metrics port once run() serves it, else 0.
   int metricsPort() const { return metrics_port_.load(); }
+  // After run(): a fetch the stop cancelled is still running on its thread
+  // (a call to the Hub ends at its answer or timeout). The process should
+  // then end without running its exit handlers (std::_Exit), which would
+  // tear down what that thread still uses (OpenSSL's state).
+  bool fetchStillRunning() const { return cancelled_fetch_ && !cancelled_fetch_->done; }
 
  private:
   void publish(const AgentSupervisor& supervisor);
@@ -203,6 +208,8 @@ class LocalMode {
   std::atomic<int> router_port_{0};
   std::atomic<int> router_updates_{0};
   std::shared_ptr<PendingFetch> pending_fetch_;  // an edit's fetch; owner thread only
+  // A fetch cancelled by the stop, which may still be running.
+  std::shared_ptr<PendingFetch> cancelled_fetch_;
 };
 
 }  // namespace tandem::local

@@ -99,7 +99,15 @@ std::vector<pid_t> childPids(pid_t parent) {
   return pids;
 }
 
-bool processExists(pid_t pid) { return fs::exists("/proc/" + std::to_string(pid)); }
+// A process that runs; a zombie (exited, not yet reaped: an orphan's reaper
+// may take its time) counts as gone.
+bool processExists(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  const size_t name_end = text.rfind(')');
+  return name_end == std::string::npos || name_end + 2 >= text.size() || text[name_end + 2] != 'Z';
+}
 
 bool healthy(int port) {
   httplib::Client client("127.0.0.1", port);
@@ -556,6 +564,23 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnCtrlC) {
   }
   EXPECT_EQ(log.find("was killed by signal"), std::string::npos) << log;
   EXPECT_NE(log.find("local: stopped"), std::string::npos) << log;
+}
+
+// Killed with SIGKILL (or its terminal gone), tandem-operator leaves no
+// agent behind: each gets SIGTERM when it dies (PR_SET_PDEATHSIG), drains
+// and exits.
+TEST_F(OperatorBinaryTest, AgentsEndWithAKilledOperator) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  ASSERT_FALSE(op.waitForLine("router listening on ", seconds(120)).empty()) << op.stderrText();
+  const std::vector<pid_t> agents = childPids(op.pid());
+  ASSERT_EQ(agents.size(), 2u);
+  op.signal(SIGKILL);
+  EXPECT_EQ(op.wait(seconds(10)), 128 + SIGKILL);
+  for (pid_t pid : agents) {
+    EXPECT_TRUE(eventually([&] { return !processExists(pid); }, seconds(40))) << pid;
+  }
 }
 
 // A second SIGTERM (or Ctrl-C) while the first stop waits stops at once:

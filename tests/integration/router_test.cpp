@@ -1394,7 +1394,7 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
   start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
   std::vector<json> bodies;
   for (int i = 0; i < 3; ++i) {
-    json body = greedy(randomPrompt(40 + i, 500 + i), 120);
+    json body = greedy(randomPrompt(40 + i, 500 + i), 240);
     body["stream"] = true;
     bodies.push_back(body);
   }
@@ -1407,6 +1407,7 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
   Agent& decode = *decode_[0];
   bool drained = false;
+  double running_when_drained = 0;
   std::thread drainer([&] {
     if (!eventually([&] { return decode.metric("tandem_num_requests_running") >= 2; },
                     std::chrono::seconds(20))) {
@@ -1414,10 +1415,12 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
     }
     auto res = decode.client()->Post("/admin/drain", "{}", "application/json");
     drained = res && res->status == 202;
+    running_when_drained = decode.metric("tandem_num_requests_running");
   });
   for (auto& client : clients) client.join();
   drainer.join();
   ASSERT_TRUE(drained) << "the agent never ran two streams at once, or refused the drain";
+  EXPECT_GE(running_when_drained, 1) << "the streams ended before the drain: nothing was tested";
   for (size_t i = 0; i < bodies.size(); ++i) {
     SCOPED_TRACE("stream " + std::to_string(i));
     expectSameStream(streams[i], undisturbed[i]);

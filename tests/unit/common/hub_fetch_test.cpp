@@ -322,7 +322,13 @@ TEST_F(HubFetchTest, RefusesAFileWhoseBytesDoNotMatchItsHashNamingIt) {
 // ends it, and refused: a server sending without end fills no volume.
 TEST_F(HubFetchTest, ABodyLongerThanTheListSaysIsRefusedAndNotWrittenPastIt) {
   hub_.lengthen("model.safetensors", 4 << 20);
-  StatusOr<HubFetchResult> result = fetchHubModel(options());
+  const int64_t size = static_cast<int64_t>(fs::file_size(model_.path() / "model.safetensors"));
+  HubFetchOptions watched = options();
+  std::atomic<int64_t> most_written{0};
+  watched.progress = [&](const std::string& file, int64_t done, int64_t) {
+    if (file == "model.safetensors" && done > most_written) most_written = done;
+  };
+  StatusOr<HubFetchResult> result = fetchHubModel(watched);
   ASSERT_FALSE(result.isOk());
   EXPECT_EQ(result.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(result.status().message().find(
@@ -333,6 +339,7 @@ TEST_F(HubFetchTest, ABodyLongerThanTheListSaysIsRefusedAndNotWrittenPastIt) {
       << result.status().message();
   EXPECT_FALSE(fs::exists(fetched(".tandem-fetch/model.safetensors.part")));
   EXPECT_FALSE(fs::exists(fetched("model.safetensors")));
+  EXPECT_LE(most_written.load(), size);
 }
 
 // An empty file (a chat template left empty) is fetched as one, and a file
