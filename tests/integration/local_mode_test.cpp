@@ -207,6 +207,15 @@ class LocalModeTest : public ::testing::Test {
     auto status = agent(mode, name);
     return status && status->state == AgentState::kReady;
   }
+  // The agent ready again in another process than `old_pid` within a minute.
+  bool readyAgain(const LocalMode& mode, const std::string& name, pid_t old_pid) {
+    return eventually(
+        [&] {
+          auto now = agent(mode, name);
+          return now && now->state == AgentState::kReady && now->pid != old_pid;
+        },
+        seconds(60));
+  }
   // Runs `mode` on a thread; the error it threw, if any, lands in run_error_.
   void start(LocalMode& mode) {
     runner_ = std::thread([this, &mode] {
@@ -261,12 +270,7 @@ TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
   // A killed agent is started again: a new process, healthy, given to the
   // router; meanwhile the router had no decode agent.
   ASSERT_EQ(::kill(decode.pid, SIGKILL), 0);
-  ASSERT_TRUE(eventually(
-      [&] {
-        auto now = agent(mode, "decode-0");
-        return now && now->state == AgentState::kReady && now->pid != decode.pid;
-      },
-      seconds(60)));
+  ASSERT_TRUE(readyAgain(mode, "decode-0", decode.pid));
   const AgentStatus restarted = *agent(mode, "decode-0");
   EXPECT_EQ(restarted.restarts, 1);
   EXPECT_EQ(prometheusSample(mode.localModeMetrics(), "tandem_local_agent_restarts_total",
@@ -334,12 +338,7 @@ TEST_F(LocalModeTest, AnAgentThatStopsAnsweringIsKilledAndStartedAgain) {
   const AgentStatus prefill = *agent(mode, "prefill-0");
   const AgentStatus decode = *agent(mode, "decode-0");
   ASSERT_EQ(::kill(decode.pid, SIGSTOP), 0);
-  ASSERT_TRUE(eventually(
-      [&] {
-        auto now = agent(mode, "decode-0");
-        return now && now->state == AgentState::kReady && now->pid != decode.pid;
-      },
-      seconds(60)));
+  ASSERT_TRUE(readyAgain(mode, "decode-0", decode.pid));
   EXPECT_EQ(agent(mode, "decode-0")->restarts, 1);
   EXPECT_TRUE(eventually([&] { return !processExists(decode.pid); }));
   EXPECT_EQ(agent(mode, "prefill-0")->pid, prefill.pid);
@@ -515,6 +514,17 @@ TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
 // tandem-operator itself, with its in-process router.
 class OperatorBinaryTest : public ::testing::Test {
  protected:
+  // tandem-operator local on a cluster of one prefill and one decode agent,
+  // once its router listens.
+  std::unique_ptr<Subprocess> startOneByOne() {
+    const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+    auto op = std::make_unique<Subprocess>(
+        std::vector<std::string>{binary_.string(), "local", "-f", file.string(), "--port", "0"},
+        dir_.path() / "stderr");
+    EXPECT_FALSE(op->waitForLine("router listening on ", seconds(120)).empty()) << op->stderrText();
+    return op;
+  }
+
   fs::path binary_ = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
   TempDir dir_{"tandem-operator-test"};
 };
@@ -570,12 +580,10 @@ TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnCtrlC) {
 // agent behind: each gets SIGTERM when it dies (PR_SET_PDEATHSIG), drains
 // and exits.
 TEST_F(OperatorBinaryTest, AgentsEndWithAKilledOperator) {
-  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
-  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
-                dir_.path() / "stderr");
-  ASSERT_FALSE(op.waitForLine("router listening on ", seconds(120)).empty()) << op.stderrText();
+  std::unique_ptr<Subprocess> started = startOneByOne();
+  Subprocess& op = *started;
   const std::vector<pid_t> agents = childPids(op.pid());
-  ASSERT_EQ(agents.size(), 2u);
+  ASSERT_EQ(agents.size(), 2u) << op.stderrText();
   op.signal(SIGKILL);
   EXPECT_EQ(op.wait(seconds(10)), 128 + SIGKILL);
   for (pid_t pid : agents) {
@@ -588,12 +596,10 @@ TEST_F(OperatorBinaryTest, AgentsEndWithAKilledOperator) {
 // stopped (SIGSTOP) and cannot drain, so the first stop alone would wait
 // --stop-timeout (10 s) for it.
 TEST_F(OperatorBinaryTest, ASecondSignalStopsAtOnceLeavingNoAgent) {
-  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
-  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
-                dir_.path() / "stderr");
-  ASSERT_FALSE(op.waitForLine("router listening on ", seconds(120)).empty()) << op.stderrText();
+  std::unique_ptr<Subprocess> started = startOneByOne();
+  Subprocess& op = *started;
   const std::vector<pid_t> agents = childPids(op.pid());
-  ASSERT_EQ(agents.size(), 2u);
+  ASSERT_EQ(agents.size(), 2u) << op.stderrText();
   ASSERT_EQ(::kill(agents[0], SIGSTOP), 0);
   op.signal(SIGTERM);
   ASSERT_TRUE(eventually([&] {

@@ -1328,6 +1328,26 @@ TEST_F(RouterTest, AStalledDecodeAgentsStreamMovesAfterTheUpstreamTimeout) {
             1);
 }
 
+// `count` greedy streamed completions of `max_tokens`, prompts of 40, 41,
+// ... random tokens from seeds `seed`, `seed` + 1, ...
+std::vector<json> streamBodies(int count, uint32_t seed, int64_t max_tokens) {
+  std::vector<json> bodies;
+  for (int i = 0; i < count; ++i) {
+    json body = greedy(randomPrompt(40 + i, seed + static_cast<uint32_t>(i)), max_tokens);
+    body["stream"] = true;
+    bodies.push_back(body);
+  }
+  return bodies;
+}
+
+// The streams a colocated agent of the small model gives `bodies`, all at once.
+std::vector<StreamedCompletion> colocatedStreams(const std::vector<json>& bodies) {
+  std::vector<StreamedCompletion> streams;
+  Agent colocated({}, smallModelDir());
+  for (auto& client : streamConcurrently(colocated.port(), bodies, streams)) client.join();
+  return streams;
+}
+
 // A decode agent drained (POST /admin/drain, as SIGTERM) while streams run
 // on it hands each over with its KV: the router resumes them on the other
 // decode agents, which read the drained agent's blocks (prompt and output
@@ -1337,17 +1357,8 @@ TEST_F(RouterTest, AStalledDecodeAgentsStreamMovesAfterTheUpstreamTimeout) {
 TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
   start(1, 3, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
   constexpr int kStreams = 8;
-  std::vector<json> bodies;
-  for (int i = 0; i < kStreams; ++i) {
-    json body = greedy(randomPrompt(40 + i, 400 + i), 160);
-    body["stream"] = true;
-    bodies.push_back(body);
-  }
-  std::vector<StreamedCompletion> undisturbed;
-  {
-    Agent colocated({}, smallModelDir());
-    for (auto& client : streamConcurrently(colocated.port(), bodies, undisturbed)) client.join();
-  }
+  const std::vector<json> bodies = streamBodies(kStreams, 400, 160);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
   std::vector<StreamedCompletion> streams;
   const auto streams_start = std::chrono::steady_clock::now();
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
@@ -1392,17 +1403,8 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
 // nobody and every client got an error event.
 TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
   start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
-  std::vector<json> bodies;
-  for (int i = 0; i < 3; ++i) {
-    json body = greedy(randomPrompt(40 + i, 500 + i), 240);
-    body["stream"] = true;
-    bodies.push_back(body);
-  }
-  std::vector<StreamedCompletion> undisturbed;
-  {
-    Agent colocated({}, smallModelDir());
-    for (auto& client : streamConcurrently(colocated.port(), bodies, undisturbed)) client.join();
-  }
+  const std::vector<json> bodies = streamBodies(3, 500, 240);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
   std::vector<StreamedCompletion> streams;
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
   Agent& decode = *decode_[0];
