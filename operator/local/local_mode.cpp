@@ -406,7 +406,7 @@ void LocalMode::run() {
     while (!fetch->done) {
       if (waitForStop(milliseconds(100))) {
         fetch->cancel = true;
-        cancelled_fetch_ = fetch;
+        cancelled_fetches_.push_back(fetch);
         TANDEM_LOG(kInfo) << "local: stopped while fetching the pools' models";
         return;
       }
@@ -522,7 +522,8 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
       // older one's fetch would have given (a wrong repository corrected).
       TANDEM_LOG(kInfo) << "local: " << source << " changed again: cancelling its last fetch";
       pending_fetch_->cancel = true;
-      pending_fetch_.reset();
+      std::erase_if(cancelled_fetches_, [](const auto& fetch) { return fetch->done.load(); });
+      cancelled_fetches_.push_back(std::move(pending_fetch_));
     } else {
       if (!pending_fetch_->done) return;
       std::shared_ptr<PendingFetch> fetch = std::move(pending_fetch_);
@@ -583,7 +584,7 @@ void LocalMode::applyCluster(AgentSupervisor& supervisor, const RouterSpec& runn
 void LocalMode::shutdown(AgentSupervisor& supervisor, std::unique_ptr<RouterHandle> router) {
   if (pending_fetch_) {
     pending_fetch_->cancel = true;
-    cancelled_fetch_ = std::move(pending_fetch_);
+    cancelled_fetches_.push_back(std::move(pending_fetch_));
   }
   const double grace_s = router_shutdown_timeout_s_.value_or(
       std::chrono::duration<double>(options_.supervisor.stop_timeout).count());

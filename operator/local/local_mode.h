@@ -20,6 +20,7 @@
 // depend on the router's; tandem-operator binds it to tandem::router::Router.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -136,7 +137,10 @@ class LocalMode {
   // (a call to the Hub ends at its answer or timeout). The process should
   // then end without running its exit handlers (std::_Exit), which would
   // tear down what that thread still uses (OpenSSL's state).
-  bool fetchStillRunning() const { return cancelled_fetch_ && !cancelled_fetch_->done; }
+  bool fetchStillRunning() const {
+    return std::any_of(cancelled_fetches_.begin(), cancelled_fetches_.end(),
+                       [](const auto& fetch) { return !fetch->done; });
+  }
 
  private:
   void publish(const AgentSupervisor& supervisor);
@@ -208,8 +212,9 @@ class LocalMode {
   std::atomic<int> router_port_{0};
   std::atomic<int> router_updates_{0};
   std::shared_ptr<PendingFetch> pending_fetch_;  // an edit's fetch; owner thread only
-  // A fetch cancelled by the stop, which may still be running.
-  std::shared_ptr<PendingFetch> cancelled_fetch_;
+  // Fetches cancelled (by the stop, or by a newer edit) that may still be
+  // running on their threads.
+  std::vector<std::shared_ptr<PendingFetch>> cancelled_fetches_;
 };
 
 }  // namespace tandem::local
