@@ -182,6 +182,9 @@ class HubHttp {
   std::string endpoint_origin_;
 };
 
+// ASCII's control characters (0x00-0x1f, 0x7f), whatever the locale.
+bool isControl(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+
 // The Hub's own words for an error answer: X-Error-Code / X-Error-Message,
 // else the JSON body's "error".
 std::string hubErrorText(const Reply& reply) {
@@ -199,9 +202,7 @@ std::string hubErrorText(const Reply& reply) {
   // One line of a readable length whatever the server sent: control
   // characters (newlines, terminal escapes) become spaces, and the advice
   // that may follow must fit a termination message (4,096 bytes).
-  for (char& c : text) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-  }
+  std::replace_if(text.begin(), text.end(), isControl, ' ');
   constexpr size_t kMaxText = 1024;
   if (text.size() > kMaxText) text = text.substr(0, kMaxText) + "...";
   return text;
@@ -210,8 +211,7 @@ std::string hubErrorText(const Reply& reply) {
 // A name with a byte a file name should not hold: a control character
 // (NUL would cut the path short).
 bool hasControlCharacter(std::string_view text) {
-  return std::any_of(text.begin(), text.end(),
-                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+  return std::any_of(text.begin(), text.end(), isControl);
 }
 
 // A string member of a JSON object, "" when absent or of another type.
@@ -239,6 +239,9 @@ class Fetcher {
 
   // An error answer as a Status saying what was asked and what to do.
   Status answerError(const Reply& reply, const std::string& what) const;
+  // GET of one of the Hub's JSON answers; no answer is an error naming the
+  // source.
+  StatusOr<Reply> getJson(const std::string& url) const;
   // " (runs as uid U ...; D is owned by ...)" for a permission error; "".
   std::string ownerHint(const std::error_code& error) const;
   StatusOr<std::string> resolveCommit();
@@ -290,11 +293,17 @@ Status Fetcher::answerError(const Reply& reply, const std::string& what) const {
   return unavailable(name_ + ": " + what + " failed: " + hub);
 }
 
+StatusOr<Reply> Fetcher::getJson(const std::string& url) const {
+  StatusOr<Reply> reply = http_.get(url, {{"Accept", "application/json"}});
+  if (!reply.isOk()) return Status(reply.status().code(), name_ + ": " + reply.status().message());
+  return reply;
+}
+
 StatusOr<std::string> Fetcher::resolveCommit() {
   const std::string url = endpoint_ + "/api/models/" + percentEncode(options_.repo, true) +
                           "/revision/" + percentEncode(options_.revision, false);
-  StatusOr<Reply> reply = http_.get(url, {{"Accept", "application/json"}});
-  if (!reply.isOk()) return Status(reply.status().code(), name_ + ": " + reply.status().message());
+  StatusOr<Reply> reply = getJson(url);
+  if (!reply.isOk()) return reply.status();
   if (reply->status != 200) return answerError(*reply, "the revision's metadata");
   nlohmann::json body = nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
   if (!body.is_object() || !body.contains("sha") || !body["sha"].is_string()) {
@@ -331,9 +340,8 @@ StatusOr<std::vector<HubFile>> Fetcher::listFiles(const std::string& commit) {
       endpoint_ + "/api/models/" + percentEncode(options_.repo, true) + "/tree/" + commit;
   for (int page = 0; !url.empty(); ++page) {
     if (page >= 1000) return unavailable(name_ + ": the file list has more than 1,000 pages");
-    StatusOr<Reply> reply = http_.get(url, {{"Accept", "application/json"}});
-    if (!reply.isOk())
-      return Status(reply.status().code(), name_ + ": " + reply.status().message());
+    StatusOr<Reply> reply = getJson(url);
+    if (!reply.isOk()) return reply.status();
     if (reply->status != 200) return answerError(*reply, "the file list");
     nlohmann::json entries =
         nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
