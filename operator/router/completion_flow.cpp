@@ -471,6 +471,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     return !agent->healthy ||
            (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
   };
+  // The first position from `from` in decode_order whose agent is fit, or
+  // decode_order.size().
+  auto nextFit = [&](size_t from) {
+    while (from < decode_order.size() && unfit(decode_agents[decode_order[from]])) ++from;
+    return from;
+  };
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     const AgentPtr& decode = decode_agents[decode_order[attempt]];
     if (attempt == 1 && !migrating) {
@@ -527,10 +533,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     // agent could resume it: a lone decode agent (or the last one fit, or a
     // stream out of moves) finishes its streams as it drains instead, within
     // its --shutdown-timeout, rather than handing them to nobody.
-    const bool movable =
-        splice && splice->continuations() < max_migrations_ &&
-        std::any_of(decode_order.begin() + static_cast<std::ptrdiff_t>(attempt) + 1,
-                    decode_order.end(), [&](size_t other) { return !unfit(decode_agents[other]); });
+    const bool movable = splice && splice->continuations() < max_migrations_ &&
+                         nextFit(attempt + 1) < decode_order.size();
     DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
                                               arrival, decode_reservation, prediction,
                                               splice ? &*splice : nullptr, movable, client);
@@ -564,8 +568,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                            : outcome == DecodeOutcome::kUpstreamError ? "error"
                                                                       : "failure";
       // The next decode agent still fit for it.
-      size_t next = attempt + 1;
-      while (next < decode_order.size() && unfit(decode_agents[decode_order[next]])) ++next;
+      const size_t next = nextFit(attempt + 1);
       if (!first_break) first_break = Clock::now();
       // What the last attempt was lent is done with; what a draining agent
       // holds for this stream is the lend now (read by the next agent, or
