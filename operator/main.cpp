@@ -203,8 +203,8 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
       ->capture_default_str();
   local
       ->add_option("--liveness-failures", flags.liveness_failures,
-                   "probes in a row without an answer after which a ready agent is killed and "
-                   "restarted (0: never)")
+                   "failed /health probes in a row (no answer, or a 503 other than a drain's) "
+                   "after which a ready agent is killed and restarted (0: never)")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   local

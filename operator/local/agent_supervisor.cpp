@@ -89,7 +89,7 @@ struct AgentSupervisor::Agent {
   Clock::time_point restart_at;
   Clock::time_point kill_at;
   Clock::time_point next_health_check;
-  int unanswered = 0;        // liveness probes failed in a row
+  int failed_probes = 0;     // liveness probes failed in a row
   bool killed = false;       // SIGKILL sent to the current process
   bool timed_out = false;    // killed for not getting ready in time
   bool removed = false;      // no longer wanted: stop, then forget
@@ -323,7 +323,7 @@ void AgentSupervisor::poll() {
           if (healthStatus(options_.host, agent.port) == 200) {
             agent.state = AgentState::kReady;
             agent.ready_at = Clock::now();
-            agent.unanswered = 0;
+            agent.failed_probes = 0;
             agent.next_health_check = agent.ready_at + options_.liveness_period;
             TANDEM_LOG(kInfo) << "local: " << agent.name << " ready on " << options_.host << ":"
                               << agent.port << " (pid " << agent.process->pid() << ")";
@@ -361,10 +361,10 @@ void AgentSupervisor::poll() {
           const int status = healthStatus(options_.host, agent.port, &body);
           const bool alive =
               status == 200 || (status == 503 && body.find("\"draining\"") != std::string::npos);
-          agent.unanswered = alive ? 0 : agent.unanswered + 1;
-          if (agent.unanswered >= options_.liveness_failures) {
+          agent.failed_probes = alive ? 0 : agent.failed_probes + 1;
+          if (agent.failed_probes >= options_.liveness_failures) {
             TANDEM_LOG(kWarn) << "local: " << agent.name << " (pid " << agent.process->pid()
-                              << ") failed /health " << agent.unanswered << " times in a row, "
+                              << ") failed /health " << agent.failed_probes << " times in a row, "
                               << secondsText(options_.liveness_period) << " apart: SIGKILL";
             agent.killed = true;
             agent.process->signal(SIGKILL);

@@ -517,23 +517,22 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   std::optional<std::string> text = readFileText(options_.cluster_file);
   const bool changed = text && *text != file_text_;
   if (pending_fetch_) {
-    if (changed) {
-      // Edited again while fetching: the newer text wins, whatever the
-      // older one's fetch would have given (a wrong repository corrected).
-      TANDEM_LOG(kInfo) << "local: " << source << " changed again: cancelling its last fetch";
-      pending_fetch_->cancel = true;
-      std::erase_if(cancelled_fetches_, [](const auto& fetch) { return fetch->done.load(); });
-      cancelled_fetches_.push_back(std::move(pending_fetch_));
-    } else {
-      if (!pending_fetch_->done) return;
-      std::shared_ptr<PendingFetch> fetch = std::move(pending_fetch_);
-      supervisor.holdRestarts({});
+    if (!changed && !pending_fetch_->done) return;
+    // The fetch ends here, done or cancelled: restarts wait no longer.
+    supervisor.holdRestarts({});
+    std::shared_ptr<PendingFetch> fetch = std::move(pending_fetch_);
+    if (!changed) {
       if (!fetch->error.empty()) return refuse(fetch->error);
       applyCluster(supervisor, running_router, std::move(fetch->cluster));
       return;
     }
+    // Edited again while fetching: the newer text wins, whatever the older
+    // one's fetch would have given (a wrong repository corrected).
+    TANDEM_LOG(kInfo) << "local: " << source << " changed again: cancelling its last fetch";
+    fetch->cancel = true;
+    std::erase_if(cancelled_fetches_, [](const auto& old) { return old->done.load(); });
+    cancelled_fetches_.push_back(std::move(fetch));
   }
-  supervisor.holdRestarts({});
   if (!changed) return;
   // An editor may be half-way through writing: a bad text is reported once,
   // and the next change is read again.
