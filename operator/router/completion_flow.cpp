@@ -466,19 +466,40 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::optional<Clock::time_point> first_break;  // when the stream first broke
   AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
   // A decode agent this request may not go to: unhealthy (a draining agent
-  // says it is), or not serving the request's adapter.
+  // says it is), no longer listed (scaled away, restarted elsewhere), or not
+  // serving the request's adapter.
   auto unfit = [&](const AgentPtr& agent) {
-    return !agent->healthy ||
+    return !agent->healthy || !agent->listed ||
            (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
   };
-  // The first position from `from` in decode_order whose agent is fit, or
-  // decode_order.size().
+  // Decode agents listed since the decision (a rollout's new agents, a
+  // scale-up) join the end of decode_order: a stream whose agents all went
+  // away meanwhile resumes on them.
+  auto admitNewcomers = [&] {
+    for (const AgentPtr& agent : agents_.agentsOf(false)) {
+      if (std::find(decode_agents.begin(), decode_agents.end(), agent) != decode_agents.end()) {
+        continue;
+      }
+      decode_agents.push_back(agent);
+      {
+        auto lock = ledger_.lock();
+        input.decode.push_back(view(agent));
+      }
+      decode_order.push_back(decode_agents.size() - 1);
+    }
+  };
+  // The first position from `from` in decode_order whose agent is fit (the
+  // newcomers admitted when none of the others is), or decode_order.size().
   auto nextFit = [&](size_t from) {
-    while (from < decode_order.size() && unfit(decode_agents[decode_order[from]])) ++from;
-    return from;
+    for (bool admitted = false;; admitted = true) {
+      while (from < decode_order.size() && unfit(decode_agents[decode_order[from]])) ++from;
+      if (from < decode_order.size() || admitted) return from;
+      admitNewcomers();
+    }
   };
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
-    const AgentPtr& decode = decode_agents[decode_order[attempt]];
+    // A copy: admitting newcomers grows decode_agents.
+    const AgentPtr decode = decode_agents[decode_order[attempt]];
     if (attempt == 1 && !migrating) {
       body.erase("kv_transfer_params");  // the lend was for the first decode agent
       co_await releaseLend();
@@ -668,6 +689,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                                      NoMove::kTimedOut, migration_timeout_s_));
       co_return;
     }
+    attempt = nextFit(attempt + 1) - 1;  // the loop's increment makes it the next fit one
   }
   co_await releaseLend();
   metrics_.countDecision("rejected");

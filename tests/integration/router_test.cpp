@@ -1411,7 +1411,9 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
   bool drained = false;
   double running_when_drained = 0;
   std::thread drainer([&] {
-    if (!eventually([&] { return decode.metric("tandem_num_requests_running") >= 2; },
+    // Every stream runs on it: none arrives after the drain (it would be
+    // refused, with no other agent to go to).
+    if (!eventually([&] { return decode.metric("tandem_num_requests_running") >= 3; },
                     std::chrono::seconds(20))) {
       return;
     }
@@ -1421,7 +1423,7 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
   });
   for (auto& client : clients) client.join();
   drainer.join();
-  ASSERT_TRUE(drained) << "the agent never ran two streams at once, or refused the drain";
+  ASSERT_TRUE(drained) << "the agent never ran the three streams at once, or refused the drain";
   EXPECT_GE(running_when_drained, 1) << "the streams ended before the drain: nothing was tested";
   for (size_t i = 0; i < bodies.size(); ++i) {
     SCOPED_TRACE("stream " + std::to_string(i));
@@ -1433,6 +1435,66 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
       << process.stderrText();
   EXPECT_EQ(
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
+}
+
+// A rolling replacement under streams (a Deployment's, local mode's): one
+// decode agent leaves the router's list and a new one joins while streams
+// run, then both old agents drain. Every agent a stream knew at its start is
+// draining or gone, so each resumes on the newcomer, equal to an undisturbed
+// stream. Before, a stream knew only the agents listed at its start: the
+// unlisted one still looked healthy, refused the stream as it drained, and
+// every client got an error event.
+TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
+  start(1, 2, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
+  const std::vector<json> bodies = streamBodies(4, 600, 240);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
+  Agent newcomer({"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
+                 smallModelDir());
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  double running = 0;
+  bool drained = false;
+  std::thread replacer([&] {
+    if (!eventually(
+            [&] {
+              return decode_[0]->metric("tandem_num_requests_running") >= 1 &&
+                     decode_[1]->metric("tandem_num_requests_running") >= 1;
+            },
+            std::chrono::seconds(20))) {
+      return;
+    }
+    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                       {{"decode-0", "127.0.0.1", decode_[0]->port()},
+                        {"decode-2", "127.0.0.1", newcomer.port()}});
+    if (!eventually([&] {
+          return routerMetric("tandem_router_agent_healthy", "agent=\"decode-2\"") == 1;
+        })) {
+      return;
+    }
+    running = decode_[0]->metric("tandem_num_requests_running") +
+              decode_[1]->metric("tandem_num_requests_running");
+    drained = true;
+    for (auto& agent : decode_) {
+      auto res = agent->client()->Post("/admin/drain", "{}", "application/json");
+      drained = drained && res && res->status == 202;
+    }
+  });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(drained) << "the decode agents never both ran a stream, or refused the drain";
+  EXPECT_GE(running, 2) << "the streams ended before the drains: nothing was tested";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(streams[i], undisturbed[i]);
+  }
+  EXPECT_GE(newcomer.metric("tandem_requests_total", "finish_reason=\"length\""), 2);
+  EXPECT_GE(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"drain\""),
+            2);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
+  for (auto& agent : decode_) {
+    EXPECT_EQ(agent->process().wait(std::chrono::seconds(30)), 0) << agent->process().stderrText();
+  }
 }
 
 // A decode agent that fails a stream with an error event (here: the
