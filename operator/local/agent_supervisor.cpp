@@ -93,9 +93,22 @@ struct AgentSupervisor::Agent {
   bool killed = false;       // SIGKILL sent to the current process
   bool timed_out = false;    // killed for not getting ready in time
   bool removed = false;      // no longer wanted: stop, then forget
-  bool start_again = false;  // command changed: start as soon as it exited
+  bool start_again = false;  // replaced by a rollout: start as soon as it exited
+  bool surge = false;        // a rollout's extra agent, beyond the pool's replicas
   int failures = 0;          // consecutive crashes, for the backoff
   int restarts = 0;
+};
+
+// A pool as apply() last gave it: what its agents are started with.
+struct AgentSupervisor::Pool {
+  std::string name;
+  PoolKind kind = PoolKind::kDecode;
+  size_t position = 0;  // in the file
+  int64_t replicas = 0;
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  spec::RolloutBounds bounds;
+  bool rolling = false;  // some agent ran another spec; not every one is available yet
 };
 
 const char* agentStateName(AgentState state) {
@@ -118,48 +131,49 @@ AgentSupervisor::AgentSupervisor(SupervisorOptions options) : options_(std::move
 
 AgentSupervisor::~AgentSupervisor() = default;  // each Subprocess kills and reaps its child
 
+const AgentSupervisor::Pool* AgentSupervisor::findPool(const std::string& name) const {
+  auto it = std::find_if(pools_.begin(), pools_.end(),
+                         [&](const Pool& pool) { return pool.name == name; });
+  return it == pools_.end() ? nullptr : &*it;
+}
+
 void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
-  struct Wanted {
-    std::string name;
-    const PoolSpec* pool;
-    size_t pool_position;
-    int64_t index;
-  };
-  std::vector<Wanted> wanted;  // in file order
+  std::vector<Pool> next;
   for (size_t p = 0; p < pools.size(); ++p) {
-    for (int64_t i = 0; i < pools[p].replicas; ++i) {
-      wanted.push_back({pools[p].name + "-" + std::to_string(i), &pools[p], p, i});
-    }
+    const PoolSpec& spec = pools[p];
+    Pool pool;
+    pool.name = spec.name;
+    pool.kind = spec.kind;
+    pool.position = p;
+    pool.replicas = spec.replicas;
+    pool.argv = agentArguments(spec, options_.agent_binary, options_.host, /*port=*/0);
+    pool.env = spec::agentEnvironment(spec);
+    pool.bounds = spec::resolveRollout(spec.rollout, spec.replicas);
+    if (const Pool* before = findPool(spec.name)) pool.rolling = before->rolling;
+    next.push_back(std::move(pool));
   }
-  auto is_wanted = [&](const std::string& name) {
-    return std::any_of(wanted.begin(), wanted.end(),
-                       [&](const Wanted& w) { return w.name == name; });
-  };
+  pools_ = std::move(next);
   for (auto& agent : agents_) {
-    if (is_wanted(agent->name) || agent->removed) continue;
+    if (agent->removed) continue;
+    const Pool* pool = findPool(agent->pool);
+    if (pool != nullptr && agent->index < pool->replicas) agent->surge = false;  // now a replica
+    if (pool != nullptr && (agent->surge || agent->index < pool->replicas)) continue;
     agent->removed = true;
     TANDEM_LOG(kInfo) << "local: stopping " << agent->name
                       << " (beyond its pool's replicas, or its pool is gone)";
     sendStop(*agent);
   }
-  for (const Wanted& want : wanted) {
-    const std::string& name = want.name;
-    const PoolSpec& pool = *want.pool;
-    std::vector<std::string> argv =
-        agentArguments(pool, options_.agent_binary, options_.host, /*port=*/0);
-    auto existing = std::find_if(agents_.begin(), agents_.end(),
-                                 [&](const auto& agent) { return agent->name == name; });
-    if (existing != agents_.end()) {
-      Agent& agent = **existing;
-      agent.pool = pool.name;
-      agent.kind = pool.kind;
-      agent.pool_position = want.pool_position;
-      std::vector<std::pair<std::string, std::string>> env = spec::agentEnvironment(pool);
-      const bool changed = agent.argv != argv || agent.env != env;
-      agent.argv = std::move(argv);
-      agent.env = std::move(env);
-      if (stopping_all_) continue;
-      if (agent.removed) {
+  for (const Pool& pool : pools_) {
+    for (int64_t i = 0; i < pool.replicas; ++i) {
+      const std::string name = pool.name + "-" + std::to_string(i);
+      auto existing = std::find_if(agents_.begin(), agents_.end(),
+                                   [&](const auto& agent) { return agent->name == name; });
+      if (existing != agents_.end()) {
+        Agent& agent = **existing;
+        agent.pool = pool.name;
+        agent.kind = pool.kind;
+        agent.pool_position = pool.position;
+        if (stopping_all_ || !agent.removed) continue;
         // Scaled away and back before it exited: run it again once it has.
         agent.removed = false;
         if (agent.process) {
@@ -167,27 +181,17 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
         } else {
           start(agent);
         }
-      } else if (changed && agent.process) {
-        TANDEM_LOG(kInfo) << "local: restarting " << name << " (its spec changed)";
-        agent.start_again = true;
-        sendStop(agent);
-      } else if (changed && agent.state == AgentState::kBackoff) {
-        // A crashing agent whose spec was just edited: try the new one now.
-        agent.failures = 0;
-        start(agent);
+        continue;
       }
-      continue;
+      auto agent = std::make_unique<Agent>();
+      agent->name = name;
+      agent->pool = pool.name;
+      agent->kind = pool.kind;
+      agent->pool_position = pool.position;
+      agent->index = i;
+      if (!stopping_all_) start(*agent);
+      agents_.push_back(std::move(agent));
     }
-    auto agent = std::make_unique<Agent>();
-    agent->name = name;
-    agent->pool = pool.name;
-    agent->kind = pool.kind;
-    agent->pool_position = want.pool_position;
-    agent->index = want.index;
-    agent->argv = std::move(argv);
-    agent->env = spec::agentEnvironment(pool);
-    if (!stopping_all_) start(*agent);
-    agents_.push_back(std::move(agent));
   }
   std::stable_sort(agents_.begin(), agents_.end(), [](const auto& a, const auto& b) {
     return std::tie(a->pool_position, a->index) < std::tie(b->pool_position, b->index);
@@ -195,6 +199,11 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
 }
 
 void AgentSupervisor::start(Agent& agent) {
+  // Always with its pool's spec as it is now (a rollout's new one).
+  if (const Pool* pool = findPool(agent.pool)) {
+    agent.argv = pool->argv;
+    agent.env = pool->env;
+  }
   // The shell joins the agent's stderr to its stdout (one pipe, read here),
   // then replaces itself with the agent: the pid is the agent's.
   std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"};
@@ -277,7 +286,16 @@ void AgentSupervisor::onExit(Agent& agent, int status) {
   if (agent.state == AgentState::kStopping) {
     TANDEM_LOG(kInfo) << "local: " << agent.name << " (pid " << pid
                       << ") stopped: " << exitText(status);
-    if (agent.start_again && !agent.removed && !stopping_all_) start(agent);
+    if (agent.start_again && !agent.removed && !stopping_all_) {
+      if (held_pools_.count(agent.pool) == 0) {
+        start(agent);
+      } else {
+        // Its model is being fetched again: started once it is, not
+        // counted as a restart.
+        agent.state = AgentState::kBackoff;
+        agent.restart_at = now;
+      }
+    }
     return;
   }
   if (agent.state == AgentState::kStarting && !start_failure_) {
@@ -338,8 +356,10 @@ void AgentSupervisor::poll() {
         break;
       case AgentState::kBackoff:
         if (!stopping_all_ && now >= agent.restart_at && held_pools_.count(agent.pool) == 0) {
-          ++agent.restarts;
-          ++restarts_by_pool_[agent.pool];
+          if (!agent.start_again) {  // a crash's restart, not a rollout's
+            ++agent.restarts;
+            ++restarts_by_pool_[agent.pool];
+          }
           start(agent);
         }
         break;
@@ -373,7 +393,118 @@ void AgentSupervisor::poll() {
         break;
     }
   }
+  for (Pool& pool : pools_) rollOut(pool);
   std::erase_if(agents_, [](const auto& agent) { return agent->removed && !agent->process; });
+}
+
+void AgentSupervisor::rollOut(Pool& pool) {
+  if (stopping_all_) return;
+  const bool held = held_pools_.count(pool.name) != 0;
+  const auto now = Clock::now();
+  std::vector<Agent*> members;  // the pool's agents still wanted
+  for (auto& agent : agents_) {
+    if (agent->pool == pool.name && !agent->removed) members.push_back(agent.get());
+  }
+  auto outdated = [&](const Agent& agent) {
+    return agent.argv != pool.argv || agent.env != pool.env;
+  };
+  auto available = [&](const Agent& agent) {
+    return agent.state == AgentState::kReady && !agent.killed &&
+           now - agent.ready_at >= options_.min_ready;
+  };
+  // An old agent that serves nobody is replaced at once.
+  for (Agent* agent : members) {
+    if (held || !outdated(*agent)) continue;
+    if (agent->state == AgentState::kBackoff) {
+      TANDEM_LOG(kInfo) << "local: starting " << agent->name
+                        << " with its pool's new spec now (it was waiting to restart)";
+      agent->failures = 0;
+      start(*agent);
+    } else if (agent->state == AgentState::kStarting && agent->process) {
+      TANDEM_LOG(kInfo) << "local: restarting " << agent->name
+                        << " with its pool's new spec (it was not ready yet)";
+      agent->start_again = true;
+      sendStop(*agent);
+    }
+  }
+  const auto regular = [&](const Agent* agent) { return !agent->surge; };
+  const bool any_outdated = std::any_of(members.begin(), members.end(), [&](const Agent* agent) {
+    return regular(agent) && outdated(*agent);
+  });
+  if (any_outdated && !pool.rolling) {
+    pool.rolling = true;
+    TANDEM_LOG(kInfo) << "local: " << pool.name << ": rolling out a changed spec over "
+                      << pool.replicas << " agents (maxSurge " << pool.bounds.max_surge
+                      << ", maxUnavailable " << pool.bounds.max_unavailable << ")";
+  }
+  if (pool.rolling && !any_outdated &&
+      std::all_of(members.begin(), members.end(),
+                  [&](const Agent* agent) { return !regular(agent) || available(*agent); })) {
+    pool.rolling = false;
+    TANDEM_LOG(kInfo) << "local: " << pool.name << ": rollout done";
+  }
+  // The extra agents: up to maxSurge while rolling, none after.
+  const int64_t surge = pool.rolling ? std::min(pool.bounds.max_surge, pool.replicas) : 0;
+  for (Agent* agent : members) {
+    if (!agent->surge || agent->index < pool.replicas + surge) continue;
+    TANDEM_LOG(kInfo) << "local: stopping " << agent->name << " (a rollout's extra agent)";
+    agent->removed = true;
+    sendStop(*agent);
+  }
+  for (int64_t i = pool.replicas; i < pool.replicas + surge && !held; ++i) {
+    const std::string name = pool.name + "-" + std::to_string(i);
+    auto existing = std::find_if(agents_.begin(), agents_.end(),
+                                 [&](const auto& agent) { return agent->name == name; });
+    if (existing != agents_.end()) {
+      Agent& agent = **existing;
+      if (!agent.removed) continue;
+      // Scaled away (or an extra agent stopped) and wanted again before it exited.
+      agent.removed = false;
+      agent.surge = true;
+      if (agent.process) {
+        agent.start_again = true;
+      } else {
+        start(agent);
+      }
+      continue;
+    }
+    TANDEM_LOG(kInfo) << "local: " << pool.name << ": starting " << name
+                      << ", an extra agent for the rollout";
+    auto agent = std::make_unique<Agent>();
+    agent->name = name;
+    agent->pool = pool.name;
+    agent->kind = pool.kind;
+    agent->pool_position = pool.position;
+    agent->index = i;
+    agent->surge = true;
+    start(*agent);
+    members.push_back(agent.get());
+    agents_.push_back(std::move(agent));
+  }
+  std::stable_sort(agents_.begin(), agents_.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->pool_position, a->index) < std::tie(b->pool_position, b->index);
+  });
+  // Old agents that serve go while enough others are available, the
+  // highest index first.
+  if (held) return;
+  int64_t num_available = std::count_if(members.begin(), members.end(), [&](const Agent* agent) {
+    return !agent->removed && available(*agent);
+  });
+  std::vector<Agent*> old;
+  for (Agent* agent : members) {
+    if (!agent->removed && outdated(*agent) && available(*agent)) old.push_back(agent);
+  }
+  std::sort(old.begin(), old.end(),
+            [](const Agent* a, const Agent* b) { return a->index > b->index; });
+  const int64_t floor = pool.replicas - pool.bounds.max_unavailable;
+  for (Agent* agent : old) {
+    if (num_available <= floor) break;
+    TANDEM_LOG(kInfo) << "local: replacing " << agent->name << " (its pool's spec changed; "
+                      << num_available << " of the pool's agents available)";
+    agent->start_again = true;
+    sendStop(*agent);
+    --num_available;
+  }
 }
 
 void AgentSupervisor::beginStop() {
@@ -397,6 +528,9 @@ std::vector<AgentStatus> AgentSupervisor::agents() const {
     status.pid = agent->process ? agent->process->pid() : 0;
     status.port = agent->port;
     status.restarts = agent->restarts;
+    const Pool* pool = findPool(agent->pool);
+    status.updated = pool != nullptr && agent->argv == pool->argv && agent->env == pool->env;
+    status.surge = agent->surge;
     statuses.push_back(std::move(status));
   }
   return statuses;

@@ -9,6 +9,15 @@
 // One owner thread: apply(), poll(), beginStop() and the accessors are not
 // thread-safe. poll() never blocks for long (a few ms per agent, a health
 // check at most ~1 s), so the owner calls it in a loop.
+//
+// A pool whose command line or environment changed is rolled as a
+// Deployment would be (its spec.rollout): while any of its agents runs the
+// old spec, up to maxSurge extra agents "<pool>-<replicas + i>" run the new
+// one, and a ready old agent is stopped (to start again with the new spec)
+// only while more than replicas - maxUnavailable agents of the pool are
+// available (ready for min_ready); the extra agents stop once every agent
+// runs the new spec and is available. An old agent that is not ready
+// (starting, or waiting to be restarted after a crash) is replaced at once.
 #pragma once
 
 #include <sys/types.h>
@@ -46,6 +55,10 @@ struct SupervisorOptions {
   // the backoff. 0 failures: never.
   std::chrono::milliseconds liveness_period{10000};
   int liveness_failures = 3;
+  // An agent counts as available to a rollout once ready this long: the
+  // router (which polls every 0.5 s) has seen it before the next old agent
+  // goes.
+  std::chrono::milliseconds min_ready{2000};
   // Receives each line of the agents' output, prefixed; default: stdout.
   std::function<void(const std::string& line)> output;
 };
@@ -66,6 +79,8 @@ struct AgentStatus {
   pid_t pid = 0;  // 0 when no process runs
   int port = 0;   // 0 until the agent printed it
   int restarts = 0;
+  bool updated = true;  // runs (or will run) its pool's current spec
+  bool surge = false;   // a rollout's extra agent
 };
 
 class AgentSupervisor {
@@ -77,11 +92,11 @@ class AgentSupervisor {
   AgentSupervisor& operator=(const AgentSupervisor&) = delete;
 
   // Makes the agents those of `pools`: starts the missing ones, stops those
-  // beyond a pool's replicas (highest index first) or of a removed pool, and
-  // restarts those whose command line or environment changed.
+  // beyond a pool's replicas (highest index first) or of a removed pool;
+  // poll() rolls the pools whose command line or environment changed.
   void apply(const std::vector<spec::PoolSpec>& pools);
   // One round: forwards output, reaps exits, checks health, restarts after
-  // backoff, escalates stops to SIGKILL.
+  // backoff, escalates stops to SIGKILL, moves each rollout on.
   void poll();
   // SIGTERM to every agent; none is started again. stopped() tells when all exited.
   void beginStop();
@@ -92,10 +107,10 @@ class AgentSupervisor {
   // supervisor began: counts that never go down, agents scaled away
   // included.
   const std::map<std::string, int64_t>& restartsByPool() const { return restarts_by_pool_; }
-  // Crashed agents of these pools wait in their backoff until the set no
-  // longer names them (their model directory is being fetched again: an
-  // agent started meanwhile could read half of one commit and half of the
-  // next).
+  // Crashed agents of these pools wait in their backoff, and their
+  // rollouts start no agent, until the set no longer names them (their
+  // model directory is being fetched again: an agent started meanwhile
+  // could read half of one commit and half of the next).
   void holdRestarts(std::set<std::string> pools) { held_pools_ = std::move(pools); }
   // The ready agents of one kind, in pool then index order.
   std::vector<spec::AgentAddress> readyEndpoints(spec::PoolKind kind) const;
@@ -107,13 +122,17 @@ class AgentSupervisor {
 
  private:
   struct Agent;
+  struct Pool;
+  const Pool* findPool(const std::string& name) const;
   void start(Agent& agent);
+  void rollOut(Pool& pool);
   void forwardOutput(Agent& agent, std::chrono::milliseconds wait);
   void emitLine(Agent& agent, const std::string& line);
   void onExit(Agent& agent, int status);
   void sendStop(Agent& agent);
 
   SupervisorOptions options_;
+  std::vector<Pool> pools_;  // as apply() last gave them
   std::vector<std::unique_ptr<Agent>> agents_;
   bool stopping_all_ = false;
   std::optional<std::string> start_failure_;

@@ -122,6 +122,17 @@ std::string LocalMode::localModeMetrics() const {
           << agentStateName(state) << "\"} " << count << "\n";
     }
   }
+  out << "# HELP tandem_local_pool_updated_agents Agents of the pool that run (or are starting "
+         "with) its current spec, a rollout's extra agents included.\n"
+         "# TYPE tandem_local_pool_updated_agents gauge\n";
+  for (const PoolSpec& pool : pools) {
+    const auto count = std::count_if(agents.begin(), agents.end(), [&](const AgentStatus& a) {
+      return a.pool == pool.name && a.kind == pool.kind && a.updated &&
+             a.state != AgentState::kStopping;
+    });
+    out << "tandem_local_pool_updated_agents{" << labels(pool.name, pool.kind) << "} " << count
+        << "\n";
+  }
   out << "# HELP tandem_local_agent_restarts_total Agents of the pool started again after a "
          "crash or a kill for not answering /health.\n"
          "# TYPE tandem_local_agent_restarts_total counter\n";
@@ -571,9 +582,9 @@ void LocalMode::applyCluster(AgentSupervisor& supervisor, const RouterSpec& runn
   }
   TANDEM_LOG(kInfo) << "local: " << source << " changed: applying it";
   if (routerSpecFor(cluster) != running_router) {
-    TANDEM_LOG(kWarn) << "local: the Router document, or the decode pools' KV secret it signs "
-                         "with, changed; restart tandem-operator to apply "
-                         "it (pools are applied now)";
+    TANDEM_LOG(kWarn) << "local: what the router runs with changed (the Router document, the "
+                         "decode pools' model it tokenizes with, or their KV secret it signs "
+                         "with); restart tandem-operator to apply it (pools are applied now)";
   }
   adoptPools(cluster.pools);
   supervisor.apply(pools_);

@@ -706,6 +706,21 @@ RouterSpec parseRouterObject(const nlohmann::json& object, const std::string& so
   return *document.router;
 }
 
+RolloutBounds resolveRollout(const RolloutSpec& rollout, int64_t replicas) {
+  // A bound is a whole number or "N%" (readBudgetBound made it so).
+  auto resolve = [&](const nlohmann::json& bound, bool round_up) -> int64_t {
+    if (bound.is_number_integer()) return bound.get<int64_t>();
+    const std::string text = bound.get<std::string>();
+    const int64_t percent = std::stoll(text.substr(0, text.size() - 1));
+    return (percent * replicas + (round_up ? 99 : 0)) / 100;
+  };
+  RolloutBounds bounds;
+  bounds.max_surge = resolve(rollout.max_surge, true);
+  bounds.max_unavailable = resolve(rollout.max_unavailable, false);
+  if (bounds.max_surge == 0 && bounds.max_unavailable == 0) bounds.max_unavailable = 1;
+  return bounds;
+}
+
 const char* poolKindName(PoolKind kind) {
   return kind == PoolKind::kPrefill ? "PrefillPool" : "DecodePool";
 }

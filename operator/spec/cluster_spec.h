@@ -121,17 +121,27 @@ struct DisruptionBudgetSpec {
   bool operator==(const DisruptionBudgetSpec&) const = default;
 };
 
-// spec.rollout (Kubernetes only): how the pool's Deployment replaces pods
-// (maxSurge and maxUnavailable: an integer or a percentage, not both zero;
-// default 1 and 0: a new agent is ready before an old one goes, which needs
-// room for one more on the nodes) and how long an agent may take to start
-// (load its model) before the kubelet restarts it.
+// spec.rollout: how a changed pool replaces its agents, the Deployment's
+// in Kubernetes, local mode's own locally (maxSurge and maxUnavailable: an
+// integer or a percentage, not both zero; default 1 and 0: a new agent is
+// ready before an old one goes, which needs room for one more), and how long
+// an agent may take to start (load its model) before the kubelet restarts
+// it (Kubernetes only).
 struct RolloutSpec {
   nlohmann::json max_surge = 1;
   nlohmann::json max_unavailable = 0;
   int64_t startup_timeout_s = 600;
   bool operator==(const RolloutSpec&) const = default;
 };
+
+// A rollout's bounds in agents for a pool of `replicas`, as a Deployment
+// resolves them: a percentage of maxSurge rounds up, one of maxUnavailable
+// down, and when both come to 0, maxUnavailable is 1.
+struct RolloutBounds {
+  int64_t max_surge = 0;
+  int64_t max_unavailable = 0;
+};
+RolloutBounds resolveRollout(const RolloutSpec& rollout, int64_t replicas);
 
 // spec.autoscaling: the SLA planner's settings for the pool (docs/planner.md),
 // parsed by planner::parseAutoscalingSpec. Two are equal when written alike

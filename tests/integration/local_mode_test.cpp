@@ -60,6 +60,33 @@ std::string clusterYaml(int prefill_replicas, int decode_replicas,
          "  disaggThresholdTokens: 16\n";
 }
 
+// `yaml` with `lines` (fields of spec, two spaces deep) added to its
+// DecodePool document's spec.
+std::string withDecodeSpec(std::string yaml, const std::string& lines) {
+  const size_t spec = yaml.find("\nspec:\n", yaml.find("kind: DecodePool"));
+  yaml.insert(spec + 7, lines);
+  return yaml;
+}
+
+// An env entry of the DecodePool's spec: a change of spec that leaves the
+// command line alone.
+std::string decodeEnv(const std::string& value) {
+  return "  env:\n    - name: TANDEM_ROLLOUT_TEST\n      value: \"" + value + "\"\n";
+}
+
+// clusterYaml for the small model, so that streams last seconds.
+std::string smallClusterYaml(int prefill_replicas, int decode_replicas) {
+  std::string yaml = clusterYaml(prefill_replicas, decode_replicas);
+  const std::string tiny = testing::tinyModelDir().string();
+  for (size_t at; (at = yaml.find(tiny)) != std::string::npos;) {
+    yaml.replace(at, tiny.size(), testing::smallModelDir().string());
+  }
+  for (size_t at; (at = yaml.find("numBlocks: 128")) != std::string::npos;) {
+    yaml.replace(at, 14, "numBlocks: 512");
+  }
+  return yaml;
+}
+
 // Replaces the file's content (a new inode, as editors save).
 void rewrite(const fs::path& path, const std::string& text) {
   const fs::path temporary = path.string() + ".new";
@@ -323,6 +350,143 @@ TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
   EXPECT_TRUE(log_->stopped);
   EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
   for (pid_t pid : agents) EXPECT_FALSE(processExists(pid)) << pid;
+}
+
+// The environment of a running process, one "NAME=value" per entry.
+std::vector<std::string> processEnvironment(pid_t pid) {
+  const std::string text = readProcFile("/proc/" + std::to_string(pid) + "/environ");
+  std::vector<std::string> entries;
+  for (size_t begin = 0; begin < text.size();) {
+    const size_t end = std::min(text.find('\0', begin), text.size());
+    entries.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return entries;
+}
+
+// The fewest and most decode agents the router had from history entry
+// `from` on.
+std::pair<size_t, size_t> decodeListBounds(RouterLog& log, size_t from) {
+  std::lock_guard<std::mutex> lock(log.mutex);
+  size_t low = SIZE_MAX, high = 0;
+  for (size_t i = from; i < log.history.size(); ++i) {
+    low = std::min(low, log.history[i].second.size());
+    high = std::max(high, log.history[i].second.size());
+  }
+  return {low, high};
+}
+
+// An edited pool is rolled as a Deployment rolls it (spec.rollout). By
+// default an extra agent with the new spec starts first and an old agent
+// goes only once a new one is ready, so the router never has fewer decode
+// agents than the pool's replicas; with maxSurge 0 and maxUnavailable 1,
+// one agent at a time is replaced and there is no extra one. Either way
+// every agent ends on the new spec, the extra agent is gone, no restart is
+// counted, and the other pool is untouched. Before, every agent of the pool
+// was restarted at once and the router had none meanwhile.
+TEST_F(LocalModeTest, AnEditedPoolIsRolledAgentByAgentAsItsRolloutSays) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 2));
+  LocalModeOptions rolled_options = options(file);
+  rolled_options.supervisor.min_ready = milliseconds(300);
+  LocalMode mode(rolled_options, fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  const pid_t prefill = agent(mode, "prefill-0")->pid;
+  auto historySize = [&] {
+    std::lock_guard<std::mutex> lock(log_->mutex);
+    return log_->history.size();
+  };
+  auto updated = [&] {
+    return prometheusSample(mode.localModeMetrics(), "tandem_local_pool_updated_agents",
+                            "pool=\"decode\",kind=\"DecodePool\"")
+        .value_or(-1);
+  };
+  // Both decode agents ready again, neither of them an `old` process, each
+  // with `entry` in its environment, and no extra agent left.
+  auto rolledTo = [&](const std::string& entry, const std::vector<pid_t>& old) {
+    return eventually(
+        [&] {
+          if (agent(mode, "decode-2") || updated() != 2) return false;
+          for (const std::string name : {"decode-0", "decode-1"}) {
+            auto now = agent(mode, name);
+            if (!now || now->state != AgentState::kReady ||
+                std::find(old.begin(), old.end(), now->pid) != old.end()) {
+              return false;
+            }
+            const std::vector<std::string> env = processEnvironment(now->pid);
+            if (std::find(env.begin(), env.end(), entry) == env.end()) return false;
+          }
+          return true;
+        },
+        seconds(90));
+  };
+  EXPECT_EQ(updated(), 2);
+
+  size_t from = historySize();
+  std::vector<pid_t> old = {agent(mode, "decode-0")->pid, agent(mode, "decode-1")->pid};
+  rewrite(file, withDecodeSpec(clusterYaml(1, 2), decodeEnv("1")));
+  ASSERT_TRUE(rolledTo("TANDEM_ROLLOUT_TEST=1", old)) << run_error_;
+  EXPECT_EQ(decodeListBounds(*log_, from), std::make_pair(size_t{2}, size_t{3}));
+
+  from = historySize();
+  old = {agent(mode, "decode-0")->pid, agent(mode, "decode-1")->pid};
+  rewrite(file,
+          withDecodeSpec(clusterYaml(1, 2),
+                         "  rollout:\n    maxSurge: 0\n    maxUnavailable: 1\n" + decodeEnv("2")));
+  ASSERT_TRUE(rolledTo("TANDEM_ROLLOUT_TEST=2", old)) << run_error_;
+  EXPECT_EQ(decodeListBounds(*log_, from), std::make_pair(size_t{1}, size_t{2}));
+
+  EXPECT_EQ(agent(mode, "prefill-0")->pid, prefill);
+  EXPECT_EQ(prometheusSample(mode.localModeMetrics(), "tandem_local_agent_restarts_total",
+                             "pool=\"decode\",kind=\"DecodePool\""),
+            0);
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+  EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
+}
+
+// A new spec whose agents cannot start (here: its model is not there)
+// stalls the rollout, as a Deployment's does: the extra agent fails and is
+// retried with its backoff while the old agent keeps serving, the same
+// process, still the router's. Putting the old spec back ends the rollout:
+// the extra agent stops, and the old one was never touched.
+TEST_F(LocalModeTest, ARolloutWhoseNewAgentsCannotStartLeavesTheOldOnesServing) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  const AgentStatus decode = *agent(mode, "decode-0");
+  const std::vector<AgentAddress> serving = {{"decode-0", "127.0.0.1", decode.port}};
+  ASSERT_EQ(log_->current().second, serving);
+
+  std::string broken = clusterYaml(1, 1);
+  const std::string model = testing::tinyModelDir().string();
+  broken.replace(broken.find(model, broken.find("kind: DecodePool")), model.size(),
+                 (dir_.path() / "no-model").string());
+  rewrite(file, broken);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto extra = agent(mode, "decode-1");
+        return extra && extra->restarts >= 2;
+      },
+      seconds(60)))
+      << run_error_;
+  const AgentStatus still = *agent(mode, "decode-0");
+  EXPECT_EQ(still.pid, decode.pid);
+  EXPECT_EQ(still.state, AgentState::kReady);
+  EXPECT_EQ(log_->current().second, serving);
+
+  rewrite(file, clusterYaml(1, 1));
+  ASSERT_TRUE(eventually([&] { return !agent(mode, "decode-1"); }, seconds(30)));
+  EXPECT_EQ(agent(mode, "decode-0")->pid, decode.pid);
+  EXPECT_EQ(log_->current().second, serving);
+  EXPECT_EQ(prometheusSample(mode.localModeMetrics(), "tandem_local_pool_updated_agents",
+                             "pool=\"decode\",kind=\"DecodePool\""),
+            1);
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
 }
 
 // A ready agent that stops answering (hung; here SIGSTOPped) is killed and
@@ -845,18 +1009,7 @@ TEST_F(OperatorBinaryTest, ARestartedDecodeAgentGetsTrafficAndItsBlocksReindexed
 // no agent is left with a block referenced or held.
 TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWithTheirKv) {
   // The small model, so that streams last seconds: the edit lands mid-stream.
-  auto smallCluster = [](int decode_replicas) {
-    std::string yaml = clusterYaml(1, decode_replicas);
-    const std::string tiny = testing::tinyModelDir().string();
-    for (size_t at; (at = yaml.find(tiny)) != std::string::npos;) {
-      yaml.replace(at, tiny.size(), testing::smallModelDir().string());
-    }
-    for (size_t at; (at = yaml.find("numBlocks: 128")) != std::string::npos;) {
-      yaml.replace(at, 14, "numBlocks: 512");
-    }
-    return yaml;
-  };
-  const fs::path file = dir_.write("cluster.yaml", smallCluster(3));
+  const fs::path file = dir_.write("cluster.yaml", smallClusterYaml(1, 3));
   Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
                 dir_.path() / "stderr");
   // The agents' ports, from their forwarded "listening on" lines, then the router's.
@@ -902,7 +1055,7 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
   // Scaled down once decode-2 runs streams.
   const bool busy = eventually(
       [&] { return metric(ports["decode-2"], "tandem_num_requests_running") >= 2; }, seconds(30));
-  if (busy) rewrite(file, smallCluster(2));
+  if (busy) rewrite(file, smallClusterYaml(1, 2));
   for (auto& client : clients) client.join();
   const double streams_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count();
@@ -949,6 +1102,95 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
     if (name != "prefill-0") loaded += metric(ports[name], "tandem_kv_transfer_bytes_total");
   }
   EXPECT_GT(loaded, 0);
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+// A DecodePool edited while 16 streams run (here: its environment) is
+// rolled: an extra agent with the new spec starts, then each old agent in
+// turn drains, handing its streams over with their KV to the agents still
+// serving, the new ones among them (listed after the streams began). Every
+// client's stream equals an undisturbed one, and the pool ends on the new
+// spec without its extra agent. Before, both agents were restarted at once
+// and every stream in flight got an error event.
+TEST_F(OperatorBinaryTest, EditingADecodePoolWhileStreamsRunRollsItWithoutLosingAStream) {
+  const fs::path file = dir_.write("cluster.yaml", smallClusterYaml(1, 2));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  std::map<std::string, int> ports;
+  int port = 0;
+  for (std::string line; port == 0;) {
+    line = op.waitForLine("", seconds(120));
+    ASSERT_FALSE(line.empty()) << op.stderrText();
+    const size_t colon = line.rfind(':');
+    if (line.starts_with("router listening on ")) port = std::stoi(line.substr(colon + 1));
+    const size_t close = line.find("] listening on ");
+    if (line.starts_with("[") && close != std::string::npos) {
+      ports[line.substr(1, close - 1)] = std::stoi(line.substr(colon + 1));
+    }
+  }
+  ASSERT_EQ(ports.size(), 3u) << op.stderrText();
+  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-1"); }))
+      << op.stderrText();
+  auto running = [](int agent_port) {
+    httplib::Client client("127.0.0.1", agent_port);
+    auto res = client.Get("/metrics");
+    return res ? prometheusSample(res->body, "tandem_num_requests_running").value_or(0) : 0.0;
+  };
+
+  constexpr int kStreams = 16;
+  constexpr int kTokens = 600;
+  std::vector<nlohmann::json> bodies;
+  for (int i = 0; i < kStreams; ++i) {
+    nlohmann::json body = testing::greedy(testing::randomPrompt(40 + i, 700 + i), kTokens);
+    body["stream"] = true;
+    bodies.push_back(body);
+  }
+  std::vector<testing::StreamedCompletion> undisturbed;
+  {
+    testing::Agent colocated({}, testing::smallModelDir());
+    for (auto& client : testing::streamConcurrently(colocated.port(), bodies, undisturbed)) {
+      client.join();
+    }
+  }
+
+  std::vector<testing::StreamedCompletion> streams;
+  const auto streams_start = std::chrono::steady_clock::now();
+  std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
+  const bool busy =
+      eventually([&] { return running(ports["decode-0"]) >= 2 && running(ports["decode-1"]) >= 2; },
+                 seconds(30));
+  if (busy) rewrite(file, withDecodeSpec(smallClusterYaml(1, 2), decodeEnv("1")));
+  for (auto& client : clients) client.join();
+  const double streams_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count();
+  ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    EXPECT_EQ(streams[i].errors, "");
+    EXPECT_EQ(streams[i].done, 1);
+    EXPECT_EQ(streams[i].ids.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(streams[i].ids, undisturbed[i].ids);
+    EXPECT_EQ(streams[i].text, undisturbed[i].text);
+  }
+  {
+    httplib::Client client("127.0.0.1", port);
+    auto router_metrics = client.Get("/metrics");
+    ASSERT_TRUE(router_metrics);
+    testing::expectDrainMigrations(router_metrics->body, 2, streams_s);
+  }
+  // The rollout ends: both agents replaced, the extra one stopped.
+  ASSERT_TRUE(eventually(
+      [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
+      seconds(90)))
+      << op.stderrText();
+  const std::string log = op.stderrText();
+  EXPECT_NE(log.find("local: replacing decode-1"), std::string::npos) << log;
+  EXPECT_NE(log.find("local: replacing decode-0"), std::string::npos) << log;
+  EXPECT_TRUE(eventually([&] {
+    return op.stderrText().find("local: stopping decode-2 (a rollout's extra agent)") !=
+           std::string::npos;
+  }));
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }

@@ -1107,6 +1107,26 @@ TEST(ClusterSpecTest, RolloutTakesSurgeUnavailableAndAStartupTimeout) {
   }
 }
 
+// A rollout's bounds in agents, as a Deployment resolves them: maxSurge's
+// percentage rounded up, maxUnavailable's down, and maxUnavailable 1 when
+// both come to 0.
+TEST(ClusterSpecTest, RolloutBoundsResolveAsADeploymentsDo) {
+  auto bounds = [](nlohmann::json surge, nlohmann::json unavailable, int64_t replicas) {
+    RolloutSpec rollout;
+    rollout.max_surge = std::move(surge);
+    rollout.max_unavailable = std::move(unavailable);
+    const RolloutBounds resolved = resolveRollout(rollout, replicas);
+    return std::make_pair(resolved.max_surge, resolved.max_unavailable);
+  };
+  EXPECT_EQ(bounds(1, 0, 4), std::make_pair(int64_t{1}, int64_t{0}));
+  EXPECT_EQ(bounds("25%", "25%", 5), std::make_pair(int64_t{2}, int64_t{1}));
+  EXPECT_EQ(bounds("25%", "25%", 4), std::make_pair(int64_t{1}, int64_t{1}));
+  EXPECT_EQ(bounds(0, "10%", 3), std::make_pair(int64_t{0}, int64_t{1}));
+  EXPECT_EQ(bounds("0%", "100%", 3), std::make_pair(int64_t{0}, int64_t{3}));
+  EXPECT_EQ(bounds("100%", 0, 0), std::make_pair(int64_t{0}, int64_t{1}));
+  EXPECT_EQ(bounds(3, 2, 1), std::make_pair(int64_t{3}, int64_t{2}));
+}
+
 TEST(ClusterSpecTest, RouterPoolListsMustNamePoolsOfTheFile) {
   const std::string router = R"(apiVersion: tandem.dev/v1alpha1
 kind: Router
