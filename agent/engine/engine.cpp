@@ -774,6 +774,10 @@ void Engine::handOver() {
   for (const auto& [sequence, live] : live_) {
     if (sequence->request.hand_over_on_drain) handing.push_back(sequence);
   }
+  handOver(handing);
+}
+
+void Engine::handOver(const std::vector<Sequence*>& handing) {
   const bool lends = connector_ && connector_->config().produces() &&
                      block_manager_->config().enable_prefix_caching;
   for (Sequence* sequence : handing) {
@@ -807,6 +811,12 @@ void Engine::handOver() {
 void Engine::abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   aborts_.push_back(request_id);
+  wake_.notify_one();
+}
+
+void Engine::askHandOver(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  hand_over_asks_.push_back(request_id);
   wake_.notify_one();
 }
 
@@ -906,11 +916,13 @@ void Engine::publishStats() {
 void Engine::drainInbox() {
   std::vector<Pending> inbox;
   std::vector<std::string> aborts;
+  std::vector<std::string> hand_over_asks;
   std::vector<std::promise<KvSnapshot>> snapshots;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inbox.swap(inbox_);
     aborts.swap(aborts_);
+    hand_over_asks.swap(hand_over_asks_);
     snapshots.swap(snapshot_requests_);
   }
   for (auto& promise : snapshots) promise.set_value(takeSnapshot());
@@ -929,6 +941,16 @@ void Engine::drainInbox() {
       dropHold(held);
     }
   }
+  for (const std::string& id : hand_over_asks) {
+    Sequence* sequence = scheduler_->find(id);
+    if (sequence == nullptr || !sequence->request.can_hand_over ||
+        sequence->request.hand_over_on_drain) {
+      continue;
+    }
+    sequence->request.hand_over_on_drain = true;
+    // Asked for after the drain's hand-over: handed over now.
+    if (handed_over_) handOver({sequence});
+  }
 }
 
 void Engine::loop() {
@@ -940,10 +962,10 @@ void Engine::loop() {
       // and looks at the deadline as it wakes.
       const bool holding = !held_.empty() || !deferred_holds_.empty();
       auto has_news = [&] {
-        return !inbox_.empty() || !aborts_.empty() || !snapshot_requests_.empty() ||
-               !release_requests_.empty() || !hold_requests_.empty() ||
-               (stopping_ && (!stop_noticed_ || !holding)) || (draining_ && !handed_over_) ||
-               scheduler_->hasWork();
+        return !inbox_.empty() || !aborts_.empty() || !hand_over_asks_.empty() ||
+               !snapshot_requests_.empty() || !release_requests_.empty() ||
+               !hold_requests_.empty() || (stopping_ && (!stop_noticed_ || !holding)) ||
+               (draining_ && !handed_over_) || scheduler_->hasWork();
       };
       if (!holding) {
         wake_.wait(lock, has_news);

@@ -289,6 +289,11 @@ class Engine {
   // Returns at once; idempotent. Any thread.
   void drain();
   bool draining() const;
+  // Asks for the live request `request_id` to be handed over as drain()
+  // hands over (sets Request::hand_over_on_drain): at once when the engine
+  // drains already, else when it does. Only a request that allows it
+  // (Request::can_hand_over); an unknown id is ignored. Any thread.
+  void askHandOver(const std::string& request_id);
 
   EngineStats stats() const;
   // Taken on the engine thread between steps, so it is consistent with the
@@ -400,6 +405,7 @@ class Engine {
                                          const std::string& model_identity, bool hand_over = false);
   // Hands over the live requests that allow it (drain()).
   void handOver();
+  void handOver(const std::vector<Sequence*>& sequences);
   KvSnapshot takeSnapshot() const;
 
   EngineConfig config_;
@@ -478,6 +484,7 @@ class Engine {
   std::condition_variable wake_;
   std::vector<Pending> inbox_;
   std::vector<std::string> aborts_;
+  std::vector<std::string> hand_over_asks_;  // askHandOver(), for the loop
   std::vector<std::promise<KvSnapshot>> snapshot_requests_;
   std::vector<std::pair<std::string, std::promise<bool>>> release_requests_;
   struct HoldRequest {

@@ -292,6 +292,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     const size_t i = c % n;
     child.id = ids[c];
     child.hand_over_on_drain = false;  // several streams in one: not movable
+    child.can_hand_over = false;
     if (child.sampling.seed) child.sampling.seed = *child.sampling.seed + i;
     // The first computes the prompt's logprobs; the others read its blocks.
     if (i > 0) child.sampling.prompt_logprobs.reset();
@@ -549,6 +550,7 @@ void HttpServer::routes() {
       // rather than finished here, when this agent drains.
       request.request.hand_over_on_drain =
           request.stream && exchange.request().header(kHandOverHeader) == "drain";
+      request.request.can_hand_over = request.stream;
       ResponseMeta meta = makeResponseMeta(request, id, unixSeconds());
       // Responses carry the engine's transfer parameters, never an echo.
       meta.kv_transfer_params = nullptr;
@@ -957,6 +959,31 @@ void HttpServer::routes() {
                  HttpResponse res = co_await exchange.offloadWait<HttpResponse>(drain);
                  co_await exchange.respond(std::move(res));
                });
+
+  // A router's late ask that a stream begun without x-tandem-handover (no
+  // other agent could resume it then) be handed over when this agent
+  // drains: now when it drains already. Signed like /admin/drain.
+  http_->post(
+      "/admin/hand_over",
+      [this, kvTransferBody](const HttpRequest& req, HttpResponse& res) {
+        auto parsed = kvTransferBody(req.body, "with the request_id of a stream");
+        if (!parsed.isOk()) return sendError(res, parsed.error());
+        if (Status allowed = engine_.authorizeKvRequest("/admin/hand_over", parsed.value());
+            !allowed.isOk()) {
+          return sendError(res, fromStatus(allowed));
+        }
+        const auto id = parsed.value().find("request_id");
+        if (id == parsed.value().end() || !id->is_string() || id->get<std::string>().empty() ||
+            id->get<std::string>().size() > 512) {
+          return sendError(res, invalidRequest("request_id must be the id of a stream this agent "
+                                               "runs (its X-Request-Id), 1 to 512 characters",
+                                               "request_id"));
+        }
+        engine_.askHandOver(id->get<std::string>());
+        res.status = 202;
+        res.set_content(R"({"asked":true})", "application/json");
+      },
+      RouteWork::kInline);
 
   // The KV event stream: events after `since`, a snapshot when the reader
   // fell behind what is retained, a comment line after 10 s of silence (so a

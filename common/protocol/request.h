@@ -101,6 +101,10 @@ struct Request {
   // and its KV blocks held for the agent that will resume it. Set by the
   // router for the streams it can move; others run to their end.
   bool hand_over_on_drain = false;
+  // A single stream: the router may still ask for it to be handed over
+  // after it began (Engine::askHandOver, once another agent could resume
+  // it). Several streams in one (n > 1, a batch) are not.
+  bool can_hand_over = false;
   // Completions' echo with max_tokens 0 (OpenAI's prompt scoring): one
   // token is computed (sampling.max_tokens 1) and none reported: the
   // outputs carry no tokens, no text, 0 generated tokens, and end with

@@ -164,35 +164,49 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
     sendStop(*agent);
   }
   for (const Pool& pool : pools_) {
-    for (int64_t i = 0; i < pool.replicas; ++i) {
-      const std::string name = pool.name + "-" + std::to_string(i);
-      auto existing = std::find_if(agents_.begin(), agents_.end(),
-                                   [&](const auto& agent) { return agent->name == name; });
-      if (existing != agents_.end()) {
-        Agent& agent = **existing;
-        agent.pool = pool.name;
-        agent.kind = pool.kind;
-        agent.pool_position = pool.position;
-        if (stopping_all_ || !agent.removed) continue;
-        // Scaled away and back before it exited: run it again once it has.
-        agent.removed = false;
-        if (agent.process) {
-          agent.start_again = true;
-        } else {
-          start(agent);
-        }
-        continue;
-      }
-      auto agent = std::make_unique<Agent>();
-      agent->name = name;
-      agent->pool = pool.name;
-      agent->kind = pool.kind;
-      agent->pool_position = pool.position;
-      agent->index = i;
-      if (!stopping_all_) start(*agent);
-      agents_.push_back(std::move(agent));
-    }
+    for (int64_t i = 0; i < pool.replicas; ++i) want(pool, i, /*surge=*/false);
   }
+  sortAgents();
+}
+
+AgentSupervisor::Agent* AgentSupervisor::findAgent(const std::string& name) {
+  auto it = std::find_if(agents_.begin(), agents_.end(),
+                         [&](const auto& agent) { return agent->name == name; });
+  return it == agents_.end() ? nullptr : it->get();
+}
+
+AgentSupervisor::Agent& AgentSupervisor::want(const Pool& pool, int64_t index, bool surge) {
+  const std::string name = pool.name + "-" + std::to_string(index);
+  if (Agent* existing = findAgent(name)) {
+    Agent& agent = *existing;
+    agent.pool = pool.name;
+    agent.kind = pool.kind;
+    agent.pool_position = pool.position;
+    if (stopping_all_ || !agent.removed) return agent;
+    // Scaled away (or an extra agent stopped) and wanted again before it
+    // exited: run it again once it has.
+    agent.removed = false;
+    agent.surge = surge;
+    if (agent.process) {
+      agent.start_again = true;
+    } else {
+      start(agent);
+    }
+    return agent;
+  }
+  auto agent = std::make_unique<Agent>();
+  agent->name = name;
+  agent->pool = pool.name;
+  agent->kind = pool.kind;
+  agent->pool_position = pool.position;
+  agent->index = index;
+  agent->surge = surge;
+  if (!stopping_all_) start(*agent);
+  agents_.push_back(std::move(agent));
+  return *agents_.back();
+}
+
+void AgentSupervisor::sortAgents() {
   std::stable_sort(agents_.begin(), agents_.end(), [](const auto& a, const auto& b) {
     return std::tie(a->pool_position, a->index) < std::tie(b->pool_position, b->index);
   });
@@ -452,38 +466,15 @@ void AgentSupervisor::rollOut(Pool& pool) {
     sendStop(*agent);
   }
   for (int64_t i = pool.replicas; i < pool.replicas + surge && !held; ++i) {
-    const std::string name = pool.name + "-" + std::to_string(i);
-    auto existing = std::find_if(agents_.begin(), agents_.end(),
-                                 [&](const auto& agent) { return agent->name == name; });
-    if (existing != agents_.end()) {
-      Agent& agent = **existing;
-      if (!agent.removed) continue;
-      // Scaled away (or an extra agent stopped) and wanted again before it exited.
-      agent.removed = false;
-      agent.surge = true;
-      if (agent.process) {
-        agent.start_again = true;
-      } else {
-        start(agent);
-      }
-      continue;
+    const Agent* before = findAgent(pool.name + "-" + std::to_string(i));
+    if (before != nullptr && !before->removed) continue;  // a member already
+    if (before == nullptr) {
+      TANDEM_LOG(kInfo) << "local: " << pool.name << ": starting " << pool.name << "-" << i
+                        << ", an extra agent for the rollout";
     }
-    TANDEM_LOG(kInfo) << "local: " << pool.name << ": starting " << name
-                      << ", an extra agent for the rollout";
-    auto agent = std::make_unique<Agent>();
-    agent->name = name;
-    agent->pool = pool.name;
-    agent->kind = pool.kind;
-    agent->pool_position = pool.position;
-    agent->index = i;
-    agent->surge = true;
-    start(*agent);
-    members.push_back(agent.get());
-    agents_.push_back(std::move(agent));
+    members.push_back(&want(pool, i, /*surge=*/true));
   }
-  std::stable_sort(agents_.begin(), agents_.end(), [](const auto& a, const auto& b) {
-    return std::tie(a->pool_position, a->index) < std::tie(b->pool_position, b->index);
-  });
+  sortAgents();
   // Old agents that serve go while enough others are available, the
   // highest index first.
   if (held) return;

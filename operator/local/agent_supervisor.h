@@ -124,6 +124,11 @@ class AgentSupervisor {
   struct Agent;
   struct Pool;
   const Pool* findPool(const std::string& name) const;
+  Agent* findAgent(const std::string& name);
+  // The agent <pool>-<index>, wanted: created and started when missing, run
+  // again once it exited when it was being stopped.
+  Agent& want(const Pool& pool, int64_t index, bool surge);
+  void sortAgents();  // pool (file order), then index
   void start(Agent& agent);
   void rollOut(Pool& pool);
   void forwardOutput(Agent& agent, std::chrono::milliseconds wait);

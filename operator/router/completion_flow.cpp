@@ -32,6 +32,9 @@ namespace {
 // How long blocks a decision expects an agent to store count as held
 // without the agent's BlockStored (OwnershipIndex::expect).
 constexpr std::chrono::seconds kExpectedBlocksTtl{30};
+// How often a stream on an unhealthy decode agent, not yet asked to be
+// handed over, looks whether another agent could resume it now.
+constexpr std::chrono::milliseconds kHandOverCheckInterval{100};
 
 // A 503 in OpenAI's error shape, with Retry-After.
 HttpResponse unavailable(const std::string& message) {
@@ -116,6 +119,14 @@ std::string holdBody(const protocol::Request& request, const std::string& kv_sec
   if (!request.adapter.empty()) hold["model"] = request.adapter;
   if (!kv_secret.empty()) kv_auth::signRequest(hold, "/v1/kv_transfer/hold", kv_secret);
   return hold.dump();
+}
+
+// A late ask that a stream be handed over (/admin/hand_over), signed as
+// /admin/drain is.
+std::string handOverBody(const std::string& agent_request_id, const std::string& kv_secret) {
+  json body = {{"request_id", agent_request_id}};
+  if (!kv_secret.empty()) kv_auth::signRequest(body, "/admin/hand_over", kv_secret);
+  return body.dump();
 }
 
 std::string releaseBody(const json& params) { return json{{"kv_transfer_params", params}}.dump(); }
@@ -554,8 +565,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     // agent could resume it: a lone decode agent (or the last one fit, or a
     // stream out of moves) finishes its streams as it drains instead, within
     // its --shutdown-timeout, rather than handing them to nobody.
-    const bool movable = splice && splice->continuations() < max_migrations_ &&
-                         nextFit(attempt + 1) < decode_order.size();
+    const std::function<bool()> movable = [&] {
+      return splice && splice->continuations() < max_migrations_ &&
+             nextFit(attempt + 1) < decode_order.size();
+    };
     DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
                                               arrival, decode_reservation, prediction,
                                               splice ? &*splice : nullptr, movable, client);
@@ -796,7 +809,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     HttpExchange& exchange, Body body, bool streaming, const AgentPtr& decode,
     const Handoff& handoff, const std::string& label, Clock::time_point arrival,
     LoadLedger::Reservation& reservation, const Prediction& prediction, StreamSplice* splice,
-    bool movable, ClientStream& client) {
+    const std::function<bool()>& movable, ClientStream& client) {
   const std::string request_body = decodeBody(body, handoff.params);
   const std::string target = targetOf(body);
   std::vector<std::pair<std::string, std::string>> headers = {
@@ -834,6 +847,11 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   http::response_parser<http::buffer_body>* parser = &fresh_parser();
   const bool whole = !streaming;  // a whole answer: see below
   bool sent = false;              // the agent has the request
+  // Whether the agent was asked to hand the stream over when it drains,
+  // and when to look again whether it should be (it is unhealthy, and
+  // another agent could resume the stream: one joined since it began).
+  bool hand_over_asked = false;
+  Clock::time_point next_hand_over_check{};
   try {
     tcp::resolver resolver(co_await asio::this_coro::executor);
     upstream.expires_after(std::chrono::duration_cast<Clock::duration>(
@@ -849,7 +867,10 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     request.set(http::field::content_type, "application/json");
     // A stream this router can move is handed over, not finished, when the
     // agent drains.
-    if (splice != nullptr && streaming && movable) request.set(server::kHandOverHeader, "drain");
+    if (splice != nullptr && streaming && movable()) {
+      request.set(server::kHandOverHeader, "drain");
+      hand_over_asked = true;
+    }
     // A whole answer is silent until complete: the agent says it is alive
     // (102 Processing) four times per silence timeout meanwhile.
     if (whole) {
@@ -922,6 +943,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   // other answer as it comes.
   const bool spliced = splice != nullptr && streaming && status == 200;
   if (continuation && !spliced) co_return DecodeOutcome::kBrokenAfterStart;
+  const std::string agent_request_id(parser->get()[server::kRequestIdHeader]);
   std::string broken;  // why the pass-through stopped early
   bool stalled = false;
   try {
@@ -942,6 +964,22 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
       const size_t n = sizeof chunk - parser->get().body().size;
       if (n == 0) continue;
+      if (spliced && !hand_over_asked && !agent_request_id.empty() &&
+          (!decode->healthy || !decode->listed) && Clock::now() >= next_hand_over_check) {
+        next_hand_over_check = Clock::now() + kHandOverCheckInterval;
+        if (movable()) {
+          hand_over_asked = true;
+          TANDEM_LOG(kInfo) << "router: request " << exchange.request().id << ": asking "
+                            << decode->endpoint.name
+                            << ", unhealthy (draining?), to hand its stream over: another decode "
+                               "agent can resume it now";
+          asio::co_spawn(
+              co_await asio::this_coro::executor,
+              callAgent(decode->endpoint, http::verb::post, std::string("/admin/hand_over"),
+                        handOverBody(agent_request_id, kv_secret_), 5.0),
+              asio::detached);
+        }
+      }
       std::string piece;
       if (streaming && status == 200) {
         events.append(chunk, n);

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -119,14 +120,18 @@ class CompletionFlow {
     bool first_token_seen = false;
   };
   // A stream (`splice` set) is relayed event by event through the splice
-  // (and, when `movable`, handed over by a draining agent); `client` is
-  // updated as it is written to. A stream that breaks after starting is
-  // left to the caller to resume elsewhere.
+  // and handed over by a draining agent when `movable()` (another agent
+  // could resume it) says so: asked for in the request when it does at the
+  // start, else asked for (POST /admin/hand_over) once the agent is seen
+  // unhealthy while it does. `client` is updated as it is written to. A
+  // stream that breaks after starting is left to the caller to resume
+  // elsewhere.
   boost::asio::awaitable<DecodeOutcome> decodeOn(
       server::HttpExchange& exchange, nlohmann::ordered_json body, bool streaming,
       const AgentPtr& decode, const Handoff& handoff, const std::string& label,
       std::chrono::steady_clock::time_point arrival, LoadLedger::Reservation& reservation,
-      const Prediction& prediction, StreamSplice* splice, bool movable, ClientStream& client);
+      const Prediction& prediction, StreamSplice* splice, const std::function<bool()>& movable,
+      ClientStream& client);
 
   const double upstream_timeout_s_;
   const int64_t max_migrations_;

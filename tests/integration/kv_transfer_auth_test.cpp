@@ -79,6 +79,41 @@ TEST(KvTransferAuth, HoldNeedsASignatureWhenTheAgentHasASecretAndPinsNothingWith
   EXPECT_EQ(releaseOn(open_lender, lent["kv_transfer_params"])["released"], true);
 }
 
+// A router's late ask for a stream's hand-over (POST /admin/hand_over) is
+// signed as /admin/drain is when the agent has a KV secret; its request_id
+// must be a string of 1 to 512 characters, and an error names it. An id the
+// agent does not run is accepted and changes nothing.
+TEST(KvTransferAuth, AHandOverAskIsSignedAndNamesItsField) {
+  constexpr char kHandOver[] = "/admin/hand_over";
+  Agent agent({"--kv-transfer-config", ucxConfig("kv_both", {{"secret", "alpha"}})});
+  int status = 0;
+  json answer = agent.post(kHandOver, {{"request_id", "nobody"}}, &status);
+  EXPECT_EQ(status, 403) << answer.dump();
+  expectError(answer, "kv_auth must be an object with timestamp, nonce and signature", "kv_auth");
+  json signed_ask = {{"request_id", "nobody"}};
+  kv_auth::signRequest(signed_ask, kHandOver, "alpha");
+  answer = agent.post(kHandOver, signed_ask, &status);
+  EXPECT_EQ(status, 202) << answer.dump();
+  EXPECT_EQ(answer, json({{"asked", true}}));
+  json drain_signed = {{"request_id", "nobody"}};
+  kv_auth::signRequest(drain_signed, "/admin/drain", "alpha");
+  answer = agent.post(kHandOver, drain_signed, &status);
+  EXPECT_EQ(status, 403) << "a signature for another path: " << answer.dump();
+
+  Agent open({"--kv-transfer-config", ucxConfig("kv_both")});
+  for (const json& body : {json::object(), json({{"request_id", 5}}), json({{"request_id", ""}}),
+                           json({{"request_id", std::string(513, 'x')}})}) {
+    SCOPED_TRACE(body.dump().substr(0, 40));
+    answer = open.post(kHandOver, body, &status);
+    EXPECT_EQ(status, 400) << answer.dump();
+    expectError(answer, "request_id must be the id of a stream this agent runs", "request_id");
+  }
+  answer = open.post(kHandOver, {{"request_id", "nobody"}}, &status);
+  EXPECT_EQ(status, 202) << answer.dump();
+  const std::vector<int> prompt = randomPrompt(20, 72);
+  EXPECT_EQ(tokenIds(open.post("/v1/completions", greedy(prompt, 4))).size(), 4u);
+}
+
 TEST(KvTransferHolds, HoldsAreBoundedCountEachBlockOnceAndNeverKeepACompletionWaiting) {
   // 32 blocks: a hold lends at most 8, all holds together at most 16.
   Agent lender({"--num-blocks", "32", "--kv-transfer-config", ucxConfig("kv_both")});

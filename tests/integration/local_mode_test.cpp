@@ -676,6 +676,68 @@ TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
 }
 
 // tandem-operator itself, with its in-process router.
+// A metric of the agent on `port`; 0 when absent or unanswered.
+double agentMetric(int port, const std::string& name, const std::string& filter = "") {
+  httplib::Client client("127.0.0.1", port);
+  auto res = client.Get("/metrics");
+  return res ? prometheusSample(res->body, name, filter).value_or(0) : 0.0;
+}
+
+// `count` greedy streamed completions of `tokens` for the small model,
+// prompts of 40, 41, ... random tokens from seeds `seed`, `seed` + 1, ...
+std::vector<nlohmann::json> smallStreamBodies(int count, uint32_t seed, int tokens) {
+  std::vector<nlohmann::json> bodies;
+  for (int i = 0; i < count; ++i) {
+    nlohmann::json body =
+        testing::greedy(testing::randomPrompt(40 + i, seed + static_cast<uint32_t>(i)), tokens);
+    body["stream"] = true;
+    bodies.push_back(body);
+  }
+  return bodies;
+}
+
+// The streams a colocated agent of the small model gives `bodies`, all at once.
+std::vector<testing::StreamedCompletion> colocatedSmallStreams(
+    const std::vector<nlohmann::json>& bodies) {
+  std::vector<testing::StreamedCompletion> streams;
+  testing::Agent colocated({}, testing::smallModelDir());
+  for (auto& client : testing::streamConcurrently(colocated.port(), bodies, streams)) {
+    client.join();
+  }
+  return streams;
+}
+
+// Each stream is the undisturbed one: no error event, one [DONE], `tokens`
+// token ids, the same ids and text.
+void expectUndisturbed(const std::vector<testing::StreamedCompletion>& streams,
+                       const std::vector<testing::StreamedCompletion>& undisturbed, int tokens) {
+  ASSERT_EQ(streams.size(), undisturbed.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    EXPECT_EQ(streams[i].errors, "");
+    EXPECT_EQ(streams[i].done, 1);
+    EXPECT_EQ(streams[i].ids.size(), static_cast<size_t>(tokens));
+    EXPECT_EQ(streams[i].ids, undisturbed[i].ids);
+    EXPECT_EQ(streams[i].text, undisturbed[i].text);
+  }
+}
+
+// Reads tandem-operator's output up to "router listening on": the agents'
+// ports (from their forwarded "listening on" lines) into `ports`; returns
+// the router's, 0 when the output ended first.
+int readPorts(Subprocess& op, std::map<std::string, int>& ports) {
+  for (;;) {
+    const std::string line = op.waitForLine("", seconds(120));
+    if (line.empty()) return 0;
+    const size_t colon = line.rfind(':');
+    if (line.starts_with("router listening on ")) return std::stoi(line.substr(colon + 1));
+    const size_t close = line.find("] listening on ");
+    if (line.starts_with("[") && close != std::string::npos) {
+      ports[line.substr(1, close - 1)] = std::stoi(line.substr(colon + 1));
+    }
+  }
+}
+
 class OperatorBinaryTest : public ::testing::Test {
  protected:
   // tandem-operator local on a cluster of one prefill and one decode agent,
@@ -688,6 +750,8 @@ class OperatorBinaryTest : public ::testing::Test {
     EXPECT_FALSE(op->waitForLine("router listening on ", seconds(120)).empty()) << op->stderrText();
     return op;
   }
+
+  void rollDecodePoolUnderStreams(int replicas);
 
   fs::path binary_ = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
   TempDir dir_{"tandem-operator-test"};
@@ -1014,60 +1078,28 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
                 dir_.path() / "stderr");
   // The agents' ports, from their forwarded "listening on" lines, then the router's.
   std::map<std::string, int> ports;
-  int port = 0;
-  for (std::string line; port == 0;) {
-    line = op.waitForLine("", seconds(120));
-    ASSERT_FALSE(line.empty()) << op.stderrText();
-    const size_t colon = line.rfind(':');
-    if (line.starts_with("router listening on ")) port = std::stoi(line.substr(colon + 1));
-    const size_t close = line.find("] listening on ");
-    if (line.starts_with("[") && close != std::string::npos) {
-      ports[line.substr(1, close - 1)] = std::stoi(line.substr(colon + 1));
-    }
-  }
+  const int port = readPorts(op, ports);
+  ASSERT_NE(port, 0) << op.stderrText();
   ASSERT_EQ(ports.size(), 4u) << op.stderrText();
   ASSERT_TRUE(eventually([&] { return healthy(port); })) << op.stderrText();
-  auto metric = [](int agent_port, const std::string& name, const std::string& filter = "") {
-    httplib::Client client("127.0.0.1", agent_port);
-    auto res = client.Get("/metrics");
-    return res ? prometheusSample(res->body, name, filter).value_or(0) : 0.0;
-  };
 
-  constexpr int kStreams = 16;
   constexpr int kTokens = 400;
-  std::vector<nlohmann::json> bodies;
-  for (int i = 0; i < kStreams; ++i) {
-    nlohmann::json body = testing::greedy(testing::randomPrompt(40 + i, 500 + i), kTokens);
-    body["stream"] = true;
-    bodies.push_back(body);
-  }
-  std::vector<testing::StreamedCompletion> undisturbed;
-  {
-    testing::Agent colocated({}, testing::smallModelDir());
-    for (auto& client : testing::streamConcurrently(colocated.port(), bodies, undisturbed)) {
-      client.join();
-    }
-  }
+  const std::vector<nlohmann::json> bodies = smallStreamBodies(16, 500, kTokens);
+  const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
 
   std::vector<testing::StreamedCompletion> streams;
   const auto streams_start = std::chrono::steady_clock::now();
   std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
   // Scaled down once decode-2 runs streams.
-  const bool busy = eventually(
-      [&] { return metric(ports["decode-2"], "tandem_num_requests_running") >= 2; }, seconds(30));
+  const bool busy =
+      eventually([&] { return agentMetric(ports["decode-2"], "tandem_num_requests_running") >= 2; },
+                 seconds(30));
   if (busy) rewrite(file, smallClusterYaml(1, 2));
   for (auto& client : clients) client.join();
   const double streams_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count();
   ASSERT_TRUE(busy) << "decode-2 never ran two streams at once";
-  for (int i = 0; i < kStreams; ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    EXPECT_EQ(streams[i].errors, "");
-    EXPECT_EQ(streams[i].done, 1);
-    EXPECT_EQ(streams[i].ids.size(), static_cast<size_t>(kTokens));
-    EXPECT_EQ(streams[i].ids, undisturbed[i].ids);
-    EXPECT_EQ(streams[i].text, undisturbed[i].text);
-  }
+  expectUndisturbed(streams, undisturbed, kTokens);
   {
     httplib::Client client("127.0.0.1", port);
     auto router_metrics = client.Get("/metrics");
@@ -1095,84 +1127,59 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
   for (const std::string name : {"prefill-0", "decode-0", "decode-1"}) {
     SCOPED_TRACE(name);
     EXPECT_TRUE(eventually([&] {
-      return metric(ports[name], "tandem_num_requests_running") == 0 &&
-             metric(ports[name], "tandem_kv_cache_usage_ratio") == 0 &&
-             metric(ports[name], "tandem_kv_held_blocks") == 0;
+      return agentMetric(ports[name], "tandem_num_requests_running") == 0 &&
+             agentMetric(ports[name], "tandem_kv_cache_usage_ratio") == 0 &&
+             agentMetric(ports[name], "tandem_kv_held_blocks") == 0;
     }));
-    if (name != "prefill-0") loaded += metric(ports[name], "tandem_kv_transfer_bytes_total");
+    if (name != "prefill-0") loaded += agentMetric(ports[name], "tandem_kv_transfer_bytes_total");
   }
   EXPECT_GT(loaded, 0);
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }
 
-// A DecodePool edited while 16 streams run (here: its environment) is
-// rolled: an extra agent with the new spec starts, then each old agent in
-// turn drains, handing its streams over with their KV to the agents still
-// serving, the new ones among them (listed after the streams began). Every
-// client's stream equals an undisturbed one, and the pool ends on the new
-// spec without its extra agent. Before, both agents were restarted at once
-// and every stream in flight got an error event.
-TEST_F(OperatorBinaryTest, EditingADecodePoolWhileStreamsRunRollsItWithoutLosingAStream) {
-  const fs::path file = dir_.write("cluster.yaml", smallClusterYaml(1, 2));
+// A DecodePool of `replicas` edited while 16 streams run (here: its
+// environment) is rolled: an extra agent with the new spec starts, then
+// each old agent in turn drains, handing its streams over with their KV to
+// the agents still serving, the new ones among them (listed after the
+// streams began). Every client's stream equals an undisturbed one, and the
+// pool ends on the new spec without its extra agent.
+void OperatorBinaryTest::rollDecodePoolUnderStreams(int replicas) {
+  const fs::path file = dir_.write("cluster.yaml", smallClusterYaml(1, replicas));
   Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
                 dir_.path() / "stderr");
   std::map<std::string, int> ports;
-  int port = 0;
-  for (std::string line; port == 0;) {
-    line = op.waitForLine("", seconds(120));
-    ASSERT_FALSE(line.empty()) << op.stderrText();
-    const size_t colon = line.rfind(':');
-    if (line.starts_with("router listening on ")) port = std::stoi(line.substr(colon + 1));
-    const size_t close = line.find("] listening on ");
-    if (line.starts_with("[") && close != std::string::npos) {
-      ports[line.substr(1, close - 1)] = std::stoi(line.substr(colon + 1));
-    }
-  }
-  ASSERT_EQ(ports.size(), 3u) << op.stderrText();
-  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-1"); }))
+  const int port = readPorts(op, ports);
+  ASSERT_NE(port, 0) << op.stderrText();
+  ASSERT_EQ(ports.size(), 1u + replicas) << op.stderrText();
+  const std::string last = "decode-" + std::to_string(replicas - 1);
+  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, last); }))
       << op.stderrText();
-  auto running = [](int agent_port) {
-    httplib::Client client("127.0.0.1", agent_port);
-    auto res = client.Get("/metrics");
-    return res ? prometheusSample(res->body, "tandem_num_requests_running").value_or(0) : 0.0;
-  };
 
-  constexpr int kStreams = 16;
   constexpr int kTokens = 600;
-  std::vector<nlohmann::json> bodies;
-  for (int i = 0; i < kStreams; ++i) {
-    nlohmann::json body = testing::greedy(testing::randomPrompt(40 + i, 700 + i), kTokens);
-    body["stream"] = true;
-    bodies.push_back(body);
-  }
-  std::vector<testing::StreamedCompletion> undisturbed;
-  {
-    testing::Agent colocated({}, testing::smallModelDir());
-    for (auto& client : testing::streamConcurrently(colocated.port(), bodies, undisturbed)) {
-      client.join();
-    }
-  }
+  const std::vector<nlohmann::json> bodies = smallStreamBodies(16, 700, kTokens);
+  const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
 
   std::vector<testing::StreamedCompletion> streams;
   const auto streams_start = std::chrono::steady_clock::now();
   std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
-  const bool busy =
-      eventually([&] { return running(ports["decode-0"]) >= 2 && running(ports["decode-1"]) >= 2; },
-                 seconds(30));
-  if (busy) rewrite(file, withDecodeSpec(smallClusterYaml(1, 2), decodeEnv("1")));
+  const bool busy = eventually(
+      [&] {
+        for (int i = 0; i < replicas; ++i) {
+          if (agentMetric(ports["decode-" + std::to_string(i)], "tandem_num_requests_running") <
+              2) {
+            return false;
+          }
+        }
+        return true;
+      },
+      seconds(30));
+  if (busy) rewrite(file, withDecodeSpec(smallClusterYaml(1, replicas), decodeEnv("1")));
   for (auto& client : clients) client.join();
   const double streams_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - streams_start).count();
   ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
-  for (int i = 0; i < kStreams; ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    EXPECT_EQ(streams[i].errors, "");
-    EXPECT_EQ(streams[i].done, 1);
-    EXPECT_EQ(streams[i].ids.size(), static_cast<size_t>(kTokens));
-    EXPECT_EQ(streams[i].ids, undisturbed[i].ids);
-    EXPECT_EQ(streams[i].text, undisturbed[i].text);
-  }
+  expectUndisturbed(streams, undisturbed, kTokens);
   {
     httplib::Client client("127.0.0.1", port);
     auto router_metrics = client.Get("/metrics");
@@ -1185,14 +1192,31 @@ TEST_F(OperatorBinaryTest, EditingADecodePoolWhileStreamsRunRollsItWithoutLosing
       seconds(90)))
       << op.stderrText();
   const std::string log = op.stderrText();
-  EXPECT_NE(log.find("local: replacing decode-1"), std::string::npos) << log;
-  EXPECT_NE(log.find("local: replacing decode-0"), std::string::npos) << log;
+  for (int i = 0; i < replicas; ++i) {
+    EXPECT_NE(log.find("local: replacing decode-" + std::to_string(i)), std::string::npos) << log;
+  }
+  const std::string extra = "decode-" + std::to_string(replicas);
   EXPECT_TRUE(eventually([&] {
-    return op.stderrText().find("local: stopping decode-2 (a rollout's extra agent)") !=
+    return op.stderrText().find("local: stopping " + extra + " (a rollout's extra agent)") !=
            std::string::npos;
   }));
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+// Two agents: a stream's first agents are all replaced while it runs; it
+// moves to the agents that joined since. Before, both agents were restarted
+// at once and every stream in flight got an error event.
+TEST_F(OperatorBinaryTest, EditingADecodePoolWhileStreamsRunRollsItWithoutLosingAStream) {
+  rollDecodePoolUnderStreams(2);
+}
+
+// One agent (make run's shape): its streams began with nobody to resume
+// them; the router asks for their hand-over once the extra agent serves
+// and the lone one drains. Before, they were finished on the draining
+// agent within its shutdown timeout, or cut there.
+TEST_F(OperatorBinaryTest, EditingALoneDecodeAgentWhileStreamsRunMovesThemToTheExtraAgent) {
+  rollDecodePoolUnderStreams(1);
 }
 
 // A Hub that takes connections and never answers (a proxy gone quiet): its

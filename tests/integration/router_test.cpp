@@ -1497,6 +1497,59 @@ TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
   }
 }
 
+// A rollout's extra agent on a pool of one (maxSurge 1): streams begun on
+// the lone decode agent were not asked to be handed over (nobody could
+// resume them then). When that agent drains after another has joined, the
+// router sees it unhealthy and asks for each stream's hand-over
+// (/admin/hand_over); the streams move with their KV to the newcomer, each
+// equal to an undisturbed one, instead of being finished on the draining
+// agent within its shutdown timeout (or cut there).
+TEST_F(RouterTest, StreamsOfALoneDecodeAgentMoveToOneThatJoinedBeforeItDrains) {
+  start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
+  const std::vector<json> bodies = streamBodies(3, 800, 240);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
+  Agent newcomer({"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
+                 smallModelDir());
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  Agent& lone = *decode_[0];
+  double running = 0;
+  bool drained = false;
+  std::thread replacer([&] {
+    if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= 3; },
+                    std::chrono::seconds(20))) {
+      return;
+    }
+    router_->setAgents(
+        {{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+        {{"decode-0", "127.0.0.1", lone.port()}, {"decode-1", "127.0.0.1", newcomer.port()}});
+    if (!eventually([&] {
+          return routerMetric("tandem_router_agent_healthy", "agent=\"decode-1\"") == 1;
+        })) {
+      return;
+    }
+    running = lone.metric("tandem_num_requests_running");
+    auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
+    drained = res && res->status == 202;
+  });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(drained) << "the agent never ran the three streams at once, or refused the drain";
+  EXPECT_GE(running, 1) << "the streams ended before the drain: nothing was tested";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(streams[i], undisturbed[i]);
+  }
+  ChildProcess& process = lone.process();
+  EXPECT_EQ(process.wait(std::chrono::seconds(30)), 0) << process.stderrText();
+  EXPECT_NE(process.stderrText().find("drain: handed over"), std::string::npos)
+      << process.stderrText();
+  EXPECT_GE(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"drain\""),
+            running);
+  EXPECT_GE(routerMetric("tandem_router_migration_prefixes_total", "source=\"handed_over\""), 1);
+  EXPECT_GE(newcomer.metric("tandem_requests_total", "finish_reason=\"length\""), running);
+}
+
 // A decode agent that fails a stream with an error event (here: the
 // prompt's KV fails to load and its policy is to fail) does not end the
 // client's stream: the router moves it to the other decode agent, and the

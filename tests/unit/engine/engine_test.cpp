@@ -778,6 +778,59 @@ TEST_F(HeldBlocks, ADrainHandsOverTheRequestsThatAllowItWithTheirBlocksHeld) {
   EXPECT_EQ(engine.stats().num_free_blocks, 256);
 }
 
+// A hand-over asked for after the drain began (a router that found, late,
+// another agent to resume the stream on): the request that allows it is
+// handed over at once, with its blocks held; one that does not, and an
+// unknown id, change nothing (the former runs to its end).
+TEST_F(HeldBlocks, ALateAskHandsOverARunningRequestThatAllowsIt) {
+  Engine& engine = start(256);
+  std::mutex mutex;
+  std::condition_variable changed;
+  int64_t tokens = 0;
+  RequestOutput handed;
+  // From the output callback (the engine thread, between steps): the drain
+  // after 20 tokens, the asks after 30 (the drain's own hand-over, of no
+  // request, is done by then).
+  auto on_late = [&](const RequestOutput& out) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const int64_t before = tokens;
+    tokens += std::ssize(out.tokens);
+    if (before < 20 && tokens >= 20) engine.drain();
+    if (before < 30 && tokens >= 30) {
+      engine.askHandOver("fixed");
+      engine.askHandOver("nobody");
+      engine.askHandOver("late");
+    }
+    if (out.finished()) handed = out;
+    changed.notify_all();
+  };
+  Collector fixed;
+  Request fixed_request = greedyRequest("fixed", randomTokens(30, 6), 60);
+  ASSERT_TRUE(engine.addRequest(fixed_request, fixed.callback()).isOk());
+  Request late = greedyRequest("late", randomTokens(40, 5), 200);
+  late.can_hand_over = true;
+  ASSERT_TRUE(engine.addRequest(late, on_late).isOk());
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(
+        changed.wait_for(lock, std::chrono::seconds(30), [&] { return handed.finished(); }));
+  }
+  EXPECT_TRUE(handed.handed_over);
+  EXPECT_EQ(handed.finish_reason, FinishReason::kAbort);
+  EXPECT_GE(handed.num_generated_tokens, 30);
+  EXPECT_LT(handed.num_generated_tokens, 200);
+  EXPECT_EQ(engine.stats().num_handed_over, 1);
+  ASSERT_TRUE(handed.kv_transfer_params.is_object()) << handed.kv_transfer_params.dump();
+  ASSERT_TRUE(fixed.waitFinished());
+  EXPECT_EQ(fixed.reason, FinishReason::kLength);
+  EXPECT_EQ(fixed.tokens.size(), 60u);
+  EXPECT_TRUE(engine.releaseTransfer(handed.kv_transfer_params).isOk());
+  EXPECT_TRUE(engine.releaseTransfer({{"transfer_id", "fixed"}}).isOk());
+  settle();
+  EXPECT_EQ(engine.stats().kv_held_blocks, 0);
+  EXPECT_EQ(engine.stats().num_free_blocks, 256);
+}
+
 // The model identity (what block hashes and connector handshakes are made
 // from) names the weights by their content and the kernels whose bits the
 // KV has: the same weights under another directory name are the same
