@@ -237,8 +237,11 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
                                                std::string("/v1/models"), std::string(), 5.0);
     if (models.status != 200) co_return true;
     std::vector<AdapterInfo> adapters;
+    std::string identity;
     try {
-      adapters = adaptersOf(parseJsonOrDiscarded(models.body));
+      const json answer = parseJsonOrDiscarded(models.body);
+      adapters = adaptersOf(answer);
+      identity = modelIdentityOf(answer);
     } catch (const std::exception& error) {
       TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
                         << " is not an agent's: " << error.what();
@@ -251,6 +254,11 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
                         << " LoRA adapters";
     }
     agent.adapters = std::move(adapters);
+    if (identity != agent.model_identity) {
+      TANDEM_LOG(kInfo) << "router: agent " << agent.endpoint.name << " serves model "
+                        << (identity.empty() ? std::string("(identity not given)") : identity);
+    }
+    agent.model_identity = std::move(identity);
   }
   co_return true;
 }

@@ -61,7 +61,14 @@ struct AgentState {
   // every kAdapterRefreshPolls polls after (guarded by adapters_mutex).
   mutable std::mutex adapters_mutex;
   std::vector<AdapterInfo> adapters;
+  // Its model's identity, from the same answer ("" until read): a request's
+  // prefill and decode agents, and the agents a stream moves to, share it.
+  std::string model_identity;
   int64_t polls_since_models = 0;  // its poll loop only
+  std::string modelIdentity() const {
+    std::lock_guard<std::mutex> lock(adapters_mutex);
+    return model_identity;
+  }
   // Whether it serves `adapter` with blocks hashed under `identity`.
   bool serves(const std::string& adapter, const std::string& identity) const {
     std::lock_guard<std::mutex> lock(adapters_mutex);

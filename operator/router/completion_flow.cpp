@@ -361,6 +361,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     LoadLedger::fillView(*agent, v);
     return v;
   };
+  // Each agent's model identity: one request's agents must share it (a
+  // decode agent refuses KV computed by another model; a stream resumed on
+  // another model would change its answer), as they may not during a
+  // rollout that changes the model.
+  std::vector<std::string> prefill_models, decode_models;
+  for (const AgentPtr& agent : prefill_agents) prefill_models.push_back(agent->modelIdentity());
+  for (const AgentPtr& agent : decode_agents) decode_models.push_back(agent->modelIdentity());
   // Decide and reserve under one lock: the next decision sees this one.
   Decision decision;
   LoadLedger::Reservation prefill_reservation;
@@ -370,6 +377,25 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
     for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
     decision = chooser_.choose(input);
+    if (decision.decode) {
+      // The agents of another model than the chosen decode agent's are out
+      // of this request; chosen ones (a prefill agent, a lender) make it
+      // decide again without them.
+      const std::string model = decode_models[*decision.decode];
+      bool again = false;
+      auto exclude = [&](std::vector<AgentView>& views, const std::vector<std::string>& models,
+                         std::optional<size_t> chosen, std::optional<size_t> lender) {
+        for (size_t i = 0; i < views.size(); ++i) {
+          if (sameModel(models[i], model)) continue;
+          views[i].healthy = false;
+          views[i].leading_blocks = 0;
+          again = again || chosen == i || lender == i;
+        }
+      };
+      exclude(input.prefill, prefill_models, decision.prefill, decision.lending_prefill);
+      exclude(input.decode, decode_models, std::nullopt, decision.lending_decode);
+      if (again) decision = chooser_.choose(input);
+    }
     // Several candidates share the prompt on one agent (it computes it once
     // and each reads it from its prefix cache), a batch of prompts is
     // answered as one by one agent (routed by its first prompt), and prompt
@@ -479,8 +505,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // A decode agent this request may not go to: unhealthy (a draining agent
   // says it is), no longer listed (scaled away, restarted elsewhere), or not
   // serving the request's adapter.
+  const std::string stream_model = decode_models[*decision.decode];
   auto unfit = [&](const AgentPtr& agent) {
-    return !agent->healthy || !agent->listed ||
+    return !agent->healthy || !agent->listed || !sameModel(agent->modelIdentity(), stream_model) ||
            (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
   };
   // Decode agents listed since the decision (a rollout's new agents, a

@@ -32,6 +32,11 @@ std::vector<AdapterInfo> adaptersOf(const json& models_answer) {
   return adapters;
 }
 
+std::string modelIdentityOf(const json& models_answer) {
+  const json tandem = models_answer.at("data").at(0).value("tandem", json::object());
+  return tandem.value("model_identity", std::string());
+}
+
 boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
   UpstreamResult models = co_await callAgent(agent, boost::beast::http::verb::get,
                                              std::string("/v1/models"), std::string(), 5.0);

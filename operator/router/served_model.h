@@ -56,6 +56,16 @@ struct AdapterInfo {
 // tandem.model_identity is left out (its prompts could not be hashed as
 // the agent does). Throws on an answer not shaped as an agent's.
 std::vector<AdapterInfo> adaptersOf(const nlohmann::json& models_answer);
+// The model identity of an agent's /v1/models answer (its first entry's
+// tandem.model_identity); "" when it gives none. Throws on an answer not
+// shaped as an agent's.
+std::string modelIdentityOf(const nlohmann::json& models_answer);
+// Whether two agents' model identities may meet in one request (a prefill
+// agent's KV read by a decode agent, a stream resumed on another): equal,
+// or one not known ("").
+inline bool sameModel(const std::string& a, const std::string& b) {
+  return a.empty() || b.empty() || a == b;
+}
 
 class ServedModel {
  public:

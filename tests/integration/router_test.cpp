@@ -59,6 +59,19 @@ const fs::path& tinyLoraDir() {
 }
 std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLoraDir().string()}; }
 
+// The tiny model's shape and tokenizer with other weights: another model
+// identity (a rollout's new model).
+const fs::path& otherTinyModelDir() {
+  static TempDir dir("tandem-router-other-model");
+  static fs::path path = [] {
+    tandem::tools::TestModelOptions options;
+    options.seed = 22;
+    tandem::tools::writeTestModel(options, dir.path() / "tiny");
+    return dir.path() / "tiny";
+  }();
+  return path;
+}
+
 class RouterTest : public RouterCluster {
  protected:
   json expectDisaggregatedExactly(const fs::path& model,
@@ -1494,6 +1507,54 @@ TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
   for (auto& agent : decode_) {
     EXPECT_EQ(agent->process().wait(std::chrono::seconds(30)), 0) << agent->process().stderrText();
+  }
+}
+
+// A rollout that changes the model runs agents of the old and the new model
+// side by side in each pool. The router gives a request a prefill and a
+// decode agent of one model (a decode agent refuses KV another model
+// computed: before, about half of these requests got that 400), so every
+// request is answered as a colocated agent of its decode agent's model
+// answers it, and both models serve.
+TEST_F(RouterTest, ARequestsPrefillAndDecodeAgentsServeOneModel) {
+  // Random picks: the prefill and the decode agent are drawn apart, so
+  // half the pairs would mix the models.
+  start(1, 1, Policy::kRandom);
+  const std::vector<std::string> kv = {"--kv-transfer-config", ucxConfig("kv_both")};
+  auto args = [&](const std::string& role) {
+    std::vector<std::string> all = {"--role", role};
+    all.insert(all.end(), kv.begin(), kv.end());
+    return all;
+  };
+  Agent prefill_b(args("prefill"), otherTinyModelDir());
+  Agent decode_b(args("decode"), otherTinyModelDir());
+  router_->setAgents(
+      {{"prefill-0", "127.0.0.1", prefill_[0]->port()},
+       {"prefill-1", "127.0.0.1", prefill_b.port()}},
+      {{"decode-0", "127.0.0.1", decode_[0]->port()}, {"decode-1", "127.0.0.1", decode_b.port()}});
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_agent_healthy", "agent=\"prefill-1\"") == 1 &&
+           routerMetric("tandem_router_agent_healthy", "agent=\"decode-1\"") == 1;
+  }));
+  Agent colocated_a;
+  Agent colocated_b({}, otherTinyModelDir());
+  int on_b = 0;
+  for (uint32_t seed = 90; seed < 106; ++seed) {
+    SCOPED_TRACE(seed);
+    const json body = greedy(randomPrompt(70, seed), 6);
+    Answer answer = post(body);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    const bool b = answer.decode_agent == "decode-1";
+    on_b += b ? 1 : 0;
+    EXPECT_EQ(answer.decision, "disaggregated");
+    EXPECT_EQ(answer.prefill_agent, b ? "prefill-1" : "prefill-0");
+    EXPECT_EQ(tokenIds(answer.body),
+              tokenIds((b ? colocated_b : colocated_a).post("/v1/completions", body)));
+  }
+  EXPECT_GT(on_b, 0);
+  EXPECT_LT(on_b, 16);
+  for (Agent* decode : {decode_[0].get(), &decode_b}) {
+    EXPECT_EQ(decode->metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 0);
   }
 }
 
