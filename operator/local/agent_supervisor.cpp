@@ -180,8 +180,7 @@ AgentSupervisor::Agent& AgentSupervisor::want(const Pool& pool, int64_t index, b
   if (Agent* existing = findAgent(name)) {
     Agent& agent = *existing;
     agent.pool = pool.name;
-    agent.kind = pool.kind;
-    agent.pool_position = pool.position;
+    agent.pool_position = pool.position;  // (its kind is its process's: start() sets it)
     if (stopping_all_ || !agent.removed) return agent;
     // Scaled away (or an extra agent stopped) and wanted again before it
     // exited: run it again once it has.
@@ -217,6 +216,7 @@ void AgentSupervisor::start(Agent& agent) {
   if (const Pool* pool = findPool(agent.pool)) {
     agent.argv = pool->argv;
     agent.env = pool->env;
+    agent.kind = pool->kind;
   }
   // The shell joins the agent's stderr to its stdout (one pipe, read here),
   // then replaces itself with the agent: the pid is the agent's.
@@ -432,6 +432,10 @@ void AgentSupervisor::rollOut(Pool& pool) {
     if (agent->state == AgentState::kBackoff) {
       TANDEM_LOG(kInfo) << "local: starting " << agent->name
                         << " with its pool's new spec now (it was waiting to restart)";
+      if (!agent->start_again) {  // a crash's restart, sooner than its backoff
+        ++agent->restarts;
+        ++restarts_by_pool_[agent->pool];
+      }
       agent->failures = 0;
       start(*agent);
     } else if (agent->state == AgentState::kStarting && agent->process) {

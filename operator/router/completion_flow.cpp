@@ -131,6 +131,22 @@ std::string handOverBody(const std::string& agent_request_id, const std::string&
 
 std::string releaseBody(const json& params) { return json{{"kv_transfer_params", params}}.dump(); }
 
+// Sends a late hand-over ask; one that got no answer is cleared in `asked`
+// (made again at the stream's next look), a refusal (403: the agent has
+// another KV secret) is logged and stands.
+awaitable<void> askForHandOver(AgentEndpoint agent, std::string body, std::string request_id,
+                               std::shared_ptr<std::atomic<bool>> asked) {
+  const UpstreamResult result =
+      co_await callAgent(agent, http::verb::post, std::string("/admin/hand_over"), body, 5.0);
+  if (result.status == 202) co_return;
+  TANDEM_LOG(kWarn) << "router: request " << request_id << ": " << agent.name
+                    << " did not take the ask to hand its stream over: "
+                    << (result.status == 0 ? result.error
+                                           : "status " + std::to_string(result.status) + " " +
+                                                 result.body.substr(0, 200));
+  if (result.status == 0) asked->store(false);
+}
+
 // The body's kv_transfer_params: read `lent` (a lender's descriptor) first.
 void setRemotePrefix(Body& body, const json& lent) {
   body["kv_transfer_params"] = Body{{"remote_prefix", Body(lent)}};
@@ -381,7 +397,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       // The agents of another model than the chosen decode agent's are out
       // of this request; chosen ones (a prefill agent, a lender) make it
       // decide again without them.
-      const std::string model = decode_models[*decision.decode];
+      // (The chosen prefill agent's when the decode agent's is not known.)
+      const std::string model = !decode_models[*decision.decode].empty() || !decision.prefill
+                                    ? decode_models[*decision.decode]
+                                    : prefill_models[*decision.prefill];
       bool again = false;
       auto exclude = [&](std::vector<AgentView>& views, const std::vector<std::string>& models,
                          std::optional<size_t> chosen, std::optional<size_t> lender) {
@@ -460,6 +479,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     if (i != *decision.decode && input.decode[i].healthy) decode_order.push_back(i);
   }
   bool retried = false;
+  bool left_first = false;  // an attempt after the first was made
   double prefill_answered_s = -1;
   decision.candidates.clear();  // logged; not needed below
   // A prefix the decision reads from a lender (pull-back): asked for once,
@@ -505,25 +525,29 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // A decode agent this request may not go to: unhealthy (a draining agent
   // says it is), no longer listed (scaled away, restarted elsewhere), or not
   // serving the request's adapter.
-  const std::string stream_model = decode_models[*decision.decode];
+  const std::string stream_model = !decode_models[*decision.decode].empty() || !decision.prefill
+                                       ? decode_models[*decision.decode]
+                                       : prefill_models[*decision.prefill];
   auto unfit = [&](const AgentPtr& agent) {
     return !agent->healthy || !agent->listed || !sameModel(agent->modelIdentity(), stream_model) ||
            (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
   };
-  // Decode agents listed since the decision (a rollout's new agents, a
-  // scale-up) join the end of decode_order: a stream whose agents all went
-  // away meanwhile resumes on them.
+  // Decode agents not in decode_order, listed since the decision (a
+  // rollout's new agents, a scale-up) or not healthy then (one just listed,
+  // not yet polled), join its end: a stream whose agents all went away
+  // meanwhile resumes on them (unfit() still judges each).
   auto admitNewcomers = [&] {
     for (const AgentPtr& agent : agents_.agentsOf(false)) {
-      if (std::find(decode_agents.begin(), decode_agents.end(), agent) != decode_agents.end()) {
-        continue;
-      }
-      decode_agents.push_back(agent);
-      {
+      const auto known = std::find(decode_agents.begin(), decode_agents.end(), agent);
+      const size_t index = static_cast<size_t>(known - decode_agents.begin());
+      if (known == decode_agents.end()) {
+        decode_agents.push_back(agent);
         auto lock = ledger_.lock();
         input.decode.push_back(view(agent));
       }
-      decode_order.push_back(decode_agents.size() - 1);
+      if (std::find(decode_order.begin(), decode_order.end(), index) == decode_order.end()) {
+        decode_order.push_back(index);
+      }
     }
   };
   // The first position from `from` in decode_order whose agent is fit (the
@@ -538,9 +562,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     // A copy: admitting newcomers grows decode_agents.
     const AgentPtr decode = decode_agents[decode_order[attempt]];
-    if (attempt == 1 && !migrating) {
-      body.erase("kv_transfer_params");  // the lend was for the first decode agent
-      co_await releaseLend();
+    if (attempt > 0 && !left_first) {
+      left_first = true;
+      if (!migrating) {
+        body.erase("kv_transfer_params");  // the lend was for the first decode agent
+        co_await releaseLend();
+      }
     }
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
@@ -877,7 +904,8 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   // Whether the agent was asked to hand the stream over when it drains,
   // and when to look again whether it should be (it is unhealthy, and
   // another agent could resume the stream: one joined since it began).
-  bool hand_over_asked = false;
+  // (Shared with the ask's own task: an ask that got no answer is made again.)
+  auto hand_over_asked = std::make_shared<std::atomic<bool>>(false);
   Clock::time_point next_hand_over_check{};
   try {
     tcp::resolver resolver(co_await asio::this_coro::executor);
@@ -896,7 +924,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     // agent drains.
     if (splice != nullptr && streaming && movable()) {
       request.set(server::kHandOverHeader, "drain");
-      hand_over_asked = true;
+      hand_over_asked->store(true);
     }
     // A whole answer is silent until complete: the agent says it is alive
     // (102 Processing) four times per silence timeout meanwhile.
@@ -991,19 +1019,19 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
       const size_t n = sizeof chunk - parser->get().body().size;
       if (n == 0) continue;
-      if (spliced && !hand_over_asked && !agent_request_id.empty() &&
+      if (spliced && !hand_over_asked->load() && !agent_request_id.empty() &&
           (!decode->healthy || !decode->listed) && Clock::now() >= next_hand_over_check) {
         next_hand_over_check = Clock::now() + kHandOverCheckInterval;
         if (movable()) {
-          hand_over_asked = true;
+          hand_over_asked->store(true);
           TANDEM_LOG(kInfo) << "router: request " << exchange.request().id << ": asking "
                             << decode->endpoint.name
                             << ", unhealthy (draining?), to hand its stream over: another decode "
                                "agent can resume it now";
           asio::co_spawn(
               co_await asio::this_coro::executor,
-              callAgent(decode->endpoint, http::verb::post, std::string("/admin/hand_over"),
-                        handOverBody(agent_request_id, kv_secret_), 5.0),
+              askForHandOver(decode->endpoint, handOverBody(agent_request_id, kv_secret_),
+                             exchange.request().id, hand_over_asked),
               asio::detached);
         }
       }

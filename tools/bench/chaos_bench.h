@@ -15,8 +15,9 @@
 //            with FIN or resetting (SO_LINGER {1, 0}); streamed or not. Then
 //            a few normal requests must succeed.
 //   move     --moves rounds of long streams whose decode agent is drained or
-//            killed, alternately (move_scenario.h): the pause their clients
-//            saw, by how the agent went.
+//            killed, or whose decode pool is rolled (--move-actions, in
+//            turn; move_scenario.h): the pause their clients saw, by how the
+//            agents went.
 //   overload --overload-factor × (router max_inflight + max_queued) clients at
 //            once; each gets an answer or a clean 503 with Retry-After.
 // Then: every agent's KV blocks must return (free = total, held = 0, nothing

@@ -355,6 +355,22 @@ void LocalCluster::scanLog() {
   log_offset_ += end + 1;
   std::istringstream lines(text.substr(0, end + 1));
   for (std::string line; std::getline(lines, line);) {
+    // "... local: decode-2 (pid 13458) stopped: exited with status 0": an
+    // agent local mode stopped (scaled away, replaced, a rollout's extra
+    // one) is no longer one of the cluster's.
+    if (const size_t stopped = line.find(") stopped: "); stopped != std::string::npos) {
+      const size_t local = line.find("local: ");
+      const size_t pid_at = line.find(" (pid ", local);
+      if (local != std::string::npos && pid_at != std::string::npos && pid_at < stopped) {
+        const std::string name = line.substr(local + 7, pid_at - local - 7);
+        const auto known = agents_.find(name);
+        if (known != agents_.end() &&
+            std::to_string(known->second.pid) == line.substr(pid_at + 6, stopped - pid_at - 6)) {
+          agents_.erase(known);
+        }
+      }
+      continue;
+    }
     // "... local: decode-1 ready on 127.0.0.1:41809 (pid 13458)"
     const size_t local = line.find("local: ");
     const size_t ready = line.find(" ready on ");
@@ -380,6 +396,33 @@ void LocalCluster::scanLog() {
     agent.role = role != pool_roles_.end() ? role->second : "";
     agents_[agent.name] = agent;
   }
+}
+
+std::string LocalCluster::rollDecodePool(const std::string& value) {
+  std::string text = readFrom(cluster_file_, 0);
+  const size_t kind = text.find("kind: DecodePool");
+  const size_t name_at = text.find("  name: ", kind);
+  const size_t spec = text.find("\nspec:\n", kind);
+  if (kind == std::string::npos || name_at == std::string::npos || spec == std::string::npos) {
+    throw Error(cluster_file_.string() + " has no DecodePool to roll");
+  }
+  const std::string name = text.substr(name_at + 8, text.find('\n', name_at) - name_at - 8);
+  const size_t next = text.find("\n---", spec);
+  const std::string document = text.substr(spec, next == std::string::npos ? next : next - spec);
+  const std::string key = "    - name: TANDEM_BENCH_ROLLOUT\n      value: ";
+  const std::string entry = key + "\"" + value + "\"\n";
+  if (const size_t at = text.find(key, spec); at != std::string::npos && at < next) {
+    text.replace(at, text.find('\n', at + key.size()) + 1 - at, entry);
+  } else if (document.find("\n  env:") == std::string::npos) {
+    text.insert(spec + 7, "  env:\n" + entry);
+  } else {
+    throw Error(cluster_file_.string() + ": DecodePool " + name +
+                " has an env of its own: the bench rolls only a pool it wrote");
+  }
+  const fs::path temporary = cluster_file_.string() + ".new";
+  std::ofstream(temporary, std::ios::binary) << text;
+  fs::rename(temporary, cluster_file_);
+  return name;
 }
 
 std::vector<ClusterAgent> LocalCluster::agents() {

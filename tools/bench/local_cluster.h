@@ -48,7 +48,9 @@ struct LocalClusterOptions {
   int agent_threads = 1;
   int64_t max_inflight_requests = 8;
   int64_t max_queued_requests = 8;
-  double abort_timeout_s = 15.0;   // held blocks no decode agent read are freed after this
+  // Held blocks no decode agent read are freed after this; above a reader's
+  // read_timeout_s (10) + 5 s, the least left for a hold to be read.
+  double abort_timeout_s = 30.0;
   std::filesystem::path work_dir;  // logs, the written model and cluster file
 };
 
@@ -159,8 +161,15 @@ class LocalCluster {
   // signed with it.
   const std::string& kvSecret() const { return kv_secret_; }
 
-  // The agents the operator last reported ready, by name.
+  // The agents the operator last reported ready, by name (an agent it
+  // stopped, a rollout's extra one, leaves the list).
   std::vector<ClusterAgent> agents();
+  // Edits the cluster file's first DecodePool so that local mode rolls it:
+  // sets TANDEM_BENCH_ROLLOUT=`value` in its env (the one field of the
+  // pool the bench writes that changes nothing the agents compute). Returns
+  // the pool's name. Throws tandem::Error when the file has no DecodePool
+  // or its env is not the bench's.
+  std::string rollDecodePool(const std::string& value);
   // Waits until every agent of the file is ready again with a live pid.
   bool waitForAllAgents(std::chrono::milliseconds timeout);
   // Waits until `name` is ready with a pid other than `old_pid`.

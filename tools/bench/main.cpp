@@ -352,8 +352,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     command
         ->add_option("--abort-timeout", cluster.abort_timeout_s,
-                     "seconds agents hold unread KV blocks (written cluster)")
-        ->check(CLI::Range(1.0, 3600.0))
+                     "seconds agents hold unread KV blocks (written cluster); above 15: a "
+                     "reader takes a hold only with read_timeout_s (10) + 5 s left")
+        ->check(CLI::Range(16.0, 3600.0))
         ->capture_default_str();
     command->add_option("--load-clients", load.clients, "multi-turn clients")
         ->check(CLI::Range(1, 4096))
@@ -400,6 +401,13 @@ int main(int argc, char** argv) {
                    "move scenario: rounds, a decode agent drained then killed alternately")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  chaos
+      ->add_option("--move-actions", chaos_options.move.actions,
+                   "move scenario: what each round does, in turn: drain (POST /admin/drain), "
+                   "kill (SIGKILL), rollout (an edit of the DecodePool that local mode rolls)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::IsMember({"drain", "kill", "rollout"}));
   chaos->add_option("--move-streams", chaos_options.move.streams, "move scenario: streams a round")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));

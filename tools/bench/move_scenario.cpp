@@ -19,7 +19,8 @@ namespace {
 
 using std::chrono::milliseconds;
 
-const char* reasonOf(const std::string& action) { return action == "drain" ? "drain" : "failure"; }
+// A rollout's agents drain: their streams move as a drain's do.
+const char* reasonOf(const std::string& action) { return action == "kill" ? "failure" : "drain"; }
 
 // Once every stream has `tokens` tokens, the decode agent serving the
 // first; nullopt at the timeout.
@@ -66,7 +67,7 @@ MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const st
   std::mt19937_64 rng(options.seed);
   for (int r = 0; r < options.rounds; ++r) {
     MoveRound round;
-    round.action = r % 2 == 0 ? "drain" : "kill";
+    round.action = options.actions[static_cast<size_t>(r) % options.actions.size()];
     cluster.waitForRouterToSeeAllAgents(
         milliseconds(static_cast<int64_t>(options.restart_timeout_s * 1000)));
     const RouterState before = cluster.routerState();
@@ -94,7 +95,14 @@ MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const st
     // A few tokens into every answer: the first stream's decode agent goes.
     const std::optional<ClusterAgent> victim =
         servingAgent(cluster, progress, 8, milliseconds(60000));
-    if (victim) {
+    // A rollout replaces every decode agent: those running now.
+    std::vector<ClusterAgent> rolled;
+    if (victim && round.action == "rollout") {
+      for (const ClusterAgent& agent : cluster.agents()) {
+        if (agent.role == "decode") rolled.push_back(agent);
+      }
+      round.agent = cluster.rollDecodePool("round " + std::to_string(r));
+    } else if (victim) {
       round.agent = victim->name;
       if (round.action == "drain") {
         postDrain(*victim, cluster.kvSecret());
@@ -134,8 +142,11 @@ MoveResult runMoveRounds(LocalCluster& cluster, const std::string& url, const st
     // must have the other decode agent to move to.
     if (victim) {
       const milliseconds restart_timeout(static_cast<int64_t>(options.restart_timeout_s * 1000));
-      round.restarted = cluster.waitForRestart(victim->name, victim->pid, restart_timeout) &&
-                        cluster.waitForRouterToSeeAllAgents(restart_timeout);
+      if (round.action != "rollout") rolled = {*victim};
+      round.restarted = std::all_of(rolled.begin(), rolled.end(), [&](const ClusterAgent& agent) {
+        return cluster.waitForRestart(agent.name, agent.pid, restart_timeout).has_value();
+      });
+      round.restarted = round.restarted && cluster.waitForRouterToSeeAllAgents(restart_timeout);
     }
     result.rounds.push_back(round);
   }

@@ -5,7 +5,10 @@
 // are handed over with their KV blocks) or kills it (SIGKILL: the router
 // resumes its streams elsewhere, the prompt's KV lent by the prefill agent
 // when it still holds it, the rest recomputed), alternately, and waits for
-// local mode to start the agent again. Per round: the streams the router
+// local mode to start the agent again; or (action `rollout`) edits the
+// cluster file's DecodePool so that local mode rolls it (docs/local-mode.md,
+// Rollouts: every decode agent replaced, an extra one serving meanwhile),
+// and waits until every decode agent runs again. Per round: the streams the router
 // moved and their mean pause (tandem_router_migration_pause_seconds, the
 // round's delta), the longest gap any client saw between two tokens, and
 // the median gap of the round (the same run's inter-token reference).
@@ -23,7 +26,8 @@
 namespace tandem::bench {
 
 struct MoveOptions {
-  int rounds = 4;  // drain, kill, drain, kill, ...
+  int rounds = 4;  // actions in turn: drain, kill, drain, kill, ...
+  std::vector<std::string> actions = {"drain", "kill"};  // any of drain, kill, rollout
   int streams = 3;
   int64_t prompt_tokens = 1024;
   int64_t output_tokens = 300;
@@ -34,8 +38,8 @@ struct MoveOptions {
 };
 
 struct MoveRound {
-  std::string action;  // "drain" or "kill"
-  std::string agent;
+  std::string action;            // "drain", "kill" or "rollout"
+  std::string agent;             // the agent drained or killed; a rollout's pool
   double moved = 0;              // streams the router moved this round
   double router_pause_ms = 0;    // their mean pause (router)
   double client_max_gap_ms = 0;  // the longest gap between two tokens any client saw

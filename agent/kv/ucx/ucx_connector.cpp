@@ -232,6 +232,17 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
   auto faults = FaultInjection::parse(config.extra);
   if (!faults.isOk()) throw Error(faults.status().message());
   faults_ = *faults;
+  // A reader takes a hold only with read_timeout_s + kHoldMargin left: an
+  // agent that both produces and reads, with holds shorter than that, can
+  // read none of its peers' holds when they are configured alike.
+  const auto hold = std::chrono::duration<double>(config.abort_timeout_s);
+  if (config.produces() && config.consumes() && hold <= read_timeout_ + kHoldMargin) {
+    TANDEM_LOG(kWarn) << "ucx connector: kv_connector_extra_config.abort_timeout_s ("
+                      << config.abort_timeout_s << " s) is not above read_timeout_s + "
+                      << std::chrono::duration<double>(kHoldMargin).count()
+                      << " s: a reader takes a hold only with that much left, so agents "
+                         "configured alike compute every prompt instead of reading it";
+  }
 
   context_ = allocator != nullptr ? allocator->context() : transport::UcxContext::create();
   ucx_memory_types_ = context_->memoryTypes();
