@@ -1510,6 +1510,66 @@ TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
   }
 }
 
+// The small model's shape and tokenizer with other weights.
+const fs::path& otherSmallModelDir() {
+  static TempDir dir("tandem-router-other-small");
+  static fs::path path = [] {
+    tandem::tools::TestModelOptions options;
+    options.preset = "small";
+    options.seed = 22;
+    tandem::tools::writeTestModel(options, dir.path() / "small");
+    return dir.path() / "small";
+  }();
+  return path;
+}
+
+// A stream moves only to an agent of its own model: streams run on a lone
+// decode agent when another joins that serves another model (a rollout's
+// new one); when the first drains, its streams are not asked for (the late
+// hand-over ask finds no agent of their model) and it finishes them itself,
+// each equal to an undisturbed stream of its model; the other agent gets
+// none. Resumed there, a stream would have gone on with the other model's
+// tokens.
+TEST_F(RouterTest, AStreamMovesOnlyToAnAgentOfItsModel) {
+  start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
+  Agent other({"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
+              otherSmallModelDir());
+  const std::vector<json> bodies = streamBodies(2, 900, 240);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
+  Agent& mine = *decode_[0];
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  bool drained = false;
+  std::thread replacer([&] {
+    if (!eventually([&] { return mine.metric("tandem_num_requests_running") >= 2; },
+                    std::chrono::seconds(20))) {
+      return;
+    }
+    router_->setAgents(
+        {{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+        {{"decode-0", "127.0.0.1", mine.port()}, {"decode-1", "127.0.0.1", other.port()}});
+    if (!eventually([&] {
+          return routerMetric("tandem_router_agent_healthy", "agent=\"decode-1\"") == 1;
+        })) {
+      return;
+    }
+    auto res = mine.client()->Post("/admin/drain", "{}", "application/json");
+    drained = res && res->status == 202;
+  });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(drained) << "decode-0 never ran both streams, or refused the drain";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(streams[i], undisturbed[i]);
+  }
+  EXPECT_EQ(mine.process().wait(std::chrono::seconds(30)), 0) << mine.process().stderrText();
+  EXPECT_EQ(mine.process().stderrText().find("drain: handed over"), std::string::npos);
+  EXPECT_EQ(other.metric("tandem_requests_total", "finish_reason=\"length\""), 0);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"drain\""),
+            0);
+}
+
 // A rollout that changes the model runs agents of the old and the new model
 // side by side in each pool. The router gives a request a prefill and a
 // decode agent of one model (a decode agent refuses KV another model
