@@ -461,22 +461,30 @@ void AgentSupervisor::rollOut(Pool& pool) {
     pool.rolling = false;
     TANDEM_LOG(kInfo) << "local: " << pool.name << ": rollout done";
   }
-  // The extra agents: up to maxSurge while rolling, none after.
+  // The extra agents: up to maxSurge while rolling, none after. Those
+  // running are kept, whatever their index (a scale-down during the
+  // rollout leaves them above replicas + maxSurge), before any is started;
+  // past the count, the highest indexes go.
   const int64_t surge = pool.rolling ? std::min(pool.bounds.max_surge, pool.replicas) : 0;
+  std::vector<Agent*> extras;
   for (Agent* agent : members) {
-    if (!agent->surge || agent->index < pool.replicas + surge) continue;
-    TANDEM_LOG(kInfo) << "local: stopping " << agent->name << " (a rollout's extra agent)";
-    agent->removed = true;
-    sendStop(*agent);
+    if (agent->surge) extras.push_back(agent);
   }
-  for (int64_t i = pool.replicas; i < pool.replicas + surge && !held; ++i) {
-    const Agent* before = findAgent(pool.name + "-" + std::to_string(i));
-    if (before != nullptr && !before->removed) continue;  // a member already
-    if (before == nullptr) {
-      TANDEM_LOG(kInfo) << "local: " << pool.name << ": starting " << pool.name << "-" << i
-                        << ", an extra agent for the rollout";
-    }
+  std::sort(extras.begin(), extras.end(),
+            [](const Agent* a, const Agent* b) { return a->index < b->index; });
+  for (size_t k = static_cast<size_t>(surge); k < extras.size(); ++k) {
+    TANDEM_LOG(kInfo) << "local: stopping " << extras[k]->name << " (a rollout's extra agent)";
+    extras[k]->removed = true;
+    sendStop(*extras[k]);
+  }
+  int64_t missing = surge - std::min<int64_t>(surge, std::ssize(extras));
+  for (int64_t i = pool.replicas; missing > 0 && !held; ++i) {
+    // An index free of any agent: not one still stopping (scaled away).
+    if (findAgent(pool.name + "-" + std::to_string(i)) != nullptr) continue;
+    TANDEM_LOG(kInfo) << "local: " << pool.name << ": starting " << pool.name << "-" << i
+                      << ", an extra agent for the rollout";
     members.push_back(&want(pool, i, /*surge=*/true));
+    --missing;
   }
   sortAgents();
   // Old agents that serve go while enough others are available, the

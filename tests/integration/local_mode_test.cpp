@@ -446,6 +446,39 @@ TEST_F(LocalModeTest, AnEditedPoolIsRolledAgentByAgentAsItsRolloutSays) {
   EXPECT_EQ(childPids(::getpid()), std::vector<pid_t>{});
 }
 
+// A scale-down during a rollout keeps the rollout's extra agent running,
+// whatever its index now (here decode-3 of a pool cut from 3 to 2), and
+// starts none in its place: the agent scaled away just goes. (The rollout
+// is held at its first step: no agent is available before 60 s.)
+TEST_F(LocalModeTest, AScaleDownDuringARolloutKeepsItsExtraAgent) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 3));
+  LocalModeOptions held_options = options(file);
+  held_options.supervisor.min_ready = seconds(60);
+  LocalMode mode(held_options, fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  rewrite(file, withDecodeSpec(clusterYaml(1, 3), decodeEnv("1")));
+  ASSERT_TRUE(eventually([&] { return ready(mode, "decode-3"); }, seconds(60))) << run_error_;
+  const AgentStatus extra = *agent(mode, "decode-3");
+  EXPECT_TRUE(extra.surge);
+  EXPECT_TRUE(extra.updated);
+  const pid_t kept = agent(mode, "decode-1")->pid;
+
+  rewrite(file, withDecodeSpec(clusterYaml(1, 2), decodeEnv("1")));
+  ASSERT_TRUE(eventually([&] { return !agent(mode, "decode-2"); }, seconds(30))) << run_error_;
+  // A few polls later: nothing else changed.
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_FALSE(agent(mode, "decode-2"));
+  ASSERT_TRUE(agent(mode, "decode-3"));
+  EXPECT_EQ(agent(mode, "decode-3")->pid, extra.pid);
+  EXPECT_EQ(agent(mode, "decode-3")->state, AgentState::kReady);
+  EXPECT_EQ(agent(mode, "decode-1")->pid, kept);
+  EXPECT_EQ(mode.agents().size(), 4u);  // prefill-0, decode-0, decode-1, decode-3
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+}
+
 // A new spec whose agents cannot start (here: its model is not there)
 // stalls the rollout, as a Deployment's does: the extra agent fails and is
 // retried with its backoff while the old agent keeps serving, the same
