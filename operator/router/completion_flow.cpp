@@ -72,7 +72,8 @@ std::string exhaustedMessage(const std::string& agent, const std::string& agent_
   if (!agent_error.empty()) why << agent_error << "; ";
   switch (why_not) {
     case NoMove::kNoAgentLeft:
-      why << "no decode agent left to resume it on (" << migrations << " migrations)";
+      why << "no decode agent left to resume it on within --migration-timeout ("
+          << migration_timeout_s << " s, " << migrations << " migrations)";
       break;
     case NoMove::kBudgetSpent:
       why << "it moved " << migrations << " times, the most --max-migrations allows";
@@ -656,7 +657,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                            : outcome == DecodeOutcome::kUpstreamError ? "error"
                                                                       : "failure";
       // The next decode agent still fit for it.
-      const size_t next = nextFit(attempt + 1);
+      size_t next = nextFit(attempt + 1);
       if (!first_break) first_break = Clock::now();
       // What the last attempt was lent is done with; what a draining agent
       // holds for this stream is the lend now (read by the next agent, or
@@ -675,9 +676,22 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         metrics_.countDecision(label);
         co_return;
       }
+      // No agent to resume on now, but one may come (the replacement of a
+      // lone agent, started once it stopped; agents that drained all at
+      // once and their rollout's new ones): looked for every 100 ms until
+      // the move's time is up or the client leaves.
+      while (splice && one_choice && next >= decode_order.size() &&
+             splice->continuations() < max_migrations_ && !exchange.clientGone() &&
+             secondsSince(*first_break) <= migration_timeout_s_) {
+        asio::steady_timer timer(co_await asio::this_coro::executor, kHandOverCheckInterval);
+        boost::system::error_code ignored;
+        co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
+        next = nextFit(attempt + 1);
+      }
       const NoMove why_not =
           !one_choice                                            ? NoMove::kSeveralChoices
           : splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
+          : next >= decode_order.size()                          ? NoMove::kNoAgentLeft
           : secondsSince(*first_break) > migration_timeout_s_    ? NoMove::kTimedOut
                                                                  : NoMove::kNoAgentLeft;
       if (!splice || why_not != NoMove::kNoAgentLeft || next >= decode_order.size()) {

@@ -11,7 +11,9 @@
 // ({"tandem_handover": ...}: the stream goes on elsewhere, from the blocks
 // it holds) and an agent's error event (with what follows it: its usage
 // chunk and [DONE]) are kept for the router, which moves the stream or ends
-// it; never relayed. Bytes of a relayed event are
+// it; never relayed. So is a chunk with finish_reason abort (the agent
+// stopped before the answer's end: its shutdown deadline), taken for an
+// error event. Bytes of a relayed event are
 // the agent's serialization (compactDump) of the rewritten chunk; an undisturbed stream goes
 // through unchanged. Not thread-safe: one per request.
 #pragma once

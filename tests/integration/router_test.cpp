@@ -1016,8 +1016,12 @@ void expectSameStream(const StreamedCompletion& got, const StreamedCompletion& e
 
 TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStreamMoves) {
   // The small model: the long stream below lasts seconds, so the kill lands
-  // mid-stream.
-  start(1, 3, Policy::kKv, 16, 256, 1024, smallModelDir());
+  // mid-stream. A stream with no agent left waits 2 s for one to come.
+  RouterClusterOptions options;
+  options.decodes = 3;
+  options.model = smallModelDir();
+  options.migration_timeout_s = 2;
+  startCluster(options);
   Agent colocated({}, smallModelDir());
   const std::vector<int> prompt = randomPrompt(70, 70);
   const std::vector<int> expected = tokenIds(colocated.post("/v1/completions", greedy(prompt, 6)));
@@ -1065,8 +1069,9 @@ TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStream
   // observed once, not again for the resent request.
   EXPECT_EQ(routerMetric("tandem_router_time_to_first_token_seconds_count"), ttfts_before + 1);
 
-  // The last decode agent killed mid-stream: nowhere to move, so the client
-  // gets an error event and the end of the stream.
+  // The last decode agent killed mid-stream: nowhere to move (none came
+  // within --migration-timeout), so the client gets an error event and the
+  // end of the stream.
   std::thread last_killer = signalDecodeAgentMidAnswer(SIGKILL);
   auto cut = client_->Post("/v1/completions", long_body.dump(), "application/json");
   last_killer.join();
@@ -1616,6 +1621,55 @@ TEST_F(RouterTest, ARequestsPrefillAndDecodeAgentsServeOneModel) {
   for (Agent* decode : {decode_[0].get(), &decode_b}) {
     EXPECT_EQ(decode->metric("tandem_kv_transfer_failures_total", "reason=\"incompatible\""), 0);
   }
+}
+
+// A lone decode agent stopped while a stream outlasts its shutdown timeout
+// (here 1 s) ends that stream with finish_reason abort at its deadline.
+// The router takes that for a break, waits for a decode agent to come (a
+// rollout with maxSurge 0 starts the replacement once the old one has
+// stopped) and resumes the stream there, equal to an undisturbed one.
+// Before, the client got the cut answer, ending with finish_reason abort
+// and [DONE] as if complete.
+TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{}
+                   : std::vector<std::string>{"--shutdown-timeout", "1"};
+  };
+  startCluster(options);
+  const std::vector<json> bodies = streamBodies(2, 1000, 700);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
+  Agent& lone = *decode_[0];
+  std::unique_ptr<Agent> replacement;
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  bool replaced = false;
+  std::thread replacer([&] {
+    if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= 2; },
+                    std::chrono::seconds(20))) {
+      return;
+    }
+    auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
+    if (!res || res->status != 202) return;
+    if (lone.process().wait(std::chrono::seconds(30)) != 0) return;
+    replacement = std::make_unique<Agent>(
+        std::vector<std::string>{"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
+        smallModelDir());
+    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                       {{"decode-0", "127.0.0.1", replacement->port()}});
+    replaced = true;
+  });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(replaced) << "the agent never ran both streams, refused the drain or failed";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(streams[i], undisturbed[i]);
+  }
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"error\""),
+            2);
+  EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
 // A rollout's extra agent on a pool of one (maxSurge 1): streams begun on

@@ -36,6 +36,8 @@ struct RouterClusterOptions {
   double upstream_timeout_s = 0;
   // The router's RouterConfig::max_migrations (negative: its default).
   int64_t max_migrations = -1;
+  // The router's RouterConfig::migration_timeout_s (0: its default).
+  double migration_timeout_s = 0;
   int client_read_timeout_s = 60;
   // More arguments for one agent (e.g. --simulate PROFILE), by role and index.
   std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
@@ -71,6 +73,7 @@ class RouterCluster : public ::testing::Test {
     config.learn_costs = options.learn_costs;
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
     if (options.max_migrations >= 0) config.max_migrations = options.max_migrations;
+    if (options.migration_timeout_s > 0) config.migration_timeout_s = options.migration_timeout_s;
     config.profile = options.profile;
     config.api_key = options.api_key;
     config.api_key_exempt = {"/health", "/metrics"};

@@ -167,6 +167,21 @@ TEST(StreamSplice, AChunkWithAFinishReasonFinishesTheAnswer) {
   EXPECT_FALSE(splice.done());
 }
 
+// A chunk with finish_reason abort (its agent stopped at its shutdown
+// deadline) is an error kept for the router: the answer is not finished,
+// its tokens are not counted (the resuming agent generates them again), and
+// the agent's [DONE] after it does not reach the client.
+TEST(StreamSplice, AnAbortedChunkIsAnErrorKeptForTheRouter) {
+  StreamSplice splice(false, true);
+  EXPECT_NE(splice.relay(event(completionChunk("cmpl-a", "Once", {11}))), "");
+  EXPECT_EQ(splice.relay(event(completionChunk("cmpl-a", " upon", {12}, "abort"))), "");
+  EXPECT_FALSE(splice.finished());
+  EXPECT_NE(splice.upstreamError().find("finish_reason abort"), std::string::npos);
+  EXPECT_EQ(splice.tokenIds(), std::vector<int64_t>{11});
+  EXPECT_EQ(splice.relay("data: [DONE]\n\n"), "");
+  EXPECT_FALSE(splice.done());
+}
+
 // An error the request itself caused (invalid_request_error: its constraint
 // cannot be followed) would be the same on any agent: it reaches the client
 // as sent, and so does the end of the answer.
