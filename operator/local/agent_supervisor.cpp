@@ -109,6 +109,8 @@ struct AgentSupervisor::Pool {
   std::vector<std::pair<std::string, std::string>> env;
   spec::RolloutBounds bounds;
   bool rolling = false;  // some agent ran another spec; not every one is available yet
+  // Whether `agent` runs (or will run) this spec.
+  bool runs(const Agent& agent) const { return agent.argv == argv && agent.env == env; }
 };
 
 const char* agentStateName(AgentState state) {
@@ -370,11 +372,7 @@ void AgentSupervisor::poll() {
         break;
       case AgentState::kBackoff:
         if (!stopping_all_ && now >= agent.restart_at && held_pools_.count(agent.pool) == 0) {
-          if (!agent.start_again) {  // a crash's restart, not a rollout's
-            ++agent.restarts;
-            ++restarts_by_pool_[agent.pool];
-          }
-          start(agent);
+          startFromBackoff(agent);
         }
         break;
       case AgentState::kStopping:
@@ -419,9 +417,7 @@ void AgentSupervisor::rollOut(Pool& pool) {
   for (auto& agent : agents_) {
     if (agent->pool == pool.name && !agent->removed) members.push_back(agent.get());
   }
-  auto outdated = [&](const Agent& agent) {
-    return agent.argv != pool.argv || agent.env != pool.env;
-  };
+  auto outdated = [&](const Agent& agent) { return !pool.runs(agent); };
   auto available = [&](const Agent& agent) {
     return agent.state == AgentState::kReady && !agent.killed &&
            now - agent.ready_at >= options_.min_ready;
@@ -432,12 +428,8 @@ void AgentSupervisor::rollOut(Pool& pool) {
     if (agent->state == AgentState::kBackoff) {
       TANDEM_LOG(kInfo) << "local: starting " << agent->name
                         << " with its pool's new spec now (it was waiting to restart)";
-      if (!agent->start_again) {  // a crash's restart, sooner than its backoff
-        ++agent->restarts;
-        ++restarts_by_pool_[agent->pool];
-      }
       agent->failures = 0;
-      start(*agent);
+      startFromBackoff(*agent);  // sooner than its backoff
     } else if (agent->state == AgentState::kStarting && agent->process) {
       TANDEM_LOG(kInfo) << "local: restarting " << agent->name
                         << " with its pool's new spec (it was not ready yet)";
@@ -478,6 +470,7 @@ void AgentSupervisor::rollOut(Pool& pool) {
     sendStop(*extras[k]);
   }
   int64_t missing = surge - std::min<int64_t>(surge, std::ssize(extras));
+  bool started = false;
   for (int64_t i = pool.replicas; missing > 0 && !held; ++i) {
     // An index free of any agent: not one still stopping (scaled away).
     if (findAgent(pool.name + "-" + std::to_string(i)) != nullptr) continue;
@@ -485,8 +478,9 @@ void AgentSupervisor::rollOut(Pool& pool) {
                       << ", an extra agent for the rollout";
     members.push_back(&want(pool, i, /*surge=*/true));
     --missing;
+    started = true;
   }
-  sortAgents();
+  if (started) sortAgents();
   // Old agents that serve go while enough others are available, the
   // highest index first.
   if (held) return;
@@ -508,6 +502,14 @@ void AgentSupervisor::rollOut(Pool& pool) {
     sendStop(*agent);
     --num_available;
   }
+}
+
+void AgentSupervisor::startFromBackoff(Agent& agent) {
+  if (!agent.start_again) {  // a crash's restart, not a rollout's
+    ++agent.restarts;
+    ++restarts_by_pool_[agent.pool];
+  }
+  start(agent);
 }
 
 void AgentSupervisor::beginStop() {
@@ -532,7 +534,7 @@ std::vector<AgentStatus> AgentSupervisor::agents() const {
     status.port = agent->port;
     status.restarts = agent->restarts;
     const Pool* pool = findPool(agent->pool);
-    status.updated = pool != nullptr && agent->argv == pool->argv && agent->env == pool->env;
+    status.updated = pool != nullptr && pool->runs(*agent);
     status.surge = agent->surge;
     statuses.push_back(std::move(status));
   }

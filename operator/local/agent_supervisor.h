@@ -131,6 +131,9 @@ class AgentSupervisor {
   void sortAgents();  // pool (file order), then index
   void start(Agent& agent);
   void rollOut(Pool& pool);
+  // Starts an agent waiting in its backoff, counting a crash's restart (not
+  // a rollout's replacement held back by a fetch).
+  void startFromBackoff(Agent& agent);
   void forwardOutput(Agent& agent, std::chrono::milliseconds wait);
   void emitLine(Agent& agent, const std::string& line);
   void onExit(Agent& agent, int status);

@@ -32,9 +32,10 @@ namespace {
 // How long blocks a decision expects an agent to store count as held
 // without the agent's BlockStored (OwnershipIndex::expect).
 constexpr std::chrono::seconds kExpectedBlocksTtl{30};
-// How often a stream on an unhealthy decode agent, not yet asked to be
-// handed over, looks whether another agent could resume it now.
-constexpr std::chrono::milliseconds kHandOverCheckInterval{100};
+// How often a stream looks again for an agent that could resume it: on an
+// unhealthy decode agent not yet asked to hand it over, and at a break
+// with no agent fit.
+constexpr std::chrono::milliseconds kRecheckInterval{100};
 
 // A 503 in OpenAI's error shape, with Retry-After.
 HttpResponse unavailable(const std::string& message) {
@@ -385,6 +386,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::vector<std::string> prefill_models, decode_models;
   for (const AgentPtr& agent : prefill_agents) prefill_models.push_back(agent->modelIdentity());
   for (const AgentPtr& agent : decode_agents) decode_models.push_back(agent->modelIdentity());
+  // The request's model: the chosen decode agent's (the chosen prefill
+  // agent's when the decode agent's is not known yet).
+  std::string request_model;
   // Decide and reserve under one lock: the next decision sees this one.
   Decision decision;
   LoadLedger::Reservation prefill_reservation;
@@ -398,15 +402,14 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       // The agents of another model than the chosen decode agent's are out
       // of this request; chosen ones (a prefill agent, a lender) make it
       // decide again without them.
-      // (The chosen prefill agent's when the decode agent's is not known.)
-      const std::string model = !decode_models[*decision.decode].empty() || !decision.prefill
-                                    ? decode_models[*decision.decode]
-                                    : prefill_models[*decision.prefill];
+      request_model = !decode_models[*decision.decode].empty() || !decision.prefill
+                          ? decode_models[*decision.decode]
+                          : prefill_models[*decision.prefill];
       bool again = false;
       auto exclude = [&](std::vector<AgentView>& views, const std::vector<std::string>& models,
                          std::optional<size_t> chosen, std::optional<size_t> lender) {
         for (size_t i = 0; i < views.size(); ++i) {
-          if (sameModel(models[i], model)) continue;
+          if (sameModel(models[i], request_model)) continue;
           views[i].healthy = false;
           views[i].leading_blocks = 0;
           again = again || chosen == i || lender == i;
@@ -526,11 +529,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // A decode agent this request may not go to: unhealthy (a draining agent
   // says it is), no longer listed (scaled away, restarted elsewhere), or not
   // serving the request's adapter.
-  const std::string stream_model = !decode_models[*decision.decode].empty() || !decision.prefill
-                                       ? decode_models[*decision.decode]
-                                       : prefill_models[*decision.prefill];
   auto unfit = [&](const AgentPtr& agent) {
-    return !agent->healthy || !agent->listed || !sameModel(agent->modelIdentity(), stream_model) ||
+    return !agent->healthy || !agent->listed || !sameModel(agent->modelIdentity(), request_model) ||
            (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
   };
   // Decode agents not in decode_order, listed since the decision (a
@@ -683,7 +683,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       while (splice && one_choice && next >= decode_order.size() &&
              splice->continuations() < max_migrations_ && !exchange.clientGone() &&
              secondsSince(*first_break) <= migration_timeout_s_) {
-        asio::steady_timer timer(co_await asio::this_coro::executor, kHandOverCheckInterval);
+        asio::steady_timer timer(co_await asio::this_coro::executor, kRecheckInterval);
         boost::system::error_code ignored;
         co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
         next = nextFit(attempt + 1);
@@ -1035,7 +1035,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (n == 0) continue;
       if (spliced && !hand_over_asked->load() && !agent_request_id.empty() &&
           (!decode->healthy || !decode->listed) && Clock::now() >= next_hand_over_check) {
-        next_hand_over_check = Clock::now() + kHandOverCheckInterval;
+        next_hand_over_check = Clock::now() + kRecheckInterval;
         if (movable()) {
           hand_over_asked->store(true);
           TANDEM_LOG(kInfo) << "router: request " << exchange.request().id << ": asking "

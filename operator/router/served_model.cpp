@@ -54,7 +54,7 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     info.max_model_len = model.value("max_model_len", int64_t{0});
     info.root = model.value("root", std::string());
     const json tandem = model.value("tandem", json::object());
-    info.identity = tandem.value("model_identity", std::string());
+    info.identity = modelIdentityOf(body);
     if (const auto it = tandem.find("generation_defaults"); it != tandem.end()) {
       info.generation_defaults = protocol::GenerationDefaults::fromJson(*it);
     }
