@@ -364,15 +364,9 @@ RouterSpec LocalMode::routerSpecFor(const ClusterSpec& cluster) const {
   RouterSpec spec = cluster.router;
   if (options_.port) spec.port = options_.port;
   if (options_.policy) spec.policy = options_.policy;
-  // The router tokenizes with the model the agents serve.
-  if (!spec.model_path) {
-    for (const PoolSpec& pool : cluster.pools) {
-      if (pool.kind == PoolKind::kDecode) {
-        spec.model_path = pool.model_path;
-        break;
-      }
-    }
-  }
+  // Without a modelPath the router reads the tokenizer from the directory
+  // each agent's /v1/models names (its "root", on this host), so it follows
+  // a rollout that changes the model.
   // Its kv policy predicts with the agents' step-time model: the pools'
   // simulation profile when they all run the same one.
   if (!spec.profile) {
@@ -582,9 +576,9 @@ void LocalMode::applyCluster(AgentSupervisor& supervisor, const RouterSpec& runn
   }
   TANDEM_LOG(kInfo) << "local: " << source << " changed: applying it";
   if (routerSpecFor(cluster) != running_router) {
-    TANDEM_LOG(kWarn) << "local: what the router runs with changed (the Router document, the "
-                         "decode pools' model it tokenizes with, or their KV secret it signs "
-                         "with); restart tandem-operator to apply it (pools are applied now)";
+    TANDEM_LOG(kWarn) << "local: what the router runs with changed (the Router document, or "
+                         "the decode pools' KV secret it signs with); restart tandem-operator to "
+                         "apply it (pools are applied now)";
   }
   adoptPools(cluster.pools);
   supervisor.apply(pools_);

@@ -260,7 +260,32 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
     }
     agent.model_identity = std::move(identity);
   }
+  // A rollout moved the decode agents to another model: the router learns
+  // it from this agent, so that prompts are checked and hashed as the
+  // agents now do (their blocks are indexed under the new identity).
+  if (!agent.prefill && model_.ready()) {
+    const std::string identity = agent.modelIdentity();
+    if (!identity.empty() && model_.wouldReplaceWith(identity) &&
+        moreDecodeAgentsServe(agent, identity, model_.identity())) {
+      co_await model_.learnFrom(agent.endpoint, /*replace=*/true);
+    }
+  }
   co_return true;
+}
+
+bool AgentTracker::moreDecodeAgentsServe(const AgentState& polled, const std::string& identity,
+                                         const std::string& than) {
+  int64_t serving = 0;
+  int64_t serving_than = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [name, agent] : agents_) {
+    // The polled agent counts as healthy: its poll just succeeded.
+    if (agent->prefill || !agent->listed || (!agent->healthy && agent.get() != &polled)) continue;
+    const std::string served = agent->modelIdentity();
+    serving += served == identity;
+    serving_than += served == than;
+  }
+  return serving > serving_than;
 }
 
 // Follows the agent's /v1/kv_events stream into the ownership index;

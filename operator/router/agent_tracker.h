@@ -93,8 +93,9 @@ inline void keepAgentsServing(std::vector<AgentPtr>& agents, const std::string& 
 class AgentTracker {
  public:
   // Polls every `poll_interval_s`; the first healthy agent teaches `model`
-  // the model (while it is not ready). `ioc`, `stopping`, `metrics` and
-  // `model` must outlive the tracker.
+  // the model (while it is not ready), and a decode agent of a model more
+  // healthy decode agents serve than the router's teaches it again. `ioc`, `stopping`, `metrics`
+  // and `model` must outlive the tracker.
   AgentTracker(boost::asio::io_context& ioc, double poll_interval_s,
                const std::atomic<bool>& stopping, RouterMetrics& metrics, ServedModel& model)
       : ioc_(ioc),
@@ -146,6 +147,11 @@ class AgentTracker {
   }
 
  private:
+  // Whether more of the healthy listed decode agents (`polled` counted as
+  // healthy) serve model `identity` than model `than`.
+  bool moreDecodeAgentsServe(const AgentState& polled, const std::string& identity,
+                             const std::string& than);
+
   void watch(const AgentPtr& agent);
   void setHealthyIfListed(const AgentState& agent, bool healthy);
   void setRequestsIfListed(const AgentState& agent);

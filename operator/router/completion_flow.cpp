@@ -94,10 +94,10 @@ std::string exhaustedMessage(const std::string& agent, const std::string& agent_
 // Parses and checks a request as an agent does: for chat, renders the
 // template (ended early when `cancel` is set) and tokenizes.
 server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool chat,
-                                                   const ServedModel& model,
+                                                   const ModelView& model,
                                                    const std::atomic<bool>& cancel) {
-  return chat ? server::parseChatCompletionRequest(body, model.limits(), model.tokenizer(), &cancel)
-              : server::parseCompletionRequest(body, model.limits(), model.tokenizer());
+  return chat ? server::parseChatCompletionRequest(body, model.limits, *model.tokenizer, &cancel)
+              : server::parseCompletionRequest(body, model.limits, *model.tokenizer);
 }
 
 // Whether a failed upstream call timed out (the agent stayed silent).
@@ -285,7 +285,9 @@ awaitable<CompletionFlow::Admission> CompletionFlow::admit(HttpExchange& exchang
 // The completion flow: parse and check like an agent, decide, hand off.
 awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   const auto arrival = Clock::now();
-  if (!model_.ready()) {
+  // The model this request is checked and hashed with, to its end.
+  const std::shared_ptr<const ModelView> model = model_.current();
+  if (!model) {
     co_await exchange.respond(unavailable("no agent is ready yet"));
     co_return;
   }
@@ -314,11 +316,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // client leaving cancels it.
   std::atomic<bool> cancel{false};
   const std::string* body_text = &exchange.request().body;
-  const ServedModel* model = &model_;
+  const ModelView* model_view = model.get();
   server::Result<server::ParsedRequest> parsed =
       co_await exchange.offload<server::Result<server::ParsedRequest>>(
-          [body_text, chat, model, &cancel] {
-            return parseRequest(*body_text, chat, *model, cancel);
+          [body_text, chat, model_view, &cancel] {
+            return parseRequest(*body_text, chat, *model_view, cancel);
           },
           cancel);
   if (exchange.clientGone()) {
@@ -346,7 +348,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     adapter_identity = agents_.adapterIdentity(request.adapter).value_or(std::string());
   }
   const std::vector<BlockHash> hashes =
-      model_.hasher().hashFullBlocks(request.prompt, request.cache_salt, adapter_identity);
+      model->hasher->hashFullBlocks(request.prompt, request.cache_salt, adapter_identity);
   std::vector<AgentPtr> prefill_agents = agents_.agentsOf(true);
   std::vector<AgentPtr> decode_agents = agents_.agentsOf(false);
   if (!request.adapter.empty()) {
@@ -364,7 +366,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       input.max_tokens += other.request.sampling.max_tokens * other.best_of;
     }
   }
-  input.block_size = model_.info().block_size;
+  input.block_size = model->info.block_size;
   const std::unordered_map<std::string, int64_t> held = agents_.leadingBlocksForAll(hashes);
   auto view = [&](const AgentPtr& agent) {
     AgentView v;

@@ -37,7 +37,14 @@ std::string modelIdentityOf(const json& models_answer) {
   return tandem.value("model_identity", std::string());
 }
 
-boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
+bool ServedModel::wouldReplaceWith(const std::string& identity) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!current_ || identity == current_->info.identity) return false;
+  return identity != failed_identity_ ||
+         std::chrono::steady_clock::now() - failed_at_ >= kRelearnBackoff;
+}
+
+boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent, bool replace) {
   UpstreamResult models = co_await callAgent(agent, boost::beast::http::verb::get,
                                              std::string("/v1/models"), std::string(), 5.0);
   if (models.status != 200) co_return;
@@ -81,33 +88,49 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     shaped = false;
   }
   if (!shaped) co_return;
+  if (ready_ && !(replace && !info.identity.empty() && wouldReplaceWith(info.identity))) {
+    co_return;
+  }
   const std::filesystem::path dir = model_dir_.empty() ? info.root : model_dir_;
   try {
-    auto tokenizer = Tokenizer::fromDirectory(dir);
-    int64_t vocab = tokenizer->vocabSize();
+    auto view = std::make_shared<ModelView>();
+    view->tokenizer = Tokenizer::fromDirectory(dir);
+    int64_t vocab = view->tokenizer->vocabSize();
     std::ifstream config_file(dir / "config.json");
     json model_config = json::parse(config_file, nullptr, false);
     if (model_config.is_object()) vocab = model_config.value("vocab_size", vocab);
-    auto chat_template = server::ChatTemplate::load(*tokenizer, chat_template_file_);
+    auto chat_template = server::ChatTemplate::load(*view->tokenizer, chat_template_file_);
     if (!chat_template.isOk()) throw Error(chat_template.status().message());
+    view->hasher = std::make_unique<BlockHasher>(info.hash, info.identity, info.block_size);
+    server::ServerLimits& limits = view->limits;
+    limits.served_model_name = info.served_name;
+    limits.max_model_len = info.max_model_len;
+    limits.vocab_size = vocab;
+    limits.ignore_kv_transfer_params = true;  // dropped from what is forwarded
+    limits.chat_template = std::move(*chat_template);
+    limits.chat_output = chat_output;
+    // The agents' request defaults: a request's max_tokens is theirs.
+    limits.generation_defaults = info.generation_defaults;
+    limits.lora_adapters = adapter_source_;
+    view->info = info;
 
     std::lock_guard<std::mutex> lock(mutex_);
-    if (ready_) co_return;
-    tokenizer_ = std::move(tokenizer);
-    hasher_ = std::make_unique<BlockHasher>(info.hash, info.identity, info.block_size);
-    limits_.served_model_name = info.served_name;
-    limits_.max_model_len = info.max_model_len;
-    limits_.vocab_size = vocab;
-    limits_.ignore_kv_transfer_params = true;  // dropped from what is forwarded
-    limits_.chat_template = std::move(*chat_template);
-    limits_.chat_output = chat_output;
-    // The agents' request defaults: a request's max_tokens is theirs.
-    limits_.generation_defaults = info.generation_defaults;
-    info_ = info;
+    const std::shared_ptr<const ModelView> replaced = current_;
+    // Another coroutine got there first, or the model is no longer to be
+    // replaced by this one.
+    if (replaced && (!replace || replaced->info.identity == info.identity)) co_return;
+    current_ = std::move(view);
     ready_ = true;
-    TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity
-                      << ", block size " << info.block_size << ", tokenizer from " << dir.string()
-                      << ")";
+    if (!replaced) {
+      TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity
+                        << ", block size " << info.block_size << ", tokenizer from " << dir.string()
+                        << ")";
+    } else {
+      TANDEM_LOG(kInfo) << "router: the decode agents moved to another model: serving "
+                        << info.served_name << " (" << info.identity << ", was "
+                        << replaced->info.identity << ", block size " << info.block_size
+                        << ", tokenizer from " << dir.string() << ")";
+    }
   } catch (const std::exception& e) {
     TANDEM_LOG(kWarn) << "router: cannot load the tokenizer from " << dir.string() << ": "
                       << e.what();
@@ -115,6 +138,10 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent) {
     last_error_ = "cannot load the tokenizer from " + dir.string() + ": " + e.what() +
                   " (the agents' model directory must exist on the router's host, or --model-dir "
                   "name a copy)";
+    if (current_) {
+      failed_identity_ = info.identity;
+      failed_at_ = std::chrono::steady_clock::now();
+    }
   }
 }
 

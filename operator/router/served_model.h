@@ -1,13 +1,18 @@
-// The model the router serves, learned from the first healthy agent's
-// /v1/models: its served name, block size and hash scheme, and the tokenizer
-// the router uses to compute a prompt's block hashes (common/block_hash.h)
-// and to check requests the way an agent does (chat prompts rendered with
-// the same ChatTemplate code and template choice as the agent's). Used by the router's own
-// files only.
+// The model the router serves, learned from a healthy agent's /v1/models:
+// its served name, block size and hash scheme, and the tokenizer the router
+// uses to compute a prompt's block hashes (common/block_hash.h) and to check
+// requests the way an agent does (chat prompts rendered with the same
+// ChatTemplate code and template choice as the agent's). Used by the
+// router's own files only.
+//
+// The model is learned from the first healthy agent, and learned again when
+// the decode agents move to another model (a rollout that changes the model
+// or its identity): a request keeps the ModelView it began with, so a
+// change never alters a request under way.
 //
 // Threads: learnFrom may run on several coroutines at once; the first to
-// load a tokenizer wins and later calls change nothing. The accessors are
-// valid only once ready() is true; what they return never changes after.
+// load a model wins, later calls change nothing unless they replace it with
+// another identity's.
 #pragma once
 
 // clang-format off
@@ -15,6 +20,7 @@
 // clang-format on
 #include <atomic>
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -67,6 +73,14 @@ inline bool sameModel(const std::string& a, const std::string& b) {
   return a.empty() || b.empty() || a == b;
 }
 
+// One learned model: what a request is parsed, checked and hashed with.
+struct ModelView {
+  ModelInfo info;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<BlockHasher> hasher;
+  server::ServerLimits limits;
+};
+
 class ServedModel {
  public:
   // `model_dir`: where the tokenizer is read; empty: the "root" the agent
@@ -78,26 +92,42 @@ class ServedModel {
       : model_dir_(std::move(model_dir)), chat_template_file_(std::move(chat_template_file)) {}
 
   bool ready() const { return ready_; }
-  // Why the model is not ready: the last failure to learn it ("" before any).
+  // Why the model is not ready, or why another could not replace it: the
+  // last failure to learn one ("" before any).
   std::string lastError() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return last_error_;
   }
 
   // Asks `agent` for the model and loads its tokenizer; a failure is logged
-  // and leaves the model not ready (the next poll tries again).
-  boost::asio::awaitable<void> learnFrom(AgentEndpoint agent);
+  // and leaves the model as it was (the next poll tries again). Once the
+  // model is ready, the agent's model replaces it only with `replace` and
+  // when its identity differs; a replacement that failed for an identity is
+  // not tried again for that identity within kRelearnBackoff.
+  boost::asio::awaitable<void> learnFrom(AgentEndpoint agent, bool replace = false);
+  // Whether learnFrom(..., true) would try `identity` now: it differs from
+  // the current model's, and it did not fail within kRelearnBackoff.
+  bool wouldReplaceWith(const std::string& identity) const;
 
-  const ModelInfo& info() const { return info_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const BlockHasher& hasher() const { return *hasher_; }
+  // The model requests are parsed and hashed with now; null before ready().
+  // A request holds it to its end.
+  std::shared_ptr<const ModelView> current() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return current_;
+  }
+  // The current model's identity ("" before ready()).
+  std::string identity() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return current_ ? current_->info.identity : std::string();
+  }
   // The LoRA adapters requests may name now (ServerLimits::lora_adapters):
   // the router's agents', learned per agent. Set before the model is
   // learned.
   void setAdapterSource(std::function<std::vector<std::string>()> source) {
-    limits_.lora_adapters = std::move(source);
+    adapter_source_ = std::move(source);
   }
-  const server::ServerLimits& limits() const { return limits_; }
+
+  static constexpr std::chrono::seconds kRelearnBackoff{30};
 
  private:
   const std::filesystem::path model_dir_;
@@ -105,10 +135,11 @@ class ServedModel {
   mutable std::mutex mutex_;
   std::atomic<bool> ready_{false};
   std::string last_error_;
-  ModelInfo info_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<BlockHasher> hasher_;
-  server::ServerLimits limits_;
+  std::shared_ptr<const ModelView> current_;
+  std::function<std::vector<std::string>()> adapter_source_;
+  // The identity a replacement last failed for, and when.
+  std::string failed_identity_;
+  std::chrono::steady_clock::time_point failed_at_;
 };
 
 }  // namespace tandem::router

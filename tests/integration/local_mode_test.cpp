@@ -31,6 +31,7 @@
 #include "tests/support/agent_server.h"
 #include "tests/support/drain_checks.h"
 #include "tests/support/hub/hub_server.h"
+#include "tools/model/test_model.h"
 
 namespace tandem::local {
 namespace {
@@ -288,7 +289,9 @@ TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
     std::lock_guard<std::mutex> lock(log_->mutex);
     EXPECT_EQ(log_->spec.port, 18000);  // --port over the file
     EXPECT_EQ(log_->spec.disagg_threshold_tokens, 16);
-    EXPECT_EQ(log_->spec.model_path, testing::tinyModelDir().string());  // the pools' model
+    // None: the router reads the tokenizer where each agent's /v1/models
+    // says, and follows a change of model.
+    EXPECT_EQ(log_->spec.model_path, std::nullopt);
   }
   EXPECT_TRUE(printed("[prefill-0] listening on 127.0.0.1:" + std::to_string(prefill.port)));
   EXPECT_TRUE(printed("[decode-0] listening on 127.0.0.1:" + std::to_string(decode.port)));
@@ -1250,6 +1253,91 @@ TEST_F(OperatorBinaryTest, EditingADecodePoolWhileStreamsRunRollsItWithoutLosing
 // agent within its shutdown timeout, or cut there.
 TEST_F(OperatorBinaryTest, EditingALoneDecodeAgentWhileStreamsRunMovesThemToTheExtraAgent) {
   rollDecodePoolUnderStreams(1);
+}
+
+// A change of model rolls both pools, and the router follows it: it reads
+// the new model's tokenizer from the directory the new agents name and
+// hashes prompts under their identity, so the decode agent holding a
+// prompt's blocks is seen holding them. The new model has other weights and
+// a tokenizer without merges (a text prompt is other tokens). Before, the
+// router tokenized with the first decode pool's model directory and hashed
+// under the first model's identity until tandem-operator restarted (a
+// warning said so): no agent held any prompt's blocks.
+TEST_F(OperatorBinaryTest, AModelChangeRollsThePoolsAndTheRouterHashesAsTheNewModel) {
+  const fs::path other = dir_.path() / "other";
+  tandem::tools::TestModelOptions options;
+  options.seed = 22;
+  tandem::tools::writeTestModel(options, other);
+  nlohmann::json tokenizer = nlohmann::json::parse(std::ifstream(other / "tokenizer.json"));
+  ASSERT_FALSE(tokenizer["model"]["merges"].empty());
+  tokenizer["model"]["merges"] = nlohmann::json::array();
+  std::ofstream(other / "tokenizer.json") << tokenizer.dump();
+
+  const std::string text = clusterYaml(1, 1);
+  const fs::path file = dir_.write("cluster.yaml", text);
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  std::map<std::string, int> ports;
+  const int port = readPorts(op, ports);
+  ASSERT_NE(port, 0) << op.stderrText();
+  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-0"); }))
+      << op.stderrText();
+
+  std::string moved = text;
+  const std::string tiny = testing::tinyModelDir().string();
+  for (size_t at; (at = moved.find(tiny)) != std::string::npos;) {
+    moved.replace(at, tiny.size(), other.string());
+  }
+  rewrite(file, moved);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::string log = op.stderrText();
+        return log.find("local: decode: rollout done") != std::string::npos &&
+               log.find("local: prefill: rollout done") != std::string::npos &&
+               log.find("router: the decode agents moved to another model") != std::string::npos;
+      },
+      seconds(120)))
+      << op.stderrText();
+  ASSERT_TRUE(eventually([&] {
+    return routerSeesHealthy(port, "decode-0") && routerSeesHealthy(port, "prefill-0");
+  })) << op.stderrText();
+
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  std::string prompt;
+  for (int i = 0; i < 3; ++i) prompt += "The Quick Brown Fox jumps over the lazy dog. ";
+  const nlohmann::json body = {
+      {"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}};
+  auto first = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(first) << op.stderrText();
+  ASSERT_EQ(first->status, 200) << first->body;
+  const std::string decode = first->get_header_value("x-tandem-decode-agent");
+  ASSERT_TRUE(eventually([&] {
+    auto metrics = client.Get("/metrics");
+    return metrics && prometheusSample(metrics->body, "tandem_router_index_blocks",
+                                       "agent=\"" + decode + "\"")
+                              .value_or(0) >= 4;
+  })) << op.stderrText();
+  auto second = client.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(second) << op.stderrText();
+  ASSERT_EQ(second->status, 200) << second->body;
+  EXPECT_EQ(nlohmann::json::parse(second->body)["choices"][0]["text"],
+            nlohmann::json::parse(first->body)["choices"][0]["text"]);
+  auto decisions = client.Get("/debug/decisions?n=1");
+  ASSERT_TRUE(decisions && decisions->status == 200);
+  const nlohmann::json last = nlohmann::json::parse(decisions->body).at(0);
+  int64_t leading = -1;
+  for (const nlohmann::json& candidate : last["candidates"]) {
+    if (candidate["role"] == "decode" && candidate["agent"] == decode) {
+      leading = candidate["leading_blocks"];
+    }
+  }
+  EXPECT_GE(leading, 4) << last.dump();
+  const std::string log = op.stderrText();
+  EXPECT_EQ(log.find("restart tandem-operator"), std::string::npos) << log;
+  op.readStdout(milliseconds(10));
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }
 
 // A Hub that takes connections and never answers (a proxy gone quiet): its

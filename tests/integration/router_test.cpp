@@ -1623,6 +1623,61 @@ TEST_F(RouterTest, ARequestsPrefillAndDecodeAgentsServeOneModel) {
   }
 }
 
+// A rollout that changed the model has replaced every agent: the router
+// learns the new model from its decode agents and hashes prompts under the
+// new identity, so a conversation still follows its KV (turn 2 goes to the
+// decode agent holding turn 1, which lends it). Before, the router hashed
+// prompts under the first model's identity until it restarted: no agent
+// held any of its prompts' blocks, and KV-aware routing was load only.
+TEST_F(RouterTest, AfterARolloutToAnotherModelConversationsFollowTheirKv) {
+  RouterClusterOptions options;
+  options.learn_costs = false;  // the model's predictions alone decide
+  startCluster(options);
+  const std::vector<std::string> kv = {"--kv-transfer-config", ucxConfig("kv_both")};
+  auto args = [&](const std::string& role) {
+    std::vector<std::string> all = {"--role", role};
+    all.insert(all.end(), kv.begin(), kv.end());
+    return all;
+  };
+  Agent prefill_b(args("prefill"), otherTinyModelDir());
+  std::vector<std::unique_ptr<Agent>> decode_b;
+  for (int i = 0; i < 2; ++i) {
+    decode_b.push_back(std::make_unique<Agent>(args("decode"), otherTinyModelDir()));
+  }
+  router_->setAgents({{"prefill-b0", "127.0.0.1", prefill_b.port()}},
+                     {{"decode-b0", "127.0.0.1", decode_b[0]->port()},
+                      {"decode-b1", "127.0.0.1", decode_b[1]->port()}});
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_agent_healthy", "agent=\"decode-b0\"") == 1 &&
+           routerMetric("tandem_router_agent_healthy", "agent=\"decode-b1\"") == 1 &&
+           routerMetric("tandem_router_agent_healthy", "agent=\"prefill-b0\"") == 1;
+  }));
+  // A decode agent's first healthy poll has taught the router its model.
+  Agent colocated({}, otherTinyModelDir());
+  std::vector<int> conversation = randomPrompt(70, 65);
+  Answer first = post(greedy(conversation, 70));
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  ASSERT_EQ(first.decision, "disaggregated");
+  const std::vector<int> reply = tokenIds(first.body);
+  EXPECT_EQ(reply, tokenIds(colocated.post("/v1/completions", greedy(conversation, 70))));
+  conversation.insert(conversation.end(), reply.begin(), reply.end());
+  const std::vector<int> question = randomPrompt(40, 66);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_index_blocks", "agent=\"" + first.decode_agent + "\"") >= 8;
+  }));
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_agent_requests", "agent=\"" + first.decode_agent + "\"") ==
+           0;
+  }));
+  Answer second = post(greedy(conversation, 8));
+  ASSERT_EQ(second.status, 200) << second.body.dump();
+  EXPECT_EQ(second.decode_agent, first.decode_agent);
+  EXPECT_EQ(second.decision, "pull_back");
+  EXPECT_EQ(tokenIds(second.body),
+            tokenIds(colocated.post("/v1/completions", greedy(conversation, 8))));
+}
+
 // A lone decode agent stopped while a stream outlasts its shutdown timeout
 // (here 1 s) ends that stream with finish_reason abort at its deadline.
 // The router takes that for a break, waits for a decode agent to come (a
