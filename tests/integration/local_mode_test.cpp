@@ -1314,9 +1314,9 @@ TEST_F(OperatorBinaryTest, AModelChangeRollsThePoolsAndTheRouterHashesAsTheNewMo
   const std::string decode = first->get_header_value("x-tandem-decode-agent");
   ASSERT_TRUE(eventually([&] {
     auto metrics = client.Get("/metrics");
-    return metrics && prometheusSample(metrics->body, "tandem_router_index_blocks",
-                                       "agent=\"" + decode + "\"")
-                              .value_or(0) >= 4;
+    return metrics &&
+           prometheusSample(metrics->body, "tandem_router_index_blocks", "agent=\"" + decode + "\"")
+                   .value_or(0) >= 4;
   })) << op.stderrText();
   auto second = client.Post("/v1/completions", body.dump(), "application/json");
   ASSERT_TRUE(second) << op.stderrText();
