@@ -1489,12 +1489,19 @@ bool Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     }
   } else if (live.matcher && !live.matcher->accept(token.token)) {
     // Only when no token of the vocabulary can continue the output (the
-    // sampler then ignores the mask).
+    // sampler then ignores the mask), or none of allowed_token_ids can (the
+    // one hard mask wins: its best id was taken).
     reason = FinishReason::kError;
-    out.error = live.matcher->overflowed()
-                    ? std::string(kTooAmbiguous)
-                    : "the structured output cannot be continued: no token of the vocabulary is "
-                      "allowed";
+    if (live.matcher->overflowed()) {
+      out.error = std::string(kTooAmbiguous);
+    } else if (!params.allowed_token_ids.empty()) {
+      out.error =
+          "the structured output cannot be continued within allowed_token_ids: none of its ids "
+          "is one the output allows next";
+    } else {
+      out.error =
+          "the structured output cannot be continued: no token of the vocabulary is allowed";
+    }
   } else {
     // As vLLM: stop strings end an answer only past min_tokens.
     auto update = live.stop.push(live.detokenizer.push(token.token), generated > params.min_tokens);

@@ -1032,10 +1032,14 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
   const auto max_tokens = readMaxTokens(fields, max_tokens_name);
 
   // Completions' best_of has no chat counterpart (OpenAI's chat API has
-  // none; vLLM's V1 engine dropped it): refused, not ignored.
+  // none; vLLM's V1 engine dropped it): refused, not ignored, unless it asks
+  // for nothing more than n (its neutral value, which vLLM's chat request
+  // accepts).
   if (const RequestJson* best_of = fields.find("best_of");
-      best_of != nullptr && !best_of->is_null()) {
-    fields.fail("best_of is not supported for chat completions; use n, or /v1/completions",
+      best_of != nullptr && !best_of->is_null() &&
+      !(best_of->is_number_integer() && best_of->get<int64_t>() == parsed.n)) {
+    fields.fail("best_of is not supported for chat completions; use n, or /v1/completions (" +
+                    std::to_string(parsed.n) + ", the value of n, is accepted)",
                 "best_of");
   }
 

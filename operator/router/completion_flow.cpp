@@ -2,6 +2,7 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <chrono>
 #include <optional>
 #include <sstream>
@@ -56,6 +57,34 @@ awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& me
   server::ApiError error{502, message, "server_error", "", ""};
   std::string event = "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
                       std::string(server::kSseDone);
+  const bool written = co_await exchange.writeChunk(std::move(event));
+  if (written) co_await exchange.finishChunked();
+}
+
+// A stream whose prefill agent refused the request once it had passed the
+// checks (a structured output nothing can continue, ...): answered as the
+// agent's own stream would carry that error, a 200 stream whose one event
+// is the error, then [DONE] (docs/api.md, Errors). `error_body`: the
+// agent's error answer; one not in OpenAI's error shape is named a 502.
+awaitable<void> endStreamWithAgentError(HttpExchange& exchange, const std::string& error_body) {
+  const json error = parseJsonOrDiscarded(error_body);
+  bool shaped = error.is_object() && error.contains("error") && error["error"].is_object();
+  std::string text = error_body;  // the agent's bytes, on one line
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  shaped = shaped && text.find('\n') == std::string::npos;
+  std::string event =
+      "data: " +
+      (shaped ? text
+              : server::compactDump(server::errorBody(server::ApiError{
+                    502, "the prefill agent answered: " + error_body, "server_error", "", ""}))) +
+      "\n\n" + std::string(server::kSseDone);
+  // (Arguments are named: GCC 12 destroys some temporaries of a co_await
+  // expression twice.)
+  std::string content_type = "text/event-stream";
+  std::vector<std::pair<std::string, std::string>> headers = {{"Cache-Control", "no-cache"}};
+  const bool started =
+      co_await exchange.startChunked(200, std::move(content_type), std::move(headers));
+  if (!started) co_return;
   const bool written = co_await exchange.writeChunk(std::move(event));
   if (written) co_await exchange.finishChunked();
 }
@@ -592,8 +621,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_return;
       }
       if (handoff.client_error) {
-        co_await exchange.respond(
-            server::httpJsonResponse(handoff.status, std::move(handoff.body)));
+        if (streaming) {
+          co_await endStreamWithAgentError(exchange, handoff.body);
+        } else {
+          co_await exchange.respond(
+              server::httpJsonResponse(handoff.status, std::move(handoff.body)));
+        }
         co_return;
       }
       if (handoff.retried) retried = true;

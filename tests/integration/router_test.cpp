@@ -915,6 +915,50 @@ TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
   EXPECT_EQ(answer.status, 200) << "client kv_transfer_params are stripped: " << answer.body.dump();
 }
 
+// A streamed request that passes the checks but that nothing can continue
+// at its first token (its structured output against its allowed ids) is
+// answered through the router as the agent answers it: a 200 stream whose
+// one event is the error, then [DONE]. Before, the prefill agent's 400
+// reached the client as a plain HTTP 400 on the disaggregated path, so the
+// same request failed one way on an agent and another through the router.
+// A whole answer keeps the 400, as on an agent.
+TEST_F(RouterTest, AStreamRefusedAtItsFirstTokenIsAnErrorEventAsOnAnAgent) {
+  start(1, 1);
+  json body = greedy(randomPrompt(70, 70), 4);
+  body["guided_choice"] = json::array({"ab"});
+  body["allowed_token_ids"] = json::array({0});
+  body["stream"] = true;
+  Agent colocated;
+  auto from_agent = colocated.client()->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(from_agent);
+  ASSERT_EQ(from_agent->status, 200);
+  ASSERT_NE(from_agent->body.find("\"error\""), std::string::npos) << from_agent->body;
+  auto through_router = client_->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(through_router);
+  EXPECT_EQ(through_router->status, 200) << through_router->body;
+  EXPECT_EQ(through_router->get_header_value("Content-Type"), "text/event-stream");
+  EXPECT_EQ(through_router->body, from_agent->body);
+  EXPECT_GE(prefill_[0]->metric("tandem_prompt_tokens_total"), 70)
+      << "the request went the disaggregated way";
+
+  body["stream"] = false;
+  int agent_status = 0;
+  const json whole_from_agent = colocated.post("/v1/completions", body, &agent_status);
+  Answer whole = post(body);
+  EXPECT_EQ(agent_status, 400);
+  EXPECT_EQ(whole.status, agent_status);
+  EXPECT_EQ(whole.body, whole_from_agent);
+  // The two fields that leave nothing: the structured output's, and the ids.
+  EXPECT_EQ(whole.body["error"]["param"], "guided_choice") << whole.body;
+  EXPECT_NE(whole.body["error"]["message"].get<std::string>().find("allowed_token_ids"),
+            std::string::npos)
+      << whole.body;
+  for (Agent* agent : {prefill_[0].get(), decode_[0].get()}) {
+    EXPECT_TRUE(eventually([&] { return agent->metric("tandem_kv_held_blocks") == 0; }));
+    EXPECT_EQ(agent->metric("tandem_num_requests_running"), 0);
+  }
+}
+
 // The tiny model with a chat template that puts the hour in the prompt, as
 // Llama 3.1's puts the date.
 fs::path clockTemplateModel(const TempDir& dir) {

@@ -1573,7 +1573,14 @@ TEST_F(ProtocolTest, ChatRefusesBadInput) {
       bad(chat(R"("echo": true)"), "echo",
           "echo is not supported for chat completions; send false or leave it out"),
       bad(chat(R"("best_of": 3)"), "best_of",
-          "best_of is not supported for chat completions; use n, or /v1/completions"),
+          "best_of is not supported for chat completions; use n, or /v1/completions (1, the "
+          "value of n, is accepted)"),
+      bad(chat(R"("n": 2, "best_of": 3)"), "best_of",
+          "best_of is not supported for chat completions; use n, or /v1/completions (2, the "
+          "value of n, is accepted)"),
+      bad(chat(R"("best_of": 1.0)"), "best_of",
+          "best_of is not supported for chat completions; use n, or /v1/completions (1, the "
+          "value of n, is accepted)"),
       bad(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
           "response_format.json_schema.schema", "response_format.json_schema.schema is required"),
       bad("not json", "",
@@ -1728,6 +1735,13 @@ TEST_F(ProtocolTest, CompletionsTakeMaxCompletionTokensAndNeutralValues) {
           "prediction": {"type": "content", "content": "x"})"),
       testLimits(), tokenizer());
   EXPECT_TRUE(neutral.isOk()) << neutral.error().message;
+  // best_of equal to n asks for nothing more.
+  for (const char* fields : {R"("best_of": 1)", R"("n": 2, "best_of": 2)", R"("best_of": null)"}) {
+    SCOPED_TRACE(fields);
+    auto parsed = parseChatCompletionRequest(chat(fields), testLimits(), tokenizer());
+    ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
+    EXPECT_EQ(parsed.value().best_of, parsed.value().n);
+  }
 }
 
 // A template that loops over content gets the parts as a list (vLLM's
